@@ -1,0 +1,26 @@
+"""metering: quota metering for consumption billing.
+
+Decide, per usage event, whether it fits a subject's license or fair-use
+limit, apply it exactly once, and record the decision.
+"""
+
+from metering.clock import FrozenClock, system_clock
+from metering.domain.decisions import ChargeDecision, Decision
+from metering.domain.events import Charge, UsageEvent, make_event
+from metering.domain.limits import Limit
+from metering.errors import MeteringError
+from metering.meter import Counter, Meter
+
+__all__ = [
+    "Charge",
+    "ChargeDecision",
+    "Counter",
+    "Decision",
+    "FrozenClock",
+    "Limit",
+    "Meter",
+    "MeteringError",
+    "UsageEvent",
+    "make_event",
+    "system_clock",
+]

@@ -1,0 +1,73 @@
+"""Configuration: environment variables and limits files.
+
+Every variable is optional; with none set everything runs on files in the
+working directory.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+import yaml
+
+from metering.domain.limits import Limit
+from metering.errors import ConfigurationError, InvalidLimit
+
+DEFAULT_DATABASE_URL: Final = "sqlite:///metering.db"
+
+
+def database_url(explicit: str | None = None) -> str:
+    """The database URL: the argument, else ``METERING_DATABASE_URL``, else ./metering.db."""
+    return explicit or os.environ.get("METERING_DATABASE_URL") or DEFAULT_DATABASE_URL
+
+
+def load_limits_file(path: str | Path) -> list[Limit]:
+    """Read limits from a YAML (.yaml/.yml) or TOML (.toml) file.
+
+    Either form works: a mapping of name to fields (optionally under a
+    top-level ``limits`` key), or a list of entries that each have a ``name``.
+    Every entry is validated before any is returned.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigurationError(f"cannot read {path}: {exc.strerror}") from exc
+    try:
+        if path.suffix == ".toml":
+            data: Any = tomllib.loads(text)
+        elif path.suffix in (".yaml", ".yml"):
+            data = yaml.safe_load(text)
+        else:
+            raise ConfigurationError(f"{path}: use a .yaml, .yml or .toml file")
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+        raise ConfigurationError(f"{path}: not valid {path.suffix[1:].upper()}: {exc}") from exc
+    if isinstance(data, Mapping) and "limits" in data:
+        data = data["limits"]
+    return _limits_from(data, path)
+
+
+def _limits_from(data: Any, path: Path) -> list[Limit]:
+    entries: list[tuple[str | None, Any]]
+    if isinstance(data, Mapping):
+        entries = [(str(name), fields) for name, fields in data.items()]
+    elif isinstance(data, list):
+        entries = [(None, fields) for fields in data]
+    else:
+        raise ConfigurationError(f"{path}: expected a mapping or a list of limits")
+    found: list[Limit] = []
+    for name, fields in entries:
+        if not isinstance(fields, Mapping):
+            raise ConfigurationError(f"{path}: limit {name or '?'} is not a mapping of fields")
+        try:
+            found.append(Limit.from_dict(fields, name=name))
+        except (InvalidLimit, TypeError) as exc:
+            raise InvalidLimit("limits file", f"{path}: limit {name or '?'}: {exc}") from exc
+    names = [limit.name for limit in found]
+    if len(set(names)) != len(names):
+        raise InvalidLimit("limits file", f"{path}: a limit is defined twice")
+    return found

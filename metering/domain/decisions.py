@@ -1,0 +1,271 @@
+"""Decisions: the verdict on an event, charge by charge.
+
+`decide_event` is the single place where the rules of SPEC's fixed windows,
+token buckets, soft enforcement and atomic stacking meet. It is pure: it
+takes the counters as read (under lock) and returns the decision together
+with the counters to write back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from metering.domain.buckets import evaluate_bucket
+from metering.domain.instants import from_us, to_us
+from metering.domain.limits import Limit
+from metering.domain.state import NO_WINDOW, CounterKey, CounterState, Evaluation, Outcome
+from metering.domain.windows import evaluate_window
+
+EventOutcome = Literal["allowed", "denied", "overage", "rejected"]
+
+
+@dataclass(frozen=True, slots=True)
+class ChargeDecision:
+    """One charge's verdict.
+
+    ``allowed`` says whether the charge fit. When another charge of the same
+    event was denied nothing was consumed, so ``used`` and ``remaining`` are
+    then the figures before the event.
+    """
+
+    subject: str
+    limit: str
+    cost: int
+    allowed: bool
+    outcome: Outcome
+    used: int
+    remaining: int
+    maximum: int
+    overage: int
+    window_start: datetime | None
+    resets_at: datetime
+    retry_at: datetime | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "subject": self.subject,
+            "limit": self.limit,
+            "cost": self.cost,
+            "allowed": self.allowed,
+            "outcome": self.outcome,
+            "used": self.used,
+            "remaining": self.remaining,
+            "maximum": self.maximum,
+            "overage": self.overage,
+            "window_start": _iso(self.window_start),
+            "resets_at": _iso(self.resets_at),
+            "retry_at": _iso(self.retry_at),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ChargeDecision:
+        resets_at = _parse(data["resets_at"])
+        assert resets_at is not None
+        return cls(
+            subject=data["subject"],
+            limit=data["limit"],
+            cost=int(data["cost"]),
+            allowed=bool(data["allowed"]),
+            outcome=data["outcome"],
+            used=int(data["used"]),
+            remaining=int(data["remaining"]),
+            maximum=int(data["maximum"]),
+            overage=int(data["overage"]),
+            window_start=_parse(data["window_start"]),
+            resets_at=resets_at,
+            retry_at=_parse(data["retry_at"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The verdict on one usage event, as returned by `consume` and stored as its result.
+
+    ``allowed`` is the verdict for the whole event (every hard charge fit);
+    ``charges`` holds each charge's own decision and ``denied_by`` the limits
+    that denied it. ``duplicate`` is true when the event id had already been
+    decided and this is the stored result. The single-charge figures
+    (``used``, ``remaining``, ``resets_at`` ...) describe the charge that
+    decided the verdict: the first denying charge, else the first charge.
+    """
+
+    event_id: str | None
+    outcome: EventOutcome
+    charges: tuple[ChargeDecision, ...]
+    occurred_at: datetime
+    decided_at: datetime
+    denied_by: tuple[str, ...] = ()
+    duplicate: bool = False
+    reason: str | None = None
+    metadata: Mapping[str, Any] | None = field(default=None, compare=False)
+
+    @property
+    def allowed(self) -> bool:
+        return self.outcome in ("allowed", "overage")
+
+    @property
+    def _main(self) -> ChargeDecision | None:
+        for charge in self.charges:
+            if not charge.allowed:
+                return charge
+        return self.charges[0] if self.charges else None
+
+    @property
+    def used(self) -> int | None:
+        main = self._main
+        return main.used if main else None
+
+    @property
+    def remaining(self) -> int | None:
+        return min((c.remaining for c in self.charges), default=None)
+
+    @property
+    def maximum(self) -> int | None:
+        main = self._main
+        return main.maximum if main else None
+
+    @property
+    def resets_at(self) -> datetime | None:
+        main = self._main
+        return main.resets_at if main else None
+
+    @property
+    def retry_at(self) -> datetime | None:
+        """When the denied charges would all fit again; None if allowed or never."""
+        denied = [c for c in self.charges if not c.allowed]
+        if not denied or any(c.retry_at is None for c in denied):
+            return None
+        return max(c.retry_at for c in denied if c.retry_at is not None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "event_id": self.event_id,
+            "outcome": self.outcome,
+            "allowed": self.allowed,
+            "denied_by": list(self.denied_by),
+            "reason": self.reason,
+            "occurred_at": _iso(self.occurred_at),
+            "decided_at": _iso(self.decided_at),
+            "charges": [c.to_dict() for c in self.charges],
+        }
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return moment.isoformat() if moment is not None else None
+
+
+def _parse(text: str | None) -> datetime | None:
+    return datetime.fromisoformat(text) if text is not None else None
+
+
+@dataclass(frozen=True, slots=True)
+class ChargeInput:
+    """One charge with what `decide_event` needs: its limit, counter and state."""
+
+    limit: Limit
+    key: CounterKey
+    state: CounterState
+    cost: int
+
+
+@dataclass(frozen=True, slots=True)
+class EventVerdict:
+    """`decide_event`'s answer: the outcome, each charge's decision, states to write."""
+
+    outcome: Outcome
+    charges: tuple[ChargeDecision, ...]
+    denied_by: tuple[str, ...]
+    new_states: tuple[CounterState, ...]
+
+
+def evaluate_charge(charge: ChargeInput, now_us: int) -> Evaluation:
+    if charge.limit.algorithm == "token_bucket":
+        return evaluate_bucket(charge.limit, charge.state, charge.cost, now_us)
+    window = (charge.key.window_start_us, charge.key.window_end_us)
+    return evaluate_window(charge.limit, charge.state, charge.cost, window, now_us)
+
+
+def decide_event(charges: Sequence[ChargeInput], now_us: int) -> EventVerdict:
+    """Decide an event atomically: every hard charge must fit, or none consumes.
+
+    ``now_us`` is the event's time (``occurred_at``): windows and refills are
+    judged at the moment the usage happened, not when it was processed.
+    """
+    evaluations = [evaluate_charge(c, now_us) for c in charges]
+    denied_by = tuple(c.limit.name for c, e in zip(charges, evaluations, strict=True) if not e.fits)
+    decisions: list[ChargeDecision] = []
+    states: list[CounterState] = []
+    for charge, evaluation in zip(charges, evaluations, strict=True):
+        if denied_by:
+            state = charge.state if evaluation.fits else evaluation.denied
+            decisions.append(_charge_decision(charge, evaluation, consumed=False))
+        else:
+            state = evaluation.applied
+            decisions.append(_charge_decision(charge, evaluation, consumed=True))
+        states.append(state)
+    outcome: Outcome = "denied" if denied_by else "allowed"
+    if not denied_by and any(d.outcome == "overage" for d in decisions):
+        outcome = "overage"
+    return EventVerdict(outcome, tuple(decisions), denied_by, tuple(states))
+
+
+def _charge_decision(charge: ChargeInput, ev: Evaluation, *, consumed: bool) -> ChargeDecision:
+    limit = charge.limit
+    outcome: Outcome
+    if not ev.fits:
+        outcome = "denied"
+    elif consumed and ev.overage_after > 0:
+        outcome = "overage"
+    else:
+        outcome = "allowed"
+    start = charge.key.window_start_us
+    window_start = None if limit.algorithm == "token_bucket" and start == NO_WINDOW else start
+    return ChargeDecision(
+        subject=charge.key.subject,
+        limit=limit.name,
+        cost=charge.cost,
+        allowed=ev.fits,
+        outcome=outcome,
+        used=ev.used_after if consumed else ev.used_before,
+        remaining=ev.remaining_after if consumed else ev.remaining_before,
+        maximum=limit.maximum,
+        overage=ev.overage_after if consumed else max(ev.used_before - limit.maximum, 0),
+        window_start=from_us(window_start) if window_start is not None else None,
+        resets_at=from_us(ev.resets_at_us if consumed else ev.resets_at_before_us),
+        retry_at=from_us(ev.retry_at_us) if ev.retry_at_us is not None else None,
+    )
+
+
+__all__ = [
+    "ChargeDecision",
+    "ChargeInput",
+    "Decision",
+    "EventVerdict",
+    "decide_event",
+    "decision_from_dict",
+    "evaluate_charge",
+    "from_us",
+    "to_us",
+]
+
+
+def decision_from_dict(
+    data: Mapping[str, Any], *, duplicate: bool, metadata: Mapping[str, Any] | None = None
+) -> Decision:
+    """Rebuild a stored result (``Decision.to_dict()``)."""
+    occurred_at, decided_at = _parse(data["occurred_at"]), _parse(data["decided_at"])
+    assert occurred_at is not None and decided_at is not None
+    return Decision(
+        event_id=data["event_id"],
+        outcome=data["outcome"],
+        charges=tuple(ChargeDecision.from_dict(c) for c in data["charges"]),
+        occurred_at=occurred_at,
+        decided_at=decided_at,
+        denied_by=tuple(data.get("denied_by") or ()),
+        duplicate=duplicate,
+        reason=data.get("reason"),
+        metadata=metadata,
+    )

@@ -1,0 +1,137 @@
+"""Usage events and the validation of everything a caller passes in."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final, NamedTuple
+
+from metering.domain.instants import US_PER_SECOND, to_us
+from metering.domain.limits import validate_limit_name
+from metering.errors import InvalidInput, OccurredAtOutOfRange
+
+MAX_SUBJECT_LENGTH: Final = 200
+MAX_COST: Final = 10**12
+MAX_CHARGES: Final = 32
+MAX_METADATA_BYTES: Final = 8192
+FUTURE_TOLERANCE_US: Final = 5 * 60 * US_PER_SECOND
+EVENT_ID_PATTERN: Final = re.compile(r"[A-Za-z0-9_.:@/+=\-]{1,128}")
+
+
+class Charge(NamedTuple):
+    """(subject, limit, cost): what one event asks of one limit."""
+
+    subject: str
+    limit: str
+    cost: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class UsageEvent:
+    """A validated usage event: build it with `make_event`."""
+
+    event_id: str
+    charges: tuple[Charge, ...]
+    occurred_at: datetime
+    metadata: Mapping[str, Any] | None = None
+
+    @property
+    def occurred_at_us(self) -> int:
+        return to_us(self.occurred_at)
+
+    def fingerprint(self) -> str:
+        """What makes two deliveries of one id the same event: its charges."""
+        return json.dumps(sorted([list(c) for c in self.charges]), separators=(",", ":"))
+
+
+def new_event_id() -> str:
+    return uuid.uuid4().hex
+
+
+def validate_subject(subject: object) -> str:
+    if not isinstance(subject, str):
+        raise InvalidInput("subject", f"must be a string, got {type(subject).__name__}")
+    if not 1 <= len(subject) <= MAX_SUBJECT_LENGTH:
+        raise InvalidInput("subject", f"must be 1 to {MAX_SUBJECT_LENGTH} characters")
+    if not subject.isprintable() or subject.strip() != subject:
+        raise InvalidInput("subject", f"{subject!r} has control characters or edge spaces")
+    return subject
+
+
+def validate_cost(cost: object) -> int:
+    if isinstance(cost, bool) or not isinstance(cost, int):
+        raise InvalidInput("cost", f"must be a whole number, got {cost!r}")
+    if not 1 <= cost <= MAX_COST:
+        raise InvalidInput("cost", f"must be between 1 and {MAX_COST}, got {cost}")
+    return cost
+
+
+def validate_event_id(event_id: object) -> str:
+    if not isinstance(event_id, str) or EVENT_ID_PATTERN.fullmatch(event_id) is None:
+        raise InvalidInput(
+            "event_id", f"{event_id!r} must be 1 to 128 of A-Z a-z 0-9 and _ . : @ / + = -"
+        )
+    return event_id
+
+
+def validate_charges(charges: Iterable[object]) -> tuple[Charge, ...]:
+    if isinstance(charges, str | bytes):
+        raise InvalidInput("charges", "must be a list of (subject, limit, cost)")
+    result: list[Charge] = []
+    for item in charges:
+        if not isinstance(item, tuple | list) or len(item) not in (2, 3):
+            raise InvalidInput("charges", f"{item!r} is not (subject, limit[, cost])")
+        subject, limit = validate_subject(item[0]), validate_limit_name(item[1])
+        cost = validate_cost(item[2] if len(item) == 3 else 1)
+        result.append(Charge(subject, limit, cost))
+    if not 1 <= len(result) <= MAX_CHARGES:
+        raise InvalidInput("charges", f"an event has 1 to {MAX_CHARGES} charges")
+    pairs = {(c.subject, c.limit) for c in result}
+    if len(pairs) != len(result):
+        raise InvalidInput("charges", "each (subject, limit) may appear once per event")
+    return tuple(result)
+
+
+def validate_metadata(metadata: object) -> Mapping[str, Any] | None:
+    if metadata is None:
+        return None
+    if not isinstance(metadata, Mapping):
+        raise InvalidInput("metadata", "must be a mapping of JSON values")
+    try:
+        encoded = json.dumps(metadata, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput("metadata", f"is not JSON-serialisable: {exc}") from exc
+    if len(encoded.encode()) > MAX_METADATA_BYTES:
+        raise InvalidInput("metadata", f"is larger than {MAX_METADATA_BYTES} bytes as JSON")
+    return dict(metadata)
+
+
+def make_event(
+    charges: Iterable[object],
+    occurred_at: datetime,
+    event_id: str | None = None,
+    metadata: object = None,
+) -> UsageEvent:
+    """Validate the parts of an event; a missing id is generated."""
+    to_us(occurred_at)
+    return UsageEvent(
+        event_id=new_event_id() if event_id is None else validate_event_id(event_id),
+        charges=validate_charges(charges),
+        occurred_at=occurred_at,
+        metadata=validate_metadata(metadata),
+    )
+
+
+def check_event_time(occurred_at: datetime, now_us: int, lateness_seconds: int) -> None:
+    """SPEC invariant 4: reject events too late for their limit, or from the future."""
+    at_us = to_us(occurred_at)
+    if at_us > now_us + FUTURE_TOLERANCE_US:
+        raise OccurredAtOutOfRange(occurred_at, "is more than 5 minutes in the future")
+    if at_us < now_us - lateness_seconds * US_PER_SECOND:
+        raise OccurredAtOutOfRange(
+            occurred_at, f"is older than the allowed lateness of {lateness_seconds} s"
+        )

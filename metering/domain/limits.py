@@ -1,0 +1,185 @@
+"""Limits: named policies with a maximum per period.
+
+A `Limit` is a validated value object. Periods are parsed once into a
+`Period`, which is either a whole number of seconds or of calendar months
+(``1mo`` is a billing month; ``1y`` is twelve months).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+from metering.errors import InvalidLimit
+
+Algorithm = Literal["fixed_window", "token_bucket"]
+WindowKind = Literal["first_use", "calendar"]
+Enforcement = Literal["hard", "soft"]
+
+ALGORITHMS: Final = ("fixed_window", "token_bucket")
+WINDOWS: Final = ("first_use", "calendar")
+ENFORCEMENTS: Final = ("hard", "soft")
+
+NAME_PATTERN: Final = re.compile(r"[a-z0-9_.:\-]{1,64}")
+MAX_MAXIMUM: Final = 10**15
+MAX_PERIOD_SECONDS: Final = 10 * 366 * 86_400
+MAX_PERIOD_MONTHS: Final = 120
+MAX_THRESHOLD_PERCENT: Final = 1000
+DEFAULT_LATENESS: Final = "1d"
+
+_SECONDS_PER_UNIT: Final = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 7 * 86_400}
+_PERIOD_PATTERN: Final = re.compile(r"\s*(\d+)\s*(s|m|h|d|w|mo|y)\s*")
+
+
+@dataclass(frozen=True, slots=True)
+class Period:
+    """A duration: exactly one of ``seconds`` and ``months`` is non-zero."""
+
+    seconds: int = 0
+    months: int = 0
+
+    @property
+    def is_calendar_months(self) -> bool:
+        return self.months > 0
+
+    def __str__(self) -> str:
+        if self.months:
+            return f"{self.months // 12}y" if self.months % 12 == 0 else f"{self.months}mo"
+        for unit in ("w", "d", "h", "m"):
+            size = _SECONDS_PER_UNIT[unit]
+            if self.seconds % size == 0:
+                return f"{self.seconds // size}{unit}"
+        return f"{self.seconds}s"
+
+
+def parse_period(text: str, *, field_name: str = "period") -> Period:
+    """Parse ``30s``, ``2m``, ``1h``, ``1d``, ``7d``, ``2w``, ``1mo``, ``1y``."""
+    if not isinstance(text, str):
+        raise InvalidLimit(field_name, f"expected a string like '2m' or '1mo', got {text!r}")
+    match = _PERIOD_PATTERN.fullmatch(text)
+    if match is None:
+        raise InvalidLimit(
+            field_name, f"{text!r} is not a period; use a number and s, m, h, d, w, mo or y"
+        )
+    amount, unit = int(match.group(1)), match.group(2)
+    if amount <= 0:
+        raise InvalidLimit(field_name, f"{text!r} must be longer than zero")
+    if unit in ("mo", "y"):
+        months = amount * (12 if unit == "y" else 1)
+        if months > MAX_PERIOD_MONTHS:
+            raise InvalidLimit(field_name, f"{text!r} is longer than 10 years")
+        return Period(months=months)
+    seconds = amount * _SECONDS_PER_UNIT[unit]
+    if seconds > MAX_PERIOD_SECONDS:
+        raise InvalidLimit(field_name, f"{text!r} is longer than 10 years")
+    return Period(seconds=seconds)
+
+
+def validate_limit_name(name: object) -> str:
+    if not isinstance(name, str) or NAME_PATTERN.fullmatch(name) is None:
+        raise InvalidLimit("name", f"{name!r} must be 1 to 64 of a-z 0-9 _ . : -")
+    return name
+
+
+def _positive_int(field_name: str, value: object, ceiling: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidLimit(field_name, f"must be a whole number, got {value!r}")
+    if not 1 <= value <= ceiling:
+        raise InvalidLimit(field_name, f"must be between 1 and {ceiling}, got {value}")
+    return value
+
+
+def _choice(field_name: str, value: object, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise InvalidLimit(field_name, f"must be one of {', '.join(choices)}; got {value!r}")
+    return str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """A named policy: at most ``maximum`` per ``period``.
+
+    >>> Limit("send_message", maximum=5, period="2m")
+    >>> Limit("api", maximum=10, period="10s", algorithm="token_bucket")
+    >>> Limit("seats", maximum=1000, period="1mo", window="calendar", enforcement="soft",
+    ...       thresholds=(80, 100))
+
+    Validation happens here, so a `Limit` that exists is a valid one.
+    """
+
+    name: str
+    maximum: int
+    period: str
+    algorithm: Algorithm = "fixed_window"
+    window: WindowKind = "first_use"
+    enforcement: Enforcement = "hard"
+    thresholds: tuple[int, ...] = ()
+    lateness: str = DEFAULT_LATENESS
+    parsed_period: Period = field(init=False, repr=False, compare=False)
+    lateness_seconds: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        validate_limit_name(self.name)
+        _positive_int("maximum", self.maximum, MAX_MAXIMUM)
+        parsed = parse_period(self.period)
+        _choice("algorithm", self.algorithm, ALGORITHMS)
+        _choice("window", self.window, WINDOWS)
+        _choice("enforcement", self.enforcement, ENFORCEMENTS)
+        if self.algorithm == "token_bucket" and parsed.is_calendar_months:
+            raise InvalidLimit("period", "a token bucket refills over seconds, not months")
+        if self.algorithm == "token_bucket" and self.enforcement == "soft":
+            raise InvalidLimit("enforcement", "a token bucket is always hard")
+        thresholds = _thresholds(self.thresholds)
+        lateness = parse_period(self.lateness, field_name="lateness")
+        if lateness.is_calendar_months:
+            raise InvalidLimit("lateness", "use seconds, minutes, hours or days")
+        object.__setattr__(self, "period", str(self.period).strip())
+        object.__setattr__(self, "thresholds", thresholds)
+        object.__setattr__(self, "parsed_period", parsed)
+        object.__setattr__(self, "lateness_seconds", lateness.seconds)
+
+    @property
+    def period_seconds(self) -> int:
+        """The period in seconds; 0 for calendar months (see `parsed_period`)."""
+        return self.parsed_period.seconds
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "maximum": self.maximum,
+            "period": self.period,
+            "algorithm": self.algorithm,
+            "window": self.window,
+            "enforcement": self.enforcement,
+            "thresholds": list(self.thresholds),
+            "lateness": self.lateness,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, name: str | None = None) -> Limit:
+        """Build a limit from a mapping (a row, or an entry of a limits file)."""
+        known = {"name", "maximum", "period", "algorithm", "window", "enforcement"}
+        known |= {"thresholds", "lateness"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise InvalidLimit(unknown[0], f"unknown field; expected some of {sorted(known)}")
+        values = dict(data)
+        if name is not None:
+            values.setdefault("name", name)
+        for required in ("name", "maximum", "period"):
+            if required not in values:
+                raise InvalidLimit(required, "is required")
+        thresholds = values.get("thresholds") or ()
+        if not isinstance(thresholds, list | tuple):
+            raise InvalidLimit("thresholds", f"must be a list of percentages, got {thresholds!r}")
+        values["thresholds"] = tuple(thresholds)
+        return cls(**values)
+
+
+def _thresholds(values: Iterable[object]) -> tuple[int, ...]:
+    if isinstance(values, str | bytes):
+        raise InvalidLimit("thresholds", "must be a list of percentages")
+    checked = {_positive_int("thresholds", v, MAX_THRESHOLD_PERCENT) for v in values}
+    return tuple(sorted(checked))

@@ -1,0 +1,102 @@
+"""Where a fixed window starts and ends.
+
+Two kinds of window:
+
+* ``calendar``: boundaries aligned in UTC and computed from the instant alone.
+  Periods in seconds are aligned to multiples of the period counted from
+  Monday 1970-01-05 00:00 UTC, so ``1h`` starts on the hour, ``1d`` at
+  midnight and ``7d`` on Monday. Periods in months are aligned to calendar
+  months counted from January 1970, so ``1mo`` is the calendar month and
+  ``3mo`` the quarter.
+* ``first_use``: a subject's window opens at its first event and lasts one
+  period; the next event after that opens the next window. A month-long
+  first-use window ends on the same day of the next month, or on the last
+  day of that month when it is shorter (Jan 31 -> Feb 28 or 29).
+
+All functions take and return microseconds since the epoch.
+"""
+
+from __future__ import annotations
+
+import calendar
+from dataclasses import replace
+from typing import Final
+
+from metering.domain.instants import from_us, to_us
+from metering.domain.limits import Limit, Period
+from metering.domain.state import CounterState, Evaluation
+
+# 1970-01-05 was a Monday: weekly calendar windows start on Mondays.
+CALENDAR_ANCHOR_US: Final = 4 * 86_400 * 1_000_000
+Window = tuple[int, int]
+
+
+def add_period(start_us: int, period: Period) -> int:
+    """The instant one period after ``start_us``."""
+    if not period.is_calendar_months:
+        return start_us + period.seconds * 1_000_000
+    start = from_us(start_us)
+    month_index = start.year * 12 + (start.month - 1) + period.months
+    year, month = divmod(month_index, 12)
+    month += 1
+    day = min(start.day, calendar.monthrange(year, month)[1])
+    return to_us(start.replace(year=year, month=month, day=day))
+
+
+def calendar_window(period: Period, at_us: int) -> Window:
+    """The UTC-aligned calendar window containing ``at_us``."""
+    if not period.is_calendar_months:
+        size = period.seconds * 1_000_000
+        start = at_us - (at_us - CALENDAR_ANCHOR_US) % size
+        return start, start + size
+    moment = from_us(at_us)
+    month_index = (moment.year - 1970) * 12 + (moment.month - 1)
+    first = month_index - month_index % period.months
+    year, month0 = divmod(first, 12)
+    start = to_us(
+        moment.replace(
+            year=1970 + year, month=month0 + 1, day=1, hour=0, minute=0, second=0, microsecond=0
+        )
+    )
+    return start, add_period(start, period)
+
+
+def first_use_window(
+    period: Period, at_us: int, latest_before: Window | None, next_start_us: int | None
+) -> Window:
+    """The first-use window an event at ``at_us`` falls into.
+
+    ``latest_before`` is the subject's latest window that starts at or before
+    ``at_us``; ``next_start_us`` the start of its earliest window after
+    ``at_us`` (only late events have one). A new window never overlaps the
+    next one, so a late event cannot double a subject's allowance.
+    """
+    if latest_before is not None and latest_before[0] <= at_us < latest_before[1]:
+        return latest_before
+    end = add_period(at_us, period)
+    if next_start_us is not None:
+        end = min(end, next_start_us)
+    return at_us, end
+
+
+def evaluate_window(
+    limit: Limit, state: CounterState, cost: int, window: Window, now_us: int
+) -> Evaluation:
+    """A fixed-window charge: hard fits iff ``used + cost <= maximum``; soft always fits."""
+    used_after = state.used + cost
+    fits = limit.enforcement == "soft" or used_after <= limit.maximum
+    end_us = window[1]
+    retry_at_us = end_us if not fits and cost <= limit.maximum else None
+    return Evaluation(
+        fits=fits,
+        applied=replace(state, used=used_after),
+        denied=state.with_denial(cost, now_us),
+        used_before=state.used,
+        used_after=used_after,
+        remaining_before=max(limit.maximum - state.used, 0),
+        remaining_after=max(limit.maximum - used_after, 0),
+        resets_at_us=end_us,
+        resets_at_before_us=end_us,
+        retry_at_us=retry_at_us,
+        overage_after=max(used_after - limit.maximum, 0),
+    )

@@ -1,0 +1,74 @@
+"""The exceptions `metering` raises.
+
+Every error a caller can provoke is a `MeteringError`. Subclasses carry the
+data a caller needs to react (the limit, the subject, the event id) rather
+than only a message. Driver errors are translated at the storage edge and
+chained with ``raise ... from exc``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+
+class MeteringError(Exception):
+    """Base class of every error `metering` raises on purpose."""
+
+
+class InvalidInput(MeteringError, ValueError):
+    """A value given to a public entry point is malformed.
+
+    ``field`` names the argument (``subject``, ``cost``, ``event_id`` ...).
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class InvalidLimit(InvalidInput):
+    """A limit definition is broken (bad period, maximum, algorithm ...)."""
+
+
+class UnknownLimit(MeteringError, LookupError):
+    """A charge names a limit that is not defined."""
+
+    def __init__(self, limit: str) -> None:
+        super().__init__(f"unknown limit {limit!r}: define it with `metering limits set`")
+        self.limit = limit
+
+
+class OccurredAtOutOfRange(InvalidInput):
+    """An event's time is older than its limit's allowed lateness, or in the future."""
+
+    def __init__(self, occurred_at: datetime, message: str) -> None:
+        super().__init__("occurred_at", message)
+        self.occurred_at = occurred_at
+
+
+class EventConflict(MeteringError):
+    """An event id was used again with different charges; nothing was applied."""
+
+    def __init__(self, event_id: str) -> None:
+        super().__init__(
+            f"event {event_id!r} was already recorded with different charges; "
+            "the new charges were not applied"
+        )
+        self.event_id = event_id
+
+
+class StorageError(MeteringError):
+    """The database failed or could not be reached."""
+
+
+class DatabaseUnavailable(StorageError):
+    """The database cannot be reached (refused, timed out, wrong URL)."""
+
+
+class SchemaOutdated(StorageError):
+    """The database schema is missing or older than this version of `metering`."""
+
+
+class ConfigurationError(MeteringError):
+    """A configuration value (environment variable, file) is invalid."""

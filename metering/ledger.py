@@ -1,0 +1,243 @@
+"""Applying usage events: the one function both `consume` and the worker call.
+
+`apply_events` takes a batch in order and, inside the caller's transaction,
+
+1. answers ids already decided with their stored result (or a conflict);
+2. resolves each charge's counter: its limit, and the window at the event's
+   ``occurred_at`` (first-use windows are serialised on their
+   ``current_windows`` row);
+3. locks every counter the batch touches with one sorted upsert;
+4. decides event after event with the pure domain, so a batch gives the same
+   results as applying its events one by one;
+5. writes counters and results in the same transaction.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from metering.domain.decisions import ChargeInput, Decision, decide_event, decision_from_dict
+from metering.domain.events import UsageEvent, check_event_time
+from metering.domain.instants import from_us, to_us
+from metering.domain.limits import Limit
+from metering.domain.state import NO_WINDOW, CounterKey, CounterState
+from metering.domain.windows import Window, calendar_window, first_use_window
+from metering.errors import EventConflict, MeteringError, UnknownLimit
+from metering.storage.engine import RetryTransaction
+from metering.storage.queries import Pair, ResultRow, Store, StoredResult
+
+InvalidPolicy = Literal["raise", "reject"]
+Applied = Decision | EventConflict
+
+
+@dataclass
+class WindowResolver:
+    """Finds each charge's counter key; remembers windows opened in this batch."""
+
+    store: Store
+    current: dict[Pair, Window | None]
+    opened: dict[Pair, list[Window]] = field(default_factory=lambda: defaultdict(list))
+    changed: dict[Pair, Window] = field(default_factory=dict)
+
+    def key(self, limit: Limit, subject: str, at_us: int) -> CounterKey:
+        if limit.algorithm == "token_bucket":
+            return CounterKey(limit.name, subject, NO_WINDOW, NO_WINDOW)
+        if limit.window == "calendar":
+            start, end = calendar_window(limit.parsed_period, at_us)
+        else:
+            start, end = self._first_use(limit, (limit.name, subject), at_us)
+        return CounterKey(limit.name, subject, start, end)
+
+    def _first_use(self, limit: Limit, pair: Pair, at_us: int) -> Window:
+        current = self.current.get(pair)
+        if current is None or at_us >= current[0]:
+            window = first_use_window(limit.parsed_period, at_us, current, None)
+            if window != current:
+                self.current[pair] = window
+                self.changed[pair] = window
+                self.opened[pair].append(window)
+            return window
+        # A late event, before the current window: look among older windows.
+        latest, next_start = self.store.windows_around(pair, at_us)
+        for start, end in self.opened[pair]:
+            if start <= at_us and (latest is None or start > latest[0]):
+                latest = (start, end)
+            if start > at_us and (next_start is None or start < next_start):
+                next_start = start
+        window = first_use_window(limit.parsed_period, at_us, latest, next_start)
+        if window != latest:
+            self.opened[pair].append(window)
+        return window
+
+
+def first_use_pairs(events: Iterable[UsageEvent], limits: Mapping[str, Limit]) -> set[Pair]:
+    return {
+        (c.limit, c.subject)
+        for event in events
+        for c in event.charges
+        if limits[c.limit].algorithm == "fixed_window" and limits[c.limit].window == "first_use"
+    }
+
+
+def validate_against_limits(
+    event: UsageEvent, limits: Mapping[str, Limit], now_us: int
+) -> MeteringError | None:
+    """The error that makes an event unacceptable, if any (unknown limit, bad time)."""
+    for charge in event.charges:
+        limit = limits.get(charge.limit)
+        if limit is None:
+            return UnknownLimit(charge.limit)
+        try:
+            check_event_time(event.occurred_at, now_us, limit.lateness_seconds)
+        except MeteringError as exc:
+            return exc
+    return None
+
+
+def apply_events(
+    store: Store,
+    events: Sequence[UsageEvent],
+    now_us: int,
+    *,
+    invalid: InvalidPolicy = "raise",
+    precheck: bool = True,
+) -> list[Applied]:
+    """Apply ``events`` in order inside the caller's transaction.
+
+    ``invalid="raise"`` raises the first event's error (the synchronous API);
+    ``"reject"`` records the event as rejected with its reason (the worker).
+    Without ``precheck`` ids are not looked up first: a repeated id is then
+    caught by the results insert, which raises `RetryTransaction`.
+    """
+    stored = store.fetch_results(e.event_id for e in events) if precheck else {}
+    outputs: dict[int, Applied] = {}
+    first_index: dict[str, int] = {}
+    repeats: list[tuple[int, int]] = []
+    pending: list[tuple[int, UsageEvent]] = []
+    for index, event in enumerate(events):
+        if event.event_id in stored:
+            outputs[index] = _from_stored(event, stored[event.event_id])
+        elif event.event_id in first_index:
+            repeats.append((index, first_index[event.event_id]))
+        else:
+            first_index[event.event_id] = index
+            pending.append((index, event))
+
+    limits = store.load_limits(c.limit for _, e in pending for c in e.charges)
+    rows: list[ResultRow] = []
+    valid: list[tuple[int, UsageEvent]] = []
+    for index, event in pending:
+        error = validate_against_limits(event, limits, now_us)
+        if error is None:
+            valid.append((index, event))
+        elif invalid == "raise":
+            raise error
+        else:
+            rejected = _rejected(event, str(error), now_us)
+            outputs[index] = rejected
+            rows.append(_result_row(event, rejected))
+
+    decided = _decide(store, [e for _, e in valid], limits, now_us)
+    for (index, event), decision in zip(valid, decided, strict=True):
+        outputs[index] = decision
+        rows.append(_result_row(event, decision))
+
+    inserted = store.insert_results(rows)
+    if len(inserted) != len(rows):
+        raise RetryTransaction("an event id was decided concurrently")
+    for index, original in repeats:
+        outputs[index] = _repeat(events[index], events[original], outputs[original])
+    return [outputs[i] for i in range(len(events))]
+
+
+def _decide(
+    store: Store, events: Sequence[UsageEvent], limits: Mapping[str, Limit], now_us: int
+) -> list[Decision]:
+    if not events:
+        return []
+    pairs = first_use_pairs(events, limits)
+    resolver = WindowResolver(store, store.lock_current_windows(pairs) if pairs else {})
+    keys = [
+        [resolver.key(limits[c.limit], c.subject, e.occurred_at_us) for c in e.charges]
+        for e in events
+    ]
+    states = store.lock_counters({k for ks in keys for k in ks}, now_us)
+    changed: dict[CounterKey, CounterState] = {}
+    decisions = []
+    for event, event_keys in zip(events, keys, strict=True):
+        decision = decide_with_states(event, event_keys, limits, states, now_us)
+        for key in event_keys:
+            changed[key] = states[key]
+        decisions.append(decision)
+    store.write_counters(changed, now_us)
+    store.write_current_windows(resolver.changed)
+    return decisions
+
+
+def decide_with_states(
+    event: UsageEvent,
+    keys: Sequence[CounterKey],
+    limits: Mapping[str, Limit],
+    states: dict[CounterKey, CounterState],
+    now_us: int,
+    *,
+    event_id: str | None = None,
+) -> Decision:
+    """Decide one event against ``states`` and update them in place."""
+    inputs = [
+        ChargeInput(limits[c.limit], key, states.get(key, CounterState()), c.cost)
+        for c, key in zip(event.charges, keys, strict=True)
+    ]
+    verdict = decide_event(inputs, event.occurred_at_us)
+    for key, state in zip(keys, verdict.new_states, strict=True):
+        states[key] = state
+    return Decision(
+        event_id=event.event_id if event_id is None else event_id,
+        outcome=verdict.outcome,
+        charges=verdict.charges,
+        occurred_at=event.occurred_at,
+        decided_at=from_us(now_us),
+        denied_by=verdict.denied_by,
+        metadata=event.metadata,
+    )
+
+
+def _from_stored(event: UsageEvent, stored: StoredResult) -> Applied:
+    if stored.fingerprint != event.fingerprint():
+        return EventConflict(event.event_id)
+    return decision_from_dict(stored.decision, duplicate=True, metadata=stored.metadata)
+
+
+def _repeat(event: UsageEvent, original: UsageEvent, first: Applied) -> Applied:
+    if isinstance(first, EventConflict) or event.fingerprint() != original.fingerprint():
+        return EventConflict(event.event_id)
+    return replace(first, duplicate=True)
+
+
+def _rejected(event: UsageEvent, reason: str, now_us: int) -> Decision:
+    return Decision(
+        event_id=event.event_id,
+        outcome="rejected",
+        charges=(),
+        occurred_at=event.occurred_at,
+        decided_at=from_us(now_us),
+        reason=reason,
+        metadata=event.metadata,
+    )
+
+
+def _result_row(event: UsageEvent, decision: Decision) -> ResultRow:
+    return ResultRow(
+        event_id=event.event_id,
+        outcome=decision.outcome,
+        fingerprint=event.fingerprint(),
+        occurred_at_us=event.occurred_at_us,
+        decided_at_us=to_us(decision.decided_at),
+        denied_by=decision.denied_by,
+        reason=decision.reason,
+        decision=decision.to_dict(),
+        metadata=event.metadata,
+    )

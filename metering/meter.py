@@ -1,0 +1,270 @@
+"""The synchronous API: `Meter`.
+
+Each call is one database transaction. `consume` decides and records an
+event exactly once; `check` answers what would happen without recording.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection
+
+from metering.clock import Clock, system_clock
+from metering.config import database_url, load_limits_file
+from metering.domain.decisions import Decision, decision_from_dict
+from metering.domain.events import (
+    UsageEvent,
+    make_event,
+    validate_event_id,
+    validate_subject,
+)
+from metering.domain.instants import from_us, to_us
+from metering.domain.limits import Limit, validate_limit_name
+from metering.domain.state import CounterKey, CounterState
+from metering.errors import EventConflict, InvalidInput, UnknownLimit
+from metering.ledger import (
+    Applied,
+    InvalidPolicy,
+    WindowResolver,
+    apply_events,
+    decide_with_states,
+    first_use_pairs,
+    validate_against_limits,
+)
+from metering.storage.engine import ensure_schema, make_engine, run_transaction
+from metering.storage.queries import Store
+
+
+@dataclass(frozen=True, slots=True)
+class Counter:
+    """A counter as an operator sees it."""
+
+    subject: str
+    limit: str
+    window_start: datetime | None
+    window_end: datetime | None
+    used: int
+    denied_count: int
+    denied_cost: int
+    first_denied_at: datetime | None
+
+
+class Meter:
+    """Meters usage against limits stored in a database.
+
+    ``Meter()`` uses ``METERING_DATABASE_URL``, else ``sqlite:///metering.db``
+    (created on first use). ``clock`` is any callable returning an aware UTC
+    datetime; every decision's "now" comes from it.
+    """
+
+    def __init__(
+        self, url: str | None = None, *, clock: Clock | None = None, **engine_options: Any
+    ) -> None:
+        self.url = database_url(url)
+        self.clock: Clock = clock or system_clock
+        self.engine = make_engine(self.url, **engine_options)
+        ensure_schema(self.engine)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> Meter:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def _now_us(self) -> int:
+        return to_us(self.clock(), field_name="clock")
+
+    # -- limits ------------------------------------------------------------
+
+    def set_limit(self, limit: Limit) -> Limit:
+        """Create or replace a limit; events decided afterwards use it."""
+        if not isinstance(limit, Limit):
+            raise InvalidInput("limit", f"expected a Limit, got {type(limit).__name__}")
+        now_us = self._now_us()
+        run_transaction(self.engine, lambda c: Store(c).upsert_limit(limit, now_us))
+        return limit
+
+    def set_limits(self, limits: Iterable[Limit]) -> list[Limit]:
+        """Create or replace several limits in one transaction (all or none)."""
+        chosen = list(limits)
+        now_us = self._now_us()
+
+        def work(connection: Connection) -> None:
+            store = Store(connection)
+            for limit in chosen:
+                store.upsert_limit(limit, now_us)
+
+        run_transaction(self.engine, work)
+        return chosen
+
+    def load_limits(self, path: str | Path) -> list[Limit]:
+        """Validate a YAML or TOML file of limits and store them all, or none."""
+        return self.set_limits(load_limits_file(path))
+
+    def get_limit(self, name: str) -> Limit:
+        validate_limit_name(name)
+        found = run_transaction(self.engine, lambda c: Store(c).load_limits([name]))
+        if name not in found:
+            raise UnknownLimit(name)
+        return found[name]
+
+    def list_limits(self) -> list[Limit]:
+        return run_transaction(self.engine, lambda c: Store(c).list_limits())
+
+    def delete_limit(self, name: str) -> None:
+        """Delete a limit. Its counters stay, for reports."""
+        validate_limit_name(name)
+        if not run_transaction(self.engine, lambda c: Store(c).delete_limit(name)):
+            raise UnknownLimit(name)
+
+    # -- decisions -----------------------------------------------------------
+
+    def _event(
+        self,
+        subject: str | None,
+        limit: str | None,
+        cost: int,
+        charges: Sequence[Any] | None,
+        event_id: str | None,
+        occurred_at: datetime | None,
+        metadata: Any = None,
+    ) -> UsageEvent:
+        if charges is None:
+            if subject is None or limit is None:
+                raise InvalidInput("charges", "give subject and limit, or charges=[...]")
+            charges = [(subject, limit, cost)]
+        elif subject is not None or limit is not None:
+            raise InvalidInput("charges", "give subject and limit, or charges=[...], not both")
+        when = self.clock() if occurred_at is None else occurred_at
+        return make_event(charges, when, event_id, metadata)
+
+    def consume(
+        self,
+        subject: str | None = None,
+        limit: str | None = None,
+        cost: int = 1,
+        *,
+        charges: Sequence[Any] | None = None,
+        event_id: str | None = None,
+        occurred_at: datetime | None = None,
+        metadata: Any = None,
+    ) -> Decision:
+        """Decide and record one usage event, exactly once per ``event_id``.
+
+        One charge (``subject, limit, cost``) or several (``charges=[(subject,
+        limit, cost), ...]``, all or nothing). A repeated ``event_id`` returns
+        the stored result with ``duplicate=True``; a repeated id with other
+        charges raises `EventConflict`. Bad input raises before anything is stored.
+        """
+        event = self._event(subject, limit, cost, charges, event_id, occurred_at, metadata)
+        [applied] = self.apply([event], invalid="raise")
+        if isinstance(applied, EventConflict):
+            raise applied
+        return applied
+
+    def apply(
+        self, events: Sequence[UsageEvent], *, invalid: InvalidPolicy = "reject"
+    ) -> list[Applied]:
+        """Apply a batch of validated events in one transaction, in order.
+
+        This is what workers call. With ``invalid="reject"`` an event naming an
+        unknown limit or out of its time range is recorded as rejected.
+        """
+        now_us = self._now_us()
+        precheck = len(events) > 1
+
+        def work(connection: Connection) -> list[Applied]:
+            nonlocal precheck
+            try:
+                return apply_events(
+                    Store(connection), events, now_us, invalid=invalid, precheck=precheck
+                )
+            except Exception:
+                precheck = True
+                raise
+
+        return run_transaction(self.engine, work)
+
+    def check(
+        self,
+        subject: str | None = None,
+        limit: str | None = None,
+        cost: int = 1,
+        *,
+        charges: Sequence[Any] | None = None,
+        occurred_at: datetime | None = None,
+    ) -> Decision:
+        """What `consume` would decide now; consumes and records nothing."""
+        event = self._event(subject, limit, cost, charges, "check", occurred_at)
+        now_us = self._now_us()
+
+        def work(connection: Connection) -> Decision:
+            store = Store(connection)
+            limits = store.load_limits(c.limit for c in event.charges)
+            error = validate_against_limits(event, limits, now_us)
+            if error is not None:
+                raise error
+            pairs = first_use_pairs([event], limits)
+            resolver = WindowResolver(store, dict(store.read_current_windows(pairs)))
+            keys = [
+                resolver.key(limits[c.limit], c.subject, event.occurred_at_us)
+                for c in event.charges
+            ]
+            states = store.read_counters(keys)
+            return decide_with_states(event, keys, limits, states, now_us, event_id=None)
+
+        return run_transaction(self.engine, work)
+
+    def result(self, event_id: str) -> Decision | None:
+        """The stored result of an event, or None if it has not been decided."""
+        validate_event_id(event_id)
+        found = run_transaction(self.engine, lambda c: Store(c).fetch_results([event_id]))
+        if event_id not in found:
+            return None
+        stored = found[event_id]
+        return decision_from_dict(stored.decision, duplicate=False, metadata=stored.metadata)
+
+    def reset(self, subject: str | None = None, limit: str | None = None) -> int:
+        """Clear current counters (operator action); past windows stay for reports.
+
+        Give a subject, a limit or both. Returns how many counters were cleared.
+        """
+        if subject is None and limit is None:
+            raise InvalidInput("reset", "give a subject, a limit or both")
+        if subject is not None:
+            validate_subject(subject)
+        if limit is not None:
+            validate_limit_name(limit)
+        now_us = self._now_us()
+        return run_transaction(
+            self.engine, lambda c: Store(c).delete_current_counters(subject, limit, now_us)
+        )
+
+    def counters(self, subject: str | None = None, limit: str | None = None) -> list[Counter]:
+        """Counters of a subject and/or limit, every window, oldest first."""
+        rows = run_transaction(self.engine, lambda c: Store(c).counters_of(subject, limit))
+        return [_counter(key, state) for key, state in rows]
+
+
+def _counter(key: CounterKey, state: CounterState) -> Counter:
+    windowed = key.window_end_us != 0
+    return Counter(
+        subject=key.subject,
+        limit=key.limit,
+        window_start=from_us(key.window_start_us) if windowed else None,
+        window_end=from_us(key.window_end_us) if windowed else None,
+        used=state.used,
+        denied_count=state.denied_count,
+        denied_cost=state.denied_cost,
+        first_denied_at=from_us(state.first_denied_at_us)
+        if state.first_denied_at_us is not None
+        else None,
+    )

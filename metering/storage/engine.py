@@ -1,0 +1,167 @@
+"""Engines, schema version checks, transactions with retries, error translation.
+
+Dialect differences live here and in `queries`:
+
+* SQLite runs in WAL mode and starts every transaction with
+  ``BEGIN IMMEDIATE``: writers queue on the database lock (``busy_timeout``)
+  instead of failing when a read transaction tries to upgrade to a write.
+* PostgreSQL runs at READ COMMITTED; counters are locked by the upsert
+  itself. Serialization failures and deadlocks (a PostgreSQL-compatible
+  distributed SQL raises them under contention) are retried.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlchemyError
+
+from metering.errors import ConfigurationError, DatabaseUnavailable, SchemaOutdated, StorageError
+
+T = TypeVar("T")
+
+# The Alembic revision this code expects; a test checks it is the head.
+SCHEMA_REVISION: Final = "0001"
+MIGRATIONS_DIR: Final = Path(__file__).parent / "migrations"
+SQLITE_BUSY_TIMEOUT_MS: Final = 60_000
+RETRYABLE_SQLSTATES: Final = frozenset({"40001", "40P01"})
+
+
+class RetryTransaction(Exception):
+    """Raised inside a transaction to roll it back and run it again."""
+
+
+def normalise_url(url: str) -> str:
+    """Accept ``postgresql://`` and ``postgres://`` and use psycopg 3 for them."""
+    for prefix in ("postgres://", "postgresql://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+def make_engine(url: str, **kwargs: Any) -> Engine:
+    """An engine set up for metering's transactions on SQLite or PostgreSQL."""
+    url = normalise_url(url)
+    try:
+        parsed = make_url(url)
+        if parsed.get_backend_name() == "sqlite":
+            return _sqlite_engine(url, **kwargs)
+        if parsed.get_backend_name() != "postgresql":
+            raise ConfigurationError(f"unsupported database {parsed.get_backend_name()!r}")
+        kwargs.setdefault("pool_pre_ping", True)
+        kwargs.setdefault("pool_size", 5)
+        kwargs.setdefault("max_overflow", 10)
+        return create_engine(url, **kwargs)
+    except (ArgumentError, NoSuchModuleError, ValueError) as exc:
+        raise ConfigurationError(f"invalid database URL {url!r}: {exc}") from exc
+
+
+def _sqlite_engine(url: str, **kwargs: Any) -> Engine:
+    kwargs.setdefault("connect_args", {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+    engine = create_engine(url, **kwargs)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Let SQLAlchemy's "begin" event issue BEGIN IMMEDIATE itself.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA synchronous=FULL")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Connection) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def is_sqlite(engine: Engine) -> bool:
+    return engine.dialect.name == "sqlite"
+
+
+def _is_retryable(exc: DBAPIError) -> bool:
+    sqlstate = getattr(exc.orig, "sqlstate", None)
+    if sqlstate in RETRYABLE_SQLSTATES:
+        return True
+    return "database is locked" in str(exc.orig) or bool(exc.connection_invalidated)
+
+
+def translate(exc: SQLAlchemyError) -> StorageError:
+    """A driver error as one of ours, with the driver's message and no traceback noise."""
+    orig = getattr(exc, "orig", None) or exc
+    message = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
+    name = type(orig).__name__
+    if name in {"OperationalError", "InterfaceError"} or "connection" in message.lower():
+        return DatabaseUnavailable(f"database unavailable: {message}")
+    return StorageError(f"database error: {message}")
+
+
+def run_transaction(engine: Engine, work: Callable[[Connection], T], *, attempts: int = 10) -> T:
+    """Run ``work`` in one transaction; retry it on serialization failures,
+    deadlocks, a busy SQLite database or a `RetryTransaction`."""
+    for attempt in range(attempts):
+        try:
+            with engine.begin() as connection:
+                return work(connection)
+        except RetryTransaction:
+            if attempt == attempts - 1:
+                raise StorageError("transaction kept conflicting; gave up") from None
+        except DBAPIError as exc:
+            if not _is_retryable(exc) or attempt == attempts - 1:
+                raise translate(exc) from exc
+        except SQLAlchemyError as exc:
+            raise translate(exc) from exc
+        time.sleep(min(0.5, 0.005 * 2**attempt) * random.uniform(0.5, 1.5))
+    raise AssertionError("unreachable")
+
+
+def current_revision(engine: Engine) -> str | None:
+    try:
+        with engine.connect() as connection:
+            if not inspect(connection).has_table("alembic_version"):
+                return None
+            row = connection.execute(text("SELECT version_num FROM alembic_version")).first()
+            return row[0] if row else None
+    except SQLAlchemyError as exc:
+        raise translate(exc) from exc
+
+
+def ensure_schema(engine: Engine) -> None:
+    """Check the schema is current; an embedded SQLite database is created or upgraded."""
+    revision = current_revision(engine)
+    if revision == SCHEMA_REVISION:
+        return
+    if is_sqlite(engine):
+        upgrade_schema(engine)
+        return
+    found = "no schema" if revision is None else f"schema revision {revision}"
+    raise SchemaOutdated(
+        f"the database has {found}, this version needs {SCHEMA_REVISION}: run `metering db upgrade`"
+    )
+
+
+def upgrade_schema(target: str | Engine) -> None:
+    """Run the Alembic migrations up to head (``metering db upgrade``)."""
+    from alembic import command
+    from alembic.config import Config
+
+    engine = make_engine(target) if isinstance(target, str) else target
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    try:
+        with engine.begin() as connection:
+            config.attributes["connection"] = connection
+            command.upgrade(config, "head")
+    except SQLAlchemyError as exc:
+        raise translate(exc) from exc
+    finally:
+        if isinstance(target, str):
+            engine.dispose()

@@ -1,0 +1,350 @@
+"""Every statement metering runs, as methods of `Store` on one connection.
+
+The hot path in a transaction is: `lock_counters` (a multi-row
+``INSERT ... ON CONFLICT DO UPDATE ... RETURNING``: creates missing counters,
+locks all of them and returns their state), then `write_counters` and
+`insert_results`. Keys are locked in sorted order so that transactions
+touching overlapping counters cannot deadlock.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from sqlalchemy import Connection, and_, bindparam, delete, or_, select, tuple_, update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from metering.domain.limits import Limit
+from metering.domain.state import NO_WINDOW, CounterKey, CounterState
+from metering.domain.windows import Window
+from metering.storage.tables import counters, current_windows, limits, results
+
+# Rows per multi-row statement: well under SQLite's 32,766 bound parameters.
+CHUNK: Final = 500
+Pair = tuple[str, str]  # (limit name, subject)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredResult:
+    event_id: str
+    fingerprint: str
+    decision: dict[str, Any]
+    metadata: dict[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class ResultRow:
+    event_id: str
+    outcome: str
+    fingerprint: str
+    occurred_at_us: int
+    decided_at_us: int
+    denied_by: tuple[str, ...]
+    reason: str | None
+    decision: Mapping[str, Any]
+    metadata: Mapping[str, Any] | None
+
+
+def _chunks(items: Sequence[Any], size: int = CHUNK) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _limit_from_row(row: Any) -> Limit:
+    return Limit(
+        name=row.name,
+        maximum=row.maximum,
+        period=row.period,
+        algorithm=row.algorithm,
+        window=row.window,
+        enforcement=row.enforcement,
+        thresholds=tuple(json.loads(row.thresholds)),
+        lateness=row.lateness,
+    )
+
+
+def _state_from_row(row: Any) -> CounterState:
+    return CounterState(
+        used=row.used,
+        denied_count=row.denied_count,
+        denied_cost=row.denied_cost,
+        first_denied_at_us=row.first_denied_at_us,
+        tat_us=row.tat_us,
+        tat_rem=row.tat_rem,
+        tat_scale=row.tat_scale,
+    )
+
+
+def _key_from_row(row: Any) -> CounterKey:
+    return CounterKey(row.limit_name, row.subject, row.window_start_us, row.window_end_us)
+
+
+class Store:
+    """Queries on one connection; the caller owns the transaction."""
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+        self._dialect = connection.dialect.name
+
+    def _insert(self, table: Any) -> Any:
+        module = postgresql if self._dialect == "postgresql" else sqlite
+        return module.insert(table)
+
+    # -- limits ----------------------------------------------------------
+
+    def load_limits(self, names: Iterable[str]) -> dict[str, Limit]:
+        wanted = sorted(set(names))
+        if not wanted:
+            return {}
+        rows = self.connection.execute(select(limits).where(limits.c.name.in_(wanted)))
+        return {row.name: _limit_from_row(row) for row in rows}
+
+    def list_limits(self) -> list[Limit]:
+        rows = self.connection.execute(select(limits).order_by(limits.c.name))
+        return [_limit_from_row(row) for row in rows]
+
+    def upsert_limit(self, limit: Limit, now_us: int) -> None:
+        values = limit.to_dict()
+        values["thresholds"] = json.dumps(values["thresholds"])
+        values["updated_at_us"] = now_us
+        statement = self._insert(limits).values(values)
+        changed = {k: statement.excluded[k] for k in values if k != "name"}
+        self.connection.execute(
+            statement.on_conflict_do_update(index_elements=["name"], set_=changed)
+        )
+
+    def delete_limit(self, name: str) -> bool:
+        outcome = self.connection.execute(delete(limits).where(limits.c.name == name))
+        return bool(outcome.rowcount)
+
+    # -- first-use windows -------------------------------------------------
+
+    def lock_current_windows(self, pairs: Iterable[Pair]) -> dict[Pair, Window | None]:
+        """Create-or-lock each pair's current-window row, in sorted order."""
+        found: dict[Pair, Window | None] = {}
+        ordered = sorted(set(pairs))
+        for chunk in _chunks(ordered):
+            statement = self._insert(current_windows).values(
+                [{"limit_name": limit, "subject": subject} for limit, subject in chunk]
+            )
+            statement = statement.on_conflict_do_update(
+                index_elements=["limit_name", "subject"],
+                set_={"limit_name": statement.excluded.limit_name},
+            ).returning(*current_windows.c)
+            for row in self.connection.execute(statement):
+                window = None
+                if row.window_start_us is not None:
+                    window = (row.window_start_us, row.window_end_us)
+                found[(row.limit_name, row.subject)] = window
+        return found
+
+    def read_current_windows(self, pairs: Iterable[Pair]) -> dict[Pair, Window | None]:
+        wanted = sorted(set(pairs))
+        found: dict[Pair, Window | None] = dict.fromkeys(wanted)
+        for chunk in _chunks(wanted):
+            query = select(current_windows).where(
+                tuple_(current_windows.c.limit_name, current_windows.c.subject).in_(chunk)
+            )
+            for row in self.connection.execute(query):
+                if row.window_start_us is not None:
+                    found[(row.limit_name, row.subject)] = (row.window_start_us, row.window_end_us)
+        return found
+
+    def write_current_windows(self, windows: Mapping[Pair, Window]) -> None:
+        if not windows:
+            return
+        statement = (
+            update(current_windows)
+            .where(current_windows.c.limit_name == bindparam("k_limit"))
+            .where(current_windows.c.subject == bindparam("k_subject"))
+            .values(window_start_us=bindparam("v_start"), window_end_us=bindparam("v_end"))
+        )
+        params = [
+            {"k_limit": limit, "k_subject": subject, "v_start": start, "v_end": end}
+            for (limit, subject), (start, end) in sorted(windows.items())
+        ]
+        self.connection.execute(statement, params)
+
+    def windows_around(self, pair: Pair, at_us: int) -> tuple[Window | None, int | None]:
+        """For a late event: the latest window starting at or before it, and the next start."""
+        limit, subject = pair
+        mine = and_(
+            counters.c.limit_name == limit,
+            counters.c.subject == subject,
+            counters.c.window_start_us != NO_WINDOW,
+        )
+        before = self.connection.execute(
+            select(counters.c.window_start_us, counters.c.window_end_us)
+            .where(mine, counters.c.window_start_us <= at_us)
+            .order_by(counters.c.window_start_us.desc())
+            .limit(1)
+        ).first()
+        after = self.connection.execute(
+            select(counters.c.window_start_us)
+            .where(mine, counters.c.window_start_us > at_us)
+            .order_by(counters.c.window_start_us)
+            .limit(1)
+        ).first()
+        latest = (before.window_start_us, before.window_end_us) if before else None
+        return latest, (after.window_start_us if after else None)
+
+    # -- counters ------------------------------------------------------------
+
+    def lock_counters(
+        self, keys: Iterable[CounterKey], now_us: int
+    ) -> dict[CounterKey, CounterState]:
+        """Create missing counters, lock every one, and return their states.
+
+        This is the atomic upsert. On PostgreSQL ``ON CONFLICT DO UPDATE``
+        takes the row lock and returns the latest committed row even at READ
+        COMMITTED, so concurrent transactions queue here, one per counter.
+        """
+        states: dict[CounterKey, CounterState] = {}
+        ordered = sorted(set(keys), key=lambda k: (k.limit, k.subject, k.window_start_us))
+        for chunk in _chunks(ordered):
+            rows = [
+                {
+                    "limit_name": k.limit,
+                    "subject": k.subject,
+                    "window_start_us": k.window_start_us,
+                    "window_end_us": k.window_end_us,
+                    "used": 0,
+                    "denied_count": 0,
+                    "denied_cost": 0,
+                    "tat_rem": 0,
+                    "tat_scale": 1,
+                    "updated_at_us": now_us,
+                }
+                for k in chunk
+            ]
+            statement = self._insert(counters).values(rows)
+            statement = statement.on_conflict_do_update(
+                index_elements=["limit_name", "subject", "window_start_us"],
+                set_={"updated_at_us": statement.excluded.updated_at_us},
+            ).returning(*counters.c)
+            for row in self.connection.execute(statement):
+                states[_key_from_row(row)] = _state_from_row(row)
+        return states
+
+    def read_counters(self, keys: Iterable[CounterKey]) -> dict[CounterKey, CounterState]:
+        """Counters as they are, without locking (for `check`); missing ones are fresh."""
+        wanted = sorted(set(keys), key=lambda k: (k.limit, k.subject, k.window_start_us))
+        states = {key: CounterState() for key in wanted}
+        columns = (counters.c.limit_name, counters.c.subject, counters.c.window_start_us)
+        for chunk in _chunks(wanted):
+            ids = [(k.limit, k.subject, k.window_start_us) for k in chunk]
+            for row in self.connection.execute(select(counters).where(tuple_(*columns).in_(ids))):
+                states[_key_from_row(row)] = _state_from_row(row)
+        return states
+
+    def write_counters(self, states: Mapping[CounterKey, CounterState], now_us: int) -> None:
+        if not states:
+            return
+        statement = (
+            update(counters)
+            .where(counters.c.limit_name == bindparam("k_limit"))
+            .where(counters.c.subject == bindparam("k_subject"))
+            .where(counters.c.window_start_us == bindparam("k_start"))
+            .values(
+                used=bindparam("v_used"),
+                denied_count=bindparam("v_denied_count"),
+                denied_cost=bindparam("v_denied_cost"),
+                first_denied_at_us=bindparam("v_first_denied"),
+                tat_us=bindparam("v_tat_us"),
+                tat_rem=bindparam("v_tat_rem"),
+                tat_scale=bindparam("v_tat_scale"),
+                updated_at_us=bindparam("v_now"),
+            )
+        )
+        params = [
+            {
+                "k_limit": key.limit,
+                "k_subject": key.subject,
+                "k_start": key.window_start_us,
+                "v_used": state.used,
+                "v_denied_count": state.denied_count,
+                "v_denied_cost": state.denied_cost,
+                "v_first_denied": state.first_denied_at_us,
+                "v_tat_us": state.tat_us,
+                "v_tat_rem": state.tat_rem,
+                "v_tat_scale": state.tat_scale,
+                "v_now": now_us,
+            }
+            for key, state in states.items()
+        ]
+        self.connection.execute(statement, params)
+
+    def delete_current_counters(self, subject: str | None, limit: str | None, now_us: int) -> int:
+        """Remove counters of current windows and buckets (operator reset)."""
+        live = or_(counters.c.window_end_us > now_us, counters.c.window_start_us == NO_WINDOW)
+        statement = delete(counters).where(live)
+        windows = delete(current_windows)
+        if subject is not None:
+            statement = statement.where(counters.c.subject == subject)
+            windows = windows.where(current_windows.c.subject == subject)
+        if limit is not None:
+            statement = statement.where(counters.c.limit_name == limit)
+            windows = windows.where(current_windows.c.limit_name == limit)
+        removed = self.connection.execute(statement).rowcount
+        self.connection.execute(windows)
+        return int(removed)
+
+    def counters_of(
+        self, subject: str | None, limit: str | None
+    ) -> list[tuple[CounterKey, CounterState]]:
+        query = select(counters).order_by(
+            counters.c.subject, counters.c.limit_name, counters.c.window_start_us
+        )
+        if subject is not None:
+            query = query.where(counters.c.subject == subject)
+        if limit is not None:
+            query = query.where(counters.c.limit_name == limit)
+        return [(_key_from_row(r), _state_from_row(r)) for r in self.connection.execute(query)]
+
+    # -- results -------------------------------------------------------------
+
+    def fetch_results(self, event_ids: Iterable[str]) -> dict[str, StoredResult]:
+        wanted = sorted(set(event_ids))
+        found: dict[str, StoredResult] = {}
+        columns = (results.c.event_id, results.c.fingerprint, results.c.decision)
+        for chunk in _chunks(wanted):
+            query = select(*columns, results.c.metadata).where(results.c.event_id.in_(chunk))
+            for row in self.connection.execute(query):
+                found[row.event_id] = StoredResult(
+                    event_id=row.event_id,
+                    fingerprint=row.fingerprint,
+                    decision=json.loads(row.decision),
+                    metadata=json.loads(row.metadata) if row.metadata else None,
+                )
+        return found
+
+    def insert_results(self, rows: Sequence[ResultRow]) -> set[str]:
+        """Insert results; an id already present is skipped. Returns the ids inserted."""
+        inserted: set[str] = set()
+        ordered = sorted(rows, key=lambda r: r.event_id)
+        for chunk in _chunks(ordered):
+            values = [
+                {
+                    "event_id": r.event_id,
+                    "outcome": r.outcome,
+                    "fingerprint": r.fingerprint,
+                    "occurred_at_us": r.occurred_at_us,
+                    "decided_at_us": r.decided_at_us,
+                    "denied_by": ",".join(r.denied_by) or None,
+                    "reason": r.reason,
+                    "decision": json.dumps(r.decision, separators=(",", ":")),
+                    "metadata": json.dumps(r.metadata) if r.metadata is not None else None,
+                }
+                for r in chunk
+            ]
+            statement = (
+                self._insert(results)
+                .values(values)
+                .on_conflict_do_nothing(index_elements=["event_id"])
+                .returning(results.c.event_id)
+            )
+            inserted.update(row.event_id for row in self.connection.execute(statement))
+        return inserted
