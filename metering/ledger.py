@@ -184,7 +184,7 @@ def decide_with_states(
     states: dict[CounterKey, CounterState],
     now_us: int,
     *,
-    event_id: str | None = None,
+    record: bool = True,
 ) -> Decision:
     """Decide one event against ``states`` and update them in place."""
     inputs = [
@@ -195,7 +195,7 @@ def decide_with_states(
     for key, state in zip(keys, verdict.new_states, strict=True):
         states[key] = state
     return Decision(
-        event_id=event.event_id if event_id is None else event_id,
+        event_id=event.event_id if record else None,
         outcome=verdict.outcome,
         charges=verdict.charges,
         occurred_at=event.occurred_at,

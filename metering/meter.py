@@ -68,7 +68,11 @@ class Meter:
         self.url = database_url(url)
         self.clock: Clock = clock or system_clock
         self.engine = make_engine(self.url, **engine_options)
-        ensure_schema(self.engine)
+        try:
+            ensure_schema(self.engine)
+        except BaseException:
+            self.engine.dispose()
+            raise
 
     def close(self) -> None:
         self.engine.dispose()
@@ -219,7 +223,7 @@ class Meter:
                 for c in event.charges
             ]
             states = store.read_counters(keys)
-            return decide_with_states(event, keys, limits, states, now_us, event_id=None)
+            return decide_with_states(event, keys, limits, states, now_us, record=False)
 
         return run_transaction(self.engine, work)
 
