@@ -48,6 +48,36 @@ class ResultRow:
     metadata: Mapping[str, Any] | None
 
 
+def _build_statements(dialect: str) -> dict[str, Any]:
+    """The hot-path statements, built once per dialect so SQLAlchemy compiles
+    them once and psycopg can prepare them. Each runs as an executemany: with
+    RETURNING, SQLAlchemy sends it as multi-row VALUES ("insertmanyvalues")."""
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    lock_counters = insert(counters)
+    lock_counters = lock_counters.on_conflict_do_update(
+        index_elements=["limit_name", "subject", "window_start_us"],
+        set_={"updated_at_us": lock_counters.excluded.updated_at_us},
+    ).returning(*counters.c)
+    lock_windows = insert(current_windows)
+    lock_windows = lock_windows.on_conflict_do_update(
+        index_elements=["limit_name", "subject"],
+        set_={"limit_name": lock_windows.excluded.limit_name},
+    ).returning(*current_windows.c)
+    insert_results = (
+        insert(results)
+        .on_conflict_do_nothing(index_elements=["event_id"])
+        .returning(results.c.event_id)
+    )
+    return {
+        "lock_counters": lock_counters,
+        "lock_windows": lock_windows,
+        "insert_results": insert_results,
+    }
+
+
+_STATEMENTS: Final = {name: _build_statements(name) for name in ("postgresql", "sqlite")}
+
+
 def _chunks(items: Sequence[Any], size: int = CHUNK) -> Iterator[Sequence[Any]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
@@ -88,6 +118,7 @@ class Store:
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
         self._dialect = connection.dialect.name
+        self._statements = _STATEMENTS[self._dialect]
 
     def _insert(self, table: Any) -> Any:
         module = postgresql if self._dialect == "postgresql" else sqlite
@@ -125,20 +156,20 @@ class Store:
     def lock_current_windows(self, pairs: Iterable[Pair]) -> dict[Pair, Window | None]:
         """Create-or-lock each pair's current-window row, in sorted order."""
         found: dict[Pair, Window | None] = {}
-        ordered = sorted(set(pairs))
-        for chunk in _chunks(ordered):
-            statement = self._insert(current_windows).values(
-                [{"limit_name": limit, "subject": subject} for limit, subject in chunk]
-            )
-            statement = statement.on_conflict_do_update(
-                index_elements=["limit_name", "subject"],
-                set_={"limit_name": statement.excluded.limit_name},
-            ).returning(*current_windows.c)
-            for row in self.connection.execute(statement):
-                window = None
-                if row.window_start_us is not None:
-                    window = (row.window_start_us, row.window_end_us)
-                found[(row.limit_name, row.subject)] = window
+        params = [
+            {
+                "limit_name": limit,
+                "subject": subject,
+                "window_start_us": None,
+                "window_end_us": None,
+            }
+            for limit, subject in sorted(set(pairs))
+        ]
+        for row in self.connection.execute(self._statements["lock_windows"], params):
+            window = None
+            if row.window_start_us is not None:
+                window = (row.window_start_us, row.window_end_us)
+            found[(row.limit_name, row.subject)] = window
         return found
 
     def read_current_windows(self, pairs: Iterable[Pair]) -> dict[Pair, Window | None]:
@@ -202,32 +233,26 @@ class Store:
         takes the row lock and returns the latest committed row even at READ
         COMMITTED, so concurrent transactions queue here, one per counter.
         """
-        states: dict[CounterKey, CounterState] = {}
         ordered = sorted(set(keys), key=lambda k: (k.limit, k.subject, k.window_start_us))
-        for chunk in _chunks(ordered):
-            rows = [
-                {
-                    "limit_name": k.limit,
-                    "subject": k.subject,
-                    "window_start_us": k.window_start_us,
-                    "window_end_us": k.window_end_us,
-                    "used": 0,
-                    "denied_count": 0,
-                    "denied_cost": 0,
-                    "tat_rem": 0,
-                    "tat_scale": 1,
-                    "updated_at_us": now_us,
-                }
-                for k in chunk
-            ]
-            statement = self._insert(counters).values(rows)
-            statement = statement.on_conflict_do_update(
-                index_elements=["limit_name", "subject", "window_start_us"],
-                set_={"updated_at_us": statement.excluded.updated_at_us},
-            ).returning(*counters.c)
-            for row in self.connection.execute(statement):
-                states[_key_from_row(row)] = _state_from_row(row)
-        return states
+        params = [
+            {
+                "limit_name": k.limit,
+                "subject": k.subject,
+                "window_start_us": k.window_start_us,
+                "window_end_us": k.window_end_us,
+                "used": 0,
+                "denied_count": 0,
+                "denied_cost": 0,
+                "first_denied_at_us": None,
+                "tat_us": None,
+                "tat_rem": 0,
+                "tat_scale": 1,
+                "updated_at_us": now_us,
+            }
+            for k in ordered
+        ]
+        rows = self.connection.execute(self._statements["lock_counters"], params)
+        return {_key_from_row(row): _state_from_row(row) for row in rows}
 
     def read_counters(self, keys: Iterable[CounterKey]) -> dict[CounterKey, CounterState]:
         """Counters as they are, without locking (for `check`); missing ones are fresh."""
@@ -323,28 +348,21 @@ class Store:
 
     def insert_results(self, rows: Sequence[ResultRow]) -> set[str]:
         """Insert results; an id already present is skipped. Returns the ids inserted."""
-        inserted: set[str] = set()
-        ordered = sorted(rows, key=lambda r: r.event_id)
-        for chunk in _chunks(ordered):
-            values = [
-                {
-                    "event_id": r.event_id,
-                    "outcome": r.outcome,
-                    "fingerprint": r.fingerprint,
-                    "occurred_at_us": r.occurred_at_us,
-                    "decided_at_us": r.decided_at_us,
-                    "denied_by": ",".join(r.denied_by) or None,
-                    "reason": r.reason,
-                    "decision": json.dumps(r.decision, separators=(",", ":")),
-                    "metadata": json.dumps(r.metadata) if r.metadata is not None else None,
-                }
-                for r in chunk
-            ]
-            statement = (
-                self._insert(results)
-                .values(values)
-                .on_conflict_do_nothing(index_elements=["event_id"])
-                .returning(results.c.event_id)
-            )
-            inserted.update(row.event_id for row in self.connection.execute(statement))
-        return inserted
+        if not rows:
+            return set()
+        params = [
+            {
+                "event_id": r.event_id,
+                "outcome": r.outcome,
+                "fingerprint": r.fingerprint,
+                "occurred_at_us": r.occurred_at_us,
+                "decided_at_us": r.decided_at_us,
+                "denied_by": ",".join(r.denied_by) or None,
+                "reason": r.reason,
+                "decision": json.dumps(r.decision, separators=(",", ":")),
+                "metadata": json.dumps(r.metadata) if r.metadata is not None else None,
+            }
+            for r in sorted(rows, key=lambda r: r.event_id)
+        ]
+        found = self.connection.execute(self._statements["insert_results"], params)
+        return {row.event_id for row in found}

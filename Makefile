@@ -1,0 +1,42 @@
+# Every tool runs from the project venv, so a fresh clone needs nothing but
+# python3 and make: `make test` builds the venv first.
+VENV := .venv
+BIN := $(VENV)/bin
+SRC := metering workers tests bench
+PYTEST_ARGS ?=
+
+.PHONY: venv servers lint test demo fmt clean
+
+venv: $(VENV)/.installed
+
+# A stamp file, so the install reruns only when the dependencies change.
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || python3 -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+# Server binaries for the integration tests (installed only when missing).
+servers:
+	bash scripts/ensure-servers.sh
+
+lint: venv
+	$(BIN)/ruff check $(SRC)
+	$(BIN)/ruff format --check $(SRC)
+	$(BIN)/mypy metering workers
+
+# Lint first: a style or type error fails fast, before the slower suite.
+test: venv servers lint
+	bash scripts/pytest.sh $(PYTEST_ARGS)
+
+demo: venv
+	$(BIN)/metering demo
+
+fmt: venv
+	$(BIN)/ruff format $(SRC)
+	$(BIN)/ruff check --fix $(SRC)
+
+# Keeps the venv: rebuilding it needs the network.
+clean:
+	rm -rf .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +

@@ -1,0 +1,99 @@
+"""Shared parts of the benchmarks: a durable throw-away PostgreSQL, timing, tables."""
+
+from __future__ import annotations
+
+import multiprocessing
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from servers import PostgresServer, make_base_dir  # noqa: E402
+
+
+@contextmanager
+def durable_postgres() -> Iterator[PostgresServer]:
+    """A PostgreSQL server with fsync and synchronous_commit on, as in production."""
+    base = make_base_dir(Path(tempfile.gettempdir()), prefix="metering-bench-")
+    server = PostgresServer(base, durable=True)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.destroy()
+
+
+@dataclass(frozen=True)
+class Figures:
+    name: str
+    processes: int
+    events: int
+    seconds: float
+    latencies_ns: list[int]
+
+    @property
+    def rate(self) -> float:
+        return self.events / self.seconds
+
+    def percentile_ms(self, q: float) -> float:
+        ordered = sorted(self.latencies_ns)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1e6
+
+    def row(self) -> list[str]:
+        return [
+            self.name,
+            str(self.processes),
+            f"{self.rate:,.0f}",
+            f"{self.percentile_ms(0.50):.2f}",
+            f"{self.percentile_ms(0.99):.2f}",
+        ]
+
+
+Job = Callable[[int, int], list[int]]  # (process index, events) -> latencies in ns
+
+
+def _child(job: Job, index: int, events: int, start: object, out: object) -> None:
+    start.wait(60)  # type: ignore[attr-defined]
+    out.put(job(index, events))  # type: ignore[attr-defined]
+
+
+def run_parallel(name: str, job: Job, processes: int, events_each: int) -> Figures:
+    """Run ``job`` in ``processes`` forked processes started at the same instant."""
+    context = multiprocessing.get_context("fork")
+    start, out = context.Event(), context.Queue()
+    procs = [
+        context.Process(target=_child, args=(job, n, events_each, start, out))
+        for n in range(processes)
+    ]
+    for proc in procs:
+        proc.start()
+    time.sleep(0.5)  # let every child connect before the clock starts
+    began = time.perf_counter()
+    start.set()
+    latencies: list[int] = []
+    for _ in procs:
+        latencies.extend(out.get(timeout=600))
+    seconds = time.perf_counter() - began
+    for proc in procs:
+        proc.join(60)
+    return Figures(name, processes, len(latencies), seconds, latencies)
+
+
+def print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
+    """A Markdown table, ready to paste into the README."""
+    print(f"\n{title}\n")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "|".join(" --- " for _ in header) + "|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)

@@ -1,0 +1,416 @@
+"""A throw-away PostgreSQL server for the test suite.
+
+`PostgresServer` runs a private cluster out of one directory: ``initdb`` on
+first start, a loopback-only TCP listener on its own port, a log file beside
+the data, and nothing shared with any system cluster. It can be stopped and
+started again mid-test (same data, same port), which is how the suite
+simulates a database outage.
+
+PostgreSQL refuses to run as root. When the tests run as root (CI, containers)
+every server binary is run as the ``postgres`` system user through
+``runuser``, and the base directory is handed to that user. The base
+directory therefore has to be reachable by ``postgres``: every ancestor must
+be traversable (``o+x``). pytest's own temporary directories
+(``/tmp/pytest-of-root``) are mode 0700, so under root pick a directory made
+directly in ``/tmp`` instead.
+
+This module deliberately does not import pytest; the fixtures that use it
+live in ``conftest.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg import sql
+from psycopg.rows import TupleRow
+
+__all__ = ["PostgresServer", "find_pg_bindir", "make_base_dir"]
+
+# Seconds. pg_ctl gets its own -t; the subprocess timeout is a backstop above it.
+PG_CTL_WAIT = 60
+SUBPROCESS_TIMEOUT = 90
+INITDB_TIMEOUT = 120
+CONNECT_TIMEOUT = 10
+STATEMENT_TIMEOUT_MS = 60_000
+
+# Linux's sockaddr_un.sun_path is 108 bytes including the terminating NUL.
+_MAX_SOCKET_PATH = 107
+_LOG_TAIL_LINES = 40
+_PG_USER = "postgres"
+_SETTINGS_FILE = "metering_tests.conf"
+
+
+def find_pg_bindir() -> Path | None:
+    """Return a directory holding the PostgreSQL server binaries, or None.
+
+    Prefers the newest Debian-style ``/usr/lib/postgresql/<version>/bin``
+    that contains ``initdb``; falls back to ``pg_config --bindir`` when that
+    directory has ``initdb`` too (``pg_config`` also ships with client-only
+    installs, where it points at a directory without a server).
+    """
+    candidates: list[tuple[tuple[int, ...], Path]] = []
+    for bindir in Path("/usr/lib/postgresql").glob("*/bin"):
+        version = tuple(int(part) for part in re.findall(r"\d+", bindir.parent.name))
+        if version and (bindir / "initdb").is_file():
+            candidates.append((version, bindir))
+    if candidates:
+        return max(candidates)[1]
+
+    pg_config = shutil.which("pg_config")
+    if pg_config is None:
+        return None
+    try:
+        result = subprocess.run(
+            [pg_config, "--bindir"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    bindir = Path(result.stdout.strip())
+    return bindir if (bindir / "initdb").is_file() else None
+
+
+def make_base_dir(parent: Path, prefix: str = "postgres-") -> Path:
+    """Make a new, empty directory for a `PostgresServer` and return it.
+
+    Normally a fresh directory under ``parent``. As root, the server runs as
+    the postgres user, who may not be able to enter ``parent`` (pytest's
+    ``/tmp/pytest-of-root`` is mode 0700), so the directory is made directly
+    in the world-traversable ``/tmp`` instead; `PostgresServer` hands it to
+    the postgres user. Either way the caller removes it (`destroy` does).
+    """
+    if os.geteuid() == 0:
+        return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+
+
+def _free_loopback_port() -> int:
+    """Ask the kernel for a currently unused TCP port on 127.0.0.1."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _conf_quote(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+class PostgresServer:
+    """One private PostgreSQL cluster living in ``base_dir``.
+
+    Layout: ``base_dir/data`` (the cluster), ``base_dir/postgres.log`` (server
+    log), and the Unix socket in ``base_dir`` itself. Clients connect over TCP
+    on 127.0.0.1 as the trust-authenticated superuser ``postgres``.
+
+    ``durable=False`` (the default) turns off fsync, synchronous_commit and
+    full_page_writes: a crash can lose or corrupt data, which is fine for a
+    cluster that only lives as long as a test session, and much faster.
+    A clean ``stop()``/``start()`` keeps all data either way.
+
+    Use as a context manager to start on entry and `destroy` on exit.
+    """
+
+    def __init__(
+        self,
+        base_dir: Path,
+        *,
+        port: int | None = None,
+        durable: bool = False,
+        bindir: Path | None = None,
+    ) -> None:
+        resolved = bindir if bindir is not None else find_pg_bindir()
+        if resolved is None:
+            raise RuntimeError(
+                "PostgreSQL server binaries (initdb, pg_ctl) not found: "
+                "looked in /usr/lib/postgresql/*/bin and `pg_config --bindir`"
+            )
+        self.bindir: Path = resolved
+        self.base_dir: Path = Path(base_dir).absolute()
+        self.data_dir: Path = self.base_dir / "data"
+        self.log_file: Path = self.base_dir / "postgres.log"
+        self.durable: bool = durable
+        self._port: int | None = port
+        self._auto_port: bool = port is None
+        self._started_once: bool = False
+        self._as_root: bool = os.geteuid() == 0
+
+    # -- properties ----------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        """The TCP port; fixed by the first `start` when none was given."""
+        if self._port is None:
+            raise RuntimeError("port is not chosen until the server is first started")
+        return self._port
+
+    def url(self, dbname: str = "postgres") -> str:
+        """SQLAlchemy URL (psycopg 3 driver) of database ``dbname``."""
+        return f"postgresql+psycopg://{_PG_USER}@127.0.0.1:{self.port}/{dbname}"
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the server; initialise the cluster on the first call.
+
+        A no-op when already running. After `stop`, starts again on the same
+        data directory and port. Raises RuntimeError, with the tail of the
+        server log, when the server does not come up within the timeout.
+        """
+        if self.is_running():
+            return
+        if not (self.data_dir / "PG_VERSION").is_file():
+            self._initdb()
+        elif self._port is None:
+            self._port = self._configured_port()
+        # Only a port we picked ourselves may be swapped when somebody grabbed
+        # it between picking and binding, and only before anyone was given a
+        # URL: a restart must come back on the same port.
+        attempts = 3 if self._auto_port and not self._started_once else 1
+        for attempt in range(1, attempts + 1):
+            log_offset = self._log_size()
+            result = self._pg_ctl("start", "-w", "-t", str(PG_CTL_WAIT), "-l", str(self.log_file))
+            if result.returncode == 0 and self.is_running():
+                self._started_once = True
+                return
+            self._stop_quietly()
+            new_log = self._log_text(log_offset)
+            if attempt < attempts and "could not bind" in new_log:
+                self._port = _free_loopback_port()
+                self._write_settings()
+                continue
+            raise RuntimeError(
+                f"PostgreSQL failed to start in {self.base_dir} "
+                f"(pg_ctl exit {result.returncode}).\n"
+                f"pg_ctl output:\n{result.stdout}{result.stderr}\n"
+                f"Last lines of {self.log_file}:\n{self.log_tail()}"
+            )
+
+    def stop(self) -> None:
+        """Stop the server (fast shutdown: clients are disconnected).
+
+        Safe to call when already stopped, never started, or destroyed.
+        """
+        if not self.is_running():
+            return
+        result = self._pg_ctl("stop", "-w", "-t", str(PG_CTL_WAIT), "-m", "fast")
+        if result.returncode != 0 and self.is_running():
+            # A fast shutdown waits for a checkpoint; do not let a wedged one
+            # hang the test session.
+            self._pg_ctl("stop", "-w", "-t", str(PG_CTL_WAIT), "-m", "immediate")
+        if self.is_running():
+            raise RuntimeError(
+                f"PostgreSQL in {self.base_dir} did not stop.\n"
+                f"pg_ctl output:\n{result.stdout}{result.stderr}\n"
+                f"Last lines of {self.log_file}:\n{self.log_tail()}"
+            )
+
+    def is_running(self) -> bool:
+        """True when a postmaster is running on this data directory."""
+        if not (self.data_dir / "postmaster.pid").exists():
+            return False
+        # pg_ctl status: 0 running, 3 not running, 4 no usable data directory.
+        return self._pg_ctl("status").returncode == 0
+
+    def destroy(self) -> None:
+        """Stop the server and delete ``base_dir`` with everything in it."""
+        self.stop()
+        shutil.rmtree(self.base_dir, ignore_errors=True)
+
+    def __enter__(self) -> PostgresServer:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.destroy()
+
+    def __repr__(self) -> str:
+        return f"PostgresServer(base_dir={str(self.base_dir)!r}, port={self._port!r})"
+
+    # -- databases -----------------------------------------------------------
+
+    def create_database(self, name: str, template: str | None = None) -> None:
+        """``CREATE DATABASE name [TEMPLATE template]``.
+
+        Copying a template fails while anything is connected to it, and only
+        after PostgreSQL has waited 5 s for those sessions to leave. A pooled
+        connection left over from migrating the template is the usual
+        culprit, so sessions on the template are terminated first.
+        """
+        statement = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+        if template is not None:
+            statement = sql.SQL("{} TEMPLATE {}").format(statement, sql.Identifier(template))
+        with self._admin_connection() as conn:
+            for attempt in range(1, 4):
+                if template is not None:
+                    conn.execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                        " WHERE datname = %s AND pid <> pg_backend_pid()",
+                        (template,),
+                    )
+                try:
+                    conn.execute(statement)
+                    return
+                except pg_errors.ObjectInUse:
+                    # Somebody connected again between terminate and copy.
+                    if template is None or attempt == 3:
+                        raise
+
+    def drop_database(self, name: str) -> None:
+        """Drop ``name`` if it exists, disconnecting its sessions first."""
+        with self._admin_connection() as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+    def _admin_connection(self) -> psycopg.Connection[TupleRow]:
+        return psycopg.connect(
+            host="127.0.0.1",
+            port=self.port,
+            user=_PG_USER,
+            dbname="postgres",
+            autocommit=True,
+            connect_timeout=CONNECT_TIMEOUT,
+            options=f"-c statement_timeout={STATEMENT_TIMEOUT_MS}",
+        )
+
+    # -- logs ----------------------------------------------------------------
+
+    def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
+        """The last ``lines`` lines of the server log ("" when there is none)."""
+        text = self._log_text(0)
+        return "\n".join(text.splitlines()[-lines:])
+
+    def _log_size(self) -> int:
+        try:
+            return self.log_file.stat().st_size
+        except OSError:
+            return 0
+
+    def _log_text(self, offset: int) -> str:
+        try:
+            with self.log_file.open("rb") as fh:
+                fh.seek(offset)
+                return fh.read().decode("utf-8", errors="replace")
+        except OSError:
+            return ""
+
+    # -- internals -----------------------------------------------------------
+
+    def _initdb(self) -> None:
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        if self._as_root:
+            shutil.chown(self.base_dir, _PG_USER, _PG_USER)
+            self.data_dir.mkdir(mode=0o700, exist_ok=True)
+            shutil.chown(self.data_dir, _PG_USER, _PG_USER)
+            if self._run(["test", "-w", str(self.base_dir)], timeout=10).returncode != 0:
+                raise RuntimeError(
+                    f"user {_PG_USER!r} cannot write to {self.base_dir}: some parent "
+                    "directory is not traversable by it (pytest's /tmp/pytest-of-root is "
+                    "mode 0700); use a base directory made directly under /tmp"
+                )
+        result = self._run(
+            [
+                str(self.bindir / "initdb"),
+                "-D",
+                str(self.data_dir),
+                "--auth=trust",
+                "-U",
+                _PG_USER,
+                "--encoding=UTF8",
+                "--locale=C",
+                "--no-instructions",
+            ],
+            timeout=INITDB_TIMEOUT,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(
+                f"initdb failed in {self.data_dir} (exit {result.returncode}):\n"
+                f"{result.stdout}{result.stderr}"
+            )
+        if self._port is None:
+            self._port = _free_loopback_port()
+        self._write_settings()
+
+    def _write_settings(self) -> None:
+        """(Re)write our settings into an include file of postgresql.conf."""
+        socket_dir = str(self.base_dir)
+        if len(f"{socket_dir}/.s.PGSQL.{self.port}") > _MAX_SOCKET_PATH:
+            # Too long for a Unix socket; TCP is all the tests use anyway.
+            socket_dir = ""
+        settings = {
+            "listen_addresses": _conf_quote("127.0.0.1"),
+            "port": str(self.port),
+            "unix_socket_directories": _conf_quote(socket_dir),
+            "max_connections": "200",
+            "shared_buffers": _conf_quote("128MB"),
+        }
+        if not self.durable:
+            settings |= {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
+        include = self.data_dir / _SETTINGS_FILE
+        include.write_text("".join(f"{key} = {value}\n" for key, value in settings.items()))
+        main_conf = self.data_dir / "postgresql.conf"
+        directive = f"include = {_conf_quote(include.name)}\n"
+        if directive not in main_conf.read_text():
+            with main_conf.open("a") as fh:
+                fh.write("\n" + directive)
+        if self._as_root:
+            shutil.chown(include, _PG_USER, _PG_USER)
+
+    def _configured_port(self) -> int:
+        """The port an existing cluster was set up with (see `_write_settings`)."""
+        text = (self.data_dir / _SETTINGS_FILE).read_text()
+        match = re.search(r"^port = (\d+)$", text, re.MULTILINE)
+        if match is None:
+            raise RuntimeError(f"no port in {self.data_dir / _SETTINGS_FILE}")
+        return int(match.group(1))
+
+    def _stop_quietly(self) -> None:
+        """Best effort: make sure a failed start leaves no postmaster behind."""
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            if (self.data_dir / "postmaster.pid").exists():
+                self._pg_ctl("stop", "-w", "-t", "10", "-m", "immediate")
+
+    def _pg_ctl(self, *args: str) -> subprocess.CompletedProcess[str]:
+        cmd = [str(self.bindir / "pg_ctl"), args[0], "-D", str(self.data_dir), *args[1:]]
+        return self._run(cmd, timeout=SUBPROCESS_TIMEOUT)
+
+    def _run(self, cmd: Sequence[str], *, timeout: float) -> subprocess.CompletedProcess[str]:
+        """Run a server binary, as the postgres user when we are root."""
+        argv = [*(["runuser", "-u", _PG_USER, "--"] if self._as_root else []), *cmd]
+        # PG* variables (PGDATA, PGPORT, ...) from the caller must not redirect
+        # these commands to some other cluster.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+        env["LC_ALL"] = "C"
+        return subprocess.run(
+            argv,
+            # The caller's cwd may be unreadable for the postgres user.
+            cwd=self.base_dir if self.base_dir.is_dir() else "/",
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
