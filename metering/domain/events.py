@@ -79,7 +79,7 @@ def validate_event_id(event_id: object) -> str:
 
 
 def validate_charges(charges: Iterable[object]) -> tuple[Charge, ...]:
-    if isinstance(charges, str | bytes):
+    if isinstance(charges, str | bytes) or not isinstance(charges, Iterable):
         raise InvalidInput("charges", "must be a list of (subject, limit, cost)")
     result: list[Charge] = []
     for item in charges:
@@ -102,8 +102,8 @@ def validate_metadata(metadata: object) -> Mapping[str, Any] | None:
     if not isinstance(metadata, Mapping):
         raise InvalidInput("metadata", "must be a mapping of JSON values")
     try:
-        encoded = json.dumps(metadata, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
+        encoded = json.dumps(metadata, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidInput("metadata", f"is not JSON-serialisable: {exc}") from exc
     if len(encoded.encode()) > MAX_METADATA_BYTES:
         raise InvalidInput("metadata", f"is larger than {MAX_METADATA_BYTES} bytes as JSON")

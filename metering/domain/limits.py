@@ -24,13 +24,13 @@ ENFORCEMENTS: Final = ("hard", "soft")
 
 NAME_PATTERN: Final = re.compile(r"[a-z0-9_.:\-]{1,64}")
 MAX_MAXIMUM: Final = 10**15
-MAX_PERIOD_SECONDS: Final = 10 * 366 * 86_400
+MAX_PERIOD_SECONDS: Final = 3653 * 86_400  # ten years, leap days included
 MAX_PERIOD_MONTHS: Final = 120
 MAX_THRESHOLD_PERCENT: Final = 1000
 DEFAULT_LATENESS: Final = "1d"
 
 _SECONDS_PER_UNIT: Final = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 7 * 86_400}
-_PERIOD_PATTERN: Final = re.compile(r"\s*(\d+)\s*(s|m|h|d|w|mo|y)\s*")
+_PERIOD_PATTERN: Final = re.compile(r"[ \t]*([0-9]+)[ \t]*(s|m|h|d|w|mo|y)[ \t]*")
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +179,7 @@ class Limit:
 
 
 def _thresholds(values: Iterable[object]) -> tuple[int, ...]:
-    if isinstance(values, str | bytes):
+    if isinstance(values, str | bytes) or not isinstance(values, Iterable):
         raise InvalidLimit("thresholds", "must be a list of percentages")
     checked = {_positive_int("thresholds", v, MAX_THRESHOLD_PERCENT) for v in values}
     return tuple(sorted(checked))

@@ -54,7 +54,8 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             return _sqlite_engine(url, **kwargs)
         if parsed.get_backend_name() != "postgresql":
             raise ConfigurationError(f"unsupported database {parsed.get_backend_name()!r}")
-        kwargs.setdefault("pool_pre_ping", True)
+        # No pre-ping: it costs a round trip per transaction. A connection
+        # that died while pooled fails its transaction, which is retried.
         kwargs.setdefault("pool_size", 5)
         kwargs.setdefault("max_overflow", 10)
         return create_engine(url, **kwargs)

@@ -53,15 +53,15 @@ def _build_statements(dialect: str) -> dict[str, Any]:
     them once and psycopg can prepare them. Each runs as an executemany: with
     RETURNING, SQLAlchemy sends it as multi-row VALUES ("insertmanyvalues")."""
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    lock_counters = insert(counters)
-    lock_counters = lock_counters.on_conflict_do_update(
+    new_counters = insert(counters)
+    lock_counters = new_counters.on_conflict_do_update(
         index_elements=["limit_name", "subject", "window_start_us"],
-        set_={"updated_at_us": lock_counters.excluded.updated_at_us},
+        set_={"updated_at_us": new_counters.excluded.updated_at_us},
     ).returning(*counters.c)
-    lock_windows = insert(current_windows)
-    lock_windows = lock_windows.on_conflict_do_update(
+    new_windows = insert(current_windows)
+    lock_windows = new_windows.on_conflict_do_update(
         index_elements=["limit_name", "subject"],
-        set_={"limit_name": lock_windows.excluded.limit_name},
+        set_={"limit_name": new_windows.excluded.limit_name},
     ).returning(*current_windows.c)
     insert_results = (
         insert(results)
@@ -73,6 +73,31 @@ def _build_statements(dialect: str) -> dict[str, Any]:
         "lock_windows": lock_windows,
         "insert_results": insert_results,
     }
+
+
+LOAD_LIMITS: Final = select(limits).where(limits.c.name.in_(bindparam("names", expanding=True)))
+WRITE_COUNTERS: Final = (
+    update(counters)
+    .where(counters.c.limit_name == bindparam("k_limit"))
+    .where(counters.c.subject == bindparam("k_subject"))
+    .where(counters.c.window_start_us == bindparam("k_start"))
+    .values(
+        used=bindparam("v_used"),
+        denied_count=bindparam("v_denied_count"),
+        denied_cost=bindparam("v_denied_cost"),
+        first_denied_at_us=bindparam("v_first_denied"),
+        tat_us=bindparam("v_tat_us"),
+        tat_rem=bindparam("v_tat_rem"),
+        tat_scale=bindparam("v_tat_scale"),
+        updated_at_us=bindparam("v_now"),
+    )
+)
+WRITE_CURRENT_WINDOWS: Final = (
+    update(current_windows)
+    .where(current_windows.c.limit_name == bindparam("k_limit"))
+    .where(current_windows.c.subject == bindparam("k_subject"))
+    .values(window_start_us=bindparam("v_start"), window_end_us=bindparam("v_end"))
+)
 
 
 _STATEMENTS: Final = {name: _build_statements(name) for name in ("postgresql", "sqlite")}
@@ -130,7 +155,7 @@ class Store:
         wanted = sorted(set(names))
         if not wanted:
             return {}
-        rows = self.connection.execute(select(limits).where(limits.c.name.in_(wanted)))
+        rows = self.connection.execute(LOAD_LIMITS, {"names": wanted})
         return {row.name: _limit_from_row(row) for row in rows}
 
     def list_limits(self) -> list[Limit]:
@@ -187,17 +212,11 @@ class Store:
     def write_current_windows(self, windows: Mapping[Pair, Window]) -> None:
         if not windows:
             return
-        statement = (
-            update(current_windows)
-            .where(current_windows.c.limit_name == bindparam("k_limit"))
-            .where(current_windows.c.subject == bindparam("k_subject"))
-            .values(window_start_us=bindparam("v_start"), window_end_us=bindparam("v_end"))
-        )
         params = [
             {"k_limit": limit, "k_subject": subject, "v_start": start, "v_end": end}
             for (limit, subject), (start, end) in sorted(windows.items())
         ]
-        self.connection.execute(statement, params)
+        self.connection.execute(WRITE_CURRENT_WINDOWS, params)
 
     def windows_around(self, pair: Pair, at_us: int) -> tuple[Window | None, int | None]:
         """For a late event: the latest window starting at or before it, and the next start."""
@@ -268,22 +287,6 @@ class Store:
     def write_counters(self, states: Mapping[CounterKey, CounterState], now_us: int) -> None:
         if not states:
             return
-        statement = (
-            update(counters)
-            .where(counters.c.limit_name == bindparam("k_limit"))
-            .where(counters.c.subject == bindparam("k_subject"))
-            .where(counters.c.window_start_us == bindparam("k_start"))
-            .values(
-                used=bindparam("v_used"),
-                denied_count=bindparam("v_denied_count"),
-                denied_cost=bindparam("v_denied_cost"),
-                first_denied_at_us=bindparam("v_first_denied"),
-                tat_us=bindparam("v_tat_us"),
-                tat_rem=bindparam("v_tat_rem"),
-                tat_scale=bindparam("v_tat_scale"),
-                updated_at_us=bindparam("v_now"),
-            )
-        )
         params = [
             {
                 "k_limit": key.limit,
@@ -300,7 +303,7 @@ class Store:
             }
             for key, state in states.items()
         ]
-        self.connection.execute(statement, params)
+        self.connection.execute(WRITE_COUNTERS, params)
 
     def delete_current_counters(self, subject: str | None, limit: str | None, now_us: int) -> int:
         """Remove counters of current windows and buckets (operator reset)."""

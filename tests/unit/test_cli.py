@@ -1,0 +1,389 @@
+"""The `metering` command line, through click's CliRunner on a SQLite file."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from metering import Meter
+from metering.cli import main
+from metering.domain.events import make_event
+from metering.storage.engine import SCHEMA_REVISION
+
+Run = Callable[..., Result]
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path}/cli.db"
+
+
+@pytest.fixture
+def run(url: str) -> Run:
+    """Run ``metering --database URL ARGS...``; check the exit code when told."""
+    runner = CliRunner()
+
+    def invoke(*args: str, code: int | None = 0) -> Result:
+        result = runner.invoke(main, ["--database", url, *args])
+        if code is not None:
+            assert result.exit_code == code, (result.output, result.exception)
+        return result
+
+    return invoke
+
+
+@pytest.fixture
+def with_limits(run: Run) -> Run:
+    run("limits", "set", "send_message", "--max", "5", "--period", "2m")
+    run("limits", "set", "org_calls", "--max", "3", "--period", "1h", "--window", "calendar")
+    return run
+
+
+def utc_text(iso: str) -> str:
+    """How the CLI prints a reset time: whole seconds, rounded up."""
+    moment = datetime.fromisoformat(iso)
+    if moment.microsecond:
+        moment = moment.replace(microsecond=0) + timedelta(seconds=1)
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def snapshot(url: str) -> tuple[list[Any], list[Any]]:
+    with Meter(url) as meter:
+        return meter.list_limits(), meter.counters()
+
+
+def assert_one_line_error(result: Result) -> None:
+    assert result.exit_code == 1, result.output
+    assert isinstance(result.exception, SystemExit)
+    assert "Traceback" not in result.output
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert result.stdout == ""
+
+
+# -- the README scenario ---------------------------------------------------------
+
+
+def test_readme_scenario_five_allowed_then_denied_with_reset_time(run: Run) -> None:
+    result = run("limits", "set", "send_message", "--max", "5", "--period", "2m")
+    assert result.output.startswith("send_message: max 5 per 2m, fixed_window")
+    first = json.loads(run("consume", "visitor-1", "send_message", "--format", "json").output)
+    resets = utc_text(first["charges"][0]["resets_at"])
+    for used in range(2, 6):
+        line = run("consume", "visitor-1", "send_message").output
+        assert line == f"allowed  visitor-1 send_message  used {used}/5, {5 - used} left, " + (
+            f"resets {resets}\n"
+        )
+    denied = run("consume", "visitor-1", "send_message", code=2).output
+    assert denied == f"denied  visitor-1 send_message  used 5/5, retry at {resets}\n"
+
+
+def test_check_consumes_nothing_and_uses_the_same_exit_codes(with_limits: Run, url: str) -> None:
+    out = with_limits("check", "visitor-1", "send_message", "--cost", "5").output
+    assert out.startswith("allowed  visitor-1 send_message  used 5/5, 0 left")
+    with_limits("check", "visitor-1", "send_message", "--cost", "6", code=2)
+    assert snapshot(url)[1] == []
+
+
+def test_consume_at_a_naive_time_is_utc(with_limits: Run) -> None:
+    at = (datetime.now(UTC) - timedelta(minutes=10)).replace(tzinfo=None, microsecond=0)
+    out = with_limits("consume", "v", "send_message", "--at", at.isoformat(), "--format", "json")
+    decision = json.loads(out.output)
+    assert decision["occurred_at"] == at.replace(tzinfo=UTC).isoformat()
+    assert decision["charges"][0]["window_start"] == at.replace(tzinfo=UTC).isoformat()
+
+
+def test_cost_larger_than_the_maximum_never_fits(with_limits: Run) -> None:
+    out = with_limits("consume", "v", "send_message", "--cost", "6", code=2).output
+    assert "used 0/5, cost 6 is more than the maximum: never fits" in out
+
+
+def test_soft_limit_reports_overage_and_exits_zero(run: Run) -> None:
+    options = "--max 3 --period 1mo --window calendar --enforcement soft --threshold 80"
+    run("limits", "set", "api_calls", *options.split(), "--threshold", "100")
+    out = run("consume", "org-42", "api_calls", "--cost", "5").output
+    assert out.startswith("overage  org-42 api_calls  used 5/3, 2 over, resets ")
+
+
+# -- stacked events, idempotency, JSON, results ------------------------------------
+
+
+def test_stacked_consume_allowed_then_denied_by_the_org_limit(with_limits: Run, url: str) -> None:
+    charges = ["--charge", "user:7:send_message:1", "--charge", "org:42:org_calls:2"]
+    out = with_limits("consume", *charges, "--event-id", "job-1").output.splitlines()
+    assert out[0].startswith("allowed  user:7 send_message  used 1/5, 4 left")
+    assert out[1].startswith("allowed  org:42 org_calls  used 2/3, 1 left")
+    assert out[2] == "allowed  2 charges consumed"
+
+    again = with_limits("consume", *charges, "--event-id", "job-1").output.splitlines()
+    assert again[-1] == "allowed  2 charges consumed  (duplicate)"
+
+    other = ["--charge", "user:8:send_message:1", "--charge", "org:42:org_calls:2"]
+    denied = with_limits("consume", *other, "--event-id", "job-2", code=2).output.splitlines()
+    assert denied[0].startswith("fits  user:8 send_message  used 0/5, 5 left")
+    assert denied[1].startswith("denied  org:42 org_calls  used 2/3, retry at ")
+    assert denied[2].startswith("denied by org_calls  nothing consumed, retry at ")
+    used = {(c.subject, c.limit): c.used for c in snapshot(url)[1]}
+    assert used == {
+        ("user:7", "send_message"): 1,
+        ("org:42", "org_calls"): 2,
+        ("user:8", "send_message"): 0,
+    }
+
+
+def test_json_output_is_the_decision_plus_duplicate(with_limits: Run) -> None:
+    args = ("consume", "v", "send_message", "--event-id", "e-1", "--format", "json")
+    first = json.loads(with_limits(*args).output)
+    assert first["event_id"] == "e-1" and first["outcome"] == "allowed"
+    assert first["duplicate"] is False and first["charges"][0]["used"] == 1
+    second = json.loads(with_limits(*args).output)
+    assert second["duplicate"] is True and second["charges"] == first["charges"]
+    stacked = ["--charge", "a:send_message:5", "--charge", "b:org_calls:4"]
+    denied = json.loads(with_limits("consume", *stacked, "--format", "json", code=2).output)
+    assert denied["outcome"] == "denied" and denied["denied_by"] == ["org_calls"]
+
+
+def test_result_of_a_known_and_an_unknown_event(with_limits: Run) -> None:
+    with_limits("consume", "v", "send_message", "--cost", "2", "--event-id", "known-1")
+    out = with_limits("result", "known-1").output
+    assert out.startswith("allowed  v send_message  used 2/5, 3 left")
+    data = json.loads(with_limits("result", "known-1", "--format", "json").output)
+    assert data["event_id"] == "known-1" and data["duplicate"] is False
+    missing = with_limits("result", "unknown-1", code=1)
+    assert_one_line_error(missing)
+    assert missing.stderr == "error: no result for event unknown-1\n"
+
+
+def test_result_of_a_denied_and_a_rejected_event_exits_2(with_limits: Run, url: str) -> None:
+    with_limits("consume", "v", "send_message", "--cost", "9", "--event-id", "big-1", code=2)
+    assert with_limits("result", "big-1", code=2).output.startswith("denied  v send_message")
+    event = make_event([("v", "no_such_limit", 1)], datetime.now(UTC), "rej-1")
+    with Meter(url) as meter:
+        meter.apply([event])
+    out = with_limits("result", "rej-1", code=2).output
+    assert out.startswith("rejected  event rej-1: unknown limit 'no_such_limit'")
+
+
+# -- operator commands ---------------------------------------------------------------
+
+
+def test_reset_clears_counters_of_a_subject(with_limits: Run, url: str) -> None:
+    with_limits("consume", "v", "send_message", "--cost", "5")
+    with_limits("consume", "w", "send_message")
+    assert with_limits("reset", "--subject", "v").output == "cleared 1 counter\n"
+    assert [c.subject for c in snapshot(url)[1]] == ["w"]
+    assert with_limits("reset", "--limit", "send_message").output == "cleared 1 counter\n"
+    assert with_limits("reset", "--limit", "org_calls").output == "cleared 0 counters\n"
+    assert with_limits("consume", "v", "send_message").output.startswith("allowed  v")
+
+
+def test_reset_needs_a_subject_or_a_limit(with_limits: Run) -> None:
+    assert_one_line_error(with_limits("reset", code=None))
+
+
+def test_counters_table_and_json(with_limits: Run) -> None:
+    assert with_limits("counters").output == "no counters\n"
+    with_limits("consume", "visitor-1", "send_message", "--cost", "4")
+    with_limits("consume", "visitor-1", "send_message", "--cost", "2", code=2)
+    table = with_limits("counters", "--subject", "visitor-1").output
+    for heading in ("subject", "window start", "window end", "denied events", "first denial"):
+        assert heading in table
+    assert "visitor-1" in table and "send_message" in table
+    [row] = json.loads(with_limits("counters", "--format", "json").output)
+    assert (row["used"], row["denied_count"], row["denied_cost"]) == (4, 1, 2)
+    assert (
+        json.loads(with_limits("counters", "--limit", "org_calls", "--format", "json").output) == []
+    )
+
+
+def test_limits_list_and_delete(with_limits: Run, url: str) -> None:
+    table = with_limits("limits", "list").output
+    for text in ("name", "maximum", "thresholds", "lateness", "send_message", "org_calls"):
+        assert text in table
+    listed = json.loads(with_limits("limits", "list", "--format", "json").output)
+    assert [entry["name"] for entry in listed] == ["org_calls", "send_message"]
+    assert listed[0]["window"] == "calendar" and listed[1]["period"] == "2m"
+    assert with_limits("limits", "delete", "org_calls").output == "deleted limit org_calls\n"
+    assert [limit.name for limit in snapshot(url)[0]] == ["send_message"]
+    assert_one_line_error(with_limits("limits", "delete", "org_calls", code=None))
+
+
+def test_limits_set_with_every_option(run: Run, url: str) -> None:
+    args = ["--max", "10", "--period", "10s", "--algorithm", "token_bucket", "--lateness", "1h"]
+    out = run("limits", "set", "search", *args).output
+    assert out == "search: max 10 per 10s, token_bucket, hard, lateness 1h\n"
+    [limit] = snapshot(url)[0]
+    assert (limit.algorithm, limit.lateness, limit.maximum) == ("token_bucket", "1h", 10)
+
+
+def test_limits_load_yaml_and_toml(run: Run, url: str, tmp_path: Path) -> None:
+    yaml_file = tmp_path / "limits.yaml"
+    yaml_file.write_text(
+        "limits:\n"
+        "  send_message: {maximum: 5, period: 2m}\n"
+        "  api_calls: {maximum: 1000, period: 1mo, window: calendar, enforcement: soft,"
+        " thresholds: [80, 100]}\n"
+    )
+    assert run("limits", "load", str(yaml_file)).output == f"loaded 2 limits from {yaml_file}\n"
+    toml_file = tmp_path / "limits.toml"
+    toml_file.write_text(
+        '[[limits]]\nname = "search"\nmaximum = 10\nperiod = "10s"\nalgorithm = "token_bucket"\n'
+    )
+    assert run("limits", "load", str(toml_file)).output == f"loaded 1 limit from {toml_file}\n"
+    limits = {limit.name: limit for limit in snapshot(url)[0]}
+    assert sorted(limits) == ["api_calls", "search", "send_message"]
+    assert limits["api_calls"].thresholds == (80, 100)
+
+
+def test_db_upgrade_on_sqlite(run: Run, url: str) -> None:
+    out = run("db", "upgrade").output
+    assert out == f"schema at revision {SCHEMA_REVISION} ({url})\n"
+    assert run("db", "upgrade").output == out  # idempotent
+    assert snapshot(url) == ([], [])
+
+
+def test_db_upgrade_on_postgresql(postgres_server: Any) -> None:
+    postgres_server.create_database("cli_upgrade")
+    try:
+        url = postgres_server.url("cli_upgrade")
+        runner = CliRunner()
+        before = runner.invoke(main, ["--database", url, "limits", "list"])
+        assert_one_line_error(before)
+        assert "metering db upgrade" in before.stderr
+        upgraded = runner.invoke(main, ["--database", url, "db", "upgrade"])
+        assert upgraded.exit_code == 0, upgraded.output
+        assert f"schema at revision {SCHEMA_REVISION}" in upgraded.output
+        args = ["--database", url, "limits", "set", "a", "--max", "1", "--period", "1m"]
+        result = runner.invoke(main, args)
+        assert result.exit_code == 0, result.output
+    finally:
+        postgres_server.drop_database("cli_upgrade")
+
+
+def test_database_url_from_the_environment(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("METERING_DATABASE_URL", url)
+    result = CliRunner().invoke(main, ["limits", "set", "x", "--max", "1", "--period", "1m"])
+    assert result.exit_code == 0, result.output
+    assert [limit.name for limit in snapshot(url)[0]] == ["x"]
+
+
+# -- bad input: one error line, exit 1, nothing changed ----------------------------------
+
+BAD_INPUTS = {
+    "unknown limit": ["consume", "visitor-1", "nope"],
+    "cost 0": ["consume", "visitor-1", "send_message", "--cost", "0"],
+    "cost -1": ["consume", "visitor-1", "send_message", "--cost", "-1"],
+    "cost 1.5": ["consume", "visitor-1", "send_message", "--cost", "1.5"],
+    "huge cost": ["consume", "visitor-1", "send_message", "--cost", "1" + "0" * 30],
+    "empty subject": ["consume", "", "send_message"],
+    "control character subject": ["consume", "bad\nsubject", "send_message"],
+    "overlong subject": ["consume", "s" * 201, "send_message"],
+    "malformed event id": ["consume", "visitor-1", "send_message", "--event-id", "bad id!"],
+    "malformed result id": ["result", "bad id!"],
+    "bad period": ["limits", "set", "send_message", "--max", "9", "--period", "2 fortnights"],
+    "bad maximum": ["limits", "set", "send_message", "--max", "0", "--period", "1m"],
+    "bad limit name": ["limits", "set", "Send Message", "--max", "1", "--period", "1m"],
+    "soft bucket": [
+        "limits",
+        "set",
+        "send_message",
+        "--max",
+        "9",
+        "--period",
+        "1m",
+        "--algorithm",
+        "token_bucket",
+        "--enforcement",
+        "soft",
+    ],
+    "bad algorithm": ["limits", "set", "x", "--max", "1", "--period", "1m", "--algorithm", "y"],
+    "missing limits file": ["limits", "load", "/nonexistent/limits.yaml"],
+    "unknown option": ["consume", "visitor-1", "send_message", "--bogus"],
+    "unknown command": ["frobnicate"],
+    "no charge": ["consume"],
+    "charge and subject": ["consume", "v", "send_message", "--charge", "v:org_calls:1"],
+    "malformed charge": ["consume", "--charge", "visitor-1"],
+    "fractional charge cost": ["consume", "--charge", "visitor-1:send_message:1.5"],
+    "repeated charge": ["consume", "--charge", "v:send_message:1", "--charge", "v:send_message:2"],
+    "bad --at": ["consume", "visitor-1", "send_message", "--at", "yesterday"],
+    "--at too old": ["consume", "visitor-1", "send_message", "--at", "2001-01-01T00:00:00"],
+    "--at in the future": ["consume", "visitor-1", "send_message", "--at", "2999-01-01"],
+    "conflicting event id": [
+        "consume",
+        "visitor-1",
+        "send_message",
+        "--cost",
+        "2",
+        "--event-id",
+        "seen-1",
+    ],
+    "reset bad subject": ["reset", "--subject", ""],
+    "unknown limit check": ["check", "visitor-1", "nope"],
+}
+
+
+@pytest.mark.parametrize("args", list(BAD_INPUTS.values()), ids=list(BAD_INPUTS))
+def test_bad_input_gives_one_error_line_and_changes_nothing(
+    with_limits: Run, url: str, args: list[str]
+) -> None:
+    with_limits("consume", "visitor-1", "send_message", "--event-id", "seen-1")
+    before = snapshot(url)
+    assert_one_line_error(with_limits(*args, code=None))
+    assert snapshot(url) == before
+
+
+def test_unreachable_database_gives_one_error_line() -> None:
+    runner = CliRunner()
+    for args in (["limits", "list"], ["consume", "v", "x"], ["db", "upgrade"]):
+        result = runner.invoke(main, ["--database", "postgresql://nobody@127.0.0.1:1/x", *args])
+        assert_one_line_error(result)
+        assert "database unavailable" in result.stderr
+
+
+def test_unsupported_database_url_gives_one_error_line() -> None:
+    result = CliRunner().invoke(main, ["--database", "mysql://localhost/x", "limits", "list"])
+    assert_one_line_error(result)
+
+
+def test_python_dash_m_prints_errors_without_traceback(url: str) -> None:
+    command = [sys.executable, "-m", "metering", "--database", url, "consume", "v", "nope"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 1
+    assert done.stdout == ""
+    assert done.stderr == "error: unknown limit 'nope': define it with `metering limits set`\n"
+
+
+def test_help_documents_the_exit_codes() -> None:
+    out = CliRunner().invoke(main, ["consume", "--help"]).output
+    assert "Exit codes" in out and "2  denied" in out
+
+
+# -- demo ------------------------------------------------------------------------------------
+
+
+def test_demo_runs_in_a_fresh_database(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "metering-demo.db").write_text("an old demo database")
+    result = CliRunner().invoke(main, ["demo"])
+    assert result.exit_code == 0, (result.output, result.exception)
+    path = tmp_path / "metering-demo.db"
+    assert f"database: {path}" in result.output
+    assert "denied" in result.output and "overage" in result.output
+    with Meter(f"sqlite:///{path}") as meter:
+        assert {limit.name for limit in meter.list_limits()} == {
+            "api_calls",
+            "search",
+            "send_message",
+        }
+        counters = meter.counters(subject="visitor-1")
+        assert counters and counters[0].denied_count > 0
+        assert meter.result("demo-001") is not None
+    assert not (tmp_path / "metering.db").exists()

@@ -1,0 +1,334 @@
+"""Atomic stacking in `decide_event`, and the `Decision` an event ends with."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from metering.clock import FrozenClock
+from metering.domain.decisions import (
+    ChargeDecision,
+    ChargeInput,
+    Decision,
+    EventVerdict,
+    decide_event,
+    decision_from_dict,
+)
+from metering.domain.instants import from_us, to_us
+from metering.domain.limits import Limit
+from metering.domain.state import CounterKey, CounterState
+
+SECOND = 1_000_000
+WINDOW_START = to_us(datetime(2026, 11, 22, 11, 59, tzinfo=UTC))
+WINDOW_END = WINDOW_START + 120 * SECOND
+
+USER = Limit("user_calls", maximum=10, period="2m")
+ORG = Limit("org_calls", maximum=5, period="2m")
+SOFT = Limit("seats", maximum=5, period="2m", enforcement="soft")
+BUCKET = Limit("api", maximum=10, period="10s", algorithm="token_bucket")
+
+
+def charge(limit: Limit, state: CounterState, cost: int, subject: str = "user-7") -> ChargeInput:
+    if limit.algorithm == "token_bucket":
+        key = CounterKey(limit.name, subject, 0, 0)
+    else:
+        key = CounterKey(limit.name, subject, WINDOW_START, WINDOW_END)
+    return ChargeInput(limit, key, state, cost)
+
+
+def as_decision(verdict: EventVerdict, clock: FrozenClock, event_id: str = "job-991") -> Decision:
+    return Decision(
+        event_id=event_id,
+        outcome=verdict.outcome,
+        charges=verdict.charges,
+        occurred_at=clock(),
+        decided_at=clock() + timedelta(milliseconds=5),
+        denied_by=verdict.denied_by,
+    )
+
+
+# --------------------------------------------------------------------------- stacking
+
+
+def test_stacked_event_is_denied_when_the_org_limit_does_not_fit(now_us: int) -> None:
+    user_state = CounterState(used=3)
+    org_state = CounterState(used=4)
+    verdict = decide_event(
+        [charge(USER, user_state, 2), charge(ORG, org_state, 2, subject="org-42")], now_us
+    )
+    assert verdict.outcome == "denied"
+    assert verdict.denied_by == ("org_calls",)
+
+    new_user, new_org = verdict.new_states
+    assert new_user == user_state  # the fitting charge consumed nothing
+    assert new_org.used == 4
+    assert (new_org.denied_count, new_org.denied_cost) == (1, 2)
+    assert new_org.first_denied_at_us == now_us
+
+    user_decision, org_decision = verdict.charges
+    assert (user_decision.allowed, user_decision.outcome) == (True, "allowed")
+    assert (user_decision.used, user_decision.remaining) == (3, 7)  # figures before the event
+    assert (org_decision.allowed, org_decision.outcome) == (False, "denied")
+    assert (org_decision.used, org_decision.remaining) == (4, 1)
+    assert org_decision.subject == "org-42"
+    assert org_decision.retry_at == from_us(WINDOW_END)
+    assert user_decision.retry_at is None
+
+
+def test_stacked_event_consumes_every_charge_when_all_fit(now_us: int) -> None:
+    user_state, org_state = CounterState(used=3), CounterState(used=1)
+    verdict = decide_event(
+        [charge(USER, user_state, 2), charge(ORG, org_state, 2, subject="org-42")], now_us
+    )
+    assert verdict.outcome == "allowed"
+    assert verdict.denied_by == ()
+    assert [s.used for s in verdict.new_states] == [5, 3]
+    assert [c.used for c in verdict.charges] == [5, 3]
+    assert [c.remaining for c in verdict.charges] == [5, 2]
+    assert all(c.outcome == "allowed" for c in verdict.charges)
+
+
+def test_stacked_event_names_every_limit_that_denied_it_in_order(now_us: int) -> None:
+    verdict = decide_event(
+        [
+            charge(ORG, CounterState(used=5), 1, subject="org-42"),
+            charge(SOFT, CounterState(), 1),
+            charge(USER, CounterState(used=10), 1),
+        ],
+        now_us,
+    )
+    assert verdict.outcome == "denied"
+    assert verdict.denied_by == ("org_calls", "user_calls")
+    assert verdict.new_states[1] == CounterState()
+
+
+def test_soft_charge_is_not_consumed_when_a_hard_charge_denies(now_us: int) -> None:
+    soft_state = CounterState(used=7)
+    verdict = decide_event(
+        [charge(SOFT, soft_state, 3), charge(ORG, CounterState(used=5), 1, subject="org-42")],
+        now_us,
+    )
+    assert verdict.outcome == "denied"
+    assert verdict.denied_by == ("org_calls",)
+    assert verdict.new_states[0] == soft_state
+    soft_decision = verdict.charges[0]
+    assert soft_decision.allowed is True
+    assert soft_decision.outcome == "allowed"  # it fit, but nothing was consumed
+    assert soft_decision.used == 7
+    assert soft_decision.overage == 2  # the overage already there, not the new one
+
+
+def test_soft_overage_with_a_fitting_hard_charge_consumes_both(now_us: int) -> None:
+    verdict = decide_event(
+        [charge(SOFT, CounterState(used=5), 2), charge(USER, CounterState(), 2)], now_us
+    )
+    assert verdict.outcome == "overage"
+    assert verdict.denied_by == ()
+    assert [s.used for s in verdict.new_states] == [7, 2]
+    soft_decision, user_decision = verdict.charges
+    assert (soft_decision.outcome, soft_decision.overage) == ("overage", 2)
+    assert (user_decision.outcome, user_decision.overage) == ("allowed", 0)
+
+
+def test_token_bucket_charge_is_not_consumed_when_a_window_denies(now_us: int) -> None:
+    bucket_state = CounterState(used=4, tat_us=now_us + 3 * SECOND, tat_rem=0, tat_scale=10)
+    verdict = decide_event(
+        [charge(BUCKET, bucket_state, 1), charge(ORG, CounterState(used=5), 1, subject="org-42")],
+        now_us,
+    )
+    assert verdict.denied_by == ("org_calls",)
+    assert verdict.new_states[0] == bucket_state
+    assert verdict.charges[0].remaining == 7
+    assert verdict.charges[0].resets_at == from_us(now_us + 3 * SECOND)
+
+
+def test_token_bucket_denial_denies_the_window_charge_too(now_us: int) -> None:
+    empty = CounterState(used=10, tat_us=now_us + 10 * SECOND, tat_rem=0, tat_scale=10)
+    user_state = CounterState(used=1)
+    verdict = decide_event([charge(BUCKET, empty, 1), charge(USER, user_state, 1)], now_us)
+    assert verdict.denied_by == ("api",)
+    assert verdict.new_states[1] == user_state
+    assert verdict.new_states[0].denied_count == 1
+    assert verdict.charges[0].retry_at == from_us(now_us + SECOND)
+
+
+def test_a_single_charge_event_is_its_charge_verdict(now_us: int) -> None:
+    verdict = decide_event([charge(USER, CounterState(), 1)], now_us)
+    assert verdict.outcome == "allowed"
+    assert len(verdict.charges) == len(verdict.new_states) == 1
+
+
+# --------------------------------------------------------------------------- Decision
+
+
+def test_decision_retry_at_is_none_when_any_denied_charge_can_never_fit(
+    clock: FrozenClock, now_us: int
+) -> None:
+    verdict = decide_event(
+        [
+            charge(USER, CounterState(used=10), 1),  # retry at the window end
+            charge(ORG, CounterState(), 6, subject="org-42"),  # 6 > maximum 5: never
+        ],
+        now_us,
+    )
+    assert verdict.charges[0].retry_at is not None
+    assert verdict.charges[1].retry_at is None
+    assert as_decision(verdict, clock).retry_at is None
+
+
+def test_decision_retry_at_is_the_latest_retry_of_the_denied_charges(
+    clock: FrozenClock, now_us: int
+) -> None:
+    empty_bucket = CounterState(tat_us=now_us + 10 * SECOND, tat_scale=10)
+    verdict = decide_event(
+        [charge(BUCKET, empty_bucket, 2), charge(ORG, CounterState(used=5), 1, subject="org-42")],
+        now_us,
+    )
+    decision = as_decision(verdict, clock)
+    assert verdict.charges[0].retry_at == from_us(now_us + 2 * SECOND)
+    assert decision.retry_at == from_us(WINDOW_END)
+    assert decision.retry_at == max(c.retry_at for c in verdict.charges if c.retry_at)
+
+
+def test_an_allowed_decision_has_no_retry_at(clock: FrozenClock, now_us: int) -> None:
+    decision = as_decision(decide_event([charge(USER, CounterState(), 1)], now_us), clock)
+    assert decision.allowed
+    assert decision.retry_at is None
+
+
+def test_decision_figures_describe_the_first_denying_charge(
+    clock: FrozenClock, now_us: int
+) -> None:
+    verdict = decide_event(
+        [charge(USER, CounterState(used=2), 1), charge(ORG, CounterState(used=5), 1)], now_us
+    )
+    decision = as_decision(verdict, clock)
+    assert not decision.allowed
+    assert decision.used == 5
+    assert decision.maximum == 5
+    assert decision.resets_at == from_us(WINDOW_END)
+    assert decision.remaining == 0  # the smallest remaining of all charges
+
+
+def test_decision_figures_describe_the_first_charge_when_allowed(
+    clock: FrozenClock, now_us: int
+) -> None:
+    verdict = decide_event(
+        [charge(USER, CounterState(used=2), 1), charge(ORG, CounterState(used=1), 1)], now_us
+    )
+    decision = as_decision(verdict, clock)
+    assert decision.allowed
+    assert (decision.used, decision.maximum) == (3, 10)
+    assert decision.remaining == 3
+
+
+@pytest.mark.parametrize(
+    ("outcome", "allowed"),
+    [("allowed", True), ("overage", True), ("denied", False), ("rejected", False)],
+)
+def test_decision_allowed_follows_the_outcome(
+    clock: FrozenClock, outcome: str, allowed: bool
+) -> None:
+    decision = Decision(
+        event_id="e1", outcome=outcome, charges=(), occurred_at=clock(), decided_at=clock()
+    )  # type: ignore[arg-type]
+    assert decision.allowed is allowed
+
+
+def test_a_rejected_decision_without_charges_has_no_figures(clock: FrozenClock) -> None:
+    decision = Decision(
+        event_id="e1",
+        outcome="rejected",
+        charges=(),
+        occurred_at=clock(),
+        decided_at=clock(),
+        reason="occurred_at: is more than 5 minutes in the future",
+    )
+    assert (decision.used, decision.remaining, decision.maximum) == (None, None, None)
+    assert decision.resets_at is None
+    assert decision.retry_at is None
+
+
+# --------------------------------------------------------------------------- round trip
+
+
+def stacked_decision(clock: FrozenClock, now_us: int) -> Decision:
+    verdict = decide_event(
+        [
+            charge(BUCKET, CounterState(), 2),
+            charge(SOFT, CounterState(used=4), 2),
+            charge(ORG, CounterState(used=5), 1, subject="org-42"),
+        ],
+        now_us,
+    )
+    return as_decision(verdict, clock)
+
+
+def test_decision_to_dict_and_back_is_the_same_decision(clock: FrozenClock, now_us: int) -> None:
+    decision = stacked_decision(clock, now_us)
+    rebuilt = decision_from_dict(decision.to_dict(), duplicate=False)
+    assert rebuilt == decision
+    assert rebuilt.charges[0].window_start is None  # a token bucket has no window
+    assert rebuilt.charges[2].retry_at == from_us(WINDOW_END)
+    assert rebuilt.retry_at == decision.retry_at
+
+
+def test_decision_round_trips_through_json_text(clock: FrozenClock, now_us: int) -> None:
+    decision = stacked_decision(clock, now_us)
+    text = json.dumps(decision.to_dict())
+    rebuilt = decision_from_dict(json.loads(text), duplicate=True, metadata={"job": 991})
+    assert rebuilt.duplicate is True
+    assert rebuilt.metadata == {"job": 991}
+    assert rebuilt.occurred_at == decision.occurred_at
+    assert rebuilt.occurred_at.utcoffset() == timedelta(0)
+    assert rebuilt.charges == decision.charges
+    assert rebuilt.denied_by == ("org_calls",)
+    assert rebuilt.to_dict() == decision.to_dict()
+
+
+def test_decision_to_dict_carries_the_verdict_and_iso_times(
+    clock: FrozenClock, now_us: int
+) -> None:
+    data = stacked_decision(clock, now_us).to_dict()
+    assert data["event_id"] == "job-991"
+    assert data["outcome"] == "denied"
+    assert data["allowed"] is False
+    assert data["denied_by"] == ["org_calls"]
+    assert data["occurred_at"] == "2026-11-22T12:00:00+00:00"
+    assert [c["limit"] for c in data["charges"]] == ["api", "seats", "org_calls"]
+    assert data["charges"][0]["window_start"] is None
+    assert data["charges"][2]["retry_at"] == from_us(WINDOW_END).isoformat()
+
+
+def test_rejected_decision_round_trips_with_its_reason(clock: FrozenClock) -> None:
+    decision = Decision(
+        event_id="job-7",
+        outcome="rejected",
+        charges=(),
+        occurred_at=clock() - timedelta(days=3),
+        decided_at=clock(),
+        reason="occurred_at: is older than the allowed lateness of 86400 s",
+    )
+    rebuilt = decision_from_dict(decision.to_dict(), duplicate=False)
+    assert rebuilt == decision
+    assert rebuilt.reason == decision.reason
+
+
+def test_charge_decision_round_trips_alone(now_us: int) -> None:
+    original = ChargeDecision(
+        subject="visitor-1",
+        limit="send_message",
+        cost=3,
+        allowed=False,
+        outcome="denied",
+        used=4,
+        remaining=1,
+        maximum=5,
+        overage=0,
+        window_start=from_us(WINDOW_START),
+        resets_at=from_us(WINDOW_END),
+        retry_at=from_us(WINDOW_END),
+    )
+    assert ChargeDecision.from_dict(original.to_dict()) == original

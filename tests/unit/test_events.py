@@ -1,0 +1,430 @@
+"""Usage events: validation of what callers pass in, event time, fingerprints."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+
+from metering.clock import FrozenClock
+from metering.domain.events import (
+    MAX_CHARGES,
+    Charge,
+    check_event_time,
+    make_event,
+    validate_charges,
+    validate_cost,
+    validate_event_id,
+    validate_metadata,
+    validate_subject,
+)
+from metering.domain.instants import to_us
+from metering.errors import InvalidInput, InvalidLimit, OccurredAtOutOfRange
+
+DAY_S = 86_400
+UUID = uuid.UUID("0b6f2a4e-4c1d-4d1e-9a3b-5f0e8c7d6a21")
+
+
+# --------------------------------------------------------------------------- subject
+
+
+@pytest.mark.parametrize(
+    "subject",
+    ["a", "visitor-1", "org 42", "10.0.0.7", "user@example.com", "ünïcødé-用户", "x" * 200],
+)
+def test_validate_subject_accepts_1_to_200_printable_characters(subject: str) -> None:
+    assert validate_subject(subject) == subject
+
+
+@pytest.mark.parametrize(
+    "subject",
+    [
+        "",
+        "x" * 201,
+        "tab\there",
+        "new\nline",
+        "nul\x00",
+        "bell\x07",
+        "del\x7f",
+        " leading",
+        "trailing ",
+        " ",
+    ],
+)
+def test_validate_subject_rejects_empty_overlong_control_chars_and_edge_spaces(
+    subject: str,
+) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        validate_subject(subject)
+    assert caught.value.field == "subject"
+
+
+@pytest.mark.parametrize("subject", [None, 42, b"visitor-1", ["visitor-1"], 1.0])
+def test_validate_subject_rejects_non_strings(subject: object) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        validate_subject(subject)
+    assert caught.value.field == "subject"
+
+
+# --------------------------------------------------------------------------- cost
+
+
+@pytest.mark.parametrize("cost", [1, 2, 1000, 10**12])
+def test_validate_cost_accepts_whole_numbers_from_one(cost: int) -> None:
+    assert validate_cost(cost) == cost
+
+
+@pytest.mark.parametrize(
+    "cost", [0, -1, 1.5, 1.0, True, False, 10**13, 10**12 + 1, "3", None, float("nan")]
+)
+def test_validate_cost_rejects_zero_negative_fractional_bool_huge_and_strings(
+    cost: object,
+) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        validate_cost(cost)
+    assert caught.value.field == "cost"
+
+
+# --------------------------------------------------------------------------- event id
+
+
+@pytest.mark.parametrize(
+    "event_id",
+    [UUID.hex, str(UUID), "job-991", "a", "x" * 128, "tenant:job/7+retry=2@q_1.x"],
+)
+def test_validate_event_id_accepts_ids_of_the_documented_charset(event_id: str) -> None:
+    assert validate_event_id(event_id) == event_id
+
+
+@pytest.mark.parametrize(
+    "event_id", ["", "x" * 129, "job 991", " job", "job\n", "job#1", "jöb", "job\t1"]
+)
+def test_validate_event_id_rejects_empty_overlong_spaces_and_other_chars(event_id: str) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        validate_event_id(event_id)
+    assert caught.value.field == "event_id"
+
+
+@pytest.mark.parametrize("event_id", [None, 991, UUID, b"job-991"])
+def test_validate_event_id_rejects_non_strings(event_id: object) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        validate_event_id(event_id)
+    assert caught.value.field == "event_id"
+
+
+# --------------------------------------------------------------------------- charges
+
+
+def test_validate_charges_builds_charges_with_a_default_cost_of_one() -> None:
+    charges = validate_charges([("org-42", "api_calls", 2), ["user-7", "user_calls"]])
+    assert charges == (Charge("org-42", "api_calls", 2), Charge("user-7", "user_calls", 1))
+    assert all(isinstance(c, Charge) for c in charges)
+
+
+def test_validate_charges_accepts_the_maximum_number_of_charges() -> None:
+    charges = [(f"user-{i}", "api_calls", 1) for i in range(MAX_CHARGES)]
+    assert len(validate_charges(charges)) == 32
+
+
+def test_validate_charges_allows_one_subject_on_several_limits() -> None:
+    charges = validate_charges([("user-7", "a"), ("user-7", "b"), ("user-8", "a")])
+    assert len(charges) == 3
+
+
+def test_validate_charges_rejects_the_same_subject_and_limit_twice() -> None:
+    with pytest.raises(InvalidInput, match="once per event") as caught:
+        validate_charges([("user-7", "api_calls", 1), ("user-7", "api_calls", 2)])
+    assert caught.value.field == "charges"
+
+
+def test_validate_charges_rejects_an_empty_list() -> None:
+    with pytest.raises(InvalidInput) as caught:
+        validate_charges([])
+    assert caught.value.field == "charges"
+
+
+def test_validate_charges_rejects_more_than_32_charges() -> None:
+    with pytest.raises(InvalidInput) as caught:
+        validate_charges([(f"user-{i}", "api_calls", 1) for i in range(MAX_CHARGES + 1)])
+    assert caught.value.field == "charges"
+
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        ("user-7",),
+        ("user-7", "api_calls", 1, "extra"),
+        (),
+        "user-7",
+        {"subject": "user-7", "limit": "api_calls"},
+        None,
+        42,
+    ],
+)
+def test_validate_charges_rejects_items_that_are_not_subject_limit_cost(item: object) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        validate_charges([item])
+    assert caught.value.field == "charges"
+
+
+@pytest.mark.parametrize("charges", ["user-7", b"user-7"])
+def test_validate_charges_rejects_a_string_instead_of_a_list(charges: object) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        validate_charges(charges)  # type: ignore[arg-type]
+    assert caught.value.field == "charges"
+
+
+@pytest.mark.parametrize(
+    ("item", "field"),
+    [
+        (("", "api_calls", 1), "subject"),
+        (("user-7", "API calls", 1), "name"),
+        (("user-7", "api_calls", 0), "cost"),
+        (("user-7", "api_calls", 1.5), "cost"),
+    ],
+)
+def test_validate_charges_validates_each_part(item: tuple[object, ...], field: str) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        validate_charges([item])
+    assert caught.value.field == field
+
+
+def test_a_malformed_limit_name_in_a_charge_is_an_invalid_limit() -> None:
+    with pytest.raises(InvalidLimit):
+        validate_charges([("user-7", "API")])
+
+
+@pytest.mark.parametrize("charges", [5, None])
+def test_validate_charges_rejects_a_non_iterable_as_invalid_input(charges: object) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        validate_charges(charges)  # type: ignore[arg-type]
+    assert caught.value.field == "charges"
+
+
+# --------------------------------------------------------------------------- metadata
+
+
+def test_validate_metadata_accepts_none_and_json_mappings() -> None:
+    assert validate_metadata(None) is None
+    metadata = {"job": 991, "tags": ["a", "b"], "nested": {"ok": True, "x": None, "f": 1.5}}
+    assert validate_metadata(metadata) == metadata
+
+
+def test_validate_metadata_returns_a_copy() -> None:
+    original = {"job": 991}
+    copy = validate_metadata(original)
+    original["job"] = 992
+    assert copy == {"job": 991}
+
+
+@pytest.mark.parametrize("metadata", [["job", 991], "job=991", 991, b"{}", ("a", 1)])
+def test_validate_metadata_rejects_non_mappings(metadata: object) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        validate_metadata(metadata)
+    assert caught.value.field == "metadata"
+
+
+@pytest.mark.parametrize(
+    "metadata",
+    [
+        {"when": datetime(2026, 1, 1, tzinfo=UTC)},
+        {"tags": {"a", "b"}},
+        {"raw": b"bytes"},
+        {"obj": object()},
+        {(1, 2): "tuple key"},
+    ],
+)
+def test_validate_metadata_rejects_values_that_are_not_json(metadata: object) -> None:
+    with pytest.raises(InvalidInput, match="JSON") as caught:
+        validate_metadata(metadata)
+    assert caught.value.field == "metadata"
+
+
+def test_validate_metadata_rejects_a_circular_mapping() -> None:
+    looped: dict[str, object] = {}
+    looped["self"] = looped
+    with pytest.raises(InvalidInput) as caught:
+        validate_metadata(looped)
+    assert caught.value.field == "metadata"
+
+
+def test_validate_metadata_accepts_8192_bytes_and_rejects_more() -> None:
+    overhead = len('{"k":""}')
+    fits = {"k": "x" * (8192 - overhead)}
+    assert validate_metadata(fits) == fits
+    with pytest.raises(InvalidInput, match="larger") as caught:
+        validate_metadata({"k": "x" * (8193 - overhead)})
+    assert caught.value.field == "metadata"
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_validate_metadata_rejects_nan_and_infinity(value: float) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        validate_metadata({"ratio": value})
+    assert caught.value.field == "metadata"
+
+
+def test_validate_metadata_rejects_deeply_nested_metadata_as_invalid_input() -> None:
+    nested: dict[str, object] = {}
+    inner = nested
+    for _ in range(100_000):
+        inner["a"] = {}
+        inner = inner["a"]  # type: ignore[assignment]
+    with pytest.raises(InvalidInput) as caught:
+        validate_metadata(nested)
+    assert caught.value.field == "metadata"
+
+
+# --------------------------------------------------------------------------- make_event
+
+
+def test_make_event_validates_and_keeps_its_parts(clock: FrozenClock) -> None:
+    event = make_event(
+        [("org-42", "api_calls", 2), ("user-7", "user_calls", 2)],
+        clock(),
+        event_id="job-991",
+        metadata={"job": 991},
+    )
+    assert event.event_id == "job-991"
+    assert event.charges == (
+        Charge("org-42", "api_calls", 2),
+        Charge("user-7", "user_calls", 2),
+    )
+    assert event.occurred_at == clock()
+    assert event.occurred_at_us == to_us(clock())
+    assert event.metadata == {"job": 991}
+
+
+def test_make_event_generates_a_fresh_event_id_when_none_is_given(clock: FrozenClock) -> None:
+    first = make_event([("user-7", "api")], clock())
+    second = make_event([("user-7", "api")], clock())
+    assert re.fullmatch(r"[0-9a-f]{32}", first.event_id)
+    assert validate_event_id(first.event_id) == first.event_id
+    assert first.event_id != second.event_id
+
+
+def test_make_event_rejects_a_naive_datetime() -> None:
+    with pytest.raises(InvalidInput) as caught:
+        make_event([("user-7", "api")], datetime(2026, 11, 22, 12, 0))
+    assert caught.value.field == "occurred_at"
+
+
+@pytest.mark.parametrize("occurred_at", ["2026-11-22T12:00:00Z", 1_795_000_000, None])
+def test_make_event_rejects_an_occurred_at_that_is_not_a_datetime(occurred_at: object) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        make_event([("user-7", "api")], occurred_at)  # type: ignore[arg-type]
+    assert caught.value.field == "occurred_at"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"event_id": "job 991"}, "event_id"),
+        ({"metadata": ["x"]}, "metadata"),
+        ({"charges": []}, "charges"),
+        ({"charges": [("", "api")]}, "subject"),
+    ],
+)
+def test_make_event_rejects_any_bad_part(
+    clock: FrozenClock, kwargs: dict[str, object], field: str
+) -> None:
+    arguments: dict[str, object] = {"charges": [("user-7", "api")], "occurred_at": clock()}
+    arguments.update(kwargs)
+    with pytest.raises(InvalidInput) as caught:
+        make_event(**arguments)  # type: ignore[arg-type]
+    assert caught.value.field == field
+
+
+def test_make_event_accepts_an_aware_non_utc_datetime(clock: FrozenClock) -> None:
+    local = clock().astimezone(timezone(timedelta(hours=-5)))
+    event = make_event([("user-7", "api")], local)
+    assert event.occurred_at_us == to_us(clock())
+
+
+# --------------------------------------------------------------------------- event time
+
+
+def test_an_event_up_to_five_minutes_in_the_future_is_accepted(clock: FrozenClock) -> None:
+    now_us = to_us(clock())
+    check_event_time(clock() + timedelta(minutes=5), now_us, DAY_S)
+    check_event_time(clock() + timedelta(minutes=1), now_us, DAY_S)
+    check_event_time(clock(), now_us, DAY_S)
+
+
+def test_an_event_more_than_five_minutes_in_the_future_is_rejected(clock: FrozenClock) -> None:
+    too_soon = clock() + timedelta(minutes=5, microseconds=1)
+    with pytest.raises(OccurredAtOutOfRange, match="future") as caught:
+        check_event_time(too_soon, to_us(clock()), DAY_S)
+    assert caught.value.field == "occurred_at"
+    assert caught.value.occurred_at == too_soon
+    assert isinstance(caught.value, InvalidInput)
+
+
+def test_an_event_exactly_as_old_as_the_lateness_is_accepted(clock: FrozenClock) -> None:
+    check_event_time(clock() - timedelta(days=1), to_us(clock()), DAY_S)
+    check_event_time(clock() - timedelta(seconds=30), to_us(clock()), 30)
+
+
+def test_an_event_older_than_the_lateness_is_rejected(clock: FrozenClock) -> None:
+    too_late = clock() - timedelta(days=1, microseconds=1)
+    with pytest.raises(OccurredAtOutOfRange, match="lateness") as caught:
+        check_event_time(too_late, to_us(clock()), DAY_S)
+    assert caught.value.occurred_at == too_late
+
+
+def test_lateness_is_the_limit_own_allowance(clock: FrozenClock) -> None:
+    two_hours_ago = clock() - timedelta(hours=2)
+    check_event_time(two_hours_ago, to_us(clock()), DAY_S)
+    with pytest.raises(OccurredAtOutOfRange):
+        check_event_time(two_hours_ago, to_us(clock()), 3600)
+
+
+def test_event_time_follows_the_clock(clock: FrozenClock) -> None:
+    occurred_at = clock() + timedelta(minutes=10)
+    with pytest.raises(OccurredAtOutOfRange):
+        check_event_time(occurred_at, to_us(clock()), DAY_S)
+    clock.advance(minutes=5)
+    check_event_time(occurred_at, to_us(clock()), DAY_S)
+
+
+def test_check_event_time_rejects_a_naive_datetime(clock: FrozenClock) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        check_event_time(datetime(2026, 11, 22, 12, 0), to_us(clock()), DAY_S)
+    assert caught.value.field == "occurred_at"
+
+
+# --------------------------------------------------------------------------- fingerprint
+
+
+def test_fingerprint_does_not_depend_on_charge_order(clock: FrozenClock) -> None:
+    charges = [("org-42", "api_calls", 2), ("user-7", "user_calls", 2), ("user-7", "a", 1)]
+    first = make_event(charges, clock(), event_id="job-991")
+    second = make_event(list(reversed(charges)), clock(), event_id="job-991")
+    assert first.charges != second.charges
+    assert first.fingerprint() == second.fingerprint()
+
+
+def test_fingerprint_differs_when_a_cost_differs(clock: FrozenClock) -> None:
+    first = make_event([("org-42", "api_calls", 2), ("user-7", "u", 2)], clock(), "job-991")
+    second = make_event([("org-42", "api_calls", 3), ("user-7", "u", 2)], clock(), "job-991")
+    assert first.fingerprint() != second.fingerprint()
+
+
+def test_fingerprint_differs_when_a_subject_or_limit_differs(clock: FrozenClock) -> None:
+    base = make_event([("user-7", "api")], clock()).fingerprint()
+    assert make_event([("user-8", "api")], clock()).fingerprint() != base
+    assert make_event([("user-7", "api2")], clock()).fingerprint() != base
+
+
+def test_fingerprint_treats_the_default_cost_as_an_explicit_one(clock: FrozenClock) -> None:
+    implicit = make_event([("user-7", "api")], clock())
+    explicit = make_event([("user-7", "api", 1)], clock())
+    assert implicit.fingerprint() == explicit.fingerprint()
+
+
+def test_fingerprint_ignores_event_time_and_metadata(clock: FrozenClock) -> None:
+    first = make_event([("user-7", "api")], clock(), "e1", {"a": 1})
+    second = make_event([("user-7", "api")], clock() - timedelta(minutes=1), "e1", {"a": 2})
+    assert first.fingerprint() == second.fingerprint()

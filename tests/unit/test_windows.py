@@ -1,0 +1,489 @@
+"""Fixed windows: where a window starts and ends, and what a charge does to it."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from metering.clock import FrozenClock
+from metering.domain.decisions import ChargeInput, EventVerdict, decide_event
+from metering.domain.instants import from_us, to_us
+from metering.domain.limits import Limit, parse_period
+from metering.domain.state import CounterKey, CounterState
+from metering.domain.windows import (
+    Window,
+    add_period,
+    calendar_window,
+    evaluate_window,
+    first_use_window,
+)
+
+SECOND = 1_000_000
+SUBJECT = "visitor-1"
+
+
+def at(year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0) -> int:
+    """A UTC instant in microseconds."""
+    return to_us(datetime(year, month, day, hour, minute, second, tzinfo=UTC))
+
+
+def window_at(*start: int, end: tuple[int, ...]) -> Window:
+    return at(*start), at(*end)
+
+
+def fixed(
+    maximum: int = 5,
+    period: str = "2m",
+    *,
+    window: str = "first_use",
+    enforcement: str = "hard",
+    name: str = "send_message",
+) -> Limit:
+    return Limit(name, maximum=maximum, period=period, window=window, enforcement=enforcement)  # type: ignore[arg-type]
+
+
+def decide(
+    limit: Limit, state: CounterState, window: Window, now: int, cost: int = 1
+) -> EventVerdict:
+    key = CounterKey(limit.name, SUBJECT, window[0], window[1])
+    return decide_event([ChargeInput(limit, key, state, cost)], now)
+
+
+class Counters:
+    """A tiny in-memory store of first-use windows: what the storage layer does."""
+
+    def __init__(self, limit: Limit) -> None:
+        self.limit = limit
+        self.windows: dict[Window, CounterState] = {}
+
+    def window_for(self, now: int) -> Window:
+        before = [w for w in self.windows if w[0] <= now]
+        after = [w[0] for w in self.windows if w[0] > now]
+        latest = max(before) if before else None
+        return first_use_window(self.limit.parsed_period, now, latest, min(after, default=None))
+
+    def consume(self, now: int, cost: int = 1) -> EventVerdict:
+        window = self.window_for(now)
+        state = self.windows.get(window, CounterState())
+        verdict = decide(self.limit, state, window, now, cost)
+        self.windows[window] = verdict.new_states[0]
+        return verdict
+
+
+# --------------------------------------------------------------------------- inclusive maximum
+
+
+def test_maximum_is_inclusive_five_allowed_and_the_sixth_denied(clock: FrozenClock) -> None:
+    limit = fixed(maximum=5, period="2m")
+    start = to_us(clock())
+    window = (start, start + 120 * SECOND)
+    state = CounterState()
+    for n in range(1, 6):
+        verdict = decide(limit, state, window, to_us(clock.advance(seconds=1)))
+        assert verdict.outcome == "allowed", n
+        (charge,) = verdict.charges
+        assert (charge.allowed, charge.used, charge.remaining) == (True, n, 5 - n)
+        state = verdict.new_states[0]
+        assert state.used == n
+
+    sixth_at = to_us(clock.advance(seconds=1))
+    verdict = decide(limit, state, window, sixth_at)
+    (charge,) = verdict.charges
+    assert verdict.outcome == "denied"
+    assert verdict.denied_by == ("send_message",)
+    assert (charge.allowed, charge.outcome, charge.used, charge.remaining) == (
+        False,
+        "denied",
+        5,
+        0,
+    )
+    denied_state = verdict.new_states[0]
+    assert denied_state.used == 5
+    assert denied_state.denied_count == 1
+    assert denied_state.denied_cost == 1
+    assert denied_state.first_denied_at_us == sixth_at
+
+
+def test_further_denials_add_up_but_first_denied_at_is_set_once(clock: FrozenClock) -> None:
+    limit = fixed(maximum=5)
+    start = to_us(clock())
+    window = (start, start + 120 * SECOND)
+    state = CounterState(used=5)
+    first = decide(limit, state, window, start + 1 * SECOND, cost=1).new_states[0]
+    second = decide(limit, first, window, start + 2 * SECOND, cost=3).new_states[0]
+    third = decide(limit, second, window, start + 3 * SECOND, cost=2).new_states[0]
+    assert third.used == 5
+    assert third.denied_count == 3
+    assert third.denied_cost == 6
+    assert third.first_denied_at_us == start + 1 * SECOND
+
+
+def test_a_cost_that_exactly_fills_the_window_is_allowed_and_one_more_is_not() -> None:
+    limit = fixed(maximum=5)
+    window = (0, 120 * SECOND)
+    filled = decide(limit, CounterState(used=3), window, SECOND, cost=2)
+    assert filled.outcome == "allowed"
+    assert filled.new_states[0].used == 5
+    assert filled.charges[0].remaining == 0
+    over = decide(limit, CounterState(used=4), window, SECOND, cost=2)
+    assert over.outcome == "denied"
+    assert over.new_states[0].used == 4
+    assert over.charges[0].remaining == 1
+
+
+def test_resets_at_is_the_end_of_the_window_allowed_or_denied() -> None:
+    limit = fixed(maximum=1)
+    window = (10 * SECOND, 130 * SECOND)
+    allowed = decide(limit, CounterState(), window, 11 * SECOND)
+    denied = decide(limit, allowed.new_states[0], window, 12 * SECOND)
+    assert allowed.charges[0].resets_at == from_us(130 * SECOND)
+    assert denied.charges[0].resets_at == from_us(130 * SECOND)
+    assert allowed.charges[0].window_start == from_us(10 * SECOND)
+
+
+def test_evaluate_window_reports_figures_before_and_after() -> None:
+    limit = fixed(maximum=5)
+    ev = evaluate_window(limit, CounterState(used=2), 2, (0, 120 * SECOND), SECOND)
+    assert ev.fits
+    assert (ev.used_before, ev.used_after) == (2, 4)
+    assert (ev.remaining_before, ev.remaining_after) == (3, 1)
+    assert ev.resets_at_us == ev.resets_at_before_us == 120 * SECOND
+    assert ev.retry_at_us is None
+    assert ev.overage_after == 0
+    assert ev.applied.used == 4
+    assert ev.denied.denied_count == 1
+
+
+# --------------------------------------------------------------------------- denials and retry
+
+
+def test_a_denial_can_be_retried_at_the_end_of_the_window() -> None:
+    limit = fixed(maximum=5)
+    window = (0, 120 * SECOND)
+    verdict = decide(limit, CounterState(used=5), window, 30 * SECOND)
+    assert verdict.charges[0].retry_at == from_us(120 * SECOND)
+
+
+def test_a_cost_larger_than_maximum_is_denied_and_never_retried() -> None:
+    limit = fixed(maximum=5)
+    window = (0, 120 * SECOND)
+    verdict = decide(limit, CounterState(), window, SECOND, cost=6)
+    (charge,) = verdict.charges
+    assert verdict.outcome == "denied"
+    assert charge.allowed is False
+    assert charge.retry_at is None
+    assert verdict.new_states[0].used == 0
+    assert verdict.new_states[0].denied_cost == 6
+
+
+def test_the_cost_equal_to_maximum_on_an_empty_window_is_allowed() -> None:
+    verdict = decide(fixed(maximum=5), CounterState(), (0, 120 * SECOND), SECOND, cost=5)
+    assert verdict.outcome == "allowed"
+    assert verdict.new_states[0].used == 5
+
+
+def test_at_retry_at_the_denied_cost_fits_in_the_next_first_use_window(clock: FrozenClock) -> None:
+    counters = Counters(fixed(maximum=2, period="2m"))
+    t0 = to_us(clock())
+    counters.consume(t0, cost=2)
+    denied = counters.consume(t0 + 10 * SECOND, cost=2)
+    retry_at = denied.charges[0].retry_at
+    assert retry_at is not None
+    assert counters.consume(to_us(retry_at) - 1, cost=2).outcome == "denied"
+    assert counters.consume(to_us(retry_at), cost=2).outcome == "allowed"
+
+
+# --------------------------------------------------------------------------- first-use reset
+
+
+def test_first_use_window_opens_at_the_first_event_and_lasts_one_period(now_us: int) -> None:
+    assert first_use_window(parse_period("2m"), now_us, None, None) == (
+        now_us,
+        now_us + 120 * SECOND,
+    )
+
+
+def test_first_use_window_one_microsecond_before_the_end_is_still_inside(now_us: int) -> None:
+    current = (now_us, now_us + 120 * SECOND)
+    end = current[1]
+    assert first_use_window(parse_period("2m"), end - 1, current, None) == current
+
+
+def test_first_use_window_an_event_exactly_at_the_end_opens_a_new_window(now_us: int) -> None:
+    current = (now_us, now_us + 120 * SECOND)
+    end = current[1]
+    assert first_use_window(parse_period("2m"), end, current, None) == (end, end + 120 * SECOND)
+
+
+def test_first_use_window_after_a_gap_opens_at_the_event_not_at_the_old_end(now_us: int) -> None:
+    current = (now_us, now_us + 120 * SECOND)
+    later = now_us + 1000 * SECOND
+    assert first_use_window(parse_period("2m"), later, current, None) == (
+        later,
+        later + 120 * SECOND,
+    )
+
+
+def test_a_full_window_resets_when_the_next_window_opens(clock: FrozenClock) -> None:
+    counters = Counters(fixed(maximum=5, period="2m"))
+    t0 = to_us(clock())
+    for _ in range(5):
+        assert counters.consume(t0).outcome == "allowed"
+    assert counters.consume(t0 + 120 * SECOND - 1).outcome == "denied"
+    reopened = counters.consume(t0 + 120 * SECOND)
+    assert reopened.outcome == "allowed"
+    assert reopened.charges[0].used == 1
+    assert reopened.charges[0].window_start == from_us(t0 + 120 * SECOND)
+    assert reopened.charges[0].resets_at == from_us(t0 + 240 * SECOND)
+    # The old window keeps its figures, denial included.
+    old = counters.windows[(t0, t0 + 120 * SECOND)]
+    assert (old.used, old.denied_count) == (5, 1)
+
+
+def test_first_use_window_never_overlaps_the_next_window(now_us: int) -> None:
+    next_start = now_us
+    late = now_us - 30 * SECOND
+    window = first_use_window(parse_period("2m"), late, None, next_start)
+    assert window == (late, next_start)
+
+
+def test_first_use_window_after_an_old_window_stops_at_the_next_one(now_us: int) -> None:
+    old = (now_us - 1000 * SECOND, now_us - 880 * SECOND)
+    next_start = now_us + 60 * SECOND
+    window = first_use_window(parse_period("2m"), now_us, old, next_start)
+    assert window == (now_us, next_start)
+
+
+def test_first_use_window_ignores_a_next_window_further_than_a_period(now_us: int) -> None:
+    next_start = now_us + 500 * SECOND
+    window = first_use_window(parse_period("2m"), now_us, None, next_start)
+    assert window == (now_us, now_us + 120 * SECOND)
+
+
+def test_a_late_event_cannot_double_the_allowance(now_us: int) -> None:
+    counters = Counters(fixed(maximum=2, period="2m"))
+    counters.consume(now_us, cost=2)
+    late = counters.consume(now_us - 30 * SECOND, cost=2)
+    assert late.outcome == "allowed"
+    late_window = (to_us(late.charges[0].window_start), to_us(late.charges[0].resets_at))  # type: ignore[arg-type]
+    assert late_window == (now_us - 30 * SECOND, now_us)
+    assert late_window[1] <= now_us
+
+
+# --------------------------------------------------------------------------- calendar windows
+
+
+@pytest.mark.parametrize(
+    ("period", "instant", "expected"),
+    [
+        (
+            "30s",
+            (2026, 11, 22, 12, 34, 56),
+            window_at(2026, 11, 22, 12, 34, 30, end=(2026, 11, 22, 12, 35)),
+        ),
+        (
+            "1m",
+            (2026, 11, 22, 12, 34, 56),
+            window_at(2026, 11, 22, 12, 34, end=(2026, 11, 22, 12, 35)),
+        ),
+        ("1h", (2026, 11, 22, 12, 34, 56), window_at(2026, 11, 22, 12, end=(2026, 11, 22, 13))),
+        ("1h", (2026, 11, 22, 23, 59, 59), window_at(2026, 11, 22, 23, end=(2026, 11, 23))),
+        ("1d", (2026, 11, 22, 12, 34, 56), window_at(2026, 11, 22, end=(2026, 11, 23))),
+        ("1d", (2026, 12, 31, 23, 0, 0), window_at(2026, 12, 31, end=(2027, 1, 1))),
+        # 2026-11-22 is a Sunday: its week started on Monday 2026-11-16.
+        ("7d", (2026, 11, 22, 12, 0, 0), window_at(2026, 11, 16, end=(2026, 11, 23))),
+        ("1w", (2026, 11, 16, 0, 0, 0), window_at(2026, 11, 16, end=(2026, 11, 23))),
+        ("7d", (2026, 11, 23, 0, 0, 0), window_at(2026, 11, 23, end=(2026, 11, 30))),
+    ],
+)
+def test_calendar_windows_in_seconds_are_aligned_in_utc(
+    period: str, instant: tuple[int, ...], expected: Window
+) -> None:
+    assert calendar_window(parse_period(period), at(*instant)) == expected
+
+
+def test_calendar_week_starts_on_monday() -> None:
+    start, end = calendar_window(parse_period("7d"), at(2027, 3, 17, 9))
+    assert from_us(start).weekday() == 0
+    assert from_us(start).time() == datetime.min.time()
+    assert end - start == 7 * 86_400 * SECOND
+
+
+def test_calendar_day_is_aligned_to_utc_midnight_not_local_midnight() -> None:
+    # 01:30 at +02:00 is 23:30 UTC on the previous day.
+    instant = to_us(datetime(2026, 11, 22, 1, 30, tzinfo=timezone(timedelta(hours=2))))
+    assert calendar_window(parse_period("1d"), instant) == window_at(
+        2026, 11, 21, end=(2026, 11, 22)
+    )
+
+
+@pytest.mark.parametrize(
+    ("instant", "expected", "days"),
+    [
+        # a 31-day month
+        ((2027, 1, 15, 8), window_at(2027, 1, 1, end=(2027, 2, 1)), 31),
+        # a 30-day month
+        ((2026, 11, 22, 12), window_at(2026, 11, 1, end=(2026, 12, 1)), 30),
+        # February in a leap year
+        ((2028, 2, 29, 23, 59, 59), window_at(2028, 2, 1, end=(2028, 3, 1)), 29),
+        # February in a common year
+        ((2027, 2, 14, 0), window_at(2027, 2, 1, end=(2027, 3, 1)), 28),
+        # December rolls over into January of the next year
+        ((2026, 12, 31, 23, 59, 59), window_at(2026, 12, 1, end=(2027, 1, 1)), 31),
+    ],
+)
+def test_calendar_month_windows_follow_the_calendar(
+    instant: tuple[int, ...], expected: Window, days: int
+) -> None:
+    window = calendar_window(parse_period("1mo"), at(*instant))
+    assert window == expected
+    assert window[1] - window[0] == days * 86_400 * SECOND
+
+
+def test_calendar_month_last_microsecond_and_first_of_next_month() -> None:
+    period = parse_period("1mo")
+    march = at(2027, 3, 1)
+    assert calendar_window(period, march - 1) == window_at(2027, 2, 1, end=(2027, 3, 1))
+    assert calendar_window(period, march) == window_at(2027, 3, 1, end=(2027, 4, 1))
+
+
+@pytest.mark.parametrize(
+    ("instant", "expected"),
+    [
+        ((2027, 2, 15), window_at(2027, 1, 1, end=(2027, 4, 1))),
+        ((2027, 4, 1), window_at(2027, 4, 1, end=(2027, 7, 1))),
+        ((2027, 9, 30, 23, 59, 59), window_at(2027, 7, 1, end=(2027, 10, 1))),
+        ((2026, 11, 22, 12), window_at(2026, 10, 1, end=(2027, 1, 1))),
+    ],
+)
+def test_calendar_three_months_are_quarters(instant: tuple[int, ...], expected: Window) -> None:
+    assert calendar_window(parse_period("3mo"), at(*instant)) == expected
+
+
+def test_calendar_year_is_the_calendar_year() -> None:
+    assert calendar_window(parse_period("1y"), at(2028, 7, 4)) == window_at(
+        2028, 1, 1, end=(2029, 1, 1)
+    )
+
+
+PERIODS = ["30s", "1m", "45m", "1h", "1d", "7d", "1mo", "3mo", "1y"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    period=st.sampled_from(PERIODS),
+    instant=st.integers(min_value=at(1990, 1, 1), max_value=at(2100, 1, 1)),
+)
+def test_calendar_windows_contain_the_instant_and_tile_time(period: str, instant: int) -> None:
+    parsed = parse_period(period)
+    start, end = calendar_window(parsed, instant)
+    assert start <= instant < end
+    assert calendar_window(parsed, start) == (start, end)
+    assert calendar_window(parsed, end - 1) == (start, end)
+    assert calendar_window(parsed, end)[0] == end
+
+
+# --------------------------------------------------------------------------- first-use months
+
+
+@pytest.mark.parametrize(
+    ("start", "end"),
+    [
+        ((2027, 1, 31, 10), (2027, 2, 28, 10)),
+        ((2028, 1, 31, 10), (2028, 2, 29, 10)),
+        ((2027, 3, 31, 0), (2027, 4, 30, 0)),
+        ((2026, 12, 15, 12), (2027, 1, 15, 12)),
+        ((2026, 11, 22, 12), (2026, 12, 22, 12)),
+    ],
+)
+def test_first_use_month_ends_on_the_same_day_or_the_last_day_of_a_shorter_month(
+    start: tuple[int, ...], end: tuple[int, ...]
+) -> None:
+    assert first_use_window(parse_period("1mo"), at(*start), None, None) == (at(*start), at(*end))
+
+
+def test_first_use_month_keeps_the_time_of_day_to_the_microsecond() -> None:
+    start = at(2027, 1, 31, 10, 11, 12) + 345_678
+    assert add_period(start, parse_period("1mo")) == at(2027, 2, 28, 10, 11, 12) + 345_678
+
+
+def test_first_use_year_from_february_29_ends_on_february_28() -> None:
+    assert add_period(at(2028, 2, 29, 6), parse_period("1y")) == at(2029, 2, 28, 6)
+
+
+def test_first_use_and_calendar_windows_differ_for_the_same_instants() -> None:
+    first, second = at(2026, 11, 22, 12), at(2026, 12, 5, 9)
+    period = parse_period("1mo")
+    # Calendar: two billing months, two windows.
+    assert calendar_window(period, first) == window_at(2026, 11, 1, end=(2026, 12, 1))
+    assert calendar_window(period, second) == window_at(2026, 12, 1, end=(2027, 1, 1))
+    # First use: the window opened on Nov 22 still holds Dec 5.
+    opened = first_use_window(period, first, None, None)
+    assert opened == (first, at(2026, 12, 22, 12))
+    assert first_use_window(period, second, opened, None) == opened
+
+
+def test_first_use_and_calendar_limits_give_different_verdicts() -> None:
+    first_use = fixed(maximum=1, period="1d", name="daily")
+    calendar = fixed(maximum=1, period="1d", window="calendar", name="daily")
+    evening = at(2026, 11, 22, 23)
+    morning = at(2026, 11, 23, 1)
+
+    counters = Counters(first_use)
+    counters.consume(evening)
+    assert counters.consume(morning).outcome == "denied"
+
+    window = calendar_window(calendar.parsed_period, evening)
+    assert decide(calendar, CounterState(), window, evening).outcome == "allowed"
+    next_window = calendar_window(calendar.parsed_period, morning)
+    assert next_window != window
+    assert decide(calendar, CounterState(), next_window, morning).outcome == "allowed"
+
+
+# --------------------------------------------------------------------------- soft enforcement
+
+
+def test_soft_limit_always_allows_and_reports_overage_past_maximum() -> None:
+    limit = fixed(maximum=5, enforcement="soft")
+    window = (0, 120 * SECOND)
+    state = CounterState()
+    outcomes = []
+    for n in range(1, 9):
+        verdict = decide(limit, state, window, n * SECOND)
+        (charge,) = verdict.charges
+        assert charge.allowed
+        assert charge.used == n
+        assert charge.overage == max(n - 5, 0)
+        assert charge.remaining == max(5 - n, 0)
+        assert charge.retry_at is None
+        state = verdict.new_states[0]
+        outcomes.append(verdict.outcome)
+    assert outcomes == ["allowed"] * 5 + ["overage"] * 3
+    assert state.used == 8
+    assert state.denied_count == 0
+    assert state.denied_cost == 0
+
+
+def test_soft_limit_allows_a_cost_larger_than_maximum_as_overage() -> None:
+    limit = fixed(maximum=5, enforcement="soft")
+    verdict = decide(limit, CounterState(used=4), (0, 120 * SECOND), SECOND, cost=10)
+    (charge,) = verdict.charges
+    assert verdict.outcome == "overage"
+    assert verdict.denied_by == ()
+    assert (charge.outcome, charge.used, charge.overage, charge.remaining) == (
+        "overage",
+        14,
+        9,
+        0,
+    )
+    assert verdict.new_states[0].used == 14
+
+
+def test_soft_limit_reaching_exactly_maximum_is_allowed_without_overage() -> None:
+    limit = fixed(maximum=5, enforcement="soft")
+    verdict = decide(limit, CounterState(used=3), (0, 120 * SECOND), SECOND, cost=2)
+    assert verdict.outcome == "allowed"
+    assert verdict.charges[0].overage == 0
