@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from metering.domain.decisions import ChargeInput, Decision, decide_event, decision_from_dict
+from metering.domain.decisions import ChargeDecision, ChargeInput, Decision, decide_event
 from metering.domain.events import UsageEvent, check_event_time
 from metering.domain.instants import from_us, to_us
 from metering.domain.limits import Limit
@@ -27,7 +27,7 @@ from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 from metering.domain.windows import Window, calendar_window, first_use_window
 from metering.errors import EventConflict, MeteringError, UnknownLimit
 from metering.storage.engine import RetryTransaction
-from metering.storage.queries import Pair, ResultRow, Store, StoredResult
+from metering.storage.queries import Pair, ResultRecord, Store
 
 InvalidPolicy = Literal["raise", "reject"]
 Applied = Decision | EventConflict
@@ -127,7 +127,7 @@ def apply_events(
             pending.append((index, event))
 
     limits = store.load_limits(c.limit for _, e in pending for c in e.charges)
-    rows: list[ResultRow] = []
+    rows: list[ResultRecord] = []
     valid: list[tuple[int, UsageEvent]] = []
     for index, event in pending:
         error = validate_against_limits(event, limits, now_us)
@@ -205,10 +205,25 @@ def decide_with_states(
     )
 
 
-def _from_stored(event: UsageEvent, stored: StoredResult) -> Applied:
+def _from_stored(event: UsageEvent, stored: ResultRecord) -> Applied:
     if stored.fingerprint != event.fingerprint():
         return EventConflict(event.event_id)
-    return decision_from_dict(stored.decision, duplicate=True, metadata=stored.metadata)
+    return decision_of(stored, duplicate=True)
+
+
+def decision_of(record: ResultRecord, *, duplicate: bool) -> Decision:
+    """The `Decision` a stored result describes."""
+    return Decision(
+        event_id=record.event_id,
+        outcome=record.outcome,  # type: ignore[arg-type]
+        charges=tuple(ChargeDecision.from_row(row) for row in record.charges),
+        occurred_at=from_us(record.occurred_at_us),
+        decided_at=from_us(record.decided_at_us),
+        denied_by=record.denied_by,
+        duplicate=duplicate,
+        reason=record.reason,
+        metadata=record.metadata,
+    )
 
 
 def _repeat(event: UsageEvent, original: UsageEvent, first: Applied) -> Applied:
@@ -229,8 +244,8 @@ def _rejected(event: UsageEvent, reason: str, now_us: int) -> Decision:
     )
 
 
-def _result_row(event: UsageEvent, decision: Decision) -> ResultRow:
-    return ResultRow(
+def _result_row(event: UsageEvent, decision: Decision) -> ResultRecord:
+    return ResultRecord(
         event_id=event.event_id,
         outcome=decision.outcome,
         fingerprint=event.fingerprint(),
@@ -238,6 +253,6 @@ def _result_row(event: UsageEvent, decision: Decision) -> ResultRow:
         decided_at_us=to_us(decision.decided_at),
         denied_by=decision.denied_by,
         reason=decision.reason,
-        decision=decision.to_dict(),
+        charges=[charge.to_row() for charge in decision.charges],
         metadata=event.metadata,
     )

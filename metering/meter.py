@@ -16,7 +16,7 @@ from sqlalchemy import Connection
 
 from metering.clock import Clock, system_clock
 from metering.config import database_url, load_limits_file
-from metering.domain.decisions import Decision, decision_from_dict
+from metering.domain.decisions import Decision
 from metering.domain.events import (
     UsageEvent,
     make_event,
@@ -33,6 +33,7 @@ from metering.ledger import (
     WindowResolver,
     apply_events,
     decide_with_states,
+    decision_of,
     first_use_pairs,
     validate_against_limits,
 )
@@ -233,8 +234,7 @@ class Meter:
         found = run_transaction(self.engine, lambda c: Store(c).fetch_results([event_id]))
         if event_id not in found:
             return None
-        stored = found[event_id]
-        return decision_from_dict(stored.decision, duplicate=False, metadata=stored.metadata)
+        return decision_of(found[event_id], duplicate=False)
 
     def reset(self, subject: str | None = None, limit: str | None = None) -> int:
         """Clear current counters (operator action); past windows stay for reports.

@@ -28,7 +28,8 @@ class ChargeDecision:
 
     ``allowed`` says whether the charge fit. When another charge of the same
     event was denied nothing was consumed, so ``used`` and ``remaining`` are
-    then the figures before the event.
+    then the figures before the event. Instants are kept as microseconds
+    (``*_us``) and offered as aware datetimes (``resets_at`` ...).
     """
 
     subject: str
@@ -40,9 +41,21 @@ class ChargeDecision:
     remaining: int
     maximum: int
     overage: int
-    window_start: datetime | None
-    resets_at: datetime
-    retry_at: datetime | None
+    window_start_us: int | None
+    resets_at_us: int
+    retry_at_us: int | None
+
+    @property
+    def window_start(self) -> datetime | None:
+        return _moment(self.window_start_us)
+
+    @property
+    def resets_at(self) -> datetime:
+        return from_us(self.resets_at_us)
+
+    @property
+    def retry_at(self) -> datetime | None:
+        return _moment(self.retry_at_us)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -62,8 +75,6 @@ class ChargeDecision:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ChargeDecision:
-        resets_at = _parse(data["resets_at"])
-        assert resets_at is not None
         return cls(
             subject=data["subject"],
             limit=data["limit"],
@@ -74,10 +85,39 @@ class ChargeDecision:
             remaining=int(data["remaining"]),
             maximum=int(data["maximum"]),
             overage=int(data["overage"]),
-            window_start=_parse(data["window_start"]),
-            resets_at=resets_at,
-            retry_at=_parse(data["retry_at"]),
+            window_start_us=_us_of(data["window_start"]),
+            resets_at_us=to_us(datetime.fromisoformat(data["resets_at"])),
+            retry_at_us=_us_of(data["retry_at"]),
         )
+
+    def to_row(self) -> list[Any]:
+        """A compact, JSON-ready form for the results ledger."""
+        return [
+            self.subject,
+            self.limit,
+            self.cost,
+            self.allowed,
+            self.outcome,
+            self.used,
+            self.remaining,
+            self.maximum,
+            self.overage,
+            self.window_start_us,
+            self.resets_at_us,
+            self.retry_at_us,
+        ]
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> ChargeDecision:
+        return cls(*row)
+
+
+def _moment(us: int | None) -> datetime | None:
+    return from_us(us) if us is not None else None
+
+
+def _us_of(text: str | None) -> int | None:
+    return to_us(datetime.fromisoformat(text)) if text is not None else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,9 +273,9 @@ def _charge_decision(charge: ChargeInput, ev: Evaluation, *, consumed: bool) -> 
         remaining=ev.remaining_after if consumed else ev.remaining_before,
         maximum=limit.maximum,
         overage=ev.overage_after if consumed else max(ev.used_before - limit.maximum, 0),
-        window_start=from_us(window_start) if window_start is not None else None,
-        resets_at=from_us(ev.resets_at_us if consumed else ev.resets_at_before_us),
-        retry_at=from_us(ev.retry_at_us) if ev.retry_at_us is not None else None,
+        window_start_us=window_start,
+        resets_at_us=ev.resets_at_us if consumed else ev.resets_at_before_us,
+        retry_at_us=ev.retry_at_us,
     )
 
 

@@ -6,7 +6,7 @@ import json
 import re
 import uuid
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final, NamedTuple
 
@@ -38,14 +38,17 @@ class UsageEvent:
     charges: tuple[Charge, ...]
     occurred_at: datetime
     metadata: Mapping[str, Any] | None = None
+    occurred_at_us: int = field(init=False, repr=False, compare=False)
+    _fingerprint: str = field(init=False, repr=False, compare=False)
 
-    @property
-    def occurred_at_us(self) -> int:
-        return to_us(self.occurred_at)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "occurred_at_us", to_us(self.occurred_at))
+        charges = sorted([list(c) for c in self.charges])
+        object.__setattr__(self, "_fingerprint", json.dumps(charges, separators=(",", ":")))
 
     def fingerprint(self) -> str:
         """What makes two deliveries of one id the same event: its charges."""
-        return json.dumps(sorted([list(c) for c in self.charges]), separators=(",", ":"))
+        return self._fingerprint
 
 
 def new_event_id() -> str:
@@ -117,7 +120,6 @@ def make_event(
     metadata: object = None,
 ) -> UsageEvent:
     """Validate the parts of an event; a missing id is generated."""
-    to_us(occurred_at)
     return UsageEvent(
         event_id=new_event_id() if event_id is None else validate_event_id(event_id),
         charges=validate_charges(charges),

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sqlalchemy import Connection, and_, bindparam, delete, or_, select, tuple_, update
+from sqlalchemy import Connection, and_, bindparam, delete, or_, select, tuple_
 from sqlalchemy.dialects import postgresql, sqlite
 
 from metering.domain.limits import Limit
@@ -28,15 +28,9 @@ Pair = tuple[str, str]  # (limit name, subject)
 
 
 @dataclass(frozen=True, slots=True)
-class StoredResult:
-    event_id: str
-    fingerprint: str
-    decision: dict[str, Any]
-    metadata: dict[str, Any] | None
+class ResultRecord:
+    """One row of the results ledger; ``charges`` holds `ChargeDecision.to_row()` lists."""
 
-
-@dataclass(frozen=True, slots=True)
-class ResultRow:
     event_id: str
     outcome: str
     fingerprint: str
@@ -44,8 +38,11 @@ class ResultRow:
     decided_at_us: int
     denied_by: tuple[str, ...]
     reason: str | None
-    decision: Mapping[str, Any]
+    charges: Sequence[Sequence[Any]]
     metadata: Mapping[str, Any] | None
+
+
+_COUNTER_KEY: Final = ("limit_name", "subject", "window_start_us")
 
 
 def _build_statements(dialect: str) -> dict[str, Any]:
@@ -68,36 +65,30 @@ def _build_statements(dialect: str) -> dict[str, Any]:
         .on_conflict_do_nothing(index_elements=["event_id"])
         .returning(results.c.event_id)
     )
+    # Writing back locked counters is the same upsert: every row exists, so
+    # ON CONFLICT always updates, and a batch is one multi-row statement.
+    state_columns = [c.name for c in counters.c if c.name not in _COUNTER_KEY]
+    write_counters = new_counters.on_conflict_do_update(
+        index_elements=list(_COUNTER_KEY),
+        set_={name: new_counters.excluded[name] for name in state_columns},
+    )
+    write_windows = new_windows.on_conflict_do_update(
+        index_elements=["limit_name", "subject"],
+        set_={
+            "window_start_us": new_windows.excluded.window_start_us,
+            "window_end_us": new_windows.excluded.window_end_us,
+        },
+    )
     return {
         "lock_counters": lock_counters,
         "lock_windows": lock_windows,
         "insert_results": insert_results,
+        "write_counters": write_counters,
+        "write_windows": write_windows,
     }
 
 
 LOAD_LIMITS: Final = select(limits).where(limits.c.name.in_(bindparam("names", expanding=True)))
-WRITE_COUNTERS: Final = (
-    update(counters)
-    .where(counters.c.limit_name == bindparam("k_limit"))
-    .where(counters.c.subject == bindparam("k_subject"))
-    .where(counters.c.window_start_us == bindparam("k_start"))
-    .values(
-        used=bindparam("v_used"),
-        denied_count=bindparam("v_denied_count"),
-        denied_cost=bindparam("v_denied_cost"),
-        first_denied_at_us=bindparam("v_first_denied"),
-        tat_us=bindparam("v_tat_us"),
-        tat_rem=bindparam("v_tat_rem"),
-        tat_scale=bindparam("v_tat_scale"),
-        updated_at_us=bindparam("v_now"),
-    )
-)
-WRITE_CURRENT_WINDOWS: Final = (
-    update(current_windows)
-    .where(current_windows.c.limit_name == bindparam("k_limit"))
-    .where(current_windows.c.subject == bindparam("k_subject"))
-    .values(window_start_us=bindparam("v_start"), window_end_us=bindparam("v_end"))
-)
 
 
 _STATEMENTS: Final = {name: _build_statements(name) for name in ("postgresql", "sqlite")}
@@ -213,10 +204,15 @@ class Store:
         if not windows:
             return
         params = [
-            {"k_limit": limit, "k_subject": subject, "v_start": start, "v_end": end}
+            {
+                "limit_name": limit,
+                "subject": subject,
+                "window_start_us": start,
+                "window_end_us": end,
+            }
             for (limit, subject), (start, end) in sorted(windows.items())
         ]
-        self.connection.execute(WRITE_CURRENT_WINDOWS, params)
+        self.connection.execute(self._statements["write_windows"], params)
 
     def windows_around(self, pair: Pair, at_us: int) -> tuple[Window | None, int | None]:
         """For a late event: the latest window starting at or before it, and the next start."""
@@ -285,25 +281,30 @@ class Store:
         return states
 
     def write_counters(self, states: Mapping[CounterKey, CounterState], now_us: int) -> None:
+        """Write back counters this transaction has locked, in one statement."""
         if not states:
             return
         params = [
             {
-                "k_limit": key.limit,
-                "k_subject": key.subject,
-                "k_start": key.window_start_us,
-                "v_used": state.used,
-                "v_denied_count": state.denied_count,
-                "v_denied_cost": state.denied_cost,
-                "v_first_denied": state.first_denied_at_us,
-                "v_tat_us": state.tat_us,
-                "v_tat_rem": state.tat_rem,
-                "v_tat_scale": state.tat_scale,
-                "v_now": now_us,
+                "limit_name": key.limit,
+                "subject": key.subject,
+                "window_start_us": key.window_start_us,
+                "window_end_us": key.window_end_us,
+                "used": state.used,
+                "denied_count": state.denied_count,
+                "denied_cost": state.denied_cost,
+                "first_denied_at_us": state.first_denied_at_us,
+                "tat_us": state.tat_us,
+                "tat_rem": state.tat_rem,
+                "tat_scale": state.tat_scale,
+                "updated_at_us": now_us,
             }
-            for key, state in states.items()
+            for key, state in sorted(
+                states.items(),
+                key=lambda item: (item[0].limit, item[0].subject, item[0].window_start_us),
+            )
         ]
-        self.connection.execute(WRITE_COUNTERS, params)
+        self.connection.execute(self._statements["write_counters"], params)
 
     def delete_current_counters(self, subject: str | None, limit: str | None, now_us: int) -> int:
         """Remove counters of current windows and buckets (operator reset)."""
@@ -334,24 +335,28 @@ class Store:
 
     # -- results -------------------------------------------------------------
 
-    def fetch_results(self, event_ids: Iterable[str]) -> dict[str, StoredResult]:
+    def fetch_results(self, event_ids: Iterable[str]) -> dict[str, ResultRecord]:
         wanted = sorted(set(event_ids))
-        found: dict[str, StoredResult] = {}
-        columns = (results.c.event_id, results.c.fingerprint, results.c.decision)
+        found: dict[str, ResultRecord] = {}
         for chunk in _chunks(wanted):
-            query = select(*columns, results.c.metadata).where(results.c.event_id.in_(chunk))
+            query = select(results).where(results.c.event_id.in_(chunk))
             for row in self.connection.execute(query):
-                found[row.event_id] = StoredResult(
+                found[row.event_id] = ResultRecord(
                     event_id=row.event_id,
+                    outcome=row.outcome,
                     fingerprint=row.fingerprint,
-                    decision=json.loads(row.decision),
+                    occurred_at_us=row.occurred_at_us,
+                    decided_at_us=row.decided_at_us,
+                    denied_by=tuple(row.denied_by.split(",")) if row.denied_by else (),
+                    reason=row.reason,
+                    charges=json.loads(row.charges),
                     metadata=json.loads(row.metadata) if row.metadata else None,
                 )
         return found
 
-    def insert_results(self, rows: Sequence[ResultRow]) -> set[str]:
+    def insert_results(self, records: Sequence[ResultRecord]) -> set[str]:
         """Insert results; an id already present is skipped. Returns the ids inserted."""
-        if not rows:
+        if not records:
             return set()
         params = [
             {
@@ -362,10 +367,10 @@ class Store:
                 "decided_at_us": r.decided_at_us,
                 "denied_by": ",".join(r.denied_by) or None,
                 "reason": r.reason,
-                "decision": json.dumps(r.decision, separators=(",", ":")),
+                "charges": json.dumps(r.charges, separators=(",", ":")),
                 "metadata": json.dumps(r.metadata) if r.metadata is not None else None,
             }
-            for r in sorted(rows, key=lambda r: r.event_id)
+            for r in sorted(records, key=lambda r: r.event_id)
         ]
         found = self.connection.execute(self._statements["insert_results"], params)
         return {row.event_id for row in found}

@@ -67,7 +67,7 @@ results = Table(
     Column("decided_at_us", BigInteger, nullable=False),
     Column("denied_by", Text, nullable=True),
     Column("reason", Text, nullable=True),
-    Column("decision", Text, nullable=False),  # JSON: Decision.to_dict()
+    Column("charges", Text, nullable=False),  # JSON: [ChargeDecision.to_row(), ...]
     Column("metadata", Text, nullable=True),  # JSON
 )
 Index("ix_results_decided_at_us", results.c.decided_at_us)

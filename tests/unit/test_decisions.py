@@ -327,8 +327,10 @@ def test_charge_decision_round_trips_alone(now_us: int) -> None:
         remaining=1,
         maximum=5,
         overage=0,
-        window_start=from_us(WINDOW_START),
-        resets_at=from_us(WINDOW_END),
-        retry_at=from_us(WINDOW_END),
+        window_start_us=WINDOW_START,
+        resets_at_us=WINDOW_END,
+        retry_at_us=WINDOW_END,
     )
+    assert original.resets_at == from_us(WINDOW_END)
     assert ChargeDecision.from_dict(original.to_dict()) == original
+    assert ChargeDecision.from_row(json.loads(json.dumps(original.to_row()))) == original

@@ -59,7 +59,7 @@ def upgrade() -> None:
         sa.Column("decided_at_us", sa.BigInteger, nullable=False),
         sa.Column("denied_by", sa.Text, nullable=True),
         sa.Column("reason", sa.Text, nullable=True),
-        sa.Column("decision", sa.Text, nullable=False),
+        sa.Column("charges", sa.Text, nullable=False),
         sa.Column("metadata", sa.Text, nullable=True),
     )
     op.create_index("ix_results_decided_at_us", "results", ["decided_at_us"])
