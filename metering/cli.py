@@ -8,7 +8,7 @@ Decisions exit 0 when allowed (or overage) and 2 when denied.
 from __future__ import annotations
 
 import json
-import random
+import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -19,23 +19,23 @@ from typing import IO, Any, Final, TypeVar
 
 import click
 from rich.console import Console
-from rich.progress import track
+from rich.progress import Progress
 from rich.table import Table
 from rich.text import Text
 from sqlalchemy.engine import make_url
 
-from metering.config import database_url
+from metering.config import broker_url, database_url, is_embedded_broker
 from metering.domain.decisions import ChargeDecision, Decision
 from metering.domain.limits import ALGORITHMS, ENFORCEMENTS, WINDOWS, Limit
 from metering.errors import MeteringError
 from metering.meter import Counter, Meter
+from metering.producer import UsageProducer, queue_names
 from metering.storage.engine import SCHEMA_REVISION, normalise_url, upgrade_schema
 
 F = TypeVar("F", bound=Callable[..., Any])
 ChargeTuple = tuple[str, str, int]
 
 EXIT_DENIED: Final = 2
-DEMO_FILE: Final = "metering-demo.db"
 EXIT_CODES_HELP: Final = (
     "\b\nExit codes (scripts can branch on them):\n"
     "  0  allowed (or overage on a soft limit)\n  2  denied\n  1  error"
@@ -468,64 +468,122 @@ def upgrade(state: AppState) -> None:
     click.echo(f"schema at revision {SCHEMA_REVISION} ({where})")
 
 
+# -- queue ------------------------------------------------------------------
+
+
+@main.command(epilog="Prints the event id. The worker decides; see `metering result ID`.")
+@_decision_options
+@click.option("--event-id", help="Idempotency key; generated when not given.")
+@click.option("--broker", envvar="METERING_BROKER_URL", help="Default: the embedded broker.")
+def emit(
+    subject: str | None,
+    limit: str | None,
+    cost: int,
+    charges: tuple[ChargeTuple, ...],
+    occurred_at: datetime | None,
+    event_id: str | None,
+    broker: str | None,
+) -> None:
+    """Queue one usage event for the workers (does not wait for the decision)."""
+    wanted = _charges(subject, limit, cost, charges)
+    with UsageProducer(broker, retry_attempts=3) as producer:
+        sent = producer.emit(charges=wanted, event_id=event_id, occurred_at=occurred_at)
+    click.echo(sent)
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.option("--concurrency", type=int, help="Worker processes (default: one per core).")
+@click.option("--queues", type=int, default=1, help="Consume metering.0 … metering.N-1.")
+@click.option("--beat/--no-beat", default=None, help="Run the periodic sweeps in this worker.")
+@click.option("--loglevel", default="INFO", help="DEBUG, INFO, WARNING ...")
+@click.option("--broker", envvar="METERING_BROKER_URL", help="Default: the embedded broker.")
+@click.pass_context
+def worker(
+    ctx: click.Context,
+    concurrency: int | None,
+    queues: int,
+    beat: bool | None,
+    loglevel: str,
+    broker: str | None,
+) -> None:
+    """Apply queued events (runs `celery -A workers worker`; extra options go to celery).
+
+    With the embedded broker the worker runs one process and the periodic
+    sweeps by default; with Redis, run `celery -A workers beat` once beside
+    any number of workers.
+    """
+    state = ctx.find_object(AppState)
+    url = broker_url(broker)
+    embedded = is_embedded_broker(url)
+    command = [sys.executable, "-m", "celery", "-A", "workers", "worker", "--loglevel", loglevel]
+    command += ["--queues", ",".join(queue_names(queues))]
+    if embedded:
+        command += ["--pool", "solo"]
+    elif concurrency:
+        command += ["--concurrency", str(concurrency)]
+    if beat or (beat is None and embedded):
+        command += ["--beat", "--schedule", str(Path.cwd() / ".metering-beat-schedule")]
+    env = dict(os.environ, METERING_BROKER_URL=url, METERING_QUEUES=str(queues))
+    if state is not None:
+        env["METERING_DATABASE_URL"] = state.url
+    os.execve(sys.executable, [*command, *ctx.args], env)
+
+
+@main.command()
+@click.option("--last", type=int, default=20, show_default=True, help="How many to show.")
+@_format_option
+def rejected(last: int, fmt: str) -> None:
+    """Show queued input that could not be applied (malformed, conflicting ids)."""
+    rows = _meter().rejected_messages(last)
+    if fmt == "json":
+        keys = ("event_id", "reason", "raw")
+        click.echo(json.dumps([dict(zip(keys, row, strict=True)) for row in rows], indent=2))
+    elif not rows:
+        click.echo("no rejected messages")
+    else:
+        _console().print(_table(["event id", "reason", "input"], [list(r) for r in rows]))
+
+
 # -- demo ---------------------------------------------------------------------
-
-DEMO_LIMITS: Final = (
-    Limit("api_calls", 25, "1mo", window="calendar", enforcement="soft", thresholds=(80, 100)),
-    Limit("send_message", 5, "1m"),
-    Limit("search", 10, "10s", algorithm="token_bucket"),
-)
-
-
-def _demo_events(start: datetime) -> list[tuple[datetime, list[ChargeTuple]]]:
-    """Three minutes of usage: an org with two users, a chatty visitor, a search burst."""
-    rng = random.Random(2026)
-    events: list[tuple[float, list[ChargeTuple]]] = []
-    for user, count in (("alice@acme.example", 14), ("bob@acme.example", 9)):
-        stacked = [(user, "send_message", 1), ("org:acme", "api_calls", 1)]
-        events += [(rng.uniform(0, 170), stacked) for _ in range(count)]
-    events += [(offset, [("org:acme", "api_calls", 6)]) for offset in (35.0, 120.0)]
-    events += [(40 + 2.5 * i, [("visitor-1", "send_message", 1)]) for i in range(8)]
-    events += [(100 + 0.25 * i, [("alice@acme.example", "search", 1)]) for i in range(14)]
-    events += [(140 + 3.0 * i, [("bob@acme.example", "search", 2)]) for i in range(6)]
-    events.sort(key=lambda event: event[0])
-    return [(start + timedelta(seconds=offset), charges) for offset, charges in events]
-
-
-def _fresh_demo_database() -> Path:
-    path = Path.cwd() / DEMO_FILE
-    try:
-        for suffix in ("", "-wal", "-shm", "-journal"):
-            Path(f"{path}{suffix}").unlink(missing_ok=True)
-    except OSError as exc:
-        raise CliError(f"cannot remove the old demo database {path}: {exc.strerror}") from None
-    return path
 
 
 @main.command()
 def demo() -> None:
-    """Meter three minutes of realistic usage into a fresh ./metering-demo.db.
+    """Run the pipeline on the embedded default: worker, producer, results.
 
-    Ignores --database: the demo always uses its own SQLite file.
+    Uses fresh files in the working directory (metering-demo.db and
+    metering-demo-broker.db) and ignores --database. Needs no server.
     """
-    path = _fresh_demo_database()
-    url = f"sqlite:///{path}"
+    from metering import demo as demo_module
+
     console = _console()
-    tally = {"allowed": 0, "denied": 0, "overage": 0, "rejected": 0}
-    with Meter(url) as meter:
-        meter.set_limits(DEMO_LIMITS)
-        for limit in DEMO_LIMITS:
+    files = demo_module.DemoFiles.fresh(Path.cwd())
+    with Meter(files.database_url) as meter:
+        meter.set_limits(demo_module.DEMO_LIMITS)
+        for limit in demo_module.DEMO_LIMITS:
             console.print(Text(f"limit {_describe(limit)}"))
-        events = _demo_events(meter.clock() - timedelta(minutes=3))
-        for number, (when, charges) in enumerate(
-            track(events, description="metering usage events", console=console), 1
-        ):
-            decision = meter.consume(
-                charges=charges, event_id=f"demo-{number:03d}", occurred_at=when
+        events = demo_module.demo_events(meter.clock() - timedelta(minutes=3))
+        worker_process = demo_module.start_worker(files)
+        try:
+            console.print(
+                f"worker started (pid {worker_process.pid}); emitting {len(events)} events"
             )
-            tally[decision.outcome] += 1
+            demo_module.emit_all(files, events)
+            with Progress(console=console) as progress:
+                task = progress.add_task("results from the worker", total=len(events))
+                demo_module.wait_for_results(
+                    meter,
+                    len(events),
+                    worker_process,
+                    files,
+                    lambda done: progress.update(task, completed=done),
+                )
+        finally:
+            demo_module.stop_worker(worker_process)
         console.print(_counters_table(meter.counters(), title="counters after the demo"))
-    summary = ", ".join(f"{count} {outcome}" for outcome, count in tally.items() if count)
-    click.echo(f"{len(events)} events: {summary}")
-    click.echo(f"database: {path}")
-    click.echo(f"explore it: metering --database {url} counters --subject visitor-1")
+        tally = meter.outcome_counts()
+    summary = ", ".join(f"{count} {outcome}" for outcome, count in sorted(tally.items()))
+    click.echo(f"{len(events)} events, each with exactly one result: {summary}")
+    click.echo(f"data: {files.database} (results, counters), broker: {files.broker}")
+    click.echo(f"worker log: {files.worker_log}")
+    click.echo(f"explore: metering --database {files.database_url} result demo-0001")

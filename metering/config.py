@@ -18,11 +18,37 @@ from metering.domain.limits import Limit
 from metering.errors import ConfigurationError, InvalidLimit
 
 DEFAULT_DATABASE_URL: Final = "sqlite:///metering.db"
+# Kombu's SQLAlchemy transport on a SQLite file: a broker with no server that
+# several processes on one machine share.
+DEFAULT_BROKER_URL: Final = "sqla+sqlite:///metering-broker.db"
 
 
 def database_url(explicit: str | None = None) -> str:
     """The database URL: the argument, else ``METERING_DATABASE_URL``, else ./metering.db."""
     return explicit or os.environ.get("METERING_DATABASE_URL") or DEFAULT_DATABASE_URL
+
+
+def broker_url(explicit: str | None = None) -> str:
+    """The broker URL: the argument, else ``METERING_BROKER_URL``, else the embedded one."""
+    return explicit or os.environ.get("METERING_BROKER_URL") or DEFAULT_BROKER_URL
+
+
+def is_embedded_broker(url: str) -> bool:
+    return url.startswith(("sqla+sqlite:", "sqlalchemy+sqlite:"))
+
+
+def env_float(name: str, default: float) -> float:
+    """A positive number from the environment, with a clear error when it is not one."""
+    text = os.environ.get(name)
+    if text is None or text == "":
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigurationError(f"{name}={text!r} is not a number") from None
+    if value <= 0:
+        raise ConfigurationError(f"{name}={text!r} must be positive")
+    return value
 
 
 def load_limits_file(path: str | Path) -> list[Limit]:

@@ -72,3 +72,11 @@ class SchemaOutdated(StorageError):
 
 class ConfigurationError(MeteringError):
     """A configuration value (environment variable, file) is invalid."""
+
+
+class BrokerUnavailable(MeteringError):
+    """The broker could not be reached; ``pending`` events stay in the producer's buffer."""
+
+    def __init__(self, message: str, pending: int) -> None:
+        super().__init__(f"{message} ({pending} events kept in the buffer; call flush() again)")
+        self.pending = pending

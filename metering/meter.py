@@ -40,6 +40,8 @@ from metering.ledger import (
 from metering.storage.engine import ensure_schema, make_engine, run_transaction
 from metering.storage.queries import Store
 
+RejectedRow = tuple[str | None, str, str]  # (event id or None, reason, raw input)
+
 
 @dataclass(frozen=True, slots=True)
 class Counter:
@@ -176,27 +178,57 @@ class Meter:
         return applied
 
     def apply(
-        self, events: Sequence[UsageEvent], *, invalid: InvalidPolicy = "reject"
+        self,
+        events: Sequence[UsageEvent],
+        *,
+        invalid: InvalidPolicy = "reject",
+        rejected: Sequence[RejectedRow] = (),
     ) -> list[Applied]:
         """Apply a batch of validated events in one transaction, in order.
 
         This is what workers call. With ``invalid="reject"`` an event naming an
-        unknown limit or out of its time range is recorded as rejected.
+        unknown limit or out of its time range is recorded as rejected. In the
+        same transaction, ``rejected`` (event id or None, reason, raw input)
+        and every event whose id was reused with other charges are kept in
+        ``rejected_messages``; a repeated call records nothing twice.
         """
         now_us = self._now_us()
         precheck = len(events) > 1
 
         def work(connection: Connection) -> list[Applied]:
             nonlocal precheck
+            store = Store(connection)
             try:
-                return apply_events(
-                    Store(connection), events, now_us, invalid=invalid, precheck=precheck
-                )
+                applied = apply_events(store, events, now_us, invalid=invalid, precheck=precheck)
             except Exception:
                 precheck = True
                 raise
+            conflicts = [
+                (event.event_id, str(outcome), event.fingerprint())
+                for event, outcome in zip(events, applied, strict=True)
+                if isinstance(outcome, EventConflict)
+            ]
+            store.record_rejected_messages([*rejected, *conflicts], now_us)
+            return applied
 
         return run_transaction(self.engine, work)
+
+    def decided(self, event_ids: Iterable[str]) -> set[str]:
+        """Which of these event ids have a stored result."""
+        wanted = list(event_ids)
+        return run_transaction(self.engine, lambda c: Store(c).decided_ids(wanted))
+
+    def outcome_counts(self) -> dict[str, int]:
+        """How many results there are of each outcome."""
+        return run_transaction(self.engine, lambda c: Store(c).outcome_counts())
+
+    def count_results(self) -> int:
+        return run_transaction(self.engine, lambda c: Store(c).count_results())
+
+    def rejected_messages(self, limit: int = 100) -> list[RejectedRow]:
+        """The newest queued input that could not be applied, with its reason."""
+        rows = run_transaction(self.engine, lambda c: Store(c).list_rejected_messages(limit))
+        return [(event_id, reason, raw) for event_id, reason, raw, _ in rows]
 
     def check(
         self,

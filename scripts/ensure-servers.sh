@@ -1,12 +1,22 @@
 #!/usr/bin/env bash
 # Installs the server binaries the integration tests start themselves.
 # A fresh machine may have only the PostgreSQL client; the tests need initdb
-# and pg_ctl. Nothing is started here: the test session starts throw-away
-# servers on loopback ports and stops them afterwards.
+# and pg_ctl, and redis-server (with redis-cli). Nothing is started here: the
+# test session starts throw-away servers on loopback ports and stops them
+# afterwards.
+#
+# Debian's postgresql and redis-server packages may start a system service on
+# install (a "main" cluster on 5432, Redis on 6379) unless policy-rc.d forbids
+# it, as it does in most containers. The tests neither use nor disturb those:
+# their servers run from their own directories and config files, on ports the
+# kernel reports free, and connect only to those ports. This script leaves any
+# system service as the package left it.
 set -euo pipefail
 
 missing=()
 compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || missing+=(postgresql)
+# redis-server pulls in redis-tools (redis-cli).
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 
 if [ "${#missing[@]}" -eq 0 ]; then
     exit 0
@@ -19,3 +29,14 @@ echo "ensure-servers: installing ${missing[*]} from Debian's packages"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+
+# Fail here, not halfway through the test session, if a package did not
+# bring what the tests run.
+if [[ " ${missing[*]} " == *" redis-server "* ]]; then
+    for tool in redis-server redis-cli; do
+        if ! command -v "$tool" >/dev/null 2>&1; then
+            echo "ensure-servers: $tool still not on PATH after installing redis-server" >&2
+            exit 1
+        fi
+    done
+fi

@@ -6,6 +6,11 @@ template for every test that asks for `pg_url` (copying is much faster than
 migrating). Tests that touch the server get the ``postgres`` marker
 automatically, so ``-m "not postgres"`` runs without it.
 
+Redis (the Celery broker): one throw-away server per test session
+(`redis_server`), emptied with FLUSHALL for every test that asks for
+`redis_url`. Tests that use either get the ``redis`` marker, so
+``-m "not redis"`` runs without it.
+
 `metering` is imported inside fixtures only: this file must import, and the
 harness tests must run, before the package exists.
 """
@@ -19,16 +24,37 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from servers import PostgresServer, find_pg_bindir, make_base_dir
+from servers import (
+    PostgresServer,
+    RedisServer,
+    find_pg_bindir,
+    find_redis_server,
+    make_base_dir,
+)
 
 TEMPLATE_DB = "metering_template"
 
 _db_counter = itertools.count(1)
 
 
+REDIS_MARKER = "redis: needs the throw-away Redis server the test session starts"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Also belongs in pyproject's [tool.pytest.ini_options] markers; declaring
+    # it here too keeps --strict-markers happy either way.
+    config.addinivalue_line("markers", REDIS_MARKER)
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").lower() == "true"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
+        if "redis_server" in fixtures or "redis_url" in fixtures:
+            item.add_marker(pytest.mark.redis)
         callspec = getattr(item, "callspec", None)
         db_url_param = callspec.params.get("db_url") if callspec is not None else None
         if (
@@ -96,4 +122,53 @@ def db_url(request: pytest.FixtureRequest) -> str:
     """The test runs once against SQLite and once against PostgreSQL."""
     fixture = "sqlite_url" if request.param == "sqlite" else "pg_url"
     url: str = request.getfixturevalue(fixture)
+    return url
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A running Redis server for the whole session, removed at the end.
+
+    Loopback only, on a port of its own, append-only file on. Tests may stop
+    and start it to simulate a broker outage; `redis_url` starts it again.
+    """
+    if find_redis_server() is None:
+        reason = "redis-server not found on PATH (scripts/ensure-servers.sh installs it)"
+        if _in_ci():
+            pytest.fail(f"{reason}; CI must run the Redis tests", pytrace=False)
+        pytest.skip(reason)
+    base_dir = tmp_path_factory.mktemp("redis", numbered=True)
+    try:
+        server = RedisServer(base_dir)
+        server.start()
+    except BaseException:
+        shutil.rmtree(base_dir, ignore_errors=True)
+        raise
+    try:
+        yield server
+    finally:
+        server.destroy()
+
+
+def _flushall(url: str, server: RedisServer) -> None:
+    try:
+        import redis
+    except ImportError:
+        server.flushall()
+        return
+    client = redis.Redis.from_url(url)
+    try:
+        client.flushall()
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    """URL (database 0) of the session's Redis, emptied of every key first."""
+    # A test that stopped the server to simulate an outage may have failed
+    # before starting it again; do not fail every later test too.
+    redis_server.start()
+    url = redis_server.url(0)
+    _flushall(url, redis_server)
     return url

@@ -14,6 +14,14 @@ be traversable (``o+x``). pytest's own temporary directories
 (``/tmp/pytest-of-root``) are mode 0700, so under root pick a directory made
 directly in ``/tmp`` instead.
 
+`RedisServer` does the same for Redis (the Celery broker): a private
+``redis-server`` started from a config file of its own in one directory,
+loopback only, on its own port, with an append-only file so that a
+``stop()``/``start()`` (a broker restart) keeps the queued messages. Redis runs
+as whoever runs the tests; it needs no ``runuser``. It never reads the system's
+``/etc/redis/redis.conf`` and never uses the system service's port 6379 while
+that service runs, so a Redis that Debian's package started is left alone.
+
 This module deliberately does not import pytest; the fixtures that use it
 live in ``conftest.py``.
 """
@@ -21,22 +29,33 @@ live in ``conftest.py``.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import re
 import shutil
 import socket
 import subprocess
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import TypeAlias
 
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg import sql
 from psycopg.rows import TupleRow
 
-__all__ = ["PostgresServer", "find_pg_bindir", "make_base_dir"]
+__all__ = [
+    "PostgresServer",
+    "RedisReplyError",
+    "RedisServer",
+    "find_pg_bindir",
+    "find_redis_server",
+    "make_base_dir",
+    "redis_command",
+]
 
 # Seconds. pg_ctl gets its own -t; the subprocess timeout is a backstop above it.
 PG_CTL_WAIT = 60
@@ -414,3 +433,342 @@ class PostgresServer:
             timeout=timeout,
             check=False,
         )
+
+
+# -- Redis -------------------------------------------------------------------
+
+# Seconds.
+REDIS_START_TIMEOUT = 20
+REDIS_STOP_TIMEOUT = 20
+REDIS_COMMAND_TIMEOUT = 10
+_REDIS_POLL_INTERVAL = 0.05
+_REDIS_CONFIG_FILE = "redis.conf"
+
+#: A decoded RESP reply: simple string, integer, bulk string (None when nil)
+#: or array. Error replies are raised as `RedisReplyError`.
+RespValue: TypeAlias = "str | int | bytes | list[RespValue] | None"
+
+
+class RedisReplyError(Exception):
+    """Redis answered a command with an error reply (``-ERR ...``)."""
+
+
+def find_redis_server() -> Path | None:
+    """Return the path of the ``redis-server`` executable on PATH, or None."""
+    found = shutil.which("redis-server")
+    return Path(found) if found is not None else None
+
+
+def _redis_quote(value: str) -> str:
+    """Quote a string for redis.conf (double quotes, backslash escapes)."""
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{escaped}"'
+
+
+def _encode_command(args: Sequence[str | bytes | int]) -> bytes:
+    parts = [f"*{len(args)}\r\n".encode()]
+    for arg in args:
+        data = arg if isinstance(arg, bytes) else str(arg).encode()
+        parts += [f"${len(data)}\r\n".encode(), data, b"\r\n"]
+    return b"".join(parts)
+
+
+def _read_reply(stream: io.BufferedReader) -> RespValue:
+    line = stream.readline()
+    if not line.endswith(b"\r\n"):
+        raise ConnectionError("connection closed in the middle of a Redis reply")
+    kind, body = line[:1], line[1:-2]
+    if kind == b"+":
+        return body.decode()
+    if kind == b"-":
+        raise RedisReplyError(body.decode(errors="replace"))
+    if kind == b":":
+        return int(body)
+    if kind == b"$":
+        length = int(body)
+        if length < 0:
+            return None
+        data = stream.read(length + 2)
+        if len(data) != length + 2:
+            raise ConnectionError("connection closed in the middle of a Redis reply")
+        return data[:-2]
+    if kind == b"*":
+        count = int(body)
+        if count < 0:
+            return None
+        return [_read_reply(stream) for _ in range(count)]
+    raise ConnectionError(f"not a Redis reply: {line[:80]!r}")
+
+
+def redis_command(
+    port: int, *args: str | bytes | int, timeout: float = REDIS_COMMAND_TIMEOUT
+) -> RespValue:
+    """Send one command to the Redis on 127.0.0.1:``port`` and return the reply.
+
+    A minimal RESP2 client on a fresh connection, so that the harness needs
+    neither the ``redis`` package nor ``redis-cli``. Raises `RedisReplyError`
+    for an error reply and OSError when nothing answers.
+    """
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(_encode_command(args))
+        with sock.makefile("rb") as stream:
+            return _read_reply(stream)
+
+
+class RedisServer:
+    """One private Redis server living in ``base_dir``.
+
+    Layout: ``base_dir/redis.conf`` (written on the first `start`),
+    ``base_dir/redis.log`` (the server log, plus anything it prints before the
+    log is open, such as config errors) and, with ``appendonly``, the
+    append-only files in ``base_dir/appendonlydir``. The server listens on
+    127.0.0.1 only, with no password, and runs in the foreground as a child
+    process of the test session (``daemonize no``).
+
+    ``appendonly=True`` (the default) writes an append-only file fsynced once
+    a second (``appendfsync everysec``), as the production broker does, so a
+    clean ``stop()``/``start()`` keeps every key. ``appendonly=False`` keeps
+    nothing across a restart. RDB snapshots are off either way.
+
+    Use as a context manager to start on entry and `destroy` on exit.
+    """
+
+    def __init__(self, base_dir: Path, *, port: int | None = None, appendonly: bool = True) -> None:
+        executable = find_redis_server()
+        if executable is None:
+            raise RuntimeError(
+                "redis-server not found on PATH (Debian: apt-get install redis-server, "
+                "or run scripts/ensure-servers.sh)"
+            )
+        self.executable: Path = executable
+        self.base_dir: Path = Path(base_dir).absolute()
+        self.config_file: Path = self.base_dir / _REDIS_CONFIG_FILE
+        self.log_file: Path = self.base_dir / "redis.log"
+        self.appendonly: bool = appendonly
+        self._port: int | None = port
+        self._auto_port: bool = port is None
+        self._started_once: bool = False
+        self._process: subprocess.Popen[bytes] | None = None
+
+    # -- properties ----------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        """The TCP port; fixed by the first `start` when none was given."""
+        if self._port is None:
+            raise RuntimeError("port is not chosen until the server is first started")
+        return self._port
+
+    @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs, else None."""
+        return self._process.pid if self.is_running() and self._process is not None else None
+
+    def url(self, db: int = 0) -> str:
+        """``redis://`` URL of database number ``db`` (0 to 15)."""
+        if not 0 <= db <= 15:
+            raise ValueError(f"Redis database number must be 0 to 15, not {db}")
+        return f"redis://127.0.0.1:{self.port}/{db}"
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the server; write its config file on the first call.
+
+        A no-op when already running. After `stop`, starts again with the
+        same config, port and data. Raises RuntimeError, with the tail of the
+        server log, when the server exits or does not answer PING within
+        `REDIS_START_TIMEOUT` seconds.
+        """
+        if self.is_running():
+            return
+        self._reap()
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        if self._port is None and self.config_file.is_file():
+            # A server set up earlier in this directory (another instance).
+            self._port = self._configured_port()
+        if self._port is None:
+            self._port = _free_loopback_port()
+        self._write_config()
+        # Only a port we picked ourselves may be swapped when somebody grabbed
+        # it between picking and binding, and only before anyone was given a
+        # URL: a restart must come back on the same port.
+        attempts = 3 if self._auto_port and not self._started_once else 1
+        for attempt in range(1, attempts + 1):
+            log_offset = self._log_size()
+            failure = self._launch_and_wait()
+            if failure is None:
+                self._started_once = True
+                return
+            new_log = self._log_text(log_offset)
+            if attempt < attempts and "Address already in use" in new_log:
+                self._port = _free_loopback_port()
+                self._write_config()
+                continue
+            raise RuntimeError(
+                f"Redis failed to start in {self.base_dir} on port {self._port}: {failure}.\n"
+                f"Last lines of {self.log_file}:\n{self.log_tail()}"
+            )
+
+    def stop(self) -> None:
+        """Stop the server and wait for it to exit.
+
+        SIGTERM makes Redis shut down as ``SHUTDOWN`` does: it flushes and
+        fsyncs the append-only file first. A server that has not exited
+        after `REDIS_STOP_TIMEOUT` seconds is killed. Safe to call when
+        already stopped, never started, or destroyed.
+        """
+        process = self._process
+        if process is None:
+            return
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=REDIS_STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=REDIS_STOP_TIMEOUT)
+        self._process = None
+
+    def is_running(self) -> bool:
+        """True while the server process this object started is alive."""
+        return self._process is not None and self._process.poll() is None
+
+    def destroy(self) -> None:
+        """Stop the server and delete ``base_dir`` with everything in it."""
+        self.stop()
+        shutil.rmtree(self.base_dir, ignore_errors=True)
+
+    def __enter__(self) -> RedisServer:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.destroy()
+
+    def __repr__(self) -> str:
+        return f"RedisServer(base_dir={str(self.base_dir)!r}, port={self._port!r})"
+
+    # -- commands ------------------------------------------------------------
+
+    def command(
+        self, *args: str | bytes | int, timeout: float = REDIS_COMMAND_TIMEOUT
+    ) -> RespValue:
+        """Run one Redis command on a fresh connection; see `redis_command`."""
+        return redis_command(self.port, *args, timeout=timeout)
+
+    def ping(self, timeout: float = REDIS_COMMAND_TIMEOUT) -> bool:
+        """True when the server on our port answers PING with PONG."""
+        try:
+            return self.command("PING", timeout=timeout) == "PONG"
+        except (OSError, RedisReplyError):
+            return False
+
+    def flushall(self) -> None:
+        """Delete every key in every database (``FLUSHALL SYNC``)."""
+        self.command("FLUSHALL", "SYNC")
+
+    # -- logs ----------------------------------------------------------------
+
+    def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
+        """The last ``lines`` lines of the server log ("" when there is none)."""
+        text = self._log_text(0)
+        return "\n".join(text.splitlines()[-lines:])
+
+    def _log_size(self) -> int:
+        try:
+            return self.log_file.stat().st_size
+        except OSError:
+            return 0
+
+    def _log_text(self, offset: int) -> str:
+        try:
+            with self.log_file.open("rb") as fh:
+                fh.seek(offset)
+                return fh.read().decode("utf-8", errors="replace")
+        except OSError:
+            return ""
+
+    # -- internals -----------------------------------------------------------
+
+    def _launch_and_wait(self) -> str | None:
+        """Start the process and wait until it answers; None, or why it failed.
+
+        On failure the process is gone when this returns.
+        """
+        with self.log_file.open("ab") as log:
+            # Both the server log (`logfile`) and the console go to the log
+            # file: config errors are printed before the log file is open.
+            self._process = subprocess.Popen(
+                [str(self.executable), str(self.config_file)],
+                cwd=self.base_dir,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        process = self._process
+        deadline = time.monotonic() + REDIS_START_TIMEOUT
+        while True:
+            code = process.poll()
+            if code is not None:
+                self._process = None
+                return f"redis-server exited with status {code}"
+            # PING alone could be answered by whatever else holds the port in
+            # the moment before our server gives up on it: check the pid too.
+            if self.ping(timeout=1) and self._answering_pid() == process.pid:
+                return None
+            if time.monotonic() >= deadline:
+                self.stop()
+                return f"no PONG within {REDIS_START_TIMEOUT} s"
+            time.sleep(_REDIS_POLL_INTERVAL)
+
+    def _answering_pid(self) -> int | None:
+        try:
+            info = self.command("INFO", "server", timeout=1)
+        except (OSError, RedisReplyError):
+            return None
+        if not isinstance(info, bytes):
+            return None
+        match = re.search(rb"^process_id:(\d+)\r?$", info, re.MULTILINE)
+        return int(match.group(1)) if match is not None else None
+
+    def _reap(self) -> None:
+        """Forget a process that exited by itself (crashed or was killed)."""
+        if self._process is not None and self._process.poll() is not None:
+            self._process = None
+
+    def _write_config(self) -> None:
+        settings = [
+            ("bind", "127.0.0.1"),
+            ("port", str(self.port)),
+            ("protected-mode", "yes"),
+            ("daemonize", "no"),
+            ("supervised", "no"),
+            ("dir", _redis_quote(str(self.base_dir))),
+            ("logfile", _redis_quote(str(self.log_file))),
+            ("loglevel", "notice"),
+            ("always-show-logo", "no"),
+            ("databases", "16"),
+            # No RDB snapshots: neither periodic saves nor one at shutdown.
+            ("save", '""'),
+            ("appendonly", "yes" if self.appendonly else "no"),
+            ("appendfsync", "everysec"),
+            ("appenddirname", _redis_quote("appendonlydir")),
+        ]
+        self.config_file.write_text(
+            "# Written by tests/servers.py (RedisServer); rewritten on every start.\n"
+            + "".join(f"{key} {value}\n" for key, value in settings)
+        )
+
+    def _configured_port(self) -> int:
+        """The port an existing config file (see `_write_config`) names."""
+        text = self.config_file.read_text()
+        match = re.search(r"^port (\d+)$", text, re.MULTILINE)
+        if match is None:
+            raise RuntimeError(f"no port in {self.config_file}")
+        return int(match.group(1))

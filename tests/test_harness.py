@@ -1,20 +1,29 @@
 """Tests of the test harness itself: `servers.py` and the fixtures in conftest.
 
 Nothing here uses metering's schema: the template tests build a one-table
-template of their own.
+template of their own. The Redis tests are at the end.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
 import sqlalchemy as sa
-from servers import PostgresServer, find_pg_bindir, make_base_dir
+from servers import (
+    PostgresServer,
+    RedisReplyError,
+    RedisServer,
+    find_pg_bindir,
+    find_redis_server,
+    make_base_dir,
+    redis_command,
+)
 
 # For tests that run servers of their own rather than the session's (which
 # conftest marks by itself): `-m "not postgres"` must not need PostgreSQL.
@@ -270,3 +279,252 @@ def test_db_url_switches_backend(db_url: str, request: pytest.FixtureRequest) ->
         assert marked
         # A fresh copy: the 'dirty' row of the earlier test is not here.
         assert _scalar(db_url, "SELECT count(*) FROM marker") == 1
+
+
+# -- Redis -------------------------------------------------------------------
+
+needs_redis = pytest.mark.redis
+
+
+def _redis_or_skip() -> Path:
+    executable = find_redis_server()
+    if executable is None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("redis-server not found on PATH; CI must have it")
+        pytest.skip("redis-server not found on PATH")
+    return executable
+
+
+def _refused(port: int) -> bool:
+    try:
+        redis_command(port, "PING", timeout=2)
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A Redis server of the test's own, to stop and start freely."""
+    _redis_or_skip()
+    server = RedisServer(tmp_path / "redis")
+    try:
+        yield server
+    finally:
+        server.destroy()
+
+
+@needs_redis
+def test_find_redis_server_is_executable() -> None:
+    executable = _redis_or_skip()
+    assert os.access(executable, os.X_OK)
+
+
+def test_redis_answers_ping(redis_server: RedisServer) -> None:
+    assert redis_server.is_running()
+    assert redis_server.url() == f"redis://127.0.0.1:{redis_server.port}/0"
+    assert redis_server.url(3) == f"redis://127.0.0.1:{redis_server.port}/3"
+    assert redis_server.port != 6379  # never the system service's port
+    assert redis_server.ping()
+    assert redis_command(redis_server.port, "PING") == "PONG"
+
+
+def test_redis_session_server_config(redis_server: RedisServer) -> None:
+    def config(name: str) -> object:
+        reply = redis_server.command("CONFIG", "GET", name)
+        assert isinstance(reply, list)
+        return reply[1]
+
+    assert config("bind") == b"127.0.0.1"
+    assert config("port") == str(redis_server.port).encode()
+    assert config("appendonly") == b"yes"
+    assert config("appendfsync") == b"everysec"
+    assert config("save") == b""  # no RDB snapshots
+    assert config("dir") == str(redis_server.base_dir).encode()
+    assert config("logfile") == str(redis_server.log_file).encode()
+    assert redis_server.log_file.is_file()
+
+
+def test_redis_set_get(redis_url: str, redis_server: RedisServer) -> None:
+    assert redis_server.command("SET", "harness:key", "value") == "OK"
+    assert redis_server.command("GET", "harness:key") == b"value"
+    assert redis_server.command("GET", "harness:missing") is None
+    assert redis_server.command("INCRBY", "harness:n", 5) == 5
+    with pytest.raises(RedisReplyError, match="WRONGTYPE"):
+        redis_server.command("LPUSH", "harness:key", "x")
+
+
+def test_redis_set_get_with_redis_client(redis_url: str) -> None:
+    redis = pytest.importorskip("redis")
+    client = redis.Redis.from_url(redis_url)
+    try:
+        assert client.ping() is True
+        client.set("harness:client", "hello")
+        assert client.get("harness:client") == b"hello"
+        client.rpush("harness:queue", "a", "b")
+        assert client.lpop("harness:queue") == b"a"
+    finally:
+        client.close()
+
+
+def test_redis_marker_is_applied(request: pytest.FixtureRequest, redis_url: str) -> None:
+    assert request.node.get_closest_marker("redis") is not None
+    assert request.node.get_closest_marker("postgres") is None
+
+
+def test_no_redis_marker_without_redis(request: pytest.FixtureRequest) -> None:
+    assert request.node.get_closest_marker("redis") is None
+
+
+_leftover_key = "harness:leftover"
+
+
+def test_redis_url_leaves_a_key_behind(redis_url: str, redis_server: RedisServer) -> None:
+    redis_server.command("SET", _leftover_key, "dirty")
+    assert redis_server.command("EXISTS", _leftover_key) == 1
+
+
+def test_redis_url_starts_empty(redis_url: str, redis_server: RedisServer) -> None:
+    # After the test above (file order): FLUSHALL removed its key.
+    assert redis_server.command("DBSIZE") == 0
+    assert redis_server.command("EXISTS", _leftover_key) == 0
+
+
+def test_redis_url_restarts_a_stopped_server(
+    redis_server: RedisServer, request: pytest.FixtureRequest
+) -> None:
+    # As if a test simulating a broker outage failed before restarting it.
+    port = redis_server.port
+    redis_server.stop()
+    assert not redis_server.is_running()
+    url = request.getfixturevalue("redis_url")
+    assert redis_server.is_running()
+    assert redis_server.port == port
+    assert url == f"redis://127.0.0.1:{port}/0"
+    assert redis_server.ping()
+
+
+@needs_redis
+def test_redis_stop_then_start_keeps_data_and_port(own_redis: RedisServer) -> None:
+    own_redis.start()
+    port, url = own_redis.port, own_redis.url()
+    pid = own_redis.pid
+    own_redis.command("SET", "kept", "42")
+    own_redis.command("RPUSH", "queue", "m1", "m2")
+
+    own_redis.stop()
+    assert not own_redis.is_running()
+    stopped_pid = own_redis.pid
+    assert stopped_pid is None
+    assert _refused(port)
+    own_redis.stop()  # a second stop is a no-op
+
+    own_redis.start()
+    assert own_redis.is_running()
+    assert own_redis.pid not in (None, pid)
+    assert own_redis.port == port
+    assert own_redis.url() == url
+    assert own_redis.command("GET", "kept") == b"42"
+    assert own_redis.command("LRANGE", "queue", 0, -1) == [b"m1", b"m2"]
+    assert any((own_redis.base_dir / "appendonlydir").iterdir())
+    assert not (own_redis.base_dir / "dump.rdb").exists()
+
+
+@needs_redis
+def test_redis_new_instance_on_same_dir_reuses_port_and_data(own_redis: RedisServer) -> None:
+    own_redis.start()
+    own_redis.command("SET", "kept", "yes")
+    own_redis.stop()
+    again = RedisServer(own_redis.base_dir)
+    try:
+        again.start()
+        assert again.port == own_redis.port
+        assert again.command("GET", "kept") == b"yes"
+    finally:
+        again.stop()
+
+
+@needs_redis
+def test_redis_without_appendonly_keeps_nothing(tmp_path: Path) -> None:
+    _redis_or_skip()
+    server = RedisServer(tmp_path / "redis", appendonly=False)
+    try:
+        server.start()
+        assert server.command("CONFIG", "GET", "appendonly") == [b"appendonly", b"no"]
+        server.command("SET", "gone", "1")
+        server.stop()
+        server.start()
+        assert server.command("EXISTS", "gone") == 0
+    finally:
+        server.destroy()
+
+
+@needs_redis
+def test_redis_start_is_idempotent_and_port_fixed_before_start(own_redis: RedisServer) -> None:
+    with pytest.raises(RuntimeError, match="not chosen"):
+        _ = own_redis.port
+    own_redis.start()
+    pid = own_redis.pid
+    own_redis.start()  # already running: nothing happens
+    assert own_redis.pid == pid
+
+
+@needs_redis
+def test_redis_restart_after_crash(own_redis: RedisServer) -> None:
+    own_redis.start()
+    port, pid = own_redis.port, own_redis.pid
+    assert pid is not None
+    os.kill(pid, 9)
+    for _ in range(200):
+        if not own_redis.is_running():
+            break
+        time.sleep(0.01)
+    assert not own_redis.is_running()
+    own_redis.start()
+    assert own_redis.port == port
+    assert own_redis.ping()
+
+
+@needs_redis
+def test_redis_destroy_removes_base_dir(own_redis: RedisServer) -> None:
+    own_redis.start()
+    assert own_redis.config_file.is_file()
+    own_redis.destroy()
+    assert not own_redis.is_running()
+    assert not own_redis.base_dir.exists()
+    own_redis.destroy()  # idempotent
+
+
+@needs_redis
+def test_redis_context_manager_starts_and_destroys(tmp_path: Path) -> None:
+    _redis_or_skip()
+    with RedisServer(tmp_path / "redis") as server:
+        assert server.ping()
+        base_dir, port = server.base_dir, server.port
+    assert not server.is_running()
+    assert not base_dir.exists()
+    assert _refused(port)
+
+
+@needs_redis
+def test_redis_failed_start_raises_with_log_tail(tmp_path: Path) -> None:
+    _redis_or_skip()
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        server = RedisServer(tmp_path / "redis", port=taken)
+        try:
+            with pytest.raises(RuntimeError, match="Address already in use") as info:
+                server.start()
+            assert str(server.log_file) in str(info.value)
+            assert not server.is_running()
+        finally:
+            server.destroy()
+
+
+@needs_redis
+def test_redis_url_rejects_bad_db(own_redis: RedisServer) -> None:
+    own_redis.start()
+    with pytest.raises(ValueError, match="0 to 15"):
+        own_redis.url(16)

@@ -9,18 +9,19 @@ touching overlapping counters cannot deadlock.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sqlalchemy import Connection, and_, bindparam, delete, or_, select, tuple_
+from sqlalchemy import Connection, and_, bindparam, delete, func, or_, select, tuple_
 from sqlalchemy.dialects import postgresql, sqlite
 
 from metering.domain.limits import Limit
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 from metering.domain.windows import Window
-from metering.storage.tables import counters, current_windows, limits, results
+from metering.storage.tables import counters, current_windows, limits, rejected_messages, results
 
 # Rows per multi-row statement: well under SQLite's 32,766 bound parameters.
 CHUNK: Final = 500
@@ -374,3 +375,51 @@ class Store:
         ]
         found = self.connection.execute(self._statements["insert_results"], params)
         return {row.event_id for row in found}
+
+    # -- rejected messages ---------------------------------------------------
+
+    def record_rejected_messages(
+        self, rows: Sequence[tuple[str | None, str, str]], now_us: int
+    ) -> None:
+        """Keep (event id or None, reason, raw JSON) of input that could not be applied."""
+        if not rows:
+            return
+        params = [
+            {
+                "digest": hashlib.sha256(f"{reason}\n{raw}".encode()).hexdigest(),
+                "event_id": event_id,
+                "reason": reason,
+                "raw": raw,
+                "received_at_us": now_us,
+            }
+            for event_id, reason, raw in rows
+        ]
+        statement = self._insert(rejected_messages).on_conflict_do_nothing(
+            index_elements=["digest"]
+        )
+        self.connection.execute(statement, params)
+
+    def list_rejected_messages(self, limit: int = 100) -> list[tuple[str | None, str, str, int]]:
+        query = (
+            select(rejected_messages)
+            .order_by(rejected_messages.c.received_at_us.desc(), rejected_messages.c.id.desc())
+            .limit(limit)
+        )
+        return [
+            (r.event_id, r.reason, r.raw, r.received_at_us) for r in self.connection.execute(query)
+        ]
+
+    def decided_ids(self, event_ids: Iterable[str]) -> set[str]:
+        """Which of these event ids have a result."""
+        found: set[str] = set()
+        for chunk in _chunks(sorted(set(event_ids))):
+            query = select(results.c.event_id).where(results.c.event_id.in_(chunk))
+            found.update(self.connection.execute(query).scalars())
+        return found
+
+    def outcome_counts(self) -> dict[str, int]:
+        query = select(results.c.outcome, func.count()).group_by(results.c.outcome)
+        return {outcome: int(n) for outcome, n in self.connection.execute(query)}
+
+    def count_results(self) -> int:
+        return int(self.connection.execute(select(func.count()).select_from(results)).scalar_one())

@@ -8,7 +8,7 @@ compares them).
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Column, Index, MetaData, String, Table, Text
+from sqlalchemy import BigInteger, Column, Index, Integer, MetaData, String, Table, Text
 
 metadata = MetaData()
 
@@ -71,3 +71,18 @@ results = Table(
     Column("metadata", Text, nullable=True),  # JSON
 )
 Index("ix_results_decided_at_us", results.c.decided_at_us)
+
+# Queued input that could not become an event (malformed, or an id reused
+# with other charges): kept with its error so nothing disappears silently.
+# ``digest`` (SHA-256 of reason and input) makes a redelivered message a no-op.
+rejected_messages = Table(
+    "rejected_messages",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True),
+    Column("digest", String(64), nullable=False, unique=True),
+    Column("event_id", String(128), nullable=True),
+    Column("reason", Text, nullable=False),
+    Column("raw", Text, nullable=False),
+    Column("received_at_us", BigInteger, nullable=False),
+)
+Index("ix_rejected_messages_received_at_us", rejected_messages.c.received_at_us)

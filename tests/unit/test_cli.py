@@ -369,13 +369,16 @@ def test_help_documents_the_exit_codes() -> None:
 # -- demo ------------------------------------------------------------------------------------
 
 
-def test_demo_runs_in_a_fresh_database(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_demo_runs_the_pipeline_in_fresh_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's first command: a real worker process, the producer, results."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "metering-demo.db").write_text("an old demo database")
     result = CliRunner().invoke(main, ["demo"])
     assert result.exit_code == 0, (result.output, result.exception)
     path = tmp_path / "metering-demo.db"
-    assert f"database: {path}" in result.output
+    assert f"data: {path}" in result.output
     assert "denied" in result.output and "overage" in result.output
     with Meter(f"sqlite:///{path}") as meter:
         assert {limit.name for limit in meter.list_limits()} == {
@@ -385,5 +388,7 @@ def test_demo_runs_in_a_fresh_database(tmp_path: Path, monkeypatch: pytest.Monke
         }
         counters = meter.counters(subject="visitor-1")
         assert counters and counters[0].denied_count > 0
-        assert meter.result("demo-001") is not None
+        emitted = int(result.output.split(" events, each with exactly one result")[0].split()[-1])
+        assert meter.count_results() == emitted
+        assert meter.result("demo-0001") is not None
     assert not (tmp_path / "metering.db").exists()

@@ -1,0 +1,122 @@
+"""`metering demo`: the whole pipeline on the embedded default, no server.
+
+Starts a worker process on fresh SQLite files in the working directory,
+emits a few minutes of realistic usage through a `UsageProducer`, waits for
+every event's result, and shows what happened.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Final
+
+from metering.domain.limits import Limit
+from metering.errors import MeteringError
+from metering.meter import Meter
+from metering.producer import UsageProducer
+
+DEMO_LIMITS: Final = (
+    Limit("api_calls", 400, "1mo", window="calendar", enforcement="soft", thresholds=(80, 100)),
+    Limit("send_message", 5, "1m"),
+    Limit("search", 10, "10s", algorithm="token_bucket"),
+)
+ChargeTuple = tuple[str, str, int]
+WORKER_START_SECONDS: Final = 30.0
+RESULTS_TIMEOUT_SECONDS: Final = 60.0
+
+
+@dataclass(frozen=True)
+class DemoFiles:
+    database: Path
+    broker: Path
+    worker_log: Path
+
+    @classmethod
+    def fresh(cls, directory: Path) -> DemoFiles:
+        files = cls(
+            directory / "metering-demo.db",
+            directory / "metering-demo-broker.db",
+            directory / "metering-demo-worker.log",
+        )
+        for base in (files.database, files.broker, files.worker_log):
+            for suffix in ("", "-wal", "-shm", "-journal"):
+                Path(f"{base}{suffix}").unlink(missing_ok=True)
+        return files
+
+    @property
+    def database_url(self) -> str:
+        return f"sqlite:///{self.database}"
+
+    @property
+    def broker_url(self) -> str:
+        return f"sqla+sqlite:///{self.broker}"
+
+
+def demo_events(start: datetime) -> list[tuple[datetime, list[ChargeTuple]]]:
+    """Three minutes of usage: three orgs with two users each, a chatty
+    visitor who runs into the per-minute limit, and search bursts."""
+    rng = random.Random(2026)
+    events: list[tuple[float, list[ChargeTuple]]] = []
+    for org in ("acme", "globex", "initech"):
+        for user in ("alice", "bob"):
+            subject = f"{user}@{org}.example"
+            stacked = [(subject, "send_message", 1), (f"org:{org}", "api_calls", 1)]
+            events += [(rng.uniform(0, 175), stacked) for _ in range(rng.randrange(8, 16))]
+            events += [(rng.uniform(0, 175), [(f"org:{org}", "api_calls", 5)]) for _ in range(40)]
+            burst = rng.uniform(20, 150)
+            events += [(burst + 0.2 * i, [(subject, "search", 1)]) for i in range(14)]
+    events += [(40 + 2.5 * i, [("visitor-1", "send_message", 1)]) for i in range(12)]
+    events.sort(key=lambda event: event[0])
+    return [(start + timedelta(seconds=offset), charges) for offset, charges in events]
+
+
+def start_worker(files: DemoFiles) -> subprocess.Popen[bytes]:
+    env = dict(os.environ)
+    env["METERING_DATABASE_URL"] = files.database_url
+    env["METERING_BROKER_URL"] = files.broker_url
+    command = [sys.executable, "-m", "celery", "-A", "workers", "worker"]
+    command += ["--pool", "solo", "--loglevel", "INFO", "--without-heartbeat"]
+    with files.worker_log.open("wb") as log:
+        return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def stop_worker(worker: subprocess.Popen[bytes]) -> None:
+    if worker.poll() is None:
+        worker.terminate()
+        try:
+            worker.wait(15)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait(5)
+
+
+def emit_all(files: DemoFiles, events: list[tuple[datetime, list[ChargeTuple]]]) -> None:
+    with UsageProducer(files.broker_url, batch_size=100) as producer:
+        for number, (when, charges) in enumerate(events, 1):
+            producer.emit(charges=charges, event_id=f"demo-{number:04d}", occurred_at=when)
+
+
+def wait_for_results(
+    meter: Meter,
+    expected: int,
+    worker: subprocess.Popen[bytes],
+    files: DemoFiles,
+    progress: Callable[[int], None],
+) -> None:
+    deadline = time.monotonic() + RESULTS_TIMEOUT_SECONDS
+    while (done := meter.count_results()) < expected:
+        progress(done)
+        if worker.poll() is not None:
+            raise MeteringError(f"the demo worker stopped; see {files.worker_log}")
+        if time.monotonic() > deadline:
+            raise MeteringError(f"results did not arrive in time; see {files.worker_log}")
+        time.sleep(0.1)
+    progress(done)

@@ -1,0 +1,274 @@
+"""Producers: emit usage events to the queue without waiting on the database.
+
+`UsageProducer.emit` validates at once (bad input raises, nothing is queued),
+returns the event id, and buffers the event. Buffers are sent as one message
+per batch when they reach ``batch_size`` events or are ``flush_interval``
+seconds old, on `flush`, and when the process exits. A broker that does not
+answer is retried with backoff; then `BrokerUnavailable` is raised and the
+events stay in the buffer, so nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import time
+import zlib
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, Final
+
+from celery import Celery
+
+from metering.clock import Clock, system_clock
+from metering.config import broker_url
+from metering.domain.events import FUTURE_TOLERANCE_US, make_event
+from metering.domain.instants import to_us
+from metering.errors import BrokerUnavailable, InvalidInput, OccurredAtOutOfRange
+from metering.pipeline import DEFAULT_QUEUE, TASK_NAME, encode_batch, encode_event
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BUFFER: Final = 100_000
+
+
+def queue_for(subject: str, queues: int) -> str:
+    """The queue of a subject: stable, so one consumer applies a subject's events in order."""
+    if queues <= 1:
+        return DEFAULT_QUEUE
+    return f"{DEFAULT_QUEUE}.{zlib.crc32(subject.encode()) % queues}"
+
+
+def queue_names(queues: int) -> list[str]:
+    return [DEFAULT_QUEUE] if queues <= 1 else [f"{DEFAULT_QUEUE}.{n}" for n in range(queues)]
+
+
+def make_celery(url: str, name: str = "metering-producer") -> Celery:
+    """A Celery app that only publishes; it never becomes the current app."""
+    app = Celery(name, broker=url, set_as_current=False)
+    app.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        broker_connection_timeout=5,
+        broker_connection_retry_on_startup=True,
+    )
+    return app
+
+
+class UsageProducer:
+    """Buffers usage events and sends them to the workers in batches.
+
+    >>> producer = UsageProducer()            # METERING_BROKER_URL, else embedded
+    >>> event_id = producer.emit("org-42", "api_calls", cost=3)
+    >>> producer.flush()
+
+    ``queues`` > 1 routes events by a hash of their (first) subject to
+    ``metering.0`` … ``metering.N-1``; run one consumer per queue to apply
+    each subject's events in the order they were emitted.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        batch_size: int = 500,
+        flush_interval: float = 0.25,
+        queues: int = 1,
+        retry_attempts: int = 5,
+        retry_backoff: float = 0.2,
+        max_buffer: int = DEFAULT_MAX_BUFFER,
+        clock: Clock | None = None,
+    ) -> None:
+        if batch_size < 1 or flush_interval <= 0 or queues < 1 or retry_attempts < 1:
+            raise InvalidInput("producer", "batch_size, queues, retry_attempts >= 1; interval > 0")
+        self.url = broker_url(url)
+        self.batch_size = batch_size
+        self.flush_interval = flush_interval
+        self.queues = queues
+        self.retry_attempts = retry_attempts
+        self.retry_backoff = retry_backoff
+        self.max_buffer = max_buffer
+        self.clock: Clock = clock or system_clock
+        self._app = make_celery(self.url)
+        self._buffers: dict[str, list[dict[str, Any]]] = {}
+        self._oldest: dict[str, float] = {}
+        self._lock = threading.RLock()
+        self._closed = False
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+        atexit.register(self._flush_at_exit)
+
+    # -- emitting --------------------------------------------------------------
+
+    def emit(
+        self,
+        subject: str | None = None,
+        limit: str | None = None,
+        cost: int = 1,
+        *,
+        charges: Sequence[Any] | None = None,
+        event_id: str | None = None,
+        occurred_at: datetime | None = None,
+        metadata: Any = None,
+    ) -> str:
+        """Validate and queue one usage event; returns its id (generated if not given)."""
+        if charges is None:
+            if subject is None or limit is None:
+                raise InvalidInput("charges", "give subject and limit, or charges=[...]")
+            charges = [(subject, limit, cost)]
+        elif subject is not None or limit is not None:
+            raise InvalidInput("charges", "give subject and limit, or charges=[...], not both")
+        now = self.clock()
+        event = make_event(charges, now if occurred_at is None else occurred_at, event_id, metadata)
+        if event.occurred_at_us > to_us(now) + FUTURE_TOLERANCE_US:
+            raise OccurredAtOutOfRange(event.occurred_at, "is more than 5 minutes in the future")
+        self._add(queue_for(event.charges[0].subject, self.queues), encode_event(event))
+        return event.event_id
+
+    def _add(self, queue: str, item: dict[str, Any]) -> None:
+        self._after_fork_check()
+        with self._lock:
+            if self._closed:
+                raise BrokerUnavailable("the producer is closed", self.pending)
+            if self.pending >= self.max_buffer:
+                raise BrokerUnavailable(
+                    "the buffer is full: the broker is not keeping up", self.pending
+                )
+            buffer = self._buffers.setdefault(queue, [])
+            if not buffer:
+                self._oldest[queue] = time.monotonic()
+            buffer.append(item)
+            full = len(buffer) >= self.batch_size
+        if full:
+            self._flush_queue(queue)
+        else:
+            self._ensure_thread()
+
+    @property
+    def pending(self) -> int:
+        """Events accepted but not yet handed to the broker."""
+        with self._lock:
+            return sum(len(b) for b in self._buffers.values())
+
+    # -- sending ----------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Send every buffered event now; raises `BrokerUnavailable` if the broker is down."""
+        with self._lock:
+            queues = [q for q, b in self._buffers.items() if b]
+        for queue in queues:
+            self._flush_queue(queue)
+
+    def _flush_queue(self, queue: str) -> None:
+        with self._lock:
+            batch = self._buffers.get(queue, [])[: self.batch_size]
+            if not batch:
+                return
+            self._send(queue, batch)  # raises BrokerUnavailable, keeping the batch
+            del self._buffers[queue][: len(batch)]
+            if self._buffers[queue]:
+                self._oldest[queue] = time.monotonic()
+                more = True
+            else:
+                more = False
+        if more:
+            self._flush_queue(queue)
+
+    def _send(self, queue: str, batch: list[dict[str, Any]]) -> None:
+        payload = encode_batch(batch)
+        delay = self.retry_backoff
+        for attempt in range(self.retry_attempts):
+            try:
+                self._app.send_task(
+                    TASK_NAME, args=[payload], queue=queue, routing_key=queue, retry=False
+                )
+                return
+            except Exception as exc:  # kombu and redis raise many kinds
+                if attempt == self.retry_attempts - 1:
+                    raise BrokerUnavailable(
+                        f"broker unavailable at {_safe(self.url)}: {exc}", self.pending
+                    ) from exc
+                log.warning("broker unavailable (%s); retrying in %.1f s", exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    # -- background flushing and shutdown -----------------------------------------
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="metering-producer", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._closed:
+            self._wake.wait(self.flush_interval / 2)
+            now = time.monotonic()
+            with self._lock:
+                due = [
+                    q
+                    for q, b in self._buffers.items()
+                    if b and now - self._oldest.get(q, now) >= self.flush_interval
+                ]
+            for queue in due:
+                try:
+                    self._flush_queue(queue)
+                except BrokerUnavailable as exc:
+                    log.warning("%s", exc)
+
+    def close(self) -> None:
+        """Flush and stop; raises `BrokerUnavailable` if events could not be sent."""
+        self.flush()
+        self._closed = True
+        self._wake.set()
+        self._app.close()
+
+    def _flush_at_exit(self) -> None:
+        if self._closed or os.getpid() != self._pid:
+            return
+        try:
+            self.close()
+        except BrokerUnavailable as exc:
+            log.error("metering: %s; these events were not sent", exc)
+
+    def _after_fork_check(self) -> None:
+        # A forked child must not send the parent's buffered events again.
+        if os.getpid() != self._pid:
+            self._pid = os.getpid()
+            self._lock = threading.RLock()
+            self._buffers, self._oldest, self._thread = {}, {}, None
+            self._app = make_celery(self.url)
+
+    def __enter__(self) -> UsageProducer:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+def _safe(url: str) -> str:
+    """A URL without its password, for messages."""
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        return f"{scheme}://***@{rest.split('@', 1)[1]}"
+    return url
+
+
+_default: UsageProducer | None = None
+_default_lock = threading.Lock()
+
+
+def emit(
+    subject: str | None = None,
+    limit: str | None = None,
+    cost: int = 1,
+    **kwargs: Any,
+) -> str:
+    """Emit through a process-wide `UsageProducer` (created on first use)."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = UsageProducer()
+    return _default.emit(subject, limit, cost, **kwargs)

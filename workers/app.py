@@ -1,0 +1,71 @@
+"""The Celery app, configured from the environment.
+
+``celery -A workers worker`` (or ``metering worker``) applies queued batches;
+``celery -A workers beat`` runs the periodic sweeps. Settings:
+
+* ``METERING_BROKER_URL``: Redis in production (``redis://host:6379/0``);
+  unset, kombu's SQLAlchemy transport on ``./metering-broker.db``.
+* ``METERING_DATABASE_URL``: where counters and results live.
+* ``METERING_QUEUES``: how many hash-routed queues producers use (default 1).
+* ``METERING_VISIBILITY_TIMEOUT``: seconds before a message taken by a
+  worker that died is delivered again (default 300).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+
+from metering.config import broker_url, env_float, is_embedded_broker
+from metering.producer import queue_names
+
+EMBEDDED_SWEEP_SECONDS = 30.0
+
+
+def _poll_embedded_broker_often() -> None:
+    # kombu's SQLAlchemy transport hands every transport option to
+    # create_engine, so its polling interval (1 s by default) can only be set
+    # on the class. This process is a metering worker: 0.1 s keeps the
+    # embedded pipeline's latency low at the cost of a cheap query.
+    from kombu.transport import sqlalchemy as kombu_sqla
+
+    kombu_sqla.Transport.polling_interval = 0.1
+
+
+def create_app(url: str | None = None) -> Celery:
+    url = broker_url(url)
+    app = Celery("metering", broker=url, include=["workers.tasks"])
+    queues = int(env_float("METERING_QUEUES", 1))
+    visibility = env_float("METERING_VISIBILITY_TIMEOUT", 300)
+    transport: dict[str, Any] = {"visibility_timeout": visibility}
+    if is_embedded_broker(url):
+        _poll_embedded_broker_often()
+        transport = {}
+    app.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        task_ignore_result=True,
+        # Applying is idempotent, so a message is acknowledged only once its
+        # batch is committed, and redelivered if the worker dies first.
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_default_queue=queue_names(1)[0],
+        task_queues=None,
+        worker_hijack_root_logger=False,
+        broker_connection_retry_on_startup=True,
+        broker_transport_options=transport,
+        beat_schedule={},
+    )
+    app.conf.task_create_missing_queues = True
+    app.conf.metering_queues = queue_names(queues)
+    if is_embedded_broker(url):
+        app.conf.beat_schedule["sweep-embedded-broker"] = {
+            "task": "metering.sweep_embedded_broker",
+            "schedule": EMBEDDED_SWEEP_SECONDS,
+        }
+    return app
+
+
+app = create_app()

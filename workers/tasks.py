@@ -1,0 +1,57 @@
+"""Thin, idempotent tasks: each hands its JSON argument to one library function."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import Task
+
+from metering.config import env_float, is_embedded_broker
+from metering.errors import StorageError
+from metering.meter import Meter
+from metering.pipeline import TASK_NAME, apply_batch
+from metering.storage.broker import sweep_embedded_broker
+from workers.app import app
+
+log = logging.getLogger(__name__)
+_meter: Meter | None = None
+
+
+def meter() -> Meter:
+    """One `Meter` per worker process, made after the fork."""
+    global _meter
+    if _meter is None:
+        _meter = Meter()
+    return _meter
+
+
+@app.task(
+    name=TASK_NAME,
+    bind=True,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    autoretry_for=(StorageError,),
+    retry_backoff=1,
+    retry_backoff_max=10,
+    retry_jitter=True,
+    max_retries=None,
+)
+def apply_batch_task(self: Task, payload: Any) -> dict[str, int]:
+    """Apply one batch of usage events; database errors retry with backoff, forever."""
+    report = apply_batch(meter(), payload).as_dict()
+    log.info("batch applied: %s", report)
+    return report
+
+
+@app.task(name="metering.sweep_embedded_broker")
+def sweep_embedded_broker_task() -> dict[str, int]:
+    """Embedded broker only: redeliver messages of a dead worker, delete consumed ones."""
+    if not is_embedded_broker(app.conf.broker_url):
+        return {"deleted": 0, "restored": 0}
+    return sweep_embedded_broker(
+        app.conf.broker_url,
+        meter().decided,
+        now_local=meter().clock().astimezone().replace(tzinfo=None),
+        visibility_timeout_seconds=env_float("METERING_VISIBILITY_TIMEOUT", 300),
+    )
