@@ -53,6 +53,9 @@ def make_celery(url: str, name: str = "metering-producer") -> Celery:
         accept_content=["json"],
         broker_connection_timeout=5,
         broker_connection_retry_on_startup=True,
+        # The producer retries with its own backoff and then raises
+        # BrokerUnavailable; kombu's own connection retries would hide that.
+        broker_transport_options={"max_retries": 0},
     )
     return app
 

@@ -1,0 +1,177 @@
+"""Producer, message decoding, batch application and the embedded broker sweep.
+
+The embedded broker (kombu's SQLAlchemy transport on a SQLite file) is a real
+broker that needs no server; broker outages use the session's Redis.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import sqlite3
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from servers import RedisServer, redis_command
+
+from metering import FrozenClock, Limit, Meter, make_event
+from metering.errors import BrokerUnavailable, InvalidInput
+from metering.pipeline import apply_batch, decode_batch, encode_batch, encode_event
+from metering.producer import UsageProducer, queue_for
+from metering.storage.broker import event_ids_of, sweep_embedded_broker
+
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+
+
+def broker_messages(path: Path) -> list[tuple[int, bool, dict[str, object]]]:
+    """(id, visible, batch payload) of every message in an embedded broker file."""
+    with sqlite3.connect(path) as connection:
+        rows = connection.execute("SELECT id, visible, payload FROM kombu_message ORDER BY id")
+        found = []
+        for message_id, visible, payload in rows:
+            envelope = json.loads(payload)
+            body = json.loads(base64.b64decode(envelope["body"]))
+            found.append((message_id, bool(visible), body[0][0]))
+    return found
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> tuple[str, Path]:
+    path = tmp_path / "broker.db"
+    return f"sqla+sqlite:///{path}", path
+
+
+def test_bad_input_raises_at_emit_and_queues_nothing(broker: tuple[str, Path]) -> None:
+    url, _ = broker
+    producer = UsageProducer(url, batch_size=10, flush_interval=60)
+    for call in (
+        lambda: producer.emit("", "calls"),
+        lambda: producer.emit("s", "Not A Name"),
+        lambda: producer.emit("s", "calls", cost=0),
+        lambda: producer.emit("s", "calls", event_id="bad id"),
+        lambda: producer.emit("s", "calls", occurred_at=datetime(2026, 1, 1)),
+        lambda: producer.emit("s", "calls", occurred_at=datetime.now(UTC) + timedelta(hours=1)),
+    ):
+        with pytest.raises(InvalidInput):
+            call()
+    assert producer.pending == 0
+    producer.close()
+
+
+def test_batches_are_bounded_by_size_and_flushed_on_demand(broker: tuple[str, Path]) -> None:
+    url, path = broker
+    producer = UsageProducer(url, batch_size=50, flush_interval=60)
+    ids = [producer.emit(f"s{n}", "calls", cost=2) for n in range(120)]
+    assert producer.pending == 20
+    assert [len(p["events"]) for _, _, p in broker_messages(path)] == [50, 50]  # type: ignore[arg-type]
+    producer.flush()
+    payloads = [p for _, _, p in broker_messages(path)]
+    assert [len(p["events"]) for p in payloads] == [50, 50, 20]  # type: ignore[arg-type]
+    sent = [e["id"] for p in payloads for e in p["events"]]  # type: ignore[attr-defined]
+    assert sent == ids
+    producer.close()
+
+
+def test_a_partial_batch_is_sent_after_the_flush_interval(broker: tuple[str, Path]) -> None:
+    url, path = broker
+    producer = UsageProducer(url, batch_size=1000, flush_interval=0.05)
+    producer.emit("s", "calls")
+    deadline = time.monotonic() + 10
+    while not path.exists() or not broker_messages(path):
+        assert time.monotonic() < deadline, "the time bound never sent the batch"
+        time.sleep(0.02)
+    assert producer.pending == 0
+    producer.close()
+
+
+def test_broker_down_raises_and_keeps_the_events(redis_server: RedisServer, redis_url: str) -> None:
+    producer = UsageProducer(
+        redis_url, batch_size=100, flush_interval=60, retry_attempts=2, retry_backoff=0.01
+    )
+    redis_server.stop()
+    try:
+        ids = [producer.emit("s", "calls") for _ in range(3)]
+        with pytest.raises(BrokerUnavailable) as raised:
+            producer.flush()
+        assert raised.value.pending == 3 and producer.pending == 3
+    finally:
+        redis_server.start()
+    producer.flush()
+    assert producer.pending == 0
+    assert redis_command(redis_server.port, "LLEN", "metering") == 1
+    producer.close()
+    assert len(ids) == 3
+
+
+def test_routing_keeps_a_subject_on_one_queue() -> None:
+    assert queue_for("org-42", 1) == "metering"
+    chosen = {queue_for(f"org-{n}", 4) for n in range(200)}
+    assert chosen == {"metering.0", "metering.1", "metering.2", "metering.3"}
+    assert all(queue_for("org-42", 4) == queue_for("org-42", 4) for _ in range(10))
+
+
+def test_decoding_keeps_what_cannot_become_an_event() -> None:
+    good = encode_event(make_event([("s", "calls", 1)], NOW, "good-1"))
+    bad_cost = {**good, "id": "bad-1", "charges": [["s", "calls", 0]]}
+    no_time = {"id": "bad-2", "charges": [["s", "calls", 1]]}
+    events, rejected = decode_batch(encode_batch([good, bad_cost, no_time, "junk"]))
+    assert [e.event_id for e in events] == ["good-1"]
+    assert [r.event_id for r in rejected] == ["bad-1", "bad-2", None]
+    assert "cost" in rejected[0].reason
+    for garbage in ({"nope": 1}, [1, 2], None, {"v": 1, "events": "x"}):
+        events, rejected = decode_batch(garbage)
+        assert events == [] and len(rejected) == 1
+
+
+def test_applying_a_message_again_changes_nothing(tmp_path: Path) -> None:
+    with Meter(f"sqlite:///{tmp_path}/m.db", clock=FrozenClock(NOW)) as meter:
+        meter.set_limit(Limit("calls", maximum=10, period="1h", window="calendar"))
+        events = [encode_event(make_event([("s", "calls", 3)], NOW, f"e{n}")) for n in range(4)]
+        payload = encode_batch([*events, {"id": "broken", "charges": "x", "at": 0}])
+        first = apply_batch(meter, payload)
+        again = apply_batch(meter, json.loads(json.dumps(payload)))
+        assert first.as_dict() == {
+            "applied": 4,
+            "duplicates": 0,
+            "conflicts": 0,
+            "rejected": 0,
+            "malformed": 1,
+        }
+        assert (again.applied, again.duplicates) == (0, 4)
+        assert [c.used for c in meter.counters("s")] == [9]
+        assert meter.outcome_counts() == {"allowed": 3, "denied": 1}
+        assert len(meter.rejected_messages()) == 1  # recorded once, not per delivery
+        conflict = encode_event(make_event([("s", "calls", 1)], NOW, "e0"))
+        assert apply_batch(meter, encode_batch([conflict])).conflicts == 1
+        assert [c.used for c in meter.counters("s")] == [9]
+        assert any(r[0] == "e0" for r in meter.rejected_messages())
+
+
+def test_sweep_deletes_consumed_messages_and_redelivers_stale_ones(
+    broker: tuple[str, Path], tmp_path: Path
+) -> None:
+    url, path = broker
+    with UsageProducer(url, batch_size=2, flush_interval=60, clock=FrozenClock(NOW)) as producer:
+        ids = [producer.emit("s", "calls", occurred_at=NOW) for _ in range(4)]
+    taken_at = datetime(2026, 11, 22, 11, 0)  # kombu stamps local time when a worker takes one
+    with sqlite3.connect(path) as connection:
+        connection.execute("UPDATE kombu_message SET visible = 0, timestamp = ?", (taken_at,))
+    [(first, _, _), (second, _, _)] = broker_messages(path)
+    assert (
+        event_ids_of(
+            sqlite3.connect(path).execute("SELECT payload FROM kombu_message").fetchone()[0]
+        )
+        == ids[:2]
+    )
+
+    def decided(wanted: object) -> set[str]:
+        return set(ids[:2])  # the first message's events have results, the second's do not
+
+    fresh = sweep_embedded_broker(url, decided, now_local=taken_at + timedelta(seconds=10))
+    assert fresh == {"deleted": 1, "restored": 0}  # the second is not stale yet
+    stale = sweep_embedded_broker(url, decided, now_local=taken_at + timedelta(hours=1))
+    assert stale == {"deleted": 0, "restored": 1}
+    assert [(m, visible) for m, visible, _ in broker_messages(path)] == [(second, True)]
+    assert first != second
