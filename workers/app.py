@@ -38,7 +38,14 @@ def create_app(url: str | None = None) -> Celery:
     app = Celery("metering", broker=url, include=["workers.tasks"])
     queues = int(env_float("METERING_QUEUES", 1))
     visibility = env_float("METERING_VISIBILITY_TIMEOUT", 300)
-    transport: dict[str, Any] = {"visibility_timeout": visibility}
+    # Redis: a message a dead worker held comes back after the visibility
+    # timeout, but kombu only looks for such messages every interval x
+    # throttle seconds (100 s by default); look at least twice per timeout.
+    transport: dict[str, Any] = {
+        "visibility_timeout": visibility,
+        "unacked_restore_interval": max(1, min(int(visibility / 2), 60)),
+        "unacked_restore_throttle": 1,
+    }
     if is_embedded_broker(url):
         _poll_embedded_broker_often()
         transport = {}

@@ -37,8 +37,13 @@ def meter() -> Meter:
     retry_jitter=True,
     max_retries=None,
 )
-def apply_batch_task(self: Task, payload: Any) -> dict[str, int]:
-    """Apply one batch of usage events; database errors retry with backoff, forever."""
+def apply_batch_task(self: Task, *args: Any, **kwargs: Any) -> dict[str, int]:
+    """Apply one batch of usage events; database errors retry with backoff, forever.
+
+    Takes any arguments so that a message with the wrong ones is recorded in
+    ``rejected_messages`` instead of failing before it could be kept.
+    """
+    payload = args[0] if len(args) == 1 and not kwargs else {"args": args, "kwargs": kwargs}
     report = apply_batch(meter(), payload).as_dict()
     log.info("batch applied: %s", report)
     return report

@@ -89,6 +89,63 @@ def _build_statements(dialect: str) -> dict[str, Any]:
     }
 
 
+# PostgreSQL's bulk forms of the hot statements: one array per column, so the
+# statement text is fixed whatever the batch size (prepared once, planned
+# once) and the driver sends 12 parameters instead of 12 per row. Rows are
+# handled in the order given (WITH ORDINALITY), which the caller sorts.
+_PG_COUNTER_STATE = (
+    "used, denied_count, denied_cost, first_denied_at_us, tat_us, tat_rem, tat_scale"
+)
+PG_LOCK_COUNTERS: Final = f"""
+INSERT INTO counters (limit_name, subject, window_start_us, window_end_us, used, denied_count,
+                      denied_cost, first_denied_at_us, tat_us, tat_rem, tat_scale, updated_at_us)
+SELECT k.l, k.s, k.ws, k.we, 0, 0, 0, NULL, NULL, 0, 1, %(now)s
+FROM unnest(%(l)s::text[], %(s)s::text[], %(ws)s::bigint[], %(we)s::bigint[])
+     WITH ORDINALITY AS k(l, s, ws, we, n)
+ORDER BY k.n
+ON CONFLICT (limit_name, subject, window_start_us)
+DO UPDATE SET updated_at_us = excluded.updated_at_us
+RETURNING limit_name, subject, window_start_us, window_end_us, {_PG_COUNTER_STATE}
+"""
+PG_WRITE_COUNTERS: Final = """
+UPDATE counters AS c
+SET used = v.used, denied_count = v.dc, denied_cost = v.dcost, first_denied_at_us = v.fd,
+    tat_us = v.tat, tat_rem = v.rem, tat_scale = v.scale, updated_at_us = %(now)s
+FROM unnest(%(l)s::text[], %(s)s::text[], %(ws)s::bigint[], %(used)s::bigint[],
+            %(dc)s::bigint[], %(dcost)s::bigint[], %(fd)s::bigint[], %(tat)s::bigint[],
+            %(rem)s::bigint[], %(scale)s::bigint[])
+     AS v(l, s, ws, used, dc, dcost, fd, tat, rem, scale)
+WHERE c.limit_name = v.l AND c.subject = v.s AND c.window_start_us = v.ws
+"""
+PG_INSERT_RESULTS: Final = """
+INSERT INTO results (event_id, outcome, fingerprint, occurred_at_us, decided_at_us, denied_by,
+                     reason, charges, metadata)
+SELECT * FROM unnest(%(id)s::text[], %(outcome)s::text[], %(fp)s::text[], %(at)s::bigint[],
+                     %(decided)s::bigint[], %(denied_by)s::text[], %(reason)s::text[],
+                     %(charges)s::text[], %(meta)s::text[])
+ON CONFLICT (event_id) DO NOTHING
+RETURNING event_id
+"""
+
+PG_LOCK_WINDOWS: Final = """
+INSERT INTO current_windows (limit_name, subject)
+SELECT k.l, k.s FROM unnest(%(l)s::text[], %(s)s::text[]) WITH ORDINALITY AS k(l, s, n)
+ORDER BY k.n
+ON CONFLICT (limit_name, subject) DO UPDATE SET limit_name = excluded.limit_name
+RETURNING limit_name, subject, window_start_us, window_end_us
+"""
+PG_WRITE_WINDOWS: Final = """
+UPDATE current_windows AS w SET window_start_us = v.ws, window_end_us = v.we
+FROM unnest(%(l)s::text[], %(s)s::text[], %(ws)s::bigint[], %(we)s::bigint[]) AS v(l, s, ws, we)
+WHERE w.limit_name = v.l AND w.subject = v.s
+"""
+
+PG_FETCH_RESULTS: Final = """
+SELECT event_id, outcome, fingerprint, occurred_at_us, decided_at_us, denied_by, reason,
+       charges, metadata
+FROM results WHERE event_id = ANY(%(ids)s::text[])
+"""
+
 LOAD_LIMITS: Final = select(limits).where(limits.c.name.in_(bindparam("names", expanding=True)))
 
 
@@ -122,6 +179,20 @@ def _state_from_row(row: Any) -> CounterState:
         tat_us=row.tat_us,
         tat_rem=row.tat_rem,
         tat_scale=row.tat_scale,
+    )
+
+
+def _record_from_row(row: Any) -> ResultRecord:
+    return ResultRecord(
+        event_id=row.event_id,
+        outcome=row.outcome,
+        fingerprint=row.fingerprint,
+        occurred_at_us=row.occurred_at_us,
+        decided_at_us=row.decided_at_us,
+        denied_by=tuple(row.denied_by.split(",")) if row.denied_by else (),
+        reason=row.reason,
+        charges=json.loads(row.charges),
+        metadata=json.loads(row.metadata) if row.metadata else None,
     )
 
 
@@ -172,17 +243,20 @@ class Store:
 
     def lock_current_windows(self, pairs: Iterable[Pair]) -> dict[Pair, Window | None]:
         """Create-or-lock each pair's current-window row, in sorted order."""
+        ordered = sorted(set(pairs))
+        if not ordered:
+            return {}
+        if self._dialect == "postgresql":
+            arrays = {"l": [p[0] for p in ordered], "s": [p[1] for p in ordered]}
+            rows: Any = self.connection.exec_driver_sql(PG_LOCK_WINDOWS, arrays)
+        else:
+            params = [
+                {"limit_name": lim, "subject": sub, "window_start_us": None, "window_end_us": None}
+                for lim, sub in ordered
+            ]
+            rows = self.connection.execute(self._statements["lock_windows"], params)
         found: dict[Pair, Window | None] = {}
-        params = [
-            {
-                "limit_name": limit,
-                "subject": subject,
-                "window_start_us": None,
-                "window_end_us": None,
-            }
-            for limit, subject in sorted(set(pairs))
-        ]
-        for row in self.connection.execute(self._statements["lock_windows"], params):
+        for row in rows:
             window = None
             if row.window_start_us is not None:
                 window = (row.window_start_us, row.window_end_us)
@@ -204,6 +278,16 @@ class Store:
     def write_current_windows(self, windows: Mapping[Pair, Window]) -> None:
         if not windows:
             return
+        items = sorted(windows.items())
+        if self._dialect == "postgresql":
+            arrays = {
+                "l": [pair[0] for pair, _ in items],
+                "s": [pair[1] for pair, _ in items],
+                "ws": [window[0] for _, window in items],
+                "we": [window[1] for _, window in items],
+            }
+            self.connection.exec_driver_sql(PG_WRITE_WINDOWS, arrays)
+            return
         params = [
             {
                 "limit_name": limit,
@@ -211,7 +295,7 @@ class Store:
                 "window_start_us": start,
                 "window_end_us": end,
             }
-            for (limit, subject), (start, end) in sorted(windows.items())
+            for (limit, subject), (start, end) in items
         ]
         self.connection.execute(self._statements["write_windows"], params)
 
@@ -250,6 +334,18 @@ class Store:
         COMMITTED, so concurrent transactions queue here, one per counter.
         """
         ordered = sorted(set(keys), key=lambda k: (k.limit, k.subject, k.window_start_us))
+        if not ordered:
+            return {}
+        if self._dialect == "postgresql":
+            arrays = {
+                "l": [k.limit for k in ordered],
+                "s": [k.subject for k in ordered],
+                "ws": [k.window_start_us for k in ordered],
+                "we": [k.window_end_us for k in ordered],
+                "now": now_us,
+            }
+            rows = self.connection.exec_driver_sql(PG_LOCK_COUNTERS, arrays)
+            return {_key_from_row(row): _state_from_row(row) for row in rows}
         params = [
             {
                 "limit_name": k.limit,
@@ -284,6 +380,23 @@ class Store:
     def write_counters(self, states: Mapping[CounterKey, CounterState], now_us: int) -> None:
         """Write back counters this transaction has locked, in one statement."""
         if not states:
+            return
+        if self._dialect == "postgresql":
+            items = list(states.items())
+            arrays = {
+                "l": [k.limit for k, _ in items],
+                "s": [k.subject for k, _ in items],
+                "ws": [k.window_start_us for k, _ in items],
+                "used": [st.used for _, st in items],
+                "dc": [st.denied_count for _, st in items],
+                "dcost": [st.denied_cost for _, st in items],
+                "fd": [st.first_denied_at_us for _, st in items],
+                "tat": [st.tat_us for _, st in items],
+                "rem": [st.tat_rem for _, st in items],
+                "scale": [st.tat_scale for _, st in items],
+                "now": now_us,
+            }
+            self.connection.exec_driver_sql(PG_WRITE_COUNTERS, arrays)
             return
         params = [
             {
@@ -338,22 +451,18 @@ class Store:
 
     def fetch_results(self, event_ids: Iterable[str]) -> dict[str, ResultRecord]:
         wanted = sorted(set(event_ids))
-        found: dict[str, ResultRecord] = {}
-        for chunk in _chunks(wanted):
-            query = select(results).where(results.c.event_id.in_(chunk))
-            for row in self.connection.execute(query):
-                found[row.event_id] = ResultRecord(
-                    event_id=row.event_id,
-                    outcome=row.outcome,
-                    fingerprint=row.fingerprint,
-                    occurred_at_us=row.occurred_at_us,
-                    decided_at_us=row.decided_at_us,
-                    denied_by=tuple(row.denied_by.split(",")) if row.denied_by else (),
-                    reason=row.reason,
-                    charges=json.loads(row.charges),
-                    metadata=json.loads(row.metadata) if row.metadata else None,
-                )
-        return found
+        if not wanted:
+            return {}
+        if self._dialect == "postgresql":
+            rows: list[Any] = list(
+                self.connection.exec_driver_sql(PG_FETCH_RESULTS, {"ids": wanted})
+            )
+        else:
+            rows = []
+            for chunk in _chunks(wanted):
+                query = select(results).where(results.c.event_id.in_(chunk))
+                rows.extend(self.connection.execute(query))
+        return {row.event_id: _record_from_row(row) for row in rows}
 
     def insert_results(self, records: Sequence[ResultRecord]) -> set[str]:
         """Insert results; an id already present is skipped. Returns the ids inserted."""
@@ -373,6 +482,20 @@ class Store:
             }
             for r in sorted(records, key=lambda r: r.event_id)
         ]
+        if self._dialect == "postgresql":
+            arrays = {
+                "id": [p["event_id"] for p in params],
+                "outcome": [p["outcome"] for p in params],
+                "fp": [p["fingerprint"] for p in params],
+                "at": [p["occurred_at_us"] for p in params],
+                "decided": [p["decided_at_us"] for p in params],
+                "denied_by": [p["denied_by"] for p in params],
+                "reason": [p["reason"] for p in params],
+                "charges": [p["charges"] for p in params],
+                "meta": [p["metadata"] for p in params],
+            }
+            rows = self.connection.exec_driver_sql(PG_INSERT_RESULTS, arrays)
+            return {row.event_id for row in rows}
         found = self.connection.execute(self._statements["insert_results"], params)
         return {row.event_id for row in found}
 
