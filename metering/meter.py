@@ -19,6 +19,7 @@ from metering.config import database_url, load_limits_file
 from metering.domain.decisions import Decision
 from metering.domain.events import (
     UsageEvent,
+    charges_of,
     make_event,
     validate_event_id,
     validate_subject,
@@ -144,12 +145,7 @@ class Meter:
         occurred_at: datetime | None,
         metadata: Any = None,
     ) -> UsageEvent:
-        if charges is None:
-            if subject is None or limit is None:
-                raise InvalidInput("charges", "give subject and limit, or charges=[...]")
-            charges = [(subject, limit, cost)]
-        elif subject is not None or limit is not None:
-            raise InvalidInput("charges", "give subject and limit, or charges=[...], not both")
+        charges = charges_of(subject, limit, cost, charges)
         when = self.clock() if occurred_at is None else occurred_at
         return make_event(charges, when, event_id, metadata)
 

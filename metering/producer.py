@@ -24,7 +24,7 @@ from celery import Celery
 
 from metering.clock import Clock, system_clock
 from metering.config import broker_url
-from metering.domain.events import FUTURE_TOLERANCE_US, make_event
+from metering.domain.events import FUTURE_TOLERANCE_US, charges_of, make_event
 from metering.domain.instants import to_us
 from metering.errors import BrokerUnavailable, InvalidInput, OccurredAtOutOfRange
 from metering.pipeline import DEFAULT_QUEUE, TASK_NAME, encode_batch, encode_event
@@ -118,12 +118,7 @@ class UsageProducer:
         metadata: Any = None,
     ) -> str:
         """Validate and queue one usage event; returns its id (generated if not given)."""
-        if charges is None:
-            if subject is None or limit is None:
-                raise InvalidInput("charges", "give subject and limit, or charges=[...]")
-            charges = [(subject, limit, cost)]
-        elif subject is not None or limit is not None:
-            raise InvalidInput("charges", "give subject and limit, or charges=[...], not both")
+        charges = charges_of(subject, limit, cost, charges)
         now = self.clock()
         event = make_event(charges, now if occurred_at is None else occurred_at, event_id, metadata)
         if event.occurred_at_us > to_us(now) + FUTURE_TOLERANCE_US:

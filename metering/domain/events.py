@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final, NamedTuple
@@ -111,6 +111,19 @@ def validate_metadata(metadata: object) -> Mapping[str, Any] | None:
     if len(encoded.encode()) > MAX_METADATA_BYTES:
         raise InvalidInput("metadata", f"is larger than {MAX_METADATA_BYTES} bytes as JSON")
     return dict(metadata)
+
+
+def charges_of(
+    subject: str | None, limit: str | None, cost: int, charges: Sequence[object] | None
+) -> Sequence[object]:
+    """One charge given as (subject, limit, cost), or several as ``charges``; not both."""
+    if charges is None:
+        if subject is None or limit is None:
+            raise InvalidInput("charges", "give subject and limit, or charges=[...]")
+        return [(subject, limit, cost)]
+    if subject is not None or limit is not None:
+        raise InvalidInput("charges", "give subject and limit, or charges=[...], not both")
+    return charges
 
 
 def make_event(
