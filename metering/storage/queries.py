@@ -25,6 +25,10 @@ from metering.storage.tables import counters, current_windows, limits, rejected_
 
 # Rows per multi-row statement: well under SQLite's 32,766 bound parameters.
 CHUNK: Final = 500
+# From this many rows on, PostgreSQL gets the array (unnest) form of a
+# statement; fewer rows (the synchronous path) use the plain prepared one,
+# which is cheaper for a single row.
+PG_BULK_ROWS: Final = 16
 Pair = tuple[str, str]  # (limit name, subject)
 
 
@@ -208,6 +212,9 @@ class Store:
         self._dialect = connection.dialect.name
         self._statements = _STATEMENTS[self._dialect]
 
+    def _bulk(self, rows: int) -> bool:
+        return self._dialect == "postgresql" and rows >= PG_BULK_ROWS
+
     def _insert(self, table: Any) -> Any:
         module = postgresql if self._dialect == "postgresql" else sqlite
         return module.insert(table)
@@ -246,7 +253,7 @@ class Store:
         ordered = sorted(set(pairs))
         if not ordered:
             return {}
-        if self._dialect == "postgresql":
+        if self._bulk(len(ordered)):
             arrays = {"l": [p[0] for p in ordered], "s": [p[1] for p in ordered]}
             rows: Any = self.connection.exec_driver_sql(PG_LOCK_WINDOWS, arrays)
         else:
@@ -279,7 +286,7 @@ class Store:
         if not windows:
             return
         items = sorted(windows.items())
-        if self._dialect == "postgresql":
+        if self._bulk(len(items)):
             arrays = {
                 "l": [pair[0] for pair, _ in items],
                 "s": [pair[1] for pair, _ in items],
@@ -336,7 +343,7 @@ class Store:
         ordered = sorted(set(keys), key=lambda k: (k.limit, k.subject, k.window_start_us))
         if not ordered:
             return {}
-        if self._dialect == "postgresql":
+        if self._bulk(len(ordered)):
             arrays = {
                 "l": [k.limit for k in ordered],
                 "s": [k.subject for k in ordered],
@@ -381,7 +388,7 @@ class Store:
         """Write back counters this transaction has locked, in one statement."""
         if not states:
             return
-        if self._dialect == "postgresql":
+        if self._bulk(len(states)):
             items = list(states.items())
             arrays = {
                 "l": [k.limit for k, _ in items],
@@ -453,7 +460,7 @@ class Store:
         wanted = sorted(set(event_ids))
         if not wanted:
             return {}
-        if self._dialect == "postgresql":
+        if self._bulk(len(wanted)):
             rows: list[Any] = list(
                 self.connection.exec_driver_sql(PG_FETCH_RESULTS, {"ids": wanted})
             )
@@ -482,7 +489,7 @@ class Store:
             }
             for r in sorted(records, key=lambda r: r.event_id)
         ]
-        if self._dialect == "postgresql":
+        if self._bulk(len(params)):
             arrays = {
                 "id": [p["event_id"] for p in params],
                 "outcome": [p["outcome"] for p in params],
