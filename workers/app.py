@@ -18,6 +18,7 @@ from typing import Any
 from celery import Celery
 
 from metering.config import broker_url, env_float, is_embedded_broker
+from metering.pipeline import DEFAULT_QUEUE
 from metering.producer import queue_names
 
 EMBEDDED_SWEEP_SECONDS = 30.0
@@ -58,15 +59,18 @@ def create_app(url: str | None = None) -> Celery:
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
-        task_default_queue=queue_names(1)[0],
-        task_queues=None,
+        task_default_queue=DEFAULT_QUEUE,
+        # Without -Q a worker consumes the default queue (beat's sweeps go
+        # there) and every hash-routed queue producers may use.
+        task_queues={
+            name: {"exchange": name, "routing_key": name}
+            for name in dict.fromkeys([DEFAULT_QUEUE, *queue_names(queues)])
+        },
         worker_hijack_root_logger=False,
         broker_connection_retry_on_startup=True,
         broker_transport_options=transport,
         beat_schedule={},
     )
-    app.conf.task_create_missing_queues = True
-    app.conf.metering_queues = queue_names(queues)
     if is_embedded_broker(url):
         app.conf.beat_schedule["sweep-embedded-broker"] = {
             "task": "metering.sweep_embedded_broker",

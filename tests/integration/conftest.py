@@ -155,11 +155,13 @@ StartWorker = Callable[..., Worker]
 def start_worker(tmp_path: Path, pg_url: str, redis_url: str) -> Iterator[StartWorker]:
     """Start a ready worker on this test's database and broker; all stopped at the end.
 
-    ``start_worker(wait=True, **env_overrides)`` returns a `Worker`.
+    ``start_worker(wait=True, only_default_queue=True, **env_overrides)`` returns
+    a `Worker`; with ``only_default_queue=False`` it gets no ``-Q`` and consumes
+    the queues the Celery app declares (``METERING_QUEUES``).
     """
     started: list[Worker] = []
 
-    def start(*, wait: bool = True, **overrides: str) -> Worker:
+    def start(*, wait: bool = True, only_default_queue: bool = True, **overrides: str) -> Worker:
         number = next(_numbers)
         name = f"w{number}"
         log_file = tmp_path / f"worker-{name}.log"
@@ -178,8 +180,7 @@ def start_worker(tmp_path: Path, pg_url: str, redis_url: str) -> Iterator[StartW
             "--without-heartbeat",
             "--without-gossip",
             "--without-mingle",
-            "-Q",
-            "metering",
+            *(["-Q", "metering"] if only_default_queue else []),
             "-n",
             f"{name}@%h",
         ]

@@ -27,7 +27,7 @@ from servers import PostgresServer
 from metering import ChargeDecision, Decision, Limit, Meter, make_event
 from metering.ledger import decision_of
 from metering.pipeline import DEFAULT_QUEUE, TASK_NAME, encode_batch, encode_event
-from metering.producer import UsageProducer, make_celery
+from metering.producer import UsageProducer, make_celery, queue_for
 from metering.storage.engine import run_transaction
 from metering.storage.queries import Store
 
@@ -161,6 +161,28 @@ def assert_each_once_and_counters_exact(
     wrong = {s: (used.get(s), cost) for s, cost in expected.items() if used.get(s) != cost}
     assert not wrong, f"(counter, sum of costs) differ for {len(wrong)} subjects: {wrong}"
     assert set(used) == set(expected)
+
+
+def test_a_worker_consumes_every_hash_routed_queue_it_is_configured_for(
+    pg_url: str, redis_url: str, start_worker: StartWorker
+) -> None:
+    at = datetime.now(UTC)
+    with Meter(pg_url) as meter:
+        meter.set_limits([CALLS])
+        worker = start_worker(only_default_queue=False, METERING_QUEUES="3")
+        emitted = []
+        with UsageProducer(redis_url, batch_size=50, queues=3) as producer:
+            for n in range(600):
+                subject = f"routed-{n % 40}"
+                event_id = producer.emit(subject, "calls", 1, event_id=f"r-{n}", occurred_at=at)
+                emitted.append((event_id, subject, 1))
+        assert {queue_for(s, 3) for _, s, _ in emitted} == {
+            "metering.0",
+            "metering.1",
+            "metering.2",
+        }
+        wait_for_results(meter, len(emitted), [worker])
+        assert_each_once_and_counters_exact(meter, emitted, [worker])
 
 
 # -- 1. four producers, two workers ------------------------------------------------
