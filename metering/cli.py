@@ -478,9 +478,10 @@ def upgrade(state: AppState) -> None:
 def emit(
     subject: str | None,
     limit: str | None,
-    cost: int,
-    charges: tuple[ChargeTuple, ...],
+    cost: int | None,
+    charges: list[ChargeTuple],
     occurred_at: datetime | None,
+    fmt: str,
     event_id: str | None,
     broker: str | None,
 ) -> None:
@@ -488,7 +489,7 @@ def emit(
     wanted = _charges(subject, limit, cost, charges)
     with UsageProducer(broker, retry_attempts=3) as producer:
         sent = producer.emit(charges=wanted, event_id=event_id, occurred_at=occurred_at)
-    click.echo(sent)
+    click.echo(json.dumps({"event_id": sent}) if fmt == "json" else sent)
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})

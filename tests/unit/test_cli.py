@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from click.testing import CliRunner, Result
 from metering import Meter
 from metering.cli import main
 from metering.domain.events import make_event
+from metering.pipeline import apply_batch
 from metering.storage.engine import SCHEMA_REVISION
 
 Run = Callable[..., Result]
@@ -392,3 +394,43 @@ def test_demo_runs_the_pipeline_in_fresh_files(
         assert meter.count_results() == emitted
         assert meter.result("demo-0001") is not None
     assert not (tmp_path / "metering.db").exists()
+
+
+# -- queue -----------------------------------------------------------------------------------
+
+
+def test_emit_queues_an_event_and_prints_its_id(tmp_path: Path) -> None:
+    broker = f"sqla+sqlite:///{tmp_path}/broker.db"
+    result = CliRunner().invoke(
+        main,
+        ["emit", "org-42", "api_calls", "--cost", "3", "--event-id", "e-1", "--broker", broker],
+    )
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert result.output.strip() == "e-1"
+    as_json = CliRunner().invoke(
+        main, ["emit", "--charge", "u:calls:1", "--format", "json", "--broker", broker]
+    )
+    assert as_json.exit_code == 0, (as_json.output, as_json.exception)
+    assert len(json.loads(as_json.output)["event_id"]) == 32
+    with sqlite3.connect(tmp_path / "broker.db") as connection:
+        assert connection.execute("SELECT count(*) FROM kombu_message").fetchone() == (2,)
+
+
+def test_emit_rejects_bad_input_in_one_line(tmp_path: Path) -> None:
+    broker = f"sqla+sqlite:///{tmp_path}/broker.db"
+    result = CliRunner().invoke(main, ["emit", "s", "calls", "--cost", "0", "--broker", broker])
+    assert result.exit_code == 1
+    assert result.output.strip().startswith("error: cost")
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_rejected_lists_what_could_not_be_applied(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/m.db"
+    empty = CliRunner().invoke(main, ["--database", url, "rejected"])
+    assert empty.exit_code == 0 and "no rejected messages" in empty.output
+    with Meter(url) as meter:
+        apply_batch(meter, {"nope": 1})
+    listed = CliRunner().invoke(main, ["--database", url, "rejected", "--format", "json"])
+    assert listed.exit_code == 0, listed.output
+    [row] = json.loads(listed.output)
+    assert row["event_id"] is None and "not a metering batch" in row["reason"]
