@@ -86,3 +86,24 @@ rejected_messages = Table(
     Column("received_at_us", BigInteger, nullable=False),
 )
 Index("ix_rejected_messages_received_at_us", rejected_messages.c.received_at_us)
+
+# Reports read counters by period and by subject across limits.
+Index("ix_counters_window_start_us", counters.c.window_start_us)
+Index("ix_counters_subject", counters.c.subject, counters.c.limit_name, counters.c.window_start_us)
+
+# Reservations: usage consumed now that may still be given back. The id is
+# the reserving event's id (its result is in ``results``). ``charges`` is a
+# JSON list of [subject, limit, cost, window_start_us, window_end_us]: the
+# counters to give back to on cancel. State: held, committed or cancelled.
+reservations = Table(
+    "reservations",
+    metadata,
+    Column("id", String(128), primary_key=True),
+    Column("state", String(12), nullable=False),
+    Column("charges", Text, nullable=False),
+    Column("created_at_us", BigInteger, nullable=False),
+    Column("expires_at_us", BigInteger, nullable=False),
+    Column("settled_at_us", BigInteger, nullable=True),
+    Column("settled_by", String(16), nullable=True),  # cancel, commit, sweeper
+)
+Index("ix_reservations_state_expires", reservations.c.state, reservations.c.expires_at_us)
