@@ -30,6 +30,7 @@ from metering.domain.limits import ALGORITHMS, ENFORCEMENTS, WINDOWS, Limit
 from metering.errors import MeteringError
 from metering.meter import Counter, Meter
 from metering.producer import UsageProducer, queue_names
+from metering.reports.cli import report
 from metering.storage.engine import SCHEMA_REVISION, normalise_url, upgrade_schema
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -288,6 +289,7 @@ def main(ctx: click.Context, database: str | None) -> None:
 
 
 cli = main
+main.add_command(report)
 
 
 @main.group()

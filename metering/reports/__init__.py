@@ -1,0 +1,35 @@
+"""Billing reports from the counters: overage per window, a subject's usage over time.
+
+>>> from metering import Meter
+>>> from metering.reports import overage_report, usage_report
+>>> meter = Meter()
+>>> for row in overage_report(meter, period="2026-11", top=10):
+...     print(row.subject, row.limit, row.overage, row.utilisation_percent)
+>>> usage_report(meter, "org-42", since="2026-09-01")
+
+`select_overage` and `select_usage` validate the filters and return a
+`Report` whose ``rows()`` streams from the database (for large exports).
+Charts are in `metering.reports.charts` (imports matplotlib when used).
+"""
+
+from metering.reports.overage import (
+    COLUMNS,
+    Report,
+    ReportRange,
+    ReportRow,
+    overage_report,
+    select_overage,
+    select_usage,
+    usage_report,
+)
+
+__all__ = [
+    "COLUMNS",
+    "Report",
+    "ReportRange",
+    "ReportRow",
+    "overage_report",
+    "select_overage",
+    "select_usage",
+    "usage_report",
+]

@@ -1,0 +1,292 @@
+"""Billing reports: usage, overage and denials per subject, limit and window.
+
+A report row is one counter (subject, limit, window) read with the limit as
+it is now. Decisions made here, and documented in the README:
+
+* **Period.** A report selects the windows that *start* in the period
+  (``since <= window_start < until``). Every window then belongs to exactly
+  one billing period, even a first-use window that spans a month end, so
+  consecutive periods never bill a window twice.
+* **Changed and deleted limits.** Rows show the limit's current maximum and
+  enforcement (counters do not keep the maximum they were decided with).
+  Counters of a deleted limit are left out: there is nothing to bill them
+  against. ``metering counters`` still shows them.
+* **Token buckets** are left out: a bucket has a single counter with no
+  window, its ``used`` counts tokens ever taken, and its maximum is a
+  capacity, not an allowance per period, so neither a period nor overage
+  applies to it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
+from datetime import UTC, date, datetime, timedelta
+from typing import Any, Final
+
+from sqlalchemy import Select
+from sqlalchemy.exc import SQLAlchemyError
+
+from metering.domain.events import validate_subject
+from metering.domain.instants import from_us, to_us
+from metering.domain.limits import validate_limit_name
+from metering.errors import InvalidInput, UnknownLimit
+from metering.meter import Meter
+from metering.storage.engine import run_transaction, translate
+from metering.storage.reports import (
+    ReportQuery,
+    ReportStore,
+    overage_statement,
+    usage_statement,
+)
+
+PERIOD_PATTERN: Final = re.compile(r"([0-9]{4})-([0-9]{2})")
+TimeBound = datetime | date | str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ReportRow:
+    """One subject's use of one limit in one window.
+
+    ``overage`` is, for a soft limit, ``used`` beyond ``maximum``; for a hard
+    limit, the cost of the denied events (``denied_cost``).
+    ``utilisation_percent`` is ``100 * used / maximum``, rounded to 2 places.
+    """
+
+    subject: str
+    limit: str
+    enforcement: str
+    window_start: datetime
+    window_end: datetime
+    maximum: int
+    used: int
+    overage: int
+    denied_events: int
+    denied_cost: int
+    utilisation_percent: float
+    first_denied_at: datetime | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row as JSON-ready values: instants as ISO 8601 strings (UTC)."""
+        return {
+            name: value.isoformat() if isinstance(value, datetime) else value
+            for name, value in ((f.name, getattr(self, f.name)) for f in fields(self))
+        }
+
+
+COLUMNS: Final = tuple(f.name for f in fields(ReportRow))
+
+
+def _row(record: Any) -> ReportRow:
+    first = record.first_denied_at_us
+    return ReportRow(
+        subject=record.subject,
+        limit=record.limit_name,
+        enforcement=record.enforcement,
+        window_start=from_us(record.window_start_us),
+        window_end=from_us(record.window_end_us),
+        maximum=record.maximum,
+        used=record.used,
+        overage=int(record.overage),
+        denied_events=record.denied_count,
+        denied_cost=record.denied_cost,
+        utilisation_percent=round(record.used * 100 / record.maximum, 2),
+        first_denied_at=from_us(first) if first is not None else None,
+    )
+
+
+# -- the period -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ReportRange:
+    """The instants a report covers: windows starting in ``[since, until)``."""
+
+    since: datetime | None = None
+    until: datetime | None = None
+    label: str = "all time"
+
+    @classmethod
+    def of(
+        cls, period: str | None = None, since: TimeBound = None, until: TimeBound = None
+    ) -> ReportRange:
+        """A range from a billing month (``"2026-11"``) or from since/until.
+
+        ``since`` and ``until`` are datetimes, dates or ISO 8601 strings
+        (``2026-11-15``, ``2026-11-15T12:00:00Z``); naive means UTC, and a
+        date is its midnight. ``until`` is exclusive.
+        """
+        if period is not None:
+            if since is not None or until is not None:
+                raise InvalidInput("period", "give a period, or since/until, not both")
+            return cls.month(period)
+        start = _instant("since", since)
+        end = _instant("until", until)
+        if start is not None and end is not None and start >= end:
+            raise InvalidInput(
+                "since", f"{start.isoformat()} is not before until {end.isoformat()}"
+            )
+        return cls(start, end, _range_label(start, end))
+
+    @classmethod
+    def month(cls, period: str) -> ReportRange:
+        """The calendar month ``YYYY-MM`` in UTC."""
+        match = PERIOD_PATTERN.fullmatch(period) if isinstance(period, str) else None
+        if match is None or not 1 <= int(match.group(2)) <= 12 or int(match.group(1)) < 1970:
+            raise InvalidInput("period", f"{period!r} is not a month like 2026-11")
+        year, month = int(match.group(1)), int(match.group(2))
+        start = datetime(year, month, 1, tzinfo=UTC)
+        end = datetime(year + month // 12, month % 12 + 1, 1, tzinfo=UTC)
+        return cls(start, end, period)
+
+    def query(self, **filters: Any) -> ReportQuery:
+        since_us = to_us(self.since, field_name="since") if self.since is not None else None
+        until_us = to_us(self.until, field_name="until") if self.until is not None else None
+        return ReportQuery(since_us=since_us, until_us=until_us, **filters)
+
+
+def _instant(name: str, value: TimeBound) -> datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value.strip())
+        except ValueError:
+            raise InvalidInput(name, f"{value!r} is not an ISO 8601 date or datetime") from None
+    if not isinstance(value, datetime):
+        if not isinstance(value, date):
+            raise InvalidInput(name, f"expected a datetime, got {type(value).__name__}")
+        value = datetime(value.year, value.month, value.day)
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value.astimezone(UTC)
+
+
+def _range_label(start: datetime | None, end: datetime | None) -> str:
+    def text(moment: datetime) -> str:
+        midnight = moment == moment.replace(hour=0, minute=0, second=0, microsecond=0)
+        return moment.strftime("%Y-%m-%d" if midnight else "%Y-%m-%d %H:%M UTC")
+
+    if start is None and end is None:
+        return "all time"
+    if start is None:
+        return f"until {text(end)}" if end is not None else "all time"
+    if end is None:
+        return f"since {text(start)}"
+    # A date range ending at midnight reads inclusively: 2026-11-01 to 2026-11-15.
+    midnight = end == end.replace(hour=0, minute=0, second=0, microsecond=0)
+    last = end - timedelta(days=1) if midnight else end
+    return f"{text(start)} to {text(last)}" if last > start else text(start)
+
+
+# -- reports --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Report:
+    """A validated report, ready to read: `rows` streams, `count` counts.
+
+    Build one with `select_overage` or `select_usage`; invalid filters raise
+    there, before any row is read.
+    """
+
+    meter: Meter
+    kind: str
+    range: ReportRange
+    query: ReportQuery
+    statement: Select[Any]
+
+    def count(self) -> int:
+        """How many rows `rows` yields."""
+        return run_transaction(self.meter.engine, lambda c: ReportStore(c).count(self.query))
+
+    def rows(self) -> Iterator[ReportRow]:
+        """The rows, streamed from the database (read them all, or close the iterator)."""
+        try:
+            with self.meter.engine.connect() as connection:
+                for record in ReportStore(connection).stream(self.statement):
+                    yield _row(record)
+        except SQLAlchemyError as exc:
+            raise translate(exc) from exc
+
+
+def _checked_limit(meter: Meter, limit: str | None) -> str | None:
+    if limit is None:
+        return None
+    validate_limit_name(limit)
+    if not run_transaction(meter.engine, lambda c: ReportStore(c).limit_exists(limit)):
+        raise UnknownLimit(limit)
+    return limit
+
+
+def select_overage(
+    meter: Meter,
+    *,
+    period: str | None = None,
+    since: TimeBound = None,
+    until: TimeBound = None,
+    subject: str | None = None,
+    limit: str | None = None,
+    top: int | None = None,
+) -> Report:
+    """The overage report: every window of the period, by overage, largest first.
+
+    ``period`` is a month (``"2026-11"``); or give ``since``/``until``; with
+    neither, all time. ``top`` keeps the first N rows. Raises `InvalidInput`
+    for a malformed filter and `UnknownLimit` for a limit that is not defined.
+    """
+    if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 1):
+        raise InvalidInput("top", f"must be a whole number of at least 1, got {top!r}")
+    chosen = ReportRange.of(period, since, until)
+    if subject is not None:
+        validate_subject(subject)
+    query = chosen.query(subject=subject, limit=_checked_limit(meter, limit), top=top)
+    return Report(meter, "overage", chosen, query, overage_statement(query))
+
+
+def select_usage(
+    meter: Meter,
+    subject: str,
+    *,
+    period: str | None = None,
+    since: TimeBound = None,
+    until: TimeBound = None,
+    limit: str | None = None,
+) -> Report:
+    """One subject's usage per window over time, limit by limit, oldest first."""
+    validate_subject(subject)
+    chosen = ReportRange.of(period, since, until)
+    query = chosen.query(subject=subject, limit=_checked_limit(meter, limit))
+    return Report(meter, "usage", chosen, query, usage_statement(query))
+
+
+def overage_report(
+    meter: Meter,
+    *,
+    period: str | None = None,
+    since: TimeBound = None,
+    until: TimeBound = None,
+    subject: str | None = None,
+    limit: str | None = None,
+    top: int | None = None,
+) -> list[ReportRow]:
+    """`select_overage`'s rows as a list (use `select_overage(...).rows()` to stream)."""
+    report = select_overage(
+        meter, period=period, since=since, until=until, subject=subject, limit=limit, top=top
+    )
+    return list(report.rows())
+
+
+def usage_report(
+    meter: Meter,
+    subject: str,
+    *,
+    period: str | None = None,
+    since: TimeBound = None,
+    until: TimeBound = None,
+    limit: str | None = None,
+) -> list[ReportRow]:
+    """`select_usage`'s rows as a list."""
+    report = select_usage(meter, subject, period=period, since=since, until=until, limit=limit)
+    return list(report.rows())
