@@ -1,0 +1,245 @@
+"""`metering.reports` on SQLite and PostgreSQL, against an independent computation.
+
+The data goes through `Meter.consume` (see `report_dataset`); expected
+figures come from `report_dataset.expected_rows`, which shares no code with
+the reports.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from datetime import UTC, date, datetime
+
+import pytest
+from report_dataset import Expected, at, by_overage, expected_rows, in_range
+
+from metering import FrozenClock, Limit, Meter
+from metering.errors import InvalidInput, UnknownLimit
+from metering.reports import (
+    COLUMNS,
+    ReportRange,
+    ReportRow,
+    overage_report,
+    select_overage,
+    select_usage,
+    usage_report,
+)
+
+NOV = datetime(2026, 11, 1, tzinfo=UTC)
+DEC = datetime(2026, 12, 1, tzinfo=UTC)
+OCT = datetime(2026, 10, 1, tzinfo=UTC)
+
+
+def tuples(rows: list[ReportRow]) -> list[tuple[object, ...]]:
+    return [dataclasses.astuple(row) for row in rows]
+
+
+def test_overage_for_a_month_equals_the_independent_computation(ledger: Meter) -> None:
+    rows = overage_report(ledger, period="2026-11")
+    assert tuples(rows) == by_overage(in_range(expected_rows(), NOV, DEC))
+    # The dataset covers what the figures must get right: soft overage, hard
+    # denials in calendar and first-use windows, and rows without any.
+    kinds = {(r.enforcement, r.overage > 0) for r in rows}
+    assert kinds == {("soft", True), ("soft", False), ("hard", True), ("hard", False)}
+
+
+def test_soft_overage_is_usage_beyond_the_maximum(ledger: Meter) -> None:
+    [row] = overage_report(ledger, period="2026-11", subject="org-a", limit="api_calls")
+    calls = 15  # every other day from Oct 20, 2 each: Nov 1, 3, ..., 29
+    assert (row.maximum, row.used, row.overage) == (10, 2 * calls, 2 * calls - 10)
+    assert (row.denied_events, row.denied_cost, row.first_denied_at) == (0, 0, None)
+    assert row.utilisation_percent == 300.0
+
+
+def test_hard_overage_is_the_cost_of_denied_events(ledger: Meter) -> None:
+    [row] = overage_report(ledger, period="2026-11", subject="org-a", limit="seats")
+    assert (row.maximum, row.used, row.denied_events, row.denied_cost) == (5, 5, 2, 2)
+    assert row.overage == 2
+    assert row.first_denied_at == at("2026-11-15", 7)  # the 6th seat
+    assert row.utilisation_percent == 100.0
+
+
+def test_first_use_windows_of_a_month(ledger: Meter) -> None:
+    rows = overage_report(ledger, period="2026-11", subject="org-a", limit="exports")
+    by_start = {r.window_start: r for r in rows}
+    assert sorted(by_start) == [at("2026-11-10", 11), at("2026-11-20", 9)]
+    opened = by_start[at("2026-11-10", 11)]
+    assert opened.window_end == at("2026-11-17", 11)
+    assert (opened.used, opened.denied_events, opened.denied_cost) == (2 + 1, 2, 1 + 3)
+    assert opened.first_denied_at == at("2026-11-12", 11)
+
+
+def test_a_window_without_denials_and_a_subject_without_any(ledger: Meter) -> None:
+    rows = overage_report(ledger, period="2026-11")
+    [quiet] = [r for r in rows if (r.subject, r.limit) == ("org-b", "exports")]
+    assert (quiet.used, quiet.overage, quiet.denied_events, quiet.first_denied_at) == (
+        2,
+        0,
+        0,
+        None,
+    )
+    [org_c] = [r for r in rows if r.subject == "org-c"]
+    assert (org_c.limit, org_c.used, org_c.overage, org_c.denied_events) == ("seats", 4, 0, 0)
+    assert org_c.utilisation_percent == 80.0
+    assert rows.index(org_c) > max(i for i, r in enumerate(rows) if r.overage > 0)
+
+
+def test_a_period_selects_the_windows_that_start_in_it(ledger: Meter) -> None:
+    """The first-use window opened on Oct 30 runs to Nov 6: October bills it, November not."""
+    october = overage_report(ledger, period="2026-10", subject="org-a", limit="exports")
+    november = overage_report(ledger, period="2026-11", subject="org-a", limit="exports")
+    assert [(r.window_start, r.window_end) for r in october] == [
+        (at("2026-10-30", 10), at("2026-11-06", 10))
+    ]
+    assert october[0].denied_cost == 2  # the denial of Nov 4 is billed in October
+    assert at("2026-10-30", 10) not in {r.window_start for r in november}
+    everything = expected_rows()
+    for period, since, until in (("2026-10", OCT, NOV), ("2026-12", DEC, at("2027-01-01", 0))):
+        assert tuples(overage_report(ledger, period=period)) == by_overage(
+            in_range(everything, since, until)
+        )
+
+
+def test_since_and_until_select_window_starts_until_exclusive(ledger: Meter) -> None:
+    since, until = at("2026-11-10", 0), at("2026-11-20", 9)  # excludes the window of Nov 20 9:00
+    rows = overage_report(ledger, since=since, until=until)
+    assert tuples(rows) == by_overage(in_range(expected_rows(), since, until))
+    assert tuples(overage_report(ledger, since="2026-11-10", until="2026-11-20T09:00:00Z")) == (
+        tuples(rows)
+    )
+    only_since = overage_report(ledger, since=date(2026, 12, 1))
+    assert tuples(only_since) == by_overage(in_range(expected_rows(), DEC, at("2100-01-01")))
+    only_until = overage_report(ledger, until="2026-11-01")
+    assert tuples(only_until) == by_overage(in_range(expected_rows(), at("1970-01-01"), NOV))
+
+
+def test_all_time_has_every_window_of_every_kept_limit(ledger: Meter) -> None:
+    assert tuples(overage_report(ledger)) == by_overage(expected_rows())
+
+
+def test_subject_limit_and_top_filters(ledger: Meter) -> None:
+    november = by_overage(in_range(expected_rows(), NOV, DEC))
+    assert tuples(overage_report(ledger, period="2026-11", subject="org-b")) == [
+        row for row in november if row[0] == "org-b"
+    ]
+    assert tuples(overage_report(ledger, period="2026-11", limit="seats")) == [
+        row for row in november if row[1] == "seats"
+    ]
+    assert tuples(overage_report(ledger, period="2026-11", top=3)) == november[:3]
+    assert tuples(overage_report(ledger, period="2026-11", top=1000)) == november
+    assert overage_report(ledger, period="2026-11", subject="nobody") == []
+
+
+def test_token_buckets_and_deleted_limits_are_left_out(ledger: Meter) -> None:
+    limits = {counter.limit for counter in ledger.counters(subject="org-a")}
+    assert {"burst", "gone"} <= limits  # their counters exist ...
+    reported = {row.limit for row in overage_report(ledger)}
+    assert reported == {"api_calls", "exports", "seats"}  # ... but are not reported
+    with pytest.raises(UnknownLimit):
+        overage_report(ledger, limit="gone")
+    assert overage_report(ledger, limit="burst") == []  # defined, but a bucket: no rows
+
+
+def test_a_changed_limit_reports_its_current_maximum(ledger: Meter) -> None:
+    ledger.set_limit(
+        Limit("api_calls", maximum=25, period="1mo", window="calendar", enforcement="soft")
+    )
+    [row] = overage_report(ledger, period="2026-11", subject="org-a", limit="api_calls")
+    assert (row.maximum, row.used, row.overage, row.utilisation_percent) == (25, 30, 5, 120.0)
+
+
+def test_usage_report_is_a_subjects_windows_over_time(ledger: Meter) -> None:
+    def expected(rows: list[Expected]) -> list[tuple[object, ...]]:
+        mine = [r for r in rows if r.subject == "org-a"]
+        return [r.as_tuple() for r in sorted(mine, key=lambda r: (r.limit, r.window_start))]
+
+    assert tuples(usage_report(ledger, "org-a")) == expected(expected_rows())
+    assert tuples(usage_report(ledger, "org-a", period="2026-11")) == expected(
+        in_range(expected_rows(), NOV, DEC)
+    )
+    calls = usage_report(ledger, "org-a", limit="api_calls")
+    assert [r.window_start for r in calls] == [OCT, NOV, DEC]
+    assert usage_report(ledger, "org-c", limit="api_calls") == []
+
+
+def test_rows_stream_and_count(ledger: Meter) -> None:
+    report = select_overage(ledger, period="2026-11", top=4)
+    rows = report.rows()
+    assert isinstance(rows, Iterator)
+    assert len(list(rows)) == report.count() == 4
+    usage = select_usage(ledger, "org-a")
+    assert usage.count() == len(list(usage.rows())) == len(usage_report(ledger, "org-a"))
+    assert report.range.label == "2026-11"
+
+
+def test_row_fields_are_the_documented_columns() -> None:
+    assert COLUMNS == (
+        "subject",
+        "limit",
+        "enforcement",
+        "window_start",
+        "window_end",
+        "maximum",
+        "used",
+        "overage",
+        "denied_events",
+        "denied_cost",
+        "utilisation_percent",
+        "first_denied_at",
+    )
+
+
+# -- bad filters -----------------------------------------------------------------
+
+
+@pytest.fixture
+def meter(sqlite_url: str) -> Iterator[Meter]:
+    with Meter(sqlite_url, clock=FrozenClock(NOV)) as meter:
+        meter.set_limit(Limit("api_calls", maximum=10, period="1mo", window="calendar"))
+        yield meter
+
+
+@pytest.mark.parametrize(
+    ("filters", "field"),
+    [
+        ({"period": "2026-13"}, "period"),
+        ({"period": "2026-1"}, "period"),
+        ({"period": "november"}, "period"),
+        ({"period": "2026-11", "since": "2026-11-01"}, "period"),
+        ({"since": "yesterday"}, "since"),
+        ({"until": "2026-11-31"}, "until"),
+        ({"since": "2026-12-01", "until": "2026-11-01"}, "since"),
+        ({"since": "2026-11-01", "until": "2026-11-01"}, "since"),
+        ({"top": 0}, "top"),
+        ({"top": -3}, "top"),
+        ({"subject": ""}, "subject"),
+        ({"limit": "Not A Name"}, "name"),
+    ],
+)
+def test_bad_filters_raise_invalid_input(
+    meter: Meter, filters: dict[str, object], field: str
+) -> None:
+    with pytest.raises(InvalidInput) as raised:
+        select_overage(meter, **filters)  # type: ignore[arg-type]
+    assert raised.value.field == field
+
+
+def test_an_unknown_limit_raises_unknown_limit(meter: Meter) -> None:
+    with pytest.raises(UnknownLimit) as raised:
+        select_overage(meter, limit="nope")
+    assert raised.value.limit == "nope"
+    with pytest.raises(UnknownLimit):
+        select_usage(meter, "org-a", limit="nope")
+    with pytest.raises(InvalidInput):
+        select_usage(meter, " padded ")
+
+
+def test_report_range_months_and_labels() -> None:
+    december = ReportRange.month("2026-12")
+    assert (december.since, december.until) == (DEC, at("2027-01-01", 0))
+    assert (
+        ReportRange.of(since="2026-11-01", until="2026-11-16").label == "2026-11-01 to 2026-11-15"
+    )
+    assert ReportRange.of(since="2026-11-01T10:00:00+02:00").since == at("2026-11-01", 8)
+    assert ReportRange.of().label == "all time"

@@ -1,0 +1,147 @@
+"""`metering report overage|usage` through click's CliRunner, on the recorded dataset."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from datetime import datetime
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from metering import Meter
+from metering.cli import main
+from metering.reports import COLUMNS, ReportRow, overage_report, usage_report
+
+# The documented JSON fields and their types (README, "Billing period close").
+JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "subject": (str,),
+    "limit": (str,),
+    "enforcement": (str,),
+    "window_start": (str,),
+    "window_end": (str,),
+    "maximum": (int,),
+    "used": (int,),
+    "overage": (int,),
+    "denied_events": (int,),
+    "denied_cost": (int,),
+    "utilisation_percent": (float,),
+    "first_denied_at": (str, type(None)),
+}
+INSTANTS = ("window_start", "window_end", "first_denied_at")
+
+
+def run(ledger: Meter, *args: str, code: int = 0) -> Result:
+    result = CliRunner().invoke(main, ["--database", ledger.url, "report", *args])
+    assert result.exit_code == code, (result.output, result.exception)
+    return result
+
+
+def as_strings(row: ReportRow) -> list[str]:
+    values: list[str] = []
+    for name in COLUMNS:
+        value = getattr(row, name)
+        values.append(
+            ""
+            if value is None
+            else value.isoformat()
+            if isinstance(value, datetime)
+            else str(value)
+        )
+    return values
+
+
+def test_overage_csv_parses_back_to_the_reports_rows(sqlite_ledger: Meter) -> None:
+    result = run(sqlite_ledger, "overage", "--period", "2026-11", "--format", "csv")
+    header, *rows = list(csv.reader(io.StringIO(result.stdout)))
+    assert tuple(header) == COLUMNS
+    expected = overage_report(sqlite_ledger, period="2026-11")
+    assert rows == [as_strings(row) for row in expected]
+    parsed = list(csv.DictReader(io.StringIO(result.stdout)))
+    assert [int(r["overage"]) for r in parsed] == [row.overage for row in expected]
+    assert [datetime.fromisoformat(r["window_start"]) for r in parsed] == [
+        row.window_start for row in expected
+    ]
+
+
+def test_overage_json_has_the_documented_fields_and_types(sqlite_ledger: Meter) -> None:
+    result = run(sqlite_ledger, "overage", "--period", "2026-11", "--format", "json")
+    document = json.loads(result.stdout)
+    expected = overage_report(sqlite_ledger, period="2026-11")
+    assert isinstance(document, list) and len(document) == len(expected) > 0
+    for item, row in zip(document, expected, strict=True):
+        assert list(item) == list(JSON_TYPES)
+        for name, value in item.items():
+            assert isinstance(value, JSON_TYPES[name]) and not isinstance(value, bool), name
+        for name in INSTANTS:
+            if item[name] is not None:
+                assert datetime.fromisoformat(item[name]).utcoffset() is not None
+        assert item["enforcement"] in ("hard", "soft")
+        assert item == row.to_dict()
+    assert any(item["first_denied_at"] is not None for item in document)
+
+
+def test_empty_json_and_csv(sqlite_ledger: Meter) -> None:
+    assert (
+        json.loads(run(sqlite_ledger, "overage", "--period", "2020-01", "--format", "json").stdout)
+        == []
+    )
+    empty_csv = run(sqlite_ledger, "overage", "--period", "2020-01", "--format", "csv").stdout
+    assert list(csv.reader(io.StringIO(empty_csv))) == [list(COLUMNS)]
+    assert "no windows" in run(sqlite_ledger, "overage", "--period", "2020-01").stdout
+
+
+def test_overage_table_with_filters(sqlite_ledger: Meter) -> None:
+    out = run(sqlite_ledger, "overage", "--period", "2026-11", "--top", "2").stdout
+    assert "Overage, 2026-11" in out
+    top = overage_report(sqlite_ledger, period="2026-11", top=2)
+    for row in top:
+        assert row.subject in out and row.limit in out
+    assert "org-c" not in out
+    only_c = run(sqlite_ledger, "overage", "--subject", "org-c", "--limit", "seats").stdout
+    assert "org-c" in only_c and "org-a" not in only_c
+
+
+def test_since_until_and_progress_keep_the_csv_clean(sqlite_ledger: Meter) -> None:
+    args = ("overage", "--since", "2026-11-10", "--until", "2026-11-20", "--format", "csv")
+    result = run(sqlite_ledger, *args, "--progress")
+    _, *rows = list(csv.reader(io.StringIO(result.stdout)))
+    expected = overage_report(sqlite_ledger, since="2026-11-10", until="2026-11-20")
+    assert rows == [as_strings(row) for row in expected]
+    assert run(sqlite_ledger, *args, "--no-progress").stdout == result.stdout
+
+
+def test_usage_csv_for_a_subject(sqlite_ledger: Meter) -> None:
+    result = run(sqlite_ledger, "usage", "--subject", "org-a", "--format", "csv")
+    _, *rows = list(csv.reader(io.StringIO(result.stdout)))
+    assert rows == [as_strings(row) for row in usage_report(sqlite_ledger, "org-a")]
+    table = run(sqlite_ledger, "usage", "--subject", "org-a", "--limit", "seats").stdout
+    assert "Usage of org-a, all time" in table and "api_calls" not in table
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("overage", "--limit", "nope"), "unknown limit 'nope'"),
+        (("overage", "--period", "2026-13"), "period: '2026-13' is not a month"),
+        (("overage", "--period", "11/2026"), "period:"),
+        (("overage", "--since", "2026-12-01", "--until", "2026-11-01"), "is not before until"),
+        (("overage", "--since", "soon"), "since:"),
+        (("overage", "--top", "0"), "top: must be a whole number of at least 1"),
+        (("overage", "--top", "many"), "'many' is not a valid integer"),
+        (("overage", "--format", "xml"), "--format"),
+        (("overage", "--period", "2026-11", "--until", "2026-12-01"), "not both"),
+        (("usage",), "--subject"),
+        (("usage", "--subject", "org-a", "--limit", "nope"), "unknown limit"),
+    ],
+)
+def test_bad_filters_are_one_line_errors(sqlite_ledger: Meter, args: Any, message: str) -> None:
+    result = run(sqlite_ledger, *args, code=1)
+    assert isinstance(result.exception, SystemExit)
+    assert "Traceback" not in result.output
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert message in lines[0]
+    assert result.stdout == ""
