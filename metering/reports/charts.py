@@ -63,7 +63,7 @@ def overage_figure(rows: Sequence[ReportRow], period_label: str) -> Figure:
     axes.axvline(100, color=LIMIT_LINE, linestyle="--", label="limit (100% of maximum)")
     notes = [_bar_note(r) for r in shown]
     axes.bar_label(bars, notes, padding=3, fontsize=8)
-    axes.set_xlim(0, max([*values, 100.0]) * 1.25)
+    axes.set_xlim(0, max([*values, 100.0]) * 1.5)  # room for the notes
     axes.set_xlabel("utilisation of the limit (%)")
     axes.set_title(title)
     axes.legend(loc="lower right")
@@ -122,6 +122,7 @@ def _usage_panel(axes: Axes, limit: str, windows: Sequence[ReportRow]) -> None:
     maximum = windows[-1].maximum
     axes.axhline(maximum, color=LIMIT_LINE, linestyle="--", label=f"limit {maximum:,}", zorder=3)
     axes.set_ylabel("used")
+    axes.yaxis.set_major_formatter("{x:,.0f}")
     axes.set_title(f"{limit} ({windows[-1].enforcement})", loc="left", fontsize=10)
     axes.set_ylim(0, max([w.used + w.denied_cost for w in windows] + [maximum]) * 1.15)
     axes.legend(loc="upper left")

@@ -14,6 +14,7 @@ import json
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
+from functools import lru_cache
 from pathlib import Path
 from typing import IO, Any, Final, TypeVar
 
@@ -198,17 +199,33 @@ def _with_progress(chosen: Report) -> Iterator[ReportRow]:
         bar.update(task, completed=done)
 
 
-def _csv_value(value: object) -> object:
-    if value is None:
-        return ""
-    return value.isoformat() if isinstance(value, datetime) else value
+@lru_cache(maxsize=4096)
+def _iso(moment: datetime) -> str:
+    return moment.isoformat()
 
 
 def _write_csv(rows: Iterable[ReportRow], out: IO[str]) -> None:
+    """RFC 4180 CSV with a header of `COLUMNS`; instants in ISO 8601, none as empty."""
     writer = csv.writer(out)
     writer.writerow(COLUMNS)
     for row in rows:
-        writer.writerow([_csv_value(getattr(row, name)) for name in COLUMNS])
+        first = row.first_denied_at
+        writer.writerow(
+            (
+                row.subject,
+                row.limit,
+                row.enforcement,
+                _iso(row.window_start),
+                _iso(row.window_end),
+                row.maximum,
+                row.used,
+                row.overage,
+                row.denied_events,
+                row.denied_cost,
+                row.utilisation_percent,
+                "" if first is None else first.isoformat(),
+            )
+        )
 
 
 def _write_json(rows: Iterable[ReportRow], out: IO[str]) -> None:

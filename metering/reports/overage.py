@@ -23,6 +23,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from datetime import UTC, date, datetime, timedelta
+from functools import lru_cache
 from typing import Any, Final
 
 from sqlalchemy import Select
@@ -45,7 +46,7 @@ PERIOD_PATTERN: Final = re.compile(r"([0-9]{4})-([0-9]{2})")
 TimeBound = datetime | date | str | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ReportRow:
     """One subject's use of one limit in one window.
 
@@ -78,21 +79,29 @@ class ReportRow:
 COLUMNS: Final = tuple(f.name for f in fields(ReportRow))
 
 
+@lru_cache(maxsize=4096)
+def _window_instant(us: int) -> datetime:
+    # Many rows share a window edge (a calendar month, a day): convert each once.
+    return from_us(us)
+
+
 def _row(record: Any) -> ReportRow:
-    first = record.first_denied_at_us
+    # Unpacked by position: a large export builds hundreds of thousands of rows.
+    subject, limit, enforcement, start_us, end_us, maximum, used = record[:7]
+    overage, denied_count, denied_cost, first_us = record[7:]
     return ReportRow(
-        subject=record.subject,
-        limit=record.limit_name,
-        enforcement=record.enforcement,
-        window_start=from_us(record.window_start_us),
-        window_end=from_us(record.window_end_us),
-        maximum=record.maximum,
-        used=record.used,
-        overage=int(record.overage),
-        denied_events=record.denied_count,
-        denied_cost=record.denied_cost,
-        utilisation_percent=round(record.used * 100 / record.maximum, 2),
-        first_denied_at=from_us(first) if first is not None else None,
+        subject,
+        limit,
+        enforcement,
+        _window_instant(start_us),
+        _window_instant(end_us),
+        maximum,
+        used,
+        int(overage),
+        denied_count,
+        denied_cost,
+        round(used * 100 / maximum, 2),
+        from_us(first_us) if first_us is not None else None,
     )
 
 

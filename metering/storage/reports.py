@@ -27,7 +27,7 @@ from metering.domain.state import NO_WINDOW
 from metering.storage.tables import counters, limits
 
 # Rows fetched per round trip from the server-side cursor.
-STREAM_BATCH: Final = 2000
+STREAM_BATCH: Final = 10_000
 
 
 @dataclass(frozen=True, slots=True)
