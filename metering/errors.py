@@ -58,6 +58,36 @@ class EventConflict(MeteringError):
         self.event_id = event_id
 
 
+class UnknownReservation(MeteringError, LookupError):
+    """No reservation has this id."""
+
+    def __init__(self, reservation_id: str) -> None:
+        super().__init__(f"no reservation {reservation_id!r}")
+        self.reservation_id = reservation_id
+
+
+class ReservationSettled(MeteringError):
+    """A reservation was already committed (or cancelled) and cannot change any more."""
+
+    def __init__(self, reservation_id: str, state: str, action: str) -> None:
+        super().__init__(f"cannot {action} reservation {reservation_id!r}: it is {state}")
+        self.reservation_id = reservation_id
+        self.state = state
+
+
+class ReservationExpired(ReservationSettled):
+    """A cancel came after the reservation's time to live: it was committed instead."""
+
+    def __init__(self, reservation_id: str) -> None:
+        MeteringError.__init__(
+            self,
+            f"cannot cancel reservation {reservation_id!r}: its time to live had passed, "
+            "so it is committed",
+        )
+        self.reservation_id = reservation_id
+        self.state = "committed"
+
+
 class StorageError(MeteringError):
     """The database failed or could not be reached."""
 

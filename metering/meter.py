@@ -26,6 +26,7 @@ from metering.domain.events import (
 )
 from metering.domain.instants import from_us, to_us
 from metering.domain.limits import Limit, validate_limit_name
+from metering.domain.reservations import DEFAULT_TTL_SECONDS
 from metering.domain.state import CounterKey, CounterState
 from metering.errors import EventConflict, InvalidInput, UnknownLimit
 from metering.ledger import (
@@ -38,8 +39,18 @@ from metering.ledger import (
     first_use_pairs,
     validate_against_limits,
 )
+from metering.reservations import (
+    Reservation,
+    ReservationInfo,
+    cancel_work,
+    commit_work,
+    raise_if_expired,
+    reserve_work,
+    validate_ttl,
+)
 from metering.storage.engine import ensure_schema, make_engine, run_transaction
 from metering.storage.queries import Store
+from metering.storage.reservations import ReservationStore
 
 RejectedRow = tuple[str | None, str, str]  # (event id or None, reason, raw input)
 
@@ -206,6 +217,80 @@ class Meter:
             ]
             store.record_rejected_messages([*rejected, *conflicts], now_us)
             return applied
+
+        return run_transaction(self.engine, work)
+
+    # -- reservations -------------------------------------------------------
+
+    def reserve(
+        self,
+        subject: str | None = None,
+        limit: str | None = None,
+        cost: int = 1,
+        *,
+        charges: Sequence[Any] | None = None,
+        event_id: str | None = None,
+        ttl_seconds: float = DEFAULT_TTL_SECONDS,
+        metadata: Any = None,
+    ) -> Reservation:
+        """Consume now, with the option to give the cost back (`Reservation.cancel`).
+
+        Decided and recorded like `consume` (same stacking, same exactly-once
+        ``event_id``, which is also the reservation's id). An allowed
+        reservation is held until cancelled or committed; after
+        ``ttl_seconds`` the sweeper commits it.
+        """
+        ttl = validate_ttl(ttl_seconds)
+        event = self._event(subject, limit, cost, charges, event_id, None, metadata)
+        now_us = self._now_us()
+        work = reserve_work(event, now_us, round(ttl * 1_000_000))
+        decision, state = run_transaction(self.engine, work)
+        return Reservation(self, decision, state)
+
+    def cancel_reservation(self, reservation_id: str) -> int:
+        """Cancel a held reservation: see `Reservation.cancel`."""
+        validate_event_id(reservation_id)
+        settled = run_transaction(self.engine, cancel_work(reservation_id, self._now_us()))
+        return raise_if_expired(reservation_id, settled)
+
+    def commit_reservation(self, reservation_id: str) -> None:
+        """Commit a held reservation: see `Reservation.commit`."""
+        validate_event_id(reservation_id)
+        run_transaction(self.engine, commit_work(reservation_id, self._now_us()))
+
+    def reservation(self, reservation_id: str) -> ReservationInfo | None:
+        validate_event_id(reservation_id)
+        record = run_transaction(self.engine, lambda c: ReservationStore(c).get(reservation_id))
+        return ReservationInfo.of(record) if record is not None else None
+
+    def reservations(
+        self, state: str | None = None, subject: str | None = None, limit: int = 100
+    ) -> list[ReservationInfo]:
+        """The newest reservations, optionally of one state and subject."""
+        if state is not None and state not in ("held", "committed", "cancelled"):
+            raise InvalidInput("state", "must be held, committed or cancelled")
+        if subject is not None:
+            validate_subject(subject)
+        records = run_transaction(
+            self.engine, lambda c: ReservationStore(c).list(state, subject, limit)
+        )
+        return [ReservationInfo.of(r) for r in records]
+
+    def sweep_reservations(self, retention_seconds: float | None = None) -> dict[str, int]:
+        """Commit reservations past their time to live (the beat task calls this).
+
+        With ``retention_seconds``, also delete settled reservations older
+        than that. Returns how many were committed and deleted.
+        """
+        now_us = self._now_us()
+
+        def work(connection: Connection) -> dict[str, int]:
+            rows = ReservationStore(connection)
+            committed = rows.commit_expired(now_us)
+            deleted = 0
+            if retention_seconds is not None:
+                deleted = rows.delete_settled_before(now_us - round(retention_seconds * 1e6))
+            return {"committed": committed, "deleted": deleted}
 
         return run_transaction(self.engine, work)
 

@@ -1,0 +1,97 @@
+"""Giving a cancelled reservation's cost back to its counter.
+
+A reservation consumed like any event; cancelling it undoes that charge
+where undoing is still meaningful:
+
+* a fixed window gets the cost back only while the window is current: once
+  it has ended, its usage is history (and the next window starts empty
+  anyway);
+* a token bucket gets the tokens back, but never beyond its capacity: a
+  bucket that refilled meanwhile is simply full.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from metering.domain.limits import Limit
+from metering.domain.state import NO_WINDOW, CounterKey, CounterState
+
+ReservationState = Literal["held", "committed", "cancelled", "denied"]
+DEFAULT_TTL_SECONDS = 60.0
+MAX_TTL_SECONDS = 7 * 24 * 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class HeldCharge:
+    """One charge of a held reservation: the counter it consumed from, and how much."""
+
+    subject: str
+    limit: str
+    cost: int
+    window_start_us: int
+    window_end_us: int
+
+    @property
+    def key(self) -> CounterKey:
+        return CounterKey(self.limit, self.subject, self.window_start_us, self.window_end_us)
+
+    def to_row(self) -> list[object]:
+        return [self.subject, self.limit, self.cost, self.window_start_us, self.window_end_us]
+
+    @classmethod
+    def from_row(cls, row: list[object]) -> HeldCharge:
+        subject, limit, cost, start, end = row
+        return cls(str(subject), str(limit), int(cost), int(start), int(end))  # type: ignore[call-overload]
+
+
+@dataclass(frozen=True, slots=True)
+class GiveBack:
+    """What cancelling one charge does: the new state and the units returned."""
+
+    state: CounterState
+    returned: int
+
+
+def can_give_back(limit: Limit | None, charge: HeldCharge, now_us: int) -> bool:
+    """Whether the charge's counter can still take anything back at ``now_us``."""
+    if limit is None:  # deleted since: nothing to return to
+        return False
+    bucket = charge.window_end_us == NO_WINDOW
+    if bucket != (limit.algorithm == "token_bucket"):  # redefined since
+        return False
+    return bucket or now_us < charge.window_end_us
+
+
+def give_back(limit: Limit, charge: HeldCharge, state: CounterState, now_us: int) -> GiveBack:
+    """Return ``charge.cost`` to ``state`` as far as the rules above allow."""
+    if not can_give_back(limit, charge, now_us):
+        return GiveBack(state, 0)
+    if limit.algorithm == "token_bucket":
+        return _bucket_give_back(limit, charge.cost, state, now_us)
+    returned = min(charge.cost, state.used)
+    return GiveBack(replace(state, used=state.used - returned), returned)
+
+
+def _bucket_give_back(limit: Limit, cost: int, state: CounterState, now_us: int) -> GiveBack:
+    if state.tat_us is None:
+        return GiveBack(state, 0)
+    capacity = limit.maximum
+    token = limit.period_seconds * 1_000_000  # one token, in units scaled by capacity
+    now_scaled = now_us * capacity
+    exact = state.tat_us * state.tat_scale + state.tat_rem
+    tat_scaled = -(-exact * capacity // state.tat_scale)
+    if tat_scaled <= now_scaled:  # already full
+        return GiveBack(state, 0)
+    new_tat = max(tat_scaled - cost * token, now_scaled)
+    returned = min(cost, (tat_scaled - new_tat) // token)
+    tat_us, tat_rem = divmod(new_tat, capacity)
+    new_state = replace(
+        state,
+        used=max(state.used - cost, 0),
+        tat_us=tat_us,
+        tat_rem=tat_rem,
+        tat_scale=capacity,
+    )
+    return GiveBack(new_state, returned)
