@@ -13,15 +13,13 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any, Final
 
 from sqlalchemy import Connection, and_, delete, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
-from metering.domain.notifications import MAX_PAYLOAD_BYTES, Mark, Notice
+from metering.domain.notifications import Mark, Notice
 from metering.domain.state import NO_WINDOW, CounterState
-from metering.errors import InvalidInput
 from metering.storage.tables import (
     counters,
     webhook_attempts,
@@ -30,109 +28,34 @@ from metering.storage.tables import (
     webhook_marks,
     webhook_messages,
 )
+from metering.storage.webhook_records import (
+    AttemptRecord,
+    DeliveryJob,
+    DeliveryRecord,
+    EndpointRecord,
+    delivery_from_row,
+    encode_payload,
+    endpoint_from_row,
+)
 
 PENDING: Final = "pending"
 DELIVERED: Final = "delivered"
 FAILED: Final = "failed"
-
-
-@dataclass(frozen=True, slots=True)
-class EndpointRecord:
-    """An endpoint as stored (with its secrets: never print this as is)."""
-
-    id: str
-    url: str
-    secret: str
-    previous_secret: str | None
-    previous_expires_at_us: int | None
-    types: tuple[str, ...]
-    enabled: bool
-    disabled_reason: str | None
-    created_at_us: int
-
-    def wants(self, message_type: str) -> bool:
-        return not self.types or message_type in self.types
-
-
-@dataclass(frozen=True, slots=True)
-class DeliveryJob:
-    """A claimed delivery: what one HTTP attempt needs."""
-
-    delivery_id: int
-    claim_token: str
-    attempts: int
-    message_id: str
-    message_type: str
-    payload: str
-    endpoint: EndpointRecord
-
-
-@dataclass(frozen=True, slots=True)
-class DeliveryRecord:
-    id: int
-    message_id: str
-    message_type: str
-    endpoint_id: str
-    status: str
-    attempts: int
-    next_attempt_at_us: int | None
-    last_status_code: int | None
-    last_error: str | None
-    created_at_us: int
-    updated_at_us: int
-
-
-@dataclass(frozen=True, slots=True)
-class AttemptRecord:
-    delivery_id: int
-    attempt: int
-    attempted_at_us: int
-    status_code: int | None
-    duration_ms: int
-    error: str | None
-    next_attempt_at_us: int | None
-
-
-def encode_payload(document: dict[str, Any]) -> str:
-    """Compact JSON, refused beyond `MAX_PAYLOAD_BYTES`."""
-    text = json.dumps(document, separators=(",", ":"), sort_keys=True)
-    if len(text.encode()) > MAX_PAYLOAD_BYTES:
-        raise InvalidInput("payload", f"webhook payload is larger than {MAX_PAYLOAD_BYTES} bytes")
-    return text
+__all__ = [
+    "DELIVERED",
+    "FAILED",
+    "PENDING",
+    "AttemptRecord",
+    "DeliveryJob",
+    "DeliveryRecord",
+    "EndpointRecord",
+    "WebhookStore",
+    "encode_payload",
+]
 
 
 def new_message_id() -> str:
     return "msg_" + secrets.token_hex(12)
-
-
-def _endpoint(row: Any) -> EndpointRecord:
-    return EndpointRecord(
-        id=row.id,
-        url=row.url,
-        secret=row.secret,
-        previous_secret=row.previous_secret,
-        previous_expires_at_us=row.previous_expires_at_us,
-        types=tuple(json.loads(row.types)),
-        enabled=bool(row.enabled),
-        disabled_reason=row.disabled_reason,
-        created_at_us=row.created_at_us,
-    )
-
-
-def _delivery(r: Any) -> DeliveryRecord:
-    return DeliveryRecord(
-        id=r.id,
-        message_id=r.message_id,
-        message_type=r.type,
-        endpoint_id=r.endpoint_id,
-        status=r.status,
-        attempts=r.attempts,
-        next_attempt_at_us=r.next_attempt_at_us,
-        last_status_code=r.last_status_code,
-        last_error=r.last_error,
-        created_at_us=r.created_at_us,
-        updated_at_us=r.updated_at_us,
-    )
 
 
 class WebhookStore:
@@ -281,12 +204,12 @@ class WebhookStore:
         )
         if enabled_only:
             query = query.where(webhook_endpoints.c.enabled.is_(True))
-        return [_endpoint(row) for row in self.connection.execute(query)]
+        return [endpoint_from_row(row) for row in self.connection.execute(query)]
 
     def get_endpoint(self, endpoint_id: str) -> EndpointRecord | None:
         query = select(webhook_endpoints).where(webhook_endpoints.c.id == endpoint_id)
         row = self.connection.execute(query).first()
-        return _endpoint(row) if row is not None else None
+        return endpoint_from_row(row) if row is not None else None
 
     def update_endpoint(self, endpoint_id: str, **values: Any) -> bool:
         statement = (
@@ -425,12 +348,12 @@ class WebhookStore:
             query = query.where(d.c.status == status)
         if endpoint_id is not None:
             query = query.where(d.c.endpoint_id == endpoint_id)
-        return [_delivery(r) for r in self.connection.execute(query)]
+        return [delivery_from_row(r) for r in self.connection.execute(query)]
 
     def get_delivery(self, delivery_id: int) -> DeliveryRecord:
         d, m = webhook_deliveries, webhook_messages
         query = select(d, m.c.type).join(m, m.c.id == d.c.message_id).where(d.c.id == delivery_id)
-        return _delivery(self.connection.execute(query).one())
+        return delivery_from_row(self.connection.execute(query).one())
 
     def attempts_of(self, delivery_id: int) -> list[AttemptRecord]:
         a = webhook_attempts

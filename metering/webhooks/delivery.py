@@ -30,7 +30,6 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-import httpx
 from sqlalchemy import Connection
 
 from metering.domain.instants import from_us, to_us
@@ -50,6 +49,8 @@ from metering.webhooks.settings import DeliverySettings
 from metering.webhooks.signing import sign
 
 if TYPE_CHECKING:
+    import httpx  # imported when delivering: `import metering` stays light
+
     from metering.meter import Meter
 
 log = logging.getLogger(__name__)
@@ -129,6 +130,8 @@ def post(
     job: DeliveryJob, client: httpx.Client, now_us: int, settings: DeliverySettings
 ) -> Response:
     """One signed POST; network errors and refusals become ``error``."""
+    import httpx
+
     endpoint = job.endpoint
     keys = [endpoint.secret]
     if endpoint.previous_secret and (endpoint.previous_expires_at_us or 0) > now_us:
@@ -189,6 +192,8 @@ def _outcome(
 
 
 def _client(settings: DeliverySettings) -> httpx.Client:
+    import httpx
+
     return httpx.Client(timeout=settings.timeout_seconds, follow_redirects=False)
 
 
