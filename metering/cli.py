@@ -32,6 +32,7 @@ from metering.meter import Counter, Meter
 from metering.producer import UsageProducer, queue_names
 from metering.reports.cli import report
 from metering.storage.engine import SCHEMA_REVISION, normalise_url, upgrade_schema
+from metering.webhooks.cli import webhooks
 
 F = TypeVar("F", bound=Callable[..., Any])
 ChargeTuple = tuple[str, str, int]
@@ -590,3 +591,6 @@ def demo() -> None:
     click.echo(f"data: {files.database} (results, counters), broker: {files.broker}")
     click.echo(f"worker log: {files.worker_log}")
     click.echo(f"explore: metering --database {files.database_url} result demo-0001")
+
+
+main.add_command(webhooks)

@@ -110,3 +110,15 @@ class BrokerUnavailable(MeteringError):
     def __init__(self, message: str, pending: int) -> None:
         super().__init__(f"{message} ({pending} events kept in the buffer; call flush() again)")
         self.pending = pending
+
+
+class WebhookVerificationError(MeteringError):
+    """A webhook's signature does not match, or its timestamp is too old or in the future."""
+
+
+class UnknownWebhookEndpoint(MeteringError, LookupError):
+    """No webhook endpoint has this id."""
+
+    def __init__(self, endpoint_id: str) -> None:
+        super().__init__(f"unknown webhook endpoint {endpoint_id!r}: see `metering webhooks list`")
+        self.endpoint_id = endpoint_id

@@ -28,6 +28,7 @@ from metering.domain.windows import Window, calendar_window, first_use_window
 from metering.errors import EventConflict, MeteringError, UnknownLimit
 from metering.storage.engine import RetryTransaction
 from metering.storage.queries import Pair, ResultRecord, Store
+from metering.webhooks.outbox import Transition, record_notifications
 
 InvalidPolicy = Literal["raise", "reject"]
 Applied = Decision | EventConflict
@@ -167,13 +168,19 @@ def _decide(
     states = store.lock_counters({k for ks in keys for k in ks}, now_us)
     changed: dict[CounterKey, CounterState] = {}
     decisions = []
+    transitions = []
     for event, event_keys in zip(events, keys, strict=True):
+        before = [states.get(key, CounterState()) for key in event_keys]  # frozen: a copy
         decision = decide_with_states(event, event_keys, limits, states, now_us)
         for key in event_keys:
             changed[key] = states[key]
         decisions.append(decision)
+        after = [states[key] for key in event_keys]
+        transitions.append(Transition(event.event_id, event_keys, before, after, decision.charges))
     store.write_counters(changed, now_us)
     store.write_current_windows(resolver.changed)
+    # Notifications are written in this transaction: a rollback takes them too.
+    record_notifications(store.connection, limits, transitions, now_us)
     return decisions
 
 

@@ -9,6 +9,8 @@
 * ``METERING_QUEUES``: how many hash-routed queues producers use (default 1).
 * ``METERING_VISIBILITY_TIMEOUT``: seconds before a message taken by a
   worker that died is delivered again (default 300).
+* ``METERING_WEBHOOKS_INTERVAL``: seconds between beat's webhook delivery
+  runs and ``limit.reset`` sweeps (default 5).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from celery import Celery
 from metering.config import broker_url, env_float, is_embedded_broker
 from metering.pipeline import DEFAULT_QUEUE
 from metering.producer import queue_names
+from metering.webhooks.settings import interval_seconds
 
 EMBEDDED_SWEEP_SECONDS = 30.0
 
@@ -69,7 +72,20 @@ def create_app(url: str | None = None) -> Celery:
         worker_hijack_root_logger=False,
         broker_connection_retry_on_startup=True,
         broker_transport_options=transport,
-        beat_schedule={},
+        beat_schedule={
+            "deliver-webhooks": {
+                "task": "metering.deliver_webhooks",
+                "schedule": interval_seconds(),
+                # A tick nobody picked up in time is dropped: the next one does the work.
+                "options": {"expires": interval_seconds() * 2},
+            },
+            "sweep-webhook-resets": {
+                "task": "metering.sweep_webhook_resets",
+                "schedule": interval_seconds(),
+                # A tick nobody picked up in time is dropped: the next one does the work.
+                "options": {"expires": interval_seconds() * 2},
+            },
+        },
     )
     if is_embedded_broker(url):
         app.conf.beat_schedule["sweep-embedded-broker"] = {

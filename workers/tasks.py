@@ -12,6 +12,7 @@ from metering.errors import StorageError
 from metering.meter import Meter
 from metering.pipeline import TASK_NAME, apply_batch
 from metering.storage.broker import sweep_embedded_broker
+from metering.webhooks.delivery import deliver_due, sweep_resets
 from workers.app import app
 
 log = logging.getLogger(__name__)
@@ -60,3 +61,15 @@ def sweep_embedded_broker_task() -> dict[str, int]:
         now_local=meter().clock().astimezone().replace(tzinfo=None),
         visibility_timeout_seconds=env_float("METERING_VISIBILITY_TIMEOUT", 300),
     )
+
+
+@app.task(name="metering.deliver_webhooks", acks_late=True)
+def deliver_webhooks_task() -> dict[str, int]:
+    """Deliver due webhooks; safe in several workers at once (deliveries are claimed)."""
+    return deliver_due(meter()).as_dict()
+
+
+@app.task(name="metering.sweep_webhook_resets", acks_late=True)
+def sweep_webhook_resets_task() -> int:
+    """Write ``limit.reset`` notifications for denied windows that are over."""
+    return sweep_resets(meter())

@@ -8,7 +8,7 @@ compares them).
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Column, Index, Integer, MetaData, String, Table, Text
+from sqlalchemy import BigInteger, Boolean, Column, Index, Integer, MetaData, String, Table, Text
 
 metadata = MetaData()
 
@@ -107,3 +107,92 @@ reservations = Table(
     Column("settled_by", String(16), nullable=True),  # cancel, commit, sweeper
 )
 Index("ix_reservations_state_expires", reservations.c.state, reservations.c.expires_at_us)
+
+# -- webhooks ----------------------------------------------------------------
+# Endpoints: where notifications go. ``types`` is a JSON list of message
+# types (empty: every type). During a rotation's grace ``previous_secret``
+# still signs, until ``previous_expires_at_us``.
+webhook_endpoints = Table(
+    "webhook_endpoints",
+    metadata,
+    Column("id", String(32), primary_key=True),
+    Column("url", Text, nullable=False),
+    Column("secret", Text, nullable=False),
+    Column("previous_secret", Text, nullable=True),
+    Column("previous_expires_at_us", BigInteger, nullable=True),
+    Column("types", Text, nullable=False),
+    Column("enabled", Boolean, nullable=False),
+    Column("disabled_reason", Text, nullable=True),
+    Column("created_at_us", BigInteger, nullable=False),
+)
+
+# Once-per-window marks: the primary key makes a notification happen once
+# however many workers decide events of the same window. ``due_at_us``: when
+# the reset sweeper must look at the mark (a denied window's end, a bucket
+# full again); NULL when it never must.
+webhook_marks = Table(
+    "webhook_marks",
+    metadata,
+    Column("limit_name", String(64), primary_key=True),
+    Column("subject", String(200), primary_key=True),
+    Column("window_start_us", BigInteger, primary_key=True, autoincrement=False),
+    Column("kind", String(32), primary_key=True),
+    Column("window_end_us", BigInteger, nullable=False),
+    Column("maximum", BigInteger, nullable=False),
+    Column("event_id", String(128), nullable=True),
+    Column("created_at_us", BigInteger, nullable=False),
+    Column("due_at_us", BigInteger, nullable=True),
+)
+Index("ix_webhook_marks_due_at_us", webhook_marks.c.due_at_us)
+
+# The outbox: one row per notification, written in the counters' transaction.
+webhook_messages = Table(
+    "webhook_messages",
+    metadata,
+    Column("id", String(40), primary_key=True),
+    Column("type", String(32), nullable=False),
+    Column("payload", Text, nullable=False),
+    Column("created_at_us", BigInteger, nullable=False),
+)
+
+# One delivery per (message, endpoint), fanned out with the message. State:
+# pending, delivered or failed. A worker claims a due delivery by setting
+# ``claim_token`` and a lease (``claimed_until_us``) that a crash lets expire.
+webhook_deliveries = Table(
+    "webhook_deliveries",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True),
+    Column("message_id", String(40), nullable=False),
+    Column("endpoint_id", String(32), nullable=False),
+    Column("status", String(12), nullable=False),
+    Column("attempts", Integer, nullable=False),
+    Column("next_attempt_at_us", BigInteger, nullable=True),
+    Column("claim_token", String(32), nullable=True),
+    Column("claimed_until_us", BigInteger, nullable=True),
+    Column("last_status_code", Integer, nullable=True),
+    Column("last_error", Text, nullable=True),
+    Column("created_at_us", BigInteger, nullable=False),
+    Column("updated_at_us", BigInteger, nullable=False),
+)
+Index(
+    "ix_webhook_deliveries_due",
+    webhook_deliveries.c.status,
+    webhook_deliveries.c.next_attempt_at_us,
+)
+Index("ix_webhook_deliveries_endpoint", webhook_deliveries.c.endpoint_id)
+
+# Every attempt of a delivery: HTTP status (NULL when none came back),
+# duration, error, and when the next attempt is due (NULL: none).
+webhook_attempts = Table(
+    "webhook_attempts",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True),
+    Column("delivery_id", BigInteger, nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("attempted_at_us", BigInteger, nullable=False),
+    Column("status_code", Integer, nullable=True),
+    Column("duration_ms", Integer, nullable=False),
+    Column("error", Text, nullable=True),
+    Column("next_attempt_at_us", BigInteger, nullable=True),
+)
+Index("ix_webhook_attempts_delivery_id", webhook_attempts.c.delivery_id)

@@ -1,0 +1,221 @@
+"""Which webhook notifications a counter change causes: pure rules, no SQL, no clock.
+
+`notices_for` turns one charge (its limit, the counter before and after the
+event, and the charge's decision) into candidate notices. Whether a candidate
+is the *first* of its kind is enforced by the database: every notice carries
+a mark (limit, subject, window start, kind) that is inserted at most once.
+
+* ``limit.denied``: a charge was denied. For a fixed window only the first
+  denial in the window is a candidate (the counter had no denial before).
+* ``limit.threshold``: usage crossed a configured percentage of the maximum
+  (one notice per percentage crossed).
+* ``limit.exceeded``: a soft limit's usage went past its maximum.
+* ``limit.reset``: a denied subject has a fresh window; `reset_due` decides
+  when, for the sweeper.
+
+Token buckets have no windows. Their marks use window start 0 and last one
+*episode*: from the first notice until the bucket is full again. The sweeper
+then deletes the bucket's marks (announcing ``limit.reset`` if it had a
+denial), so the next denial or threshold fires again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final, Literal
+
+from metering.domain.decisions import ChargeDecision
+from metering.domain.limits import Limit
+from metering.domain.state import NO_WINDOW, CounterKey, CounterState
+
+NoticeType = Literal["limit.denied", "limit.threshold", "limit.exceeded", "limit.reset"]
+MESSAGE_TYPES: Final = ("limit.denied", "limit.threshold", "limit.exceeded", "limit.reset")
+TEST_TYPE: Final = "webhook.test"
+MAX_PAYLOAD_BYTES: Final = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """One candidate notification, with the mark that makes it happen once.
+
+    ``mark`` is ``denied``, ``threshold:<percent>`` or ``exceeded``.
+    ``window_start_us`` and ``window_end_us`` are `NO_WINDOW` for a bucket.
+    ``due_at_us`` is when the sweeper must look at the mark again (the end
+    of a denied window, the instant a bucket is full), or None (never).
+    """
+
+    type: NoticeType
+    mark: str
+    limit: str
+    subject: str
+    maximum: int
+    used: int
+    window_start_us: int
+    window_end_us: int
+    resets_at_us: int
+    retry_at_us: int | None
+    event_id: str | None
+    threshold: int | None = None
+    due_at_us: int | None = None
+
+    @property
+    def is_bucket(self) -> bool:
+        return self.window_end_us == NO_WINDOW
+
+
+def notices_for(
+    limit: Limit,
+    key: CounterKey,
+    before: CounterState,
+    after: CounterState,
+    charge: ChargeDecision,
+    event_id: str | None,
+) -> list[Notice]:
+    """The candidate notices of one charge of one event (empty for most events)."""
+    bucket = limit.algorithm == "token_bucket"
+    found: list[Notice] = []
+    if not charge.allowed and (bucket or before.denied_count == 0):
+        due = charge.resets_at_us
+        found.append(_notice("limit.denied", "denied", key, charge, event_id, due_at_us=due))
+    if after.used == before.used:
+        return found  # nothing consumed: no threshold crossed
+    used_before = charge.used - charge.cost
+    for percent in limit.thresholds:
+        if used_before * 100 < percent * limit.maximum <= charge.used * 100:
+            mark = f"threshold:{percent}"
+            found.append(
+                _notice(
+                    "limit.threshold",
+                    mark,
+                    key,
+                    charge,
+                    event_id,
+                    percent,
+                    due_at_us=charge.resets_at_us if bucket else None,
+                )
+            )
+    if limit.enforcement == "soft" and used_before <= limit.maximum < charge.used:
+        found.append(_notice("limit.exceeded", "exceeded", key, charge, event_id))
+    return found
+
+
+def _notice(
+    kind: NoticeType,
+    mark: str,
+    key: CounterKey,
+    charge: ChargeDecision,
+    event_id: str | None,
+    threshold: int | None = None,
+    *,
+    due_at_us: int | None = None,
+) -> Notice:
+    return Notice(
+        type=kind,
+        mark=mark,
+        limit=key.limit,
+        subject=key.subject,
+        maximum=charge.maximum,
+        used=charge.used,
+        window_start_us=key.window_start_us,
+        window_end_us=key.window_end_us,
+        resets_at_us=charge.resets_at_us,
+        retry_at_us=charge.retry_at_us,
+        event_id=event_id,
+        threshold=threshold,
+        due_at_us=due_at_us,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """A stored once-per-window mark that the sweeper looks at (``due_at_us`` passed)."""
+
+    limit: str
+    subject: str
+    window_start_us: int
+    window_end_us: int
+    kind: str
+    maximum: int
+    event_id: str | None
+    due_at_us: int
+
+
+@dataclass(frozen=True, slots=True)
+class ResetStep:
+    """What the sweeper does with a due mark.
+
+    ``reschedule_us``: look again then (a bucket that is not full yet).
+    Otherwise ``notice`` (a ``limit.reset``, or None) is announced and the
+    mark is deleted (``delete``: buckets) or kept without a due time (windows).
+    """
+
+    notice: Notice | None = None
+    reschedule_us: int | None = None
+    delete: bool = False
+
+
+def bucket_full_at_us(state: CounterState | None) -> int:
+    """When a bucket is full again (its exact arrival time, rounded up); 0 if it is full."""
+    if state is None or state.tat_us is None:
+        return 0
+    return -(-(state.tat_us * state.tat_scale + state.tat_rem) // state.tat_scale)
+
+
+def reset_due(mark: Mark, bucket_state: CounterState | None, now_us: int) -> ResetStep:
+    """Decide a due mark: announce ``limit.reset`` for a denial whose window (or
+    bucket episode) is over; a bucket still refilling is looked at again later."""
+    bucket = mark.window_end_us == NO_WINDOW
+    if bucket:
+        full_at = bucket_full_at_us(bucket_state)
+        if full_at > now_us:
+            return ResetStep(reschedule_us=full_at)
+    if mark.kind != "denied":
+        return ResetStep(delete=bucket)
+    notice = Notice(
+        type="limit.reset",
+        mark="reset",
+        limit=mark.limit,
+        subject=mark.subject,
+        maximum=mark.maximum,
+        used=0,
+        window_start_us=mark.window_start_us,
+        window_end_us=mark.window_end_us,
+        resets_at_us=mark.due_at_us if not bucket else now_us,
+        retry_at_us=None,
+        event_id=mark.event_id,
+    )
+    return ResetStep(notice=notice, delete=bucket)
+
+
+def _iso(us: int | None) -> str | None:
+    if us is None:
+        return None
+    seconds, micros = divmod(us, 1_000_000)
+    moment = datetime.fromtimestamp(seconds, UTC).replace(microsecond=micros)
+    return moment.isoformat().replace("+00:00", "Z")
+
+
+def payload_of(notice: Notice, timestamp_us: int) -> dict[str, Any]:
+    """The JSON document a receiver gets (Standard Webhooks shape: type, timestamp, data).
+
+    For ``limit.reset`` the window is the one that ended, ``used`` is 0 (the
+    fresh window) and ``event_id`` the denied event that started it.
+    """
+    windowed = not notice.is_bucket
+    return {
+        "type": notice.type,
+        "timestamp": _iso(timestamp_us),
+        "data": {
+            "subject": notice.subject,
+            "limit": notice.limit,
+            "maximum": notice.maximum,
+            "used": notice.used,
+            "threshold": notice.threshold,
+            "window_start": _iso(notice.window_start_us) if windowed else None,
+            "window_end": _iso(notice.window_end_us) if windowed else None,
+            "resets_at": _iso(notice.resets_at_us),
+            "retry_at": _iso(notice.retry_at_us),
+            "event_id": notice.event_id,
+        },
+    }

@@ -1,0 +1,105 @@
+"""Plain records of the webhook tables, and the payload's size bound (no SQL here)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from metering.domain.notifications import MAX_PAYLOAD_BYTES
+from metering.errors import InvalidInput
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointRecord:
+    """An endpoint as stored (with its secrets: never print this as is)."""
+
+    id: str
+    url: str
+    secret: str
+    previous_secret: str | None
+    previous_expires_at_us: int | None
+    types: tuple[str, ...]
+    enabled: bool
+    disabled_reason: str | None
+    created_at_us: int
+
+    def wants(self, message_type: str) -> bool:
+        return not self.types or message_type in self.types
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryJob:
+    """A claimed delivery: what one HTTP attempt needs."""
+
+    delivery_id: int
+    claim_token: str
+    attempts: int
+    message_id: str
+    message_type: str
+    payload: str
+    endpoint: EndpointRecord
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryRecord:
+    id: int
+    message_id: str
+    message_type: str
+    endpoint_id: str
+    status: str
+    attempts: int
+    next_attempt_at_us: int | None
+    last_status_code: int | None
+    last_error: str | None
+    created_at_us: int
+    updated_at_us: int
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRecord:
+    delivery_id: int
+    attempt: int
+    attempted_at_us: int
+    status_code: int | None
+    duration_ms: int
+    error: str | None
+    next_attempt_at_us: int | None
+
+
+def encode_payload(document: dict[str, Any]) -> str:
+    """Compact JSON, refused beyond `MAX_PAYLOAD_BYTES`."""
+    text = json.dumps(document, separators=(",", ":"), sort_keys=True)
+    if len(text.encode()) > MAX_PAYLOAD_BYTES:
+        raise InvalidInput("payload", f"webhook payload is larger than {MAX_PAYLOAD_BYTES} bytes")
+    return text
+
+
+def endpoint_from_row(row: Any) -> EndpointRecord:
+    return EndpointRecord(
+        id=row.id,
+        url=row.url,
+        secret=row.secret,
+        previous_secret=row.previous_secret,
+        previous_expires_at_us=row.previous_expires_at_us,
+        types=tuple(json.loads(row.types)),
+        enabled=bool(row.enabled),
+        disabled_reason=row.disabled_reason,
+        created_at_us=row.created_at_us,
+    )
+
+
+def delivery_from_row(r: Any) -> DeliveryRecord:
+    return DeliveryRecord(
+        id=r.id,
+        message_id=r.message_id,
+        message_type=r.type,
+        endpoint_id=r.endpoint_id,
+        status=r.status,
+        attempts=r.attempts,
+        next_attempt_at_us=r.next_attempt_at_us,
+        last_status_code=r.last_status_code,
+        last_error=r.last_error,
+        created_at_us=r.created_at_us,
+        updated_at_us=r.updated_at_us,
+    )

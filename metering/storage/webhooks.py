@@ -1,0 +1,386 @@
+"""Every webhook statement: endpoints, marks, the outbox, deliveries, attempts.
+
+`WebhookStore` works on the caller's connection and transaction, like
+`Store`. Notifications are recorded by `record_notices` inside the counters'
+transaction: a mark is inserted (insert-or-ignore on its primary key, so two
+workers cannot both fire), and only when it is new are the message and one
+delivery per enabled, subscribed endpoint written. A rolled-back counter
+change therefore leaves no trace here either.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Iterable, Sequence
+from typing import Any, Final
+
+from sqlalchemy import Connection, and_, delete, func, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from metering.domain.notifications import Mark, Notice
+from metering.domain.state import NO_WINDOW, CounterState
+from metering.storage.tables import (
+    counters,
+    webhook_attempts,
+    webhook_deliveries,
+    webhook_endpoints,
+    webhook_marks,
+    webhook_messages,
+)
+from metering.storage.webhook_records import (
+    AttemptRecord,
+    DeliveryJob,
+    DeliveryRecord,
+    EndpointRecord,
+    delivery_from_row,
+    encode_payload,
+    endpoint_from_row,
+)
+
+PENDING: Final = "pending"
+DELIVERED: Final = "delivered"
+FAILED: Final = "failed"
+__all__ = [
+    "DELIVERED",
+    "FAILED",
+    "PENDING",
+    "AttemptRecord",
+    "DeliveryJob",
+    "DeliveryRecord",
+    "EndpointRecord",
+    "WebhookStore",
+    "encode_payload",
+]
+
+
+def new_message_id() -> str:
+    return "msg_" + secrets.token_hex(12)
+
+
+class WebhookStore:
+    """Webhook queries on one connection; the caller owns the transaction."""
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+        self._insert: Any = (
+            postgresql.insert if connection.dialect.name == "postgresql" else sqlite.insert
+        )
+
+    # -- notifications (inside the counters' transaction) ------------------
+
+    def record_notices(
+        self, notices: Sequence[tuple[Notice, dict[str, Any]]], now_us: int
+    ) -> list[str]:
+        """Insert each notice's mark; for every new one write the message and
+        its deliveries. Returns the ids of the messages written."""
+        if not notices:
+            return []
+        written: list[str] = []
+        endpoints: list[EndpointRecord] | None = None
+        for notice, document in notices:
+            payload = encode_payload(document)
+            if not self._new_mark(notice, now_us):
+                continue
+            if endpoints is None:
+                endpoints = self.list_endpoints(enabled_only=True)
+            written.append(self.add_message(notice.type, payload, endpoints, now_us))
+        return written
+
+    def _new_mark(self, notice: Notice, now_us: int) -> bool:
+        statement = (
+            self._insert(webhook_marks)
+            .values(
+                limit_name=notice.limit,
+                subject=notice.subject,
+                window_start_us=notice.window_start_us,
+                kind=notice.mark,
+                window_end_us=notice.window_end_us,
+                maximum=notice.maximum,
+                event_id=notice.event_id,
+                created_at_us=now_us,
+                due_at_us=notice.due_at_us,
+            )
+            .on_conflict_do_nothing()
+            .returning(webhook_marks.c.kind)
+        )
+        return self.connection.execute(statement).first() is not None
+
+    def add_message(
+        self, message_type: str, payload: str, endpoints: Iterable[EndpointRecord], now_us: int
+    ) -> str:
+        """Write one message and a pending delivery for each endpoint that wants it."""
+        message_id = new_message_id()
+        self.connection.execute(
+            webhook_messages.insert().values(
+                id=message_id, type=message_type, payload=payload, created_at_us=now_us
+            )
+        )
+        rows = [
+            {
+                "message_id": message_id,
+                "endpoint_id": endpoint.id,
+                "status": PENDING,
+                "attempts": 0,
+                "next_attempt_at_us": now_us,
+                "created_at_us": now_us,
+                "updated_at_us": now_us,
+            }
+            for endpoint in endpoints
+            if endpoint.wants(message_type)
+        ]
+        if rows:
+            self.connection.execute(webhook_deliveries.insert(), rows)
+        return message_id
+
+    # -- the reset sweep -----------------------------------------------------
+
+    def lock_due_marks(self, now_us: int, limit: int) -> list[Mark]:
+        query = (
+            select(webhook_marks)
+            .where(webhook_marks.c.due_at_us <= now_us)
+            .order_by(webhook_marks.c.due_at_us)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+        return [
+            Mark(
+                limit=r.limit_name,
+                subject=r.subject,
+                window_start_us=r.window_start_us,
+                window_end_us=r.window_end_us,
+                kind=r.kind,
+                maximum=r.maximum,
+                event_id=r.event_id,
+                due_at_us=r.due_at_us,
+            )
+            for r in self.connection.execute(query)
+        ]
+
+    def bucket_state(self, limit: str, subject: str) -> CounterState | None:
+        row = self.connection.execute(
+            select(counters.c.tat_us, counters.c.tat_rem, counters.c.tat_scale).where(
+                counters.c.limit_name == limit,
+                counters.c.subject == subject,
+                counters.c.window_start_us == NO_WINDOW,
+            )
+        ).first()
+        if row is None:
+            return None
+        return CounterState(tat_us=row.tat_us, tat_rem=row.tat_rem, tat_scale=row.tat_scale)
+
+    def settle_mark(self, mark: Mark, *, delete_it: bool, due_at_us: int | None) -> None:
+        where = and_(
+            webhook_marks.c.limit_name == mark.limit,
+            webhook_marks.c.subject == mark.subject,
+            webhook_marks.c.window_start_us == mark.window_start_us,
+            webhook_marks.c.kind == mark.kind,
+        )
+        if delete_it:
+            self.connection.execute(delete(webhook_marks).where(where))
+        else:
+            self.connection.execute(update(webhook_marks).where(where).values(due_at_us=due_at_us))
+
+    # -- endpoints -------------------------------------------------------------
+
+    def insert_endpoint(self, record: EndpointRecord) -> None:
+        self.connection.execute(
+            webhook_endpoints.insert().values(
+                id=record.id,
+                url=record.url,
+                secret=record.secret,
+                previous_secret=record.previous_secret,
+                previous_expires_at_us=record.previous_expires_at_us,
+                types=json.dumps(list(record.types)),
+                enabled=record.enabled,
+                disabled_reason=record.disabled_reason,
+                created_at_us=record.created_at_us,
+            )
+        )
+
+    def list_endpoints(self, *, enabled_only: bool = False) -> list[EndpointRecord]:
+        query = select(webhook_endpoints).order_by(
+            webhook_endpoints.c.created_at_us, webhook_endpoints.c.id
+        )
+        if enabled_only:
+            query = query.where(webhook_endpoints.c.enabled.is_(True))
+        return [endpoint_from_row(row) for row in self.connection.execute(query)]
+
+    def get_endpoint(self, endpoint_id: str) -> EndpointRecord | None:
+        query = select(webhook_endpoints).where(webhook_endpoints.c.id == endpoint_id)
+        row = self.connection.execute(query).first()
+        return endpoint_from_row(row) if row is not None else None
+
+    def update_endpoint(self, endpoint_id: str, **values: Any) -> bool:
+        statement = (
+            update(webhook_endpoints).where(webhook_endpoints.c.id == endpoint_id).values(**values)
+        )
+        return bool(self.connection.execute(statement).rowcount)
+
+    def delete_endpoint(self, endpoint_id: str) -> bool:
+        """Remove an endpoint with its deliveries and their attempts."""
+        ids = select(webhook_deliveries.c.id).where(webhook_deliveries.c.endpoint_id == endpoint_id)
+        self.connection.execute(
+            delete(webhook_attempts).where(webhook_attempts.c.delivery_id.in_(ids))
+        )
+        self.connection.execute(
+            delete(webhook_deliveries).where(webhook_deliveries.c.endpoint_id == endpoint_id)
+        )
+        outcome = self.connection.execute(
+            delete(webhook_endpoints).where(webhook_endpoints.c.id == endpoint_id)
+        )
+        return bool(outcome.rowcount)
+
+    # -- deliveries ------------------------------------------------------------
+
+    def claim_due(self, now_us: int, lease_until_us: int) -> DeliveryJob | None:
+        """Claim the most overdue delivery of an enabled endpoint, or None.
+
+        PostgreSQL skips rows another worker is claiming (``FOR UPDATE SKIP
+        LOCKED``); SQLite transactions are serialised by ``BEGIN IMMEDIATE``.
+        An expired lease (a worker that died mid-attempt) is claimable again.
+        """
+        d = webhook_deliveries
+        enabled = select(webhook_endpoints.c.id).where(webhook_endpoints.c.enabled.is_(True))
+        return self._claim(
+            and_(
+                d.c.status == PENDING,
+                d.c.next_attempt_at_us <= now_us,
+                or_(d.c.claimed_until_us.is_(None), d.c.claimed_until_us < now_us),
+                d.c.endpoint_id.in_(enabled),
+            ),
+            lease_until_us,
+        )
+
+    def claim_message(self, message_id: str, lease_until_us: int) -> DeliveryJob | None:
+        """Claim the (first) delivery of one message, whatever its state (test pings)."""
+        return self._claim(webhook_deliveries.c.message_id == message_id, lease_until_us)
+
+    def _claim(self, condition: Any, lease_until_us: int) -> DeliveryJob | None:
+        d = webhook_deliveries
+        candidate = (
+            select(d.c.id)
+            .where(condition)
+            .order_by(d.c.next_attempt_at_us, d.c.id)
+            .limit(1)
+            .with_for_update(skip_locked=True)
+        ).scalar_subquery()
+        token = secrets.token_hex(16)
+        claimed = self.connection.execute(
+            update(d)
+            .where(d.c.id == candidate)
+            .values(claim_token=token, claimed_until_us=lease_until_us)
+            .returning(d.c.id, d.c.attempts, d.c.message_id, d.c.endpoint_id)
+        ).first()
+        if claimed is None:
+            return None
+        message = self.connection.execute(
+            select(webhook_messages).where(webhook_messages.c.id == claimed.message_id)
+        ).one()
+        endpoint = self.get_endpoint(claimed.endpoint_id)
+        assert endpoint is not None
+        return DeliveryJob(
+            claimed.id, token, claimed.attempts, message.id, message.type, message.payload, endpoint
+        )
+
+    def finish_attempt(
+        self, job: DeliveryJob, attempt: AttemptRecord, status: str, now_us: int
+    ) -> bool:
+        """Record an attempt and the delivery's new state, if the claim is still ours."""
+        self.connection.execute(
+            webhook_attempts.insert().values(
+                delivery_id=attempt.delivery_id,
+                attempt=attempt.attempt,
+                attempted_at_us=attempt.attempted_at_us,
+                status_code=attempt.status_code,
+                duration_ms=attempt.duration_ms,
+                error=attempt.error,
+                next_attempt_at_us=attempt.next_attempt_at_us,
+            )
+        )
+        outcome = self.connection.execute(
+            update(webhook_deliveries)
+            .where(
+                webhook_deliveries.c.id == job.delivery_id,
+                webhook_deliveries.c.claim_token == job.claim_token,
+            )
+            .values(
+                status=status,
+                attempts=attempt.attempt,
+                next_attempt_at_us=attempt.next_attempt_at_us,
+                claim_token=None,
+                claimed_until_us=None,
+                last_status_code=attempt.status_code,
+                last_error=attempt.error,
+                updated_at_us=now_us,
+            )
+        )
+        return bool(outcome.rowcount)
+
+    def replay(self, delivery_ids: Sequence[int] | None, since_us: int | None, now_us: int) -> int:
+        """Make deliveries (by id, or every one created since) pending again, due now,
+        with a fresh retry schedule. Their past attempts stay recorded."""
+        statement = update(webhook_deliveries).values(
+            status=PENDING,
+            attempts=0,
+            next_attempt_at_us=now_us,
+            claim_token=None,
+            claimed_until_us=None,
+            updated_at_us=now_us,
+        )
+        if delivery_ids is not None:
+            statement = statement.where(webhook_deliveries.c.id.in_(list(delivery_ids)))
+        if since_us is not None:
+            statement = statement.where(webhook_deliveries.c.created_at_us >= since_us)
+        return int(self.connection.execute(statement).rowcount)
+
+    def list_deliveries(
+        self, *, status: str | None = None, endpoint_id: str | None = None, limit: int = 50
+    ) -> list[DeliveryRecord]:
+        d, m = webhook_deliveries, webhook_messages
+        query = (
+            select(d, m.c.type)
+            .join(m, m.c.id == d.c.message_id)
+            .order_by(d.c.id.desc())
+            .limit(limit)
+        )
+        if status is not None:
+            query = query.where(d.c.status == status)
+        if endpoint_id is not None:
+            query = query.where(d.c.endpoint_id == endpoint_id)
+        return [delivery_from_row(r) for r in self.connection.execute(query)]
+
+    def get_delivery(self, delivery_id: int) -> DeliveryRecord:
+        d, m = webhook_deliveries, webhook_messages
+        query = select(d, m.c.type).join(m, m.c.id == d.c.message_id).where(d.c.id == delivery_id)
+        return delivery_from_row(self.connection.execute(query).one())
+
+    def attempts_of(self, delivery_id: int) -> list[AttemptRecord]:
+        a = webhook_attempts
+        query = select(a).where(a.c.delivery_id == delivery_id).order_by(a.c.attempt, a.c.id)
+        return [
+            AttemptRecord(
+                delivery_id=r.delivery_id,
+                attempt=r.attempt,
+                attempted_at_us=r.attempted_at_us,
+                status_code=r.status_code,
+                duration_ms=r.duration_ms,
+                error=r.error,
+                next_attempt_at_us=r.next_attempt_at_us,
+            )
+            for r in self.connection.execute(query)
+        ]
+
+    def messages(self, message_type: str | None = None) -> list[tuple[str, str, str]]:
+        """(id, type, payload) of stored messages, oldest first."""
+        query = select(webhook_messages).order_by(
+            webhook_messages.c.created_at_us, webhook_messages.c.id
+        )
+        if message_type is not None:
+            query = query.where(webhook_messages.c.type == message_type)
+        return [(r.id, r.type, r.payload) for r in self.connection.execute(query)]
+
+    def count_marks(self) -> int:
+        return int(
+            self.connection.execute(select(func.count()).select_from(webhook_marks)).scalar_one()
+        )

@@ -1,0 +1,223 @@
+"""``metering webhooks``: endpoints, deliveries, replays and test pings.
+
+Registered on the main group in `metering.cli`; errors become one
+``error: ...`` line there (`MeteringGroup`). Secrets are printed only by
+``add`` and ``rotate``, once; listings show them masked.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+import click
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from metering.domain.instants import from_us
+from metering.domain.notifications import MESSAGE_TYPES
+from metering.storage.webhooks import AttemptRecord, DeliveryRecord
+from metering.webhooks.endpoints import STATUSES, Endpoint, Webhooks
+
+
+def _hooks() -> Webhooks:
+    from metering.cli import _meter
+
+    return Webhooks(_meter())
+
+
+def _when(us: int | None) -> str:
+    return "-" if us is None else from_us(us).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _print_table(columns: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    table = Table()
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*(Text("-" if value is None else str(value)) for value in row))
+    Console(width=200).print(table)
+
+
+def _format_option(func: click.decorators.FC) -> click.decorators.FC:
+    return click.option(
+        "--format",
+        "fmt",
+        type=click.Choice(["table", "json"]),
+        default="table",
+        show_default=True,
+        help="Human-readable output or JSON.",
+    )(func)
+
+
+def _parse_since(
+    _ctx: click.Context, _param: click.Parameter, value: str | None
+) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not an ISO-8601 datetime") from None
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+@click.group()
+def webhooks() -> None:
+    """Webhook endpoints and deliveries (limit.denied, .threshold, .exceeded, .reset)."""
+
+
+@webhooks.command("add")
+@click.argument("url")
+@click.option("--secret", help="whsec_ + base64; generated when not given.")
+@click.option(
+    "--types",
+    "types",
+    multiple=True,
+    type=click.Choice(MESSAGE_TYPES),
+    help="Message types to send (repeat; default: every type).",
+)
+def add(url: str, secret: str | None, types: tuple[str, ...]) -> None:
+    """Add an endpoint; prints its id and secret (the secret is not shown again)."""
+    endpoint, full_secret = _hooks().add(url, secret=secret, types=types)
+    click.echo(f"added {endpoint.id} {endpoint.url}")
+    click.echo(f"secret {full_secret}  (store it now: it is not shown again)")
+
+
+def _endpoint_row(endpoint: Endpoint) -> list[object]:
+    state = "enabled" if endpoint.enabled else f"disabled ({endpoint.disabled_reason})"
+    types = ", ".join(endpoint.types) or "all"
+    return [endpoint.id, endpoint.url, types, state, endpoint.secret_masked]
+
+
+@webhooks.command("list")
+@_format_option
+def list_endpoints(fmt: str) -> None:
+    """List endpoints (secrets masked)."""
+    found = _hooks().endpoints()
+    if fmt == "json":
+        click.echo(json.dumps([e.to_dict() for e in found], indent=2))
+    elif not found:
+        click.echo("no webhook endpoints")
+    else:
+        _print_table(["id", "url", "types", "state", "secret"], [_endpoint_row(e) for e in found])
+
+
+@webhooks.command("remove")
+@click.argument("endpoint_id")
+def remove(endpoint_id: str) -> None:
+    """Remove an endpoint with its deliveries."""
+    _hooks().remove(endpoint_id)
+    click.echo(f"removed {endpoint_id}")
+
+
+@webhooks.command("disable")
+@click.argument("endpoint_id")
+def disable(endpoint_id: str) -> None:
+    """Stop sending to an endpoint; its pending deliveries wait."""
+    _hooks().set_enabled(endpoint_id, False)
+    click.echo(f"disabled {endpoint_id}")
+
+
+@webhooks.command("enable")
+@click.argument("endpoint_id")
+def enable(endpoint_id: str) -> None:
+    """Send to an endpoint again (waiting deliveries go out)."""
+    _hooks().set_enabled(endpoint_id, True)
+    click.echo(f"enabled {endpoint_id}")
+
+
+@webhooks.command("rotate")
+@click.argument("endpoint_id")
+@click.option("--secret", help="The new secret; generated when not given.")
+@click.option("--grace", type=float, help="Seconds the old secret still signs (default 86400).")
+def rotate(endpoint_id: str, secret: str | None, grace: float | None) -> None:
+    """Give an endpoint a new secret; both sign during the grace period."""
+    new_secret = _hooks().rotate(endpoint_id, secret=secret, grace_seconds=grace)
+    click.echo(f"rotated {endpoint_id}")
+    click.echo(f"secret {new_secret}  (store it now: it is not shown again)")
+
+
+def _delivery_json(record: DeliveryRecord, attempts: Sequence[AttemptRecord]) -> dict[str, object]:
+    return {
+        "id": record.id,
+        "message_id": record.message_id,
+        "type": record.message_type,
+        "endpoint_id": record.endpoint_id,
+        "status": record.status,
+        "attempts": record.attempts,
+        "last_status_code": record.last_status_code,
+        "last_error": record.last_error,
+        "next_attempt_at": from_us(record.next_attempt_at_us).isoformat()
+        if record.next_attempt_at_us is not None and record.status == "pending"
+        else None,
+        "created_at": from_us(record.created_at_us).isoformat(),
+        "attempt_log": [
+            {
+                "attempt": a.attempt,
+                "at": from_us(a.attempted_at_us).isoformat(),
+                "status_code": a.status_code,
+                "duration_ms": a.duration_ms,
+                "error": a.error,
+            }
+            for a in attempts
+        ],
+    }
+
+
+@webhooks.command("deliveries")
+@click.option("--status", type=click.Choice(STATUSES), help="Only deliveries in this state.")
+@click.option("--endpoint", "endpoint_id", help="Only deliveries to this endpoint.")
+@click.option("--last", type=int, default=50, show_default=True, help="How many to show.")
+@_format_option
+def deliveries(status: str | None, endpoint_id: str | None, last: int, fmt: str) -> None:
+    """List deliveries, newest first, with their attempts."""
+    hooks = _hooks()
+    found = hooks.deliveries(status=status, endpoint_id=endpoint_id, limit=last)
+    if fmt == "json":
+        documents = [_delivery_json(d, hooks.attempts(d.id)) for d in found]
+        click.echo(json.dumps(documents, indent=2))
+        return
+    if not found:
+        click.echo("no deliveries")
+        return
+    columns = ["id", "type", "endpoint", "status", "attempts", "last result", "next attempt"]
+    rows = [
+        [
+            d.id,
+            d.message_type,
+            d.endpoint_id,
+            d.status,
+            d.attempts,
+            d.last_error or (f"HTTP {d.last_status_code}" if d.last_status_code else None),
+            _when(d.next_attempt_at_us) if d.status == "pending" else None,
+        ]
+        for d in found
+    ]
+    _print_table(columns, rows)
+
+
+@webhooks.command("replay")
+@click.argument("delivery_ids", nargs=-1, type=int)
+@click.option(
+    "--since", callback=_parse_since, help="Replay every delivery created since (ISO-8601)."
+)
+def replay(delivery_ids: tuple[int, ...], since: datetime | None) -> None:
+    """Send deliveries again (failed or not), by id or --since."""
+    queued = _hooks().replay(list(delivery_ids), since=since)
+    click.echo(f"{queued} deliveries queued again")
+
+
+@webhooks.command("test")
+@click.argument("endpoint_id")
+def test(endpoint_id: str) -> None:
+    """Send a signed webhook.test ping now; exit 1 if it was not accepted."""
+    record, attempts = _hooks().send_test(endpoint_id)
+    last = attempts[-1] if attempts else None
+    detail = (last.error if last and last.error else f"HTTP {record.last_status_code}") or "-"
+    duration = f" in {last.duration_ms} ms" if last else ""
+    click.echo(f"{record.status} {endpoint_id}: {detail}{duration} (delivery {record.id})")
+    if record.status != "delivered":
+        click.get_current_context().exit(1)

@@ -1,0 +1,311 @@
+"""Delivering the outbox: claim a due delivery, POST it signed, record the attempt.
+
+One attempt is three steps, none holding a transaction open over HTTP:
+
+1. claim (a short transaction): the most overdue pending delivery of an
+   enabled endpoint gets a claim token and a lease (timeout + 30 s); a worker
+   that dies mid-attempt lets the lease expire and another worker retries;
+2. the HTTP POST with the Standard Webhooks headers, after checking that the
+   destination is not a loopback, private or link-local address;
+3. record (a short transaction): the attempt, and the delivery's new state:
+   delivered on 2xx; on 410 failed and the endpoint disabled; otherwise due
+   again after the schedule's next delay (with jitter, and never before the
+   receiver's ``Retry-After``), or failed after the last attempt.
+
+Delivery is at least once: a worker that dies after the POST and before the
+record sends the message again. Receivers deduplicate on ``webhook-id``.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import ipaddress
+import logging
+import random
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+from sqlalchemy import Connection
+
+from metering.domain.instants import from_us, to_us
+from metering.domain.notifications import Mark, reset_due
+from metering.domain.notifications import payload_of as notice_payload
+from metering.storage.engine import run_transaction
+from metering.storage.webhooks import (
+    DELIVERED,
+    FAILED,
+    PENDING,
+    AttemptRecord,
+    DeliveryJob,
+    WebhookStore,
+    encode_payload,
+)
+from metering.webhooks.settings import DeliverySettings
+from metering.webhooks.signing import sign
+
+if TYPE_CHECKING:
+    import httpx  # imported when delivering: `import metering` stays light
+
+    from metering.meter import Meter
+
+log = logging.getLogger(__name__)
+USER_AGENT = "metering-webhooks/1"
+MAX_ERROR_CHARS = 500
+MAX_RETRY_AFTER_SECONDS = 86_400.0
+
+
+class DestinationRefused(Exception):
+    """The endpoint's host resolves to an address deliveries must not reach."""
+
+
+def check_destination(url: str, *, allow_private: bool) -> None:
+    """Refuse loopback, private, link-local and other non-public addresses.
+
+    Every address the host resolves to is checked. (The HTTP client resolves
+    the name again; a DNS answer that changes in between is not caught.)
+    """
+    if allow_private:
+        return
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise DestinationRefused(f"cannot resolve {host!r}: {exc}") from None
+    for info in infos:
+        address = ipaddress.ip_address(str(info[4][0]).split("%")[0])
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
+        if not address.is_global or address.is_multicast:
+            raise DestinationRefused(
+                f"{host} resolves to {address}, a loopback, private or link-local address "
+                "(set METERING_WEBHOOKS_ALLOW_PRIVATE=1 to allow)"
+            )
+
+
+def retry_after_seconds(value: str | None, now_us: int) -> float | None:
+    """A ``Retry-After`` header in seconds (delta-seconds or an HTTP date), if usable."""
+    if not value:
+        return None
+    text = value.strip()
+    if text.isdigit():
+        return min(float(text), MAX_RETRY_AFTER_SECONDS)
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return min(max((to_us(when) - now_us) / 1e6, 0.0), MAX_RETRY_AFTER_SECONDS)
+
+
+def next_delay_seconds(
+    settings: DeliverySettings, attempt: int, retry_after: float | None, rng: random.Random
+) -> float | None:
+    """Seconds until the attempt after ``attempt`` (1-based), or None when none is left.
+
+    Jitter of ±10% spreads receivers' recoveries; ``Retry-After`` is a floor.
+    """
+    if attempt > len(settings.schedule_seconds):
+        return None
+    delay = settings.schedule_seconds[attempt - 1] * rng.uniform(0.9, 1.1)
+    return max(delay, retry_after or 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    status_code: int | None
+    retry_after: str | None
+    error: str | None
+    duration_ms: int
+
+
+def post(
+    job: DeliveryJob, client: httpx.Client, now_us: int, settings: DeliverySettings
+) -> Response:
+    """One signed POST; network errors and refusals become ``error``."""
+    import httpx
+
+    endpoint = job.endpoint
+    keys = [endpoint.secret]
+    if endpoint.previous_secret and (endpoint.previous_expires_at_us or 0) > now_us:
+        keys.append(endpoint.previous_secret)
+    timestamp = now_us // 1_000_000
+    body = job.payload.encode()
+    headers = {
+        "content-type": "application/json",
+        "user-agent": USER_AGENT,
+        "webhook-id": job.message_id,
+        "webhook-timestamp": str(timestamp),
+        "webhook-signature": sign(body, job.message_id, timestamp, keys),
+    }
+    began = time.monotonic()
+    try:
+        check_destination(endpoint.url, allow_private=settings.allow_private)
+        answer = client.post(endpoint.url, content=body, headers=headers)
+    except DestinationRefused as exc:
+        return Response(None, None, f"refused: {exc}"[:MAX_ERROR_CHARS], 0)
+    except httpx.TimeoutException:
+        elapsed = int((time.monotonic() - began) * 1000)
+        error = f"timeout after {settings.timeout_seconds:g} s"
+        return Response(None, None, error, elapsed)
+    except httpx.HTTPError as exc:
+        elapsed = int((time.monotonic() - began) * 1000)
+        return Response(None, None, f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS], elapsed)
+    elapsed = int((time.monotonic() - began) * 1000)
+    failure = None if answer.is_success else f"HTTP {answer.status_code}"
+    return Response(answer.status_code, answer.headers.get("retry-after"), failure, elapsed)
+
+
+def _outcome(
+    job: DeliveryJob,
+    response: Response,
+    now_us: int,
+    settings: DeliverySettings,
+    rng: random.Random,
+) -> tuple[str, AttemptRecord]:
+    attempt = job.attempts + 1
+    status, next_us = FAILED, None
+    if response.status_code is not None and 200 <= response.status_code < 300:
+        status = DELIVERED
+    elif response.status_code != 410:
+        wait = retry_after_seconds(response.retry_after, now_us)
+        delay = next_delay_seconds(settings, attempt, wait, rng)
+        if delay is not None:
+            status, next_us = PENDING, now_us + int(delay * 1_000_000)
+    record = AttemptRecord(
+        job.delivery_id,
+        attempt,
+        now_us,
+        response.status_code,
+        response.duration_ms,
+        response.error,
+        next_us,
+    )
+    return status, record
+
+
+def _client(settings: DeliverySettings) -> httpx.Client:
+    import httpx
+
+    return httpx.Client(timeout=settings.timeout_seconds, follow_redirects=False)
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryReport:
+    """What one `deliver_due` run did."""
+
+    delivered: int = 0
+    retrying: int = 0
+    failed: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"delivered": self.delivered, "retrying": self.retrying, "failed": self.failed}
+
+
+def deliver_one(
+    meter: Meter,
+    job: DeliveryJob,
+    settings: DeliverySettings,
+    client: httpx.Client | None = None,
+    rng: random.Random | None = None,
+) -> str:
+    """Attempt a claimed delivery and record it; returns its new status."""
+    rng = rng or random.Random()
+    if client is None:
+        with _client(settings) as own:
+            return deliver_one(meter, job, settings, own, rng)
+    response = post(job, client, to_us(meter.clock()), settings)
+    now_us = to_us(meter.clock())
+    status, attempt = _outcome(job, response, now_us, settings, rng)
+
+    def record(connection: Connection) -> None:
+        store = WebhookStore(connection)
+        store.finish_attempt(job, attempt, status, now_us)
+        if response.status_code == 410:
+            reason = f"410 Gone at {from_us(now_us).isoformat()} (delivery {job.delivery_id})"
+            store.update_endpoint(job.endpoint.id, enabled=False, disabled_reason=reason)
+
+    run_transaction(meter.engine, record)
+    log.info(
+        "webhook delivery %s to endpoint %s: attempt %s, %s, %s",
+        job.delivery_id,
+        job.endpoint.id,
+        attempt.attempt,
+        response.error or f"HTTP {response.status_code}",
+        status,
+    )
+    return status
+
+
+def deliver_due(
+    meter: Meter, settings: DeliverySettings | None = None, *, client: httpx.Client | None = None
+) -> DeliveryReport:
+    """Deliver every due delivery, one claim at a time (at most ``max_per_run``).
+
+    Safe to run in any number of workers at once. This is what the
+    ``metering.deliver_webhooks`` task calls.
+    """
+    settings = settings or DeliverySettings.from_env()
+    own = client is None
+    http = client or _client(settings)
+    rng = random.Random()
+    tally = {DELIVERED: 0, PENDING: 0, FAILED: 0}
+    try:
+        for _ in range(settings.max_per_run):
+            now = meter.clock()
+            lease_us = to_us(now + timedelta(seconds=settings.lease_seconds))
+            now_us = to_us(now)
+            job = run_transaction(meter.engine, _claimer(now_us, lease_us))
+            if job is None:
+                break
+            tally[deliver_one(meter, job, settings, http, rng)] += 1
+    finally:
+        if own:
+            http.close()
+    return DeliveryReport(tally[DELIVERED], tally[PENDING], tally[FAILED])
+
+
+def _claimer(now_us: int, lease_us: int) -> Callable[[Connection], DeliveryJob | None]:
+    return lambda connection: WebhookStore(connection).claim_due(now_us, lease_us)
+
+
+def sweep_resets(meter: Meter, batch: int = 500) -> int:
+    """Announce ``limit.reset`` for denied windows (and buckets) that are over.
+
+    Runs from beat (``metering.sweep_webhook_resets``); marks are locked
+    (``SKIP LOCKED``) so concurrent sweeps do not announce twice. Returns how
+    many resets were written.
+    """
+    now_us = to_us(meter.clock())
+
+    def work(connection: Connection) -> int:
+        store = WebhookStore(connection)
+        written = 0
+        endpoints = None
+        for mark in store.lock_due_marks(now_us, batch):
+            state = store.bucket_state(mark.limit, mark.subject) if _is_bucket(mark) else None
+            step = reset_due(mark, state, now_us)
+            if step.reschedule_us is not None:
+                store.settle_mark(mark, delete_it=False, due_at_us=step.reschedule_us)
+                continue
+            if step.notice is not None:
+                if endpoints is None:
+                    endpoints = store.list_endpoints(enabled_only=True)
+                payload = encode_payload(notice_payload(step.notice, now_us))
+                store.add_message(step.notice.type, payload, endpoints, now_us)
+                written += 1
+            store.settle_mark(mark, delete_it=step.delete, due_at_us=None)
+        return written
+
+    return run_transaction(meter.engine, work)
+
+
+def _is_bucket(mark: Mark) -> bool:
+    return mark.window_end_us == 0

@@ -1,0 +1,259 @@
+"""Managing webhooks: endpoints, deliveries, replays, test pings.
+
+`Webhooks(meter)` works on the meter's database and clock::
+
+    hooks = Webhooks(meter)
+    endpoint, secret = hooks.add("https://example.com/hooks", types=["limit.denied"])
+    hooks.rotate(endpoint.id)            # old secret still signs for the grace
+    hooks.deliveries(status="failed")
+    hooks.replay([42])
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Final, TypeVar
+from urllib.parse import urlsplit
+
+from metering.domain.instants import from_us, to_us
+from metering.domain.notifications import MESSAGE_TYPES, TEST_TYPE
+from metering.errors import InvalidInput, UnknownWebhookEndpoint
+from metering.storage.engine import run_transaction
+from metering.storage.webhooks import (
+    AttemptRecord,
+    DeliveryJob,
+    DeliveryRecord,
+    EndpointRecord,
+    WebhookStore,
+    encode_payload,
+)
+from metering.webhooks import delivery
+from metering.webhooks.settings import DeliverySettings, rotation_grace_seconds
+from metering.webhooks.signing import generate_secret, mask_secret, validate_secret
+
+if TYPE_CHECKING:
+    from metering.meter import Meter
+
+T = TypeVar("T")
+MAX_URL_CHARS: Final = 2000
+STATUSES: Final = ("pending", "delivered", "failed")
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """An endpoint as shown to operators: the secret only in masked form."""
+
+    id: str
+    url: str
+    types: tuple[str, ...]
+    enabled: bool
+    disabled_reason: str | None
+    secret_masked: str
+    rotating_until: datetime | None
+    created_at: datetime
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "id": self.id,
+            "url": self.url,
+            "types": list(self.types),
+            "enabled": self.enabled,
+            "disabled_reason": self.disabled_reason,
+            "secret": self.secret_masked,
+            "rotating_until": self.rotating_until.isoformat() if self.rotating_until else None,
+            "created_at": self.created_at.isoformat(),
+        }
+
+
+def validate_url(url: str) -> str:
+    """An ``http`` or ``https`` URL with a host; `InvalidInput` otherwise."""
+    if not isinstance(url, str) or not url or len(url) > MAX_URL_CHARS:
+        raise InvalidInput("url", f"must be an http(s) URL of at most {MAX_URL_CHARS} characters")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises on a malformed port
+    except ValueError as exc:
+        raise InvalidInput("url", f"{url!r} is not a valid URL: {exc}") from None
+    if parts.scheme not in ("http", "https"):
+        raise InvalidInput("url", f"{url!r} must start with http:// or https://")
+    if not parts.hostname:
+        raise InvalidInput("url", f"{url!r} has no host")
+    if any(ch.isspace() for ch in url):
+        raise InvalidInput("url", f"{url!r} contains whitespace")
+    return url
+
+
+def validate_types(types: Iterable[str] | None) -> tuple[str, ...]:
+    chosen = tuple(dict.fromkeys(types or ()))
+    for message_type in chosen:
+        if message_type not in MESSAGE_TYPES:
+            known = ", ".join(MESSAGE_TYPES)
+            raise InvalidInput("types", f"unknown message type {message_type!r}; use {known}")
+    return chosen
+
+
+def _view(record: EndpointRecord, now_us: int) -> Endpoint:
+    rotating = record.previous_secret is not None and (record.previous_expires_at_us or 0) > now_us
+    return Endpoint(
+        id=record.id,
+        url=record.url,
+        types=record.types,
+        enabled=record.enabled,
+        disabled_reason=record.disabled_reason,
+        secret_masked=mask_secret(record.secret),
+        rotating_until=from_us(record.previous_expires_at_us)
+        if rotating and record.previous_expires_at_us
+        else None,
+        created_at=from_us(record.created_at_us),
+    )
+
+
+class Webhooks:
+    """The webhook management API over a `Meter`'s database and clock."""
+
+    def __init__(self, meter: Meter, settings: DeliverySettings | None = None) -> None:
+        self.meter = meter
+        self.settings = settings
+
+    def _now_us(self) -> int:
+        return to_us(self.meter.clock(), field_name="clock")
+
+    def _run(self, work: Callable[[WebhookStore], T]) -> T:
+        return run_transaction(self.meter.engine, lambda c: work(WebhookStore(c)))
+
+    def _get(self, store: WebhookStore, endpoint_id: str) -> EndpointRecord:
+        record = store.get_endpoint(endpoint_id)
+        if record is None:
+            raise UnknownWebhookEndpoint(endpoint_id)
+        return record
+
+    def add(
+        self, url: str, *, secret: str | None = None, types: Iterable[str] | None = None
+    ) -> tuple[Endpoint, str]:
+        """Create an enabled endpoint. Returns it and its secret (shown only now)."""
+        record = EndpointRecord(
+            id="ep_" + secrets.token_hex(8),
+            url=validate_url(url),
+            secret=validate_secret(secret) if secret else generate_secret(),
+            previous_secret=None,
+            previous_expires_at_us=None,
+            types=validate_types(types),
+            enabled=True,
+            disabled_reason=None,
+            created_at_us=self._now_us(),
+        )
+        self._run(lambda store: store.insert_endpoint(record))
+        return _view(record, record.created_at_us), record.secret
+
+    def endpoints(self) -> list[Endpoint]:
+        """Every endpoint, oldest first, secrets masked."""
+        now_us = self._now_us()
+        records = self._run(lambda store: store.list_endpoints())
+        return [_view(r, now_us) for r in records]
+
+    def get(self, endpoint_id: str) -> Endpoint:
+        now_us = self._now_us()
+        record = self._run(lambda store: self._get(store, endpoint_id))
+        return _view(record, now_us)
+
+    def remove(self, endpoint_id: str) -> None:
+        """Delete an endpoint, its deliveries and their attempts."""
+        if not self._run(lambda store: store.delete_endpoint(endpoint_id)):
+            raise UnknownWebhookEndpoint(endpoint_id)
+
+    def set_enabled(self, endpoint_id: str, enabled: bool) -> None:
+        """Disable (nothing is sent; deliveries wait) or enable an endpoint."""
+        reason = None if enabled else "disabled by an operator"
+        if not self._run(
+            lambda store: store.update_endpoint(
+                endpoint_id, enabled=enabled, disabled_reason=reason
+            )
+        ):
+            raise UnknownWebhookEndpoint(endpoint_id)
+
+    def rotate(
+        self, endpoint_id: str, *, secret: str | None = None, grace_seconds: float | None = None
+    ) -> str:
+        """Give an endpoint a new secret; the old one still signs for ``grace_seconds``
+        (default ``METERING_WEBHOOKS_ROTATION_GRACE``, 24 h). Returns the new secret."""
+        new_secret = validate_secret(secret) if secret else generate_secret()
+        grace = rotation_grace_seconds() if grace_seconds is None else grace_seconds
+        if grace < 0:
+            raise InvalidInput("grace", "must not be negative")
+        expires_us = to_us(self.meter.clock() + timedelta(seconds=grace))
+
+        def work(store: WebhookStore) -> None:
+            old = self._get(store, endpoint_id)
+            store.update_endpoint(
+                endpoint_id,
+                secret=new_secret,
+                previous_secret=old.secret,
+                previous_expires_at_us=expires_us,
+            )
+
+        self._run(work)
+        return new_secret
+
+    def deliveries(
+        self, *, status: str | None = None, endpoint_id: str | None = None, limit: int = 50
+    ) -> list[DeliveryRecord]:
+        """The newest deliveries first, optionally of one status or endpoint."""
+        if status is not None and status not in STATUSES:
+            raise InvalidInput("status", f"use one of {', '.join(STATUSES)}")
+        return self._run(
+            lambda store: store.list_deliveries(status=status, endpoint_id=endpoint_id, limit=limit)
+        )
+
+    def attempts(self, delivery_id: int) -> list[AttemptRecord]:
+        """Every attempt of a delivery, in order."""
+        return self._run(lambda store: store.attempts_of(delivery_id))
+
+    def replay(
+        self, delivery_ids: Sequence[int] | None = None, *, since: datetime | None = None
+    ) -> int:
+        """Send deliveries again (by id, or every one created since ``since``), due now
+        with a fresh retry schedule. Returns how many were queued."""
+        if not delivery_ids and since is None:
+            raise InvalidInput("replay", "give delivery ids or a time to replay since")
+        since_us = to_us(since, field_name="since") if since is not None else None
+        now_us = self._now_us()
+        ids = list(delivery_ids) if delivery_ids else None
+        return self._run(lambda store: store.replay(ids, since_us, now_us))
+
+    def send_test(self, endpoint_id: str) -> tuple[DeliveryRecord, list[AttemptRecord]]:
+        """Send a signed ``webhook.test`` ping now (once; it is recorded like any delivery)."""
+        now_us = self._now_us()
+        document = {
+            "type": TEST_TYPE,
+            "timestamp": from_us(now_us).isoformat().replace("+00:00", "Z"),
+            "data": {"endpoint_id": endpoint_id},
+        }
+
+        def work(store: WebhookStore) -> DeliveryJob:
+            endpoint = self._get(store, endpoint_id)
+            message_id = store.add_message(TEST_TYPE, encode_payload(document), [endpoint], now_us)
+            job = store.claim_message(message_id, now_us + 3_600_000_000)
+            assert job is not None
+            return job
+
+        job = self._run(work)
+        # A ping is one attempt: no retries.
+        settings = replace(self.settings or DeliverySettings.from_env(), schedule_seconds=())
+        delivery.deliver_one(self.meter, job, settings)
+        record = self._run(lambda store: store.get_delivery(job.delivery_id))
+        return record, self.attempts(job.delivery_id)
+
+    def deliver_due(self) -> delivery.DeliveryReport:
+        """Deliver what is due now (what the worker's task does)."""
+        return delivery.deliver_due(self.meter, self.settings)
+
+    def sweep_resets(self) -> int:
+        """Write ``limit.reset`` for denied windows that are over (what beat runs)."""
+        return delivery.sweep_resets(self.meter)
+
+    def messages(self, message_type: str | None = None) -> list[tuple[str, str, str]]:
+        """(id, type, JSON payload) of the outbox, oldest first."""
+        return self._run(lambda store: store.messages(message_type))

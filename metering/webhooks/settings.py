@@ -1,0 +1,73 @@
+"""Webhook settings from the environment (every one optional)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Final
+
+from metering.config import env_float
+from metering.errors import ConfigurationError
+
+# Seconds to wait after each failed attempt: 10 attempts over about 3 days.
+DEFAULT_SCHEDULE: Final = (5.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0, 50400.0, 72000.0, 86400.0)
+DEFAULT_TIMEOUT_SECONDS: Final = 15.0
+DEFAULT_INTERVAL_SECONDS: Final = 5.0
+DEFAULT_ROTATION_GRACE_SECONDS: Final = 86400.0
+# A claim outlives one attempt by this much before another worker may take it.
+LEASE_MARGIN_SECONDS: Final = 30.0
+
+
+def parse_schedule(text: str) -> tuple[float, ...]:
+    """``5,300,1800``: seconds after each failed attempt (at least one, all positive)."""
+    try:
+        delays = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise ConfigurationError(
+            f"METERING_WEBHOOKS_SCHEDULE={text!r}: use seconds separated by commas"
+        ) from None
+    if not delays or any(delay <= 0 for delay in delays):
+        raise ConfigurationError(
+            f"METERING_WEBHOOKS_SCHEDULE={text!r}: give at least one positive delay"
+        )
+    return delays
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass(frozen=True, slots=True)
+class DeliverySettings:
+    """How deliveries are made. `from_env` reads the ``METERING_WEBHOOKS_*`` variables."""
+
+    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
+    schedule_seconds: tuple[float, ...] = DEFAULT_SCHEDULE
+    allow_private: bool = False
+    max_per_run: int = 100
+
+    @property
+    def max_attempts(self) -> int:
+        return len(self.schedule_seconds) + 1
+
+    @property
+    def lease_seconds(self) -> float:
+        return self.timeout_seconds + LEASE_MARGIN_SECONDS
+
+    @classmethod
+    def from_env(cls) -> DeliverySettings:
+        schedule = os.environ.get("METERING_WEBHOOKS_SCHEDULE", "").strip()
+        return cls(
+            timeout_seconds=env_float("METERING_WEBHOOKS_TIMEOUT", DEFAULT_TIMEOUT_SECONDS),
+            schedule_seconds=parse_schedule(schedule) if schedule else DEFAULT_SCHEDULE,
+            allow_private=_flag("METERING_WEBHOOKS_ALLOW_PRIVATE"),
+        )
+
+
+def interval_seconds() -> float:
+    """How often beat runs delivery and the reset sweep (``METERING_WEBHOOKS_INTERVAL``)."""
+    return env_float("METERING_WEBHOOKS_INTERVAL", DEFAULT_INTERVAL_SECONDS)
+
+
+def rotation_grace_seconds() -> float:
+    return env_float("METERING_WEBHOOKS_ROTATION_GRACE", DEFAULT_ROTATION_GRACE_SECONDS)

@@ -1,0 +1,131 @@
+"""``metering webhooks`` on the embedded default: ./metering.db in a temp directory."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+from pytest_httpserver import HTTPServer
+
+from metering import Limit, Meter
+from metering.cli import main
+from metering.webhooks import Webhooks
+
+Run = Callable[..., Result]
+
+
+@pytest.fixture
+def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Run:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("METERING_DATABASE_URL", raising=False)
+    monkeypatch.setenv("METERING_WEBHOOKS_ALLOW_PRIVATE", "1")
+    monkeypatch.setenv("METERING_WEBHOOKS_SCHEDULE", "0.1")
+    runner = CliRunner()
+
+    def invoke(*args: str, code: int = 0) -> Result:
+        result = runner.invoke(main, list(args))
+        assert result.exit_code == code, (result.output, result.exception)
+        return result
+
+    return invoke
+
+
+def add(run: Run, url: str, *extra: str) -> tuple[str, str]:
+    lines = run("webhooks", "add", url, *extra).output.splitlines()
+    endpoint_id = lines[0].split()[1]
+    secret = lines[1].split()[1]
+    return endpoint_id, secret
+
+
+def test_add_list_disable_enable_remove(run: Run, tmp_path: Path) -> None:
+    endpoint_id, secret = add(run, "https://example.com/hooks", "--types", "limit.denied")
+    assert endpoint_id.startswith("ep_") and secret.startswith("whsec_")
+    assert (tmp_path / "metering.db").exists()
+    listing = run("webhooks", "list").output
+    assert endpoint_id in listing and "limit.denied" in listing and "enabled" in listing
+    assert secret not in listing and secret[-4:] in listing
+    as_json = json.loads(run("webhooks", "list", "--format", "json").output)
+    assert as_json[0]["secret"] == "whsec_…" + secret[-4:]
+    run("webhooks", "disable", endpoint_id)
+    assert json.loads(run("webhooks", "list", "--format", "json").output)[0]["enabled"] is False
+    run("webhooks", "enable", endpoint_id)
+    assert json.loads(run("webhooks", "list", "--format", "json").output)[0]["enabled"] is True
+    rotated = run("webhooks", "rotate", endpoint_id).output
+    assert "whsec_" in rotated and secret not in rotated
+    run("webhooks", "remove", endpoint_id)
+    assert run("webhooks", "list").output.strip() == "no webhook endpoints"
+
+
+def test_a_given_secret_is_kept(run: Run) -> None:
+    _, secret = add(run, "https://example.com/h", "--secret", "whsec_" + "A" * 32)
+    assert secret == "whsec_" + "A" * 32
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("webhooks", "add", "ftp://example.com/x"),
+        ("webhooks", "add", "not a url"),
+        ("webhooks", "add", "https:///nohost"),
+        ("webhooks", "add", "https://example.com", "--secret", "nope!"),
+        ("webhooks", "add", "https://example.com", "--types", "limit.bogus"),
+        ("webhooks", "remove", "ep_missing"),
+        ("webhooks", "test", "ep_missing"),
+        ("webhooks", "replay"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_1(run: Run, args: tuple[str, ...]) -> None:
+    result = run(*args, code=1)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_deliveries_replay_and_test_against_a_loopback_receiver(
+    run: Run, tmp_path: Path, receiver: HTTPServer
+) -> None:
+    receiver.expect_request("/hook").respond_with_data("no", status=500)
+    endpoint_id, _ = add(run, receiver.url_for("/hook"))
+    with Meter(f"sqlite:///{tmp_path}/metering.db") as meter:
+        meter.set_limit(Limit("send", maximum=1, period="1h"))
+        meter.consume("visitor-1", "send")
+        meter.consume("visitor-1", "send")
+    table = run("webhooks", "deliveries").output
+    assert "limit.denied" in table and "pending" in table
+
+    with Meter(f"sqlite:///{tmp_path}/metering.db") as meter:
+        hooks = Webhooks(meter)
+        hooks.deliver_due()
+        deadline = time.monotonic() + 30
+        while hooks.deliveries()[0].status == "pending" and time.monotonic() < deadline:
+            time.sleep(0.1)
+            hooks.deliver_due()
+    [failed] = json.loads(
+        run("webhooks", "deliveries", "--status", "failed", "--format", "json").output
+    )
+    assert failed["type"] == "limit.denied" and failed["attempts"] == 2
+    assert [a["status_code"] for a in failed["attempt_log"]] == [500, 500]
+
+    receiver.clear()
+    receiver.expect_request("/hook").respond_with_data("ok")
+    assert "1 deliveries queued again" in run("webhooks", "replay", str(failed["id"])).output
+    with Meter(f"sqlite:///{tmp_path}/metering.db") as meter:
+        Webhooks(meter).deliver_due()
+    [again] = json.loads(run("webhooks", "deliveries", "--format", "json").output)
+    assert again["status"] == "delivered" and len(again["attempt_log"]) == 3
+    assert "1 deliveries queued again" in run("webhooks", "replay", "--since", "2000-01-01").output
+
+    ping = run("webhooks", "test", endpoint_id).output
+    assert ping.startswith(f"delivered {endpoint_id}: HTTP 200")
+    request, _ = receiver.log[-1]
+    assert request.json["type"] == "webhook.test" and request.headers[
+        "webhook-signature"
+    ].startswith("v1,")
+
+    receiver.clear()
+    receiver.expect_request("/hook").respond_with_data("down", status=503)
+    assert "failed" in run("webhooks", "test", endpoint_id, code=1).output

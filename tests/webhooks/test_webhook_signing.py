@@ -1,0 +1,91 @@
+"""Standard Webhooks signatures: our `verify` against our `sign`, and rotation."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from metering import FrozenClock, Meter
+from metering.errors import InvalidInput, MeteringError, WebhookVerificationError
+from metering.webhooks import Webhooks, generate_secret, sign, verify
+
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+BODY = b'{"type":"limit.denied","data":{"subject":"s1"}}'
+
+
+def headers_for(body: bytes, secrets: list[str] | str, at: datetime = NOW) -> dict[str, str]:
+    stamp = int(at.timestamp())
+    return {
+        "webhook-id": "msg_1",
+        "webhook-timestamp": str(stamp),
+        "webhook-signature": sign(body, "msg_1", stamp, secrets),
+    }
+
+
+def test_a_generated_secret_is_whsec_and_base64_of_24_bytes() -> None:
+    secret = generate_secret()
+    assert secret.startswith("whsec_")
+    assert len(base64.b64decode(secret[6:])) == 24
+    assert generate_secret() != secret
+
+
+def test_the_signature_is_the_standard_webhooks_hmac() -> None:
+    secret = generate_secret()
+    key = base64.b64decode(secret[6:])
+    digest = hmac.new(key, b"msg_1.1795000000." + BODY, hashlib.sha256).digest()
+    assert sign(BODY, "msg_1", 1795000000, secret) == "v1," + base64.b64encode(digest).decode()
+
+
+def test_verify_accepts_a_genuine_message_with_headers_in_any_case() -> None:
+    secret = generate_secret()
+    headers = {k.upper(): v for k, v in headers_for(BODY, secret).items()}
+    verify(BODY, headers, secret, now=NOW + timedelta(seconds=299))
+    verify(BODY.decode(), headers, secret, now=NOW - timedelta(seconds=299))
+
+
+@pytest.mark.parametrize(
+    "case", ["changed body", "wrong secret", "stale timestamp", "future timestamp", "no signature"]
+)
+def test_verify_rejects(case: str) -> None:
+    secret = generate_secret()
+    body, headers, now = BODY, headers_for(BODY, secret), NOW
+    if case == "changed body":
+        body = BODY.replace(b"s1", b"s2")
+    elif case == "wrong secret":
+        secret = generate_secret()
+    elif case == "stale timestamp":
+        now = NOW + timedelta(seconds=301)
+    elif case == "future timestamp":
+        now = NOW - timedelta(seconds=301)
+    else:
+        del headers["webhook-signature"]
+    with pytest.raises(WebhookVerificationError) as caught:
+        verify(body, headers, secret, now=now)
+    assert isinstance(caught.value, MeteringError)
+
+
+def test_a_malformed_secret_is_invalid_input() -> None:
+    with pytest.raises(InvalidInput):
+        sign(BODY, "msg_1", 1, "whsec_not base64!")
+
+
+def test_during_a_rotation_both_secrets_verify_and_after_it_only_the_new(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    clock = FrozenClock(NOW)
+    with Meter(f"sqlite:///{tmp_path}/m.db", clock=clock) as meter:
+        hooks = Webhooks(meter)
+        endpoint, old = hooks.add("https://example.com/hooks")
+        new = hooks.rotate(endpoint.id, grace_seconds=3600)
+        assert new != old
+        [listed] = hooks.endpoints()
+        assert listed.rotating_until == NOW + timedelta(hours=1)
+        assert old not in repr(listed) and new not in repr(listed)
+    both = headers_for(BODY, [new, old])
+    assert len(both["webhook-signature"].split()) == 2
+    verify(BODY, both, old, now=NOW)
+    verify(BODY, both, new, now=NOW)
+    with pytest.raises(WebhookVerificationError):
+        verify(BODY, headers_for(BODY, new), old, now=NOW)
