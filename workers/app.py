@@ -11,6 +11,10 @@
   worker that died is delivered again (default 300).
 * ``METERING_WEBHOOKS_INTERVAL``: seconds between beat's webhook delivery
   runs and ``limit.reset`` sweeps (default 5).
+* ``METERING_RESERVATION_SWEEP_INTERVAL``: seconds between sweeps that
+  commit reservations past their time to live (default 10).
+* ``METERING_RESERVATION_RETENTION``: seconds settled reservations are kept
+  before the sweep deletes them (default 604800, a week).
 """
 
 from __future__ import annotations
@@ -84,6 +88,11 @@ def create_app(url: str | None = None) -> Celery:
                 "schedule": interval_seconds(),
                 # A tick nobody picked up in time is dropped: the next one does the work.
                 "options": {"expires": interval_seconds() * 2},
+            },
+            "sweep-reservations": {
+                "task": "metering.sweep_reservations",
+                "schedule": env_float("METERING_RESERVATION_SWEEP_INTERVAL", 10),
+                "options": {"expires": env_float("METERING_RESERVATION_SWEEP_INTERVAL", 10) * 2},
             },
         },
     )

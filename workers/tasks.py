@@ -73,3 +73,10 @@ def deliver_webhooks_task() -> dict[str, int]:
 def sweep_webhook_resets_task() -> int:
     """Write ``limit.reset`` notifications for denied windows that are over."""
     return sweep_resets(meter())
+
+
+@app.task(name="metering.sweep_reservations", acks_late=True)
+def sweep_reservations_task() -> dict[str, int]:
+    """Commit reservations past their time to live; drop old settled ones."""
+    retention = env_float("METERING_RESERVATION_RETENTION", 7 * 86400)
+    return meter().sweep_reservations(retention_seconds=retention)

@@ -157,11 +157,14 @@ def start_worker(tmp_path: Path, pg_url: str, redis_url: str) -> Iterator[StartW
 
     ``start_worker(wait=True, only_default_queue=True, **env_overrides)`` returns
     a `Worker`; with ``only_default_queue=False`` it gets no ``-Q`` and consumes
-    the queues the Celery app declares (``METERING_QUEUES``).
+    the queues the Celery app declares (``METERING_QUEUES``); with ``beat=True``
+    it also runs the periodic sweeps.
     """
     started: list[Worker] = []
 
-    def start(*, wait: bool = True, only_default_queue: bool = True, **overrides: str) -> Worker:
+    def start(
+        *, wait: bool = True, only_default_queue: bool = True, beat: bool = False, **overrides: str
+    ) -> Worker:
         number = next(_numbers)
         name = f"w{number}"
         log_file = tmp_path / f"worker-{name}.log"
@@ -181,6 +184,7 @@ def start_worker(tmp_path: Path, pg_url: str, redis_url: str) -> Iterator[StartW
             "--without-gossip",
             "--without-mingle",
             *(["-Q", "metering"] if only_default_queue else []),
+            *(["--beat", "--schedule", str(tmp_path / f"beat-{name}")] if beat else []),
             "-n",
             f"{name}@%h",
         ]
