@@ -594,3 +594,10 @@ def demo() -> None:
 
 
 main.add_command(webhooks)
+
+
+# Defined in their own module, which imports the helpers above.
+from metering.reservation_cli import reservations, reserve  # noqa: E402
+
+main.add_command(reserve)
+main.add_command(reservations)

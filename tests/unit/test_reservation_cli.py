@@ -1,0 +1,79 @@
+"""``metering reserve`` and ``metering reservations``, on a SQLite file."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from metering import Meter
+from metering.cli import main
+
+Run = Callable[..., Result]
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path}/cli.db"
+
+
+@pytest.fixture
+def run(url: str) -> Run:
+    runner = CliRunner()
+
+    def invoke(*args: str, code: int | None = 0) -> Result:
+        result = runner.invoke(main, ["--database", url, *args])
+        if code is not None:
+            assert result.exit_code == code, (result.output, result.exception)
+        return result
+
+    invoke("limits", "set", "bad_login", "--max", "2", "--period", "1h")
+    return invoke
+
+
+def one_line_error(result: Result, text: str) -> None:
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.stderr.splitlines() == [result.stderr.strip()]
+    assert result.stderr.startswith("error: ") and text in result.stderr
+
+
+def used(url: str) -> int:
+    with Meter(url) as meter:
+        return sum(c.used for c in meter.counters("10.0.0.7", "bad_login"))
+
+
+def test_reserve_list_cancel_commit(run: Run, url: str) -> None:
+    held = run("reserve", "10.0.0.7", "bad_login", "--event-id", "r1", "--ttl", "30")
+    assert held.output.startswith("reservation r1 held until ")
+    assert "used 1/2" in held.output
+    second = json.loads(run("reserve", "10.0.0.7", "bad_login", "--format", "json").output)
+    assert second["reservation"] == "held" and second["allowed"] is True
+    denied = run("reserve", "10.0.0.7", "bad_login", code=2)
+    assert "denied" in denied.output and "held until" not in denied.output
+    listed = json.loads(run("reservations", "list", "--format", "json").output)
+    assert [r["state"] for r in listed] == ["held", "held"]
+    assert listed[1]["id"] == "r1" and listed[1]["charges"][0]["cost"] == 1
+    assert "r1" in run("reservations", "list", "--state", "held").output
+
+    assert run("reservations", "cancel", "r1").output == "cancelled r1: 1 given back\n"
+    assert run("reservations", "cancel", "r1").output == "cancelled r1: 0 given back\n"
+    assert used(url) == 1
+    run("reservations", "commit", second["event_id"])
+    one_line_error(run("reservations", "cancel", second["event_id"], code=None), "committed")
+    one_line_error(run("reservations", "commit", "r1", code=None), "cancelled")
+    assert used(url) == 1
+    swept = run("reservations", "sweep", "--retention", "0").output
+    assert swept == "committed 0, deleted 2\n"
+
+
+def test_bad_input_is_one_line_and_changes_nothing(run: Run, url: str) -> None:
+    run("reserve", "10.0.0.7", "bad_login")
+    one_line_error(run("reservations", "cancel", "nope", code=None), "no reservation 'nope'")
+    one_line_error(run("reserve", "10.0.0.7", "bad_login", "--ttl", "0", code=None), "ttl")
+    one_line_error(run("reserve", "10.0.0.7", "unknown", code=None), "unknown limit")
+    one_line_error(run("reserve", "10.0.0.7", "bad_login", "--cost", "0", code=None), "cost")
+    one_line_error(run("reservations", "list", "--state", "lost", code=None), "--state")
+    assert used(url) == 1
