@@ -1,0 +1,143 @@
+"""ASGI middleware (Starlette, FastAPI and any ASGI application).
+
+    app.add_middleware(MeteringMiddleware, meter=meter, limit="api", key=authenticated_user)
+
+Starlette runs the middleware added *last* outermost. The meter is
+synchronous, so its calls run in a worker thread, off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from typing import Any
+
+from metering.meter import Meter
+from metering.middleware.core import (
+    DeniedBuilder,
+    DeniedResponse,
+    Key,
+    Policy,
+    RequestInfo,
+    RequestMetering,
+    Route,
+)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+def request_info(scope: Scope) -> RequestInfo:
+    headers: dict[str, str] = {}
+    for raw_name, raw_value in scope.get("headers", ()):
+        name, value = raw_name.decode("latin-1").lower(), raw_value.decode("latin-1")
+        headers[name] = f"{headers[name]},{value}" if name in headers else value
+    client = scope.get("client")
+    return RequestInfo(
+        method=scope.get("method", "GET"),
+        path=scope.get("path", "/"),
+        headers=headers,
+        client=client[0] if client else None,
+        user=scope.get("user"),
+        raw=scope,
+    )
+
+
+def context_of(scope: Scope) -> RequestMetering:
+    """The request's `RequestMetering`, in ``scope["state"]`` (``request.state.metering``)."""
+    state = scope.setdefault("state", {})
+    context = state.get("metering")
+    if not isinstance(context, RequestMetering):
+        context = state["metering"] = RequestMetering()
+    return context
+
+
+async def send_response(send: Send, response: DeniedResponse) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": response.status,
+            "headers": _encode(response.headers),
+        }
+    )
+    await send({"type": "http.response.body", "body": response.body})
+
+
+def _encode(headers: Sequence[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
+    return [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers]
+
+
+class MeteringMiddleware:
+    """Charge each HTTP request to a limit; answer 429 with ``Retry-After`` when denied.
+
+    ``key`` picks the subject (default: `client_ip()` trusting no proxy); a
+    request whose key is None is not charged here. ``routes`` change the
+    limit or cost per route, or exempt routes. ``stacking=True`` makes this
+    an outer limit that a limit further in replaces (see
+    `metering.middleware.core`). ``headers`` adds ``RateLimit`` and
+    ``RateLimit-Policy`` to every response; ``on_denied(request, decision,
+    retry_after)`` builds your own refusal; ``fail_open`` lets requests
+    through (instead of 503) while the database is unreachable.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        meter: Meter,
+        limit: str,
+        key: Key | None = None,
+        cost: int = 1,
+        routes: Sequence[Route] = (),
+        stacking: bool = False,
+        headers: bool = True,
+        on_denied: DeniedBuilder | None = None,
+        fail_open: bool = False,
+    ) -> None:
+        self.app = app
+        self.policy = Policy(
+            meter,
+            limit,
+            key=key,
+            cost=cost,
+            routes=routes,
+            stacking=stacking,
+            headers=headers,
+            on_denied=on_denied,
+            fail_open=fail_open,
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        context = context_of(scope)
+        step = await asyncio.to_thread(self.policy.enter, request_info(scope), context)
+        if step.response is not None:
+            await send_response(send, step.response)
+            return
+        if step.applied is None:
+            await self.app(scope, receive, send)
+            return
+
+        reservation = step.applied.reservation
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                # Every limit further in has decided by now: settle before
+                # the client sees the answer.
+                if reservation is not None and reservation.state == "held":
+                    await asyncio.to_thread(self.policy.leave, step)
+                extra = self.policy.response_headers(step, context)
+                if extra:
+                    message = {**message, "headers": [*message.get("headers", ()), *_encode(extra)]}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_headers)
+        finally:
+            if reservation is not None and reservation.state == "held":
+                await asyncio.to_thread(self.policy.leave, step)

@@ -1,0 +1,410 @@
+"""What the ASGI and WSGI middlewares share: rules, keys, decisions, headers.
+
+One `Policy` per middleware: which limit, for which key (client IP, user,
+any function of the request), at what cost per route. `Policy.enter` runs
+before the application and returns a `Step`: a response to send instead
+(429, or 503 when the database is down), or the go-ahead.
+
+Stacking: a policy with ``stacking=True`` (the outer, unauthenticated
+limit) *reserves* its charge, and the reservation waits in the request's
+`RequestMetering`. A policy further in that applies and allows the request
+(a per-user limit, once the request is authenticated) cancels every
+reservation waiting there: the request is charged to the user, not to the
+IP. A reservation nobody cancelled is committed when the request ends.
+Because the outer charge is taken up front, concurrent requests cannot slip
+past an exhausted outer limit.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from metering.domain.decisions import ChargeDecision, Decision
+from metering.domain.events import validate_cost
+from metering.domain.instants import to_us
+from metering.domain.limits import Limit, validate_limit_name
+from metering.errors import InvalidInput, MeteringError, StorageError
+from metering.meter import Meter
+from metering.reservations import Reservation
+
+log = logging.getLogger("metering.middleware")
+LIMIT_CACHE_SECONDS = 60.0
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+@dataclass(frozen=True, slots=True)
+class RequestInfo:
+    """A framework-neutral view of a request, handed to key functions.
+
+    ``headers`` has lower-case names; repeated headers are joined with ``,``.
+    ``client`` is the connected peer's address; ``user`` what the server or
+    an authentication middleware attached (ASGI ``scope["user"]``, WSGI
+    ``REMOTE_USER``); ``raw`` the ASGI scope or WSGI environ itself.
+    """
+
+    method: str
+    path: str
+    headers: Mapping[str, str]
+    client: str | None
+    user: Any = None
+    raw: Any = field(default=None, repr=False)
+
+
+Key = Callable[[RequestInfo], str | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """A per-route rule: another limit or cost, or ``exempt`` from this middleware.
+
+    ``path`` matches exactly, or as a prefix when it ends with ``*``;
+    ``methods`` (upper case) restricts it. The first matching route wins.
+    """
+
+    path: str
+    limit: str | None = None
+    cost: int | None = None
+    methods: frozenset[str] | None = None
+    exempt: bool = False
+
+    def matches(self, method: str, path: str) -> bool:
+        if self.methods is not None and method.upper() not in self.methods:
+            return False
+        if self.path.endswith("*"):
+            return path.startswith(self.path[:-1])
+        return path == self.path
+
+
+@dataclass(frozen=True, slots=True)
+class DeniedResponse:
+    """A response to send instead of calling the application."""
+
+    status: int
+    headers: Sequence[tuple[str, str]]
+    body: bytes
+
+
+DeniedBuilder = Callable[[RequestInfo, Decision, int], DeniedResponse]
+
+
+@dataclass
+class Applied:
+    """One middleware's charge on a request."""
+
+    limit: str
+    subject: str
+    decision: Decision
+    reservation: Reservation | None = None
+
+
+@dataclass
+class RequestMetering:
+    """Attached to each request (ASGI ``request.state.metering``, WSGI
+    ``environ["metering"]``): every charge made, and the one that counts."""
+
+    applied: list[Applied] = field(default_factory=list)
+    pending: list[Applied] = field(default_factory=list)
+    effective: Applied | None = None
+
+    @property
+    def decision(self) -> Decision | None:
+        """The decision that governed the request (the innermost limit applied)."""
+        return self.effective.decision if self.effective else None
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """`Policy.enter`'s answer: a response to send, or go on (``applied`` may be None)."""
+
+    response: DeniedResponse | None = None
+    applied: Applied | None = None
+
+
+# -- keys ---------------------------------------------------------------------
+
+
+def _parse_networks(trusted: Iterable[str]) -> tuple[IPNetwork, ...]:
+    networks = []
+    for entry in trusted:
+        try:
+            networks.append(ipaddress.ip_network(entry.strip(), strict=False))
+        except ValueError as exc:
+            raise InvalidInput(
+                "trusted_proxies", f"{entry!r} is not an address or network"
+            ) from exc
+    return tuple(networks)
+
+
+def _address(text: str) -> IPAddress | None:
+    text = text.strip()
+    if text.startswith("[") and "]" in text:  # [v6]:port
+        text = text[1 : text.index("]")]
+    elif text.count(":") == 1:  # v4:port
+        text = text.split(":")[0]
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
+
+
+def client_ip(trusted_proxies: Iterable[str] = ()) -> Key:
+    """Key requests by client address.
+
+    ``X-Forwarded-For`` is believed only when the connected peer is one of
+    ``trusted_proxies`` (addresses or networks): then the client is the
+    rightmost address in the header that is not itself a trusted proxy.
+    By default no proxy is trusted, so a client cannot pick its own key.
+    """
+    networks = _parse_networks(trusted_proxies)
+
+    def trusted(address: IPAddress | None) -> bool:
+        return address is not None and any(address in net for net in networks)
+
+    def key(request: RequestInfo) -> str | None:
+        peer = _address(request.client) if request.client else None
+        if peer is None:
+            return request.client
+        if not trusted(peer):
+            return str(peer)
+        hops = [_address(h) for h in request.headers.get("x-forwarded-for", "").split(",")]
+        client = peer
+        for hop in reversed(hops):
+            if hop is None:  # a malformed entry: trust nothing to its left
+                break
+            client = hop
+            if not trusted(hop):
+                break
+        return str(client)
+
+    return key
+
+
+def authenticated_user(request: RequestInfo) -> str | None:
+    """Key requests by authenticated user; None (limit not applied) when anonymous.
+
+    Understands Starlette's ``scope["user"]`` (``is_authenticated``,
+    ``identity`` or ``display_name``), WSGI's ``REMOTE_USER`` and plain strings.
+    """
+    user = request.user
+    if user is None or user == "":
+        return None
+    if isinstance(user, str):
+        return user
+    if not getattr(user, "is_authenticated", False):
+        return None
+    for attribute in ("identity", "display_name", "username"):
+        value = getattr(user, attribute, None)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def header(name: str) -> Key:
+    """Key requests by a header's value (an API key, a tenant id)."""
+    wanted = name.lower()
+    return lambda request: request.headers.get(wanted) or None
+
+
+# -- responses ------------------------------------------------------------------
+
+
+def _seconds_until(moment_us: int | None, now_us: int) -> int:
+    if moment_us is None:
+        return 0
+    return max(math.ceil((moment_us - now_us) / 1_000_000), 0)
+
+
+def retry_after_seconds(decision: Decision, now_us: int) -> int:
+    """Whole seconds until the denied charges fit again (at least 1)."""
+    denied = [c for c in decision.charges if not c.allowed] or list(decision.charges)
+    moments = [c.retry_at_us if c.retry_at_us is not None else c.resets_at_us for c in denied]
+    return max(max((_seconds_until(m, now_us) for m in moments), default=1), 1)
+
+
+def default_denied(_request: RequestInfo, decision: Decision, retry_after: int) -> DeniedResponse:
+    """429 with a JSON body naming the limit and when to retry."""
+    main = next((c for c in decision.charges if not c.allowed), None)
+    body = {
+        "error": "rate_limited",
+        "message": "Too many requests: retry after "
+        f"{retry_after} second{'' if retry_after == 1 else 's'}.",
+        "denied_by": list(decision.denied_by),
+        "limit": main.limit if main else None,
+        "maximum": main.maximum if main else None,
+        "retry_after": retry_after,
+        "retry_at": decision.retry_at.isoformat() if decision.retry_at else None,
+    }
+    return DeniedResponse(429, [("content-type", "application/json")], json.dumps(body).encode())
+
+
+def unavailable() -> DeniedResponse:
+    body = {"error": "metering_unavailable", "message": "Usage limits cannot be checked now."}
+    return DeniedResponse(
+        503, [("content-type", "application/json"), ("retry-after", "5")], json.dumps(body).encode()
+    )
+
+
+# -- the policy ----------------------------------------------------------------
+
+
+class Policy:
+    """One middleware's configuration and its decision before the application runs."""
+
+    def __init__(
+        self,
+        meter: Meter,
+        limit: str,
+        *,
+        key: Key | None = None,
+        cost: int = 1,
+        routes: Sequence[Route] = (),
+        stacking: bool = False,
+        headers: bool = True,
+        on_denied: DeniedBuilder | None = None,
+        fail_open: bool = False,
+    ) -> None:
+        if not isinstance(meter, Meter):
+            raise InvalidInput("meter", f"expected a Meter, got {type(meter).__name__}")
+        self.meter = meter
+        self.limit = validate_limit_name(limit)
+        self.key = key or client_ip()
+        self.cost = validate_cost(cost)
+        self.routes = tuple(routes)
+        for route in self.routes:
+            if route.limit is not None:
+                validate_limit_name(route.limit)
+            if route.cost is not None:
+                validate_cost(route.cost)
+        self.stacking = stacking
+        self.headers = headers
+        self.on_denied = on_denied or default_denied
+        self.fail_open = fail_open
+        self._limits: dict[str, tuple[float, Limit | None]] = {}
+
+    def _rule(self, request: RequestInfo) -> tuple[str, int] | None:
+        for route in self.routes:
+            if route.matches(request.method, request.path):
+                if route.exempt:
+                    return None
+                return (route.limit or self.limit, route.cost or self.cost)
+        return (self.limit, self.cost)
+
+    def enter(self, request: RequestInfo, context: RequestMetering) -> Step:
+        """Charge this request (or not) and say whether it may go on."""
+        rule = self._rule(request)
+        subject = self.key(request) if rule is not None else None
+        if rule is None or subject is None:
+            return Step()
+        limit, cost = rule
+        try:
+            return self._charge(request, context, subject, limit, cost)
+        except StorageError as exc:
+            if self.fail_open:
+                log.warning("metering unavailable, request let through: %s", exc)
+                return Step()
+            log.error("metering unavailable, request refused: %s", exc)
+            return Step(response=unavailable())
+
+    def _charge(
+        self, request: RequestInfo, context: RequestMetering, subject: str, limit: str, cost: int
+    ) -> Step:
+        reservation = None
+        if self.stacking:
+            reservation = self.meter.reserve(subject, limit, cost)
+            decision = reservation.decision
+        else:
+            decision = self.meter.consume(subject, limit, cost)
+        applied = Applied(limit, subject, decision, reservation)
+        context.applied.append(applied)
+        if not decision.allowed:
+            now_us = _now_us(self.meter)
+            retry_after = retry_after_seconds(decision, now_us)
+            log.info("denied %s %s: %s by %s", request.method, request.path, subject, limit)
+            denied = self.on_denied(request, decision, retry_after)
+            extra = [("retry-after", str(retry_after)), *self.header_pairs(applied, now_us)]
+            present = {name.lower() for name, _ in denied.headers}
+            headers = [*denied.headers, *((n, v) for n, v in extra if n not in present)]
+            context.effective = applied
+            return Step(response=DeniedResponse(denied.status, headers, denied.body))
+        # This limit applies: limits waiting outside (stacking) are not charged.
+        for waiting in context.pending:
+            if waiting.reservation is not None and waiting.reservation.state == "held":
+                waiting.reservation.cancel()
+        context.pending.clear()
+        if reservation is not None:
+            context.pending.append(applied)
+        context.effective = applied
+        return Step(applied=applied)
+
+    def leave(self, step: Step) -> None:
+        """After the application: commit this middleware's reservation unless cancelled."""
+        applied = step.applied
+        if applied is None or applied.reservation is None:
+            return
+        if applied.reservation.state == "held":
+            try:
+                applied.reservation.commit()
+            except MeteringError as exc:  # the sweeper commits it after its time to live
+                log.warning("reservation %s not committed now: %s", applied.reservation.id, exc)
+
+    # -- headers ------------------------------------------------------------------
+
+    def _limit(self, name: str) -> Limit | None:
+        now = self.meter.clock().timestamp()
+        cached = self._limits.get(name)
+        if cached is None or now - cached[0] > LIMIT_CACHE_SECONDS:
+            try:
+                cached = (now, self.meter.get_limit(name))
+            except MeteringError:
+                cached = (now, None)
+            self._limits[name] = cached
+        return cached[1]
+
+    def header_pairs(self, applied: Applied, now_us: int) -> list[tuple[str, str]]:
+        """``RateLimit-Policy`` and ``RateLimit`` (IETF httpapi draft) for a decision."""
+        if not self.headers:
+            return []
+        charge = _charge_of(applied)
+        if charge is None:
+            return []
+        window = _window_seconds(self._limit(applied.limit), charge)
+        name = applied.limit.replace('"', "")
+        policy = f'"{name}";q={charge.maximum}' + (f";w={window}" if window else "")
+        reset = _seconds_until(charge.resets_at_us, now_us)
+        return [
+            ("ratelimit-policy", policy),
+            ("ratelimit", f'"{name}";r={charge.remaining};t={reset}'),
+        ]
+
+    def response_headers(self, step: Step, context: RequestMetering) -> list[tuple[str, str]]:
+        """Headers for the application's response, if this middleware's limit governs it."""
+        if step.applied is None or context.effective is not step.applied:
+            return []
+        return self.header_pairs(step.applied, _now_us(self.meter))
+
+
+def _charge_of(applied: Applied) -> ChargeDecision | None:
+    for charge in applied.decision.charges:
+        if charge.limit == applied.limit:
+            return charge
+    return None
+
+
+def _window_seconds(limit: Limit | None, charge: ChargeDecision) -> int | None:
+    if limit is not None and limit.period_seconds:
+        return limit.period_seconds
+    if charge.window_start_us is not None:  # calendar months: this window's length
+        return (charge.resets_at_us - charge.window_start_us) // 1_000_000
+    return None
+
+
+def _now_us(meter: Meter) -> int:
+    return to_us(meter.clock(), field_name="clock")

@@ -1,0 +1,108 @@
+"""WSGI middleware (Flask, Django, and any WSGI application).
+
+    app.wsgi_app = WSGIMeteringMiddleware(app.wsgi_app, meter=meter, limit="api")
+
+The outermost wrapper runs first. Handlers find the request's charges in
+``environ["metering"]`` (Flask: ``request.environ["metering"]``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from metering.meter import Meter
+from metering.middleware.core import (
+    DeniedBuilder,
+    Key,
+    Policy,
+    RequestInfo,
+    RequestMetering,
+    Route,
+)
+
+Environ = dict[str, Any]
+StartResponse = Callable[..., Any]
+WSGIApp = Callable[[Environ, StartResponse], Iterable[bytes]]
+ENVIRON_KEY = "metering"
+REASONS = {429: "Too Many Requests", 503: "Service Unavailable"}
+
+
+def request_info(environ: Environ) -> RequestInfo:
+    headers = {
+        name[5:].replace("_", "-").lower(): str(value)
+        for name, value in environ.items()
+        if name.startswith("HTTP_")
+    }
+    for name in ("CONTENT_TYPE", "CONTENT_LENGTH"):
+        if environ.get(name):
+            headers[name.replace("_", "-").lower()] = str(environ[name])
+    path = (environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")) or "/"
+    return RequestInfo(
+        method=str(environ.get("REQUEST_METHOD", "GET")),
+        path=path,
+        headers=headers,
+        client=environ.get("REMOTE_ADDR") or None,
+        user=environ.get("REMOTE_USER") or None,
+        raw=environ,
+    )
+
+
+def context_of(environ: Environ) -> RequestMetering:
+    context = environ.get(ENVIRON_KEY)
+    if not isinstance(context, RequestMetering):
+        context = environ[ENVIRON_KEY] = RequestMetering()
+    return context
+
+
+class WSGIMeteringMiddleware:
+    """The WSGI twin of `metering.middleware.MeteringMiddleware`; same options."""
+
+    def __init__(
+        self,
+        app: WSGIApp,
+        *,
+        meter: Meter,
+        limit: str,
+        key: Key | None = None,
+        cost: int = 1,
+        routes: Sequence[Route] = (),
+        stacking: bool = False,
+        headers: bool = True,
+        on_denied: DeniedBuilder | None = None,
+        fail_open: bool = False,
+    ) -> None:
+        self.app = app
+        self.policy = Policy(
+            meter,
+            limit,
+            key=key,
+            cost=cost,
+            routes=routes,
+            stacking=stacking,
+            headers=headers,
+            on_denied=on_denied,
+            fail_open=fail_open,
+        )
+
+    def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
+        context = context_of(environ)
+        step = self.policy.enter(request_info(environ), context)
+        if step.response is not None:
+            response = step.response
+            status = f"{response.status} {REASONS.get(response.status, 'Error')}"
+            start_response(status, list(response.headers))
+            return [response.body]
+        if step.applied is None:
+            return self.app(environ, start_response)
+
+        def start_with_headers(status: str, headers: list[Any], exc_info: Any = None) -> Any:
+            extra = self.policy.response_headers(step, context)
+            return start_response(status, [*headers, *extra], exc_info)
+
+        try:
+            return self.app(environ, start_with_headers)
+        finally:
+            # Every limit further in decided before the application ran, so
+            # this reservation's fate is known once the application returns.
+            self.policy.leave(step)

@@ -1,0 +1,90 @@
+"""Real HTTP servers for the middleware tests: uvicorn (ASGI) and waitress (WSGI).
+
+Each runs in a thread of the test process, listening on a free loopback
+port, so the test shares its `Meter` (and frozen clock) with the app while
+every request goes through a real server and a real HTTP client.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import uvicorn
+from waitress.server import create_server
+
+Serve = Callable[[Any], str]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_listening(port: int, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.02)
+    raise AssertionError(f"nothing listens on port {port}")
+
+
+@pytest.fixture
+def serve_asgi() -> Iterator[Serve]:
+    """``serve_asgi(app)`` → base URL of uvicorn serving ``app``."""
+    servers: list[tuple[uvicorn.Server, threading.Thread]] = []
+
+    def serve(app: Any) -> str:
+        port = _free_port()
+        # proxy_headers=False: uvicorn itself believes X-Forwarded-For from
+        # 127.0.0.1 by default, which would hide what the middleware does.
+        config = uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            lifespan="off",
+            proxy_headers=False,
+        )
+        server = uvicorn.Server(config)
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        servers.append((server, thread))
+        _wait_listening(port)
+        return f"http://127.0.0.1:{port}"
+
+    yield serve
+    for server, thread in servers:
+        server.should_exit = True
+        thread.join(10)
+
+
+@pytest.fixture
+def serve_wsgi() -> Iterator[Serve]:
+    """``serve_wsgi(app)`` → base URL of waitress serving ``app``."""
+    servers: list[tuple[Any, threading.Thread]] = []
+
+    def serve(app: Any) -> str:
+        # Waitress drops X-Forwarded-* from untrusted peers by itself; keep
+        # them so the tests see what the middleware does.
+        server = create_server(
+            app, host="127.0.0.1", port=0, threads=8, clear_untrusted_proxy_headers=False
+        )
+        port = int(server.effective_port)
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        servers.append((server, thread))
+        _wait_listening(port)
+        return f"http://127.0.0.1:{port}"
+
+    yield serve
+    for server, thread in servers:
+        server.close()
+        thread.join(10)

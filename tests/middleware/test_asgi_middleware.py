@@ -1,0 +1,198 @@
+"""The ASGI middleware in a FastAPI app under uvicorn, driven by httpx."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import pytest
+from conftest import Serve
+from fastapi import FastAPI, Request
+from starlette.authentication import AuthCredentials, AuthenticationBackend, SimpleUser
+from starlette.middleware.authentication import AuthenticationMiddleware
+from starlette.requests import HTTPConnection
+
+from metering import FrozenClock, Limit, Meter
+from metering.middleware import (
+    DeniedResponse,
+    MeteringMiddleware,
+    RequestInfo,
+    Route,
+    authenticated_user,
+    client_ip,
+)
+
+START = datetime(2026, 11, 22, 12, 0, 30, tzinfo=UTC)
+
+
+class BearerNames(AuthenticationBackend):
+    """``Authorization: Bearer NAME`` authenticates NAME (a test stand-in for real auth)."""
+
+    async def authenticate(self, conn: HTTPConnection) -> tuple[AuthCredentials, SimpleUser] | None:
+        scheme, _, name = conn.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not name:
+            return None
+        return AuthCredentials(["authenticated"]), SimpleUser(name)
+
+
+@pytest.fixture
+def clock() -> FrozenClock:
+    return FrozenClock(START)
+
+
+@pytest.fixture
+def meter(db_url: str, clock: FrozenClock) -> Iterator[Meter]:
+    with Meter(db_url, clock=clock) as m:
+        m.set_limit(Limit("per_ip", maximum=3, period="1m", window="calendar"))
+        m.set_limit(Limit("per_user", maximum=5, period="1m", window="calendar"))
+        yield m
+
+
+def build_app(meter: Meter, *, trusted: Sequence[str] = (), **outer: Any) -> FastAPI:
+    app = FastAPI()
+
+    @app.get("/hello")
+    @app.post("/upload")
+    @app.get("/health")
+    async def hello(request: Request) -> dict[str, Any]:
+        metering = request.state.metering
+        effective = metering.effective
+        return {
+            "limit": effective.limit if effective else None,
+            "subject": effective.subject if effective else None,
+            "remaining": metering.decision.remaining if metering.decision else None,
+            "charges": len(metering.applied),
+        }
+
+    # Starlette runs the middleware added last outermost: per-IP, auth, per-user.
+    app.add_middleware(MeteringMiddleware, meter=meter, limit="per_user", key=authenticated_user)
+    app.add_middleware(AuthenticationMiddleware, backend=BearerNames())
+    options: dict[str, Any] = {"stacking": True, "key": client_ip(trusted), **outer}
+    app.add_middleware(MeteringMiddleware, meter=meter, limit="per_ip", **options)
+    return app
+
+
+def used(meter: Meter, subject: str, limit: str) -> int:
+    return sum(c.used for c in meter.counters(subject, limit))
+
+
+def test_429_with_retry_after_after_the_limit_and_headers_on_every_response(
+    meter: Meter, serve_asgi: Serve
+) -> None:
+    base = serve_asgi(build_app(meter))
+    with httpx.Client(base_url=base) as client:
+        answers = [client.get("/hello") for _ in range(4)]
+    assert [a.status_code for a in answers] == [200, 200, 200, 429]
+    assert [a.headers["ratelimit"] for a in answers[:3]] == [
+        f'"per_ip";r={r};t=30' for r in (2, 1, 0)
+    ]
+    assert all(a.headers["ratelimit-policy"] == '"per_ip";q=3;w=60' for a in answers)
+    denied = answers[3]
+    assert denied.headers["retry-after"] == "30"  # the calendar minute ends in 30 s
+    assert denied.headers["ratelimit"] == '"per_ip";r=0;t=30'
+    assert denied.headers["content-type"] == "application/json"
+    body = denied.json()
+    assert body["error"] == "rate_limited" and body["denied_by"] == ["per_ip"]
+    assert body["retry_after"] == 30 and body["retry_at"] == "2026-11-22T12:01:00+00:00"
+    assert answers[0].json() == {
+        "limit": "per_ip",
+        "subject": "127.0.0.1",
+        "remaining": 2,
+        "charges": 1,
+    }
+    assert used(meter, "127.0.0.1", "per_ip") == 3
+
+
+def test_an_authenticated_user_gets_the_user_limit_not_the_ip_limit(
+    meter: Meter, serve_asgi: Serve
+) -> None:
+    base = serve_asgi(build_app(meter))
+    with httpx.Client(base_url=base, headers={"authorization": "Bearer ada"}) as client:
+        answers = [client.get("/hello") for _ in range(6)]
+    assert [a.status_code for a in answers] == [200] * 5 + [429]
+    assert answers[0].json() == {
+        "limit": "per_user",
+        "subject": "ada",
+        "remaining": 4,
+        "charges": 2,
+    }
+    assert answers[4].headers["ratelimit"] == '"per_user";r=0;t=30'
+    assert answers[5].json()["denied_by"] == ["per_user"]
+    assert used(meter, "ada", "per_user") == 5
+    # The IP was charged only for the request the user limit denied.
+    assert used(meter, "127.0.0.1", "per_ip") == 1
+    assert {r.state for r in meter.reservations()} == {"cancelled", "committed"}
+    with httpx.Client(base_url=base) as anonymous:
+        assert [anonymous.get("/hello").status_code for _ in range(3)] == [200, 200, 429]
+
+
+def test_concurrent_requests_cannot_slip_past_an_exhausted_outer_limit(
+    meter: Meter, serve_asgi: Serve
+) -> None:
+    base = serve_asgi(build_app(meter))
+
+    async def burst() -> list[int]:
+        async with httpx.AsyncClient(base_url=base) as client:
+            answers = await asyncio.gather(*(client.get("/hello") for _ in range(20)))
+        return [a.status_code for a in answers]
+
+    statuses = asyncio.run(burst())
+    assert sorted(statuses) == [200] * 3 + [429] * 17
+    assert used(meter, "127.0.0.1", "per_ip") == 3
+
+
+def test_a_spoofed_forwarded_for_from_an_untrusted_peer_is_ignored(
+    meter: Meter, serve_asgi: Serve
+) -> None:
+    untrusting = serve_asgi(build_app(meter))
+    spoofed = {"x-forwarded-for": "198.51.100.7"}
+    with httpx.Client(base_url=untrusting, headers=spoofed) as client:
+        assert client.get("/hello").json()["subject"] == "127.0.0.1"
+    trusting = serve_asgi(build_app(meter, trusted=["127.0.0.0/8"]))
+    forwarded = {"x-forwarded-for": "203.0.113.5, 198.51.100.7, 127.0.0.2"}
+    with httpx.Client(base_url=trusting, headers=forwarded) as client:
+        assert client.get("/hello").json()["subject"] == "198.51.100.7"
+    assert used(meter, "198.51.100.7", "per_ip") == 1
+    assert used(meter, "127.0.0.1", "per_ip") == 1
+
+
+def test_routes_change_the_cost_or_exempt_and_a_custom_refusal(
+    meter: Meter, serve_asgi: Serve
+) -> None:
+    def refuse(request: RequestInfo, decision: Any, retry_after: int) -> DeniedResponse:
+        body = json.dumps({"path": request.path, "wait": retry_after}).encode()
+        return DeniedResponse(503, [("content-type", "application/json")], body)
+
+    routes = [Route("/health", exempt=True), Route("/upl*", cost=2, methods=frozenset({"POST"}))]
+    base = serve_asgi(build_app(meter, routes=routes, on_denied=refuse))
+    with httpx.Client(base_url=base) as client:
+        assert [client.get("/health").status_code for _ in range(5)] == [200] * 5
+        assert "ratelimit" not in client.get("/health").headers
+        assert client.post("/upload").json()["remaining"] == 1
+        refused = client.post("/upload")
+    assert refused.status_code == 503
+    assert refused.json() == {"path": "/upload", "wait": 30}
+    assert refused.headers["retry-after"] == "30"
+    assert used(meter, "127.0.0.1", "per_ip") == 2
+
+
+def test_headers_can_be_turned_off_and_an_unreachable_database_answers_503(
+    meter: Meter, serve_asgi: Serve, tmp_path: Any
+) -> None:
+    base = serve_asgi(build_app(meter, headers=False))
+    with httpx.Client(base_url=base) as client:
+        answer = client.get("/hello")
+    assert answer.status_code == 200 and "ratelimit" not in answer.headers
+    broken = Meter(f"sqlite:///{tmp_path}/broken.db")
+    broken.engine.dispose()
+    (tmp_path / "broken.db").unlink()
+    (tmp_path / "broken.db").mkdir()  # no longer a database file
+    closed = serve_asgi(build_app(broken))
+    open_ = serve_asgi(build_app(broken, fail_open=True))
+    with httpx.Client() as client:
+        assert client.get(f"{closed}/hello").status_code == 503
+        assert client.get(f"{open_}/hello").status_code == 200

@@ -1,0 +1,113 @@
+"""The WSGI middleware around a Flask app under waitress, driven by httpx."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import pytest
+from conftest import Serve
+from flask import Flask, jsonify, request
+
+from metering import FrozenClock, Limit, Meter
+from metering.middleware import WSGIMeteringMiddleware, authenticated_user, client_ip
+
+START = datetime(2026, 11, 22, 12, 0, 45, tzinfo=UTC)
+WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+@pytest.fixture
+def clock() -> FrozenClock:
+    return FrozenClock(START)
+
+
+@pytest.fixture
+def meter(db_url: str, clock: FrozenClock) -> Iterator[Meter]:
+    with Meter(db_url, clock=clock) as m:
+        m.set_limit(Limit("per_ip", maximum=3, period="1m", window="calendar"))
+        m.set_limit(Limit("per_user", maximum=5, period="1m", window="calendar"))
+        yield m
+
+
+def bearer_auth(app: WSGIApp) -> WSGIApp:
+    """Sets REMOTE_USER from ``Authorization: Bearer NAME`` (stand-in for real auth)."""
+
+    def wrapped(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        scheme, _, name = environ.get("HTTP_AUTHORIZATION", "").partition(" ")
+        if scheme.lower() == "bearer" and name:
+            environ["REMOTE_USER"] = name
+        return app(environ, start_response)
+
+    return wrapped
+
+
+def build_app(meter: Meter, *, trusted: Sequence[str] = ()) -> Flask:
+    app = Flask(__name__)
+
+    @app.get("/hello")
+    def hello() -> Any:
+        metering = request.environ["metering"]
+        return jsonify(
+            limit=metering.effective.limit,
+            subject=metering.effective.subject,
+            remaining=metering.decision.remaining,
+        )
+
+    inner = WSGIMeteringMiddleware(
+        app.wsgi_app, meter=meter, limit="per_user", key=authenticated_user
+    )
+    app.wsgi_app = WSGIMeteringMiddleware(  # type: ignore[method-assign]
+        bearer_auth(inner), meter=meter, limit="per_ip", key=client_ip(trusted), stacking=True
+    )
+    return app
+
+
+def used(meter: Meter, subject: str, limit: str) -> int:
+    return sum(c.used for c in meter.counters(subject, limit))
+
+
+def test_429_with_retry_after_and_headers(meter: Meter, serve_wsgi: Serve) -> None:
+    base = serve_wsgi(build_app(meter))
+    with httpx.Client(base_url=base) as client:
+        answers = [client.get("/hello") for _ in range(4)]
+    assert [a.status_code for a in answers] == [200, 200, 200, 429]
+    assert answers[2].headers["ratelimit"] == '"per_ip";r=0;t=15'
+    assert all(a.headers["ratelimit-policy"] == '"per_ip";q=3;w=60' for a in answers)
+    assert answers[3].headers["retry-after"] == "15"
+    assert answers[3].json()["denied_by"] == ["per_ip"]
+    assert answers[0].json() == {"limit": "per_ip", "subject": "127.0.0.1", "remaining": 2}
+
+
+def test_stacking_the_user_limit_replaces_the_ip_limit(meter: Meter, serve_wsgi: Serve) -> None:
+    base = serve_wsgi(build_app(meter))
+    with httpx.Client(base_url=base, headers={"authorization": "Bearer ada"}) as client:
+        answers = [client.get("/hello") for _ in range(6)]
+    assert [a.status_code for a in answers] == [200] * 5 + [429]
+    assert answers[0].json() == {"limit": "per_user", "subject": "ada", "remaining": 4}
+    assert answers[0].headers["ratelimit"] == '"per_user";r=4;t=15'
+    assert used(meter, "ada", "per_user") == 5
+    assert used(meter, "127.0.0.1", "per_ip") == 1  # only the request the user limit denied
+    assert not meter.reservations(state="held")
+
+
+def test_concurrent_anonymous_requests_stop_at_the_ip_limit(
+    meter: Meter, serve_wsgi: Serve
+) -> None:
+    base = serve_wsgi(build_app(meter))
+    with httpx.Client(base_url=base) as client, ThreadPoolExecutor(8) as pool:
+        statuses = list(pool.map(lambda _: client.get("/hello").status_code, range(16)))
+    assert sorted(statuses) == [200] * 3 + [429] * 13
+
+
+def test_forwarded_for_is_believed_only_from_trusted_proxies(
+    meter: Meter, serve_wsgi: Serve
+) -> None:
+    spoofed = {"x-forwarded-for": "198.51.100.7"}
+    with httpx.Client(base_url=serve_wsgi(build_app(meter)), headers=spoofed) as client:
+        assert client.get("/hello").json()["subject"] == "127.0.0.1"
+    trusting = serve_wsgi(build_app(meter, trusted=["127.0.0.1"]))
+    with httpx.Client(base_url=trusting, headers=spoofed) as client:
+        assert client.get("/hello").json()["subject"] == "198.51.100.7"

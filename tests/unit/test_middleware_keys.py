@@ -1,0 +1,109 @@
+"""Keys, routes and Retry-After of the middleware, with plain values."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from metering import Meter
+from metering.domain.decisions import ChargeDecision, Decision
+from metering.errors import InvalidInput
+from metering.middleware import RequestInfo, Route, authenticated_user, client_ip, header
+from metering.middleware.core import Policy, retry_after_seconds
+
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+NOW_US = int(NOW.timestamp()) * 1_000_000
+
+
+def request(
+    client: str | None = "10.0.0.1", forwarded: str | None = None, user: object = None
+) -> RequestInfo:
+    headers = {"x-forwarded-for": forwarded} if forwarded is not None else {}
+    return RequestInfo("GET", "/", headers, client, user)
+
+
+def test_no_proxy_is_trusted_by_default() -> None:
+    key = client_ip()
+    assert key(request("10.0.0.1", "203.0.113.9")) == "10.0.0.1"
+    assert key(request(None)) is None
+    assert key(request("unix-socket")) == "unix-socket"
+
+
+@pytest.mark.parametrize(
+    ("peer", "forwarded", "expected"),
+    [
+        ("10.0.0.1", "203.0.113.9", "203.0.113.9"),
+        ("10.0.0.1", "1.1.1.1, 203.0.113.9", "203.0.113.9"),  # the left part is the client's word
+        ("10.0.0.1", "203.0.113.9, 10.0.0.2", "203.0.113.9"),  # skip trusted hops
+        ("10.0.0.1", "10.0.0.3, 10.0.0.2", "10.0.0.3"),  # all trusted: the leftmost
+        ("10.0.0.1", "203.0.113.9, junk", "10.0.0.1"),  # malformed: trust nothing left of it
+        ("10.0.0.1", "", "10.0.0.1"),
+        ("10.0.0.1", "[2001:db8::1]:443", "2001:db8::1"),
+        ("10.0.0.1", "203.0.113.9:5000", "203.0.113.9"),
+        ("192.0.2.1", "203.0.113.9", "192.0.2.1"),  # peer not trusted
+    ],
+)
+def test_forwarded_for_through_trusted_proxies(peer: str, forwarded: str, expected: str) -> None:
+    assert client_ip(["10.0.0.0/8"])(request(peer, forwarded)) == expected
+
+
+def test_a_bad_trusted_proxy_is_a_clear_error() -> None:
+    with pytest.raises(InvalidInput, match="trusted_proxies"):
+        client_ip(["10.0.0.0/33"])
+
+
+class User:
+    def __init__(self, name: str, authenticated: bool = True) -> None:
+        self.display_name = name
+        self.is_authenticated = authenticated
+
+
+def test_authenticated_user_and_header_keys() -> None:
+    assert authenticated_user(request(user="ada")) == "ada"
+    assert authenticated_user(request(user=User("ada"))) == "ada"
+    assert authenticated_user(request(user=User("", authenticated=True))) is None
+    assert authenticated_user(request(user=User("ada", authenticated=False))) is None
+    assert authenticated_user(request(user=None)) is None
+    info = RequestInfo("GET", "/", {"x-api-key": "k-1"}, None)
+    assert header("X-Api-Key")(info) == "k-1"
+    assert header("X-Other")(info) is None
+
+
+def test_routes_match_exactly_or_by_prefix_and_method() -> None:
+    upload = Route("/upload*", cost=5, methods=frozenset({"POST"}))
+    assert upload.matches("POST", "/upload/big") and upload.matches("post", "/upload")
+    assert not upload.matches("GET", "/upload")
+    assert Route("/health").matches("GET", "/health")
+    assert not Route("/health").matches("GET", "/healthz")
+
+
+def charge(allowed: bool, retry_at_us: int | None, resets_at_us: int) -> ChargeDecision:
+    return ChargeDecision(
+        "s", "l", 1, allowed, "allowed" if allowed else "denied", 0, 0, 1, 0, None,
+        resets_at_us, retry_at_us,
+    )  # fmt: skip
+
+
+def test_retry_after_rounds_up_and_is_at_least_one_second() -> None:
+    def decision(*charges: ChargeDecision) -> Decision:
+        return Decision("e", "denied", charges, NOW, NOW)
+
+    assert retry_after_seconds(decision(charge(False, NOW_US + 1_500_000, 0)), NOW_US) == 2
+    assert retry_after_seconds(decision(charge(False, NOW_US, 0)), NOW_US) == 1
+    never = decision(charge(False, None, NOW_US + 60_000_000))  # cost above the maximum
+    assert retry_after_seconds(never, NOW_US) == 60
+    both = decision(charge(True, None, 0), charge(False, NOW_US + 9_000_000, 0))
+    assert retry_after_seconds(both, NOW_US) == 9
+
+
+def test_a_policy_checks_its_configuration(tmp_path: object) -> None:
+    with Meter(f"sqlite:///{tmp_path}/m.db") as meter:
+        with pytest.raises(InvalidInput):
+            Policy(meter, "api", cost=0)
+        with pytest.raises(InvalidInput):
+            Policy(meter, "bad name!")
+        with pytest.raises(InvalidInput):
+            Policy(meter, "api", routes=[Route("/x", cost=-1)])
+        with pytest.raises(InvalidInput):
+            Policy("not a meter", "api")  # type: ignore[arg-type]
