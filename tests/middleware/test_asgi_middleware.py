@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 import pytest
-from conftest import Serve
 from fastapi import FastAPI, Request
 from starlette.authentication import AuthCredentials, AuthenticationBackend, SimpleUser
 from starlette.middleware.authentication import AuthenticationMiddleware
@@ -26,6 +25,7 @@ from metering.middleware import (
     client_ip,
 )
 
+Serve = Callable[[Any], str]  # the serve_asgi / serve_wsgi fixtures
 START = datetime(2026, 11, 22, 12, 0, 30, tzinfo=UTC)
 
 

@@ -9,12 +9,12 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import Serve
 from flask import Flask, jsonify, request
 
 from metering import FrozenClock, Limit, Meter
 from metering.middleware import WSGIMeteringMiddleware, authenticated_user, client_ip
 
+Serve = Callable[[Any], str]  # the serve_asgi / serve_wsgi fixtures
 START = datetime(2026, 11, 22, 12, 0, 45, tzinfo=UTC)
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
