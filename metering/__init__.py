@@ -12,6 +12,7 @@ from metering.domain.events import Charge, UsageEvent, make_event
 from metering.domain.limits import Limit
 from metering.errors import MeteringError
 from metering.meter import Counter, Meter
+from metering.reservations import Reservation
 
 __all__ = [
     "Charge",
@@ -22,6 +23,7 @@ __all__ = [
     "Limit",
     "Meter",
     "MeteringError",
+    "Reservation",
     "UsageEvent",
     "UsageProducer",
     "emit",
