@@ -19,7 +19,7 @@ import argparse
 import random
 import time
 
-from bench_consume import BASELINE_DDL, baseline_job
+from bench_consume import BASELINE_DDL, baseline_job, consume_job
 from common import Figures, durable_postgres, print_table, run_parallel
 from sqlalchemy import create_engine, text
 
@@ -54,20 +54,6 @@ def round_trip_job(url: str, settle: str, part: str) -> object:
     return job
 
 
-def consume_job(url: str) -> object:
-    def job(index: int, events: int) -> list[int]:
-        meter = Meter(url)
-        latencies = []
-        for subject in _subjects(index, events):
-            began = time.perf_counter_ns()
-            meter.consume(subject, "bad_login")
-            latencies.append(time.perf_counter_ns() - began)
-        meter.close()
-        return latencies
-
-    return job
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=1000, help="round trips per process")
@@ -89,7 +75,7 @@ def main() -> None:
                 ("  reserve alone", round_trip_job(url, "cancel", "reserve")),
                 ("  cancel alone", round_trip_job(url, "cancel", "settle")),
                 ("reserve + commit (round trip)", round_trip_job(url, "commit", "trip")),
-                ("consume", consume_job(url)),
+                ("consume", consume_job(url, "bad_login", SPREAD)),
                 ("baseline upsert", baseline_job(url, SPREAD)),
             ]
             for name, job in cases:

@@ -42,5 +42,9 @@ if mode != "none":
         )
         app.add_middleware(AuthenticationMiddleware, backend=BearerNames())
     app.add_middleware(
-        MeteringMiddleware, meter=meter, limit="per_ip", key=client_ip(), stacking=mode == "stacked"
+        MeteringMiddleware,
+        meter=meter,
+        limit="per_ip",
+        key=client_ip(trusted_proxies=["127.0.0.1"]),  # the load generator says who it is
+        stacking=mode == "stacked",
     )

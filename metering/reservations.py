@@ -151,8 +151,19 @@ def reserve_work(
 ) -> Callable[[Connection], tuple[Decision, ReservationState]]:
     """The transaction of `Meter.reserve`: decide, and keep a row if allowed."""
 
+    # Like consume: no lookup of the id first; a repeated id is caught by the
+    # results insert, and the retry then looks it up.
+    precheck = False
+
     def work(connection: Connection) -> tuple[Decision, ReservationState]:
-        [applied] = apply_events(Store(connection), [event], now_us, invalid="raise")
+        nonlocal precheck
+        try:
+            [applied] = apply_events(
+                Store(connection), [event], now_us, invalid="raise", precheck=precheck
+            )
+        except Exception:
+            precheck = True
+            raise
         if isinstance(applied, EventConflict):
             raise applied
         rows = ReservationStore(connection)

@@ -11,13 +11,33 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 import uvicorn
 from waitress.server import create_server
 
+from metering import FrozenClock, Limit, Meter
+
+# Half a minute into a calendar minute: a denial retries after 30 s.
+START = datetime(2026, 11, 22, 12, 0, 30, tzinfo=UTC)
+
 Serve = Callable[[Any], str]
+
+
+@pytest.fixture
+def clock() -> FrozenClock:
+    return FrozenClock(START)
+
+
+@pytest.fixture
+def meter(db_url: str, clock: FrozenClock) -> Iterator[Meter]:
+    """Three requests a minute per IP, five per user."""
+    with Meter(db_url, clock=clock) as m:
+        m.set_limit(Limit("per_ip", maximum=3, period="1m", window="calendar"))
+        m.set_limit(Limit("per_user", maximum=5, period="1m", window="calendar"))
+        yield m
 
 
 def _free_port() -> int:

@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Iterator, Sequence
-from datetime import UTC, datetime
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
-import pytest
 from fastapi import FastAPI, Request
 from starlette.authentication import AuthCredentials, AuthenticationBackend, SimpleUser
 from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.requests import HTTPConnection
 
-from metering import FrozenClock, Limit, Meter
+from metering import Meter
 from metering.middleware import (
     DeniedResponse,
     MeteringMiddleware,
@@ -26,7 +24,6 @@ from metering.middleware import (
 )
 
 Serve = Callable[[Any], str]  # the serve_asgi / serve_wsgi fixtures
-START = datetime(2026, 11, 22, 12, 0, 30, tzinfo=UTC)
 
 
 class BearerNames(AuthenticationBackend):
@@ -37,19 +34,6 @@ class BearerNames(AuthenticationBackend):
         if scheme.lower() != "bearer" or not name:
             return None
         return AuthCredentials(["authenticated"]), SimpleUser(name)
-
-
-@pytest.fixture
-def clock() -> FrozenClock:
-    return FrozenClock(START)
-
-
-@pytest.fixture
-def meter(db_url: str, clock: FrozenClock) -> Iterator[Meter]:
-    with Meter(db_url, clock=clock) as m:
-        m.set_limit(Limit("per_ip", maximum=3, period="1m", window="calendar"))
-        m.set_limit(Limit("per_user", maximum=5, period="1m", window="calendar"))
-        yield m
 
 
 def build_app(meter: Meter, *, trusted: Sequence[str] = (), **outer: Any) -> FastAPI:
