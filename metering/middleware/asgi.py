@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 from metering.meter import Meter
 from metering.middleware.core import (
-    DeniedBuilder,
     DeniedResponse,
-    Key,
     Policy,
+    PolicyOptions,
     RequestInfo,
     RequestMetering,
-    Route,
 )
 
 Scope = MutableMapping[str, Any]
@@ -89,26 +87,10 @@ class MeteringMiddleware:
         *,
         meter: Meter,
         limit: str,
-        key: Key | None = None,
-        cost: int = 1,
-        routes: Sequence[Route] = (),
-        stacking: bool = False,
-        headers: bool = True,
-        on_denied: DeniedBuilder | None = None,
-        fail_open: bool = False,
+        **options: Unpack[PolicyOptions],
     ) -> None:
         self.app = app
-        self.policy = Policy(
-            meter,
-            limit,
-            key=key,
-            cost=cost,
-            routes=routes,
-            stacking=stacking,
-            headers=headers,
-            on_denied=on_denied,
-            fail_open=fail_open,
-        )
+        self.policy = Policy(meter, limit, **options)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

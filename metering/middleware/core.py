@@ -23,7 +23,7 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from metering.domain.decisions import ChargeDecision, Decision
 from metering.domain.events import validate_cost
@@ -253,6 +253,18 @@ def unavailable() -> DeniedResponse:
 
 
 # -- the policy ----------------------------------------------------------------
+
+
+class PolicyOptions(TypedDict, total=False):
+    """The optional settings of a middleware (see `MeteringMiddleware`)."""
+
+    key: Key | None
+    cost: int
+    routes: Sequence[Route]
+    stacking: bool
+    headers: bool
+    on_denied: DeniedBuilder | None
+    fail_open: bool
 
 
 class Policy:

@@ -8,17 +8,15 @@ The outermost wrapper runs first. Handlers find the request's charges in
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, Unpack
 
 from metering.meter import Meter
 from metering.middleware.core import (
-    DeniedBuilder,
-    Key,
     Policy,
+    PolicyOptions,
     RequestInfo,
     RequestMetering,
-    Route,
 )
 
 Environ = dict[str, Any]
@@ -64,26 +62,10 @@ class WSGIMeteringMiddleware:
         *,
         meter: Meter,
         limit: str,
-        key: Key | None = None,
-        cost: int = 1,
-        routes: Sequence[Route] = (),
-        stacking: bool = False,
-        headers: bool = True,
-        on_denied: DeniedBuilder | None = None,
-        fail_open: bool = False,
+        **options: Unpack[PolicyOptions],
     ) -> None:
         self.app = app
-        self.policy = Policy(
-            meter,
-            limit,
-            key=key,
-            cost=cost,
-            routes=routes,
-            stacking=stacking,
-            headers=headers,
-            on_denied=on_denied,
-            fail_open=fail_open,
-        )
+        self.policy = Policy(meter, limit, **options)
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         context = context_of(environ)
