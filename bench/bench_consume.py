@@ -19,6 +19,7 @@ import random
 import time
 
 from common import Figures, durable_postgres, print_table, run_parallel
+from servers import PostgresServer
 from sqlalchemy import create_engine, text
 
 from metering import Limit, Meter
@@ -68,21 +69,32 @@ def baseline_job(url: str, spread: int) -> object:
     return job
 
 
+def prepare_database(server: PostgresServer, limits: list[Limit]) -> str:
+    """A migrated ``bench`` database with these limits and the baseline's table."""
+    server.create_database("bench")
+    url = server.url("bench")
+    upgrade_schema(url)
+    with Meter(url) as meter:
+        meter.set_limits(limits)
+    engine = create_engine(url)
+    with engine.begin() as connection:
+        connection.execute(text(BASELINE_DDL))
+    engine.dispose()
+    return url
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=2000, help="events per process")
     args = parser.parse_args()
     with durable_postgres() as server:
-        server.create_database("bench")
-        url = server.url("bench")
-        upgrade_schema(url)
-        with Meter(url) as meter:
-            meter.set_limit(Limit("calls", maximum=10**12, period="1d"))
-            meter.set_limit(Limit("calls_cal", maximum=10**12, period="1d", window="calendar"))
-        engine = create_engine(url)
-        with engine.begin() as connection:
-            connection.execute(text(BASELINE_DDL))
-        engine.dispose()
+        url = prepare_database(
+            server,
+            [
+                Limit("calls", maximum=10**12, period="1d"),
+                Limit("calls_cal", maximum=10**12, period="1d", window="calendar"),
+            ],
+        )
         results: list[Figures] = []
         for spread, label in ((1, "1 hot subject"), (10_000, "10,000 subjects")):
             for processes in (1, 4):

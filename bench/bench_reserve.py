@@ -19,12 +19,10 @@ import argparse
 import random
 import time
 
-from bench_consume import BASELINE_DDL, baseline_job, consume_job
+from bench_consume import baseline_job, consume_job, prepare_database
 from common import Figures, durable_postgres, print_table, run_parallel
-from sqlalchemy import create_engine, text
 
 from metering import Limit, Meter
-from metering.storage.engine import upgrade_schema
 
 SPREAD = 10_000
 
@@ -59,15 +57,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=1000, help="round trips per process")
     args = parser.parse_args()
     with durable_postgres() as server:
-        server.create_database("bench")
-        url = server.url("bench")
-        upgrade_schema(url)
-        with Meter(url) as meter:
-            meter.set_limit(Limit("bad_login", maximum=10**12, period="1h"))
-        engine = create_engine(url)
-        with engine.begin() as connection:
-            connection.execute(text(BASELINE_DDL))
-        engine.dispose()
+        url = prepare_database(server, [Limit("bad_login", maximum=10**12, period="1h")])
         results: list[Figures] = []
         for processes in (1, 4):
             cases = [

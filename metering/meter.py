@@ -244,8 +244,9 @@ class Meter:
         event = self._event(subject, limit, cost, charges, event_id, None, metadata)
         now_us = self._now_us()
         work = reserve_work(event, now_us, round(ttl * 1_000_000))
-        decision, state = run_transaction(self.engine, work)
-        return Reservation(self, decision, state)
+        decision, state, expires_at_us = run_transaction(self.engine, work)
+        expires_at = from_us(expires_at_us) if expires_at_us is not None else None
+        return Reservation(self, decision, state, expires_at)
 
     def cancel_reservation(self, reservation_id: str) -> int:
         """Cancel a held reservation: see `Reservation.cancel`."""

@@ -60,9 +60,7 @@ def reserve(
             click.get_current_context().exit(EXIT_DENIED)
         return
     if reservation.state == "held":
-        info = _meter().reservation(reservation.id)
-        expires = _when(info.expires_at) if info else "-"
-        click.echo(f"reservation {reservation.id} held until {expires}")
+        click.echo(f"reservation {reservation.id} held until {_when(reservation.expires_at)}")
     _report(reservation.decision, fmt)
 
 

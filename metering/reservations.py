@@ -89,13 +89,21 @@ class Reservation:
     ``allowed`` is the decision's verdict. A denied reservation consumed
     nothing: its ``cancel()`` and ``commit()`` do nothing. Use it as a
     context manager: leaving the block without ``cancel()`` commits, even
-    when the block raised.
+    when the block raised. ``expires_at`` is when the sweeper commits it
+    (None when nothing is held).
     """
 
-    def __init__(self, meter: Meter, decision: Decision, state: ReservationState) -> None:
+    def __init__(
+        self,
+        meter: Meter,
+        decision: Decision,
+        state: ReservationState,
+        expires_at: datetime | None = None,
+    ) -> None:
         self._meter = meter
         self.decision = decision
         self.state: ReservationState = state
+        self.expires_at = expires_at
 
     @property
     def id(self) -> str:
@@ -146,16 +154,17 @@ class Reservation:
         return f"<Reservation {self.id} {self.state} allowed={self.allowed}>"
 
 
-def reserve_work(
-    event: UsageEvent, now_us: int, ttl_us: int
-) -> Callable[[Connection], tuple[Decision, ReservationState]]:
+Reserved = tuple[Decision, ReservationState, int | None]  # decision, state, expires_at_us
+
+
+def reserve_work(event: UsageEvent, now_us: int, ttl_us: int) -> Callable[[Connection], Reserved]:
     """The transaction of `Meter.reserve`: decide, and keep a row if allowed."""
 
     # Like consume: no lookup of the id first; a repeated id is caught by the
     # results insert, and the retry then looks it up.
     precheck = False
 
-    def work(connection: Connection) -> tuple[Decision, ReservationState]:
+    def work(connection: Connection) -> Reserved:
         nonlocal precheck
         try:
             [applied] = apply_events(
@@ -170,11 +179,13 @@ def reserve_work(
         if applied.duplicate:
             record = rows.get(event.event_id)
             if record is not None:
-                return applied, record.state  # type: ignore[return-value]
+                return applied, record.state, record.expires_at_us  # type: ignore[return-value]
             # The id was consumed, not reserved: that usage is final.
-            return applied, "committed" if applied.allowed else "denied"
+            return applied, "committed" if applied.allowed else "denied", None
         if not applied.allowed:
-            return applied, "denied"
+            return applied, "denied", None
+        # A fixed window's charge resets when its window ends: resets_at is the
+        # window's end, which the counter key needs to find it again.
         held = [
             HeldCharge(
                 subject=c.subject,
@@ -186,7 +197,7 @@ def reserve_work(
             for c in applied.charges
         ]
         rows.insert(event.event_id, held, now_us, now_us + ttl_us)
-        return applied, "held"
+        return applied, "held", now_us + ttl_us
 
     return work
 
@@ -199,12 +210,17 @@ class Settled:
     expired: bool = False
 
 
+def _locked(rows: ReservationStore, reservation_id: str) -> ReservationRecord:
+    record = rows.get(reservation_id, lock=True)
+    if record is None:
+        raise UnknownReservation(reservation_id)
+    return record
+
+
 def cancel_work(reservation_id: str, now_us: int) -> Callable[[Connection], Settled]:
     def work(connection: Connection) -> Settled:
         rows = ReservationStore(connection)
-        record = rows.get(reservation_id, lock=True)
-        if record is None:
-            raise UnknownReservation(reservation_id)
+        record = _locked(rows, reservation_id)
         if record.state == "cancelled":
             return Settled()
         if record.state != "held":
@@ -241,9 +257,7 @@ def _give_back_all(connection: Connection, record: ReservationRecord, now_us: in
 def commit_work(reservation_id: str, now_us: int) -> Callable[[Connection], None]:
     def work(connection: Connection) -> None:
         rows = ReservationStore(connection)
-        record = rows.get(reservation_id, lock=True)
-        if record is None:
-            raise UnknownReservation(reservation_id)
+        record = _locked(rows, reservation_id)
         if record.state == "committed":
             return
         if record.state != "held":

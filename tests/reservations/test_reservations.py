@@ -52,6 +52,7 @@ def snapshot(meter: Meter) -> tuple[object, ...]:
 def test_reserve_consumes_now_and_cancel_gives_it_back(meter: Meter) -> None:
     r = meter.reserve("10.0.0.7", "bad_login", cost=2)
     assert r.allowed and r.state == "held" and r.decision.remaining == 1
+    assert r.expires_at == START + timedelta(seconds=60)
     assert used(meter, "10.0.0.7", "bad_login") == 2
     assert meter.result(r.id) is not None  # recorded like any event
     assert r.cancel() == 2
@@ -100,7 +101,7 @@ def test_a_denied_reservation_holds_nothing(meter: Meter) -> None:
     for _ in range(3):
         meter.reserve("ip", "bad_login")
     denied = meter.reserve("ip", "bad_login")
-    assert not denied.allowed and denied.state == "denied"
+    assert not denied.allowed and denied.state == "denied" and denied.expires_at is None
     assert denied.decision.retry_at == START + timedelta(hours=1)
     assert denied.cancel() == 0
     denied.commit()
