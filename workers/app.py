@@ -49,10 +49,17 @@ def create_app(url: str | None = None) -> Celery:
     # Redis: a message a dead worker held comes back after the visibility
     # timeout, but kombu only looks for such messages every interval x
     # throttle seconds (100 s by default); look at least twice per timeout.
+    # Workers take turns through a Redis lock that a worker killed while
+    # holding it keeps for unacked_mutex_expire (300 s by default), stopping
+    # every other worker's look: let it lapse after one interval instead (a
+    # look takes milliseconds; two overlapping ones only redeliver twice,
+    # which applying ignores).
+    restore_interval = max(1, min(int(visibility / 2), 60))
     transport: dict[str, Any] = {
         "visibility_timeout": visibility,
-        "unacked_restore_interval": max(1, min(int(visibility / 2), 60)),
+        "unacked_restore_interval": restore_interval,
         "unacked_restore_throttle": 1,
+        "unacked_mutex_expire": restore_interval,
     }
     if is_embedded_broker(url):
         _poll_embedded_broker_often()

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import multiprocessing
 import random
+import subprocess
+import sys
 import time
 from collections import Counter as Tally
 from collections import defaultdict
@@ -52,6 +54,7 @@ class Worker(Protocol):
     """What the tests use of conftest's `Worker` (a ``celery -A workers worker``)."""
 
     name: str
+    env: dict[str, str]
 
     def alive(self) -> bool: ...
     def wait_ready(self, timeout: float = ...) -> None: ...
@@ -440,6 +443,18 @@ def test_a_worker_killed_with_sigkill_loses_and_doubles_nothing(
         assert second.alive(), second.tail()
 
 
+def restore_lock_seconds(worker: Worker) -> int:
+    """How long a worker with this environment holds kombu's restore lock at most."""
+    script = (
+        "from workers.app import create_app; "
+        "print(create_app().conf.broker_transport_options.get('unacked_mutex_expire', 300))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=worker.env, capture_output=True, text=True, check=True
+    )
+    return int(float(out.stdout))
+
+
 def test_a_dead_workers_message_is_redelivered_soon_after_the_visibility_timeout(
     pg_url: str, redis_url: str, client: redis.Redis, start_worker: StartWorker
 ) -> None:
@@ -452,6 +467,10 @@ def test_a_dead_workers_message_is_redelivered_soon_after_the_visibility_timeout
         at_kill, (_, unacked) = kill_when_busy(meter, first, client, 300)
         killed_at = time.monotonic()
         assert 0 < at_kill < len(emitted) and unacked > 0, (at_kill, unacked, first.tail())
+        # The worst moment to die: while holding kombu's restore lock (a
+        # redis-py lock), which every worker needs before it may bring held
+        # messages back. It lives as long as the dead worker asked for.
+        client.set("unacked_mutex", "token-of-the-killed-worker", ex=restore_lock_seconds(first))
         # A worker that is running when the held messages pass the timeout:
         # it starts well within the timeout, so its start-up scan is too early.
         second = start_worker(METERING_VISIBILITY_TIMEOUT=str(visibility))
