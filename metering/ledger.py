@@ -251,6 +251,11 @@ def _rejected(event: UsageEvent, reason: str, now_us: int) -> Decision:
     )
 
 
+def record_of(event: UsageEvent, decision: Decision) -> ResultRecord:
+    """The ledger's row of a decision."""
+    return _result_row(event, decision)
+
+
 def _result_row(event: UsageEvent, decision: Decision) -> ResultRecord:
     return ResultRecord(
         event_id=event.event_id,

@@ -14,10 +14,21 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+from metering.applying import (
+    CONFLICT,
+    DUPLICATE,
+    NEW,
+    Answer,
+    LimitCache,
+    RejectedRow,
+    UseGeneralPath,
+    apply_records,
+)
 from metering.clock import Clock, system_clock
 from metering.config import database_url, load_limits_file
 from metering.domain.decisions import Decision
 from metering.domain.events import (
+    EventRecord,
     UsageEvent,
     charges_of,
     make_event,
@@ -37,6 +48,7 @@ from metering.ledger import (
     decide_with_states,
     decision_of,
     first_use_pairs,
+    record_of,
     validate_against_limits,
 )
 from metering.reservations import (
@@ -48,11 +60,9 @@ from metering.reservations import (
     reserve_work,
     validate_ttl,
 )
-from metering.storage.engine import ensure_schema, make_engine, run_transaction
+from metering.storage.engine import RetryTransaction, ensure_schema, make_engine, run_transaction
 from metering.storage.queries import Store
 from metering.storage.reservations import ReservationStore
-
-RejectedRow = tuple[str | None, str, str]  # (event id or None, reason, raw input)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +93,7 @@ class Meter:
         self.url = database_url(url)
         self.clock: Clock = clock or system_clock
         self.engine = make_engine(self.url, **engine_options)
+        self._limits = LimitCache()
         try:
             ensure_schema(self.engine)
         except BaseException:
@@ -193,13 +204,65 @@ class Meter:
     ) -> list[Applied]:
         """Apply a batch of validated events in one transaction, in order.
 
-        This is what workers call. With ``invalid="reject"`` an event naming an
-        unknown limit or out of its time range is recorded as rejected. In the
-        same transaction, ``rejected`` (event id or None, reason, raw input)
-        and every event whose id was reused with other charges are kept in
+        With ``invalid="reject"`` an event naming an unknown limit or out of
+        its time range is recorded as rejected. In the same transaction,
+        ``rejected`` (event id or None, reason, raw input) and every event
+        whose id was reused with other charges are kept in
         ``rejected_messages``; a repeated call records nothing twice.
         """
+        answers = self.apply_records(
+            [event.record() for event in events], invalid=invalid, rejected=rejected
+        )
+        pairs = zip(events, answers, strict=True)
+        return [_applied(event.event_id, answer) for event, answer in pairs]
+
+    def apply_records(
+        self,
+        records: Sequence[EventRecord],
+        *,
+        invalid: InvalidPolicy = "reject",
+        rejected: Sequence[RejectedRow] = (),
+    ) -> list[Answer]:
+        """`apply` for the worker: plain records in, (kind, result) answers out.
+
+        A kind is ``"new"``, ``"duplicate"`` or ``"conflict"`` (see
+        `metering.applying`); nothing is built that the caller does not read.
+        """
         now_us = self._now_us()
+        # One event (consume) skips the id lookup: a repeated id fails the
+        # results insert and the retry looks it up.
+        precheck = len(records) > 1
+
+        def work(connection: Connection) -> list[Answer]:
+            nonlocal precheck
+            try:
+                return apply_records(
+                    connection,
+                    self._limits,
+                    records,
+                    now_us,
+                    invalid=invalid,
+                    precheck=precheck,
+                    rejected=rejected,
+                )
+            except RetryTransaction:
+                precheck = True
+                raise
+
+        try:
+            return run_transaction(self.engine, work)
+        except UseGeneralPath:
+            return self._apply_general(records, now_us, invalid, rejected)
+
+    def _apply_general(
+        self,
+        records: Sequence[EventRecord],
+        now_us: int,
+        invalid: InvalidPolicy,
+        rejected: Sequence[RejectedRow],
+    ) -> list[Answer]:
+        """The general engine, for batches the hot path leaves to it."""
+        events = [UsageEvent(*r[:2], from_us(r.occurred_at_us), r.metadata) for r in records]
         precheck = len(events) > 1
 
         def work(connection: Connection) -> list[Applied]:
@@ -218,7 +281,14 @@ class Meter:
             store.record_rejected_messages([*rejected, *conflicts], now_us)
             return applied
 
-        return run_transaction(self.engine, work)
+        answers: list[Answer] = []
+        for event, applied in zip(events, run_transaction(self.engine, work), strict=True):
+            if isinstance(applied, EventConflict):
+                answers.append((CONFLICT, None))
+            else:
+                kind = DUPLICATE if applied.duplicate else NEW
+                answers.append((kind, record_of(event, applied)))
+        return answers
 
     # -- reservations -------------------------------------------------------
 
@@ -370,6 +440,13 @@ class Meter:
         """Counters of a subject and/or limit, every window, oldest first."""
         rows = run_transaction(self.engine, lambda c: Store(c).counters_of(subject, limit))
         return [_counter(key, state) for key, state in rows]
+
+
+def _applied(event_id: str, answer: Answer) -> Applied:
+    kind, record = answer
+    if kind == CONFLICT or record is None:
+        return EventConflict(event_id)
+    return decision_of(record, duplicate=kind == DUPLICATE)
 
 
 def _counter(key: CounterKey, state: CounterState) -> Counter:

@@ -22,9 +22,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from metering.domain.events import UsageEvent, make_event
+from metering.applying import CONFLICT, DUPLICATE, NEW, Answer
+from metering.domain.events import (
+    EventRecord,
+    UsageEvent,
+    fingerprint_of,
+    new_event_id,
+    validate_charges,
+    validate_event_id,
+    validate_metadata,
+)
 from metering.domain.instants import from_us
-from metering.errors import EventConflict, MeteringError
+from metering.errors import MeteringError
 from metering.meter import Meter
 
 TASK_NAME: Final = "metering.apply_batch"
@@ -56,16 +65,25 @@ class Rejected:
 
 def decode_batch(payload: object) -> tuple[list[UsageEvent], list[Rejected]]:
     """The events of a message, and what could not be decoded, in order."""
+    records, rejected = decode_records(payload)
+    events = [
+        UsageEvent(r.event_id, r.charges, from_us(r.occurred_at_us), r.metadata) for r in records
+    ]
+    return events, rejected
+
+
+def decode_records(payload: object) -> tuple[list[EventRecord], list[Rejected]]:
+    """`decode_batch` as plain records, as the worker applies them."""
     if not isinstance(payload, Mapping) or payload.get("v") != FORMAT_VERSION:
         return [], [Rejected(None, "not a metering batch (version 1)", _raw(payload))]
     items = payload.get("events")
     if not isinstance(items, list):
         return [], [Rejected(None, "batch has no list of events", _raw(payload))]
-    events: list[UsageEvent] = []
+    events: list[EventRecord] = []
     rejected: list[Rejected] = []
     for item in items:
         try:
-            events.append(_decode_event(item))
+            events.append(_decode_record(item))
         except (MeteringError, TypeError, ValueError, OverflowError, KeyError) as exc:
             event_id = item.get("id") if isinstance(item, Mapping) else None
             usable = event_id if isinstance(event_id, str) and len(event_id) <= 128 else None
@@ -73,13 +91,20 @@ def decode_batch(payload: object) -> tuple[list[UsageEvent], list[Rejected]]:
     return events, rejected
 
 
-def _decode_event(item: object) -> UsageEvent:
+def _decode_record(item: object) -> EventRecord:
+    # The checks of `make_event`, in its order, without building datetimes.
     if not isinstance(item, Mapping):
         raise ValueError("an event must be a JSON object")
     at = item["at"]
     if isinstance(at, bool) or not isinstance(at, int):
         raise ValueError(f"'at' must be microseconds since the epoch, got {at!r}")
-    return make_event(item["charges"], from_us(at), item["id"], item.get("meta"))
+    from_us(at)  # in the range of a datetime
+    event_id = item["id"]
+    charges = item["charges"]
+    event_id = new_event_id() if event_id is None else validate_event_id(event_id)
+    checked = validate_charges(charges)
+    metadata = validate_metadata(item.get("meta"))
+    return EventRecord(event_id, checked, at, metadata, fingerprint_of(checked))
 
 
 def _raw(value: object) -> str:
@@ -111,14 +136,19 @@ class BatchReport:
 
 def apply_batch(meter: Meter, payload: object) -> BatchReport:
     """Apply one queued message; database errors propagate so the task retries."""
-    events, malformed = decode_batch(payload)
+    events, malformed = decode_records(payload)
     rows = [(m.event_id, m.reason, m.raw) for m in malformed]
-    applied = meter.apply(events, invalid="reject", rejected=rows)
-    decisions = [a for a in applied if not isinstance(a, EventConflict)]
+    answers = meter.apply_records(events, invalid="reject", rejected=rows)
+    return report_of(answers, malformed=len(malformed))
+
+
+def report_of(answers: Sequence[Answer], *, malformed: int) -> BatchReport:
+    new = [record for kind, record in answers if kind == NEW and record is not None]
+    rejected = sum(1 for record in new if record.outcome == "rejected")
     return BatchReport(
-        applied=sum(1 for d in decisions if not d.duplicate and d.outcome != "rejected"),
-        duplicates=sum(1 for d in decisions if d.duplicate),
-        conflicts=len(applied) - len(decisions),
-        rejected=sum(1 for d in decisions if not d.duplicate and d.outcome == "rejected"),
-        malformed=len(malformed),
+        applied=len(new) - rejected,
+        duplicates=sum(1 for kind, _ in answers if kind == DUPLICATE),
+        conflicts=sum(1 for kind, _ in answers if kind == CONFLICT),
+        rejected=rejected,
+        malformed=malformed,
     )

@@ -30,6 +30,24 @@ class Charge(NamedTuple):
     cost: int = 1
 
 
+class EventRecord(NamedTuple):
+    """A validated event as the hot path carries it: plain values, no datetime.
+
+    ``fingerprint`` is `UsageEvent.fingerprint`: what makes two deliveries
+    of one id the same event.
+    """
+
+    event_id: str
+    charges: tuple[Charge, ...]
+    occurred_at_us: int
+    metadata: Mapping[str, Any] | None
+    fingerprint: str
+
+
+def fingerprint_of(charges: Iterable[Sequence[object]]) -> str:
+    return json.dumps(sorted([list(c) for c in charges]), separators=(",", ":"))
+
+
 @dataclass(frozen=True, slots=True)
 class UsageEvent:
     """A validated usage event: build it with `make_event`."""
@@ -43,12 +61,16 @@ class UsageEvent:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "occurred_at_us", to_us(self.occurred_at))
-        charges = sorted([list(c) for c in self.charges])
-        object.__setattr__(self, "_fingerprint", json.dumps(charges, separators=(",", ":")))
+        object.__setattr__(self, "_fingerprint", fingerprint_of(self.charges))
 
     def fingerprint(self) -> str:
         """What makes two deliveries of one id the same event: its charges."""
         return self._fingerprint
+
+    def record(self) -> EventRecord:
+        return EventRecord(
+            self.event_id, self.charges, self.occurred_at_us, self.metadata, self._fingerprint
+        )
 
 
 def new_event_id() -> str:

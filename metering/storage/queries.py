@@ -15,13 +15,20 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sqlalchemy import Connection, and_, bindparam, delete, func, or_, select, tuple_
+from sqlalchemy import Connection, and_, bindparam, delete, func, or_, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from metering.domain.limits import Limit
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 from metering.domain.windows import Window
-from metering.storage.tables import counters, current_windows, limits, rejected_messages, results
+from metering.storage.tables import (
+    counters,
+    current_windows,
+    limits,
+    limits_version,
+    rejected_messages,
+    results,
+)
 
 # Rows per multi-row statement: well under SQLite's 32,766 bound parameters.
 CHUNK: Final = 500
@@ -48,6 +55,40 @@ class ResultRecord:
 
 
 _COUNTER_KEY: Final = ("limit_name", "subject", "window_start_us")
+ResultRow = tuple[str, str, str, int, int, str | None, str | None, str, str | None]
+
+
+def result_row(record: ResultRecord) -> ResultRow:
+    """The one row builder of the results table, in column order, for every path."""
+    return (
+        record.event_id,
+        record.outcome,
+        record.fingerprint,
+        record.occurred_at_us,
+        record.decided_at_us,
+        ",".join(record.denied_by) or None,
+        record.reason,
+        json.dumps(record.charges, separators=(",", ":")),
+        json.dumps(record.metadata) if record.metadata is not None else None,
+    )
+
+
+RESULT_COLUMNS: Final = (
+    "event_id",
+    "outcome",
+    "fingerprint",
+    "occurred_at_us",
+    "decided_at_us",
+    "denied_by",
+    "reason",
+    "charges",
+    "metadata",
+)
+BUMP_LIMITS_VERSION: Final = (
+    update(limits_version)
+    .where(limits_version.c.id == 1)
+    .values(version=limits_version.c.version + 1)
+)
 
 
 def _build_statements(dialect: str) -> dict[str, Any]:
@@ -186,17 +227,19 @@ def _state_from_row(row: Any) -> CounterState:
     )
 
 
-def _record_from_row(row: Any) -> ResultRecord:
+def record_from_row(row: Sequence[Any]) -> ResultRecord:
+    """A results row (columns in `RESULT_COLUMNS` order) as a `ResultRecord`."""
+    event_id, outcome, fingerprint, occurred_at_us, decided_at_us, denied_by = row[:6]
     return ResultRecord(
-        event_id=row.event_id,
-        outcome=row.outcome,
-        fingerprint=row.fingerprint,
-        occurred_at_us=row.occurred_at_us,
-        decided_at_us=row.decided_at_us,
-        denied_by=tuple(row.denied_by.split(",")) if row.denied_by else (),
-        reason=row.reason,
-        charges=json.loads(row.charges),
-        metadata=json.loads(row.metadata) if row.metadata else None,
+        event_id=event_id,
+        outcome=outcome,
+        fingerprint=fingerprint,
+        occurred_at_us=occurred_at_us,
+        decided_at_us=decided_at_us,
+        denied_by=tuple(denied_by.split(",")) if denied_by else (),
+        reason=row[6],
+        charges=json.loads(row[7]),
+        metadata=json.loads(row[8]) if row[8] else None,
     )
 
 
@@ -241,10 +284,16 @@ class Store:
         self.connection.execute(
             statement.on_conflict_do_update(index_elements=["name"], set_=changed)
         )
+        self.connection.execute(BUMP_LIMITS_VERSION)
 
     def delete_limit(self, name: str) -> bool:
         outcome = self.connection.execute(delete(limits).where(limits.c.name == name))
+        self.connection.execute(BUMP_LIMITS_VERSION)
         return bool(outcome.rowcount)
+
+    def limits_version(self) -> int:
+        query = select(limits_version.c.version).where(limits_version.c.id == 1)
+        return int(self.connection.execute(query).scalar_one())
 
     # -- first-use windows -------------------------------------------------
 
@@ -469,24 +518,14 @@ class Store:
             for chunk in _chunks(wanted):
                 query = select(results).where(results.c.event_id.in_(chunk))
                 rows.extend(self.connection.execute(query))
-        return {row.event_id: _record_from_row(row) for row in rows}
+        return {row.event_id: record_from_row(row) for row in rows}
 
     def insert_results(self, records: Sequence[ResultRecord]) -> set[str]:
         """Insert results; an id already present is skipped. Returns the ids inserted."""
         if not records:
             return set()
         params = [
-            {
-                "event_id": r.event_id,
-                "outcome": r.outcome,
-                "fingerprint": r.fingerprint,
-                "occurred_at_us": r.occurred_at_us,
-                "decided_at_us": r.decided_at_us,
-                "denied_by": ",".join(r.denied_by) or None,
-                "reason": r.reason,
-                "charges": json.dumps(r.charges, separators=(",", ":")),
-                "metadata": json.dumps(r.metadata) if r.metadata is not None else None,
-            }
+            dict(zip(RESULT_COLUMNS, result_row(r), strict=True))
             for r in sorted(records, key=lambda r: r.event_id)
         ]
         if self._bulk(len(params)):

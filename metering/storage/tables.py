@@ -26,6 +26,15 @@ limits = Table(
     Column("updated_at_us", BigInteger, nullable=False),
 )
 
+# One row (id 1): incremented by every change to ``limits``, so that processes
+# caching limits see a change in the same statement that needs them.
+limits_version = Table(
+    "limits_version",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    Column("version", BigInteger, nullable=False),
+)
+
 # One row per subject, limit and window; rows of past windows stay for reports.
 # A token bucket has a single row with window_start_us = window_end_us = 0.
 counters = Table(
@@ -43,6 +52,7 @@ counters = Table(
     Column("tat_rem", BigInteger, nullable=False),
     Column("tat_scale", BigInteger, nullable=False),
     Column("updated_at_us", BigInteger, nullable=False),
+    postgresql_with={"fillfactor": 70},  # room for HOT updates (migration 0005)
 )
 
 # The current first-use window of each subject and limit. Its row is also the
@@ -54,6 +64,7 @@ current_windows = Table(
     Column("subject", String(200), primary_key=True),
     Column("window_start_us", BigInteger, nullable=True),
     Column("window_end_us", BigInteger, nullable=True),
+    postgresql_with={"fillfactor": 70},
 )
 
 # The ledger: one row per event id, written in the counters' transaction.

@@ -1,0 +1,290 @@
+"""Applying events on the hot path: what `Meter.consume` and the worker run.
+
+One transaction; two calls of a `HotStore` (`read` under lock, then
+`write`), and between them the lean rules of `metering.domain.rules`, event
+after event, so a batch gives exactly the results of applying its events one
+by one. On PostgreSQL that is two round trips, the COMMIT riding with the
+second.
+
+The general engine (`metering.ledger.apply_events`) keeps what is rare: an
+event older than its subject's current first-use window sends the whole
+batch there (`UseGeneralPath`); `check` and reservations use it too. The
+differential property test (``tests/storage/test_fast_path.py``) holds both
+to the same results, counters and notifications.
+
+Limits are cached per process (`LimitCache`) with the version they were read
+at. `HotStore.read` returns the current version in the same round trip; when
+it moved, the cache is reloaded and the transaction runs again, so a changed
+limit applies to the very next decision in every process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Final, Literal
+
+from sqlalchemy import Connection
+
+from metering.domain.events import FUTURE_TOLERANCE_US, EventRecord, check_event_time
+from metering.domain.instants import from_us
+from metering.domain.notifications import Notice, payload_of
+from metering.domain.rules import BUCKET_WINDOW, Key, Rule, State, decide, fresh_state
+from metering.domain.windows import Window, calendar_window, first_use_window
+from metering.errors import EventConflict, MeteringError, UnknownLimit
+from metering.storage.engine import RetryTransaction
+from metering.storage.hot import Changes, HotStore, hot_store
+from metering.storage.queries import Pair, ResultRecord, Store
+from metering.storage.webhooks import WebhookStore
+
+InvalidPolicy = Literal["raise", "reject"]
+RejectedRow = tuple[str | None, str, str]  # (event id or None, reason, raw input)
+
+NEW: Final = "new"
+DUPLICATE: Final = "duplicate"
+CONFLICT: Final = "conflict"
+# (NEW, the result just written) | (DUPLICATE, the stored result) | (CONFLICT, None)
+Answer = tuple[str, ResultRecord | None]
+_REPEAT: Final = "repeat"
+
+
+class UseGeneralPath(Exception):
+    """The batch holds an event the hot path leaves to the general engine."""
+
+
+class LimitCache:
+    """Every limit as a `Rule`, with the version it was read at.
+
+    ``current`` is replaced as a whole, so a reader never pairs one
+    version's rules with another's number.
+    """
+
+    def __init__(self) -> None:
+        self.current: tuple[int, dict[str, Rule]] = (-1, {})
+
+    def refresh(self, store: HotStore) -> None:
+        version, limits = store.load_limits()
+        self.current = (version, {limit.name: Rule.of(limit) for limit in limits})
+
+
+class _Windows:
+    """Calendar windows, remembering the last one per limit (a batch is mostly one)."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, Window] = {}
+
+    def calendar(self, rule: Rule, at_us: int) -> Window:
+        window = self.last.get(rule.name)
+        if window is None or not window[0] <= at_us < window[1]:
+            window = self.last[rule.name] = calendar_window(rule.period, at_us)
+        return window
+
+
+def _rules_for(
+    event: EventRecord, rules: dict[str, Rule], now_us: int
+) -> tuple[list[Rule], MeteringError | None]:
+    """The event's rules, or the error that makes it unacceptable (as `validate_against_limits`)."""
+    found: list[Rule] = []
+    at_us = event.occurred_at_us
+    for _, name, _ in event.charges:
+        rule = rules.get(name)
+        if rule is None:
+            return found, UnknownLimit(name)
+        if at_us > now_us + FUTURE_TOLERANCE_US or at_us < now_us - rule.lateness_us:
+            try:
+                check_event_time(from_us(at_us), now_us, rule.limit.lateness_seconds)
+            except MeteringError as exc:
+                return found, exc
+        found.append(rule)
+    return found, None
+
+
+def _first_use(
+    rule: Rule,
+    pair: Pair,
+    at_us: int,
+    windows: dict[Pair, Window | None],
+    moved: dict[Pair, Window],
+) -> Window:
+    current = windows.get(pair)
+    if current is not None and at_us < current[0]:
+        raise UseGeneralPath("an event before its subject's current first-use window")
+    window = first_use_window(rule.period, at_us, current, None)
+    if window != current:
+        windows[pair] = moved[pair] = window
+    return window
+
+
+def apply_records(
+    connection: Connection,
+    cache: LimitCache,
+    events: Sequence[EventRecord],
+    now_us: int,
+    *,
+    invalid: InvalidPolicy,
+    precheck: bool,
+    rejected: Sequence[RejectedRow] = (),
+) -> list[Answer]:
+    """Apply ``events`` in order inside the caller's transaction; one answer per event.
+
+    ``invalid="raise"`` raises the first unacceptable event's error;
+    ``"reject"`` stores it as a rejected result. Without ``precheck`` ids are
+    not looked up first: an id decided before fails the results insert,
+    which raises `RetryTransaction` (run again with ``precheck``).
+    ``rejected`` input and ids reused with other charges are kept in
+    ``rejected_messages`` in the same transaction.
+    """
+    store = hot_store(connection)
+    if cache.current[0] < 0:
+        cache.refresh(store)
+    version, rules = cache.current
+    calendar = _Windows()
+    first: dict[str, int] = {}
+    answers: list[tuple[str, ResultRecord | int | None]] = [(_REPEAT, None)] * len(events)
+    todo: list[tuple[int, EventRecord, list[Rule], MeteringError | None]] = []
+    pairs: set[Pair] = set()
+    keys: dict[Key, int] = {}
+    for index, event in enumerate(events):
+        if event.event_id in first:
+            answers[index] = (_REPEAT, first[event.event_id])
+            continue
+        first[event.event_id] = index
+        event_rules, error = _rules_for(event, rules, now_us)
+        todo.append((index, event, event_rules, error))
+        if error is not None:
+            continue
+        for (subject, name, _), rule in zip(event.charges, event_rules, strict=True):
+            if rule.bucket:
+                keys[(name, subject, 0)] = 0
+            elif rule.calendar:
+                start, end = calendar.calendar(rule, event.occurred_at_us)
+                keys[(name, subject, start)] = end
+            else:
+                pairs.add((name, subject))
+    wanted = sorted((*key, end) for key, end in keys.items())
+    snapshot = store.read(list(first) if precheck else None, sorted(pairs), wanted, now_us)
+    if snapshot.version != version:
+        cache.refresh(store)
+        raise RetryTransaction("limits changed since they were cached")
+
+    states = snapshot.states
+    windows = snapshot.windows
+    had_row = set(windows)
+    moved: dict[Pair, Window] = {}
+    created: dict[Key, int] = {}
+    before: dict[Key, tuple[object, ...]] = {}
+    notices: list[Notice] = []
+    records: list[ResultRecord] = []
+    for index, event, event_rules, error in todo:
+        stored = snapshot.stored.get(event.event_id)
+        if stored is not None:
+            same = stored.fingerprint == event.fingerprint
+            answers[index] = (DUPLICATE, stored) if same else (CONFLICT, None)
+            continue
+        if error is not None:
+            if invalid == "raise":
+                raise error
+            record = ResultRecord(
+                event.event_id,
+                "rejected",
+                event.fingerprint,
+                event.occurred_at_us,
+                now_us,
+                (),
+                str(error),
+                [],
+                event.metadata,
+            )
+        else:
+            at_us = event.occurred_at_us
+            event_windows: list[Window] = []
+            event_states: list[State] = []
+            for (subject, name, _), rule in zip(event.charges, event_rules, strict=True):
+                if rule.bucket:
+                    window = BUCKET_WINDOW
+                elif rule.calendar:
+                    window = calendar.calendar(rule, at_us)
+                else:
+                    window = _first_use(rule, (name, subject), at_us, windows, moved)
+                key = (name, subject, window[0])
+                state = states.get(key)
+                if state is None:
+                    state = states[key] = fresh_state()
+                    created[key] = window[1]
+                elif key not in before and key not in created:
+                    before[key] = tuple(state)
+                event_windows.append(window)
+                event_states.append(state)
+            verdict = decide(
+                event_rules,
+                event.charges,
+                event_windows,
+                event_states,
+                at_us,
+                event.event_id,
+                notices,
+            )
+            record = ResultRecord(
+                event.event_id,
+                verdict.outcome,
+                event.fingerprint,
+                at_us,
+                now_us,
+                verdict.denied_by,
+                None,
+                verdict.rows,
+                event.metadata,
+            )
+        records.append(record)
+        answers[index] = (NEW, record)
+
+    final = _resolve(answers, events)
+    conflicts = [
+        (event.event_id, str(EventConflict(event.event_id)), event.fingerprint)
+        for event, (kind, _) in zip(events, final, strict=True)
+        if kind == CONFLICT
+    ]
+    moved_windows = sorted(moved.items())
+    changes = Changes(
+        updated=[(key, states[key]) for key, old in before.items() if tuple(states[key]) != old],
+        created=[(key, end, states[key]) for key, end in sorted(created.items())],
+        new_windows=[item for item in moved_windows if item[0] not in had_row],
+        moved_windows=[item for item in moved_windows if item[0] in had_row],
+        results=sorted(records, key=lambda record: record.event_id),
+    )
+    more = bool(notices or conflicts or rejected)
+    store.write(changes, now_us, commit=not more)
+    if more:
+        _record_extras(connection, notices, [*rejected, *conflicts], now_us)
+    return final
+
+
+def _resolve(
+    answers: Sequence[tuple[str, ResultRecord | int | None]], events: Sequence[EventRecord]
+) -> list[Answer]:
+    """Answer repeats within the batch like their first occurrence (or as conflicts)."""
+    final: list[Answer] = []
+    for event, (kind, value) in zip(events, answers, strict=True):
+        if kind != _REPEAT:
+            assert not isinstance(value, int)
+            final.append((kind, value))
+            continue
+        assert isinstance(value, int)
+        first_kind, first = final[value]
+        if first_kind == CONFLICT or events[value].fingerprint != event.fingerprint:
+            final.append((CONFLICT, None))
+        else:
+            final.append((DUPLICATE, first))
+    return final
+
+
+def _record_extras(
+    connection: Connection,
+    notices: Iterable[Notice],
+    rejected: Sequence[RejectedRow],
+    now_us: int,
+) -> None:
+    found = [(notice, payload_of(notice, now_us)) for notice in notices]
+    if found:
+        WebhookStore(connection).record_notices(found, now_us)
+    if rejected:
+        Store(connection).record_rejected_messages(rejected, now_us)

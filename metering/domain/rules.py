@@ -1,0 +1,213 @@
+"""The decision rules over plain values: what `consume` and the worker run.
+
+`decide_event` (``decisions.py``) states the rules with value objects, one
+`Evaluation` and two `CounterState` copies per charge. That is the clearest
+statement of them and what the general engine uses, but at tens of thousands
+of events a second the objects cost more than the arithmetic. This module
+applies the same rules to a counter held as a mutable list (``State``) and
+writes each charge's figures straight into the row the ledger stores
+(`ChargeDecision.to_row` order). A differential property test
+(``tests/storage/test_fast_path.py``) drives both with random event streams
+and asserts identical results, counters and notifications.
+
+Only what may notify builds value objects: a denial, or consumption of a
+limit with thresholds or soft enforcement; `notices_for` then decides, so
+the notification rules exist once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from metering.domain.decisions import ChargeDecision
+from metering.domain.limits import Limit, Period
+from metering.domain.notifications import Notice, notices_for
+from metering.domain.state import NO_WINDOW, CounterKey, CounterState
+
+# A counter as a list, in `CounterState` field order.
+State = list[Any]
+USED, DENIED_COUNT, DENIED_COST, FIRST_DENIED_AT, TAT, TAT_REM, TAT_SCALE = range(7)
+ChargeRow = list[Any]  # `ChargeDecision.to_row()` order
+Key = tuple[str, str, int]  # (limit name, subject, window start)
+
+
+def fresh_state() -> State:
+    return [0, 0, 0, None, None, 0, 1]
+
+
+def state_of(state: State) -> CounterState:
+    return CounterState(*state)
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """A limit prepared for deciding: the fields the arithmetic reads, unpacked once."""
+
+    limit: Limit
+    name: str
+    maximum: int
+    bucket: bool
+    soft: bool
+    calendar: bool
+    period: Period
+    token_us: int  # a bucket's one token, in scaled microseconds
+    lateness_us: int
+    notifies: bool  # consuming may cross a threshold or the soft maximum
+
+    @classmethod
+    def of(cls, limit: Limit) -> Rule:
+        return cls(
+            limit=limit,
+            name=limit.name,
+            maximum=limit.maximum,
+            bucket=limit.algorithm == "token_bucket",
+            soft=limit.enforcement == "soft",
+            calendar=limit.window == "calendar",
+            period=limit.parsed_period,
+            token_us=limit.period_seconds * 1_000_000,
+            lateness_us=limit.lateness_seconds * 1_000_000,
+            notifies=bool(limit.thresholds) or limit.enforcement == "soft",
+        )
+
+
+# What one charge would do, as a tuple (see `_window` and `_bucket`):
+# fits, used before, used after, remaining before, remaining after,
+# resets_at after consuming, resets_at before, retry_at, overage after,
+# and a bucket's arrival time after consuming (None for a window).
+_Figures = tuple[bool, int, int, int, int, int, int, int | None, int, int | None]
+
+
+def _window(rule: Rule, state: State, cost: int, end_us: int) -> _Figures:
+    maximum = rule.maximum
+    used = state[USED]
+    after = used + cost
+    fits = rule.soft or after <= maximum
+    retry = end_us if not fits and cost <= maximum else None
+    remaining_before = maximum - used if used < maximum else 0
+    remaining_after = maximum - after if after < maximum else 0
+    overage = after - maximum if after > maximum else 0
+    return (
+        fits,
+        used,
+        after,
+        remaining_before,
+        remaining_after,
+        end_us,
+        end_us,
+        retry,
+        overage,
+        None,
+    )
+
+
+def _bucket(rule: Rule, state: State, cost: int, at_us: int) -> _Figures:
+    # Exactly `buckets.evaluate_bucket`, over the list.
+    capacity = rule.maximum
+    token = rule.token_us
+    now_scaled = at_us * capacity
+    base = now_scaled
+    if state[TAT] is not None:
+        scale = state[TAT_SCALE]
+        scaled = -(-(state[TAT] * scale + state[TAT_REM]) * capacity // scale)
+        base = max(scaled, now_scaled)
+    available = max((capacity * token - (base - now_scaled)) // token, 0)
+    fits = cost <= available
+    new_tat = base + cost * token
+    applied_tat = new_tat if fits else base
+    retry = None
+    if not fits and cost <= capacity:
+        retry = -(-(base + cost * token - capacity * token) // capacity)
+    used_before = capacity - available
+    return (
+        fits,
+        used_before,
+        used_before + cost,
+        available,
+        available - cost if fits else available,
+        -(-applied_tat // capacity),
+        -(-base // capacity),
+        retry,
+        0,
+        new_tat,
+    )
+
+
+@dataclass(slots=True)
+class EventOutcome:
+    """One decided event: its outcome, charge rows and the limits that denied it."""
+
+    outcome: str
+    rows: list[ChargeRow]
+    denied_by: tuple[str, ...]
+
+
+def decide(
+    rules: Sequence[Rule],
+    charges: Sequence[tuple[str, str, int]],
+    windows: Sequence[tuple[int, int]],
+    states: Sequence[State],
+    at_us: int,
+    event_id: str | None,
+    notices: list[Notice] | None,
+) -> EventOutcome:
+    """Decide one event against ``states`` and update them in place.
+
+    Every hard charge must fit or none consumes (SPEC invariant 3). The
+    candidate notifications are appended to ``notices`` (None: not wanted).
+    """
+    figures = [
+        _bucket(rule, state, charge[2], at_us)
+        if rule.bucket
+        else _window(rule, state, charge[2], window[1])
+        for rule, charge, window, state in zip(rules, charges, windows, states, strict=True)
+    ]
+    denied_by = tuple(rule.name for rule, f in zip(rules, figures, strict=True) if not f[0])
+    consumed = not denied_by
+    rows: list[ChargeRow] = []
+    overage = False
+    for index, f in enumerate(figures):
+        rule, state = rules[index], states[index]
+        subject, _, cost = charges[index]
+        window_start = None if rule.bucket else windows[index][0]
+        maximum = rule.maximum
+        if consumed:
+            outcome = "overage" if f[8] > 0 else "allowed"
+            overage = overage or f[8] > 0
+            row = [subject, rule.name, cost, True, outcome, f[2], f[4], maximum, f[8]]
+            row += [window_start, f[5], f[7]]
+        else:
+            over = f[1] - maximum if f[1] > maximum else 0
+            row = [subject, rule.name, cost, f[0], "allowed" if f[0] else "denied", f[1], f[3]]
+            row += [maximum, over, window_start, f[6], f[7]]
+        rows.append(row)
+        if notices is not None and (
+            (not f[0] and (rule.bucket or state[DENIED_COUNT] == 0)) or (consumed and rule.notifies)
+        ):
+            before = state_of(state)
+            _apply(rule, state, f, cost, at_us, consumed)
+            key = CounterKey(rule.name, subject, *windows[index])
+            charge = ChargeDecision.from_row(row)
+            notices += notices_for(rule.limit, key, before, state_of(state), charge, event_id)
+        else:
+            _apply(rule, state, f, cost, at_us, consumed)
+    outcome = "denied" if denied_by else ("overage" if overage else "allowed")
+    return EventOutcome(outcome, rows, denied_by)
+
+
+def _apply(rule: Rule, state: State, f: _Figures, cost: int, at_us: int, consumed: bool) -> None:
+    if consumed:
+        state[USED] += cost
+        if rule.bucket:
+            assert f[9] is not None
+            state[TAT], state[TAT_REM] = divmod(f[9], rule.maximum)
+            state[TAT_SCALE] = rule.maximum
+    elif not f[0]:
+        state[DENIED_COUNT] += 1
+        state[DENIED_COST] += cost
+        if state[FIRST_DENIED_AT] is None:
+            state[FIRST_DENIED_AT] = at_us
+
+
+BUCKET_WINDOW: Final = (NO_WINDOW, NO_WINDOW)

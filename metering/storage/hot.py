@@ -1,0 +1,97 @@
+"""The hot path's storage contract: one read and one write per transaction.
+
+`metering.apply` decides events between the two calls of a `HotStore`:
+
+* `HotStore.read` locks and returns what the decisions need: the limits'
+  version, stored results of the batch's ids (when asked), the current
+  first-use windows and the counters that exist. On PostgreSQL it is one
+  round trip.
+* `HotStore.write` stores what changed: counters updated and created,
+  first-use windows moved, and the results rows. On PostgreSQL it is one
+  round trip, and it carries the COMMIT when nothing else follows.
+
+Two implementations work on the caller's transaction:
+`metering.storage.hot_postgres.PostgresHotStore` and
+`metering.storage.hot_sqlite.SqliteHotStore`. `hot_store` picks one.
+
+Lock order, as in the general engine (`Store`): first-use window rows sorted
+by (limit, subject), then counters sorted by (limit, subject, window start),
+in one statement each. Rows that do not exist yet are created by `write`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from sqlalchemy import Connection
+
+from metering.domain.limits import Limit
+from metering.domain.rules import Key, State
+from metering.domain.windows import Window
+from metering.storage.queries import Pair, ResultRecord
+
+# A counter the hot path needs: (limit, subject, window start, window end).
+WantedKey = tuple[str, str, int, int]
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """What `HotStore.read` found, under lock."""
+
+    version: int
+    stored: dict[str, ResultRecord]
+    windows: dict[Pair, Window | None]
+    states: dict[Key, State]
+
+
+@dataclass(slots=True)
+class Changes:
+    """What `HotStore.write` stores, each list sorted by key.
+
+    ``created`` counters carry their window end. First-use windows are
+    ``new_windows`` when their pair had no row, else ``moved_windows``.
+    """
+
+    updated: list[tuple[Key, State]] = field(default_factory=list)
+    created: list[tuple[Key, int, State]] = field(default_factory=list)
+    new_windows: list[tuple[Pair, Window]] = field(default_factory=list)
+    moved_windows: list[tuple[Pair, Window]] = field(default_factory=list)
+    results: list[ResultRecord] = field(default_factory=list)
+
+
+class HotStore(Protocol):
+    def load_limits(self) -> tuple[int, list[Limit]]:
+        """The limits' version and every limit."""
+        ...
+
+    def read(
+        self,
+        ids: Sequence[str] | None,
+        pairs: Sequence[Pair],
+        keys: Sequence[WantedKey],
+        now_us: int,
+    ) -> Snapshot:
+        """Lock and read: ``pairs`` (sorted) are first-use windows, whose
+        current counters are read too; ``keys`` (sorted) the other counters.
+        Results are looked up only when ``ids`` is given."""
+        ...
+
+    def write(self, changes: Changes, now_us: int, *, commit: bool) -> None:
+        """Store ``changes``; with ``commit`` also commit the transaction.
+
+        An event id already in the results table raises `RetryTransaction`
+        (another transaction decided it first).
+        """
+        ...
+
+
+def hot_store(connection: Connection) -> HotStore:
+    if connection.dialect.name == "postgresql":
+        from metering.storage.hot_postgres import PostgresHotStore
+
+        return PostgresHotStore(connection)
+    from metering.storage.hot_sqlite import SqliteHotStore
+
+    return SqliteHotStore(connection)

@@ -1,0 +1,198 @@
+"""The hot path on PostgreSQL: psycopg directly, JSON arrays, pipeline mode.
+
+Each statement takes its rows as one JSON array parameter, encoded by the
+standard library's C encoder in one call and unpacked on the server by
+``jsonb_array_elements``. That is several times cheaper in the client than
+psycopg's per-element adaptation of array parameters (measured: 24 against
+36 µs of client CPU per event), and the statement text is fixed whatever
+the batch size, so it is prepared and planned once. ``jsonb`` rather than
+``json``: its elements are parsed once, not once per field (a 1,000-row
+results insert took 6.5 ms against 15). Results come back in binary.
+
+`read` sends its statements in one pipeline (one round trip); `write` sends
+its own with the COMMIT in another.
+
+Locking writes nothing: ``SELECT ... FOR UPDATE`` locks the counters and
+first-use windows that exist; missing ones are inserted by `write` with a
+plain ``INSERT``, so a concurrent creator makes it fail (unique violation)
+and the transaction runs again. Every counter is written once per batch.
+Rows are locked sorted ``COLLATE "C"`` (UTF-8 byte order is code point
+order, the order of Python's ``sorted``), and inserted sorted; a transaction
+takes all its locks before its first insert, so waits never form a cycle.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any, Final
+
+import psycopg
+from sqlalchemy import Connection
+from sqlalchemy.exc import DBAPIError, StatementError
+
+from metering.domain.limits import Limit
+from metering.domain.windows import Window
+from metering.storage.engine import RetryTransaction
+from metering.storage.hot import Changes, Snapshot, WantedKey
+from metering.storage.queries import Pair, Store, record_from_row, result_row
+
+VERSION: Final = "SELECT version FROM limits_version WHERE id = 1"
+
+FETCH_RESULTS: Final = """
+SELECT event_id, outcome, fingerprint, occurred_at_us, decided_at_us, denied_by, reason,
+       charges, metadata
+FROM results WHERE event_id IN (SELECT jsonb_array_elements_text(%(ids)s::jsonb))
+"""
+
+_PAIRS: Final = "(SELECT r->>0 AS l, r->>1 AS s FROM jsonb_array_elements(%(pairs)s::jsonb) AS r)"
+
+LOCK_WINDOWS: Final = f"""
+SELECT w.limit_name, w.subject, w.window_start_us, w.window_end_us
+FROM current_windows AS w JOIN {_PAIRS} AS p ON w.limit_name = p.l AND w.subject = p.s
+ORDER BY w.limit_name COLLATE "C", w.subject COLLATE "C"
+FOR UPDATE OF w
+"""
+
+# The counters a batch needs: its calendar and bucket keys, and the current
+# counter of each first-use window (locked by the statement before).
+LOCK_COUNTERS: Final = f"""
+SELECT c.limit_name, c.subject, c.window_start_us, c.used, c.denied_count, c.denied_cost,
+       c.first_denied_at_us, c.tat_us, c.tat_rem, c.tat_scale
+FROM counters AS c
+JOIN (
+    SELECT r->>0, r->>1, (r->>2)::bigint FROM jsonb_array_elements(%(keys)s::jsonb) AS r
+    UNION ALL
+    SELECT w.limit_name, w.subject, w.window_start_us
+    FROM current_windows AS w JOIN {_PAIRS} AS p ON w.limit_name = p.l AND w.subject = p.s
+    WHERE w.window_start_us IS NOT NULL
+) AS k(l, s, ws) ON c.limit_name = k.l AND c.subject = k.s AND c.window_start_us = k.ws
+ORDER BY c.limit_name COLLATE "C", c.subject COLLATE "C", c.window_start_us
+FOR UPDATE OF c
+"""
+
+UPDATE_COUNTERS: Final = """
+UPDATE counters AS c
+SET used = v.used, denied_count = v.dc, denied_cost = v.dcost, first_denied_at_us = v.fd,
+    tat_us = v.tat, tat_rem = v.rem, tat_scale = v.scale, updated_at_us = %(now)s
+FROM (
+    SELECT r->>0, r->>1, (r->>2)::bigint, (r->>3)::bigint, (r->>4)::bigint, (r->>5)::bigint,
+           (r->>6)::bigint, (r->>7)::bigint, (r->>8)::bigint, (r->>9)::bigint
+    FROM jsonb_array_elements(%(rows)s::jsonb) AS r
+) AS v(l, s, ws, used, dc, dcost, fd, tat, rem, scale)
+WHERE c.limit_name = v.l AND c.subject = v.s AND c.window_start_us = v.ws
+"""
+
+INSERT_COUNTERS: Final = """
+INSERT INTO counters (limit_name, subject, window_start_us, window_end_us, used, denied_count,
+                      denied_cost, first_denied_at_us, tat_us, tat_rem, tat_scale, updated_at_us)
+SELECT r->>0, r->>1, (r->>2)::bigint, (r->>3)::bigint, (r->>4)::bigint, (r->>5)::bigint,
+       (r->>6)::bigint, (r->>7)::bigint, (r->>8)::bigint, (r->>9)::bigint, (r->>10)::bigint,
+       %(now)s
+FROM jsonb_array_elements(%(rows)s::jsonb) AS r
+"""
+
+INSERT_WINDOWS: Final = """
+INSERT INTO current_windows (limit_name, subject, window_start_us, window_end_us)
+SELECT r->>0, r->>1, (r->>2)::bigint, (r->>3)::bigint FROM jsonb_array_elements(%(rows)s::jsonb) r
+"""
+
+UPDATE_WINDOWS: Final = """
+UPDATE current_windows AS w SET window_start_us = v.ws, window_end_us = v.we
+FROM (
+    SELECT r->>0, r->>1, (r->>2)::bigint, (r->>3)::bigint
+    FROM jsonb_array_elements(%(rows)s::jsonb) AS r
+) AS v(l, s, ws, we)
+WHERE w.limit_name = v.l AND w.subject = v.s
+"""
+
+# No ON CONFLICT: an id decided meanwhile by another transaction fails the
+# whole transaction, which is then retried with its ids looked up first.
+INSERT_RESULTS: Final = """
+INSERT INTO results (event_id, outcome, fingerprint, occurred_at_us, decided_at_us, denied_by,
+                     reason, charges, metadata)
+SELECT r->>0, r->>1, r->>2, (r->>3)::bigint, (r->>4)::bigint, r->>5, r->>6, r->>7, r->>8
+FROM jsonb_array_elements(%(rows)s::jsonb) AS r
+"""
+
+_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
+class PostgresHotStore:
+    """`HotStore` on the psycopg connection under a SQLAlchemy transaction."""
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+        raw = connection.connection.driver_connection
+        assert isinstance(raw, psycopg.Connection)
+        self.raw: psycopg.Connection[Any] = raw
+
+    def load_limits(self) -> tuple[int, list[Limit]]:
+        store = Store(self.connection)
+        return store.limits_version(), store.list_limits()
+
+    def read(
+        self,
+        ids: Sequence[str] | None,
+        pairs: Sequence[Pair],
+        keys: Sequence[WantedKey],
+        now_us: int,
+    ) -> Snapshot:
+        params = {"pairs": _encode(pairs), "keys": _encode(keys)}
+        try:
+            with self.raw.pipeline():
+                version = self.raw.cursor(binary=True).execute(VERSION)
+                stored = None
+                if ids:
+                    stored = self.raw.cursor(binary=True)
+                    stored.execute(FETCH_RESULTS, {"ids": _encode(ids)})
+                windows = None
+                if pairs:
+                    windows = self.raw.cursor(binary=True).execute(LOCK_WINDOWS, params)
+                counters = self.raw.cursor(binary=True).execute(LOCK_COUNTERS, params)
+                row = version.fetchone()
+                assert row is not None
+                return Snapshot(
+                    version=row[0],
+                    stored={r[0]: record_from_row(r) for r in stored} if stored else {},
+                    windows=_windows(windows.fetchall()) if windows else {},
+                    states={(r[0], r[1], r[2]): list(r[3:]) for r in counters.fetchall()},
+                )
+        except psycopg.Error as exc:
+            raise _translate(exc) from exc
+
+    def write(self, changes: Changes, now_us: int, *, commit: bool) -> None:
+        raw = self.raw
+        try:
+            with raw.pipeline():
+                if changes.updated:
+                    rows: list[Any] = [(*key, *state) for key, state in changes.updated]
+                    raw.execute(UPDATE_COUNTERS, {"rows": _encode(rows), "now": now_us})
+                if changes.created:
+                    rows = [(*key, end, *state) for key, end, state in changes.created]
+                    raw.execute(INSERT_COUNTERS, {"rows": _encode(rows), "now": now_us})
+                if changes.new_windows:
+                    rows = [(*pair, *window) for pair, window in changes.new_windows]
+                    raw.execute(INSERT_WINDOWS, {"rows": _encode(rows)})
+                if changes.moved_windows:
+                    rows = [(*pair, *window) for pair, window in changes.moved_windows]
+                    raw.execute(UPDATE_WINDOWS, {"rows": _encode(rows)})
+                if changes.results:
+                    rows = [result_row(r) for r in changes.results]
+                    raw.execute(INSERT_RESULTS, {"rows": _encode(rows)})
+                if commit:
+                    raw.commit()
+        except psycopg.errors.UniqueViolation as exc:
+            raise RetryTransaction("an event id or counter was written concurrently") from exc
+        except psycopg.Error as exc:
+            raise _translate(exc) from exc
+
+
+def _windows(rows: Sequence[Sequence[Any]]) -> dict[Pair, Window | None]:
+    return {(r[0], r[1]): (r[2], r[3]) if r[2] is not None else None for r in rows}
+
+
+def _translate(exc: psycopg.Error) -> StatementError:
+    """A psycopg error as SQLAlchemy would raise it, for `run_transaction` to judge."""
+    broken = isinstance(exc, psycopg.OperationalError) or exc.sqlstate is None
+    return DBAPIError.instance(None, None, exc, psycopg.Error, connection_invalidated=broken)
