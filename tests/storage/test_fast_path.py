@@ -1,0 +1,161 @@
+"""The hot path and the general engine agree, on SQLite and on PostgreSQL.
+
+`Meter.apply` runs the lean rules (`metering.applying`); the general engine
+(`metering.ledger.apply_events`, as `Meter._apply_general` runs it) states
+the same rules with value objects. Hypothesis drives both, each on its own
+database, with the same random stream of batches: stacked charges, first-use
+and calendar windows, token buckets, soft limits with thresholds, denials,
+ids repeated inside a batch and across batches (some with other charges),
+late and future events, unknown limits, and a limit changed between
+batches. Results rows, counters, notification marks and messages, and
+rejected messages must be identical.
+"""
+
+from __future__ import annotations
+
+import itertools
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from servers import PostgresServer
+from sqlalchemy import select
+
+from metering import FrozenClock, Limit, Meter
+from metering.domain.events import UsageEvent, make_event
+from metering.storage.tables import (
+    counters,
+    rejected_messages,
+    results,
+    webhook_marks,
+    webhook_messages,
+)
+
+START = datetime(2026, 11, 30, 23, 0, tzinfo=UTC)  # a month's end is near
+LIMITS = [
+    Limit("cal", maximum=5, period="1h", window="calendar", thresholds=(50, 100)),
+    Limit("fu", maximum=4, period="30m"),
+    Limit("soft", maximum=3, period="1mo", window="calendar", enforcement="soft", thresholds=(80,)),
+    Limit("bucket", maximum=3, period="60s", algorithm="token_bucket", thresholds=(100,)),
+]
+NAMES = [limit.name for limit in LIMITS] + ["unknown"]
+SUBJECTS = ["org-1", "org-2", "user-é"]
+_databases = itertools.count(1)
+
+charge = st.tuples(st.sampled_from(SUBJECTS), st.sampled_from(NAMES), st.integers(1, 4))
+event = st.fixed_dictionaries(
+    {
+        "id": st.integers(0, 40),  # small: ids repeat across and inside batches
+        "charges": st.lists(charge, min_size=1, max_size=3, unique_by=lambda c: c[:2]),
+        "offset_seconds": st.sampled_from([0, -30, -700, -1900, -4000, 3600 * 30, 600]),
+    }
+)
+batch = st.fixed_dictionaries(
+    {
+        "advance_seconds": st.sampled_from([0, 20, 61, 900, 1900, 3600]),
+        "events": st.lists(event, min_size=1, max_size=12),
+        "new_cal_maximum": st.one_of(st.none(), st.integers(1, 8)),
+    }
+)
+streams = st.lists(batch, min_size=1, max_size=6)
+
+
+def _events(spec: dict[str, object], now: datetime) -> list[UsageEvent]:
+    made = []
+    for item in spec["events"]:  # type: ignore[attr-defined]
+        when = now + timedelta(seconds=item["offset_seconds"])
+        made.append(make_event(item["charges"], when, f"ev-{item['id']}"))
+    return made
+
+
+def _stored(meter: Meter) -> dict[str, object]:
+    with meter.engine.connect() as connection:
+
+        def rows(query: object) -> list[tuple[object, ...]]:
+            return sorted(tuple(r) for r in connection.execute(query))  # type: ignore[call-overload]
+
+        state = [c for c in counters.c if c.name != "updated_at_us"]
+        return {
+            "results": rows(select(results)),
+            "counters": rows(select(*state)),
+            "marks": rows(select(*[c for c in webhook_marks.c if c.name != "created_at_us"])),
+            "messages": rows(select(webhook_messages.c.type, webhook_messages.c.payload)),
+            "rejected": rows(
+                select(rejected_messages.c.digest, rejected_messages.c.event_id)
+            ),
+        }
+
+
+def _run(fast_url: str, general_url: str, stream: list[dict[str, object]]) -> None:
+    clock = FrozenClock(START)
+    with Meter(fast_url, clock=clock) as fast, Meter(general_url, clock=clock) as general:
+        fast.set_limits(LIMITS)
+        general.set_limits(LIMITS)
+        for spec in stream:
+            clock.advance(seconds=spec["advance_seconds"])  # type: ignore[arg-type]
+            if spec["new_cal_maximum"] is not None:
+                changed = Limit("cal", maximum=spec["new_cal_maximum"], period="1h", window="calendar")  # type: ignore[arg-type]
+                fast.set_limit(changed)
+                general.set_limit(changed)
+            events = _events(spec, clock())
+            records = [e.record() for e in events]
+            fast.apply_records(records, invalid="reject")
+            general._apply_general(records, fast._now_us(), "reject", ())
+        assert _stored(fast) == _stored(general)
+
+
+SETTINGS = settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+
+
+@SETTINGS
+@given(stream=streams)
+def test_sqlite_hot_path_matches_the_general_engine(stream: list[dict[str, object]]) -> None:
+    with tempfile.TemporaryDirectory() as directory:
+        base = Path(directory)
+        _run(f"sqlite:///{base}/fast.db", f"sqlite:///{base}/general.db", stream)
+
+
+@contextmanager
+def _two_databases(server: PostgresServer, template: str) -> Iterator[tuple[str, str]]:
+    names = [f"diff_{next(_databases)}", f"diff_{next(_databases)}"]
+    for name in names:
+        server.create_database(name, template=template)
+    try:
+        yield server.url(names[0]), server.url(names[1])
+    finally:
+        for name in names:
+            server.drop_database(name)
+
+
+@pytest.mark.postgres
+@settings(SETTINGS, max_examples=25)
+@given(stream=streams)
+def test_postgresql_hot_path_matches_the_general_engine(
+    postgres_server: PostgresServer, pg_template_url: str, stream: list[dict[str, object]]
+) -> None:
+    with _two_databases(postgres_server, pg_template_url) as (fast_url, general_url):
+        _run(fast_url, general_url, stream)
+
+
+def test_the_hot_path_runs_for_ordinary_batches(sqlite_url: str) -> None:
+    """Not every batch falls back: an ordinary one never reaches the general engine."""
+    clock = FrozenClock(START)
+    with Meter(sqlite_url, clock=clock) as meter:
+        meter.set_limits(LIMITS)
+
+        def refuse(*_args: object) -> None:
+            raise AssertionError("the general engine ran")
+
+        meter._apply_general = refuse  # type: ignore[method-assign]
+        events = [make_event([(s, "fu", 1), (s, "cal", 1)], clock()) for s in SUBJECTS]
+        answers = meter.apply_records([e.record() for e in events])
+        assert [kind for kind, _ in answers] == ["new"] * len(SUBJECTS)
