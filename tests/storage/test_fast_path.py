@@ -85,9 +85,7 @@ def _stored(meter: Meter) -> dict[str, object]:
             "counters": rows(select(*state)),
             "marks": rows(select(*[c for c in webhook_marks.c if c.name != "created_at_us"])),
             "messages": rows(select(webhook_messages.c.type, webhook_messages.c.payload)),
-            "rejected": rows(
-                select(rejected_messages.c.digest, rejected_messages.c.event_id)
-            ),
+            "rejected": rows(select(rejected_messages.c.digest, rejected_messages.c.event_id)),
         }
 
 
@@ -98,8 +96,9 @@ def _run(fast_url: str, general_url: str, stream: list[dict[str, object]]) -> No
         general.set_limits(LIMITS)
         for spec in stream:
             clock.advance(seconds=spec["advance_seconds"])  # type: ignore[arg-type]
-            if spec["new_cal_maximum"] is not None:
-                changed = Limit("cal", maximum=spec["new_cal_maximum"], period="1h", window="calendar")  # type: ignore[arg-type]
+            maximum = spec["new_cal_maximum"]
+            if isinstance(maximum, int):
+                changed = Limit("cal", maximum=maximum, period="1h", window="calendar")
                 fast.set_limit(changed)
                 general.set_limit(changed)
             events = _events(spec, clock())
