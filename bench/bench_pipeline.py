@@ -1,23 +1,29 @@
-"""The queued pipeline on PostgreSQL, against one upsert per event.
+"""The queued pipeline on PostgreSQL against the aggregate upsert, in the same run.
 
     .venv/bin/python bench/bench_pipeline.py [--events 40000]
 
-Starts a durable PostgreSQL (fsync on) and a Redis (append-only), then:
+Starts a durable PostgreSQL (fsync on) and a Redis (append-only), then over
+the same events (1,000-event batches, 10,000 subjects, a calendar window):
 
-(a) the batch-apply function alone (`metering.pipeline.apply_batch`),
-    1,000-event batches over 10,000 subjects, one process;
+(p) the peer: one ``unnest`` + ``GROUP BY`` upsert per batch
+    (`peers.aggregate_upsert`), which decides and records nothing;
+(a) the batch-apply function alone (`metering.pipeline.apply_batch`), one
+    process;
+(e) the same, two processes, each applying its own half of the subjects
+    (what two workers on subject-partitioned queues do);
 (b) end to end: producer -> Redis -> `celery -A workers worker` (prefork,
     2 processes) -> PostgreSQL -> results; events/s from the first emit to
     the last result, and event-to-result latency p50/p99 read from the
     ledger (``decided_at - occurred_at``);
-(c) the baseline: one ``INSERT ... ON CONFLICT DO UPDATE`` per event in its
-    own transaction, 1 and 4 processes;
 (d) the embedded default end to end (SQLite broker and database, one worker).
+
+Each PostgreSQL row prints its ratio to (p).
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import random
 import signal
@@ -26,11 +32,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-from bench_consume import BASELINE_DDL, baseline_job
-from common import ROOT, durable_postgres, make_base_dir, print_table, run_parallel
+from common import ROOT, durable_postgres, make_base_dir, print_table
+from peers import aggregate_upsert, install
 from servers import RedisServer
-from sqlalchemy import create_engine, select, text
+from sqlalchemy import select
 
 from metering import Limit, Meter, make_event
 from metering.pipeline import apply_batch, encode_batch, encode_event
@@ -47,15 +54,23 @@ def subjects(seed: int, n: int) -> list[str]:
     return [f"subject-{rng.randrange(SUBJECTS)}" for _ in range(n)]
 
 
-def batch_apply(url: str, events: int) -> tuple[float, float]:
-    """(events/s, ms per 1,000-event batch) of apply_batch alone."""
+def batches_of(events: int) -> list[list[str]]:
+    return [subjects(seed, 1000) for seed in range(events // 1000)]
+
+
+def payloads_of(batches: list[list[str]], meter: Meter) -> list[dict[str, Any]]:
+    now = meter.clock()
+    return [
+        encode_batch([encode_event(make_event([(s, "calls", 1)], now)) for s in batch])
+        for batch in batches
+    ]
+
+
+def batch_apply(url: str, batches: list[list[str]]) -> tuple[float, float]:
+    """(events/s, ms per 1,000-event batch) of apply_batch alone, one process."""
     meter = Meter(url)
-    payloads = []
-    for seed in range(events // 1000):
-        now = meter.clock()
-        batch = [encode_event(make_event([(s, "calls", 1)], now)) for s in subjects(seed, 1000)]
-        payloads.append(encode_batch(batch))
-    apply_batch(meter, payloads[0])  # warm the statement caches
+    payloads = payloads_of(batches, meter)
+    apply_batch(meter, payloads[0])  # warm the caches and prepared statements
     began = time.perf_counter()
     for payload in payloads[1:]:
         apply_batch(meter, payload)
@@ -63,6 +78,39 @@ def batch_apply(url: str, events: int) -> tuple[float, float]:
     meter.close()
     done = 1000 * (len(payloads) - 1)
     return done / seconds, 1000 * seconds / (len(payloads) - 1)
+
+
+def _apply_partition(url: str, batches: list[list[str]], start: Any, out: Any) -> None:
+    meter = Meter(url)
+    payloads = payloads_of(batches, meter)
+    apply_batch(meter, payloads[0])
+    start.wait(60)
+    for payload in payloads[1:]:
+        apply_batch(meter, payload)
+    out.put(1000 * (len(payloads) - 1))
+    meter.close()
+
+
+def partitioned_apply(url: str, batches: list[list[str]]) -> float:
+    """Events/s of two processes, each applying the batches of its half of the subjects."""
+    flat = [s for batch in batches for s in batch]
+    halves = [[s for s in flat if hash(s) % 2 == part] for part in (0, 1)]
+    parts = [[half[i : i + 1000] for i in range(0, len(half), 1000)] for half in halves]
+    context = multiprocessing.get_context("fork")
+    start, out = context.Event(), context.Queue()
+    procs = [
+        context.Process(target=_apply_partition, args=(url, part, start, out)) for part in parts
+    ]
+    for proc in procs:
+        proc.start()
+    time.sleep(3)  # both have encoded their payloads and warmed up
+    began = time.perf_counter()
+    start.set()
+    done = sum(out.get(timeout=600) for _ in procs)
+    seconds = time.perf_counter() - began
+    for proc in procs:
+        proc.join(60)
+    return done / seconds
 
 
 def start_worker(
@@ -143,12 +191,14 @@ def main() -> None:
         upgrade_schema(url)
         with Meter(url) as meter:
             meter.set_limit(LIMIT)
-        engine = create_engine(url)
-        with engine.begin() as connection:
-            connection.execute(text(BASELINE_DDL))
-        engine.dispose()
+        install(url)
+        batches = batches_of(args.events)
 
-        rate, per_batch = batch_apply(url, args.events)
+        peer = aggregate_upsert(url, [[(s, "calls", 1) for s in b] for b in batches])
+        rows.append(["(p) peer: unnest + GROUP BY upsert", "1", f"{peer:,.0f}", "", "", "1.00"])
+        print(f"  (p) {peer:,.0f} events/s", flush=True)
+
+        rate, per_batch = batch_apply(url, batches)
         rows.append(
             [
                 "(a) apply_batch alone, 1,000-event batches",
@@ -156,9 +206,23 @@ def main() -> None:
                 f"{rate:,.0f}",
                 f"{per_batch:.0f} per batch",
                 "",
+                f"{rate / peer:.2f}",
             ]
         )
         print(f"  (a) {rate:,.0f} events/s", flush=True)
+
+        rate = partitioned_apply(url, batches)
+        rows.append(
+            [
+                "(e) apply_batch, subjects partitioned over 2 processes",
+                "2",
+                f"{rate:,.0f}",
+                "",
+                "",
+                f"{rate / peer:.2f}",
+            ]
+        )
+        print(f"  (e) {rate:,.0f} events/s", flush=True)
 
         figures = end_to_end(url, redis.url(), args.events, workdir, ["--concurrency", "2"])
         rows.append(
@@ -168,22 +232,10 @@ def main() -> None:
                 f"{figures['rate']:,.0f}",
                 f"{figures['p50_ms']:.0f}",
                 f"{figures['p99_ms']:.0f}",
+                f"{figures['rate'] / peer:.2f}",
             ]
         )
         print(f"  (b) {figures}", flush=True)
-
-        for processes in (1, 4):
-            base = run_parallel("baseline", baseline_job(url, SUBJECTS), processes, 2000)  # type: ignore[arg-type]
-            rows.append(
-                [
-                    "(c) baseline: one upsert per transaction",
-                    str(processes),
-                    f"{base.rate:,.0f}",
-                    f"{base.percentile_ms(0.5):.2f}",
-                    f"{base.percentile_ms(0.99):.2f}",
-                ]
-            )
-            print(f"  (c) x{processes}: {base.rate:,.0f} events/s", flush=True)
 
     embedded = workdir / "embedded"
     embedded.mkdir()
@@ -204,12 +256,13 @@ def main() -> None:
             f"{figures['rate']:,.0f}",
             f"{figures['p50_ms']:.0f}",
             f"{figures['p99_ms']:.0f}",
+            "",
         ]
     )
     print(f"  (d) {figures}", flush=True)
     print_table(
         f"pipeline on PostgreSQL (durable), {args.events:,} events, {SUBJECTS:,} subjects",
-        ["path", "processes", "events/s", "p50 ms", "p99 ms"],
+        ["path", "processes", "events/s", "p50 ms", "p99 ms", "ratio to (p)"],
         rows,
     )
 

@@ -19,8 +19,9 @@ import argparse
 import random
 import time
 
-from bench_consume import baseline_job, consume_job, prepare_database
+from bench_consume import consume_job, prepare_database, subjects_for
 from common import Figures, durable_postgres, print_table, run_parallel
+from peers import advisory_window_job
 
 from metering import Limit, Meter
 
@@ -65,8 +66,8 @@ def main() -> None:
                 ("  reserve alone", round_trip_job(url, "cancel", "reserve")),
                 ("  cancel alone", round_trip_job(url, "cancel", "settle")),
                 ("reserve + commit (round trip)", round_trip_job(url, "commit", "trip")),
-                ("consume", consume_job(url, "bad_login", SPREAD)),
-                ("baseline upsert", baseline_job(url, SPREAD)),
+                ("consume", consume_job(url, "bad_login")),
+                ("peer: advisory-lock window", advisory_window_job(url, subjects_for)),
             ]
             for name, job in cases:
                 figures = run_parallel(name, job, processes, args.events)  # type: ignore[arg-type]

@@ -158,3 +158,23 @@ def test_the_hot_path_runs_for_ordinary_batches(sqlite_url: str) -> None:
         events = [make_event([(s, "fu", 1), (s, "cal", 1)], clock()) for s in SUBJECTS]
         answers = meter.apply_records([e.record() for e in events])
         assert [kind for kind, _ in answers] == ["new"] * len(SUBJECTS)
+
+
+def _tighten(url: str) -> None:
+    with Meter(url, clock=FrozenClock(START)) as other:
+        other.set_limit(Limit("cal", maximum=1, period="1h", window="calendar"))
+
+
+def test_a_limit_changed_in_another_process_applies_to_the_next_decision(db_url: str) -> None:
+    import multiprocessing
+
+    clock = FrozenClock(START)
+    with Meter(db_url, clock=clock) as meter:
+        meter.set_limits(LIMITS)
+        assert meter.consume("org-1", "cal").allowed  # the limits are now cached here
+        process = multiprocessing.get_context("fork").Process(target=_tighten, args=(db_url,))
+        process.start()
+        process.join(60)
+        assert process.exitcode == 0
+        decision = meter.consume("org-1", "cal")
+        assert (decision.outcome, decision.maximum) == ("denied", 1)
