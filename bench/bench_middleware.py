@@ -126,6 +126,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=10, help="per case, with wrk")
     args = parser.parse_args()
     rows = []
+    bare = 0.0  # the first case, without the middleware: the peer
     with durable_postgres() as server:
         server.create_database("bench")
         url = server.url("bench")
@@ -155,12 +156,14 @@ def main() -> None:
             finally:
                 process.terminate()
                 process.wait(30)
-            rows.append([name, *row])
+            rate = float(row[0].replace(",", ""))
+            bare = bare or rate
+            rows.append([name, *row, f"{rate / bare:.2f}"])
             print(f"  {name:52} {row[0]:>8} requests/s", flush=True)
     print_table(
         f"middleware overhead (uvicorn, 1 process, {args.concurrency} in flight, "
         f"{'wrk' if shutil.which('wrk') else 'httpx'}, durable PostgreSQL)",
-        ["app", "requests/s", "p50 ms", "p99 ms"],
+        ["app", "requests/s", "p50 ms", "p99 ms", "ratio to the bare app"],
         rows,
     )
 

@@ -47,11 +47,15 @@ FROM results WHERE event_id IN (SELECT jsonb_array_elements_text(%(ids)s::jsonb)
 
 _PAIRS: Final = "(SELECT r->>0 AS l, r->>1 AS s FROM jsonb_array_elements(%(pairs)s::jsonb) AS r)"
 
+# Each row is found through its primary key (a LATERAL lookup per element):
+# a join would let the planner scan the whole table for a single event. The
+# elements are locked in the order given, sorted.
 LOCK_WINDOWS: Final = f"""
 SELECT w.limit_name, w.subject, w.window_start_us, w.window_end_us
-FROM current_windows AS w JOIN {_PAIRS} AS p ON w.limit_name = p.l AND w.subject = p.s
-ORDER BY w.limit_name COLLATE "C", w.subject COLLATE "C"
-FOR UPDATE OF w
+FROM {_PAIRS} AS p
+CROSS JOIN LATERAL (
+    SELECT * FROM current_windows AS w WHERE w.limit_name = p.l AND w.subject = p.s FOR UPDATE
+) AS w
 """
 
 # The counters a batch needs: its calendar and bucket keys, and the current
@@ -59,16 +63,44 @@ FOR UPDATE OF w
 LOCK_COUNTERS: Final = f"""
 SELECT c.limit_name, c.subject, c.window_start_us, c.used, c.denied_count, c.denied_cost,
        c.first_denied_at_us, c.tat_us, c.tat_rem, c.tat_scale
-FROM counters AS c
-JOIN (
-    SELECT r->>0, r->>1, (r->>2)::bigint FROM jsonb_array_elements(%(keys)s::jsonb) AS r
-    UNION ALL
-    SELECT w.limit_name, w.subject, w.window_start_us
-    FROM current_windows AS w JOIN {_PAIRS} AS p ON w.limit_name = p.l AND w.subject = p.s
-    WHERE w.window_start_us IS NOT NULL
-) AS k(l, s, ws) ON c.limit_name = k.l AND c.subject = k.s AND c.window_start_us = k.ws
-ORDER BY c.limit_name COLLATE "C", c.subject COLLATE "C", c.window_start_us
-FOR UPDATE OF c
+FROM (
+    SELECT * FROM (
+        SELECT r->>0 AS l, r->>1 AS s, (r->>2)::bigint AS ws
+        FROM jsonb_array_elements(%(keys)s::jsonb) AS r
+        UNION ALL
+        SELECT w.limit_name, w.subject, w.window_start_us
+        FROM {_PAIRS} AS p
+        CROSS JOIN LATERAL (
+            SELECT * FROM current_windows AS w WHERE w.limit_name = p.l AND w.subject = p.s
+        ) AS w
+        WHERE w.window_start_us IS NOT NULL
+    ) AS u
+    ORDER BY u.l COLLATE "C", u.s COLLATE "C", u.ws
+) AS k
+CROSS JOIN LATERAL (
+    SELECT * FROM counters AS c
+    WHERE c.limit_name = k.l AND c.subject = k.s AND c.window_start_us = k.ws
+    FOR UPDATE
+) AS c
+"""
+
+# A few rows (a single event) are written one statement each, through the
+# primary key; more go through one jsonb array.
+FEW_ROWS: Final = 16
+UPDATE_COUNTER: Final = """
+UPDATE counters SET used = %s, denied_count = %s, denied_cost = %s, first_denied_at_us = %s,
+                    tat_us = %s, tat_rem = %s, tat_scale = %s, updated_at_us = %s
+WHERE limit_name = %s AND subject = %s AND window_start_us = %s
+"""
+INSERT_COUNTER: Final = """
+INSERT INTO counters (limit_name, subject, window_start_us, window_end_us, used, denied_count,
+                      denied_cost, first_denied_at_us, tat_us, tat_rem, tat_scale, updated_at_us)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+"""
+INSERT_RESULT: Final = """
+INSERT INTO results (event_id, outcome, fingerprint, occurred_at_us, decided_at_us, denied_by,
+                     reason, charges, metadata)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
 """
 
 UPDATE_COUNTERS: Final = """
@@ -165,10 +197,17 @@ class PostgresHotStore:
         raw = self.raw
         try:
             with raw.pipeline():
-                if changes.updated:
-                    rows: list[Any] = [(*key, *state) for key, state in changes.updated]
+                cursor = raw.cursor()
+                if 0 < len(changes.updated) <= FEW_ROWS:
+                    rows: list[Any] = [(*st, now_us, *key) for key, st in changes.updated]
+                    cursor.executemany(UPDATE_COUNTER, rows)
+                elif changes.updated:
+                    rows = [(*key, *state) for key, state in changes.updated]
                     raw.execute(UPDATE_COUNTERS, {"rows": _encode(rows), "now": now_us})
-                if changes.created:
+                if 0 < len(changes.created) <= FEW_ROWS:
+                    rows = [(*key, end, *st, now_us) for key, end, st in changes.created]
+                    cursor.executemany(INSERT_COUNTER, rows)
+                elif changes.created:
                     rows = [(*key, end, *state) for key, end, state in changes.created]
                     raw.execute(INSERT_COUNTERS, {"rows": _encode(rows), "now": now_us})
                 if changes.new_windows:
@@ -177,8 +216,10 @@ class PostgresHotStore:
                 if changes.moved_windows:
                     rows = [(*pair, *window) for pair, window in changes.moved_windows]
                     raw.execute(UPDATE_WINDOWS, {"rows": _encode(rows)})
-                if changes.results:
-                    rows = [result_row(r) for r in changes.results]
+                rows = [result_row(r) for r in changes.results]
+                if 0 < len(rows) <= FEW_ROWS:
+                    cursor.executemany(INSERT_RESULT, rows)
+                elif rows:
                     raw.execute(INSERT_RESULTS, {"rows": _encode(rows)})
                 if commit:
                     raw.commit()
