@@ -237,7 +237,7 @@ def apply_records(
         records.append(record)
         answers[index] = (NEW, record)
 
-    final = _resolve(answers, events)
+    final = _resolve(answers, events, snapshot.stored)
     conflicts = [
         (event.event_id, str(EventConflict(event.event_id)), event.fingerprint)
         for event, (kind, _) in zip(events, final, strict=True)
@@ -259,9 +259,12 @@ def apply_records(
 
 
 def _resolve(
-    answers: Sequence[tuple[str, ResultRecord | int | None]], events: Sequence[EventRecord]
+    answers: Sequence[tuple[str, ResultRecord | int | None]],
+    events: Sequence[EventRecord],
+    stored: dict[str, ResultRecord],
 ) -> list[Answer]:
-    """Answer repeats within the batch like their first occurrence (or as conflicts)."""
+    """Answer repeats within the batch: against the stored result when there
+    is one (as the general engine does), else like their first occurrence."""
     final: list[Answer] = []
     for event, (kind, value) in zip(events, answers, strict=True):
         if kind != _REPEAT:
@@ -269,6 +272,11 @@ def _resolve(
             final.append((kind, value))
             continue
         assert isinstance(value, int)
+        record = stored.get(event.event_id)
+        if record is not None:
+            same = record.fingerprint == event.fingerprint
+            final.append((DUPLICATE, record) if same else (CONFLICT, None))
+            continue
         first_kind, first = final[value]
         if first_kind == CONFLICT or events[value].fingerprint != event.fingerprint:
             final.append((CONFLICT, None))

@@ -178,3 +178,17 @@ def test_a_limit_changed_in_another_process_applies_to_the_next_decision(db_url:
         assert process.exitcode == 0
         decision = meter.consume("org-1", "cal")
         assert (decision.outcome, decision.maximum) == ("denied", 1)
+
+
+def test_a_repeat_of_a_stored_id_is_judged_against_the_stored_result(sqlite_url: str) -> None:
+    """ev-0 is stored; a batch reuses it with other charges, then with the stored ones."""
+    clock = FrozenClock(START)
+    with Meter(sqlite_url, clock=clock) as meter:
+        meter.set_limits(LIMITS)
+        meter.apply([make_event([("org-2", "cal", 1)], clock(), "ev-0")])
+        batch = [
+            make_event([("org-1", "cal", 1)], clock(), "ev-0"),
+            make_event([("org-2", "cal", 1)], clock(), "ev-0"),
+        ]
+        answers = meter.apply_records([e.record() for e in batch])
+        assert [kind for kind, _ in answers] == ["conflict", "duplicate"]
