@@ -25,8 +25,6 @@ from peers import advisory_window_job
 
 from metering import Limit, Meter
 
-SPREAD = 10_000
-
 
 def _subjects(index: int, events: int) -> list[str]:
     rng = random.Random(index)

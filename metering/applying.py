@@ -32,7 +32,7 @@ from metering.domain.rules import BUCKET_WINDOW, Key, Rule, State, decide, fresh
 from metering.domain.windows import Window, calendar_window, first_use_window
 from metering.errors import EventConflict, MeteringError, UnknownLimit
 from metering.storage.engine import RetryTransaction
-from metering.storage.hot import Changes, HotStore, hot_store
+from metering.storage.hot import Changes, hot_store
 from metering.storage.queries import Pair, ResultRecord, Store
 from metering.storage.webhooks import WebhookStore
 
@@ -61,8 +61,9 @@ class LimitCache:
     def __init__(self) -> None:
         self.current: tuple[int, dict[str, Rule]] = (-1, {})
 
-    def refresh(self, store: HotStore) -> None:
-        version, limits = store.load_limits()
+    def refresh(self, connection: Connection) -> None:
+        store = Store(connection)
+        version, limits = store.limits_version(), store.list_limits()
         self.current = (version, {limit.name: Rule.of(limit) for limit in limits})
 
 
@@ -135,7 +136,7 @@ def apply_records(
     """
     store = hot_store(connection)
     if cache.current[0] < 0:
-        cache.refresh(store)
+        cache.refresh(connection)
     version, rules = cache.current
     calendar = _Windows()
     first: dict[str, int] = {}
@@ -163,7 +164,7 @@ def apply_records(
     wanted = sorted((*key, end) for key, end in keys.items())
     snapshot = store.read(list(first) if precheck else None, sorted(pairs), wanted, now_us)
     if snapshot.version != version:
-        cache.refresh(store)
+        cache.refresh(connection)
         raise RetryTransaction("limits changed since they were cached")
 
     states = snapshot.states

@@ -139,12 +139,12 @@ def apply_events(
         else:
             rejected = _rejected(event, str(error), now_us)
             outputs[index] = rejected
-            rows.append(_result_row(event, rejected))
+            rows.append(record_of(event, rejected))
 
     decided = _decide(store, [e for _, e in valid], limits, now_us)
     for (index, event), decision in zip(valid, decided, strict=True):
         outputs[index] = decision
-        rows.append(_result_row(event, decision))
+        rows.append(record_of(event, decision))
 
     inserted = store.insert_results(rows)
     if len(inserted) != len(rows):
@@ -253,10 +253,6 @@ def _rejected(event: UsageEvent, reason: str, now_us: int) -> Decision:
 
 def record_of(event: UsageEvent, decision: Decision) -> ResultRecord:
     """The ledger's row of a decision."""
-    return _result_row(event, decision)
-
-
-def _result_row(event: UsageEvent, decision: Decision) -> ResultRecord:
     return ResultRecord(
         event_id=event.event_id,
         outcome=decision.outcome,

@@ -27,7 +27,6 @@ from typing import Protocol
 
 from sqlalchemy import Connection
 
-from metering.domain.limits import Limit
 from metering.domain.rules import Key, State
 from metering.domain.windows import Window
 from metering.storage.queries import Pair, ResultRecord
@@ -62,10 +61,6 @@ class Changes:
 
 
 class HotStore(Protocol):
-    def load_limits(self) -> tuple[int, list[Limit]]:
-        """The limits' version and every limit."""
-        ...
-
     def read(
         self,
         ids: Sequence[str] | None,

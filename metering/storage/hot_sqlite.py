@@ -14,11 +14,10 @@ from typing import Any, Final
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError, StatementError
 
-from metering.domain.limits import Limit
 from metering.domain.windows import Window
 from metering.storage.engine import RetryTransaction
 from metering.storage.hot import Changes, Snapshot, WantedKey
-from metering.storage.queries import Pair, Store, record_from_row, result_row
+from metering.storage.queries import Pair, record_from_row, result_row
 
 VERSION: Final = "SELECT version FROM limits_version WHERE id = 1"
 FETCH_RESULT: Final = """
@@ -60,14 +59,9 @@ class SqliteHotStore:
     """`HotStore` on the sqlite3 connection under a SQLAlchemy transaction."""
 
     def __init__(self, connection: Connection) -> None:
-        self.connection = connection
         raw = connection.connection.driver_connection
         assert isinstance(raw, sqlite3.Connection)
         self.raw = raw
-
-    def load_limits(self) -> tuple[int, list[Limit]]:
-        store = Store(self.connection)
-        return store.limits_version(), store.list_limits()
 
     def read(
         self,
