@@ -51,6 +51,15 @@ class UseGeneralPath(Exception):
     """The batch holds an event the hot path leaves to the general engine."""
 
 
+class Unacceptable(Exception):
+    """With ``invalid="raise"``: the event at ``index`` cannot be applied, for ``error``."""
+
+    def __init__(self, index: int, error: MeteringError) -> None:
+        super().__init__(index, error)
+        self.index = index
+        self.error = error
+
+
 class LimitCache:
     """Every limit as a `Rule`, with the version it was read at.
 
@@ -127,7 +136,7 @@ def apply_records(
 ) -> list[Answer]:
     """Apply ``events`` in order inside the caller's transaction; one answer per event.
 
-    ``invalid="raise"`` raises the first unacceptable event's error;
+    ``invalid="raise"`` raises `Unacceptable` for the first unacceptable event;
     ``"reject"`` stores it as a rejected result. Without ``precheck`` ids are
     not looked up first: an id decided before fails the results insert,
     which raises `RetryTransaction` (run again with ``precheck``).
@@ -183,7 +192,7 @@ def apply_records(
             continue
         if error is not None:
             if invalid == "raise":
-                raise error
+                raise Unacceptable(index, error)
             record = ResultRecord(
                 event.event_id,
                 "rejected",

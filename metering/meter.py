@@ -21,6 +21,7 @@ from metering.applying import (
     Answer,
     LimitCache,
     RejectedRow,
+    Unacceptable,
     UseGeneralPath,
     apply_records,
 )
@@ -40,6 +41,7 @@ from metering.domain.limits import Limit, validate_limit_name
 from metering.domain.reservations import DEFAULT_TTL_SECONDS
 from metering.domain.state import CounterKey, CounterState
 from metering.errors import EventConflict, InvalidInput, UnknownLimit
+from metering.grouping import GroupCommit
 from metering.ledger import (
     Applied,
     InvalidPolicy,
@@ -85,15 +87,26 @@ class Meter:
     ``Meter()`` uses ``METERING_DATABASE_URL``, else ``sqlite:///metering.db``
     (created on first use). ``clock`` is any callable returning an aware UTC
     datetime; every decision's "now" comes from it.
+
+    Concurrent `consume` calls from several threads share transactions
+    (group commit, see `metering.grouping`); ``group_commit=False`` gives
+    each call its own. `aconsume` always shares.
     """
 
     def __init__(
-        self, url: str | None = None, *, clock: Clock | None = None, **engine_options: Any
+        self,
+        url: str | None = None,
+        *,
+        clock: Clock | None = None,
+        group_commit: bool = True,
+        **engine_options: Any,
     ) -> None:
         self.url = database_url(url)
         self.clock: Clock = clock or system_clock
         self.engine = make_engine(self.url, **engine_options)
         self._limits = LimitCache()
+        self.group_commit = group_commit
+        self._group = GroupCommit(self._apply_raising)
         try:
             ensure_schema(self.engine)
         except BaseException:
@@ -101,6 +114,7 @@ class Meter:
             raise
 
     def close(self) -> None:
+        self._group.close()
         self.engine.dispose()
 
     def __enter__(self) -> Meter:
@@ -190,10 +204,28 @@ class Meter:
         charges raises `EventConflict`. Bad input raises before anything is stored.
         """
         event = self._event(subject, limit, cost, charges, event_id, occurred_at, metadata)
-        [applied] = self.apply([event], invalid="raise")
-        if isinstance(applied, EventConflict):
-            raise applied
-        return applied
+        if self.group_commit:
+            answer = self._group.submit(event.record())
+        else:
+            [answer] = self.apply_records([event.record()], invalid="raise")
+        return _consumed(event.event_id, answer)
+
+    async def aconsume(
+        self,
+        subject: str | None = None,
+        limit: str | None = None,
+        cost: int = 1,
+        *,
+        charges: Sequence[Any] | None = None,
+        event_id: str | None = None,
+        occurred_at: datetime | None = None,
+        metadata: Any = None,
+    ) -> Decision:
+        """`consume` for asyncio: awaits its turn in a shared transaction
+        without blocking the event loop or holding a thread."""
+        event = self._event(subject, limit, cost, charges, event_id, occurred_at, metadata)
+        answer = await self._group.submit_async(event.record())
+        return _consumed(event.event_id, answer)
 
     def apply(
         self,
@@ -228,6 +260,21 @@ class Meter:
         A kind is ``"new"``, ``"duplicate"`` or ``"conflict"`` (see
         `metering.applying`); nothing is built that the caller does not read.
         """
+        try:
+            return self._apply_records(records, invalid, rejected)
+        except Unacceptable as exc:
+            raise exc.error from None
+
+    def _apply_raising(self, records: Sequence[EventRecord]) -> list[Answer]:
+        """A group's batch: an unacceptable event raises `Unacceptable`, naming it."""
+        return self._apply_records(records, "raise", ())
+
+    def _apply_records(
+        self,
+        records: Sequence[EventRecord],
+        invalid: InvalidPolicy,
+        rejected: Sequence[RejectedRow],
+    ) -> list[Answer]:
         now_us = self._now_us()
         # One event (consume) skips the id lookup: a repeated id fails the
         # results insert and the retry looks it up.
@@ -440,6 +487,13 @@ class Meter:
         """Counters of a subject and/or limit, every window, oldest first."""
         rows = run_transaction(self.engine, lambda c: Store(c).counters_of(subject, limit))
         return [_counter(key, state) for key, state in rows]
+
+
+def _consumed(event_id: str, answer: Answer) -> Decision:
+    applied = _applied(event_id, answer)
+    if isinstance(applied, EventConflict):
+        raise applied
+    return applied
 
 
 def _applied(event_id: str, answer: Answer) -> Applied:

@@ -110,9 +110,16 @@ class SqliteHotStore:
             if changes.results:
                 raw.executemany(INSERT_RESULT, [result_row(r) for r in changes.results])
         except sqlite3.IntegrityError as exc:
-            raise RetryTransaction("an event id or counter was written before") from exc
+            # Only a key written meanwhile is worth another run; any other
+            # constraint (a CHECK, a trigger) would fail the same way again.
+            if getattr(exc, "sqlite_errorname", "") in _KEY_TAKEN:
+                raise RetryTransaction("an event id or counter was written before") from exc
+            raise _translate(exc) from exc
         except sqlite3.Error as exc:
             raise _translate(exc) from exc
+
+
+_KEY_TAKEN: Final = frozenset({"SQLITE_CONSTRAINT_PRIMARYKEY", "SQLITE_CONSTRAINT_UNIQUE"})
 
 
 def _updates(changes: Changes, now_us: int) -> Iterator[tuple[Any, ...]]:
