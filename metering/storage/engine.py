@@ -28,7 +28,7 @@ from metering.errors import ConfigurationError, DatabaseUnavailable, SchemaOutda
 T = TypeVar("T")
 
 # The Alembic revision this code expects; a test checks it is the head.
-SCHEMA_REVISION: Final = "0005"
+SCHEMA_REVISION: Final = "0006"
 MIGRATIONS_DIR: Final = Path(__file__).parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS: Final = 60_000
 RETRYABLE_SQLSTATES: Final = frozenset({"40001", "40P01"})

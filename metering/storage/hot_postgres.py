@@ -31,6 +31,7 @@ import psycopg
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError, StatementError
 
+from metering.domain.rules import Key
 from metering.domain.windows import Window
 from metering.storage.engine import RetryTransaction
 from metering.storage.hot import Changes, Snapshot, WantedKey
@@ -50,10 +51,11 @@ _PAIRS: Final = "(SELECT r->>0 AS l, r->>1 AS s FROM jsonb_array_elements(%(pair
 # a join would let the planner scan the whole table for a single event. The
 # elements are locked in the order given, sorted.
 LOCK_WINDOWS: Final = f"""
-SELECT w.limit_name, w.subject, w.window_start_us, w.window_end_us
+SELECT w.limit_name, w.subject, w.window_start_us, w.window_end_us, w.tid::text
 FROM {_PAIRS} AS p
 CROSS JOIN LATERAL (
-    SELECT * FROM current_windows AS w WHERE w.limit_name = p.l AND w.subject = p.s FOR UPDATE
+    SELECT *, ctid AS tid FROM current_windows AS w
+    WHERE w.limit_name = p.l AND w.subject = p.s FOR UPDATE
 ) AS w
 """
 
@@ -61,7 +63,7 @@ CROSS JOIN LATERAL (
 # counter of each first-use window (locked by the statement before).
 LOCK_COUNTERS: Final = f"""
 SELECT c.limit_name, c.subject, c.window_start_us, c.used, c.denied_count, c.denied_cost,
-       c.first_denied_at_us, c.tat_us, c.tat_rem, c.tat_scale
+       c.first_denied_at_us, c.tat_us, c.tat_rem, c.tat_scale, c.tid::text
 FROM (
     SELECT * FROM (
         SELECT r->>0 AS l, r->>1 AS s, (r->>2)::bigint AS ws
@@ -77,7 +79,7 @@ FROM (
     ORDER BY u.l COLLATE "C", u.s COLLATE "C", u.ws
 ) AS k
 CROSS JOIN LATERAL (
-    SELECT * FROM counters AS c
+    SELECT *, ctid AS tid FROM counters AS c
     WHERE c.limit_name = k.l AND c.subject = k.s AND c.window_start_us = k.ws
     FOR UPDATE
 ) AS c
@@ -102,16 +104,21 @@ INSERT INTO results (event_id, outcome, fingerprint, occurred_at_us, decided_at_
 VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
 """
 
+# Many rows are updated through the tuple ids their lock returned: a join on
+# the key lets the planner hash a sequential scan of the whole table when its
+# statistics lag behind (measured: 4.7 ms against 0.13 for 32 rows of
+# 20,000). A locked row cannot move before this transaction ends, and the
+# transaction writes each row once.
 UPDATE_COUNTERS: Final = """
 UPDATE counters AS c
 SET used = v.used, denied_count = v.dc, denied_cost = v.dcost, first_denied_at_us = v.fd,
     tat_us = v.tat, tat_rem = v.rem, tat_scale = v.scale, updated_at_us = %(now)s
 FROM (
-    SELECT r->>0, r->>1, (r->>2)::bigint, (r->>3)::bigint, (r->>4)::bigint, (r->>5)::bigint,
-           (r->>6)::bigint, (r->>7)::bigint, (r->>8)::bigint, (r->>9)::bigint
+    SELECT (r->>0)::tid, (r->>1)::bigint, (r->>2)::bigint, (r->>3)::bigint, (r->>4)::bigint,
+           (r->>5)::bigint, (r->>6)::bigint, (r->>7)::bigint
     FROM jsonb_array_elements(%(rows)s::jsonb) AS r
-) AS v(l, s, ws, used, dc, dcost, fd, tat, rem, scale)
-WHERE c.limit_name = v.l AND c.subject = v.s AND c.window_start_us = v.ws
+) AS v(tid, used, dc, dcost, fd, tat, rem, scale)
+WHERE c.ctid = v.tid
 """
 
 INSERT_COUNTERS: Final = """
@@ -131,10 +138,10 @@ SELECT r->>0, r->>1, (r->>2)::bigint, (r->>3)::bigint FROM jsonb_array_elements(
 UPDATE_WINDOWS: Final = """
 UPDATE current_windows AS w SET window_start_us = v.ws, window_end_us = v.we
 FROM (
-    SELECT r->>0, r->>1, (r->>2)::bigint, (r->>3)::bigint
+    SELECT (r->>0)::tid, (r->>1)::bigint, (r->>2)::bigint
     FROM jsonb_array_elements(%(rows)s::jsonb) AS r
-) AS v(l, s, ws, we)
-WHERE w.limit_name = v.l AND w.subject = v.s
+) AS v(tid, ws, we)
+WHERE w.ctid = v.tid
 """
 
 # No ON CONFLICT: an id decided meanwhile by another transaction fails the
@@ -156,6 +163,9 @@ class PostgresHotStore:
         raw = connection.connection.driver_connection
         assert isinstance(raw, psycopg.Connection)
         self.raw: psycopg.Connection[Any] = raw
+        # Tuple ids of the rows `read` locked, for `write`'s bulk updates.
+        self.counter_tids: dict[Key, str] = {}
+        self.window_tids: dict[Pair, str] = {}
 
     def read(
         self,
@@ -178,14 +188,19 @@ class PostgresHotStore:
                 counters = self.raw.cursor(binary=True).execute(LOCK_COUNTERS, params)
                 row = version.fetchone()
                 assert row is not None
-                return Snapshot(
-                    version=row[0],
-                    stored={r[0]: record_from_row(r) for r in stored} if stored else {},
-                    windows=_windows(windows.fetchall()) if windows else {},
-                    states={(r[0], r[1], r[2]): list(r[3:]) for r in counters.fetchall()},
-                )
+                window_rows = windows.fetchall() if windows else []
+                counter_rows = counters.fetchall()
+                stored_rows = stored.fetchall() if stored else []
         except psycopg.Error as exc:
             raise _translate(exc) from exc
+        self.window_tids = {(r[0], r[1]): r[4] for r in window_rows}
+        self.counter_tids = {(r[0], r[1], r[2]): r[10] for r in counter_rows}
+        return Snapshot(
+            version=row[0],
+            stored={r[0]: record_from_row(r) for r in stored_rows},
+            windows=_windows(window_rows),
+            states={(r[0], r[1], r[2]): list(r[3:10]) for r in counter_rows},
+        )
 
     def write(self, changes: Changes, now_us: int, *, commit: bool) -> None:
         raw = self.raw
@@ -196,7 +211,8 @@ class PostgresHotStore:
                     rows: list[Any] = [(*st, now_us, *key) for key, st in changes.updated]
                     cursor.executemany(UPDATE_COUNTER, rows)
                 elif changes.updated:
-                    rows = [(*key, *state) for key, state in changes.updated]
+                    tids = self.counter_tids
+                    rows = [(tids[key], *state) for key, state in changes.updated]
                     raw.execute(UPDATE_COUNTERS, {"rows": _encode(rows), "now": now_us})
                 if 0 < len(changes.created) <= FEW_ROWS:
                     rows = [(*key, end, *st, now_us) for key, end, st in changes.created]
@@ -208,7 +224,9 @@ class PostgresHotStore:
                     rows = [(*pair, *window) for pair, window in changes.new_windows]
                     raw.execute(INSERT_WINDOWS, {"rows": _encode(rows)})
                 if changes.moved_windows:
-                    rows = [(*pair, *window) for pair, window in changes.moved_windows]
+                    rows = [
+                        (self.window_tids[pair], *window) for pair, window in changes.moved_windows
+                    ]
                     raw.execute(UPDATE_WINDOWS, {"rows": _encode(rows)})
                 rows = [result_row(r) for r in changes.results]
                 if 0 < len(rows) <= FEW_ROWS:

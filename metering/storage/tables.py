@@ -8,7 +8,18 @@ compares them).
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Boolean, Column, Index, Integer, MetaData, String, Table, Text
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    Text,
+)
 
 metadata = MetaData()
 
@@ -40,9 +51,9 @@ limits_version = Table(
 counters = Table(
     "counters",
     metadata,
-    Column("limit_name", String(64), primary_key=True),
-    Column("subject", String(200), primary_key=True),
-    Column("window_start_us", BigInteger, primary_key=True, autoincrement=False),
+    Column("limit_name", String(64), nullable=False),
+    Column("subject", String(200), nullable=False),
+    Column("window_start_us", BigInteger, nullable=False, autoincrement=False),
     Column("window_end_us", BigInteger, nullable=False),
     Column("used", BigInteger, nullable=False),
     Column("denied_count", BigInteger, nullable=False),
@@ -52,6 +63,8 @@ counters = Table(
     Column("tat_rem", BigInteger, nullable=False),
     Column("tat_scale", BigInteger, nullable=False),
     Column("updated_at_us", BigInteger, nullable=False),
+    # Keys lead with the subject (migration 0006): see docs/performance.md.
+    PrimaryKeyConstraint("subject", "limit_name", "window_start_us"),
     postgresql_with={"fillfactor": 70},  # room for HOT updates (migration 0005)
 )
 
@@ -60,10 +73,11 @@ counters = Table(
 current_windows = Table(
     "current_windows",
     metadata,
-    Column("limit_name", String(64), primary_key=True),
-    Column("subject", String(200), primary_key=True),
+    Column("limit_name", String(64), nullable=False),
+    Column("subject", String(200), nullable=False),
     Column("window_start_us", BigInteger, nullable=True),
     Column("window_end_us", BigInteger, nullable=True),
+    PrimaryKeyConstraint("subject", "limit_name"),
     postgresql_with={"fillfactor": 70},
 )
 
@@ -81,7 +95,6 @@ results = Table(
     Column("charges", Text, nullable=False),  # JSON: [ChargeDecision.to_row(), ...]
     Column("metadata", Text, nullable=True),  # JSON
 )
-Index("ix_results_decided_at_us", results.c.decided_at_us)
 
 # Queued input that could not become an event (malformed, or an id reused
 # with other charges): kept with its error so nothing disappears silently.
@@ -98,9 +111,6 @@ rejected_messages = Table(
 )
 Index("ix_rejected_messages_received_at_us", rejected_messages.c.received_at_us)
 
-# Reports read counters by period and by subject across limits.
-Index("ix_counters_window_start_us", counters.c.window_start_us)
-Index("ix_counters_subject", counters.c.subject, counters.c.limit_name, counters.c.window_start_us)
 
 # Reservations: usage consumed now that may still be given back. The id is
 # the reserving event's id (its result is in ``results``). ``charges`` is a
@@ -144,15 +154,16 @@ webhook_endpoints = Table(
 webhook_marks = Table(
     "webhook_marks",
     metadata,
-    Column("limit_name", String(64), primary_key=True),
-    Column("subject", String(200), primary_key=True),
-    Column("window_start_us", BigInteger, primary_key=True, autoincrement=False),
-    Column("kind", String(32), primary_key=True),
+    Column("limit_name", String(64), nullable=False),
+    Column("subject", String(200), nullable=False),
+    Column("window_start_us", BigInteger, nullable=False, autoincrement=False),
+    Column("kind", String(32), nullable=False),
     Column("window_end_us", BigInteger, nullable=False),
     Column("maximum", BigInteger, nullable=False),
     Column("event_id", String(128), nullable=True),
     Column("created_at_us", BigInteger, nullable=False),
     Column("due_at_us", BigInteger, nullable=True),
+    PrimaryKeyConstraint("subject", "limit_name", "window_start_us", "kind"),
 )
 Index("ix_webhook_marks_due_at_us", webhook_marks.c.due_at_us)
 
