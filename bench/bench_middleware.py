@@ -83,8 +83,11 @@ async def load(base: str, requests: int, concurrency: int, token: str | None) ->
 
 
 def _ms(text: str) -> float:
-    value, unit = re.fullmatch(r"([\d.]+)(us|ms|s)", text).groups()  # type: ignore[union-attr]
-    return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
+    found = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text)
+    if found is None:
+        raise SystemExit(f"wrk printed a latency this cannot read: {text!r}")
+    value, unit = found.groups()
+    return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60_000.0}[unit]
 
 
 # Each request from one of 10,000 client addresses (and users), through a

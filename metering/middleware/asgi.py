@@ -2,8 +2,9 @@
 
     app.add_middleware(MeteringMiddleware, meter=meter, limit="api", key=authenticated_user)
 
-Starlette runs the middleware added *last* outermost. The meter is
-synchronous, so its calls run in a worker thread, off the event loop.
+Starlette runs the middleware added *last* outermost. A plain limit awaits
+`Meter.aconsume` (shared transactions, no thread held per request); a
+stacking limit's reservations run in a worker thread, off the event loop.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ class MeteringMiddleware:
             await self.app(scope, receive, send)
             return
         context = context_of(scope)
-        step = await asyncio.to_thread(self.policy.enter, request_info(scope), context)
+        step = await self.policy.aenter(request_info(scope), context)
         if step.response is not None:
             await send_response(send, step.response)
             return

@@ -17,6 +17,7 @@ past an exhausted outer limit.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import json
 import logging
@@ -309,51 +310,89 @@ class Policy:
                 return (route.limit or self.limit, route.cost or self.cost)
         return (self.limit, self.cost)
 
-    def enter(self, request: RequestInfo, context: RequestMetering) -> Step:
-        """Charge this request (or not) and say whether it may go on."""
+    def _target(self, request: RequestInfo) -> tuple[str, str, int] | None:
+        """(subject, limit, cost) to charge for this request, or None."""
         rule = self._rule(request)
         subject = self.key(request) if rule is not None else None
         if rule is None or subject is None:
-            return Step()
-        limit, cost = rule
-        try:
-            return self._charge(request, context, subject, limit, cost)
-        except StorageError as exc:
-            if self.fail_open:
-                log.warning("metering unavailable, request let through: %s", exc)
-                return Step()
-            log.error("metering unavailable, request refused: %s", exc)
-            return Step(response=unavailable())
+            return None
+        return (subject, *rule)
 
-    def _charge(
-        self, request: RequestInfo, context: RequestMetering, subject: str, limit: str, cost: int
-    ) -> Step:
-        reservation = None
+    def _unavailable(self, exc: StorageError) -> Step:
+        if self.fail_open:
+            log.warning("metering unavailable, request let through: %s", exc)
+            return Step()
+        log.error("metering unavailable, request refused: %s", exc)
+        return Step(response=unavailable())
+
+    def enter(self, request: RequestInfo, context: RequestMetering) -> Step:
+        """Charge this request (or not) and say whether it may go on."""
+        target = self._target(request)
+        if target is None:
+            return Step()
+        subject, limit, cost = target
+        try:
+            reservation = None
+            if self.stacking:
+                reservation = self.meter.reserve(subject, limit, cost)
+                decision = reservation.decision
+            else:
+                decision = self.meter.consume(subject, limit, cost)
+            applied = Applied(limit, subject, decision, reservation)
+            if decision.allowed:
+                self._release_waiting(context)
+            return self._conclude(request, context, applied)
+        except StorageError as exc:
+            return self._unavailable(exc)
+
+    async def aenter(self, request: RequestInfo, context: RequestMetering) -> Step:
+        """`enter` for asyncio: a plain limit awaits `Meter.aconsume` and holds
+        no thread; a stacking one (reservations) runs `enter` in a thread."""
         if self.stacking:
-            reservation = self.meter.reserve(subject, limit, cost)
-            decision = reservation.decision
-        else:
-            decision = self.meter.consume(subject, limit, cost)
-        applied = Applied(limit, subject, decision, reservation)
-        context.applied.append(applied)
-        if not decision.allowed:
-            now_us = _now_us(self.meter)
-            retry_after = retry_after_seconds(decision, now_us)
-            log.info("denied %s %s: %s by %s", request.method, request.path, subject, limit)
-            denied = self.on_denied(request, decision, retry_after)
-            extra = [("retry-after", str(retry_after)), *self.header_pairs(applied, now_us)]
-            present = {name.lower() for name, _ in denied.headers}
-            headers = [*denied.headers, *((n, v) for n, v in extra if n not in present)]
-            context.effective = applied
-            return Step(response=DeniedResponse(denied.status, headers, denied.body))
-        # This limit applies: limits waiting outside (stacking) are not charged.
+            return await asyncio.to_thread(self.enter, request, context)
+        target = self._target(request)
+        if target is None:
+            return Step()
+        subject, limit, cost = target
+        try:
+            decision = await self.meter.aconsume(subject, limit, cost)
+            if self.headers and self._limit_stale(limit):
+                await asyncio.to_thread(self._limit, limit)
+            if decision.allowed and context.pending:
+                await asyncio.to_thread(self._release_waiting, context)
+            return self._conclude(request, context, Applied(limit, subject, decision))
+        except StorageError as exc:
+            return self._unavailable(exc)
+
+    @staticmethod
+    def _release_waiting(context: RequestMetering) -> None:
+        """This limit applies: limits waiting outside (stacking) are not charged."""
         for waiting in context.pending:
             if waiting.reservation is not None and waiting.reservation.state == "held":
                 waiting.reservation.cancel()
         context.pending.clear()
-        if reservation is not None:
-            context.pending.append(applied)
+
+    def _conclude(self, request: RequestInfo, context: RequestMetering, applied: Applied) -> Step:
+        decision = applied.decision
+        context.applied.append(applied)
         context.effective = applied
+        if not decision.allowed:
+            now_us = _now_us(self.meter)
+            retry_after = retry_after_seconds(decision, now_us)
+            log.info(
+                "denied %s %s: %s by %s",
+                request.method,
+                request.path,
+                applied.subject,
+                applied.limit,
+            )
+            denied = self.on_denied(request, decision, retry_after)
+            extra = [("retry-after", str(retry_after)), *self.header_pairs(applied, now_us)]
+            present = {name.lower() for name, _ in denied.headers}
+            headers = [*denied.headers, *((n, v) for n, v in extra if n not in present)]
+            return Step(response=DeniedResponse(denied.status, headers, denied.body))
+        if applied.reservation is not None:
+            context.pending.append(applied)
         return Step(applied=applied)
 
     def leave(self, step: Step) -> None:
@@ -369,16 +408,18 @@ class Policy:
 
     # -- headers ------------------------------------------------------------------
 
-    def _limit(self, name: str) -> Limit | None:
-        now = self.meter.clock().timestamp()
+    def _limit_stale(self, name: str) -> bool:
         cached = self._limits.get(name)
-        if cached is None or now - cached[0] > LIMIT_CACHE_SECONDS:
+        return cached is None or self.meter.clock().timestamp() - cached[0] > LIMIT_CACHE_SECONDS
+
+    def _limit(self, name: str) -> Limit | None:
+        if self._limit_stale(name):
+            now = self.meter.clock().timestamp()
             try:
-                cached = (now, self.meter.get_limit(name))
+                self._limits[name] = (now, self.meter.get_limit(name))
             except MeteringError:
-                cached = (now, None)
-            self._limits[name] = cached
-        return cached[1]
+                self._limits[name] = (now, None)
+        return self._limits[name][1]
 
     def header_pairs(self, applied: Applied, now_us: int) -> list[tuple[str, str]]:
         """``RateLimit-Policy`` and ``RateLimit`` (IETF httpapi draft) for a decision."""

@@ -93,9 +93,16 @@ def serve_wsgi() -> Iterator[Serve]:
 
     def serve(app: Any) -> str:
         # Waitress drops X-Forwarded-* from untrusted peers by itself; keep
-        # them so the tests see what the middleware does.
+        # them so the tests see what the middleware does. poll(), not
+        # select(): a connection closed at teardown while the loop waits on
+        # it is then a hang-up, not EBADF raised in the server's thread.
         server = create_server(
-            app, host="127.0.0.1", port=0, threads=8, clear_untrusted_proxy_headers=False
+            app,
+            host="127.0.0.1",
+            port=0,
+            threads=8,
+            clear_untrusted_proxy_headers=False,
+            asyncore_use_poll=True,
         )
         port = int(server.effective_port)
         thread = threading.Thread(target=server.run, daemon=True)
