@@ -24,6 +24,7 @@ from typing import Any, Final
 
 from metering.applying import CONFLICT, DUPLICATE, NEW, Answer
 from metering.domain.events import (
+    EVENT_ID_PATTERN,
     EventRecord,
     UsageEvent,
     fingerprint_of,
@@ -86,7 +87,10 @@ def decode_records(payload: object) -> tuple[list[EventRecord], list[Rejected]]:
             events.append(_decode_record(item))
         except (MeteringError, TypeError, ValueError, OverflowError, KeyError) as exc:
             event_id = item.get("id") if isinstance(item, Mapping) else None
-            usable = event_id if isinstance(event_id, str) and len(event_id) <= 128 else None
+            # Kept only when it is a valid id: a NUL or a lone surrogate
+            # cannot be stored, and would fail the whole batch.
+            valid = isinstance(event_id, str) and EVENT_ID_PATTERN.fullmatch(event_id)
+            usable = event_id if valid else None
             rejected.append(Rejected(usable, f"malformed event: {exc}", _raw(item)))
     return events, rejected
 

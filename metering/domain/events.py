@@ -130,7 +130,12 @@ def validate_metadata(metadata: object) -> Mapping[str, Any] | None:
         encoded = json.dumps(metadata, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidInput("metadata", f"is not JSON-serialisable: {exc}") from exc
-    if len(encoded.encode()) > MAX_METADATA_BYTES:
+    if "\\ud" in encoded:  # a surrogate, paired (fine) or lone (not text: cannot be stored)
+        try:
+            json.dumps(metadata, ensure_ascii=False).encode()
+        except UnicodeEncodeError as exc:
+            raise InvalidInput("metadata", f"is not valid Unicode text: {exc.reason}") from None
+    if len(encoded) > MAX_METADATA_BYTES:
         raise InvalidInput("metadata", f"is larger than {MAX_METADATA_BYTES} bytes as JSON")
     return dict(metadata)
 

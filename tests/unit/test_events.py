@@ -428,3 +428,30 @@ def test_fingerprint_ignores_event_time_and_metadata(clock: FrozenClock) -> None
     first = make_event([("user-7", "api")], clock(), "e1", {"a": 1})
     second = make_event([("user-7", "api")], clock() - timedelta(minutes=1), "e1", {"a": 2})
     assert first.fingerprint() == second.fingerprint()
+
+
+@pytest.mark.parametrize(
+    "metadata", [{"note": "\udc80"}, {"\ud800": 1}, {"deep": [{"x": "a\ud83d"}]}]
+)
+def test_validate_metadata_rejects_lone_surrogates(metadata: object) -> None:
+    """Not text: no database stores it, and it used to fail a whole queued batch."""
+    with pytest.raises(InvalidInput, match="Unicode") as caught:
+        validate_metadata(metadata)
+    assert caught.value.field == "metadata"
+
+
+def test_validate_metadata_accepts_characters_outside_the_basic_plane() -> None:
+    assert validate_metadata({"emoji": "😀", "accent": "é"}) == {"emoji": "😀", "accent": "é"}
+
+
+@pytest.mark.parametrize("bad_id", ["bad-\ud800", "bad-\x00", "x" * 129, "with space"])
+def test_a_malformed_queued_event_keeps_its_id_only_when_the_id_is_valid(bad_id: str) -> None:
+    from metering.pipeline import decode_records
+
+    item = {"id": bad_id, "charges": [["s", "calls", 1]], "at": 1_795_000_000_000_000}
+    events, rejected = decode_records({"v": 1, "events": [item]})
+    assert events == []
+    [row] = rejected
+    assert row.event_id is None
+    row.raw.encode()  # storable text
+    row.reason.encode()
