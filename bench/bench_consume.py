@@ -5,7 +5,9 @@
 PostgreSQL (durable: fsync and synchronous_commit on): `Meter.consume` on a
 calendar window and on a first-use window, 10,000 subjects, 1 and 4
 processes, against seed 001's advisory-lock window function on the same
-server (`peers.advisory_window_job`). SQLite: `Meter.consume` at the
+server (`peers.advisory_window_job`); and 16 threads of one process sharing
+a `Meter`, with group commit and without, against the function's 4
+processes. SQLite: `Meter.consume` at the
 documented default durability (WAL, ``synchronous=NORMAL``) against seed
 000's upsert with triggers (`peers.sqlite_window_job`), one process.
 Prints events/s, p50/p99 and the ratio to the peer.
@@ -17,6 +19,7 @@ import argparse
 import random
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +53,30 @@ def consume_job(url: str, limit: str) -> Any:
             latencies.append(time.perf_counter_ns() - began)
         meter.close()
         return latencies
+
+    return job
+
+
+def threaded_consume_job(url: str, limit: str, threads: int, group_commit: bool) -> Any:
+    """One process, ``threads`` threads calling `consume` on one shared `Meter`."""
+
+    def job(index: int, events: int) -> list[int]:
+        meter = Meter(url, group_commit=group_commit, pool_size=threads)
+        meter.consume("warm-up", limit)
+        each = events // threads
+
+        def caller(thread: int) -> list[int]:
+            latencies = []
+            for subject in subjects_for(index * 100 + thread, each):
+                began = time.perf_counter_ns()
+                meter.consume(subject, limit)
+                latencies.append(time.perf_counter_ns() - began)
+            return latencies
+
+        with ThreadPoolExecutor(threads) as pool:
+            found = [ns for part in pool.map(caller, range(threads)) for ns in part]
+        meter.close()
+        return found
 
     return job
 
@@ -90,6 +117,17 @@ def main() -> None:
                 )
                 rows.append(ratio_row(figures, peer))
                 print(f"  {figures.name} x{processes}: {figures.rate:,.0f}/s", flush=True)
+        # `peer` is now the advisory-lock function with 4 processes.
+        for group_commit in (True, False):
+            name = "group commit" if group_commit else "a transaction each"
+            figures = run_parallel(
+                f"Meter.consume, 16 threads in 1 process, {name} (ratio to peer x4)",
+                threaded_consume_job(url, "calls_cal", 16, group_commit),
+                1,
+                args.events * 4,
+            )
+            rows.append(ratio_row(figures, peer))
+            print(f"  {figures.name}: {figures.rate:,.0f}/s", flush=True)
     directory = Path(tempfile.mkdtemp(prefix="metering-bench-"))
     events = args.events * 4
     peer = run_parallel(

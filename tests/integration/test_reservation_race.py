@@ -20,11 +20,25 @@ pytestmark = pytest.mark.slow
 
 
 def _reserve_many(
-    url: str, worker: int, start: multiprocessing.synchronize.Event, tally: object
+    url: str,
+    worker: int,
+    ready: multiprocessing.synchronize.Semaphore,
+    start: multiprocessing.synchronize.Event,
+    tally: object,
 ) -> None:
     meter = Meter(url, clock=FrozenClock(NOW))
-    start.wait(30)
     committed = cancelled = 0
+    # A canceller holds one unit before the race, so that cancels happen
+    # whichever process the scheduler favours; it gives it back first thing.
+    first = meter.reserve("tenant-1", "jobs", event_id=f"w{worker}-first")
+    ready.release()
+    start.wait(30)
+    if worker % 2 == 0:
+        first.cancel()
+        cancelled += 1
+    else:
+        first.commit()
+        committed += 1
     for n in range(ATTEMPTS):
         reservation = meter.reserve("tenant-1", "jobs", event_id=f"w{worker}-{n}")
         if not reservation.allowed:
@@ -43,13 +57,15 @@ def test_held_never_exceeds_the_limit_and_the_counter_equals_commits(db_url: str
     with Meter(db_url, clock=FrozenClock(NOW)) as meter:
         meter.set_limit(Limit("jobs", maximum=MAXIMUM, period="1d", window="calendar"))
     context = multiprocessing.get_context("fork")
-    start, tally = context.Event(), context.Queue()
+    ready, start, tally = context.Semaphore(0), context.Event(), context.Queue()
     procs = [
-        context.Process(target=_reserve_many, args=(db_url, n, start, tally))
+        context.Process(target=_reserve_many, args=(db_url, n, ready, start, tally))
         for n in range(PROCESSES)
     ]
     for proc in procs:
         proc.start()
+    for _ in procs:
+        assert ready.acquire(timeout=60)
     start.set()
     # Sample what is held (reserved and not given back) while they race.
     highest = 0
