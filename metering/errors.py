@@ -92,6 +92,11 @@ class StorageError(MeteringError):
     """The database failed or could not be reached."""
 
 
+class InputRefused(StorageError):
+    """The database refused the data itself (a constraint, a value it cannot
+    store): the same statement would fail again, so it is never retried."""
+
+
 class DatabaseUnavailable(StorageError):
     """The database cannot be reached (refused, timed out, wrong URL)."""
 

@@ -34,7 +34,7 @@ from metering.domain.events import (
     validate_metadata,
 )
 from metering.domain.instants import from_us
-from metering.errors import MeteringError
+from metering.errors import InputRefused, MeteringError
 from metering.meter import Meter
 
 TASK_NAME: Final = "metering.apply_batch"
@@ -139,11 +139,50 @@ class BatchReport:
 
 
 def apply_batch(meter: Meter, payload: object) -> BatchReport:
-    """Apply one queued message; database errors propagate so the task retries."""
+    """Apply one queued message; database errors propagate so the task retries.
+
+    An event the database refuses (`InputRefused`: a constraint, a value it
+    cannot store) would fail the same way on every retry. The batch is then
+    split in halves until the refused events stand alone; each is kept in
+    ``rejected_messages`` (the dead-letter record) and every other event is
+    applied, in order.
+    """
     events, malformed = decode_records(payload)
     rows = [(m.event_id, m.reason, m.raw) for m in malformed]
-    answers = meter.apply_records(events, invalid="reject", rejected=rows)
+    try:
+        answers = meter.apply_records(events, invalid="reject", rejected=rows)
+    except InputRefused:
+        answers, refused = _apply_around_refusals(meter, events)
+        meter.apply_records([], rejected=[*rows, *refused])
+        malformed = [*malformed, *(Rejected(*row) for row in refused)]
     return report_of(answers, malformed=len(malformed))
+
+
+def _apply_around_refusals(
+    meter: Meter, events: Sequence[EventRecord]
+) -> tuple[list[Answer], list[tuple[str | None, str, str]]]:
+    """Apply ``events`` in order, halving around the ones the database refuses."""
+    try:
+        return meter.apply_records(events, invalid="reject"), []
+    except InputRefused as exc:
+        if len(events) == 1:
+            [event] = events
+            return [], [(event.event_id, f"refused by the database: {exc}", _raw_record(event))]
+    middle = len(events) // 2
+    head, head_refused = _apply_around_refusals(meter, events[:middle])
+    tail, tail_refused = _apply_around_refusals(meter, events[middle:])
+    return [*head, *tail], [*head_refused, *tail_refused]
+
+
+def _raw_record(event: EventRecord) -> str:
+    return _raw(
+        {
+            "id": event.event_id,
+            "charges": [list(charge) for charge in event.charges],
+            "at": event.occurred_at_us,
+            "meta": dict(event.metadata) if event.metadata is not None else None,
+        }
+    )
 
 
 def report_of(answers: Sequence[Answer], *, malformed: int) -> BatchReport:

@@ -8,7 +8,7 @@ from typing import Any
 from celery import Task
 
 from metering.config import env_float, is_embedded_broker
-from metering.errors import StorageError
+from metering.errors import InputRefused, StorageError
 from metering.meter import Meter
 from metering.pipeline import TASK_NAME, apply_batch
 from metering.storage.broker import sweep_embedded_broker
@@ -33,6 +33,7 @@ def meter() -> Meter:
     acks_late=True,
     reject_on_worker_lost=True,
     autoretry_for=(StorageError,),
+    dont_autoretry_for=(InputRefused,),
     retry_backoff=1,
     retry_backoff_max=10,
     retry_jitter=True,
@@ -40,6 +41,9 @@ def meter() -> Meter:
 )
 def apply_batch_task(self: Task, *args: Any, **kwargs: Any) -> dict[str, int]:
     """Apply one batch of usage events; database errors retry with backoff, forever.
+
+    Except `InputRefused`: data the database refuses fails the same way on
+    every run (`apply_batch` keeps such events in the dead-letter record).
 
     Takes any arguments so that a message with the wrong ones is recorded in
     ``rejected_messages`` instead of failing before it could be kept.

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import random
+import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,7 +24,13 @@ from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlchemyError
 
-from metering.errors import ConfigurationError, DatabaseUnavailable, SchemaOutdated, StorageError
+from metering.errors import (
+    ConfigurationError,
+    DatabaseUnavailable,
+    InputRefused,
+    SchemaOutdated,
+    StorageError,
+)
 
 T = TypeVar("T")
 
@@ -31,7 +38,10 @@ T = TypeVar("T")
 SCHEMA_REVISION: Final = "0006"
 MIGRATIONS_DIR: Final = Path(__file__).parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS: Final = 60_000
-RETRYABLE_SQLSTATES: Final = frozenset({"40001", "40P01"})
+# Serialization failure, deadlock, and a key another transaction wrote first
+# (a race that the next run sees as a stored row; if it persists, it is refused).
+RETRYABLE_SQLSTATES: Final = frozenset({"40001", "40P01", "23505"})
+_SQLITE_KEY_TAKEN: Final = frozenset({"SQLITE_CONSTRAINT_PRIMARYKEY", "SQLITE_CONSTRAINT_UNIQUE"})
 
 
 class RetryTransaction(Exception):
@@ -110,6 +120,8 @@ def _is_retryable(exc: DBAPIError) -> bool:
     sqlstate = getattr(exc.orig, "sqlstate", None)
     if sqlstate in RETRYABLE_SQLSTATES:
         return True
+    if getattr(exc.orig, "sqlite_errorname", None) in _SQLITE_KEY_TAKEN:
+        return True
     return "database is locked" in str(exc.orig) or bool(exc.connection_invalidated)
 
 
@@ -118,9 +130,24 @@ def translate(exc: SQLAlchemyError) -> StorageError:
     orig = getattr(exc, "orig", None) or exc
     message = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
     name = type(orig).__name__
+    if _is_refusal(orig):
+        return InputRefused(f"database refused the data: {message}")
     if name in {"OperationalError", "InterfaceError"} or "connection" in message.lower():
         return DatabaseUnavailable(f"database unavailable: {message}")
     return StorageError(f"database error: {message}")
+
+
+# SQLSTATE classes of errors in the data, not in the server or the connection:
+# 22 data exception (a NUL byte, a value out of range), 23 integrity constraint
+# (after retries of key races), 54 program limit exceeded (a value too large).
+_REFUSAL_CLASSES: Final = ("22", "23", "54")
+
+
+def _is_refusal(orig: BaseException) -> bool:
+    sqlstate = getattr(orig, "sqlstate", None)
+    if isinstance(sqlstate, str):
+        return sqlstate[:2] in _REFUSAL_CLASSES
+    return isinstance(orig, sqlite3.IntegrityError | sqlite3.DataError)
 
 
 def run_transaction(engine: Engine, work: Callable[[Connection], T], *, attempts: int = 10) -> T:

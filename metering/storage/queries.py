@@ -553,16 +553,20 @@ class Store:
         """Keep (event id or None, reason, raw JSON) of input that could not be applied."""
         if not rows:
             return
-        params = [
-            {
-                "digest": hashlib.sha256(f"{reason}\n{raw}".encode()).hexdigest(),
-                "event_id": event_id,
-                "reason": reason,
-                "raw": raw,
-                "received_at_us": now_us,
-            }
-            for event_id, reason, raw in rows
-        ]
+        params = []
+        for event_id, reason, raw in rows:
+            # The dead-letter record must take anything: a NUL or a lone
+            # surrogate is written as an escape (PostgreSQL stores neither).
+            reason, raw = _storable(reason), _storable(raw)
+            params.append(
+                {
+                    "digest": hashlib.sha256(f"{reason}\n{raw}".encode()).hexdigest(),
+                    "event_id": event_id,
+                    "reason": reason,
+                    "raw": raw,
+                    "received_at_us": now_us,
+                }
+            )
         statement = self._insert(rejected_messages).on_conflict_do_nothing(
             index_elements=["digest"]
         )
@@ -592,3 +596,10 @@ class Store:
 
     def count_results(self) -> int:
         return int(self.connection.execute(select(func.count()).select_from(results)).scalar_one())
+
+
+def _storable(text: str) -> str:
+    """``text`` with NUL and lone surrogates as backslash escapes."""
+    if text.isascii() and "\x00" not in text:
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")

@@ -629,6 +629,43 @@ def test_ids_and_metadata_the_database_cannot_store_lose_no_valid_event(
         assert worker.alive(), worker.tail()
 
 
+def test_an_event_the_database_refuses_is_dead_lettered_and_not_retried(
+    pg_url: str, redis_url: str, client: redis.Redis, start_worker: StartWorker
+) -> None:
+    """A statement PostgreSQL refuses for one event (here a CHECK constraint an
+    operator added) cannot succeed on retry: the batch's other events are
+    applied, the refused one is kept in the dead-letter record, the message is
+    finished."""
+    at = datetime.now(UTC)
+    ids = [f"r-{i}" for i in range(9)]
+    refused = "r-4"
+    events = [encode_event(make_event([(i, "calls", 1)], at, i)) for i in ids]
+    with Meter(pg_url) as meter:
+        meter.set_limits([CALLS])
+        with meter.engine.begin() as connection:
+            connection.exec_driver_sql(
+                f"ALTER TABLE results ADD CONSTRAINT no_r4 CHECK (event_id <> '{refused}')"
+            )
+        worker = start_worker()
+        app = make_celery(redis_url)
+        try:
+            app.send_task(TASK_NAME, args=[encode_batch(events)], queue=DEFAULT_QUEUE)
+        finally:
+            app.close()
+        valid = set(ids) - {refused}
+        wait_until(
+            lambda: meter.decided(ids) == valid and queue_state(client) == (0, 0),
+            30,
+            lambda: f"decided {sorted(meter.decided(ids))}, queue {queue_state(client)}",
+            [worker],
+        )
+        [(event_id, reason, raw)] = meter.rejected_messages()
+        assert event_id == refused and "no_r4" in reason, reason
+        assert json.loads(raw)["id"] == refused
+        assert used_by_subject(meter, "calls") == dict.fromkeys(sorted(valid), 1)
+        assert worker.alive() and "Retry in" not in worker.log(), worker.tail()
+
+
 def test_a_message_with_the_wrong_task_arguments_is_kept_with_its_error(
     pg_url: str, redis_url: str, client: redis.Redis, start_worker: StartWorker
 ) -> None:

@@ -1,0 +1,92 @@
+"""Queued events the database refuses go to the dead-letter record; the rest of
+their batch is applied (SQLite and PostgreSQL, through `apply_batch`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+import pytest
+
+from metering import FrozenClock, Limit, Meter, make_event
+from metering.errors import InputRefused, StorageError
+from metering.pipeline import apply_batch, encode_batch, encode_event
+
+NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def meter(db_url: str) -> Iterator[Meter]:
+    with Meter(db_url, clock=FrozenClock(NOW)) as m:
+        m.set_limit(Limit("api", maximum=100, period="1d", window="calendar"))
+        yield m
+
+
+def refuse_results_for(meter: Meter, event_ids: list[str], *, sqlstate: str) -> None:
+    """A trigger that refuses the results row of these events, as a CHECK would."""
+    listed = ", ".join(f"'{event_id}'" for event_id in event_ids)
+    with meter.engine.begin() as connection:
+        if meter.engine.dialect.name == "sqlite":
+            # SQLite reports a trigger's ABORT as a constraint failure.
+            connection.exec_driver_sql(
+                "CREATE TRIGGER refuse BEFORE INSERT ON results "
+                f"WHEN NEW.event_id IN ({listed}) BEGIN SELECT RAISE(ABORT, 'refused'); END"
+            )
+            return
+        connection.exec_driver_sql(
+            "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            f"IF NEW.event_id IN ({listed}) THEN "
+            f"RAISE EXCEPTION 'refused' USING ERRCODE = '{sqlstate}'; END IF; "
+            "RETURN NEW; END $$"
+        )
+        connection.exec_driver_sql(
+            "CREATE TRIGGER refuse BEFORE INSERT ON results FOR EACH ROW EXECUTE FUNCTION refuse()"
+        )
+
+
+def batch(ids: list[str]) -> dict[str, object]:
+    return encode_batch([encode_event(make_event([("org", "api", 1)], NOW, i)) for i in ids])
+
+
+def test_refused_events_are_dead_lettered_and_the_rest_applied_in_order(meter: Meter) -> None:
+    ids = [f"e{n}" for n in range(13)]
+    refuse_results_for(meter, ["e0", "e6", "e7", "e12"], sqlstate="23514")
+
+    report = apply_batch(meter, batch(ids))
+
+    applied = [i for i in ids if i not in {"e0", "e6", "e7", "e12"}]
+    assert meter.decided(ids) == set(applied)
+    assert (report.applied, report.malformed) == (len(applied), 4)
+    # Applied in order: the n-th allowed event saw n - 1 units used before it.
+    remaining = [meter.result(i).charges[0].remaining for i in applied]  # type: ignore[union-attr]
+    assert remaining == list(range(99, 99 - len(applied), -1))
+    [counter] = meter.counters("org", "api")
+    assert counter.used == len(applied)
+    dead = {
+        event_id: (reason, json.loads(raw)) for event_id, reason, raw in meter.rejected_messages()
+    }
+    assert sorted(dead) == ["e0", "e12", "e6", "e7"]
+    assert all("refused by the database" in reason for reason, _ in dead.values())
+    assert dead["e6"][1]["charges"] == [["org", "api", 1]]
+
+
+def test_a_redelivered_batch_with_a_refused_event_changes_nothing_twice(meter: Meter) -> None:
+    ids = ["a", "b", "c"]
+    refuse_results_for(meter, ["b"], sqlstate="22021")
+    apply_batch(meter, batch(ids))
+    again = apply_batch(meter, batch(ids))
+    assert (again.applied, again.duplicates) == (0, 2)
+    assert [c.used for c in meter.counters("org", "api")] == [2]
+    assert len(meter.rejected_messages()) == 1
+
+
+def test_a_failure_that_is_not_a_refusal_still_fails_the_batch(meter: Meter, db_url: str) -> None:
+    """Only data errors are dead-lettered: any other error is raised for the task to retry."""
+    if not db_url.startswith("postgresql"):
+        pytest.skip("SQLite raises every trigger ABORT as a constraint failure")
+    refuse_results_for(meter, ["b"], sqlstate="P0001")
+    with pytest.raises(StorageError) as caught:
+        apply_batch(meter, batch(["a", "b"]))
+    assert not isinstance(caught.value, InputRefused)
+    assert meter.decided(["a", "b"]) == set() and meter.rejected_messages() == []
