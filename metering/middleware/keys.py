@@ -1,0 +1,116 @@
+"""Who a request is charged to: the request as key functions see it, and the keys."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from metering.errors import InvalidInput
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+@dataclass(frozen=True, slots=True)
+class RequestInfo:
+    """A framework-neutral view of a request, handed to key functions.
+
+    ``headers`` has lower-case names; repeated headers are joined with ``,``.
+    ``client`` is the connected peer's address; ``user`` what the server or
+    an authentication middleware attached (ASGI ``scope["user"]``, WSGI
+    ``REMOTE_USER``); ``raw`` the ASGI scope or WSGI environ itself.
+    """
+
+    method: str
+    path: str
+    headers: Mapping[str, str]
+    client: str | None
+    user: Any = None
+    raw: Any = field(default=None, repr=False)
+
+
+Key = Callable[[RequestInfo], str | None]
+
+
+def _parse_networks(trusted: Iterable[str]) -> tuple[IPNetwork, ...]:
+    networks = []
+    for entry in trusted:
+        try:
+            networks.append(ipaddress.ip_network(entry.strip(), strict=False))
+        except ValueError as exc:
+            raise InvalidInput(
+                "trusted_proxies", f"{entry!r} is not an address or network"
+            ) from exc
+    return tuple(networks)
+
+
+def _address(text: str) -> IPAddress | None:
+    text = text.strip()
+    if text.startswith("[") and "]" in text:  # [v6]:port
+        text = text[1 : text.index("]")]
+    elif text.count(":") == 1:  # v4:port
+        text = text.split(":")[0]
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
+
+
+def client_ip(trusted_proxies: Iterable[str] = ()) -> Key:
+    """Key requests by client address.
+
+    ``X-Forwarded-For`` is believed only when the connected peer is one of
+    ``trusted_proxies`` (addresses or networks): then the client is the
+    rightmost address in the header that is not itself a trusted proxy.
+    By default no proxy is trusted, so a client cannot pick its own key.
+    """
+    networks = _parse_networks(trusted_proxies)
+
+    def trusted(address: IPAddress | None) -> bool:
+        return address is not None and any(address in net for net in networks)
+
+    def key(request: RequestInfo) -> str | None:
+        peer = _address(request.client) if request.client else None
+        if peer is None:
+            return request.client
+        if not trusted(peer):
+            return str(peer)
+        hops = [_address(h) for h in request.headers.get("x-forwarded-for", "").split(",")]
+        client = peer
+        for hop in reversed(hops):
+            if hop is None:  # a malformed entry: trust nothing to its left
+                break
+            client = hop
+            if not trusted(hop):
+                break
+        return str(client)
+
+    return key
+
+
+def authenticated_user(request: RequestInfo) -> str | None:
+    """Key requests by authenticated user; None (limit not applied) when anonymous.
+
+    Understands Starlette's ``scope["user"]`` (``is_authenticated``,
+    ``identity`` or ``display_name``), WSGI's ``REMOTE_USER`` and plain strings.
+    """
+    user = request.user
+    if user is None or user == "":
+        return None
+    if isinstance(user, str):
+        return user
+    if not getattr(user, "is_authenticated", False):
+        return None
+    for attribute in ("identity", "display_name", "username"):
+        value = getattr(user, attribute, None)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def header(name: str) -> Key:
+    """Key requests by a header's value (an API key, a tenant id)."""
+    wanted = name.lower()
+    return lambda request: request.headers.get(wanted) or None
