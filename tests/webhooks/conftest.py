@@ -1,4 +1,4 @@
-"""Fixtures for the webhook tests: a real HTTP receiver on loopback, and waiting.
+"""Fixtures for the webhook tests: a real HTTP receiver on loopback.
 
 The receiver is pytest-httpserver's threaded server on 127.0.0.1: a handler
 that hangs does not block the next request. Deliveries to loopback need
@@ -7,13 +7,10 @@ that hangs does not block the next request. Deliveries to loopback need
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 from pytest_httpserver import HTTPServer
-
-DEADLINE = 30.0
 
 
 @pytest.fixture
@@ -31,14 +28,3 @@ def receiver() -> Iterator[HTTPServer]:
 @pytest.fixture
 def allow_private(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("METERING_WEBHOOKS_ALLOW_PRIVATE", "1")
-
-
-def wait_for(
-    condition: Callable[[], bool], what: Callable[[], str], timeout: float = DEADLINE
-) -> None:
-    """Poll until ``condition()`` holds; fail with ``what()`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"after {timeout} s: {what()}")
-        time.sleep(0.05)

@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from conftest import wait_for
 from pytest_httpserver import HTTPServer
+from waiting import wait_for
 from werkzeug import Request, Response
 
 from metering import Limit, Meter

@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import wait_for
 from pytest_httpserver import HTTPServer
+from waiting import wait_for
 
 from metering import Limit, Meter, UsageProducer
 from metering.webhooks import Webhooks, verify
