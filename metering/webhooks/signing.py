@@ -22,6 +22,9 @@ from metering.errors import InvalidInput, WebhookVerificationError
 SECRET_PREFIX: Final = "whsec_"
 SECRET_BYTES: Final = 24
 DEFAULT_TOLERANCE_SECONDS: Final = 300
+# Unix seconds have 10 digits until 2286; a longer header is refused before
+# any arithmetic (a 400-digit integer overflows a float).
+MAX_TIMESTAMP_DIGITS: Final = 12
 
 
 def generate_secret() -> str:
@@ -74,6 +77,14 @@ def _header(headers: Mapping[str, str], name: str) -> str:
     raise WebhookVerificationError(f"missing header {name}")
 
 
+def _timestamp(text: str) -> int:
+    """Unix seconds in ASCII digits only: no sign, spaces, underscores or other scripts'
+    digits (``int()`` accepts all of those, and the signature is over the text)."""
+    if not (text.isascii() and text.isdigit()) or len(text) > MAX_TIMESTAMP_DIGITS:
+        raise WebhookVerificationError("webhook-timestamp is not a number of Unix seconds")
+    return int(text)
+
+
 def verify(
     body: bytes | str,
     headers: Mapping[str, str],
@@ -89,10 +100,7 @@ def verify(
     clock), before or after. Comparison is constant-time.
     """
     message_id = _header(headers, "webhook-id")
-    try:
-        timestamp = int(_header(headers, "webhook-timestamp"))
-    except ValueError:
-        raise WebhookVerificationError("webhook-timestamp is not a number") from None
+    timestamp = _timestamp(_header(headers, "webhook-timestamp"))
     if now is None:
         from metering.clock import system_clock
 

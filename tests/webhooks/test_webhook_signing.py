@@ -89,3 +89,36 @@ def test_during_a_rotation_both_secrets_verify_and_after_it_only_the_new(tmp_pat
     verify(BODY, both, new, now=NOW)
     with pytest.raises(WebhookVerificationError):
         verify(BODY, headers_for(BODY, new), old, now=NOW)
+
+
+STAMP = str(int(NOW.timestamp()))
+
+
+@pytest.mark.parametrize(
+    ("header", "value"),
+    [
+        ("webhook-timestamp", "1" + "0" * 400),
+        ("webhook-timestamp", "9" * 5000),
+        ("webhook-timestamp", "-" + STAMP),
+        ("webhook-timestamp", "+" + STAMP),
+        ("webhook-timestamp", f" {STAMP} "),
+        ("webhook-timestamp", f"{STAMP[:4]}_{STAMP[4:]}"),
+        ("webhook-timestamp", STAMP.translate(str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩"))),
+        ("webhook-timestamp", STAMP + ".5"),
+        ("webhook-timestamp", "abc"),
+        ("webhook-timestamp", ""),
+        ("webhook-signature", ""),
+        ("webhook-signature", "   "),
+        ("webhook-signature", "v1,"),
+        ("webhook-signature", "v2,AAAA v1,notbase64!"),
+        ("webhook-signature", "v1,é"),
+    ],
+)
+def test_verify_rejects_a_malformed_header_with_a_verification_error(
+    header: str, value: str
+) -> None:
+    """Each is a `WebhookVerificationError`, never an OverflowError or ValueError."""
+    secret = generate_secret()
+    headers = headers_for(BODY, secret) | {header: value}
+    with pytest.raises(WebhookVerificationError):
+        verify(BODY, headers, secret, now=NOW)
