@@ -2,7 +2,13 @@
 
 from metering.middleware.asgi import MeteringMiddleware
 from metering.middleware.core import DeniedResponse, RequestMetering
-from metering.middleware.keys import RequestInfo, authenticated_user, client_ip, header
+from metering.middleware.keys import (
+    RequestInfo,
+    authenticated_user,
+    client_ip,
+    header,
+    subject_of,
+)
 from metering.middleware.routes import Route
 from metering.middleware.wsgi import WSGIMeteringMiddleware
 
@@ -16,4 +22,5 @@ __all__ = [
     "authenticated_user",
     "client_ip",
     "header",
+    "subject_of",
 ]

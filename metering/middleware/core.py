@@ -37,6 +37,7 @@ from metering.middleware.keys import (
     authenticated_user,
     client_ip,
     header,
+    subject_of,
 )
 from metering.middleware.routes import Route
 from metering.reservations import Reservation
@@ -205,10 +206,10 @@ class Policy:
     def _target(self, request: RequestInfo) -> tuple[str, str, int] | None:
         """(subject, limit, cost) to charge for this request, or None."""
         rule = self._rule(request)
-        subject = self.key(request) if rule is not None else None
-        if rule is None or subject is None:
+        key = self.key(request) if rule is not None else None
+        if rule is None or key is None:
             return None
-        return (subject, *rule)
+        return (subject_of(key), *rule)
 
     def _unavailable(self, exc: StorageError) -> Step:
         if self.fail_open:

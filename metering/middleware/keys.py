@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
+from metering.domain.events import MAX_SUBJECT_LENGTH
 from metering.errors import InvalidInput
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -32,6 +34,34 @@ class RequestInfo:
 
 
 Key = Callable[[RequestInfo], str | None]
+
+HASHED_PREFIX: Final = "h:"
+HASHED_HEX_DIGITS: Final = 32  # 128 bits of SHA-256
+
+
+def subject_of(key: str) -> str:
+    """The subject a key is charged to: the key itself, or ``h:`` + a digest.
+
+    A key that is a valid subject (1 to 200 printable characters, no space
+    at either end) and does not start with ``h:`` is its own subject. Any
+    other key (an overlong API key, one with control characters, a 250
+    character user name, or one that starts with ``h:``) is charged to
+    ``h:`` + the first 32 hex digits of the SHA-256 of its UTF-8 bytes. So
+    every distinct key has a subject of its own, a client cannot dodge its
+    limit with an odd key, and no plain key can collide with a hashed one.
+    """
+    if not isinstance(key, str):
+        raise InvalidInput("key", f"a key function must return a string or None, got {key!r}")
+    if (
+        0 < len(key) <= MAX_SUBJECT_LENGTH
+        and not key.startswith(HASHED_PREFIX)
+        and key.isprintable()
+        and not key[0].isspace()
+        and not key[-1].isspace()
+    ):
+        return key
+    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+    return HASHED_PREFIX + digest[:HASHED_HEX_DIGITS]
 
 
 def _parse_networks(trusted: Iterable[str]) -> tuple[IPNetwork, ...]:

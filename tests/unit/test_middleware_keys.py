@@ -8,8 +8,16 @@ import pytest
 
 from metering import Meter
 from metering.domain.decisions import ChargeDecision, Decision
+from metering.domain.events import validate_subject
 from metering.errors import InvalidInput
-from metering.middleware import RequestInfo, Route, authenticated_user, client_ip, header
+from metering.middleware import (
+    RequestInfo,
+    Route,
+    authenticated_user,
+    client_ip,
+    header,
+    subject_of,
+)
 from metering.middleware.core import Policy, retry_after_seconds
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
@@ -68,6 +76,30 @@ def test_authenticated_user_and_header_keys() -> None:
     info = RequestInfo("GET", "/", {"x-api-key": "k-1"}, None)
     assert header("X-Api-Key")(info) == "k-1"
     assert header("X-Other")(info) is None
+
+
+@pytest.mark.parametrize("key", ["ada", "k-1", "café", "a b", "x" * 200, "10.0.0.1", "h"])
+def test_a_key_that_is_a_valid_subject_is_its_own_subject(key: str) -> None:
+    assert subject_of(key) is key
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["x" * 201, "k" * 300, "key\x7fone", "a\x00b", "tab\t", " edge", "edge ", "", "\ud800",
+     "h:", "h:0123456789abcdef0123456789abcdef", "\x85", "\xa0nbsp"],
+)  # fmt: skip
+def test_any_other_key_is_hashed_into_a_valid_subject_of_its_own(key: str) -> None:
+    subject = subject_of(key)
+    assert validate_subject(subject) == subject
+    assert subject.startswith("h:") and len(subject) == 34
+    assert subject == subject_of(key)  # stable: the same key always pays the same counter
+    assert subject_of(subject) != subject  # a client cannot send a digest to share another's
+    assert subject != subject_of(key + "x")
+
+
+def test_a_key_function_returning_a_non_string_is_a_clear_error() -> None:
+    with pytest.raises(InvalidInput, match="key"):
+        subject_of(42)  # type: ignore[arg-type]
 
 
 def test_routes_match_exactly_or_by_prefix_and_method() -> None:

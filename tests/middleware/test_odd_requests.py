@@ -1,0 +1,133 @@
+"""Requests a client shapes to dodge or break a limit (issue 11), under real servers.
+
+uvicorn (ASGI) and waitress (WSGI), driven by httpx, against SQLite and
+PostgreSQL: odd keys are charged, not answered 500.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request
+from flask import Flask, jsonify, request
+from starlette.authentication import AuthCredentials, AuthenticationBackend, SimpleUser
+from starlette.middleware.authentication import AuthenticationMiddleware
+from starlette.requests import HTTPConnection
+
+from metering import Limit, Meter
+from metering.middleware import (
+    MeteringMiddleware,
+    WSGIMeteringMiddleware,
+    authenticated_user,
+    header,
+    subject_of,
+)
+
+Serve = Callable[[Any], str]  # the serve_asgi / serve_wsgi fixtures
+WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+class BearerNames(AuthenticationBackend):
+    """``Authorization: Bearer NAME`` authenticates NAME."""
+
+    async def authenticate(self, conn: HTTPConnection) -> tuple[AuthCredentials, SimpleUser] | None:
+        scheme, _, name = conn.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not name:
+            return None
+        return AuthCredentials(["authenticated"]), SimpleUser(name)
+
+
+def asgi_app(meter: Meter, **options: Any) -> FastAPI:
+    """Every request charged to ``options`` (limit, key ...); answers who paid."""
+    app = FastAPI()
+
+    @app.get("/{rest:path}")
+    async def anything(request: Request, rest: str) -> dict[str, Any]:
+        effective = request.state.metering.effective
+        return {"subject": effective.subject if effective else None}
+
+    app.add_middleware(MeteringMiddleware, meter=meter, **options)
+    return app
+
+
+def bearer_auth(app: WSGIApp) -> WSGIApp:
+    """Sets REMOTE_USER from ``Authorization: Bearer NAME``."""
+
+    def wrapped(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        scheme, _, name = environ.get("HTTP_AUTHORIZATION", "").partition(" ")
+        if scheme.lower() == "bearer" and name:
+            environ["REMOTE_USER"] = name
+        return app(environ, start_response)
+
+    return wrapped
+
+
+def wsgi_app(meter: Meter, **options: Any) -> WSGIApp:
+    app = Flask(__name__)
+
+    @app.get("/", defaults={"rest": ""})
+    @app.get("/<path:rest>")
+    def anything(rest: str) -> Any:
+        effective = request.environ["metering"].effective
+        return jsonify(subject=effective.subject if effective else None)
+
+    return bearer_auth(WSGIMeteringMiddleware(app.wsgi_app, meter=meter, **options))
+
+
+def used(meter: Meter, subject: str, limit: str) -> int:
+    return sum(c.used for c in meter.counters(subject, limit))
+
+
+def statuses(client: httpx.Client, count: int, path: str = "/x", **options: Any) -> list[int]:
+    return [client.get(path, **options).status_code for _ in range(count)]
+
+
+# -- keys that are not valid subjects -------------------------------------------
+
+LONG_KEY = "k" * 300
+DEL_KEY = "key\x7fone"
+LONG_USER = "u" * 250
+
+
+def test_asgi_odd_api_keys_are_hashed_into_subjects_and_limited(
+    meter: Meter, serve_asgi: Serve
+) -> None:
+    meter.set_limit(Limit("per_key", maximum=3, period="1m", window="calendar"))
+    base = serve_asgi(asgi_app(meter, limit="per_key", key=header("X-Api-Key")))
+    with httpx.Client(base_url=base) as client:
+        for key in (LONG_KEY, DEL_KEY, "h:not-a-digest"):
+            sent = {"x-api-key": key.encode("latin-1")}
+            assert statuses(client, 4, headers=sent) == [200, 200, 200, 429], key
+            assert client.get("/x", headers={"x-api-key": "plain"}).status_code == 200
+            assert used(meter, subject_of(key), "per_key") == 3
+        answer = client.get("/x", headers={"x-api-key": "k" * 301})  # another key, its own count
+    assert answer.status_code == 200
+    assert answer.json()["subject"] == subject_of("k" * 301)
+    assert used(meter, "plain", "per_key") == 3
+
+
+def test_asgi_an_overlong_user_name_is_hashed_into_a_subject(
+    meter: Meter, serve_asgi: Serve
+) -> None:
+    app = asgi_app(meter, limit="per_user", key=authenticated_user)
+    app.add_middleware(AuthenticationMiddleware, backend=BearerNames())
+    base = serve_asgi(app)
+    with httpx.Client(base_url=base, headers={"authorization": f"Bearer {LONG_USER}"}) as client:
+        assert statuses(client, 6) == [200] * 5 + [429]
+    assert used(meter, subject_of(LONG_USER), "per_user") == 5
+
+
+def test_wsgi_odd_api_keys_and_user_names_are_hashed_into_subjects(
+    meter: Meter, serve_wsgi: Serve
+) -> None:
+    meter.set_limit(Limit("per_key", maximum=3, period="1m", window="calendar"))
+    keyed = serve_wsgi(wsgi_app(meter, limit="per_key", key=header("X-Api-Key")))
+    with httpx.Client(base_url=keyed, headers={"x-api-key": LONG_KEY}) as client:
+        assert statuses(client, 4) == [200, 200, 200, 429]
+    assert used(meter, subject_of(LONG_KEY), "per_key") == 3
+    users = serve_wsgi(wsgi_app(meter, limit="per_user", key=authenticated_user))
+    with httpx.Client(base_url=users, headers={"authorization": f"Bearer {LONG_USER}"}) as client:
+        assert statuses(client, 6) == [200] * 5 + [429]
+    assert used(meter, subject_of(LONG_USER), "per_user") == 5
