@@ -10,8 +10,10 @@
 `select_overage` and `select_usage` validate the filters and return a
 `Report` whose ``rows()`` streams from the database (for large exports).
 Charts are in `metering.reports.charts` (imports matplotlib when used).
+`write_csv` writes rows as CSV with formula-like text cells neutralised.
 """
 
+from metering.reports.export import write_csv
 from metering.reports.overage import (
     COLUMNS,
     Report,
@@ -32,4 +34,5 @@ __all__ = [
     "select_overage",
     "select_usage",
     "usage_report",
+    "write_csv",
 ]

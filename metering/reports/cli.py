@@ -2,19 +2,18 @@
 
 Errors need no handling here: the `metering` group turns every
 `MeteringError` and usage error into one ``error: ...`` line and exit 1.
-CSV and JSON are written row by row as the database streams them, so a
-large export keeps memory flat; a progress bar goes to stderr when it is a
+CSV (neutralised against formula injection: `metering.reports.export`) and
+JSON are written row by row as the database streams them, so a large export
+keeps memory flat; a progress bar goes to stderr when it is a
 terminal (or with ``--progress``).
 """
 
 from __future__ import annotations
 
-import csv
 import json
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
-from functools import lru_cache
 from pathlib import Path
 from typing import IO, Any, Final, TypeVar
 
@@ -25,6 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from metering.meter import Meter
+from metering.reports.export import write_csv
 from metering.reports.overage import COLUMNS, Report, ReportRow, select_overage, select_usage
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -176,7 +176,7 @@ def _output(
     rows = _with_progress(chosen) if show else chosen.rows()
     out = sys.stdout
     if fmt == "csv":
-        _write_csv(tee(rows), out)
+        write_csv(tee(rows), out)
     elif fmt == "json":
         _write_json(tee(rows), out)
     else:
@@ -197,35 +197,6 @@ def _with_progress(chosen: Report) -> Iterator[ReportRow]:
             if done % PROGRESS_EVERY == 0:
                 bar.update(task, completed=done)
         bar.update(task, completed=done)
-
-
-@lru_cache(maxsize=4096)
-def _iso(moment: datetime) -> str:
-    return moment.isoformat()
-
-
-def _write_csv(rows: Iterable[ReportRow], out: IO[str]) -> None:
-    """RFC 4180 CSV with a header of `COLUMNS`; instants in ISO 8601, none as empty."""
-    writer = csv.writer(out)
-    writer.writerow(COLUMNS)
-    for row in rows:
-        first = row.first_denied_at
-        writer.writerow(
-            (
-                row.subject,
-                row.limit,
-                row.enforcement,
-                _iso(row.window_start),
-                _iso(row.window_end),
-                row.maximum,
-                row.used,
-                row.overage,
-                row.denied_events,
-                row.denied_cost,
-                row.utilisation_percent,
-                "" if first is None else first.isoformat(),
-            )
-        )
 
 
 def _write_json(rows: Iterable[ReportRow], out: IO[str]) -> None:
