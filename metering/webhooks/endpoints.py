@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Final, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from metering.domain.instants import from_us, to_us
 from metering.domain.notifications import MESSAGE_TYPES, TEST_TYPE
@@ -44,7 +44,7 @@ STATUSES: Final = ("pending", "delivered", "failed")
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:
-    """An endpoint as shown to operators: the secret only in masked form."""
+    """An endpoint as shown to operators: the secret and the URL's password masked."""
 
     id: str
     url: str
@@ -86,6 +86,18 @@ def validate_url(url: str) -> str:
     return url
 
 
+def mask_url(url: str) -> str:
+    """``url`` with the password of its userinfo shown as ``***`` (a user name
+    alone, often a token, too): ``https://user:***@host/path``."""
+    parts = urlsplit(url)
+    userinfo, at, host = parts.netloc.rpartition("@")
+    if not at:
+        return url
+    user, colon, _password = userinfo.partition(":")
+    shown = f"{user}:***" if colon else "***"
+    return urlunsplit(parts._replace(netloc=f"{shown}@{host}"))
+
+
 def validate_types(types: Iterable[str] | None) -> tuple[str, ...]:
     chosen = tuple(dict.fromkeys(types or ()))
     for message_type in chosen:
@@ -99,7 +111,7 @@ def _view(record: EndpointRecord, now_us: int) -> Endpoint:
     rotating = record.previous_secret is not None and (record.previous_expires_at_us or 0) > now_us
     return Endpoint(
         id=record.id,
-        url=record.url,
+        url=mask_url(record.url),
         types=record.types,
         enabled=record.enabled,
         disabled_reason=record.disabled_reason,

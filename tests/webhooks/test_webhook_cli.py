@@ -129,3 +129,27 @@ def test_deliveries_replay_and_test_against_a_loopback_receiver(
     receiver.clear()
     receiver.expect_request("/hook").respond_with_data("down", status=503)
     assert "failed" in run("webhooks", "test", endpoint_id, code=1).output
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("https://alice:s3cr3t-pw@hooks.example.com/in", "https://alice:***@hooks.example.com/in"),
+        (
+            "https://tok_abcdef123@hooks.example.com:8443/in",
+            "https://***@hooks.example.com:8443/in",
+        ),
+        ("http://u:p%40ss@[2001:db8::1]:8080/x?y=1", "http://u:***@[2001:db8::1]:8080/x?y=1"),
+        ("https://hooks.example.com/in", "https://hooks.example.com/in"),
+    ],
+)
+def test_credentials_in_an_endpoint_url_are_masked(run: Run, url: str, shown: str) -> None:
+    added = run("webhooks", "add", url).output
+    listing = run("webhooks", "list").output
+    as_json = run("webhooks", "list", "--format", "json").output
+    secret_part = url.split("//")[1].split("@")[0] if "@" in url else None
+    for output in (added, listing, as_json):
+        if secret_part is not None:
+            assert secret_part.split(":")[-1] not in output, output
+    assert json.loads(as_json)[0]["url"] == shown
+    assert shown in added
