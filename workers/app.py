@@ -64,7 +64,12 @@ def create_app(url: str | None = None) -> Celery:
     if is_embedded_broker(url):
         _poll_embedded_broker_often()
         transport = {}
+    if url.split(":", 1)[0] in {"redis", "rediss"}:
+        # Entries that are not kombu envelopes are dead-lettered, not fatal.
+        app.conf.broker_transport = "workers.guard:GuardedRedisTransport"
     app.conf.update(
+        # Messages Celery cannot run are dead-lettered before it drops them.
+        worker_consumer="workers.guard:GuardedConsumer",
         task_serializer="json",
         accept_content=["json"],
         task_ignore_result=True,

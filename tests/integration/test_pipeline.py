@@ -9,6 +9,7 @@ malformed input.
 
 from __future__ import annotations
 
+import base64
 import json
 import multiprocessing
 import random
@@ -694,35 +695,76 @@ def test_a_message_with_the_wrong_task_arguments_is_kept_with_its_error(
         assert len(rejected) == 2, f"{rejected}\n{worker.tail()}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="KNOWN LIMITATION: a queue entry that is not JSON stops the worker: "
-    "kombu's Redis transport "
-    "(kombu/transport/redis.py Channel._brpop_read, loads) raises JSONDecodeError, celery "
-    "logs 'Unrecoverable error' and the worker exits with status 1; the entry is lost "
-    "unrecorded. Nothing in workers/app.py guards against it (SPEC 5: stops no worker)",
-)
-def test_a_queue_entry_that_is_not_json_stops_no_worker(
+def envelope(body: bytes, *, task: str = TASK_NAME, tag: str = "t-1") -> bytes:
+    """A kombu envelope as the Redis transport stores it, around ``body``."""
+    return json.dumps(
+        {
+            "body": base64.b64encode(body).decode(),
+            "content-encoding": "utf-8",
+            "content-type": "application/json",
+            "headers": {"task": task, "id": f"id-{tag}", "lang": "py", "argsrepr": ""},
+            "properties": {
+                "delivery_tag": tag,
+                "body_encoding": "base64",
+                "delivery_mode": 2,
+                "priority": 0,
+                "delivery_info": {"exchange": "", "routing_key": DEFAULT_QUEUE},
+            },
+        }
+    ).encode()
+
+
+POISON_ENTRIES = {
+    "not json": b"this is not json",
+    "an array": b"[]",
+    "a bare string": b'"a bare string"',
+    "not utf-8": b"\xff\xfe{",
+    "no properties": b'{"body": "e30="}',
+    "body not base64": envelope(b"").replace(b'"body": ""', b'"body": "%%%"'),
+    "body not json": envelope(b"{not json", tag="t-2"),
+}
+
+
+def test_queue_entries_that_are_not_tasks_are_dead_lettered_and_stop_no_worker(
     pg_url: str, redis_url: str, client: redis.Redis, start_worker: StartWorker
 ) -> None:
+    """Raw entries kombu cannot parse, and envelopes Celery would drop with a
+    log line (undecodable body, unknown task, pickle), each land in the
+    dead-letter record; the worker goes on and applies the valid batch."""
     at = datetime.now(UTC)
     valid = ["j-0", "j-1"]
     payload = encode_batch([encode_event(make_event([(i, "calls", 1)], at, i)) for i in valid])
     with Meter(pg_url) as meter:
         meter.set_limits([CALLS])
         worker = start_worker()
-        client.lpush(DEFAULT_QUEUE, b"this is not json")
+        for entry in POISON_ENTRIES.values():
+            client.lpush(DEFAULT_QUEUE, entry)
         app = make_celery(redis_url)
         try:
+            app.send_task("metering.no_such_task", args=[payload], queue=DEFAULT_QUEUE)
+            app.send_task(TASK_NAME, args=[payload], queue=DEFAULT_QUEUE, serializer="pickle")
             app.send_task(TASK_NAME, args=[payload], queue=DEFAULT_QUEUE)
         finally:
             app.close()
+        expected = len(POISON_ENTRIES) + 2
         wait_until(
-            lambda: not worker.alive() or meter.decided(valid) == set(valid),
+            lambda: (
+                meter.decided(valid) == set(valid)
+                and len(meter.rejected_messages()) >= expected
+                and queue_state(client) == (0, 0)
+            ),
             30,
-            lambda: f"decided {sorted(meter.decided(valid))}",
+            lambda: f"decided {sorted(meter.decided(valid))}, {meter.rejected_messages()}",
             [worker],
         )
         assert worker.alive(), worker.tail()
-        assert meter.decided(valid) == set(valid)
-        assert any("this is not json" in raw for _, _, raw in meter.rejected_messages())
+        dead = meter.rejected_messages()
+        assert len(dead) == expected, dead
+        reasons = " | ".join(reason for _, reason, _ in dead)
+        raws = " | ".join(raw for _, _, raw in dead)
+        assert "this is not json" in raws and "\\xff\\xfe{" in raws
+        assert "a bare string" in raws and "{not json" in raws
+        assert "no such task" in reasons and "metering.no_such_task" in raws
+        assert "application/x-python-serialize" in raws
+        assert all(event_id is None for event_id, _, _ in dead)
+        assert [c.used for c in meter.counters(limit="calls")] == [1, 1]
