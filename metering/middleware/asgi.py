@@ -79,7 +79,8 @@ class MeteringMiddleware:
     `metering.middleware.core`). ``headers`` adds ``RateLimit`` and
     ``RateLimit-Policy`` to every response; ``on_denied(request, decision,
     retry_after)`` builds your own refusal; ``fail_open`` lets requests
-    through (instead of 503) while the database is unreachable.
+    through uncharged (instead of 503) while no decision can be made: the
+    database is unreachable, or the limit was deleted while the app runs.
     """
 
     def __init__(

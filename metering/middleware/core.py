@@ -211,20 +211,25 @@ class Policy:
             return None
         return (subject_of(key), *rule)
 
-    def _unavailable(self, exc: StorageError) -> Step:
+    def _undecided(self, request: RequestInfo, exc: MeteringError) -> Step:
+        """No decision: the database is down (`StorageError`) or the setup is
+        wrong (the limit was deleted while the app runs, a key function that
+        returns no string). 503, or let through uncharged with ``fail_open``."""
+        cause = "unavailable" if isinstance(exc, StorageError) else "misconfigured"
+        method, path = request.method, request.path
         if self.fail_open:
-            log.warning("metering unavailable, request let through: %s", exc)
+            log.warning("metering %s, %s %r let through uncharged: %s", cause, method, path, exc)
             return Step()
-        log.error("metering unavailable, request refused: %s", exc)
+        log.error("metering %s, %s %r refused with 503: %s", cause, method, path, exc)
         return Step(response=unavailable())
 
     def enter(self, request: RequestInfo, context: RequestMetering) -> Step:
         """Charge this request (or not) and say whether it may go on."""
-        target = self._target(request)
-        if target is None:
-            return Step()
-        subject, limit, cost = target
         try:
+            target = self._target(request)
+            if target is None:
+                return Step()
+            subject, limit, cost = target
             reservation = None
             if self.stacking:
                 reservation = self.meter.reserve(subject, limit, cost)
@@ -235,27 +240,27 @@ class Policy:
             if decision.allowed:
                 self._release_waiting(context)
             return self._conclude(request, context, applied)
-        except StorageError as exc:
-            return self._unavailable(exc)
+        except MeteringError as exc:
+            return self._undecided(request, exc)
 
     async def aenter(self, request: RequestInfo, context: RequestMetering) -> Step:
         """`enter` for asyncio: a plain limit awaits `Meter.aconsume` and holds
         no thread; a stacking one (reservations) runs `enter` in a thread."""
         if self.stacking:
             return await asyncio.to_thread(self.enter, request, context)
-        target = self._target(request)
-        if target is None:
-            return Step()
-        subject, limit, cost = target
         try:
+            target = self._target(request)
+            if target is None:
+                return Step()
+            subject, limit, cost = target
             decision = await self.meter.aconsume(subject, limit, cost)
             if self.headers and self._limit_stale(limit):
                 await asyncio.to_thread(self._limit, limit)
             if decision.allowed and context.pending:
                 await asyncio.to_thread(self._release_waiting, context)
             return self._conclude(request, context, Applied(limit, subject, decision))
-        except StorageError as exc:
-            return self._unavailable(exc)
+        except MeteringError as exc:
+            return self._undecided(request, exc)
 
     @staticmethod
     def _release_waiting(context: RequestMetering) -> None:

@@ -6,10 +6,16 @@ PostgreSQL: odd keys are charged, not answered 500.
 
 from __future__ import annotations
 
+import logging
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from fastapi import FastAPI, Request
 from flask import Flask, jsonify, request
 from starlette.authentication import AuthCredentials, AuthenticationBackend, SimpleUser
@@ -131,3 +137,65 @@ def test_wsgi_odd_api_keys_and_user_names_are_hashed_into_subjects(
     with httpx.Client(base_url=users, headers={"authorization": f"Bearer {LONG_USER}"}) as client:
         assert statuses(client, 6) == [200] * 5 + [429]
     assert used(meter, subject_of(LONG_USER), "per_user") == 5
+
+
+# -- the limit is deleted while the app runs -------------------------------------
+
+
+def delete_limit_with_the_cli(db_url: str, name: str) -> None:
+    command = [str(Path(sys.executable).with_name("metering")), "limits", "delete", name]
+    env = {**os.environ, "METERING_DATABASE_URL": db_url}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+def test_asgi_a_deleted_limit_answers_503_or_passes_when_fail_open(
+    meter: Meter, serve_asgi: Serve, db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    meter.set_limit(Limit("per_key", maximum=3, period="1m", window="calendar"))
+    options = {"limit": "per_key", "key": header("X-Api-Key")}
+    bases = {
+        (stacking, fail_open): serve_asgi(
+            asgi_app(meter, stacking=stacking, fail_open=fail_open, **options)
+        )
+        for stacking in (False, True)
+        for fail_open in (False, True)
+    }
+    with httpx.Client(headers={"x-api-key": "k-1"}) as client:
+        assert [client.get(f"{b}/x").status_code for b in bases.values()] == [200] * 3 + [429]
+        delete_limit_with_the_cli(db_url, "per_key")
+        with caplog.at_level(logging.WARNING, logger="metering.middleware"):
+            answers = {setting: client.get(f"{b}/x") for setting, b in bases.items()}
+    assert {s: a.status_code for s, a in answers.items()} == {
+        (False, False): 503,
+        (False, True): 200,
+        (True, False): 503,
+        (True, True): 200,
+    }
+    refused = answers[(False, False)]
+    assert refused.json()["error"] == "metering_unavailable"
+    assert refused.headers["retry-after"] == "5"
+    assert answers[(True, True)].json() == {"subject": None}  # let through uncharged
+    messages = [(r.levelno, r.getMessage()) for r in caplog.records]
+    unknown = "unknown limit 'per_key'"
+    assert sum(level == logging.ERROR and unknown in m for level, m in messages) == 2
+    assert sum(level == logging.WARNING and unknown in m for level, m in messages) == 2
+
+
+def test_wsgi_a_deleted_limit_answers_503_or_passes_when_fail_open(
+    meter: Meter, serve_wsgi: Serve, db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    meter.set_limit(Limit("per_key", maximum=3, period="1m", window="calendar"))
+    options = {"limit": "per_key", "key": header("X-Api-Key")}
+    closed = serve_wsgi(wsgi_app(meter, **options))
+    open_ = serve_wsgi(wsgi_app(meter, fail_open=True, stacking=True, **options))
+    with httpx.Client(headers={"x-api-key": "k-1"}) as client:
+        assert [client.get(f"{closed}/x").status_code for _ in range(2)] == [200, 200]
+        assert client.get(f"{open_}/x").status_code == 200
+        delete_limit_with_the_cli(db_url, "per_key")
+        with caplog.at_level(logging.WARNING, logger="metering.middleware"):
+            refused, passed = client.get(f"{closed}/x"), client.get(f"{open_}/x")
+    assert refused.status_code == 503 and refused.json()["error"] == "metering_unavailable"
+    assert passed.status_code == 200 and passed.json() == {"subject": None}
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert any("unknown limit 'per_key'" in m for m in errors)

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from metering import Meter
+from metering import Limit, Meter
 from metering.domain.decisions import ChargeDecision, Decision
 from metering.domain.events import validate_subject
 from metering.errors import InvalidInput
@@ -18,7 +18,7 @@ from metering.middleware import (
     header,
     subject_of,
 )
-from metering.middleware.core import Policy, retry_after_seconds
+from metering.middleware.core import Policy, RequestMetering, Step, retry_after_seconds
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 NOW_US = int(NOW.timestamp()) * 1_000_000
@@ -139,3 +139,15 @@ def test_a_policy_checks_its_configuration(tmp_path: object) -> None:
             Policy(meter, "api", routes=[Route("/x", cost=-1)])
         with pytest.raises(InvalidInput):
             Policy("not a meter", "api")  # type: ignore[arg-type]
+
+
+def test_a_key_function_returning_a_non_string_answers_503_or_passes_when_fail_open(
+    tmp_path: object,
+) -> None:
+    with Meter(f"sqlite:///{tmp_path}/m.db") as meter:
+        meter.set_limit(Limit("api", maximum=5, period="1m"))
+        numbered = Policy(meter, "api", key=lambda _: 42)  # type: ignore[arg-type,return-value]
+        step = numbered.enter(request(), RequestMetering())
+        assert step.response is not None and step.response.status == 503
+        lenient = Policy(meter, "api", key=lambda _: 42, fail_open=True)  # type: ignore[arg-type,return-value]
+        assert lenient.enter(request(), RequestMetering()) == Step()
