@@ -39,7 +39,7 @@ from metering.middleware.keys import (
     header,
     subject_of,
 )
-from metering.middleware.routes import Route
+from metering.middleware.routes import Route, canonical_path
 from metering.reservations import Reservation
 
 __all__ = [
@@ -193,15 +193,21 @@ class Policy:
         self.headers = headers
         self.on_denied = on_denied or default_denied
         self.fail_open = fail_open
+        self._default_rule = (self.limit, self.cost)
         self._limits: dict[str, tuple[float, Limit | None]] = {}
 
     def _rule(self, request: RequestInfo) -> tuple[str, int] | None:
+        if not self.routes:
+            return self._default_rule
+        method, path = request.method, request.path
+        canonical = canonical_path(path)
+        folded = canonical.lower()
         for route in self.routes:
-            if route.matches(request.method, request.path):
+            if route.matches_canonical(method, path, canonical, folded):
                 if route.exempt:
                     return None
                 return (route.limit or self.limit, route.cost or self.cost)
-        return (self.limit, self.cost)
+        return self._default_rule
 
     def _target(self, request: RequestInfo) -> tuple[str, str, int] | None:
         """(subject, limit, cost) to charge for this request, or None."""

@@ -25,6 +25,7 @@ from starlette.requests import HTTPConnection
 from metering import Limit, Meter
 from metering.middleware import (
     MeteringMiddleware,
+    Route,
     WSGIMeteringMiddleware,
     authenticated_user,
     header,
@@ -52,7 +53,9 @@ def asgi_app(meter: Meter, **options: Any) -> FastAPI:
     @app.get("/{rest:path}")
     async def anything(request: Request, rest: str) -> dict[str, Any]:
         effective = request.state.metering.effective
-        return {"subject": effective.subject if effective else None}
+        return {"subject": effective.subject if effective else None} | (
+            {"limit": effective.limit} if effective else {}
+        )
 
     app.add_middleware(MeteringMiddleware, meter=meter, **options)
     return app
@@ -77,7 +80,9 @@ def wsgi_app(meter: Meter, **options: Any) -> WSGIApp:
     @app.get("/<path:rest>")
     def anything(rest: str) -> Any:
         effective = request.environ["metering"].effective
-        return jsonify(subject=effective.subject if effective else None)
+        if effective is None:
+            return jsonify(subject=None)
+        return jsonify(subject=effective.subject, limit=effective.limit)
 
     return bearer_auth(WSGIMeteringMiddleware(app.wsgi_app, meter=meter, **options))
 
@@ -110,7 +115,7 @@ def test_asgi_odd_api_keys_are_hashed_into_subjects_and_limited(
             assert used(meter, subject_of(key), "per_key") == 3
         answer = client.get("/x", headers={"x-api-key": "k" * 301})  # another key, its own count
     assert answer.status_code == 200
-    assert answer.json()["subject"] == subject_of("k" * 301)
+    assert answer.json() == {"subject": subject_of("k" * 301), "limit": "per_key"}
     assert used(meter, "plain", "per_key") == 3
 
 
@@ -199,3 +204,55 @@ def test_wsgi_a_deleted_limit_answers_503_or_passes_when_fail_open(
     assert passed.status_code == 200 and passed.json() == {"subject": None}
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert any("unknown limit 'per_key'" in m for m in errors)
+
+
+# -- paths spelt to miss a route -------------------------------------------------
+
+ROUTES = [Route("/health", exempt=True), Route("/ip*", limit="per_path")]
+PER_PATH = Limit("per_path", maximum=100, period="1m", window="calendar")
+
+
+def charged_to(client: httpx.Client, base: str, target: str) -> str | None:
+    """The limit a request for the raw ``target`` was charged to (None: exempt).
+
+    httpx would resolve ``..`` itself: the target is sent as given.
+    """
+    answer = client.get(f"{base}/", extensions={"target": target.encode()})
+    assert answer.status_code == 200, (target, answer.status_code)
+    limit: str | None = answer.json().get("limit")
+    return limit
+
+
+def test_asgi_a_route_cannot_be_missed_by_spelling_the_path_otherwise(
+    meter: Meter, serve_asgi: Serve
+) -> None:
+    meter.set_limit(PER_PATH)
+    base = serve_asgi(asgi_app(meter, limit="per_ip", routes=ROUTES))
+    spellings = ["/ip/x", "/IP/x", "//ip/x", "/Ip//x", "/./ip/x", "/x/../ip/y", "/%69p/x"]
+    with httpx.Client() as client:
+        assert {p: charged_to(client, base, p) for p in spellings} == dict.fromkeys(
+            spellings, "per_path"
+        )
+        # An exempt route is exempt as the application's router sees it, never
+        # for another spelling: those are charged by the next rule that matches.
+        assert charged_to(client, base, "/health") is None
+        assert charged_to(client, base, "/health?verbose=1") is None
+        for odd in ("/HEALTH", "//health", "/x/../health"):
+            assert charged_to(client, base, odd) == "per_ip", odd
+    assert used(meter, "127.0.0.1", "per_path") == len(spellings)
+    assert used(meter, "127.0.0.1", "per_ip") == 3
+
+
+def test_wsgi_a_route_cannot_be_missed_by_spelling_the_path_otherwise(
+    meter: Meter, serve_wsgi: Serve
+) -> None:
+    meter.set_limit(PER_PATH)
+    base = serve_wsgi(wsgi_app(meter, limit="per_ip", routes=ROUTES))
+    spellings = ["/IP/x", "//ip/x", "/./ip/x", "/x/../ip/y", "/%49p/x"]
+    with httpx.Client() as client:
+        assert {p: charged_to(client, base, p) for p in spellings} == dict.fromkeys(
+            spellings, "per_path"
+        )
+        assert charged_to(client, base, "/health") is None
+        assert charged_to(client, base, "/Health") == "per_ip"
+    assert used(meter, "127.0.0.1", "per_path") == len(spellings)

@@ -19,6 +19,7 @@ from metering.middleware import (
     subject_of,
 )
 from metering.middleware.core import Policy, RequestMetering, Step, retry_after_seconds
+from metering.middleware.routes import canonical_path
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 NOW_US = int(NOW.timestamp()) * 1_000_000
@@ -108,6 +109,55 @@ def test_routes_match_exactly_or_by_prefix_and_method() -> None:
     assert not upload.matches("GET", "/upload")
     assert Route("/health").matches("GET", "/health")
     assert not Route("/health").matches("GET", "/healthz")
+
+
+@pytest.mark.parametrize(
+    ("path", "canonical"),
+    [
+        ("/ip/x", "/ip/x"),
+        ("/", "/"),
+        ("", ""),
+        ("//ip/x", "/ip/x"),
+        ("/ip///x/", "/ip/x/"),
+        ("/./ip/./x", "/ip/x"),
+        ("/a/b/../../ip/x", "/ip/x"),
+        ("/../../ip", "/ip"),
+        ("/ip/x/..", "/ip/"),
+        ("/ip/.", "/ip/"),
+        ("/..", "/"),
+        ("/.well-known/x", "/.well-known/x"),
+        ("/%69p/%2e%2E/%49P", "/IP"),  # unreserved characters decoded, then dots resolved
+        ("/a%2Fb/%25/%20", "/a%2Fb/%25/%20"),  # reserved or other characters stay encoded
+        ("/IP/X", "/IP/X"),  # case is kept: routes compare it as they need
+    ],
+)
+def test_canonical_path(path: str, canonical: str) -> None:
+    assert canonical_path(path) == canonical
+
+
+def test_a_canonical_path_is_returned_without_a_copy() -> None:
+    path = "/api/v1/items/42"
+    assert canonical_path(path) is path
+
+
+@pytest.mark.parametrize("path", ["/ip/x", "/IP/x", "//ip/x", "/iP//x", "/x/../ip/y", "/%69p"])
+def test_a_charging_route_matches_every_spelling_of_its_path(path: str) -> None:
+    assert Route("/ip*", limit="other").matches("GET", path)
+
+
+def test_a_route_path_is_normalised_too() -> None:
+    route = Route("//IP/./", cost=2)
+    assert route.matches("GET", "/ip/") and route.matches("GET", "/Ip//")
+    assert not route.matches("GET", "/ip")
+
+
+@pytest.mark.parametrize(
+    ("path", "exempt"),
+    [("/health", True), ("/HEALTH", False), ("//health", False), ("/x/../health", False)],
+)
+def test_an_exempt_route_matches_only_the_path_the_router_sees(path: str, exempt: bool) -> None:
+    assert Route("/health", exempt=True).matches("GET", path) is exempt
+    assert Route("/Static*", exempt=True).matches("GET", "/Static/app.js")
 
 
 def charge(allowed: bool, retry_at_us: int | None, resets_at_us: int) -> ChargeDecision:
