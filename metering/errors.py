@@ -127,3 +127,12 @@ class UnknownWebhookEndpoint(MeteringError, LookupError):
     def __init__(self, endpoint_id: str) -> None:
         super().__init__(f"unknown webhook endpoint {endpoint_id!r}: see `metering webhooks list`")
         self.endpoint_id = endpoint_id
+
+
+class SecretKeyError(ConfigurationError):
+    """A stored webhook secret is encrypted and ``METERING_SECRET_KEY`` holds no key
+    that decrypts it (unset, or the key it was encrypted with was removed)."""
+
+    def __init__(self, message: str, endpoint_id: str | None = None) -> None:
+        super().__init__(message)
+        self.endpoint_id = endpoint_id

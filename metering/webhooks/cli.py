@@ -2,7 +2,9 @@
 
 Registered on the main group in `metering.cli`; errors become one
 ``error: ...`` line there (`MeteringGroup`). Secrets are printed only by
-``add`` and ``rotate``, once; listings show them masked.
+``add`` and ``rotate``, once; listings show them masked. They are stored
+encrypted under ``METERING_SECRET_KEY`` (`metering.webhooks.encryption`);
+without it ``add`` and ``rotate`` warn that they are stored in plaintext.
 """
 
 from __future__ import annotations
@@ -19,7 +21,13 @@ from rich.text import Text
 from metering.domain.instants import from_us
 from metering.domain.notifications import MESSAGE_TYPES
 from metering.storage.webhooks import AttemptRecord, DeliveryRecord
+from metering.webhooks.encryption import generate_key
 from metering.webhooks.endpoints import STATUSES, Endpoint, Webhooks
+
+PLAINTEXT_WARNING = (
+    "warning: METERING_SECRET_KEY is not set: the secret is stored in plaintext "
+    "(`metering webhooks keygen` makes a key; `metering webhooks reencrypt` then encrypts)"
+)
 
 
 def _hooks() -> Webhooks:
@@ -81,15 +89,19 @@ def webhooks() -> None:
 )
 def add(url: str, secret: str | None, types: tuple[str, ...]) -> None:
     """Add an endpoint; prints its id and secret (the secret is not shown again)."""
-    endpoint, full_secret = _hooks().add(url, secret=secret, types=types)
+    hooks = _hooks()
+    endpoint, full_secret = hooks.add(url, secret=secret, types=types)
     click.echo(f"added {endpoint.id} {endpoint.url}")
     click.echo(f"secret {full_secret}  (store it now: it is not shown again)")
+    if not hooks.encrypts_secrets:
+        click.echo(PLAINTEXT_WARNING, err=True)
 
 
 def _endpoint_row(endpoint: Endpoint) -> list[object]:
     state = "enabled" if endpoint.enabled else f"disabled ({endpoint.disabled_reason})"
     types = ", ".join(endpoint.types) or "all"
-    return [endpoint.id, endpoint.url, types, state, endpoint.secret_masked]
+    stored = "encrypted" if endpoint.secret_encrypted else "plaintext"
+    return [endpoint.id, endpoint.url, types, state, endpoint.secret_masked, stored]
 
 
 @webhooks.command("list")
@@ -102,7 +114,8 @@ def list_endpoints(fmt: str) -> None:
     elif not found:
         click.echo("no webhook endpoints")
     else:
-        _print_table(["id", "url", "types", "state", "secret"], [_endpoint_row(e) for e in found])
+        columns = ["id", "url", "types", "state", "secret", "stored"]
+        _print_table(columns, [_endpoint_row(e) for e in found])
 
 
 @webhooks.command("remove")
@@ -135,9 +148,30 @@ def enable(endpoint_id: str) -> None:
 @click.option("--grace", type=float, help="Seconds the old secret still signs (default 86400).")
 def rotate(endpoint_id: str, secret: str | None, grace: float | None) -> None:
     """Give an endpoint a new secret; both sign during the grace period."""
-    new_secret = _hooks().rotate(endpoint_id, secret=secret, grace_seconds=grace)
+    hooks = _hooks()
+    new_secret = hooks.rotate(endpoint_id, secret=secret, grace_seconds=grace)
     click.echo(f"rotated {endpoint_id}")
     click.echo(f"secret {new_secret}  (store it now: it is not shown again)")
+    if not hooks.encrypts_secrets:
+        click.echo(PLAINTEXT_WARNING, err=True)
+
+
+@webhooks.command("reencrypt")
+def reencrypt() -> None:
+    """Store every secret under the first key of METERING_SECRET_KEY.
+
+    Key rotation: set METERING_SECRET_KEY=NEW,OLD, run this, then remove OLD.
+    Plaintext secrets (stored without a key) are encrypted too.
+    """
+    changed = _hooks().reencrypt()
+    noun = "endpoint" if changed == 1 else "endpoints"
+    click.echo(f"{changed} {noun} re-encrypted under the first key of METERING_SECRET_KEY")
+
+
+@webhooks.command("keygen")
+def keygen() -> None:
+    """Print a new key for METERING_SECRET_KEY (it touches no database)."""
+    click.echo(generate_key())
 
 
 def _delivery_json(record: DeliveryRecord, attempts: Sequence[AttemptRecord]) -> dict[str, object]:

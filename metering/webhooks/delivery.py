@@ -35,6 +35,7 @@ from sqlalchemy import Connection
 from metering.domain.instants import from_us, to_us
 from metering.domain.notifications import Mark, reset_due
 from metering.domain.notifications import payload_of as notice_payload
+from metering.errors import SecretKeyError
 from metering.storage.engine import run_transaction
 from metering.storage.webhooks import (
     DELIVERED,
@@ -45,6 +46,7 @@ from metering.storage.webhooks import (
     WebhookStore,
     encode_payload,
 )
+from metering.webhooks.encryption import SecretBox
 from metering.webhooks.settings import DeliverySettings
 from metering.webhooks.signing import sign
 
@@ -126,16 +128,32 @@ class Response:
     duration_ms: int
 
 
+def signing_secrets(job: DeliveryJob, now_us: int, box: SecretBox) -> list[str]:
+    """The endpoint's secret, and during a rotation's grace the previous one,
+    decrypted; `SecretKeyError` when the key to decrypt them is missing."""
+    endpoint = job.endpoint
+    keys = [box.open(endpoint.secret, endpoint.id)]
+    if endpoint.previous_secret and (endpoint.previous_expires_at_us or 0) > now_us:
+        keys.append(box.open(endpoint.previous_secret, endpoint.id))
+    return keys
+
+
 def post(
-    job: DeliveryJob, client: httpx.Client, now_us: int, settings: DeliverySettings
+    job: DeliveryJob,
+    client: httpx.Client,
+    now_us: int,
+    settings: DeliverySettings,
+    box: SecretBox,
 ) -> Response:
-    """One signed POST; network errors and refusals become ``error``."""
+    """One signed POST; network errors, refusals and key problems become ``error``."""
     import httpx
 
     endpoint = job.endpoint
-    keys = [endpoint.secret]
-    if endpoint.previous_secret and (endpoint.previous_expires_at_us or 0) > now_us:
-        keys.append(endpoint.previous_secret)
+    try:
+        keys = signing_secrets(job, now_us, box)
+    except SecretKeyError as exc:
+        log.error("webhook delivery %s not sent: %s", job.delivery_id, exc)
+        return Response(None, None, f"not sent: {exc}"[:MAX_ERROR_CHARS], 0)
     timestamp = now_us // 1_000_000
     body = job.payload.encode()
     headers = {
@@ -215,13 +233,16 @@ def deliver_one(
     settings: DeliverySettings,
     client: httpx.Client | None = None,
     rng: random.Random | None = None,
+    *,
+    box: SecretBox | None = None,
 ) -> str:
     """Attempt a claimed delivery and record it; returns its new status."""
     rng = rng or random.Random()
+    box = box or SecretBox.from_env(meter.clock)
     if client is None:
         with _client(settings) as own:
-            return deliver_one(meter, job, settings, own, rng)
-    response = post(job, client, to_us(meter.clock()), settings)
+            return deliver_one(meter, job, settings, own, rng, box=box)
+    response = post(job, client, to_us(meter.clock()), settings, box)
     now_us = to_us(meter.clock())
     status, attempt = _outcome(job, response, now_us, settings, rng)
 
@@ -245,14 +266,21 @@ def deliver_one(
 
 
 def deliver_due(
-    meter: Meter, settings: DeliverySettings | None = None, *, client: httpx.Client | None = None
+    meter: Meter,
+    settings: DeliverySettings | None = None,
+    *,
+    client: httpx.Client | None = None,
+    box: SecretBox | None = None,
 ) -> DeliveryReport:
     """Deliver every due delivery, one claim at a time (at most ``max_per_run``).
 
     Safe to run in any number of workers at once. This is what the
-    ``metering.deliver_webhooks`` task calls.
+    ``metering.deliver_webhooks`` task calls. Secrets are decrypted with
+    ``box`` (default: the keys of ``METERING_SECRET_KEY``); one that cannot
+    be is a failed attempt, retried like any other.
     """
     settings = settings or DeliverySettings.from_env()
+    box = box or SecretBox.from_env(meter.clock)
     own = client is None
     http = client or _client(settings)
     rng = random.Random()
@@ -265,7 +293,7 @@ def deliver_due(
             job = run_transaction(meter.engine, _claimer(now_us, lease_us))
             if job is None:
                 break
-            tally[deliver_one(meter, job, settings, http, rng)] += 1
+            tally[deliver_one(meter, job, settings, http, rng, box=box)] += 1
     finally:
         if own:
             http.close()

@@ -5,6 +5,7 @@
     hooks = Webhooks(meter)
     endpoint, secret = hooks.add("https://example.com/hooks", types=["limit.denied"])
     hooks.rotate(endpoint.id)            # old secret still signs for the grace
+    hooks.reencrypt()                    # secrets under METERING_SECRET_KEY's newest key
     hooks.deliveries(status="failed")
     hooks.replay([42])
 """
@@ -20,7 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from metering.domain.instants import from_us, to_us
 from metering.domain.notifications import MESSAGE_TYPES, TEST_TYPE
-from metering.errors import InvalidInput, UnknownWebhookEndpoint
+from metering.errors import ConfigurationError, InvalidInput, SecretKeyError, UnknownWebhookEndpoint
 from metering.storage.engine import run_transaction
 from metering.storage.webhooks import (
     AttemptRecord,
@@ -31,6 +32,7 @@ from metering.storage.webhooks import (
     encode_payload,
 )
 from metering.webhooks import delivery
+from metering.webhooks.encryption import SecretBox, is_encrypted
 from metering.webhooks.settings import DeliverySettings, rotation_grace_seconds
 from metering.webhooks.signing import generate_secret, mask_secret, validate_secret
 
@@ -52,6 +54,7 @@ class Endpoint:
     enabled: bool
     disabled_reason: str | None
     secret_masked: str
+    secret_encrypted: bool
     rotating_until: datetime | None
     created_at: datetime
 
@@ -63,6 +66,7 @@ class Endpoint:
             "enabled": self.enabled,
             "disabled_reason": self.disabled_reason,
             "secret": self.secret_masked,
+            "secret_encrypted": self.secret_encrypted,
             "rotating_until": self.rotating_until.isoformat() if self.rotating_until else None,
             "created_at": self.created_at.isoformat(),
         }
@@ -107,7 +111,14 @@ def validate_types(types: Iterable[str] | None) -> tuple[str, ...]:
     return chosen
 
 
-def _view(record: EndpointRecord, now_us: int) -> Endpoint:
+def _masked(record: EndpointRecord, box: SecretBox) -> str:
+    try:
+        return mask_secret(box.open(record.secret, record.id))
+    except SecretKeyError:
+        return "whsec_… (encrypted; cannot decrypt with METERING_SECRET_KEY)"
+
+
+def _view(record: EndpointRecord, now_us: int, box: SecretBox) -> Endpoint:
     rotating = record.previous_secret is not None and (record.previous_expires_at_us or 0) > now_us
     return Endpoint(
         id=record.id,
@@ -115,7 +126,8 @@ def _view(record: EndpointRecord, now_us: int) -> Endpoint:
         types=record.types,
         enabled=record.enabled,
         disabled_reason=record.disabled_reason,
-        secret_masked=mask_secret(record.secret),
+        secret_masked=_masked(record, box),
+        secret_encrypted=is_encrypted(record.secret),
         rotating_until=from_us(record.previous_expires_at_us)
         if rotating and record.previous_expires_at_us
         else None,
@@ -126,9 +138,27 @@ def _view(record: EndpointRecord, now_us: int) -> Endpoint:
 class Webhooks:
     """The webhook management API over a `Meter`'s database and clock."""
 
-    def __init__(self, meter: Meter, settings: DeliverySettings | None = None) -> None:
+    def __init__(
+        self,
+        meter: Meter,
+        settings: DeliverySettings | None = None,
+        box: SecretBox | None = None,
+    ) -> None:
         self.meter = meter
         self.settings = settings
+        self._box = box
+
+    @property
+    def box(self) -> SecretBox:
+        """How secrets are stored: ``METERING_SECRET_KEY`` unless one was given."""
+        if self._box is None:
+            self._box = SecretBox.from_env(self.meter.clock)
+        return self._box
+
+    @property
+    def encrypts_secrets(self) -> bool:
+        """Whether new secrets are stored encrypted (``METERING_SECRET_KEY`` is set)."""
+        return self.box.encrypts
 
     def _now_us(self) -> int:
         return to_us(self.meter.clock(), field_name="clock")
@@ -145,11 +175,15 @@ class Webhooks:
     def add(
         self, url: str, *, secret: str | None = None, types: Iterable[str] | None = None
     ) -> tuple[Endpoint, str]:
-        """Create an enabled endpoint. Returns it and its secret (shown only now)."""
+        """Create an enabled endpoint. Returns it and its secret (shown only now).
+
+        The secret is stored encrypted when ``METERING_SECRET_KEY`` is set,
+        in plaintext otherwise."""
+        plain = validate_secret(secret) if secret else generate_secret()
         record = EndpointRecord(
             id="ep_" + secrets.token_hex(8),
             url=validate_url(url),
-            secret=validate_secret(secret) if secret else generate_secret(),
+            secret=self.box.seal(plain),
             previous_secret=None,
             previous_expires_at_us=None,
             types=validate_types(types),
@@ -158,18 +192,18 @@ class Webhooks:
             created_at_us=self._now_us(),
         )
         self._run(lambda store: store.insert_endpoint(record))
-        return _view(record, record.created_at_us), record.secret
+        return _view(record, record.created_at_us, self.box), plain
 
     def endpoints(self) -> list[Endpoint]:
         """Every endpoint, oldest first, secrets masked."""
         now_us = self._now_us()
         records = self._run(lambda store: store.list_endpoints())
-        return [_view(r, now_us) for r in records]
+        return [_view(r, now_us, self.box) for r in records]
 
     def get(self, endpoint_id: str) -> Endpoint:
         now_us = self._now_us()
         record = self._run(lambda store: self._get(store, endpoint_id))
-        return _view(record, now_us)
+        return _view(record, now_us, self.box)
 
     def remove(self, endpoint_id: str) -> None:
         """Delete an endpoint, its deliveries and their attempts."""
@@ -196,18 +230,47 @@ class Webhooks:
         if grace < 0:
             raise InvalidInput("grace", "must not be negative")
         expires_us = to_us(self.meter.clock() + timedelta(seconds=grace))
+        box = self.box
 
         def work(store: WebhookStore) -> None:
             old = self._get(store, endpoint_id)
             store.update_endpoint(
                 endpoint_id,
-                secret=new_secret,
-                previous_secret=old.secret,
+                secret=box.seal(new_secret),
+                previous_secret=box.reseal(old.secret, endpoint_id),
                 previous_expires_at_us=expires_us,
             )
 
         self._run(work)
         return new_secret
+
+    def reencrypt(self) -> int:
+        """Store every endpoint's secrets (and a rotation's previous one) encrypted
+        under the newest key of ``METERING_SECRET_KEY``: plaintext ones of before
+        too. Returns how many endpoints were rewritten; run it after putting a new
+        key first, then remove the old key. `SecretKeyError` if a secret is
+        encrypted under a key no longer given (nothing is changed then)."""
+        box = self.box
+        if not box.encrypts:
+            raise ConfigurationError("METERING_SECRET_KEY is not set: there is no key to use")
+
+        def work(store: WebhookStore) -> int:
+            changed = 0
+            for record in store.list_endpoints():
+                values: dict[str, str] = {}
+                secret = box.reseal(record.secret, record.id)
+                if secret != record.secret:
+                    values["secret"] = secret
+                if record.previous_secret is not None:
+                    previous = box.reseal(record.previous_secret, record.id)
+                    if previous != record.previous_secret:
+                        values["previous_secret"] = previous
+                if values:
+                    store.update_endpoint(record.id, **values)
+                    changed += 1
+            return changed
+
+        return self._run(work)
 
     def deliveries(
         self, *, status: str | None = None, endpoint_id: str | None = None, limit: int = 50
@@ -244,8 +307,11 @@ class Webhooks:
             "data": {"endpoint_id": endpoint_id},
         }
 
+        box = self.box
+
         def work(store: WebhookStore) -> DeliveryJob:
             endpoint = self._get(store, endpoint_id)
+            box.open(endpoint.secret, endpoint.id)  # a key problem is an error, not a ping
             message_id = store.add_message(TEST_TYPE, encode_payload(document), [endpoint], now_us)
             job = store.claim_message(message_id, now_us + 3_600_000_000)
             assert job is not None
@@ -254,13 +320,13 @@ class Webhooks:
         job = self._run(work)
         # A ping is one attempt: no retries.
         settings = replace(self.settings or DeliverySettings.from_env(), schedule_seconds=())
-        delivery.deliver_one(self.meter, job, settings)
+        delivery.deliver_one(self.meter, job, settings, box=box)
         record = self._run(lambda store: store.get_delivery(job.delivery_id))
         return record, self.attempts(job.delivery_id)
 
     def deliver_due(self) -> delivery.DeliveryReport:
         """Deliver what is due now (what the worker's task does)."""
-        return delivery.deliver_due(self.meter, self.settings)
+        return delivery.deliver_due(self.meter, self.settings, box=self.box)
 
     def sweep_resets(self) -> int:
         """Write ``limit.reset`` for denied windows that are over (what beat runs)."""

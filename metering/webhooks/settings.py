@@ -14,6 +14,7 @@ DEFAULT_SCHEDULE: Final = (5.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0, 50400.0
 DEFAULT_TIMEOUT_SECONDS: Final = 15.0
 DEFAULT_INTERVAL_SECONDS: Final = 5.0
 DEFAULT_ROTATION_GRACE_SECONDS: Final = 86400.0
+SECRET_KEY_VARIABLE: Final = "METERING_SECRET_KEY"
 # A claim outlives one attempt by this much before another worker may take it.
 LEASE_MARGIN_SECONDS: Final = 30.0
 
@@ -71,3 +72,10 @@ def interval_seconds() -> float:
 
 def rotation_grace_seconds() -> float:
     return env_float("METERING_WEBHOOKS_ROTATION_GRACE", DEFAULT_ROTATION_GRACE_SECONDS)
+
+
+def secret_keys() -> tuple[str, ...]:
+    """The Fernet keys of ``METERING_SECRET_KEY`` (comma-separated, newest first);
+    empty when it is unset. They are checked where they are used (`SecretBox`)."""
+    text = os.environ.get(SECRET_KEY_VARIABLE, "")
+    return tuple(part.strip() for part in text.split(",") if part.strip())
