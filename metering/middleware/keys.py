@@ -77,36 +77,62 @@ def _parse_networks(trusted: Iterable[str]) -> tuple[IPNetwork, ...]:
 
 
 def _address(text: str) -> IPAddress | None:
+    """The address in ``text`` (a port allowed); an IPv4-mapped IPv6 address as IPv4."""
     text = text.strip()
     if text.startswith("[") and "]" in text:  # [v6]:port
         text = text[1 : text.index("]")]
     elif text.count(":") == 1:  # v4:port
         text = text.split(":")[0]
     try:
-        return ipaddress.ip_address(text)
+        address = ipaddress.ip_address(text)
     except ValueError:
         return None
+    if address.version == 6 and address.ipv4_mapped is not None:  # ::ffff:a.b.c.d
+        return address.ipv4_mapped
+    return address
 
 
-def client_ip(trusted_proxies: Iterable[str] = ()) -> Key:
+def _validate_prefix(ipv6_prefix: object) -> int:
+    if isinstance(ipv6_prefix, bool) or not isinstance(ipv6_prefix, int):
+        raise InvalidInput("ipv6_prefix", f"must be a whole number, got {ipv6_prefix!r}")
+    if not 0 <= ipv6_prefix <= 128:
+        raise InvalidInput("ipv6_prefix", f"must be between 0 and 128, got {ipv6_prefix}")
+    return ipv6_prefix
+
+
+def client_ip(trusted_proxies: Iterable[str] = (), *, ipv6_prefix: int = 64) -> Key:
     """Key requests by client address.
 
     ``X-Forwarded-For`` is believed only when the connected peer is one of
     ``trusted_proxies`` (addresses or networks): then the client is the
     rightmost address in the header that is not itself a trusted proxy.
     By default no proxy is trusted, so a client cannot pick its own key.
+
+    An IPv4 client is keyed by its address, also when the server sees it
+    as IPv4-mapped IPv6 (``::ffff:192.0.2.7`` is ``192.0.2.7``). An IPv6
+    client is keyed by its network of ``ipv6_prefix`` bits, ``/64`` by
+    default (``2001:db8:1:2::/64``): one host usually holds a whole /64, so
+    keying by address would let it take a fresh key per request. 128 keys
+    each address alone (``2001:db8:1:2::7``).
     """
     networks = _parse_networks(trusted_proxies)
+    prefix = _validate_prefix(ipv6_prefix)
+    mask = ((1 << prefix) - 1) << (128 - prefix)
 
     def trusted(address: IPAddress | None) -> bool:
         return address is not None and any(address in net for net in networks)
+
+    def subject(address: IPAddress) -> str:
+        if address.version == 4 or prefix == 128:
+            return str(address)
+        return f"{ipaddress.IPv6Address(int(address) & mask)}/{prefix}"
 
     def key(request: RequestInfo) -> str | None:
         peer = _address(request.client) if request.client else None
         if peer is None:
             return request.client
         if not trusted(peer):
-            return str(peer)
+            return subject(peer)
         hops = [_address(h) for h in request.headers.get("x-forwarded-for", "").split(",")]
         client = peer
         for hop in reversed(hops):
@@ -115,7 +141,7 @@ def client_ip(trusted_proxies: Iterable[str] = ()) -> Key:
             client = hop
             if not trusted(hop):
                 break
-        return str(client)
+        return subject(client)
 
     return key
 

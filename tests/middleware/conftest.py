@@ -23,7 +23,7 @@ from metering import FrozenClock, Limit, Meter
 # Half a minute into a calendar minute: a denial retries after 30 s.
 START = datetime(2026, 11, 22, 12, 0, 30, tzinfo=UTC)
 
-Serve = Callable[[Any], str]
+Serve = Callable[..., str]
 
 
 @pytest.fixture
@@ -40,50 +40,68 @@ def meter(db_url: str, clock: FrozenClock) -> Iterator[Meter]:
         yield m
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def _listening_socket(host: str) -> socket.socket:
+    """A socket bound to a free port of ``host``. An IPv6 host is dual-stack:
+    bound to ``::ffff:127.0.0.1``, it takes IPv4 connections to 127.0.0.1
+    and the application sees the peer as that IPv4-mapped address."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    if family == socket.AF_INET6:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    sock.bind((host, 0))
+    return sock
 
 
-def _wait_listening(port: int, timeout: float = 20) -> None:
+def _wait_listening(host: str, port: int, timeout: float = 20) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
+        try:
+            with socket.create_connection((host, port), timeout=1):
                 return
-        time.sleep(0.02)
+        except OSError:
+            time.sleep(0.02)
     raise AssertionError(f"nothing listens on port {port}")
+
+
+def _base_url(host: str, port: int) -> str:
+    if host.startswith("::ffff:"):  # reached over IPv4
+        host = host.removeprefix("::ffff:")
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 @pytest.fixture
 def serve_asgi() -> Iterator[Serve]:
-    """``serve_asgi(app)`` → base URL of uvicorn serving ``app``."""
-    servers: list[tuple[uvicorn.Server, threading.Thread]] = []
+    """``serve_asgi(app, host="127.0.0.1")`` → base URL of uvicorn serving ``app``.
 
-    def serve(app: Any) -> str:
-        port = _free_port()
+    ``host="::1"`` serves IPv6 clients; ``host="::ffff:127.0.0.1"`` IPv4
+    clients seen as IPv4-mapped IPv6 addresses (a dual-stack listener).
+    """
+    servers: list[tuple[uvicorn.Server, threading.Thread, socket.socket]] = []
+
+    def serve(app: Any, host: str = "127.0.0.1") -> str:
+        sock = _listening_socket(host)
+        port = int(sock.getsockname()[1])
         # proxy_headers=False: uvicorn itself believes X-Forwarded-For from
         # 127.0.0.1 by default, which would hide what the middleware does.
         config = uvicorn.Config(
             app,
-            host="127.0.0.1",
-            port=port,
             log_level="warning",
             lifespan="off",
             proxy_headers=False,
         )
         server = uvicorn.Server(config)
-        thread = threading.Thread(target=server.run, daemon=True)
+        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
         thread.start()
-        servers.append((server, thread))
-        _wait_listening(port)
-        return f"http://127.0.0.1:{port}"
+        servers.append((server, thread, sock))
+        base = _base_url(host, port)
+        _wait_listening(host.removeprefix("::ffff:"), port)
+        return base
 
     yield serve
-    for server, thread in servers:
+    for server, thread, sock in servers:
         server.should_exit = True
         thread.join(10)
+        sock.close()
 
 
 @pytest.fixture
@@ -108,7 +126,7 @@ def serve_wsgi() -> Iterator[Serve]:
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()
         servers.append((server, thread))
-        _wait_listening(port)
+        _wait_listening("127.0.0.1", port)
         return f"http://127.0.0.1:{port}"
 
     yield serve

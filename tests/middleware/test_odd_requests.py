@@ -28,11 +28,12 @@ from metering.middleware import (
     Route,
     WSGIMeteringMiddleware,
     authenticated_user,
+    client_ip,
     header,
     subject_of,
 )
 
-Serve = Callable[[Any], str]  # the serve_asgi / serve_wsgi fixtures
+Serve = Callable[..., str]  # the serve_asgi / serve_wsgi fixtures
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 
@@ -256,3 +257,61 @@ def test_wsgi_a_route_cannot_be_missed_by_spelling_the_path_otherwise(
         assert charged_to(client, base, "/health") is None
         assert charged_to(client, base, "/Health") == "per_ip"
     assert used(meter, "127.0.0.1", "per_path") == len(spellings)
+
+
+# -- IPv6 clients ------------------------------------------------------------------
+
+SAME_64 = ["2001:db8:1:2::a", "2001:db8:1:2:ffff:1:2:3", "2001:DB8:1:2::a:b", "2001:db8:1:2::9"]
+
+
+def forwarded_for(client: httpx.Client, base: str, address: str) -> httpx.Response:
+    return client.get(f"{base}/x", headers={"x-forwarded-for": address})
+
+
+def test_asgi_an_ipv4_client_seen_as_ipv4_mapped_ipv6_is_keyed_by_its_ipv4_address(
+    meter: Meter, serve_asgi: Serve
+) -> None:
+    base = serve_asgi(asgi_app(meter, limit="per_ip"), host="::ffff:127.0.0.1")
+    with httpx.Client(base_url=base) as client:
+        answers = [client.get("/x") for _ in range(4)]
+    assert [a.status_code for a in answers] == [200, 200, 200, 429]
+    assert answers[0].json()["subject"] == "127.0.0.1"
+    assert used(meter, "127.0.0.1", "per_ip") == 3
+
+
+def test_asgi_ipv6_clients_are_keyed_by_their_64_or_the_prefix_configured(
+    meter: Meter, serve_asgi: Serve
+) -> None:
+    by_64 = serve_asgi(asgi_app(meter, limit="per_ip"), host="::1")
+    by_128 = serve_asgi(asgi_app(meter, limit="per_user", key=client_ip(ipv6_prefix=128)), "::1")
+    with httpx.Client() as client:
+        assert client.get(f"{by_64}/x").json()["subject"] == "::/64"
+        assert client.get(f"{by_128}/x").json()["subject"] == "::1"
+    proxied = serve_asgi(asgi_app(meter, limit="per_ip", key=client_ip(["127.0.0.1"])))
+    with httpx.Client() as client:
+        answers = [forwarded_for(client, proxied, a) for a in SAME_64]
+        assert [a.status_code for a in answers] == [200, 200, 200, 429]
+        assert answers[0].json()["subject"] == "2001:db8:1:2::/64"
+        other = forwarded_for(client, proxied, "2001:db8:1:3::a")
+        assert other.json()["subject"] == "2001:db8:1:3::/64"
+        mapped = forwarded_for(client, proxied, "::ffff:198.51.100.7")
+        assert mapped.json()["subject"] == "198.51.100.7"
+    assert used(meter, "2001:db8:1:2::/64", "per_ip") == 3
+
+
+def test_wsgi_ipv6_clients_are_keyed_by_their_64_and_ipv4_mapped_ones_by_ipv4(
+    meter: Meter, serve_wsgi: Serve
+) -> None:
+    base = serve_wsgi(wsgi_app(meter, limit="per_ip", key=client_ip(["127.0.0.1"])))
+    precise = serve_wsgi(
+        wsgi_app(meter, limit="per_user", key=client_ip(["127.0.0.1"], ipv6_prefix=128))
+    )
+    with httpx.Client() as client:
+        answers = [forwarded_for(client, base, a) for a in SAME_64]
+        assert [a.status_code for a in answers] == [200, 200, 200, 429]
+        assert answers[0].json()["subject"] == "2001:db8:1:2::/64"
+        assert forwarded_for(client, base, "::ffff:198.51.100.7").json()["subject"] == (
+            "198.51.100.7"
+        )
+        assert forwarded_for(client, precise, SAME_64[2]).json()["subject"] == "2001:db8:1:2::a:b"
+    assert used(meter, "2001:db8:1:2::/64", "per_ip") == 3

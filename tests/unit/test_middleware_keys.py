@@ -48,13 +48,43 @@ def test_no_proxy_is_trusted_by_default() -> None:
         ("10.0.0.1", "10.0.0.3, 10.0.0.2", "10.0.0.3"),  # all trusted: the leftmost
         ("10.0.0.1", "203.0.113.9, junk", "10.0.0.1"),  # malformed: trust nothing left of it
         ("10.0.0.1", "", "10.0.0.1"),
-        ("10.0.0.1", "[2001:db8::1]:443", "2001:db8::1"),
+        ("10.0.0.1", "[2001:db8::1]:443", "2001:db8::/64"),
+        ("10.0.0.1", "::ffff:203.0.113.9", "203.0.113.9"),
+        ("::ffff:10.0.0.1", "203.0.113.9", "203.0.113.9"),  # a mapped peer is trusted as IPv4
         ("10.0.0.1", "203.0.113.9:5000", "203.0.113.9"),
         ("192.0.2.1", "203.0.113.9", "192.0.2.1"),  # peer not trusted
     ],
 )
 def test_forwarded_for_through_trusted_proxies(peer: str, forwarded: str, expected: str) -> None:
     assert client_ip(["10.0.0.0/8"])(request(peer, forwarded)) == expected
+
+
+@pytest.mark.parametrize(
+    ("peer", "prefix", "expected"),
+    [
+        ("2001:db8:1:2:3:4:5:6", 64, "2001:db8:1:2::/64"),
+        ("2001:DB8:1:2::", 64, "2001:db8:1:2::/64"),
+        ("2001:db8:1:2:3:4:5:6", 48, "2001:db8:1::/48"),
+        ("2001:db8:1:2:3:4:5:6", 56, "2001:db8:1::/56"),
+        ("2001:db8:1:2ff:3:4:5:6", 56, "2001:db8:1:200::/56"),
+        ("2001:db8:1:2:3:4:5:6", 128, "2001:db8:1:2:3:4:5:6"),
+        ("2001:db8:1:2:3:4:5:6", 0, "::/0"),
+        ("::1", 64, "::/64"),
+        ("::ffff:192.0.2.7", 64, "192.0.2.7"),
+        ("::ffff:192.0.2.7", 128, "192.0.2.7"),
+        ("192.0.2.7", 64, "192.0.2.7"),
+    ],
+)
+def test_ipv6_clients_are_keyed_by_prefix_and_ipv4_mapped_ones_by_ipv4(
+    peer: str, prefix: int, expected: str
+) -> None:
+    assert client_ip(ipv6_prefix=prefix)(request(peer)) == expected
+
+
+@pytest.mark.parametrize("prefix", [-1, 129, True, 64.0, "64"])
+def test_a_bad_ipv6_prefix_is_a_clear_error(prefix: object) -> None:
+    with pytest.raises(InvalidInput, match="ipv6_prefix"):
+        client_ip(ipv6_prefix=prefix)  # type: ignore[arg-type]
 
 
 def test_a_bad_trusted_proxy_is_a_clear_error() -> None:
