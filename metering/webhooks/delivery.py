@@ -19,16 +19,13 @@ record sends the message again. Receivers deduplicate on ``webhook-id``.
 from __future__ import annotations
 
 import email.utils
-import ipaddress
 import logging
 import random
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
 
 from sqlalchemy import Connection
 
@@ -46,6 +43,7 @@ from metering.storage.webhooks import (
     WebhookStore,
     encode_payload,
 )
+from metering.webhooks.destinations import DestinationRefused, check_destination
 from metering.webhooks.encryption import SecretBox
 from metering.webhooks.settings import DeliverySettings
 from metering.webhooks.signing import sign
@@ -59,36 +57,6 @@ log = logging.getLogger(__name__)
 USER_AGENT = "metering-webhooks/1"
 MAX_ERROR_CHARS = 500
 MAX_RETRY_AFTER_SECONDS = 86_400.0
-
-
-class DestinationRefused(Exception):
-    """The endpoint's host resolves to an address deliveries must not reach."""
-
-
-def check_destination(url: str, *, allow_private: bool) -> None:
-    """Refuse loopback, private, link-local and other non-public addresses.
-
-    Every address the host resolves to is checked. (The HTTP client resolves
-    the name again; a DNS answer that changes in between is not caught.)
-    """
-    if allow_private:
-        return
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except OSError as exc:
-        raise DestinationRefused(f"cannot resolve {host!r}: {exc}") from None
-    for info in infos:
-        address = ipaddress.ip_address(str(info[4][0]).split("%")[0])
-        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-            address = address.ipv4_mapped
-        if not address.is_global or address.is_multicast:
-            raise DestinationRefused(
-                f"{host} resolves to {address}, a loopback, private or link-local address "
-                "(set METERING_WEBHOOKS_ALLOW_PRIVATE=1 to allow)"
-            )
 
 
 def retry_after_seconds(value: str | None, now_us: int) -> float | None:
@@ -165,7 +133,11 @@ def post(
     }
     began = time.monotonic()
     try:
-        check_destination(endpoint.url, allow_private=settings.allow_private)
+        check_destination(
+            endpoint.url,
+            allow_private=settings.allow_private,
+            allowed_networks=settings.allowed_networks,
+        )
         answer = client.post(endpoint.url, content=body, headers=headers)
     except DestinationRefused as exc:
         return Response(None, None, f"refused: {exc}"[:MAX_ERROR_CHARS], 0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from dataclasses import dataclass
 from typing import Final
@@ -34,6 +35,17 @@ def parse_schedule(text: str) -> tuple[float, ...]:
     return delays
 
 
+def parse_networks(text: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """``10.20.0.0/16,fd00::/8``: networks deliveries may reach although not public."""
+    try:
+        return tuple(ipaddress.ip_network(part.strip()) for part in text.split(",") if part.strip())
+    except ValueError as exc:
+        raise ConfigurationError(
+            f"METERING_WEBHOOKS_ALLOW_NETWORKS={text!r}: {exc} (use networks such as "
+            "10.20.0.0/16, separated by commas)"
+        ) from None
+
+
 def _flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
@@ -46,6 +58,8 @@ class DeliverySettings:
     schedule_seconds: tuple[float, ...] = DEFAULT_SCHEDULE
     allow_private: bool = False
     max_per_run: int = 100
+    # Networks let through although not public (a receiver on a private network).
+    allowed_networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
 
     @property
     def max_attempts(self) -> int:
@@ -62,6 +76,7 @@ class DeliverySettings:
             timeout_seconds=env_float("METERING_WEBHOOKS_TIMEOUT", DEFAULT_TIMEOUT_SECONDS),
             schedule_seconds=parse_schedule(schedule) if schedule else DEFAULT_SCHEDULE,
             allow_private=_flag("METERING_WEBHOOKS_ALLOW_PRIVATE"),
+            allowed_networks=parse_networks(os.environ.get("METERING_WEBHOOKS_ALLOW_NETWORKS", "")),
         )
 
 

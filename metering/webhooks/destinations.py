@@ -1,0 +1,99 @@
+"""Where deliveries may connect.
+
+An address is refused when it is not global (loopback, private, link-local,
+unspecified, reserved ...) or is multicast, and so is an IPv6 address that
+carries such an IPv4 address inside it: IPv4-mapped (``::ffff:a.b.c.d``),
+IPv4-compatible (``::a.b.c.d``, deprecated), NAT64 (``64:ff9b::/96``, whose
+gateway would forward to the embedded address; the local-use ``64:ff9b:1::/48``
+is refused whole), 6to4 (``2002::/16``) and Teredo (``2001::/32``: server and
+client). ``allowed_networks`` lets chosen networks through.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import Iterable
+from typing import Final
+from urllib.parse import urlsplit
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+IPV4_COMPATIBLE: Final = ipaddress.ip_network("::/96")
+NAT64_WELL_KNOWN: Final = ipaddress.ip_network("64:ff9b::/96")
+NAT64_LOCAL_USE: Final = ipaddress.ip_network("64:ff9b:1::/48")
+ALLOW_HINT: Final = (
+    "(set METERING_WEBHOOKS_ALLOW_PRIVATE=1 or METERING_WEBHOOKS_ALLOW_NETWORKS to allow)"
+)
+
+
+class DestinationRefused(Exception):
+    """The endpoint's host resolves to an address deliveries must not reach."""
+
+
+def embedded_ipv4(address: IPAddress) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses an IPv6 address carries (mapped, compatible, NAT64,
+    6to4, Teredo); empty for IPv4 and for plain IPv6."""
+    if isinstance(address, ipaddress.IPv4Address):
+        return []
+    found = [address.ipv4_mapped, address.sixtofour, *(address.teredo or ())]
+    low32 = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    if address in NAT64_WELL_KNOWN or (address in IPV4_COMPATIBLE and int(address) > 1):
+        found.append(low32)
+    return [v4 for v4 in found if v4 is not None]
+
+
+def _public(address: IPAddress) -> bool:
+    return address.is_global and not address.is_multicast and address not in NAT64_LOCAL_USE
+
+
+def refusal(address: IPAddress, allowed_networks: Iterable[IPNetwork] = ()) -> str | None:
+    """Why deliveries must not connect to ``address``, or None when they may."""
+    allowed = tuple(allowed_networks)
+    for candidate in (address, *embedded_ipv4(address)):
+        if any(candidate in network for network in allowed):
+            continue
+        if not _public(candidate):
+            shown = f"{address} (carrying {candidate})" if candidate != address else str(address)
+            return f"{shown}, a loopback, private, link-local or other non-public address"
+    return None
+
+
+def resolve(host: str, port: int) -> list[IPAddress]:
+    """Every address ``host`` resolves to, in the resolver's order, once each."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise DestinationRefused(f"cannot resolve {host!r}: {exc}") from None
+    found: dict[IPAddress, None] = {}
+    for info in infos:
+        found[ipaddress.ip_address(str(info[4][0]).split("%")[0])] = None
+    return list(found)
+
+
+def checked_addresses(
+    host: str, port: int, *, allow_private: bool, allowed_networks: Iterable[IPNetwork] = ()
+) -> list[IPAddress]:
+    """Resolve ``host`` once and check every answer; `DestinationRefused` if any
+    is refused (one bad answer among good ones is refused too: a rebinding
+    attacker controls the order). Returns the addresses to connect to."""
+    addresses = resolve(host, port)
+    if not allow_private:
+        allowed = tuple(allowed_networks)
+        for address in addresses:
+            reason = refusal(address, allowed)
+            if reason is not None:
+                raise DestinationRefused(f"{host} resolves to {reason} {ALLOW_HINT}")
+    return addresses
+
+
+def check_destination(
+    url: str, *, allow_private: bool, allowed_networks: Iterable[IPNetwork] = ()
+) -> list[IPAddress]:
+    """Check where ``url`` leads (see `checked_addresses`)."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return checked_addresses(
+        parts.hostname or "", port, allow_private=allow_private, allowed_networks=allowed_networks
+    )
