@@ -479,9 +479,13 @@ class Meter:
         if limit is not None:
             validate_limit_name(limit)
         now_us = self._now_us()
-        return run_transaction(
-            self.engine, lambda c: Store(c).delete_current_counters(subject, limit, now_us)
-        )
+
+        def work(connection: Connection) -> int:
+            # Held units go with the rest: a later cancel returns nothing.
+            ReservationStore(connection).forget_held_charges(subject, limit)
+            return Store(connection).delete_current_counters(subject, limit, now_us)
+
+        return run_transaction(self.engine, work)
 
     def counters(self, subject: str | None = None, limit: str | None = None) -> list[Counter]:
         """Counters of a subject and/or limit, every window, oldest first."""

@@ -38,9 +38,10 @@ T = TypeVar("T")
 SCHEMA_REVISION: Final = "0006"
 MIGRATIONS_DIR: Final = Path(__file__).parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS: Final = 60_000
-# Serialization failure, deadlock, and a key another transaction wrote first
-# (a race that the next run sees as a stored row; if it persists, it is refused).
-RETRYABLE_SQLSTATES: Final = frozenset({"40001", "40P01", "23505"})
+# Serialization failure, deadlock, a lock timeout a transaction set for itself
+# (an operator's reset yielding to consumes), and a key another transaction
+# wrote first (the next run sees it stored; if it persists, it is refused).
+RETRYABLE_SQLSTATES: Final = frozenset({"40001", "40P01", "55P03", "23505"})
 _SQLITE_KEY_TAKEN: Final = frozenset({"SQLITE_CONSTRAINT_PRIMARYKEY", "SQLITE_CONSTRAINT_UNIQUE"})
 
 

@@ -15,8 +15,20 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sqlalchemy import Connection, and_, bindparam, delete, func, or_, select, tuple_, update
+from sqlalchemy import (
+    Connection,
+    and_,
+    bindparam,
+    delete,
+    func,
+    literal_column,
+    or_,
+    select,
+    tuple_,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.sql.elements import ColumnClause
 
 from metering.domain.limits import Limit
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
@@ -245,6 +257,11 @@ def record_from_row(row: Sequence[Any]) -> ResultRecord:
 
 def _key_from_row(row: Any) -> CounterKey:
     return CounterKey(row.limit_name, row.subject, row.window_start_us, row.window_end_us)
+
+
+# How long an operator's reset waits for a row a consume holds before it
+# starts over (milliseconds).
+RESET_LOCK_TIMEOUT_MS: Final = 200
 
 
 class Store:
@@ -479,16 +496,47 @@ class Store:
     def delete_current_counters(self, subject: str | None, limit: str | None, now_us: int) -> int:
         """Remove counters of current windows and buckets (operator reset)."""
         live = or_(counters.c.window_end_us > now_us, counters.c.window_start_us == NO_WINDOW)
-        statement = delete(counters).where(live)
-        windows = delete(current_windows)
+        which_counters = [live]
+        which_windows = []
         if subject is not None:
-            statement = statement.where(counters.c.subject == subject)
-            windows = windows.where(current_windows.c.subject == subject)
+            which_counters.append(counters.c.subject == subject)
+            which_windows.append(current_windows.c.subject == subject)
         if limit is not None:
-            statement = statement.where(counters.c.limit_name == limit)
-            windows = windows.where(current_windows.c.limit_name == limit)
-        removed = self.connection.execute(statement).rowcount
-        self.connection.execute(windows)
+            which_counters.append(counters.c.limit_name == limit)
+            which_windows.append(current_windows.c.limit_name == limit)
+        delete_counters = delete(counters).where(*which_counters)
+        delete_windows = delete(current_windows).where(*which_windows)
+        if self.connection.dialect.name == "postgresql":
+            # Lock as `consume` does, windows then counters, each sorted, and
+            # delete exactly the rows locked: a plain DELETE locks in scan
+            # order, and met a consume's opposite order in a deadlock. One
+            # wait remains: a consume that found no window, locked a counter
+            # and then inserts the window a reset is deleting. The reset
+            # yields (a lock timeout, retried by `run_transaction`) well
+            # before the server's deadlock check would stall both for 1 s.
+            self.connection.exec_driver_sql(f"SET LOCAL lock_timeout = {RESET_LOCK_TIMEOUT_MS}")
+            w, c = current_windows.c, counters.c
+            row: ColumnClause[Any] = literal_column("ctid")
+            delete_windows = delete(current_windows).where(
+                row.in_(
+                    select(row)
+                    .select_from(current_windows)
+                    .where(*which_windows)
+                    .order_by(w.limit_name.collate("C"), w.subject.collate("C"))
+                    .with_for_update()
+                )
+            )
+            delete_counters = delete(counters).where(
+                row.in_(
+                    select(row)
+                    .select_from(counters)
+                    .where(*which_counters)
+                    .order_by(c.limit_name.collate("C"), c.subject.collate("C"), c.window_start_us)
+                    .with_for_update()
+                )
+            )
+        self.connection.execute(delete_windows)
+        removed = self.connection.execute(delete_counters).rowcount
         return int(removed)
 
     def counters_of(

@@ -1,8 +1,9 @@
 """Reservation rows: insert, lock, settle, sweep, list.
 
 Lock order: a cancel locks its reservation row, then its counters (through
-`Store.lock_counters`); `consume` and `reserve` lock counters and only
-insert reservations, so the two orders never form a cycle.
+`Store.lock_counters`); an operator's reset locks held reservations, then
+windows and counters; `consume` and `reserve` lock windows and counters and
+only insert reservations, so the orders never form a cycle.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, delete, func, insert, select, update
+from sqlalchemy import ColumnElement, Connection, delete, func, insert, select, update
 
 from metering.domain.reservations import HeldCharge
 from metering.storage.tables import reservations
@@ -54,7 +55,7 @@ class ReservationStore:
             insert(reservations).values(
                 id=reservation_id,
                 state="held",
-                charges=json.dumps([c.to_row() for c in charges], separators=(",", ":")),
+                charges=_charges_text(charges),
                 created_at_us=now_us,
                 expires_at_us=expires_at_us,
             )
@@ -73,6 +74,41 @@ class ReservationStore:
             .where(reservations.c.id == reservation_id)
             .values(state=state, settled_at_us=now_us, settled_by=by)
         )
+
+    def forget_held_charges(self, subject: str | None, limit: str | None) -> int:
+        """Drop from held reservations their charges on these counters (a reset).
+
+        A reset wipes held units along with the rest of the usage; a cancel
+        afterwards must not hand them to the counter that started over.
+        Returns how many reservations changed.
+        """
+        query = (
+            select(reservations.c.id, reservations.c.charges)
+            .where(reservations.c.state == "held")
+            .order_by(reservations.c.id)
+        )
+        if subject is not None:
+            query = query.where(_mentions(subject))
+        if self.connection.dialect.name == "postgresql":
+            query = query.with_for_update()
+        changed = 0
+        for reservation_id, text in self.connection.execute(query).all():
+            charges = [HeldCharge.from_row(c) for c in json.loads(text)]
+            kept = [
+                c
+                for c in charges
+                if (subject is not None and c.subject != subject)
+                or (limit is not None and c.limit != limit)
+            ]
+            if len(kept) == len(charges):
+                continue
+            self.connection.execute(
+                update(reservations)
+                .where(reservations.c.id == reservation_id)
+                .values(charges=_charges_text(kept))
+            )
+            changed += 1
+        return changed
 
     def commit_expired(self, now_us: int) -> int:
         """Commit every held reservation whose time to live has passed.
@@ -102,13 +138,24 @@ class ReservationStore:
         if state is not None:
             query = query.where(reservations.c.state == state)
         if subject is not None:
-            # charges is JSON text; the subject is its first string: a LIKE on
-            # the quoted value keeps this portable (operators' listing only).
-            needle = json.dumps(subject)[1:-1].replace("\\", "\\\\")
-            needle = needle.replace("%", "\\%").replace("_", "\\_")
-            query = query.where(reservations.c.charges.like(f'%["{needle}",%', escape="\\"))
+            query = query.where(_mentions(subject))
         return [_record(row) for row in self.connection.execute(query)]
 
     def count_by_state(self) -> dict[str, int]:
         query = select(reservations.c.state, func.count()).group_by(reservations.c.state)
         return {state: int(n) for state, n in self.connection.execute(query)}
+
+
+def _charges_text(charges: Sequence[HeldCharge]) -> str:
+    return json.dumps([c.to_row() for c in charges], separators=(",", ":"))
+
+
+def _mentions(subject: str) -> ColumnElement[bool]:
+    """Reservations with a charge on ``subject``.
+
+    ``charges`` is JSON text and the subject is each charge's first string:
+    a LIKE on the quoted value keeps this portable (operator actions only).
+    """
+    needle = json.dumps(subject)[1:-1].replace("\\", "\\\\")
+    needle = needle.replace("%", "\\%").replace("_", "\\_")
+    return reservations.c.charges.like(f'%["{needle}",%', escape="\\")

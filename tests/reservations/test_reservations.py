@@ -228,3 +228,32 @@ def test_listing_by_state_and_subject(meter: Meter, clock: FrozenClock) -> None:
     [info] = meter.reservations(subject="10.0.0.1")
     assert info.expires_at == START + timedelta(seconds=60)
     assert info.charges[0].subject == "10.0.0.1" and info.charges[0].cost == 1
+
+
+# -- reset while a reservation is held -----------------------------------------
+
+
+@pytest.mark.parametrize(("limit", "maximum"), [("hourly", 5), ("api", 10)])
+def test_a_reservation_made_before_a_reset_gives_nothing_back_after_it(
+    meter: Meter, limit: str, maximum: int
+) -> None:
+    """The reset wiped the held units with the rest: cancelling afterwards
+    must not return them to the counter that started over (an over-grant)."""
+    held = meter.reserve("10.0.0.9", limit, maximum)
+    meter.reset(subject="10.0.0.9", limit=limit)
+    first = [meter.consume("10.0.0.9", limit).allowed for _ in range(maximum)]
+    assert held.cancel() == 0
+    second = [meter.consume("10.0.0.9", limit).allowed for _ in range(maximum)]
+
+    assert first == [True] * maximum and second == [False] * maximum
+    assert used(meter, "10.0.0.9", limit) == maximum
+
+
+def test_a_reset_of_another_subject_or_limit_keeps_a_reservation_whole(meter: Meter) -> None:
+    held = meter.reserve("10.0.0.9", "hourly", 2)
+    both = meter.reserve(charges=[("10.0.0.9", "hourly", 1), ("10.0.0.9", "org", 4)])
+    meter.reset(subject="10.0.0.8")
+    meter.reset(limit="org")
+    assert held.cancel() == 2
+    assert both.cancel() == 1  # its org charge was reset; its hourly charge comes back
+    assert used(meter, "10.0.0.9", "hourly") == 0
