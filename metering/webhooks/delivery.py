@@ -5,8 +5,9 @@ One attempt is three steps, none holding a transaction open over HTTP:
 1. claim (a short transaction): the most overdue pending delivery of an
    enabled endpoint gets a claim token and a lease (timeout + 30 s); a worker
    that dies mid-attempt lets the lease expire and another worker retries;
-2. the HTTP POST with the Standard Webhooks headers, after checking that the
-   destination is not a loopback, private or link-local address;
+2. the HTTP POST with the Standard Webhooks headers, over a connection
+   opened to an address that was checked not to be loopback, private or
+   link-local, from a single lookup (`metering.webhooks.destinations`);
 3. record (a short transaction): the attempt, and the delivery's new state:
    delivered on 2xx; on 410 failed and the endpoint disabled; otherwise due
    again after the schedule's next delay (with jitter, and never before the
@@ -43,7 +44,7 @@ from metering.storage.webhooks import (
     WebhookStore,
     encode_payload,
 )
-from metering.webhooks.destinations import DestinationRefused, check_destination
+from metering.webhooks.destinations import DestinationRefused, delivery_client
 from metering.webhooks.encryption import SecretBox
 from metering.webhooks.settings import DeliverySettings
 from metering.webhooks.signing import sign
@@ -133,11 +134,7 @@ def post(
     }
     began = time.monotonic()
     try:
-        check_destination(
-            endpoint.url,
-            allow_private=settings.allow_private,
-            allowed_networks=settings.allowed_networks,
-        )
+        # The address check runs as the client connects (`delivery_client`).
         answer = client.post(endpoint.url, content=body, headers=headers)
     except DestinationRefused as exc:
         return Response(None, None, f"refused: {exc}"[:MAX_ERROR_CHARS], 0)
@@ -182,9 +179,7 @@ def _outcome(
 
 
 def _client(settings: DeliverySettings) -> httpx.Client:
-    import httpx
-
-    return httpx.Client(timeout=settings.timeout_seconds, follow_redirects=False)
+    return delivery_client(settings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,7 +242,9 @@ def deliver_due(
     """Deliver every due delivery, one claim at a time (at most ``max_per_run``).
 
     Safe to run in any number of workers at once. This is what the
-    ``metering.deliver_webhooks`` task calls. Secrets are decrypted with
+    ``metering.deliver_webhooks`` task calls. A ``client`` given must come
+    from `delivery_client`: the address check is in its connections. Secrets
+    are decrypted with
     ``box`` (default: the keys of ``METERING_SECRET_KEY``); one that cannot
     be is a failed attempt, retried like any other.
     """

@@ -7,6 +7,14 @@ IPv4-compatible (``::a.b.c.d``, deprecated), NAT64 (``64:ff9b::/96``, whose
 gateway would forward to the embedded address; the local-use ``64:ff9b:1::/48``
 is refused whole), 6to4 (``2002::/16``) and Teredo (``2001::/32``: server and
 client). ``allowed_networks`` lets chosen networks through.
+
+The check and the connection are one step (DNS rebinding): `delivery_client`
+makes an httpx client whose connections are opened by `PinnedBackend`, which
+resolves the host once, checks every answer and connects to a checked address
+itself, so nothing resolves the name a second time. The request still
+carries the URL's host (``Host`` header) and TLS still sends it as SNI and
+verifies the certificate against it: only the socket is opened by address.
+Proxies from the environment are not used (a proxy would resolve the name).
 """
 
 from __future__ import annotations
@@ -14,8 +22,16 @@ from __future__ import annotations
 import ipaddress
 import socket
 from collections.abc import Iterable
-from typing import Final
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    import ssl
+
+    import httpcore
+    import httpx
+
+    from metering.webhooks.settings import DeliverySettings
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -96,4 +112,69 @@ def check_destination(
     port = parts.port or (443 if parts.scheme == "https" else 80)
     return checked_addresses(
         parts.hostname or "", port, allow_private=allow_private, allowed_networks=allowed_networks
+    )
+
+
+def _pinned_backend(allow_private: bool, allowed_networks: Iterable[IPNetwork]) -> Any:
+    import httpcore  # with httpx, only when delivering
+
+    class PinnedBackend(httpcore.NetworkBackend):
+        """Opens a connection to an address `checked_addresses` accepted, never to a name."""
+
+        def __init__(self) -> None:
+            self.inner = httpcore.SyncBackend()
+            self.allowed = tuple(allowed_networks)
+
+        def connect_tcp(
+            self,
+            host: str,
+            port: int,
+            timeout: float | None = None,
+            local_address: str | None = None,
+            socket_options: Iterable[Any] | None = None,
+        ) -> httpcore.NetworkStream:
+            addresses = checked_addresses(
+                host, port, allow_private=allow_private, allowed_networks=self.allowed
+            )
+            failure: httpcore.ConnectError | httpcore.ConnectTimeout | None = None
+            for address in addresses:  # each is checked: trying the next one is safe
+                try:
+                    return self.inner.connect_tcp(
+                        str(address), port, timeout, local_address, socket_options
+                    )
+                except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
+                    failure = exc
+            raise failure or httpcore.ConnectError(f"{host} has no address")
+
+        def connect_unix_socket(
+            self, path: str, timeout: float | None = None, socket_options: Any = None
+        ) -> httpcore.NetworkStream:
+            raise DestinationRefused("webhooks are not delivered over Unix sockets")
+
+        def sleep(self, seconds: float) -> None:
+            self.inner.sleep(seconds)
+
+    return PinnedBackend()
+
+
+def delivery_client(
+    settings: DeliverySettings, *, verify: ssl.SSLContext | bool = True
+) -> httpx.Client:
+    """The HTTP client deliveries use: connections pinned to checked addresses,
+    no redirects, no proxies from the environment. ``verify``: certificate
+    checks (an `ssl.SSLContext` with other trusted CAs, for tests)."""
+    import httpcore
+    import httpx
+
+    transport = httpx.HTTPTransport(verify=verify, trust_env=False)
+    # The transport's own pool would open sockets by name; this one by checked address.
+    transport._pool = httpcore.ConnectionPool(
+        ssl_context=httpx.create_ssl_context(verify=verify, trust_env=False),
+        network_backend=_pinned_backend(settings.allow_private, settings.allowed_networks),
+    )
+    return httpx.Client(
+        transport=transport,
+        timeout=settings.timeout_seconds,
+        follow_redirects=False,
+        trust_env=False,
     )

@@ -1,13 +1,30 @@
-"""Where deliveries may go: addresses judged by the IPv4 address they embed."""
+"""Where deliveries may go: addresses judged by the IPv4 address they embed,
+and DNS rebinding (the connection goes to the address that was checked).
+
+The rebinding test controls name resolution (``socket.getaddrinfo``, which
+both the check and any HTTP client call) and runs two real HTTP servers on
+loopback: the receiver on 127.0.0.2, which the test lets through as if it
+were public (``allowed_networks``), and an "internal" service on 127.0.0.1.
+"""
 
 from __future__ import annotations
 
+import socket
+import ssl
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from ipaddress import ip_network
+from typing import Any
 
 import pytest
+from pytest_httpserver import HTTPServer
 
-from metering.webhooks import DeliverySettings
-from metering.webhooks.delivery import DestinationRefused, check_destination
+from metering import Limit, Meter
+from metering.webhooks import DeliverySettings, Webhooks
+from metering.webhooks.destinations import DestinationRefused, check_destination
+
+REBIND_HOST = "hooks.rebind.test"
 
 
 @pytest.mark.parametrize(
@@ -69,3 +86,197 @@ def test_allowed_networks_come_from_the_environment(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("METERING_WEBHOOKS_ALLOW_NETWORKS", "10.20.0.1/16")
     with pytest.raises(ConfigurationError, match="METERING_WEBHOOKS_ALLOW_NETWORKS"):
         DeliverySettings.from_env()
+
+
+# -- DNS rebinding --------------------------------------------------------------
+
+
+class RebindingResolver:
+    """``socket.getaddrinfo`` that answers REBIND_HOST with the given addresses in
+    turn (the last one from then on); every other name resolves as usual."""
+
+    def __init__(self, *answers: str) -> None:
+        self.answers = list(answers)
+        self.asked = 0
+        self.real = socket.getaddrinfo
+        self.lock = threading.Lock()
+
+    def __call__(self, host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        name = host.decode() if isinstance(host, bytes) else host
+        if name != REBIND_HOST:
+            return self.real(host, port, *args, **kwargs)
+        with self.lock:
+            answer = self.answers[min(self.asked, len(self.answers) - 1)]
+            self.asked += 1
+        return self.real(answer, port, *args, **kwargs)
+
+
+@pytest.fixture
+def public() -> Iterator[HTTPServer]:
+    """The receiver, on 127.0.0.2: 'public' for these tests (allowed_networks)."""
+    server = HTTPServer(host="127.0.0.2", port=0, threaded=True)
+    server.expect_request("/hook").respond_with_data("ok")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.clear()
+        server.stop()
+
+
+@pytest.fixture
+def internal(public: HTTPServer) -> Iterator[HTTPServer]:
+    """An internal service deliveries must never reach, on 127.0.0.1 and the
+    receiver's port: only the address tells the two apart."""
+    server = HTTPServer(host="127.0.0.1", port=public.port, threaded=True)
+    server.expect_request("/hook").respond_with_data("internal")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.clear()
+        server.stop()
+
+
+def settings_for(public_address: str) -> DeliverySettings:
+    return DeliverySettings(
+        timeout_seconds=2.0,
+        schedule_seconds=(0.2,),
+        allowed_networks=(ip_network(f"{public_address}/32"),),
+    )
+
+
+def test_dns_rebinding_connects_to_the_checked_address(
+    db_url: str, public: HTTPServer, internal: HTTPServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """First answer public (checked, allowed), every later one 127.0.0.1: the POST
+    still reaches the public address, and the internal service gets nothing."""
+    resolver = RebindingResolver("127.0.0.2", "127.0.0.1")
+    monkeypatch.setattr(socket, "getaddrinfo", resolver)
+    port = public.port
+    with Meter(db_url) as meter:
+        meter.set_limit(Limit("send", maximum=1, period="1h"))
+        hooks = Webhooks(meter, settings_for("127.0.0.2"))
+        hooks.add(f"http://alice:pw@{REBIND_HOST}:{port}/hook")
+        meter.consume("s-1", "send")
+        meter.consume("s-1", "send")
+        report = hooks.deliver_due()
+        [attempt] = hooks.attempts(hooks.deliveries()[0].id)
+    assert internal.log == [], "the request went to the rebound address"
+    assert report.delivered == 1 and attempt.status_code == 200, attempt
+    assert len(public.log) == 1
+    request, _ = public.log[0]
+    assert request.headers["host"] == f"{REBIND_HOST}:{port}"
+    assert request.authorization is not None and request.authorization.password == "pw"
+    assert resolver.asked == 1  # one lookup: the one that was checked
+
+
+def test_a_rebound_answer_at_check_time_is_refused(
+    db_url: str, public: HTTPServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other order: the check sees 127.0.0.1 and nothing is sent anywhere."""
+    monkeypatch.setattr(socket, "getaddrinfo", RebindingResolver("127.0.0.1", "127.0.0.2"))
+    with Meter(db_url) as meter:
+        meter.set_limit(Limit("send", maximum=1, period="1h"))
+        hooks = Webhooks(meter, settings_for("127.0.0.2"))
+        hooks.add(f"http://{REBIND_HOST}:{public.port}/hook")
+        meter.consume("s-1", "send")
+        meter.consume("s-1", "send")
+        hooks.deliver_due()
+        [attempt] = hooks.attempts(hooks.deliveries()[0].id)
+    assert attempt.status_code is None and (attempt.error or "").startswith("refused:")
+    assert "127.0.0.1" in (attempt.error or "") and public.log == []
+
+
+# -- TLS: the pinned connection still verifies the certificate for the name -------
+
+
+def _certificate(names: list[str]) -> tuple[bytes, bytes, bytes]:
+    """(CA certificate, server certificate, server key), PEM, for ``names``."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.now(UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "metering test CA")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(hours=1))
+        .not_valid_after(now + timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(hours=1))
+        .not_valid_after(now + timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.DNSName(n) for n in names]), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    pem = serialization.Encoding.PEM
+    key_pem = key.private_bytes(
+        pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    return ca.public_bytes(pem), cert.public_bytes(pem), key_pem
+
+
+@pytest.mark.parametrize("names", [[REBIND_HOST], ["other.example"]], ids=["right", "wrong"])
+def test_tls_to_the_pinned_address_verifies_the_hostname(
+    db_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Any,
+    names: list[str],
+) -> None:
+    from metering.webhooks.destinations import delivery_client
+
+    ca_pem, cert_pem, key_pem = _certificate(names)
+    (tmp_path / "cert.pem").write_bytes(cert_pem)
+    (tmp_path / "key.pem").write_bytes(key_pem)
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_context.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
+    seen_sni: list[str | None] = []
+
+    def note_sni(_sock: ssl.SSLObject, name: str | None, _ctx: ssl.SSLContext) -> None:
+        seen_sni.append(name)
+
+    server_context.sni_callback = note_sni
+    client_context = ssl.create_default_context(cadata=ca_pem.decode())
+    server = HTTPServer(host="127.0.0.2", port=0, ssl_context=server_context, threaded=True)
+    server.expect_request("/hook").respond_with_data("ok")
+    server.start()
+    monkeypatch.setattr(socket, "getaddrinfo", RebindingResolver("127.0.0.2", "127.0.0.1"))
+    try:
+        settings = settings_for("127.0.0.2")
+        with Meter(db_url) as meter, delivery_client(settings, verify=client_context) as client:
+            meter.set_limit(Limit("send", maximum=1, period="1h"))
+            hooks = Webhooks(meter, settings)
+            hooks.add(f"https://{REBIND_HOST}:{server.port}/hook")
+            meter.consume("s-1", "send")
+            meter.consume("s-1", "send")
+            from metering.webhooks.delivery import deliver_due
+
+            deliver_due(meter, settings, client=client)
+            [attempt] = hooks.attempts(hooks.deliveries()[0].id)
+    finally:
+        server.clear()
+        server.stop()
+    if names == [REBIND_HOST]:
+        assert attempt.status_code == 200, attempt
+        assert seen_sni == [REBIND_HOST]
+    else:
+        assert attempt.status_code is None and "CERTIFICATE_VERIFY_FAILED" in (
+            attempt.error or ""
+        ), attempt
