@@ -8,6 +8,7 @@ Decisions exit 0 when allowed (or overage) and 2 when denied.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -27,7 +28,7 @@ from sqlalchemy.engine import make_url
 from metering.config import broker_url, database_url, is_embedded_broker
 from metering.domain.decisions import ChargeDecision, Decision
 from metering.domain.limits import ALGORITHMS, ENFORCEMENTS, WINDOWS, Limit
-from metering.errors import MeteringError
+from metering.errors import BrokerUnavailable, MeteringError
 from metering.meter import Counter, Meter
 from metering.producer import UsageProducer, queue_names
 from metering.reports.cli import report
@@ -490,8 +491,18 @@ def emit(
 ) -> None:
     """Queue one usage event for the workers (does not wait for the decision)."""
     wanted = _charges(subject, limit, cost, charges)
-    with UsageProducer(broker, retry_attempts=3) as producer:
+    # This process ends here: an event the broker did not take is dropped
+    # and reported, never sent later behind the user's back.
+    logging.getLogger("metering.producer").setLevel(logging.ERROR)
+    producer = UsageProducer(broker, retry_attempts=3)
+    try:
         sent = producer.emit(charges=wanted, event_id=event_id, occurred_at=occurred_at)
+        producer.flush()
+    except BrokerUnavailable as exc:
+        producer.discard()
+        raise BrokerUnavailable(f"the event was not queued: {exc.reason}") from None
+    finally:
+        producer.close()
     click.echo(json.dumps({"event_id": sent}) if fmt == "json" else sent)
 
 

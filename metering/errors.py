@@ -8,6 +8,7 @@ chained with ``raise ... from exc``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 
 
@@ -110,11 +111,37 @@ class ConfigurationError(MeteringError):
 
 
 class BrokerUnavailable(MeteringError):
-    """The broker could not be reached; ``pending`` events stay in the producer's buffer."""
+    """The broker could not be reached, or the producer's buffer is full.
 
-    def __init__(self, message: str, pending: int) -> None:
-        super().__init__(f"{message} ({pending} events kept in the buffer; call flush() again)")
-        self.pending = pending
+    ``kept`` names every event the producer holds and will still send (its
+    background thread retries, and `UsageProducer.flush` or ``close`` try
+    again): never emit those again under new ids. ``event_id`` is the event
+    of the failed `UsageProducer.emit` call, if any; ``accepted`` says
+    whether it is among the kept ones (False when the buffer was full or the
+    producer closed: that event is not held and will not be sent).
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        kept: Sequence[str] = (),
+        *,
+        event_id: str | None = None,
+        accepted: bool = True,
+    ) -> None:
+        self.reason = reason
+        self.kept = tuple(kept)
+        self.pending = len(self.kept)
+        self.event_id = event_id
+        self.accepted = accepted
+        parts = [reason]
+        if event_id is not None and not accepted:
+            parts.append(f"event {event_id!r} was not accepted")
+        if self.kept:
+            shown = ", ".join(repr(i) for i in self.kept[:3])
+            more = f" and {len(self.kept) - 3} more" if len(self.kept) > 3 else ""
+            parts.append(f"{len(self.kept)} kept, sent once the broker is back: {shown}{more}")
+        super().__init__("; ".join(parts))
 
 
 class WebhookVerificationError(MeteringError):

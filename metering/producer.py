@@ -123,17 +123,24 @@ class UsageProducer:
         event = make_event(charges, now if occurred_at is None else occurred_at, event_id, metadata)
         if event.occurred_at_us > to_us(now) + FUTURE_TOLERANCE_US:
             raise OccurredAtOutOfRange(event.occurred_at, "is more than 5 minutes in the future")
-        self._add(queue_for(event.charges[0].subject, self.queues), encode_event(event))
+        try:
+            self._add(queue_for(event.charges[0].subject, self.queues), encode_event(event))
+        except BrokerUnavailable as exc:
+            # Name this call's event, and say whether it is among the kept ones.
+            accepted = event.event_id in exc.kept
+            raise BrokerUnavailable(
+                exc.reason, exc.kept, event_id=event.event_id, accepted=accepted
+            ) from exc.__cause__
         return event.event_id
 
     def _add(self, queue: str, item: dict[str, Any]) -> None:
         self._after_fork_check()
         with self._lock:
             if self._closed:
-                raise BrokerUnavailable("the producer is closed", self.pending)
+                raise BrokerUnavailable("the producer is closed", self.kept)
             if self.pending >= self.max_buffer:
                 raise BrokerUnavailable(
-                    "the buffer is full: the broker is not keeping up", self.pending
+                    "the buffer is full: the broker is not keeping up", self.kept
                 )
             buffer = self._buffers.setdefault(queue, [])
             if not buffer:
@@ -150,6 +157,20 @@ class UsageProducer:
         """Events accepted but not yet handed to the broker."""
         with self._lock:
             return sum(len(b) for b in self._buffers.values())
+
+    @property
+    def kept(self) -> list[str]:
+        """Ids of the events accepted but not yet handed to the broker."""
+        with self._lock:
+            return [item["id"] for buffer in self._buffers.values() for item in buffer]
+
+    def discard(self) -> list[str]:
+        """Drop every event not yet sent (they will never be); returns their ids."""
+        with self._lock:
+            dropped = self.kept
+            self._buffers.clear()
+            self._oldest.clear()
+        return dropped
 
     # -- sending ----------------------------------------------------------------
 
@@ -187,7 +208,7 @@ class UsageProducer:
             except Exception as exc:  # kombu and redis raise many kinds
                 if attempt == self.retry_attempts - 1:
                     raise BrokerUnavailable(
-                        f"broker unavailable at {_safe(self.url)}: {exc}", self.pending
+                        f"broker unavailable at {_safe(self.url)}: {exc}", self.kept
                     ) from exc
                 log.warning("broker unavailable (%s); retrying in %.1f s", exc, delay)
                 time.sleep(delay)
@@ -229,7 +250,11 @@ class UsageProducer:
         try:
             self.close()
         except BrokerUnavailable as exc:
-            log.error("metering: %s; these events were not sent", exc)
+            log.error(
+                "metering: the process exits and these events were not sent: %s (%s)",
+                ", ".join(exc.kept),
+                exc.reason,
+            )
 
     def _after_fork_check(self) -> None:
         # A forked child must not send the parent's buffered events again.

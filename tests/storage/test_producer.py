@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import sqlite3
+import subprocess
+import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -113,6 +116,71 @@ def test_broker_down_raises_and_keeps_the_events(redis_server: RedisServer, redi
     assert len(ids) == 3
 
 
+def queued_ids(port: int, queue: str = "metering") -> list[str]:
+    """Event ids of every message waiting on a Redis queue."""
+    found = []
+    entries = redis_command(port, "LRANGE", queue, "0", "-1")
+    assert isinstance(entries, list)
+    for entry in reversed(entries):  # LPUSH: the oldest is last
+        assert isinstance(entry, bytes)
+        body = json.loads(base64.b64decode(json.loads(entry)["body"]))
+        found += [event["id"] for event in body[0][0]["events"]]
+    return found
+
+
+def test_an_event_the_broker_refuses_is_named_in_the_error_and_sent_later(
+    redis_server: RedisServer, redis_url: str
+) -> None:
+    """The contract: the exception names every id that is kept and will be
+    sent; the caller must not emit those again under new ids."""
+    producer = UsageProducer(
+        redis_url, batch_size=1, flush_interval=0.05, retry_attempts=2, retry_backoff=0.01
+    )
+    redis_server.stop()
+    try:
+        with pytest.raises(BrokerUnavailable) as raised:
+            producer.emit("s", "calls", event_id="kept-1")
+        assert raised.value.kept == ("kept-1",) and raised.value.accepted
+        assert "kept-1" in str(raised.value) and "flush()" not in str(raised.value)
+    finally:
+        redis_server.start()
+    deadline = time.monotonic() + 20
+    while producer.pending and time.monotonic() < deadline:
+        time.sleep(0.05)
+    producer.close()
+    assert queued_ids(redis_server.port) == ["kept-1"]
+
+
+def test_an_event_refused_for_a_full_buffer_is_not_kept(
+    redis_server: RedisServer, redis_url: str
+) -> None:
+    producer = UsageProducer(
+        redis_url, batch_size=10, flush_interval=60, retry_attempts=1, max_buffer=2
+    )
+    redis_server.stop()
+    try:
+        producer.emit("s", "calls", event_id="in-1")
+        producer.emit("s", "calls", event_id="in-2")
+        with pytest.raises(BrokerUnavailable) as raised:
+            producer.emit("s", "calls", event_id="out-3")
+        assert not raised.value.accepted and raised.value.event_id == "out-3"
+        assert raised.value.kept == ("in-1", "in-2")
+    finally:
+        redis_server.start()
+    producer.close()
+    assert queued_ids(redis_server.port) == ["in-1", "in-2"]
+
+
+def test_discard_drops_the_buffer_and_names_what_it_dropped(
+    redis_server: RedisServer, redis_url: str
+) -> None:
+    producer = UsageProducer(redis_url, batch_size=10, flush_interval=60)
+    producer.emit("s", "calls", event_id="d-1")
+    assert producer.discard() == ["d-1"]
+    producer.close()
+    assert queued_ids(redis_server.port) == []
+
+
 def test_routing_keeps_a_subject_on_one_queue() -> None:
     assert queue_for("org-42", 1) == "metering"
     chosen = {queue_for(f"org-{n}", 4) for n in range(200)}
@@ -183,3 +251,24 @@ def test_sweep_deletes_consumed_messages_and_redelivers_stale_ones(
     assert stale == {"deleted": 0, "restored": 1}
     assert [(m, visible) for m, visible, _ in broker_messages(path)] == [(second, True)]
     assert first != second
+
+
+def test_cli_emit_with_the_broker_down_says_so_in_one_line_and_sends_nothing_later(
+    redis_server: RedisServer, redis_url: str, tmp_path: Path
+) -> None:
+    redis_server.stop()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "metering", "emit", "s", "calls", "--event-id", "cli-1"],
+            env={**os.environ, "METERING_BROKER_URL": redis_url},
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        redis_server.start()
+    assert done.returncode == 1 and done.stdout == ""
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("error: the event was not queued: broker unavailable at redis://")
+    assert queued_ids(redis_server.port) == []
