@@ -1,0 +1,134 @@
+"""Retention: how long results, dead letters and webhook records are kept.
+
+Every table that grows with traffic has an age after which its rows go:
+
+* ``results``: the ledger of decisions, and what makes each event id count
+  once. A result is never deleted while its event could still be applied
+  again: not before the redelivery horizon, the longest allowed lateness of
+  any limit (an older event is rejected, never charged) plus the broker's
+  visibility timeout plus a day for producers still retrying. A configured
+  age below that horizon is raised to it.
+* ``rejected_messages``: the dead-letter record.
+* webhook deliveries that are settled (delivered or failed) with their
+  attempts, then messages with no delivery left, then the once-per-window
+  marks of windows long over.
+
+Counters are not pruned: they are the usage that reports bill from.
+Beat runs `prune` once an hour (``metering.prune``); ``metering prune
+--dry-run`` shows what would go.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Final
+
+from sqlalchemy import Connection
+
+from metering.domain.events import FUTURE_TOLERANCE_US
+from metering.domain.instants import to_us
+from metering.errors import InvalidInput
+from metering.meter import Meter
+from metering.storage.engine import run_transaction
+from metering.storage.retention import CHUNK, RetentionStore
+
+DAY_US: Final = 86_400 * 1_000_000
+# How long a producer may still be retrying an event it was given.
+PRODUCER_RETRY_HORIZON_US: Final = DAY_US
+# The order matters: deliveries (with their attempts) before their messages.
+TABLES: Final = (
+    "results",
+    "rejected_messages",
+    "webhook_deliveries",
+    "webhook_messages",
+    "webhook_marks",
+)
+MAX_DAYS: Final = 100 * 366
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionPolicy:
+    """Ages, in days, after which rows go; ``None`` keeps a table for ever."""
+
+    results_days: float | None = 400.0
+    rejected_days: float | None = 90.0
+    webhooks_days: float | None = 30.0
+
+    def __post_init__(self) -> None:
+        for name in ("results_days", "rejected_days", "webhooks_days"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+                or not 0 < value <= MAX_DAYS
+            ):
+                raise InvalidInput(name, f"must be a number of days in (0, {MAX_DAYS}]")
+
+    def age_us(self, table: str) -> int | None:
+        days = {
+            "results": self.results_days,
+            "rejected_messages": self.rejected_days,
+        }.get(table, self.webhooks_days)
+        return None if days is None else round(days * DAY_US)
+
+
+@dataclass(frozen=True, slots=True)
+class TablePrune:
+    table: str
+    before_us: int  # rows older than this went (or would go)
+    rows: int
+
+
+def redelivery_horizon_us(meter: Meter, visibility_timeout_seconds: float) -> int:
+    """How long a result must be kept so that its event cannot be charged twice."""
+    limits = meter.list_limits()
+    lateness_us = max((limit.lateness_seconds * 1_000_000 for limit in limits), default=0)
+    visibility_us = round(visibility_timeout_seconds * 1_000_000)
+    return lateness_us + FUTURE_TOLERANCE_US + visibility_us + PRODUCER_RETRY_HORIZON_US
+
+
+def prune(
+    meter: Meter,
+    policy: RetentionPolicy,
+    *,
+    visibility_timeout_seconds: float,
+    dry_run: bool = False,
+    chunk: int = CHUNK,
+) -> list[TablePrune]:
+    """Delete (or with ``dry_run`` count) every row older than its retention."""
+    if not math.isfinite(visibility_timeout_seconds) or visibility_timeout_seconds < 0:
+        raise InvalidInput("visibility_timeout_seconds", "must be a finite number >= 0")
+    now_us = to_us(meter.clock(), field_name="clock")
+    horizon_us = redelivery_horizon_us(meter, visibility_timeout_seconds)
+    done = []
+    for table in TABLES:
+        age_us = policy.age_us(table)
+        if age_us is None:
+            continue
+        if table == "results":
+            age_us = max(age_us, horizon_us)
+        before_us = now_us - age_us
+        rows = _prune_table(meter, table, before_us, dry_run=dry_run, chunk=chunk)
+        done.append(TablePrune(table, before_us, rows))
+    return done
+
+
+def _prune_table(meter: Meter, table: str, before_us: int, *, dry_run: bool, chunk: int) -> int:
+    def count(connection: Connection) -> int:
+        return RetentionStore(connection).count(table, before_us)
+
+    def delete_chunk(connection: Connection) -> int:
+        return RetentionStore(connection).delete_chunk(table, before_us, chunk)
+
+    if dry_run:
+        return run_transaction(meter.engine, count)
+    rows = 0
+    while True:  # a transaction per chunk: no long locks, no huge transaction
+        removed = run_transaction(meter.engine, delete_chunk)
+        rows += removed
+        if removed < chunk:
+            return rows

@@ -1,0 +1,112 @@
+"""Deleting rows older than their retention, a chunk per transaction.
+
+Each statement removes at most ``chunk`` rows, so a prune never holds locks
+for long or grows one huge transaction; the caller loops until a chunk comes
+back short. ``count_*`` answer the dry run with the same conditions.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from sqlalchemy import Connection, Table, and_, delete, exists, func, not_, select
+from sqlalchemy.sql.elements import ColumnElement
+
+from metering.storage.tables import (
+    rejected_messages,
+    results,
+    webhook_attempts,
+    webhook_deliveries,
+    webhook_marks,
+    webhook_messages,
+)
+
+CHUNK: Final = 10_000
+SETTLED: Final = ("delivered", "failed")
+
+
+class RetentionStore:
+    """Retention queries on one connection; the caller owns the transaction."""
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+
+    # -- what is old enough ----------------------------------------------------
+
+    @staticmethod
+    def _old_results(before_us: int) -> ColumnElement[bool]:
+        return results.c.decided_at_us < before_us
+
+    @staticmethod
+    def _old_rejected(before_us: int) -> ColumnElement[bool]:
+        return rejected_messages.c.received_at_us < before_us
+
+    @staticmethod
+    def _old_deliveries(before_us: int) -> ColumnElement[bool]:
+        d = webhook_deliveries.c
+        return and_(d.status.in_(SETTLED), d.updated_at_us < before_us)
+
+    @staticmethod
+    def _old_messages(before_us: int) -> ColumnElement[bool]:
+        # A message goes once no delivery of it is left.
+        left = exists().where(webhook_deliveries.c.message_id == webhook_messages.c.id)
+        return and_(webhook_messages.c.created_at_us < before_us, not_(left))
+
+    @staticmethod
+    def _old_marks(before_us: int) -> ColumnElement[bool]:
+        # A mark keeps a window's notifications once each; a window long over
+        # with no reset notice still due needs it no more.
+        m = webhook_marks.c
+        return and_(m.window_end_us < before_us, m.due_at_us.is_(None))
+
+    # -- counting (dry run) ----------------------------------------------------
+
+    def count(self, table: str, before_us: int) -> int:
+        source, where = self._target(table, before_us)
+        query = select(func.count()).select_from(source).where(where)
+        return int(self.connection.execute(query).scalar_one())
+
+    # -- deleting ----------------------------------------------------------------
+
+    def delete_chunk(self, table: str, before_us: int, chunk: int = CHUNK) -> int:
+        """Delete up to ``chunk`` old rows of ``table``; returns how many went."""
+        if table == "webhook_deliveries":
+            return self._delete_deliveries(before_us, chunk)
+        source, where = self._target(table, before_us)
+        key = source.primary_key.columns.values()
+        if len(key) == 1:
+            [column] = key
+            picked = select(column).where(where).limit(chunk)
+            statement = delete(source).where(column.in_(picked.scalar_subquery()))
+        else:  # webhook_marks: a composite key, deleted by the same condition
+            statement = delete(source).where(where)
+        return int(self.connection.execute(statement).rowcount)
+
+    def _delete_deliveries(self, before_us: int, chunk: int) -> int:
+        d = webhook_deliveries.c
+        ids = list(
+            self.connection.execute(
+                select(d.id).where(self._old_deliveries(before_us)).limit(chunk)
+            ).scalars()
+        )
+        if not ids:
+            return 0
+        self.connection.execute(
+            delete(webhook_attempts).where(webhook_attempts.c.delivery_id.in_(ids))
+        )
+        return int(
+            self.connection.execute(delete(webhook_deliveries).where(d.id.in_(ids))).rowcount
+        )
+
+    def _target(self, table: str, before_us: int) -> tuple[Table, ColumnElement[bool]]:
+        if table == "results":
+            return results, self._old_results(before_us)
+        if table == "rejected_messages":
+            return rejected_messages, self._old_rejected(before_us)
+        if table == "webhook_deliveries":
+            return webhook_deliveries, self._old_deliveries(before_us)
+        if table == "webhook_messages":
+            return webhook_messages, self._old_messages(before_us)
+        if table == "webhook_marks":
+            return webhook_marks, self._old_marks(before_us)
+        raise ValueError(f"no retention for table {table!r}")
