@@ -27,6 +27,7 @@ from sqlalchemy.engine import make_url
 
 from metering.config import broker_url, database_url, is_embedded_broker
 from metering.domain.decisions import ChargeDecision, Decision
+from metering.domain.instants import from_us
 from metering.domain.limits import ALGORITHMS, ENFORCEMENTS, WINDOWS, Limit
 from metering.errors import BrokerUnavailable, MeteringError
 from metering.meter import Counter, Meter
@@ -557,6 +558,46 @@ def rejected(last: int, fmt: str) -> None:
         click.echo("no rejected messages")
     else:
         _console().print(_table(["event id", "reason", "input"], [list(r) for r in rows]))
+
+
+@main.command()
+@click.option("--dry-run", is_flag=True, help="Count what would go; delete nothing.")
+@click.option(
+    "--visibility-timeout",
+    type=float,
+    envvar="METERING_VISIBILITY_TIMEOUT",
+    default=300.0,
+    show_default=True,
+    help="The broker's visibility timeout, seconds: part of the redelivery horizon.",
+)
+@_format_option
+def prune(dry_run: bool, visibility_timeout: float, fmt: str) -> None:
+    """Delete results, dead letters and webhook records past their retention.
+
+    Ages come from METERING_RETAIN_RESULTS_DAYS (400), METERING_RETAIN_REJECTED_DAYS
+    (90) and METERING_RETAIN_WEBHOOKS_DAYS (30); `never` keeps a table. A
+    result is kept at least as long as its event could be delivered again.
+    """
+    from metering.retention import RetentionPolicy
+    from metering.retention import prune as prune_tables
+
+    done = prune_tables(
+        _meter(),
+        RetentionPolicy.from_environment(),
+        visibility_timeout_seconds=visibility_timeout,
+        dry_run=dry_run,
+    )
+    rows = [{"table": p.table, "older_than": _iso_us(p.before_us), "rows": p.rows} for p in done]
+    if fmt == "json":
+        click.echo(json.dumps({"dry_run": dry_run, "tables": rows}, indent=2))
+        return
+    verb = "would delete" if dry_run else "deleted"
+    table = [[r["table"], r["older_than"], str(r["rows"])] for r in rows]
+    _console().print(_table(["table", "older than", verb], table))
+
+
+def _iso_us(at_us: int) -> str:
+    return from_us(at_us).isoformat(timespec="seconds")
 
 
 # -- demo ---------------------------------------------------------------------

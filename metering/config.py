@@ -6,6 +6,7 @@ working directory.
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 from collections.abc import Mapping
@@ -46,8 +47,8 @@ def env_float(name: str, default: float) -> float:
         value = float(text)
     except ValueError:
         raise ConfigurationError(f"{name}={text!r} is not a number") from None
-    if value <= 0:
-        raise ConfigurationError(f"{name}={text!r} must be positive")
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigurationError(f"{name}={text!r} must be a positive, finite number")
     return value
 
 

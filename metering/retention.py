@@ -21,14 +21,16 @@ Beat runs `prune` once an hour (``metering.prune``); ``metering prune
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Final
 
 from sqlalchemy import Connection
 
+from metering.config import env_float
 from metering.domain.events import FUTURE_TOLERANCE_US
 from metering.domain.instants import to_us
-from metering.errors import InvalidInput
+from metering.errors import ConfigurationError, InvalidInput
 from metering.meter import Meter
 from metering.storage.engine import run_transaction
 from metering.storage.retention import CHUNK, RetentionStore
@@ -67,6 +69,26 @@ class RetentionPolicy:
                 or not 0 < value <= MAX_DAYS
             ):
                 raise InvalidInput(name, f"must be a number of days in (0, {MAX_DAYS}]")
+
+    @classmethod
+    def from_environment(cls) -> RetentionPolicy:
+        """``METERING_RETAIN_RESULTS_DAYS``, ``METERING_RETAIN_REJECTED_DAYS`` and
+        ``METERING_RETAIN_WEBHOOKS_DAYS``; ``never`` keeps a table for ever."""
+        defaults = cls()
+
+        def days(name: str, default: float | None) -> float | None:
+            if os.environ.get(name, "").strip().lower() == "never":
+                return None
+            return env_float(name, default) if default is not None else None
+
+        try:
+            return cls(
+                days("METERING_RETAIN_RESULTS_DAYS", defaults.results_days),
+                days("METERING_RETAIN_REJECTED_DAYS", defaults.rejected_days),
+                days("METERING_RETAIN_WEBHOOKS_DAYS", defaults.webhooks_days),
+            )
+        except InvalidInput as exc:
+            raise ConfigurationError(f"retention: {exc}") from None
 
     def age_us(self, table: str) -> int | None:
         days = {

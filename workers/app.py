@@ -15,6 +15,8 @@
   commit reservations past their time to live (default 10).
 * ``METERING_RESERVATION_RETENTION``: seconds settled reservations are kept
   before the sweep deletes them (default 604800, a week).
+* ``METERING_PRUNE_INTERVAL``: seconds between retention runs (default 3600);
+  ages in ``METERING_RETAIN_*_DAYS`` (see `metering.retention`).
 """
 
 from __future__ import annotations
@@ -100,6 +102,11 @@ def create_app(url: str | None = None) -> Celery:
                 "schedule": interval_seconds(),
                 # A tick nobody picked up in time is dropped: the next one does the work.
                 "options": {"expires": interval_seconds() * 2},
+            },
+            "prune": {
+                "task": "metering.prune",
+                "schedule": env_float("METERING_PRUNE_INTERVAL", 3600),
+                "options": {"expires": env_float("METERING_PRUNE_INTERVAL", 3600)},
             },
             "sweep-reservations": {
                 "task": "metering.sweep_reservations",

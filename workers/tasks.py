@@ -11,6 +11,7 @@ from metering.config import env_float, is_embedded_broker
 from metering.errors import InputRefused, StorageError
 from metering.meter import Meter
 from metering.pipeline import TASK_NAME, apply_batch
+from metering.retention import RetentionPolicy, prune
 from metering.storage.broker import sweep_embedded_broker
 from metering.webhooks.delivery import deliver_due, sweep_resets
 from workers.app import app
@@ -84,3 +85,14 @@ def sweep_reservations_task() -> dict[str, int]:
     """Commit reservations past their time to live; drop old settled ones."""
     retention = env_float("METERING_RESERVATION_RETENTION", 7 * 86400)
     return meter().sweep_reservations(retention_seconds=retention)
+
+
+@app.task(name="metering.prune", acks_late=True)
+def prune_task() -> dict[str, int]:
+    """Delete results, dead letters and webhook records past their retention."""
+    done = prune(
+        meter(),
+        RetentionPolicy.from_environment(),
+        visibility_timeout_seconds=env_float("METERING_VISIBILITY_TIMEOUT", 300),
+    )
+    return {p.table: p.rows for p in done}

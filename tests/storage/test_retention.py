@@ -3,6 +3,7 @@ redelivery horizon (SQLite and PostgreSQL, frozen clock)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
@@ -208,3 +209,27 @@ def test_deleting_runs_in_chunks(meter: Meter, clock: FrozenClock) -> None:
 def test_a_retention_that_is_not_a_number_of_days_is_refused(days: float) -> None:
     with pytest.raises(InvalidInput):
         RetentionPolicy(results_days=days)
+
+
+def test_the_cli_shows_what_would_go_then_deletes_it(
+    db_url: str, meter: Meter, clock: FrozenClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from click.testing import CliRunner
+
+    from metering.cli import main
+
+    consume_at(meter, clock, datetime.now(UTC) - timedelta(days=500), ["ancient"])
+    consume_at(meter, clock, datetime.now(UTC), ["recent"])
+    dry = CliRunner().invoke(main, ["--database", db_url, "prune", "--dry-run", "--format", "json"])
+    assert dry.exit_code == 0, dry.output
+    tables = {t["table"]: t["rows"] for t in json.loads(dry.output)["tables"]}
+    assert tables["results"] == 1 and meter.decided(["ancient"]) == {"ancient"}
+
+    done = CliRunner().invoke(main, ["--database", db_url, "prune"])
+    assert done.exit_code == 0 and "deleted" in done.output, done.output
+    assert meter.decided(["ancient", "recent"]) == {"recent"}
+
+    monkeypatch.setenv("METERING_RETAIN_RESULTS_DAYS", "nan")
+    bad = CliRunner().invoke(main, ["--database", db_url, "prune"])
+    assert bad.exit_code == 1 and bad.output.startswith("error: ")
+    assert len(bad.output.strip().splitlines()) == 1
