@@ -140,8 +140,8 @@ def apply_records(
     ``"reject"`` stores it as a rejected result. Without ``precheck`` ids are
     not looked up first: an id decided before fails the results insert,
     which raises `RetryTransaction` (run again with ``precheck``).
-    ``rejected`` input and ids reused with other charges are kept in
-    ``rejected_messages`` in the same transaction.
+    ``rejected`` input, and with ``"reject"`` ids reused with other
+    charges, are kept in ``rejected_messages`` in the same transaction.
     """
     store = hot_store(connection)
     if cache.current[0] < 0:
@@ -248,10 +248,12 @@ def apply_records(
         answers[index] = (NEW, record)
 
     final = _resolve(answers, events, snapshot.stored)
+    # Queued input keeps its conflicts in the dead-letter record; a caller
+    # who is answered `EventConflict` (``invalid="raise"``) has been told.
     conflicts = [
         (event.event_id, str(EventConflict(event.event_id)), event.fingerprint)
         for event, (kind, _) in zip(events, final, strict=True)
-        if kind == CONFLICT
+        if kind == CONFLICT and invalid == "reject"
     ]
     moved_windows = sorted(moved.items())
     changes = Changes(

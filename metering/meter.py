@@ -323,7 +323,7 @@ class Meter:
             conflicts = [
                 (event.event_id, str(outcome), event.fingerprint())
                 for event, outcome in zip(events, applied, strict=True)
-                if isinstance(outcome, EventConflict)
+                if isinstance(outcome, EventConflict) and invalid == "reject"
             ]
             store.record_rejected_messages([*rejected, *conflicts], now_us)
             return applied

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import pytest
 
 from metering import FrozenClock, Limit, Meter, make_event
-from metering.errors import InputRefused, StorageError
+from metering.errors import EventConflict, InputRefused, StorageError
 from metering.pipeline import apply_batch, encode_batch, encode_event
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
@@ -90,3 +90,23 @@ def test_a_failure_that_is_not_a_refusal_still_fails_the_batch(meter: Meter, db_
         apply_batch(meter, batch(["a", "b"]))
     assert not isinstance(caught.value, InputRefused)
     assert meter.decided(["a", "b"]) == set() and meter.rejected_messages() == []
+
+
+@pytest.mark.parametrize("group_commit", [True, False])
+def test_a_conflict_raised_to_a_caller_is_not_dead_lettered(
+    db_url: str, group_commit: bool
+) -> None:
+    """The dead-letter record is for queued input nobody could be told about;
+    a synchronous caller gets `EventConflict` and nothing is stored."""
+    with Meter(db_url, clock=FrozenClock(NOW), group_commit=group_commit) as meter:
+        meter.set_limit(Limit("api", maximum=100, period="1d", window="calendar"))
+        meter.consume("org", "api", 1, event_id="same")
+        with pytest.raises(EventConflict):
+            meter.consume("org", "api", 2, event_id="same")
+        assert meter.rejected_messages() == []
+        # Queued, the same conflict is kept: no caller is waiting for it.
+        apply_batch(
+            meter, encode_batch([encode_event(make_event([("org", "api", 3)], NOW, "same"))])
+        )
+        [(event_id, reason, _)] = meter.rejected_messages()
+        assert event_id == "same" and "different charges" in reason
