@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final, NamedTuple
 
+from metering.domain.bounds import shown
 from metering.domain.instants import US_PER_SECOND, to_us
 from metering.domain.limits import validate_limit_name
 from metering.errors import InvalidInput, OccurredAtOutOfRange
@@ -83,22 +84,22 @@ def validate_subject(subject: object) -> str:
     if not 1 <= len(subject) <= MAX_SUBJECT_LENGTH:
         raise InvalidInput("subject", f"must be 1 to {MAX_SUBJECT_LENGTH} characters")
     if not subject.isprintable() or subject.strip() != subject:
-        raise InvalidInput("subject", f"{subject!r} has control characters or edge spaces")
+        raise InvalidInput("subject", f"{shown(subject)} has control characters or edge spaces")
     return subject
 
 
 def validate_cost(cost: object) -> int:
     if isinstance(cost, bool) or not isinstance(cost, int):
-        raise InvalidInput("cost", f"must be a whole number, got {cost!r}")
+        raise InvalidInput("cost", f"must be a whole number, got {shown(cost)}")
     if not 1 <= cost <= MAX_COST:
-        raise InvalidInput("cost", f"must be between 1 and {MAX_COST}, got {cost}")
+        raise InvalidInput("cost", f"must be between 1 and {MAX_COST}, got {shown(cost)}")
     return cost
 
 
 def validate_event_id(event_id: object) -> str:
     if not isinstance(event_id, str) or EVENT_ID_PATTERN.fullmatch(event_id) is None:
         raise InvalidInput(
-            "event_id", f"{event_id!r} must be 1 to 128 of A-Z a-z 0-9 and _ . : @ / + = -"
+            "event_id", f"{shown(event_id)} must be 1 to 128 of A-Z a-z 0-9 and _ . : @ / + = -"
         )
     return event_id
 
@@ -109,7 +110,7 @@ def validate_charges(charges: Iterable[object]) -> tuple[Charge, ...]:
     result: list[Charge] = []
     for item in charges:
         if not isinstance(item, tuple | list) or len(item) not in (2, 3):
-            raise InvalidInput("charges", f"{item!r} is not (subject, limit[, cost])")
+            raise InvalidInput("charges", f"{shown(item)} is not (subject, limit[, cost])")
         subject, limit = validate_subject(item[0]), validate_limit_name(item[1])
         cost = validate_cost(item[2] if len(item) == 3 else 1)
         result.append(Charge(subject, limit, cost))

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
+from metering.domain.bounds import shown
 from metering.errors import InvalidLimit
 
 Algorithm = Literal["fixed_window", "token_bucket"]
@@ -27,6 +28,9 @@ MAX_MAXIMUM: Final = 10**15
 MAX_PERIOD_SECONDS: Final = 3653 * 86_400  # ten years, leap days included
 MAX_PERIOD_MONTHS: Final = 120
 MAX_THRESHOLD_PERCENT: Final = 1000
+# Ten years is 315,532,800 s: more significant digits than this are never a period.
+MAX_PERIOD_DIGITS: Final = 12
+MAX_PERIOD_CHARS: Final = 32
 DEFAULT_LATENESS: Final = "1d"
 
 _SECONDS_PER_UNIT: Final = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 7 * 86_400}
@@ -57,43 +61,51 @@ class Period:
 def parse_period(text: str, *, field_name: str = "period") -> Period:
     """Parse ``30s``, ``2m``, ``1h``, ``1d``, ``7d``, ``2w``, ``1mo``, ``1y``."""
     if not isinstance(text, str):
-        raise InvalidLimit(field_name, f"expected a string like '2m' or '1mo', got {text!r}")
+        raise InvalidLimit(field_name, f"expected a string like '2m' or '1mo', got {shown(text)}")
     match = _PERIOD_PATTERN.fullmatch(text)
     if match is None:
         raise InvalidLimit(
-            field_name, f"{text!r} is not a period; use a number and s, m, h, d, w, mo or y"
+            field_name, f"{shown(text)} is not a period; use a number and s, m, h, d, w, mo or y"
         )
-    amount, unit = int(match.group(1)), match.group(2)
+    digits, unit = match.group(1).lstrip("0"), match.group(2)
+    if len(digits) > MAX_PERIOD_DIGITS:
+        # int() of thousands of digits is slow, and refused beyond 4,300.
+        raise InvalidLimit(field_name, f"{shown(text)} is longer than 10 years")
+    if len(text) > MAX_PERIOD_CHARS:  # it is stored as given
+        raise InvalidLimit(
+            field_name, f"{shown(text)} is longer than {MAX_PERIOD_CHARS} characters"
+        )
+    amount = int(digits or "0")
     if amount <= 0:
-        raise InvalidLimit(field_name, f"{text!r} must be longer than zero")
+        raise InvalidLimit(field_name, f"{shown(text)} must be longer than zero")
     if unit in ("mo", "y"):
         months = amount * (12 if unit == "y" else 1)
         if months > MAX_PERIOD_MONTHS:
-            raise InvalidLimit(field_name, f"{text!r} is longer than 10 years")
+            raise InvalidLimit(field_name, f"{shown(text)} is longer than 10 years")
         return Period(months=months)
     seconds = amount * _SECONDS_PER_UNIT[unit]
     if seconds > MAX_PERIOD_SECONDS:
-        raise InvalidLimit(field_name, f"{text!r} is longer than 10 years")
+        raise InvalidLimit(field_name, f"{shown(text)} is longer than 10 years")
     return Period(seconds=seconds)
 
 
 def validate_limit_name(name: object) -> str:
     if not isinstance(name, str) or NAME_PATTERN.fullmatch(name) is None:
-        raise InvalidLimit("name", f"{name!r} must be 1 to 64 of a-z 0-9 _ . : -")
+        raise InvalidLimit("name", f"{shown(name)} must be 1 to 64 of a-z 0-9 _ . : -")
     return name
 
 
 def _positive_int(field_name: str, value: object, ceiling: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidLimit(field_name, f"must be a whole number, got {value!r}")
+        raise InvalidLimit(field_name, f"must be a whole number, got {shown(value)}")
     if not 1 <= value <= ceiling:
-        raise InvalidLimit(field_name, f"must be between 1 and {ceiling}, got {value}")
+        raise InvalidLimit(field_name, f"must be between 1 and {ceiling}, got {shown(value)}")
     return value
 
 
 def _choice(field_name: str, value: object, choices: tuple[str, ...]) -> str:
     if value not in choices:
-        raise InvalidLimit(field_name, f"must be one of {', '.join(choices)}; got {value!r}")
+        raise InvalidLimit(field_name, f"must be one of {', '.join(choices)}; got {shown(value)}")
     return str(value)
 
 
