@@ -22,6 +22,20 @@ DEFAULT_DATABASE_URL: Final = "sqlite:///metering.db"
 # Kombu's SQLAlchemy transport on a SQLite file: a broker with no server that
 # several processes on one machine share.
 DEFAULT_BROKER_URL: Final = "sqla+sqlite:///metering-broker.db"
+# kombu's SQLAlchemy transport, made safe for processes that start together.
+EMBEDDED_TRANSPORT: Final = "metering.storage.broker:EmbeddedTransport"
+
+
+def use_embedded_transport() -> None:
+    """Make ``sqla+`` broker URLs use `EMBEDDED_TRANSPORT` in this process.
+
+    kombu takes the transport from a URL's prefix before any setting, so the
+    prefix itself is pointed at ours (kombu looks aliases up on each connect).
+    """
+    from kombu.transport import TRANSPORT_ALIASES
+
+    for prefix in ("sqla", "sqlalchemy"):
+        TRANSPORT_ALIASES[prefix] = EMBEDDED_TRANSPORT
 
 
 def database_url(explicit: str | None = None) -> str:

@@ -23,7 +23,7 @@ from typing import Any, Final
 from celery import Celery
 
 from metering.clock import Clock, system_clock
-from metering.config import broker_url
+from metering.config import broker_url, is_embedded_broker, use_embedded_transport
 from metering.domain.events import FUTURE_TOLERANCE_US, charges_of, make_event
 from metering.domain.instants import to_us
 from metering.errors import BrokerUnavailable, InvalidInput, OccurredAtOutOfRange
@@ -48,6 +48,8 @@ def queue_names(queues: int) -> list[str]:
 def make_celery(url: str, name: str = "metering-producer") -> Celery:
     """A Celery app that only publishes; it never becomes the current app."""
     app = Celery(name, broker=url, set_as_current=False)
+    if is_embedded_broker(url):
+        use_embedded_transport()
     app.conf.update(
         task_serializer="json",
         accept_content=["json"],

@@ -11,6 +11,9 @@
   worker that died is delivered again (default 300).
 * ``METERING_WEBHOOKS_INTERVAL``: seconds between beat's webhook delivery
   runs and ``limit.reset`` sweeps (default 5).
+* ``METERING_WEBHOOKS_POLL_INTERVAL``: seconds between a worker's looks for
+  due webhook deliveries (default 0.25; `workers.webhooks`), and
+  ``METERING_WEBHOOKS_DISPATCH=0`` to leave delivery to beat alone.
 * ``METERING_RESERVATION_SWEEP_INTERVAL``: seconds between sweeps that
   commit reservations past their time to live (default 10).
 * ``METERING_RESERVATION_RETENTION``: seconds settled reservations are kept
@@ -25,10 +28,11 @@ from typing import Any
 
 from celery import Celery
 
-from metering.config import broker_url, env_float, is_embedded_broker
+from metering.config import broker_url, env_float, is_embedded_broker, use_embedded_transport
 from metering.pipeline import DEFAULT_QUEUE
 from metering.producer import queue_names
 from metering.webhooks.settings import interval_seconds
+from workers.webhooks import WebhookDelivery
 
 EMBEDDED_SWEEP_SECONDS = 30.0
 
@@ -66,6 +70,7 @@ def create_app(url: str | None = None) -> Celery:
     if is_embedded_broker(url):
         _poll_embedded_broker_often()
         transport = {}
+        use_embedded_transport()
     if url.split(":", 1)[0] in {"redis", "rediss"}:
         # Entries that are not kombu envelopes are dead-lettered, not fatal.
         app.conf.broker_transport = "workers.guard:GuardedRedisTransport"
@@ -115,6 +120,8 @@ def create_app(url: str | None = None) -> Celery:
             },
         },
     )
+    # Each worker delivers webhooks as they fall due, from a thread of its own.
+    app.steps["worker"].add(WebhookDelivery)
     if is_embedded_broker(url):
         app.conf.beat_schedule["sweep-embedded-broker"] = {
             "task": "metering.sweep_embedded_broker",

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Final
 
+from kombu.transport import sqlalchemy as kombu_sqla
 from sqlalchemy import (
     Boolean,
     Column,
@@ -32,7 +34,7 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 
 from metering.storage.engine import make_engine, translate
 
@@ -102,3 +104,42 @@ def sweep_embedded_broker(
     finally:
         engine.dispose()
     return {"deleted": int(deleted), "restored": int(restored)}
+
+
+# -- the transport ------------------------------------------------------------------
+
+
+class _EmbeddedChannel(kombu_sqla.Channel):
+    """kombu's SQLAlchemy channel, safe when processes start together.
+
+    On a new broker file every process creates kombu's tables and its queue
+    rows as it comes up. kombu guards that with a lock of its own process
+    only, so two workers started at the same moment both insert the
+    ``metering`` queue row, and one died of the unique constraint.
+    """
+
+    def _open(self) -> Any:
+        for attempt in range(_CREATE_ATTEMPTS):
+            try:
+                return super()._open()  # type: ignore[no-untyped-call]
+            except OperationalError as exc:  # another process made the table first
+                if "already exists" not in str(exc) or attempt == _CREATE_ATTEMPTS - 1:
+                    raise
+                time.sleep(0.05)
+        raise AssertionError("unreachable")
+
+    def _get_or_create(self, queue: str) -> Any:
+        try:
+            return super()._get_or_create(queue)  # type: ignore[no-untyped-call]
+        except IntegrityError:  # another process made the queue row first
+            self.session.rollback()
+            return self.session.query(self.queue_cls).filter(self.queue_cls.name == queue).one()
+
+
+class EmbeddedTransport(kombu_sqla.Transport):
+    """The embedded broker's transport (``broker_transport`` for ``sqla+sqlite``)."""
+
+    Channel = _EmbeddedChannel
+
+
+_CREATE_ATTEMPTS: Final = 5

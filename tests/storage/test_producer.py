@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -272,3 +273,39 @@ def test_cli_emit_with_the_broker_down_says_so_in_one_line_and_sends_nothing_lat
     [line] = done.stderr.strip().splitlines()
     assert line.startswith("error: the event was not queued: broker unavailable at redis://")
     assert queued_ids(redis_server.port) == []
+
+
+def _declare_at_once(url: str, start: Any, queue: str) -> None:
+    from metering.producer import make_celery
+
+    app = make_celery(url)
+    with app.connection_for_write() as connection:
+        channel = connection.default_channel
+        start.wait(30)
+        channel.queue_declare(queue)
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_processes_starting_together_on_fresh_embedded_files_all_come_up(
+    tmp_path: Path, attempt: int
+) -> None:
+    """Workers and producers started at the same moment on a new broker file
+    each create kombu's tables and queue rows; none may die of the race."""
+    import multiprocessing
+
+    url = f"sqla+sqlite:///{tmp_path}/broker-{attempt}.db"
+    context = multiprocessing.get_context("fork")
+    start = context.Event()
+    procs = [
+        context.Process(target=_declare_at_once, args=(url, start, "metering")) for _ in range(6)
+    ]
+    for proc in procs:
+        proc.start()
+    time.sleep(0.5)
+    start.set()
+    for proc in procs:
+        proc.join(60)
+    assert [proc.exitcode for proc in procs] == [0] * len(procs)
+    with sqlite3.connect(tmp_path / f"broker-{attempt}.db") as connection:
+        names = [row[0] for row in connection.execute("SELECT name FROM kombu_queue")]
+    assert names == ["metering"]
