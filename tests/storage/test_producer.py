@@ -14,8 +14,8 @@ import subprocess
 import sys
 import time
 from datetime import UTC, datetime, timedelta
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import pytest
 from servers import RedisServer, redis_command
