@@ -13,7 +13,8 @@ from metering.meter import Meter
 from metering.pipeline import TASK_NAME, apply_batch
 from metering.retention import RetentionPolicy, prune
 from metering.storage.broker import sweep_embedded_broker
-from metering.webhooks.delivery import deliver_due, sweep_resets
+from metering.webhooks.delivery import DeliveryReport, deliver_due, sweep_resets
+from metering.webhooks.settings import dispatching
 from workers.app import app
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,15 @@ def sweep_embedded_broker_task() -> dict[str, int]:
 
 @app.task(name="metering.deliver_webhooks", acks_late=True)
 def deliver_webhooks_task() -> dict[str, int]:
-    """Deliver due webhooks; safe in several workers at once (deliveries are claimed)."""
+    """Deliver due webhooks; safe in several workers at once (deliveries are claimed).
+
+    Nothing to do where workers run their delivery thread (the default,
+    `workers.webhooks`): it claims what falls due within its poll interval,
+    and a run here would take up a pool slot, for up to the HTTP timeout,
+    with what that thread leaves for later (a slow endpoint's backlog).
+    """
+    if dispatching():
+        return DeliveryReport().as_dict()
     return deliver_due(meter()).as_dict()
 
 

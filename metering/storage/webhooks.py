@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any, Final
 
 from sqlalchemy import Connection, and_, delete, func, or_, select, update
@@ -233,15 +233,20 @@ class WebhookStore:
 
     # -- deliveries ------------------------------------------------------------
 
-    def claim_due(self, now_us: int, lease_until_us: int) -> DeliveryJob | None:
+    def claim_due(
+        self, now_us: int, lease_until_us: int, *, skip_endpoints: Collection[str] = ()
+    ) -> DeliveryJob | None:
         """Claim the most overdue delivery of an enabled endpoint, or None.
 
         PostgreSQL skips rows another worker is claiming (``FOR UPDATE SKIP
         LOCKED``); SQLite transactions are serialised by ``BEGIN IMMEDIATE``.
         An expired lease (a worker that died mid-attempt) is claimable again.
+        Deliveries to ``skip_endpoints`` (the caller's busy ones) are left.
         """
         d = webhook_deliveries
         enabled = select(webhook_endpoints.c.id).where(webhook_endpoints.c.enabled.is_(True))
+        if skip_endpoints:
+            enabled = enabled.where(webhook_endpoints.c.id.not_in(list(skip_endpoints)))
         return self._claim(
             and_(
                 d.c.status == PENDING,

@@ -22,8 +22,9 @@ from __future__ import annotations
 import email.utils
 import logging
 import random
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -45,6 +46,7 @@ from metering.storage.webhooks import (
     encode_payload,
 )
 from metering.webhooks.destinations import DestinationRefused, delivery_client
+from metering.webhooks.dispatch import Claim, Dispatcher
 from metering.webhooks.encryption import SecretBox
 from metering.webhooks.settings import DeliverySettings
 from metering.webhooks.signing import sign
@@ -239,38 +241,85 @@ def deliver_due(
     client: httpx.Client | None = None,
     box: SecretBox | None = None,
 ) -> DeliveryReport:
-    """Deliver every due delivery, one claim at a time (at most ``max_per_run``).
+    """Deliver every delivery due now (at most ``max_per_run``), and return
+    once each has been attempted.
 
-    Safe to run in any number of workers at once. This is what the
-    ``metering.deliver_webhooks`` task calls. A ``client`` given must come
-    from `delivery_client`: the address check is in its connections. Secrets
-    are decrypted with
-    ``box`` (default: the keys of ``METERING_SECRET_KEY``); one that cannot
-    be is a failed attempt, retried like any other.
+    Attempts run side by side (``max_in_flight``, at most
+    ``max_in_flight_per_endpoint`` per endpoint: `Dispatcher`), so a hanging
+    receiver delays only its own deliveries. A delivery retried during the
+    run waits for the next one. Safe to run in any number of workers at once:
+    deliveries are claimed. This is what the ``metering.deliver_webhooks``
+    task calls. A ``client`` given must come from `delivery_client`: the
+    address check is in its connections. Secrets are decrypted with ``box``
+    (default: the keys of ``METERING_SECRET_KEY``); one that cannot be is a
+    failed attempt, retried like any other.
     """
     settings = settings or DeliverySettings.from_env()
     box = box or SecretBox.from_env(meter.clock)
     own = client is None
     http = client or _client(settings)
-    rng = random.Random()
-    tally = {DELIVERED: 0, PENDING: 0, FAILED: 0}
+    due_by_us = to_us(meter.clock())
+    dispatcher = _dispatcher(meter, settings, http, box)
     try:
-        for _ in range(settings.max_per_run):
-            now = meter.clock()
-            lease_us = to_us(now + timedelta(seconds=settings.lease_seconds))
-            now_us = to_us(now)
-            job = run_transaction(meter.engine, _claimer(now_us, lease_us))
-            if job is None:
-                break
-            tally[deliver_one(meter, job, settings, http, rng, box=box)] += 1
+        tally = dispatcher.drain(_claimer(meter, settings, due_by_us), settings.max_per_run)
     finally:
+        dispatcher.close()
         if own:
             http.close()
     return DeliveryReport(tally[DELIVERED], tally[PENDING], tally[FAILED])
 
 
-def _claimer(now_us: int, lease_us: int) -> Callable[[Connection], DeliveryJob | None]:
-    return lambda connection: WebhookStore(connection).claim_due(now_us, lease_us)
+def serve(
+    meter: Meter,
+    stop: threading.Event,
+    *,
+    poll_seconds: float,
+    settings: DeliverySettings | None = None,
+    box: SecretBox | None = None,
+) -> None:
+    """Deliver webhooks as they fall due, until ``stop`` is set: what a
+    worker's delivery thread runs (`workers.webhooks`).
+
+    Looks for due deliveries every ``poll_seconds`` and at once when an
+    attempt ends; one idle look is one claim that finds nothing (an indexed
+    statement). Bounds and claims as in `deliver_due`. Running attempts are
+    finished and recorded before it returns.
+    """
+    settings = settings or DeliverySettings.from_env()
+    box = box or SecretBox.from_env(meter.clock)
+    with _client(settings) as http:
+        dispatcher = _dispatcher(meter, settings, http, box)
+        try:
+            dispatcher.serve(_claimer(meter, settings), stop, poll_seconds)
+        finally:
+            dispatcher.close()
+
+
+def _dispatcher(
+    meter: Meter, settings: DeliverySettings, client: httpx.Client, box: SecretBox
+) -> Dispatcher:
+    rng = random.Random()
+    return Dispatcher(
+        lambda job: deliver_one(meter, job, settings, client, rng, box=box),
+        max_in_flight=settings.max_in_flight,
+        max_in_flight_per_endpoint=settings.max_in_flight_per_endpoint,
+    )
+
+
+def _claimer(meter: Meter, settings: DeliverySettings, due_by_us: int | None = None) -> Claim:
+    """Claims one delivery due by ``due_by_us`` (default: the clock's now at
+    each claim), leaving the dispatcher's busy endpoints."""
+
+    def claim(busy: Collection[str]) -> DeliveryJob | None:
+        now = meter.clock()
+        lease_us = to_us(now + timedelta(seconds=settings.lease_seconds))
+        now_us = to_us(now) if due_by_us is None else due_by_us
+        return run_transaction(
+            meter.engine,
+            lambda c: WebhookStore(c).claim_due(now_us, lease_us, skip_endpoints=busy),
+        )
+
+    return claim
 
 
 def sweep_resets(meter: Meter, batch: int = 500) -> int:

@@ -14,6 +14,10 @@ from metering.errors import ConfigurationError
 DEFAULT_SCHEDULE: Final = (5.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0, 50400.0, 72000.0, 86400.0)
 DEFAULT_TIMEOUT_SECONDS: Final = 15.0
 DEFAULT_INTERVAL_SECONDS: Final = 5.0
+# A worker looks for due deliveries this often (one indexed claim when idle).
+DEFAULT_POLL_SECONDS: Final = 0.25
+DEFAULT_MAX_IN_FLIGHT: Final = 16
+DEFAULT_MAX_IN_FLIGHT_PER_ENDPOINT: Final = 4
 DEFAULT_ROTATION_GRACE_SECONDS: Final = 86400.0
 SECRET_KEY_VARIABLE: Final = "METERING_SECRET_KEY"
 # A claim outlives one attempt by this much before another worker may take it.
@@ -58,6 +62,10 @@ class DeliverySettings:
     schedule_seconds: tuple[float, ...] = DEFAULT_SCHEDULE
     allow_private: bool = False
     max_per_run: int = 100
+    # Attempts running at once in one process, and at most this many per
+    # endpoint: a slow receiver holds its own slots, never another's.
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    max_in_flight_per_endpoint: int = DEFAULT_MAX_IN_FLIGHT_PER_ENDPOINT
     # Networks let through although not public (a receiver on a private network).
     allowed_networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
 
@@ -77,12 +85,36 @@ class DeliverySettings:
             schedule_seconds=parse_schedule(schedule) if schedule else DEFAULT_SCHEDULE,
             allow_private=_flag("METERING_WEBHOOKS_ALLOW_PRIVATE"),
             allowed_networks=parse_networks(os.environ.get("METERING_WEBHOOKS_ALLOW_NETWORKS", "")),
+            max_in_flight=_count("METERING_WEBHOOKS_CONCURRENCY", DEFAULT_MAX_IN_FLIGHT),
+            max_in_flight_per_endpoint=_count(
+                "METERING_WEBHOOKS_PER_ENDPOINT", DEFAULT_MAX_IN_FLIGHT_PER_ENDPOINT
+            ),
         )
+
+
+def _count(name: str, default: int) -> int:
+    value = env_float(name, default)
+    if value != int(value):
+        raise ConfigurationError(f"{name}={value:g} must be a whole number")
+    return int(value)
 
 
 def interval_seconds() -> float:
     """How often beat runs delivery and the reset sweep (``METERING_WEBHOOKS_INTERVAL``)."""
     return env_float("METERING_WEBHOOKS_INTERVAL", DEFAULT_INTERVAL_SECONDS)
+
+
+def poll_seconds() -> float:
+    """How often a worker's dispatcher looks for due deliveries
+    (``METERING_WEBHOOKS_POLL_INTERVAL``, default 0.25)."""
+    return env_float("METERING_WEBHOOKS_POLL_INTERVAL", DEFAULT_POLL_SECONDS)
+
+
+def dispatching() -> bool:
+    """Whether workers deliver from a thread of their own (``METERING_WEBHOOKS_DISPATCH``,
+    default on; ``0`` leaves delivery to beat's ``metering.deliver_webhooks``)."""
+    text = os.environ.get("METERING_WEBHOOKS_DISPATCH", "").strip().lower()
+    return text not in ("0", "false", "no", "off")
 
 
 def rotation_grace_seconds() -> float:

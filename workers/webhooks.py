@@ -1,0 +1,86 @@
+"""Glue: each worker delivers webhooks from a thread of its own.
+
+A worker bootstep starts `metering.webhooks.delivery.serve` in the worker's
+main process once the pool has started, and stops it (letting running
+attempts finish and record) at shutdown. It looks for due deliveries every
+``METERING_WEBHOOKS_POLL_INTERVAL`` seconds (0.25), so a notification
+written by a batch in any worker, or by `Meter.consume` in an application,
+goes out within a fraction of a second, with no beat tick and no server
+feature (SQLite has no ``NOTIFY``). ``METERING_WEBHOOKS_DISPATCH=0`` turns it
+off; beat's ``metering.deliver_webhooks`` then delivers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+from celery import bootsteps
+
+from metering.errors import MeteringError
+from metering.meter import Meter
+from metering.webhooks.delivery import serve
+from metering.webhooks.settings import DeliverySettings, dispatching, poll_seconds
+
+log = logging.getLogger(__name__)
+RETRY_SECONDS = 5.0
+_meters: list[Meter] = []
+
+
+def _forget_in_child() -> None:
+    # A pool process forked later must not use (or close) the parent's connections.
+    for meter in _meters:
+        meter.engine.dispose(close=False)
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
+class WebhookDelivery(bootsteps.StartStopStep):  # type: ignore[misc]
+    """Runs the delivery thread of this worker."""
+
+    label = "webhook delivery"
+    # After the pool: its first processes are forked before the thread exists.
+    requires = ("celery.worker.components:Pool",)
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        self.stop_event = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.settings: DeliverySettings | None = None
+
+    def include_if(self, parent: Any) -> bool:
+        return dispatching()
+
+    def start(self, parent: Any) -> None:
+        self.settings = DeliverySettings.from_env()  # a bad setting stops the worker here
+        self.stop_event.clear()
+        self.thread = threading.Thread(target=self._run, name="metering-webhooks", daemon=True)
+        self.thread.start()
+        log.info("webhook delivery thread started (looks every %g s)", poll_seconds())
+
+    def stop(self, parent: Any) -> None:
+        self.stop_event.set()
+        if self.thread is not None and self.settings is not None:
+            self.thread.join(self.settings.timeout_seconds + 5)
+            self.thread = None
+
+    def _run(self) -> None:
+        while not self.stop_event.is_set():
+            try:
+                meter = Meter()
+            except MeteringError as exc:  # the database is away: try again later
+                log.error("webhook delivery thread waits for the database: %s", exc)
+                self.stop_event.wait(RETRY_SECONDS)
+                continue
+            _meters.append(meter)
+            try:
+                serve(meter, self.stop_event, poll_seconds=poll_seconds(), settings=self.settings)
+            except Exception:
+                log.exception("webhook delivery thread failed; starting it again")
+                self.stop_event.wait(RETRY_SECONDS)
+            finally:
+                _meters.remove(meter)
+                meter.close()
