@@ -27,6 +27,7 @@ from metering.applying import (
 )
 from metering.clock import Clock, system_clock
 from metering.config import database_url, load_limits_file
+from metering.domain.bounds import validate_count, validate_seconds
 from metering.domain.decisions import Decision
 from metering.domain.events import (
     EventRecord,
@@ -389,6 +390,7 @@ class Meter:
             raise InvalidInput("state", "must be held, committed or cancelled")
         if subject is not None:
             validate_subject(subject)
+        validate_count("limit", limit)
         records = run_transaction(
             self.engine, lambda c: ReservationStore(c).list(state, subject, limit)
         )
@@ -398,8 +400,11 @@ class Meter:
         """Commit reservations past their time to live (the beat task calls this).
 
         With ``retention_seconds``, also delete settled reservations older
-        than that. Returns how many were committed and deleted.
+        than that (finite, at most a century). Returns how many were committed
+        and deleted.
         """
+        if retention_seconds is not None:
+            validate_seconds("retention_seconds", retention_seconds)
         now_us = self._now_us()
 
         def work(connection: Connection) -> dict[str, int]:
@@ -426,6 +431,7 @@ class Meter:
 
     def rejected_messages(self, limit: int = 100) -> list[RejectedRow]:
         """The newest queued input that could not be applied, with its reason."""
+        validate_count("limit", limit)
         rows = run_transaction(self.engine, lambda c: Store(c).list_rejected_messages(limit))
         return [(event_id, reason, raw) for event_id, reason, raw, _ in rows]
 
@@ -489,6 +495,10 @@ class Meter:
 
     def counters(self, subject: str | None = None, limit: str | None = None) -> list[Counter]:
         """Counters of a subject and/or limit, every window, oldest first."""
+        if subject is not None:
+            validate_subject(subject)
+        if limit is not None:
+            validate_limit_name(limit)
         rows = run_transaction(self.engine, lambda c: Store(c).counters_of(subject, limit))
         return [_counter(key, state) for key, state in rows]
 
