@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 
 import click
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from metering.domain.instants import from_us
+from metering.domain.bounds import MAX_LISTING, MAX_ROW_ID
+from metering.domain.instants import as_utc, from_us
 from metering.domain.notifications import MESSAGE_TYPES
+from metering.errors import InvalidInput
 from metering.storage.webhooks import AttemptRecord, DeliveryRecord
 from metering.webhooks.encryption import generate_key
 from metering.webhooks.endpoints import STATUSES, Endpoint, Webhooks
@@ -69,7 +71,10 @@ def _parse_since(
         moment = datetime.fromisoformat(value)
     except ValueError:
         raise click.BadParameter(f"{value!r} is not an ISO-8601 datetime") from None
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+    try:
+        return as_utc(moment, field_name="since")
+    except InvalidInput as exc:
+        raise click.BadParameter(exc.message) from None
 
 
 @click.group()
@@ -204,7 +209,8 @@ def _delivery_json(record: DeliveryRecord, attempts: Sequence[AttemptRecord]) ->
 @webhooks.command("deliveries")
 @click.option("--status", type=click.Choice(STATUSES), help="Only deliveries in this state.")
 @click.option("--endpoint", "endpoint_id", help="Only deliveries to this endpoint.")
-@click.option("--last", type=int, default=50, show_default=True, help="How many to show.")
+@click.option("--last", type=click.IntRange(1, MAX_LISTING), default=50, show_default=True,
+              help="How many to show.")  # fmt: skip
 @_format_option
 def deliveries(status: str | None, endpoint_id: str | None, last: int, fmt: str) -> None:
     """List deliveries, newest first, with their attempts."""
@@ -234,7 +240,7 @@ def deliveries(status: str | None, endpoint_id: str | None, last: int, fmt: str)
 
 
 @webhooks.command("replay")
-@click.argument("delivery_ids", nargs=-1, type=int)
+@click.argument("delivery_ids", nargs=-1, type=click.IntRange(1, MAX_ROW_ID))
 @click.option(
     "--since", callback=_parse_since, help="Replay every delivery created since (ISO-8601)."
 )

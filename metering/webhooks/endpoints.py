@@ -19,6 +19,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Final, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
+from metering.domain.bounds import shown, validate_count, validate_row_id, validate_seconds
 from metering.domain.instants import from_us, to_us
 from metering.domain.notifications import MESSAGE_TYPES, TEST_TYPE
 from metering.errors import ConfigurationError, InvalidInput, SecretKeyError, UnknownWebhookEndpoint
@@ -41,6 +42,9 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 MAX_URL_CHARS: Final = 2000
+MAX_ENDPOINT_ID_CHARS: Final = 64
+# A year: an old secret that signs for longer was never really rotated.
+MAX_GRACE_SECONDS: Final = 365 * 86_400
 STATUSES: Final = ("pending", "delivered", "failed")
 
 
@@ -76,6 +80,9 @@ def validate_url(url: str) -> str:
     """An ``http`` or ``https`` URL with a host; `InvalidInput` otherwise."""
     if not isinstance(url, str) or not url or len(url) > MAX_URL_CHARS:
         raise InvalidInput("url", f"must be an http(s) URL of at most {MAX_URL_CHARS} characters")
+    if not url.isprintable() or any(ch.isspace() for ch in url):
+        # NUL, escapes, DEL, line breaks: never part of a URL worth sending to.
+        raise InvalidInput("url", f"{shown(url)} contains whitespace or control characters")
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - raises on a malformed port
@@ -85,9 +92,19 @@ def validate_url(url: str) -> str:
         raise InvalidInput("url", f"{url!r} must start with http:// or https://")
     if not parts.hostname:
         raise InvalidInput("url", f"{url!r} has no host")
-    if any(ch.isspace() for ch in url):
-        raise InvalidInput("url", f"{url!r} contains whitespace")
     return url
+
+
+def validate_endpoint_id(endpoint_id: object) -> str:
+    """An endpoint id as `add` makes them (``ep_`` + hex): printable, no spaces."""
+    if (
+        not isinstance(endpoint_id, str)
+        or not 1 <= len(endpoint_id) <= MAX_ENDPOINT_ID_CHARS
+        or not endpoint_id.isprintable()
+        or any(ch.isspace() for ch in endpoint_id)
+    ):
+        raise InvalidInput("endpoint_id", f"{shown(endpoint_id)} is not an endpoint id")
+    return endpoint_id
 
 
 def mask_url(url: str) -> str:
@@ -201,17 +218,20 @@ class Webhooks:
         return [_view(r, now_us, self.box) for r in records]
 
     def get(self, endpoint_id: str) -> Endpoint:
+        validate_endpoint_id(endpoint_id)
         now_us = self._now_us()
         record = self._run(lambda store: self._get(store, endpoint_id))
         return _view(record, now_us, self.box)
 
     def remove(self, endpoint_id: str) -> None:
         """Delete an endpoint, its deliveries and their attempts."""
+        validate_endpoint_id(endpoint_id)
         if not self._run(lambda store: store.delete_endpoint(endpoint_id)):
             raise UnknownWebhookEndpoint(endpoint_id)
 
     def set_enabled(self, endpoint_id: str, enabled: bool) -> None:
         """Disable (nothing is sent; deliveries wait) or enable an endpoint."""
+        validate_endpoint_id(endpoint_id)
         reason = None if enabled else "disabled by an operator"
         if not self._run(
             lambda store: store.update_endpoint(
@@ -224,11 +244,12 @@ class Webhooks:
         self, endpoint_id: str, *, secret: str | None = None, grace_seconds: float | None = None
     ) -> str:
         """Give an endpoint a new secret; the old one still signs for ``grace_seconds``
-        (default ``METERING_WEBHOOKS_ROTATION_GRACE``, 24 h). Returns the new secret."""
+        (default ``METERING_WEBHOOKS_ROTATION_GRACE``, 24 h; at most a year).
+        Returns the new secret."""
+        validate_endpoint_id(endpoint_id)
         new_secret = validate_secret(secret) if secret else generate_secret()
         grace = rotation_grace_seconds() if grace_seconds is None else grace_seconds
-        if grace < 0:
-            raise InvalidInput("grace", "must not be negative")
+        grace = validate_seconds("grace_seconds", grace, MAX_GRACE_SECONDS)
         expires_us = to_us(self.meter.clock() + timedelta(seconds=grace))
         box = self.box
 
@@ -278,12 +299,16 @@ class Webhooks:
         """The newest deliveries first, optionally of one status or endpoint."""
         if status is not None and status not in STATUSES:
             raise InvalidInput("status", f"use one of {', '.join(STATUSES)}")
+        if endpoint_id is not None:
+            validate_endpoint_id(endpoint_id)
+        validate_count("limit", limit)
         return self._run(
             lambda store: store.list_deliveries(status=status, endpoint_id=endpoint_id, limit=limit)
         )
 
     def attempts(self, delivery_id: int) -> list[AttemptRecord]:
         """Every attempt of a delivery, in order."""
+        validate_row_id("delivery_id", delivery_id)
         return self._run(lambda store: store.attempts_of(delivery_id))
 
     def replay(
@@ -293,6 +318,8 @@ class Webhooks:
         with a fresh retry schedule. Returns how many were queued."""
         if not delivery_ids and since is None:
             raise InvalidInput("replay", "give delivery ids or a time to replay since")
+        for delivery_id in delivery_ids or ():
+            validate_row_id("delivery_id", delivery_id)
         since_us = to_us(since, field_name="since") if since is not None else None
         now_us = self._now_us()
         ids = list(delivery_ids) if delivery_ids else None
@@ -300,6 +327,7 @@ class Webhooks:
 
     def send_test(self, endpoint_id: str) -> tuple[DeliveryRecord, list[AttemptRecord]]:
         """Send a signed ``webhook.test`` ping now (once; it is recorded like any delivery)."""
+        validate_endpoint_id(endpoint_id)
         now_us = self._now_us()
         document = {
             "type": TEST_TYPE,
