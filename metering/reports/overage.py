@@ -29,8 +29,9 @@ from typing import Any, Final
 from sqlalchemy import Select
 from sqlalchemy.exc import SQLAlchemyError
 
+from metering.domain.bounds import MAX_LISTING, shown
 from metering.domain.events import validate_subject
-from metering.domain.instants import from_us, to_us
+from metering.domain.instants import as_utc, from_us, to_us
 from metering.domain.limits import validate_limit_name
 from metering.errors import InvalidInput, UnknownLimit
 from metering.meter import Meter
@@ -43,6 +44,8 @@ from metering.storage.reports import (
 )
 
 PERIOD_PATTERN: Final = re.compile(r"([0-9]{4})-([0-9]{2})")
+FIRST_YEAR: Final = 1970
+LAST_YEAR: Final = 9998  # the month after December 9999 is past what a datetime holds
 TimeBound = datetime | date | str | None
 
 
@@ -142,9 +145,11 @@ class ReportRange:
     def month(cls, period: str) -> ReportRange:
         """The calendar month ``YYYY-MM`` in UTC."""
         match = PERIOD_PATTERN.fullmatch(period) if isinstance(period, str) else None
-        if match is None or not 1 <= int(match.group(2)) <= 12 or int(match.group(1)) < 1970:
+        if match is None or not 1 <= int(match.group(2)) <= 12:
             raise InvalidInput("period", f"{period!r} is not a month like 2026-11")
         year, month = int(match.group(1)), int(match.group(2))
+        if not FIRST_YEAR <= year <= LAST_YEAR:
+            raise InvalidInput("period", f"{period!r} is not a month from 1970 to {LAST_YEAR}")
         start = datetime(year, month, 1, tzinfo=UTC)
         end = datetime(year + month // 12, month % 12 + 1, 1, tzinfo=UTC)
         return cls(start, end, period)
@@ -167,9 +172,7 @@ def _instant(name: str, value: TimeBound) -> datetime | None:
         if not isinstance(value, date):
             raise InvalidInput(name, f"expected a datetime, got {type(value).__name__}")
         value = datetime(value.year, value.month, value.day)
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
-    return value.astimezone(UTC)
+    return as_utc(value, field_name=name)
 
 
 def _range_label(start: datetime | None, end: datetime | None) -> str:
@@ -245,8 +248,13 @@ def select_overage(
     neither, all time. ``top`` keeps the first N rows. Raises `InvalidInput`
     for a malformed filter and `UnknownLimit` for a limit that is not defined.
     """
-    if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 1):
-        raise InvalidInput("top", f"must be a whole number of at least 1, got {top!r}")
+    if top is not None and (
+        isinstance(top, bool) or not isinstance(top, int) or not 1 <= top <= MAX_LISTING
+    ):
+        raise InvalidInput(
+            "top",
+            f"must be a whole number of at least 1 and at most {MAX_LISTING:,}, got {shown(top)}",
+        )
     chosen = ReportRange.of(period, since, until)
     if subject is not None:
         validate_subject(subject)
