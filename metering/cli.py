@@ -26,10 +26,11 @@ from rich.text import Text
 from sqlalchemy.engine import make_url
 
 from metering.config import broker_url, database_url, is_embedded_broker
+from metering.domain.bounds import MAX_LISTING, validate_seconds
 from metering.domain.decisions import ChargeDecision, Decision
-from metering.domain.instants import from_us
+from metering.domain.instants import as_utc, from_us
 from metering.domain.limits import ALGORITHMS, ENFORCEMENTS, WINDOWS, Limit
-from metering.errors import BrokerUnavailable, MeteringError
+from metering.errors import BrokerUnavailable, InvalidInput, MeteringError
 from metering.meter import Counter, Meter
 from metering.producer import UsageProducer, queue_names
 from metering.reports.cli import report
@@ -45,6 +46,9 @@ EXIT_CODES_HELP: Final = (
     "  0  allowed (or overage on a soft limit)\n  2  denied\n  1  error"
 )
 LABEL_COLOURS: Final = {"allowed": "green", "overage": "yellow", "fits": "cyan"}
+MAX_QUEUES: Final = 1024
+MAX_CONCURRENCY: Final = 4096
+MAX_VISIBILITY_TIMEOUT_SECONDS: Final = 30 * 86_400
 
 
 # -- errors: one line on stderr, exit 1, no traceback -------------------------
@@ -125,7 +129,22 @@ def _parse_at(_ctx: click.Context, _param: click.Parameter, value: str | None) -
         raise click.BadParameter(
             f"{value!r} is not an ISO-8601 datetime like 2026-11-22T12:00:00Z"
         ) from None
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+    try:
+        return as_utc(moment, field_name="at")
+    except InvalidInput as exc:
+        raise click.BadParameter(exc.message) from None
+
+
+def _parse_seconds(maximum: float) -> Callable[[click.Context, click.Parameter, float], float]:
+    """A callback for a number of seconds: finite, from 0 to ``maximum``."""
+
+    def parse(_ctx: click.Context, param: click.Parameter, value: float) -> float:
+        try:
+            return validate_seconds(param.name or "seconds", value, maximum)
+        except InvalidInput as exc:
+            raise click.BadParameter(exc.message) from None
+
+    return parse
 
 
 def _parse_charges(
@@ -508,8 +527,10 @@ def emit(
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-@click.option("--concurrency", type=int, help="Worker processes (default: one per core).")
-@click.option("--queues", type=int, default=1, help="Consume metering.0 … metering.N-1.")
+@click.option("--concurrency", type=click.IntRange(1, MAX_CONCURRENCY),
+              help="Worker processes (default: one per core).")  # fmt: skip
+@click.option("--queues", type=click.IntRange(1, MAX_QUEUES), default=1,
+              help="Consume metering.0 … metering.N-1.")  # fmt: skip
 @click.option("--beat/--no-beat", default=None, help="Run the periodic sweeps in this worker.")
 @click.option("--loglevel", default="INFO", help="DEBUG, INFO, WARNING ...")
 @click.option("--broker", envvar="METERING_BROKER_URL", help="Default: the embedded broker.")
@@ -546,7 +567,8 @@ def worker(
 
 
 @main.command()
-@click.option("--last", type=int, default=20, show_default=True, help="How many to show.")
+@click.option("--last", type=click.IntRange(1, MAX_LISTING), default=20, show_default=True,
+              help="How many to show.")  # fmt: skip
 @_format_option
 def rejected(last: int, fmt: str) -> None:
     """Show queued input that could not be applied (malformed, conflicting ids)."""
@@ -568,6 +590,7 @@ def rejected(last: int, fmt: str) -> None:
     envvar="METERING_VISIBILITY_TIMEOUT",
     default=300.0,
     show_default=True,
+    callback=_parse_seconds(MAX_VISIBILITY_TIMEOUT_SECONDS),
     help="The broker's visibility timeout, seconds: part of the redelivery horizon.",
 )
 @_format_option
