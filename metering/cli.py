@@ -46,6 +46,7 @@ EXIT_CODES_HELP: Final = (
     "  0  allowed (or overage on a soft limit)\n  2  denied\n  1  error"
 )
 LABEL_COLOURS: Final = {"allowed": "green", "overage": "yellow", "fits": "cyan"}
+MAX_ERROR_CHARS: Final = 400
 MAX_QUEUES: Final = 1024
 MAX_CONCURRENCY: Final = 4096
 MAX_VISIBILITY_TIMEOUT_SECONDS: Final = 30 * 86_400
@@ -60,7 +61,11 @@ class CliError(click.ClickException):
     exit_code = 1
 
     def __init__(self, message: str) -> None:
-        super().__init__(" ".join(message.split()))
+        # One line, and a short one: click echoes a rejected value whole.
+        text = " ".join(message.split())
+        if len(text) > MAX_ERROR_CHARS:
+            text = text[: MAX_ERROR_CHARS - 1] + "…"
+        super().__init__(text)
 
     def show(self, file: IO[Any] | None = None) -> None:
         click.echo(f"error: {self.format_message()}", file=file, err=file is None)
