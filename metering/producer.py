@@ -24,6 +24,7 @@ from celery import Celery
 
 from metering.clock import Clock, system_clock
 from metering.config import broker_url, is_embedded_broker, use_embedded_transport
+from metering.domain.bounds import validate_seconds
 from metering.domain.events import FUTURE_TOLERANCE_US, charges_of, make_event
 from metering.domain.instants import to_us
 from metering.errors import BrokerUnavailable, InvalidInput, OccurredAtOutOfRange
@@ -86,8 +87,11 @@ class UsageProducer:
         max_buffer: int = DEFAULT_MAX_BUFFER,
         clock: Clock | None = None,
     ) -> None:
-        if batch_size < 1 or flush_interval <= 0 or queues < 1 or retry_attempts < 1:
-            raise InvalidInput("producer", "batch_size, queues, retry_attempts >= 1; interval > 0")
+        if batch_size < 1 or queues < 1 or retry_attempts < 1:
+            raise InvalidInput("producer", "batch_size, queues and retry_attempts must be >= 1")
+        validate_seconds("retry_backoff", retry_backoff, 3600)
+        if validate_seconds("flush_interval", flush_interval, 3600) == 0:
+            raise InvalidInput("flush_interval", "must be more than 0 seconds")
         self.url = broker_url(url)
         self.batch_size = batch_size
         self.flush_interval = flush_interval

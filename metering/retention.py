@@ -28,6 +28,7 @@ from typing import Final
 from sqlalchemy import Connection
 
 from metering.config import env_float
+from metering.domain.bounds import validate_seconds
 from metering.domain.events import FUTURE_TOLERANCE_US
 from metering.domain.instants import to_us
 from metering.errors import ConfigurationError, InvalidInput
@@ -122,8 +123,7 @@ def prune(
     chunk: int = CHUNK,
 ) -> list[TablePrune]:
     """Delete (or with ``dry_run`` count) every row older than its retention."""
-    if not math.isfinite(visibility_timeout_seconds) or visibility_timeout_seconds < 0:
-        raise InvalidInput("visibility_timeout_seconds", "must be a finite number >= 0")
+    validate_seconds("visibility_timeout_seconds", visibility_timeout_seconds, 30 * 86_400)
     now_us = to_us(meter.clock(), field_name="clock")
     horizon_us = redelivery_horizon_us(meter, visibility_timeout_seconds)
     done = []

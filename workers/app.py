@@ -29,12 +29,14 @@ from typing import Any
 from celery import Celery
 
 from metering.config import broker_url, env_float, is_embedded_broker, use_embedded_transport
+from metering.errors import ConfigurationError
 from metering.pipeline import DEFAULT_QUEUE
 from metering.producer import queue_names
 from metering.webhooks.settings import interval_seconds
 from workers.webhooks import WebhookDelivery
 
 EMBEDDED_SWEEP_SECONDS = 30.0
+MAX_QUEUES = 1024
 
 
 def _poll_embedded_broker_often() -> None:
@@ -50,7 +52,10 @@ def _poll_embedded_broker_often() -> None:
 def create_app(url: str | None = None) -> Celery:
     url = broker_url(url)
     app = Celery("metering", broker=url, include=["workers.tasks"])
-    queues = int(env_float("METERING_QUEUES", 1))
+    wanted = env_float("METERING_QUEUES", 1)
+    if wanted != int(wanted) or not 1 <= wanted <= MAX_QUEUES:
+        raise ConfigurationError(f"METERING_QUEUES must be a whole number from 1 to {MAX_QUEUES}")
+    queues = int(wanted)
     visibility = env_float("METERING_VISIBILITY_TIMEOUT", 300)
     # Redis: a message a dead worker held comes back after the visibility
     # timeout, but kombu only looks for such messages every interval x

@@ -22,8 +22,16 @@ from click.testing import CliRunner
 from metering import Limit, Meter
 from metering.cli import MAX_ERROR_CHARS, main
 from metering.clock import FrozenClock
-from metering.errors import InvalidInput, InvalidLimit, MeteringError, OccurredAtOutOfRange
+from metering.errors import (
+    ConfigurationError,
+    InvalidInput,
+    InvalidLimit,
+    MeteringError,
+    OccurredAtOutOfRange,
+)
+from metering.producer import UsageProducer
 from metering.reports.overage import select_overage, select_usage
+from metering.retention import RetentionPolicy, prune
 from metering.webhooks.endpoints import Webhooks
 
 BIG = str(10**20)
@@ -196,6 +204,13 @@ API_CASES: list[tuple[str, Call, type[MeteringError]]] = [
     ("report since", lambda m, h, e: select_overage(m, since=EARLY), InvalidInput),
     ("report until", lambda m, h, e: select_usage(m, "s", until=LATE), InvalidInput),
     ("report top", lambda m, h, e: select_overage(m, top=10**20), InvalidInput),
+    (
+        "prune visibility",
+        lambda m, h, e: prune(m, RetentionPolicy(), visibility_timeout_seconds=1e300),
+        InvalidInput,
+    ),
+    ("producer interval nan", lambda m, h, e: UsageProducer(flush_interval=math.nan), InvalidInput),
+    ("producer backoff inf", lambda m, h, e: UsageProducer(retry_backoff=math.inf), InvalidInput),
 ]
 
 
@@ -218,3 +233,14 @@ def test_api_raises_a_metering_error_and_changes_nothing(
         with pytest.raises(error):
             call(meter, hooks, endpoint_id)
         assert stored(meter) == before
+
+
+@pytest.mark.parametrize("queues", ["0", "1.5", "1e20", "nan"])
+def test_a_worker_with_an_impossible_queue_count_refuses_to_start(
+    queues: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from workers.app import create_app
+
+    monkeypatch.setenv("METERING_QUEUES", queues)
+    with pytest.raises(ConfigurationError):
+        create_app("sqla+sqlite:///unused.db")
