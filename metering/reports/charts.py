@@ -12,7 +12,7 @@ from itertools import groupby
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from metering.errors import InvalidInput
+from metering.errors import ConfigurationError, InvalidInput
 from metering.reports.overage import ReportRow
 
 if TYPE_CHECKING:
@@ -27,8 +27,13 @@ DPI: Final = 100
 
 
 def _figure(width: float, height: float) -> Figure:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise ConfigurationError(
+            "charts need matplotlib, an optional extra: pip install 'metering[charts]'"
+        ) from None
 
     figure = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
     FigureCanvasAgg(figure)

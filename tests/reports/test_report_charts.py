@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import struct
+import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from metering import Meter
@@ -135,3 +137,18 @@ def test_an_unwritable_chart_is_a_one_line_error(sqlite_ledger: Meter, tmp_path:
     assert (
         result.stderr.startswith("error: chart: cannot write") and "Traceback" not in result.output
     )
+
+
+def test_without_the_charts_extra_a_chart_is_a_one_line_error_naming_it(
+    sqlite_ledger: Meter, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As if matplotlib were not installed: importing any of it fails.
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    target = tmp_path / "chart.png"
+    args = ["--database", sqlite_ledger.url, "report", "overage", "--chart", str(target)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 1 and not target.exists()
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("error:") and "metering[charts]" in line
