@@ -1,6 +1,7 @@
 """The outbox survives a worker killed between the counter change and delivery.
 
 Real Celery workers (with beat) on Redis and PostgreSQL, a loopback receiver.
+(Prompt delivery and a hanging receiver: ``test_webhook_prompt.py``.)
 """
 
 from __future__ import annotations
@@ -84,8 +85,11 @@ def test_a_notification_written_before_a_sigkill_is_delivered_by_the_next_worker
         meter.set_limit(Limit("send", maximum=1, period="1h"))
         hooks = Webhooks(meter)
         _, secret = hooks.add(receiver.url_for("/hook"), types=["limit.denied"])
-        # The first worker applies events, but its beat would deliver only in an hour.
-        first = start_worker("first", METERING_WEBHOOKS_INTERVAL="3600")
+        # The first worker applies events, but delivers nothing: no delivery
+        # thread, and its beat would deliver only in an hour.
+        first = start_worker(
+            "first", METERING_WEBHOOKS_INTERVAL="3600", METERING_WEBHOOKS_DISPATCH="0"
+        )
         with UsageProducer(redis_url) as producer:
             producer.emit("visitor-1", "send", event_id="e-1")
             producer.emit("visitor-1", "send", event_id="e-2")
@@ -94,7 +98,8 @@ def test_a_notification_written_before_a_sigkill_is_delivered_by_the_next_worker
         assert pending.status == "pending" and receiver.log == []
         kill(first)
 
-        start_worker("second", METERING_WEBHOOKS_INTERVAL="1")
+        # The second one's delivery thread finds it (beat's tick is an hour away).
+        start_worker("second", METERING_WEBHOOKS_INTERVAL="3600")
         wait_for(lambda: len(receiver.log) >= 1, lambda: str(hooks.deliveries()), 60)
         wait_for(
             lambda: hooks.deliveries()[0].status == "delivered", lambda: str(hooks.deliveries())
