@@ -13,6 +13,10 @@ One attempt is three steps, none holding a transaction open over HTTP:
    again after the schedule's next delay (with jitter, and never before the
    receiver's ``Retry-After``), or failed after the last attempt.
 
+Attempts run side by side on a `Dispatcher` (at most ``max_in_flight``, and
+``max_in_flight_per_endpoint`` to one endpoint): `deliver_due` for what is
+due now, `serve` for a worker's delivery thread.
+
 Delivery is at least once: a worker that dies after the POST and before the
 record sends the message again. Receivers deduplicate on ``webhook-id``.
 """
