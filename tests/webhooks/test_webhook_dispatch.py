@@ -13,9 +13,11 @@ from pytest_httpserver import HTTPServer
 from waiting import wait_for
 
 from metering import Limit, Meter
+from metering.errors import ConfigurationError
 from metering.storage.webhook_records import DeliveryJob, EndpointRecord
 from metering.webhooks import DeliverySettings, Webhooks
 from metering.webhooks.dispatch import CRASHED, Dispatcher
+from metering.webhooks.settings import dispatching, poll_seconds
 
 
 def job(number: int, endpoint: str) -> DeliveryJob:
@@ -153,3 +155,22 @@ def test_deliver_due_reaches_an_endpoint_while_another_hangs(
         assert not run.is_alive()
         statuses = sorted(d.status for d in hooks.deliveries())
     assert statuses == ["delivered", "pending"]
+
+
+def test_the_bounds_and_the_poll_come_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    settings = DeliverySettings.from_env()
+    assert (settings.max_in_flight, settings.max_in_flight_per_endpoint) == (16, 4)
+    assert poll_seconds() == 0.25 and dispatching()
+    monkeypatch.setenv("METERING_WEBHOOKS_CONCURRENCY", "32")
+    monkeypatch.setenv("METERING_WEBHOOKS_PER_ENDPOINT", "1")
+    monkeypatch.setenv("METERING_WEBHOOKS_POLL_INTERVAL", "0.1")
+    monkeypatch.setenv("METERING_WEBHOOKS_DISPATCH", "0")
+    settings = DeliverySettings.from_env()
+    assert (settings.max_in_flight, settings.max_in_flight_per_endpoint) == (32, 1)
+    assert poll_seconds() == 0.1 and not dispatching()
+    for bad in ("0", "2.5", "-1", "many"):
+        monkeypatch.setenv("METERING_WEBHOOKS_PER_ENDPOINT", bad)
+        with pytest.raises(ConfigurationError):
+            DeliverySettings.from_env()
