@@ -20,7 +20,8 @@ import pytest
 from click.testing import CliRunner
 
 from metering import Limit, Meter
-from metering.cli import MAX_ERROR_CHARS, main
+from metering.cli import main
+from metering.cli.context import MAX_ERROR_CHARS
 from metering.clock import FrozenClock
 from metering.errors import (
     ConfigurationError,

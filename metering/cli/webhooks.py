@@ -1,10 +1,9 @@
 """``metering webhooks``: endpoints, deliveries, replays and test pings.
 
-Registered on the main group in `metering.cli`; errors become one
-``error: ...`` line there (`MeteringGroup`). Secrets are printed only by
-``add`` and ``rotate``, once; listings show them masked. They are stored
-encrypted under ``METERING_SECRET_KEY`` (`metering.webhooks.encryption`);
-without it ``add`` and ``rotate`` warn that they are stored in plaintext.
+Secrets are printed only by ``add`` and ``rotate``, once; listings show them
+masked. They are stored encrypted under ``METERING_SECRET_KEY``
+(`metering.webhooks.encryption`); without it ``add`` and ``rotate`` warn that
+they are stored in plaintext.
 """
 
 from __future__ import annotations
@@ -12,69 +11,44 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Final
 
 import click
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
+from metering.cli.context import current_meter
+from metering.cli.options import format_option, parse_datetime
+from metering.cli.output import print_table, table, when_us
 from metering.domain.bounds import MAX_LISTING, MAX_ROW_ID
-from metering.domain.instants import as_utc, from_us
+from metering.domain.instants import from_us
 from metering.domain.notifications import MESSAGE_TYPES
-from metering.errors import InvalidInput
 from metering.storage.webhooks import AttemptRecord, DeliveryRecord
 from metering.webhooks.encryption import generate_key
 from metering.webhooks.endpoints import STATUSES, Endpoint, Webhooks
 
-PLAINTEXT_WARNING = (
+PLAINTEXT_WARNING: Final = (
     "warning: METERING_SECRET_KEY is not set: the secret is stored in plaintext "
     "(`metering webhooks keygen` makes a key; `metering webhooks reencrypt` then encrypts)"
 )
+ENDPOINT_COLUMNS: Final = ("id", "url", "types", "state", "secret", "stored")
+DELIVERY_COLUMNS: Final = (
+    "id",
+    "type",
+    "endpoint",
+    "status",
+    "attempts",
+    "last result",
+    "next attempt",
+)
+# Webhook tables keep their width whatever the terminal.
+WEBHOOK_TABLE_WIDTH: Final = 200
 
 
 def _hooks() -> Webhooks:
-    from metering.cli import _meter
-
-    return Webhooks(_meter())
+    return Webhooks(current_meter())
 
 
-def _when(us: int | None) -> str:
-    return "-" if us is None else from_us(us).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def _print_table(columns: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
-    table = Table()
-    for column in columns:
-        table.add_column(column)
-    for row in rows:
-        table.add_row(*(Text("-" if value is None else str(value)) for value in row))
-    Console(width=200).print(table)
-
-
-def _format_option(func: click.decorators.FC) -> click.decorators.FC:
-    return click.option(
-        "--format",
-        "fmt",
-        type=click.Choice(["table", "json"]),
-        default="table",
-        show_default=True,
-        help="Human-readable output or JSON.",
-    )(func)
-
-
-def _parse_since(
-    _ctx: click.Context, _param: click.Parameter, value: str | None
-) -> datetime | None:
-    if value is None:
-        return None
-    try:
-        moment = datetime.fromisoformat(value)
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not an ISO-8601 datetime") from None
-    try:
-        return as_utc(moment, field_name="since")
-    except InvalidInput as exc:
-        raise click.BadParameter(exc.message) from None
+def _print(columns: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    print_table(table(columns, rows, numeric=()), width=WEBHOOK_TABLE_WIDTH)
 
 
 @click.group()
@@ -110,7 +84,7 @@ def _endpoint_row(endpoint: Endpoint) -> list[object]:
 
 
 @webhooks.command("list")
-@_format_option
+@format_option
 def list_endpoints(fmt: str) -> None:
     """List endpoints (secrets masked)."""
     found = _hooks().endpoints()
@@ -119,8 +93,7 @@ def list_endpoints(fmt: str) -> None:
     elif not found:
         click.echo("no webhook endpoints")
     else:
-        columns = ["id", "url", "types", "state", "secret", "stored"]
-        _print_table(columns, [_endpoint_row(e) for e in found])
+        _print(ENDPOINT_COLUMNS, [_endpoint_row(e) for e in found])
 
 
 @webhooks.command("remove")
@@ -206,12 +179,26 @@ def _delivery_json(record: DeliveryRecord, attempts: Sequence[AttemptRecord]) ->
     }
 
 
+def _delivery_row(record: DeliveryRecord) -> list[object]:
+    last_code = f"HTTP {record.last_status_code}" if record.last_status_code else None
+    pending = record.status == "pending"
+    return [
+        record.id,
+        record.message_type,
+        record.endpoint_id,
+        record.status,
+        record.attempts,
+        record.last_error or last_code,
+        when_us(record.next_attempt_at_us) if pending else None,
+    ]
+
+
 @webhooks.command("deliveries")
 @click.option("--status", type=click.Choice(STATUSES), help="Only deliveries in this state.")
 @click.option("--endpoint", "endpoint_id", help="Only deliveries to this endpoint.")
 @click.option("--last", type=click.IntRange(1, MAX_LISTING), default=50, show_default=True,
               help="How many to show.")  # fmt: skip
-@_format_option
+@format_option
 def deliveries(status: str | None, endpoint_id: str | None, last: int, fmt: str) -> None:
     """List deliveries, newest first, with their attempts."""
     hooks = _hooks()
@@ -219,30 +206,19 @@ def deliveries(status: str | None, endpoint_id: str | None, last: int, fmt: str)
     if fmt == "json":
         documents = [_delivery_json(d, hooks.attempts(d.id)) for d in found]
         click.echo(json.dumps(documents, indent=2))
-        return
-    if not found:
+    elif not found:
         click.echo("no deliveries")
-        return
-    columns = ["id", "type", "endpoint", "status", "attempts", "last result", "next attempt"]
-    rows = [
-        [
-            d.id,
-            d.message_type,
-            d.endpoint_id,
-            d.status,
-            d.attempts,
-            d.last_error or (f"HTTP {d.last_status_code}" if d.last_status_code else None),
-            _when(d.next_attempt_at_us) if d.status == "pending" else None,
-        ]
-        for d in found
-    ]
-    _print_table(columns, rows)
+    else:
+        _print(DELIVERY_COLUMNS, [_delivery_row(d) for d in found])
 
 
 @webhooks.command("replay")
 @click.argument("delivery_ids", nargs=-1, type=click.IntRange(1, MAX_ROW_ID))
 @click.option(
-    "--since", callback=_parse_since, help="Replay every delivery created since (ISO-8601)."
+    "--since",
+    metavar="ISO8601",
+    callback=parse_datetime,
+    help="Replay every delivery created since (ISO-8601).",
 )
 def replay(delivery_ids: tuple[int, ...], since: datetime | None) -> None:
     """Send deliveries again (failed or not), by id or --since."""

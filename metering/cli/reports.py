@@ -1,11 +1,9 @@
 """``metering report overage|usage``: the reports on the command line.
 
-Errors need no handling here: the `metering` group turns every
-`MeteringError` and usage error into one ``error: ...`` line and exit 1.
 CSV (neutralised against formula injection: `metering.reports.export`) and
 JSON are written row by row as the database streams them, so a large export
-keeps memory flat; a progress bar goes to stderr when it is a
-terminal (or with ``--progress``).
+keeps memory flat; a progress bar goes to stderr when it is a terminal (or
+with ``--progress``).
 """
 
 from __future__ import annotations
@@ -20,10 +18,10 @@ from typing import IO, Any, Final, TypeVar
 import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
-from rich.text import Text
 
-from metering.meter import Meter
+from metering.cli.context import current_meter
+from metering.cli.output import print_table, table
+from metering.reports.charts import DEFAULT_TOP, overage_chart, usage_chart
 from metering.reports.export import write_csv
 from metering.reports.overage import COLUMNS, Report, ReportRow, select_overage, select_usage
 
@@ -41,19 +39,6 @@ HEADERS: Final = {
     "utilisation_percent": "utilisation %",
     "first_denied_at": "first denial",
 }
-
-
-def _meter() -> Meter:
-    # Imported here: metering.cli imports this module to register `report`.
-    from metering import cli
-
-    return cli._meter()
-
-
-def _console() -> Console:
-    from metering import cli
-
-    return cli._console()
 
 
 def _filter_options(func: F) -> F:
@@ -118,15 +103,17 @@ def overage(
     the cost of the denied events.
     """
     chosen = select_overage(
-        _meter(), period=period, since=since, until=until, subject=subject, limit=limit, top=top
+        current_meter(),
+        period=period,
+        since=since,
+        until=until,
+        subject=subject,
+        limit=limit,
+        top=top,
     )
-    from metering.reports.charts import DEFAULT_TOP
-
     keep = (top or DEFAULT_TOP) if chart is not None else 0
     kept = _output(chosen, fmt, progress, keep, f"Overage, {chosen.range.label}")
     if chart is not None:
-        from metering.reports.charts import overage_chart
-
         _chart_written(overage_chart(kept, chart, chosen.range.label))
 
 
@@ -144,12 +131,12 @@ def usage(
     progress: bool | None,
 ) -> None:
     """One subject's usage per window over time, limit by limit."""
-    chosen = select_usage(_meter(), subject, period=period, since=since, until=until, limit=limit)
+    chosen = select_usage(
+        current_meter(), subject, period=period, since=since, until=until, limit=limit
+    )
     keep = None if chart is not None else 0
     kept = _output(chosen, fmt, progress, keep, f"Usage of {subject}, {chosen.range.label}")
     if chart is not None:
-        from metering.reports.charts import usage_chart
-
         _chart_written(usage_chart(kept, chart, subject, chosen.range.label))
 
 
@@ -180,7 +167,7 @@ def _output(
     elif fmt == "json":
         _write_json(tee(rows), out)
     else:
-        _print_table(list(tee(rows)), title)
+        _print_report(list(tee(rows)), title)
     return kept
 
 
@@ -208,25 +195,21 @@ def _write_json(rows: Iterable[ReportRow], out: IO[str]) -> None:
     out.write("[]\n" if separator == "[\n" else "\n]\n")
 
 
-def _cell(name: str, value: object) -> str:
-    if value is None:
-        return "-"
+def _cell(name: str, value: object) -> object:
     if isinstance(value, datetime):
         return value.strftime("%Y-%m-%d %H:%M")
-    if name == "utilisation_percent":
+    if value is not None and name == "utilisation_percent":
         return f"{value:.1f}"
-    if name in NUMERIC:
+    if value is not None and name in NUMERIC:
         return f"{value:,}"
-    return str(value)
+    return value
 
 
-def _print_table(rows: list[ReportRow], title: str) -> None:
+def _print_report(rows: list[ReportRow], title: str) -> None:
     if not rows:
         click.echo(f"{title}: no windows")
         return
-    table = Table(title=title, title_justify="left")
-    for name in COLUMNS:
-        table.add_column(HEADERS.get(name, name), justify="right" if name in NUMERIC else "left")
-    for row in rows:
-        table.add_row(*(Text(_cell(name, getattr(row, name))) for name in COLUMNS))
-    _console().print(table)
+    headers = [HEADERS.get(name, name) for name in COLUMNS]
+    numeric = {HEADERS.get(name, name) for name in NUMERIC}
+    cells = [[_cell(name, getattr(row, name)) for name in COLUMNS] for row in rows]
+    print_table(table(headers, cells, title, numeric=numeric))

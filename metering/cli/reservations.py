@@ -3,44 +3,31 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Final
 
 import click
 
-from metering.cli import (
+from metering.cli.context import current_meter
+from metering.cli.options import ChargeTuple, charge_options, chosen_charges, format_option
+from metering.cli.output import (
     EXIT_CODES_HELP,
     EXIT_DENIED,
-    ChargeTuple,
-    _charges,
-    _console,
-    _format_option,
-    _meter,
-    _parse_charges,
-    _report,
-    _table,
-    _when,
+    print_table,
+    report_decision,
+    table,
+    when,
 )
 from metering.reservations import ReservationInfo
 
-RESERVATION_COLUMNS = ("id", "state", "charges", "created", "expires", "settled", "by")
+RESERVATION_COLUMNS: Final = ("id", "state", "charges", "created", "expires", "settled", "by")
 
 
 @click.command(epilog=EXIT_CODES_HELP)
-@click.argument("subject", required=False)
-@click.argument("limit", required=False)
-@click.option("--cost", type=int, help="Cost of SUBJECT LIMIT (default 1).")
-@click.option(
-    "--charge",
-    "charges",
-    metavar="SUBJECT:LIMIT:COST",
-    multiple=True,
-    callback=_parse_charges,
-    help="A charge of a stacked reservation (all or nothing); repeatable.",
-)
+@charge_options("reservation")
 @click.option("--ttl", "ttl_seconds", type=float, default=60.0, show_default=True,
               help="Seconds before the sweeper commits it.")  # fmt: skip
 @click.option("--event-id", help="The reservation's id; a repeated id returns the same one.")
-@_format_option
+@format_option
 def reserve(
     subject: str | None,
     limit: str | None,
@@ -51,8 +38,10 @@ def reserve(
     fmt: str,
 ) -> None:
     """Consume now, with the option to give it back: metering reservations cancel ID."""
-    wanted = _charges(subject, limit, cost, charges)
-    reservation = _meter().reserve(charges=wanted, event_id=event_id, ttl_seconds=ttl_seconds)
+    wanted = chosen_charges(subject, limit, cost, charges)
+    reservation = current_meter().reserve(
+        charges=wanted, event_id=event_id, ttl_seconds=ttl_seconds
+    )
     if fmt == "json":
         payload = {**reservation.decision.to_dict(), "reservation": reservation.state}
         click.echo(json.dumps(payload, indent=2))
@@ -60,8 +49,8 @@ def reserve(
             click.get_current_context().exit(EXIT_DENIED)
         return
     if reservation.state == "held":
-        click.echo(f"reservation {reservation.id} held until {_when(reservation.expires_at)}")
-    _report(reservation.decision, fmt)
+        click.echo(f"reservation {reservation.id} held until {when(reservation.expires_at)}")
+    report_decision(reservation.decision, fmt)
 
 
 @click.group()
@@ -73,7 +62,7 @@ def _charges_text(info: ReservationInfo) -> str:
     return ", ".join(f"{c.subject} {c.limit} {c.cost}" for c in info.charges)
 
 
-def _as_dict(info: ReservationInfo) -> dict[str, Any]:
+def _reservation_json(info: ReservationInfo) -> dict[str, Any]:
     return {
         "id": info.id,
         "state": info.state,
@@ -90,26 +79,33 @@ def _as_dict(info: ReservationInfo) -> dict[str, Any]:
 @click.option("--subject", help="Only reservations charging this subject.")
 @click.option("--limit", "count", type=click.IntRange(1, 100_000), default=100, show_default=True,
               help="How many, newest first.")  # fmt: skip
-@_format_option
+@format_option
 def reservations_list(state: str | None, subject: str | None, count: int, fmt: str) -> None:
     """The newest reservations."""
-    found = _meter().reservations(state=state, subject=subject, limit=count)
+    found = current_meter().reservations(state=state, subject=subject, limit=count)
     if fmt == "json":
-        click.echo(json.dumps([_as_dict(info) for info in found], indent=2))
+        click.echo(json.dumps([_reservation_json(info) for info in found], indent=2))
         return
     rows: list[list[object]] = [
-        [i.id, i.state, _charges_text(i), _when(i.created_at), _when(i.expires_at)] for i in found
+        [
+            i.id,
+            i.state,
+            _charges_text(i),
+            when(i.created_at),
+            when(i.expires_at),
+            when(i.settled_at),
+            i.settled_by,
+        ]
+        for i in found
     ]
-    for row, info in zip(rows, found, strict=True):
-        row += [_when(info.settled_at), info.settled_by]
-    _console().print(_table(RESERVATION_COLUMNS, rows))
+    print_table(table(RESERVATION_COLUMNS, rows))
 
 
 @reservations.command("cancel")
 @click.argument("reservation_id")
 def reservations_cancel(reservation_id: str) -> None:
     """Give a held reservation's cost back (a second cancel does nothing)."""
-    returned = _meter().cancel_reservation(reservation_id)
+    returned = current_meter().cancel_reservation(reservation_id)
     click.echo(f"cancelled {reservation_id}: {returned} given back")
 
 
@@ -117,7 +113,7 @@ def reservations_cancel(reservation_id: str) -> None:
 @click.argument("reservation_id")
 def reservations_commit(reservation_id: str) -> None:
     """Make a held reservation final."""
-    _meter().commit_reservation(reservation_id)
+    current_meter().commit_reservation(reservation_id)
     click.echo(f"committed {reservation_id}")
 
 
@@ -127,5 +123,5 @@ def reservations_sweep(retention: float | None) -> None:
     """Commit reservations past their time to live (what beat does)."""
     if retention is not None and retention < 0:
         raise click.BadParameter("must not be negative", param_hint="--retention")
-    swept = _meter().sweep_reservations(retention_seconds=retention)
+    swept = current_meter().sweep_reservations(retention_seconds=retention)
     click.echo(f"committed {swept['committed']}, deleted {swept['deleted']}")

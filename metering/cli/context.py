@@ -1,0 +1,105 @@
+"""The command line's state and its one error path.
+
+`AppState` holds the database URL chosen with ``--database`` (or
+``METERING_DATABASE_URL``); `current_meter` opens a `Meter` on it on first
+use and closes it with the command. Errors are handled once, in
+`MeteringGroup`: every `MeteringError` and every click usage error becomes
+one ``error: ...`` line on stderr and exit code 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import IO, Any, Final, TypeVar
+
+import click
+
+from metering.errors import MeteringError
+from metering.meter import Meter
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+MAX_ERROR_CHARS: Final = 400
+
+
+class CliError(click.ClickException):
+    """An error shown as a single ``error: ...`` line."""
+
+    exit_code = 1
+
+    def __init__(self, message: str) -> None:
+        # One line, and a short one: click echoes a rejected value whole.
+        text = " ".join(message.split())
+        if len(text) > MAX_ERROR_CHARS:
+            text = text[: MAX_ERROR_CHARS - 1] + "…"
+        super().__init__(text)
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        click.echo(f"error: {self.format_message()}", file=file, err=file is None)
+
+
+@contextmanager
+def one_line_errors() -> Iterator[None]:
+    """Turn usage errors and `MeteringError` into `CliError`."""
+    try:
+        yield
+    except CliError:
+        raise
+    except click.UsageError as exc:
+        hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+        raise CliError(exc.format_message() + hint) from None
+    except click.ClickException as exc:
+        raise CliError(exc.format_message()) from None
+    except MeteringError as exc:
+        raise CliError(str(exc)) from None
+
+
+class MeteringGroup(click.Group):
+    """A group that turns `MeteringError` and usage errors into `CliError`."""
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        with one_line_errors():
+            return super().make_context(info_name, args, parent, **extra)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with one_line_errors():
+            return super().invoke(ctx)
+
+
+@dataclass
+class AppState:
+    """What the root command chose: the database URL, and the `Meter` once opened."""
+
+    url: str
+    meter: Meter | None = field(default=None, repr=False)
+
+
+def current_meter() -> Meter:
+    """The command's `Meter`, opened on first use and closed with the context."""
+    ctx = click.get_current_context()
+    state = ctx.find_object(AppState)
+    if state is None:
+        raise CliError("no database configured")
+    if state.meter is None:
+        state.meter = ctx.find_root().with_resource(Meter(state.url))
+    return state.meter
+
+
+def database_option(func: F) -> F:
+    """``--database URL`` (or ``METERING_DATABASE_URL``) on the root command."""
+    return click.option(
+        "--database",
+        metavar="URL",
+        envvar="METERING_DATABASE_URL",
+        show_envvar=True,
+        help="Database URL (postgresql://... or sqlite:///file.db). "
+        "Default: sqlite:///metering.db.",
+    )(func)

@@ -1,0 +1,81 @@
+"""``metering limits set|list|delete|load``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Final
+
+import click
+
+from metering.cli.context import current_meter
+from metering.cli.options import format_option
+from metering.cli.output import describe_limit, print_table, table
+from metering.domain.limits import ALGORITHMS, ENFORCEMENTS, WINDOWS, Limit
+
+LIMIT_COLUMNS: Final = (
+    "name",
+    "maximum",
+    "period",
+    "algorithm",
+    "window",
+    "enforcement",
+    "thresholds",
+    "lateness",
+)
+
+
+@click.group()
+def limits() -> None:
+    """Define, list, delete and load limits."""
+
+
+@limits.command("set")
+@click.argument("name")
+@click.option("--max", "maximum", type=int, required=True, help="Inclusive maximum per period.")
+@click.option("--period", required=True, help="30s, 2m, 1h, 1d, 7d, 1mo ...")
+@click.option("--algorithm", type=click.Choice(ALGORITHMS), help="Default: fixed_window.")
+@click.option("--window", type=click.Choice(WINDOWS), help="Fixed window only. Default: first_use.")
+@click.option("--enforcement", type=click.Choice(ENFORCEMENTS), help="Default: hard.")
+@click.option("--threshold", "thresholds", type=int, multiple=True, help="Percent; repeatable.")
+@click.option("--lateness", help="How late an event may arrive. Default: 1d.")
+def limits_set(name: str, maximum: int, period: str, **options: Any) -> None:
+    """Create or replace the limit NAME."""
+    chosen = {key: value for key, value in options.items() if value not in (None, ())}
+    click.echo(describe_limit(current_meter().set_limit(Limit(name, maximum, period, **chosen))))
+
+
+def _limit_row(limit: Limit) -> list[object]:
+    window = limit.window if limit.algorithm == "fixed_window" else None
+    thresholds = ", ".join(f"{t}%" for t in limit.thresholds) or None
+    row: list[object] = [limit.name, limit.maximum, limit.period, limit.algorithm, window]
+    return [*row, limit.enforcement, thresholds, limit.lateness]
+
+
+@limits.command("list")
+@format_option
+def limits_list(fmt: str) -> None:
+    """List the limits."""
+    found = current_meter().list_limits()
+    if fmt == "json":
+        click.echo(json.dumps([limit.to_dict() for limit in found], indent=2))
+    elif not found:
+        click.echo("no limits defined: add one with `metering limits set`")
+    else:
+        print_table(table(LIMIT_COLUMNS, [_limit_row(limit) for limit in found]))
+
+
+@limits.command("delete")
+@click.argument("name")
+def limits_delete(name: str) -> None:
+    """Delete the limit NAME (its counters are kept for reports)."""
+    current_meter().delete_limit(name)
+    click.echo(f"deleted limit {name}")
+
+
+@limits.command("load")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+def limits_load(file: Path) -> None:
+    """Load limits from a YAML or TOML FILE: all of them, or none."""
+    loaded = current_meter().load_limits(file)
+    click.echo(f"loaded {len(loaded)} limit{'' if len(loaded) == 1 else 's'} from {file}")

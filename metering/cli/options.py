@@ -1,0 +1,132 @@
+"""Options and parameter callbacks that several commands share."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any, TypeVar
+
+import click
+
+from metering.domain.bounds import validate_seconds
+from metering.domain.instants import as_utc
+from metering.errors import InvalidInput
+
+F = TypeVar("F", bound=Callable[..., Any])
+ChargeTuple = tuple[str, str, int]
+
+
+def parse_datetime(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> datetime | None:
+    """An ISO-8601 datetime option; naive means UTC."""
+    if value is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r} is not an ISO-8601 datetime like 2026-11-22T12:00:00Z"
+        ) from None
+    try:
+        return as_utc(moment, field_name=param.name or "datetime")
+    except InvalidInput as exc:
+        raise click.BadParameter(exc.message) from None
+
+
+def parse_seconds(maximum: float) -> Callable[[click.Context, click.Parameter, float], float]:
+    """A callback for a number of seconds: finite, from 0 to ``maximum``."""
+
+    def parse(_ctx: click.Context, param: click.Parameter, value: float) -> float:
+        try:
+            return validate_seconds(param.name or "seconds", value, maximum)
+        except InvalidInput as exc:
+            raise click.BadParameter(exc.message) from None
+
+    return parse
+
+
+def parse_charge(value: str) -> ChargeTuple:
+    """``SUBJECT:LIMIT:COST``, split from the right (a subject may contain ':')."""
+    parts = value.rsplit(":", 2)
+    if len(parts) != 3:
+        raise click.BadParameter(f"{value!r} is not SUBJECT:LIMIT:COST")
+    try:
+        cost = int(parts[2])
+    except ValueError:
+        raise click.BadParameter(f"cost {parts[2]!r} in {value!r} is not a whole number") from None
+    return (parts[0], parts[1], cost)
+
+
+def parse_charges(
+    _ctx: click.Context, _param: click.Parameter, values: Sequence[str]
+) -> list[ChargeTuple]:
+    """The callback of ``--charge``, a repeatable option."""
+    return [parse_charge(value) for value in values]
+
+
+def chosen_charges(
+    subject: str | None, limit: str | None, cost: int | None, charges: Sequence[ChargeTuple]
+) -> list[ChargeTuple]:
+    """The charges of SUBJECT LIMIT [--cost N], or of the ``--charge`` options."""
+    if charges:
+        if subject is not None or cost is not None:
+            raise click.UsageError("give SUBJECT LIMIT [--cost N], or --charge, not both")
+        return list(charges)
+    if subject is None or limit is None:
+        raise click.UsageError("give SUBJECT and LIMIT, or one or more --charge")
+    return [(subject, limit, 1 if cost is None else cost)]
+
+
+def format_option(func: F) -> F:
+    """``--format table|json``."""
+    return click.option(
+        "--format",
+        "fmt",
+        type=click.Choice(["table", "json"]),
+        default="table",
+        show_default=True,
+        help="Human-readable output or JSON.",
+    )(func)
+
+
+def charge_options(what: str) -> Callable[[F], F]:
+    """SUBJECT LIMIT [--cost N], or repeated ``--charge``; ``what`` names the stacked thing."""
+
+    def decorate(func: F) -> F:
+        decorators = [
+            click.argument("subject", required=False),
+            click.argument("limit", required=False),
+            click.option("--cost", type=int, help="Cost of SUBJECT LIMIT (default 1)."),
+            click.option(
+                "--charge",
+                "charges",
+                metavar="SUBJECT:LIMIT:COST",
+                multiple=True,
+                callback=parse_charges,
+                help=f"A charge of a stacked {what} (all or nothing); repeatable.",
+            ),
+        ]
+        for decorator in reversed(decorators):
+            func = decorator(func)
+        return func
+
+    return decorate
+
+
+def decision_options(func: F) -> F:
+    """The charges, ``--at`` and ``--format`` of consume, check and emit."""
+    decorators = [
+        charge_options("event"),
+        click.option(
+            "--at",
+            "occurred_at",
+            metavar="ISO8601",
+            callback=parse_datetime,
+            help="When the usage happened (default now); naive means UTC.",
+        ),
+        format_option,
+    ]
+    for decorator in reversed(decorators):
+        func = decorator(func)
+    return func

@@ -1,0 +1,178 @@
+"""What the command line prints: the console, tables, times and decisions."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Collection, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Final
+
+import click
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from metering.domain.decisions import ChargeDecision, Decision
+from metering.domain.instants import from_us
+from metering.domain.limits import Limit
+from metering.meter import Counter
+
+EXIT_DENIED: Final = 2
+EXIT_CODES_HELP: Final = (
+    "\b\nExit codes (scripts can branch on them):\n"
+    "  0  allowed (or overage on a soft limit)\n  2  denied\n  1  error"
+)
+LABEL_COLOURS: Final = {"allowed": "green", "overage": "yellow", "fits": "cyan"}
+NUMERIC_COLUMNS: Final = frozenset({"maximum", "used", "denied events", "denied cost"})
+COUNTER_COLUMNS: Final = (
+    "subject",
+    "limit",
+    "window start",
+    "window end",
+    "used",
+    "denied events",
+    "denied cost",
+    "first denial",
+)
+
+
+# -- the console and tables ----------------------------------------------------
+
+
+def console() -> Console:
+    """The console for stdout. Piped output is not squeezed into 80 columns."""
+    return Console(width=None if sys.stdout.isatty() else 200)
+
+
+def table(
+    columns: Sequence[str],
+    rows: Sequence[Sequence[object]],
+    title: str = "",
+    *,
+    numeric: Collection[str] = NUMERIC_COLUMNS,
+) -> Table:
+    """A table of ``rows``; None shows as ``-``; ``numeric`` columns are right-aligned."""
+    shown = Table(title=title or None, title_justify="left")
+    for column in columns:
+        shown.add_column(column, justify="right" if column in numeric else "left")
+    for row in rows:
+        shown.add_row(*(Text("-" if value is None else str(value)) for value in row))
+    return shown
+
+
+def print_table(shown: Table, *, width: int | None = None) -> None:
+    """Print a table on stdout."""
+    out = console()
+    if width is not None:
+        out.width = width
+    out.print(shown)
+
+
+# -- times -----------------------------------------------------------------------
+
+
+def when(moment: datetime | None, *, ceil: bool = False) -> str:
+    """``YYYY-MM-DD HH:MM:SS UTC``; ``ceil`` rounds up (never promise a time too early)."""
+    if moment is None:
+        return "-"
+    moment = moment.astimezone(UTC)
+    if ceil and moment.microsecond:
+        moment = moment.replace(microsecond=0) + timedelta(seconds=1)
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def when_us(at_us: int | None) -> str:
+    """`when` of an instant in microseconds since the epoch."""
+    return when(None if at_us is None else from_us(at_us))
+
+
+def iso_us(at_us: int) -> str:
+    """An instant in microseconds as ISO 8601, to the second."""
+    return from_us(at_us).isoformat(timespec="seconds")
+
+
+# -- limits, counters and decisions ----------------------------------------------------
+
+
+def describe_limit(limit: Limit) -> str:
+    """One line: ``name: max N per P, algorithm, ... lateness L``."""
+    parts = [f"{limit.name}: max {limit.maximum} per {limit.period}", limit.algorithm]
+    if limit.algorithm == "fixed_window":
+        parts.append(f"{limit.window} window")
+    parts.append(limit.enforcement)
+    if limit.thresholds:
+        parts.append("thresholds " + "/".join(f"{t}%" for t in limit.thresholds))
+    return ", ".join([*parts, f"lateness {limit.lateness}"])
+
+
+def counters_table(counters: Sequence[Counter], title: str = "") -> Table:
+    """Counters, one row per subject, limit and window."""
+    rows: list[list[object]] = [
+        [
+            c.subject,
+            c.limit,
+            when(c.window_start),
+            when(c.window_end),
+            c.used,
+            c.denied_count,
+            c.denied_cost,
+            when(c.first_denied_at),
+        ]
+        for c in counters
+    ]
+    return table(COUNTER_COLUMNS, rows, title)
+
+
+def _label(text: str) -> str:
+    return click.style(text, fg=LABEL_COLOURS.get(text.split()[0], "red"), bold=True)
+
+
+def _charge_line(charge: ChargeDecision, label: str) -> str:
+    line = f"{_label(label)}  {charge.subject} {charge.limit}  used {charge.used}/{charge.maximum}"
+    resets = when(charge.resets_at, ceil=True)
+    if not charge.allowed and charge.retry_at is None:
+        return f"{line}, cost {charge.cost} is more than the maximum: never fits"
+    if not charge.allowed:
+        return f"{line}, retry at {when(charge.retry_at, ceil=True)}"
+    if charge.overage:
+        return f"{line}, {charge.overage} over, resets {resets}"
+    return f"{line}, {charge.remaining} left, resets {resets}"
+
+
+def _verdict_line(decision: Decision) -> str:
+    if decision.outcome == "denied":
+        line = f"{_label('denied by ' + ', '.join(decision.denied_by))}  nothing consumed"
+        retry = decision.retry_at
+        return line + (f", retry at {when(retry, ceil=True)}" if retry else "")
+    over = [c.limit for c in decision.charges if c.overage]
+    note = f", over the maximum of {', '.join(over)}" if decision.outcome == "overage" else ""
+    return f"{_label(decision.outcome)}  {len(decision.charges)} charges consumed{note}"
+
+
+def decision_lines(decision: Decision) -> list[str]:
+    """A decision as text: a line per charge, and a verdict for a stacked event."""
+    if decision.outcome == "rejected":
+        lines = [f"{_label('rejected')}  event {decision.event_id}: {decision.reason}"]
+    elif len(decision.charges) == 1:
+        lines = [_charge_line(decision.charges[0], decision.outcome)]
+    else:
+        denied = decision.outcome == "denied"
+        lines = [
+            _charge_line(c, "fits" if denied and c.allowed else c.outcome) for c in decision.charges
+        ]
+        lines.append(_verdict_line(decision))
+    if decision.duplicate:
+        lines[-1] += "  (duplicate)"
+    return lines
+
+
+def report_decision(decision: Decision, fmt: str) -> None:
+    """Print a decision and exit with its code: 0 allowed/overage, 2 denied/rejected."""
+    if fmt == "json":
+        click.echo(json.dumps({**decision.to_dict(), "duplicate": decision.duplicate}, indent=2))
+    else:
+        for line in decision_lines(decision):
+            click.echo(line)
+    if not decision.allowed:
+        click.get_current_context().exit(EXIT_DENIED)

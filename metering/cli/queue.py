@@ -1,0 +1,154 @@
+"""``metering emit|worker|rejected|prune``: the queue, its workers and its leftovers."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Final
+
+import click
+
+from metering.cli.context import AppState, current_meter
+from metering.cli.options import (
+    ChargeTuple,
+    chosen_charges,
+    decision_options,
+    format_option,
+    parse_seconds,
+)
+from metering.cli.output import iso_us, print_table, table
+from metering.config import broker_url, is_embedded_broker
+from metering.domain.bounds import MAX_LISTING
+from metering.errors import BrokerUnavailable
+from metering.producer import UsageProducer, queue_names
+from metering.retention import RetentionPolicy
+from metering.retention import prune as prune_tables
+
+MAX_QUEUES: Final = 1024
+MAX_CONCURRENCY: Final = 4096
+MAX_VISIBILITY_TIMEOUT_SECONDS: Final = 30 * 86_400
+
+
+@click.command(epilog="Prints the event id. The worker decides; see `metering result ID`.")
+@decision_options
+@click.option("--event-id", help="Idempotency key; generated when not given.")
+@click.option("--broker", envvar="METERING_BROKER_URL", help="Default: the embedded broker.")
+def emit(
+    subject: str | None,
+    limit: str | None,
+    cost: int | None,
+    charges: list[ChargeTuple],
+    occurred_at: datetime | None,
+    fmt: str,
+    event_id: str | None,
+    broker: str | None,
+) -> None:
+    """Queue one usage event for the workers (does not wait for the decision)."""
+    wanted = chosen_charges(subject, limit, cost, charges)
+    # This process ends here: an event the broker did not take is dropped
+    # and reported, never sent later behind the user's back.
+    logging.getLogger("metering.producer").setLevel(logging.ERROR)
+    producer = UsageProducer(broker, retry_attempts=3)
+    try:
+        sent = producer.emit(charges=wanted, event_id=event_id, occurred_at=occurred_at)
+        producer.flush()
+    except BrokerUnavailable as exc:
+        producer.discard()
+        raise BrokerUnavailable(f"the event was not queued: {exc.reason}") from None
+    finally:
+        producer.close()
+    click.echo(json.dumps({"event_id": sent}) if fmt == "json" else sent)
+
+
+@click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.option("--concurrency", type=click.IntRange(1, MAX_CONCURRENCY),
+              help="Worker processes (default: one per core).")  # fmt: skip
+@click.option("--queues", type=click.IntRange(1, MAX_QUEUES), default=1,
+              help="Consume metering.0 … metering.N-1.")  # fmt: skip
+@click.option("--beat/--no-beat", default=None, help="Run the periodic sweeps in this worker.")
+@click.option("--loglevel", default="INFO", help="DEBUG, INFO, WARNING ...")
+@click.option("--broker", envvar="METERING_BROKER_URL", help="Default: the embedded broker.")
+@click.pass_context
+def worker(
+    ctx: click.Context,
+    concurrency: int | None,
+    queues: int,
+    beat: bool | None,
+    loglevel: str,
+    broker: str | None,
+) -> None:
+    """Apply queued events (runs `celery -A workers worker`; extra options go to celery).
+
+    With the embedded broker the worker runs one process and the periodic
+    sweeps by default; with Redis, run `celery -A workers beat` once beside
+    any number of workers.
+    """
+    state = ctx.find_object(AppState)
+    url = broker_url(broker)
+    embedded = is_embedded_broker(url)
+    command = [sys.executable, "-m", "celery", "-A", "workers", "worker", "--loglevel", loglevel]
+    command += ["--queues", ",".join(queue_names(queues))]
+    if embedded:
+        command += ["--pool", "solo"]
+    elif concurrency:
+        command += ["--concurrency", str(concurrency)]
+    if beat or (beat is None and embedded):
+        command += ["--beat", "--schedule", str(Path.cwd() / ".metering-beat-schedule")]
+    env = dict(os.environ, METERING_BROKER_URL=url, METERING_QUEUES=str(queues))
+    if state is not None:
+        env["METERING_DATABASE_URL"] = state.url
+    os.execve(sys.executable, [*command, *ctx.args], env)
+
+
+@click.command()
+@click.option("--last", type=click.IntRange(1, MAX_LISTING), default=20, show_default=True,
+              help="How many to show.")  # fmt: skip
+@format_option
+def rejected(last: int, fmt: str) -> None:
+    """Show queued input that could not be applied (malformed, conflicting ids)."""
+    rows = current_meter().rejected_messages(last)
+    if fmt == "json":
+        keys = ("event_id", "reason", "raw")
+        click.echo(json.dumps([dict(zip(keys, row, strict=True)) for row in rows], indent=2))
+    elif not rows:
+        click.echo("no rejected messages")
+    else:
+        print_table(table(["event id", "reason", "input"], [list(r) for r in rows]))
+
+
+@click.command()
+@click.option("--dry-run", is_flag=True, help="Count what would go; delete nothing.")
+@click.option(
+    "--visibility-timeout",
+    type=float,
+    envvar="METERING_VISIBILITY_TIMEOUT",
+    default=300.0,
+    show_default=True,
+    callback=parse_seconds(MAX_VISIBILITY_TIMEOUT_SECONDS),
+    help="The broker's visibility timeout, seconds: part of the redelivery horizon.",
+)
+@format_option
+def prune(dry_run: bool, visibility_timeout: float, fmt: str) -> None:
+    """Delete results, dead letters and webhook records past their retention.
+
+    Ages come from METERING_RETAIN_RESULTS_DAYS (400), METERING_RETAIN_REJECTED_DAYS
+    (90) and METERING_RETAIN_WEBHOOKS_DAYS (30); `never` keeps a table. A
+    result is kept at least as long as its event could be delivered again.
+    """
+    done = prune_tables(
+        current_meter(),
+        RetentionPolicy.from_environment(),
+        visibility_timeout_seconds=visibility_timeout,
+        dry_run=dry_run,
+    )
+    rows = [{"table": p.table, "older_than": iso_us(p.before_us), "rows": p.rows} for p in done]
+    if fmt == "json":
+        click.echo(json.dumps({"dry_run": dry_run, "tables": rows}, indent=2))
+        return
+    verb = "would delete" if dry_run else "deleted"
+    shown = [[r["table"], r["older_than"], str(r["rows"])] for r in rows]
+    print_table(table(["table", "older than", verb], shown))
