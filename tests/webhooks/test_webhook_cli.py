@@ -153,3 +153,15 @@ def test_credentials_in_an_endpoint_url_are_masked(run: Run, url: str, shown: st
             assert secret_part.split(":")[-1] not in output, output
     assert json.loads(as_json)[0]["url"] == shown
     assert shown in added
+
+
+def test_a_test_ping_reaches_an_endpoint_that_chose_its_types(
+    run: Run, receiver: HTTPServer
+) -> None:
+    """`--types` cannot name webhook.test, yet the ping must go out (it crashed)."""
+    receiver.expect_request("/hook").respond_with_data("ok")
+    endpoint_id, _ = add(run, receiver.url_for("/hook"), "--types", "limit.denied")
+    ping = run("webhooks", "test", endpoint_id)
+    assert ping.output.startswith(f"delivered {endpoint_id}: HTTP 200")
+    request, _ = receiver.log[-1]
+    assert request.json["type"] == "webhook.test"
