@@ -24,7 +24,9 @@ from metering.config import database_url
 __all__ = ["main"]
 
 
-@click.group(cls=MeteringGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    "metering", cls=MeteringGroup, context_settings={"help_option_names": ["-h", "--help"]}
+)
 @database_option
 @click.version_option(package_name="metering", prog_name="metering")
 @click.pass_context

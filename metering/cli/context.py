@@ -42,11 +42,17 @@ class CliError(click.ClickException):
 
 @contextmanager
 def one_line_errors() -> Iterator[None]:
-    """Turn usage errors and `MeteringError` into `CliError`."""
+    """Turn usage errors and `MeteringError` into `CliError`.
+
+    A group given no command is not an error: its help goes to stdout, exit 0.
+    """
     try:
         yield
     except CliError:
         raise
+    except click.exceptions.NoArgsIsHelpError as exc:
+        click.echo(exc.ctx.get_help(), color=exc.ctx.color)
+        raise click.exceptions.Exit(0) from None
     except click.UsageError as exc:
         hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
         raise CliError(exc.format_message() + hint) from None

@@ -434,3 +434,13 @@ def test_rejected_lists_what_could_not_be_applied(tmp_path: Path) -> None:
     assert listed.exit_code == 0, listed.output
     [row] = json.loads(listed.output)
     assert row["event_id"] is None and "not a metering batch" in row["reason"]
+
+
+@pytest.mark.parametrize(
+    "args", [[], ["limits"], ["webhooks"], ["report"], ["reservations"], ["db"]], ids=str
+)
+def test_a_bare_group_prints_its_help_and_exits_0(args: list[str]) -> None:
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert result.stdout.startswith(f"Usage: {' '.join(['metering', *args])} [OPTIONS] COMMAND")
+    assert "Commands:" in result.stdout and "error" not in result.output
