@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Final
 
 import click
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.table import Table
 from rich.text import Text
 
@@ -23,6 +23,12 @@ EXIT_CODES_HELP: Final = (
     "\b\nExit codes (scripts can branch on them):\n"
     "  0  allowed (or overage on a soft limit)\n  2  denied\n  1  error"
 )
+# Wider than any table: piped output is never wrapped or cut.
+PIPE_WIDTH: Final = 1_000_000
+# Columns whose values must read whole: ids, subjects and names.
+KEY_COLUMNS: Final = frozenset({"id", "event id", "subject", "limit", "name", "endpoint"})
+# What another column keeps at least beside the keys (its words fold below that).
+OTHER_COLUMN_MIN_WIDTH: Final = 4
 LABEL_COLOURS: Final = {"allowed": "green", "overage": "yellow", "fits": "cyan"}
 NUMERIC_COLUMNS: Final = frozenset({"maximum", "used", "denied events", "denied cost"})
 COUNTER_COLUMNS: Final = (
@@ -40,9 +46,16 @@ COUNTER_COLUMNS: Final = (
 # -- the console and tables ----------------------------------------------------
 
 
+def stdout_is_terminal() -> bool:
+    return sys.stdout.isatty()
+
+
 def console() -> Console:
-    """The console for stdout. Piped output is not squeezed into 80 columns."""
-    return Console(width=None if sys.stdout.isatty() else 200)
+    """The console for stdout: the terminal's width, or unlimited when piped.
+
+    Piped output is never wrapped or cut, so scripts see every value whole.
+    """
+    return Console() if stdout_is_terminal() else Console(width=PIPE_WIDTH)
 
 
 def table(
@@ -52,21 +65,36 @@ def table(
     *,
     numeric: Collection[str] = NUMERIC_COLUMNS,
 ) -> Table:
-    """A table of ``rows``; None shows as ``-``; ``numeric`` columns are right-aligned."""
+    """A table of ``rows``; None shows as ``-``; ``numeric`` columns are right-aligned.
+
+    Nothing is ever cut short: a value too long for its column folds onto the
+    next line. Key columns (ids, subjects, names: `KEY_COLUMNS`) keep the
+    width of their longest value while the other columns wrap, unless even
+    the keys cannot fit side by side on the console: then they fold too.
+    """
+    cells = [[Text("-" if value is None else str(value)) for value in row] for row in rows]
+    widths = {
+        index: max([len(column), *(row[index].cell_len for row in cells)])
+        for index, column in enumerate(columns)
+        if column in KEY_COLUMNS
+    }
+    others = len(columns) - len(widths)
+    borders = 3 * len(columns) + 1
+    needed = sum(widths.values()) + borders + OTHER_COLUMN_MIN_WIDTH * others
+    keys_fit = needed <= console().width
     shown = Table(title=title or None, title_justify="left")
-    for column in columns:
-        shown.add_column(column, justify="right" if column in numeric else "left")
-    for row in rows:
-        shown.add_row(*(Text("-" if value is None else str(value)) for value in row))
+    for index, column in enumerate(columns):
+        justify: JustifyMethod = "right" if column in numeric else "left"
+        width = widths.get(index) if keys_fit else None
+        shown.add_column(column, justify=justify, overflow="fold", width=width)
+    for row in cells:
+        shown.add_row(*row)
     return shown
 
 
-def print_table(shown: Table, *, width: int | None = None) -> None:
+def print_table(shown: Table) -> None:
     """Print a table on stdout."""
-    out = console()
-    if width is not None:
-        out.width = width
-    out.print(shown)
+    console().print(shown)
 
 
 # -- times -----------------------------------------------------------------------

@@ -39,8 +39,6 @@ DELIVERY_COLUMNS: Final = (
     "last result",
     "next attempt",
 )
-# Webhook tables keep their width whatever the terminal.
-WEBHOOK_TABLE_WIDTH: Final = 200
 
 
 def _hooks() -> Webhooks:
@@ -48,7 +46,7 @@ def _hooks() -> Webhooks:
 
 
 def _print(columns: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
-    print_table(table(columns, rows, numeric=()), width=WEBHOOK_TABLE_WIDTH)
+    print_table(table(columns, rows, numeric=()))
 
 
 @click.group()

@@ -1,0 +1,91 @@
+"""Tables never cut ids, subjects or names: not in a narrow terminal, not in a pipe."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from metering import Limit, Meter
+from metering.cli import main, output
+from metering.webhooks import Webhooks
+
+SUBJECT = "org-acme-corporation-emea"
+LIMIT = "api_calls_monthly"
+URL = "https://hooks.example.com/metering/incoming/very-long-path"
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    url = f"sqlite:///{tmp_path}/tables.db"
+    with Meter(url) as meter:
+        Webhooks(meter).add(URL, types=["limit.denied", "limit.threshold"])
+        meter.set_limit(Limit(LIMIT, maximum=5, period="1mo", window="calendar", thresholds=(80,)))
+        meter.consume(SUBJECT, LIMIT, cost=5)
+        meter.consume(SUBJECT, LIMIT, cost=1)
+    return url
+
+
+def cut(text: str) -> bool:
+    """Whether a cell was cut short (a masked secret, ``whsec_…1234``, is not)."""
+    return "…" in re.sub(r"whsec_…\w+", "", text)
+
+
+def column(text: str, index: int) -> str:
+    """The text of column ``index`` of a table's body, its folded lines joined."""
+    lines = text.splitlines()
+    start = next(n for n, line in enumerate(lines) if line.startswith("┡"))
+    body = [line for line in lines[start + 1 :] if line.startswith("│")]
+    return "".join(line.split("│")[index + 1].strip() for line in body)
+
+
+COMMANDS = {
+    "counters": (["counters"], {0: SUBJECT, 1: LIMIT}),
+    "limits": (["limits", "list"], {0: LIMIT}),
+    "endpoints": (["webhooks", "list"], {1: URL}),
+    "deliveries": (["webhooks", "deliveries"], {2: "ep_"}),
+}
+
+
+@pytest.mark.parametrize("width", [80, 100])
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_a_terminal_table_keeps_names_whole(
+    url: str, name: str, width: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(output, "stdout_is_terminal", lambda: True)
+    monkeypatch.setenv("COLUMNS", str(width))
+    args, expected = COMMANDS[name]
+    result = CliRunner().invoke(main, ["--database", url, *args])
+    assert result.exit_code == 0, result.output
+    assert not cut(result.output), result.output
+    assert max(len(line) for line in result.output.splitlines()) <= width
+    for index, text in expected.items():
+        assert column(result.output, index).startswith(text), result.output
+
+
+def test_the_endpoint_id_stays_on_one_line_at_80_columns(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(output, "stdout_is_terminal", lambda: True)
+    monkeypatch.setenv("COLUMNS", "80")
+    with Meter(url) as meter:
+        [endpoint] = Webhooks(meter).endpoints()
+    result = CliRunner().invoke(main, ["--database", url, "webhooks", "list"])
+    assert endpoint.id in result.output
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_piped_output_is_never_cut(url: str, name: str) -> None:
+    args, expected = COMMANDS[name]
+    result = CliRunner().invoke(main, ["--database", url, *args])
+    assert result.exit_code == 0, result.output
+    assert not cut(result.output), result.output
+    for text in expected.values():
+        assert text in result.output
+    long_subject = "s" * 200
+    with Meter(url) as meter:
+        meter.consume(long_subject, LIMIT)
+    counters = CliRunner().invoke(main, ["--database", url, "counters"]).output
+    assert long_subject in counters
