@@ -23,15 +23,17 @@ from metering.domain.decisions import ChargeDecision, ChargeInput, Decision, dec
 from metering.domain.events import UsageEvent, check_event_time
 from metering.domain.instants import from_us, to_us
 from metering.domain.limits import Limit
+from metering.domain.notifications import Transition, notices_of, payload_of
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 from metering.domain.windows import Window, calendar_window, first_use_window
 from metering.errors import EventConflict, MeteringError, UnknownLimit
 from metering.storage.engine import RetryTransaction
 from metering.storage.queries import Pair, ResultRecord, Store
-from metering.webhooks.outbox import Transition, record_notifications
+from metering.storage.webhooks import WebhookStore
 
 InvalidPolicy = Literal["raise", "reject"]
-Applied = Decision | EventConflict
+# What applying one event gives: its decision, or the conflict of a reused id.
+Decided = Decision | EventConflict
 
 
 @dataclass
@@ -105,7 +107,7 @@ def apply_events(
     *,
     invalid: InvalidPolicy = "raise",
     precheck: bool = True,
-) -> list[Applied]:
+) -> list[Decided]:
     """Apply ``events`` in order inside the caller's transaction.
 
     ``invalid="raise"`` raises the first event's error (the synchronous API);
@@ -114,7 +116,7 @@ def apply_events(
     caught by the results insert, which raises `RetryTransaction`.
     """
     stored = store.fetch_results(e.event_id for e in events) if precheck else {}
-    outputs: dict[int, Applied] = {}
+    outputs: dict[int, Decided] = {}
     first_index: dict[str, int] = {}
     repeats: list[tuple[int, int]] = []
     pending: list[tuple[int, UsageEvent]] = []
@@ -180,7 +182,12 @@ def _decide(
     store.write_counters(changed, now_us)
     store.write_current_windows(resolver.changed)
     # Notifications are written in this transaction: a rollback takes them too.
-    record_notifications(store.connection, limits, transitions, now_us)
+    # Most events cause no candidate at all, and then no statement runs.
+    notices = notices_of(limits, transitions)
+    if notices:
+        WebhookStore(store.connection).record_notices(
+            [(notice, payload_of(notice, now_us)) for notice in notices], now_us
+        )
     return decisions
 
 
@@ -212,7 +219,7 @@ def decide_with_states(
     )
 
 
-def _from_stored(event: UsageEvent, stored: ResultRecord) -> Applied:
+def _from_stored(event: UsageEvent, stored: ResultRecord) -> Decided:
     if stored.fingerprint != event.fingerprint():
         return EventConflict(event.event_id)
     return decision_of(stored, duplicate=True)
@@ -233,7 +240,7 @@ def decision_of(record: ResultRecord, *, duplicate: bool) -> Decision:
     )
 
 
-def _repeat(event: UsageEvent, original: UsageEvent, first: Applied) -> Applied:
+def _repeat(event: UsageEvent, original: UsageEvent, first: Decided) -> Decided:
     if isinstance(first, EventConflict) or event.fingerprint() != original.fingerprint():
         return EventConflict(event.event_id)
     return replace(first, duplicate=True)

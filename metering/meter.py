@@ -14,6 +14,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+from metering import reserving
 from metering.applying import (
     CONFLICT,
     DUPLICATE,
@@ -37,14 +38,14 @@ from metering.domain.events import (
     validate_event_id,
     validate_subject,
 )
-from metering.domain.instants import from_us, to_us
+from metering.domain.instants import from_us
 from metering.domain.limits import Limit, validate_limit_name
-from metering.domain.reservations import DEFAULT_TTL_SECONDS
+from metering.domain.reservations import DEFAULT_TTL_SECONDS, STORED_STATES
 from metering.domain.state import CounterKey, CounterState
 from metering.errors import EventConflict, InvalidInput, UnknownLimit
 from metering.grouping import GroupCommit
 from metering.ledger import (
-    Applied,
+    Decided,
     InvalidPolicy,
     WindowResolver,
     apply_events,
@@ -54,16 +55,10 @@ from metering.ledger import (
     record_of,
     validate_against_limits,
 )
-from metering.reservations import (
-    Reservation,
-    ReservationInfo,
-    cancel_work,
-    commit_work,
-    raise_if_expired,
-    reserve_work,
-    validate_ttl,
-)
-from metering.storage.engine import RetryTransaction, ensure_schema, make_engine, run_transaction
+from metering.reservations import Reservation, ReservationInfo
+from metering.reserving import validate_ttl
+from metering.storage.database import Database
+from metering.storage.engine import ensure_schema
 from metering.storage.queries import Store
 from metering.storage.reservations import ReservationStore
 
@@ -103,20 +98,22 @@ class Meter:
         **engine_options: Any,
     ) -> None:
         self.url = database_url(url)
-        self.clock: Clock = clock or system_clock
-        self.engine = make_engine(self.url, **engine_options)
+        self.database = Database.connect(self.url, clock or system_clock, **engine_options)
+        # The database's engine and clock, as attributes of their own.
+        self.engine = self.database.engine
+        self.clock: Clock = self.database.clock
         self._limits = LimitCache()
         self.group_commit = group_commit
         self._group = GroupCommit(self._apply_raising)
         try:
             ensure_schema(self.engine)
         except BaseException:
-            self.engine.dispose()
+            self.database.dispose()
             raise
 
     def close(self) -> None:
         self._group.close()
-        self.engine.dispose()
+        self.database.dispose()
 
     def __enter__(self) -> Meter:
         return self
@@ -124,30 +121,27 @@ class Meter:
     def __exit__(self, *_exc: object) -> None:
         self.close()
 
-    def _now_us(self) -> int:
-        return to_us(self.clock(), field_name="clock")
-
     # -- limits ------------------------------------------------------------
 
     def set_limit(self, limit: Limit) -> Limit:
         """Create or replace a limit; events decided afterwards use it."""
         if not isinstance(limit, Limit):
             raise InvalidInput("limit", f"expected a Limit, got {type(limit).__name__}")
-        now_us = self._now_us()
-        run_transaction(self.engine, lambda c: Store(c).upsert_limit(limit, now_us))
+        now_us = self.database.now_us()
+        self.database.run(lambda c: Store(c).upsert_limit(limit, now_us))
         return limit
 
     def set_limits(self, limits: Iterable[Limit]) -> list[Limit]:
         """Create or replace several limits in one transaction (all or none)."""
         chosen = list(limits)
-        now_us = self._now_us()
+        now_us = self.database.now_us()
 
         def work(connection: Connection) -> None:
             store = Store(connection)
             for limit in chosen:
                 store.upsert_limit(limit, now_us)
 
-        run_transaction(self.engine, work)
+        self.database.run(work)
         return chosen
 
     def load_limits(self, path: str | Path) -> list[Limit]:
@@ -156,18 +150,18 @@ class Meter:
 
     def get_limit(self, name: str) -> Limit:
         validate_limit_name(name)
-        found = run_transaction(self.engine, lambda c: Store(c).load_limits([name]))
+        found = self.database.run(lambda c: Store(c).load_limits([name]))
         if name not in found:
             raise UnknownLimit(name)
         return found[name]
 
     def list_limits(self) -> list[Limit]:
-        return run_transaction(self.engine, lambda c: Store(c).list_limits())
+        return self.database.run(lambda c: Store(c).list_limits())
 
     def delete_limit(self, name: str) -> None:
         """Delete a limit. Its counters stay, for reports."""
         validate_limit_name(name)
-        if not run_transaction(self.engine, lambda c: Store(c).delete_limit(name)):
+        if not self.database.run(lambda c: Store(c).delete_limit(name)):
             raise UnknownLimit(name)
 
     # -- decisions -----------------------------------------------------------
@@ -234,7 +228,7 @@ class Meter:
         *,
         invalid: InvalidPolicy = "reject",
         rejected: Sequence[RejectedRow] = (),
-    ) -> list[Applied]:
+    ) -> list[Decided]:
         """Apply a batch of validated events in one transaction, in order.
 
         With ``invalid="reject"`` an event naming an unknown limit or out of
@@ -276,29 +270,24 @@ class Meter:
         invalid: InvalidPolicy,
         rejected: Sequence[RejectedRow],
     ) -> list[Answer]:
-        now_us = self._now_us()
+        now_us = self.database.now_us()
         # One event (consume) skips the id lookup: a repeated id fails the
         # results insert and the retry looks it up.
-        precheck = len(records) > 1
+        single = len(records) == 1
 
-        def work(connection: Connection) -> list[Answer]:
-            nonlocal precheck
-            try:
-                return apply_records(
-                    connection,
-                    self._limits,
-                    records,
-                    now_us,
-                    invalid=invalid,
-                    precheck=precheck,
-                    rejected=rejected,
-                )
-            except RetryTransaction:
-                precheck = True
-                raise
+        def work(connection: Connection, retry: bool) -> list[Answer]:
+            return apply_records(
+                connection,
+                self._limits,
+                records,
+                now_us,
+                invalid=invalid,
+                precheck=retry or not single,
+                rejected=rejected,
+            )
 
         try:
-            return run_transaction(self.engine, work)
+            return self.database.run_retry_aware(work)
         except UseGeneralPath:
             return self._apply_general(records, now_us, invalid, rejected)
 
@@ -311,16 +300,12 @@ class Meter:
     ) -> list[Answer]:
         """The general engine, for batches the hot path leaves to it."""
         events = [UsageEvent(*r[:2], from_us(r.occurred_at_us), r.metadata) for r in records]
-        precheck = len(events) > 1
+        single = len(events) == 1
 
-        def work(connection: Connection) -> list[Applied]:
-            nonlocal precheck
+        def work(connection: Connection, retry: bool) -> list[Decided]:
             store = Store(connection)
-            try:
-                applied = apply_events(store, events, now_us, invalid=invalid, precheck=precheck)
-            except Exception:
-                precheck = True
-                raise
+            precheck = retry or not single
+            applied = apply_events(store, events, now_us, invalid=invalid, precheck=precheck)
             conflicts = [
                 (event.event_id, str(outcome), event.fingerprint())
                 for event, outcome in zip(events, applied, strict=True)
@@ -330,7 +315,7 @@ class Meter:
             return applied
 
         answers: list[Answer] = []
-        for event, applied in zip(events, run_transaction(self.engine, work), strict=True):
+        for event, applied in zip(events, self.database.run_retry_aware(work), strict=True):
             if isinstance(applied, EventConflict):
                 answers.append((CONFLICT, None))
             else:
@@ -360,40 +345,37 @@ class Meter:
         """
         ttl = validate_ttl(ttl_seconds)
         event = self._event(subject, limit, cost, charges, event_id, None, metadata)
-        now_us = self._now_us()
-        work = reserve_work(event, now_us, round(ttl * 1_000_000))
-        decision, state, expires_at_us = run_transaction(self.engine, work)
+        decision, state, expires_at_us = reserving.reserve(
+            self.database, event, round(ttl * 1_000_000)
+        )
         expires_at = from_us(expires_at_us) if expires_at_us is not None else None
         return Reservation(self, decision, state, expires_at)
 
     def cancel_reservation(self, reservation_id: str) -> int:
         """Cancel a held reservation: see `Reservation.cancel`."""
         validate_event_id(reservation_id)
-        settled = run_transaction(self.engine, cancel_work(reservation_id, self._now_us()))
-        return raise_if_expired(reservation_id, settled)
+        return reserving.cancel(self.database, reservation_id)
 
     def commit_reservation(self, reservation_id: str) -> None:
         """Commit a held reservation: see `Reservation.commit`."""
         validate_event_id(reservation_id)
-        run_transaction(self.engine, commit_work(reservation_id, self._now_us()))
+        reserving.commit(self.database, reservation_id)
 
     def reservation(self, reservation_id: str) -> ReservationInfo | None:
         validate_event_id(reservation_id)
-        record = run_transaction(self.engine, lambda c: ReservationStore(c).get(reservation_id))
+        record = self.database.run(lambda c: ReservationStore(c).get(reservation_id))
         return ReservationInfo.of(record) if record is not None else None
 
     def reservations(
         self, state: str | None = None, subject: str | None = None, limit: int = 100
     ) -> list[ReservationInfo]:
         """The newest reservations, optionally of one state and subject."""
-        if state is not None and state not in ("held", "committed", "cancelled"):
+        if state is not None and state not in STORED_STATES:
             raise InvalidInput("state", "must be held, committed or cancelled")
         if subject is not None:
             validate_subject(subject)
         validate_count("limit", limit)
-        records = run_transaction(
-            self.engine, lambda c: ReservationStore(c).list(state, subject, limit)
-        )
+        records = self.database.run(lambda c: ReservationStore(c).list(state, subject, limit))
         return [ReservationInfo.of(r) for r in records]
 
     def sweep_reservations(self, retention_seconds: float | None = None) -> dict[str, int]:
@@ -405,7 +387,7 @@ class Meter:
         """
         if retention_seconds is not None:
             validate_seconds("retention_seconds", retention_seconds)
-        now_us = self._now_us()
+        now_us = self.database.now_us()
 
         def work(connection: Connection) -> dict[str, int]:
             rows = ReservationStore(connection)
@@ -415,24 +397,24 @@ class Meter:
                 deleted = rows.delete_settled_before(now_us - round(retention_seconds * 1e6))
             return {"committed": committed, "deleted": deleted}
 
-        return run_transaction(self.engine, work)
+        return self.database.run(work)
 
     def decided(self, event_ids: Iterable[str]) -> set[str]:
         """Which of these event ids have a stored result."""
         wanted = list(event_ids)
-        return run_transaction(self.engine, lambda c: Store(c).decided_ids(wanted))
+        return self.database.run(lambda c: Store(c).decided_ids(wanted))
 
     def outcome_counts(self) -> dict[str, int]:
         """How many results there are of each outcome."""
-        return run_transaction(self.engine, lambda c: Store(c).outcome_counts())
+        return self.database.run(lambda c: Store(c).outcome_counts())
 
     def count_results(self) -> int:
-        return run_transaction(self.engine, lambda c: Store(c).count_results())
+        return self.database.run(lambda c: Store(c).count_results())
 
     def rejected_messages(self, limit: int = 100) -> list[RejectedRow]:
         """The newest queued input that could not be applied, with its reason."""
         validate_count("limit", limit)
-        rows = run_transaction(self.engine, lambda c: Store(c).list_rejected_messages(limit))
+        rows = self.database.run(lambda c: Store(c).list_rejected_messages(limit))
         return [(event_id, reason, raw) for event_id, reason, raw, _ in rows]
 
     def check(
@@ -446,7 +428,7 @@ class Meter:
     ) -> Decision:
         """What `consume` would decide now; consumes and records nothing."""
         event = self._event(subject, limit, cost, charges, "check", occurred_at)
-        now_us = self._now_us()
+        now_us = self.database.now_us()
 
         def work(connection: Connection) -> Decision:
             store = Store(connection)
@@ -463,12 +445,12 @@ class Meter:
             states = store.read_counters(keys)
             return decide_with_states(event, keys, limits, states, now_us, record=False)
 
-        return run_transaction(self.engine, work)
+        return self.database.run(work)
 
     def result(self, event_id: str) -> Decision | None:
         """The stored result of an event, or None if it has not been decided."""
         validate_event_id(event_id)
-        found = run_transaction(self.engine, lambda c: Store(c).fetch_results([event_id]))
+        found = self.database.run(lambda c: Store(c).fetch_results([event_id]))
         if event_id not in found:
             return None
         return decision_of(found[event_id], duplicate=False)
@@ -484,14 +466,14 @@ class Meter:
             validate_subject(subject)
         if limit is not None:
             validate_limit_name(limit)
-        now_us = self._now_us()
+        now_us = self.database.now_us()
 
         def work(connection: Connection) -> int:
             # Held units go with the rest: a later cancel returns nothing.
             ReservationStore(connection).forget_held_charges(subject, limit)
             return Store(connection).delete_current_counters(subject, limit, now_us)
 
-        return run_transaction(self.engine, work)
+        return self.database.run(work)
 
     def counters(self, subject: str | None = None, limit: str | None = None) -> list[Counter]:
         """Counters of a subject and/or limit, every window, oldest first."""
@@ -499,7 +481,7 @@ class Meter:
             validate_subject(subject)
         if limit is not None:
             validate_limit_name(limit)
-        rows = run_transaction(self.engine, lambda c: Store(c).counters_of(subject, limit))
+        rows = self.database.run(lambda c: Store(c).counters_of(subject, limit))
         return [_counter(key, state) for key, state in rows]
 
 
@@ -510,7 +492,7 @@ def _consumed(event_id: str, answer: Answer) -> Decision:
     return applied
 
 
-def _applied(event_id: str, answer: Answer) -> Applied:
+def _applied(event_id: str, answer: Answer) -> Decided:
     kind, record = answer
     if kind == CONFLICT or record is None:
         return EventConflict(event_id)

@@ -128,7 +128,7 @@ class BatchReport:
     rejected: int = 0
     malformed: int = 0
 
-    def as_dict(self) -> dict[str, int]:
+    def to_dict(self) -> dict[str, int]:
         return {
             "applied": self.applied,
             "duplicates": self.duplicates,

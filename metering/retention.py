@@ -30,10 +30,8 @@ from sqlalchemy import Connection
 from metering.config import env_float
 from metering.domain.bounds import validate_seconds
 from metering.domain.events import FUTURE_TOLERANCE_US
-from metering.domain.instants import to_us
 from metering.errors import ConfigurationError, InvalidInput
 from metering.meter import Meter
-from metering.storage.engine import run_transaction
 from metering.storage.retention import CHUNK, RetentionStore
 
 DAY_US: Final = 86_400 * 1_000_000
@@ -124,7 +122,7 @@ def prune(
 ) -> list[TablePrune]:
     """Delete (or with ``dry_run`` count) every row older than its retention."""
     validate_seconds("visibility_timeout_seconds", visibility_timeout_seconds, 30 * 86_400)
-    now_us = to_us(meter.clock(), field_name="clock")
+    now_us = meter.database.now_us()
     horizon_us = redelivery_horizon_us(meter, visibility_timeout_seconds)
     done = []
     for table in TABLES:
@@ -147,10 +145,10 @@ def _prune_table(meter: Meter, table: str, before_us: int, *, dry_run: bool, chu
         return RetentionStore(connection).delete_chunk(table, before_us, chunk)
 
     if dry_run:
-        return run_transaction(meter.engine, count)
+        return meter.database.run(count)
     rows = 0
     while True:  # a transaction per chunk: no long locks, no huge transaction
-        removed = run_transaction(meter.engine, delete_chunk)
+        removed = meter.database.run(delete_chunk)
         rows += removed
         if removed < chunk:
             return rows

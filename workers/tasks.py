@@ -51,7 +51,7 @@ def apply_batch_task(self: Task, *args: Any, **kwargs: Any) -> dict[str, int]:
     ``rejected_messages`` instead of failing before it could be kept.
     """
     payload = args[0] if len(args) == 1 and not kwargs else {"args": args, "kwargs": kwargs}
-    report = apply_batch(meter(), payload).as_dict()
+    report = apply_batch(meter(), payload).to_dict()
     log.info("batch applied: %s", report)
     return report
 
@@ -79,8 +79,8 @@ def deliver_webhooks_task() -> dict[str, int]:
     with what that thread leaves for later (a slow endpoint's backlog).
     """
     if dispatching():
-        return DeliveryReport().as_dict()
-    return deliver_due(meter()).as_dict()
+        return DeliveryReport().to_dict()
+    return deliver_due(meter()).to_dict()
 
 
 @app.task(name="metering.sweep_webhook_resets", acks_late=True)

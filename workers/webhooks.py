@@ -32,7 +32,7 @@ _meters: list[Meter] = []
 def _forget_in_child() -> None:
     # A pool process forked later must not use (or close) the parent's connections.
     for meter in _meters:
-        meter.engine.dispose(close=False)
+        meter.database.dispose(close=False)
 
 
 os.register_at_fork(after_in_child=_forget_in_child)

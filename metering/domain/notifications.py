@@ -21,6 +21,7 @@ denial), so the next denial or threshold fires again.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final, Literal
@@ -97,6 +98,26 @@ def notices_for(
             )
     if limit.enforcement == "soft" and used_before <= limit.maximum < charge.used:
         found.append(_notice("limit.exceeded", "exceeded", key, charge, event_id))
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """One decided event's counters just before and just after it."""
+
+    event_id: str | None
+    keys: Sequence[CounterKey]
+    before: Sequence[CounterState]
+    after: Sequence[CounterState]
+    charges: Sequence[ChargeDecision]
+
+
+def notices_of(limits: Mapping[str, Limit], transitions: Sequence[Transition]) -> list[Notice]:
+    """Every candidate notice of a batch, in event order."""
+    found: list[Notice] = []
+    for t in transitions:
+        for key, before, after, charge in zip(t.keys, t.before, t.after, t.charges, strict=True):
+            found.extend(notices_for(limits[key.limit], key, before, after, charge, t.event_id))
     return found
 
 

@@ -13,12 +13,29 @@ where undoing is still meaningful:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
+from enum import StrEnum
 
 from metering.domain.limits import Limit
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 
-ReservationState = Literal["held", "committed", "cancelled", "denied"]
+
+class ReservationState(StrEnum):
+    """Where a reservation stands. ``denied`` is never stored: a denied
+    reservation consumed nothing and has no row. Members are strings, equal
+    to their values (``ReservationState.HELD == "held"``)."""
+
+    HELD = "held"
+    COMMITTED = "committed"
+    CANCELLED = "cancelled"
+    DENIED = "denied"
+
+
+# The states a stored reservation can be in (what listings filter by).
+STORED_STATES: tuple[ReservationState, ...] = (
+    ReservationState.HELD,
+    ReservationState.COMMITTED,
+    ReservationState.CANCELLED,
+)
 DEFAULT_TTL_SECONDS = 60.0
 MAX_TTL_SECONDS = 7 * 24 * 3600.0
 

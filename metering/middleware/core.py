@@ -27,7 +27,6 @@ from typing import TypedDict
 
 from metering.domain.decisions import ChargeDecision, Decision
 from metering.domain.events import validate_cost
-from metering.domain.instants import to_us
 from metering.domain.limits import Limit, validate_limit_name
 from metering.errors import InvalidInput, MeteringError, StorageError
 from metering.meter import Meter
@@ -281,7 +280,7 @@ class Policy:
         context.applied.append(applied)
         context.effective = applied
         if not decision.allowed:
-            now_us = _now_us(self.meter)
+            now_us = self.meter.database.now_us()
             retry_after = retry_after_seconds(decision, now_us)
             log.info(
                 "denied %s %s: %s by %s",
@@ -345,7 +344,7 @@ class Policy:
         """Headers for the application's response, if this middleware's limit governs it."""
         if step.applied is None or context.effective is not step.applied:
             return []
-        return self.header_pairs(step.applied, _now_us(self.meter))
+        return self.header_pairs(step.applied, self.meter.database.now_us())
 
 
 def _charge_of(applied: Applied) -> ChargeDecision | None:
@@ -361,7 +360,3 @@ def _window_seconds(limit: Limit | None, charge: ChargeDecision) -> int | None:
     if charge.window_start_us is not None:  # calendar months: this window's length
         return (charge.resets_at_us - charge.window_start_us) // 1_000_000
     return None
-
-
-def _now_us(meter: Meter) -> int:
-    return to_us(meter.clock(), field_name="clock")

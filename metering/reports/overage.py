@@ -27,15 +27,13 @@ from functools import lru_cache
 from typing import Any, Final
 
 from sqlalchemy import Select
-from sqlalchemy.exc import SQLAlchemyError
 
 from metering.domain.bounds import MAX_LISTING, shown
 from metering.domain.events import validate_subject
 from metering.domain.instants import as_utc, from_us, to_us
 from metering.domain.limits import validate_limit_name
 from metering.errors import InvalidInput, UnknownLimit
-from metering.meter import Meter
-from metering.storage.engine import run_transaction, translate
+from metering.storage.database import Database, DatabaseSource, database_of
 from metering.storage.reports import (
     ReportQuery,
     ReportStore,
@@ -203,7 +201,7 @@ class Report:
     there, before any row is read.
     """
 
-    meter: Meter
+    database: Database
     kind: str
     range: ReportRange
     query: ReportQuery
@@ -211,29 +209,26 @@ class Report:
 
     def count(self) -> int:
         """How many rows `rows` yields."""
-        return run_transaction(self.meter.engine, lambda c: ReportStore(c).count(self.query))
+        return self.database.run(lambda c: ReportStore(c).count(self.query))
 
     def rows(self) -> Iterator[ReportRow]:
         """The rows, streamed from the database (read them all, or close the iterator)."""
-        try:
-            with self.meter.engine.connect() as connection:
-                for record in ReportStore(connection).stream(self.statement):
-                    yield _row(record)
-        except SQLAlchemyError as exc:
-            raise translate(exc) from exc
+        with self.database.reading() as connection:
+            for record in ReportStore(connection).stream(self.statement):
+                yield _row(record)
 
 
-def _checked_limit(meter: Meter, limit: str | None) -> str | None:
+def _checked_limit(database: Database, limit: str | None) -> str | None:
     if limit is None:
         return None
     validate_limit_name(limit)
-    if not run_transaction(meter.engine, lambda c: ReportStore(c).limit_exists(limit)):
+    if not database.run(lambda c: ReportStore(c).limit_exists(limit)):
         raise UnknownLimit(limit)
     return limit
 
 
 def select_overage(
-    meter: Meter,
+    meter: DatabaseSource,
     *,
     period: str | None = None,
     since: TimeBound = None,
@@ -255,15 +250,16 @@ def select_overage(
             "top",
             f"must be a whole number of at least 1 and at most {MAX_LISTING:,}, got {shown(top)}",
         )
+    database = database_of(meter)
     chosen = ReportRange.of(period, since, until)
     if subject is not None:
         validate_subject(subject)
-    query = chosen.query(subject=subject, limit=_checked_limit(meter, limit), top=top)
-    return Report(meter, "overage", chosen, query, overage_statement(query))
+    query = chosen.query(subject=subject, limit=_checked_limit(database, limit), top=top)
+    return Report(database, "overage", chosen, query, overage_statement(query))
 
 
 def select_usage(
-    meter: Meter,
+    meter: DatabaseSource,
     subject: str,
     *,
     period: str | None = None,
@@ -272,14 +268,15 @@ def select_usage(
     limit: str | None = None,
 ) -> Report:
     """One subject's usage per window over time, limit by limit, oldest first."""
+    database = database_of(meter)
     validate_subject(subject)
     chosen = ReportRange.of(period, since, until)
-    query = chosen.query(subject=subject, limit=_checked_limit(meter, limit))
-    return Report(meter, "usage", chosen, query, usage_statement(query))
+    query = chosen.query(subject=subject, limit=_checked_limit(database, limit))
+    return Report(database, "usage", chosen, query, usage_statement(query))
 
 
 def overage_report(
-    meter: Meter,
+    meter: DatabaseSource,
     *,
     period: str | None = None,
     since: TimeBound = None,
@@ -296,7 +293,7 @@ def overage_report(
 
 
 def usage_report(
-    meter: Meter,
+    meter: DatabaseSource,
     subject: str,
     *,
     period: str | None = None,

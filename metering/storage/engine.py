@@ -154,10 +154,19 @@ def _is_refusal(orig: BaseException) -> bool:
 def run_transaction(engine: Engine, work: Callable[[Connection], T], *, attempts: int = 10) -> T:
     """Run ``work`` in one transaction; retry it on serialization failures,
     deadlocks, a busy SQLite database or a `RetryTransaction`."""
+    return run_retry_aware(engine, lambda connection, _retry: work(connection), attempts=attempts)
+
+
+def run_retry_aware(
+    engine: Engine, work: Callable[[Connection, bool], T], *, attempts: int = 10
+) -> T:
+    """`run_transaction` for work that runs differently when it is run again:
+    ``work(connection, retry)`` gets ``retry=True`` from the second attempt on
+    (for example to look up an event id it skipped the first time)."""
     for attempt in range(attempts):
         try:
             with engine.begin() as connection:
-                return work(connection)
+                return work(connection, attempt > 0)
         except RetryTransaction:
             if attempt == attempts - 1:
                 raise StorageError("transaction kept conflicting; gave up") from None

@@ -14,14 +14,14 @@ from dataclasses import dataclass
 
 from sqlalchemy import ColumnElement, Connection, delete, func, insert, select, update
 
-from metering.domain.reservations import HeldCharge
+from metering.domain.reservations import HeldCharge, ReservationState
 from metering.storage.tables import reservations
 
 
 @dataclass(frozen=True, slots=True)
 class ReservationRecord:
     id: str
-    state: str
+    state: ReservationState
     charges: tuple[HeldCharge, ...]
     created_at_us: int
     expires_at_us: int
@@ -33,7 +33,7 @@ def _record(row: object) -> ReservationRecord:
     mapping = row._mapping  # type: ignore[attr-defined]
     return ReservationRecord(
         id=mapping["id"],
-        state=mapping["state"],
+        state=ReservationState(mapping["state"]),
         charges=tuple(HeldCharge.from_row(c) for c in json.loads(mapping["charges"])),
         created_at_us=mapping["created_at_us"],
         expires_at_us=mapping["expires_at_us"],
@@ -54,7 +54,7 @@ class ReservationStore:
         self.connection.execute(
             insert(reservations).values(
                 id=reservation_id,
-                state="held",
+                state=ReservationState.HELD.value,
                 charges=_charges_text(charges),
                 created_at_us=now_us,
                 expires_at_us=expires_at_us,
@@ -68,11 +68,11 @@ class ReservationStore:
         row = self.connection.execute(query).first()
         return _record(row) if row is not None else None
 
-    def settle(self, reservation_id: str, state: str, now_us: int, by: str) -> None:
+    def settle(self, reservation_id: str, state: ReservationState, now_us: int, by: str) -> None:
         self.connection.execute(
             update(reservations)
             .where(reservations.c.id == reservation_id)
-            .values(state=state, settled_at_us=now_us, settled_by=by)
+            .values(state=state.value, settled_at_us=now_us, settled_by=by)
         )
 
     def forget_held_charges(self, subject: str | None, limit: str | None) -> int:
@@ -84,7 +84,7 @@ class ReservationStore:
         """
         query = (
             select(reservations.c.id, reservations.c.charges)
-            .where(reservations.c.state == "held")
+            .where(reservations.c.state == ReservationState.HELD.value)
             .order_by(reservations.c.id)
         )
         if subject is not None:
@@ -118,15 +118,21 @@ class ReservationStore:
         """
         result = self.connection.execute(
             update(reservations)
-            .where(reservations.c.state == "held", reservations.c.expires_at_us <= now_us)
-            .values(state="committed", settled_at_us=now_us, settled_by="sweeper")
+            .where(
+                reservations.c.state == ReservationState.HELD.value,
+                reservations.c.expires_at_us <= now_us,
+            )
+            .values(
+                state=ReservationState.COMMITTED.value, settled_at_us=now_us, settled_by="sweeper"
+            )
         )
         return int(result.rowcount)
 
     def delete_settled_before(self, before_us: int) -> int:
         result = self.connection.execute(
             delete(reservations).where(
-                reservations.c.state != "held", reservations.c.settled_at_us < before_us
+                reservations.c.state != ReservationState.HELD.value,
+                reservations.c.settled_at_us < before_us,
             )
         )
         return int(result.rowcount)

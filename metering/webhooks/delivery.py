@@ -39,7 +39,7 @@ from metering.domain.instants import from_us, to_us
 from metering.domain.notifications import Mark, reset_due
 from metering.domain.notifications import payload_of as notice_payload
 from metering.errors import SecretKeyError
-from metering.storage.engine import run_transaction
+from metering.storage.database import Database, DatabaseSource, database_of
 from metering.storage.webhooks import (
     DELIVERED,
     FAILED,
@@ -58,15 +58,13 @@ from metering.webhooks.signing import sign
 if TYPE_CHECKING:
     import httpx  # imported when delivering: `import metering` stays light
 
-    from metering.meter import Meter
-
 log = logging.getLogger(__name__)
 USER_AGENT = "metering-webhooks/1"
 MAX_ERROR_CHARS = 500
 MAX_RETRY_AFTER_SECONDS = 86_400.0
 
 
-def retry_after_seconds(value: str | None, now_us: int) -> float | None:
+def parse_retry_after(value: str | None, now_us: int) -> float | None:
     """A ``Retry-After`` header in seconds (delta-seconds or an HTTP date), if usable."""
     if not value:
         return None
@@ -168,7 +166,7 @@ def _outcome(
     if response.status_code is not None and 200 <= response.status_code < 300:
         status = DELIVERED
     elif response.status_code != 410:
-        wait = retry_after_seconds(response.retry_after, now_us)
+        wait = parse_retry_after(response.retry_after, now_us)
         delay = next_delay_seconds(settings, attempt, wait, rng)
         if delay is not None:
             status, next_us = PENDING, now_us + int(delay * 1_000_000)
@@ -196,12 +194,12 @@ class DeliveryReport:
     retrying: int = 0
     failed: int = 0
 
-    def as_dict(self) -> dict[str, int]:
+    def to_dict(self) -> dict[str, int]:
         return {"delivered": self.delivered, "retrying": self.retrying, "failed": self.failed}
 
 
 def deliver_one(
-    meter: Meter,
+    source: DatabaseSource,
     job: DeliveryJob,
     settings: DeliverySettings,
     client: httpx.Client | None = None,
@@ -210,13 +208,14 @@ def deliver_one(
     box: SecretBox | None = None,
 ) -> str:
     """Attempt a claimed delivery and record it; returns its new status."""
+    database = database_of(source)
     rng = rng or random.Random()
-    box = box or SecretBox.from_env(meter.clock)
+    box = box or SecretBox.from_env(database.clock)
     if client is None:
         with _client(settings) as own:
-            return deliver_one(meter, job, settings, own, rng, box=box)
-    response = post(job, client, to_us(meter.clock()), settings, box)
-    now_us = to_us(meter.clock())
+            return deliver_one(database, job, settings, own, rng, box=box)
+    response = post(job, client, to_us(database.now()), settings, box)
+    now_us = to_us(database.now())
     status, attempt = _outcome(job, response, now_us, settings, rng)
 
     def record(connection: Connection) -> None:
@@ -226,7 +225,7 @@ def deliver_one(
             reason = f"410 Gone at {from_us(now_us).isoformat()} (delivery {job.delivery_id})"
             store.update_endpoint(job.endpoint.id, enabled=False, disabled_reason=reason)
 
-    run_transaction(meter.engine, record)
+    database.run(record)
     log.info(
         "webhook delivery %s to endpoint %s: attempt %s, %s, %s",
         job.delivery_id,
@@ -239,7 +238,7 @@ def deliver_one(
 
 
 def deliver_due(
-    meter: Meter,
+    source: DatabaseSource,
     settings: DeliverySettings | None = None,
     *,
     client: httpx.Client | None = None,
@@ -258,14 +257,15 @@ def deliver_due(
     (default: the keys of ``METERING_SECRET_KEY``); one that cannot be is a
     failed attempt, retried like any other.
     """
+    database = database_of(source)
     settings = settings or DeliverySettings.from_env()
-    box = box or SecretBox.from_env(meter.clock)
+    box = box or SecretBox.from_env(database.clock)
     own = client is None
     http = client or _client(settings)
-    due_by_us = to_us(meter.clock())
-    dispatcher = _dispatcher(meter, settings, http, box)
+    due_by_us = to_us(database.now())
+    dispatcher = _dispatcher(database, settings, http, box)
     try:
-        tally = dispatcher.drain(_claimer(meter, settings, due_by_us), settings.max_per_run)
+        tally = dispatcher.drain(_claimer(database, settings, due_by_us), settings.max_per_run)
     finally:
         dispatcher.close()
         if own:
@@ -274,7 +274,7 @@ def deliver_due(
 
 
 def serve(
-    meter: Meter,
+    source: DatabaseSource,
     stop: threading.Event,
     *,
     poll_seconds: float,
@@ -289,51 +289,52 @@ def serve(
     statement). Bounds and claims as in `deliver_due`. Running attempts are
     finished and recorded before it returns.
     """
+    database = database_of(source)
     settings = settings or DeliverySettings.from_env()
-    box = box or SecretBox.from_env(meter.clock)
+    box = box or SecretBox.from_env(database.clock)
     with _client(settings) as http:
-        dispatcher = _dispatcher(meter, settings, http, box)
+        dispatcher = _dispatcher(database, settings, http, box)
         try:
-            dispatcher.serve(_claimer(meter, settings), stop, poll_seconds)
+            dispatcher.serve(_claimer(database, settings), stop, poll_seconds)
         finally:
             dispatcher.close()
 
 
 def _dispatcher(
-    meter: Meter, settings: DeliverySettings, client: httpx.Client, box: SecretBox
+    database: Database, settings: DeliverySettings, client: httpx.Client, box: SecretBox
 ) -> Dispatcher:
     rng = random.Random()
     return Dispatcher(
-        lambda job: deliver_one(meter, job, settings, client, rng, box=box),
+        lambda job: deliver_one(database, job, settings, client, rng, box=box),
         max_in_flight=settings.max_in_flight,
         max_in_flight_per_endpoint=settings.max_in_flight_per_endpoint,
     )
 
 
-def _claimer(meter: Meter, settings: DeliverySettings, due_by_us: int | None = None) -> Claim:
+def _claimer(database: Database, settings: DeliverySettings, due_by_us: int | None = None) -> Claim:
     """Claims one delivery due by ``due_by_us`` (default: the clock's now at
     each claim), leaving the dispatcher's busy endpoints."""
 
     def claim(busy: Collection[str]) -> DeliveryJob | None:
-        now = meter.clock()
+        now = database.now()
         lease_us = to_us(now + timedelta(seconds=settings.lease_seconds))
         now_us = to_us(now) if due_by_us is None else due_by_us
-        return run_transaction(
-            meter.engine,
-            lambda c: WebhookStore(c).claim_due(now_us, lease_us, skip_endpoints=busy),
+        return database.run(
+            lambda c: WebhookStore(c).claim_due(now_us, lease_us, skip_endpoints=busy)
         )
 
     return claim
 
 
-def sweep_resets(meter: Meter, batch: int = 500) -> int:
+def sweep_resets(source: DatabaseSource, batch: int = 500) -> int:
     """Announce ``limit.reset`` for denied windows (and buckets) that are over.
 
     Runs from beat (``metering.sweep_webhook_resets``); marks are locked
     (``SKIP LOCKED``) so concurrent sweeps do not announce twice. Returns how
     many resets were written.
     """
-    now_us = to_us(meter.clock())
+    database = database_of(source)
+    now_us = to_us(database.now())
 
     def work(connection: Connection) -> int:
         store = WebhookStore(connection)
@@ -354,7 +355,7 @@ def sweep_resets(meter: Meter, batch: int = 500) -> int:
             store.settle_mark(mark, delete_it=step.delete, due_at_us=None)
         return written
 
-    return run_transaction(meter.engine, work)
+    return database.run(work)
 
 
 def _is_bucket(mark: Mark) -> bool:

@@ -1,6 +1,6 @@
 """Managing webhooks: endpoints, deliveries, replays, test pings.
 
-`Webhooks(meter)` works on the meter's database and clock::
+`Webhooks(meter)` works on the meter's database and clock (a `Database` will do too)::
 
     hooks = Webhooks(meter)
     endpoint, secret = hooks.add("https://example.com/hooks", types=["limit.denied"])
@@ -16,14 +16,14 @@ import secrets
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import Final, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from metering.domain.bounds import shown, validate_count, validate_row_id, validate_seconds
 from metering.domain.instants import from_us, to_us
 from metering.domain.notifications import MESSAGE_TYPES, TEST_TYPE
 from metering.errors import ConfigurationError, InvalidInput, SecretKeyError, UnknownWebhookEndpoint
-from metering.storage.engine import run_transaction
+from metering.storage.database import DatabaseSource, database_of
 from metering.storage.webhooks import (
     AttemptRecord,
     DeliveryJob,
@@ -36,9 +36,6 @@ from metering.webhooks import delivery
 from metering.webhooks.encryption import SecretBox, is_encrypted
 from metering.webhooks.settings import DeliverySettings, rotation_grace_seconds
 from metering.webhooks.signing import generate_secret, mask_secret, validate_secret
-
-if TYPE_CHECKING:
-    from metering.meter import Meter
 
 T = TypeVar("T")
 MAX_URL_CHARS: Final = 2000
@@ -157,11 +154,11 @@ class Webhooks:
 
     def __init__(
         self,
-        meter: Meter,
+        meter: DatabaseSource,
         settings: DeliverySettings | None = None,
         box: SecretBox | None = None,
     ) -> None:
-        self.meter = meter
+        self.database = database_of(meter)
         self.settings = settings
         self._box = box
 
@@ -169,7 +166,7 @@ class Webhooks:
     def box(self) -> SecretBox:
         """How secrets are stored: ``METERING_SECRET_KEY`` unless one was given."""
         if self._box is None:
-            self._box = SecretBox.from_env(self.meter.clock)
+            self._box = SecretBox.from_env(self.database.clock)
         return self._box
 
     @property
@@ -177,11 +174,8 @@ class Webhooks:
         """Whether new secrets are stored encrypted (``METERING_SECRET_KEY`` is set)."""
         return self.box.encrypts
 
-    def _now_us(self) -> int:
-        return to_us(self.meter.clock(), field_name="clock")
-
     def _run(self, work: Callable[[WebhookStore], T]) -> T:
-        return run_transaction(self.meter.engine, lambda c: work(WebhookStore(c)))
+        return self.database.run(lambda c: work(WebhookStore(c)))
 
     def _get(self, store: WebhookStore, endpoint_id: str) -> EndpointRecord:
         record = store.get_endpoint(endpoint_id)
@@ -206,20 +200,20 @@ class Webhooks:
             types=validate_types(types),
             enabled=True,
             disabled_reason=None,
-            created_at_us=self._now_us(),
+            created_at_us=self.database.now_us(),
         )
         self._run(lambda store: store.insert_endpoint(record))
         return _view(record, record.created_at_us, self.box), plain
 
     def endpoints(self) -> list[Endpoint]:
         """Every endpoint, oldest first, secrets masked."""
-        now_us = self._now_us()
+        now_us = self.database.now_us()
         records = self._run(lambda store: store.list_endpoints())
         return [_view(r, now_us, self.box) for r in records]
 
     def get(self, endpoint_id: str) -> Endpoint:
         validate_endpoint_id(endpoint_id)
-        now_us = self._now_us()
+        now_us = self.database.now_us()
         record = self._run(lambda store: self._get(store, endpoint_id))
         return _view(record, now_us, self.box)
 
@@ -250,7 +244,7 @@ class Webhooks:
         new_secret = validate_secret(secret) if secret else generate_secret()
         grace = rotation_grace_seconds() if grace_seconds is None else grace_seconds
         grace = validate_seconds("grace_seconds", grace, MAX_GRACE_SECONDS)
-        expires_us = to_us(self.meter.clock() + timedelta(seconds=grace))
+        expires_us = to_us(self.database.now() + timedelta(seconds=grace))
         box = self.box
 
         def work(store: WebhookStore) -> None:
@@ -321,14 +315,14 @@ class Webhooks:
         for delivery_id in delivery_ids or ():
             validate_row_id("delivery_id", delivery_id)
         since_us = to_us(since, field_name="since") if since is not None else None
-        now_us = self._now_us()
+        now_us = self.database.now_us()
         ids = list(delivery_ids) if delivery_ids else None
         return self._run(lambda store: store.replay(ids, since_us, now_us))
 
     def send_test(self, endpoint_id: str) -> tuple[DeliveryRecord, list[AttemptRecord]]:
         """Send a signed ``webhook.test`` ping now (once; it is recorded like any delivery)."""
         validate_endpoint_id(endpoint_id)
-        now_us = self._now_us()
+        now_us = self.database.now_us()
         document = {
             "type": TEST_TYPE,
             "timestamp": from_us(now_us).isoformat().replace("+00:00", "Z"),
@@ -348,17 +342,17 @@ class Webhooks:
         job = self._run(work)
         # A ping is one attempt: no retries.
         settings = replace(self.settings or DeliverySettings.from_env(), schedule_seconds=())
-        delivery.deliver_one(self.meter, job, settings, box=box)
+        delivery.deliver_one(self.database, job, settings, box=box)
         record = self._run(lambda store: store.get_delivery(job.delivery_id))
         return record, self.attempts(job.delivery_id)
 
     def deliver_due(self) -> delivery.DeliveryReport:
         """Deliver what is due now (what the worker's task does)."""
-        return delivery.deliver_due(self.meter, self.settings, box=self.box)
+        return delivery.deliver_due(self.database, self.settings, box=self.box)
 
     def sweep_resets(self) -> int:
         """Write ``limit.reset`` for denied windows that are over (what beat runs)."""
-        return delivery.sweep_resets(self.meter)
+        return delivery.sweep_resets(self.database)
 
     def messages(self, message_type: str | None = None) -> list[tuple[str, str, str]]:
         """(id, type, JSON payload) of the outbox, oldest first."""

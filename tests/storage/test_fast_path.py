@@ -104,7 +104,7 @@ def _run(fast_url: str, general_url: str, stream: list[dict[str, object]]) -> No
             events = _events(spec, clock())
             records = [e.record() for e in events]
             fast.apply_records(records, invalid="reject")
-            general._apply_general(records, fast._now_us(), "reject", ())
+            general._apply_general(records, fast.database.now_us(), "reject", ())
         assert _stored(fast) == _stored(general)
 
 

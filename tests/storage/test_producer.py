@@ -209,7 +209,7 @@ def test_applying_a_message_again_changes_nothing(tmp_path: Path) -> None:
         payload = encode_batch([*events, {"id": "broken", "charges": "x", "at": 0}])
         first = apply_batch(meter, payload)
         again = apply_batch(meter, json.loads(json.dumps(payload)))
-        assert first.as_dict() == {
+        assert first.to_dict() == {
             "applied": 4,
             "duplicates": 0,
             "conflicts": 0,

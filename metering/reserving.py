@@ -1,0 +1,166 @@
+"""The transactions of reservations, beside the ledger they consume through.
+
+`reserve` decides and records an event exactly like `consume`
+(`metering.ledger.apply_events`) and, when it is allowed, keeps a durable
+reservation row naming the counters it consumed from; `cancel` gives the
+cost back where it still can (`metering.domain.reservations`); `commit`
+makes it final. `Meter` wraps them; `metering.reservations.Reservation` is
+what callers hold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import Connection
+
+from metering.domain.decisions import Decision
+from metering.domain.events import UsageEvent
+from metering.domain.reservations import (
+    MAX_TTL_SECONDS,
+    HeldCharge,
+    ReservationState,
+    can_give_back,
+    give_back,
+)
+from metering.domain.state import NO_WINDOW
+from metering.errors import (
+    EventConflict,
+    InvalidInput,
+    ReservationExpired,
+    ReservationSettled,
+    UnknownReservation,
+)
+from metering.ledger import apply_events
+from metering.storage.database import Database
+from metering.storage.queries import Store
+from metering.storage.reservations import ReservationRecord, ReservationStore
+
+
+def validate_ttl(ttl_seconds: object) -> float:
+    if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, int | float):
+        raise InvalidInput("ttl_seconds", f"must be a number of seconds, got {ttl_seconds!r}")
+    if not 0 < ttl_seconds <= MAX_TTL_SECONDS:
+        raise InvalidInput("ttl_seconds", f"must be above 0 and at most {MAX_TTL_SECONDS:.0f}")
+    return float(ttl_seconds)
+
+
+Reserved = tuple[Decision, ReservationState, int | None]  # decision, state, expires_at_us
+
+
+def reserve(database: Database, event: UsageEvent, ttl_us: int) -> Reserved:
+    """The transaction of `Meter.reserve`: decide, and keep a row if allowed."""
+    now_us = database.now_us()
+
+    def work(connection: Connection, retry: bool) -> Reserved:
+        # Like consume: no lookup of the id first; a repeated id is caught by
+        # the results insert, and the retry then looks it up.
+        [applied] = apply_events(
+            Store(connection), [event], now_us, invalid="raise", precheck=retry
+        )
+        if isinstance(applied, EventConflict):
+            raise applied
+        rows = ReservationStore(connection)
+        if applied.duplicate:
+            record = rows.get(event.event_id)
+            if record is not None:
+                return applied, ReservationState(record.state), record.expires_at_us
+            # The id was consumed, not reserved: that usage is final.
+            final = ReservationState.COMMITTED if applied.allowed else ReservationState.DENIED
+            return applied, final, None
+        if not applied.allowed:
+            return applied, ReservationState.DENIED, None
+        # A fixed window's charge resets when its window ends: resets_at is the
+        # window's end, which the counter key needs to find it again.
+        held = [
+            HeldCharge(
+                subject=c.subject,
+                limit=c.limit,
+                cost=c.cost,
+                window_start_us=c.window_start_us if c.window_start_us is not None else NO_WINDOW,
+                window_end_us=c.resets_at_us if c.window_start_us is not None else NO_WINDOW,
+            )
+            for c in applied.charges
+        ]
+        rows.insert(event.event_id, held, now_us, now_us + ttl_us)
+        return applied, ReservationState.HELD, now_us + ttl_us
+
+    return database.run_retry_aware(work)
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """What a cancel or commit transaction did."""
+
+    returned: int = 0
+    expired: bool = False
+
+
+def _locked(rows: ReservationStore, reservation_id: str) -> ReservationRecord:
+    record = rows.get(reservation_id, lock=True)
+    if record is None:
+        raise UnknownReservation(reservation_id)
+    return record
+
+
+def cancel(database: Database, reservation_id: str) -> int:
+    """Give a held reservation's cost back; returns the units returned.
+
+    Cancelling twice does nothing; a committed one raises `ReservationSettled`,
+    one past its time to live is committed and raises `ReservationExpired`.
+    """
+    now_us = database.now_us()
+
+    def work(connection: Connection) -> Settled:
+        rows = ReservationStore(connection)
+        record = _locked(rows, reservation_id)
+        if record.state == ReservationState.CANCELLED:
+            return Settled()
+        if record.state != ReservationState.HELD:
+            raise ReservationSettled(reservation_id, record.state, "cancel")
+        if record.expires_at_us <= now_us:
+            # Past its time to live it is the sweeper's: commit it now, so the
+            # answer does not depend on when the sweeper last ran.
+            rows.settle(reservation_id, ReservationState.COMMITTED, now_us, "expiry")
+            return Settled(expired=True)
+        returned = _give_back_all(connection, record, now_us)
+        rows.settle(reservation_id, ReservationState.CANCELLED, now_us, "cancel")
+        return Settled(returned=returned)
+
+    settled = database.run(work)
+    if settled.expired:
+        raise ReservationExpired(reservation_id)
+    return settled.returned
+
+
+def _give_back_all(connection: Connection, record: ReservationRecord, now_us: int) -> int:
+    store = Store(connection)
+    limits = store.load_limits(c.limit for c in record.charges)
+    live = [c for c in record.charges if can_give_back(limits.get(c.limit), c, now_us)]
+    if not live:
+        return 0
+    states = store.lock_counters([c.key for c in live], now_us)
+    returned = 0
+    changed = {}
+    for charge in live:
+        outcome = give_back(limits[charge.limit], charge, states[charge.key], now_us)
+        states[charge.key] = changed[charge.key] = outcome.state
+        returned += outcome.returned
+    store.write_counters(changed, now_us)
+    return returned
+
+
+def commit(database: Database, reservation_id: str) -> None:
+    """Make a held reservation final; committing twice does nothing, after cancel it raises."""
+    now_us = database.now_us()
+
+    def work(connection: Connection) -> None:
+        rows = ReservationStore(connection)
+        record = _locked(rows, reservation_id)
+        if record.state == ReservationState.COMMITTED:
+            return
+        if record.state != ReservationState.HELD:
+            raise ReservationSettled(reservation_id, record.state, "commit")
+        rows.settle(reservation_id, ReservationState.COMMITTED, now_us, "commit")
+
+    database.run(work)
