@@ -195,12 +195,14 @@ def decision_lines(decision: Decision) -> list[str]:
     return lines
 
 
-def report_decision(decision: Decision, fmt: str) -> None:
-    """Print a decision and exit with its code: 0 allowed/overage, 2 denied/rejected."""
+def report_decision(decision: Decision, fmt: str, *, err: bool = False) -> None:
+    """Print a decision (on stderr with ``err``) and exit with its code:
+    0 allowed/overage, 2 denied/rejected."""
     if fmt == "json":
-        click.echo(json.dumps({**decision.to_dict(), "duplicate": decision.duplicate}, indent=2))
+        document = {**decision.to_dict(), "duplicate": decision.duplicate}
+        click.echo(json.dumps(document, indent=2), err=err)
     else:
         for line in decision_lines(decision):
-            click.echo(line)
+            click.echo(line, err=err)
     if not decision.allowed:
         click.get_current_context().exit(EXIT_DENIED)

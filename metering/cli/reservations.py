@@ -37,7 +37,12 @@ def reserve(
     event_id: str | None,
     fmt: str,
 ) -> None:
-    """Consume now, with the option to give it back: metering reservations cancel ID."""
+    """Consume now, with the option to give it back: metering reservations cancel ID.
+
+    Prints just the reservation's id on stdout, for id=$(metering reserve ...);
+    the decision goes to stderr. Denied: nothing on stdout, exit 2. With
+    --format json: the whole record on stdout.
+    """
     wanted = chosen_charges(subject, limit, cost, charges)
     reservation = current_meter().reserve(
         charges=wanted, event_id=event_id, ttl_seconds=ttl_seconds
@@ -48,9 +53,12 @@ def reserve(
         if not reservation.allowed:
             click.get_current_context().exit(EXIT_DENIED)
         return
+    if reservation.allowed:
+        click.echo(reservation.id)
     if reservation.state == "held":
-        click.echo(f"reservation {reservation.id} held until {when(reservation.expires_at)}")
-    report_decision(reservation.decision, fmt)
+        expires = when(reservation.expires_at)
+        click.echo(f"reservation {reservation.id} held until {expires}", err=True)
+    report_decision(reservation.decision, fmt, err=True)
 
 
 @click.group()

@@ -47,12 +47,14 @@ def used(url: str) -> int:
 
 def test_reserve_list_cancel_commit(run: Run, url: str) -> None:
     held = run("reserve", "10.0.0.7", "bad_login", "--event-id", "r1", "--ttl", "30")
-    assert held.output.startswith("reservation r1 held until ")
-    assert "used 1/2" in held.output
+    assert held.stdout == "r1\n"  # just the id, for scripts (README)
+    assert held.stderr.startswith("reservation r1 held until ")
+    assert "used 1/2" in held.stderr
     second = json.loads(run("reserve", "10.0.0.7", "bad_login", "--format", "json").output)
     assert second["reservation"] == "held" and second["allowed"] is True
     denied = run("reserve", "10.0.0.7", "bad_login", code=2)
     assert "denied" in denied.output and "held until" not in denied.output
+    assert denied.stdout == ""
     listed = json.loads(run("reservations", "list", "--format", "json").output)
     assert [r["state"] for r in listed] == ["held", "held"]
     assert listed[1]["id"] == "r1" and listed[1]["charges"][0]["cost"] == 1
