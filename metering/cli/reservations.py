@@ -19,6 +19,8 @@ from metering.cli.output import (
 )
 from metering.reservations import ReservationInfo
 
+DEFAULT_LISTED: Final = 100
+MAX_LISTED: Final = 100_000
 RESERVATION_COLUMNS: Final = ("id", "state", "charges", "created", "expires", "settled", "by")
 
 
@@ -85,12 +87,26 @@ def _reservation_json(info: ReservationInfo) -> dict[str, Any]:
 @reservations.command("list")
 @click.option("--state", type=click.Choice(["held", "committed", "cancelled"]))
 @click.option("--subject", help="Only reservations charging this subject.")
-@click.option("--limit", "count", type=click.IntRange(1, 100_000), default=100, show_default=True,
-              help="How many, newest first.")  # fmt: skip
+@click.option("--last", type=click.IntRange(1, MAX_LISTED), default=DEFAULT_LISTED,
+              show_default=True, help="How many, newest first.")  # fmt: skip
+# Until 0.2: --limit was this row count, while everywhere else it names a limit.
+@click.option("--limit", "legacy_last", type=click.IntRange(1, MAX_LISTED), hidden=True)
 @format_option
-def reservations_list(state: str | None, subject: str | None, count: int, fmt: str) -> None:
-    """The newest reservations."""
-    found = current_meter().reservations(state=state, subject=subject, limit=count)
+def reservations_list(
+    state: str | None, subject: str | None, last: int, legacy_last: int | None, fmt: str
+) -> None:
+    """The newest reservations.
+
+    --limit N, the old name of --last N, still works until the next release,
+    with a warning.
+    """
+    if legacy_last is not None:
+        source = click.get_current_context().get_parameter_source("last")
+        if source is not click.core.ParameterSource.DEFAULT:
+            raise click.UsageError("give --last only (--limit is its deprecated name)")
+        click.echo("warning: --limit is deprecated here: use --last (a row count)", err=True)
+        last = legacy_last
+    found = current_meter().reservations(state, subject, last)
     if fmt == "json":
         click.echo(json.dumps([_reservation_json(info) for info in found], indent=2))
         return

@@ -79,3 +79,18 @@ def test_bad_input_is_one_line_and_changes_nothing(run: Run, url: str) -> None:
     one_line_error(run("reserve", "10.0.0.7", "bad_login", "--cost", "0", code=None), "cost")
     one_line_error(run("reservations", "list", "--state", "lost", code=None), "--state")
     assert used(url) == 1
+
+
+def test_list_takes_a_row_count_as_last_and_limit_still_works_with_a_warning(run: Run) -> None:
+    run("reserve", "10.0.0.7", "bad_login", "--event-id", "first")
+    run("reserve", "10.0.0.7", "bad_login", "--event-id", "second")
+    newest = json.loads(run("reservations", "list", "--last", "1", "--format", "json").stdout)
+    assert [r["id"] for r in newest] == ["second"]
+    old = run("reservations", "list", "--limit", "1", "--format", "json")
+    assert [r["id"] for r in json.loads(old.stdout)] == ["second"]
+    assert old.stderr == "warning: --limit is deprecated here: use --last (a row count)\n"
+    one_line_error(run("reservations", "list", "--last", "0", code=None), "--last")
+    one_line_error(run("reservations", "list", "--last", "1", "--limit", "1", code=None), "--last")
+    helped = run("reservations", "list", "--help").stdout
+    assert "--last INTEGER" in helped and "--limit INTEGER" not in helped
+    assert "--limit N, the old name of --last N" in helped
