@@ -15,7 +15,7 @@ from typing import Final
 
 import click
 
-from metering.cli.context import current_meter
+from metering.cli.context import CliError, current_meter
 from metering.cli.options import format_option, parse_datetime
 from metering.cli.output import print_table, table, when_us
 from metering.domain.bounds import MAX_LISTING, MAX_ROW_ID
@@ -219,9 +219,30 @@ def deliveries(status: str | None, endpoint_id: str | None, last: int, fmt: str)
     help="Replay every delivery created since (ISO-8601).",
 )
 def replay(delivery_ids: tuple[int, ...], since: datetime | None) -> None:
-    """Send deliveries again (failed or not), by id or --since."""
-    queued = _hooks().replay(list(delivery_ids), since=since)
-    click.echo(f"{queued} deliveries queued again")
+    """Send deliveries again (failed or not), by id or --since.
+
+    An id that names no delivery (or none created since --since) is an
+    error, exit 1; the other ids given are queued again all the same.
+    """
+    hooks = _hooks()
+    if not delivery_ids:
+        queued = hooks.replay([], since=since)
+        click.echo(f"{queued} deliveries queued again")
+        return
+    wanted = list(dict.fromkeys(delivery_ids))
+    # One at a time: a count per id says which ids name no delivery.
+    missing = [i for i in wanted if hooks.replay([i], since=since) == 0]
+    if missing:
+        noun = "delivery" if len(missing) == 1 else "deliveries"
+        text = f"no {noun} {', '.join(map(str, missing))}"
+        if since is not None:
+            text += f" created since {since.isoformat()}"
+        done = len(wanted) - len(missing)
+        if done:
+            queued_noun = "delivery" if done == 1 else "deliveries"
+            text += f" (of {len(wanted)} ids given); {done} {queued_noun} queued again"
+        raise CliError(text)
+    click.echo(f"{len(wanted)} deliveries queued again")
 
 
 @webhooks.command("test")

@@ -165,3 +165,20 @@ def test_a_test_ping_reaches_an_endpoint_that_chose_its_types(
     assert ping.output.startswith(f"delivered {endpoint_id}: HTTP 200")
     request, _ = receiver.log[-1]
     assert request.json["type"] == "webhook.test"
+
+
+def test_replay_of_unknown_ids_is_an_error(run: Run, tmp_path: Path) -> None:
+    endpoint_id, _ = add(run, "https://example.com/hook")
+    with Meter(f"sqlite:///{tmp_path}/metering.db") as meter:
+        meter.set_limit(Limit("send", maximum=1, period="1h"))
+        meter.consume("visitor-1", "send")
+        meter.consume("visitor-1", "send")
+        [known] = Webhooks(meter).deliveries()
+    unknown = run("webhooks", "replay", "999999", code=1)
+    assert unknown.stderr == "error: no delivery 999999\n" and unknown.stdout == ""
+    some = run("webhooks", "replay", str(known.id), "999998", "999999", code=1)
+    assert some.stderr == (
+        "error: no deliveries 999998, 999999 (of 3 ids given); 1 delivery queued again\n"
+    )
+    assert run("webhooks", "replay", str(known.id)).output == "1 deliveries queued again\n"
+    assert endpoint_id == known.endpoint_id
