@@ -66,7 +66,7 @@ def emit(
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.option("--concurrency", type=click.IntRange(1, MAX_CONCURRENCY),
-              help="Worker processes (default: one per core).")  # fmt: skip
+              help="Worker processes (default: one per core; embedded broker: one).")  # fmt: skip
 @click.option("--queues", type=click.IntRange(1, MAX_QUEUES), default=1,
               help="Consume metering.0 … metering.N-1.")  # fmt: skip
 @click.option("--beat/--no-beat", default=None, help="Run the periodic sweeps in this worker.")
@@ -93,7 +93,14 @@ def worker(
     command = [sys.executable, "-m", "celery", "-A", "workers", "worker", "--loglevel", loglevel]
     command += ["--queues", ",".join(queue_names(queues))]
     if embedded:
-        command += ["--pool", "solo"]
+        # One process: the banner says so (celery counted the cores otherwise).
+        command += ["--pool", "solo", "--concurrency", "1"]
+        if concurrency is not None and concurrency != 1:
+            click.echo(
+                "warning: the embedded broker runs one worker process: "
+                f"--concurrency {concurrency} is ignored (use Redis for more)",
+                err=True,
+            )
     elif concurrency:
         command += ["--concurrency", str(concurrency)]
     if beat or (beat is None and embedded):

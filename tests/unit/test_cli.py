@@ -444,3 +444,35 @@ def test_a_bare_group_prints_its_help_and_exits_0(args: list[str]) -> None:
     assert result.exit_code == 0, (result.output, result.exception)
     assert result.stdout.startswith(f"Usage: {' '.join(['metering', *args])} [OPTIONS] COMMAND")
     assert "Commands:" in result.stdout and "error" not in result.output
+
+
+def test_the_embedded_worker_says_it_runs_one_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Celery's banner showed 'concurrency: 2 (solo)': a solo pool is one process."""
+    started: list[list[str]] = []
+    monkeypatch.setattr("os.execve", lambda _path, argv, _env: started.append(argv))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("METERING_BROKER_URL", raising=False)
+    result = CliRunner().invoke(main, ["worker"])
+    assert result.exit_code == 0, (result.output, result.exception)
+    [argv] = started
+    assert argv[argv.index("--pool") + 1] == "solo"
+    assert argv[argv.index("--concurrency") + 1] == "1"
+    asked = CliRunner().invoke(main, ["worker", "--concurrency", "4"])
+    assert asked.exit_code == 0, (asked.output, asked.exception)
+    assert started[1][started[1].index("--concurrency") + 1] == "1"
+    assert asked.stderr == (
+        "warning: the embedded broker runs one worker process: --concurrency 4 is ignored"
+        " (use Redis for more)\n"
+    )
+
+
+def test_a_redis_worker_gets_the_concurrency_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[list[str]] = []
+    monkeypatch.setattr("os.execve", lambda _path, argv, _env: started.append(argv))
+    broker = "redis://127.0.0.1:1/0"
+    result = CliRunner().invoke(main, ["worker", "--concurrency", "3", "--broker", broker])
+    assert result.exit_code == 0, (result.output, result.exception)
+    [argv] = started
+    assert argv[argv.index("--concurrency") + 1] == "3" and "--pool" not in argv
