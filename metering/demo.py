@@ -1,8 +1,9 @@
 """`metering demo`: the whole pipeline on the embedded default, no server.
 
-Starts a worker process on fresh SQLite files in the working directory,
-emits a few minutes of realistic usage through a `UsageProducer`, waits for
-every event's result, and shows what happened.
+Starts a worker process on fresh SQLite files in a data directory (the CLI
+passes ``METERING_HOME``, default ./.metering), emits a few minutes of
+realistic usage through a `UsageProducer`, waits for every event's result,
+and shows what happened.
 """
 
 from __future__ import annotations

@@ -9,9 +9,11 @@ one ``error: ...`` line on stderr and exit code 1.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO, Any, Final, TypeVar
 
 import click
@@ -22,6 +24,8 @@ from metering.meter import Meter
 F = TypeVar("F", bound=Callable[..., Any])
 
 MAX_ERROR_CHARS: Final = 400
+# Files the command line makes for itself (the demo's, beat's schedule) go here.
+DEFAULT_DATA_DIRECTORY: Final = ".metering"
 
 
 class CliError(click.ClickException):
@@ -109,3 +113,14 @@ def database_option(func: F) -> F:
         help="Database URL (postgresql://... or sqlite:///file.db). "
         "Default: sqlite:///metering.db.",
     )(func)
+
+
+def data_directory() -> Path:
+    """Where the command line keeps its own files: ``METERING_HOME``, else ./.metering.
+
+    The demo's databases and log and beat's schedule go there, not loose in
+    the working directory. It is created when missing.
+    """
+    directory = Path(os.environ.get("METERING_HOME") or DEFAULT_DATA_DIRECTORY).absolute()
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory

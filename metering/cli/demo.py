@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from pathlib import Path
 
 import click
 from rich.progress import Progress
 from rich.text import Text
 
+from metering.cli.context import data_directory
 from metering.cli.output import console, counters_table, describe_limit
 from metering.demo import (
     DEMO_LIMITS,
@@ -26,11 +26,12 @@ from metering.meter import Meter
 def demo() -> None:
     """Run the pipeline on the embedded default: worker, producer, results.
 
-    Uses fresh files in the working directory (metering-demo.db and
-    metering-demo-broker.db) and ignores --database. Needs no server.
+    Uses fresh files in METERING_HOME, default ./.metering (metering-demo.db,
+    metering-demo-broker.db and the worker's log), and ignores --database.
+    Needs no server.
     """
     out = console()
-    files = DemoFiles.fresh(Path.cwd())
+    files = DemoFiles.fresh(data_directory())
     with Meter(files.database_url) as meter:
         meter.set_limits(DEMO_LIMITS)
         for limit in DEMO_LIMITS:

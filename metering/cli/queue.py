@@ -7,12 +7,11 @@ import logging
 import os
 import sys
 from datetime import datetime
-from pathlib import Path
 from typing import Final
 
 import click
 
-from metering.cli.context import AppState, current_meter
+from metering.cli.context import AppState, current_meter, data_directory
 from metering.cli.options import (
     ChargeTuple,
     chosen_charges,
@@ -85,7 +84,8 @@ def worker(
 
     With the embedded broker the worker runs one process and the periodic
     sweeps by default; with Redis, run `celery -A workers beat` once beside
-    any number of workers.
+    any number of workers. Beat's schedule file goes in METERING_HOME
+    (default ./.metering).
     """
     state = ctx.find_object(AppState)
     url = broker_url(broker)
@@ -104,7 +104,7 @@ def worker(
     elif concurrency:
         command += ["--concurrency", str(concurrency)]
     if beat or (beat is None and embedded):
-        command += ["--beat", "--schedule", str(Path.cwd() / ".metering-beat-schedule")]
+        command += ["--beat", "--schedule", str(data_directory() / "beat-schedule")]
     env = dict(os.environ, METERING_BROKER_URL=url, METERING_QUEUES=str(queues))
     if state is not None:
         env["METERING_DATABASE_URL"] = state.url

@@ -376,10 +376,12 @@ def test_demo_runs_the_pipeline_in_fresh_files(
 ) -> None:
     """The README's first command: a real worker process, the producer, results."""
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "metering-demo.db").write_text("an old demo database")
+    monkeypatch.delenv("METERING_HOME", raising=False)
+    (tmp_path / ".metering").mkdir()
+    (tmp_path / ".metering" / "metering-demo.db").write_text("an old demo database")
     result = CliRunner().invoke(main, ["demo"])
     assert result.exit_code == 0, (result.output, result.exception)
-    path = tmp_path / "metering-demo.db"
+    path = tmp_path / ".metering" / "metering-demo.db"
     assert f"data: {path}" in result.output
     assert "denied" in result.output and "overage" in result.output
     with Meter(f"sqlite:///{path}") as meter:
@@ -394,6 +396,8 @@ def test_demo_runs_the_pipeline_in_fresh_files(
         assert meter.count_results() == emitted
         assert meter.result("demo-0001") is not None
     assert not (tmp_path / "metering.db").exists()
+    # Nothing left in the working directory but the data directory.
+    assert [p.name for p in tmp_path.iterdir()] == [".metering"]
 
 
 # -- queue -----------------------------------------------------------------------------------
@@ -476,3 +480,22 @@ def test_a_redis_worker_gets_the_concurrency_asked_for(monkeypatch: pytest.Monke
     assert result.exit_code == 0, (result.output, result.exception)
     [argv] = started
     assert argv[argv.index("--concurrency") + 1] == "3" and "--pool" not in argv
+
+
+def test_the_embedded_worker_keeps_beat_s_schedule_in_the_data_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started: list[list[str]] = []
+    monkeypatch.setattr("os.execve", lambda _path, argv, _env: started.append(argv))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("METERING_BROKER_URL", raising=False)
+    monkeypatch.delenv("METERING_HOME", raising=False)
+    assert CliRunner().invoke(main, ["worker"]).exit_code == 0
+    monkeypatch.setenv("METERING_HOME", str(tmp_path / "home"))
+    assert CliRunner().invoke(main, ["worker", "--beat"]).exit_code == 0
+    schedules = [Path(argv[argv.index("--schedule") + 1]) for argv in started]
+    assert schedules == [
+        tmp_path / ".metering" / "beat-schedule",
+        tmp_path / "home" / "beat-schedule",
+    ]
+    assert all(schedule.parent.is_dir() for schedule in schedules)
