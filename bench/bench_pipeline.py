@@ -148,7 +148,7 @@ def end_to_end(
     worker = start_worker(database_url, broker_url, workdir / "worker.log", pool)
     try:
         began = time.perf_counter()
-        with UsageProducer(broker_url, batch_size=1000, flush_interval=0.05) as producer:
+        with UsageProducer(broker_url, batch_size=1000, flush_interval_seconds=0.05) as producer:
             for subject in subjects(99, events):
                 producer.emit(subject, "calls")
         emitted = time.perf_counter() - began

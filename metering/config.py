@@ -17,6 +17,7 @@ import yaml
 
 from metering.domain.limits import Limit
 from metering.errors import ConfigurationError, InvalidLimit
+from metering.routing import MAX_QUEUES
 
 DEFAULT_DATABASE_URL: Final = "sqlite:///metering.db"
 # Kombu's SQLAlchemy transport on a SQLite file: a broker with no server that
@@ -52,9 +53,10 @@ def is_embedded_broker(url: str) -> bool:
     return url.startswith(("sqla+sqlite:", "sqlalchemy+sqlite:"))
 
 
-def env_float(name: str, default: float) -> float:
-    """A positive number from the environment, with a clear error when it is not one."""
-    text = os.environ.get(name)
+def env_float(name: str, default: float, environ: Mapping[str, str] | None = None) -> float:
+    """A positive number from the environment (or ``environ``), with a clear error
+    when it is not one."""
+    text = (os.environ if environ is None else environ).get(name)
     if text is None or text == "":
         return default
     try:
@@ -64,6 +66,15 @@ def env_float(name: str, default: float) -> float:
     if not math.isfinite(value) or value <= 0:
         raise ConfigurationError(f"{name}={text!r} must be a positive, finite number")
     return value
+
+
+def queue_count(environ: Mapping[str, str] | None = None) -> int:
+    """``METERING_QUEUES``: how many hash-routed queues producers use and
+    workers consume (a whole number from 1 to `MAX_QUEUES`, default 1)."""
+    wanted = env_float("METERING_QUEUES", 1, environ)
+    if wanted != int(wanted) or not 1 <= wanted <= MAX_QUEUES:
+        raise ConfigurationError(f"METERING_QUEUES must be a whole number from 1 to {MAX_QUEUES}")
+    return int(wanted)
 
 
 def load_limits_file(path: str | Path) -> list[Limit]:

@@ -1,7 +1,7 @@
 """The queued path: the message format, and applying one message's batch.
 
 A message is one JSON object, the only argument of the task
-``metering.apply_batch``::
+``metering.apply_batch`` (`metering.routing.APPLY_BATCH_TASK`)::
 
     {"v": 1, "events": [{"id": "…", "charges": [["org-42", "api_calls", 3]],
                          "at": 1795000000000000, "meta": {…} | null}, …]}
@@ -37,9 +37,7 @@ from metering.domain.instants import from_us
 from metering.errors import InputRefused, MeteringError
 from metering.meter import Meter
 
-TASK_NAME: Final = "metering.apply_batch"
 FORMAT_VERSION: Final = 1
-DEFAULT_QUEUE: Final = "metering"
 
 
 def encode_event(event: UsageEvent) -> dict[str, Any]:

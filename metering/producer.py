@@ -2,8 +2,8 @@
 
 `UsageProducer.emit` validates at once (bad input raises, nothing is queued),
 returns the event id, and buffers the event. Buffers are sent as one message
-per batch when they reach ``batch_size`` events or are ``flush_interval``
-seconds old, on `flush`, and when the process exits. A broker that does not
+per batch when they reach ``batch_size`` events or are ``flush_interval_seconds``
+old, on `flush`, and when the process exits. A broker that does not
 answer is retried with backoff; then `BrokerUnavailable` is raised and the
 events stay in the buffer, so nothing is dropped silently.
 """
@@ -15,7 +15,6 @@ import logging
 import os
 import threading
 import time
-import zlib
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Final
@@ -23,27 +22,18 @@ from typing import Any, Final
 from celery import Celery
 
 from metering.clock import Clock, system_clock
-from metering.config import broker_url, is_embedded_broker, use_embedded_transport
+from metering.config import broker_url, is_embedded_broker, queue_count, use_embedded_transport
 from metering.domain.bounds import validate_seconds
 from metering.domain.events import FUTURE_TOLERANCE_US, charges_of, make_event
 from metering.domain.instants import to_us
 from metering.errors import BrokerUnavailable, InvalidInput, OccurredAtOutOfRange
-from metering.pipeline import DEFAULT_QUEUE, TASK_NAME, encode_batch, encode_event
+from metering.pipeline import encode_batch, encode_event
+from metering.routing import APPLY_BATCH_TASK, queue_for
+from metering.routing import queue_names as queue_names
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BUFFER: Final = 100_000
-
-
-def queue_for(subject: str, queues: int) -> str:
-    """The queue of a subject: stable, so one consumer applies a subject's events in order."""
-    if queues <= 1:
-        return DEFAULT_QUEUE
-    return f"{DEFAULT_QUEUE}.{zlib.crc32(subject.encode()) % queues}"
-
-
-def queue_names(queues: int) -> list[str]:
-    return [DEFAULT_QUEUE] if queues <= 1 else [f"{DEFAULT_QUEUE}.{n}" for n in range(queues)]
 
 
 def make_celery(url: str, name: str = "metering-producer") -> Celery:
@@ -71,8 +61,12 @@ class UsageProducer:
     >>> producer.flush()
 
     ``queues`` > 1 routes events by a hash of their (first) subject to
-    ``metering.0`` … ``metering.N-1``; run one consumer per queue to apply
-    each subject's events in the order they were emitted.
+    ``metering.0`` … ``metering.N-1`` (`metering.routing`); run one consumer
+    per queue to apply each subject's events in the order they were emitted.
+    Without ``queues``, ``METERING_QUEUES`` (default 1), as the workers read it.
+
+    ``flush_interval`` and ``retry_backoff`` are the former names of
+    ``flush_interval_seconds`` and ``retry_backoff_seconds``, still accepted.
     """
 
     def __init__(
@@ -80,24 +74,32 @@ class UsageProducer:
         url: str | None = None,
         *,
         batch_size: int = 500,
-        flush_interval: float = 0.25,
-        queues: int = 1,
+        flush_interval_seconds: float = 0.25,
+        queues: int | None = None,
         retry_attempts: int = 5,
-        retry_backoff: float = 0.2,
+        retry_backoff_seconds: float = 0.2,
         max_buffer: int = DEFAULT_MAX_BUFFER,
         clock: Clock | None = None,
+        flush_interval: float | None = None,
+        retry_backoff: float | None = None,
     ) -> None:
+        if flush_interval is not None:
+            flush_interval_seconds = flush_interval
+        if retry_backoff is not None:
+            retry_backoff_seconds = retry_backoff
+        if queues is None:
+            queues = queue_count()
         if batch_size < 1 or queues < 1 or retry_attempts < 1:
             raise InvalidInput("producer", "batch_size, queues and retry_attempts must be >= 1")
-        validate_seconds("retry_backoff", retry_backoff, 3600)
-        if validate_seconds("flush_interval", flush_interval, 3600) == 0:
-            raise InvalidInput("flush_interval", "must be more than 0 seconds")
+        validate_seconds("retry_backoff_seconds", retry_backoff_seconds, 3600)
+        if validate_seconds("flush_interval_seconds", flush_interval_seconds, 3600) == 0:
+            raise InvalidInput("flush_interval_seconds", "must be more than 0 seconds")
         self.url = broker_url(url)
         self.batch_size = batch_size
-        self.flush_interval = flush_interval
+        self.flush_interval_seconds = flush_interval_seconds
         self.queues = queues
         self.retry_attempts = retry_attempts
-        self.retry_backoff = retry_backoff
+        self.retry_backoff_seconds = retry_backoff_seconds
         self.max_buffer = max_buffer
         self.clock: Clock = clock or system_clock
         self._app = make_celery(self.url)
@@ -204,11 +206,11 @@ class UsageProducer:
 
     def _send(self, queue: str, batch: list[dict[str, Any]]) -> None:
         payload = encode_batch(batch)
-        delay = self.retry_backoff
+        delay = self.retry_backoff_seconds
         for attempt in range(self.retry_attempts):
             try:
                 self._app.send_task(
-                    TASK_NAME, args=[payload], queue=queue, routing_key=queue, retry=False
+                    APPLY_BATCH_TASK, args=[payload], queue=queue, routing_key=queue, retry=False
                 )
                 return
             except Exception as exc:  # kombu and redis raise many kinds
@@ -229,13 +231,13 @@ class UsageProducer:
 
     def _run(self) -> None:
         while not self._closed:
-            self._wake.wait(self.flush_interval / 2)
+            self._wake.wait(self.flush_interval_seconds / 2)
             now = time.monotonic()
             with self._lock:
                 due = [
                     q
                     for q, b in self._buffers.items()
-                    if b and now - self._oldest.get(q, now) >= self.flush_interval
+                    if b and now - self._oldest.get(q, now) >= self.flush_interval_seconds
                 ]
             for queue in due:
                 try:

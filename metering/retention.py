@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -70,15 +71,16 @@ class RetentionPolicy:
                 raise InvalidInput(name, f"must be a number of days in (0, {MAX_DAYS}]")
 
     @classmethod
-    def from_environment(cls) -> RetentionPolicy:
+    def from_environment(cls, environ: Mapping[str, str] | None = None) -> RetentionPolicy:
         """``METERING_RETAIN_RESULTS_DAYS``, ``METERING_RETAIN_REJECTED_DAYS`` and
         ``METERING_RETAIN_WEBHOOKS_DAYS``; ``never`` keeps a table for ever."""
         defaults = cls()
+        env = os.environ if environ is None else environ
 
         def days(name: str, default: float | None) -> float | None:
-            if os.environ.get(name, "").strip().lower() == "never":
+            if env.get(name, "").strip().lower() == "never":
                 return None
-            return env_float(name, default) if default is not None else None
+            return env_float(name, default, env) if default is not None else None
 
         try:
             return cls(

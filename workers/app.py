@@ -1,42 +1,38 @@
-"""The Celery app, configured from the environment.
+"""The Celery app, configured from `metering.settings.Settings`.
 
 ``celery -A workers worker`` (or ``metering worker``) applies queued batches;
-``celery -A workers beat`` runs the periodic sweeps. Settings:
+``celery -A workers beat`` runs the periodic sweeps. Every ``METERING_*``
+variable is read once, by ``Settings.from_env()`` (see `metering.settings`
+for the list); a bad one stops the worker before it takes a message.
 
-* ``METERING_BROKER_URL``: Redis in production (``redis://host:6379/0``);
-  unset, kombu's SQLAlchemy transport on ``./metering-broker.db``.
-* ``METERING_DATABASE_URL``: where counters and results live.
-* ``METERING_QUEUES``: how many hash-routed queues producers use (default 1).
-* ``METERING_VISIBILITY_TIMEOUT``: seconds before a message taken by a
-  worker that died is delivered again (default 300).
-* ``METERING_WEBHOOKS_INTERVAL``: seconds between beat's webhook delivery
-  runs and ``limit.reset`` sweeps (default 5).
-* ``METERING_WEBHOOKS_POLL_INTERVAL``: seconds between a worker's looks for
-  due webhook deliveries (default 0.25; `workers.webhooks`), and
-  ``METERING_WEBHOOKS_DISPATCH=0`` to leave delivery to beat alone.
-* ``METERING_RESERVATION_SWEEP_INTERVAL``: seconds between sweeps that
-  commit reservations past their time to live (default 10).
-* ``METERING_RESERVATION_RETENTION``: seconds settled reservations are kept
-  before the sweep deletes them (default 604800, a week).
-* ``METERING_PRUNE_INTERVAL``: seconds between retention runs (default 3600);
-  ages in ``METERING_RETAIN_*_DAYS`` (see `metering.retention`).
+A worker always consumes the default queue ``metering`` (where beat's
+sweeps and single-queue producers publish), even when ``-Q`` names only
+hash-routed ones: ``metering worker --queues N`` passes
+``-Q ",".join(worker_queues(N))`` and `ConsumeDefaultQueue` adds it to any
+other ``-Q`` as well.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from celery import Celery
+from celery import Celery, bootsteps
 
-from metering.config import broker_url, env_float, is_embedded_broker, use_embedded_transport
-from metering.errors import ConfigurationError
-from metering.pipeline import DEFAULT_QUEUE
-from metering.producer import queue_names
-from metering.webhooks.settings import interval_seconds
+from metering.config import is_embedded_broker, use_embedded_transport
+from metering.routing import (
+    DEFAULT_QUEUE,
+    DELIVER_WEBHOOKS_TASK,
+    PRUNE_TASK,
+    SWEEP_EMBEDDED_BROKER_TASK,
+    SWEEP_RESERVATIONS_TASK,
+    SWEEP_WEBHOOK_RESETS_TASK,
+    worker_queues,
+)
+from metering.settings import Settings
+from workers.settings import settings_of as settings_of
 from workers.webhooks import WebhookDelivery
 
 EMBEDDED_SWEEP_SECONDS = 30.0
-MAX_QUEUES = 1024
 
 
 def _poll_embedded_broker_often() -> None:
@@ -49,14 +45,31 @@ def _poll_embedded_broker_often() -> None:
     kombu_sqla.Transport.polling_interval = 0.1
 
 
-def create_app(url: str | None = None) -> Celery:
-    url = broker_url(url)
+class ConsumeDefaultQueue(bootsteps.Step):  # type: ignore[misc]
+    """Adds the default queue to a worker started with ``-Q`` that left it out.
+
+    Runs as the worker is built: after ``-Q`` chose its queues, before the
+    consumer subscribes. Without ``-Q`` the worker consumes every declared
+    queue, the default one among them, and this does nothing.
+    """
+
+    label = "consume the default queue"
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        queues = parent.app.amqp.queues
+        if DEFAULT_QUEUE not in queues.consume_from:
+            queues.select_add(queues[DEFAULT_QUEUE])
+
+
+def create_app(url: str | None = None, settings: Settings | None = None) -> Celery:
+    """The worker's app: ``settings`` default to ``Settings.from_env()``, ``url``
+    to their broker URL."""
+    settings = settings or Settings.from_env()
+    url = url or settings.broker_url
     app = Celery("metering", broker=url, include=["workers.tasks"])
-    wanted = env_float("METERING_QUEUES", 1)
-    if wanted != int(wanted) or not 1 <= wanted <= MAX_QUEUES:
-        raise ConfigurationError(f"METERING_QUEUES must be a whole number from 1 to {MAX_QUEUES}")
-    queues = int(wanted)
-    visibility = env_float("METERING_VISIBILITY_TIMEOUT", 300)
+    app.metering_settings = settings
+    visibility = settings.visibility_timeout_seconds
     # Redis: a message a dead worker held comes back after the visibility
     # timeout, but kombu only looks for such messages every interval x
     # throttle seconds (100 s by default); look at least twice per timeout.
@@ -94,42 +107,42 @@ def create_app(url: str | None = None) -> Celery:
         # Without -Q a worker consumes the default queue (beat's sweeps go
         # there) and every hash-routed queue producers may use.
         task_queues={
-            name: {"exchange": name, "routing_key": name}
-            for name in dict.fromkeys([DEFAULT_QUEUE, *queue_names(queues)])
+            name: {"exchange": name, "routing_key": name} for name in worker_queues(settings.queues)
         },
         worker_hijack_root_logger=False,
         broker_connection_retry_on_startup=True,
         broker_transport_options=transport,
         beat_schedule={
             "deliver-webhooks": {
-                "task": "metering.deliver_webhooks",
-                "schedule": interval_seconds(),
+                "task": DELIVER_WEBHOOKS_TASK,
+                "schedule": settings.webhooks_interval_seconds,
                 # A tick nobody picked up in time is dropped: the next one does the work.
-                "options": {"expires": interval_seconds() * 2},
+                "options": {"expires": settings.webhooks_interval_seconds * 2},
             },
             "sweep-webhook-resets": {
-                "task": "metering.sweep_webhook_resets",
-                "schedule": interval_seconds(),
+                "task": SWEEP_WEBHOOK_RESETS_TASK,
+                "schedule": settings.webhooks_interval_seconds,
                 # A tick nobody picked up in time is dropped: the next one does the work.
-                "options": {"expires": interval_seconds() * 2},
+                "options": {"expires": settings.webhooks_interval_seconds * 2},
             },
             "prune": {
-                "task": "metering.prune",
-                "schedule": env_float("METERING_PRUNE_INTERVAL", 3600),
-                "options": {"expires": env_float("METERING_PRUNE_INTERVAL", 3600)},
+                "task": PRUNE_TASK,
+                "schedule": settings.prune_interval_seconds,
+                "options": {"expires": settings.prune_interval_seconds},
             },
             "sweep-reservations": {
-                "task": "metering.sweep_reservations",
-                "schedule": env_float("METERING_RESERVATION_SWEEP_INTERVAL", 10),
-                "options": {"expires": env_float("METERING_RESERVATION_SWEEP_INTERVAL", 10) * 2},
+                "task": SWEEP_RESERVATIONS_TASK,
+                "schedule": settings.reservation_sweep_seconds,
+                "options": {"expires": settings.reservation_sweep_seconds * 2},
             },
         },
     )
+    app.steps["worker"].add(ConsumeDefaultQueue)
     # Each worker delivers webhooks as they fall due, from a thread of its own.
     app.steps["worker"].add(WebhookDelivery)
     if is_embedded_broker(url):
         app.conf.beat_schedule["sweep-embedded-broker"] = {
-            "task": "metering.sweep_embedded_broker",
+            "task": SWEEP_EMBEDDED_BROKER_TASK,
             "schedule": EMBEDDED_SWEEP_SECONDS,
         }
     return app

@@ -7,30 +7,43 @@ from typing import Any
 
 from celery import Task
 
-from metering.config import env_float, is_embedded_broker
+from metering.config import is_embedded_broker
 from metering.errors import InputRefused, StorageError
 from metering.meter import Meter
-from metering.pipeline import TASK_NAME, apply_batch
-from metering.retention import RetentionPolicy, prune
+from metering.pipeline import apply_batch
+from metering.retention import prune
+from metering.routing import (
+    APPLY_BATCH_TASK,
+    DELIVER_WEBHOOKS_TASK,
+    PRUNE_TASK,
+    SWEEP_EMBEDDED_BROKER_TASK,
+    SWEEP_RESERVATIONS_TASK,
+    SWEEP_WEBHOOK_RESETS_TASK,
+)
+from metering.settings import Settings
 from metering.storage.broker import sweep_embedded_broker
 from metering.webhooks.delivery import DeliveryReport, deliver_due, sweep_resets
-from metering.webhooks.settings import dispatching
 from workers.app import app
+from workers.settings import settings_of
 
 log = logging.getLogger(__name__)
 _meter: Meter | None = None
+
+
+def settings() -> Settings:
+    return settings_of(app)
 
 
 def meter() -> Meter:
     """One `Meter` per worker process, made after the fork."""
     global _meter
     if _meter is None:
-        _meter = Meter()
+        _meter = Meter(settings().database_url)
     return _meter
 
 
 @app.task(
-    name=TASK_NAME,
+    name=APPLY_BATCH_TASK,
     bind=True,
     acks_late=True,
     reject_on_worker_lost=True,
@@ -56,7 +69,7 @@ def apply_batch_task(self: Task, *args: Any, **kwargs: Any) -> dict[str, int]:
     return report
 
 
-@app.task(name="metering.sweep_embedded_broker")
+@app.task(name=SWEEP_EMBEDDED_BROKER_TASK)
 def sweep_embedded_broker_task() -> dict[str, int]:
     """Embedded broker only: redeliver messages of a dead worker, delete consumed ones."""
     if not is_embedded_broker(app.conf.broker_url):
@@ -65,11 +78,11 @@ def sweep_embedded_broker_task() -> dict[str, int]:
         app.conf.broker_url,
         meter().decided,
         now_local=meter().clock().astimezone().replace(tzinfo=None),
-        visibility_timeout_seconds=env_float("METERING_VISIBILITY_TIMEOUT", 300),
+        visibility_timeout_seconds=settings().visibility_timeout_seconds,
     )
 
 
-@app.task(name="metering.deliver_webhooks", acks_late=True)
+@app.task(name=DELIVER_WEBHOOKS_TASK, acks_late=True)
 def deliver_webhooks_task() -> dict[str, int]:
     """Deliver due webhooks; safe in several workers at once (deliveries are claimed).
 
@@ -78,30 +91,30 @@ def deliver_webhooks_task() -> dict[str, int]:
     and a run here would take up a pool slot, for up to the HTTP timeout,
     with what that thread leaves for later (a slow endpoint's backlog).
     """
-    if dispatching():
+    if settings().webhooks_dispatch:
         return DeliveryReport().to_dict()
-    return deliver_due(meter()).to_dict()
+    return deliver_due(meter(), settings().delivery).to_dict()
 
 
-@app.task(name="metering.sweep_webhook_resets", acks_late=True)
+@app.task(name=SWEEP_WEBHOOK_RESETS_TASK, acks_late=True)
 def sweep_webhook_resets_task() -> int:
     """Write ``limit.reset`` notifications for denied windows that are over."""
     return sweep_resets(meter())
 
 
-@app.task(name="metering.sweep_reservations", acks_late=True)
+@app.task(name=SWEEP_RESERVATIONS_TASK, acks_late=True)
 def sweep_reservations_task() -> dict[str, int]:
     """Commit reservations past their time to live; drop old settled ones."""
-    retention = env_float("METERING_RESERVATION_RETENTION", 7 * 86400)
+    retention = settings().reservation_retention_seconds
     return meter().sweep_reservations(retention_seconds=retention)
 
 
-@app.task(name="metering.prune", acks_late=True)
+@app.task(name=PRUNE_TASK, acks_late=True)
 def prune_task() -> dict[str, int]:
     """Delete results, dead letters and webhook records past their retention."""
     done = prune(
         meter(),
-        RetentionPolicy.from_environment(),
-        visibility_timeout_seconds=env_float("METERING_VISIBILITY_TIMEOUT", 300),
+        settings().retention,
+        visibility_timeout_seconds=settings().visibility_timeout_seconds,
     )
     return {p.table: p.rows for p in done}

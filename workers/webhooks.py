@@ -3,7 +3,7 @@
 A worker bootstep starts `metering.webhooks.delivery.serve` in the worker's
 main process once the pool has started, and stops it (letting running
 attempts finish and record) at shutdown. It looks for due deliveries every
-``METERING_WEBHOOKS_POLL_INTERVAL`` seconds (0.25), so a notification
+``METERING_WEBHOOKS_POLL_INTERVAL`` seconds (0.25; `metering.settings`), so a notification
 written by a batch in any worker, or by `Meter.consume` in an application,
 goes out within a fraction of a second, with no beat tick and no server
 feature (SQLite has no ``NOTIFY``). ``METERING_WEBHOOKS_DISPATCH=0`` turns it
@@ -21,8 +21,9 @@ from celery import bootsteps
 
 from metering.errors import MeteringError
 from metering.meter import Meter
+from metering.settings import Settings
 from metering.webhooks.delivery import serve
-from metering.webhooks.settings import DeliverySettings, dispatching, poll_seconds
+from workers.settings import settings_of
 
 log = logging.getLogger(__name__)
 RETRY_SECONDS = 5.0
@@ -49,35 +50,45 @@ class WebhookDelivery(bootsteps.StartStopStep):  # type: ignore[misc]
         super().__init__(parent, **kwargs)
         self.stop_event = threading.Event()
         self.thread: threading.Thread | None = None
-        self.settings: DeliverySettings | None = None
+        self.settings: Settings | None = None
 
     def include_if(self, parent: Any) -> bool:
-        return dispatching()
+        return settings_of(parent.app).webhooks_dispatch
 
     def start(self, parent: Any) -> None:
-        self.settings = DeliverySettings.from_env()  # a bad setting stops the worker here
+        self.settings = settings_of(parent.app)
         self.stop_event.clear()
         self.thread = threading.Thread(target=self._run, name="metering-webhooks", daemon=True)
         self.thread.start()
-        log.info("webhook delivery thread started (looks every %g s)", poll_seconds())
+        log.info(
+            "webhook delivery thread started (looks every %g s)",
+            self.settings.webhooks_poll_seconds,
+        )
 
     def stop(self, parent: Any) -> None:
         self.stop_event.set()
         if self.thread is not None and self.settings is not None:
-            self.thread.join(self.settings.timeout_seconds + 5)
+            self.thread.join(self.settings.delivery.timeout_seconds + 5)
             self.thread = None
 
     def _run(self) -> None:
+        assert self.settings is not None
+        settings = self.settings
         while not self.stop_event.is_set():
             try:
-                meter = Meter()
+                meter = Meter(settings.database_url)
             except MeteringError as exc:  # the database is away: try again later
                 log.error("webhook delivery thread waits for the database: %s", exc)
                 self.stop_event.wait(RETRY_SECONDS)
                 continue
             _meters.append(meter)
             try:
-                serve(meter, self.stop_event, poll_seconds=poll_seconds(), settings=self.settings)
+                serve(
+                    meter,
+                    self.stop_event,
+                    poll_seconds=settings.webhooks_poll_seconds,
+                    settings=settings.delivery,
+                )
             except Exception:
                 log.exception("webhook delivery thread failed; starting it again")
                 self.stop_event.wait(RETRY_SECONDS)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -50,8 +51,8 @@ def parse_networks(text: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Net
         ) from None
 
 
-def _flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+def _flag(name: str, environ: Mapping[str, str]) -> bool:
+    return environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,30 +79,26 @@ class DeliverySettings:
         return self.timeout_seconds + LEASE_MARGIN_SECONDS
 
     @classmethod
-    def from_env(cls) -> DeliverySettings:
-        schedule = os.environ.get("METERING_WEBHOOKS_SCHEDULE", "").strip()
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> DeliverySettings:
+        env = os.environ if environ is None else environ
+        schedule = env.get("METERING_WEBHOOKS_SCHEDULE", "").strip()
         return cls(
-            timeout_seconds=env_float("METERING_WEBHOOKS_TIMEOUT", DEFAULT_TIMEOUT_SECONDS),
+            timeout_seconds=env_float("METERING_WEBHOOKS_TIMEOUT", DEFAULT_TIMEOUT_SECONDS, env),
             schedule_seconds=parse_schedule(schedule) if schedule else DEFAULT_SCHEDULE,
-            allow_private=_flag("METERING_WEBHOOKS_ALLOW_PRIVATE"),
-            allowed_networks=parse_networks(os.environ.get("METERING_WEBHOOKS_ALLOW_NETWORKS", "")),
-            max_in_flight=_count("METERING_WEBHOOKS_CONCURRENCY", DEFAULT_MAX_IN_FLIGHT),
+            allow_private=_flag("METERING_WEBHOOKS_ALLOW_PRIVATE", env),
+            allowed_networks=parse_networks(env.get("METERING_WEBHOOKS_ALLOW_NETWORKS", "")),
+            max_in_flight=_count("METERING_WEBHOOKS_CONCURRENCY", DEFAULT_MAX_IN_FLIGHT, env),
             max_in_flight_per_endpoint=_count(
-                "METERING_WEBHOOKS_PER_ENDPOINT", DEFAULT_MAX_IN_FLIGHT_PER_ENDPOINT
+                "METERING_WEBHOOKS_PER_ENDPOINT", DEFAULT_MAX_IN_FLIGHT_PER_ENDPOINT, env
             ),
         )
 
 
-def _count(name: str, default: int) -> int:
-    value = env_float(name, default)
+def _count(name: str, default: int, environ: Mapping[str, str]) -> int:
+    value = env_float(name, default, environ)
     if value != int(value):
         raise ConfigurationError(f"{name}={value:g} must be a whole number")
     return int(value)
-
-
-def interval_seconds() -> float:
-    """How often beat runs delivery and the reset sweep (``METERING_WEBHOOKS_INTERVAL``)."""
-    return env_float("METERING_WEBHOOKS_INTERVAL", DEFAULT_INTERVAL_SECONDS)
 
 
 def poll_seconds() -> float:
@@ -110,10 +107,11 @@ def poll_seconds() -> float:
     return env_float("METERING_WEBHOOKS_POLL_INTERVAL", DEFAULT_POLL_SECONDS)
 
 
-def dispatching() -> bool:
+def dispatching(environ: Mapping[str, str] | None = None) -> bool:
     """Whether workers deliver from a thread of their own (``METERING_WEBHOOKS_DISPATCH``,
     default on; ``0`` leaves delivery to beat's ``metering.deliver_webhooks``)."""
-    text = os.environ.get("METERING_WEBHOOKS_DISPATCH", "").strip().lower()
+    env = os.environ if environ is None else environ
+    text = env.get("METERING_WEBHOOKS_DISPATCH", "").strip().lower()
     return text not in ("0", "false", "no", "off")
 
 

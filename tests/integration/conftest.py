@@ -157,13 +157,18 @@ def start_worker(tmp_path: Path, pg_url: str, redis_url: str) -> Iterator[StartW
 
     ``start_worker(wait=True, only_default_queue=True, **env_overrides)`` returns
     a `Worker`; with ``only_default_queue=False`` it gets no ``-Q`` and consumes
-    the queues the Celery app declares (``METERING_QUEUES``); with ``beat=True``
-    it also runs the periodic sweeps.
+    the queues the Celery app declares (``METERING_QUEUES``); ``queues="a,b"``
+    is its ``-Q`` instead; with ``beat=True`` it also runs the periodic sweeps.
     """
     started: list[Worker] = []
 
     def start(
-        *, wait: bool = True, only_default_queue: bool = True, beat: bool = False, **overrides: str
+        *,
+        wait: bool = True,
+        only_default_queue: bool = True,
+        queues: str | None = None,
+        beat: bool = False,
+        **overrides: str,
     ) -> Worker:
         number = next(_numbers)
         name = f"w{number}"
@@ -183,7 +188,7 @@ def start_worker(tmp_path: Path, pg_url: str, redis_url: str) -> Iterator[StartW
             "--without-heartbeat",
             "--without-gossip",
             "--without-mingle",
-            *(["-Q", "metering"] if only_default_queue else []),
+            *(["-Q", queues] if queues else ["-Q", "metering"] if only_default_queue else []),
             *(["--beat", "--schedule", str(tmp_path / f"beat-{name}")] if beat else []),
             "-n",
             f"{name}@%h",

@@ -29,8 +29,10 @@ from servers import PostgresServer
 
 from metering import ChargeDecision, Decision, Limit, Meter, make_event
 from metering.ledger import decision_of
-from metering.pipeline import DEFAULT_QUEUE, TASK_NAME, encode_batch, encode_event
+from metering.pipeline import encode_batch, encode_event
 from metering.producer import UsageProducer, make_celery, queue_for
+from metering.routing import APPLY_BATCH_TASK as TASK_NAME
+from metering.routing import DEFAULT_QUEUE, SWEEP_RESERVATIONS_TASK, queue_names
 from metering.storage.engine import run_transaction
 from metering.storage.queries import Store
 
@@ -140,7 +142,7 @@ def stream(
 ) -> Iterable[tuple[str, str, int]]:
     """Emit ``count`` single-charge `calls` events in batches of 100, yielding each one."""
     rng = random.Random(seed)
-    with UsageProducer(redis_url, batch_size=100, flush_interval=0.5) as producer:
+    with UsageProducer(redis_url, batch_size=100, flush_interval_seconds=0.5) as producer:
         for n in range(count):
             subject = f"{prefix}-s{rng.randrange(subjects)}"
             cost = rng.randint(1, 3)
@@ -187,6 +189,39 @@ def test_a_worker_consumes_every_hash_routed_queue_it_is_configured_for(
         }
         wait_for_results(meter, len(emitted), [worker])
         assert_each_once_and_counters_exact(meter, emitted, [worker])
+
+
+@pytest.mark.parametrize("dash_q", [True, False], ids=["-Q metering.0,metering.1", "no -Q"])
+def test_a_worker_of_hash_routed_queues_also_consumes_the_default_queue(
+    pg_url: str, redis_url: str, start_worker: StartWorker, dash_q: bool
+) -> None:
+    """Issue 12: ``metering worker --queues 2`` consumed metering.0 and metering.1
+    but never ``metering``, where beat's sweeps and single-queue producers publish."""
+    at = datetime.now(UTC)
+    with Meter(pg_url) as meter:
+        meter.set_limits([CALLS])
+        held = meter.reserve("default-q", "calls", ttl_seconds=0.01)
+        assert held.state == "held"
+        queues = ",".join(queue_names(2)) if dash_q else None
+        worker = start_worker(only_default_queue=False, queues=queues, METERING_QUEUES="2")
+        app = make_celery(redis_url)
+        try:
+            # A batch, as a single-queue producer (or `metering emit`) sends it.
+            events = [make_event([("default-q", "calls", 1)], at, f"dq-{n}") for n in range(3)]
+            batch = encode_batch([encode_event(e) for e in events])
+            app.send_task(TASK_NAME, args=[batch], queue=DEFAULT_QUEUE)
+            # And a sweep, as beat sends it.
+            app.send_task(SWEEP_RESERVATIONS_TASK, queue=DEFAULT_QUEUE)
+        finally:
+            app.close()
+        wait_for_results(meter, 4, [worker])  # the reservation's result and the batch's 3
+        assert meter.decided([e.event_id for e in events]) == {e.event_id for e in events}
+        wait_until(
+            lambda: meter.reservation(held.id).state == "committed",  # type: ignore[union-attr]
+            RESULT_TIMEOUT,
+            lambda: f"the reservation is {meter.reservation(held.id)}",
+            [worker],
+        )
 
 
 # -- 1. four producers, two workers ------------------------------------------------

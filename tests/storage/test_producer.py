@@ -57,7 +57,7 @@ def broker(tmp_path: Path) -> tuple[str, Path]:
 
 def test_bad_input_raises_at_emit_and_queues_nothing(broker: tuple[str, Path]) -> None:
     url, _ = broker
-    producer = UsageProducer(url, batch_size=10, flush_interval=60)
+    producer = UsageProducer(url, batch_size=10, flush_interval_seconds=60)
     for call in (
         lambda: producer.emit("", "calls"),
         lambda: producer.emit("s", "Not A Name"),
@@ -74,7 +74,7 @@ def test_bad_input_raises_at_emit_and_queues_nothing(broker: tuple[str, Path]) -
 
 def test_batches_are_bounded_by_size_and_flushed_on_demand(broker: tuple[str, Path]) -> None:
     url, path = broker
-    producer = UsageProducer(url, batch_size=50, flush_interval=60)
+    producer = UsageProducer(url, batch_size=50, flush_interval_seconds=60)
     ids = [producer.emit(f"s{n}", "calls", cost=2) for n in range(120)]
     assert producer.pending == 20
     assert [len(p["events"]) for _, _, p in broker_messages(path)] == [50, 50]  # type: ignore[arg-type]
@@ -88,7 +88,7 @@ def test_batches_are_bounded_by_size_and_flushed_on_demand(broker: tuple[str, Pa
 
 def test_a_partial_batch_is_sent_after_the_flush_interval(broker: tuple[str, Path]) -> None:
     url, path = broker
-    producer = UsageProducer(url, batch_size=1000, flush_interval=0.05)
+    producer = UsageProducer(url, batch_size=1000, flush_interval_seconds=0.05)
     producer.emit("s", "calls")
     deadline = time.monotonic() + 10
     while not sent(path):
@@ -100,7 +100,11 @@ def test_a_partial_batch_is_sent_after_the_flush_interval(broker: tuple[str, Pat
 
 def test_broker_down_raises_and_keeps_the_events(redis_server: RedisServer, redis_url: str) -> None:
     producer = UsageProducer(
-        redis_url, batch_size=100, flush_interval=60, retry_attempts=2, retry_backoff=0.01
+        redis_url,
+        batch_size=100,
+        flush_interval_seconds=60,
+        retry_attempts=2,
+        retry_backoff_seconds=0.01,
     )
     redis_server.stop()
     try:
@@ -135,7 +139,11 @@ def test_an_event_the_broker_refuses_is_named_in_the_error_and_sent_later(
     """The contract: the exception names every id that is kept and will be
     sent; the caller must not emit those again under new ids."""
     producer = UsageProducer(
-        redis_url, batch_size=1, flush_interval=0.05, retry_attempts=2, retry_backoff=0.01
+        redis_url,
+        batch_size=1,
+        flush_interval_seconds=0.05,
+        retry_attempts=2,
+        retry_backoff_seconds=0.01,
     )
     redis_server.stop()
     try:
@@ -156,7 +164,7 @@ def test_an_event_refused_for_a_full_buffer_is_not_kept(
     redis_server: RedisServer, redis_url: str
 ) -> None:
     producer = UsageProducer(
-        redis_url, batch_size=10, flush_interval=60, retry_attempts=1, max_buffer=2
+        redis_url, batch_size=10, flush_interval_seconds=60, retry_attempts=1, max_buffer=2
     )
     redis_server.stop()
     try:
@@ -175,7 +183,7 @@ def test_an_event_refused_for_a_full_buffer_is_not_kept(
 def test_discard_drops_the_buffer_and_names_what_it_dropped(
     redis_server: RedisServer, redis_url: str
 ) -> None:
-    producer = UsageProducer(redis_url, batch_size=10, flush_interval=60)
+    producer = UsageProducer(redis_url, batch_size=10, flush_interval_seconds=60)
     producer.emit("s", "calls", event_id="d-1")
     assert producer.discard() == ["d-1"]
     producer.close()
@@ -230,7 +238,9 @@ def test_sweep_deletes_consumed_messages_and_redelivers_stale_ones(
     broker: tuple[str, Path], tmp_path: Path
 ) -> None:
     url, path = broker
-    with UsageProducer(url, batch_size=2, flush_interval=60, clock=FrozenClock(NOW)) as producer:
+    with UsageProducer(
+        url, batch_size=2, flush_interval_seconds=60, clock=FrozenClock(NOW)
+    ) as producer:
         ids = [producer.emit("s", "calls", occurred_at=NOW) for _ in range(4)]
     taken_at = datetime(2026, 11, 22, 11, 0)  # kombu stamps local time when a worker takes one
     with sqlite3.connect(path) as connection:

@@ -1,0 +1,101 @@
+"""`Settings`: every ``METERING_*`` variable the workers use, read once.
+
+``Settings.from_env()`` reads and checks them all when a worker (or beat)
+starts, so a bad value stops it with one `ConfigurationError` naming the
+variable, before any message is taken. Every variable is optional:
+
+* ``METERING_DATABASE_URL``: counters and results (default ``sqlite:///metering.db``).
+* ``METERING_BROKER_URL``: Redis in production; unset, the embedded broker.
+* ``METERING_QUEUES``: how many hash-routed queues producers use (1 to 1024, default 1).
+* ``METERING_VISIBILITY_TIMEOUT``: seconds before a message a dead worker
+  took is delivered again (default 300).
+* ``METERING_WEBHOOKS_INTERVAL``: seconds between beat's webhook runs and
+  ``limit.reset`` sweeps (default 5).
+* ``METERING_WEBHOOKS_POLL_INTERVAL``: seconds between a worker's looks for
+  due deliveries (default 0.25); ``METERING_WEBHOOKS_DISPATCH=0`` leaves
+  delivery to beat; the other ``METERING_WEBHOOKS_*`` in `DeliverySettings`.
+* ``METERING_RESERVATION_SWEEP_INTERVAL``: seconds between sweeps of
+  reservations past their time to live (default 10).
+* ``METERING_RESERVATION_RETENTION``: seconds settled reservations are kept
+  (default a week).
+* ``METERING_PRUNE_INTERVAL``: seconds between retention runs (default
+  3600); ages in ``METERING_RETAIN_*_DAYS`` (`RetentionPolicy`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+from metering.config import (
+    DEFAULT_BROKER_URL,
+    DEFAULT_DATABASE_URL,
+    env_float,
+    queue_count,
+)
+from metering.retention import RetentionPolicy
+from metering.webhooks.settings import (
+    DEFAULT_INTERVAL_SECONDS,
+    DEFAULT_POLL_SECONDS,
+    DeliverySettings,
+    dispatching,
+)
+
+DEFAULT_VISIBILITY_TIMEOUT_SECONDS: Final = 300.0
+DEFAULT_RESERVATION_SWEEP_SECONDS: Final = 10.0
+DEFAULT_RESERVATION_RETENTION_SECONDS: Final = 7 * 86_400.0
+DEFAULT_PRUNE_INTERVAL_SECONDS: Final = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """What a worker and beat run with. Build it with `from_env`, or by hand in tests."""
+
+    database_url: str = DEFAULT_DATABASE_URL
+    broker_url: str = DEFAULT_BROKER_URL
+    queues: int = 1
+    visibility_timeout_seconds: float = DEFAULT_VISIBILITY_TIMEOUT_SECONDS
+    webhooks_interval_seconds: float = DEFAULT_INTERVAL_SECONDS
+    webhooks_poll_seconds: float = DEFAULT_POLL_SECONDS
+    webhooks_dispatch: bool = True
+    reservation_sweep_seconds: float = DEFAULT_RESERVATION_SWEEP_SECONDS
+    reservation_retention_seconds: float = DEFAULT_RESERVATION_RETENTION_SECONDS
+    prune_interval_seconds: float = DEFAULT_PRUNE_INTERVAL_SECONDS
+    retention: RetentionPolicy = field(default_factory=RetentionPolicy)
+    delivery: DeliverySettings = field(default_factory=DeliverySettings)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Every setting from ``environ`` (default ``os.environ``); `ConfigurationError`
+        names the first variable that is not valid."""
+        env = os.environ if environ is None else environ
+
+        def seconds(name: str, default: float) -> float:
+            return env_float(name, default, env)
+
+        return cls(
+            database_url=env.get("METERING_DATABASE_URL") or DEFAULT_DATABASE_URL,
+            broker_url=env.get("METERING_BROKER_URL") or DEFAULT_BROKER_URL,
+            queues=queue_count(env),
+            visibility_timeout_seconds=seconds(
+                "METERING_VISIBILITY_TIMEOUT", DEFAULT_VISIBILITY_TIMEOUT_SECONDS
+            ),
+            webhooks_interval_seconds=seconds(
+                "METERING_WEBHOOKS_INTERVAL", DEFAULT_INTERVAL_SECONDS
+            ),
+            webhooks_poll_seconds=seconds("METERING_WEBHOOKS_POLL_INTERVAL", DEFAULT_POLL_SECONDS),
+            webhooks_dispatch=dispatching(env),
+            reservation_sweep_seconds=seconds(
+                "METERING_RESERVATION_SWEEP_INTERVAL", DEFAULT_RESERVATION_SWEEP_SECONDS
+            ),
+            reservation_retention_seconds=seconds(
+                "METERING_RESERVATION_RETENTION", DEFAULT_RESERVATION_RETENTION_SECONDS
+            ),
+            prune_interval_seconds=seconds(
+                "METERING_PRUNE_INTERVAL", DEFAULT_PRUNE_INTERVAL_SECONDS
+            ),
+            retention=RetentionPolicy.from_environment(env),
+            delivery=DeliverySettings.from_env(env),
+        )
