@@ -25,7 +25,7 @@ from typing import Final, Literal
 
 from sqlalchemy import Connection
 
-from metering.domain.events import FUTURE_TOLERANCE_US, EventRecord, check_event_time
+from metering.domain.events import FUTURE_TOLERANCE_US, EventRecord, Rejected, check_event_time
 from metering.domain.instants import from_us
 from metering.domain.notifications import Notice, payload_of
 from metering.domain.rules import BUCKET_WINDOW, Key, Rule, State, decide, fresh_state
@@ -37,7 +37,6 @@ from metering.storage.queries import Pair, ResultRecord, Store
 from metering.storage.webhooks import WebhookStore
 
 InvalidPolicy = Literal["raise", "reject"]
-RejectedRow = tuple[str | None, str, str]  # (event id or None, reason, raw input)
 
 NEW: Final = "new"
 DUPLICATE: Final = "duplicate"
@@ -132,7 +131,7 @@ def apply_records(
     *,
     invalid: InvalidPolicy,
     precheck: bool,
-    rejected: Sequence[RejectedRow] = (),
+    rejected: Sequence[Rejected] = (),
 ) -> list[Answer]:
     """Apply ``events`` in order inside the caller's transaction; one answer per event.
 
@@ -251,7 +250,7 @@ def apply_records(
     # Queued input keeps its conflicts in the dead-letter record; a caller
     # who is answered `EventConflict` (``invalid="raise"``) has been told.
     conflicts = [
-        (event.event_id, str(EventConflict(event.event_id)), event.fingerprint)
+        Rejected(event.event_id, str(EventConflict(event.event_id)), event.fingerprint)
         for event, (kind, _) in zip(events, final, strict=True)
         if kind == CONFLICT and invalid == "reject"
     ]
@@ -300,7 +299,7 @@ def _resolve(
 def _record_extras(
     connection: Connection,
     notices: Iterable[Notice],
-    rejected: Sequence[RejectedRow],
+    rejected: Sequence[Rejected],
     now_us: int,
 ) -> None:
     found = [(notice, payload_of(notice, now_us)) for notice in notices]

@@ -21,7 +21,6 @@ from metering.applying import (
     NEW,
     Answer,
     LimitCache,
-    RejectedRow,
     Unacceptable,
     UseGeneralPath,
     apply_records,
@@ -32,6 +31,7 @@ from metering.domain.bounds import validate_count, validate_seconds
 from metering.domain.decisions import Decision
 from metering.domain.events import (
     EventRecord,
+    Rejected,
     UsageEvent,
     charges_of,
     make_event,
@@ -227,7 +227,7 @@ class Meter:
         events: Sequence[UsageEvent],
         *,
         invalid: InvalidPolicy = "reject",
-        rejected: Sequence[RejectedRow] = (),
+        rejected: Sequence[Rejected] = (),
     ) -> list[Decided]:
         """Apply a batch of validated events in one transaction, in order.
 
@@ -248,7 +248,7 @@ class Meter:
         records: Sequence[EventRecord],
         *,
         invalid: InvalidPolicy = "reject",
-        rejected: Sequence[RejectedRow] = (),
+        rejected: Sequence[Rejected] = (),
     ) -> list[Answer]:
         """`apply` for the worker: plain records in, (kind, result) answers out.
 
@@ -268,7 +268,7 @@ class Meter:
         self,
         records: Sequence[EventRecord],
         invalid: InvalidPolicy,
-        rejected: Sequence[RejectedRow],
+        rejected: Sequence[Rejected],
     ) -> list[Answer]:
         now_us = self.database.now_us()
         # One event (consume) skips the id lookup: a repeated id fails the
@@ -296,7 +296,7 @@ class Meter:
         records: Sequence[EventRecord],
         now_us: int,
         invalid: InvalidPolicy,
-        rejected: Sequence[RejectedRow],
+        rejected: Sequence[Rejected],
     ) -> list[Answer]:
         """The general engine, for batches the hot path leaves to it."""
         events = [UsageEvent(*r[:2], from_us(r.occurred_at_us), r.metadata) for r in records]
@@ -307,7 +307,7 @@ class Meter:
             precheck = retry or not single
             applied = apply_events(store, events, now_us, invalid=invalid, precheck=precheck)
             conflicts = [
-                (event.event_id, str(outcome), event.fingerprint())
+                Rejected(event.event_id, str(outcome), event.fingerprint())
                 for event, outcome in zip(events, applied, strict=True)
                 if isinstance(outcome, EventConflict) and invalid == "reject"
             ]
@@ -411,11 +411,10 @@ class Meter:
     def count_results(self) -> int:
         return self.database.run(lambda c: Store(c).count_results())
 
-    def rejected_messages(self, limit: int = 100) -> list[RejectedRow]:
+    def rejected_messages(self, limit: int = 100) -> list[Rejected]:
         """The newest queued input that could not be applied, with its reason."""
         validate_count("limit", limit)
-        rows = self.database.run(lambda c: Store(c).list_rejected_messages(limit))
-        return [(event_id, reason, raw) for event_id, reason, raw, _ in rows]
+        return self.database.run(lambda c: Store(c).list_rejected_messages(limit))
 
     def check(
         self,

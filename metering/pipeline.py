@@ -26,6 +26,7 @@ from metering.applying import CONFLICT, DUPLICATE, NEW, Answer
 from metering.domain.events import (
     EVENT_ID_PATTERN,
     EventRecord,
+    Rejected,
     UsageEvent,
     fingerprint_of,
     new_event_id,
@@ -51,15 +52,6 @@ def encode_event(event: UsageEvent) -> dict[str, Any]:
 
 def encode_batch(events: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {"v": FORMAT_VERSION, "events": list(events)}
-
-
-@dataclass(frozen=True, slots=True)
-class Rejected:
-    """Input that could not become an event: its id when it had a usable one."""
-
-    event_id: str | None
-    reason: str
-    raw: str
 
 
 def decode_batch(payload: object) -> tuple[list[UsageEvent], list[Rejected]]:
@@ -146,26 +138,27 @@ def apply_batch(meter: Meter, payload: object) -> BatchReport:
     applied, in order.
     """
     events, malformed = decode_records(payload)
-    rows = [(m.event_id, m.reason, m.raw) for m in malformed]
     try:
-        answers = meter.apply_records(events, invalid="reject", rejected=rows)
+        answers = meter.apply_records(events, invalid="reject", rejected=malformed)
     except InputRefused:
         answers, refused = _apply_around_refusals(meter, events)
-        meter.apply_records([], rejected=[*rows, *refused])
-        malformed = [*malformed, *(Rejected(*row) for row in refused)]
+        malformed = [*malformed, *refused]
+        meter.apply_records([], rejected=malformed)
     return report_of(answers, malformed=len(malformed))
 
 
 def _apply_around_refusals(
     meter: Meter, events: Sequence[EventRecord]
-) -> tuple[list[Answer], list[tuple[str | None, str, str]]]:
+) -> tuple[list[Answer], list[Rejected]]:
     """Apply ``events`` in order, halving around the ones the database refuses."""
     try:
         return meter.apply_records(events, invalid="reject"), []
     except InputRefused as exc:
         if len(events) == 1:
             [event] = events
-            return [], [(event.event_id, f"refused by the database: {exc}", _raw_record(event))]
+            return [], [
+                Rejected(event.event_id, f"refused by the database: {exc}", _raw_record(event))
+            ]
     middle = len(events) // 2
     head, head_refused = _apply_around_refusals(meter, events[:middle])
     tail, tail_refused = _apply_around_refusals(meter, events[middle:])

@@ -31,6 +31,7 @@ from kombu.transport import redis as kombu_redis
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
 
+from metering.domain.events import Rejected
 from metering.errors import StorageError
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ def _store(reason: str, raw: str) -> None:
 
     for attempt in range(STORE_ATTEMPTS):
         try:
-            meter().apply_records([], rejected=[(None, reason, raw)])
+            meter().apply_records([], rejected=[Rejected(None, reason, raw)])
             log.error("dead-lettered a queue entry: %s", reason)
             return
         except StorageError as exc:

@@ -31,6 +31,15 @@ class Charge(NamedTuple):
     cost: int = 1
 
 
+class Rejected(NamedTuple):
+    """Input that could not be applied, as the dead-letter record keeps it: its
+    event id when it had a usable one, why, and the raw input (JSON text)."""
+
+    event_id: str | None
+    reason: str
+    raw: str
+
+
 class EventRecord(NamedTuple):
     """A validated event as the hot path carries it: plain values, no datetime.
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any, Final, Literal
 
 from metering.domain.decisions import ChargeDecision
@@ -34,6 +35,19 @@ NoticeType = Literal["limit.denied", "limit.threshold", "limit.exceeded", "limit
 MESSAGE_TYPES: Final = ("limit.denied", "limit.threshold", "limit.exceeded", "limit.reset")
 TEST_TYPE: Final = "webhook.test"
 MAX_PAYLOAD_BYTES: Final = 64 * 1024
+
+
+class DeliveryStatus(StrEnum):
+    """Where a delivery of a notification to an endpoint stands. Members are
+    strings, equal to their values (``DeliveryStatus.PENDING == "pending"``)."""
+
+    PENDING = "pending"  # due now or after a retry delay
+    DELIVERED = "delivered"  # the endpoint answered 2xx
+    FAILED = "failed"  # 410, or no attempt left
+
+
+# Deliveries that will not be attempted again (unless replayed).
+SETTLED_STATUSES: Final = (DeliveryStatus.DELIVERED, DeliveryStatus.FAILED)
 
 
 @dataclass(frozen=True, slots=True)

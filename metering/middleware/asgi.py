@@ -13,6 +13,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any, Unpack
 
+from metering.domain.reservations import ReservationState
 from metering.meter import Meter
 from metering.middleware.core import (
     DeniedResponse,
@@ -113,7 +114,7 @@ class MeteringMiddleware:
             if message["type"] == "http.response.start":
                 # Every limit further in has decided by now: settle before
                 # the client sees the answer.
-                if reservation is not None and reservation.state == "held":
+                if reservation is not None and reservation.state == ReservationState.HELD:
                     await asyncio.to_thread(self.policy.leave, step)
                 extra = self.policy.response_headers(step, context)
                 if extra:
@@ -123,5 +124,5 @@ class MeteringMiddleware:
         try:
             await self.app(scope, receive, send_with_headers)
         finally:
-            if reservation is not None and reservation.state == "held":
+            if reservation is not None and reservation.state == ReservationState.HELD:
                 await asyncio.to_thread(self.policy.leave, step)

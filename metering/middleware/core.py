@@ -28,6 +28,7 @@ from typing import TypedDict
 from metering.domain.decisions import ChargeDecision, Decision
 from metering.domain.events import validate_cost
 from metering.domain.limits import Limit, validate_limit_name
+from metering.domain.reservations import ReservationState
 from metering.errors import InvalidInput, MeteringError, StorageError
 from metering.meter import Meter
 from metering.middleware.keys import (
@@ -271,7 +272,10 @@ class Policy:
     def _release_waiting(context: RequestMetering) -> None:
         """This limit applies: limits waiting outside (stacking) are not charged."""
         for waiting in context.pending:
-            if waiting.reservation is not None and waiting.reservation.state == "held":
+            if (
+                waiting.reservation is not None
+                and waiting.reservation.state == ReservationState.HELD
+            ):
                 waiting.reservation.cancel()
         context.pending.clear()
 
@@ -303,7 +307,7 @@ class Policy:
         applied = step.applied
         if applied is None or applied.reservation is None:
             return
-        if applied.reservation.state == "held":
+        if applied.reservation.state == ReservationState.HELD:
             try:
                 applied.reservation.commit()
             except MeteringError as exc:  # the sweeper commits it after its time to live

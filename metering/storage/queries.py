@@ -30,6 +30,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql.elements import ColumnClause
 
+from metering.domain.events import Rejected
 from metering.domain.limits import Limit
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 from metering.domain.windows import Window
@@ -595,9 +596,7 @@ class Store:
 
     # -- rejected messages ---------------------------------------------------
 
-    def record_rejected_messages(
-        self, rows: Sequence[tuple[str | None, str, str]], now_us: int
-    ) -> None:
+    def record_rejected_messages(self, rows: Sequence[Rejected], now_us: int) -> None:
         """Keep (event id or None, reason, raw JSON) of input that could not be applied."""
         if not rows:
             return
@@ -620,15 +619,14 @@ class Store:
         )
         self.connection.execute(statement, params)
 
-    def list_rejected_messages(self, limit: int = 100) -> list[tuple[str | None, str, str, int]]:
+    def list_rejected_messages(self, count: int = 100) -> list[Rejected]:
+        """The ``count`` newest, newest first."""
         query = (
             select(rejected_messages)
             .order_by(rejected_messages.c.received_at_us.desc(), rejected_messages.c.id.desc())
-            .limit(limit)
+            .limit(count)
         )
-        return [
-            (r.event_id, r.reason, r.raw, r.received_at_us) for r in self.connection.execute(query)
-        ]
+        return [Rejected(r.event_id, r.reason, r.raw) for r in self.connection.execute(query)]
 
     def decided_ids(self, event_ids: Iterable[str]) -> set[str]:
         """Which of these event ids have a result."""

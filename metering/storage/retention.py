@@ -12,6 +12,7 @@ from typing import Final
 from sqlalchemy import Connection, Table, and_, delete, exists, func, not_, select
 from sqlalchemy.sql.elements import ColumnElement
 
+from metering.domain.notifications import SETTLED_STATUSES
 from metering.storage.tables import (
     rejected_messages,
     results,
@@ -22,7 +23,7 @@ from metering.storage.tables import (
 )
 
 CHUNK: Final = 10_000
-SETTLED: Final = ("delivered", "failed")
+SETTLED: Final = tuple(status.value for status in SETTLED_STATUSES)
 
 
 class RetentionStore:

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from metering.domain.notifications import MAX_PAYLOAD_BYTES, TEST_TYPE
+from metering.domain.notifications import MAX_PAYLOAD_BYTES, TEST_TYPE, DeliveryStatus
 from metering.errors import InvalidInput
 
 
@@ -48,7 +48,7 @@ class DeliveryRecord:
     message_id: str
     message_type: str
     endpoint_id: str
-    status: str
+    status: DeliveryStatus
     attempts: int
     next_attempt_at_us: int | None
     last_status_code: int | None
@@ -96,7 +96,7 @@ def delivery_from_row(r: Any) -> DeliveryRecord:
         message_id=r.message_id,
         message_type=r.type,
         endpoint_id=r.endpoint_id,
-        status=r.status,
+        status=DeliveryStatus(r.status),
         attempts=r.attempts,
         next_attempt_at_us=r.next_attempt_at_us,
         last_status_code=r.last_status_code,

@@ -13,12 +13,12 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Collection, Iterable, Sequence
-from typing import Any, Final
+from typing import Any
 
 from sqlalchemy import Connection, and_, delete, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
-from metering.domain.notifications import Mark, Notice
+from metering.domain.notifications import DeliveryStatus, Mark, Notice
 from metering.domain.state import NO_WINDOW, CounterState
 from metering.storage.tables import (
     counters,
@@ -38,13 +38,7 @@ from metering.storage.webhook_records import (
     endpoint_from_row,
 )
 
-PENDING: Final = "pending"
-DELIVERED: Final = "delivered"
-FAILED: Final = "failed"
 __all__ = [
-    "DELIVERED",
-    "FAILED",
-    "PENDING",
     "AttemptRecord",
     "DeliveryJob",
     "DeliveryRecord",
@@ -120,7 +114,7 @@ class WebhookStore:
             {
                 "message_id": message_id,
                 "endpoint_id": endpoint.id,
-                "status": PENDING,
+                "status": DeliveryStatus.PENDING.value,
                 "attempts": 0,
                 "next_attempt_at_us": now_us,
                 "created_at_us": now_us,
@@ -249,7 +243,7 @@ class WebhookStore:
             enabled = enabled.where(webhook_endpoints.c.id.not_in(list(skip_endpoints)))
         return self._claim(
             and_(
-                d.c.status == PENDING,
+                d.c.status == DeliveryStatus.PENDING.value,
                 d.c.next_attempt_at_us <= now_us,
                 or_(d.c.claimed_until_us.is_(None), d.c.claimed_until_us < now_us),
                 d.c.endpoint_id.in_(enabled),
@@ -289,7 +283,7 @@ class WebhookStore:
         )
 
     def finish_attempt(
-        self, job: DeliveryJob, attempt: AttemptRecord, status: str, now_us: int
+        self, job: DeliveryJob, attempt: AttemptRecord, status: DeliveryStatus, now_us: int
     ) -> bool:
         """Record an attempt and the delivery's new state, if the claim is still ours."""
         self.connection.execute(
@@ -310,7 +304,7 @@ class WebhookStore:
                 webhook_deliveries.c.claim_token == job.claim_token,
             )
             .values(
-                status=status,
+                status=status.value,
                 attempts=attempt.attempt,
                 next_attempt_at_us=attempt.next_attempt_at_us,
                 claim_token=None,
@@ -326,7 +320,7 @@ class WebhookStore:
         """Make deliveries (by id, or every one created since) pending again, due now,
         with a fresh retry schedule. Their past attempts stay recorded."""
         statement = update(webhook_deliveries).values(
-            status=PENDING,
+            status=DeliveryStatus.PENDING.value,
             attempts=0,
             next_attempt_at_us=now_us,
             claim_token=None,

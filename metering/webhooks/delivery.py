@@ -36,14 +36,11 @@ from typing import TYPE_CHECKING
 from sqlalchemy import Connection
 
 from metering.domain.instants import from_us, to_us
-from metering.domain.notifications import Mark, reset_due
+from metering.domain.notifications import DeliveryStatus, Mark, reset_due
 from metering.domain.notifications import payload_of as notice_payload
 from metering.errors import SecretKeyError
 from metering.storage.database import Database, DatabaseSource, database_of
 from metering.storage.webhooks import (
-    DELIVERED,
-    FAILED,
-    PENDING,
     AttemptRecord,
     DeliveryJob,
     WebhookStore,
@@ -160,16 +157,16 @@ def _outcome(
     now_us: int,
     settings: DeliverySettings,
     rng: random.Random,
-) -> tuple[str, AttemptRecord]:
+) -> tuple[DeliveryStatus, AttemptRecord]:
     attempt = job.attempts + 1
-    status, next_us = FAILED, None
+    status, next_us = DeliveryStatus.FAILED, None
     if response.status_code is not None and 200 <= response.status_code < 300:
-        status = DELIVERED
+        status = DeliveryStatus.DELIVERED
     elif response.status_code != 410:
         wait = parse_retry_after(response.retry_after, now_us)
         delay = next_delay_seconds(settings, attempt, wait, rng)
         if delay is not None:
-            status, next_us = PENDING, now_us + int(delay * 1_000_000)
+            status, next_us = DeliveryStatus.PENDING, now_us + int(delay * 1_000_000)
     record = AttemptRecord(
         job.delivery_id,
         attempt,
@@ -206,7 +203,7 @@ def deliver_one(
     rng: random.Random | None = None,
     *,
     box: SecretBox | None = None,
-) -> str:
+) -> DeliveryStatus:
     """Attempt a claimed delivery and record it; returns its new status."""
     database = database_of(source)
     rng = rng or random.Random()
@@ -270,7 +267,9 @@ def deliver_due(
         dispatcher.close()
         if own:
             http.close()
-    return DeliveryReport(tally[DELIVERED], tally[PENDING], tally[FAILED])
+    return DeliveryReport(
+        tally[DeliveryStatus.DELIVERED], tally[DeliveryStatus.PENDING], tally[DeliveryStatus.FAILED]
+    )
 
 
 def serve(

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from metering.domain.bounds import shown, validate_count, validate_row_id, validate_seconds
 from metering.domain.instants import from_us, to_us
-from metering.domain.notifications import MESSAGE_TYPES, TEST_TYPE
+from metering.domain.notifications import MESSAGE_TYPES, TEST_TYPE, DeliveryStatus
 from metering.errors import ConfigurationError, InvalidInput, SecretKeyError, UnknownWebhookEndpoint
 from metering.storage.database import DatabaseSource, database_of
 from metering.storage.webhooks import (
@@ -42,7 +42,8 @@ MAX_URL_CHARS: Final = 2000
 MAX_ENDPOINT_ID_CHARS: Final = 64
 # A year: an old secret that signs for longer was never really rotated.
 MAX_GRACE_SECONDS: Final = 365 * 86_400
-STATUSES: Final = ("pending", "delivered", "failed")
+# The statuses a listing filters by, as plain strings (for click choices).
+STATUSES: Final = tuple(status.value for status in DeliveryStatus)
 
 
 @dataclass(frozen=True, slots=True)
