@@ -24,6 +24,7 @@ lint: venv
 	$(BIN)/ruff check $(SRC)
 	$(BIN)/ruff format --check $(SRC)
 	$(BIN)/mypy metering workers
+	$(BIN)/lint-imports
 
 # Lint first: a style or type error fails fast, before the slower suite.
 test: venv servers lint

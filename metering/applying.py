@@ -32,7 +32,8 @@ from metering.domain.rules import BUCKET_WINDOW, Key, Rule, State, decide, fresh
 from metering.domain.windows import Window, calendar_window, first_use_window
 from metering.errors import EventConflict, MeteringError, UnknownLimit
 from metering.storage.engine import RetryTransaction
-from metering.storage.hot import Changes, hot_store
+from metering.storage.hot import Changes
+from metering.storage.hot_stores import hot_store
 from metering.storage.queries import Pair, ResultRecord, Store
 from metering.storage.webhooks import WebhookStore
 

@@ -12,7 +12,8 @@
 
 Two implementations work on the caller's transaction:
 `metering.storage.hot_postgres.PostgresHotStore` and
-`metering.storage.hot_sqlite.SqliteHotStore`. `hot_store` picks one.
+`metering.storage.hot_sqlite.SqliteHotStore`. `metering.storage.hot_stores.hot_store`
+picks one.
 
 Lock order, as in the general engine (`Store`): first-use window rows sorted
 by (limit, subject), then counters sorted by (limit, subject, window start),
@@ -24,8 +25,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
-
-from sqlalchemy import Connection
 
 from metering.domain.rules import Key, State
 from metering.domain.windows import Window
@@ -80,13 +79,3 @@ class HotStore(Protocol):
         (another transaction decided it first).
         """
         ...
-
-
-def hot_store(connection: Connection) -> HotStore:
-    if connection.dialect.name == "postgresql":
-        from metering.storage.hot_postgres import PostgresHotStore
-
-        return PostgresHotStore(connection)
-    from metering.storage.hot_sqlite import SqliteHotStore
-
-    return SqliteHotStore(connection)
