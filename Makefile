@@ -2,7 +2,7 @@
 # python3 and make: `make test` builds the venv first.
 VENV := .venv
 BIN := $(VENV)/bin
-SRC := metering workers tests bench
+SRC := metering workers tests bench conftest.py
 PYTEST_ARGS ?=
 
 .PHONY: venv servers lint test demo fmt clean

@@ -64,9 +64,6 @@ class UsageProducer:
     ``metering.0`` … ``metering.N-1`` (`metering.routing`); run one consumer
     per queue to apply each subject's events in the order they were emitted.
     Without ``queues``, ``METERING_QUEUES`` (default 1), as the workers read it.
-
-    ``flush_interval`` and ``retry_backoff`` are the former names of
-    ``flush_interval_seconds`` and ``retry_backoff_seconds``, still accepted.
     """
 
     def __init__(
@@ -80,13 +77,7 @@ class UsageProducer:
         retry_backoff_seconds: float = 0.2,
         max_buffer: int = DEFAULT_MAX_BUFFER,
         clock: Clock | None = None,
-        flush_interval: float | None = None,
-        retry_backoff: float | None = None,
     ) -> None:
-        if flush_interval is not None:
-            flush_interval_seconds = flush_interval
-        if retry_backoff is not None:
-            retry_backoff_seconds = retry_backoff
         if queues is None:
             queues = queue_count()
         if batch_size < 1 or queues < 1 or retry_attempts < 1:

@@ -23,9 +23,10 @@ from metering.cli.output import iso_us, print_table, table
 from metering.config import broker_url, is_embedded_broker
 from metering.domain.bounds import MAX_LISTING
 from metering.errors import BrokerUnavailable
-from metering.producer import UsageProducer, queue_names
+from metering.producer import UsageProducer
 from metering.retention import RetentionPolicy
 from metering.retention import prune as prune_tables
+from metering.routing import worker_queues
 
 MAX_QUEUES: Final = 1024
 MAX_CONCURRENCY: Final = 4096
@@ -66,8 +67,9 @@ def emit(
 @click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.option("--concurrency", type=click.IntRange(1, MAX_CONCURRENCY),
               help="Worker processes (default: one per core; embedded broker: one).")  # fmt: skip
-@click.option("--queues", type=click.IntRange(1, MAX_QUEUES), default=1,
-              help="Consume metering.0 … metering.N-1.")  # fmt: skip
+@click.option("--queues", type=click.IntRange(1, MAX_QUEUES), envvar="METERING_QUEUES",
+              default=1, show_default=True,
+              help="Also consume metering.0 … metering.N-1 (always metering itself).")  # fmt: skip
 @click.option("--beat/--no-beat", default=None, help="Run the periodic sweeps in this worker.")
 @click.option("--loglevel", default="INFO", help="DEBUG, INFO, WARNING ...")
 @click.option("--broker", envvar="METERING_BROKER_URL", help="Default: the embedded broker.")
@@ -91,7 +93,8 @@ def worker(
     url = broker_url(broker)
     embedded = is_embedded_broker(url)
     command = [sys.executable, "-m", "celery", "-A", "workers", "worker", "--loglevel", loglevel]
-    command += ["--queues", ",".join(queue_names(queues))]
+    # The default queue always: beat, `metering emit` and one-queue producers use it.
+    command += ["--queues", ",".join(worker_queues(queues))]
     if embedded:
         # One process: the banner says so (celery counted the cores otherwise).
         command += ["--pool", "solo", "--concurrency", "1"]

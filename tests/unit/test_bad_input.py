@@ -210,8 +210,16 @@ API_CASES: list[tuple[str, Call, type[MeteringError]]] = [
         lambda m, h, e: prune(m, RetentionPolicy(), visibility_timeout_seconds=1e300),
         InvalidInput,
     ),
-    ("producer interval nan", lambda m, h, e: UsageProducer(flush_interval=math.nan), InvalidInput),
-    ("producer backoff inf", lambda m, h, e: UsageProducer(retry_backoff=math.inf), InvalidInput),
+    (
+        "producer interval nan",
+        lambda m, h, e: UsageProducer(flush_interval_seconds=math.nan),
+        InvalidInput,
+    ),
+    (
+        "producer backoff inf",
+        lambda m, h, e: UsageProducer(retry_backoff_seconds=math.inf),
+        InvalidInput,
+    ),
 ]
 
 

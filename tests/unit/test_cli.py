@@ -499,3 +499,27 @@ def test_the_embedded_worker_keeps_beat_s_schedule_in_the_data_directory(
         tmp_path / "home" / "beat-schedule",
     ]
     assert all(schedule.parent.is_dir() for schedule in schedules)
+
+
+@pytest.mark.parametrize(
+    ("args", "environ", "queues"),
+    [
+        ([], {}, "metering"),
+        (["--queues", "2"], {}, "metering,metering.0,metering.1"),
+        ([], {"METERING_QUEUES": "3"}, "metering,metering.0,metering.1,metering.2"),
+    ],
+)
+def test_a_worker_consumes_the_default_queue_beside_the_routed_ones(
+    args: list[str], environ: dict[str, str], queues: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--queues 2` consumed metering.0 and .1 but never `metering`, where beat,
+    `metering emit` and one-queue producers publish; METERING_QUEUES was ignored."""
+    started: list[tuple[list[str], dict[str, str]]] = []
+    monkeypatch.setattr("os.execve", lambda _path, argv, env: started.append((argv, env)))
+    for key, value in environ.items():
+        monkeypatch.setenv(key, value)
+    result = CliRunner().invoke(main, ["worker", "--broker", "redis://127.0.0.1:1/0", *args])
+    assert result.exit_code == 0, (result.output, result.exception)
+    [(argv, env)] = started
+    assert argv[argv.index("--queues") + 1] == queues
+    assert env["METERING_QUEUES"] == str(queues.count(",") or 1)
