@@ -139,7 +139,7 @@ def apply_records(
     ``invalid="raise"`` raises `Unacceptable` for the first unacceptable event;
     ``"reject"`` stores it as a rejected result. Without ``precheck`` ids are
     not looked up first: an id decided before fails the results insert,
-    which raises `RetryTransaction` (run again with ``precheck``).
+    and `run_transaction` runs the work again, with ``precheck``.
     ``rejected`` input, and with ``"reject"`` ids reused with other
     charges, are kept in ``rejected_messages`` in the same transaction.
     """

@@ -26,9 +26,8 @@ from metering.errors import BrokerUnavailable
 from metering.producer import UsageProducer
 from metering.retention import RetentionPolicy
 from metering.retention import prune as prune_tables
-from metering.routing import worker_queues
+from metering.routing import MAX_QUEUES, worker_queues
 
-MAX_QUEUES: Final = 1024
 MAX_CONCURRENCY: Final = 4096
 MAX_VISIBILITY_TIMEOUT_SECONDS: Final = 30 * 86_400
 

@@ -33,7 +33,6 @@ from sqlalchemy.exc import DBAPIError, StatementError
 
 from metering.domain.rules import Key
 from metering.domain.windows import Window
-from metering.storage.engine import RetryTransaction
 from metering.storage.hot import Changes, Snapshot, WantedKey
 from metering.storage.queries import Pair, record_from_row, result_row
 
@@ -235,9 +234,7 @@ class PostgresHotStore:
                     raw.execute(INSERT_RESULTS, {"rows": _encode(rows)})
                 if commit:
                     raw.commit()
-        except psycopg.errors.UniqueViolation as exc:
-            raise RetryTransaction("an event id or counter was written concurrently") from exc
-        except psycopg.Error as exc:
+        except psycopg.Error as exc:  # a key written meanwhile (23505) is retried
             raise _translate(exc) from exc
 
 

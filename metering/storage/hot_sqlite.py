@@ -15,7 +15,6 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError, StatementError
 
 from metering.domain.windows import Window
-from metering.storage.engine import RetryTransaction
 from metering.storage.hot import Changes, Snapshot, WantedKey
 from metering.storage.queries import Pair, record_from_row, result_row
 
@@ -109,17 +108,10 @@ class SqliteHotStore:
                 raw.executemany(UPSERT_WINDOW, [(*pair, *window) for pair, window in windows])
             if changes.results:
                 raw.executemany(INSERT_RESULT, [result_row(r) for r in changes.results])
-        except sqlite3.IntegrityError as exc:
-            # Only a key written meanwhile is worth another run; any other
-            # constraint (a CHECK, a trigger) would fail the same way again.
-            if getattr(exc, "sqlite_errorname", "") in _KEY_TAKEN:
-                raise RetryTransaction("an event id or counter was written before") from exc
-            raise _translate(exc) from exc
         except sqlite3.Error as exc:
+            # `run_transaction` runs again after a key written meanwhile, and
+            # only then: any other constraint would fail the same way again.
             raise _translate(exc) from exc
-
-
-_KEY_TAKEN: Final = frozenset({"SQLITE_CONSTRAINT_PRIMARYKEY", "SQLITE_CONSTRAINT_UNIQUE"})
 
 
 def _updates(changes: Changes, now_us: int) -> Iterator[tuple[Any, ...]]:
