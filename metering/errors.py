@@ -73,20 +73,22 @@ class ReservationSettled(MeteringError):
     def __init__(self, reservation_id: str, state: str, action: str) -> None:
         super().__init__(f"cannot {action} reservation {reservation_id!r}: it is {state}")
         self.reservation_id = reservation_id
-        self.state = state
+        self.state: str = state
 
 
 class ReservationExpired(ReservationSettled):
     """A cancel came after the reservation's time to live: it was committed instead."""
 
-    def __init__(self, reservation_id: str) -> None:
+    def __init__(self, reservation_id: str, state: str = "committed") -> None:
         MeteringError.__init__(
             self,
             f"cannot cancel reservation {reservation_id!r}: its time to live had passed, "
             "so it is committed",
         )
         self.reservation_id = reservation_id
-        self.state = "committed"
+        # A `ReservationState` (a str) when raised by the library; errors sit
+        # below the domain, so the type is not imported here.
+        self.state: str = state
 
 
 class StorageError(MeteringError):

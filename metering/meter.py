@@ -367,15 +367,15 @@ class Meter:
         return ReservationInfo.of(record) if record is not None else None
 
     def reservations(
-        self, state: str | None = None, subject: str | None = None, limit: int = 100
+        self, state: str | None = None, subject: str | None = None, count: int = 100
     ) -> list[ReservationInfo]:
-        """The newest reservations, optionally of one state and subject."""
+        """The ``count`` newest reservations, optionally of one state and subject."""
         if state is not None and state not in STORED_STATES:
             raise InvalidInput("state", "must be held, committed or cancelled")
         if subject is not None:
             validate_subject(subject)
-        validate_count("limit", limit)
-        records = self.database.run(lambda c: ReservationStore(c).list(state, subject, limit))
+        validate_count("count", count)
+        records = self.database.run(lambda c: ReservationStore(c).list(state, subject, count))
         return [ReservationInfo.of(r) for r in records]
 
     def sweep_reservations(self, retention_seconds: float | None = None) -> dict[str, int]:
@@ -411,10 +411,11 @@ class Meter:
     def count_results(self) -> int:
         return self.database.run(lambda c: Store(c).count_results())
 
-    def rejected_messages(self, limit: int = 100) -> list[Rejected]:
-        """The newest queued input that could not be applied, with its reason."""
-        validate_count("limit", limit)
-        return self.database.run(lambda c: Store(c).list_rejected_messages(limit))
+    def rejected_messages(self, count: int = 100) -> list[Rejected]:
+        """The ``count`` newest pieces of queued input that could not be applied,
+        each with its reason."""
+        validate_count("count", count)
+        return self.database.run(lambda c: Store(c).list_rejected_messages(count))
 
     def check(
         self,

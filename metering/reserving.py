@@ -129,7 +129,7 @@ def cancel(database: Database, reservation_id: str) -> int:
 
     settled = database.run(work)
     if settled.expired:
-        raise ReservationExpired(reservation_id)
+        raise ReservationExpired(reservation_id, ReservationState.COMMITTED)
     return settled.returned
 
 

@@ -200,7 +200,7 @@ def _delivery_row(record: DeliveryRecord) -> list[object]:
 def deliveries(status: str | None, endpoint_id: str | None, last: int, fmt: str) -> None:
     """List deliveries, newest first, with their attempts."""
     hooks = _hooks()
-    found = hooks.deliveries(status=status, endpoint_id=endpoint_id, limit=last)
+    found = hooks.deliveries(status=status, endpoint_id=endpoint_id, count=last)
     if fmt == "json":
         documents = [_delivery_json(d, hooks.attempts(d.id)) for d in found]
         click.echo(json.dumps(documents, indent=2))

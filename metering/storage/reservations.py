@@ -138,9 +138,9 @@ class ReservationStore:
         return int(result.rowcount)
 
     def list(
-        self, state: str | None = None, subject: str | None = None, limit: int = 100
+        self, state: str | None = None, subject: str | None = None, count: int = 100
     ) -> list[ReservationRecord]:
-        query = select(reservations).order_by(reservations.c.created_at_us.desc()).limit(limit)
+        query = select(reservations).order_by(reservations.c.created_at_us.desc()).limit(count)
         if state is not None:
             query = query.where(reservations.c.state == state)
         if subject is not None:

@@ -129,12 +129,12 @@ class WebhookStore:
 
     # -- the reset sweep -----------------------------------------------------
 
-    def lock_due_marks(self, now_us: int, limit: int) -> list[Mark]:
+    def lock_due_marks(self, now_us: int, count: int) -> list[Mark]:
         query = (
             select(webhook_marks)
             .where(webhook_marks.c.due_at_us <= now_us)
             .order_by(webhook_marks.c.due_at_us)
-            .limit(limit)
+            .limit(count)
             .with_for_update(skip_locked=True)
         )
         return [
@@ -334,14 +334,14 @@ class WebhookStore:
         return int(self.connection.execute(statement).rowcount)
 
     def list_deliveries(
-        self, *, status: str | None = None, endpoint_id: str | None = None, limit: int = 50
+        self, *, status: str | None = None, endpoint_id: str | None = None, count: int = 50
     ) -> list[DeliveryRecord]:
         d, m = webhook_deliveries, webhook_messages
         query = (
             select(d, m.c.type)
             .join(m, m.c.id == d.c.message_id)
             .order_by(d.c.id.desc())
-            .limit(limit)
+            .limit(count)
         )
         if status is not None:
             query = query.where(d.c.status == status)

@@ -57,11 +57,11 @@ class Dispatcher:
         with self._changed:
             return self._in_flight
 
-    def fill(self, claim: Claim, limit: int | None = None) -> int:
-        """Claim and start attempts while there is room (at most ``limit``);
+    def fill(self, claim: Claim, most: int | None = None) -> int:
+        """Claim and start attempts while there is room (at most ``most``);
         returns how many were started. Call from one thread at a time."""
         started = 0
-        while limit is None or started < limit:
+        while most is None or started < most:
             with self._changed:
                 if self._in_flight >= self.max_in_flight or self._stopping:
                     break
@@ -77,16 +77,16 @@ class Dispatcher:
             started += 1
         return started
 
-    def drain(self, claim: Claim, limit: int) -> Counter[str]:
-        """Deliver what ``claim`` finds, at most ``limit`` claims, and wait for
+    def drain(self, claim: Claim, most: int) -> Counter[str]:
+        """Deliver what ``claim`` finds, at most ``most`` claims, and wait for
         every attempt; returns the statuses of this run's attempts."""
         before = Counter(self.tally)
         claimed = 0
         while True:
-            started = self.fill(claim, limit - claimed)
+            started = self.fill(claim, most - claimed)
             claimed += started
             with self._changed:
-                if self._in_flight == 0 and (started == 0 or claimed >= limit):
+                if self._in_flight == 0 and (started == 0 or claimed >= most):
                     break
                 if self._in_flight:
                     self._changed.wait()  # an attempt ended: its endpoint has room

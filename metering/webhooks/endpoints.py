@@ -289,16 +289,17 @@ class Webhooks:
         return self._run(work)
 
     def deliveries(
-        self, *, status: str | None = None, endpoint_id: str | None = None, limit: int = 50
+        self, *, status: str | None = None, endpoint_id: str | None = None, count: int = 50
     ) -> list[DeliveryRecord]:
-        """The newest deliveries first, optionally of one status or endpoint."""
+        """The ``count`` newest deliveries, newest first, optionally of one status
+        or endpoint."""
         if status is not None and status not in STATUSES:
             raise InvalidInput("status", f"use one of {', '.join(STATUSES)}")
         if endpoint_id is not None:
             validate_endpoint_id(endpoint_id)
-        validate_count("limit", limit)
+        validate_count("count", count)
         return self._run(
-            lambda store: store.list_deliveries(status=status, endpoint_id=endpoint_id, limit=limit)
+            lambda store: store.list_deliveries(status=status, endpoint_id=endpoint_id, count=count)
         )
 
     def attempts(self, delivery_id: int) -> list[AttemptRecord]:

@@ -80,8 +80,8 @@ def test_held_never_exceeds_the_limit_and_the_counter_equals_commits(db_url: str
         committed = sum(c for c, _ in results)
         cancelled = sum(c for _, c in results)
         [counter] = watcher.counters("tenant-1", "jobs")
-        states = {r.state for r in watcher.reservations(limit=2000)}
-        held = len(watcher.reservations(state="held", limit=2000))
+        states = {r.state for r in watcher.reservations(count=2000)}
+        held = len(watcher.reservations(state="held", count=2000))
     assert 0 < highest <= MAXIMUM
     assert cancelled > 0 and committed > 0
     assert counter.used == committed <= MAXIMUM

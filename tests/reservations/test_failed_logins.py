@@ -57,5 +57,5 @@ def test_thirty_failures_an_hour_while_valid_logins_all_pass(
     # not: an attacker cannot use the answers to go on guessing.
     assert login(meter, ip, "ada", "correct horse") == 429
     assert login(meter, "198.51.100.1", "ada", "guess") == 401  # other IPs unaffected
-    assert len(meter.reservations(state="cancelled", limit=2000)) == 1000
+    assert len(meter.reservations(state="cancelled", count=2000)) == 1000
     assert len(meter.reservations(state="held")) == 0

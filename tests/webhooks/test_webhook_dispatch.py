@@ -73,7 +73,7 @@ def test_a_held_endpoint_takes_only_its_own_slots() -> None:
     tally: Counter[str] = Counter()
 
     def drain() -> None:
-        tally.update(dispatcher.drain(table.claim, limit=100))
+        tally.update(dispatcher.drain(table.claim, most=100))
         finished.set()
 
     threading.Thread(target=drain).start()
@@ -95,7 +95,7 @@ def test_the_total_bound_holds_across_endpoints() -> None:
     assert dispatcher.in_flight == 3 and len(table.jobs) == 3
     for gate in receivers.held.values():
         gate.set()
-    dispatcher.drain(table.claim, limit=100)
+    dispatcher.drain(table.claim, most=100)
     assert dispatcher.tally == {"delivered": 6} and max(receivers.peak.values()) == 1
     dispatcher.close()
 
@@ -106,7 +106,7 @@ def test_an_attempt_that_raises_frees_its_slot() -> None:
 
     dispatcher = Dispatcher(attempt, max_in_flight=1, max_in_flight_per_endpoint=1)
     table = Table([job(1, "a"), job(2, "a")])
-    assert dispatcher.drain(table.claim, limit=10) == {CRASHED: 2}
+    assert dispatcher.drain(table.claim, most=10) == {CRASHED: 2}
     assert dispatcher.in_flight == 0
     dispatcher.close()
 
