@@ -150,19 +150,6 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
         server.destroy()
 
 
-def _flushall(url: str, server: RedisServer) -> None:
-    try:
-        import redis
-    except ImportError:
-        server.flushall()
-        return
-    client = redis.Redis.from_url(url)
-    try:
-        client.flushall()
-    finally:
-        client.close()
-
-
 @pytest.fixture
 def redis_url(redis_server: RedisServer) -> str:
     """URL (database 0) of the session's Redis, emptied of every key first."""
@@ -170,5 +157,5 @@ def redis_url(redis_server: RedisServer) -> str:
     # before starting it again; do not fail every later test too.
     redis_server.start()
     url = redis_server.url(0)
-    _flushall(url, redis_server)
+    redis_server.flushall()
     return url

@@ -21,6 +21,8 @@ loopback only, on its own port, with an append-only file so that a
 as whoever runs the tests; it needs no ``runuser``. It never reads the system's
 ``/etc/redis/redis.conf`` and never uses the system service's port 6379 while
 that service runs, so a Redis that Debian's package started is left alone.
+Commands go through redis-py (`redis_client`, `RedisServer.client`): a new
+client, so a fresh connection, with timeouts and no retries.
 
 This module deliberately does not import pytest; the fixtures that use it
 live in ``conftest.py``.
@@ -29,7 +31,6 @@ live in ``conftest.py``.
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import re
 import shutil
@@ -40,21 +41,22 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TypeAlias
 
 import psycopg
+import redis
 from psycopg import errors as pg_errors
 from psycopg import sql
 from psycopg.rows import TupleRow
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 __all__ = [
     "PostgresServer",
-    "RedisReplyError",
     "RedisServer",
     "find_pg_bindir",
     "find_redis_server",
     "make_base_dir",
-    "redis_command",
+    "redis_client",
 ]
 
 # Seconds. pg_ctl gets its own -t; the subprocess timeout is a backstop above it.
@@ -444,14 +446,6 @@ REDIS_COMMAND_TIMEOUT = 10
 _REDIS_POLL_INTERVAL = 0.05
 _REDIS_CONFIG_FILE = "redis.conf"
 
-#: A decoded RESP reply: simple string, integer, bulk string (None when nil)
-#: or array. Error replies are raised as `RedisReplyError`.
-RespValue: TypeAlias = "str | int | bytes | list[RespValue] | None"
-
-
-class RedisReplyError(Exception):
-    """Redis answered a command with an error reply (``-ERR ...``)."""
-
 
 def find_redis_server() -> Path | None:
     """Return the path of the ``redis-server`` executable on PATH, or None."""
@@ -465,54 +459,26 @@ def _redis_quote(value: str) -> str:
     return f'"{escaped}"'
 
 
-def _encode_command(args: Sequence[str | bytes | int]) -> bytes:
-    parts = [f"*{len(args)}\r\n".encode()]
-    for arg in args:
-        data = arg if isinstance(arg, bytes) else str(arg).encode()
-        parts += [f"${len(data)}\r\n".encode(), data, b"\r\n"]
-    return b"".join(parts)
+def redis_client(port: int, *, db: int = 0, timeout: float = REDIS_COMMAND_TIMEOUT) -> redis.Redis:
+    """A new redis-py client of the Redis on 127.0.0.1:``port``; close it after use.
 
-
-def _read_reply(stream: io.BufferedReader) -> RespValue:
-    line = stream.readline()
-    if not line.endswith(b"\r\n"):
-        raise ConnectionError("connection closed in the middle of a Redis reply")
-    kind, body = line[:1], line[1:-2]
-    if kind == b"+":
-        return body.decode()
-    if kind == b"-":
-        raise RedisReplyError(body.decode(errors="replace"))
-    if kind == b":":
-        return int(body)
-    if kind == b"$":
-        length = int(body)
-        if length < 0:
-            return None
-        data = stream.read(length + 2)
-        if len(data) != length + 2:
-            raise ConnectionError("connection closed in the middle of a Redis reply")
-        return data[:-2]
-    if kind == b"*":
-        count = int(body)
-        if count < 0:
-            return None
-        return [_read_reply(stream) for _ in range(count)]
-    raise ConnectionError(f"not a Redis reply: {line[:80]!r}")
-
-
-def redis_command(
-    port: int, *args: str | bytes | int, timeout: float = REDIS_COMMAND_TIMEOUT
-) -> RespValue:
-    """Send one command to the Redis on 127.0.0.1:``port`` and return the reply.
-
-    A minimal RESP2 client on a fresh connection, so that the harness needs
-    neither the ``redis`` package nor ``redis-cli``. Raises `RedisReplyError`
-    for an error reply and OSError when nothing answers.
+    Its own connection pool, so its first command opens a fresh connection
+    (after a restart, or while something else may hold the port, an old one
+    would answer for the wrong server). ``timeout`` bounds the connect and
+    every reply, and nothing is retried: redis-py's default retries would
+    take seconds to report a server that is down. Failures raise redis-py's
+    errors: `redis.ConnectionError` when nothing answers (its ``__context__``
+    is the `OSError`), `redis.TimeoutError`, `redis.ResponseError` for an
+    error reply.
     """
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
-        sock.sendall(_encode_command(args))
-        with sock.makefile("rb") as stream:
-            return _read_reply(stream)
+    return redis.Redis(
+        host="127.0.0.1",
+        port=port,
+        db=db,
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        retry=Retry(NoBackoff(), 0),
+    )
 
 
 class RedisServer:
@@ -656,22 +622,22 @@ class RedisServer:
 
     # -- commands ------------------------------------------------------------
 
-    def command(
-        self, *args: str | bytes | int, timeout: float = REDIS_COMMAND_TIMEOUT
-    ) -> RespValue:
-        """Run one Redis command on a fresh connection; see `redis_command`."""
-        return redis_command(self.port, *args, timeout=timeout)
+    def client(self, db: int = 0, timeout: float = REDIS_COMMAND_TIMEOUT) -> redis.Redis:
+        """A new client of database ``db`` on a fresh connection; see `redis_client`."""
+        return redis_client(self.port, db=db, timeout=timeout)
 
     def ping(self, timeout: float = REDIS_COMMAND_TIMEOUT) -> bool:
         """True when the server on our port answers PING with PONG."""
         try:
-            return self.command("PING", timeout=timeout) == "PONG"
-        except (OSError, RedisReplyError):
+            with self.client(timeout=timeout) as client:
+                return client.ping() is True
+        except (OSError, redis.RedisError):
             return False
 
     def flushall(self) -> None:
         """Delete every key in every database (``FLUSHALL SYNC``)."""
-        self.command("FLUSHALL", "SYNC")
+        with self.client() as client:
+            client.flushall(asynchronous=False)
 
     # -- logs ----------------------------------------------------------------
 
@@ -729,13 +695,12 @@ class RedisServer:
 
     def _answering_pid(self) -> int | None:
         try:
-            info = self.command("INFO", "server", timeout=1)
-        except (OSError, RedisReplyError):
+            with self.client(timeout=1) as client:
+                info = client.info("server")
+        except (OSError, redis.RedisError):
             return None
-        if not isinstance(info, bytes):
-            return None
-        match = re.search(rb"^process_id:(\d+)\r?$", info, re.MULTILINE)
-        return int(match.group(1)) if match is not None else None
+        pid = info.get("process_id")
+        return pid if isinstance(pid, int) else None
 
     def _reap(self) -> None:
         """Forget a process that exited by itself (crashed or was killed)."""

@@ -14,15 +14,15 @@ from pathlib import Path
 
 import psycopg
 import pytest
+import redis
 import sqlalchemy as sa
 from servers import (
     PostgresServer,
-    RedisReplyError,
     RedisServer,
     find_pg_bindir,
     find_redis_server,
     make_base_dir,
-    redis_command,
+    redis_client,
 )
 
 # For tests that run servers of their own rather than the session's (which
@@ -295,11 +295,20 @@ def _redis_or_skip() -> Path:
     return executable
 
 
+def _unused_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
 def _refused(port: int) -> bool:
+    """True when nothing listens on ``port``: the connect itself is refused."""
     try:
-        redis_command(port, "PING", timeout=2)
-    except ConnectionRefusedError:
-        return True
+        with redis_client(port, timeout=2) as client:
+            client.ping()
+    except redis.ConnectionError as exc:
+        return isinstance(exc.__context__, ConnectionRefusedError)
     return False
 
 
@@ -326,45 +335,73 @@ def test_redis_answers_ping(redis_server: RedisServer) -> None:
     assert redis_server.url(3) == f"redis://127.0.0.1:{redis_server.port}/3"
     assert redis_server.port != 6379  # never the system service's port
     assert redis_server.ping()
-    assert redis_command(redis_server.port, "PING") == "PONG"
+    with redis_client(redis_server.port) as client:
+        assert client.execute_command("PING") is True  # redis-py's reading of +PONG
+        assert client.execute_command("ECHO", "harness") == b"harness"
+
+
+def test_redis_ping_is_false_and_quick_when_nothing_answers(tmp_path: Path) -> None:
+    _redis_or_skip()
+    never_started = RedisServer(tmp_path / "redis", port=_unused_port())
+    started = time.monotonic()
+    assert not never_started.ping(timeout=2)
+    assert _refused(never_started.port)
+    # No retries with backoff: redis-py's default ones take seconds here.
+    assert time.monotonic() - started < 1.5
 
 
 def test_redis_session_server_config(redis_server: RedisServer) -> None:
-    def config(name: str) -> object:
-        reply = redis_server.command("CONFIG", "GET", name)
-        assert isinstance(reply, list)
-        return reply[1]
+    with redis_server.client() as client:
 
-    assert config("bind") == b"127.0.0.1"
-    assert config("port") == str(redis_server.port).encode()
-    assert config("appendonly") == b"yes"
-    assert config("appendfsync") == b"everysec"
-    assert config("save") == b""  # no RDB snapshots
-    assert config("dir") == str(redis_server.base_dir).encode()
-    assert config("logfile") == str(redis_server.log_file).encode()
+        def config(name: str) -> object:
+            reply = client.config_get(name)
+            assert list(reply) == [name]
+            return reply[name]
+
+        assert config("bind") == "127.0.0.1"
+        assert config("port") == str(redis_server.port)
+        assert config("appendonly") == "yes"
+        assert config("appendfsync") == "everysec"
+        assert config("save") == ""  # no RDB snapshots
+        assert config("dir") == str(redis_server.base_dir)
+        assert config("logfile") == str(redis_server.log_file)
     assert redis_server.log_file.is_file()
 
 
 def test_redis_set_get(redis_url: str, redis_server: RedisServer) -> None:
-    assert redis_server.command("SET", "harness:key", "value") == "OK"
-    assert redis_server.command("GET", "harness:key") == b"value"
-    assert redis_server.command("GET", "harness:missing") is None
-    assert redis_server.command("INCRBY", "harness:n", 5) == 5
-    with pytest.raises(RedisReplyError, match="WRONGTYPE"):
-        redis_server.command("LPUSH", "harness:key", "x")
-
-
-def test_redis_set_get_with_redis_client(redis_url: str) -> None:
-    redis = pytest.importorskip("redis")
-    client = redis.Redis.from_url(redis_url)
-    try:
-        assert client.ping() is True
-        client.set("harness:client", "hello")
-        assert client.get("harness:client") == b"hello"
-        client.rpush("harness:queue", "a", "b")
+    with redis_server.client() as client:
+        assert client.set("harness:key", "value") is True
+        assert client.get("harness:key") == b"value"
+        assert client.get("harness:missing") is None
+        assert client.incrby("harness:n", 5) == 5
+        with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+            client.lpush("harness:key", "x")
+        # The harness's client and the URL the application gets reach one database.
+        url_client = redis.Redis.from_url(redis_url)
+        try:
+            assert url_client.get("harness:key") == b"value"
+            url_client.rpush("harness:queue", "a", "b")
+        finally:
+            url_client.close()
         assert client.lpop("harness:queue") == b"a"
-    finally:
-        client.close()
+
+
+def test_redis_client_timeout_is_applied(redis_server: RedisServer) -> None:
+    with redis_server.client(timeout=0.5) as client:
+        started = time.monotonic()
+        with pytest.raises(redis.TimeoutError):
+            # The server would answer (nil) after 3 s; the client gives up first.
+            client.blpop(["harness:never-filled"], timeout=3)
+        assert time.monotonic() - started < 2
+
+
+def test_redis_client_uses_the_database_it_is_given(
+    redis_url: str, redis_server: RedisServer
+) -> None:
+    with redis_server.client(db=3) as three, redis_server.client() as zero:
+        three.set("harness:db", "three")
+        assert three.get("harness:db") == b"three"
+        assert zero.get("harness:db") is None
 
 
 def test_redis_marker_is_applied(request: pytest.FixtureRequest, redis_url: str) -> None:
@@ -380,14 +417,18 @@ _leftover_key = "harness:leftover"
 
 
 def test_redis_url_leaves_a_key_behind(redis_url: str, redis_server: RedisServer) -> None:
-    redis_server.command("SET", _leftover_key, "dirty")
-    assert redis_server.command("EXISTS", _leftover_key) == 1
+    with redis_server.client() as client, redis_server.client(db=5) as other:
+        client.set(_leftover_key, "dirty")
+        other.set(_leftover_key, "dirty")
+        assert client.exists(_leftover_key) == 1
 
 
 def test_redis_url_starts_empty(redis_url: str, redis_server: RedisServer) -> None:
-    # After the test above (file order): FLUSHALL removed its key.
-    assert redis_server.command("DBSIZE") == 0
-    assert redis_server.command("EXISTS", _leftover_key) == 0
+    # After the test above (file order): FLUSHALL removed its keys, in every database.
+    with redis_server.client() as client, redis_server.client(db=5) as other:
+        assert client.dbsize() == 0
+        assert client.exists(_leftover_key) == 0
+        assert other.dbsize() == 0
 
 
 def test_redis_url_restarts_a_stopped_server(
@@ -409,8 +450,9 @@ def test_redis_stop_then_start_keeps_data_and_port(own_redis: RedisServer) -> No
     own_redis.start()
     port, url = own_redis.port, own_redis.url()
     pid = own_redis.pid
-    own_redis.command("SET", "kept", "42")
-    own_redis.command("RPUSH", "queue", "m1", "m2")
+    with own_redis.client() as client:
+        client.set("kept", "42")
+        client.rpush("queue", "m1", "m2")
 
     own_redis.stop()
     assert not own_redis.is_running()
@@ -424,8 +466,9 @@ def test_redis_stop_then_start_keeps_data_and_port(own_redis: RedisServer) -> No
     assert own_redis.pid not in (None, pid)
     assert own_redis.port == port
     assert own_redis.url() == url
-    assert own_redis.command("GET", "kept") == b"42"
-    assert own_redis.command("LRANGE", "queue", 0, -1) == [b"m1", b"m2"]
+    with own_redis.client() as client:
+        assert client.get("kept") == b"42"
+        assert client.lrange("queue", 0, -1) == [b"m1", b"m2"]
     assert any((own_redis.base_dir / "appendonlydir").iterdir())
     assert not (own_redis.base_dir / "dump.rdb").exists()
 
@@ -433,13 +476,15 @@ def test_redis_stop_then_start_keeps_data_and_port(own_redis: RedisServer) -> No
 @needs_redis
 def test_redis_new_instance_on_same_dir_reuses_port_and_data(own_redis: RedisServer) -> None:
     own_redis.start()
-    own_redis.command("SET", "kept", "yes")
+    with own_redis.client() as client:
+        client.set("kept", "yes")
     own_redis.stop()
     again = RedisServer(own_redis.base_dir)
     try:
         again.start()
         assert again.port == own_redis.port
-        assert again.command("GET", "kept") == b"yes"
+        with again.client() as client:
+            assert client.get("kept") == b"yes"
     finally:
         again.stop()
 
@@ -450,11 +495,14 @@ def test_redis_without_appendonly_keeps_nothing(tmp_path: Path) -> None:
     server = RedisServer(tmp_path / "redis", appendonly=False)
     try:
         server.start()
-        assert server.command("CONFIG", "GET", "appendonly") == [b"appendonly", b"no"]
-        server.command("SET", "gone", "1")
+        with server.client() as client:
+            assert client.config_get("appendonly") == {"appendonly": "no"}
+            client.set("gone", "1")
+            assert client.exists("gone") == 1
         server.stop()
         server.start()
-        assert server.command("EXISTS", "gone") == 0
+        with server.client() as client:
+            assert client.exists("gone") == 0
     finally:
         server.destroy()
 

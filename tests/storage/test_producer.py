@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from servers import RedisServer, redis_command
+from servers import RedisServer
 
 from metering import FrozenClock, Limit, Meter, make_event
 from metering.errors import BrokerUnavailable, InvalidInput
@@ -116,16 +116,17 @@ def test_broker_down_raises_and_keeps_the_events(redis_server: RedisServer, redi
         redis_server.start()
     producer.flush()
     assert producer.pending == 0
-    assert redis_command(redis_server.port, "LLEN", "metering") == 1
+    with redis_server.client() as client:
+        assert client.llen("metering") == 1
     producer.close()
     assert len(ids) == 3
 
 
-def queued_ids(port: int, queue: str = "metering") -> list[str]:
+def queued_ids(server: RedisServer, queue: str = "metering") -> list[str]:
     """Event ids of every message waiting on a Redis queue."""
     found = []
-    entries = redis_command(port, "LRANGE", queue, "0", "-1")
-    assert isinstance(entries, list)
+    with server.client() as client:
+        entries = client.lrange(queue, 0, -1)
     for entry in reversed(entries):  # LPUSH: the oldest is last
         assert isinstance(entry, bytes)
         body = json.loads(base64.b64decode(json.loads(entry)["body"]))
@@ -157,7 +158,7 @@ def test_an_event_the_broker_refuses_is_named_in_the_error_and_sent_later(
     while producer.pending and time.monotonic() < deadline:
         time.sleep(0.05)
     producer.close()
-    assert queued_ids(redis_server.port) == ["kept-1"]
+    assert queued_ids(redis_server) == ["kept-1"]
 
 
 def test_an_event_refused_for_a_full_buffer_is_not_kept(
@@ -177,7 +178,7 @@ def test_an_event_refused_for_a_full_buffer_is_not_kept(
     finally:
         redis_server.start()
     producer.close()
-    assert queued_ids(redis_server.port) == ["in-1", "in-2"]
+    assert queued_ids(redis_server) == ["in-1", "in-2"]
 
 
 def test_discard_drops_the_buffer_and_names_what_it_dropped(
@@ -187,7 +188,7 @@ def test_discard_drops_the_buffer_and_names_what_it_dropped(
     producer.emit("s", "calls", event_id="d-1")
     assert producer.discard() == ["d-1"]
     producer.close()
-    assert queued_ids(redis_server.port) == []
+    assert queued_ids(redis_server) == []
 
 
 def test_routing_keeps_a_subject_on_one_queue() -> None:
@@ -282,7 +283,7 @@ def test_cli_emit_with_the_broker_down_says_so_in_one_line_and_sends_nothing_lat
     assert done.returncode == 1 and done.stdout == ""
     [line] = done.stderr.strip().splitlines()
     assert line.startswith("error: the event was not queued: broker unavailable at redis://")
-    assert queued_ids(redis_server.port) == []
+    assert queued_ids(redis_server) == []
 
 
 def _declare_at_once(url: str, start: Any, queue: str) -> None:
