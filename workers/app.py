@@ -84,6 +84,9 @@ def create_app(url: str | None = None, settings: Settings | None = None) -> Cele
         "unacked_restore_interval": restore_interval,
         "unacked_restore_throttle": 1,
         "unacked_mutex_expire": restore_interval,
+        # Tasks carry no priority: one list per queue, so a worker waiting on
+        # empty queues (workers.guard) waits on as few lists as there are queues.
+        "priority_steps": [0],
     }
     if is_embedded_broker(url):
         _poll_embedded_broker_often()

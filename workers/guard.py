@@ -15,6 +15,16 @@ Two places can meet input that is not a task this worker can run:
 Either way the entry goes to ``rejected_messages``, the dead-letter record,
 with the reason, the time and the raw text (bytes that are not UTF-8 as
 backslash escapes), and the worker goes on.
+
+The channel also closes a window in which kombu loses messages. kombu takes
+a message with ``BRPOP`` and records it as unacknowledged (the hash that
+brings a dead worker's messages back after the visibility timeout) only
+once it has read the reply. A worker killed in between, which under load
+is any moment a reply waits in its socket, loses the message: it is in no
+queue and in no hash. `GuardedChannel` takes messages with a Lua script
+that pops an entry and records it as unacknowledged in one atomic step;
+when every queue is empty it waits for one with ``BLMOVE key key`` (which
+leaves the list as it was) and then pops again.
 """
 
 from __future__ import annotations
@@ -81,8 +91,54 @@ def _envelope_fault(payload: object) -> str | None:
     return None
 
 
+# Pop the first entry of KEYS[1..n] and, when it is a kombu envelope, record
+# it as unacknowledged exactly as kombu's QoS.append does (the hash holds
+# ``[envelope, exchange, routing key]``, the index the time), in the same
+# atomic step. KEYS[n+1] is the unacked hash, KEYS[n+2] its index; ARGV[1]
+# the time. Returns {key, entry} or nil when every list is empty.
+POP_AND_HOLD = """
+local n = #KEYS - 2
+for i = 1, n do
+  local entry = redis.call('RPOP', KEYS[i])
+  if entry then
+    local ok, envelope = pcall(cjson.decode, entry)
+    if ok and type(envelope) == 'table' and type(envelope.properties) == 'table' then
+      local tag = envelope.properties.delivery_tag
+      local info = envelope.properties.delivery_info
+      if type(tag) == 'string' and type(info) == 'table' then
+        local held = '[' .. entry .. ',' .. cjson.encode(info.exchange or '') .. ','
+          .. cjson.encode(info.routing_key or '') .. ']'
+        redis.call('ZADD', KEYS[n + 2], ARGV[1], tag)
+        redis.call('HSET', KEYS[n + 1], tag, held)
+      end
+    end
+    return {KEYS[i], entry}
+  end
+end
+return nil
+"""
+
+# While several lists are empty the channel waits on one at a time, this
+# long, so an entry on another is seen within about this time.
+WAIT_EACH_SECONDS = 0.1
+
+
+def _delivery_tag(item: bytes | str) -> str | None:
+    try:
+        tag = loads(item)["properties"]["delivery_tag"]
+    except Exception:
+        return None
+    return tag if isinstance(tag, str) else None
+
+
 class GuardedChannel(kombu_redis.Channel):
-    """kombu's Redis channel that dead-letters entries it cannot deliver."""
+    """kombu's Redis channel that dead-letters entries it cannot deliver, and
+    holds each message it takes as unacknowledged from the moment it is taken."""
+
+    # The list the next wait blocks on, when the last pop found every list empty.
+    _wait_next: int | None = None
+    _waiting: bool = False
+    _wait_turn: int = 0
 
     def _checked(self, item: bytes | str) -> dict[str, Any] | None:
         try:
@@ -102,22 +158,79 @@ class GuardedChannel(kombu_redis.Channel):
         result: dict[str, Any] = payload
         return result
 
+    def _forget(self, item: bytes | str) -> None:
+        """Drop a dead-lettered entry from the unacked hash, where the pop put it."""
+        tag = _delivery_tag(item)
+        if tag is not None:
+            self.qos._remove_from_indices(tag).execute()
+
+    def _keys(self) -> list[str]:
+        queues = self._queue_cycle.consume(len(self.active_queues))
+        return [self._q_for_pri(queue, pri) for pri in self.priority_steps for queue in queues]
+
+    def _prefixed(self, key: str) -> str:
+        return f"{self.global_keyprefix}{key}" if self.global_keyprefix else key
+
+    def _brpop_start(self, timeout: float | None = None) -> None:
+        # Called by kombu's poller whenever this channel may take a message.
+        if timeout is None:
+            timeout = self.brpop_timeout
+        keys = self._keys()
+        if not keys:
+            return
+        self._in_poll = self.client.connection
+        self._brpop_sent_at = time.monotonic()  # type: ignore[assignment]
+        if self._waiting:
+            # Every list was empty: block until one has an entry, on one list
+            # at a time when there are several, without taking the entry.
+            key = keys[self._wait_turn % len(keys)]
+            self._wait_turn += 1
+            wait = (
+                timeout if len(keys) == 1 else min(timeout or WAIT_EACH_SECONDS, WAIT_EACH_SECONDS)
+            )
+            key = self._prefixed(key)
+            self.client.connection.send_command("BLMOVE", key, key, "RIGHT", "RIGHT", wait or 0)
+            return
+        held = [self._prefixed(k) for k in (self.unacked_key, self.unacked_index_key)]
+        self.client.connection.send_command(
+            "EVAL",
+            POP_AND_HOLD,
+            len(keys) + 2,
+            *(self._prefixed(k) for k in keys),
+            *held,
+            repr(time.time()),
+        )
+
     def _brpop_read(self, **options: Any) -> bool:
-        # kombu's own method, with `_checked` between the pop and the delivery.
+        # kombu's own method, reading our pop (or wait), with `_checked`
+        # between the pop and the delivery.
+        waited = self._waiting
         try:
             try:
-                popped = self.client.parse_response(self.client.connection, "BRPOP", **options)
+                reply = self.client.parse_response(
+                    self.client.connection, "BLMOVE" if waited else "EVAL", **options
+                )
             except self.connection_errors:
                 self.client.connection.disconnect()
                 raise
-            if not popped:
+            if waited:
+                # An entry has arrived (or the wait timed out): pop next time.
+                self._waiting = False
                 raise Empty()
-            dest, item = popped
-            dest = bytes_to_str(dest).rsplit(self.sep, 1)[0]
+            if not reply:
+                self._waiting = True
+                raise Empty()
+            dest, item = reply
+            dest = bytes_to_str(dest)
+            if self.global_keyprefix and dest.startswith(self.global_keyprefix):
+                dest = dest[len(self.global_keyprefix) :]
+            dest = dest.rsplit(self.sep, 1)[0]
             self._queue_cycle.rotate(dest)
             payload = self._checked(item)
             if payload is not None:
                 self.connection._deliver(payload, dest)
+            else:
+                self._forget(item)
             return True
         finally:
             self._in_poll = None  # type: ignore[assignment]
@@ -126,16 +239,27 @@ class GuardedChannel(kombu_redis.Channel):
                 flush()
 
     def _get(self, queue: str, timeout: float | None = None) -> dict[str, Any]:
+        # The polling path (no event loop), with the same atomic pop.
+        keys = [self._q_for_pri(queue, priority) for priority in self.priority_steps]
+        held = [self.unacked_key, self.unacked_index_key]
         with self.conn_or_acquire() as client:
-            for priority in self.priority_steps:
-                item = client.rpop(self._q_for_pri(queue, priority))
-                if item:
+            while True:
+                reply = client.execute_command(
+                    "EVAL",
+                    POP_AND_HOLD,
+                    len(keys) + 2,
+                    *(self._prefixed(k) for k in [*keys, *held]),
+                    repr(time.time()),
+                )
+                if not reply:
                     self._maybe_update_queues_expire(client, queue)
-                    payload = self._checked(item)
-                    if payload is not None:
-                        return payload
-            self._maybe_update_queues_expire(client, queue)
-            raise Empty()
+                    raise Empty()
+                item = reply[1]
+                self._maybe_update_queues_expire(client, queue)
+                payload = self._checked(item)
+                if payload is not None:
+                    return payload
+                self._forget(item)
 
 
 class GuardedRedisTransport(kombu_redis.Transport):
