@@ -20,6 +20,9 @@ variable, before any message is taken. Every variable is optional:
   (default a week).
 * ``METERING_PRUNE_INTERVAL``: seconds between retention runs (default
   3600); ages in ``METERING_RETAIN_*_DAYS`` (`RetentionPolicy`).
+* ``METERING_API_MAX_BODY_BYTES``, ``METERING_API_MAX_EVENTS``: the HTTP
+  API's bounds on one request body (default 1 MiB) and on the events in one
+  request (default 1000); past either, 413.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from metering.config import (
     env_float,
     queue_count,
 )
+from metering.domain.bounds import MAX_LISTING
+from metering.errors import ConfigurationError
 from metering.retention import RetentionPolicy
 from metering.webhooks.settings import (
     DEFAULT_INTERVAL_SECONDS,
@@ -47,6 +52,10 @@ DEFAULT_VISIBILITY_TIMEOUT_SECONDS: Final = 300.0
 DEFAULT_RESERVATION_SWEEP_SECONDS: Final = 10.0
 DEFAULT_RESERVATION_RETENTION_SECONDS: Final = 7 * 86_400.0
 DEFAULT_PRUNE_INTERVAL_SECONDS: Final = 3600.0
+DEFAULT_API_MAX_BODY_BYTES: Final = 1024 * 1024
+DEFAULT_API_MAX_EVENTS: Final = 1000
+# A body bound past this is no bound at all (the API buffers one body).
+MAX_API_BODY_BYTES: Final = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +74,8 @@ class Settings:
     prune_interval_seconds: float = DEFAULT_PRUNE_INTERVAL_SECONDS
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
     delivery: DeliverySettings = field(default_factory=DeliverySettings)
+    api_max_body_bytes: int = DEFAULT_API_MAX_BODY_BYTES
+    api_max_events: int = DEFAULT_API_MAX_EVENTS
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -98,4 +109,18 @@ class Settings:
             ),
             retention=RetentionPolicy.from_environment(env),
             delivery=DeliverySettings.from_env(env),
+            api_max_body_bytes=_whole(
+                env, "METERING_API_MAX_BODY_BYTES", DEFAULT_API_MAX_BODY_BYTES, MAX_API_BODY_BYTES
+            ),
+            api_max_events=_whole(
+                env, "METERING_API_MAX_EVENTS", DEFAULT_API_MAX_EVENTS, MAX_LISTING
+            ),
         )
+
+
+def _whole(env: Mapping[str, str], name: str, default: int, maximum: int) -> int:
+    """A whole number from 1 to ``maximum`` from ``env``, else ``default``."""
+    value = env_float(name, default, env)
+    if value != int(value) or not 1 <= value <= maximum:
+        raise ConfigurationError(f"{name} must be a whole number from 1 to {maximum}")
+    return int(value)

@@ -1,0 +1,130 @@
+"""`create_api`: the HTTP API as one FastAPI application.
+
+Routers come from one module each (`metering.api.events`,
+`metering.api.decisions` ...); errors become problem details in one place
+(`metering.api.problems`); request bodies are bounded while they are read
+(`metering.api.bounds`); every route asks `metering.api.auth.require_scope`.
+``metering serve`` runs it under uvicorn (``create_api`` is the factory).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from fastapi import APIRouter, FastAPI
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
+
+from metering.api import decisions, events
+from metering.api.bounds import BodyLimit
+from metering.api.context import ApiContext, IsQueued, never_queued
+from metering.api.models import REQUEST_MODELS
+from metering.api.problems import Problem, install_problem_handlers
+from metering.meter import Meter
+from metering.producer import UsageProducer
+from metering.settings import Settings
+
+# Each module's router, in the order of the docs. Admin routes (limits,
+# reservations, reports, webhooks) join this tuple.
+ROUTERS: tuple[APIRouter, ...] = (events.router, decisions.router)
+
+DESCRIPTION = """\
+Usage events in (plain JSON or CloudEvents 1.0), decisions and usage out.
+Every error is an RFC 9457 problem (`application/problem+json`).
+See docs/api-http.md.
+"""
+
+
+def create_api(
+    settings: Settings | None = None,
+    *,
+    meter: Meter | None = None,
+    producer: UsageProducer | None = None,
+    is_queued: IsQueued | None = None,
+) -> FastAPI:
+    """The API on ``settings`` (default: ``Settings.from_env()``).
+
+    A ``meter`` or ``producer`` given is used as is and left open at
+    shutdown; those the API makes itself (on ``settings.database_url`` and
+    ``settings.broker_url``) are opened at startup and closed at shutdown.
+    ``is_queued`` answers whether an undecided event id is on the queue
+    (``pending``); without it such an id is 404.
+    """
+    settings = settings or Settings.from_env()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        own_meter = meter or Meter(settings.database_url)
+        own_producer = producer or UsageProducer(settings.broker_url, queues=settings.queues)
+        app.state.metering = ApiContext(
+            settings, own_meter, own_producer, is_queued or never_queued
+        )
+        try:
+            yield
+        finally:
+            if producer is None:
+                own_producer.close()
+            if meter is None:
+                own_meter.close()
+
+    app = FastAPI(
+        title="metering",
+        version=_version(),
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        openapi_url="/openapi.json",
+        docs_url="/docs",
+        redoc_url=None,
+    )
+    for router in ROUTERS:
+        app.include_router(router)
+    install_problem_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=settings.api_max_body_bytes)
+    _with_request_schemas(app, (*REQUEST_MODELS, Problem))
+    return app
+
+
+def _version() -> str:
+    try:
+        return version("metering")
+    except PackageNotFoundError:  # pragma: no cover - a source tree without metadata
+        return "0"
+
+
+def _with_request_schemas(app: FastAPI, models: tuple[type[BaseModel], ...]) -> None:
+    """Add the bodies the routes read by hand to the schema's components."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(
+                title=app.title,
+                version=app.version,
+                openapi_version=app.openapi_version,
+                description=app.description,
+                routes=app.routes,
+            )
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for model in models:
+                found = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                components.update(found.pop("$defs", {}))
+                components.setdefault(model.__name__, found)
+            _without_fastapi_422(schema)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _without_fastapi_422(schema: dict[str, Any]) -> None:
+    """FastAPI documents its own 422 validation error; this API answers a 400 problem."""
+    for path in schema.get("paths", {}).values():
+        for operation in path.values():
+            answers = operation.get("responses", {})
+            content = answers.get("422", {}).get("content", {})
+            if "HTTPValidationError" in str(content.get("application/json", "")):
+                del answers["422"]
+    for name in ("HTTPValidationError", "ValidationError"):
+        schema["components"]["schemas"].pop(name, None)

@@ -1,0 +1,76 @@
+"""Bounds on a request body, enforced while it is read.
+
+`BodyLimit` is ASGI middleware: a ``Content-Length`` past the bound is
+refused before a byte of the body is read, and a body without one (chunked)
+is counted as it arrives, so the server never buffers more than the bound.
+Either way the answer is a 413 problem. The number of events in one request
+is bounded where they are parsed (`metering.api.parsing`).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from metering.api.problems import problem_response
+
+BODY_METHODS: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+class BodyTooLarge(HTTPException):
+    """Raised from the body's read; an `HTTPException`, so FastAPI's own body
+    parsing lets it through to the 413 problem (it turns other errors into 400)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(413, f"the request body exceeds {max_bytes} bytes")
+
+
+class BodyLimit:
+    """Refuse request bodies larger than ``max_bytes`` with 413."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in BODY_METHODS:
+            await self.app(scope, receive, send)
+            return
+        declared = _content_length(scope)
+        if declared is not None and declared > self.max_bytes:
+            await _refuse(self.max_bytes, scope, receive, send)
+            return
+        received = 0
+
+        async def bounded() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    # Raised inside the route's read: its exception handler answers.
+                    raise BodyTooLarge(self.max_bytes)
+            return message
+
+        await self.app(scope, bounded, send)
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+async def _refuse(max_bytes: int, scope: Scope, receive: Receive, send: Send) -> None:
+    response = problem_response(
+        "body-too-large",
+        f"the request body exceeds {max_bytes} bytes",
+        headers={"connection": "close"},
+    )
+    await response(scope, receive, send)

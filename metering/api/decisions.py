@@ -1,0 +1,80 @@
+"""``POST /v1/check`` (would it be allowed?) and ``GET /v1/subjects/{subject}/usage``."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Path, Request
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import JSONResponse, Response
+
+from metering.api.auth import AUTH_ERRORS, require_scope
+from metering.api.context import ApiContext, api_context
+from metering.api.models import DecisionOut, SubjectUsage, decision_json, usage_json
+from metering.api.parsing import parse_check
+from metering.api.problems import COMMON_ERRORS, ApiProblem, responses
+from metering.errors import UnknownLimit
+from metering.lookup import subject_usage
+
+router = APIRouter(prefix="/v1", tags=["decisions"])
+
+CHECK_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/CheckRequest"}}},
+    }
+}
+
+
+@router.post(
+    "/check",
+    summary="Would it be allowed?",
+    response_model=None,
+    openapi_extra=CHECK_BODY,
+    responses={
+        200: {"model": DecisionOut, "description": "What consuming would decide now."},
+        **responses(400, 415, 422, *AUTH_ERRORS, *COMMON_ERRORS),
+    },
+    dependencies=[require_scope("read")],
+)
+async def check(request: Request, context: Annotated[ApiContext, Depends(api_context)]) -> Response:
+    """What consuming these charges would decide now; consumes and records nothing."""
+    media = (request.headers.get("content-type") or "").split(";", 1)[0].strip().lower()
+    if media != "application/json":
+        raise ApiProblem("unsupported-media-type", "send application/json")
+    charges, when = parse_check(await request.body(), context.meter.clock())
+    try:
+        decision = await run_in_threadpool(
+            lambda: context.meter.check(charges=charges, occurred_at=when)
+        )
+    except UnknownLimit as exc:
+        pointer = "limit" if len(charges) == 1 else _charge_pointer(charges, exc.limit)
+        raise ApiProblem("unknown-limit", str(exc), [(pointer, str(exc))]) from None
+    return JSONResponse(decision_json(decision))
+
+
+def _charge_pointer(charges: list[Any], limit: str) -> str:
+    for index, charge in enumerate(charges):
+        if charge.limit == limit:
+            return f"charges[{index}].limit"
+    return "limit"
+
+
+@router.get(
+    "/subjects/{subject}/usage",
+    summary="A subject's usage now",
+    response_model=None,
+    responses={
+        200: {"model": SubjectUsage, "description": "Every limit with a current counter."},
+        **responses(400, *AUTH_ERRORS, *COMMON_ERRORS),
+    },
+    dependencies=[require_scope("read")],
+)
+async def usage(
+    subject: Annotated[str, Path(description="The subject (URL-encoded).")],
+    context: Annotated[ApiContext, Depends(api_context)],
+) -> Response:
+    """Every limit the subject has a counter for in its current window: what a
+    charge of 1 would meet now (``retry_at`` when it would be denied)."""
+    found = await run_in_threadpool(subject_usage, context.meter.database, subject)
+    return JSONResponse({"subject": subject, "limits": [usage_json(u) for u in found]})

@@ -1,0 +1,128 @@
+"""``POST /v1/events`` (queue, or decide with ``?wait=decision``) and
+``GET /v1/events/{event_id}``."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import JSONResponse, Response
+
+from metering.api.auth import AUTH_ERRORS, require_scope
+from metering.api.context import ApiContext, api_context
+from metering.api.models import (
+    Accepted,
+    CloudEvent,
+    Pending,
+    PlainEvent,
+    Result,
+    Results,
+    result_json,
+)
+from metering.api.parsing import body_kind, parse_events
+from metering.api.problems import COMMON_ERRORS, ApiProblem, responses
+from metering.api.queueing import apply_now, conflict, conflicts_among, enqueue, unique_events
+from metering.domain.events import validate_event_id
+from metering.lookup import stored_results
+
+router = APIRouter(prefix="/v1", tags=["events"])
+
+_EVENT_SCHEMA = {"$ref": "#/components/schemas/PlainEvent"}
+_CLOUDEVENT_SCHEMA = {"$ref": "#/components/schemas/CloudEvent"}
+EVENTS_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {"anyOf": [_EVENT_SCHEMA, {"type": "array", "items": _EVENT_SCHEMA}]}
+            },
+            "application/cloudevents+json": {"schema": _CLOUDEVENT_SCHEMA},
+            "application/cloudevents-batch+json": {
+                "schema": {"type": "array", "items": _CLOUDEVENT_SCHEMA}
+            },
+        },
+    }
+}
+# Referenced only from EVENTS_BODY: `create_api` adds them to the components.
+BODY_MODELS = (PlainEvent, CloudEvent)
+
+
+@router.post(
+    "/events",
+    status_code=202,
+    summary="Send usage events",
+    response_model=None,
+    openapi_extra=EVENTS_BODY,
+    responses={
+        202: {"model": Accepted, "description": "Queued: the broker has them."},
+        200: {"model": Results, "description": "With ?wait=decision: each event's result."},
+        **responses(400, 409, 415, 422, *AUTH_ERRORS, *COMMON_ERRORS),
+    },
+    dependencies=[require_scope("ingest")],
+)
+async def post_events(
+    request: Request,
+    context: Annotated[ApiContext, Depends(api_context)],
+    wait: Annotated[
+        Literal["decision"] | None,
+        Query(description="decision: apply now and answer with the results."),
+    ] = None,
+) -> Response:
+    """One event, a JSON array of events, or CloudEvents (structured or batch).
+
+    Every event is validated before any is queued: one bad event refuses the
+    request (400, each bad field named) and nothing is stored. Valid events
+    go to the queue and the answer is 202 once the broker has them; an id
+    decided before is answered with its stored result (``duplicates``), an
+    id used before with other charges is a 409. ``?wait=decision`` applies
+    them at once, in order, and answers with their results.
+    """
+    kind = body_kind(request.headers.get("content-type"))
+    body = await request.body()
+    now = context.meter.clock()
+    parsed = parse_events(body, kind, now, context.settings.api_max_events)
+    if wait == "decision":
+        results = await apply_now(context.meter, parsed)
+        return JSONResponse({"results": [result_json(d) for d in results]}, status_code=200)
+    unique = unique_events(parsed)
+    stored = await run_in_threadpool(
+        stored_results, context.meter.database, [e.event_id for e in unique]
+    )
+    conflicting = conflicts_among(unique, stored)
+    if conflicting:
+        raise conflict(conflicting, applied=False)
+    fresh = [event for event in unique if event.event_id not in stored]
+    if fresh:
+        await run_in_threadpool(enqueue, context.producer, fresh)
+    accepted = {
+        "accepted": [event.event_id for event in fresh],
+        "duplicates": [
+            result_json(stored[e.event_id].decision) for e in unique if e.event_id in stored
+        ],
+    }
+    return JSONResponse(accepted, status_code=202)
+
+
+@router.get(
+    "/events/{event_id}",
+    summary="An event's result",
+    response_model=None,
+    responses={
+        200: {"model": Result | Pending, "description": "The stored result, or pending."},
+        **responses(400, 404, *AUTH_ERRORS, *COMMON_ERRORS),
+    },
+    dependencies=[require_scope("read")],
+)
+async def get_event(
+    event_id: Annotated[str, Path(description="The event id.")],
+    context: Annotated[ApiContext, Depends(api_context)],
+) -> Response:
+    """The stored result of an event; ``pending`` while it is queued; 404 when unknown."""
+    validate_event_id(event_id)
+    decision = await run_in_threadpool(context.meter.result, event_id)
+    if decision is not None:
+        return JSONResponse(result_json(decision))
+    if await run_in_threadpool(context.is_queued, event_id):
+        return JSONResponse({"status": "pending", "event_id": event_id})
+    raise ApiProblem("not-found", f"no event {event_id!r} has been decided or is queued")

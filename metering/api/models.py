@@ -1,0 +1,224 @@
+"""The shapes of the API, as pydantic models: the OpenAPI schema's source.
+
+Request bodies are parsed by hand (`metering.api.parsing`, the library's
+rules); these models describe them for the schema. Responses are built as
+plain dicts by the `*_json` functions below and declared with these models,
+so every answer the API gives has its shape in ``/openapi.json``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from metering.domain.decisions import Decision
+from metering.domain.events import MAX_CHARGES, MAX_COST, MAX_SUBJECT_LENGTH
+from metering.lookup import LimitUsage
+
+SUBJECT = Field(min_length=1, max_length=MAX_SUBJECT_LENGTH, examples=["org-42"])
+LIMIT = Field(pattern=r"^[a-z0-9_.:\-]{1,64}$", examples=["api_calls"])
+COST = Field(default=1, ge=1, le=MAX_COST)
+EVENT_ID = Field(pattern=r"^[A-Za-z0-9_.:@/+=\-]{1,128}$", examples=["job-991"])
+
+
+class ChargeIn(BaseModel):
+    """One charge of a stacked event."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    subject: str = SUBJECT
+    limit: str = LIMIT
+    cost: int = COST
+
+
+class PlainEvent(BaseModel):
+    """A usage event in the Python API's names: ``subject`` and ``limit`` (and
+    ``cost``), or ``charges`` for a stacked event (all or nothing)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    event_id: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9_.:@/+=\-]{1,128}$",
+        description="The idempotency key; generated when not given.",
+    )
+    subject: str | None = Field(default=None, min_length=1, max_length=MAX_SUBJECT_LENGTH)
+    limit: str | None = Field(default=None, pattern=r"^[a-z0-9_.:\-]{1,64}$")
+    cost: int = COST
+    charges: list[ChargeIn] | None = Field(default=None, min_length=1, max_length=MAX_CHARGES)
+    occurred_at: datetime | None = Field(
+        default=None, description="RFC 3339 with a time zone; default: when it was received."
+    )
+    metadata: dict[str, Any] | None = Field(default=None, description="At most 8 KiB as JSON.")
+
+
+class CloudEventData(BaseModel):
+    """``data`` of a usage CloudEvent: ``limit`` and ``cost``, or ``charges``;
+    every other key becomes the event's metadata."""
+
+    model_config = ConfigDict(extra="allow")
+
+    limit: str | None = Field(default=None, pattern=r"^[a-z0-9_.:\-]{1,64}$")
+    cost: int = COST
+    charges: list[ChargeIn] | None = Field(default=None, min_length=1, max_length=MAX_CHARGES)
+
+
+class CloudEvent(BaseModel):
+    """A CloudEvents 1.0 event in structured JSON mode."""
+
+    model_config = ConfigDict(extra="allow")
+
+    specversion: Literal["1.0"]
+    id: str = Field(pattern=r"^[A-Za-z0-9_.:@/+=\-]{1,128}$", description="The event id.")
+    source: str = Field(min_length=1)
+    type: str = Field(min_length=1)
+    subject: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_SUBJECT_LENGTH,
+        description="The subject; with data.charges, the subject of charges that name none.",
+    )
+    time: datetime | None = Field(default=None, description="occurred_at.")
+    datacontenttype: Literal["application/json"] | None = None
+    data: CloudEventData
+
+
+class CheckRequest(BaseModel):
+    """What to check: one charge, or ``charges``; nothing is consumed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    subject: str | None = Field(default=None, min_length=1, max_length=MAX_SUBJECT_LENGTH)
+    limit: str | None = Field(default=None, pattern=r"^[a-z0-9_.:\-]{1,64}$")
+    cost: int = COST
+    charges: list[ChargeIn] | None = Field(default=None, min_length=1, max_length=MAX_CHARGES)
+    occurred_at: datetime | None = None
+
+
+class ChargeDecisionOut(BaseModel):
+    subject: str
+    limit: str
+    cost: int
+    allowed: bool
+    outcome: Literal["allowed", "denied", "overage"]
+    used: int
+    remaining: int
+    maximum: int
+    overage: int
+    window_start: datetime | None
+    resets_at: datetime
+    retry_at: datetime | None
+
+
+class DecisionOut(BaseModel):
+    """A decision: the verdict, and each charge's."""
+
+    event_id: str | None
+    outcome: Literal["allowed", "denied", "overage", "rejected"]
+    allowed: bool
+    denied_by: list[str]
+    reason: str | None = Field(description="Why a queued event was rejected.")
+    occurred_at: datetime
+    decided_at: datetime
+    used: int | None = Field(
+        description="Of the deciding charge: the first denied, else the first."
+    )
+    remaining: int | None = Field(description="The least remaining across charges.")
+    maximum: int | None
+    resets_at: datetime | None
+    retry_at: datetime | None = Field(description="When every denied charge fits again.")
+    charges: list[ChargeDecisionOut]
+
+
+class Result(DecisionOut):
+    """The stored result of an event."""
+
+    status: Literal["decided"]
+    event_id: str | None
+    duplicate: bool = Field(description="The id had been decided before: this is that result.")
+    metadata: dict[str, Any] | None
+
+
+class Pending(BaseModel):
+    """An event still on the queue."""
+
+    status: Literal["pending"]
+    event_id: str
+
+
+class Accepted(BaseModel):
+    """Events queued (the broker has them), and repeated ids answered from the ledger."""
+
+    accepted: list[str] = Field(description="Ids queued; the workers decide them.")
+    duplicates: list[Result] = Field(description="Ids already decided: their stored results.")
+
+
+class Results(BaseModel):
+    """``?wait=decision``: each event's result, in the order sent."""
+
+    results: list[Result]
+
+
+class LimitUsageOut(BaseModel):
+    limit: str
+    algorithm: Literal["fixed_window", "token_bucket"]
+    enforcement: str
+    maximum: int
+    used: int
+    remaining: int
+    overage: int
+    window_start: datetime | None
+    resets_at: datetime
+    retry_at: datetime | None = Field(description="When a charge of 1 fits again, if denied now.")
+
+
+class SubjectUsage(BaseModel):
+    subject: str
+    limits: list[LimitUsageOut]
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return moment.isoformat() if moment is not None else None
+
+
+def decision_json(decision: Decision) -> dict[str, Any]:
+    body = decision.to_dict()
+    body.update(
+        used=decision.used,
+        remaining=decision.remaining,
+        maximum=decision.maximum,
+        resets_at=_iso(decision.resets_at),
+        retry_at=_iso(decision.retry_at),
+    )
+    return body
+
+
+def result_json(decision: Decision) -> dict[str, Any]:
+    body = decision_json(decision)
+    body.update(
+        status="decided",
+        duplicate=decision.duplicate,
+        metadata=dict(decision.metadata) if decision.metadata is not None else None,
+    )
+    return body
+
+
+def usage_json(usage: LimitUsage) -> dict[str, Any]:
+    return {
+        "limit": usage.limit.name,
+        "algorithm": usage.limit.algorithm,
+        "enforcement": usage.limit.enforcement,
+        "maximum": usage.limit.maximum,
+        "used": usage.used,
+        "remaining": usage.remaining,
+        "overage": usage.overage,
+        "window_start": _iso(usage.window_start),
+        "resets_at": usage.resets_at.isoformat(),
+        "retry_at": _iso(usage.retry_at),
+    }
+
+
+# Request bodies the routes read by hand, for the schema's components.
+REQUEST_MODELS: tuple[type[BaseModel], ...] = (PlainEvent, CloudEvent, CheckRequest)

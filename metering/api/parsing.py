@@ -1,0 +1,327 @@
+"""Request bodies into validated usage events, every rule the library's own.
+
+A body is JSON with no NaN or infinite numbers (and no integer beyond
+Python's 4,300 digits). It holds one plain event, a JSON array of them, or
+CloudEvents 1.0 (one structured event, or a batch). Each event goes through
+`metering.domain.events.make_event`, so the API accepts exactly what
+`Meter.consume` and `UsageProducer.emit` accept. Errors name the field with
+a pointer into the body: ``cost`` in a single event, ``events[3].cost`` in
+an array or batch, ``events[0].data.charges[1].limit`` in a CloudEvent.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final, Literal
+
+from metering.api.problems import ApiProblem
+from metering.domain.events import (
+    FUTURE_TOLERANCE_US,
+    Charge,
+    UsageEvent,
+    make_event,
+    validate_cost,
+    validate_subject,
+)
+from metering.domain.instants import to_us
+from metering.domain.limits import validate_limit_name
+from metering.errors import InvalidInput
+
+BodyKind = Literal["json", "cloudevent", "cloudevents-batch"]
+MEDIA_TYPES: Final[dict[str, BodyKind]] = {
+    "application/json": "json",
+    "application/cloudevents+json": "cloudevent",
+    "application/cloudevents-batch+json": "cloudevents-batch",
+}
+PLAIN_FIELDS: Final = frozenset(
+    {"event_id", "subject", "limit", "cost", "occurred_at", "metadata", "charges"}
+)
+CHECK_FIELDS: Final = frozenset({"subject", "limit", "cost", "occurred_at", "charges"})
+CHARGE_FIELDS: Final = frozenset({"subject", "limit", "cost"})
+CLOUDEVENT_REQUIRED: Final = ("specversion", "id", "source", "type")
+# Library field names as the request spells them.
+_FIELD_NAMES: Final = {"name": "limit"}
+# At most this many field errors in one answer.
+MAX_ERRORS: Final = 100
+
+FieldErrors = list[tuple[str, str]]
+
+
+@dataclass(frozen=True, slots=True)
+class Parsed:
+    """A validated event and where its parts were in the body, for later errors."""
+
+    event: UsageEvent
+    limit_pointers: tuple[str, ...]
+    time_pointer: str
+
+
+class Invalid(Exception):
+    """One field of the body at fault: (pointer, message)."""
+
+    def __init__(self, pointer: str, message: str) -> None:
+        super().__init__(pointer, message)
+        self.pointer = pointer
+        self.message = message
+
+
+def body_kind(content_type: str | None) -> BodyKind:
+    """Which of the three bodies a ``Content-Type`` announces; 415 for any other."""
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    kind = MEDIA_TYPES.get(media)
+    if kind is None:
+        shown = repr(media) if media else "no content type"
+        raise ApiProblem(
+            "unsupported-media-type",
+            f"{shown}: send application/json, application/cloudevents+json "
+            "or application/cloudevents-batch+json",
+        )
+    return kind
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of range")
+    return value
+
+
+def decode_json(body: bytes) -> Any:
+    """Strict JSON: no NaN or Infinity, no number that overflows; 400 otherwise."""
+    if not body.strip():
+        raise ApiProblem("invalid-input", "the request body is empty", [("body", "is empty")])
+    try:
+        return json.loads(body, parse_constant=_no_constant, parse_float=_finite)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, bad UTF-8, int digits
+        message = str(exc) if len(str(exc)) <= 200 else str(exc)[:199] + "…"
+        raise ApiProblem(
+            "invalid-input", f"the body is not valid JSON: {message}", [("body", message)]
+        ) from None
+
+
+def _at(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def _parse_time(value: object, pointer: str) -> datetime:
+    if not isinstance(value, str):
+        raise Invalid(pointer, "must be an RFC 3339 date-time string with a time zone")
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise Invalid(pointer, f"{value[:60]!r} is not an RFC 3339 date-time") from None
+    if moment.tzinfo is None:
+        raise Invalid(pointer, "must have a time zone (Z or ±hh:mm)")
+    return moment
+
+
+def _charge(item: object, pointer: str, default_subject: object = None) -> Charge:
+    if not isinstance(item, Mapping):
+        raise Invalid(pointer, "must be an object with subject, limit and cost")
+    _only(item, CHARGE_FIELDS, pointer)
+    subject = item.get("subject", default_subject)
+    checks: list[tuple[str, Callable[[], object]]] = [
+        ("subject", lambda: validate_subject(subject)),
+        ("limit", lambda: validate_limit_name(item.get("limit"))),
+        ("cost", lambda: validate_cost(item.get("cost", 1))),
+    ]
+    values = []
+    for name, check in checks:
+        try:
+            values.append(check())
+        except InvalidInput as exc:
+            raise Invalid(_at(pointer, name), exc.message) from None
+    return Charge(*values)  # type: ignore[arg-type]
+
+
+def _only(item: Mapping[str, Any], allowed: frozenset[str], prefix: str) -> None:
+    for key in item:
+        if key not in allowed:
+            raise Invalid(_at(prefix, str(key)[:60]), "is not a field of this object")
+
+
+def _charges_list(value: object, pointer: str, default_subject: object = None) -> list[Charge]:
+    if not isinstance(value, list) or not value:
+        raise Invalid(pointer, "must be a non-empty array of {subject, limit, cost}")
+    return [_charge(c, f"{pointer}[{i}]", default_subject) for i, c in enumerate(value)]
+
+
+def _plain_charges(item: Mapping[str, Any], prefix: str) -> list[Charge]:
+    if "charges" in item:
+        if "subject" in item or "limit" in item or "cost" in item:
+            raise Invalid(_at(prefix, "charges"), "give subject and limit, or charges, not both")
+        return _charges_list(item["charges"], _at(prefix, "charges"))
+    if "subject" not in item or "limit" not in item:
+        missing = "subject" if "subject" not in item else "limit"
+        raise Invalid(_at(prefix, missing), "is required (or give charges)")
+    fields = {k: item[k] for k in CHARGE_FIELDS if k in item}
+    return [_charge(fields, prefix)]
+
+
+def _event(
+    charges: Sequence[Charge],
+    occurred_at: datetime,
+    event_id: object,
+    metadata: object,
+    prefix: str,
+    names: Mapping[str, str],
+    now_us: int,
+) -> UsageEvent:
+    """`make_event`, its `InvalidInput` turned into a pointer (``names`` maps
+    library fields to this body's spelling)."""
+    try:
+        event = make_event(charges, occurred_at, event_id, metadata)  # type: ignore[arg-type]
+    except InvalidInput as exc:
+        name = names.get(exc.field, _FIELD_NAMES.get(exc.field, exc.field))
+        raise Invalid(_at(prefix, name), exc.message) from None
+    if event.occurred_at_us > now_us + FUTURE_TOLERANCE_US:
+        raise Invalid(
+            _at(prefix, names.get("occurred_at", "occurred_at")),
+            "is more than 5 minutes in the future",
+        )
+    return event
+
+
+def _limit_pointers(base: str, stacked: bool, count: int) -> tuple[str, ...]:
+    if not stacked:
+        return (_at(base, "limit"),)
+    return tuple(f"{_at(base, 'charges')}[{j}].limit" for j in range(count))
+
+
+def plain_event(item: object, prefix: str, now: datetime) -> Parsed:
+    """One event in the Python API's names."""
+    if not isinstance(item, Mapping):
+        raise Invalid(prefix or "body", "must be a JSON object (an event)")
+    _only(item, PLAIN_FIELDS, prefix)
+    charges = _plain_charges(item, prefix)
+    at = item.get("occurred_at")
+    time_pointer = _at(prefix, "occurred_at")
+    when = now if at is None else _parse_time(at, time_pointer)
+    event_id = item.get("event_id")
+    event = _event(charges, when, event_id, item.get("metadata"), prefix, {}, to_us(now))
+    limits = _limit_pointers(prefix, "charges" in item, len(charges))
+    return Parsed(event, limits, time_pointer)
+
+
+def cloud_event(item: object, prefix: str, now: datetime) -> Parsed:
+    """One CloudEvent 1.0 (structured JSON) as a usage event; see docs/api-http.md."""
+    if not isinstance(item, Mapping):
+        raise Invalid(prefix or "body", "must be a JSON object (a CloudEvent)")
+    for name in CLOUDEVENT_REQUIRED:
+        value = item.get(name)
+        if not isinstance(value, str) or not value:
+            raise Invalid(_at(prefix, name), "is required: a non-empty string")
+    if item["specversion"] != "1.0":
+        raise Invalid(_at(prefix, "specversion"), "must be 1.0")
+    content_type = item.get("datacontenttype", "application/json")
+    if not isinstance(content_type, str) or not _is_json_media(content_type):
+        raise Invalid(_at(prefix, "datacontenttype"), "must be application/json")
+    if "data_base64" in item:
+        raise Invalid(_at(prefix, "data_base64"), "binary data is not supported: send data")
+    data = item.get("data")
+    if not isinstance(data, Mapping):
+        raise Invalid(_at(prefix, "data"), "must be an object: {limit, cost} or {charges}")
+    pointer = _at(prefix, "data")
+    subject = item.get("subject")
+    if "charges" in data:
+        if "limit" in data or "cost" in data:
+            raise Invalid(_at(pointer, "charges"), "give limit and cost, or charges, not both")
+        charges = _charges_list(data["charges"], _at(pointer, "charges"), subject)
+        rest = {k: v for k, v in data.items() if k != "charges"}
+    else:
+        if subject is None:
+            raise Invalid(_at(prefix, "subject"), "is required (or give data.charges)")
+        fields = {"subject": subject, "limit": data.get("limit"), "cost": data.get("cost", 1)}
+        try:
+            charges = [_charge(fields, "")]
+        except Invalid as exc:
+            field = "subject" if exc.pointer == "subject" else _at("data", exc.pointer)
+            raise Invalid(_at(prefix, field), exc.message) from None
+        rest = {k: v for k, v in data.items() if k not in ("limit", "cost")}
+    at = item.get("time")
+    when = now if at is None else _parse_time(at, _at(prefix, "time"))
+    names = {"event_id": "id", "occurred_at": "time", "metadata": "data"}
+    event = _event(charges, when, item["id"], rest or None, prefix, names, to_us(now))
+    limits = _limit_pointers(pointer, "charges" in data, len(charges))
+    return Parsed(event, limits, _at(prefix, "time"))
+
+
+def _is_json_media(media: str) -> bool:
+    base = media.split(";", 1)[0].strip().lower()
+    return base == "application/json" or base.endswith("+json")
+
+
+def parse_events(body: bytes, kind: BodyKind, now: datetime, max_events: int) -> list[Parsed]:
+    """Every event of a request, all valid, or `ApiProblem` naming each bad one."""
+    data = decode_json(body)
+    batch = isinstance(data, list)
+    if kind == "cloudevents-batch" and not batch:
+        raise ApiProblem(
+            "invalid-input",
+            "a CloudEvents batch is a JSON array",
+            [("body", "must be a JSON array of CloudEvents")],
+        )
+    if kind == "cloudevent" and batch:
+        raise ApiProblem(
+            "invalid-input",
+            "a structured CloudEvent is one JSON object",
+            [
+                (
+                    "body",
+                    "must be one CloudEvent object; send an array as "
+                    "application/cloudevents-batch+json",
+                )
+            ],
+        )
+    items = data if batch else [data]
+    if len(items) > max_events:
+        raise ApiProblem(
+            "body-too-large", f"{len(items)} events in one request; at most {max_events}"
+        )
+    if not items:
+        raise ApiProblem("invalid-input", "no events", [("body", "is an empty array")])
+    parse = plain_event if kind == "json" else cloud_event
+    events: list[Parsed] = []
+    errors: FieldErrors = []
+    for index, item in enumerate(items):
+        try:
+            events.append(parse(item, f"events[{index}]" if batch else "", now))
+        except Invalid as exc:
+            errors.append((exc.pointer, exc.message))
+    if errors:
+        shown = errors[:MAX_ERRORS]
+        raise ApiProblem("invalid-input", _summary(errors, len(items)), shown)
+    return events
+
+
+def _summary(errors: FieldErrors, total: int) -> str:
+    first = f"{errors[0][0]}: {errors[0][1]}"
+    if total == 1:
+        return first
+    return f"{len(errors)} of {total} events are not valid; nothing was accepted. {first}"
+
+
+def parse_check(body: bytes, now: datetime) -> tuple[list[Charge], datetime]:
+    """The body of ``POST /v1/check``: charges and when, without an event id."""
+    item = decode_json(body)
+    try:
+        if not isinstance(item, Mapping):
+            raise Invalid("body", "must be a JSON object")
+        _only(item, CHECK_FIELDS, "")
+        charges = _plain_charges(item, "")
+        at = item.get("occurred_at")
+        when = now if at is None else _parse_time(at, "occurred_at")
+        _event(charges, when, None, None, "", {}, to_us(now))
+    except Invalid as exc:
+        raise ApiProblem(
+            "invalid-input", f"{exc.pointer}: {exc.message}", [(exc.pointer, exc.message)]
+        ) from None
+    return charges, when

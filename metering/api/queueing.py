@@ -1,0 +1,138 @@
+"""Getting validated events to the workers, or deciding them at once.
+
+`enqueue` hands events to the process's `UsageProducer` and flushes it, so
+the 202 that follows means the broker has them. `apply_now` is
+``?wait=decision``: one event goes through `Meter.aconsume` (group commit
+with every other request of this process), several through `Meter.apply`
+in one transaction, in order. Both answer a repeated id like `consume`
+does: its stored result marked ``duplicate``, or a 409 when its charges
+differ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from starlette.concurrency import run_in_threadpool
+
+from metering.api.parsing import Parsed
+from metering.api.problems import ApiProblem
+from metering.domain.decisions import Decision
+from metering.domain.events import UsageEvent
+from metering.errors import BrokerUnavailable, EventConflict, OccurredAtOutOfRange, UnknownLimit
+from metering.lookup import StoredResult, stored_results
+from metering.meter import Meter
+from metering.producer import UsageProducer
+
+
+def conflicts_among(events: Sequence[UsageEvent], stored: Mapping[str, StoredResult]) -> list[str]:
+    """Ids among ``events`` stored with other charges."""
+    return [
+        e.event_id
+        for e in events
+        if e.event_id in stored and stored[e.event_id].fingerprint != e.fingerprint()
+    ]
+
+
+def conflict(ids: Sequence[str], *, applied: bool, within: bool = False) -> ApiProblem:
+    where = "in this request" if within else "before"
+    rest = (
+        "the other events were applied: GET /v1/events/{id} has their results"
+        if applied
+        else "nothing was accepted"
+    )
+    detail = f"{len(ids)} event id(s) used {where} with other charges ({ids[0]!r}...); {rest}"
+    return ApiProblem("conflict", detail, extra={"event_ids": list(ids)})
+
+
+def unique_events(parsed: Sequence[Parsed]) -> list[UsageEvent]:
+    """The first event of each id; an id repeated with other charges is a 409."""
+    first: dict[str, UsageEvent] = {}
+    conflicting: list[str] = []
+    for item in parsed:
+        event = item.event
+        seen = first.setdefault(event.event_id, event)
+        if seen.fingerprint() != event.fingerprint() and event.event_id not in conflicting:
+            conflicting.append(event.event_id)
+    if conflicting:
+        raise conflict(conflicting, applied=False, within=True)
+    return list(first.values())
+
+
+def enqueue(producer: UsageProducer, events: Sequence[UsageEvent]) -> None:
+    """Queue ``events`` and flush: on return the broker has them (runs in a thread)."""
+    ids = [event.event_id for event in events]
+    try:
+        for event in events:
+            producer.emit(
+                charges=event.charges,
+                event_id=event.event_id,
+                occurred_at=event.occurred_at,
+                metadata=event.metadata,
+            )
+        producer.flush()
+    except BrokerUnavailable as exc:
+        mine = set(ids)
+        kept = [event_id for event_id in producer.kept if event_id in mine]
+        raise ApiProblem(
+            "broker-unavailable",
+            f"{exc.reason}; {len(kept)} of {len(ids)} events are kept and will be queued "
+            "when the broker is back (send them again only under the same ids)",
+            extra={"event_ids": ids, "kept": kept},
+            headers={"retry-after": "5"},
+        ) from exc
+
+
+async def apply_now(meter: Meter, parsed: Sequence[Parsed]) -> list[Decision]:
+    """``?wait=decision``: decide every event now; results in the order sent."""
+    unique = unique_events(parsed)
+    try:
+        if len(unique) == 1:
+            event = unique[0]
+            decision = await meter.aconsume(
+                charges=event.charges,
+                event_id=event.event_id,
+                occurred_at=event.occurred_at,
+                metadata=event.metadata,
+            )
+            by_id = {event.event_id: decision}
+        else:
+            by_id = await run_in_threadpool(_apply_batch, meter, unique)
+    except UnknownLimit as exc:
+        raise _unknown_limit(parsed, exc) from None
+    except OccurredAtOutOfRange as exc:
+        raise _out_of_range(parsed, exc) from None
+    return [by_id[item.event.event_id] for item in parsed]
+
+
+def _apply_batch(meter: Meter, events: Sequence[UsageEvent]) -> dict[str, Decision]:
+    stored = stored_results(meter.database, [e.event_id for e in events])
+    conflicting = conflicts_among(events, stored)
+    if conflicting:
+        raise conflict(conflicting, applied=False)
+    decided = meter.apply(events, invalid="raise")
+    late = [
+        e.event_id for e, d in zip(events, decided, strict=True) if isinstance(d, EventConflict)
+    ]
+    if late:  # decided by someone else in the meantime
+        raise conflict(late, applied=True)
+    return {e.event_id: d for e, d in zip(events, decided, strict=True) if isinstance(d, Decision)}
+
+
+def _unknown_limit(parsed: Sequence[Parsed], error: UnknownLimit) -> ApiProblem:
+    errors = [
+        (pointer, f"unknown limit {error.limit!r}")
+        for item in parsed
+        for charge, pointer in zip(item.event.charges, item.limit_pointers, strict=True)
+        if charge.limit == error.limit
+    ]
+    return ApiProblem("unknown-limit", str(error), errors or [("limit", str(error))])
+
+
+def _out_of_range(parsed: Sequence[Parsed], error: OccurredAtOutOfRange) -> ApiProblem:
+    errors = [
+        (item.time_pointer, error.message)
+        for item in parsed
+        if item.event.occurred_at == error.occurred_at
+    ]
+    return ApiProblem("invalid-input", str(error), errors or [("occurred_at", error.message)])

@@ -1,0 +1,52 @@
+"""``metering serve``: the HTTP API under uvicorn."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from metering.cli.context import AppState
+from metering.meter import Meter
+from metering.settings import Settings
+
+MAX_WORKERS = 256
+
+
+@click.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option("--workers", type=click.IntRange(1, MAX_WORKERS), default=1, show_default=True,
+              help="Server processes, each with its own producer and connections.")  # fmt: skip
+@click.option("--broker", envvar="METERING_BROKER_URL", help="Default: the embedded broker.")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["critical", "error", "warning", "info", "debug"]))  # fmt: skip
+@click.pass_context
+def serve(
+    ctx: click.Context, host: str, port: int, workers: int, broker: str | None, log_level: str
+) -> None:
+    """Serve the HTTP API: usage events in, decisions and usage out.
+
+    Events are queued for `metering worker`; the OpenAPI schema is at
+    /openapi.json and its documentation at /docs. Every METERING_* variable
+    applies (METERING_API_MAX_BODY_BYTES, METERING_API_MAX_EVENTS ...).
+    """
+    import uvicorn
+
+    state = ctx.find_object(AppState)
+    # The server's processes read their settings from the environment.
+    if state is not None:
+        os.environ["METERING_DATABASE_URL"] = state.url
+    if broker:
+        os.environ["METERING_BROKER_URL"] = broker
+    settings = Settings.from_env()  # a bad variable stops here, as one error line
+    # Create or check the schema once, before the processes start together.
+    Meter(settings.database_url).close()
+    uvicorn.run(
+        "metering.api.app:create_api",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        log_level=log_level,
+    )

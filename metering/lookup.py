@@ -1,0 +1,105 @@
+"""Read-only answers for the HTTP API: stored results, and a subject's usage now.
+
+`stored_results` gives the ledger's rows with their fingerprints, so a
+repeated event id is told apart from a conflicting one before it is queued
+again. `subject_usage` gives, for every limit the subject has used or been
+denied in its current window (a token bucket: ever), what a charge of 1
+would meet now: ``used``, ``remaining``, ``maximum``, ``resets_at``, and
+``retry_at`` when that charge would be denied. It decides with the pure
+domain (`evaluate_charge`) and writes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import Connection
+
+from metering.domain.decisions import ChargeInput, Decision, evaluate_charge
+from metering.domain.events import validate_event_id, validate_subject
+from metering.domain.instants import from_us
+from metering.domain.limits import Limit
+from metering.domain.state import NO_WINDOW, CounterKey, CounterState
+from metering.ledger import WindowResolver, decision_of
+from metering.storage.database import Database
+from metering.storage.queries import Store
+
+
+@dataclass(frozen=True, slots=True)
+class StoredResult:
+    """A decided event: what identifies its charges, and its decision (a duplicate's)."""
+
+    fingerprint: str
+    decision: Decision
+
+
+def stored_results(database: Database, event_ids: Iterable[str]) -> dict[str, StoredResult]:
+    """The stored results of those of ``event_ids`` that were decided."""
+    wanted = [validate_event_id(event_id) for event_id in event_ids]
+    if not wanted:
+        return {}
+    found = database.run(lambda c: Store(c).fetch_results(wanted))
+    return {
+        event_id: StoredResult(record.fingerprint, decision_of(record, duplicate=True))
+        for event_id, record in found.items()
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class LimitUsage:
+    """One limit of a subject, now: the figures a charge of 1 would meet."""
+
+    limit: Limit
+    used: int
+    remaining: int
+    overage: int
+    window_start: datetime | None
+    resets_at: datetime
+    retry_at: datetime | None
+
+
+def subject_usage(database: Database, subject: str) -> list[LimitUsage]:
+    """Every limit ``subject`` used or was denied in its current window, by name."""
+    validate_subject(subject)
+    now_us = database.now_us()
+    return database.run(lambda c: _usage(c, subject, now_us))
+
+
+def _usage(connection: Connection, subject: str, now_us: int) -> list[LimitUsage]:
+    store = Store(connection)
+    limits = {limit.name: limit for limit in store.list_limits()}
+    first_use = [
+        (name, subject)
+        for name, limit in limits.items()
+        if limit.algorithm == "fixed_window" and limit.window == "first_use"
+    ]
+    resolver = WindowResolver(store, dict(store.read_current_windows(first_use)))
+    keys = {name: resolver.key(limit, subject, now_us) for name, limit in limits.items()}
+    states = store.read_counters(keys.values())
+    # A missing counter reads as a fresh one: nothing used, nothing denied.
+    return [
+        usage_of(limits[name], key, states[key], now_us)
+        for name, key in sorted(keys.items())
+        if states[key] != CounterState()
+    ]
+
+
+def usage_of(limit: Limit, key: CounterKey, state: CounterState, now_us: int) -> LimitUsage:
+    """The figures of one counter at ``now_us``, as a charge of 1 would meet them."""
+    evaluation = evaluate_charge(ChargeInput(limit, key, state, 1), now_us)
+    windowed = limit.algorithm == "fixed_window" and key.window_start_us != NO_WINDOW
+    return LimitUsage(
+        limit=limit,
+        used=evaluation.used_before,
+        remaining=evaluation.remaining_before,
+        overage=max(evaluation.used_before - limit.maximum, 0),
+        window_start=from_us(key.window_start_us) if windowed else None,
+        resets_at=from_us(evaluation.resets_at_before_us),
+        retry_at=None if evaluation.fits else _moment(evaluation.retry_at_us),
+    )
+
+
+def _moment(us: int | None) -> datetime | None:
+    return from_us(us) if us is not None else None
