@@ -1,5 +1,17 @@
 """Real Celery workers for the pipeline tests.
 
+Two harnesses run the same Celery app. `start_worker` here starts
+``celery -A workers worker`` subprocesses: only a process can be SIGKILLed
+holding messages, have them redelivered, ride out a server outage or have
+its pool processes counted, so `test_pipeline.py` (and beat, in
+`test_reservation_sweep.py`) use it. Every other pipeline test is in
+`test_inprocess_pipeline.py`: a worker of ``workers.app.create_app`` as
+created (guarded transport and consumer, bootsteps) in a thread of the
+test process, through ``celery.contrib.testing.worker.start_worker``
+(pytest-celery's classic helper; its Docker fixtures are never used). It
+is ready in a tenth of a second where a subprocess takes seconds. Both
+wait and check with `pipeline_checks.py`.
+
 `start_worker` starts ``celery -A workers worker`` as a subprocess in a new
 session (so the whole process group, prefork children included, can be
 killed at once), configured only through ``METERING_*`` environment
@@ -23,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import redis
+from servers import RedisServer
 
 READY_TIMEOUT = 60.0
 STOP_TIMEOUT = 30.0
@@ -220,6 +234,13 @@ def start_worker(tmp_path: Path, pg_url: str, redis_url: str) -> Iterator[StartW
             except AssertionError as exc:
                 problems.append(str(exc))
         assert not problems, problems
+
+
+@pytest.fixture
+def client(redis_server: RedisServer, redis_url: str) -> Iterator[redis.Redis]:
+    """A Redis client on the (emptied) broker, to look at or fill the queue."""
+    with redis_server.client() as connection:
+        yield connection
 
 
 @pytest.fixture(scope="session", autouse=True)
