@@ -6,7 +6,7 @@ event exactly once; `check` answers what would happen without recording.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -55,6 +55,7 @@ from metering.ledger import (
     record_of,
     validate_against_limits,
 )
+from metering.metrics import UNKNOWN_LIMIT, count_events
 from metering.reservations import Reservation, ReservationInfo
 from metering.reserving import validate_ttl
 from metering.storage.database import Database
@@ -287,9 +288,11 @@ class Meter:
             )
 
         try:
-            return self.database.run_retry_aware(work)
+            answers = self.database.run_retry_aware(work)
         except UseGeneralPath:
-            return self._apply_general(records, now_us, invalid, rejected)
+            answers = self._apply_general(records, now_us, invalid, rejected)
+        _count(records, answers, self._limits.current[1], invalid, len(rejected))
+        return answers
 
     def _apply_general(
         self,
@@ -483,6 +486,42 @@ class Meter:
             validate_limit_name(limit)
         rows = self.database.run(lambda c: Store(c).counters_of(subject, limit))
         return [_counter(key, state) for key, state in rows]
+
+
+def _count(
+    records: Sequence[EventRecord],
+    answers: Sequence[Answer],
+    known: Container[str],
+    invalid: InvalidPolicy,
+    dead_letters: int,
+) -> None:
+    """Count what a committed transaction decided (`metering.metrics.count_events`).
+
+    A new result counts once under each distinct limit its event charges,
+    with the event's outcome; a rejected event's unknown limits count as
+    `UNKNOWN_LIMIT` (their names are anyone's input). Repeated ids count by
+    kind, and with ``invalid="reject"`` conflicts are also dead letters.
+    """
+    outcomes: dict[tuple[str, str], int] = {}
+    denied_by: dict[str, int] = {}
+    repeats: dict[str, int] = {}
+    for record, (kind, result) in zip(records, answers, strict=True):
+        if kind != NEW or result is None:
+            repeats[kind] = repeats.get(kind, 0) + 1
+            continue
+        outcome = result.outcome
+        charges = record.charges
+        names = [charges[0][1]] if len(charges) == 1 else list(dict.fromkeys(c[1] for c in charges))
+        for name in names:
+            if outcome == "rejected" and name not in known:
+                name = UNKNOWN_LIMIT
+            key = (name, outcome)
+            outcomes[key] = outcomes.get(key, 0) + 1
+        for name in result.denied_by:
+            denied_by[name] = denied_by.get(name, 0) + 1
+    if invalid == "reject":
+        dead_letters += repeats.get(CONFLICT, 0)
+    count_events(outcomes, denied_by, repeats, dead_letters)
 
 
 def _consumed(event_id: str, answer: Answer) -> Decision:

@@ -18,6 +18,7 @@ be delivered any number of times.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -37,6 +38,7 @@ from metering.domain.events import (
 from metering.domain.instants import from_us
 from metering.errors import InputRefused, MeteringError
 from metering.meter import Meter
+from metering.metrics import observe_batch
 
 FORMAT_VERSION: Final = 1
 
@@ -137,13 +139,17 @@ def apply_batch(meter: Meter, payload: object) -> BatchReport:
     ``rejected_messages`` (the dead-letter record) and every other event is
     applied, in order.
     """
+    began = time.perf_counter()
     events, malformed = decode_records(payload)
+    size = len(events) + len(malformed)
     try:
         answers = meter.apply_records(events, invalid="reject", rejected=malformed)
     except InputRefused:
         answers, refused = _apply_around_refusals(meter, events)
         malformed = [*malformed, *refused]
         meter.apply_records([], rejected=malformed)
+    # Timed once applied: a batch that raises (the task retries it) is not one.
+    observe_batch(time.perf_counter() - began, size)
     return report_of(answers, malformed=len(malformed))
 
 

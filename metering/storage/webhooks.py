@@ -15,7 +15,7 @@ import secrets
 from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, and_, delete, func, or_, select, update
+from sqlalchemy import Connection, and_, case, delete, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from metering.domain.notifications import DeliveryStatus, Mark, Notice
@@ -250,6 +250,19 @@ class WebhookStore:
             ),
             lease_until_us,
         )
+
+    def backlog(self, now_us: int) -> tuple[int, int, int | None]:
+        """Pending deliveries to enabled endpoints: how many are due at
+        ``now_us``, how many in all, and the earliest due time (None: none)."""
+        d = webhook_deliveries
+        enabled = select(webhook_endpoints.c.id).where(webhook_endpoints.c.enabled.is_(True))
+        due = case((d.c.next_attempt_at_us <= now_us, 1), else_=0)
+        row = self.connection.execute(
+            select(func.coalesce(func.sum(due), 0), func.count(), func.min(d.c.next_attempt_at_us))
+            .where(d.c.status == DeliveryStatus.PENDING.value)
+            .where(d.c.endpoint_id.in_(enabled))
+        ).one()
+        return int(row[0]), int(row[1]), None if row[2] is None else int(row[2])
 
     def claim_message(self, message_id: str, lease_until_us: int) -> DeliveryJob | None:
         """Claim the (first) delivery of one message, whatever its state (test pings)."""

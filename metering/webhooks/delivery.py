@@ -31,7 +31,7 @@ import time
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from sqlalchemy import Connection
 
@@ -39,6 +39,7 @@ from metering.domain.instants import from_us, to_us
 from metering.domain.notifications import DeliveryStatus, Mark, reset_due
 from metering.domain.notifications import payload_of as notice_payload
 from metering.errors import SecretKeyError
+from metering.metrics import count_delivery
 from metering.storage.database import Database, DatabaseSource, database_of
 from metering.storage.webhooks import (
     AttemptRecord,
@@ -179,6 +180,14 @@ def _outcome(
     return status, record
 
 
+# `metering_webhook_deliveries_total{outcome}`: the delivery's state after an attempt.
+_OUTCOME_LABELS: Final = {
+    DeliveryStatus.DELIVERED: "delivered",
+    DeliveryStatus.PENDING: "retrying",
+    DeliveryStatus.FAILED: "failed",
+}
+
+
 def _client(settings: DeliverySettings) -> httpx.Client:
     return delivery_client(settings)
 
@@ -223,6 +232,7 @@ def deliver_one(
             store.update_endpoint(job.endpoint.id, enabled=False, disabled_reason=reason)
 
     database.run(record)
+    count_delivery(_OUTCOME_LABELS[status])
     log.info(
         "webhook delivery %s to endpoint %s: attempt %s, %s, %s",
         job.delivery_id,
