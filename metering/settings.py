@@ -20,6 +20,12 @@ variable, before any message is taken. Every variable is optional:
   (default a week).
 * ``METERING_PRUNE_INTERVAL``: seconds between retention runs (default
   3600); ages in ``METERING_RETAIN_*_DAYS`` (`RetentionPolicy`).
+* ``METERING_METRICS_PORT``: a worker serves Prometheus ``/metrics`` on
+  this port (1-65535), from its main process; unset, it serves none
+  (`metering.metrics`, ``docs/metrics.md``).
+* ``METERING_LOG_FORMAT``: ``text`` (default) or ``json``, one object per line.
+* ``METERING_TRACING``: ``otlp`` traces over OpenTelemetry (the ``tracing``
+  extra), as does a set ``OTEL_EXPORTER_OTLP_ENDPOINT``; ``off`` never.
 * ``METERING_API_MAX_BODY_BYTES``, ``METERING_API_MAX_EVENTS``: the HTTP
   API's bounds on one request body (default 1 MiB) and on the events in one
   request (default 1000); past either, 413.
@@ -40,7 +46,10 @@ from metering.config import (
 )
 from metering.domain.bounds import MAX_LISTING
 from metering.errors import ConfigurationError
+from metering.logs import log_format
+from metering.metrics import metrics_port
 from metering.retention import RetentionPolicy
+from metering.tracing import tracing_enabled
 from metering.webhooks.settings import (
     DEFAULT_INTERVAL_SECONDS,
     DEFAULT_POLL_SECONDS,
@@ -76,6 +85,9 @@ class Settings:
     delivery: DeliverySettings = field(default_factory=DeliverySettings)
     api_max_body_bytes: int = DEFAULT_API_MAX_BODY_BYTES
     api_max_events: int = DEFAULT_API_MAX_EVENTS
+    metrics_port: int | None = None
+    log_format: str = "text"
+    tracing: bool = False
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -115,6 +127,9 @@ class Settings:
             api_max_events=_whole(
                 env, "METERING_API_MAX_EVENTS", DEFAULT_API_MAX_EVENTS, MAX_LISTING
             ),
+            metrics_port=metrics_port(env),
+            log_format=log_format(env),
+            tracing=tracing_enabled(env),
         )
 
 

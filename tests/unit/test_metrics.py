@@ -373,3 +373,16 @@ def test_uvicorn_log_config_puts_uvicorn_logs_in_json() -> None:
         ("metering.api", "WARNING"),
     ]
     assert lines[0]["message"] == '127.0.0.1:5000 - "GET /v1/x HTTP/1.1" 200'
+
+
+def test_settings_read_the_observability_variables() -> None:
+    from metering.settings import Settings
+
+    default = Settings.from_env({})
+    assert (default.metrics_port, default.log_format, default.tracing) == (None, "text", False)
+    settings = Settings.from_env(
+        {"METERING_METRICS_PORT": "9108", "METERING_LOG_FORMAT": "json", "METERING_TRACING": "otlp"}
+    )
+    assert (settings.metrics_port, settings.log_format, settings.tracing) == (9108, "json", True)
+    with pytest.raises(ConfigurationError, match="METERING_METRICS_PORT"):
+        Settings.from_env({"METERING_METRICS_PORT": "nine"})
