@@ -10,9 +10,16 @@ from starlette.responses import JSONResponse, Response
 
 from metering.api.auth import AUTH_ERRORS, require_scope
 from metering.api.context import ApiContext, api_context
-from metering.api.models import DecisionOut, SubjectUsage, decision_json, usage_json
+from metering.api.models import (
+    SUBJECT_PATTERN,
+    DecisionOut,
+    SubjectUsage,
+    decision_json,
+    usage_json,
+)
 from metering.api.parsing import parse_check
 from metering.api.problems import COMMON_ERRORS, ApiProblem, responses
+from metering.domain.events import MAX_SUBJECT_LENGTH
 from metering.errors import UnknownLimit
 from metering.lookup import subject_usage
 
@@ -21,7 +28,16 @@ router = APIRouter(prefix="/v1", tags=["decisions"])
 CHECK_BODY: dict[str, Any] = {
     "requestBody": {
         "required": True,
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/CheckRequest"}}},
+        "content": {
+            "application/json": {
+                "schema": {
+                    "anyOf": [
+                        {"$ref": "#/components/schemas/SingleCheck"},
+                        {"$ref": "#/components/schemas/StackedCheck"},
+                    ]
+                }
+            }
+        },
     }
 }
 
@@ -71,7 +87,13 @@ def _charge_pointer(charges: list[Any], limit: str) -> str:
     dependencies=[require_scope("read")],
 )
 async def usage(
-    subject: Annotated[str, Path(description="The subject (URL-encoded).")],
+    subject: Annotated[
+        str,
+        Path(
+            description="The subject, URL-encoded.",
+            json_schema_extra={"pattern": SUBJECT_PATTERN, "maxLength": MAX_SUBJECT_LENGTH},
+        ),
+    ],
     context: Annotated[ApiContext, Depends(api_context)],
 ) -> Response:
     """Every limit the subject has a counter for in its current window: what a

@@ -12,10 +12,9 @@ from starlette.responses import JSONResponse, Response
 from metering.api.auth import AUTH_ERRORS, require_scope
 from metering.api.context import ApiContext, api_context
 from metering.api.models import (
+    EVENT_ID_PATTERN,
     Accepted,
-    CloudEvent,
     Pending,
-    PlainEvent,
     Result,
     Results,
     result_json,
@@ -28,7 +27,12 @@ from metering.lookup import stored_results
 
 router = APIRouter(prefix="/v1", tags=["events"])
 
-_EVENT_SCHEMA = {"$ref": "#/components/schemas/PlainEvent"}
+_EVENT_SCHEMA = {
+    "anyOf": [
+        {"$ref": "#/components/schemas/SingleEvent"},
+        {"$ref": "#/components/schemas/StackedEvent"},
+    ]
+}
 _CLOUDEVENT_SCHEMA = {"$ref": "#/components/schemas/CloudEvent"}
 EVENTS_BODY: dict[str, Any] = {
     "requestBody": {
@@ -44,8 +48,6 @@ EVENTS_BODY: dict[str, Any] = {
         },
     }
 }
-# Referenced only from EVENTS_BODY: `create_api` adds them to the components.
-BODY_MODELS = (PlainEvent, CloudEvent)
 
 
 @router.post(
@@ -115,7 +117,11 @@ async def post_events(
     dependencies=[require_scope("read")],
 )
 async def get_event(
-    event_id: Annotated[str, Path(description="The event id.")],
+    event_id: Annotated[
+        str,
+        # The schema documents the rule; `validate_event_id` enforces it.
+        Path(description="The event id.", json_schema_extra={"pattern": EVENT_ID_PATTERN}),
+    ],
     context: Annotated[ApiContext, Depends(api_context)],
 ) -> Response:
     """The stored result of an event; ``pending`` while it is queued; 404 when unknown."""

@@ -17,10 +17,50 @@ from metering.domain.decisions import Decision
 from metering.domain.events import MAX_CHARGES, MAX_COST, MAX_SUBJECT_LENGTH
 from metering.lookup import LimitUsage
 
-SUBJECT = Field(min_length=1, max_length=MAX_SUBJECT_LENGTH, examples=["org-42"])
-LIMIT = Field(pattern=r"^[a-z0-9_.:\-]{1,64}$", examples=["api_calls"])
-COST = Field(default=1, ge=1, le=MAX_COST)
-EVENT_ID = Field(pattern=r"^[A-Za-z0-9_.:@/+=\-]{1,128}$", examples=["job-991"])
+# The schema's patterns: the library's rules (`metering.domain`) where a
+# pattern can say them. A subject is any printable text without edge spaces;
+# the schema's pattern says it for ASCII.
+SUBJECT_PATTERN = r"^[!-~](?:[ -~]{0,198}[!-~])?$"
+LIMIT_PATTERN = r"^[a-z0-9_.:\-]{1,64}$"
+EVENT_ID_PATTERN = r"^[A-Za-z0-9_.:@/+=\-]{1,128}$"
+
+
+def _subject(description: str = "Who is metered: 1 to 200 printable characters.") -> Any:
+    return Field(
+        min_length=1,
+        max_length=MAX_SUBJECT_LENGTH,
+        pattern=SUBJECT_PATTERN,
+        description=description,
+        examples=["org-42"],
+    )
+
+
+def _limit() -> Any:
+    return Field(pattern=LIMIT_PATTERN, examples=["api_calls"])
+
+
+def _cost() -> Any:
+    return Field(default=1, ge=1, le=MAX_COST, description="A whole number, 1 to 10^12.")
+
+
+def _charges() -> Any:
+    return Field(min_length=1, max_length=MAX_CHARGES, description="All or nothing.")
+
+
+def _event_id() -> Any:
+    return Field(
+        default=None,
+        pattern=EVENT_ID_PATTERN,
+        description="The idempotency key; generated when not given.",
+    )
+
+
+def _occurred_at() -> Any:
+    return Field(
+        default=None,
+        description="RFC 3339 with a time zone, within the limit's lateness and at most "
+        "5 minutes ahead; default: when the request arrived.",
+    )
 
 
 class ChargeIn(BaseModel):
@@ -28,40 +68,44 @@ class ChargeIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    subject: str = SUBJECT
-    limit: str = LIMIT
-    cost: int = COST
+    subject: str = _subject()
+    limit: str = _limit()
+    cost: int = _cost()
 
 
-class PlainEvent(BaseModel):
-    """A usage event in the Python API's names: ``subject`` and ``limit`` (and
-    ``cost``), or ``charges`` for a stacked event (all or nothing)."""
+class SingleEvent(BaseModel):
+    """A usage event with one charge, in the Python API's names."""
 
     model_config = ConfigDict(extra="forbid")
 
-    event_id: str | None = Field(
-        default=None,
-        pattern=r"^[A-Za-z0-9_.:@/+=\-]{1,128}$",
-        description="The idempotency key; generated when not given.",
-    )
-    subject: str | None = Field(default=None, min_length=1, max_length=MAX_SUBJECT_LENGTH)
-    limit: str | None = Field(default=None, pattern=r"^[a-z0-9_.:\-]{1,64}$")
-    cost: int = COST
-    charges: list[ChargeIn] | None = Field(default=None, min_length=1, max_length=MAX_CHARGES)
-    occurred_at: datetime | None = Field(
-        default=None, description="RFC 3339 with a time zone; default: when it was received."
-    )
+    event_id: str | None = _event_id()
+    subject: str = _subject()
+    limit: str = _limit()
+    cost: int = _cost()
+    occurred_at: datetime | None = _occurred_at()
+    metadata: dict[str, Any] | None = Field(default=None, description="At most 8 KiB as JSON.")
+
+
+class StackedEvent(BaseModel):
+    """A usage event with several charges: allowed only if every hard charge fits."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    event_id: str | None = _event_id()
+    charges: list[ChargeIn] = _charges()
+    occurred_at: datetime | None = _occurred_at()
     metadata: dict[str, Any] | None = Field(default=None, description="At most 8 KiB as JSON.")
 
 
 class CloudEventData(BaseModel):
-    """``data`` of a usage CloudEvent: ``limit`` and ``cost``, or ``charges``;
-    every other key becomes the event's metadata."""
+    """``data`` of a usage CloudEvent: ``limit`` and ``cost``, or ``charges`` (a
+    charge without ``subject`` takes the event's); every other key becomes the
+    event's metadata."""
 
     model_config = ConfigDict(extra="allow")
 
-    limit: str | None = Field(default=None, pattern=r"^[a-z0-9_.:\-]{1,64}$")
-    cost: int = COST
+    limit: str | None = Field(default=None, pattern=LIMIT_PATTERN)
+    cost: int = _cost()
     charges: list[ChargeIn] | None = Field(default=None, min_length=1, max_length=MAX_CHARGES)
 
 
@@ -71,30 +115,39 @@ class CloudEvent(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     specversion: Literal["1.0"]
-    id: str = Field(pattern=r"^[A-Za-z0-9_.:@/+=\-]{1,128}$", description="The event id.")
+    id: str = Field(pattern=EVENT_ID_PATTERN, description="The event id.")
     source: str = Field(min_length=1)
     type: str = Field(min_length=1)
     subject: str | None = Field(
         default=None,
         min_length=1,
         max_length=MAX_SUBJECT_LENGTH,
-        description="The subject; with data.charges, the subject of charges that name none.",
+        pattern=SUBJECT_PATTERN,
+        description="The subject; with data.charges, of the charges that name none.",
     )
     time: datetime | None = Field(default=None, description="occurred_at.")
     datacontenttype: Literal["application/json"] | None = None
     data: CloudEventData
 
 
-class CheckRequest(BaseModel):
-    """What to check: one charge, or ``charges``; nothing is consumed."""
+class SingleCheck(BaseModel):
+    """Would one charge be allowed now (or at ``occurred_at``)?"""
 
     model_config = ConfigDict(extra="forbid")
 
-    subject: str | None = Field(default=None, min_length=1, max_length=MAX_SUBJECT_LENGTH)
-    limit: str | None = Field(default=None, pattern=r"^[a-z0-9_.:\-]{1,64}$")
-    cost: int = COST
-    charges: list[ChargeIn] | None = Field(default=None, min_length=1, max_length=MAX_CHARGES)
-    occurred_at: datetime | None = None
+    subject: str = _subject()
+    limit: str = _limit()
+    cost: int = _cost()
+    occurred_at: datetime | None = _occurred_at()
+
+
+class StackedCheck(BaseModel):
+    """Would these charges, together, be allowed?"""
+
+    model_config = ConfigDict(extra="forbid")
+
+    charges: list[ChargeIn] = _charges()
+    occurred_at: datetime | None = _occurred_at()
 
 
 class ChargeDecisionOut(BaseModel):
@@ -221,4 +274,10 @@ def usage_json(usage: LimitUsage) -> dict[str, Any]:
 
 
 # Request bodies the routes read by hand, for the schema's components.
-REQUEST_MODELS: tuple[type[BaseModel], ...] = (PlainEvent, CloudEvent, CheckRequest)
+REQUEST_MODELS: tuple[type[BaseModel], ...] = (
+    SingleEvent,
+    StackedEvent,
+    CloudEvent,
+    SingleCheck,
+    StackedCheck,
+)

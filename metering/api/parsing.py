@@ -131,7 +131,7 @@ def _charge(item: object, pointer: str, default_subject: object = None) -> Charg
     checks: list[tuple[str, Callable[[], object]]] = [
         ("subject", lambda: validate_subject(subject)),
         ("limit", lambda: validate_limit_name(item.get("limit"))),
-        ("cost", lambda: validate_cost(item.get("cost", 1))),
+        ("cost", lambda: validate_cost(_whole(item.get("cost", 1)))),
     ]
     values = []
     for name, check in checks:
@@ -140,6 +140,15 @@ def _charge(item: object, pointer: str, default_subject: object = None) -> Charg
         except InvalidInput as exc:
             raise Invalid(_at(pointer, name), exc.message) from None
     return Charge(*values)  # type: ignore[arg-type]
+
+
+def _whole(cost: object) -> object:
+    """A JSON number with no fraction is a whole number, however it is written
+    (``2``, ``2.0``, ``2e0``): JSON has one number type. Past 2**53 a float is
+    not exact, and past 10**12 no cost is valid anyway."""
+    if isinstance(cost, float) and cost.is_integer() and abs(cost) <= 2**53:
+        return int(cost)
+    return cost
 
 
 def _only(item: Mapping[str, Any], allowed: frozenset[str], prefix: str) -> None:

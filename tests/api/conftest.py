@@ -5,11 +5,18 @@ so the app opens and closes what it owns) on a free port of 127.0.0.1 and
 returns the base URL; the test may share its `Meter` (and frozen clock)
 with the app. The default app here runs on SQLite and the embedded broker
 in the test's directory, as ``metering serve`` does with no configuration.
+`api_worker` is a real ``celery -A workers worker`` process on the test's
+PostgreSQL and Redis, for the tests where queued events must be applied.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -63,3 +70,55 @@ def embedded(tmp_path: Path) -> dict[str, str]:
         "database_url": f"sqlite:///{tmp_path}/metering.db",
         "broker_url": f"sqla+sqlite:///{tmp_path}/metering-broker.db",
     }
+
+
+READY_TIMEOUT_SECONDS = 60.0
+STOP_TIMEOUT_SECONDS = 30.0
+
+
+@pytest.fixture
+def api_worker(tmp_path: Path, pg_url: str, redis_url: str) -> Iterator[subprocess.Popen[bytes]]:
+    """A ready ``celery -A workers worker`` on this test's PostgreSQL and Redis,
+    in its own process group (its pool included), stopped after the test."""
+    log_file = tmp_path / "worker.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("METERING_")}
+    env.update(
+        METERING_DATABASE_URL=pg_url,
+        METERING_BROKER_URL=redis_url,
+        METERING_QUEUES="1",
+        METERING_VISIBILITY_TIMEOUT="5",
+        PYTHONUNBUFFERED="1",
+    )
+    command = [sys.executable, "-m", "celery", "-A", "workers", "worker", "--loglevel", "INFO"]
+    command += ["--concurrency", "2", "--without-heartbeat", "--without-gossip"]
+    command += ["--without-mingle", "-Q", "metering", "-n", "api@%h"]
+    with log_file.open("ab") as log:
+        process = subprocess.Popen(
+            command,
+            cwd=tmp_path,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+        while "ready." not in log_file.read_text(errors="replace"):
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"the worker did not start:\n{log_file.read_text()}")
+            time.sleep(0.1)
+        yield process
+    finally:
+        _stop_group(process)
+
+
+def _stop_group(process: subprocess.Popen[bytes]) -> None:
+    """Warm shutdown, then SIGKILL whatever is left of the group (pool children)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(STOP_TIMEOUT_SECONDS)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait(STOP_TIMEOUT_SECONDS)
