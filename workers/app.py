@@ -29,6 +29,7 @@ from metering.routing import (
     worker_queues,
 )
 from metering.settings import Settings
+from workers.heartbeat import WorkerHeartbeat
 from workers.settings import settings_of as settings_of
 from workers.webhooks import WebhookDelivery
 
@@ -115,6 +116,8 @@ def create_app(url: str | None = None, settings: Settings | None = None) -> Cele
         worker_hijack_root_logger=False,
         broker_connection_retry_on_startup=True,
         broker_transport_options=transport,
+        # Celery's scheduler, which also writes beat's heartbeat (`metering status`).
+        beat_scheduler="workers.beat:HeartbeatScheduler",
         beat_schedule={
             "deliver-webhooks": {
                 "task": DELIVER_WEBHOOKS_TASK,
@@ -143,6 +146,8 @@ def create_app(url: str | None = None, settings: Settings | None = None) -> Cele
     app.steps["worker"].add(ConsumeDefaultQueue)
     # Each worker delivers webhooks as they fall due, from a thread of its own.
     app.steps["worker"].add(WebhookDelivery)
+    # And writes its heartbeat, which `metering status` reads.
+    app.steps["worker"].add(WorkerHeartbeat)
     if is_embedded_broker(url):
         app.conf.beat_schedule["sweep-embedded-broker"] = {
             "task": SWEEP_EMBEDDED_BROKER_TASK,

@@ -43,8 +43,10 @@ class WebhookDelivery(bootsteps.StartStopStep):  # type: ignore[misc]
     """Runs the delivery thread of this worker."""
 
     label = "webhook delivery"
-    # After the pool: its first processes are forked before the thread exists.
-    requires = ("celery.worker.components:Pool",)
+    # After the pool and an embedded beat: their processes are forked before
+    # the thread exists (a fork while it is inside SQLite can leave the
+    # child waiting for ever on SQLite's lock).
+    requires = ("celery.worker.components:Pool", "celery.worker.components:Beat")
 
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)

@@ -218,3 +218,16 @@ webhook_attempts = Table(
     Column("next_attempt_at_us", BigInteger, nullable=True),
 )
 Index("ix_webhook_attempts_delivery_id", webhook_attempts.c.delivery_id)
+
+# -- liveness ----------------------------------------------------------------
+# When each worker (role ``worker``, named by its Celery node name) and beat
+# (role ``beat``) last said it was alive; written about every 10 s, read by
+# `metering status`. Rows of processes gone for a week are deleted.
+heartbeats = Table(
+    "heartbeats",
+    metadata,
+    Column("role", String(16), nullable=False),
+    Column("name", String(200), nullable=False),
+    Column("seen_at_us", BigInteger, nullable=False),
+    PrimaryKeyConstraint("role", "name"),
+)

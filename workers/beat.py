@@ -1,0 +1,42 @@
+"""Beat's scheduler: Celery's own, which also writes beat's heartbeat.
+
+Set as ``beat_scheduler`` in `workers.app`, so ``celery -A workers beat`` and
+a worker's embedded ``--beat`` both use it. Each `tick` runs the due tasks as
+Celery's `PersistentScheduler` does, and at most every
+`HEARTBEAT_INTERVAL_SECONDS` writes that beat is alive (`workers.heartbeat`),
+which `metering status` reads: beat answers no ping.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any
+
+from celery.beat import PersistentScheduler
+
+from metering.clock import Clock, system_clock
+from metering.storage.health import BEAT, HEARTBEAT_INTERVAL_SECONDS
+from workers.heartbeat import HeartbeatWriter
+from workers.settings import settings_of
+
+
+class HeartbeatScheduler(PersistentScheduler):  # type: ignore[misc]
+    """`PersistentScheduler` plus a heartbeat of role ``beat``, named ``beat@HOST``."""
+
+    interval_seconds = HEARTBEAT_INTERVAL_SECONDS
+
+    def __init__(self, *args: Any, clock: Clock = system_clock, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        url = settings_of(self.app).database_url
+        self.heartbeat = HeartbeatWriter(url, BEAT, f"beat@{socket.gethostname()}", clock)
+        self.next_heartbeat = 0.0  # time.monotonic() of the next heartbeat
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        """Run due tasks; write the heartbeat when due; seconds until the next tick."""
+        interval = float(super().tick(*args, **kwargs))
+        now = time.monotonic()
+        if now >= self.next_heartbeat:
+            self.next_heartbeat = now + self.interval_seconds
+            self.heartbeat.beat()
+        return min(interval, self.next_heartbeat - now)
