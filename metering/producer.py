@@ -28,7 +28,7 @@ from metering.domain.events import FUTURE_TOLERANCE_US, charges_of, make_event
 from metering.domain.instants import to_us
 from metering.errors import BrokerUnavailable, InvalidInput, OccurredAtOutOfRange
 from metering.pipeline import encode_batch, encode_event
-from metering.routing import APPLY_BATCH_TASK, queue_for
+from metering.routing import APPLY_BATCH_TASK, SENT_AT_HEADER, queue_for
 from metering.routing import queue_names as queue_names
 
 log = logging.getLogger(__name__)
@@ -199,9 +199,16 @@ class UsageProducer:
         payload = encode_batch(batch)
         delay = self.retry_backoff_seconds
         for attempt in range(self.retry_attempts):
+            # When it was sent (each attempt): the age `metering status` reports.
+            headers = {SENT_AT_HEADER: to_us(self.clock(), field_name="clock")}
             try:
                 self._app.send_task(
-                    APPLY_BATCH_TASK, args=[payload], queue=queue, routing_key=queue, retry=False
+                    APPLY_BATCH_TASK,
+                    args=[payload],
+                    queue=queue,
+                    routing_key=queue,
+                    retry=False,
+                    headers=headers,
                 )
                 return
             except Exception as exc:  # kombu and redis raise many kinds

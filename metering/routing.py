@@ -17,6 +17,11 @@ DEFAULT_QUEUE: Final = "metering"
 # Bounds of METERING_QUEUES and ``metering worker --queues``.
 MAX_QUEUES: Final = 1024
 
+# The header a producer stamps on each message it sends: when, in microseconds
+# since the epoch (`metering status` reports the oldest still queued). Older
+# messages, and the ones beat sends, have none.
+SENT_AT_HEADER: Final = "metering_sent_at_us"
+
 # Task names (explicit: a rename of a function never orphans queued messages).
 APPLY_BATCH_TASK: Final = "metering.apply_batch"
 SWEEP_EMBEDDED_BROKER_TASK: Final = "metering.sweep_embedded_broker"
