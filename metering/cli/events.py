@@ -5,14 +5,23 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 import click
 
 from metering.cli.context import CliError, current_meter
 from metering.cli.options import ChargeTuple, chosen_charges, decision_options, format_option
-from metering.cli.output import EXIT_CODES_HELP, counters_table, print_table, report_decision
+from metering.cli.output import (
+    EXIT_CODES_HELP,
+    EXIT_PENDING,
+    counters_table,
+    print_table,
+    report_decision,
+)
+from metering.config import broker_url
+from metering.errors import BrokerUnavailable
 from metering.meter import Counter
+from metering.storage.queue_state import is_queued
 
 
 @click.command(epilog=EXIT_CODES_HELP)
@@ -48,15 +57,47 @@ def check(
     report_decision(current_meter().check(charges=wanted, occurred_at=occurred_at), fmt)
 
 
-@click.command(epilog=EXIT_CODES_HELP.replace("  2  denied", "  2  denied or rejected"))
+RESULT_EXIT_CODES_HELP: Final = EXIT_CODES_HELP.replace(
+    "  2  denied", "  2  denied or rejected\n  3  pending: still queued, not decided yet"
+).replace("  1  error", "  1  error, or no result and not queued")
+
+
+@click.command(epilog=RESULT_EXIT_CODES_HELP)
 @click.argument("event_id")
+@click.option("--broker", envvar="METERING_BROKER_URL",
+              help="Where a queued event waits. Default: the embedded broker.")  # fmt: skip
 @format_option
-def result(event_id: str, fmt: str) -> None:
-    """Show the stored result of the event EVENT_ID."""
-    found = current_meter().result(event_id)
+def result(event_id: str, broker: str | None, fmt: str) -> None:
+    """Show the stored result of the event EVENT_ID, or that it is pending.
+
+    An event without a result that is still on a queue (waiting, or taken by
+    a worker and not yet applied) is pending: exit 3.
+    """
+    meter = current_meter()
+    found = meter.result(event_id)
+    if found is None:
+        try:
+            queued = is_queued(broker_url(broker), event_id)
+        except BrokerUnavailable as exc:
+            raise CliError(f"no result for event {event_id}; {exc}") from None
+        if queued:
+            report_pending(event_id, fmt)
+            return
+        # Not queued: a worker may have applied it since the first look.
+        found = meter.result(event_id)
     if found is None:
         raise CliError(f"no result for event {event_id}")
     report_decision(found, fmt)
+
+
+def report_pending(event_id: str, fmt: str) -> None:
+    """Say the event is still queued, and exit `EXIT_PENDING`."""
+    if fmt == "json":
+        click.echo(json.dumps({"event_id": event_id, "outcome": "pending"}, indent=2))
+    else:
+        label = click.style("pending", fg="cyan", bold=True)
+        click.echo(f"{label}  event {event_id} is queued: no worker has decided it yet")
+    click.get_current_context().exit(EXIT_PENDING)
 
 
 @click.command()

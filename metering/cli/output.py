@@ -19,6 +19,8 @@ from metering.domain.limits import Limit
 from metering.meter import Counter
 
 EXIT_DENIED: Final = 2
+# `metering result` of an event still on a queue: no worker has decided it yet.
+EXIT_PENDING: Final = 3
 EXIT_CODES_HELP: Final = (
     "\b\nExit codes (scripts can branch on them):\n"
     "  0  allowed (or overage on a soft limit)\n  2  denied\n  1  error"
