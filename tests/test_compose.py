@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
+from metering.cli import main
+
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
@@ -179,6 +181,40 @@ def test_beat_runs_celery_beat(services: dict[str, dict[str, Any]]) -> None:
     assert _depends_on(beat)["redis"] == "service_healthy"
     # Two schedulers would run every sweep twice.
     assert beat.get("deploy", {}).get("replicas", 1) == 1
+
+
+@pytest.mark.parametrize(("name", "required"), [("worker", "worker"), ("beat", "beat")])
+def test_worker_and_beat_are_checked_by_metering_status(
+    services: dict[str, dict[str, Any]], name: str, required: str
+) -> None:
+    healthcheck = services[name]["healthcheck"]
+    test = healthcheck["test"]
+    assert isinstance(test, list) and test[0] == "CMD", "exec form: no shell in the way"
+    argv = test[1:]
+    assert argv[:2] == ["metering", "status"]
+    assert argv[argv.index("--require") + 1] == required
+    # The command takes these options as written (parsing them runs no check).
+    status = main.commands["status"]
+    parsed = status.make_context("status", argv[2:]).params
+    assert parsed["required"] == frozenset({required})
+    # A check runs a ping (2 s at most) after reaching the database and broker.
+    assert _seconds(healthcheck["timeout"]) >= 10
+    assert _seconds(healthcheck["interval"]) >= _seconds(healthcheck["timeout"])
+    assert healthcheck["retries"] >= 2
+
+
+def test_each_worker_checks_its_own_node(services: dict[str, dict[str, Any]]) -> None:
+    argv = services["worker"]["healthcheck"]["test"][1:]
+    # `metering worker` runs celery's default node name, celery@ the hostname.
+    assert argv[argv.index("--node") + 1] == "celery@%h"
+
+
+def _seconds(duration: str) -> float:
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+    for suffix in sorted(units, key=len, reverse=True):
+        if duration.endswith(suffix):
+            return float(duration[: -len(suffix)]) * units[suffix]
+    raise AssertionError(f"not a compose duration: {duration!r}")
 
 
 def test_compose_file_validates_with_docker_compose() -> None:
