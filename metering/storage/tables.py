@@ -231,3 +231,21 @@ heartbeats = Table(
     Column("seen_at_us", BigInteger, nullable=False),
     PrimaryKeyConstraint("role", "name"),
 )
+
+# -- API keys ----------------------------------------------------------------
+# Keys of the HTTP API (``metering apikeys``): the id is the visible start of
+# the key (``mk_`` + 12 hex digits), ``secret_hash`` the SHA-256 of the whole
+# key; the key itself is never stored. Scope: ingest, read or admin. Rows
+# stay when revoked (``revoked_at_us``); ``last_used_at_us`` is written at
+# most once a minute per key.
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("id", String(32), primary_key=True),
+    Column("secret_hash", String(64), nullable=False),
+    Column("scope", String(16), nullable=False),
+    Column("name", String(200), nullable=False),
+    Column("created_at_us", BigInteger, nullable=False),
+    Column("revoked_at_us", BigInteger, nullable=True),
+    Column("last_used_at_us", BigInteger, nullable=True),
+)
