@@ -6,9 +6,9 @@ worker of our Celery app -> PostgreSQL, with exact results and counters.
 Harness: ``celery.contrib.testing.worker.start_worker`` (what pytest-celery's
 classic fixtures run; its Docker fixtures ``celery_worker`` and
 ``celery_setup`` are never requested) around ``workers.app.create_app(url,
-settings)``, the app ``celery -A workers worker`` builds: the guarded Redis
-transport and consumer and the worker bootsteps (the default queue, the
-webhook delivery thread) all run. It is ready in about a tenth of a second,
+settings)``, the app ``celery -A workers worker`` builds (only its idle wait
+on Redis is shortened): the guarded Redis transport and consumer and the
+worker bootsteps (the default queue, the webhook delivery thread) all run. It is ready in about a tenth of a second,
 where a subprocess takes seconds, so every pipeline test that needs no
 process runs here. What does (SIGKILL, redelivery after the visibility
 timeout, a database outage, counting pool processes, beat) stays with the
