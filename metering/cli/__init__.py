@@ -18,6 +18,7 @@ from metering.cli.limits import limits
 from metering.cli.queue import emit, prune, rejected, worker
 from metering.cli.reports import report
 from metering.cli.reservations import reservations, reserve
+from metering.cli.serve import serve
 from metering.cli.status import status
 from metering.cli.webhooks import webhooks
 from metering.config import database_url
@@ -54,5 +55,6 @@ for command in (
     reserve,
     reservations,
     status,
+    serve,
 ):
     main.add_command(command)

@@ -21,9 +21,17 @@ MAX_WORKERS = 256
 @click.option("--broker", envvar="METERING_BROKER_URL", help="Default: the embedded broker.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))  # fmt: skip
+@click.option("--access-log/--no-access-log", default=True, show_default=True,
+              help="A log line per request.")  # fmt: skip
 @click.pass_context
 def serve(
-    ctx: click.Context, host: str, port: int, workers: int, broker: str | None, log_level: str
+    ctx: click.Context,
+    host: str,
+    port: int,
+    workers: int,
+    broker: str | None,
+    log_level: str,
+    access_log: bool,
 ) -> None:
     """Serve the HTTP API: usage events in, decisions and usage out.
 
@@ -49,4 +57,5 @@ def serve(
         port=port,
         workers=workers,
         log_level=log_level,
+        access_log=access_log,
     )
