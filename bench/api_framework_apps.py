@@ -3,7 +3,8 @@
 ``METERING_BENCH_FRAMEWORK``: ``fastapi`` (a pydantic model per event, then
 the library's `make_event`) or ``starlette`` (the raw body, ``json.loads``,
 then `make_event`). Neither queues anything: this measures the framework's
-share of a 100-event request, not the broker's.
+share of a 100-event request, not the broker's. ``bare``: FastAPI with
+``POST /v1/check`` answering a constant, the peer of the real ``/v1/check``.
 """
 
 from __future__ import annotations
@@ -72,4 +73,15 @@ def starlette_app() -> Starlette:
     return Starlette(routes=[Route("/v1/events", _post_events, methods=["POST"])])
 
 
-app = fastapi_app() if os.environ.get("METERING_BENCH_FRAMEWORK") == "fastapi" else starlette_app()
+def bare_app() -> FastAPI:
+    app = FastAPI()
+
+    @app.post("/v1/check")
+    async def check() -> dict[str, Any]:
+        return {"allowed": True, "remaining": 4}
+
+    return app
+
+
+_APPS = {"fastapi": fastapi_app, "starlette": starlette_app, "bare": bare_app}
+app = _APPS[os.environ.get("METERING_BENCH_FRAMEWORK", "fastapi")]()

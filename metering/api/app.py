@@ -23,6 +23,7 @@ from metering.api.bounds import BodyLimit
 from metering.api.context import ApiContext, IsQueued, never_queued
 from metering.api.models import REQUEST_MODELS
 from metering.api.problems import Problem, install_problem_handlers
+from metering.api.queueing import ApiProducer
 from metering.meter import Meter
 from metering.producer import UsageProducer
 from metering.settings import Settings
@@ -58,7 +59,7 @@ def create_api(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         own_meter = meter or Meter(settings.database_url)
-        own_producer = producer or UsageProducer(settings.broker_url, queues=settings.queues)
+        own_producer = producer or ApiProducer(settings.broker_url, queues=settings.queues)
         app.state.metering = ApiContext(
             settings, own_meter, own_producer, is_queued or never_queued
         )

@@ -20,7 +20,7 @@ from metering.api.models import (
 from metering.api.parsing import parse_check
 from metering.api.problems import COMMON_ERRORS, ApiProblem, responses
 from metering.domain.events import MAX_SUBJECT_LENGTH
-from metering.errors import UnknownLimit
+from metering.errors import OccurredAtOutOfRange, UnknownLimit
 from metering.lookup import subject_usage
 
 router = APIRouter(prefix="/v1", tags=["decisions"])
@@ -58,22 +58,22 @@ async def check(request: Request, context: Annotated[ApiContext, Depends(api_con
     media = (request.headers.get("content-type") or "").split(";", 1)[0].strip().lower()
     if media != "application/json":
         raise ApiProblem("unsupported-media-type", "send application/json")
-    charges, when = parse_check(await request.body(), context.meter.clock())
+    parsed = parse_check(await request.body(), context.meter.clock())
+    event = parsed.event
     try:
         decision = await run_in_threadpool(
-            lambda: context.meter.check(charges=charges, occurred_at=when)
+            lambda: context.meter.check(charges=event.charges, occurred_at=event.occurred_at)
         )
     except UnknownLimit as exc:
-        pointer = "limit" if len(charges) == 1 else _charge_pointer(charges, exc.limit)
-        raise ApiProblem("unknown-limit", str(exc), [(pointer, str(exc))]) from None
+        errors = [
+            (parsed.charge_pointer(index, "limit"), str(exc))
+            for index, charge in enumerate(event.charges)
+            if charge.limit == exc.limit
+        ]
+        raise ApiProblem("unknown-limit", str(exc), errors) from None
+    except OccurredAtOutOfRange as exc:
+        raise ApiProblem("invalid-input", str(exc), [(parsed.time_pointer, exc.message)]) from None
     return JSONResponse(decision_json(decision))
-
-
-def _charge_pointer(charges: list[Any], limit: str) -> str:
-    for index, charge in enumerate(charges):
-        if charge.limit == limit:
-            return f"charges[{index}].limit"
-    return "limit"
 
 
 @router.get(

@@ -15,13 +15,12 @@ import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
 from metering.api.problems import ApiProblem
 from metering.domain.events import (
     FUTURE_TOLERANCE_US,
-    Charge,
     UsageEvent,
     make_event,
     validate_cost,
@@ -43,12 +42,19 @@ PLAIN_FIELDS: Final = frozenset(
 CHECK_FIELDS: Final = frozenset({"subject", "limit", "cost", "occurred_at", "charges"})
 CHARGE_FIELDS: Final = frozenset({"subject", "limit", "cost"})
 CLOUDEVENT_REQUIRED: Final = ("specversion", "id", "source", "type")
-# Library field names as the request spells them.
+# Library field names as the request spells them; and in a CloudEvent.
 _FIELD_NAMES: Final = {"name": "limit"}
+_CLOUDEVENT_NAMES: Final = {"event_id": "id", "occurred_at": "time", "metadata": "data"}
 # At most this many field errors in one answer.
 MAX_ERRORS: Final = 100
 
 FieldErrors = list[tuple[str, str]]
+
+
+# Where an event's charges were in the body: at the event itself (one charge),
+# in ``charges`` (stacked), in ``data`` or ``data.charges`` (a CloudEvent).
+Shape = Literal["single", "stacked", "data", "data.charges"]
+RawCharge = tuple[object, object, object]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,8 +62,21 @@ class Parsed:
     """A validated event and where its parts were in the body, for later errors."""
 
     event: UsageEvent
-    limit_pointers: tuple[str, ...]
-    time_pointer: str
+    prefix: str
+    shape: Shape
+
+    @property
+    def time_pointer(self) -> str:
+        return _at(self.prefix, "time" if self.shape.startswith("data") else "occurred_at")
+
+    def charge_pointer(self, index: int, name: str) -> str:
+        """Where charge ``index``'s ``name`` (subject, limit, cost) was given."""
+        if self.shape == "single":
+            return _at(self.prefix, name)
+        if self.shape == "data":
+            return _at(self.prefix, name if name == "subject" else f"data.{name}")
+        base = "charges" if self.shape == "stacked" else "data.charges"
+        return _at(self.prefix, f"{base}[{index}].{name}")
 
 
 class Invalid(Exception):
@@ -123,23 +142,30 @@ def _parse_time(value: object, pointer: str) -> datetime:
     return moment
 
 
-def _charge(item: object, pointer: str, default_subject: object = None) -> Charge:
+def _raw_charge(item: object, pointer: str, default_subject: object = None) -> RawCharge:
+    """A charge object's values, not yet validated (`make_event` does that once)."""
     if not isinstance(item, Mapping):
         raise Invalid(pointer, "must be an object with subject, limit and cost")
     _only(item, CHARGE_FIELDS, pointer)
-    subject = item.get("subject", default_subject)
-    checks: list[tuple[str, Callable[[], object]]] = [
-        ("subject", lambda: validate_subject(subject)),
-        ("limit", lambda: validate_limit_name(item.get("limit"))),
-        ("cost", lambda: validate_cost(_whole(item.get("cost", 1)))),
-    ]
-    values = []
-    for name, check in checks:
-        try:
-            values.append(check())
-        except InvalidInput as exc:
-            raise Invalid(_at(pointer, name), exc.message) from None
-    return Charge(*values)  # type: ignore[arg-type]
+    return (item.get("subject", default_subject), item.get("limit"), _whole(item.get("cost", 1)))
+
+
+_CHARGE_CHECKS: Final[tuple[tuple[str, Callable[[object], object]], ...]] = (
+    ("subject", validate_subject),
+    ("limit", validate_limit_name),
+    ("cost", validate_cost),
+)
+
+
+def _locate(charges: Sequence[RawCharge], where: Parsed) -> Invalid | None:
+    """The first bad value among ``charges``, with its pointer (after `make_event` refused)."""
+    for index, values in enumerate(charges):
+        for (name, check), value in zip(_CHARGE_CHECKS, values, strict=True):
+            try:
+                check(value)
+            except InvalidInput as exc:
+                return Invalid(where.charge_pointer(index, name), exc.message)
+    return None
 
 
 def _whole(cost: object) -> object:
@@ -157,52 +183,49 @@ def _only(item: Mapping[str, Any], allowed: frozenset[str], prefix: str) -> None
             raise Invalid(_at(prefix, str(key)[:60]), "is not a field of this object")
 
 
-def _charges_list(value: object, pointer: str, default_subject: object = None) -> list[Charge]:
+def _raw_charges(value: object, pointer: str, default_subject: object = None) -> list[RawCharge]:
     if not isinstance(value, list) or not value:
         raise Invalid(pointer, "must be a non-empty array of {subject, limit, cost}")
-    return [_charge(c, f"{pointer}[{i}]", default_subject) for i, c in enumerate(value)]
+    return [_raw_charge(c, f"{pointer}[{i}]", default_subject) for i, c in enumerate(value)]
 
 
-def _plain_charges(item: Mapping[str, Any], prefix: str) -> list[Charge]:
+def _plain_charges(item: Mapping[str, Any], prefix: str) -> tuple[list[RawCharge], Shape]:
     if "charges" in item:
         if "subject" in item or "limit" in item or "cost" in item:
             raise Invalid(_at(prefix, "charges"), "give subject and limit, or charges, not both")
-        return _charges_list(item["charges"], _at(prefix, "charges"))
+        return _raw_charges(item["charges"], _at(prefix, "charges")), "stacked"
     if "subject" not in item or "limit" not in item:
         missing = "subject" if "subject" not in item else "limit"
         raise Invalid(_at(prefix, missing), "is required (or give charges)")
-    fields = {k: item[k] for k in CHARGE_FIELDS if k in item}
-    return [_charge(fields, prefix)]
+    return [(item["subject"], item["limit"], _whole(item.get("cost", 1)))], "single"
 
 
 def _event(
-    charges: Sequence[Charge],
+    charges: list[RawCharge],
     occurred_at: datetime,
     event_id: object,
     metadata: object,
-    prefix: str,
-    names: Mapping[str, str],
+    where: Parsed,
     now_us: int,
 ) -> UsageEvent:
-    """`make_event`, its `InvalidInput` turned into a pointer (``names`` maps
-    library fields to this body's spelling)."""
+    """`make_event`, its `InvalidInput` turned into a pointer into the body."""
     try:
         event = make_event(charges, occurred_at, event_id, metadata)  # type: ignore[arg-type]
     except InvalidInput as exc:
-        name = names.get(exc.field, _FIELD_NAMES.get(exc.field, exc.field))
-        raise Invalid(_at(prefix, name), exc.message) from None
+        located = _locate(charges, where)
+        if located is not None:
+            raise located from None
+        name = _FIELD_NAMES.get(exc.field, exc.field)
+        if where.shape.startswith("data"):
+            name = _CLOUDEVENT_NAMES.get(name, name)
+        raise Invalid(_at(where.prefix, name), exc.message) from None
     if event.occurred_at_us > now_us + FUTURE_TOLERANCE_US:
-        raise Invalid(
-            _at(prefix, names.get("occurred_at", "occurred_at")),
-            "is more than 5 minutes in the future",
-        )
+        raise Invalid(where.time_pointer, "is more than 5 minutes in the future")
     return event
 
 
-def _limit_pointers(base: str, stacked: bool, count: int) -> tuple[str, ...]:
-    if not stacked:
-        return (_at(base, "limit"),)
-    return tuple(f"{_at(base, 'charges')}[{j}].limit" for j in range(count))
+# A placeholder until the event exists: `_event` reports errors through it.
+_NO_EVENT: Final = UsageEvent("-", (), datetime.fromtimestamp(0, UTC))
 
 
 def plain_event(item: object, prefix: str, now: datetime) -> Parsed:
@@ -210,14 +233,13 @@ def plain_event(item: object, prefix: str, now: datetime) -> Parsed:
     if not isinstance(item, Mapping):
         raise Invalid(prefix or "body", "must be a JSON object (an event)")
     _only(item, PLAIN_FIELDS, prefix)
-    charges = _plain_charges(item, prefix)
+    charges, shape = _plain_charges(item, prefix)
+    where = Parsed(_NO_EVENT, prefix, shape)
     at = item.get("occurred_at")
-    time_pointer = _at(prefix, "occurred_at")
-    when = now if at is None else _parse_time(at, time_pointer)
-    event_id = item.get("event_id")
-    event = _event(charges, when, event_id, item.get("metadata"), prefix, {}, to_us(now))
-    limits = _limit_pointers(prefix, "charges" in item, len(charges))
-    return Parsed(event, limits, time_pointer)
+    when = now if at is None else _parse_time(at, where.time_pointer)
+    metadata = item.get("metadata")
+    event = _event(charges, when, item.get("event_id"), metadata, where, to_us(now))
+    return Parsed(event, prefix, shape)
 
 
 def cloud_event(item: object, prefix: str, now: datetime) -> Parsed:
@@ -238,29 +260,25 @@ def cloud_event(item: object, prefix: str, now: datetime) -> Parsed:
     data = item.get("data")
     if not isinstance(data, Mapping):
         raise Invalid(_at(prefix, "data"), "must be an object: {limit, cost} or {charges}")
-    pointer = _at(prefix, "data")
     subject = item.get("subject")
+    shape: Shape
     if "charges" in data:
         if "limit" in data or "cost" in data:
-            raise Invalid(_at(pointer, "charges"), "give limit and cost, or charges, not both")
-        charges = _charges_list(data["charges"], _at(pointer, "charges"), subject)
+            raise Invalid(_at(prefix, "data.charges"), "give limit and cost, or charges, not both")
+        charges = _raw_charges(data["charges"], _at(prefix, "data.charges"), subject)
         rest = {k: v for k, v in data.items() if k != "charges"}
+        shape = "data.charges"
     else:
         if subject is None:
             raise Invalid(_at(prefix, "subject"), "is required (or give data.charges)")
-        fields = {"subject": subject, "limit": data.get("limit"), "cost": data.get("cost", 1)}
-        try:
-            charges = [_charge(fields, "")]
-        except Invalid as exc:
-            field = "subject" if exc.pointer == "subject" else _at("data", exc.pointer)
-            raise Invalid(_at(prefix, field), exc.message) from None
+        charges = [(subject, data.get("limit"), _whole(data.get("cost", 1)))]
         rest = {k: v for k, v in data.items() if k not in ("limit", "cost")}
+        shape = "data"
+    where = Parsed(_NO_EVENT, prefix, shape)
     at = item.get("time")
-    when = now if at is None else _parse_time(at, _at(prefix, "time"))
-    names = {"event_id": "id", "occurred_at": "time", "metadata": "data"}
-    event = _event(charges, when, item["id"], rest or None, prefix, names, to_us(now))
-    limits = _limit_pointers(pointer, "charges" in data, len(charges))
-    return Parsed(event, limits, _at(prefix, "time"))
+    when = now if at is None else _parse_time(at, where.time_pointer)
+    event = _event(charges, when, item["id"], rest or None, where, to_us(now))
+    return Parsed(event, prefix, shape)
 
 
 def _is_json_media(media: str) -> bool:
@@ -318,19 +336,19 @@ def _summary(errors: FieldErrors, total: int) -> str:
     return f"{len(errors)} of {total} events are not valid; nothing was accepted. {first}"
 
 
-def parse_check(body: bytes, now: datetime) -> tuple[list[Charge], datetime]:
-    """The body of ``POST /v1/check``: charges and when, without an event id."""
+def parse_check(body: bytes, now: datetime) -> Parsed:
+    """The body of ``POST /v1/check``: charges and when (the event has no id of its own)."""
     item = decode_json(body)
     try:
         if not isinstance(item, Mapping):
             raise Invalid("body", "must be a JSON object")
         _only(item, CHECK_FIELDS, "")
-        charges = _plain_charges(item, "")
+        charges, shape = _plain_charges(item, "")
+        where = Parsed(_NO_EVENT, "", shape)
         at = item.get("occurred_at")
-        when = now if at is None else _parse_time(at, "occurred_at")
-        _event(charges, when, None, None, "", {}, to_us(now))
+        when = now if at is None else _parse_time(at, where.time_pointer)
+        return Parsed(_event(charges, when, "check", None, where, to_us(now)), "", shape)
     except Invalid as exc:
         raise ApiProblem(
             "invalid-input", f"{exc.pointer}: {exc.message}", [(exc.pointer, exc.message)]
         ) from None
-    return charges, when
