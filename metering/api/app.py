@@ -20,7 +20,7 @@ from pydantic import BaseModel
 
 from metering.api import decisions, events
 from metering.api.bounds import BodyLimit
-from metering.api.context import ApiContext, IsQueued, never_queued
+from metering.api.context import ApiContext, IsQueued, broker_lookup
 from metering.api.models import REQUEST_MODELS
 from metering.api.problems import Problem, install_problem_handlers
 from metering.api.queueing import ApiProducer
@@ -52,7 +52,7 @@ def create_api(
     shutdown; those the API makes itself (on ``settings.database_url`` and
     ``settings.broker_url``) are opened at startup and closed at shutdown.
     ``is_queued`` answers whether an undecided event id is on the queue
-    (``pending``); without it such an id is 404.
+    (``pending``); by default the broker is asked.
     """
     settings = settings or Settings.from_env()
 
@@ -60,9 +60,8 @@ def create_api(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         own_meter = meter or Meter(settings.database_url)
         own_producer = producer or ApiProducer(settings.broker_url, queues=settings.queues)
-        app.state.metering = ApiContext(
-            settings, own_meter, own_producer, is_queued or never_queued
-        )
+        lookup = is_queued or broker_lookup(settings.broker_url)
+        app.state.metering = ApiContext(settings, own_meter, own_producer, lookup)
         try:
             yield
         finally:

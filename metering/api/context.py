@@ -8,22 +8,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from starlette.requests import Request
 
 from metering.meter import Meter
 from metering.producer import UsageProducer
 from metering.settings import Settings
+from metering.storage.queue_state import is_queued
 
 # Is this event id on the queue, not yet decided? (``GET /v1/events/{id}``)
 IsQueued = Callable[[str], bool]
 
 
-def never_queued(event_id: str) -> bool:
-    """The seam for the broker query: until the API is given one
-    (``create_api(is_queued=...)``), no event is known to be queued, so an
-    undecided id answers 404 rather than ``pending``."""
-    return False
+def broker_lookup(broker_url: str) -> IsQueued:
+    """Ask the broker at ``broker_url`` (`metering.storage.queue_state.is_queued`,
+    as ``metering result`` does): waiting or taken by a worker, not yet applied."""
+    return partial(is_queued, broker_url)
 
 
 @dataclass
@@ -31,7 +32,7 @@ class ApiContext:
     settings: Settings
     meter: Meter
     producer: UsageProducer
-    is_queued: IsQueued = never_queued
+    is_queued: IsQueued
 
 
 def api_context(request: Request) -> ApiContext:

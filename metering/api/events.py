@@ -127,8 +127,11 @@ async def get_event(
     """The stored result of an event; ``pending`` while it is queued; 404 when unknown."""
     validate_event_id(event_id)
     decision = await run_in_threadpool(context.meter.result, event_id)
-    if decision is not None:
-        return JSONResponse(result_json(decision))
-    if await run_in_threadpool(context.is_queued, event_id):
-        return JSONResponse({"status": "pending", "event_id": event_id})
-    raise ApiProblem("not-found", f"no event {event_id!r} has been decided or is queued")
+    if decision is None:
+        if await run_in_threadpool(context.is_queued, event_id):
+            return JSONResponse({"status": "pending", "event_id": event_id})
+        # Not queued: a worker may have applied it since the first look.
+        decision = await run_in_threadpool(context.meter.result, event_id)
+    if decision is None:
+        raise ApiProblem("not-found", f"no event {event_id!r} has been decided or is queued")
+    return JSONResponse(result_json(decision))

@@ -100,10 +100,14 @@ def test_check_and_usage(client: httpx.Client) -> None:
     assert client.get("/v1/subjects/nobody/usage").json() == {"subject": "nobody", "limits": []}
 
 
-def test_queued_events_are_accepted_and_an_unknown_id_is_404(client: httpx.Client) -> None:
+def test_queued_events_are_pending_and_an_unknown_id_is_404(client: httpx.Client) -> None:
     answer = client.post("/v1/events", json=[event("q-1"), event("q-2")])
     assert answer.status_code == 202
     assert answer.json() == {"accepted": ["q-1", "q-2"], "duplicates": []}
+    # No worker runs: both wait on the embedded broker.
+    pending = client.get("/v1/events/q-2")
+    assert pending.status_code == 200
+    assert pending.json() == {"status": "pending", "event_id": "q-2"}
     missing = client.get("/v1/events/never-sent")
     assert missing.status_code == 404
     assert missing.json()["type"] == "urn:metering:problem:not-found"

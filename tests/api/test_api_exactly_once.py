@@ -124,6 +124,21 @@ def test_a_batch_posted_3_times_and_by_8_clients_at_once_is_counted_once(
     assert len(again["duplicates"]) == EVENTS
 
 
+def test_a_queued_event_is_pending_until_a_worker_applies_it(
+    base: str, meter: Meter, request: pytest.FixtureRequest
+) -> None:
+    event = {"event_id": "late-1", "subject": "org-1", "limit": "api_calls", "cost": 4}
+    with httpx.Client(base_url=base, timeout=60) as client:
+        assert client.post("/v1/events", json=event).status_code == 202
+        assert client.get("/v1/events/late-1").json() == {"status": "pending", "event_id": "late-1"}
+        request.getfixturevalue("api_worker")
+        deadline = time.monotonic() + WAIT_SECONDS
+        while (answer := client.get("/v1/events/late-1").json())["status"] == "pending":
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    assert (answer["outcome"], answer["used"]) == ("allowed", 4)
+
+
 def test_wait_decision_from_8_clients_at_once_is_counted_once(base: str, meter: Meter) -> None:
     answers = post_concurrently(base, {"wait": "decision"})
     assert [a.status_code for a in answers] == [200] * CLIENTS
