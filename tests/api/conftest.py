@@ -39,9 +39,8 @@ def wait_started(server: uvicorn.Server, thread: threading.Thread, timeout: floa
         time.sleep(0.01)
 
 
-@pytest.fixture
-def serve_api() -> Iterator[Serve]:
-    """``serve_api(app)`` → the base URL of uvicorn serving ``app``; stopped after the test."""
+@contextlib.contextmanager
+def _serving() -> Iterator[Serve]:
     running: list[tuple[uvicorn.Server, threading.Thread, socket.socket]] = []
 
     def serve(app: Any) -> str:
@@ -56,11 +55,27 @@ def serve_api() -> Iterator[Serve]:
         wait_started(server, thread)
         return f"http://127.0.0.1:{port}"
 
-    yield serve
-    for server, thread, sock in running:
-        server.should_exit = True
-        thread.join(15)
-        sock.close()
+    try:
+        yield serve
+    finally:
+        for server, thread, sock in running:
+            server.should_exit = True
+            thread.join(15)
+            sock.close()
+
+
+@pytest.fixture
+def serve_api() -> Iterator[Serve]:
+    """``serve_api(app)`` → the base URL of uvicorn serving ``app``; stopped after the test."""
+    with _serving() as serve:
+        yield serve
+
+
+@pytest.fixture(scope="module")
+def serve_api_module() -> Iterator[Serve]:
+    """`serve_api` for a server that all the tests of a module share."""
+    with _serving() as serve:
+        yield serve
 
 
 @pytest.fixture

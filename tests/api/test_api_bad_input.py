@@ -137,27 +137,34 @@ CASES: list[tuple[str, str | None, bytes, int, str, str | None]] = [
 ]  # fmt: skip
 
 
-@pytest.fixture
-def meter(tmp_path: Path) -> Iterator[Meter]:
-    with Meter(f"sqlite:///{tmp_path}/metering.db", clock=FrozenClock(NOW)) as m:
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("bad-input")
+
+
+@pytest.fixture(scope="module")
+def meter(workdir: Path) -> Iterator[Meter]:
+    with Meter(f"sqlite:///{workdir}/metering.db", clock=FrozenClock(NOW)) as m:
         m.set_limit(Limit("api_calls", maximum=5, period="1h"))
         yield m
 
 
-@pytest.fixture
-def broker_file(tmp_path: Path) -> Path:
-    return tmp_path / "metering-broker.db"
+@pytest.fixture(scope="module")
+def broker_file(workdir: Path) -> Path:
+    return workdir / "metering-broker.db"
 
 
-@pytest.fixture
-def client(serve_api: Serve, meter: Meter, broker_file: Path) -> Iterator[httpx.Client]:
+@pytest.fixture(scope="module")
+def client(serve_api_module: Serve, meter: Meter, broker_file: Path) -> Iterator[httpx.Client]:
+    """One server for the module: every test leaves nothing stored, so they share it."""
     settings = Settings(
         database_url=meter.url,
         broker_url=f"sqla+sqlite:///{broker_file}",
         api_max_body_bytes=MAX_BYTES,
         api_max_events=MAX_EVENTS,
     )
-    with httpx.Client(base_url=serve_api(create_api(settings, meter=meter)), timeout=30) as http:
+    base = serve_api_module(create_api(settings, meter=meter))
+    with httpx.Client(base_url=base, timeout=30) as http:
         yield http
 
 
@@ -292,6 +299,8 @@ def test_other_errors_are_problems_too(
 def test_the_same_server_stores_a_good_request(
     client: httpx.Client, meter: Meter, broker_file: Path
 ) -> None:
-    answer = client.post("/v1/events", json=plain())
-    assert answer.status_code == 202
+    """Last in the module: the one test that stores something."""
+    assert client.post("/v1/events", params={"wait": "decision"}, json=plain()).status_code == 200
+    assert meter.count_results() == 1
+    assert client.post("/v1/events", json=plain(event_id="e-2")).status_code == 202
     assert queued_messages(broker_file) == 1
