@@ -20,7 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
+import sqlalchemy
+from sqlalchemy import Connection, Engine, event, inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlchemyError
 
@@ -31,6 +32,7 @@ from metering.errors import (
     SchemaOutdated,
     StorageError,
 )
+from metering.metrics import count_db_error, count_db_retry
 
 T = TypeVar("T")
 
@@ -70,7 +72,8 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         # that died while pooled fails its transaction, which is retried.
         kwargs.setdefault("pool_size", 5)
         kwargs.setdefault("max_overflow", 10)
-        return create_engine(url, **kwargs)
+        # Looked up when called: tracing wraps it (`metering.tracing`).
+        return sqlalchemy.create_engine(url, **kwargs)
     except (ArgumentError, NoSuchModuleError, ValueError) as exc:
         raise ConfigurationError(f"invalid database URL {url!r}: {exc}") from exc
 
@@ -94,7 +97,7 @@ def sqlite_synchronous() -> str:
 def _sqlite_engine(url: str, **kwargs: Any) -> Engine:
     kwargs.setdefault("connect_args", {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
     synchronous = sqlite_synchronous()
-    engine = create_engine(url, **kwargs)
+    engine = sqlalchemy.create_engine(url, **kwargs)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -115,6 +118,29 @@ def _sqlite_engine(url: str, **kwargs: Any) -> Engine:
 
 def is_sqlite(engine: Engine) -> bool:
     return engine.dialect.name == "sqlite"
+
+
+# `metering_db_retries_total{reason}`: why a transaction ran again.
+_RETRY_REASONS: Final = {
+    "40001": "serialization",
+    "40P01": "deadlock",
+    "55P03": "lock_timeout",
+    "23505": "key_taken",
+}
+
+
+def _retry_reason(exc: DBAPIError) -> str:
+    reason = _RETRY_REASONS.get(getattr(exc.orig, "sqlstate", None) or "")
+    if reason is not None:
+        return reason
+    if getattr(exc.orig, "sqlite_errorname", None) in _SQLITE_KEY_TAKEN:
+        return "key_taken"
+    return "connection" if exc.connection_invalidated else "busy"
+
+
+def _failed(error: StorageError) -> StorageError:
+    count_db_error(type(error).__name__)
+    return error
 
 
 def _is_retryable(exc: DBAPIError) -> bool:
@@ -169,12 +195,15 @@ def run_retry_aware(
                 return work(connection, attempt > 0)
         except RetryTransaction:
             if attempt == attempts - 1:
-                raise StorageError("transaction kept conflicting; gave up") from None
+                raise _failed(StorageError("transaction kept conflicting; gave up")) from None
+            reason = "requested"
         except DBAPIError as exc:
             if not _is_retryable(exc) or attempt == attempts - 1:
-                raise translate(exc) from exc
+                raise _failed(translate(exc)) from exc
+            reason = _retry_reason(exc)
         except SQLAlchemyError as exc:
-            raise translate(exc) from exc
+            raise _failed(translate(exc)) from exc
+        count_db_retry(reason)
         time.sleep(min(0.5, 0.005 * 2**attempt) * random.uniform(0.5, 1.5))
     raise AssertionError("unreachable")
 

@@ -24,13 +24,14 @@ import httpx
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import Connection, text
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 from metering import Limit, Meter, make_event
-from metering.errors import ConfigurationError, EventConflict
+from metering.errors import ConfigurationError, EventConflict, StorageError
 from metering.logs import JsonFormatter, configure_logging, log_format, uvicorn_log_config
 from metering.metrics import (
     MAX_LIMIT_LABELS,
@@ -47,6 +48,7 @@ from metering.metrics import (
     metrics_port,
 )
 from metering.pipeline import apply_batch, encode_batch, encode_event
+from metering.storage.engine import RetryTransaction, make_engine, run_transaction
 from metering.tracing import tracing_enabled
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -386,3 +388,37 @@ def test_settings_read_the_observability_variables() -> None:
     assert (settings.metrics_port, settings.log_format, settings.tracing) == (9108, "json", True)
     with pytest.raises(ConfigurationError, match="METERING_METRICS_PORT"):
         Settings.from_env({"METERING_METRICS_PORT": "nine"})
+
+
+def test_database_retries_and_failures_are_counted(sqlite_url: str) -> None:
+    engine = make_engine(sqlite_url)
+    runs: list[int] = []
+
+    def conflicting(connection: Connection) -> int:
+        runs.append(1)
+        if len(runs) < 3:
+            raise RetryTransaction("try again")
+        return len(runs)
+
+    def broken(connection: Connection) -> None:
+        connection.execute(text("SELECT * FROM no_such_table"))
+
+    def hopeless(connection: Connection) -> None:
+        raise RetryTransaction("never")
+
+    try:
+        before = scrape()
+        assert run_transaction(engine, conflicting) == 3
+        with pytest.raises(StorageError) as failed:
+            run_transaction(engine, broken)
+        with pytest.raises(StorageError, match="gave up"):
+            run_transaction(engine, hopeless, attempts=2)
+        after = scrape()
+    finally:
+        engine.dispose()
+    retries = "metering_db_retries_total"
+    assert delta(before, after, retries, reason="requested") == 2 + 1
+    errors = "metering_db_errors_total"
+    assert type(failed.value).__name__ == "DatabaseUnavailable"  # SQLite's OperationalError
+    assert delta(before, after, errors, error="DatabaseUnavailable") == 1
+    assert delta(before, after, errors, error="StorageError") == 1  # gave up
