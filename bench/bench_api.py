@@ -1,14 +1,13 @@
 """The HTTP API: ingestion over HTTP against the producer, and ``POST /v1/check``.
 
-    .venv/bin/python bench/bench_api.py [--requests 600] [--concurrency 8]
-                                        [--check-requests 4000] [--framework]
+    .venv/bin/python bench/bench_api.py [--seconds 10] [--concurrency 8] [--framework]
 
 Starts a durable PostgreSQL (fsync on) and a Redis (append-only), then:
 
 (a) ``metering serve`` (one process, Redis broker): ``POST /v1/events`` with
-    batches of 100 plain events, ``concurrency`` requests in flight from an
-    httpx async load generator in this process; events/s accepted (every
-    answer must be 202) and request latency p50/p99.
+    batches of 100 plain events (every id new), ``concurrency`` requests in
+    flight; events/s accepted (every answer must be 202) and request
+    latency p50/p99.
 (p) the peer, in the same run: the same number of events emitted by
     `UsageProducer` in this process to the same Redis (its own batching,
     flushed at the end); events/s. The ratio is (a) / (p).
@@ -19,8 +18,10 @@ Starts a durable PostgreSQL (fsync on) and a Redis (append-only), then:
     (FastAPI + pydantic, and Starlette + hand validation, both with the
     library's `make_event`, no broker) under the same load.
 
-One load generator on the same machine: on few cores it competes with the
-server, and a python client bounds the request rates of small requests.
+The load generator is ``wrk`` (one thread, a Lua script writing each body)
+when it is installed (Debian: ``apt-get install wrk``), else an httpx async
+client in this process, which bounds the rates of small requests. Either
+runs on the same machine and competes with the server for its cores.
 """
 
 from __future__ import annotations
@@ -29,12 +30,14 @@ import argparse
 import asyncio
 import json
 import os
+import re
+import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -144,6 +147,93 @@ def measure(
     return asyncio.run(load(base, path, bodies, concurrency, want, each))
 
 
+EVENTS_LUA = """
+counter = 0
+request = function()
+  counter = counter + 1
+  local parts = {}
+  for i = 0, 99 do
+    parts[#parts + 1] = string.format(
+      '{"event_id":"%s-%d-%d","subject":"org-%d","limit":"api_calls","cost":%d,'
+      .. '"occurred_at":"%s","metadata":{"route":"/v1/things"}}',
+      "TAG", counter, i, (counter * 100 + i) % SUBJECTS, 1 + i % 3, "NOW")
+  end
+  return wrk.format("POST", "/v1/events", {["Content-Type"] = "application/json"},
+                    "[" .. table.concat(parts, ",") .. "]")
+end
+"""
+
+CHECK_LUA = """
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.body = '{"subject": "org-1", "limit": "api_calls"}'
+"""
+
+
+def _ms(text: str) -> float:
+    found = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text)
+    if found is None:
+        raise SystemExit(f"wrk printed a latency this cannot read: {text!r}")
+    value, unit = found.groups()
+    return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60_000.0}[unit]
+
+
+def load_wrk(base: str, path: str, script: str, seconds: int, concurrency: int) -> Measured:
+    """Requests/s, p50 and p99 ms as wrk measures them; any non-2xx answer fails."""
+    lua = Path(tempfile.mkstemp(suffix=".lua")[1])
+    lua.write_text(script)
+    command = ["wrk", "-t", "1", "-c", str(concurrency), "-d", f"{seconds}s", "--latency"]
+    out = subprocess.run([*command, "-s", str(lua), f"{base}{path}"], capture_output=True,
+                         text=True, check=True)  # fmt: skip
+    lua.unlink()
+    if "Non-2xx" in out.stdout:
+        raise SystemExit(f"wrk saw failed requests:\n{out.stdout}")
+    rate = float(_grab(r"Requests/sec:\s+([\d.]+)", out.stdout))
+    return Measured(rate, _ms(_grab(r"50%\s+(\S+)", out.stdout)),
+                    _ms(_grab(r"99%\s+(\S+)", out.stdout)))  # fmt: skip
+
+
+def _grab(pattern: str, text: str) -> str:
+    found = re.search(pattern, text)
+    if found is None:
+        raise SystemExit(f"wrk printed no {pattern!r}:\n{text}")
+    return found.group(1)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Requests/s and request latency percentiles, ms."""
+
+    requests_per_second: float
+    p50_ms: float
+    p99_ms: float
+
+    @classmethod
+    def of(cls, figures: Figures, events_each: int) -> Measured:
+        return cls(
+            figures.rate / events_each, figures.percentile_ms(0.50), figures.percentile_ms(0.99)
+        )
+
+
+def ingest(base: str, args: argparse.Namespace, tag: str) -> Measured:
+    if shutil.which("wrk"):
+        script = EVENTS_LUA.replace("TAG", tag).replace("SUBJECTS", str(SUBJECTS))
+        script = script.replace("NOW", datetime.now(UTC).isoformat())
+        load_wrk(base, "/v1/events", script.replace(f'"{tag}"', f'"{tag}-warm"'), 2, 2)
+        return load_wrk(base, "/v1/events", script, args.seconds, args.concurrency)
+    bodies = event_bodies(args.requests, tag)
+    return Measured.of(measure(base, "/v1/events", bodies, args.concurrency, 202, BATCH), BATCH)
+
+
+def check(base: str, args: argparse.Namespace) -> Measured:
+    if shutil.which("wrk"):
+        load_wrk(base, "/v1/check", CHECK_LUA, 2, 2)
+        return load_wrk(base, "/v1/check", CHECK_LUA, args.seconds, args.concurrency)
+    body = json.dumps({"subject": "org-1", "limit": "api_calls"}).encode()
+    bodies = [body] * args.check_requests
+    return Measured.of(measure(base, "/v1/check", bodies, args.concurrency, 200, 1), 1)
+
+
 def producer_rate(redis_url: str, requests: int) -> float:
     """The peer: the same events through `UsageProducer` (batches of 500)."""
     events = [json.loads(body) for body in event_bodies(requests, "producer")]
@@ -164,47 +254,47 @@ def producer_rate(redis_url: str, requests: int) -> float:
     return requests * BATCH / seconds
 
 
-def row(name: str, figures: Figures, unit_rate: float, peer: float | None) -> list[str]:
-    ratio = f"{unit_rate / peer:.2f}" if peer else "1.00"
+def row(name: str, rate: float, measured: Measured | None, peer: float | None) -> list[str]:
     return [
         name,
-        f"{unit_rate:,.0f}",
-        f"{figures.percentile_ms(0.50):.1f}",
-        f"{figures.percentile_ms(0.99):.1f}",
-        ratio,
+        f"{rate:,.0f}",
+        f"{measured.p50_ms:.1f}" if measured else "",
+        f"{measured.p99_ms:.1f}" if measured else "",
+        f"{rate / peer:.2f}" if peer else "1.00",
     ]
 
 
 def bench_framework(args: argparse.Namespace) -> list[list[str]]:
     rows = []
-    bodies = event_bodies(args.requests, "framework")
     for name in ("fastapi", "starlette"):
         env = {**os.environ, "METERING_BENCH_FRAMEWORK": name}
         process, base = serve_uvicorn("api_framework_apps:app", env)
         try:
-            figures = measure(base, "/v1/events", bodies, args.concurrency, 202, BATCH)
+            measured = ingest(base, args, f"framework-{name}")
         finally:
             stop(process)
-        rows.append(row(f"{name}: POST /v1/events, 100 events", figures, figures.rate, None))
-        print(f"  {name}: {figures.rate:,.0f} events/s", flush=True)
+        rate = measured.requests_per_second * BATCH
+        rows.append(row(f"{name}: POST /v1/events, 100 events", rate, measured, None))
+        print(f"  {name}: {rate:,.0f} events/s", flush=True)
     return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=600, help="requests of 100 events")
+    parser.add_argument("--seconds", type=int, default=10, help="per case, with wrk")
     parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--check-requests", type=int, default=4000)
+    parser.add_argument("--requests", type=int, default=600, help="without wrk: of 100 events")
+    parser.add_argument("--check-requests", type=int, default=4000, help="without wrk")
     parser.add_argument("--framework", action="store_true", help="FastAPI against Starlette")
     args = parser.parse_args()
+    client = "wrk" if shutil.which("wrk") else "httpx"
     if args.framework:
         print_table(
-            "Minimal POST /v1/events, batches of 100, one uvicorn process",
+            f"Minimal POST /v1/events, batches of 100, one uvicorn process ({client})",
             ["app", "events/s", "p50 ms", "p99 ms", "ratio"],
             bench_framework(args),
         )
         return
-    rows: list[list[str]] = []
     workdir = Path(tempfile.mkdtemp(prefix="metering-bench-api-"))
     with durable_postgres() as server, RedisServer(make_base_dir(workdir, "redis-")) as redis:
         redis.start()
@@ -215,40 +305,39 @@ def main() -> None:
             meter.set_limit(Limit("api_calls", maximum=10**12, period="1h"))
         env = {k: v for k, v in os.environ.items() if not k.startswith("METERING_")}
         env.update(METERING_DATABASE_URL=url, METERING_BROKER_URL=redis.url())
-
-        peer = producer_rate(redis.url(), args.requests)
-        print(f"  (p) producer: {peer:,.0f} events/s", flush=True)
         process, base = serve_metering(env)
         try:
-            bodies = event_bodies(args.requests, "http")
-            ingest = measure(base, "/v1/events", bodies, args.concurrency, 202, BATCH)
-            print(f"  (a) HTTP: {ingest.rate:,.0f} events/s", flush=True)
-            check_body = json.dumps({"subject": "org-1", "limit": "api_calls"}).encode()
-            checks = [check_body] * args.check_requests
-            check = measure(base, "/v1/check", checks, args.concurrency, 200, 1)
-            print(f"  (c) check: {check.rate:,.0f} requests/s", flush=True)
+            ingested = ingest(base, args, "http")
+            events_per_second = ingested.requests_per_second * BATCH
+            print(f"  (a) HTTP: {events_per_second:,.0f} events/s", flush=True)
+            checked = check(base, args)
+            print(f"  (c) check: {checked.requests_per_second:,.0f} requests/s", flush=True)
         finally:
             stop(process)
+        # The peer's events: as many as HTTP accepted, at least 20,000.
+        peer_requests = max(int(events_per_second * args.seconds) // BATCH, 200)
+        peer = producer_rate(redis.url(), peer_requests)
+        print(f"  (p) producer: {peer:,.0f} events/s", flush=True)
         bare_env = {**env, "METERING_BENCH_FRAMEWORK": "bare"}
         process, bare_base = serve_uvicorn("api_framework_apps:app", bare_env)
         try:
-            bare = measure(bare_base, "/v1/check", checks, args.concurrency, 200, 1)
-            print(f"  (b) bare: {bare.rate:,.0f} requests/s", flush=True)
+            bare = check(bare_base, args)
+            print(f"  (b) bare: {bare.requests_per_second:,.0f} requests/s", flush=True)
         finally:
             stop(process)
-    rows.append(row("(p) peer: UsageProducer.emit, same events", ingest, peer, None))
-    rows[-1][2:4] = ["", ""]
-    rows.append(row("(a) POST /v1/events, 100 per request (202)", ingest, ingest.rate, peer))
-    rows.append(row("(b) bare app: POST /v1/check, a constant", bare, bare.rate, None))
-    rows.append(row("(c) POST /v1/check", check, check.rate, bare.rate))
+    rows = [
+        row("(p) peer: UsageProducer.emit, the same events", peer, None, None),
+        row("(a) POST /v1/events, 100 per request (202)", events_per_second, ingested, peer),
+        row("(b) bare app: POST /v1/check, a constant", bare.requests_per_second, bare, None),
+        row("(c) POST /v1/check", checked.requests_per_second, checked,
+            bare.requests_per_second),
+    ]  # fmt: skip
     print_table(
-        f"HTTP API, one `metering serve` process, {args.concurrency} requests in flight",
+        f"HTTP API, one `metering serve` process, {args.concurrency} requests in flight ({client})",
         ["case", "events or requests/s", "p50 ms", "p99 ms", "ratio"],
         rows,
     )
 
-
-Timer = Callable[[], float]
 
 if __name__ == "__main__":
     main()

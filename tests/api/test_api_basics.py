@@ -11,6 +11,7 @@ import pytest
 
 from metering import FrozenClock, Limit, Meter
 from metering.api import create_api
+from metering.api.queueing import ApiProducer
 from metering.settings import Settings
 
 Serve = Callable[[Any], str]  # the serve_api fixture
@@ -111,3 +112,24 @@ def test_queued_events_are_pending_and_an_unknown_id_is_404(client: httpx.Client
     missing = client.get("/v1/events/never-sent")
     assert missing.status_code == 404
     assert missing.json()["type"] == "urn:metering:problem:not-found"
+
+
+def test_a_broker_that_does_not_answer_is_503_naming_the_kept_events(
+    serve_api: Serve, meter: Meter, embedded: dict[str, str]
+) -> None:
+    nowhere = "redis://127.0.0.1:1/0"  # nothing listens on port 1
+    producer = ApiProducer(nowhere, retry_attempts=1, flush_interval_seconds=3600)
+    try:
+        base = serve_api(create_api(Settings(meter.url, nowhere), meter=meter, producer=producer))
+        with httpx.Client(base_url=base, timeout=60) as http:
+            answer = http.post("/v1/events", json=[event("k-1"), event("k-2")])
+        assert answer.status_code == 503
+        assert answer.headers["content-type"] == "application/problem+json"
+        problem = answer.json()
+        assert problem["type"] == "urn:metering:problem:broker-unavailable"
+        assert problem["event_ids"] == ["k-1", "k-2"]
+        assert problem["kept"] == ["k-1", "k-2"]  # held, and sent once the broker is back
+        assert producer.kept == ["k-1", "k-2"]
+    finally:
+        producer.discard()
+        producer.close()
