@@ -4,7 +4,8 @@ One JSON object per line, with ``time`` (UTC, ISO 8601), ``level``,
 ``logger`` and ``message``; then ``exception`` (the formatted traceback)
 when there is one, and every extra field the call passed
 (``log.info("...", extra={"batch": 3})``), made JSON-safe with `repr` when
-it is not. The default, ``text``, leaves logging as it is.
+it is not, and cut after `MAX_FIELD_CHARS` characters. The default,
+``text``, leaves logging as it is.
 
 `configure_logging` sets up the root logger of a process (the workers call
 it from Celery's logging signals, `workers.observability`);
@@ -23,6 +24,8 @@ from typing import Any, Final
 from metering.errors import ConfigurationError
 
 LOG_FORMATS: Final = ("text", "json")
+# An extra field's text past this is cut (the message never is).
+MAX_FIELD_CHARS: Final = 2000
 # The attributes every LogRecord has: anything else came in ``extra``.
 _STANDARD: Final = frozenset(
     vars(logging.LogRecord("", 0, "", 0, "", None, None)).keys()
@@ -39,13 +42,15 @@ def log_format(env: Mapping[str, str]) -> str:
 
 
 def _safe(value: Any) -> Any:
-    if value is None or isinstance(value, bool | int | float | str):
+    if value is None or isinstance(value, bool | int | float):
         return value
+    if isinstance(value, str):
+        return value if len(value) <= MAX_FIELD_CHARS else value[:MAX_FIELD_CHARS] + "…"
     if isinstance(value, list | tuple):
         return [_safe(item) for item in value]
     if isinstance(value, Mapping):
         return {str(key): _safe(item) for key, item in value.items()}
-    return repr(value)
+    return _safe(repr(value))
 
 
 class JsonFormatter(logging.Formatter):

@@ -30,6 +30,7 @@ from metering.routing import (
 )
 from metering.settings import Settings
 from workers.heartbeat import WorkerHeartbeat
+from workers.observability import MetricsServer
 from workers.settings import settings_of as settings_of
 from workers.webhooks import WebhookDelivery
 
@@ -148,6 +149,9 @@ def create_app(url: str | None = None, settings: Settings | None = None) -> Cele
     app.steps["worker"].add(WebhookDelivery)
     # And writes its heartbeat, which `metering status` reads.
     app.steps["worker"].add(WorkerHeartbeat)
+    # And serves /metrics on METERING_METRICS_PORT, summed over its pool
+    # (workers.observability, which also sets up JSON logs and tracing).
+    app.steps["worker"].add(MetricsServer)
     if is_embedded_broker(url):
         app.conf.beat_schedule["sweep-embedded-broker"] = {
             "task": SWEEP_EMBEDDED_BROKER_TASK,

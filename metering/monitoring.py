@@ -1,0 +1,78 @@
+"""The lag gauges of ``/metrics``, read when Prometheus scrapes.
+
+`lag_collector` gives a `metering.metrics.LagCollector` reading, at each
+scrape, what ``metering status`` reads (`metering.storage.queue_state`,
+`metering.storage.health`):
+
+* per queue, the messages waiting and the ones taken but not acknowledged;
+* the age of the oldest queued message with an event that has no result
+  yet (by the producer's send time; 0 when there is none);
+* the webhook backlog: pending deliveries to enabled endpoints due now, in
+  all, and how long the most overdue one has waited.
+
+Each scrape opens its own connections and closes them, so a pool process
+forked meanwhile shares none, and a broker or database that is away costs
+one ``metering_lag_up{source} 0`` for that scrape, after at most
+`SCRAPE_TIMEOUT_SECONDS` to connect.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from metering.clock import Clock, system_clock
+from metering.domain.instants import to_us
+from metering.metrics import LagCollector, QueueLag, WebhookBacklog
+from metering.routing import worker_queues
+from metering.storage.health import DatabaseProbe
+from metering.storage.queue_state import oldest_undecided, open_queues
+from metering.storage.webhooks import WebhookStore
+
+SCRAPE_TIMEOUT_SECONDS: Final = 3.0
+
+
+def read_queue_lag(
+    database_url: str, broker_url: str, queues: int = 1, clock: Clock = system_clock
+) -> QueueLag:
+    """Depths of the metering queues (the ones of ``queues`` and any other the
+    broker holds), and the oldest undecided message's age."""
+    broker = open_queues(broker_url, timeout_seconds=SCRAPE_TIMEOUT_SECONDS)
+    probe: DatabaseProbe | None = None
+    try:
+        names = sorted(set(worker_queues(queues)) | set(broker.present_queues()))
+        depths = broker.depths(names)
+        probe = DatabaseProbe(database_url, connect_timeout_seconds=SCRAPE_TIMEOUT_SECONDS)
+        oldest = oldest_undecided(broker, names, probe.decided).message
+    finally:
+        broker.close()
+        if probe is not None:
+            probe.close()
+    age = None
+    if oldest is not None and oldest.sent_at_us is not None:
+        age = max(0.0, (to_us(clock()) - oldest.sent_at_us) / 1e6)
+    return QueueLag(tuple((d.queue, d.waiting, d.unacked) for d in depths), age)
+
+
+def read_webhook_backlog(database_url: str, clock: Clock = system_clock) -> WebhookBacklog:
+    """Pending deliveries to enabled endpoints (none while there is no database yet)."""
+    probe = DatabaseProbe(database_url, connect_timeout_seconds=SCRAPE_TIMEOUT_SECONDS)
+    try:
+        if probe.engine is None:
+            return WebhookBacklog(0, 0, 0.0)
+        now_us = to_us(clock())
+        with probe.engine.connect() as connection:
+            due, pending, earliest = WebhookStore(connection).backlog(now_us)
+    finally:
+        probe.close()
+    overdue = 0.0 if earliest is None or due == 0 else max(0.0, (now_us - earliest) / 1e6)
+    return WebhookBacklog(due, pending, overdue)
+
+
+def lag_collector(
+    database_url: str, broker_url: str, queues: int = 1, clock: Clock = system_clock
+) -> LagCollector:
+    """A collector of the lag gauges for `metering.metrics.add_collector`."""
+    return LagCollector(
+        queues=lambda: read_queue_lag(database_url, broker_url, queues, clock),
+        webhooks=lambda: read_webhook_backlog(database_url, clock),
+    )
