@@ -1,0 +1,217 @@
+"""The bounds on plain numbers (`domain/bounds.py`) and on instants (`domain/instants.py`).
+
+Each check is at the public edge: what passes must be safe to bind in SQL
+or to turn into a datetime, and what fails names its argument in one line.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone, tzinfo
+
+import pytest
+
+from metering.domain.bounds import (
+    MAX_DURATION_SECONDS,
+    MAX_LISTING,
+    MAX_ROW_ID,
+    shown,
+    validate_count,
+    validate_row_id,
+    validate_seconds,
+)
+from metering.domain.instants import MAX_US, MIN_US, as_utc, from_us, to_us
+from metering.errors import InvalidInput, OccurredAtOutOfRange
+
+# --------------------------------------------------------------------------- shown
+
+
+def test_shown_is_the_repr_of_short_values() -> None:
+    assert shown("abc") == "'abc'"
+    assert shown(None) == "None"
+    assert shown(10**18 - 1) == "999999999999999999"
+    assert shown(-(10**18) + 1) == "-999999999999999999"
+
+
+def test_shown_describes_an_integer_from_10_to_the_18_by_its_size() -> None:
+    assert shown(10**18) == "a 60-bit integer"
+    assert shown(-(10**18)) == "a 60-bit integer"
+    assert shown(10**5000) == "a 16610-bit integer"
+
+
+def test_shown_prints_booleans_as_booleans() -> None:
+    assert shown(True) == "True"
+
+
+def test_shown_cuts_text_longer_than_60_characters_with_an_ellipsis() -> None:
+    exactly = "x" * 58  # 60 characters with its quotes
+    assert shown(exactly) == repr(exactly)
+    longer = "x" * 59
+    assert shown(longer) == "'" + "x" * 58 + "…"
+    assert len(shown(longer)) == 60
+
+
+# --------------------------------------------------------------------------- counts, ids
+
+
+@pytest.mark.parametrize("value", [1, 2, MAX_LISTING])
+def test_a_count_is_a_whole_number_from_one_to_the_maximum(value: int) -> None:
+    assert validate_count("count", value) == value
+
+
+def test_a_count_may_have_its_own_maximum() -> None:
+    assert validate_count("count", 7, maximum=7) == 7
+    with pytest.raises(InvalidInput, match=r"^count: must be between 1 and 7, got 8$"):
+        validate_count("count", 8, maximum=7)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (0, "must be between 1 and 1,000,000, got 0"),
+        (-1, "must be between 1 and 1,000,000, got -1"),
+        (MAX_LISTING + 1, "must be between 1 and 1,000,000, got 1000001"),
+        (True, "must be a whole number, got True"),
+        (1.0, "must be a whole number, got 1.0"),
+        ("5", "must be a whole number, got '5'"),
+    ],
+)
+def test_a_count_outside_the_bounds_names_its_argument(value: object, message: str) -> None:
+    with pytest.raises(InvalidInput) as raised:
+        validate_count("last", value)
+    assert (raised.value.field, raised.value.message) == ("last", message)
+
+
+@pytest.mark.parametrize("value", [1, 2, MAX_ROW_ID])
+def test_a_row_id_fits_in_a_signed_64_bit_integer(value: int) -> None:
+    assert validate_row_id("id", value) == value
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (0, f"must be between 1 and {MAX_ROW_ID}, got 0"),
+        (MAX_ROW_ID + 1, f"must be between 1 and {MAX_ROW_ID}, got a 64-bit integer"),
+        (10**30, f"must be between 1 and {MAX_ROW_ID}, got a 100-bit integer"),
+        (False, "must be a whole number, got False"),
+        (2.5, "must be a whole number, got 2.5"),
+    ],
+)
+def test_a_row_id_outside_the_bounds_names_its_argument(value: object, message: str) -> None:
+    with pytest.raises(InvalidInput) as raised:
+        validate_row_id("message_id", value)
+    assert (raised.value.field, raised.value.message) == ("message_id", message)
+
+
+# --------------------------------------------------------------------------- seconds
+
+
+@pytest.mark.parametrize("value", [0, 0.0, 0.5, 30, MAX_DURATION_SECONDS])
+def test_seconds_are_finite_from_zero_to_a_century(value: float) -> None:
+    result = validate_seconds("grace", value)
+    assert result == value and type(result) is float
+
+
+def test_seconds_may_have_their_own_maximum() -> None:
+    assert validate_seconds("ttl", 60, maximum=60) == 60.0
+    with pytest.raises(InvalidInput, match=r"^ttl: must be from 0 to 60 seconds, got 61$"):
+        validate_seconds("ttl", 61, maximum=60)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (-1, "must be from 0 to 3,162,240,000 seconds, got -1"),
+        (-0.001, "must be from 0 to 3,162,240,000 seconds, got -0.001"),
+        (MAX_DURATION_SECONDS + 1, "must be from 0 to 3,162,240,000 seconds, got 3162240001"),
+        (float("nan"), "must be from 0 to 3,162,240,000 seconds, got nan"),
+        (float("inf"), "must be from 0 to 3,162,240,000 seconds, got inf"),
+        (True, "must be a number of seconds, got True"),
+        ("30", "must be a number of seconds, got '30'"),
+        (None, "must be a number of seconds, got None"),
+    ],
+)
+def test_seconds_outside_the_bounds_name_their_argument(value: object, message: str) -> None:
+    with pytest.raises(InvalidInput) as raised:
+        validate_seconds("grace", value)
+    assert (raised.value.field, raised.value.message) == ("grace", message)
+
+
+# --------------------------------------------------------------------------- instants
+
+
+class NoOffset(tzinfo):
+    """A tzinfo that does not know its offset: the datetime is naive after all."""
+
+    def utcoffset(self, dt: datetime | None) -> timedelta | None:
+        return None
+
+    def dst(self, dt: datetime | None) -> timedelta | None:
+        return None
+
+    def tzname(self, dt: datetime | None) -> str | None:
+        return None
+
+
+def test_to_us_counts_microseconds_from_the_epoch() -> None:
+    assert to_us(datetime(1970, 1, 1, tzinfo=UTC)) == 0
+    assert to_us(datetime(1970, 1, 1, 0, 0, 1, 5, tzinfo=UTC)) == 1_000_005
+    plus_two = timezone(timedelta(hours=2))
+    assert to_us(datetime(1970, 1, 1, 2, tzinfo=plus_two)) == 0
+
+
+def test_to_us_accepts_the_first_and_last_microsecond_utc_can_hold() -> None:
+    first = datetime.min.replace(tzinfo=UTC)
+    last = datetime.max.replace(tzinfo=UTC)
+    assert to_us(first) == MIN_US and from_us(MIN_US) == first
+    assert to_us(last) == MAX_US and from_us(MAX_US) == last
+
+
+@pytest.mark.parametrize(
+    "moment",
+    [
+        datetime.min.replace(tzinfo=timezone(timedelta(minutes=1))),
+        datetime.max.replace(tzinfo=timezone(timedelta(minutes=-1))),
+    ],
+)
+def test_an_instant_utc_cannot_hold_is_out_of_range(moment: datetime) -> None:
+    with pytest.raises(OccurredAtOutOfRange) as raised:
+        to_us(moment)
+    assert raised.value.occurred_at is moment
+    assert raised.value.field == "occurred_at"
+    assert raised.value.message == f"{moment.isoformat()} is outside years 1 to 9999 in UTC"
+
+
+def test_an_out_of_range_instant_of_another_field_is_invalid_input_naming_it() -> None:
+    moment = datetime.min.replace(tzinfo=timezone(timedelta(hours=1)))
+    with pytest.raises(InvalidInput) as raised:
+        to_us(moment, field_name="at")
+    assert type(raised.value) is InvalidInput
+    assert str(raised.value) == "at: 0001-01-01T00:00:00+01:00 is outside years 1 to 9999 in UTC"
+
+
+@pytest.mark.parametrize("moment", [datetime(2026, 1, 1), datetime(2026, 1, 1, tzinfo=NoOffset())])
+def test_to_us_refuses_a_datetime_without_an_offset(moment: datetime) -> None:
+    with pytest.raises(InvalidInput) as raised:
+        to_us(moment, field_name="since")
+    assert str(raised.value) == "since: must be timezone-aware (UTC), got a naive datetime"
+
+
+def test_to_us_refuses_what_is_not_a_datetime() -> None:
+    with pytest.raises(InvalidInput) as raised:
+        to_us("2026-01-01", field_name="until")  # type: ignore[arg-type]
+    assert str(raised.value) == "until: expected a datetime, got str"
+
+
+def test_as_utc_takes_a_naive_datetime_as_utc_and_converts_an_aware_one() -> None:
+    assert as_utc(datetime(2026, 1, 1, 12), field_name="at") == datetime(2026, 1, 1, 12, tzinfo=UTC)
+    paris = datetime(2026, 1, 1, 13, tzinfo=timezone(timedelta(hours=1)))
+    converted = as_utc(paris, field_name="at")
+    assert converted == paris and converted.tzinfo is UTC and converted.hour == 12
+
+
+def test_as_utc_refuses_an_instant_utc_cannot_hold() -> None:
+    moment = datetime.min.replace(tzinfo=timezone(timedelta(hours=1)))
+    with pytest.raises(InvalidInput) as raised:
+        as_utc(moment, field_name="since")
+    assert str(raised.value) == "since: 0001-01-01T00:00:00+01:00 is outside years 1 to 9999 in UTC"
+    assert raised.value.__suppress_context__

@@ -1,0 +1,272 @@
+"""The hot path's rules (`metering.domain.rules`) equal `decide_event`, in memory.
+
+`rules.decide` restates `decide_event` over counters held as lists, for
+speed. ``tests/storage/test_fast_path.py`` compares the two through the
+databases; this file compares them directly, with no database, so that
+mutation testing (``make mutants``) can judge the hot path on the unit
+tests alone. The streams are pseudo-random but fixed (seeded), so a
+failure names its seed and step and never comes and goes.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+
+import pytest
+
+from metering.domain.decisions import ChargeInput, decide_event
+from metering.domain.instants import to_us
+from metering.domain.limits import Limit, Period
+from metering.domain.notifications import Notice, notices_for
+from metering.domain.rules import (
+    BUCKET_WINDOW,
+    Rule,
+    State,
+    decide,
+    fresh_state,
+    state_of,
+)
+from metering.domain.state import NO_WINDOW, CounterKey, CounterState
+from metering.domain.windows import Window, calendar_window, first_use_window
+
+SECOND = 1_000_000
+START_US = to_us(datetime(2026, 11, 30, 23, 0, tzinfo=UTC))  # a month's end is near
+LIMITS = [
+    Limit("cal", maximum=5, period="1h", window="calendar", thresholds=(50, 100)),
+    Limit("fu", maximum=4, period="30m"),
+    Limit("soft", maximum=3, period="1mo", window="calendar", enforcement="soft", thresholds=(80,)),
+    Limit("plain_soft", maximum=2, period="10m", enforcement="soft"),
+    Limit("bucket", maximum=3, period="60s", algorithm="token_bucket", thresholds=(100,)),
+    Limit("quiet_bucket", maximum=2, period="7s", algorithm="token_bucket"),
+    Limit("quiet", maximum=3, period="90s"),
+]
+SUBJECTS = ["org-1", "org-2", "user-é"]
+STEPS_US = [0, 0, 1, SECOND, 3 * SECOND, 20 * SECOND, 61 * SECOND, 900 * SECOND, 3600 * SECOND]
+
+
+@dataclass
+class Engines:
+    """The general engine and the hot one (with and without notices), side by side."""
+
+    limits: dict[str, Limit] = field(default_factory=lambda: {lim.name: lim for lim in LIMITS})
+    general: dict[CounterKey, CounterState] = field(default_factory=dict)
+    hot: dict[tuple[str, str, int], State] = field(default_factory=dict)
+    quiet: dict[tuple[str, str, int], State] = field(default_factory=dict)
+    first_use: dict[tuple[str, str], Window] = field(default_factory=dict)
+    seen: set[str] = field(default_factory=set)  # what the stream exercised
+
+    def window(self, limit: Limit, subject: str, at_us: int) -> Window:
+        if limit.algorithm == "token_bucket":
+            return BUCKET_WINDOW
+        if limit.window == "calendar":
+            return calendar_window(limit.parsed_period, at_us)
+        current = self.first_use.get((limit.name, subject))
+        window = first_use_window(limit.parsed_period, at_us, current, None)
+        self.first_use[(limit.name, subject)] = window
+        return window
+
+    def apply(self, charges: list[tuple[str, str, int]], at_us: int, event_id: str) -> None:
+        limits = [self.limits[name] for _, name, _ in charges]
+        windows = [
+            self.window(lim, subject, at_us)
+            for lim, (subject, _, _) in zip(limits, charges, strict=True)
+        ]
+        keys = [
+            CounterKey(name, subject, *window)
+            for (subject, name, _), window in zip(charges, windows, strict=True)
+        ]
+
+        # The general engine, as `metering.ledger` runs it.
+        inputs = [
+            ChargeInput(lim, key, self.general.get(key, CounterState()), cost)
+            for lim, key, (_, _, cost) in zip(limits, keys, charges, strict=True)
+        ]
+        verdict = decide_event(inputs, at_us)
+        expected_notices: list[Notice] = []
+        for lim, key, charge_input, new_state, charge in zip(
+            limits, keys, inputs, verdict.new_states, verdict.charges, strict=True
+        ):
+            expected_notices += notices_for(
+                lim, key, charge_input.state, new_state, charge, event_id
+            )
+            self.general[key] = new_state
+
+        # The hot path, as `metering.applying` runs it: once wanting notices, once not.
+        rules = [Rule.of(lim) for lim in limits]
+        notices: list[Notice] = []
+        outcomes = []
+        for held, wanted in ((self.hot, notices), (self.quiet, None)):
+            states = [
+                held.setdefault((key.limit, key.subject, key.window_start_us), fresh_state())
+                for key in keys
+            ]
+            outcomes.append(decide(rules, charges, windows, states, at_us, event_id, wanted))
+
+        for outcome in outcomes:
+            assert all(_exact(row) for row in outcome.rows)
+            assert outcome.outcome == verdict.outcome
+            assert outcome.denied_by == verdict.denied_by
+            assert outcome.rows == [c.to_row() for c in verdict.charges]
+        assert notices == expected_notices
+        self.seen |= {verdict.outcome, *(f"mark {n.mark}" for n in notices)}
+        if len(verdict.denied_by) > 1:
+            self.seen.add("denied by 2")
+        if any(not c.allowed and c.retry_at_us is None for c in verdict.charges):
+            self.seen.add("retry never")
+        for key in keys:
+            hot_key = (key.limit, key.subject, key.window_start_us)
+            assert _exact(self.hot[hot_key]) and _exact(self.quiet[hot_key])
+            assert state_of(self.hot[hot_key]) == self.general[key]
+            assert state_of(self.quiet[hot_key]) == self.general[key]
+
+
+def _exact(values: list[object]) -> bool:
+    """No figure is a float: instants beyond 2**53 µs-times-capacity must stay exact."""
+    return not any(isinstance(v, float) for v in values)
+
+
+def _stream(seed: int, events: int) -> Engines:
+    rng = random.Random(seed)
+    engines = Engines()
+    now_us = START_US
+    for step in range(events):
+        now_us += rng.choice(STEPS_US)
+        if rng.random() < 0.08:  # a limit redefined: another maximum, same name
+            name = rng.choice(list(engines.limits))
+            engines.limits[name] = replace(engines.limits[name], maximum=rng.randint(1, 6))
+            engines.seen.add("redefined")
+        at_us = now_us - rng.choice([0, 0, 0, 1, 30 * SECOND])  # some events come late
+        pairs = rng.sample([(s, lim.name) for s in SUBJECTS for lim in LIMITS], rng.randint(1, 3))
+        charges = [(subject, name, rng.choice([1, 1, 1, 2, 3, 7])) for subject, name in pairs]
+        try:
+            engines.apply(charges, at_us, f"ev-{step}")
+        except AssertionError as failure:
+            raise AssertionError(f"seed {seed}, step {step}: {charges} at {at_us}") from failure
+    return engines
+
+
+SEEDS = range(6)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_hot_path_decides_like_decide_event(seed: int) -> None:
+    _stream(seed, events=150)
+
+
+def test_the_streams_reach_every_outcome_and_notice() -> None:
+    """The comparison above is worth something: every case occurs in the streams."""
+    seen: set[str] = set()
+    for seed in SEEDS:
+        seen |= _stream(seed, events=150).seen
+    assert seen >= {
+        "allowed",
+        "denied",
+        "overage",
+        "denied by 2",
+        "mark denied",
+        "mark threshold:50",
+        "mark threshold:100",
+        "mark threshold:80",
+        "mark exceeded",
+        "retry never",
+        "redefined",
+    }
+
+
+# --------------------------------------------------------------------------- examples
+
+
+def test_rule_of_unpacks_what_the_arithmetic_reads() -> None:
+    bucket = Limit("api", maximum=4, period="2m", algorithm="token_bucket", lateness="1h")
+    assert Rule.of(bucket) == Rule(
+        limit=bucket,
+        name="api",
+        maximum=4,
+        bucket=True,
+        soft=False,
+        calendar=False,
+        period=Period(seconds=120),
+        token_us=120 * SECOND,
+        lateness_us=3600 * SECOND,
+        notifies=False,
+    )
+    soft = Limit("seats", maximum=9, period="1mo", window="calendar", enforcement="soft")
+    assert Rule.of(soft) == Rule(
+        limit=soft,
+        name="seats",
+        maximum=9,
+        bucket=False,
+        soft=True,
+        calendar=True,
+        period=Period(months=1),
+        token_us=0,
+        lateness_us=86_400 * SECOND,
+        notifies=True,
+    )
+    warned = Limit("calls", maximum=9, period="1d", thresholds=(90,))
+    assert (Rule.of(warned).notifies, Rule.of(warned).soft, Rule.of(warned).calendar) == (
+        True,
+        False,
+        False,
+    )
+
+
+def test_a_fresh_state_is_an_empty_counter() -> None:
+    assert fresh_state() == [0, 0, 0, None, None, 0, 1]
+    assert state_of(fresh_state()) == CounterState()
+    assert fresh_state() is not fresh_state()  # each counter its own list
+    assert BUCKET_WINDOW == (NO_WINDOW, NO_WINDOW)
+
+
+def test_a_denied_stacked_event_consumes_nothing_and_counts_the_denial_once() -> None:
+    hard = Rule.of(Limit("seats", maximum=2, period="1d", window="calendar"))
+    soft = Rule.of(Limit("calls", maximum=10, period="1d", window="calendar", enforcement="soft"))
+    window = calendar_window(Period(seconds=86_400), START_US)
+    seats, calls = [2, 0, 0, None, None, 0, 1], [13, 0, 0, None, None, 0, 1]
+    notices: list[Notice] = []
+    outcome = decide(
+        [hard, soft],
+        [("org", "seats", 1), ("org", "calls", 4)],
+        [window, window],
+        [seats, calls],
+        START_US,
+        "e1",
+        notices,
+    )
+    assert (outcome.outcome, outcome.denied_by) == ("denied", ("seats",))
+    assert outcome.rows == [
+        ["org", "seats", 1, False, "denied", 2, 0, 2, 0, window[0], window[1], window[1]],
+        ["org", "calls", 4, True, "allowed", 13, 0, 10, 3, window[0], window[1], None],
+    ]
+    assert seats == [2, 1, 1, START_US, None, 0, 1]
+    assert calls == [13, 0, 0, None, None, 0, 1]
+    assert [n.mark for n in notices] == ["denied"]
+
+
+def test_a_bucket_charge_writes_its_arrival_time_exactly() -> None:
+    rule = Rule.of(Limit("api", maximum=3, period="10s", algorithm="token_bucket"))
+    state = fresh_state()
+    outcome = decide([rule], [("s", "api", 2)], [BUCKET_WINDOW], [state], START_US, None, None)
+    # Two tokens of 10/3 s each: full again 6.67 s from now, kept as a fraction of 1/3 µs.
+    tat_scaled = START_US * 3 + 2 * 10 * SECOND
+    assert state == [2, 0, 0, None, *divmod(tat_scaled, 3), 3]
+    assert outcome.rows == [
+        ["s", "api", 2, True, "allowed", 2, 1, 3, 0, None, -(-tat_scaled // 3), None]
+    ]
+
+
+def test_decide_refuses_rules_that_do_not_line_up_with_the_charges() -> None:
+    rule = Rule.of(LIMITS[1])
+    window = (START_US, START_US + 1800 * SECOND)
+    with pytest.raises(ValueError, match="zip"):
+        decide(
+            [rule],
+            [("a", "fu", 1), ("b", "fu", 1)],
+            [window, window],
+            [fresh_state(), fresh_state()],
+            START_US,
+            None,
+            None,
+        )
