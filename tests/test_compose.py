@@ -1,4 +1,5 @@
-"""Checks of the deployment files: docker-compose.yml, Dockerfile, .dockerignore.
+"""Checks of the deployment files: docker-compose.yml, Dockerfile, .dockerignore,
+and what the compose file mounts from deploy/ (Prometheus, Grafana's dashboard).
 
 No Docker engine is needed: the files are parsed and their promises checked
 (services, persistence, configuration, start order). When the ``docker
@@ -9,6 +10,7 @@ file against the Compose specification too; that needs no engine either.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -18,13 +20,17 @@ import pytest
 import yaml
 
 from metering.cli import main
+from metering.metrics import LagCollector, Metrics, QueueLag, WebhookBacklog
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
+PROMETHEUS_CONFIG = ROOT / "deploy" / "prometheus.yml"
+DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "metering.json"
 
-APP_SERVICES = ("migrate", "worker", "beat")
+APP_SERVICES = ("migrate", "worker", "beat", "api")
+OBSERVABILITY = ("prometheus", "grafana")
 DATABASE_URL = "postgresql://metering:metering@postgres:5432/metering"
 BROKER_URL = "redis://redis:6379/0"
 
@@ -102,7 +108,7 @@ def _dockerfile_instructions() -> list[tuple[str, str]]:
 
 
 def test_all_services_exist(services: dict[str, dict[str, Any]]) -> None:
-    assert {"postgres", "redis", "migrate", "worker", "beat"} <= set(services)
+    assert {"postgres", "redis", *APP_SERVICES, *OBSERVABILITY} <= set(services)
 
 
 def test_postgres_service(compose: dict[str, Any], services: dict[str, dict[str, Any]]) -> None:
@@ -207,6 +213,125 @@ def test_each_worker_checks_its_own_node(services: dict[str, dict[str, Any]]) ->
     argv = services["worker"]["healthcheck"]["test"][1:]
     # `metering worker` runs celery's default node name, celery@ the hostname.
     assert argv[argv.index("--node") + 1] == "celery@%h"
+
+
+# -- the api, Prometheus and Grafana ----------------------------------------
+
+
+def test_api_service_runs_metering_serve(services: dict[str, dict[str, Any]]) -> None:
+    api = services["api"]
+    argv = _argv(api["command"])
+    assert argv[:2] == ["metering", "serve"]
+    params = main.commands["serve"].make_context("serve", argv[2:]).params
+    assert params["host"] == "0.0.0.0"  # reachable from Prometheus's container
+    assert api["ports"] == [f"127.0.0.1:{params['port']}:{params['port']}"]
+    deps = _depends_on(api)
+    assert deps["migrate"] == "service_completed_successfully"
+    assert deps["redis"] == deps["postgres"] == "service_healthy"
+    assert api["restart"] == "unless-stopped"
+
+
+def test_prometheus_and_grafana_are_optional(services: dict[str, dict[str, Any]]) -> None:
+    for name in OBSERVABILITY:
+        assert services[name]["profiles"] == ["observability"], name
+    always = [name for name in services if name not in OBSERVABILITY]
+    assert not [name for name in always if services[name].get("profiles")]
+
+
+def _bind_sources(service: dict[str, Any]) -> list[tuple[str, str]]:
+    """(source, target) of the service's bind mounts of repository files."""
+    mounts = []
+    for volume in service.get("volumes", []):
+        source, target = volume.split(":")[:2]
+        if source.startswith("./"):
+            mounts.append((source, target))
+    return mounts
+
+
+def test_files_the_compose_file_mounts_exist(services: dict[str, dict[str, Any]]) -> None:
+    mounted = [mount for service in services.values() for mount in _bind_sources(service)]
+    assert mounted
+    for source, _ in mounted:
+        assert (ROOT / source).exists(), source
+
+
+def test_prometheus_scrapes_the_api_and_every_worker(services: dict[str, dict[str, Any]]) -> None:
+    assert ("./deploy/prometheus.yml", "/etc/prometheus/prometheus.yml") in _bind_sources(
+        services["prometheus"]
+    )
+    config = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    serve = main.commands["serve"].make_context("serve", _argv(services["api"]["command"])[2:])
+    assert jobs["metering-api"]["static_configs"] == [{"targets": [f"api:{serve.params['port']}"]}]
+    # Docker's DNS answers the service name with every replica's address.
+    [workers] = jobs["metering-worker"]["dns_sd_configs"]
+    assert workers["names"] == ["worker"] and workers["type"] == "A"
+    assert str(workers["port"]) == _environment(services["worker"])["METERING_METRICS_PORT"]
+    assert all(job.get("metrics_path", "/metrics") == "/metrics" for job in jobs.values())
+
+
+def test_grafana_is_provisioned_with_the_dashboard(services: dict[str, dict[str, Any]]) -> None:
+    mounts = dict(_bind_sources(services["grafana"]))
+    provisioning = ROOT / "deploy" / "grafana" / "provisioning"
+    assert mounts["./deploy/grafana/provisioning"] == "/etc/grafana/provisioning"
+    [source] = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())[
+        "datasources"
+    ]
+    assert source["type"] == "prometheus" and source["url"] == "http://prometheus:9090"
+    [provider] = yaml.safe_load((provisioning / "dashboards" / "metering.yml").read_text())[
+        "providers"
+    ]
+    assert mounts["./deploy/grafana/dashboards"] == provider["options"]["path"]
+    assert (ROOT / "deploy" / "grafana" / "dashboards" / DASHBOARD.name) == DASHBOARD
+    dashboard = json.loads(DASHBOARD.read_text())
+    sources = {
+        target["datasource"]["uid"]
+        for panel in dashboard["panels"]
+        for target in panel.get("targets", [])
+    }
+    assert sources == {source["uid"]}
+
+
+def _exposed_names() -> set[str]:
+    """Every sample name metering.metrics exposes, the lag gauges included."""
+    families = list(Metrics().registry.collect())
+    lag = LagCollector(
+        lambda: QueueLag((("metering", 0, 0),), 0.0), lambda: WebhookBacklog(0, 0, 0.0)
+    )
+    families += list(lag.collect())
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum")}
+    return {
+        family.name + suffix for family in families for suffix in suffixes.get(family.type, ("",))
+    }
+
+
+def _queries() -> list[str]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    return [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])]
+
+
+def test_the_dashboard_queries_only_metrics_metering_defines() -> None:
+    exposed = _exposed_names()
+    named = {name for query in _queries() for name in re.findall(r"\bmetering_\w+", query)}
+    assert named, "the dashboard has no query"
+    assert named <= exposed, sorted(named - exposed)
+
+
+def test_the_dashboard_shows_throughput_denials_lag_and_webhook_health() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    assert dashboard["uid"] and dashboard["title"]
+    text = " ".join(_queries())
+    for metric in (
+        "metering_events_total",  # throughput
+        "metering_denials_total",  # denials
+        "metering_queue_depth",  # lag
+        "metering_oldest_undecided_age_seconds",
+        "metering_webhook_deliveries_total",  # webhook health
+        "metering_webhook_backlog",
+    ):
+        assert metric in text, metric
+    ids = [panel["id"] for panel in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
 
 
 def _seconds(duration: str) -> float:
