@@ -1,6 +1,7 @@
 """The HTTP API: ingestion over HTTP against the producer, and ``POST /v1/check``.
 
-    .venv/bin/python bench/bench_api.py [--seconds 10] [--concurrency 8] [--framework]
+    .venv/bin/python bench/bench_api.py [--seconds 10] [--rounds 3] [--concurrency 8]
+                                        [--framework]
 
 Starts a durable PostgreSQL (fsync on) and a Redis (append-only), then:
 
@@ -10,7 +11,8 @@ Starts a durable PostgreSQL (fsync on) and a Redis (append-only), then:
     latency p50/p99.
 (p) the peer, in the same run: the same number of events emitted by
     `UsageProducer` in this process to the same Redis (its own batching,
-    flushed at the end); events/s. The ratio is (a) / (p).
+    flushed at the end); events/s. The ratio is (a) / (p). (a) and (p) run
+    in turn ``rounds`` times; the table gives the median of each.
 (c) ``POST /v1/check`` on the same server against (b), the bare app: FastAPI
     with the same route returning a constant, served the same way;
     requests/s and p50/p99.
@@ -234,9 +236,9 @@ def check(base: str, args: argparse.Namespace) -> Measured:
     return Measured.of(measure(base, "/v1/check", bodies, args.concurrency, 200, 1), 1)
 
 
-def producer_rate(redis_url: str, requests: int) -> float:
+def producer_rate(redis_url: str, requests: int, tag: str) -> float:
     """The peer: the same events through `UsageProducer` (batches of 500)."""
-    events = [json.loads(body) for body in event_bodies(requests, "producer")]
+    events = [json.loads(body) for body in event_bodies(requests, tag)]
     with UsageProducer(redis_url) as producer:
         began = time.perf_counter()
         for batch in events:
@@ -265,18 +267,28 @@ def row(name: str, rate: float, measured: Measured | None, peer: float | None) -
 
 
 def bench_framework(args: argparse.Namespace) -> list[list[str]]:
+    """Both apps in turn, ``rounds`` times; the median round of each."""
+    found: dict[str, list[Measured]] = {"fastapi": [], "starlette": []}
+    for round_ in range(args.rounds):
+        for name, results in found.items():
+            env = {**os.environ, "METERING_BENCH_FRAMEWORK": name}
+            process, base = serve_uvicorn("api_framework_apps:app", env)
+            try:
+                results.append(ingest(base, args, f"framework-{name}-{round_}"))
+            finally:
+                stop(process)
+            rate = results[-1].requests_per_second * BATCH
+            print(f"  {name}: {rate:,.0f} events/s", flush=True)
     rows = []
-    for name in ("fastapi", "starlette"):
-        env = {**os.environ, "METERING_BENCH_FRAMEWORK": name}
-        process, base = serve_uvicorn("api_framework_apps:app", env)
-        try:
-            measured = ingest(base, args, f"framework-{name}")
-        finally:
-            stop(process)
-        rate = measured.requests_per_second * BATCH
-        rows.append(row(f"{name}: POST /v1/events, 100 events", rate, measured, None))
-        print(f"  {name}: {rate:,.0f} events/s", flush=True)
+    for name, results in found.items():
+        middle = median_of(results)
+        rate = middle.requests_per_second * BATCH
+        rows.append(row(f"{name}: POST /v1/events, 100 events", rate, middle, None))
     return rows
+
+
+def median_of(results: list[Measured]) -> Measured:
+    return sorted(results, key=lambda m: m.requests_per_second)[len(results) // 2]
 
 
 def main() -> None:
@@ -286,6 +298,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=600, help="without wrk: of 100 events")
     parser.add_argument("--check-requests", type=int, default=4000, help="without wrk")
     parser.add_argument("--framework", action="store_true", help="FastAPI against Starlette")
+    parser.add_argument("--rounds", type=int, default=3, help="the median of this many runs")
     args = parser.parse_args()
     client = "wrk" if shutil.which("wrk") else "httpx"
     if args.framework:
@@ -305,19 +318,27 @@ def main() -> None:
             meter.set_limit(Limit("api_calls", maximum=10**12, period="1h"))
         env = {k: v for k, v in os.environ.items() if not k.startswith("METERING_")}
         env.update(METERING_DATABASE_URL=url, METERING_BROKER_URL=redis.url())
-        process, base = serve_metering(env)
-        try:
-            ingested = ingest(base, args, "http")
-            events_per_second = ingested.requests_per_second * BATCH
-            print(f"  (a) HTTP: {events_per_second:,.0f} events/s", flush=True)
-            checked = check(base, args)
-            print(f"  (c) check: {checked.requests_per_second:,.0f} requests/s", flush=True)
-        finally:
-            stop(process)
-        # The peer's events: as many as HTTP accepted, at least 20,000.
-        peer_requests = max(int(events_per_second * args.seconds) // BATCH, 200)
-        peer = producer_rate(redis.url(), peer_requests)
-        print(f"  (p) producer: {peer:,.0f} events/s", flush=True)
+        # HTTP and the producer in turn, ``rounds`` times: the median of each.
+        ingests: list[Measured] = []
+        peers: list[float] = []
+        for round_ in range(args.rounds):
+            process, base = serve_metering(env)
+            try:
+                ingests.append(ingest(base, args, f"http-{round_}"))
+                if round_ == args.rounds - 1:
+                    checked = check(base, args)
+                    print(f"  (c) check: {checked.requests_per_second:,.0f} /s", flush=True)
+            finally:
+                stop(process)
+            rate = ingests[-1].requests_per_second * BATCH
+            print(f"  (a) HTTP: {rate:,.0f} events/s", flush=True)
+            # As many events as HTTP accepted, at least 20,000.
+            peer_requests = max(int(rate * args.seconds) // BATCH, 200)
+            peers.append(producer_rate(redis.url(), peer_requests, f"producer-{round_}"))
+            print(f"  (p) producer: {peers[-1]:,.0f} events/s", flush=True)
+        ingested = median_of(ingests)
+        events_per_second = ingested.requests_per_second * BATCH
+        peer = sorted(peers)[len(peers) // 2]
         bare_env = {**env, "METERING_BENCH_FRAMEWORK": "bare"}
         process, bare_base = serve_uvicorn("api_framework_apps:app", bare_env)
         try:
