@@ -38,6 +38,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, MutableMapping
@@ -287,6 +288,13 @@ def multiprocess_dir() -> str | None:
     return os.environ.get(MULTIPROC_ENV) or None
 
 
+def metrics_directory(role: str, pid: int | None = None) -> Path:
+    """``$TMPDIR/metering-metrics/<role>-<pid>``: the multiprocess directory of
+    one worker or API server, named by its main process."""
+    base = Path(tempfile.gettempdir()) / "metering-metrics"
+    return base / f"{role}-{os.getpid() if pid is None else pid}"
+
+
 def enable_multiprocess(directory: str | Path) -> Path:
     """Count in files under ``directory`` (emptied first), summed at scrape time.
 
@@ -477,11 +485,11 @@ def exposition_registry(collectors: Iterable[Any] = ()) -> CollectorRegistry:
     return registry
 
 
-def exposition() -> tuple[bytes, str]:
+def exposition(collectors: Iterable[Any] = ()) -> tuple[bytes, str]:
     """The text of ``/metrics`` now, and its content type."""
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-    return generate_latest(exposition_registry()), CONTENT_TYPE_LATEST
+    return generate_latest(exposition_registry(collectors)), CONTENT_TYPE_LATEST
 
 
 def start_metrics_server(
@@ -520,10 +528,14 @@ def metrics_port(env: Mapping[str, str]) -> int | None:
 
 
 class MetricsApp:
-    """An ASGI app answering every GET with the exposition (mount it at ``/metrics``).
+    """An ASGI app answering every GET with the exposition (mount it at ``/metrics``),
+    ``collectors`` included (`exposition_registry`).
 
     A class, not a function, so Starlette's ``Route`` takes it as an ASGI app.
     """
+
+    def __init__(self, collectors: Iterable[Any] = ()) -> None:
+        self.collectors = list(collectors)
 
     async def __call__(
         self,
@@ -538,8 +550,16 @@ class MetricsApp:
         # Reading the files (or the broker) blocks: not on the event loop.
         import anyio.to_thread
 
-        body, content_type = await anyio.to_thread.run_sync(exposition)
+        body, content_type = await anyio.to_thread.run_sync(exposition, self.collectors)
         await _respond(send, 200, b"" if scope["method"] == "HEAD" else body, content_type)
+
+    async def response(self) -> Any:
+        """The exposition as a Starlette response (a FastAPI route's endpoint)."""
+        import anyio.to_thread
+        from starlette.responses import Response
+
+        body, content_type = await anyio.to_thread.run_sync(exposition, self.collectors)
+        return Response(body, media_type=content_type)
 
 
 async def _respond(
@@ -550,9 +570,9 @@ async def _respond(
     await send({"type": "http.response.body", "body": body})
 
 
-def metrics_asgi_app() -> MetricsApp:
+def metrics_asgi_app(collectors: Iterable[Any] = ()) -> MetricsApp:
     """The ASGI app of ``/metrics`` (`exposition_registry` at each request)."""
-    return MetricsApp()
+    return MetricsApp(collectors)
 
 
 class HttpMetrics:
@@ -593,15 +613,21 @@ class HttpMetrics:
             )
 
 
-def instrument_app(app: Any, path: str = "/metrics") -> None:
-    """Count ``app``'s requests (`HttpMetrics`) and serve ``path`` from it.
+def instrument_app(app: Any, path: str = "/metrics", collectors: Iterable[Any] = ()) -> None:
+    """Count ``app``'s requests (`HttpMetrics`) and serve ``path`` from it,
+    with the scrape-time ``collectors`` (`metering.monitoring.lag_collector`).
 
-    ``app`` is a Starlette or FastAPI application, before it starts; the
-    route is left out of FastAPI's OpenAPI schema.
+    ``app`` is a Starlette or FastAPI application, before it starts; call it
+    after adding the other middleware, so requests they answer are counted
+    too. The route is left out of FastAPI's OpenAPI schema.
     """
     from starlette.routing import Route
 
     if not hasattr(app, "add_middleware") or not hasattr(app, "router"):
         raise ConfigurationError("instrument_app needs a Starlette or FastAPI application")
     app.add_middleware(HttpMetrics)
-    app.router.routes.append(Route(path, endpoint=metrics_asgi_app(), methods=["GET", "HEAD"]))
+    endpoint = metrics_asgi_app(collectors)
+    if hasattr(app, "add_api_route"):  # FastAPI: its router names only its own routes
+        app.add_api_route(path, endpoint.response, methods=["GET"], include_in_schema=False)
+    else:
+        app.router.routes.append(Route(path, endpoint=endpoint, methods=["GET", "HEAD"]))

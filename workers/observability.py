@@ -23,17 +23,19 @@
 from __future__ import annotations
 
 import logging
-import os
 import shutil
-import tempfile
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from celery import bootsteps, signals
 
 from metering.logs import use_json
-from metering.metrics import enable_multiprocess, mark_process_dead, start_metrics_server
+from metering.metrics import (
+    enable_multiprocess,
+    mark_process_dead,
+    metrics_directory,
+    start_metrics_server,
+)
 from metering.monitoring import lag_collector
 from metering.settings import Settings
 from metering.tracing import setup_tracing
@@ -41,12 +43,6 @@ from workers.settings import settings_of
 
 log = logging.getLogger(__name__)
 _state: dict[str, Any] = {"directory": None, "tracing": None}
-
-
-def metrics_directory(pid: int | None = None) -> Path:
-    """The multiprocess directory of the worker whose main process is ``pid``."""
-    base = Path(tempfile.gettempdir()) / "metering-metrics"
-    return base / f"worker-{os.getpid() if pid is None else pid}"
 
 
 def _current_settings() -> Settings | None:
@@ -62,7 +58,7 @@ def _worker_starting(sender: Any = None, instance: Any = None, **_: Any) -> None
     """The worker's main process, before its pool exists."""
     settings = settings_of(instance.app)
     if settings.metrics_port is not None:
-        _state["directory"] = enable_multiprocess(metrics_directory())
+        _state["directory"] = enable_multiprocess(metrics_directory("worker"))
     if settings.tracing and _state["tracing"] is None:
         _state["tracing"] = setup_tracing("metering-worker")
 

@@ -25,8 +25,11 @@ from metering.api.models import REQUEST_MODELS
 from metering.api.problems import Problem, install_problem_handlers
 from metering.api.queueing import ApiProducer
 from metering.meter import Meter
+from metering.metrics import instrument_app
+from metering.monitoring import lag_collector
 from metering.producer import UsageProducer
 from metering.settings import Settings
+from metering.tracing import setup_tracing
 
 # Each module's router, in the order of the docs. Admin routes (limits,
 # reservations, reports, webhooks) join this tuple.
@@ -83,6 +86,12 @@ def create_api(
         app.include_router(router)
     install_problem_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=settings.api_max_body_bytes)
+    # GET /metrics (out of the schema, with the lag gauges) and request counts;
+    # last, so the requests BodyLimit answers are counted too.
+    lag = lag_collector(settings.database_url, settings.broker_url, settings.queues)
+    instrument_app(app, collectors=[lag])
+    if settings.tracing:
+        setup_tracing("metering-api", app=app)
     _with_request_schemas(app, (*REQUEST_MODELS, Problem))
     return app
 

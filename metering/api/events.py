@@ -22,8 +22,9 @@ from metering.api.models import (
 from metering.api.parsing import body_kind, parse_events
 from metering.api.problems import COMMON_ERRORS, ApiProblem, responses
 from metering.api.queueing import apply_now, conflict, conflicts_among, enqueue, unique_events
-from metering.domain.events import validate_event_id
+from metering.domain.events import UsageEvent, validate_event_id
 from metering.lookup import stored_results
+from metering.metrics import count_received
 
 router = APIRouter(prefix="/v1", tags=["events"])
 
@@ -86,6 +87,8 @@ async def post_events(
     parsed = parse_events(body, kind, now, context.settings.api_max_events)
     if wait == "decision":
         results = await apply_now(context.meter, parsed)
+        pairs = zip(parsed, results, strict=True)
+        _received({p.event.event_id: p.event for p, d in pairs if not d.duplicate})
         return JSONResponse({"results": [result_json(d) for d in results]}, status_code=200)
     unique = unique_events(parsed)
     stored = await run_in_threadpool(
@@ -97,6 +100,7 @@ async def post_events(
     fresh = [event for event in unique if event.event_id not in stored]
     if fresh:
         await run_in_threadpool(enqueue, context.producer, fresh)
+        _received({event.event_id: event for event in fresh})
     accepted = {
         "accepted": [event.event_id for event in fresh],
         "duplicates": [
@@ -104,6 +108,13 @@ async def post_events(
         ],
     }
     return JSONResponse(accepted, status_code=202)
+
+
+def _received(events: dict[str, UsageEvent]) -> None:
+    """`metering_events_received_total`: new events, under each limit they charge."""
+    count_received(
+        name for event in events.values() for name in dict.fromkeys(c[1] for c in event.charges)
+    )
 
 
 @router.get(

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 import click
 
 from metering.cli.context import AppState
+from metering.logs import uvicorn_log_config
 from metering.meter import Meter
+from metering.metrics import enable_multiprocess, metrics_directory
 from metering.settings import Settings
 
 MAX_WORKERS = 256
@@ -50,12 +53,21 @@ def serve(
     settings = Settings.from_env()  # a bad variable stops here, as one error line
     # Create or check the schema once, before the processes start together.
     Meter(settings.database_url).close()
-    uvicorn.run(
-        "metering.api.app:create_api",
-        factory=True,
-        host=host,
-        port=port,
-        workers=workers,
-        log_level=log_level,
-        access_log=access_log,
-    )
+    # Several processes count in files of their own, summed by /metrics.
+    directory = enable_multiprocess(metrics_directory("api")) if workers > 1 else None
+    # uvicorn's own logging, or every line as JSON (METERING_LOG_FORMAT=json).
+    log_config = uvicorn_log_config(settings.log_format) or uvicorn.config.LOGGING_CONFIG
+    try:
+        uvicorn.run(
+            "metering.api.app:create_api",
+            factory=True,
+            host=host,
+            port=port,
+            workers=workers,
+            log_level=log_level,
+            access_log=access_log,
+            log_config=log_config,
+        )
+    finally:
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
