@@ -10,10 +10,11 @@
 `select_overage` and `select_usage` validate the filters and return a
 `Report` whose ``rows()`` streams from the database (for large exports).
 Charts are in `metering.reports.charts` (imports matplotlib when used).
-`write_csv` writes rows as CSV with formula-like text cells neutralised.
+`write_csv` writes rows as CSV with formula-like text cells neutralised;
+`csv_lines` yields the same text line by line, for streaming.
 """
 
-from metering.reports.export import write_csv
+from metering.reports.export import csv_lines, write_csv
 from metering.reports.overage import (
     COLUMNS,
     Report,
@@ -30,6 +31,7 @@ __all__ = [
     "Report",
     "ReportRange",
     "ReportRow",
+    "csv_lines",
     "overage_report",
     "select_overage",
     "select_usage",

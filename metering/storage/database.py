@@ -17,7 +17,13 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from metering.clock import Clock, system_clock
 from metering.domain.instants import to_us
-from metering.storage.engine import make_engine, run_retry_aware, run_transaction, translate
+from metering.storage.engine import (
+    READ_ONLY,
+    make_engine,
+    run_retry_aware,
+    run_transaction,
+    translate,
+)
 
 T = TypeVar("T")
 
@@ -52,9 +58,12 @@ class Database:
     @contextmanager
     def reading(self) -> Iterator[Connection]:
         """A connection outside a retried transaction, for streaming reads;
-        driver errors come out as `metering.errors` exceptions."""
+        driver errors come out as `metering.errors` exceptions. It only reads:
+        on SQLite its transaction takes no write lock, so writers go on while
+        a reader (a report streamed to a slow client) takes its time."""
         try:
             with self.engine.connect() as connection:
+                connection.execution_options(**{READ_ONLY: True})
                 yield connection
         except SQLAlchemyError as exc:
             raise translate(exc) from exc

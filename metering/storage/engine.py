@@ -47,6 +47,11 @@ RETRYABLE_SQLSTATES: Final = frozenset({"40001", "40P01", "55P03", "23505"})
 _SQLITE_KEY_TAKEN: Final = frozenset({"SQLITE_CONSTRAINT_PRIMARYKEY", "SQLITE_CONSTRAINT_UNIQUE"})
 
 
+# The execution option of a connection that only reads (`Database.reading`):
+# on SQLite its transaction is a deferred one, never in a writer's way.
+READ_ONLY: Final = "metering_read_only"
+
+
 class RetryTransaction(Exception):
     """Raised inside a transaction to roll it back and run it again."""
 
@@ -111,7 +116,12 @@ def _sqlite_engine(url: str, **kwargs: Any) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Connection) -> None:
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
+        if connection.get_execution_options().get(READ_ONLY):
+            # A reader (`Database.reading`): a WAL snapshot that takes no
+            # write lock, so a long report never holds up a consume.
+            connection.exec_driver_sql("BEGIN")
+        else:
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
 
     return engine
 

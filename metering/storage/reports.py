@@ -129,4 +129,7 @@ class ReportStore:
         through the result as it is read anyway.
         """
         streaming = self.connection.execution_options(stream_results=True, yield_per=STREAM_BATCH)
-        yield from streaming.execute(statement)
+        # Closed however the reader stops: read to the end, or closed midway (a
+        # client that left); PostgreSQL's server-side cursor then closes at once.
+        with streaming.execute(statement) as result:
+            yield from result

@@ -206,6 +206,9 @@ class WebhookStore:
         return endpoint_from_row(row) if row is not None else None
 
     def update_endpoint(self, endpoint_id: str, **values: Any) -> bool:
+        """Set columns of an endpoint (``types`` as a sequence); False if there is none."""
+        if "types" in values:
+            values["types"] = json.dumps(list(values["types"]))
         statement = (
             update(webhook_endpoints).where(webhook_endpoints.c.id == endpoint_id).values(**values)
         )

@@ -4,6 +4,7 @@
 
     hooks = Webhooks(meter)
     endpoint, secret = hooks.add("https://example.com/hooks", types=["limit.denied"])
+    hooks.update(endpoint.id, types=[])  # every message type from now on
     hooks.rotate(endpoint.id)            # old secret still signs for the grace
     hooks.reencrypt()                    # secrets under METERING_SECRET_KEY's newest key
     hooks.deliveries(status="failed")
@@ -234,6 +235,27 @@ class Webhooks:
             )
         ):
             raise UnknownWebhookEndpoint(endpoint_id)
+
+    def update(
+        self, endpoint_id: str, *, url: str | None = None, types: Iterable[str] | None = None
+    ) -> Endpoint:
+        """Send to another URL and/or other message types (``types=()``: every
+        type); what is not given stays. Deliveries already queued keep their
+        endpoint and go to the new URL. Returns the endpoint as it is now."""
+        validate_endpoint_id(endpoint_id)
+        values: dict[str, object] = {}
+        if url is not None:
+            values["url"] = validate_url(url)
+        if types is not None:
+            values["types"] = validate_types(types)
+        now_us = self.database.now_us()
+
+        def work(store: WebhookStore) -> EndpointRecord:
+            if values:
+                store.update_endpoint(endpoint_id, **values)
+            return self._get(store, endpoint_id)
+
+        return _view(self._run(work), now_us, self.box)
 
     def rotate(
         self, endpoint_id: str, *, secret: str | None = None, grace_seconds: float | None = None
