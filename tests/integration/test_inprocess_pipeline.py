@@ -8,14 +8,15 @@ classic fixtures run; its Docker fixtures ``celery_worker`` and
 ``celery_setup`` are never requested) around ``workers.app.create_app(url,
 settings)``, the app ``celery -A workers worker`` builds (only its idle wait
 on Redis is shortened): the guarded Redis transport and consumer and the
-worker bootsteps (the default queue, the webhook delivery thread) all run. It is ready in about a tenth of a second,
-where a subprocess takes seconds, so every pipeline test that needs no
-process runs here. What does (SIGKILL, redelivery after the visibility
-timeout, a database outage, counting pool processes, beat) stays with the
-subprocess harness (`conftest.py`, `test_pipeline.py`). The worker is
-stopped warm, as SIGTERM stops a real one (`start_worker` alone stops it
-cold, which skips the bootsteps' ``stop`` and leaves the webhook thread
-running), and each test fails if a thread outlives it.
+worker bootsteps (the default queue, the webhook delivery thread) all run.
+It is ready in about a tenth of a second, where a subprocess takes seconds,
+so every pipeline test that needs no process runs here. What does
+(SIGKILL, redelivery after the visibility timeout, a database outage,
+counting pool processes, beat) stays with the subprocess harness
+(`conftest.py`, `test_pipeline.py`). The worker is stopped warm, as SIGTERM
+stops a real one (`start_worker` alone stops it cold, which skips the
+bootsteps' ``stop`` and leaves the webhook thread running), and each test
+fails if a thread outlives it.
 
 The tasks find their settings and `Meter` through the module app of
 `workers.tasks` (the one ``celery -A workers`` imports) and a module
