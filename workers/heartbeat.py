@@ -103,6 +103,11 @@ class WorkerHeartbeat(bootsteps.StartStopStep):  # type: ignore[misc]
         if self.writer is not None:
             self.writer.forget()
 
+    def terminate(self, parent: Any) -> None:
+        # A cold shutdown (a second SIGTERM, SIGQUIT) calls terminate, not
+        # stop; bootsteps' own terminate does nothing, leaving the thread.
+        self.stop(parent)
+
     def _run(self) -> None:
         assert self.writer is not None
         while not self.stop_event.is_set():

@@ -73,6 +73,11 @@ class WebhookDelivery(bootsteps.StartStopStep):  # type: ignore[misc]
             self.thread.join(self.settings.delivery.timeout_seconds + 5)
             self.thread = None
 
+    def terminate(self, parent: Any) -> None:
+        # A cold shutdown (a second SIGTERM, SIGQUIT) calls terminate, not
+        # stop; bootsteps' own terminate does nothing, leaving the thread.
+        self.stop(parent)
+
     def _run(self) -> None:
         assert self.settings is not None
         settings = self.settings
