@@ -158,6 +158,14 @@ class UnknownWebhookEndpoint(MeteringError, LookupError):
         self.endpoint_id = endpoint_id
 
 
+class UnknownApiKey(MeteringError, LookupError):
+    """No API key has this id."""
+
+    def __init__(self, key_id: str) -> None:
+        super().__init__(f"unknown API key {key_id!r}: see `metering apikeys list`")
+        self.key_id = key_id
+
+
 class SecretKeyError(ConfigurationError):
     """A stored webhook secret is encrypted and ``METERING_SECRET_KEY`` holds no key
     that decrypts it (unset, or the key it was encrypted with was removed)."""

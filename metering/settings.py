@@ -29,6 +29,9 @@ variable, before any message is taken. Every variable is optional:
 * ``METERING_API_MAX_BODY_BYTES``, ``METERING_API_MAX_EVENTS``: the HTTP
   API's bounds on one request body (default 1 MiB) and on the events in one
   request (default 1000); past either, 413.
+* ``METERING_API_AUTH``: ``auto`` (default: API keys are asked for once one
+  exists) or ``required`` (always); ``METERING_API_RATE``: each API key's
+  requests, ``N/PERIOD`` (default ``6000/1m``) or ``off`` (docs/api-auth.md).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
+from metering.apikeys import DEFAULT_API_RATE, ApiRate, AuthMode, api_rate, auth_mode
 from metering.config import (
     DEFAULT_BROKER_URL,
     DEFAULT_DATABASE_URL,
@@ -88,6 +92,8 @@ class Settings:
     metrics_port: int | None = None
     log_format: str = "text"
     tracing: bool = False
+    api_auth: AuthMode = "auto"
+    api_rate: ApiRate | None = DEFAULT_API_RATE
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -130,6 +136,8 @@ class Settings:
             metrics_port=metrics_port(env),
             log_format=log_format(env),
             tracing=tracing_enabled(env),
+            api_auth=auth_mode(env),
+            api_rate=api_rate(env),
         )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import click
 
+from metering.cli.apikeys import apikeys
 from metering.cli.context import AppState, MeteringGroup, database_option
 from metering.cli.db import db
 from metering.cli.demo import demo
@@ -56,5 +57,6 @@ for command in (
     reservations,
     status,
     serve,
+    apikeys,
 ):
     main.add_command(command)
