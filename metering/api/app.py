@@ -3,12 +3,14 @@
 Routers come from one module each (`metering.api.events`,
 `metering.api.decisions` ...); errors become problem details in one place
 (`metering.api.problems`); request bodies are bounded while they are read
-(`metering.api.bounds`); every route asks `metering.api.auth.require_scope`.
+(`metering.api.bounds`); every route asks `metering.api.auth.require_scope`,
+and each API key's requests are metered (`metering.api.ratelimit`).
 ``metering serve`` runs it under uvicorn (``create_api`` is the factory).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib.metadata import PackageNotFoundError, version
@@ -19,11 +21,14 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
 from metering.api import decisions, events
+from metering.api.auth import ApiKeyAuthentication, Authenticator
 from metering.api.bounds import BodyLimit
 from metering.api.context import ApiContext, IsQueued, broker_lookup
 from metering.api.models import REQUEST_MODELS
 from metering.api.problems import Problem, install_problem_handlers
 from metering.api.queueing import ApiProducer
+from metering.api.ratelimit import PerKeyRate, define_rate_limit
+from metering.apikeys import ApiKeys
 from metering.meter import Meter
 from metering.metrics import instrument_app
 from metering.monitoring import lag_collector
@@ -35,9 +40,17 @@ from metering.tracing import setup_tracing
 # reservations, reports, webhooks) join this tuple.
 ROUTERS: tuple[APIRouter, ...] = (events.router, decisions.router)
 
+log = logging.getLogger("metering.api")
+OPEN_WARNING = (
+    "no API key exists: the API answers every request; create one with "
+    "`metering apikeys create --scope ...` (or set METERING_API_AUTH=required)"
+)
+
 DESCRIPTION = """\
 Usage events in (plain JSON or CloudEvents 1.0), decisions and usage out.
 Every error is an RFC 9457 problem (`application/problem+json`).
+Authenticate with `Authorization: Bearer <API key>` (`metering apikeys create`);
+each key's requests are rate limited (429).
 See docs/api-http.md.
 """
 
@@ -65,6 +78,10 @@ def create_api(
         own_producer = producer or ApiProducer(settings.broker_url, queues=settings.queues)
         lookup = is_queued or broker_lookup(settings.broker_url)
         app.state.metering = ApiContext(settings, own_meter, own_producer, lookup)
+        app.state.auth = Authenticator(ApiKeys(own_meter), settings.api_auth)
+        define_rate_limit(own_meter, settings.api_rate)
+        if not app.state.auth.required():
+            log.warning(OPEN_WARNING)
         try:
             yield
         finally:
@@ -86,6 +103,10 @@ def create_api(
         app.include_router(router)
     install_problem_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=settings.api_max_body_bytes)
+    # Starlette runs the middleware added last outermost: keys are looked up
+    # before the per-key rate charges them.
+    app.add_middleware(PerKeyRate, rate=settings.api_rate)
+    app.add_middleware(ApiKeyAuthentication)
     # GET /metrics (out of the schema, with the lag gauges) and request counts;
     # last, so the requests BodyLimit answers are counted too.
     lag = lag_collector(settings.database_url, settings.broker_url, settings.queues)

@@ -33,6 +33,7 @@ from metering.errors import (
     MeteringError,
     ReservationSettled,
     SchemaOutdated,
+    UnknownApiKey,
     UnknownLimit,
     UnknownReservation,
     UnknownWebhookEndpoint,
@@ -166,7 +167,7 @@ def translate(error: MeteringError) -> tuple[str, str, list[tuple[str, str]], di
         return "unknown-limit", detail, [("limit", detail)], {}
     if isinstance(error, EventConflict):
         return "conflict", detail, [], {"event_ids": [error.event_id]}
-    if isinstance(error, UnknownReservation | UnknownWebhookEndpoint):
+    if isinstance(error, UnknownReservation | UnknownWebhookEndpoint | UnknownApiKey):
         return "not-found", detail, [], {}
     if isinstance(error, ReservationSettled):
         return "reservation-settled", detail, [], {}
