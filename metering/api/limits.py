@@ -1,0 +1,143 @@
+"""Limits over HTTP: ``GET /v1/limits``, and ``GET``, ``PUT`` and ``DELETE
+/v1/limits/{name}``.
+
+A ``PUT`` body is a limit's definition as a limits file writes it
+(``metering limits load``): ``maximum`` and ``period``, and optionally
+``algorithm``, ``window``, ``enforcement``, ``thresholds``, ``lateness``;
+``name`` may be given if it is the name in the path. It is validated by
+`Limit.from_dict`, the loader's own rules, and stored with `Meter.set_limit`:
+created, or replaced as a whole (a field not given takes its default).
+Reading limits takes the ``read`` scope; changing them ``admin``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Final
+
+from fastapi import APIRouter, Depends, Path, Request
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import JSONResponse, Response
+
+from metering.api.admin_common import bad_field, invalid, json_body, read_object
+from metering.api.admin_models import LIMIT_PATTERN, LimitIn, LimitOut, Limits, limit_json
+from metering.api.auth import AUTH_ERRORS, require_scope
+from metering.api.context import ApiContext, api_context
+from metering.api.problems import COMMON_ERRORS, ApiProblem, responses
+from metering.domain.limits import Limit, validate_limit_name
+from metering.errors import InvalidInput, UnknownLimit
+
+router = APIRouter(prefix="/v1", tags=["limits"])
+
+LIMIT_FIELDS: Final = frozenset(
+    {"name", "maximum", "period", "algorithm", "window", "enforcement", "thresholds", "lateness"}
+)
+
+LimitName = Annotated[
+    str,
+    Path(
+        pattern=LIMIT_PATTERN,
+        description="The limit's name: 1 to 64 of a-z 0-9 _ . : -",
+        examples=["api_calls"],
+    ),
+]
+
+
+def _not_found(exc: UnknownLimit) -> ApiProblem:
+    # Here the limit is the resource asked for: 404, where a charge naming one is a 422.
+    return ApiProblem("not-found", f"no limit {exc.limit!r}")
+
+
+def _name(name: str) -> str:
+    try:
+        return validate_limit_name(name)
+    except InvalidInput as exc:
+        raise invalid(exc) from None
+
+
+@router.get(
+    "/limits",
+    summary="Every limit",
+    response_model=None,
+    responses={
+        200: {"model": Limits, "description": "Every limit, by name."},
+        **responses(*AUTH_ERRORS, *COMMON_ERRORS),
+    },
+    dependencies=[require_scope("read")],
+)
+async def list_limits(context: Annotated[ApiContext, Depends(api_context)]) -> Response:
+    """Every limit's definition, by name (``metering limits list``)."""
+    found = await run_in_threadpool(context.meter.list_limits)
+    return JSONResponse({"limits": [limit_json(limit) for limit in found]})
+
+
+@router.get(
+    "/limits/{name}",
+    summary="A limit",
+    response_model=None,
+    responses={
+        200: {"model": LimitOut, "description": "The limit's definition."},
+        **responses(400, 404, *AUTH_ERRORS, *COMMON_ERRORS),
+    },
+    dependencies=[require_scope("read")],
+)
+async def get_limit(
+    name: LimitName, context: Annotated[ApiContext, Depends(api_context)]
+) -> Response:
+    """A limit's definition; 404 when no limit has this name."""
+    try:
+        limit = await run_in_threadpool(context.meter.get_limit, _name(name))
+    except UnknownLimit as exc:
+        raise _not_found(exc) from None
+    return JSONResponse(limit_json(limit))
+
+
+@router.put(
+    "/limits/{name}",
+    summary="Create or replace a limit",
+    response_model=None,
+    openapi_extra=json_body(LimitIn),
+    responses={
+        200: {"model": LimitOut, "description": "The limit as stored."},
+        **responses(400, 415, *AUTH_ERRORS, *COMMON_ERRORS),
+    },
+    dependencies=[require_scope("admin")],
+)
+async def put_limit(
+    name: LimitName, request: Request, context: Annotated[ApiContext, Depends(api_context)]
+) -> Response:
+    """Create the limit, or replace its whole definition: events decided from
+    now on use it. 400 names the field at fault; nothing is stored then.
+    Counters keep their usage."""
+    chosen = _name(name)
+    fields = await read_object(request, LIMIT_FIELDS)
+    if "name" in fields and fields["name"] != chosen:
+        raise bad_field("name", f"must be the name in the path ({chosen!r}) or left out")
+    try:
+        limit = Limit.from_dict(fields, name=chosen)
+    except InvalidInput as exc:
+        raise invalid(exc) from None
+    stored = await run_in_threadpool(context.meter.set_limit, limit)
+    return JSONResponse(limit_json(stored))
+
+
+@router.delete(
+    "/limits/{name}",
+    summary="Delete a limit",
+    status_code=204,
+    response_model=None,
+    responses={
+        204: {"description": "Deleted; its counters stay, for reports."},
+        **responses(400, 404, *AUTH_ERRORS, *COMMON_ERRORS),
+    },
+    dependencies=[require_scope("admin")],
+)
+async def delete_limit(
+    name: LimitName, context: Annotated[ApiContext, Depends(api_context)]
+) -> Response:
+    """Delete a limit: events naming it are refused from now on (422 unknown
+    limit). Its counters stay for ``metering counters``; reports leave them out."""
+    try:
+        await run_in_threadpool(context.meter.delete_limit, _name(name))
+    except UnknownLimit as exc:
+        raise _not_found(exc) from None
+    return Response(status_code=204)

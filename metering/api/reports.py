@@ -1,0 +1,247 @@
+"""Reports over HTTP: ``GET /v1/reports/overage`` and ``GET /v1/reports/usage``.
+
+The query parameters are the ``metering report`` options (``period``,
+``since``, ``until``, ``limit``; ``subject`` and ``top`` for overage;
+``subject`` required for usage) and are validated by the library
+(`select_overage`, `select_usage`) before any row is read. ``Accept`` picks
+the format: JSON (``application/json``, the default) or CSV (``text/csv``,
+the CLI's writer: `metering.reports.export.csv_lines`, formula-like cells
+neutralised); anything else is 406. Rows stream from the database as the
+client reads them, in chunks of about 64 KiB, so an export of any size keeps
+the server's memory flat. Reports take the ``read`` scope.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncGenerator, Callable, Generator, Iterator
+from typing import Annotated, Final, Literal
+
+import anyio
+from fastapi import APIRouter, Depends, Query, Request
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from metering.api.admin_common import invalid
+from metering.api.admin_models import ReportOut, report_head
+from metering.api.auth import AUTH_ERRORS, require_scope
+from metering.api.context import ApiContext, api_context
+from metering.api.problems import COMMON_ERRORS, ApiProblem, responses
+from metering.domain.bounds import MAX_LISTING
+from metering.errors import InvalidInput
+from metering.reports import Report, ReportRow, csv_lines, select_overage, select_usage
+
+router = APIRouter(prefix="/v1", tags=["reports"])
+
+Format = Literal["json", "csv"]
+MEDIA: Final[dict[Format, str]] = {"json": "application/json", "csv": "text/csv; charset=utf-8"}
+# What an Accept range may name, and the format it gets: the exact types
+# first, then the wildcards (JSON is the default).
+RANGES: Final[dict[str, tuple[Format, int]]] = {
+    "application/json": ("json", 2),
+    "text/csv": ("csv", 2),
+    "application/*": ("json", 1),
+    "text/*": ("csv", 1),
+    "*/*": ("json", 0),
+}
+CHUNK_CHARS: Final = 64 * 1024
+# The library's names of the filters, as the query spells them.
+NAMES: Final = {"name": "limit"}
+
+REPORT_RESPONSES: Final = {
+    200: {
+        "model": ReportOut,
+        "description": "The report, streamed: JSON, or CSV (a header, then one line a row).",
+        "content": {"text/csv": {"schema": {"type": "string"}}},
+    },
+    **responses(400, 406, 422, *AUTH_ERRORS, *COMMON_ERRORS),
+}
+
+Period = Annotated[
+    str | None,
+    Query(pattern=r"^[0-9]{4}-[0-9]{2}$", description="A calendar month (UTC): 2026-11."),
+]
+Since = Annotated[
+    str | None,
+    Query(description="ISO 8601: windows starting at or after this (naive is UTC)."),
+]
+Until = Annotated[str | None, Query(description="ISO 8601: windows starting before this.")]
+LimitFilter = Annotated[str | None, Query(description="Only this limit.")]
+
+
+def negotiate(accept: str | None) -> Format:
+    """The format an ``Accept`` header asks for: the acceptable range with the
+    highest q, the most specific at equal q; JSON without the header; 406 when
+    neither JSON nor CSV is acceptable."""
+    best: tuple[float, int, Format] | None = None
+    for part in (accept or "*/*").split(","):
+        media, *parameters = part.split(";")
+        found = RANGES.get(media.strip().lower())
+        if found is None:
+            continue
+        quality = _quality(parameters)
+        if quality <= 0:
+            continue
+        candidate = (quality, found[1], found[0])
+        if best is None or candidate[:2] > best[:2]:
+            best = candidate
+    if best is None:
+        raise ApiProblem("not-acceptable", "this report is application/json or text/csv (Accept)")
+    return best[2]
+
+
+def _quality(parameters: list[str]) -> float:
+    for parameter in parameters:
+        key, _, value = parameter.partition("=")
+        if key.strip().lower() == "q":
+            try:
+                quality = float(value.strip())
+            except ValueError:
+                return 0.0
+            return quality if 0 <= quality <= 1 else 0.0
+    return 1.0
+
+
+def _json_lines(report: Report, rows: Iterator[ReportRow]) -> Iterator[str]:
+    head = json.dumps(report_head(report))
+    yield head[:-1] + ', "rows": ['
+    separator = "\n"
+    for row in rows:
+        yield separator + json.dumps(row.to_dict())
+        separator = ",\n"
+    yield "]}\n" if separator == "\n" else "\n]}\n"
+
+
+def _chunks(lines: Iterator[str], rows: Iterator[ReportRow]) -> Generator[str, None, None]:
+    """``lines`` joined into chunks of about `CHUNK_CHARS`. Closing it closes
+    ``rows``, the database cursor under ``lines``, at once."""
+    try:
+        buffer: list[str] = []
+        size = 0
+        for line in lines:
+            buffer.append(line)
+            size += len(line)
+            if size >= CHUNK_CHARS:
+                yield "".join(buffer)
+                buffer, size = [], 0
+        if buffer:
+            yield "".join(buffer)
+    finally:
+        for source in (lines, rows):
+            close = getattr(source, "close", None)
+            if close is not None:
+                close()
+
+
+async def _stream(first: str, chunks: Generator[str, None, None]) -> AsyncGenerator[bytes, None]:
+    """The chunks, each read in a worker thread (the database cursor blocks)."""
+    yield first.encode()
+    while (chunk := await run_in_threadpool(next, chunks, None)) is not None:
+        yield chunk.encode()
+
+
+class Streamed(StreamingResponse):
+    """A streamed answer whose cursor is closed however it ends: read to the
+    end, or the client gone midway (Starlette then stops iterating and leaves
+    the generator to the garbage collector; this closes it at once)."""
+
+    def __init__(
+        self,
+        chunks: Generator[str, None, None],
+        first: str,
+        media_type: str,
+        headers: dict[str, str],
+    ) -> None:
+        self._chunks = chunks
+        self._body = _stream(first, chunks)
+        super().__init__(self._body, media_type=media_type, headers=headers)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._body.aclose()
+                await run_in_threadpool(self._chunks.close)
+
+
+async def _respond(request: Request, select: Callable[[], Report], filename: str) -> Response:
+    fmt = negotiate(request.headers.get("accept"))
+    try:
+        report = await run_in_threadpool(select)
+    except InvalidInput as exc:
+        raise invalid(exc, NAMES) from None
+    rows = report.rows()
+    lines = csv_lines(rows) if fmt == "csv" else _json_lines(report, rows)
+    chunks = _chunks(lines, rows)
+    try:
+        # The first chunk is read before the answer starts: a database that
+        # fails at once is a problem (503), not a cut stream. There is always
+        # one: the CSV header, the JSON object's start.
+        first = await run_in_threadpool(next, chunks)
+    except BaseException:
+        await run_in_threadpool(chunks.close)
+        raise
+    headers = {"Vary": "Accept"}
+    if fmt == "csv":
+        headers["Content-Disposition"] = f'attachment; filename="{filename}.csv"'
+    return Streamed(chunks, first, MEDIA[fmt], headers)
+
+
+@router.get(
+    "/reports/overage",
+    summary="The overage report",
+    response_model=None,
+    responses=REPORT_RESPONSES,
+    dependencies=[require_scope("read")],
+)
+async def overage(
+    request: Request,
+    context: Annotated[ApiContext, Depends(api_context)],
+    period: Period = None,
+    since: Since = None,
+    until: Until = None,
+    subject: Annotated[str | None, Query(description="Only this subject.")] = None,
+    limit: LimitFilter = None,
+    top: Annotated[
+        int | None, Query(ge=1, le=MAX_LISTING, description="Only the N largest overages.")
+    ] = None,
+) -> Response:
+    """Maximum, used, overage and denials per subject, limit and window, the
+    largest overage first: ``metering report overage``. A window belongs to
+    the period it starts in; token buckets and deleted limits are left out."""
+    meter = context.meter
+    return await _respond(
+        request,
+        lambda: select_overage(
+            meter, period=period, since=since, until=until, subject=subject, limit=limit, top=top
+        ),
+        "overage",
+    )
+
+
+@router.get(
+    "/reports/usage",
+    summary="A subject's usage over time",
+    response_model=None,
+    responses=REPORT_RESPONSES,
+    dependencies=[require_scope("read")],
+)
+async def usage(
+    request: Request,
+    context: Annotated[ApiContext, Depends(api_context)],
+    subject: Annotated[str, Query(description="The subject.")],
+    period: Period = None,
+    since: Since = None,
+    until: Until = None,
+    limit: LimitFilter = None,
+) -> Response:
+    """One subject's usage per window, oldest first, limit by limit:
+    ``metering report usage``."""
+    meter = context.meter
+    return await _respond(
+        request,
+        lambda: select_usage(meter, subject, period=period, since=since, until=until, limit=limit),
+        "usage",
+    )

@@ -1,0 +1,254 @@
+"""Reservations over HTTP: ``POST /v1/reservations``, ``GET /v1/reservations``,
+``GET /v1/reservations/{id}``, ``POST /v1/reservations/{id}/cancel`` and ``/commit``.
+
+A reservation is `Meter.reserve`: decided and recorded like an event, and
+when allowed held until it is cancelled (the cost goes back), committed, or
+past its time to live (the sweeper commits it). Reserving, cancelling and
+committing are what a service does around the work it meters, so they take
+the ``ingest`` scope; listing and reading reservations take ``read``.
+
+A reservation id is an event id, which may hold ``/``: the id in the path
+takes the rest of the path up to ``/cancel`` or ``/commit``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Final, Literal
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import JSONResponse, Response
+
+from metering.api.admin_common import (
+    bad_field,
+    invalid,
+    json_body,
+    problem_schema,
+    problem_with,
+    read_object,
+)
+from metering.api.admin_models import (
+    ID_PATTERN,
+    Cancelled,
+    ReservationOut,
+    Reservations,
+    Reserved,
+    ReserveSingle,
+    ReserveStacked,
+    reservation_json,
+)
+from metering.api.auth import AUTH_ERRORS, require_scope
+from metering.api.context import ApiContext, api_context
+from metering.api.models import decision_json
+from metering.api.parsing import Invalid, plain_event
+from metering.api.problems import COMMON_ERRORS, ApiProblem, responses
+from metering.domain.events import Charge
+from metering.domain.reservations import DEFAULT_TTL_SECONDS
+from metering.errors import InvalidInput, ReservationSettled, UnknownLimit, UnknownReservation
+from metering.meter import Meter
+from metering.reservations import ReservationInfo
+from metering.reserving import validate_ttl
+
+router = APIRouter(prefix="/v1", tags=["reservations"])
+
+# A listing answers at most this many reservations.
+MAX_LISTED: Final = 1000
+RESERVE_FIELDS: Final = frozenset(
+    {"event_id", "subject", "limit", "cost", "charges", "ttl_seconds", "metadata"}
+)
+ID_NAMES: Final = {"event_id": "reservation_id"}
+
+SETTLED_409: Final = problem_schema(
+    "The reservation is already settled (state: where it stands); a cancel past its "
+    "time to live commits it and answers this with state committed.",
+    state={"type": "string", "enum": ["held", "committed", "cancelled"]},
+)
+
+ReservationId = Annotated[
+    str,
+    Path(
+        pattern=ID_PATTERN,
+        description="The reservation's id (its event id; it may hold /).",
+        examples=["export-7781"],
+    ),
+]
+
+
+@router.post(
+    "/reservations",
+    summary="Reserve: consume now, give back later",
+    response_model=None,
+    openapi_extra=json_body(ReserveSingle, ReserveStacked),
+    responses={
+        200: {"model": Reserved, "description": "Held (allowed), or denied: the decision."},
+        **responses(400, 409, 415, 422, *AUTH_ERRORS, *COMMON_ERRORS),
+    },
+    dependencies=[require_scope("ingest")],
+)
+async def reserve(
+    request: Request, context: Annotated[ApiContext, Depends(api_context)]
+) -> Response:
+    """Decide and record the charges like an event; when allowed, hold them
+    until ``/cancel`` gives the cost back or ``/commit`` (or the time to live)
+    makes it final. A denied reservation consumes and stores nothing.
+
+    ``event_id`` is the reservation's id: a repeated id answers the same
+    reservation as it stands now (``duplicate``); the same id with other
+    charges is a 409.
+    """
+    item = await read_object(request, RESERVE_FIELDS)
+    ttl = item.pop("ttl_seconds", DEFAULT_TTL_SECONDS)
+    try:
+        ttl = validate_ttl(ttl)
+    except InvalidInput as exc:
+        raise invalid(exc) from None
+    now = context.meter.clock()
+    try:
+        event = plain_event(item, "", now).event
+    except Invalid as exc:
+        raise bad_field(exc.pointer, exc.message) from None
+    try:
+        reservation = await run_in_threadpool(
+            lambda: context.meter.reserve(
+                charges=event.charges,
+                event_id=event.event_id,
+                ttl_seconds=ttl,
+                metadata=event.metadata,
+            )
+        )
+    except UnknownLimit as exc:
+        pointer = "limit" if "charges" not in item else _charge_pointer(event.charges, exc.limit)
+        raise ApiProblem("unknown-limit", str(exc), [(pointer, str(exc))]) from None
+    body = {
+        "id": reservation.id,
+        "state": str(reservation.state),
+        "allowed": reservation.allowed,
+        "duplicate": reservation.decision.duplicate,
+        "expires_at": reservation.expires_at.isoformat() if reservation.expires_at else None,
+        "decision": decision_json(reservation.decision),
+    }
+    return JSONResponse(body)
+
+
+def _charge_pointer(charges: tuple[Charge, ...], limit: str) -> str:
+    for index, charge in enumerate(charges):
+        if charge.limit == limit:
+            return f"charges[{index}].limit"
+    return "charges"
+
+
+@router.get(
+    "/reservations",
+    summary="The newest reservations",
+    response_model=None,
+    responses={
+        200: {"model": Reservations, "description": "Newest first."},
+        **responses(400, *AUTH_ERRORS, *COMMON_ERRORS),
+    },
+    dependencies=[require_scope("read")],
+)
+async def list_reservations(
+    context: Annotated[ApiContext, Depends(api_context)],
+    state: Annotated[
+        Literal["held", "committed", "cancelled"] | None, Query(description="Only this state.")
+    ] = None,
+    subject: Annotated[
+        str | None, Query(description="Only reservations charging this subject.")
+    ] = None,
+    count: Annotated[int, Query(ge=1, le=MAX_LISTED, description="How many, newest first.")] = 100,
+) -> Response:
+    """The ``count`` newest reservations (at most 1000), optionally of one state
+    and one subject: what ``metering reservations list`` shows."""
+    try:
+        found = await run_in_threadpool(context.meter.reservations, state, subject, count)
+    except InvalidInput as exc:
+        raise invalid(exc) from None
+    return JSONResponse({"reservations": [reservation_json(info) for info in found]})
+
+
+@router.get(
+    "/reservations/{reservation_id:path}",
+    summary="A reservation",
+    response_model=None,
+    responses={
+        200: {"model": ReservationOut, "description": "Where it stands."},
+        **responses(400, 404, *AUTH_ERRORS, *COMMON_ERRORS),
+    },
+    dependencies=[require_scope("read")],
+)
+async def get_reservation(
+    reservation_id: ReservationId, context: Annotated[ApiContext, Depends(api_context)]
+) -> Response:
+    """A stored reservation; 404 for an id never reserved (or denied: nothing is stored)."""
+    return JSONResponse(reservation_json(await _stored(context.meter, reservation_id)))
+
+
+async def _stored(meter: Meter, reservation_id: str) -> ReservationInfo:
+    try:
+        info = await run_in_threadpool(meter.reservation, reservation_id)
+    except InvalidInput as exc:
+        raise invalid(exc, ID_NAMES) from None
+    if info is None:
+        raise UnknownReservation(reservation_id)
+    return info
+
+
+def _settled(exc: ReservationSettled) -> Response:
+    return problem_with("reservation-settled", str(exc), state=str(exc.state))
+
+
+SETTLE_RESPONSES: Final[dict[int | str, dict[str, Any]]] = {
+    **responses(400, 404, *AUTH_ERRORS, *COMMON_ERRORS),
+    409: SETTLED_409,
+}
+
+
+@router.post(
+    "/reservations/{reservation_id:path}/cancel",
+    summary="Cancel: give the cost back",
+    response_model=None,
+    responses={
+        200: {"model": Cancelled, "description": "Cancelled (a second cancel changes nothing)."},
+        **SETTLE_RESPONSES,
+    },
+    dependencies=[require_scope("ingest")],
+)
+async def cancel(
+    reservation_id: ReservationId, context: Annotated[ApiContext, Depends(api_context)]
+) -> Response:
+    """Give a held reservation's cost back where its counters can still take it
+    (``returned``); a second cancel does nothing. 409 when it is committed,
+    with ``state``; past its time to live it is committed now and the answer
+    is that 409 (``state: committed``): the usage stands."""
+    try:
+        returned = await run_in_threadpool(context.meter.cancel_reservation, reservation_id)
+    except InvalidInput as exc:
+        raise invalid(exc, ID_NAMES) from None
+    except ReservationSettled as exc:  # ReservationExpired too
+        return _settled(exc)
+    info = await _stored(context.meter, reservation_id)
+    return JSONResponse({**reservation_json(info), "returned": returned})
+
+
+@router.post(
+    "/reservations/{reservation_id:path}/commit",
+    summary="Commit: make the usage final",
+    response_model=None,
+    responses={
+        200: {"model": ReservationOut, "description": "Committed (again: no change)."},
+        **SETTLE_RESPONSES,
+    },
+    dependencies=[require_scope("ingest")],
+)
+async def commit(
+    reservation_id: ReservationId, context: Annotated[ApiContext, Depends(api_context)]
+) -> Response:
+    """Make a held reservation final; committing twice does nothing; 409 after a
+    cancel (``state: cancelled``)."""
+    try:
+        await run_in_threadpool(context.meter.commit_reservation, reservation_id)
+    except InvalidInput as exc:
+        raise invalid(exc, ID_NAMES) from None
+    except ReservationSettled as exc:
+        return _settled(exc)
+    return JSONResponse(reservation_json(await _stored(context.meter, reservation_id)))

@@ -1,0 +1,418 @@
+"""Webhook management over HTTP: the operations of ``metering webhooks``.
+
+* ``POST /v1/webhooks/endpoints`` adds an endpoint and answers its secret,
+  that once; ``GET`` lists them, ``GET /v1/webhooks/endpoints/{id}`` shows
+  one, ``PATCH`` changes its URL or types, ``DELETE`` removes it with its
+  deliveries;
+* ``POST .../{id}/enable`` and ``/disable``; ``POST .../{id}/rotate`` gives it
+  a new secret (answered that once; the old one signs for the grace);
+  ``POST .../{id}/test`` sends a signed ``webhook.test`` ping now;
+* ``GET /v1/webhooks/deliveries`` lists deliveries with their attempts;
+  ``POST /v1/webhooks/deliveries/replay`` sends deliveries again.
+
+Secrets are never answered but by the add and the rotation that make them:
+endpoints show them masked (``secret_masked``), and a password in a URL as
+``***``. Every route takes the ``admin`` scope: endpoints and deliveries are
+the operator's configuration, and a test ping sends a request out.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Final
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import JSONResponse, Response
+
+from metering.api.admin_common import (
+    bad_field,
+    invalid,
+    json_body,
+    problem_schema,
+    problem_with,
+    read_object,
+)
+from metering.api.admin_models import (
+    ENDPOINT_ID_PATTERN,
+    Deliveries,
+    DeliveryOut,
+    DeliveryStatusName,
+    EndpointChange,
+    EndpointCreated,
+    EndpointIn,
+    EndpointOut,
+    Endpoints,
+    Replayed,
+    ReplayIn,
+    RotateIn,
+    SecretRotated,
+    delivery_json,
+    endpoint_json,
+)
+from metering.api.auth import AUTH_ERRORS, require_scope
+from metering.api.context import ApiContext, api_context
+from metering.api.problems import COMMON_ERRORS, responses
+from metering.domain.bounds import MAX_ROW_ID
+from metering.domain.instants import as_utc
+from metering.errors import InvalidInput
+from metering.webhooks.endpoints import Webhooks
+
+router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"])
+
+# A listing answers at most this many deliveries; a replay takes at most this many ids.
+MAX_LISTED: Final = 1000
+MAX_REPLAYED: Final = 1000
+ENDPOINT_FIELDS: Final = frozenset({"url", "types", "secret"})
+CHANGE_FIELDS: Final = frozenset({"url", "types"})
+ROTATE_FIELDS: Final = frozenset({"secret", "grace_seconds"})
+REPLAY_FIELDS: Final = frozenset({"delivery_ids", "since"})
+
+EndpointId = Annotated[
+    str,
+    Path(
+        pattern=ENDPOINT_ID_PATTERN,
+        description="The endpoint's id.",
+        examples=["ep_3f9c2a1b7d4e5f60"],
+    ),
+]
+
+MISSING_404: Final = problem_schema(
+    "Not found: the ids that name no delivery (the others were queued again).",
+    delivery_ids={"type": "array", "items": {"type": "integer"}},
+)
+
+
+def _hooks(context: ApiContext) -> Webhooks:
+    """The library's webhook management, with the server's delivery settings
+    (``METERING_WEBHOOKS_*``: a test ping's timeout and allowed destinations)."""
+    return Webhooks(context.meter, context.settings.delivery)
+
+
+def _text(value: object, pointer: str) -> str:
+    if not isinstance(value, str):
+        raise bad_field(pointer, "must be a string")
+    return value
+
+
+def _secret(value: object) -> str | None:
+    """A secret given, or None: generated then (an empty one is a mistake, not that)."""
+    if value is None:
+        return None
+    if _text(value, "secret") == "":
+        raise bad_field("secret", "must not be empty: leave it out to have one generated")
+    return str(value)
+
+
+def _types(value: object) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
+        raise bad_field("types", "must be an array of message types ([] is every type)")
+    return value
+
+
+async def _call(function: Any, *args: Any, **kwargs: Any) -> Any:
+    """A library call in a worker thread; its `InvalidInput` a 400 naming the field."""
+    try:
+        return await run_in_threadpool(function, *args, **kwargs)
+    except InvalidInput as exc:
+        raise invalid(exc) from None
+
+
+# -- endpoints ---------------------------------------------------------------------
+
+
+@router.post(
+    "/endpoints",
+    status_code=201,
+    summary="Add an endpoint",
+    response_model=None,
+    openapi_extra=json_body(EndpointIn),
+    responses={
+        201: {"model": EndpointCreated, "description": "Added; its secret, shown this once."},
+        **responses(400, 415, *AUTH_ERRORS, *COMMON_ERRORS),
+    },
+    dependencies=[require_scope("admin")],
+)
+async def add_endpoint(
+    request: Request, context: Annotated[ApiContext, Depends(api_context)]
+) -> Response:
+    """Add an enabled endpoint for ``types`` (default: every type). The answer
+    holds its signing secret, given or generated: store it now, no later
+    answer shows it. It is stored encrypted when the server has
+    ``METERING_SECRET_KEY`` (``secret_encrypted``), in plaintext otherwise."""
+    fields = await read_object(request, ENDPOINT_FIELDS)
+    if "url" not in fields:
+        raise bad_field("url", "is required")
+    url = _text(fields["url"], "url")
+    types = _types(fields.get("types", []))
+    secret = _secret(fields.get("secret"))
+    endpoint, full_secret = await _call(_hooks(context).add, url, secret=secret, types=types)
+    body = {"endpoint": endpoint_json(endpoint), "secret": full_secret}
+    return JSONResponse(body, status_code=201)
+
+
+@router.get(
+    "/endpoints",
+    summary="Every endpoint",
+    response_model=None,
+    responses={
+        200: {"model": Endpoints, "description": "Oldest first, secrets masked."},
+        **responses(*AUTH_ERRORS, *COMMON_ERRORS),
+    },
+    dependencies=[require_scope("admin")],
+)
+async def list_endpoints(context: Annotated[ApiContext, Depends(api_context)]) -> Response:
+    """Every endpoint, oldest first, secrets masked (``metering webhooks list``)."""
+    found = await _call(_hooks(context).endpoints)
+    return JSONResponse({"endpoints": [endpoint_json(e) for e in found]})
+
+
+@router.get(
+    "/endpoints/{endpoint_id}",
+    summary="An endpoint",
+    response_model=None,
+    responses={
+        200: {"model": EndpointOut, "description": "The endpoint, its secret masked."},
+        **responses(400, 404, *AUTH_ERRORS, *COMMON_ERRORS),
+    },
+    dependencies=[require_scope("admin")],
+)
+async def get_endpoint(
+    endpoint_id: EndpointId, context: Annotated[ApiContext, Depends(api_context)]
+) -> Response:
+    """One endpoint, its secret masked; 404 when no endpoint has this id."""
+    return JSONResponse(endpoint_json(await _call(_hooks(context).get, endpoint_id)))
+
+
+@router.patch(
+    "/endpoints/{endpoint_id}",
+    summary="Change an endpoint's URL or types",
+    response_model=None,
+    openapi_extra=json_body(EndpointChange),
+    responses={
+        200: {"model": EndpointOut, "description": "The endpoint as it is now."},
+        **responses(400, 404, 415, *AUTH_ERRORS, *COMMON_ERRORS),
+    },
+    dependencies=[require_scope("admin")],
+)
+async def change_endpoint(
+    endpoint_id: EndpointId, request: Request, context: Annotated[ApiContext, Depends(api_context)]
+) -> Response:
+    """Send to another ``url`` and/or other ``types`` ([] is every type); what
+    is not given stays. Deliveries already queued go to the new URL."""
+    fields = await read_object(request, CHANGE_FIELDS)
+    url = _text(fields["url"], "url") if "url" in fields else None
+    types = _types(fields["types"]) if "types" in fields else None
+    endpoint = await _call(_hooks(context).update, endpoint_id, url=url, types=types)
+    return JSONResponse(endpoint_json(endpoint))
+
+
+@router.delete(
+    "/endpoints/{endpoint_id}",
+    status_code=204,
+    summary="Remove an endpoint",
+    response_model=None,
+    responses={
+        204: {"description": "Removed, with its deliveries and their attempts."},
+        **responses(400, 404, *AUTH_ERRORS, *COMMON_ERRORS),
+    },
+    dependencies=[require_scope("admin")],
+)
+async def remove_endpoint(
+    endpoint_id: EndpointId, context: Annotated[ApiContext, Depends(api_context)]
+) -> Response:
+    """Remove an endpoint with its deliveries (``metering webhooks remove``)."""
+    await _call(_hooks(context).remove, endpoint_id)
+    return Response(status_code=204)
+
+
+async def _set_enabled(context: ApiContext, endpoint_id: str, enabled: bool) -> Response:
+    hooks = _hooks(context)
+    await _call(hooks.set_enabled, endpoint_id, enabled)
+    return JSONResponse(endpoint_json(await _call(hooks.get, endpoint_id)))
+
+
+ENABLE_RESPONSES: Final = {
+    200: {"model": EndpointOut, "description": "The endpoint as it is now."},
+    **responses(400, 404, *AUTH_ERRORS, *COMMON_ERRORS),
+}
+
+
+@router.post(
+    "/endpoints/{endpoint_id}/enable",
+    summary="Send to an endpoint again",
+    response_model=None,
+    responses=ENABLE_RESPONSES,
+    dependencies=[require_scope("admin")],
+)
+async def enable_endpoint(
+    endpoint_id: EndpointId, context: Annotated[ApiContext, Depends(api_context)]
+) -> Response:
+    """Enable an endpoint: the deliveries that waited go out."""
+    return await _set_enabled(context, endpoint_id, True)
+
+
+@router.post(
+    "/endpoints/{endpoint_id}/disable",
+    summary="Stop sending to an endpoint",
+    response_model=None,
+    responses=ENABLE_RESPONSES,
+    dependencies=[require_scope("admin")],
+)
+async def disable_endpoint(
+    endpoint_id: EndpointId, context: Annotated[ApiContext, Depends(api_context)]
+) -> Response:
+    """Disable an endpoint: nothing is sent; its deliveries wait."""
+    return await _set_enabled(context, endpoint_id, False)
+
+
+@router.post(
+    "/endpoints/{endpoint_id}/rotate",
+    summary="Give an endpoint a new secret",
+    response_model=None,
+    openapi_extra=json_body(RotateIn, required=False),
+    responses={
+        200: {"model": SecretRotated, "description": "The new secret, shown this once."},
+        **responses(400, 404, 415, *AUTH_ERRORS, *COMMON_ERRORS),
+    },
+    dependencies=[require_scope("admin")],
+)
+async def rotate_secret(
+    endpoint_id: EndpointId, request: Request, context: Annotated[ApiContext, Depends(api_context)]
+) -> Response:
+    """A new signing secret (``secret``, or generated), answered this once; the
+    old one still signs for ``grace_seconds`` (default 24 h), so receivers can
+    switch without losing a message. The body is optional."""
+    fields = await read_object(request, ROTATE_FIELDS, optional=True)
+    secret = _secret(fields.get("secret"))
+    grace = fields.get("grace_seconds")
+    hooks = _hooks(context)
+    new_secret = await _call(hooks.rotate, endpoint_id, secret=secret, grace_seconds=grace)
+    endpoint = await _call(hooks.get, endpoint_id)
+    return JSONResponse({"endpoint": endpoint_json(endpoint), "secret": new_secret})
+
+
+@router.post(
+    "/endpoints/{endpoint_id}/test",
+    summary="Send a test ping",
+    response_model=None,
+    responses={
+        200: {
+            "model": DeliveryOut,
+            "description": "The ping's delivery: delivered, or failed with why.",
+        },
+        **responses(400, 404, *AUTH_ERRORS, *COMMON_ERRORS),
+    },
+    dependencies=[require_scope("admin")],
+)
+async def ping_endpoint(
+    endpoint_id: EndpointId, context: Annotated[ApiContext, Depends(api_context)]
+) -> Response:
+    """Send a signed ``webhook.test`` ping now, once (no retries), and answer
+    its delivery: ``status`` delivered when the endpoint answered 2xx, failed
+    otherwise (``last_status_code``, ``last_error``). A disabled endpoint is
+    pinged too. The request waits for the endpoint (its delivery timeout)."""
+    record, attempts = await _call(_hooks(context).send_test, endpoint_id)
+    return JSONResponse(delivery_json(record, attempts))
+
+
+# -- deliveries --------------------------------------------------------------------
+
+
+@router.get(
+    "/deliveries",
+    summary="Deliveries and their attempts",
+    response_model=None,
+    responses={
+        200: {"model": Deliveries, "description": "Newest first."},
+        **responses(400, *AUTH_ERRORS, *COMMON_ERRORS),
+    },
+    dependencies=[require_scope("admin")],
+)
+async def list_deliveries(
+    context: Annotated[ApiContext, Depends(api_context)],
+    status: Annotated[DeliveryStatusName | None, Query(description="Only this status.")] = None,
+    endpoint_id: Annotated[str | None, Query(description="Only to this endpoint.")] = None,
+    count: Annotated[int, Query(ge=1, le=MAX_LISTED, description="How many, newest first.")] = 50,
+) -> Response:
+    """The ``count`` newest deliveries (at most 1000), each with its attempts:
+    ``metering webhooks deliveries``."""
+    hooks = _hooks(context)
+
+    def read() -> list[dict[str, Any]]:
+        found = hooks.deliveries(status=status, endpoint_id=endpoint_id, count=count)
+        return [delivery_json(d, hooks.attempts(d.id)) for d in found]
+
+    return JSONResponse({"deliveries": await _call(read)})
+
+
+@router.post(
+    "/deliveries/replay",
+    summary="Send deliveries again",
+    response_model=None,
+    openapi_extra=json_body(ReplayIn),
+    responses={
+        200: {"model": Replayed, "description": "How many are due again."},
+        **responses(400, 415, *AUTH_ERRORS, *COMMON_ERRORS),
+        404: MISSING_404,
+    },
+    dependencies=[require_scope("admin")],
+)
+async def replay(
+    request: Request, context: Annotated[ApiContext, Depends(api_context)]
+) -> Response:
+    """Send deliveries again, failed or not, due now with a fresh retry
+    schedule: by ``delivery_ids``, or every one created ``since``, or those of
+    the ids created since. As the CLI: an id that names no delivery (or none
+    created since) is a 404 listing them (``delivery_ids``); the others given
+    are queued again all the same."""
+    fields = await read_object(request, REPLAY_FIELDS)
+    ids = _delivery_ids(fields.get("delivery_ids"))
+    since = _since(fields.get("since"))
+    if not ids and since is None:
+        raise bad_field("delivery_ids", "give delivery_ids, since, or both")
+    hooks = _hooks(context)
+    if not ids:
+        return JSONResponse({"queued": await _call(hooks.replay, [], since=since)})
+
+    def each() -> list[int]:
+        # One at a time, as the CLI: a count per id says which ids name no delivery.
+        return [i for i in ids if hooks.replay([i], since=since) == 0]
+
+    missing = await _call(each)
+    if missing:
+        done = len(ids) - len(missing)
+        detail = f"no delivery {', '.join(map(str, missing))}"
+        if since is not None:
+            detail += f" created since {since.isoformat()}"
+        detail += f"; {done} of {len(ids)} queued again"
+        return problem_with("not-found", detail, delivery_ids=missing)
+    return JSONResponse({"queued": len(ids)})
+
+
+def _delivery_ids(value: object) -> list[int]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not value:
+        raise bad_field("delivery_ids", "must be a non-empty array of delivery ids")
+    if len(value) > MAX_REPLAYED:
+        raise bad_field("delivery_ids", f"at most {MAX_REPLAYED} ids in one request")
+    for index, item in enumerate(value):
+        if isinstance(item, bool) or not isinstance(item, int) or not 1 <= item <= MAX_ROW_ID:
+            raise bad_field(f"delivery_ids[{index}]", f"must be a whole number, 1 to {MAX_ROW_ID}")
+    return list(dict.fromkeys(value))
+
+
+def _since(value: object) -> datetime | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise bad_field("since", "must be an RFC 3339 date-time string")
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise bad_field("since", f"{value[:60]!r} is not an RFC 3339 date-time") from None
+    try:
+        return as_utc(moment, field_name="since")
+    except InvalidInput as exc:
+        raise invalid(exc) from None
