@@ -6,6 +6,7 @@ event exactly once; `check` answers what would happen without recording.
 
 from __future__ import annotations
 
+from collections import Counter as CountOf
 from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -501,24 +502,30 @@ def _count(
     with the event's outcome; a rejected event's unknown limits count as
     `UNKNOWN_LIMIT` (their names are anyone's input). Repeated ids count by
     kind, and with ``invalid="reject"`` conflicts are also dead letters.
+    The loop only collects keys (about 0.2 µs an event, bench/bench_metrics.py):
+    `collections.Counter` adds them up.
     """
-    outcomes: dict[tuple[str, str], int] = {}
+    keys: list[tuple[str, str]] = []
+    append = keys.append
     denied_by: dict[str, int] = {}
     repeats: dict[str, int] = {}
     for record, (kind, result) in zip(records, answers, strict=True):
         if kind != NEW or result is None:
             repeats[kind] = repeats.get(kind, 0) + 1
             continue
-        outcome = result.outcome
         charges = record.charges
-        names = [charges[0][1]] if len(charges) == 1 else list(dict.fromkeys(c[1] for c in charges))
-        for name in names:
-            if outcome == "rejected" and name not in known:
-                name = UNKNOWN_LIMIT
-            key = (name, outcome)
-            outcomes[key] = outcomes.get(key, 0) + 1
-        for name in result.denied_by:
-            denied_by[name] = denied_by.get(name, 0) + 1
+        outcome = result.outcome
+        if len(charges) == 1:
+            append((charges[0][1], outcome))
+        else:
+            for name in dict.fromkeys(charge[1] for charge in charges):
+                append((name, outcome))
+        if outcome == "denied":
+            for name in result.denied_by:
+                denied_by[name] = denied_by.get(name, 0) + 1
+    outcomes = CountOf(keys)
+    for name, outcome in [key for key in outcomes if key[1] == "rejected" and key[0] not in known]:
+        outcomes[(UNKNOWN_LIMIT, outcome)] += outcomes.pop((name, outcome))
     if invalid == "reject":
         dead_letters += repeats.get(CONFLICT, 0)
     count_events(outcomes, denied_by, repeats, dead_letters)
