@@ -13,7 +13,7 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || python3 -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,charts]'
+	$(BIN)/pip install -q -e '.[dev,charts,tracing]'
 	touch $@
 
 # Server binaries for the integration tests (installed only when missing).
