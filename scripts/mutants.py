@@ -17,8 +17,9 @@ function, so an edited function renumbers them: a listed name whose
 mutation is no longer the one described (another hash) counts as new.
 A listed mutant that is now killed, or gone, only draws a warning.
 
-``--keep`` reuses ``mutants/`` and mutmut's earlier results (quick while
-working on tests; the check that counts is a fresh run).
+``--keep`` reuses ``mutants/`` and mutmut's earlier verdicts, testing again
+only the mutants of edited functions and the last run's survivors (quick
+while writing tests; the check that counts is a fresh run).
 """
 
 from __future__ import annotations
@@ -117,6 +118,27 @@ def digest(diff: str) -> str:
     return hashlib.sha1("\n".join(changed).encode()).hexdigest()[:8]
 
 
+def run_mutmut(*names: str) -> bool:
+    """`mutmut run` (of ``names`` only, when given), its output in LOG; False if it failed."""
+    # Each mutant runs pytest anew: scanning the installed plugins is a good
+    # part of that, and the domain's tests use none of them.
+    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    with LOG.open("a") as log:
+        run = subprocess.run(
+            [sys.executable, "-m", "mutmut", "run", *names],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            check=False,
+        )
+    if run.returncode != 0:
+        tail = LOG.read_text(errors="replace").replace("\r", "\n").splitlines()[-40:]
+        print("\n".join(tail), file=sys.stderr)
+        print(f"scripts/mutants.py: mutmut run exited {run.returncode}", file=sys.stderr)
+    return run.returncode == 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--keep", action="store_true", help="reuse mutants/ and earlier results")
@@ -127,28 +149,20 @@ def main() -> int:
     if not options.keep:
         shutil.rmtree(MUTANTS, ignore_errors=True)
     MUTANTS.mkdir(exist_ok=True)
+    LOG.write_text("")
     print(f"mutmut run (its output: {LOG.relative_to(ROOT)})", flush=True)
-    # Each mutant runs pytest anew: scanning the installed plugins is a good
-    # part of that, and the domain's tests use none of them.
-    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
-    with LOG.open("w") as log:
-        run = subprocess.run(
-            [sys.executable, "-m", "mutmut", "run"],
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            check=False,
-        )
-    seconds = time.monotonic() - started
-    if run.returncode != 0:
-        tail = LOG.read_text(errors="replace").replace("\r", "\n").splitlines()[-40:]
-        print("\n".join(tail), file=sys.stderr)
-        print(f"scripts/mutants.py: mutmut run exited {run.returncode}", file=sys.stderr)
+    if not run_mutmut():
         return 2
-
     found = statuses()
     undetected = sorted(name for name, status in found.items() if status not in DETECTED)
+    if options.keep and undetected:
+        # mutmut keeps a verdict until the mutated function changes: try the
+        # survivors again, against the tests as they are now.
+        if not run_mutmut(*undetected):
+            return 2
+        found = statuses()
+        undetected = sorted(name for name, status in found.items() if status not in DETECTED)
+    seconds = time.monotonic() - started
     shown = diffs(undetected)
     equivalent, new = [], []
     for name in undetected:
