@@ -13,6 +13,7 @@ takes the rest of the path up to ``/cancel`` or ``/commit``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any, Final, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request
@@ -40,9 +41,9 @@ from metering.api.admin_models import (
 from metering.api.auth import AUTH_ERRORS, require_scope
 from metering.api.context import ApiContext, api_context
 from metering.api.models import decision_json
-from metering.api.parsing import Invalid, plain_event
 from metering.api.problems import COMMON_ERRORS, ApiProblem, responses
-from metering.domain.events import Charge
+from metering.domain.events import Charge, make_event, validate_cost, validate_subject
+from metering.domain.limits import validate_limit_name
 from metering.domain.reservations import DEFAULT_TTL_SECONDS
 from metering.errors import InvalidInput, ReservationSettled, UnknownLimit, UnknownReservation
 from metering.meter import Meter
@@ -56,6 +57,7 @@ MAX_LISTED: Final = 1000
 RESERVE_FIELDS: Final = frozenset(
     {"event_id", "subject", "limit", "cost", "charges", "ttl_seconds", "metadata"}
 )
+CHARGE_FIELDS: Final = frozenset({"subject", "limit", "cost"})
 ID_NAMES: Final = {"event_id": "reservation_id"}
 
 SETTLED_409: Final = problem_schema(
@@ -102,11 +104,13 @@ async def reserve(
         ttl = validate_ttl(ttl)
     except InvalidInput as exc:
         raise invalid(exc) from None
-    now = context.meter.clock()
+    charges = _charges(item)
     try:
-        event = plain_event(item, "", now).event
-    except Invalid as exc:
-        raise bad_field(exc.pointer, exc.message) from None
+        event = make_event(
+            charges, context.meter.clock(), item.get("event_id"), item.get("metadata")
+        )
+    except InvalidInput as exc:
+        raise invalid(exc) from None
     try:
         reservation = await run_in_threadpool(
             lambda: context.meter.reserve(
@@ -128,6 +132,49 @@ async def reserve(
         "decision": decision_json(reservation.decision),
     }
     return JSONResponse(body)
+
+
+def _charges(item: dict[str, Any]) -> list[Charge]:
+    """One charge (``subject``, ``limit``, ``cost``) or ``charges``, each field
+    checked by the library's validators and named where it was given."""
+    if "charges" in item:
+        if any(name in item for name in CHARGE_FIELDS):
+            raise bad_field("charges", "give subject and limit, or charges, not both")
+        given = item["charges"]
+        if not isinstance(given, list) or not given:
+            raise bad_field("charges", "must be a non-empty array of {subject, limit, cost}")
+        return [_charge(charge, f"charges[{index}].") for index, charge in enumerate(given)]
+    for name in ("subject", "limit"):
+        if name not in item:
+            raise bad_field(name, "is required (or give charges)")
+    return [_charge({k: v for k, v in item.items() if k in CHARGE_FIELDS}, "")]
+
+
+def _charge(given: object, prefix: str) -> Charge:
+    if not isinstance(given, dict):
+        raise bad_field(prefix.rstrip("."), "must be an object with subject, limit and cost")
+    for key in given:
+        if key not in CHARGE_FIELDS:
+            raise bad_field(prefix + str(key)[:60], "is not a field of a charge")
+    checks: tuple[tuple[str, Callable[[Any], Any]], ...] = (
+        ("subject", validate_subject),
+        ("limit", validate_limit_name),
+        ("cost", lambda cost: validate_cost(_whole(cost))),
+    )
+    values = []
+    for name, check in checks:
+        try:
+            values.append(check(given.get(name, 1 if name == "cost" else None)))
+        except InvalidInput as exc:
+            raise bad_field(prefix + name, exc.message) from None
+    return Charge(*values)
+
+
+def _whole(cost: object) -> object:
+    """A JSON number with no fraction is a whole cost (``2.0``), as in an event."""
+    if isinstance(cost, float) and cost.is_integer() and abs(cost) <= 2**53:
+        return int(cost)
+    return cost
 
 
 def _charge_pointer(charges: tuple[Charge, ...], limit: str) -> str:
