@@ -231,6 +231,11 @@ def test_api_service_runs_metering_serve(services: dict[str, dict[str, Any]]) ->
     assert api["restart"] == "unless-stopped"
 
 
+def test_workers_count_metrics_in_memory(services: dict[str, dict[str, Any]]) -> None:
+    # The multiprocess files go under $TMPDIR (/tmp in the image).
+    assert "/tmp" in services["worker"]["tmpfs"]
+
+
 def test_prometheus_and_grafana_are_optional(services: dict[str, dict[str, Any]]) -> None:
     for name in OBSERVABILITY:
         assert services[name]["profiles"] == ["observability"], name
