@@ -228,8 +228,9 @@ def _event(
 _NO_EVENT: Final = UsageEvent("-", (), datetime.fromtimestamp(0, UTC))
 
 
-def plain_event(item: object, prefix: str, now: datetime) -> Parsed:
-    """One event in the Python API's names."""
+def plain_event(item: object, prefix: str, now: datetime, now_us: int | None = None) -> Parsed:
+    """One event in the Python API's names (``now_us``: ``now`` in microseconds,
+    computed once by a caller that parses many)."""
     if not isinstance(item, Mapping):
         raise Invalid(prefix or "body", "must be a JSON object (an event)")
     _only(item, PLAIN_FIELDS, prefix)
@@ -238,11 +239,12 @@ def plain_event(item: object, prefix: str, now: datetime) -> Parsed:
     at = item.get("occurred_at")
     when = now if at is None else _parse_time(at, where.time_pointer)
     metadata = item.get("metadata")
-    event = _event(charges, when, item.get("event_id"), metadata, where, to_us(now))
+    now_us = to_us(now) if now_us is None else now_us
+    event = _event(charges, when, item.get("event_id"), metadata, where, now_us)
     return Parsed(event, prefix, shape)
 
 
-def cloud_event(item: object, prefix: str, now: datetime) -> Parsed:
+def cloud_event(item: object, prefix: str, now: datetime, now_us: int | None = None) -> Parsed:
     """One CloudEvent 1.0 (structured JSON) as a usage event; see docs/api-http.md."""
     if not isinstance(item, Mapping):
         raise Invalid(prefix or "body", "must be a JSON object (a CloudEvent)")
@@ -277,7 +279,8 @@ def cloud_event(item: object, prefix: str, now: datetime) -> Parsed:
     where = Parsed(_NO_EVENT, prefix, shape)
     at = item.get("time")
     when = now if at is None else _parse_time(at, where.time_pointer)
-    event = _event(charges, when, item["id"], rest or None, where, to_us(now))
+    now_us = to_us(now) if now_us is None else now_us
+    event = _event(charges, when, item["id"], rest or None, where, now_us)
     return Parsed(event, prefix, shape)
 
 
@@ -316,11 +319,12 @@ def parse_events(body: bytes, kind: BodyKind, now: datetime, max_events: int) ->
     if not items:
         raise ApiProblem("invalid-input", "no events", [("body", "is an empty array")])
     parse = plain_event if kind == "json" else cloud_event
+    now_us = to_us(now)
     events: list[Parsed] = []
     errors: FieldErrors = []
     for index, item in enumerate(items):
         try:
-            events.append(parse(item, f"events[{index}]" if batch else "", now))
+            events.append(parse(item, f"events[{index}]" if batch else "", now, now_us))
         except Invalid as exc:
             errors.append((exc.pointer, exc.message))
     if errors:

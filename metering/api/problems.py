@@ -21,6 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 
 from metering.errors import (
@@ -230,6 +231,12 @@ def _location(loc: Sequence[Any]) -> str:
     return text.lstrip(".") or "body"
 
 
+async def _client_gone(_request: Request, _exc: Exception) -> Response:
+    # The client closed the connection before its body was read: nobody reads
+    # this answer, and it is no server error to log.
+    return problem_response("invalid-input", "the client disconnected before the body was read")
+
+
 async def _unexpected(_request: Request, _exc: Exception) -> Response:
     # Starlette raises the exception again after this answer: the server logs it.
     return problem_response("internal-error", "the server could not complete the request")
@@ -241,4 +248,5 @@ def install_problem_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ApiProblem, _api_problem)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(ClientDisconnect, _client_gone)
     app.add_exception_handler(Exception, _unexpected)
