@@ -39,6 +39,7 @@ from schemathesis.specs.openapi.checks import (
 
 from metering import FrozenClock, Limit, Meter
 from metering.api import create_api
+from metering.apikeys import ApiKeys
 from metering.domain.events import make_event
 from metering.errors import UnknownLimit
 from metering.reports import COLUMNS, Report, overage_report, usage_report, write_csv
@@ -950,6 +951,59 @@ def test_bad_delivery_listings(http: httpx.Client) -> None:
         ({"endpoint_id": "a b"}, "endpoint_id"),
     ]:
         problem(http.get("/v1/webhooks/deliveries", params=params), 400, "invalid-input", field)
+
+
+# -- scopes ----------------------------------------------------------------------------
+
+# (method, path, body, the scope it takes): every admin operation.
+SCOPED: list[tuple[str, str, Any, str]] = [
+    ("POST", "/v1/reservations", {"subject": "org-1", "limit": "seats"}, "ingest"),
+    ("POST", "/v1/reservations/r-1/cancel", None, "ingest"),
+    ("POST", "/v1/reservations/r-1/commit", None, "ingest"),
+    ("GET", "/v1/reservations", None, "read"),
+    ("GET", "/v1/reservations/r-1", None, "read"),
+    ("GET", "/v1/limits", None, "read"),
+    ("GET", "/v1/limits/seats", None, "read"),
+    ("PUT", "/v1/limits/later", {"maximum": 1, "period": "1h"}, "admin"),
+    ("DELETE", "/v1/limits/later", None, "admin"),
+    ("GET", "/v1/reports/overage", None, "read"),
+    ("GET", "/v1/reports/usage?subject=org-1", None, "read"),
+    ("POST", "/v1/webhooks/endpoints", {"url": "https://example.com/"}, "admin"),
+    ("GET", "/v1/webhooks/endpoints", None, "admin"),
+    ("GET", "/v1/webhooks/endpoints/ep_x", None, "admin"),
+    ("PATCH", "/v1/webhooks/endpoints/ep_x", {"types": []}, "admin"),
+    ("POST", "/v1/webhooks/endpoints/ep_x/enable", None, "admin"),
+    ("POST", "/v1/webhooks/endpoints/ep_x/disable", None, "admin"),
+    ("POST", "/v1/webhooks/endpoints/ep_x/rotate", None, "admin"),
+    ("POST", "/v1/webhooks/endpoints/ep_x/test", None, "admin"),
+    ("DELETE", "/v1/webhooks/endpoints/ep_x", None, "admin"),
+    ("GET", "/v1/webhooks/deliveries", None, "admin"),
+    ("POST", "/v1/webhooks/deliveries/replay", {"delivery_ids": [1]}, "admin"),
+]
+
+
+def test_each_route_takes_its_scope(http: httpx.Client, meter: Meter) -> None:
+    """401 without a key (keys exist), 403 with a key of another scope; an
+    admin key may do everything (`metering.apikeys.GRANTS`)."""
+    keys = ApiKeys(meter)
+    tokens = {scope: keys.create(scope, f"{scope} key")[1] for scope in ("ingest", "read", "admin")}
+    assert len(SCOPED) == 22  # every admin operation (the schema test counts them)
+    assert {f"{method} {path.split('?')[0]}" for method, path, _, _ in SCOPED} >= {
+        f"{m.upper()} {p}"
+        for m, p, _ in _admin_operations(http.get("/openapi.json").json())
+        if "{" not in p
+    }
+    for method, path, body, scope in SCOPED:
+        case = f"{method} {path}"
+        problem(http.request(method, path, json=body), 401, "unauthorized", case=case)
+        for holder, token in tokens.items():
+            answer = http.request(
+                method, path, json=body, headers={"authorization": f"Bearer {token}"}
+            )
+            if scope == holder or holder == "admin":
+                assert answer.status_code not in (401, 403), f"{case} with {holder}: {answer.text}"
+            else:
+                problem(answer, 403, "forbidden", case=f"{case} with {holder}")
 
 
 # -- the schema ---------------------------------------------------------------------
