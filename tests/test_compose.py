@@ -21,6 +21,7 @@ import yaml
 
 from metering.cli import main
 from metering.metrics import LagCollector, Metrics, QueueLag, WebhookBacklog
+from metering.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -229,6 +230,8 @@ def test_api_service_runs_metering_serve(services: dict[str, dict[str, Any]]) ->
     assert deps["migrate"] == "service_completed_successfully"
     assert deps["redis"] == deps["postgres"] == "service_healthy"
     assert api["restart"] == "unless-stopped"
+    # Keys are asked for from the start: an empty database serves no open API.
+    assert Settings.from_env(_environment(api)).api_auth == "required"
 
 
 def test_workers_count_metrics_in_memory(services: dict[str, dict[str, Any]]) -> None:
