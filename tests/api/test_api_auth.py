@@ -1,11 +1,11 @@
 """API keys over HTTP: uvicorn on a loopback port, httpx, SQLite and PostgreSQL.
 
 Routes of each scope (ingest: ``POST /v1/events``; read: ``GET
-/v1/subjects/{subject}/usage``; admin: a probe route of this test, guarded
-like the admin routes), answered 401 without a valid key and 403 with the
-wrong scope; a revoked key refused on the next request; the database
-holding no key nor any piece of one; the last use recorded; one noisy key
-answered 429 while another goes on.
+/v1/subjects/{subject}/usage``; admin: ``GET /v1/webhooks/endpoints``),
+answered 401 without a valid key and 403 with the wrong scope; a revoked
+key refused on the next request; the database holding no key nor any
+piece of one; the last use recorded; one noisy key answered 429 while
+another goes on.
 """
 
 from __future__ import annotations
@@ -19,12 +19,11 @@ from typing import Any
 import httpx
 import pytest
 from click.testing import CliRunner
-from fastapi import APIRouter, FastAPI
+from fastapi import FastAPI
 from sqlalchemy import select
 
 from metering import FrozenClock, Limit, Meter
 from metering.api import create_api
-from metering.api.auth import require_scope
 from metering.api.ratelimit import RATE_LIMIT
 from metering.apikeys import ApiKeys, ApiRate
 from metering.cli import main
@@ -37,14 +36,6 @@ Serve = Callable[[Any], str]  # the serve_api fixture
 NOW = datetime(2026, 11, 22, 9, 30, tzinfo=UTC)
 PROBLEM = "application/problem+json"
 
-probe = APIRouter()
-
-
-@probe.get("/v1/admin-probe", dependencies=[require_scope("admin")])
-async def admin_probe() -> dict[str, bool]:
-    return {"ok": True}
-
-
 # (scope, method, path, JSON body) of a route of each scope.
 ROUTES: dict[str, tuple[str, str, Any]] = {
     "ingest": (
@@ -53,7 +44,7 @@ ROUTES: dict[str, tuple[str, str, Any]] = {
         {"event_id": "e-1", "subject": "org-1", "limit": "api_calls", "cost": 1},
     ),
     "read": ("GET", "/v1/subjects/org-1/usage", None),
-    "admin": ("GET", "/v1/admin-probe", None),
+    "admin": ("GET", "/v1/webhooks/endpoints", None),
 }
 
 
@@ -78,7 +69,6 @@ def start(
             **options,
         )
         app = create_api(settings, meter=meter)
-        app.include_router(probe)
         client = httpx.Client(base_url=serve_api(app), timeout=30)
         clients.append(client)
         return app, client
@@ -312,12 +302,14 @@ def test_the_schema_declares_401_403_and_429_as_problems(start: Callable[..., An
         (path, method, operation)
         for path, operations in schema["paths"].items()
         for method, operation in operations.items()
-        if path.startswith("/v1/") and path != "/v1/admin-probe"
+        if path.startswith("/v1/")
     ]
     assert {(path, method) for path, method, _ in guarded} >= {
         ("/v1/events", "post"),
         ("/v1/check", "post"),
         ("/v1/subjects/{subject}/usage", "get"),
+        ("/v1/webhooks/endpoints", "get"),
+        ("/v1/limits/{name}", "put"),
     }
     for _path, _method, operation in guarded:
         for status in ("401", "403", "429"):
