@@ -56,7 +56,10 @@ def _current_settings() -> Settings | None:
 
 def _worker_starting(sender: Any = None, instance: Any = None, **_: Any) -> None:
     """The worker's main process, before its pool exists."""
-    settings = settings_of(instance.app)
+    try:
+        settings = settings_of(instance.app)
+    except AttributeError:  # a worker of another Celery app in this process
+        return
     if settings.metrics_port is not None:
         _state["directory"] = enable_multiprocess(metrics_directory("worker"))
     if settings.tracing and _state["tracing"] is None:
