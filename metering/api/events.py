@@ -21,9 +21,8 @@ from metering.api.models import (
 )
 from metering.api.parsing import body_kind, parse_events
 from metering.api.problems import COMMON_ERRORS, ApiProblem, responses
-from metering.api.queueing import apply_now, conflict, conflicts_among, enqueue, unique_events
+from metering.api.queueing import accept, apply_now, unique_events
 from metering.domain.events import UsageEvent, validate_event_id
-from metering.lookup import stored_results
 from metering.metrics import count_received
 
 router = APIRouter(prefix="/v1", tags=["events"])
@@ -91,15 +90,8 @@ async def post_events(
         _received({p.event.event_id: p.event for p, d in pairs if not d.duplicate})
         return JSONResponse({"results": [result_json(d) for d in results]}, status_code=200)
     unique = unique_events(parsed)
-    stored = await run_in_threadpool(
-        stored_results, context.meter.database, [e.event_id for e in unique]
-    )
-    conflicting = conflicts_among(unique, stored)
-    if conflicting:
-        raise conflict(conflicting, applied=False)
-    fresh = [event for event in unique if event.event_id not in stored]
+    fresh, stored = await run_in_threadpool(accept, context.meter, context.producer, unique)
     if fresh:
-        await run_in_threadpool(enqueue, context.producer, fresh)
         _received({event.event_id: event for event in fresh})
     accepted = {
         "accepted": [event.event_id for event in fresh],

@@ -97,6 +97,22 @@ def enqueue(producer: UsageProducer, events: Sequence[UsageEvent]) -> None:
         ) from exc
 
 
+def accept(
+    meter: Meter, producer: UsageProducer, events: Sequence[UsageEvent]
+) -> tuple[list[UsageEvent], dict[str, StoredResult]]:
+    """The queued path, in one thread: look the ids up in the ledger (a
+    conflict refuses all), queue those not decided before and flush.
+    Returns the events queued and the stored results of the others."""
+    stored = stored_results(meter.database, [event.event_id for event in events])
+    conflicting = conflicts_among(events, stored)
+    if conflicting:
+        raise conflict(conflicting, applied=False)
+    fresh = [event for event in events if event.event_id not in stored]
+    if fresh:
+        enqueue(producer, fresh)
+    return fresh, stored
+
+
 async def apply_now(meter: Meter, parsed: Sequence[Parsed]) -> list[Decision]:
     """``?wait=decision``: decide every event now; results in the order sent."""
     unique = unique_events(parsed)
