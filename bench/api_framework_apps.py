@@ -3,7 +3,8 @@
 ``METERING_BENCH_FRAMEWORK``: ``fastapi`` (a pydantic model per event, then
 the library's `make_event`) or ``starlette`` (the raw body, ``json.loads``,
 then `make_event`). Neither queues anything: this measures the framework's
-share of a 100-event request, not the broker's. ``bare``: FastAPI with
+share of a 100-event request, not the broker's. ``fastapi-raw``: FastAPI
+routing with the Starlette app's hand-read body, as `metering.api` does. ``bare``: FastAPI with
 ``POST /v1/check`` answering a constant, the peer of the real ``/v1/check``.
 """
 
@@ -53,6 +54,13 @@ def fastapi_app() -> FastAPI:
     return app
 
 
+def fastapi_raw_app() -> FastAPI:
+    """FastAPI routing, the body read by hand: what `metering.api` does."""
+    app = FastAPI()
+    app.add_api_route("/v1/events", _post_events, methods=["POST"], status_code=202)
+    return app
+
+
 async def _post_events(request: Request) -> Response:
     items = json.loads(await request.body())
     now = datetime.now(UTC)
@@ -83,5 +91,10 @@ def bare_app() -> FastAPI:
     return app
 
 
-_APPS = {"fastapi": fastapi_app, "starlette": starlette_app, "bare": bare_app}
+_APPS = {
+    "fastapi": fastapi_app,
+    "fastapi-raw": fastapi_raw_app,
+    "starlette": starlette_app,
+    "bare": bare_app,
+}
 app = _APPS[os.environ.get("METERING_BENCH_FRAMEWORK", "fastapi")]()

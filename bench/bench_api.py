@@ -16,9 +16,13 @@ Starts a durable PostgreSQL (fsync on) and a Redis (append-only), then:
 (c) ``POST /v1/check`` on the same server against (b), the bare app: FastAPI
     with the same route returning a constant, served the same way;
     requests/s and p50/p99.
+Each row also gives the CPU the server process spent per event (or per
+request), from /proc, and the producer's process CPU per event: on a
+shared machine these move much less than the rates.
 ``--framework``: the minimal ``POST /v1/events`` of `api_framework_apps.py`
-    (FastAPI + pydantic, and Starlette + hand validation, both with the
-    library's `make_event`, no broker) under the same load.
+    (FastAPI + pydantic; FastAPI with the body read by hand; Starlette + hand
+    validation; each with the library's `make_event`, no broker) under the
+    same load.
 
 The load generator is ``wrk`` (one thread, a Lua script writing each body)
 when it is installed (Debian: ``apt-get install wrk``), else an httpx async
@@ -180,19 +184,32 @@ def _ms(text: str) -> float:
     return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60_000.0}[unit]
 
 
-def load_wrk(base: str, path: str, script: str, seconds: int, concurrency: int) -> Measured:
-    """Requests/s, p50 and p99 ms as wrk measures them; any non-2xx answer fails."""
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) a process has used: /proc/PID/stat, fields 14 and 15."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def load_wrk(
+    base: str, path: str, script: str, seconds: int, concurrency: int, pid: int, each: int = 1
+) -> Measured:
+    """Requests/s, p50 and p99 ms as wrk measures them, and the server's CPU per
+    unit (``each`` units a request); any non-2xx answer fails."""
     lua = Path(tempfile.mkstemp(suffix=".lua")[1])
     lua.write_text(script)
     command = ["wrk", "-t", "1", "-c", str(concurrency), "-d", f"{seconds}s", "--latency"]
+    cpu_before = cpu_seconds(pid)
     out = subprocess.run([*command, "-s", str(lua), f"{base}{path}"], capture_output=True,
                          text=True, check=True)  # fmt: skip
+    cpu = cpu_seconds(pid) - cpu_before
     lua.unlink()
     if "Non-2xx" in out.stdout:
         raise SystemExit(f"wrk saw failed requests:\n{out.stdout}")
     rate = float(_grab(r"Requests/sec:\s+([\d.]+)", out.stdout))
-    return Measured(rate, _ms(_grab(r"50%\s+(\S+)", out.stdout)),
-                    _ms(_grab(r"99%\s+(\S+)", out.stdout)))  # fmt: skip
+    requests = int(_grab(r"(\d+) requests in", out.stdout))
+    return Measured(rate, _ms(_grab(r"(?m)^\s+50%\s+(\S+)", out.stdout)),
+                    _ms(_grab(r"(?m)^\s+99%\s+(\S+)", out.stdout)),
+                    cpu * 1e6 / (requests * each))  # fmt: skip
 
 
 def _grab(pattern: str, text: str) -> str:
@@ -209,6 +226,8 @@ class Measured:
     requests_per_second: float
     p50_ms: float
     p99_ms: float
+    # The server's CPU per event (or request): what a busy machine changes least.
+    cpu_us: float | None = None
 
     @classmethod
     def of(cls, figures: Figures, events_each: int) -> Measured:
@@ -217,30 +236,32 @@ class Measured:
         )
 
 
-def ingest(base: str, args: argparse.Namespace, tag: str) -> Measured:
+def ingest(base: str, args: argparse.Namespace, tag: str, pid: int) -> Measured:
     if shutil.which("wrk"):
         script = EVENTS_LUA.replace("TAG", tag).replace("SUBJECTS", str(SUBJECTS))
         script = script.replace("NOW", datetime.now(UTC).isoformat())
-        load_wrk(base, "/v1/events", script.replace(f'"{tag}"', f'"{tag}-warm"'), 2, 2)
-        return load_wrk(base, "/v1/events", script, args.seconds, args.concurrency)
+        warm = script.replace(f'"{tag}"', f'"{tag}-warm"')
+        load_wrk(base, "/v1/events", warm, 2, 2, pid, BATCH)
+        return load_wrk(base, "/v1/events", script, args.seconds, args.concurrency, pid, BATCH)
     bodies = event_bodies(args.requests, tag)
     return Measured.of(measure(base, "/v1/events", bodies, args.concurrency, 202, BATCH), BATCH)
 
 
-def check(base: str, args: argparse.Namespace) -> Measured:
+def check(base: str, args: argparse.Namespace, pid: int) -> Measured:
     if shutil.which("wrk"):
-        load_wrk(base, "/v1/check", CHECK_LUA, 2, 2)
-        return load_wrk(base, "/v1/check", CHECK_LUA, args.seconds, args.concurrency)
+        load_wrk(base, "/v1/check", CHECK_LUA, 2, 2, pid)
+        return load_wrk(base, "/v1/check", CHECK_LUA, args.seconds, args.concurrency, pid)
     body = json.dumps({"subject": "org-1", "limit": "api_calls"}).encode()
     bodies = [body] * args.check_requests
     return Measured.of(measure(base, "/v1/check", bodies, args.concurrency, 200, 1), 1)
 
 
-def producer_rate(redis_url: str, requests: int, tag: str) -> float:
-    """The peer: the same events through `UsageProducer` (batches of 500)."""
+def producer_rate(redis_url: str, requests: int, tag: str) -> Measured:
+    """The peer: the same events through `UsageProducer` (batches of 500);
+    events/s, and this process's CPU per event."""
     events = [json.loads(body) for body in event_bodies(requests, tag)]
     with UsageProducer(redis_url) as producer:
-        began = time.perf_counter()
+        began, cpu = time.perf_counter(), time.process_time()
         for batch in events:
             for e in batch:
                 producer.emit(
@@ -252,29 +273,32 @@ def producer_rate(redis_url: str, requests: int, tag: str) -> float:
                     metadata=e["metadata"],
                 )
         producer.flush()
-        seconds = time.perf_counter() - began
-    return requests * BATCH / seconds
+        seconds, cpu = time.perf_counter() - began, time.process_time() - cpu
+    return Measured(requests / seconds, 0.0, 0.0, cpu * 1e6 / (requests * BATCH))
 
 
-def row(name: str, rate: float, measured: Measured | None, peer: float | None) -> list[str]:
+def row(
+    name: str, rate: float, measured: Measured, peer: float | None, latency: bool = True
+) -> list[str]:
     return [
         name,
         f"{rate:,.0f}",
-        f"{measured.p50_ms:.1f}" if measured else "",
-        f"{measured.p99_ms:.1f}" if measured else "",
+        f"{measured.p50_ms:.1f}" if latency else "",
+        f"{measured.p99_ms:.1f}" if latency else "",
+        f"{measured.cpu_us:,.0f}" if measured.cpu_us is not None else "",
         f"{rate / peer:.2f}" if peer else "1.00",
     ]
 
 
 def bench_framework(args: argparse.Namespace) -> list[list[str]]:
     """Both apps in turn, ``rounds`` times; the median round of each."""
-    found: dict[str, list[Measured]] = {"fastapi": [], "starlette": []}
+    found: dict[str, list[Measured]] = {"fastapi": [], "fastapi-raw": [], "starlette": []}
     for round_ in range(args.rounds):
         for name, results in found.items():
             env = {**os.environ, "METERING_BENCH_FRAMEWORK": name}
             process, base = serve_uvicorn("api_framework_apps:app", env)
             try:
-                results.append(ingest(base, args, f"framework-{name}-{round_}"))
+                results.append(ingest(base, args, f"framework-{name}-{round_}", process.pid))
             finally:
                 stop(process)
             rate = results[-1].requests_per_second * BATCH
@@ -304,7 +328,7 @@ def main() -> None:
     if args.framework:
         print_table(
             f"Minimal POST /v1/events, batches of 100, one uvicorn process ({client})",
-            ["app", "events/s", "p50 ms", "p99 ms", "ratio"],
+            ["app", "events/s", "p50 ms", "p99 ms", "server CPU µs/event", "ratio"],
             bench_framework(args),
         )
         return
@@ -320,13 +344,13 @@ def main() -> None:
         env.update(METERING_DATABASE_URL=url, METERING_BROKER_URL=redis.url())
         # HTTP and the producer in turn, ``rounds`` times: the median of each.
         ingests: list[Measured] = []
-        peers: list[float] = []
+        peers: list[Measured] = []
         for round_ in range(args.rounds):
             process, base = serve_metering(env)
             try:
-                ingests.append(ingest(base, args, f"http-{round_}"))
+                ingests.append(ingest(base, args, f"http-{round_}", process.pid))
                 if round_ == args.rounds - 1:
-                    checked = check(base, args)
+                    checked = check(base, args, process.pid)
                     print(f"  (c) check: {checked.requests_per_second:,.0f} /s", flush=True)
             finally:
                 stop(process)
@@ -335,19 +359,20 @@ def main() -> None:
             # As many events as HTTP accepted, at least 20,000.
             peer_requests = max(int(rate * args.seconds) // BATCH, 200)
             peers.append(producer_rate(redis.url(), peer_requests, f"producer-{round_}"))
-            print(f"  (p) producer: {peers[-1]:,.0f} events/s", flush=True)
+            print(f"  (p) producer: {peers[-1].requests_per_second * BATCH:,.0f} events/s")
         ingested = median_of(ingests)
         events_per_second = ingested.requests_per_second * BATCH
-        peer = sorted(peers)[len(peers) // 2]
+        producer = median_of(peers)
+        peer = producer.requests_per_second * BATCH
         bare_env = {**env, "METERING_BENCH_FRAMEWORK": "bare"}
         process, bare_base = serve_uvicorn("api_framework_apps:app", bare_env)
         try:
-            bare = check(bare_base, args)
+            bare = check(bare_base, args, process.pid)
             print(f"  (b) bare: {bare.requests_per_second:,.0f} requests/s", flush=True)
         finally:
             stop(process)
     rows = [
-        row("(p) peer: UsageProducer.emit, the same events", peer, None, None),
+        row("(p) peer: UsageProducer.emit, the same events", peer, producer, None, False),
         row("(a) POST /v1/events, 100 per request (202)", events_per_second, ingested, peer),
         row("(b) bare app: POST /v1/check, a constant", bare.requests_per_second, bare, None),
         row("(c) POST /v1/check", checked.requests_per_second, checked,
@@ -355,7 +380,14 @@ def main() -> None:
     ]  # fmt: skip
     print_table(
         f"HTTP API, one `metering serve` process, {args.concurrency} requests in flight ({client})",
-        ["case", "events or requests/s", "p50 ms", "p99 ms", "ratio"],
+        [
+            "case",
+            "events or requests/s",
+            "p50 ms",
+            "p99 ms",
+            "CPU µs per event or request",
+            "ratio",
+        ],
         rows,
     )
 
