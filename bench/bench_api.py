@@ -333,6 +333,20 @@ def main() -> None:
         )
         return
     workdir = Path(tempfile.mkdtemp(prefix="metering-bench-api-"))
+    try:
+        rows = run_servers(args, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print_table(
+        f"HTTP API, one `metering serve` process, {args.concurrency} requests in flight ({client})",
+        ["case", "events or requests/s", "p50 ms", "p99 ms", "CPU µs per event or request",
+         "ratio"],
+        rows,
+    )  # fmt: skip
+
+
+def run_servers(args: argparse.Namespace, workdir: Path) -> list[list[str]]:
+    """Every case but --framework, on a durable PostgreSQL and a Redis of their own."""
     with durable_postgres() as server, RedisServer(make_base_dir(workdir, "redis-")) as redis:
         redis.start()
         server.create_database("bench")
@@ -378,18 +392,7 @@ def main() -> None:
         row("(c) POST /v1/check", checked.requests_per_second, checked,
             bare.requests_per_second),
     ]  # fmt: skip
-    print_table(
-        f"HTTP API, one `metering serve` process, {args.concurrency} requests in flight ({client})",
-        [
-            "case",
-            "events or requests/s",
-            "p50 ms",
-            "p99 ms",
-            "CPU µs per event or request",
-            "ratio",
-        ],
-        rows,
-    )
+    return rows
 
 
 if __name__ == "__main__":
