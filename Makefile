@@ -44,5 +44,5 @@ fmt: venv
 
 # Keeps the venv: rebuilding it needs the network.
 clean:
-	rm -rf .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info
+	rm -rf .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info mutants
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
