@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request
@@ -87,12 +88,12 @@ async def post_events(
     if wait == "decision":
         results = await apply_now(context.meter, parsed)
         pairs = zip(parsed, results, strict=True)
-        _received({p.event.event_id: p.event for p, d in pairs if not d.duplicate})
+        _received({p.event.event_id: p.event for p, d in pairs if not d.duplicate}.values())
         return JSONResponse({"results": [result_json(d) for d in results]}, status_code=200)
     unique = unique_events(parsed)
     fresh, stored = await run_in_threadpool(accept, context.meter, context.producer, unique)
     if fresh:
-        _received({event.event_id: event for event in fresh})
+        _received(fresh)  # unique ids already
     accepted = {
         "accepted": [event.event_id for event in fresh],
         "duplicates": [
@@ -102,11 +103,17 @@ async def post_events(
     return JSONResponse(accepted, status_code=202)
 
 
-def _received(events: dict[str, UsageEvent]) -> None:
-    """`metering_events_received_total`: new events, under each limit they charge."""
-    count_received(
-        name for event in events.values() for name in dict.fromkeys(c[1] for c in event.charges)
-    )
+def _received(events: Iterable[UsageEvent]) -> None:
+    """`metering_events_received_total`: new events (each id once), under each
+    limit they charge."""
+    names: list[str] = []
+    for event in events:
+        charges = event.charges
+        if len(charges) == 1:
+            names.append(charges[0][1])
+        else:
+            names.extend(dict.fromkeys(c[1] for c in charges))
+    count_received(names)
 
 
 @router.get(

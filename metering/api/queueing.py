@@ -11,6 +11,7 @@ differ.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 
 from starlette.concurrency import run_in_threadpool
@@ -54,7 +55,12 @@ def unique_events(parsed: Sequence[Parsed]) -> list[UsageEvent]:
     for item in parsed:
         event = item.event
         seen = first.setdefault(event.event_id, event)
-        if seen.fingerprint() != event.fingerprint() and event.event_id not in conflicting:
+        # An event is its own first: no fingerprint is computed for unique ids.
+        if (
+            seen is not event
+            and seen.fingerprint() != event.fingerprint()
+            and event.event_id not in conflicting
+        ):
             conflicting.append(event.event_id)
     if conflicting:
         raise conflict(conflicting, applied=False, within=True)
@@ -66,8 +72,36 @@ class ApiProducer(UsageProducer):
     already, so `make_event` runs once per event, not twice."""
 
     def emit_events(self, events: Sequence[UsageEvent]) -> None:
-        for event in events:
-            self._add(queue_for(event.charges[0].subject, self.queues), encode_event(event))
+        """`UsageProducer._add` for each event, under one hold of the lock: the
+        same buffers, bound and flushes, without a lock and a count per event."""
+        queues = self.queues
+        items = [(queue_for(e.charges[0].subject, queues), encode_event(e)) for e in events]
+        self._after_fork_check()
+        waiting = False  # an event stays buffered: the flushing thread must run
+        self._lock.acquire()
+        try:
+            pending = self.pending
+            for queue, item in items:
+                if self._closed:
+                    raise BrokerUnavailable("the producer is closed", self.kept)
+                if pending >= self.max_buffer:
+                    raise BrokerUnavailable(
+                        "the buffer is full: the broker is not keeping up", self.kept
+                    )
+                buffer = self._buffers.setdefault(queue, [])
+                if not buffer:
+                    self._oldest[queue] = time.monotonic()
+                buffer.append(item)
+                pending += 1
+                if len(buffer) >= self.batch_size:
+                    self._flush_queue(queue)
+                    pending = self.pending
+                else:
+                    waiting = True
+        finally:
+            self._lock.release()
+            if waiting:
+                self._ensure_thread()
 
 
 def enqueue(producer: UsageProducer, events: Sequence[UsageEvent]) -> None:

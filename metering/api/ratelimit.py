@@ -79,6 +79,10 @@ class PerKeyRate:
         if self.rate is None or scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if key_subject((scope.get("state") or {}).get(STATE_KEY)) is None:
+            # No valid key: nothing to charge (what `_key` tells the middleware).
+            await self.app(scope, receive, send)
+            return
         if self._metered is None:
             meter: Meter = scope["app"].state.metering.meter
             self._metered = MeteringMiddleware(

@@ -54,8 +54,13 @@ class EventRecord(NamedTuple):
     fingerprint: str
 
 
+# `json.dumps` with these options, without building an encoder per call.
+_compact = json.JSONEncoder(separators=(",", ":")).encode
+_compact_finite = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+
+
 def fingerprint_of(charges: Iterable[Sequence[object]]) -> str:
-    return json.dumps(sorted([list(c) for c in charges]), separators=(",", ":"))
+    return _compact(sorted([list(c) for c in charges]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,19 +72,23 @@ class UsageEvent:
     occurred_at: datetime
     metadata: Mapping[str, Any] | None = None
     occurred_at_us: int = field(init=False, repr=False, compare=False)
-    _fingerprint: str = field(init=False, repr=False, compare=False)
+    # Computed on first use: the queued path (the API's 202) never needs it.
+    _fingerprint: str | None = field(init=False, default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "occurred_at_us", to_us(self.occurred_at))
-        object.__setattr__(self, "_fingerprint", fingerprint_of(self.charges))
 
     def fingerprint(self) -> str:
         """What makes two deliveries of one id the same event: its charges."""
-        return self._fingerprint
+        found = self._fingerprint
+        if found is None:
+            found = fingerprint_of(self.charges)
+            object.__setattr__(self, "_fingerprint", found)
+        return found
 
     def record(self) -> EventRecord:
         return EventRecord(
-            self.event_id, self.charges, self.occurred_at_us, self.metadata, self._fingerprint
+            self.event_id, self.charges, self.occurred_at_us, self.metadata, self.fingerprint()
         )
 
 
@@ -125,8 +134,8 @@ def validate_charges(charges: Iterable[object]) -> tuple[Charge, ...]:
         result.append(Charge(subject, limit, cost))
     if not 1 <= len(result) <= MAX_CHARGES:
         raise InvalidInput("charges", f"an event has 1 to {MAX_CHARGES} charges")
-    pairs = {(c.subject, c.limit) for c in result}
-    if len(pairs) != len(result):
+    # One charge (most events) cannot repeat a pair.
+    if len(result) > 1 and len({(c.subject, c.limit) for c in result}) != len(result):
         raise InvalidInput("charges", "each (subject, limit) may appear once per event")
     return tuple(result)
 
@@ -137,7 +146,7 @@ def validate_metadata(metadata: object) -> Mapping[str, Any] | None:
     if not isinstance(metadata, Mapping):
         raise InvalidInput("metadata", "must be a mapping of JSON values")
     try:
-        encoded = json.dumps(metadata, separators=(",", ":"), allow_nan=False)
+        encoded = _compact_finite(metadata)
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidInput("metadata", f"is not JSON-serialisable: {exc}") from exc
     if "\\ud" in encoded:  # a surrogate, paired (fine) or lone (not text: cannot be stored)

@@ -455,3 +455,35 @@ def test_a_malformed_queued_event_keeps_its_id_only_when_the_id_is_valid(bad_id:
     assert row.event_id is None
     row.raw.encode()  # storable text
     row.reason.encode()
+
+
+def test_a_fingerprint_is_computed_on_first_use_and_kept() -> None:
+    """The queued path never asks for it: it is not computed until asked."""
+    event = make_event([("org-1", "api", 2), ("org-0", "api", 1)], datetime(2026, 1, 1, tzinfo=UTC))
+    assert event._fingerprint is None
+    assert event.fingerprint() == '[["org-0","api",1],["org-1","api",2]]'
+    assert event._fingerprint == event.fingerprint()
+    assert event.record().fingerprint == event.fingerprint()
+
+
+def test_two_charges_of_one_pair_are_refused_and_two_pairs_are_not() -> None:
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    with pytest.raises(InvalidInput, match="once per event"):
+        make_event([("org-1", "api", 1), ("org-1", "api", 2)], at)
+    assert len(make_event([("org-1", "api", 1), ("org-2", "api", 2)], at).charges) == 2
+
+
+def test_a_fingerprint_is_encoded_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from metering.domain import events
+
+    calls: list[object] = []
+    encode = events.fingerprint_of
+
+    def counted(charges: object) -> str:
+        calls.append(charges)
+        return encode(charges)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(events, "fingerprint_of", counted)
+    event = make_event([("org-1", "api", 2)], datetime(2026, 1, 1, tzinfo=UTC))
+    assert event.fingerprint() == event.fingerprint() == event.record().fingerprint
+    assert len(calls) == 1
