@@ -28,11 +28,19 @@ from sqlalchemy import Connection
 from metering.domain.events import FUTURE_TOLERANCE_US, EventRecord, Rejected, check_event_time
 from metering.domain.instants import from_us
 from metering.domain.notifications import Notice, payload_of
-from metering.domain.rules import BUCKET_WINDOW, Key, Rule, State, decide, fresh_state
+from metering.domain.rules import (
+    BUCKET_WINDOW,
+    EventOutcome,
+    Key,
+    Rule,
+    State,
+    decide,
+    fresh_state,
+)
 from metering.domain.windows import Window, calendar_window, first_use_window
 from metering.errors import EventConflict, MeteringError, UnknownLimit
 from metering.storage.engine import RetryTransaction
-from metering.storage.hot import Changes
+from metering.storage.hot import Changes, WantedKey
 from metering.storage.hot_stores import hot_store
 from metering.storage.queries import Pair, ResultRecord, Store
 from metering.storage.webhooks import WebhookStore
@@ -308,3 +316,59 @@ def _record_extras(
         WebhookStore(connection).record_notices(found, now_us)
     if rejected:
         Store(connection).record_rejected_messages(rejected, now_us)
+
+
+# `check_record`'s answer when the cached limits are older than the database's.
+STALE: Final = "stale"
+
+
+def check_record(
+    connection: Connection, cache: LimitCache, event: EventRecord, now_us: int
+) -> EventOutcome | Literal["stale"] | None:
+    """What applying ``event`` would decide now, by the hot path's rules,
+    reading the state in one statement and writing nothing (`Meter.check`).
+
+    None: the general engine must answer (SQLite; an unknown limit or an
+    out-of-range time, which it raises with its own messages; an event
+    before its subject's current first-use window). `STALE`: the limits
+    changed since ``cache`` was read (refresh it and ask again).
+    """
+    if connection.dialect.name != "postgresql":
+        return None
+    from metering.storage.hot_postgres import read_unlocked
+
+    version, rules = cache.current
+    event_rules, error = _rules_for(event, rules, now_us)
+    if error is not None or version < 0:
+        return None
+    at_us = event.occurred_at_us
+    calendar = _Windows()
+    pairs: list[Pair] = []
+    keys: list[WantedKey] = []
+    for (subject, name, _), rule in zip(event.charges, event_rules, strict=True):
+        if rule.bucket:
+            keys.append((name, subject, *BUCKET_WINDOW))
+        elif rule.calendar:
+            keys.append((name, subject, *calendar.calendar(rule, at_us)))
+        else:
+            pairs.append((name, subject))
+    snapshot = read_unlocked(connection, sorted(pairs), sorted(keys))
+    if snapshot.version != version:
+        return STALE
+    windows: list[Window] = []
+    states: list[State] = []
+    for (subject, name, _), rule in zip(event.charges, event_rules, strict=True):
+        if rule.bucket:
+            window = BUCKET_WINDOW
+        elif rule.calendar:
+            window = calendar.calendar(rule, at_us)
+        else:
+            current = snapshot.windows.get((name, subject))
+            if current is not None and at_us < current[0]:
+                return None
+            window = first_use_window(rule.period, at_us, current, None)
+        # `decide` updates the states in place: these are copies, stored nowhere.
+        found = snapshot.states.get((name, subject, window[0]))
+        windows.append(window)
+        states.append(list(found) if found is not None else fresh_state())
+    return decide(event_rules, event.charges, windows, states, at_us, event.event_id, None)

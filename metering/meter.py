@@ -25,11 +25,12 @@ from metering.applying import (
     Unacceptable,
     UseGeneralPath,
     apply_records,
+    check_record,
 )
 from metering.clock import Clock, system_clock
 from metering.config import database_url, load_limits_file
 from metering.domain.bounds import validate_count, validate_seconds
-from metering.domain.decisions import Decision
+from metering.domain.decisions import ChargeDecision, Decision
 from metering.domain.events import (
     EventRecord,
     Rejected,
@@ -43,7 +44,7 @@ from metering.domain.instants import from_us
 from metering.domain.limits import Limit, validate_limit_name
 from metering.domain.reservations import DEFAULT_TTL_SECONDS, STORED_STATES
 from metering.domain.state import CounterKey, CounterState
-from metering.errors import EventConflict, InvalidInput, UnknownLimit
+from metering.errors import EventConflict, InvalidInput, StorageError, UnknownLimit
 from metering.grouping import GroupCommit
 from metering.ledger import (
     Decided,
@@ -60,7 +61,7 @@ from metering.metrics import UNKNOWN_LIMIT, count_events
 from metering.reservations import Reservation, ReservationInfo
 from metering.reserving import validate_ttl
 from metering.storage.database import Database
-from metering.storage.engine import ensure_schema
+from metering.storage.engine import ensure_schema, is_sqlite
 from metering.storage.queries import Store
 from metering.storage.reservations import ReservationStore
 
@@ -430,9 +431,48 @@ class Meter:
         charges: Sequence[Any] | None = None,
         occurred_at: datetime | None = None,
     ) -> Decision:
-        """What `consume` would decide now; consumes and records nothing."""
+        """What `consume` would decide now; consumes and records nothing.
+
+        On PostgreSQL the hot path's rules decide over state read in one
+        statement, outside any transaction (`check_record`); the general
+        engine answers what they leave to it, and on SQLite.
+        """
         event = self._event(subject, limit, cost, charges, "check", occurred_at)
         now_us = self.database.now_us()
+        hot = self._check_hot(event, now_us)
+        if hot is not None:
+            return hot
+        return self._check_general(event, now_us)
+
+    def _check_hot(self, event: UsageEvent, now_us: int) -> Decision | None:
+        """`check` by `check_record`, or None for the general engine."""
+        if is_sqlite(self.engine):
+            return None
+        record = event.record()
+        for attempt in range(2):
+            if attempt or self._limits.current[0] < 0:
+                self.database.run(self._limits.refresh)
+            try:
+                with self.database.reading() as connection:
+                    found = check_record(connection, self._limits, record, now_us)
+            except StorageError:
+                return None  # the general engine retries, or raises
+            if found is None:
+                return None
+            if not isinstance(found, str):  # else STALE: refresh the limits, ask again
+                return Decision(
+                    event_id=None,
+                    outcome=found.outcome,  # type: ignore[arg-type]
+                    charges=tuple(ChargeDecision.from_row(row) for row in found.rows),
+                    occurred_at=event.occurred_at,
+                    decided_at=from_us(now_us),
+                    denied_by=found.denied_by,
+                    metadata=event.metadata,
+                )
+        return None
+
+    def _check_general(self, event: UsageEvent, now_us: int) -> Decision:
+        """`check` by the general engine, in one transaction."""
 
         def work(connection: Connection) -> Decision:
             store = Store(connection)

@@ -246,3 +246,70 @@ def _translate(exc: psycopg.Error) -> StatementError:
     """A psycopg error as SQLAlchemy would raise it, for `run_transaction` to judge."""
     broken = isinstance(exc, psycopg.OperationalError) or exc.sqlstate is None
     return DBAPIError.instance(None, None, exc, psycopg.Error, connection_invalidated=broken)
+
+
+# `POST /v1/check` and `Meter.check`: the same state `PostgresHotStore.read`
+# locks, read in one statement without a lock or a transaction (a statement
+# sees one snapshot): the limits' version, the first-use windows of
+# ``pairs`` and the counters of ``keys`` and of those windows. Rows are
+# tagged: 0 the version, 1 a window (start, end), 2 a counter.
+CHECK_READ: Final = f"""
+WITH p AS MATERIALIZED {_PAIRS},
+w AS MATERIALIZED (
+    SELECT w.limit_name, w.subject, w.window_start_us, w.window_end_us
+    FROM p CROSS JOIN LATERAL (
+        SELECT * FROM current_windows AS w WHERE w.limit_name = p.l AND w.subject = p.s
+    ) AS w
+),
+k AS (
+    SELECT r->>0 AS l, r->>1 AS s, (r->>2)::bigint AS ws
+    FROM jsonb_array_elements(%(keys)s::jsonb) AS r
+    UNION ALL
+    SELECT limit_name, subject, window_start_us FROM w WHERE window_start_us IS NOT NULL
+)
+SELECT 0::int, NULL::text, NULL::text, version, NULL::bigint, NULL::bigint, NULL::bigint,
+       NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint
+FROM limits_version WHERE id = 1
+UNION ALL
+SELECT 1, limit_name, subject, window_start_us, window_end_us, NULL, NULL, NULL, NULL, NULL, NULL
+FROM w
+UNION ALL
+SELECT 2, c.limit_name, c.subject, c.window_start_us, c.used, c.denied_count, c.denied_cost,
+       c.first_denied_at_us, c.tat_us, c.tat_rem, c.tat_scale
+FROM k CROSS JOIN LATERAL (
+    SELECT * FROM counters AS c
+    WHERE c.limit_name = k.l AND c.subject = k.s AND c.window_start_us = k.ws
+) AS c
+"""
+
+
+def read_unlocked(
+    connection: Connection, pairs: Sequence[Pair], keys: Sequence[WantedKey]
+) -> Snapshot:
+    """`PostgresHotStore.read` for a decision that writes nothing (`check`):
+    one statement in autocommit, no lock, no transaction to end. Results
+    are not looked up (``stored`` is empty). Driver errors come out as
+    SQLAlchemy's, for `metering.storage.engine.translate`."""
+    raw = connection.connection.driver_connection
+    assert isinstance(raw, psycopg.Connection)
+    params = {"pairs": _encode(pairs), "keys": _encode(keys)}
+    try:
+        raw.autocommit = True
+        try:
+            rows = raw.cursor(binary=True).execute(CHECK_READ, params).fetchall()
+        finally:
+            raw.autocommit = False
+    except psycopg.Error as exc:
+        raise _translate(exc) from exc
+    version = -1
+    windows: dict[Pair, Window | None] = {}
+    states: dict[Key, list[Any]] = {}
+    for row in rows:
+        kind = row[0]
+        if kind == 0:
+            version = row[3]
+        elif kind == 1:
+            windows[(row[1], row[2])] = (row[3], row[4]) if row[3] is not None else None
+        else:
+            states[(row[1], row[2], row[3])] = list(row[4:11])
+    return Snapshot(version=version, stored={}, windows=windows, states=states)
