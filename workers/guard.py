@@ -38,6 +38,7 @@ from typing import Any
 
 from celery.worker.consumer import Consumer
 from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
 
@@ -131,12 +132,20 @@ def _delivery_tag(item: bytes | str) -> str | None:
     return tag if isinstance(tag, str) else None
 
 
+class HeldQoS(kombu_redis.QoS):
+    """kombu's Redis QoS for messages `POP_AND_HOLD` already holds in Redis:
+    delivering one only notes it in memory, instead of writing the whole
+    message to the unacked hash a second time."""
+
+    def append(self, message: Any, delivery_tag: str) -> None:
+        virtual.QoS.append(self, message, delivery_tag)
+
+
 class GuardedChannel(kombu_redis.Channel):
     """kombu's Redis channel that dead-letters entries it cannot deliver, and
     holds each message it takes as unacknowledged from the moment it is taken."""
 
-    # The list the next wait blocks on, when the last pop found every list empty.
-    _wait_next: int | None = None
+    QoS = HeldQoS
     _waiting: bool = False
     _wait_turn: int = 0
 

@@ -146,3 +146,21 @@ def test_the_pop_takes_entries_that_are_not_envelopes_without_holding_them(
     die_with_a_reply_unread(redis_url, GuardedRedisTransport)
     assert client.llen(FIRST.name) == 0
     assert client.hlen("unacked") == 0
+
+
+def test_a_message_given_back_returns_to_its_queue_once(
+    redis_url: str, client: redis.Redis
+) -> None:
+    # Delivery notes a held message only in memory (HeldQoS); giving it back
+    # must still find it in the unacked hash, where the pop put it.
+    publish(redis_url, FIRST, {"n": 1})
+    with connect(redis_url, GuardedRedisTransport) as connection:
+        channel = connection.default_channel
+
+        def on_message(body: Any, message: Any) -> None:
+            message.reject(requeue=True)
+
+        with Consumer(channel, [FIRST], callbacks=[on_message]):
+            connection.drain_events(timeout=5)
+    assert bodies(client, FIRST) == [{"n": 1}]
+    assert client.hlen("unacked") == 0
