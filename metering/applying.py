@@ -8,9 +8,10 @@ second.
 
 The general engine (`metering.ledger.apply_events`) keeps what is rare: an
 event older than its subject's current first-use window sends the whole
-batch there (`UseGeneralPath`); `check` and reservations use it too. The
-differential property test (``tests/storage/test_fast_path.py``) holds both
-to the same results, counters and notifications.
+batch there (`UseGeneralPath`); reservations use it too, and `check` when
+`check_record` leaves it there. The differential property tests
+(``tests/storage/test_fast_path.py``, ``test_check_path.py``) hold both to
+the same results, counters, notifications and checks.
 
 Limits are cached per process (`LimitCache`) with the version they were read
 at. `HotStore.read` returns the current version in the same round trip; when
