@@ -147,10 +147,12 @@ def _raw_charge(item: object, pointer: str, default_subject: object = None) -> R
     if not isinstance(item, Mapping):
         raise Invalid(pointer, "must be an object with subject, limit and cost")
     _only(item, CHARGE_FIELDS, pointer)
-    return (item.get("subject", default_subject), item.get("limit"), _whole(item.get("cost", 1)))
+    cost = whole_number(item.get("cost", 1))
+    return (item.get("subject", default_subject), item.get("limit"), cost)
 
 
-_CHARGE_CHECKS: Final[tuple[tuple[str, Callable[[object], object]], ...]] = (
+# Each field of a charge and the library rule that checks it.
+CHARGE_CHECKS: Final[tuple[tuple[str, Callable[[object], object]], ...]] = (
     ("subject", validate_subject),
     ("limit", validate_limit_name),
     ("cost", validate_cost),
@@ -160,7 +162,7 @@ _CHARGE_CHECKS: Final[tuple[tuple[str, Callable[[object], object]], ...]] = (
 def _locate(charges: Sequence[RawCharge], where: Parsed) -> Invalid | None:
     """The first bad value among ``charges``, with its pointer (after `make_event` refused)."""
     for index, values in enumerate(charges):
-        for (name, check), value in zip(_CHARGE_CHECKS, values, strict=True):
+        for (name, check), value in zip(CHARGE_CHECKS, values, strict=True):
             try:
                 check(value)
             except InvalidInput as exc:
@@ -168,7 +170,7 @@ def _locate(charges: Sequence[RawCharge], where: Parsed) -> Invalid | None:
     return None
 
 
-def _whole(cost: object) -> object:
+def whole_number(cost: object) -> object:
     """A JSON number with no fraction is a whole number, however it is written
     (``2``, ``2.0``, ``2e0``): JSON has one number type. Past 2**53 a float is
     not exact, and past 10**12 no cost is valid anyway."""
@@ -197,7 +199,7 @@ def _plain_charges(item: Mapping[str, Any], prefix: str) -> tuple[list[RawCharge
     if "subject" not in item or "limit" not in item:
         missing = "subject" if "subject" not in item else "limit"
         raise Invalid(_at(prefix, missing), "is required (or give charges)")
-    return [(item["subject"], item["limit"], _whole(item.get("cost", 1)))], "single"
+    return [(item["subject"], item["limit"], whole_number(item.get("cost", 1)))], "single"
 
 
 def _event(
@@ -273,7 +275,7 @@ def cloud_event(item: object, prefix: str, now: datetime, now_us: int | None = N
     else:
         if subject is None:
             raise Invalid(_at(prefix, "subject"), "is required (or give data.charges)")
-        charges = [(subject, data.get("limit"), _whole(data.get("cost", 1)))]
+        charges = [(subject, data.get("limit"), whole_number(data.get("cost", 1)))]
         rest = {k: v for k, v in data.items() if k not in ("limit", "cost")}
         shape = "data"
     where = Parsed(_NO_EVENT, prefix, shape)

@@ -13,7 +13,6 @@ takes the rest of the path up to ``/cancel`` or ``/commit``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Annotated, Any, Final, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request
@@ -41,9 +40,9 @@ from metering.api.admin_models import (
 from metering.api.auth import AUTH_ERRORS, require_scope
 from metering.api.context import ApiContext, api_context
 from metering.api.models import decision_json
+from metering.api.parsing import CHARGE_CHECKS, whole_number
 from metering.api.problems import COMMON_ERRORS, ApiProblem, responses
-from metering.domain.events import Charge, make_event, validate_cost, validate_subject
-from metering.domain.limits import validate_limit_name
+from metering.domain.events import Charge, make_event
 from metering.domain.reservations import DEFAULT_TTL_SECONDS
 from metering.errors import InvalidInput, ReservationSettled, UnknownLimit, UnknownReservation
 from metering.meter import Meter
@@ -156,25 +155,14 @@ def _charge(given: object, prefix: str) -> Charge:
     for key in given:
         if key not in CHARGE_FIELDS:
             raise bad_field(prefix + str(key)[:60], "is not a field of a charge")
-    checks: tuple[tuple[str, Callable[[Any], Any]], ...] = (
-        ("subject", validate_subject),
-        ("limit", validate_limit_name),
-        ("cost", lambda cost: validate_cost(_whole(cost))),
-    )
-    values = []
-    for name, check in checks:
+    values: list[Any] = []
+    for name, check in CHARGE_CHECKS:
+        value = given.get(name, 1 if name == "cost" else None)
         try:
-            values.append(check(given.get(name, 1 if name == "cost" else None)))
+            values.append(check(whole_number(value) if name == "cost" else value))
         except InvalidInput as exc:
             raise bad_field(prefix + name, exc.message) from None
     return Charge(*values)
-
-
-def _whole(cost: object) -> object:
-    """A JSON number with no fraction is a whole cost (``2.0``), as in an event."""
-    if isinstance(cost, float) and cost.is_integer() and abs(cost) <= 2**53:
-        return int(cost)
-    return cost
 
 
 def _charge_pointer(charges: tuple[Charge, ...], limit: str) -> str:
