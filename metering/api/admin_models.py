@@ -43,7 +43,14 @@ ID_PATTERN = f"^{EVENT_ID_PATTERN.pattern}$"
 ENDPOINT_ID_PATTERN = r"^[!-~]{1,64}$"
 
 ReservationStateName = Literal["held", "committed", "cancelled"]
-MessageType = Literal["limit.denied", "limit.threshold", "limit.exceeded", "limit.reset"]
+MessageType = Literal[
+    "limit.denied",
+    "limit.threshold",
+    "limit.exceeded",
+    "limit.reset",
+    "limit.would_deny",
+    "usage.corrected",
+]
 DeliveryStatusName = Literal["pending", "delivered", "failed"]
 assert set(MessageType.__args__) == set(MESSAGE_TYPES)  # type: ignore[attr-defined]
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from metering.domain.buckets import evaluate_bucket
+from metering.domain.grants import Pot
 from metering.domain.instants import from_us, to_us
 from metering.domain.limits import Limit
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState, Evaluation, Outcome
@@ -30,6 +31,11 @@ class ChargeDecision:
     event was denied nothing was consumed, so ``used`` and ``remaining`` are
     then the figures before the event. Instants are kept as microseconds
     (``*_us``) and offered as aware datetimes (``resets_at`` ...).
+
+    ``maximum`` is the subject's own (its entitlement at the event's time,
+    else the limit's). ``grants`` lists the grants that paid for the charge,
+    as (grant id, amount). A shadow limit's charge is always ``allowed``;
+    its outcome ``would_deny`` says a hard limit would have denied it.
     """
 
     subject: str
@@ -44,6 +50,7 @@ class ChargeDecision:
     window_start_us: int | None
     resets_at_us: int
     retry_at_us: int | None
+    grants: tuple[tuple[str, int], ...] = ()
 
     @property
     def window_start(self) -> datetime | None:
@@ -71,6 +78,7 @@ class ChargeDecision:
             "window_start": _iso(self.window_start),
             "resets_at": _iso(self.resets_at),
             "retry_at": _iso(self.retry_at),
+            "grants": [{"grant_id": g, "amount": a} for g, a in self.grants],
         }
 
     @classmethod
@@ -88,11 +96,12 @@ class ChargeDecision:
             window_start_us=_us_of(data["window_start"]),
             resets_at_us=to_us(datetime.fromisoformat(data["resets_at"])),
             retry_at_us=_us_of(data["retry_at"]),
+            grants=tuple((g["grant_id"], int(g["amount"])) for g in data.get("grants") or ()),
         )
 
     def to_row(self) -> list[Any]:
-        """A compact, JSON-ready form for the results ledger."""
-        return [
+        """A compact, JSON-ready form for the results ledger (grants only when some paid)."""
+        row = [
             self.subject,
             self.limit,
             self.cost,
@@ -106,10 +115,20 @@ class ChargeDecision:
             self.resets_at_us,
             self.retry_at_us,
         ]
+        if self.grants:
+            row.append([list(draw) for draw in self.grants])
+        return row
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> ChargeDecision:
+        if len(row) > ROW_FIELDS:
+            grants = tuple((str(g), int(a)) for g, a in row[ROW_FIELDS])
+            return cls(*row[:ROW_FIELDS], grants)  # type: ignore[call-arg]
         return cls(*row)
+
+
+# A ledger row's fields before the optional list of grant draws.
+ROW_FIELDS: Final = 12
 
 
 def _moment(us: int | None) -> datetime | None:
@@ -145,6 +164,11 @@ class Decision:
     @property
     def allowed(self) -> bool:
         return self.outcome in ("allowed", "overage")
+
+    @property
+    def would_deny(self) -> tuple[str, ...]:
+        """The shadow limits that would have denied this event, had they been hard."""
+        return tuple(c.limit for c in self.charges if c.outcome == "would_deny")
 
     @property
     def _main(self) -> ChargeDecision | None:
@@ -190,6 +214,7 @@ class Decision:
             "occurred_at": _iso(self.occurred_at),
             "decided_at": _iso(self.decided_at),
             "charges": [c.to_dict() for c in self.charges],
+            "would_deny": list(self.would_deny),
         }
 
 
@@ -203,12 +228,17 @@ def _parse(text: str | None) -> datetime | None:
 
 @dataclass(frozen=True, slots=True)
 class ChargeInput:
-    """One charge with what `decide_event` needs: its limit, counter and state."""
+    """One charge with what `decide_event` needs: its limit, counter and state.
+
+    ``limit`` carries the subject's own maximum (`Limit.with_maximum`);
+    ``pot`` the subject's grants for a fixed window, if it has any.
+    """
 
     limit: Limit
     key: CounterKey
     state: CounterState
     cost: int
+    pot: Pot | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,7 +255,7 @@ def evaluate_charge(charge: ChargeInput, now_us: int) -> Evaluation:
     if charge.limit.algorithm == "token_bucket":
         return evaluate_bucket(charge.limit, charge.state, charge.cost, now_us)
     window = (charge.key.window_start_us, charge.key.window_end_us)
-    return evaluate_window(charge.limit, charge.state, charge.cost, window, now_us)
+    return evaluate_window(charge.limit, charge.state, charge.cost, window, now_us, charge.pot)
 
 
 def decide_event(charges: Sequence[ChargeInput], now_us: int) -> EventVerdict:
@@ -235,16 +265,22 @@ def decide_event(charges: Sequence[ChargeInput], now_us: int) -> EventVerdict:
     judged at the moment the usage happened, not when it was processed.
     """
     evaluations = [evaluate_charge(c, now_us) for c in charges]
-    denied_by = tuple(c.limit.name for c, e in zip(charges, evaluations, strict=True) if not e.fits)
+    denied_by = tuple(
+        c.limit.name
+        for c, e in zip(charges, evaluations, strict=True)
+        if not e.fits and c.limit.enforcement != "shadow"
+    )
     decisions: list[ChargeDecision] = []
     states: list[CounterState] = []
     for charge, evaluation in zip(charges, evaluations, strict=True):
-        if denied_by:
+        if denied_by or not evaluation.fits:  # a shadow's would-deny consumes nothing
             state = charge.state if evaluation.fits else evaluation.denied
             decisions.append(_charge_decision(charge, evaluation, consumed=False))
         else:
             state = evaluation.applied
             decisions.append(_charge_decision(charge, evaluation, consumed=True))
+            if charge.pot is not None and evaluation.draws:
+                charge.pot.take(charge.key.window_start_us, evaluation.draws)
         states.append(state)
     outcome: Outcome = "denied" if denied_by else "allowed"
     if not denied_by and any(d.outcome == "overage" for d in decisions):
@@ -255,7 +291,9 @@ def decide_event(charges: Sequence[ChargeInput], now_us: int) -> EventVerdict:
 def _charge_decision(charge: ChargeInput, ev: Evaluation, *, consumed: bool) -> ChargeDecision:
     limit = charge.limit
     outcome: Outcome
-    if not ev.fits:
+    if not ev.fits and limit.enforcement == "shadow":
+        outcome = "would_deny"
+    elif not ev.fits:
         outcome = "denied"
     elif consumed and ev.overage_after > 0:
         outcome = "overage"
@@ -267,15 +305,16 @@ def _charge_decision(charge: ChargeInput, ev: Evaluation, *, consumed: bool) -> 
         subject=charge.key.subject,
         limit=limit.name,
         cost=charge.cost,
-        allowed=ev.fits,
+        allowed=ev.fits or limit.enforcement == "shadow",
         outcome=outcome,
         used=ev.used_after if consumed else ev.used_before,
         remaining=ev.remaining_after if consumed else ev.remaining_before,
         maximum=limit.maximum,
-        overage=ev.overage_after if consumed else max(ev.used_before - limit.maximum, 0),
+        overage=ev.overage_after if consumed else ev.overage_before,
         window_start_us=window_start,
         resets_at_us=ev.resets_at_us if consumed else ev.resets_at_before_us,
         retry_at_us=ev.retry_at_us,
+        grants=ev.draws if consumed else (),
     )
 
 

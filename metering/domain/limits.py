@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
 from metering.domain.bounds import shown
@@ -17,17 +17,18 @@ from metering.errors import InvalidLimit
 
 Algorithm = Literal["fixed_window", "token_bucket"]
 WindowKind = Literal["first_use", "calendar"]
-Enforcement = Literal["hard", "soft"]
+Enforcement = Literal["hard", "soft", "shadow"]
 
 ALGORITHMS: Final = ("fixed_window", "token_bucket")
 WINDOWS: Final = ("first_use", "calendar")
-ENFORCEMENTS: Final = ("hard", "soft")
+ENFORCEMENTS: Final = ("hard", "soft", "shadow")
 
 NAME_PATTERN: Final = re.compile(r"[a-z0-9_.:\-]{1,64}")
 MAX_MAXIMUM: Final = 10**15
 MAX_PERIOD_SECONDS: Final = 3653 * 86_400  # ten years, leap days included
 MAX_PERIOD_MONTHS: Final = 120
 MAX_THRESHOLD_PERCENT: Final = 1000
+MAX_THRESHOLDS: Final = 16
 # Ten years is 315,532,800 s: more significant digits than this are never a period.
 MAX_PERIOD_DIGITS: Final = 12
 MAX_PERIOD_CHARS: Final = 32
@@ -116,7 +117,13 @@ class Limit:
     >>> Limit("send_message", maximum=5, period="2m")
     >>> Limit("api", maximum=10, period="10s", algorithm="token_bucket")
     >>> Limit("seats", maximum=1000, period="1mo", window="calendar", enforcement="soft",
-    ...       thresholds=(80, 100))
+    ...       thresholds=(80, 100), thresholds_units=(900,))
+
+    ``enforcement="shadow"`` decides like ``hard`` and records what a hard
+    limit would have denied (``would_deny``), but never denies: a way to try
+    a limit on live traffic before enforcing it. ``thresholds`` are
+    percentages of the maximum, ``thresholds_units`` absolute amounts of
+    usage; each notifies once per window.
 
     Validation happens here, so a `Limit` that exists is a valid one.
     """
@@ -129,6 +136,7 @@ class Limit:
     enforcement: Enforcement = "hard"
     thresholds: tuple[int, ...] = ()
     lateness: str = DEFAULT_LATENESS
+    thresholds_units: tuple[int, ...] = ()
     parsed_period: Period = field(init=False, repr=False, compare=False)
     lateness_seconds: int = field(init=False, repr=False, compare=False)
 
@@ -142,15 +150,21 @@ class Limit:
         if self.algorithm == "token_bucket" and parsed.is_calendar_months:
             raise InvalidLimit("period", "a token bucket refills over seconds, not months")
         if self.algorithm == "token_bucket" and self.enforcement == "soft":
-            raise InvalidLimit("enforcement", "a token bucket is always hard")
+            raise InvalidLimit("enforcement", "a token bucket is hard or shadow, never soft")
         thresholds = _thresholds(self.thresholds)
+        units = _thresholds(self.thresholds_units, "thresholds_units", MAX_MAXIMUM)
         lateness = parse_period(self.lateness, field_name="lateness")
         if lateness.is_calendar_months:
             raise InvalidLimit("lateness", "use seconds, minutes, hours or days")
         object.__setattr__(self, "period", str(self.period).strip())
         object.__setattr__(self, "thresholds", thresholds)
+        object.__setattr__(self, "thresholds_units", units)
         object.__setattr__(self, "parsed_period", parsed)
         object.__setattr__(self, "lateness_seconds", lateness.seconds)
+
+    def with_maximum(self, maximum: int) -> Limit:
+        """This limit with another maximum: a subject's entitlement."""
+        return self if maximum == self.maximum else replace(self, maximum=maximum)
 
     @property
     def period_seconds(self) -> int:
@@ -167,13 +181,14 @@ class Limit:
             "enforcement": self.enforcement,
             "thresholds": list(self.thresholds),
             "lateness": self.lateness,
+            "thresholds_units": list(self.thresholds_units),
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, name: str | None = None) -> Limit:
         """Build a limit from a mapping (a row, or an entry of a limits file)."""
         known = {"name", "maximum", "period", "algorithm", "window", "enforcement"}
-        known |= {"thresholds", "lateness"}
+        known |= {"thresholds", "lateness", "thresholds_units"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise InvalidLimit(unknown[0], f"unknown field; expected some of {sorted(known)}")
@@ -183,15 +198,25 @@ class Limit:
         for required in ("name", "maximum", "period"):
             if required not in values:
                 raise InvalidLimit(required, "is required")
-        thresholds = values.get("thresholds") or ()
-        if not isinstance(thresholds, list | tuple):
-            raise InvalidLimit("thresholds", f"must be a list of percentages, got {thresholds!r}")
-        values["thresholds"] = tuple(thresholds)
+        for listed in ("thresholds", "thresholds_units"):
+            found = values.get(listed) or ()
+            if not isinstance(found, list | tuple):
+                noun = "percentages" if listed == "thresholds" else "amounts of usage"
+                raise InvalidLimit(listed, f"must be a list of {noun}, got {shown(found)}")
+            values[listed] = tuple(found)
         return cls(**values)
 
 
-def _thresholds(values: Iterable[object]) -> tuple[int, ...]:
+def _thresholds(
+    values: Iterable[object],
+    field_name: str = "thresholds",
+    ceiling: int = MAX_THRESHOLD_PERCENT,
+) -> tuple[int, ...]:
     if isinstance(values, str | bytes) or not isinstance(values, Iterable):
-        raise InvalidLimit("thresholds", "must be a list of percentages")
-    checked = {_positive_int("thresholds", v, MAX_THRESHOLD_PERCENT) for v in values}
+        noun = "percentages" if field_name == "thresholds" else "amounts of usage"
+        raise InvalidLimit(field_name, f"must be a list of {noun}")
+    listed = list(values)
+    if len(listed) > MAX_THRESHOLDS:
+        raise InvalidLimit(field_name, f"at most {MAX_THRESHOLDS}, got {len(listed)}")
+    checked = {_positive_int(field_name, v, ceiling) for v in listed}
     return tuple(sorted(checked))

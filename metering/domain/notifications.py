@@ -7,9 +7,15 @@ a mark (limit, subject, window start, kind) that is inserted at most once.
 
 * ``limit.denied``: a charge was denied. For a fixed window only the first
   denial in the window is a candidate (the counter had no denial before).
-* ``limit.threshold``: usage crossed a configured percentage of the maximum
-  (one notice per percentage crossed).
-* ``limit.exceeded``: a soft limit's usage went past its maximum.
+* ``limit.threshold``: usage crossed a configured percentage of the
+  subject's maximum, or an absolute amount (``thresholds_units``): one
+  notice per threshold crossed.
+* ``limit.exceeded``: a soft limit's usage went past its maximum (and the
+  grants that top it up).
+* ``limit.would_deny``: a shadow limit would have denied a charge; like
+  ``limit.denied``, only the first in the window.
+* ``usage.corrected``: an event was voided (`metering.corrections`); it
+  has no mark, as a correction happens once per event anyway.
 * ``limit.reset``: a denied subject has a fresh window; `reset_due` decides
   when, for the sweeper.
 
@@ -22,7 +28,7 @@ denial), so the next denial or threshold fires again.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Final, Literal
@@ -31,8 +37,22 @@ from metering.domain.decisions import ChargeDecision
 from metering.domain.limits import Limit
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 
-NoticeType = Literal["limit.denied", "limit.threshold", "limit.exceeded", "limit.reset"]
-MESSAGE_TYPES: Final = ("limit.denied", "limit.threshold", "limit.exceeded", "limit.reset")
+NoticeType = Literal[
+    "limit.denied",
+    "limit.threshold",
+    "limit.exceeded",
+    "limit.reset",
+    "limit.would_deny",
+    "usage.corrected",
+]
+MESSAGE_TYPES: Final = (
+    "limit.denied",
+    "limit.threshold",
+    "limit.exceeded",
+    "limit.reset",
+    "limit.would_deny",
+    "usage.corrected",
+)
 TEST_TYPE: Final = "webhook.test"
 MAX_PAYLOAD_BYTES: Final = 64 * 1024
 
@@ -54,7 +74,8 @@ SETTLED_STATUSES: Final = (DeliveryStatus.DELIVERED, DeliveryStatus.FAILED)
 class Notice:
     """One candidate notification, with the mark that makes it happen once.
 
-    ``mark`` is ``denied``, ``threshold:<percent>`` or ``exceeded``.
+    ``mark`` is ``denied``, ``would_deny``, ``threshold:<percent>``,
+    ``units:<amount>`` or ``exceeded``.
     ``window_start_us`` and ``window_end_us`` are `NO_WINDOW` for a bucket.
     ``due_at_us`` is when the sweeper must look at the mark again (the end
     of a denied window, the instant a bucket is full), or None (never).
@@ -73,6 +94,7 @@ class Notice:
     event_id: str | None
     threshold: int | None = None
     due_at_us: int | None = None
+    threshold_units: int | None = None
 
     @property
     def is_bucket(self) -> bool:
@@ -93,11 +115,14 @@ def notices_for(
     if not charge.allowed and (bucket or before.denied_count == 0):
         due = charge.resets_at_us
         found.append(_notice("limit.denied", "denied", key, charge, event_id, due_at_us=due))
+    elif charge.outcome == "would_deny" and (bucket or before.denied_count == 0):
+        found.append(_notice("limit.would_deny", "would_deny", key, charge, event_id))
     if after.used == before.used:
         return found  # nothing consumed: no threshold crossed
     used_before = charge.used - charge.cost
+    maximum = charge.maximum  # the subject's own, at the event
     for percent in limit.thresholds:
-        if used_before * 100 < percent * limit.maximum <= charge.used * 100:
+        if used_before * 100 < percent * maximum <= charge.used * 100:
             mark = f"threshold:{percent}"
             found.append(
                 _notice(
@@ -110,9 +135,19 @@ def notices_for(
                     due_at_us=charge.resets_at_us if bucket else None,
                 )
             )
-    if limit.enforcement == "soft" and used_before <= limit.maximum < charge.used:
+    for units in limit.thresholds_units:
+        if used_before < units <= charge.used:
+            notice = _notice("limit.threshold", f"units:{units}", key, charge, event_id)
+            found.append(replace(notice, threshold_units=units, due_at_us=_due(bucket, charge)))
+    # Overage starts in this charge iff the part of it no grant paid covers all of it.
+    own_cost = charge.cost - sum(amount for _, amount in charge.grants)
+    if limit.enforcement == "soft" and 0 < charge.overage <= own_cost:
         found.append(_notice("limit.exceeded", "exceeded", key, charge, event_id))
     return found
+
+
+def _due(bucket: bool, charge: ChargeDecision) -> int | None:
+    return charge.resets_at_us if bucket else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,6 +282,7 @@ def payload_of(notice: Notice, timestamp_us: int) -> dict[str, Any]:
             "maximum": notice.maximum,
             "used": notice.used,
             "threshold": notice.threshold,
+            "threshold_units": notice.threshold_units,
             "window_start": _iso(notice.window_start_us) if windowed else None,
             "window_end": _iso(notice.window_end_us) if windowed else None,
             "resets_at": _iso(notice.resets_at_us),

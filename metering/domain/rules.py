@@ -18,10 +18,11 @@ the notification rules exist once.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from metering.domain.decisions import ChargeDecision
+from metering.domain.grants import Pot, fit_window
 from metering.domain.limits import Limit, Period
 from metering.domain.notifications import Notice, notices_for
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
@@ -50,6 +51,7 @@ class Rule:
     maximum: int
     bucket: bool
     soft: bool
+    shadow: bool  # never denies; records what a hard limit would have denied
     calendar: bool
     period: Period
     token_us: int  # a bucket's one token, in scaled microseconds
@@ -64,25 +66,67 @@ class Rule:
             maximum=limit.maximum,
             bucket=limit.algorithm == "token_bucket",
             soft=limit.enforcement == "soft",
+            shadow=limit.enforcement == "shadow",
             calendar=limit.window == "calendar",
             period=limit.parsed_period,
             token_us=limit.period_seconds * 1_000_000,
             lateness_us=limit.lateness_seconds * 1_000_000,
-            notifies=bool(limit.thresholds) or limit.enforcement == "soft",
+            notifies=bool(limit.thresholds or limit.thresholds_units)
+            or limit.enforcement == "soft",
         )
+
+    def with_maximum(self, maximum: int) -> Rule:
+        """This rule for a subject with its own maximum (an entitlement)."""
+        return self if maximum == self.maximum else replace(self, maximum=maximum)
 
 
 # What one charge would do, as a tuple (see `_window` and `_bucket`):
 # fits, used before, used after, remaining before, remaining after,
 # resets_at after consuming, resets_at before, retry_at, overage after,
-# and a bucket's arrival time after consuming (None for a window).
-_Figures = tuple[bool, int, int, int, int, int, int, int | None, int, int | None]
+# a bucket's arrival time after consuming (None for a window), overage
+# before, and the grants that pay if it is consumed.
+_Figures = tuple[
+    bool,
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    int | None,
+    int,
+    int | None,
+    int,
+    tuple[tuple[str, int], ...],
+]
+NO_DRAWS: Final[tuple[tuple[str, int], ...]] = ()
 
 
-def _window(rule: Rule, state: State, cost: int, end_us: int) -> _Figures:
+def _window(
+    rule: Rule, state: State, cost: int, window: tuple[int, int], at_us: int, pot: Pot | None
+) -> _Figures:
     maximum = rule.maximum
     used = state[USED]
     after = used + cost
+    end_us = window[1]
+    if pot is not None:
+        granted = pot.granted.get(window[0], 0)
+        fit = fit_window(maximum, used, granted, cost, pot, at_us, soft=rule.soft)
+        fits = rule.soft or fit.fits
+        return (
+            fits,
+            used,
+            after,
+            fit.remaining_before,
+            fit.remaining_after,
+            end_us,
+            end_us,
+            end_us if not fits and cost <= maximum else None,
+            fit.overage_after,
+            None,
+            fit.overage_before,
+            fit.draws,
+        )
     fits = rule.soft or after <= maximum
     retry = end_us if not fits and cost <= maximum else None
     remaining_before = maximum - used if used < maximum else 0
@@ -99,6 +143,8 @@ def _window(rule: Rule, state: State, cost: int, end_us: int) -> _Figures:
         retry,
         overage,
         None,
+        used - maximum if used > maximum else 0,
+        NO_DRAWS,
     )
 
 
@@ -131,6 +177,8 @@ def _bucket(rule: Rule, state: State, cost: int, at_us: int) -> _Figures:
         retry,
         0,
         new_tat,
+        0,
+        NO_DRAWS,
     )
 
 
@@ -151,20 +199,30 @@ def decide(
     at_us: int,
     event_id: str | None,
     notices: list[Notice] | None,
+    pots: Sequence[Pot | None] | None = None,
 ) -> EventOutcome:
     """Decide one event against ``states`` and update them in place.
 
-    Every hard charge must fit or none consumes (SPEC invariant 3). The
+    Every hard charge must fit or none consumes (SPEC invariant 3); a
+    shadow charge never denies, and consumes only what would have fit. The
     candidate notifications are appended to ``notices`` (None: not wanted).
+    ``pots`` holds each charge's grants (None: the subject has none); the
+    grants that pay are drawn on them in place.
     """
+    if pots is None:
+        pots = [None] * len(rules)
     figures = [
         _bucket(rule, state, charge[2], at_us)
         if rule.bucket
-        else _window(rule, state, charge[2], window[1])
-        for rule, charge, window, state in zip(rules, charges, windows, states, strict=True)
+        else _window(rule, state, charge[2], window, at_us, pot)
+        for rule, charge, window, state, pot in zip(
+            rules, charges, windows, states, pots, strict=True
+        )
     ]
-    denied_by = tuple(rule.name for rule, f in zip(rules, figures, strict=True) if not f[0])
-    consumed = not denied_by
+    denied_by = tuple(
+        rule.name for rule, f in zip(rules, figures, strict=True) if not f[0] and not rule.shadow
+    )
+    allowed = not denied_by
     rows: list[ChargeRow] = []
     overage = False
     for index, f in enumerate(figures):
@@ -172,15 +230,21 @@ def decide(
         subject, _, cost = charges[index]
         window_start = None if rule.bucket else windows[index][0]
         maximum = rule.maximum
+        consumed = allowed and f[0]
         if consumed:
             outcome = "overage" if f[8] > 0 else "allowed"
             overage = overage or f[8] > 0
             row = [subject, rule.name, cost, True, outcome, f[2], f[4], maximum, f[8]]
             row += [window_start, f[5], f[7]]
+            if f[11]:
+                row.append([list(draw) for draw in f[11]])
+                pot = pots[index]
+                assert pot is not None and window_start is not None
+                pot.take(window_start, f[11])
         else:
-            over = f[1] - maximum if f[1] > maximum else 0
-            row = [subject, rule.name, cost, f[0], "allowed" if f[0] else "denied", f[1], f[3]]
-            row += [maximum, over, window_start, f[6], f[7]]
+            outcome = "allowed" if f[0] else ("would_deny" if rule.shadow else "denied")
+            row = [subject, rule.name, cost, f[0] or rule.shadow, outcome, f[1], f[3]]
+            row += [maximum, f[10], window_start, f[6], f[7]]
         rows.append(row)
         if notices is not None and (
             (not f[0] and (rule.bucket or state[DENIED_COUNT] == 0)) or (consumed and rule.notifies)

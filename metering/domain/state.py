@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
-Outcome = Literal["allowed", "denied", "overage"]
+Outcome = Literal["allowed", "denied", "overage", "would_deny"]
 
 # Token buckets have no windows: their single counter row uses this key.
 NO_WINDOW = 0
@@ -69,3 +69,6 @@ class Evaluation:
     resets_at_before_us: int
     retry_at_us: int | None
     overage_after: int
+    overage_before: int = 0
+    # Grants that pay for the charge if it is consumed (see `grants.fit_window`).
+    draws: tuple[tuple[str, int], ...] = ()

@@ -22,6 +22,7 @@ import calendar
 from dataclasses import replace
 from typing import Final
 
+from metering.domain.grants import Pot, fit_window
 from metering.domain.instants import from_us, to_us
 from metering.domain.limits import Limit, Period
 from metering.domain.state import CounterState, Evaluation
@@ -80,12 +81,41 @@ def first_use_window(
 
 
 def evaluate_window(
-    limit: Limit, state: CounterState, cost: int, window: Window, now_us: int
+    limit: Limit,
+    state: CounterState,
+    cost: int,
+    window: Window,
+    now_us: int,
+    pot: Pot | None = None,
 ) -> Evaluation:
-    """A fixed-window charge: hard fits iff ``used + cost <= maximum``; soft always fits."""
+    """A fixed-window charge: hard fits iff ``used + cost <= maximum``; soft always fits.
+
+    With grants (``pot``), the charge may also draw on them: see `grants.fit_window`.
+    """
     used_after = state.used + cost
-    fits = limit.enforcement == "soft" or used_after <= limit.maximum
+    soft = limit.enforcement == "soft"
     end_us = window[1]
+    if pot is not None:
+        fit = fit_window(
+            limit.maximum, state.used, pot.granted.get(window[0], 0), cost, pot, now_us, soft=soft
+        )
+        fits = soft or fit.fits
+        return Evaluation(
+            fits=fits,
+            applied=replace(state, used=used_after),
+            denied=state.with_denial(cost, now_us),
+            used_before=state.used,
+            used_after=used_after,
+            remaining_before=fit.remaining_before,
+            remaining_after=fit.remaining_after,
+            resets_at_us=end_us,
+            resets_at_before_us=end_us,
+            retry_at_us=end_us if not fits and cost <= limit.maximum else None,
+            overage_after=fit.overage_after,
+            overage_before=fit.overage_before,
+            draws=fit.draws,
+        )
+    fits = soft or used_after <= limit.maximum
     retry_at_us = end_us if not fits and cost <= limit.maximum else None
     return Evaluation(
         fits=fits,
@@ -99,4 +129,5 @@ def evaluate_window(
         resets_at_before_us=end_us,
         retry_at_us=retry_at_us,
         overage_after=max(used_after - limit.maximum, 0),
+        overage_before=max(state.used - limit.maximum, 0),
     )

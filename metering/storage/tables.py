@@ -19,6 +19,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    UniqueConstraint,
 )
 
 metadata = MetaData()
@@ -35,6 +36,7 @@ limits = Table(
     Column("thresholds", Text, nullable=False),  # JSON list of percentages
     Column("lateness", String(16), nullable=False),
     Column("updated_at_us", BigInteger, nullable=False),
+    Column("thresholds_units", Text, nullable=False, server_default="[]"),  # JSON list
 )
 
 # One row (id 1): incremented by every change to ``limits``, so that processes
@@ -128,6 +130,64 @@ reservations = Table(
     Column("settled_by", String(16), nullable=True),  # cancel, commit, sweeper
 )
 Index("ix_reservations_state_expires", reservations.c.state, reservations.c.expires_at_us)
+
+# -- entitlements, grants, corrections (metering.domain.grants) ----------------
+# A subject's own maximum for a limit from ``effective_from_us`` on: rows are
+# history, never updated; a NULL maximum returns the subject to the default.
+entitlements = Table(
+    "entitlements",
+    metadata,
+    Column("subject", String(200), nullable=False),
+    Column("limit_name", String(64), nullable=False),
+    Column("effective_from_us", BigInteger, nullable=False, autoincrement=False),
+    Column("maximum", BigInteger, nullable=True),
+    Column("created_at_us", BigInteger, nullable=False),
+    PrimaryKeyConstraint("subject", "limit_name", "effective_from_us"),
+)
+
+# Top-ups: ``amount`` on top of the maximum, ``used`` of it so far, active
+# from ``effective_from_us`` until ``expires_at_us`` (exclusive; NULL: never).
+grants = Table(
+    "grants",
+    metadata,
+    Column("grant_id", String(128), primary_key=True),
+    Column("subject", String(200), nullable=False),
+    Column("limit_name", String(64), nullable=False),
+    Column("amount", BigInteger, nullable=False),
+    Column("used", BigInteger, nullable=False),
+    Column("effective_from_us", BigInteger, nullable=False),
+    Column("expires_at_us", BigInteger, nullable=True),
+    Column("reason", Text, nullable=True),
+    Column("created_at_us", BigInteger, nullable=False),
+)
+Index("ix_grants_subject_limit", grants.c.subject, grants.c.limit_name)
+
+# What each window drew on each grant: the window's own usage is its
+# counter's ``used`` less the sum of its draws.
+grant_draws = Table(
+    "grant_draws",
+    metadata,
+    Column("subject", String(200), nullable=False),
+    Column("limit_name", String(64), nullable=False),
+    Column("window_start_us", BigInteger, nullable=False, autoincrement=False),
+    Column("grant_id", String(128), nullable=False),
+    Column("amount", BigInteger, nullable=False),
+    PrimaryKeyConstraint("subject", "limit_name", "window_start_us", "grant_id"),
+)
+
+# Voided events: one correction per event id. ``charges`` is a JSON list of
+# [subject, limit, cost, window_start_us, [[grant_id, restored], ...]].
+corrections = Table(
+    "corrections",
+    metadata,
+    Column("correction_id", String(128), primary_key=True),
+    Column("event_id", String(128), nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("charges", Text, nullable=False),
+    Column("created_at_us", BigInteger, nullable=False),
+    UniqueConstraint("event_id", name="uq_corrections_event_id"),
+)
+Index("ix_corrections_created_at_us", corrections.c.created_at_us)
 
 # -- webhooks ----------------------------------------------------------------
 # Endpoints: where notifications go. ``types`` is a JSON list of message

@@ -27,7 +27,7 @@ from metering.errors import InvalidInput, InvalidLimit, OccurredAtOutOfRange
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 KNOWN = (
-    "['algorithm', 'enforcement', 'lateness', 'maximum', 'name', 'period', 'thresholds', 'window']"
+    "['algorithm', 'enforcement', 'lateness', 'maximum', 'name', 'period', 'thresholds', 'thresholds_units', 'window']"
 )
 
 LIMIT_ERRORS: list[tuple[Callable[[], object], str]] = [
@@ -75,7 +75,7 @@ LIMIT_ERRORS: list[tuple[Callable[[], object], str]] = [
     ),
     (
         lambda: Limit("a", 1, "1d", algorithm="token_bucket", enforcement="soft"),
-        "enforcement: a token bucket is always hard",
+        "enforcement: a token bucket is hard or shadow, never soft",
     ),
     (
         lambda: Limit("a", 1, "1d", lateness="1mo"),

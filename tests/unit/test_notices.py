@@ -255,6 +255,7 @@ def test_a_payload_writes_every_instant_in_utc_to_the_microsecond() -> None:
             "maximum": 199,
             "used": 100,
             "threshold": 50,
+            "threshold_units": None,
             "window_start": "2027-01-15T08:00:00Z",
             "window_end": "2027-01-15T08:01:00Z",
             "resets_at": "2027-01-15T08:01:00Z",
@@ -272,6 +273,13 @@ def test_a_bucket_payload_has_no_window() -> None:
 
 
 def test_the_message_types_and_delivery_statuses() -> None:
-    assert MESSAGE_TYPES == ("limit.denied", "limit.threshold", "limit.exceeded", "limit.reset")
+    assert MESSAGE_TYPES == (
+        "limit.denied",
+        "limit.threshold",
+        "limit.exceeded",
+        "limit.reset",
+        "limit.would_deny",
+        "usage.corrected",
+    )
     assert str(DeliveryStatus.PENDING) == "pending"
     assert SETTLED_STATUSES == ("delivered", "failed")

@@ -1,0 +1,196 @@
+"""Entitlements and grants: a subject's own allowance, and what tops it up.
+
+An *entitlement* gives one subject its own maximum for a limit, from an
+instant on (``effective_from``). A subject's history is a list of such
+changes; the maximum at an instant is the latest change at or before it,
+else the limit's default. A change to None (`delete`) returns the subject
+to the default from then on, and keeps the history: a report of a past
+window still shows the maximum that applied then.
+
+A *grant* is an amount of usage given on top of the maximum (a top-up),
+for one subject and limit, active from ``effective_from`` until
+``expires_at`` (exclusive; never when None). A charge of a fixed window
+draws first on the window's own allowance, then on the active grants, the
+earliest expiring first (ties: the earliest given, then by id). A grant's
+unused amount is gone when it expires; a new window does not renew it.
+
+`fit_window` is the arithmetic of a fixed-window charge when its subject has
+grants, shared by both engines (`windows.evaluate_window` and
+`rules.decide`) so that it exists once.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from metering.domain.bounds import shown
+from metering.errors import InvalidInput
+
+GRANT_ID_PATTERN: Final = re.compile(r"[A-Za-z0-9_.:@/+=\-]{1,128}")
+MAX_GRANT: Final = 10**15
+NEVER: Final = 2**62  # an expiry later than any instant: sorts grants without one last
+
+
+def validate_grant_id(grant_id: object, field_name: str = "grant_id") -> str:
+    if not isinstance(grant_id, str) or GRANT_ID_PATTERN.fullmatch(grant_id) is None:
+        raise InvalidInput(
+            field_name, f"{shown(grant_id)} must be 1 to 128 of A-Z a-z 0-9 and _ . : @ / + = -"
+        )
+    return grant_id
+
+
+def validate_amount(field_name: str, value: object, ceiling: int = MAX_GRANT) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInput(field_name, f"must be a whole number, got {shown(value)}")
+    if not 1 <= value <= ceiling:
+        raise InvalidInput(field_name, f"must be between 1 and {ceiling}, got {shown(value)}")
+    return value
+
+
+# -- entitlements ---------------------------------------------------------------
+
+# One subject's changes of maximum: sorted (effective_from_us, maximum or None).
+History = tuple[tuple[int, int | None], ...]
+
+
+def maximum_at(history: History | None, default: int, at_us: int) -> int:
+    """The maximum that applies at ``at_us``: the latest change at or before it."""
+    if not history:
+        return default
+    index = bisect.bisect_right(history, at_us, key=lambda change: change[0])
+    if index == 0:
+        return default
+    found = history[index - 1][1]
+    return default if found is None else found
+
+
+@dataclass(frozen=True, slots=True)
+class Entitlement:
+    """One change of a subject's maximum for a limit (``maximum`` None: back to the default)."""
+
+    subject: str
+    limit: str
+    maximum: int | None
+    effective_from_us: int
+    created_at_us: int = 0
+
+
+# -- grants ---------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Balance:
+    """A grant as a charge sees it: mutable, so a batch draws on it event after event."""
+
+    grant_id: str
+    amount: int
+    used: int
+    effective_from_us: int
+    expires_at_us: int | None
+
+    def active_at(self, at_us: int) -> bool:
+        expires = self.expires_at_us
+        return self.effective_from_us <= at_us and (expires is None or at_us < expires)
+
+    @property
+    def left(self) -> int:
+        return self.amount - self.used
+
+    def order(self) -> tuple[int, int, str]:
+        expires = NEVER if self.expires_at_us is None else self.expires_at_us
+        return (expires, self.effective_from_us, self.grant_id)
+
+
+@dataclass(slots=True)
+class Pot:
+    """The grants of one subject and limit, and what one window drew on them.
+
+    ``granted`` maps a window start to the usage of that window paid by
+    grants: the window's own usage is its counter's ``used`` minus it.
+    """
+
+    balances: list[Balance]
+    granted: dict[int, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.balances.sort(key=Balance.order)
+
+    def available(self, at_us: int) -> int:
+        return sum(b.left for b in self.balances if b.active_at(at_us) and b.left > 0)
+
+    def plan(self, amount: int, at_us: int) -> list[tuple[str, int]]:
+        """Which grants pay ``amount``, earliest expiring first (as much as they hold)."""
+        draws: list[tuple[str, int]] = []
+        for balance in self.balances:
+            if amount <= 0:
+                break
+            if balance.active_at(at_us) and balance.left > 0:
+                taken = min(balance.left, amount)
+                draws.append((balance.grant_id, taken))
+                amount -= taken
+        return draws
+
+    def take(self, window_start_us: int, draws: Sequence[tuple[str, int]]) -> None:
+        """Record ``draws`` (from `plan`) as paid, in this window."""
+        by_id = {b.grant_id: b for b in self.balances}
+        for grant_id, amount in draws:
+            by_id[grant_id].used += amount
+            self.granted[window_start_us] = self.granted.get(window_start_us, 0) + amount
+
+
+@dataclass(frozen=True, slots=True)
+class WindowFit:
+    """A fixed-window charge against its own allowance and its grants.
+
+    ``fits`` is the hard verdict (a soft limit consumes whatever it says);
+    ``draws`` the grants that pay, when it is consumed; ``remaining_*``
+    count the own allowance left and the active grants.
+    """
+
+    fits: bool
+    draws: tuple[tuple[str, int], ...]
+    remaining_before: int
+    remaining_after: int
+    overage_after: int
+    overage_before: int
+
+
+def fit_window(
+    maximum: int, used: int, granted: int, cost: int, pot: Pot, at_us: int, *, soft: bool
+) -> WindowFit:
+    """Usage draws on the window's own allowance (``maximum`` less its own
+    usage, ``used - granted``) first, then on the grants active at ``at_us``;
+    what neither pays is overage on a soft limit and a denial on the others."""
+    own_used = used - granted
+    own_room = maximum - own_used if own_used < maximum else 0
+    available = pot.available(at_us)
+    fits = cost <= own_room + available
+    wanted = cost - own_room if cost > own_room else 0
+    draws = tuple(pot.plan(wanted, at_us)) if fits or soft else ()
+    drawn = sum(amount for _, amount in draws)
+    own_after = own_used + cost - drawn
+    return WindowFit(
+        fits=fits,
+        draws=draws,
+        remaining_before=own_room + available,
+        remaining_after=max(own_room + available - cost, 0),
+        overage_after=own_after - maximum if own_after > maximum else 0,
+        overage_before=own_used - maximum if own_used > maximum else 0,
+    )
+
+
+__all__ = [
+    "Balance",
+    "Entitlement",
+    "History",
+    "Pot",
+    "WindowFit",
+    "fit_window",
+    "maximum_at",
+    "validate_amount",
+    "validate_grant_id",
+]
