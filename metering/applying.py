@@ -21,12 +21,16 @@ limit applies to the very next decision in every process.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from sqlalchemy import Connection
 
+from metering.domain.decisions import ROW_FIELDS
 from metering.domain.events import FUTURE_TOLERANCE_US, EventRecord, Rejected, check_event_time
+from metering.domain.grants import History, Pot, maximum_at
 from metering.domain.instants import from_us
 from metering.domain.notifications import Notice, payload_of
 from metering.domain.rules import (
@@ -40,6 +44,7 @@ from metering.domain.rules import (
 )
 from metering.domain.windows import Window, calendar_window, first_use_window
 from metering.errors import EventConflict, MeteringError, UnknownLimit
+from metering.storage.allowances import AllowanceStore, DrawKey
 from metering.storage.engine import RetryTransaction
 from metering.storage.hot import Changes, WantedKey
 from metering.storage.hot_stores import hot_store
@@ -69,20 +74,47 @@ class Unacceptable(Exception):
         self.error = error
 
 
+@dataclass(frozen=True, slots=True)
+class Allowances:
+    """Per-subject policy the hot path needs without a lookup per event:
+    every subject's changes of maximum (entitlements), and which subjects
+    have grants (only theirs are read, under lock, with their counters)."""
+
+    histories: dict[Pair, History] = field(default_factory=dict)
+    grant_pairs: frozenset[Pair] = frozenset()
+
+
 class LimitCache:
-    """Every limit as a `Rule`, with the version it was read at.
+    """Every limit as a `Rule`, with the version it was read at, and the
+    subjects' `Allowances` of that version.
 
     ``current`` is replaced as a whole, so a reader never pairs one
-    version's rules with another's number.
+    version's rules with another's number. Entitlement and grant changes
+    bump the same version.
     """
 
     def __init__(self) -> None:
-        self.current: tuple[int, dict[str, Rule]] = (-1, {})
+        self.current: tuple[int, dict[str, Rule], Allowances] = (-1, {}, Allowances())
+        self._entitled: dict[tuple[str, int], Rule] = {}
 
     def refresh(self, connection: Connection) -> None:
         store = Store(connection)
         version, limits = store.limits_version(), store.list_limits()
-        self.current = (version, {limit.name: Rule.of(limit) for limit in limits})
+        allowances = AllowanceStore(connection)
+        found = Allowances(allowances.histories(), frozenset(allowances.grant_pairs()))
+        self._entitled = {}
+        self.current = (version, {limit.name: Rule.of(limit) for limit in limits}, found)
+
+    def rule_for(self, rule: Rule, history: History, at_us: int) -> Rule:
+        """``rule`` with the subject's maximum at ``at_us`` (rules are shared per maximum)."""
+        maximum = maximum_at(history, rule.limit.maximum, at_us)
+        if maximum == rule.maximum:
+            return rule
+        key = (rule.name, maximum)
+        found = self._entitled.get(key)
+        if found is None:
+            found = self._entitled[key] = rule.with_maximum(maximum)
+        return found
 
 
 class _Windows:
@@ -155,7 +187,7 @@ def apply_records(
     store = hot_store(connection)
     if cache.current[0] < 0:
         cache.refresh(connection)
-    version, rules = cache.current
+    version, rules, allowances = cache.current
     calendar = _Windows()
     first: dict[str, int] = {}
     answers: list[tuple[str, ResultRecord | int | None]] = [(_REPEAT, None)] * len(events)
@@ -184,6 +216,8 @@ def apply_records(
     if snapshot.version != version:
         cache.refresh(connection)
         raise RetryTransaction("limits changed since they were cached")
+    pots = _lock_pots(connection, allowances, pairs, keys, snapshot.windows)
+    histories = allowances.histories
 
     states = snapshot.states
     windows = snapshot.windows
@@ -217,6 +251,9 @@ def apply_records(
             at_us = event.occurred_at_us
             event_windows: list[Window] = []
             event_states: list[State] = []
+            event_pots: list[Pot | None] | None = None
+            if histories or pots:
+                event_rules, event_pots = _entitled(cache, event, event_rules, histories, pots)
             for (subject, name, _), rule in zip(event.charges, event_rules, strict=True):
                 if rule.bucket:
                     window = BUCKET_WINDOW
@@ -241,6 +278,7 @@ def apply_records(
                 at_us,
                 event.event_id,
                 notices,
+                event_pots,
             )
             record = ResultRecord(
                 event.event_id,
@@ -272,11 +310,61 @@ def apply_records(
         moved_windows=[item for item in moved_windows if item[0] in had_row],
         results=sorted(records, key=lambda record: record.event_id),
     )
+    if pots:
+        AllowanceStore(connection).write_draws(draws_of(records))
     more = bool(notices or conflicts or rejected)
     store.write(changes, now_us, commit=not more)
     if more:
         _record_extras(connection, notices, [*rejected, *conflicts], now_us)
     return final
+
+
+def _lock_pots(
+    connection: Connection,
+    allowances: Allowances,
+    pairs: Iterable[Pair],
+    keys: Iterable[Key],
+    windows: dict[Pair, Window | None],
+) -> dict[Pair, Pot]:
+    """Lock the grants of the batch's subjects that have any, with what their
+    windows drew (a first-use window opened by this batch has drawn nothing)."""
+    if not allowances.grant_pairs:
+        return {}
+    wanted = {(name, subject) for name, subject, start in keys if start != 0}
+    wanted = (wanted | set(pairs)) & allowances.grant_pairs
+    if not wanted:
+        return {}
+    starts = [key for key in keys if (key[0], key[1]) in wanted]
+    starts += [(*pair, w[0]) for pair, w in windows.items() if w is not None and pair in wanted]
+    return AllowanceStore(connection).lock_pots(wanted, starts)
+
+
+def _entitled(
+    cache: LimitCache,
+    event: EventRecord,
+    event_rules: list[Rule],
+    histories: dict[Pair, History],
+    pots: dict[Pair, Pot],
+) -> tuple[list[Rule], list[Pot | None] | None]:
+    """The event's rules with its subjects' own maximums, and their grants."""
+    rules: list[Rule] = []
+    found: list[Pot | None] = []
+    for (subject, name, _), rule in zip(event.charges, event_rules, strict=True):
+        history = histories.get((name, subject))
+        rules.append(cache.rule_for(rule, history, event.occurred_at_us) if history else rule)
+        found.append(None if rule.bucket else pots.get((name, subject)))
+    return rules, found if any(pot is not None for pot in found) else None
+
+
+def draws_of(records: Iterable[ResultRecord]) -> dict[DrawKey, int]:
+    """What the decided events drew on grants, by window and grant."""
+    draws: dict[DrawKey, int] = defaultdict(int)
+    for record in records:
+        for row in record.charges:
+            if len(row) > ROW_FIELDS:
+                for grant_id, amount in row[ROW_FIELDS]:
+                    draws[(row[1], row[0], row[9], grant_id)] += amount
+    return draws
 
 
 def _resolve(
@@ -338,10 +426,14 @@ def check_record(
         return None
     from metering.storage.hot_postgres import read_unlocked
 
-    version, rules = cache.current
+    version, rules, allowances = cache.current
     event_rules, error = _rules_for(event, rules, now_us)
     if error is not None or version < 0:
         return None
+    if any((name, subject) in allowances.grant_pairs for subject, name, _ in event.charges):
+        return None  # grants are read under lock, by the general engine
+    if allowances.histories:
+        event_rules, _ = _entitled(cache, event, event_rules, allowances.histories, {})
     at_us = event.occurred_at_us
     calendar = _Windows()
     pairs: list[Pair] = []

@@ -173,3 +173,40 @@ class SecretKeyError(ConfigurationError):
     def __init__(self, message: str, endpoint_id: str | None = None) -> None:
         super().__init__(message)
         self.endpoint_id = endpoint_id
+
+
+class GrantConflict(MeteringError):
+    """A grant id was used again with a different grant; nothing was changed."""
+
+    def __init__(self, grant_id: str) -> None:
+        super().__init__(f"grant {grant_id!r} already exists with other values; use a new grant id")
+        self.grant_id = grant_id
+
+
+class UnknownEvent(MeteringError, LookupError):
+    """No result is stored for this event id."""
+
+    def __init__(self, event_id: str) -> None:
+        super().__init__(f"no result for event {event_id!r}")
+        self.event_id = event_id
+
+
+class CorrectionRefused(MeteringError):
+    """An event cannot be voided (denied, rejected, or older than the horizon)."""
+
+    def __init__(self, event_id: str, reason: str) -> None:
+        super().__init__(f"event {event_id!r} cannot be voided: {reason}")
+        self.event_id = event_id
+        self.reason = reason
+
+
+class CorrectionConflict(MeteringError):
+    """A correction id was used again for another event; nothing was changed."""
+
+    def __init__(self, correction_id: str, event_id: str) -> None:
+        super().__init__(
+            f"correction {correction_id!r} already voids event {event_id!r}; "
+            "use a new correction id"
+        )
+        self.correction_id = correction_id
+        self.event_id = event_id

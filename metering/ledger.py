@@ -21,12 +21,14 @@ from typing import Literal
 
 from metering.domain.decisions import ChargeDecision, ChargeInput, Decision, decide_event
 from metering.domain.events import UsageEvent, check_event_time
+from metering.domain.grants import History, Pot, maximum_at
 from metering.domain.instants import from_us, to_us
 from metering.domain.limits import Limit
 from metering.domain.notifications import Transition, notices_of, payload_of
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 from metering.domain.windows import Window, calendar_window, first_use_window
 from metering.errors import EventConflict, MeteringError, UnknownLimit
+from metering.storage.allowances import AllowanceStore, DrawKey
 from metering.storage.engine import RetryTransaction
 from metering.storage.queries import Pair, ResultRecord, Store
 from metering.storage.webhooks import WebhookStore
@@ -168,12 +170,13 @@ def _decide(
         for e in events
     ]
     states = store.lock_counters({k for ks in keys for k in ks}, now_us)
+    allowances = Allowed.read(store, events, keys, lock=True)
     changed: dict[CounterKey, CounterState] = {}
     decisions = []
     transitions = []
     for event, event_keys in zip(events, keys, strict=True):
         before = [states.get(key, CounterState()) for key in event_keys]  # frozen: a copy
-        decision = decide_with_states(event, event_keys, limits, states, now_us)
+        decision = decide_with_states(event, event_keys, limits, states, now_us, allowances)
         for key in event_keys:
             changed[key] = states[key]
         decisions.append(decision)
@@ -181,6 +184,8 @@ def _decide(
         transitions.append(Transition(event.event_id, event_keys, before, after, decision.charges))
     store.write_counters(changed, now_us)
     store.write_current_windows(resolver.changed)
+    if allowances.pots:
+        AllowanceStore(store.connection).write_draws(draws_of_decisions(decisions))
     # Notifications are written in this transaction: a rollback takes them too.
     # Most events cause no candidate at all, and then no statement runs.
     notices = notices_of(limits, transitions)
@@ -191,18 +196,75 @@ def _decide(
     return decisions
 
 
+@dataclass(frozen=True, slots=True)
+class Allowed:
+    """The subjects' own maximums and grants, for the charges of a batch."""
+
+    histories: Mapping[Pair, History] = field(default_factory=dict)
+    pots: Mapping[Pair, Pot] = field(default_factory=dict)
+
+    @classmethod
+    def read(
+        cls,
+        store: Store,
+        events: Sequence[UsageEvent],
+        keys: Sequence[Sequence[CounterKey]],
+        *,
+        lock: bool,
+    ) -> Allowed:
+        """Read them after the counters are locked (grants locked too, with ``lock``)."""
+        allowances = AllowanceStore(store.connection)
+        pairs = {(c.limit, c.subject) for event in events for c in event.charges}
+        windows = [
+            (k.limit, k.subject, k.window_start_us)
+            for ks in keys
+            for k in ks
+            if k.window_end_us != NO_WINDOW
+        ]
+        pots = allowances.lock_pots({(n, s) for n, s, _ in windows}, windows, lock=lock)
+        return cls(allowances.histories(pairs), pots)
+
+    def limit_for(self, limit: Limit, subject: str, at_us: int) -> Limit:
+        history = self.histories.get((limit.name, subject))
+        if not history:
+            return limit
+        return limit.with_maximum(maximum_at(history, limit.maximum, at_us))
+
+
+def draws_of_decisions(decisions: Iterable[Decision]) -> dict[DrawKey, int]:
+    """What allowed decisions drew on grants, by window and grant."""
+    draws: dict[DrawKey, int] = defaultdict(int)
+    for decision in decisions:
+        if not decision.allowed:
+            continue
+        for charge in decision.charges:
+            for grant_id, amount in charge.grants:
+                assert charge.window_start_us is not None
+                draws[(charge.limit, charge.subject, charge.window_start_us, grant_id)] += amount
+    return draws
+
+
 def decide_with_states(
     event: UsageEvent,
     keys: Sequence[CounterKey],
     limits: Mapping[str, Limit],
     states: dict[CounterKey, CounterState],
     now_us: int,
+    allowed: Allowed | None = None,
     *,
     record: bool = True,
 ) -> Decision:
-    """Decide one event against ``states`` and update them in place."""
+    """Decide one event against ``states`` and update them in place (grants too)."""
+    allowed = allowed or Allowed()
+    at_us = event.occurred_at_us
     inputs = [
-        ChargeInput(limits[c.limit], key, states.get(key, CounterState()), c.cost)
+        ChargeInput(
+            allowed.limit_for(limits[c.limit], c.subject, at_us),
+            key,
+            states.get(key, CounterState()),
+            c.cost,
+            allowed.pots.get((c.limit, c.subject)) if key.window_end_us != NO_WINDOW else None,
+        )
         for c, key in zip(event.charges, keys, strict=True)
     ]
     verdict = decide_event(inputs, event.occurred_at_us)

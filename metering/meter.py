@@ -15,7 +15,8 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from metering import reserving
+from metering import allowances, reserving
+from metering.allowances import Correction, Grant
 from metering.applying import (
     CONFLICT,
     DUPLICATE,
@@ -30,6 +31,7 @@ from metering.applying import (
 from metering.clock import Clock, system_clock
 from metering.config import database_url, load_limits_file
 from metering.domain.bounds import validate_count, validate_seconds
+from metering.domain.corrections import DEFAULT_HORIZON_SECONDS
 from metering.domain.decisions import ChargeDecision, Decision
 from metering.domain.events import (
     EventRecord,
@@ -40,6 +42,7 @@ from metering.domain.events import (
     validate_event_id,
     validate_subject,
 )
+from metering.domain.grants import Entitlement
 from metering.domain.instants import from_us
 from metering.domain.limits import Limit, validate_limit_name
 from metering.domain.reservations import DEFAULT_TTL_SECONDS, STORED_STATES
@@ -47,6 +50,7 @@ from metering.domain.state import CounterKey, CounterState
 from metering.errors import EventConflict, InvalidInput, StorageError, UnknownLimit
 from metering.grouping import GroupCommit
 from metering.ledger import (
+    Allowed,
     Decided,
     InvalidPolicy,
     WindowResolver,
@@ -106,6 +110,7 @@ class Meter:
         self.engine = self.database.engine
         self.clock: Clock = self.database.clock
         self._limits = LimitCache()
+        self.correction_horizon = DEFAULT_HORIZON_SECONDS
         self.group_commit = group_commit
         self._group = GroupCommit(self._apply_raising)
         try:
@@ -487,7 +492,8 @@ class Meter:
                 for c in event.charges
             ]
             states = store.read_counters(keys)
-            return decide_with_states(event, keys, limits, states, now_us, record=False)
+            allowed = Allowed.read(store, [event], [keys], lock=False)
+            return decide_with_states(event, keys, limits, states, now_us, allowed, record=False)
 
         return self.database.run(work)
 
@@ -518,6 +524,84 @@ class Meter:
             return Store(connection).delete_current_counters(subject, limit, now_us)
 
         return self.database.run(work)
+
+    # -- entitlements, grants, corrections ------------------------------------
+
+    def set_entitlement(
+        self,
+        subject: str,
+        limit: str,
+        maximum: int | None,
+        effective_from: datetime | None = None,
+    ) -> Entitlement:
+        """Give ``subject`` its own maximum for ``limit`` from ``effective_from``
+        (default: now) on. An upgrade mid-window applies from then on, and
+        the window's usage carries over; None returns the subject to the
+        limit's default. Past decisions and reports keep the maximum that
+        applied at their time."""
+        return allowances.set_entitlement(self.database, subject, limit, maximum, effective_from)
+
+    def delete_entitlement(
+        self, subject: str, limit: str, effective_from: datetime | None = None
+    ) -> Entitlement:
+        """Return ``subject`` to ``limit``'s default maximum from ``effective_from`` (now) on."""
+        return allowances.set_entitlement(self.database, subject, limit, None, effective_from)
+
+    def entitlements(
+        self, subject: str | None = None, limit: str | None = None
+    ) -> list[Entitlement]:
+        """Every change of a subject's maximum, oldest first per subject and limit."""
+        return allowances.entitlements(self.database, subject, limit)
+
+    def grant(
+        self,
+        subject: str,
+        limit: str,
+        amount: int,
+        expires_at: datetime | None = None,
+        *,
+        grant_id: str | None = None,
+        effective_from: datetime | None = None,
+        reason: str | None = None,
+    ) -> Grant:
+        """Top up ``subject``'s allowance for ``limit`` by ``amount`` until
+        ``expires_at`` (exclusive; None: never). Idempotent by ``grant_id``."""
+        return allowances.add_grant(
+            self.database,
+            subject,
+            limit,
+            amount,
+            expires_at=expires_at,
+            grant_id=grant_id,
+            effective_from=effective_from,
+            reason=reason,
+        )
+
+    def grants(self, subject: str | None = None, limit: str | None = None) -> list[Grant]:
+        """Grants with what is used and left of each (at most 1,000)."""
+        return allowances.list_grants(self.database, subject, limit)
+
+    def void(
+        self,
+        event_id: str,
+        reason: str,
+        *,
+        correction_id: str | None = None,
+        horizon_seconds: int | None = None,
+    ) -> Correction:
+        """Reverse an allowed event's charges in their own windows' counters
+        (past ones too) and give back the grants that paid, if still active.
+        The event's result stays; the correction references it. Idempotent by
+        event and by ``correction_id``. ``horizon_seconds`` (default: 35
+        days, or ``METERING_CORRECTION_HORIZON``) bounds how far back."""
+        horizon = horizon_seconds if horizon_seconds is not None else self.correction_horizon
+        return allowances.void(
+            self.database, event_id, reason, correction_id=correction_id, horizon_seconds=horizon
+        )
+
+    def corrections(self, count: int = 1000) -> list[Correction]:
+        """Voided events, oldest first."""
+        return allowances.corrections(self.database, count)
 
     def counters(self, subject: str | None = None, limit: str | None = None) -> list[Counter]:
         """Counters of a subject and/or limit, every window, oldest first."""

@@ -245,7 +245,7 @@ class ChargeInput:
 class EventVerdict:
     """`decide_event`'s answer: the outcome, each charge's decision, states to write."""
 
-    outcome: Outcome
+    outcome: Literal["allowed", "denied", "overage"]
     charges: tuple[ChargeDecision, ...]
     denied_by: tuple[str, ...]
     new_states: tuple[CounterState, ...]
@@ -282,7 +282,7 @@ def decide_event(charges: Sequence[ChargeInput], now_us: int) -> EventVerdict:
             if charge.pot is not None and evaluation.draws:
                 charge.pot.take(charge.key.window_start_us, evaluation.draws)
         states.append(state)
-    outcome: Outcome = "denied" if denied_by else "allowed"
+    outcome: Literal["allowed", "denied", "overage"] = "denied" if denied_by else "allowed"
     if not denied_by and any(d.outcome == "overage" for d in decisions):
         outcome = "overage"
     return EventVerdict(outcome, tuple(decisions), denied_by, tuple(states))

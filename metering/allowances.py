@@ -1,0 +1,374 @@
+"""The transactions of entitlements, grants and corrections (`Meter` wraps them).
+
+The rules are in `metering.domain.grants` and `metering.domain.corrections`;
+the SQL in `metering.storage.allowances`. A void locks in the engines' order
+(counters, then grants) and writes the counters, the draws, the correction
+and its ``usage.corrected`` notification in one transaction, so a void
+racing new usage on the same counter is exact, and a second void of the
+same event finds the first.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection
+
+from metering.domain.corrections import (
+    DEFAULT_HORIZON_SECONDS,
+    VoidedCharge,
+    validate_reason,
+    void_charge,
+    voided_charges,
+)
+from metering.domain.events import validate_event_id, validate_subject
+from metering.domain.grants import (
+    MAX_GRANT,
+    Entitlement,
+    validate_amount,
+    validate_grant_id,
+)
+from metering.domain.instants import from_us, to_us
+from metering.domain.limits import MAX_MAXIMUM, Limit, validate_limit_name
+from metering.domain.notifications import _iso
+from metering.domain.state import CounterKey, CounterState
+from metering.errors import (
+    CorrectionConflict,
+    CorrectionRefused,
+    GrantConflict,
+    InvalidInput,
+    UnknownEvent,
+    UnknownLimit,
+)
+from metering.storage.allowances import AllowanceStore, CorrectionRecord, DrawKey, GrantRecord
+from metering.storage.database import Database
+from metering.storage.engine import RetryTransaction
+from metering.storage.queries import Store
+from metering.storage.webhook_records import encode_payload
+from metering.storage.webhooks import WebhookStore
+
+
+def _limit(connection: Connection, name: str) -> Limit:
+    found = Store(connection).load_limits([name]).get(name)
+    if found is None:
+        raise UnknownLimit(name)
+    return found
+
+
+def _moment(field_name: str, value: datetime | None, default_us: int) -> int:
+    return default_us if value is None else to_us(value, field_name=field_name)
+
+
+# -- entitlements -----------------------------------------------------------------
+
+
+def set_entitlement(
+    database: Database,
+    subject: str,
+    limit: str,
+    maximum: int | None,
+    effective_from: datetime | None = None,
+) -> Entitlement:
+    """Give ``subject`` its own maximum for ``limit`` from ``effective_from``
+    (default: now) on; None returns it to the limit's default from then on."""
+    validate_subject(subject)
+    validate_limit_name(limit)
+    if maximum is not None:
+        validate_amount("maximum", maximum, MAX_MAXIMUM)
+    now_us = database.now_us()
+    start_us = _moment("effective_from", effective_from, now_us)
+    change = Entitlement(subject, limit, maximum, start_us, now_us)
+
+    def work(connection: Connection) -> Entitlement:
+        _limit(connection, limit)
+        AllowanceStore(connection).set_entitlement(change)
+        return change
+
+    return database.run(work)
+
+
+def entitlements(
+    database: Database, subject: str | None = None, limit: str | None = None
+) -> list[Entitlement]:
+    if subject is not None:
+        validate_subject(subject)
+    if limit is not None:
+        validate_limit_name(limit)
+    return database.run(lambda c: AllowanceStore(c).entitlements(subject, limit))
+
+
+# -- grants -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """A top-up as callers see it. ``duplicate``: this grant id existed already."""
+
+    grant_id: str
+    subject: str
+    limit: str
+    amount: int
+    used: int
+    effective_from: datetime
+    expires_at: datetime | None
+    reason: str | None
+    duplicate: bool = False
+
+    @property
+    def left(self) -> int:
+        return self.amount - self.used
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "grant_id": self.grant_id,
+            "subject": self.subject,
+            "limit": self.limit,
+            "amount": self.amount,
+            "used": self.used,
+            "left": self.left,
+            "effective_from": self.effective_from.isoformat(),
+            "expires_at": self.expires_at.isoformat() if self.expires_at else None,
+            "reason": self.reason,
+        }
+
+
+def _grant_of(record: GrantRecord, *, duplicate: bool = False) -> Grant:
+    expires = record.expires_at_us
+    return Grant(
+        record.grant_id,
+        record.subject,
+        record.limit,
+        record.amount,
+        record.used,
+        from_us(record.effective_from_us),
+        from_us(expires) if expires is not None else None,
+        record.reason,
+        duplicate,
+    )
+
+
+def add_grant(
+    database: Database,
+    subject: str,
+    limit: str,
+    amount: int,
+    *,
+    expires_at: datetime | None = None,
+    grant_id: str | None = None,
+    effective_from: datetime | None = None,
+    reason: str | None = None,
+) -> Grant:
+    """Add ``amount`` on top of ``subject``'s maximum for ``limit`` (a fixed window).
+
+    Idempotent by ``grant_id``: the same grant again returns the stored one
+    (``duplicate``); the same id with other values raises `GrantConflict`.
+    """
+    validate_subject(subject)
+    validate_limit_name(limit)
+    validate_amount("amount", amount, MAX_GRANT)
+    grant_id = validate_grant_id(grant_id) if grant_id is not None else uuid.uuid4().hex
+    if reason is not None:
+        validate_reason(reason)
+    now_us = database.now_us()
+    start_us = _moment("effective_from", effective_from, now_us)
+    expires_us = None if expires_at is None else to_us(expires_at, field_name="expires_at")
+    if expires_us is not None and expires_us <= start_us:
+        raise InvalidInput("expires_at", "must be after the grant takes effect")
+    record = GrantRecord(grant_id, subject, limit, amount, 0, start_us, expires_us, reason, now_us)
+
+    def work(connection: Connection) -> Grant:
+        found = _limit(connection, limit)
+        if found.algorithm != "fixed_window":
+            raise InvalidInput("limit", f"{limit!r} is a token bucket; grants top up fixed windows")
+        store = AllowanceStore(connection)
+        if store.add_grant(record) is not None:
+            return _grant_of(record)
+        existing = store.grant(grant_id)
+        assert existing is not None
+        same = (existing.subject, existing.limit, existing.amount, existing.expires_at_us)
+        if same != (subject, limit, amount, expires_us) or (
+            effective_from is not None and existing.effective_from_us != start_us
+        ):
+            raise GrantConflict(grant_id)
+        return _grant_of(existing, duplicate=True)
+
+    return database.run(work)
+
+
+def list_grants(
+    database: Database, subject: str | None = None, limit: str | None = None
+) -> list[Grant]:
+    if subject is not None:
+        validate_subject(subject)
+    if limit is not None:
+        validate_limit_name(limit)
+    found = database.run(lambda c: AllowanceStore(c).grants(subject, limit))
+    return [_grant_of(record) for record in found]
+
+
+# -- corrections ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Correction:
+    """A voided event. ``charges``: (subject, limit, cost, window start, grants
+    given back). ``duplicate``: the event had been voided already."""
+
+    correction_id: str
+    event_id: str
+    reason: str
+    created_at: datetime
+    charges: tuple[tuple[str, str, int, datetime | None, tuple[tuple[str, int], ...]], ...]
+    duplicate: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "correction_id": self.correction_id,
+            "event_id": self.event_id,
+            "reason": self.reason,
+            "created_at": self.created_at.isoformat(),
+            "charges": [
+                {
+                    "subject": subject,
+                    "limit": limit,
+                    "cost": cost,
+                    "window_start": start.isoformat() if start else None,
+                    "grants": [{"grant_id": g, "amount": a} for g, a in grants],
+                }
+                for subject, limit, cost, start, grants in self.charges
+            ],
+        }
+
+
+def _correction_of(record: CorrectionRecord, *, duplicate: bool) -> Correction:
+    charges = tuple(
+        (
+            str(subject),
+            str(limit),
+            int(cost),
+            from_us(start) if start else None,
+            tuple((str(g), int(a)) for g, a in grants),
+        )
+        for subject, limit, cost, start, grants in record.charges
+    )
+    return Correction(
+        record.correction_id,
+        record.event_id,
+        record.reason,
+        from_us(record.created_at_us),
+        charges,
+        duplicate,
+    )
+
+
+def void(
+    database: Database,
+    event_id: str,
+    reason: str,
+    *,
+    correction_id: str | None = None,
+    horizon_seconds: int = DEFAULT_HORIZON_SECONDS,
+) -> Correction:
+    """Reverse an allowed event's charges (see `metering.domain.corrections`).
+
+    Idempotent: voiding an event again returns its correction
+    (``duplicate``); a correction id reused for another event raises
+    `CorrectionConflict`. A denied or rejected event, one older than
+    ``horizon_seconds`` or one never decided raise a `MeteringError`.
+    """
+    validate_event_id(event_id)
+    validate_reason(reason)
+    if correction_id is not None:
+        validate_grant_id(correction_id, "correction_id")
+    if isinstance(horizon_seconds, bool) or not isinstance(horizon_seconds, int):
+        raise InvalidInput("horizon_seconds", "must be a whole number of seconds")
+    cid = correction_id or uuid.uuid4().hex
+    now_us = database.now_us()
+
+    def work(connection: Connection) -> Correction:
+        allowances = AllowanceStore(connection)
+        earlier = allowances.correction(correction_id=cid, event_id=event_id)
+        if earlier is not None:
+            if earlier.event_id != event_id:
+                raise CorrectionConflict(cid, earlier.event_id)
+            return _correction_of(earlier, duplicate=True)
+        store = Store(connection)
+        stored = store.fetch_results([event_id]).get(event_id)
+        if stored is None:
+            raise UnknownEvent(event_id)
+        if stored.outcome not in ("allowed", "overage"):
+            raise CorrectionRefused(event_id, f"it was {stored.outcome}; nothing was consumed")
+        if stored.occurred_at_us < now_us - horizon_seconds * 1_000_000:
+            days = horizon_seconds / 86_400
+            raise CorrectionRefused(event_id, f"it is older than the {days:g}-day horizon")
+        charges = voided_charges(stored.outcome, stored.charges)
+        restored = _reverse(connection, charges, now_us)
+        record = CorrectionRecord(
+            cid,
+            event_id,
+            reason,
+            [charge.to_row(restored[i]) for i, charge in enumerate(charges)],
+            now_us,
+        )
+        if not allowances.add_correction(record):
+            raise RetryTransaction("the event was voided concurrently")
+        _announce(connection, record, now_us)
+        return _correction_of(record, duplicate=False)
+
+    return database.run(work)
+
+
+def _reverse(
+    connection: Connection, charges: list[VoidedCharge], now_us: int
+) -> list[list[tuple[str, int]]]:
+    """Take the charges back from their counters and grants; per charge, the
+    grants whose amounts were given back (the active ones)."""
+    store = Store(connection)
+    states = store.lock_counters({charge.key for charge in charges}, now_us)
+    limits = store.load_limits(charge.key.limit for charge in charges)
+    changed: dict[CounterKey, CounterState] = {}
+    for charge in charges:
+        state = changed.get(charge.key, states.get(charge.key, CounterState()))
+        changed[charge.key] = void_charge(limits.get(charge.key.limit), charge, state, now_us)
+    store.write_counters(changed, now_us)
+    paid = [c for c in charges if c.grants]
+    if not paid:
+        return [[] for _ in charges]
+    allowances = AllowanceStore(connection)
+    pots = allowances.lock_pots({(c.key.limit, c.key.subject) for c in paid}, [])
+    active = {
+        balance.grant_id
+        for pot in pots.values()
+        for balance in pot.balances
+        if balance.expires_at_us is None or now_us < balance.expires_at_us
+    }
+    draws: dict[DrawKey, int] = defaultdict(int)
+    restored: list[list[tuple[str, int]]] = []
+    for charge in charges:
+        given: list[tuple[str, int]] = []
+        for grant_id, amount in charge.grants:
+            key = charge.key
+            draws[(key.limit, key.subject, key.window_start_us, grant_id)] -= amount
+            if grant_id in active:
+                given.append((grant_id, amount))
+        restored.append(given)
+    allowances.write_draws(draws, restore=active)
+    return restored
+
+
+def _announce(connection: Connection, record: CorrectionRecord, now_us: int) -> None:
+    """The ``usage.corrected`` notification, in the void's transaction."""
+    correction = _correction_of(record, duplicate=False)
+    document = {"type": "usage.corrected", "timestamp": _iso(now_us), "data": correction.to_dict()}
+    webhooks = WebhookStore(connection)
+    endpoints = webhooks.list_endpoints(enabled_only=True)
+    webhooks.add_message("usage.corrected", encode_payload(document), endpoints, now_us)
+
+
+def corrections(database: Database, count: int = 1000) -> list[Correction]:
+    found = database.run(lambda c: AllowanceStore(c).corrections(count=count))
+    return [_correction_of(record, duplicate=False) for record in found]

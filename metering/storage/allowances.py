@@ -1,0 +1,339 @@
+"""Entitlements, grants and corrections in SQL (see `metering.domain.grants`).
+
+Both engines read a subject's grants under lock *after* its counters, sorted
+by grant id, so the lock order stays: first-use windows, counters, grants.
+Voids lock in the same order. Creating a grant or changing an entitlement
+bumps the limits' version: every process's `LimitCache` learns of it in the
+same statement that reads the version, so the hot path never looks them up
+per event.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from sqlalchemy import Connection, and_, bindparam, delete, func, or_, select, tuple_, update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from metering.domain.grants import Balance, Entitlement, History, Pot
+from metering.storage.queries import BUMP_LIMITS_VERSION, Pair
+from metering.storage.tables import corrections, entitlements, grant_draws, grants
+
+# (limit, subject, window start, grant id) -> amount drawn
+DrawKey = tuple[str, str, int, str]
+
+
+@dataclass(frozen=True, slots=True)
+class GrantRecord:
+    """A grant as stored: ``used`` of ``amount`` so far."""
+
+    grant_id: str
+    subject: str
+    limit: str
+    amount: int
+    used: int
+    effective_from_us: int
+    expires_at_us: int | None
+    reason: str | None
+    created_at_us: int
+
+
+@dataclass(frozen=True, slots=True)
+class CorrectionRecord:
+    """A voided event: ``charges`` as [subject, limit, cost, window start, [[grant, restored]]]."""
+
+    correction_id: str
+    event_id: str
+    reason: str
+    charges: list[list[Any]]
+    created_at_us: int
+
+
+_GRANT_COLUMNS: Final = (
+    grants.c.grant_id,
+    grants.c.subject,
+    grants.c.limit_name,
+    grants.c.amount,
+    grants.c.used,
+    grants.c.effective_from_us,
+    grants.c.expires_at_us,
+    grants.c.reason,
+    grants.c.created_at_us,
+)
+
+
+def _grant(row: Any) -> GrantRecord:
+    return GrantRecord(*row)
+
+
+class AllowanceStore:
+    """Statements on one connection; the caller owns the transaction."""
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+        self._postgres = connection.dialect.name == "postgresql"
+
+    def _insert(self, table: Any) -> Any:
+        return (postgresql if self._postgres else sqlite).insert(table)
+
+    # -- entitlements ------------------------------------------------------
+
+    def set_entitlement(self, change: Entitlement) -> None:
+        """Record a change of maximum; one at the same instant is replaced."""
+        values = {
+            "subject": change.subject,
+            "limit_name": change.limit,
+            "effective_from_us": change.effective_from_us,
+            "maximum": change.maximum,
+            "created_at_us": change.created_at_us,
+        }
+        statement = self._insert(entitlements).values(values)
+        self.connection.execute(
+            statement.on_conflict_do_update(
+                index_elements=["subject", "limit_name", "effective_from_us"],
+                set_={"maximum": statement.excluded.maximum},
+            )
+        )
+        self.connection.execute(BUMP_LIMITS_VERSION)
+
+    def entitlements(
+        self, subject: str | None = None, limit: str | None = None
+    ) -> list[Entitlement]:
+        query = select(entitlements)
+        if subject is not None:
+            query = query.where(entitlements.c.subject == subject)
+        if limit is not None:
+            query = query.where(entitlements.c.limit_name == limit)
+        query = query.order_by(
+            entitlements.c.limit_name, entitlements.c.subject, entitlements.c.effective_from_us
+        )
+        return [
+            Entitlement(r.subject, r.limit_name, r.maximum, r.effective_from_us, r.created_at_us)
+            for r in self.connection.execute(query)
+        ]
+
+    def histories(self, pairs: Iterable[Pair] | None = None) -> dict[Pair, History]:
+        """Each (limit, subject)'s changes of maximum, in time order (every pair: None)."""
+        query = select(
+            entitlements.c.limit_name,
+            entitlements.c.subject,
+            entitlements.c.effective_from_us,
+            entitlements.c.maximum,
+        )
+        if pairs is not None:
+            wanted = sorted(set(pairs))
+            if not wanted:
+                return {}
+            query = query.where(
+                tuple_(entitlements.c.limit_name, entitlements.c.subject).in_(wanted)
+            )
+        found: dict[Pair, list[tuple[int, int | None]]] = defaultdict(list)
+        for name, subject, start, maximum in self.connection.execute(query):
+            found[(name, subject)].append((start, maximum))
+        return {pair: tuple(sorted(changes)) for pair, changes in found.items()}
+
+    # -- grants ------------------------------------------------------------
+
+    def add_grant(self, record: GrantRecord) -> GrantRecord | None:
+        """Insert a grant; None if its id exists (the caller compares with `grant`)."""
+        values = {
+            "grant_id": record.grant_id,
+            "subject": record.subject,
+            "limit_name": record.limit,
+            "amount": record.amount,
+            "used": 0,
+            "effective_from_us": record.effective_from_us,
+            "expires_at_us": record.expires_at_us,
+            "reason": record.reason,
+            "created_at_us": record.created_at_us,
+        }
+        statement = (
+            self._insert(grants)
+            .values(values)
+            .on_conflict_do_nothing()
+            .returning(grants.c.grant_id)
+        )
+        if self.connection.execute(statement).first() is None:
+            return None
+        self.connection.execute(BUMP_LIMITS_VERSION)
+        return record
+
+    def grant(self, grant_id: str) -> GrantRecord | None:
+        row = self.connection.execute(
+            select(*_GRANT_COLUMNS).where(grants.c.grant_id == grant_id)
+        ).first()
+        return _grant(row) if row is not None else None
+
+    def grants(
+        self, subject: str | None = None, limit: str | None = None, count: int = 1000
+    ) -> list[GrantRecord]:
+        query = select(*_GRANT_COLUMNS)
+        if subject is not None:
+            query = query.where(grants.c.subject == subject)
+        if limit is not None:
+            query = query.where(grants.c.limit_name == limit)
+        query = query.order_by(grants.c.subject, grants.c.limit_name, grants.c.grant_id)
+        return [_grant(row) for row in self.connection.execute(query.limit(count))]
+
+    def grant_pairs(self) -> set[Pair]:
+        """Every (limit, subject) that has a grant (the hot path reads grants only for these)."""
+        query = select(grants.c.limit_name, grants.c.subject).distinct()
+        return {(name, subject) for name, subject in self.connection.execute(query)}
+
+    def lock_pots(
+        self,
+        pairs: Iterable[Pair],
+        windows: Iterable[tuple[str, str, int]],
+        *,
+        lock: bool = True,
+    ) -> dict[Pair, Pot]:
+        """Lock the grants of ``pairs`` (sorted by id; ``lock=False``: only read
+        them) and read what ``windows`` drew on them. Pairs without grants have no pot."""
+        wanted = sorted(set(pairs))
+        if not wanted:
+            return {}
+        query = (
+            select(*_GRANT_COLUMNS)
+            .where(tuple_(grants.c.limit_name, grants.c.subject).in_(wanted))
+            .order_by(grants.c.grant_id)
+        )
+        if self._postgres and lock:
+            query = query.with_for_update()
+        balances: dict[Pair, list[Balance]] = defaultdict(list)
+        for row in self.connection.execute(query):
+            record = _grant(row)
+            balances[(record.limit, record.subject)].append(
+                Balance(
+                    record.grant_id,
+                    record.amount,
+                    record.used,
+                    record.effective_from_us,
+                    record.expires_at_us,
+                )
+            )
+        pots = {pair: Pot(found) for pair, found in balances.items()}
+        keys = sorted({key for key in windows if (key[0], key[1]) in pots})
+        if keys:
+            drawn = select(
+                grant_draws.c.limit_name,
+                grant_draws.c.subject,
+                grant_draws.c.window_start_us,
+                func.sum(grant_draws.c.amount),
+            ).where(
+                tuple_(
+                    grant_draws.c.limit_name, grant_draws.c.subject, grant_draws.c.window_start_us
+                ).in_(keys)
+            )
+            drawn = drawn.group_by(
+                grant_draws.c.limit_name, grant_draws.c.subject, grant_draws.c.window_start_us
+            )
+            for name, subject, start, amount in self.connection.execute(drawn):
+                pots[(name, subject)].granted[start] = int(amount)
+        return pots
+
+    def write_draws(self, draws: Mapping[DrawKey, int], restore: set[str] | None = None) -> None:
+        """Add ``draws`` (negative: given back) to their windows' draws and to
+        the grants (only those in ``restore``, when given)."""
+        if not draws:
+            return
+        by_grant: dict[str, int] = defaultdict(int)
+        for (_, _, _, grant_id), amount in draws.items():
+            if restore is None or grant_id in restore:
+                by_grant[grant_id] += amount
+        if by_grant:
+            self.connection.execute(
+                update(grants)
+                .where(grants.c.grant_id == bindparam("gid"))
+                .values(used=grants.c.used + bindparam("delta")),
+                [{"gid": gid, "delta": delta} for gid, delta in sorted(by_grant.items())],
+            )
+        rows = [
+            {"limit_name": n, "subject": s, "window_start_us": w, "grant_id": g, "amount": a}
+            for (n, s, w, g), a in sorted(draws.items())
+        ]
+        statement = self._insert(grant_draws)
+        self.connection.execute(
+            statement.on_conflict_do_update(
+                index_elements=["subject", "limit_name", "window_start_us", "grant_id"],
+                set_={"amount": grant_draws.c.amount + statement.excluded.amount},
+            ),
+            rows,
+        )
+
+    def draws_by_window(
+        self, keys: Iterable[tuple[str, str, int]]
+    ) -> dict[tuple[str, str, int], dict[str, int]]:
+        """What each (limit, subject, window start) drew, grant by grant."""
+        wanted = sorted(set(keys))
+        if not wanted:
+            return {}
+        query = select(grant_draws).where(
+            tuple_(
+                grant_draws.c.limit_name, grant_draws.c.subject, grant_draws.c.window_start_us
+            ).in_(wanted)
+        )
+        found: dict[tuple[str, str, int], dict[str, int]] = defaultdict(dict)
+        for row in self.connection.execute(query):
+            found[(row.limit_name, row.subject, row.window_start_us)][row.grant_id] = row.amount
+        return dict(found)
+
+    # -- corrections -------------------------------------------------------
+
+    def add_correction(self, record: CorrectionRecord) -> bool:
+        """Insert a correction; False if its id or its event was corrected already."""
+        statement = (
+            self._insert(corrections)
+            .values(
+                correction_id=record.correction_id,
+                event_id=record.event_id,
+                reason=record.reason,
+                charges=json.dumps(record.charges, separators=(",", ":")),
+                created_at_us=record.created_at_us,
+            )
+            .on_conflict_do_nothing()
+            .returning(corrections.c.correction_id)
+        )
+        return self.connection.execute(statement).first() is not None
+
+    def correction(
+        self, *, correction_id: str | None = None, event_id: str | None = None
+    ) -> CorrectionRecord | None:
+        conditions = []
+        if correction_id is not None:
+            conditions.append(corrections.c.correction_id == correction_id)
+        if event_id is not None:
+            conditions.append(corrections.c.event_id == event_id)
+        row = self.connection.execute(select(corrections).where(or_(*conditions))).first()
+        return _correction(row) if row is not None else None
+
+    def corrections(
+        self, since_us: int | None = None, until_us: int | None = None, count: int = 1000
+    ) -> list[CorrectionRecord]:
+        query = select(corrections)
+        if since_us is not None:
+            query = query.where(corrections.c.created_at_us >= since_us)
+        if until_us is not None:
+            query = query.where(corrections.c.created_at_us < until_us)
+        query = query.order_by(corrections.c.created_at_us, corrections.c.correction_id)
+        return [_correction(row) for row in self.connection.execute(query.limit(count))]
+
+    def voided_ids(self, event_ids: Sequence[str]) -> set[str]:
+        if not event_ids:
+            return set()
+        query = select(corrections.c.event_id).where(corrections.c.event_id.in_(event_ids))
+        return {row[0] for row in self.connection.execute(query)}
+
+    def delete_grants_of(self, limit: str) -> None:
+        """Forget a deleted limit's grants and draws (its counters stay, for reports)."""
+        self.connection.execute(delete(grants).where(grants.c.limit_name == limit))
+        self.connection.execute(delete(grant_draws).where(and_(grant_draws.c.limit_name == limit)))
+
+
+def _correction(row: Any) -> CorrectionRecord:
+    return CorrectionRecord(
+        row.correction_id, row.event_id, row.reason, json.loads(row.charges), row.created_at_us
+    )
