@@ -123,6 +123,7 @@ def test_payload_carries_the_fields_receivers_need() -> None:
         "maximum",
         "used",
         "threshold",
+        "threshold_units",
         "window_start",
         "window_end",
         "resets_at",
