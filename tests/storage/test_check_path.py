@@ -6,7 +6,8 @@ and leaves to the general engine (`Meter._check_general`, what `check` ran
 before) only what the hot path leaves to it. Hypothesis drives a stream of
 batches (the streams of ``test_fast_path.py``: stacked charges, first-use
 and calendar windows, token buckets, soft limits, denials, late, future and
-unknown-limit events, a limit changed between batches); after each batch
+unknown-limit events, a limit changed between batches, subjects' own
+maximums, grants and a shadow limit); after each batch
 every check of a set is asked both ways: the same `Decision`, or the same
 error.
 """
@@ -22,7 +23,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from servers import PostgresServer
-from test_fast_path import LIMITS, NAMES, SETTINGS, START, SUBJECTS, _events, streams
+from test_fast_path import (
+    LIMITS,
+    NAMES,
+    SETTINGS,
+    START,
+    SUBJECTS,
+    _allowances,
+    _events,
+    streams,
+)
 
 from metering import FrozenClock, Limit, Meter
 from metering.domain.decisions import Decision
@@ -81,6 +91,7 @@ def test_check_matches_the_general_engine(
                 maximum = spec["new_cal_maximum"]
                 if isinstance(maximum, int):
                     meter.set_limit(Limit("cal", maximum=maximum, period="1h", window="calendar"))
+                _allowances(meter, spec, clock())
                 events = _events(spec, clock())
                 meter.apply_records([e.record() for e in events], invalid="reject")
                 _compare(meter, specs)

@@ -6,9 +6,11 @@ the same rules with value objects. Hypothesis drives both, each on its own
 database, with the same random stream of batches: stacked charges, first-use
 and calendar windows, token buckets, soft limits with thresholds, denials,
 ids repeated inside a batch and across batches (some with other charges),
-late and future events, unknown limits, and a limit changed between
-batches. Results rows, counters, notification marks and messages, and
-rejected messages must be identical.
+late and future events, unknown limits, a limit changed between batches,
+subjects' own maximums changed (some effective in the past, inside the
+current window), grants (some expiring mid-stream) and a shadow limit.
+Results rows, counters, grants and their draws, notification marks and
+messages, and rejected messages must be identical.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ from metering import FrozenClock, Limit, Meter
 from metering.domain.events import UsageEvent, make_event
 from metering.storage.tables import (
     counters,
+    entitlements,
+    grant_draws,
+    grants,
     rejected_messages,
     results,
     webhook_marks,
@@ -42,7 +47,10 @@ LIMITS = [
     Limit("fu", maximum=4, period="30m"),
     Limit("soft", maximum=3, period="1mo", window="calendar", enforcement="soft", thresholds=(80,)),
     Limit("bucket", maximum=3, period="60s", algorithm="token_bucket", thresholds=(100,)),
+    Limit("shadow", maximum=3, period="1h", window="calendar", enforcement="shadow"),
+    Limit("units", maximum=6, period="30m", thresholds_units=(2, 5, 9)),
 ]
+GRANTABLE = ["cal", "fu", "soft", "shadow", "units"]
 NAMES = [limit.name for limit in LIMITS] + ["unknown"]
 SUBJECTS = ["org-1", "org-2", "user-é"]
 _databases = itertools.count(1)
@@ -60,6 +68,24 @@ batch = st.fixed_dictionaries(
         "advance_seconds": st.sampled_from([0, 20, 61, 900, 1900, 3600]),
         "events": st.lists(event, min_size=1, max_size=12),
         "new_cal_maximum": st.one_of(st.none(), st.integers(1, 8)),
+        "entitlements": st.lists(
+            st.tuples(
+                st.sampled_from(SUBJECTS),
+                st.sampled_from([*GRANTABLE, "bucket"]),
+                st.one_of(st.none(), st.integers(1, 9)),
+                st.sampled_from([0, -600, -3000]),  # effective from: now, or earlier
+            ),
+            max_size=2,
+        ),
+        "grants": st.lists(
+            st.tuples(
+                st.sampled_from(SUBJECTS),
+                st.sampled_from(GRANTABLE),
+                st.integers(1, 5),
+                st.sampled_from([None, 60, 1000, 5000]),  # expires after: never, or seconds
+            ),
+            max_size=2,
+        ),
     }
 )
 streams = st.lists(batch, min_size=1, max_size=6)
@@ -86,6 +112,9 @@ def _stored(meter: Meter) -> dict[str, object]:
             "marks": rows(select(*[c for c in webhook_marks.c if c.name != "created_at_us"])),
             "messages": rows(select(webhook_messages.c.type, webhook_messages.c.payload)),
             "rejected": rows(select(rejected_messages.c.digest, rejected_messages.c.event_id)),
+            "grants": rows(select(grants)),
+            "draws": rows(select(grant_draws)),
+            "entitlements": rows(select(entitlements)),
         }
 
 
@@ -101,11 +130,28 @@ def _run(fast_url: str, general_url: str, stream: list[dict[str, object]]) -> No
                 changed = Limit("cal", maximum=maximum, period="1h", window="calendar")
                 fast.set_limit(changed)
                 general.set_limit(changed)
+            for meter in (fast, general):
+                _allowances(meter, spec, clock())
             events = _events(spec, clock())
             records = [e.record() for e in events]
             fast.apply_records(records, invalid="reject")
             general._apply_general(records, fast.database.now_us(), "reject", ())
         assert _stored(fast) == _stored(general)
+
+
+def _allowances(meter: Meter, spec: dict[str, object], now: datetime) -> None:
+    for subject, limit, maximum, offset in spec["entitlements"]:  # type: ignore[attr-defined]
+        when = now + timedelta(seconds=offset)
+        meter.set_entitlement(subject, limit, maximum, effective_from=when)
+    for subject, limit, amount, expires in spec["grants"]:  # type: ignore[attr-defined]
+        expires_at = None if expires is None else now + timedelta(seconds=expires)
+        meter.grant(
+            subject,
+            limit,
+            amount,
+            expires_at,
+            grant_id=f"g-{now.timestamp():.0f}-{SUBJECTS.index(subject)}-{limit}-{amount}-{expires}",
+        )
 
 
 SETTINGS = settings(
