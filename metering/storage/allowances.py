@@ -16,7 +16,19 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sqlalchemy import Connection, and_, bindparam, delete, func, or_, select, tuple_, update
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    and_,
+    bindparam,
+    case,
+    delete,
+    func,
+    or_,
+    select,
+    tuple_,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 
 from metering.domain.grants import Balance, Entitlement, History, Pot
@@ -251,18 +263,45 @@ class AllowanceStore:
                 .values(used=grants.c.used + bindparam("delta")),
                 [{"gid": gid, "delta": delta} for gid, delta in sorted(by_grant.items())],
             )
-        rows = [
+        rows: list[dict[str, Any]] = [
             {"limit_name": n, "subject": s, "window_start_us": w, "grant_id": g, "amount": a}
             for (n, s, w, g), a in sorted(draws.items())
         ]
-        statement = self._insert(grant_draws)
-        self.connection.execute(
-            statement.on_conflict_do_update(
-                index_elements=["subject", "limit_name", "window_start_us", "grant_id"],
-                set_={"amount": grant_draws.c.amount + statement.excluded.amount},
-            ),
-            rows,
-        )
+        added = [row for row in rows if row["amount"] > 0]
+        if added:
+            statement = self._insert(grant_draws)
+            self.connection.execute(
+                statement.on_conflict_do_update(
+                    index_elements=["subject", "limit_name", "window_start_us", "grant_id"],
+                    set_={"amount": grant_draws.c.amount + statement.excluded.amount},
+                ),
+                added,
+            )
+        # Taken back: never below zero (a reset may have dropped the window's draws).
+        taken = [row for row in rows if row["amount"] < 0]
+        if taken:
+            d = grant_draws.c
+            left = d.amount + bindparam("delta", type_=BigInteger)
+            self.connection.execute(
+                update(grant_draws)
+                .where(
+                    d.subject == bindparam("s"),
+                    d.limit_name == bindparam("n"),
+                    d.window_start_us == bindparam("w"),
+                    d.grant_id == bindparam("g"),
+                )
+                .values(amount=case((left < 0, 0), else_=left)),
+                [
+                    {
+                        "s": r["subject"],
+                        "n": r["limit_name"],
+                        "w": r["window_start_us"],
+                        "g": r["grant_id"],
+                        "delta": r["amount"],
+                    }
+                    for r in taken
+                ],
+            )
 
     def draws_by_window(
         self, keys: Iterable[tuple[str, str, int]]

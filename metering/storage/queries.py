@@ -37,6 +37,7 @@ from metering.domain.windows import Window
 from metering.storage.tables import (
     counters,
     current_windows,
+    grant_draws,
     limits,
     limits_version,
     rejected_messages,
@@ -540,7 +541,28 @@ class Store:
             )
         self.connection.execute(delete_windows)
         removed = self.connection.execute(delete_counters).rowcount
+        self._forget_draws(subject, limit)
         return int(removed)
+
+    def _forget_draws(self, subject: str | None, limit: str | None) -> None:
+        """Drop what the cleared windows drew on grants: a fresh window's own
+        usage starts at zero. The grants stay used (a reset renews no grant)."""
+        d, c = grant_draws.c, counters.c
+        which = [
+            ~select(literal_column("1"))
+            .select_from(counters)
+            .where(
+                c.subject == d.subject,
+                c.limit_name == d.limit_name,
+                c.window_start_us == d.window_start_us,
+            )
+            .exists()
+        ]
+        if subject is not None:
+            which.append(d.subject == subject)
+        if limit is not None:
+            which.append(d.limit_name == limit)
+        self.connection.execute(delete(grant_draws).where(*which))
 
     def counters_of(
         self, subject: str | None, limit: str | None
