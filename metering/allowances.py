@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -335,6 +336,15 @@ def _reverse(
         state = changed.get(charge.key, states.get(charge.key, CounterState()))
         changed[charge.key] = void_charge(limits.get(charge.key.limit), charge, state, now_us)
     store.write_counters(changed, now_us)
+    return restore_grants(connection, charges, now_us)
+
+
+def restore_grants(
+    connection: Connection, charges: Sequence[VoidedCharge], now_us: int
+) -> list[list[tuple[str, int]]]:
+    """Give back what ``charges`` drew on grants: always to their windows'
+    draws, and to the grants that are still active. Per charge, the grants
+    given back."""
     paid = [c for c in charges if c.grants]
     if not paid:
         return [[] for _ in charges]

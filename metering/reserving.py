@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection
 
+from metering.allowances import restore_grants
+from metering.domain.corrections import voided_charges
 from metering.domain.decisions import Decision
 from metering.domain.events import UsageEvent
 from metering.domain.reservations import (
@@ -147,7 +149,20 @@ def _give_back_all(connection: Connection, record: ReservationRecord, now_us: in
         states[charge.key] = changed[charge.key] = outcome.state
         returned += outcome.returned
     store.write_counters(changed, now_us)
+    _restore_grants(connection, record.id, live, now_us)
     return returned
+
+
+def _restore_grants(
+    connection: Connection, reservation_id: str, live: list[HeldCharge], now_us: int
+) -> None:
+    """Give back what the cancelled charges drew on grants (see `metering.allowances`)."""
+    stored = Store(connection).fetch_results([reservation_id]).get(reservation_id)
+    if stored is None:
+        return
+    keys = {charge.key for charge in live}
+    paid = [c for c in voided_charges(stored.outcome, stored.charges) if c.key in keys]
+    restore_grants(connection, paid, now_us)
 
 
 def commit(database: Database, reservation_id: str) -> None:

@@ -367,3 +367,16 @@ def test_grant_rows_are_kept_apart_per_grant(meter: Meter) -> None:
     with meter.engine.connect() as connection:
         rows = connection.execute(select(grants.c.grant_id, grants.c.used)).all()
     assert [tuple(r) for r in rows] == [("g1", 3)]
+
+
+def test_a_cancelled_reservation_gives_back_what_it_drew_on_grants(meter: Meter) -> None:
+    meter.grant("org-42", "api_calls", 30, grant_id="g")
+    meter.consume("org-42", "api_calls", 240)
+    with meter.reserve("org-42", "api_calls", 25) as reservation:
+        assert reservation.allowed
+        assert meter.grants()[0].used == 15
+        reservation.cancel()
+    assert meter.grants()[0].used == 0
+    assert _used(meter, "org-42") == [240]
+    assert meter.consume("org-42", "api_calls", 40).allowed  # 10 own and 30 granted
+    assert not meter.consume("org-42", "api_calls", 1).allowed
