@@ -77,6 +77,22 @@ def queue_count(environ: Mapping[str, str] | None = None) -> int:
     return int(wanted)
 
 
+DEFAULT_CORRECTION_HORIZON_DAYS: Final = 35
+MAX_CORRECTION_HORIZON_DAYS: Final = 3650
+
+
+def correction_horizon_days(environ: Mapping[str, str] | None = None) -> int:
+    """``METERING_CORRECTION_HORIZON_DAYS``: how far back `Meter.void` reaches
+    (1 to 3650 days, default 35)."""
+    name = "METERING_CORRECTION_HORIZON_DAYS"
+    value = env_float(name, DEFAULT_CORRECTION_HORIZON_DAYS, environ)
+    if value != int(value) or not 1 <= value <= MAX_CORRECTION_HORIZON_DAYS:
+        raise ConfigurationError(
+            f"{name} must be a whole number of days from 1 to {MAX_CORRECTION_HORIZON_DAYS}"
+        )
+    return int(value)
+
+
 def load_limits_file(path: str | Path) -> list[Limit]:
     """Read limits from a YAML (.yaml/.yml) or TOML (.toml) file.
 

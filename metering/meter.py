@@ -29,9 +29,8 @@ from metering.applying import (
     check_record,
 )
 from metering.clock import Clock, system_clock
-from metering.config import database_url, load_limits_file
+from metering.config import correction_horizon_days, database_url, load_limits_file
 from metering.domain.bounds import validate_count, validate_seconds
-from metering.domain.corrections import DEFAULT_HORIZON_SECONDS
 from metering.domain.decisions import ChargeDecision, Decision
 from metering.domain.events import (
     EventRecord,
@@ -110,7 +109,7 @@ class Meter:
         self.engine = self.database.engine
         self.clock: Clock = self.database.clock
         self._limits = LimitCache()
-        self.correction_horizon = DEFAULT_HORIZON_SECONDS
+        self.correction_horizon = correction_horizon_days() * 86_400
         self.group_commit = group_commit
         self._group = GroupCommit(self._apply_raising)
         try:
@@ -592,8 +591,8 @@ class Meter:
         """Reverse an allowed event's charges in their own windows' counters
         (past ones too) and give back the grants that paid, if still active.
         The event's result stays; the correction references it. Idempotent by
-        event and by ``correction_id``. ``horizon_seconds`` (default: 35
-        days, or ``METERING_CORRECTION_HORIZON``) bounds how far back."""
+        event and by ``correction_id``. ``horizon_seconds`` (default:
+        ``METERING_CORRECTION_HORIZON_DAYS``, else 35 days) bounds how far back."""
         horizon = horizon_seconds if horizon_seconds is not None else self.correction_horizon
         return allowances.void(
             self.database, event_id, reason, correction_id=correction_id, horizon_seconds=horizon

@@ -32,6 +32,8 @@ variable, before any message is taken. Every variable is optional:
 * ``METERING_API_AUTH``: ``auto`` (default: API keys are asked for once one
   exists) or ``required`` (always); ``METERING_API_RATE``: each API key's
   requests, ``N/PERIOD`` (default ``6000/1m``) or ``off`` (docs/api-auth.md).
+* ``METERING_CORRECTION_HORIZON_DAYS``: how far back an event can be voided
+  (default 35 days; `Meter.void`).
 """
 
 from __future__ import annotations
@@ -44,7 +46,9 @@ from typing import Final
 from metering.apikeys import DEFAULT_API_RATE, ApiRate, AuthMode, api_rate, auth_mode
 from metering.config import (
     DEFAULT_BROKER_URL,
+    DEFAULT_CORRECTION_HORIZON_DAYS,
     DEFAULT_DATABASE_URL,
+    correction_horizon_days,
     env_float,
     queue_count,
 )
@@ -94,6 +98,7 @@ class Settings:
     tracing: bool = False
     api_auth: AuthMode = "auto"
     api_rate: ApiRate | None = DEFAULT_API_RATE
+    correction_horizon_days: int = DEFAULT_CORRECTION_HORIZON_DAYS
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -138,6 +143,7 @@ class Settings:
             tracing=tracing_enabled(env),
             api_auth=auth_mode(env),
             api_rate=api_rate(env),
+            correction_horizon_days=correction_horizon_days(env),
         )
 
 

@@ -84,3 +84,15 @@ def test_the_producer_defaults_to_metering_queues(monkeypatch: pytest.MonkeyPatc
     finally:
         producer.discard()
         producer.close()
+
+
+def test_the_correction_horizon_is_a_whole_number_of_days() -> None:
+    from metering.config import correction_horizon_days
+    from metering.errors import ConfigurationError
+    from metering.settings import Settings
+
+    assert Settings.from_env({}).correction_horizon_days == 35
+    assert correction_horizon_days({"METERING_CORRECTION_HORIZON_DAYS": "90"}) == 90
+    for bad in ("0", "1.5", "x", "4000"):
+        with pytest.raises(ConfigurationError, match="METERING_CORRECTION_HORIZON_DAYS"):
+            correction_horizon_days({"METERING_CORRECTION_HORIZON_DAYS": bad})
