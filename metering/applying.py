@@ -46,7 +46,7 @@ from metering.domain.windows import Window, calendar_window, first_use_window
 from metering.errors import EventConflict, MeteringError, UnknownLimit
 from metering.storage.allowances import AllowanceStore, DrawKey
 from metering.storage.engine import RetryTransaction
-from metering.storage.hot import Changes, WantedKey
+from metering.storage.hot import Changes, HotStore, WantedKey
 from metering.storage.hot_stores import hot_store
 from metering.storage.queries import Pair, ResultRecord, Store
 from metering.storage.webhooks import WebhookStore
@@ -216,7 +216,7 @@ def apply_records(
     if snapshot.version != version:
         cache.refresh(connection)
         raise RetryTransaction("limits changed since they were cached")
-    pots = _lock_pots(connection, allowances, pairs, keys, snapshot.windows)
+    pots = _lock_pots(store, allowances, pairs, keys, snapshot.windows)
     histories = allowances.histories
 
     states = snapshot.states
@@ -311,7 +311,7 @@ def apply_records(
         results=sorted(records, key=lambda record: record.event_id),
     )
     if pots:
-        AllowanceStore(connection).write_draws(draws_of(records))
+        changes.draws = draws_of(records)
     more = bool(notices or conflicts or rejected)
     store.write(changes, now_us, commit=not more)
     if more:
@@ -320,7 +320,7 @@ def apply_records(
 
 
 def _lock_pots(
-    connection: Connection,
+    store: HotStore,
     allowances: Allowances,
     pairs: Iterable[Pair],
     keys: Iterable[Key],
@@ -336,7 +336,7 @@ def _lock_pots(
         return {}
     starts = [key for key in keys if (key[0], key[1]) in wanted]
     starts += [(*pair, w[0]) for pair, w in windows.items() if w is not None and pair in wanted]
-    return AllowanceStore(connection).lock_pots(wanted, starts)
+    return store.lock_pots(sorted(wanted), sorted(set(starts)))
 
 
 def _entitled(

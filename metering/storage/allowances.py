@@ -208,11 +208,18 @@ class AllowanceStore:
         wanted = sorted(set(pairs))
         if not wanted:
             return {}
-        query = (
-            select(*_GRANT_COLUMNS)
-            .where(tuple_(grants.c.limit_name, grants.c.subject).in_(wanted))
-            .order_by(grants.c.grant_id)
+        query = select(*_GRANT_COLUMNS).where(
+            tuple_(grants.c.limit_name, grants.c.subject).in_(wanted)
         )
+        # Locked in the hot path's order: by pair, then by id, in code point order.
+        if self._postgres:
+            query = query.order_by(
+                grants.c.limit_name.collate("C"),
+                grants.c.subject.collate("C"),
+                grants.c.grant_id.collate("C"),
+            )
+        else:
+            query = query.order_by(grants.c.limit_name, grants.c.subject, grants.c.grant_id)
         if self._postgres and lock:
             query = query.with_for_update()
         balances: dict[Pair, list[Balance]] = defaultdict(list)

@@ -26,8 +26,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from metering.domain.grants import Pot
 from metering.domain.rules import Key, State
 from metering.domain.windows import Window
+from metering.storage.allowances import DrawKey
 from metering.storage.queries import Pair, ResultRecord
 
 # A counter the hot path needs: (limit, subject, window start, window end).
@@ -57,6 +59,8 @@ class Changes:
     new_windows: list[tuple[Pair, Window]] = field(default_factory=list)
     moved_windows: list[tuple[Pair, Window]] = field(default_factory=list)
     results: list[ResultRecord] = field(default_factory=list)
+    # What the batch drew on grants: (limit, subject, window start, grant id) -> amount.
+    draws: dict[DrawKey, int] = field(default_factory=dict)
 
 
 class HotStore(Protocol):
@@ -70,6 +74,13 @@ class HotStore(Protocol):
         """Lock and read: ``pairs`` (sorted) are first-use windows, whose
         current counters are read too; ``keys`` (sorted) the other counters.
         Results are looked up only when ``ids`` is given."""
+        ...
+
+    def lock_pots(
+        self, pairs: Sequence[Pair], windows: Sequence[tuple[str, str, int]]
+    ) -> dict[Pair, Pot]:
+        """Lock the grants of ``pairs`` (sorted) and read what ``windows`` drew
+        on them; called after `read`, so grants are locked after counters."""
         ...
 
     def write(self, changes: Changes, now_us: int, *, commit: bool) -> None:

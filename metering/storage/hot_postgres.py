@@ -31,6 +31,7 @@ import psycopg
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError, StatementError
 
+from metering.domain.grants import Balance, Pot
 from metering.domain.rules import Key
 from metering.domain.windows import Window
 from metering.storage.hot import Changes, Snapshot, WantedKey
@@ -152,6 +153,39 @@ SELECT r->>0, r->>1, r->>2, (r->>3)::bigint, (r->>4)::bigint, r->>5, r->>6, r->>
 FROM jsonb_array_elements(%(rows)s::jsonb) AS r
 """
 
+# A batch's subjects that have grants: their grants, locked pair by pair in
+# the order given (sorted, as counters are) and by id, and what the given
+# windows drew on them. Sent together, in one round trip, after `read`.
+LOCK_GRANTS: Final = """
+SELECT g.limit_name, g.subject, g.grant_id, g.amount, g.used, g.effective_from_us, g.expires_at_us
+FROM jsonb_array_elements(%(pairs)s::jsonb) AS r
+CROSS JOIN LATERAL (
+    SELECT * FROM grants AS g WHERE g.limit_name = r->>0 AND g.subject = r->>1
+    ORDER BY g.grant_id COLLATE "C" FOR UPDATE
+) AS g
+"""
+READ_DRAWS: Final = """
+SELECT d.limit_name, d.subject, d.window_start_us, sum(d.amount)::bigint
+FROM jsonb_array_elements(%(windows)s::jsonb) AS r
+CROSS JOIN LATERAL (
+    SELECT * FROM grant_draws AS d
+    WHERE d.subject = r->>1 AND d.limit_name = r->>0 AND d.window_start_us = (r->>2)::bigint
+) AS d
+GROUP BY d.limit_name, d.subject, d.window_start_us
+"""
+UPDATE_GRANTS: Final = """
+UPDATE grants AS g SET used = g.used + v.delta
+FROM (SELECT r->>0, (r->>1)::bigint FROM jsonb_array_elements(%(rows)s::jsonb) AS r) AS v(id, delta)
+WHERE g.grant_id = v.id
+"""
+ADD_DRAWS: Final = """
+INSERT INTO grant_draws (subject, limit_name, window_start_us, grant_id, amount)
+SELECT r->>1, r->>0, (r->>2)::bigint, r->>3, (r->>4)::bigint
+FROM jsonb_array_elements(%(rows)s::jsonb) AS r
+ON CONFLICT (subject, limit_name, window_start_us, grant_id)
+DO UPDATE SET amount = grant_draws.amount + excluded.amount
+"""
+
 _encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
@@ -201,6 +235,31 @@ class PostgresHotStore:
             states={(r[0], r[1], r[2]): list(r[3:10]) for r in counter_rows},
         )
 
+    def lock_pots(
+        self, pairs: Sequence[Pair], windows: Sequence[tuple[str, str, int]]
+    ) -> dict[Pair, Pot]:
+        try:
+            with self.raw.pipeline():
+                locked = self.raw.cursor(binary=True)
+                locked.execute(LOCK_GRANTS, {"pairs": _encode(pairs)})
+                drawn = None
+                if windows:
+                    drawn = self.raw.cursor(binary=True)
+                    drawn.execute(READ_DRAWS, {"windows": _encode(windows)})
+                grant_rows = locked.fetchall()
+                draw_rows = drawn.fetchall() if drawn else []
+        except psycopg.Error as exc:
+            raise _translate(exc) from exc
+        balances: dict[Pair, list[Balance]] = {}
+        for name, subject, *grant in grant_rows:
+            balances.setdefault((name, subject), []).append(Balance(*grant))
+        pots = {pair: Pot(found) for pair, found in balances.items()}
+        for name, subject, start, amount in draw_rows:
+            pot = pots.get((name, subject))
+            if pot is not None:
+                pot.granted[start] = amount
+        return pots
+
     def write(self, changes: Changes, now_us: int, *, commit: bool) -> None:
         raw = self.raw
         try:
@@ -227,6 +286,14 @@ class PostgresHotStore:
                         (self.window_tids[pair], *window) for pair, window in changes.moved_windows
                     ]
                     raw.execute(UPDATE_WINDOWS, {"rows": _encode(rows)})
+                if changes.draws:
+                    by_grant: dict[str, int] = {}
+                    for (_, _, _, grant_id), amount in changes.draws.items():
+                        by_grant[grant_id] = by_grant.get(grant_id, 0) + amount
+                    rows = sorted(by_grant.items())
+                    raw.execute(UPDATE_GRANTS, {"rows": _encode(rows)})
+                    rows = [(*key, amount) for key, amount in sorted(changes.draws.items())]
+                    raw.execute(ADD_DRAWS, {"rows": _encode(rows)})
                 rows = [result_row(r) for r in changes.results]
                 if 0 < len(rows) <= FEW_ROWS:
                     cursor.executemany(INSERT_RESULT, rows)

@@ -14,7 +14,9 @@ from typing import Any, Final
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError, StatementError
 
+from metering.domain.grants import Pot
 from metering.domain.windows import Window
+from metering.storage.allowances import AllowanceStore
 from metering.storage.hot import Changes, Snapshot, WantedKey
 from metering.storage.queries import Pair, record_from_row, result_row
 
@@ -61,6 +63,7 @@ class SqliteHotStore:
         raw = connection.connection.driver_connection
         assert isinstance(raw, sqlite3.Connection)
         self.raw = raw
+        self.connection = connection
 
     def read(
         self,
@@ -94,6 +97,11 @@ class SqliteHotStore:
             raise _translate(exc) from exc
         return Snapshot(version, stored, windows, states)
 
+    def lock_pots(
+        self, pairs: Sequence[Pair], windows: Sequence[tuple[str, str, int]]
+    ) -> dict[Pair, Pot]:
+        return AllowanceStore(self.connection).lock_pots(pairs, windows)
+
     def write(self, changes: Changes, now_us: int, *, commit: bool) -> None:
         # ``commit`` is left to the caller's transaction: SQLite has no round trip to save.
         raw = self.raw
@@ -108,6 +116,8 @@ class SqliteHotStore:
                 raw.executemany(UPSERT_WINDOW, [(*pair, *window) for pair, window in windows])
             if changes.results:
                 raw.executemany(INSERT_RESULT, [result_row(r) for r in changes.results])
+            if changes.draws:
+                AllowanceStore(self.connection).write_draws(changes.draws)
         except sqlite3.Error as exc:
             # `run_transaction` runs again after a key written meanwhile, and
             # only then: any other constraint would fail the same way again.
