@@ -380,3 +380,44 @@ def test_a_cancelled_reservation_gives_back_what_it_drew_on_grants(meter: Meter)
     assert _used(meter, "org-42") == [240]
     assert meter.consume("org-42", "api_calls", 40).allowed  # 10 own and 30 granted
     assert not meter.consume("org-42", "api_calls", 1).allowed
+
+
+@pytest.mark.postgres
+def test_an_entitlement_adds_no_round_trip_and_grants_one(
+    pg_url: str, clock: FrozenClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Counted at the driver: pipelines (one round trip each) and statements
+    SQLAlchemy sends on its own (one each), per `consume` on PostgreSQL."""
+    import psycopg
+    from sqlalchemy import event
+
+    trips = [0]
+    pipeline = psycopg.Connection.pipeline
+
+    def counted(self: psycopg.Connection, *args: object, **kwargs: object) -> object:
+        trips[0] += 1
+        return pipeline(self, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Connection, "pipeline", counted)
+    with Meter(pg_url, clock=clock, group_commit=False) as meter:
+        meter.set_limit(CALLS)
+        meter.set_entitlement("entitled", "api_calls", 500)
+        meter.grant("granted", "api_calls", 5)
+
+        def count(*_args: object) -> None:
+            trips[0] += 1
+
+        # SQLAlchemy's own COMMIT finds the transaction ended by the write's
+        # pipeline: psycopg sends nothing then, so it is not counted.
+        event.listen(meter.engine, "before_cursor_execute", count)
+
+        def round_trips(subject: str) -> int:
+            meter.consume(subject, "api_calls")  # warm: the first one caches the limits
+            trips[0] = 0
+            meter.consume(subject, "api_calls")
+            return trips[0]
+
+        plain = round_trips("plain")
+        assert plain == 2  # read under lock; write with the COMMIT
+        assert round_trips("entitled") == plain
+        assert round_trips("granted") == plain + 1  # its grants, locked
