@@ -26,7 +26,10 @@ from metering.domain.limits import Limit, parse_period, validate_limit_name
 from metering.errors import InvalidInput, InvalidLimit, OccurredAtOutOfRange
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
-KNOWN = "['algorithm', 'enforcement', 'lateness', 'maximum', 'name', 'period', 'thresholds', 'thresholds_units', 'window']"
+KNOWN = (
+    "['algorithm', 'enforcement', 'lateness', 'maximum', 'name', 'period', 'thresholds', "
+    "'thresholds_units', 'window']"
+)
 
 LIMIT_ERRORS: list[tuple[Callable[[], object], str]] = [
     (
