@@ -180,3 +180,14 @@ def test_headers_can_be_turned_off_and_an_unreachable_database_answers_503(
     with httpx.Client() as client:
         assert client.get(f"{closed}/hello").status_code == 503
         assert client.get(f"{open_}/hello").status_code == 200
+
+
+def test_the_headers_carry_the_subjects_own_maximum(meter: Meter, serve_asgi: Serve) -> None:
+    """127.0.0.1 is entitled to 5 per window, not the limit's 3."""
+    meter.set_entitlement("127.0.0.1", "per_ip", 5)
+    base = serve_asgi(build_app(meter))
+    with httpx.Client(base_url=base) as client:
+        answers = [client.get("/hello") for _ in range(6)]
+    assert [a.status_code for a in answers] == [200] * 5 + [429]
+    assert answers[0].headers["ratelimit-policy"] == '"per_ip";q=5;w=60'
+    assert answers[0].headers["ratelimit"] == '"per_ip";r=4;t=30'
