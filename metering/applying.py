@@ -347,6 +347,11 @@ def _entitled(
     pots: dict[Pair, Pot],
 ) -> tuple[list[Rule], list[Pot | None] | None]:
     """The event's rules with its subjects' own maximums, and their grants."""
+    if not any(
+        (name, subject) in histories or (name, subject) in pots
+        for subject, name, _ in event.charges
+    ):
+        return event_rules, None  # most events: nothing of their subjects' own
     rules: list[Rule] = []
     found: list[Pot | None] = []
     for (subject, name, _), rule in zip(event.charges, event_rules, strict=True):
