@@ -1,0 +1,207 @@
+"""The pure rules of entitlements, grants and corrections (metering.domain)."""
+
+from __future__ import annotations
+
+import pytest
+
+from metering.domain.corrections import (
+    MAX_REASON_CHARS,
+    VoidedCharge,
+    validate_reason,
+    void_charge,
+    voided_charges,
+)
+from metering.domain.decisions import ChargeDecision
+from metering.domain.grants import (
+    MAX_GRANT,
+    Balance,
+    Pot,
+    fit_window,
+    maximum_at,
+    validate_amount,
+    validate_grant_id,
+)
+from metering.domain.limits import Limit
+from metering.domain.state import NO_WINDOW, CounterKey, CounterState
+from metering.errors import InvalidInput
+
+SECOND = 1_000_000
+
+
+def test_the_maximum_at_an_instant_is_the_latest_change_at_or_before_it() -> None:
+    history = ((100, 7), (200, None), (300, 9))
+    assert [maximum_at(history, 5, at) for at in (99, 100, 199, 200, 299, 300, 10**9)] == [
+        5,
+        7,
+        7,
+        5,
+        5,
+        9,
+        9,
+    ]
+    assert maximum_at((), 5, 100) == maximum_at(None, 5, 100) == 5
+
+
+def test_a_grant_is_active_from_its_start_until_just_before_its_expiry() -> None:
+    grant = Balance("g", amount=10, used=4, effective_from_us=100, expires_at_us=200)
+    assert [grant.active_at(at) for at in (99, 100, 199, 200)] == [False, True, True, False]
+    assert grant.left == 6
+    assert Balance("g", 1, 0, 100, None).active_at(10**15)
+
+
+def test_grants_are_drawn_earliest_expiring_first_then_earliest_given_then_by_id() -> None:
+    pot = Pot(
+        [
+            Balance("never", 5, 0, 0, None),
+            Balance("b-late", 5, 0, 50, 1000),
+            Balance("a-late", 5, 0, 50, 1000),
+            Balance("soon", 5, 2, 0, 500),
+            Balance("given-first", 5, 0, 10, 1000),
+            Balance("spent", 5, 5, 0, 100),
+        ]
+    )
+    assert [b.grant_id for b in pot.balances] == [
+        "spent",
+        "soon",
+        "given-first",
+        "a-late",
+        "b-late",
+        "never",
+    ]
+    assert pot.available(60) == 3 + 5 + 5 + 5 + 5
+    assert pot.plan(9, 60) == [("soon", 3), ("given-first", 5), ("a-late", 1)]
+    assert pot.plan(0, 60) == []
+    assert pot.plan(9, 20) == [("soon", 3), ("given-first", 5), ("never", 1)]  # a-late not yet
+    pot.take(7, [("soon", 3), ("never", 1)])
+    pot.take(7, [("never", 2)])
+    assert (pot.balances[1].used, pot.balances[5].used, pot.granted) == (5, 3, {7: 6})
+
+
+def test_a_window_uses_its_own_allowance_before_any_grant() -> None:
+    pot = Pot([Balance("g", 10, 0, 0, None)])
+    inside = fit_window(10, used=4, granted=0, cost=6, pot=pot, at_us=0, soft=False)
+    assert (inside.fits, inside.draws, inside.remaining_before, inside.remaining_after) == (
+        True,
+        (),
+        16,
+        10,
+    )
+    across = fit_window(10, used=8, granted=0, cost=5, pot=pot, at_us=0, soft=False)
+    assert (across.fits, across.draws, across.remaining_after) == (True, (("g", 3),), 7)
+    beyond = fit_window(10, used=10, granted=0, cost=11, pot=pot, at_us=0, soft=False)
+    assert (beyond.fits, beyond.draws, beyond.remaining_before) == (False, (), 10)
+    assert (beyond.overage_after, beyond.overage_before) == (0, 0)
+
+
+def test_own_usage_is_used_less_granted() -> None:
+    pot = Pot([Balance("g", 10, 6, 0, None)])
+    # used 12 of which 6 was granted: own usage 6 of 10, so 4 own and 4 granted left.
+    fit = fit_window(10, used=12, granted=6, cost=8, pot=pot, at_us=0, soft=False)
+    assert (fit.fits, fit.draws, fit.remaining_before, fit.remaining_after) == (
+        True,
+        (("g", 4),),
+        8,
+        0,
+    )
+    # after a downgrade below own usage, only grants pay
+    down = fit_window(3, used=12, granted=6, cost=2, pot=pot, at_us=0, soft=False)
+    assert (down.fits, down.draws, down.overage_before) == (True, (("g", 2),), 3)
+
+
+def test_a_soft_limit_draws_what_it_can_and_the_rest_is_overage() -> None:
+    pot = Pot([Balance("g", 3, 0, 0, None)])
+    fit = fit_window(10, used=9, granted=0, cost=6, pot=pot, at_us=0, soft=True)
+    assert (fit.fits, fit.draws, fit.overage_after, fit.remaining_after) == (
+        False,
+        (("g", 3),),
+        2,
+        0,
+    )
+    hard = fit_window(10, used=9, granted=0, cost=6, pot=pot, at_us=0, soft=False)
+    assert hard.draws == ()
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (0, "between 1 and"),
+        (MAX_GRANT + 1, "between 1 and"),
+        (True, "whole number"),
+        (1.5, "whole number"),
+    ],
+)
+def test_an_amount_is_a_whole_number_in_range(value: object, message: str) -> None:
+    with pytest.raises(InvalidInput, match=message) as raised:
+        validate_amount("amount", value)
+    assert raised.value.field == "amount"
+    assert validate_amount("amount", MAX_GRANT) == MAX_GRANT
+
+
+@pytest.mark.parametrize("value", ["", "a b", "x" * 129, 7, None, "é"])
+def test_a_grant_id_is_like_an_event_id(value: object) -> None:
+    with pytest.raises(InvalidInput, match="grant_id"):
+        validate_grant_id(value)
+    assert validate_grant_id("goodwill-1:org/42") == "goodwill-1:org/42"
+
+
+@pytest.mark.parametrize("value", ["", "   ", None, 3, "x" * (MAX_REASON_CHARS + 1), "a\nb"])
+def test_a_reason_is_short_printable_text(value: object) -> None:
+    with pytest.raises(InvalidInput, match="reason"):
+        validate_reason(value)
+    assert validate_reason("x" * MAX_REASON_CHARS) == "x" * MAX_REASON_CHARS
+
+
+def _row(outcome: str, allowed: bool = True, **more: object) -> list[object]:
+    charge = ChargeDecision(
+        subject="org",
+        limit="calls",
+        cost=4,
+        allowed=allowed,
+        outcome=outcome,  # type: ignore[arg-type]
+        used=8,
+        remaining=2,
+        maximum=10,
+        overage=0,
+        window_start_us=more.get("start", 100),  # type: ignore[arg-type]
+        resets_at_us=900,
+        retry_at_us=None,
+        grants=more.get("grants", ()),  # type: ignore[arg-type]
+    )
+    return charge.to_row()
+
+
+def test_only_the_consumed_charges_of_an_allowed_event_are_voided() -> None:
+    rows = [
+        _row("allowed", grants=(("g", 1),)),
+        _row("would_deny"),
+        _row("overage", start=None),
+    ]
+    found = voided_charges("allowed", rows)
+    assert found == [
+        VoidedCharge(CounterKey("calls", "org", 100, 900), 4, (("g", 1),)),
+        VoidedCharge(CounterKey("calls", "org", NO_WINDOW, NO_WINDOW), 4, ()),
+    ]
+    assert voided_charges("denied", rows) == voided_charges("rejected", rows) == []
+
+
+def test_a_void_takes_a_windows_cost_back_but_never_below_zero() -> None:
+    charge = VoidedCharge(CounterKey("calls", "org", 100, 900), 4, ())
+    limit = Limit("calls", maximum=10, period="1h")
+    assert void_charge(limit, charge, CounterState(used=9), 0).used == 5
+    assert void_charge(limit, charge, CounterState(used=3, denied_count=2), 0) == CounterState(
+        used=0, denied_count=2
+    )
+    assert void_charge(None, charge, CounterState(used=9), 0).used == 5  # limit deleted since
+
+
+def test_a_void_gives_a_bucket_its_tokens_back_up_to_its_capacity() -> None:
+    bucket = Limit("api", maximum=10, period="10s", algorithm="token_bucket")
+    charge = VoidedCharge(CounterKey("api", "org", NO_WINDOW, NO_WINDOW), 4, ())
+    # empty at 0 s (arrival time 10 s): 4 back moves it to 6 s
+    empty = CounterState(used=10, tat_us=10 * SECOND, tat_rem=0, tat_scale=10)
+    after = void_charge(bucket, charge, empty, 0)
+    assert (after.used, after.tat_us) == (6, 6 * SECOND)
+    full = CounterState(used=10, tat_us=0, tat_rem=0, tat_scale=10)
+    assert void_charge(bucket, charge, full, SECOND) == full
+    window = Limit("api", maximum=10, period="10s")
+    assert void_charge(window, charge, empty, 0) == empty  # redefined as a window since
