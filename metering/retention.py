@@ -8,12 +8,16 @@ Every table that grows with traffic has an age after which its rows go:
   any limit (an older event is rejected, never charged) plus the broker's
   visibility timeout plus a day for producers still retrying. A configured
   age below that horizon is raised to it.
+* ``corrections``: voided events, at the results' age (a correction outlives
+  no result it corrects by much; ``void`` never reaches past its horizon).
 * ``rejected_messages``: the dead-letter record.
 * webhook deliveries that are settled (delivered or failed) with their
   attempts, then messages with no delivery left, then the once-per-window
   marks of windows long over.
 
-Counters are not pruned: they are the usage that reports bill from.
+Counters are not pruned: they are the usage that reports bill from; nor are
+entitlements, grants and what windows drew on them, which reports read
+beside the counters.
 Beat runs `prune` once an hour (``metering.prune``); ``metering prune
 --dry-run`` shows what would go.
 """
@@ -41,6 +45,7 @@ PRODUCER_RETRY_HORIZON_US: Final = DAY_US
 # The order matters: deliveries (with their attempts) before their messages.
 TABLES: Final = (
     "results",
+    "corrections",
     "rejected_messages",
     "webhook_deliveries",
     "webhook_messages",
@@ -94,6 +99,7 @@ class RetentionPolicy:
     def age_us(self, table: str) -> int | None:
         days = {
             "results": self.results_days,
+            "corrections": self.results_days,  # they go with the results they correct
             "rejected_messages": self.rejected_days,
         }.get(table, self.webhooks_days)
         return None if days is None else round(days * DAY_US)

@@ -12,17 +12,15 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
 from sqlalchemy import (
     BigInteger,
     Connection,
-    and_,
     bindparam,
     case,
-    delete,
     func,
     or_,
     select,
@@ -310,25 +308,6 @@ class AllowanceStore:
                 ],
             )
 
-    def draws_by_window(
-        self, keys: Iterable[tuple[str, str, int]]
-    ) -> dict[tuple[str, str, int], dict[str, int]]:
-        """What each (limit, subject, window start) drew, grant by grant."""
-        wanted = sorted(set(keys))
-        if not wanted:
-            return {}
-        query = select(grant_draws).where(
-            tuple_(
-                grant_draws.c.limit_name, grant_draws.c.subject, grant_draws.c.window_start_us
-            ).in_(wanted)
-        )
-        found: dict[tuple[str, str, int], dict[str, int]] = defaultdict(dict)
-        for row in self.connection.execute(query):
-            found[(row.limit_name, row.subject, row.window_start_us)][row.grant_id] = row.amount
-        return dict(found)
-
-    # -- corrections -------------------------------------------------------
-
     def add_correction(self, record: CorrectionRecord) -> bool:
         """Insert a correction; False if its id or its event was corrected already."""
         statement = (
@@ -366,17 +345,6 @@ class AllowanceStore:
             query = query.where(corrections.c.created_at_us < until_us)
         query = query.order_by(corrections.c.created_at_us, corrections.c.correction_id)
         return [_correction(row) for row in self.connection.execute(query.limit(count))]
-
-    def voided_ids(self, event_ids: Sequence[str]) -> set[str]:
-        if not event_ids:
-            return set()
-        query = select(corrections.c.event_id).where(corrections.c.event_id.in_(event_ids))
-        return {row[0] for row in self.connection.execute(query)}
-
-    def delete_grants_of(self, limit: str) -> None:
-        """Forget a deleted limit's grants and draws (its counters stay, for reports)."""
-        self.connection.execute(delete(grants).where(grants.c.limit_name == limit))
-        self.connection.execute(delete(grant_draws).where(and_(grant_draws.c.limit_name == limit)))
 
 
 def _correction(row: Any) -> CorrectionRecord:

@@ -14,6 +14,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from metering.domain.notifications import SETTLED_STATUSES
 from metering.storage.tables import (
+    corrections,
     rejected_messages,
     results,
     webhook_attempts,
@@ -37,6 +38,10 @@ class RetentionStore:
     @staticmethod
     def _old_results(before_us: int) -> ColumnElement[bool]:
         return results.c.decided_at_us < before_us
+
+    @staticmethod
+    def _old_corrections(before_us: int) -> ColumnElement[bool]:
+        return corrections.c.created_at_us < before_us
 
     @staticmethod
     def _old_rejected(before_us: int) -> ColumnElement[bool]:
@@ -102,6 +107,8 @@ class RetentionStore:
     def _target(self, table: str, before_us: int) -> tuple[Table, ColumnElement[bool]]:
         if table == "results":
             return results, self._old_results(before_us)
+        if table == "corrections":
+            return corrections, self._old_corrections(before_us)
         if table == "rejected_messages":
             return rejected_messages, self._old_rejected(before_us)
         if table == "webhook_deliveries":

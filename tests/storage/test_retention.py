@@ -233,3 +233,23 @@ def test_the_cli_shows_what_would_go_then_deletes_it(
     bad = CliRunner().invoke(main, ["--database", db_url, "prune"])
     assert bad.exit_code == 1 and bad.output.startswith("error: ")
     assert len(bad.output.strip().splitlines()) == 1
+
+
+def test_corrections_go_with_the_results_they_correct(sqlite_url: str) -> None:
+    from datetime import UTC, datetime
+
+    from metering import FrozenClock, Limit, Meter
+    from metering.retention import RetentionPolicy, prune
+
+    clock = FrozenClock(datetime(2026, 1, 1, tzinfo=UTC))
+    with Meter(sqlite_url, clock=clock) as meter:
+        meter.set_limit(Limit("calls", maximum=10, period="1d"))
+        meter.consume("org", "calls", event_id="old")
+        meter.void("old", "recorded twice")
+        clock.advance(days=20)
+        meter.consume("org", "calls", event_id="new")
+        meter.void("new", "recorded twice")
+        policy = RetentionPolicy(results_days=10)
+        done = {p.table: p.rows for p in prune(meter, policy, visibility_timeout_seconds=300)}
+        assert (done["results"], done["corrections"]) == (1, 1)
+        assert [c.event_id for c in meter.corrections()] == ["new"]
