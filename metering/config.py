@@ -94,7 +94,8 @@ def _read_document(path: Path) -> Any:
             return tomllib.loads(text)
         if path.suffix in (".yaml", ".yml"):
             return yaml.safe_load(text)
-    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+    except (tomllib.TOMLDecodeError, yaml.YAMLError, ValueError) as exc:
+        # ValueError: YAML reads 2026-13-01 as a date, and stops at an impossible one.
         raise ConfigurationError(f"{path}: not valid {path.suffix[1:].upper()}: {exc}") from exc
     raise ConfigurationError(f"{path}: use a .yaml, .yml or .toml file")
 
@@ -191,7 +192,7 @@ def _entitlement_entry(path: Path, number: int, fields: Any) -> EntitlementEntry
         raise InvalidInput("entitlements file", f"{path}: {where}: is not a mapping of fields")
     subject, limit = fields.get("subject"), fields.get("limit")
     if isinstance(subject, str) and isinstance(limit, str):
-        where += f" ({shown(subject)} {shown(limit)})"
+        where += f" (subject {shown(subject)}, limit {shown(limit)})"
     try:
         unknown = sorted(str(key) for key in fields if key not in ENTITLEMENT_FIELDS)
         if unknown:
@@ -201,13 +202,20 @@ def _entitlement_entry(path: Path, number: int, fields: Any) -> EntitlementEntry
                 raise InvalidInput(required, "is required")
         return EntitlementEntry(
             validate_subject(subject),
-            validate_limit_name(limit),
+            _limit_name(limit),
             validate_amount("maximum", fields["maximum"], MAX_MAXIMUM),
             _effective_from(fields.get("effective_from")),
             where,
         )
     except InvalidInput as exc:
         raise InvalidInput("entitlements file", f"{path}: {where}: {exc}") from exc
+
+
+def _limit_name(value: object) -> str:
+    try:
+        return validate_limit_name(value)
+    except InvalidInput as exc:  # the library calls it a name; here it is the limit
+        raise InvalidInput("limit", exc.message) from None
 
 
 def _effective_from(value: object) -> datetime | None:
