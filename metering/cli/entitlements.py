@@ -19,6 +19,8 @@ from metering.cli.context import current_meter
 from metering.cli.options import format_option, parse_datetime
 from metering.cli.output import print_table, table, when_us
 from metering.domain.grants import Entitlement
+from metering.domain.limits import validate_limit_name
+from metering.errors import InvalidInput
 
 F = TypeVar("F", bound=Callable[..., Any])
 ENTITLEMENT_COLUMNS: Final = ("subject", "limit", "maximum", "effective from", "recorded")
@@ -33,6 +35,24 @@ def from_option(what: str) -> Callable[[F], F]:
         callback=parse_datetime,
         help=f"When {what} takes effect (default now); naive means UTC.",
     )
+
+
+def parse_limit_name(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """A limit's name, checked here so that an error names LIMIT (the library says ``name``)."""
+    if value is None:
+        return None
+    try:
+        return validate_limit_name(value)
+    except InvalidInput as exc:
+        raise click.BadParameter(exc.message) from None
+
+
+def limit_argument(func: F) -> F:
+    return click.argument("limit", callback=parse_limit_name)(func)
+
+
+def limit_filter(func: F) -> F:
+    return click.option("--limit", callback=parse_limit_name, help="Only this limit.")(func)
 
 
 def describe_entitlement(change: Entitlement) -> str:
@@ -61,7 +81,7 @@ def entitlements() -> None:
 
 @entitlements.command("set")
 @click.argument("subject")
-@click.argument("limit")
+@limit_argument
 @click.argument("maximum", type=int)
 @from_option("the maximum")
 def entitlements_set(
@@ -79,7 +99,7 @@ def entitlements_set(
 
 @entitlements.command("delete")
 @click.argument("subject")
-@click.argument("limit")
+@limit_argument
 @from_option("the return to the default")
 def entitlements_delete(subject: str, limit: str, effective_from: datetime | None) -> None:
     """Return SUBJECT to LIMIT's default maximum from --from (default now) on.
@@ -92,7 +112,7 @@ def entitlements_delete(subject: str, limit: str, effective_from: datetime | Non
 
 @entitlements.command("list")
 @click.option("--subject", help="Only this subject.")
-@click.option("--limit", help="Only this limit.")
+@limit_filter
 @format_option
 def entitlements_list(subject: str | None, limit: str | None, fmt: str) -> None:
     """Every change of a subject's maximum, oldest first per subject and limit."""

@@ -16,7 +16,7 @@ import click
 
 from metering.allowances import Correction, Grant
 from metering.cli.context import current_meter
-from metering.cli.entitlements import from_option
+from metering.cli.entitlements import from_option, limit_argument, limit_filter
 from metering.cli.options import format_option, parse_datetime
 from metering.cli.output import print_table, table, when
 from metering.domain.limits import parse_period
@@ -57,7 +57,7 @@ def grants() -> None:
 
 @grants.command("add")
 @click.argument("subject")
-@click.argument("limit")
+@limit_argument
 @click.argument("amount", type=int)
 @click.option("--expires", "expires_at", metavar="ISO8601", callback=parse_datetime,
               help="When what is left of it is gone (default never); naive means UTC.")  # fmt: skip
@@ -99,7 +99,7 @@ def grants_add(
 
 @grants.command("list")
 @click.option("--subject", help="Only this subject.")
-@click.option("--limit", help="Only this limit.")
+@limit_filter
 @format_option
 def grants_list(subject: str | None, limit: str | None, fmt: str) -> None:
     """Grants, with what is used and left of each (at most 1,000)."""
@@ -191,8 +191,8 @@ def corrections() -> None:
 
 
 @corrections.command("list")
-@click.option("--last", "count", type=click.IntRange(1, MAX_CORRECTIONS),
-              default=DEFAULT_CORRECTIONS, show_default=True, help="How many.")  # fmt: skip
+@click.option("--count", type=click.IntRange(1, MAX_CORRECTIONS), default=DEFAULT_CORRECTIONS,
+              show_default=True, help="How many, oldest first.")  # fmt: skip
 @format_option
 def corrections_list(count: int, fmt: str) -> None:
     """Voided events, oldest first, with what each gave back."""
