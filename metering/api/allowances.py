@@ -120,8 +120,8 @@ async def put_entitlement(
     charges until the window resets and takes nothing back. 422 when no
     limit has the name."""
     fields = await read_object(request, ENTITLEMENT_FIELDS)
-    if "maximum" not in fields:
-        raise bad_field("maximum", "is required")
+    if fields.get("maximum") is None:  # null would be a return to the default: DELETE says so
+        raise bad_field("maximum", "is required: a whole number (DELETE returns to the default)")
     maximum: Any = whole_number(fields["maximum"])
     start = moment(fields.get("effective_from"), "effective_from")
     with fields_named():

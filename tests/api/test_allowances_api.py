@@ -133,6 +133,7 @@ def test_an_entitlement_is_set_listed_and_returned_to_the_default(
 
 BAD_ENTITLEMENTS: list[tuple[str, str, Any, str]] = [
     ("no maximum", "org-1/api_calls", {}, "maximum"),
+    ("null maximum", "org-1/api_calls", {"maximum": None}, "maximum"),
     ("zero maximum", "org-1/api_calls", {"maximum": 0}, "maximum"),
     ("fractional maximum", "org-1/api_calls", {"maximum": 1.5}, "maximum"),
     ("string maximum", "org-1/api_calls", {"maximum": "5"}, "maximum"),
