@@ -76,18 +76,36 @@ def set_entitlement(
 ) -> Entitlement:
     """Give ``subject`` its own maximum for ``limit`` from ``effective_from``
     (default: now) on; None returns it to the limit's default from then on."""
+    return set_entitlements(database, [(subject, limit, maximum, effective_from)])[0]
+
+
+def _entitlement(
+    subject: str, limit: str, maximum: int | None, effective_from: datetime | None, now_us: int
+) -> Entitlement:
     validate_subject(subject)
     validate_limit_name(limit)
     if maximum is not None:
         validate_amount("maximum", maximum, MAX_MAXIMUM)
-    now_us = database.now_us()
     start_us = _moment("effective_from", effective_from, now_us)
-    change = Entitlement(subject, limit, maximum, start_us, now_us)
+    return Entitlement(subject, limit, maximum, start_us, now_us)
 
-    def work(connection: Connection) -> Entitlement:
-        _limit(connection, limit)
-        AllowanceStore(connection).set_entitlement(change)
-        return change
+
+def set_entitlements(
+    database: Database,
+    changes: Sequence[tuple[str, str, int | None, datetime | None]],
+) -> list[Entitlement]:
+    """`set_entitlement` of each (subject, limit, maximum, effective_from), in one
+    transaction: all are stored, or none (a file of them loads whole)."""
+    now_us = database.now_us()
+    made = [_entitlement(*change, now_us) for change in changes]
+
+    def work(connection: Connection) -> list[Entitlement]:
+        for name in dict.fromkeys(change.limit for change in made):
+            _limit(connection, name)
+        store = AllowanceStore(connection)
+        for change in made:
+            store.set_entitlement(change)
+        return made
 
     return database.run(work)
 

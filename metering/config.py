@@ -10,13 +10,19 @@ import math
 import os
 import tomllib
 from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import date, datetime
 from pathlib import Path
 from typing import Any, Final
 
 import yaml
 
-from metering.domain.limits import Limit
-from metering.errors import ConfigurationError, InvalidLimit
+from metering.domain.bounds import shown
+from metering.domain.events import validate_subject
+from metering.domain.grants import validate_amount
+from metering.domain.instants import as_utc, to_us
+from metering.domain.limits import MAX_MAXIMUM, Limit, validate_limit_name
+from metering.errors import ConfigurationError, InvalidInput, InvalidLimit
 from metering.routing import MAX_QUEUES
 
 DEFAULT_DATABASE_URL: Final = "sqlite:///metering.db"
@@ -93,6 +99,23 @@ def correction_horizon_days(environ: Mapping[str, str] | None = None) -> int:
     return int(value)
 
 
+def _read_document(path: Path) -> Any:
+    """A YAML (.yaml/.yml) or TOML (.toml) file's data, or a one-line error."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigurationError(f"cannot read {path}: {exc.strerror}") from exc
+    try:
+        if path.suffix == ".toml":
+            return tomllib.loads(text)
+        if path.suffix in (".yaml", ".yml"):
+            return yaml.safe_load(text)
+    except (tomllib.TOMLDecodeError, yaml.YAMLError, ValueError) as exc:
+        # ValueError: YAML reads 2026-13-01 as a date, and stops at an impossible one.
+        raise ConfigurationError(f"{path}: not valid {path.suffix[1:].upper()}: {exc}") from exc
+    raise ConfigurationError(f"{path}: use a .yaml, .yml or .toml file")
+
+
 def load_limits_file(path: str | Path) -> list[Limit]:
     """Read limits from a YAML (.yaml/.yml) or TOML (.toml) file.
 
@@ -101,19 +124,7 @@ def load_limits_file(path: str | Path) -> list[Limit]:
     Every entry is validated before any is returned.
     """
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigurationError(f"cannot read {path}: {exc.strerror}") from exc
-    try:
-        if path.suffix == ".toml":
-            data: Any = tomllib.loads(text)
-        elif path.suffix in (".yaml", ".yml"):
-            data = yaml.safe_load(text)
-        else:
-            raise ConfigurationError(f"{path}: use a .yaml, .yml or .toml file")
-    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
-        raise ConfigurationError(f"{path}: not valid {path.suffix[1:].upper()}: {exc}") from exc
+    data = _read_document(path)
     if isinstance(data, Mapping) and "limits" in data:
         data = data["limits"]
     return _limits_from(data, path)
@@ -139,3 +150,106 @@ def _limits_from(data: Any, path: Path) -> list[Limit]:
     if len(set(names)) != len(names):
         raise InvalidLimit("limits file", f"{path}: a limit is defined twice")
     return found
+
+
+# -- entitlements files ------------------------------------------------------------
+
+ENTITLEMENT_FIELDS: Final = ("subject", "limit", "maximum", "effective_from")
+
+
+@dataclass(frozen=True, slots=True)
+class EntitlementEntry:
+    """One entry of an entitlements file, validated; ``where`` names it in errors
+    (``entry 3 (org-42 api_calls)``). ``effective_from`` None: when it is stored."""
+
+    subject: str
+    limit: str
+    maximum: int
+    effective_from: datetime | None
+    where: str
+
+
+def load_entitlements_file(path: str | Path) -> list[EntitlementEntry]:
+    """Read per-subject maximums from a YAML or TOML file; every entry is
+    validated before any is returned, and an error names the entry and field.
+
+    The file is a list of ``{subject, limit, maximum, effective_from}``
+    (``effective_from`` optional: ISO 8601, naive is UTC, a date is its
+    midnight UTC), at the top level or under an ``entitlements`` key (TOML:
+    ``[[entitlements]]`` tables).
+    """
+    path = Path(path)
+    data = _read_document(path)
+    if isinstance(data, Mapping) and set(data) == {"entitlements"}:
+        data = data["entitlements"]
+    if not isinstance(data, list):
+        raise InvalidInput(
+            "entitlements file", f"{path}: expected a list of entitlements (or an entitlements key)"
+        )
+    found: list[EntitlementEntry] = []
+    seen: dict[tuple[str, str, datetime | None], str] = {}
+    for number, fields in enumerate(data, start=1):
+        entry = _entitlement_entry(path, number, fields)
+        key = (entry.subject, entry.limit, entry.effective_from)
+        if key in seen:
+            raise InvalidInput(
+                "entitlements file",
+                f"{path}: {entry.where} repeats {seen[key]}: the same subject, limit and "
+                "effective_from",
+            )
+        seen[key] = entry.where
+        found.append(entry)
+    return found
+
+
+def _entitlement_entry(path: Path, number: int, fields: Any) -> EntitlementEntry:
+    where = f"entry {number}"
+    if not isinstance(fields, Mapping):
+        raise InvalidInput("entitlements file", f"{path}: {where}: is not a mapping of fields")
+    subject, limit = fields.get("subject"), fields.get("limit")
+    if isinstance(subject, str) and isinstance(limit, str):
+        where += f" (subject {shown(subject)}, limit {shown(limit)})"
+    try:
+        unknown = sorted(str(key) for key in fields if key not in ENTITLEMENT_FIELDS)
+        if unknown:
+            raise InvalidInput(unknown[0], f"unknown field; expected some of {ENTITLEMENT_FIELDS}")
+        for required in ("subject", "limit", "maximum"):
+            if required not in fields:
+                raise InvalidInput(required, "is required")
+        return EntitlementEntry(
+            validate_subject(subject),
+            _limit_name(limit),
+            validate_amount("maximum", fields["maximum"], MAX_MAXIMUM),
+            _effective_from(fields.get("effective_from")),
+            where,
+        )
+    except InvalidInput as exc:
+        raise InvalidInput("entitlements file", f"{path}: {where}: {exc}") from exc
+
+
+def _limit_name(value: object) -> str:
+    try:
+        return validate_limit_name(value)
+    except InvalidInput as exc:  # the library calls it a name; here it is the limit
+        raise InvalidInput("limit", exc.message) from None
+
+
+def _effective_from(value: object) -> datetime | None:
+    """YAML and TOML read a bare timestamp as a datetime (a bare day as a date);
+    a string is ISO 8601. Naive means UTC."""
+    if value is None:
+        return None
+    if isinstance(value, date) and not isinstance(value, datetime):
+        value = datetime(value.year, value.month, value.day)
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            raise InvalidInput(
+                "effective_from", f"{shown(value)} is not an ISO-8601 time like 2026-12-01T00:00Z"
+            ) from None
+    if not isinstance(value, datetime):
+        raise InvalidInput("effective_from", f"must be an ISO-8601 time, got {shown(value)}")
+    moment = as_utc(value, field_name="effective_from")
+    to_us(moment, field_name="effective_from")
+    return moment

@@ -29,7 +29,12 @@ from metering.applying import (
     check_record,
 )
 from metering.clock import Clock, system_clock
-from metering.config import correction_horizon_days, database_url, load_limits_file
+from metering.config import (
+    correction_horizon_days,
+    database_url,
+    load_entitlements_file,
+    load_limits_file,
+)
 from metering.domain.bounds import validate_count, validate_seconds
 from metering.domain.decisions import ChargeDecision, Decision
 from metering.domain.events import (
@@ -539,6 +544,18 @@ class Meter:
         limit's default. Past decisions and reports keep the maximum that
         applied at their time."""
         return allowances.set_entitlement(self.database, subject, limit, maximum, effective_from)
+
+    def load_entitlements(self, path: str | Path) -> list[Entitlement]:
+        """Validate a YAML or TOML file of per-subject maximums
+        (`metering.config.load_entitlements_file`) and store them all, or none:
+        an error names the entry and its field."""
+        entries = load_entitlements_file(path)
+        changes = [(e.subject, e.limit, e.maximum, e.effective_from) for e in entries]
+        try:
+            return allowances.set_entitlements(self.database, changes)
+        except UnknownLimit as exc:
+            where = next((e.where for e in entries if e.limit == exc.limit), "an entry")
+            raise InvalidInput("entitlements file", f"{path}: {where}: limit: {exc}") from exc
 
     def delete_entitlement(
         self, subject: str, limit: str, effective_from: datetime | None = None

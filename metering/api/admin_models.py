@@ -21,6 +21,7 @@ from metering.domain.instants import from_us
 from metering.domain.limits import (
     MAX_MAXIMUM,
     MAX_THRESHOLD_PERCENT,
+    MAX_THRESHOLDS,
     NAME_PATTERN,
     Algorithm,
     Enforcement,
@@ -196,9 +197,14 @@ class LimitIn(BaseModel):
     )
     algorithm: Algorithm = "fixed_window"
     window: WindowKind = Field(default="first_use", description="Fixed window only.")
-    enforcement: Enforcement = Field(default="hard", description="A token bucket is hard.")
+    enforcement: Enforcement = Field(
+        default="hard",
+        description="hard denies; soft allows and counts overage; shadow decides like hard, "
+        "records would_deny and never denies. A token bucket is hard or shadow.",
+    )
     thresholds: list[int] = Field(
         default=[],
+        max_length=MAX_THRESHOLDS,
         description="Percentages of the maximum that send limit.threshold.",
         json_schema_extra={
             "items": {"type": "integer", "minimum": 1, "maximum": MAX_THRESHOLD_PERCENT}
@@ -209,6 +215,12 @@ class LimitIn(BaseModel):
         pattern=r"^[ \t]*[0-9]+[ \t]*(s|m|h|d|w)[ \t]*$",
         max_length=32,
         description="How late an event may arrive.",
+    )
+    thresholds_units: list[int] = Field(
+        default=[],
+        max_length=MAX_THRESHOLDS,
+        description="Absolute amounts of usage that send limit.threshold (threshold_units).",
+        json_schema_extra={"items": {"type": "integer", "minimum": 1, "maximum": MAX_MAXIMUM}},
     )
 
 
@@ -221,6 +233,7 @@ class LimitOut(BaseModel):
     enforcement: Enforcement
     thresholds: list[int]
     lateness: str
+    thresholds_units: list[int]
 
 
 class Limits(BaseModel):

@@ -27,14 +27,18 @@ from starlette.responses import JSONResponse, Response
 from metering.errors import (
     BrokerUnavailable,
     ConfigurationError,
+    CorrectionConflict,
+    CorrectionRefused,
     DatabaseUnavailable,
     EventConflict,
+    GrantConflict,
     InputRefused,
     InvalidInput,
     MeteringError,
     ReservationSettled,
     SchemaOutdated,
     UnknownApiKey,
+    UnknownEvent,
     UnknownLimit,
     UnknownReservation,
     UnknownWebhookEndpoint,
@@ -55,6 +59,9 @@ TYPES: Final[dict[str, tuple[int, str]]] = {
     "not-acceptable": (406, "Not acceptable"),
     "conflict": (409, "An event id was already used with other charges"),
     "reservation-settled": (409, "The reservation is already settled"),
+    "grant-conflict": (409, "A grant id was already used with other values"),
+    "correction-conflict": (409, "A correction id already voids another event"),
+    "correction-refused": (409, "The event cannot be voided"),
     "body-too-large": (413, "The request is too large"),
     "unsupported-media-type": (415, "Unsupported content type"),
     "unknown-limit": (422, "A charge names an unknown limit"),
@@ -168,10 +175,21 @@ def translate(error: MeteringError) -> tuple[str, str, list[tuple[str, str]], di
         return "unknown-limit", detail, [("limit", detail)], {}
     if isinstance(error, EventConflict):
         return "conflict", detail, [], {"event_ids": [error.event_id]}
-    if isinstance(error, UnknownReservation | UnknownWebhookEndpoint | UnknownApiKey):
+    if isinstance(
+        error, UnknownReservation | UnknownWebhookEndpoint | UnknownApiKey | UnknownEvent
+    ):
         return "not-found", detail, [], {}
     if isinstance(error, ReservationSettled):
         return "reservation-settled", detail, [], {}
+    # A grant or correction id reused for something else, and a void of an
+    # event that consumed nothing (or is past the horizon), conflict with what
+    # is stored, as a cancel of a committed reservation does: 409, not 422.
+    if isinstance(error, GrantConflict):
+        return "grant-conflict", detail, [("grant_id", detail)], {}
+    if isinstance(error, CorrectionConflict):
+        return "correction-conflict", detail, [("correction_id", detail)], {}
+    if isinstance(error, CorrectionRefused):
+        return "correction-refused", detail, [("event_id", error.reason)], {}
     if isinstance(error, BrokerUnavailable):
         return "broker-unavailable", error.reason, [], {"kept": list(error.kept)}
     if isinstance(error, DatabaseUnavailable | SchemaOutdated):

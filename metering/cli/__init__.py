@@ -14,7 +14,9 @@ from metering.cli.apikeys import apikeys
 from metering.cli.context import AppState, MeteringGroup, database_option
 from metering.cli.db import db
 from metering.cli.demo import demo
+from metering.cli.entitlements import entitlements
 from metering.cli.events import check, consume, counters, reset, result
+from metering.cli.grants import corrections, grants, void
 from metering.cli.limits import limits
 from metering.cli.queue import emit, prune, rejected, worker
 from metering.cli.reports import report
@@ -40,6 +42,10 @@ def main(ctx: click.Context, database: str | None) -> None:
 
 for command in (
     limits,
+    entitlements,
+    grants,
+    void,
+    corrections,
     consume,
     check,
     result,

@@ -21,6 +21,7 @@ LIMIT_COLUMNS: Final = (
     "window",
     "enforcement",
     "thresholds",
+    "threshold units",
     "lateness",
 )
 
@@ -36,8 +37,19 @@ def limits() -> None:
 @click.option("--period", required=True, help="30s, 2m, 1h, 1d, 7d, 1mo ...")
 @click.option("--algorithm", type=click.Choice(ALGORITHMS), help="Default: fixed_window.")
 @click.option("--window", type=click.Choice(WINDOWS), help="Fixed window only. Default: first_use.")
-@click.option("--enforcement", type=click.Choice(ENFORCEMENTS), help="Default: hard.")
+@click.option(
+    "--enforcement",
+    type=click.Choice(ENFORCEMENTS),
+    help="Default: hard. shadow: decided like hard, never denied (would_deny is recorded).",
+)
 @click.option("--threshold", "thresholds", type=int, multiple=True, help="Percent; repeatable.")
+@click.option(
+    "--threshold-units",
+    "thresholds_units",
+    type=int,
+    multiple=True,
+    help="An absolute amount of usage that notifies; repeatable.",
+)
 @click.option("--lateness", help="How late an event may arrive. Default: 1d.")
 def limits_set(name: str, maximum: int, period: str, **options: Any) -> None:
     """Create or replace the limit NAME."""
@@ -48,8 +60,9 @@ def limits_set(name: str, maximum: int, period: str, **options: Any) -> None:
 def _limit_row(limit: Limit) -> list[object]:
     window = limit.window if limit.algorithm == "fixed_window" else None
     thresholds = ", ".join(f"{t}%" for t in limit.thresholds) or None
+    units = ", ".join(str(t) for t in limit.thresholds_units) or None
     row: list[object] = [limit.name, limit.maximum, limit.period, limit.algorithm, window]
-    return [*row, limit.enforcement, thresholds, limit.lateness]
+    return [*row, limit.enforcement, thresholds, units, limit.lateness]
 
 
 @limits.command("list")

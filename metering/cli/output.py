@@ -31,7 +31,12 @@ PIPE_WIDTH: Final = 1_000_000
 KEY_COLUMNS: Final = frozenset({"id", "event id", "subject", "limit", "name", "endpoint"})
 # What another column keeps at least beside the keys (its words fold below that).
 OTHER_COLUMN_MIN_WIDTH: Final = 4
-LABEL_COLOURS: Final = {"allowed": "green", "overage": "yellow", "fits": "cyan"}
+LABEL_COLOURS: Final = {
+    "allowed": "green",
+    "overage": "yellow",
+    "fits": "cyan",
+    "would_deny": "magenta",
+}
 NUMERIC_COLUMNS: Final = frozenset({"maximum", "used", "denied events", "denied cost"})
 COUNTER_COLUMNS: Final = (
     "subject",
@@ -133,6 +138,8 @@ def describe_limit(limit: Limit) -> str:
     parts.append(limit.enforcement)
     if limit.thresholds:
         parts.append("thresholds " + "/".join(f"{t}%" for t in limit.thresholds))
+    if limit.thresholds_units:
+        parts.append("threshold units " + "/".join(str(t) for t in limit.thresholds_units))
     return ", ".join([*parts, f"lateness {limit.lateness}"])
 
 
@@ -160,11 +167,16 @@ def _label(text: str) -> str:
 
 def _charge_line(charge: ChargeDecision, label: str) -> str:
     line = f"{_label(label)}  {charge.subject} {charge.limit}  used {charge.used}/{charge.maximum}"
+    drawn = sum(amount for _, amount in charge.grants)
+    if drawn and charge.allowed:
+        line += f" ({drawn} from grants)"
     resets = when(charge.resets_at, ceil=True)
     if not charge.allowed and charge.retry_at is None:
         return f"{line}, cost {charge.cost} is more than the maximum: never fits"
     if not charge.allowed:
         return f"{line}, retry at {when(charge.retry_at, ceil=True)}"
+    if charge.outcome == "would_deny":
+        return f"{line}, would be denied (shadow: nothing consumed), resets {resets}"
     if charge.overage:
         return f"{line}, {charge.overage} over, resets {resets}"
     return f"{line}, {charge.remaining} left, resets {resets}"

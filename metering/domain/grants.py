@@ -25,9 +25,10 @@ import bisect
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 from metering.domain.bounds import shown
+from metering.domain.instants import from_us
 from metering.errors import InvalidInput
 
 GRANT_ID_PATTERN: Final = re.compile(r"[A-Za-z0-9_.:@/+=\-]{1,128}")
@@ -77,6 +78,15 @@ class Entitlement:
     maximum: int | None
     effective_from_us: int
     created_at_us: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "subject": self.subject,
+            "limit": self.limit,
+            "maximum": self.maximum,
+            "effective_from": from_us(self.effective_from_us).isoformat(),
+            "created_at": from_us(self.created_at_us).isoformat(),
+        }
 
 
 # -- grants ---------------------------------------------------------------------

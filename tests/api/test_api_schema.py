@@ -57,6 +57,13 @@ def test_no_5xx_and_every_answer_conforms(api_schema: Any) -> None:
         "GET /v1/events/{event_id}",
         "POST /v1/check",
         "GET /v1/subjects/{subject}/usage",
+        "PUT /v1/entitlements/{subject}/{limit}",
+        "DELETE /v1/entitlements/{subject}/{limit}",
+        "GET /v1/entitlements",
+        "POST /v1/grants",
+        "GET /v1/grants",
+        "POST /v1/events/{event_id}/void",
+        "GET /v1/corrections",
     }
     for operation in operations:
         # Invalid input only where there is a body: a path segment is always a string.

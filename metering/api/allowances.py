@@ -1,0 +1,312 @@
+"""Entitlements, grants and corrections over HTTP.
+
+``PUT``, ``DELETE /v1/entitlements/{subject}/{limit}`` and ``GET
+/v1/entitlements``; ``POST``, ``GET /v1/grants``; ``POST
+/v1/events/{event_id}/void`` and ``GET /v1/corrections``. Each is one call
+of `Meter` (`set_entitlement`, `grant`, `void` ...), whose rules check every
+value: a bad one is a 400 naming its field, and nothing is stored. Changing
+them takes the ``admin`` scope (they change what subjects may use, and what
+is billed); reading them ``read``.
+
+A grant and a void are idempotent by their ids: a new one answers 201, the
+same one again 200 with ``duplicate``, an id reused for something else 409.
+A subject, and an event id, may hold ``/``: the path takes it whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Annotated, Any, Final
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import JSONResponse, Response
+
+from metering.api.admin_common import bad_field, invalid, json_body, read_object
+from metering.api.admin_models import LIMIT_PATTERN, SUBJECT_PATTERN
+from metering.api.allowance_models import (
+    Corrections,
+    EntitlementIn,
+    EntitlementOut,
+    Entitlements,
+    GrantAdded,
+    GrantIn,
+    Grants,
+    Voided,
+    VoidIn,
+)
+from metering.api.auth import AUTH_ERRORS, require_scope
+from metering.api.context import ApiContext, api_context
+from metering.api.models import EVENT_ID_PATTERN
+from metering.api.parsing import whole_number
+from metering.api.problems import COMMON_ERRORS, responses
+from metering.domain.events import MAX_SUBJECT_LENGTH
+from metering.domain.instants import as_utc
+from metering.errors import InvalidInput
+
+router = APIRouter(prefix="/v1", tags=["entitlements, grants and corrections"])
+
+ENTITLEMENT_FIELDS: Final = frozenset({"maximum", "effective_from"})
+GRANT_FIELDS: Final = frozenset(
+    {"subject", "limit", "amount", "expires_at", "grant_id", "effective_from", "reason"}
+)
+VOID_FIELDS: Final = frozenset({"reason", "correction_id"})
+MAX_CORRECTIONS: Final = 1000
+SHOWN_CHARS: Final = 60
+# The library checks a limit's name as ``name``; in these requests it is ``limit``.
+FIELD_NAMES: Final = {"name": "limit"}
+
+Context = Annotated[ApiContext, Depends(api_context)]
+Subject = Annotated[
+    str,
+    Path(
+        description="The subject (it may hold /; URL-encoded).",
+        json_schema_extra={"pattern": SUBJECT_PATTERN, "maxLength": MAX_SUBJECT_LENGTH},
+    ),
+]
+LimitName = Annotated[
+    str,
+    Path(description="The limit's name.", json_schema_extra={"pattern": LIMIT_PATTERN}),
+]
+
+
+def moment(value: object, field_name: str) -> datetime | None:
+    """An RFC 3339 time from a body or query (naive is UTC), or a 400 naming it."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise bad_field(field_name, "must be an RFC 3339 date-time string")
+    try:
+        return as_utc(datetime.fromisoformat(value), field_name=field_name)
+    except ValueError:
+        raise bad_field(
+            field_name, f"{value[:SHOWN_CHARS]!r} is not an RFC 3339 date-time"
+        ) from None
+    except InvalidInput as exc:
+        raise invalid(exc) from None
+
+
+@contextmanager
+def fields_named() -> Iterator[None]:
+    """The library's `InvalidInput` as a 400 naming this request's field."""
+    try:
+        yield
+    except InvalidInput as exc:
+        raise invalid(exc, FIELD_NAMES) from None
+
+
+# -- entitlements ---------------------------------------------------------------
+
+
+@router.put(
+    "/entitlements/{subject:path}/{limit}",
+    summary="Set a subject's own maximum",
+    response_model=None,
+    openapi_extra=json_body(EntitlementIn),
+    responses={
+        200: {"model": EntitlementOut, "description": "The change, as recorded."},
+        **responses(400, 404, 415, 422, *AUTH_ERRORS, *COMMON_ERRORS),
+    },
+    dependencies=[require_scope("admin")],
+)
+async def put_entitlement(
+    subject: Subject, limit: LimitName, request: Request, context: Context
+) -> Response:
+    """The subject's own ``maximum`` for the limit from ``effective_from``
+    (default now) on. An upgrade mid-window applies from then on and the
+    window's usage carries over; a downgrade below the usage denies hard
+    charges until the window resets and takes nothing back. 422 when no
+    limit has the name."""
+    fields = await read_object(request, ENTITLEMENT_FIELDS)
+    if fields.get("maximum") is None:  # null would be a return to the default: DELETE says so
+        raise bad_field("maximum", "is required: a whole number (DELETE returns to the default)")
+    maximum: Any = whole_number(fields["maximum"])
+    start = moment(fields.get("effective_from"), "effective_from")
+    with fields_named():
+        change = await run_in_threadpool(
+            context.meter.set_entitlement, subject, limit, maximum, start
+        )
+    return JSONResponse(change.to_dict())
+
+
+@router.delete(
+    "/entitlements/{subject:path}/{limit}",
+    summary="Return a subject to the limit's default",
+    response_model=None,
+    responses={
+        200: {"model": EntitlementOut, "description": "The change (maximum null), as recorded."},
+        **responses(400, 404, 422, *AUTH_ERRORS, *COMMON_ERRORS),
+    },
+    dependencies=[require_scope("admin")],
+)
+async def delete_entitlement(
+    subject: Subject,
+    limit: LimitName,
+    context: Context,
+    effective_from: Annotated[
+        str | None,
+        Query(description="When the default applies again (default now); RFC 3339."),
+    ] = None,
+) -> Response:
+    """Record a return to the limit's default maximum; the history stays, so
+    earlier windows keep the maximum they had."""
+    start = moment(effective_from, "effective_from")
+    with fields_named():
+        change = await run_in_threadpool(context.meter.delete_entitlement, subject, limit, start)
+    return JSONResponse(change.to_dict())
+
+
+@router.get(
+    "/entitlements",
+    summary="Changes of subjects' maximums",
+    response_model=None,
+    responses={
+        200: {"model": Entitlements, "description": "Oldest first per subject and limit."},
+        **responses(400, *AUTH_ERRORS, *COMMON_ERRORS),
+    },
+    dependencies=[require_scope("read")],
+)
+async def list_entitlements(
+    context: Context,
+    subject: Annotated[str | None, Query(description="Only this subject.")] = None,
+    limit: Annotated[str | None, Query(description="Only this limit.")] = None,
+) -> Response:
+    """Every change of a subject's maximum (``metering entitlements list``)."""
+    with fields_named():
+        found = await run_in_threadpool(context.meter.entitlements, subject, limit)
+    return JSONResponse({"entitlements": [change.to_dict() for change in found]})
+
+
+# -- grants ----------------------------------------------------------------------
+
+
+@router.post(
+    "/grants",
+    summary="Top up a subject's allowance",
+    status_code=201,
+    response_model=None,
+    openapi_extra=json_body(GrantIn),
+    responses={
+        201: {"model": GrantAdded, "description": "A new grant."},
+        200: {"model": GrantAdded, "description": "This grant existed already: nothing changed."},
+        **responses(400, 409, 415, 422, *AUTH_ERRORS, *COMMON_ERRORS),
+    },
+    dependencies=[require_scope("admin")],
+)
+async def add_grant(request: Request, context: Context) -> Response:
+    """``amount`` more of a fixed-window limit on top of the subject's maximum,
+    from ``effective_from`` until ``expires_at``. Charges draw on the window's
+    own allowance first, then on grants, the earliest expiring first; a new
+    window does not renew a grant. Idempotent by ``grant_id``: 200 with
+    ``duplicate`` for the same grant, 409 ``grant-conflict`` for other values."""
+    fields = await read_object(request, GRANT_FIELDS)
+    for required in ("subject", "limit", "amount"):
+        if required not in fields:
+            raise bad_field(required, "is required")
+    expires = moment(fields.get("expires_at"), "expires_at")
+    start = moment(fields.get("effective_from"), "effective_from")
+    amount: Any = whole_number(fields["amount"])
+    with fields_named():
+        grant = await run_in_threadpool(
+            lambda: context.meter.grant(
+                fields["subject"],
+                fields["limit"],
+                amount,
+                expires,
+                grant_id=fields.get("grant_id"),
+                effective_from=start,
+                reason=fields.get("reason"),
+            )
+        )
+    body = {**grant.to_dict(), "duplicate": grant.duplicate}
+    return JSONResponse(body, 200 if grant.duplicate else 201)
+
+
+@router.get(
+    "/grants",
+    summary="Grants",
+    response_model=None,
+    responses={
+        200: {"model": Grants, "description": "With what is used and left of each."},
+        **responses(400, *AUTH_ERRORS, *COMMON_ERRORS),
+    },
+    dependencies=[require_scope("read")],
+)
+async def list_grants(
+    context: Context,
+    subject: Annotated[str | None, Query(description="Only this subject.")] = None,
+    limit: Annotated[str | None, Query(description="Only this limit.")] = None,
+) -> Response:
+    """Grants (at most 1000), with what is used and left of each."""
+    with fields_named():
+        found = await run_in_threadpool(context.meter.grants, subject, limit)
+    return JSONResponse({"grants": [grant.to_dict() for grant in found]})
+
+
+# -- corrections -----------------------------------------------------------------
+
+
+@router.post(
+    "/events/{event_id:path}/void",
+    summary="Void an event",
+    status_code=201,
+    response_model=None,
+    openapi_extra=json_body(VoidIn),
+    responses={
+        201: {"model": Voided, "description": "Voided now."},
+        200: {"model": Voided, "description": "Voided before: that correction."},
+        **responses(400, 404, 409, 415, *AUTH_ERRORS, *COMMON_ERRORS),
+    },
+    dependencies=[require_scope("admin")],
+)
+async def void_event(
+    event_id: Annotated[
+        str,
+        Path(
+            description="The event id (it may hold /).",
+            json_schema_extra={"pattern": EVENT_ID_PATTERN},
+        ),
+    ],
+    request: Request,
+    context: Context,
+) -> Response:
+    """Reverse an allowed event's charges in their own windows (past ones
+    too, within the horizon: 35 days) and give back to grants still active
+    what they paid. The event's result stays; the correction references it.
+    Voiding again answers 200 with that correction (``duplicate``). 404 for
+    an event never decided; 409 ``correction-refused`` for one that was
+    denied or rejected (it consumed nothing) or is past the horizon, 409
+    ``correction-conflict`` for a correction id that voids another event."""
+    fields = await read_object(request, VOID_FIELDS)
+    if "reason" not in fields:
+        raise bad_field("reason", "is required")
+    correction = await run_in_threadpool(
+        lambda: context.meter.void(
+            event_id, fields["reason"], correction_id=fields.get("correction_id")
+        )
+    )
+    body = {**correction.to_dict(), "duplicate": correction.duplicate}
+    return JSONResponse(body, 200 if correction.duplicate else 201)
+
+
+@router.get(
+    "/corrections",
+    summary="Voided events",
+    response_model=None,
+    responses={
+        200: {"model": Corrections, "description": "Oldest first."},
+        **responses(400, *AUTH_ERRORS, *COMMON_ERRORS),
+    },
+    dependencies=[require_scope("read")],
+)
+async def list_corrections(
+    context: Context,
+    count: Annotated[
+        int, Query(ge=1, le=MAX_CORRECTIONS, description="How many, oldest first.")
+    ] = MAX_CORRECTIONS,
+) -> Response:
+    """Voided events and what each gave back (``metering corrections list``)."""
+    found = await run_in_threadpool(context.meter.corrections, count)
+    return JSONResponse({"corrections": [c.to_dict() for c in found]})

@@ -1,0 +1,216 @@
+"""``metering grants add|list``, ``metering void`` and ``metering corrections list``.
+
+A grant tops up a subject's allowance for a fixed-window limit; a void
+reverses an allowed event's charges after the fact. Both are idempotent by
+their id (``--id``, ``--correction-id``): running the same command again
+changes nothing and says so, which makes them safe to retry from scripts.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Final
+
+import click
+
+from metering.allowances import Correction, Grant
+from metering.cli.context import current_meter
+from metering.cli.entitlements import from_option, limit_argument, limit_filter
+from metering.cli.options import format_option, parse_datetime
+from metering.cli.output import print_table, table, when
+from metering.domain.limits import parse_period
+from metering.errors import InvalidInput
+
+GRANT_COLUMNS: Final = (
+    "id",
+    "subject",
+    "limit",
+    "amount",
+    "used",
+    "left",
+    "from",
+    "expires",
+    "reason",
+)
+CORRECTION_COLUMNS: Final = ("id", "event id", "voided at", "reason", "charges")
+GRANT_NUMBERS: Final = frozenset({"amount", "used", "left"})
+DEFAULT_CORRECTIONS: Final = 1000
+MAX_CORRECTIONS: Final = 100_000
+
+
+def describe_grant(grant: Grant) -> str:
+    """``g-1: org-42 api_calls 500 (0 used, 500 left), from ..., expires ...``."""
+    expires = when(grant.expires_at) if grant.expires_at else "never"
+    line = (
+        f"{grant.grant_id}: {grant.subject} {grant.limit} {grant.amount} "
+        f"({grant.used} used, {grant.left} left), from {when(grant.effective_from)}, "
+        f"expires {expires}"
+    )
+    return f"{line}, reason: {grant.reason}" if grant.reason else line
+
+
+@click.group()
+def grants() -> None:
+    """Top up a subject's allowance for a limit (a fixed window)."""
+
+
+@grants.command("add")
+@click.argument("subject")
+@limit_argument
+@click.argument("amount", type=int)
+@click.option("--expires", "expires_at", metavar="ISO8601", callback=parse_datetime,
+              help="When what is left of it is gone (default never); naive means UTC.")  # fmt: skip
+@click.option("--id", "grant_id", help="Its id: the same grant again changes nothing.")
+@from_option("the grant")
+@click.option("--reason", help="Why it was given (kept with it).")
+@format_option
+def grants_add(
+    subject: str,
+    limit: str,
+    amount: int,
+    expires_at: datetime | None,
+    grant_id: str | None,
+    effective_from: datetime | None,
+    reason: str | None,
+    fmt: str,
+) -> None:
+    """Give SUBJECT AMOUNT more of LIMIT, on top of its maximum.
+
+    A charge draws on the window's own allowance first, then on grants, the
+    earliest expiring first. A new window does not renew a grant.
+    """
+    grant = current_meter().grant(
+        subject,
+        limit,
+        amount,
+        expires_at,
+        grant_id=grant_id,
+        effective_from=effective_from,
+        reason=reason,
+    )
+    if fmt == "json":
+        click.echo(json.dumps({**grant.to_dict(), "duplicate": grant.duplicate}, indent=2))
+    elif grant.duplicate:
+        click.echo(f"already granted, nothing changed: {describe_grant(grant)}")
+    else:
+        click.echo(f"granted {describe_grant(grant)}")
+
+
+@grants.command("list")
+@click.option("--subject", help="Only this subject.")
+@limit_filter
+@format_option
+def grants_list(subject: str | None, limit: str | None, fmt: str) -> None:
+    """Grants, with what is used and left of each (at most 1,000)."""
+    found = current_meter().grants(subject, limit)
+    if fmt == "json":
+        click.echo(json.dumps([grant.to_dict() for grant in found], indent=2))
+        return
+    if not found:
+        click.echo("no grants")
+        return
+    rows: list[list[object]] = [
+        [
+            g.grant_id,
+            g.subject,
+            g.limit,
+            g.amount,
+            g.used,
+            g.left,
+            when(g.effective_from),
+            when(g.expires_at) if g.expires_at else "never",
+            g.reason,
+        ]
+        for g in found
+    ]
+    print_table(table(GRANT_COLUMNS, rows, numeric=GRANT_NUMBERS))
+
+
+def parse_horizon(_ctx: click.Context, _param: click.Parameter, value: str | None) -> int | None:
+    """``--horizon 35d``: a period in seconds, minutes, hours, days or weeks."""
+    if value is None:
+        return None
+    try:
+        period = parse_period(value, field_name="horizon")
+    except InvalidInput as exc:
+        raise click.BadParameter(exc.message) from None
+    if period.is_calendar_months:
+        raise click.BadParameter("use seconds, minutes, hours, days or weeks (35d)")
+    return period.seconds
+
+
+def _charge_lines(correction: Correction) -> list[str]:
+    lines = []
+    for subject, limit, cost, window_start, given in correction.charges:
+        window = f"in the window from {when(window_start)}" if window_start else "to the bucket"
+        line = f"  {subject} {limit}: {cost} given back {window}"
+        if given:
+            line += ", grants restored: " + ", ".join(f"{g} {a}" for g, a in given)
+        lines.append(line)
+    return lines
+
+
+@click.command("void")
+@click.argument("event_id")
+@click.option("--reason", required=True, help="Why (kept with the correction).")
+@click.option("--correction-id", help="Its id: voiding again with it changes nothing.")
+@click.option("--horizon", "horizon_seconds", metavar="PERIOD", callback=parse_horizon,
+              help="How old an event may be voided (default 35d).")  # fmt: skip
+@format_option
+def void(
+    event_id: str, reason: str, correction_id: str | None, horizon_seconds: int | None, fmt: str
+) -> None:
+    """Reverse an allowed event's charges, in their own windows.
+
+    The event's result stays as it was decided; a correction records the
+    void and what it gave back (grants still active get their amounts
+    back). Voiding an event again changes nothing. A denied or rejected
+    event consumed nothing and cannot be voided.
+    """
+    correction = current_meter().void(
+        event_id, reason, correction_id=correction_id, horizon_seconds=horizon_seconds
+    )
+    if fmt == "json":
+        document = {**correction.to_dict(), "duplicate": correction.duplicate}
+        click.echo(json.dumps(document, indent=2))
+    elif correction.duplicate:
+        click.echo(
+            f"event {correction.event_id} was already voided "
+            f"(correction {correction.correction_id}); nothing changed"
+        )
+    else:
+        click.echo(f"voided {correction.event_id} (correction {correction.correction_id})")
+        for line in _charge_lines(correction):
+            click.echo(line)
+
+
+@click.group()
+def corrections() -> None:
+    """Voided events."""
+
+
+@corrections.command("list")
+@click.option("--count", type=click.IntRange(1, MAX_CORRECTIONS), default=DEFAULT_CORRECTIONS,
+              show_default=True, help="How many, oldest first.")  # fmt: skip
+@format_option
+def corrections_list(count: int, fmt: str) -> None:
+    """Voided events, oldest first, with what each gave back."""
+    found = current_meter().corrections(count)
+    if fmt == "json":
+        click.echo(json.dumps([c.to_dict() for c in found], indent=2))
+        return
+    if not found:
+        click.echo("no corrections")
+        return
+    rows: list[list[object]] = [
+        [
+            c.correction_id,
+            c.event_id,
+            when(c.created_at),
+            c.reason,
+            "; ".join(f"{s} {lim} {cost}" for s, lim, cost, _, _ in c.charges),
+        ]
+        for c in found
+    ]
+    print_table(table(CORRECTION_COLUMNS, rows))
