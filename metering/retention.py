@@ -13,6 +13,11 @@ Every table that grows with traffic has an age after which its rows go:
   attempts, then messages with no delivery left, then the once-per-window
   marks of windows long over.
 
+* ``usage_rollups`` (usage by dimension, hour by hour) are kept as long as
+  the results they sum: an hour goes once it is wholly older than the
+  results' cut-off, so ``report usage --group-by`` and the results it could
+  be checked against cover the same past.
+
 Counters are not pruned: they are the usage that reports bill from.
 Beat runs `prune` once an hour (``metering.prune``); ``metering prune
 --dry-run`` shows what would go.
@@ -41,6 +46,7 @@ PRODUCER_RETRY_HORIZON_US: Final = DAY_US
 # The order matters: deliveries (with their attempts) before their messages.
 TABLES: Final = (
     "results",
+    "usage_rollups",
     "rejected_messages",
     "webhook_deliveries",
     "webhook_messages",
@@ -94,6 +100,7 @@ class RetentionPolicy:
     def age_us(self, table: str) -> int | None:
         days = {
             "results": self.results_days,
+            "usage_rollups": self.results_days,
             "rejected_messages": self.rejected_days,
         }.get(table, self.webhooks_days)
         return None if days is None else round(days * DAY_US)
@@ -131,7 +138,7 @@ def prune(
         age_us = policy.age_us(table)
         if age_us is None:
             continue
-        if table == "results":
+        if table in ("results", "usage_rollups"):
             age_us = max(age_us, horizon_us)
         before_us = now_us - age_us
         rows = _prune_table(meter, table, before_us, dry_run=dry_run, chunk=chunk)

@@ -22,6 +22,7 @@ LIMIT_COLUMNS: Final = (
     "enforcement",
     "thresholds",
     "lateness",
+    "dimensions",
 )
 
 
@@ -39,6 +40,13 @@ def limits() -> None:
 @click.option("--enforcement", type=click.Choice(ENFORCEMENTS), help="Default: hard.")
 @click.option("--threshold", "thresholds", type=int, multiple=True, help="Percent; repeatable.")
 @click.option("--lateness", help="How late an event may arrive. Default: 1d.")
+@click.option(
+    "--dimension",
+    "dimensions",
+    multiple=True,
+    metavar="KEY",
+    help="A metadata key to record usage by (report usage --group-by); repeatable, at most 4.",
+)
 def limits_set(name: str, maximum: int, period: str, **options: Any) -> None:
     """Create or replace the limit NAME."""
     chosen = {key: value for key, value in options.items() if value not in (None, ())}
@@ -49,7 +57,8 @@ def _limit_row(limit: Limit) -> list[object]:
     window = limit.window if limit.algorithm == "fixed_window" else None
     thresholds = ", ".join(f"{t}%" for t in limit.thresholds) or None
     row: list[object] = [limit.name, limit.maximum, limit.period, limit.algorithm, window]
-    return [*row, limit.enforcement, thresholds, limit.lateness]
+    dimensions = ", ".join(limit.dimensions) or None
+    return [*row, limit.enforcement, thresholds, limit.lateness, dimensions]
 
 
 @limits.command("list")

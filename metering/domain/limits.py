@@ -28,6 +28,9 @@ MAX_MAXIMUM: Final = 10**15
 MAX_PERIOD_SECONDS: Final = 3653 * 86_400  # ten years, leap days included
 MAX_PERIOD_MONTHS: Final = 120
 MAX_THRESHOLD_PERCENT: Final = 1000
+# Metadata keys a limit records usage by (`metering.domain.rollups`).
+DIMENSION_PATTERN: Final = re.compile(r"[a-zA-Z0-9_.\-]{1,64}")
+MAX_DIMENSIONS: Final = 4
 # Ten years is 315,532,800 s: more significant digits than this are never a period.
 MAX_PERIOD_DIGITS: Final = 12
 MAX_PERIOD_CHARS: Final = 32
@@ -117,6 +120,10 @@ class Limit:
     >>> Limit("api", maximum=10, period="10s", algorithm="token_bucket")
     >>> Limit("seats", maximum=1000, period="1mo", window="calendar", enforcement="soft",
     ...       thresholds=(80, 100))
+    >>> Limit("api_calls", maximum=10_000, period="1d", dimensions=("route", "model"))
+
+    ``dimensions`` are the event-metadata keys whose values the limit's usage
+    is rolled up by, hour by hour (``metering report usage --group-by``).
 
     Validation happens here, so a `Limit` that exists is a valid one.
     """
@@ -129,6 +136,7 @@ class Limit:
     enforcement: Enforcement = "hard"
     thresholds: tuple[int, ...] = ()
     lateness: str = DEFAULT_LATENESS
+    dimensions: tuple[str, ...] = ()
     parsed_period: Period = field(init=False, repr=False, compare=False)
     lateness_seconds: int = field(init=False, repr=False, compare=False)
 
@@ -149,6 +157,7 @@ class Limit:
             raise InvalidLimit("lateness", "use seconds, minutes, hours or days")
         object.__setattr__(self, "period", str(self.period).strip())
         object.__setattr__(self, "thresholds", thresholds)
+        object.__setattr__(self, "dimensions", _dimensions(self.dimensions))
         object.__setattr__(self, "parsed_period", parsed)
         object.__setattr__(self, "lateness_seconds", lateness.seconds)
 
@@ -167,13 +176,14 @@ class Limit:
             "enforcement": self.enforcement,
             "thresholds": list(self.thresholds),
             "lateness": self.lateness,
+            "dimensions": list(self.dimensions),
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, name: str | None = None) -> Limit:
         """Build a limit from a mapping (a row, or an entry of a limits file)."""
         known = {"name", "maximum", "period", "algorithm", "window", "enforcement"}
-        known |= {"thresholds", "lateness"}
+        known |= {"thresholds", "lateness", "dimensions"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise InvalidLimit(unknown[0], f"unknown field; expected some of {sorted(known)}")
@@ -187,6 +197,8 @@ class Limit:
         if not isinstance(thresholds, list | tuple):
             raise InvalidLimit("thresholds", f"must be a list of percentages, got {thresholds!r}")
         values["thresholds"] = tuple(thresholds)
+        if "dimensions" in values:
+            values["dimensions"] = _dimension_list(values["dimensions"])
         return cls(**values)
 
 
@@ -195,3 +207,25 @@ def _thresholds(values: Iterable[object]) -> tuple[int, ...]:
         raise InvalidLimit("thresholds", "must be a list of percentages")
     checked = {_positive_int("thresholds", v, MAX_THRESHOLD_PERCENT) for v in values}
     return tuple(sorted(checked))
+
+
+def _dimension_list(values: object) -> tuple[object, ...]:
+    if not isinstance(values, list | tuple):
+        raise InvalidLimit("dimensions", f"must be a list of metadata keys, got {shown(values)}")
+    return tuple(values)
+
+
+def _dimensions(values: object) -> tuple[str, ...]:
+    """At most `MAX_DIMENSIONS` distinct keys, in the order given (a key named
+    twice is kept once: it would only record the same usage twice)."""
+    if isinstance(values, str | bytes) or not isinstance(values, Iterable):
+        raise InvalidLimit("dimensions", "must be a list of metadata keys")
+    keys: list[str] = []
+    for value in values:
+        if not isinstance(value, str) or DIMENSION_PATTERN.fullmatch(value) is None:
+            raise InvalidLimit("dimensions", f"{shown(value)} must be 1 to 64 of a-z A-Z 0-9 _ . -")
+        if value not in keys:
+            keys.append(value)
+        if len(keys) > MAX_DIMENSIONS:
+            raise InvalidLimit("dimensions", f"at most {MAX_DIMENSIONS} keys")
+    return tuple(keys)

@@ -55,6 +55,7 @@ class Rule:
     token_us: int  # a bucket's one token, in scaled microseconds
     lateness_us: int
     notifies: bool  # consuming may cross a threshold or the soft maximum
+    dimensions: tuple[str, ...]  # metadata keys its usage is rolled up by
 
     @classmethod
     def of(cls, limit: Limit) -> Rule:
@@ -69,6 +70,7 @@ class Rule:
             token_us=limit.period_seconds * 1_000_000,
             lateness_us=limit.lateness_seconds * 1_000_000,
             notifies=bool(limit.thresholds) or limit.enforcement == "soft",
+            dimensions=limit.dimensions,
         )
 
 

@@ -14,9 +14,11 @@ from typing import Any, Final
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError, StatementError
 
+from metering.domain.rollups import rollup_rows
 from metering.domain.windows import Window
 from metering.storage.hot import Changes, Snapshot, WantedKey
 from metering.storage.queries import Pair, record_from_row, result_row
+from metering.storage.rollups import SQLITE_UPSERT
 
 VERSION: Final = "SELECT version FROM limits_version WHERE id = 1"
 FETCH_RESULT: Final = """
@@ -108,6 +110,8 @@ class SqliteHotStore:
                 raw.executemany(UPSERT_WINDOW, [(*pair, *window) for pair, window in windows])
             if changes.results:
                 raw.executemany(INSERT_RESULT, [result_row(r) for r in changes.results])
+            if changes.rollups:
+                raw.executemany(SQLITE_UPSERT, rollup_rows(changes.rollups))
         except sqlite3.Error as exc:
             # `run_transaction` runs again after a key written meanwhile, and
             # only then: any other constraint would fail the same way again.

@@ -225,6 +225,7 @@ def _limit_from_row(row: Any) -> Limit:
         enforcement=row.enforcement,
         thresholds=tuple(json.loads(row.thresholds)),
         lateness=row.lateness,
+        dimensions=tuple(json.loads(row.dimensions)),
     )
 
 
@@ -296,6 +297,7 @@ class Store:
     def upsert_limit(self, limit: Limit, now_us: int) -> None:
         values = limit.to_dict()
         values["thresholds"] = json.dumps(values["thresholds"])
+        values["dimensions"] = json.dumps(values["dimensions"])
         values["updated_at_us"] = now_us
         statement = self._insert(limits).values(values)
         changed = {k: statement.excluded[k] for k in values if k != "name"}

@@ -35,6 +35,8 @@ limits = Table(
     Column("thresholds", Text, nullable=False),  # JSON list of percentages
     Column("lateness", String(16), nullable=False),
     Column("updated_at_us", BigInteger, nullable=False),
+    # JSON list of the metadata keys usage is rolled up by (migration 0009).
+    Column("dimensions", Text, nullable=False, server_default="[]"),
 )
 
 # One row (id 1): incremented by every change to ``limits``, so that processes
@@ -94,6 +96,23 @@ results = Table(
     Column("reason", Text, nullable=True),
     Column("charges", Text, nullable=False),  # JSON: [ChargeDecision.to_row(), ...]
     Column("metadata", Text, nullable=True),  # JSON
+)
+
+# Usage by dimension (migration 0009): per subject, limit, metadata key, hour
+# and value, the cost consumed and the events that consumed it; written with
+# the counters (`metering.storage.rollups`). The key leads with the subject,
+# as the counters' does, and serves `metering report usage --group-by`.
+usage_rollups = Table(
+    "usage_rollups",
+    metadata,
+    Column("subject", String(200), nullable=False),
+    Column("limit_name", String(64), nullable=False),
+    Column("dimension", String(64), nullable=False),
+    Column("hour_start_us", BigInteger, nullable=False, autoincrement=False),
+    Column("value", String(200), nullable=False),
+    Column("used", BigInteger, nullable=False),
+    Column("events", BigInteger, nullable=False),
+    PrimaryKeyConstraint("subject", "limit_name", "dimension", "hour_start_us", "value"),
 )
 
 # Queued input that could not become an event (malformed, or an id reused

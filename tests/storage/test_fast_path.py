@@ -7,8 +7,9 @@ database, with the same random stream of batches: stacked charges, first-use
 and calendar windows, token buckets, soft limits with thresholds, denials,
 ids repeated inside a batch and across batches (some with other charges),
 late and future events, unknown limits, and a limit changed between
-batches. Results rows, counters, notification marks and messages, and
-rejected messages must be identical.
+batches; limits with dimensions and events with and without their metadata
+keys. Results rows, counters, usage rollups, notification marks and
+messages, and rejected messages must be identical.
 """
 
 from __future__ import annotations
@@ -32,16 +33,39 @@ from metering.storage.tables import (
     counters,
     rejected_messages,
     results,
+    usage_rollups,
     webhook_marks,
     webhook_messages,
 )
 
 START = datetime(2026, 11, 30, 23, 0, tzinfo=UTC)  # a month's end is near
 LIMITS = [
-    Limit("cal", maximum=5, period="1h", window="calendar", thresholds=(50, 100)),
+    Limit(
+        "cal",
+        maximum=5,
+        period="1h",
+        window="calendar",
+        thresholds=(50, 100),
+        dimensions=("route",),
+    ),
     Limit("fu", maximum=4, period="30m"),
-    Limit("soft", maximum=3, period="1mo", window="calendar", enforcement="soft", thresholds=(80,)),
-    Limit("bucket", maximum=3, period="60s", algorithm="token_bucket", thresholds=(100,)),
+    Limit(
+        "soft",
+        maximum=3,
+        period="1mo",
+        window="calendar",
+        enforcement="soft",
+        thresholds=(80,),
+        dimensions=("route", "model"),
+    ),
+    Limit(
+        "bucket",
+        maximum=3,
+        period="60s",
+        algorithm="token_bucket",
+        thresholds=(100,),
+        dimensions=("model",),
+    ),
 ]
 NAMES = [limit.name for limit in LIMITS] + ["unknown"]
 SUBJECTS = ["org-1", "org-2", "user-é"]
@@ -53,6 +77,7 @@ event = st.fixed_dictionaries(
         "id": st.integers(0, 40),  # small: ids repeat across and inside batches
         "charges": st.lists(charge, min_size=1, max_size=3, unique_by=lambda c: c[:2]),
         "offset_seconds": st.sampled_from([0, -30, -700, -1900, -4000, 3600 * 30, 600]),
+        "metadata": st.sampled_from([None, {"route": "/a"}, {"route": "/b", "model": 2}]),
     }
 )
 batch = st.fixed_dictionaries(
@@ -69,7 +94,7 @@ def _events(spec: dict[str, object], now: datetime) -> list[UsageEvent]:
     made = []
     for item in spec["events"]:  # type: ignore[attr-defined]
         when = now + timedelta(seconds=item["offset_seconds"])
-        made.append(make_event(item["charges"], when, f"ev-{item['id']}"))
+        made.append(make_event(item["charges"], when, f"ev-{item['id']}", item["metadata"]))
     return made
 
 
@@ -83,6 +108,7 @@ def _stored(meter: Meter) -> dict[str, object]:
         return {
             "results": rows(select(results)),
             "counters": rows(select(*state)),
+            "rollups": rows(select(usage_rollups)),
             "marks": rows(select(*[c for c in webhook_marks.c if c.name != "created_at_us"])),
             "messages": rows(select(webhook_messages.c.type, webhook_messages.c.payload)),
             "rejected": rows(select(rejected_messages.c.digest, rejected_messages.c.event_id)),
@@ -98,7 +124,9 @@ def _run(fast_url: str, general_url: str, stream: list[dict[str, object]]) -> No
             clock.advance(seconds=spec["advance_seconds"])  # type: ignore[arg-type]
             maximum = spec["new_cal_maximum"]
             if isinstance(maximum, int):
-                changed = Limit("cal", maximum=maximum, period="1h", window="calendar")
+                changed = Limit(
+                    "cal", maximum=maximum, period="1h", window="calendar", dimensions=("route",)
+                )
                 fast.set_limit(changed)
                 general.set_limit(changed)
             events = _events(spec, clock())
