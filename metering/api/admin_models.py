@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from metering.api.models import DecisionOut
 from metering.domain.bounds import MAX_ROW_ID
@@ -308,6 +308,11 @@ class DimensionReportOut(BaseModel):
     since: datetime | None = Field(description="Hours starting at or after this.")
     until: datetime | None = Field(description="Hours starting before this.")
     rows: list[DimensionRowOut] = Field(description="The largest use first.")
+
+
+class UsageReportOut(RootModel[ReportOut | DimensionReportOut]):
+    """A usage report: per window (`ReportOut`), or with ``group_by`` per value
+    of the key (`DimensionReportOut`)."""
 
 
 def dimension_head(report: DimensionReport) -> dict[str, Any]:

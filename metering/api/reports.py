@@ -26,8 +26,8 @@ from starlette.types import Receive, Scope, Send
 
 from metering.api.admin_common import invalid
 from metering.api.admin_models import (
-    DimensionReportOut,
     ReportOut,
+    UsageReportOut,
     dimension_head,
     report_head,
 )
@@ -75,7 +75,7 @@ USAGE_RESPONSES: Final = {
     **REPORT_RESPONSES,
     200: {
         **REPORT_RESPONSES[200],
-        "model": ReportOut | DimensionReportOut,
+        "model": UsageReportOut,
         "description": "The report, streamed: JSON (usage per window; with group_by, "
         "usage per value of the key), or CSV (a header, then one line a row).",
     },

@@ -352,6 +352,7 @@ def test_a_limit_is_created_read_replaced_and_deleted(http: httpx.Client, meter:
         "enforcement": "soft",
         "thresholds": [80, 100],
         "lateness": "1d",
+        "dimensions": [],
     }
     assert created.json() == stored
     assert meter.get_limit("exports") == Limit(

@@ -233,3 +233,23 @@ def test_the_cli_shows_what_would_go_then_deletes_it(
     bad = CliRunner().invoke(main, ["--database", db_url, "prune"])
     assert bad.exit_code == 1 and bad.output.startswith("error: ")
     assert len(bad.output.strip().splitlines()) == 1
+
+
+def test_rollups_go_with_the_results_hour_by_hour(meter: Meter, clock: FrozenClock) -> None:
+    """A rollup hour goes once it is wholly older than the results' cut-off, in chunks."""
+    from metering.reports import usage_by_dimension_report
+
+    meter.set_limit(Limit("routed", maximum=1000, period="1h", dimensions=("route",)))
+    for hours, route in ((0, "/old"), (1, "/old-too"), (2, "/old-3"), (24 * 9, "/young")):
+        clock.set(T0 + timedelta(hours=hours))
+        meter.consume("org", "routed", metadata={"route": route})
+    # The cut-off falls 30 minutes into the third hour: that hour stays.
+    clock.set(T0 + timedelta(days=10, hours=2, minutes=30))
+    policy = RetentionPolicy(results_days=10)
+
+    dry = prune(meter, policy, visibility_timeout_seconds=VISIBILITY, dry_run=True)
+    assert {p.table: p.rows for p in dry}["usage_rollups"] == 2
+    done = prune(meter, policy, visibility_timeout_seconds=VISIBILITY, chunk=1)
+    assert {p.table: p.rows for p in done}["usage_rollups"] == 2
+    left = usage_by_dimension_report(meter, subject="org", key="route")
+    assert sorted(r.value or "" for r in left) == ["/old-3", "/young"]
