@@ -24,6 +24,8 @@ Rules, the same on every path (`rollup_deltas` is the only place they live):
 
 Deltas carry a sign: ``sign=-1`` subtracts what a voided event added
 (corrections), so the rollups keep equal to the consumed, unvoided usage.
+A cancelled reservation takes away what it gave back (`given_back_deltas`):
+the units returned, and the event itself when all of a charge came back.
 """
 
 from __future__ import annotations
@@ -109,6 +111,26 @@ def rollup_deltas(
                 rollup = (subject, name, key, hour, dimension_value(metadata, key))
                 used, events = deltas.get(rollup, (0, 0))
                 deltas[rollup] = (used + sign * cost, events + sign)
+    return deltas
+
+
+def given_back_deltas(
+    event: Decided,
+    returned: Iterable[tuple[str, str, int, int]],
+    dimensions: Mapping[str, Sequence[str]],
+) -> dict[RollupKey, Delta]:
+    """What cancelling a reservation takes from the rollups: for each charge
+    (subject, limit, cost, units given back) of the reserving ``event``, the
+    units given back, and its event when the whole cost came back."""
+    deltas: dict[RollupKey, Delta] = {}
+    hour = hour_start_us(event.occurred_at_us)
+    for subject, name, cost, back in returned:
+        if back <= 0:
+            continue
+        for key in dimensions.get(name, ()):
+            rollup = (subject, name, key, hour, dimension_value(event.metadata, key))
+            used, events = deltas.get(rollup, (0, 0))
+            deltas[rollup] = (used - back, events - (1 if back >= cost else 0))
     return deltas
 
 

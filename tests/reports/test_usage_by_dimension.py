@@ -286,3 +286,32 @@ def test_negative_deltas_take_usage_away(meter: Meter) -> None:
         record_rollups(connection, deltas)
     rows = usage_by_dimension_report(meter, subject="org-1", key="route")
     assert figures(rows) == [("api", "/a", 2, 1)]  # /b sums to zero: left out
+
+
+def test_reservations_count_and_a_cancel_takes_its_usage_back(meter: Meter) -> None:
+    """A reservation consumes like consume; cancelling gives the cost back to the
+    counter and to the rollups, so the report stays equal to the counters."""
+    with meter.reserve("org-1", "api", 2, metadata={"route": "/kept"}):
+        pass  # leaving the block commits
+    held = meter.reserve("org-1", "api", 3, metadata={"route": "/cancelled"})
+    assert held.allowed
+    rows = usage_by_dimension_report(meter, subject="org-1", key="route")
+    assert figures(rows) == [("api", "/cancelled", 3, 1), ("api", "/kept", 2, 1)]
+    assert held.cancel() == 3
+    rows = usage_by_dimension_report(meter, subject="org-1", key="route")
+    assert figures(rows) == [("api", "/kept", 2, 1)]
+    assert sum(r.used for r in rows) == sum(c.used for c in meter.counters("org-1", "api"))
+
+
+def test_a_partial_give_back_keeps_the_event() -> None:
+    from metering.domain.rollups import given_back_deltas
+    from metering.storage.queries import ResultRecord
+
+    event = ResultRecord("r", "allowed", "", 0, 0, (), None, [], {"route": "/a"})
+    deltas = given_back_deltas(event, [("s", "api", 5, 2), ("s", "api", 1, 0)], DIMENSIONS)
+    assert deltas == {
+        ("s", "api", "route", 0, "/a"): (-2, 0),
+        ("s", "api", "model", 0, ""): (-2, 0),
+    }
+    whole = given_back_deltas(event, [("s", "api", 5, 5)], DIMENSIONS)
+    assert whole[("s", "api", "route", 0, "/a")] == (-5, -1)
