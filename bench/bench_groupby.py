@@ -18,6 +18,8 @@ runs (subjects drawn at random):
 
 (r) `metering.reports.usage_by_dimension` (the rollups, an index range of the
     primary key), read to the end;
+(q) the report's statement alone (`usage_by_statement`), on one connection:
+    what of (r) is the database's;
 (p) the peer: the same figures from ``results`` alone, the charges and
     metadata JSON unpacked and grouped by ``metadata->>'route'`` (there is no
     index on a subject inside the charges JSON, so it reads the table);
@@ -28,6 +30,10 @@ Both must give the same rows. Last, the write side, on a second database:
 with a route on every event), without and with ``dimensions=("route",)`` on
 the limit, alternated over ``--write-rounds`` rounds; and `Meter.consume`
 one event at a time, the same two ways. Prints events/s and the ratio.
+
+``--plain-key`` then times (q) again with the primary key rebuilt without
+its ``INCLUDE (used, events)`` (and a VACUUM): the statement then visits a
+heap page per row, where the covering key is an index-only scan.
 
 ``--write-only --plain-only`` runs just the write side without dimensions,
 on any version of metering (it passes no ``dimensions``): run it with
@@ -51,6 +57,7 @@ from sqlalchemy import Engine, create_engine, text
 from metering import Limit, Meter, make_event
 from metering.domain.instants import to_us
 from metering.storage.engine import upgrade_schema
+from metering.storage.rollups import DimensionQuery, usage_by_statement
 
 MONTH = datetime(2026, 11, 1, tzinfo=UTC)
 MONTH_US = 30 * 86_400 * 1_000_000
@@ -85,6 +92,12 @@ GROUP BY 1, 2, 3, 4, 5
 ON CONFLICT (subject, limit_name, dimension, hour_start_us, value)
 DO UPDATE SET used = usage_rollups.used + excluded.used,
               events = usage_rollups.events + excluded.events
+"""
+# The primary key without the figures it carries (migration 0009 has them).
+PLAIN_KEY = """
+ALTER TABLE usage_rollups DROP CONSTRAINT usage_rollups_pkey,
+    ADD CONSTRAINT usage_rollups_pkey
+    PRIMARY KEY (subject, limit_name, dimension, hour_start_us, value)
 """
 PEER = """
 SELECT c->>1 AS limit_name, r.metadata::jsonb->>'route' AS value,
@@ -165,12 +178,36 @@ def read_side(url: str, args: argparse.Namespace) -> list[list[str]]:
         with engine.connect() as connection:
             return [tuple(row) for row in connection.execute(text(PEER), params)]
 
+    def statement_alone(subject: str) -> list[tuple[Any, ...]]:
+        query = DimensionQuery(subject, "route", ["api"], to_us(since), to_us(until))
+        with engine.connect() as connection:
+            return [tuple(row) for row in connection.execute(usage_by_statement(query))]
+
     ours(f"org-{rng.randrange(args.subjects)}")  # warm the limit cache and the pool
+    statement_alone("org-0")
     ours_ms: list[float] = []
+    alone_ms: list[float] = []
     for _ in range(args.runs):
         subject = f"org-{rng.randrange(args.subjects)}"
         ms, _ = timed_ms(lambda s=subject: ours(s))
         ours_ms.append(ms)
+        subject = f"org-{rng.randrange(args.subjects)}"
+        ms, _ = timed_ms(lambda s=subject: statement_alone(s))
+        alone_ms.append(ms)
+    if args.explain:
+        explain(engine, f"org-{rng.randrange(args.subjects)}", since, until)
+    plain_ms: list[float] = []
+    if args.plain_key:
+        with engine.begin() as connection:
+            connection.execute(text(PLAIN_KEY))
+        analyse(engine)
+        statement_alone("org-0")
+        for _ in range(args.runs):
+            subject = f"org-{rng.randrange(args.subjects)}"
+            ms, _ = timed_ms(lambda s=subject: statement_alone(s))
+            plain_ms.append(ms)
+        if args.explain:
+            explain(engine, f"org-{rng.randrange(args.subjects)}", since, until)
     peer_ms: list[float] = []
     for _ in range(args.peer_runs):
         subject = f"org-{rng.randrange(args.subjects)}"
@@ -183,12 +220,39 @@ def read_side(url: str, args: argparse.Namespace) -> list[list[str]]:
     engine.dispose()
     p50, peer_p50 = statistics.median(ours_ms), statistics.median(peer_ms)
     title = f"{args.results:,} results, {rollups:,} rollup rows"
+    alone = statistics.median(alone_ms)
+    plain_rows = []
+    if plain_ms:
+        median = statistics.median(plain_ms)
+        plain_rows = [
+            [
+                "(q') its statement, the key not covering",
+                str(args.runs),
+                f"{median:.2f}",
+                f"{percentile(plain_ms, 0.99):.2f}",
+                f"{peer_p50 / median:,.0f}x faster",
+            ]
+        ]
     return [
         [f"(r) usage_by_dimension, rollups ({title})", str(args.runs),
          f"{p50:.2f}", f"{percentile(ours_ms, 0.99):.2f}", f"{peer_p50 / p50:,.0f}x faster"],
+        ["(q) its statement alone", str(args.runs), f"{alone:.2f}",
+         f"{percentile(alone_ms, 0.99):.2f}", f"{peer_p50 / alone:,.0f}x faster"],
+        *plain_rows,
         ["(p) peer: results scanned, JSON grouped by route", str(args.peer_runs),
          f"{peer_p50:,.0f}", f"{percentile(peer_ms, 0.99):,.0f}", "1"],
     ]  # fmt: skip
+
+
+def explain(engine: Engine, subject: str, since: datetime, until: datetime) -> None:
+    """Print the plan of the report's statement for ``subject``, with timings and buffers."""
+    query = DimensionQuery(subject, "route", ["api"], to_us(since), to_us(until))
+    compiled = usage_by_statement(query).compile(
+        dialect=engine.dialect, compile_kwargs={"literal_binds": True}
+    )
+    with engine.connect() as connection:
+        plan = connection.exec_driver_sql(f"EXPLAIN (ANALYZE, BUFFERS) {compiled}").scalars()
+        print("\n".join(plan), flush=True)
 
 
 # -- the write side ---------------------------------------------------------------
@@ -212,6 +276,34 @@ def write_batches(rounds: int, seed: int) -> list[list[Any]]:
     ]
 
 
+def batch_rounds(
+    meter: Meter,
+    args: argparse.Namespace,
+    seconds: dict[tuple[str, bool], float],
+    events: dict[tuple[str, bool], int],
+) -> None:
+    """Batches and single consumes, without and with dimensions, alternated."""
+    for round_ in range(args.write_rounds):
+        order = (False, True) if round_ % 2 == 0 else (True, False)
+        for dimensioned in (False,) if args.plain_only else order:
+            set_dimensions(meter, ("route",) if dimensioned else ())
+            batches = write_batches(5, seed=round_ * 2 + dimensioned)
+            meter.apply_records(batches[0])  # the limit cache, refreshed
+            began = time.perf_counter()
+            for batch in batches[1:]:
+                meter.apply_records(batch)
+            key = ("batch", dimensioned)
+            seconds[key] = seconds.get(key, 0.0) + time.perf_counter() - began
+            events[key] = events.get(key, 0) + 4000
+            singles = write_batches(1, seed=1000 + round_ * 2 + dimensioned)[0][:300]
+            began = time.perf_counter()
+            for record in singles:
+                meter.consume(record.charges[0][0], "calls", metadata=dict(record.metadata or {}))
+            key = ("consume", dimensioned)
+            seconds[key] = seconds.get(key, 0.0) + time.perf_counter() - began
+            events[key] = events.get(key, 0) + len(singles)
+
+
 def set_dimensions(meter: Meter, dimensions: tuple[str, ...]) -> None:
     extra: dict[str, Any] = {"dimensions": dimensions} if dimensions else {}
     meter.set_limit(Limit("calls", maximum=10**12, period="1d", window="calendar", **extra))
@@ -222,27 +314,7 @@ def write_side(url: str, args: argparse.Namespace) -> list[list[str]]:
     seconds: dict[tuple[str, bool], float] = {}
     events: dict[tuple[str, bool], int] = {}
     with Meter(url) as meter:
-        for round_ in range(args.write_rounds):
-            order = (False, True) if round_ % 2 == 0 else (True, False)
-            for dimensioned in (False,) if args.plain_only else order:
-                set_dimensions(meter, ("route",) if dimensioned else ())
-                batches = write_batches(5, seed=round_ * 2 + dimensioned)
-                meter.apply_records(batches[0])  # the limit cache, refreshed
-                began = time.perf_counter()
-                for batch in batches[1:]:
-                    meter.apply_records(batch)
-                key = ("batch", dimensioned)
-                seconds[key] = seconds.get(key, 0.0) + time.perf_counter() - began
-                events[key] = events.get(key, 0) + 4000
-                singles = write_batches(1, seed=1000 + round_ * 2 + dimensioned)[0][:300]
-                began = time.perf_counter()
-                for record in singles:
-                    meter.consume(
-                        record.charges[0][0], "calls", metadata=dict(record.metadata or {})
-                    )
-                key = ("consume", dimensioned)
-                seconds[key] = seconds.get(key, 0.0) + time.perf_counter() - began
-                events[key] = events.get(key, 0) + len(singles)
+        batch_rounds(meter, args, seconds, events)
     rows = []
     for kind, label in (("batch", "apply_records, 1,000-event batches"), ("consume", "consume")):
         plain = events[(kind, False)] / seconds[(kind, False)]
@@ -262,6 +334,8 @@ def main() -> None:
     parser.add_argument("--peer-runs", type=int, default=3, help="runs of the results scan")
     parser.add_argument("--write-rounds", type=int, default=6)
     parser.add_argument("--write-only", action="store_true", help="skip the report")
+    parser.add_argument("--explain", action="store_true", help="print the report's plan")
+    parser.add_argument("--plain-key", action="store_true", help="also try a key not covering")
     parser.add_argument("--plain-only", action="store_true", help="writes without dimensions only")
     args = parser.parse_args()
     with durable_postgres() as server:

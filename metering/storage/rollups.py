@@ -67,7 +67,12 @@ _NAMES: Final = ("subject", "limit_name", "dimension", "hour_start_us", "value",
 
 def record_rollups(connection: Connection, deltas: Mapping[RollupKey, Delta]) -> None:
     """Add ``deltas`` (`metering.domain.rollups.rollup_deltas`) to the rollups,
-    in the caller's transaction. Negative deltas subtract (a voided event)."""
+    in the caller's transaction. Negative deltas subtract (a voided event).
+
+    Call it after the transaction has locked the counters it changes, as
+    every writer does: rollup rows are then always locked last, in key
+    order, and waits cannot form a cycle.
+    """
     rows = rollup_rows(deltas)
     if rows:
         params = [dict(zip(_NAMES, row, strict=True)) for row in rows]

@@ -101,7 +101,9 @@ results = Table(
 # Usage by dimension (migration 0009): per subject, limit, metadata key, hour
 # and value, the cost consumed and the events that consumed it; written with
 # the counters (`metering.storage.rollups`). The key leads with the subject,
-# as the counters' does, and serves `metering report usage --group-by`.
+# as the counters' does, and serves `metering report usage --group-by`; on
+# PostgreSQL it carries the figures too (INCLUDE), so the report reads the
+# index alone, not a heap page per row (docs/performance.md).
 usage_rollups = Table(
     "usage_rollups",
     metadata,
@@ -112,7 +114,14 @@ usage_rollups = Table(
     Column("value", String(200), nullable=False),
     Column("used", BigInteger, nullable=False),
     Column("events", BigInteger, nullable=False),
-    PrimaryKeyConstraint("subject", "limit_name", "dimension", "hour_start_us", "value"),
+    PrimaryKeyConstraint(
+        "subject",
+        "limit_name",
+        "dimension",
+        "hour_start_us",
+        "value",
+        postgresql_include=["used", "events"],
+    ),
 )
 
 # Queued input that could not become an event (malformed, or an id reused

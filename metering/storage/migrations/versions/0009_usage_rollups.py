@@ -6,7 +6,11 @@ adds its cost and one event to a row per (subject, limit, key, hour, value),
 in the counters' transaction. ``metering report usage --group-by`` sums one
 subject's rows over a period: an index range of the primary key, which
 leads with the subject like the counters' (migration 0006), instead of a
-scan of the subject's results with their JSON metadata.
+scan of the subject's results with their JSON metadata. On PostgreSQL
+the key also carries ``used`` and ``events`` (``INCLUDE``), so that range
+is read from the index alone: a subject's rows are spread over as many
+heap pages as there are rows (measured: 4.6 ms against 25 ms for a month
+of 3,600 rows, bench/bench_groupby.py).
 
 Revision ID: 0009
 Revises: 0008
@@ -34,7 +38,14 @@ def upgrade() -> None:
         sa.Column("value", sa.String(200), nullable=False),
         sa.Column("used", sa.BigInteger, nullable=False),
         sa.Column("events", sa.BigInteger, nullable=False),
-        sa.PrimaryKeyConstraint("subject", "limit_name", "dimension", "hour_start_us", "value"),
+        sa.PrimaryKeyConstraint(
+            "subject",
+            "limit_name",
+            "dimension",
+            "hour_start_us",
+            "value",
+            postgresql_include=["used", "events"],
+        ),
     )
 
 
