@@ -36,6 +36,7 @@ from metering.domain.grants import (
 from metering.domain.instants import from_us, to_us
 from metering.domain.limits import MAX_MAXIMUM, Limit, validate_limit_name
 from metering.domain.notifications import _iso
+from metering.domain.rollups import rollup_deltas
 from metering.domain.state import CounterKey, CounterState
 from metering.errors import (
     CorrectionConflict,
@@ -48,7 +49,8 @@ from metering.errors import (
 from metering.storage.allowances import AllowanceStore, CorrectionRecord, DrawKey, GrantRecord
 from metering.storage.database import Database
 from metering.storage.engine import RetryTransaction
-from metering.storage.queries import Store
+from metering.storage.queries import ResultRecord, Store
+from metering.storage.rollups import record_rollups
 from metering.storage.webhook_records import encode_payload
 from metering.storage.webhooks import WebhookStore
 
@@ -326,6 +328,7 @@ def void(
             raise CorrectionRefused(event_id, f"it is older than the {days:g}-day horizon")
         charges = voided_charges(stored.outcome, stored.charges)
         restored = _reverse(connection, charges, now_us)
+        _take_back_rollups(connection, stored)
         record = CorrectionRecord(
             cid,
             event_id,
@@ -386,6 +389,15 @@ def restore_grants(
         restored.append(given)
     allowances.write_draws(draws, restore=active)
     return restored
+
+
+def _take_back_rollups(connection: Connection, stored: ResultRecord) -> None:
+    """The usage rollups lose what the voided event added (limits with dimensions)."""
+    names = {row[1] for row in stored.charges}
+    limits = Store(connection).load_limits(names)
+    dimensions = {name: limit.dimensions for name, limit in limits.items() if limit.dimensions}
+    if dimensions:
+        record_rollups(connection, rollup_deltas([stored], dimensions, sign=-1))
 
 
 def _announce(connection: Connection, record: CorrectionRecord, now_us: int) -> None:

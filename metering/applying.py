@@ -33,6 +33,7 @@ from metering.domain.events import FUTURE_TOLERANCE_US, EventRecord, Rejected, c
 from metering.domain.grants import History, Pot, maximum_at
 from metering.domain.instants import from_us
 from metering.domain.notifications import Notice, payload_of
+from metering.domain.rollups import rollup_deltas
 from metering.domain.rules import (
     BUCKET_WINDOW,
     EventOutcome,
@@ -194,6 +195,8 @@ def apply_records(
     todo: list[tuple[int, EventRecord, list[Rule], MeteringError | None]] = []
     pairs: set[Pair] = set()
     keys: dict[Key, int] = {}
+    # The batch's limits that roll usage up by dimension (usually none).
+    dimensioned: dict[str, tuple[str, ...]] = {}
     for index, event in enumerate(events):
         if event.event_id in first:
             answers[index] = (_REPEAT, first[event.event_id])
@@ -204,6 +207,8 @@ def apply_records(
         if error is not None:
             continue
         for (subject, name, _), rule in zip(event.charges, event_rules, strict=True):
+            if rule.dimensions:
+                dimensioned[name] = rule.dimensions
             if rule.bucket:
                 keys[(name, subject, 0)] = 0
             elif rule.calendar:
@@ -309,6 +314,7 @@ def apply_records(
         new_windows=[item for item in moved_windows if item[0] not in had_row],
         moved_windows=[item for item in moved_windows if item[0] in had_row],
         results=sorted(records, key=lambda record: record.event_id),
+        rollups=rollup_deltas(records, dimensioned),
     )
     if pots:
         changes.draws = draws_of(records)

@@ -9,7 +9,8 @@
 3. locks every counter the batch touches with one sorted upsert;
 4. decides event after event with the pure domain, so a batch gives the same
    results as applying its events one by one;
-5. writes counters and results in the same transaction.
+5. writes counters, results and the usage rollups of limits with
+   dimensions in the same transaction.
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ from metering.domain.grants import History, Pot, maximum_at
 from metering.domain.instants import from_us, to_us
 from metering.domain.limits import Limit
 from metering.domain.notifications import Transition, notices_of, payload_of
+from metering.domain.rollups import rollup_deltas
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 from metering.domain.windows import Window, calendar_window, first_use_window
 from metering.errors import EventConflict, MeteringError, UnknownLimit
 from metering.storage.allowances import AllowanceStore, DrawKey
 from metering.storage.engine import RetryTransaction
 from metering.storage.queries import Pair, ResultRecord, Store
+from metering.storage.rollups import record_rollups
 from metering.storage.webhooks import WebhookStore
 
 InvalidPolicy = Literal["raise", "reject"]
@@ -153,6 +156,8 @@ def apply_events(
     inserted = store.insert_results(rows)
     if len(inserted) != len(rows):
         raise RetryTransaction("an event id was decided concurrently")
+    dimensioned = {name: limit.dimensions for name, limit in limits.items() if limit.dimensions}
+    record_rollups(store.connection, rollup_deltas(rows, dimensioned))
     for index, original in repeats:
         outputs[index] = _repeat(events[index], events[original], outputs[original])
     return [outputs[i] for i in range(len(events))]

@@ -10,6 +10,7 @@ what callers hold.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sqlalchemy import Connection
@@ -18,6 +19,7 @@ from metering.allowances import restore_grants
 from metering.domain.corrections import voided_charges
 from metering.domain.decisions import Decision
 from metering.domain.events import UsageEvent
+from metering.domain.limits import Limit
 from metering.domain.reservations import (
     MAX_TTL_SECONDS,
     HeldCharge,
@@ -25,6 +27,7 @@ from metering.domain.reservations import (
     can_give_back,
     give_back,
 )
+from metering.domain.rollups import given_back_deltas
 from metering.domain.state import NO_WINDOW
 from metering.errors import (
     EventConflict,
@@ -37,6 +40,7 @@ from metering.ledger import apply_events
 from metering.storage.database import Database
 from metering.storage.queries import Store
 from metering.storage.reservations import ReservationRecord, ReservationStore
+from metering.storage.rollups import record_rollups
 
 
 def validate_ttl(ttl_seconds: object) -> float:
@@ -144,12 +148,15 @@ def _give_back_all(connection: Connection, record: ReservationRecord, now_us: in
     states = store.lock_counters([c.key for c in live], now_us)
     returned = 0
     changed = {}
+    given_back = []
     for charge in live:
         outcome = give_back(limits[charge.limit], charge, states[charge.key], now_us)
         states[charge.key] = changed[charge.key] = outcome.state
         returned += outcome.returned
+        given_back.append((charge.subject, charge.limit, charge.cost, outcome.returned))
     store.write_counters(changed, now_us)
     _restore_grants(connection, record.id, live, now_us)
+    _take_back_rollups(store, record.id, given_back, limits)
     return returned
 
 
@@ -163,6 +170,21 @@ def _restore_grants(
     keys = {charge.key for charge in live}
     paid = [c for c in voided_charges(stored.outcome, stored.charges) if c.key in keys]
     restore_grants(connection, paid, now_us)
+
+
+def _take_back_rollups(
+    store: Store,
+    event_id: str,
+    given_back: list[tuple[str, str, int, int]],
+    limits: Mapping[str, Limit],
+) -> None:
+    """The usage rollups lose what the counters got back (limits with dimensions)."""
+    dimensioned = {name: limit.dimensions for name, limit in limits.items() if limit.dimensions}
+    if not dimensioned:
+        return
+    reserving = store.fetch_results([event_id]).get(event_id)
+    if reserving is not None:  # pruned results are long past any cancel
+        record_rollups(store.connection, given_back_deltas(reserving, given_back, dimensioned))
 
 
 def commit(database: Database, reservation_id: str) -> None:

@@ -14,6 +14,10 @@ Every table that grows with traffic has an age after which its rows go:
 * webhook deliveries that are settled (delivered or failed) with their
   attempts, then messages with no delivery left, then the once-per-window
   marks of windows long over.
+* ``usage_rollups`` (usage by dimension, hour by hour) are kept as long as
+  the results they sum: an hour goes once it is wholly older than the
+  results' cut-off, so ``report usage --group-by`` and the results it could
+  be checked against cover the same past.
 
 Counters are not pruned: they are the usage that reports bill from; nor are
 entitlements, grants and what windows drew on them, which reports read
@@ -46,6 +50,7 @@ PRODUCER_RETRY_HORIZON_US: Final = DAY_US
 TABLES: Final = (
     "results",
     "corrections",
+    "usage_rollups",
     "rejected_messages",
     "webhook_deliveries",
     "webhook_messages",
@@ -100,6 +105,7 @@ class RetentionPolicy:
         days = {
             "results": self.results_days,
             "corrections": self.results_days,  # they go with the results they correct
+            "usage_rollups": self.results_days,
             "rejected_messages": self.rejected_days,
         }.get(table, self.webhooks_days)
         return None if days is None else round(days * DAY_US)
@@ -137,7 +143,7 @@ def prune(
         age_us = policy.age_us(table)
         if age_us is None:
             continue
-        if table == "results":
+        if table in ("results", "usage_rollups"):
             age_us = max(age_us, horizon_us)
         before_us = now_us - age_us
         rows = _prune_table(meter, table, before_us, dry_run=dry_run, chunk=chunk)

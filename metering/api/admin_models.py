@@ -12,13 +12,15 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from metering.api.models import DecisionOut
 from metering.domain.bounds import MAX_ROW_ID
 from metering.domain.events import EVENT_ID_PATTERN, MAX_CHARGES, MAX_COST, MAX_SUBJECT_LENGTH
 from metering.domain.instants import from_us
 from metering.domain.limits import (
+    DIMENSION_PATTERN,
+    MAX_DIMENSIONS,
     MAX_MAXIMUM,
     MAX_THRESHOLD_PERCENT,
     MAX_THRESHOLDS,
@@ -30,6 +32,7 @@ from metering.domain.limits import (
 )
 from metering.domain.notifications import MESSAGE_TYPES
 from metering.domain.reservations import DEFAULT_TTL_SECONDS, MAX_TTL_SECONDS
+from metering.reports.dimensions import DimensionReport
 from metering.reports.overage import Report, ReportRow
 from metering.reservations import ReservationInfo
 from metering.storage.webhooks import AttemptRecord, DeliveryRecord
@@ -180,6 +183,9 @@ def reservation_json(info: ReservationInfo) -> dict[str, Any]:
 # -- limits -------------------------------------------------------------------------
 
 
+DIMENSION_KEY = f"^{DIMENSION_PATTERN.pattern}$"
+
+
 class LimitIn(BaseModel):
     """A limit's definition, as in a limits file (``metering limits load``)."""
 
@@ -222,6 +228,15 @@ class LimitIn(BaseModel):
         description="Absolute amounts of usage that send limit.threshold (threshold_units).",
         json_schema_extra={"items": {"type": "integer", "minimum": 1, "maximum": MAX_MAXIMUM}},
     )
+    dimensions: list[str] = Field(
+        default=[],
+        max_length=MAX_DIMENSIONS,
+        description="Metadata keys whose values usage is recorded by, hour by hour "
+        "(GET /v1/reports/usage?group_by=KEY).",
+        json_schema_extra={
+            "items": {"type": "string", "pattern": f"^{DIMENSION_PATTERN.pattern}$"}
+        },
+    )
 
 
 class LimitOut(BaseModel):
@@ -234,6 +249,7 @@ class LimitOut(BaseModel):
     thresholds: list[int]
     lateness: str
     thresholds_units: list[int]
+    dimensions: list[str]
 
 
 class Limits(BaseModel):
@@ -289,6 +305,46 @@ def report_head(report: Report) -> dict[str, Any]:
 
 def report_row_json(row: ReportRow) -> dict[str, Any]:
     return row.to_dict()
+
+
+class DimensionRowOut(BaseModel):
+    """A subject's use of one limit for one value of the grouped key."""
+
+    subject: str
+    limit: str
+    dimension: str
+    value: str | None = Field(description="None: the events had no value for the key.")
+    used: int = Field(description="The cost consumed.")
+    events: int = Field(description="The events that consumed it.")
+
+
+class DimensionReportOut(BaseModel):
+    """Usage by dimension (``group_by``) as JSON; ``text/csv`` gives the rows as CSV."""
+
+    report: Literal["usage_by"]
+    subject: str
+    group_by: str
+    period: str = Field(description="The hours' start range, in words.", examples=["2026-11"])
+    since: datetime | None = Field(description="Hours starting at or after this.")
+    until: datetime | None = Field(description="Hours starting before this.")
+    rows: list[DimensionRowOut] = Field(description="The largest use first.")
+
+
+class UsageReportOut(RootModel[ReportOut | DimensionReportOut]):
+    """A usage report: per window (`ReportOut`), or with ``group_by`` per value
+    of the key (`DimensionReportOut`)."""
+
+
+def dimension_head(report: DimensionReport) -> dict[str, Any]:
+    """Everything of `DimensionReportOut` but its rows."""
+    return {
+        "report": report.kind,
+        "subject": report.query.subject,
+        "group_by": report.dimension,
+        "period": report.range.label,
+        "since": _iso(report.range.since),
+        "until": _iso(report.range.until),
+    }
 
 
 # -- webhooks ----------------------------------------------------------------------

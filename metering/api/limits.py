@@ -4,7 +4,7 @@
 A ``PUT`` body is a limit's definition as a limits file writes it
 (``metering limits load``): ``maximum`` and ``period``, and optionally
 ``algorithm``, ``window``, ``enforcement`` (``hard``, ``soft`` or ``shadow``),
-``thresholds``, ``thresholds_units``, ``lateness``;
+``thresholds``, ``thresholds_units``, ``lateness``, ``dimensions``;
 ``name`` may be given if it is the name in the path. It is validated by
 `Limit.from_dict`, the loader's own rules, and stored with `Meter.set_limit`:
 created, or replaced as a whole (a field not given takes its default).
@@ -31,7 +31,7 @@ router = APIRouter(prefix="/v1", tags=["limits"])
 
 LIMIT_FIELDS: Final = frozenset(
     {"name", "maximum", "period", "algorithm", "window", "enforcement", "thresholds", "lateness"}
-    | {"thresholds_units"}
+    | {"thresholds_units", "dimensions"}
 )
 
 LimitName = Annotated[

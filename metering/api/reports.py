@@ -2,8 +2,9 @@
 
 The query parameters are the ``metering report`` options (``period``,
 ``since``, ``until``, ``limit``; ``subject`` and ``top`` for overage;
-``subject`` required for usage) and are validated by the library
-(`select_overage`, `select_usage`) before any row is read. ``Accept`` picks
+``subject`` required for usage, and ``group_by`` for usage by a metadata
+key) and are validated by the library (`select_overage`, `select_usage`,
+`usage_by_dimension`) before any row is read. ``Accept`` picks
 the format: JSON (``application/json``, the default) or CSV (``text/csv``,
 the CLI's writer: `metering.reports.export.csv_lines`, formula-like cells
 neutralised); anything else is 406. Rows stream from the database as the
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncGenerator, Callable, Generator, Iterator
-from typing import Annotated, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
 import anyio
 from fastapi import APIRouter, Depends, Query, Request
@@ -24,13 +25,26 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from metering.api.admin_common import invalid
-from metering.api.admin_models import ReportOut, report_head
+from metering.api.admin_models import (
+    ReportOut,
+    UsageReportOut,
+    dimension_head,
+    report_head,
+)
 from metering.api.auth import AUTH_ERRORS, require_scope
 from metering.api.context import ApiContext, api_context
 from metering.api.problems import COMMON_ERRORS, ApiProblem, responses
 from metering.domain.bounds import MAX_LISTING
 from metering.errors import InvalidInput
-from metering.reports import Report, ReportRow, csv_lines, select_overage, select_usage
+from metering.reports import (
+    DIMENSION_SHAPE,
+    DimensionReport,
+    Report,
+    csv_lines,
+    select_overage,
+    select_usage,
+    usage_by_dimension,
+)
 
 router = APIRouter(prefix="/v1", tags=["reports"])
 
@@ -56,6 +70,15 @@ REPORT_RESPONSES: Final = {
         "content": {"text/csv": {"schema": {"type": "string"}}},
     },
     **responses(400, 406, 422, *AUTH_ERRORS, *COMMON_ERRORS),
+}
+USAGE_RESPONSES: Final = {
+    **REPORT_RESPONSES,
+    200: {
+        **REPORT_RESPONSES[200],
+        "model": UsageReportOut,
+        "description": "The report, streamed: JSON (usage per window; with group_by, "
+        "usage per value of the key), or CSV (a header, then one line a row).",
+    },
 }
 
 Period = Annotated[
@@ -103,8 +126,11 @@ def _quality(parameters: list[str]) -> float:
     return 1.0
 
 
-def _json_lines(report: Report, rows: Iterator[ReportRow]) -> Iterator[str]:
-    head = json.dumps(report_head(report))
+def _json_lines(report: Report | DimensionReport, rows: Iterator[Any]) -> Iterator[str]:
+    if isinstance(report, DimensionReport):
+        head = json.dumps(dimension_head(report))
+    else:
+        head = json.dumps(report_head(report))
     yield head[:-1] + ', "rows": ['
     separator = "\n"
     for row in rows:
@@ -113,7 +139,7 @@ def _json_lines(report: Report, rows: Iterator[ReportRow]) -> Iterator[str]:
     yield "]}\n" if separator == "\n" else "\n]}\n"
 
 
-def _chunks(lines: Iterator[str], rows: Iterator[ReportRow]) -> Generator[str, None, None]:
+def _chunks(lines: Iterator[str], rows: Iterator[Any]) -> Generator[str, None, None]:
     """``lines`` joined into chunks of about `CHUNK_CHARS`. Closing it closes
     ``rows``, the database cursor under ``lines``, at once."""
     try:
@@ -166,14 +192,21 @@ class Streamed(StreamingResponse):
                 await run_in_threadpool(self._chunks.close)
 
 
-async def _respond(request: Request, select: Callable[[], Report], filename: str) -> Response:
+async def _respond(
+    request: Request, select: Callable[[], Report | DimensionReport], filename: str
+) -> Response:
     fmt = negotiate(request.headers.get("accept"))
     try:
         report = await run_in_threadpool(select)
     except InvalidInput as exc:
         raise invalid(exc, NAMES) from None
-    rows = report.rows()
-    lines = csv_lines(rows) if fmt == "csv" else _json_lines(report, rows)
+    rows: Iterator[Any] = report.rows()
+    if fmt == "json":
+        lines = _json_lines(report, rows)
+    elif isinstance(report, DimensionReport):
+        lines = csv_lines(rows, DIMENSION_SHAPE)
+    else:
+        lines = csv_lines(rows)
     chunks = _chunks(lines, rows)
     try:
         # The first chunk is read before the answer starts: a database that
@@ -223,9 +256,9 @@ async def overage(
 
 @router.get(
     "/reports/usage",
-    summary="A subject's usage over time",
+    summary="A subject's usage over time, or by a metadata key",
     response_model=None,
-    responses=REPORT_RESPONSES,
+    responses=USAGE_RESPONSES,
     dependencies=[require_scope("read")],
 )
 async def usage(
@@ -236,10 +269,35 @@ async def usage(
     since: Since = None,
     until: Until = None,
     limit: LimitFilter = None,
+    group_by: Annotated[
+        str | None,
+        Query(
+            description="A metadata key the limits record (their dimensions): usage per "
+            "value of it over hours starting in the period, the largest first.",
+            examples=["route"],
+        ),
+    ] = None,
 ) -> Response:
     """One subject's usage per window, oldest first, limit by limit:
-    ``metering report usage``."""
+    ``metering report usage``. With ``group_by``, its usage per limit and
+    value of that metadata key (``metering report usage --group-by``);
+    ``since`` and ``until`` then fall on the hour."""
     meter = context.meter
+    if group_by is not None:
+        key = group_by
+        return await _respond(
+            request,
+            lambda: usage_by_dimension(
+                meter,
+                subject=subject,
+                key=key,
+                limit=limit,
+                period=period,
+                since=since,
+                until=until,
+            ),
+            f"usage-by-{key}",
+        )
     return await _respond(
         request,
         lambda: select_usage(meter, subject, period=period, since=since, until=until, limit=limit),

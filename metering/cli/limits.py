@@ -23,6 +23,7 @@ LIMIT_COLUMNS: Final = (
     "thresholds",
     "threshold units",
     "lateness",
+    "dimensions",
 )
 
 
@@ -51,6 +52,13 @@ def limits() -> None:
     help="An absolute amount of usage that notifies; repeatable.",
 )
 @click.option("--lateness", help="How late an event may arrive. Default: 1d.")
+@click.option(
+    "--dimension",
+    "dimensions",
+    multiple=True,
+    metavar="KEY",
+    help="A metadata key to record usage by (report usage --group-by); repeatable, at most 4.",
+)
 def limits_set(name: str, maximum: int, period: str, **options: Any) -> None:
     """Create or replace the limit NAME."""
     chosen = {key: value for key, value in options.items() if value not in (None, ())}
@@ -62,7 +70,8 @@ def _limit_row(limit: Limit) -> list[object]:
     thresholds = ", ".join(f"{t}%" for t in limit.thresholds) or None
     units = ", ".join(str(t) for t in limit.thresholds_units) or None
     row: list[object] = [limit.name, limit.maximum, limit.period, limit.algorithm, window]
-    return [*row, limit.enforcement, thresholds, units, limit.lateness]
+    dimensions = ", ".join(limit.dimensions) or None
+    return [*row, limit.enforcement, thresholds, units, limit.lateness, dimensions]
 
 
 @limits.command("list")

@@ -1,5 +1,9 @@
 """``metering report overage|usage``: the reports on the command line.
 
+``usage --group-by KEY`` is the usage-by-dimension report
+(`metering.reports.dimensions`): a subject's usage per limit and value of a
+metadata key its limits record.
+
 CSV (neutralised against formula injection: `metering.reports.export`) and
 JSON are written row by row as the database streams them, so a large export
 keeps memory flat; a progress bar goes to stderr when it is a terminal (or
@@ -21,8 +25,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from metering.cli.context import current_meter
 from metering.cli.output import print_table, table
+from metering.domain.rollups import shown_value
+from metering.errors import InvalidInput
 from metering.reports.charts import DEFAULT_TOP, overage_chart, usage_chart
-from metering.reports.export import write_csv
+from metering.reports.dimensions import (
+    DIMENSION_COLUMNS,
+    DimensionReport,
+    DimensionRow,
+    usage_by_dimension,
+)
+from metering.reports.export import DIMENSION_SHAPE, write_csv
 from metering.reports.overage import COLUMNS, Report, ReportRow, select_overage, select_usage
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -120,6 +132,12 @@ def overage(
 @report.command()
 @click.option("--subject", required=True, help="The subject.")
 @_filter_options
+@click.option(
+    "--group-by",
+    "group_by",
+    metavar="KEY",
+    help="Usage per value of this metadata key (one its limits record), largest first.",
+)
 def usage(
     subject: str,
     period: str | None,
@@ -129,8 +147,29 @@ def usage(
     fmt: str,
     chart: Path | None,
     progress: bool | None,
+    group_by: str | None,
 ) -> None:
-    """One subject's usage per window over time, limit by limit."""
+    """One subject's usage per window over time, limit by limit.
+
+    With --group-by KEY: the subject's usage per limit and value of the
+    event-metadata KEY (a limit records the keys of its dimensions), over
+    hours starting in the period (--since/--until on the hour), the
+    largest first. Events without the key count under (none).
+    """
+    if group_by is not None:
+        if chart is not None:
+            raise InvalidInput("chart", "--chart draws usage per window; not with --group-by")
+        grouped = usage_by_dimension(
+            current_meter(),
+            subject=subject,
+            key=group_by,
+            limit=limit,
+            period=period,
+            since=since,
+            until=until,
+        )
+        _output_groups(grouped, fmt, progress)
+        return
     chosen = select_usage(
         current_meter(), subject, period=period, since=since, until=until, limit=limit
     )
@@ -171,7 +210,38 @@ def _output(
     return kept
 
 
-def _with_progress(chosen: Report) -> Iterator[ReportRow]:
+def _output_groups(grouped: DimensionReport, fmt: str, progress: bool | None) -> None:
+    """Write a group-by report on stdout, as its rows stream in."""
+    show = sys.stderr.isatty() if progress is None else progress
+    rows = _with_progress(grouped) if show else grouped.rows()
+    if fmt == "csv":
+        write_csv(rows, sys.stdout, DIMENSION_SHAPE)
+    elif fmt == "json":
+        _write_json(rows, sys.stdout)
+    else:
+        title = f"Usage of {grouped.query.subject} by {grouped.dimension}, {grouped.range.label}"
+        _print_groups(list(rows), title)
+
+
+def _print_groups(rows: list[DimensionRow], title: str) -> None:
+    if not rows:
+        click.echo(f"{title}: no usage")
+        return
+    cells = [
+        [
+            r.subject,
+            r.limit,
+            r.dimension,
+            shown_value(r.value or ""),
+            f"{r.used:,}",
+            f"{r.events:,}",
+        ]
+        for r in rows
+    ]
+    print_table(table(DIMENSION_COLUMNS, cells, title, numeric={"used", "events"}))
+
+
+def _with_progress(chosen: Report | DimensionReport) -> Iterator[Any]:
     total = chosen.count()
     console = Console(stderr=True)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
@@ -186,7 +256,7 @@ def _with_progress(chosen: Report) -> Iterator[ReportRow]:
         bar.update(task, completed=done)
 
 
-def _write_json(rows: Iterable[ReportRow], out: IO[str]) -> None:
+def _write_json(rows: Iterable[ReportRow | DimensionRow], out: IO[str]) -> None:
     """A JSON array, one object per line, written as rows arrive."""
     separator = "[\n"
     for row in rows:

@@ -29,6 +29,9 @@ MAX_PERIOD_SECONDS: Final = 3653 * 86_400  # ten years, leap days included
 MAX_PERIOD_MONTHS: Final = 120
 MAX_THRESHOLD_PERCENT: Final = 1000
 MAX_THRESHOLDS: Final = 16
+# Metadata keys a limit records usage by (`metering.domain.rollups`).
+DIMENSION_PATTERN: Final = re.compile(r"[a-zA-Z0-9_.\-]{1,64}")
+MAX_DIMENSIONS: Final = 4
 # Ten years is 315,532,800 s: more significant digits than this are never a period.
 MAX_PERIOD_DIGITS: Final = 12
 MAX_PERIOD_CHARS: Final = 32
@@ -118,12 +121,15 @@ class Limit:
     >>> Limit("api", maximum=10, period="10s", algorithm="token_bucket")
     >>> Limit("seats", maximum=1000, period="1mo", window="calendar", enforcement="soft",
     ...       thresholds=(80, 100), thresholds_units=(900,))
+    >>> Limit("api_calls", maximum=10_000, period="1d", dimensions=("route", "model"))
 
     ``enforcement="shadow"`` decides like ``hard`` and records what a hard
     limit would have denied (``would_deny``), but never denies: a way to try
     a limit on live traffic before enforcing it. ``thresholds`` are
     percentages of the maximum, ``thresholds_units`` absolute amounts of
-    usage; each notifies once per window.
+    usage; each notifies once per window. ``dimensions`` are the
+    event-metadata keys whose values the limit's usage is rolled up by, hour
+    by hour (``metering report usage --group-by``).
 
     Validation happens here, so a `Limit` that exists is a valid one.
     """
@@ -137,6 +143,7 @@ class Limit:
     thresholds: tuple[int, ...] = ()
     lateness: str = DEFAULT_LATENESS
     thresholds_units: tuple[int, ...] = ()
+    dimensions: tuple[str, ...] = ()
     parsed_period: Period = field(init=False, repr=False, compare=False)
     lateness_seconds: int = field(init=False, repr=False, compare=False)
 
@@ -159,6 +166,7 @@ class Limit:
         object.__setattr__(self, "period", str(self.period).strip())
         object.__setattr__(self, "thresholds", thresholds)
         object.__setattr__(self, "thresholds_units", units)
+        object.__setattr__(self, "dimensions", _dimensions(self.dimensions))
         object.__setattr__(self, "parsed_period", parsed)
         object.__setattr__(self, "lateness_seconds", lateness.seconds)
 
@@ -182,13 +190,14 @@ class Limit:
             "thresholds": list(self.thresholds),
             "lateness": self.lateness,
             "thresholds_units": list(self.thresholds_units),
+            "dimensions": list(self.dimensions),
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, name: str | None = None) -> Limit:
         """Build a limit from a mapping (a row, or an entry of a limits file)."""
         known = {"name", "maximum", "period", "algorithm", "window", "enforcement"}
-        known |= {"thresholds", "lateness", "thresholds_units"}
+        known |= {"thresholds", "lateness", "thresholds_units", "dimensions"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise InvalidLimit(unknown[0], f"unknown field; expected some of {sorted(known)}")
@@ -204,6 +213,8 @@ class Limit:
                 noun = "percentages" if listed == "thresholds" else "amounts of usage"
                 raise InvalidLimit(listed, f"must be a list of {noun}, got {shown(found)}")
             values[listed] = tuple(found)
+        if "dimensions" in values:
+            values["dimensions"] = _dimension_list(values["dimensions"])
         return cls(**values)
 
 
@@ -220,3 +231,25 @@ def _thresholds(
         raise InvalidLimit(field_name, f"at most {MAX_THRESHOLDS}, got {len(listed)}")
     checked = {_positive_int(field_name, v, ceiling) for v in listed}
     return tuple(sorted(checked))
+
+
+def _dimension_list(values: object) -> tuple[object, ...]:
+    if not isinstance(values, list | tuple):
+        raise InvalidLimit("dimensions", f"must be a list of metadata keys, got {shown(values)}")
+    return tuple(values)
+
+
+def _dimensions(values: object) -> tuple[str, ...]:
+    """At most `MAX_DIMENSIONS` distinct keys, in the order given (a key named
+    twice is kept once: it would only record the same usage twice)."""
+    if isinstance(values, str | bytes) or not isinstance(values, Iterable):
+        raise InvalidLimit("dimensions", "must be a list of metadata keys")
+    keys: list[str] = []
+    for value in values:
+        if not isinstance(value, str) or DIMENSION_PATTERN.fullmatch(value) is None:
+            raise InvalidLimit("dimensions", f"{shown(value)} must be 1 to 64 of a-z A-Z 0-9 _ . -")
+        if value not in keys:
+            keys.append(value)
+        if len(keys) > MAX_DIMENSIONS:
+            raise InvalidLimit("dimensions", f"at most {MAX_DIMENSIONS} keys")
+    return tuple(keys)

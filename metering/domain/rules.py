@@ -57,6 +57,7 @@ class Rule:
     token_us: int  # a bucket's one token, in scaled microseconds
     lateness_us: int
     notifies: bool  # consuming may cross a threshold or the soft maximum
+    dimensions: tuple[str, ...]  # metadata keys its usage is rolled up by
 
     @classmethod
     def of(cls, limit: Limit) -> Rule:
@@ -73,6 +74,7 @@ class Rule:
             lateness_us=limit.lateness_seconds * 1_000_000,
             notifies=bool(limit.thresholds or limit.thresholds_units)
             or limit.enforcement == "soft",
+            dimensions=limit.dimensions,
         )
 
     def with_maximum(self, maximum: int) -> Rule:

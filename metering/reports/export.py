@@ -12,11 +12,12 @@ keeps every value as it is.
 from __future__ import annotations
 
 import csv
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime
 from functools import lru_cache
-from typing import IO, Final
+from typing import IO, Any, Final
 
+from metering.reports.dimensions import DIMENSION_COLUMNS, DimensionRow
 from metering.reports.overage import COLUMNS, ReportRow
 
 FORMULA_STARTS: Final = ("=", "+", "-", "@", "\t", "\r")
@@ -52,13 +53,34 @@ def csv_cells(row: ReportRow) -> tuple[object, ...]:
     )
 
 
-def write_csv(rows: Iterable[ReportRow], out: IO[str]) -> None:
+def dimension_cells(row: DimensionRow) -> tuple[object, ...]:
+    """A group-by row's cells: no value as empty, strings neutralised."""
+    value = "" if row.value is None else neutralise(row.value)
+    return (
+        neutralise(row.subject),
+        neutralise(row.limit),
+        row.dimension,
+        value,
+        row.used,
+        row.events,
+    )
+
+
+# A report's CSV shape: its header, and its cells of one row.
+Shape = tuple[Sequence[str], Callable[[Any], tuple[object, ...]]]
+OVERAGE_SHAPE: Final[Shape] = (COLUMNS, csv_cells)
+DIMENSION_SHAPE: Final[Shape] = (DIMENSION_COLUMNS, dimension_cells)
+
+
+def write_csv(rows: Iterable[Any], out: IO[str], shape: Shape = OVERAGE_SHAPE) -> None:
     """RFC 4180 CSV with a header of `COLUMNS`; instants in ISO 8601, none as empty;
-    string cells neutralised (see the module docstring)."""
+    string cells neutralised (see the module docstring). ``shape`` is another
+    report's header and cells (`DIMENSION_SHAPE`)."""
+    columns, cells = shape
     writer = csv.writer(out)
-    writer.writerow(COLUMNS)
+    writer.writerow(columns)
     for row in rows:
-        writer.writerow(csv_cells(row))
+        writer.writerow(cells(row))
 
 
 class _Line:
@@ -68,10 +90,11 @@ class _Line:
         return text
 
 
-def csv_lines(rows: Iterable[ReportRow]) -> Iterator[str]:
+def csv_lines(rows: Iterable[Any], shape: Shape = OVERAGE_SHAPE) -> Iterator[str]:
     """`write_csv`'s output line by line (the header first), as ``rows`` arrive:
     for a caller that streams it (the HTTP API) rather than writing to a file."""
+    columns, cells = shape
     writer = csv.writer(_Line())
-    yield writer.writerow(COLUMNS)
+    yield writer.writerow(columns)
     for row in rows:
-        yield writer.writerow(csv_cells(row))
+        yield writer.writerow(cells(row))

@@ -7,7 +7,8 @@
   first-use windows and the counters that exist. On PostgreSQL it is one
   round trip.
 * `HotStore.write` stores what changed: counters updated and created,
-  first-use windows moved, and the results rows. On PostgreSQL it is one
+  first-use windows moved, the results rows, and what the batch adds to the
+  usage rollups (limits with dimensions only). On PostgreSQL it is one
   round trip, and it carries the COMMIT when nothing else follows.
 
 Two implementations work on the caller's transaction:
@@ -18,6 +19,7 @@ picks one.
 Lock order, as in the general engine (`Store`): first-use window rows sorted
 by (limit, subject), then counters sorted by (limit, subject, window start),
 in one statement each. Rows that do not exist yet are created by `write`.
+Rollup rows come last, sorted by key (`metering.storage.rollups`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from metering.domain.grants import Pot
+from metering.domain.rollups import Delta, RollupKey
 from metering.domain.rules import Key, State
 from metering.domain.windows import Window
 from metering.storage.allowances import DrawKey
@@ -52,6 +55,7 @@ class Changes:
 
     ``created`` counters carry their window end. First-use windows are
     ``new_windows`` when their pair had no row, else ``moved_windows``.
+    ``rollups`` are added to the usage rollups (empty: no statement).
     """
 
     updated: list[tuple[Key, State]] = field(default_factory=list)
@@ -61,6 +65,7 @@ class Changes:
     results: list[ResultRecord] = field(default_factory=list)
     # What the batch drew on grants: (limit, subject, window start, grant id) -> amount.
     draws: dict[DrawKey, int] = field(default_factory=dict)
+    rollups: dict[RollupKey, Delta] = field(default_factory=dict)
 
 
 class HotStore(Protocol):

@@ -32,10 +32,12 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError, StatementError
 
 from metering.domain.grants import Balance, Pot
+from metering.domain.rollups import rollup_rows
 from metering.domain.rules import Key
 from metering.domain.windows import Window
 from metering.storage.hot import Changes, Snapshot, WantedKey
 from metering.storage.queries import Pair, record_from_row, result_row
+from metering.storage.rollups import PG_UPSERT
 
 VERSION: Final = "SELECT version FROM limits_version WHERE id = 1"
 
@@ -299,6 +301,8 @@ class PostgresHotStore:
                     cursor.executemany(INSERT_RESULT, rows)
                 elif rows:
                     raw.execute(INSERT_RESULTS, {"rows": _encode(rows)})
+                if changes.rollups:  # last: after every counter lock (see rollups)
+                    raw.execute(PG_UPSERT, {"rows": _encode(rollup_rows(changes.rollups))})
                 if commit:
                     raw.commit()
         except psycopg.Error as exc:  # a key written meanwhile (23505) is retried

@@ -15,10 +15,12 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError, StatementError
 
 from metering.domain.grants import Pot
+from metering.domain.rollups import rollup_rows
 from metering.domain.windows import Window
 from metering.storage.allowances import AllowanceStore
 from metering.storage.hot import Changes, Snapshot, WantedKey
 from metering.storage.queries import Pair, record_from_row, result_row
+from metering.storage.rollups import SQLITE_UPSERT
 
 VERSION: Final = "SELECT version FROM limits_version WHERE id = 1"
 FETCH_RESULT: Final = """
@@ -118,6 +120,8 @@ class SqliteHotStore:
                 raw.executemany(INSERT_RESULT, [result_row(r) for r in changes.results])
             if changes.draws:
                 AllowanceStore(self.connection).write_draws(changes.draws)
+            if changes.rollups:
+                raw.executemany(SQLITE_UPSERT, rollup_rows(changes.rollups))
         except sqlite3.Error as exc:
             # `run_transaction` runs again after a key written meanwhile, and
             # only then: any other constraint would fail the same way again.

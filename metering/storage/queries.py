@@ -226,6 +226,7 @@ def _limit_from_row(row: Any) -> Limit:
         enforcement=row.enforcement,
         thresholds=tuple(json.loads(row.thresholds)),
         lateness=row.lateness,
+        dimensions=tuple(json.loads(row.dimensions)),
         thresholds_units=tuple(json.loads(row.thresholds_units)),
     )
 
@@ -298,6 +299,7 @@ class Store:
     def upsert_limit(self, limit: Limit, now_us: int) -> None:
         values = limit.to_dict()
         values["thresholds"] = json.dumps(values["thresholds"])
+        values["dimensions"] = json.dumps(values["dimensions"])
         values["thresholds_units"] = json.dumps(values["thresholds_units"])
         values["updated_at_us"] = now_us
         statement = self._insert(limits).values(values)

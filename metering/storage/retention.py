@@ -9,14 +9,16 @@ from __future__ import annotations
 
 from typing import Final
 
-from sqlalchemy import Connection, Table, and_, delete, exists, func, not_, select
+from sqlalchemy import Connection, Table, and_, delete, exists, func, not_, select, tuple_
 from sqlalchemy.sql.elements import ColumnElement
 
 from metering.domain.notifications import SETTLED_STATUSES
+from metering.domain.rollups import HOUR_US
 from metering.storage.tables import (
     corrections,
     rejected_messages,
     results,
+    usage_rollups,
     webhook_attempts,
     webhook_deliveries,
     webhook_marks,
@@ -42,6 +44,11 @@ class RetentionStore:
     @staticmethod
     def _old_corrections(before_us: int) -> ColumnElement[bool]:
         return corrections.c.created_at_us < before_us
+
+    @staticmethod
+    def _old_rollups(before_us: int) -> ColumnElement[bool]:
+        # An hour goes once all of it is older than ``before_us``.
+        return usage_rollups.c.hour_start_us <= before_us - HOUR_US
 
     @staticmethod
     def _old_rejected(before_us: int) -> ColumnElement[bool]:
@@ -84,6 +91,9 @@ class RetentionStore:
             [column] = key
             picked = select(column).where(where).limit(chunk)
             statement = delete(source).where(column.in_(picked.scalar_subquery()))
+        elif source is usage_rollups:  # many rows: a chunk at a time, by key
+            picked = select(*key).where(where).limit(chunk)
+            statement = delete(source).where(tuple_(*key).in_(picked))
         else:  # webhook_marks: a composite key, deleted by the same condition
             statement = delete(source).where(where)
         return int(self.connection.execute(statement).rowcount)
@@ -109,6 +119,8 @@ class RetentionStore:
             return results, self._old_results(before_us)
         if table == "corrections":
             return corrections, self._old_corrections(before_us)
+        if table == "usage_rollups":
+            return usage_rollups, self._old_rollups(before_us)
         if table == "rejected_messages":
             return rejected_messages, self._old_rejected(before_us)
         if table == "webhook_deliveries":

@@ -36,6 +36,8 @@ limits = Table(
     Column("thresholds", Text, nullable=False),  # JSON list of percentages
     Column("lateness", String(16), nullable=False),
     Column("updated_at_us", BigInteger, nullable=False),
+    # JSON list of the metadata keys usage is rolled up by (migration 0009).
+    Column("dimensions", Text, nullable=False, server_default="[]"),
     Column("thresholds_units", Text, nullable=False, server_default="[]"),  # JSON list
 )
 
@@ -96,6 +98,32 @@ results = Table(
     Column("reason", Text, nullable=True),
     Column("charges", Text, nullable=False),  # JSON: [ChargeDecision.to_row(), ...]
     Column("metadata", Text, nullable=True),  # JSON
+)
+
+# Usage by dimension (migration 0009): per subject, limit, metadata key, hour
+# and value, the cost consumed and the events that consumed it; written with
+# the counters (`metering.storage.rollups`). The key leads with the subject,
+# as the counters' does, and serves `metering report usage --group-by`; on
+# PostgreSQL it carries the figures too (INCLUDE), so the report reads the
+# index alone, not a heap page per row (docs/performance.md).
+usage_rollups = Table(
+    "usage_rollups",
+    metadata,
+    Column("subject", String(200), nullable=False),
+    Column("limit_name", String(64), nullable=False),
+    Column("dimension", String(64), nullable=False),
+    Column("hour_start_us", BigInteger, nullable=False, autoincrement=False),
+    Column("value", String(200), nullable=False),
+    Column("used", BigInteger, nullable=False),
+    Column("events", BigInteger, nullable=False),
+    PrimaryKeyConstraint(
+        "subject",
+        "limit_name",
+        "dimension",
+        "hour_start_us",
+        "value",
+        postgresql_include=["used", "events"],
+    ),
 )
 
 # Queued input that could not become an event (malformed, or an id reused

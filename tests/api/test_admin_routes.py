@@ -353,6 +353,7 @@ def test_a_limit_is_created_read_replaced_and_deleted(http: httpx.Client, meter:
         "thresholds": [80, 100],
         "lateness": "1d",
         "thresholds_units": [],
+        "dimensions": [],
     }
     assert created.json() == stored
     assert meter.get_limit("exports") == Limit(

@@ -421,3 +421,31 @@ def test_an_entitlement_adds_no_round_trip_and_grants_one(
         assert plain == 2  # read under lock; write with the COMMIT
         assert round_trips("entitled") == plain
         assert round_trips("granted") == plain + 1  # its grants, locked
+
+
+def test_a_void_and_a_shadows_would_deny_leave_the_usage_by_dimension_right(
+    meter: Meter,
+) -> None:
+    from metering.reports import usage_by_dimension
+
+    meter.set_limit(
+        Limit(
+            "trial",
+            maximum=3,
+            period="1mo",
+            window="calendar",
+            enforcement="shadow",
+            dimensions=("route",),
+        )
+    )
+    for n, route in enumerate(["/a", "/a", "/b", "/b", "/b"]):
+        meter.consume("org", "trial", 1, event_id=f"t{n}", metadata={"route": route})
+    meter.void("t0", "recorded twice")
+
+    def figures() -> dict[str | None, tuple[int, int]]:
+        report = usage_by_dimension(meter, subject="org", key="route", period="2026-11")
+        return {row.value: (row.used, row.events) for row in report.rows()}
+
+    # t3 and t4 would have been denied: nothing consumed; t0 was voided.
+    assert figures() == {"/a": (1, 1), "/b": (1, 1)}
+    assert [c.used for c in meter.counters("org", "trial")] == [2]

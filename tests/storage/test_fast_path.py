@@ -8,8 +8,10 @@ and calendar windows, token buckets, soft limits with thresholds, denials,
 ids repeated inside a batch and across batches (some with other charges),
 late and future events, unknown limits, a limit changed between batches,
 subjects' own maximums changed (some effective in the past, inside the
-current window), grants (some expiring mid-stream) and a shadow limit.
-Results rows, counters, grants and their draws, notification marks and
+current window), grants (some expiring mid-stream), a shadow limit, and
+limits with dimensions with events with and without their metadata keys.
+Results rows, counters, grants and their draws, usage rollups,
+notification marks and
 messages, and rejected messages must be identical.
 """
 
@@ -37,17 +39,47 @@ from metering.storage.tables import (
     grants,
     rejected_messages,
     results,
+    usage_rollups,
     webhook_marks,
     webhook_messages,
 )
 
 START = datetime(2026, 11, 30, 23, 0, tzinfo=UTC)  # a month's end is near
 LIMITS = [
-    Limit("cal", maximum=5, period="1h", window="calendar", thresholds=(50, 100)),
+    Limit(
+        "cal",
+        maximum=5,
+        period="1h",
+        window="calendar",
+        thresholds=(50, 100),
+        dimensions=("route",),
+    ),
     Limit("fu", maximum=4, period="30m"),
-    Limit("soft", maximum=3, period="1mo", window="calendar", enforcement="soft", thresholds=(80,)),
-    Limit("bucket", maximum=3, period="60s", algorithm="token_bucket", thresholds=(100,)),
-    Limit("shadow", maximum=3, period="1h", window="calendar", enforcement="shadow"),
+    Limit(
+        "soft",
+        maximum=3,
+        period="1mo",
+        window="calendar",
+        enforcement="soft",
+        thresholds=(80,),
+        dimensions=("route", "model"),
+    ),
+    Limit(
+        "bucket",
+        maximum=3,
+        period="60s",
+        algorithm="token_bucket",
+        thresholds=(100,),
+        dimensions=("model",),
+    ),
+    Limit(
+        "shadow",
+        maximum=3,
+        period="1h",
+        window="calendar",
+        enforcement="shadow",
+        dimensions=("route",),
+    ),
     Limit("units", maximum=6, period="30m", thresholds_units=(2, 5, 9)),
 ]
 GRANTABLE = ["cal", "fu", "soft", "shadow", "units"]
@@ -61,6 +93,7 @@ event = st.fixed_dictionaries(
         "id": st.integers(0, 40),  # small: ids repeat across and inside batches
         "charges": st.lists(charge, min_size=1, max_size=3, unique_by=lambda c: c[:2]),
         "offset_seconds": st.sampled_from([0, -30, -700, -1900, -4000, 3600 * 30, 600]),
+        "metadata": st.sampled_from([None, {"route": "/a"}, {"route": "/b", "model": 2}]),
     }
 )
 batch = st.fixed_dictionaries(
@@ -95,7 +128,7 @@ def _events(spec: dict[str, object], now: datetime) -> list[UsageEvent]:
     made = []
     for item in spec["events"]:  # type: ignore[attr-defined]
         when = now + timedelta(seconds=item["offset_seconds"])
-        made.append(make_event(item["charges"], when, f"ev-{item['id']}"))
+        made.append(make_event(item["charges"], when, f"ev-{item['id']}", item["metadata"]))
     return made
 
 
@@ -109,6 +142,7 @@ def _stored(meter: Meter) -> dict[str, object]:
         return {
             "results": rows(select(results)),
             "counters": rows(select(*state)),
+            "rollups": rows(select(usage_rollups)),
             "marks": rows(select(*[c for c in webhook_marks.c if c.name != "created_at_us"])),
             "messages": rows(select(webhook_messages.c.type, webhook_messages.c.payload)),
             "rejected": rows(select(rejected_messages.c.digest, rejected_messages.c.event_id)),
@@ -127,7 +161,9 @@ def _run(fast_url: str, general_url: str, stream: list[dict[str, object]]) -> No
             clock.advance(seconds=spec["advance_seconds"])  # type: ignore[arg-type]
             maximum = spec["new_cal_maximum"]
             if isinstance(maximum, int):
-                changed = Limit("cal", maximum=maximum, period="1h", window="calendar")
+                changed = Limit(
+                    "cal", maximum=maximum, period="1h", window="calendar", dimensions=("route",)
+                )
                 fast.set_limit(changed)
                 general.set_limit(changed)
             for meter in (fast, general):

@@ -253,3 +253,23 @@ def test_corrections_go_with_the_results_they_correct(sqlite_url: str) -> None:
         done = {p.table: p.rows for p in prune(meter, policy, visibility_timeout_seconds=300)}
         assert (done["results"], done["corrections"]) == (1, 1)
         assert [c.event_id for c in meter.corrections()] == ["new"]
+
+
+def test_rollups_go_with_the_results_hour_by_hour(meter: Meter, clock: FrozenClock) -> None:
+    """A rollup hour goes once it is wholly older than the results' cut-off, in chunks."""
+    from metering.reports import usage_by_dimension_report
+
+    meter.set_limit(Limit("routed", maximum=1000, period="1h", dimensions=("route",)))
+    for hours, route in ((0, "/old"), (1, "/old-too"), (2, "/old-3"), (24 * 9, "/young")):
+        clock.set(T0 + timedelta(hours=hours))
+        meter.consume("org", "routed", metadata={"route": route})
+    # The cut-off falls 30 minutes into the third hour: that hour stays.
+    clock.set(T0 + timedelta(days=10, hours=2, minutes=30))
+    policy = RetentionPolicy(results_days=10)
+
+    dry = prune(meter, policy, visibility_timeout_seconds=VISIBILITY, dry_run=True)
+    assert {p.table: p.rows for p in dry}["usage_rollups"] == 2
+    done = prune(meter, policy, visibility_timeout_seconds=VISIBILITY, chunk=1)
+    assert {p.table: p.rows for p in done}["usage_rollups"] == 2
+    left = usage_by_dimension_report(meter, subject="org", key="route")
+    assert sorted(r.value or "" for r in left) == ["/old-3", "/young"]

@@ -192,6 +192,7 @@ def test_rule_of_unpacks_what_the_arithmetic_reads() -> None:
         token_us=120 * SECOND,
         lateness_us=3600 * SECOND,
         notifies=False,
+        dimensions=(),
     )
     soft = Limit("seats", maximum=9, period="1mo", window="calendar", enforcement="soft")
     assert Rule.of(soft) == Rule(
@@ -206,7 +207,10 @@ def test_rule_of_unpacks_what_the_arithmetic_reads() -> None:
         token_us=0,
         lateness_us=86_400 * SECOND,
         notifies=True,
+        dimensions=(),
     )
+    routed = Limit("calls", maximum=9, period="1d", dimensions=("route",))
+    assert Rule.of(routed).dimensions == ("route",)
     warned = Limit("calls", maximum=9, period="1d", thresholds=(90,))
     assert (Rule.of(warned).notifies, Rule.of(warned).soft, Rule.of(warned).calendar) == (
         True,

@@ -1,0 +1,147 @@
+"""Usage by dimension: what a batch of decisions adds to the hourly rollups.
+
+A limit with ``dimensions`` (event-metadata keys such as ``route`` or
+``model``) has its consumed usage summed per (subject, limit, key, hour,
+value): the cost consumed and the number of events that consumed it. The
+rollups are what ``metering report usage --group-by`` reads, so a month of a
+subject's usage by route is a few hundred rows, not a scan of its results.
+
+Rules, the same on every path (`rollup_deltas` is the only place they live):
+
+* **Consumed only.** An event whose outcome is ``allowed`` or ``overage``
+  consumed every one of its charges; a denied event consumed none (even a
+  charge of it that would have fit: stacking is all or nothing), a rejected
+  one had none. Hence the event's outcome decides, not a charge's own
+  ``allowed``; except that a shadow limit's charge that would have been
+  denied (outcome ``would_deny``) consumed nothing either.
+* **The hour of the event.** Usage counts in the UTC hour of ``occurred_at``
+  (the window's clock), not of the decision.
+* **Values.** A string is kept as it is, cut to `MAX_VALUE_CHARS`
+  characters; a missing key or JSON null is `NO_VALUE` (the empty string,
+  which reports show as ``(none)``, and which an empty string value joins);
+  numbers, booleans, lists and objects are their compact JSON text
+  (``3``, ``true``, ``["a"]``), cut the same way. A NUL character, which
+  PostgreSQL text cannot hold, is written as ``\\u0000``.
+
+Deltas carry a sign: ``sign=-1`` subtracts what a voided event added
+(corrections), so the rollups keep equal to the consumed, unvoided usage.
+A cancelled reservation takes away what it gave back (`given_back_deltas`):
+the units returned, and the event itself when all of a charge came back.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final, Protocol
+
+HOUR_US: Final = 3_600_000_000
+NO_VALUE: Final = ""
+NO_VALUE_SHOWN: Final = "(none)"
+MAX_VALUE_CHARS: Final = 200
+CONSUMED: Final = frozenset({"allowed", "overage"})
+WOULD_DENY: Final = "would_deny"  # a shadow limit's charge: nothing consumed
+
+# (subject, limit, dimension key, hour start, value): the primary key's order.
+RollupKey = tuple[str, str, str, int, str]
+# (used, events) to add: negative to subtract.
+Delta = tuple[int, int]
+
+_compact = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, sort_keys=True).encode
+
+
+class Decided(Protocol):
+    """What `rollup_deltas` reads of a decided event (a results row)."""
+
+    @property
+    def outcome(self) -> str: ...
+
+    @property
+    def occurred_at_us(self) -> int: ...
+
+    @property
+    def charges(self) -> Sequence[Sequence[Any]]: ...  # `ChargeDecision.to_row()` lists
+
+    @property
+    def metadata(self) -> Mapping[str, Any] | None: ...
+
+
+def hour_start_us(at_us: int) -> int:
+    """The start of the UTC hour holding ``at_us``."""
+    return at_us - at_us % HOUR_US
+
+
+def dimension_value(metadata: Mapping[str, Any] | None, key: str) -> str:
+    """The value recorded for ``key`` of ``metadata`` (see the module docstring)."""
+    if metadata is None:
+        return NO_VALUE
+    value = metadata.get(key)
+    if value is None:
+        return NO_VALUE
+    text = value if isinstance(value, str) else _compact(value)
+    text = text[:MAX_VALUE_CHARS]
+    return text.replace("\x00", "\\u0000") if "\x00" in text else text
+
+
+def shown_value(value: str) -> str:
+    """A recorded value as reports show it: `NO_VALUE` as ``(none)``."""
+    return NO_VALUE_SHOWN if value == NO_VALUE else value
+
+
+def rollup_deltas(
+    decided: Iterable[Decided],
+    dimensions: Mapping[str, Sequence[str]],
+    sign: int = 1,
+) -> dict[RollupKey, Delta]:
+    """What ``decided`` adds to the rollups (``sign=-1``: takes away), summed
+    per key, so a batch writes each rollup row once.
+
+    ``dimensions`` maps a limit's name to its keys; limits not in it (or
+    with none) record nothing.
+    """
+    deltas: dict[RollupKey, Delta] = {}
+    if not dimensions:
+        return deltas
+    for event in decided:
+        if event.outcome not in CONSUMED:
+            continue
+        hour = hour_start_us(event.occurred_at_us)
+        metadata = event.metadata
+        for charge in event.charges:
+            subject, name, cost = charge[0], charge[1], charge[2]
+            if charge[4] == WOULD_DENY:
+                continue
+            for key in dimensions.get(name, ()):
+                rollup = (subject, name, key, hour, dimension_value(metadata, key))
+                used, events = deltas.get(rollup, (0, 0))
+                deltas[rollup] = (used + sign * cost, events + sign)
+    return deltas
+
+
+def given_back_deltas(
+    event: Decided,
+    returned: Iterable[tuple[str, str, int, int]],
+    dimensions: Mapping[str, Sequence[str]],
+) -> dict[RollupKey, Delta]:
+    """What cancelling a reservation takes from the rollups: for each charge
+    (subject, limit, cost, units given back) of the reserving ``event``, the
+    units given back, and its event when the whole cost came back."""
+    deltas: dict[RollupKey, Delta] = {}
+    hour = hour_start_us(event.occurred_at_us)
+    for subject, name, cost, back in returned:
+        if back <= 0:
+            continue
+        for key in dimensions.get(name, ()):
+            rollup = (subject, name, key, hour, dimension_value(event.metadata, key))
+            used, events = deltas.get(rollup, (0, 0))
+            deltas[rollup] = (used - back, events - (1 if back >= cost else 0))
+    return deltas
+
+
+def rollup_rows(
+    deltas: Mapping[RollupKey, Delta],
+) -> list[tuple[str, str, str, int, str, int, int]]:
+    """``deltas`` as rows (key, used, events), sorted by key: every writer
+    takes the rows' locks in this one order, so concurrent batches never
+    wait on each other in a cycle."""
+    return [(*key, used, events) for key, (used, events) in sorted(deltas.items())]
