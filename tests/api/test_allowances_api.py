@@ -342,6 +342,7 @@ def test_a_shadow_limit_with_absolute_thresholds_round_trips(
         "thresholds": [],
         "lateness": "1d",
         "thresholds_units": [1, 2],
+        "dimensions": [],
     }
     created = http.put("/v1/limits/trial", json=definition)
     assert (created.status_code, created.json()) == (200, stored)
