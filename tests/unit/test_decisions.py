@@ -16,6 +16,7 @@ from metering.domain.decisions import (
     decide_event,
     decision_from_dict,
 )
+from metering.domain.grants import Balance, Pot
 from metering.domain.instants import from_us, to_us
 from metering.domain.limits import Limit
 from metering.domain.state import CounterKey, CounterState
@@ -334,3 +335,155 @@ def test_charge_decision_round_trips_alone(now_us: int) -> None:
     assert original.resets_at == from_us(WINDOW_END)
     assert ChargeDecision.from_dict(original.to_dict()) == original
     assert ChargeDecision.from_row(json.loads(json.dumps(original.to_row()))) == original
+
+
+# ------------------------------------------------------------ shadow limits and grants
+
+SHADOW = Limit("trial", maximum=3, period="2m", enforcement="shadow")
+
+
+def test_a_shadow_limit_records_what_it_would_deny_and_denies_nothing(now_us: int) -> None:
+    verdict = decide_event(
+        [charge(USER, CounterState(used=2), 2), charge(SHADOW, CounterState(used=2), 2)], now_us
+    )
+    assert (verdict.outcome, verdict.denied_by) == ("allowed", ())
+    assert verdict.charges[1] == ChargeDecision(
+        subject="user-7",
+        limit="trial",
+        cost=2,
+        allowed=True,
+        outcome="would_deny",
+        used=2,
+        remaining=1,
+        maximum=3,
+        overage=0,
+        window_start_us=WINDOW_START,
+        resets_at_us=WINDOW_END,
+        retry_at_us=WINDOW_END,
+    )
+    assert verdict.charges[0].outcome == "allowed" and verdict.charges[0].used == 4
+    # the hard charge consumed; the shadow one only counted a denial
+    assert verdict.new_states == (
+        CounterState(used=4),
+        CounterState(used=2, denied_count=1, denied_cost=2, first_denied_at_us=now_us),
+    )
+
+
+def test_a_shadow_charge_that_fits_is_consumed_like_a_hard_one(
+    clock: FrozenClock, now_us: int
+) -> None:
+    verdict = decide_event([charge(SHADOW, CounterState(used=1), 2)], now_us)
+    assert verdict.outcome == "allowed"
+    assert (verdict.charges[0].outcome, verdict.charges[0].used) == ("allowed", 3)
+    assert verdict.new_states == (CounterState(used=3),)
+    assert as_decision(verdict, clock).would_deny == ()
+
+
+def test_a_shadow_limit_never_denies_alone_and_a_hard_denial_consumes_nothing(
+    now_us: int,
+) -> None:
+    alone = decide_event([charge(SHADOW, CounterState(used=3), 1)], now_us)
+    assert (alone.outcome, alone.denied_by) == ("allowed", ())
+    assert alone.charges[0].outcome == "would_deny" and alone.charges[0].allowed is True
+    both = decide_event(
+        [charge(ORG, CounterState(used=5), 1), charge(SHADOW, CounterState(used=3), 1)], now_us
+    )
+    assert (both.outcome, both.denied_by) == ("denied", ("org_calls",))
+    assert [c.outcome for c in both.charges] == ["denied", "would_deny"]
+
+
+def test_a_decision_names_the_shadow_limits_that_would_have_denied_it(
+    clock: FrozenClock, now_us: int
+) -> None:
+    verdict = decide_event(
+        [
+            charge(SHADOW, CounterState(used=3), 1),
+            charge(USER, CounterState(), 1),
+            charge(Limit("beta", maximum=1, period="2m", enforcement="shadow"), CounterState(), 2),
+        ],
+        now_us,
+    )
+    decision = as_decision(verdict, clock)
+    assert decision.would_deny == ("trial", "beta")
+    assert decision.to_dict()["would_deny"] == ["trial", "beta"]
+    assert decision_from_dict(decision.to_dict(), duplicate=False).would_deny == ("trial", "beta")
+
+
+def grants_pot() -> Pot:
+    return Pot([Balance("bonus", 5, 1, 0, None)])
+
+
+def test_a_charge_paid_by_grants_names_them_and_draws_on_the_pot(now_us: int) -> None:
+    pot = grants_pot()
+    topped = ChargeInput(
+        ORG,
+        CounterKey("org_calls", "org-42", WINDOW_START, WINDOW_END),
+        CounterState(used=4),
+        3,
+        pot,
+    )
+    verdict = decide_event([topped], now_us)
+    assert verdict.charges[0] == ChargeDecision(
+        subject="org-42",
+        limit="org_calls",
+        cost=3,
+        allowed=True,
+        outcome="allowed",
+        used=7,
+        remaining=2,
+        maximum=5,
+        overage=0,
+        window_start_us=WINDOW_START,
+        resets_at_us=WINDOW_END,
+        retry_at_us=None,
+        grants=(("bonus", 2),),
+    )
+    assert pot.granted == {WINDOW_START: 2}
+    assert pot.balances[0].used == 3
+
+
+def test_grants_pay_nothing_when_another_charge_denies_the_event(now_us: int) -> None:
+    pot = grants_pot()
+    topped = ChargeInput(
+        ORG,
+        CounterKey("org_calls", "org-42", WINDOW_START, WINDOW_END),
+        CounterState(used=4),
+        3,
+        pot,
+    )
+    verdict = decide_event([charge(USER, CounterState(used=10), 1), topped], now_us)
+    assert verdict.outcome == "denied"
+    assert verdict.charges[1].grants == ()
+    assert (verdict.charges[1].used, verdict.charges[1].remaining) == (4, 5)
+    assert pot.granted == {} and pot.balances[0].used == 1
+
+
+def test_a_charge_decision_with_grants_round_trips() -> None:
+    original = ChargeDecision(
+        subject="org-42",
+        limit="org_calls",
+        cost=3,
+        allowed=True,
+        outcome="overage",
+        used=9,
+        remaining=0,
+        maximum=5,
+        overage=1,
+        window_start_us=WINDOW_START,
+        resets_at_us=WINDOW_END,
+        retry_at_us=None,
+        grants=(("bonus", 2), ("gift", 1)),
+    )
+    data = original.to_dict()
+    assert data["grants"] == [{"grant_id": "bonus", "amount": 2}, {"grant_id": "gift", "amount": 1}]
+    assert ChargeDecision.from_dict(data) == original
+    assert ChargeDecision.from_dict(json.loads(json.dumps(data))) == original
+    row = original.to_row()
+    assert row[12:] == [[["bonus", 2], ["gift", 1]]]
+    assert ChargeDecision.from_row(json.loads(json.dumps(row))) == original
+    assert ChargeDecision.from_row([*row[:12], [[7, "2"]]]).grants == (("7", 2),)
+    plain = ChargeDecision.from_dict({**data, "grants": []})
+    assert plain.grants == () and len(plain.to_row()) == 12
+    older = {k: v for k, v in data.items() if k != "grants"}  # stored before grants existed
+    assert ChargeDecision.from_dict(older).grants == ()
+    assert ChargeDecision.from_dict({**data, "grants": None}).grants == ()

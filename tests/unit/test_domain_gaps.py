@@ -8,17 +8,23 @@
   at the epoch, an event at the very first microsecond of a first-use
   window, the exact text of a fingerprint, metadata's size counted as
   compact JSON, a period's length limits, `charges_of` and
-  `UsageEvent.record`.
+  `UsageEvent.record`;
+* and, for entitlements, grants, corrections and usage by dimension (whose
+  own tests, ``test_grants.py`` and ``test_rollups.py``, mutation testing
+  does not run): the exact arithmetic of a window topped up by grants,
+  the validators' messages, what a void takes back, and the rollups' rules.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 import pytest
 
 from metering.domain.buckets import evaluate_bucket
-from metering.domain.decisions import ChargeInput, decide_event
+from metering.domain.corrections import VoidedCharge, validate_reason, void_charge, voided_charges
+from metering.domain.decisions import ChargeDecision, ChargeInput, decide_event
 from metering.domain.events import (
     Charge,
     EventRecord,
@@ -27,12 +33,31 @@ from metering.domain.events import (
     make_event,
     validate_metadata,
 )
+from metering.domain.grants import (
+    Balance,
+    Entitlement,
+    Pot,
+    WindowFit,
+    fit_window,
+    maximum_at,
+    validate_amount,
+    validate_grant_id,
+)
 from metering.domain.instants import from_us, to_us
 from metering.domain.limits import MAX_PERIOD_CHARS, Limit, Period, parse_period
+from metering.domain.rollups import (
+    dimension_value,
+    given_back_deltas,
+    hour_start_us,
+    rollup_deltas,
+    rollup_rows,
+    shown_value,
+)
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 from metering.domain.windows import calendar_window, first_use_window
 from metering.errors import InvalidInput, InvalidLimit
 
+SECOND = 1_000_000
 NOW_US = to_us(datetime(2026, 11, 23, 12, 0, tzinfo=UTC))
 
 
@@ -157,3 +182,435 @@ def test_an_event_record_is_the_event_as_plain_values() -> None:
     assert event.record() == EventRecord(
         "e1", (Charge("org", "calls", 2),), to_us(at), {"k": 1}, '[["org","calls",2]]'
     )
+
+
+# -- grants and corrections (metering.domain.grants, metering.domain.corrections) --
+
+
+def test_the_maximum_at_an_instant_follows_the_subjects_changes() -> None:
+    history = ((100, 7), (200, None), (300, 9))
+    at = (0, 99, 100, 150, 199, 200, 250, 299, 300, 301)
+    assert [maximum_at(history, 5, us) for us in at] == [5, 5, 7, 7, 7, 5, 5, 5, 9, 9]
+    assert maximum_at(((0, 3),), 5, 0) == 3  # a change at the epoch applies at once
+    assert maximum_at((), 5, 10) == 5
+    assert maximum_at(None, 5, 10) == 5
+
+
+def test_a_balance_is_active_from_its_start_to_just_before_its_expiry() -> None:
+    timed = Balance("g", amount=10, used=4, effective_from_us=100, expires_at_us=200)
+    assert [timed.active_at(us) for us in (99, 100, 101, 199, 200, 201)] == [
+        False,
+        True,
+        True,
+        True,
+        False,
+        False,
+    ]
+    lasting = Balance("g", amount=1, used=0, effective_from_us=100, expires_at_us=None)
+    assert [lasting.active_at(us) for us in (99, 100, 2**62)] == [False, True, True]
+    assert timed.left == 6
+    assert timed.order() == (200, 100, "g")
+    assert lasting.order() == (2**62, 100, "g")
+
+
+def test_a_pot_sorts_its_grants_earliest_expiring_then_earliest_given_then_by_id() -> None:
+    pot = Pot(
+        [
+            Balance("lasting", 5, 0, 0, None),
+            Balance("late-b", 5, 0, 50, 2**61),
+            Balance("late-a", 5, 0, 50, 2**61),
+            Balance("given-first", 5, 0, 10, 2**61),
+            Balance("soon", 5, 0, 60, 500),
+        ]
+    )
+    assert [b.grant_id for b in pot.balances] == [
+        "soon",
+        "given-first",
+        "late-a",
+        "late-b",
+        "lasting",
+    ]
+
+
+def test_a_pot_offers_what_its_active_grants_have_left() -> None:
+    pot = Pot(
+        [
+            Balance("one-left", 4, 3, 0, 1000),
+            Balance("spent", 4, 4, 0, 1000),
+            Balance("overdrawn", 4, 6, 0, 1000),  # never drawn on: it counts as empty
+            Balance("later", 7, 0, 500, None),
+            Balance("expired", 9, 0, 0, 300),
+        ]
+    )
+    assert [pot.available(us) for us in (0, 299, 300, 499, 500, 999, 1000)] == [
+        10,
+        10,
+        1,
+        1,
+        8,
+        8,
+        7,
+    ]
+
+
+def test_a_plan_draws_each_grant_as_far_as_it_goes_and_stops_when_paid() -> None:
+    pot = Pot(
+        [
+            Balance("a", 3, 0, 0, 100),
+            Balance("spent", 3, 3, 0, 150),
+            Balance("b", 2, 1, 0, 200),
+            Balance("not-yet", 9, 0, 50, 300),
+            Balance("c", 5, 0, 0, 400),
+        ]
+    )
+    assert pot.plan(3, 10) == [("a", 3)]  # paid in full: the others are not touched
+    assert pot.plan(4, 10) == [("a", 3), ("b", 1)]
+    assert pot.plan(6, 10) == [("a", 3), ("b", 1), ("c", 2)]
+    assert pot.plan(6, 60) == [("a", 3), ("b", 1), ("not-yet", 2)]
+    assert pot.plan(20, 10) == [("a", 3), ("b", 1), ("c", 5)]  # as much as there is
+    assert pot.plan(0, 10) == []
+    assert pot.plan(1, 100) == [("b", 1)]  # a expired at 100
+
+
+def test_taking_draws_uses_the_grants_and_counts_them_per_window() -> None:
+    pot = Pot([Balance("a", 5, 1, 0, None), Balance("b", 5, 0, 0, None)])
+    pot.take(1000, [("a", 2), ("b", 3)])
+    pot.take(2000, [("b", 1)])
+    pot.take(1000, [("a", 1)])
+    assert [(b.grant_id, b.used) for b in pot.balances] == [("a", 4), ("b", 4)]
+    assert pot.granted == {1000: 6, 2000: 1}
+
+
+def test_a_window_fit_pays_with_the_own_allowance_first_then_the_grants() -> None:
+    def pot() -> Pot:
+        return Pot([Balance("g1", 4, 1, 0, 500), Balance("g2", 2, 0, 0, None)])
+
+    # maximum 10, used 7 of which 2 granted: own usage 5, own room 5; grants 3 + 2
+    assert fit_window(10, 7, 2, 4, pot(), 100, soft=False) == WindowFit(
+        fits=True,
+        draws=(),
+        remaining_before=10,
+        remaining_after=6,
+        overage_after=0,
+        overage_before=0,
+    )
+    assert fit_window(10, 7, 2, 6, pot(), 100, soft=False) == WindowFit(
+        fits=True,
+        draws=(("g1", 1),),
+        remaining_before=10,
+        remaining_after=4,
+        overage_after=0,
+        overage_before=0,
+    )
+    assert fit_window(10, 7, 2, 10, pot(), 100, soft=False) == WindowFit(
+        fits=True,
+        draws=(("g1", 3), ("g2", 2)),
+        remaining_before=10,
+        remaining_after=0,
+        overage_after=0,
+        overage_before=0,
+    )
+    # one more than all of it: a hard limit takes nothing
+    assert fit_window(10, 7, 2, 11, pot(), 100, soft=False) == WindowFit(
+        fits=False,
+        draws=(),
+        remaining_before=10,
+        remaining_after=0,
+        overage_after=6,
+        overage_before=0,
+    )
+    # a soft one draws every grant and the rest is overage
+    assert fit_window(10, 7, 2, 11, pot(), 100, soft=True) == WindowFit(
+        fits=False,
+        draws=(("g1", 3), ("g2", 2)),
+        remaining_before=10,
+        remaining_after=0,
+        overage_after=1,
+        overage_before=0,
+    )
+    # at 500 g1 has expired: only g2 tops the window up
+    assert fit_window(10, 7, 2, 6, pot(), 500, soft=False) == WindowFit(
+        fits=True,
+        draws=(("g2", 1),),
+        remaining_before=7,
+        remaining_after=1,
+        overage_after=0,
+        overage_before=0,
+    )
+
+
+def test_a_window_fit_past_its_own_maximum_has_only_the_grants() -> None:
+    pot = Pot([Balance("g", 3, 0, 0, None)])
+    # maximum 4, used 7 of which 1 granted: 2 past the own maximum
+    assert fit_window(4, 7, 1, 2, pot, 0, soft=False) == WindowFit(
+        fits=True,
+        draws=(("g", 2),),
+        remaining_before=3,
+        remaining_after=1,
+        overage_after=2,
+        overage_before=2,
+    )
+    empty = Pot([Balance("g", 3, 3, 0, None)])
+    assert fit_window(4, 7, 1, 2, empty, 0, soft=True) == WindowFit(
+        fits=False,
+        draws=(),
+        remaining_before=0,
+        remaining_after=0,
+        overage_after=4,
+        overage_before=2,
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (0, "amount: must be between 1 and 1000000000000000, got 0"),
+        (-1, "amount: must be between 1 and 1000000000000000, got -1"),
+        (10**15 + 1, "amount: must be between 1 and 1000000000000000, got 1000000000000001"),
+        (True, "amount: must be a whole number, got True"),
+        (2.0, "amount: must be a whole number, got 2.0"),
+        ("3", "amount: must be a whole number, got '3'"),
+        (None, "amount: must be a whole number, got None"),
+    ],
+)
+def test_an_amount_is_a_whole_number_from_one_to_the_ceiling(value: object, message: str) -> None:
+    with pytest.raises(InvalidInput) as raised:
+        validate_amount("amount", value)
+    assert str(raised.value) == message
+    assert raised.value.field == "amount"
+
+
+def test_an_amount_may_be_one_or_the_ceiling() -> None:
+    assert validate_amount("amount", 1) == 1
+    assert validate_amount("amount", 10**15) == 10**15
+    assert validate_amount("maximum", 7, ceiling=7) == 7
+    with pytest.raises(InvalidInput, match=r"^maximum: must be between 1 and 7, got 8$"):
+        validate_amount("maximum", 8, ceiling=7)
+
+
+def test_a_grant_id_is_1_to_128_characters_of_a_small_alphabet() -> None:
+    allowed = "Az09_.:@/+=-"
+    assert validate_grant_id(allowed) == allowed
+    assert validate_grant_id("g" * 128) == "g" * 128
+    assert validate_grant_id("x", "id") == "x"
+    for bad in ("", "a b", "é", "a\n", 7, None):
+        with pytest.raises(InvalidInput) as raised:
+            validate_grant_id(bad)
+        assert str(raised.value) == (
+            f"grant_id: {bad!r} must be 1 to 128 of A-Z a-z 0-9 and _ . : @ / + = -"
+        )
+    with pytest.raises(InvalidInput, match=r"^grant_id: 'ggg"):
+        validate_grant_id("g" * 129)
+    with pytest.raises(InvalidInput) as raised:
+        validate_grant_id("a b", "id")
+    assert raised.value.field == "id"
+
+
+def test_a_reason_is_non_empty_printable_text_of_at_most_500_characters() -> None:
+    assert validate_reason("x" * 500) == "x" * 500
+    assert validate_reason(" duplicate ") == " duplicate "
+    for bad in ("", "  ", None, 3):
+        with pytest.raises(InvalidInput) as raised:
+            validate_reason(bad)
+        assert str(raised.value) == f"reason: must be a non-empty string, got {bad!r}"
+    for bad in ("x" * 501, "tab\there", "line\n"):
+        with pytest.raises(InvalidInput) as raised:
+            validate_reason(bad)
+        assert str(raised.value) == "reason: must be at most 500 printable characters"
+
+
+def _stored(
+    outcome: str, start: int | None, grants: tuple[tuple[str, int], ...] = ()
+) -> list[object]:
+    return ChargeDecision(
+        subject="org",
+        limit="calls",
+        cost=4,
+        allowed=outcome != "denied",
+        outcome=outcome,  # type: ignore[arg-type]
+        used=8,
+        remaining=2,
+        maximum=10,
+        overage=0,
+        window_start_us=start,
+        resets_at_us=900,
+        retry_at_us=None,
+        grants=grants,
+    ).to_row()
+
+
+def test_a_void_reverses_each_charge_that_consumed_in_its_own_counter() -> None:
+    rows = [
+        _stored("allowed", 100, (("g", 1), ("h", 2))),
+        _stored("would_deny", 100),
+        _stored("overage", 300),
+        _stored("denied", 100),
+        _stored("allowed", None),
+    ]
+    expected = [
+        VoidedCharge(CounterKey("calls", "org", 100, 900), 4, (("g", 1), ("h", 2))),
+        VoidedCharge(CounterKey("calls", "org", 300, 900), 4, ()),
+        VoidedCharge(CounterKey("calls", "org", NO_WINDOW, NO_WINDOW), 4, ()),
+    ]
+    assert voided_charges("allowed", rows) == expected
+    assert voided_charges("overage", rows) == expected
+    assert voided_charges("denied", rows) == []
+    assert voided_charges("rejected", rows) == []
+
+
+def test_a_voided_charge_row_names_its_counter_and_the_draws_given_back() -> None:
+    charge = VoidedCharge(CounterKey("calls", "org", 100, 900), 4, (("g", 1),))
+    assert charge.to_row([("g", 1), ("h", 2)]) == ["org", "calls", 4, 100, [["g", 1], ["h", 2]]]
+    assert charge.to_row([]) == ["org", "calls", 4, 100, []]
+
+
+def test_a_void_takes_a_windows_cost_back_down_to_zero_and_keeps_the_rest() -> None:
+    window = Limit("calls", maximum=10, period="1h")
+    charge = VoidedCharge(CounterKey("calls", "org", 100, 900), 4, ())
+    counted = CounterState(used=9, denied_count=2, denied_cost=5, first_denied_at_us=150)
+    assert void_charge(window, charge, counted, 10**12) == replace(counted, used=5)
+    assert void_charge(window, charge, CounterState(used=4), 0) == CounterState(used=0)
+    assert void_charge(window, charge, CounterState(used=3), 0) == CounterState(used=0)
+    assert void_charge(None, charge, CounterState(used=9), 0) == CounterState(used=5)
+    bucket = Limit("calls", maximum=10, period="10s", algorithm="token_bucket")
+    assert void_charge(bucket, charge, CounterState(used=9), 0) == CounterState(used=5)
+
+
+def test_a_void_gives_a_bucket_its_tokens_back_as_of_now() -> None:
+    bucket = Limit("api", maximum=10, period="10s", algorithm="token_bucket")
+    charge = VoidedCharge(CounterKey("api", "org", NO_WINDOW, NO_WINDOW), 4, ())
+    # empty at 0 s (full again at 10 s); at 1 s one token has come back
+    empty = CounterState(used=10, denied_count=1, tat_us=10 * SECOND, tat_rem=0, tat_scale=10)
+    assert void_charge(bucket, charge, empty, SECOND) == CounterState(
+        used=6, denied_count=1, tat_us=6 * SECOND, tat_rem=0, tat_scale=10
+    )
+    # at 7 s only 3 were missing: the arrival time cannot go before now
+    assert void_charge(bucket, charge, empty, 7 * SECOND) == CounterState(
+        used=6, denied_count=1, tat_us=7 * SECOND, tat_rem=0, tat_scale=10
+    )
+    assert void_charge(None, charge, empty, SECOND) == empty  # the bucket was deleted
+    window = Limit("api", maximum=10, period="10s")
+    assert void_charge(window, charge, empty, SECOND) == empty  # redefined as a window
+
+
+def test_an_entitlement_as_a_document() -> None:
+    change = Entitlement("org", "calls", 20, NOW_US, NOW_US + 1)
+    assert change.to_dict() == {
+        "subject": "org",
+        "limit": "calls",
+        "maximum": 20,
+        "effective_from": "2026-11-23T12:00:00+00:00",
+        "created_at": "2026-11-23T12:00:00.000001+00:00",
+    }
+    assert Entitlement("org", "calls", None, 0).to_dict()["maximum"] is None
+
+
+# -- usage by dimension (metering.domain.rollups) --------------------------------
+
+
+@dataclass(frozen=True)
+class Decided:
+    outcome: str
+    occurred_at_us: int
+    charges: list[list[object]]
+    metadata: dict[str, object] | None
+
+
+HOUR = 3_600 * SECOND
+AT = NOW_US + 17 * 60 * SECOND + 5  # 12:17 and 5 µs
+
+
+def charge_row(subject: str, name: str, cost: int, outcome: str = "allowed") -> list[object]:
+    return [subject, name, cost, outcome != "denied", outcome, 0, 0, 10, 0, None, 0, None]
+
+
+def test_usage_counts_in_the_utc_hour_of_the_event() -> None:
+    assert hour_start_us(AT) == NOW_US
+    assert hour_start_us(NOW_US) == NOW_US
+    assert hour_start_us(NOW_US - 1) == NOW_US - HOUR
+
+
+@pytest.mark.parametrize(
+    ("metadata", "value"),
+    [
+        (None, ""),
+        ({}, ""),
+        ({"route": None}, ""),
+        ({"route": ""}, ""),
+        ({"route": "/v1/é"}, "/v1/é"),
+        ({"route": 3}, "3"),
+        ({"route": 2.5}, "2.5"),
+        ({"route": True}, "true"),
+        ({"route": ["a", 1]}, '["a",1]'),
+        ({"route": {"b": 1, "a": "é"}}, '{"a":"é","b":1}'),
+        ({"route": "x" * 250}, "x" * 200),
+        ({"route": "a\x00b"}, "a\\u0000b"),
+        ({"other": "x"}, ""),
+    ],
+)
+def test_a_dimension_value_is_the_text_or_compact_json_cut_to_200(
+    metadata: dict[str, object] | None, value: str
+) -> None:
+    assert dimension_value(metadata, "route") == value
+
+
+def test_a_missing_value_is_shown_as_none() -> None:
+    assert shown_value("") == "(none)"
+    assert shown_value("/v1") == "/v1"
+
+
+def test_only_consumed_charges_of_dimensioned_limits_are_rolled_up() -> None:
+    dimensions = {"api": ("route", "model"), "org": ("route",)}
+    shadowed = [charge_row("s", "api", 5, "would_deny"), charge_row("o", "org", 2)]
+    events = [
+        Decided("denied", AT, [charge_row("s", "api", 9)], None),  # a denied event: none
+        Decided("allowed", AT, [charge_row("s", "api", 3), charge_row("o", "org", 1)], None),
+        Decided("rejected", AT, [], None),
+        Decided("overage", AT + HOUR, [charge_row("s", "api", 2)], {"route": "/a", "model": 7}),
+        Decided("allowed", AT, [charge_row("s", "api", 4)], {"route": None}),
+        Decided("allowed", AT, shadowed, None),  # the shadow's would-deny consumed nothing
+        Decided("allowed", AT, [charge_row("s", "plain", 6)], None),
+    ]
+    assert rollup_deltas(events, dimensions) == {
+        ("s", "api", "route", NOW_US, ""): (7, 2),
+        ("s", "api", "model", NOW_US, ""): (7, 2),
+        ("o", "org", "route", NOW_US, ""): (3, 2),
+        ("s", "api", "route", NOW_US + HOUR, "/a"): (2, 1),
+        ("s", "api", "model", NOW_US + HOUR, "7"): (2, 1),
+    }
+    assert rollup_deltas(events[:2], dimensions, sign=-1) == {
+        ("s", "api", "route", NOW_US, ""): (-3, -1),
+        ("s", "api", "model", NOW_US, ""): (-3, -1),
+        ("o", "org", "route", NOW_US, ""): (-1, -1),
+    }
+    assert rollup_deltas(events, {}) == {}
+    assert rollup_deltas(events, {"other": ("route",)}) == {}
+
+
+def test_a_cancelled_reservation_takes_back_its_units_and_a_wholly_returned_event() -> None:
+    event = Decided("allowed", AT, [], {"route": "/r"})
+    dimensions = {"api": ("route",), "org": ("route", "model")}
+    returned = [("t", "api", 1, 0), ("s", "api", 5, 2), ("o", "org", 3, 3), ("s", "none", 4, 4)]
+    assert given_back_deltas(event, returned, dimensions) == {
+        ("s", "api", "route", NOW_US, "/r"): (-2, 0),
+        ("o", "org", "route", NOW_US, "/r"): (-3, -1),
+        ("o", "org", "model", NOW_US, ""): (-3, -1),
+    }
+    twice = [("s", "api", 5, 2), ("s", "api", 1, 1), ("s", "api", 2, 3)]
+    assert given_back_deltas(event, twice, dimensions) == {
+        ("s", "api", "route", NOW_US, "/r"): (-6, -2)
+    }
+    assert given_back_deltas(event, [("s", "api", 5, -1)], dimensions) == {}
+
+
+def test_rollup_rows_come_sorted_by_key() -> None:
+    deltas = {
+        ("s", "b", "k", 2, "v"): (1, 1),
+        ("s", "a", "k", 9, "v"): (2, 1),
+        ("r", "z", "k", 1, "v"): (3, -1),
+    }
+    assert rollup_rows(deltas) == [
+        ("r", "z", "k", 1, "v", 3, -1),
+        ("s", "a", "k", 9, "v", 2, 1),
+        ("s", "b", "k", 2, "v", 1, 1),
+    ]

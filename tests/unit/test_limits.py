@@ -352,3 +352,98 @@ def test_from_dict_validates_values_like_the_constructor() -> None:
     with pytest.raises(InvalidLimit) as caught:
         Limit.from_dict({"name": "a", "maximum": "5", "period": "1m"})
     assert caught.value.field == "maximum"
+
+
+# --------------------------------------------------- absolute thresholds, entitlements
+
+
+def test_absolute_thresholds_are_amounts_of_usage_up_to_the_maximums_ceiling() -> None:
+    made = limit(thresholds_units=[10**15, 7, 7, 1])
+    assert made.thresholds_units == (1, 7, 10**15)
+    assert made.thresholds == ()
+    for bad, message in [
+        (0, "thresholds_units: must be between 1 and 1000000000000000, got 0"),
+        (
+            10**15 + 1,
+            "thresholds_units: must be between 1 and 1000000000000000, got 1000000000000001",
+        ),
+        ("5", "thresholds_units: must be a whole number, got '5'"),
+    ]:
+        with pytest.raises(InvalidLimit) as caught:
+            limit(thresholds_units=(bad,))
+        assert str(caught.value) == message
+        assert caught.value.field == "thresholds_units"
+    with pytest.raises(InvalidLimit) as caught:
+        limit(thresholds_units="50")
+    assert str(caught.value) == "thresholds_units: must be a list of amounts of usage"
+    with pytest.raises(InvalidLimit) as caught:
+        limit(thresholds=80)
+    assert str(caught.value) == "thresholds: must be a list of percentages"
+
+
+def test_at_most_sixteen_thresholds_of_each_kind() -> None:
+    assert len(limit(thresholds=range(1, 17)).thresholds) == 16
+    assert len(limit(thresholds_units=range(1, 17)).thresholds_units) == 16
+    for field in ("thresholds", "thresholds_units"):
+        with pytest.raises(InvalidLimit) as caught:
+            limit(**{field: range(1, 18)})
+        assert str(caught.value) == f"{field}: at most 16, got 17"
+        assert caught.value.field == field
+
+
+def test_from_dict_names_what_a_threshold_list_holds() -> None:
+    base = {"name": "a", "maximum": 1, "period": "1m"}
+    with pytest.raises(InvalidLimit) as caught:
+        Limit.from_dict({**base, "thresholds_units": 5})
+    assert str(caught.value) == "thresholds_units: must be a list of amounts of usage, got 5"
+    with pytest.raises(InvalidLimit) as caught:
+        Limit.from_dict({**base, "thresholds": 5})
+    assert str(caught.value) == "thresholds: must be a list of percentages, got 5"
+    assert Limit.from_dict({**base, "thresholds_units": [3]}).thresholds_units == (3,)
+
+
+def test_a_limit_with_a_subjects_own_maximum() -> None:
+    original = limit(thresholds=(50,))
+    assert original.with_maximum(5) is original
+    own = original.with_maximum(8)
+    assert own == limit(thresholds=(50,), maximum=8)
+    assert (own.maximum, original.maximum) == (8, 5)
+
+
+def test_dimensions_are_up_to_four_distinct_metadata_keys_in_the_order_given() -> None:
+    assert limit().dimensions == ()
+    assert limit(dimensions=["model", "route", "model"]).dimensions == ("model", "route")
+    keys = ("A-z_.09", "x" * 64, "b", "a", "A-z_.09")
+    assert limit(dimensions=keys).dimensions == ("A-z_.09", "x" * 64, "b", "a")
+    with pytest.raises(InvalidLimit) as caught:
+        limit(dimensions=("a", "b", "c", "d", "e"))
+    assert (caught.value.field, str(caught.value)) == ("dimensions", "dimensions: at most 4 keys")
+
+
+@pytest.mark.parametrize("keys", ["route", b"route", 5, None])
+def test_dimensions_must_be_a_collection_of_keys(keys: object) -> None:
+    with pytest.raises(InvalidLimit) as caught:
+        limit(dimensions=keys)
+    assert caught.value.field == "dimensions"
+    assert str(caught.value) == "dimensions: must be a list of metadata keys"
+
+
+@pytest.mark.parametrize("key", ["", "a b", "x" * 65, "é", "a/b", 7, None])
+def test_a_dimension_key_is_1_to_64_of_a_small_alphabet(key: object) -> None:
+    with pytest.raises(InvalidLimit) as caught:
+        limit(dimensions=("route", key))
+    assert caught.value.field == "dimensions"
+    assert caught.value.message.endswith(" must be 1 to 64 of a-z A-Z 0-9 _ . -")
+    assert caught.value.message.startswith(repr(key)[:20])
+
+
+def test_from_dict_takes_dimensions_as_a_list_only() -> None:
+    base = {"name": "a", "maximum": 1, "period": "1m"}
+    made = Limit.from_dict({**base, "dimensions": ["route", "model"]})
+    assert made.dimensions == ("route", "model")
+    assert Limit.from_dict(made.to_dict()) == made
+    for bad in ("route", {"route": 1}, 5):
+        with pytest.raises(InvalidLimit) as caught:
+            Limit.from_dict({**base, "dimensions": bad})
+        assert caught.value.field == "dimensions"
+        assert str(caught.value) == f"dimensions: must be a list of metadata keys, got {bad!r}"

@@ -7,6 +7,8 @@ arithmetic at its edges, the sweeper's steps and the payload's instants.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from metering.domain.decisions import ChargeDecision
@@ -283,3 +285,137 @@ def test_the_message_types_and_delivery_statuses() -> None:
     )
     assert str(DeliveryStatus.PENDING) == "pending"
     assert SETTLED_STATUSES == ("delivered", "failed")
+
+
+# ----------------------------------------------------- absolute thresholds, shadow limits, grants
+
+UNITS = Limit("calls", maximum=10, period="1m", thresholds_units=(4, 6))
+UNITS_BUCKET = Limit("api", maximum=4, period="4s", algorithm="token_bucket", thresholds_units=(3,))
+TRIAL = Limit("calls", maximum=3, period="1m", enforcement="shadow")
+
+
+def test_an_absolute_threshold_fires_when_usage_reaches_it() -> None:
+    assert consumed(UNITS, KEY, 3) == []
+    [notice] = consumed(UNITS, KEY, 4, retry_at_us=END + 5)
+    assert notice == Notice(
+        type="limit.threshold",
+        mark="units:4",
+        limit="calls",
+        subject="s1",
+        maximum=10,
+        used=4,
+        window_start_us=START,
+        window_end_us=END,
+        resets_at_us=END,
+        retry_at_us=END + 5,
+        event_id="ev-1",
+        threshold=None,
+        due_at_us=None,
+        threshold_units=4,
+    )
+    assert consumed(UNITS, KEY, 5) == []  # from 4 to 5: 4 was reached before
+
+
+def test_one_charge_past_several_absolute_thresholds_fires_each_in_order() -> None:
+    notices = consumed(UNITS, KEY, 7, 4)  # from 3 to 7
+    assert [(n.mark, n.threshold_units, n.used) for n in notices] == [
+        ("units:4", 4, 7),
+        ("units:6", 6, 7),
+    ]
+    assert [n.mark for n in consumed(UNITS, KEY, 6, 2)] == ["units:6"]  # from 4 to 6
+
+
+def test_a_buckets_absolute_threshold_is_due_when_the_bucket_is_full() -> None:
+    full_at = NOW + 3_000_000
+    [notice] = consumed(UNITS_BUCKET, BUCKET_KEY, 3, 2, window_start_us=None, resets_at_us=full_at)
+    assert (notice.mark, notice.threshold_units, notice.due_at_us) == ("units:3", 3, full_at)
+    assert notice.window_end_us == NO_WINDOW and notice.resets_at_us == full_at
+
+
+def would_deny(before: CounterState, *, bucket: bool = False) -> list[Notice]:
+    charge = ChargeDecision(
+        subject="s1",
+        limit="calls",
+        cost=2,
+        allowed=True,
+        outcome="would_deny",
+        used=2,
+        remaining=1,
+        maximum=3,
+        overage=0,
+        window_start_us=None if bucket else START,
+        resets_at_us=END,
+        retry_at_us=END,
+    )
+    limit = TRIAL
+    key = KEY
+    if bucket:
+        limit = Limit(
+            "calls", maximum=3, period="3s", algorithm="token_bucket", enforcement="shadow"
+        )
+        key = CounterKey("calls", "s1", NO_WINDOW, NO_WINDOW)
+    after = replace(before, denied_count=before.denied_count + 1)
+    return notices_for(limit, key, before, after, charge, "ev-9")
+
+
+def test_a_shadow_limits_first_would_deny_in_a_window_notifies() -> None:
+    assert would_deny(CounterState(used=2)) == [
+        Notice(
+            type="limit.would_deny",
+            mark="would_deny",
+            limit="calls",
+            subject="s1",
+            maximum=3,
+            used=2,
+            window_start_us=START,
+            window_end_us=END,
+            resets_at_us=END,
+            retry_at_us=END,
+            event_id="ev-9",
+        )
+    ]
+    assert would_deny(CounterState(used=2, denied_count=1)) == []
+    assert would_deny(CounterState(used=2, denied_count=2)) == []
+
+
+def test_a_shadow_buckets_would_deny_is_a_candidate_every_time() -> None:
+    [notice] = would_deny(CounterState(used=2, denied_count=3), bucket=True)
+    assert (notice.type, notice.mark, notice.window_end_us) == (
+        "limit.would_deny",
+        "would_deny",
+        NO_WINDOW,
+    )
+
+
+def soft_with_grants(used_before: int, cost: int, grants: tuple[tuple[str, int], ...]) -> list[str]:
+    """The marks of a soft charge from ``used_before`` (all own usage), paid in part by grants."""
+    own_after = used_before + cost - sum(amount for _, amount in grants)
+    charge = ChargeDecision(
+        subject="s1",
+        limit="calls",
+        cost=cost,
+        allowed=True,
+        outcome="overage" if own_after > 10 else "allowed",
+        used=used_before + cost,
+        remaining=0,
+        maximum=10,
+        overage=max(own_after - 10, 0),
+        window_start_us=START,
+        resets_at_us=END,
+        retry_at_us=None,
+        grants=grants,
+    )
+    limit = Limit("calls", maximum=10, period="1m", enforcement="soft")
+    before, after = CounterState(used=used_before), CounterState(used=used_before + cost)
+    return [n.mark for n in notices_for(limit, KEY, before, after, charge, "ev-1")]
+
+
+def test_a_soft_limit_topped_up_by_grants_is_exceeded_once_they_run_out() -> None:
+    # 8 used, 6 more of which grants pay 3: 11 own, one past the maximum
+    assert soft_with_grants(8, 6, (("g", 3),)) == ["exceeded"]
+    # grants pay 4: exactly the maximum
+    assert soft_with_grants(8, 6, (("g", 3), ("h", 1))) == []
+    # all of the overage in the charge's own part: it starts here
+    assert soft_with_grants(8, 5, (("g", 1),)) == ["exceeded"]
+    # already one past: 3 more of which grants pay 1 is not where the overage started
+    assert soft_with_grants(11, 3, (("g", 1),)) == []

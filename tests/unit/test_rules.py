@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 import pytest
 
 from metering.domain.decisions import ChargeInput, decide_event
+from metering.domain.grants import Balance, Pot
 from metering.domain.instants import to_us
 from metering.domain.limits import Limit, Period
 from metering.domain.notifications import Notice, notices_for
@@ -276,3 +277,172 @@ def test_decide_refuses_rules_that_do_not_line_up_with_the_charges() -> None:
             None,
             None,
         )
+
+
+# ----------------------------------------------------------- grants, shadow limits, entitlements
+
+MONTH = calendar_window(Period(months=1), START_US)  # November 2026, ending 1 h after START_US
+CALLS = Limit("calls", maximum=10, period="1mo", window="calendar", thresholds_units=(12,))
+SEATS = Limit("seats", maximum=4, period="1mo", window="calendar")
+SOFT_CALLS = Limit("calls", maximum=10, period="1mo", window="calendar", enforcement="soft")
+TRIAL = Limit("trial", maximum=3, period="1mo", window="calendar", enforcement="shadow")
+
+
+def topped_up(granted: int) -> Pot:
+    """A grant of 3 left that expires a microsecond after START_US, and one of 2 that never
+    does; ``granted`` of the window's usage was paid by grants (0: none yet)."""
+    pot = Pot([Balance("g2", 2, 0, 0, None), Balance("g1", 4, 1, 0, START_US + 1)])
+    if granted:
+        pot.granted[MONTH[0]] = granted
+    pot.granted[MONTH[1]] = 50  # the next window's draws: not this one's
+    return pot
+
+
+def both_engines(
+    limits: list[Limit],
+    charges: list[tuple[str, str, int]],
+    states: list[CounterState],
+    pots: list[int | None],
+    at_us: int = START_US,
+) -> tuple[list[list[object]], list[Notice], list[Pot | None]]:
+    """`decide` and `decide_event` on the same event, with grants (``pots``: the
+    window's granted usage, None: no grants); each engine gets its own pots."""
+    general_pots = [None if g is None else topped_up(g) for g in pots]
+    keys = [CounterKey(name, subject, *MONTH) for subject, name, _ in charges]
+    inputs = [
+        ChargeInput(lim, key, state, cost, pot)
+        for lim, key, state, (_, _, cost), pot in zip(
+            limits, keys, states, charges, general_pots, strict=True
+        )
+    ]
+    verdict = decide_event(inputs, at_us)
+    expected: list[Notice] = []
+    for lim, key, state, new, charge in zip(
+        limits, keys, states, verdict.new_states, verdict.charges, strict=True
+    ):
+        expected += notices_for(lim, key, state, new, charge, "e1")
+
+    hot_pots: list[Pot | None] = [None if g is None else topped_up(g) for g in pots]
+    lists = [[getattr(s, f) for f in CounterState.__slots__] for s in states]
+    notices: list[Notice] = []
+    rules = [Rule.of(lim) for lim in limits]
+    outcome = decide(rules, charges, [MONTH] * len(charges), lists, at_us, "e1", notices, hot_pots)
+
+    assert (outcome.outcome, outcome.denied_by) == (verdict.outcome, verdict.denied_by)
+    assert outcome.rows == [c.to_row() for c in verdict.charges]
+    assert [state_of(s) for s in lists] == list(verdict.new_states)
+    assert notices == expected
+    for hot, general in zip(hot_pots, general_pots, strict=True):
+        assert (hot is None) == (general is None)
+        if hot is not None and general is not None:
+            assert hot.granted == general.granted
+            assert [(b.grant_id, b.used) for b in hot.balances] == [
+                (b.grant_id, b.used) for b in general.balances
+            ]
+    return outcome.rows, notices, hot_pots
+
+
+def test_the_hot_path_draws_on_grants_like_decide_event() -> None:
+    # used 9 of which 2 granted: own room 3, grants 3 + 2
+    rows, notices, pots = both_engines([CALLS], [("org", "calls", 5)], [CounterState(used=9)], [2])
+    end = MONTH[1]
+    assert rows == [
+        ["org", "calls", 5, True, "allowed", 14, 3, 10, 0, MONTH[0], end, None, [["g1", 2]]]
+    ]
+    assert pots[0] is not None and pots[0].granted == {MONTH[0]: 4, end: 50}
+    assert [(n.mark, n.used) for n in notices] == [("units:12", 14)]
+    whole, _, _ = both_engines([CALLS], [("org", "calls", 8)], [CounterState(used=9)], [2])
+    assert whole[0][4:7] == ["allowed", 17, 0] and whole[0][12] == [["g1", 3], ["g2", 2]]
+
+
+def test_the_hot_path_denies_what_the_grants_cannot_pay() -> None:
+    rows, notices, pots = both_engines([CALLS], [("org", "calls", 9)], [CounterState(used=9)], [2])
+    end = MONTH[1]
+    assert rows == [["org", "calls", 9, False, "denied", 9, 8, 10, 0, MONTH[0], end, end]]
+    assert pots[0] is not None and pots[0].granted == {MONTH[0]: 2, end: 50}
+    assert [n.mark for n in notices] == ["denied"]
+    never, _, _ = both_engines([CALLS], [("org", "calls", 16)], [CounterState()], [0])
+    assert never[0][4:7] == ["denied", 0, 15] and never[0][11] is None  # never fits a window
+    whole, _, _ = both_engines([CALLS], [("org", "calls", 10)], [CounterState(used=9)], [2])
+    assert whole[0][4:7] == ["denied", 9, 8] and whole[0][11] == end  # the maximum fits later
+
+
+def test_the_hot_path_judges_a_grants_expiry_at_the_events_time() -> None:
+    late = START_US + 1
+    rows, _, _ = both_engines([CALLS], [("org", "calls", 5)], [CounterState(used=9)], [2], late)
+    assert rows[0][4:7] == ["allowed", 14, 0] and rows[0][12] == [["g2", 2]]
+    denied, _, _ = both_engines([CALLS], [("org", "calls", 6)], [CounterState(used=9)], [2], late)
+    assert denied[0][4:7] == ["denied", 9, 5]
+
+
+def test_the_hot_path_draws_grants_for_a_soft_limit_and_counts_the_rest_as_overage() -> None:
+    rows, notices, _ = both_engines(
+        [SOFT_CALLS], [("org", "calls", 8)], [CounterState(used=12)], [1]
+    )
+    # own usage 11 (one past), grants 5: 3 of the 8 go past the maximum
+    assert rows[0][3:9] == [True, "overage", 20, 0, 10, 4]
+    assert rows[0][12] == [["g1", 3], ["g2", 2]]
+    assert notices == []  # the window was past its maximum already
+    fresh, crossed, _ = both_engines(
+        [SOFT_CALLS], [("org", "calls", 9)], [CounterState(used=8)], [0]
+    )
+    assert fresh[0][3:9] == [True, "overage", 17, 0, 10, 2]
+    assert [n.mark for n in crossed] == ["exceeded"]
+
+
+def test_grants_pay_nothing_in_the_hot_path_when_another_charge_denies() -> None:
+    rows, _, pots = both_engines(
+        [SEATS, CALLS],
+        [("org", "seats", 1), ("org", "calls", 5)],
+        [CounterState(used=4), CounterState(used=9)],
+        [None, 2],
+    )
+    assert [row[4] for row in rows] == ["denied", "allowed"]
+    assert len(rows[1]) == 12 and rows[1][5:7] == [9, 8]
+    assert pots[1] is not None and pots[1].granted[MONTH[0]] == 2
+
+
+def test_the_hot_path_records_a_shadow_limits_would_deny_without_denying() -> None:
+    rows, notices, _ = both_engines(
+        [CALLS, TRIAL],
+        [("org", "calls", 2), ("org", "trial", 2)],
+        [CounterState(used=1), CounterState(used=2)],
+        [None, None],
+    )
+    end = MONTH[1]
+    assert rows == [
+        ["org", "calls", 2, True, "allowed", 3, 7, 10, 0, MONTH[0], end, None],
+        ["org", "trial", 2, True, "would_deny", 2, 1, 3, 0, MONTH[0], end, end],
+    ]
+    assert [(n.type, n.mark, n.limit) for n in notices] == [
+        ("limit.would_deny", "would_deny", "trial")
+    ]
+    again, quiet, _ = both_engines(
+        [TRIAL],
+        [("org", "trial", 2)],
+        [CounterState(used=2, denied_count=1, denied_cost=2, first_denied_at_us=MONTH[0])],
+        [None],
+    )
+    assert again[0][4] == "would_deny" and quiet == []  # only the first in the window
+
+
+def test_a_shadow_limit_beside_a_denying_hard_one_still_says_would_deny() -> None:
+    rows, notices, _ = both_engines(
+        [SEATS, TRIAL],
+        [("org", "seats", 5), ("org", "trial", 4)],
+        [CounterState(), CounterState()],
+        [None, None],
+    )
+    assert [row[3:5] for row in rows] == [[False, "denied"], [True, "would_deny"]]
+    assert [n.mark for n in notices] == ["denied", "would_deny"]
+
+
+def test_a_rule_with_a_subjects_own_maximum() -> None:
+    rule = Rule.of(CALLS)
+    assert rule.with_maximum(10) is rule
+    own = rule.with_maximum(7)
+    assert own == replace(rule, maximum=7)
+    assert own.limit is CALLS and rule.maximum == 10
+    shadow = Rule.of(TRIAL)
+    assert (shadow.shadow, shadow.soft, shadow.notifies) == (True, False, False)
+    assert Rule.of(CALLS).notifies and not Rule.of(CALLS).shadow

@@ -10,9 +10,10 @@ from hypothesis import strategies as st
 
 from metering.clock import FrozenClock
 from metering.domain.decisions import ChargeInput, EventVerdict, decide_event
+from metering.domain.grants import Balance, Pot
 from metering.domain.instants import from_us, to_us
 from metering.domain.limits import Limit, parse_period
-from metering.domain.state import CounterKey, CounterState
+from metering.domain.state import CounterKey, CounterState, Evaluation
 from metering.domain.windows import (
     Window,
     add_period,
@@ -487,3 +488,95 @@ def test_soft_limit_reaching_exactly_maximum_is_allowed_without_overage() -> Non
     verdict = decide(limit, CounterState(used=3), (0, 120 * SECOND), SECOND, cost=2)
     assert verdict.outcome == "allowed"
     assert verdict.charges[0].overage == 0
+
+
+# -- a window topped up by grants (`grants.fit_window` through `evaluate_window`) --
+
+W_START = at(2026, 11, 1)
+W_END = at(2026, 12, 1)
+W_NOW = at(2026, 11, 20)
+MONTHLY = Limit("calls", maximum=10, period="1mo", window="calendar")
+MONTHLY_SOFT = Limit("calls", maximum=10, period="1mo", window="calendar", enforcement="soft")
+
+
+def topped_up(granted: int = 2) -> Pot:
+    """3 left of a grant that expires one microsecond after W_NOW, 2 of one that never does."""
+    pot = Pot([Balance("g2", 2, 0, 0, None), Balance("g1", 4, 1, 0, W_NOW + 1)])
+    if granted:
+        pot.granted[W_START] = granted
+        pot.granted[W_END] = 99  # the next window's: not this one's
+    return pot
+
+
+def test_a_granted_window_fits_what_its_own_room_and_active_grants_hold() -> None:
+    # used 7, of which 2 paid by grants: own usage 5, own room 5, grants 3 + 2
+    state = CounterState(used=7, denied_count=1, denied_cost=4, first_denied_at_us=W_START)
+    window = (W_START, W_END)
+    assert evaluate_window(MONTHLY, state, 6, window, W_NOW, topped_up()) == Evaluation(
+        fits=True,
+        applied=CounterState(used=13, denied_count=1, denied_cost=4, first_denied_at_us=W_START),
+        denied=CounterState(used=7, denied_count=2, denied_cost=10, first_denied_at_us=W_START),
+        used_before=7,
+        used_after=13,
+        remaining_before=10,
+        remaining_after=4,
+        resets_at_us=W_END,
+        resets_at_before_us=W_END,
+        retry_at_us=None,
+        overage_after=0,
+        overage_before=0,
+        draws=(("g1", 1),),
+    )
+    whole = evaluate_window(MONTHLY, state, 10, window, W_NOW, topped_up())
+    assert (whole.fits, whole.remaining_after, whole.draws) == (True, 0, (("g1", 3), ("g2", 2)))
+    one_more = evaluate_window(MONTHLY, state, 11, window, W_NOW, topped_up())
+    assert (one_more.fits, one_more.draws, one_more.retry_at_us) == (False, (), None)
+
+
+def test_a_granted_window_without_draws_yet_counts_all_its_usage_as_its_own() -> None:
+    state = CounterState(used=7)
+    window = (W_START, W_END)
+    # own room 3, grants 5 (an absent window counts 0 granted, whatever the next holds)
+    pot = topped_up(granted=0)
+    pot.granted[W_END] = 4
+    fit = evaluate_window(MONTHLY, state, 8, window, W_NOW, pot)
+    assert (fit.fits, fit.remaining_before, fit.remaining_after) == (True, 8, 0)
+    assert fit.draws == (("g1", 3), ("g2", 2))
+    denied = evaluate_window(MONTHLY, state, 9, window, W_NOW, topped_up(granted=0))
+    assert (denied.fits, denied.draws, denied.retry_at_us) == (False, (), W_END)
+    assert denied.overage_after == 6 and denied.overage_before == 0
+    whole = evaluate_window(MONTHLY, state, 10, window, W_NOW, topped_up(granted=0))
+    assert (whole.fits, whole.retry_at_us) == (False, W_END)  # the maximum fits a fresh window
+
+
+def test_a_grant_expired_at_the_events_time_tops_nothing_up() -> None:
+    state = CounterState(used=7)
+    window = (W_START, W_END)
+    late = evaluate_window(MONTHLY, state, 5, window, W_NOW + 1, topped_up(granted=0))
+    assert (late.fits, late.remaining_before, late.draws) == (True, 5, (("g2", 2),))
+    assert late.remaining_after == 0
+    too_late = evaluate_window(MONTHLY, state, 6, window, W_NOW + 1, topped_up(granted=0))
+    assert (too_late.fits, too_late.retry_at_us, too_late.remaining_after) == (False, W_END, 0)
+
+
+def test_a_soft_granted_window_draws_every_grant_and_reports_the_rest_as_overage() -> None:
+    # used 12 of which 1 granted: own usage 11, one past the maximum already
+    state = CounterState(used=12)
+    window = (W_START, W_END)
+    assert evaluate_window(MONTHLY_SOFT, state, 7, window, W_NOW, topped_up(granted=1)) == (
+        Evaluation(
+            fits=True,
+            applied=CounterState(used=19),
+            denied=CounterState(used=12, denied_count=1, denied_cost=7, first_denied_at_us=W_NOW),
+            used_before=12,
+            used_after=19,
+            remaining_before=5,
+            remaining_after=0,
+            resets_at_us=W_END,
+            resets_at_before_us=W_END,
+            retry_at_us=None,
+            overage_after=3,
+            overage_before=1,
+            draws=(("g1", 3), ("g2", 2)),
+        )
+    )
