@@ -116,7 +116,11 @@ def notices_for(
         due = charge.resets_at_us
         found.append(_notice("limit.denied", "denied", key, charge, event_id, due_at_us=due))
     elif charge.outcome == "would_deny" and (bucket or before.denied_count == 0):
-        found.append(_notice("limit.would_deny", "would_deny", key, charge, event_id))
+        # A bucket's mark lasts an episode, as a denial's: the sweeper drops it once full.
+        episode = _due(bucket, charge)
+        found.append(
+            _notice("limit.would_deny", "would_deny", key, charge, event_id, due_at_us=episode)
+        )
     if after.used == before.used:
         return found  # nothing consumed: no threshold crossed
     used_before = charge.used - charge.cost

@@ -123,7 +123,8 @@ def _window(
             fit.remaining_after,
             end_us,
             end_us,
-            end_us if not fits and cost <= maximum else None,
+            # Next window: its own allowance again, and the grants still active then.
+            end_us if not fits and cost <= maximum + pot.available(end_us) else None,
             fit.overage_after,
             None,
             fit.overage_before,

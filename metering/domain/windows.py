@@ -110,7 +110,10 @@ def evaluate_window(
             remaining_after=fit.remaining_after,
             resets_at_us=end_us,
             resets_at_before_us=end_us,
-            retry_at_us=end_us if not fits and cost <= limit.maximum else None,
+            # Next window: its own allowance again, and the grants still active then.
+            retry_at_us=end_us
+            if not fits and cost <= limit.maximum + pot.available(end_us)
+            else None,
             overage_after=fit.overage_after,
             overage_before=fit.overage_before,
             draws=fit.draws,

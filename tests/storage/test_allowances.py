@@ -449,3 +449,35 @@ def test_a_void_and_a_shadows_would_deny_leave_the_usage_by_dimension_right(
     # t3 and t4 would have been denied: nothing consumed; t0 was voided.
     assert figures() == {"/a": (1, 1), "/b": (1, 1)}
     assert [c.used for c in meter.counters("org", "trial")] == [2]
+
+
+def test_a_denied_charge_with_grants_says_when_it_fits_again(meter: Meter) -> None:
+    """Own allowance 10 a window plus a grant of 5 that never expires: a
+    charge of 11 does not fit now (own room 1, grant 5), but fits in the
+    next window (own 10 + 4 left of the grant), so it has a retry time."""
+    meter.set_limit(Limit("calls", maximum=10, period="1h", window="calendar"))
+    meter.grant("org", "calls", 5, grant_id="g")
+    assert meter.consume("org", "calls", 10).allowed
+    assert meter.consume("org", "calls", 1).charges[0].grants == (("g", 1),)
+    denied = meter.consume("org", "calls", 11)
+    assert (denied.allowed, denied.retry_at) == (False, MONTH + timedelta(hours=1))
+    never = meter.consume("org", "calls", 15)  # 10 + 4 left: never fits
+    assert (never.allowed, never.retry_at) == (False, None)
+
+
+def test_a_shadow_buckets_would_deny_notifies_again_once_the_bucket_is_full(
+    meter: Meter, clock: FrozenClock
+) -> None:
+    meter.set_limit(
+        Limit("burst", maximum=2, period="10s", algorithm="token_bucket", enforcement="shadow")
+    )
+    from metering.webhooks.delivery import sweep_resets
+
+    for _ in range(3):
+        meter.consume("org", "burst")
+    clock.advance(seconds=30)  # full again: the next would-deny is news
+    sweep_resets(meter)
+    for _ in range(3):
+        meter.consume("org", "burst")
+    kinds = [kind for kind, _ in _messages(meter)]
+    assert kinds == ["limit.would_deny", "limit.would_deny"]

@@ -530,7 +530,10 @@ def test_a_granted_window_fits_what_its_own_room_and_active_grants_hold() -> Non
     whole = evaluate_window(MONTHLY, state, 10, window, W_NOW, topped_up())
     assert (whole.fits, whole.remaining_after, whole.draws) == (True, 0, (("g1", 3), ("g2", 2)))
     one_more = evaluate_window(MONTHLY, state, 11, window, W_NOW, topped_up())
-    assert (one_more.fits, one_more.draws, one_more.retry_at_us) == (False, (), None)
+    # The next window holds 10 of its own and the 2 of g2, which never expires.
+    assert (one_more.fits, one_more.draws, one_more.retry_at_us) == (False, (), W_END)
+    never = evaluate_window(MONTHLY, state, 13, window, W_NOW, topped_up())
+    assert (never.fits, never.retry_at_us) == (False, None)
 
 
 def test_a_granted_window_without_draws_yet_counts_all_its_usage_as_its_own() -> None:
