@@ -27,7 +27,8 @@ from metering.errors import InvalidInput, InvalidLimit, OccurredAtOutOfRange
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 KNOWN = (
-    "['algorithm', 'enforcement', 'lateness', 'maximum', 'name', 'period', 'thresholds', 'thresholds_units', 'window']"
+    "['algorithm', 'enforcement', 'lateness', 'maximum', 'name', 'period', 'thresholds', "
+    "'thresholds_units', 'window']"
 )
 
 LIMIT_ERRORS: list[tuple[Callable[[], object], str]] = [
