@@ -9,9 +9,11 @@
 
 `select_overage` and `select_usage` validate the filters and return a
 `Report` whose ``rows()`` streams from the database (for large exports).
-Charts are in `metering.reports.charts` (imports matplotlib when used).
-`write_csv` writes rows as CSV with formula-like text cells neutralised;
-`csv_lines` yields the same text line by line, for streaming.
+`select_shadow` and `shadow_report` (`metering.reports.shadow`) tell whom a
+shadow limit would have denied, had it been hard. Charts are in
+`metering.reports.charts` (imports matplotlib when used). `write_csv`
+writes rows as CSV with formula-like text cells neutralised; `csv_lines`
+yields the same text line by line, for streaming.
 """
 
 from metering.reports.export import csv_lines, write_csv
@@ -25,16 +27,21 @@ from metering.reports.overage import (
     select_usage,
     usage_report,
 )
+from metering.reports.shadow import SHADOW_COLUMNS, ShadowRow, select_shadow, shadow_report
 
 __all__ = [
     "COLUMNS",
+    "SHADOW_COLUMNS",
     "Report",
     "ReportRange",
     "ReportRow",
+    "ShadowRow",
     "csv_lines",
     "overage_report",
     "select_overage",
+    "select_shadow",
     "select_usage",
+    "shadow_report",
     "usage_report",
     "write_csv",
 ]

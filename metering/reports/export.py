@@ -12,12 +12,13 @@ keeps every value as it is.
 from __future__ import annotations
 
 import csv
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime
 from functools import lru_cache
-from typing import IO, Final
+from typing import IO, Any, Final
 
 from metering.reports.overage import COLUMNS, ReportRow
+from metering.reports.shadow import SHADOW_COLUMNS, ShadowRow
 
 FORMULA_STARTS: Final = ("=", "+", "-", "@", "\t", "\r")
 
@@ -44,6 +45,7 @@ def csv_cells(row: ReportRow) -> tuple[object, ...]:
         _iso(row.window_end),
         row.maximum,
         row.used,
+        row.granted,
         row.overage,
         row.denied_events,
         row.denied_cost,
@@ -52,13 +54,42 @@ def csv_cells(row: ReportRow) -> tuple[object, ...]:
     )
 
 
-def write_csv(rows: Iterable[ReportRow], out: IO[str]) -> None:
-    """RFC 4180 CSV with a header of `COLUMNS`; instants in ISO 8601, none as empty;
-    string cells neutralised (see the module docstring)."""
+def shadow_cells(row: ShadowRow) -> tuple[object, ...]:
+    """One shadow report row's cells, written as `csv_cells` writes a report row's."""
+    first = row.first_would_deny_at
+    return (
+        neutralise(row.subject),
+        neutralise(row.limit),
+        row.would_deny_events,
+        row.would_deny_cost,
+        row.windows,
+        "" if first is None else first.isoformat(),
+        _iso(row.peak_window_start),
+        _iso(row.peak_window_end),
+        row.peak_used,
+        row.peak_maximum,
+        row.peak_would_deny_cost,
+    )
+
+
+# A report's kind -> its CSV header and the cells of one of its rows.
+CsvFormat = tuple[Sequence[str], Callable[[Any], tuple[object, ...]]]
+FORMATS: Final[dict[str, CsvFormat]] = {
+    "overage": (COLUMNS, csv_cells),
+    "usage": (COLUMNS, csv_cells),
+    "shadow": (SHADOW_COLUMNS, shadow_cells),
+}
+
+
+def write_csv(rows: Iterable[Any], out: IO[str], kind: str = "overage") -> None:
+    """RFC 4180 CSV of a report of ``kind`` (the header of `COLUMNS` for
+    overage and usage, `SHADOW_COLUMNS` for shadow); instants in ISO 8601,
+    none as empty; string cells neutralised (see the module docstring)."""
+    columns, cells = FORMATS[kind]
     writer = csv.writer(out)
-    writer.writerow(COLUMNS)
+    writer.writerow(columns)
     for row in rows:
-        writer.writerow(csv_cells(row))
+        writer.writerow(cells(row))
 
 
 class _Line:
@@ -68,10 +99,11 @@ class _Line:
         return text
 
 
-def csv_lines(rows: Iterable[ReportRow]) -> Iterator[str]:
+def csv_lines(rows: Iterable[Any], kind: str = "overage") -> Iterator[str]:
     """`write_csv`'s output line by line (the header first), as ``rows`` arrive:
     for a caller that streams it (the HTTP API) rather than writing to a file."""
+    columns, cells = FORMATS[kind]
     writer = csv.writer(_Line())
-    yield writer.writerow(COLUMNS)
+    yield writer.writerow(columns)
     for row in rows:
-        yield writer.writerow(csv_cells(row))
+        yield writer.writerow(cells(row))

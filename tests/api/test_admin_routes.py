@@ -968,6 +968,7 @@ SCOPED: list[tuple[str, str, Any, str]] = [
     ("DELETE", "/v1/limits/later", None, "admin"),
     ("GET", "/v1/reports/overage", None, "read"),
     ("GET", "/v1/reports/usage?subject=org-1", None, "read"),
+    ("GET", "/v1/reports/shadow?limit=seats", None, "read"),
     ("POST", "/v1/webhooks/endpoints", {"url": "https://example.com/"}, "admin"),
     ("GET", "/v1/webhooks/endpoints", None, "admin"),
     ("GET", "/v1/webhooks/endpoints/ep_x", None, "admin"),
@@ -987,7 +988,7 @@ def test_each_route_takes_its_scope(http: httpx.Client, meter: Meter) -> None:
     admin key may do everything (`metering.apikeys.GRANTS`)."""
     keys = ApiKeys(meter)
     tokens = {scope: keys.create(scope, f"{scope} key")[1] for scope in ("ingest", "read", "admin")}
-    assert len(SCOPED) == 22  # every admin operation (the schema test counts them)
+    assert len(SCOPED) == 23  # every admin operation (the schema test counts them)
     assert {f"{method} {path.split('?')[0]}" for method, path, _, _ in SCOPED} >= {
         f"{m.upper()} {p}"
         for m, p, _ in _admin_operations(http.get("/openapi.json").json())
@@ -1031,6 +1032,7 @@ def test_every_admin_answer_has_its_shape_in_the_schema(http: httpx.Client) -> N
         "DELETE /v1/limits/{name}",
         "GET /v1/reports/overage",
         "GET /v1/reports/usage",
+        "GET /v1/reports/shadow",
         "POST /v1/webhooks/endpoints",
         "GET /v1/webhooks/endpoints",
         "GET /v1/webhooks/endpoints/{endpoint_id}",
@@ -1109,4 +1111,4 @@ def test_schemathesis_no_5xx_and_every_answer_conforms(http: httpx.Client) -> No
             except hypothesis.errors.Unsatisfiable:
                 # Every query parameter optional and free-form: nothing invalid to make.
                 assert mode == GenerationMode.NEGATIVE
-    assert seen == 22
+    assert seen == 23

@@ -53,6 +53,7 @@ def row(
         window_end=end or start + timedelta(days=30),
         maximum=maximum,
         used=used,
+        granted=0,
         overage=overage,
         denied_events=1 if denied_cost else 0,
         denied_cost=denied_cost,
