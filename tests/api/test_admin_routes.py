@@ -42,7 +42,14 @@ from metering.api import create_api
 from metering.apikeys import ApiKeys
 from metering.domain.events import make_event
 from metering.errors import UnknownLimit
-from metering.reports import COLUMNS, Report, overage_report, usage_report, write_csv
+from metering.reports import (
+    COLUMNS,
+    Report,
+    overage_report,
+    shadow_report,
+    usage_report,
+    write_csv,
+)
 from metering.settings import Settings
 from metering.webhooks.endpoints import Webhooks
 from metering.webhooks.settings import DeliverySettings
@@ -550,6 +557,44 @@ def test_usage_of_one_subject(http: httpx.Client, meter: Meter, clock: FrozenClo
     )
 
 
+def test_shadow_report_as_json_and_csv(
+    http: httpx.Client, meter: Meter, clock: FrozenClock
+) -> None:
+    meter.set_limit(
+        Limit("probe", maximum=3, period="1mo", window="calendar", enforcement="shadow")
+    )
+    for day, subject, cost in [(3, "org-1", 2), (4, "org-1", 2), (5, INJECTION, 5)]:
+        clock.set(datetime(2026, 11, day, 10, tzinfo=UTC))
+        assert meter.consume(subject, "probe", cost).allowed  # never denied: shadow
+    clock.set(NOW)
+    expected = shadow_report(meter, "probe", period="2026-11")
+    assert [(r.subject, r.would_deny_cost) for r in expected] == [(INJECTION, 5), ("org-1", 2)]
+
+    as_json = http.get("/v1/reports/shadow", params={"limit": "probe", "period": "2026-11"})
+    assert as_json.status_code == 200
+    assert as_json.json() == {
+        "report": "shadow",
+        "period": "2026-11",
+        "since": "2026-11-01T00:00:00+00:00",
+        "until": "2026-12-01T00:00:00+00:00",
+        "limit": "probe",
+        "rows": [row.to_dict() for row in expected],
+    }
+    as_csv = http.get(
+        "/v1/reports/shadow", params={"limit": "probe", "top": 1}, headers={"accept": "text/csv"}
+    )
+    assert as_csv.headers["content-type"] == "text/csv; charset=utf-8"
+    written = io.StringIO(newline="")
+    write_csv(expected[:1], written, "shadow")
+    assert as_csv.text == written.getvalue()
+    [row] = list(csv.DictReader(io.StringIO(as_csv.text, newline="")))
+    assert (row["subject"], row["would_deny_cost"]) == ("'" + INJECTION, "5")
+    hard = problem(
+        http.get("/v1/reports/shadow", params={"limit": "seats"}), 400, "invalid-input", "limit"
+    )
+    assert "not shadow" in hard["detail"] and "report overage" in hard["detail"]
+
+
 ACCEPTS: list[tuple[str | None, str | None]] = [
     (None, "application/json"),
     ("*/*", "application/json"),
@@ -594,6 +639,14 @@ BAD_FILTERS: list[tuple[str, dict[str, Any], int, str, str]] = [
     ("overage", {"limit": "nope"}, 422, "unknown-limit", "limit"),
     ("usage", {}, 400, "invalid-input", "subject"),
     ("usage", {"subject": "org-1", "limit": "nope"}, 422, "unknown-limit", "limit"),
+    ("shadow", {}, 400, "invalid-input", "limit"),
+    ("shadow", {"limit": "nope"}, 422, "unknown-limit", "limit"),
+    ("shadow", {"limit": "seats"}, 400, "invalid-input", "limit"),
+    ("shadow", {"limit": "Not A Name"}, 400, "invalid-input", "limit"),
+    ("shadow", {"limit": "seats", "period": "2026-13"}, 400, "invalid-input", "period"),
+    ("shadow", {"limit": "seats", "since": "soon"}, 400, "invalid-input", "since"),
+    ("shadow", {"limit": "seats", "top": 0}, 400, "invalid-input", "top"),
+    ("shadow", {"limit": "seats", "subject": " x"}, 400, "invalid-input", "subject"),
 ]
 
 
