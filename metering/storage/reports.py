@@ -9,10 +9,17 @@ returns only the rows asked for, already sorted:
 * the maximum is the one that *applied* to the subject in the window: its
   entitlement in force at the window's end (the latest ``entitlements`` row
   starting before ``window_end_us``, a NULL maximum meaning the default),
-  else the limit's default. A correlated scalar subquery reads it backwards
-  on the entitlements' primary key, one index probe per row;
-* ``granted`` is the usage grants paid in the window: the sum of its
-  ``grant_draws`` (their primary key leads with the counter's key);
+  else the limit's default. Entitlements are read as spans (each change
+  with the start of the next, by ``lead``) and outer-joined where a span
+  holds the window's last instant;
+* ``granted`` is the usage grants paid in the window: its ``grant_draws``
+  summed per window and outer-joined.
+
+  Joins rather than correlated subqueries: PostgreSQL hashes the two small
+  tables once, where subqueries probe their indexes for every row, and
+  their cost estimate made it JIT-compile the query too (a month of 294,100
+  counters, read and sorted: 1.6 s with the joins, 3.1 s and more with
+  subqueries, 1.3 s before reports had either);
 * overage is a ``CASE`` on the enforcement: soft, the window's own usage
   (used less granted) beyond the applied maximum; hard, the cost of denied
   events; shadow, none (its denials are would-denies, never billed);
@@ -35,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from sqlalchemy import (
+    BigInteger,
     ColumnElement,
     Connection,
     Float,
@@ -44,6 +52,7 @@ from sqlalchemy import (
     cast,
     func,
     literal,
+    or_,
     select,
 )
 
@@ -65,38 +74,61 @@ class ReportQuery:
     top: int | None = None
 
 
-def applied_maximum(
-    subject: ColumnElement[Any], limit: ColumnElement[Any], window_end_us: ColumnElement[Any]
-) -> ColumnElement[Any]:
-    """The maximum in force for ``subject`` at the end of a window: its latest
-    entitlement starting before ``window_end_us`` (exclusive end: the
-    window's last instant), else, or when that entitlement is NULL (back to
-    the default), the limit's default. Needs ``limits`` in the FROM."""
-    latest = (
-        select(entitlements.c.maximum)
-        .where(
-            entitlements.c.subject == subject,
-            entitlements.c.limit_name == limit,
-            entitlements.c.effective_from_us < window_end_us,
-        )
-        .order_by(entitlements.c.effective_from_us.desc())
-        .limit(1)
-        .scalar_subquery()
+def _entitlement_spans() -> Any:
+    """Each entitlement change with the start of the next one for the same
+    subject and limit (NULL for the latest): the span in which it applies."""
+    following = func.lead(entitlements.c.effective_from_us).over(
+        partition_by=(entitlements.c.subject, entitlements.c.limit_name),
+        order_by=entitlements.c.effective_from_us,
     )
-    return func.coalesce(latest, limits.c.maximum)
+    return select(
+        entitlements.c.subject,
+        entitlements.c.limit_name,
+        entitlements.c.effective_from_us,
+        following.label("next_from_us"),
+        entitlements.c.maximum,
+    ).subquery("entitled")
 
 
-def _granted() -> ColumnElement[Any]:
+def with_applied_maximum(
+    joined: Any, subject: Any, limit: Any, window_end_us: Any
+) -> tuple[Any, ColumnElement[Any]]:
+    """``joined`` (which has ``limits``) with the subject's entitlement in force
+    at the end of a window outer-joined, and the maximum that applied: that
+    entitlement's, else, or when it is NULL (back to the default), the
+    limit's default. In force at the end means the span holds the window's
+    last instant (the end is exclusive): it starts before ``window_end_us``
+    and the next change, if any, starts at or after it."""
+    spans = _entitlement_spans()
+    covers = and_(
+        spans.c.subject == subject,
+        spans.c.limit_name == limit,
+        spans.c.effective_from_us < window_end_us,
+        or_(spans.c.next_from_us.is_(None), spans.c.next_from_us >= window_end_us),
+    )
+    return joined.outerjoin(spans, covers), func.coalesce(spans.c.maximum, limits.c.maximum)
+
+
+def _with_granted(joined: Any) -> tuple[Any, ColumnElement[Any]]:
+    """``joined`` (which has ``counters``) with each window's grant draws,
+    summed, outer-joined; and the grant-paid usage (0 without draws)."""
+    # PostgreSQL sums bigints as numeric: back to bigint, for integer arithmetic.
     drawn = (
-        select(func.coalesce(func.sum(grant_draws.c.amount), 0))
-        .where(
-            grant_draws.c.subject == counters.c.subject,
-            grant_draws.c.limit_name == counters.c.limit_name,
-            grant_draws.c.window_start_us == counters.c.window_start_us,
+        select(
+            grant_draws.c.subject,
+            grant_draws.c.limit_name,
+            grant_draws.c.window_start_us,
+            cast(func.sum(grant_draws.c.amount), BigInteger).label("amount"),
         )
-        .scalar_subquery()
+        .group_by(grant_draws.c.subject, grant_draws.c.limit_name, grant_draws.c.window_start_us)
+        .subquery("drawn")
     )
-    return drawn
+    same_window = and_(
+        drawn.c.subject == counters.c.subject,
+        drawn.c.limit_name == counters.c.limit_name,
+        drawn.c.window_start_us == counters.c.window_start_us,
+    )
+    return joined.outerjoin(drawn, same_window), func.coalesce(drawn.c.amount, 0)
 
 
 def _window_conditions(query: ReportQuery) -> list[ColumnElement[bool]]:
@@ -123,25 +155,28 @@ def _filtered(query: ReportQuery, statement: Select[Any]) -> Select[Any]:
 def _windows(query: ReportQuery) -> Any:
     """The selected counters with their applied maximum and grant-paid usage,
     as a derived table: the overage, ordering and utilisation read its
-    columns, so each subquery is written once."""
-    return _filtered(
-        query,
-        select(
-            counters.c.subject,
-            counters.c.limit_name,
-            limits.c.enforcement,
-            counters.c.window_start_us,
-            counters.c.window_end_us,
-            applied_maximum(
-                counters.c.subject, counters.c.limit_name, counters.c.window_end_us
-            ).label("maximum"),
-            counters.c.used,
-            _granted().label("granted"),
-            counters.c.denied_count,
-            counters.c.denied_cost,
-            counters.c.first_denied_at_us,
-        ),
-    ).subquery("windows")
+    columns, so each expression is written once."""
+    # Inner join: counters of deleted limits have no maximum to report against.
+    joined = counters.join(limits, limits.c.name == counters.c.limit_name)
+    joined, maximum = with_applied_maximum(
+        joined, counters.c.subject, counters.c.limit_name, counters.c.window_end_us
+    )
+    joined, granted = _with_granted(joined)
+    statement = select(
+        counters.c.subject,
+        counters.c.limit_name,
+        limits.c.enforcement,
+        counters.c.window_start_us,
+        counters.c.window_end_us,
+        maximum.label("maximum"),
+        counters.c.used,
+        granted.label("granted"),
+        counters.c.denied_count,
+        counters.c.denied_cost,
+        counters.c.first_denied_at_us,
+    )
+    filtered = statement.select_from(joined).where(and_(*_window_conditions(query)))
+    return filtered.subquery("windows")
 
 
 def _overage(w: Any) -> ColumnElement[Any]:
@@ -228,6 +263,12 @@ def shadow_statement(query: ReportQuery) -> Select[Any]:
     """One row per subject a shadow limit would have denied, by would-deny
     cost, largest first; ties by would-deny count, then subject."""
     w = _shadow_windows(query)
+    joined, maximum = with_applied_maximum(
+        w.join(limits, limits.c.name == w.c.limit_name),
+        w.c.subject,
+        w.c.limit_name,
+        w.c.window_end_us,
+    )
     statement = (
         select(
             w.c.subject,
@@ -239,10 +280,10 @@ def shadow_statement(query: ReportQuery) -> Select[Any]:
             w.c.window_start_us,
             w.c.window_end_us,
             w.c.used,
-            applied_maximum(w.c.subject, w.c.limit_name, w.c.window_end_us),
+            maximum,
             w.c.denied_cost,
         )
-        .select_from(w.join(limits, limits.c.name == w.c.limit_name))
+        .select_from(joined)
         .where(w.c.rank == 1)
         .order_by(w.c.cost.desc(), w.c.events.desc(), w.c.subject)
     )
