@@ -28,7 +28,13 @@ from metering import FrozenClock, Limit, Meter
 from metering.cli import main
 from metering.domain.events import make_event
 from metering.errors import InvalidInput, UnknownLimit
-from metering.reports import SHADOW_COLUMNS, ShadowRow, overage_report, shadow_report
+from metering.reports import (
+    SHADOW_COLUMNS,
+    ShadowRow,
+    overage_report,
+    select_shadow,
+    shadow_report,
+)
 
 START = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)  # on the hour: windows are hours
 HOUR = timedelta(hours=1)
@@ -219,6 +225,9 @@ def test_rows_filters_and_the_peak_window(meter: Meter) -> None:
     assert [r.subject for r in shadow_report(meter, "probe", top=1)] == ["org-a"]
     assert [r.would_deny_cost for r in shadow_report(meter, "probe", since=START + HOUR)] == [4]
     assert shadow_report(meter, "probe", period="2026-10") == []
+    assert select_shadow(meter, "probe").count() == 2
+    assert select_shadow(meter, "probe", top=1).count() == 1
+    assert select_shadow(meter, "probe", subject="org-c").count() == 0
 
 
 @pytest.mark.parametrize(
@@ -275,6 +284,8 @@ def test_the_cli_writes_the_report_as_a_table_csv_and_json(meter: Meter) -> None
     month = run(meter, "--limit", "probe", "--month", "2026-11", "--top", "1", "--format", "json")
     assert [r["subject"] for r in json.loads(month.stdout)] == ["org-a"]
     assert "no windows" in run(meter, "--limit", "probe", "--period", "2026-10").stdout
+    with_bar = run(meter, "--limit", "probe", "--format", "csv", "--progress").stdout
+    assert with_bar == as_csv
 
 
 @pytest.mark.parametrize(
