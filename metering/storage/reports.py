@@ -146,20 +146,21 @@ def _window_conditions(query: ReportQuery) -> list[ColumnElement[bool]]:
     return conditions
 
 
-def _filtered(query: ReportQuery, statement: Select[Any]) -> Select[Any]:
+def _counted() -> Any:
     # Inner join: counters of deleted limits have no maximum to report against.
-    joined = counters.join(limits, limits.c.name == counters.c.limit_name)
-    return statement.select_from(joined).where(and_(*_window_conditions(query)))
+    return counters.join(limits, limits.c.name == counters.c.limit_name)
+
+
+def _filtered(query: ReportQuery, statement: Select[Any]) -> Select[Any]:
+    return statement.select_from(_counted()).where(and_(*_window_conditions(query)))
 
 
 def _windows(query: ReportQuery) -> Any:
     """The selected counters with their applied maximum and grant-paid usage,
     as a derived table: the overage, ordering and utilisation read its
     columns, so each expression is written once."""
-    # Inner join: counters of deleted limits have no maximum to report against.
-    joined = counters.join(limits, limits.c.name == counters.c.limit_name)
     joined, maximum = with_applied_maximum(
-        joined, counters.c.subject, counters.c.limit_name, counters.c.window_end_us
+        _counted(), counters.c.subject, counters.c.limit_name, counters.c.window_end_us
     )
     joined, granted = _with_granted(joined)
     statement = select(
