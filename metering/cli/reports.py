@@ -54,7 +54,7 @@ HEADERS: Final = {
     "denied_cost": "denied cost",
     "utilisation_percent": "utilisation %",
     "first_denied_at": "first denial",
-    "would_deny_events": "would deny",
+    "would_deny_events": "would-deny events",
     "would_deny_cost": "would-deny cost",
     "first_would_deny_at": "first would-deny",
     "peak_window_start": "peak window",
