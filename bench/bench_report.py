@@ -9,6 +9,10 @@ of a month of recorded events: a quarter of ``--events`` over a quarter of
 and window, because deciding a million events through ``consume`` would take
 far longer than the report being measured. Two limits: ``api_calls`` (soft,
 calendar month, 80% of the events) and ``exports`` (hard, calendar day).
+A tenth of the ``api_calls`` subjects have an entitlement (half of them
+upgraded mid-month) and a twentieth drew on a grant, so the report's
+per-row lookups of the maximum that applied and of the grant-paid usage
+find rows as well as miss them.
 
 Then it runs, as a separate process each time,
 ``metering report overage --period 2026-11 --format csv > FILE`` and prints
@@ -74,6 +78,25 @@ SELECT limit_name, subject, window_start_us,
 FROM windows
 """
 
+# Entitlements and grant draws for some api_calls subjects (see the docstring).
+ALLOWANCES = (
+    """
+    INSERT INTO entitlements (subject, limit_name, effective_from_us, maximum, created_at_us)
+    SELECT subject, limit_name, :start - :day, 30, :start FROM counters
+    WHERE limit_name = 'api_calls' AND random() < 0.1
+    """,
+    """
+    INSERT INTO entitlements (subject, limit_name, effective_from_us, maximum, created_at_us)
+    SELECT subject, limit_name, :start + 11 * :day, 60, :start FROM entitlements
+    WHERE random() < 0.5
+    """,
+    """
+    INSERT INTO grant_draws (subject, limit_name, window_start_us, grant_id, amount)
+    SELECT subject, limit_name, window_start_us, 'goodwill', least(used, 5) FROM counters
+    WHERE limit_name = 'api_calls' AND random() < 0.05
+    """,
+)
+
 CSV_COMMAND = ["report", "overage", "--period", "2026-11", "--format", "csv", "--no-progress"]
 LIST_SCRIPT = (
     "import sys; from metering import Meter; from metering.reports import overage_report; "
@@ -91,7 +114,11 @@ def fill(url: str, events: int, subjects: int) -> int:
     with engine.begin() as connection:
         connection.execute(text("SELECT setseed(0.42)"))
         connection.execute(text(FILL), params)
+        for statement in ALLOWANCES:
+            connection.execute(text(statement), params)
         connection.execute(text("ANALYZE counters"))
+        connection.execute(text("ANALYZE entitlements"))
+        connection.execute(text("ANALYZE grant_draws"))
         rows = connection.execute(text("SELECT count(*) FROM counters")).scalar_one()
     engine.dispose()
     return int(rows)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel
+from pydantic import BaseModel, ConfigDict, Field
 
 from metering.api.models import DecisionOut
 from metering.domain.bounds import MAX_ROW_ID
@@ -33,7 +33,6 @@ from metering.domain.limits import (
 from metering.domain.notifications import MESSAGE_TYPES
 from metering.domain.reservations import DEFAULT_TTL_SECONDS, MAX_TTL_SECONDS
 from metering.reports.dimensions import DimensionReport
-from metering.reports.overage import Report, ReportRow
 from metering.reservations import ReservationInfo
 from metering.storage.webhooks import AttemptRecord, DeliveryRecord
 from metering.webhooks.endpoints import MAX_GRACE_SECONDS, MAX_URL_CHARS, Endpoint
@@ -263,50 +262,6 @@ def limit_json(limit: Limit) -> dict[str, Any]:
 # -- reports --------------------------------------------------------------------------
 
 
-class ReportRowOut(BaseModel):
-    """One subject's use of one limit in one window."""
-
-    subject: str
-    limit: str
-    enforcement: Enforcement
-    window_start: datetime
-    window_end: datetime
-    maximum: int
-    used: int
-    overage: int = Field(
-        description="Soft limit: used beyond the maximum; hard limit: the cost denied."
-    )
-    denied_events: int
-    denied_cost: int
-    utilisation_percent: float
-    first_denied_at: datetime | None
-
-
-class ReportOut(BaseModel):
-    """A report as JSON (``Accept: application/json``); ``text/csv`` gives the rows
-    as CSV, the header first."""
-
-    report: Literal["overage", "usage"]
-    period: str = Field(description="The windows' start range, in words.", examples=["2026-11"])
-    since: datetime | None = Field(description="Windows starting at or after this.")
-    until: datetime | None = Field(description="Windows starting before this.")
-    rows: list[ReportRowOut]
-
-
-def report_head(report: Report) -> dict[str, Any]:
-    """Everything of `ReportOut` but its rows."""
-    return {
-        "report": report.kind,
-        "period": report.range.label,
-        "since": _iso(report.range.since),
-        "until": _iso(report.range.until),
-    }
-
-
-def report_row_json(row: ReportRow) -> dict[str, Any]:
-    return row.to_dict()
-
-
 class DimensionRowOut(BaseModel):
     """A subject's use of one limit for one value of the grouped key."""
 
@@ -328,11 +283,6 @@ class DimensionReportOut(BaseModel):
     since: datetime | None = Field(description="Hours starting at or after this.")
     until: datetime | None = Field(description="Hours starting before this.")
     rows: list[DimensionRowOut] = Field(description="The largest use first.")
-
-
-class UsageReportOut(RootModel[ReportOut | DimensionReportOut]):
-    """A usage report: per window (`ReportOut`), or with ``group_by`` per value
-    of the key (`DimensionReportOut`)."""
 
 
 def dimension_head(report: DimensionReport) -> dict[str, Any]:

@@ -1,10 +1,11 @@
-"""Reports over HTTP: ``GET /v1/reports/overage`` and ``GET /v1/reports/usage``.
+"""Reports over HTTP: ``GET /v1/reports/overage``, ``/usage`` and ``/shadow``.
 
 The query parameters are the ``metering report`` options (``period``,
 ``since``, ``until``, ``limit``; ``subject`` and ``top`` for overage;
 ``subject`` required for usage, and ``group_by`` for usage by a metadata
-key) and are validated by the library (`select_overage`, `select_usage`,
-`usage_by_dimension`) before any row is read. ``Accept`` picks
+key; ``limit`` required for shadow, with ``subject`` and ``top``) and are
+validated by the library (`select_overage`, `select_usage`,
+`usage_by_dimension`, `select_shadow`) before any row is read. ``Accept`` picks
 the format: JSON (``application/json``, the default) or CSV (``text/csv``,
 the CLI's writer: `metering.reports.export.csv_lines`, formula-like cells
 neutralised); anything else is 406. Rows stream from the database as the
@@ -16,35 +17,33 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncGenerator, Callable, Generator, Iterator
+from datetime import datetime
 from typing import Annotated, Any, Final, Literal
 
 import anyio
 from fastapi import APIRouter, Depends, Query, Request
+from pydantic import BaseModel, Field, RootModel
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from metering.api.admin_common import invalid
-from metering.api.admin_models import (
-    ReportOut,
-    UsageReportOut,
-    dimension_head,
-    report_head,
-)
+from metering.api.admin_models import DimensionReportOut, dimension_head
 from metering.api.auth import AUTH_ERRORS, require_scope
 from metering.api.context import ApiContext, api_context
 from metering.api.problems import COMMON_ERRORS, ApiProblem, responses
 from metering.domain.bounds import MAX_LISTING
+from metering.domain.limits import Enforcement
 from metering.errors import InvalidInput
 from metering.reports import (
-    DIMENSION_SHAPE,
     DimensionReport,
-    Report,
     csv_lines,
     select_overage,
+    select_shadow,
     select_usage,
     usage_by_dimension,
 )
+from metering.reports.overage import BaseReport
 
 router = APIRouter(prefix="/v1", tags=["reports"])
 
@@ -63,14 +62,87 @@ CHUNK_CHARS: Final = 64 * 1024
 # The library's names of the filters, as the query spells them.
 NAMES: Final = {"name": "limit"}
 
-REPORT_RESPONSES: Final = {
-    200: {
-        "model": ReportOut,
-        "description": "The report, streamed: JSON, or CSV (a header, then one line a row).",
-        "content": {"text/csv": {"schema": {"type": "string"}}},
-    },
-    **responses(400, 406, 422, *AUTH_ERRORS, *COMMON_ERRORS),
-}
+
+class ReportRowOut(BaseModel):
+    """One subject's use of one limit in one window."""
+
+    subject: str
+    limit: str
+    enforcement: Enforcement
+    window_start: datetime
+    window_end: datetime
+    maximum: int = Field(
+        description="The maximum that applied: the subject's entitlement at the window's end, "
+        "else the limit's default."
+    )
+    used: int
+    granted: int = Field(description="The part of used that grants paid.")
+    overage: int = Field(
+        description="Soft limit: used - granted beyond the maximum; hard limit: the cost "
+        "denied; shadow limit: 0 (its denials are would-denies)."
+    )
+    denied_events: int
+    denied_cost: int
+    utilisation_percent: float
+    first_denied_at: datetime | None
+
+
+class ReportOut(BaseModel):
+    """A report as JSON (``Accept: application/json``); ``text/csv`` gives the rows
+    as CSV, the header first."""
+
+    report: Literal["overage", "usage"]
+    period: str = Field(description="The windows' start range, in words.", examples=["2026-11"])
+    since: datetime | None = Field(description="Windows starting at or after this.")
+    until: datetime | None = Field(description="Windows starting before this.")
+    rows: list[ReportRowOut]
+
+
+class ShadowRowOut(BaseModel):
+    """What a shadow limit would have denied one subject over the period."""
+
+    subject: str
+    limit: str
+    would_deny_events: int
+    would_deny_cost: int
+    windows: int = Field(description="Windows with at least one would-deny.")
+    first_would_deny_at: datetime | None
+    peak_window_start: datetime = Field(description="The window with most would-deny cost.")
+    peak_window_end: datetime
+    peak_used: int
+    peak_maximum: int = Field(description="The maximum that applied in the peak window.")
+    peak_would_deny_cost: int
+
+
+class ShadowOut(BaseModel):
+    """The shadow report as JSON; ``text/csv`` gives the rows as CSV."""
+
+    report: Literal["shadow"]
+    period: str = Field(description="The windows' start range, in words.", examples=["2026-11"])
+    since: datetime | None = Field(description="Windows starting at or after this.")
+    until: datetime | None = Field(description="Windows starting before this.")
+    limit: str
+    rows: list[ShadowRowOut]
+
+
+def _responses(model: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
+    return {
+        200: {
+            "model": model,
+            "description": "The report, streamed: JSON, or CSV (a header, then one line a row).",
+            "content": {"text/csv": {"schema": {"type": "string"}}},
+        },
+        **responses(400, 406, 422, *AUTH_ERRORS, *COMMON_ERRORS),
+    }
+
+
+class UsageReportOut(RootModel[ReportOut | DimensionReportOut]):
+    """A usage report: per window (`ReportOut`), or with ``group_by`` per value
+    of the key (`DimensionReportOut`)."""
+
+
+REPORT_RESPONSES: Final = _responses(ReportOut)
+SHADOW_RESPONSES: Final = _responses(ShadowOut)
 USAGE_RESPONSES: Final = {
     **REPORT_RESPONSES,
     200: {
@@ -126,11 +198,25 @@ def _quality(parameters: list[str]) -> float:
     return 1.0
 
 
-def _json_lines(report: Report | DimensionReport, rows: Iterator[Any]) -> Iterator[str]:
+def _head(report: BaseReport[Any]) -> dict[str, Any]:
+    """The JSON answer's fields before its rows (`ReportOut`, `ShadowOut`)."""
+    chosen = report.range
+    head: dict[str, Any] = {
+        "report": report.kind,
+        "period": chosen.label,
+        "since": None if chosen.since is None else chosen.since.isoformat(),
+        "until": None if chosen.until is None else chosen.until.isoformat(),
+    }
+    if report.kind == "shadow":
+        head["limit"] = report.query.limit
+    return head
+
+
+def _json_lines(report: BaseReport[Any] | DimensionReport, rows: Iterator[Any]) -> Iterator[str]:
     if isinstance(report, DimensionReport):
         head = json.dumps(dimension_head(report))
     else:
-        head = json.dumps(report_head(report))
+        head = json.dumps(_head(report))
     yield head[:-1] + ', "rows": ['
     separator = "\n"
     for row in rows:
@@ -193,20 +279,15 @@ class Streamed(StreamingResponse):
 
 
 async def _respond(
-    request: Request, select: Callable[[], Report | DimensionReport], filename: str
+    request: Request, select: Callable[[], BaseReport[Any] | DimensionReport], filename: str
 ) -> Response:
     fmt = negotiate(request.headers.get("accept"))
     try:
         report = await run_in_threadpool(select)
     except InvalidInput as exc:
         raise invalid(exc, NAMES) from None
-    rows: Iterator[Any] = report.rows()
-    if fmt == "json":
-        lines = _json_lines(report, rows)
-    elif isinstance(report, DimensionReport):
-        lines = csv_lines(rows, DIMENSION_SHAPE)
-    else:
-        lines = csv_lines(rows)
+    rows = report.rows()
+    lines = csv_lines(rows, report.kind) if fmt == "csv" else _json_lines(report, rows)
     chunks = _chunks(lines, rows)
     try:
         # The first chunk is read before the answer starts: a database that
@@ -302,4 +383,39 @@ async def usage(
         request,
         lambda: select_usage(meter, subject, period=period, since=since, until=until, limit=limit),
         "usage",
+    )
+
+
+@router.get(
+    "/reports/shadow",
+    summary="Whom a shadow limit would have denied",
+    response_model=None,
+    responses=SHADOW_RESPONSES,
+    dependencies=[require_scope("read")],
+)
+async def shadow(
+    request: Request,
+    context: Annotated[ApiContext, Depends(api_context)],
+    limit: Annotated[str, Query(description="The shadow limit.")],
+    period: Period = None,
+    since: Since = None,
+    until: Until = None,
+    subject: Annotated[str | None, Query(description="Only this subject.")] = None,
+    top: Annotated[
+        int | None,
+        Query(ge=1, le=MAX_LISTING, description="Only the N subjects with most would-deny cost."),
+    ] = None,
+) -> Response:
+    """Per subject, what a shadow limit would have denied had it been hard:
+    would-deny count and cost, in how many windows, and the peak window's
+    usage against the maximum that applied; the largest would-deny cost
+    first: ``metering report shadow``. A limit that is not shadow is a 400
+    naming ``limit`` (a hard limit's denials are in the overage report)."""
+    meter = context.meter
+    return await _respond(
+        request,
+        lambda: select_shadow(
+            meter, limit, period=period, since=since, until=until, subject=subject, top=top
+        ),
+        "shadow",
     )

@@ -1,4 +1,4 @@
-"""``metering report overage|usage``: the reports on the command line.
+"""``metering report overage|usage|shadow``: the reports on the command line.
 
 ``usage --group-by KEY`` is the usage-by-dimension report
 (`metering.reports.dimensions`): a subject's usage per limit and value of a
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import IO, Any, Final, TypeVar
@@ -34,14 +34,33 @@ from metering.reports.dimensions import (
     DimensionRow,
     usage_by_dimension,
 )
-from metering.reports.export import DIMENSION_SHAPE, write_csv
-from metering.reports.overage import COLUMNS, Report, ReportRow, select_overage, select_usage
+from metering.reports.dimensions import (
+    KIND as DIMENSION_KIND,
+)
+from metering.reports.export import FORMATS, write_csv
+from metering.reports.overage import BaseReport, select_overage, select_usage
+from metering.reports.shadow import select_shadow
 
 F = TypeVar("F", bound=Callable[..., Any])
+RowT = TypeVar("RowT")
 
 PROGRESS_EVERY: Final = 1000
 NUMERIC: Final = frozenset(
-    {"maximum", "used", "overage", "denied_events", "denied_cost", "utilisation_percent"}
+    {
+        "maximum",
+        "used",
+        "granted",
+        "overage",
+        "denied_events",
+        "denied_cost",
+        "utilisation_percent",
+        "would_deny_events",
+        "would_deny_cost",
+        "windows",
+        "peak_used",
+        "peak_maximum",
+        "peak_would_deny_cost",
+    }
 )
 HEADERS: Final = {
     "window_start": "window start",
@@ -50,34 +69,55 @@ HEADERS: Final = {
     "denied_cost": "denied cost",
     "utilisation_percent": "utilisation %",
     "first_denied_at": "first denial",
+    "would_deny_events": "would-deny events",
+    "would_deny_cost": "would-deny cost",
+    "first_would_deny_at": "first would-deny",
+    "peak_window_start": "peak window",
+    "peak_window_end": "peak ends",
+    "peak_used": "peak used",
+    "peak_maximum": "peak maximum",
+    "peak_would_deny_cost": "peak would-deny",
 }
+FORMAT_OPTION: Final = click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "csv", "json"]),
+    default="table",
+    show_default=True,
+    help="Output on stdout.",
+)
+PROGRESS_OPTION: Final = click.option(
+    "--progress/--no-progress",
+    default=None,
+    help="Progress bar on stderr (default: when stderr is a terminal).",
+)
+
+
+def _period_options(func: F) -> F:
+    decorators = [
+        click.option(
+            "--period", "--month", "period", metavar="YYYY-MM", help="A calendar month (UTC)."
+        ),
+        click.option("--since", metavar="ISO8601", help="Windows starting at or after this."),
+        click.option("--until", metavar="ISO8601", help="Windows starting before this."),
+    ]
+    for decorator in reversed(decorators):
+        func = decorator(func)
+    return func
 
 
 def _filter_options(func: F) -> F:
     decorators = [
-        click.option("--period", metavar="YYYY-MM", help="A calendar month (UTC)."),
-        click.option("--since", metavar="ISO8601", help="Windows starting at or after this."),
-        click.option("--until", metavar="ISO8601", help="Windows starting before this."),
+        _period_options,
         click.option("--limit", help="Only this limit."),
-        click.option(
-            "--format",
-            "fmt",
-            type=click.Choice(["table", "csv", "json"]),
-            default="table",
-            show_default=True,
-            help="Output on stdout.",
-        ),
+        FORMAT_OPTION,
         click.option(
             "--chart",
             type=click.Path(dir_okay=False, path_type=Path),
             metavar="FILE.png",
             help="Also draw a PNG chart.",
         ),
-        click.option(
-            "--progress/--no-progress",
-            default=None,
-            help="Progress bar on stderr (default: when stderr is a terminal).",
-        ),
+        PROGRESS_OPTION,
     ]
     for decorator in reversed(decorators):
         func = decorator(func)
@@ -86,7 +126,8 @@ def _filter_options(func: F) -> F:
 
 @click.group()
 def report() -> None:
-    """Billing reports: overage per window, a subject's usage over time.
+    """Billing reports: overage per window, a subject's usage over time,
+    whom a shadow limit would have denied.
 
     A report selects the windows that start in the period (--period 2026-11,
     or --since/--until; --until is exclusive). Token buckets and counters of
@@ -109,10 +150,15 @@ def overage(
     subject: str | None,
     top: int | None,
 ) -> None:
-    """Maximum, used, overage and denials per subject, limit and window, by overage.
+    """Maximum, used, granted, overage and denials per subject, limit and
+    window, by overage.
 
-    Overage is, for a soft limit, usage beyond the maximum; for a hard limit,
-    the cost of the denied events.
+    The maximum is the one that applied to the subject in the window (its
+    entitlement at the window's end, else the limit's default); granted is
+    the usage grants paid. Overage is, for a soft limit, the window's own
+    usage (used - granted) beyond the maximum; for a hard limit, the cost of
+    the denied events; a shadow limit's is 0 (its denials are would-denies:
+    see report shadow).
     """
     chosen = select_overage(
         current_meter(),
@@ -179,6 +225,32 @@ def usage(
         _chart_written(usage_chart(kept, chart, subject, chosen.range.label))
 
 
+@report.command()
+@click.option("--limit", required=True, help="The shadow limit.")
+@_period_options
+@click.option("--subject", help="Only this subject.")
+@FORMAT_OPTION
+@click.option("--top", type=int, metavar="N", help="Only the N subjects with most would-deny cost.")
+@PROGRESS_OPTION
+def shadow(
+    limit: str,
+    period: str | None,
+    since: str | None,
+    until: str | None,
+    subject: str | None,
+    fmt: str,
+    top: int | None,
+    progress: bool | None,
+) -> None:
+    """Whom a shadow limit would have denied, had it been hard: per subject,
+    the would-deny count and cost, in how many windows, and the peak window's
+    usage against the maximum that applied; by would-deny cost."""
+    chosen = select_shadow(
+        current_meter(), limit, period=period, since=since, until=until, subject=subject, top=top
+    )
+    _output(chosen, fmt, progress, 0, f"Would deny ({limit}), {chosen.range.label}")
+
+
 def _chart_written(path: Path) -> None:
     click.echo(f"chart written to {path}", err=True)
 
@@ -187,12 +259,12 @@ def _chart_written(path: Path) -> None:
 
 
 def _output(
-    chosen: Report, fmt: str, progress: bool | None, keep: int | None, title: str
-) -> list[ReportRow]:
+    chosen: BaseReport[RowT], fmt: str, progress: bool | None, keep: int | None, title: str
+) -> list[RowT]:
     """Write the report on stdout; return its first ``keep`` rows (None: all)."""
-    kept: list[ReportRow] = []
+    kept: list[RowT] = []
 
-    def tee(rows: Iterable[ReportRow]) -> Iterator[ReportRow]:
+    def tee(rows: Iterable[RowT]) -> Iterator[RowT]:
         for row in rows:
             if keep is None or len(kept) < keep:
                 kept.append(row)
@@ -202,11 +274,11 @@ def _output(
     rows = _with_progress(chosen) if show else chosen.rows()
     out = sys.stdout
     if fmt == "csv":
-        write_csv(tee(rows), out)
+        write_csv(tee(rows), out, chosen.kind)
     elif fmt == "json":
         _write_json(tee(rows), out)
     else:
-        _print_report(list(tee(rows)), title)
+        _print_report(list(tee(rows)), FORMATS[chosen.kind][0], title)
     return kept
 
 
@@ -215,7 +287,7 @@ def _output_groups(grouped: DimensionReport, fmt: str, progress: bool | None) ->
     show = sys.stderr.isatty() if progress is None else progress
     rows = _with_progress(grouped) if show else grouped.rows()
     if fmt == "csv":
-        write_csv(rows, sys.stdout, DIMENSION_SHAPE)
+        write_csv(rows, sys.stdout, DIMENSION_KIND)
     elif fmt == "json":
         _write_json(rows, sys.stdout)
     else:
@@ -241,7 +313,7 @@ def _print_groups(rows: list[DimensionRow], title: str) -> None:
     print_table(table(DIMENSION_COLUMNS, cells, title, numeric={"used", "events"}))
 
 
-def _with_progress(chosen: Report | DimensionReport) -> Iterator[Any]:
+def _with_progress(chosen: BaseReport[RowT] | DimensionReport) -> Iterator[Any]:
     total = chosen.count()
     console = Console(stderr=True)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
@@ -256,7 +328,7 @@ def _with_progress(chosen: Report | DimensionReport) -> Iterator[Any]:
         bar.update(task, completed=done)
 
 
-def _write_json(rows: Iterable[ReportRow | DimensionRow], out: IO[str]) -> None:
+def _write_json(rows: Iterable[Any], out: IO[str]) -> None:
     """A JSON array, one object per line, written as rows arrive."""
     separator = "[\n"
     for row in rows:
@@ -275,11 +347,11 @@ def _cell(name: str, value: object) -> object:
     return value
 
 
-def _print_report(rows: list[ReportRow], title: str) -> None:
+def _print_report(rows: list[Any], columns: Sequence[str], title: str) -> None:
     if not rows:
         click.echo(f"{title}: no windows")
         return
-    headers = [HEADERS.get(name, name) for name in COLUMNS]
+    headers = [HEADERS.get(name, name) for name in columns]
     numeric = {HEADERS.get(name, name) for name in NUMERIC}
-    cells = [[_cell(name, getattr(row, name)) for name in COLUMNS] for row in rows]
+    cells = [[_cell(name, getattr(row, name)) for name in columns] for row in rows]
     print_table(table(headers, cells, title, numeric=numeric))

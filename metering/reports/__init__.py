@@ -12,9 +12,11 @@ limits record (``Limit(..., dimensions=("route",))``), from hourly rollups.
 
 `select_overage` and `select_usage` validate the filters and return a
 `Report` whose ``rows()`` streams from the database (for large exports).
-Charts are in `metering.reports.charts` (imports matplotlib when used).
-`write_csv` writes rows as CSV with formula-like text cells neutralised;
-`csv_lines` yields the same text line by line, for streaming.
+`select_shadow` and `shadow_report` (`metering.reports.shadow`) tell whom a
+shadow limit would have denied, had it been hard. Charts are in
+`metering.reports.charts` (imports matplotlib when used). `write_csv`
+writes rows as CSV with formula-like text cells neutralised; `csv_lines`
+yields the same text line by line, for streaming.
 """
 
 from metering.reports.dimensions import (
@@ -23,7 +25,7 @@ from metering.reports.dimensions import (
     usage_by_dimension,
     usage_by_dimension_report,
 )
-from metering.reports.export import DIMENSION_SHAPE, csv_lines, write_csv
+from metering.reports.export import csv_lines, write_csv
 from metering.reports.overage import (
     COLUMNS,
     Report,
@@ -34,19 +36,23 @@ from metering.reports.overage import (
     select_usage,
     usage_report,
 )
+from metering.reports.shadow import SHADOW_COLUMNS, ShadowRow, select_shadow, shadow_report
 
 __all__ = [
     "COLUMNS",
-    "DIMENSION_SHAPE",
+    "SHADOW_COLUMNS",
     "DimensionReport",
     "DimensionRow",
     "Report",
     "ReportRange",
     "ReportRow",
+    "ShadowRow",
     "csv_lines",
     "overage_report",
     "select_overage",
+    "select_shadow",
     "select_usage",
+    "shadow_report",
     "usage_by_dimension",
     "usage_by_dimension_report",
     "usage_report",

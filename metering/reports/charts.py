@@ -41,7 +41,8 @@ def _figure(width: float, height: float) -> Figure:
 
 
 def _over(row: ReportRow) -> bool:
-    return row.overage > 0 or row.used > row.maximum
+    # Grant-paid usage is not over: only the window's own usage counts.
+    return row.overage > 0 or row.used - row.granted > row.maximum
 
 
 def _empty(figure: Figure, title: str) -> Figure:
@@ -125,11 +126,25 @@ def _usage_panel(axes: Axes, limit: str, windows: Sequence[ReportRow]) -> None:
             label="denied (not consumed)",
         )
     maximum = windows[-1].maximum
-    axes.axhline(maximum, color=LIMIT_LINE, linestyle="--", label=f"limit {maximum:,}", zorder=3)
+    if all(w.maximum == maximum for w in windows):
+        axes.axhline(
+            maximum, color=LIMIT_LINE, linestyle="--", label=f"limit {maximum:,}", zorder=3
+        )
+    else:  # entitlements changed: each window's own maximum, the one that applied
+        axes.hlines(
+            [w.maximum for w in windows],
+            starts,  # type: ignore[arg-type]
+            [w.window_end for w in windows],  # type: ignore[arg-type]
+            color=LIMIT_LINE,
+            linestyle="--",
+            label=f"limit per window (last {maximum:,})",
+            zorder=3,
+        )
     axes.set_ylabel("used")
     axes.yaxis.set_major_formatter("{x:,.0f}")
     axes.set_title(f"{limit} ({windows[-1].enforcement})", loc="left", fontsize=10)
-    axes.set_ylim(0, max([w.used + w.denied_cost for w in windows] + [maximum]) * 1.15)
+    highest = max(w.used + w.denied_cost for w in windows)
+    axes.set_ylim(0, max(highest, *(w.maximum for w in windows)) * 1.15)
     axes.legend(loc="upper left")
 
 

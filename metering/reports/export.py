@@ -18,7 +18,9 @@ from functools import lru_cache
 from typing import IO, Any, Final
 
 from metering.reports.dimensions import DIMENSION_COLUMNS, DimensionRow
+from metering.reports.dimensions import KIND as DIMENSION_KIND
 from metering.reports.overage import COLUMNS, ReportRow
+from metering.reports.shadow import SHADOW_COLUMNS, ShadowRow
 
 FORMULA_STARTS: Final = ("=", "+", "-", "@", "\t", "\r")
 
@@ -45,6 +47,7 @@ def csv_cells(row: ReportRow) -> tuple[object, ...]:
         _iso(row.window_end),
         row.maximum,
         row.used,
+        row.granted,
         row.overage,
         row.denied_events,
         row.denied_cost,
@@ -66,17 +69,40 @@ def dimension_cells(row: DimensionRow) -> tuple[object, ...]:
     )
 
 
-# A report's CSV shape: its header, and its cells of one row.
-Shape = tuple[Sequence[str], Callable[[Any], tuple[object, ...]]]
-OVERAGE_SHAPE: Final[Shape] = (COLUMNS, csv_cells)
-DIMENSION_SHAPE: Final[Shape] = (DIMENSION_COLUMNS, dimension_cells)
+def shadow_cells(row: ShadowRow) -> tuple[object, ...]:
+    """One shadow report row's cells, written as `csv_cells` writes a report row's."""
+    first = row.first_would_deny_at
+    return (
+        neutralise(row.subject),
+        neutralise(row.limit),
+        row.would_deny_events,
+        row.would_deny_cost,
+        row.windows,
+        "" if first is None else first.isoformat(),
+        _iso(row.peak_window_start),
+        _iso(row.peak_window_end),
+        row.peak_used,
+        row.peak_maximum,
+        row.peak_would_deny_cost,
+    )
 
 
-def write_csv(rows: Iterable[Any], out: IO[str], shape: Shape = OVERAGE_SHAPE) -> None:
-    """RFC 4180 CSV with a header of `COLUMNS`; instants in ISO 8601, none as empty;
-    string cells neutralised (see the module docstring). ``shape`` is another
-    report's header and cells (`DIMENSION_SHAPE`)."""
-    columns, cells = shape
+# A report's kind -> its CSV header and the cells of one of its rows.
+CsvFormat = tuple[Sequence[str], Callable[[Any], tuple[object, ...]]]
+FORMATS: Final[dict[str, CsvFormat]] = {
+    "overage": (COLUMNS, csv_cells),
+    "usage": (COLUMNS, csv_cells),
+    "shadow": (SHADOW_COLUMNS, shadow_cells),
+    DIMENSION_KIND: (DIMENSION_COLUMNS, dimension_cells),
+}
+
+
+def write_csv(rows: Iterable[Any], out: IO[str], kind: str = "overage") -> None:
+    """RFC 4180 CSV of a report of ``kind`` (the header of `COLUMNS` for
+    overage and usage, `SHADOW_COLUMNS` for shadow, `DIMENSION_COLUMNS` for
+    usage by dimension); instants in ISO 8601,
+    none as empty; string cells neutralised (see the module docstring)."""
+    columns, cells = FORMATS[kind]
     writer = csv.writer(out)
     writer.writerow(columns)
     for row in rows:
@@ -90,10 +116,10 @@ class _Line:
         return text
 
 
-def csv_lines(rows: Iterable[Any], shape: Shape = OVERAGE_SHAPE) -> Iterator[str]:
+def csv_lines(rows: Iterable[Any], kind: str = "overage") -> Iterator[str]:
     """`write_csv`'s output line by line (the header first), as ``rows`` arrive:
     for a caller that streams it (the HTTP API) rather than writing to a file."""
-    columns, cells = shape
+    columns, cells = FORMATS[kind]
     writer = csv.writer(_Line())
     yield writer.writerow(columns)
     for row in rows:

@@ -1,16 +1,28 @@
 """Billing reports: usage, overage and denials per subject, limit and window.
 
-A report row is one counter (subject, limit, window) read with the limit as
-it is now. Decisions made here, and documented in the README:
+A report row is one counter (subject, limit, window). Decisions made here,
+and documented in docs/reports.md:
 
 * **Period.** A report selects the windows that *start* in the period
   (``since <= window_start < until``). Every window then belongs to exactly
   one billing period, even a first-use window that spans a month end, so
   consecutive periods never bill a window twice.
-* **Changed and deleted limits.** Rows show the limit's current maximum and
-  enforcement (counters do not keep the maximum they were decided with).
-  Counters of a deleted limit are left out: there is nothing to bill them
-  against. ``metering counters`` still shows them.
+* **The maximum that applied.** A row's ``maximum`` is the subject's
+  entitlement in force at the window's end (an upgrade mid-window raises
+  the whole window's maximum, as the decisions after it did), else the
+  limit's default. Entitlements keep their history, so a past window keeps
+  the maximum it was billed against when the entitlement changes later. A
+  limit's *default* has no history: a row without an entitlement shows the
+  default as it is now, and the enforcement is the current one too.
+* **Grants are not overage.** ``granted`` is the usage grants paid for in
+  the window; soft overage counts only the window's own usage beyond the
+  maximum (``used - granted - maximum``). A hard limit's overage stays the
+  cost it denied: usage a grant paid was never denied.
+* **Shadow limits** bill nothing: their ``overage`` is 0 and their
+  ``denied_events``/``denied_cost`` are would-denies (what a hard limit
+  would have refused). `metering.reports.shadow` reports them per subject.
+* **Deleted limits.** Counters of a deleted limit are left out: there is
+  nothing to bill them against. ``metering counters`` still shows them.
 * **Token buckets** are left out: a bucket has a single counter with no
   window, its ``used`` counts tokens ever taken, and its maximum is a
   capacity, not an allowance per period, so neither a period nor overage
@@ -24,7 +36,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from datetime import UTC, date, datetime, timedelta
 from functools import lru_cache
-from typing import Any, Final
+from typing import Any, Final, Generic, TypeVar
 
 from sqlalchemy import Select
 
@@ -37,6 +49,7 @@ from metering.storage.database import Database, DatabaseSource, database_of
 from metering.storage.reports import (
     ReportQuery,
     ReportStore,
+    count_statement,
     overage_statement,
     usage_statement,
 )
@@ -45,14 +58,19 @@ PERIOD_PATTERN: Final = re.compile(r"([0-9]{4})-([0-9]{2})")
 FIRST_YEAR: Final = 1970
 LAST_YEAR: Final = 9998  # the month after December 9999 is past what a datetime holds
 TimeBound = datetime | date | str | None
+RowT = TypeVar("RowT")
 
 
 @dataclass(slots=True)
 class ReportRow:
     """One subject's use of one limit in one window.
 
-    ``overage`` is, for a soft limit, ``used`` beyond ``maximum``; for a hard
-    limit, the cost of the denied events (``denied_cost``).
+    ``maximum`` is the one that applied to the subject in the window (its
+    entitlement at the window's end, else the limit's default); ``granted``
+    the part of ``used`` that grants paid. ``overage`` is, for a soft limit,
+    the window's own usage (``used - granted``) beyond ``maximum``; for a
+    hard limit, the cost of the denied events (``denied_cost``); for a
+    shadow limit 0 (its denials are would-denies, never billed).
     ``utilisation_percent`` is ``100 * used / maximum``, rounded to 2 places.
     """
 
@@ -63,6 +81,7 @@ class ReportRow:
     window_end: datetime
     maximum: int
     used: int
+    granted: int
     overage: int
     denied_events: int
     denied_cost: int
@@ -88,8 +107,8 @@ def _window_instant(us: int) -> datetime:
 
 def _row(record: Any) -> ReportRow:
     # Unpacked by position: a large export builds hundreds of thousands of rows.
-    subject, limit, enforcement, start_us, end_us, maximum, used = record[:7]
-    overage, denied_count, denied_cost, first_us = record[7:]
+    subject, limit, enforcement, start_us, end_us, maximum, used, granted = record[:8]
+    overage, denied_count, denied_cost, first_us = record[8:]
     return ReportRow(
         subject,
         limit,
@@ -98,6 +117,7 @@ def _row(record: Any) -> ReportRow:
         _window_instant(end_us),
         maximum,
         used,
+        int(granted),
         int(overage),
         denied_count,
         denied_cost,
@@ -194,11 +214,13 @@ def _range_label(start: datetime | None, end: datetime | None) -> str:
 
 
 @dataclass(frozen=True)
-class Report:
+class BaseReport(Generic[RowT]):
     """A validated report, ready to read: `rows` streams, `count` counts.
 
-    Build one with `select_overage` or `select_usage`; invalid filters raise
-    there, before any row is read.
+    Build one with `select_overage`, `select_usage` or
+    `metering.reports.shadow.select_shadow`; invalid filters raise there,
+    before any row is read. A subclass makes its rows of database records
+    (`decode`).
     """
 
     database: Database
@@ -206,16 +228,39 @@ class Report:
     range: ReportRange
     query: ReportQuery
     statement: Select[Any]
+    counting: Select[Any]
+
+    def decode(self, record: Any) -> RowT:
+        raise NotImplementedError
 
     def count(self) -> int:
         """How many rows `rows` yields."""
-        return self.database.run(lambda c: ReportStore(c).count(self.query))
+        return self.database.run(lambda c: ReportStore(c).count(self.counting, self.query.top))
 
-    def rows(self) -> Iterator[ReportRow]:
+    def rows(self) -> Iterator[RowT]:
         """The rows, streamed from the database (read them all, or close the iterator)."""
+        decode = self.decode
         with self.database.reading() as connection:
             for record in ReportStore(connection).stream(self.statement):
-                yield _row(record)
+                yield decode(record)
+
+
+class Report(BaseReport[ReportRow]):
+    """The overage or the usage report: one `ReportRow` per counter."""
+
+    def decode(self, record: Any) -> ReportRow:
+        return _row(record)
+
+
+def checked_top(top: object) -> None:
+    """Raise `InvalidInput` unless ``top`` is None or a whole number in range."""
+    if top is not None and (
+        isinstance(top, bool) or not isinstance(top, int) or not 1 <= top <= MAX_LISTING
+    ):
+        raise InvalidInput(
+            "top",
+            f"must be a whole number of at least 1 and at most {MAX_LISTING:,}, got {shown(top)}",
+        )
 
 
 def _checked_limit(database: Database, limit: str | None) -> str | None:
@@ -243,19 +288,15 @@ def select_overage(
     neither, all time. ``top`` keeps the first N rows. Raises `InvalidInput`
     for a malformed filter and `UnknownLimit` for a limit that is not defined.
     """
-    if top is not None and (
-        isinstance(top, bool) or not isinstance(top, int) or not 1 <= top <= MAX_LISTING
-    ):
-        raise InvalidInput(
-            "top",
-            f"must be a whole number of at least 1 and at most {MAX_LISTING:,}, got {shown(top)}",
-        )
+    checked_top(top)
     database = database_of(meter)
     chosen = ReportRange.of(period, since, until)
     if subject is not None:
         validate_subject(subject)
     query = chosen.query(subject=subject, limit=_checked_limit(database, limit), top=top)
-    return Report(database, "overage", chosen, query, overage_statement(query))
+    return Report(
+        database, "overage", chosen, query, overage_statement(query), count_statement(query)
+    )
 
 
 def select_usage(
@@ -272,7 +313,7 @@ def select_usage(
     validate_subject(subject)
     chosen = ReportRange.of(period, since, until)
     query = chosen.query(subject=subject, limit=_checked_limit(database, limit))
-    return Report(database, "usage", chosen, query, usage_statement(query))
+    return Report(database, "usage", chosen, query, usage_statement(query), count_statement(query))
 
 
 def overage_report(

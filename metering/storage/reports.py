@@ -6,9 +6,29 @@ returns only the rows asked for, already sorted:
 
 * the period is a range on ``window_start_us`` (index
   ``ix_counters_window_start_us``; with a subject, ``ix_counters_subject``);
-* overage is a ``CASE`` on the limit's enforcement: soft, used beyond the
-  maximum; hard, the cost of denied events;
+* the maximum is the one that *applied* to the subject in the window: its
+  entitlement in force at the window's end (the latest ``entitlements`` row
+  starting before ``window_end_us``, a NULL maximum meaning the default),
+  else the limit's default. Entitlements are read as spans (each change
+  with the start of the next, by ``lead``) and outer-joined where a span
+  holds the window's last instant;
+* ``granted`` is the usage grants paid in the window: its ``grant_draws``
+  summed per window and outer-joined.
+
+  Joins rather than correlated subqueries: PostgreSQL hashes the two small
+  tables once, where subqueries probe their indexes for every row, and
+  their cost estimate made it JIT-compile the query too (a month of 294,100
+  counters, read and sorted: 1.6 s with the joins, 3.1 s and more with
+  subqueries, 1.3 s before reports had either);
+* overage is a ``CASE`` on the enforcement: soft, the window's own usage
+  (used less granted) beyond the applied maximum; hard, the cost of denied
+  events; shadow, none (its denials are would-denies, never billed);
 * ``ORDER BY overage DESC`` and ``LIMIT`` for ``--top``.
+
+The shadow report groups a shadow limit's windows with would-denies by
+subject with window functions (SQLite 3.25 and later, PostgreSQL): the
+totals over each subject's windows, and its peak window (the largest
+would-deny cost) picked by ``row_number``.
 
 Rows are streamed: on PostgreSQL through a server-side cursor
 (``stream_results``), ``yield_per`` rows at a time, so memory stays flat
@@ -21,10 +41,23 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sqlalchemy import Connection, Float, Select, and_, case, cast, func, literal, select
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    Connection,
+    Float,
+    Select,
+    and_,
+    case,
+    cast,
+    func,
+    literal,
+    or_,
+    select,
+)
 
 from metering.domain.state import NO_WINDOW
-from metering.storage.tables import counters, limits
+from metering.storage.tables import counters, entitlements, grant_draws, limits
 
 # Rows fetched per round trip from the server-side cursor.
 STREAM_BATCH: Final = 10_000
@@ -41,23 +74,67 @@ class ReportQuery:
     top: int | None = None
 
 
-def _overage() -> Any:
-    soft_overage = case(
-        (counters.c.used > limits.c.maximum, counters.c.used - limits.c.maximum),
-        else_=literal(0),
+def _entitlement_spans() -> Any:
+    """Each entitlement change with the start of the next one for the same
+    subject and limit (NULL for the latest): the span in which it applies."""
+    following = func.lead(entitlements.c.effective_from_us).over(
+        partition_by=(entitlements.c.subject, entitlements.c.limit_name),
+        order_by=entitlements.c.effective_from_us,
     )
-    return case((limits.c.enforcement == "soft", soft_overage), else_=counters.c.denied_cost)
+    return select(
+        entitlements.c.subject,
+        entitlements.c.limit_name,
+        entitlements.c.effective_from_us,
+        following.label("next_from_us"),
+        entitlements.c.maximum,
+    ).subquery("entitled")
 
 
-OVERAGE: Final = _overage().label("overage")
-# Float only for ordering; the utilisation reported is computed from integers.
-UTILISATION: Final = cast(counters.c.used, Float) / limits.c.maximum
+def with_applied_maximum(
+    joined: Any, subject: Any, limit: Any, window_end_us: Any
+) -> tuple[Any, ColumnElement[Any]]:
+    """``joined`` (which has ``limits``) with the subject's entitlement in force
+    at the end of a window outer-joined, and the maximum that applied: that
+    entitlement's, else, or when it is NULL (back to the default), the
+    limit's default. In force at the end means the span holds the window's
+    last instant (the end is exclusive): it starts before ``window_end_us``
+    and the next change, if any, starts at or after it."""
+    spans = _entitlement_spans()
+    covers = and_(
+        spans.c.subject == subject,
+        spans.c.limit_name == limit,
+        spans.c.effective_from_us < window_end_us,
+        or_(spans.c.next_from_us.is_(None), spans.c.next_from_us >= window_end_us),
+    )
+    return joined.outerjoin(spans, covers), func.coalesce(spans.c.maximum, limits.c.maximum)
 
 
-def _filtered(query: ReportQuery, statement: Select[Any]) -> Select[Any]:
+def _with_granted(joined: Any) -> tuple[Any, ColumnElement[Any]]:
+    """``joined`` (which has ``counters``) with each window's grant draws,
+    summed, outer-joined; and the grant-paid usage (0 without draws)."""
+    # PostgreSQL sums bigints as numeric: back to bigint, for integer arithmetic.
+    drawn = (
+        select(
+            grant_draws.c.subject,
+            grant_draws.c.limit_name,
+            grant_draws.c.window_start_us,
+            cast(func.sum(grant_draws.c.amount), BigInteger).label("amount"),
+        )
+        .group_by(grant_draws.c.subject, grant_draws.c.limit_name, grant_draws.c.window_start_us)
+        .subquery("drawn")
+    )
+    same_window = and_(
+        drawn.c.subject == counters.c.subject,
+        drawn.c.limit_name == counters.c.limit_name,
+        drawn.c.window_start_us == counters.c.window_start_us,
+    )
+    return joined.outerjoin(drawn, same_window), func.coalesce(drawn.c.amount, 0)
+
+
+def _window_conditions(query: ReportQuery) -> list[ColumnElement[bool]]:
     # Token buckets have a single row with no window (start = end = 0): they
     # are not reported (see metering.reports).
-    conditions = [counters.c.window_end_us != NO_WINDOW]
+    conditions: list[ColumnElement[bool]] = [counters.c.window_end_us != NO_WINDOW]
     if query.since_us is not None:
         conditions.append(counters.c.window_start_us >= query.since_us)
     if query.until_us is not None:
@@ -66,45 +143,171 @@ def _filtered(query: ReportQuery, statement: Select[Any]) -> Select[Any]:
         conditions.append(counters.c.subject == query.subject)
     if query.limit is not None:
         conditions.append(counters.c.limit_name == query.limit)
+    return conditions
+
+
+def _counted() -> Any:
     # Inner join: counters of deleted limits have no maximum to report against.
-    joined = counters.join(limits, limits.c.name == counters.c.limit_name)
-    return statement.select_from(joined).where(and_(*conditions))
+    return counters.join(limits, limits.c.name == counters.c.limit_name)
 
 
-def _rows_statement(query: ReportQuery) -> Select[Any]:
-    return _filtered(
-        query,
-        select(
-            counters.c.subject,
-            counters.c.limit_name,
-            limits.c.enforcement,
-            counters.c.window_start_us,
-            counters.c.window_end_us,
-            limits.c.maximum,
-            counters.c.used,
-            OVERAGE,
-            counters.c.denied_count,
-            counters.c.denied_cost,
-            counters.c.first_denied_at_us,
-        ),
+def _filtered(query: ReportQuery, statement: Select[Any]) -> Select[Any]:
+    return statement.select_from(_counted()).where(and_(*_window_conditions(query)))
+
+
+def _windows(query: ReportQuery) -> Any:
+    """The selected counters with their applied maximum and grant-paid usage,
+    as a derived table: the overage, ordering and utilisation read its
+    columns, so each expression is written once."""
+    joined, maximum = with_applied_maximum(
+        _counted(), counters.c.subject, counters.c.limit_name, counters.c.window_end_us
     )
+    joined, granted = _with_granted(joined)
+    statement = select(
+        counters.c.subject,
+        counters.c.limit_name,
+        limits.c.enforcement,
+        counters.c.window_start_us,
+        counters.c.window_end_us,
+        maximum.label("maximum"),
+        counters.c.used,
+        granted.label("granted"),
+        counters.c.denied_count,
+        counters.c.denied_cost,
+        counters.c.first_denied_at_us,
+    )
+    filtered = statement.select_from(joined).where(and_(*_window_conditions(query)))
+    return filtered.subquery("windows")
+
+
+def _overage(w: Any) -> ColumnElement[Any]:
+    own = w.c.used - w.c.granted
+    soft_overage = case((own > w.c.maximum, own - w.c.maximum), else_=literal(0))
+    return case(
+        (w.c.enforcement == "soft", soft_overage),
+        (w.c.enforcement == "shadow", literal(0)),
+        else_=w.c.denied_cost,
+    )
+
+
+def _rows_statement(query: ReportQuery) -> tuple[Select[Any], Any, Any]:
+    w = _windows(query)
+    overage = _overage(w).label("overage")
+    statement = select(
+        w.c.subject,
+        w.c.limit_name,
+        w.c.enforcement,
+        w.c.window_start_us,
+        w.c.window_end_us,
+        w.c.maximum,
+        w.c.used,
+        w.c.granted,
+        overage,
+        w.c.denied_count,
+        w.c.denied_cost,
+        w.c.first_denied_at_us,
+    )
+    return statement, w, overage
 
 
 def overage_statement(query: ReportQuery) -> Select[Any]:
     """Rows by overage, largest first; ties by utilisation, then by key."""
-    statement = _rows_statement(query).order_by(
-        OVERAGE.desc(),
-        UTILISATION.desc(),
-        counters.c.subject,
-        counters.c.limit_name,
-        counters.c.window_start_us,
+    statement, w, overage = _rows_statement(query)
+    # Float only for ordering; the utilisation reported is computed from integers.
+    utilisation = cast(w.c.used, Float) / w.c.maximum
+    statement = statement.order_by(
+        overage.desc(),
+        utilisation.desc(),
+        w.c.subject,
+        w.c.limit_name,
+        w.c.window_start_us,
     )
     return statement if query.top is None else statement.limit(query.top)
 
 
 def usage_statement(query: ReportQuery) -> Select[Any]:
     """One subject's windows in time order, limit by limit."""
-    return _rows_statement(query).order_by(counters.c.limit_name, counters.c.window_start_us)
+    statement, w, _ = _rows_statement(query)
+    return statement.order_by(w.c.limit_name, w.c.window_start_us)
+
+
+def _shadow_windows(query: ReportQuery) -> Any:
+    """A limit's windows with would-denies, each with its subject's totals
+    and its rank among the subject's windows (1: the peak)."""
+    by_subject = counters.c.subject
+    conditions = [*_window_conditions(query), counters.c.denied_count > 0]
+    return (
+        select(
+            counters.c.subject,
+            counters.c.limit_name,
+            counters.c.window_start_us,
+            counters.c.window_end_us,
+            counters.c.used,
+            counters.c.denied_cost,
+            func.sum(counters.c.denied_count).over(partition_by=by_subject).label("events"),
+            func.sum(counters.c.denied_cost).over(partition_by=by_subject).label("cost"),
+            func.count().over(partition_by=by_subject).label("windows"),
+            func.min(counters.c.first_denied_at_us).over(partition_by=by_subject).label("first_us"),
+            func.row_number()
+            .over(
+                partition_by=by_subject,
+                order_by=(counters.c.denied_cost.desc(), counters.c.window_start_us),
+            )
+            .label("rank"),
+        )
+        .where(and_(*conditions))
+        .subquery("shadow_windows")
+    )
+
+
+def shadow_statement(query: ReportQuery) -> Select[Any]:
+    """One row per subject a shadow limit would have denied, by would-deny
+    cost, largest first; ties by would-deny count, then subject."""
+    w = _shadow_windows(query)
+    joined, maximum = with_applied_maximum(
+        w.join(limits, limits.c.name == w.c.limit_name),
+        w.c.subject,
+        w.c.limit_name,
+        w.c.window_end_us,
+    )
+    statement = (
+        select(
+            w.c.subject,
+            w.c.limit_name,
+            w.c.events,
+            w.c.cost,
+            w.c.windows,
+            w.c.first_us,
+            w.c.window_start_us,
+            w.c.window_end_us,
+            w.c.used,
+            maximum,
+            w.c.denied_cost,
+        )
+        .select_from(joined)
+        .where(w.c.rank == 1)
+        .order_by(w.c.cost.desc(), w.c.events.desc(), w.c.subject)
+    )
+    return statement if query.top is None else statement.limit(query.top)
+
+
+def shadow_count_statement(query: ReportQuery) -> Select[Any]:
+    """How many subjects `shadow_statement` has (before ``top``)."""
+    conditions = [*_window_conditions(query), counters.c.denied_count > 0]
+    return select(func.count(func.distinct(counters.c.subject))).where(and_(*conditions))
+
+
+def count_statement(query: ReportQuery) -> Select[Any]:
+    """How many rows `overage_statement` and `usage_statement` have (before ``top``)."""
+    return _filtered(query, select(func.count()))
+
+
+@dataclass(frozen=True, slots=True)
+class LimitKind:
+    """What a report needs to know of a limit beyond its name."""
+
+    enforcement: str
+    algorithm: str
 
 
 class ReportStore:
@@ -114,13 +317,17 @@ class ReportStore:
         self.connection = connection
 
     def limit_exists(self, name: str) -> bool:
-        found = self.connection.execute(select(limits.c.name).where(limits.c.name == name))
-        return found.first() is not None
+        return self.limit_kind(name) is not None
 
-    def count(self, query: ReportQuery) -> int:
-        statement = _filtered(query, select(func.count()))
+    def limit_kind(self, name: str) -> LimitKind | None:
+        found = self.connection.execute(
+            select(limits.c.enforcement, limits.c.algorithm).where(limits.c.name == name)
+        ).first()
+        return None if found is None else LimitKind(found[0], found[1])
+
+    def count(self, statement: Select[Any], top: int | None) -> int:
         total = int(self.connection.execute(statement).scalar_one())
-        return total if query.top is None else min(total, query.top)
+        return total if top is None else min(total, top)
 
     def stream(self, statement: Select[Any]) -> Iterator[Any]:
         """Rows of ``statement``, fetched ``STREAM_BATCH`` at a time.

@@ -42,7 +42,14 @@ from metering.api import create_api
 from metering.apikeys import ApiKeys
 from metering.domain.events import make_event
 from metering.errors import UnknownLimit
-from metering.reports import COLUMNS, Report, overage_report, usage_report, write_csv
+from metering.reports import (
+    COLUMNS,
+    Report,
+    overage_report,
+    shadow_report,
+    usage_report,
+    write_csv,
+)
 from metering.settings import Settings
 from metering.webhooks.endpoints import Webhooks
 from metering.webhooks.settings import DeliverySettings
@@ -552,6 +559,44 @@ def test_usage_of_one_subject(http: httpx.Client, meter: Meter, clock: FrozenClo
     )
 
 
+def test_shadow_report_as_json_and_csv(
+    http: httpx.Client, meter: Meter, clock: FrozenClock
+) -> None:
+    meter.set_limit(
+        Limit("probe", maximum=3, period="1mo", window="calendar", enforcement="shadow")
+    )
+    for day, subject, cost in [(3, "org-1", 2), (4, "org-1", 2), (5, INJECTION, 5)]:
+        clock.set(datetime(2026, 11, day, 10, tzinfo=UTC))
+        assert meter.consume(subject, "probe", cost).allowed  # never denied: shadow
+    clock.set(NOW)
+    expected = shadow_report(meter, "probe", period="2026-11")
+    assert [(r.subject, r.would_deny_cost) for r in expected] == [(INJECTION, 5), ("org-1", 2)]
+
+    as_json = http.get("/v1/reports/shadow", params={"limit": "probe", "period": "2026-11"})
+    assert as_json.status_code == 200
+    assert as_json.json() == {
+        "report": "shadow",
+        "period": "2026-11",
+        "since": "2026-11-01T00:00:00+00:00",
+        "until": "2026-12-01T00:00:00+00:00",
+        "limit": "probe",
+        "rows": [row.to_dict() for row in expected],
+    }
+    as_csv = http.get(
+        "/v1/reports/shadow", params={"limit": "probe", "top": 1}, headers={"accept": "text/csv"}
+    )
+    assert as_csv.headers["content-type"] == "text/csv; charset=utf-8"
+    written = io.StringIO(newline="")
+    write_csv(expected[:1], written, "shadow")
+    assert as_csv.text == written.getvalue()
+    [row] = list(csv.DictReader(io.StringIO(as_csv.text, newline="")))
+    assert (row["subject"], row["would_deny_cost"]) == ("'" + INJECTION, "5")
+    hard = problem(
+        http.get("/v1/reports/shadow", params={"limit": "seats"}), 400, "invalid-input", "limit"
+    )
+    assert "not shadow" in hard["detail"] and "report overage" in hard["detail"]
+
+
 ACCEPTS: list[tuple[str | None, str | None]] = [
     (None, "application/json"),
     ("*/*", "application/json"),
@@ -596,6 +641,14 @@ BAD_FILTERS: list[tuple[str, dict[str, Any], int, str, str]] = [
     ("overage", {"limit": "nope"}, 422, "unknown-limit", "limit"),
     ("usage", {}, 400, "invalid-input", "subject"),
     ("usage", {"subject": "org-1", "limit": "nope"}, 422, "unknown-limit", "limit"),
+    ("shadow", {}, 400, "invalid-input", "limit"),
+    ("shadow", {"limit": "nope"}, 422, "unknown-limit", "limit"),
+    ("shadow", {"limit": "seats"}, 400, "invalid-input", "limit"),
+    ("shadow", {"limit": "Not A Name"}, 400, "invalid-input", "limit"),
+    ("shadow", {"limit": "seats", "period": "2026-13"}, 400, "invalid-input", "period"),
+    ("shadow", {"limit": "seats", "since": "soon"}, 400, "invalid-input", "since"),
+    ("shadow", {"limit": "seats", "top": 0}, 400, "invalid-input", "top"),
+    ("shadow", {"limit": "seats", "subject": " x"}, 400, "invalid-input", "subject"),
 ]
 
 
@@ -970,6 +1023,7 @@ SCOPED: list[tuple[str, str, Any, str]] = [
     ("DELETE", "/v1/limits/later", None, "admin"),
     ("GET", "/v1/reports/overage", None, "read"),
     ("GET", "/v1/reports/usage?subject=org-1", None, "read"),
+    ("GET", "/v1/reports/shadow?limit=seats", None, "read"),
     ("POST", "/v1/webhooks/endpoints", {"url": "https://example.com/"}, "admin"),
     ("GET", "/v1/webhooks/endpoints", None, "admin"),
     ("GET", "/v1/webhooks/endpoints/ep_x", None, "admin"),
@@ -989,7 +1043,7 @@ def test_each_route_takes_its_scope(http: httpx.Client, meter: Meter) -> None:
     admin key may do everything (`metering.apikeys.GRANTS`)."""
     keys = ApiKeys(meter)
     tokens = {scope: keys.create(scope, f"{scope} key")[1] for scope in ("ingest", "read", "admin")}
-    assert len(SCOPED) == 22  # every admin operation (the schema test counts them)
+    assert len(SCOPED) == 23  # every admin operation (the schema test counts them)
     assert {f"{method} {path.split('?')[0]}" for method, path, _, _ in SCOPED} >= {
         f"{m.upper()} {p}"
         for m, p, _ in _admin_operations(http.get("/openapi.json").json())
@@ -1033,6 +1087,7 @@ def test_every_admin_answer_has_its_shape_in_the_schema(http: httpx.Client) -> N
         "DELETE /v1/limits/{name}",
         "GET /v1/reports/overage",
         "GET /v1/reports/usage",
+        "GET /v1/reports/shadow",
         "POST /v1/webhooks/endpoints",
         "GET /v1/webhooks/endpoints",
         "GET /v1/webhooks/endpoints/{endpoint_id}",
@@ -1111,4 +1166,4 @@ def test_schemathesis_no_5xx_and_every_answer_conforms(http: httpx.Client) -> No
             except hypothesis.errors.Unsatisfiable:
                 # Every query parameter optional and free-form: nothing invalid to make.
                 assert mode == GenerationMode.NEGATIVE
-    assert seen == 22
+    assert seen == 23

@@ -97,6 +97,7 @@ class Expected:
             self.window_end,
             self.maximum,
             self.used,
+            0,  # granted: the dataset has no grants
             self.overage,
             self.denied_events,
             self.denied_cost,

@@ -182,6 +182,7 @@ def test_row_fields_are_the_documented_columns() -> None:
         "window_end",
         "maximum",
         "used",
+        "granted",
         "overage",
         "denied_events",
         "denied_cost",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 import sys
 from datetime import UTC, datetime, timedelta
@@ -53,6 +54,7 @@ def row(
         window_end=end or start + timedelta(days=30),
         maximum=maximum,
         used=used,
+        granted=0,
         overage=overage,
         denied_events=1 if denied_cost else 0,
         denied_cost=denied_cost,
@@ -104,6 +106,22 @@ def test_usage_figure_has_a_panel_per_limit_with_its_limit_line_and_dates() -> N
     ticks = [label.get_text() for label in seats.get_xticklabels() if label.get_text()]
     assert ticks and any(name in " ".join(ticks) for name in ("Sep", "Oct", "Nov"))
     assert "UTC" in seats.get_xlabel()
+
+
+def test_usage_figure_draws_each_windows_own_maximum_when_entitlements_changed() -> None:
+    months = [datetime(2026, m, 1, tzinfo=UTC) for m in (9, 10, 11)]
+    rows = [
+        row("org-a", "api_calls", start, used, maximum=maximum)
+        for start, used, maximum in zip(months, (80, 180, 250), (100, 250, 1000), strict=True)
+    ]
+    # 120 used, 30 of it paid by a grant: not over its maximum of 100.
+    rows[0] = dataclasses.replace(rows[0], used=120, granted=30, overage=0)
+    [calls] = usage_figure(rows, "org-a", "2026").axes
+    assert calls.get_lines() == []  # no single limit line ...
+    [segments] = calls.collections  # ... but one segment per window, at its maximum
+    assert [segment[0][1] for segment in segments.get_segments()] == [100, 250, 1000]
+    assert [p.get_facecolor() for p in calls.patches] == [calls.patches[1].get_facecolor()] * 3
+    assert calls.get_ylim()[1] == pytest.approx(1000 * 1.15)
 
 
 def test_chart_files_are_valid_pngs(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ JSON_TYPES: dict[str, tuple[type, ...]] = {
     "window_end": (str,),
     "maximum": (int,),
     "used": (int,),
+    "granted": (int,),
     "overage": (int,),
     "denied_events": (int,),
     "denied_cost": (int,),
