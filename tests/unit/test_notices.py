@@ -385,6 +385,8 @@ def test_a_shadow_buckets_would_deny_is_a_candidate_every_time() -> None:
         "would_deny",
         NO_WINDOW,
     )
+    # Its mark lasts an episode: the sweeper looks at it when the bucket is full.
+    assert notice.due_at_us == END
 
 
 def soft_with_grants(used_before: int, cost: int, grants: tuple[tuple[str, int], ...]) -> list[str]:

@@ -365,6 +365,11 @@ def test_the_hot_path_denies_what_the_grants_cannot_pay() -> None:
     assert never[0][4:7] == ["denied", 0, 15] and never[0][11] is None  # never fits a window
     whole, _, _ = both_engines([CALLS], [("org", "calls", 10)], [CounterState(used=9)], [2])
     assert whole[0][4:7] == ["denied", 9, 8] and whole[0][11] == end  # the maximum fits later
+    # The next window holds its own 10 and the 2 of the grant that never expires: 12 fits then.
+    later, _, _ = both_engines([CALLS], [("org", "calls", 12)], [CounterState(used=9)], [2])
+    assert later[0][4] == "denied" and later[0][11] == end
+    beyond, _, _ = both_engines([CALLS], [("org", "calls", 13)], [CounterState(used=9)], [2])
+    assert beyond[0][4] == "denied" and beyond[0][11] is None
 
 
 def test_the_hot_path_judges_a_grants_expiry_at_the_events_time() -> None:
