@@ -82,10 +82,14 @@ class HotStore(Protocol):
         ...
 
     def lock_pots(
-        self, pairs: Sequence[Pair], windows: Sequence[tuple[str, str, int]]
+        self,
+        pairs: Sequence[Pair],
+        windows: Sequence[tuple[str, str, int]],
+        locked: Sequence[Pair],
     ) -> dict[Pair, Pot]:
-        """Lock the grants of ``pairs`` (sorted) and read what ``windows`` drew
-        on them; called after `read`, so grants are locked after counters."""
+        """Read the grants of ``pairs`` (sorted), locking those of ``locked``,
+        and what ``windows`` drew on them; called after `read`, so grants are
+        locked after counters."""
         ...
 
     def write(self, changes: Changes, now_us: int, *, commit: bool) -> None:

@@ -158,14 +158,16 @@ FROM jsonb_array_elements(%(rows)s::jsonb) AS r
 # A batch's subjects that have grants: their grants, locked pair by pair in
 # the order given (sorted, as counters are) and by id, and what the given
 # windows drew on them. Sent together, in one round trip, after `read`.
-LOCK_GRANTS: Final = """
+_GRANTS: Final = """
 SELECT g.limit_name, g.subject, g.grant_id, g.amount, g.used, g.effective_from_us, g.expires_at_us
 FROM jsonb_array_elements(%(pairs)s::jsonb) AS r
 CROSS JOIN LATERAL (
     SELECT * FROM grants AS g WHERE g.limit_name = r->>0 AND g.subject = r->>1
-    ORDER BY g.grant_id COLLATE "C" FOR UPDATE
+    ORDER BY g.grant_id COLLATE "C"{lock}
 ) AS g
 """
+LOCK_GRANTS: Final = _GRANTS.format(lock=" FOR UPDATE")
+READ_GRANTS: Final = _GRANTS.format(lock="")
 READ_DRAWS: Final = """
 SELECT d.limit_name, d.subject, d.window_start_us, sum(d.amount)::bigint
 FROM jsonb_array_elements(%(windows)s::jsonb) AS r
@@ -238,17 +240,25 @@ class PostgresHotStore:
         )
 
     def lock_pots(
-        self, pairs: Sequence[Pair], windows: Sequence[tuple[str, str, int]]
+        self,
+        pairs: Sequence[Pair],
+        windows: Sequence[tuple[str, str, int]],
+        locked: Sequence[Pair],
     ) -> dict[Pair, Pot]:
+        chosen = set(locked)
+        read = [pair for pair in pairs if pair not in chosen]
         try:
             with self.raw.pipeline():
-                locked = self.raw.cursor(binary=True)
-                locked.execute(LOCK_GRANTS, {"pairs": _encode(pairs)})
+                cursors = []
+                for statement, some in ((LOCK_GRANTS, locked), (READ_GRANTS, read)):
+                    if some:
+                        cursor = self.raw.cursor(binary=True)
+                        cursors.append(cursor.execute(statement, {"pairs": _encode(some)}))
                 drawn = None
                 if windows:
                     drawn = self.raw.cursor(binary=True)
                     drawn.execute(READ_DRAWS, {"windows": _encode(windows)})
-                grant_rows = locked.fetchall()
+                grant_rows = [row for cursor in cursors for row in cursor.fetchall()]
                 draw_rows = drawn.fetchall() if drawn else []
         except psycopg.Error as exc:
             raise _translate(exc) from exc

@@ -100,8 +100,12 @@ class SqliteHotStore:
         return Snapshot(version, stored, windows, states)
 
     def lock_pots(
-        self, pairs: Sequence[Pair], windows: Sequence[tuple[str, str, int]]
+        self,
+        pairs: Sequence[Pair],
+        windows: Sequence[tuple[str, str, int]],
+        locked: Sequence[Pair],
     ) -> dict[Pair, Pot]:
+        # The transaction holds SQLite's one write lock already.
         return AllowanceStore(self.connection).lock_pots(pairs, windows)
 
     def write(self, changes: Changes, now_us: int, *, commit: bool) -> None:
