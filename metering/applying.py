@@ -36,7 +36,6 @@ from metering.domain.notifications import Notice, payload_of
 from metering.domain.rollups import rollup_deltas
 from metering.domain.rules import (
     BUCKET_WINDOW,
-    USED,
     EventOutcome,
     Key,
     Rule,
@@ -48,7 +47,7 @@ from metering.domain.windows import Window, calendar_window, first_use_window
 from metering.errors import EventConflict, MeteringError, UnknownLimit
 from metering.storage.allowances import AllowanceStore, DrawKey
 from metering.storage.engine import RetryTransaction
-from metering.storage.hot import Changes, HotStore, Snapshot, WantedKey
+from metering.storage.hot import Changes, WantedKey
 from metering.storage.hot_stores import hot_store
 from metering.storage.queries import Pair, ResultRecord, Store
 from metering.storage.webhooks import WebhookStore
@@ -218,11 +217,15 @@ def apply_records(
             else:
                 pairs.add((name, subject))
     wanted = sorted((*key, end) for key, end in keys.items())
-    snapshot = store.read(list(first) if precheck else None, sorted(pairs), wanted, now_us)
+    granted: list[Pair] = []
+    if allowances.grant_pairs:
+        granted = sorted(_granted(pairs, keys) & allowances.grant_pairs)
+    ids = list(first) if precheck else None
+    snapshot = store.read(ids, sorted(pairs), wanted, now_us, granted)
     if snapshot.version != version:
         cache.refresh(connection)
         raise RetryTransaction("limits changed since they were cached")
-    pots = _lock_pots(store, allowances, rules, todo, pairs, keys, snapshot)
+    pots = snapshot.pots
     histories = allowances.histories
 
     states = snapshot.states
@@ -326,51 +329,9 @@ def apply_records(
     return final
 
 
-def _lock_pots(
-    store: HotStore,
-    allowances: Allowances,
-    rules: dict[str, Rule],
-    todo: Sequence[tuple[int, EventRecord, list[Rule], MeteringError | None]],
-    pairs: Iterable[Pair],
-    keys: Iterable[Key],
-    snapshot: Snapshot,
-) -> dict[Pair, Pot]:
-    """The grants of the batch's subjects that have any, with what their
-    windows drew (a first-use window opened by this batch has drawn nothing).
-
-    Only the grants the batch may draw on are locked: a subject whose
-    counters, plus every cost the batch charges it, stay within its smallest
-    maximum cannot reach its grants, whose balances are then only read (for
-    ``remaining``). Locking writes each row locked, and most subjects with
-    grants are well within their own allowance.
-    """
-    if not allowances.grant_pairs:
-        return {}
-    wanted = {(name, subject) for name, subject, start in keys if start != 0}
-    wanted = (wanted | set(pairs)) & allowances.grant_pairs
-    if not wanted:
-        return {}
-    windows = snapshot.windows
-    starts = [key for key in keys if (key[0], key[1]) in wanted]
-    starts += [(*pair, w[0]) for pair, w in windows.items() if w is not None and pair in wanted]
-    demand: dict[Pair, int] = defaultdict(int)
-    for _, event, _, error in todo:
-        if error is None:
-            for subject, name, cost in event.charges:
-                if (name, subject) in wanted:
-                    demand[(name, subject)] += cost
-    used: dict[Pair, int] = defaultdict(int)
-    for name, subject, start in starts:
-        state = snapshot.states.get((name, subject, start))
-        if state is not None:
-            used[(name, subject)] = max(used[(name, subject)], state[USED])
-    locked = []
-    for pair in wanted:
-        history = allowances.histories.get(pair) or ()
-        smallest = min([rules[pair[0]].limit.maximum, *(m for _, m in history if m is not None)])
-        if used[pair] + demand[pair] > smallest:
-            locked.append(pair)
-    return store.lock_pots(sorted(wanted), sorted(set(starts)), sorted(locked))
+def _granted(pairs: Iterable[Pair], keys: Iterable[Key]) -> set[Pair]:
+    """The batch's (limit, subject) pairs of fixed windows (buckets have no grants)."""
+    return {(name, subject) for name, subject, start in keys if start != 0} | set(pairs)
 
 
 def _entitled(

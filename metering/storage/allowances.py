@@ -197,12 +197,13 @@ class AllowanceStore:
     def lock_pots(
         self,
         pairs: Iterable[Pair],
-        windows: Iterable[tuple[str, str, int]],
+        windows: Iterable[tuple[str, str, int]] | None,
         *,
         lock: bool = True,
     ) -> dict[Pair, Pot]:
         """Lock the grants of ``pairs`` (sorted by id; ``lock=False``: only read
-        them) and read what ``windows`` drew on them. Pairs without grants have no pot."""
+        them) and read what ``windows`` (None: every window of the pairs) drew
+        on them. Pairs without grants have no pot."""
         wanted = sorted(set(pairs))
         if not wanted:
             return {}
@@ -233,6 +234,15 @@ class AllowanceStore:
                 )
             )
         pots = {pair: Pot(found) for pair, found in balances.items()}
+        if windows is None:
+            d = grant_draws.c
+            every = select(d.limit_name, d.subject, d.window_start_us, func.sum(d.amount))
+            every = every.where(tuple_(d.limit_name, d.subject).in_(sorted(pots))).group_by(
+                d.limit_name, d.subject, d.window_start_us
+            )
+            for name, subject, start, amount in self.connection.execute(every) if pots else ():
+                pots[(name, subject)].granted[start] = int(amount)
+            return pots
         keys = sorted({key for key in windows if (key[0], key[1]) in pots})
         if keys:
             drawn = select(

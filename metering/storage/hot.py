@@ -47,6 +47,8 @@ class Snapshot:
     stored: dict[str, ResultRecord]
     windows: dict[Pair, Window | None]
     states: dict[Key, State]
+    # The grants of the pairs asked for, with what each of their windows drew.
+    pots: dict[Pair, Pot] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -75,21 +77,15 @@ class HotStore(Protocol):
         pairs: Sequence[Pair],
         keys: Sequence[WantedKey],
         now_us: int,
+        grant_pairs: Sequence[Pair] = (),
     ) -> Snapshot:
         """Lock and read: ``pairs`` (sorted) are first-use windows, whose
         current counters are read too; ``keys`` (sorted) the other counters.
-        Results are looked up only when ``ids`` is given."""
-        ...
-
-    def lock_pots(
-        self,
-        pairs: Sequence[Pair],
-        windows: Sequence[tuple[str, str, int]],
-        locked: Sequence[Pair],
-    ) -> dict[Pair, Pot]:
-        """Read the grants of ``pairs`` (sorted), locking those of ``locked``,
-        and what ``windows`` drew on them; called after `read`, so grants are
-        locked after counters."""
+        Results are looked up only when ``ids`` is given. The grants of
+        ``grant_pairs`` are read after the counters are locked: on
+        PostgreSQL without a lock of their own, and `write` then fails with
+        `RetryTransaction` if another transaction spent what a draw counted
+        on (the grants' check constraint)."""
         ...
 
     def write(self, changes: Changes, now_us: int, *, commit: bool) -> None:

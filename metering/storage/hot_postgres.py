@@ -35,6 +35,7 @@ from metering.domain.grants import Balance, Pot
 from metering.domain.rollups import rollup_rows
 from metering.domain.rules import Key
 from metering.domain.windows import Window
+from metering.storage.engine import RetryTransaction
 from metering.storage.hot import Changes, Snapshot, WantedKey
 from metering.storage.queries import Pair, record_from_row, result_row
 from metering.storage.rollups import PG_UPSERT
@@ -158,22 +159,24 @@ FROM jsonb_array_elements(%(rows)s::jsonb) AS r
 # A batch's subjects that have grants: their grants, locked pair by pair in
 # the order given (sorted, as counters are) and by id, and what the given
 # windows drew on them. Sent together, in one round trip, after `read`.
-_GRANTS: Final = """
+# A batch's subjects that have grants: their balances, and what each of
+# their windows drew, read in `read`'s pipeline after the counters are
+# locked, without a lock of their own. Draws of a window change only under
+# its counter's lock, so those are current; a balance may be spent by a
+# transaction on another window of the same subject (a late event), and the
+# grants' check constraint (used <= amount) then refuses the write.
+READ_GRANTS: Final = """
 SELECT g.limit_name, g.subject, g.grant_id, g.amount, g.used, g.effective_from_us, g.expires_at_us
-FROM jsonb_array_elements(%(pairs)s::jsonb) AS r
+FROM jsonb_array_elements(%(grant_pairs)s::jsonb) AS r
 CROSS JOIN LATERAL (
     SELECT * FROM grants AS g WHERE g.limit_name = r->>0 AND g.subject = r->>1
-    ORDER BY g.grant_id COLLATE "C"{lock}
 ) AS g
 """
-LOCK_GRANTS: Final = _GRANTS.format(lock=" FOR UPDATE")
-READ_GRANTS: Final = _GRANTS.format(lock="")
 READ_DRAWS: Final = """
 SELECT d.limit_name, d.subject, d.window_start_us, sum(d.amount)::bigint
-FROM jsonb_array_elements(%(windows)s::jsonb) AS r
+FROM jsonb_array_elements(%(grant_pairs)s::jsonb) AS r
 CROSS JOIN LATERAL (
-    SELECT * FROM grant_draws AS d
-    WHERE d.subject = r->>1 AND d.limit_name = r->>0 AND d.window_start_us = (r->>2)::bigint
+    SELECT * FROM grant_draws AS d WHERE d.subject = r->>1 AND d.limit_name = r->>0
 ) AS d
 GROUP BY d.limit_name, d.subject, d.window_start_us
 """
@@ -210,6 +213,7 @@ class PostgresHotStore:
         pairs: Sequence[Pair],
         keys: Sequence[WantedKey],
         now_us: int,
+        grant_pairs: Sequence[Pair] = (),
     ) -> Snapshot:
         params = {"pairs": _encode(pairs), "keys": _encode(keys)}
         try:
@@ -223,11 +227,18 @@ class PostgresHotStore:
                 if pairs:
                     windows = self.raw.cursor(binary=True).execute(LOCK_WINDOWS, params)
                 counters = self.raw.cursor(binary=True).execute(LOCK_COUNTERS, params)
+                granted = drawn = None
+                if grant_pairs:
+                    asked = {"grant_pairs": _encode(grant_pairs)}
+                    granted = self.raw.cursor(binary=True).execute(READ_GRANTS, asked)
+                    drawn = self.raw.cursor(binary=True).execute(READ_DRAWS, asked)
                 row = version.fetchone()
                 assert row is not None
                 window_rows = windows.fetchall() if windows else []
                 counter_rows = counters.fetchall()
                 stored_rows = stored.fetchall() if stored else []
+                grant_rows = granted.fetchall() if granted else []
+                draw_rows = drawn.fetchall() if drawn else []
         except psycopg.Error as exc:
             raise _translate(exc) from exc
         self.window_tids = {(r[0], r[1]): r[4] for r in window_rows}
@@ -237,40 +248,8 @@ class PostgresHotStore:
             stored={r[0]: record_from_row(r) for r in stored_rows},
             windows=_windows(window_rows),
             states={(r[0], r[1], r[2]): list(r[3:10]) for r in counter_rows},
+            pots=_pots(grant_rows, draw_rows),
         )
-
-    def lock_pots(
-        self,
-        pairs: Sequence[Pair],
-        windows: Sequence[tuple[str, str, int]],
-        locked: Sequence[Pair],
-    ) -> dict[Pair, Pot]:
-        chosen = set(locked)
-        read = [pair for pair in pairs if pair not in chosen]
-        try:
-            with self.raw.pipeline():
-                cursors = []
-                for statement, some in ((LOCK_GRANTS, locked), (READ_GRANTS, read)):
-                    if some:
-                        cursor = self.raw.cursor(binary=True)
-                        cursors.append(cursor.execute(statement, {"pairs": _encode(some)}))
-                drawn = None
-                if windows:
-                    drawn = self.raw.cursor(binary=True)
-                    drawn.execute(READ_DRAWS, {"windows": _encode(windows)})
-                grant_rows = [row for cursor in cursors for row in cursor.fetchall()]
-                draw_rows = drawn.fetchall() if drawn else []
-        except psycopg.Error as exc:
-            raise _translate(exc) from exc
-        balances: dict[Pair, list[Balance]] = {}
-        for name, subject, *grant in grant_rows:
-            balances.setdefault((name, subject), []).append(Balance(*grant))
-        pots = {pair: Pot(found) for pair, found in balances.items()}
-        for name, subject, start, amount in draw_rows:
-            pot = pots.get((name, subject))
-            if pot is not None:
-                pot.granted[start] = amount
-        return pots
 
     def write(self, changes: Changes, now_us: int, *, commit: bool) -> None:
         raw = self.raw
@@ -315,8 +294,27 @@ class PostgresHotStore:
                     raw.execute(PG_UPSERT, {"rows": _encode(rollup_rows(changes.rollups))})
                 if commit:
                     raw.commit()
+        except psycopg.errors.CheckViolation as exc:
+            if exc.diag.constraint_name == "ck_grants_used":
+                # A draw counted on a balance another transaction spent: decide again.
+                raise RetryTransaction("a grant was drawn on concurrently") from exc
+            raise _translate(exc) from exc
         except psycopg.Error as exc:  # a key written meanwhile (23505) is retried
             raise _translate(exc) from exc
+
+
+def _pots(
+    grant_rows: Sequence[Sequence[Any]], draw_rows: Sequence[Sequence[Any]]
+) -> dict[Pair, Pot]:
+    balances: dict[Pair, list[Balance]] = {}
+    for name, subject, *grant in grant_rows:
+        balances.setdefault((name, subject), []).append(Balance(*grant))
+    pots = {pair: Pot(found) for pair, found in balances.items()}
+    for name, subject, start, amount in draw_rows:
+        pot = pots.get((name, subject))
+        if pot is not None:
+            pot.granted[start] = amount
+    return pots
 
 
 def _windows(rows: Sequence[Sequence[Any]]) -> dict[Pair, Window | None]:

@@ -14,7 +14,6 @@ from typing import Any, Final
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError, StatementError
 
-from metering.domain.grants import Pot
 from metering.domain.rollups import rollup_rows
 from metering.domain.windows import Window
 from metering.storage.allowances import AllowanceStore
@@ -73,6 +72,7 @@ class SqliteHotStore:
         pairs: Sequence[Pair],
         keys: Sequence[WantedKey],
         now_us: int,
+        grant_pairs: Sequence[Pair] = (),
     ) -> Snapshot:
         raw = self.raw
         try:
@@ -97,16 +97,9 @@ class SqliteHotStore:
                     states[key] = list(row)
         except sqlite3.Error as exc:
             raise _translate(exc) from exc
-        return Snapshot(version, stored, windows, states)
-
-    def lock_pots(
-        self,
-        pairs: Sequence[Pair],
-        windows: Sequence[tuple[str, str, int]],
-        locked: Sequence[Pair],
-    ) -> dict[Pair, Pot]:
         # The transaction holds SQLite's one write lock already.
-        return AllowanceStore(self.connection).lock_pots(pairs, windows)
+        pots = AllowanceStore(self.connection).lock_pots(grant_pairs, None) if grant_pairs else {}
+        return Snapshot(version, stored, windows, states, pots)
 
     def write(self, changes: Changes, now_us: int, *, commit: bool) -> None:
         # ``commit`` is left to the caller's transaction: SQLite has no round trip to save.

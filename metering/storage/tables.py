@@ -11,6 +11,7 @@ from __future__ import annotations
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    CheckConstraint,
     Column,
     Index,
     Integer,
@@ -187,6 +188,9 @@ grants = Table(
     Column("expires_at_us", BigInteger, nullable=True),
     Column("reason", Text, nullable=True),
     Column("created_at_us", BigInteger, nullable=False),
+    # The PostgreSQL hot path reads balances without a lock and relies on this
+    # check to refuse a draw planned on a balance another transaction spent.
+    CheckConstraint("used >= 0 AND used <= amount", name="ck_grants_used"),
 )
 Index("ix_grants_subject_limit", grants.c.subject, grants.c.limit_name)
 

@@ -383,7 +383,7 @@ def test_a_cancelled_reservation_gives_back_what_it_drew_on_grants(meter: Meter)
 
 
 @pytest.mark.postgres
-def test_an_entitlement_adds_no_round_trip_and_grants_one(
+def test_entitlements_and_grants_add_no_round_trip(
     pg_url: str, clock: FrozenClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Counted at the driver: pipelines (one round trip each) and statements
@@ -420,7 +420,7 @@ def test_an_entitlement_adds_no_round_trip_and_grants_one(
         plain = round_trips("plain")
         assert plain == 2  # read under lock; write with the COMMIT
         assert round_trips("entitled") == plain
-        assert round_trips("granted") == plain + 1  # its grants, locked
+        assert round_trips("granted") == plain  # its grants come with its counters
 
 
 def test_a_void_and_a_shadows_would_deny_leave_the_usage_by_dimension_right(
@@ -481,3 +481,37 @@ def test_a_shadow_buckets_would_deny_notifies_again_once_the_bucket_is_full(
         meter.consume("org", "burst")
     kinds = [kind for kind, _ in _messages(meter)]
     assert kinds == ["limit.would_deny", "limit.would_deny"]
+
+
+@pytest.mark.postgres
+def test_a_draw_on_a_balance_spent_meanwhile_is_decided_again(
+    pg_url: str, clock: FrozenClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The PostgreSQL hot path reads balances without a lock. Another
+    transaction spends the grant between this one's read and its write: the
+    grants' check refuses the write, and the event is decided again, on the
+    balance as it is now."""
+    from sqlalchemy import update
+
+    from metering.storage.hot_postgres import PostgresHotStore
+
+    with Meter(pg_url, clock=clock, group_commit=False) as meter:
+        meter.set_limit(CALLS)
+        meter.grant("org-42", "api_calls", 10, grant_id="g")
+        meter.consume("org-42", "api_calls", 250)
+        read = PostgresHotStore.read
+        spent = []
+
+        def read_then_spend(self: PostgresHotStore, *args: object, **kwargs: object) -> object:
+            snapshot = read(self, *args, **kwargs)  # type: ignore[arg-type]
+            if not spent:  # another worker spends 8 of the 10 in the meantime
+                spent.append(True)
+                with meter.engine.begin() as other:
+                    other.execute(update(grants).values(used=8))
+            return snapshot
+
+        monkeypatch.setattr(PostgresHotStore, "read", read_then_spend)
+        decision = meter.consume("org-42", "api_calls", 5, event_id="late")
+        assert spent and not decision.allowed  # 2 left, not 10
+        assert (decision.remaining, meter.grants()[0].used) == (2, 8)
+        assert meter.consume("org-42", "api_calls", 2).charges[0].grants == (("g", 2),)

@@ -4,9 +4,10 @@
 * ``entitlements``: a subject's own maximum for a limit, effective-dated;
   rows are history and are never updated (a NULL maximum: back to the
   limit's default from then on).
-* ``grants``: top-ups, with what was used of each; ``grant_draws`` what each
-  window drew on each grant, so a window's own usage is its counter's
-  ``used`` less its draws.
+* ``grants``: top-ups, with what was used of each, never more than the
+  amount (a check the hot path relies on); ``grant_draws`` what each window
+  drew on each grant, so a window's own usage is its counter's ``used``
+  less its draws.
 * ``corrections``: voided events; one per event id.
 
 Revision ID: 0010
@@ -50,6 +51,7 @@ def upgrade() -> None:
         sa.Column("reason", sa.Text, nullable=True),
         sa.Column("created_at_us", sa.BigInteger, nullable=False),
         sa.PrimaryKeyConstraint("grant_id"),
+        sa.CheckConstraint("used >= 0 AND used <= amount", name="ck_grants_used"),
     )
     op.create_index("ix_grants_subject_limit", "grants", ["subject", "limit_name"])
     op.create_table(
