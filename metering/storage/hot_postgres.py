@@ -156,9 +156,6 @@ SELECT r->>0, r->>1, r->>2, (r->>3)::bigint, (r->>4)::bigint, r->>5, r->>6, r->>
 FROM jsonb_array_elements(%(rows)s::jsonb) AS r
 """
 
-# A batch's subjects that have grants: their grants, locked pair by pair in
-# the order given (sorted, as counters are) and by id, and what the given
-# windows drew on them. Sent together, in one round trip, after `read`.
 # A batch's subjects that have grants: their balances, and what each of
 # their windows drew, read in `read`'s pipeline after the counters are
 # locked, without a lock of their own. Draws of a window change only under
