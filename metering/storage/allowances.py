@@ -4,10 +4,10 @@ The general engine and voids read a subject's grants under lock *after* its
 counters, so the lock order stays: first-use windows, counters, grants. The
 PostgreSQL hot path reads them after the counters without a lock, and the
 grants' check (``used <= amount``) refuses a draw on a balance another
-transaction spent meanwhile (`metering.storage.hot_postgres`). Creating a grant or changing an entitlement
-bumps the limits' version: every process's `LimitCache` learns of it in the
-same statement that reads the version, so the hot path never looks them up
-per event.
+transaction spent meanwhile (`metering.storage.hot_postgres`). Creating a
+grant or changing an entitlement bumps the limits' version: every process's
+`LimitCache` learns of it in the same statement that reads the version, so
+the hot path never looks them up per event.
 """
 
 from __future__ import annotations
