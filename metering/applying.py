@@ -21,14 +21,12 @@ limit applies to the very next decision in every process.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from sqlalchemy import Connection
 
-from metering.domain.decisions import ROW_FIELDS
 from metering.domain.events import FUTURE_TOLERANCE_US, EventRecord, Rejected, check_event_time
 from metering.domain.grants import History, Pot, maximum_at
 from metering.domain.instants import from_us
@@ -45,7 +43,7 @@ from metering.domain.rules import (
 )
 from metering.domain.windows import Window, calendar_window, first_use_window
 from metering.errors import EventConflict, MeteringError, UnknownLimit
-from metering.storage.allowances import AllowanceStore, DrawKey
+from metering.storage.allowances import AllowanceStore, draws_of
 from metering.storage.engine import RetryTransaction
 from metering.storage.hot import Changes, WantedKey
 from metering.storage.hot_stores import hot_store
@@ -321,7 +319,7 @@ def apply_records(
         rollups=rollup_deltas(records, dimensioned),
     )
     if pots:
-        changes.draws = draws_of(records)
+        changes.draws = draws_of(row for record in records for row in record.charges)
     more = bool(notices or conflicts or rejected)
     store.write(changes, now_us, commit=not more)
     if more:
@@ -354,17 +352,6 @@ def _entitled(
         rules.append(cache.rule_for(rule, history, event.occurred_at_us) if history else rule)
         found.append(None if rule.bucket else pots.get((name, subject)))
     return rules, found if any(pot is not None for pot in found) else None
-
-
-def draws_of(records: Iterable[ResultRecord]) -> dict[DrawKey, int]:
-    """What the decided events drew on grants, by window and grant."""
-    draws: dict[DrawKey, int] = defaultdict(int)
-    for record in records:
-        for row in record.charges:
-            if len(row) > ROW_FIELDS:
-                for grant_id, amount in row[ROW_FIELDS]:
-                    draws[(row[1], row[0], row[9], grant_id)] += amount
-    return draws
 
 
 def _resolve(

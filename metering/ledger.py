@@ -30,7 +30,7 @@ from metering.domain.rollups import rollup_deltas
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 from metering.domain.windows import Window, calendar_window, first_use_window
 from metering.errors import EventConflict, MeteringError, UnknownLimit
-from metering.storage.allowances import AllowanceStore, DrawKey
+from metering.storage.allowances import AllowanceStore, draws_of
 from metering.storage.engine import RetryTransaction
 from metering.storage.queries import Pair, ResultRecord, Store
 from metering.storage.rollups import record_rollups
@@ -190,7 +190,9 @@ def _decide(
     store.write_counters(changed, now_us)
     store.write_current_windows(resolver.changed)
     if allowances.pots:
-        AllowanceStore(store.connection).write_draws(draws_of_decisions(decisions))
+        AllowanceStore(store.connection).write_draws(
+            draws_of(c.to_row() for d in decisions if d.allowed for c in d.charges)
+        )
     # Notifications are written in this transaction: a rollback takes them too.
     # Most events cause no candidate at all, and then no statement runs.
     notices = notices_of(limits, transitions)
@@ -234,19 +236,6 @@ class Allowed:
         if not history:
             return limit
         return limit.with_maximum(maximum_at(history, limit.maximum, at_us))
-
-
-def draws_of_decisions(decisions: Iterable[Decision]) -> dict[DrawKey, int]:
-    """What allowed decisions drew on grants, by window and grant."""
-    draws: dict[DrawKey, int] = defaultdict(int)
-    for decision in decisions:
-        if not decision.allowed:
-            continue
-        for charge in decision.charges:
-            for grant_id, amount in charge.grants:
-                assert charge.window_start_us is not None
-                draws[(charge.limit, charge.subject, charge.window_start_us, grant_id)] += amount
-    return draws
 
 
 def decide_with_states(

@@ -15,11 +15,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from metering.api.admin_models import LIMIT_PATTERN, SUBJECT_PATTERN
 from metering.domain.corrections import MAX_REASON_CHARS
-from metering.domain.events import MAX_SUBJECT_LENGTH
-from metering.domain.grants import GRANT_ID_PATTERN, MAX_GRANT
+from metering.domain.events import EVENT_ID_PATTERN, MAX_SUBJECT_LENGTH
+from metering.domain.grants import MAX_GRANT
 from metering.domain.limits import MAX_MAXIMUM
 
-ID_PATTERN: Final = f"^{GRANT_ID_PATTERN.pattern}$"
+ID_PATTERN: Final = f"^{EVENT_ID_PATTERN.pattern}$"
 # A reason is printable text with something besides spaces (ASCII here; the
 # library takes any printable text).
 REASON_PATTERN: Final = r"^[ -~]*[!-~][ -~]*$"

@@ -114,10 +114,11 @@ def validate_cost(cost: object) -> int:
     return cost
 
 
-def validate_event_id(event_id: object) -> str:
+def validate_event_id(event_id: object, field_name: str = "event_id") -> str:
+    """An event id; grant and correction ids follow the same rule (``field_name``)."""
     if not isinstance(event_id, str) or EVENT_ID_PATTERN.fullmatch(event_id) is None:
         raise InvalidInput(
-            "event_id", f"{shown(event_id)} must be 1 to 128 of A-Z a-z 0-9 and _ . : @ / + = -"
+            field_name, f"{shown(event_id)} must be 1 to 128 of A-Z a-z 0-9 and _ . : @ / + = -"
         )
     return event_id
 

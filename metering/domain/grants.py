@@ -22,26 +22,22 @@ grants, shared by both engines (`windows.evaluate_window` and
 from __future__ import annotations
 
 import bisect
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from metering.domain.bounds import shown
+from metering.domain.events import validate_event_id
 from metering.domain.instants import from_us
 from metering.errors import InvalidInput
 
-GRANT_ID_PATTERN: Final = re.compile(r"[A-Za-z0-9_.:@/+=\-]{1,128}")
 MAX_GRANT: Final = 10**15
 NEVER: Final = 2**62  # an expiry later than any instant: sorts grants without one last
 
 
 def validate_grant_id(grant_id: object, field_name: str = "grant_id") -> str:
-    if not isinstance(grant_id, str) or GRANT_ID_PATTERN.fullmatch(grant_id) is None:
-        raise InvalidInput(
-            field_name, f"{shown(grant_id)} must be 1 to 128 of A-Z a-z 0-9 and _ . : @ / + = -"
-        )
-    return grant_id
+    """A grant (or correction) id: the rule of event ids."""
+    return validate_event_id(grant_id, field_name)
 
 
 def validate_amount(field_name: str, value: object, ceiling: int = MAX_GRANT) -> int:

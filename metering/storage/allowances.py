@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -31,12 +31,43 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 
+from metering.domain.decisions import ROW_FIELDS
 from metering.domain.grants import Balance, Entitlement, History, Pot
 from metering.storage.queries import BUMP_LIMITS_VERSION, Pair
 from metering.storage.tables import corrections, entitlements, grant_draws, grants
 
 # (limit, subject, window start, grant id) -> amount drawn
 DrawKey = tuple[str, str, int, str]
+# A grant as both hot paths and the general engine read it: (limit, subject,
+# grant id, amount, used, effective from, expires at); and what a window drew
+# on a pair's grants: (limit, subject, window start, amount).
+GrantRow = Sequence[Any]
+DrawRow = Sequence[Any]
+
+
+def draws_of(rows: Iterable[Sequence[Any]]) -> dict[DrawKey, int]:
+    """What decided charges (ledger rows, `ChargeDecision.to_row` order) drew on
+    grants, by window and grant: a row lists its draws only if it consumed."""
+    draws: dict[DrawKey, int] = defaultdict(int)
+    for row in rows:
+        if len(row) > ROW_FIELDS:
+            for grant_id, amount in row[ROW_FIELDS]:
+                draws[(row[1], row[0], row[9], grant_id)] += amount
+    return draws
+
+
+def pots_of(grant_rows: Iterable[GrantRow], draw_rows: Iterable[DrawRow]) -> dict[Pair, Pot]:
+    """Each pair's grants as a `Pot`, with what its windows drew (pairs with no
+    grant have no pot, and their draws are left out)."""
+    balances: dict[Pair, list[Balance]] = defaultdict(list)
+    for name, subject, *grant in grant_rows:
+        balances[(name, subject)].append(Balance(*grant))
+    pots = {pair: Pot(found) for pair, found in balances.items()}
+    for name, subject, start, amount in draw_rows:
+        pot = pots.get((name, subject))
+        if pot is not None:
+            pot.granted[start] = int(amount)
+    return pots
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,60 +240,38 @@ class AllowanceStore:
         wanted = sorted(set(pairs))
         if not wanted:
             return {}
-        query = select(*_GRANT_COLUMNS).where(
-            tuple_(grants.c.limit_name, grants.c.subject).in_(wanted)
-        )
+        g = grants.c
+        query = select(
+            g.limit_name,
+            g.subject,
+            g.grant_id,
+            g.amount,
+            g.used,
+            g.effective_from_us,
+            g.expires_at_us,
+        ).where(tuple_(g.limit_name, g.subject).in_(wanted))
         # Locked in the hot path's order: by pair, then by id, in code point order.
         if self._postgres:
             query = query.order_by(
-                grants.c.limit_name.collate("C"),
-                grants.c.subject.collate("C"),
-                grants.c.grant_id.collate("C"),
+                g.limit_name.collate("C"), g.subject.collate("C"), g.grant_id.collate("C")
             )
         else:
-            query = query.order_by(grants.c.limit_name, grants.c.subject, grants.c.grant_id)
+            query = query.order_by(g.limit_name, g.subject, g.grant_id)
         if self._postgres and lock:
             query = query.with_for_update()
-        balances: dict[Pair, list[Balance]] = defaultdict(list)
-        for row in self.connection.execute(query):
-            record = _grant(row)
-            balances[(record.limit, record.subject)].append(
-                Balance(
-                    record.grant_id,
-                    record.amount,
-                    record.used,
-                    record.effective_from_us,
-                    record.expires_at_us,
-                )
-            )
-        pots = {pair: Pot(found) for pair, found in balances.items()}
-        if windows is None:
-            d = grant_draws.c
-            every = select(d.limit_name, d.subject, d.window_start_us, func.sum(d.amount))
-            every = every.where(tuple_(d.limit_name, d.subject).in_(sorted(pots))).group_by(
-                d.limit_name, d.subject, d.window_start_us
-            )
-            for name, subject, start, amount in self.connection.execute(every) if pots else ():
-                pots[(name, subject)].granted[start] = int(amount)
-            return pots
-        keys = sorted({key for key in windows if (key[0], key[1]) in pots})
-        if keys:
-            drawn = select(
-                grant_draws.c.limit_name,
-                grant_draws.c.subject,
-                grant_draws.c.window_start_us,
-                func.sum(grant_draws.c.amount),
-            ).where(
-                tuple_(
-                    grant_draws.c.limit_name, grant_draws.c.subject, grant_draws.c.window_start_us
-                ).in_(keys)
-            )
-            drawn = drawn.group_by(
-                grant_draws.c.limit_name, grant_draws.c.subject, grant_draws.c.window_start_us
-            )
-            for name, subject, start, amount in self.connection.execute(drawn):
-                pots[(name, subject)].granted[start] = int(amount)
-        return pots
+        grant_rows = self.connection.execute(query).all()
+        owners = sorted({(row[0], row[1]) for row in grant_rows})
+        if not owners:
+            return {}
+        d = grant_draws.c
+        drawn = select(d.limit_name, d.subject, d.window_start_us, func.sum(d.amount))
+        if windows is None:  # every window of the pairs
+            drawn = drawn.where(tuple_(d.limit_name, d.subject).in_(owners))
+        else:
+            keys = sorted({key for key in windows if (key[0], key[1]) in set(owners)})
+            drawn = drawn.where(tuple_(d.limit_name, d.subject, d.window_start_us).in_(keys))
+        drawn = drawn.group_by(d.limit_name, d.subject, d.window_start_us)
+        return pots_of(grant_rows, self.connection.execute(drawn))
 
     def write_draws(self, draws: Mapping[DrawKey, int], restore: set[str] | None = None) -> None:
         """Add ``draws`` (negative: given back) to their windows' draws and to

@@ -31,10 +31,10 @@ import psycopg
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError, StatementError
 
-from metering.domain.grants import Balance, Pot
 from metering.domain.rollups import rollup_rows
 from metering.domain.rules import Key
 from metering.domain.windows import Window
+from metering.storage.allowances import pots_of
 from metering.storage.engine import RetryTransaction
 from metering.storage.hot import Changes, Snapshot, WantedKey
 from metering.storage.queries import Pair, record_from_row, result_row
@@ -245,7 +245,7 @@ class PostgresHotStore:
             stored={r[0]: record_from_row(r) for r in stored_rows},
             windows=_windows(window_rows),
             states={(r[0], r[1], r[2]): list(r[3:10]) for r in counter_rows},
-            pots=_pots(grant_rows, draw_rows),
+            pots=pots_of(grant_rows, draw_rows),
         )
 
     def write(self, changes: Changes, now_us: int, *, commit: bool) -> None:
@@ -298,20 +298,6 @@ class PostgresHotStore:
             raise _translate(exc) from exc
         except psycopg.Error as exc:  # a key written meanwhile (23505) is retried
             raise _translate(exc) from exc
-
-
-def _pots(
-    grant_rows: Sequence[Sequence[Any]], draw_rows: Sequence[Sequence[Any]]
-) -> dict[Pair, Pot]:
-    balances: dict[Pair, list[Balance]] = {}
-    for name, subject, *grant in grant_rows:
-        balances.setdefault((name, subject), []).append(Balance(*grant))
-    pots = {pair: Pot(found) for pair, found in balances.items()}
-    for name, subject, start, amount in draw_rows:
-        pot = pots.get((name, subject))
-        if pot is not None:
-            pot.granted[start] = amount
-    return pots
 
 
 def _windows(rows: Sequence[Sequence[Any]]) -> dict[Pair, Window | None]:
