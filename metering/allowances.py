@@ -22,6 +22,9 @@ from sqlalchemy import Connection
 from metering.domain.corrections import (
     DEFAULT_HORIZON_SECONDS,
     VoidedCharge,
+    counter_of,
+    not_reset,
+    still_charged,
     validate_reason,
     void_charge,
     voided_charges,
@@ -36,6 +39,7 @@ from metering.domain.grants import (
 from metering.domain.instants import from_us, to_us
 from metering.domain.limits import MAX_MAXIMUM, Limit, validate_limit_name
 from metering.domain.notifications import _iso
+from metering.domain.reservations import ReservationState
 from metering.domain.rollups import rollup_deltas
 from metering.domain.state import CounterKey, CounterState
 from metering.errors import (
@@ -50,6 +54,7 @@ from metering.storage.allowances import AllowanceStore, CorrectionRecord, DrawKe
 from metering.storage.database import Database
 from metering.storage.engine import RetryTransaction
 from metering.storage.queries import ResultRecord, Store
+from metering.storage.reservations import ReservationStore
 from metering.storage.rollups import record_rollups
 from metering.storage.webhook_records import encode_payload
 from metering.storage.webhooks import WebhookStore
@@ -326,7 +331,7 @@ def void(
         if stored.occurred_at_us < now_us - horizon_seconds * 1_000_000:
             days = horizon_seconds / 86_400
             raise CorrectionRefused(event_id, f"it is older than the {days:g}-day horizon")
-        charges = voided_charges(stored.outcome, stored.charges)
+        charges = _still_to_give_back(connection, stored, now_us)
         restored = _reverse(connection, charges, now_us)
         _take_back_rollups(connection, stored)
         record = CorrectionRecord(
@@ -342,6 +347,33 @@ def void(
         return _correction_of(record, duplicate=False)
 
     return database.run(work)
+
+
+def _still_to_give_back(
+    connection: Connection, stored: ResultRecord, now_us: int
+) -> list[VoidedCharge]:
+    """The event's charges that neither a later reset nor a cancel gave back.
+
+    Locks the event's reservation, if it has one, before any counter (a
+    cancel's order), and settles it when still held: a cancel after the void
+    gives nothing more.
+    """
+    event_id = stored.event_id
+    charges = voided_charges(stored.outcome, stored.charges)
+    resets = Store(connection).resets_since(stored.decided_at_us)
+    charges = not_reset(charges, resets, stored.decided_at_us)
+    reservations = ReservationStore(connection)
+    reservation = reservations.get(event_id, lock=True)
+    if reservation is None:
+        return charges
+    if reservation.state == ReservationState.HELD:
+        given_back = [counter_of(charge.key) for charge in charges]
+        reservations.settle(event_id, ReservationState.CANCELLED, now_us, "void", given_back)
+        return charges
+    left = still_charged(charges, reservation.given_back)
+    if charges and not left:
+        raise CorrectionRefused(event_id, "its reservation was cancelled: its cost went back then")
+    return left
 
 
 def _reverse(

@@ -525,7 +525,13 @@ class Meter:
         def work(connection: Connection) -> int:
             # Held units go with the rest: a later cancel returns nothing.
             ReservationStore(connection).forget_held_charges(subject, limit)
-            return Store(connection).delete_current_counters(subject, limit, now_us)
+            store = Store(connection)
+            cleared = store.delete_current_counters(subject, limit, now_us)
+            # Timed once the counters are locked and gone: every event whose
+            # usage was cleared was decided by then, so a void of it skips
+            # the counter that started over (`metering.domain.corrections`).
+            store.record_reset(subject, limit, max(now_us, self.database.now_us()))
+            return cleared
 
         return self.database.run(work)
 

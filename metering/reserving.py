@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from sqlalchemy import Connection
 
 from metering.allowances import restore_grants
-from metering.domain.corrections import voided_charges
+from metering.domain.corrections import CounterOf, counter_of, voided_charges
 from metering.domain.decisions import Decision
 from metering.domain.events import UsageEvent
 from metering.domain.limits import Limit
@@ -129,8 +129,8 @@ def cancel(database: Database, reservation_id: str) -> int:
             # answer does not depend on when the sweeper last ran.
             rows.settle(reservation_id, ReservationState.COMMITTED, now_us, "expiry")
             return Settled(expired=True)
-        returned = _give_back_all(connection, record, now_us)
-        rows.settle(reservation_id, ReservationState.CANCELLED, now_us, "cancel")
+        returned, given_back = _give_back_all(connection, record, now_us)
+        rows.settle(reservation_id, ReservationState.CANCELLED, now_us, "cancel", given_back)
         return Settled(returned=returned)
 
     settled = database.run(work)
@@ -139,12 +139,16 @@ def cancel(database: Database, reservation_id: str) -> int:
     return settled.returned
 
 
-def _give_back_all(connection: Connection, record: ReservationRecord, now_us: int) -> int:
+def _give_back_all(
+    connection: Connection, record: ReservationRecord, now_us: int
+) -> tuple[int, list[CounterOf]]:
+    """Give back every charge that still can be; the units returned, and the
+    counters given back to (a bucket already full counts: it needs nothing)."""
     store = Store(connection)
     limits = store.load_limits(c.limit for c in record.charges)
     live = [c for c in record.charges if can_give_back(limits.get(c.limit), c, now_us)]
     if not live:
-        return 0
+        return 0, []
     states = store.lock_counters([c.key for c in live], now_us)
     returned = 0
     changed = {}
@@ -157,7 +161,7 @@ def _give_back_all(connection: Connection, record: ReservationRecord, now_us: in
     store.write_counters(changed, now_us)
     _restore_grants(connection, record.id, live, now_us)
     _take_back_rollups(store, record.id, given_back, limits)
-    return returned
+    return returned, [counter_of(charge.key) for charge in live]
 
 
 def _restore_grants(

@@ -8,12 +8,17 @@ Every table that grows with traffic has an age after which its rows go:
   any limit (an older event is rejected, never charged) plus the broker's
   visibility timeout plus a day for producers still retrying. A configured
   age below that horizon is raised to it.
-* ``corrections``: voided events, at the results' age (a correction outlives
-  no result it corrects by much; ``void`` never reaches past its horizon).
+* ``corrections``: voided events, at the results' age, and never before the
+  result they correct: while the result is there a void of its event can
+  come again (a retry, with the same ``correction_id``) and must find it.
+* ``counter_resets``: operators' resets, at the results' age (a void reads
+  them only for events decided before them).
 * ``rejected_messages``: the dead-letter record.
 * webhook deliveries that are settled (delivered or failed) with their
   attempts, then messages with no delivery left, then the once-per-window
-  marks of windows long over.
+  marks of windows long over: never a mark of a window events may still
+  arrive for (the redelivery horizon, which holds every limit's lateness),
+  or a late event after a void would notify the same window twice.
 * ``usage_rollups`` (usage by dimension, hour by hour) are kept as long as
   the results they sum: an hour goes once it is wholly older than the
   results' cut-off, so ``report usage --group-by`` and the results it could
@@ -50,6 +55,7 @@ PRODUCER_RETRY_HORIZON_US: Final = DAY_US
 TABLES: Final = (
     "results",
     "corrections",
+    "counter_resets",
     "usage_rollups",
     "rejected_messages",
     "webhook_deliveries",
@@ -57,6 +63,15 @@ TABLES: Final = (
     "webhook_marks",
 )
 MAX_DAYS: Final = 100 * 366
+# Never pruned inside the redelivery horizon: what an event delivered again,
+# a late event or a void of it needs.
+HORIZON_BOUND: Final = (
+    "results",
+    "corrections",
+    "counter_resets",
+    "usage_rollups",
+    "webhook_marks",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +120,7 @@ class RetentionPolicy:
         days = {
             "results": self.results_days,
             "corrections": self.results_days,  # they go with the results they correct
+            "counter_resets": self.results_days,
             "usage_rollups": self.results_days,
             "rejected_messages": self.rejected_days,
         }.get(table, self.webhooks_days)
@@ -143,7 +159,7 @@ def prune(
         age_us = policy.age_us(table)
         if age_us is None:
             continue
-        if table in ("results", "usage_rollups"):
+        if table in HORIZON_BOUND:
             age_us = max(age_us, horizon_us)
         before_us = now_us - age_us
         rows = _prune_table(meter, table, before_us, dry_run=dry_run, chunk=chunk)

@@ -10,6 +10,15 @@ it) and, when still active, to the grant itself; an expired grant's amount
 stays gone. Charges that consumed nothing (a shadow limit's would-deny) are
 left alone. The event's result stays in the ledger; the correction is a
 record of its own that references it.
+
+Usage is given back at most once, whatever else happened to the event:
+
+* a charge whose counter an operator reset after the event was decided is
+  skipped: the reset cleared it already, and the counter that started over
+  holds only later usage (`Reset.cleared`);
+* a charge a cancel of the event's reservation gave back is skipped
+  (`still_charged`); a reservation still held is settled by the void, so a
+  later cancel gives nothing more.
 """
 
 from __future__ import annotations
@@ -87,3 +96,51 @@ def void_charge(
         held = HeldCharge(charge.key.subject, charge.key.limit, charge.cost, NO_WINDOW, NO_WINDOW)
         return give_back(limit, held, state, now_us).state
     return replace(state, used=state.used - min(charge.cost, state.used))
+
+
+@dataclass(frozen=True, slots=True)
+class Reset:
+    """An operator's reset: the counters it cleared (None: of every subject,
+    or of every limit) and when."""
+
+    subject: str | None
+    limit: str | None
+    at_us: int
+
+    def cleared(self, key: CounterKey, decided_at_us: int) -> bool:
+        """Whether this reset cleared the usage an event decided at
+        ``decided_at_us`` put on ``key``'s counter.
+
+        A reset clears the buckets and the windows still open at its time.
+        One in the very microsecond of the decision counts as after it: a
+        void then gives back too little, never usage that came later.
+        """
+        if self.at_us < decided_at_us:
+            return False
+        if self.subject is not None and self.subject != key.subject:
+            return False
+        if self.limit is not None and self.limit != key.limit:
+            return False
+        return key.window_end_us == NO_WINDOW or key.window_end_us > self.at_us
+
+
+def not_reset(
+    charges: Sequence[VoidedCharge], resets: Sequence[Reset], decided_at_us: int
+) -> list[VoidedCharge]:
+    """The charges no later reset cleared."""
+    return [c for c in charges if not any(r.cleared(c.key, decided_at_us) for r in resets)]
+
+
+CounterOf = tuple[str, str, int]  # subject, limit, window start: a counter, as stored
+
+
+def counter_of(key: CounterKey) -> CounterOf:
+    return (key.subject, key.limit, key.window_start_us)
+
+
+def still_charged(
+    charges: Sequence[VoidedCharge], given_back: Sequence[CounterOf]
+) -> list[VoidedCharge]:
+    """The charges a cancel did not give back already."""
+    returned = set(given_back)
+    return [c for c in charges if counter_of(c.key) not in returned]

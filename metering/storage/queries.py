@@ -21,6 +21,7 @@ from sqlalchemy import (
     bindparam,
     delete,
     func,
+    insert,
     literal_column,
     or_,
     select,
@@ -30,11 +31,13 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql.elements import ColumnClause
 
+from metering.domain.corrections import Reset
 from metering.domain.events import Rejected
 from metering.domain.limits import Limit
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 from metering.domain.windows import Window
 from metering.storage.tables import (
+    counter_resets,
     counters,
     current_windows,
     grant_draws,
@@ -545,6 +548,18 @@ class Store:
         removed = self.connection.execute(delete_counters).rowcount
         self._forget_draws(subject, limit)
         return int(removed)
+
+    def record_reset(self, subject: str | None, limit: str | None, at_us: int) -> None:
+        """Remember a reset for voids (`resets_since`)."""
+        self.connection.execute(
+            insert(counter_resets).values(subject=subject, limit_name=limit, reset_at_us=at_us)
+        )
+
+    def resets_since(self, since_us: int) -> list[Reset]:
+        """The resets at or after ``since_us`` (a void's event and later)."""
+        r = counter_resets.c
+        query = select(r.subject, r.limit_name, r.reset_at_us).where(r.reset_at_us >= since_us)
+        return [Reset(*row) for row in self.connection.execute(query)]
 
     def _forget_draws(self, subject: str | None, limit: str | None) -> None:
         """Drop what the cleared windows drew on grants: a fresh window's own

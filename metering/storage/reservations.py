@@ -12,10 +12,11 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import ColumnElement, Connection, delete, func, insert, select, update
+from sqlalchemy import ColumnElement, Connection, delete, exists, func, insert, or_, select, update
 
+from metering.domain.corrections import CounterOf
 from metering.domain.reservations import HeldCharge, ReservationState
-from metering.storage.tables import reservations
+from metering.storage.tables import reservations, results
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +28,7 @@ class ReservationRecord:
     expires_at_us: int
     settled_at_us: int | None
     settled_by: str | None
+    given_back: tuple[CounterOf, ...] = ()
 
 
 def _record(row: object) -> ReservationRecord:
@@ -39,6 +41,10 @@ def _record(row: object) -> ReservationRecord:
         expires_at_us=mapping["expires_at_us"],
         settled_at_us=mapping["settled_at_us"],
         settled_by=mapping["settled_by"],
+        given_back=tuple(
+            (str(subject), str(limit), int(start))
+            for subject, limit, start in json.loads(mapping["given_back"] or "[]")
+        ),
     )
 
 
@@ -68,11 +74,25 @@ class ReservationStore:
         row = self.connection.execute(query).first()
         return _record(row) if row is not None else None
 
-    def settle(self, reservation_id: str, state: ReservationState, now_us: int, by: str) -> None:
+    def settle(
+        self,
+        reservation_id: str,
+        state: ReservationState,
+        now_us: int,
+        by: str,
+        given_back: Sequence[CounterOf] = (),
+    ) -> None:
+        """Settle a reservation; ``given_back``: the counters its cost went back to."""
+        returned = json.dumps([list(key) for key in given_back], separators=(",", ":"))
         self.connection.execute(
             update(reservations)
             .where(reservations.c.id == reservation_id)
-            .values(state=state.value, settled_at_us=now_us, settled_by=by)
+            .values(
+                state=state.value,
+                settled_at_us=now_us,
+                settled_by=by,
+                given_back=returned if given_back else None,
+            )
         )
 
     def forget_held_charges(self, subject: str | None, limit: str | None) -> int:
@@ -129,10 +149,15 @@ class ReservationStore:
         return int(result.rowcount)
 
     def delete_settled_before(self, before_us: int) -> int:
+        """Delete reservations settled before ``before_us``. One whose cost a
+        cancel gave back stays as long as its event's result: a void, which
+        needs the result, must still see what the cancel returned."""
+        result_left = exists().where(results.c.event_id == reservations.c.id)
         result = self.connection.execute(
             delete(reservations).where(
                 reservations.c.state != ReservationState.HELD.value,
                 reservations.c.settled_at_us < before_us,
+                or_(reservations.c.given_back.is_(None), ~result_left),
             )
         )
         return int(result.rowcount)

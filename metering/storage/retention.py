@@ -16,6 +16,7 @@ from metering.domain.notifications import SETTLED_STATUSES
 from metering.domain.rollups import HOUR_US
 from metering.storage.tables import (
     corrections,
+    counter_resets,
     rejected_messages,
     results,
     usage_rollups,
@@ -43,7 +44,15 @@ class RetentionStore:
 
     @staticmethod
     def _old_corrections(before_us: int) -> ColumnElement[bool]:
-        return corrections.c.created_at_us < before_us
+        # A correction goes only with its result: while the result is there a
+        # void of the event can come again, and must find it.
+        result_left = exists().where(results.c.event_id == corrections.c.event_id)
+        return and_(corrections.c.created_at_us < before_us, not_(result_left))
+
+    @staticmethod
+    def _old_resets(before_us: int) -> ColumnElement[bool]:
+        # Older than every result left: no void can be about an event before it.
+        return counter_resets.c.reset_at_us < before_us
 
     @staticmethod
     def _old_rollups(before_us: int) -> ColumnElement[bool]:
@@ -99,26 +108,30 @@ class RetentionStore:
         return int(self.connection.execute(statement).rowcount)
 
     def _delete_deliveries(self, before_us: int, chunk: int) -> int:
+        """Delete a chunk of settled deliveries, then their attempts.
+
+        One statement picks and deletes, and its condition is checked again
+        on each row as it is deleted: a delivery that ``webhooks replay``
+        made pending meanwhile stays (with its attempts).
+        """
         d = webhook_deliveries.c
-        ids = list(
+        old = self._old_deliveries(before_us)
+        picked = select(d.id).where(old).limit(chunk).scalar_subquery()
+        statement = delete(webhook_deliveries).where(d.id.in_(picked), old).returning(d.id)
+        ids = list(self.connection.execute(statement).scalars())
+        if ids:
             self.connection.execute(
-                select(d.id).where(self._old_deliveries(before_us)).limit(chunk)
-            ).scalars()
-        )
-        if not ids:
-            return 0
-        self.connection.execute(
-            delete(webhook_attempts).where(webhook_attempts.c.delivery_id.in_(ids))
-        )
-        return int(
-            self.connection.execute(delete(webhook_deliveries).where(d.id.in_(ids))).rowcount
-        )
+                delete(webhook_attempts).where(webhook_attempts.c.delivery_id.in_(ids))
+            )
+        return len(ids)
 
     def _target(self, table: str, before_us: int) -> tuple[Table, ColumnElement[bool]]:
         if table == "results":
             return results, self._old_results(before_us)
         if table == "corrections":
             return corrections, self._old_corrections(before_us)
+        if table == "counter_resets":
+            return counter_resets, self._old_resets(before_us)
         if table == "usage_rollups":
             return usage_rollups, self._old_rollups(before_us)
         if table == "rejected_messages":

@@ -156,9 +156,26 @@ reservations = Table(
     Column("created_at_us", BigInteger, nullable=False),
     Column("expires_at_us", BigInteger, nullable=False),
     Column("settled_at_us", BigInteger, nullable=True),
-    Column("settled_by", String(16), nullable=True),  # cancel, commit, sweeper
+    Column("settled_by", String(16), nullable=True),  # cancel, commit, sweeper, void
+    # JSON list of [subject, limit, window_start_us]: the counters a cancel (or
+    # a void of a held reservation) gave the cost back to (migration 0011), so
+    # that a later void reverses only what is still charged.
+    Column("given_back", Text, nullable=True),
 )
 Index("ix_reservations_state_expires", reservations.c.state, reservations.c.expires_at_us)
+
+# Operators' resets (migration 0011): which counters were cleared (NULL: every
+# subject, or every limit) and when. A void of an event decided before a reset
+# of its window gives nothing back to the counter that started over.
+counter_resets = Table(
+    "counter_resets",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True),
+    Column("subject", String(200), nullable=True),
+    Column("limit_name", String(64), nullable=True),
+    Column("reset_at_us", BigInteger, nullable=False),
+)
+Index("ix_counter_resets_reset_at_us", counter_resets.c.reset_at_us)
 
 # -- entitlements, grants, corrections (metering.domain.grants) ----------------
 # A subject's own maximum for a limit from ``effective_from_us`` on: rows are

@@ -273,3 +273,55 @@ def test_rollups_go_with_the_results_hour_by_hour(meter: Meter, clock: FrozenClo
     assert {p.table: p.rows for p in done}["usage_rollups"] == 2
     left = usage_by_dimension_report(meter, subject="org", key="route")
     assert sorted(r.value or "" for r in left) == ["/old-3", "/young"]
+
+
+def test_a_delivery_replayed_while_prune_runs_is_not_deleted(pg_url: str) -> None:
+    """Prune picks settled deliveries; a replay commits before its delete."""
+    from sqlalchemy import event
+
+    from metering.webhooks import Webhooks
+
+    clock = FrozenClock(T0)
+    with Meter(pg_url, clock=clock) as meter, Meter(pg_url, clock=clock) as other:
+        add_delivery(meter, "msg_failed", "failed", T0, attempts=2)
+        with meter.engine.connect() as connection:
+            [delivery_id] = connection.execute(select(webhook_deliveries.c.id)).scalars()
+        clock.set(T0 + timedelta(days=31))
+        replayed: list[int] = []
+
+        def replay_first(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
+            if not replayed and statement.lstrip().upper().startswith("DELETE FROM WEBHOOK_"):
+                replayed.append(Webhooks(other).replay([delivery_id]))
+
+        event.listen(meter.engine, "before_cursor_execute", replay_first)
+        prune(meter, RetentionPolicy(), visibility_timeout_seconds=VISIBILITY)
+        assert replayed == [1]
+        with meter.engine.connect() as connection:
+            status = connection.execute(select(webhook_deliveries.c.status)).scalars().all()
+            attempts = connection.execute(select(func.count()).select_from(webhook_attempts))
+            assert (status, attempts.scalar_one()) == (["pending"], 2)
+
+
+def test_a_late_event_after_a_void_does_not_notify_the_window_again(db_url: str) -> None:
+    """A window's marks stay as long as events may still arrive for it."""
+    clock = FrozenClock(T0)
+    with Meter(db_url, clock=clock) as meter:
+        soft = Limit(
+            "late", maximum=5, period="1d", window="calendar", enforcement="soft", lateness="60d"
+        )
+        meter.set_limit(soft)
+        meter.consume("org", "late", cost=6, event_id="over")
+        assert exceeded_messages(meter) == 1
+        clock.advance(days=40)
+        prune(meter, RetentionPolicy(webhooks_days=30), visibility_timeout_seconds=VISIBILITY)
+        assert exceeded_messages(meter) == 0  # the message went; its window's mark stays
+        meter.void("over", "refund", horizon_seconds=50 * 86_400)
+        late = meter.consume("org", "late", cost=6, event_id="late", occurred_at=T0)
+        assert late.outcome == "overage"
+        assert exceeded_messages(meter) == 0
+
+
+def exceeded_messages(meter: Meter) -> int:
+    with meter.engine.connect() as connection:
+        query = select(func.count()).where(webhook_messages.c.type == "limit.exceeded")
+        return int(connection.execute(query).scalar_one())
