@@ -11,6 +11,13 @@ from dataclasses import replace
 import pytest
 
 from metering.domain.buckets import evaluate_bucket
+from metering.domain.corrections import (
+    Reset,
+    VoidedCharge,
+    counter_of,
+    not_reset,
+    still_charged,
+)
 from metering.domain.limits import Limit
 from metering.domain.reservations import (
     STORED_STATES,
@@ -185,3 +192,46 @@ def test_an_exact_arrival_time_is_rounded_up_into_the_new_capacity() -> None:
     assert exact(back)
     assert back.returned == 0
     assert (back.state.tat_us, back.state.tat_rem, back.state.tat_scale) == (T0, 0, 2)
+
+
+# -- a void after a reset or a cancel (`domain/corrections.py`) ---------------------
+
+WINDOW_KEY = CounterKey("calls", "org", T0, T0 + 60 * SECOND)
+BUCKET_KEY = CounterKey("api", "org", NO_WINDOW, NO_WINDOW)
+
+
+@pytest.mark.parametrize(
+    ("reset", "cleared"),
+    [
+        (Reset("org", "calls", T0 + SECOND), True),
+        (Reset(None, "calls", T0 + SECOND), True),
+        (Reset("org", None, T0 + SECOND), True),
+        (Reset(None, None, T0 + SECOND), True),
+        (Reset("org", "calls", T0 + 10), True),  # the same microsecond: after
+        (Reset("org", "calls", T0 + 9), False),  # before the decision
+        (Reset("other", "calls", T0 + SECOND), False),
+        (Reset("org", "other", T0 + SECOND), False),
+        (Reset("org", "calls", T0 + 60 * SECOND - 1), True),  # the window still open
+        (Reset("org", "calls", T0 + 60 * SECOND), False),  # over: not cleared
+    ],
+)
+def test_a_reset_clears_what_was_decided_before_it_in_windows_still_open(
+    reset: Reset, cleared: bool
+) -> None:
+    assert reset.cleared(WINDOW_KEY, decided_at_us=T0 + 10) is cleared
+
+
+def test_a_reset_clears_a_bucket_whenever_it_comes_after() -> None:
+    assert Reset("org", "api", T0 + 10**12).cleared(BUCKET_KEY, decided_at_us=T0)
+    assert not Reset("org", "api", T0 - 1).cleared(BUCKET_KEY, decided_at_us=T0)
+
+
+def test_a_void_skips_what_a_reset_or_a_cancel_gave_back() -> None:
+    window = VoidedCharge(WINDOW_KEY, 3, ())
+    bucket = VoidedCharge(BUCKET_KEY, 2, ())
+    resets = [Reset(None, "api", T0 + 5)]
+    assert not_reset([window, bucket], resets, decided_at_us=T0) == [window]
+    assert not_reset([window, bucket], [], decided_at_us=T0) == [window, bucket]
+    assert counter_of(WINDOW_KEY) == ("org", "calls", T0)
+    assert still_charged([window, bucket], [("org", "calls", T0)]) == [bucket]
+    assert still_charged([window, bucket], [("org", "calls", T0 + 1)]) == [window, bucket]
