@@ -22,6 +22,7 @@ from metering.api.problems import ApiProblem
 from metering.domain.events import (
     FUTURE_TOLERANCE_US,
     UsageEvent,
+    cloudevent_event_id,
     make_event,
     validate_cost,
     validate_subject,
@@ -282,7 +283,11 @@ def cloud_event(item: object, prefix: str, now: datetime, now_us: int | None = N
     at = item.get("time")
     when = now if at is None else _parse_time(at, where.time_pointer)
     now_us = to_us(now) if now_us is None else now_us
-    event = _event(charges, when, item["id"], rest or None, where, now_us)
+    try:
+        event_id = cloudevent_event_id(item["source"], item["id"])
+    except InvalidInput as exc:
+        raise Invalid(_at(prefix, "id"), exc.message) from None
+    event = _event(charges, when, event_id, rest or None, where, now_us)
     return Parsed(event, prefix, shape)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import json
 import re
 import uuid
@@ -121,6 +123,27 @@ def validate_event_id(event_id: object, field_name: str = "event_id") -> str:
             field_name, f"{shown(event_id)} must be 1 to 128 of A-Z a-z 0-9 and _ . : @ / + = -"
         )
     return event_id
+
+
+# A CloudEvent's event id: its ``id``, ``@``, and this many hex digits of the
+# SHA-256 of its ``source`` (64 bits: two sources collide once in 2**32 pairs).
+SOURCE_DIGITS: Final = 16
+MAX_CLOUDEVENT_ID: Final = 128 - 1 - SOURCE_DIGITS
+
+
+def cloudevent_event_id(source: str, cloudevent_id: str) -> str:
+    """The event id of a CloudEvent, whose identity is ``(source, id)``.
+
+    ``{id}@{16 hex digits of SHA-256(source)}``: the same id from two
+    producers names two events, and the same event sent again is one. The
+    suffix is always the last 17 characters, so ids that contain ``@`` stay
+    apart. The ``id`` follows the event-id rule, up to 111 characters.
+    """
+    validate_event_id(cloudevent_id, "id")
+    if len(cloudevent_id) > MAX_CLOUDEVENT_ID:
+        raise InvalidInput("id", f"must be at most {MAX_CLOUDEVENT_ID} characters")
+    digest = hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"{cloudevent_id}@{digest[:SOURCE_DIGITS]}"
 
 
 def validate_charges(charges: Iterable[object]) -> tuple[Charge, ...]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from datetime import UTC, datetime
 from typing import Any
@@ -64,8 +65,10 @@ def test_a_cloudevent_maps_id_subject_time_and_data() -> None:
         "cloudevent",
     )
     event = parsed.event
+    # The identity is (source, id): the id, "@" and 16 hex digits of SHA-256(source).
+    digest = hashlib.sha256(b"/svc").hexdigest()[:16]
     assert (event.event_id, event.charges, event.metadata) == (
-        "ce-1",
+        f"ce-1@{digest}",
         (Charge("org-1", "api_calls", 2),),
         {"route": "/x"},
     )
@@ -109,6 +112,8 @@ def test_cloudevent_charges_take_the_event_subject_when_they_name_none() -> None
           "data": {"limit": "l"}}, "cloudevent", "id"),
         ({"specversion": "1.0", "id": "x", "source": "s", "type": "t", "subject": "a",
           "time": "2026-11-23T00:00:00Z", "data": {"limit": "l"}}, "cloudevent", "time"),
+        ({"specversion": "1.0", "id": "x" * 112, "source": "s", "type": "t", "subject": "a",
+          "data": {"limit": "l"}}, "cloudevent", "id"),
         ([{"specversion": "1.0", "id": "x", "source": "s", "type": "t",
            "data": {"charges": [{"limit": "l", "cost": 1.5}]}}], "cloudevents-batch",
          "events[0].data.charges[0].subject"),
