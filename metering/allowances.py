@@ -367,7 +367,7 @@ def _still_to_give_back(
     if reservation is None:
         return charges
     if reservation.state == ReservationState.HELD:
-        given_back = [counter_of(charge.key) for charge in charges]
+        given_back = [(*counter_of(charge.key), charge.cost) for charge in charges]
         reservations.settle(event_id, ReservationState.CANCELLED, now_us, "void", given_back)
         return charges
     left = still_charged(charges, reservation.given_back)

@@ -79,11 +79,13 @@ class ReservationSettled(MeteringError):
 class ReservationExpired(ReservationSettled):
     """A cancel came after the reservation's time to live: it was committed instead."""
 
-    def __init__(self, reservation_id: str, state: str = "committed") -> None:
+    def __init__(
+        self, reservation_id: str, state: str = "committed", action: str = "cancel"
+    ) -> None:
         MeteringError.__init__(
             self,
-            f"cannot cancel reservation {reservation_id!r}: its time to live had passed, "
-            "so it is committed",
+            f"cannot {action} reservation {reservation_id!r}: its time to live had passed, "
+            "so it is committed in full",
         )
         self.reservation_id = reservation_id
         # A `ReservationState` (a str) when raised by the library; errors sit

@@ -370,10 +370,10 @@ class Meter:
         validate_event_id(reservation_id)
         return reserving.cancel(self.database, reservation_id)
 
-    def commit_reservation(self, reservation_id: str) -> None:
-        """Commit a held reservation: see `Reservation.commit`."""
+    def commit_reservation(self, reservation_id: str, actual: int | None = None) -> int:
+        """Commit a held reservation, at ``actual`` if given: see `Reservation.commit`."""
         validate_event_id(reservation_id)
-        reserving.commit(self.database, reservation_id)
+        return reserving.commit(self.database, reservation_id, actual)
 
     def reservation(self, reservation_id: str) -> ReservationInfo | None:
         validate_event_id(reservation_id)

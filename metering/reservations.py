@@ -20,10 +20,11 @@ from datetime import datetime
 from types import TracebackType
 from typing import Protocol
 
+from metering.domain.corrections import GivenBack
 from metering.domain.decisions import Decision
 from metering.domain.instants import from_us
 from metering.domain.reservations import HeldCharge, ReservationState
-from metering.errors import ReservationSettled
+from metering.errors import ReservationExpired, ReservationSettled
 from metering.storage.reservations import ReservationRecord
 
 
@@ -32,7 +33,7 @@ class Settler(Protocol):
 
     def cancel_reservation(self, reservation_id: str) -> int: ...
 
-    def commit_reservation(self, reservation_id: str) -> None: ...
+    def commit_reservation(self, reservation_id: str, actual: int | None = None) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +47,13 @@ class ReservationInfo:
     expires_at: datetime
     settled_at: datetime | None
     settled_by: str | None
+    # Per counter, the units of its charge that went back (cancel, void, commit of less).
+    given_back: tuple[GivenBack, ...] = ()
+
+    def given_back_of(self, charge: HeldCharge) -> int:
+        """The units of ``charge`` that went back to its counter."""
+        where = (charge.subject, charge.limit, charge.window_start_us)
+        return sum(units for *counter, units in self.given_back if tuple(counter) == where)
 
     @classmethod
     def of(cls, record: ReservationRecord) -> ReservationInfo:
@@ -58,6 +66,7 @@ class ReservationInfo:
             expires_at=from_us(record.expires_at_us),
             settled_at=settled,
             settled_by=record.settled_by,
+            given_back=record.given_back,
         )
 
 
@@ -110,12 +119,26 @@ class Reservation:
         self.state = ReservationState.CANCELLED
         return returned
 
-    def commit(self) -> None:
-        """Make the usage final. Committing twice does nothing; after cancel it raises."""
+    def commit(self, actual: int | None = None) -> int:
+        """Make the usage final; returns the units given back.
+
+        ``actual``: what the work really cost, from 0 to the reserved cost
+        (of every charge): each charge is settled at ``actual`` and the rest
+        goes back, once, as a cancel would give it back (a fixed window
+        only while it is current). More than reserved is an `InvalidInput`.
+        Committing twice does nothing; after cancel it raises; a commit of
+        less than reserved past the time to live raises
+        `ReservationExpired` (the whole cost stands, as the sweeper's).
+        """
         if self.state == ReservationState.DENIED:
-            return
-        self._settler.commit_reservation(self.id)
+            return 0
+        try:
+            returned = self._settler.commit_reservation(self.id, actual)
+        except ReservationExpired:
+            self.state = ReservationState.COMMITTED
+            raise
         self.state = ReservationState.COMMITTED
+        return returned
 
     def __enter__(self) -> Reservation:
         return self

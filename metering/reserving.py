@@ -11,12 +11,12 @@ what callers hold.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sqlalchemy import Connection
 
 from metering.allowances import restore_grants
-from metering.domain.corrections import CounterOf, counter_of, voided_charges
+from metering.domain.corrections import GivenBack, counter_of, split_back, voided_charges
 from metering.domain.decisions import Decision
 from metering.domain.events import UsageEvent
 from metering.domain.limits import Limit
@@ -129,7 +129,7 @@ def cancel(database: Database, reservation_id: str) -> int:
             # answer does not depend on when the sweeper last ran.
             rows.settle(reservation_id, ReservationState.COMMITTED, now_us, "expiry")
             return Settled(expired=True)
-        returned, given_back = _give_back_all(connection, record, now_us)
+        returned, given_back = _give_back(connection, record, None, now_us)
         rows.settle(reservation_id, ReservationState.CANCELLED, now_us, "cancel", given_back)
         return Settled(returned=returned)
 
@@ -139,14 +139,68 @@ def cancel(database: Database, reservation_id: str) -> int:
     return settled.returned
 
 
-def _give_back_all(
-    connection: Connection, record: ReservationRecord, now_us: int
-) -> tuple[int, list[CounterOf]]:
-    """Give back every charge that still can be; the units returned, and the
-    counters given back to (a bucket already full counts: it needs nothing)."""
+def validate_actual(actual: object, record: ReservationRecord) -> int:
+    """``actual`` for `commit`: a whole number from 0 to every charge's reserved cost."""
+    if isinstance(actual, bool) or not isinstance(actual, int) or actual < 0:
+        raise InvalidInput("actual", f"must be a whole number of at least 0, got {actual!r}")
+    reserved = min((charge.cost for charge in record.charges), default=actual)
+    if actual > reserved:
+        raise InvalidInput(
+            "actual",
+            f"{actual} is more than the {reserved} reserved; settling more than reserved "
+            "is not supported: reserve the larger amount",
+        )
+    return actual
+
+
+def commit(database: Database, reservation_id: str, actual: int | None = None) -> int:
+    """Make a held reservation final; returns the units given back.
+
+    With ``actual``, each charge is settled at ``actual`` (at most its
+    reserved cost) and the rest goes back once, as a cancel gives it back.
+    Committing twice does nothing (0); after a cancel it raises
+    `ReservationSettled`; a commit of less than reserved past the time to
+    live raises `ReservationExpired`: the sweeper's commit in full stands.
+    """
+    now_us = database.now_us()
+
+    def work(connection: Connection) -> Settled:
+        rows = ReservationStore(connection)
+        record = _locked(rows, reservation_id)
+        if record.state == ReservationState.COMMITTED:
+            return Settled()
+        if record.state != ReservationState.HELD:
+            raise ReservationSettled(reservation_id, record.state, "commit")
+        settle_at = None if actual is None else validate_actual(actual, record)
+        if settle_at is not None and record.expires_at_us <= now_us:
+            rows.settle(reservation_id, ReservationState.COMMITTED, now_us, "expiry")
+            return Settled(expired=True)
+        returned, given_back = 0, list[GivenBack]()
+        if settle_at is not None:
+            returned, given_back = _give_back(connection, record, settle_at, now_us)
+        rows.settle(reservation_id, ReservationState.COMMITTED, now_us, "commit", given_back)
+        return Settled(returned=returned)
+
+    settled = database.run(work)
+    if settled.expired:
+        raise ReservationExpired(reservation_id, ReservationState.COMMITTED, "commit")
+    return settled.returned
+
+
+def _give_back(
+    connection: Connection, record: ReservationRecord, actual: int | None, now_us: int
+) -> tuple[int, list[GivenBack]]:
+    """Give back each charge's cost above ``actual`` (None: all of it) where
+    it still can be; the units returned, and per counter the units of its
+    charge that went back (a bucket already full counts: it needs nothing)."""
     store = Store(connection)
     limits = store.load_limits(c.limit for c in record.charges)
-    live = [c for c in record.charges if can_give_back(limits.get(c.limit), c, now_us)]
+    back = {c.key: c.cost if actual is None else c.cost - actual for c in record.charges}
+    live = [
+        c
+        for c in record.charges
+        if back[c.key] > 0 and can_give_back(limits.get(c.limit), c, now_us)
+    ]
     if not live:
         return 0, []
     states = store.lock_counters([c.key for c in live], now_us)
@@ -154,25 +208,32 @@ def _give_back_all(
     changed = {}
     given_back = []
     for charge in live:
-        outcome = give_back(limits[charge.limit], charge, states[charge.key], now_us)
+        part = replace(charge, cost=back[charge.key])
+        outcome = give_back(limits[charge.limit], part, states[charge.key], now_us)
         states[charge.key] = changed[charge.key] = outcome.state
         returned += outcome.returned
         given_back.append((charge.subject, charge.limit, charge.cost, outcome.returned))
     store.write_counters(changed, now_us)
-    _restore_grants(connection, record.id, live, now_us)
+    units = [(*counter_of(charge.key), back[charge.key]) for charge in live]
+    _restore_grants(connection, record.id, units, now_us)
     _take_back_rollups(store, record.id, given_back, limits)
-    return returned, [counter_of(charge.key) for charge in live]
+    return returned, units
 
 
 def _restore_grants(
-    connection: Connection, reservation_id: str, live: list[HeldCharge], now_us: int
+    connection: Connection, reservation_id: str, units: list[GivenBack], now_us: int
 ) -> None:
-    """Give back what the cancelled charges drew on grants (see `metering.allowances`)."""
+    """Give back what the returned units drew on grants, the last drawn
+    first (see `metering.allowances` and `metering.domain.corrections.split_back`)."""
     stored = Store(connection).fetch_results([reservation_id]).get(reservation_id)
     if stored is None:
         return
-    keys = {charge.key for charge in live}
-    paid = [c for c in voided_charges(stored.outcome, stored.charges) if c.key in keys]
+    back = {(subject, limit, start): n for subject, limit, start, n in units}
+    paid = [
+        split_back(charge, back[counter_of(charge.key)])[0]
+        for charge in voided_charges(stored.outcome, stored.charges)
+        if counter_of(charge.key) in back
+    ]
     restore_grants(connection, paid, now_us)
 
 
@@ -189,19 +250,3 @@ def _take_back_rollups(
     reserving = store.fetch_results([event_id]).get(event_id)
     if reserving is not None:  # pruned results are long past any cancel
         record_rollups(store.connection, given_back_deltas(reserving, given_back, dimensioned))
-
-
-def commit(database: Database, reservation_id: str) -> None:
-    """Make a held reservation final; committing twice does nothing, after cancel it raises."""
-    now_us = database.now_us()
-
-    def work(connection: Connection) -> None:
-        rows = ReservationStore(connection)
-        record = _locked(rows, reservation_id)
-        if record.state == ReservationState.COMMITTED:
-            return
-        if record.state != ReservationState.HELD:
-            raise ReservationSettled(reservation_id, record.state, "commit")
-        rows.settle(reservation_id, ReservationState.COMMITTED, now_us, "commit")
-
-    database.run(work)

@@ -126,7 +126,11 @@ class ReserveStacked(BaseModel):
 class ReservedCharge(BaseModel):
     subject: str
     limit: str
-    cost: int
+    cost: int = Field(description="The units reserved.")
+    given_back: int = Field(
+        description="The units that went back to the counter: by a cancel, a void, or a "
+        "commit of less than reserved (`actual`)."
+    )
 
 
 class ReservationOut(BaseModel):
@@ -138,7 +142,9 @@ class ReservationOut(BaseModel):
     created_at: datetime
     expires_at: datetime = Field(description="When the sweeper commits it if still held.")
     settled_at: datetime | None
-    settled_by: str | None = Field(description="cancel, commit or expiry.", examples=["cancel"])
+    settled_by: str | None = Field(
+        description="cancel, commit, expiry or void.", examples=["cancel"]
+    )
 
 
 class Cancelled(ReservationOut):
@@ -146,6 +152,15 @@ class Cancelled(ReservationOut):
 
     returned: int = Field(
         description="Units given back: 0 when a window has ended since, or on a second cancel."
+    )
+
+
+class Committed(ReservationOut):
+    """A committed reservation, and the units given back by a commit of less."""
+
+    returned: int = Field(
+        description="Units given back: the reserved cost less ``actual``, where the counters "
+        "could take it; 0 without ``actual`` or on a second commit."
     )
 
 
@@ -171,7 +186,15 @@ def reservation_json(info: ReservationInfo) -> dict[str, Any]:
     return {
         "id": info.id,
         "state": str(info.state),
-        "charges": [{"subject": c.subject, "limit": c.limit, "cost": c.cost} for c in info.charges],
+        "charges": [
+            {
+                "subject": c.subject,
+                "limit": c.limit,
+                "cost": c.cost,
+                "given_back": info.given_back_of(c),
+            }
+            for c in info.charges
+        ],
         "created_at": info.created_at.isoformat(),
         "expires_at": info.expires_at.isoformat(),
         "settled_at": _iso(info.settled_at),

@@ -30,6 +30,7 @@ from metering.api.admin_common import (
 from metering.api.admin_models import (
     ID_PATTERN,
     Cancelled,
+    Committed,
     ReservationOut,
     Reservations,
     Reserved,
@@ -42,7 +43,7 @@ from metering.api.context import ApiContext, api_context
 from metering.api.models import decision_json
 from metering.api.parsing import CHARGE_CHECKS, whole_number
 from metering.api.problems import COMMON_ERRORS, ApiProblem, responses
-from metering.domain.events import Charge, make_event
+from metering.domain.events import MAX_COST, Charge, make_event
 from metering.domain.reservations import DEFAULT_TTL_SECONDS
 from metering.errors import InvalidInput, ReservationSettled, UnknownLimit, UnknownReservation
 from metering.meter import Meter
@@ -267,23 +268,36 @@ async def cancel(
 
 @router.post(
     "/reservations/{reservation_id:path}/commit",
-    summary="Commit: make the usage final",
+    summary="Commit: make the usage final, at the actual amount if given",
     response_model=None,
     responses={
-        200: {"model": ReservationOut, "description": "Committed (again: no change)."},
+        200: {"model": Committed, "description": "Committed (again: no change)."},
         **SETTLE_RESPONSES,
     },
     dependencies=[require_scope("ingest")],
 )
 async def commit(
-    reservation_id: ReservationId, context: Annotated[ApiContext, Depends(api_context)]
+    reservation_id: ReservationId,
+    context: Annotated[ApiContext, Depends(api_context)],
+    actual: Annotated[
+        int | None,
+        Query(
+            ge=0,
+            le=MAX_COST,
+            description="What the work really cost: each charge is settled at this amount "
+            "(at most its reserved cost) and the rest goes back once (``returned``).",
+        ),
+    ] = None,
 ) -> Response:
     """Make a held reservation final; committing twice does nothing; 409 after a
-    cancel (``state: cancelled``)."""
+    cancel (``state: cancelled``). With ``actual`` below the reserved cost the
+    rest goes back; past the time to live that is a 409 (``state:
+    committed``): the whole cost stands. More than reserved is a 400."""
     try:
-        await run_in_threadpool(context.meter.commit_reservation, reservation_id)
+        returned = await run_in_threadpool(context.meter.commit_reservation, reservation_id, actual)
     except InvalidInput as exc:
         raise invalid(exc, ID_NAMES) from None
-    except ReservationSettled as exc:
+    except ReservationSettled as exc:  # ReservationExpired too
         return _settled(exc)
-    return JSONResponse(reservation_json(await _stored(context.meter, reservation_id)))
+    info = await _stored(context.meter, reservation_id)
+    return JSONResponse({**reservation_json(info), "returned": returned})

@@ -76,7 +76,15 @@ def _reservation_json(info: ReservationInfo) -> dict[str, Any]:
     return {
         "id": info.id,
         "state": info.state,
-        "charges": [{"subject": c.subject, "limit": c.limit, "cost": c.cost} for c in info.charges],
+        "charges": [
+            {
+                "subject": c.subject,
+                "limit": c.limit,
+                "cost": c.cost,
+                "given_back": info.given_back_of(c),
+            }
+            for c in info.charges
+        ],
         "created_at": info.created_at.isoformat(),
         "expires_at": info.expires_at.isoformat(),
         "settled_at": info.settled_at.isoformat() if info.settled_at else None,
@@ -135,10 +143,18 @@ def reservations_cancel(reservation_id: str) -> None:
 
 @reservations.command("commit")
 @click.argument("reservation_id")
-def reservations_commit(reservation_id: str) -> None:
-    """Make a held reservation final."""
-    current_meter().commit_reservation(reservation_id)
-    click.echo(f"committed {reservation_id}")
+@click.option(
+    "--actual",
+    type=int,
+    metavar="K",
+    help="What the work really cost: settle each charge at K (at most its reserved "
+    "cost) and give the rest back.",
+)
+def reservations_commit(reservation_id: str, actual: int | None) -> None:
+    """Make a held reservation final (at the actual amount, with --actual)."""
+    returned = current_meter().commit_reservation(reservation_id, actual)
+    tail = f": {returned} given back" if actual is not None else ""
+    click.echo(f"committed {reservation_id}{tail}")
 
 
 @reservations.command("sweep")

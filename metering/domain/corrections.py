@@ -132,15 +132,47 @@ def not_reset(
 
 
 CounterOf = tuple[str, str, int]  # subject, limit, window start: a counter, as stored
+GivenBack = tuple[str, str, int, int]  # a counter, and the units of a charge that went back to it
 
 
 def counter_of(key: CounterKey) -> CounterOf:
     return (key.subject, key.limit, key.window_start_us)
 
 
+def split_back(charge: VoidedCharge, units: int) -> tuple[VoidedCharge, VoidedCharge]:
+    """``charge`` as (the ``units`` that go back, the rest that stays).
+
+    A charge drew on its window's own allowance first, then on grants in
+    order; what goes back is the last drawn first: grants from the last
+    one back, then the own allowance.
+    """
+    units = max(0, min(units, charge.cost))
+    back: list[tuple[str, int]] = []
+    kept = list(charge.grants)
+    owed = units
+    for index in range(len(kept) - 1, -1, -1):
+        if owed == 0:
+            break
+        grant_id, amount = kept[index]
+        taken = min(amount, owed)
+        back.insert(0, (grant_id, taken))
+        kept[index] = (grant_id, amount - taken)
+        owed -= taken
+    stays = tuple((grant_id, amount) for grant_id, amount in kept if amount > 0)
+    return (
+        replace(charge, cost=units, grants=tuple(back)),
+        replace(charge, cost=charge.cost - units, grants=stays),
+    )
+
+
 def still_charged(
-    charges: Sequence[VoidedCharge], given_back: Sequence[CounterOf]
+    charges: Sequence[VoidedCharge], given_back: Sequence[GivenBack]
 ) -> list[VoidedCharge]:
-    """The charges a cancel did not give back already."""
-    returned = set(given_back)
-    return [c for c in charges if counter_of(c.key) not in returned]
+    """What of the charges a cancel or a settled commit did not give back already."""
+    returned = {(subject, limit, start): units for subject, limit, start, units in given_back}
+    left = []
+    for charge in charges:
+        stays = split_back(charge, returned.get(counter_of(charge.key), 0))[1]
+        if stays.cost > 0:
+            left.append(stays)
+    return left

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import ColumnElement, Connection, delete, exists, func, insert, or_, select, update
 
-from metering.domain.corrections import CounterOf
+from metering.domain.corrections import GivenBack
 from metering.domain.reservations import HeldCharge, ReservationState
 from metering.storage.tables import reservations, results
 
@@ -28,7 +28,7 @@ class ReservationRecord:
     expires_at_us: int
     settled_at_us: int | None
     settled_by: str | None
-    given_back: tuple[CounterOf, ...] = ()
+    given_back: tuple[GivenBack, ...] = ()
 
 
 def _record(row: object) -> ReservationRecord:
@@ -42,8 +42,8 @@ def _record(row: object) -> ReservationRecord:
         settled_at_us=mapping["settled_at_us"],
         settled_by=mapping["settled_by"],
         given_back=tuple(
-            (str(subject), str(limit), int(start))
-            for subject, limit, start in json.loads(mapping["given_back"] or "[]")
+            (str(subject), str(limit), int(start), int(units))
+            for subject, limit, start, units in json.loads(mapping["given_back"] or "[]")
         ),
     )
 
@@ -80,9 +80,10 @@ class ReservationStore:
         state: ReservationState,
         now_us: int,
         by: str,
-        given_back: Sequence[CounterOf] = (),
+        given_back: Sequence[GivenBack] = (),
     ) -> None:
-        """Settle a reservation; ``given_back``: the counters its cost went back to."""
+        """Settle a reservation; ``given_back``: per counter, the units of its
+        charge that went back (a cancel: all of them; a commit of less)."""
         returned = json.dumps([list(key) for key in given_back], separators=(",", ":"))
         self.connection.execute(
             update(reservations)

@@ -138,7 +138,7 @@ def test_reserve_cancel_then_commit_is_refused(http: httpx.Client, meter: Meter)
         {
             "id": "job/42",
             "state": "held",
-            "charges": [{"subject": "org-1", "limit": "api_calls", "cost": 2}],
+            "charges": [{"subject": "org-1", "limit": "api_calls", "cost": 2, "given_back": 0}],
             "created_at": NOW.isoformat(),
             "expires_at": (NOW + timedelta(seconds=120)).isoformat(),
             "settled_at": None,
@@ -153,6 +153,7 @@ def test_reserve_cancel_then_commit_is_refused(http: httpx.Client, meter: Meter)
     assert cancelled.status_code == 200
     assert cancelled.json() == {
         **listed[0],
+        "charges": [{"subject": "org-1", "limit": "api_calls", "cost": 2, "given_back": 2}],
         "state": "cancelled",
         "settled_at": NOW.isoformat(),
         "settled_by": "cancel",
@@ -178,6 +179,24 @@ def test_commit_is_final_and_a_cancel_after_it_is_409(http: httpx.Client, meter:
     refused = problem(http.post("/v1/reservations/r-1/cancel"), 409, "reservation-settled")
     assert refused["state"] == "committed"
     assert used(meter, "org-1", "seats") == 1
+
+
+def test_commit_with_the_actual_amount_gives_the_rest_back(
+    http: httpx.Client, meter: Meter
+) -> None:
+    body = {"event_id": "r-2", "subject": "org-1", "limit": "api_calls", "cost": 3}
+    assert http.post("/v1/reservations", json=body).status_code == 200
+    problem(http.post("/v1/reservations/r-2/commit", params={"actual": 4}), 400, "invalid-input")
+    assert http.post("/v1/reservations/r-2/commit", params={"actual": -1}).status_code == 400
+    assert used(meter, "org-1", "api_calls") == 3
+    committed = http.post("/v1/reservations/r-2/commit", params={"actual": 1})
+    assert committed.status_code == 200, committed.text
+    answer = committed.json()
+    assert (answer["state"], answer["returned"]) == ("committed", 2)
+    assert answer["charges"][0]["given_back"] == 2
+    assert used(meter, "org-1", "api_calls") == 1
+    again = http.post("/v1/reservations/r-2/commit", params={"actual": 1})
+    assert (again.status_code, again.json()["returned"]) == (200, 0)
 
 
 def test_a_cancel_past_the_time_to_live_is_409_committed(

@@ -214,3 +214,115 @@ def test_a_cancelled_reservation_is_kept_as_long_as_its_result(
     with pytest.raises(CorrectionRefused):
         meter.void("r1", "refund")
     assert used(meter, "cal") == [2]
+
+
+# -- settling the actual amount ------------------------------------------------------
+
+
+def test_a_commit_of_less_gives_the_rest_back_once(meter: Meter) -> None:
+    from metering.errors import ReservationSettled
+
+    meter.consume("s", "rv", cost=1, event_id="base")
+    held = meter.reserve("s", "rv", cost=3, event_id="r1")
+    assert held.commit(actual=1) == 2
+    assert used(meter, "rv") == [2]
+    assert held.commit(actual=1) == 0  # committing twice does nothing
+    assert meter.commit_reservation("r1", actual=0) == 0
+    with pytest.raises(ReservationSettled):
+        meter.cancel_reservation("r1")
+    # A void reverses only what stayed charged: the 1 unit.
+    assert [c[2] for c in meter.void("r1", "refund").charges] == [1]
+    assert used(meter, "rv") == [1]
+    assert allowed_until_denied(meter, "rv") == 4
+
+
+def test_a_commit_of_less_gives_grants_back_last_drawn_first(meter: Meter) -> None:
+    meter.grant("s", "rv", 4, grant_id="top-up")
+    meter.consume("s", "rv", cost=4, event_id="base")
+    meter.reserve("s", "rv", cost=3, event_id="r1")  # 1 own, 2 from the grant
+    assert [g.used for g in meter.grants("s", "rv")] == [2]
+    assert meter.commit_reservation("r1", actual=2) == 1
+    assert [g.used for g in meter.grants("s", "rv")] == [1]
+    assert used(meter, "rv") == [6]
+    assert allowed_until_denied(meter, "rv") == 3  # 5 + 4 - 6
+
+
+def test_a_commit_of_more_than_reserved_is_refused_and_changes_nothing(meter: Meter) -> None:
+    from metering.errors import InvalidInput
+
+    meter.reserve("s", "rv", cost=3, event_id="r1")
+    for bad in (4, -1, 1.5, True, "2"):
+        with pytest.raises(InvalidInput, match="actual"):
+            meter.commit_reservation("r1", actual=bad)  # type: ignore[arg-type]
+    info = meter.reservation("r1")
+    assert info is not None and info.state == "held"
+    assert used(meter, "rv") == [3]
+    assert meter.commit_reservation("r1", actual=3) == 0
+    assert used(meter, "rv") == [3]
+
+
+def test_a_commit_of_less_past_the_time_to_live_stands_in_full(
+    meter: Meter, clock: FrozenClock
+) -> None:
+    from metering.errors import ReservationExpired
+
+    held = meter.reserve("s", "rv", cost=3, event_id="r1", ttl_seconds=30)
+    clock.advance(seconds=31)
+    with pytest.raises(ReservationExpired):
+        held.commit(actual=1)
+    assert held.state == "committed"
+    assert used(meter, "rv") == [3]
+
+
+def test_a_commit_of_less_after_a_reset_gives_the_new_window_nothing(
+    meter: Meter, clock: FrozenClock
+) -> None:
+    meter.reserve("s", "cal", cost=5, event_id="r1")
+    clock.advance(seconds=1)
+    meter.reset(subject="s", limit="cal")
+    meter.consume("s", "cal", cost=5, event_id="B")
+    assert meter.commit_reservation("r1", actual=1) == 0
+    assert used(meter, "cal") == [5]
+    assert allowed_until_denied(meter, "cal") == 0
+
+
+@pytest.mark.slow
+def test_settling_races_give_back_exactly_once(pg_url: str) -> None:
+    """Per reservation, a commit of 1, a cancel, a commit in full and a sweep
+    race in threads; exactly one settles it, and the counter is what the
+    settled ledger says."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from metering.errors import ReservationSettled
+
+    clock = FrozenClock(T0)
+    with Meter(pg_url, clock=clock) as meter:
+        meter.set_limit(Limit("big", maximum=100_000, period="1d", window="calendar"))
+        ids = [f"r{n}" for n in range(40)]
+        for reservation_id in ids:
+            meter.reserve("s", "big", cost=3, event_id=reservation_id)
+
+        def settle(job: tuple[str, str]) -> None:
+            reservation_id, how = job
+            try:
+                if how == "less":
+                    meter.commit_reservation(reservation_id, actual=1)
+                elif how == "cancel":
+                    meter.cancel_reservation(reservation_id)
+                elif how == "full":
+                    meter.commit_reservation(reservation_id)
+                else:
+                    meter.sweep_reservations()
+            except ReservationSettled:
+                pass
+
+        jobs = [(r, how) for r in ids for how in ("less", "cancel", "full", "sweep")]
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            list(pool.map(settle, jobs))
+        expected = 0
+        for reservation_id in ids:
+            info = meter.reservation(reservation_id)
+            assert info is not None and info.state in ("committed", "cancelled")
+            if info.state == "committed":
+                expected += 3 - info.given_back_of(info.charges[0])
+        assert used(meter, "big") == [expected]

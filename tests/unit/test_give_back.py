@@ -16,6 +16,7 @@ from metering.domain.corrections import (
     VoidedCharge,
     counter_of,
     not_reset,
+    split_back,
     still_charged,
 )
 from metering.domain.limits import Limit
@@ -233,5 +234,32 @@ def test_a_void_skips_what_a_reset_or_a_cancel_gave_back() -> None:
     assert not_reset([window, bucket], resets, decided_at_us=T0) == [window]
     assert not_reset([window, bucket], [], decided_at_us=T0) == [window, bucket]
     assert counter_of(WINDOW_KEY) == ("org", "calls", T0)
-    assert still_charged([window, bucket], [("org", "calls", T0)]) == [bucket]
-    assert still_charged([window, bucket], [("org", "calls", T0 + 1)]) == [window, bucket]
+    assert still_charged([window, bucket], [("org", "calls", T0, 3)]) == [bucket]
+    assert still_charged([window, bucket], [("org", "calls", T0 + 1, 3)]) == [window, bucket]
+    assert still_charged([window], [("org", "calls", T0, 2)]) == [VoidedCharge(WINDOW_KEY, 1, ())]
+
+
+@pytest.mark.parametrize(
+    ("units", "back", "stays"),
+    [
+        (0, (0, ()), (6, (("g1", 2), ("g2", 3)))),
+        (2, (2, (("g2", 2),)), (4, (("g1", 2), ("g2", 1)))),
+        (3, (3, (("g2", 3),)), (3, (("g1", 2),))),
+        (4, (4, (("g1", 1), ("g2", 3))), (2, (("g1", 1),))),
+        (5, (5, (("g1", 2), ("g2", 3))), (1, ())),
+        (6, (6, (("g1", 2), ("g2", 3))), (0, ())),
+        (9, (6, (("g1", 2), ("g2", 3))), (0, ())),
+        (-1, (0, ()), (6, (("g1", 2), ("g2", 3)))),
+    ],
+)
+def test_what_goes_back_is_the_last_drawn_first(
+    units: int,
+    back: tuple[int, tuple[tuple[str, int], ...]],
+    stays: tuple[int, tuple[tuple[str, int], ...]],
+) -> None:
+    """Own allowance 1, then grant g1 paid 2 and g2 paid 3: grants go back first, g2 before g1."""
+    charge = VoidedCharge(WINDOW_KEY, 6, (("g1", 2), ("g2", 3)))
+    given, kept = split_back(charge, units)
+    assert (given.cost, given.grants) == back
+    assert (kept.cost, kept.grants) == stays
+    assert given.key == kept.key == WINDOW_KEY

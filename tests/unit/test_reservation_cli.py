@@ -95,3 +95,15 @@ def test_list_takes_a_row_count_as_last_and_limit_still_works_with_a_warning(run
     helped = run("reservations", "list", "--help").stdout
     assert "--last INTEGER" in helped and "--limit INTEGER" not in helped
     assert "--limit N, the old name of --last N" in helped
+
+
+def test_commit_with_the_actual_amount_gives_the_rest_back(run: Run, url: str) -> None:
+    run("reserve", "10.0.0.7", "bad_login", "--cost", "2", "--event-id", "r9")
+    one_line_error(run("reservations", "commit", "r9", "--actual", "3", code=None), "reserved")
+    one_line_error(run("reservations", "commit", "r9", "--actual", "-1", code=None), "actual")
+    assert used(url) == 2
+    done = run("reservations", "commit", "r9", "--actual", "1")
+    assert done.output == "committed r9: 1 given back\n"
+    assert used(url) == 1
+    [listed] = json.loads(run("reservations", "list", "--format", "json").output)
+    assert listed["charges"][0]["given_back"] == 1
