@@ -22,7 +22,7 @@ from metering.domain.events import validate_event_id, validate_subject
 from metering.domain.instants import from_us
 from metering.domain.limits import Limit
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
-from metering.ledger import WindowResolver, decision_of
+from metering.engine.reference import WindowResolver, decision_of
 from metering.storage.database import Database
 from metering.storage.queries import Store
 

@@ -6,8 +6,7 @@ event exactly once; `check` answers what would happen without recording.
 
 from __future__ import annotations
 
-from collections import Counter as CountOf
-from collections.abc import Container, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -17,17 +16,6 @@ from sqlalchemy import Connection
 
 from metering import allowances, reserving
 from metering.allowances import Correction, Grant
-from metering.applying import (
-    CONFLICT,
-    DUPLICATE,
-    NEW,
-    Answer,
-    LimitCache,
-    Unacceptable,
-    UseGeneralPath,
-    apply_records,
-    check_record,
-)
 from metering.clock import Clock, system_clock
 from metering.config import (
     correction_horizon_days,
@@ -36,7 +24,7 @@ from metering.config import (
     load_limits_file,
 )
 from metering.domain.bounds import validate_count, validate_seconds
-from metering.domain.decisions import ChargeDecision, Decision
+from metering.domain.decisions import Decision
 from metering.domain.events import (
     EventRecord,
     Rejected,
@@ -51,25 +39,14 @@ from metering.domain.instants import from_us
 from metering.domain.limits import Limit, validate_limit_name
 from metering.domain.reservations import DEFAULT_TTL_SECONDS, STORED_STATES
 from metering.domain.state import CounterKey, CounterState
-from metering.errors import EventConflict, InvalidInput, StorageError, UnknownLimit
-from metering.grouping import GroupCommit
-from metering.ledger import (
-    Allowed,
-    Decided,
-    InvalidPolicy,
-    WindowResolver,
-    apply_events,
-    decide_with_states,
-    decision_of,
-    first_use_pairs,
-    record_of,
-    validate_against_limits,
-)
-from metering.metrics import UNKNOWN_LIMIT, count_events
+from metering.engine import Engine
+from metering.engine.fast import CONFLICT, DUPLICATE, Answer
+from metering.engine.reference import Decided, InvalidPolicy, decision_of
+from metering.errors import EventConflict, InvalidInput, UnknownLimit
 from metering.reservations import Reservation, ReservationInfo
 from metering.reserving import validate_ttl
 from metering.storage.database import Database
-from metering.storage.engine import ensure_schema, is_sqlite
+from metering.storage.engine import ensure_schema
 from metering.storage.queries import Store
 from metering.storage.reservations import ReservationStore
 
@@ -96,7 +73,7 @@ class Meter:
     datetime; every decision's "now" comes from it.
 
     Concurrent `consume` calls from several threads share transactions
-    (group commit, see `metering.grouping`); ``group_commit=False`` gives
+    (group commit, see `metering.engine.group`); ``group_commit=False`` gives
     each call its own. `aconsume` always shares.
     """
 
@@ -113,10 +90,8 @@ class Meter:
         # The database's engine and clock, as attributes of their own.
         self.engine = self.database.engine
         self.clock: Clock = self.database.clock
-        self._limits = LimitCache()
+        self._engine = Engine(self.database, group_commit=group_commit)
         self.correction_horizon = correction_horizon_days() * 86_400
-        self.group_commit = group_commit
-        self._group = GroupCommit(self._apply_raising)
         try:
             ensure_schema(self.engine)
         except BaseException:
@@ -124,7 +99,7 @@ class Meter:
             raise
 
     def close(self) -> None:
-        self._group.close()
+        self._engine.close()
         self.database.dispose()
 
     def __enter__(self) -> Meter:
@@ -211,11 +186,7 @@ class Meter:
         charges raises `EventConflict`. Bad input raises before anything is stored.
         """
         event = self._event(subject, limit, cost, charges, event_id, occurred_at, metadata)
-        if self.group_commit:
-            answer = self._group.submit(event.record())
-        else:
-            [answer] = self.apply_records([event.record()], invalid="raise")
-        return _consumed(event.event_id, answer)
+        return _consumed(event.event_id, self._engine.submit(event.record()))
 
     async def aconsume(
         self,
@@ -231,7 +202,7 @@ class Meter:
         """`consume` for asyncio: awaits its turn in a shared transaction
         without blocking the event loop or holding a thread."""
         event = self._event(subject, limit, cost, charges, event_id, occurred_at, metadata)
-        answer = await self._group.submit_async(event.record())
+        answer = await self._engine.submit_async(event.record())
         return _consumed(event.event_id, answer)
 
     def apply(
@@ -265,77 +236,9 @@ class Meter:
         """`apply` for the worker: plain records in, (kind, result) answers out.
 
         A kind is ``"new"``, ``"duplicate"`` or ``"conflict"`` (see
-        `metering.applying`); nothing is built that the caller does not read.
+        `metering.engine.fast`); nothing is built that the caller does not read.
         """
-        try:
-            return self._apply_records(records, invalid, rejected)
-        except Unacceptable as exc:
-            raise exc.error from None
-
-    def _apply_raising(self, records: Sequence[EventRecord]) -> list[Answer]:
-        """A group's batch: an unacceptable event raises `Unacceptable`, naming it."""
-        return self._apply_records(records, "raise", ())
-
-    def _apply_records(
-        self,
-        records: Sequence[EventRecord],
-        invalid: InvalidPolicy,
-        rejected: Sequence[Rejected],
-    ) -> list[Answer]:
-        now_us = self.database.now_us()
-        # One event (consume) skips the id lookup: a repeated id fails the
-        # results insert and the retry looks it up.
-        single = len(records) == 1
-
-        def work(connection: Connection, retry: bool) -> list[Answer]:
-            return apply_records(
-                connection,
-                self._limits,
-                records,
-                now_us,
-                invalid=invalid,
-                precheck=retry or not single,
-                rejected=rejected,
-            )
-
-        try:
-            answers = self.database.run_retry_aware(work)
-        except UseGeneralPath:
-            answers = self._apply_general(records, now_us, invalid, rejected)
-        _count(records, answers, self._limits.current[1], invalid, len(rejected))
-        return answers
-
-    def _apply_general(
-        self,
-        records: Sequence[EventRecord],
-        now_us: int,
-        invalid: InvalidPolicy,
-        rejected: Sequence[Rejected],
-    ) -> list[Answer]:
-        """The general engine, for batches the hot path leaves to it."""
-        events = [UsageEvent(*r[:2], from_us(r.occurred_at_us), r.metadata) for r in records]
-        single = len(events) == 1
-
-        def work(connection: Connection, retry: bool) -> list[Decided]:
-            store = Store(connection)
-            precheck = retry or not single
-            applied = apply_events(store, events, now_us, invalid=invalid, precheck=precheck)
-            conflicts = [
-                Rejected(event.event_id, str(outcome), event.fingerprint())
-                for event, outcome in zip(events, applied, strict=True)
-                if isinstance(outcome, EventConflict) and invalid == "reject"
-            ]
-            store.record_rejected_messages([*rejected, *conflicts], now_us)
-            return applied
-
-        answers: list[Answer] = []
-        for event, applied in zip(events, self.database.run_retry_aware(work), strict=True):
-            if isinstance(applied, EventConflict):
-                answers.append((CONFLICT, None))
-            else:
-                kind = DUPLICATE if applied.duplicate else NEW
-                answers.append((kind, record_of(event, applied)))
-        return answers
+        return self._engine.apply(records, invalid=invalid, rejected=rejected)
 
     # -- reservations -------------------------------------------------------
 
@@ -447,59 +350,7 @@ class Meter:
         engine answers what they leave to it, and on SQLite.
         """
         event = self._event(subject, limit, cost, charges, "check", occurred_at)
-        now_us = self.database.now_us()
-        hot = self._check_hot(event, now_us)
-        if hot is not None:
-            return hot
-        return self._check_general(event, now_us)
-
-    def _check_hot(self, event: UsageEvent, now_us: int) -> Decision | None:
-        """`check` by `check_record`, or None for the general engine."""
-        if is_sqlite(self.engine):
-            return None
-        record = event.record()
-        for attempt in range(2):
-            if attempt or self._limits.current[0] < 0:
-                self.database.run(self._limits.refresh)
-            try:
-                with self.database.reading() as connection:
-                    found = check_record(connection, self._limits, record, now_us)
-            except StorageError:
-                return None  # the general engine retries, or raises
-            if found is None:
-                return None
-            if not isinstance(found, str):  # else STALE: refresh the limits, ask again
-                return Decision(
-                    event_id=None,
-                    outcome=found.outcome,  # type: ignore[arg-type]
-                    charges=tuple(ChargeDecision.from_row(row) for row in found.rows),
-                    occurred_at=event.occurred_at,
-                    decided_at=from_us(now_us),
-                    denied_by=found.denied_by,
-                    metadata=event.metadata,
-                )
-        return None
-
-    def _check_general(self, event: UsageEvent, now_us: int) -> Decision:
-        """`check` by the general engine, in one transaction."""
-
-        def work(connection: Connection) -> Decision:
-            store = Store(connection)
-            limits = store.load_limits(c.limit for c in event.charges)
-            error = validate_against_limits(event, limits, now_us)
-            if error is not None:
-                raise error
-            pairs = first_use_pairs([event], limits)
-            resolver = WindowResolver(store, dict(store.read_current_windows(pairs)))
-            keys = [
-                resolver.key(limits[c.limit], c.subject, event.occurred_at_us)
-                for c in event.charges
-            ]
-            states = store.read_counters(keys)
-            allowed = Allowed.read(store, [event], [keys], lock=False)
-            return decide_with_states(event, keys, limits, states, now_us, allowed, record=False)
-
-        return self.database.run(work)
+        return self._engine.check(event)
 
     def result(self, event_id: str) -> Decision | None:
         """The stored result of an event, or None if it has not been decided."""
@@ -633,48 +484,6 @@ class Meter:
             validate_limit_name(limit)
         rows = self.database.run(lambda c: Store(c).counters_of(subject, limit))
         return [_counter(key, state) for key, state in rows]
-
-
-def _count(
-    records: Sequence[EventRecord],
-    answers: Sequence[Answer],
-    known: Container[str],
-    invalid: InvalidPolicy,
-    dead_letters: int,
-) -> None:
-    """Count what a committed transaction decided (`metering.metrics.count_events`).
-
-    A new result counts once under each distinct limit its event charges,
-    with the event's outcome; a rejected event's unknown limits count as
-    `UNKNOWN_LIMIT` (their names are anyone's input). Repeated ids count by
-    kind, and with ``invalid="reject"`` conflicts are also dead letters.
-    The loop only collects keys (about 0.2 µs an event, bench/bench_metrics.py):
-    `collections.Counter` adds them up.
-    """
-    keys: list[tuple[str, str]] = []
-    append = keys.append
-    denied_by: dict[str, int] = {}
-    repeats: dict[str, int] = {}
-    for record, (kind, result) in zip(records, answers, strict=True):
-        if kind != NEW or result is None:
-            repeats[kind] = repeats.get(kind, 0) + 1
-            continue
-        charges = record.charges
-        outcome = result.outcome
-        if len(charges) == 1:
-            append((charges[0][1], outcome))
-        else:
-            for name in dict.fromkeys(charge[1] for charge in charges):
-                append((name, outcome))
-        if outcome == "denied":
-            for name in result.denied_by:
-                denied_by[name] = denied_by.get(name, 0) + 1
-    outcomes = CountOf(keys)
-    for name, outcome in [key for key in outcomes if key[1] == "rejected" and key[0] not in known]:
-        outcomes[(UNKNOWN_LIMIT, outcome)] += outcomes.pop((name, outcome))
-    if invalid == "reject":
-        dead_letters += repeats.get(CONFLICT, 0)
-    count_events(outcomes, denied_by, repeats, dead_letters)
 
 
 def _consumed(event_id: str, answer: Answer) -> Decision:

@@ -23,7 +23,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from metering.applying import CONFLICT, DUPLICATE, NEW, Answer
 from metering.domain.events import (
     EVENT_ID_PATTERN,
     EventRecord,
@@ -36,6 +35,7 @@ from metering.domain.events import (
     validate_metadata,
 )
 from metering.domain.instants import from_us
+from metering.engine.fast import CONFLICT, DUPLICATE, NEW, Answer
 from metering.errors import InputRefused, MeteringError
 from metering.meter import Meter
 from metering.metrics import observe_batch

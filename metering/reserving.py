@@ -1,7 +1,7 @@
 """The transactions of reservations, beside the ledger they consume through.
 
 `reserve` decides and records an event exactly like `consume`
-(`metering.ledger.apply_events`) and, when it is allowed, keeps a durable
+(`metering.engine.reference.apply_events`) and, when it is allowed, keeps a durable
 reservation row naming the counters it consumed from; `cancel` gives the
 cost back where it still can (`metering.domain.reservations`); `commit`
 makes it final. `Meter` wraps them; `metering.reservations.Reservation` is
@@ -29,6 +29,7 @@ from metering.domain.reservations import (
 )
 from metering.domain.rollups import given_back_deltas
 from metering.domain.state import NO_WINDOW
+from metering.engine.reference import apply_events
 from metering.errors import (
     EventConflict,
     InvalidInput,
@@ -36,7 +37,6 @@ from metering.errors import (
     ReservationSettled,
     UnknownReservation,
 )
-from metering.ledger import apply_events
 from metering.storage.database import Database
 from metering.storage.queries import Store
 from metering.storage.reservations import ReservationRecord, ReservationStore

@@ -18,7 +18,7 @@ from typing import Protocol
 import redis
 
 from metering import Decision, Limit, Meter
-from metering.ledger import decision_of
+from metering.engine.reference import decision_of
 from metering.producer import UsageProducer
 from metering.routing import DEFAULT_QUEUE
 from metering.storage.engine import run_transaction

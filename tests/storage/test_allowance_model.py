@@ -8,7 +8,8 @@ from the code, predicts every decision; after every step the stored
 counters and grants must equal the model's, and:
 
 * every window's counter equals the allowed charges in the ledger less the
-  voided ones (windows never reset);
+  voided ones (windows never reset); a void of an event whose window a
+  reset cleared after it gives nothing back;
 * no allowed charge takes its window's own usage (``used`` less what grants
   paid) above the subject's maximum at the event's time, and no grant pays
   more than its amount.
@@ -94,6 +95,12 @@ class Model:
         default_factory=list
     )
     voided: set[str] = field(default_factory=set)
+    # When each event was decided, and each reset (subject, time): a void of
+    # an event whose window a reset cleared at or after its decision gives
+    # nothing back (the counter started over without it; a reset in the very
+    # microsecond of the decision counts as after it).
+    decided: dict[str, int] = field(default_factory=dict)
+    resets: list[tuple[str, int]] = field(default_factory=list)
 
     def maximum(self, subject: str, at: int) -> int:
         changes = sorted((s, m) for s, m in self.history.get(subject, {}).items() if s <= at)
@@ -133,6 +140,12 @@ class Model:
         event_id, allowed, subject, start, cost, draws = self.events[index]
         if not allowed or event_id in self.voided:
             return event_id
+        self.voided.add(event_id)
+        decided = self.decided[event_id]
+        if any(owner == subject and decided <= at < start + HOUR_US for owner, at in self.resets):
+            # Its counter no longer adds up to the ledger's charges less voids.
+            self.windows[(subject, start)].reset = True
+            return None
         window = self.windows[(subject, start)]
         window.used -= min(cost, window.used)
         for gid, amount in draws:
@@ -140,13 +153,13 @@ class Model:
             grant = self.grants[gid]
             if grant.expires is None or now < grant.expires:
                 grant.used -= amount
-        self.voided.add(event_id)
         return None
 
     def reset(self, subject: str, now: int) -> None:
         for (owner, start), window in self.windows.items():
             if owner == subject and start + HOUR_US > now:
                 window.used, window.draws, window.reset = 0, {}, True
+        self.resets.append((subject, now))
 
 
 def _run(url: str, operations: list[tuple[Any, ...]]) -> None:
@@ -160,6 +173,7 @@ def _run(url: str, operations: list[tuple[Any, ...]]) -> None:
                 at = clock() + timedelta(seconds=c)
                 event_id = f"e{step}"
                 allowed, maximum, draws = model.consume(event_id, a, b, to_us(at))
+                model.decided[event_id] = now
                 decision = meter.consume(a, "calls", b, event_id=event_id, occurred_at=at)
                 charge = decision.charges[0]
                 assert (decision.allowed, charge.maximum) == (allowed, maximum)

@@ -1,8 +1,8 @@
 """`Meter.check` on the hot path's rules answers what the general engine answers.
 
 On PostgreSQL `check` decides by `metering.domain.rules` over the state
-read in one statement, outside any transaction (`metering.applying.check_record`),
-and leaves to the general engine (`Meter._check_general`, what `check` ran
+read in one statement, outside any transaction (`metering.engine.fast.check_record`),
+and leaves to the general engine (`Engine._check_reference`, what `check` ran
 before) only what the hot path leaves to it. Hypothesis drives a stream of
 batches (the streams of ``test_fast_path.py``: stacked charges, first-use
 and calendar windows, token buckets, soft limits, denials, late, future and
@@ -66,7 +66,7 @@ def _compare(meter: Meter, specs: list[dict[str, Any]]) -> None:
         when = now + timedelta(seconds=spec["offset_seconds"])
         hot = _answer(partial(meter.check, charges=spec["charges"], occurred_at=when))
         event = make_event(spec["charges"], when, "check")
-        general = _answer(partial(meter._check_general, event, meter.database.now_us()))
+        general = _answer(partial(meter._engine._check_reference, event, meter.database.now_us()))
         assert hot == general, spec
 
 
@@ -108,7 +108,7 @@ def test_an_ordinary_check_never_reaches_the_general_engine(pg_url: str) -> None
         def refuse(*_args: object) -> None:
             raise AssertionError("the general engine ran")
 
-        meter._check_general = refuse  # type: ignore[assignment, method-assign]
+        meter._engine._check_reference = refuse  # type: ignore[assignment, method-assign]
         decision = meter.check(
             charges=[("org-1", "fu", 1), ("org-1", "cal", 1), ("org-1", "bucket", 1)]
         )

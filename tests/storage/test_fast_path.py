@@ -1,7 +1,7 @@
 """The hot path and the general engine agree, on SQLite and on PostgreSQL.
 
-`Meter.apply` runs the lean rules (`metering.applying`); the general engine
-(`metering.ledger.apply_events`, as `Meter._apply_general` runs it) states
+`Meter.apply` runs the lean rules (`metering.engine.fast`); the general engine
+(`metering.engine.reference.apply_events`, as `Engine._apply_reference` runs it) states
 the same rules with value objects. Hypothesis drives both, each on its own
 database, with the same random stream of batches: stacked charges, first-use
 and calendar windows, token buckets, soft limits with thresholds, denials,
@@ -171,7 +171,7 @@ def _run(fast_url: str, general_url: str, stream: list[dict[str, object]]) -> No
             events = _events(spec, clock())
             records = [e.record() for e in events]
             fast.apply_records(records, invalid="reject")
-            general._apply_general(records, fast.database.now_us(), "reject", ())
+            general._engine._apply_reference(records, fast.database.now_us(), "reject", ())
         assert _stored(fast) == _stored(general)
 
 
@@ -236,7 +236,7 @@ def test_the_hot_path_runs_for_ordinary_batches(sqlite_url: str) -> None:
         def refuse(*_args: object) -> None:
             raise AssertionError("the general engine ran")
 
-        meter._apply_general = refuse  # type: ignore[method-assign]
+        meter._engine._apply_reference = refuse  # type: ignore[method-assign]
         events = [make_event([(s, "fu", 1), (s, "cal", 1)], clock()) for s in SUBJECTS]
         answers = meter.apply_records([e.record() for e in events])
         assert [kind for kind, _ in answers] == ["new"] * len(SUBJECTS)

@@ -21,8 +21,8 @@ import pytest
 from sqlalchemy import create_engine, func, select, text
 
 from metering import Decision, FrozenClock, Limit, Meter
-from metering.applying import Answer
 from metering.domain.events import EventRecord
+from metering.engine.fast import Answer
 from metering.errors import EventConflict, InvalidInput, StorageError, UnknownLimit
 from metering.storage.tables import counters, results
 
@@ -38,13 +38,13 @@ def meter(db_url: str) -> Iterator[Meter]:
 def batch_sizes(meter: Meter) -> list[int]:
     """Record the size of every batch the meter's group applies."""
     sizes: list[int] = []
-    apply = meter._group._apply
+    apply = meter._engine._group._apply
 
     def recording(records: Sequence[EventRecord]) -> list[Answer]:
         sizes.append(len(records))
         return apply(records)
 
-    meter._group._apply = recording
+    meter._engine._group._apply = recording
     return sizes
 
 
@@ -113,9 +113,9 @@ def one_shared_batch(
         while not sizes and time.monotonic() < deadline:  # the leader is in its batch
             time.sleep(0.005)
         futures = [pool.submit(call) for call in calls]
-        while len(meter._group._waiting) < len(calls) and time.monotonic() < deadline:
+        while len(meter._engine._group._waiting) < len(calls) and time.monotonic() < deadline:
             time.sleep(0.005)
-        assert len(meter._group._waiting) == len(calls)
+        assert len(meter._engine._group._waiting) == len(calls)
     assert blocker.result(timeout=30).allowed
     for future in futures:
         future.exception(timeout=30)

@@ -79,7 +79,7 @@ class Engines:
             for (subject, name, _), window in zip(charges, windows, strict=True)
         ]
 
-        # The general engine, as `metering.ledger` runs it.
+        # The general engine, as `metering.engine.reference` runs it.
         inputs = [
             ChargeInput(lim, key, self.general.get(key, CounterState()), cost)
             for lim, key, (_, _, cost) in zip(limits, keys, charges, strict=True)
@@ -94,7 +94,7 @@ class Engines:
             )
             self.general[key] = new_state
 
-        # The hot path, as `metering.applying` runs it: once wanting notices, once not.
+        # The hot path, as `metering.engine.fast` runs it: once wanting notices, once not.
         rules = [Rule.of(lim) for lim in limits]
         notices: list[Notice] = []
         outcomes = []

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from metering import FrozenClock, Limit, Meter, make_event
-from metering.ledger import apply_events
+from metering.engine.reference import apply_events
 from metering.storage.engine import run_transaction
 from metering.storage.queries import Store
 from metering.storage.webhooks import WebhookStore

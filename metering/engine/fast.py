@@ -6,7 +6,7 @@ after event, so a batch gives exactly the results of applying its events one
 by one. On PostgreSQL that is two round trips, the COMMIT riding with the
 second.
 
-The general engine (`metering.ledger.apply_events`) keeps what is rare: an
+The general engine (`metering.engine.reference.apply_events`) keeps what is rare: an
 event older than its subject's current first-use window sends the whole
 batch there (`UseGeneralPath`); reservations use it too, and `check` when
 `check_record` leaves it there. The differential property tests

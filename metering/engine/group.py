@@ -34,8 +34,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Final
 
-from metering.applying import Answer, Unacceptable
 from metering.domain.events import EventRecord
+from metering.engine.fast import Answer, Unacceptable
 from metering.errors import DatabaseUnavailable
 
 MAX_BATCH: Final = 128
