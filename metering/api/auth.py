@@ -46,6 +46,7 @@ __all__ = [
     "Authenticator",
     "Identity",
     "Scope",
+    "may_read",
     "require_scope",
 ]
 
@@ -195,6 +196,14 @@ def require_scope(scope: Scope) -> Any:
 
     check: Callable[[Request], Awaitable[None]] = allowed
     return Depends(check)
+
+
+async def may_read(request: Request) -> bool:
+    """Whether the request may see usage figures (``read`` scope): an ingest
+    key's answers carry outcomes only. Without a key the route was let
+    through because the API is open: it answers everything."""
+    key = (await identity_of(request)).key
+    return key is None or key.allows("read")
 
 
 # -- the middleware ----------------------------------------------------------------

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
-from metering.api.auth import AUTH_ERRORS, require_scope
+from metering.api.auth import AUTH_ERRORS, may_read, require_scope
 from metering.api.context import ApiContext, api_context
 from metering.api.models import (
     EVENT_ID_PATTERN,
@@ -79,17 +79,20 @@ async def post_events(
     go to the queue and the answer is 202 once the broker has them; an id
     decided before is answered with its stored result (``duplicates``), an
     id used before with other charges is a 409. ``?wait=decision`` applies
-    them at once, in order, and answers with their results.
+    them at once, in order, and answers with their results. A key without
+    ``read`` scope gets outcomes only: no used, remaining, maximum, overage.
     """
     kind = body_kind(request.headers.get("content-type"))
     body = await request.body()
     now = context.meter.clock()
     parsed = parse_events(body, kind, now, context.settings.api_max_events)
+    figures = await may_read(request)
     if wait == "decision":
         results = await apply_now(context.meter, parsed)
         pairs = zip(parsed, results, strict=True)
         _received({p.event.event_id: p.event for p, d in pairs if not d.duplicate}.values())
-        return JSONResponse({"results": [result_json(d) for d in results]}, status_code=200)
+        answers = [result_json(d, figures=figures) for d in results]
+        return JSONResponse({"results": answers}, status_code=200)
     unique = unique_events(parsed)
     fresh, stored = await run_in_threadpool(accept, context.meter, context.producer, unique)
     if fresh:
@@ -97,7 +100,9 @@ async def post_events(
     accepted = {
         "accepted": [event.event_id for event in fresh],
         "duplicates": [
-            result_json(stored[e.event_id].decision) for e in unique if e.event_id in stored
+            result_json(stored[e.event_id].decision, figures=figures)
+            for e in unique
+            if e.event_id in stored
         ],
     }
     return JSONResponse(accepted, status_code=202)
