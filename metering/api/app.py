@@ -22,7 +22,7 @@ from pydantic import BaseModel
 
 from metering.api import admin, decisions, events
 from metering.api.auth import ApiKeyAuthentication, Authenticator
-from metering.api.bounds import BodyLimit
+from metering.api.bounds import BodyLimit, Utf8Target
 from metering.api.context import ApiContext, IsQueued, broker_lookup
 from metering.api.models import REQUEST_MODELS
 from metering.api.problems import Problem, install_problem_handlers
@@ -103,6 +103,7 @@ def create_api(
         app.include_router(router)
     install_problem_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=settings.api_max_body_bytes)
+    app.add_middleware(Utf8Target)
     # Starlette runs the middleware added last outermost: keys are looked up
     # before the per-key rate charges them.
     app.add_middleware(PerKeyRate, rate=settings.api_rate)
