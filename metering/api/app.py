@@ -21,7 +21,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
 from metering.api import admin, decisions, events
-from metering.api.auth import ApiKeyAuthentication, Authenticator
+from metering.api.auth import ApiKeyAuthentication, Authenticator, require_scope
 from metering.api.bounds import BodyLimit, Utf8Target
 from metering.api.context import ApiContext, IsQueued, broker_lookup
 from metering.api.models import REQUEST_MODELS
@@ -109,9 +109,12 @@ def create_api(
     app.add_middleware(PerKeyRate, rate=settings.api_rate)
     app.add_middleware(ApiKeyAuthentication)
     # GET /metrics (out of the schema, with the lag gauges) and request counts;
-    # last, so the requests BodyLimit answers are counted too.
+    # last, so the requests BodyLimit answers are counted too. Open unless
+    # METERING_METRICS_SCOPE asks for a key (even while the API is open).
     lag = lag_collector(settings.database_url, settings.broker_url, settings.queues)
-    instrument_app(app, collectors=[lag])
+    scope = settings.metrics_scope
+    guard = [] if scope is None else [require_scope(scope, always=True)]
+    instrument_app(app, collectors=[lag], dependencies=guard)
     if settings.tracing:
         setup_tracing("metering-api", app=app)
     _with_request_schemas(app, (*REQUEST_MODELS, Problem))
