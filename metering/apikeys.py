@@ -268,7 +268,7 @@ def metrics_scope(environ: Mapping[str, str]) -> Scope | None:
         raise ConfigurationError(
             f"METERING_METRICS_SCOPE must be read or admin (or unset: open), got {shown(value)}"
         )
-    return value  # type: ignore[return-value]
+    return value
 
 
 @dataclass(frozen=True, slots=True)

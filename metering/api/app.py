@@ -85,6 +85,7 @@ def create_api(
         try:
             yield
         finally:
+            app.state.metering.close()
             if producer is None:
                 own_producer.close()
             if meter is None:

@@ -73,9 +73,7 @@ def _name(name: str) -> str:
 )
 async def list_limits(
     context: Annotated[ApiContext, Depends(api_context)],
-    all: Annotated[  # noqa: A002 - the query parameter's name
-        bool, Query(description="Also the product's own limits (metering.*).")
-    ] = False,
+    all: Annotated[bool, Query(description="Also the product's own limits (metering.*).")] = False,
 ) -> Response:
     """Every limit's definition, by name (``metering limits list``); the
     product's own (``metering.*``) only with ``?all=true``."""

@@ -76,9 +76,7 @@ def _limit_row(limit: Limit) -> list[object]:
 
 @limits.command("list")
 @format_option
-@click.option(
-    "--all", "show_all", is_flag=True, help="Also the product's own limits (metering.*)."
-)
+@click.option("--all", "show_all", is_flag=True, help="Also the product's own limits (metering.*).")
 def limits_list(fmt: str, show_all: bool) -> None:
     """List the limits (the product's own, metering.*, only with --all)."""
     found = [

@@ -110,9 +110,11 @@ def test_a_reservation_tells_an_ingest_key_the_outcome_only(
     assert body["state"] == "denied" and body["allowed"] is False
     _no_figures(body["decision"])
     assert body["decision"]["denied_by"] == ["api_calls"]
-    held = clients["ingest"].post(
-        "/v1/reservations", json={**PROBE, "cost": 1, "event_id": "r-2"}
-    ).json()
+    held = (
+        clients["ingest"]
+        .post("/v1/reservations", json={**PROBE, "cost": 1, "event_id": "r-2"})
+        .json()
+    )
     assert held["state"] == "held"
     _no_figures(held["decision"])
     full = clients["admin"].post("/v1/reservations", json={**PROBE, "event_id": "r-3"}).json()

@@ -62,9 +62,7 @@ def test_the_library_refuses_a_url_httpx_cannot_send_to(meter: Meter, url: str) 
     assert [e.url for e in hooks.endpoints()] == ["https://example.com/hooks"]
 
 
-def test_the_cli_and_the_api_refuse_them(
-    meter: Meter, tmp_path: Path, serve_api: Serve
-) -> None:
+def test_the_cli_and_the_api_refuse_them(meter: Meter, tmp_path: Path, serve_api: Serve) -> None:
     runner = CliRunner()
     settings = Settings(meter.url, f"sqla+sqlite:///{tmp_path}/broker.db", delivery=SETTINGS)
     with httpx.Client(base_url=serve_api(create_api(settings, meter=meter))) as http:
