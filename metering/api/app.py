@@ -41,6 +41,9 @@ from metering.tracing import setup_tracing
 ROUTERS: tuple[APIRouter, ...] = (events.router, decisions.router, *admin.ROUTERS)
 
 log = logging.getLogger("metering.api")
+# Ids this process could not send to the broker before it stopped
+# (`unsent_at_shutdown`: ``metering serve`` then exits non-zero).
+_unsent: list[str] = []
 OPEN_WARNING = (
     "no API key exists: the API answers every request; create one with "
     "`metering apikeys create --scope ...` (or set METERING_API_AUTH=required)"
@@ -86,8 +89,8 @@ def create_api(
             yield
         finally:
             app.state.metering.close()
-            if producer is None:
-                own_producer.close()
+            if isinstance(own_producer, ApiProducer) and producer is None:
+                _shut_down(own_producer)
             if meter is None:
                 own_meter.close()
 
@@ -120,6 +123,26 @@ def create_api(
         setup_tracing("metering-api", app=app)
     _with_request_schemas(app, (*REQUEST_MODELS, Problem))
     return app
+
+
+def _shut_down(producer: ApiProducer) -> None:
+    """Close the API's producer; the events it still keeps (the broker is
+    down) are named in one line, and remembered for `unsent_at_shutdown`."""
+    unsent = producer.shut_down()
+    if unsent:
+        _unsent.extend(unsent)
+        log.error(
+            "%d event(s) kept while the broker was unavailable were not sent before shutdown "
+            "and are dropped: %s (their clients must send them again, under the same ids)",
+            len(unsent),
+            ", ".join(unsent),
+        )
+
+
+def unsent_at_shutdown() -> list[str]:
+    """Ids of events an API of this process accepted, kept while the broker was
+    unavailable and could not send before it stopped."""
+    return list(_unsent)
 
 
 def _version() -> str:

@@ -15,6 +15,7 @@ from metering.api.context import ApiContext, api_context
 from metering.api.models import (
     EVENT_ID_PATTERN,
     Accepted,
+    Kept,
     Pending,
     Result,
     Results,
@@ -126,7 +127,11 @@ def _received(events: Iterable[UsageEvent]) -> None:
     summary="An event's result",
     response_model=None,
     responses={
-        200: {"model": Result | Pending, "description": "The stored result, or pending."},
+        200: {
+            "model": Result | Pending | Kept,
+            "description": "The stored result; pending (queued); or kept by this server "
+            "while the broker is unavailable.",
+        },
         **responses(400, 404, *AUTH_ERRORS, *COMMON_ERRORS),
     },
     dependencies=[require_scope("read")],
@@ -139,10 +144,13 @@ async def get_event(
     ],
     context: Annotated[ApiContext, Depends(api_context)],
 ) -> Response:
-    """The stored result of an event; ``pending`` while it is queued; 404 when unknown."""
+    """The stored result of an event; ``pending`` while it is queued; ``kept``
+    while this server holds it for a broker that was unavailable; 404 when unknown."""
     validate_event_id(event_id)
     decision = await run_in_threadpool(context.meter.result, event_id)
     if decision is None:
+        if event_id in await run_in_threadpool(lambda: context.producer.kept):
+            return JSONResponse({"status": "kept", "event_id": event_id})
         if await run_in_threadpool(context.is_queued, event_id):
             return JSONResponse({"status": "pending", "event_id": event_id})
         # Not queued: a worker may have applied it since the first look.

@@ -210,6 +210,14 @@ class Pending(BaseModel):
     event_id: str
 
 
+class Kept(BaseModel):
+    """An event this server accepted while the broker was unavailable: it holds
+    it and queues it once the broker is back (send it again only under its id)."""
+
+    status: Literal["kept"]
+    event_id: str
+
+
 class Accepted(BaseModel):
     """Events queued (the broker has them), and repeated ids answered from the ledger."""
 
