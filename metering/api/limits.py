@@ -67,7 +67,7 @@ def _name(name: str) -> str:
     response_model=None,
     responses={
         200: {"model": Limits, "description": "Every limit, by name."},
-        **responses(*AUTH_ERRORS, *COMMON_ERRORS),
+        **responses(400, *AUTH_ERRORS, *COMMON_ERRORS),
     },
     dependencies=[require_scope("read")],
 )
