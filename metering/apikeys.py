@@ -253,6 +253,24 @@ def auth_mode(environ: Mapping[str, str]) -> AuthMode:
     return value
 
 
+# What METERING_METRICS_SCOPE may ask of a scraper's key.
+METRICS_SCOPES: Final[tuple[Scope, ...]] = ("read", "admin")
+
+
+def metrics_scope(environ: Mapping[str, str]) -> Scope | None:
+    """``METERING_METRICS_SCOPE``: unset (default), the API's ``/metrics`` is open
+    to whoever reaches the port; ``read`` or ``admin``, it asks for a key of
+    that scope, whether or not the rest of the API asks for keys yet."""
+    value = (environ.get("METERING_METRICS_SCOPE") or "").strip().lower()
+    if not value:
+        return None
+    if value not in METRICS_SCOPES:
+        raise ConfigurationError(
+            f"METERING_METRICS_SCOPE must be read or admin (or unset: open), got {shown(value)}"
+        )
+    return value
+
+
 @dataclass(frozen=True, slots=True)
 class ApiRate:
     """The API's own limit per key: ``maximum`` requests per ``period`` (a token bucket)."""

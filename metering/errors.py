@@ -40,6 +40,18 @@ class UnknownLimit(MeteringError, LookupError):
         self.limit = limit
 
 
+class ReservedLimit(MeteringError):
+    """A limit named ``metering.*`` belongs to the product (the API's own rate
+    limit): users cannot create, change or delete it."""
+
+    def __init__(self, limit: str, action: str = "change") -> None:
+        super().__init__(
+            f"limit {limit!r} is reserved: names starting with 'metering.' belong to "
+            f"the product; you cannot {action} it"
+        )
+        self.limit = limit
+
+
 class OccurredAtOutOfRange(InvalidInput):
     """An event's time is older than its limit's allowed lateness, or in the future."""
 

@@ -36,13 +36,13 @@ from metering.domain.events import (
 )
 from metering.domain.grants import Entitlement
 from metering.domain.instants import from_us
-from metering.domain.limits import Limit, validate_limit_name
+from metering.domain.limits import Limit, is_reserved, validate_limit_name
 from metering.domain.reservations import DEFAULT_TTL_SECONDS, STORED_STATES
 from metering.domain.state import CounterKey, CounterState
 from metering.engine import Engine
 from metering.engine.fast import CONFLICT, DUPLICATE, Answer
 from metering.engine.reference import Decided, InvalidPolicy, decision_of
-from metering.errors import EventConflict, InvalidInput, UnknownLimit
+from metering.errors import EventConflict, InvalidInput, ReservedLimit, UnknownLimit
 from metering.reservations import Reservation, ReservationInfo
 from metering.reserving import validate_ttl
 from metering.storage.database import Database
@@ -111,9 +111,18 @@ class Meter:
     # -- limits ------------------------------------------------------------
 
     def set_limit(self, limit: Limit) -> Limit:
-        """Create or replace a limit; events decided afterwards use it."""
+        """Create or replace a limit; events decided afterwards use it.
+        `ReservedLimit` for a name of the product's own (``metering.*``)."""
+        return self.set_limits([limit])[0]
+
+    def set_product_limit(self, limit: Limit) -> Limit:
+        """Create or replace one of the product's own limits (``metering.*``,
+        e.g. the API's rate per key): the only way to write a reserved name.
+        The product calls it; users get `ReservedLimit` from `set_limit`."""
         if not isinstance(limit, Limit):
             raise InvalidInput("limit", f"expected a Limit, got {type(limit).__name__}")
+        if not is_reserved(limit.name):
+            raise ReservedLimit(limit.name, "define it as the product's own (not metering.*)")
         now_us = self.database.now_us()
         self.database.run(lambda c: Store(c).upsert_limit(limit, now_us))
         return limit
@@ -121,6 +130,11 @@ class Meter:
     def set_limits(self, limits: Iterable[Limit]) -> list[Limit]:
         """Create or replace several limits in one transaction (all or none)."""
         chosen = list(limits)
+        for limit in chosen:
+            if not isinstance(limit, Limit):
+                raise InvalidInput("limit", f"expected a Limit, got {type(limit).__name__}")
+            if is_reserved(limit.name):
+                raise ReservedLimit(limit.name, "create or change")
         now_us = self.database.now_us()
 
         def work(connection: Connection) -> None:
@@ -146,8 +160,11 @@ class Meter:
         return self.database.run(lambda c: Store(c).list_limits())
 
     def delete_limit(self, name: str) -> None:
-        """Delete a limit. Its counters stay, for reports."""
+        """Delete a limit. Its counters stay, for reports. `ReservedLimit`
+        for a name of the product's own (``metering.*``)."""
         validate_limit_name(name)
+        if is_reserved(name):
+            raise ReservedLimit(name, "delete")
         if not self.database.run(lambda c: Store(c).delete_limit(name)):
             raise UnknownLimit(name)
 

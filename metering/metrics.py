@@ -41,7 +41,15 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, MutableMapping
+from collections.abc import (
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    MutableMapping,
+    Sequence,
+)
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -613,13 +621,19 @@ class HttpMetrics:
             )
 
 
-def instrument_app(app: Any, path: str = "/metrics", collectors: Iterable[Any] = ()) -> None:
+def instrument_app(
+    app: Any,
+    path: str = "/metrics",
+    collectors: Iterable[Any] = (),
+    dependencies: Sequence[Any] = (),
+) -> None:
     """Count ``app``'s requests (`HttpMetrics`) and serve ``path`` from it,
     with the scrape-time ``collectors`` (`metering.monitoring.lag_collector`).
 
     ``app`` is a Starlette or FastAPI application, before it starts; call it
     after adding the other middleware, so requests they answer are counted
-    too. The route is left out of FastAPI's OpenAPI schema.
+    too. The route is left out of FastAPI's OpenAPI schema. ``dependencies``
+    (FastAPI only) guard the route: the API's ``METERING_METRICS_SCOPE``.
     """
     from starlette.routing import Route
 
@@ -628,6 +642,12 @@ def instrument_app(app: Any, path: str = "/metrics", collectors: Iterable[Any] =
     app.add_middleware(HttpMetrics)
     endpoint = metrics_asgi_app(collectors)
     if hasattr(app, "add_api_route"):  # FastAPI: its router names only its own routes
-        app.add_api_route(path, endpoint.response, methods=["GET"], include_in_schema=False)
+        app.add_api_route(
+            path,
+            endpoint.response,
+            methods=["GET"],
+            include_in_schema=False,
+            dependencies=list(dependencies),
+        )
     else:
         app.router.routes.append(Route(path, endpoint=endpoint, methods=["GET", "HEAD"]))

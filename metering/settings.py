@@ -32,6 +32,9 @@ variable, before any message is taken. Every variable is optional:
 * ``METERING_API_AUTH``: ``auto`` (default: API keys are asked for once one
   exists) or ``required`` (always); ``METERING_API_RATE``: each API key's
   requests, ``N/PERIOD`` (default ``6000/1m``) or ``off`` (docs/api-auth.md).
+* ``METERING_METRICS_SCOPE``: unset (default), the API's ``/metrics`` is open
+  to anyone who reaches the port; ``read`` (or ``admin``), it asks for a key
+  of that scope.
 * ``METERING_CORRECTION_HORIZON_DAYS``: how far back an event can be voided
   (default 35 days; `Meter.void`).
 """
@@ -43,7 +46,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-from metering.apikeys import DEFAULT_API_RATE, ApiRate, AuthMode, api_rate, auth_mode
+from metering.apikeys import (
+    DEFAULT_API_RATE,
+    ApiRate,
+    AuthMode,
+    Scope,
+    api_rate,
+    auth_mode,
+    metrics_scope,
+)
 from metering.config import (
     DEFAULT_BROKER_URL,
     DEFAULT_CORRECTION_HORIZON_DAYS,
@@ -99,6 +110,7 @@ class Settings:
     api_auth: AuthMode = "auto"
     api_rate: ApiRate | None = DEFAULT_API_RATE
     correction_horizon_days: int = DEFAULT_CORRECTION_HORIZON_DAYS
+    metrics_scope: Scope | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -144,6 +156,7 @@ class Settings:
             api_auth=auth_mode(env),
             api_rate=api_rate(env),
             correction_horizon_days=correction_horizon_days(env),
+            metrics_scope=metrics_scope(env),
         )
 
 

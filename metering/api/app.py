@@ -21,8 +21,8 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
 from metering.api import admin, decisions, events
-from metering.api.auth import ApiKeyAuthentication, Authenticator
-from metering.api.bounds import BodyLimit
+from metering.api.auth import ApiKeyAuthentication, Authenticator, require_scope
+from metering.api.bounds import BodyLimit, Utf8Target
 from metering.api.context import ApiContext, IsQueued, broker_lookup
 from metering.api.models import REQUEST_MODELS
 from metering.api.problems import Problem, install_problem_handlers
@@ -41,6 +41,9 @@ from metering.tracing import setup_tracing
 ROUTERS: tuple[APIRouter, ...] = (events.router, decisions.router, *admin.ROUTERS)
 
 log = logging.getLogger("metering.api")
+# Ids this process could not send to the broker before it stopped
+# (`unsent_at_shutdown`: ``metering serve`` then exits non-zero).
+_unsent: list[str] = []
 OPEN_WARNING = (
     "no API key exists: the API answers every request; create one with "
     "`metering apikeys create --scope ...` (or set METERING_API_AUTH=required)"
@@ -85,8 +88,9 @@ def create_api(
         try:
             yield
         finally:
-            if producer is None:
-                own_producer.close()
+            app.state.metering.close()
+            if isinstance(own_producer, ApiProducer) and producer is None:
+                _shut_down(own_producer)
             if meter is None:
                 own_meter.close()
 
@@ -103,18 +107,42 @@ def create_api(
         app.include_router(router)
     install_problem_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=settings.api_max_body_bytes)
+    app.add_middleware(Utf8Target)
     # Starlette runs the middleware added last outermost: keys are looked up
     # before the per-key rate charges them.
     app.add_middleware(PerKeyRate, rate=settings.api_rate)
     app.add_middleware(ApiKeyAuthentication)
     # GET /metrics (out of the schema, with the lag gauges) and request counts;
-    # last, so the requests BodyLimit answers are counted too.
+    # last, so the requests BodyLimit answers are counted too. Open unless
+    # METERING_METRICS_SCOPE asks for a key (even while the API is open).
     lag = lag_collector(settings.database_url, settings.broker_url, settings.queues)
-    instrument_app(app, collectors=[lag])
+    scope = settings.metrics_scope
+    guard = [] if scope is None else [require_scope(scope, always=True)]
+    instrument_app(app, collectors=[lag], dependencies=guard)
     if settings.tracing:
         setup_tracing("metering-api", app=app)
     _with_request_schemas(app, (*REQUEST_MODELS, Problem))
     return app
+
+
+def _shut_down(producer: ApiProducer) -> None:
+    """Close the API's producer; the events it still keeps (the broker is
+    down) are named in one line, and remembered for `unsent_at_shutdown`."""
+    unsent = producer.shut_down()
+    if unsent:
+        _unsent.extend(unsent)
+        log.error(
+            "%d event(s) kept while the broker was unavailable were not sent before shutdown "
+            "and are dropped: %s (their clients must send them again, under the same ids)",
+            len(unsent),
+            ", ".join(unsent),
+        )
+
+
+def unsent_at_shutdown() -> list[str]:
+    """Ids of events an API of this process accepted, kept while the broker was
+    unavailable and could not send before it stopped."""
+    return list(_unsent)
 
 
 def _version() -> str:

@@ -46,6 +46,7 @@ __all__ = [
     "Authenticator",
     "Identity",
     "Scope",
+    "may_read",
     "require_scope",
 ]
 
@@ -160,8 +161,10 @@ def _unauthorized(detail: str, error: str | None = None) -> ApiProblem:
     return ApiProblem("unauthorized", detail, headers={"WWW-Authenticate": challenge})
 
 
-def require_scope(scope: Scope) -> Any:
-    """A dependency that lets a request through only with a key of ``scope``."""
+def require_scope(scope: Scope, *, always: bool = False) -> Any:
+    """A dependency that lets a request through only with a key of ``scope``;
+    without a key, only while the API is open (no key yet, ``auto``), unless
+    ``always`` (``/metrics`` under ``METERING_METRICS_SCOPE``)."""
     if scope not in SCOPES:
         raise ValueError(f"unknown scope {scope!r}")
 
@@ -176,6 +179,10 @@ def require_scope(scope: Scope) -> Any:
                     "the API key is not valid: unknown, revoked or malformed "
                     "(send Authorization: Bearer mk_...)",
                     "invalid_token",
+                )
+            if always:
+                raise _unauthorized(
+                    f"an API key of scope {scope} is required: send Authorization: Bearer mk_..."
                 )
             auth = authenticator_of(request.app)
             required = auth.known_required()
@@ -195,6 +202,14 @@ def require_scope(scope: Scope) -> Any:
 
     check: Callable[[Request], Awaitable[None]] = allowed
     return Depends(check)
+
+
+async def may_read(request: Request) -> bool:
+    """Whether the request may see usage figures (``read`` scope): an ingest
+    key's answers carry outcomes only. Without a key the route was let
+    through because the API is open: it answers everything."""
+    key = (await identity_of(request)).key
+    return key is None or key.allows("read")
 
 
 # -- the middleware ----------------------------------------------------------------

@@ -5,11 +5,16 @@ refused before a byte of the body is read, and a body without one (chunked)
 is counted as it arrives, so the server never buffers more than the bound.
 Either way the answer is a 413 problem. The number of events in one request
 is bounded where they are parsed (`metering.api.parsing`).
+
+`Utf8Target` refuses a path or query string whose percent-escapes are not
+UTF-8 (``/v1/subjects/%FF/usage``) with a 400, before any route sees it: the
+server would otherwise decode ``%FF`` as U+FFFD and serve another name.
 """
 
 from __future__ import annotations
 
 from typing import Final
+from urllib.parse import unquote_to_bytes
 
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -74,3 +79,28 @@ async def _refuse(max_bytes: int, scope: Scope, receive: Receive, send: Send) ->
         headers={"connection": "close"},
     )
     await response(scope, receive, send)
+
+
+class Utf8Target:
+    """Refuse a request whose path or query string is not UTF-8 once
+    percent-decoded (400): ``%FF`` is no character, not U+FFFD."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            raw_path = scope.get("raw_path") or scope["path"].encode()
+            query = scope.get("query_string", b"").replace(b"+", b" ")
+            for part, text in (("path", raw_path), ("query string", query)):
+                try:
+                    unquote_to_bytes(text).decode("utf-8")
+                except UnicodeDecodeError:
+                    response = problem_response(
+                        "invalid-input",
+                        f"the {part} is not UTF-8 once percent-decoded (%XX escapes)",
+                        [(part.replace(" ", "_"), "is not UTF-8 once percent-decoded")],
+                    )
+                    await response(scope, receive, send)
+                    return
+        await self.app(scope, receive, send)

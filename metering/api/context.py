@@ -7,11 +7,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 from starlette.requests import Request
 
+from metering.api.offload import Offload
 from metering.meter import Meter
 from metering.producer import UsageProducer
 from metering.settings import Settings
@@ -27,12 +28,29 @@ def broker_lookup(broker_url: str) -> IsQueued:
     return partial(is_queued, broker_url)
 
 
+# Webhook test pings running at once, per server process (each waits for its
+# receiver up to the delivery timeout); more are answered 429.
+MAX_TEST_PINGS = 4
+
+
 @dataclass
 class ApiContext:
     settings: Settings
     meter: Meter
     producer: UsageProducer
     is_queued: IsQueued
+    # Test pings run here, off the threads every route shares (`Offload`).
+    pings: Offload = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.pings = Offload(
+            MAX_TEST_PINGS,
+            what="webhook test ping",
+            retry_after_seconds=self.settings.delivery.timeout_seconds,
+        )
+
+    def close(self) -> None:
+        self.pings.close()
 
 
 def api_context(request: Request) -> ApiContext:

@@ -10,11 +10,12 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
-from metering.api.auth import AUTH_ERRORS, require_scope
+from metering.api.auth import AUTH_ERRORS, may_read, require_scope
 from metering.api.context import ApiContext, api_context
 from metering.api.models import (
     EVENT_ID_PATTERN,
     Accepted,
+    Kept,
     Pending,
     Result,
     Results,
@@ -79,17 +80,20 @@ async def post_events(
     go to the queue and the answer is 202 once the broker has them; an id
     decided before is answered with its stored result (``duplicates``), an
     id used before with other charges is a 409. ``?wait=decision`` applies
-    them at once, in order, and answers with their results.
+    them at once, in order, and answers with their results. A key without
+    ``read`` scope gets outcomes only: no used, remaining, maximum, overage.
     """
     kind = body_kind(request.headers.get("content-type"))
     body = await request.body()
     now = context.meter.clock()
     parsed = parse_events(body, kind, now, context.settings.api_max_events)
+    figures = await may_read(request)
     if wait == "decision":
         results = await apply_now(context.meter, parsed)
         pairs = zip(parsed, results, strict=True)
         _received({p.event.event_id: p.event for p, d in pairs if not d.duplicate}.values())
-        return JSONResponse({"results": [result_json(d) for d in results]}, status_code=200)
+        answers = [result_json(d, figures=figures) for d in results]
+        return JSONResponse({"results": answers}, status_code=200)
     unique = unique_events(parsed)
     fresh, stored = await run_in_threadpool(accept, context.meter, context.producer, unique)
     if fresh:
@@ -97,7 +101,9 @@ async def post_events(
     accepted = {
         "accepted": [event.event_id for event in fresh],
         "duplicates": [
-            result_json(stored[e.event_id].decision) for e in unique if e.event_id in stored
+            result_json(stored[e.event_id].decision, figures=figures)
+            for e in unique
+            if e.event_id in stored
         ],
     }
     return JSONResponse(accepted, status_code=202)
@@ -121,7 +127,11 @@ def _received(events: Iterable[UsageEvent]) -> None:
     summary="An event's result",
     response_model=None,
     responses={
-        200: {"model": Result | Pending, "description": "The stored result, or pending."},
+        200: {
+            "model": Result | Pending | Kept,
+            "description": "The stored result; pending (queued); or kept by this server "
+            "while the broker is unavailable.",
+        },
         **responses(400, 404, *AUTH_ERRORS, *COMMON_ERRORS),
     },
     dependencies=[require_scope("read")],
@@ -134,10 +144,13 @@ async def get_event(
     ],
     context: Annotated[ApiContext, Depends(api_context)],
 ) -> Response:
-    """The stored result of an event; ``pending`` while it is queued; 404 when unknown."""
+    """The stored result of an event; ``pending`` while it is queued; ``kept``
+    while this server holds it for a broker that was unavailable; 404 when unknown."""
     validate_event_id(event_id)
     decision = await run_in_threadpool(context.meter.result, event_id)
     if decision is None:
+        if event_id in await run_in_threadpool(lambda: context.producer.kept):
+            return JSONResponse({"status": "kept", "event_id": event_id})
         if await run_in_threadpool(context.is_queued, event_id):
             return JSONResponse({"status": "pending", "event_id": event_id})
         # Not queued: a worker may have applied it since the first look.

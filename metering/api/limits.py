@@ -9,13 +9,18 @@ A ``PUT`` body is a limit's definition as a limits file writes it
 `Limit.from_dict`, the loader's own rules, and stored with `Meter.set_limit`:
 created, or replaced as a whole (a field not given takes its default).
 Reading limits takes the ``read`` scope; changing them ``admin``.
+
+Names starting with ``metering.`` are the product's own (the API's rate per
+key, `metering.api.ratelimit`): ``PUT`` and ``DELETE`` of one are 409
+(``reserved-limit``), and ``GET /v1/limits`` leaves them out unless
+``?all=true``.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Final
 
-from fastapi import APIRouter, Depends, Path, Request
+from fastapi import APIRouter, Depends, Path, Query, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
@@ -24,7 +29,7 @@ from metering.api.admin_models import LIMIT_PATTERN, LimitIn, LimitOut, Limits, 
 from metering.api.auth import AUTH_ERRORS, require_scope
 from metering.api.context import ApiContext, api_context
 from metering.api.problems import COMMON_ERRORS, ApiProblem, responses
-from metering.domain.limits import Limit, validate_limit_name
+from metering.domain.limits import Limit, is_reserved, validate_limit_name
 from metering.errors import InvalidInput, UnknownLimit
 
 router = APIRouter(prefix="/v1", tags=["limits"])
@@ -62,14 +67,19 @@ def _name(name: str) -> str:
     response_model=None,
     responses={
         200: {"model": Limits, "description": "Every limit, by name."},
-        **responses(*AUTH_ERRORS, *COMMON_ERRORS),
+        **responses(400, *AUTH_ERRORS, *COMMON_ERRORS),
     },
     dependencies=[require_scope("read")],
 )
-async def list_limits(context: Annotated[ApiContext, Depends(api_context)]) -> Response:
-    """Every limit's definition, by name (``metering limits list``)."""
+async def list_limits(
+    context: Annotated[ApiContext, Depends(api_context)],
+    all: Annotated[bool, Query(description="Also the product's own limits (metering.*).")] = False,
+) -> Response:
+    """Every limit's definition, by name (``metering limits list``); the
+    product's own (``metering.*``) only with ``?all=true``."""
     found = await run_in_threadpool(context.meter.list_limits)
-    return JSONResponse({"limits": [limit_json(limit) for limit in found]})
+    shown = [limit for limit in found if all or not is_reserved(limit.name)]
+    return JSONResponse({"limits": [limit_json(limit) for limit in shown]})
 
 
 @router.get(
@@ -100,7 +110,7 @@ async def get_limit(
     openapi_extra=json_body(LimitIn),
     responses={
         200: {"model": LimitOut, "description": "The limit as stored."},
-        **responses(400, 415, *AUTH_ERRORS, *COMMON_ERRORS),
+        **responses(400, 409, 415, *AUTH_ERRORS, *COMMON_ERRORS),
     },
     dependencies=[require_scope("admin")],
 )
@@ -109,7 +119,7 @@ async def put_limit(
 ) -> Response:
     """Create the limit, or replace its whole definition: events decided from
     now on use it. 400 names the field at fault; nothing is stored then.
-    Counters keep their usage."""
+    Counters keep their usage. 409 for a name of the product's own."""
     chosen = _name(name)
     fields = await read_object(request, LIMIT_FIELDS)
     if "name" in fields and fields["name"] != chosen:
@@ -129,7 +139,7 @@ async def put_limit(
     response_model=None,
     responses={
         204: {"description": "Deleted; its counters stay, for reports."},
-        **responses(400, 404, *AUTH_ERRORS, *COMMON_ERRORS),
+        **responses(400, 404, 409, *AUTH_ERRORS, *COMMON_ERRORS),
     },
     dependencies=[require_scope("admin")],
 )
@@ -137,7 +147,8 @@ async def delete_limit(
     name: LimitName, context: Annotated[ApiContext, Depends(api_context)]
 ) -> Response:
     """Delete a limit: events naming it are refused from now on (422 unknown
-    limit). Its counters stay for ``metering counters``; reports leave them out."""
+    limit). Its counters stay for ``metering counters``; reports leave them out.
+    409 for a name of the product's own (``metering.*``)."""
     try:
         await run_in_threadpool(context.meter.delete_limit, _name(name))
     except UnknownLimit as exc:

@@ -150,16 +150,25 @@ class StackedCheck(BaseModel):
     occurred_at: datetime | None = _occurred_at()
 
 
+# The figures of a decision: answered only to a key that may read usage (an
+# ingest-only key learns the outcome, not a subject's usage).
+FIGURES_NOTE = "Left out for a key without read scope: an ingest-only key gets the outcome."
+
+
+def _figure(description: str = FIGURES_NOTE) -> Any:
+    return Field(default=None, description=description)
+
+
 class ChargeDecisionOut(BaseModel):
     subject: str
     limit: str
     cost: int
     allowed: bool
     outcome: Literal["allowed", "denied", "overage"]
-    used: int
-    remaining: int
-    maximum: int
-    overage: int
+    used: int | None = _figure()
+    remaining: int | None = _figure()
+    maximum: int | None = _figure()
+    overage: int | None = _figure()
     window_start: datetime | None
     resets_at: datetime
     retry_at: datetime | None
@@ -175,11 +184,11 @@ class DecisionOut(BaseModel):
     reason: str | None = Field(description="Why a queued event was rejected.")
     occurred_at: datetime
     decided_at: datetime
-    used: int | None = Field(
-        description="Of the deciding charge: the first denied, else the first."
+    used: int | None = _figure(
+        "Of the deciding charge: the first denied, else the first. " + FIGURES_NOTE
     )
-    remaining: int | None = Field(description="The least remaining across charges.")
-    maximum: int | None
+    remaining: int | None = _figure("The least remaining across charges. " + FIGURES_NOTE)
+    maximum: int | None = _figure()
     resets_at: datetime | None
     retry_at: datetime | None = Field(description="When every denied charge fits again.")
     charges: list[ChargeDecisionOut]
@@ -198,6 +207,14 @@ class Pending(BaseModel):
     """An event still on the queue."""
 
     status: Literal["pending"]
+    event_id: str
+
+
+class Kept(BaseModel):
+    """An event this server accepted while the broker was unavailable: it holds
+    it and queues it once the broker is back (send it again only under its id)."""
+
+    status: Literal["kept"]
     event_id: str
 
 
@@ -236,7 +253,13 @@ def _iso(moment: datetime | None) -> str | None:
     return moment.isoformat() if moment is not None else None
 
 
-def decision_json(decision: Decision) -> dict[str, Any]:
+TOP_FIGURES = ("used", "remaining", "maximum")
+CHARGE_FIGURES = ("used", "remaining", "maximum", "overage", "grants")
+
+
+def decision_json(decision: Decision, *, figures: bool = True) -> dict[str, Any]:
+    """A decision; without ``figures`` (a key that may not read usage) the
+    outcome only: no used, remaining, maximum, overage or grants drawn."""
     body = decision.to_dict()
     body.update(
         used=decision.used,
@@ -245,11 +268,17 @@ def decision_json(decision: Decision) -> dict[str, Any]:
         resets_at=_iso(decision.resets_at),
         retry_at=_iso(decision.retry_at),
     )
+    if not figures:
+        for name in TOP_FIGURES:
+            del body[name]
+        for charge in body["charges"]:
+            for name in CHARGE_FIGURES:
+                charge.pop(name, None)
     return body
 
 
-def result_json(decision: Decision) -> dict[str, Any]:
-    body = decision_json(decision)
+def result_json(decision: Decision, *, figures: bool = True) -> dict[str, Any]:
+    body = decision_json(decision, figures=figures)
     body.update(
         status="decided",
         duplicate=decision.duplicate,

@@ -36,6 +36,7 @@ from metering.errors import (
     InvalidInput,
     MeteringError,
     ReservationSettled,
+    ReservedLimit,
     SchemaOutdated,
     UnknownApiKey,
     UnknownEvent,
@@ -62,6 +63,7 @@ TYPES: Final[dict[str, tuple[int, str]]] = {
     "grant-conflict": (409, "A grant id was already used with other values"),
     "correction-conflict": (409, "A correction id already voids another event"),
     "correction-refused": (409, "The event cannot be voided"),
+    "reserved-limit": (409, "The limit belongs to the product"),
     "body-too-large": (413, "The request is too large"),
     "unsupported-media-type": (415, "Unsupported content type"),
     "unknown-limit": (422, "A charge names an unknown limit"),
@@ -188,6 +190,8 @@ def translate(error: MeteringError) -> tuple[str, str, list[tuple[str, str]], di
         return "grant-conflict", detail, [("grant_id", detail)], {}
     if isinstance(error, CorrectionConflict):
         return "correction-conflict", detail, [("correction_id", detail)], {}
+    if isinstance(error, ReservedLimit):
+        return "reserved-limit", detail, [("name", detail)], {}
     if isinstance(error, CorrectionRefused):
         return "correction-refused", detail, [("event_id", error.reason)], {}
     if isinstance(error, BrokerUnavailable):

@@ -103,6 +103,18 @@ class ApiProducer(UsageProducer):
             if waiting:
                 self._ensure_thread()
 
+    def shut_down(self) -> list[str]:
+        """Close at the server's shutdown: one last flush of what is kept (with
+        the producer's retries), then the ids still not sent, which this
+        process drops (it ends: nothing would send them)."""
+        try:
+            self.close()
+        except BrokerUnavailable:
+            unsent = self.discard()
+            self.close()  # nothing left to send: it only stops
+            return unsent
+        return []
+
 
 def enqueue(producer: UsageProducer, events: Sequence[UsageEvent]) -> None:
     """Queue ``events`` and flush: on return the broker has them (runs in a thread)."""

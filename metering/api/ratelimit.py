@@ -8,8 +8,9 @@ second sustained). A key past it gets 429 (a problem, with ``Retry-After``
 and the ``RateLimit`` headers) while other keys go on. Requests without a
 valid key are not charged (they are refused, or the API is open).
 
-`define_rate_limit` writes the limit at startup from the setting, which
-overrides any edit of it with ``metering limits set``.
+`define_rate_limit` writes the limit at startup from the setting, through
+`Meter.set_product_limit`: the name is reserved (``metering.*``), so the
+API, the CLI and `Meter.set_limit` refuse to change or delete it.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def define_rate_limit(meter: Meter, rate: ApiRate | None) -> None:
             return
     except UnknownLimit:
         pass
-    meter.set_limit(wanted)
+    meter.set_product_limit(wanted)
 
 
 def _key(request: RequestInfo) -> str | None:

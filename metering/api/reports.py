@@ -5,10 +5,11 @@ The query parameters are the ``metering report`` options (``period``,
 ``subject`` required for usage, and ``group_by`` for usage by a metadata
 key; ``limit`` required for shadow, with ``subject`` and ``top``) and are
 validated by the library (`select_overage`, `select_usage`,
-`usage_by_dimension`, `select_shadow`) before any row is read. ``Accept`` picks
-the format: JSON (``application/json``, the default) or CSV (``text/csv``,
-the CLI's writer: `metering.reports.export.csv_lines`, formula-like cells
-neutralised); anything else is 406. Rows stream from the database as the
+`usage_by_dimension`, `select_shadow`) before any row is read. ``format``
+(``json`` or ``csv``, as the CLI's ``--format``; any other value is 400)
+picks the format, else ``Accept``: JSON (``application/json``, the default)
+or CSV (``text/csv``, the CLI's writer: `metering.reports.export.csv_lines`,
+formula-like cells neutralised); anything else is 406. Rows stream from the database as the
 client reads them, in chunks of about 64 KiB, so an export of any size keeps
 the server's memory flat. Reports take the ``read`` scope.
 """
@@ -163,6 +164,10 @@ Since = Annotated[
 ]
 Until = Annotated[str | None, Query(description="ISO 8601: windows starting before this.")]
 LimitFilter = Annotated[str | None, Query(description="Only this limit.")]
+FormatChoice = Annotated[
+    Format | None,
+    Query(alias="format", description="json or csv; wins over Accept (default: Accept)."),
+]
 
 
 def negotiate(accept: str | None) -> Format:
@@ -279,9 +284,12 @@ class Streamed(StreamingResponse):
 
 
 async def _respond(
-    request: Request, select: Callable[[], BaseReport[Any] | DimensionReport], filename: str
+    request: Request,
+    select: Callable[[], BaseReport[Any] | DimensionReport],
+    filename: str,
+    chosen: Format | None,
 ) -> Response:
-    fmt = negotiate(request.headers.get("accept"))
+    fmt = chosen or negotiate(request.headers.get("accept"))
     try:
         report = await run_in_threadpool(select)
     except InvalidInput as exc:
@@ -321,6 +329,7 @@ async def overage(
     top: Annotated[
         int | None, Query(ge=1, le=MAX_LISTING, description="Only the N largest overages.")
     ] = None,
+    fmt: FormatChoice = None,
 ) -> Response:
     """Maximum, used, overage and denials per subject, limit and window, the
     largest overage first: ``metering report overage``. A window belongs to
@@ -332,6 +341,7 @@ async def overage(
             meter, period=period, since=since, until=until, subject=subject, limit=limit, top=top
         ),
         "overage",
+        fmt,
     )
 
 
@@ -358,6 +368,7 @@ async def usage(
             examples=["route"],
         ),
     ] = None,
+    fmt: FormatChoice = None,
 ) -> Response:
     """One subject's usage per window, oldest first, limit by limit:
     ``metering report usage``. With ``group_by``, its usage per limit and
@@ -378,11 +389,13 @@ async def usage(
                 until=until,
             ),
             f"usage-by-{key}",
+            fmt,
         )
     return await _respond(
         request,
         lambda: select_usage(meter, subject, period=period, since=since, until=until, limit=limit),
         "usage",
+        fmt,
     )
 
 
@@ -405,6 +418,7 @@ async def shadow(
         int | None,
         Query(ge=1, le=MAX_LISTING, description="Only the N subjects with most would-deny cost."),
     ] = None,
+    fmt: FormatChoice = None,
 ) -> Response:
     """Per subject, what a shadow limit would have denied had it been hard:
     would-deny count and cost, in how many windows, and the peak window's
@@ -418,4 +432,5 @@ async def shadow(
             meter, limit, period=period, since=since, until=until, subject=subject, top=top
         ),
         "shadow",
+        fmt,
     )

@@ -38,7 +38,7 @@ from metering.api.admin_models import (
     ReserveStacked,
     reservation_json,
 )
-from metering.api.auth import AUTH_ERRORS, require_scope
+from metering.api.auth import AUTH_ERRORS, may_read, require_scope
 from metering.api.context import ApiContext, api_context
 from metering.api.models import decision_json
 from metering.api.parsing import CHARGE_CHECKS, whole_number
@@ -96,7 +96,8 @@ async def reserve(
 
     ``event_id`` is the reservation's id: a repeated id answers the same
     reservation as it stands now (``duplicate``); the same id with other
-    charges is a 409.
+    charges is a 409. A key without ``read`` scope gets the decision's
+    outcome only: no used, remaining, maximum, overage.
     """
     item = await read_object(request, RESERVE_FIELDS)
     ttl = item.pop("ttl_seconds", DEFAULT_TTL_SECONDS)
@@ -129,7 +130,7 @@ async def reserve(
         "allowed": reservation.allowed,
         "duplicate": reservation.decision.duplicate,
         "expires_at": reservation.expires_at.isoformat() if reservation.expires_at else None,
-        "decision": decision_json(reservation.decision),
+        "decision": decision_json(reservation.decision, figures=await may_read(request)),
     }
     return JSONResponse(body)
 

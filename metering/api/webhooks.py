@@ -6,7 +6,8 @@
   deliveries;
 * ``POST .../{id}/enable`` and ``/disable``; ``POST .../{id}/rotate`` gives it
   a new secret (answered that once; the old one signs for the grace);
-  ``POST .../{id}/test`` sends a signed ``webhook.test`` ping now;
+  ``POST .../{id}/test`` sends a signed ``webhook.test`` ping now (at most
+  `metering.api.context.MAX_TEST_PINGS` at once per process, off the shared threads; 429 beyond);
 * ``GET /v1/webhooks/deliveries`` lists deliveries with their attempts;
   ``POST /v1/webhooks/deliveries/replay`` sends deliveries again.
 
@@ -311,8 +312,16 @@ async def ping_endpoint(
     """Send a signed ``webhook.test`` ping now, once (no retries), and answer
     its delivery: ``status`` delivered when the endpoint answered 2xx, failed
     otherwise (``last_status_code``, ``last_error``). A disabled endpoint is
-    pinged too. The request waits for the endpoint (its delivery timeout)."""
-    record, attempts = await _call(_hooks(context).send_test, endpoint_id)
+    pinged too. The request waits for the endpoint (its delivery timeout).
+
+    Pings run on a few threads of their own (`metering.api.context.MAX_TEST_PINGS` per server
+    process), so slow receivers never hold the threads other routes need;
+    beyond that the answer is 429 with ``Retry-After``."""
+    hooks = _hooks(context)
+    try:
+        record, attempts = await context.pings.run(hooks.send_test, endpoint_id)
+    except InvalidInput as exc:
+        raise invalid(exc) from None
     return JSONResponse(delivery_json(record, attempts))
 
 

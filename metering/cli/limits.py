@@ -11,7 +11,7 @@ import click
 from metering.cli.context import current_meter
 from metering.cli.options import format_option
 from metering.cli.output import describe_limit, print_table, table
-from metering.domain.limits import ALGORITHMS, ENFORCEMENTS, WINDOWS, Limit
+from metering.domain.limits import ALGORITHMS, ENFORCEMENTS, WINDOWS, Limit, is_reserved
 
 LIMIT_COLUMNS: Final = (
     "name",
@@ -76,9 +76,12 @@ def _limit_row(limit: Limit) -> list[object]:
 
 @limits.command("list")
 @format_option
-def limits_list(fmt: str) -> None:
-    """List the limits."""
-    found = current_meter().list_limits()
+@click.option("--all", "show_all", is_flag=True, help="Also the product's own limits (metering.*).")
+def limits_list(fmt: str, show_all: bool) -> None:
+    """List the limits (the product's own, metering.*, only with --all)."""
+    found = [
+        limit for limit in current_meter().list_limits() if show_all or not is_reserved(limit.name)
+    ]
     if fmt == "json":
         click.echo(json.dumps([limit.to_dict() for limit in found], indent=2))
     elif not found:

@@ -7,6 +7,7 @@ import shutil
 
 import click
 
+from metering.api.app import unsent_at_shutdown
 from metering.cli.context import AppState
 from metering.logs import uvicorn_log_config
 from metering.meter import Meter
@@ -38,7 +39,9 @@ def serve(
 ) -> None:
     """Serve the HTTP API: usage events in, decisions and usage out.
 
-    Events are queued for `metering worker`; the OpenAPI schema is at
+    Events are queued for `metering worker`; events kept while the broker
+    is down and still not sent at shutdown are named in one line, and the
+    exit status is 1 (with --workers 1). The OpenAPI schema is at
     /openapi.json and its documentation at /docs. Every METERING_* variable
     applies (METERING_API_MAX_BODY_BYTES, METERING_API_MAX_EVENTS ...).
     """
@@ -71,3 +74,7 @@ def serve(
     finally:
         if directory is not None:
             shutil.rmtree(directory, ignore_errors=True)
+    # Events kept while the broker was down and never sent: the API logged
+    # their ids in one line; the exit status says it too.
+    if unsent_at_shutdown():
+        ctx.exit(1)

@@ -24,6 +24,9 @@ WINDOWS: Final = ("first_use", "calendar")
 ENFORCEMENTS: Final = ("hard", "soft", "shadow")
 
 NAME_PATTERN: Final = re.compile(r"[a-z0-9_.:\-]{1,64}")
+# Limits named so belong to the product (the API's own rate limit per key):
+# users cannot create, change or delete them (`is_reserved`).
+RESERVED_PREFIX: Final = "metering."
 MAX_MAXIMUM: Final = 10**15
 MAX_PERIOD_SECONDS: Final = 3653 * 86_400  # ten years, leap days included
 MAX_PERIOD_MONTHS: Final = 120
@@ -97,6 +100,11 @@ def validate_limit_name(name: object) -> str:
     if not isinstance(name, str) or NAME_PATTERN.fullmatch(name) is None:
         raise InvalidLimit("name", f"{shown(name)} must be 1 to 64 of a-z 0-9 _ . : -")
     return name
+
+
+def is_reserved(name: str) -> bool:
+    """Whether ``name`` is one of the product's own limits (``metering.*``)."""
+    return name.startswith(RESERVED_PREFIX)
 
 
 def _positive_int(field_name: str, value: object, ceiling: int) -> int:

@@ -9,7 +9,9 @@ One attempt is three steps, none holding a transaction open over HTTP:
    opened to an address that was checked not to be loopback, private or
    link-local, from a single lookup (`metering.webhooks.destinations`);
 3. record (a short transaction): the attempt, and the delivery's new state:
-   delivered on 2xx; on 410 failed and the endpoint disabled; otherwise due
+   delivered on 2xx; on 410, or a URL the client cannot send to (stored
+   before `validate_url` refused such URLs), failed and the endpoint
+   disabled; otherwise due
    again after the schedule's next delay (with jitter, and never before the
    receiver's ``Retry-After``), or failed after the last attempt.
 
@@ -47,7 +49,7 @@ from metering.storage.webhooks import (
     WebhookStore,
     encode_payload,
 )
-from metering.webhooks.destinations import DestinationRefused, delivery_client
+from metering.webhooks.destinations import DestinationRefused, delivery_client, url_error
 from metering.webhooks.dispatch import Claim, Dispatcher
 from metering.webhooks.encryption import SecretBox
 from metering.webhooks.settings import DeliverySettings
@@ -97,6 +99,8 @@ class Response:
     retry_after: str | None
     error: str | None
     duration_ms: int
+    # The endpoint's URL cannot be sent to at all: no retry helps.
+    unsendable: bool = False
 
 
 def signing_secrets(job: DeliveryJob, now_us: int, box: SecretBox) -> list[str]:
@@ -120,6 +124,10 @@ def post(
     import httpx
 
     endpoint = job.endpoint
+    problem = url_error(endpoint.url)
+    if problem is not None:
+        error = f"not sent: the URL cannot be sent to: {problem}"[:MAX_ERROR_CHARS]
+        return Response(None, None, error, 0, unsendable=True)
     try:
         keys = signing_secrets(job, now_us, box)
     except SecretKeyError as exc:
@@ -163,7 +171,7 @@ def _outcome(
     status, next_us = DeliveryStatus.FAILED, None
     if response.status_code is not None and 200 <= response.status_code < 300:
         status = DeliveryStatus.DELIVERED
-    elif response.status_code != 410:
+    elif response.status_code != 410 and not response.unsendable:
         wait = parse_retry_after(response.retry_after, now_us)
         delay = next_delay_seconds(settings, attempt, wait, rng)
         if delay is not None:
@@ -227,8 +235,12 @@ def deliver_one(
     def record(connection: Connection) -> None:
         store = WebhookStore(connection)
         store.finish_attempt(job, attempt, status, now_us)
+        at = f"at {from_us(now_us).isoformat()} (delivery {job.delivery_id})"
         if response.status_code == 410:
-            reason = f"410 Gone at {from_us(now_us).isoformat()} (delivery {job.delivery_id})"
+            reason = f"410 Gone {at}"
+            store.update_endpoint(job.endpoint.id, enabled=False, disabled_reason=reason)
+        elif response.unsendable:
+            reason = f"{response.error} {at}"
             store.update_endpoint(job.endpoint.id, enabled=False, disabled_reason=reason)
 
     database.run(record)

@@ -115,6 +115,24 @@ def check_destination(
     )
 
 
+def url_error(url: str) -> str | None:
+    """Why httpx, the client deliveries use, cannot send to ``url`` (a host its
+    IDNA encoding refuses, an IPv4 address with leading zeros ...), or None.
+
+    The same parser at add time and at delivery time: a URL that passes here
+    is one `delivery_client` can send to (whether its address is allowed is
+    decided as it connects)."""
+    import httpx
+
+    try:
+        # What `httpx.Client.post` builds first: the URL, and the Host header
+        # from its host (IDNA-decoded, which the URL alone does not do).
+        httpx.Request("POST", url)
+    except (httpx.InvalidURL, ValueError) as exc:  # idna's IDNAError is a UnicodeError
+        return str(exc) or type(exc).__name__
+    return None
+
+
 def _pinned_backend(allow_private: bool, allowed_networks: Iterable[IPNetwork]) -> Any:
     import httpcore  # with httpx, only when delivering
 

@@ -34,6 +34,7 @@ from metering.storage.webhooks import (
     encode_payload,
 )
 from metering.webhooks import delivery
+from metering.webhooks.destinations import url_error
 from metering.webhooks.encryption import SecretBox, is_encrypted
 from metering.webhooks.settings import DeliverySettings, rotation_grace_seconds
 from metering.webhooks.signing import generate_secret, mask_secret, validate_secret
@@ -76,7 +77,8 @@ class Endpoint:
 
 
 def validate_url(url: str) -> str:
-    """An ``http`` or ``https`` URL with a host; `InvalidInput` otherwise."""
+    """An ``http`` or ``https`` URL with a host that the delivery's HTTP client
+    can send to (`url_error`); `InvalidInput` otherwise."""
     if not isinstance(url, str) or not url or len(url) > MAX_URL_CHARS:
         raise InvalidInput("url", f"must be an http(s) URL of at most {MAX_URL_CHARS} characters")
     if not url.isprintable() or any(ch.isspace() for ch in url):
@@ -91,6 +93,9 @@ def validate_url(url: str) -> str:
         raise InvalidInput("url", f"{url!r} must start with http:// or https://")
     if not parts.hostname:
         raise InvalidInput("url", f"{url!r} has no host")
+    problem = url_error(url)
+    if problem is not None:
+        raise InvalidInput("url", f"{url!r} cannot be sent to: {problem}")
     return url
 
 

@@ -26,6 +26,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from metering import FrozenClock, Limit, Meter
 from metering.api import create_api
+from metering.apikeys import ApiKeys, metrics_scope
+from metering.errors import ConfigurationError
 from metering.settings import Settings
 
 Serve = Callable[[Any], str]
@@ -110,6 +112,48 @@ def test_a_known_stream_gives_exact_counts_on_metrics(client: httpx.Client) -> N
 
 def test_metrics_is_not_in_the_openapi_schema(client: httpx.Client) -> None:
     assert "/metrics" not in client.get("/openapi.json").json()["paths"]
+
+
+def test_metrics_is_open_by_default_even_with_keys(
+    serve_api: Serve, meter: Meter, embedded: dict[str, str]
+) -> None:
+    ApiKeys(meter).create("read", name="dashboard")
+    base = serve_api(create_api(Settings(**embedded), meter=meter))
+    with httpx.Client(base_url=base, timeout=30) as anyone:
+        assert anyone.get("/metrics").status_code == 200
+        assert anyone.get("/v1/limits").status_code == 401  # the API itself asks for a key
+
+
+def test_metering_metrics_scope_read_asks_for_a_read_key(
+    serve_api: Serve, meter: Meter, embedded: dict[str, str]
+) -> None:
+    settings = Settings(**embedded, metrics_scope="read")
+    base = serve_api(create_api(settings, meter=meter))
+    with httpx.Client(base_url=base, timeout=30) as anyone:
+        # No key exists yet: the API is open, /metrics is not.
+        refused = anyone.get("/metrics")
+        assert refused.status_code == 401, refused.text
+        assert refused.headers["content-type"] == "application/problem+json"
+        assert anyone.get("/v1/limits").status_code == 200
+        keys = ApiKeys(meter)
+        _, ingest = keys.create("ingest", name="producer")
+        _, read = keys.create("read", name="prometheus")
+        wrong = anyone.get("/metrics", headers={"authorization": f"Bearer {ingest}"})
+        assert wrong.status_code == 403
+        scraped = anyone.get("/metrics", headers={"authorization": f"Bearer {read}"})
+        assert scraped.status_code == 200
+        assert "metering_http_requests_total" in scraped.text
+
+
+def test_metering_metrics_scope_is_read_admin_or_unset() -> None:
+    assert metrics_scope({}) is None
+    assert metrics_scope({"METERING_METRICS_SCOPE": ""}) is None
+    assert metrics_scope({"METERING_METRICS_SCOPE": "read"}) == "read"
+    assert metrics_scope({"METERING_METRICS_SCOPE": " Admin "}) == "admin"
+    assert Settings.from_env({"METERING_METRICS_SCOPE": "read"}).metrics_scope == "read"
+    for bad in ("ingest", "yes", "open"):
+        with pytest.raises(ConfigurationError, match="METERING_METRICS_SCOPE"):
+            metrics_scope({"METERING_METRICS_SCOPE": bad})
 
 
 def test_the_lag_gauges_are_on_the_apis_metrics(client: httpx.Client) -> None:
