@@ -10,6 +10,7 @@ one ``error: ...`` line on stderr and exit code 1.
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -121,6 +122,22 @@ def data_directory() -> Path:
     The demo's databases and log and beat's schedule go there, not loose in
     the working directory. It is created when missing.
     """
-    directory = Path(os.environ.get("METERING_HOME") or DEFAULT_DATA_DIRECTORY).absolute()
-    directory.mkdir(parents=True, exist_ok=True)
+    chosen = os.environ.get("METERING_HOME")
+    directory = Path(chosen or DEFAULT_DATA_DIRECTORY).absolute()
+    where = f"METERING_HOME={chosen}" if chosen else f"the data directory {directory}"
+    if directory.exists() and not directory.is_dir():
+        raise CliError(f"{where} is a file, not a directory")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except NotADirectoryError:
+        raise CliError(f"{where} cannot be created: a part of its path is a file") from None
+    except OSError as exc:
+        raise CliError(f"{where} cannot be created: {exc.strerror or exc}") from None
+    try:
+        # A directory that exists but takes no files (/proc, read-only): found
+        # now, not as a traceback from SQLite or celery beat later.
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as exc:
+        raise CliError(f"{where} does not take files: {exc.strerror or exc}") from None
     return directory

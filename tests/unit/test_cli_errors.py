@@ -1,0 +1,186 @@
+"""Inputs that once reached a traceback: now one ``error:`` line and exit 1.
+
+Each case is run through click's CliRunner (or as a subprocess where the
+command would replace the process, as ``metering worker`` does) and must
+print exactly one ``error: ...`` line on stderr, nothing on stdout, no
+traceback, and change nothing stored.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from metering import Meter
+from metering.cli import main
+
+Run = Callable[..., Result]
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path}/cli.db"
+
+
+@pytest.fixture
+def run(url: str) -> Run:
+    runner = CliRunner()
+
+    def invoke(*args: str) -> Result:
+        return runner.invoke(main, ["--database", url, *args])
+
+    return invoke
+
+
+def assert_one_line_error(result: Result, *needles: str) -> str:
+    assert result.exit_code == 1, (result.output, result.exception)
+    assert isinstance(result.exception, SystemExit), result.exception
+    assert "Traceback" not in result.output
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert result.stdout == ""
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+# -- METERING_HOME that cannot hold files ------------------------------------------
+
+
+def unusable_homes(tmp_path: Path) -> dict[str, tuple[str, str]]:
+    """METERING_HOME values the command line cannot use, and what the error says."""
+    regular = tmp_path / "a-file"
+    regular.write_text("not a directory\n")
+    return {
+        "a regular file": (str(regular), "is a file, not a directory"),
+        "under a regular file": (str(regular / "sub"), "a part of its path is a file"),
+        "in /proc": ("/proc/metering-home", "cannot be created"),
+        "/proc itself": ("/proc", "does not take files"),
+    }
+
+
+CASES = ["a regular file", "under a regular file", "in /proc", "/proc itself"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_demo_with_an_unusable_metering_home_is_one_error_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    home, message = unusable_homes(tmp_path)[case]
+    monkeypatch.setenv("METERING_HOME", home)
+    assert_one_line_error(CliRunner().invoke(main, ["demo"]), f"METERING_HOME={home}", message)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_worker_with_an_unusable_metering_home_is_one_error_line(tmp_path: Path, case: str) -> None:
+    """A subprocess: `metering worker` replaces its process with celery when it starts."""
+    home, message = unusable_homes(tmp_path)[case]
+    env = dict(
+        os.environ,
+        METERING_HOME=home,
+        METERING_DATABASE_URL=f"sqlite:///{tmp_path}/w.db",
+        METERING_BROKER_URL=f"sqla+sqlite:///{tmp_path}/broker.db",
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "metering", "worker"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stdout == ""
+    assert done.stderr.startswith(f"error: METERING_HOME={home} "), done.stderr
+    assert message in done.stderr
+    assert len(done.stderr.splitlines()) == 1 and "Traceback" not in done.stderr
+
+
+# -- limits and entitlements files ---------------------------------------------------------
+
+
+def write_bytes(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize("group", ["limits", "entitlements"])
+def test_a_file_that_is_not_utf8_is_one_error_line(run: Run, tmp_path: Path, group: str) -> None:
+    bad = write_bytes(tmp_path / "bad.yaml", b"api:\n  maximum: 5\n  period: \xff1m\n")
+    line = assert_one_line_error(run(group, "load", str(bad)))
+    assert line == f"error: {bad}: not UTF-8 text (byte 0xff at offset 28)"
+
+
+NESTED = {
+    "yaml list": ("deep.yaml", "api: " + "[" * 5000 + "]" * 5000 + "\n"),
+    "yaml mapping": ("deep.yaml", "api: " + "{a: " * 5000 + "1" + "}" * 5000 + "\n"),
+    "yaml under a limit": (
+        "deep.yaml",
+        "api:\n  maximum: 5\n  period: 1m\n  thresholds: " + "[" * 300 + "]" * 300 + "\n",
+    ),
+    "toml array": ("deep.toml", "api = " + "[" * 5000 + "]" * 5000 + "\n"),
+    "toml inline table": ("deep.toml", "api = " + "{a = " * 5000 + "1" + "}" * 5000 + "\n"),
+}
+
+
+@pytest.mark.parametrize("group", ["limits", "entitlements"])
+@pytest.mark.parametrize("case", list(NESTED), ids=list(NESTED))
+def test_deeply_nested_yaml_or_toml_is_one_error_line(
+    run: Run, url: str, tmp_path: Path, group: str, case: str
+) -> None:
+    name, text = NESTED[case]
+    path = tmp_path / name
+    path.write_text(text)
+    line = assert_one_line_error(run(group, "load", str(path)))
+    assert line == f"error: {path}: nested more than 32 levels deep"
+    with Meter(url) as meter:
+        assert meter.list_limits() == []
+
+
+def test_a_duplicate_yaml_key_is_an_error_naming_the_key_and_its_lines(
+    run: Run, url: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "limits.yaml"
+    path.write_text("api:\n  maximum: 5\n  period: 1m\n  maximum: 50\n")
+    line = assert_one_line_error(run("limits", "load", str(path)))
+    assert line == (
+        f"error: {path}: not valid YAML: line 4: key 'maximum' is repeated (first on line 2)"
+    )
+    with Meter(url) as meter:
+        assert meter.list_limits() == []
+
+
+def test_a_duplicate_limit_name_in_yaml_is_an_error(run: Run, tmp_path: Path) -> None:
+    path = tmp_path / "limits.yaml"
+    path.write_text("api:\n  maximum: 5\n  period: 1m\napi:\n  maximum: 9\n  period: 1m\n")
+    assert_one_line_error(
+        run("limits", "load", str(path)), "line 4: key 'api' is repeated (first on line 1)"
+    )
+
+
+def test_a_duplicate_key_in_an_entitlements_entry_is_an_error(run: Run, tmp_path: Path) -> None:
+    path = tmp_path / "entitlements.yaml"
+    path.write_text("- subject: org-1\n  limit: api\n  maximum: 5\n  maximum: 500\n")
+    assert_one_line_error(
+        run("entitlements", "load", str(path)),
+        "line 4: key 'maximum' is repeated (first on line 3)",
+    )
+
+
+def test_yaml_merge_keys_still_override(run: Run, url: str, tmp_path: Path) -> None:
+    """``<<`` merges are YAML's own way to override: not duplicates."""
+    path = tmp_path / "limits.yaml"
+    path.write_text("base: &base\n  maximum: 5\n  period: 1m\napi:\n  <<: *base\n  period: 2m\n")
+    result = run("limits", "load", str(path))
+    assert result.exit_code == 0, result.output
+    with Meter(url) as meter:
+        assert {limit.name: limit.period for limit in meter.list_limits()} == {
+            "api": "2m",
+            "base": "1m",
+        }
