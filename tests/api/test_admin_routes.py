@@ -515,8 +515,16 @@ def test_overage_as_json_and_as_the_clis_csv(
         "until": "2026-12-01T00:00:00+00:00",
         "rows": [row.to_dict() for row in expected],
     }
-    overages = {(r["subject"], r["limit"]): r["overage"] for r in as_json.json()["rows"]}
-    assert overages == {("org-1", "calls"): 3, ("org-2", "seats"): 4, (INJECTION, "calls"): 0}
+    figures = {
+        (r["subject"], r["limit"]): (r["overage"], r["denied"], r["denied_events"])
+        for r in as_json.json()["rows"]
+    }
+    # Overage is billable usage (soft); the hard limit's denial is denied, never overage.
+    assert figures == {
+        ("org-1", "calls"): (3, 0, 0),
+        ("org-2", "seats"): (0, 4, 1),
+        (INJECTION, "calls"): (0, 0, 0),
+    }
 
     as_csv = http.get(
         "/v1/reports/overage", params={"period": "2026-11"}, headers={"accept": "text/csv"}
