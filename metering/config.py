@@ -20,7 +20,7 @@ import yaml
 from metering.domain.bounds import shown
 from metering.domain.events import validate_subject
 from metering.domain.grants import validate_amount
-from metering.domain.instants import as_utc, to_us
+from metering.domain.instants import as_utc, parse_instant, to_us
 from metering.domain.limits import MAX_MAXIMUM, Limit, validate_limit_name
 from metering.errors import ConfigurationError, InvalidInput, InvalidLimit
 from metering.routing import MAX_QUEUES
@@ -297,18 +297,13 @@ def _limit_name(value: object) -> str:
 
 def _effective_from(value: object) -> datetime | None:
     """YAML and TOML read a bare timestamp as a datetime (a bare day as a date);
-    a string is ISO 8601. Naive means UTC."""
+    a string is RFC 3339 (`parse_instant`). Naive means UTC."""
     if value is None:
         return None
     if isinstance(value, date) and not isinstance(value, datetime):
         value = datetime(value.year, value.month, value.day)
     if isinstance(value, str):
-        try:
-            value = datetime.fromisoformat(value)
-        except ValueError:
-            raise InvalidInput(
-                "effective_from", f"{shown(value)} is not an ISO-8601 time like 2026-12-01T00:00Z"
-            ) from None
+        value = parse_instant(value, field_name="effective_from")
     if not isinstance(value, datetime):
         raise InvalidInput("effective_from", f"must be an ISO-8601 time, got {shown(value)}")
     moment = as_utc(value, field_name="effective_from")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
@@ -24,6 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from metering.cli.context import current_meter
 from metering.cli.output import print_table, table
+from metering.domain.instants import round_up
 from metering.domain.rollups import shown_value
 from metering.errors import InvalidInput
 from metering.reports.charts import DEFAULT_TOP, chart_format, overage_chart, usage_chart
@@ -44,6 +45,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 RowT = TypeVar("RowT")
 
 PROGRESS_EVERY: Final = 1000
+MINUTE: Final = timedelta(minutes=1)
 NUMERIC: Final = frozenset(
     {
         "maximum",
@@ -340,7 +342,8 @@ def _with_progress(chosen: BaseReport[RowT] | DimensionReport) -> Iterator[Any]:
 
 def _cell(name: str, value: object) -> object:
     if isinstance(value, datetime):
-        return value.strftime("%Y-%m-%d %H:%M")
+        # Shown to the minute, rounded up as every time shown is (`round_up`).
+        return round_up(value, MINUTE).strftime("%Y-%m-%d %H:%M")
     if value is not None and name == "utilisation_percent":
         return f"{value:.1f}"
     if value is not None and name in NUMERIC:

@@ -46,7 +46,7 @@ from sqlalchemy import Select
 
 from metering.domain.bounds import MAX_LISTING, shown
 from metering.domain.events import validate_subject
-from metering.domain.instants import as_utc, from_us, to_us
+from metering.domain.instants import as_utc, from_us, parse_instant, to_us
 from metering.domain.limits import validate_limit_name
 from metering.errors import InvalidInput, UnknownLimit
 from metering.storage.database import Database, DatabaseSource, database_of
@@ -148,9 +148,9 @@ class ReportRange:
     ) -> ReportRange:
         """A range from a billing month (``"2026-11"``) or from since/until.
 
-        ``since`` and ``until`` are datetimes, dates or ISO 8601 strings
-        (``2026-11-15``, ``2026-11-15T12:00:00Z``); naive means UTC, and a
-        date is its midnight. ``until`` is exclusive.
+        ``since`` and ``until`` are datetimes, dates or RFC 3339 strings
+        (``2026-11-15``, ``2026-11-15T12:00:00Z``: `parse_instant`); naive
+        means UTC, and a date is its midnight. ``until`` is exclusive.
         """
         if period is not None:
             if since is not None or until is not None:
@@ -187,10 +187,7 @@ def _instant(name: str, value: TimeBound) -> datetime | None:
     if value is None:
         return None
     if isinstance(value, str):
-        try:
-            value = datetime.fromisoformat(value.strip())
-        except ValueError:
-            raise InvalidInput(name, f"{value!r} is not an ISO 8601 date or datetime") from None
+        return parse_instant(value, field_name=name)
     if not isinstance(value, datetime):
         if not isinstance(value, date):
             raise InvalidInput(name, f"expected a datetime, got {type(value).__name__}")

@@ -8,17 +8,23 @@ traceback, and change nothing stored.
 
 from __future__ import annotations
 
+import json
 import os
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
 
-from metering import Meter
+from metering import FrozenClock, Limit, Meter
+from metering.api.parsing import parse_events
+from metering.api.problems import ApiProblem
 from metering.cli import main
+from metering.cli.output import decision_lines
 
 Run = Callable[..., Result]
 
@@ -244,3 +250,111 @@ def test_an_unknown_option_is_still_click_s_message(run: Run) -> None:
     assert line == (
         "error: No such option '--bogus'. Did you mean '--cost'? (see 'metering consume --help')"
     )
+
+
+# -- one rounding for every time shown ---------------------------------------------------
+
+
+def test_counters_and_decisions_show_a_windows_end_at_the_same_second(run: Run, url: str) -> None:
+    """The window opens at 04:40:08.5: it ends, and resets, at 04:45:08.5,
+    shown as 04:45:09 by `counters` and by the decision alike."""
+    opened = datetime(2026, 11, 26, 4, 40, 8, 500_000, tzinfo=UTC)
+    with Meter(url, clock=FrozenClock(opened)) as meter:
+        meter.set_limit(Limit("api", maximum=5, period="5m"))
+        decision = meter.consume("org-1", "api", event_id="e-1")
+    assert decision.resets_at == datetime(2026, 11, 26, 4, 45, 8, 500_000, tzinfo=UTC)
+    shown_end = "2026-11-26 04:45:09 UTC"
+    [line] = decision_lines(decision)
+    assert line.endswith(f"resets {shown_end}")
+    assert f"resets {shown_end}" in run("result", "e-1").stdout
+    counters = run("counters").stdout
+    assert "2026-11-26 04:40:09 UTC" in counters and shown_end in counters
+    assert "04:45:08" not in counters
+
+
+# -- RFC 3339 only -------------------------------------------------------------------------
+
+WEEK_DATE = "2026-W48-4T05:00:00Z"
+
+
+def test_an_iso_week_or_ordinal_date_is_refused_by_the_cli(run: Run, url: str) -> None:
+    run("limits", "set", "api", "--max", "5", "--period", "1h")
+    line = assert_one_line_error(run("consume", "org-1", "api", "--at", WEEK_DATE))
+    assert line == (
+        f"error: Invalid value for '--at': '{WEEK_DATE}' is not an RFC 3339 time like "
+        "2026-11-22T12:00:00Z (ISO week dates such as 2026-W48-4 are not accepted) "
+        "(see 'metering consume --help')"
+    )
+    line = assert_one_line_error(run("report", "overage", "--since", "2026-330"))
+    assert line == (
+        "error: since: '2026-330' is not an RFC 3339 time like 2026-11-22T12:00:00Z "
+        "(ordinal dates such as 2026-330 are not accepted)"
+    )
+    assert_one_line_error(
+        run("grants", "add", "org-1", "api", "5", "--expires", "2026-W53"), "ISO week dates"
+    )
+    with Meter(url) as meter:
+        assert meter.counters() == [] and meter.grants() == []
+
+
+def test_an_iso_week_date_is_refused_in_an_entitlements_file(
+    run: Run, url: str, tmp_path: Path
+) -> None:
+    run("limits", "set", "api", "--max", "5", "--period", "1h")
+    path = tmp_path / "entitlements.yaml"
+    path.write_text(
+        f"- subject: org-1\n  limit: api\n  maximum: 50\n  effective_from: '{WEEK_DATE}'\n"
+    )
+    line = assert_one_line_error(run("entitlements", "load", str(path)))
+    assert line.endswith(
+        f"effective_from: '{WEEK_DATE}' is not an RFC 3339 time like 2026-11-22T12:00:00Z "
+        "(ISO week dates such as 2026-W48-4 are not accepted)"
+    )
+    with Meter(url) as meter:
+        assert meter.entitlements() == []
+
+
+def test_an_iso_week_date_is_refused_as_an_http_events_time() -> None:
+    body = json.dumps({"subject": "org-1", "limit": "api", "occurred_at": WEEK_DATE}).encode()
+    with pytest.raises(ApiProblem) as raised:
+        parse_events(body, "json", datetime(2026, 11, 26, tzinfo=UTC), 10)
+    assert raised.value.errors == [
+        (
+            "occurred_at",
+            f"'{WEEK_DATE}' is not an RFC 3339 time like 2026-11-22T12:00:00Z "
+            "(ISO week dates such as 2026-W48-4 are not accepted)",
+        )
+    ]
+
+
+# -- a token bucket has no calendar window -------------------------------------------------
+
+
+def test_a_calendar_token_bucket_is_refused_by_the_cli_and_in_files(
+    run: Run, url: str, tmp_path: Path
+) -> None:
+    args = ["--max", "10", "--period", "10s", "--algorithm", "token_bucket"]
+    line = assert_one_line_error(run("limits", "set", "api", *args, "--window", "calendar"))
+    assert (
+        line == "error: window: a token bucket has no windows; window calendar is for fixed_window"
+    )
+    path = tmp_path / "limits.toml"
+    path.write_text(
+        '[api]\nmaximum = 10\nperiod = "10s"\nalgorithm = "token_bucket"\nwindow = "calendar"\n'
+    )
+    assert_one_line_error(run("limits", "load", str(path)), "a token bucket has no windows")
+    with Meter(url) as meter:
+        assert meter.list_limits() == []
+
+
+def test_a_calendar_token_bucket_stored_before_the_rule_still_loads(url: str) -> None:
+    with Meter(url) as meter:
+        meter.set_limit(Limit("api", maximum=10, period="10s", algorithm="token_bucket"))
+    database = url.removeprefix("sqlite:///")
+    with sqlite3.connect(database) as connection:
+        connection.execute("UPDATE limits SET window = 'calendar' WHERE name = 'api'")
+    with Meter(url) as meter:
+        assert meter.get_limit("api") == Limit(
+            "api", maximum=10, period="10s", algorithm="token_bucket"
+        )
+        assert meter.consume("org-1", "api").allowed
