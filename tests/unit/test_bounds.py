@@ -21,6 +21,7 @@ from metering.domain.bounds import (
 )
 from metering.domain.instants import (
     MAX_US,
+    MICROSECOND,
     MIN_US,
     as_utc,
     from_us,
@@ -364,6 +365,8 @@ def utc(*parts: int) -> datetime:
         # Nothing is later than the last instant UTC holds: it rounds down.
         (datetime.max.replace(tzinfo=UTC), SECOND, utc(9999, 12, 31, 23, 59, 59)),
         (utc(9999, 12, 31, 23, 59, 59), SECOND, utc(9999, 12, 31, 23, 59, 59)),
+        (datetime.max.replace(tzinfo=UTC), MICROSECOND, datetime.max.replace(tzinfo=UTC)),
+        (utc(2026, 11, 26, 4, 45, 8, 7), MICROSECOND, utc(2026, 11, 26, 4, 45, 8, 7)),
     ],
 )
 def test_round_up_never_shows_a_time_earlier_than_it_is(
