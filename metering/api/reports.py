@@ -163,9 +163,12 @@ Period = Annotated[
 ]
 Since = Annotated[
     str | None,
-    Query(description="ISO 8601: windows starting at or after this (naive is UTC)."),
+    Query(
+        description="RFC 3339: windows starting at or after this "
+        "(naive is UTC, a date its midnight)."
+    ),
 ]
-Until = Annotated[str | None, Query(description="ISO 8601: windows starting before this.")]
+Until = Annotated[str | None, Query(description="RFC 3339: windows starting before this.")]
 LimitFilter = Annotated[str | None, Query(description="Only this limit.")]
 
 

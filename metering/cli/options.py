@@ -115,9 +115,9 @@ def decision_options(func: F) -> F:
         click.option(
             "--at",
             "occurred_at",
-            metavar="ISO8601",
+            metavar="TIME",
             callback=parse_datetime,
-            help="When the usage happened (default now); naive means UTC.",
+            help="When the usage happened (default now): RFC 3339, naive means UTC.",
         ),
         format_option,
     ]

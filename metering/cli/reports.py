@@ -98,8 +98,10 @@ def _period_options(func: F) -> F:
         click.option(
             "--period", "--month", "period", metavar="YYYY-MM", help="A calendar month (UTC)."
         ),
-        click.option("--since", metavar="ISO8601", help="Windows starting at or after this."),
-        click.option("--until", metavar="ISO8601", help="Windows starting before this."),
+        click.option(
+            "--since", metavar="TIME", help="Windows starting at or after this (RFC 3339)."
+        ),
+        click.option("--until", metavar="TIME", help="Windows starting before this."),
     ]
     for decorator in reversed(decorators):
         func = decorator(func)
