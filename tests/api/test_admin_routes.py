@@ -409,6 +409,8 @@ BAD_LIMITS: list[tuple[str, Any, str]] = [
     ("soft bucket", {"maximum": 5, "period": "1h", "algorithm": "token_bucket",
                      "enforcement": "soft"}, "enforcement"),
     ("monthly bucket", {"maximum": 5, "period": "1mo", "algorithm": "token_bucket"}, "period"),
+    ("calendar bucket", {"maximum": 5, "period": "10s", "algorithm": "token_bucket",
+                         "window": "calendar"}, "window"),
     ("unknown window", {"maximum": 5, "period": "1h", "window": "rolling"}, "window"),
     ("zero threshold", {"maximum": 5, "period": "1h", "thresholds": [0]}, "thresholds"),
     ("string thresholds", {"maximum": 5, "period": "1h", "thresholds": "80"}, "thresholds"),
