@@ -8,10 +8,11 @@ validated by the library (`select_overage`, `select_usage`,
 `usage_by_dimension`, `select_shadow`) before any row is read. ``Accept`` picks
 the format: JSON (``application/json``, the default) or CSV (``text/csv``,
 the CLI's writer: `metering.reports.export.csv_lines`, formula-like cells
-neutralised); anything else is 406. JSON is `metering.reports.export.json_lines`,
-the document ``metering report --format json`` prints too. Rows stream from the database as the
-client reads them, in chunks of about 64 KiB, so an export of any size keeps
-the server's memory flat. Reports take the ``read`` scope.
+neutralised); anything else is 406. JSON is the document of
+`metering.reports.export.json_lines`, the one ``metering report --format
+json`` prints too. Rows stream from the database as the client reads them,
+in chunks of about 64 KiB, so an export of any size keeps the server's
+memory flat. Reports take the ``read`` scope.
 """
 
 from __future__ import annotations
