@@ -20,7 +20,7 @@ import yaml
 from metering.domain.bounds import shown
 from metering.domain.events import validate_subject
 from metering.domain.grants import validate_amount
-from metering.domain.instants import as_utc, to_us
+from metering.domain.instants import as_utc, parse_instant, to_us
 from metering.domain.limits import MAX_MAXIMUM, Limit, validate_limit_name
 from metering.errors import ConfigurationError, InvalidInput, InvalidLimit
 from metering.routing import MAX_QUEUES
@@ -99,21 +99,82 @@ def correction_horizon_days(environ: Mapping[str, str] | None = None) -> int:
     return int(value)
 
 
+# Deeper than any limits or entitlements file needs; refused before anything
+# walks the data (a parser or a validator would recurse on it).
+MAX_FILE_DEPTH: Final = 32
+
+
+class DuplicateKey(yaml.YAMLError):
+    """A YAML mapping names a key twice (PyYAML keeps the last, silently)."""
+
+    def __init__(self, key: object, line: int, first_line: int) -> None:
+        super().__init__(f"line {line}: key {shown(key)} is repeated (first on line {first_line})")
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """`yaml.SafeLoader` that refuses a key given twice in one mapping
+    (merge keys, ``<<``, still override as YAML defines)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first_lines: dict[object, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                if key in first_lines:
+                    raise DuplicateKey(key, line, first_lines[key])
+                first_lines[key] = line
+            except TypeError:  # an unhashable key: construct_mapping says so
+                break
+        return super().construct_mapping(node, deep)
+
+
+def _depth(data: Any) -> int:
+    """How deeply lists and mappings nest in ``data`` (a scalar is 0), without recursion."""
+    deepest, stack = 0, [(data, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, Mapping):
+            children: Any = value.values()
+        elif isinstance(value, list):
+            children = value
+        else:
+            continue
+        deepest = max(deepest, depth + 1)
+        if deepest > MAX_FILE_DEPTH:
+            break
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
 def _read_document(path: Path) -> Any:
     """A YAML (.yaml/.yml) or TOML (.toml) file's data, or a one-line error."""
+    if path.suffix not in (".toml", ".yaml", ".yml"):
+        raise ConfigurationError(f"{path}: use a .yaml, .yml or .toml file")
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigurationError(f"cannot read {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigurationError(
+            f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})"
+        ) from None
+    kind = path.suffix[1:].upper()
     try:
         if path.suffix == ".toml":
-            return tomllib.loads(text)
-        if path.suffix in (".yaml", ".yml"):
-            return yaml.safe_load(text)
+            data = tomllib.loads(text)
+        else:
+            data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader
     except (tomllib.TOMLDecodeError, yaml.YAMLError, ValueError) as exc:
         # ValueError: YAML reads 2026-13-01 as a date, and stops at an impossible one.
-        raise ConfigurationError(f"{path}: not valid {path.suffix[1:].upper()}: {exc}") from exc
-    raise ConfigurationError(f"{path}: use a .yaml, .yml or .toml file")
+        raise ConfigurationError(f"{path}: not valid {kind}: {exc}") from exc
+    except RecursionError:
+        raise ConfigurationError(f"{path}: nested more than {MAX_FILE_DEPTH} levels deep") from None
+    if _depth(data) > MAX_FILE_DEPTH:
+        raise ConfigurationError(f"{path}: nested more than {MAX_FILE_DEPTH} levels deep")
+    return data
 
 
 def load_limits_file(path: str | Path) -> list[Limit]:
@@ -236,18 +297,13 @@ def _limit_name(value: object) -> str:
 
 def _effective_from(value: object) -> datetime | None:
     """YAML and TOML read a bare timestamp as a datetime (a bare day as a date);
-    a string is ISO 8601. Naive means UTC."""
+    a string is RFC 3339 (`parse_instant`). Naive means UTC."""
     if value is None:
         return None
     if isinstance(value, date) and not isinstance(value, datetime):
         value = datetime(value.year, value.month, value.day)
     if isinstance(value, str):
-        try:
-            value = datetime.fromisoformat(value)
-        except ValueError:
-            raise InvalidInput(
-                "effective_from", f"{shown(value)} is not an ISO-8601 time like 2026-12-01T00:00Z"
-            ) from None
+        value = parse_instant(value, field_name="effective_from")
     if not isinstance(value, datetime):
         raise InvalidInput("effective_from", f"must be an ISO-8601 time, got {shown(value)}")
     moment = as_utc(value, field_name="effective_from")

@@ -32,7 +32,6 @@ from metering.domain.limits import (
 )
 from metering.domain.notifications import MESSAGE_TYPES
 from metering.domain.reservations import DEFAULT_TTL_SECONDS, MAX_TTL_SECONDS
-from metering.reports.dimensions import DimensionReport
 from metering.reservations import ReservationInfo
 from metering.storage.webhooks import AttemptRecord, DeliveryRecord
 from metering.webhooks.endpoints import MAX_GRACE_SECONDS, MAX_URL_CHARS, Endpoint
@@ -306,18 +305,6 @@ class DimensionReportOut(BaseModel):
     since: datetime | None = Field(description="Hours starting at or after this.")
     until: datetime | None = Field(description="Hours starting before this.")
     rows: list[DimensionRowOut] = Field(description="The largest use first.")
-
-
-def dimension_head(report: DimensionReport) -> dict[str, Any]:
-    """Everything of `DimensionReportOut` but its rows."""
-    return {
-        "report": report.kind,
-        "subject": report.query.subject,
-        "group_by": report.dimension,
-        "period": report.range.label,
-        "since": _iso(report.range.since),
-        "until": _iso(report.range.until),
-    }
 
 
 # -- webhooks ----------------------------------------------------------------------

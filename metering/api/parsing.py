@@ -27,7 +27,7 @@ from metering.domain.events import (
     validate_cost,
     validate_subject,
 )
-from metering.domain.instants import to_us
+from metering.domain.instants import parse_instant, to_us
 from metering.domain.limits import validate_limit_name
 from metering.errors import InvalidInput
 
@@ -135,12 +135,9 @@ def _parse_time(value: object, pointer: str) -> datetime:
     if not isinstance(value, str):
         raise Invalid(pointer, "must be an RFC 3339 date-time string with a time zone")
     try:
-        moment = datetime.fromisoformat(value)
-    except ValueError:
-        raise Invalid(pointer, f"{value[:60]!r} is not an RFC 3339 date-time") from None
-    if moment.tzinfo is None:
-        raise Invalid(pointer, "must have a time zone (Z or ±hh:mm)")
-    return moment
+        return parse_instant(value, field_name=pointer, naive_is_utc=False, dates=False)
+    except InvalidInput as exc:
+        raise Invalid(pointer, exc.message) from None
 
 
 def _raw_charge(item: object, pointer: str, default_subject: object = None) -> RawCharge:

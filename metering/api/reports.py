@@ -9,14 +9,15 @@ validated by the library (`select_overage`, `select_usage`,
 (``json`` or ``csv``, as the CLI's ``--format``; any other value is 400)
 picks the format, else ``Accept``: JSON (``application/json``, the default)
 or CSV (``text/csv``, the CLI's writer: `metering.reports.export.csv_lines`,
-formula-like cells neutralised); anything else is 406. Rows stream from the database as the
-client reads them, in chunks of about 64 KiB, so an export of any size keeps
-the server's memory flat. Reports take the ``read`` scope.
+formula-like cells neutralised); anything else is 406. JSON is the document
+of `metering.reports.export.json_lines`, the one ``metering report --format
+json`` prints too. Rows stream from the database as the client reads them,
+in chunks of about 64 KiB, so an export of any size keeps the server's
+memory flat. Reports take the ``read`` scope.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncGenerator, Callable, Generator, Iterator
 from datetime import datetime
 from typing import Annotated, Any, Final, Literal
@@ -29,7 +30,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from metering.api.admin_common import invalid
-from metering.api.admin_models import DimensionReportOut, dimension_head
+from metering.api.admin_models import DimensionReportOut
 from metering.api.auth import AUTH_ERRORS, require_scope
 from metering.api.context import ApiContext, api_context
 from metering.api.problems import COMMON_ERRORS, ApiProblem, responses
@@ -39,6 +40,7 @@ from metering.errors import InvalidInput
 from metering.reports import (
     DimensionReport,
     csv_lines,
+    json_lines,
     select_overage,
     select_shadow,
     select_usage,
@@ -79,11 +81,14 @@ class ReportRowOut(BaseModel):
     used: int
     granted: int = Field(description="The part of used that grants paid.")
     overage: int = Field(
-        description="Soft limit: used - granted beyond the maximum; hard limit: the cost "
-        "denied; shadow limit: 0 (its denials are would-denies)."
+        description="Billable usage beyond the maximum: for a soft limit, used - granted "
+        "beyond the maximum; 0 for hard and shadow limits (denied demand is not overage)."
     )
-    denied_events: int
-    denied_cost: int
+    denied: int = Field(
+        description="The cost of the events denied in the window: demand refused, never "
+        "billed (a shadow limit's would-denies)."
+    )
+    denied_events: int = Field(description="How many events were denied (would-deny: shadow).")
     utilisation_percent: float
     first_denied_at: datetime | None
 
@@ -160,9 +165,12 @@ Period = Annotated[
 ]
 Since = Annotated[
     str | None,
-    Query(description="ISO 8601: windows starting at or after this (naive is UTC)."),
+    Query(
+        description="RFC 3339: windows starting at or after this "
+        "(naive is UTC, a date its midnight)."
+    ),
 ]
-Until = Annotated[str | None, Query(description="ISO 8601: windows starting before this.")]
+Until = Annotated[str | None, Query(description="RFC 3339: windows starting before this.")]
 LimitFilter = Annotated[str | None, Query(description="Only this limit.")]
 FormatChoice = Annotated[
     Format | None,
@@ -201,33 +209,6 @@ def _quality(parameters: list[str]) -> float:
                 return 0.0
             return quality if 0 <= quality <= 1 else 0.0
     return 1.0
-
-
-def _head(report: BaseReport[Any]) -> dict[str, Any]:
-    """The JSON answer's fields before its rows (`ReportOut`, `ShadowOut`)."""
-    chosen = report.range
-    head: dict[str, Any] = {
-        "report": report.kind,
-        "period": chosen.label,
-        "since": None if chosen.since is None else chosen.since.isoformat(),
-        "until": None if chosen.until is None else chosen.until.isoformat(),
-    }
-    if report.kind == "shadow":
-        head["limit"] = report.query.limit
-    return head
-
-
-def _json_lines(report: BaseReport[Any] | DimensionReport, rows: Iterator[Any]) -> Iterator[str]:
-    if isinstance(report, DimensionReport):
-        head = json.dumps(dimension_head(report))
-    else:
-        head = json.dumps(_head(report))
-    yield head[:-1] + ', "rows": ['
-    separator = "\n"
-    for row in rows:
-        yield separator + json.dumps(row.to_dict())
-        separator = ",\n"
-    yield "]}\n" if separator == "\n" else "\n]}\n"
 
 
 def _chunks(lines: Iterator[str], rows: Iterator[Any]) -> Generator[str, None, None]:
@@ -295,7 +276,7 @@ async def _respond(
     except InvalidInput as exc:
         raise invalid(exc, NAMES) from None
     rows = report.rows()
-    lines = csv_lines(rows, report.kind) if fmt == "csv" else _json_lines(report, rows)
+    lines = csv_lines(rows, report.kind) if fmt == "csv" else json_lines(report, rows)
     chunks = _chunks(lines, rows)
     try:
         # The first chunk is read before the answer starts: a database that

@@ -55,7 +55,7 @@ from metering.api.auth import AUTH_ERRORS, require_scope
 from metering.api.context import ApiContext, api_context
 from metering.api.problems import COMMON_ERRORS, responses
 from metering.domain.bounds import MAX_ROW_ID
-from metering.domain.instants import as_utc
+from metering.domain.instants import parse_instant
 from metering.errors import InvalidInput
 from metering.webhooks.endpoints import Webhooks
 
@@ -418,10 +418,6 @@ def _since(value: object) -> datetime | None:
     if not isinstance(value, str):
         raise bad_field("since", "must be an RFC 3339 date-time string")
     try:
-        moment = datetime.fromisoformat(value)
-    except ValueError:
-        raise bad_field("since", f"{value[:60]!r} is not an RFC 3339 date-time") from None
-    try:
-        return as_utc(moment, field_name="since")
+        return parse_instant(value, field_name="since")
     except InvalidInput as exc:
         raise invalid(exc) from None

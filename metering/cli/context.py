@@ -10,6 +10,8 @@ one ``error: ...`` line on stderr and exit code 1.
 from __future__ import annotations
 
 import os
+import re
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -24,6 +26,8 @@ from metering.meter import Meter
 F = TypeVar("F", bound=Callable[..., Any])
 
 MAX_ERROR_CHARS: Final = 400
+# A word click takes for an option that is a negative number (-5, -1.5).
+NEGATIVE_NUMBER: Final = re.compile(r"-[0-9]+(\.[0-9]+)?")
 # Files the command line makes for itself (the demo's, beat's schedule) go here.
 DEFAULT_DATA_DIRECTORY: Final = ".metering"
 
@@ -57,13 +61,61 @@ def one_line_errors() -> Iterator[None]:
     except click.exceptions.NoArgsIsHelpError as exc:
         click.echo(exc.ctx.get_help(), color=exc.ctx.color)
         raise click.exceptions.Exit(0) from None
+    except click.NoSuchOption as exc:
+        raise CliError(_no_such_option(exc)) from None
     except click.UsageError as exc:
-        hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
-        raise CliError(exc.format_message() + hint) from None
+        raise CliError(exc.format_message() + _help_hint(exc.ctx)) from None
     except click.ClickException as exc:
         raise CliError(exc.format_message()) from None
     except MeteringError as exc:
         raise CliError(str(exc)) from None
+
+
+def _help_hint(ctx: click.Context | None) -> str:
+    return f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+
+
+def _no_such_option(exc: click.NoSuchOption) -> str:
+    """What an unknown option was most likely meant to be.
+
+    click reads any word that starts with ``-`` as an option: a negative
+    number given for a numeric argument is one (the argument's own rule is
+    the error), and an option of ``metering`` itself given after the
+    command is another (it goes before the command).
+    """
+    ctx, name = exc.ctx, exc.option_name
+    if ctx is None:
+        return exc.format_message()
+    if NEGATIVE_NUMBER.fullmatch(name):
+        numeric = [
+            param
+            for param in ctx.command.params
+            if isinstance(param, click.Argument)
+            and isinstance(param.type, click.types.IntParamType | click.types.FloatParamType)
+        ]
+        if len(numeric) == 1:
+            [argument] = numeric
+            minimum = getattr(argument.type, "min", None)
+            least = 1 if minimum is None else minimum
+            return (
+                f"{argument.human_readable_name} must be a whole number of at least {least}, "
+                f"got {name}"
+            )
+        return (
+            f"{name} is not an option; an argument that starts with '-' goes after '--' "
+            f"(metering ... -- {name})" + _help_hint(ctx)
+        )
+    root = ctx.find_root()
+    own = [param for param in root.command.params if name in param.opts]
+    if root is not ctx and own:
+        [option] = own
+        command = ctx.command_path.removeprefix(root.command_path).strip()
+        value = "" if getattr(option, "is_flag", False) else f" {option.metavar or 'VALUE'}"
+        return (
+            f"{name} is an option of {root.command_path} itself: give it before the "
+            f"command ({root.command_path} {name}{value} {command} ...)"
+        )
+    return exc.format_message() + _help_hint(ctx)
 
 
 class MeteringGroup(click.Group):
@@ -121,6 +173,22 @@ def data_directory() -> Path:
     The demo's databases and log and beat's schedule go there, not loose in
     the working directory. It is created when missing.
     """
-    directory = Path(os.environ.get("METERING_HOME") or DEFAULT_DATA_DIRECTORY).absolute()
-    directory.mkdir(parents=True, exist_ok=True)
+    chosen = os.environ.get("METERING_HOME")
+    directory = Path(chosen or DEFAULT_DATA_DIRECTORY).absolute()
+    where = f"METERING_HOME={chosen}" if chosen else f"the data directory {directory}"
+    if directory.exists() and not directory.is_dir():
+        raise CliError(f"{where} is a file, not a directory")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except NotADirectoryError:
+        raise CliError(f"{where} cannot be created: a part of its path is a file") from None
+    except OSError as exc:
+        raise CliError(f"{where} cannot be created: {exc.strerror or exc}") from None
+    try:
+        # A directory that exists but takes no files (/proc, read-only): found
+        # now, not as a traceback from SQLite or celery beat later.
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as exc:
+        raise CliError(f"{where} does not take files: {exc.strerror or exc}") from None
     return directory

@@ -27,13 +27,13 @@ ENTITLEMENT_COLUMNS: Final = ("subject", "limit", "maximum", "effective from", "
 
 
 def from_option(what: str) -> Callable[[F], F]:
-    """``--from ISO8601``: when ``what`` takes effect."""
+    """``--from TIME`` (RFC 3339): when ``what`` takes effect."""
     return click.option(
         "--from",
         "effective_from",
-        metavar="ISO8601",
+        metavar="TIME",
         callback=parse_datetime,
-        help=f"When {what} takes effect (default now); naive means UTC.",
+        help=f"When {what} takes effect (default now): RFC 3339, naive means UTC.",
     )
 
 

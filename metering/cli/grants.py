@@ -59,8 +59,8 @@ def grants() -> None:
 @click.argument("subject")
 @limit_argument
 @click.argument("amount", type=int)
-@click.option("--expires", "expires_at", metavar="ISO8601", callback=parse_datetime,
-              help="When what is left of it is gone (default never); naive means UTC.")  # fmt: skip
+@click.option("--expires", "expires_at", metavar="TIME", callback=parse_datetime,
+              help="When what is left is gone (default never); RFC 3339, naive: UTC.")  # fmt: skip
 @click.option("--id", "grant_id", help="Its id: the same grant again changes nothing.")
 @from_option("the grant")
 @click.option("--reason", help="Why it was given (kept with it).")

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 import click
 
 from metering.domain.bounds import validate_seconds
-from metering.domain.instants import as_utc
+from metering.domain.instants import parse_instant
 from metering.errors import InvalidInput
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -19,17 +19,11 @@ ChargeTuple = tuple[str, str, int]
 def parse_datetime(
     ctx: click.Context, param: click.Parameter, value: str | None
 ) -> datetime | None:
-    """An ISO-8601 datetime option; naive means UTC."""
+    """An RFC 3339 time option (`parse_instant`); naive means UTC, a date its midnight."""
     if value is None:
         return None
     try:
-        moment = datetime.fromisoformat(value)
-    except ValueError:
-        raise click.BadParameter(
-            f"{value!r} is not an ISO-8601 datetime like 2026-11-22T12:00:00Z"
-        ) from None
-    try:
-        return as_utc(moment, field_name=param.name or "datetime")
+        return parse_instant(value, field_name=param.name or "datetime")
     except InvalidInput as exc:
         raise click.BadParameter(exc.message) from None
 
@@ -121,9 +115,9 @@ def decision_options(func: F) -> F:
         click.option(
             "--at",
             "occurred_at",
-            metavar="ISO8601",
+            metavar="TIME",
             callback=parse_datetime,
-            help="When the usage happened (default now); naive means UTC.",
+            help="When the usage happened (default now): RFC 3339, naive means UTC.",
         ),
         format_option,
     ]

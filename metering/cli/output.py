@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Collection, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Final
 
 import click
@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from metering.domain.decisions import ChargeDecision, Decision
-from metering.domain.instants import from_us
+from metering.domain.instants import from_us, round_up
 from metering.domain.limits import Limit
 from metering.meter import Counter
 
@@ -25,6 +25,7 @@ EXIT_CODES_HELP: Final = (
     "\b\nExit codes (scripts can branch on them):\n"
     "  0  allowed (or overage on a soft limit)\n  2  denied\n  1  error"
 )
+SECOND: Final = timedelta(seconds=1)
 # Wider than any table: piped output is never wrapped or cut.
 PIPE_WIDTH: Final = 1_000_000
 # Columns whose values must read whole: ids, subjects and names.
@@ -107,14 +108,13 @@ def print_table(shown: Table) -> None:
 # -- times -----------------------------------------------------------------------
 
 
-def when(moment: datetime | None, *, ceil: bool = False) -> str:
-    """``YYYY-MM-DD HH:MM:SS UTC``; ``ceil`` rounds up (never promise a time too early)."""
+def when(moment: datetime | None) -> str:
+    """``YYYY-MM-DD HH:MM:SS UTC``, rounded up to the second (`round_up`: the
+    one rule for every time shown, so a window's end and the reset a decision
+    promises read the same, and never earlier than they are)."""
     if moment is None:
         return "-"
-    moment = moment.astimezone(UTC)
-    if ceil and moment.microsecond:
-        moment = moment.replace(microsecond=0) + timedelta(seconds=1)
-    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
+    return round_up(moment, SECOND).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def when_us(at_us: int | None) -> str:
@@ -123,8 +123,8 @@ def when_us(at_us: int | None) -> str:
 
 
 def iso_us(at_us: int) -> str:
-    """An instant in microseconds as ISO 8601, to the second."""
-    return from_us(at_us).isoformat(timespec="seconds")
+    """An instant in microseconds as ISO 8601, rounded up to the second as `when` does."""
+    return round_up(from_us(at_us), SECOND).isoformat(timespec="seconds")
 
 
 # -- limits, counters and decisions ----------------------------------------------------
@@ -170,11 +170,11 @@ def _charge_line(charge: ChargeDecision, label: str) -> str:
     drawn = sum(amount for _, amount in charge.grants)
     if drawn and charge.allowed:
         line += f" ({drawn} from grants)"
-    resets = when(charge.resets_at, ceil=True)
+    resets = when(charge.resets_at)
     if not charge.allowed and charge.retry_at is None:
         return f"{line}, cost {charge.cost} is more than the maximum: never fits"
     if not charge.allowed:
-        return f"{line}, retry at {when(charge.retry_at, ceil=True)}"
+        return f"{line}, retry at {when(charge.retry_at)}"
     if charge.outcome == "would_deny":
         return f"{line}, would be denied (shadow: nothing consumed), resets {resets}"
     if charge.overage:
@@ -186,7 +186,7 @@ def _verdict_line(decision: Decision) -> str:
     if decision.outcome == "denied":
         line = f"{_label('denied by ' + ', '.join(decision.denied_by))}  nothing consumed"
         retry = decision.retry_at
-        return line + (f", retry at {when(retry, ceil=True)}" if retry else "")
+        return line + (f", retry at {when(retry)}" if retry else "")
     over = [c.limit for c in decision.charges if c.overage]
     note = f", over the maximum of {', '.join(over)}" if decision.outcome == "overage" else ""
     return f"{_label(decision.outcome)}  {len(decision.charges)} charges consumed{note}"

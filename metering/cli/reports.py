@@ -12,12 +12,11 @@ with ``--progress``).
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
-from typing import IO, Any, Final, TypeVar
+from typing import Any, Final, TypeVar
 
 import click
 from rich.console import Console
@@ -25,9 +24,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from metering.cli.context import current_meter
 from metering.cli.output import print_table, table
+from metering.domain.instants import round_up
 from metering.domain.rollups import shown_value
 from metering.errors import InvalidInput
-from metering.reports.charts import DEFAULT_TOP, overage_chart, usage_chart
+from metering.reports.charts import DEFAULT_TOP, chart_format, overage_chart, usage_chart
 from metering.reports.dimensions import (
     DIMENSION_COLUMNS,
     DimensionReport,
@@ -37,7 +37,7 @@ from metering.reports.dimensions import (
 from metering.reports.dimensions import (
     KIND as DIMENSION_KIND,
 )
-from metering.reports.export import FORMATS, write_csv
+from metering.reports.export import FORMATS, write_csv, write_json
 from metering.reports.overage import BaseReport, select_overage, select_usage
 from metering.reports.shadow import select_shadow
 
@@ -45,14 +45,15 @@ F = TypeVar("F", bound=Callable[..., Any])
 RowT = TypeVar("RowT")
 
 PROGRESS_EVERY: Final = 1000
+MINUTE: Final = timedelta(minutes=1)
 NUMERIC: Final = frozenset(
     {
         "maximum",
         "used",
         "granted",
         "overage",
+        "denied",
         "denied_events",
-        "denied_cost",
         "utilisation_percent",
         "would_deny_events",
         "would_deny_cost",
@@ -66,7 +67,6 @@ HEADERS: Final = {
     "window_start": "window start",
     "window_end": "window end",
     "denied_events": "denied events",
-    "denied_cost": "denied cost",
     "utilisation_percent": "utilisation %",
     "first_denied_at": "first denial",
     "would_deny_events": "would-deny events",
@@ -98,12 +98,24 @@ def _period_options(func: F) -> F:
         click.option(
             "--period", "--month", "period", metavar="YYYY-MM", help="A calendar month (UTC)."
         ),
-        click.option("--since", metavar="ISO8601", help="Windows starting at or after this."),
-        click.option("--until", metavar="ISO8601", help="Windows starting before this."),
+        click.option(
+            "--since", metavar="TIME", help="Windows starting at or after this (RFC 3339)."
+        ),
+        click.option("--until", metavar="TIME", help="Windows starting before this."),
     ]
     for decorator in reversed(decorators):
         func = decorator(func)
     return func
+
+
+def _chart_path(_ctx: click.Context, _param: click.Parameter, value: Path | None) -> Path | None:
+    """Refuse a chart file whose suffix is not a chart format, before any output."""
+    if value is not None:
+        try:
+            chart_format(value)
+        except InvalidInput as exc:
+            raise click.BadParameter(exc.message) from None
+    return value
 
 
 def _filter_options(func: F) -> F:
@@ -114,8 +126,9 @@ def _filter_options(func: F) -> F:
         click.option(
             "--chart",
             type=click.Path(dir_okay=False, path_type=Path),
+            callback=_chart_path,
             metavar="FILE.png",
-            help="Also draw a PNG chart.",
+            help="Also draw a chart: FILE.png, .svg or .pdf (the suffix picks the format).",
         ),
         PROGRESS_OPTION,
     ]
@@ -151,14 +164,15 @@ def overage(
     top: int | None,
 ) -> None:
     """Maximum, used, granted, overage and denials per subject, limit and
-    window, by overage.
+    window, by overage, then denied cost.
 
     The maximum is the one that applied to the subject in the window (its
     entitlement at the window's end, else the limit's default); granted is
-    the usage grants paid. Overage is, for a soft limit, the window's own
-    usage (used - granted) beyond the maximum; for a hard limit, the cost of
-    the denied events; a shadow limit's is 0 (its denials are would-denies:
-    see report shadow).
+    the usage grants paid. Overage is the billable usage beyond the maximum:
+    a soft limit's own usage (used - granted) past it; 0 for hard and shadow
+    limits. Denied is the cost of the denied events (demand refused, never
+    billed; a shadow limit's would-denies: see report shadow). JSON is one
+    object, {"report": ..., "rows": [...]}, as over HTTP.
     """
     chosen = select_overage(
         current_meter(),
@@ -276,7 +290,7 @@ def _output(
     if fmt == "csv":
         write_csv(tee(rows), out, chosen.kind)
     elif fmt == "json":
-        _write_json(tee(rows), out)
+        write_json(chosen, tee(rows), out)
     else:
         _print_report(list(tee(rows)), FORMATS[chosen.kind][0], title)
     return kept
@@ -289,7 +303,7 @@ def _output_groups(grouped: DimensionReport, fmt: str, progress: bool | None) ->
     if fmt == "csv":
         write_csv(rows, sys.stdout, DIMENSION_KIND)
     elif fmt == "json":
-        _write_json(rows, sys.stdout)
+        write_json(grouped, rows, sys.stdout)
     else:
         title = f"Usage of {grouped.query.subject} by {grouped.dimension}, {grouped.range.label}"
         _print_groups(list(rows), title)
@@ -328,18 +342,10 @@ def _with_progress(chosen: BaseReport[RowT] | DimensionReport) -> Iterator[Any]:
         bar.update(task, completed=done)
 
 
-def _write_json(rows: Iterable[Any], out: IO[str]) -> None:
-    """A JSON array, one object per line, written as rows arrive."""
-    separator = "[\n"
-    for row in rows:
-        out.write(separator + "  " + json.dumps(row.to_dict()))
-        separator = ",\n"
-    out.write("[]\n" if separator == "[\n" else "\n]\n")
-
-
 def _cell(name: str, value: object) -> object:
     if isinstance(value, datetime):
-        return value.strftime("%Y-%m-%d %H:%M")
+        # Shown to the minute, rounded up as every time shown is (`round_up`).
+        return round_up(value, MINUTE).strftime("%Y-%m-%d %H:%M")
     if value is not None and name == "utilisation_percent":
         return f"{value:.1f}"
     if value is not None and name in NUMERIC:

@@ -214,9 +214,9 @@ def deliveries(status: str | None, endpoint_id: str | None, last: int, fmt: str)
 @click.argument("delivery_ids", nargs=-1, type=click.IntRange(1, MAX_ROW_ID))
 @click.option(
     "--since",
-    metavar="ISO8601",
+    metavar="TIME",
     callback=parse_datetime,
-    help="Replay every delivery created since (ISO-8601).",
+    help="Replay every delivery created since (RFC 3339; naive means UTC).",
 )
 def replay(delivery_ids: tuple[int, ...], since: datetime | None) -> None:
     """Send deliveries again (failed or not), by id or --since.

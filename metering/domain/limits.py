@@ -137,7 +137,9 @@ class Limit:
     percentages of the maximum, ``thresholds_units`` absolute amounts of
     usage; each notifies once per window. ``dimensions`` are the
     event-metadata keys whose values the limit's usage is rolled up by, hour
-    by hour (``metering report usage --group-by``).
+    by hour (``metering report usage --group-by``). ``window`` is a fixed
+    window's (a token bucket has none: ``window="calendar"`` with one is
+    refused, not ignored).
 
     Validation happens here, so a `Limit` that exists is a valid one.
     """
@@ -166,6 +168,10 @@ class Limit:
             raise InvalidLimit("period", "a token bucket refills over seconds, not months")
         if self.algorithm == "token_bucket" and self.enforcement == "soft":
             raise InvalidLimit("enforcement", "a token bucket is hard or shadow, never soft")
+        if self.algorithm == "token_bucket" and self.window != "first_use":
+            raise InvalidLimit(
+                "window", "a token bucket has no windows; window calendar is for fixed_window"
+            )
         thresholds = _thresholds(self.thresholds)
         units = _thresholds(self.thresholds_units, "thresholds_units", MAX_MAXIMUM)
         lateness = parse_period(self.lateness, field_name="lateness")

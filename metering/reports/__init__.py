@@ -16,7 +16,9 @@ limits record (``Limit(..., dimensions=("route",))``), from hourly rollups.
 shadow limit would have denied, had it been hard. Charts are in
 `metering.reports.charts` (imports matplotlib when used). `write_csv`
 writes rows as CSV with formula-like text cells neutralised; `csv_lines`
-yields the same text line by line, for streaming.
+yields the same text line by line, for streaming. `write_json` and
+`json_lines` write a report as one JSON object (``{"report": ..., "rows":
+[...]}``), the shape of the CLI's and the HTTP API's JSON alike.
 """
 
 from metering.reports.dimensions import (
@@ -25,7 +27,7 @@ from metering.reports.dimensions import (
     usage_by_dimension,
     usage_by_dimension_report,
 )
-from metering.reports.export import csv_lines, write_csv
+from metering.reports.export import csv_lines, json_lines, write_csv, write_json
 from metering.reports.overage import (
     COLUMNS,
     Report,
@@ -48,6 +50,7 @@ __all__ = [
     "ReportRow",
     "ShadowRow",
     "csv_lines",
+    "json_lines",
     "overage_report",
     "select_overage",
     "select_shadow",
@@ -57,4 +60,5 @@ __all__ = [
     "usage_by_dimension_report",
     "usage_report",
     "write_csv",
+    "write_json",
 ]

@@ -1,4 +1,8 @@
-"""Report rows as CSV, safe to open in a spreadsheet.
+"""Reports as CSV, safe to open in a spreadsheet, and as JSON documents.
+
+JSON is one object, the same for the command line and the HTTP API
+(`json_lines`): the report's head (``report``, ``period``, ``since``,
+``until``, and what else names it) and its ``rows``.
 
 A cell that starts with ``=``, ``+``, ``-``, ``@``, a tab or a carriage
 return is a formula to Excel, LibreOffice and Google Sheets (CSV injection);
@@ -12,14 +16,15 @@ keeps every value as it is.
 from __future__ import annotations
 
 import csv
+import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime
 from functools import lru_cache
 from typing import IO, Any, Final
 
-from metering.reports.dimensions import DIMENSION_COLUMNS, DimensionRow
+from metering.reports.dimensions import DIMENSION_COLUMNS, DimensionReport, DimensionRow
 from metering.reports.dimensions import KIND as DIMENSION_KIND
-from metering.reports.overage import COLUMNS, ReportRow
+from metering.reports.overage import COLUMNS, BaseReport, ReportRange, ReportRow
 from metering.reports.shadow import SHADOW_COLUMNS, ShadowRow
 
 FORMULA_STARTS: Final = ("=", "+", "-", "@", "\t", "\r")
@@ -49,8 +54,8 @@ def csv_cells(row: ReportRow) -> tuple[object, ...]:
         row.used,
         row.granted,
         row.overage,
+        row.denied,
         row.denied_events,
-        row.denied_cost,
         row.utilisation_percent,
         "" if first is None else first.isoformat(),
     )
@@ -124,3 +129,51 @@ def csv_lines(rows: Iterable[Any], kind: str = "overage") -> Iterator[str]:
     yield writer.writerow(columns)
     for row in rows:
         yield writer.writerow(cells(row))
+
+
+# -- JSON ---------------------------------------------------------------------------
+
+
+def _range_head(chosen: ReportRange) -> dict[str, Any]:
+    return {
+        "period": chosen.label,
+        "since": None if chosen.since is None else chosen.since.isoformat(),
+        "until": None if chosen.until is None else chosen.until.isoformat(),
+    }
+
+
+def report_head(report: BaseReport[Any] | DimensionReport) -> dict[str, Any]:
+    """A report's JSON fields before its rows: its kind and range, and for a
+    shadow report its limit, for a group-by report its subject and key."""
+    if isinstance(report, DimensionReport):
+        return {
+            "report": report.kind,
+            "subject": report.query.subject,
+            "group_by": report.dimension,
+            **_range_head(report.range),
+        }
+    head: dict[str, Any] = {"report": report.kind, **_range_head(report.range)}
+    if report.kind == "shadow":
+        head["limit"] = report.query.limit
+    return head
+
+
+def json_lines(report: BaseReport[Any] | DimensionReport, rows: Iterable[Any]) -> Iterator[str]:
+    """The report as one JSON object, ``{"report": ..., "rows": [...]}``, in
+    pieces as ``rows`` arrive (a row a line): what ``metering report
+    --format json`` prints and what the HTTP API answers."""
+    head = json.dumps(report_head(report))
+    yield head[:-1] + ', "rows": ['
+    separator = "\n"
+    for row in rows:
+        yield separator + json.dumps(row.to_dict())
+        separator = ",\n"
+    yield "]}\n" if separator == "\n" else "\n]}\n"
+
+
+def write_json(
+    report: BaseReport[Any] | DimensionReport, rows: Iterable[Any], out: IO[str]
+) -> None:
+    """`json_lines` written to ``out``."""
+    for piece in json_lines(report, rows):
+        out.write(piece)

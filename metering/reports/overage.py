@@ -14,13 +14,17 @@ and documented in docs/reports.md:
   the maximum it was billed against when the entitlement changes later. A
   limit's *default* has no history: a row without an entitlement shows the
   default as it is now, and the enforcement is the current one too.
+* **Overage is billable usage, denied is not.** ``overage`` is usage that
+  was allowed beyond the maximum: a soft limit's own usage past it. A hard
+  limit never allows that, so its ``overage`` is 0; what it refused is
+  ``denied`` (the cost of the denied events, with ``denied_events`` their
+  count): demand that consumed nothing and is never billed.
 * **Grants are not overage.** ``granted`` is the usage grants paid for in
   the window; soft overage counts only the window's own usage beyond the
-  maximum (``used - granted - maximum``). A hard limit's overage stays the
-  cost it denied: usage a grant paid was never denied.
+  maximum (``used - granted - maximum``).
 * **Shadow limits** bill nothing: their ``overage`` is 0 and their
-  ``denied_events``/``denied_cost`` are would-denies (what a hard limit
-  would have refused). `metering.reports.shadow` reports them per subject.
+  ``denied_events``/``denied`` are would-denies (what a hard limit would
+  have refused). `metering.reports.shadow` reports them per subject.
 * **Deleted limits.** Counters of a deleted limit are left out: there is
   nothing to bill them against. ``metering counters`` still shows them.
 * **Token buckets** are left out: a bucket has a single counter with no
@@ -42,7 +46,7 @@ from sqlalchemy import Select
 
 from metering.domain.bounds import MAX_LISTING, shown
 from metering.domain.events import validate_subject
-from metering.domain.instants import as_utc, from_us, to_us
+from metering.domain.instants import as_utc, from_us, parse_instant, to_us
 from metering.domain.limits import validate_limit_name
 from metering.errors import InvalidInput, UnknownLimit
 from metering.storage.database import Database, DatabaseSource, database_of
@@ -67,10 +71,11 @@ class ReportRow:
 
     ``maximum`` is the one that applied to the subject in the window (its
     entitlement at the window's end, else the limit's default); ``granted``
-    the part of ``used`` that grants paid. ``overage`` is, for a soft limit,
-    the window's own usage (``used - granted``) beyond ``maximum``; for a
-    hard limit, the cost of the denied events (``denied_cost``); for a
-    shadow limit 0 (its denials are would-denies, never billed).
+    the part of ``used`` that grants paid. ``overage`` is the billable usage
+    beyond the maximum: for a soft limit the window's own usage (``used -
+    granted``) beyond ``maximum``; 0 for hard and shadow limits. ``denied``
+    is the cost of the demand refused (a shadow limit's would-denies), never
+    billed, and ``denied_events`` how many events asked for it.
     ``utilisation_percent`` is ``100 * used / maximum``, rounded to 2 places.
     """
 
@@ -83,8 +88,8 @@ class ReportRow:
     used: int
     granted: int
     overage: int
+    denied: int
     denied_events: int
-    denied_cost: int
     utilisation_percent: float
     first_denied_at: datetime | None
 
@@ -108,7 +113,7 @@ def _window_instant(us: int) -> datetime:
 def _row(record: Any) -> ReportRow:
     # Unpacked by position: a large export builds hundreds of thousands of rows.
     subject, limit, enforcement, start_us, end_us, maximum, used, granted = record[:8]
-    overage, denied_count, denied_cost, first_us = record[8:]
+    overage, denied_cost, denied_count, first_us = record[8:]
     return ReportRow(
         subject,
         limit,
@@ -119,8 +124,8 @@ def _row(record: Any) -> ReportRow:
         used,
         int(granted),
         int(overage),
-        denied_count,
         denied_cost,
+        denied_count,
         round(used * 100 / maximum, 2),
         from_us(first_us) if first_us is not None else None,
     )
@@ -143,9 +148,9 @@ class ReportRange:
     ) -> ReportRange:
         """A range from a billing month (``"2026-11"``) or from since/until.
 
-        ``since`` and ``until`` are datetimes, dates or ISO 8601 strings
-        (``2026-11-15``, ``2026-11-15T12:00:00Z``); naive means UTC, and a
-        date is its midnight. ``until`` is exclusive.
+        ``since`` and ``until`` are datetimes, dates or RFC 3339 strings
+        (``2026-11-15``, ``2026-11-15T12:00:00Z``: `parse_instant`); naive
+        means UTC, and a date is its midnight. ``until`` is exclusive.
         """
         if period is not None:
             if since is not None or until is not None:
@@ -182,10 +187,7 @@ def _instant(name: str, value: TimeBound) -> datetime | None:
     if value is None:
         return None
     if isinstance(value, str):
-        try:
-            value = datetime.fromisoformat(value.strip())
-        except ValueError:
-            raise InvalidInput(name, f"{value!r} is not an ISO 8601 date or datetime") from None
+        return parse_instant(value, field_name=name)
     if not isinstance(value, datetime):
         if not isinstance(value, date):
             raise InvalidInput(name, f"expected a datetime, got {type(value).__name__}")
@@ -282,7 +284,8 @@ def select_overage(
     limit: str | None = None,
     top: int | None = None,
 ) -> Report:
-    """The overage report: every window of the period, by overage, largest first.
+    """The overage report: every window of the period, by overage, largest first
+    (then by denied cost).
 
     ``period`` is a month (``"2026-11"``); or give ``since``/``until``; with
     neither, all time. ``top`` keeps the first N rows. Raises `InvalidInput`

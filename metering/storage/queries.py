@@ -225,7 +225,9 @@ def _limit_from_row(row: Any) -> Limit:
         maximum=row.maximum,
         period=row.period,
         algorithm=row.algorithm,
-        window=row.window,
+        # A bucket stored with window "calendar" before `Limit` refused it
+        # (it never used it): read it as the bucket it is, not as an error.
+        window=row.window if row.algorithm == "fixed_window" else "first_use",
         enforcement=row.enforcement,
         thresholds=tuple(json.loads(row.thresholds)),
         lateness=row.lateness,

@@ -21,9 +21,10 @@ returns only the rows asked for, already sorted:
   counters, read and sorted: 1.6 s with the joins, 3.1 s and more with
   subqueries, 1.3 s before reports had either);
 * overage is a ``CASE`` on the enforcement: soft, the window's own usage
-  (used less granted) beyond the applied maximum; hard, the cost of denied
-  events; shadow, none (its denials are would-denies, never billed);
-* ``ORDER BY overage DESC`` and ``LIMIT`` for ``--top``.
+  (used less granted) beyond the applied maximum; hard and shadow, none (a
+  hard limit never allows usage beyond its maximum: what it refused is
+  the denied cost, its own column, never billed);
+* ``ORDER BY overage DESC, denied cost DESC`` and ``LIMIT`` for ``--top``.
 
 The shadow report groups a shadow limit's windows with would-denies by
 subject with window functions (SQLite 3.25 and later, PostgreSQL): the
@@ -181,13 +182,11 @@ def _windows(query: ReportQuery) -> Any:
 
 
 def _overage(w: Any) -> ColumnElement[Any]:
+    """Billable usage: a soft limit's own usage (used less granted) beyond the
+    maximum; 0 for hard and shadow limits (denied cost is never overage)."""
     own = w.c.used - w.c.granted
     soft_overage = case((own > w.c.maximum, own - w.c.maximum), else_=literal(0))
-    return case(
-        (w.c.enforcement == "soft", soft_overage),
-        (w.c.enforcement == "shadow", literal(0)),
-        else_=w.c.denied_cost,
-    )
+    return case((w.c.enforcement == "soft", soft_overage), else_=literal(0))
 
 
 def _rows_statement(query: ReportQuery) -> tuple[Select[Any], Any, Any]:
@@ -203,20 +202,21 @@ def _rows_statement(query: ReportQuery) -> tuple[Select[Any], Any, Any]:
         w.c.used,
         w.c.granted,
         overage,
-        w.c.denied_count,
         w.c.denied_cost,
+        w.c.denied_count,
         w.c.first_denied_at_us,
     )
     return statement, w, overage
 
 
 def overage_statement(query: ReportQuery) -> Select[Any]:
-    """Rows by overage, largest first; ties by utilisation, then by key."""
+    """Rows by overage, largest first; ties by denied cost, utilisation, then by key."""
     statement, w, overage = _rows_statement(query)
     # Float only for ordering; the utilisation reported is computed from integers.
     utilisation = cast(w.c.used, Float) / w.c.maximum
     statement = statement.order_by(
         overage.desc(),
+        w.c.denied_cost.desc(),
         utilisation.desc(),
         w.c.subject,
         w.c.limit_name,

@@ -431,6 +431,8 @@ BAD_LIMITS: list[tuple[str, Any, str]] = [
     ("soft bucket", {"maximum": 5, "period": "1h", "algorithm": "token_bucket",
                      "enforcement": "soft"}, "enforcement"),
     ("monthly bucket", {"maximum": 5, "period": "1mo", "algorithm": "token_bucket"}, "period"),
+    ("calendar bucket", {"maximum": 5, "period": "10s", "algorithm": "token_bucket",
+                         "window": "calendar"}, "window"),
     ("unknown window", {"maximum": 5, "period": "1h", "window": "rolling"}, "window"),
     ("zero threshold", {"maximum": 5, "period": "1h", "thresholds": [0]}, "thresholds"),
     ("string thresholds", {"maximum": 5, "period": "1h", "thresholds": "80"}, "thresholds"),
@@ -537,8 +539,16 @@ def test_overage_as_json_and_as_the_clis_csv(
         "until": "2026-12-01T00:00:00+00:00",
         "rows": [row.to_dict() for row in expected],
     }
-    overages = {(r["subject"], r["limit"]): r["overage"] for r in as_json.json()["rows"]}
-    assert overages == {("org-1", "calls"): 3, ("org-2", "seats"): 4, (INJECTION, "calls"): 0}
+    figures = {
+        (r["subject"], r["limit"]): (r["overage"], r["denied"], r["denied_events"])
+        for r in as_json.json()["rows"]
+    }
+    # Overage is billable usage (soft); the hard limit's denial is denied, never overage.
+    assert figures == {
+        ("org-1", "calls"): (3, 0, 0),
+        ("org-2", "seats"): (0, 4, 1),
+        (INJECTION, "calls"): (0, 0, 0),
+    }
 
     as_csv = http.get(
         "/v1/reports/overage", params={"period": "2026-11"}, headers={"accept": "text/csv"}

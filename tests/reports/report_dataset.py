@@ -83,9 +83,11 @@ class Expected:
 
     @property
     def overage(self) -> int:
+        """Billable usage beyond the maximum: soft limits only (a hard limit's
+        denials are its `denied_cost`, never overage)."""
         if self.enforcement == "soft":
             return max(self.used - self.maximum, 0)
-        return self.denied_cost
+        return 0
 
     def as_tuple(self) -> tuple[object, ...]:
         utilisation = round(self.used * 100 / self.maximum, 2)
@@ -99,8 +101,8 @@ class Expected:
             self.used,
             0,  # granted: the dataset has no grants
             self.overage,
-            self.denied_events,
             self.denied_cost,
+            self.denied_events,
             utilisation,
             self.first_denied_at,
         )
@@ -153,7 +155,14 @@ def in_range(rows: list[Expected], since: datetime, until: datetime) -> list[Exp
 def by_overage(rows: list[Expected]) -> list[tuple[object, ...]]:
     ordered = sorted(
         rows,
-        key=lambda r: (-r.overage, -r.used / r.maximum, r.subject, r.limit, r.window_start),
+        key=lambda r: (
+            -r.overage,
+            -r.denied_cost,
+            -r.used / r.maximum,
+            r.subject,
+            r.limit,
+            r.window_start,
+        ),
     )
     return [row.as_tuple() for row in ordered]
 

@@ -60,7 +60,7 @@ def row(meter: Meter, period: str, subject: str, limit: str) -> ReportRow:
 
 
 def figures(found: ReportRow) -> tuple[int, int, int, int, int]:
-    return (found.maximum, found.used, found.granted, found.overage, found.denied_cost)
+    return (found.maximum, found.used, found.granted, found.overage, found.denied)
 
 
 # -- corrections -------------------------------------------------------------------
@@ -81,8 +81,8 @@ def test_a_void_in_a_past_window_changes_that_window_and_the_report(
     meter.void("seats-1", "seats never assigned")
 
     assert figures(row(meter, "2026-10", "org-42", "calls")) == (100, 80, 0, 0, 0)
-    # A hard limit's overage is what it denied: a void gives usage back, not denials.
-    assert figures(row(meter, "2026-10", "org-42", "seats")) == (5, 0, 0, 1, 1)
+    # A void gives usage back, not denials; a hard limit's denials are never overage.
+    assert figures(row(meter, "2026-10", "org-42", "seats")) == (5, 0, 0, 0, 1)
     assert figures(row(meter, "2026-11", "org-42", "calls")) == (100, 30, 0, 0, 0)
     assert [c.used for c in meter.counters("org-42", "calls")] == [80, 30]
     # Voiding again changes nothing.
@@ -122,7 +122,7 @@ def test_a_mid_window_upgrade_is_the_windows_maximum(meter: Meter, clock: Clock)
     meter.set_entitlement("org-7", "seats", 8, effective_from=at("2026-11-12T00:00"))
     for day in range(13, 22):  # 9 seats: the 9th is denied
         consume(meter, clock, f"2026-11-{day}T10:00", "org-7", "seats", 1)
-    assert figures(row(meter, "2026-11", "org-7", "seats")) == (8, 8, 0, 1, 1)
+    assert figures(row(meter, "2026-11", "org-7", "seats")) == (8, 8, 0, 0, 1)
 
 
 def test_an_entitlement_from_a_later_window_leaves_earlier_ones_alone(
@@ -175,5 +175,5 @@ def test_grant_paid_usage_is_granted_not_overage_on_a_hard_limit(
     for day in range(1, 11):  # 10 seats of 1: 5 own, 3 granted, 2 denied
         consume(meter, clock, f"2026-10-{day:02d}T10:00", "org-2", "seats", 1)
     found = row(meter, "2026-10", "org-2", "seats")
-    assert figures(found) == (5, 8, 3, 2, 2)
+    assert figures(found) == (5, 8, 3, 0, 2)
     assert found.denied_events == 2

@@ -39,23 +39,30 @@ def test_overage_for_a_month_equals_the_independent_computation(ledger: Meter) -
     rows = overage_report(ledger, period="2026-11")
     assert tuples(rows) == by_overage(in_range(expected_rows(), NOV, DEC))
     # The dataset covers what the figures must get right: soft overage, hard
-    # denials in calendar and first-use windows, and rows without any.
-    kinds = {(r.enforcement, r.overage > 0) for r in rows}
-    assert kinds == {("soft", True), ("soft", False), ("hard", True), ("hard", False)}
+    # denials in calendar and first-use windows, and rows without any; only
+    # soft usage is ever overage, denials never are.
+    kinds = {(r.enforcement, r.overage > 0, r.denied > 0) for r in rows}
+    assert kinds == {
+        ("soft", True, False),
+        ("soft", False, False),
+        ("hard", False, True),
+        ("hard", False, False),
+    }
 
 
 def test_soft_overage_is_usage_beyond_the_maximum(ledger: Meter) -> None:
     [row] = overage_report(ledger, period="2026-11", subject="org-a", limit="api_calls")
     calls = 15  # every other day from Oct 20, 2 each: Nov 1, 3, ..., 29
     assert (row.maximum, row.used, row.overage) == (10, 2 * calls, 2 * calls - 10)
-    assert (row.denied_events, row.denied_cost, row.first_denied_at) == (0, 0, None)
+    assert (row.denied_events, row.denied, row.first_denied_at) == (0, 0, None)
     assert row.utilisation_percent == 300.0
 
 
-def test_hard_overage_is_the_cost_of_denied_events(ledger: Meter) -> None:
+def test_a_hard_limits_denials_are_denied_never_overage(ledger: Meter) -> None:
+    """Denied demand consumed nothing: it is ``denied``, and billable overage is 0."""
     [row] = overage_report(ledger, period="2026-11", subject="org-a", limit="seats")
-    assert (row.maximum, row.used, row.denied_events, row.denied_cost) == (5, 5, 2, 2)
-    assert row.overage == 2
+    assert (row.maximum, row.used, row.denied_events, row.denied) == (5, 5, 2, 2)
+    assert row.overage == 0
     assert row.first_denied_at == at("2026-11-15", 7)  # the 6th seat
     assert row.utilisation_percent == 100.0
 
@@ -66,7 +73,8 @@ def test_first_use_windows_of_a_month(ledger: Meter) -> None:
     assert sorted(by_start) == [at("2026-11-10", 11), at("2026-11-20", 9)]
     opened = by_start[at("2026-11-10", 11)]
     assert opened.window_end == at("2026-11-17", 11)
-    assert (opened.used, opened.denied_events, opened.denied_cost) == (2 + 1, 2, 1 + 3)
+    assert (opened.used, opened.denied_events, opened.denied) == (2 + 1, 2, 1 + 3)
+    assert opened.overage == 0
     assert opened.first_denied_at == at("2026-11-12", 11)
 
 
@@ -82,7 +90,7 @@ def test_a_window_without_denials_and_a_subject_without_any(ledger: Meter) -> No
     [org_c] = [r for r in rows if r.subject == "org-c"]
     assert (org_c.limit, org_c.used, org_c.overage, org_c.denied_events) == ("seats", 4, 0, 0)
     assert org_c.utilisation_percent == 80.0
-    assert rows.index(org_c) > max(i for i, r in enumerate(rows) if r.overage > 0)
+    assert rows.index(org_c) > max(i for i, r in enumerate(rows) if r.overage or r.denied)
 
 
 def test_a_period_selects_the_windows_that_start_in_it(ledger: Meter) -> None:
@@ -92,7 +100,7 @@ def test_a_period_selects_the_windows_that_start_in_it(ledger: Meter) -> None:
     assert [(r.window_start, r.window_end) for r in october] == [
         (at("2026-10-30", 10), at("2026-11-06", 10))
     ]
-    assert october[0].denied_cost == 2  # the denial of Nov 4 is billed in October
+    assert october[0].denied == 2  # the denial of Nov 4 counts in October
     assert at("2026-10-30", 10) not in {r.window_start for r in november}
     everything = expected_rows()
     for period, since, until in (("2026-10", OCT, NOV), ("2026-12", DEC, at("2027-01-01", 0))):
@@ -184,8 +192,8 @@ def test_row_fields_are_the_documented_columns() -> None:
         "used",
         "granted",
         "overage",
+        "denied",
         "denied_events",
-        "denied_cost",
         "utilisation_percent",
         "first_denied_at",
     )

@@ -10,11 +10,20 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from matplotlib.axes import Axes
+from matplotlib.patches import Rectangle
 
 from metering import Meter
 from metering.cli import main
+from metering.errors import InvalidInput
 from metering.reports import ReportRow
-from metering.reports.charts import overage_chart, overage_figure, usage_chart, usage_figure
+from metering.reports.charts import (
+    overage_chart,
+    overage_figure,
+    usage_chart,
+    usage_figure,
+    window_labels,
+)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -42,10 +51,10 @@ def row(
     used: int,
     maximum: int = 100,
     enforcement: str = "soft",
-    denied_cost: int = 0,
+    denied: int = 0,
     end: datetime | None = None,
 ) -> ReportRow:
-    overage = max(used - maximum, 0) if enforcement == "soft" else denied_cost
+    overage = max(used - maximum, 0) if enforcement == "soft" else 0
     return ReportRow(
         subject=subject,
         limit=limit,
@@ -56,33 +65,92 @@ def row(
         used=used,
         granted=0,
         overage=overage,
-        denied_events=1 if denied_cost else 0,
-        denied_cost=denied_cost,
+        denied=denied,
+        denied_events=1 if denied else 0,
         utilisation_percent=round(used * 100 / maximum, 2),
-        first_denied_at=start + timedelta(days=3) if denied_cost else None,
+        first_denied_at=start + timedelta(days=3) if denied else None,
     )
 
 
 NOV = datetime(2026, 11, 1, tzinfo=UTC)
 TOP = [
     row("org-a", "api_calls", NOV, 250),
-    row("org-b", "exports", NOV, 10, maximum=10, enforcement="hard", denied_cost=40),
+    row("org-b", "exports", NOV, 10, maximum=10, enforcement="hard", denied=40),
     row("org-c", "api_calls", NOV, 90),
 ]
 
 
-def test_overage_figure_draws_one_bar_per_row_against_the_limit() -> None:
+def legend_labels(axes: Axes) -> list[str]:
+    legend = axes.get_legend()
+    assert legend is not None
+    return [text.get_text() for text in legend.get_texts()]
+
+
+def bars(axes: Axes, label: str) -> list[Rectangle]:
+    """The bars of one legend entry (a `BarContainer` by its label)."""
+    [found] = [c for c in axes.containers if c.get_label() == label]
+    return list(found)
+
+
+def test_overage_figure_shows_used_against_the_maximum_and_marks_the_overage() -> None:
     figure = overage_figure(TOP, "2026-11")
     [axes] = figure.axes
     assert "2026-11" in axes.get_title() and "top 3" in axes.get_title()
-    widths = [patch.get_width() for patch in axes.patches]
-    assert widths == [90.0, 100.0, 250.0]  # largest overage drawn at the top
+    assert legend_labels(axes) == [
+        "used within the maximum",
+        "overage (billable)",
+        "denied (not consumed, not billed)",
+        "maximum (100%)",
+    ]
+    # Bottom to top: org-c, org-b, org-a (the largest overage drawn at the top).
+    within = [bar.get_width() for bar in bars(axes, "used within the maximum")]
+    overage = bars(axes, "overage (billable)")
+    denied = bars(axes, "denied (not consumed, not billed)")
+    assert within == [90.0, 100.0, 100.0]
+    assert [bar.get_width() for bar in overage] == [0.0, 0.0, 150.0]
+    assert overage[2].get_x() == 100.0  # the overage starts at the maximum
+    # The hard limit's 40 denied (400% of its 10) sit beyond its usage, outlined:
+    assert [(bar.get_x(), bar.get_width()) for bar in denied][1] == (100.0, 400.0)
+    assert [bar.get_width() for bar in denied][0::2] == [0.0, 0.0]
     labels = [label.get_text() for label in axes.get_yticklabels()]
     assert labels[-1] == "org-a · api_calls · 2026-11-01"
-    assert [line.get_xdata()[0] for line in axes.get_lines()] == [100]  # the limit
+    assert [line.get_xdata()[0] for line in axes.get_lines()] == [100]  # the maximum
     notes = [text.get_text() for text in axes.texts]
-    assert "250/100, overage 150" in notes and "10/10, overage 40, 1 denied" in notes
-    assert "utilisation" in axes.get_xlabel()
+    assert "250/100, overage 150" in notes
+    assert "10/10, denied 40 (1 event)" in notes  # denials are not overage
+    assert "maximum" in axes.get_xlabel()
+
+
+def test_overage_figure_gives_the_start_time_where_two_windows_share_a_day() -> None:
+    morning = datetime(2026, 11, 3, 9, 15, tzinfo=UTC)
+    rows = [
+        row("org-a", "exports", morning, 12, maximum=10),
+        row("org-a", "exports", morning + timedelta(hours=8), 11, maximum=10),
+        row("org-b", "exports", NOV, 11, maximum=10),
+    ]
+    [axes] = overage_figure(rows, "2026-11").axes
+    assert [label.get_text() for label in axes.get_yticklabels()] == [
+        "org-b · exports · 2026-11-01",
+        "org-a · exports · 2026-11-03 17:15",
+        "org-a · exports · 2026-11-03 09:15",
+    ]
+    assert window_labels(rows[2:]) == ["org-b · exports · 2026-11-01"]
+
+
+def test_the_legend_names_grants_only_when_a_grant_paid() -> None:
+    granted = dataclasses.replace(TOP[0], used=300, granted=50, overage=150)
+    [axes] = overage_figure([granted], "2026-11").axes
+    assert legend_labels(axes) == [
+        "used within the maximum",
+        "used, paid by grants",
+        "overage (billable)",
+        "maximum (100%)",
+    ]
+    widths = [
+        bars(axes, label)[0].get_width()
+        for label in ("used within the maximum", "used, paid by grants", "overage (billable)")
+    ]
+    assert widths == [100.0, 50.0, 150.0]
 
 
 def test_usage_figure_has_a_panel_per_limit_with_its_limit_line_and_dates() -> None:
@@ -90,7 +158,7 @@ def test_usage_figure_has_a_panel_per_limit_with_its_limit_line_and_dates() -> N
     usage = zip(months, (80, 120, 250), strict=True)
     rows = [row("org-a", "api_calls", start, used) for start, used in usage]
     rows += [
-        row("org-a", "seats", NOV, 5, maximum=5, enforcement="hard", denied_cost=2),
+        row("org-a", "seats", NOV, 5, maximum=5, enforcement="hard", denied=2),
     ]
     figure = usage_figure(rows, "org-a", "2026-09-01 to 2026-11-30")
     panels = figure.axes
@@ -98,10 +166,22 @@ def test_usage_figure_has_a_panel_per_limit_with_its_limit_line_and_dates() -> N
     assert "org-a" in figure.get_suptitle() and "2026-09-01" in figure.get_suptitle()
     calls, seats = panels
     assert calls.get_title(loc="left") == "api_calls (soft)"
-    assert [p.get_height() for p in calls.patches] == [80, 120, 250]
+    assert legend_labels(calls) == [
+        "used within the maximum",
+        "overage (billable)",
+        "maximum 100",
+    ]
+    assert [p.get_height() for p in bars(calls, "used within the maximum")] == [80, 100, 100]
+    assert [p.get_height() for p in bars(calls, "overage (billable)")] == [0, 20, 150]
     assert [line.get_ydata()[0] for line in calls.get_lines()] == [100]
+    assert legend_labels(seats) == [
+        "used within the maximum",
+        "denied (not consumed, not billed)",
+        "maximum 5",
+    ]
+    [denied] = bars(seats, "denied (not consumed, not billed)")
+    assert (denied.get_y(), denied.get_height()) == (5, 2)  # on top of the usage
     assert [line.get_ydata()[0] for line in seats.get_lines()] == [5]
-    assert len(seats.patches) == 2  # used, and the denied cost stacked on it
     figure.canvas.draw()
     ticks = [label.get_text() for label in seats.get_xticklabels() if label.get_text()]
     assert ticks and any(name in " ".join(ticks) for name in ("Sep", "Oct", "Nov"))
@@ -120,7 +200,13 @@ def test_usage_figure_draws_each_windows_own_maximum_when_entitlements_changed()
     assert calls.get_lines() == []  # no single limit line ...
     [segments] = calls.collections  # ... but one segment per window, at its maximum
     assert [segment[0][1] for segment in segments.get_segments()] == [100, 250, 1000]
-    assert [p.get_facecolor() for p in calls.patches] == [calls.patches[1].get_facecolor()] * 3
+    assert legend_labels(calls) == [
+        "used within the maximum",
+        "used, paid by grants",
+        "maximum per window (last 1,000)",
+    ]  # no overage: the grant paid what was beyond the maximum
+    assert [p.get_height() for p in bars(calls, "used within the maximum")] == [90, 180, 250]
+    assert [p.get_height() for p in bars(calls, "used, paid by grants")] == [30, 0, 0]
     assert calls.get_ylim()[1] == pytest.approx(1000 * 1.15)
 
 
@@ -170,3 +256,34 @@ def test_without_the_charts_extra_a_chart_is_a_one_line_error_naming_it(
     assert result.exit_code == 1 and not target.exists()
     [line] = result.stderr.strip().splitlines()
     assert line.startswith("error:") and "metering[charts]" in line
+
+
+@pytest.mark.parametrize(
+    ("name", "signature"), [("chart.svg", b"<?xml"), ("chart.pdf", b"%PDF"), ("c.PNG", b"\x89PNG")]
+)
+def test_the_chart_files_suffix_picks_its_format(
+    sqlite_ledger: Meter, tmp_path: Path, name: str, signature: bytes
+) -> None:
+    target = tmp_path / name
+    args = ["--database", sqlite_ledger.url, "report", "overage", "--chart", str(target)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert target.read_bytes().startswith(signature)
+
+
+@pytest.mark.parametrize("name", ["chart.txt", "chart", "chart.png.csv", "chart.jpg"])
+def test_a_chart_file_of_another_kind_is_refused_before_any_output(
+    sqlite_ledger: Meter, tmp_path: Path, name: str
+) -> None:
+    target = tmp_path / name
+    for command in (["overage"], ["usage", "--subject", "org-a"]):
+        args = ["--database", sqlite_ledger.url, "report", *command, "--chart", str(target)]
+        result = CliRunner().invoke(main, [*args, "--format", "csv"])
+        assert result.exit_code == 1 and result.stdout == "" and not target.exists()
+        [line] = result.stderr.splitlines()
+        assert line.startswith("error: Invalid value for '--chart': ") and (
+            "charts are .png, .svg or .pdf files" in line
+        ), line
+    with pytest.raises(InvalidInput, match=r"charts are \.png, \.svg or \.pdf files"):
+        overage_chart(TOP, target, "2026-11")
+    assert not target.exists()

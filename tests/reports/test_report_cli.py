@@ -5,15 +5,25 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
 
-from metering import Meter
+from metering import Limit, Meter
 from metering.cli import main
-from metering.reports import COLUMNS, ReportRow, overage_report, usage_report
+from metering.reports import (
+    COLUMNS,
+    ReportRow,
+    json_lines,
+    overage_report,
+    select_overage,
+    select_shadow,
+    select_usage,
+    usage_report,
+)
 
 # The documented JSON fields and their types (README, "Billing period close").
 JSON_TYPES: dict[str, tuple[type, ...]] = {
@@ -26,8 +36,8 @@ JSON_TYPES: dict[str, tuple[type, ...]] = {
     "used": (int,),
     "granted": (int,),
     "overage": (int,),
+    "denied": (int,),
     "denied_events": (int,),
-    "denied_cost": (int,),
     "utilisation_percent": (float,),
     "first_denied_at": (str, type(None)),
 }
@@ -71,8 +81,17 @@ def test_overage_json_has_the_documented_fields_and_types(sqlite_ledger: Meter) 
     result = run(sqlite_ledger, "overage", "--period", "2026-11", "--format", "json")
     document = json.loads(result.stdout)
     expected = overage_report(sqlite_ledger, period="2026-11")
-    assert isinstance(document, list) and len(document) == len(expected) > 0
-    for item, row in zip(document, expected, strict=True):
+    # The HTTP API's shape: the report's head, then its rows.
+    assert document == {
+        "report": "overage",
+        "period": "2026-11",
+        "since": "2026-11-01T00:00:00+00:00",
+        "until": "2026-12-01T00:00:00+00:00",
+        "rows": document["rows"],
+    }
+    rows = document["rows"]
+    assert len(rows) == len(expected) > 0
+    for item, row in zip(rows, expected, strict=True):
         assert list(item) == list(JSON_TYPES)
         for name, value in item.items():
             assert isinstance(value, JSON_TYPES[name]) and not isinstance(value, bool), name
@@ -81,14 +100,44 @@ def test_overage_json_has_the_documented_fields_and_types(sqlite_ledger: Meter) 
                 assert datetime.fromisoformat(item[name]).utcoffset() is not None
         assert item["enforcement"] in ("hard", "soft")
         assert item == row.to_dict()
-    assert any(item["first_denied_at"] is not None for item in document)
+    assert any(item["first_denied_at"] is not None for item in rows)
+
+
+JSON_REPORTS: dict[str, tuple[tuple[str, ...], Callable[[Meter], Any]]] = {
+    "overage": (
+        ("overage", "--period", "2026-11"),
+        lambda m: select_overage(m, period="2026-11"),
+    ),
+    "overage filtered": (
+        ("overage", "--since", "2026-11-10", "--subject", "org-a", "--top", "3"),
+        lambda m: select_overage(m, since="2026-11-10", subject="org-a", top=3),
+    ),
+    "usage": (
+        ("usage", "--subject", "org-a", "--until", "2026-12-01"),
+        lambda m: select_usage(m, "org-a", until="2026-12-01"),
+    ),
+    "shadow": (("shadow", "--limit", "exports"), lambda m: select_shadow(m, "exports")),
+}
+
+
+@pytest.mark.parametrize("case", list(JSON_REPORTS))
+def test_cli_json_is_the_http_apis_document(sqlite_ledger: Meter, case: str) -> None:
+    """``--format json`` prints what ``GET /v1/reports/...`` answers, the
+    report's head and its rows: one writer (`json_lines`) for both."""
+    args, select = JSON_REPORTS[case]
+    if case == "shadow":
+        sqlite_ledger.set_limit(Limit("exports", maximum=3, period="7d", enforcement="shadow"))
+    printed = run(sqlite_ledger, *args, "--format", "json").stdout
+    chosen = select(sqlite_ledger)
+    assert printed == "".join(json_lines(chosen, chosen.rows()))
+    document = json.loads(printed)
+    assert document["report"] == args[0] and document["rows"]
+    assert set(document) >= {"report", "period", "since", "until", "rows"}
 
 
 def test_empty_json_and_csv(sqlite_ledger: Meter) -> None:
-    assert (
-        json.loads(run(sqlite_ledger, "overage", "--period", "2020-01", "--format", "json").stdout)
-        == []
-    )
+    empty = run(sqlite_ledger, "overage", "--period", "2020-01", "--format", "json").stdout
+    assert json.loads(empty)["rows"] == []
     empty_csv = run(sqlite_ledger, "overage", "--period", "2020-01", "--format", "csv").stdout
     assert list(csv.reader(io.StringIO(empty_csv))) == [list(COLUMNS)]
     assert "no windows" in run(sqlite_ledger, "overage", "--period", "2020-01").stdout
@@ -146,3 +195,43 @@ def test_bad_filters_are_one_line_errors(sqlite_ledger: Meter, args: Any, messag
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     assert message in lines[0]
     assert result.stdout == ""
+
+
+def table_row(out: str, subject: str, limit: str) -> dict[str, str]:
+    """One row of a printed table, by its header (rich's box characters split cells)."""
+    lines = [line for line in out.splitlines() if "┃" in line or "│" in line]
+    header = [cell.strip() for cell in lines[0].strip("┃").split("┃")]
+    for line in lines[1:]:
+        cells = [cell.strip() for cell in line.strip("│").split("│")]
+        if cells[:2] == [subject, limit]:
+            return dict(zip(header, cells, strict=True))
+    raise AssertionError(f"no row for {subject} {limit} in\n{out}")
+
+
+def test_a_hard_limits_denials_are_denied_not_overage_in_every_format(ledger: Meter) -> None:
+    """org-a's seats (hard, maximum 5) denied 2 events of 1: nothing billable."""
+    args = ("overage", "--period", "2026-11", "--subject", "org-a")
+    [as_csv] = [
+        r
+        for r in csv.DictReader(io.StringIO(run(ledger, *args, "--format", "csv").stdout))
+        if r["limit"] == "seats"
+    ]
+    assert (as_csv["used"], as_csv["overage"], as_csv["denied"], as_csv["denied_events"]) == (
+        "5",
+        "0",
+        "2",
+        "2",
+    )
+    rows = json.loads(run(ledger, *args, "--format", "json").stdout)["rows"]
+    [as_json] = [r for r in rows if r["limit"] == "seats"]
+    assert (as_json["overage"], as_json["denied"], as_json["denied_events"]) == (0, 2, 2)
+    shown = table_row(run(ledger, *args).stdout, "org-a", "seats")
+    assert (shown["overage"], shown["denied"], shown["denied events"]) == ("0", "2", "2")
+    # A soft limit's overage is its usage beyond the maximum, and it denies nothing.
+    calls = table_row(run(ledger, *args).stdout, "org-a", "api_calls")
+    assert (calls["maximum"], calls["used"], calls["overage"], calls["denied"]) == (
+        "10",
+        "30",
+        "20",
+        "0",
+    )

@@ -68,7 +68,7 @@ def test_overage_csv_cells_never_start_a_formula(hostile: Meter) -> None:
         assert row["maximum"] == "1" and row["used"] == "1" and row["denied_events"] == "1"
         assert not row["subject"].startswith(("=", "+", "-", "@", "\t", "\r"))
     as_json = json.loads(report(hostile, "overage", "--period", "2026-11", "--format", "json"))
-    assert sorted(item["subject"] for item in as_json) == sorted(SUBJECTS)
+    assert sorted(item["subject"] for item in as_json["rows"]) == sorted(SUBJECTS)
 
 
 def test_usage_csv_cells_never_start_a_formula(hostile: Meter) -> None:

@@ -153,7 +153,7 @@ def test_the_shadow_report_is_the_models_and_promotion_keeps_the_counters(
         for row in overage_report(meter, limit=name):
             window = model.windows[(row.subject, (row.window_start - START) // HOUR)]
             assert (row.enforcement, row.overage) == ("shadow", 0)
-            assert (row.used, row.denied_events, row.denied_cost) == (
+            assert (row.used, row.denied_events, row.denied) == (
                 window.used,
                 window.count,
                 window.cost,
@@ -163,11 +163,11 @@ def test_the_shadow_report_is_the_models_and_promotion_keeps_the_counters(
         kept = {(r.subject, r.window_start): r for r in overage_report(meter, limit=name)}
         for (subject, hour), window in model.windows.items():
             row = kept[(subject, START + hour * HOUR)]
-            assert (row.enforcement, row.used, row.denied_cost, row.overage) == (
+            assert (row.enforcement, row.used, row.denied, row.overage) == (
                 "hard",
                 window.used,
                 window.cost,
-                window.cost,
+                0,  # denials are never overage
             )
         for subject in SUBJECTS:
             used = model.windows.get((subject, 2), Window()).used
@@ -280,9 +280,10 @@ def test_the_cli_writes_the_report_as_a_table_csv_and_json(meter: Meter) -> None
         for r in rows
     ]
     as_json = json.loads(run(meter, "--limit", "probe", "--format", "json").stdout)
-    assert as_json == [r.to_dict() for r in rows]
+    assert as_json["report"] == "shadow" and as_json["limit"] == "probe"
+    assert as_json["rows"] == [r.to_dict() for r in rows]
     month = run(meter, "--limit", "probe", "--month", "2026-11", "--top", "1", "--format", "json")
-    assert [r["subject"] for r in json.loads(month.stdout)] == ["org-a"]
+    assert [r["subject"] for r in json.loads(month.stdout)["rows"]] == ["org-a"]
     assert "no windows" in run(meter, "--limit", "probe", "--period", "2026-10").stdout
     with_bar = run(meter, "--limit", "probe", "--format", "csv", "--progress").stdout
     assert with_bar == as_csv

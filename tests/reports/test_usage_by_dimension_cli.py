@@ -66,12 +66,16 @@ def test_group_by_in_every_format(url: str) -> None:
         cli(url, "report", "usage", "--subject", "org-1", "--group-by", "model",
             "--period", "2026-11", "--format", "json").stdout
     )  # fmt: skip
-    assert as_json == [
-        {"subject": "org-1", "limit": "api", "dimension": "model", "value": "3", "used": 3,
-         "events": 3},
-        {"subject": "org-1", "limit": "api", "dimension": "model", "value": None, "used": 2,
-         "events": 2},
-    ]  # fmt: skip
+    assert as_json == {
+        "report": "usage_by", "subject": "org-1", "group_by": "model", "period": "2026-11",
+        "since": "2026-11-01T00:00:00+00:00", "until": "2026-12-01T00:00:00+00:00",
+        "rows": [
+            {"subject": "org-1", "limit": "api", "dimension": "model", "value": "3", "used": 3,
+             "events": 3},
+            {"subject": "org-1", "limit": "api", "dimension": "model", "value": None, "used": 2,
+             "events": 2},
+        ],
+    }  # fmt: skip
     empty = cli(url, "report", "usage", "--subject", "nobody", "--group-by", "route").stdout
     assert "no usage" in empty
 

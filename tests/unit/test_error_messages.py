@@ -79,6 +79,10 @@ LIMIT_ERRORS: list[tuple[Callable[[], object], str]] = [
         "enforcement: a token bucket is hard or shadow, never soft",
     ),
     (
+        lambda: Limit("a", 10, "10s", algorithm="token_bucket", window="calendar"),
+        "window: a token bucket has no windows; window calendar is for fixed_window",
+    ),
+    (
         lambda: Limit("a", 1, "1d", lateness="1mo"),
         "lateness: use seconds, minutes, hours or days",
     ),

@@ -228,6 +228,20 @@ def test_soft_token_bucket_is_rejected() -> None:
     assert caught.value.field == "enforcement"
 
 
+def test_a_token_bucket_with_a_calendar_window_is_rejected() -> None:
+    with pytest.raises(InvalidLimit) as caught:
+        limit(algorithm="token_bucket", period="10s", window="calendar")
+    assert caught.value.field == "window"
+    # The default window, named or not, is a bucket's; calendar stays a fixed window's.
+    named = limit(algorithm="token_bucket", period="10s", window="first_use")
+    assert named == limit(algorithm="token_bucket", period="10s")
+    assert limit(period="10s", window="calendar").window == "calendar"
+    with pytest.raises(InvalidLimit) as caught:
+        Limit.from_dict({"maximum": 9, "period": "10s", "algorithm": "token_bucket",
+                         "window": "calendar"}, name="api")  # fmt: skip
+    assert caught.value.field == "window"
+
+
 def test_soft_fixed_window_is_accepted() -> None:
     assert limit(enforcement="soft").enforcement == "soft"
 
