@@ -80,7 +80,7 @@ def resolve(host: str, port: int) -> list[IPAddress]:
     """Every address ``host`` resolves to, in the resolver's order, once each."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except OSError as exc:
+    except (OSError, UnicodeError) as exc:  # UnicodeError: a host IDNA cannot encode
         raise DestinationRefused(f"cannot resolve {host!r}: {exc}") from None
     found: dict[IPAddress, None] = {}
     for info in infos:
@@ -127,7 +127,10 @@ def url_error(url: str) -> str | None:
     try:
         # What `httpx.Client.post` builds first: the URL, and the Host header
         # from its host (IDNA-decoded, which the URL alone does not do).
-        httpx.Request("POST", url)
+        request = httpx.Request("POST", url)
+        # What the resolver does with the host as it connects (`resolve`):
+        # Python's IDNA codec refuses a label over 63 characters, or empty.
+        request.url.host.encode("idna")
     except (httpx.InvalidURL, ValueError) as exc:  # idna's IDNAError is a UnicodeError
         return str(exc) or type(exc).__name__
     return None
