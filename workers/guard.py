@@ -25,6 +25,20 @@ queue and in no hash. `GuardedChannel` takes messages with a Lua script
 that pops an entry and records it as unacknowledged in one atomic step;
 when every queue is empty it waits for one with ``BLMOVE key key`` (which
 leaves the list as it was) and then pops again.
+
+And it survives a broker restart. When Redis goes away, Celery collects the
+connection (kombu's ``Connection.collect``): it closes the channels, one by
+one, and then detaches the transport from the connection
+(``transport.client = None``) even when a close failed half-way, which it
+does when a pop was in flight or another channel failed first. Celery then
+closes the connection again; the channel still open gives back the
+messages it holds, and kombu builds a new Redis pool for that from
+``transport.client``: ``AttributeError: 'NoneType' object has no attribute
+'hostname'``, which is no connection error, so the worker stopped
+("Unrecoverable error"). `GuardedChannel` answers a detached channel's
+every Redis call with a connection error instead, which both closes
+ignore; the messages it held stay in the unacked hash and come back after
+the visibility timeout (applying ignores the repeat).
 """
 
 from __future__ import annotations
@@ -41,6 +55,7 @@ from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from metering.domain.events import Rejected
 from metering.errors import StorageError
@@ -166,6 +181,14 @@ class GuardedChannel(kombu_redis.Channel):
             return None
         result: dict[str, Any] = payload
         return result
+
+    def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
+        # A channel left open when its connection was collected: no Redis
+        # behind it any more (see the module's documentation).
+        if self.connection is None or self.connection.client is None:
+            raise RedisConnectionError("the connection to the broker is closed")
+        params: dict[str, Any] = super()._connparams(asynchronous=asynchronous)
+        return params
 
     def _forget(self, item: bytes | str) -> None:
         """Drop a dead-lettered entry from the unacked hash, where the pop put it."""
