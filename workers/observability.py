@@ -10,6 +10,8 @@
   marked dead (``worker_process_shutdown``); a warm shutdown removes the
   directory. A port that cannot be listened on is logged, and the worker
   goes on without ``/metrics``.
+* Every handler Celery sets up redacts the secrets of URLs in what it
+  writes (`metering.logs.RedactSecrets`): httpx logs each webhook POST's URL.
 * ``METERING_LOG_FORMAT=json``: the handlers Celery sets up (root, task and
   billiard loggers, in the worker and in beat) format with `metering.logs.JsonFormatter`,
   and records logged inside a task carry its ``task_id`` and ``task_name``.
@@ -29,7 +31,7 @@ from typing import Any
 
 from celery import bootsteps, signals
 
-from metering.logs import use_json
+from metering.logs import redact_handlers, use_json
 from metering.metrics import (
     enable_multiprocess,
     mark_process_dead,
@@ -102,6 +104,8 @@ class TaskFields(logging.Filter):
 
 
 def _json_if_asked(logger: logging.Logger | None) -> None:
+    if logger is not None:
+        redact_handlers(logger)  # no URL's password in any line (httpx logs URLs)
     settings = _current_settings()
     if settings is None or settings.log_format != "json" or logger is None:
         return
