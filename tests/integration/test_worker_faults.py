@@ -7,7 +7,15 @@ on the same port while the worker is applying.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
 from datetime import UTC, datetime
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -19,7 +27,7 @@ from pipeline_checks import (
     wait_for_results,
     wait_until,
 )
-from servers import RedisServer
+from servers import PostgresServer, RedisServer
 from sqlalchemy.engine import make_url
 from test_pipeline import StartWorker, Worker
 
@@ -87,3 +95,97 @@ def test_a_worker_survives_a_redis_restart_while_it_holds_a_message(
             )
         assert_each_once_and_counters_exact(meter, emitted, [worker])
         assert not stopped(worker), worker.tail()
+
+
+# -- the database unreachable at start, and gone for a while later ------------------
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (free a moment ago)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def test_metering_worker_with_an_unreachable_database_exits_with_one_error_line(
+    redis_url: str, tmp_path: Path
+) -> None:
+    database = f"postgresql://postgres@127.0.0.1:{closed_port()}/metering"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("METERING_")}
+    command = [sys.executable, "-m", "metering", "--database", database, "worker"]
+    process = subprocess.Popen(
+        [*command, "--broker", redis_url],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        out, err = process.communicate()
+        raise AssertionError(f"the worker started anyway:\n{err[-3000:]}") from None
+    assert process.returncode == 1, err
+    assert out == ""
+    [line] = err.splitlines()
+    assert line.startswith("error: database unavailable: ")
+
+
+def retry_waits(text: str) -> list[float]:
+    """The waits of the delivery thread's warnings, in order."""
+    found = re.findall(r"claiming webhook deliveries failed: .*; trying again in ([0-9.]+) s", text)
+    return [float(wait) for wait in found]
+
+
+def test_a_database_outage_is_one_warning_line_per_retry_and_the_worker_applies_after(
+    pg_url: str,
+    redis_url: str,
+    postgres_server: PostgresServer,
+    start_worker: StartWorker,
+) -> None:
+    at = datetime.now(UTC)
+    with Meter(pg_url) as meter:
+        meter.set_limits([CALLS])
+        # With beat, so that periodic tasks meet the outage too.
+        worker = start_worker(cli=True, beat=True, METERING_WEBHOOKS_INTERVAL="1")
+        before = list(stream(redis_url, at, "up", 200, subjects=10, seed=8))
+        wait_for_results(meter, len(before), [worker], timeout=60)
+        offset = len(worker.log())
+
+        def outage() -> str:
+            return worker.log()[offset:]
+
+        try:
+            postgres_server.stop()
+            during = list(stream(redis_url, at, "down", 200, subjects=10, seed=9))
+            # Until each kind of retry has been logged a few times.
+            wait_until(
+                lambda: (
+                    "Traceback" in outage()
+                    or (
+                        outage().count("batch not applied, retrying in") >= 3
+                        and len(retry_waits(outage())) >= 4
+                        and "sweep_webhook_resets_task skipped until its next run" in outage()
+                    )
+                ),
+                120,
+                lambda: "not every retry was logged",
+                [worker],
+            )
+        finally:
+            postgres_server.start()
+        emitted = before + during
+        wait_for_results(meter, len(emitted), [worker])
+        assert_each_once_and_counters_exact(meter, emitted, [worker])
+    log = outage()
+    assert "Traceback" not in log, log[-5000:]
+    assert "WARNING" in log and "database unavailable" in log
+    # The delivery thread backs off: each wait at least the one before.
+    waits = retry_waits(log)
+    assert waits == sorted(waits) and waits[-1] > waits[0], waits
+    assert worker.alive(), worker.tail()
