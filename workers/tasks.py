@@ -114,7 +114,7 @@ def sweep_embedded_broker_task() -> dict[str, int]:
     return sweep_embedded_broker(
         app.conf.broker_url,
         meter().decided,
-        now_local=meter().clock().astimezone().replace(tzinfo=None),
+        now=meter().clock(),
         visibility_timeout_seconds=settings().visibility_timeout_seconds,
     )
 

@@ -8,13 +8,15 @@ on the same port while the worker is applying.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psycopg
@@ -189,3 +191,76 @@ def test_a_database_outage_is_one_warning_line_per_retry_and_the_worker_applies_
     waits = retry_waits(log)
     assert waits == sorted(waits) and waits[-1] > waits[0], waits
     assert worker.alive(), worker.tail()
+
+
+# -- the embedded broker in two time zones ------------------------------------------
+
+VISIBILITY_SECONDS = 300
+SWEEP = """
+import json, sys
+from datetime import datetime
+from metering.clock import FrozenClock
+from metering.meter import Meter
+from workers import tasks
+tasks._meter = Meter(sys.argv[1], clock=FrozenClock(datetime.fromisoformat(sys.argv[2])))
+print(json.dumps(tasks.sweep_embedded_broker_task()))
+"""
+
+
+def sweep_at(env: dict[str, str], database: str, now: datetime, tz: str) -> dict[str, int]:
+    """Beat's sweep of the embedded broker, run by a process in ``tz`` whose clock says ``now``."""
+    done = subprocess.run(
+        [sys.executable, "-c", SWEEP, database, now.isoformat()],
+        env={**env, "TZ": tz},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    result: dict[str, int] = json.loads(done.stdout.splitlines()[-1])
+    return result
+
+
+def taken_messages(path: Path) -> int:
+    with contextlib.closing(sqlite3.connect(path)) as connection:
+        [(taken,)] = connection.execute("SELECT count(*) FROM kombu_message WHERE NOT visible")
+    return int(taken)
+
+
+@pytest.mark.parametrize(
+    ("taker", "sweeper"), [("Asia/Kathmandu", "UTC"), ("UTC", "Asia/Kathmandu")]
+)
+def test_the_embedded_broker_ages_a_dead_workers_message_in_utc(
+    taker: str, sweeper: str, pg_url: str, tmp_path: Path, start_worker: StartWorker
+) -> None:
+    path = tmp_path / "broker.db"
+    broker = f"sqla+sqlite:///{path}"
+    at = datetime.now(UTC)
+    env = {"METERING_BROKER_URL": broker, "METERING_VISIBILITY_TIMEOUT": str(VISIBILITY_SECONDS)}
+    with Meter(pg_url) as meter:
+        meter.set_limits([CALLS])
+        worker = start_worker(cli=True, TZ=taker, **env)
+        with psycopg_connection(pg_url) as blocker:
+            # The worker takes the batch and cannot commit it: it dies holding it.
+            blocker.execute("LOCK TABLE results IN SHARE ROW EXCLUSIVE MODE")
+            first = datetime.now(UTC)
+            emitted = list(stream(broker, at, "tz", 20, subjects=5, seed=10))
+            wait_until(lambda: taken_messages(path) == 1, 60, lambda: "not taken", [worker])
+            last = datetime.now(UTC)
+            worker.kill()
+            # Its transaction, waiting for the lock, goes with it (a pipeline
+            # may have sent the commit already).
+            blocker.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+        visibility = timedelta(seconds=VISIBILITY_SECONDS)
+        early = sweep_at(worker.env, pg_url, first + visibility - timedelta(seconds=1), sweeper)
+        assert early == {"deleted": 0, "restored": 0}
+        late = sweep_at(worker.env, pg_url, last + visibility + timedelta(seconds=1), sweeper)
+        assert late == {"deleted": 0, "restored": 1}
+        assert taken_messages(path) == 0
+        # Restored, it is applied by the next worker, once.
+        second = start_worker(cli=True, TZ=sweeper, **env)
+        wait_for_results(meter, len(emitted), [second], timeout=60)
+        assert_each_once_and_counters_exact(meter, emitted, [worker, second])
