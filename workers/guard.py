@@ -37,8 +37,9 @@ messages it holds, and kombu builds a new Redis pool for that from
 'hostname'``, which is no connection error, so the worker stopped
 ("Unrecoverable error"). `GuardedChannel` answers a detached channel's
 every Redis call with a connection error instead, which both closes
-ignore; the messages it held stay in the unacked hash and come back after
-the visibility timeout (applying ignores the repeat).
+ignore, and `HeldQoS` acknowledges on it in memory only, with a warning:
+the messages it held stay in the unacked hash and come back after the
+visibility timeout (applying ignores the repeat).
 """
 
 from __future__ import annotations
@@ -155,6 +156,36 @@ class HeldQoS(kombu_redis.QoS):
     def append(self, message: Any, delivery_tag: str) -> None:
         virtual.QoS.append(self, message, delivery_tag)
 
+    def ack(self, delivery_tag: str) -> None:
+        if _detached(self.channel):
+            _left_held(delivery_tag)
+            virtual.QoS.ack(self, delivery_tag)
+            return
+        super().ack(delivery_tag)
+
+    def reject(self, delivery_tag: str, requeue: bool = False) -> None:
+        if _detached(self.channel):
+            _left_held(delivery_tag)
+            virtual.QoS.ack(self, delivery_tag)
+            return
+        super().reject(delivery_tag, requeue=requeue)
+
+
+def _detached(channel: Any) -> bool:
+    """Whether ``channel``'s connection was closed (collected after a broker restart)."""
+    return channel.connection is None or channel.connection.client is None
+
+
+def _left_held(delivery_tag: str) -> None:
+    # A message that finished after the connection it came on was lost stays
+    # held in Redis: it comes back after the visibility timeout, and applying
+    # it again changes nothing. (kombu would log this with a traceback.)
+    log.warning(
+        "message %s finished after its broker connection was lost: "
+        "it is delivered again after the visibility timeout",
+        delivery_tag,
+    )
+
 
 class GuardedChannel(kombu_redis.Channel):
     """kombu's Redis channel that dead-letters entries it cannot deliver, and
@@ -185,7 +216,7 @@ class GuardedChannel(kombu_redis.Channel):
     def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
         # A channel left open when its connection was collected: no Redis
         # behind it any more (see the module's documentation).
-        if self.connection is None or self.connection.client is None:
+        if _detached(self):
             raise RedisConnectionError("the connection to the broker is closed")
         params: dict[str, Any] = super()._connparams(asynchronous=asynchronous)
         return params

@@ -97,6 +97,7 @@ def test_a_worker_survives_a_redis_restart_while_it_holds_a_message(
             )
         assert_each_once_and_counters_exact(meter, emitted, [worker])
         assert not stopped(worker), worker.tail()
+        assert "Traceback" not in worker.log(), worker.tail()
 
 
 # -- the database unreachable at start, and gone for a while later ------------------
