@@ -15,7 +15,8 @@ access and error logs come out the same way.
 No line carries a URL's secrets, whatever logged it (httpx logs every
 request's URL at INFO: a webhook endpoint's ``https://user:password@…``):
 `RedactSecrets`, a filter on every handler these set up, writes the
-userinfo of each absolute URL in a message or a traceback as ``user:***``
+userinfo of each absolute URL in a message, a traceback or (JSON) an extra
+field as ``user:***``
 (a user name alone, often a token, as ``***``) and each query value as
 ``***``, as `redact` does.
 """
@@ -113,6 +114,7 @@ def _safe(value: Any) -> Any:
     if value is None or isinstance(value, bool | int | float):
         return value
     if isinstance(value, str):
+        value = redact(value)
         return value if len(value) <= MAX_FIELD_CHARS else value[:MAX_FIELD_CHARS] + "…"
     if isinstance(value, list | tuple):
         return [_safe(item) for item in value]

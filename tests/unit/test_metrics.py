@@ -462,6 +462,8 @@ def test_redact_secrets_rewrites_the_message_and_the_traceback() -> None:
     assert "s3cret" not in text and "k=v" not in text
     assert "POST https://u:***@h/?k=***" in text
     assert "s3cret" not in JsonFormatter().format(record)
+    record.url = "https://u:s3cret@h/"  # an extra field
+    assert json.loads(JsonFormatter().format(record))["url"] == "https://u:***@h/"
 
 
 @pytest.mark.parametrize("fmt", ["text", "json"])
