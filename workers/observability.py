@@ -103,7 +103,8 @@ class TaskFields(logging.Filter):
         return True
 
 
-def _json_if_asked(logger: logging.Logger | None) -> None:
+def _set_up_handlers(logger: logging.Logger | None) -> None:
+    """Redaction on every handler of ``logger``; JSON too when asked for."""
     if logger is not None:
         redact_handlers(logger)  # no URL's password in any line (httpx logs URLs)
     settings = _current_settings()
@@ -118,14 +119,14 @@ def _json_if_asked(logger: logging.Logger | None) -> None:
 def _root_logger_ready(logger: logging.Logger | None = None, **_: Any) -> None:
     from celery.utils.log import get_multiprocessing_logger
 
-    _json_if_asked(logger)
+    _set_up_handlers(logger)
     # Celery gives billiard's logger (the pool's "process exited" lines,
     # which does not propagate) handlers of its own.
-    _json_if_asked(get_multiprocessing_logger())
+    _set_up_handlers(get_multiprocessing_logger())
 
 
 def _task_logger_ready(logger: logging.Logger | None = None, **_: Any) -> None:
-    _json_if_asked(logger)
+    _set_up_handlers(logger)
 
 
 class MetricsServer(bootsteps.StartStopStep):  # type: ignore[misc]

@@ -2,8 +2,8 @@
 
 While the database is away (`StorageError`), a task says so in one warning
 line, without a traceback: a batch is retried with backoff (1 s doubling to
-10 s, less up to half of it at random) until it is applied; a periodic sweep does nothing until its
-next tick.
+10 s, less up to half of it at random) until it is applied; a periodic sweep
+does nothing until its next tick.
 """
 
 from __future__ import annotations
