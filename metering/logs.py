@@ -11,12 +11,22 @@ it is not, and cut after `MAX_FIELD_CHARS` characters. The default,
 it from Celery's logging signals, `workers.observability`);
 `uvicorn_log_config` is the ``log_config`` to give uvicorn so its own
 access and error logs come out the same way.
+
+No line carries a URL's secrets, whatever logged it (httpx logs every
+request's URL at INFO: a webhook endpoint's ``https://user:password@…``):
+`RedactSecrets`, a filter on every handler these set up, writes the
+userinfo of each absolute URL in a message, a traceback or (JSON) an extra
+field as ``user:***``
+(a user name alone, often a token, as ``***``) and each query value as
+``***``, as `redact` does.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
+import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -33,6 +43,65 @@ _STANDARD: Final = frozenset(
 )
 
 
+# An absolute URL (scheme://authority...) up to whitespace or a quote.
+_URL: Final = re.compile(r"""\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s"'<>`]+""")
+# Its userinfo: everything before the last @ of the authority.
+_USERINFO: Final = re.compile(r"^(?P<scheme>[^:]+://)(?P<userinfo>[^/?#]*)@")
+# A query or fragment parameter's value.
+_QUERY_VALUE: Final = re.compile(r"(?P<key>[?&;][^=&;#?]*=)[^&;#]*")
+REDACTED: Final = "***"
+
+
+def _redact_url(match: re.Match[str]) -> str:
+    url = match.group(0)
+    userinfo = _USERINFO.match(url)
+    if userinfo is not None:
+        user, colon, _password = userinfo.group("userinfo").partition(":")
+        shown = f"{user}:{REDACTED}" if colon else REDACTED
+        url = f"{userinfo.group('scheme')}{shown}@{url[userinfo.end() :]}"
+    head, mark, query = url.partition("?")
+    if mark:
+        url = head + _QUERY_VALUE.sub(rf"\g<key>{REDACTED}", mark + query)
+    return url
+
+
+def redact(text: str) -> str:
+    """``text`` with the secrets of every absolute URL in it shown as ``***``:
+    the password of its userinfo (a user name alone too) and its query values.
+
+    >>> redact("POST https://hooks:s3cret@example.com/in?token=abc&x=1 done")
+    'POST https://hooks:***@example.com/in?token=***&x=*** done'
+    """
+    if "://" not in text:
+        return text
+    return _URL.sub(_redact_url, text)
+
+
+class RedactSecrets(logging.Filter):
+    """Rewrites a record's message and traceback with `redact` (never drops one)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a bad format string: logging reports it itself
+            return True
+        cleaned = redact(message)
+        if cleaned != message:
+            record.msg, record.args = cleaned, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text)
+        return True
+
+
+def redact_handlers(logger: logging.Logger | None = None) -> None:
+    """Give every handler of ``logger`` (default: the root logger) `RedactSecrets`, once."""
+    for handler in (logger or logging.getLogger()).handlers:
+        if not any(isinstance(f, RedactSecrets) for f in handler.filters):
+            handler.addFilter(RedactSecrets())
+
+
 def log_format(env: Mapping[str, str]) -> str:
     """``METERING_LOG_FORMAT``: ``text`` (default) or ``json``."""
     value = (env.get("METERING_LOG_FORMAT") or "text").strip().lower()
@@ -45,6 +114,7 @@ def _safe(value: Any) -> Any:
     if value is None or isinstance(value, bool | int | float):
         return value
     if isinstance(value, str):
+        value = redact(value)
         return value if len(value) <= MAX_FIELD_CHARS else value[:MAX_FIELD_CHARS] + "…"
     if isinstance(value, list | tuple):
         return [_safe(item) for item in value]
@@ -63,10 +133,10 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        elif record.exc_text:
+        if record.exc_text:  # formatted already (and redacted: `RedactSecrets`)
             entry["exception"] = record.exc_text
+        elif record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
         if record.stack_info:
             entry["stack"] = self.formatStack(record.stack_info)
         for key, value in vars(record).items():
@@ -91,17 +161,34 @@ def configure_logging(fmt: str, level: int | str = logging.INFO) -> None:
     root.setLevel(level)
     if fmt == "json":
         use_json(root)
+    redact_handlers(root)
 
 
-def uvicorn_log_config(fmt: str) -> dict[str, Any] | None:
-    """uvicorn's ``log_config`` for ``fmt``: None (uvicorn's own) for ``text``;
-    for ``json``, its loggers and the root logger through `JsonFormatter`."""
+def uvicorn_log_config(fmt: str) -> dict[str, Any]:
+    """uvicorn's ``log_config`` for ``fmt``: for ``text``, uvicorn's own, with
+    the root logger's warnings beside its lines; for ``json``, its loggers and
+    the root logger (at INFO) through `JsonFormatter`. Every handler redacts
+    URLs' secrets (`RedactSecrets`)."""
+    redacting = {"redact": {"()": "metering.logs.RedactSecrets"}}
     if fmt != "json":
-        return None
-    handler = {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}
+        from uvicorn.config import LOGGING_CONFIG
+
+        config = copy.deepcopy(LOGGING_CONFIG)
+        config["filters"] = {**config.get("filters", {}), **redacting}
+        for handler in config["handlers"].values():
+            handler["filters"] = [*handler.get("filters", []), "redact"]
+        config.setdefault("root", {"handlers": ["default"], "level": "WARNING"})
+        return config
+    handler = {
+        "class": "logging.StreamHandler",
+        "formatter": "json",
+        "stream": "ext://sys.stderr",
+        "filters": ["redact"],
+    }
     return {
         "version": 1,
         "disable_existing_loggers": False,
+        "filters": redacting,
         "formatters": {"json": {"()": "metering.logs.JsonFormatter"}},
         "handlers": {"default": handler},
         "loggers": {

@@ -4,11 +4,14 @@ Set as ``beat_scheduler`` in `workers.app`, so ``celery -A workers beat`` and
 a worker's embedded ``--beat`` both use it. Each `tick` runs the due tasks as
 Celery's `PersistentScheduler` does, and at most every
 `HEARTBEAT_INTERVAL_SECONDS` writes that beat is alive (`workers.heartbeat`),
-which `metering status` reads: beat answers no ping.
+which `metering status` reads: beat answers no ping. Each beat has a name of
+its own, ``beat.PID@HOST``, so that a second beat, even on the same host,
+shows (and `metering status` warns about it).
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from typing import Any
@@ -21,15 +24,20 @@ from workers.heartbeat import HeartbeatWriter
 from workers.settings import settings_of
 
 
+def beat_name() -> str:
+    """This beat's heartbeat name: ``beat.PID@HOST``."""
+    return f"beat.{os.getpid()}@{socket.gethostname()}"
+
+
 class HeartbeatScheduler(PersistentScheduler):  # type: ignore[misc]
-    """`PersistentScheduler` plus a heartbeat of role ``beat``, named ``beat@HOST``."""
+    """`PersistentScheduler` plus a heartbeat of role ``beat``, named ``beat.PID@HOST``."""
 
     interval_seconds = HEARTBEAT_INTERVAL_SECONDS
 
     def __init__(self, *args: Any, clock: Clock = system_clock, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         url = settings_of(self.app).database_url
-        self.heartbeat = HeartbeatWriter(url, BEAT, f"beat@{socket.gethostname()}", clock)
+        self.heartbeat = HeartbeatWriter(url, BEAT, beat_name(), clock)
         self.next_heartbeat = 0.0  # time.monotonic() of the next heartbeat
 
     def tick(self, *args: Any, **kwargs: Any) -> float:

@@ -25,6 +25,21 @@ queue and in no hash. `GuardedChannel` takes messages with a Lua script
 that pops an entry and records it as unacknowledged in one atomic step;
 when every queue is empty it waits for one with ``BLMOVE key key`` (which
 leaves the list as it was) and then pops again.
+
+And it survives a broker restart. When Redis goes away, Celery collects the
+connection (kombu's ``Connection.collect``): it closes the channels, one by
+one, and then detaches the transport from the connection
+(``transport.client = None``) even when a close failed half-way, which it
+does when a pop was in flight or another channel failed first. Celery then
+closes the connection again; the channel still open gives back the
+messages it holds, and kombu builds a new Redis pool for that from
+``transport.client``: ``AttributeError: 'NoneType' object has no attribute
+'hostname'``, which is no connection error, so the worker stopped
+("Unrecoverable error"). `GuardedChannel` answers a detached channel's
+every Redis call with a connection error instead, which both closes
+ignore, and `HeldQoS` acknowledges on it in memory only, with a warning:
+the messages it held stay in the unacked hash and come back after the
+visibility timeout (applying ignores the repeat).
 """
 
 from __future__ import annotations
@@ -41,6 +56,7 @@ from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from metering.domain.events import Rejected
 from metering.errors import StorageError
@@ -140,6 +156,36 @@ class HeldQoS(kombu_redis.QoS):
     def append(self, message: Any, delivery_tag: str) -> None:
         virtual.QoS.append(self, message, delivery_tag)
 
+    def ack(self, delivery_tag: str) -> None:
+        if _detached(self.channel):
+            _left_held(delivery_tag)
+            virtual.QoS.ack(self, delivery_tag)
+            return
+        super().ack(delivery_tag)
+
+    def reject(self, delivery_tag: str, requeue: bool = False) -> None:
+        if _detached(self.channel):
+            _left_held(delivery_tag)
+            virtual.QoS.ack(self, delivery_tag)
+            return
+        super().reject(delivery_tag, requeue=requeue)
+
+
+def _detached(channel: Any) -> bool:
+    """Whether ``channel``'s connection was closed (collected after a broker restart)."""
+    return channel.connection is None or channel.connection.client is None
+
+
+def _left_held(delivery_tag: str) -> None:
+    # A message that finished after the connection it came on was lost stays
+    # held in Redis: it comes back after the visibility timeout, and applying
+    # it again changes nothing. (kombu would log this with a traceback.)
+    log.warning(
+        "message %s finished after its broker connection was lost: "
+        "it is delivered again after the visibility timeout",
+        delivery_tag,
+    )
+
 
 class GuardedChannel(kombu_redis.Channel):
     """kombu's Redis channel that dead-letters entries it cannot deliver, and
@@ -166,6 +212,14 @@ class GuardedChannel(kombu_redis.Channel):
             return None
         result: dict[str, Any] = payload
         return result
+
+    def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
+        # A channel left open when its connection was collected: no Redis
+        # behind it any more (see the module's documentation).
+        if _detached(self):
+            raise RedisConnectionError("the connection to the broker is closed")
+        params: dict[str, Any] = super()._connparams(asynchronous=asynchronous)
+        return params
 
     def _forget(self, item: bytes | str) -> None:
         """Drop a dead-lettered entry from the unacked hash, where the pop put it."""

@@ -10,6 +10,8 @@
   marked dead (``worker_process_shutdown``); a warm shutdown removes the
   directory. A port that cannot be listened on is logged, and the worker
   goes on without ``/metrics``.
+* Every handler Celery sets up redacts the secrets of URLs in what it
+  writes (`metering.logs.RedactSecrets`): httpx logs each webhook POST's URL.
 * ``METERING_LOG_FORMAT=json``: the handlers Celery sets up (root, task and
   billiard loggers, in the worker and in beat) format with `metering.logs.JsonFormatter`,
   and records logged inside a task carry its ``task_id`` and ``task_name``.
@@ -29,7 +31,7 @@ from typing import Any
 
 from celery import bootsteps, signals
 
-from metering.logs import use_json
+from metering.logs import redact_handlers, use_json
 from metering.metrics import (
     enable_multiprocess,
     mark_process_dead,
@@ -101,7 +103,10 @@ class TaskFields(logging.Filter):
         return True
 
 
-def _json_if_asked(logger: logging.Logger | None) -> None:
+def _set_up_handlers(logger: logging.Logger | None) -> None:
+    """Redaction on every handler of ``logger``; JSON too when asked for."""
+    if logger is not None:
+        redact_handlers(logger)  # no URL's password in any line (httpx logs URLs)
     settings = _current_settings()
     if settings is None or settings.log_format != "json" or logger is None:
         return
@@ -114,14 +119,14 @@ def _json_if_asked(logger: logging.Logger | None) -> None:
 def _root_logger_ready(logger: logging.Logger | None = None, **_: Any) -> None:
     from celery.utils.log import get_multiprocessing_logger
 
-    _json_if_asked(logger)
+    _set_up_handlers(logger)
     # Celery gives billiard's logger (the pool's "process exited" lines,
     # which does not propagate) handlers of its own.
-    _json_if_asked(get_multiprocessing_logger())
+    _set_up_handlers(get_multiprocessing_logger())
 
 
 def _task_logger_ready(logger: logging.Logger | None = None, **_: Any) -> None:
-    _json_if_asked(logger)
+    _set_up_handlers(logger)
 
 
 class MetricsServer(bootsteps.StartStopStep):  # type: ignore[misc]

@@ -1,12 +1,22 @@
-"""Thin, idempotent tasks: each hands its JSON argument to one library function."""
+"""Thin, idempotent tasks: each hands its JSON argument to one library function.
+
+While the database is away (`StorageError`), a task says so in one warning
+line, without a traceback: a batch is retried with backoff (1 s doubling to
+10 s, less up to half of it at random) until it is applied; a periodic sweep
+does nothing until its next tick.
+"""
 
 from __future__ import annotations
 
+import functools
 import logging
-from typing import Any
+import random
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from celery import Task
 
+from metering.clock import backoff_seconds
 from metering.config import is_embedded_broker
 from metering.errors import InputRefused, StorageError
 from metering.meter import Meter
@@ -28,6 +38,10 @@ from workers.settings import settings_of
 
 log = logging.getLogger(__name__)
 _meter: Meter | None = None
+RETRY_FIRST_SECONDS = 1
+RETRY_MAX_SECONDS = 10
+R = TypeVar("R")
+NOTHING_DONE: dict[str, int] = {}
 
 
 def settings() -> Settings:
@@ -42,16 +56,29 @@ def meter() -> Meter:
     return _meter
 
 
+def until_next_tick(empty: R) -> Callable[[Callable[[], R]], Callable[[], R]]:
+    """A periodic task that finds the database away logs one warning line and
+    returns ``empty``: its next tick tries again."""
+
+    def wrap(task: Callable[[], R]) -> Callable[[], R]:
+        @functools.wraps(task)
+        def run() -> R:
+            try:
+                return task()
+            except StorageError as exc:
+                log.warning("%s skipped until its next run: %s", task.__name__, exc)
+                return empty
+
+        return run
+
+    return wrap
+
+
 @app.task(
     name=APPLY_BATCH_TASK,
     bind=True,
     acks_late=True,
     reject_on_worker_lost=True,
-    autoretry_for=(StorageError,),
-    dont_autoretry_for=(InputRefused,),
-    retry_backoff=1,
-    retry_backoff_max=10,
-    retry_jitter=True,
     max_retries=None,
 )
 def apply_batch_task(self: Task, *args: Any, **kwargs: Any) -> dict[str, int]:
@@ -64,12 +91,22 @@ def apply_batch_task(self: Task, *args: Any, **kwargs: Any) -> dict[str, int]:
     ``rejected_messages`` instead of failing before it could be kept.
     """
     payload = args[0] if len(args) == 1 and not kwargs else {"args": args, "kwargs": kwargs}
-    report = apply_batch(meter(), payload).to_dict()
+    try:
+        report = apply_batch(meter(), payload).to_dict()
+    except InputRefused:
+        raise
+    except StorageError as exc:
+        # Jittered so that workers' retries spread out.
+        wait = backoff_seconds(self.request.retries + 1, RETRY_FIRST_SECONDS, RETRY_MAX_SECONDS)
+        countdown = round(wait * random.uniform(0.5, 1.0), 1)
+        log.warning("batch not applied, retrying in %.1f s: %s", countdown, exc)
+        raise self.retry(exc=exc, countdown=countdown) from None
     log.info("batch applied: %s", report)
     return report
 
 
 @app.task(name=SWEEP_EMBEDDED_BROKER_TASK)
+@until_next_tick({"deleted": 0, "restored": 0})
 def sweep_embedded_broker_task() -> dict[str, int]:
     """Embedded broker only: redeliver messages of a dead worker, delete consumed ones."""
     if not is_embedded_broker(app.conf.broker_url):
@@ -77,12 +114,13 @@ def sweep_embedded_broker_task() -> dict[str, int]:
     return sweep_embedded_broker(
         app.conf.broker_url,
         meter().decided,
-        now_local=meter().clock().astimezone().replace(tzinfo=None),
+        now=meter().clock(),
         visibility_timeout_seconds=settings().visibility_timeout_seconds,
     )
 
 
 @app.task(name=DELIVER_WEBHOOKS_TASK, acks_late=True)
+@until_next_tick(DeliveryReport().to_dict())
 def deliver_webhooks_task() -> dict[str, int]:
     """Deliver due webhooks; safe in several workers at once (deliveries are claimed).
 
@@ -97,12 +135,14 @@ def deliver_webhooks_task() -> dict[str, int]:
 
 
 @app.task(name=SWEEP_WEBHOOK_RESETS_TASK, acks_late=True)
+@until_next_tick(0)
 def sweep_webhook_resets_task() -> int:
     """Write ``limit.reset`` notifications for denied windows that are over."""
     return sweep_resets(meter())
 
 
 @app.task(name=SWEEP_RESERVATIONS_TASK, acks_late=True)
+@until_next_tick(NOTHING_DONE)
 def sweep_reservations_task() -> dict[str, int]:
     """Commit reservations past their time to live; drop old settled ones."""
     retention = settings().reservation_retention_seconds
@@ -110,6 +150,7 @@ def sweep_reservations_task() -> dict[str, int]:
 
 
 @app.task(name=PRUNE_TASK, acks_late=True)
+@until_next_tick(NOTHING_DONE)
 def prune_task() -> dict[str, int]:
     """Delete results, dead letters and webhook records past their retention."""
     done = prune(

@@ -19,14 +19,18 @@ from typing import Any
 
 from celery import bootsteps
 
+from metering.clock import backoff_seconds
 from metering.errors import MeteringError
 from metering.meter import Meter
 from metering.settings import Settings
 from metering.webhooks.delivery import serve
+from metering.webhooks.dispatch import log_failure
 from workers.settings import settings_of
 
 log = logging.getLogger(__name__)
-RETRY_SECONDS = 5.0
+# The thread waits for the database this long at first, doubling to the most.
+RETRY_SECONDS = 1.0
+MAX_RETRY_SECONDS = 30.0
 _meters: list[Meter] = []
 
 
@@ -81,13 +85,19 @@ class WebhookDelivery(bootsteps.StartStopStep):  # type: ignore[misc]
     def _run(self) -> None:
         assert self.settings is not None
         settings = self.settings
+        failures = 0
         while not self.stop_event.is_set():
             try:
                 meter = Meter(settings.database_url)
             except MeteringError as exc:  # the database is away: try again later
-                log.error("webhook delivery thread waits for the database: %s", exc)
-                self.stop_event.wait(RETRY_SECONDS)
+                failures += 1
+                wait = backoff_seconds(failures, RETRY_SECONDS, MAX_RETRY_SECONDS)
+                log.warning(
+                    "webhook delivery waits for the database: %s; again in %.1f s", exc, wait
+                )
+                self.stop_event.wait(wait)
                 continue
+            failures = 0
             _meters.append(meter)
             try:
                 serve(
@@ -96,8 +106,8 @@ class WebhookDelivery(bootsteps.StartStopStep):  # type: ignore[misc]
                     poll_seconds=settings.webhooks_poll_seconds,
                     settings=settings.delivery,
                 )
-            except Exception:
-                log.exception("webhook delivery thread failed; starting it again")
+            except Exception as exc:
+                log_failure("webhook delivery thread failed; starting it again", exc, RETRY_SECONDS)
                 self.stop_event.wait(RETRY_SECONDS)
             finally:
                 _meters.remove(meter)

@@ -23,6 +23,7 @@ from metering.cli.output import iso_us, print_table, table
 from metering.config import broker_url, is_embedded_broker
 from metering.domain.bounds import MAX_LISTING
 from metering.errors import BrokerUnavailable
+from metering.meter import Meter
 from metering.producer import UsageProducer
 from metering.retention import RetentionPolicy
 from metering.retention import prune as prune_tables
@@ -91,6 +92,11 @@ def worker(
     state = ctx.find_object(AppState)
     url = broker_url(broker)
     embedded = is_embedded_broker(url)
+    if state is not None:
+        # As `metering serve` does: a database that does not answer (or has an
+        # outdated schema) is one error line and exit 1 now, not a worker
+        # that starts and fails every task. Later outages are retried.
+        Meter(state.url).close()
     command = [sys.executable, "-m", "celery", "-A", "workers", "worker", "--loglevel", loglevel]
     # The default queue always: beat, `metering emit` and one-queue producers use it.
     command += ["--queues", ",".join(worker_queues(queues))]

@@ -58,8 +58,9 @@ def serve(
     Meter(settings.database_url).close()
     # Several processes count in files of their own, summed by /metrics.
     directory = enable_multiprocess(metrics_directory("api")) if workers > 1 else None
-    # uvicorn's own logging, or every line as JSON (METERING_LOG_FORMAT=json).
-    log_config = uvicorn_log_config(settings.log_format) or uvicorn.config.LOGGING_CONFIG
+    # uvicorn's own logging, or every line as JSON (METERING_LOG_FORMAT=json);
+    # either way without URLs' passwords.
+    log_config = uvicorn_log_config(settings.log_format)
     try:
         uvicorn.run(
             "metering.api.app:create_api",

@@ -3,7 +3,8 @@
 Each check gives one line. The database (reachable, schema at this release's
 revision) and the broker (reachable) must always pass; the workers must be
 alive unless ``--require`` says otherwise, and beat only when asked for, since
-the embedded default runs beat inside ``metering worker``. How workers are
+the embedded default runs beat inside ``metering worker``; more than one beat
+alive is a warning (``beats``): each sends every periodic task. How workers are
 found alive depends on the broker: Celery's ping on Redis; on the embedded
 broker, which has no broadcast, the heartbeat each worker writes to the
 database (`workers.heartbeat`). Beat answers no ping: its heartbeat is read
@@ -262,7 +263,7 @@ def _worker_check(
 def _beat_check(
     probe: DatabaseProbe | None, *, now_us: int, required: bool
 ) -> tuple[Check, dict[str, Any]]:
-    facts: dict[str, Any] = {"method": "heartbeat", "name": None, "last_seen": None}
+    facts: dict[str, Any] = {"method": "heartbeat", "name": None, "last_seen": None, "alive": []}
     if probe is None:
         detail = "cannot read its heartbeat: the database is unreachable"
         return Check("beat", False, detail, required), facts
@@ -270,12 +271,25 @@ def _beat_check(
     if not seen:
         return Check("beat", False, "never seen: no heartbeat from beat yet", required), facts
     name, at = max(seen.items(), key=lambda item: item[1])
-    facts.update(name=name, last_seen=from_us(at).isoformat(timespec="seconds"))
+    limit_us = int(ALIVE_WITHIN_SECONDS * 1_000_000)
+    alive = sorted(n for n, seen_us in seen.items() if now_us - seen_us <= limit_us)
+    facts.update(name=name, last_seen=from_us(at).isoformat(timespec="seconds"), alive=alive)
     age = (now_us - at) / 1e6
     if age <= ALIVE_WITHIN_SECONDS:
         return Check("beat", True, f"{name} seen {ago(age)} ago (by heartbeat)", required), facts
     detail = f"{name} last seen {ago(age)} ago, at {when(from_us(at))} (by heartbeat)"
     return Check("beat", False, detail, required), facts
+
+
+def _beats_check(alive: Sequence[str]) -> Check | None:
+    """A warning when more than one beat is alive (each sends every periodic task)."""
+    if len(alive) <= 1:
+        return None
+    detail = (
+        f"{len(alive)} beats alive, one is enough (each sends every periodic task): "
+        + ", ".join(alive)
+    )
+    return Check("beats", False, detail, required=False)
 
 
 def _oldest_check(
@@ -377,9 +391,12 @@ def collect_status(
             check, facts = _beat_check(probe, now_us=now_us, required="beat" in require)
         except Exception as exc:
             check = Check("beat", False, f"cannot tell: {describe(exc)}", "beat" in require)
-            facts = {"method": "heartbeat", "name": None, "last_seen": None}
+            facts = {"method": "heartbeat", "name": None, "last_seen": None, "alive": []}
         report.checks.append(check)
         report.facts["beat"] = facts
+        several = _beats_check(facts.get("alive", []))
+        if several is not None:
+            report.checks.append(several)
 
         report.facts["oldest_event"] = None
         if found is None:

@@ -9,7 +9,12 @@ batch is idempotent, this sweep can fix both:
 * a taken message older than the visibility timeout whose events are not all
   decided is made visible again, and some worker applies it (again).
 
-kombu stamps ``timestamp`` (local time) when it takes a message.
+A message's age is counted in UTC on both sides, whatever ``TZ`` each
+process has: `EmbeddedTransport` stamps ``timestamp`` with the UTC time when
+a worker takes a message (kombu's own stamps the taking process's local
+time, so a worker ahead of UTC that died holding a message left it taken for
+hours, and a sweeper ahead of the taker redelivered a message still being
+applied), and the sweep compares it with its clock's now in UTC.
 """
 
 from __future__ import annotations
@@ -18,10 +23,13 @@ import base64
 import json
 import time
 from collections.abc import Callable, Iterable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from queue import Empty
 from typing import Any, Final
 
 from kombu.transport import sqlalchemy as kombu_sqla
+from kombu.utils.encoding import bytes_to_str
+from kombu.utils.json import loads
 from sqlalchemy import (
     Boolean,
     Column,
@@ -32,6 +40,7 @@ from sqlalchemy import (
     Text,
     delete,
     select,
+    text,
     update,
 )
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
@@ -62,18 +71,26 @@ def event_ids_of(payload_text: str) -> list[str] | None:
         return None
 
 
+def naive_utc(moment: datetime) -> datetime:
+    """An aware ``moment`` as the naive UTC time kombu's ``timestamp`` column holds."""
+    return moment.astimezone(UTC).replace(tzinfo=None)
+
+
 def sweep_embedded_broker(
     broker_url: str,
     decided: Callable[[Iterable[str]], set[str]],
     *,
-    now_local: datetime,
+    now: datetime,
     visibility_timeout_seconds: float = 300,
 ) -> dict[str, int]:
-    """Delete consumed messages and redeliver stale ones; returns counts."""
+    """Delete consumed messages and redeliver stale ones; returns counts.
+
+    ``now`` (aware) is compared in UTC with when each message was taken.
+    """
     url = broker_url.split("+", 1)[1]
     engine = make_engine(url)
     deleted = restored = 0
-    cutoff = now_local - timedelta(seconds=visibility_timeout_seconds)
+    cutoff = naive_utc(now) - timedelta(seconds=visibility_timeout_seconds)
     try:
         with engine.begin() as connection:
             if not engine.dialect.has_table(connection, "kombu_message"):
@@ -127,6 +144,32 @@ class _EmbeddedChannel(kombu_sqla.Channel):
                     raise
                 time.sleep(0.05)
         raise AssertionError("unreachable")
+
+    def _get(self, queue: str, timeout: float | None = None) -> Any:
+        # kombu's own, except the stamp: the UTC time, where kombu's column
+        # stamps datetime.now(), this process's local time (see the module's
+        # documentation).
+        obj = self._get_or_create(queue)
+        if self.session.bind.name == "sqlite":
+            self.session.execute(text("BEGIN IMMEDIATE TRANSACTION"))
+        try:
+            message = (
+                self.session.query(self.message_cls)
+                .with_for_update()
+                .filter(self.message_cls.queue_id == obj.id)
+                .filter(self.message_cls.visible != False)  # noqa: E712 (SQL, not Python)
+                .order_by(self.message_cls.sent_at)
+                .order_by(self.message_cls.id)
+                .limit(1)
+                .first()
+            )
+            if message is None:
+                raise Empty()
+            message.visible = False
+            message.sent_at = naive_utc(datetime.now(UTC))
+            return loads(bytes_to_str(message.payload))  # type: ignore[no-untyped-call]
+        finally:
+            self.session.commit()
 
     def _get_or_create(self, queue: str) -> Any:
         try:

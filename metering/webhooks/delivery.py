@@ -41,6 +41,7 @@ from metering.domain.instants import from_us, to_us
 from metering.domain.notifications import DeliveryStatus, Mark, reset_due
 from metering.domain.notifications import payload_of as notice_payload
 from metering.errors import SecretKeyError
+from metering.logs import redact
 from metering.metrics import count_delivery
 from metering.storage.database import Database, DatabaseSource, database_of
 from metering.storage.webhooks import (
@@ -154,7 +155,9 @@ def post(
         return Response(None, None, error, elapsed)
     except httpx.HTTPError as exc:
         elapsed = int((time.monotonic() - began) * 1000)
-        return Response(None, None, f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS], elapsed)
+        # Kept and shown: without the URL's password, should the error name it.
+        error = redact(f"{type(exc).__name__}: {exc}")
+        return Response(None, None, error[:MAX_ERROR_CHARS], elapsed)
     elapsed = int((time.monotonic() - began) * 1000)
     failure = None if answer.is_success else f"HTTP {answer.status_code}"
     return Response(answer.status_code, answer.headers.get("retry-after"), failure, elapsed)

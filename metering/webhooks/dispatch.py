@@ -22,6 +22,8 @@ from collections import Counter
 from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 
+from metering.clock import backoff_seconds
+from metering.errors import MeteringError
 from metering.storage.webhook_records import DeliveryJob
 
 log = logging.getLogger(__name__)
@@ -31,6 +33,18 @@ Attempt = Callable[[DeliveryJob], str]
 # The status tallied for an attempt that raised (it was logged; its lease
 # expires and the delivery is claimed again).
 CRASHED = "crashed"
+# Claims that fail in a row (the database away) are tried again after the
+# poll interval, doubled each time up to this.
+MAX_CLAIM_BACKOFF_SECONDS = 30.0
+
+
+def log_failure(what: str, exc: Exception, retry_seconds: float | None = None) -> None:
+    """One warning line for our errors (the database away); a traceback for others."""
+    again = "" if retry_seconds is None else f"; trying again in {retry_seconds:.1f} s"
+    if isinstance(exc, MeteringError):
+        log.warning("%s: %s%s", what, exc, again)
+    else:
+        log.exception("%s%s", what, again)
 
 
 class Dispatcher:
@@ -96,14 +110,22 @@ class Dispatcher:
     def serve(self, claim: Claim, stop: threading.Event, poll_seconds: float) -> None:
         """Claim whenever there is room, until ``stop`` is set: again at once
         when an attempt ends, else every ``poll_seconds``. A failing claim (the
-        database away) is logged and tried again at the next poll."""
+        database away) is one warning line, and is tried again after
+        ``poll_seconds``, doubled for each failure in a row (at most
+        `MAX_CLAIM_BACKOFF_SECONDS`)."""
+        failures = 0
         while not stop.is_set():
             try:
                 self.fill(claim)
-            except Exception:
-                log.exception("claiming webhook deliveries failed; trying again")
-                stop.wait(poll_seconds)
+            except Exception as exc:
+                failures += 1
+                wait = backoff_seconds(failures, poll_seconds, MAX_CLAIM_BACKOFF_SECONDS)
+                log_failure("claiming webhook deliveries failed", exc, wait)
+                stop.wait(wait)
                 continue
+            if failures:
+                log.info("claiming webhook deliveries works again")
+                failures = 0
             with self._changed:
                 if not stop.is_set():
                     self._changed.wait(poll_seconds)
@@ -119,8 +141,8 @@ class Dispatcher:
         status = CRASHED
         try:
             status = self._attempt(job)
-        except Exception:
-            log.exception("webhook delivery %s: the attempt failed", job.delivery_id)
+        except Exception as exc:  # its lease expires: it is claimed again
+            log_failure(f"webhook delivery {job.delivery_id}: the attempt failed", exc)
         finally:
             with self._changed:
                 self._in_flight -= 1

@@ -172,7 +172,8 @@ def start_worker(tmp_path: Path, pg_url: str, redis_url: str) -> Iterator[StartW
     ``start_worker(wait=True, only_default_queue=True, **env_overrides)`` returns
     a `Worker`; with ``only_default_queue=False`` it gets no ``-Q`` and consumes
     the queues the Celery app declares (``METERING_QUEUES``); ``queues="a,b"``
-    is its ``-Q`` instead; with ``beat=True`` it also runs the periodic sweeps.
+    is its ``-Q`` instead; with ``beat=True`` it also runs the periodic sweeps;
+    with ``cli=True`` it is started as ``metering worker`` (which runs celery).
     """
     started: list[Worker] = []
 
@@ -182,31 +183,31 @@ def start_worker(tmp_path: Path, pg_url: str, redis_url: str) -> Iterator[StartW
         only_default_queue: bool = True,
         queues: str | None = None,
         beat: bool = False,
+        cli: bool = False,
         **overrides: str,
     ) -> Worker:
         number = next(_numbers)
         name = f"w{number}"
         log_file = tmp_path / f"worker-{name}.log"
         env = worker_env(pg_url, redis_url, **overrides)
-        command = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "workers",
-            "worker",
-            "--loglevel",
-            "INFO",
-            "--concurrency",
-            "2",
-            "--without-heartbeat",
-            "--without-gossip",
-            "--without-mingle",
-            *(["-Q", queues] if queues else ["-Q", "metering"] if only_default_queue else []),
-            *(["--beat", "--schedule", str(tmp_path / f"beat-{name}")] if beat else []),
-            "-n",
-            f"{name}@%h",
-        ]
+        quiet = ["--without-heartbeat", "--without-gossip", "--without-mingle", "-n", f"{name}@%h"]
+        if cli:
+            # As an operator starts it: `metering worker` (which runs celery).
+            command = [
+                sys.executable,
+                *["-m", "metering", "worker", "--loglevel", "INFO", "--concurrency", "2"],
+                *(["--beat"] if beat else ["--no-beat"]),
+                *quiet,
+            ]
+        else:
+            command = [
+                sys.executable,
+                *["-m", "celery", "-A", "workers", "worker", "--loglevel", "INFO"],
+                *["--concurrency", "2"],
+                *(["-Q", queues] if queues else ["-Q", "metering"] if only_default_queue else []),
+                *(["--beat", "--schedule", str(tmp_path / f"beat-{name}")] if beat else []),
+                *quiet,
+            ]
         with log_file.open("ab") as log:
             process = subprocess.Popen(
                 command,

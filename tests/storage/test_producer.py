@@ -243,7 +243,7 @@ def test_sweep_deletes_consumed_messages_and_redelivers_stale_ones(
         url, batch_size=2, flush_interval_seconds=60, clock=FrozenClock(NOW)
     ) as producer:
         ids = [producer.emit("s", "calls", occurred_at=NOW) for _ in range(4)]
-    taken_at = datetime(2026, 11, 22, 11, 0)  # kombu stamps local time when a worker takes one
+    taken_at = datetime(2026, 11, 22, 11, 0)  # stamped in UTC when a worker takes one
     with sqlite3.connect(path) as connection:
         connection.execute("UPDATE kombu_message SET visible = 0, timestamp = ?", (taken_at,))
     [(first, _, _), (second, _, _)] = broker_messages(path)
@@ -257,9 +257,13 @@ def test_sweep_deletes_consumed_messages_and_redelivers_stale_ones(
     def decided(wanted: object) -> set[str]:
         return set(ids[:2])  # the first message's events have results, the second's do not
 
-    fresh = sweep_embedded_broker(url, decided, now_local=taken_at + timedelta(seconds=10))
+    fresh = sweep_embedded_broker(
+        url, decided, now=taken_at.replace(tzinfo=UTC) + timedelta(seconds=10)
+    )
     assert fresh == {"deleted": 1, "restored": 0}  # the second is not stale yet
-    stale = sweep_embedded_broker(url, decided, now_local=taken_at + timedelta(hours=1))
+    stale = sweep_embedded_broker(
+        url, decided, now=taken_at.replace(tzinfo=UTC) + timedelta(hours=1)
+    )
     assert stale == {"deleted": 0, "restored": 1}
     assert [(m, visible) for m, visible, _ in broker_messages(path)] == [(second, True)]
     assert first != second

@@ -32,7 +32,13 @@ from starlette.routing import Route
 
 from metering import Limit, Meter, make_event
 from metering.errors import ConfigurationError, EventConflict, StorageError
-from metering.logs import JsonFormatter, configure_logging, log_format, uvicorn_log_config
+from metering.logs import (
+    JsonFormatter,
+    RedactSecrets,
+    configure_logging,
+    log_format,
+    redact,
+)
 from metering.metrics import (
     MAX_LIMIT_LABELS,
     OTHER_LIMIT,
@@ -354,7 +360,6 @@ def test_configure_logging_json_writes_one_object_per_line() -> None:
 
 
 def test_uvicorn_log_config_puts_uvicorn_logs_in_json() -> None:
-    assert uvicorn_log_config("text") is None
     code = textwrap.dedent(
         """
         import logging, logging.config
@@ -422,3 +427,56 @@ def test_database_retries_and_failures_are_counted(sqlite_url: str) -> None:
     assert type(failed.value).__name__ == "DatabaseUnavailable"  # SQLite's OperationalError
     assert delta(before, after, errors, error="DatabaseUnavailable") == 1
     assert delta(before, after, errors, error="StorageError") == 1  # gave up
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        (
+            'HTTP Request: POST https://hooks:s3cret@example.com/in "HTTP/1.1 200 OK"',
+            'HTTP Request: POST https://hooks:***@example.com/in "HTTP/1.1 200 OK"',
+        ),
+        ("to https://tok3n@example.com/x", "to https://***@example.com/x"),
+        ("https://u:p@ss@example.com/x", "https://u:***@example.com/x"),
+        ("http://h.example/a?token=s3cret&b=2#f", "http://h.example/a?token=***&b=***#f"),
+        ("redis://:pw@127.0.0.1:6379/0 down", "redis://:***@127.0.0.1:6379/0 down"),
+        ("GET /v1/usage?subject=a 200", "GET /v1/usage?subject=a 200"),
+        ("no URL here: a@b", "no URL here: a@b"),
+    ],
+)
+def test_redact_hides_a_urls_password_and_query_values(text: str, shown: str) -> None:
+    assert redact(text) == shown
+
+
+def test_redact_secrets_rewrites_the_message_and_the_traceback() -> None:
+    logger = logging.getLogger("metering.test")
+    try:
+        raise ValueError("cannot reach https://u:s3cret@example.com/")
+    except ValueError:
+        record = logger.makeRecord(
+            "httpx", logging.INFO, __file__, 1, "POST %s", ("https://u:s3cret@h/?k=v",),
+            sys.exc_info(),
+        )  # fmt: skip
+    assert RedactSecrets().filter(record)
+    text = logging.Formatter().format(record)
+    assert "s3cret" not in text and "k=v" not in text
+    assert "POST https://u:***@h/?k=***" in text
+    assert "s3cret" not in JsonFormatter().format(record)
+    record.url = "https://u:s3cret@h/"  # an extra field
+    assert json.loads(JsonFormatter().format(record))["url"] == "https://u:***@h/"
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_servers_logs_carry_no_url_password(fmt: str) -> None:
+    code = textwrap.dedent(
+        f"""
+        import logging, logging.config
+        from metering.logs import uvicorn_log_config
+        logging.config.dictConfig(uvicorn_log_config({fmt!r}))
+        logging.getLogger("httpx").warning("HTTP Request: POST %s", "https://u:s3cret@h/")
+        logging.getLogger("uvicorn.error").info("at https://u:s3cret@h/")
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stderr.count("https://u:***@h/") == 2, done.stderr
+    assert "s3cret" not in done.stderr

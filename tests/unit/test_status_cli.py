@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import socket
 import sqlite3
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -372,6 +376,7 @@ def test_beat_is_required_only_when_asked(files: Files) -> None:
         "method": "heartbeat",
         "name": "beat@host",
         "last_seen": "2026-11-22T12:00:00+00:00",
+        "alive": ["beat@host"],
     }
     gone = status_at(files, 600, require=frozenset({"beat"}))
     assert gone["reasons"] == [
@@ -405,7 +410,8 @@ def test_beats_scheduler_writes_its_heartbeat_at_most_every_interval(files: File
             [(name, seen_us)] = probe.heartbeats(BEAT).items()
         finally:
             probe.close()
-        assert name.startswith("beat@") and seen_us == int(T0.timestamp()) * 1_000_000
+        assert name == f"beat.{os.getpid()}@{socket.gethostname()}"
+        assert seen_us == int(T0.timestamp()) * 1_000_000
         scheduler.next_heartbeat = 0.0  # the interval has passed
         scheduler.tick()
         probe = DatabaseProbe(files.database)
@@ -453,3 +459,57 @@ def test_a_broker_that_cannot_be_searched_is_said_with_the_missing_result(files:
     result = files.run("result", "e-1", "--broker", "redis://127.0.0.1:1/0", code=1)
     assert result.stderr.startswith("error: no result for event e-1; broker unreachable: ")
     assert len(result.stderr.splitlines()) == 1
+
+
+BEAT_TICK = """
+import sys
+from datetime import datetime
+from metering import FrozenClock
+from metering.settings import Settings
+from workers.app import create_app
+from workers.beat import HeartbeatScheduler
+database, broker, schedule, at = sys.argv[1:]
+app = create_app(broker, Settings(database_url=database, broker_url=broker))
+clock = FrozenClock(datetime.fromisoformat(at))
+scheduler = HeartbeatScheduler(app=app, schedule_filename=schedule, clock=clock)
+scheduler.tick()
+scheduler.close()
+"""
+
+
+def beat_ticks_in_a_process_of_its_own(files: Files, number: int, at: datetime) -> None:
+    schedule = str(files.directory / f"beat-schedule-{number}")
+    command = [sys.executable, "-c", BEAT_TICK, files.database, files.broker, schedule]
+    subprocess.run([*command, at.isoformat()], check=True, timeout=60)
+
+
+def test_two_beats_on_one_host_both_show_and_status_warns(files: Files) -> None:
+    now = datetime.now(UTC)  # the command reads the system clock
+    record_heartbeat(files.database, WORKER, "w1@host", FrozenClock(now))
+    beat_ticks_in_a_process_of_its_own(files, 1, now)
+    alone = as_json(files.status("--format", "json", code=0))
+    assert len(alone["beat"]["alive"]) == 1  # type: ignore[index]
+    assert "beats" not in [check["check"] for check in alone["checks"]]  # type: ignore[union-attr]
+    beat_ticks_in_a_process_of_its_own(files, 2, now)
+
+    both = files.status("--format", "json", code=0)
+    report = as_json(both)
+    alive = report["beat"]["alive"]  # type: ignore[index]
+    assert len(alive) == 2 and all(name.endswith(f"@{socket.gethostname()}") for name in alive)
+    beats = check_of(report, "beats")
+    assert beats["state"] == "warn" and beats["required"] is False
+    assert str(beats["detail"]).startswith("2 beats alive, one is enough")
+    assert report["healthy"] is True and both.stderr == ""
+    text = files.status(code=0).stdout
+    assert "beats" in text and "2 beats alive" in text
+
+
+def test_a_beat_gone_quiet_is_not_counted_as_a_second_one(files: Files) -> None:
+    record_heartbeat(files.database, BEAT, "beat.1@host", FrozenClock(T0))
+    record_heartbeat(files.database, BEAT, "beat.2@host", FrozenClock(T0 + timedelta(minutes=5)))
+    report = status_at(files, 5 * 60 + 1)
+    assert report["beat"]["alive"] == ["beat.2@host"]  # type: ignore[index]
+    assert "beats" not in [c.name for c in collect_status(
+        files.database, files.broker, clock=FrozenClock(T0 + timedelta(minutes=5)),
+        queues=["metering"],
+    ).checks]  # fmt: skip

@@ -109,3 +109,33 @@ def test_a_notification_written_before_a_sigkill_is_delivered_by_the_next_worker
     assert request.json["type"] == "limit.denied"
     assert request.json["data"]["event_id"] == "e-2"
     assert len({r.headers["webhook-id"] for r, _ in receiver.log}) == 1
+
+
+def test_the_worker_logs_no_password_or_query_secret_of_a_webhook_url(
+    pg_url: str, redis_url: str, receiver: HTTPServer, start_worker: StartWorker, tmp_path: Path
+) -> None:
+    receiver.expect_request("/hook").respond_with_data("ok")
+    port = receiver.port
+    url = f"http://hook-user:hook-pass-s3cret@127.0.0.1:{port}/hook?token=query-s3cret"
+    with Meter(pg_url) as meter:
+        meter.set_limit(Limit("send", maximum=1, period="1h"))
+        hooks = Webhooks(meter)
+        hooks.add(url, types=["limit.denied"])
+        start_worker("logs", METERING_WEBHOOKS_INTERVAL="3600")
+        with UsageProducer(redis_url) as producer:
+            producer.emit("visitor-1", "send", event_id="e-1")
+            producer.emit("visitor-1", "send", event_id="e-2")
+        wait_for(
+            lambda: [d.status for d in hooks.deliveries()] == ["delivered"],
+            lambda: str(hooks.deliveries()),
+            60,
+        )
+    request, _ = receiver.log[0]
+    # The receiver got the URL's credentials and query: only the log must not.
+    assert request.authorization is not None
+    assert request.authorization.password == "hook-pass-s3cret"
+    assert request.args["token"] == "query-s3cret"
+    log = (tmp_path / "logs.log").read_text(errors="replace")
+    assert "HTTP Request: POST" in log  # httpx's line is there, without the secrets
+    assert "hook-pass-s3cret" not in log
+    assert "query-s3cret" not in log

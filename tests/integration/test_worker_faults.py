@@ -1,0 +1,267 @@
+"""A `metering worker` rides out its servers going away.
+
+The worker is started as an operator starts it (``metering worker``), on the
+test session's real Redis and PostgreSQL, which are stopped and started again
+on the same port while the worker is applying.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import psycopg
+import pytest
+from pipeline_checks import (
+    CALLS,
+    assert_each_once_and_counters_exact,
+    queue_state,
+    stream,
+    wait_for_results,
+    wait_until,
+)
+from servers import PostgresServer, RedisServer
+from sqlalchemy.engine import make_url
+from test_pipeline import StartWorker, Worker
+
+from metering import Meter
+
+pytestmark = pytest.mark.slow
+
+
+def psycopg_connection(url: str) -> psycopg.Connection:
+    """A plain psycopg connection to the database of a SQLAlchemy ``url``."""
+    parsed = make_url(url)
+    return psycopg.connect(
+        host=parsed.host, port=parsed.port, user=parsed.username, dbname=parsed.database
+    )
+
+
+def stopped(worker: Worker) -> bool:
+    return not worker.alive() or "Unrecoverable error" in worker.log()
+
+
+# -- Redis restarted under load -----------------------------------------------------
+
+
+def test_a_worker_survives_a_redis_restart_while_it_holds_a_message(
+    pg_url: str, redis_url: str, redis_server: RedisServer, start_worker: StartWorker
+) -> None:
+    at = datetime.now(UTC)
+    with Meter(pg_url) as meter:
+        meter.set_limits([CALLS])
+        worker = start_worker(cli=True)
+        with psycopg_connection(pg_url) as blocker:
+            # The worker takes the one batch queued before the restart and
+            # cannot commit it (results are locked): it holds the message,
+            # unacknowledged, while it waits on the empty queue for more.
+            blocker.execute("LOCK TABLE results IN SHARE ROW EXCLUSIVE MODE")
+            before = list(stream(redis_url, at, "before", 50, subjects=10, seed=6))
+            with redis_server.client() as client:
+                wait_until(
+                    lambda: queue_state(client) == (0, 1),
+                    30,
+                    lambda: f"queue (waiting, unacked) = {queue_state(client)}",
+                    [worker],
+                )
+            try:
+                redis_server.stop()
+            finally:
+                redis_server.start()
+            # The worker reconnects (or, as it did, stops: "Unrecoverable error").
+            wait_until(
+                lambda: worker.log().count("Connected to") >= 2 or stopped(worker),
+                60,
+                lambda: "the worker did not reconnect",
+                [worker],
+            )
+            assert not stopped(worker), worker.tail()
+        after = list(stream(redis_url, at, "after", 1_000, subjects=10, seed=7))
+        emitted = before + after
+        wait_for_results(meter, len(emitted), [worker])
+        with redis_server.client() as client:  # a connection made after the restart
+            wait_until(
+                lambda: queue_state(client) == (0, 0),
+                60,
+                lambda: f"queue (waiting, unacked) = {queue_state(client)}",
+                [worker],
+            )
+        assert_each_once_and_counters_exact(meter, emitted, [worker])
+        assert not stopped(worker), worker.tail()
+        assert "Traceback" not in worker.log(), worker.tail()
+
+
+# -- the database unreachable at start, and gone for a while later ------------------
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (free a moment ago)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def test_metering_worker_with_an_unreachable_database_exits_with_one_error_line(
+    redis_url: str, tmp_path: Path
+) -> None:
+    database = f"postgresql://postgres@127.0.0.1:{closed_port()}/metering"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("METERING_")}
+    command = [sys.executable, "-m", "metering", "--database", database, "worker"]
+    process = subprocess.Popen(
+        [*command, "--broker", redis_url],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        out, err = process.communicate()
+        raise AssertionError(f"the worker started anyway:\n{err[-3000:]}") from None
+    assert process.returncode == 1, err
+    assert out == ""
+    [line] = err.splitlines()
+    assert line.startswith("error: database unavailable: ")
+
+
+def retry_waits(text: str) -> list[float]:
+    """The waits of the delivery thread's warnings, in order."""
+    found = re.findall(r"claiming webhook deliveries failed: .*; trying again in ([0-9.]+) s", text)
+    return [float(wait) for wait in found]
+
+
+def test_a_database_outage_is_one_warning_line_per_retry_and_the_worker_applies_after(
+    pg_url: str,
+    redis_url: str,
+    postgres_server: PostgresServer,
+    start_worker: StartWorker,
+) -> None:
+    at = datetime.now(UTC)
+    with Meter(pg_url) as meter:
+        meter.set_limits([CALLS])
+        # With beat, so that periodic tasks meet the outage too.
+        worker = start_worker(cli=True, beat=True, METERING_WEBHOOKS_INTERVAL="1")
+        before = list(stream(redis_url, at, "up", 200, subjects=10, seed=8))
+        wait_for_results(meter, len(before), [worker], timeout=60)
+        offset = len(worker.log())
+
+        def outage() -> str:
+            return worker.log()[offset:]
+
+        try:
+            postgres_server.stop()
+            during = list(stream(redis_url, at, "down", 200, subjects=10, seed=9))
+            # Until each kind of retry has been logged a few times.
+            wait_until(
+                lambda: (
+                    "Traceback" in outage()
+                    or (
+                        outage().count("batch not applied, retrying in") >= 3
+                        and len(retry_waits(outage())) >= 4
+                        and "sweep_webhook_resets_task skipped until its next run" in outage()
+                    )
+                ),
+                120,
+                lambda: "not every retry was logged",
+                [worker],
+            )
+        finally:
+            postgres_server.start()
+        emitted = before + during
+        wait_for_results(meter, len(emitted), [worker])
+        assert_each_once_and_counters_exact(meter, emitted, [worker])
+    log = outage()
+    assert "Traceback" not in log, log[-5000:]
+    assert "WARNING" in log and "database unavailable" in log
+    # The delivery thread backs off: each wait at least the one before.
+    waits = retry_waits(log)
+    assert waits == sorted(waits) and waits[-1] > waits[0], waits
+    assert worker.alive(), worker.tail()
+
+
+# -- the embedded broker in two time zones ------------------------------------------
+
+VISIBILITY_SECONDS = 300
+SWEEP = """
+import json, sys
+from datetime import datetime
+from metering.clock import FrozenClock
+from metering.meter import Meter
+from workers import tasks
+tasks._meter = Meter(sys.argv[1], clock=FrozenClock(datetime.fromisoformat(sys.argv[2])))
+print(json.dumps(tasks.sweep_embedded_broker_task()))
+"""
+
+
+def sweep_at(env: dict[str, str], database: str, now: datetime, tz: str) -> dict[str, int]:
+    """Beat's sweep of the embedded broker, run by a process in ``tz`` whose clock says ``now``."""
+    done = subprocess.run(
+        [sys.executable, "-c", SWEEP, database, now.isoformat()],
+        env={**env, "TZ": tz},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    result: dict[str, int] = json.loads(done.stdout.splitlines()[-1])
+    return result
+
+
+def taken_messages(path: Path) -> int:
+    with contextlib.closing(sqlite3.connect(path)) as connection:
+        [(taken,)] = connection.execute("SELECT count(*) FROM kombu_message WHERE NOT visible")
+    return int(taken)
+
+
+@pytest.mark.parametrize(
+    ("taker", "sweeper"), [("Asia/Kathmandu", "UTC"), ("UTC", "Asia/Kathmandu")]
+)
+def test_the_embedded_broker_ages_a_dead_workers_message_in_utc(
+    taker: str, sweeper: str, pg_url: str, tmp_path: Path, start_worker: StartWorker
+) -> None:
+    path = tmp_path / "broker.db"
+    broker = f"sqla+sqlite:///{path}"
+    at = datetime.now(UTC)
+    env = {"METERING_BROKER_URL": broker, "METERING_VISIBILITY_TIMEOUT": str(VISIBILITY_SECONDS)}
+    with Meter(pg_url) as meter:
+        meter.set_limits([CALLS])
+        worker = start_worker(cli=True, TZ=taker, **env)
+        with psycopg_connection(pg_url) as blocker:
+            # The worker takes the batch and cannot commit it: it dies holding it.
+            blocker.execute("LOCK TABLE results IN SHARE ROW EXCLUSIVE MODE")
+            first = datetime.now(UTC)
+            emitted = list(stream(broker, at, "tz", 20, subjects=5, seed=10))
+            wait_until(lambda: taken_messages(path) == 1, 60, lambda: "not taken", [worker])
+            last = datetime.now(UTC)
+            worker.kill()
+            # Its transaction, waiting for the lock, goes with it (a pipeline
+            # may have sent the commit already).
+            blocker.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+        visibility = timedelta(seconds=VISIBILITY_SECONDS)
+        early = sweep_at(worker.env, pg_url, first + visibility - timedelta(seconds=1), sweeper)
+        assert early == {"deleted": 0, "restored": 0}
+        late = sweep_at(worker.env, pg_url, last + visibility + timedelta(seconds=1), sweeper)
+        assert late == {"deleted": 0, "restored": 1}
+        assert taken_messages(path) == 0
+        # Restored, it is applied by the next worker, once.
+        second = start_worker(cli=True, TZ=sweeper, **env)
+        wait_for_results(meter, len(emitted), [second], timeout=60)
+        assert_each_once_and_counters_exact(meter, emitted, [worker, second])
