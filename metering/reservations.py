@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
-from typing import Protocol
+from typing import Any, Protocol
 
 from metering.domain.corrections import GivenBack
 from metering.domain.decisions import Decision
@@ -54,6 +54,26 @@ class ReservationInfo:
         """The units of ``charge`` that went back to its counter."""
         where = (charge.subject, charge.limit, charge.window_start_us)
         return sum(units for *counter, units in self.given_back if tuple(counter) == where)
+
+    def to_dict(self) -> dict[str, Any]:
+        """As the HTTP API and ``metering reservations list --format json`` show it."""
+        return {
+            "id": self.id,
+            "state": str(self.state),
+            "charges": [
+                {
+                    "subject": c.subject,
+                    "limit": c.limit,
+                    "cost": c.cost,
+                    "given_back": self.given_back_of(c),
+                }
+                for c in self.charges
+            ],
+            "created_at": self.created_at.isoformat(),
+            "expires_at": self.expires_at.isoformat(),
+            "settled_at": self.settled_at.isoformat() if self.settled_at else None,
+            "settled_by": self.settled_by,
+        }
 
     @classmethod
     def of(cls, record: ReservationRecord) -> ReservationInfo:

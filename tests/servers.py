@@ -55,6 +55,7 @@ __all__ = [
     "RedisServer",
     "find_pg_bindir",
     "find_redis_server",
+    "free_port",
     "make_base_dir",
     "redis_client",
 ]
@@ -71,6 +72,13 @@ _MAX_SOCKET_PATH = 107
 _LOG_TAIL_LINES = 40
 _PG_USER = "postgres"
 _SETTINGS_FILE = "metering_tests.conf"
+
+
+def free_port() -> int:
+    """A loopback TCP port free now (for a server a test starts)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def find_pg_bindir() -> Path | None:

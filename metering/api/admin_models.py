@@ -182,23 +182,7 @@ class Reserved(BaseModel):
 
 
 def reservation_json(info: ReservationInfo) -> dict[str, Any]:
-    return {
-        "id": info.id,
-        "state": str(info.state),
-        "charges": [
-            {
-                "subject": c.subject,
-                "limit": c.limit,
-                "cost": c.cost,
-                "given_back": info.given_back_of(c),
-            }
-            for c in info.charges
-        ],
-        "created_at": info.created_at.isoformat(),
-        "expires_at": info.expires_at.isoformat(),
-        "settled_at": _iso(info.settled_at),
-        "settled_by": info.settled_by,
-    }
+    return info.to_dict()
 
 
 # -- limits -------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Final
+from typing import Final
 
 import click
 
@@ -72,26 +72,6 @@ def _charges_text(info: ReservationInfo) -> str:
     return ", ".join(f"{c.subject} {c.limit} {c.cost}" for c in info.charges)
 
 
-def _reservation_json(info: ReservationInfo) -> dict[str, Any]:
-    return {
-        "id": info.id,
-        "state": info.state,
-        "charges": [
-            {
-                "subject": c.subject,
-                "limit": c.limit,
-                "cost": c.cost,
-                "given_back": info.given_back_of(c),
-            }
-            for c in info.charges
-        ],
-        "created_at": info.created_at.isoformat(),
-        "expires_at": info.expires_at.isoformat(),
-        "settled_at": info.settled_at.isoformat() if info.settled_at else None,
-        "settled_by": info.settled_by,
-    }
-
-
 @reservations.command("list")
 @click.option("--state", type=click.Choice(["held", "committed", "cancelled"]))
 @click.option("--subject", help="Only reservations charging this subject.")
@@ -116,7 +96,7 @@ def reservations_list(
         last = legacy_last
     found = current_meter().reservations(state, subject, last)
     if fmt == "json":
-        click.echo(json.dumps([_reservation_json(info) for info in found], indent=2))
+        click.echo(json.dumps([info.to_dict() for info in found], indent=2))
         return
     rows: list[list[object]] = [
         [

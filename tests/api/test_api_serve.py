@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,14 +13,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from servers import free_port
 
 START_TIMEOUT_SECONDS = 60.0
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _metering(*args: str, cwd: Path, env: dict[str, str]) -> str:
@@ -40,7 +34,7 @@ def _metering(*args: str, cwd: Path, env: dict[str, str]) -> str:
 def served(tmp_path: Path) -> Iterator[tuple[str, Path, dict[str, str]]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("METERING_")}
     _metering("limits", "set", "api_calls", "--max", "5", "--period", "1h", cwd=tmp_path, env=env)
-    port = _free_port()
+    port = free_port()
     command = [sys.executable, "-m", "metering", "serve", "--port", str(port)]
     log = (tmp_path / "serve.log").open("wb")
     process = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=log, stderr=log)

@@ -14,7 +14,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,17 +22,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from servers import free_port
 
 FIXED_SEED = 20261126
 START_TIMEOUT_SECONDS = 60.0
 RUN_TIMEOUT_SECONDS = 600
 EXAMPLES = 10
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _metering(*args: str, cwd: Path, env: dict[str, str]) -> str:
@@ -70,7 +64,7 @@ def served(environment: dict[str, str], tmp_path: Path) -> Iterator[tuple[str, s
         "--algorithm", "token_bucket", cwd=tmp_path, env=env,
     )  # fmt: skip
     key = _metering("apikeys", "create", "--scope", "admin", cwd=tmp_path, env=env).split()[-1]
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path / "serve.log"
     command = [sys.executable, "-m", "metering", "serve", "--port", str(port)]
     with log_path.open("wb") as log:

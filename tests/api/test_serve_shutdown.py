@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,19 +22,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from servers import RedisServer, find_redis_server
+from servers import RedisServer, find_redis_server, free_port
 
 from metering import Limit, Meter
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 START_TIMEOUT_SECONDS = 60.0
 STOP_TIMEOUT_SECONDS = 60.0
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture
@@ -59,7 +52,7 @@ def test_stopping_serve_with_kept_events_names_them_and_fails(
         meter.set_limit(Limit("api_calls", maximum=100, period="1h"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("METERING_")}
     env.update(METERING_DATABASE_URL=database_url, METERING_BROKER_URL=redis.url())
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     log_path = tmp_path / "serve.log"
     command = [sys.executable, "-m", "metering", "serve", "--port", str(port), "--no-access-log"]

@@ -16,7 +16,6 @@ import json
 import os
 import re
 import signal
-import socket
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,6 +26,7 @@ import pytest
 from pipeline_checks import wait_for_results, wait_until
 from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.parser import text_string_to_metric_families
+from servers import free_port
 
 from metering import Limit, Meter
 from metering.metrics import UNKNOWN_LIMIT
@@ -56,12 +56,6 @@ class Worker(Protocol):
 
 class StartWorker(Protocol):
     def __call__(self, *, wait: bool = ..., **overrides: str) -> Worker: ...
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def scrape(port: int) -> Samples:
