@@ -25,16 +25,21 @@ from typing import Any, Final
 
 from metering.domain.events import (
     EVENT_ID_PATTERN,
+    MAX_COST,
+    MAX_SUBJECT_LENGTH,
+    Charge,
     EventRecord,
     Rejected,
     UsageEvent,
     fingerprint_of,
     new_event_id,
+    single_fingerprint,
     validate_charges,
     validate_event_id,
     validate_metadata,
 )
-from metering.domain.instants import from_us
+from metering.domain.instants import MAX_US, MIN_US, from_us
+from metering.domain.limits import NAME_PATTERN
 from metering.engine.fast import CONFLICT, DUPLICATE, NEW, Answer
 from metering.errors import InputRefused, MeteringError
 from metering.meter import Meter
@@ -75,6 +80,10 @@ def decode_records(payload: object) -> tuple[list[EventRecord], list[Rejected]]:
     events: list[EventRecord] = []
     rejected: list[Rejected] = []
     for item in items:
+        found = _plain_record(item)
+        if found is not None:
+            events.append(found)
+            continue
         try:
             events.append(_decode_record(item))
         except (MeteringError, TypeError, ValueError, OverflowError, KeyError) as exc:
@@ -85,6 +94,57 @@ def decode_records(payload: object) -> tuple[list[EventRecord], list[Rejected]]:
             usable = event_id if valid else None
             rejected.append(Rejected(usable, f"malformed event: {exc}", _raw(item)))
     return events, rejected
+
+
+_id_ok = EVENT_ID_PATTERN.fullmatch
+_name_ok = NAME_PATTERN.fullmatch
+
+
+def _plain_record(item: object) -> EventRecord | None:
+    """The usual queued event, decoded and validated in one pass, or None.
+
+    The usual event: a JSON object with an id, one charge of three values and
+    no metadata. Its checks are `_decode_record`'s (the same types, patterns
+    and ranges), written out so that one event costs about a quarter of the
+    general path; its fingerprint is written without the JSON encoder when
+    no character needs escaping. Anything else (another shape, a value it
+    does not accept) is None and goes through `_decode_record`, which gives
+    the same record, or the error it has always given.
+    """
+    if type(item) is not dict:
+        return None
+    at = item.get("at")
+    event_id = item.get("id")
+    charges = item.get("charges")
+    if (
+        type(at) is not int
+        or type(event_id) is not str
+        or type(charges) is not list
+        or len(charges) != 1
+        or item.get("meta") is not None
+        or not MIN_US <= at <= MAX_US
+        or _id_ok(event_id) is None
+    ):
+        return None
+    charge = charges[0]
+    if type(charge) is not list or len(charge) != 3:
+        return None
+    subject, limit, cost = charge
+    if (
+        type(subject) is not str
+        or type(limit) is not str
+        or type(cost) is not int
+        or not 1 <= cost <= MAX_COST
+        or not 1 <= len(subject) <= MAX_SUBJECT_LENGTH
+        or _name_ok(limit) is None
+        or not subject.isprintable()
+        or subject.strip() != subject
+    ):
+        return None
+    fingerprint = single_fingerprint(subject, limit, cost)
+    if fingerprint is None:
+        return None
+    return EventRecord(event_id, (Charge(subject, limit, cost),), at, None, fingerprint)
 
 
 def _decode_record(item: object) -> EventRecord:
