@@ -17,9 +17,11 @@ be delivered any number of times.
 
 from __future__ import annotations
 
+import gc
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -200,17 +202,39 @@ def apply_batch(meter: Meter, payload: object) -> BatchReport:
     applied, in order.
     """
     began = time.perf_counter()
-    events, malformed = decode_records(payload)
-    size = len(events) + len(malformed)
-    try:
-        answers = meter.apply_records(events, invalid="reject", rejected=malformed)
-    except InputRefused:
-        answers, refused = _apply_around_refusals(meter, events)
-        malformed = [*malformed, *refused]
-        meter.apply_records([], rejected=malformed)
+    with _collector_paused():
+        events, malformed = decode_records(payload)
+        size = len(events) + len(malformed)
+        try:
+            answers = meter.apply_records(events, invalid="reject", rejected=malformed)
+        except InputRefused:
+            answers, refused = _apply_around_refusals(meter, events)
+            malformed = [*malformed, *refused]
+            meter.apply_records([], rejected=malformed)
     # Timed once applied: a batch that raises (the task retries it) is not one.
     observe_batch(time.perf_counter() - began, size)
     return report_of(answers, malformed=len(malformed))
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector, paused for one batch.
+
+    A batch allocates tens of thousands of short-lived lists and tuples, all
+    freed by reference counting when it ends; while it runs they trigger
+    collections that walk every object of the process (in a worker: Celery,
+    SQLAlchemy, the limits), a third of the batch's client CPU (measured).
+    Cyclic garbage made meanwhile is collected after the batch. Left alone
+    when the collector was already off.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def _apply_around_refusals(
