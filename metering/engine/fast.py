@@ -341,10 +341,13 @@ def apply_records(
     )
     if pots:
         changes.draws = draws_of(row for record in records for row in record.charges)
-    more = bool(notices or conflicts or rejected)
+    dead = [*rejected, *conflicts]
+    if dead and getattr(store, "takes_rejected", False):
+        changes.rejected, dead = dead, []  # in the write's round trip
+    more = bool(notices or dead)
     store.write(changes, now_us, commit=not more)
     if more:
-        _record_extras(connection, notices, [*rejected, *conflicts], now_us)
+        _record_extras(connection, notices, dead, now_us)
     return final
 
 

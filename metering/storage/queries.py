@@ -672,20 +672,9 @@ class Store:
         """Keep (event id or None, reason, raw JSON) of input that could not be applied."""
         if not rows:
             return
-        params = []
-        for event_id, reason, raw in rows:
-            # The dead-letter record must take anything: a NUL or a lone
-            # surrogate is written as an escape (PostgreSQL stores neither).
-            reason, raw = _storable(reason), _storable(raw)
-            params.append(
-                {
-                    "digest": hashlib.sha256(f"{reason}\n{raw}".encode()).hexdigest(),
-                    "event_id": event_id,
-                    "reason": reason,
-                    "raw": raw,
-                    "received_at_us": now_us,
-                }
-            )
+        params = [
+            dict(zip(REJECTED_COLUMNS, row, strict=True)) for row in rejected_rows(rows, now_us)
+        ]
         statement = self._insert(rejected_messages).on_conflict_do_nothing(
             index_elements=["digest"]
         )
@@ -714,6 +703,23 @@ class Store:
 
     def count_results(self) -> int:
         return int(self.connection.execute(select(func.count()).select_from(results)).scalar_one())
+
+
+REJECTED_COLUMNS: Final = ("digest", "event_id", "reason", "raw", "received_at_us")
+
+
+def rejected_rows(
+    rows: Sequence[Rejected], now_us: int
+) -> list[tuple[str, str | None, str, str, int]]:
+    """Dead-letter rows in `REJECTED_COLUMNS` order, for every path that writes them."""
+    found = []
+    for event_id, reason, raw in rows:
+        # The dead-letter record must take anything: a NUL or a lone
+        # surrogate is written as an escape (PostgreSQL stores neither).
+        reason, raw = _storable(reason), _storable(raw)
+        digest = hashlib.sha256(f"{reason}\n{raw}".encode()).hexdigest()
+        found.append((digest, event_id, reason, raw, now_us))
+    return found
 
 
 def _storable(text: str) -> str:

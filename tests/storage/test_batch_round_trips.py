@@ -62,3 +62,20 @@ def test_a_batch_is_two_round_trips(pg_url: str, monkeypatch: pytest.MonkeyPatch
         assert round_trips(batch(1010, 1000)) == 2
         assert round_trips(batch(10, 1000)) == 2  # delivered again: answered from the ledger
         assert meter.count_results() == 2010
+
+        # Dead letters ride in the write's round trip: malformed input, and an
+        # id used again with other charges (a conflict).
+        hostile = batch(2010, 100)
+        events = hostile["events"]
+        assert isinstance(events, list)
+        conflicting = encode_event(make_event([("org-1", "calls", 9)], NOW, "e10"))
+        events += [{"id": "bad", "charges": "none", "at": 0}, "not an event", conflicting]
+        assert round_trips(hostile) == 2
+        reasons = [row.reason for row in meter.rejected_messages()]  # newest first
+        assert reasons == [
+            "event 'e10' was already recorded with different charges; "
+            "the new charges were not applied",
+            "malformed event: an event must be a JSON object",
+            "malformed event: charges: must be a list of (subject, limit, cost)",
+        ]
+        assert meter.count_results() == 2110
