@@ -17,24 +17,31 @@ be delivered any number of times.
 
 from __future__ import annotations
 
+import gc
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Final
 
 from metering.domain.events import (
     EVENT_ID_PATTERN,
+    MAX_COST,
+    MAX_SUBJECT_LENGTH,
+    Charge,
     EventRecord,
     Rejected,
     UsageEvent,
     fingerprint_of,
     new_event_id,
+    single_fingerprint,
     validate_charges,
     validate_event_id,
     validate_metadata,
 )
-from metering.domain.instants import from_us
+from metering.domain.instants import MAX_US, MIN_US, from_us
+from metering.domain.limits import NAME_PATTERN
 from metering.engine.fast import CONFLICT, DUPLICATE, NEW, Answer
 from metering.errors import InputRefused, MeteringError
 from metering.meter import Meter
@@ -75,6 +82,10 @@ def decode_records(payload: object) -> tuple[list[EventRecord], list[Rejected]]:
     events: list[EventRecord] = []
     rejected: list[Rejected] = []
     for item in items:
+        found = _plain_record(item)
+        if found is not None:
+            events.append(found)
+            continue
         try:
             events.append(_decode_record(item))
         except (MeteringError, TypeError, ValueError, OverflowError, KeyError) as exc:
@@ -85,6 +96,57 @@ def decode_records(payload: object) -> tuple[list[EventRecord], list[Rejected]]:
             usable = event_id if valid else None
             rejected.append(Rejected(usable, f"malformed event: {exc}", _raw(item)))
     return events, rejected
+
+
+_id_ok = EVENT_ID_PATTERN.fullmatch
+_name_ok = NAME_PATTERN.fullmatch
+
+
+def _plain_record(item: object) -> EventRecord | None:
+    """The usual queued event, decoded and validated in one pass, or None.
+
+    The usual event: a JSON object with an id, one charge of three values and
+    no metadata. Its checks are `_decode_record`'s (the same types, patterns
+    and ranges), written out so that one event costs about a quarter of the
+    general path; its fingerprint is written without the JSON encoder when
+    no character needs escaping. Anything else (another shape, a value it
+    does not accept) is None and goes through `_decode_record`, which gives
+    the same record, or the error it has always given.
+    """
+    if type(item) is not dict:
+        return None
+    at = item.get("at")
+    event_id = item.get("id")
+    charges = item.get("charges")
+    if (
+        type(at) is not int
+        or type(event_id) is not str
+        or type(charges) is not list
+        or len(charges) != 1
+        or item.get("meta") is not None
+        or not MIN_US <= at <= MAX_US
+        or _id_ok(event_id) is None
+    ):
+        return None
+    charge = charges[0]
+    if type(charge) is not list or len(charge) != 3:
+        return None
+    subject, limit, cost = charge
+    if (
+        type(subject) is not str
+        or type(limit) is not str
+        or type(cost) is not int
+        or not 1 <= cost <= MAX_COST
+        or not 1 <= len(subject) <= MAX_SUBJECT_LENGTH
+        or _name_ok(limit) is None
+        or not subject.isprintable()
+        or subject.strip() != subject
+    ):
+        return None
+    fingerprint = single_fingerprint(subject, limit, cost)
+    if fingerprint is None:
+        return None
+    return EventRecord(event_id, (Charge(subject, limit, cost),), at, None, fingerprint)
 
 
 def _decode_record(item: object) -> EventRecord:
@@ -140,17 +202,39 @@ def apply_batch(meter: Meter, payload: object) -> BatchReport:
     applied, in order.
     """
     began = time.perf_counter()
-    events, malformed = decode_records(payload)
-    size = len(events) + len(malformed)
-    try:
-        answers = meter.apply_records(events, invalid="reject", rejected=malformed)
-    except InputRefused:
-        answers, refused = _apply_around_refusals(meter, events)
-        malformed = [*malformed, *refused]
-        meter.apply_records([], rejected=malformed)
+    with _collector_paused():
+        events, malformed = decode_records(payload)
+        size = len(events) + len(malformed)
+        try:
+            answers = meter.apply_records(events, invalid="reject", rejected=malformed)
+        except InputRefused:
+            answers, refused = _apply_around_refusals(meter, events)
+            malformed = [*malformed, *refused]
+            meter.apply_records([], rejected=malformed)
     # Timed once applied: a batch that raises (the task retries it) is not one.
     observe_batch(time.perf_counter() - began, size)
     return report_of(answers, malformed=len(malformed))
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector, paused for one batch.
+
+    A batch allocates tens of thousands of short-lived lists and tuples, all
+    freed by reference counting when it ends; while it runs they trigger
+    collections that walk every object of the process (in a worker: Celery,
+    SQLAlchemy, the limits), a third of the batch's client CPU (measured).
+    Cyclic garbage made meanwhile is collected after the batch. Left alone
+    when the collector was already off.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def _apply_around_refusals(

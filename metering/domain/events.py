@@ -61,7 +61,36 @@ _compact_finite = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encod
 
 
 def fingerprint_of(charges: Iterable[Sequence[object]]) -> str:
+    if isinstance(charges, tuple | list) and len(charges) == 1 and len(charges[0]) == 3:
+        found = single_fingerprint(*charges[0])
+        if found is not None:
+            return found
     return _compact(sorted([list(c) for c in charges]))
+
+
+def single_fingerprint(subject: object, limit: object, cost: object) -> str | None:
+    """`fingerprint_of` one charge without the JSON encoder, or None when its
+    text would need escaping (the encoder then writes it).
+
+    Printable ASCII other than ``"`` and ``\\`` is written as it is by
+    ``json.dumps`` (with its default ``ensure_ascii``); limit names never need
+    escaping, but are checked too, as this is called on unvalidated input.
+    """
+    if (
+        type(subject) is str
+        and type(limit) is str
+        and type(cost) is int
+        and subject.isascii()
+        and subject.isprintable()
+        and '"' not in subject
+        and "\\" not in subject
+        and limit.isascii()
+        and limit.isprintable()
+        and '"' not in limit
+        and "\\" not in limit
+    ):
+        return f'[["{subject}","{limit}",{cost}]]'
+    return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -213,6 +213,11 @@ def decide(
     grants that pay are drawn on them in place.
     """
     if pots is None:
+        # Most events: one charge, no grants (else `zip` refuses what does not line up).
+        if len(rules) == len(charges) == len(windows) == len(states) == 1:
+            return _decide_one(
+                rules[0], charges[0], windows[0], states[0], at_us, event_id, notices
+            )
         pots = [None] * len(rules)
     figures = [
         _bucket(rule, state, charge[2], at_us)
@@ -261,6 +266,53 @@ def decide(
             _apply(rule, state, f, cost, at_us, consumed)
     outcome = "denied" if denied_by else ("overage" if overage else "allowed")
     return EventOutcome(outcome, rows, denied_by)
+
+
+def _decide_one(
+    rule: Rule,
+    charge: tuple[str, str, int],
+    window: tuple[int, int],
+    state: State,
+    at_us: int,
+    event_id: str | None,
+    notices: list[Notice] | None,
+) -> EventOutcome:
+    """`decide` for one charge without grants, written out (a batch decides
+    mostly these). The differential tests hold it to `decide_event` too."""
+    subject, _, cost = charge
+    if rule.bucket:
+        f = _bucket(rule, state, cost, at_us)
+        window_start = None
+    else:
+        f = _window(rule, state, cost, window, at_us, None)
+        window_start = window[0]
+    fits = f[0]
+    # Consumed exactly when it fits: a lone charge that fits denies nothing.
+    if fits:
+        overage = f[8] > 0
+        outcome = "overage" if overage else "allowed"
+        row = [subject, rule.name, cost, True, outcome, f[2], f[4], rule.maximum, f[8]]
+        row += [window_start, f[5], f[7]]
+        denied_by: tuple[str, ...] = ()
+    else:
+        overage = False
+        outcome = "would_deny" if rule.shadow else "denied"
+        row = [subject, rule.name, cost, rule.shadow, outcome, f[1], f[3], rule.maximum, f[10]]
+        row += [window_start, f[6], f[7]]
+        denied_by = () if rule.shadow else (rule.name,)
+    if notices is not None and (
+        (not fits and (rule.bucket or state[DENIED_COUNT] == 0)) or (fits and rule.notifies)
+    ):
+        before = state_of(state)
+        _apply(rule, state, f, cost, at_us, fits)
+        key = CounterKey(rule.name, subject, *window)
+        decided = ChargeDecision.from_row(row)
+        notices += notices_for(rule.limit, key, before, state_of(state), decided, event_id)
+    else:
+        _apply(rule, state, f, cost, at_us, fits)
+    return EventOutcome(
+        "denied" if denied_by else ("overage" if overage else "allowed"), [row], denied_by
+    )
 
 
 def _apply(rule: Rule, state: State, f: _Figures, cost: int, at_us: int, consumed: bool) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Final, Literal
 
 from sqlalchemy import Connection
@@ -116,6 +117,11 @@ class LimitCache:
         return found
 
 
+# An event's counters: (key, window) per charge, in the order of its charges.
+_Fixed = list[tuple[Key, Window]]
+_event_id: Final = itemgetter(0)  # of a `ResultRecord`
+
+
 class _Windows:
     """Calendar windows, remembering the last one per limit (a batch is mostly one)."""
 
@@ -190,7 +196,9 @@ def apply_records(
     calendar = _Windows()
     first: dict[str, int] = {}
     answers: list[tuple[str, ResultRecord | int | None]] = [(_REPEAT, None)] * len(events)
-    todo: list[tuple[int, EventRecord, list[Rule], MeteringError | None]] = []
+    # Each event to decide, with its counters' keys and windows when none is
+    # a first-use window (those are known only once the current one is read).
+    todo: list[tuple[int, EventRecord, list[Rule], MeteringError | None, _Fixed | None]] = []
     pairs: set[Pair] = set()
     keys: dict[Key, int] = {}
     # The batch's limits that roll usage up by dimension (usually none).
@@ -201,19 +209,28 @@ def apply_records(
             continue
         first[event.event_id] = index
         event_rules, error = _rules_for(event, rules, now_us)
-        todo.append((index, event, event_rules, error))
         if error is not None:
+            todo.append((index, event, event_rules, error, None))
             continue
+        fixed: _Fixed | None = []
         for (subject, name, _), rule in zip(event.charges, event_rules, strict=True):
             if rule.dimensions:
                 dimensioned[name] = rule.dimensions
             if rule.bucket:
-                keys[(name, subject, 0)] = 0
+                key = (name, subject, BUCKET_WINDOW[0])
+                keys[key] = BUCKET_WINDOW[1]
+                if fixed is not None:
+                    fixed.append((key, BUCKET_WINDOW))
             elif rule.calendar:
-                start, end = calendar.calendar(rule, event.occurred_at_us)
-                keys[(name, subject, start)] = end
+                window = calendar.calendar(rule, event.occurred_at_us)
+                key = (name, subject, window[0])
+                keys[key] = window[1]
+                if fixed is not None:
+                    fixed.append((key, window))
             else:
                 pairs.add((name, subject))
+                fixed = None
+        todo.append((index, event, event_rules, None, fixed))
     wanted = sorted((*key, end) for key, end in keys.items())
     granted: list[Pair] = []
     if allowances.grant_pairs:
@@ -234,8 +251,9 @@ def apply_records(
     before: dict[Key, tuple[object, ...]] = {}
     notices: list[Notice] = []
     records: list[ResultRecord] = []
-    for index, event, event_rules, error in todo:
-        stored = snapshot.stored.get(event.event_id)
+    found = snapshot.stored
+    for index, event, event_rules, error, fixed in todo:
+        stored = found.get(event.event_id) if found else None
         if stored is not None:
             same = stored.fingerprint == event.fingerprint
             answers[index] = (DUPLICATE, stored) if same else (CONFLICT, None)
@@ -261,14 +279,17 @@ def apply_records(
             event_pots: list[Pot | None] | None = None
             if histories or pots:
                 event_rules, event_pots = _entitled(cache, event, event_rules, histories, pots)
-            for (subject, name, _), rule in zip(event.charges, event_rules, strict=True):
-                if rule.bucket:
-                    window = BUCKET_WINDOW
-                elif rule.calendar:
-                    window = calendar.calendar(rule, at_us)
-                else:
-                    window = _first_use(rule, (name, subject), at_us, windows, moved)
-                key = (name, subject, window[0])
+            if fixed is None:
+                fixed = []
+                for (subject, name, _), rule in zip(event.charges, event_rules, strict=True):
+                    if rule.bucket:
+                        window = BUCKET_WINDOW
+                    elif rule.calendar:
+                        window = calendar.calendar(rule, at_us)
+                    else:
+                        window = _first_use(rule, (name, subject), at_us, windows, moved)
+                    fixed.append(((name, subject, window[0]), window))
+            for key, window in fixed:
                 state = states.get(key)
                 if state is None:
                     state = states[key] = fresh_state()
@@ -315,15 +336,18 @@ def apply_records(
         created=[(key, end, states[key]) for key, end in sorted(created.items())],
         new_windows=[item for item in moved_windows if item[0] not in had_row],
         moved_windows=[item for item in moved_windows if item[0] in had_row],
-        results=sorted(records, key=lambda record: record.event_id),
+        results=sorted(records, key=_event_id),
         rollups=rollup_deltas(records, dimensioned),
     )
     if pots:
         changes.draws = draws_of(row for record in records for row in record.charges)
-    more = bool(notices or conflicts or rejected)
+    dead = [*rejected, *conflicts]
+    if dead and getattr(store, "takes_rejected", False):
+        changes.rejected, dead = dead, []  # in the write's round trip
+    more = bool(notices or dead)
     store.write(changes, now_us, commit=not more)
     if more:
-        _record_extras(connection, notices, [*rejected, *conflicts], now_us)
+        _record_extras(connection, notices, dead, now_us)
     return final
 
 

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from metering.domain.events import Rejected
 from metering.domain.grants import Pot
 from metering.domain.rollups import Delta, RollupKey
 from metering.domain.rules import Key, State
@@ -68,6 +69,9 @@ class Changes:
     # What the batch drew on grants: (limit, subject, window start, grant id) -> amount.
     draws: dict[DrawKey, int] = field(default_factory=dict)
     rollups: dict[RollupKey, Delta] = field(default_factory=dict)
+    # Dead letters (input that could not be applied), for a store whose
+    # ``takes_rejected`` is true; the caller records them otherwise.
+    rejected: list[Rejected] = field(default_factory=list)
 
 
 class HotStore(Protocol):
@@ -90,6 +94,10 @@ class HotStore(Protocol):
 
     def write(self, changes: Changes, now_us: int, *, commit: bool) -> None:
         """Store ``changes``; with ``commit`` also commit the transaction.
+
+        A store whose ``takes_rejected`` attribute is true also keeps
+        ``changes.rejected`` (the dead letters) in the same round trip; for
+        any other, `metering.engine.fast` records them after `write`.
 
         An event id already in the results table raises `RetryTransaction`
         (another transaction decided it first).

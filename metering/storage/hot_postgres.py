@@ -37,7 +37,7 @@ from metering.domain.windows import Window
 from metering.storage.allowances import pots_of
 from metering.storage.engine import RetryTransaction
 from metering.storage.hot import Changes, Snapshot, WantedKey
-from metering.storage.queries import Pair, record_from_row, result_row
+from metering.storage.queries import Pair, record_from_row, rejected_rows, result_row
 from metering.storage.rollups import PG_UPSERT
 
 VERSION: Final = "SELECT version FROM limits_version WHERE id = 1"
@@ -190,11 +190,23 @@ ON CONFLICT (subject, limit_name, window_start_us, grant_id)
 DO UPDATE SET amount = grant_draws.amount + excluded.amount
 """
 
+# Dead letters (`queries.rejected_rows`), in their order; one already kept is not again.
+INSERT_REJECTED: Final = """
+INSERT INTO rejected_messages (digest, event_id, reason, raw, received_at_us)
+SELECT r->>0, r->>1, r->>2, r->>3, (r->>4)::bigint
+FROM jsonb_array_elements(%(rows)s::jsonb) WITH ORDINALITY AS e(r, n)
+ORDER BY n
+ON CONFLICT (digest) DO NOTHING
+"""
+
 _encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
 class PostgresHotStore:
     """`HotStore` on the psycopg connection under a SQLAlchemy transaction."""
+
+    # `write` keeps the dead letters too, in its round trip.
+    takes_rejected = True
 
     def __init__(self, connection: Connection) -> None:
         raw = connection.connection.driver_connection
@@ -287,6 +299,9 @@ class PostgresHotStore:
                     cursor.executemany(INSERT_RESULT, rows)
                 elif rows:
                     raw.execute(INSERT_RESULTS, {"rows": _encode(rows)})
+                if changes.rejected:
+                    rows = rejected_rows(changes.rejected, now_us)
+                    raw.execute(INSERT_REJECTED, {"rows": _encode(rows)})
                 if changes.rollups:  # last: after every counter lock (see rollups)
                     raw.execute(PG_UPSERT, {"rows": _encode(rollup_rows(changes.rollups))})
                 if commit:

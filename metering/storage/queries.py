@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Final
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
+from typing import Any, Final, NamedTuple
 
 from sqlalchemy import (
     Connection,
@@ -56,9 +56,11 @@ PG_BULK_ROWS: Final = 16
 Pair = tuple[str, str]  # (limit name, subject)
 
 
-@dataclass(frozen=True, slots=True)
-class ResultRecord:
-    """One row of the results ledger; ``charges`` holds `ChargeDecision.to_row()` lists."""
+class ResultRecord(NamedTuple):
+    """One row of the results ledger; ``charges`` holds `ChargeDecision.to_row()` lists.
+
+    A named tuple: a batch builds one per event, and a tuple costs a third
+    of a frozen dataclass to make."""
 
     event_id: str
     outcome: str
@@ -75,6 +77,33 @@ _COUNTER_KEY: Final = ("limit_name", "subject", "window_start_us")
 ResultRow = tuple[str, str, str, int, int, str | None, str | None, str, str | None]
 
 
+def _compact_encoder() -> Callable[[object], str]:
+    """`json.dumps(value, separators=(",", ":"))` for the charge rows, which
+    hold lists, text, whole numbers, booleans and None: the standard
+    library's C encoder, made once (``JSONEncoder.encode`` makes one per call,
+    which is most of its cost for a short list), or the encoder itself where
+    the C one is missing."""
+    encoder = json.JSONEncoder(separators=(",", ":"))
+    if c_make_encoder is None:  # pragma: no cover - CPython has it
+        return encoder.encode
+    iterencode = c_make_encoder(
+        None,  # no circular check: charge rows are built, never shared
+        encoder.default,
+        encode_basestring_ascii,
+        None,
+        ":",
+        ",",
+        False,
+        False,
+        True,
+    )
+    join = "".join
+    return lambda value: join(iterencode(value, 0))
+
+
+_compact = _compact_encoder()
+
+
 def result_row(record: ResultRecord) -> ResultRow:
     """The one row builder of the results table, in column order, for every path."""
     return (
@@ -85,7 +114,7 @@ def result_row(record: ResultRecord) -> ResultRow:
         record.decided_at_us,
         ",".join(record.denied_by) or None,
         record.reason,
-        json.dumps(record.charges, separators=(",", ":")),
+        _compact(record.charges),
         json.dumps(record.metadata) if record.metadata is not None else None,
     )
 
@@ -643,20 +672,9 @@ class Store:
         """Keep (event id or None, reason, raw JSON) of input that could not be applied."""
         if not rows:
             return
-        params = []
-        for event_id, reason, raw in rows:
-            # The dead-letter record must take anything: a NUL or a lone
-            # surrogate is written as an escape (PostgreSQL stores neither).
-            reason, raw = _storable(reason), _storable(raw)
-            params.append(
-                {
-                    "digest": hashlib.sha256(f"{reason}\n{raw}".encode()).hexdigest(),
-                    "event_id": event_id,
-                    "reason": reason,
-                    "raw": raw,
-                    "received_at_us": now_us,
-                }
-            )
+        params = [
+            dict(zip(REJECTED_COLUMNS, row, strict=True)) for row in rejected_rows(rows, now_us)
+        ]
         statement = self._insert(rejected_messages).on_conflict_do_nothing(
             index_elements=["digest"]
         )
@@ -685,6 +703,23 @@ class Store:
 
     def count_results(self) -> int:
         return int(self.connection.execute(select(func.count()).select_from(results)).scalar_one())
+
+
+REJECTED_COLUMNS: Final = ("digest", "event_id", "reason", "raw", "received_at_us")
+
+
+def rejected_rows(
+    rows: Sequence[Rejected], now_us: int
+) -> list[tuple[str, str | None, str, str, int]]:
+    """Dead-letter rows in `REJECTED_COLUMNS` order, for every path that writes them."""
+    found = []
+    for event_id, reason, raw in rows:
+        # The dead-letter record must take anything: a NUL or a lone
+        # surrogate is written as an escape (PostgreSQL stores neither).
+        reason, raw = _storable(reason), _storable(raw)
+        digest = hashlib.sha256(f"{reason}\n{raw}".encode()).hexdigest()
+        found.append((digest, event_id, reason, raw, now_us))
+    return found
 
 
 def _storable(text: str) -> str:
