@@ -51,6 +51,14 @@ SELECT_COUNTER: Final = """
 SELECT used, denied_count, denied_cost, first_denied_at_us, tat_us, tat_rem, tat_scale
 FROM counters WHERE limit_name = ? AND subject = ? AND window_start_us = ?
 """
+# The version and one counter (or none: the LEFT JOIN's NULLs) in one statement.
+VERSION_AND_COUNTER: Final = """
+SELECT v.version, c.used, c.denied_count, c.denied_cost, c.first_denied_at_us, c.tat_us,
+       c.tat_rem, c.tat_scale
+FROM limits_version AS v
+LEFT JOIN counters AS c ON c.limit_name = ? AND c.subject = ? AND c.window_start_us = ?
+WHERE v.id = 1
+"""
 UPDATE_COUNTER: Final = """
 UPDATE counters SET used = ?, denied_count = ?, denied_cost = ?, first_denied_at_us = ?,
                     tat_us = ?, tat_rem = ?, tat_scale = ?, updated_at_us = ?
@@ -107,7 +115,6 @@ class SqliteHotStore:
     ) -> Snapshot:
         raw = self.raw
         try:
-            (version,) = raw.execute(VERSION).fetchone()
             stored = {}
             for event_id in ids or ():
                 row = raw.execute(FETCH_RESULT, (event_id,)).fetchone()
@@ -122,7 +129,14 @@ class SqliteHotStore:
                 if current is not None:
                     wanted.append((pair[0], pair[1], current[0]))
             states = {}
-            for key in wanted:
+            if wanted:
+                # The first counter rides with the version (one statement for `consume`).
+                version, *first = raw.execute(VERSION_AND_COUNTER, wanted[0]).fetchone()
+                if first[0] is not None:  # ``used`` is NOT NULL: the row exists
+                    states[wanted[0]] = first
+            else:
+                (version,) = raw.execute(VERSION).fetchone()
+            for key in wanted[1:]:
                 row = raw.execute(SELECT_COUNTER, key).fetchone()
                 if row is not None:
                     states[key] = list(row)
@@ -136,16 +150,17 @@ class SqliteHotStore:
         # ``commit`` is left to the caller's transaction: SQLite has no round trip to save.
         raw = self.raw
         try:
+            # One row (`consume`): `execute`, which costs less than `executemany`.
             if changes.updated:
-                raw.executemany(UPDATE_COUNTER, _updates(changes, now_us))
+                _execute(raw, UPDATE_COUNTER, list(_updates(changes, now_us)))
             if changes.created:
                 rows = [(*key, end, *state, now_us) for key, end, state in changes.created]
-                raw.executemany(INSERT_COUNTER, rows)
+                _execute(raw, INSERT_COUNTER, rows)
             windows = [*changes.new_windows, *changes.moved_windows]
             if windows:
-                raw.executemany(UPSERT_WINDOW, [(*pair, *window) for pair, window in windows])
+                _execute(raw, UPSERT_WINDOW, [(*pair, *window) for pair, window in windows])
             if changes.results:
-                raw.executemany(INSERT_RESULT, [result_row(r) for r in changes.results])
+                _execute(raw, INSERT_RESULT, [result_row(r) for r in changes.results])
             if changes.draws:
                 AllowanceStore(self._general()).write_draws(changes.draws)
             if changes.rollups:
@@ -154,6 +169,13 @@ class SqliteHotStore:
             # `run_transaction` runs again after a key written meanwhile, and
             # only then: any other constraint would fail the same way again.
             raise _translate(exc) from exc
+
+
+def _execute(raw: sqlite3.Connection, statement: str, rows: list[tuple[Any, ...]]) -> None:
+    if len(rows) == 1:
+        raw.execute(statement, rows[0])
+    else:
+        raw.executemany(statement, rows)
 
 
 def _updates(changes: Changes, now_us: int) -> Iterator[tuple[Any, ...]]:

@@ -75,6 +75,10 @@ _COUNTER_KEY: Final = ("limit_name", "subject", "window_start_us")
 ResultRow = tuple[str, str, str, int, int, str | None, str | None, str, str | None]
 
 
+# `json.dumps` with ``separators`` builds an encoder per call; this one is built once.
+_compact = json.JSONEncoder(separators=(",", ":")).encode
+
+
 def result_row(record: ResultRecord) -> ResultRow:
     """The one row builder of the results table, in column order, for every path."""
     return (
@@ -85,7 +89,7 @@ def result_row(record: ResultRecord) -> ResultRow:
         record.decided_at_us,
         ",".join(record.denied_by) or None,
         record.reason,
-        json.dumps(record.charges, separators=(",", ":")),
+        _compact(record.charges),
         json.dumps(record.metadata) if record.metadata is not None else None,
     )
 
