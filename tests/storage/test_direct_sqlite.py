@@ -16,6 +16,7 @@ import os
 import signal
 import sqlite3
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -194,3 +195,29 @@ def test_close_closes_the_direct_connections(sqlite_url: str) -> None:
     for connection in opened:
         with pytest.raises(sqlite3.ProgrammingError):
             connection.execute("SELECT 1")
+
+
+def test_threads_each_with_a_transaction_share_the_pool_exactly(sqlite_url: str) -> None:
+    # Without group commit every thread runs its own BEGIN IMMEDIATE on a
+    # pooled connection: they queue on SQLite's write lock, none is lost or
+    # counted twice, and a hard limit holds exactly.
+    with Meter(sqlite_url, clock=FrozenClock(NOW), group_commit=False) as meter:
+        meter.set_limit(Limit("hard", maximum=300, period="1d", window="calendar"))
+        meter.consume("warm-up", "hard")  # another subject: the cache is loaded
+
+        def calls(thread: int) -> int:
+            return sum(meter.consume("shared", "hard").allowed for _ in range(50))
+
+        with ThreadPoolExecutor(8) as pool:
+            allowed = sum(pool.map(calls, range(8)))
+        direct = meter._engine.direct
+        assert direct is not None
+        assert 1 <= len(direct._open) <= 8  # one per thread at most
+        with meter.engine.connect() as connection:
+            row = connection.execute(
+                select(counters.c.used, counters.c.denied_count).where(
+                    counters.c.subject == "shared"
+                )
+            ).one()
+    assert allowed == 300
+    assert tuple(row) == (300, 100)
