@@ -250,8 +250,8 @@ class DirectSqlite:
             return self._connect()
 
     def _checkin(self, raw: sqlite3.Connection) -> None:
-        if self._pid != os.getpid():
-            return
+        # (No fork check: `_checkout` made this process's pool, and a thread
+        # that forks inside a transaction continues only in one process.)
         if self._closed or len(self._idle) >= self.IDLE:
             self._discard(raw)
         else:
