@@ -96,11 +96,45 @@ def ratio_row(figures: Figures, peer: Figures) -> list[str]:
     return [*figures.row(), f"{figures.rate / peer.rate:.2f}"]
 
 
+def sqlite_rows(events: int) -> list[list[str]]:
+    """`Meter.consume` on SQLite and seed 000's upsert, one process each, in turn."""
+    rows: list[list[str]] = []
+    directory = Path(tempfile.mkdtemp(prefix="metering-bench-"))
+    peer = run_parallel(
+        "peer: seed 000 SQLite upsert + triggers (WAL, NORMAL)",
+        sqlite_window_job(str(directory / "peer.db"), subjects_for),
+        1,
+        events,
+    )
+    rows.append([*peer.row(), "1.00"])
+    with Meter(f"sqlite:///{directory}/metering.db") as meter:
+        meter.set_limits(LIMITS)
+    figures = run_parallel(
+        "Meter.consume on SQLite, calendar window (default durability)",
+        consume_job(f"sqlite:///{directory}/metering.db", "calls_cal"),
+        1,
+        events,
+    )
+    rows.append(ratio_row(figures, peer))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=2000, help="events per process")
+    parser.add_argument(
+        "--sqlite-only", action="store_true", help="only the SQLite case (no PostgreSQL)"
+    )
     args = parser.parse_args()
     rows: list[list[str]] = []
+    if args.sqlite_only:
+        rows.extend(sqlite_rows(args.events * 4))
+        print_table(
+            f"consume on SQLite against seed 000 ({SUBJECTS:,} subjects)",
+            ["path", "processes", "events/s", "p50 ms", "p99 ms", "ratio to peer"],
+            rows,
+        )
+        return
     with durable_postgres() as server:
         url = prepare_database(server, LIMITS)
         for processes in (1, 4):
@@ -128,24 +162,7 @@ def main() -> None:
             )
             rows.append(ratio_row(figures, peer))
             print(f"  {figures.name}: {figures.rate:,.0f}/s", flush=True)
-    directory = Path(tempfile.mkdtemp(prefix="metering-bench-"))
-    events = args.events * 4
-    peer = run_parallel(
-        "peer: seed 000 SQLite upsert + triggers (WAL, NORMAL)",
-        sqlite_window_job(str(directory / "peer.db"), subjects_for),
-        1,
-        events,
-    )
-    rows.append([*peer.row(), "1.00"])
-    with Meter(f"sqlite:///{directory}/metering.db") as meter:
-        meter.set_limits(LIMITS)
-    figures = run_parallel(
-        "Meter.consume on SQLite, calendar window (default durability)",
-        consume_job(f"sqlite:///{directory}/metering.db", "calls_cal"),
-        1,
-        events,
-    )
-    rows.append(ratio_row(figures, peer))
+    rows.extend(sqlite_rows(args.events * 4))
     print_table(
         f"consume against its peers ({SUBJECTS:,} subjects, {args.events} events per process)",
         ["path", "processes", "events/s", "p50 ms", "p99 ms", "ratio to peer"],

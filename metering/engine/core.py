@@ -10,6 +10,12 @@ lean rules, `metering.domain.decisions` for the reference):
   older than its subject's current first-use window), reservations, and
   `check` on SQLite or where the fast path declines.
 
+On SQLite the fast path runs on stdlib ``sqlite3`` connections of its own
+(`metering.storage.hot_sqlite.DirectSqlite`), one ``BEGIN IMMEDIATE``
+transaction per call or group, with no SQLAlchemy object; what it leaves
+(`NeedsConnection`: the limits' cache reloaded, grants, notification marks,
+dead letters) runs again, whole, in a SQLAlchemy transaction.
+
 Concurrent single calls share transactions (`metering.engine.group`). The
 differential tests (``tests/storage/test_fast_path.py``,
 ``test_check_path.py``) hold both engines to the same results, counters,
@@ -20,7 +26,7 @@ counted here (`metering.metrics`), so callers count nothing.
 from __future__ import annotations
 
 from collections import Counter as CountOf
-from collections.abc import Container, Sequence
+from collections.abc import Callable, Container, Sequence
 
 from sqlalchemy import Connection
 
@@ -54,7 +60,12 @@ from metering.errors import EventConflict, StorageError
 from metering.metrics import UNKNOWN_LIMIT, count_events
 from metering.storage.database import Database
 from metering.storage.engine import is_sqlite
+from metering.storage.hot import HotStore, NeedsConnection
+from metering.storage.hot_sqlite import DirectSqlite
 from metering.storage.queries import Store
+
+# The fast path's transaction: on a SQLAlchemy connection, or on a store of its own.
+_Work = Callable[[Connection | None, bool, HotStore | None], list[Answer]]
 
 
 class Engine:
@@ -69,9 +80,13 @@ class Engine:
         self.limits = LimitCache()
         self.group_commit = group_commit
         self._group = GroupCommit(self._apply_raising)
+        # SQLite on a file: the fast path's own connections (else None).
+        self.direct = DirectSqlite.for_engine(database.engine)
 
     def close(self) -> None:
         self._group.close()
+        if self.direct is not None:
+            self.direct.close()
 
     # -- applying ----------------------------------------------------------------
 
@@ -114,7 +129,9 @@ class Engine:
         # results insert and the retry looks it up.
         single = len(records) == 1
 
-        def work(connection: Connection, retry: bool) -> list[Answer]:
+        def work(
+            connection: Connection | None, retry: bool, store: HotStore | None = None
+        ) -> list[Answer]:
             return apply_records(
                 connection,
                 self.limits,
@@ -123,14 +140,26 @@ class Engine:
                 invalid=invalid,
                 precheck=retry or not single,
                 rejected=rejected,
+                store=store,
             )
 
         try:
-            answers = self.database.run_retry_aware(work)
+            answers = self._run_direct(work)
+            if answers is None:
+                answers = self.database.run_retry_aware(work)
         except UseGeneralPath:
             answers = self._apply_reference(records, now_us, invalid, rejected)
         _count(records, answers, self.limits.current[1], invalid, len(rejected))
         return answers
+
+    def _run_direct(self, work: _Work) -> list[Answer] | None:
+        """``work`` on the direct SQLite connections; None where it needs SQLAlchemy."""
+        if self.direct is None:
+            return None
+        try:
+            return self.direct.run(lambda store, retry: work(None, retry, store))
+        except NeedsConnection:
+            return None
 
     def _apply_reference(
         self,

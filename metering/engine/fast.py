@@ -46,7 +46,7 @@ from metering.domain.windows import Window, calendar_window, first_use_window
 from metering.errors import EventConflict, MeteringError, UnknownLimit
 from metering.storage.allowances import AllowanceStore, draws_of
 from metering.storage.engine import RetryTransaction
-from metering.storage.hot import Changes, WantedKey
+from metering.storage.hot import Changes, HotStore, NeedsConnection, WantedKey
 from metering.storage.hot_stores import hot_store
 from metering.storage.queries import Pair, ResultRecord, Store
 from metering.storage.webhooks import WebhookStore
@@ -171,7 +171,7 @@ def _first_use(
 
 
 def apply_records(
-    connection: Connection,
+    connection: Connection | None,
     cache: LimitCache,
     events: Sequence[EventRecord],
     now_us: int,
@@ -179,8 +179,13 @@ def apply_records(
     invalid: InvalidPolicy,
     precheck: bool,
     rejected: Sequence[Rejected] = (),
+    store: HotStore | None = None,
 ) -> list[Answer]:
     """Apply ``events`` in order inside the caller's transaction; one answer per event.
+
+    The transaction is ``connection``'s (its `hot_store`), or ``store``'s own
+    when ``connection`` is None (the direct SQLite path): then what needs a
+    SQLAlchemy connection raises `NeedsConnection` before anything is written.
 
     ``invalid="raise"`` raises `Unacceptable` for the first unacceptable event;
     ``"reject"`` stores it as a rejected result. Without ``precheck`` ids are
@@ -189,9 +194,11 @@ def apply_records(
     ``rejected`` input, and with ``"reject"`` ids reused with other
     charges, are kept in ``rejected_messages`` in the same transaction.
     """
-    store = hot_store(connection)
+    if store is None:
+        assert connection is not None
+        store = hot_store(connection)
     if cache.current[0] < 0:
-        cache.refresh(connection)
+        cache.refresh(_general(connection, "limits"))
     version, rules, allowances = cache.current
     calendar = _Windows()
     first: dict[str, int] = {}
@@ -238,7 +245,7 @@ def apply_records(
     ids = list(first) if precheck else None
     snapshot = store.read(ids, sorted(pairs), wanted, now_us, granted)
     if snapshot.version != version:
-        cache.refresh(connection)
+        cache.refresh(_general(connection, "limits"))
         raise RetryTransaction("limits changed since they were cached")
     pots = snapshot.pots
     histories = allowances.histories
@@ -345,10 +352,18 @@ def apply_records(
     if dead and getattr(store, "takes_rejected", False):
         changes.rejected, dead = dead, []  # in the write's round trip
     more = bool(notices or dead)
+    extras = _general(connection, "notices or dead letters") if more else None
     store.write(changes, now_us, commit=not more)
-    if more:
-        _record_extras(connection, notices, dead, now_us)
+    if extras is not None:
+        _record_extras(extras, notices, dead, now_us)
     return final
+
+
+def _general(connection: Connection | None, what: str) -> Connection:
+    """The SQLAlchemy connection, for what the direct SQLite path leaves to it."""
+    if connection is None:
+        raise NeedsConnection(what)
+    return connection
 
 
 def _granted(pairs: Iterable[Pair], keys: Iterable[Key]) -> set[Pair]:

@@ -57,7 +57,9 @@ class _Call:
         self.answer: Answer | None = None
         self.error: BaseException | None = None
         self.done = False
-        self.settled = threading.Event()  # answered, or asked to lead
+        # Answered, or asked to lead: made (by `GroupCommit._join`) only for
+        # a call that waits; a lone caller leads at once and needs none.
+        self.settled: threading.Event | None = None
         self.lead = False
         self.loop = loop
         self.future: asyncio.Future[Answer] | None = loop.create_future() if loop else None
@@ -66,7 +68,8 @@ class _Call:
         self.answer, self.error, self.done = answer, error, True
         if self.loop is not None:
             self.loop.call_soon_threadsafe(self._resolve)
-        self.settled.set()
+        if self.settled is not None:
+            self.settled.set()
 
     def _resolve(self) -> None:
         future = self.future
@@ -105,9 +108,12 @@ class GroupCommit:
         if self._pid != os.getpid():  # a forked child starts with an empty group
             self._reset()
         with self._lock:
-            self._waiting.append(call)
             if self._leading:
+                if call.loop is None:  # before it can be answered: it will wait
+                    call.settled = threading.Event()
+                self._waiting.append(call)
                 return False
+            self._waiting.append(call)
             self._leading = True
             return True
 
@@ -115,6 +121,7 @@ class GroupCommit:
         """Apply one event in the next shared transaction; its answer, or its error."""
         call = _Call(record)
         if not self._join(call):
+            assert call.settled is not None
             call.settled.wait()
             if not call.lead:
                 return call.outcome()
@@ -166,6 +173,7 @@ class GroupCommit:
             self._spawn_leader()
         else:
             following.lead = True
+            assert following.settled is not None  # it waits (`_join`)
             following.settled.set()
 
     def _settle(self, batch: list[_Call]) -> None:

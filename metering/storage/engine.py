@@ -99,6 +99,16 @@ def sqlite_synchronous() -> str:
     return value
 
 
+def sqlite_pragmas(connection: sqlite3.Connection, synchronous: str) -> None:
+    """What every connection to a SQLite database runs first (also the hot
+    path's own, `metering.storage.hot_sqlite.DirectSqlite`)."""
+    cursor = connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cursor.execute(f"PRAGMA synchronous={synchronous}")
+    cursor.close()
+
+
 def _sqlite_engine(url: str, **kwargs: Any) -> Engine:
     kwargs.setdefault("connect_args", {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
     synchronous = sqlite_synchronous()
@@ -108,11 +118,7 @@ def _sqlite_engine(url: str, **kwargs: Any) -> Engine:
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         # Let SQLAlchemy's "begin" event issue BEGIN IMMEDIATE itself.
         dbapi_connection.isolation_level = None
-        cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
-        cursor.execute(f"PRAGMA synchronous={synchronous}")
-        cursor.close()
+        sqlite_pragmas(dbapi_connection, synchronous)
 
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Connection) -> None:
@@ -203,19 +209,27 @@ def run_retry_aware(
         try:
             with engine.begin() as connection:
                 return work(connection, attempt > 0)
-        except RetryTransaction:
-            if attempt == attempts - 1:
-                raise _failed(StorageError("transaction kept conflicting; gave up")) from None
-            reason = "requested"
-        except DBAPIError as exc:
-            if not _is_retryable(exc) or attempt == attempts - 1:
-                raise _failed(translate(exc)) from exc
-            reason = _retry_reason(exc)
-        except SQLAlchemyError as exc:
-            raise _failed(translate(exc)) from exc
-        count_db_retry(reason)
-        time.sleep(min(0.5, 0.005 * 2**attempt) * random.uniform(0.5, 1.5))
+        except (RetryTransaction, SQLAlchemyError) as exc:
+            retry_or_raise(exc, attempt, attempts)
     raise AssertionError("unreachable")
+
+
+def retry_or_raise(exc: RetryTransaction | SQLAlchemyError, attempt: int, attempts: int) -> None:
+    """After ``attempt`` (from 0) of ``attempts`` failed with ``exc``: count
+    the retry and back off, or raise ``exc`` as a `StorageError` when it is
+    not worth another run or the attempts are spent."""
+    if isinstance(exc, RetryTransaction):
+        if attempt == attempts - 1:
+            raise _failed(StorageError("transaction kept conflicting; gave up")) from None
+        reason = "requested"
+    elif isinstance(exc, DBAPIError):
+        if not _is_retryable(exc) or attempt == attempts - 1:
+            raise _failed(translate(exc)) from exc
+        reason = _retry_reason(exc)
+    else:
+        raise _failed(translate(exc)) from exc
+    count_db_retry(reason)
+    time.sleep(min(0.5, 0.005 * 2**attempt) * random.uniform(0.5, 1.5))
 
 
 def current_revision(engine: Engine) -> str | None:

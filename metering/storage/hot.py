@@ -11,10 +11,14 @@
   usage rollups (limits with dimensions only). On PostgreSQL it is one
   round trip, and it carries the COMMIT when nothing else follows.
 
-Two implementations work on the caller's transaction:
-`metering.storage.hot_postgres.PostgresHotStore` and
+Two implementations: `metering.storage.hot_postgres.PostgresHotStore` and
 `metering.storage.hot_sqlite.SqliteHotStore`. `metering.storage.hot_stores.hot_store`
-picks one.
+picks one for a SQLAlchemy connection's transaction. On SQLite the common
+case runs without SQLAlchemy: `metering.storage.hot_sqlite.DirectSqlite`
+gives the store a stdlib ``sqlite3`` connection of its own in a ``BEGIN
+IMMEDIATE`` transaction, and what is rare there (the limits' cache
+reloaded, grants, notification marks, dead letters) raises `NeedsConnection`
+so that the caller runs the transaction again on a SQLAlchemy connection.
 
 Lock order, as in the general engine (`Store`): first-use window rows sorted
 by (limit, subject), then counters sorted by (limit, subject, window start),
@@ -72,6 +76,11 @@ class Changes:
     # Dead letters (input that could not be applied), for a store whose
     # ``takes_rejected`` is true; the caller records them otherwise.
     rejected: list[Rejected] = field(default_factory=list)
+
+
+class NeedsConnection(Exception):
+    """The transaction needs a SQLAlchemy connection (the direct SQLite path
+    has none): roll it back and run it again on one."""
 
 
 class HotStore(Protocol):

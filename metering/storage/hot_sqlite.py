@@ -1,23 +1,40 @@
-"""The hot path on SQLite: the sqlite3 connection directly, prepared statements.
+"""The hot path on SQLite: the stdlib sqlite3 connection, prepared statements.
 
-The transaction is ``BEGIN IMMEDIATE`` (see `engine`): it holds SQLite's one
-write lock from the start, so reading is locking. Statements are fixed
-strings, which sqlite3 keeps compiled in its statement cache.
+The transaction is ``BEGIN IMMEDIATE``: it holds SQLite's one write lock
+from the start, so reading is locking. Statements are fixed strings, which
+sqlite3 keeps compiled in its statement cache; rows are tuples.
+
+`DirectSqlite` runs the hot path's transactions on connections of its own,
+with no SQLAlchemy `Connection` or transaction object: a small pool of
+stdlib connections to the same file, set up as the engine's
+(`metering.storage.engine.sqlite_pragmas`), retried and translated as
+`metering.storage.engine.run_retry_aware` does. A `SqliteHotStore` it hands
+out has no SQLAlchemy connection; what needs one raises `NeedsConnection`.
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
-from collections.abc import Iterator, Sequence
-from typing import Any, Final
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Final, TypeVar
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError, StatementError
 
 from metering.domain.rollups import rollup_rows
 from metering.domain.windows import Window
 from metering.storage.allowances import AllowanceStore
-from metering.storage.hot import Changes, Snapshot, WantedKey
+from metering.storage.engine import (
+    SQLITE_BUSY_TIMEOUT_MS,
+    RetryTransaction,
+    retry_or_raise,
+    sqlite_pragmas,
+    sqlite_synchronous,
+)
+from metering.storage.hot import Changes, NeedsConnection, Snapshot, WantedKey
 from metering.storage.queries import Pair, record_from_row, result_row
 from metering.storage.rollups import SQLITE_UPSERT
 
@@ -33,6 +50,14 @@ SELECT window_start_us, window_end_us FROM current_windows WHERE limit_name = ? 
 SELECT_COUNTER: Final = """
 SELECT used, denied_count, denied_cost, first_denied_at_us, tat_us, tat_rem, tat_scale
 FROM counters WHERE limit_name = ? AND subject = ? AND window_start_us = ?
+"""
+# The version and one counter (or none: the LEFT JOIN's NULLs) in one statement.
+VERSION_AND_COUNTER: Final = """
+SELECT v.version, c.used, c.denied_count, c.denied_cost, c.first_denied_at_us, c.tat_us,
+       c.tat_rem, c.tat_scale
+FROM limits_version AS v
+LEFT JOIN counters AS c ON c.limit_name = ? AND c.subject = ? AND c.window_start_us = ?
+WHERE v.id = 1
 """
 UPDATE_COUNTER: Final = """
 UPDATE counters SET used = ?, denied_count = ?, denied_cost = ?, first_denied_at_us = ?,
@@ -57,14 +82,28 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 """
 
 
-class SqliteHotStore:
-    """`HotStore` on the sqlite3 connection under a SQLAlchemy transaction."""
+T = TypeVar("T")
 
-    def __init__(self, connection: Connection) -> None:
-        raw = connection.connection.driver_connection
+
+class SqliteHotStore:
+    """`HotStore` on a sqlite3 connection: a SQLAlchemy connection's own,
+    under its transaction, or one of `DirectSqlite` (``connection`` None)."""
+
+    def __init__(
+        self, connection: Connection | None, raw: sqlite3.Connection | None = None
+    ) -> None:
+        if raw is None:
+            assert connection is not None
+            raw = connection.connection.driver_connection
         assert isinstance(raw, sqlite3.Connection)
         self.raw = raw
         self.connection = connection
+
+    def _general(self) -> Connection:
+        """The SQLAlchemy connection, for what is rare (grants)."""
+        if self.connection is None:
+            raise NeedsConnection("grants")
+        return self.connection
 
     def read(
         self,
@@ -76,7 +115,6 @@ class SqliteHotStore:
     ) -> Snapshot:
         raw = self.raw
         try:
-            (version,) = raw.execute(VERSION).fetchone()
             stored = {}
             for event_id in ids or ():
                 row = raw.execute(FETCH_RESULT, (event_id,)).fetchone()
@@ -91,38 +129,53 @@ class SqliteHotStore:
                 if current is not None:
                     wanted.append((pair[0], pair[1], current[0]))
             states = {}
-            for key in wanted:
+            if wanted:
+                # The first counter rides with the version (one statement for `consume`).
+                version, *first = raw.execute(VERSION_AND_COUNTER, wanted[0]).fetchone()
+                if first[0] is not None:  # ``used`` is NOT NULL: the row exists
+                    states[wanted[0]] = first
+            else:
+                (version,) = raw.execute(VERSION).fetchone()
+            for key in wanted[1:]:
                 row = raw.execute(SELECT_COUNTER, key).fetchone()
                 if row is not None:
                     states[key] = list(row)
         except sqlite3.Error as exc:
             raise _translate(exc) from exc
         # The transaction holds SQLite's one write lock already.
-        pots = AllowanceStore(self.connection).lock_pots(grant_pairs, None) if grant_pairs else {}
+        pots = AllowanceStore(self._general()).lock_pots(grant_pairs, None) if grant_pairs else {}
         return Snapshot(version, stored, windows, states, pots)
 
     def write(self, changes: Changes, now_us: int, *, commit: bool) -> None:
         # ``commit`` is left to the caller's transaction: SQLite has no round trip to save.
         raw = self.raw
         try:
+            # One row (`consume`): `execute`, which costs less than `executemany`.
             if changes.updated:
-                raw.executemany(UPDATE_COUNTER, _updates(changes, now_us))
+                _execute(raw, UPDATE_COUNTER, list(_updates(changes, now_us)))
             if changes.created:
                 rows = [(*key, end, *state, now_us) for key, end, state in changes.created]
-                raw.executemany(INSERT_COUNTER, rows)
+                _execute(raw, INSERT_COUNTER, rows)
             windows = [*changes.new_windows, *changes.moved_windows]
             if windows:
-                raw.executemany(UPSERT_WINDOW, [(*pair, *window) for pair, window in windows])
+                _execute(raw, UPSERT_WINDOW, [(*pair, *window) for pair, window in windows])
             if changes.results:
-                raw.executemany(INSERT_RESULT, [result_row(r) for r in changes.results])
+                _execute(raw, INSERT_RESULT, [result_row(r) for r in changes.results])
             if changes.draws:
-                AllowanceStore(self.connection).write_draws(changes.draws)
+                AllowanceStore(self._general()).write_draws(changes.draws)
             if changes.rollups:
                 raw.executemany(SQLITE_UPSERT, rollup_rows(changes.rollups))
         except sqlite3.Error as exc:
             # `run_transaction` runs again after a key written meanwhile, and
             # only then: any other constraint would fail the same way again.
             raise _translate(exc) from exc
+
+
+def _execute(raw: sqlite3.Connection, statement: str, rows: list[tuple[Any, ...]]) -> None:
+    if len(rows) == 1:
+        raw.execute(statement, rows[0])
+    else:
+        raw.executemany(statement, rows)
 
 
 def _updates(changes: Changes, now_us: int) -> Iterator[tuple[Any, ...]]:
@@ -132,3 +185,131 @@ def _updates(changes: Changes, now_us: int) -> Iterator[tuple[Any, ...]]:
 
 def _translate(exc: sqlite3.Error) -> StatementError:
     return DBAPIError.instance(None, None, exc, sqlite3.Error)
+
+
+class DirectSqlite:
+    """The hot path's own sqlite3 connections to one database file.
+
+    A connection is used by one thread at a time: `run` takes one from the
+    pool (or opens one) and gives it back when its transaction has ended.
+    A process forked from this one never uses its parent's connections: it
+    leaves them open and untouched (closing a parent's connection in a child
+    is unsafe in SQLite) and opens its own. `close` closes the idle ones and
+    the busy ones when they come back.
+    """
+
+    IDLE: Final = 8  # connections kept open while idle
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.synchronous = sqlite_synchronous()
+        self._reset()
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._idle: deque[sqlite3.Connection] = deque()
+        self._open: set[sqlite3.Connection] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @classmethod
+    def for_engine(cls, engine: Engine) -> DirectSqlite | None:
+        """For a SQLite engine on a plain file; None otherwise (PostgreSQL,
+        an in-memory database, a URL with options)."""
+        url = engine.url
+        if engine.dialect.name != "sqlite" or url.query:
+            return None
+        if not url.database or url.database == ":memory:" or url.database.startswith("file:"):
+            return None
+        return cls(url.database)
+
+    def _connect(self) -> sqlite3.Connection:
+        # Shared across threads one at a time (the pool), never at once.
+        raw = sqlite3.connect(
+            self.path,
+            timeout=SQLITE_BUSY_TIMEOUT_MS / 1000,
+            isolation_level=None,
+            check_same_thread=False,
+        )
+        try:
+            sqlite_pragmas(raw, self.synchronous)
+        except BaseException:
+            raw.close()
+            raise
+        with self._lock:
+            self._open.add(raw)
+        return raw
+
+    def _checkout(self) -> sqlite3.Connection:
+        if self._pid != os.getpid():  # forked: the parent's connections stay untouched
+            _ABANDONED.extend(self._open)
+            self._reset()
+        try:
+            return self._idle.pop()
+        except IndexError:
+            return self._connect()
+
+    def _checkin(self, raw: sqlite3.Connection) -> None:
+        # (No fork check: `_checkout` made this process's pool, and a thread
+        # that forks inside a transaction continues only in one process.)
+        if self._closed or len(self._idle) >= self.IDLE:
+            self._discard(raw)
+        else:
+            self._idle.append(raw)
+
+    def _discard(self, raw: sqlite3.Connection) -> None:
+        with self._lock:
+            self._open.discard(raw)
+        raw.close()
+
+    def run(self, work: Callable[[SqliteHotStore, bool], T], *, attempts: int = 10) -> T:
+        """Run ``work(store, retry)`` in one ``BEGIN IMMEDIATE`` transaction,
+        committed when it returns; run again as `run_retry_aware` would (a
+        busy database, a key written meanwhile, `RetryTransaction`), driver
+        errors raised as `metering.errors` exceptions. `NeedsConnection`
+        rolls back and propagates."""
+        for attempt in range(attempts):
+            raw = self._checkout()
+            try:
+                try:
+                    raw.execute("BEGIN IMMEDIATE")
+                    result = work(SqliteHotStore(None, raw), attempt > 0)
+                    raw.execute("COMMIT")
+                except BaseException:
+                    if raw.in_transaction:
+                        raw.execute("ROLLBACK")
+                    raise
+            except (RetryTransaction, StatementError) as exc:
+                self._checkin(raw)
+                retry_or_raise(exc, attempt, attempts)
+                continue
+            except sqlite3.Error as exc:
+                # A failed ROLLBACK leaves the connection unusable: drop it.
+                if raw.in_transaction:
+                    self._discard(raw)
+                else:
+                    self._checkin(raw)
+                retry_or_raise(_translate(exc), attempt, attempts)
+                continue
+            except BaseException:
+                if raw.in_transaction:
+                    self._discard(raw)
+                else:
+                    self._checkin(raw)
+                raise
+            self._checkin(raw)
+            return result
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        """Close every connection of this process (those in use when they come back)."""
+        if self._pid != os.getpid():
+            return
+        self._closed = True
+        while self._idle:
+            self._discard(self._idle.pop())
+
+
+# Connections a forked child inherited: kept referenced so that they are
+# never closed (nor finalised) in the child.
+_ABANDONED: list[sqlite3.Connection] = []

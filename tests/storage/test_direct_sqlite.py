@@ -1,0 +1,223 @@
+"""The SQLite hot path on stdlib sqlite3 connections of its own (issue 20, point 2).
+
+`consume` and batches on a SQLite file run in a ``BEGIN IMMEDIATE``
+transaction on a connection of `metering.storage.hot_sqlite.DirectSqlite`,
+with no SQLAlchemy `Connection` or transaction object; what needs one
+(notification marks, dead letters, grants, the limits' cache reloaded) runs
+the transaction again under SQLAlchemy. These tests hold that, and that a
+process killed inside such a transaction loses nothing committed and leaves
+nothing half-written.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import sqlite3
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from sqlalchemy import event, func, select
+
+from metering import FrozenClock, Limit, Meter
+from metering.storage import hot_sqlite
+from metering.storage.hot_sqlite import SqliteHotStore
+from metering.storage.tables import counters, results, webhook_marks
+
+NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+LIMIT = Limit("calls", maximum=1_000, period="1d", window="calendar")
+
+
+@pytest.fixture
+def meter(sqlite_url: str) -> Iterator[Meter]:
+    with Meter(sqlite_url, clock=FrozenClock(NOW)) as m:
+        m.set_limit(LIMIT)
+        yield m
+
+
+def sqlalchemy_activity(meter: Meter) -> list[str]:
+    """Every transaction and statement the meter's SQLAlchemy engine runs from now on."""
+    seen: list[str] = []
+    event.listen(meter.engine, "begin", lambda _connection: seen.append("BEGIN"))
+    event.listen(
+        meter.engine,
+        "before_cursor_execute",
+        lambda _c, _cursor, statement, *_args: seen.append(statement),
+    )
+    return seen
+
+
+def used(meter: Meter) -> tuple[int, int]:
+    with meter.engine.connect() as connection:
+        count = connection.execute(select(func.count()).select_from(results)).scalar_one()
+        total = connection.execute(select(func.sum(counters.c.used))).scalar_one()
+    return count, total or 0
+
+
+def test_consume_on_sqlite_uses_no_sqlalchemy_connection(meter: Meter) -> None:
+    meter.consume("warm-up", "calls")  # the limits' cache is loaded under SQLAlchemy
+    seen = sqlalchemy_activity(meter)
+    statements: list[str] = []
+    original = hot_sqlite.SqliteHotStore.read
+
+    def traced_read(store: SqliteHotStore, *args: Any, **kwargs: Any) -> Any:
+        store.raw.set_trace_callback(statements.append)
+        return original(store, *args, **kwargs)
+
+    hot_sqlite.SqliteHotStore.read = traced_read  # type: ignore[method-assign]
+    try:
+        decisions = [meter.consume(f"subject-{i % 3}", "calls") for i in range(20)]
+        meter.apply_records([meter_event(i).record() for i in range(5)])
+    finally:
+        hot_sqlite.SqliteHotStore.read = original  # type: ignore[method-assign]
+    assert all(d.allowed for d in decisions)
+    assert seen == []  # not one SQLAlchemy transaction or statement
+    # The stdlib connection ran the statements, and committed each transaction itself.
+    # (Traced from the first read on: the first BEGIN IMMEDIATE is not seen.)
+    assert statements.count("COMMIT") == 21  # 20 calls and a batch
+    assert statements.count("BEGIN IMMEDIATE") == 20
+    assert any(s.lstrip().startswith("INSERT INTO results") for s in statements)
+    assert used(meter) == (26, 26)
+
+
+def meter_event(index: int) -> Any:
+    from metering.domain.events import make_event
+
+    return make_event([("batch", "calls", 1)], NOW, f"batch-{index}", None)
+
+
+def test_what_needs_sqlalchemy_runs_again_under_it(sqlite_url: str) -> None:
+    # The first denial of a window leaves a notification mark, written by the
+    # webhook store on a SQLAlchemy connection: the direct transaction is
+    # rolled back and the call runs again, whole, under SQLAlchemy; nothing
+    # is written twice.
+    with Meter(sqlite_url, clock=FrozenClock(NOW)) as meter:
+        meter.set_limit(Limit("small", maximum=2, period="1d", window="calendar"))
+        assert meter.consume("s", "small").allowed
+        seen = sqlalchemy_activity(meter)
+        assert meter.consume("s", "small").allowed
+        assert seen == []
+        assert not meter.consume("s", "small").allowed  # the first denial: a mark
+        assert "BEGIN" in seen
+        assert not meter.consume("s", "small").allowed
+        with meter.engine.connect() as connection:
+            marks = connection.execute(select(func.count()).select_from(webhook_marks))
+            assert marks.scalar_one() == 1
+            denied = connection.execute(select(counters.c.denied_count)).scalar_one()
+        assert denied == 2
+        assert used(meter) == (4, 2)
+
+
+def _killed_inside(url: str, ready: Any) -> None:
+    """Child: commit 50 events, then stop inside the next transaction, after
+    its writes and before its COMMIT, and wait there to be killed."""
+    with Meter(url, clock=FrozenClock(NOW)) as meter:
+        for i in range(50):
+            meter.consume(f"subject-{i % 5}", "calls", event_id=f"kept-{i}")
+        original = hot_sqlite.SqliteHotStore.write
+
+        def stop_after_write(store: SqliteHotStore, *args: Any, **kwargs: Any) -> None:
+            original(store, *args, **kwargs)
+            assert store.connection is None  # the direct path, not SQLAlchemy's
+            ready.send("written")
+            signal.pause()  # killed here
+
+        hot_sqlite.SqliteHotStore.write = stop_after_write  # type: ignore[method-assign]
+        meter.consume("subject-0", "calls", event_id="lost", cost=7)
+
+
+def test_a_process_killed_inside_a_transaction_loses_nothing_committed(
+    meter: Meter, sqlite_url: str
+) -> None:
+    context = multiprocessing.get_context("fork")
+    ours, theirs = context.Pipe()
+    child = context.Process(target=_killed_inside, args=(sqlite_url, theirs))
+    child.start()
+    theirs.close()  # a child that dies early ends the pipe: recv raises EOFError
+    assert ours.recv() == "written"
+    os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
+    child.join()
+    assert child.exitcode == -signal.SIGKILL
+    # Every committed event is there, the half-done one is not, and the
+    # write lock it held is free: a new transaction goes through at once.
+    assert used(meter) == (50, 50)
+    with meter.engine.connect() as connection:
+        ids = set(connection.execute(select(results.c.event_id)).scalars())
+    assert ids == {f"kept-{i}" for i in range(50)}
+    assert meter.consume("subject-0", "calls", event_id="after").allowed
+    raw = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"))
+    assert raw.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    raw.close()
+    assert used(meter) == (51, 51)
+
+
+def _consume_in_child(meter: Meter, parent_connections: set[int], out: Any) -> None:
+    direct = meter._engine.direct
+    assert direct is not None
+    meter.consume("child", "calls")
+    mine = {id(c) for c in direct._open}
+    out.send((bool(mine), bool(mine & parent_connections)))
+
+
+def test_a_forked_process_opens_its_own_connections(meter: Meter) -> None:
+    meter.consume("parent", "calls")
+    direct = meter._engine.direct
+    assert direct is not None
+    parents = {id(c) for c in direct._open}
+    assert parents
+    context = multiprocessing.get_context("fork")
+    ours, theirs = context.Pipe()
+    child = context.Process(target=_consume_in_child, args=(meter, parents, theirs))
+    child.start()
+    theirs.close()
+    assert ours.recv() == (True, False)
+    child.join()
+    assert child.exitcode == 0
+    # The parent's connection still works.
+    assert meter.consume("parent", "calls").allowed
+    assert used(meter) == (3, 3)
+
+
+def test_close_closes_the_direct_connections(sqlite_url: str) -> None:
+    meter = Meter(sqlite_url, clock=FrozenClock(NOW))
+    meter.set_limit(LIMIT)
+    meter.consume("s", "calls")
+    direct = meter._engine.direct
+    assert direct is not None
+    opened = list(direct._open)
+    assert opened
+    meter.close()
+    assert not direct._open
+    for connection in opened:
+        with pytest.raises(sqlite3.ProgrammingError):
+            connection.execute("SELECT 1")
+
+
+def test_threads_each_with_a_transaction_share_the_pool_exactly(sqlite_url: str) -> None:
+    # Without group commit every thread runs its own BEGIN IMMEDIATE on a
+    # pooled connection: they queue on SQLite's write lock, none is lost or
+    # counted twice, and a hard limit holds exactly.
+    with Meter(sqlite_url, clock=FrozenClock(NOW), group_commit=False) as meter:
+        meter.set_limit(Limit("hard", maximum=300, period="1d", window="calendar"))
+        meter.consume("warm-up", "hard")  # another subject: the cache is loaded
+
+        def calls(thread: int) -> int:
+            return sum(meter.consume("shared", "hard").allowed for _ in range(50))
+
+        with ThreadPoolExecutor(8) as pool:
+            allowed = sum(pool.map(calls, range(8)))
+        direct = meter._engine.direct
+        assert direct is not None
+        assert 1 <= len(direct._open) <= 8  # one per thread at most
+        with meter.engine.connect() as connection:
+            row = connection.execute(
+                select(counters.c.used, counters.c.denied_count).where(
+                    counters.c.subject == "shared"
+                )
+            ).one()
+    assert allowed == 300
+    assert tuple(row) == (300, 100)
