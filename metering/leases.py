@@ -174,6 +174,12 @@ class LeaseBook:
     def __len__(self) -> int:
         return len(self._keys)
 
+    def held_units(self) -> int:
+        """Units this process holds in leases and has not used (nor handed
+        to a stacked reservation): what it would lose if killed now."""
+        with self._lock:
+            return sum(lease.unused for _, lease in self._open.values())
+
     # -- from memory ---------------------------------------------------------
 
     def take(self, subject: str, limit: str, cost: int) -> Decision | None:
