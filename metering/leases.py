@@ -47,6 +47,7 @@ from metering.domain.leases import (
     leasable,
     lease_times,
     served_decision,
+    streak_after,
 )
 from metering.domain.limits import Limit
 from metering.domain.reservations import ReservationState
@@ -59,6 +60,10 @@ log = logging.getLogger("metering.leases")
 DEFAULT_CAPACITY = 50_000
 LIMIT_CACHE_US = 60_000_000
 REAP_INTERVAL_SECONDS = 0.25
+# How long a call waits for another call's renewal of the same key before it
+# takes the exact path itself.
+RENEW_WAIT_SECONDS = 1.0
+BUSY = "busy"
 
 KeyName = tuple[str, str]  # (subject, limit)
 
@@ -84,15 +89,17 @@ class Metered(Protocol):
 
 class _Lease:
     """A block held in memory: ``used`` by requests, ``held`` by stacked
-    reservations whose fate is not known yet; ``closed`` once settling."""
+    reservations whose fate is not known yet, ``taken`` the units handed out
+    (given back or not: the key's demand); ``closed`` once settling."""
 
-    __slots__ = ("block", "closed", "expires_at_us", "held", "last_used_us", "used")
+    __slots__ = ("block", "closed", "expires_at_us", "held", "last_used_us", "taken", "used")
 
     def __init__(self, block: Block, expires_at_us: int, now_us: int) -> None:
         self.block = block
         self.expires_at_us = expires_at_us
         self.used = 0
         self.held = 0
+        self.taken = 0
         self.closed = False
         self.last_used_us = now_us
 
@@ -102,18 +109,36 @@ class _Lease:
 
 
 class _Key:
-    """A key's memory: when it was last seen, what it used of its last block
-    (or the exact path's cost), what its window had left and when it ends."""
+    """A key's memory: when it was last seen and its streak, what its last
+    block handed out (or the exact path's cost), what its window had left and
+    when it ends; ``renewed`` is set when a renewal in progress ends."""
 
-    __slots__ = ("last_seen_us", "lease", "left", "renewing", "used_before", "window_end_us")
+    __slots__ = (
+        "last_seen_us",
+        "lease",
+        "left",
+        "renewed",
+        "streak",
+        "used_before",
+        "window_end_us",
+    )
 
     def __init__(self, now_us: int, used_before: int, left: int, window_end_us: int) -> None:
         self.last_seen_us = now_us
+        self.streak = 1
         self.used_before = used_before
         self.left = left
         self.window_end_us = window_end_us
         self.lease: _Lease | None = None
-        self.renewing = False
+        self.renewed: threading.Event | None = None
+
+    def seen(self, now_us: int) -> None:
+        self.streak = streak_after(self.streak, self.last_seen_us, now_us)
+        self.last_seen_us = now_us
+
+    def hot(self, now_us: int) -> bool:
+        """Whether a request now finds the key hot."""
+        return is_hot(streak_after(self.streak, self.last_seen_us, now_us))
 
 
 class LeasedReservation:
@@ -164,7 +189,7 @@ class LeaseBook:
         self.capacity = capacity
         self._keys: OrderedDict[KeyName, _Key] = OrderedDict()
         self._open: dict[str, tuple[KeyName, _Lease]] = {}
-        self._evicted: list[_Lease] = []
+        self._to_settle: list[_Lease] = []
         self._lock = threading.Lock()
         self._limits: dict[str, tuple[int, Limit | None]] = {}
         self._stop = threading.Event()
@@ -190,6 +215,7 @@ class LeaseBook:
             if lease is None:
                 return None
             lease.used += cost
+            lease.taken += cost
             unused = lease.unused
         return served_decision(lease.block, cost, unused, from_us(now_us))
 
@@ -201,6 +227,7 @@ class LeaseBook:
             if lease is None:
                 return None
             lease.held += cost
+            lease.taken += cost
             unused = lease.unused
         decision = served_decision(lease.block, cost, unused, from_us(now_us))
         return LeasedReservation(self, lease, cost, decision)
@@ -218,7 +245,8 @@ class LeaseBook:
             or not lease.last_used_us <= now_us < lease.block.serve_until_us
         ):
             return None
-        key.last_seen_us = lease.last_used_us = now_us
+        key.seen(now_us)
+        lease.last_used_us = now_us
         self._keys.move_to_end(name)
         return lease
 
@@ -238,7 +266,7 @@ class LeaseBook:
         now_us = self._database.now_us()
         with self._lock:
             key = self._keys.get((subject, limit))
-            return key is not None and not key.renewing and is_hot(key.last_seen_us, now_us)
+            return key is not None and key.renewed is None and key.hot(now_us)
 
     def note(self, subject: str, limit: str, cost: int, decision: Decision) -> None:
         """The exact path decided a request of this key: remember when, and
@@ -255,14 +283,16 @@ class LeaseBook:
                 self._evict()
                 return
             self._keys.move_to_end(name)
-            key.last_seen_us, key.used_before = now_us, cost
+            key.seen(now_us)
+            if key.lease is None:  # else its block's demand sizes the next one
+                key.used_before = cost
             key.left, key.window_end_us = charge.remaining, charge.resets_at_us
 
     def _evict(self) -> None:
         while len(self._keys) > self.capacity:
             _name, key = self._keys.popitem(last=False)
             if key.lease is not None and not key.lease.closed:
-                self._evicted.append(self._close(key.lease))
+                self._to_settle.append(self._close(key.lease))
 
     # -- from the database ---------------------------------------------------
 
@@ -294,43 +324,57 @@ class LeaseBook:
         return reservation
 
     def _renew(self, subject: str, limit: str, cost: int) -> bool:
-        """Settle the key's spent lease and lease a new block if the key is
-        hot and the rule gives one; whether a new block is held."""
+        """Lease a new block if the key is hot and the rule gives one (settling
+        the block it replaces); whether a new block is held. A call that finds
+        another renewing the key waits for it (at most `RENEW_WAIT_SECONDS`)."""
         definition = self._limit(limit)
         if definition is None or not leasable(definition):
             return False
-        now_us = self._database.now_us()
-        planned = self._plan((subject, limit), cost, now_us)
+        planned = self._plan((subject, limit), cost, self._database.now_us())
+        if isinstance(planned, threading.Event):
+            return planned.wait(RENEW_WAIT_SECONDS)
         if planned is None:
             return False
         key, units, old = planned
+        renewed = key.renewed
         try:
             if old is not None:
                 self._settle(old)
             return self._take_block(subject, limit, key, units)
         finally:
             with self._lock:
-                key.renewing = False
+                key.renewed = None
+            if renewed is not None:
+                renewed.set()
 
     def _plan(
         self, name: KeyName, cost: int, now_us: int
-    ) -> tuple[_Key, int, _Lease | None] | None:
+    ) -> tuple[_Key, int, _Lease | None] | threading.Event | None:
+        """Under the lock: the block to lease (and the lease it replaces, if
+        that has units to give back), the renewal to wait for, or None."""
         with self._lock:
             key = self._keys.get(name)
-            if key is None or key.renewing or now_us >= key.window_end_us:
-                return None  # unknown, busy, or a window not seen yet: the exact path
+            if key is not None and key.renewed is not None:
+                return key.renewed
+            if key is None or now_us >= key.window_end_us:
+                return None  # unknown, or a window not seen yet: the exact path
             old, left, used_before = key.lease, key.left, key.used_before
-            if old is not None and not old.closed:
+            if old is not None:
                 left = old.block.charge.remaining + old.unused
-                used_before = old.used + old.held
-            units = block_units(used_before, is_hot(key.last_seen_us, now_us), left, cost)
+                used_before = old.taken
+            units = block_units(used_before, key.hot(now_us), left, cost)
             if units <= cost:
                 return None
-            key.renewing = True
-            closing = self._close(old) if old is not None and not old.closed else None
+            key.renewed = threading.Event()
             key.lease = None
             key.used_before = used_before
-            return key, units, closing
+            if old is None or old.closed:
+                return key, units, None
+            self._close(old)
+            if old.unused > 0:  # its units go back before the next block is leased
+                return key, units, old
+            self._to_settle.append(old)  # spent: the settling thread commits it
+            return key, units, None
 
     def _take_block(self, subject: str, limit: str, key: _Key, units: int) -> bool:
         now_us = self._database.now_us()
@@ -384,8 +428,8 @@ class LeaseBook:
                 for _, lease in list(self._open.values())
                 if everything or _due(lease, now_us)
             ]
-            due += self._evicted
-            self._evicted = []
+            due += self._to_settle
+            self._to_settle = []
         for lease in due:
             self._settle(lease)
         return len(due)

@@ -13,10 +13,14 @@ under-grant, never an over-grant.
 
 The block rule (`block_units`), for a request costing ``cost``:
 
-* a **cold** key (no request within `HOT_SECONDS`) leases nothing: the exact
-  path decides the request (``cost`` is returned, which means "no block");
-* a **hot** key leases twice what it used of its previous block (or of the
-  exact path: ``cost``), so a key that spends its blocks doubles them;
+* a **cold** key leases nothing: the exact path decides the request
+  (``cost`` is returned, which means "no block"). A key is hot once it has
+  had `HOT_STREAK` requests in a row, each within `HOT_SECONDS` of the one
+  before (`streak_after`, `is_hot`): a key seen now and then (one of 10,000
+  client addresses) stays on the exact path, where a block would cost a
+  transaction to lease it and another to give most of it back;
+* a **hot** key leases twice what its previous block handed out (or the
+  exact path's ``cost``), so a key that spends its blocks doubles them;
 * never more than a quarter of what is ``left`` of the window (as last seen)
   nor `MAX_BLOCK_UNITS`;
 * a block no larger than ``cost`` is no block: the last units of a window
@@ -38,7 +42,9 @@ from metering.domain.decisions import ChargeDecision, Decision
 from metering.domain.limits import Limit
 
 HOT_SECONDS: Final = 1.0
-"""A key seen again within this is hot; a lease idle this long is settled."""
+"""Requests this close together make a streak; a lease idle this long is settled."""
+HOT_STREAK: Final = 4
+"""Requests in a streak that make a key hot."""
 LEASE_SECONDS: Final = 5.0
 """A lease's time to live (its reservation's), never past its window's end."""
 SETTLE_MARGIN_SECONDS: Final = 1.0
@@ -62,16 +68,27 @@ def leasable(limit: Limit) -> bool:
     return limit.algorithm == "fixed_window" and limit.enforcement == "hard"
 
 
-def is_hot(last_seen_us: int | None, now_us: int) -> bool:
-    """Whether a key last seen at ``last_seen_us`` is hot at ``now_us``."""
+def recent(last_seen_us: int | None, now_us: int) -> bool:
+    """Whether a request at ``now_us`` continues a streak last seen at ``last_seen_us``."""
     return last_seen_us is not None and 0 <= now_us - last_seen_us < HOT_US
+
+
+def streak_after(streak: int, last_seen_us: int | None, now_us: int) -> int:
+    """A key's streak once it has a request at ``now_us``."""
+    return streak + 1 if recent(last_seen_us, now_us) else 1
+
+
+def is_hot(streak: int) -> bool:
+    """Whether a key with this streak (counting the request at hand) is hot."""
+    return streak >= HOT_STREAK
 
 
 def block_units(used_before: int, hot: bool, left: int, cost: int) -> int:
     """Units to lease for a request of ``cost``; ``cost`` itself means no block.
 
-    ``used_before``: the units the key used of its previous block (``cost``
-    after the exact path); ``left``: what its window had left when last seen.
+    ``used_before``: the units the key's previous block handed out, held
+    units given back included (``cost`` after the exact path): its demand;
+    ``left``: what its window had left when last seen.
     """
     if not hot:
         return cost

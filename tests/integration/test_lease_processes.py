@@ -132,7 +132,8 @@ def test_a_process_killed_holding_a_lease_never_causes_an_over_grant(
     # The victim's unused units are lost for this window: under, never over.
     assert allowed == MAXIMUM - held["holding"]
     assert counted(meter, SUBJECT, "hard") == MAXIMUM
-    # Its reservation expired (the test's clock is past it): the sweeper
-    # commits it in full, and the counter is the ledger's settled usage.
-    assert meter.sweep_reservations()["committed"] == 1
+    # Its reservations expired (the test's clock is past them): the sweeper
+    # commits them in full (the one it held, and any spent block it had not
+    # yet settled), and the counter is the ledger's settled usage.
+    assert meter.sweep_reservations()["committed"] >= 1
     assert counted(meter, SUBJECT, "hard") == settled_usage(meter, SUBJECT, "hard") == MAXIMUM

@@ -11,6 +11,7 @@ from metering.clock import FrozenClock
 from metering.domain.decisions import ChargeDecision
 from metering.domain.instants import to_us
 from metering.domain.leases import (
+    HOT_STREAK,
     HOT_US,
     LEASE_US,
     MAX_BLOCK_UNITS,
@@ -20,26 +21,44 @@ from metering.domain.leases import (
     is_hot,
     leasable,
     lease_times,
+    recent,
     served_charge,
+    streak_after,
 )
 from metering.domain.limits import Limit
 
 
 def test_a_cold_key_leases_only_its_cost(clock: FrozenClock) -> None:
     now_us = to_us(clock())
-    assert not is_hot(None, now_us)  # never seen
+    assert streak_after(0, None, now_us) == 1  # never seen
+    assert not is_hot(1)
     assert block_units(used_before=64, hot=False, left=10_000, cost=1) == 1
     assert block_units(used_before=64, hot=False, left=10_000, cost=5) == 5
 
 
-def test_a_key_is_hot_for_a_second_after_it_was_seen(clock: FrozenClock) -> None:
+def test_a_streak_is_requests_less_than_a_second_apart(clock: FrozenClock) -> None:
     seen_us = to_us(clock())
     clock.advance(seconds=0.999999)
-    assert is_hot(seen_us, to_us(clock()))
+    assert recent(seen_us, to_us(clock()))
+    assert streak_after(2, seen_us, to_us(clock())) == 3
     clock.advance(timedelta(microseconds=1))
     assert to_us(clock()) - seen_us == HOT_US
-    assert not is_hot(seen_us, to_us(clock()))
-    assert not is_hot(seen_us + 5, seen_us)  # a clock that went back: cold
+    assert not recent(seen_us, to_us(clock()))
+    assert streak_after(7, seen_us, to_us(clock())) == 1  # a second apart: it starts over
+    assert not recent(seen_us + 5, seen_us)  # a clock that went back: cold
+
+
+def test_a_key_is_hot_from_its_fourth_request_in_a_streak(clock: FrozenClock) -> None:
+    streak, last_us = 0, None
+    hot = []
+    for _ in range(6):
+        now_us = to_us(clock())
+        streak = streak_after(streak, last_us, now_us)
+        hot.append(is_hot(streak))
+        last_us = now_us
+        clock.advance(seconds=0.5)
+    assert HOT_STREAK == 4
+    assert hot == [False, False, False, True, True, True]
 
 
 def test_the_block_doubles_while_the_key_stays_hot() -> None:
