@@ -371,9 +371,12 @@ class LeaseBook:
             if old is None or old.closed:
                 return key, units, None
             self._close(old)
-            if old.unused > 0:  # its units go back before the next block is leased
+            if old.unused + units > old.block.charge.remaining:
+                # The next block fits only with this one's unused units back:
+                # give them back first (a client near its limit is not
+                # denied for units this process holds).
                 return key, units, old
-            self._to_settle.append(old)  # spent: the settling thread commits it
+            self._to_settle.append(old)  # the settling thread commits it
             return key, units, None
 
     def _take_block(self, subject: str, limit: str, key: _Key, units: int) -> bool:
