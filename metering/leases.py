@@ -63,6 +63,9 @@ REAP_INTERVAL_SECONDS = 0.25
 # How long a call waits for another call's renewal of the same key before it
 # takes the exact path itself.
 RENEW_WAIT_SECONDS = 1.0
+# The book's thread leases a hot key's next block this long before its
+# current one stops serving, so that requests do not wait for the renewal.
+RENEW_AHEAD_US = 1_000_000
 BUSY = "busy"
 
 KeyName = tuple[str, str]  # (subject, limit)
@@ -117,6 +120,7 @@ class _Key:
         "last_seen_us",
         "lease",
         "left",
+        "next",
         "renewed",
         "streak",
         "used_before",
@@ -130,6 +134,7 @@ class _Key:
         self.left = left
         self.window_end_us = window_end_us
         self.lease: _Lease | None = None
+        self.next: _Lease | None = None  # leased ahead, serves once ``lease`` ends
         self.renewed: threading.Event | None = None
 
     def seen(self, now_us: int) -> None:
@@ -238,15 +243,18 @@ class LeaseBook:
         if key is None:
             return None
         lease = key.lease
-        if (
-            lease is None
-            or lease.closed
-            or lease.unused < cost
-            or not lease.last_used_us <= now_us < lease.block.serve_until_us
-        ):
-            return None
+        if not _serves(lease, cost, now_us):
+            ahead = key.next
+            if not _serves(ahead, cost, now_us):
+                return None
+            if lease is not None and not lease.closed:  # spent or ending: settle it
+                self._to_settle.append(self._close(lease))
+            key.lease, key.next, lease = ahead, None, ahead
+        assert lease is not None
         key.seen(now_us)
         lease.last_used_us = now_us
+        if key.next is not None:  # in use as soon as this one ends: not idle
+            key.next.last_used_us = now_us
         self._keys.move_to_end(name)
         return lease
 
@@ -291,8 +299,9 @@ class LeaseBook:
     def _evict(self) -> None:
         while len(self._keys) > self.capacity:
             _name, key = self._keys.popitem(last=False)
-            if key.lease is not None and not key.lease.closed:
-                self._to_settle.append(self._close(key.lease))
+            for lease in (key.lease, key.next):
+                if lease is not None and not lease.closed:
+                    self._to_settle.append(self._close(lease))
 
     # -- from the database ---------------------------------------------------
 
@@ -368,6 +377,9 @@ class LeaseBook:
             key.renewed = threading.Event()
             key.lease = None
             key.used_before = used_before
+            if key.next is not None and not key.next.closed:  # not usable either
+                self._to_settle.append(self._close(key.next))
+            key.next = None
             if old is None or old.closed:
                 return key, units, None
             self._close(old)
@@ -379,7 +391,9 @@ class LeaseBook:
             self._to_settle.append(old)  # the settling thread commits it
             return key, units, None
 
-    def _take_block(self, subject: str, limit: str, key: _Key, units: int) -> bool:
+    def _take_block(
+        self, subject: str, limit: str, key: _Key, units: int, *, ahead: bool = False
+    ) -> bool:
         now_us = self._database.now_us()
         times = lease_times(now_us, key.window_end_us)
         if times is None:
@@ -395,7 +409,10 @@ class LeaseBook:
         block = Block(event.event_id, units, charge, times[1])
         lease = _Lease(block, expires_at_us or times[0], now_us)
         with self._lock:
-            key.lease = lease
+            if ahead:
+                key.next = lease
+            else:
+                key.lease = lease
             key.left = charge.remaining
             key.window_end_us = charge.resets_at_us
             self._open[block.lease_id] = ((subject, limit), lease)
@@ -455,10 +472,40 @@ class LeaseBook:
         self._reaper.start()
         atexit.register(self.close)
 
+    def renew_ahead(self) -> int:
+        """Lease the next block of every hot key whose lease stops serving
+        within `RENEW_AHEAD_US`; how many were leased (the book's thread)."""
+        now_us = self._database.now_us()
+        with self._lock:
+            wanted = [name for name, lease in self._open.values() if _ending(lease, now_us)]
+        return sum(self._renew_ahead(name, now_us) for name in wanted)
+
+    def _renew_ahead(self, name: KeyName, now_us: int) -> bool:
+        with self._lock:
+            key = self._keys.get(name)
+            lease = key.lease if key is not None else None
+            if key is None or lease is None or key.next is not None or key.renewed is not None:
+                return False
+            if not _ending(lease, now_us) or not key.hot(now_us):
+                return False
+            # The current block still holds its unused units: the next one
+            # is sized on what the window has left without them.
+            units = block_units(max(lease.taken, 1), True, lease.block.charge.remaining, 1)
+            if units <= 1:
+                return False
+            renewed = key.renewed = threading.Event()
+        try:
+            return self._take_block(*name, key, units, ahead=True)
+        finally:
+            with self._lock:
+                key.renewed = None
+            renewed.set()
+
     def _reap(self) -> None:
         while not self._stop.wait(REAP_INTERVAL_SECONDS):
             try:
                 self.settle_due()
+                self.renew_ahead()
             except Exception:
                 log.exception("settling leases failed; retrying")
 
@@ -471,6 +518,25 @@ class LeaseBook:
             reaper.join(5)
             atexit.unregister(self.close)
         self.settle_due(everything=True)
+
+
+def _serves(lease: _Lease | None, cost: int, now_us: int) -> bool:
+    """Whether ``lease`` can serve a request of ``cost`` at ``now_us``."""
+    return (
+        lease is not None
+        and not lease.closed
+        and lease.unused >= cost
+        and lease.last_used_us <= now_us < lease.block.serve_until_us
+    )
+
+
+def _ending(lease: _Lease, now_us: int) -> bool:
+    """Whether a lease in use stops serving soon: time to lease the next block."""
+    return (
+        not lease.closed
+        and lease.block.serve_until_us - RENEW_AHEAD_US <= now_us < lease.block.serve_until_us
+        and now_us - lease.last_used_us < HOT_US
+    )
 
 
 def _due(lease: _Lease, now_us: int) -> bool:

@@ -195,3 +195,22 @@ def test_a_key_pushed_out_of_the_book_has_its_lease_settled(
     assert counted(meter, "ada", "api") == settled_usage(meter, "ada", "api") == 6
     clock.advance(timedelta(seconds=1))
     book.close()
+
+
+def test_a_hot_keys_next_block_is_leased_before_its_lease_ends(
+    meter: Meter, clock: FrozenClock
+) -> None:
+    """The book's thread leases the next block in the last second of a lease's
+    serving time; the first request after it is served from memory."""
+    ids = [meter.lease("ada", "api").event_id for _ in range(18)]  # ... a block of 16
+    current = ids[-1]
+    for step in (0.9, 0.9, 0.9, 0.5):  # 3.2 s on: the lease serves until 4 s
+        clock.advance(seconds=step)
+        assert meter.lease("ada", "api").event_id == current
+    meter.leases.renew_ahead()  # (or the book's thread did)
+    clock.advance(seconds=0.8)
+    decision = meter.lease("ada", "api")
+    assert leased(decision.event_id) and decision.event_id != current
+    assert decision.remaining == 100 - 43 + 9  # blocks 3 + 2 + 4 + 8 + 16 + 10 held
+    meter.settle_leases(everything=True)
+    assert counted(meter, "ada", "api") == settled_usage(meter, "ada", "api") == 23
