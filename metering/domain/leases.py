@@ -45,16 +45,21 @@ HOT_SECONDS: Final = 1.0
 """Requests this close together make a streak; a lease idle this long is settled."""
 HOT_STREAK: Final = 4
 """Requests in a streak that make a key hot."""
-LEASE_SECONDS: Final = 5.0
-"""A lease's time to live (its reservation's), never past its window's end."""
+LEASE_SECONDS: Final = 10.0
+"""A lease's time to live (its reservation's), never past its window's end:
+what a process killed holding it keeps from others, at most."""
+SERVE_SECONDS: Final = 4.0
+"""How long a lease serves requests; then it is settled, well before it
+expires (a settlement that came after would find it committed in full)."""
 SETTLE_MARGIN_SECONDS: Final = 1.0
-"""A lease serves until this long before it expires, then is settled: its
-unused units go back while the window is still current."""
+"""A lease stops serving at least this long before it expires: its unused
+units go back while the window is still current."""
 MAX_BLOCK_UNITS: Final = 1 << 14
 """The largest block, whatever is left of the window."""
 
 HOT_US: Final = round(HOT_SECONDS * 1_000_000)
 LEASE_US: Final = round(LEASE_SECONDS * 1_000_000)
+SERVE_US: Final = round(SERVE_SECONDS * 1_000_000)
 SETTLE_MARGIN_US: Final = round(SETTLE_MARGIN_SECONDS * 1_000_000)
 
 
@@ -101,12 +106,13 @@ def lease_times(now_us: int, window_end_us: int) -> tuple[int, int] | None:
     when its window has too little time left to lease in it.
 
     The lease expires `LEASE_SECONDS` from now, or when its window ends if
-    sooner; it serves until `SETTLE_MARGIN_SECONDS` before that, so that
-    its settlement gives the unused units back to a window still current
-    (after its expiry the sweeper commits it in full).
+    sooner; it serves for `SERVE_SECONDS`, and stops at least
+    `SETTLE_MARGIN_SECONDS` before it expires, so that its settlement gives
+    the unused units back to a window still current (after its expiry the
+    sweeper commits it in full).
     """
     expires_at_us = min(now_us + LEASE_US, window_end_us)
-    serve_until_us = expires_at_us - SETTLE_MARGIN_US
+    serve_until_us = min(now_us + SERVE_US, expires_at_us - SETTLE_MARGIN_US)
     if serve_until_us <= now_us:
         return None
     return expires_at_us, serve_until_us

@@ -79,9 +79,9 @@ class Hammer:
 
 @pytest.fixture
 def meter(pg_url: str) -> Iterator[Meter]:
-    """The test's own view of the database, ten seconds after the hammering:
+    """The test's own view of the database, a minute after the hammering:
     every lease taken at START has expired by then."""
-    clock = FrozenClock(START + timedelta(seconds=10))
+    clock = FrozenClock(START + timedelta(seconds=60))
     with Meter(pg_url, clock=clock) as m:
         m.set_limit(Limit("hard", maximum=MAXIMUM, period="1h", window="calendar"))
         yield m

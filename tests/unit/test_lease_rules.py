@@ -15,6 +15,7 @@ from metering.domain.leases import (
     HOT_US,
     LEASE_US,
     MAX_BLOCK_UNITS,
+    SERVE_US,
     SETTLE_MARGIN_US,
     Block,
     block_units,
@@ -105,7 +106,8 @@ def test_the_last_units_of_a_window_are_never_leased_in_bulk() -> None:
 def test_a_lease_lives_a_few_seconds_and_never_past_its_window(clock: FrozenClock) -> None:
     now_us = to_us(clock())
     far = now_us + 3600 * 1_000_000
-    assert lease_times(now_us, far) == (now_us + LEASE_US, now_us + LEASE_US - SETTLE_MARGIN_US)
+    assert lease_times(now_us, far) == (now_us + LEASE_US, now_us + SERVE_US)
+    assert SERVE_US + SETTLE_MARGIN_US < LEASE_US  # settled well before it expires
     near = now_us + 3 * 1_000_000
     assert lease_times(now_us, near) == (near, near - SETTLE_MARGIN_US)
     # Less than the settling margin left of the window: no lease at all.
