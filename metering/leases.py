@@ -315,6 +315,7 @@ class LeaseBook:
             decision = self.take(subject, limit, cost)
             if decision is not None:
                 return decision
+        self._settle_pending((subject, limit))
         decision = self._meter.consume(subject, limit, cost)
         self.note(subject, limit, cost, decision)
         return decision
@@ -328,6 +329,7 @@ class LeaseBook:
             held = self.take_held(subject, limit, cost)
             if held is not None:
                 return held
+        self._settle_pending((subject, limit))
         reservation = self._meter.reserve(subject, limit, cost)
         self.note(subject, limit, cost, reservation.decision)
         return reservation
@@ -453,6 +455,23 @@ class LeaseBook:
         for lease in due:
             self._settle(lease)
         return len(due)
+
+    def _settle_pending(self, name: KeyName) -> None:
+        """Before the exact path decides this key: settle its closed leases
+        that still hold unused units, so that the database has them back (a
+        client near its limit is not denied for units this process held)."""
+        with self._lock:
+            mine = [
+                lease
+                for lease in self._to_settle
+                if lease.unused > 0
+                and (lease.block.charge.subject, lease.block.charge.limit) == name
+            ]
+            if not mine:
+                return
+            self._to_settle = [lease for lease in self._to_settle if lease not in mine]
+        for lease in mine:
+            self._settle(lease)
 
     def _settle(self, lease: _Lease) -> None:
         with self._lock:

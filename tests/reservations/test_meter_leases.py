@@ -214,3 +214,20 @@ def test_a_hot_keys_next_block_is_leased_before_its_lease_ends(
     assert decision.remaining == 100 - 43 + 9  # blocks 3 + 2 + 4 + 8 + 16 + 10 held
     meter.settle_leases(everything=True)
     assert counted(meter, "ada", "api") == settled_usage(meter, "ada", "api") == 23
+
+
+def test_units_a_replaced_lease_still_holds_count_before_the_last_denial(
+    meter: Meter, clock: FrozenClock
+) -> None:
+    """A lease replaced with units left is settled in the background; a
+    client that then runs into its limit gets every unit all the same."""
+    allowed = sum(meter.lease("ada", "api").allowed for _ in range(18))  # ... a block of 16
+    for step in (0.9, 0.9, 0.9, 0.9):
+        clock.advance(seconds=step)
+        allowed += meter.lease("ada", "api").allowed
+    clock.advance(seconds=0.5)  # the block of 16 (11 unused) has stopped serving
+    for _ in range(200):
+        allowed += meter.lease("ada", "api").allowed
+    assert allowed == 100
+    meter.settle_leases(everything=True)
+    assert counted(meter, "ada", "api") == settled_usage(meter, "ada", "api") == 100
