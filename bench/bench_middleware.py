@@ -183,8 +183,10 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--seconds", type=int, default=10, help="per case, with wrk")
     parser.add_argument("--rounds", type=int, default=1, help="runs of every case; medians")
+    parser.add_argument("--only", default="", help="cases whose name has this (and the bare app)")
     args = parser.parse_args()
     cases = [c for c in CASES if not c[3] or shutil.which("wrk")]
+    cases = [c for i, c in enumerate(cases) if i == 0 or args.only in c[0]]
     measured: dict[str, list[tuple[float, float, float, float]]] = {c[0]: [] for c in cases}
     with durable_postgres() as server:
         server.create_database("bench")

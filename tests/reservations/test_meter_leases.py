@@ -202,18 +202,21 @@ def test_a_hot_keys_next_block_is_leased_before_its_lease_ends(
 ) -> None:
     """The book's thread leases the next block in the last second of a lease's
     serving time; the first request after it is served from memory."""
-    ids = [meter.lease("ada", "api").event_id for _ in range(18)]  # ... a block of 16
+    meter.set_limit(Limit("big", maximum=1000, period="1h", window="calendar"))
+    ids = [meter.lease("ada", "big").event_id for _ in range(66)]  # ... a block of 64
     current = ids[-1]
-    for step in (0.9, 0.9, 0.9, 0.5):  # 3.2 s on: the lease serves until 4 s
-        clock.advance(seconds=step)
-        assert meter.lease("ada", "api").event_id == current
+    for _ in range(16):  # 3.2 s on, hot (5 requests a second): it serves until 4 s
+        clock.advance(seconds=0.2)
+        assert meter.lease("ada", "big").event_id == current
     meter.leases.renew_ahead()  # (or the book's thread did)
     clock.advance(seconds=0.8)
-    decision = meter.lease("ada", "api")
+    decision = meter.lease("ada", "big")
     assert leased(decision.event_id) and decision.event_id != current
-    assert decision.remaining == 100 - 43 + 9  # blocks 3 + 2 + 4 + 8 + 16 + 10 held
+    # Blocks 3 + 2 + 4 + 8 + 16 + 32 + 64 + 34 (twice the 17 used): 163 counted,
+    # 33 of the last held.
+    assert decision.remaining == 1000 - 163 + 33
     meter.settle_leases(everything=True)
-    assert counted(meter, "ada", "api") == settled_usage(meter, "ada", "api") == 23
+    assert counted(meter, "ada", "big") == settled_usage(meter, "ada", "big") == 83
 
 
 def test_units_a_replaced_lease_still_holds_count_before_the_last_denial(

@@ -17,6 +17,7 @@ from metering.domain.leases import (
     MAX_BLOCK_UNITS,
     SERVE_US,
     SETTLE_MARGIN_US,
+    STREAK_GAP_US,
     Block,
     block_units,
     is_hot,
@@ -37,16 +38,17 @@ def test_a_cold_key_leases_only_its_cost(clock: FrozenClock) -> None:
     assert block_units(used_before=64, hot=False, left=10_000, cost=5) == 5
 
 
-def test_a_streak_is_requests_less_than_a_second_apart(clock: FrozenClock) -> None:
+def test_a_streak_is_requests_less_than_a_quarter_second_apart(clock: FrozenClock) -> None:
     seen_us = to_us(clock())
-    clock.advance(seconds=0.999999)
+    clock.advance(seconds=0.249999)
     assert recent(seen_us, to_us(clock()))
     assert streak_after(2, seen_us, to_us(clock())) == 3
     clock.advance(timedelta(microseconds=1))
-    assert to_us(clock()) - seen_us == HOT_US
+    assert to_us(clock()) - seen_us == STREAK_GAP_US
     assert not recent(seen_us, to_us(clock()))
-    assert streak_after(7, seen_us, to_us(clock())) == 1  # a second apart: it starts over
+    assert streak_after(7, seen_us, to_us(clock())) == 1  # too far apart: it starts over
     assert not recent(seen_us + 5, seen_us)  # a clock that went back: cold
+    assert HOT_US == 4 * STREAK_GAP_US  # a lease is idle after a second
 
 
 def test_a_key_is_hot_from_its_fourth_request_in_a_streak(clock: FrozenClock) -> None:
@@ -57,7 +59,7 @@ def test_a_key_is_hot_from_its_fourth_request_in_a_streak(clock: FrozenClock) ->
         streak = streak_after(streak, last_us, now_us)
         hot.append(is_hot(streak))
         last_us = now_us
-        clock.advance(seconds=0.5)
+        clock.advance(seconds=0.2)
     assert HOT_STREAK == 4
     assert hot == [False, False, False, True, True, True]
 
