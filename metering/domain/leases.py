@@ -15,11 +15,11 @@ The block rule (`block_units`), for a request costing ``cost``:
 
 * a **cold** key leases nothing: the exact path decides the request
   (``cost`` is returned, which means "no block"). A key is hot once it has
-  had `HOT_STREAK` requests in a row, each within `STREAK_GAP_SECONDS` of
-  the one before (`streak_after`, `is_hot`: four a second or more): a key
-  seen now and then (one of 10,000 client addresses) stays on the exact
-  path, where a block would cost a transaction to lease it and another to
-  give most of it back;
+  had `HOT_STREAK` requests in a row, each within `HOT_SECONDS` of the one
+  before (`streak_after`, `is_hot`), and stays hot while they keep coming
+  so: a key seen now and then (one of 10,000 client addresses, every few
+  seconds) stays on the exact path, where a block would cost a transaction
+  to lease it and another to give most of it back;
 * a **hot** key leases twice what its previous block handed out (or the
   exact path's ``cost``), so a key that spends its blocks doubles them;
 * never more than a quarter of what is ``left`` of the window (as last seen)
@@ -43,10 +43,8 @@ from metering.domain.decisions import ChargeDecision, Decision
 from metering.domain.limits import Limit
 
 HOT_SECONDS: Final = 1.0
-"""A lease idle this long is settled."""
-STREAK_GAP_SECONDS: Final = 0.25
-"""Requests this close together make a streak."""
-HOT_STREAK: Final = 4
+"""Requests this close together make a streak; a lease idle this long is settled."""
+HOT_STREAK: Final = 8
 """Requests in a streak that make a key hot."""
 LEASE_SECONDS: Final = 10.0
 """A lease's time to live (its reservation's), never past its window's end:
@@ -61,7 +59,6 @@ MAX_BLOCK_UNITS: Final = 1 << 14
 """The largest block, whatever is left of the window."""
 
 HOT_US: Final = round(HOT_SECONDS * 1_000_000)
-STREAK_GAP_US: Final = round(STREAK_GAP_SECONDS * 1_000_000)
 LEASE_US: Final = round(LEASE_SECONDS * 1_000_000)
 SERVE_US: Final = round(SERVE_SECONDS * 1_000_000)
 SETTLE_MARGIN_US: Final = round(SETTLE_MARGIN_SECONDS * 1_000_000)
@@ -79,7 +76,7 @@ def leasable(limit: Limit) -> bool:
 
 def recent(last_seen_us: int | None, now_us: int) -> bool:
     """Whether a request at ``now_us`` continues a streak last seen at ``last_seen_us``."""
-    return last_seen_us is not None and 0 <= now_us - last_seen_us < STREAK_GAP_US
+    return last_seen_us is not None and 0 <= now_us - last_seen_us < HOT_US
 
 
 def streak_after(streak: int, last_seen_us: int | None, now_us: int) -> int:

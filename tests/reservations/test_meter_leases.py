@@ -57,29 +57,29 @@ def test_one_process_denies_where_the_exact_path_denies(meter: Meter) -> None:
 def test_a_cold_key_takes_the_exact_path_and_a_hot_one_doubles(
     meter: Meter, clock: FrozenClock
 ) -> None:
-    firsts = [meter.lease("ada", "api") for _ in range(3)]
+    firsts = [meter.lease("ada", "api") for _ in range(7)]
     assert not any(leased(d.event_id) for d in firsts)  # cold: consume
     ids = [meter.lease("ada", "api").event_id for _ in range(14)]
     blocks = [ids.count(i) for i in dict.fromkeys(ids)]
-    assert blocks == [2, 4, 8]  # hot from the fourth request: 3 + 2 + 4 + 8 = 17
+    assert blocks == [2, 4, 8]  # hot from the eighth request: 7 + 2 + 4 + 8 = 21
     assert sorted(r.charges[0].cost for r in meter.reservations(subject="ada")) == [2, 4, 8]
     clock.advance(seconds=2)  # idle: cold again, the lease is settled
     meter.settle_leases()
     assert not leased(meter.lease("ada", "api").event_id)
-    assert counted(meter, "ada", "api") == settled_usage(meter, "ada", "api") == 18
+    assert counted(meter, "ada", "api") == settled_usage(meter, "ada", "api") == 22
     assert all(r.state == ReservationState.COMMITTED for r in meter.reservations(subject="ada"))
 
 
 def test_an_idle_lease_gives_its_unused_units_back(meter: Meter, clock: FrozenClock) -> None:
-    for _ in range(6):  # 3 exact, then a block of 2, then a block of 4 (one used)
+    for _ in range(10):  # 7 exact, then a block of 2, then a block of 4 (one used)
         meter.lease("ada", "api")
-    assert counted(meter, "ada", "api") == 9  # the whole block counts as used
+    assert counted(meter, "ada", "api") == 13  # the whole block counts as used
     clock.advance(seconds=0.5)
     meter.settle_leases()  # the spent block of 2 (nothing to give back)
-    assert counted(meter, "ada", "api") == 9  # the block of 4 is not idle yet
+    assert counted(meter, "ada", "api") == 13  # the block of 4 is not idle yet
     clock.advance(seconds=0.5)
     meter.settle_leases()  # (or the book's thread did)
-    assert counted(meter, "ada", "api") == settled_usage(meter, "ada", "api") == 6
+    assert counted(meter, "ada", "api") == settled_usage(meter, "ada", "api") == 10
     by_cost = {r.charges[0].cost: r for r in meter.reservations(subject="ada")}
     assert by_cost[4].state == ReservationState.COMMITTED
     assert by_cost[4].given_back_of(by_cost[4].charges[0]) == 3
@@ -87,7 +87,7 @@ def test_an_idle_lease_gives_its_unused_units_back(meter: Meter, clock: FrozenCl
 
 def test_a_lease_never_outlives_its_window(meter: Meter, clock: FrozenClock) -> None:
     clock.set(datetime(2026, 11, 22, 12, 59, 57, tzinfo=UTC))  # 3 s before the window ends
-    for _ in range(5):  # 3 exact, a block of 2
+    for _ in range(9):  # 7 exact, a block of 2
         meter.lease("ada", "api")
     [lease] = meter.reservations(subject="ada")  # the block of 2
     assert lease.expires_at == datetime(2026, 11, 22, 13, 0, tzinfo=UTC)
@@ -95,7 +95,7 @@ def test_a_lease_never_outlives_its_window(meter: Meter, clock: FrozenClock) -> 
     decision = meter.lease("ada", "api")
     assert not leased(decision.event_id)
     meter.settle_leases()
-    assert counted(meter, "ada", "api") == settled_usage(meter, "ada", "api") == 6
+    assert counted(meter, "ada", "api") == settled_usage(meter, "ada", "api") == 10
     clock.set(datetime(2026, 11, 22, 12, 59, 59, 500_000, tzinfo=UTC))  # half a second left
     for _ in range(5):
         assert not leased(meter.lease("ada", "api").event_id)  # too late to lease
@@ -118,11 +118,11 @@ def test_leases_of_two_processes_never_exceed_the_maximum(db_url: str, clock: Fr
 
 
 def test_a_stacked_reservation_from_a_lease_goes_back_to_it(meter: Meter) -> None:
-    for _ in range(4):
-        meter.lease("ada", "api")  # 3 exact, a block of 2: one left
+    for _ in range(8):
+        meter.lease("ada", "api")  # 7 exact, a block of 2: one left
     held = meter.lease_reservation("ada", "api")
     assert isinstance(held, LeasedReservation)
-    assert held.state == ReservationState.HELD and held.decision.remaining == 95
+    assert held.state == ReservationState.HELD and held.decision.remaining == 91
     assert held.cancel() == 1
     assert held.cancel() == 0  # once
     again = meter.lease_reservation("ada", "api")
@@ -130,17 +130,17 @@ def test_a_stacked_reservation_from_a_lease_goes_back_to_it(meter: Meter) -> Non
     again.commit()
     assert again.state == ReservationState.COMMITTED
     meter.settle_leases(everything=True)
-    assert counted(meter, "ada", "api") == settled_usage(meter, "ada", "api") == 5
+    assert counted(meter, "ada", "api") == settled_usage(meter, "ada", "api") == 9
 
 
 def test_a_reservation_held_when_the_lease_settles_counts_as_used(meter: Meter) -> None:
-    for _ in range(5):
-        meter.lease("ada", "api")  # 3 exact, a block of 2 spent
+    for _ in range(9):
+        meter.lease("ada", "api")  # 7 exact, a block of 2 spent
     meter.lease("ada", "api")  # a block of 4, 3 left
     held = meter.lease_reservation("ada", "api")
     meter.settle_leases(everything=True)
     assert held.cancel() == 0  # too late: the lease counted it as used
-    assert counted(meter, "ada", "api") == settled_usage(meter, "ada", "api") == 7
+    assert counted(meter, "ada", "api") == settled_usage(meter, "ada", "api") == 11
 
 
 def test_token_buckets_and_soft_limits_are_not_leased(meter: Meter) -> None:
@@ -159,9 +159,9 @@ def test_a_block_that_no_longer_fits_records_nothing(db_url: str, clock: FrozenC
         one.set_limit(Limit("api", maximum=100, period="1h", window="calendar"))
         for _ in range(20):
             one.consume("ada", "api")
-        for _ in range(3):
-            one.lease("ada", "api")  # cold: exact; it now believes 77 are left
-        for _ in range(77):
+        for _ in range(7):
+            one.lease("ada", "api")  # cold: exact; it now believes 73 are left
+        for _ in range(73):
             two.consume("ada", "api")
         decision = one.lease("ada", "api")  # a block of 2 does not fit
         assert not decision.allowed and not leased(decision.event_id)
@@ -185,14 +185,14 @@ def test_a_key_pushed_out_of_the_book_has_its_lease_settled(
     meter: Meter, clock: FrozenClock
 ) -> None:
     book = LeaseBook(meter, capacity=2)
-    for _ in range(5):
-        book.lease("ada", "api", 1)  # 3 exact, a block of 2 spent
+    for _ in range(9):
+        book.lease("ada", "api", 1)  # 7 exact, a block of 2 spent
     book.lease("ada", "api", 1)  # a block of 4, one used
     for other in ("bob", "cy"):
         book.lease(other, "api", 1)
     assert len(book) == 2
     book.settle_due()  # ada's lease, pushed out (or the book's thread did)
-    assert counted(meter, "ada", "api") == settled_usage(meter, "ada", "api") == 6
+    assert counted(meter, "ada", "api") == settled_usage(meter, "ada", "api") == 10
     clock.advance(timedelta(seconds=1))
     book.close()
 
@@ -203,7 +203,7 @@ def test_a_hot_keys_next_block_is_leased_before_its_lease_ends(
     """The book's thread leases the next block in the last second of a lease's
     serving time; the first request after it is served from memory."""
     meter.set_limit(Limit("big", maximum=1000, period="1h", window="calendar"))
-    ids = [meter.lease("ada", "big").event_id for _ in range(66)]  # ... a block of 64
+    ids = [meter.lease("ada", "big").event_id for _ in range(70)]  # ... a block of 64
     current = ids[-1]
     for _ in range(16):  # 3.2 s on, hot (5 requests a second): it serves until 4 s
         clock.advance(seconds=0.2)
@@ -212,11 +212,11 @@ def test_a_hot_keys_next_block_is_leased_before_its_lease_ends(
     clock.advance(seconds=0.8)
     decision = meter.lease("ada", "big")
     assert leased(decision.event_id) and decision.event_id != current
-    # Blocks 3 + 2 + 4 + 8 + 16 + 32 + 64 + 34 (twice the 17 used): 163 counted,
+    # Blocks 7 + 2 + 4 + 8 + 16 + 32 + 64 + 34 (twice the 17 used): 167 counted,
     # 33 of the last held.
-    assert decision.remaining == 1000 - 163 + 33
+    assert decision.remaining == 1000 - 167 + 33
     meter.settle_leases(everything=True)
-    assert counted(meter, "ada", "big") == settled_usage(meter, "ada", "big") == 83
+    assert counted(meter, "ada", "big") == settled_usage(meter, "ada", "big") == 87
 
 
 def test_units_a_replaced_lease_still_holds_count_before_the_last_denial(
@@ -224,7 +224,7 @@ def test_units_a_replaced_lease_still_holds_count_before_the_last_denial(
 ) -> None:
     """A lease replaced with units left is settled in the background; a
     client that then runs into its limit gets every unit all the same."""
-    allowed = sum(meter.lease("ada", "api").allowed for _ in range(18))  # ... a block of 16
+    allowed = sum(meter.lease("ada", "api").allowed for _ in range(22))  # ... a block of 16
     for step in (0.9, 0.9, 0.9, 0.9):
         clock.advance(seconds=step)
         allowed += meter.lease("ada", "api").allowed

@@ -17,7 +17,6 @@ from metering.domain.leases import (
     MAX_BLOCK_UNITS,
     SERVE_US,
     SETTLE_MARGIN_US,
-    STREAK_GAP_US,
     Block,
     block_units,
     is_hot,
@@ -38,30 +37,29 @@ def test_a_cold_key_leases_only_its_cost(clock: FrozenClock) -> None:
     assert block_units(used_before=64, hot=False, left=10_000, cost=5) == 5
 
 
-def test_a_streak_is_requests_less_than_a_quarter_second_apart(clock: FrozenClock) -> None:
+def test_a_streak_is_requests_less_than_a_second_apart(clock: FrozenClock) -> None:
     seen_us = to_us(clock())
-    clock.advance(seconds=0.249999)
+    clock.advance(seconds=0.999999)
     assert recent(seen_us, to_us(clock()))
     assert streak_after(2, seen_us, to_us(clock())) == 3
     clock.advance(timedelta(microseconds=1))
-    assert to_us(clock()) - seen_us == STREAK_GAP_US
+    assert to_us(clock()) - seen_us == HOT_US
     assert not recent(seen_us, to_us(clock()))
-    assert streak_after(7, seen_us, to_us(clock())) == 1  # too far apart: it starts over
+    assert streak_after(7, seen_us, to_us(clock())) == 1  # a second apart: it starts over
     assert not recent(seen_us + 5, seen_us)  # a clock that went back: cold
-    assert HOT_US == 4 * STREAK_GAP_US  # a lease is idle after a second
 
 
-def test_a_key_is_hot_from_its_fourth_request_in_a_streak(clock: FrozenClock) -> None:
+def test_a_key_is_hot_from_its_eighth_request_in_a_streak(clock: FrozenClock) -> None:
     streak, last_us = 0, None
     hot = []
-    for _ in range(6):
+    for _ in range(10):
         now_us = to_us(clock())
         streak = streak_after(streak, last_us, now_us)
         hot.append(is_hot(streak))
         last_us = now_us
-        clock.advance(seconds=0.2)
-    assert HOT_STREAK == 4
-    assert hot == [False, False, False, True, True, True]
+        clock.advance(seconds=0.9)
+    assert HOT_STREAK == 8
+    assert hot == [False] * 7 + [True] * 3
 
 
 def test_the_block_doubles_while_the_key_stays_hot() -> None:
