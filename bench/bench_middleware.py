@@ -12,7 +12,9 @@ client address, 10,000 addresses, or 100 users. The load generator keeps
 requests/s and latency p50/p99: ``wrk`` when it is installed (Debian:
 ``apt-get install wrk``), else an httpx async client, which is much slower
 than the server and then bounds the figures (and cannot spread addresses).
-Each case is first warmed up for two seconds with the same mix of clients.
+Each case is first warmed up for five seconds with the same mix of clients
+(long enough for 200 keys to become hot: each takes 8 requests on the
+database first).
 With ``--rounds N`` every case runs N times, round after round, and the
 table gives the median of each column (each ratio is to the bare app of
 its own round).
@@ -139,7 +141,7 @@ def load_wrk(
     return [f"{rate:,.0f}", f"{p50:.2f}", f"{p99:.2f}"]
 
 
-WARM_UP_SECONDS = 2
+WARM_UP_SECONDS = 5
 # (name, app mode, bearer token, client addresses (0: one), leases)
 CASES = [
     ("no middleware", "none", None, 0, False),
