@@ -2,6 +2,8 @@
 
 ``METERING_BENCH_MODE``: ``none`` (no middleware), ``ip`` (one per-IP
 limit), ``stacked`` (per-IP stacking reservation, authentication, per-user).
+``METERING_BENCH_LEASES``: ``1`` (the default: quota leases) or ``0``
+(every request to the database, as before leases).
 """
 
 from __future__ import annotations
@@ -34,11 +36,16 @@ async def hello() -> dict[str, str]:
 
 
 mode = os.environ.get("METERING_BENCH_MODE", "none")
+leases = os.environ.get("METERING_BENCH_LEASES", "1") == "1"
 if mode != "none":
     meter = Meter()  # METERING_DATABASE_URL
     if mode == "stacked":
         app.add_middleware(
-            MeteringMiddleware, meter=meter, limit="per_user", key=authenticated_user
+            MeteringMiddleware,
+            meter=meter,
+            limit="per_user",
+            key=authenticated_user,
+            leases=leases,
         )
         app.add_middleware(AuthenticationMiddleware, backend=BearerNames())
     app.add_middleware(
@@ -47,4 +54,5 @@ if mode != "none":
         limit="per_ip",
         key=client_ip(trusted_proxies=["127.0.0.1"]),  # the load generator says who it is
         stacking=mode == "stacked",
+        leases=leases,
     )

@@ -31,6 +31,7 @@ from metering.domain.events import (
     UsageEvent,
     charges_of,
     make_event,
+    validate_cost,
     validate_event_id,
     validate_subject,
 )
@@ -43,6 +44,7 @@ from metering.engine import Engine
 from metering.engine.fast import CONFLICT, DUPLICATE, Answer
 from metering.engine.reference import Decided, InvalidPolicy, decision_of
 from metering.errors import EventConflict, InvalidInput, ReservedLimit, UnknownLimit
+from metering.leases import LeaseBook, LeasedReservation
 from metering.reservations import Reservation, ReservationInfo
 from metering.reserving import validate_ttl
 from metering.storage.database import Database
@@ -92,6 +94,7 @@ class Meter:
         self.clock: Clock = self.database.clock
         self._engine = Engine(self.database, group_commit=group_commit)
         self.correction_horizon = correction_horizon_days() * 86_400
+        self._leases: LeaseBook | None = None
         try:
             ensure_schema(self.engine)
         except BaseException:
@@ -99,6 +102,8 @@ class Meter:
             raise
 
     def close(self) -> None:
+        if self._leases is not None:
+            self._leases.close()  # settle every lease: their unused units go back
         self._engine.close()
         self.database.dispose()
 
@@ -284,6 +289,43 @@ class Meter:
         )
         expires_at = from_us(expires_at_us) if expires_at_us is not None else None
         return Reservation(self, decision, state, expires_at)
+
+    # -- leases -----------------------------------------------------------------
+
+    @property
+    def leases(self) -> LeaseBook:
+        """This meter's leases (`metering.leases.LeaseBook`), made on first use."""
+        if self._leases is None:
+            self._leases = LeaseBook(self)
+        return self._leases
+
+    def lease(self, subject: str, limit: str, cost: int = 1) -> Decision:
+        """`consume` through this process's quota leases (`metering.leases`).
+
+        For a key that is hot here, a block of units is reserved in one
+        transaction and later calls are decided from memory until it is
+        spent; a cold key, a token bucket, a soft or shadow limit and the
+        last units of a window take the exact path (`consume`). The sum of
+        used and leased units never exceeds the maximum; the unused part of
+        a block goes back when it is settled (spent, idle for a second, near
+        its window's end, `close`). A decision from a lease has the lease's
+        id as ``event_id``: its block is the ledger's record.
+        """
+        return self.leases.lease(subject, limit, validate_cost(cost))
+
+    def lease_reservation(
+        self, subject: str, limit: str, cost: int = 1
+    ) -> Reservation | LeasedReservation:
+        """`reserve` through this process's quota leases: a hot key's
+        reservation is held in memory (cancelled, its units go back to the
+        lease); else a `Reservation` as from `reserve`."""
+        return self.leases.reserve(subject, limit, validate_cost(cost))
+
+    def settle_leases(self, *, everything: bool = False) -> int:
+        """Settle this process's leases that are due (idle, spent, near their
+        window's end), or all of them; how many were settled. A thread of the
+        meter's does this every quarter second once a lease is held."""
+        return self.leases.settle_due(everything=everything)
 
     def cancel_reservation(self, reservation_id: str) -> int:
         """Cancel a held reservation: see `Reservation.cancel`."""

@@ -54,9 +54,32 @@ def validate_ttl(ttl_seconds: object) -> float:
 Reserved = tuple[Decision, ReservationState, int | None]  # decision, state, expires_at_us
 
 
+class _NotLeased(Exception):
+    """A lease's block did not fit: its transaction rolls back."""
+
+
 def reserve(database: Database, event: UsageEvent, ttl_us: int) -> Reserved:
     """The transaction of `Meter.reserve`: decide, and keep a row if allowed."""
+    return _reserve(database, event, ttl_us, None)
+
+
+def lease(database: Database, event: UsageEvent, expires_at_us: int) -> Reserved | None:
+    """`reserve` for a lease's block (`metering.leases`), held until
+    ``expires_at_us``. A block that does not fit is not an event: its
+    transaction rolls back and nothing is recorded (None); the request that
+    asked for it then takes the exact path, which records its own outcome."""
+    try:
+        return _reserve(database, event, 0, expires_at_us)
+    except _NotLeased:
+        return None
+
+
+def _reserve(
+    database: Database, event: UsageEvent, ttl_us: int, expires_at_us: int | None
+) -> Reserved:
     now_us = database.now_us()
+    if expires_at_us is not None:
+        ttl_us = max(expires_at_us - now_us, 1)
 
     def work(connection: Connection, retry: bool) -> Reserved:
         # Like consume: no lookup of the id first; a repeated id is caught by
@@ -75,6 +98,8 @@ def reserve(database: Database, event: UsageEvent, ttl_us: int) -> Reserved:
             final = ReservationState.COMMITTED if applied.allowed else ReservationState.DENIED
             return applied, final, None
         if not applied.allowed:
+            if expires_at_us is not None:
+                raise _NotLeased
             return applied, ReservationState.DENIED, None
         # A fixed window's charge resets when its window ends: resets_at is the
         # window's end, which the counter key needs to find it again.

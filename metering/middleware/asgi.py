@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any, Unpack
 
 from metering.domain.reservations import ReservationState
+from metering.leases import LeasedReservation
 from metering.meter import Meter
 from metering.middleware.core import (
     DeniedResponse,
@@ -21,6 +22,7 @@ from metering.middleware.core import (
     PolicyOptions,
     RequestInfo,
     RequestMetering,
+    Step,
 )
 
 Scope = MutableMapping[str, Any]
@@ -82,6 +84,10 @@ class MeteringMiddleware:
     retry_after)`` builds your own refusal; ``fail_open`` lets requests
     through uncharged (instead of 503) while no decision can be made: the
     database is unreachable, or the limit was deleted while the app runs.
+    ``leases`` (default True) decides a key that is hot in this process from
+    a block of units leased by the meter (`metering.leases`), in memory;
+    ``leases=False`` sends every request to the database. The leases are
+    settled at the application's lifespan shutdown.
     """
 
     def __init__(
@@ -96,6 +102,9 @@ class MeteringMiddleware:
         self.policy = Policy(meter, limit, **options)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self.app(scope, self._settling_at_shutdown(receive), send)
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -115,7 +124,7 @@ class MeteringMiddleware:
                 # Every limit further in has decided by now: settle before
                 # the client sees the answer.
                 if reservation is not None and reservation.state == ReservationState.HELD:
-                    await asyncio.to_thread(self.policy.leave, step)
+                    await self._leave(step)
                 extra = self.policy.response_headers(step, context)
                 if extra:
                     message = {**message, "headers": [*message.get("headers", ()), *_encode(extra)]}
@@ -125,4 +134,25 @@ class MeteringMiddleware:
             await self.app(scope, receive, send_with_headers)
         finally:
             if reservation is not None and reservation.state == ReservationState.HELD:
-                await asyncio.to_thread(self.policy.leave, step)
+                await self._leave(step)
+
+    async def _leave(self, step: Step) -> None:
+        """Settle the request's reservation: in memory if from a lease, else
+        in a thread (a transaction)."""
+        applied = step.applied
+        if applied is not None and isinstance(applied.reservation, LeasedReservation):
+            self.policy.leave(step)
+        else:
+            await asyncio.to_thread(self.policy.leave, step)
+
+    def _settling_at_shutdown(self, receive: Receive) -> Receive:
+        """``receive`` for the lifespan: at shutdown, settle this meter's
+        leases (their unused units go back) before the application stops."""
+
+        async def receiving() -> Message:
+            message = await receive()
+            if message.get("type") == "lifespan.shutdown" and self.policy.leases:
+                await asyncio.to_thread(self.policy.meter.settle_leases, everything=True)
+            return message
+
+        return receiving

@@ -13,6 +13,13 @@ reservation waiting there: the request is charged to the user, not to the
 IP. A reservation nobody cancelled is committed when the request ends.
 Because the outer charge is taken up front, concurrent requests cannot slip
 past an exhausted outer limit.
+
+Leases (``leases=True``, the default): a key that is hot in this process
+is decided from memory, out of a block of units its `Meter` leased
+(`metering.leases`); a stacking limit's reservation then comes from the
+lease too, and cancelling it gives the units back to the lease. A cold key,
+a token bucket, a soft or shadow limit and the last units of a window take
+the exact path, as with ``leases=False``.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from metering.domain.events import validate_cost
 from metering.domain.limits import Limit, validate_limit_name
 from metering.domain.reservations import ReservationState
 from metering.errors import InvalidInput, MeteringError, StorageError
+from metering.leases import LeasedReservation
 from metering.meter import Meter
 from metering.middleware.keys import (
     Key,
@@ -81,7 +89,7 @@ class Applied:
     limit: str
     subject: str
     decision: Decision
-    reservation: Reservation | None = None
+    reservation: Reservation | LeasedReservation | None = None
 
 
 @dataclass
@@ -159,6 +167,7 @@ class PolicyOptions(TypedDict, total=False):
     headers: bool
     on_denied: DeniedBuilder | None
     fail_open: bool
+    leases: bool
 
 
 class Policy:
@@ -176,6 +185,7 @@ class Policy:
         headers: bool = True,
         on_denied: DeniedBuilder | None = None,
         fail_open: bool = False,
+        leases: bool = True,
     ) -> None:
         if not isinstance(meter, Meter):
             raise InvalidInput("meter", f"expected a Meter, got {type(meter).__name__}")
@@ -193,6 +203,7 @@ class Policy:
         self.headers = headers
         self.on_denied = on_denied or default_denied
         self.fail_open = fail_open
+        self.leases = bool(leases)
         self._default_rule = (self.limit, self.cost)
         self._limits: dict[str, tuple[float, Limit | None]] = {}
 
@@ -236,10 +247,15 @@ class Policy:
             if target is None:
                 return Step()
             subject, limit, cost = target
-            reservation = None
-            if self.stacking:
+            reservation: Reservation | LeasedReservation | None = None
+            if self.stacking and self.leases:
+                reservation = self.meter.lease_reservation(subject, limit, cost)
+                decision = reservation.decision
+            elif self.stacking:
                 reservation = self.meter.reserve(subject, limit, cost)
                 decision = reservation.decision
+            elif self.leases:
+                decision = self.meter.lease(subject, limit, cost)
             else:
                 decision = self.meter.consume(subject, limit, cost)
             applied = Applied(limit, subject, decision, reservation)
@@ -251,22 +267,46 @@ class Policy:
 
     async def aenter(self, request: RequestInfo, context: RequestMetering) -> Step:
         """`enter` for asyncio: a plain limit awaits `Meter.aconsume` and holds
-        no thread; a stacking one (reservations) runs `enter` in a thread."""
-        if self.stacking:
-            return await asyncio.to_thread(self.enter, request, context)
+        no thread, or is decided from its lease in memory; a stacking one
+        (reservations) runs `enter` in a thread unless its lease serves it."""
         try:
             target = self._target(request)
             if target is None:
                 return Step()
             subject, limit, cost = target
-            decision = await self.meter.aconsume(subject, limit, cost)
+            if self.stacking:
+                held = self.meter.leases.take_held(subject, limit, cost) if self.leases else None
+                if held is None:
+                    return await asyncio.to_thread(self.enter, request, context)
+                applied = Applied(limit, subject, held.decision, held)
+            else:
+                decision = await self._adecide(subject, limit, cost)
+                applied = Applied(limit, subject, decision)
             if self.headers and self._limit_stale(limit):
                 await asyncio.to_thread(self._limit, limit)
-            if decision.allowed and context.pending:
-                await asyncio.to_thread(self._release_waiting, context)
-            return self._conclude(request, context, Applied(limit, subject, decision))
+            if applied.decision.allowed and context.pending:
+                if _in_memory(context.pending):
+                    self._release_waiting(context)
+                else:
+                    await asyncio.to_thread(self._release_waiting, context)
+            return self._conclude(request, context, applied)
         except MeteringError as exc:
             return self._undecided(request, exc)
+
+    async def _adecide(self, subject: str, limit: str, cost: int) -> Decision:
+        """A plain limit's decision: from the key's lease, from a new block
+        (in a thread: one transaction), or by `Meter.aconsume`."""
+        if not self.leases:
+            return await self.meter.aconsume(subject, limit, cost)
+        book = self.meter.leases
+        decision = book.take(subject, limit, cost)
+        if decision is not None:
+            return decision
+        if book.is_hot(subject, limit):
+            return await asyncio.to_thread(book.lease, subject, limit, cost)
+        decision = await self.meter.aconsume(subject, limit, cost)
+        book.note(subject, limit, cost, decision)
+        return decision
 
     @staticmethod
     def _release_waiting(context: RequestMetering) -> None:
@@ -349,6 +389,11 @@ class Policy:
         if step.applied is None or context.effective is not step.applied:
             return []
         return self.header_pairs(step.applied, self.meter.database.now_us())
+
+
+def _in_memory(waiting: Sequence[Applied]) -> bool:
+    """Whether every waiting reservation is held in memory (from a lease)."""
+    return all(isinstance(w.reservation, LeasedReservation) for w in waiting)
 
 
 def _charge_of(applied: Applied) -> ChargeDecision | None:

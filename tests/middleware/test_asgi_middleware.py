@@ -61,6 +61,9 @@ def build_app(meter: Meter, *, trusted: Sequence[str] = (), **outer: Any) -> Fas
 
 
 def used(meter: Meter, subject: str, limit: str) -> int:
+    """The counter once this process's leases are settled (a lease counts
+    its whole block as used until then)."""
+    meter.settle_leases(everything=True)
     return sum(c.used for c in meter.counters(subject, limit))
 
 

@@ -89,6 +89,9 @@ def wsgi_app(meter: Meter, **options: Any) -> WSGIApp:
 
 
 def used(meter: Meter, subject: str, limit: str) -> int:
+    """The counter once this process's leases are settled (a lease counts
+    its whole block as used until then)."""
+    meter.settle_leases(everything=True)
     return sum(c.used for c in meter.counters(subject, limit))
 
 
