@@ -140,28 +140,7 @@ def cancel(database: Database, reservation_id: str) -> int:
     Cancelling twice does nothing; a committed one raises `ReservationSettled`,
     one past its time to live is committed and raises `ReservationExpired`.
     """
-    now_us = database.now_us()
-
-    def work(connection: Connection) -> Settled:
-        rows = ReservationStore(connection)
-        record = _locked(rows, reservation_id)
-        if record.state == ReservationState.CANCELLED:
-            return Settled()
-        if record.state != ReservationState.HELD:
-            raise ReservationSettled(reservation_id, record.state, "cancel")
-        if record.expires_at_us <= now_us:
-            # Past its time to live it is the sweeper's: commit it now, so the
-            # answer does not depend on when the sweeper last ran.
-            rows.settle(reservation_id, ReservationState.COMMITTED, now_us, "expiry")
-            return Settled(expired=True)
-        returned, given_back = _give_back(connection, record, None, now_us)
-        rows.settle(reservation_id, ReservationState.CANCELLED, now_us, "cancel", given_back)
-        return Settled(returned=returned)
-
-    settled = database.run(work)
-    if settled.expired:
-        raise ReservationExpired(reservation_id, ReservationState.COMMITTED)
-    return settled.returned
+    return _settle(database, reservation_id, ReservationState.CANCELLED, 0)
 
 
 def validate_actual(actual: object, record: ReservationRecord) -> int:
@@ -187,40 +166,55 @@ def commit(database: Database, reservation_id: str, actual: int | None = None) -
     `ReservationSettled`; a commit of less than reserved past the time to
     live raises `ReservationExpired`: the sweeper's commit in full stands.
     """
+    return _settle(database, reservation_id, ReservationState.COMMITTED, actual)
+
+
+def _settle(database: Database, reservation_id: str, to: ReservationState, keep: int | None) -> int:
+    """Cancel (``to`` cancelled, ``keep`` 0) or commit a held reservation,
+    each charge keeping ``keep`` units (None: all) and giving the rest back.
+
+    Settling into the state it is in does nothing; from the other settled
+    state it raises `ReservationSettled`. Past the time to live a settle that
+    would give anything back commits in full instead and raises
+    `ReservationExpired`, so the answer does not depend on when the sweeper
+    last ran.
+    """
+    action = "cancel" if to == ReservationState.CANCELLED else "commit"
     now_us = database.now_us()
 
     def work(connection: Connection) -> Settled:
         rows = ReservationStore(connection)
         record = _locked(rows, reservation_id)
-        if record.state == ReservationState.COMMITTED:
+        if record.state == to:
             return Settled()
         if record.state != ReservationState.HELD:
-            raise ReservationSettled(reservation_id, record.state, "commit")
-        settle_at = None if actual is None else validate_actual(actual, record)
-        if settle_at is not None and record.expires_at_us <= now_us:
+            raise ReservationSettled(reservation_id, record.state, action)
+        if keep is None:
+            rows.settle(reservation_id, to, now_us, action)
+            return Settled()
+        validate_actual(keep, record)
+        if record.expires_at_us <= now_us:
             rows.settle(reservation_id, ReservationState.COMMITTED, now_us, "expiry")
             return Settled(expired=True)
-        returned, given_back = 0, list[GivenBack]()
-        if settle_at is not None:
-            returned, given_back = _give_back(connection, record, settle_at, now_us)
-        rows.settle(reservation_id, ReservationState.COMMITTED, now_us, "commit", given_back)
+        returned, given_back = _give_back(connection, record, keep, now_us)
+        rows.settle(reservation_id, to, now_us, action, given_back)
         return Settled(returned=returned)
 
     settled = database.run(work)
     if settled.expired:
-        raise ReservationExpired(reservation_id, ReservationState.COMMITTED, "commit")
+        raise ReservationExpired(reservation_id, ReservationState.COMMITTED, action)
     return settled.returned
 
 
 def _give_back(
-    connection: Connection, record: ReservationRecord, actual: int | None, now_us: int
+    connection: Connection, record: ReservationRecord, keep: int, now_us: int
 ) -> tuple[int, list[GivenBack]]:
-    """Give back each charge's cost above ``actual`` (None: all of it) where
-    it still can be; the units returned, and per counter the units of its
-    charge that went back (a bucket already full counts: it needs nothing)."""
+    """Give back each charge's cost above ``keep`` where it still can be; the
+    units returned, and per counter the units of its charge that went back
+    (a bucket already full counts: it needs nothing)."""
     store = Store(connection)
     limits = store.load_limits(c.limit for c in record.charges)
-    back = {c.key: c.cost if actual is None else c.cost - actual for c in record.charges}
+    back = {c.key: c.cost - keep for c in record.charges}
     live = [
         c
         for c in record.charges

@@ -349,7 +349,7 @@ def apply_records(
     if pots:
         changes.draws = draws_of(row for record in records for row in record.charges)
     dead = [*rejected, *conflicts]
-    if dead and getattr(store, "takes_rejected", False):
+    if dead and store.takes_rejected:
         changes.rejected, dead = dead, []  # in the write's round trip
     more = bool(notices or dead)
     extras = _general(connection, "notices or dead letters") if more else None

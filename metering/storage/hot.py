@@ -84,6 +84,9 @@ class NeedsConnection(Exception):
 
 
 class HotStore(Protocol):
+    # True when `write` keeps ``changes.rejected`` (the dead letters) itself.
+    takes_rejected: bool
+
     def read(
         self,
         ids: Sequence[str] | None,
@@ -104,7 +107,7 @@ class HotStore(Protocol):
     def write(self, changes: Changes, now_us: int, *, commit: bool) -> None:
         """Store ``changes``; with ``commit`` also commit the transaction.
 
-        A store whose ``takes_rejected`` attribute is true also keeps
+        A store whose ``takes_rejected`` is true also keeps
         ``changes.rejected`` (the dead letters) in the same round trip; for
         any other, `metering.engine.fast` records them after `write`.
 

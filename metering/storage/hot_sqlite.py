@@ -89,6 +89,9 @@ class SqliteHotStore:
     """`HotStore` on a sqlite3 connection: a SQLAlchemy connection's own,
     under its transaction, or one of `DirectSqlite` (``connection`` None)."""
 
+    # Dead letters go through SQLAlchemy after `write` (`metering.engine.fast`).
+    takes_rejected = False
+
     def __init__(
         self, connection: Connection | None, raw: sqlite3.Connection | None = None
     ) -> None:
