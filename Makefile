@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 SRC := metering workers tests bench conftest.py
 PYTEST_ARGS ?=
 
-.PHONY: venv servers lint test mutants demo fmt clean
+.PHONY: venv servers lint test mutants demo bench fmt clean
 
 venv: $(VENV)/.installed
 
@@ -37,6 +37,10 @@ mutants: venv
 
 demo: venv
 	$(BIN)/metering demo
+
+# Every speed target's benchmark in one run (minutes; an idle machine): docs/performance.md.
+bench: venv servers
+	bash scripts/bench.sh
 
 fmt: venv
 	$(BIN)/ruff format $(SRC)
