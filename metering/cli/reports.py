@@ -38,7 +38,7 @@ from metering.reports.dimensions import (
     KIND as DIMENSION_KIND,
 )
 from metering.reports.export import FORMATS, write_csv, write_json
-from metering.reports.overage import BaseReport, select_overage, select_usage
+from metering.reports.overage import BaseReport, Report, ReportRow, select_overage, select_usage
 from metering.reports.shadow import select_shadow
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -184,7 +184,7 @@ def overage(
         top=top,
     )
     keep = (top or DEFAULT_TOP) if chart is not None else 0
-    kept = _output(chosen, fmt, progress, keep, f"Overage, {chosen.range.label}")
+    kept = _output(chosen, fmt, progress, keep, _overage_title(chosen))
     if chart is not None:
         _chart_written(overage_chart(kept, chart, chosen.range.label))
 
@@ -263,6 +263,16 @@ def shadow(
         current_meter(), limit, period=period, since=since, until=until, subject=subject, top=top
     )
     _output(chosen, fmt, progress, 0, f"Would deny ({limit}), {chosen.range.label}")
+
+
+def print_overage(chosen: Report, keep: int) -> list[ReportRow]:
+    """Print the overage report as a table, as ``metering report overage`` does;
+    returns its first ``keep`` rows (the ones a chart shows)."""
+    return _output(chosen, "table", False, keep, _overage_title(chosen))
+
+
+def _overage_title(chosen: Report) -> str:
+    return f"Overage, {chosen.range.label}"
 
 
 def _chart_written(path: Path) -> None:
