@@ -198,7 +198,7 @@ def test_counters_table_and_json(with_limits: Run) -> None:
     with_limits("consume", "visitor-1", "send_message", "--cost", "4")
     with_limits("consume", "visitor-1", "send_message", "--cost", "2", code=2)
     table = with_limits("counters", "--subject", "visitor-1").output
-    for heading in ("subject", "window start", "window end", "denied events", "first denial"):
+    for heading in ("subject", "window (UTC)", "denied events", "first denial"):
         assert heading in table
     assert "visitor-1" in table and "send_message" in table
     [row] = json.loads(with_limits("counters", "--format", "json").output)
