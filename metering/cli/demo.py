@@ -63,7 +63,10 @@ def demo() -> None:
         for limit in DEMO_LIMITS:
             out.print(Text(f"limit {describe_limit(limit)}"))
         _endpoint, secret = Webhooks(meter).add(receiver.url, types=[WEBHOOK_TYPE])
-        click.echo(f"webhook endpoint {receiver.url} ({WEBHOOK_TYPE}), a receiver on loopback")
+        click.echo(
+            f"webhooks: {WEBHOOK_TYPE} to {receiver.url}, a receiver the demo runs "
+            "(it checks signatures with metering.webhooks.verify)"
+        )
         events = demo_events(meter.clock() - timedelta(minutes=3))
         worker_process = start_worker(files)
         try:
@@ -121,10 +124,7 @@ def webhook_line(webhook: ReceivedWebhook, secret: str) -> str:
         verify(webhook.body, webhook.headers, secret)
     except WebhookVerificationError as exc:
         raise MeteringError(f"the demo's webhook failed verification: {exc}") from None
-    return (
-        f"webhook {message.get('type')}{about} delivered by the worker to the receiver: "
-        "signature verified (metering.webhooks.verify)"
-    )
+    return f"webhook {message.get('type')}{about} delivered by the worker: signature verified"
 
 
 def chart_line(rows: list[ReportRow], path: Path, month: str) -> str:

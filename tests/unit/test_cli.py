@@ -12,15 +12,19 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from click.testing import CliRunner, Result
 
 from metering import Meter
 from metering.cli import main
-from metering.cli.demo import chart_line, metering_command
+from metering.cli.demo import chart_line, metering_command, webhook_line
+from metering.demo import DemoFiles, WebhookReceiver
 from metering.domain.events import make_event
+from metering.errors import MeteringError
 from metering.pipeline import apply_batch
 from metering.storage.engine import SCHEMA_REVISION
+from metering.webhooks import generate_secret, sign
 
 Run = Callable[..., Result]
 
@@ -391,8 +395,8 @@ def test_demo_runs_the_pipeline_in_fresh_files(
     assert f"data: {path}" in result.output
     assert "denied" in result.output and "overage" in result.output
     assert (
-        "webhook limit.denied for visitor-1 (send_message) delivered by the worker to the "
-        "receiver: signature verified" in result.output
+        "webhook limit.denied for visitor-1 (send_message) delivered by the worker: "
+        "signature verified" in result.output
     )
     assert f"Overage, {datetime.now(UTC):%Y-%m}" in result.output
     chart = tmp_path / ".metering" / "metering-demo-overage.png"
@@ -437,6 +441,37 @@ def test_the_printed_metering_command_runs_from_the_project_directory(
     assert ran.stdout.startswith("metering, version"), ran.stdout
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.defpath}")
     assert metering_command() == "metering"
+
+
+def test_the_demos_receiver_verifies_a_signed_webhook_and_refuses_a_forged_one(
+    tmp_path: Path,
+) -> None:
+    secret = generate_secret()
+    body = json.dumps({"type": "limit.denied", "data": {"subject": "s", "limit": "calls"}})
+    now = datetime.now(UTC)
+    headers = {
+        "webhook-id": "msg_1",
+        "webhook-timestamp": str(int(now.timestamp())),
+        "webhook-signature": sign(body, "msg_1", now, secret),
+        "content-type": "application/json",
+    }
+    files = DemoFiles.fresh(tmp_path)
+    idle = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
+    try:
+        with WebhookReceiver() as receiver:
+            with pytest.raises(MeteringError, match="no webhook reached the demo's receiver"):
+                receiver.wait(lambda _: True, idle, files, timeout=0.3)
+            httpx.post(receiver.url, content=body, headers=headers).raise_for_status()
+            webhook = receiver.wait(lambda _: True, idle, files)
+    finally:
+        idle.communicate()
+    assert webhook_line(webhook, secret) == (
+        "webhook limit.denied for s (calls) delivered by the worker: signature verified"
+    )
+    with pytest.raises(MeteringError, match="failed verification: no matching signature"):
+        webhook_line(webhook, generate_secret())
 
 
 def test_the_demo_says_how_to_get_charts_without_matplotlib(
