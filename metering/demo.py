@@ -3,19 +3,23 @@
 Starts a worker process on fresh SQLite files in a data directory (the CLI
 passes ``METERING_HOME``, default ./.metering), emits a few minutes of
 realistic usage through a `UsageProducer`, waits for every event's result,
-and shows what happened.
+and shows what happened. A `WebhookReceiver` on loopback takes the webhooks
+the worker's own delivery thread sends (the worker may reach 127.0.0.1 only).
 """
 
 from __future__ import annotations
 
 import os
+import queue
 import random
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Final
 
@@ -32,6 +36,13 @@ DEMO_LIMITS: Final = (
 ChargeTuple = tuple[str, str, int]
 WORKER_START_SECONDS: Final = 30.0
 RESULTS_TIMEOUT_SECONDS: Final = 60.0
+WEBHOOK_TIMEOUT_SECONDS: Final = 20.0
+# The worker delivers to the demo's receiver only: loopback is refused by default.
+WORKER_WEBHOOK_SETTINGS: Final = {
+    "METERING_WEBHOOKS_DISPATCH": "1",
+    "METERING_WEBHOOKS_ALLOW_NETWORKS": "127.0.0.1/32",
+    "METERING_WEBHOOKS_POLL_INTERVAL": "0.1",
+}
 
 
 @dataclass(frozen=True)
@@ -39,6 +50,7 @@ class DemoFiles:
     database: Path
     broker: Path
     worker_log: Path
+    chart: Path
 
     @classmethod
     def fresh(cls, directory: Path) -> DemoFiles:
@@ -46,8 +58,9 @@ class DemoFiles:
             directory / "metering-demo.db",
             directory / "metering-demo-broker.db",
             directory / "metering-demo-worker.log",
+            directory / "metering-demo-overage.png",
         )
-        for base in (files.database, files.broker, files.worker_log):
+        for base in (files.database, files.broker, files.worker_log, files.chart):
             for suffix in ("", "-wal", "-shm", "-journal"):
                 Path(f"{base}{suffix}").unlink(missing_ok=True)
         return files
@@ -83,6 +96,7 @@ def start_worker(files: DemoFiles) -> subprocess.Popen[bytes]:
     env = dict(os.environ)
     env["METERING_DATABASE_URL"] = files.database_url
     env["METERING_BROKER_URL"] = files.broker_url
+    env.update(WORKER_WEBHOOK_SETTINGS)
     command = [sys.executable, "-m", "celery", "-A", "workers", "worker"]
     command += ["--pool", "solo", "--loglevel", "INFO", "--without-heartbeat"]
     with files.worker_log.open("wb") as log:
@@ -121,3 +135,76 @@ def wait_for_results(
             raise MeteringError(f"results did not arrive in time; see {files.worker_log}")
         time.sleep(0.1)
     progress(done)
+
+
+@dataclass(frozen=True)
+class ReceivedWebhook:
+    """One POST the receiver took: its headers and body, as sent."""
+
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+class WebhookReceiver:
+    """A small HTTP server on 127.0.0.1 (a free port) in a thread of its own:
+    it answers every POST with 204 and keeps what it received, in order."""
+
+    def __init__(self) -> None:
+        self.received: queue.Queue[ReceivedWebhook] = queue.Queue()
+        received = self.received
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("content-length") or 0)
+                body = self.rfile.read(length)
+                received.put(ReceivedWebhook(self.path, dict(self.headers.items()), body))
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass  # the demo prints what it received itself
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="demo-webhook-receiver", daemon=True
+        )
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}/metering-webhooks"
+
+    def __enter__(self) -> WebhookReceiver:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5)
+
+    def wait(
+        self,
+        accept: Callable[[ReceivedWebhook], bool],
+        worker: subprocess.Popen[bytes],
+        files: DemoFiles,
+        timeout: float = WEBHOOK_TIMEOUT_SECONDS,
+    ) -> ReceivedWebhook:
+        """The first webhook ``accept`` takes, waiting at most ``timeout`` seconds;
+        `MeteringError` saying where to look when none comes."""
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            if worker.poll() is not None:
+                raise MeteringError(f"the demo worker stopped; see {files.worker_log}")
+            try:
+                webhook = self.received.get(timeout=min(left, 0.2))
+            except queue.Empty:
+                continue
+            if accept(webhook):
+                return webhook
+        raise MeteringError(
+            f"no webhook reached the demo's receiver in {timeout:g} s; "
+            f"see the worker's log, {files.worker_log}"
+        )

@@ -13,15 +13,15 @@ from metering.cli.options import format_option
 from metering.cli.output import describe_limit, print_table, table
 from metering.domain.limits import ALGORITHMS, ENFORCEMENTS, WINDOWS, Limit, is_reserved
 
+# The algorithm's cell names a fixed window's kind too, and the thresholds
+# cell holds both kinds (percentages and units): the table fits 100 columns.
 LIMIT_COLUMNS: Final = (
     "name",
     "maximum",
     "period",
     "algorithm",
-    "window",
     "enforcement",
     "thresholds",
-    "threshold units",
     "lateness",
     "dimensions",
 )
@@ -66,12 +66,14 @@ def limits_set(name: str, maximum: int, period: str, **options: Any) -> None:
 
 
 def _limit_row(limit: Limit) -> list[object]:
-    window = limit.window if limit.algorithm == "fixed_window" else None
-    thresholds = ", ".join(f"{t}%" for t in limit.thresholds) or None
-    units = ", ".join(str(t) for t in limit.thresholds_units) or None
-    row: list[object] = [limit.name, limit.maximum, limit.period, limit.algorithm, window]
+    algorithm: str = limit.algorithm
+    if limit.algorithm == "fixed_window":
+        algorithm = f"{algorithm} {limit.window}"
+    levels = [f"{t}%" for t in limit.thresholds] + [str(t) for t in limit.thresholds_units]
+    thresholds = ", ".join(levels) or None
     dimensions = ", ".join(limit.dimensions) or None
-    return [*row, limit.enforcement, thresholds, units, limit.lateness, dimensions]
+    row: list[object] = [limit.name, limit.maximum, limit.period, algorithm, limit.enforcement]
+    return [*row, thresholds, limit.lateness, dimensions]
 
 
 @limits.command("list")

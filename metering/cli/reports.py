@@ -13,7 +13,7 @@ with ``--progress``).
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from metering.cli.context import current_meter
-from metering.cli.output import print_table, table
+from metering.cli.output import print_table, table, window_span
 from metering.domain.instants import round_up
 from metering.domain.rollups import shown_value
 from metering.errors import InvalidInput
@@ -38,7 +38,7 @@ from metering.reports.dimensions import (
     KIND as DIMENSION_KIND,
 )
 from metering.reports.export import FORMATS, write_csv, write_json
-from metering.reports.overage import BaseReport, select_overage, select_usage
+from metering.reports.overage import BaseReport, Report, ReportRow, select_overage, select_usage
 from metering.reports.shadow import select_shadow
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -67,7 +67,9 @@ HEADERS: Final = {
     "window_start": "window start",
     "window_end": "window end",
     "denied_events": "denied events",
-    "utilisation_percent": "utilisation %",
+    "utilisation_percent": "used %",
+    "window": "window (UTC)",
+    "peak_window": "peak window (UTC)",
     "first_denied_at": "first denial",
     "would_deny_events": "would-deny events",
     "would_deny_cost": "would-deny cost",
@@ -77,6 +79,41 @@ HEADERS: Final = {
     "peak_used": "peak used",
     "peak_maximum": "peak maximum",
     "peak_would_deny_cost": "peak would-deny",
+}
+# What a report's table shows, so that it fits 100 columns: a window in one
+# cell (`window_span`); CSV and JSON carry every column (a row's enforcement
+# and first denial too).
+REPORT_TABLE: Final = (
+    "subject",
+    "limit",
+    "window",
+    "maximum",
+    "used",
+    "granted",
+    "overage",
+    "denied",
+    "denied_events",
+    "utilisation_percent",
+)
+TABLE_COLUMNS: Final = {
+    "overage": REPORT_TABLE,
+    "usage": REPORT_TABLE,
+    "shadow": (
+        "subject",
+        "limit",
+        "would_deny_events",
+        "would_deny_cost",
+        "windows",
+        "peak_window",
+        "peak_used",
+        "peak_maximum",
+        "peak_would_deny_cost",
+    ),
+}
+# The cells that show a window: its start and end.
+SPANS: Final = {
+    "window": ("window_start", "window_end"),
+    "peak_window": ("peak_window_start", "peak_window_end"),
 }
 FORMAT_OPTION: Final = click.option(
     "--format",
@@ -184,7 +221,7 @@ def overage(
         top=top,
     )
     keep = (top or DEFAULT_TOP) if chart is not None else 0
-    kept = _output(chosen, fmt, progress, keep, f"Overage, {chosen.range.label}")
+    kept = _output(chosen, fmt, progress, keep, _overage_title(chosen))
     if chart is not None:
         _chart_written(overage_chart(kept, chart, chosen.range.label))
 
@@ -265,6 +302,16 @@ def shadow(
     _output(chosen, fmt, progress, 0, f"Would deny ({limit}), {chosen.range.label}")
 
 
+def print_overage(chosen: Report, keep: int) -> list[ReportRow]:
+    """Print the overage report as a table, as ``metering report overage`` does;
+    returns its first ``keep`` rows (the ones a chart shows)."""
+    return _output(chosen, "table", False, keep, _overage_title(chosen))
+
+
+def _overage_title(chosen: Report) -> str:
+    return f"Overage, {chosen.range.label}"
+
+
 def _chart_written(path: Path) -> None:
     click.echo(f"chart written to {path}", err=True)
 
@@ -292,7 +339,7 @@ def _output(
     elif fmt == "json":
         write_json(chosen, tee(rows), out)
     else:
-        _print_report(list(tee(rows)), FORMATS[chosen.kind][0], title)
+        _print_report(list(tee(rows)), chosen.kind, title)
     return kept
 
 
@@ -353,11 +400,19 @@ def _cell(name: str, value: object) -> object:
     return value
 
 
-def _print_report(rows: list[Any], columns: Sequence[str], title: str) -> None:
+def _table_cell(row: Any, name: str) -> object:
+    if name in SPANS:
+        start, end = SPANS[name]
+        return window_span(getattr(row, start), getattr(row, end), MINUTE)
+    return _cell(name, getattr(row, name))
+
+
+def _print_report(rows: list[Any], kind: str, title: str) -> None:
     if not rows:
         click.echo(f"{title}: no windows")
         return
+    columns = TABLE_COLUMNS.get(kind, FORMATS[kind][0])
     headers = [HEADERS.get(name, name) for name in columns]
     numeric = {HEADERS.get(name, name) for name in NUMERIC}
-    cells = [[_cell(name, getattr(row, name)) for name in columns] for row in rows]
+    cells = [[_table_cell(row, name) for name in columns] for row in rows]
     print_table(table(headers, cells, title, numeric=numeric))

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from table_layout import capture_tables, columns_of, render
 
 from metering import Limit, Meter
 from metering.cli import main, output
@@ -33,14 +34,6 @@ def cut(text: str) -> bool:
     return "…" in re.sub(r"whsec_…[A-Za-z0-9+/=_-]+", "", text)
 
 
-def column(text: str, index: int) -> str:
-    """The text of column ``index`` of a table's body, its folded lines joined."""
-    lines = text.splitlines()
-    start = next(n for n, line in enumerate(lines) if line.startswith("┡"))
-    body = [line for line in lines[start + 1 :] if line.startswith("│")]
-    return "".join(line.split("│")[index + 1].strip() for line in body)
-
-
 COMMANDS = {
     "counters": (["counters"], {0: SUBJECT, 1: LIMIT}),
     "limits": (["limits", "list"], {0: LIMIT}),
@@ -54,15 +47,19 @@ COMMANDS = {
 def test_a_terminal_table_keeps_names_whole(
     url: str, name: str, width: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(output, "stdout_is_terminal", lambda: True)
-    monkeypatch.setenv("COLUMNS", str(width))
+    """A name may fold onto the next lines of its cell; read down, it is whole."""
+    printed = capture_tables(monkeypatch, width)
     args, expected = COMMANDS[name]
     result = CliRunner().invoke(main, ["--database", url, *args])
     assert result.exit_code == 0, result.output
-    assert not cut(result.output), result.output
-    assert max(len(line) for line in result.output.splitlines()) <= width
-    for index, text in expected.items():
-        assert column(result.output, index).startswith(text), result.output
+    [shown] = printed
+    lines = render(shown, width)
+    text = "\n".join(lines)
+    assert not cut(text), text
+    assert max(len(line) for line in lines) <= width
+    cells = columns_of(shown, lines)
+    for index, name_shown in expected.items():
+        assert "".join(row[index] for row in cells).startswith(name_shown), text
 
 
 def test_the_endpoint_id_stays_on_one_line_at_80_columns(
