@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
+from anyio import to_thread
 from fastapi import APIRouter, Depends, Path, Query, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
@@ -97,7 +98,9 @@ async def post_events(
     # The queued path: events validated straight into message text (`QueuedEvent`).
     unique = unique_queued(queued_events(body, kind, now, context.settings.api_max_events))
     figures = await may_read(request)
-    fresh, stored = await run_in_threadpool(accept, context.meter, context.producer, unique)
+    fresh, stored = await to_thread.run_sync(
+        accept, context.meter, context.producer, unique, limiter=context.ingest_limiter()
+    )
     if fresh:
         _received([event.charges for event in fresh])  # unique ids already
     accepted = {

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import json
 import math
-from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any, Final, Literal, NamedTuple
 
 from metering.api.problems import ApiProblem
@@ -31,7 +31,6 @@ from metering.domain.events import (
     cloudevent_event_id,
     make_event,
     new_event_id,
-    single_fingerprint,
     validate_cost,
     validate_subject,
 )
@@ -379,7 +378,7 @@ def queued_of(event: UsageEvent) -> QueuedEvent:
 # The JSON text of `metering.domain.events.validate_metadata`'s encoder
 # (compact, ASCII, no NaN), as its C encoder called directly: the metadata
 # was decoded from JSON, so it holds no cycle and nothing unencodable.
-_encode_metadata = c_make_encoder(  # type: ignore[misc]
+_encode_metadata = c_make_encoder(
     None, None, encode_basestring_ascii, None, ":", ",", False, False, False
 )
 _id_ok = EVENT_ID_PATTERN.fullmatch

@@ -204,7 +204,7 @@ FIELDS: dict[str, list[Any]] = {
     ],
     "metadata": [
         {"route": "/v1/things"},
-        {"n": [1, 2.5, None, True], "s": "é\"\\"},
+        {"n": [1, 2.5, None, True], "s": 'é"\\'},
         {"a": "\ud800"},
         {"a": "\ud83d\ude00"},
         {"big": "x" * 9000},
@@ -226,7 +226,7 @@ VALID: dict[str, list[Any]] = {
     "limit": ["api_calls"],
     "cost": [1, 2.0, 10**12, MISSING],
     "occurred_at": ["2026-11-26T08:59:00Z", "2026-11-26T10:04:00+01:00", None, MISSING],
-    "metadata": [{"route": "/v1/things"}, {"n": [1, 2.5, None, True], "s": "é\"\\"}, None, MISSING],
+    "metadata": [{"route": "/v1/things"}, {"n": [1, 2.5, None, True], "s": 'é"\\'}, None, MISSING],
     "charges": [MISSING],
     "nope": [MISSING],
 }
