@@ -63,6 +63,28 @@ def encode_batch(events: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {"v": FORMAT_VERSION, "events": list(events)}
 
 
+_compact = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+
+
+def event_text(event: UsageEvent) -> str:
+    """`encode_event` as JSON text: what a message's ``events`` list holds."""
+    return _compact(encode_event(event))
+
+
+# Celery's message body (protocol 2) is ``[args, kwargs, embed]``; a batch
+# task's only argument is the batch.
+_BODY_HEAD: Final = f'[[{{"v":{FORMAT_VERSION},"events":['
+_BODY_TAIL: Final = ']}],{},{"callbacks":null,"errbacks":null,"chain":null,"chord":null}]'
+
+
+def batch_body(texts: Sequence[str]) -> str:
+    """The body of one ``metering.apply_batch`` message holding the events
+    ``texts`` (each `event_text`, or the API's own `parsing.QueuedEvent.text`):
+    the JSON Celery writes for ``send_task(APPLY_BATCH_TASK, args=[batch])``,
+    built without decoding and encoding the events again."""
+    return _BODY_HEAD + ",".join(texts) + _BODY_TAIL
+
+
 def decode_batch(payload: object) -> tuple[list[UsageEvent], list[Rejected]]:
     """The events of a message, and what could not be decoded, in order."""
     records, rejected = decode_records(payload)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
+from anyio import CapacityLimiter
 from starlette.requests import Request
 
 from metering.api.offload import Offload
@@ -31,6 +32,12 @@ def broker_lookup(broker_url: str) -> IsQueued:
 # Webhook test pings running at once, per server process (each waits for its
 # receiver up to the delivery timeout); more are answered 429.
 MAX_TEST_PINGS = 4
+# Queued ``POST /v1/events`` requests looking their ids up and publishing at
+# once, per server process; more wait their turn. Fewer than the database
+# pool's connections (5 kept open on PostgreSQL): more would open and close
+# a connection for each request (a third of the ledger lookup's cost,
+# measured), and two cores gain nothing from more threads.
+INGEST_THREADS = 4
 
 
 @dataclass
@@ -41,6 +48,7 @@ class ApiContext:
     is_queued: IsQueued
     # Test pings run here, off the threads every route shares (`Offload`).
     pings: Offload = field(init=False)
+    _ingest: CapacityLimiter | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.pings = Offload(
@@ -48,6 +56,12 @@ class ApiContext:
             what="webhook test ping",
             retry_after_seconds=self.settings.delivery.timeout_seconds,
         )
+
+    def ingest_limiter(self) -> CapacityLimiter:
+        """The threads of the queued path (`INGEST_THREADS`), made in the event loop."""
+        if self._ingest is None:
+            self._ingest = CapacityLimiter(INGEST_THREADS)
+        return self._ingest
 
     def close(self) -> None:
         self.pings.close()

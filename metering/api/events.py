@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
+from anyio import to_thread
 from fastapi import APIRouter, Depends, Path, Query, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
@@ -21,10 +22,10 @@ from metering.api.models import (
     Results,
     result_json,
 )
-from metering.api.parsing import body_kind, parse_events
+from metering.api.parsing import body_kind, parse_events, queued_events
 from metering.api.problems import COMMON_ERRORS, ApiProblem, responses
-from metering.api.queueing import accept, apply_now, unique_events
-from metering.domain.events import UsageEvent, validate_event_id
+from metering.api.queueing import accept, apply_now, unique_queued
+from metering.domain.events import Charge, validate_event_id
 from metering.metrics import count_received
 
 router = APIRouter(prefix="/v1", tags=["events"])
@@ -86,18 +87,22 @@ async def post_events(
     kind = body_kind(request.headers.get("content-type"))
     body = await request.body()
     now = context.meter.clock()
-    parsed = parse_events(body, kind, now, context.settings.api_max_events)
-    figures = await may_read(request)
     if wait == "decision":
+        parsed = parse_events(body, kind, now, context.settings.api_max_events)
+        figures = await may_read(request)
         results = await apply_now(context.meter, parsed)
         pairs = zip(parsed, results, strict=True)
-        _received({p.event.event_id: p.event for p, d in pairs if not d.duplicate}.values())
+        _received({p.event.event_id: p.event.charges for p, d in pairs if not d.duplicate}.values())
         answers = [result_json(d, figures=figures) for d in results]
         return JSONResponse({"results": answers}, status_code=200)
-    unique = unique_events(parsed)
-    fresh, stored = await run_in_threadpool(accept, context.meter, context.producer, unique)
+    # The queued path: events validated straight into message text (`QueuedEvent`).
+    unique = unique_queued(queued_events(body, kind, now, context.settings.api_max_events))
+    figures = await may_read(request)
+    fresh, stored = await to_thread.run_sync(
+        accept, context.meter, context.producer, unique, limiter=context.ingest_limiter()
+    )
     if fresh:
-        _received(fresh)  # unique ids already
+        _received([event.charges for event in fresh])  # unique ids already
     accepted = {
         "accepted": [event.event_id for event in fresh],
         "duplicates": [
@@ -109,12 +114,11 @@ async def post_events(
     return JSONResponse(accepted, status_code=202)
 
 
-def _received(events: Iterable[UsageEvent]) -> None:
-    """`metering_events_received_total`: new events (each id once), under each
-    limit they charge."""
+def _received(events: Iterable[tuple[Charge, ...]]) -> None:
+    """`metering_events_received_total`: new events (each id once, given by
+    their charges), under each limit they charge."""
     names: list[str] = []
-    for event in events:
-        charges = event.charges
+    for charges in events:
         if len(charges) == 1:
             names.append(charges[0][1])
         else:

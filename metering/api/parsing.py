@@ -16,20 +16,28 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final, Literal
+from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
+from typing import Any, Final, Literal, NamedTuple
 
 from metering.api.problems import ApiProblem
 from metering.domain.events import (
+    EVENT_ID_PATTERN,
     FUTURE_TOLERANCE_US,
+    MAX_COST,
+    MAX_METADATA_BYTES,
+    MAX_SUBJECT_LENGTH,
+    Charge,
     UsageEvent,
     cloudevent_event_id,
     make_event,
+    new_event_id,
     validate_cost,
     validate_subject,
 )
 from metering.domain.instants import parse_instant, to_us
-from metering.domain.limits import validate_limit_name
+from metering.domain.limits import NAME_PATTERN, validate_limit_name
 from metering.errors import InvalidInput
+from metering.pipeline import event_text
 
 BodyKind = Literal["json", "cloudevent", "cloudevents-batch"]
 MEDIA_TYPES: Final[dict[str, BodyKind]] = {
@@ -293,9 +301,8 @@ def _is_json_media(media: str) -> bool:
     return base == "application/json" or base.endswith("+json")
 
 
-def parse_events(body: bytes, kind: BodyKind, now: datetime, max_events: int) -> list[Parsed]:
-    """Every event of a request, all valid, or `ApiProblem` naming each bad one."""
-    data = decode_json(body)
+def _items(data: Any, kind: BodyKind, max_events: int) -> tuple[list[Any], bool]:
+    """The events of a decoded body, and whether it was an array."""
     batch = isinstance(data, list)
     if kind == "cloudevents-batch" and not batch:
         raise ApiProblem(
@@ -322,6 +329,12 @@ def parse_events(body: bytes, kind: BodyKind, now: datetime, max_events: int) ->
         )
     if not items:
         raise ApiProblem("invalid-input", "no events", [("body", "is an empty array")])
+    return items, batch
+
+
+def parse_events(body: bytes, kind: BodyKind, now: datetime, max_events: int) -> list[Parsed]:
+    """Every event of a request, all valid, or `ApiProblem` naming each bad one."""
+    items, batch = _items(decode_json(body), kind, max_events)
     parse = plain_event if kind == "json" else cloud_event
     now_us = to_us(now)
     events: list[Parsed] = []
@@ -331,6 +344,144 @@ def parse_events(body: bytes, kind: BodyKind, now: datetime, max_events: int) ->
             events.append(parse(item, f"events[{index}]" if batch else "", now, now_us))
         except Invalid as exc:
             errors.append((exc.pointer, exc.message))
+    if errors:
+        shown = errors[:MAX_ERRORS]
+        raise ApiProblem("invalid-input", _summary(errors, len(items)), shown)
+    return events
+
+
+class QueuedEvent(NamedTuple):
+    """A validated event as the queued path carries it: its id, charges and
+    time (microseconds), its metadata, its fingerprint (what makes two
+    deliveries of one id the same event) and ``text``, the event as a queued
+    message holds it (`metering.pipeline.event_text`)."""
+
+    event_id: str
+    charges: tuple[Charge, ...]
+    occurred_at_us: int
+    metadata: Mapping[str, Any] | None
+    fingerprint: str
+    text: str
+
+
+def queued_of(event: UsageEvent) -> QueuedEvent:
+    return QueuedEvent(
+        event.event_id,
+        event.charges,
+        event.occurred_at_us,
+        event.metadata,
+        event.fingerprint(),
+        event_text(event),
+    )
+
+
+# The JSON text of `metering.domain.events.validate_metadata`'s encoder
+# (compact, ASCII, no NaN), as its C encoder called directly: the metadata
+# was decoded from JSON, so it holds no cycle and nothing unencodable.
+_encode_metadata = c_make_encoder(
+    None, None, encode_basestring_ascii, None, ":", ",", False, False, False
+)
+_id_ok = EVENT_ID_PATTERN.fullmatch
+_new = tuple.__new__
+_name_ok = NAME_PATTERN.fullmatch
+# Times already parsed (RFC 3339 text to microseconds: a pure function), at
+# most this many; clients often send one time for a whole batch.
+_times: dict[str, int] = {}
+MAX_TIMES: Final = 4096
+
+
+def _us_of(text: str) -> int | None:
+    found = _times.get(text)
+    if found is None:
+        try:
+            found = to_us(parse_instant(text, field_name="time", naive_is_utc=False, dates=False))
+        except InvalidInput:
+            return None
+        if len(_times) >= MAX_TIMES:
+            _times.clear()
+        _times[text] = found
+    return found
+
+
+def _queued_plain(item: object, now_us: int) -> QueuedEvent | None:
+    """The usual plain event (one charge; subject, limit, cost, event_id,
+    occurred_at, metadata), validated and written as message text in one
+    pass; None for anything else or anything wrong, which `plain_event`
+    then accepts or refuses as it always has. Its checks are those of
+    `plain_event` and `make_event`, written out for this one shape: an event
+    this returns is the one `queued_of(plain_event(...).event)` gives, text
+    included (tests/api/test_api_parsing.py holds it to that)."""
+    if type(item) is not dict or not item.keys() <= PLAIN_FIELDS or "charges" in item:
+        return None
+    subject = item.get("subject")
+    limit = item.get("limit")
+    cost = item.get("cost", 1)
+    if (
+        type(subject) is not str
+        or type(limit) is not str
+        or type(cost) is not int
+        or not 1 <= cost <= MAX_COST
+        or not 1 <= len(subject) <= MAX_SUBJECT_LENGTH
+        or _name_ok(limit) is None
+        or not subject.isprintable()
+        or subject.strip() != subject
+    ):
+        return None
+    event_id = item.get("event_id")
+    if event_id is None:
+        event_id = new_event_id()
+    elif type(event_id) is not str or _id_ok(event_id) is None:
+        return None
+    at = item.get("occurred_at")
+    if at is None:
+        at_us = now_us
+    else:
+        found = _us_of(at) if type(at) is str else None
+        if found is None or found > now_us + FUTURE_TOLERANCE_US:
+            return None
+        at_us = found
+    metadata = item.get("metadata")
+    if metadata is None:
+        meta = "null"
+    elif type(metadata) is dict:
+        meta = "".join(_encode_metadata(metadata, 0))
+        # A surrogate (`validate_metadata` looks closer), or too large.
+        if len(meta) > MAX_METADATA_BYTES or "\\ud" in meta:
+            return None
+    else:
+        return None
+    # `single_fingerprint`: the charges' JSON text when the subject needs no
+    # escaping (ids and limit names never do: their patterns).
+    if not subject.isascii() or '"' in subject or "\\" in subject:
+        return None
+    charges = f'[["{subject}","{limit}",{cost}]]'
+    text = f'{{"id":"{event_id}","charges":{charges},"at":{at_us},"meta":{meta}}}'
+    # The tuples built directly (a NamedTuple's own __new__ costs twice as much).
+    charge = _new(Charge, (subject, limit, cost))
+    return _new(QueuedEvent, (event_id, (charge,), at_us, metadata, charges, text))
+
+
+def queued_events(body: bytes, kind: BodyKind, now: datetime, max_events: int) -> list[QueuedEvent]:
+    """`parse_events` for the queued path: the same events, errors and
+    problems, as `QueuedEvent`. The usual plain event takes `_queued_plain`;
+    any other goes through `plain_event` or `cloud_event`."""
+    if kind != "json":
+        return [queued_of(item.event) for item in parse_events(body, kind, now, max_events)]
+    items, batch = _items(decode_json(body), kind, max_events)
+    now_us = to_us(now)
+    events: list[QueuedEvent] = []
+    errors: FieldErrors = []
+    for index, item in enumerate(items):
+        found = _queued_plain(item, now_us)
+        if found is None:
+            try:
+                found = queued_of(
+                    plain_event(item, f"events[{index}]" if batch else "", now, now_us).event
+                )
+            except Invalid as exc:
+                errors.append((exc.pointer, exc.message))
+                continue
+        events.append(found)
     if errors:
         shown = errors[:MAX_ERRORS]
         raise ApiProblem("invalid-input", _summary(errors, len(items)), shown)

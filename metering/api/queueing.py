@@ -1,7 +1,9 @@
 """Getting validated events to the workers, or deciding them at once.
 
-`enqueue` hands events to the process's `UsageProducer` and flushes it, so
-the 202 that follows means the broker has them. `apply_now` is
+`enqueue` publishes a request's events at once, one message per queue
+(`ApiProducer.publish`), so the 202 that follows means the broker has
+them; while the broker is away they are kept by the producer and sent when
+it is back (`Kept`). `apply_now` is
 ``?wait=decision``: one event goes through `Meter.aconsume` (group commit
 with every other request of this process), several through `Meter.apply`
 in one transaction, in order. Both answer a repeated id like `consume`
@@ -16,15 +18,15 @@ from collections.abc import Mapping, Sequence
 
 from starlette.concurrency import run_in_threadpool
 
-from metering.api.parsing import Parsed
+from metering.api.parsing import Parsed, QueuedEvent
 from metering.api.problems import ApiProblem
 from metering.domain.decisions import Decision
 from metering.domain.events import UsageEvent
+from metering.domain.instants import from_us
 from metering.errors import BrokerUnavailable, EventConflict, OccurredAtOutOfRange, UnknownLimit
 from metering.lookup import StoredResult, stored_results
 from metering.meter import Meter
-from metering.pipeline import encode_event
-from metering.producer import UsageProducer
+from metering.producer import Item, UsageProducer
 from metering.routing import queue_for
 
 
@@ -34,6 +36,17 @@ def conflicts_among(events: Sequence[UsageEvent], stored: Mapping[str, StoredRes
         e.event_id
         for e in events
         if e.event_id in stored and stored[e.event_id].fingerprint != e.fingerprint()
+    ]
+
+
+def queued_conflicts(
+    events: Sequence[QueuedEvent], stored: Mapping[str, StoredResult]
+) -> list[str]:
+    """`conflicts_among` for the queued path's events."""
+    return [
+        e.event_id
+        for e in events
+        if e.event_id in stored and stored[e.event_id].fingerprint != e.fingerprint
     ]
 
 
@@ -67,15 +80,68 @@ def unique_events(parsed: Sequence[Parsed]) -> list[UsageEvent]:
     return list(first.values())
 
 
-class ApiProducer(UsageProducer):
-    """The API process's producer: it takes events the API has validated
-    already, so `make_event` runs once per event, not twice."""
+def unique_queued(events: Sequence[QueuedEvent]) -> list[QueuedEvent]:
+    """`unique_events` for the queued path's events."""
+    first: dict[str, QueuedEvent] = {}
+    conflicting: list[str] = []
+    for event in events:
+        seen = first.setdefault(event.event_id, event)
+        if (
+            seen is not event
+            and seen.fingerprint != event.fingerprint
+            and event.event_id not in conflicting
+        ):
+            conflicting.append(event.event_id)
+    if conflicting:
+        raise conflict(conflicting, applied=False, within=True)
+    return list(first.values())
 
-    def emit_events(self, events: Sequence[UsageEvent]) -> None:
-        """`UsageProducer._add` for each event, under one hold of the lock: the
-        same buffers, bound and flushes, without a lock and a count per event."""
+
+class ApiProducer(UsageProducer):
+    """The API process's producer: it publishes each request's events at
+    once, from the request's thread, as the message text the API wrote
+    while validating them (`parsing.QueuedEvent`): no buffer, lock or
+    encoding on the way. It buffers only what the broker did not take:
+    those events are kept, and sent by the producer's thread (in order,
+    before any newer event) once the broker is back."""
+
+    def publish(self, events: Sequence[QueuedEvent]) -> None:
+        """Send ``events`` now: one message per queue (of at most
+        ``batch_size`` events); `BrokerUnavailable` naming the kept events
+        when the broker does not take them after the producer's retries."""
+        self._after_fork_check()
         queues = self.queues
-        items = [(queue_for(e.charges[0].subject, queues), encode_event(e)) for e in events]
+        by_queue: dict[str, list[Item]] = {}
+        for e in events:
+            by_queue.setdefault(queue_for(e.charges[0].subject, queues), []).append(
+                (e.event_id, e.text)
+            )
+        if self._closed or any(self._buffers.values()):
+            # Kept events go first: through the buffer, in order.
+            self._emit_items(by_queue)
+            self.flush()
+            return
+        size = self.batch_size
+        chunks = [
+            (queue, items[start : start + size])
+            for queue, items in by_queue.items()
+            for start in range(0, len(items), size)
+        ]
+        for index, (queue, chunk) in enumerate(chunks):
+            try:
+                self._send(queue, chunk)
+            except BrokerUnavailable as exc:
+                # This chunk and the ones after it are kept, as `flush` keeps them.
+                unsent: dict[str, list[Item]] = {}
+                for later, items in chunks[index:]:
+                    unsent.setdefault(later, []).extend(items)
+                self._emit_items(unsent)
+                raise BrokerUnavailable(exc.reason, self.kept) from exc.__cause__
+
+    def _emit_items(self, by_queue: Mapping[str, Sequence[Item]]) -> None:
+        """Buffer ``by_queue``'s events under one hold of the lock: the same
+        buffers, bound and flushes as `UsageProducer._add`."""
+        items = [(queue, item) for queue, queued in by_queue.items() for item in queued]
         self._after_fork_check()
         waiting = False  # an event stays buffered: the flushing thread must run
         self._lock.acquire()
@@ -116,21 +182,21 @@ class ApiProducer(UsageProducer):
         return []
 
 
-def enqueue(producer: UsageProducer, events: Sequence[UsageEvent]) -> None:
-    """Queue ``events`` and flush: on return the broker has them (runs in a thread)."""
+def enqueue(producer: UsageProducer, events: Sequence[QueuedEvent]) -> None:
+    """Queue ``events``: on return the broker has them (runs in a thread)."""
     ids = [event.event_id for event in events]
     try:
         if isinstance(producer, ApiProducer):
-            producer.emit_events(events)
+            producer.publish(events)
         else:  # a producer given to `create_api`
             for event in events:
                 producer.emit(
                     charges=event.charges,
                     event_id=event.event_id,
-                    occurred_at=event.occurred_at,
+                    occurred_at=from_us(event.occurred_at_us),
                     metadata=event.metadata,
                 )
-        producer.flush()
+            producer.flush()
     except BrokerUnavailable as exc:
         mine = set(ids)
         kept = [event_id for event_id in producer.kept if event_id in mine]
@@ -144,13 +210,13 @@ def enqueue(producer: UsageProducer, events: Sequence[UsageEvent]) -> None:
 
 
 def accept(
-    meter: Meter, producer: UsageProducer, events: Sequence[UsageEvent]
-) -> tuple[list[UsageEvent], dict[str, StoredResult]]:
+    meter: Meter, producer: UsageProducer, events: Sequence[QueuedEvent]
+) -> tuple[list[QueuedEvent], dict[str, StoredResult]]:
     """The queued path, in one thread: look the ids up in the ledger (a
-    conflict refuses all), queue those not decided before and flush.
+    conflict refuses all), queue those not decided before.
     Returns the events queued and the stored results of the others."""
     stored = stored_results(meter.database, [event.event_id for event in events])
-    conflicting = conflicts_among(events, stored)
+    conflicting = queued_conflicts(events, stored)
     if conflicting:
         raise conflict(conflicting, applied=False)
     fresh = [event for event in events if event.event_id not in stored]

@@ -9,10 +9,12 @@ queue, and every copy gets the one decision (marked ``duplicate``).
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -167,3 +169,87 @@ def test_a_conflicting_copy_is_409_and_changes_nothing(base: str, meter: Meter) 
             assert answer.json()["event_ids"] == ["batch-5"]
     assert used_by_subject(meter) == expected_used()
     assert meter.count_results() == EVENTS
+
+
+def mixed_requests(requests: int, at: str) -> list[tuple[str, list[dict[str, Any]]]]:
+    """``requests`` bodies of 100 new events each, every shape the queued path
+    parses: the usual event (one pass), a subject that JSON escapes, stacked
+    charges, a time, a CloudEvents batch (content type, body)."""
+    bodies: list[tuple[str, list[dict[str, Any]]]] = []
+    for r in range(requests):
+        if r % 5 == 4:
+            bodies.append(
+                (
+                    "application/cloudevents-batch+json",
+                    [
+                        {"specversion": "1.0", "id": f"ce-{r}-{i}", "source": "/tests",
+                         "type": "usage", "subject": f"org-{i % SUBJECTS}",
+                         "data": {"limit": "api_calls", "cost": 2}}
+                        for i in range(EVENTS)
+                    ],
+                )
+            )  # fmt: skip
+            continue
+        events: list[dict[str, Any]] = []
+        for i in range(EVENTS):
+            event: dict[str, Any] = {"event_id": f"m-{r}-{i}", "limit": "api_calls"}
+            if i % 10 == 3:
+                event["subject"] = f'org-é"{i % SUBJECTS}'
+            elif i % 10 == 7:
+                del event["limit"]
+                event["charges"] = [
+                    {"subject": f"org-{i % SUBJECTS}", "limit": "api_calls", "cost": 1},
+                    {"subject": f"team-{i % 3}", "limit": "api_calls", "cost": 2},
+                ]
+            else:
+                event["subject"] = f"org-{i % SUBJECTS}"
+                event["cost"] = 1 + i % 3
+                event["metadata"] = {"n": i}
+            if i % 2:
+                event["occurred_at"] = at
+            events.append(event)
+        bodies.append(("application/json", events))
+    return bodies
+
+
+def test_batches_posted_over_http_each_get_exactly_one_result_from_a_real_worker(
+    serve_api: Serve, pg_url: str, redis_url: str, api_worker: Any, broker: redis.Redis
+) -> None:
+    """Many requests of 100 events at once, from 4 clients: each request's
+    events go out as one message of the API's own text (`QueuedEvent`),
+    which the worker decodes and applies: one result per id, the counters
+    one application of every event, nothing dead-lettered."""
+    requests = 20
+    at = (datetime.now(UTC) - timedelta(seconds=30)).isoformat()
+    bodies = mixed_requests(requests, at)
+    expected: Counter[str] = Counter()
+    for _, events in bodies:
+        for e in events:
+            if "data" in e:  # a CloudEvent
+                expected[e["subject"]] += e["data"]["cost"]
+                continue
+            for charge in e.get("charges") or [e]:
+                expected[charge["subject"]] += charge.get("cost", 1)
+    with Meter(pg_url) as meter:
+        meter.set_limit(Limit("api_calls", maximum=10**9, period="1d", window="calendar"))
+        base = serve_api(create_api(Settings(meter.url, redis_url), meter=meter))
+
+        def post(index: int) -> httpx.Response:
+            kind, events = bodies[index]
+            with httpx.Client(base_url=base, timeout=60) as client:
+                return client.post(
+                    "/v1/events", content=json.dumps(events), headers={"content-type": kind}
+                )
+
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(post, range(requests)))
+        assert [a.status_code for a in answers] == [202] * requests
+        assert sum(len(a.json()["accepted"]) for a in answers) == requests * EVENTS
+        deadline = time.monotonic() + WAIT_SECONDS
+        while meter.count_results() < requests * EVENTS or broker.llen("metering"):
+            assert time.monotonic() < deadline, meter.count_results()
+            time.sleep(0.1)
+        assert meter.count_results() == requests * EVENTS
+        assert meter.outcome_counts() == {"allowed": requests * EVENTS}
+        assert used_by_subject(meter) == dict(expected)
+        assert meter.rejected_messages() == []

@@ -179,3 +179,129 @@ def test_check_bodies_point_at_stacked_charges() -> None:
     with pytest.raises(ApiProblem) as caught:
         parse_check(b'{"subject": "a", "limit": "l", "event_id": "x"}', NOW)
     assert caught.value.errors[0][0] == "event_id"
+
+
+# -- the queued path's one-pass parser ---------------------------------------------
+
+QUEUED_NOW = datetime(2026, 11, 26, 9, 0, tzinfo=UTC)
+MISSING = object()
+FIELDS: dict[str, list[Any]] = {
+    "event_id": ["e-1", "e-2", "bad id", 7, "x" * 129, MISSING],
+    "subject": ["org-1", "", " x", "é", 'a"b', "a\\b", 5, None, "x" * 201, "\x00", MISSING],
+    "limit": ["api_calls", "API", 3, None, "a" * 65, MISSING],
+    "cost": [1, 0, 2.0, 2.5, True, 10**12, 10**12 + 1, "1", None, MISSING],
+    "occurred_at": [
+        "2026-11-26T08:59:00Z",
+        "2026-11-26T10:04:00+01:00",
+        "2026-11-26T09:06:00Z",  # more than 5 minutes ahead
+        "2026-11-26T09:00:00",
+        "2026-11-26",
+        "2026-11-26T09:00:00.1234567+05:30",
+        "0001-01-01T00:00:00+01:00",
+        5,
+        None,
+        MISSING,
+    ],
+    "metadata": [
+        {"route": "/v1/things"},
+        {"n": [1, 2.5, None, True], "s": 'é"\\'},
+        {"a": "\ud800"},
+        {"a": "\ud83d\ude00"},
+        {"big": "x" * 9000},
+        [1],
+        "s",
+        None,
+        MISSING,
+    ],
+    "charges": [[{"subject": "org-2", "limit": "api_calls"}], MISSING, MISSING, MISSING],
+    "nope": [1, MISSING, MISSING, MISSING, MISSING],
+}
+
+
+# Values every field may take in a valid event (the first of FIELDS' own,
+# which hold valid and invalid ones).
+VALID: dict[str, list[Any]] = {
+    "event_id": ["e-1", "e-2", MISSING],
+    "subject": ["org-1", "é", 'a"b', "a\\b", "x" * 200],
+    "limit": ["api_calls"],
+    "cost": [1, 2.0, 10**12, MISSING],
+    "occurred_at": ["2026-11-26T08:59:00Z", "2026-11-26T10:04:00+01:00", None, MISSING],
+    "metadata": [{"route": "/v1/things"}, {"n": [1, 2.5, None, True], "s": 'é"\\'}, None, MISSING],
+    "charges": [MISSING],
+    "nope": [MISSING],
+}
+
+
+def plain_events() -> Any:
+    """A valid event with at most one field changed to any value of FIELDS."""
+    from hypothesis import strategies as st
+
+    valid = st.fixed_dictionaries({name: st.sampled_from(v) for name, v in VALID.items()})
+    changed = st.sampled_from([None, *FIELDS])
+
+    @st.composite
+    def event(draw: Any) -> dict[str, Any]:
+        values = draw(valid)
+        name = draw(changed)
+        if name is not None:
+            values[name] = draw(st.sampled_from(FIELDS[name]))
+        return {k: v for k, v in values.items() if v is not MISSING}
+
+    return event()
+
+
+def outcome(parse: Any, body: bytes) -> Any:
+    try:
+        return parse(body)
+    except ApiProblem as problem:
+        return (problem.slug, problem.detail, list(problem.errors), problem.extra)
+
+
+def test_the_queued_parser_gives_what_parse_events_gives() -> None:
+    """`queued_events` (one pass for the usual event) is `parse_events` made
+    `QueuedEvent`s: the same events and message text, or the same problem."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from metering.api.parsing import queued_events, queued_of
+
+    @settings(max_examples=400, deadline=None)
+    @given(st.lists(plain_events(), min_size=1, max_size=4), st.booleans())
+    def check(items: list[dict[str, Any]], single: bool) -> None:
+        sent = items[:1] if single else items
+        body = json.dumps(items[0] if single else items).encode()
+        ours = outcome(lambda b: queued_events(b, "json", QUEUED_NOW, 100), body)
+        theirs = outcome(
+            lambda b: [queued_of(p.event) for p in parse_events(b, "json", QUEUED_NOW, 100)], body
+        )
+        if isinstance(ours, list) and isinstance(theirs, list):
+            # A missing id is a new random one in each.
+            for mine, reference, item in zip(ours, theirs, sent, strict=True):
+                if "event_id" not in item:
+                    assert len(mine.event_id) == 32
+                    mine = mine._replace(event_id="-", text=mine.text.replace(mine.event_id, "-"))
+                    reference = reference._replace(
+                        event_id="-", text=reference.text.replace(reference.event_id, "-")
+                    )
+                assert mine == reference
+                assert json.loads(mine.text) == json.loads(reference.text)
+        else:
+            assert ours == theirs
+
+    check()
+
+
+def test_the_usual_event_takes_the_one_pass_parser() -> None:
+    from metering.api.parsing import _queued_plain
+
+    item = {"event_id": "u-1", "subject": "org-1", "limit": "api_calls", "cost": 3,
+            "occurred_at": "2026-11-26T08:00:00Z", "metadata": {"route": "/x"}}  # fmt: skip
+    found = _queued_plain(item, 1795683600000000)
+    assert found is not None
+    assert found.charges == (Charge("org-1", "api_calls", 3),)
+    assert json.loads(found.text) == {
+        "id": "u-1",
+        "charges": [["org-1", "api_calls", 3]],
+        "at": 1795680000000000,
+        "meta": {"route": "/x"},
+    }

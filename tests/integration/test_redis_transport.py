@@ -164,3 +164,49 @@ def test_a_message_given_back_returns_to_its_queue_once(
             connection.drain_events(timeout=5)
     assert bodies(client, FIRST) == [{"n": 1}]
     assert client.hlen("unacked") == 0
+
+
+def test_a_producer_message_is_the_one_celery_send_task_writes(
+    redis_url: str, client: redis.Redis
+) -> None:
+    """`UsageProducer` publishes its prebuilt JSON through kombu (no Celery
+    `send_task`): the envelope on the list is Celery's own but for the ids
+    and times, and the body decodes to the same task arguments."""
+    from datetime import UTC, datetime
+
+    from metering.domain.events import make_event
+    from metering.pipeline import encode_batch, encode_event
+    from metering.producer import UsageProducer, make_celery
+    from metering.routing import APPLY_BATCH_TASK, DEFAULT_QUEUE, SENT_AT_HEADER
+
+    at = datetime(2026, 11, 26, 9, 0, tzinfo=UTC)
+    events = [
+        make_event([('org-é"1', "calls", 2)], at, "f-1", {"route": "/x", "n": [1, 2.5, None]}),
+        make_event([("org-2", "calls", 1), ("team-2", "seats", 3)], at, "f-2"),
+    ]
+    with UsageProducer(redis_url) as producer:
+        for event in events:
+            producer.emit(charges=event.charges, event_id=event.event_id, occurred_at=at,
+                          metadata=event.metadata)  # fmt: skip
+        producer.flush()
+    ours = json.loads(client.rpop(DEFAULT_QUEUE))
+    celery = make_celery(redis_url)
+    payload = encode_batch([encode_event(e) for e in events])
+    celery.send_task(APPLY_BATCH_TASK, args=[payload], queue=DEFAULT_QUEUE,
+                     routing_key=DEFAULT_QUEUE, retry=False, headers={SENT_AT_HEADER: 1},
+                     argsrepr="[<2 events>]", kwargsrepr="{}")  # fmt: skip
+    celery.close()
+    theirs = json.loads(client.rpop(DEFAULT_QUEUE))
+    assert client.llen(DEFAULT_QUEUE) == 0
+
+    def body(envelope: dict[str, Any]) -> Any:
+        return json.loads(base64.b64decode(envelope.pop("body")))
+
+    assert body(ours) == body(theirs) == [[payload], {}, {
+        "callbacks": None, "errbacks": None, "chain": None, "chord": None}]  # fmt: skip
+    varying = ("id", "root_id", "correlation_id", "reply_to", "delivery_tag", SENT_AT_HEADER)
+    for envelope in (ours, theirs):
+        for part in (envelope["headers"], envelope["properties"]):
+            for name in varying:
+                part.pop(name, None)
+    assert ours == theirs
