@@ -20,11 +20,13 @@ $(VENV)/.installed: pyproject.toml
 servers:
 	bash scripts/ensure-servers.sh
 
+# vulture: dead code ([tool.vulture] in pyproject.toml, vulture_allowlist.py).
 lint: venv
 	$(BIN)/ruff check $(SRC)
 	$(BIN)/ruff format --check $(SRC)
 	$(BIN)/mypy metering workers
 	$(BIN)/lint-imports
+	$(BIN)/vulture
 
 # Lint first: a style or type error fails fast, before the slower suite.
 test: venv servers lint

@@ -34,7 +34,6 @@ DEMO_LIMITS: Final = (
     Limit("search", 10, "10s", algorithm="token_bucket"),
 )
 ChargeTuple = tuple[str, str, int]
-WORKER_START_SECONDS: Final = 30.0
 RESULTS_TIMEOUT_SECONDS: Final = 60.0
 WEBHOOK_TIMEOUT_SECONDS: Final = 20.0
 # The worker delivers to the demo's receiver only: loopback is refused by default.

@@ -7,8 +7,8 @@ when there is one, and every extra field the call passed
 it is not, and cut after `MAX_FIELD_CHARS` characters. The default,
 ``text``, leaves logging as it is.
 
-`configure_logging` sets up the root logger of a process (the workers call
-it from Celery's logging signals, `workers.observability`);
+`use_json` and `redact_handlers` set up a logger's handlers (the workers
+call them from Celery's logging signals, `workers.observability`);
 `uvicorn_log_config` is the ``log_config`` to give uvicorn so its own
 access and error logs come out the same way.
 
@@ -149,19 +149,6 @@ def use_json(logger: logging.Logger | None = None) -> None:
     """Give every handler of ``logger`` (default: the root logger) the JSON formatter."""
     for handler in (logger or logging.getLogger()).handlers:
         handler.setFormatter(JsonFormatter())
-
-
-def configure_logging(fmt: str, level: int | str = logging.INFO) -> None:
-    """The root logger writes to stderr in ``fmt`` (``text`` or ``json``) at ``level``."""
-    if fmt not in LOG_FORMATS:
-        raise ConfigurationError(f"log format must be text or json, got {fmt!r}")
-    root = logging.getLogger()
-    if not root.handlers:
-        root.addHandler(logging.StreamHandler())
-    root.setLevel(level)
-    if fmt == "json":
-        use_json(root)
-    redact_handlers(root)
 
 
 def uvicorn_log_config(fmt: str) -> dict[str, Any]:

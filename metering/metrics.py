@@ -68,7 +68,6 @@ OTHER_LIMIT: Final = "_other"
 UNKNOWN_LIMIT: Final = "_unknown"
 # Requests no route matched (scanners): never the raw path.
 UNMATCHED_ROUTE: Final = "_unmatched"
-OUTCOMES: Final = ("allowed", "overage", "denied", "rejected")
 HTTP_METHODS: Final = frozenset(
     {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT"}
 )
@@ -453,18 +452,6 @@ def _backlog_gauges(backlog: WebhookBacklog) -> Iterator[Metric]:
     )
 
 
-_collectors: list[Any] = []
-
-
-def add_collector(collector: Any) -> None:
-    """Have ``/metrics`` of this process include ``collector`` (a `LagCollector`)."""
-    _collectors.append(collector)
-
-
-def clear_collectors() -> None:
-    _collectors.clear()
-
-
 class _Own:
     """This process's metrics, in a registry of their own (single-process mode)."""
 
@@ -478,7 +465,7 @@ class _Own:
 def exposition_registry(collectors: Iterable[Any] = ()) -> CollectorRegistry:
     """What ``/metrics`` shows: every process's values in multiprocess mode
     (`enable_multiprocess`), else this process's; then the scrape-time gauges
-    (``collectors``, and the ones given to `add_collector`)."""
+    (``collectors``, each a `LagCollector`)."""
     from prometheus_client import CollectorRegistry
     from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -488,7 +475,7 @@ def exposition_registry(collectors: Iterable[Any] = ()) -> CollectorRegistry:
         MultiProcessCollector(registry, directory)  # type: ignore[no-untyped-call]
     else:
         registry.register(_Own())
-    for collector in [*_collectors, *collectors]:
+    for collector in collectors:
         registry.register(collector)
     return registry
 

@@ -71,7 +71,7 @@ def read_webhook_backlog(database_url: str, clock: Clock = system_clock) -> Webh
 def lag_collector(
     database_url: str, broker_url: str, queues: int = 1, clock: Clock = system_clock
 ) -> LagCollector:
-    """A collector of the lag gauges for `metering.metrics.add_collector`."""
+    """A collector of the lag gauges (``collectors`` of `metering.metrics.exposition`)."""
     return LagCollector(
         queues=lambda: read_queue_lag(database_url, broker_url, queues, clock),
         webhooks=lambda: read_webhook_backlog(database_url, clock),

@@ -188,9 +188,6 @@ def reservation_json(info: ReservationInfo) -> dict[str, Any]:
 # -- limits -------------------------------------------------------------------------
 
 
-DIMENSION_KEY = f"^{DIMENSION_PATTERN.pattern}$"
-
-
 class LimitIn(BaseModel):
     """A limit's definition, as in a limits file (``metering limits load``)."""
 

@@ -81,24 +81,6 @@ class ChargeDecision:
             "grants": [{"grant_id": g, "amount": a} for g, a in self.grants],
         }
 
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ChargeDecision:
-        return cls(
-            subject=data["subject"],
-            limit=data["limit"],
-            cost=int(data["cost"]),
-            allowed=bool(data["allowed"]),
-            outcome=data["outcome"],
-            used=int(data["used"]),
-            remaining=int(data["remaining"]),
-            maximum=int(data["maximum"]),
-            overage=int(data["overage"]),
-            window_start_us=_us_of(data["window_start"]),
-            resets_at_us=to_us(datetime.fromisoformat(data["resets_at"])),
-            retry_at_us=_us_of(data["retry_at"]),
-            grants=tuple((g["grant_id"], int(g["amount"])) for g in data.get("grants") or ()),
-        )
-
     def to_row(self) -> list[Any]:
         """A compact, JSON-ready form for the results ledger (grants only when some paid)."""
         row = [
@@ -133,10 +115,6 @@ ROW_FIELDS: Final = 12
 
 def _moment(us: int | None) -> datetime | None:
     return from_us(us) if us is not None else None
-
-
-def _us_of(text: str | None) -> int | None:
-    return to_us(datetime.fromisoformat(text)) if text is not None else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,10 +198,6 @@ class Decision:
 
 def _iso(moment: datetime | None) -> str | None:
     return moment.isoformat() if moment is not None else None
-
-
-def _parse(text: str | None) -> datetime | None:
-    return datetime.fromisoformat(text) if text is not None else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,27 +298,7 @@ __all__ = [
     "Decision",
     "EventVerdict",
     "decide_event",
-    "decision_from_dict",
     "evaluate_charge",
     "from_us",
     "to_us",
 ]
-
-
-def decision_from_dict(
-    data: Mapping[str, Any], *, duplicate: bool, metadata: Mapping[str, Any] | None = None
-) -> Decision:
-    """Rebuild a stored result (``Decision.to_dict()``)."""
-    occurred_at, decided_at = _parse(data["occurred_at"]), _parse(data["decided_at"])
-    assert occurred_at is not None and decided_at is not None
-    return Decision(
-        event_id=data["event_id"],
-        outcome=data["outcome"],
-        charges=tuple(ChargeDecision.from_dict(c) for c in data["charges"]),
-        occurred_at=occurred_at,
-        decided_at=decided_at,
-        denied_by=tuple(data.get("denied_by") or ()),
-        duplicate=duplicate,
-        reason=data.get("reason"),
-        metadata=metadata,
-    )

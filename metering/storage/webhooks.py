@@ -394,8 +394,3 @@ class WebhookStore:
         if message_type is not None:
             query = query.where(webhook_messages.c.type == message_type)
         return [(r.id, r.type, r.payload) for r in self.connection.execute(query)]
-
-    def count_marks(self) -> int:
-        return int(
-            self.connection.execute(select(func.count()).select_from(webhook_marks)).scalar_one()
-        )

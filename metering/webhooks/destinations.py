@@ -23,7 +23,6 @@ import ipaddress
 import socket
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Final
-from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
     import ssl
@@ -102,17 +101,6 @@ def checked_addresses(
             if reason is not None:
                 raise DestinationRefused(f"{host} resolves to {reason} {ALLOW_HINT}")
     return addresses
-
-
-def check_destination(
-    url: str, *, allow_private: bool, allowed_networks: Iterable[IPNetwork] = ()
-) -> list[IPAddress]:
-    """Check where ``url`` leads (see `checked_addresses`)."""
-    parts = urlsplit(url)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    return checked_addresses(
-        parts.hostname or "", port, allow_private=allow_private, allowed_networks=allowed_networks
-    )
 
 
 def url_error(url: str) -> str | None:

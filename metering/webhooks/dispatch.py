@@ -66,11 +66,6 @@ class Dispatcher:
         self._in_flight = 0
         self._stopping = False
 
-    @property
-    def in_flight(self) -> int:
-        with self._changed:
-            return self._in_flight
-
     def fill(self, claim: Claim, most: int | None = None) -> int:
         """Claim and start attempts while there is room (at most ``most``);
         returns how many were started. Call from one thread at a time."""

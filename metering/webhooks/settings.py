@@ -71,10 +71,6 @@ class DeliverySettings:
     allowed_networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
 
     @property
-    def max_attempts(self) -> int:
-        return len(self.schedule_seconds) + 1
-
-    @property
     def lease_seconds(self) -> float:
         return self.timeout_seconds + LEASE_MARGIN_SECONDS
 

@@ -35,7 +35,6 @@ from metering.errors import ConfigurationError, EventConflict, StorageError
 from metering.logs import (
     JsonFormatter,
     RedactSecrets,
-    configure_logging,
     log_format,
     redact,
 )
@@ -336,27 +335,6 @@ def test_json_log_lines_carry_time_level_logger_message_and_extras() -> None:
         )
     entry = json.loads(formatter.format(record))
     assert "ValueError: bad" in entry["exception"]
-
-
-def test_configure_logging_json_writes_one_object_per_line() -> None:
-    code = textwrap.dedent(
-        """
-        import logging
-        from metering.logs import configure_logging
-        configure_logging("json")
-        logging.getLogger("metering.x").info("hello %s", "there", extra={"n": 1})
-        logging.getLogger("metering.y").warning("second")
-        """
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    lines = [json.loads(line) for line in done.stderr.splitlines()]
-    assert [(e["logger"], e["message"]) for e in lines] == [
-        ("metering.x", "hello there"),
-        ("metering.y", "second"),
-    ]
-    assert lines[0]["n"] == 1
-    with pytest.raises(ConfigurationError):
-        configure_logging("yaml")
 
 
 def test_uvicorn_log_config_puts_uvicorn_logs_in_json() -> None:

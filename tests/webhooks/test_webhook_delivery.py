@@ -212,7 +212,6 @@ def test_the_schedule_and_timeouts_come_from_the_environment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     assert DeliverySettings.from_env().schedule_seconds == DEFAULT_SCHEDULE
-    assert DeliverySettings.from_env().max_attempts == 10
     monkeypatch.setenv("METERING_WEBHOOKS_SCHEDULE", "1,1,2")
     monkeypatch.setenv("METERING_WEBHOOKS_TIMEOUT", "3")
     settings = DeliverySettings.from_env()

@@ -16,15 +16,25 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from ipaddress import ip_network
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from pytest_httpserver import HTTPServer
 
 from metering import Limit, Meter
 from metering.webhooks import DeliverySettings, Webhooks
-from metering.webhooks.destinations import DestinationRefused, check_destination
+from metering.webhooks.destinations import DestinationRefused, checked_addresses
 
 REBIND_HOST = "hooks.rebind.test"
+
+
+def check_destination(url: str, *, allow_private: bool, allowed_networks: Any = ()) -> None:
+    """`checked_addresses` of ``url``'s host and port."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    checked_addresses(
+        parts.hostname or "", port, allow_private=allow_private, allowed_networks=allowed_networks
+    )
 
 
 @pytest.mark.parametrize(

@@ -92,7 +92,7 @@ def test_the_total_bound_holds_across_endpoints() -> None:
     table, receivers = Table(jobs), Receivers({f"ep-{n}" for n in range(6)})
     dispatcher = Dispatcher(receivers.attempt, max_in_flight=3, max_in_flight_per_endpoint=4)
     assert dispatcher.fill(table.claim) == 3
-    assert dispatcher.in_flight == 3 and len(table.jobs) == 3
+    assert len(table.jobs) == 3
     for gate in receivers.held.values():
         gate.set()
     dispatcher.drain(table.claim, most=100)
@@ -106,8 +106,9 @@ def test_an_attempt_that_raises_frees_its_slot() -> None:
 
     dispatcher = Dispatcher(attempt, max_in_flight=1, max_in_flight_per_endpoint=1)
     table = Table([job(1, "a"), job(2, "a")])
+    # One slot: the second attempt ran only because the first one's was freed
+    # (and drain returns only when no attempt is in flight).
     assert dispatcher.drain(table.claim, most=10) == {CRASHED: 2}
-    assert dispatcher.in_flight == 0
     dispatcher.close()
 
 
