@@ -203,18 +203,25 @@ _encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
 class PostgresHotStore:
-    """`HotStore` on the psycopg connection under a SQLAlchemy transaction."""
+    """`HotStore` on a psycopg connection in a transaction: one of
+    `DirectPostgres`, or the one under a SQLAlchemy transaction
+    (`PostgresHotStore.of`)."""
 
     # `write` keeps the dead letters too, in its round trip.
     takes_rejected = True
 
-    def __init__(self, connection: Connection) -> None:
-        raw = connection.connection.driver_connection
-        assert isinstance(raw, psycopg.Connection)
-        self.raw: psycopg.Connection[Any] = raw
+    def __init__(self, raw: psycopg.Connection[Any]) -> None:
+        self.raw = raw
         # Tuple ids of the rows `read` locked, for `write`'s bulk updates.
         self.counter_tids: dict[Key, str] = {}
         self.window_tids: dict[Pair, str] = {}
+
+    @classmethod
+    def of(cls, connection: Connection) -> PostgresHotStore:
+        """On the psycopg connection under ``connection``'s transaction."""
+        raw = connection.connection.driver_connection
+        assert isinstance(raw, psycopg.Connection)
+        return cls(raw)
 
     def read(
         self,
@@ -361,21 +368,16 @@ FROM k CROSS JOIN LATERAL (
 
 
 def read_unlocked(
-    connection: Connection, pairs: Sequence[Pair], keys: Sequence[WantedKey]
+    raw: psycopg.Connection[Any], pairs: Sequence[Pair], keys: Sequence[WantedKey]
 ) -> Snapshot:
     """`PostgresHotStore.read` for a decision that writes nothing (`check`):
-    one statement in autocommit, no lock, no transaction to end. Results
-    are not looked up (``stored`` is empty). Driver errors come out as
-    SQLAlchemy's, for `metering.storage.engine.translate`."""
-    raw = connection.connection.driver_connection
-    assert isinstance(raw, psycopg.Connection)
+    one statement on ``raw`` in autocommit (`DirectPostgres.autocommit`), no
+    lock, no transaction to end. Results are not looked up (``stored`` is
+    empty). Driver errors come out as SQLAlchemy's, for
+    `metering.storage.engine.translate`."""
     params = {"pairs": _encode(pairs), "keys": _encode(keys)}
     try:
-        raw.autocommit = True
-        try:
-            rows = raw.cursor(binary=True).execute(CHECK_READ, params).fetchall()
-        finally:
-            raw.autocommit = False
+        rows = raw.cursor(binary=True).execute(CHECK_READ, params).fetchall()
     except psycopg.Error as exc:
         raise _translate(exc) from exc
     version = -1
