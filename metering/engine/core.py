@@ -10,10 +10,12 @@ lean rules, `metering.domain.decisions` for the reference):
   older than its subject's current first-use window), reservations, and
   `check` on SQLite or where the fast path declines.
 
-On SQLite the fast path runs on stdlib ``sqlite3`` connections of its own
-(`metering.storage.hot_sqlite.DirectSqlite`), one ``BEGIN IMMEDIATE``
-transaction per call or group, with no SQLAlchemy object; what it leaves
-(`NeedsConnection`: the limits' cache reloaded, grants, notification marks,
+The fast path runs on connections of its own, with no SQLAlchemy object:
+on SQLite stdlib ``sqlite3`` ones (`metering.storage.hot_sqlite.DirectSqlite`),
+one ``BEGIN IMMEDIATE`` transaction per call or group; on PostgreSQL psycopg
+ones (`metering.storage.direct_postgres.DirectPostgres`), and `check`'s one
+statement in autocommit on one of them. What it leaves (`NeedsConnection`:
+the limits' cache reloaded, notification marks; on SQLite also grants and
 dead letters) runs again, whole, in a SQLAlchemy transaction.
 
 Concurrent single calls share transactions (`metering.engine.group`). The
