@@ -180,7 +180,13 @@ class DirectPostgres:
 
     # -- running -------------------------------------------------------------------
 
-    def run(self, work: Callable[[PostgresHotStore, bool], T], *, attempts: int = 10) -> T:
+    def run(
+        self,
+        work: Callable[[PostgresHotStore, bool], T],
+        *,
+        attempts: int = 10,
+        autocommit: bool = False,
+    ) -> T:
         """Run ``work(store, retry)`` in one transaction on a pooled connection,
         committed when it returns (unless ``work`` committed it already: the
         store's write carries the COMMIT); run again as `run_retry_aware`
@@ -188,7 +194,12 @@ class DirectPostgres:
         broken connection, `RetryTransaction`), with ``retry`` true from the
         second run on; driver errors raised as `metering.errors` exceptions.
         Anything else ``work`` raises (`NeedsConnection`) rolls back and
-        propagates."""
+        propagates.
+
+        ``autocommit``: the connection (``store.raw``) is in autocommit
+        instead, so that work of one statement (a server-side function
+        deciding an event) is one round trip with no COMMIT of its own;
+        retried the same way."""
         for attempt in range(attempts):
             try:
                 raw = self._checkout()
@@ -197,6 +208,8 @@ class DirectPostgres:
                 continue
             try:
                 try:
+                    if autocommit:
+                        raw.autocommit = True
                     result = work(PostgresHotStore(raw), attempt > 0)
                     if raw.info.transaction_status != TransactionStatus.IDLE:
                         raw.commit()

@@ -232,3 +232,29 @@ def test_close_closes_the_pool(pg_url: str) -> None:
     meter.close()
     assert direct.open_connections == 0
     assert all(raw.closed for raw in opened)
+
+
+def test_work_of_one_statement_runs_in_autocommit_and_is_retried(meter: Meter) -> None:
+    # What the engine exposes for work on the driver (a server-side function
+    # deciding one event): `run(work, autocommit=True)` is one round trip per
+    # statement, retried after a key taken as any transaction is.
+    from psycopg import errors
+
+    direct = direct_of(meter)
+    seen: list[bool] = []
+
+    def work(store: Any, retry: bool) -> int:
+        seen.append(retry)
+        assert store.raw.autocommit
+        if not retry:
+            raise errors.UniqueViolation("taken")  # as the driver raises it
+        row = store.raw.execute("SELECT count(*) FROM results").fetchone()
+        return int(row[0])
+
+    assert direct.run(work, autocommit=True) == 0
+    assert seen == [False, True]
+    with direct.autocommit() as raw:
+        assert raw.autocommit
+        assert raw.execute("SELECT 1").fetchone() == (1,)
+    # Given back out of autocommit, for the next transaction.
+    assert all(not raw.autocommit for raw in direct._idle)
