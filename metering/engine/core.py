@@ -10,10 +10,12 @@ lean rules, `metering.domain.decisions` for the reference):
   older than its subject's current first-use window), reservations, and
   `check` on SQLite or where the fast path declines.
 
-On SQLite the fast path runs on stdlib ``sqlite3`` connections of its own
-(`metering.storage.hot_sqlite.DirectSqlite`), one ``BEGIN IMMEDIATE``
-transaction per call or group, with no SQLAlchemy object; what it leaves
-(`NeedsConnection`: the limits' cache reloaded, grants, notification marks,
+The fast path runs on connections of its own, with no SQLAlchemy object:
+on SQLite stdlib ``sqlite3`` ones (`metering.storage.hot_sqlite.DirectSqlite`),
+one ``BEGIN IMMEDIATE`` transaction per call or group; on PostgreSQL psycopg
+ones (`metering.storage.direct_postgres.DirectPostgres`), and `check`'s one
+statement in autocommit on one of them. What it leaves (`NeedsConnection`:
+the limits' cache reloaded, notification marks; on SQLite also grants and
 dead letters) runs again, whole, in a SQLAlchemy transaction.
 
 Concurrent single calls share transactions (`metering.engine.group`). The
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 from collections import Counter as CountOf
 from collections.abc import Callable, Container, Sequence
+from functools import partial
 
 from sqlalchemy import Connection
 
@@ -59,8 +62,9 @@ from metering.engine.reference import (
 from metering.errors import EventConflict, StorageError
 from metering.metrics import UNKNOWN_LIMIT, count_events
 from metering.storage.database import Database
-from metering.storage.engine import is_sqlite
+from metering.storage.direct_postgres import DirectPostgres
 from metering.storage.hot import HotStore, NeedsConnection
+from metering.storage.hot_postgres import read_unlocked
 from metering.storage.hot_sqlite import DirectSqlite
 from metering.storage.queries import Store
 
@@ -80,8 +84,11 @@ class Engine:
         self.limits = LimitCache()
         self.group_commit = group_commit
         self._group = GroupCommit(self._apply_raising)
-        # SQLite on a file: the fast path's own connections (else None).
-        self.direct = DirectSqlite.for_engine(database.engine)
+        # The fast path's own connections: stdlib sqlite3 on a SQLite file,
+        # psycopg on PostgreSQL (else None: SQLAlchemy's, e.g. in-memory SQLite).
+        self.direct: DirectSqlite | DirectPostgres | None = DirectSqlite.for_engine(
+            database.engine
+        ) or DirectPostgres.for_engine(database.engine)
 
     def close(self) -> None:
         self._group.close()
@@ -153,11 +160,14 @@ class Engine:
         return answers
 
     def _run_direct(self, work: _Work) -> list[Answer] | None:
-        """``work`` on the direct SQLite connections; None where it needs SQLAlchemy."""
-        if self.direct is None:
+        """``work`` on the fast path's own connections; None where it needs SQLAlchemy."""
+        direct = self.direct
+        if direct is None:
             return None
         try:
-            return self.direct.run(lambda store, retry: work(None, retry, store))
+            if isinstance(direct, DirectPostgres):
+                return direct.run(lambda store, retry: work(None, retry, store))
+            return direct.run(lambda store, retry: work(None, retry, store))
         except NeedsConnection:
             return None
 
@@ -199,8 +209,9 @@ class Engine:
         """What applying ``event`` would decide now; records nothing.
 
         On PostgreSQL the fast path's rules decide over state read in one
-        statement, outside any transaction (`check_record`); the reference
-        engine answers what they leave to it, and on SQLite.
+        statement in autocommit on a connection of `DirectPostgres`
+        (`check_record`); the reference engine answers what they leave to
+        it, and on SQLite.
         """
         now_us = self.database.now_us()
         fast = self._check_fast(event, now_us)
@@ -210,15 +221,16 @@ class Engine:
 
     def _check_fast(self, event: UsageEvent, now_us: int) -> Decision | None:
         """`check` by `check_record`, or None for the reference engine."""
-        if is_sqlite(self.database.engine):
+        direct = self.direct
+        if not isinstance(direct, DirectPostgres):
             return None
         record = event.record()
         for attempt in range(2):
             if attempt or self.limits.current[0] < 0:
                 self.database.run(self.limits.refresh)
             try:
-                with self.database.reading() as connection:
-                    found = check_record(connection, self.limits, record, now_us)
+                with direct.autocommit() as raw:
+                    found = check_record(partial(read_unlocked, raw), self.limits, record, now_us)
             except StorageError:
                 return None  # the reference engine retries, or raises
             if found is None:

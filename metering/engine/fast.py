@@ -21,7 +21,7 @@ limit applies to the very next decision in every process.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Final, Literal
@@ -46,7 +46,7 @@ from metering.domain.windows import Window, calendar_window, first_use_window
 from metering.errors import EventConflict, MeteringError, UnknownLimit
 from metering.storage.allowances import AllowanceStore, draws_of
 from metering.storage.engine import RetryTransaction
-from metering.storage.hot import Changes, HotStore, NeedsConnection, WantedKey
+from metering.storage.hot import Changes, HotStore, NeedsConnection, Snapshot, WantedKey
 from metering.storage.hot_stores import hot_store
 from metering.storage.queries import Pair, ResultRecord, Store
 from metering.storage.webhooks import WebhookStore
@@ -437,21 +437,24 @@ def _record_extras(
 STALE: Final = "stale"
 
 
+# Reads, without a lock, what `HotStore.read` would lock: the limits'
+# version, the first-use windows of the pairs, the counters of the keys and
+# of those windows (`metering.storage.hot_postgres.read_unlocked`).
+ReadUnlocked = Callable[[Sequence[Pair], Sequence[WantedKey]], Snapshot]
+
+
 def check_record(
-    connection: Connection, cache: LimitCache, event: EventRecord, now_us: int
+    read_unlocked: ReadUnlocked, cache: LimitCache, event: EventRecord, now_us: int
 ) -> EventOutcome | Literal["stale"] | None:
     """What applying ``event`` would decide now, by the hot path's rules,
-    reading the state in one statement and writing nothing (`Meter.check`).
+    reading the state in one statement (``read_unlocked``) and writing
+    nothing (`Meter.check`; PostgreSQL only).
 
-    None: the general engine must answer (SQLite; an unknown limit or an
+    None: the general engine must answer (an unknown limit or an
     out-of-range time, which it raises with its own messages; an event
     before its subject's current first-use window). `STALE`: the limits
     changed since ``cache`` was read (refresh it and ask again).
     """
-    if connection.dialect.name != "postgresql":
-        return None
-    from metering.storage.hot_postgres import read_unlocked
-
     version, rules, allowances = cache.current
     event_rules, error = _rules_for(event, rules, now_us)
     if error is not None or version < 0:
@@ -471,7 +474,7 @@ def check_record(
             keys.append((name, subject, *calendar.calendar(rule, at_us)))
         else:
             pairs.append((name, subject))
-    snapshot = read_unlocked(connection, sorted(pairs), sorted(keys))
+    snapshot = read_unlocked(sorted(pairs), sorted(keys))
     if snapshot.version != version:
         return STALE
     windows: list[Window] = []

@@ -16,6 +16,7 @@ import os
 import random
 import sqlite3
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -77,10 +78,23 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         # that died while pooled fails its transaction, which is retried.
         kwargs.setdefault("pool_size", 5)
         kwargs.setdefault("max_overflow", 10)
+        connect_args = dict(kwargs.get("connect_args") or {})
         # Looked up when called: tracing wraps it (`metering.tracing`).
-        return sqlalchemy.create_engine(url, **kwargs)
+        engine = sqlalchemy.create_engine(url, **kwargs)
+        _CONNECT_ARGS[engine] = connect_args
+        return engine
     except (ArgumentError, NoSuchModuleError, ValueError) as exc:
         raise ConfigurationError(f"invalid database URL {url!r}: {exc}") from exc
+
+
+# The ``connect_args`` each PostgreSQL engine was made with (`make_engine`),
+# for the hot path's own connections (`metering.storage.direct_postgres`).
+_CONNECT_ARGS: weakref.WeakKeyDictionary[Engine, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def connect_args_of(engine: Engine) -> dict[str, Any]:
+    """The ``connect_args`` ``engine`` was made with by `make_engine` (else none)."""
+    return dict(_CONNECT_ARGS.get(engine, {}))
 
 
 def sqlite_synchronous() -> str:

@@ -13,12 +13,13 @@
 
 Two implementations: `metering.storage.hot_postgres.PostgresHotStore` and
 `metering.storage.hot_sqlite.SqliteHotStore`. `metering.storage.hot_stores.hot_store`
-picks one for a SQLAlchemy connection's transaction. On SQLite the common
-case runs without SQLAlchemy: `metering.storage.hot_sqlite.DirectSqlite`
-gives the store a stdlib ``sqlite3`` connection of its own in a ``BEGIN
-IMMEDIATE`` transaction, and what is rare there (the limits' cache
-reloaded, grants, notification marks, dead letters) raises `NeedsConnection`
-so that the caller runs the transaction again on a SQLAlchemy connection.
+picks one for a SQLAlchemy connection's transaction. The common case runs
+without SQLAlchemy: `metering.storage.hot_sqlite.DirectSqlite` gives the
+store a stdlib ``sqlite3`` connection of its own in a ``BEGIN IMMEDIATE``
+transaction, `metering.storage.direct_postgres.DirectPostgres` a pooled
+psycopg one; what is rare there (the limits' cache reloaded, notification
+marks; on SQLite also grants and dead letters) raises `NeedsConnection` so
+that the caller runs the transaction again on a SQLAlchemy connection.
 
 Lock order, as in the general engine (`Store`): first-use window rows sorted
 by (limit, subject), then counters sorted by (limit, subject, window start),

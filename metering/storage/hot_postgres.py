@@ -203,18 +203,25 @@ _encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
 class PostgresHotStore:
-    """`HotStore` on the psycopg connection under a SQLAlchemy transaction."""
+    """`HotStore` on a psycopg connection in a transaction: one of
+    `DirectPostgres`, or the one under a SQLAlchemy transaction
+    (`PostgresHotStore.of`)."""
 
     # `write` keeps the dead letters too, in its round trip.
     takes_rejected = True
 
-    def __init__(self, connection: Connection) -> None:
-        raw = connection.connection.driver_connection
-        assert isinstance(raw, psycopg.Connection)
-        self.raw: psycopg.Connection[Any] = raw
+    def __init__(self, raw: psycopg.Connection[Any]) -> None:
+        self.raw = raw
         # Tuple ids of the rows `read` locked, for `write`'s bulk updates.
         self.counter_tids: dict[Key, str] = {}
         self.window_tids: dict[Pair, str] = {}
+
+    @classmethod
+    def of(cls, connection: Connection) -> PostgresHotStore:
+        """On the psycopg connection under ``connection``'s transaction."""
+        raw = connection.connection.driver_connection
+        assert isinstance(raw, psycopg.Connection)
+        return cls(raw)
 
     def read(
         self,
@@ -267,14 +274,14 @@ class PostgresHotStore:
                 cursor = raw.cursor()
                 if 0 < len(changes.updated) <= FEW_ROWS:
                     rows: list[Any] = [(*st, now_us, *key) for key, st in changes.updated]
-                    cursor.executemany(UPDATE_COUNTER, rows)
+                    _execute(cursor, UPDATE_COUNTER, rows)
                 elif changes.updated:
                     tids = self.counter_tids
                     rows = [(tids[key], *state) for key, state in changes.updated]
                     raw.execute(UPDATE_COUNTERS, {"rows": _encode(rows), "now": now_us})
                 if 0 < len(changes.created) <= FEW_ROWS:
                     rows = [(*key, end, *st, now_us) for key, end, st in changes.created]
-                    cursor.executemany(INSERT_COUNTER, rows)
+                    _execute(cursor, INSERT_COUNTER, rows)
                 elif changes.created:
                     rows = [(*key, end, *state) for key, end, state in changes.created]
                     raw.execute(INSERT_COUNTERS, {"rows": _encode(rows), "now": now_us})
@@ -296,7 +303,7 @@ class PostgresHotStore:
                     raw.execute(ADD_DRAWS, {"rows": _encode(rows)})
                 rows = [result_row(r) for r in changes.results]
                 if 0 < len(rows) <= FEW_ROWS:
-                    cursor.executemany(INSERT_RESULT, rows)
+                    _execute(cursor, INSERT_RESULT, rows)
                 elif rows:
                     raw.execute(INSERT_RESULTS, {"rows": _encode(rows)})
                 if changes.rejected:
@@ -313,6 +320,15 @@ class PostgresHotStore:
             raise _translate(exc) from exc
         except psycopg.Error as exc:  # a key written meanwhile (23505) is retried
             raise _translate(exc) from exc
+
+
+def _execute(cursor: psycopg.Cursor[Any], statement: str, rows: list[Any]) -> None:
+    """A few rows, one statement each; one row (`consume`) by `execute`, which
+    costs the client less than `executemany`'s pipeline of one."""
+    if len(rows) == 1:
+        cursor.execute(statement, rows[0])
+    else:
+        cursor.executemany(statement, rows)
 
 
 def _windows(rows: Sequence[Sequence[Any]]) -> dict[Pair, Window | None]:
@@ -361,21 +377,16 @@ FROM k CROSS JOIN LATERAL (
 
 
 def read_unlocked(
-    connection: Connection, pairs: Sequence[Pair], keys: Sequence[WantedKey]
+    raw: psycopg.Connection[Any], pairs: Sequence[Pair], keys: Sequence[WantedKey]
 ) -> Snapshot:
     """`PostgresHotStore.read` for a decision that writes nothing (`check`):
-    one statement in autocommit, no lock, no transaction to end. Results
-    are not looked up (``stored`` is empty). Driver errors come out as
-    SQLAlchemy's, for `metering.storage.engine.translate`."""
-    raw = connection.connection.driver_connection
-    assert isinstance(raw, psycopg.Connection)
+    one statement on ``raw`` in autocommit (`DirectPostgres.autocommit`), no
+    lock, no transaction to end. Results are not looked up (``stored`` is
+    empty). Driver errors come out as SQLAlchemy's, for
+    `metering.storage.engine.translate`."""
     params = {"pairs": _encode(pairs), "keys": _encode(keys)}
     try:
-        raw.autocommit = True
-        try:
-            rows = raw.cursor(binary=True).execute(CHECK_READ, params).fetchall()
-        finally:
-            raw.autocommit = False
+        rows = raw.cursor(binary=True).execute(CHECK_READ, params).fetchall()
     except psycopg.Error as exc:
         raise _translate(exc) from exc
     version = -1

@@ -12,7 +12,7 @@ def hot_store(connection: Connection) -> HotStore:
     if connection.dialect.name == "postgresql":
         from metering.storage.hot_postgres import PostgresHotStore
 
-        return PostgresHotStore(connection)
+        return PostgresHotStore.of(connection)
     from metering.storage.hot_sqlite import SqliteHotStore
 
     return SqliteHotStore(connection)

@@ -386,30 +386,14 @@ def test_a_cancelled_reservation_gives_back_what_it_drew_on_grants(meter: Meter)
 def test_entitlements_and_grants_add_no_round_trip(
     pg_url: str, clock: FrozenClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Counted at the driver: pipelines (one round trip each) and statements
-    SQLAlchemy sends on its own (one each), per `consume` on PostgreSQL."""
-    import psycopg
-    from sqlalchemy import event
+    """Counted at the driver (`round_trips.count_round_trips`), per `consume` on PostgreSQL."""
+    from round_trips import count_round_trips
 
-    trips = [0]
-    pipeline = psycopg.Connection.pipeline
-
-    def counted(self: psycopg.Connection, *args: object, **kwargs: object) -> object:
-        trips[0] += 1
-        return pipeline(self, *args, **kwargs)
-
-    monkeypatch.setattr(psycopg.Connection, "pipeline", counted)
+    trips = count_round_trips(monkeypatch)
     with Meter(pg_url, clock=clock, group_commit=False) as meter:
         meter.set_limit(CALLS)
         meter.set_entitlement("entitled", "api_calls", 500)
         meter.grant("granted", "api_calls", 5)
-
-        def count(*_args: object) -> None:
-            trips[0] += 1
-
-        # SQLAlchemy's own COMMIT finds the transaction ended by the write's
-        # pipeline: psycopg sends nothing then, so it is not counted.
-        event.listen(meter.engine, "before_cursor_execute", count)
 
         def round_trips(subject: str) -> int:
             meter.consume(subject, "api_calls")  # warm: the first one caches the limits

@@ -1,12 +1,14 @@
 """A queued batch costs two round trips on PostgreSQL, counted at the driver
-(the method of ``test_allowances.py::test_entitlements_and_grants_add_no_round_trip``):
-the read under lock, and the write with its COMMIT, whatever the batch holds."""
+(`round_trips.count_round_trips`: pipelines, statements and transaction ends
+outside one, on any psycopg connection): the read under lock, and the write
+with its COMMIT, whatever the batch holds."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
 import pytest
+from round_trips import count_round_trips
 
 from metering import FrozenClock, Limit, Meter, make_event
 from metering.pipeline import apply_batch, encode_batch, encode_event
@@ -31,26 +33,9 @@ def batch(start: int, size: int) -> dict[str, object]:
 
 @pytest.mark.postgres
 def test_a_batch_is_two_round_trips(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    import psycopg
-    from sqlalchemy import event
-
-    trips = [0]
-    pipeline = psycopg.Connection.pipeline
-
-    def counted(self: psycopg.Connection, *args: object, **kwargs: object) -> object:
-        trips[0] += 1
-        return pipeline(self, *args, **kwargs)
-
-    monkeypatch.setattr(psycopg.Connection, "pipeline", counted)
+    trips = count_round_trips(monkeypatch)
     with Meter(pg_url, clock=FrozenClock(NOW)) as meter:
         meter.set_limits(LIMITS)
-
-        def count(*_args: object) -> None:
-            trips[0] += 1
-
-        # SQLAlchemy's own COMMIT finds the transaction ended by the write's
-        # pipeline: psycopg sends nothing then, so it is not counted.
-        event.listen(meter.engine, "before_cursor_execute", count)
 
         def round_trips(payload: dict[str, object]) -> int:
             trips[0] = 0
