@@ -29,6 +29,7 @@ from collections import Counter as CountOf
 from collections.abc import Callable, Container, Sequence
 
 from sqlalchemy import Connection
+from sqlalchemy.exc import SQLAlchemyError
 
 from metering.domain.decisions import ChargeDecision, Decision
 from metering.domain.events import EventRecord, Rejected, UsageEvent
@@ -45,6 +46,7 @@ from metering.engine.fast import (
     check_record,
 )
 from metering.engine.group import GroupCommit
+from metering.engine.one_trip import STATS, prepare
 from metering.engine.reference import (
     Allowed,
     Decided,
@@ -62,6 +64,7 @@ from metering.storage.database import Database
 from metering.storage.engine import is_sqlite
 from metering.storage.hot import HotStore, NeedsConnection
 from metering.storage.hot_sqlite import DirectSqlite
+from metering.storage.one_trip import Declined, apply_one_on
 from metering.storage.queries import Store
 
 # The fast path's transaction: on a SQLAlchemy connection, or on a store of its own.
@@ -82,6 +85,8 @@ class Engine:
         self._group = GroupCommit(self._apply_raising)
         # SQLite on a file: the fast path's own connections (else None).
         self.direct = DirectSqlite.for_engine(database.engine)
+        # PostgreSQL: a single event in one round trip (`metering.engine.one_trip`).
+        self.one_trip = database.engine.dialect.name == "postgresql"
 
     def close(self) -> None:
         self._group.close()
@@ -138,11 +143,18 @@ class Engine:
                 records,
                 now_us,
                 invalid=invalid,
-                precheck=retry or not single,
+                precheck=retry or not single or repeat,
                 rejected=rejected,
                 store=store,
             )
 
+        repeat = False  # the one-trip function found the id decided: look it up first
+        if single and self.one_trip and not rejected:
+            found = self._apply_one_trip(records[0], now_us)
+            if isinstance(found, tuple):
+                _count(records, [found], self.limits.current[1], invalid, 0)
+                return [found]
+            repeat = found == "exists"
         try:
             answers = self._run_direct(work)
             if answers is None:
@@ -151,6 +163,28 @@ class Engine:
             answers = self._apply_reference(records, now_us, invalid, rejected)
         _count(records, answers, self.limits.current[1], invalid, len(rejected))
         return answers
+
+    def _apply_one_trip(self, record: EventRecord, now_us: int) -> Answer | str:
+        """``record`` decided by ``metering_consume_one`` in one round trip, or
+        why not (then the usual path decides; nothing was written)."""
+        for attempt in range(2):
+            parameters = prepare(self.limits, record, now_us)
+            if parameters is None:
+                STATS["unsuited"] += 1
+                return "unsuited"
+            try:
+                with self.database.engine.connect() as connection:
+                    found = apply_one_on(connection, parameters, record.metadata)
+            except SQLAlchemyError:
+                return "error"  # no connection: the usual path raises what it finds
+            if not isinstance(found, Declined):
+                STATS["applied"] += 1
+                return (NEW, found)
+            STATS[f"declined:{found.code}"] += 1
+            if found.code != "stale" or attempt:
+                break
+            self.database.run(self.limits.refresh)  # a limit changed: once more, up to date
+        return found.code
 
     def _run_direct(self, work: _Work) -> list[Answer] | None:
         """``work`` on the direct SQLite connections; None where it needs SQLAlchemy."""
