@@ -167,6 +167,7 @@ class Engine:
     def _apply_one_trip(self, record: EventRecord, now_us: int) -> Answer | str:
         """``record`` decided by ``metering_consume_one`` in one round trip, or
         why not (then the usual path decides; nothing was written)."""
+        code = "stale"
         for attempt in range(2):
             parameters = prepare(self.limits, record, now_us)
             if parameters is None:
@@ -180,11 +181,12 @@ class Engine:
             if not isinstance(found, Declined):
                 STATS["applied"] += 1
                 return (NEW, found)
-            STATS[f"declined:{found.code}"] += 1
-            if found.code != "stale" or attempt:
+            code = found.code
+            STATS[f"declined:{code}"] += 1
+            if code != "stale" or attempt:
                 break
             self.database.run(self.limits.refresh)  # a limit changed: once more, up to date
-        return found.code
+        return code
 
     def _run_direct(self, work: _Work) -> list[Answer] | None:
         """``work`` on the direct SQLite connections; None where it needs SQLAlchemy."""

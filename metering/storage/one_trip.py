@@ -56,22 +56,15 @@ def call_parameters(
     charges: Sequence[OneCharge],
 ) -> tuple[Any, ...]:
     """The parameters of `CONSUME_ONE` for one event."""
+    # Each charge with its row's first fields as the results row spells them.
     encoded = [
         [
-            name,
-            subject,
-            cost,
-            kind,
-            maximum,
-            enforcement,
-            token,
-            start,
-            end,
-            _compact([subject, name, cost])[1:-1],
-            list(percents),
-            list(units),
+            *found[:9],
+            _compact([found[1], found[0], found[2]])[1:-1],
+            list(found[9]),
+            list(found[10]),
         ]
-        for name, subject, cost, kind, maximum, enforcement, token, start, end, percents, units in charges
+        for found in charges
     ]
     order = sorted(range(len(charges)), key=lambda i: (charges[i][0], charges[i][1]))
     return (
@@ -103,7 +96,7 @@ def apply_one(
     if answer[0] != "ok":
         return Declined(answer[0])
     _, outcome, denied_by, charges = answer
-    version, event_id, fingerprint, at_us, now_us = parameters[:5]
+    event_id, fingerprint, at_us, now_us = parameters[1:5]
     return ResultRecord(
         event_id,
         outcome,
