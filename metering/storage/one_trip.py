@@ -5,7 +5,8 @@ server, by exactly the lean rules of `metering.domain.rules.decide`, and
 writes what `PostgresHotStore.write` would (counters, first-use windows,
 the results row), all in one autocommit statement. It declines, writing
 nothing, what it cannot decide: the limits changed since they were cached
-(``stale``), an id that already has a result (``exists``), an event before
+(``stale``), an id that already has a result (``exists``: its insert fails,
+last), an event before
 its subject's current first-use window (``old``), a charge that would
 produce a notification (``notify``). The caller then takes the usual path.
 
@@ -61,8 +62,8 @@ def call_parameters(
         [
             *found[:9],
             _compact([found[1], found[0], found[2]])[1:-1],
-            list(found[9]),
-            list(found[10]),
+            list(found[9]) if found[9] or found[10] else None,
+            list(found[10]) if found[9] or found[10] else None,
         ]
         for found in charges
     ]
@@ -87,6 +88,9 @@ def apply_one(
     """Run the function on ``raw`` (in autocommit): the new result, or `Declined`."""
     try:
         row = raw.execute(CONSUME_ONE, parameters).fetchone()
+    except psycopg.errors.UniqueViolation as exc:
+        # The id has a result (or a key was created meanwhile): nothing was written.
+        return Declined("exists" if exc.diag.constraint_name == "results_pkey" else "error")
     except psycopg.Error:
         # Nothing was written (one autocommit statement); the usual path
         # retries, or raises what it finds.

@@ -29,14 +29,16 @@ depends_on = None
 #    6 a bucket's token in scaled microseconds, 7 a calendar window's start,
 #    8 a calendar window's end or a first-use period in microseconds,
 #    9 the row's first three fields as compact JSON, 10 percent thresholds,
-#    11 unit thresholds];
+#    11 unit thresholds (10 and 11 null when the limit has none)];
 # and the charges' positions (1-based) in lock order: (limit, subject) sorted
 # as Python sorts (COLLATE "C").
 #
 # It answers a text array: {"ok", outcome, denied_by, charges} or one
-# declining code: "stale" (the version moved), "exists" (the id has a
-# result), "old" (before the subject's current first-use window), "notify"
-# (a charge would produce a notification).
+# declining code: "stale" (the version moved), "old" (before the subject's
+# current first-use window), "notify" (a charge would produce a
+# notification). An id that already has a result fails the results insert
+# (unique violation on results_pkey), last, so the statement writes nothing:
+# no lookup is paid for on every event for the rare repeat.
 CONSUME_ONE = r"""
 CREATE OR REPLACE FUNCTION metering_consume_one(
     p_version bigint, p_event_id text, p_fingerprint text, p_at bigint, p_now bigint,
@@ -78,10 +80,6 @@ BEGIN
     SELECT version INTO v_version FROM limits_version WHERE id = 1;
     IF v_version IS DISTINCT FROM p_version THEN
         RETURN ARRAY['stale'];
-    END IF;
-    PERFORM 1 FROM results WHERE event_id = p_event_id;
-    IF FOUND THEN
-        RETURN ARRAY['exists'];
     END IF;
     FOR i IN 1..n LOOP
         c := p_charges -> (i - 1);
@@ -184,9 +182,9 @@ BEGIN
             RETURN ARRAY['notify'];  -- a denial or would-deny mark: `notices_for`
         END IF;
         IF consumed THEN
-            IF costs[i] <> 0 THEN
+            c := p_charges -> (i - 1);
+            IF costs[i] <> 0 AND c ->> 10 IS NOT NULL THEN
                 -- The thresholds `notices_for` would cross.
-                c := p_charges -> (i - 1);
                 before_used := f2[i] - costs[i];
                 FOR t IN SELECT * FROM jsonb_array_elements(c -> 10) LOOP
                     IF before_used * 100 < t::bigint * maxs[i]
@@ -199,9 +197,9 @@ BEGIN
                         RETURN ARRAY['notify'];
                     END IF;
                 END LOOP;
-                IF enfs[i] = 'soft' AND 0 < f8[i] AND f8[i] <= costs[i] THEN
-                    RETURN ARRAY['notify'];
-                END IF;
+            END IF;
+            IF enfs[i] = 'soft' AND 0 < f8[i] AND f8[i] <= costs[i] AND costs[i] <> 0 THEN
+                RETURN ARRAY['notify'];
             END IF;
             o := CASE WHEN f8[i] > 0 THEN 'overage' ELSE 'allowed' END;
             any_overage := any_overage OR f8[i] > 0;
