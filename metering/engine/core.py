@@ -48,6 +48,7 @@ from metering.engine.fast import (
     check_record,
 )
 from metering.engine.group import GroupCommit
+from metering.engine.one_trip import STATS, prepare
 from metering.engine.reference import (
     Allowed,
     Decided,
@@ -66,6 +67,7 @@ from metering.storage.direct_postgres import DirectPostgres
 from metering.storage.hot import HotStore, NeedsConnection
 from metering.storage.hot_postgres import read_unlocked
 from metering.storage.hot_sqlite import DirectSqlite
+from metering.storage.one_trip import Declined, apply_one
 from metering.storage.queries import Store
 
 # The fast path's transaction: on a SQLAlchemy connection, or on a store of its own.
@@ -89,6 +91,8 @@ class Engine:
         self.direct: DirectSqlite | DirectPostgres | None = DirectSqlite.for_engine(
             database.engine
         ) or DirectPostgres.for_engine(database.engine)
+        # PostgreSQL: a single event in one round trip (`metering.engine.one_trip`).
+        self.one_trip = isinstance(self.direct, DirectPostgres)
 
     def close(self) -> None:
         self._group.close()
@@ -145,11 +149,18 @@ class Engine:
                 records,
                 now_us,
                 invalid=invalid,
-                precheck=retry or not single,
+                precheck=retry or not single or repeat,
                 rejected=rejected,
                 store=store,
             )
 
+        repeat = False  # the one-trip function found the id decided: look it up first
+        if single and self.one_trip and not rejected:
+            found = self._apply_one_trip(records[0], now_us)
+            if isinstance(found, tuple):
+                _count(records, [found], self.limits.current[1], invalid, 0)
+                return [found]
+            repeat = found == "exists"
         try:
             answers = self._run_direct(work)
             if answers is None:
@@ -158,6 +169,31 @@ class Engine:
             answers = self._apply_reference(records, now_us, invalid, rejected)
         _count(records, answers, self.limits.current[1], invalid, len(rejected))
         return answers
+
+    def _apply_one_trip(self, record: EventRecord, now_us: int) -> Answer | str:
+        """``record`` decided by ``metering_consume_one`` in one round trip, or
+        why not (then the usual path decides; nothing was written)."""
+        code = "stale"
+        for attempt in range(2):
+            parameters = prepare(self.limits, record, now_us)
+            if parameters is None:
+                STATS["unsuited"] += 1
+                return "unsuited"
+            assert isinstance(self.direct, DirectPostgres)
+            try:
+                with self.direct.autocommit() as raw:
+                    found = apply_one(raw, parameters, record.metadata)
+            except StorageError:
+                return "error"  # no connection: the usual path raises what it finds
+            if not isinstance(found, Declined):
+                STATS["applied"] += 1
+                return (NEW, found)
+            code = found.code
+            STATS[f"declined:{code}"] += 1
+            if code != "stale" or attempt:
+                break
+            self.database.run(self.limits.refresh)  # a limit changed: once more, up to date
+        return code
 
     def _run_direct(self, work: _Work) -> list[Answer] | None:
         """``work`` on the fast path's own connections; None where it needs SQLAlchemy."""

@@ -1,0 +1,113 @@
+"""One round trip for a single event on PostgreSQL (``metering_consume_one``).
+
+The function installed by migration 0012 decides the usual event on the
+server, by exactly the lean rules of `metering.domain.rules.decide`, and
+writes what `PostgresHotStore.write` would (counters, first-use windows,
+the results row), all in one autocommit statement. It declines, writing
+nothing, what it cannot decide: the limits changed since they were cached
+(``stale``), an id that already has a result (``exists``: its insert fails,
+last), an event before
+its subject's current first-use window (``old``), a charge that would
+produce a notification (``notify``). The caller then takes the usual path.
+
+`apply_one` takes a raw psycopg connection in autocommit, lent by the
+engine's own pool (`metering.storage.direct_postgres.DirectPostgres.autocommit`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import psycopg
+
+from metering.storage.queries import ResultRecord, _compact
+
+CONSUME_ONE: Final = (
+    "SELECT metering_consume_one(%s::bigint, %s::text, %s::text, %s::bigint, %s::bigint,"
+    " %s::text, %s::jsonb, %s::int[])"
+)
+
+# A charge as the function takes it (see migration 0012):
+# (limit, subject, cost, kind "b"/"c"/"f", maximum, enforcement, token_us,
+#  calendar window start, calendar window end or first-use period,
+#  percent thresholds, unit thresholds).
+OneCharge = tuple[str, str, int, str, int, str, int, int, int, Sequence[int], Sequence[int]]
+
+
+@dataclass(frozen=True, slots=True)
+class Declined:
+    """What the function declined (``stale``, ``exists``, ``old``, ``notify``),
+    or ``error``: the statement failed (a concurrent insert of the same key,
+    a deadlock, a lost connection); nothing was written."""
+
+    code: str
+
+
+def call_parameters(
+    version: int,
+    event_id: str,
+    fingerprint: str,
+    at_us: int,
+    now_us: int,
+    metadata: Any,
+    charges: Sequence[OneCharge],
+) -> tuple[Any, ...]:
+    """The parameters of `CONSUME_ONE` for one event."""
+    # Each charge with its row's first fields as the results row spells them.
+    encoded = [
+        [
+            *found[:9],
+            _compact([found[1], found[0], found[2]])[1:-1],
+            list(found[9]) if found[9] or found[10] else None,
+            list(found[10]) if found[9] or found[10] else None,
+        ]
+        for found in charges
+    ]
+    order = sorted(range(len(charges)), key=lambda i: (charges[i][0], charges[i][1]))
+    return (
+        version,
+        event_id,
+        fingerprint,
+        at_us,
+        now_us,
+        json.dumps(metadata) if metadata is not None else None,
+        _compact(encoded),
+        [i + 1 for i in order],
+    )
+
+
+def apply_one(
+    raw: psycopg.Connection[Any],
+    parameters: tuple[Any, ...],
+    metadata: Any,
+) -> ResultRecord | Declined:
+    """Run the function on ``raw`` (in autocommit): the new result, or `Declined`."""
+    try:
+        row = raw.execute(CONSUME_ONE, parameters).fetchone()
+    except psycopg.errors.UniqueViolation as exc:
+        # The id has a result (or a key was created meanwhile): nothing was written.
+        return Declined("exists" if exc.diag.constraint_name == "results_pkey" else "error")
+    except psycopg.Error:
+        # Nothing was written (one autocommit statement); the usual path
+        # retries, or raises what it finds.
+        return Declined("error")
+    assert row is not None
+    answer = row[0]
+    if answer[0] != "ok":
+        return Declined(answer[0])
+    _, outcome, denied_by, charges = answer
+    event_id, fingerprint, at_us, now_us = parameters[1:5]
+    return ResultRecord(
+        event_id,
+        outcome,
+        fingerprint,
+        at_us,
+        now_us,
+        tuple(denied_by.split(",")) if denied_by else (),
+        None,
+        json.loads(charges),
+        metadata,
+    )
