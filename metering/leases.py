@@ -37,7 +37,7 @@ from typing import Protocol
 
 from metering import reserving
 from metering.domain.decisions import Decision
-from metering.domain.events import make_event
+from metering.domain.events import UsageEvent, make_event
 from metering.domain.instants import from_us
 from metering.domain.leases import (
     HOT_US,
@@ -86,6 +86,8 @@ class Metered(Protocol):
     ) -> Reservation: ...
 
     def get_limit(self, name: str) -> Limit: ...
+
+    def _lease_block(self, event: UsageEvent, expires_at_us: int) -> reserving.Reserved | None: ...
 
     def commit_reservation(self, reservation_id: str, actual: int | None = None) -> int: ...
 
@@ -401,7 +403,7 @@ class LeaseBook:
         if times is None:
             return False
         event = make_event([(subject, limit, units)], from_us(now_us), f"lease-{uuid.uuid4().hex}")
-        reserved = reserving.lease(self._database, event, times[0])
+        reserved = self._meter._lease_block(event, times[0])
         if reserved is None:
             return False
         decision, _state, expires_at_us = reserved

@@ -38,6 +38,7 @@ from metering.engine.fast import (
     DUPLICATE,
     NEW,
     Answer,
+    Hold,
     LimitCache,
     Unacceptable,
     UseGeneralPath,
@@ -114,6 +115,17 @@ class Engine:
         except Unacceptable as exc:
             raise exc.error from None
 
+    def reserve(self, record: EventRecord, hold: Hold) -> Answer:
+        """Apply one event and, when it is allowed, keep its reservation row
+        in the same transaction (`metering.reserving`). Raises the event's
+        error, `NotHeld` (a lease's denied block: nothing recorded) and
+        `UseGeneralPath` (the caller runs the reference engine)."""
+        try:
+            [answer] = self._apply([record], "raise", (), hold)
+        except Unacceptable as exc:
+            raise exc.error from None
+        return answer
+
     def _apply_raising(self, records: Sequence[EventRecord]) -> list[Answer]:
         """A group's batch: an unacceptable event raises `Unacceptable`, naming it."""
         return self._apply(records, "raise", ())
@@ -123,6 +135,7 @@ class Engine:
         records: Sequence[EventRecord],
         invalid: InvalidPolicy,
         rejected: Sequence[Rejected],
+        hold: Hold | None = None,
     ) -> list[Answer]:
         now_us = self.database.now_us()
         # One event (consume) skips the id lookup: a repeated id fails the
@@ -141,6 +154,7 @@ class Engine:
                 precheck=retry or not single,
                 rejected=rejected,
                 store=store,
+                hold=hold,
             )
 
         try:
@@ -148,7 +162,11 @@ class Engine:
             if answers is None:
                 answers = self.database.run_retry_aware(work)
         except UseGeneralPath:
+            if hold is not None:
+                raise
             answers = self._apply_reference(records, now_us, invalid, rejected)
+        if hold is not None:
+            return answers  # reservations are not counted (as on the reference engine)
         _count(records, answers, self.limits.current[1], invalid, len(rejected))
         return answers
 
