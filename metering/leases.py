@@ -21,7 +21,8 @@ units are lost for that window (an under-grant, never an over-grant).
 Memory is bounded: the book keeps at most ``capacity`` keys, least
 recently used first out (a key that leaves with a lease has it settled).
 
-Settling runs on a thread of the book's own (started with the first lease)
+Settling runs on a thread of the book's own (started with the first lease,
+beside the one that leases hot keys' next blocks ahead)
 and in the calls that renew a lease, never in `take`, which only reads and
 writes memory (it is what the ASGI middleware calls on the event loop).
 """
@@ -33,11 +34,12 @@ import logging
 import threading
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Protocol
 
 from metering import reserving
 from metering.domain.decisions import Decision
-from metering.domain.events import make_event
+from metering.domain.events import UsageEvent, make_event
 from metering.domain.instants import from_us
 from metering.domain.leases import (
     HOT_US,
@@ -86,6 +88,8 @@ class Metered(Protocol):
     ) -> Reservation: ...
 
     def get_limit(self, name: str) -> Limit: ...
+
+    def _lease_block(self, event: UsageEvent, expires_at_us: int) -> reserving.Reserved | None: ...
 
     def commit_reservation(self, reservation_id: str, actual: int | None = None) -> int: ...
 
@@ -199,6 +203,7 @@ class LeaseBook:
         self._limits: dict[str, tuple[int, Limit | None]] = {}
         self._stop = threading.Event()
         self._reaper: threading.Thread | None = None
+        self._renewer: threading.Thread | None = None
         self._closed = False
 
     def __len__(self) -> int:
@@ -401,7 +406,7 @@ class LeaseBook:
         if times is None:
             return False
         event = make_event([(subject, limit, units)], from_us(now_us), f"lease-{uuid.uuid4().hex}")
-        reserved = reserving.lease(self._database, event, times[0])
+        reserved = self._meter._lease_block(event, times[0])
         if reserved is None:
             return False
         decision, _state, expires_at_us = reserved
@@ -484,11 +489,22 @@ class LeaseBook:
             log.warning("lease %s not settled at %d: %s", lease.block.lease_id, actual, exc)
 
     def _start_reaper(self) -> None:
+        """Start the book's threads: one renews hot keys' leases ahead, one
+        settles. Apart, so that renewals never wait behind settlements (a
+        settlement is a transaction that gives units back, several round
+        trips; with a few hundred hot keys a thread doing both fell behind,
+        leases stopped serving and requests waited for renewals)."""
         with self._lock:
             if self._reaper is not None or self._closed:
                 return
-            self._reaper = threading.Thread(target=self._reap, name="metering-leases", daemon=True)
+            self._reaper = threading.Thread(
+                target=self._reap, args=(self.settle_due,), name="metering-leases", daemon=True
+            )
+            self._renewer = threading.Thread(
+                target=self._reap, args=(self.renew_ahead,), name="metering-renew", daemon=True
+            )
         self._reaper.start()
+        self._renewer.start()
         atexit.register(self.close)
 
     def renew_ahead(self) -> int:
@@ -520,21 +536,22 @@ class LeaseBook:
                 key.renewed = None
             renewed.set()
 
-    def _reap(self) -> None:
+    def _reap(self, task: Callable[[], int]) -> None:
         while not self._stop.wait(REAP_INTERVAL_SECONDS):
             try:
-                self.settle_due()
-                self.renew_ahead()
+                task()
             except Exception:
-                log.exception("settling leases failed; retrying")
+                log.exception("%s of leases failed; retrying", task.__name__)
 
     def close(self) -> None:
-        """Stop the settling thread and settle every lease (shutdown)."""
+        """Stop the book's threads and settle every lease (shutdown)."""
         self._closed = True
         self._stop.set()
         reaper = self._reaper
-        if reaper is not None and reaper is not threading.current_thread():
-            reaper.join(5)
+        if reaper is not None:
+            for thread in (self._renewer, reaper):
+                if thread is not None and thread is not threading.current_thread():
+                    thread.join(5)
             atexit.unregister(self.close)
         self.settle_due(everything=True)
 

@@ -285,7 +285,7 @@ class Meter:
         ttl = validate_ttl(ttl_seconds)
         event = self._event(subject, limit, cost, charges, event_id, None, metadata)
         decision, state, expires_at_us = reserving.reserve(
-            self.database, event, round(ttl * 1_000_000)
+            self._engine, event, round(ttl * 1_000_000)
         )
         expires_at = from_us(expires_at_us) if expires_at_us is not None else None
         return Reservation(self, decision, state, expires_at)
@@ -320,6 +320,10 @@ class Meter:
         reservation is held in memory (cancelled, its units go back to the
         lease); else a `Reservation` as from `reserve`."""
         return self.leases.reserve(subject, limit, validate_cost(cost))
+
+    def _lease_block(self, event: UsageEvent, expires_at_us: int) -> reserving.Reserved | None:
+        """A lease's block (`metering.reserving.lease`), for `metering.leases`."""
+        return reserving.lease(self._engine, event, expires_at_us)
 
     def settle_leases(self, *, everything: bool = False) -> int:
         """Settle this process's leases that are due (idle, spent, near their

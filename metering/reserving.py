@@ -1,8 +1,11 @@
 """The transactions of reservations, beside the ledger they consume through.
 
-`reserve` decides and records an event exactly like `consume`
-(`metering.engine.reference.apply_events`) and, when it is allowed, keeps a durable
-reservation row naming the counters it consumed from; `cancel` gives the
+`reserve` decides and records an event exactly like `consume`, on the fast
+path (`metering.engine.fast.apply_records` with a `Hold`, through whatever
+runs the engine's `HotStore`), and, when it is allowed, keeps a durable
+reservation row naming the counters it consumed from, written in the same
+transaction (what the fast path leaves to the reference engine,
+`metering.engine.reference.apply_events`, runs there: `_reserve`); `cancel` gives the
 cost back where it still can (`metering.domain.reservations`); `commit`
 makes it final. `Meter` wraps them; `metering.reservations.Reservation` is
 what callers hold.
@@ -22,14 +25,15 @@ from metering.domain.events import UsageEvent
 from metering.domain.limits import Limit
 from metering.domain.reservations import (
     MAX_TTL_SECONDS,
-    HeldCharge,
     ReservationState,
     can_give_back,
     give_back,
+    held_charge,
 )
 from metering.domain.rollups import given_back_deltas
-from metering.domain.state import NO_WINDOW
-from metering.engine.reference import apply_events
+from metering.engine.core import Engine
+from metering.engine.fast import CONFLICT, DUPLICATE, Hold, NotHeld, UseGeneralPath
+from metering.engine.reference import apply_events, decision_of
 from metering.errors import (
     EventConflict,
     InvalidInput,
@@ -58,20 +62,49 @@ class _NotLeased(Exception):
     """A lease's block did not fit: its transaction rolls back."""
 
 
-def reserve(database: Database, event: UsageEvent, ttl_us: int) -> Reserved:
+def reserve(engine: Engine, event: UsageEvent, ttl_us: int) -> Reserved:
     """The transaction of `Meter.reserve`: decide, and keep a row if allowed."""
-    return _reserve(database, event, ttl_us, None)
+    return _reserve_fast(engine, event, Hold(ttl_us=ttl_us))
 
 
-def lease(database: Database, event: UsageEvent, expires_at_us: int) -> Reserved | None:
+def lease(engine: Engine, event: UsageEvent, expires_at_us: int) -> Reserved | None:
     """`reserve` for a lease's block (`metering.leases`), held until
     ``expires_at_us``. A block that does not fit is not an event: its
     transaction rolls back and nothing is recorded (None); the request that
     asked for it then takes the exact path, which records its own outcome."""
     try:
-        return _reserve(database, event, 0, expires_at_us)
-    except _NotLeased:
+        return _reserve_fast(engine, event, Hold(until_us=expires_at_us, block=True))
+    except (NotHeld, _NotLeased):
         return None
+
+
+def _reserve_fast(engine: Engine, event: UsageEvent, hold: Hold) -> Reserved:
+    """`reserve` on the fast path (`Engine.reserve`): the event decided and
+    its reservation row written in one transaction of the `HotStore`. What
+    the fast path leaves to the reference engine (an event before its
+    subject's current first-use window) runs there, as `_reserve`."""
+    try:
+        kind, record = engine.reserve(event.record(), hold)
+    except UseGeneralPath:
+        return _reserve(engine.database, event, hold.ttl_us, hold.until_us)
+    if kind == CONFLICT or record is None:
+        raise EventConflict(event.event_id)
+    decision = decision_of(record, duplicate=kind == DUPLICATE)
+    if kind == DUPLICATE:
+        return _repeated(engine.database, event.event_id, decision)
+    if not decision.allowed:
+        return decision, ReservationState.DENIED, None
+    return decision, ReservationState.HELD, hold.expires_at_us(record.decided_at_us)
+
+
+def _repeated(database: Database, event_id: str, decision: Decision) -> Reserved:
+    """The answer to an id decided before: its reservation's state, or, for
+    an id consumed (not reserved), its final state."""
+    record = database.run(lambda connection: ReservationStore(connection).get(event_id))
+    if record is not None:
+        return decision, ReservationState(record.state), record.expires_at_us
+    final = ReservationState.COMMITTED if decision.allowed else ReservationState.DENIED
+    return decision, final, None
 
 
 def _reserve(
@@ -101,18 +134,7 @@ def _reserve(
             if expires_at_us is not None:
                 raise _NotLeased
             return applied, ReservationState.DENIED, None
-        # A fixed window's charge resets when its window ends: resets_at is the
-        # window's end, which the counter key needs to find it again.
-        held = [
-            HeldCharge(
-                subject=c.subject,
-                limit=c.limit,
-                cost=c.cost,
-                window_start_us=c.window_start_us if c.window_start_us is not None else NO_WINDOW,
-                window_end_us=c.resets_at_us if c.window_start_us is not None else NO_WINDOW,
-            )
-            for c in applied.charges
-        ]
+        held = [held_charge(c) for c in applied.charges]
         rows.insert(event.event_id, held, now_us, now_us + ttl_us)
         return applied, ReservationState.HELD, now_us + ttl_us
 

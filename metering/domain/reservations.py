@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+from metering.domain.decisions import ChargeDecision
 from metering.domain.limits import Limit
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 
@@ -61,6 +62,20 @@ class HeldCharge:
     def from_row(cls, row: list[object]) -> HeldCharge:
         subject, limit, cost, start, end = row
         return cls(str(subject), str(limit), int(cost), int(start), int(end))  # type: ignore[call-overload]
+
+
+def held_charge(charge: ChargeDecision) -> HeldCharge:
+    """What a reservation holds of an allowed charge. A fixed window's charge
+    resets when its window ends: its counter key needs that end to find it
+    again (a token bucket has no window)."""
+    windowed = charge.window_start_us is not None
+    return HeldCharge(
+        subject=charge.subject,
+        limit=charge.limit,
+        cost=charge.cost,
+        window_start_us=charge.window_start_us if windowed else NO_WINDOW,  # type: ignore[arg-type]
+        window_end_us=charge.resets_at_us if windowed else NO_WINDOW,
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,6 +41,7 @@ from metering.engine.fast import (
     DUPLICATE,
     NEW,
     Answer,
+    Hold,
     LimitCache,
     Unacceptable,
     UseGeneralPath,
@@ -125,6 +126,17 @@ class Engine:
         except Unacceptable as exc:
             raise exc.error from None
 
+    def reserve(self, record: EventRecord, hold: Hold) -> Answer:
+        """Apply one event and, when it is allowed, keep its reservation row
+        in the same transaction (`metering.reserving`). Raises the event's
+        error, `NotHeld` (a lease's denied block: nothing recorded) and
+        `UseGeneralPath` (the caller runs the reference engine)."""
+        try:
+            [answer] = self._apply([record], "raise", (), hold)
+        except Unacceptable as exc:
+            raise exc.error from None
+        return answer
+
     def _apply_raising(self, records: Sequence[EventRecord]) -> list[Answer]:
         """A group's batch: an unacceptable event raises `Unacceptable`, naming it."""
         return self._apply(records, "raise", ())
@@ -134,6 +146,7 @@ class Engine:
         records: Sequence[EventRecord],
         invalid: InvalidPolicy,
         rejected: Sequence[Rejected],
+        hold: Hold | None = None,
     ) -> list[Answer]:
         now_us = self.database.now_us()
         # One event (consume) skips the id lookup: a repeated id fails the
@@ -152,6 +165,7 @@ class Engine:
                 precheck=retry or not single or repeat,
                 rejected=rejected,
                 store=store,
+                hold=hold,
             )
 
         repeat = False  # the one-trip function found the id decided: look it up first
@@ -166,7 +180,11 @@ class Engine:
             if answers is None:
                 answers = self.database.run_retry_aware(work)
         except UseGeneralPath:
+            if hold is not None:
+                raise
             answers = self._apply_reference(records, now_us, invalid, rejected)
+        if hold is not None:
+            return answers  # reservations are not counted (as on the reference engine)
         _count(records, answers, self.limits.current[1], invalid, len(rejected))
         return answers
 

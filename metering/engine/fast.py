@@ -28,10 +28,12 @@ from typing import Final, Literal
 
 from sqlalchemy import Connection
 
+from metering.domain.decisions import ChargeDecision
 from metering.domain.events import FUTURE_TOLERANCE_US, EventRecord, Rejected, check_event_time
 from metering.domain.grants import History, Pot, maximum_at
 from metering.domain.instants import from_us
 from metering.domain.notifications import Notice, payload_of
+from metering.domain.reservations import held_charge
 from metering.domain.rollups import rollup_deltas
 from metering.domain.rules import (
     BUCKET_WINDOW,
@@ -49,6 +51,7 @@ from metering.storage.engine import RetryTransaction
 from metering.storage.hot import Changes, HotStore, NeedsConnection, Snapshot, WantedKey
 from metering.storage.hot_stores import hot_store
 from metering.storage.queries import Pair, ResultRecord, Store
+from metering.storage.reservations import HoldRow, hold_row
 from metering.storage.webhooks import WebhookStore
 
 InvalidPolicy = Literal["raise", "reject"]
@@ -63,6 +66,28 @@ _REPEAT: Final = "repeat"
 
 class UseGeneralPath(Exception):
     """The batch holds an event the hot path leaves to the general engine."""
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """Keep a held reservation's row with the event when it is allowed
+    (`metering.reserving`): for ``ttl_us`` from the decision, or until
+    ``until_us`` (a lease's block, at least 1 µs from now). A block that
+    does not fit (``block``) is no event: `NotHeld` is raised before
+    anything is written, and the transaction rolls back."""
+
+    ttl_us: int = 0
+    until_us: int | None = None
+    block: bool = False
+
+    def expires_at_us(self, now_us: int) -> int:
+        if self.until_us is not None:
+            return max(self.until_us, now_us + 1)
+        return now_us + self.ttl_us
+
+
+class NotHeld(Exception):
+    """A lease's block was denied: nothing is recorded (see `Hold`)."""
 
 
 class Unacceptable(Exception):
@@ -180,6 +205,7 @@ def apply_records(
     precheck: bool,
     rejected: Sequence[Rejected] = (),
     store: HotStore | None = None,
+    hold: Hold | None = None,
 ) -> list[Answer]:
     """Apply ``events`` in order inside the caller's transaction; one answer per event.
 
@@ -348,6 +374,8 @@ def apply_records(
     )
     if pots:
         changes.draws = draws_of(row for record in records for row in record.charges)
+    if hold is not None:
+        changes.holds = _holds(records, hold, now_us, precheck)
     dead = [*rejected, *conflicts]
     if dead and store.takes_rejected:
         changes.rejected, dead = dead, []  # in the write's round trip
@@ -357,6 +385,27 @@ def apply_records(
     if extras is not None:
         _record_extras(extras, notices, dead, now_us)
     return final
+
+
+def _holds(
+    records: Sequence[ResultRecord], hold: Hold, now_us: int, looked_up: bool
+) -> list[HoldRow]:
+    """The reservation rows of the allowed ``records``, each holding its
+    charges' counters (as `metering.reserving` keeps them); `NotHeld` for a
+    denied block. A denied block whose id was not looked up first runs again
+    with the lookup (as the results insert would have found a repeat): a
+    lease's id is new, so that is one more statement where it is denied."""
+    rows: list[HoldRow] = []
+    for record in records:
+        if record.outcome not in ("allowed", "overage"):
+            if hold.block and not looked_up:
+                raise RetryTransaction("a denied block: look its id up first")
+            if hold.block:
+                raise NotHeld(record.event_id)
+            continue
+        charges = [held_charge(ChargeDecision.from_row(row)) for row in record.charges]
+        rows.append(hold_row(record.event_id, charges, now_us, hold.expires_at_us(now_us)))
+    return rows
 
 
 def _general(connection: Connection | None, what: str) -> Connection:

@@ -8,7 +8,8 @@
   round trip.
 * `HotStore.write` stores what changed: counters updated and created,
   first-use windows moved, the results rows, and what the batch adds to the
-  usage rollups (limits with dimensions only). On PostgreSQL it is one
+  usage rollups (limits with dimensions only), and the rows of reservations
+  held with their events (``holds``). On PostgreSQL it is one
   round trip, and it carries the COMMIT when nothing else follows.
 
 Two implementations: `metering.storage.hot_postgres.PostgresHotStore` and
@@ -40,6 +41,7 @@ from metering.domain.rules import Key, State
 from metering.domain.windows import Window
 from metering.storage.allowances import DrawKey
 from metering.storage.queries import Pair, ResultRecord
+from metering.storage.reservations import HoldRow
 
 # A counter the hot path needs: (limit, subject, window start, window end).
 WantedKey = tuple[str, str, int, int]
@@ -77,6 +79,9 @@ class Changes:
     # Dead letters (input that could not be applied), for a store whose
     # ``takes_rejected`` is true; the caller records them otherwise.
     rejected: list[Rejected] = field(default_factory=list)
+    # Held reservations to insert with their events' results
+    # (`metering.storage.reservations.hold_row`): `Meter.reserve` and leases.
+    holds: list[HoldRow] = field(default_factory=list)
 
 
 class NeedsConnection(Exception):

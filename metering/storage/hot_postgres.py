@@ -38,6 +38,7 @@ from metering.storage.allowances import pots_of
 from metering.storage.engine import RetryTransaction
 from metering.storage.hot import Changes, Snapshot, WantedKey
 from metering.storage.queries import Pair, record_from_row, rejected_rows, result_row
+from metering.storage.reservations import INSERT_HELD
 from metering.storage.rollups import PG_UPSERT
 
 VERSION: Final = "SELECT version FROM limits_version WHERE id = 1"
@@ -199,6 +200,8 @@ ORDER BY n
 ON CONFLICT (digest) DO NOTHING
 """
 
+INSERT_HOLD: Final = INSERT_HELD.format("%s")
+
 _encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
@@ -306,6 +309,8 @@ class PostgresHotStore:
                     _execute(cursor, INSERT_RESULT, rows)
                 elif rows:
                     raw.execute(INSERT_RESULTS, {"rows": _encode(rows)})
+                if changes.holds:
+                    cursor.executemany(INSERT_HOLD, changes.holds)
                 if changes.rejected:
                     rows = rejected_rows(changes.rejected, now_us)
                     raw.execute(INSERT_REJECTED, {"rows": _encode(rows)})

@@ -36,6 +36,7 @@ from metering.storage.engine import (
 )
 from metering.storage.hot import Changes, NeedsConnection, Snapshot, WantedKey
 from metering.storage.queries import Pair, record_from_row, result_row
+from metering.storage.reservations import INSERT_HELD
 from metering.storage.rollups import SQLITE_UPSERT
 
 VERSION: Final = "SELECT version FROM limits_version WHERE id = 1"
@@ -80,7 +81,7 @@ INSERT INTO results (event_id, outcome, fingerprint, occurred_at_us, decided_at_
                      reason, charges, metadata)
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 """
-
+INSERT_HOLD: Final = INSERT_HELD.format("?")
 
 T = TypeVar("T")
 
@@ -164,6 +165,8 @@ class SqliteHotStore:
                 _execute(raw, UPSERT_WINDOW, [(*pair, *window) for pair, window in windows])
             if changes.results:
                 _execute(raw, INSERT_RESULT, [result_row(r) for r in changes.results])
+            if changes.holds:
+                _execute(raw, INSERT_HOLD, changes.holds)
             if changes.draws:
                 AllowanceStore(self._general()).write_draws(changes.draws)
             if changes.rollups:
@@ -272,7 +275,11 @@ class DirectSqlite:
         errors raised as `metering.errors` exceptions. `NeedsConnection`
         rolls back and propagates."""
         for attempt in range(attempts):
-            raw = self._checkout()
+            try:
+                raw = self._checkout()
+            except sqlite3.Error as exc:  # e.g. the file cannot be opened
+                retry_or_raise(_translate(exc), attempt, attempts)
+                continue
             try:
                 try:
                     raw.execute("BEGIN IMMEDIATE")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from sqlalchemy import ColumnElement, Connection, delete, exists, func, insert, or_, select, update
 
@@ -176,6 +177,24 @@ class ReservationStore:
     def count_by_state(self) -> dict[str, int]:
         query = select(reservations.c.state, func.count()).group_by(reservations.c.state)
         return {state: int(n) for state, n in self.connection.execute(query)}
+
+
+# A held reservation's row as the hot path's stores insert it (`Changes.holds`):
+# id, charges (`charges_text`), created and expiry instants.
+HoldRow = tuple[str, str, int, int]
+
+INSERT_HELD: Final = (
+    "INSERT INTO reservations (id, state, charges, created_at_us, expires_at_us) "
+    "VALUES ({0}, 'held', {0}, {0}, {0})"
+)
+"""The insert of a `HoldRow`, with the driver's placeholder (``%s`` or ``?``)."""
+
+
+def hold_row(
+    reservation_id: str, charges: Sequence[HeldCharge], now_us: int, expires_at_us: int
+) -> HoldRow:
+    """The row `ReservationStore.insert` writes, for the hot path's stores."""
+    return (reservation_id, _charges_text(charges), now_us, expires_at_us)
 
 
 def _charges_text(charges: Sequence[HeldCharge]) -> str:

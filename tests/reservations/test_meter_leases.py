@@ -234,3 +234,41 @@ def test_units_a_replaced_lease_still_holds_count_before_the_last_denial(
     assert allowed == 100
     meter.settle_leases(everything=True)
     assert counted(meter, "ada", "api") == settled_usage(meter, "ada", "api") == 100
+
+
+def test_a_settlement_that_hangs_does_not_hold_back_the_next_block(
+    meter: Meter, clock: FrozenClock
+) -> None:
+    """The book's threads renew and settle apart: with bob's settlement stuck
+    (a slow transaction), ada's next block is still leased ahead, so her
+    requests do not wait for a renewal (they did when one thread did both)."""
+    import threading
+    import time
+
+    meter.set_limit(Limit("big", maximum=1000, period="1h", window="calendar"))
+    for _ in range(12):
+        meter.lease("bob", "big")  # hot: bob holds a block
+    for _ in range(70):
+        meter.lease("ada", "big")
+    stuck = threading.Event()
+    settle = meter.commit_reservation
+
+    def slow_commit(reservation_id: str, actual: int | None = None) -> int:
+        stuck.wait(30)
+        return settle(reservation_id, actual)
+
+    meter.commit_reservation = slow_commit  # type: ignore[method-assign]
+    try:
+        for _ in range(16):  # bob idle for 3.2 s: due; ada hot, in her last second
+            clock.advance(seconds=0.2)
+            meter.lease("ada", "big")
+        key = meter.leases._keys[("ada", "big")]
+        deadline = time.monotonic() + 20
+        while key.next is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # the book's threads run every quarter second
+        assert key.next is not None
+    finally:
+        stuck.set()
+        meter.commit_reservation = settle  # type: ignore[method-assign]
+    meter.settle_leases(everything=True)
+    assert counted(meter, "ada", "big") == settled_usage(meter, "ada", "big") == 86

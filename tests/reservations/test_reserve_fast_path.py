@@ -1,0 +1,151 @@
+"""Reservations on the fast path agree with the reference engine, on SQLite and PostgreSQL.
+
+`Meter.reserve` and a lease's block decide through the fast path
+(`metering.engine.fast.apply_records` with a `Hold`), writing the
+reservation row in the same transaction. Hypothesis drives it and the
+reference engine (`metering.reserving._reserve`, what reservations ran on
+before), each on its own database, with the same random stream of
+reservations, lease blocks (a denied block records nothing), consumes of
+the same ids, cancels and commits: stacked charges, first-use and calendar
+windows, token buckets, soft and shadow limits, ids repeated (duplicates
+and conflicts), late events (some before their subject's current
+first-use window, which the fast path leaves to the reference engine) and
+unknown limits. Every answer (decision, state, expiry, or the error), and
+the results, counters, reservations, rollups and notification marks stored
+must be identical.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
+from servers import PostgresServer
+from sqlalchemy import select
+from storage.test_fast_path import LIMITS, SETTINGS, START, SUBJECTS, _stored, _two_databases
+
+from metering import FrozenClock, Meter
+from metering.domain.events import make_event
+from metering.errors import MeteringError
+from metering.reserving import _NotLeased, _reserve, lease, reserve
+from metering.storage.tables import reservations
+
+# Shrinking these streams takes minutes: a failure is reported as found.
+NO_SHRINK = settings(SETTINGS, phases=[Phase.explicit, Phase.reuse, Phase.generate])
+NAMES = [limit.name for limit in LIMITS] + ["unknown"]
+charge = st.tuples(st.sampled_from(SUBJECTS), st.sampled_from(NAMES), st.integers(1, 4))
+step = st.fixed_dictionaries(
+    {
+        "kind": st.sampled_from(["reserve", "reserve", "block", "consume", "cancel", "commit"]),
+        "id": st.integers(0, 25),  # small: ids repeat
+        "charges": st.lists(charge, min_size=1, max_size=3, unique_by=lambda c: c[:2]),
+        "offset_seconds": st.sampled_from([0, 0, -30, -1900, -4000, 600]),
+        "advance_seconds": st.sampled_from([0, 0, 20, 61, 900, 1900]),
+        "ttl_seconds": st.sampled_from([1, 60, 3600]),
+        "actual": st.one_of(st.none(), st.integers(0, 4)),
+    }
+)
+streams = st.lists(step, min_size=1, max_size=25)
+
+
+def _step(meter: Meter, spec: dict[str, object], clock: FrozenClock, fast: bool) -> object:
+    """One step on one meter; its answer (or error) as plain values."""
+    kind = spec["kind"]
+    event_id = f"ev-{spec['id']}"
+    try:
+        if kind == "cancel":
+            return meter.cancel_reservation(event_id)
+        if kind == "commit":
+            actual = spec["actual"]
+            return meter.commit_reservation(event_id, actual)  # type: ignore[arg-type]
+        when = clock() + timedelta(seconds=spec["offset_seconds"])  # type: ignore[arg-type]
+        event = make_event(spec["charges"], when, event_id)  # type: ignore[arg-type]
+        if kind == "consume":
+            return [_plain(applied) for applied in meter.apply([event])]
+        now_us = meter.database.now_us()
+        ttl_us = round(spec["ttl_seconds"] * 1_000_000)  # type: ignore[operator]
+        if kind == "block":
+            if fast:
+                return lease(meter._engine, event, now_us + ttl_us)
+            try:
+                return _reserve(meter.database, event, 0, now_us + ttl_us)
+            except _NotLeased:
+                return None
+        if fast:
+            return reserve(meter._engine, event, ttl_us)
+        return _reserve(meter.database, event, ttl_us, None)
+    except MeteringError as exc:
+        return (type(exc).__name__, str(exc))
+
+
+def _plain(value: object) -> object:
+    return (type(value).__name__, str(value)) if isinstance(value, Exception) else value
+
+
+def _run(fast_url: str, reference_url: str, stream: list[dict[str, object]]) -> None:
+    clock = FrozenClock(START)
+    with Meter(fast_url, clock=clock) as fast, Meter(reference_url, clock=clock) as reference:
+        fast.set_limits(LIMITS)
+        reference.set_limits(LIMITS)
+        for spec in stream:
+            clock.advance(seconds=spec["advance_seconds"])  # type: ignore[arg-type]
+            assert _step(fast, spec, clock, True) == _step(reference, spec, clock, False), spec
+        assert _stored_with_reservations(fast) == _stored_with_reservations(reference)
+
+
+def _stored_with_reservations(meter: Meter) -> dict[str, object]:
+    stored = _stored(meter)
+    with meter.engine.connect() as connection:
+        stored["reservations"] = sorted(tuple(r) for r in connection.execute(select(reservations)))
+    return stored
+
+
+@NO_SHRINK
+@given(stream=streams)
+def test_sqlite_reservations_on_the_fast_path_match_the_reference_engine(
+    stream: list[dict[str, object]],
+) -> None:
+    with tempfile.TemporaryDirectory() as directory:
+        base = Path(directory)
+        _run(f"sqlite:///{base}/fast.db", f"sqlite:///{base}/reference.db", stream)
+
+
+@pytest.mark.postgres
+@NO_SHRINK
+@given(stream=streams)
+def test_postgresql_reservations_on_the_fast_path_match_the_reference_engine(
+    postgres_server: PostgresServer, pg_template_url: str, stream: list[dict[str, object]]
+) -> None:
+    with _two_databases(postgres_server, pg_template_url) as (fast_url, reference_url):
+        _run(fast_url, reference_url, stream)
+
+
+def test_an_ordinary_reservation_never_reaches_the_reference_engine(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reservations and lease blocks decide on the fast path (they ran on the
+    reference engine before); a denied block still records nothing."""
+    import metering.engine.reference
+    import metering.reserving
+
+    def refuse(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("the reference engine ran")
+
+    monkeypatch.setattr(metering.reserving, "apply_events", refuse)
+    monkeypatch.setattr(metering.engine.reference, "apply_events", refuse)
+    clock = FrozenClock(START)
+    with Meter(db_url, clock=clock) as meter:
+        meter.set_limits(LIMITS)
+        charges = [("org-1", "fu", 2), ("org-1", "cal", 1)]
+        held = meter.reserve(charges=charges, event_id="r-1")
+        assert (held.state, held.decision.remaining) == ("held", 2)
+        assert meter.reserve(charges=charges, event_id="r-1").state == "held"
+        assert held.commit(actual=1) == 1  # the unit of "fu" above 1 goes back
+        event = make_event([("org-2", "fu", 5)], clock(), "block-1")
+        assert lease(meter._engine, event, meter.database.now_us() + 10_000_000) is None
+        assert meter.result("block-1") is None
+        assert [r.id for r in meter.reservations()] == ["r-1"]
