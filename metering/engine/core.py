@@ -169,7 +169,8 @@ class Engine:
             )
 
         repeat = False  # the one-trip function found the id decided: look it up first
-        if single and self.one_trip and not rejected:
+        # Not a reservation: the function writes no reservation row.
+        if single and self.one_trip and not rejected and hold is None:
             found = self._apply_one_trip(records[0], now_us)
             if isinstance(found, tuple):
                 _count(records, [found], self.limits.current[1], invalid, 0)
