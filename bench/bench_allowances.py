@@ -31,7 +31,8 @@ from common import durable_postgres, print_table
 from servers import PostgresServer
 
 from metering import Limit, Meter, make_event
-from metering.pipeline import apply_batch, encode_batch, encode_event
+from metering.messages import encode_batch, encode_event
+from metering.pipeline import apply_batch
 from metering.storage.engine import upgrade_schema
 
 SUBJECTS = 10_000

@@ -35,8 +35,9 @@ from typing import Any
 from common import ROOT, print_table
 
 from metering import Limit, Meter, make_event, meter, pipeline
+from metering.messages import encode_batch, encode_event
 from metering.metrics import count_events, enable_multiprocess
-from metering.pipeline import apply_batch, encode_batch, encode_event
+from metering.pipeline import apply_batch
 
 LIMITS = [
     Limit("bench_calls", maximum=10**12, period="1d", window="calendar"),

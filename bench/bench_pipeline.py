@@ -40,7 +40,8 @@ from servers import RedisServer
 from sqlalchemy import select
 
 from metering import Limit, Meter, make_event
-from metering.pipeline import apply_batch, encode_batch, encode_event
+from metering.messages import encode_batch, encode_event
+from metering.pipeline import apply_batch
 from metering.producer import UsageProducer
 from metering.storage.engine import upgrade_schema
 from metering.storage.tables import results

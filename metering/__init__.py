@@ -4,15 +4,18 @@ Decide, per usage event, whether it fits a subject's license or fair-use
 limit, apply it exactly once, and record the decision.
 """
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from metering.clock import FrozenClock, system_clock
 from metering.domain.decisions import ChargeDecision, Decision
 from metering.domain.events import Charge, UsageEvent, make_event
 from metering.domain.limits import Limit
 from metering.errors import MeteringError
-from metering.meter import Counter, Meter
-from metering.reservations import Reservation
+
+if TYPE_CHECKING:
+    from metering.meter import Counter, Meter
+    from metering.producer import UsageProducer, emit
+    from metering.reservations import Reservation
 
 __all__ = [
     "Charge",
@@ -32,10 +35,22 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    # The producer imports Celery; load it only for those who use it.
-    if name in ("UsageProducer", "emit"):
-        from metering import producer
+# Loaded on first use: the meter loads the database stack (SQLAlchemy,
+# psycopg), the producer Celery, and an app that only emits events
+# (`import metering.producer`) needs neither the meter nor the database.
+_LAZY = {
+    "Counter": "metering.meter",
+    "Meter": "metering.meter",
+    "Reservation": "metering.reservations",
+    "UsageProducer": "metering.producer",
+    "emit": "metering.producer",
+}
 
-        return getattr(producer, name)
-    raise AttributeError(f"module 'metering' has no attribute {name!r}")
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'metering' has no attribute {name!r}")
+    from importlib import import_module
+
+    return getattr(import_module(module), name)

@@ -30,8 +30,8 @@ from metering.domain.bounds import validate_seconds
 from metering.domain.events import FUTURE_TOLERANCE_US, charges_of, make_event
 from metering.domain.instants import to_us
 from metering.errors import BrokerUnavailable, InvalidInput, OccurredAtOutOfRange
-from metering.pipeline import batch_body, event_text
-from metering.routing import APPLY_BATCH_TASK, SENT_AT_HEADER, queue_for
+from metering.messages import args_repr, batch_body, event_text, task_headers
+from metering.routing import APPLY_BATCH_TASK, queue_for
 from metering.routing import queue_names as queue_names
 
 log = logging.getLogger(__name__)
@@ -230,10 +230,9 @@ class UsageProducer:
         app, without Celery encoding the events again. Returns once the
         broker has it (Redis: its LPUSH answered). Safe from several threads."""
         task_id = str(uuid.uuid4())
-        argsrepr = f"[<{count} events>]"
         # When it was sent (each attempt): the age `metering status` reports.
         sent_at = to_us(self.clock(), field_name="clock")
-        headers = task_headers(task_id, argsrepr, self._origin, sent_at)
+        headers = task_headers(task_id, count, self._origin, sent_at)
         properties = {"correlation_id": task_id, "reply_to": self._reply_to}
         amqp = self._app.amqp
         declare = [amqp.queues[queue]]  # declared once per connection (kombu's cache)
@@ -254,7 +253,7 @@ class UsageProducer:
                 declare=declare,
                 retry=False,
                 headers=headers,
-                argsrepr=argsrepr,
+                argsrepr=args_repr(count),
                 kwargsrepr="{}",
                 **properties,
             )
@@ -319,34 +318,6 @@ class UsageProducer:
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
-
-
-def task_headers(task_id: str, argsrepr: str, origin: str, sent_at_us: int) -> dict[str, Any]:
-    """The headers of a ``metering.apply_batch`` message as Celery's
-    ``send_task`` writes them (message protocol 2), and `SENT_AT_HEADER`.
-    tests/integration/test_redis_transport.py holds this to Celery's own."""
-    return {
-        "lang": "py",
-        "task": APPLY_BATCH_TASK,
-        "id": task_id,
-        "shadow": None,
-        "eta": None,
-        "expires": None,
-        "group": None,
-        "group_index": None,
-        "retries": 0,
-        "timelimit": [None, None],
-        "root_id": task_id,
-        "parent_id": None,
-        "argsrepr": argsrepr,
-        "kwargsrepr": "{}",
-        "origin": origin,
-        "ignore_result": None,
-        "replaced_task_nesting": 0,
-        "stamped_headers": None,
-        "stamps": {},
-        SENT_AT_HEADER: sent_at_us,
-    }
 
 
 def _safe(url: str) -> str:

@@ -37,7 +37,7 @@ from metering.domain.events import (
 from metering.domain.instants import parse_instant, to_us
 from metering.domain.limits import NAME_PATTERN, validate_limit_name
 from metering.errors import InvalidInput
-from metering.pipeline import event_text
+from metering.messages import event_text, single_event_text
 
 BodyKind = Literal["json", "cloudevent", "cloudevents-batch"]
 MEDIA_TYPES: Final[dict[str, BodyKind]] = {
@@ -354,7 +354,7 @@ class QueuedEvent(NamedTuple):
     """A validated event as the queued path carries it: its id, charges and
     time (microseconds), its metadata, its fingerprint (what makes two
     deliveries of one id the same event) and ``text``, the event as a queued
-    message holds it (`metering.pipeline.event_text`)."""
+    message holds it (`metering.messages.event_text`)."""
 
     event_id: str
     charges: tuple[Charge, ...]
@@ -455,7 +455,7 @@ def _queued_plain(item: object, now_us: int) -> QueuedEvent | None:
     if not subject.isascii() or '"' in subject or "\\" in subject:
         return None
     charges = f'[["{subject}","{limit}",{cost}]]'
-    text = f'{{"id":"{event_id}","charges":{charges},"at":{at_us},"meta":{meta}}}'
+    text = single_event_text(event_id, charges, at_us, meta)
     # The tuples built directly (a NamedTuple's own __new__ costs twice as much).
     charge = _new(Charge, (subject, limit, cost))
     return _new(QueuedEvent, (event_id, (charge,), at_us, metadata, charges, text))

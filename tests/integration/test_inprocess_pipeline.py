@@ -59,7 +59,7 @@ from pipeline_checks import (
 
 import workers.tasks
 from metering import Limit, Meter, make_event
-from metering.pipeline import encode_batch, encode_event
+from metering.messages import encode_batch, encode_event
 from metering.producer import UsageProducer, make_celery, queue_for
 from metering.routing import APPLY_BATCH_TASK as TASK_NAME
 from metering.routing import DEFAULT_QUEUE, SWEEP_RESERVATIONS_TASK, queue_names

@@ -38,7 +38,7 @@ from pipeline_checks import (
 from servers import PostgresServer
 
 from metering import ChargeDecision, Limit, Meter, make_event
-from metering.pipeline import encode_batch, encode_event
+from metering.messages import encode_batch, encode_event
 from metering.producer import UsageProducer, make_celery
 from metering.routing import APPLY_BATCH_TASK as TASK_NAME
 from metering.routing import DEFAULT_QUEUE

@@ -11,7 +11,8 @@ import pytest
 
 from metering import FrozenClock, Limit, Meter, make_event
 from metering.errors import EventConflict, InputRefused, StorageError
-from metering.pipeline import apply_batch, encode_batch, encode_event
+from metering.messages import encode_batch, encode_event
+from metering.pipeline import apply_batch
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 

@@ -22,7 +22,8 @@ from servers import RedisServer
 
 from metering import FrozenClock, Limit, Meter, make_event
 from metering.errors import BrokerUnavailable, InvalidInput
-from metering.pipeline import apply_batch, decode_batch, encode_batch, encode_event
+from metering.messages import decode_records, encode_batch, encode_event
+from metering.pipeline import apply_batch
 from metering.producer import UsageProducer, queue_for
 from metering.storage.broker import event_ids_of, sweep_embedded_broker
 
@@ -202,12 +203,12 @@ def test_decoding_keeps_what_cannot_become_an_event() -> None:
     good = encode_event(make_event([("s", "calls", 1)], NOW, "good-1"))
     bad_cost = {**good, "id": "bad-1", "charges": [["s", "calls", 0]]}
     no_time = {"id": "bad-2", "charges": [["s", "calls", 1]]}
-    events, rejected = decode_batch(encode_batch([good, bad_cost, no_time, "junk"]))
+    events, rejected = decode_records(encode_batch([good, bad_cost, no_time, "junk"]))
     assert [e.event_id for e in events] == ["good-1"]
     assert [r.event_id for r in rejected] == ["bad-1", "bad-2", None]
     assert "cost" in rejected[0].reason
     for garbage in ({"nope": 1}, [1, 2], None, {"v": 1, "events": "x"}):
-        events, rejected = decode_batch(garbage)
+        events, rejected = decode_records(garbage)
         assert events == [] and len(rejected) == 1
 
 

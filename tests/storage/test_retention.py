@@ -13,7 +13,8 @@ from sqlalchemy import func, insert, select
 from metering import FrozenClock, Limit, Meter, make_event
 from metering.domain.instants import to_us
 from metering.errors import InvalidInput
-from metering.pipeline import apply_batch, encode_batch, encode_event
+from metering.messages import encode_batch, encode_event
+from metering.pipeline import apply_batch
 from metering.retention import RetentionPolicy, prune, redelivery_horizon_us
 from metering.storage.tables import (
     webhook_attempts,

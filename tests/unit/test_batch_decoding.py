@@ -1,4 +1,4 @@
-"""The one-pass decoding of queued events (`metering.pipeline._plain_record`)
+"""The one-pass decoding of queued events (`metering.messages._plain_record`)
 gives what the general decoding (`_decode_record`) gives, for any input.
 
 The usual event (an id, one charge of three values, no metadata) is decoded
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from metering import pipeline
+from metering import messages
 from metering.domain.events import fingerprint_of, single_fingerprint
 from metering.domain.instants import MAX_US, MIN_US
 
@@ -148,12 +148,12 @@ def plain_items(draw: st.DrawFn) -> dict[str, Any]:
 def general_only(payload: object) -> Any:
     """What decoding gave before the one-pass path: the general path for every event."""
     with pytest.MonkeyPatch.context() as patched:
-        patched.setattr(pipeline, "_plain_record", lambda item: None)
-        return pipeline.decode_records(payload)
+        patched.setattr(messages, "_plain_record", lambda item: None)
+        return messages.decode_records(payload)
 
 
 def assert_same_as_general(payload: object) -> None:
-    events, rejected = pipeline.decode_records(payload)
+    events, rejected = messages.decode_records(payload)
     events_before, rejected_before = general_only(payload)
     # Generated ids (an event without one) differ from run to run.
     assert [e for e in events if e.event_id in json.dumps(payload, default=repr)] == [
@@ -175,15 +175,15 @@ def test_hostile_batches_decode_as_by_the_general_path(batch: list[Any]) -> None
 @settings(max_examples=300, deadline=None)
 @given(item=plain_items())
 def test_the_one_pass_path_gives_the_general_record_or_declines(item: dict[str, Any]) -> None:
-    found = pipeline._plain_record(item)
+    found = messages._plain_record(item)
     if found is not None:
-        assert found == pipeline._decode_record(item)
+        assert found == messages._decode_record(item)
 
 
 def test_the_usual_event_takes_the_one_pass_path() -> None:
     item = {"id": "e1", "charges": [["org-1", "calls", 3]], "at": AT, "meta": None}
-    found = pipeline._plain_record(item)
-    assert found == pipeline._decode_record(item)
+    found = messages._plain_record(item)
+    assert found == messages._decode_record(item)
     assert found is not None and found.fingerprint == '[["org-1","calls",3]]'
 
 

@@ -38,6 +38,7 @@ from metering.logs import (
     log_format,
     redact,
 )
+from metering.messages import encode_batch, encode_event
 from metering.metrics import (
     MAX_LIMIT_LABELS,
     OTHER_LIMIT,
@@ -52,7 +53,7 @@ from metering.metrics import (
     instrument_app,
     metrics_port,
 )
-from metering.pipeline import apply_batch, encode_batch, encode_event
+from metering.pipeline import apply_batch
 from metering.storage.engine import RetryTransaction, make_engine, run_transaction
 from metering.tracing import tracing_enabled
 

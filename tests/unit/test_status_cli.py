@@ -25,7 +25,8 @@ from click.testing import CliRunner, Result
 from metering import FrozenClock, Limit, Meter
 from metering.cli import main
 from metering.cli.status import collect_status
-from metering.pipeline import apply_batch, encode_batch
+from metering.messages import encode_batch
+from metering.pipeline import apply_batch
 from metering.producer import UsageProducer, make_celery
 from metering.routing import APPLY_BATCH_TASK, SENT_AT_HEADER
 from metering.settings import Settings
