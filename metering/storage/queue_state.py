@@ -13,9 +13,9 @@ Read only: nothing here changes the broker, or creates a broker file.
   events have results) or makes it visible again (its worker died).
 
 Every message is a kombu envelope (JSON): headers (Celery's ``task``, and
-`SENT_AT_HEADER` from `metering.producer`) and a body, base64 or plain, that
+`SENT_AT_HEADER` from `metering.routing`) and a body, base64 or plain, that
 holds Celery's ``[args, kwargs, embed]``; a batch's first argument is
-``{"v": 1, "events": [{"id": …}, …]}`` (`metering.pipeline`).
+``{"v": 1, "events": [{"id": …}, …]}`` (`metering.messages`).
 """
 
 from __future__ import annotations
