@@ -17,12 +17,7 @@ from sqlalchemy import Connection
 from metering import allowances, reserving
 from metering.allowances import Correction, Grant
 from metering.clock import Clock, system_clock
-from metering.config import (
-    correction_horizon_days,
-    database_url,
-    load_entitlements_file,
-    load_limits_file,
-)
+from metering.config import load_entitlements_file, load_limits_file
 from metering.domain.bounds import validate_count, validate_seconds
 from metering.domain.decisions import Decision
 from metering.domain.events import (
@@ -47,6 +42,7 @@ from metering.errors import EventConflict, InvalidInput, ReservedLimit, UnknownL
 from metering.leases import LeaseBook, LeasedReservation
 from metering.reservations import Reservation, ReservationInfo
 from metering.reserving import validate_ttl
+from metering.settings import correction_horizon_days, database_url
 from metering.storage.database import Database
 from metering.storage.engine import ensure_schema
 from metering.storage.queries import Store

@@ -120,7 +120,7 @@ def create_api(
     guard = [] if scope is None else [require_scope(scope, always=True)]
     instrument_app(app, collectors=[lag], dependencies=guard)
     if settings.tracing:
-        setup_tracing("metering-api", app=app)
+        setup_tracing("metering-api", app=app, env=dict(settings.otel))
     _with_request_schemas(app, (*REQUEST_MODELS, Problem))
     return app
 
