@@ -192,3 +192,20 @@ def test_a_child_process_gets_this_environment_with_overrides(
     assert env["METERING_QUEUES"] == "4"
     assert env["METERING_HOME"] == data_home() == "/tmp/metering-home-test"
     assert data_home({}) is None
+
+
+def test_a_meter_takes_its_correction_horizon_from_the_settings_it_is_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker and the API hand `Meter` their settings' horizon; only a
+    `Meter` given none reads METERING_CORRECTION_HORIZON_DAYS."""
+    from metering import Meter
+    from metering.errors import InvalidInput
+
+    monkeypatch.setenv("METERING_CORRECTION_HORIZON_DAYS", "90")
+    url = f"sqlite:///{tmp_path / 'horizon.db'}"
+    with Meter(url, correction_horizon_days=10) as given, Meter(url) as default:
+        assert given.correction_horizon == 10 * 86_400
+        assert default.correction_horizon == 90 * 86_400
+    with pytest.raises(InvalidInput, match="correction_horizon_days"):
+        Meter(url, correction_horizon_days=0)
