@@ -3,12 +3,14 @@
 ``Settings.from_env()`` reads and checks them all from one mapping when a
 worker (or beat, or ``metering serve``) starts, so a bad value stops it with
 one `ConfigurationError` naming the variable, before any message is taken;
-each part is handed its own settings (`DeliverySettings`, `RetentionPolicy`,
-the API's, the database's). No other module reads ``os.environ``
+each part is handed its own settings (the URLs, `DeliverySettings`,
+`RetentionPolicy`, the API's bounds and keys, the correction horizon, the
+``OTEL_*`` variables for tracing). No other module reads ``os.environ``
 (tests/unit/test_settings.py greps for it): a library entry point used
-without an explicit value (``Meter()``, ``UsageProducer()``, the command
-line) asks this module for its one part (`database_url`, `broker_url`,
-`queue_count` ...), read and checked here. Every variable is optional:
+without an explicit value (``Meter()``, ``UsageProducer()``, `SecretBox`,
+the command line) asks this module for its one part (`database_url`,
+`broker_url`, `queue_count`, `secret_keys`, `data_home` ...), read and
+checked here. Every variable is optional:
 
 * ``METERING_DATABASE_URL``: counters and results (default ``sqlite:///metering.db``).
 * ``METERING_BROKER_URL``: Redis in production; unset, the embedded broker.
@@ -479,6 +481,10 @@ class Settings:
         """Every setting from ``environ`` (default ``os.environ``); `ConfigurationError`
         names the first variable that is not valid."""
         env = _environ(environ)
+        # Read where they are used (the storage engine, `rotate`); checked here
+        # too, so that a worker or server with a bad one stops as it starts.
+        sqlite_synchronous(env)
+        rotation_grace_seconds(env)
 
         def seconds(name: str, default: float) -> float:
             return env_float(name, default, env)

@@ -180,6 +180,9 @@ def test_the_part_readers_keep_their_messages(name: str, value: str, message: st
     }
     with pytest.raises(ConfigurationError, match=re.escape(message)):
         readers[name]({name: value})
+    # A worker or server stops as it starts, with the same message.
+    with pytest.raises(ConfigurationError, match=re.escape(message)):
+        Settings.from_env({name: value})
 
 
 def test_a_child_process_gets_this_environment_with_overrides(
