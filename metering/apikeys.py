@@ -33,18 +33,24 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Final, Literal, cast
+from typing import Final, cast
 
 from sqlalchemy import Connection
 
 from metering.domain.bounds import shown
 from metering.domain.instants import from_us
-from metering.domain.limits import MAX_MAXIMUM, parse_period
-from metering.errors import ConfigurationError, InvalidInput, InvalidLimit, UnknownApiKey
+from metering.errors import InvalidInput, UnknownApiKey
+
+# The API's settings (METERING_API_AUTH, METERING_API_RATE, METERING_METRICS_SCOPE)
+# are read in `metering.settings`; a key's scope is named there too.
+from metering.settings import DEFAULT_API_RATE as DEFAULT_API_RATE
+from metering.settings import ApiRate as ApiRate
+from metering.settings import AuthMode as AuthMode
+from metering.settings import Scope as Scope
+from metering.settings import parse_rate as parse_rate
 from metering.storage.api_keys import ApiKeyRecord, ApiKeyStore
 from metering.storage.database import DatabaseSource, database_of
 
-Scope = Literal["ingest", "read", "admin"]
 SCOPES: Final[tuple[Scope, ...]] = ("ingest", "read", "admin")
 # What a key of each scope may do.
 GRANTS: Final[Mapping[str, frozenset[str]]] = {
@@ -63,10 +69,6 @@ _TOKEN: Final = re.compile(
 _KEY_ID: Final = re.compile(rf"{TOKEN_PREFIX}[0-9a-f]{{{ID_HEX_DIGITS}}}")
 MAX_NAME_CHARS: Final = 200
 LAST_USED_STEP_US: Final = 60_000_000
-
-# How the HTTP API asks for keys (METERING_API_AUTH).
-AuthMode = Literal["auto", "required"]
-AUTH_MODES: Final[tuple[AuthMode, ...]] = ("auto", "required")
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,78 +237,3 @@ class ApiKeys:
             )
             last = now_us
         return replace(_key(record), last_used_at=from_us(last))
-
-
-# -- settings of the HTTP API's keys ---------------------------------------------
-
-
-def auth_mode(environ: Mapping[str, str]) -> AuthMode:
-    """``METERING_API_AUTH``: ``auto`` (default) or ``required``.
-
-    ``auto`` asks for a key as soon as one was ever created (until then the
-    API answers everyone, so a first ``metering serve`` works); ``required``
-    asks always (a deployment: no key yet, every request is 401).
-    """
-    value = (environ.get("METERING_API_AUTH") or "auto").strip().lower()
-    if value not in AUTH_MODES:
-        raise ConfigurationError(f"METERING_API_AUTH must be auto or required, got {shown(value)}")
-    return value
-
-
-# What METERING_METRICS_SCOPE may ask of a scraper's key.
-METRICS_SCOPES: Final[tuple[Scope, ...]] = ("read", "admin")
-
-
-def metrics_scope(environ: Mapping[str, str]) -> Scope | None:
-    """``METERING_METRICS_SCOPE``: unset (default), the API's ``/metrics`` is open
-    to whoever reaches the port; ``read`` or ``admin``, it asks for a key of
-    that scope, whether or not the rest of the API asks for keys yet."""
-    value = (environ.get("METERING_METRICS_SCOPE") or "").strip().lower()
-    if not value:
-        return None
-    if value not in METRICS_SCOPES:
-        raise ConfigurationError(
-            f"METERING_METRICS_SCOPE must be read or admin (or unset: open), got {shown(value)}"
-        )
-    return value
-
-
-@dataclass(frozen=True, slots=True)
-class ApiRate:
-    """The API's own limit per key: ``maximum`` requests per ``period`` (a token bucket)."""
-
-    maximum: int
-    period: str
-
-    def __str__(self) -> str:
-        return f"{self.maximum}/{self.period}"
-
-
-# The API's own limit per key (METERING_API_RATE), unless "off".
-DEFAULT_API_RATE: Final = ApiRate(6000, "1m")
-
-
-def parse_rate(text: str, *, name: str = "METERING_API_RATE") -> ApiRate | None:
-    """``N/PERIOD`` (``600/1m``, ``100/1s``, ``10000/1h``), or ``off`` (None)."""
-    value = text.strip().lower()
-    if value == "off":
-        return None
-    count, slash, period = value.partition("/")
-    problem = f"{name} must be N/PERIOD like 600/1m, or off; got {shown(text)}"
-    if not slash or not count.strip().isdigit() or len(count.strip()) > 16:
-        raise ConfigurationError(problem)
-    maximum = int(count)
-    if not 1 <= maximum <= MAX_MAXIMUM:
-        raise ConfigurationError(f"{name}: N must be from 1 to {MAX_MAXIMUM}; got {shown(text)}")
-    try:
-        parsed = parse_period(period.strip(), field_name=name)
-    except InvalidLimit as exc:
-        raise ConfigurationError(f"{name}: {exc.message}") from None
-    if parsed.is_calendar_months:
-        raise ConfigurationError(f"{name}: the period must be in s, m, h, d or w; got {text!r}")
-    return ApiRate(maximum, str(parsed))
-
-
-def api_rate(environ: Mapping[str, str]) -> ApiRate | None:
-    """``METERING_API_RATE`` (default ``6000/1m``), or None when ``off``."""
-    return parse_rate(environ.get("METERING_API_RATE") or str(DEFAULT_API_RATE))

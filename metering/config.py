@@ -1,13 +1,10 @@
-"""Configuration: environment variables and limits files.
+"""Configuration: limits and entitlements files, and the embedded broker.
 
-Every variable is optional; with none set everything runs on files in the
-working directory.
+Environment variables are read in `metering.settings`.
 """
 
 from __future__ import annotations
 
-import math
-import os
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,12 +20,12 @@ from metering.domain.grants import validate_amount
 from metering.domain.instants import as_utc, parse_instant, to_us
 from metering.domain.limits import MAX_MAXIMUM, Limit, validate_limit_name
 from metering.errors import ConfigurationError, InvalidInput, InvalidLimit
-from metering.routing import MAX_QUEUES
 
-DEFAULT_DATABASE_URL: Final = "sqlite:///metering.db"
-# Kombu's SQLAlchemy transport on a SQLite file: a broker with no server that
-# several processes on one machine share.
-DEFAULT_BROKER_URL: Final = "sqla+sqlite:///metering-broker.db"
+# What `UsageProducer` reads when given no URL or queue count, read in
+# `metering.settings` (the one reader of the environment).
+from metering.settings import broker_url as broker_url
+from metering.settings import queue_count as queue_count
+
 # kombu's SQLAlchemy transport, made safe for processes that start together.
 EMBEDDED_TRANSPORT: Final = "metering.storage.broker:EmbeddedTransport"
 
@@ -45,58 +42,8 @@ def use_embedded_transport() -> None:
         TRANSPORT_ALIASES[prefix] = EMBEDDED_TRANSPORT
 
 
-def database_url(explicit: str | None = None) -> str:
-    """The database URL: the argument, else ``METERING_DATABASE_URL``, else ./metering.db."""
-    return explicit or os.environ.get("METERING_DATABASE_URL") or DEFAULT_DATABASE_URL
-
-
-def broker_url(explicit: str | None = None) -> str:
-    """The broker URL: the argument, else ``METERING_BROKER_URL``, else the embedded one."""
-    return explicit or os.environ.get("METERING_BROKER_URL") or DEFAULT_BROKER_URL
-
-
 def is_embedded_broker(url: str) -> bool:
     return url.startswith(("sqla+sqlite:", "sqlalchemy+sqlite:"))
-
-
-def env_float(name: str, default: float, environ: Mapping[str, str] | None = None) -> float:
-    """A positive number from the environment (or ``environ``), with a clear error
-    when it is not one."""
-    text = (os.environ if environ is None else environ).get(name)
-    if text is None or text == "":
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        raise ConfigurationError(f"{name}={text!r} is not a number") from None
-    if not math.isfinite(value) or value <= 0:
-        raise ConfigurationError(f"{name}={text!r} must be a positive, finite number")
-    return value
-
-
-def queue_count(environ: Mapping[str, str] | None = None) -> int:
-    """``METERING_QUEUES``: how many hash-routed queues producers use and
-    workers consume (a whole number from 1 to `MAX_QUEUES`, default 1)."""
-    wanted = env_float("METERING_QUEUES", 1, environ)
-    if wanted != int(wanted) or not 1 <= wanted <= MAX_QUEUES:
-        raise ConfigurationError(f"METERING_QUEUES must be a whole number from 1 to {MAX_QUEUES}")
-    return int(wanted)
-
-
-DEFAULT_CORRECTION_HORIZON_DAYS: Final = 35
-MAX_CORRECTION_HORIZON_DAYS: Final = 3650
-
-
-def correction_horizon_days(environ: Mapping[str, str] | None = None) -> int:
-    """``METERING_CORRECTION_HORIZON_DAYS``: how far back `Meter.void` reaches
-    (1 to 3650 days, default 35)."""
-    name = "METERING_CORRECTION_HORIZON_DAYS"
-    value = env_float(name, DEFAULT_CORRECTION_HORIZON_DAYS, environ)
-    if value != int(value) or not 1 <= value <= MAX_CORRECTION_HORIZON_DAYS:
-        raise ConfigurationError(
-            f"{name} must be a whole number of days from 1 to {MAX_CORRECTION_HORIZON_DAYS}"
-        )
-    return int(value)
 
 
 # Deeper than any limits or entitlements file needs; refused before anything

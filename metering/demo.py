@@ -9,7 +9,6 @@ the worker's own delivery thread sends (the worker may reach 127.0.0.1 only).
 
 from __future__ import annotations
 
-import os
 import queue
 import random
 import subprocess
@@ -27,6 +26,7 @@ from metering.domain.limits import Limit
 from metering.errors import MeteringError
 from metering.meter import Meter
 from metering.producer import UsageProducer
+from metering.settings import child_environment
 
 DEMO_LIMITS: Final = (
     Limit("api_calls", 400, "1mo", window="calendar", enforcement="soft", thresholds=(80, 100)),
@@ -92,10 +92,11 @@ def demo_events(start: datetime) -> list[tuple[datetime, list[ChargeTuple]]]:
 
 
 def start_worker(files: DemoFiles) -> subprocess.Popen[bytes]:
-    env = dict(os.environ)
-    env["METERING_DATABASE_URL"] = files.database_url
-    env["METERING_BROKER_URL"] = files.broker_url
-    env.update(WORKER_WEBHOOK_SETTINGS)
+    env = child_environment(
+        METERING_DATABASE_URL=files.database_url,
+        METERING_BROKER_URL=files.broker_url,
+        **WORKER_WEBHOOK_SETTINGS,
+    )
     command = [sys.executable, "-m", "celery", "-A", "workers", "worker"]
     command += ["--pool", "solo", "--loglevel", "INFO", "--without-heartbeat"]
     with files.worker_log.open("wb") as log:

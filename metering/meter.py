@@ -17,12 +17,7 @@ from sqlalchemy import Connection
 from metering import allowances, reserving
 from metering.allowances import Correction, Grant
 from metering.clock import Clock, system_clock
-from metering.config import (
-    correction_horizon_days,
-    database_url,
-    load_entitlements_file,
-    load_limits_file,
-)
+from metering.config import load_entitlements_file, load_limits_file
 from metering.domain.bounds import validate_count, validate_seconds
 from metering.domain.decisions import Decision
 from metering.domain.events import (
@@ -47,6 +42,8 @@ from metering.errors import EventConflict, InvalidInput, ReservedLimit, UnknownL
 from metering.leases import LeaseBook, LeasedReservation
 from metering.reservations import Reservation, ReservationInfo
 from metering.reserving import validate_ttl
+from metering.settings import MAX_CORRECTION_HORIZON_DAYS, database_url
+from metering.settings import correction_horizon_days as horizon_days
 from metering.storage.database import Database
 from metering.storage.engine import ensure_schema
 from metering.storage.queries import Store
@@ -76,7 +73,9 @@ class Meter:
 
     Concurrent `consume` calls from several threads share transactions
     (group commit, see `metering.engine.group`); ``group_commit=False`` gives
-    each call its own. `aconsume` always shares.
+    each call its own. `aconsume` always shares. ``correction_horizon_days``:
+    how far back `void` reaches (the caller's `Settings`), else
+    ``METERING_CORRECTION_HORIZON_DAYS``.
     """
 
     def __init__(
@@ -85,15 +84,24 @@ class Meter:
         *,
         clock: Clock | None = None,
         group_commit: bool = True,
+        correction_horizon_days: int | None = None,
         **engine_options: Any,
     ) -> None:
+        # Checked before anything is opened.
+        days = (
+            horizon_days()
+            if correction_horizon_days is None
+            else validate_count(
+                "correction_horizon_days", correction_horizon_days, MAX_CORRECTION_HORIZON_DAYS
+            )
+        )
         self.url = database_url(url)
         self.database = Database.connect(self.url, clock or system_clock, **engine_options)
         # The database's engine and clock, as attributes of their own.
         self.engine = self.database.engine
         self.clock: Clock = self.database.clock
         self._engine = Engine(self.database, group_commit=group_commit)
-        self.correction_horizon = correction_horizon_days() * 86_400
+        self.correction_horizon = days * 86_400
         self._leases: LeaseBook | None = None
         try:
             ensure_schema(self.engine)

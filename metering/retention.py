@@ -33,22 +33,18 @@ Beat runs `prune` once an hour (``metering.prune``); ``metering prune
 
 from __future__ import annotations
 
-import math
-import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
 from sqlalchemy import Connection
 
-from metering.config import env_float
 from metering.domain.bounds import validate_seconds
 from metering.domain.events import FUTURE_TOLERANCE_US
-from metering.errors import ConfigurationError, InvalidInput
 from metering.meter import Meter
+from metering.settings import DAY_US
+from metering.settings import RetentionPolicy as RetentionPolicy
 from metering.storage.retention import CHUNK, RetentionStore
 
-DAY_US: Final = 86_400 * 1_000_000
 # How long a producer may still be retrying an event it was given.
 PRODUCER_RETRY_HORIZON_US: Final = DAY_US
 # The order matters: deliveries (with their attempts) before their messages.
@@ -62,7 +58,6 @@ TABLES: Final = (
     "webhook_messages",
     "webhook_marks",
 )
-MAX_DAYS: Final = 100 * 366
 # Never pruned inside the redelivery horizon: what an event delivered again,
 # a late event or a void of it needs.
 HORIZON_BOUND: Final = (
@@ -72,59 +67,6 @@ HORIZON_BOUND: Final = (
     "usage_rollups",
     "webhook_marks",
 )
-
-
-@dataclass(frozen=True, slots=True)
-class RetentionPolicy:
-    """Ages, in days, after which rows go; ``None`` keeps a table for ever."""
-
-    results_days: float | None = 400.0
-    rejected_days: float | None = 90.0
-    webhooks_days: float | None = 30.0
-
-    def __post_init__(self) -> None:
-        for name in ("results_days", "rejected_days", "webhooks_days"):
-            value = getattr(self, name)
-            if value is None:
-                continue
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, int | float)
-                or not math.isfinite(value)
-                or not 0 < value <= MAX_DAYS
-            ):
-                raise InvalidInput(name, f"must be a number of days in (0, {MAX_DAYS}]")
-
-    @classmethod
-    def from_environment(cls, environ: Mapping[str, str] | None = None) -> RetentionPolicy:
-        """``METERING_RETAIN_RESULTS_DAYS``, ``METERING_RETAIN_REJECTED_DAYS`` and
-        ``METERING_RETAIN_WEBHOOKS_DAYS``; ``never`` keeps a table for ever."""
-        defaults = cls()
-        env = os.environ if environ is None else environ
-
-        def days(name: str, default: float | None) -> float | None:
-            if env.get(name, "").strip().lower() == "never":
-                return None
-            return env_float(name, default, env) if default is not None else None
-
-        try:
-            return cls(
-                days("METERING_RETAIN_RESULTS_DAYS", defaults.results_days),
-                days("METERING_RETAIN_REJECTED_DAYS", defaults.rejected_days),
-                days("METERING_RETAIN_WEBHOOKS_DAYS", defaults.webhooks_days),
-            )
-        except InvalidInput as exc:
-            raise ConfigurationError(f"retention: {exc}") from None
-
-    def age_us(self, table: str) -> int | None:
-        days = {
-            "results": self.results_days,
-            "corrections": self.results_days,  # they go with the results they correct
-            "counter_resets": self.results_days,
-            "usage_rollups": self.results_days,
-            "rejected_messages": self.rejected_days,
-        }.get(table, self.webhooks_days)
-        return None if days is None else round(days * DAY_US)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,6 @@ starts, before a `Meter` exists.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -112,9 +111,10 @@ def setup_tracing(
 
     Spans go to ``exporter`` one by one when given (tests give the SDK's
     ``InMemorySpanExporter``), else in batches over OTLP. ``set_global``
-    makes the provider OpenTelemetry's global one.
+    makes the provider OpenTelemetry's global one. ``env``: the ``OTEL_*``
+    variables (`metering.settings.Settings.otel`); none when not given.
     """
-    env = os.environ if env is None else env
+    env = {} if env is None else env
     try:
         from opentelemetry import trace
         from opentelemetry.instrumentation.celery import CeleryInstrumentor

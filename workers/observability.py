@@ -65,7 +65,7 @@ def _worker_starting(sender: Any = None, instance: Any = None, **_: Any) -> None
     if settings.metrics_port is not None:
         _state["directory"] = enable_multiprocess(metrics_directory("worker"))
     if settings.tracing and _state["tracing"] is None:
-        _state["tracing"] = setup_tracing("metering-worker")
+        _state["tracing"] = setup_tracing("metering-worker", env=dict(settings.otel))
 
 
 def _pool_process_exiting(pid: int | None = None, **_: Any) -> None:

@@ -52,7 +52,8 @@ def meter() -> Meter:
     """One `Meter` per worker process, made after the fork."""
     global _meter
     if _meter is None:
-        _meter = Meter(settings().database_url)
+        own = settings()
+        _meter = Meter(own.database_url, correction_horizon_days=own.correction_horizon_days)
     return _meter
 
 

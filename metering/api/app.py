@@ -77,7 +77,9 @@ def create_api(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        own_meter = meter or Meter(settings.database_url)
+        own_meter = meter or Meter(
+            settings.database_url, correction_horizon_days=settings.correction_horizon_days
+        )
         own_producer = producer or ApiProducer(settings.broker_url, queues=settings.queues)
         lookup = is_queued or broker_lookup(settings.broker_url)
         app.state.metering = ApiContext(settings, own_meter, own_producer, lookup)
@@ -120,7 +122,7 @@ def create_api(
     guard = [] if scope is None else [require_scope(scope, always=True)]
     instrument_app(app, collectors=[lag], dependencies=guard)
     if settings.tracing:
-        setup_tracing("metering-api", app=app)
+        setup_tracing("metering-api", app=app, env=dict(settings.otel))
     _with_request_schemas(app, (*REQUEST_MODELS, Problem))
     return app
 

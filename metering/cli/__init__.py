@@ -24,7 +24,7 @@ from metering.cli.reservations import reservations, reserve
 from metering.cli.serve import serve
 from metering.cli.status import status
 from metering.cli.webhooks import webhooks
-from metering.config import database_url
+from metering.settings import database_url
 
 __all__ = ["main"]
 

@@ -9,7 +9,6 @@ one ``error: ...`` line on stderr and exit code 1.
 
 from __future__ import annotations
 
-import os
 import re
 import tempfile
 from collections.abc import Callable, Iterator
@@ -22,6 +21,7 @@ import click
 
 from metering.errors import MeteringError
 from metering.meter import Meter
+from metering.settings import data_home
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -173,7 +173,7 @@ def data_directory() -> Path:
     The demo's databases and log and beat's schedule go there, not loose in
     the working directory. It is created when missing.
     """
-    chosen = os.environ.get("METERING_HOME")
+    chosen = data_home()
     directory = Path(chosen or DEFAULT_DATA_DIRECTORY).absolute()
     where = f"METERING_HOME={chosen}" if chosen else f"the data directory {directory}"
     if directory.exists() and not directory.is_dir():

@@ -20,7 +20,7 @@ from metering.cli.options import (
     parse_seconds,
 )
 from metering.cli.output import iso_us, print_table, table
-from metering.config import broker_url, is_embedded_broker
+from metering.config import is_embedded_broker
 from metering.domain.bounds import MAX_LISTING
 from metering.errors import BrokerUnavailable
 from metering.meter import Meter
@@ -28,6 +28,7 @@ from metering.producer import UsageProducer
 from metering.retention import RetentionPolicy
 from metering.retention import prune as prune_tables
 from metering.routing import MAX_QUEUES, worker_queues
+from metering.settings import broker_url, child_environment
 
 MAX_CONCURRENCY: Final = 4096
 MAX_VISIBILITY_TIMEOUT_SECONDS: Final = 30 * 86_400
@@ -113,7 +114,7 @@ def worker(
         command += ["--concurrency", str(concurrency)]
     if beat or (beat is None and embedded):
         command += ["--beat", "--schedule", str(data_directory() / "beat-schedule")]
-    env = dict(os.environ, METERING_BROKER_URL=url, METERING_QUEUES=str(queues))
+    env = child_environment(METERING_BROKER_URL=url, METERING_QUEUES=str(queues))
     if state is not None:
         env["METERING_DATABASE_URL"] = state.url
     os.execve(sys.executable, [*command, *ctx.args], env)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 
 import click
@@ -12,7 +11,7 @@ from metering.cli.context import AppState
 from metering.logs import uvicorn_log_config
 from metering.meter import Meter
 from metering.metrics import enable_multiprocess, metrics_directory
-from metering.settings import Settings
+from metering.settings import Settings, export_to_children
 
 MAX_WORKERS = 256
 
@@ -50,9 +49,9 @@ def serve(
     state = ctx.find_object(AppState)
     # The server's processes read their settings from the environment.
     if state is not None:
-        os.environ["METERING_DATABASE_URL"] = state.url
+        export_to_children(METERING_DATABASE_URL=state.url)
     if broker:
-        os.environ["METERING_BROKER_URL"] = broker
+        export_to_children(METERING_BROKER_URL=broker)
     settings = Settings.from_env()  # a bad variable stops here, as one error line
     # Create or check the schema once, before the processes start together.
     Meter(settings.database_url).close()

@@ -34,11 +34,11 @@ from metering.cli.context import AppState
 from metering.cli.options import format_option, parse_seconds
 from metering.cli.output import print_table, table, when
 from metering.clock import Clock, system_clock
-from metering.config import broker_url
 from metering.domain.instants import from_us, to_us
 from metering.errors import MeteringError
 from metering.producer import make_celery
 from metering.routing import MAX_QUEUES, worker_queues
+from metering.settings import broker_url
 from metering.storage.engine import normalise_url
 from metering.storage.health import ALIVE_WITHIN_SECONDS, BEAT, WORKER, DatabaseProbe
 from metering.storage.queue_state import (

@@ -12,7 +12,6 @@ Dialect differences live here and in `queries`:
 
 from __future__ import annotations
 
-import os
 import random
 import sqlite3
 import time
@@ -34,6 +33,7 @@ from metering.errors import (
     StorageError,
 )
 from metering.metrics import count_db_error, count_db_retry
+from metering.settings import sqlite_synchronous as sqlite_synchronous
 
 T = TypeVar("T")
 
@@ -95,22 +95,6 @@ _CONNECT_ARGS: weakref.WeakKeyDictionary[Engine, dict[str, Any]] = weakref.WeakK
 def connect_args_of(engine: Engine) -> dict[str, Any]:
     """The ``connect_args`` ``engine`` was made with by `make_engine` (else none)."""
     return dict(_CONNECT_ARGS.get(engine, {}))
-
-
-def sqlite_synchronous() -> str:
-    """``METERING_SQLITE_SYNCHRONOUS``: ``NORMAL`` (default) or ``FULL``.
-
-    Both run SQLite in WAL mode. ``NORMAL`` syncs the log at checkpoints, not
-    at every commit: a killed process loses nothing, a power cut or kernel
-    crash may lose the last commits. ``FULL`` syncs every commit (about
-    0.2 ms each here) and survives both.
-    """
-    value = os.environ.get("METERING_SQLITE_SYNCHRONOUS", "NORMAL").strip().upper()
-    if value not in ("NORMAL", "FULL"):
-        raise ConfigurationError(
-            f"METERING_SQLITE_SYNCHRONOUS must be NORMAL or FULL, got {value!r}"
-        )
-    return value
 
 
 def sqlite_pragmas(connection: sqlite3.Connection, synchronous: str) -> None:

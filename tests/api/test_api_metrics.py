@@ -26,9 +26,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from metering import FrozenClock, Limit, Meter
 from metering.api import create_api
-from metering.apikeys import ApiKeys, metrics_scope
+from metering.apikeys import ApiKeys
 from metering.errors import ConfigurationError
-from metering.settings import Settings
+from metering.settings import Settings, metrics_scope
 
 Serve = Callable[[Any], str]
 NOW = datetime(2026, 11, 22, 9, 30, tzinfo=UTC)

@@ -21,15 +21,13 @@ from metering.apikeys import (
     DEFAULT_API_RATE,
     ApiKeys,
     ApiRate,
-    api_rate,
-    auth_mode,
     key_id_of,
     parse_rate,
     token_hash,
 )
 from metering.cli import main
 from metering.errors import ConfigurationError, InvalidInput, UnknownApiKey
-from metering.settings import Settings
+from metering.settings import Settings, api_rate, auth_mode
 
 Run = Callable[..., Result]
 NOW = datetime(2026, 11, 22, 9, 30, tzinfo=UTC)

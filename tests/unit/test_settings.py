@@ -1,6 +1,10 @@
-"""`Settings.from_env` reads every worker variable once; task names and queues live in one place."""
+"""`Settings.from_env` reads every variable once, and is the one reader of the environment;
+task names and queues live in one place."""
 
 from __future__ import annotations
+
+import re
+from pathlib import Path
 
 import pytest
 
@@ -87,12 +91,124 @@ def test_the_producer_defaults_to_metering_queues(monkeypatch: pytest.MonkeyPatc
 
 
 def test_the_correction_horizon_is_a_whole_number_of_days() -> None:
-    from metering.config import correction_horizon_days
-    from metering.errors import ConfigurationError
-    from metering.settings import Settings
+    from metering.settings import correction_horizon_days
 
     assert Settings.from_env({}).correction_horizon_days == 35
     assert correction_horizon_days({"METERING_CORRECTION_HORIZON_DAYS": "90"}) == 90
     for bad in ("0", "1.5", "x", "4000"):
         with pytest.raises(ConfigurationError, match="METERING_CORRECTION_HORIZON_DAYS"):
             correction_horizon_days({"METERING_CORRECTION_HORIZON_DAYS": bad})
+
+
+ROOT = Path(__file__).resolve().parents[2]
+# Reading the environment: os.environ, os.getenv, environ imported from os.
+READS_ENVIRONMENT = re.compile(r"os\.environ|getenv|from os import .*environ")
+# Reviewed exceptions: path -> why it may touch the environment itself.
+ENVIRONMENT_ALLOWED = {
+    "metering/settings.py": "the one reader: Settings.from_env and each part's reader",
+    "metering/metrics.py": (
+        "PROMETHEUS_MULTIPROC_DIR is prometheus-client's own variable, not a METERING_* "
+        "setting: enable_multiprocess sets it for the processes a parent starts, and "
+        "prometheus-client (and multiprocess_dir) read it there"
+    ),
+}
+
+
+def test_no_module_but_settings_reads_the_environment() -> None:
+    """Issue 21, 3: every METERING_* variable is read in `metering.settings`; the
+    other modules are handed their settings or ask it for their part."""
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for folder in ("metering", "workers")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if path.relative_to(ROOT).as_posix() not in ENVIRONMENT_ALLOWED
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if READS_ENVIRONMENT.search(line)
+    ]
+    assert found == []
+
+
+def test_the_allowed_modules_exist_and_still_need_it() -> None:
+    for name in ENVIRONMENT_ALLOWED:
+        assert READS_ENVIRONMENT.search((ROOT / name).read_text(encoding="utf-8")), name
+
+
+def test_one_mapping_gives_every_part_its_settings() -> None:
+    """The webhook, retention, API and tracing parts come from the mapping given,
+    never from this process's environment."""
+    env = {
+        "METERING_WEBHOOKS_CONCURRENCY": "3",
+        "METERING_RETAIN_REJECTED_DAYS": "7",
+        "METERING_API_AUTH": "required",
+        "METERING_API_RATE": "off",
+        "METERING_METRICS_SCOPE": "read",
+        "METERING_CORRECTION_HORIZON_DAYS": "60",
+        "OTEL_SERVICE_NAME": "billing",
+        "PATH": "/bin",
+    }
+    settings = Settings.from_env(env)
+    assert settings.delivery.max_in_flight == 3
+    assert settings.retention.rejected_days == 7
+    assert (settings.api_auth, settings.api_rate, settings.metrics_scope) == (
+        "required",
+        None,
+        "read",
+    )
+    assert settings.correction_horizon_days == 60
+    assert settings.otel == (("OTEL_SERVICE_NAME", "billing"),)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        (
+            "METERING_SQLITE_SYNCHRONOUS",
+            "off",
+            "METERING_SQLITE_SYNCHRONOUS must be NORMAL or FULL",
+        ),
+        ("METERING_WEBHOOKS_ROTATION_GRACE", "-1", "METERING_WEBHOOKS_ROTATION_GRACE="),
+        ("METERING_API_MAX_EVENTS", "2.5", "METERING_API_MAX_EVENTS must be a whole number"),
+    ],
+)
+def test_the_part_readers_keep_their_messages(name: str, value: str, message: str) -> None:
+    from metering import settings
+
+    readers = {
+        "METERING_SQLITE_SYNCHRONOUS": settings.sqlite_synchronous,
+        "METERING_WEBHOOKS_ROTATION_GRACE": settings.rotation_grace_seconds,
+        "METERING_API_MAX_EVENTS": Settings.from_env,
+    }
+    with pytest.raises(ConfigurationError, match=re.escape(message)):
+        readers[name]({name: value})
+    # A worker or server stops as it starts, with the same message.
+    with pytest.raises(ConfigurationError, match=re.escape(message)):
+        Settings.from_env({name: value})
+
+
+def test_a_child_process_gets_this_environment_with_overrides(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from metering.settings import child_environment, data_home
+
+    monkeypatch.setenv("METERING_HOME", "/tmp/metering-home-test")
+    env = child_environment(METERING_QUEUES="4")
+    assert env["METERING_QUEUES"] == "4"
+    assert env["METERING_HOME"] == data_home() == "/tmp/metering-home-test"
+    assert data_home({}) is None
+
+
+def test_a_meter_takes_its_correction_horizon_from_the_settings_it_is_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker and the API hand `Meter` their settings' horizon; only a
+    `Meter` given none reads METERING_CORRECTION_HORIZON_DAYS."""
+    from metering import Meter
+    from metering.errors import InvalidInput
+
+    monkeypatch.setenv("METERING_CORRECTION_HORIZON_DAYS", "90")
+    url = f"sqlite:///{tmp_path / 'horizon.db'}"
+    with Meter(url, correction_horizon_days=10) as given, Meter(url) as default:
+        assert given.correction_horizon == 10 * 86_400
+        assert default.correction_horizon == 90 * 86_400
+    with pytest.raises(InvalidInput, match="correction_horizon_days"):
+        Meter(url, correction_horizon_days=0)
