@@ -69,7 +69,7 @@ sender  # unused variable (workers/observability.py)
 pytest_collect_file  # unused variable (conftest.py)
 
 # Introspection the tests are about: how many hot-path connections a pool holds.
-_.open_connections  # unused property (metering/storage/direct_postgres.py)
+_.open_connections  # unused property (metering/storage/hot/direct_postgres.py)
 
 # In flux: speed round. Dead, in files other helpers are changing now: to
 # remove once those land (listed in the report of issue 21 point 6).

@@ -120,7 +120,7 @@ def count_alone(repeats: int = 200) -> float:
     """Seconds `Meter`'s count takes for one 1,000-event batch (answers as
     applied), the best of blocks of ten."""
     from metering.engine.fast import NEW
-    from metering.storage.queries import ResultRecord
+    from metering.storage.results import ResultRecord
 
     events = [
         make_event([(f"s-{n}", LIMITS[n % 2].name, 1)], datetime.now(UTC)).record()

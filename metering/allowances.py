@@ -53,9 +53,10 @@ from metering.errors import (
 from metering.storage.allowances import AllowanceStore, CorrectionRecord, DrawKey, GrantRecord
 from metering.storage.database import Database
 from metering.storage.engine import RetryTransaction
-from metering.storage.queries import ResultRecord, Store
 from metering.storage.reservations import ReservationStore
+from metering.storage.results import ResultRecord
 from metering.storage.rollups import record_rollups
+from metering.storage.store import Store
 from metering.storage.webhook_records import encode_payload
 from metering.storage.webhooks import WebhookStore
 

@@ -24,7 +24,7 @@ from metering.domain.limits import Limit
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 from metering.engine.reference import WindowResolver, decision_of
 from metering.storage.database import Database
-from metering.storage.queries import Store
+from metering.storage.store import Store
 
 
 @dataclass(frozen=True, slots=True)

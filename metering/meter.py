@@ -46,8 +46,8 @@ from metering.settings import MAX_CORRECTION_HORIZON_DAYS, database_url
 from metering.settings import correction_horizon_days as horizon_days
 from metering.storage.database import Database
 from metering.storage.engine import ensure_schema
-from metering.storage.queries import Store
 from metering.storage.reservations import ReservationStore
+from metering.storage.store import Store
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,9 +42,9 @@ from metering.errors import (
     UnknownReservation,
 )
 from metering.storage.database import Database
-from metering.storage.queries import Store
 from metering.storage.reservations import ReservationRecord, ReservationStore
 from metering.storage.rollups import record_rollups
+from metering.storage.store import Store
 
 
 def validate_ttl(ttl_seconds: object) -> float:

@@ -11,9 +11,9 @@ lean rules, `metering.domain.decisions` for the reference):
   `check` on SQLite or where the fast path declines.
 
 The fast path runs on connections of its own, with no SQLAlchemy object:
-on SQLite stdlib ``sqlite3`` ones (`metering.storage.hot_sqlite.DirectSqlite`),
+on SQLite stdlib ``sqlite3`` ones (`metering.storage.hot.sqlite.DirectSqlite`),
 one ``BEGIN IMMEDIATE`` transaction per call or group; on PostgreSQL psycopg
-ones (`metering.storage.direct_postgres.DirectPostgres`), and `check`'s one
+ones (`metering.storage.hot.direct_postgres.DirectPostgres`), and `check`'s one
 statement in autocommit on one of them. What it leaves (`NeedsConnection`:
 the limits' cache reloaded, notification marks; on SQLite also grants and
 dead letters) runs again, whole, in a SQLAlchemy transaction.
@@ -64,12 +64,12 @@ from metering.engine.reference import (
 from metering.errors import EventConflict, StorageError
 from metering.metrics import UNKNOWN_LIMIT, count_events
 from metering.storage.database import Database
-from metering.storage.direct_postgres import DirectPostgres
 from metering.storage.hot import HotStore, NeedsConnection
-from metering.storage.hot_postgres import read_unlocked
-from metering.storage.hot_sqlite import DirectSqlite
-from metering.storage.one_trip import Declined, apply_one
-from metering.storage.queries import Store
+from metering.storage.hot.direct_postgres import DirectPostgres
+from metering.storage.hot.one_trip import Declined, apply_one
+from metering.storage.hot.postgres import read_unlocked
+from metering.storage.hot.sqlite import DirectSqlite
+from metering.storage.store import Store
 
 # The fast path's transaction: on a SQLAlchemy connection, or on a store of its own.
 _Work = Callable[[Connection | None, bool, HotStore | None], list[Answer]]

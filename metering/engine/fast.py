@@ -47,11 +47,13 @@ from metering.domain.rules import (
 from metering.domain.windows import Window, calendar_window, first_use_window
 from metering.errors import EventConflict, MeteringError, UnknownLimit
 from metering.storage.allowances import AllowanceStore, draws_of
+from metering.storage.counters import Pair
 from metering.storage.engine import RetryTransaction
 from metering.storage.hot import Changes, HotStore, NeedsConnection, Snapshot, WantedKey
-from metering.storage.hot_stores import hot_store
-from metering.storage.queries import Pair, ResultRecord, Store
+from metering.storage.hot.pick import hot_store
 from metering.storage.reservations import HoldRow, hold_row
+from metering.storage.results import ResultRecord
+from metering.storage.store import Store
 from metering.storage.webhooks import WebhookStore
 
 InvalidPolicy = Literal["raise", "reject"]
@@ -488,7 +490,7 @@ STALE: Final = "stale"
 
 # Reads, without a lock, what `HotStore.read` would lock: the limits'
 # version, the first-use windows of the pairs, the counters of the keys and
-# of those windows (`metering.storage.hot_postgres.read_unlocked`).
+# of those windows (`metering.storage.hot.postgres.read_unlocked`).
 ReadUnlocked = Callable[[Sequence[Pair], Sequence[WantedKey]], Snapshot]
 
 

@@ -1,7 +1,7 @@
 """The single event in one round trip on PostgreSQL (issue 20, point 3).
 
 `prepare` turns an event into the call of ``metering_consume_one``
-(`metering.storage.one_trip`) from the cached limits, or answers None where
+(`metering.storage.hot.one_trip`) from the cached limits, or answers None where
 Python need not even ask: an unknown limit or an out-of-range time (the
 usual path rejects it with its message), a subject with grants, a limit
 rolled up by dimensions, a first-use window in calendar months, one
@@ -25,7 +25,7 @@ from metering.domain.events import EventRecord
 from metering.domain.rules import Rule
 from metering.domain.windows import calendar_window
 from metering.engine.fast import LimitCache, _rules_for
-from metering.storage.one_trip import OneCharge, call_parameters
+from metering.storage.hot.one_trip import OneCharge, call_parameters
 
 STATS: Final[Counter[str]] = Counter()
 

@@ -31,9 +31,11 @@ from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 from metering.domain.windows import Window, calendar_window, first_use_window
 from metering.errors import EventConflict, MeteringError, UnknownLimit
 from metering.storage.allowances import AllowanceStore, draws_of
+from metering.storage.counters import Pair
 from metering.storage.engine import RetryTransaction
-from metering.storage.queries import Pair, ResultRecord, Store
+from metering.storage.results import ResultRecord
 from metering.storage.rollups import record_rollups
+from metering.storage.store import Store
 from metering.storage.webhooks import WebhookStore
 
 InvalidPolicy = Literal["raise", "reject"]

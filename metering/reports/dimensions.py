@@ -35,9 +35,9 @@ from metering.domain.rollups import HOUR_US, NO_VALUE
 from metering.errors import InvalidInput, UnknownLimit
 from metering.reports.overage import ReportRange, TimeBound
 from metering.storage.database import Database, DatabaseSource, database_of
-from metering.storage.queries import Store
 from metering.storage.reports import ReportStore
 from metering.storage.rollups import DimensionQuery, count_of, usage_by_statement
+from metering.storage.store import Store
 
 KIND: Final = "usage_by"
 

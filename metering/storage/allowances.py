@@ -4,7 +4,7 @@ The general engine and voids read a subject's grants under lock *after* its
 counters, so the lock order stays: first-use windows, counters, grants. The
 PostgreSQL hot path reads them after the counters without a lock, and the
 grants' check (``used <= amount``) refuses a draw on a balance another
-transaction spent meanwhile (`metering.storage.hot_postgres`). Creating a
+transaction spent meanwhile (`metering.storage.hot.postgres`). Creating a
 grant or changing an entitlement bumps the limits' version: every process's
 `LimitCache` learns of it in the same statement that reads the version, so
 the hot path never looks them up per event.
@@ -33,7 +33,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from metering.domain.decisions import ROW_FIELDS
 from metering.domain.grants import Balance, Entitlement, History, Pot
-from metering.storage.queries import BUMP_LIMITS_VERSION, Pair
+from metering.storage.counters import Pair
+from metering.storage.limits import BUMP_LIMITS_VERSION
 from metering.storage.tables import corrections, entitlements, grant_draws, grants
 
 # (limit, subject, window start, grant id) -> amount drawn

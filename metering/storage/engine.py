@@ -1,6 +1,7 @@
 """Engines, schema version checks, transactions with retries, error translation.
 
-Dialect differences live here and in `queries`:
+Dialect differences live here and in the statements of the stores
+(`metering.storage.counters`, `metering.storage.results`, `metering.storage.hot`):
 
 * SQLite runs in WAL mode and starts every transaction with
   ``BEGIN IMMEDIATE``: writers queue on the database lock (``busy_timeout``)
@@ -88,7 +89,7 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
 
 
 # The ``connect_args`` each PostgreSQL engine was made with (`make_engine`),
-# for the hot path's own connections (`metering.storage.direct_postgres`).
+# for the hot path's own connections (`metering.storage.hot.direct_postgres`).
 _CONNECT_ARGS: weakref.WeakKeyDictionary[Engine, dict[str, Any]] = weakref.WeakKeyDictionary()
 
 
@@ -99,7 +100,7 @@ def connect_args_of(engine: Engine) -> dict[str, Any]:
 
 def sqlite_pragmas(connection: sqlite3.Connection, synchronous: str) -> None:
     """What every connection to a SQLite database runs first (also the hot
-    path's own, `metering.storage.hot_sqlite.DirectSqlite`)."""
+    path's own, `metering.storage.hot.sqlite.DirectSqlite`)."""
     cursor = connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")

@@ -39,7 +39,7 @@ from metering.storage.engine import (
     normalise_url,
     translate,
 )
-from metering.storage.queries import Store
+from metering.storage.store import Store
 from metering.storage.tables import heartbeats as heartbeats_table
 
 T = TypeVar("T")

@@ -10,7 +10,7 @@ event taken away); a row that comes back to zero stays, and reports leave
 out groups whose sums are both zero.
 
 The hot path sends the same upsert inside its own write
-(`metering.storage.hot_postgres`, `hot_sqlite`): `PG_UPSERT` takes the rows
+(`metering.storage.hot.postgres`, `metering.storage.hot.sqlite`): `PG_UPSERT` takes the rows
 as one JSON array, `SQLITE_UPSERT` one row per execution.
 
 The report (`usage_by_statement`) is an index range on the primary key

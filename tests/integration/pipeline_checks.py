@@ -22,7 +22,7 @@ from metering.engine.reference import decision_of
 from metering.producer import UsageProducer
 from metering.routing import DEFAULT_QUEUE
 from metering.storage.engine import run_transaction
-from metering.storage.queries import Store
+from metering.storage.store import Store
 
 HUGE = 10**12
 CALLS = Limit("calls", maximum=HUGE, period="1d", window="calendar")

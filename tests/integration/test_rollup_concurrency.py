@@ -19,7 +19,7 @@ from sqlalchemy import select
 from metering import FrozenClock, Limit, Meter
 from metering.domain.events import make_event
 from metering.reports import usage_by_dimension_report
-from metering.storage.queries import record_from_row
+from metering.storage.results import record_from_row
 from metering.storage.tables import results
 
 PROCESSES = 5

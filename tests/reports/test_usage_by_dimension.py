@@ -269,7 +269,7 @@ def test_bad_filters_raise_before_reading(
 def test_negative_deltas_take_usage_away(meter: Meter) -> None:
     """What corrections will call: a voided event's rollups subtracted again."""
     from metering.domain.rollups import rollup_deltas
-    from metering.storage.queries import ResultRecord
+    from metering.storage.results import ResultRecord
     from metering.storage.rollups import record_rollups
 
     kept = meter.consume("org-1", "api", 2, metadata={"route": "/a"})
@@ -305,7 +305,7 @@ def test_reservations_count_and_a_cancel_takes_its_usage_back(meter: Meter) -> N
 
 def test_a_partial_give_back_keeps_the_event() -> None:
     from metering.domain.rollups import given_back_deltas
-    from metering.storage.queries import ResultRecord
+    from metering.storage.results import ResultRecord
 
     event = ResultRecord("r", "allowed", "", 0, 0, (), None, [], {"route": "/a"})
     deltas = given_back_deltas(event, [("s", "api", 5, 2), ("s", "api", 1, 0)], DIMENSIONS)

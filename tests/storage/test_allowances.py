@@ -479,7 +479,7 @@ def test_a_draw_on_a_balance_spent_meanwhile_is_decided_again(
     balance as it is now."""
     from sqlalchemy import update
 
-    from metering.storage.hot_postgres import PostgresHotStore
+    from metering.storage.hot.postgres import PostgresHotStore
 
     with Meter(pg_url, clock=clock, group_commit=False) as meter:
         meter.set_limit(CALLS)

@@ -1,7 +1,7 @@
 """The PostgreSQL hot path on psycopg connections of its own (issue 20, point 2).
 
 `consume`, `aconsume`, batches and `check` run on connections of
-`metering.storage.direct_postgres.DirectPostgres`, with no SQLAlchemy
+`metering.storage.hot.direct_postgres.DirectPostgres`, with no SQLAlchemy
 `Connection`, transaction or pool checkout; what needs SQLAlchemy (the
 limits' cache loaded, notification marks) runs again under it. These tests
 hold that, and what a pool of connections must survive: a fork, a restart
@@ -45,7 +45,7 @@ def meter(pg_url: str) -> Iterator[Meter]:
 
 
 def direct_of(meter: Meter) -> Any:
-    from metering.storage.direct_postgres import DirectPostgres
+    from metering.storage.hot.direct_postgres import DirectPostgres
 
     direct = meter._engine.direct
     assert isinstance(direct, DirectPostgres)

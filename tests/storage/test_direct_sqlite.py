@@ -1,7 +1,7 @@
 """The SQLite hot path on stdlib sqlite3 connections of its own (issue 20, point 2).
 
 `consume` and batches on a SQLite file run in a ``BEGIN IMMEDIATE``
-transaction on a connection of `metering.storage.hot_sqlite.DirectSqlite`,
+transaction on a connection of `metering.storage.hot.sqlite.DirectSqlite`,
 with no SQLAlchemy `Connection` or transaction object; what needs one
 (notification marks, dead letters, grants, the limits' cache reloaded) runs
 the transaction again under SQLAlchemy. These tests hold that, and that a
@@ -24,8 +24,7 @@ import pytest
 from sqlalchemy import event, func, select
 
 from metering import FrozenClock, Limit, Meter
-from metering.storage import hot_sqlite
-from metering.storage.hot_sqlite import SqliteHotStore
+from metering.storage.hot.sqlite import SqliteHotStore
 from metering.storage.tables import counters, results, webhook_marks
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
@@ -62,18 +61,18 @@ def test_consume_on_sqlite_uses_no_sqlalchemy_connection(meter: Meter) -> None:
     meter.consume("warm-up", "calls")  # the limits' cache is loaded under SQLAlchemy
     seen = sqlalchemy_activity(meter)
     statements: list[str] = []
-    original = hot_sqlite.SqliteHotStore.read
+    original = SqliteHotStore.read
 
     def traced_read(store: SqliteHotStore, *args: Any, **kwargs: Any) -> Any:
         store.raw.set_trace_callback(statements.append)
         return original(store, *args, **kwargs)
 
-    hot_sqlite.SqliteHotStore.read = traced_read  # type: ignore[method-assign]
+    SqliteHotStore.read = traced_read  # type: ignore[method-assign]
     try:
         decisions = [meter.consume(f"subject-{i % 3}", "calls") for i in range(20)]
         meter.apply_records([meter_event(i).record() for i in range(5)])
     finally:
-        hot_sqlite.SqliteHotStore.read = original  # type: ignore[method-assign]
+        SqliteHotStore.read = original  # type: ignore[method-assign]
     assert all(d.allowed for d in decisions)
     assert seen == []  # not one SQLAlchemy transaction or statement
     # The stdlib connection ran the statements, and committed each transaction itself.
@@ -118,7 +117,7 @@ def _killed_inside(url: str, ready: Any) -> None:
     with Meter(url, clock=FrozenClock(NOW)) as meter:
         for i in range(50):
             meter.consume(f"subject-{i % 5}", "calls", event_id=f"kept-{i}")
-        original = hot_sqlite.SqliteHotStore.write
+        original = SqliteHotStore.write
 
         def stop_after_write(store: SqliteHotStore, *args: Any, **kwargs: Any) -> None:
             original(store, *args, **kwargs)
@@ -126,7 +125,7 @@ def _killed_inside(url: str, ready: Any) -> None:
             ready.send("written")
             signal.pause()  # killed here
 
-        hot_sqlite.SqliteHotStore.write = stop_after_write  # type: ignore[method-assign]
+        SqliteHotStore.write = stop_after_write  # type: ignore[method-assign]
         meter.consume("subject-0", "calls", event_id="lost", cost=7)
 
 

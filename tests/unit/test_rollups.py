@@ -19,7 +19,7 @@ from metering.domain.rollups import (
     rollup_rows,
 )
 from metering.errors import InvalidLimit
-from metering.storage.queries import ResultRecord
+from metering.storage.results import ResultRecord
 
 DIMENSIONS = {"api": ("route", "model"), "org": ("route",)}
 AT_US = 1_795_000_000_000_000 + 1234  # not on the hour

@@ -16,7 +16,7 @@ from sqlalchemy import func, select
 from metering import FrozenClock, Limit, Meter, make_event
 from metering.engine.reference import apply_events
 from metering.storage.engine import run_transaction
-from metering.storage.queries import Store
+from metering.storage.store import Store
 from metering.storage.tables import webhook_marks
 from metering.storage.webhooks import WebhookStore
 from metering.webhooks import Webhooks

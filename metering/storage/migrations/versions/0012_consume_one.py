@@ -4,7 +4,7 @@ A server-side function that decides one event by exactly the lean rules of
 `metering.domain.rules.decide` (`_window`, `_bucket`) and writes what the
 hot path would write (counters, first-use windows, the results row), in one
 autocommit statement. What it cannot decide it declines, writing nothing,
-and Python takes the usual path (see `metering.storage.one_trip`).
+and Python takes the usual path (see `metering.storage.hot.one_trip`).
 
 A no-op on SQLite.
 

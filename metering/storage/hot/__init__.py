@@ -12,13 +12,20 @@
   held with their events (``holds``). On PostgreSQL it is one
   round trip, and it carries the COMMIT when nothing else follows.
 
-Two implementations: `metering.storage.hot_postgres.PostgresHotStore` and
-`metering.storage.hot_sqlite.SqliteHotStore`. `metering.storage.hot_stores.hot_store`
-picks one for a SQLAlchemy connection's transaction. The common case runs
-without SQLAlchemy: `metering.storage.hot_sqlite.DirectSqlite` gives the
-store a stdlib ``sqlite3`` connection of its own in a ``BEGIN IMMEDIATE``
-transaction, `metering.storage.direct_postgres.DirectPostgres` a pooled
-psycopg one; what is rare there (the limits' cache reloaded, notification
+This package holds the contract (here) and its implementations:
+
+* `postgres`: `PostgresHotStore` (and ``read_unlocked`` for ``check``);
+* `sqlite`: `SqliteHotStore`, and `DirectSqlite`, which gives the store a
+  stdlib ``sqlite3`` connection of its own in a ``BEGIN IMMEDIATE``
+  transaction;
+* `direct_postgres`: `DirectPostgres`, the pool of psycopg connections the
+  PostgreSQL store runs on without SQLAlchemy;
+* `one_trip`: a single event in one round trip on PostgreSQL
+  (``metering_consume_one``);
+* `pick`: `hot_store`, the store for a SQLAlchemy connection's transaction.
+
+The common case runs without SQLAlchemy, on `DirectSqlite` or
+`DirectPostgres`; what is rare there (the limits' cache reloaded, notification
 marks; on SQLite also grants and dead letters) raises `NeedsConnection` so
 that the caller runs the transaction again on a SQLAlchemy connection.
 
@@ -40,8 +47,9 @@ from metering.domain.rollups import Delta, RollupKey
 from metering.domain.rules import Key, State
 from metering.domain.windows import Window
 from metering.storage.allowances import DrawKey
-from metering.storage.queries import Pair, ResultRecord
+from metering.storage.counters import Pair
 from metering.storage.reservations import HoldRow
+from metering.storage.results import ResultRecord
 
 # A counter the hot path needs: (limit, subject, window start, window end).
 WantedKey = tuple[str, str, int, int]

@@ -48,7 +48,7 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError, StatementError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from metering.storage.engine import RetryTransaction, connect_args_of, retry_or_raise, translate
-from metering.storage.hot_postgres import PostgresHotStore
+from metering.storage.hot.postgres import PostgresHotStore
 
 T = TypeVar("T")
 

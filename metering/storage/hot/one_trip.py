@@ -11,7 +11,7 @@ its subject's current first-use window (``old``), a charge that would
 produce a notification (``notify``). The caller then takes the usual path.
 
 `apply_one` takes a raw psycopg connection in autocommit, lent by the
-engine's own pool (`metering.storage.direct_postgres.DirectPostgres.autocommit`).
+engine's own pool (`metering.storage.hot.direct_postgres.DirectPostgres.autocommit`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any, Final
 
 import psycopg
 
-from metering.storage.queries import ResultRecord, _compact
+from metering.storage.results import ResultRecord, _compact
 
 CONSUME_ONE: Final = (
     "SELECT metering_consume_one(%s::bigint, %s::text, %s::text, %s::bigint, %s::bigint,"

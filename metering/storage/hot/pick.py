@@ -1,4 +1,4 @@
-"""The hot path's store for a connection's database (`metering.storage.hot`)."""
+"""The hot path's store for a SQLAlchemy connection's database (`metering.storage.hot`)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from metering.storage.hot import HotStore
 def hot_store(connection: Connection) -> HotStore:
     """`PostgresHotStore` on PostgreSQL, else `SqliteHotStore`."""
     if connection.dialect.name == "postgresql":
-        from metering.storage.hot_postgres import PostgresHotStore
+        from metering.storage.hot.postgres import PostgresHotStore
 
         return PostgresHotStore.of(connection)
-    from metering.storage.hot_sqlite import SqliteHotStore
+    from metering.storage.hot.sqlite import SqliteHotStore
 
     return SqliteHotStore(connection)

@@ -35,10 +35,12 @@ from metering.domain.rollups import rollup_rows
 from metering.domain.rules import Key
 from metering.domain.windows import Window
 from metering.storage.allowances import pots_of
+from metering.storage.counters import Pair
 from metering.storage.engine import RetryTransaction
 from metering.storage.hot import Changes, Snapshot, WantedKey
-from metering.storage.queries import Pair, record_from_row, rejected_rows, result_row
+from metering.storage.rejected import rejected_rows
 from metering.storage.reservations import INSERT_HELD
+from metering.storage.results import record_from_row, result_row
 from metering.storage.rollups import PG_UPSERT
 
 VERSION: Final = "SELECT version FROM limits_version WHERE id = 1"
@@ -191,7 +193,8 @@ ON CONFLICT (subject, limit_name, window_start_us, grant_id)
 DO UPDATE SET amount = grant_draws.amount + excluded.amount
 """
 
-# Dead letters (`queries.rejected_rows`), in their order; one already kept is not again.
+# Dead letters (`metering.storage.rejected.rejected_rows`), in their order; one already
+# kept is not again.
 INSERT_REJECTED: Final = """
 INSERT INTO rejected_messages (digest, event_id, reason, raw, received_at_us)
 SELECT r->>0, r->>1, r->>2, r->>3, (r->>4)::bigint

@@ -27,6 +27,7 @@ from sqlalchemy.exc import DBAPIError, StatementError
 from metering.domain.rollups import rollup_rows
 from metering.domain.windows import Window
 from metering.storage.allowances import AllowanceStore
+from metering.storage.counters import Pair
 from metering.storage.engine import (
     SQLITE_BUSY_TIMEOUT_MS,
     RetryTransaction,
@@ -35,8 +36,8 @@ from metering.storage.engine import (
     sqlite_synchronous,
 )
 from metering.storage.hot import Changes, NeedsConnection, Snapshot, WantedKey
-from metering.storage.queries import Pair, record_from_row, result_row
 from metering.storage.reservations import INSERT_HELD
+from metering.storage.results import record_from_row, result_row
 from metering.storage.rollups import SQLITE_UPSERT
 
 VERSION: Final = "SELECT version FROM limits_version WHERE id = 1"

@@ -1,145 +1,35 @@
-"""Every statement metering runs, as methods of `Store` on one connection.
+"""Counters and first-use windows: `CounterStore` creates, locks, reads,
+writes and resets the rows of ``counters`` and ``current_windows`` (and, on a
+reset, what the cleared windows drew on grants; `resets_since` for voids).
 
-The hot path in a transaction is: `lock_counters` (a multi-row
-``INSERT ... ON CONFLICT DO UPDATE ... RETURNING``: creates missing counters,
-locks all of them and returns their state), then `write_counters` and
-`insert_results`. Keys are locked in sorted order so that transactions
-touching overlapping counters cannot deadlock.
+Keys are locked in sorted order so that transactions touching overlapping
+counters cannot deadlock: first-use windows by (limit, subject), then
+counters by (limit, subject, window start), one statement each.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
-from typing import Any, Final, NamedTuple
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
 
-from sqlalchemy import (
-    Connection,
-    and_,
-    bindparam,
-    delete,
-    func,
-    insert,
-    literal_column,
-    or_,
-    select,
-    tuple_,
-    update,
-)
+from sqlalchemy import and_, delete, insert, literal_column, or_, select, tuple_
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql.elements import ColumnClause
 
 from metering.domain.corrections import Reset
-from metering.domain.events import Rejected
-from metering.domain.limits import Limit
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 from metering.domain.windows import Window
-from metering.storage.tables import (
-    counter_resets,
-    counters,
-    current_windows,
-    grant_draws,
-    limits,
-    limits_version,
-    rejected_messages,
-    results,
-)
+from metering.storage.on_connection import OnConnection, chunks
+from metering.storage.tables import counter_resets, counters, current_windows, grant_draws
 
-# Rows per multi-row statement: well under SQLite's 32,766 bound parameters.
-CHUNK: Final = 500
-# From this many rows on, PostgreSQL gets the array (unnest) form of a
-# statement; fewer rows (the synchronous path) use the plain prepared one,
-# which is cheaper for a single row.
-PG_BULK_ROWS: Final = 16
 Pair = tuple[str, str]  # (limit name, subject)
 
-
-class ResultRecord(NamedTuple):
-    """One row of the results ledger; ``charges`` holds `ChargeDecision.to_row()` lists.
-
-    A named tuple: a batch builds one per event, and a tuple costs a third
-    of a frozen dataclass to make."""
-
-    event_id: str
-    outcome: str
-    fingerprint: str
-    occurred_at_us: int
-    decided_at_us: int
-    denied_by: tuple[str, ...]
-    reason: str | None
-    charges: Sequence[Sequence[Any]]
-    metadata: Mapping[str, Any] | None
-
-
 _COUNTER_KEY: Final = ("limit_name", "subject", "window_start_us")
-ResultRow = tuple[str, str, str, int, int, str | None, str | None, str, str | None]
-
-
-def _compact_encoder() -> Callable[[object], str]:
-    """`json.dumps(value, separators=(",", ":"))` for the charge rows, which
-    hold lists, text, whole numbers, booleans and None: the standard
-    library's C encoder, made once (``JSONEncoder.encode`` makes one per call,
-    which is most of its cost for a short list), or the encoder itself where
-    the C one is missing."""
-    encoder = json.JSONEncoder(separators=(",", ":"))
-    if c_make_encoder is None:  # pragma: no cover - CPython has it
-        return encoder.encode
-    iterencode = c_make_encoder(
-        None,  # no circular check: charge rows are built, never shared
-        encoder.default,
-        encode_basestring_ascii,
-        None,
-        ":",
-        ",",
-        False,
-        False,
-        True,
-    )
-    join = "".join
-    return lambda value: join(iterencode(value, 0))
-
-
-_compact = _compact_encoder()
-
-
-def result_row(record: ResultRecord) -> ResultRow:
-    """The one row builder of the results table, in column order, for every path."""
-    return (
-        record.event_id,
-        record.outcome,
-        record.fingerprint,
-        record.occurred_at_us,
-        record.decided_at_us,
-        ",".join(record.denied_by) or None,
-        record.reason,
-        _compact(record.charges),
-        json.dumps(record.metadata) if record.metadata is not None else None,
-    )
-
-
-RESULT_COLUMNS: Final = (
-    "event_id",
-    "outcome",
-    "fingerprint",
-    "occurred_at_us",
-    "decided_at_us",
-    "denied_by",
-    "reason",
-    "charges",
-    "metadata",
-)
-BUMP_LIMITS_VERSION: Final = (
-    update(limits_version)
-    .where(limits_version.c.id == 1)
-    .values(version=limits_version.c.version + 1)
-)
 
 
 def _build_statements(dialect: str) -> dict[str, Any]:
-    """The hot-path statements, built once per dialect so SQLAlchemy compiles
-    them once and psycopg can prepare them. Each runs as an executemany: with
+    """The hot-path counter and window statements, built once per dialect so
+    SQLAlchemy compiles them once and psycopg can prepare them. Each runs as an executemany: with
     RETURNING, SQLAlchemy sends it as multi-row VALUES ("insertmanyvalues")."""
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
     new_counters = insert(counters)
@@ -152,11 +42,6 @@ def _build_statements(dialect: str) -> dict[str, Any]:
         index_elements=["limit_name", "subject"],
         set_={"limit_name": new_windows.excluded.limit_name},
     ).returning(*current_windows.c)
-    insert_results = (
-        insert(results)
-        .on_conflict_do_nothing(index_elements=["event_id"])
-        .returning(results.c.event_id)
-    )
     # Writing back locked counters is the same upsert: every row exists, so
     # ON CONFLICT always updates, and a batch is one multi-row statement.
     state_columns = [c.name for c in counters.c if c.name not in _COUNTER_KEY]
@@ -174,7 +59,6 @@ def _build_statements(dialect: str) -> dict[str, Any]:
     return {
         "lock_counters": lock_counters,
         "lock_windows": lock_windows,
-        "insert_results": insert_results,
         "write_counters": write_counters,
         "write_windows": write_windows,
     }
@@ -208,16 +92,6 @@ FROM unnest(%(l)s::text[], %(s)s::text[], %(ws)s::bigint[], %(used)s::bigint[],
      AS v(l, s, ws, used, dc, dcost, fd, tat, rem, scale)
 WHERE c.limit_name = v.l AND c.subject = v.s AND c.window_start_us = v.ws
 """
-PG_INSERT_RESULTS: Final = """
-INSERT INTO results (event_id, outcome, fingerprint, occurred_at_us, decided_at_us, denied_by,
-                     reason, charges, metadata)
-SELECT * FROM unnest(%(id)s::text[], %(outcome)s::text[], %(fp)s::text[], %(at)s::bigint[],
-                     %(decided)s::bigint[], %(denied_by)s::text[], %(reason)s::text[],
-                     %(charges)s::text[], %(meta)s::text[])
-ON CONFLICT (event_id) DO NOTHING
-RETURNING event_id
-"""
-
 PG_LOCK_WINDOWS: Final = """
 INSERT INTO current_windows (limit_name, subject)
 SELECT k.l, k.s FROM unnest(%(l)s::text[], %(s)s::text[]) WITH ORDINALITY AS k(l, s, n)
@@ -231,38 +105,8 @@ FROM unnest(%(l)s::text[], %(s)s::text[], %(ws)s::bigint[], %(we)s::bigint[]) AS
 WHERE w.limit_name = v.l AND w.subject = v.s
 """
 
-PG_FETCH_RESULTS: Final = """
-SELECT event_id, outcome, fingerprint, occurred_at_us, decided_at_us, denied_by, reason,
-       charges, metadata
-FROM results WHERE event_id = ANY(%(ids)s::text[])
-"""
-
-LOAD_LIMITS: Final = select(limits).where(limits.c.name.in_(bindparam("names", expanding=True)))
-
 
 _STATEMENTS: Final = {name: _build_statements(name) for name in ("postgresql", "sqlite")}
-
-
-def _chunks(items: Sequence[Any], size: int = CHUNK) -> Iterator[Sequence[Any]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
-
-
-def _limit_from_row(row: Any) -> Limit:
-    return Limit(
-        name=row.name,
-        maximum=row.maximum,
-        period=row.period,
-        algorithm=row.algorithm,
-        # A bucket stored with window "calendar" before `Limit` refused it
-        # (it never used it): read it as the bucket it is, not as an error.
-        window=row.window if row.algorithm == "fixed_window" else "first_use",
-        enforcement=row.enforcement,
-        thresholds=tuple(json.loads(row.thresholds)),
-        lateness=row.lateness,
-        dimensions=tuple(json.loads(row.dimensions)),
-        thresholds_units=tuple(json.loads(row.thresholds_units)),
-    )
 
 
 def _state_from_row(row: Any) -> CounterState:
@@ -277,22 +121,6 @@ def _state_from_row(row: Any) -> CounterState:
     )
 
 
-def record_from_row(row: Sequence[Any]) -> ResultRecord:
-    """A results row (columns in `RESULT_COLUMNS` order) as a `ResultRecord`."""
-    event_id, outcome, fingerprint, occurred_at_us, decided_at_us, denied_by = row[:6]
-    return ResultRecord(
-        event_id=event_id,
-        outcome=outcome,
-        fingerprint=fingerprint,
-        occurred_at_us=occurred_at_us,
-        decided_at_us=decided_at_us,
-        denied_by=tuple(denied_by.split(",")) if denied_by else (),
-        reason=row[6],
-        charges=json.loads(row[7]),
-        metadata=json.loads(row[8]) if row[8] else None,
-    )
-
-
 def _key_from_row(row: Any) -> CounterKey:
     return CounterKey(row.limit_name, row.subject, row.window_start_us, row.window_end_us)
 
@@ -302,55 +130,8 @@ def _key_from_row(row: Any) -> CounterKey:
 RESET_LOCK_TIMEOUT_MS: Final = 200
 
 
-class Store:
-    """Queries on one connection; the caller owns the transaction."""
-
-    def __init__(self, connection: Connection) -> None:
-        self.connection = connection
-        self._dialect = connection.dialect.name
-        self._statements = _STATEMENTS[self._dialect]
-
-    def _bulk(self, rows: int) -> bool:
-        return self._dialect == "postgresql" and rows >= PG_BULK_ROWS
-
-    def _insert(self, table: Any) -> Any:
-        module = postgresql if self._dialect == "postgresql" else sqlite
-        return module.insert(table)
-
-    # -- limits ----------------------------------------------------------
-
-    def load_limits(self, names: Iterable[str]) -> dict[str, Limit]:
-        wanted = sorted(set(names))
-        if not wanted:
-            return {}
-        rows = self.connection.execute(LOAD_LIMITS, {"names": wanted})
-        return {row.name: _limit_from_row(row) for row in rows}
-
-    def list_limits(self) -> list[Limit]:
-        rows = self.connection.execute(select(limits).order_by(limits.c.name))
-        return [_limit_from_row(row) for row in rows]
-
-    def upsert_limit(self, limit: Limit, now_us: int) -> None:
-        values = limit.to_dict()
-        values["thresholds"] = json.dumps(values["thresholds"])
-        values["dimensions"] = json.dumps(values["dimensions"])
-        values["thresholds_units"] = json.dumps(values["thresholds_units"])
-        values["updated_at_us"] = now_us
-        statement = self._insert(limits).values(values)
-        changed = {k: statement.excluded[k] for k in values if k != "name"}
-        self.connection.execute(
-            statement.on_conflict_do_update(index_elements=["name"], set_=changed)
-        )
-        self.connection.execute(BUMP_LIMITS_VERSION)
-
-    def delete_limit(self, name: str) -> bool:
-        outcome = self.connection.execute(delete(limits).where(limits.c.name == name))
-        self.connection.execute(BUMP_LIMITS_VERSION)
-        return bool(outcome.rowcount)
-
-    def limits_version(self) -> int:
-        query = select(limits_version.c.version).where(limits_version.c.id == 1)
-        return int(self.connection.execute(query).scalar_one())
+class CounterStore(OnConnection):
+    """Counters and first-use windows on one connection; the caller owns the transaction."""
 
     # -- first-use windows -------------------------------------------------
 
@@ -367,7 +148,7 @@ class Store:
                 {"limit_name": lim, "subject": sub, "window_start_us": None, "window_end_us": None}
                 for lim, sub in ordered
             ]
-            rows = self.connection.execute(self._statements["lock_windows"], params)
+            rows = self.connection.execute(_STATEMENTS[self._dialect]["lock_windows"], params)
         found: dict[Pair, Window | None] = {}
         for row in rows:
             window = None
@@ -379,7 +160,7 @@ class Store:
     def read_current_windows(self, pairs: Iterable[Pair]) -> dict[Pair, Window | None]:
         wanted = sorted(set(pairs))
         found: dict[Pair, Window | None] = dict.fromkeys(wanted)
-        for chunk in _chunks(wanted):
+        for chunk in chunks(wanted):
             query = select(current_windows).where(
                 tuple_(current_windows.c.limit_name, current_windows.c.subject).in_(chunk)
             )
@@ -410,7 +191,7 @@ class Store:
             }
             for (limit, subject), (start, end) in items
         ]
-        self.connection.execute(self._statements["write_windows"], params)
+        self.connection.execute(_STATEMENTS[self._dialect]["write_windows"], params)
 
     def windows_around(self, pair: Pair, at_us: int) -> tuple[Window | None, int | None]:
         """For a late event: the latest window starting at or before it, and the next start."""
@@ -476,7 +257,7 @@ class Store:
             }
             for k in ordered
         ]
-        rows = self.connection.execute(self._statements["lock_counters"], params)
+        rows = self.connection.execute(_STATEMENTS[self._dialect]["lock_counters"], params)
         return {_key_from_row(row): _state_from_row(row) for row in rows}
 
     def read_counters(self, keys: Iterable[CounterKey]) -> dict[CounterKey, CounterState]:
@@ -484,7 +265,7 @@ class Store:
         wanted = sorted(set(keys), key=lambda k: (k.limit, k.subject, k.window_start_us))
         states = {key: CounterState() for key in wanted}
         columns = (counters.c.limit_name, counters.c.subject, counters.c.window_start_us)
-        for chunk in _chunks(wanted):
+        for chunk in chunks(wanted):
             ids = [(k.limit, k.subject, k.window_start_us) for k in chunk]
             for row in self.connection.execute(select(counters).where(tuple_(*columns).in_(ids))):
                 states[_key_from_row(row)] = _state_from_row(row)
@@ -531,7 +312,7 @@ class Store:
                 key=lambda item: (item[0].limit, item[0].subject, item[0].window_start_us),
             )
         ]
-        self.connection.execute(self._statements["write_counters"], params)
+        self.connection.execute(_STATEMENTS[self._dialect]["write_counters"], params)
 
     def delete_current_counters(self, subject: str | None, limit: str | None, now_us: int) -> int:
         """Remove counters of current windows and buckets (operator reset)."""
@@ -623,107 +404,3 @@ class Store:
         if limit is not None:
             query = query.where(counters.c.limit_name == limit)
         return [(_key_from_row(r), _state_from_row(r)) for r in self.connection.execute(query)]
-
-    # -- results -------------------------------------------------------------
-
-    def fetch_results(self, event_ids: Iterable[str]) -> dict[str, ResultRecord]:
-        wanted = sorted(set(event_ids))
-        if not wanted:
-            return {}
-        if self._bulk(len(wanted)):
-            rows: list[Any] = list(
-                self.connection.exec_driver_sql(PG_FETCH_RESULTS, {"ids": wanted})
-            )
-        else:
-            rows = []
-            for chunk in _chunks(wanted):
-                query = select(results).where(results.c.event_id.in_(chunk))
-                rows.extend(self.connection.execute(query))
-        return {row.event_id: record_from_row(row) for row in rows}
-
-    def insert_results(self, records: Sequence[ResultRecord]) -> set[str]:
-        """Insert results; an id already present is skipped. Returns the ids inserted."""
-        if not records:
-            return set()
-        params = [
-            dict(zip(RESULT_COLUMNS, result_row(r), strict=True))
-            for r in sorted(records, key=lambda r: r.event_id)
-        ]
-        if self._bulk(len(params)):
-            arrays = {
-                "id": [p["event_id"] for p in params],
-                "outcome": [p["outcome"] for p in params],
-                "fp": [p["fingerprint"] for p in params],
-                "at": [p["occurred_at_us"] for p in params],
-                "decided": [p["decided_at_us"] for p in params],
-                "denied_by": [p["denied_by"] for p in params],
-                "reason": [p["reason"] for p in params],
-                "charges": [p["charges"] for p in params],
-                "meta": [p["metadata"] for p in params],
-            }
-            rows = self.connection.exec_driver_sql(PG_INSERT_RESULTS, arrays)
-            return {row.event_id for row in rows}
-        found = self.connection.execute(self._statements["insert_results"], params)
-        return {row.event_id for row in found}
-
-    # -- rejected messages ---------------------------------------------------
-
-    def record_rejected_messages(self, rows: Sequence[Rejected], now_us: int) -> None:
-        """Keep (event id or None, reason, raw JSON) of input that could not be applied."""
-        if not rows:
-            return
-        params = [
-            dict(zip(REJECTED_COLUMNS, row, strict=True)) for row in rejected_rows(rows, now_us)
-        ]
-        statement = self._insert(rejected_messages).on_conflict_do_nothing(
-            index_elements=["digest"]
-        )
-        self.connection.execute(statement, params)
-
-    def list_rejected_messages(self, count: int = 100) -> list[Rejected]:
-        """The ``count`` newest, newest first."""
-        query = (
-            select(rejected_messages)
-            .order_by(rejected_messages.c.received_at_us.desc(), rejected_messages.c.id.desc())
-            .limit(count)
-        )
-        return [Rejected(r.event_id, r.reason, r.raw) for r in self.connection.execute(query)]
-
-    def decided_ids(self, event_ids: Iterable[str]) -> set[str]:
-        """Which of these event ids have a result."""
-        found: set[str] = set()
-        for chunk in _chunks(sorted(set(event_ids))):
-            query = select(results.c.event_id).where(results.c.event_id.in_(chunk))
-            found.update(self.connection.execute(query).scalars())
-        return found
-
-    def outcome_counts(self) -> dict[str, int]:
-        query = select(results.c.outcome, func.count()).group_by(results.c.outcome)
-        return {outcome: int(n) for outcome, n in self.connection.execute(query)}
-
-    def count_results(self) -> int:
-        return int(self.connection.execute(select(func.count()).select_from(results)).scalar_one())
-
-
-REJECTED_COLUMNS: Final = ("digest", "event_id", "reason", "raw", "received_at_us")
-
-
-def rejected_rows(
-    rows: Sequence[Rejected], now_us: int
-) -> list[tuple[str, str | None, str, str, int]]:
-    """Dead-letter rows in `REJECTED_COLUMNS` order, for every path that writes them."""
-    found = []
-    for event_id, reason, raw in rows:
-        # The dead-letter record must take anything: a NUL or a lone
-        # surrogate is written as an escape (PostgreSQL stores neither).
-        reason, raw = _storable(reason), _storable(raw)
-        digest = hashlib.sha256(f"{reason}\n{raw}".encode()).hexdigest()
-        found.append((digest, event_id, reason, raw, now_us))
-    return found
-
-
-def _storable(text: str) -> str:
-    """``text`` with NUL and lone surrogates as backslash escapes."""
-    if text.isascii() and "\x00" not in text:
-        return text
-    return text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")

@@ -1,0 +1,37 @@
+"""What the query classes of `Store` share: one connection, its dialect, and
+the batch sizes that choose a statement's form (`chunks`, `OnConnection.bulk`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any, Final
+
+from sqlalchemy import Connection
+from sqlalchemy.dialects import postgresql, sqlite
+
+# Rows per multi-row statement: well under SQLite's 32,766 bound parameters.
+CHUNK: Final = 500
+# From this many rows on, PostgreSQL gets the array (unnest) form of a
+# statement; fewer rows (the synchronous path) use the plain prepared one,
+# which is cheaper for a single row.
+PG_BULK_ROWS: Final = 16
+
+
+def chunks(items: Sequence[Any], size: int = CHUNK) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+class OnConnection:
+    """Queries on one connection; the caller owns the transaction."""
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+        self._dialect = connection.dialect.name
+
+    def _bulk(self, rows: int) -> bool:
+        return self._dialect == "postgresql" and rows >= PG_BULK_ROWS
+
+    def _insert(self, table: Any) -> Any:
+        module = postgresql if self._dialect == "postgresql" else sqlite
+        return module.insert(table)

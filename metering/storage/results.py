@@ -1,0 +1,194 @@
+"""The results table (one row per decided event): `ResultRecord`, the row
+codecs every path shares (`result_row`, `record_from_row`), and `ResultStore`,
+which fetches, inserts and counts results."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
+from typing import Any, Final, NamedTuple
+
+from sqlalchemy import func, select
+from sqlalchemy.dialects import postgresql, sqlite
+
+from metering.storage.on_connection import OnConnection, chunks
+from metering.storage.tables import results
+
+
+class ResultRecord(NamedTuple):
+    """One row of the results ledger; ``charges`` holds `ChargeDecision.to_row()` lists.
+
+    A named tuple: a batch builds one per event, and a tuple costs a third
+    of a frozen dataclass to make."""
+
+    event_id: str
+    outcome: str
+    fingerprint: str
+    occurred_at_us: int
+    decided_at_us: int
+    denied_by: tuple[str, ...]
+    reason: str | None
+    charges: Sequence[Sequence[Any]]
+    metadata: Mapping[str, Any] | None
+
+
+ResultRow = tuple[str, str, str, int, int, str | None, str | None, str, str | None]
+
+
+def _compact_encoder() -> Callable[[object], str]:
+    """`json.dumps(value, separators=(",", ":"))` for the charge rows, which
+    hold lists, text, whole numbers, booleans and None: the standard
+    library's C encoder, made once (``JSONEncoder.encode`` makes one per call,
+    which is most of its cost for a short list), or the encoder itself where
+    the C one is missing."""
+    encoder = json.JSONEncoder(separators=(",", ":"))
+    if c_make_encoder is None:  # pragma: no cover - CPython has it
+        return encoder.encode
+    iterencode = c_make_encoder(
+        None,  # no circular check: charge rows are built, never shared
+        encoder.default,
+        encode_basestring_ascii,
+        None,
+        ":",
+        ",",
+        False,
+        False,
+        True,
+    )
+    join = "".join
+    return lambda value: join(iterencode(value, 0))
+
+
+_compact = _compact_encoder()
+
+
+def result_row(record: ResultRecord) -> ResultRow:
+    """The one row builder of the results table, in column order, for every path."""
+    return (
+        record.event_id,
+        record.outcome,
+        record.fingerprint,
+        record.occurred_at_us,
+        record.decided_at_us,
+        ",".join(record.denied_by) or None,
+        record.reason,
+        _compact(record.charges),
+        json.dumps(record.metadata) if record.metadata is not None else None,
+    )
+
+
+RESULT_COLUMNS: Final = (
+    "event_id",
+    "outcome",
+    "fingerprint",
+    "occurred_at_us",
+    "decided_at_us",
+    "denied_by",
+    "reason",
+    "charges",
+    "metadata",
+)
+
+
+def record_from_row(row: Sequence[Any]) -> ResultRecord:
+    """A results row (columns in `RESULT_COLUMNS` order) as a `ResultRecord`."""
+    event_id, outcome, fingerprint, occurred_at_us, decided_at_us, denied_by = row[:6]
+    return ResultRecord(
+        event_id=event_id,
+        outcome=outcome,
+        fingerprint=fingerprint,
+        occurred_at_us=occurred_at_us,
+        decided_at_us=decided_at_us,
+        denied_by=tuple(denied_by.split(",")) if denied_by else (),
+        reason=row[6],
+        charges=json.loads(row[7]),
+        metadata=json.loads(row[8]) if row[8] else None,
+    )
+
+
+# The hot-path insert, built once per dialect so SQLAlchemy compiles it once
+# and psycopg can prepare it. It runs as an executemany: with RETURNING,
+# SQLAlchemy sends it as multi-row VALUES ("insertmanyvalues").
+_INSERT_RESULTS: Final = {
+    name: module.insert(results)
+    .on_conflict_do_nothing(index_elements=["event_id"])
+    .returning(results.c.event_id)
+    for name, module in (("postgresql", postgresql), ("sqlite", sqlite))
+}
+
+# PostgreSQL's bulk forms (see `metering.storage.counters`): one array per column.
+PG_INSERT_RESULTS: Final = """
+INSERT INTO results (event_id, outcome, fingerprint, occurred_at_us, decided_at_us, denied_by,
+                     reason, charges, metadata)
+SELECT * FROM unnest(%(id)s::text[], %(outcome)s::text[], %(fp)s::text[], %(at)s::bigint[],
+                     %(decided)s::bigint[], %(denied_by)s::text[], %(reason)s::text[],
+                     %(charges)s::text[], %(meta)s::text[])
+ON CONFLICT (event_id) DO NOTHING
+RETURNING event_id
+"""
+
+PG_FETCH_RESULTS: Final = """
+SELECT event_id, outcome, fingerprint, occurred_at_us, decided_at_us, denied_by, reason,
+       charges, metadata
+FROM results WHERE event_id = ANY(%(ids)s::text[])
+"""
+
+
+class ResultStore(OnConnection):
+    """Results on one connection; the caller owns the transaction."""
+
+    def fetch_results(self, event_ids: Iterable[str]) -> dict[str, ResultRecord]:
+        wanted = sorted(set(event_ids))
+        if not wanted:
+            return {}
+        if self._bulk(len(wanted)):
+            rows: list[Any] = list(
+                self.connection.exec_driver_sql(PG_FETCH_RESULTS, {"ids": wanted})
+            )
+        else:
+            rows = []
+            for chunk in chunks(wanted):
+                query = select(results).where(results.c.event_id.in_(chunk))
+                rows.extend(self.connection.execute(query))
+        return {row.event_id: record_from_row(row) for row in rows}
+
+    def insert_results(self, records: Sequence[ResultRecord]) -> set[str]:
+        """Insert results; an id already present is skipped. Returns the ids inserted."""
+        if not records:
+            return set()
+        params = [
+            dict(zip(RESULT_COLUMNS, result_row(r), strict=True))
+            for r in sorted(records, key=lambda r: r.event_id)
+        ]
+        if self._bulk(len(params)):
+            arrays = {
+                "id": [p["event_id"] for p in params],
+                "outcome": [p["outcome"] for p in params],
+                "fp": [p["fingerprint"] for p in params],
+                "at": [p["occurred_at_us"] for p in params],
+                "decided": [p["decided_at_us"] for p in params],
+                "denied_by": [p["denied_by"] for p in params],
+                "reason": [p["reason"] for p in params],
+                "charges": [p["charges"] for p in params],
+                "meta": [p["metadata"] for p in params],
+            }
+            rows = self.connection.exec_driver_sql(PG_INSERT_RESULTS, arrays)
+            return {row.event_id for row in rows}
+        found = self.connection.execute(_INSERT_RESULTS[self._dialect], params)
+        return {row.event_id for row in found}
+
+    def decided_ids(self, event_ids: Iterable[str]) -> set[str]:
+        """Which of these event ids have a result."""
+        found: set[str] = set()
+        for chunk in chunks(sorted(set(event_ids))):
+            query = select(results.c.event_id).where(results.c.event_id.in_(chunk))
+            found.update(self.connection.execute(query).scalars())
+        return found
+
+    def outcome_counts(self) -> dict[str, int]:
+        query = select(results.c.outcome, func.count()).group_by(results.c.outcome)
+        return {outcome: int(n) for outcome, n in self.connection.execute(query)}
+
+    def count_results(self) -> int:
+        return int(self.connection.execute(select(func.count()).select_from(results)).scalar_one())
