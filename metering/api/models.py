@@ -1,9 +1,18 @@
-"""The shapes of the API, as pydantic models: the OpenAPI schema's source.
+"""The shapes the API's resources share, as pydantic models: the OpenAPI schema's source.
 
-Request bodies are parsed by hand (`metering.api.parsing`, the library's
-rules); these models describe them for the schema. Responses are built as
-plain dicts by the `*_json` functions below and declared with these models,
-so every answer the API gives has its shape in ``/openapi.json``.
+Here: the schema's patterns, the event and check bodies (both read by
+`metering.api.parsing`, for the event and the decision routes), a decision
+and a subject's usage (answered by several routes), and `body_fields`. Each
+resource's own bodies and answers are declared in its module
+(`metering.api.limits`, `.reservations`, `.webhooks`, `.allowances`,
+`.reports`).
+
+Request bodies are parsed by hand (the library's rules, with a problem per
+bad field); the models describe them for the schema, and the parsers take
+the fields a body may have from them (`body_fields`), so each body is
+described once. Responses are built as plain dicts by the ``*_json``
+functions and declared with these models, so every answer the API gives has
+its shape in ``/openapi.json``.
 """
 
 from __future__ import annotations
@@ -23,6 +32,14 @@ from metering.lookup import LimitUsage
 SUBJECT_PATTERN = r"^[!-~](?:[ -~]{0,198}[!-~])?$"
 LIMIT_PATTERN = r"^[a-z0-9_.:\-]{1,64}$"
 EVENT_ID_PATTERN = r"^[A-Za-z0-9_.:@/+=\-]{1,128}$"
+
+
+def body_fields(*models: type[BaseModel]) -> frozenset[str]:
+    """The JSON names a body described by ``models`` may have (a field's alias
+    where it has one): what a hand parser lets through."""
+    return frozenset(
+        field.alias or name for model in models for name, field in model.model_fields.items()
+    )
 
 
 def _subject(description: str = "Who is metered: 1 to 200 printable characters.") -> Any:
