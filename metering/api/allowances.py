@@ -11,6 +11,11 @@ is billed); reading them ``read``.
 A grant and a void are idempotent by their ids: a new one answers 201, the
 same one again 200 with ``duplicate``, an id reused for something else 409.
 A subject, and an event id, may hold ``/``: the path takes it whole.
+
+The bodies and answers are declared here as pydantic models (the schema's
+source, and the fields the hand parser lets through). Answers are the
+library's ``to_dict`` (`Entitlement`, `Grant`, `Correction`), so the CLI's
+``--format json`` and the API agree.
 """
 
 from __future__ import annotations
@@ -28,7 +33,13 @@ from starlette.responses import JSONResponse, Response
 from metering.api.admin_common import bad_field, invalid, json_body, read_object
 from metering.api.auth import AUTH_ERRORS, require_scope
 from metering.api.context import ApiContext, api_context
-from metering.api.models import EVENT_ID_PATTERN, LIMIT_PATTERN, SUBJECT_PATTERN, body_fields
+from metering.api.models import (
+    EVENT_ID_PATTERN,
+    LIMIT_PATTERN,
+    SUBJECT_PATTERN,
+    body_fields,
+    subject_field,
+)
 from metering.api.parsing import whole_number
 from metering.api.problems import COMMON_ERRORS, responses
 from metering.domain.corrections import MAX_REASON_CHARS
@@ -41,12 +52,6 @@ from metering.errors import InvalidInput
 # A reason is printable text with something besides spaces (ASCII here; the
 # library takes any printable text).
 REASON_PATTERN: Final = r"^[ -~]*[!-~][ -~]*$"
-
-
-def _subject() -> Any:
-    return Field(
-        min_length=1, max_length=MAX_SUBJECT_LENGTH, pattern=SUBJECT_PATTERN, examples=["org-42"]
-    )
 
 
 def _moment(description: str) -> Any:
@@ -95,7 +100,7 @@ class GrantIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    subject: str = _subject()
+    subject: str = subject_field()
     limit: str = Field(pattern=LIMIT_PATTERN, examples=["api_calls"])
     amount: int = Field(ge=1, le=MAX_GRANT)
     expires_at: datetime | None = _moment("When what is left of it is gone (default never).")

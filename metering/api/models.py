@@ -42,7 +42,8 @@ def body_fields(*models: type[BaseModel]) -> frozenset[str]:
     )
 
 
-def _subject(description: str = "Who is metered: 1 to 200 printable characters.") -> Any:
+def subject_field(description: str | None = None) -> Any:
+    """A subject: 1 to 200 printable characters, without edge spaces."""
     return Field(
         min_length=1,
         max_length=MAX_SUBJECT_LENGTH,
@@ -50,6 +51,10 @@ def _subject(description: str = "Who is metered: 1 to 200 printable characters."
         description=description,
         examples=["org-42"],
     )
+
+
+def _subject() -> Any:
+    return subject_field("Who is metered: 1 to 200 printable characters.")
 
 
 def _limit() -> Any:
@@ -266,7 +271,7 @@ class SubjectUsage(BaseModel):
     limits: list[LimitUsageOut]
 
 
-def _iso(moment: datetime | None) -> str | None:
+def iso(moment: datetime | None) -> str | None:
     return moment.isoformat() if moment is not None else None
 
 
@@ -282,8 +287,8 @@ def decision_json(decision: Decision, *, figures: bool = True) -> dict[str, Any]
         used=decision.used,
         remaining=decision.remaining,
         maximum=decision.maximum,
-        resets_at=_iso(decision.resets_at),
-        retry_at=_iso(decision.retry_at),
+        resets_at=iso(decision.resets_at),
+        retry_at=iso(decision.retry_at),
     )
     if not figures:
         for name in TOP_FIGURES:
@@ -313,9 +318,9 @@ def usage_json(usage: LimitUsage) -> dict[str, Any]:
         "used": usage.used,
         "remaining": usage.remaining,
         "overage": usage.overage,
-        "window_start": _iso(usage.window_start),
+        "window_start": iso(usage.window_start),
         "resets_at": usage.resets_at.isoformat(),
-        "retry_at": _iso(usage.retry_at),
+        "retry_at": iso(usage.retry_at),
     }
 
 
