@@ -8,10 +8,10 @@
 # mypy: ignore-errors
 
 # pydantic: the class-level configuration every model reads.
-model_config  # unused variable (metering/api/*_models.py, metering/api/models.py, bench)
+model_config  # unused variable (the models in metering/api, bench)
 # pydantic fields: validated in request bodies, or serialised in responses.
-next_attempt_at  # unused variable (metering/api/admin_models.py: DeliveryOut)
-attempt_log  # unused variable (metering/api/admin_models.py: DeliveryOut)
+next_attempt_at  # unused variable (metering/api/webhooks.py: DeliveryOut)
+attempt_log  # unused variable (metering/api/webhooks.py: DeliveryOut)
 specversion  # unused variable (metering/api/models.py: CloudEvent)
 datacontenttype  # unused variable (metering/api/models.py: CloudEvent)
 

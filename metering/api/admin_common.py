@@ -2,9 +2,10 @@
 
 Their JSON bodies are read by hand, like the events' (`metering.api.parsing`):
 ``application/json`` or 415, strict JSON or 400, one object whose fields are
-all known, each field's value then checked by the library. Their request
-schemas are the pydantic models of `metering.api.admin_models`, inlined into
-the operation (``openapi_extra``). A problem may carry members of its own
+all known (the fields of the body's model: `metering.api.models.body_fields`),
+each field's value then checked by the library. Their request schemas are
+the pydantic models declared in each route's module, inlined into the
+operation (``openapi_extra``). A problem may carry members of its own
 (a reservation's ``state``, the ``delivery_ids`` a replay did not find):
 `problem_with` answers it and `problem_schema` documents it.
 """

@@ -18,26 +18,113 @@ key, `metering.api.ratelimit`): ``PUT`` and ``DELETE`` of one are 409
 
 from __future__ import annotations
 
-from typing import Annotated, Final
+from typing import Annotated, Any, Final
 
 from fastapi import APIRouter, Depends, Path, Query, Request
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
 from metering.api.admin_common import bad_field, invalid, json_body, read_object
-from metering.api.admin_models import LIMIT_PATTERN, LimitIn, LimitOut, Limits, limit_json
 from metering.api.auth import AUTH_ERRORS, require_scope
 from metering.api.context import ApiContext, api_context
+from metering.api.models import LIMIT_PATTERN, body_fields
 from metering.api.problems import COMMON_ERRORS, ApiProblem, responses
-from metering.domain.limits import Limit, is_reserved, validate_limit_name
+from metering.domain.limits import (
+    DIMENSION_PATTERN,
+    MAX_DIMENSIONS,
+    MAX_MAXIMUM,
+    MAX_THRESHOLD_PERCENT,
+    MAX_THRESHOLDS,
+    Algorithm,
+    Enforcement,
+    Limit,
+    WindowKind,
+    is_reserved,
+    validate_limit_name,
+)
 from metering.errors import InvalidInput, UnknownLimit
+
+
+class LimitIn(BaseModel):
+    """A limit's definition, as in a limits file (``metering limits load``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(
+        default=None, pattern=LIMIT_PATTERN, description="If given, the name in the path."
+    )
+    maximum: int = Field(ge=1, le=MAX_MAXIMUM, description="Inclusive maximum per period.")
+    period: str = Field(
+        pattern=r"^[ \t]*[0-9]+[ \t]*(s|m|h|d|w|mo|y)[ \t]*$",
+        max_length=32,
+        examples=["1h", "1mo"],
+        description="30s, 2m, 1h, 1d, 2w, 1mo, 1y; at most 10 years.",
+    )
+    algorithm: Algorithm = "fixed_window"
+    window: WindowKind = Field(default="first_use", description="Fixed window only.")
+    enforcement: Enforcement = Field(
+        default="hard",
+        description="hard denies; soft allows and counts overage; shadow decides like hard, "
+        "records would_deny and never denies. A token bucket is hard or shadow.",
+    )
+    thresholds: list[int] = Field(
+        default=[],
+        max_length=MAX_THRESHOLDS,
+        description="Percentages of the maximum that send limit.threshold.",
+        json_schema_extra={
+            "items": {"type": "integer", "minimum": 1, "maximum": MAX_THRESHOLD_PERCENT}
+        },
+    )
+    lateness: str = Field(
+        default="1d",
+        pattern=r"^[ \t]*[0-9]+[ \t]*(s|m|h|d|w)[ \t]*$",
+        max_length=32,
+        description="How late an event may arrive.",
+    )
+    thresholds_units: list[int] = Field(
+        default=[],
+        max_length=MAX_THRESHOLDS,
+        description="Absolute amounts of usage that send limit.threshold (threshold_units).",
+        json_schema_extra={"items": {"type": "integer", "minimum": 1, "maximum": MAX_MAXIMUM}},
+    )
+    dimensions: list[str] = Field(
+        default=[],
+        max_length=MAX_DIMENSIONS,
+        description="Metadata keys whose values usage is recorded by, hour by hour "
+        "(GET /v1/reports/usage?group_by=KEY).",
+        json_schema_extra={
+            "items": {"type": "string", "pattern": f"^{DIMENSION_PATTERN.pattern}$"}
+        },
+    )
+
+
+class LimitOut(BaseModel):
+    name: str
+    maximum: int
+    period: str
+    algorithm: Algorithm
+    window: WindowKind
+    enforcement: Enforcement
+    thresholds: list[int]
+    lateness: str
+    thresholds_units: list[int]
+    dimensions: list[str]
+
+
+class Limits(BaseModel):
+    limits: list[LimitOut] = Field(description="By name.")
+
+
+def limit_json(limit: Limit) -> dict[str, Any]:
+    return limit.to_dict()
+
+
+# -- the routes ---------------------------------------------------------------------
 
 router = APIRouter(prefix="/v1", tags=["limits"])
 
-LIMIT_FIELDS: Final = frozenset(
-    {"name", "maximum", "period", "algorithm", "window", "enforcement", "thresholds", "lateness"}
-    | {"thresholds_units", "dimensions"}
-)
+LIMIT_FIELDS: Final = body_fields(LimitIn)
 
 LimitName = Annotated[
     str,

@@ -1,9 +1,18 @@
-"""The shapes of the API, as pydantic models: the OpenAPI schema's source.
+"""The shapes the API's resources share, as pydantic models: the OpenAPI schema's source.
 
-Request bodies are parsed by hand (`metering.api.parsing`, the library's
-rules); these models describe them for the schema. Responses are built as
-plain dicts by the `*_json` functions below and declared with these models,
-so every answer the API gives has its shape in ``/openapi.json``.
+Here: the schema's patterns, the event and check bodies (both read by
+`metering.api.parsing`, for the event and the decision routes), a decision
+and a subject's usage (answered by several routes), and `body_fields`. Each
+resource's own bodies and answers are declared in its module
+(`metering.api.limits`, `.reservations`, `.webhooks`, `.allowances`,
+`.reports`).
+
+Request bodies are parsed by hand (the library's rules, with a problem per
+bad field); the models describe them for the schema, and the parsers take
+the fields a body may have from them (`body_fields`), so each body is
+described once. Responses are built as plain dicts by the ``*_json``
+functions and declared with these models, so every answer the API gives has
+its shape in ``/openapi.json``.
 """
 
 from __future__ import annotations
@@ -25,7 +34,16 @@ LIMIT_PATTERN = r"^[a-z0-9_.:\-]{1,64}$"
 EVENT_ID_PATTERN = r"^[A-Za-z0-9_.:@/+=\-]{1,128}$"
 
 
-def _subject(description: str = "Who is metered: 1 to 200 printable characters.") -> Any:
+def body_fields(*models: type[BaseModel]) -> frozenset[str]:
+    """The JSON names a body described by ``models`` may have (a field's alias
+    where it has one): what a hand parser lets through."""
+    return frozenset(
+        field.alias or name for model in models for name, field in model.model_fields.items()
+    )
+
+
+def subject_field(description: str | None = None) -> Any:
+    """A subject: 1 to 200 printable characters, without edge spaces."""
     return Field(
         min_length=1,
         max_length=MAX_SUBJECT_LENGTH,
@@ -33,6 +51,10 @@ def _subject(description: str = "Who is metered: 1 to 200 printable characters."
         description=description,
         examples=["org-42"],
     )
+
+
+def _subject() -> Any:
+    return subject_field("Who is metered: 1 to 200 printable characters.")
 
 
 def _limit() -> Any:
@@ -249,7 +271,7 @@ class SubjectUsage(BaseModel):
     limits: list[LimitUsageOut]
 
 
-def _iso(moment: datetime | None) -> str | None:
+def iso(moment: datetime | None) -> str | None:
     return moment.isoformat() if moment is not None else None
 
 
@@ -265,8 +287,8 @@ def decision_json(decision: Decision, *, figures: bool = True) -> dict[str, Any]
         used=decision.used,
         remaining=decision.remaining,
         maximum=decision.maximum,
-        resets_at=_iso(decision.resets_at),
-        retry_at=_iso(decision.retry_at),
+        resets_at=iso(decision.resets_at),
+        retry_at=iso(decision.retry_at),
     )
     if not figures:
         for name in TOP_FIGURES:
@@ -296,9 +318,9 @@ def usage_json(usage: LimitUsage) -> dict[str, Any]:
         "used": usage.used,
         "remaining": usage.remaining,
         "overage": usage.overage,
-        "window_start": _iso(usage.window_start),
+        "window_start": iso(usage.window_start),
         "resets_at": usage.resets_at.isoformat(),
-        "retry_at": _iso(usage.retry_at),
+        "retry_at": iso(usage.retry_at),
     }
 
 

@@ -19,6 +19,14 @@ from datetime import UTC, datetime
 from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any, Final, Literal, NamedTuple
 
+from metering.api.models import (
+    ChargeIn,
+    SingleCheck,
+    SingleEvent,
+    StackedCheck,
+    StackedEvent,
+    body_fields,
+)
 from metering.api.problems import ApiProblem
 from metering.domain.events import (
     EVENT_ID_PATTERN,
@@ -45,11 +53,10 @@ MEDIA_TYPES: Final[dict[str, BodyKind]] = {
     "application/cloudevents+json": "cloudevent",
     "application/cloudevents-batch+json": "cloudevents-batch",
 }
-PLAIN_FIELDS: Final = frozenset(
-    {"event_id", "subject", "limit", "cost", "occurred_at", "metadata", "charges"}
-)
-CHECK_FIELDS: Final = frozenset({"subject", "limit", "cost", "occurred_at", "charges"})
-CHARGE_FIELDS: Final = frozenset({"subject", "limit", "cost"})
+# The fields each body may have, from the models that describe it (`metering.api.models`).
+PLAIN_FIELDS: Final = body_fields(SingleEvent, StackedEvent)
+CHECK_FIELDS: Final = body_fields(SingleCheck, StackedCheck)
+CHARGE_FIELDS: Final = body_fields(ChargeIn)
 CLOUDEVENT_REQUIRED: Final = ("specversion", "id", "source", "type")
 # Library field names as the request spells them; and in a CloudEvent.
 _FIELD_NAMES: Final = {"name": "limit"}

@@ -30,12 +30,13 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from metering.api.admin_common import invalid
-from metering.api.admin_models import DimensionReportOut
 from metering.api.auth import AUTH_ERRORS, require_scope
 from metering.api.context import ApiContext, api_context
 from metering.api.problems import COMMON_ERRORS, ApiProblem, responses
 from metering.domain.bounds import MAX_LISTING
-from metering.domain.limits import Enforcement
+from metering.domain.limits import (
+    Enforcement,
+)
 from metering.errors import InvalidInput
 from metering.reports import (
     DimensionReport,
@@ -47,6 +48,32 @@ from metering.reports import (
     usage_by_dimension,
 )
 from metering.reports.overage import BaseReport
+
+
+class DimensionRowOut(BaseModel):
+    """A subject's use of one limit for one value of the grouped key."""
+
+    subject: str
+    limit: str
+    dimension: str
+    value: str | None = Field(description="None: the events had no value for the key.")
+    used: int = Field(description="The cost consumed.")
+    events: int = Field(description="The events that consumed it.")
+
+
+class DimensionReportOut(BaseModel):
+    """Usage by dimension (``group_by``) as JSON; ``text/csv`` gives the rows as CSV."""
+
+    report: Literal["usage_by"]
+    subject: str
+    group_by: str
+    period: str = Field(description="The hours' start range, in words.", examples=["2026-11"])
+    since: datetime | None = Field(description="Hours starting at or after this.")
+    until: datetime | None = Field(description="Hours starting before this.")
+    rows: list[DimensionRowOut] = Field(description="The largest use first.")
+
+
+# -- the routes ---------------------------------------------------------------------
 
 router = APIRouter(prefix="/v1", tags=["reports"])
 

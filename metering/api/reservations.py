@@ -13,9 +13,11 @@ takes the rest of the path up to ``/cancel`` or ``/commit``.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Any, Final, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
@@ -27,37 +29,151 @@ from metering.api.admin_common import (
     problem_with,
     read_object,
 )
-from metering.api.admin_models import (
-    ID_PATTERN,
-    Cancelled,
-    Committed,
-    ReservationOut,
-    Reservations,
-    Reserved,
-    ReserveSingle,
-    ReserveStacked,
-    reservation_json,
-)
 from metering.api.auth import AUTH_ERRORS, may_read, require_scope
 from metering.api.context import ApiContext, api_context
-from metering.api.models import decision_json
+from metering.api.models import (
+    EVENT_ID_PATTERN,
+    LIMIT_PATTERN,
+    DecisionOut,
+    body_fields,
+    decision_json,
+    subject_field,
+)
 from metering.api.parsing import CHARGE_CHECKS, whole_number
 from metering.api.problems import COMMON_ERRORS, ApiProblem, responses
-from metering.domain.events import MAX_COST, Charge, make_event
-from metering.domain.reservations import DEFAULT_TTL_SECONDS
+from metering.domain.events import MAX_CHARGES, MAX_COST, Charge, make_event
+from metering.domain.reservations import DEFAULT_TTL_SECONDS, MAX_TTL_SECONDS
 from metering.errors import InvalidInput, ReservationSettled, UnknownLimit, UnknownReservation
 from metering.meter import Meter
 from metering.reservations import ReservationInfo
 from metering.reserving import validate_ttl
 
+ReservationStateName = Literal["held", "committed", "cancelled"]
+
+
+class ReserveCharge(BaseModel):
+    """One charge of a stacked reservation."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    subject: str = subject_field()
+    limit: str = Field(pattern=LIMIT_PATTERN, examples=["exports"])
+    cost: int = Field(default=1, ge=1, le=MAX_COST)
+
+
+def _reservation_id() -> Any:
+    return Field(
+        default=None,
+        pattern=EVENT_ID_PATTERN,
+        description="The reservation's id (its event id): a repeated id answers the "
+        "same reservation. Generated when not given.",
+    )
+
+
+def _ttl() -> Any:
+    return Field(
+        default=DEFAULT_TTL_SECONDS,
+        gt=0,
+        le=MAX_TTL_SECONDS,
+        description="Seconds it is held before the sweeper commits it (at most 7 days).",
+    )
+
+
+class ReserveSingle(BaseModel):
+    """Reserve one charge: consumed now, given back by a cancel."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    event_id: str | None = _reservation_id()
+    subject: str = subject_field()
+    limit: str = Field(pattern=LIMIT_PATTERN, examples=["exports"])
+    cost: int = Field(default=1, ge=1, le=MAX_COST)
+    ttl_seconds: float = _ttl()
+    metadata: dict[str, Any] | None = Field(default=None, description="At most 8 KiB as JSON.")
+
+
+class ReserveStacked(BaseModel):
+    """Reserve several charges, all or nothing."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    event_id: str | None = _reservation_id()
+    charges: list[ReserveCharge] = Field(min_length=1, max_length=MAX_CHARGES)
+    ttl_seconds: float = _ttl()
+    metadata: dict[str, Any] | None = Field(default=None, description="At most 8 KiB as JSON.")
+
+
+class ReservedCharge(BaseModel):
+    subject: str
+    limit: str
+    cost: int = Field(description="The units reserved.")
+    given_back: int = Field(
+        description="The units that went back to the counter: by a cancel, a void, or a "
+        "commit of less than reserved (`actual`)."
+    )
+
+
+class ReservationOut(BaseModel):
+    """A stored reservation."""
+
+    id: str
+    state: ReservationStateName
+    charges: list[ReservedCharge]
+    created_at: datetime
+    expires_at: datetime = Field(description="When the sweeper commits it if still held.")
+    settled_at: datetime | None
+    settled_by: str | None = Field(
+        description="cancel, commit, expiry or void.", examples=["cancel"]
+    )
+
+
+class Cancelled(ReservationOut):
+    """A cancelled reservation, and the units its counters took back."""
+
+    returned: int = Field(
+        description="Units given back: 0 when a window has ended since, or on a second cancel."
+    )
+
+
+class Committed(ReservationOut):
+    """A committed reservation, and the units given back by a commit of less."""
+
+    returned: int = Field(
+        description="Units given back: the reserved cost less ``actual``, where the counters "
+        "could take it; 0 without ``actual`` or on a second commit."
+    )
+
+
+class Reservations(BaseModel):
+    reservations: list[ReservationOut] = Field(description="Newest first.")
+
+
+class Reserved(BaseModel):
+    """The answer to a reservation: its state, and the decision."""
+
+    id: str
+    state: Literal["held", "committed", "cancelled", "denied"] = Field(
+        description="held when allowed; denied (nothing consumed, nothing stored); for a "
+        "repeated id, where the reservation stands now."
+    )
+    allowed: bool
+    duplicate: bool = Field(description="The id had been decided before: this is that result.")
+    expires_at: datetime | None = Field(description="When a held reservation is committed.")
+    decision: DecisionOut
+
+
+def reservation_json(info: ReservationInfo) -> dict[str, Any]:
+    return info.to_dict()
+
+
+# -- the routes ---------------------------------------------------------------------
+
 router = APIRouter(prefix="/v1", tags=["reservations"])
 
 # A listing answers at most this many reservations.
 MAX_LISTED: Final = 1000
-RESERVE_FIELDS: Final = frozenset(
-    {"event_id", "subject", "limit", "cost", "charges", "ttl_seconds", "metadata"}
-)
-CHARGE_FIELDS: Final = frozenset({"subject", "limit", "cost"})
+RESERVE_FIELDS: Final = body_fields(ReserveSingle, ReserveStacked)
+CHARGE_FIELDS: Final = body_fields(ReserveCharge)
 ID_NAMES: Final = {"event_id": "reservation_id"}
 
 SETTLED_409: Final = problem_schema(
@@ -69,7 +185,7 @@ SETTLED_409: Final = problem_schema(
 ReservationId = Annotated[
     str,
     Path(
-        pattern=ID_PATTERN,
+        pattern=EVENT_ID_PATTERN,
         description="The reservation's id (its event id; it may hold /).",
         examples=["export-7781"],
     ),

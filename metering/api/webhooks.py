@@ -20,9 +20,10 @@ the operator's configuration, and a test ping sends a request out.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
@@ -34,40 +35,210 @@ from metering.api.admin_common import (
     problem_with,
     read_object,
 )
-from metering.api.admin_models import (
-    ENDPOINT_ID_PATTERN,
-    Deliveries,
-    DeliveryOut,
-    DeliveryStatusName,
-    EndpointChange,
-    EndpointCreated,
-    EndpointIn,
-    EndpointOut,
-    Endpoints,
-    Replayed,
-    ReplayIn,
-    RotateIn,
-    SecretRotated,
-    delivery_json,
-    endpoint_json,
-)
 from metering.api.auth import AUTH_ERRORS, require_scope
 from metering.api.context import ApiContext, api_context
+from metering.api.models import body_fields, iso
 from metering.api.problems import COMMON_ERRORS, responses
 from metering.domain.bounds import MAX_ROW_ID
-from metering.domain.instants import parse_instant
+from metering.domain.instants import from_us, parse_instant
+from metering.domain.notifications import MESSAGE_TYPES
 from metering.errors import InvalidInput
-from metering.webhooks.endpoints import Webhooks
+from metering.storage.webhooks import AttemptRecord, DeliveryRecord
+from metering.webhooks.endpoints import MAX_GRACE_SECONDS, MAX_URL_CHARS, Endpoint, Webhooks
+
+# An endpoint id is printable with no spaces (``ep_`` and hex when made by add).
+ENDPOINT_ID_PATTERN = r"^[!-~]{1,64}$"
+MessageType = Literal[
+    "limit.denied",
+    "limit.threshold",
+    "limit.exceeded",
+    "limit.reset",
+    "limit.would_deny",
+    "usage.corrected",
+]
+DeliveryStatusName = Literal["pending", "delivered", "failed"]
+assert set(MessageType.__args__) == set(MESSAGE_TYPES)  # type: ignore[attr-defined]
+
+
+class EndpointIn(BaseModel):
+    """A new webhook endpoint."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(
+        min_length=1,
+        max_length=MAX_URL_CHARS,
+        pattern=r"^https?://[^\s/?#@]+",
+        examples=["https://billing.example.com/hooks"],
+    )
+    types: list[MessageType] = Field(default=[], description="Message types to send; [] is all.")
+    secret: str | None = Field(
+        default=None,
+        pattern=r"^(whsec_)?[A-Za-z0-9+/]+={0,2}$",
+        description="whsec_ + base64 of 16 to 64 bytes; generated when not given.",
+    )
+
+
+class EndpointChange(BaseModel):
+    """What to change of an endpoint; what is not given stays."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str | None = Field(
+        default=None, min_length=1, max_length=MAX_URL_CHARS, pattern=r"^https?://[^\s/?#@]+"
+    )
+    types: list[MessageType] | None = Field(default=None, description="[] is every type.")
+
+
+class RotateIn(BaseModel):
+    """A secret rotation: the old secret still signs during the grace."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    secret: str | None = Field(default=None, pattern=r"^(whsec_)?[A-Za-z0-9+/]+={0,2}$")
+    grace_seconds: float | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_GRACE_SECONDS,
+        description="Default METERING_WEBHOOKS_ROTATION_GRACE (86400).",
+    )
+
+
+class EndpointOut(BaseModel):
+    """An endpoint: its secret masked, a password in its URL masked."""
+
+    id: str
+    url: str
+    types: list[MessageType] = Field(description="[] is every type.")
+    enabled: bool
+    disabled_reason: str | None
+    secret_masked: str = Field(examples=["whsec_…k1Q="])
+    secret_encrypted: bool = Field(description="Stored encrypted (METERING_SECRET_KEY).")
+    rotating_until: datetime | None = Field(description="Until then the old secret signs too.")
+    created_at: datetime
+
+
+class EndpointCreated(BaseModel):
+    """A new endpoint, and its secret: shown this once."""
+
+    endpoint: EndpointOut
+    secret: str = Field(description="The full signing secret; never shown again.")
+
+
+class SecretRotated(BaseModel):
+    """The endpoint's new secret: shown this once."""
+
+    endpoint: EndpointOut
+    secret: str = Field(description="The new signing secret; never shown again.")
+
+
+class Endpoints(BaseModel):
+    endpoints: list[EndpointOut] = Field(description="Oldest first.")
+
+
+class AttemptOut(BaseModel):
+    attempt: int
+    at: datetime
+    status_code: int | None
+    duration_ms: int
+    error: str | None
+
+
+class DeliveryOut(BaseModel):
+    """A message's delivery to one endpoint, with its attempts."""
+
+    id: int
+    message_id: str
+    type: str = Field(examples=["limit.denied"])
+    endpoint_id: str
+    status: DeliveryStatusName
+    attempts: int
+    last_status_code: int | None
+    last_error: str | None
+    next_attempt_at: datetime | None = Field(description="When pending: the next attempt.")
+    created_at: datetime
+    attempt_log: list[AttemptOut]
+
+
+class Deliveries(BaseModel):
+    deliveries: list[DeliveryOut] = Field(description="Newest first.")
+
+
+class ReplayIn(BaseModel):
+    """Deliveries to send again: by id, or every one created since (or both)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    delivery_ids: list[int] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1000,
+        json_schema_extra={"items": {"type": "integer", "minimum": 1, "maximum": MAX_ROW_ID}},
+    )
+    since: datetime | None = Field(default=None, description="RFC 3339; naive is UTC.")
+
+
+class Replayed(BaseModel):
+    queued: int = Field(description="Deliveries due again now, with a fresh retry schedule.")
+
+
+def endpoint_json(endpoint: Endpoint) -> dict[str, Any]:
+    return {
+        "id": endpoint.id,
+        "url": endpoint.url,
+        "types": list(endpoint.types),
+        "enabled": endpoint.enabled,
+        "disabled_reason": endpoint.disabled_reason,
+        "secret_masked": endpoint.secret_masked,
+        "secret_encrypted": endpoint.secret_encrypted,
+        "rotating_until": iso(endpoint.rotating_until),
+        "created_at": endpoint.created_at.isoformat(),
+    }
+
+
+def _iso_us(us: int) -> str:
+    return from_us(us).isoformat()
+
+
+def delivery_json(record: DeliveryRecord, attempts: list[AttemptRecord]) -> dict[str, Any]:
+    pending = record.status == "pending" and record.next_attempt_at_us is not None
+    return {
+        "id": record.id,
+        "message_id": record.message_id,
+        "type": record.message_type,
+        "endpoint_id": record.endpoint_id,
+        "status": str(record.status),
+        "attempts": record.attempts,
+        "last_status_code": record.last_status_code,
+        "last_error": record.last_error,
+        "next_attempt_at": _iso_us(record.next_attempt_at_us)
+        if pending and record.next_attempt_at_us is not None
+        else None,
+        "created_at": _iso_us(record.created_at_us),
+        "attempt_log": [
+            {
+                "attempt": a.attempt,
+                "at": _iso_us(a.attempted_at_us),
+                "status_code": a.status_code,
+                "duration_ms": a.duration_ms,
+                "error": a.error,
+            }
+            for a in attempts
+        ],
+    }
+
+
+# -- the routes ---------------------------------------------------------------------
 
 router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"])
 
 # A listing answers at most this many deliveries; a replay takes at most this many ids.
 MAX_LISTED: Final = 1000
 MAX_REPLAYED: Final = 1000
-ENDPOINT_FIELDS: Final = frozenset({"url", "types", "secret"})
-CHANGE_FIELDS: Final = frozenset({"url", "types"})
-ROTATE_FIELDS: Final = frozenset({"secret", "grace_seconds"})
-REPLAY_FIELDS: Final = frozenset({"delivery_ids", "since"})
+ENDPOINT_FIELDS: Final = body_fields(EndpointIn)
+CHANGE_FIELDS: Final = body_fields(EndpointChange)
+ROTATE_FIELDS: Final = body_fields(RotateIn)
+REPLAY_FIELDS: Final = body_fields(ReplayIn)
 
 EndpointId = Annotated[
     str,

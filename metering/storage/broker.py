@@ -31,13 +31,6 @@ from kombu.transport import sqlalchemy as kombu_sqla
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
 from sqlalchemy import (
-    Boolean,
-    Column,
-    DateTime,
-    Integer,
-    MetaData,
-    Table,
-    Text,
     delete,
     select,
     text,
@@ -46,16 +39,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 
 from metering.storage.engine import make_engine, translate
-
-_meta = MetaData()
-_messages = Table(
-    "kombu_message",
-    _meta,
-    Column("id", Integer, primary_key=True),
-    Column("visible", Boolean),
-    Column("timestamp", DateTime),
-    Column("payload", Text),
-)
+from metering.storage.kombu_tables import kombu_messages
 
 
 def event_ids_of(payload_text: str) -> list[str] | None:
@@ -96,9 +80,9 @@ def sweep_embedded_broker(
             if not engine.dialect.has_table(connection, "kombu_message"):
                 return {"deleted": 0, "restored": 0}
             taken = connection.execute(
-                select(_messages.c.id, _messages.c.timestamp, _messages.c.payload).where(
-                    _messages.c.visible.is_(False)
-                )
+                select(
+                    kombu_messages.c.id, kombu_messages.c.timestamp, kombu_messages.c.payload
+                ).where(kombu_messages.c.visible.is_(False))
             ).all()
             ids_of = {row.id: event_ids_of(row.payload) for row in taken}
             done = decided({e for ids in ids_of.values() if ids for e in ids})
@@ -111,10 +95,14 @@ def sweep_embedded_broker(
             unreadable = [m for m in stale if ids_of[m] is None]
             redeliver = [m for m in stale if ids_of[m] is not None]
             if finished or unreadable:
-                gone = delete(_messages).where(_messages.c.id.in_(finished + unreadable))
+                gone = delete(kombu_messages).where(kombu_messages.c.id.in_(finished + unreadable))
                 deleted = connection.execute(gone).rowcount
             if redeliver:
-                back = update(_messages).where(_messages.c.id.in_(redeliver)).values(visible=True)
+                back = (
+                    update(kombu_messages)
+                    .where(kombu_messages.c.id.in_(redeliver))
+                    .values(visible=True)
+                )
                 restored = connection.execute(back).rowcount
     except SQLAlchemyError as exc:
         raise translate(exc) from exc

@@ -30,16 +30,7 @@ from typing import Any, Final, Protocol
 
 import redis
 from sqlalchemy import (
-    Boolean,
-    Column,
-    DateTime,
     Engine,
-    ForeignKey,
-    Integer,
-    MetaData,
-    String,
-    Table,
-    Text,
     create_engine,
     func,
     inspect,
@@ -49,6 +40,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from metering.errors import BrokerUnavailable, ConfigurationError
 from metering.routing import APPLY_BATCH_TASK, DEFAULT_QUEUE, SENT_AT_HEADER
+from metering.storage.kombu_tables import kombu_messages, kombu_queues
 
 # kombu's Redis layout (kombu.transport.redis.Channel).
 REDIS_PRIORITY_SEPARATOR: Final = "\x06\x16"
@@ -60,21 +52,6 @@ OLDEST_SAMPLE: Final = 100
 SCAN_CHUNK: Final = 1000
 # The queues metering declares: the default one and the hash-routed ones.
 METERING_QUEUE: Final = re.compile(rf"{re.escape(DEFAULT_QUEUE)}(\.[0-9]+)?")
-
-# kombu's SQLAlchemy transport tables (kombu.transport.sqlalchemy.models).
-_kombu = MetaData()
-_kombu_queues = Table(
-    "kombu_queue", _kombu, Column("id", Integer, primary_key=True), Column("name", String(200))
-)
-_kombu_messages = Table(
-    "kombu_message",
-    _kombu,
-    Column("id", Integer, primary_key=True),
-    Column("visible", Boolean),
-    Column("timestamp", DateTime),
-    Column("payload", Text),
-    Column("queue_id", Integer, ForeignKey("kombu_queue.id")),
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,20 +274,20 @@ class EmbeddedQueues:
             raise BrokerUnavailable(f"broker unreachable: {exc}") from exc
 
     def present_queues(self) -> list[str]:
-        names = self._rows(select(_kombu_queues.c.name))
+        names = self._rows(select(kombu_queues.c.name))
         return sorted(row.name for row in names if METERING_QUEUE.fullmatch(row.name or ""))
 
     def _of(self, queues: Sequence[str]) -> Any:
-        joined = _kombu_messages.join(_kombu_queues)
-        return joined, _kombu_queues.c.name.in_(list(queues))
+        joined = kombu_messages.join(kombu_queues)
+        return joined, kombu_queues.c.name.in_(list(queues))
 
     def depths(self, queues: Sequence[str]) -> list[QueueDepth]:
         joined, where = self._of(queues)
         query = (
-            select(_kombu_queues.c.name, _kombu_messages.c.visible, func.count())
+            select(kombu_queues.c.name, kombu_messages.c.visible, func.count())
             .select_from(joined)
             .where(where)
-            .group_by(_kombu_queues.c.name, _kombu_messages.c.visible)
+            .group_by(kombu_queues.c.name, kombu_messages.c.visible)
         )
         counts: dict[tuple[str, bool], int] = {}
         for name, visible, count in self._rows(query):
@@ -324,7 +301,7 @@ class EmbeddedQueues:
                 yield message
 
     def oldest_candidates(self, queues: Sequence[str]) -> list[QueuedMessage]:
-        columns = (_kombu_queues.c.name, _kombu_messages.c.visible, _kombu_messages.c.payload)
+        columns = (kombu_queues.c.name, kombu_messages.c.visible, kombu_messages.c.payload)
         joined, _ = self._of(queues)
         found: list[QueuedMessage] = []
         for queue in queues:
@@ -332,31 +309,31 @@ class EmbeddedQueues:
             first = (
                 select(*columns)
                 .select_from(joined)
-                .where(_kombu_queues.c.name == queue, _kombu_messages.c.visible.is_(True))
-                .order_by(_kombu_messages.c.id)
+                .where(kombu_queues.c.name == queue, kombu_messages.c.visible.is_(True))
+                .order_by(kombu_messages.c.id)
                 .limit(OLDEST_SAMPLE)
             )
             found += self._read(self._rows(first))
         _, where = self._of(queues)
         taken = (
-            select(*columns).select_from(joined).where(where, _kombu_messages.c.visible.is_(False))
+            select(*columns).select_from(joined).where(where, kombu_messages.c.visible.is_(False))
         )
         return found + list(self._read(self._rows(taken)))
 
     def messages(self, queues: Sequence[str]) -> Iterator[QueuedMessage]:
         columns = (
-            _kombu_messages.c.id,
-            _kombu_queues.c.name,
-            _kombu_messages.c.visible,
-            _kombu_messages.c.payload,
+            kombu_messages.c.id,
+            kombu_queues.c.name,
+            kombu_messages.c.visible,
+            kombu_messages.c.payload,
         )
         joined, where = self._of(queues)
         after = 0
         while rows := self._rows(
             select(*columns)
             .select_from(joined)
-            .where(where, _kombu_messages.c.id > after)
-            .order_by(_kombu_messages.c.id)
+            .where(where, kombu_messages.c.id > after)
+            .order_by(kombu_messages.c.id)
             .limit(SCAN_CHUNK)
         ):
             yield from self._read(rows)
