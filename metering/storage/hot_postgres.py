@@ -38,7 +38,13 @@ from metering.storage.allowances import pots_of
 from metering.storage.engine import RetryTransaction
 from metering.storage.hot import Changes, Snapshot, WantedKey
 from metering.storage.queries import Pair, record_from_row, rejected_rows, result_row
-from metering.storage.reservations import INSERT_HELD
+from metering.storage.reservations import (
+    INSERT_HELD,
+    SELECT_RESERVATION,
+    SETTLE,
+    ReservationRecord,
+    record_of_row,
+)
 from metering.storage.rollups import PG_UPSERT
 
 VERSION: Final = "SELECT version FROM limits_version WHERE id = 1"
@@ -201,6 +207,8 @@ ON CONFLICT (digest) DO NOTHING
 """
 
 INSERT_HOLD: Final = INSERT_HELD.format("%s")
+LOCK_RESERVATION: Final = SELECT_RESERVATION.format("%s") + " FOR UPDATE"
+SETTLE_RESERVATION: Final = SETTLE.format("%s")
 
 _encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
@@ -270,6 +278,15 @@ class PostgresHotStore:
             pots=pots_of(grant_rows, draw_rows),
         )
 
+    def lock_reservation(self, reservation_id: str) -> ReservationRecord | None:
+        """One round trip: the row ``FOR UPDATE`` (a settle takes it before its counters)."""
+        try:
+            row = self.raw.cursor(binary=True).execute(LOCK_RESERVATION, (reservation_id,))
+            found = row.fetchone()
+        except psycopg.Error as exc:
+            raise _translate(exc) from exc
+        return record_of_row(found) if found is not None else None
+
     def write(self, changes: Changes, now_us: int, *, commit: bool) -> None:
         raw = self.raw
         try:
@@ -311,6 +328,8 @@ class PostgresHotStore:
                     raw.execute(INSERT_RESULTS, {"rows": _encode(rows)})
                 if changes.holds:
                     cursor.executemany(INSERT_HOLD, changes.holds)
+                if changes.settled:
+                    _execute(cursor, SETTLE_RESERVATION, changes.settled)
                 if changes.rejected:
                     rows = rejected_rows(changes.rejected, now_us)
                     raw.execute(INSERT_REJECTED, {"rows": _encode(rows)})
