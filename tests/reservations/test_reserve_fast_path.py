@@ -42,7 +42,8 @@ NO_SHRINK = settings(SETTINGS, phases=[Phase.explicit, Phase.reuse, Phase.genera
 # settles on the direct path; the others roll usage up (the general path).
 RESERVING_LIMITS = [
     *LIMITS,
-    Limit("plain-bucket", maximum=5, period="60s", algorithm="token_bucket"),
+    Limit("plain-bucket", maximum=20, period="60s", algorithm="token_bucket"),
+    Limit("big", maximum=100, period="1h", window="calendar"),
 ]
 NAMES = [limit.name for limit in RESERVING_LIMITS] + ["unknown"]
 charge = st.tuples(st.sampled_from(SUBJECTS), st.sampled_from(NAMES), st.integers(1, 4))
@@ -58,6 +59,28 @@ step = st.fixed_dictionaries(
     }
 )
 streams = st.lists(step, min_size=1, max_size=25)
+# Mostly settles of reservations that are held: few ids, limits that allow.
+settle_step = st.fixed_dictionaries(
+    {
+        "kind": st.sampled_from(["reserve", "reserve", "cancel", "commit", "commit"]),
+        "id": st.integers(0, 5),
+        "charges": st.lists(
+            st.tuples(
+                st.sampled_from(SUBJECTS[:2]),
+                st.sampled_from(["big", "big", "plain-bucket", "plain-bucket", "units", "cal"]),
+                st.integers(1, 4),
+            ),
+            min_size=1,
+            max_size=3,
+            unique_by=lambda c: c[:2],
+        ),
+        "offset_seconds": st.just(0),
+        "advance_seconds": st.sampled_from([0, 0, 5, 61, 1900]),
+        "ttl_seconds": st.sampled_from([60, 3600]),
+        "actual": st.one_of(st.none(), st.integers(0, 4)),
+    }
+)
+settle_streams = st.lists(settle_step, min_size=1, max_size=25)
 
 
 def _step(meter: Meter, spec: dict[str, object], clock: FrozenClock, fast: bool) -> object:
@@ -129,6 +152,26 @@ def test_sqlite_reservations_on_the_fast_path_match_the_reference_engine(
 @NO_SHRINK
 @given(stream=streams)
 def test_postgresql_reservations_on_the_fast_path_match_the_reference_engine(
+    postgres_server: PostgresServer, pg_template_url: str, stream: list[dict[str, object]]
+) -> None:
+    with _two_databases(postgres_server, pg_template_url) as (fast_url, reference_url):
+        _run(fast_url, reference_url, stream)
+
+
+@NO_SHRINK
+@given(stream=settle_streams)
+def test_sqlite_settles_on_the_direct_path_match_sqlalchemy(
+    stream: list[dict[str, object]],
+) -> None:
+    with tempfile.TemporaryDirectory() as directory:
+        base = Path(directory)
+        _run(f"sqlite:///{base}/fast.db", f"sqlite:///{base}/reference.db", stream)
+
+
+@pytest.mark.postgres
+@NO_SHRINK
+@given(stream=settle_streams)
+def test_postgresql_settles_on_the_direct_path_match_sqlalchemy(
     postgres_server: PostgresServer, pg_template_url: str, stream: list[dict[str, object]]
 ) -> None:
     with _two_databases(postgres_server, pg_template_url) as (fast_url, reference_url):
