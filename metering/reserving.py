@@ -7,8 +7,11 @@ reservation row naming the counters it consumed from, written in the same
 transaction (what the fast path leaves to the reference engine,
 `metering.engine.reference.apply_events`, runs there: `_reserve`); `cancel` gives the
 cost back where it still can (`metering.domain.reservations`); `commit`
-makes it final. `Meter` wraps them; `metering.reservations.Reservation` is
-what callers hold.
+makes it final, at ``actual`` giving the rest back. Both settle on the
+engine's own connections (`Engine.settle`: the reservation row locked, then
+its counters, written back with the row in one transaction); grants to
+restore and rollups to take back run the settle again under SQLAlchemy.
+`Meter` wraps them; `metering.reservations.Reservation` is what callers hold.
 """
 
 from __future__ import annotations

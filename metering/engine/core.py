@@ -14,7 +14,9 @@ The fast path runs on connections of its own, with no SQLAlchemy object:
 on SQLite stdlib ``sqlite3`` ones (`metering.storage.hot_sqlite.DirectSqlite`),
 one ``BEGIN IMMEDIATE`` transaction per call or group; on PostgreSQL psycopg
 ones (`metering.storage.direct_postgres.DirectPostgres`), and `check`'s one
-statement in autocommit on one of them. What it leaves (`NeedsConnection`:
+statement in autocommit on one of them. Reservations are held
+(`Engine.reserve`) and settled (`Engine.settle`) on the same connections.
+What it leaves (`NeedsConnection`:
 the limits' cache reloaded, notification marks; on SQLite also grants and
 dead letters) runs again, whole, in a SQLAlchemy transaction.
 
