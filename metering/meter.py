@@ -342,12 +342,12 @@ class Meter:
     def cancel_reservation(self, reservation_id: str) -> int:
         """Cancel a held reservation: see `Reservation.cancel`."""
         validate_event_id(reservation_id)
-        return reserving.cancel(self.database, reservation_id)
+        return reserving.cancel(self._engine, reservation_id)
 
     def commit_reservation(self, reservation_id: str, actual: int | None = None) -> int:
         """Commit a held reservation, at ``actual`` if given: see `Reservation.commit`."""
         validate_event_id(reservation_id)
-        return reserving.commit(self.database, reservation_id, actual)
+        return reserving.commit(self._engine, reservation_id, actual)
 
     def reservation(self, reservation_id: str) -> ReservationInfo | None:
         validate_event_id(reservation_id)

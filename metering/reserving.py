@@ -7,8 +7,11 @@ reservation row naming the counters it consumed from, written in the same
 transaction (what the fast path leaves to the reference engine,
 `metering.engine.reference.apply_events`, runs there: `_reserve`); `cancel` gives the
 cost back where it still can (`metering.domain.reservations`); `commit`
-makes it final. `Meter` wraps them; `metering.reservations.Reservation` is
-what callers hold.
+makes it final, at ``actual`` giving the rest back. Both settle on the
+engine's own connections (`Engine.settle`: the reservation row locked, then
+its counters, written back with the row in one transaction); grants to
+restore and rollups to take back run the settle again under SQLAlchemy.
+`Meter` wraps them; `metering.reservations.Reservation` is what callers hold.
 """
 
 from __future__ import annotations
@@ -19,7 +22,13 @@ from dataclasses import dataclass, replace
 from sqlalchemy import Connection
 
 from metering.allowances import restore_grants
-from metering.domain.corrections import GivenBack, counter_of, split_back, voided_charges
+from metering.domain.corrections import (
+    GivenBack,
+    VoidedCharge,
+    counter_of,
+    split_back,
+    voided_charges,
+)
 from metering.domain.decisions import Decision
 from metering.domain.events import UsageEvent
 from metering.domain.limits import Limit
@@ -31,8 +40,9 @@ from metering.domain.reservations import (
     held_charge,
 )
 from metering.domain.rollups import given_back_deltas
+from metering.domain.state import CounterKey, CounterState
 from metering.engine.core import Engine
-from metering.engine.fast import CONFLICT, DUPLICATE, Hold, NotHeld, UseGeneralPath
+from metering.engine.fast import CONFLICT, DUPLICATE, Hold, LimitCache, NotHeld, UseGeneralPath
 from metering.engine.reference import apply_events, decision_of
 from metering.errors import (
     EventConflict,
@@ -42,7 +52,9 @@ from metering.errors import (
     UnknownReservation,
 )
 from metering.storage.database import Database
-from metering.storage.reservations import ReservationRecord, ReservationStore
+from metering.storage.hot import Changes, HotStore, NeedsConnection
+from metering.storage.reservations import ReservationRecord, ReservationStore, settle_row
+from metering.storage.results import ResultRecord
 from metering.storage.rollups import record_rollups
 from metering.storage.store import Store
 
@@ -156,13 +168,13 @@ def _locked(rows: ReservationStore, reservation_id: str) -> ReservationRecord:
     return record
 
 
-def cancel(database: Database, reservation_id: str) -> int:
+def cancel(engine: Engine, reservation_id: str) -> int:
     """Give a held reservation's cost back; returns the units returned.
 
     Cancelling twice does nothing; a committed one raises `ReservationSettled`,
     one past its time to live is committed and raises `ReservationExpired`.
     """
-    return _settle(database, reservation_id, ReservationState.CANCELLED, 0)
+    return _settle(engine, reservation_id, ReservationState.CANCELLED, 0)
 
 
 def validate_actual(actual: object, record: ReservationRecord) -> int:
@@ -179,7 +191,7 @@ def validate_actual(actual: object, record: ReservationRecord) -> int:
     return actual
 
 
-def commit(database: Database, reservation_id: str, actual: int | None = None) -> int:
+def commit(engine: Engine, reservation_id: str, actual: int | None = None) -> int:
     """Make a held reservation final; returns the units given back.
 
     With ``actual``, each charge is settled at ``actual`` (at most its
@@ -188,10 +200,10 @@ def commit(database: Database, reservation_id: str, actual: int | None = None) -
     `ReservationSettled`; a commit of less than reserved past the time to
     live raises `ReservationExpired`: the sweeper's commit in full stands.
     """
-    return _settle(database, reservation_id, ReservationState.COMMITTED, actual)
+    return _settle(engine, reservation_id, ReservationState.COMMITTED, actual)
 
 
-def _settle(database: Database, reservation_id: str, to: ReservationState, keep: int | None) -> int:
+def _settle(engine: Engine, reservation_id: str, to: ReservationState, keep: int | None) -> int:
     """Cancel (``to`` cancelled, ``keep`` 0) or commit a held reservation,
     each charge keeping ``keep`` units (None: all) and giving the rest back.
 
@@ -200,8 +212,14 @@ def _settle(database: Database, reservation_id: str, to: ReservationState, keep:
     would give anything back commits in full instead and raises
     `ReservationExpired`, so the answer does not depend on when the sweeper
     last ran.
+
+    The common settle runs on the fast path's own connections
+    (`Engine.settle`, `_settle_direct`); what it declines (grants to
+    restore, rollups to take back, a counter gone, the limits' cache
+    stale) runs again, whole, here under SQLAlchemy.
     """
     action = "cancel" if to == ReservationState.CANCELLED else "commit"
+    database = engine.database
     now_us = database.now_us()
 
     def work(connection: Connection) -> Settled:
@@ -222,10 +240,111 @@ def _settle(database: Database, reservation_id: str, to: ReservationState, keep:
         rows.settle(reservation_id, to, now_us, action, given_back)
         return Settled(returned=returned)
 
-    settled = database.run(work)
+    def direct(store: HotStore) -> Settled:
+        return _settle_direct(store, engine.limits, reservation_id, to, keep, now_us, action)
+
+    settled = engine.settle(direct, lambda: database.run(work))
     if settled.expired:
         raise ReservationExpired(reservation_id, ReservationState.COMMITTED, action)
     return settled.returned
+
+
+def _settle_direct(
+    store: HotStore,
+    cache: LimitCache,
+    reservation_id: str,
+    to: ReservationState,
+    keep: int | None,
+    now_us: int,
+    action: str,
+) -> Settled:
+    """`_settle`'s transaction on a `HotStore` of the fast path's own: the
+    same checks and writes as ``work`` there, in at most three round trips on
+    PostgreSQL (the reservation locked; its counters locked with the limits'
+    version and its result; counters and reservation written with the
+    COMMIT). Raises `NeedsConnection` before writing anything for what is
+    rare: grants to restore, usage rollups to take back, a counter that no
+    longer exists (the general path creates it), the limits' cache stale."""
+    record = store.lock_reservation(reservation_id)
+    if record is None:
+        raise UnknownReservation(reservation_id)
+    if record.state == to:
+        return Settled()
+    if record.state != ReservationState.HELD:
+        raise ReservationSettled(reservation_id, record.state, action)
+    if keep is None:
+        store.write(
+            Changes(settled=[settle_row(reservation_id, to, now_us, action)]), now_us, commit=True
+        )
+        return Settled()
+    validate_actual(keep, record)
+    if record.expires_at_us <= now_us:
+        expired = settle_row(reservation_id, ReservationState.COMMITTED, now_us, "expiry")
+        store.write(Changes(settled=[expired]), now_us, commit=True)
+        return Settled(expired=True)
+    back = {c.key: c.cost - keep for c in record.charges}
+    wanted = sorted(
+        {
+            (c.limit, c.subject, c.window_start_us, c.window_end_us)
+            for c in record.charges
+            if back[c.key] > 0
+        }
+    )
+    returned = 0
+    units: list[GivenBack] = []
+    updated: list[tuple[tuple[str, str, int], list[object]]] = []
+    if wanted:
+        version, rules, _ = cache.current
+        if version < 0:
+            raise NeedsConnection("limits")
+        snapshot = store.read([reservation_id], (), wanted, now_us)
+        if snapshot.version != version:
+            raise NeedsConnection("limits")
+        limits = {c.limit: rules[c.limit].limit for c in record.charges if c.limit in rules}
+        live = [
+            c
+            for c in record.charges
+            if back[c.key] > 0 and can_give_back(limits.get(c.limit), c, now_us)
+        ]
+        if live:
+            if any(limit.dimensions for limit in limits.values()):
+                raise NeedsConnection("rollups")
+            units = [(*counter_of(charge.key), back[charge.key]) for charge in live]
+            stored = snapshot.stored.get(reservation_id)
+            if stored is not None and any(c.grants for c in _paid(stored, units)):
+                raise NeedsConnection("grants")
+            states: dict[CounterKey, CounterState] = {}
+            for charge in live:
+                found = snapshot.states.get((charge.limit, charge.subject, charge.window_start_us))
+                if found is None:
+                    raise NeedsConnection("counters")
+                states[charge.key] = CounterState(*found)
+            changed: dict[CounterKey, CounterState] = {}
+            for charge in live:
+                part = replace(charge, cost=back[charge.key])
+                outcome = give_back(limits[charge.limit], part, states[charge.key], now_us)
+                states[charge.key] = changed[charge.key] = outcome.state
+                returned += outcome.returned
+            updated = sorted(
+                ((k.limit, k.subject, k.window_start_us), _state_row(state))
+                for k, state in changed.items()
+            )
+    row = settle_row(reservation_id, to, now_us, action, units)
+    store.write(Changes(updated=updated, settled=[row]), now_us, commit=True)
+    return Settled(returned=returned)
+
+
+def _state_row(state: CounterState) -> list[object]:
+    """A counter's state as the hot stores write it (`metering.domain.rules.State`)."""
+    return [
+        state.used,
+        state.denied_count,
+        state.denied_cost,
+        state.first_denied_at_us,
+        state.tat_us,
+        state.tat_rem,
+        state.tat_scale,
+    ]
 
 
 def _give_back(
@@ -269,13 +388,18 @@ def _restore_grants(
     stored = Store(connection).fetch_results([reservation_id]).get(reservation_id)
     if stored is None:
         return
+    restore_grants(connection, _paid(stored, units), now_us)
+
+
+def _paid(stored: ResultRecord, units: list[GivenBack]) -> list[VoidedCharge]:
+    """What the returned ``units`` of the reserving event's charges drew, the
+    last drawn first (their ``grants``: what goes back to grants)."""
     back = {(subject, limit, start): n for subject, limit, start, n in units}
-    paid = [
+    return [
         split_back(charge, back[counter_of(charge.key)])[0]
         for charge in voided_charges(stored.outcome, stored.charges)
         if counter_of(charge.key) in back
     ]
-    restore_grants(connection, paid, now_us)
 
 
 def _take_back_rollups(

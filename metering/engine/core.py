@@ -14,7 +14,9 @@ The fast path runs on connections of its own, with no SQLAlchemy object:
 on SQLite stdlib ``sqlite3`` ones (`metering.storage.hot.sqlite.DirectSqlite`),
 one ``BEGIN IMMEDIATE`` transaction per call or group; on PostgreSQL psycopg
 ones (`metering.storage.hot.direct_postgres.DirectPostgres`), and `check`'s one
-statement in autocommit on one of them. What it leaves (`NeedsConnection`:
+statement in autocommit on one of them. Reservations are held
+(`Engine.reserve`) and settled (`Engine.settle`) on the same connections.
+What it leaves (`NeedsConnection`:
 the limits' cache reloaded, notification marks; on SQLite also grants and
 dead letters) runs again, whole, in a SQLAlchemy transaction.
 
@@ -30,6 +32,7 @@ from __future__ import annotations
 from collections import Counter as CountOf
 from collections.abc import Callable, Container, Sequence
 from functools import partial
+from typing import TypeVar
 
 from sqlalchemy import Connection
 
@@ -70,6 +73,8 @@ from metering.storage.hot.one_trip import Declined, apply_one
 from metering.storage.hot.postgres import read_unlocked
 from metering.storage.hot.sqlite import DirectSqlite
 from metering.storage.store import Store
+
+T = TypeVar("T")
 
 # The fast path's transaction: on a SQLAlchemy connection, or on a store of its own.
 _Work = Callable[[Connection | None, bool, HotStore | None], list[Answer]]
@@ -188,6 +193,23 @@ class Engine:
             return answers  # reservations are not counted (as on the reference engine)
         _count(records, answers, self.limits.current[1], invalid, len(rejected))
         return answers
+
+    def settle(self, direct: Callable[[HotStore], T], general: Callable[[], T]) -> T:
+        """A reservation's settle (`metering.reserving`): ``direct`` in one
+        transaction on the fast path's own connections; where there are none,
+        or ``direct`` raises `NeedsConnection` (before it wrote anything:
+        grants, rollups, the limits' cache stale), ``general`` runs the whole
+        settle again under SQLAlchemy."""
+        found = self.direct
+        try:
+            if isinstance(found, DirectPostgres):
+                return found.run(lambda store, retry: direct(store))
+            if isinstance(found, DirectSqlite):
+                return found.run(lambda store, retry: direct(store))
+        except NeedsConnection as exc:
+            if exc.args and exc.args[0] == "limits":
+                self.database.run(self.limits.refresh)
+        return general()
 
     def _apply_one_trip(self, record: EventRecord, now_us: int) -> Answer | str:
         """``record`` decided by ``metering_consume_one`` in one round trip, or

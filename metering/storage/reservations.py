@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from sqlalchemy import ColumnElement, Connection, delete, exists, func, insert, or_, select, update
 
@@ -85,16 +85,11 @@ class ReservationStore:
     ) -> None:
         """Settle a reservation; ``given_back``: per counter, the units of its
         charge that went back (a cancel: all of them; a commit of less)."""
-        returned = json.dumps([list(key) for key in given_back], separators=(",", ":"))
+        value, at_us, by, returned, _ = settle_row(reservation_id, state, now_us, by, given_back)
         self.connection.execute(
             update(reservations)
             .where(reservations.c.id == reservation_id)
-            .values(
-                state=state.value,
-                settled_at_us=now_us,
-                settled_by=by,
-                given_back=returned if given_back else None,
-            )
+            .values(state=value, settled_at_us=at_us, settled_by=by, given_back=returned)
         )
 
     def forget_held_charges(self, subject: str | None, limit: str | None) -> int:
@@ -195,6 +190,48 @@ def hold_row(
 ) -> HoldRow:
     """The row `ReservationStore.insert` writes, for the hot path's stores."""
     return (reservation_id, _charges_text(charges), now_us, expires_at_us)
+
+
+# A settled reservation's row as the hot path's stores write it
+# (`Changes.settled`): state, settled instant, by, given back, id.
+SettleRow = tuple[str, int, str, str | None, str]
+
+SETTLE: Final = (
+    "UPDATE reservations SET state = {0}, settled_at_us = {0}, settled_by = {0}, given_back = {0} "
+    "WHERE id = {0}"
+)
+"""The update of a `SettleRow`, with the driver's placeholder (``%s`` or ``?``)."""
+
+SELECT_RESERVATION: Final = (
+    "SELECT id, state, charges, created_at_us, expires_at_us, settled_at_us, settled_by, "
+    "given_back FROM reservations WHERE id = {0}"
+)
+"""One reservation's row for `record_of_row`; on PostgreSQL with ``FOR UPDATE``
+appended (SQLite's ``BEGIN IMMEDIATE`` already holds the lock)."""
+
+
+def settle_row(
+    reservation_id: str,
+    state: ReservationState,
+    now_us: int,
+    by: str,
+    given_back: Sequence[GivenBack] = (),
+) -> SettleRow:
+    """The update `ReservationStore.settle` makes, for the hot path's stores."""
+    returned = json.dumps([list(key) for key in given_back], separators=(",", ":"))
+    return (state.value, now_us, by, returned if given_back else None, reservation_id)
+
+
+def record_of_row(row: Sequence[Any]) -> ReservationRecord:
+    """A `ReservationRecord` from a driver's row of `SELECT_RESERVATION`."""
+    names = ("id", "state", "charges", "created_at_us", "expires_at_us", "settled_at_us")
+    mapping = dict(zip((*names, "settled_by", "given_back"), row, strict=True))
+    return _record(_Row(mapping))
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    _mapping: dict[str, Any]
 
 
 def _charges_text(charges: Sequence[HeldCharge]) -> str:

@@ -29,7 +29,9 @@ The common case runs without SQLAlchemy, on `DirectSqlite` or
 marks; on SQLite also grants and dead letters) raises `NeedsConnection` so
 that the caller runs the transaction again on a SQLAlchemy connection.
 
-Lock order, as in the general engine (`Store`): first-use window rows sorted
+Lock order, as in the general engine (`Store`): a settle locks its
+reservation row (`HotStore.lock_reservation`) before anything else; then
+first-use window rows sorted
 by (limit, subject), then counters sorted by (limit, subject, window start),
 in one statement each. Rows that do not exist yet are created by `write`.
 Rollup rows come last, sorted by key (`metering.storage.rollups`).
@@ -48,7 +50,7 @@ from metering.domain.rules import Key, State
 from metering.domain.windows import Window
 from metering.storage.allowances import DrawKey
 from metering.storage.counters import Pair
-from metering.storage.reservations import HoldRow
+from metering.storage.reservations import HoldRow, ReservationRecord, SettleRow
 from metering.storage.results import ResultRecord
 
 # A counter the hot path needs: (limit, subject, window start, window end).
@@ -90,6 +92,9 @@ class Changes:
     # Held reservations to insert with their events' results
     # (`metering.storage.reservations.hold_row`): `Meter.reserve` and leases.
     holds: list[HoldRow] = field(default_factory=list)
+    # Reservations settled (`metering.storage.reservations.settle_row`):
+    # `metering.reserving`'s cancel and commit, leases settling.
+    settled: list[SettleRow] = field(default_factory=list)
 
 
 class NeedsConnection(Exception):
@@ -116,6 +121,10 @@ class HotStore(Protocol):
         PostgreSQL without a lock of their own, and `write` then fails with
         `RetryTransaction` if another transaction spent what a draw counted
         on (the grants' check constraint)."""
+        ...
+
+    def lock_reservation(self, reservation_id: str) -> ReservationRecord | None:
+        """Lock and read one reservation's row (a settle: before any counter)."""
         ...
 
     def write(self, changes: Changes, now_us: int, *, commit: bool) -> None:

@@ -39,7 +39,13 @@ from metering.storage.counters import Pair
 from metering.storage.engine import RetryTransaction
 from metering.storage.hot import Changes, Snapshot, WantedKey
 from metering.storage.rejected import rejected_rows
-from metering.storage.reservations import INSERT_HELD
+from metering.storage.reservations import (
+    INSERT_HELD,
+    SELECT_RESERVATION,
+    SETTLE,
+    ReservationRecord,
+    record_of_row,
+)
 from metering.storage.results import record_from_row, result_row
 from metering.storage.rollups import PG_UPSERT
 
@@ -204,6 +210,8 @@ ON CONFLICT (digest) DO NOTHING
 """
 
 INSERT_HOLD: Final = INSERT_HELD.format("%s")
+LOCK_RESERVATION: Final = SELECT_RESERVATION.format("%s") + " FOR UPDATE"
+SETTLE_RESERVATION: Final = SETTLE.format("%s")
 
 _encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
@@ -273,6 +281,15 @@ class PostgresHotStore:
             pots=pots_of(grant_rows, draw_rows),
         )
 
+    def lock_reservation(self, reservation_id: str) -> ReservationRecord | None:
+        """One round trip: the row ``FOR UPDATE`` (a settle takes it before its counters)."""
+        try:
+            row = self.raw.cursor(binary=True).execute(LOCK_RESERVATION, (reservation_id,))
+            found = row.fetchone()
+        except psycopg.Error as exc:
+            raise _translate(exc) from exc
+        return record_of_row(found) if found is not None else None
+
     def write(self, changes: Changes, now_us: int, *, commit: bool) -> None:
         raw = self.raw
         try:
@@ -314,6 +331,8 @@ class PostgresHotStore:
                     raw.execute(INSERT_RESULTS, {"rows": _encode(rows)})
                 if changes.holds:
                     cursor.executemany(INSERT_HOLD, changes.holds)
+                if changes.settled:
+                    _execute(cursor, SETTLE_RESERVATION, changes.settled)
                 if changes.rejected:
                     rows = rejected_rows(changes.rejected, now_us)
                     raw.execute(INSERT_REJECTED, {"rows": _encode(rows)})

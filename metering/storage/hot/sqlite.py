@@ -36,7 +36,13 @@ from metering.storage.engine import (
     sqlite_synchronous,
 )
 from metering.storage.hot import Changes, NeedsConnection, Snapshot, WantedKey
-from metering.storage.reservations import INSERT_HELD
+from metering.storage.reservations import (
+    INSERT_HELD,
+    SELECT_RESERVATION,
+    SETTLE,
+    ReservationRecord,
+    record_of_row,
+)
 from metering.storage.results import record_from_row, result_row
 from metering.storage.rollups import SQLITE_UPSERT
 
@@ -83,6 +89,8 @@ INSERT INTO results (event_id, outcome, fingerprint, occurred_at_us, decided_at_
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 """
 INSERT_HOLD: Final = INSERT_HELD.format("?")
+GET_RESERVATION: Final = SELECT_RESERVATION.format("?")
+SETTLE_RESERVATION: Final = SETTLE.format("?")
 
 T = TypeVar("T")
 
@@ -151,6 +159,14 @@ class SqliteHotStore:
         pots = AllowanceStore(self._general()).lock_pots(grant_pairs, None) if grant_pairs else {}
         return Snapshot(version, stored, windows, states, pots)
 
+    def lock_reservation(self, reservation_id: str) -> ReservationRecord | None:
+        # The transaction holds SQLite's one write lock already.
+        try:
+            row = self.raw.execute(GET_RESERVATION, (reservation_id,)).fetchone()
+        except sqlite3.Error as exc:
+            raise _translate(exc) from exc
+        return record_of_row(row) if row is not None else None
+
     def write(self, changes: Changes, now_us: int, *, commit: bool) -> None:
         # ``commit`` is left to the caller's transaction: SQLite has no round trip to save.
         raw = self.raw
@@ -168,6 +184,8 @@ class SqliteHotStore:
                 _execute(raw, INSERT_RESULT, [result_row(r) for r in changes.results])
             if changes.holds:
                 _execute(raw, INSERT_HOLD, changes.holds)
+            if changes.settled:
+                _execute(raw, SETTLE_RESERVATION, changes.settled)
             if changes.draws:
                 AllowanceStore(self._general()).write_draws(changes.draws)
             if changes.rollups:
