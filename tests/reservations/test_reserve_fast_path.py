@@ -22,11 +22,11 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from engine.test_fast_path import LIMITS, SETTINGS, START, SUBJECTS, _stored, _two_databases
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 from servers import PostgresServer
 from sqlalchemy import select
-from storage.test_fast_path import LIMITS, SETTINGS, START, SUBJECTS, _stored, _two_databases
 
 from metering import FrozenClock, Meter
 from metering.domain.events import make_event
