@@ -11,6 +11,7 @@ PostgreSQL and Redis, for the tests where queued events must be applied.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -23,6 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import uvicorn
 
@@ -76,6 +78,55 @@ def serve_api_module() -> Iterator[Serve]:
     """`serve_api` for a server that all the tests of a module share."""
     with _serving() as serve:
         yield serve
+
+
+class _InProcess(httpx.BaseTransport):
+    """A sync httpx transport to an ASGI app in this process: httpx's ASGITransport
+    on an event loop of its own thread, inside the app's lifespan (no socket)."""
+
+    def __init__(self, app: Any) -> None:
+        self._asgi = httpx.ASGITransport(app=app)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self._lifespan = app.router.lifespan_context(app)
+        self._call(self._lifespan.__aenter__())
+
+    def _call(self, coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=60)
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        async def send() -> httpx.Response:
+            answer = await self._asgi.handle_async_request(request)
+            body = await answer.aread()
+            return httpx.Response(answer.status_code, headers=answer.headers, content=body)
+
+        response: httpx.Response = self._call(send())
+        return response
+
+    def close(self) -> None:
+        try:
+            self._call(self._lifespan.__aexit__(None, None, None))
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(15)
+            self._loop.close()
+
+
+@pytest.fixture
+def in_process() -> Iterator[Callable[[Any], httpx.Client]]:
+    """``in_process(app)`` → an httpx.Client that calls ``app`` in this process
+    (httpx's ASGITransport, the lifespan run): for tests that need no real server."""
+    clients: list[httpx.Client] = []
+
+    def client(app: Any) -> httpx.Client:
+        made = httpx.Client(transport=_InProcess(app), base_url="http://testserver", timeout=30)
+        clients.append(made)
+        return made
+
+    yield client
+    for made in clients:
+        made.close()
 
 
 @pytest.fixture
