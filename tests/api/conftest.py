@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ import pytest
 import uvicorn
 
 Serve = Callable[[Any], str]
+InProcess = Callable[[Any], httpx.Client]
 
 
 def wait_started(server: uvicorn.Server, thread: threading.Thread, timeout: float = 20) -> None:
@@ -80,6 +81,15 @@ def serve_api_module() -> Iterator[Serve]:
         yield serve
 
 
+class _Chunks(httpx.AsyncByteStream):
+    def __init__(self, chunks: Any) -> None:
+        self._chunks = chunks
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for chunk in self._chunks:
+            yield chunk
+
+
 class _InProcess(httpx.BaseTransport):
     """A sync httpx transport to an ASGI app in this process: httpx's ASGITransport
     on an event loop of its own thread, inside the app's lifespan (no socket)."""
@@ -96,6 +106,9 @@ class _InProcess(httpx.BaseTransport):
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=60)
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if not isinstance(request.stream, httpx.AsyncByteStream):
+            request.stream = _Chunks(request.stream)  # a generator body: sent chunk by chunk
+
         async def send() -> httpx.Response:
             answer = await self._asgi.handle_async_request(request)
             body = await answer.aread()
@@ -113,10 +126,8 @@ class _InProcess(httpx.BaseTransport):
             self._loop.close()
 
 
-@pytest.fixture
-def in_process() -> Iterator[Callable[[Any], httpx.Client]]:
-    """``in_process(app)`` → an httpx.Client that calls ``app`` in this process
-    (httpx's ASGITransport, the lifespan run): for tests that need no real server."""
+@contextlib.contextmanager
+def _in_process() -> Iterator[InProcess]:
     clients: list[httpx.Client] = []
 
     def client(app: Any) -> httpx.Client:
@@ -124,9 +135,26 @@ def in_process() -> Iterator[Callable[[Any], httpx.Client]]:
         clients.append(made)
         return made
 
-    yield client
-    for made in clients:
-        made.close()
+    try:
+        yield client
+    finally:
+        for made in clients:
+            made.close()
+
+
+@pytest.fixture
+def in_process() -> Iterator[InProcess]:
+    """``in_process(app)`` → an httpx.Client that calls ``app`` in this process
+    (httpx's ASGITransport, the lifespan run): for tests that need no real server."""
+    with _in_process() as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def in_process_module() -> Iterator[InProcess]:
+    """`in_process` for an app that all the tests of a module share."""
+    with _in_process() as client:
+        yield client
 
 
 @pytest.fixture
