@@ -10,6 +10,9 @@
 * ``<!-- skip: next -->`` before a block leaves it out, for the few that need
   a server or install software (the quick start's two commands, compose).
 
+``sh`` and ``console`` blocks start processes: they get the ``server``
+marker, so ``make test-fast`` leaves them out.
+
 Blocks of other languages (``json``, ``yaml``, ``text`` ...) are data.
 """
 
@@ -24,6 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 from sybil import Example, Sybil
 from sybil.parsers.markdown import CodeBlockParser, PythonCodeBlockParser, SkipParser
 
@@ -114,3 +118,13 @@ pytest_collect_file = Sybil(
     setup=setup,
     teardown=teardown,
 ).pytest()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A ``sh`` or ``console`` block runs ``metering`` processes (workers,
+    ``serve``): it is marked ``server`` with the tests that need one, so
+    ``make test-fast`` leaves it to ``make test`` (docs/testing.md)."""
+    for item in items:
+        region = getattr(getattr(item, "example", None), "region", None)
+        if getattr(region, "evaluator", None) in (run_sh, run_console):
+            item.add_marker(pytest.mark.server)

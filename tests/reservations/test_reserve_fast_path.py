@@ -104,6 +104,7 @@ def _stored_with_reservations(meter: Meter) -> dict[str, object]:
     return stored
 
 
+@pytest.mark.slow
 @NO_SHRINK
 @given(stream=streams)
 def test_sqlite_reservations_on_the_fast_path_match_the_reference_engine(
