@@ -10,8 +10,8 @@
 * ``<!-- skip: next -->`` before a block leaves it out, for the few that need
   a server or install software (the quick start's two commands, compose).
 
-``sh`` and ``console`` blocks start processes: they get the ``server``
-marker, so ``make test-fast`` leaves them out.
+``sh`` and ``console`` blocks start processes: a document with one gets
+the ``server`` marker whole, so ``make test-fast`` leaves it out.
 
 Blocks of other languages (``json``, ``yaml``, ``text`` ...) are data.
 """
@@ -122,9 +122,19 @@ pytest_collect_file = Sybil(
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A ``sh`` or ``console`` block runs ``metering`` processes (workers,
-    ``serve``): it is marked ``server`` with the tests that need one, so
-    ``make test-fast`` leaves it to ``make test`` (docs/testing.md)."""
+    ``serve``), and the blocks of one document share its directory and a
+    skip runs up to the next block: a document with such a block is marked
+    ``server`` whole, with the tests that need one, so ``make test-fast``
+    leaves it to ``make test`` (docs/testing.md)."""
+    documents: dict[str, list[pytest.Item]] = {}
     for item in items:
-        region = getattr(getattr(item, "example", None), "region", None)
-        if getattr(region, "evaluator", None) in (run_sh, run_console):
-            item.add_marker(pytest.mark.server)
+        example = getattr(item, "example", None)
+        if example is not None:
+            documents.setdefault(str(item.path), []).append(item)
+    for examples in documents.values():
+        if any(
+            getattr(item.example.region, "evaluator", None) in (run_sh, run_console)  # type: ignore[attr-defined]
+            for item in examples
+        ):
+            for item in examples:
+                item.add_marker(pytest.mark.server)
