@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 SRC := metering workers tests bench conftest.py
 PYTEST_ARGS ?=
 
-.PHONY: venv servers lint test mutants demo bench fmt clean
+.PHONY: venv servers lint test test-fast mutants demo bench fmt clean
 
 venv: $(VENV)/.installed
 
@@ -31,6 +31,12 @@ lint: venv
 # Lint first: a style or type error fails fast, before the slower suite.
 test: venv servers lint
 	bash scripts/pytest.sh $(PYTEST_ARGS)
+
+# The tests that need no server (no PostgreSQL, Redis, worker process or
+# socket server): conftest.py marks the others `server` from the fixtures they
+# use. Under 2 minutes; no lint, no `servers` (docs/testing.md).
+test-fast: venv
+	bash scripts/pytest.sh -m "not server" $(PYTEST_ARGS)
 
 # Mutation testing of the domain against its unit tests (docs/testing.md):
 # fails on a surviving mutant that tests/mutants-equivalent.txt does not explain.

@@ -10,6 +10,9 @@
 * ``<!-- skip: next -->`` before a block leaves it out, for the few that need
   a server or install software (the quick start's two commands, compose).
 
+``sh`` and ``console`` blocks start processes: a document with one gets
+the ``server`` marker whole, so ``make test-fast`` leaves it out.
+
 Blocks of other languages (``json``, ``yaml``, ``text`` ...) are data.
 """
 
@@ -24,6 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 from sybil import Example, Sybil
 from sybil.parsers.markdown import CodeBlockParser, PythonCodeBlockParser, SkipParser
 
@@ -114,3 +118,23 @@ pytest_collect_file = Sybil(
     setup=setup,
     teardown=teardown,
 ).pytest()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A ``sh`` or ``console`` block runs ``metering`` processes (workers,
+    ``serve``), and the blocks of one document share its directory and a
+    skip runs up to the next block: a document with such a block is marked
+    ``server`` whole, with the tests that need one, so ``make test-fast``
+    leaves it to ``make test`` (docs/testing.md)."""
+    documents: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        example = getattr(item, "example", None)
+        if example is not None:
+            documents.setdefault(str(item.path), []).append(item)
+    for examples in documents.values():
+        if any(
+            getattr(item.example.region, "evaluator", None) in (run_sh, run_console)  # type: ignore[attr-defined]
+            for item in examples
+        ):
+            for item in examples:
+                item.add_marker(pytest.mark.server)

@@ -38,31 +38,69 @@ _db_counter = itertools.count(1)
 
 
 REDIS_MARKER = "redis: needs the throw-away Redis server the test session starts"
+SERVER_MARKER = "server: needs a real server or process (set by conftest.py from the fixtures used)"
 
 
 def pytest_configure(config: pytest.Config) -> None:
     # Also belongs in pyproject's [tool.pytest.ini_options] markers; declaring
     # it here too keeps --strict-markers happy either way.
     config.addinivalue_line("markers", REDIS_MARKER)
+    config.addinivalue_line("markers", SERVER_MARKER)
 
 
 def _in_ci() -> bool:
     return os.environ.get("CI", "").lower() == "true"
 
 
+# Fixtures that start or reach a real server: the session's PostgreSQL and
+# Redis, a Celery worker or an API process in a subprocess, uvicorn or
+# waitress on a socket, a test's own server. A test that uses any of them,
+# directly or through another fixture, gets the ``server`` marker; so does a
+# test parametrised with "postgresql" (``db_url`` and the like), and one
+# marked ``postgres``, ``redis`` or ``slow`` by hand. ``make test-fast`` runs
+# ``-m "not server"``. A new fixture that starts a server goes in this set.
+SERVER_FIXTURES = frozenset(
+    {
+        "postgres_server",
+        "pg_template_url",
+        "pg_url",
+        "redis_server",
+        "redis_url",
+        "own_server",
+        "own_redis",
+        "start_worker",
+        "api_worker",
+        "serve_api",
+        "serve_api_module",
+        "serve_asgi",
+        "serve_wsgi",
+    }
+)
+SERVER_MARKERS = frozenset({"postgres", "redis", "slow", "server"})
+POSTGRES_PARAMS = frozenset({"postgresql", "postgres"})
+
+
+def _params(item: pytest.Item) -> dict[str, object]:
+    callspec = getattr(item, "callspec", None)
+    return dict(callspec.params) if callspec is not None else {}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        fixtures = getattr(item, "fixturenames", ())
+        fixtures = set(getattr(item, "fixturenames", ()))
+        params = _params(item)
         if "redis_server" in fixtures or "redis_url" in fixtures:
             item.add_marker(pytest.mark.redis)
-        callspec = getattr(item, "callspec", None)
-        db_url_param = callspec.params.get("db_url") if callspec is not None else None
         if (
             "pg_url" in fixtures
             or "postgres_server" in fixtures
-            or ("db_url" in fixtures and db_url_param == "postgresql")
+            or ("db_url" in fixtures and params.get("db_url") == "postgresql")
         ):
             item.add_marker(pytest.mark.postgres)
+        on_postgres = any(isinstance(v, str) and v in POSTGRES_PARAMS for v in params.values())
+        marked = {mark.name for mark in item.iter_markers()}
+        if fixtures & SERVER_FIXTURES or on_postgres or marked & SERVER_MARKERS:
+            item.add_marker(pytest.mark.server)
 
 
 @pytest.fixture(scope="session")

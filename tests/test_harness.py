@@ -108,6 +108,22 @@ def test_no_postgres_marker_without_postgres(request: pytest.FixtureRequest) -> 
     assert request.node.get_closest_marker("postgres") is None
 
 
+def test_server_marker_follows_the_fixtures(
+    request: pytest.FixtureRequest, postgres_server: PostgresServer
+) -> None:
+    assert request.node.get_closest_marker("server") is not None
+
+
+def test_no_server_marker_without_a_server(request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    assert request.node.get_closest_marker("server") is None
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_a_postgresql_parameter_marks_server(kind: str, request: pytest.FixtureRequest) -> None:
+    marked = request.node.get_closest_marker("server") is not None
+    assert marked == (kind == "postgresql")
+
+
 def test_database_from_template_sees_template_table(postgres_server: PostgresServer) -> None:
     postgres_server.create_database("harness_tmpl_a")
     try:

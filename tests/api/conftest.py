@@ -11,6 +11,7 @@ PostgreSQL and Redis, for the tests where queued events must be applied.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -19,14 +20,16 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import uvicorn
 
 Serve = Callable[[Any], str]
+InProcess = Callable[[Any], httpx.Client]
 
 
 def wait_started(server: uvicorn.Server, thread: threading.Thread, timeout: float = 20) -> None:
@@ -76,6 +79,82 @@ def serve_api_module() -> Iterator[Serve]:
     """`serve_api` for a server that all the tests of a module share."""
     with _serving() as serve:
         yield serve
+
+
+class _Chunks(httpx.AsyncByteStream):
+    def __init__(self, chunks: Any) -> None:
+        self._chunks = chunks
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for chunk in self._chunks:
+            yield chunk
+
+
+class _InProcess(httpx.BaseTransport):
+    """A sync httpx transport to an ASGI app in this process: httpx's ASGITransport
+    on an event loop of its own thread, inside the app's lifespan (no socket)."""
+
+    def __init__(self, app: Any) -> None:
+        self._asgi = httpx.ASGITransport(app=app)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self._lifespan = app.router.lifespan_context(app)
+        self._call(self._lifespan.__aenter__())
+
+    def _call(self, coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=60)
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if not isinstance(request.stream, httpx.AsyncByteStream):
+            request.stream = _Chunks(request.stream)  # a generator body: sent chunk by chunk
+
+        async def send() -> httpx.Response:
+            answer = await self._asgi.handle_async_request(request)
+            body = await answer.aread()
+            return httpx.Response(answer.status_code, headers=answer.headers, content=body)
+
+        response: httpx.Response = self._call(send())
+        return response
+
+    def close(self) -> None:
+        try:
+            self._call(self._lifespan.__aexit__(None, None, None))
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(15)
+            self._loop.close()
+
+
+@contextlib.contextmanager
+def _in_process() -> Iterator[InProcess]:
+    clients: list[httpx.Client] = []
+
+    def client(app: Any) -> httpx.Client:
+        made = httpx.Client(transport=_InProcess(app), base_url="http://testserver", timeout=30)
+        clients.append(made)
+        return made
+
+    try:
+        yield client
+    finally:
+        for made in clients:
+            made.close()
+
+
+@pytest.fixture
+def in_process() -> Iterator[InProcess]:
+    """``in_process(app)`` → an httpx.Client that calls ``app`` in this process
+    (httpx's ASGITransport, the lifespan run): for tests that need no real server."""
+    with _in_process() as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def in_process_module() -> Iterator[InProcess]:
+    """`in_process` for an app that all the tests of a module share."""
+    with _in_process() as client:
+        yield client
 
 
 @pytest.fixture

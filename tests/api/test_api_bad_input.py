@@ -1,6 +1,6 @@
 """Bad input over HTTP: each case a 4xx problem+json, and nothing stored or queued.
 
-The app runs on the embedded default under uvicorn; after each bad request
+The app runs on the embedded default in process (httpx's ASGITransport); after each bad request
 the results, counters and dead letters are empty and the broker holds no
 message (a good request afterwards shows the same server does store).
 """
@@ -25,7 +25,7 @@ from metering.api import create_api
 from metering.api.bounds import BodyLimit, BodyTooLarge
 from metering.settings import Settings
 
-Serve = Callable[[Any], str]
+InProcess = Callable[[Any], httpx.Client]
 NOW = datetime(2026, 11, 22, 9, 30, tzinfo=UTC)
 MAX_BYTES = 16_384
 MAX_EVENTS = 5
@@ -155,7 +155,7 @@ def broker_file(workdir: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def client(serve_api_module: Serve, meter: Meter, broker_file: Path) -> Iterator[httpx.Client]:
+def client(in_process_module: InProcess, meter: Meter, broker_file: Path) -> Iterator[httpx.Client]:
     """One server for the module: every test leaves nothing stored, so they share it."""
     settings = Settings(
         database_url=meter.url,
@@ -163,8 +163,7 @@ def client(serve_api_module: Serve, meter: Meter, broker_file: Path) -> Iterator
         api_max_body_bytes=MAX_BYTES,
         api_max_events=MAX_EVENTS,
     )
-    base = serve_api_module(create_api(settings, meter=meter))
-    with httpx.Client(base_url=base, timeout=30) as http:
+    with in_process_module(create_api(settings, meter=meter)) as http:
         yield http
 
 

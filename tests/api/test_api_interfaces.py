@@ -21,7 +21,7 @@ from metering import FrozenClock, Limit, Meter
 from metering.api import create_api
 from metering.settings import Settings
 
-Serve = Callable[[Any], str]
+InProcess = Callable[[Any], httpx.Client]
 NOW = datetime(2026, 11, 22, 9, 30, tzinfo=UTC)
 PROBLEM = "application/problem+json"
 
@@ -36,10 +36,9 @@ def meter(sqlite_url: str) -> Iterator[Meter]:
 
 
 @pytest.fixture
-def http(serve_api: Serve, meter: Meter, tmp_path: Path) -> Iterator[httpx.Client]:
+def http(in_process: InProcess, meter: Meter, tmp_path: Path) -> httpx.Client:
     settings = Settings(meter.url, f"sqla+sqlite:///{tmp_path}/broker.db")
-    with httpx.Client(base_url=serve_api(create_api(settings, meter=meter)), timeout=30) as c:
-        yield c
+    return in_process(create_api(settings, meter=meter))
 
 
 @pytest.mark.parametrize("report", ["overage", "usage"])

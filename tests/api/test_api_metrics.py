@@ -163,6 +163,7 @@ def test_the_lag_gauges_are_on_the_apis_metrics(client: httpx.Client) -> None:
     assert ("metering_queue_depth", frozenset({("queue", "metering")})) in samples
 
 
+@pytest.mark.server  # `metering serve` under uvicorn, in two processes
 def test_metering_serve_with_two_processes_counts_exactly_and_logs_json(tmp_path: Path) -> None:
     database = f"sqlite:///{tmp_path}/metering.db"
     with Meter(database) as meter:

@@ -56,6 +56,7 @@ def served(tmp_path: Path) -> Iterator[tuple[str, Path, dict[str, str]]]:
         log.close()
 
 
+@pytest.mark.server  # `metering serve` under uvicorn, in a subprocess
 def test_metering_serve_runs_on_the_embedded_default(
     served: tuple[str, Path, dict[str, str]],
 ) -> None:

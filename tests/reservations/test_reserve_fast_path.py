@@ -23,11 +23,11 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from engine.test_fast_path import LIMITS, SETTINGS, START, SUBJECTS, _stored, _two_databases
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 from servers import PostgresServer
 from sqlalchemy import select
-from storage.test_fast_path import LIMITS, SETTINGS, START, SUBJECTS, _stored, _two_databases
 
 from metering import FrozenClock, Meter
 from metering.domain.events import make_event
@@ -138,6 +138,7 @@ def _stored_with_reservations(meter: Meter) -> dict[str, object]:
     return stored
 
 
+@pytest.mark.slow
 @NO_SHRINK
 @given(stream=streams)
 def test_sqlite_reservations_on_the_fast_path_match_the_reference_engine(

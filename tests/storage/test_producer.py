@@ -301,6 +301,7 @@ def _declare_at_once(url: str, start: Any, queue: str) -> None:
         channel.queue_declare(queue)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attempt", range(3))
 def test_processes_starting_together_on_fresh_embedded_files_all_come_up(
     tmp_path: Path, attempt: int

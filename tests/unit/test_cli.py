@@ -377,6 +377,7 @@ def test_help_documents_the_exit_codes() -> None:
 # -- demo ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_demo_runs_the_pipeline_in_fresh_files(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -83,6 +83,7 @@ def test_demo_with_an_unusable_metering_home_is_one_error_line(
     assert_one_line_error(CliRunner().invoke(main, ["demo"]), f"METERING_HOME={home}", message)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
 def test_worker_with_an_unusable_metering_home_is_one_error_line(tmp_path: Path, case: str) -> None:
     """A subprocess: `metering worker` replaces its process with celery when it starts."""

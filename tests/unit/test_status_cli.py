@@ -484,6 +484,7 @@ def beat_ticks_in_a_process_of_its_own(files: Files, number: int, at: datetime) 
     subprocess.run([*command, at.isoformat()], check=True, timeout=60)
 
 
+@pytest.mark.slow
 def test_two_beats_on_one_host_both_show_and_status_warns(files: Files) -> None:
     now = datetime.now(UTC)  # the command reads the system clock
     record_heartbeat(files.database, WORKER, "w1@host", FrozenClock(now))

@@ -206,7 +206,7 @@ def _databases(request: pytest.FixtureRequest, kind: str) -> Iterator[tuple[str,
             server.drop_database(name)
 
 
-@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("kind", [pytest.param("sqlite", marks=pytest.mark.slow), "postgresql"])
 def test_one_trip_path_matches_the_reference_engine(
     request: pytest.FixtureRequest, kind: str
 ) -> None:

@@ -197,6 +197,7 @@ SETTINGS = settings(
 )
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(stream=streams)
 def test_sqlite_hot_path_matches_the_general_engine(stream: list[dict[str, object]]) -> None:
