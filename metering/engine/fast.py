@@ -10,7 +10,7 @@ The general engine (`metering.engine.reference.apply_events`) keeps what is rare
 event older than its subject's current first-use window sends the whole
 batch there (`UseGeneralPath`); reservations use it too, and `check` when
 `check_record` leaves it there. The differential property tests
-(``tests/storage/test_fast_path.py``, ``test_check_path.py``) hold both to
+(``tests/engine/test_fast_path.py``, ``test_check_path.py``) hold both to
 the same results, counters, notifications and checks.
 
 Limits are cached per process (`LimitCache`) with the version they were read

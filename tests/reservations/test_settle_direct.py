@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 
 import pytest
 from sqlalchemy import select
-from storage.test_direct_postgres import checkouts
+from storage.hot.test_direct_postgres import checkouts
 
 from metering import FrozenClock, Limit, Meter
 from metering.errors import ReservationSettled, UnknownReservation
