@@ -15,9 +15,10 @@ from typing import Any
 from sqlalchemy import Connection
 
 from metering import allowances, reserving
+from metering import limits as admin
 from metering.allowances import Correction, Grant
 from metering.clock import Clock, system_clock
-from metering.config import load_entitlements_file, load_limits_file
+from metering.config import load_entitlements_file
 from metering.domain.bounds import validate_count, validate_seconds
 from metering.domain.decisions import Decision
 from metering.domain.events import (
@@ -32,13 +33,13 @@ from metering.domain.events import (
 )
 from metering.domain.grants import Entitlement
 from metering.domain.instants import from_us
-from metering.domain.limits import Limit, is_reserved, validate_limit_name
+from metering.domain.limits import Limit, validate_limit_name
 from metering.domain.reservations import DEFAULT_TTL_SECONDS, STORED_STATES
 from metering.domain.state import CounterKey, CounterState
 from metering.engine import Engine
 from metering.engine.fast import CONFLICT, DUPLICATE, Answer
 from metering.engine.reference import Decided, InvalidPolicy, decision_of
-from metering.errors import EventConflict, InvalidInput, ReservedLimit, UnknownLimit
+from metering.errors import EventConflict, InvalidInput, UnknownLimit
 from metering.leases import LeaseBook, LeasedReservation
 from metering.reservations import Reservation, ReservationInfo
 from metering.reserving import validate_ttl
@@ -126,60 +127,31 @@ class Meter:
     def set_limit(self, limit: Limit) -> Limit:
         """Create or replace a limit; events decided afterwards use it.
         `ReservedLimit` for a name of the product's own (``metering.*``)."""
-        return self.set_limits([limit])[0]
+        return admin.set_limits(self.database, [limit])[0]
 
     def set_product_limit(self, limit: Limit) -> Limit:
         """Create or replace one of the product's own limits (``metering.*``,
-        e.g. the API's rate per key): the only way to write a reserved name.
-        The product calls it; users get `ReservedLimit` from `set_limit`."""
-        if not isinstance(limit, Limit):
-            raise InvalidInput("limit", f"expected a Limit, got {type(limit).__name__}")
-        if not is_reserved(limit.name):
-            raise ReservedLimit(limit.name, "define it as the product's own (not metering.*)")
-        now_us = self.database.now_us()
-        self.database.run(lambda c: Store(c).upsert_limit(limit, now_us))
-        return limit
+        e.g. the API's rate per key): the only way to write a reserved name."""
+        return admin.set_product_limit(self.database, limit)
 
     def set_limits(self, limits: Iterable[Limit]) -> list[Limit]:
         """Create or replace several limits in one transaction (all or none)."""
-        chosen = list(limits)
-        for limit in chosen:
-            if not isinstance(limit, Limit):
-                raise InvalidInput("limit", f"expected a Limit, got {type(limit).__name__}")
-            if is_reserved(limit.name):
-                raise ReservedLimit(limit.name, "create or change")
-        now_us = self.database.now_us()
-
-        def work(connection: Connection) -> None:
-            store = Store(connection)
-            for limit in chosen:
-                store.upsert_limit(limit, now_us)
-
-        self.database.run(work)
-        return chosen
+        return admin.set_limits(self.database, limits)
 
     def load_limits(self, path: str | Path) -> list[Limit]:
         """Validate a YAML or TOML file of limits and store them all, or none."""
-        return self.set_limits(load_limits_file(path))
+        return admin.load_limits(self.database, path)
 
     def get_limit(self, name: str) -> Limit:
-        validate_limit_name(name)
-        found = self.database.run(lambda c: Store(c).load_limits([name]))
-        if name not in found:
-            raise UnknownLimit(name)
-        return found[name]
+        return admin.get_limit(self.database, name)
 
     def list_limits(self) -> list[Limit]:
-        return self.database.run(lambda c: Store(c).list_limits())
+        return admin.list_limits(self.database)
 
     def delete_limit(self, name: str) -> None:
         """Delete a limit. Its counters stay, for reports. `ReservedLimit`
         for a name of the product's own (``metering.*``)."""
-        validate_limit_name(name)
-        if is_reserved(name):
-            raise ReservedLimit(name, "delete")
-        if not self.database.run(lambda c: Store(c).delete_limit(name)):
-            raise UnknownLimit(name)
+        admin.delete_limit(self.database, name)
 
     # -- decisions -----------------------------------------------------------
 
