@@ -7,19 +7,16 @@ event exactly once; `check` answers what would happen without recording.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection
-
-from metering import allowances, reserving
+from metering import allowances, counters, reservation_admin, reserving, results
 from metering import limits as admin
 from metering.allowances import Correction, Grant
 from metering.clock import Clock, system_clock
-from metering.config import load_entitlements_file
-from metering.domain.bounds import validate_count, validate_seconds
+from metering.counters import Counter
+from metering.domain.bounds import validate_count
 from metering.domain.decisions import Decision
 from metering.domain.events import (
     EventRecord,
@@ -29,17 +26,15 @@ from metering.domain.events import (
     make_event,
     validate_cost,
     validate_event_id,
-    validate_subject,
 )
 from metering.domain.grants import Entitlement
 from metering.domain.instants import from_us
-from metering.domain.limits import Limit, validate_limit_name
-from metering.domain.reservations import DEFAULT_TTL_SECONDS, STORED_STATES
-from metering.domain.state import CounterKey, CounterState
+from metering.domain.limits import Limit
+from metering.domain.reservations import DEFAULT_TTL_SECONDS
 from metering.engine import Engine
 from metering.engine.fast import CONFLICT, DUPLICATE, Answer
 from metering.engine.reference import Decided, InvalidPolicy, decision_of
-from metering.errors import EventConflict, InvalidInput, UnknownLimit
+from metering.errors import EventConflict
 from metering.leases import LeaseBook, LeasedReservation
 from metering.reservations import Reservation, ReservationInfo
 from metering.reserving import validate_ttl
@@ -47,22 +42,6 @@ from metering.settings import MAX_CORRECTION_HORIZON_DAYS, database_url
 from metering.settings import correction_horizon_days as horizon_days
 from metering.storage.database import Database
 from metering.storage.engine import ensure_schema
-from metering.storage.reservations import ReservationStore
-from metering.storage.store import Store
-
-
-@dataclass(frozen=True, slots=True)
-class Counter:
-    """A counter as an operator sees it."""
-
-    subject: str
-    limit: str
-    window_start: datetime | None
-    window_end: datetime | None
-    used: int
-    denied_count: int
-    denied_cost: int
-    first_denied_at: datetime | None
 
 
 class Meter:
@@ -322,60 +301,33 @@ class Meter:
         return reserving.commit(self.database, reservation_id, actual)
 
     def reservation(self, reservation_id: str) -> ReservationInfo | None:
-        validate_event_id(reservation_id)
-        record = self.database.run(lambda c: ReservationStore(c).get(reservation_id))
-        return ReservationInfo.of(record) if record is not None else None
+        return reservation_admin.reservation(self.database, reservation_id)
 
     def reservations(
         self, state: str | None = None, subject: str | None = None, count: int = 100
     ) -> list[ReservationInfo]:
         """The ``count`` newest reservations, optionally of one state and subject."""
-        if state is not None and state not in STORED_STATES:
-            raise InvalidInput("state", "must be held, committed or cancelled")
-        if subject is not None:
-            validate_subject(subject)
-        validate_count("count", count)
-        records = self.database.run(lambda c: ReservationStore(c).list(state, subject, count))
-        return [ReservationInfo.of(r) for r in records]
+        return reservation_admin.reservations(self.database, state, subject, count)
 
     def sweep_reservations(self, retention_seconds: float | None = None) -> dict[str, int]:
-        """Commit reservations past their time to live (the beat task calls this).
-
-        With ``retention_seconds``, also delete settled reservations older
-        than that (finite, at most a century). Returns how many were committed
-        and deleted.
-        """
-        if retention_seconds is not None:
-            validate_seconds("retention_seconds", retention_seconds)
-        now_us = self.database.now_us()
-
-        def work(connection: Connection) -> dict[str, int]:
-            rows = ReservationStore(connection)
-            committed = rows.commit_expired(now_us)
-            deleted = 0
-            if retention_seconds is not None:
-                deleted = rows.delete_settled_before(now_us - round(retention_seconds * 1e6))
-            return {"committed": committed, "deleted": deleted}
-
-        return self.database.run(work)
+        """Commit reservations past their time to live (the beat task calls this);
+        with ``retention_seconds``, delete settled ones older than that."""
+        return reservation_admin.sweep(self.database, retention_seconds)
 
     def decided(self, event_ids: Iterable[str]) -> set[str]:
         """Which of these event ids have a stored result."""
-        wanted = list(event_ids)
-        return self.database.run(lambda c: Store(c).decided_ids(wanted))
+        return results.decided(self.database, event_ids)
 
     def outcome_counts(self) -> dict[str, int]:
         """How many results there are of each outcome."""
-        return self.database.run(lambda c: Store(c).outcome_counts())
+        return results.outcome_counts(self.database)
 
     def count_results(self) -> int:
-        return self.database.run(lambda c: Store(c).count_results())
+        return results.count_results(self.database)
 
     def rejected_messages(self, count: int = 100) -> list[Rejected]:
-        """The ``count`` newest pieces of queued input that could not be applied,
-        each with its reason."""
-        validate_count("count", count)
-        return self.database.run(lambda c: Store(c).list_rejected_messages(count))
+        """The ``count`` newest pieces of queued input that could not be applied."""
+        return results.rejected_messages(self.database, count)
 
     def check(
         self,
@@ -397,37 +349,12 @@ class Meter:
 
     def result(self, event_id: str) -> Decision | None:
         """The stored result of an event, or None if it has not been decided."""
-        validate_event_id(event_id)
-        found = self.database.run(lambda c: Store(c).fetch_results([event_id]))
-        if event_id not in found:
-            return None
-        return decision_of(found[event_id], duplicate=False)
+        return results.result(self.database, event_id)
 
     def reset(self, subject: str | None = None, limit: str | None = None) -> int:
         """Clear current counters (operator action); past windows stay for reports.
-
-        Give a subject, a limit or both. Returns how many counters were cleared.
-        """
-        if subject is None and limit is None:
-            raise InvalidInput("reset", "give a subject, a limit or both")
-        if subject is not None:
-            validate_subject(subject)
-        if limit is not None:
-            validate_limit_name(limit)
-        now_us = self.database.now_us()
-
-        def work(connection: Connection) -> int:
-            # Held units go with the rest: a later cancel returns nothing.
-            ReservationStore(connection).forget_held_charges(subject, limit)
-            store = Store(connection)
-            cleared = store.delete_current_counters(subject, limit, now_us)
-            # Timed once the counters are locked and gone: every event whose
-            # usage was cleared was decided by then, so a void of it skips
-            # the counter that started over (`metering.domain.corrections`).
-            store.record_reset(subject, limit, max(now_us, self.database.now_us()))
-            return cleared
-
-        return self.database.run(work)
+        Give a subject, a limit or both; how many counters were cleared."""
+        return counters.reset(self.database, subject, limit)
 
     # -- entitlements, grants, corrections ------------------------------------
 
@@ -446,16 +373,8 @@ class Meter:
         return allowances.set_entitlement(self.database, subject, limit, maximum, effective_from)
 
     def load_entitlements(self, path: str | Path) -> list[Entitlement]:
-        """Validate a YAML or TOML file of per-subject maximums
-        (`metering.config.load_entitlements_file`) and store them all, or none:
-        an error names the entry and its field."""
-        entries = load_entitlements_file(path)
-        changes = [(e.subject, e.limit, e.maximum, e.effective_from) for e in entries]
-        try:
-            return allowances.set_entitlements(self.database, changes)
-        except UnknownLimit as exc:
-            where = next((e.where for e in entries if e.limit == exc.limit), "an entry")
-            raise InvalidInput("entitlements file", f"{path}: {where}: limit: {exc}") from exc
+        """Store a YAML or TOML file of per-subject maximums, all or none."""
+        return allowances.load_entitlements(self.database, path)
 
     def delete_entitlement(
         self, subject: str, limit: str, effective_from: datetime | None = None
@@ -521,12 +440,7 @@ class Meter:
 
     def counters(self, subject: str | None = None, limit: str | None = None) -> list[Counter]:
         """Counters of a subject and/or limit, every window, oldest first."""
-        if subject is not None:
-            validate_subject(subject)
-        if limit is not None:
-            validate_limit_name(limit)
-        rows = self.database.run(lambda c: Store(c).counters_of(subject, limit))
-        return [_counter(key, state) for key, state in rows]
+        return counters.counters(self.database, subject, limit)
 
 
 def _consumed(event_id: str, answer: Answer) -> Decision:
@@ -541,19 +455,3 @@ def _applied(event_id: str, answer: Answer) -> Decided:
     if kind == CONFLICT or record is None:
         return EventConflict(event_id)
     return decision_of(record, duplicate=kind == DUPLICATE)
-
-
-def _counter(key: CounterKey, state: CounterState) -> Counter:
-    windowed = key.window_end_us != 0
-    return Counter(
-        subject=key.subject,
-        limit=key.limit,
-        window_start=from_us(key.window_start_us) if windowed else None,
-        window_end=from_us(key.window_end_us) if windowed else None,
-        used=state.used,
-        denied_count=state.denied_count,
-        denied_cost=state.denied_cost,
-        first_denied_at=from_us(state.first_denied_at_us)
-        if state.first_denied_at_us is not None
-        else None,
-    )
