@@ -1,17 +1,39 @@
-"""Stored reservations as operators see them: lookup, listing, and the sweep
-that commits those past their time to live."""
+"""Reservations as the meter opens and settles them (`metering.reserving`
+holds their transactions) and as operators see them: lookup, listing, and
+the sweep that commits those past their time to live."""
 
 from __future__ import annotations
 
 from sqlalchemy import Connection
 
+from metering import reserving
 from metering.domain.bounds import validate_count, validate_seconds
-from metering.domain.events import validate_event_id, validate_subject
+from metering.domain.events import UsageEvent, validate_event_id, validate_subject
+from metering.domain.instants import from_us
 from metering.domain.reservations import STORED_STATES
+from metering.engine.core import Engine
 from metering.errors import InvalidInput
-from metering.reservations import ReservationInfo
+from metering.reservations import Reservation, ReservationInfo, Settler
 from metering.storage.database import Database
 from metering.storage.reservations import ReservationStore
+
+
+def reserve(engine: Engine, settler: Settler, event: UsageEvent, ttl_seconds: float) -> Reservation:
+    """Decide and record ``event`` like a consume and hold what it took."""
+    ttl = reserving.validate_ttl(ttl_seconds)
+    decision, state, expires_at_us = reserving.reserve(engine, event, round(ttl * 1_000_000))
+    expires_at = from_us(expires_at_us) if expires_at_us is not None else None
+    return Reservation(settler, decision, state, expires_at)
+
+
+def cancel(database: Database, reservation_id: str) -> int:
+    validate_event_id(reservation_id)
+    return reserving.cancel(database, reservation_id)
+
+
+def commit(database: Database, reservation_id: str, actual: int | None) -> int:
+    validate_event_id(reservation_id)
+    return reserving.commit(database, reservation_id, actual)
 
 
 def reservation(database: Database, reservation_id: str) -> ReservationInfo | None:

@@ -1,4 +1,5 @@
-"""Stored results and rejected input, as operators and workers read them."""
+"""Results: the engine's answers as decisions, and stored results and
+rejected input as operators and workers read them."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from collections.abc import Iterable
 from metering.domain.bounds import validate_count
 from metering.domain.decisions import Decision
 from metering.domain.events import Rejected, validate_event_id
-from metering.engine.reference import decision_of
+from metering.engine.fast import CONFLICT, DUPLICATE, Answer
+from metering.engine.reference import Decided, decision_of
+from metering.errors import EventConflict
 from metering.storage.database import Database
 from metering.storage.store import Store
 
@@ -40,3 +43,19 @@ def rejected_messages(database: Database, count: int) -> list[Rejected]:
     """The ``count`` newest pieces of queued input that could not be applied."""
     validate_count("count", count)
     return database.run(lambda c: Store(c).list_rejected_messages(count))
+
+
+def consumed(event_id: str, answer: Answer) -> Decision:
+    """The decision of one consumed event; `EventConflict` for a reused id."""
+    applied = applied_of(event_id, answer)
+    if isinstance(applied, EventConflict):
+        raise applied
+    return applied
+
+
+def applied_of(event_id: str, answer: Answer) -> Decided:
+    """An engine's answer as `Meter.apply` returns it (a conflict is an `EventConflict`)."""
+    kind, record = answer
+    if kind == CONFLICT or record is None:
+        return EventConflict(event_id)
+    return decision_of(record, duplicate=kind == DUPLICATE)
