@@ -1,5 +1,5 @@
 """The synchronous API: `Meter`, a facade whose methods hand each call to the
-module that owns its feature (limits, engine, results, reservation_admin,
+module that owns its feature (limits, engine, results, reservations,
 leases, counters, allowances). Each call is one database transaction."""
 
 from __future__ import annotations
@@ -9,9 +9,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from metering import allowances, counters, reserving, results
+from metering import allowances, counters, results
 from metering import limits as admin
-from metering import reservation_admin as held
 from metering.allowances import Correction, Grant
 from metering.clock import Clock, system_clock
 from metering.counters import Counter
@@ -27,6 +26,8 @@ from metering.engine.fast import Answer
 from metering.engine.reference import Decided, InvalidPolicy
 from metering.leases import LeaseBook, LeasedReservation
 from metering.reservations import Reservation, ReservationInfo
+from metering.reservations import admin as held
+from metering.reservations import transactions as reserving
 from metering.settings import MAX_CORRECTION_HORIZON_DAYS as MAX_DAYS
 from metering.settings import correction_horizon_days as horizon_days
 from metering.settings import database_url
@@ -139,7 +140,6 @@ class Meter:
         return self._engine.check(self._event(subject, limit, cost, charges, "check", occurred_at))
 
     def result(self, event_id: str) -> Decision | None:
-        """The stored result of an event, or None if it has not been decided."""
         return results.result(self.database, event_id)
 
     def decided(self, event_ids: Iterable[str]) -> set[str]:

@@ -128,7 +128,7 @@ class Engine:
 
     def reserve(self, record: EventRecord, hold: Hold) -> Answer:
         """Apply one event and, when it is allowed, keep its reservation row
-        in the same transaction (`metering.reserving`). Raises the event's
+        in the same transaction (`metering.reservations.transactions`). Raises the event's
         error, `NotHeld` (a lease's denied block: nothing recorded) and
         `UseGeneralPath` (the caller runs the reference engine)."""
         try:

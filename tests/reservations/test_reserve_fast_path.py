@@ -3,7 +3,7 @@
 `Meter.reserve` and a lease's block decide through the fast path
 (`metering.engine.fast.apply_records` with a `Hold`), writing the
 reservation row in the same transaction. Hypothesis drives it and the
-reference engine (`metering.reserving._reserve`, what reservations ran on
+reference engine (`metering.reservations.transactions._reserve`, what reservations ran on
 before), each on its own database, with the same random stream of
 reservations, lease blocks (a denied block records nothing), consumes of
 the same ids, cancels and commits: stacked charges, first-use and calendar
@@ -31,7 +31,7 @@ from storage.test_fast_path import LIMITS, SETTINGS, START, SUBJECTS, _stored, _
 from metering import FrozenClock, Meter
 from metering.domain.events import make_event
 from metering.errors import MeteringError
-from metering.reserving import _NotLeased, _reserve, lease, reserve
+from metering.reservations.transactions import _NotLeased, _reserve, lease, reserve
 from metering.storage.tables import reservations
 
 # Shrinking these streams takes minutes: a failure is reported as found.
@@ -130,12 +130,12 @@ def test_an_ordinary_reservation_never_reaches_the_reference_engine(
     """Reservations and lease blocks decide on the fast path (they ran on the
     reference engine before); a denied block still records nothing."""
     import metering.engine.reference
-    import metering.reserving
+    import metering.reservations.transactions
 
     def refuse(*_args: object, **_kwargs: object) -> None:
         raise AssertionError("the reference engine ran")
 
-    monkeypatch.setattr(metering.reserving, "apply_events", refuse)
+    monkeypatch.setattr(metering.reservations.transactions, "apply_events", refuse)
     monkeypatch.setattr(metering.engine.reference, "apply_events", refuse)
     clock = FrozenClock(START)
     with Meter(db_url, clock=clock) as meter:

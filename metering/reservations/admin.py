@@ -1,4 +1,4 @@
-"""Reservations as the meter opens and settles them (`metering.reserving`
+"""Reservations as the meter opens and settles them (`metering.reservations.transactions`
 holds their transactions) and as operators see them: lookup, listing, and
 the sweep that commits those past their time to live."""
 
@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from sqlalchemy import Connection
 
-from metering import reserving
 from metering.domain.bounds import validate_count, validate_seconds
 from metering.domain.events import UsageEvent, validate_event_id, validate_subject
 from metering.domain.instants import from_us
 from metering.domain.reservations import STORED_STATES
 from metering.engine.core import Engine
 from metering.errors import InvalidInput
-from metering.reservations import Reservation, ReservationInfo, Settler
+from metering.reservations import transactions as reserving
+from metering.reservations.handle import Reservation, ReservationInfo, Settler
 from metering.storage.database import Database
 from metering.storage.reservations import ReservationStore
 
