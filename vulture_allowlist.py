@@ -67,6 +67,7 @@ sender  # unused variable (workers/observability.py)
 
 # pytest: the hook by which Sybil collects the code blocks of README.md and docs/.
 pytest_collect_file  # unused variable (conftest.py)
+pytest_collection_modifyitems  # unused function (conftest.py: marks documents that start servers)
 
 # Introspection the tests are about: how many hot-path connections a pool holds.
 _.open_connections  # unused property (metering/storage/hot/direct_postgres.py)

@@ -13,7 +13,8 @@ from metering.domain.limits import Limit
 from metering.errors import MeteringError
 
 if TYPE_CHECKING:
-    from metering.meter import Counter, Meter
+    from metering.counters import Counter
+    from metering.meter import Meter
     from metering.producer import UsageProducer, emit
     from metering.reservations import Reservation
 
@@ -39,7 +40,7 @@ __all__ = [
 # psycopg), the producer Celery, and an app that only emits events
 # (`import metering.producer`) needs neither the meter nor the database.
 _LAZY = {
-    "Counter": "metering.meter",
+    "Counter": "metering.counters",
     "Meter": "metering.meter",
     "Reservation": "metering.reservations",
     "UsageProducer": "metering.producer",

@@ -2,7 +2,7 @@
 
 `LeaseBook` is one process's (one `Meter`'s) book of keys, a key being a
 (subject, limit). For a key that is hot here it reserves a *block* of units
-in one transaction (`metering.reserving.lease`: a reservation of cost
+in one transaction (`metering.reservations.transactions.lease`: a reservation of cost
 ``block``, the ledger's record of the block) and answers the next requests
 of the key from memory until the block is spent. The block's size is
 `metering.domain.leases.block_units` (a cold key leases nothing: the exact
@@ -37,7 +37,6 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Protocol
 
-from metering import reserving
 from metering.domain.decisions import Decision
 from metering.domain.events import UsageEvent, make_event
 from metering.domain.instants import from_us
@@ -55,6 +54,7 @@ from metering.domain.limits import Limit
 from metering.domain.reservations import ReservationState
 from metering.errors import MeteringError
 from metering.reservations import Reservation
+from metering.reservations import transactions as reserving
 from metering.storage.database import Database
 
 log = logging.getLogger("metering.leases")

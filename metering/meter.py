@@ -1,107 +1,63 @@
-"""The synchronous API: `Meter`.
-
-Each call is one database transaction. `consume` decides and records an
-event exactly once; `check` answers what would happen without recording.
-"""
+"""The synchronous API: `Meter`, a facade whose methods hand each call to the
+module that owns its feature (limits, engine, results, reservations,
+leases, counters, allowances). Each call is one database transaction."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection
-
-from metering import allowances, reserving
+from metering import allowances, counters, results
+from metering import limits as admin
 from metering.allowances import Correction, Grant
 from metering.clock import Clock, system_clock
-from metering.config import load_entitlements_file, load_limits_file
-from metering.domain.bounds import validate_count, validate_seconds
+from metering.counters import Counter
+from metering.domain.bounds import validate_count
 from metering.domain.decisions import Decision
-from metering.domain.events import (
-    EventRecord,
-    Rejected,
-    UsageEvent,
-    charges_of,
-    make_event,
-    validate_cost,
-    validate_event_id,
-    validate_subject,
-)
+from metering.domain.events import EventRecord, Rejected, UsageEvent, charges_of, make_event
+from metering.domain.events import validate_cost as cost_of
 from metering.domain.grants import Entitlement
-from metering.domain.instants import from_us
-from metering.domain.limits import Limit, is_reserved, validate_limit_name
-from metering.domain.reservations import DEFAULT_TTL_SECONDS, STORED_STATES
-from metering.domain.state import CounterKey, CounterState
+from metering.domain.limits import Limit
+from metering.domain.reservations import DEFAULT_TTL_SECONDS
 from metering.engine import Engine
-from metering.engine.fast import CONFLICT, DUPLICATE, Answer
-from metering.engine.reference import Decided, InvalidPolicy, decision_of
-from metering.errors import EventConflict, InvalidInput, ReservedLimit, UnknownLimit
+from metering.engine.fast import Answer
+from metering.engine.reference import Decided, InvalidPolicy
 from metering.leases import LeaseBook, LeasedReservation
 from metering.reservations import Reservation, ReservationInfo
-from metering.reserving import validate_ttl
-from metering.settings import MAX_CORRECTION_HORIZON_DAYS, database_url
+from metering.reservations import admin as held
+from metering.reservations import transactions as reserving
+from metering.settings import MAX_CORRECTION_HORIZON_DAYS as MAX_DAYS
 from metering.settings import correction_horizon_days as horizon_days
+from metering.settings import database_url
 from metering.storage.database import Database
 from metering.storage.engine import ensure_schema
-from metering.storage.reservations import ReservationStore
-from metering.storage.store import Store
 
-
-@dataclass(frozen=True, slots=True)
-class Counter:
-    """A counter as an operator sees it."""
-
-    subject: str
-    limit: str
-    window_start: datetime | None
-    window_end: datetime | None
-    used: int
-    denied_count: int
-    denied_cost: int
-    first_denied_at: datetime | None
+Charges = Sequence[Any] | None
+Name = str | None  # a subject, limit or event id, if given
+When = datetime | None
+Leased = Reservation | LeasedReservation
 
 
 class Meter:
-    """Meters usage against limits stored in a database.
+    """Meters usage against limits stored in a database: ``url`` else
+    ``METERING_DATABASE_URL`` else ``sqlite:///metering.db``; ``clock`` gives
+    every decision's "now"; concurrent `consume` calls share transactions
+    unless ``group_commit=False``; ``correction_horizon_days`` bounds `void`."""
 
-    ``Meter()`` uses ``METERING_DATABASE_URL``, else ``sqlite:///metering.db``
-    (created on first use). ``clock`` is any callable returning an aware UTC
-    datetime; every decision's "now" comes from it.
-
-    Concurrent `consume` calls from several threads share transactions
-    (group commit, see `metering.engine.group`); ``group_commit=False`` gives
-    each call its own. `aconsume` always shares. ``correction_horizon_days``:
-    how far back `void` reaches (the caller's `Settings`), else
-    ``METERING_CORRECTION_HORIZON_DAYS``.
-    """
-
-    def __init__(
-        self,
-        url: str | None = None,
-        *,
-        clock: Clock | None = None,
-        group_commit: bool = True,
-        correction_horizon_days: int | None = None,
-        **engine_options: Any,
-    ) -> None:
-        # Checked before anything is opened.
-        days = (
-            horizon_days()
-            if correction_horizon_days is None
-            else validate_count(
-                "correction_horizon_days", correction_horizon_days, MAX_CORRECTION_HORIZON_DAYS
-            )
-        )
+    def __init__(self, url: str | None = None, *, clock: Clock | None = None,
+                 group_commit: bool = True, correction_horizon_days: int | None = None,
+                 **engine_options: Any) -> None:  # fmt: skip
+        days = correction_horizon_days  # checked before anything is opened
+        if days is not None:
+            days = validate_count("correction_horizon_days", days, MAX_DAYS)
+        self.correction_horizon = (horizon_days() if days is None else days) * 86_400
         self.url = database_url(url)
         self.database = Database.connect(self.url, clock or system_clock, **engine_options)
-        # The database's engine and clock, as attributes of their own.
-        self.engine = self.database.engine
+        self.engine = self.database.engine  # the database's engine and clock
         self.clock: Clock = self.database.clock
         self._engine = Engine(self.database, group_commit=group_commit)
-        self.correction_horizon = days * 86_400
         self._leases: LeaseBook | None = None
         try:
             ensure_schema(self.engine)
@@ -121,184 +77,107 @@ class Meter:
     def __exit__(self, *_exc: object) -> None:
         self.close()
 
-    # -- limits ------------------------------------------------------------
-
     def set_limit(self, limit: Limit) -> Limit:
-        """Create or replace a limit; events decided afterwards use it.
-        `ReservedLimit` for a name of the product's own (``metering.*``)."""
-        return self.set_limits([limit])[0]
+        """Create or replace a limit; `ReservedLimit` for ``metering.*`` names."""
+        return admin.set_limits(self.database, [limit])[0]
 
     def set_product_limit(self, limit: Limit) -> Limit:
-        """Create or replace one of the product's own limits (``metering.*``,
-        e.g. the API's rate per key): the only way to write a reserved name.
-        The product calls it; users get `ReservedLimit` from `set_limit`."""
-        if not isinstance(limit, Limit):
-            raise InvalidInput("limit", f"expected a Limit, got {type(limit).__name__}")
-        if not is_reserved(limit.name):
-            raise ReservedLimit(limit.name, "define it as the product's own (not metering.*)")
-        now_us = self.database.now_us()
-        self.database.run(lambda c: Store(c).upsert_limit(limit, now_us))
-        return limit
+        """Create or replace one of the product's own limits (``metering.*``)."""
+        return admin.set_product_limit(self.database, limit)
 
     def set_limits(self, limits: Iterable[Limit]) -> list[Limit]:
         """Create or replace several limits in one transaction (all or none)."""
-        chosen = list(limits)
-        for limit in chosen:
-            if not isinstance(limit, Limit):
-                raise InvalidInput("limit", f"expected a Limit, got {type(limit).__name__}")
-            if is_reserved(limit.name):
-                raise ReservedLimit(limit.name, "create or change")
-        now_us = self.database.now_us()
-
-        def work(connection: Connection) -> None:
-            store = Store(connection)
-            for limit in chosen:
-                store.upsert_limit(limit, now_us)
-
-        self.database.run(work)
-        return chosen
+        return admin.set_limits(self.database, limits)
 
     def load_limits(self, path: str | Path) -> list[Limit]:
         """Validate a YAML or TOML file of limits and store them all, or none."""
-        return self.set_limits(load_limits_file(path))
+        return admin.load_limits(self.database, path)
 
     def get_limit(self, name: str) -> Limit:
-        validate_limit_name(name)
-        found = self.database.run(lambda c: Store(c).load_limits([name]))
-        if name not in found:
-            raise UnknownLimit(name)
-        return found[name]
+        return admin.get_limit(self.database, name)
 
     def list_limits(self) -> list[Limit]:
-        return self.database.run(lambda c: Store(c).list_limits())
+        return admin.list_limits(self.database)
 
     def delete_limit(self, name: str) -> None:
-        """Delete a limit. Its counters stay, for reports. `ReservedLimit`
-        for a name of the product's own (``metering.*``)."""
-        validate_limit_name(name)
-        if is_reserved(name):
-            raise ReservedLimit(name, "delete")
-        if not self.database.run(lambda c: Store(c).delete_limit(name)):
-            raise UnknownLimit(name)
+        """Delete a limit; its counters stay, for reports."""
+        admin.delete_limit(self.database, name)
 
-    # -- decisions -----------------------------------------------------------
-
-    def _event(
-        self,
-        subject: str | None,
-        limit: str | None,
-        cost: int,
-        charges: Sequence[Any] | None,
-        event_id: str | None,
-        occurred_at: datetime | None,
-        metadata: Any = None,
-    ) -> UsageEvent:
-        charges = charges_of(subject, limit, cost, charges)
+    def _event(self, subject: Name, limit: Name, cost: int, charges: Charges, event_id: Name,
+               occurred_at: When, metadata: Any = None) -> UsageEvent:  # fmt: skip
         when = self.clock() if occurred_at is None else occurred_at
-        return make_event(charges, when, event_id, metadata)
+        return make_event(charges_of(subject, limit, cost, charges), when, event_id, metadata)
 
-    def consume(
-        self,
-        subject: str | None = None,
-        limit: str | None = None,
-        cost: int = 1,
-        *,
-        charges: Sequence[Any] | None = None,
-        event_id: str | None = None,
-        occurred_at: datetime | None = None,
-        metadata: Any = None,
-    ) -> Decision:
-        """Decide and record one usage event, exactly once per ``event_id``.
-
-        One charge (``subject, limit, cost``) or several (``charges=[(subject,
-        limit, cost), ...]``, all or nothing). A repeated ``event_id`` returns
-        the stored result with ``duplicate=True``; a repeated id with other
-        charges raises `EventConflict`. Bad input raises before anything is stored.
-        """
+    def consume(self, subject: Name = None, limit: Name = None, cost: int = 1, *,
+                charges: Charges = None, event_id: Name = None, occurred_at: When = None,
+                metadata: Any = None) -> Decision:  # fmt: skip
+        """Decide and record one usage event (one charge or several), once per ``event_id``."""
         event = self._event(subject, limit, cost, charges, event_id, occurred_at, metadata)
-        return _consumed(event.event_id, self._engine.submit(event.record()))
+        return results.consumed(event.event_id, self._engine.submit(event.record()))
 
-    async def aconsume(
-        self,
-        subject: str | None = None,
-        limit: str | None = None,
-        cost: int = 1,
-        *,
-        charges: Sequence[Any] | None = None,
-        event_id: str | None = None,
-        occurred_at: datetime | None = None,
-        metadata: Any = None,
-    ) -> Decision:
-        """`consume` for asyncio: awaits its turn in a shared transaction
-        without blocking the event loop or holding a thread."""
+    async def aconsume(self, subject: Name = None, limit: Name = None, cost: int = 1, *,
+                       charges: Charges = None, event_id: Name = None,
+                       occurred_at: When = None, metadata: Any = None) -> Decision:  # fmt: skip
+        """`consume` for asyncio, in a shared transaction, without blocking the loop."""
         event = self._event(subject, limit, cost, charges, event_id, occurred_at, metadata)
-        answer = await self._engine.submit_async(event.record())
-        return _consumed(event.event_id, answer)
+        return results.consumed(event.event_id, await self._engine.submit_async(event.record()))
 
-    def apply(
-        self,
-        events: Sequence[UsageEvent],
-        *,
-        invalid: InvalidPolicy = "reject",
-        rejected: Sequence[Rejected] = (),
-    ) -> list[Decided]:
-        """Apply a batch of validated events in one transaction, in order.
+    def apply(self, events: Sequence[UsageEvent], *, invalid: InvalidPolicy = "reject",
+              rejected: Sequence[Rejected] = ()) -> list[Decided]:  # fmt: skip
+        """Apply a batch of validated events in one transaction, in order."""
+        records = [e.record() for e in events]
+        answers = self._engine.apply(records, invalid=invalid, rejected=rejected)
+        return [results.applied_of(e.event_id, a) for e, a in zip(events, answers, strict=True)]
 
-        With ``invalid="reject"`` an event naming an unknown limit or out of
-        its time range is recorded as rejected. In the same transaction,
-        ``rejected`` (event id or None, reason, raw input) and every event
-        whose id was reused with other charges are kept in
-        ``rejected_messages``; a repeated call records nothing twice.
-        """
-        answers = self.apply_records(
-            [event.record() for event in events], invalid=invalid, rejected=rejected
-        )
-        pairs = zip(events, answers, strict=True)
-        return [_applied(event.event_id, answer) for event, answer in pairs]
-
-    def apply_records(
-        self,
-        records: Sequence[EventRecord],
-        *,
-        invalid: InvalidPolicy = "reject",
-        rejected: Sequence[Rejected] = (),
-    ) -> list[Answer]:
-        """`apply` for the worker: plain records in, (kind, result) answers out.
-
-        A kind is ``"new"``, ``"duplicate"`` or ``"conflict"`` (see
-        `metering.engine.fast`); nothing is built that the caller does not read.
-        """
+    def apply_records(self, records: Sequence[EventRecord], *, invalid: InvalidPolicy = "reject",
+                      rejected: Sequence[Rejected] = ()) -> list[Answer]:  # fmt: skip
+        """`apply` for the worker: plain records in, (kind, result) answers out."""
         return self._engine.apply(records, invalid=invalid, rejected=rejected)
 
-    # -- reservations -------------------------------------------------------
+    def check(self, subject: Name = None, limit: Name = None, cost: int = 1, *,
+              charges: Charges = None, occurred_at: When = None) -> Decision:  # fmt: skip
+        """What `consume` would decide now; consumes and records nothing."""
+        return self._engine.check(self._event(subject, limit, cost, charges, "check", occurred_at))
 
-    def reserve(
-        self,
-        subject: str | None = None,
-        limit: str | None = None,
-        cost: int = 1,
-        *,
-        charges: Sequence[Any] | None = None,
-        event_id: str | None = None,
-        ttl_seconds: float = DEFAULT_TTL_SECONDS,
-        metadata: Any = None,
-    ) -> Reservation:
-        """Consume now, with the option to give the cost back (`Reservation.cancel`).
+    def result(self, event_id: str) -> Decision | None:
+        return results.result(self.database, event_id)
 
-        Decided and recorded like `consume` (same stacking, same exactly-once
-        ``event_id``, which is also the reservation's id). An allowed
-        reservation is held until cancelled or committed; after
-        ``ttl_seconds`` the sweeper commits it.
-        """
-        ttl = validate_ttl(ttl_seconds)
+    def decided(self, event_ids: Iterable[str]) -> set[str]:
+        return results.decided(self.database, event_ids)
+
+    def outcome_counts(self) -> dict[str, int]:
+        return results.outcome_counts(self.database)
+
+    def count_results(self) -> int:
+        return results.count_results(self.database)
+
+    def rejected_messages(self, count: int = 100) -> list[Rejected]:
+        """The ``count`` newest pieces of queued input that could not be applied."""
+        return results.rejected_messages(self.database, count)
+
+    def reserve(self, subject: Name = None, limit: Name = None, cost: int = 1, *,
+                charges: Charges = None, event_id: Name = None, metadata: Any = None,
+                ttl_seconds: float = DEFAULT_TTL_SECONDS) -> Reservation:  # fmt: skip
+        """Consume now, with the option to give the cost back (`Reservation.cancel`)."""
         event = self._event(subject, limit, cost, charges, event_id, None, metadata)
-        decision, state, expires_at_us = reserving.reserve(
-            self._engine, event, round(ttl * 1_000_000)
-        )
-        expires_at = from_us(expires_at_us) if expires_at_us is not None else None
-        return Reservation(self, decision, state, expires_at)
+        return held.reserve(self._engine, self, event, ttl_seconds)
 
-    # -- leases -----------------------------------------------------------------
+    def cancel_reservation(self, reservation_id: str) -> int:
+        return held.cancel(self._engine, reservation_id)
+
+    def commit_reservation(self, reservation_id: str, actual: int | None = None) -> int:
+        return held.commit(self._engine, reservation_id, actual)
+
+    def reservation(self, reservation_id: str) -> ReservationInfo | None:
+        return held.reservation(self.database, reservation_id)
+
+    def reservations(self, state: Name = None, subject: Name = None, count: int = 100,
+                     ) -> list[ReservationInfo]:  # fmt: skip
+        return held.reservations(self.database, state, subject, count)
+
+    def sweep_reservations(self, retention_seconds: float | None = None) -> dict[str, int]:
+        """Commit expired reservations; delete settled ones past ``retention_seconds``."""
+        return held.sweep(self.database, retention_seconds)
 
     @property
     def leases(self) -> LeaseBook:
@@ -308,280 +187,63 @@ class Meter:
         return self._leases
 
     def lease(self, subject: str, limit: str, cost: int = 1) -> Decision:
-        """`consume` through this process's quota leases (`metering.leases`).
+        """`consume` through this process's quota leases (`metering.leases`)."""
+        return self.leases.lease(subject, limit, cost_of(cost))
 
-        For a key that is hot here, a block of units is reserved in one
-        transaction and later calls are decided from memory until it is
-        spent; a cold key, a token bucket, a soft or shadow limit and the
-        last units of a window take the exact path (`consume`). The sum of
-        used and leased units never exceeds the maximum; the unused part of
-        a block goes back when it is settled (spent, idle for a second, near
-        its window's end, `close`). A decision from a lease has the lease's
-        id as ``event_id``: its block is the ledger's record.
-        """
-        return self.leases.lease(subject, limit, validate_cost(cost))
-
-    def lease_reservation(
-        self, subject: str, limit: str, cost: int = 1
-    ) -> Reservation | LeasedReservation:
-        """`reserve` through this process's quota leases: a hot key's
-        reservation is held in memory (cancelled, its units go back to the
-        lease); else a `Reservation` as from `reserve`."""
-        return self.leases.reserve(subject, limit, validate_cost(cost))
+    def lease_reservation(self, subject: str, limit: str, cost: int = 1) -> Leased:
+        """`reserve` through this process's quota leases."""
+        return self.leases.reserve(subject, limit, cost_of(cost))
 
     def _lease_block(self, event: UsageEvent, expires_at_us: int) -> reserving.Reserved | None:
-        """A lease's block (`metering.reserving.lease`), for `metering.leases`."""
         return reserving.lease(self._engine, event, expires_at_us)
 
     def settle_leases(self, *, everything: bool = False) -> int:
-        """Settle this process's leases that are due (idle, spent, near their
-        window's end), or all of them; how many were settled. A thread of the
-        meter's does this every quarter second once a lease is held."""
+        """Settle the leases that are due, or all of them; how many were settled."""
         return self.leases.settle_due(everything=everything)
-
-    def cancel_reservation(self, reservation_id: str) -> int:
-        """Cancel a held reservation: see `Reservation.cancel`."""
-        validate_event_id(reservation_id)
-        return reserving.cancel(self._engine, reservation_id)
-
-    def commit_reservation(self, reservation_id: str, actual: int | None = None) -> int:
-        """Commit a held reservation, at ``actual`` if given: see `Reservation.commit`."""
-        validate_event_id(reservation_id)
-        return reserving.commit(self._engine, reservation_id, actual)
-
-    def reservation(self, reservation_id: str) -> ReservationInfo | None:
-        validate_event_id(reservation_id)
-        record = self.database.run(lambda c: ReservationStore(c).get(reservation_id))
-        return ReservationInfo.of(record) if record is not None else None
-
-    def reservations(
-        self, state: str | None = None, subject: str | None = None, count: int = 100
-    ) -> list[ReservationInfo]:
-        """The ``count`` newest reservations, optionally of one state and subject."""
-        if state is not None and state not in STORED_STATES:
-            raise InvalidInput("state", "must be held, committed or cancelled")
-        if subject is not None:
-            validate_subject(subject)
-        validate_count("count", count)
-        records = self.database.run(lambda c: ReservationStore(c).list(state, subject, count))
-        return [ReservationInfo.of(r) for r in records]
-
-    def sweep_reservations(self, retention_seconds: float | None = None) -> dict[str, int]:
-        """Commit reservations past their time to live (the beat task calls this).
-
-        With ``retention_seconds``, also delete settled reservations older
-        than that (finite, at most a century). Returns how many were committed
-        and deleted.
-        """
-        if retention_seconds is not None:
-            validate_seconds("retention_seconds", retention_seconds)
-        now_us = self.database.now_us()
-
-        def work(connection: Connection) -> dict[str, int]:
-            rows = ReservationStore(connection)
-            committed = rows.commit_expired(now_us)
-            deleted = 0
-            if retention_seconds is not None:
-                deleted = rows.delete_settled_before(now_us - round(retention_seconds * 1e6))
-            return {"committed": committed, "deleted": deleted}
-
-        return self.database.run(work)
-
-    def decided(self, event_ids: Iterable[str]) -> set[str]:
-        """Which of these event ids have a stored result."""
-        wanted = list(event_ids)
-        return self.database.run(lambda c: Store(c).decided_ids(wanted))
-
-    def outcome_counts(self) -> dict[str, int]:
-        """How many results there are of each outcome."""
-        return self.database.run(lambda c: Store(c).outcome_counts())
-
-    def count_results(self) -> int:
-        return self.database.run(lambda c: Store(c).count_results())
-
-    def rejected_messages(self, count: int = 100) -> list[Rejected]:
-        """The ``count`` newest pieces of queued input that could not be applied,
-        each with its reason."""
-        validate_count("count", count)
-        return self.database.run(lambda c: Store(c).list_rejected_messages(count))
-
-    def check(
-        self,
-        subject: str | None = None,
-        limit: str | None = None,
-        cost: int = 1,
-        *,
-        charges: Sequence[Any] | None = None,
-        occurred_at: datetime | None = None,
-    ) -> Decision:
-        """What `consume` would decide now; consumes and records nothing.
-
-        On PostgreSQL the hot path's rules decide over state read in one
-        statement, outside any transaction (`check_record`); the general
-        engine answers what they leave to it, and on SQLite.
-        """
-        event = self._event(subject, limit, cost, charges, "check", occurred_at)
-        return self._engine.check(event)
-
-    def result(self, event_id: str) -> Decision | None:
-        """The stored result of an event, or None if it has not been decided."""
-        validate_event_id(event_id)
-        found = self.database.run(lambda c: Store(c).fetch_results([event_id]))
-        if event_id not in found:
-            return None
-        return decision_of(found[event_id], duplicate=False)
-
-    def reset(self, subject: str | None = None, limit: str | None = None) -> int:
-        """Clear current counters (operator action); past windows stay for reports.
-
-        Give a subject, a limit or both. Returns how many counters were cleared.
-        """
-        if subject is None and limit is None:
-            raise InvalidInput("reset", "give a subject, a limit or both")
-        if subject is not None:
-            validate_subject(subject)
-        if limit is not None:
-            validate_limit_name(limit)
-        now_us = self.database.now_us()
-
-        def work(connection: Connection) -> int:
-            # Held units go with the rest: a later cancel returns nothing.
-            ReservationStore(connection).forget_held_charges(subject, limit)
-            store = Store(connection)
-            cleared = store.delete_current_counters(subject, limit, now_us)
-            # Timed once the counters are locked and gone: every event whose
-            # usage was cleared was decided by then, so a void of it skips
-            # the counter that started over (`metering.domain.corrections`).
-            store.record_reset(subject, limit, max(now_us, self.database.now_us()))
-            return cleared
-
-        return self.database.run(work)
-
-    # -- entitlements, grants, corrections ------------------------------------
-
-    def set_entitlement(
-        self,
-        subject: str,
-        limit: str,
-        maximum: int | None,
-        effective_from: datetime | None = None,
-    ) -> Entitlement:
-        """Give ``subject`` its own maximum for ``limit`` from ``effective_from``
-        (default: now) on. An upgrade mid-window applies from then on, and
-        the window's usage carries over; None returns the subject to the
-        limit's default. Past decisions and reports keep the maximum that
-        applied at their time."""
-        return allowances.set_entitlement(self.database, subject, limit, maximum, effective_from)
-
-    def load_entitlements(self, path: str | Path) -> list[Entitlement]:
-        """Validate a YAML or TOML file of per-subject maximums
-        (`metering.config.load_entitlements_file`) and store them all, or none:
-        an error names the entry and its field."""
-        entries = load_entitlements_file(path)
-        changes = [(e.subject, e.limit, e.maximum, e.effective_from) for e in entries]
-        try:
-            return allowances.set_entitlements(self.database, changes)
-        except UnknownLimit as exc:
-            where = next((e.where for e in entries if e.limit == exc.limit), "an entry")
-            raise InvalidInput("entitlements file", f"{path}: {where}: limit: {exc}") from exc
-
-    def delete_entitlement(
-        self, subject: str, limit: str, effective_from: datetime | None = None
-    ) -> Entitlement:
-        """Return ``subject`` to ``limit``'s default maximum from ``effective_from`` (now) on."""
-        return allowances.set_entitlement(self.database, subject, limit, None, effective_from)
-
-    def entitlements(
-        self, subject: str | None = None, limit: str | None = None
-    ) -> list[Entitlement]:
-        """Every change of a subject's maximum, oldest first per subject and limit."""
-        return allowances.entitlements(self.database, subject, limit)
-
-    def grant(
-        self,
-        subject: str,
-        limit: str,
-        amount: int,
-        expires_at: datetime | None = None,
-        *,
-        grant_id: str | None = None,
-        effective_from: datetime | None = None,
-        reason: str | None = None,
-    ) -> Grant:
-        """Top up ``subject``'s allowance for ``limit`` by ``amount`` until
-        ``expires_at`` (exclusive; None: never). Idempotent by ``grant_id``."""
-        return allowances.add_grant(
-            self.database,
-            subject,
-            limit,
-            amount,
-            expires_at=expires_at,
-            grant_id=grant_id,
-            effective_from=effective_from,
-            reason=reason,
-        )
-
-    def grants(self, subject: str | None = None, limit: str | None = None) -> list[Grant]:
-        """Grants with what is used and left of each (at most 1,000)."""
-        return allowances.list_grants(self.database, subject, limit)
-
-    def void(
-        self,
-        event_id: str,
-        reason: str,
-        *,
-        correction_id: str | None = None,
-        horizon_seconds: int | None = None,
-    ) -> Correction:
-        """Reverse an allowed event's charges in their own windows' counters
-        (past ones too) and give back the grants that paid, if still active.
-        The event's result stays; the correction references it. Idempotent by
-        event and by ``correction_id``. ``horizon_seconds`` (default:
-        ``METERING_CORRECTION_HORIZON_DAYS``, else 35 days) bounds how far back."""
-        horizon = horizon_seconds if horizon_seconds is not None else self.correction_horizon
-        return allowances.void(
-            self.database, event_id, reason, correction_id=correction_id, horizon_seconds=horizon
-        )
-
-    def corrections(self, count: int = 1000) -> list[Correction]:
-        """Voided events, oldest first."""
-        return allowances.corrections(self.database, count)
 
     def counters(self, subject: str | None = None, limit: str | None = None) -> list[Counter]:
         """Counters of a subject and/or limit, every window, oldest first."""
-        if subject is not None:
-            validate_subject(subject)
-        if limit is not None:
-            validate_limit_name(limit)
-        rows = self.database.run(lambda c: Store(c).counters_of(subject, limit))
-        return [_counter(key, state) for key, state in rows]
+        return counters.counters(self.database, subject, limit)
 
+    def reset(self, subject: str | None = None, limit: str | None = None) -> int:
+        """Clear current counters; past windows stay. How many were cleared."""
+        return counters.reset(self.database, subject, limit)
 
-def _consumed(event_id: str, answer: Answer) -> Decision:
-    applied = _applied(event_id, answer)
-    if isinstance(applied, EventConflict):
-        raise applied
-    return applied
+    def set_entitlement(self, subject: str, limit: str, maximum: int | None,
+                        effective_from: datetime | None = None) -> Entitlement:  # fmt: skip
+        """Give ``subject`` its own maximum for ``limit`` from ``effective_from`` on."""
+        return allowances.set_entitlement(self.database, subject, limit, maximum, effective_from)
 
+    def load_entitlements(self, path: str | Path) -> list[Entitlement]:
+        """Store a YAML or TOML file of per-subject maximums, all or none."""
+        return allowances.load_entitlements(self.database, path)
 
-def _applied(event_id: str, answer: Answer) -> Decided:
-    kind, record = answer
-    if kind == CONFLICT or record is None:
-        return EventConflict(event_id)
-    return decision_of(record, duplicate=kind == DUPLICATE)
+    def delete_entitlement(self, subject: str, limit: str, effective_from: datetime | None = None,
+                           ) -> Entitlement:  # fmt: skip
+        """Return ``subject`` to ``limit``'s default maximum from ``effective_from`` on."""
+        return allowances.set_entitlement(self.database, subject, limit, None, effective_from)
 
+    def entitlements(self, subject: str | None = None, limit: str | None = None,
+                     ) -> list[Entitlement]:  # fmt: skip
+        return allowances.entitlements(self.database, subject, limit)
 
-def _counter(key: CounterKey, state: CounterState) -> Counter:
-    windowed = key.window_end_us != 0
-    return Counter(
-        subject=key.subject,
-        limit=key.limit,
-        window_start=from_us(key.window_start_us) if windowed else None,
-        window_end=from_us(key.window_end_us) if windowed else None,
-        used=state.used,
-        denied_count=state.denied_count,
-        denied_cost=state.denied_cost,
-        first_denied_at=from_us(state.first_denied_at_us)
-        if state.first_denied_at_us is not None
-        else None,
-    )
+    def grant(self, subject: str, limit: str, amount: int, expires_at: datetime | None = None, *,
+              grant_id: str | None = None, effective_from: datetime | None = None,
+              reason: str | None = None) -> Grant:  # fmt: skip
+        """Top up ``subject``'s allowance for ``limit`` until ``expires_at``."""
+        return allowances.add_grant(self.database, subject, limit, amount, expires_at=expires_at,
+                                    grant_id=grant_id, effective_from=effective_from,
+                                    reason=reason)  # fmt: skip
+
+    def grants(self, subject: str | None = None, limit: str | None = None) -> list[Grant]:
+        return allowances.list_grants(self.database, subject, limit)
+
+    def void(self, event_id: str, reason: str, *, correction_id: str | None = None,
+             horizon_seconds: int | None = None) -> Correction:  # fmt: skip
+        """Reverse an allowed event's charges and give back the grants that paid."""
+        horizon = self.correction_horizon if horizon_seconds is None else horizon_seconds
+        return allowances.void(self.database, event_id, reason, correction_id=correction_id,
+                               horizon_seconds=horizon)  # fmt: skip
+
+    def corrections(self, count: int = 1000) -> list[Correction]:
+        return allowances.corrections(self.database, count)

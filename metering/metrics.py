@@ -12,7 +12,7 @@ Counting happens where the services return results, never in the domain:
   (`HttpMetrics`, installed by `instrument_app`).
 
 Queue depth, the oldest undecided event and the webhook backlog are read
-when Prometheus scrapes (`LagCollector`, fed by `metering.monitoring`).
+when Prometheus scrapes (`LagCollector`, fed by `metering.lag`).
 
 Labels never carry a subject: a limit name is the finest label, and at most
 `MAX_LIMIT_LABELS` distinct ones are kept per process (more become
@@ -615,7 +615,7 @@ def instrument_app(
     dependencies: Sequence[Any] = (),
 ) -> None:
     """Count ``app``'s requests (`HttpMetrics`) and serve ``path`` from it,
-    with the scrape-time ``collectors`` (`metering.monitoring.lag_collector`).
+    with the scrape-time ``collectors`` (`metering.lag.lag_collector`).
 
     ``app`` is a Starlette or FastAPI application, before it starts; call it
     after adding the other middleware, so requests they answer are counted

@@ -31,6 +31,7 @@ from typing import Any
 
 from celery import bootsteps, signals
 
+from metering.lag import lag_collector
 from metering.logs import redact_handlers, use_json
 from metering.metrics import (
     enable_multiprocess,
@@ -38,7 +39,6 @@ from metering.metrics import (
     metrics_directory,
     start_metrics_server,
 )
-from metering.monitoring import lag_collector
 from metering.settings import Settings
 from metering.tracing import setup_tracing
 from workers.settings import settings_of

@@ -29,9 +29,9 @@ from metering.api.problems import Problem, install_problem_handlers
 from metering.api.queueing import ApiProducer
 from metering.api.ratelimit import PerKeyRate, define_rate_limit
 from metering.apikeys import ApiKeys
+from metering.lag import lag_collector
 from metering.meter import Meter
 from metering.metrics import instrument_app
-from metering.monitoring import lag_collector
 from metering.producer import UsageProducer
 from metering.settings import Settings
 from metering.tracing import setup_tracing

@@ -46,7 +46,7 @@ from metering.domain.reservations import DEFAULT_TTL_SECONDS, MAX_TTL_SECONDS
 from metering.errors import InvalidInput, ReservationSettled, UnknownLimit, UnknownReservation
 from metering.meter import Meter
 from metering.reservations import ReservationInfo
-from metering.reserving import validate_ttl
+from metering.reservations.transactions import validate_ttl
 
 ReservationStateName = Literal["held", "committed", "cancelled"]
 

@@ -18,8 +18,8 @@ from metering.cli.output import (
     print_table,
     report_decision,
 )
+from metering.counters import Counter
 from metering.errors import BrokerUnavailable
-from metering.meter import Counter
 from metering.settings import broker_url
 from metering.storage.queue_state import is_queued
 

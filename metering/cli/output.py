@@ -14,10 +14,10 @@ from rich.console import Console, JustifyMethod
 from rich.table import Table
 from rich.text import Text
 
+from metering.counters import Counter
 from metering.domain.decisions import ChargeDecision, Decision
 from metering.domain.instants import from_us, round_up
 from metering.domain.limits import Limit
-from metering.meter import Counter
 
 EXIT_DENIED: Final = 2
 # `metering result` of an event still on a queue: no worker has decided it yet.

@@ -133,7 +133,7 @@ class Engine:
 
     def reserve(self, record: EventRecord, hold: Hold) -> Answer:
         """Apply one event and, when it is allowed, keep its reservation row
-        in the same transaction (`metering.reserving`). Raises the event's
+        in the same transaction (`metering.reservations.transactions`). Raises the event's
         error, `NotHeld` (a lease's denied block: nothing recorded) and
         `UseGeneralPath` (the caller runs the reference engine)."""
         try:
@@ -195,7 +195,7 @@ class Engine:
         return answers
 
     def settle(self, direct: Callable[[HotStore], T], general: Callable[[], T]) -> T:
-        """A reservation's settle (`metering.reserving`): ``direct`` in one
+        """A reservation's settle (`metering.reservations.transactions`): ``direct`` in one
         transaction on the fast path's own connections; where there are none,
         or ``direct`` raises `NeedsConnection` (before it wrote anything:
         grants, rollups, the limits' cache stale), ``general`` runs the whole

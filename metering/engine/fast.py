@@ -73,7 +73,7 @@ class UseGeneralPath(Exception):
 @dataclass(frozen=True, slots=True)
 class Hold:
     """Keep a held reservation's row with the event when it is allowed
-    (`metering.reserving`): for ``ttl_us`` from the decision, or until
+    (`metering.reservations.transactions`): for ``ttl_us`` from the decision, or until
     ``until_us`` (a lease's block, at least 1 µs from now). A block that
     does not fit (``block``) is no event: `NotHeld` is raised before
     anything is written, and the transaction rolls back."""
@@ -393,7 +393,7 @@ def _holds(
     records: Sequence[ResultRecord], hold: Hold, now_us: int, looked_up: bool
 ) -> list[HoldRow]:
     """The reservation rows of the allowed ``records``, each holding its
-    charges' counters (as `metering.reserving` keeps them); `NotHeld` for a
+    charges' counters (as `metering.reservations.transactions` keeps them); `NotHeld` for a
     denied block. A denied block whose id was not looked up first runs again
     with the lookup (as the results insert would have found a repeat): a
     lease's id is new, so that is one more statement where it is denied."""

@@ -1,4 +1,4 @@
-"""The lag gauges of ``/metrics`` (`metering.monitoring`), read from a real broker and database.
+"""The lag gauges of ``/metrics`` (`metering.lag`), read from a real broker and database.
 
 No worker runs: messages stay on the queue until the test applies their
 batches itself, so depths are exact. Ages are only checked to be there.
@@ -18,8 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from metering import Limit, Meter
 from metering.clock import FrozenClock
+from metering.lag import lag_collector, read_queue_lag, read_webhook_backlog
 from metering.metrics import WebhookBacklog, exposition_registry
-from metering.monitoring import lag_collector, read_queue_lag, read_webhook_backlog
 from metering.pipeline import apply_batch
 from metering.producer import UsageProducer
 from metering.routing import DEFAULT_QUEUE

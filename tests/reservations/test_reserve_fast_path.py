@@ -3,7 +3,7 @@
 `Meter.reserve` and a lease's block decide through the fast path
 (`metering.engine.fast.apply_records` with a `Hold`), writing the
 reservation row in the same transaction. Hypothesis drives it and the
-reference engine (`metering.reserving._reserve`, what reservations ran on
+reference engine (`metering.reservations.transactions._reserve`, what reservations ran on
 before), each on its own database, with the same random stream of
 reservations, lease blocks (a denied block records nothing), consumes of
 the same ids, cancels and commits (settled on the engine's own connections
@@ -33,7 +33,7 @@ from metering import FrozenClock, Meter
 from metering.domain.events import make_event
 from metering.domain.limits import Limit
 from metering.errors import MeteringError
-from metering.reserving import _NotLeased, _reserve, lease, reserve
+from metering.reservations.transactions import _NotLeased, _reserve, lease, reserve
 from metering.storage.tables import reservations
 
 # Shrinking these streams takes minutes: a failure is reported as found.
@@ -122,7 +122,7 @@ def _run(fast_url: str, reference_url: str, stream: list[dict[str, object]]) -> 
     with Meter(fast_url, clock=clock) as fast, Meter(reference_url, clock=clock) as reference:
         fast.set_limits(RESERVING_LIMITS)
         reference.set_limits(RESERVING_LIMITS)
-        # The reference settles under SQLAlchemy (`metering.reserving._settle`'s
+        # The reference settles under SQLAlchemy (`metering.reservations.transactions._settle`'s
         # ``work``); the fast one on the engine's own connections where it can.
         reference._engine.settle = lambda direct, general: general()  # type: ignore[method-assign]
         for spec in stream:
@@ -185,12 +185,12 @@ def test_an_ordinary_reservation_never_reaches_the_reference_engine(
     """Reservations and lease blocks decide on the fast path (they ran on the
     reference engine before); a denied block still records nothing."""
     import metering.engine.reference
-    import metering.reserving
+    import metering.reservations.transactions
 
     def refuse(*_args: object, **_kwargs: object) -> None:
         raise AssertionError("the reference engine ran")
 
-    monkeypatch.setattr(metering.reserving, "apply_events", refuse)
+    monkeypatch.setattr(metering.reservations.transactions, "apply_events", refuse)
     monkeypatch.setattr(metering.engine.reference, "apply_events", refuse)
     clock = FrozenClock(START)
     with Meter(db_url, clock=clock) as meter:

@@ -93,7 +93,7 @@ class Changes:
     # (`metering.storage.reservations.hold_row`): `Meter.reserve` and leases.
     holds: list[HoldRow] = field(default_factory=list)
     # Reservations settled (`metering.storage.reservations.settle_row`):
-    # `metering.reserving`'s cancel and commit, leases settling.
+    # `metering.reservations.transactions`'s cancel and commit, leases settling.
     settled: list[SettleRow] = field(default_factory=list)
 
 

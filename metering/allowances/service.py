@@ -15,10 +15,12 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection
 
+from metering.config import load_entitlements_file
 from metering.domain.corrections import (
     DEFAULT_HORIZON_SECONDS,
     VoidedCharge,
@@ -116,6 +118,19 @@ def set_entitlements(
         return made
 
     return database.run(work)
+
+
+def load_entitlements(database: Database, path: str | Path) -> list[Entitlement]:
+    """Validate a YAML or TOML file of per-subject maximums
+    (`metering.config.load_entitlements_file`) and store them all, or none:
+    an error names the entry and its field."""
+    entries = load_entitlements_file(path)
+    changes = [(e.subject, e.limit, e.maximum, e.effective_from) for e in entries]
+    try:
+        return set_entitlements(database, changes)
+    except UnknownLimit as exc:
+        where = next((e.where for e in entries if e.limit == exc.limit), "an entry")
+        raise InvalidInput("entitlements file", f"{path}: {where}: limit: {exc}") from exc
 
 
 def entitlements(

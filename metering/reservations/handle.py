@@ -2,7 +2,8 @@
 
 `Meter.reserve` decides and records an event exactly like `consume`, and
 when it is allowed keeps a durable reservation row naming the counters it
-consumed from (the transactions are in `metering.reserving`). Then exactly one of these happens:
+consumed from (the transactions are in `metering.reservations.transactions`).
+Then exactly one of these happens:
 
 * `cancel()` gives the cost back (see `metering.domain.reservations` for
   when a window or bucket can still take it) and marks it cancelled;

@@ -1,0 +1,35 @@
+"""Allowances: per-subject maximums (entitlements), top-ups (grants) and
+voids of decided events (corrections).
+
+`service` holds their transactions, which `Meter` wraps; the rules are in
+the pure domain (`metering.domain.grants`, `metering.domain.corrections`),
+the SQL in `metering.storage.allowances`.
+"""
+
+from metering.allowances.service import (
+    Correction,
+    Grant,
+    add_grant,
+    corrections,
+    entitlements,
+    list_grants,
+    load_entitlements,
+    restore_grants,
+    set_entitlement,
+    set_entitlements,
+    void,
+)
+
+__all__ = [
+    "Correction",
+    "Grant",
+    "add_grant",
+    "corrections",
+    "entitlements",
+    "list_grants",
+    "load_entitlements",
+    "restore_grants",
+    "set_entitlement",
+    "set_entitlements",
+    "void",
+]

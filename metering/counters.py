@@ -1,0 +1,82 @@
+"""Counters as operators see them: listing and reset (an operator action)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import Connection
+
+from metering.domain.events import validate_subject
+from metering.domain.instants import from_us
+from metering.domain.limits import validate_limit_name
+from metering.domain.state import CounterKey, CounterState
+from metering.errors import InvalidInput
+from metering.storage.database import Database
+from metering.storage.reservations import ReservationStore
+from metering.storage.store import Store
+
+
+@dataclass(frozen=True, slots=True)
+class Counter:
+    """A counter as an operator sees it."""
+
+    subject: str
+    limit: str
+    window_start: datetime | None
+    window_end: datetime | None
+    used: int
+    denied_count: int
+    denied_cost: int
+    first_denied_at: datetime | None
+
+
+def _validate(subject: str | None, limit: str | None) -> None:
+    if subject is not None:
+        validate_subject(subject)
+    if limit is not None:
+        validate_limit_name(limit)
+
+
+def counters(database: Database, subject: str | None, limit: str | None) -> list[Counter]:
+    """Counters of a subject and/or limit, every window, oldest first."""
+    _validate(subject, limit)
+    rows = database.run(lambda c: Store(c).counters_of(subject, limit))
+    return [_counter(key, state) for key, state in rows]
+
+
+def reset(database: Database, subject: str | None, limit: str | None) -> int:
+    """Clear current counters; past windows stay for reports. How many were cleared."""
+    if subject is None and limit is None:
+        raise InvalidInput("reset", "give a subject, a limit or both")
+    _validate(subject, limit)
+    now_us = database.now_us()
+
+    def work(connection: Connection) -> int:
+        # Held units go with the rest: a later cancel returns nothing.
+        ReservationStore(connection).forget_held_charges(subject, limit)
+        store = Store(connection)
+        cleared = store.delete_current_counters(subject, limit, now_us)
+        # Timed once the counters are locked and gone: every event whose
+        # usage was cleared was decided by then, so a void of it skips
+        # the counter that started over (`metering.domain.corrections`).
+        store.record_reset(subject, limit, max(now_us, database.now_us()))
+        return cleared
+
+    return database.run(work)
+
+
+def _counter(key: CounterKey, state: CounterState) -> Counter:
+    windowed = key.window_end_us != 0
+    return Counter(
+        subject=key.subject,
+        limit=key.limit,
+        window_start=from_us(key.window_start_us) if windowed else None,
+        window_end=from_us(key.window_end_us) if windowed else None,
+        used=state.used,
+        denied_count=state.denied_count,
+        denied_cost=state.denied_cost,
+        first_denied_at=from_us(state.first_denied_at_us)
+        if state.first_denied_at_us is not None
+        else None,
+    )
