@@ -168,6 +168,23 @@ _id_ok = EVENT_ID_PATTERN.fullmatch
 _name_ok = NAME_PATTERN.fullmatch
 
 
+def usual_charge(subject: object, limit: object, cost: object) -> bool:
+    """Whether (subject, limit, cost) is a charge every check of the general
+    path would pass: the one-pass readers (this module's decoder and the
+    HTTP API's parser) take it at once, and leave anything else to the
+    general path, which says what is wrong."""
+    return (
+        type(subject) is str
+        and type(limit) is str
+        and type(cost) is int
+        and 1 <= cost <= MAX_COST
+        and 1 <= len(subject) <= MAX_SUBJECT_LENGTH
+        and _name_ok(limit) is not None
+        and subject.isprintable()
+        and subject.strip() == subject
+    )
+
+
 def _plain_record(item: object) -> EventRecord | None:
     """The usual queued event, decoded and validated in one pass, or None.
 
@@ -198,16 +215,7 @@ def _plain_record(item: object) -> EventRecord | None:
     if type(charge) is not list or len(charge) != 3:
         return None
     subject, limit, cost = charge
-    if (
-        type(subject) is not str
-        or type(limit) is not str
-        or type(cost) is not int
-        or not 1 <= cost <= MAX_COST
-        or not 1 <= len(subject) <= MAX_SUBJECT_LENGTH
-        or _name_ok(limit) is None
-        or not subject.isprintable()
-        or subject.strip() != subject
-    ):
+    if not usual_charge(subject, limit, cost):
         return None
     fingerprint = single_fingerprint(subject, limit, cost)
     if fingerprint is None:

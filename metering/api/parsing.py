@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
-from typing import Any, Final, Literal, NamedTuple
+from typing import Any, Final, Literal, NamedTuple, cast
 
 from metering.api.models import (
     ChargeIn,
@@ -31,9 +31,7 @@ from metering.api.problems import ApiProblem
 from metering.domain.events import (
     EVENT_ID_PATTERN,
     FUTURE_TOLERANCE_US,
-    MAX_COST,
     MAX_METADATA_BYTES,
-    MAX_SUBJECT_LENGTH,
     Charge,
     UsageEvent,
     cloudevent_event_id,
@@ -45,7 +43,7 @@ from metering.domain.events import (
 from metering.domain.instants import parse_instant, to_us
 from metering.domain.limits import NAME_PATTERN, validate_limit_name
 from metering.errors import InvalidInput
-from metering.messages import event_text, single_event_text
+from metering.messages import event_text, single_event_text, usual_charge
 
 BodyKind = Literal["json", "cloudevent", "cloudevents-batch"]
 MEDIA_TYPES: Final[dict[str, BodyKind]] = {
@@ -420,19 +418,10 @@ def _queued_plain(item: object, now_us: int) -> QueuedEvent | None:
     included (tests/api/test_api_parsing.py holds it to that)."""
     if type(item) is not dict or not item.keys() <= PLAIN_FIELDS or "charges" in item:
         return None
-    subject = item.get("subject")
+    subject = cast(str, item.get("subject"))  # checked by `usual_charge` next
     limit = item.get("limit")
     cost = item.get("cost", 1)
-    if (
-        type(subject) is not str
-        or type(limit) is not str
-        or type(cost) is not int
-        or not 1 <= cost <= MAX_COST
-        or not 1 <= len(subject) <= MAX_SUBJECT_LENGTH
-        or _name_ok(limit) is None
-        or not subject.isprintable()
-        or subject.strip() != subject
-    ):
+    if not usual_charge(subject, limit, cost):
         return None
     event_id = item.get("event_id")
     if event_id is None:
