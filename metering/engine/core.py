@@ -200,16 +200,18 @@ class Engine:
         or ``direct`` raises `NeedsConnection` (before it wrote anything:
         grants, rollups, the limits' cache stale), ``general`` runs the whole
         settle again under SQLAlchemy."""
-        found = self.direct
-        try:
-            if isinstance(found, DirectPostgres):
-                return found.run(lambda store, retry: direct(store))
-            if isinstance(found, DirectSqlite):
-                return found.run(lambda store, retry: direct(store))
-        except NeedsConnection as exc:
-            if exc.args and exc.args[0] == "limits":
-                self.database.run(self.limits.refresh)
+        if self.direct is not None:
+            try:
+                return self._on_direct(lambda store, retry: direct(store))
+            except NeedsConnection as exc:
+                if exc.args and exc.args[0] == "limits":
+                    self.database.run(self.limits.refresh)
         return general()
+
+    def _on_direct(self, work: Callable[[HotStore, bool], T]) -> T:
+        """``work(store, retry)`` in a transaction on the fast path's own connections."""
+        assert self.direct is not None
+        return self.direct.run(work)
 
     def _apply_one_trip(self, record: EventRecord, now_us: int) -> Answer | str:
         """``record`` decided by ``metering_consume_one`` in one round trip, or
@@ -238,13 +240,10 @@ class Engine:
 
     def _run_direct(self, work: _Work) -> list[Answer] | None:
         """``work`` on the fast path's own connections; None where it needs SQLAlchemy."""
-        direct = self.direct
-        if direct is None:
+        if self.direct is None:
             return None
         try:
-            if isinstance(direct, DirectPostgres):
-                return direct.run(lambda store, retry: work(None, retry, store))
-            return direct.run(lambda store, retry: work(None, retry, store))
+            return self._on_direct(lambda store, retry: work(None, retry, store))
         except NeedsConnection:
             return None
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Final, Literal
 
 from sqlalchemy import Connection
 
@@ -34,6 +35,7 @@ from metering.domain.events import UsageEvent
 from metering.domain.limits import Limit
 from metering.domain.reservations import (
     MAX_TTL_SECONDS,
+    HeldCharge,
     ReservationState,
     can_give_back,
     give_back,
@@ -225,17 +227,14 @@ def _settle(engine: Engine, reservation_id: str, to: ReservationState, keep: int
     def work(connection: Connection) -> Settled:
         rows = ReservationStore(connection)
         record = _locked(rows, reservation_id)
-        if record.state == to:
+        step = _first_step(record, to, keep, now_us, action)
+        if step is None:
             return Settled()
-        if record.state != ReservationState.HELD:
-            raise ReservationSettled(reservation_id, record.state, action)
-        if keep is None:
-            rows.settle(reservation_id, to, now_us, action)
-            return Settled()
-        validate_actual(keep, record)
-        if record.expires_at_us <= now_us:
-            rows.settle(reservation_id, ReservationState.COMMITTED, now_us, "expiry")
-            return Settled(expired=True)
+        if step != _GIVE_BACK:
+            state, by = step
+            rows.settle(reservation_id, state, now_us, by)
+            return Settled(expired=by == _EXPIRY)
+        assert keep is not None
         returned, given_back = _give_back(connection, record, keep, now_us)
         rows.settle(reservation_id, to, now_us, action, given_back)
         return Settled(returned=returned)
@@ -247,6 +246,49 @@ def _settle(engine: Engine, reservation_id: str, to: ReservationState, keep: int
     if settled.expired:
         raise ReservationExpired(reservation_id, ReservationState.COMMITTED, action)
     return settled.returned
+
+
+_GIVE_BACK: Final = "give back"
+_EXPIRY: Final = "expiry"
+
+
+def _first_step(
+    record: ReservationRecord,
+    to: ReservationState,
+    keep: int | None,
+    now_us: int,
+    action: str,
+) -> tuple[ReservationState, str] | Literal["give back"] | None:
+    """What settling ``record`` into ``to`` does before anything is given
+    back, the same on both paths: None when it is in ``to`` already;
+    (state, settled by) when nothing goes back (a commit in full, or past the
+    time to live: committed in full by `_EXPIRY`); `_GIVE_BACK` otherwise.
+    Raises `ReservationSettled` from the other settled state, and what
+    `validate_actual` raises."""
+    if record.state == to:
+        return None
+    if record.state != ReservationState.HELD:
+        raise ReservationSettled(record.id, record.state, action)
+    if keep is None:
+        return to, action
+    validate_actual(keep, record)
+    if record.expires_at_us <= now_us:
+        return ReservationState.COMMITTED, _EXPIRY
+    return _GIVE_BACK
+
+
+def _live(
+    record: ReservationRecord, limits: Mapping[str, Limit], keep: int, now_us: int
+) -> tuple[dict[CounterKey, int], list[HeldCharge]]:
+    """Per charge the units above ``keep``, and the charges that can still
+    take theirs back (`can_give_back`)."""
+    back = {c.key: c.cost - keep for c in record.charges}
+    live = [
+        c
+        for c in record.charges
+        if back[c.key] > 0 and can_give_back(limits.get(c.limit), c, now_us)
+    ]
+    return back, live
 
 
 def _settle_direct(
@@ -268,20 +310,16 @@ def _settle_direct(
     record = store.lock_reservation(reservation_id)
     if record is None:
         raise UnknownReservation(reservation_id)
-    if record.state == to:
+    step = _first_step(record, to, keep, now_us, action)
+    if step is None:
         return Settled()
-    if record.state != ReservationState.HELD:
-        raise ReservationSettled(reservation_id, record.state, action)
-    if keep is None:
+    if step != _GIVE_BACK:
+        state, by = step
         store.write(
-            Changes(settled=[settle_row(reservation_id, to, now_us, action)]), now_us, commit=True
+            Changes(settled=[settle_row(reservation_id, state, now_us, by)]), now_us, commit=True
         )
-        return Settled()
-    validate_actual(keep, record)
-    if record.expires_at_us <= now_us:
-        expired = settle_row(reservation_id, ReservationState.COMMITTED, now_us, "expiry")
-        store.write(Changes(settled=[expired]), now_us, commit=True)
-        return Settled(expired=True)
+        return Settled(expired=by == _EXPIRY)
+    assert keep is not None
     back = {c.key: c.cost - keep for c in record.charges}
     wanted = sorted(
         {
@@ -301,11 +339,7 @@ def _settle_direct(
         if snapshot.version != version:
             raise NeedsConnection("limits")
         limits = {c.limit: rules[c.limit].limit for c in record.charges if c.limit in rules}
-        live = [
-            c
-            for c in record.charges
-            if back[c.key] > 0 and can_give_back(limits.get(c.limit), c, now_us)
-        ]
+        back, live = _live(record, limits, keep, now_us)
         if live:
             if any(limit.dimensions for limit in limits.values()):
                 raise NeedsConnection("rollups")
@@ -355,12 +389,7 @@ def _give_back(
     (a bucket already full counts: it needs nothing)."""
     store = Store(connection)
     limits = store.load_limits(c.limit for c in record.charges)
-    back = {c.key: c.cost - keep for c in record.charges}
-    live = [
-        c
-        for c in record.charges
-        if back[c.key] > 0 and can_give_back(limits.get(c.limit), c, now_us)
-    ]
+    back, live = _live(record, limits, keep, now_us)
     if not live:
         return 0, []
     states = store.lock_counters([c.key for c in live], now_us)
