@@ -191,6 +191,12 @@ class ChargeDecisionOut(BaseModel):
     remaining: int | None = _figure()
     maximum: int | None = _figure()
     overage: int | None = _figure()
+    overdraft: int | None = Field(
+        default=None,
+        description="Only on a reservation committed at more than reserved: the units a hard "
+        "limit had no room for, charged and billed anyway (the charge's cost is then the "
+        "real cost).",
+    )
     window_start: datetime | None
     resets_at: datetime
     retry_at: datetime | None
@@ -276,7 +282,7 @@ def iso(moment: datetime | None) -> str | None:
 
 
 TOP_FIGURES = ("used", "remaining", "maximum")
-CHARGE_FIGURES = ("used", "remaining", "maximum", "overage", "grants")
+CHARGE_FIGURES = ("used", "remaining", "maximum", "overage", "overdraft", "grants")
 
 
 def decision_json(decision: Decision, *, figures: bool = True) -> dict[str, Any]:

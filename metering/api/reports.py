@@ -111,6 +111,10 @@ class ReportRowOut(BaseModel):
         description="Billable usage beyond the maximum: for a soft limit, used - granted "
         "beyond the maximum; 0 for hard and shadow limits (denied demand is not overage)."
     )
+    overdraft: int = Field(
+        description="Usage a commit of more than was reserved took past a hard limit: it "
+        "happened, so it is billed like overage (voided events left out)."
+    )
     denied: int = Field(
         description="The cost of the events denied in the window: demand refused, never "
         "billed (a shadow limit's would-denies)."

@@ -401,15 +401,18 @@ async def commit(
         Query(
             ge=0,
             le=MAX_COST,
-            description="What the work really cost: each charge is settled at this amount "
-            "(at most its reserved cost) and the rest goes back once (``returned``).",
+            description="What the work really cost: each charge is settled at this amount. "
+            "Below its reserved cost the rest goes back once (``returned``); above it the "
+            "excess is charged once, past a hard limit as overdraft (billed; see the "
+            "event's result and the overage report).",
         ),
     ] = None,
 ) -> Response:
     """Make a held reservation final; committing twice does nothing; 409 after a
     cancel (``state: cancelled``). With ``actual`` below the reserved cost the
     rest goes back; past the time to live that is a 409 (``state:
-    committed``): the whole cost stands. More than reserved is a 400."""
+    committed``): the whole cost stands. More than reserved charges the excess
+    (also after the sweeper's commit, once)."""
     try:
         returned = await run_in_threadpool(context.meter.commit_reservation, reservation_id, actual)
     except InvalidInput as exc:

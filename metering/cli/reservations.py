@@ -127,13 +127,18 @@ def reservations_cancel(reservation_id: str) -> None:
     "--actual",
     type=int,
     metavar="K",
-    help="What the work really cost: settle each charge at K (at most its reserved "
-    "cost) and give the rest back.",
+    help="What the work really cost: settle each charge at K; below its reserved cost "
+    "the rest goes back, above it the excess is charged (past a hard limit: overdraft).",
 )
 def reservations_commit(reservation_id: str, actual: int | None) -> None:
     """Make a held reservation final (at the actual amount, with --actual)."""
-    returned = current_meter().commit_reservation(reservation_id, actual)
+    meter = current_meter()
+    returned = meter.commit_reservation(reservation_id, actual)
     tail = f": {returned} given back" if actual is not None else ""
+    result = meter.result(reservation_id) if actual is not None else None
+    overdraft = sum(c.overdraft for c in result.charges) if result is not None else 0
+    if overdraft:
+        tail += f", {overdraft} overdraft (usage past a hard limit, billed)"
     click.echo(f"committed {reservation_id}{tail}")
 
 

@@ -65,3 +65,21 @@ def evaluate_bucket(limit: Limit, state: CounterState, cost: int, now_us: int) -
         retry_at_us=retry_at_us,
         overage_after=0,
     )
+
+
+def take_anyway(
+    limit: Limit, state: CounterState, cost: int, now_us: int
+) -> tuple[CounterState, int]:
+    """Take ``cost`` tokens whether or not the bucket holds them: usage that
+    has already happened (a commit of more than was reserved). Returns the
+    new state and the tokens that were available; what is taken beyond them
+    is debt, and the bucket refuses every charge until it has refilled past it."""
+    capacity = limit.maximum
+    token = limit.period_seconds * 1_000_000
+    base = _scaled_tat(state, capacity, now_us)
+    available = max((capacity * token - (base - now_us * capacity)) // token, 0)
+    tat_us, tat_rem = divmod(base + cost * token, capacity)
+    taken = replace(
+        state, used=state.used + cost, tat_us=tat_us, tat_rem=tat_rem, tat_scale=capacity
+    )
+    return taken, available

@@ -36,6 +36,9 @@ class ChargeDecision:
     else the limit's). ``grants`` lists the grants that paid for the charge,
     as (grant id, amount). A shadow limit's charge is always ``allowed``;
     its outcome ``would_deny`` says a hard limit would have denied it.
+    ``overdraft`` is set only by a commit of more than was reserved
+    (`metering.domain.reservations.charge_more`): the units of the real
+    usage that a hard limit had no room for, recorded and billed anyway.
     """
 
     subject: str
@@ -51,6 +54,7 @@ class ChargeDecision:
     resets_at_us: int
     retry_at_us: int | None
     grants: tuple[tuple[str, int], ...] = ()
+    overdraft: int = 0
 
     @property
     def window_start(self) -> datetime | None:
@@ -79,10 +83,11 @@ class ChargeDecision:
             "resets_at": _iso(self.resets_at),
             "retry_at": _iso(self.retry_at),
             "grants": [{"grant_id": g, "amount": a} for g, a in self.grants],
-        }
+        } | ({"overdraft": self.overdraft} if self.overdraft else {})
 
     def to_row(self) -> list[Any]:
-        """A compact, JSON-ready form for the results ledger (grants only when some paid)."""
+        """A compact, JSON-ready form for the results ledger: the grant draws
+        only when some paid, then the overdraft only when there is one."""
         row = [
             self.subject,
             self.limit,
@@ -97,19 +102,23 @@ class ChargeDecision:
             self.resets_at_us,
             self.retry_at_us,
         ]
-        if self.grants:
+        if self.grants or self.overdraft:
             row.append([list(draw) for draw in self.grants])
+        if self.overdraft:
+            row.append(self.overdraft)
         return row
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> ChargeDecision:
         if len(row) > ROW_FIELDS:
             grants = tuple((str(g), int(a)) for g, a in row[ROW_FIELDS])
-            return cls(*row[:ROW_FIELDS], grants)  # type: ignore[call-arg]
+            overdraft = int(row[ROW_FIELDS + 1]) if len(row) > ROW_FIELDS + 1 else 0
+            return cls(*row[:ROW_FIELDS], grants, overdraft)  # type: ignore[call-arg]
         return cls(*row)
 
 
-# A ledger row's fields before the optional list of grant draws.
+# A ledger row's fields before the optional list of grant draws (and the
+# optional overdraft after it).
 ROW_FIELDS: Final = 12
 
 

@@ -11,7 +11,8 @@ a mark (limit, subject, window start, kind) that is inserted at most once.
   subject's maximum, or an absolute amount (``thresholds_units``): one
   notice per threshold crossed.
 * ``limit.exceeded``: a soft limit's usage went past its maximum (and the
-  grants that top it up).
+  grants that top it up), or a commit of more than was reserved took a hard
+  limit's usage past it (overdraft).
 * ``limit.would_deny``: a shadow limit would have denied a charge; like
   ``limit.denied``, only the first in the window.
 * ``usage.corrected``: an event was voided (`metering.corrections`); it
@@ -146,6 +147,9 @@ def notices_for(
     # Overage starts in this charge iff the part of it no grant paid covers all of it.
     own_cost = charge.cost - sum(amount for _, amount in charge.grants)
     if limit.enforcement == "soft" and 0 < charge.overage <= own_cost:
+        found.append(_notice("limit.exceeded", "exceeded", key, charge, event_id))
+    elif limit.enforcement == "hard" and charge.overdraft > 0:
+        # Only a commit of more than was reserved goes past a hard limit.
         found.append(_notice("limit.exceeded", "exceeded", key, charge, event_id))
     return found
 

@@ -1,4 +1,5 @@
-"""Giving a cancelled reservation's cost back to its counter.
+"""Giving a cancelled reservation's cost back to its counter, and charging
+a commit's usage beyond what was reserved.
 
 A reservation consumed like any event; cancelling it undoes that charge
 where undoing is still meaningful:
@@ -8,6 +9,15 @@ where undoing is still meaningful:
   anyway);
 * a token bucket gets the tokens back, but never beyond its capacity: a
   bucket that refilled meanwhile is simply full.
+
+A commit of more than was reserved (`charge_more`) records the real usage:
+the excess is charged to the reservation's own counter (its window, even
+one that has ended since: that is when the usage happened), drawing on the
+subject's grants as a decision would. What a hard limit has no room for is
+charged all the same and counted as *overdraft*: the usage happened and is
+billed, and the counter, now past its maximum, denies the subject until the
+window resets (a bucket: until it has refilled past its debt). A soft
+limit's excess is ordinary overage; a shadow limit has no overdraft.
 """
 
 from __future__ import annotations
@@ -15,7 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+from metering.domain.buckets import take_anyway
 from metering.domain.decisions import ChargeDecision
+from metering.domain.grants import Pot, fit_window
 from metering.domain.limits import Limit
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 
@@ -127,3 +139,51 @@ def _bucket_give_back(limit: Limit, cost: int, state: CounterState, now_us: int)
         tat_scale=capacity,
     )
     return GiveBack(new_state, returned)
+
+
+@dataclass(frozen=True, slots=True)
+class ChargedMore:
+    """What charging one charge's excess does: the counter after it, the
+    grants that paid part of it, the overage it added (a soft limit) and the
+    units a hard limit had no room for (overdraft)."""
+
+    state: CounterState
+    draws: tuple[tuple[str, int], ...] = ()
+    overage: int = 0
+    overdraft: int = 0
+
+
+def charge_more(
+    limit: Limit | None,
+    charge: HeldCharge,
+    extra: int,
+    state: CounterState,
+    now_us: int,
+    *,
+    maximum: int,
+    granted: int = 0,
+    pot: Pot | None = None,
+) -> ChargedMore:
+    """Charge ``extra`` units beyond ``charge.cost`` to its counter, whether
+    they fit or not (see the module's rules). ``maximum`` is the subject's
+    own at the event (the stored decision's), ``granted`` what grants paid of
+    the window so far and ``pot`` its grants. A limit deleted or redefined
+    since has no counter to charge: nothing changes (the result still
+    records the usage)."""
+    if limit is None or extra <= 0:
+        return ChargedMore(state)
+    bucket = charge.window_end_us == NO_WINDOW
+    if bucket != (limit.algorithm == "token_bucket"):
+        return ChargedMore(state)
+    hard = limit.enforcement == "hard"
+    if bucket:
+        taken, available = take_anyway(limit, state, extra, now_us)
+        return ChargedMore(taken, overdraft=max(extra - available, 0) if hard else 0)
+    fit = fit_window(maximum, state.used, granted, extra, pot or Pot([]), now_us, soft=True)
+    beyond = fit.overage_after - fit.overage_before
+    return ChargedMore(
+        replace(state, used=state.used + extra),
+        fit.draws,
+        overage=beyond if limit.enforcement == "soft" else 0,
+        overdraft=beyond if hard else 0,
+    )

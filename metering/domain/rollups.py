@@ -138,6 +138,26 @@ def given_back_deltas(
     return deltas
 
 
+def charged_more_deltas(
+    event: Decided,
+    extra: Iterable[tuple[str, str, int]],
+    dimensions: Mapping[str, Sequence[str]],
+) -> dict[RollupKey, Delta]:
+    """What a commit of more than was reserved adds to the rollups: for each
+    charge (subject, limit, units beyond the reserved cost) of the reserving
+    ``event``, those units (its event was counted when it was reserved)."""
+    deltas: dict[RollupKey, Delta] = {}
+    hour = hour_start_us(event.occurred_at_us)
+    for subject, name, more in extra:
+        if more <= 0:
+            continue
+        for key in dimensions.get(name, ()):
+            rollup = (subject, name, key, hour, dimension_value(event.metadata, key))
+            used, events = deltas.get(rollup, (0, 0))
+            deltas[rollup] = (used + more, events)
+    return deltas
+
+
 def rollup_rows(
     deltas: Mapping[RollupKey, Delta],
 ) -> list[tuple[str, str, str, int, str, int, int]]:

@@ -88,9 +88,10 @@ def _legend(axes: Axes, **placement: Any) -> None:
 
 def _parts(row: ReportRow) -> tuple[int, int, int]:
     """``used`` split into the window's own usage within the maximum, the part
-    grants paid, and the overage (billable; soft limits only)."""
-    own = row.used - row.granted - row.overage
-    return own, row.granted, row.overage
+    grants paid, and what is billed beyond the maximum: a soft limit's
+    overage, a hard limit's overdraft."""
+    beyond = row.overage + row.overdraft
+    return row.used - row.granted - beyond, row.granted, beyond
 
 
 def window_labels(rows: Sequence[ReportRow]) -> list[str]:

@@ -54,6 +54,7 @@ def csv_cells(row: ReportRow) -> tuple[object, ...]:
         row.used,
         row.granted,
         row.overage,
+        row.overdraft,
         row.denied,
         row.denied_events,
         row.utilisation_percent,

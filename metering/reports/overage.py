@@ -73,7 +73,9 @@ class ReportRow:
     entitlement at the window's end, else the limit's default); ``granted``
     the part of ``used`` that grants paid. ``overage`` is the billable usage
     beyond the maximum: for a soft limit the window's own usage (``used -
-    granted``) beyond ``maximum``; 0 for hard and shadow limits. ``denied``
+    granted``) beyond ``maximum``; 0 for hard and shadow limits. ``overdraft``
+    is the usage a commit of more than was reserved took past a hard limit:
+    it happened, and is billed like overage. ``denied``
     is the cost of the demand refused (a shadow limit's would-denies), never
     billed, and ``denied_events`` how many events asked for it.
     ``utilisation_percent`` is ``100 * used / maximum``, rounded to 2 places.
@@ -88,6 +90,7 @@ class ReportRow:
     used: int
     granted: int
     overage: int
+    overdraft: int
     denied: int
     denied_events: int
     utilisation_percent: float
@@ -113,7 +116,7 @@ def _window_instant(us: int) -> datetime:
 def _row(record: Any) -> ReportRow:
     # Unpacked by position: a large export builds hundreds of thousands of rows.
     subject, limit, enforcement, start_us, end_us, maximum, used, granted = record[:8]
-    overage, denied_cost, denied_count, first_us = record[8:]
+    overage, overdraft, denied_cost, denied_count, first_us = record[8:]
     return ReportRow(
         subject,
         limit,
@@ -124,6 +127,7 @@ def _row(record: Any) -> ReportRow:
         used,
         int(granted),
         int(overage),
+        int(overdraft),
         denied_cost,
         denied_count,
         round(used * 100 / maximum, 2),

@@ -7,7 +7,9 @@ reservation row naming the counters it consumed from, written in the same
 transaction (what the fast path leaves to the reference engine,
 `metering.engine.reference.apply_events`, runs there: `_reserve`); `cancel` gives the
 cost back where it still can (`metering.domain.reservations`); `commit`
-makes it final, at ``actual`` giving the rest back. Both settle on the
+makes it final, at ``actual`` giving the rest back, or charging the usage
+beyond the reserved cost (`_charge_more`: on the general path, with the
+overdraft a hard limit had no room for). Both settle on the
 engine's own connections (`Engine.settle`: the reservation row locked, then
 its counters, written back with the row in one transaction); grants to
 restore and rollups to take back run the settle again under SQLAlchemy.
@@ -16,6 +18,7 @@ restore and rollups to take back run the settle again under SQLAlchemy.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Final, Literal
@@ -30,19 +33,22 @@ from metering.domain.corrections import (
     split_back,
     voided_charges,
 )
-from metering.domain.decisions import Decision
-from metering.domain.events import UsageEvent
+from metering.domain.decisions import ChargeDecision, Decision
+from metering.domain.events import MAX_COST, UsageEvent
 from metering.domain.limits import Limit
+from metering.domain.notifications import Notice, notices_for, payload_of
 from metering.domain.reservations import (
     MAX_TTL_SECONDS,
+    ChargedMore,
     HeldCharge,
     ReservationState,
     can_give_back,
+    charge_more,
     give_back,
     held_charge,
 )
-from metering.domain.rollups import given_back_deltas
-from metering.domain.state import CounterKey, CounterState
+from metering.domain.rollups import charged_more_deltas, given_back_deltas
+from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 from metering.engine.core import Engine
 from metering.engine.fast import CONFLICT, DUPLICATE, Hold, LimitCache, NotHeld, UseGeneralPath
 from metering.engine.reference import apply_events, decision_of
@@ -53,12 +59,14 @@ from metering.errors import (
     ReservationSettled,
     UnknownReservation,
 )
+from metering.storage.allowances import AllowanceStore
 from metering.storage.database import Database
 from metering.storage.hot import Changes, HotStore, NeedsConnection
 from metering.storage.reservations import ReservationRecord, ReservationStore, settle_row
 from metering.storage.results import ResultRecord
 from metering.storage.rollups import record_rollups
 from metering.storage.store import Store
+from metering.storage.webhooks import WebhookStore
 
 
 def validate_ttl(ttl_seconds: object) -> float:
@@ -179,25 +187,29 @@ def cancel(engine: Engine, reservation_id: str) -> int:
     return _settle(engine, reservation_id, ReservationState.CANCELLED, 0)
 
 
-def validate_actual(actual: object, record: ReservationRecord) -> int:
-    """``actual`` for `commit`: a whole number from 0 to every charge's reserved cost."""
+def validate_actual(actual: object) -> int:
+    """``actual`` for `commit`: a whole number from 0 to the largest cost an
+    event may have. Below a charge's reserved cost the rest goes back; above
+    it the excess is charged (`_charge_more`)."""
     if isinstance(actual, bool) or not isinstance(actual, int) or actual < 0:
         raise InvalidInput("actual", f"must be a whole number of at least 0, got {actual!r}")
-    reserved = min((charge.cost for charge in record.charges), default=actual)
-    if actual > reserved:
-        raise InvalidInput(
-            "actual",
-            f"{actual} is more than the {reserved} reserved; settling more than reserved "
-            "is not supported: reserve the larger amount",
-        )
+    if actual > MAX_COST:
+        raise InvalidInput("actual", f"must be at most {MAX_COST}, got {actual}")
     return actual
+
+
+def _more(record: ReservationRecord, keep: int | None) -> bool:
+    """Whether settling at ``keep`` charges some charge more than it reserved."""
+    return keep is not None and any(charge.cost < keep for charge in record.charges)
 
 
 def commit(engine: Engine, reservation_id: str, actual: int | None = None) -> int:
     """Make a held reservation final; returns the units given back.
 
-    With ``actual``, each charge is settled at ``actual`` (at most its
-    reserved cost) and the rest goes back once, as a cancel gives it back.
+    With ``actual``, each charge is settled at ``actual``: below its
+    reserved cost the rest goes back once, as a cancel gives it back; above
+    it the excess is charged once, fitting or not (`_charge_more`), also
+    after the sweeper committed the reservation in full at its time to live.
     Committing twice does nothing (0); after a cancel it raises
     `ReservationSettled`; a commit of less than reserved past the time to
     live raises `ReservationExpired`: the sweeper's commit in full stands.
@@ -230,6 +242,18 @@ def _settle(engine: Engine, reservation_id: str, to: ReservationState, keep: int
         step = _first_step(record, to, keep, now_us, action)
         if step is None:
             return Settled()
+        if step == _MORE:
+            assert keep is not None
+            # Every counter locked at once, in one order, before any is written.
+            store = Store(connection)
+            known = store.load_limits(c.limit for c in record.charges)
+            store.lock_counters([c.key for c in record.charges if c.limit in known], now_us)
+            returned, given_back = 0, list[GivenBack]()
+            if record.state == ReservationState.HELD and record.expires_at_us > now_us:
+                returned, given_back = _give_back(connection, record, keep, now_us)
+            _charge_more(connection, record, keep, now_us)
+            rows.settle(reservation_id, to, now_us, action, given_back)
+            return Settled(returned=returned)
         if step != _GIVE_BACK:
             state, by = step
             rows.settle(reservation_id, state, now_us, by)
@@ -249,7 +273,11 @@ def _settle(engine: Engine, reservation_id: str, to: ReservationState, keep: int
 
 
 _GIVE_BACK: Final = "give back"
+_MORE: Final = "more"
 _EXPIRY: Final = "expiry"
+# Who committed a reservation in full at its time to live, with no actual:
+# a commit of more than reserved after them still charges the excess.
+_AT_EXPIRY: Final = (_EXPIRY, "sweeper")
 
 
 def _first_step(
@@ -258,20 +286,26 @@ def _first_step(
     keep: int | None,
     now_us: int,
     action: str,
-) -> tuple[ReservationState, str] | Literal["give back"] | None:
+) -> tuple[ReservationState, str] | Literal["give back", "more"] | None:
     """What settling ``record`` into ``to`` does before anything is given
     back, the same on both paths: None when it is in ``to`` already;
     (state, settled by) when nothing goes back (a commit in full, or past the
-    time to live: committed in full by `_EXPIRY`); `_GIVE_BACK` otherwise.
-    Raises `ReservationSettled` from the other settled state, and what
-    `validate_actual` raises."""
+    time to live: committed in full by `_EXPIRY`); `_MORE` when a commit
+    charges more than reserved (also after a commit in full at the time to
+    live, once: the commit is then settled by ``commit``); `_GIVE_BACK`
+    otherwise. Raises `ReservationSettled` from the other settled state, and
+    what `validate_actual` raises."""
+    if keep is not None:
+        validate_actual(keep)
+    more = to == ReservationState.COMMITTED and _more(record, keep)
     if record.state == to:
-        return None
+        return _MORE if more and record.settled_by in _AT_EXPIRY else None
     if record.state != ReservationState.HELD:
         raise ReservationSettled(record.id, record.state, action)
     if keep is None:
         return to, action
-    validate_actual(keep, record)
+    if more:
+        return _MORE
     if record.expires_at_us <= now_us:
         return ReservationState.COMMITTED, _EXPIRY
     return _GIVE_BACK
@@ -305,14 +339,17 @@ def _settle_direct(
     PostgreSQL (the reservation locked; its counters locked with the limits'
     version and its result; counters and reservation written with the
     COMMIT). Raises `NeedsConnection` before writing anything for what is
-    rare: grants to restore, usage rollups to take back, a counter that no
-    longer exists (the general path creates it), the limits' cache stale."""
+    rare: a commit of more than reserved, grants to restore, usage rollups to
+    take back, a counter that no longer exists (the general path creates
+    it), the limits' cache stale."""
     record = store.lock_reservation(reservation_id)
     if record is None:
         raise UnknownReservation(reservation_id)
     step = _first_step(record, to, keep, now_us, action)
     if step is None:
         return Settled()
+    if step == _MORE:
+        raise NeedsConnection("more")
     if step != _GIVE_BACK:
         state, by = step
         store.write(
@@ -444,3 +481,99 @@ def _take_back_rollups(
     reserving = store.fetch_results([event_id]).get(event_id)
     if reserving is not None:  # pruned results are long past any cancel
         record_rollups(store.connection, given_back_deltas(reserving, given_back, dimensioned))
+
+
+def _charge_more(connection: Connection, record: ReservationRecord, keep: int, now_us: int) -> None:
+    """Charge each charge's units above its reserved cost, fitting or not
+    (`metering.domain.reservations.charge_more`), in the commit's
+    transaction: the counters (locked by the caller), the grants that pay
+    part of it, the usage rollups, the overdraft a hard limit had no room
+    for, ``limit.exceeded`` once per window, and the reserving event's result
+    rewritten with the real cost, its draws and its overdraft (so that a
+    void reverses all of it)."""
+    store = Store(connection)
+    more = [c for c in record.charges if c.cost < keep]
+    limits = store.load_limits(c.limit for c in more)
+    stored = store.fetch_results([record.id]).get(record.id)
+    rows = [list(row) for row in stored.charges] if stored is not None else []
+    where = {(row[0], row[1]): i for i, row in enumerate(rows)}
+    chargeable = [c for c in more if c.limit in limits]
+    states = store.lock_counters([c.key for c in chargeable], now_us)
+    windowed = [c for c in chargeable if c.window_end_us != NO_WINDOW]
+    pots = AllowanceStore(connection).lock_pots(
+        [(c.limit, c.subject) for c in windowed],
+        [(c.limit, c.subject, c.window_start_us) for c in windowed],
+    )
+    changed: dict[CounterKey, CounterState] = {}
+    draws: dict[tuple[str, str, int, str], int] = defaultdict(int)
+    overdraft: list[tuple[str, str, int, int]] = []
+    notices: list[Notice] = []
+    for charge in more:
+        extra = keep - charge.cost
+        index = where.get((charge.subject, charge.limit))
+        decided = ChargeDecision.from_row(rows[index]) if index is not None else None
+        limit = limits.get(charge.limit)
+        got = _NOTHING_MORE
+        if limit is not None and charge in chargeable:
+            pot = pots.get((charge.limit, charge.subject))
+            granted = pot.granted.get(charge.window_start_us, 0) if pot is not None else 0
+            before = states[charge.key]
+            maximum = decided.maximum if decided is not None else limit.maximum
+            got = charge_more(
+                limit, charge, extra, before, now_us, maximum=maximum, granted=granted, pot=pot
+            )
+            if got.draws and pot is not None:
+                pot.take(charge.window_start_us, got.draws)
+                for grant_id, amount in got.draws:
+                    draws[(charge.limit, charge.subject, charge.window_start_us, grant_id)] += (
+                        amount
+                    )
+            states[charge.key] = changed[charge.key] = got.state
+            overdraft.append((charge.subject, charge.limit, charge.window_start_us, got.overdraft))
+            if decided is not None:
+                part = replace(
+                    decided,
+                    cost=extra,
+                    used=decided.used + extra,
+                    overage=decided.overage + got.overage,
+                    grants=got.draws,
+                    overdraft=got.overdraft,
+                )
+                notices.extend(notices_for(limit, charge.key, before, got.state, part, record.id))
+        if decided is not None and index is not None:
+            rows[index] = replace(
+                decided,
+                cost=keep,
+                used=decided.used + extra,
+                remaining=max(decided.remaining - extra, 0),
+                overage=decided.overage + got.overage,
+                grants=_merged(decided.grants, got.draws),
+                overdraft=decided.overdraft + got.overdraft,
+            ).to_row()
+    store.write_counters(changed, now_us)
+    AllowanceStore(connection).write_draws(draws)
+    ReservationStore(connection).add_overdrafts(record.id, overdraft, now_us)
+    if stored is not None:
+        store.rewrite_charges(record.id, rows)
+        dimensioned = {n: limit.dimensions for n, limit in limits.items() if limit.dimensions}
+        if dimensioned:
+            extra_units = [(c.subject, c.limit, keep - c.cost) for c in chargeable]
+            record_rollups(connection, charged_more_deltas(stored, extra_units, dimensioned))
+    if notices:
+        WebhookStore(connection).record_notices(
+            [(notice, payload_of(notice, now_us)) for notice in notices], now_us
+        )
+
+
+# A charge whose limit is gone: the result still records the real cost.
+_NOTHING_MORE: Final = ChargedMore(CounterState())
+
+
+def _merged(
+    grants: tuple[tuple[str, int], ...], more: tuple[tuple[str, int], ...]
+) -> tuple[tuple[str, int], ...]:
+    """A charge's grant draws with ``more`` added (one entry per grant, in first-drawn order)."""
+    total: dict[str, int] = {}
+    for grant_id, amount in (*grants, *more):
+        total[grant_id] = total.get(grant_id, 0) + amount
+    return tuple(total.items())

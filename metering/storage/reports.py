@@ -24,7 +24,11 @@ returns only the rows asked for, already sorted:
   (used less granted) beyond the applied maximum; hard and shadow, none (a
   hard limit never allows usage beyond its maximum: what it refused is
   the denied cost, its own column, never billed);
-* ``ORDER BY overage DESC, denied cost DESC`` and ``LIMIT`` for ``--top``.
+* ``overdraft`` is the usage a commit of more than was reserved took past a
+  hard limit (``overdrafts``, summed per window, voided events left out):
+  it happened, so it is billed like overage;
+* ``ORDER BY overage DESC, overdraft DESC, denied cost DESC`` and ``LIMIT``
+  for ``--top``.
 
 The shadow report groups a shadow limit's windows with would-denies by
 subject with window functions (SQLite 3.25 and later, PostgreSQL): the
@@ -51,6 +55,7 @@ from sqlalchemy import (
     and_,
     case,
     cast,
+    exists,
     func,
     literal,
     or_,
@@ -58,7 +63,14 @@ from sqlalchemy import (
 )
 
 from metering.domain.state import NO_WINDOW
-from metering.storage.tables import counters, entitlements, grant_draws, limits
+from metering.storage.tables import (
+    corrections,
+    counters,
+    entitlements,
+    grant_draws,
+    limits,
+    overdrafts,
+)
 
 # Rows fetched per round trip from the server-side cursor.
 STREAM_BATCH: Final = 10_000
@@ -132,6 +144,29 @@ def _with_granted(joined: Any) -> tuple[Any, ColumnElement[Any]]:
     return joined.outerjoin(drawn, same_window), func.coalesce(drawn.c.amount, 0)
 
 
+def _with_overdraft(joined: Any) -> tuple[Any, ColumnElement[Any]]:
+    """``joined`` (which has ``counters``) with each window's overdraft, summed
+    over the events not voided since, outer-joined; and that sum (0 without)."""
+    voided = exists().where(corrections.c.event_id == overdrafts.c.event_id)
+    drawn = (
+        select(
+            overdrafts.c.subject,
+            overdrafts.c.limit_name,
+            overdrafts.c.window_start_us,
+            cast(func.sum(overdrafts.c.units), BigInteger).label("units"),
+        )
+        .where(~voided)
+        .group_by(overdrafts.c.subject, overdrafts.c.limit_name, overdrafts.c.window_start_us)
+        .subquery("overdrawn")
+    )
+    same_window = and_(
+        drawn.c.subject == counters.c.subject,
+        drawn.c.limit_name == counters.c.limit_name,
+        drawn.c.window_start_us == counters.c.window_start_us,
+    )
+    return joined.outerjoin(drawn, same_window), func.coalesce(drawn.c.units, 0)
+
+
 def _window_conditions(query: ReportQuery) -> list[ColumnElement[bool]]:
     # Token buckets have a single row with no window (start = end = 0): they
     # are not reported (see metering.reports).
@@ -164,6 +199,7 @@ def _windows(query: ReportQuery) -> Any:
         _counted(), counters.c.subject, counters.c.limit_name, counters.c.window_end_us
     )
     joined, granted = _with_granted(joined)
+    joined, overdraft = _with_overdraft(joined)
     statement = select(
         counters.c.subject,
         counters.c.limit_name,
@@ -173,6 +209,7 @@ def _windows(query: ReportQuery) -> Any:
         maximum.label("maximum"),
         counters.c.used,
         granted.label("granted"),
+        overdraft.label("overdraft"),
         counters.c.denied_count,
         counters.c.denied_cost,
         counters.c.first_denied_at_us,
@@ -202,6 +239,7 @@ def _rows_statement(query: ReportQuery) -> tuple[Select[Any], Any, Any]:
         w.c.used,
         w.c.granted,
         overage,
+        w.c.overdraft,
         w.c.denied_cost,
         w.c.denied_count,
         w.c.first_denied_at_us,
@@ -216,6 +254,7 @@ def overage_statement(query: ReportQuery) -> Select[Any]:
     utilisation = cast(w.c.used, Float) / w.c.maximum
     statement = statement.order_by(
         overage.desc(),
+        w.c.overdraft.desc(),
         w.c.denied_cost.desc(),
         utilisation.desc(),
         w.c.subject,

@@ -17,7 +17,7 @@ from sqlalchemy import ColumnElement, Connection, delete, exists, func, insert, 
 
 from metering.domain.corrections import GivenBack
 from metering.domain.reservations import HeldCharge, ReservationState
-from metering.storage.tables import reservations, results
+from metering.storage.tables import overdrafts, reservations, results
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +91,27 @@ class ReservationStore:
             .where(reservations.c.id == reservation_id)
             .values(state=value, settled_at_us=at_us, settled_by=by, given_back=returned)
         )
+
+    def add_overdrafts(
+        self, event_id: str, units: Sequence[tuple[str, str, int, int]], now_us: int
+    ) -> None:
+        """Record a commit's overdraft: per (subject, limit, window start), the
+        units a hard limit had no room for. Once per event and counter (the
+        reservation row, locked, says whether its excess was charged)."""
+        rows = [
+            {
+                "event_id": event_id,
+                "subject": subject,
+                "limit_name": limit,
+                "window_start_us": start,
+                "units": n,
+                "created_at_us": now_us,
+            }
+            for subject, limit, start, n in units
+            if n > 0
+        ]
+        if rows:
+            self.connection.execute(insert(overdrafts), rows)
 
     def forget_held_charges(self, subject: str | None, limit: str | None) -> int:
         """Drop from held reservations their charges on these counters (a reset).

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any, Final, NamedTuple
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from metering.storage.on_connection import OnConnection, chunks
@@ -152,6 +152,15 @@ class ResultStore(OnConnection):
                 query = select(results).where(results.c.event_id.in_(chunk))
                 rows.extend(self.connection.execute(query))
         return {row.event_id: record_from_row(row) for row in rows}
+
+    def rewrite_charges(self, event_id: str, charges: Sequence[Sequence[Any]]) -> None:
+        """Replace a result's charges (ledger rows): a commit of more than was
+        reserved records the real cost, its grant draws and its overdraft."""
+        self.connection.execute(
+            update(results)
+            .where(results.c.event_id == event_id)
+            .values(charges=_compact([list(row) for row in charges]))
+        )
 
     def insert_results(self, records: Sequence[ResultRecord]) -> set[str]:
         """Insert results; an id already present is skipped. Returns the ids inserted."""

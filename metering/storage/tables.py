@@ -164,6 +164,27 @@ reservations = Table(
 )
 Index("ix_reservations_state_expires", reservations.c.state, reservations.c.expires_at_us)
 
+# Usage a commit recorded beyond a hard limit (migration 0017): per event and
+# counter, the units there was no room for, billed anyway. The overage report
+# sums them per window as ``overdraft``, leaving out voided events.
+overdrafts = Table(
+    "overdrafts",
+    metadata,
+    Column("event_id", String(128), nullable=False),
+    Column("subject", String(200), nullable=False),
+    Column("limit_name", String(64), nullable=False),
+    Column("window_start_us", BigInteger, nullable=False, autoincrement=False),
+    Column("units", BigInteger, nullable=False),
+    Column("created_at_us", BigInteger, nullable=False),
+    PrimaryKeyConstraint("event_id", "subject", "limit_name"),
+)
+Index(
+    "ix_overdrafts_counter",
+    overdrafts.c.subject,
+    overdrafts.c.limit_name,
+    overdrafts.c.window_start_us,
+)
+
 # Operators' resets (migration 0011): which counters were cleared (NULL: every
 # subject, or every limit) and when. A void of an event decided before a reset
 # of its window gives nothing back to the counter that started over.

@@ -186,7 +186,8 @@ def test_commit_with_the_actual_amount_gives_the_rest_back(
 ) -> None:
     body = {"event_id": "r-2", "subject": "org-1", "limit": "api_calls", "cost": 3}
     assert http.post("/v1/reservations", json=body).status_code == 200
-    problem(http.post("/v1/reservations/r-2/commit", params={"actual": 4}), 400, "invalid-input")
+    too_much = {"actual": 10**12 + 1}
+    problem(http.post("/v1/reservations/r-2/commit", params=too_much), 400, "invalid-input")
     assert http.post("/v1/reservations/r-2/commit", params={"actual": -1}).status_code == 400
     assert used(meter, "org-1", "api_calls") == 3
     committed = http.post("/v1/reservations/r-2/commit", params={"actual": 1})
@@ -197,6 +198,19 @@ def test_commit_with_the_actual_amount_gives_the_rest_back(
     assert used(meter, "org-1", "api_calls") == 1
     again = http.post("/v1/reservations/r-2/commit", params={"actual": 1})
     assert (again.status_code, again.json()["returned"]) == (200, 0)
+
+
+def test_a_commit_of_more_than_reserved_charges_the_excess_as_overdraft(
+    http: httpx.Client, meter: Meter
+) -> None:
+    body = {"event_id": "r-3", "subject": "org-1", "limit": "api_calls", "cost": 2}
+    assert http.post("/v1/reservations", json=body).status_code == 200
+    committed = http.post("/v1/reservations/r-3/commit", params={"actual": 8})
+    assert committed.status_code == 200, committed.text
+    assert (committed.json()["state"], committed.json()["returned"]) == ("committed", 0)
+    assert used(meter, "org-1", "api_calls") == 8
+    [charge] = http.get("/v1/events/r-3").json()["charges"]
+    assert (charge["cost"], charge["overdraft"]) == (8, 3)  # a maximum of 5
 
 
 def test_a_cancel_past_the_time_to_live_is_409_committed(

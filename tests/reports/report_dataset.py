@@ -101,6 +101,7 @@ class Expected:
             self.used,
             0,  # granted: the dataset has no grants
             self.overage,
+            0,  # overdraft: the dataset commits no more than it reserved
             self.denied_cost,
             self.denied_events,
             utilisation,

@@ -192,6 +192,7 @@ def test_row_fields_are_the_documented_columns() -> None:
         "used",
         "granted",
         "overage",
+        "overdraft",
         "denied",
         "denied_events",
         "utilisation_percent",

@@ -65,6 +65,7 @@ def row(
         used=used,
         granted=0,
         overage=overage,
+        overdraft=0,
         denied=denied,
         denied_events=1 if denied else 0,
         utilisation_percent=round(used * 100 / maximum, 2),

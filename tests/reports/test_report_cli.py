@@ -36,6 +36,7 @@ JSON_TYPES: dict[str, tuple[type, ...]] = {
     "used": (int,),
     "granted": (int,),
     "overage": (int,),
+    "overdraft": (int,),
     "denied": (int,),
     "denied_events": (int,),
     "utilisation_percent": (float,),

@@ -247,11 +247,11 @@ def test_a_commit_of_less_gives_grants_back_last_drawn_first(meter: Meter) -> No
     assert allowed_until_denied(meter, "rv") == 3  # 5 + 4 - 6
 
 
-def test_a_commit_of_more_than_reserved_is_refused_and_changes_nothing(meter: Meter) -> None:
+def test_a_commit_of_a_bad_actual_is_refused_and_changes_nothing(meter: Meter) -> None:
     from metering.errors import InvalidInput
 
     meter.reserve("s", "rv", cost=3, event_id="r1")
-    for bad in (4, -1, 1.5, True, "2"):
+    for bad in (10**12 + 1, -1, 1.5, True, "2"):
         with pytest.raises(InvalidInput, match="actual"):
             meter.commit_reservation("r1", actual=bad)  # type: ignore[arg-type]
     info = meter.reservation("r1")

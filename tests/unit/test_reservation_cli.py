@@ -99,7 +99,8 @@ def test_list_takes_a_row_count_as_last_and_limit_still_works_with_a_warning(run
 
 def test_commit_with_the_actual_amount_gives_the_rest_back(run: Run, url: str) -> None:
     run("reserve", "10.0.0.7", "bad_login", "--cost", "2", "--event-id", "r9")
-    one_line_error(run("reservations", "commit", "r9", "--actual", "3", code=None), "reserved")
+    too_much = str(10**12 + 1)
+    one_line_error(run("reservations", "commit", "r9", "--actual", too_much, code=None), "actual")
     one_line_error(run("reservations", "commit", "r9", "--actual", "-1", code=None), "actual")
     assert used(url) == 2
     done = run("reservations", "commit", "r9", "--actual", "1")
@@ -107,3 +108,12 @@ def test_commit_with_the_actual_amount_gives_the_rest_back(run: Run, url: str) -
     assert used(url) == 1
     [listed] = json.loads(run("reservations", "list", "--format", "json").output)
     assert listed["charges"][0]["given_back"] == 1
+
+
+def test_commit_of_more_than_reserved_charges_the_excess(run: Run, url: str) -> None:
+    run("reserve", "10.0.0.7", "bad_login", "--cost", "2", "--event-id", "r9")
+    done = run("reservations", "commit", "r9", "--actual", "7")
+    assert (
+        done.output == "committed r9: 0 given back, 5 overdraft (usage past a hard limit, billed)\n"
+    )
+    assert used(url) == 7
