@@ -183,8 +183,8 @@ class Meter:
         ones past ``retention_seconds``."""
         return held.sweep(self.database, retention_seconds)
 
-    def checkout(self, subject: str, limit: str, cost: int = 1, *,
-                 ttl_seconds: float = LICENSE_TTL, checkout_id: Name = None) -> Checkout:  # fmt: skip
+    def checkout(self, subject: str, limit: str, cost: int = 1, *, ttl_seconds: float = LICENSE_TTL,
+                 checkout_id: Name = None) -> Checkout:  # fmt: skip
         """Hold ``cost`` units of a concurrent limit until `checkin` or ``ttl_seconds``."""
         return licenses.checkout(self.database, subject, limit, cost, ttl_seconds, checkout_id)
 

@@ -1,4 +1,4 @@
-"""``metering checkout SUBJECT LIMIT``, ``metering checkout renew|list`` and ``metering checkin ID``."""
+"""``metering checkout SUBJECT LIMIT``, ``checkout renew|list`` and ``metering checkin ID``."""
 
 from __future__ import annotations
 

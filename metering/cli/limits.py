@@ -68,7 +68,9 @@ def limits_set(name: str, maximum: int, period: str | None, **options: Any) -> N
     if period is None and options.get("algorithm") != "concurrent":
         raise click.UsageError("--period is required (only --algorithm concurrent has none)")
     chosen = {key: value for key, value in options.items() if value not in (None, ())}
-    click.echo(describe_limit(current_meter().set_limit(Limit(name, maximum, period or "", **chosen))))
+    click.echo(
+        describe_limit(current_meter().set_limit(Limit(name, maximum, period or "", **chosen)))
+    )
 
 
 def _limit_row(limit: Limit) -> list[object]:

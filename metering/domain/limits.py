@@ -230,7 +230,7 @@ class Limit:
         values = dict(data)
         if name is not None:
             values.setdefault("name", name)
-        required_fields = ("name", "maximum")
+        required_fields: tuple[str, ...] = ("name", "maximum")
         if values.get("algorithm") != "concurrent":
             required_fields += ("period",)
         for required in required_fields:
@@ -250,13 +250,19 @@ class Limit:
 def _check_concurrent(limit: Limit) -> None:
     """A concurrent limit has none of what belongs to a window: say so, do not ignore it."""
     if limit.period not in ("", None):
-        raise InvalidLimit("period", "a concurrent limit has no period: licenses are held, not spent")
+        raise InvalidLimit(
+            "period", "a concurrent limit has no period: licenses are held, not spent"
+        )
     if limit.window != "first_use":
         raise InvalidLimit("window", "a concurrent limit has no windows")
     if limit.enforcement != "hard":
-        raise InvalidLimit("enforcement", "a concurrent limit is hard: never more held than its maximum")
+        raise InvalidLimit(
+            "enforcement", "a concurrent limit is hard: never more held than its maximum"
+        )
     if limit.thresholds or limit.thresholds_units:
-        raise InvalidLimit("thresholds", "a concurrent limit has no thresholds (they fire per window)")
+        raise InvalidLimit(
+            "thresholds", "a concurrent limit has no thresholds (they fire per window)"
+        )
     if limit.dimensions:
         raise InvalidLimit("dimensions", "a concurrent limit records no usage to roll up")
 

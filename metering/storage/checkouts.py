@@ -102,7 +102,9 @@ class CheckoutStore(OnConnection):
         )
 
     def get(self, checkout_id: str) -> CheckoutRecord | None:
-        row = self.connection.execute(select(checkouts).where(checkouts.c.id == checkout_id)).first()
+        row = self.connection.execute(
+            select(checkouts).where(checkouts.c.id == checkout_id)
+        ).first()
         return _record(row) if row is not None else None
 
     def check_in(self, checkout_id: str, now_us: int) -> bool:

@@ -123,7 +123,11 @@ def test_the_sweeper_commits_reservations_past_their_time_to_live(
     assert used(meter, "ip", "bad_login") == 1
     clock.advance(days=8)
     # The cancelled one stays with its result: a void must see what it gave back.
-    assert meter.sweep_reservations(retention_seconds=7 * 86400) == {"committed": 0, "released": 0, "deleted": 1}
+    assert meter.sweep_reservations(retention_seconds=7 * 86400) == {
+        "committed": 0,
+        "released": 0,
+        "deleted": 1,
+    }
     assert [r.id for r in meter.reservations()] == [long.id]
 
 

@@ -30,9 +30,7 @@ def upgrade() -> None:
         sa.Column("released_by", sa.String(16), nullable=True),
         sa.PrimaryKeyConstraint("id"),
     )
-    op.create_index(
-        "ix_checkouts_pair_state", "checkouts", ["subject", "limit_name", "state"]
-    )
+    op.create_index("ix_checkouts_pair_state", "checkouts", ["subject", "limit_name", "state"])
     op.create_index("ix_checkouts_state_expires", "checkouts", ["state", "expires_at_us"])
     op.create_table(
         "license_pools",
