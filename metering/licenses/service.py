@@ -164,7 +164,7 @@ def _checkout(connection: Connection, asked: CheckoutRecord) -> Checkout:
         same = (existing.subject, existing.limit, existing.cost) == (subject, name, asked.cost)
         if not same:
             raise CheckoutConflict(asked.id)
-        return Checkout.of(existing, used, maximum)
+        return Checkout.of(_as_of(existing, now_us), used, maximum)
     if fits(used, asked.cost, maximum):
         rows.insert(asked)
         if denied_at is not None:
