@@ -37,23 +37,19 @@ operation = st.one_of(
         st.sampled_from(SUBJECTS),
         st.integers(1, 3),
         st.sampled_from([300, 900, 1800]),
-    ),  # fmt: skip
+    ),
     st.tuples(st.just("checkout"), st.sampled_from(SUBJECTS), st.just(1), st.just(900)),
     st.tuples(st.just("repeat"), st.integers(0, 40), st.just(0), st.just(0)),
     st.tuples(st.just("checkin"), st.integers(0, 40), st.just(0), st.just(0)),
-    st.tuples(
-        st.just("renew"), st.integers(0, 40), st.sampled_from([None, 300, 1200]), st.just(0)
-    ),  # fmt: skip
-    st.tuples(
-        st.just("advance"), st.sampled_from([1, 299, 300, 600, 901]), st.just(0), st.just(0)
-    ),  # fmt: skip
+    st.tuples(st.just("renew"), st.integers(0, 40), st.sampled_from([None, 300, 1200]), st.just(0)),
+    st.tuples(st.just("advance"), st.sampled_from([1, 299, 300, 600, 901]), st.just(0), st.just(0)),
     st.tuples(st.just("sweep"), st.just(0), st.just(0), st.just(0)),
     st.tuples(
         st.just("entitle"),
         st.sampled_from(SUBJECTS),
         st.one_of(st.none(), st.integers(1, 5)),
         st.just(0),
-    ),  # fmt: skip
+    ),
 )
 
 
