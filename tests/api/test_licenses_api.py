@@ -96,7 +96,7 @@ def test_checkout_renew_checkin(http: httpx.Client, clock: FrozenClock) -> None:
             "invalid-input",
             "checkout_id",
         ),
-    ],  # fmt: skip
+    ],
 )
 def test_bad_input_is_a_problem_and_stores_nothing(
     http: httpx.Client, meter: Meter, body: dict[str, Any], status: int, slug: str,
