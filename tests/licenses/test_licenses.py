@@ -179,6 +179,7 @@ BAD: list[tuple[str, Callable[[Meter], object], type[Exception], str]] = [
     ("renew unknown", lambda m: m.renew("nope"), UnknownCheckout, "nope"),
     ("renew ttl -1", lambda m: m.renew("nope", ttl_seconds=-1), InvalidInput, "ttl"),
     ("list state", lambda m: m.checkouts(state="denied"), InvalidInput, "state"),
+    ("grant", lambda m: m.grant("org-1", "cad", 1), WrongAlgorithm, "by an entitlement"),
 ]
 
 
