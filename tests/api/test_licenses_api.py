@@ -117,3 +117,15 @@ def test_the_routes_are_in_the_openapi_document(http: httpx.Client) -> None:
     assert set(paths["/v1/checkouts/{checkout_id}"]) == {"get", "delete"}
     assert set(paths["/v1/checkouts/{checkout_id}/renew"]) == {"post"}
     assert "409" in paths["/v1/checkouts/{checkout_id}/renew"]["post"]["responses"]
+
+
+def test_a_concurrent_limit_is_put_without_a_period(http: httpx.Client) -> None:
+    made = http.put("/v1/limits/floating", json={"maximum": 3, "algorithm": "concurrent"})
+    assert made.status_code == 200, made.text
+    assert (made.json()["algorithm"], made.json()["period"]) == ("concurrent", "")
+    body = {"maximum": 3, "algorithm": "concurrent", "period": "1h"}
+    found = problem(http.put("/v1/limits/floating2", json=body), 400, "invalid-input")
+    assert [e["field"] for e in found["errors"]] == ["period"]
+    found = problem(http.put("/v1/limits/windowed", json={"maximum": 3}), 400, "invalid-input")
+    assert [e["field"] for e in found["errors"]] == ["period"]
+    assert http.get("/v1/limits/floating2").status_code == 404
