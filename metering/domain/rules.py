@@ -58,7 +58,7 @@ class Rule:
     lateness_us: int
     notifies: bool  # consuming may cross a threshold or the soft maximum
     dimensions: tuple[str, ...]  # metadata keys its usage is rolled up by
-    concurrent: bool  # a floating license: never consumed (`WrongAlgorithm`)
+    concurrent: bool = False  # a floating license: never consumed (`WrongAlgorithm`)
 
     @classmethod
     def of(cls, limit: Limit) -> Rule:
