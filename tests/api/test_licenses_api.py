@@ -9,10 +9,20 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import hypothesis.errors
 import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from schemathesis import GenerationMode
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 from metering import FrozenClock, Limit, Meter
 from metering.api import create_api
+from metering.apikeys import ApiKeys
 from metering.settings import Settings
 
 NOW = datetime(2026, 11, 22, 9, 30, tzinfo=UTC)
@@ -129,3 +139,69 @@ def test_a_concurrent_limit_is_put_without_a_period(http: httpx.Client) -> None:
     found = problem(http.put("/v1/limits/windowed", json={"maximum": 3}), 400, "invalid-input")
     assert [e["field"] for e in found["errors"]] == ["period"]
     assert http.get("/v1/limits/floating2").status_code == 404
+
+
+SCOPED: list[tuple[str, str, Any, str]] = [
+    ("POST", "/v1/checkouts", {"subject": "org-1", "limit": "cad"}, "ingest"),
+    ("DELETE", "/v1/checkouts/c-1", None, "ingest"),
+    ("POST", "/v1/checkouts/c-1/renew", None, "ingest"),
+    ("GET", "/v1/checkouts", None, "read"),
+    ("GET", "/v1/checkouts/c-1", None, "read"),
+]
+
+
+def test_each_checkout_route_takes_its_scope(http: httpx.Client, meter: Meter) -> None:
+    tokens = {s: ApiKeys(meter).create(s, f"{s} key")[1] for s in ("ingest", "read", "admin")}
+    for method, path, body, scope in SCOPED:
+        assert problem(http.request(method, path, json=body), 401, "unauthorized")
+        for holder, token in tokens.items():
+            headers = {"authorization": f"Bearer {token}"}
+            answer = http.request(method, path, json=body, headers=headers)
+            if scope == holder or holder == "admin":
+                assert answer.status_code not in (401, 403), (method, path, holder)
+            else:
+                problem(answer, 403, "forbidden")
+    ingest = {"authorization": f"Bearer {tokens['ingest']}"}
+    taken = http.post("/v1/checkouts", json={"subject": "org-9", "limit": "cad"}, headers=ingest)
+    assert (taken.json()["allowed"], taken.json()["held"], taken.json()["maximum"]) == (
+        True, None, None,
+    )  # fmt: skip
+
+
+CHECKS = (
+    schemathesis.checks.not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+)
+
+
+def test_schemathesis_no_5xx_and_every_answer_conforms(
+    serve_api: Callable[[Any], str], sqlite_url: str, tmp_path: Path
+) -> None:
+    """Generated requests, valid and invalid by the schema, for every checkout
+    route: no 5xx, and every answer is a documented status with its shape."""
+    with Meter(sqlite_url, clock=FrozenClock(NOW)) as meter:
+        meter.set_limit(Limit("cad", maximum=3, algorithm="concurrent"))
+        settings_ = Settings(meter.url, f"sqla+sqlite:///{tmp_path}/broker.db")
+        base = serve_api(create_api(settings_, meter=meter))
+        api_schema = schemathesis.openapi.from_url(f"{base}/openapi.json")
+        seen = 0
+        for result in api_schema.get_all_operations():
+            operation = result.ok()
+            if not operation.path.startswith("/v1/checkouts"):
+                continue
+            seen += 1
+            for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+
+                @given(case=operation.as_strategy(generation_mode=mode))
+                @settings(max_examples=20, deadline=None, derandomize=True, database=None,
+                          suppress_health_check=list(HealthCheck))  # fmt: skip
+                def exchange(case: schemathesis.Case) -> None:
+                    case.call_and_validate(checks=CHECKS)
+
+                try:
+                    exchange()
+                except hypothesis.errors.Unsatisfiable:
+                    assert mode == GenerationMode.NEGATIVE
+        assert seen == 5
