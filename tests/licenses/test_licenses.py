@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import func, select
 
 from metering import FrozenClock, Limit, Meter
+from metering.domain.events import charges_of, make_event
 from metering.errors import (
     CheckoutConflict,
     CheckoutReleased,
@@ -143,6 +144,14 @@ def test_consume_check_and_reserve_of_a_concurrent_limit_are_refused(meter: Mete
         with pytest.raises(WrongAlgorithm, match="concurrent: check a license out"):
             call()
     assert meter.count_results() == 0 and meter.counters() == []
+    # Queued (the worker's batch): rejected with the reason; the rest applies.
+    events = [
+        make_event(charges_of("org-1", limit, 1, None), meter.clock(), event_id, None)
+        for limit, event_id in (("cad", "q-1"), ("calls", "q-2"))
+    ]
+    rejected, allowed = meter.apply(events)
+    assert rejected.outcome == "rejected" and "check a license out" in str(rejected.reason)
+    assert allowed.outcome == "allowed"
 
 
 def _stored(meter: Meter) -> tuple[int, int, int]:
