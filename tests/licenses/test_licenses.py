@@ -202,31 +202,3 @@ def test_bad_input_is_a_clear_error_that_changes_nothing(
         call(meter)
     assert _stored(meter) == before
     assert [c.id for c in meter.checkouts()] == [kept.id]
-
-
-@pytest.mark.parametrize(
-    ("values", "field"),
-    [
-        ({"period": "1h"}, "period"),
-        ({"window": "calendar"}, "window"),
-        ({"enforcement": "soft"}, "enforcement"),
-        ({"enforcement": "shadow"}, "enforcement"),
-        ({"thresholds": (80,)}, "thresholds"),
-        ({"thresholds_units": (1,)}, "thresholds"),
-        ({"dimensions": ("user",)}, "dimensions"),
-    ],
-)
-def test_a_concurrent_limit_refuses_what_belongs_to_a_window(
-    values: dict[str, Any], field: str
-) -> None:
-    with pytest.raises(InvalidLimit, match=field):
-        Limit("cad", maximum=2, algorithm="concurrent", **values)
-
-
-def test_a_windowed_limit_still_needs_its_period() -> None:
-    with pytest.raises(InvalidLimit, match="period: is required"):
-        Limit("calls", maximum=2)
-    with pytest.raises(InvalidLimit, match="period: is required"):
-        Limit.from_dict({"name": "calls", "maximum": 2})
-    concurrent = Limit.from_dict({"name": "cad", "maximum": 2, "algorithm": "concurrent"})
-    assert Limit.from_dict(concurrent.to_dict()) == concurrent
