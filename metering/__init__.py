@@ -14,6 +14,7 @@ from metering.errors import MeteringError
 
 if TYPE_CHECKING:
     from metering.counters import Counter
+    from metering.licenses import Checkout
     from metering.meter import Meter
     from metering.producer import UsageProducer, emit
     from metering.reservations import Reservation
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Charge",
     "ChargeDecision",
+    "Checkout",
     "Counter",
     "Decision",
     "FrozenClock",
@@ -40,6 +42,7 @@ __all__ = [
 # psycopg), the producer Celery, and an app that only emits events
 # (`import metering.producer`) needs neither the meter nor the database.
 _LAZY = {
+    "Checkout": "metering.licenses",
     "Counter": "metering.counters",
     "Meter": "metering.meter",
     "Reservation": "metering.reservations",

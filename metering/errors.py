@@ -224,3 +224,41 @@ class CorrectionConflict(MeteringError):
         )
         self.correction_id = correction_id
         self.event_id = event_id
+
+
+class WrongAlgorithm(InvalidInput):
+    """A limit was used in a way its algorithm does not have: a concurrent
+    limit consumed (check it out instead), a windowed one checked out."""
+
+    def __init__(self, limit: str, algorithm: str, message: str) -> None:
+        super().__init__("limit", f"{limit!r} is {algorithm}: {message}")
+        self.limit = limit
+        self.algorithm = algorithm
+
+
+class UnknownCheckout(MeteringError, LookupError):
+    """No checkout has this id."""
+
+    def __init__(self, checkout_id: str) -> None:
+        super().__init__(f"no checkout {checkout_id!r}")
+        self.checkout_id = checkout_id
+
+
+class CheckoutReleased(MeteringError):
+    """A checkout was already given back (checked in, or expired) and cannot be renewed."""
+
+    def __init__(self, checkout_id: str, released_by: str) -> None:
+        how = "checked in" if released_by == "checkin" else "expired (its license came back)"
+        super().__init__(f"cannot renew checkout {checkout_id!r}: it was {how}; check out again")
+        self.checkout_id = checkout_id
+        self.released_by = released_by
+
+
+class CheckoutConflict(MeteringError):
+    """A checkout id was used again for another subject, limit or cost; nothing changed."""
+
+    def __init__(self, checkout_id: str) -> None:
+        super().__init__(
+            f"checkout {checkout_id!r} already exists with another subject, limit or cost"
+        )
+        self.checkout_id = checkout_id

@@ -19,12 +19,15 @@ from metering.domain.decisions import Decision
 from metering.domain.events import EventRecord, Rejected, UsageEvent, charges_of, make_event
 from metering.domain.events import validate_cost as cost_of
 from metering.domain.grants import Entitlement
+from metering.domain.licenses import DEFAULT_TTL_SECONDS as LICENSE_TTL
 from metering.domain.limits import Limit
 from metering.domain.reservations import DEFAULT_TTL_SECONDS
 from metering.engine import Engine
 from metering.engine.fast import Answer
 from metering.engine.reference import Decided, InvalidPolicy
 from metering.leases import LeaseBook, LeasedReservation
+from metering.licenses import Checkout
+from metering.licenses import service as licenses
 from metering.reservations import Reservation, ReservationInfo
 from metering.reservations import admin as held
 from metering.reservations import transactions as reserving
@@ -176,8 +179,29 @@ class Meter:
         return held.reservations(self.database, state, subject, count)
 
     def sweep_reservations(self, retention_seconds: float | None = None) -> dict[str, int]:
-        """Commit expired reservations; delete settled ones past ``retention_seconds``."""
+        """Commit expired reservations, release expired checkouts; delete settled
+        ones past ``retention_seconds``."""
         return held.sweep(self.database, retention_seconds)
+
+    def checkout(self, subject: str, limit: str, cost: int = 1, *, ttl_seconds: float = LICENSE_TTL,
+                 checkout_id: Name = None) -> Checkout:  # fmt: skip
+        """Hold ``cost`` units of a concurrent limit until `checkin` or ``ttl_seconds``."""
+        return licenses.checkout(self.database, subject, limit, cost, ttl_seconds, checkout_id)
+
+    def checkin(self, checkout_id: str) -> int:
+        """Give a checkout back: its cost the first time, 0 after or once expired."""
+        return licenses.checkin(self.database, checkout_id)
+
+    def renew(self, checkout_id: str, ttl_seconds: float | None = None) -> Checkout:
+        """Hold a checkout ``ttl_seconds`` (default: its own) from now; never shorter."""
+        return licenses.renew(self.database, checkout_id, ttl_seconds)
+
+    def checkout_info(self, checkout_id: str) -> Checkout | None:
+        return licenses.checkout_info(self.database, checkout_id)
+
+    def checkouts(self, subject: Name = None, limit: Name = None, state: Name = None,
+                  count: int = 100) -> list[Checkout]:  # fmt: skip
+        return licenses.checkouts(self.database, subject, limit, state, count)
 
     @property
     def leases(self) -> LeaseBook:

@@ -145,7 +145,7 @@ def sweep_webhook_resets_task() -> int:
 @app.task(name=SWEEP_RESERVATIONS_TASK, acks_late=True)
 @until_next_tick(NOTHING_DONE)
 def sweep_reservations_task() -> dict[str, int]:
-    """Commit reservations past their time to live; drop old settled ones."""
+    """Commit reservations and release checkouts past their time to live; drop old settled ones."""
     retention = settings().reservation_retention_seconds
     return meter().sweep_reservations(retention_seconds=retention)
 

@@ -51,6 +51,7 @@ from metering.errors import (
     InvalidInput,
     UnknownEvent,
     UnknownLimit,
+    WrongAlgorithm,
 )
 from metering.storage.allowances import AllowanceStore, CorrectionRecord, DrawKey, GrantRecord
 from metering.storage.database import Database
@@ -224,6 +225,9 @@ def add_grant(
 
     def work(connection: Connection) -> Grant:
         found = _limit(connection, limit)
+        if found.algorithm == "concurrent":
+            more = "grants top up fixed windows; give a subject more licenses by an entitlement"
+            raise WrongAlgorithm(limit, found.algorithm, more)
         if found.algorithm != "fixed_window":
             raise InvalidInput("limit", f"{limit!r} is a token bucket; grants top up fixed windows")
         store = AllowanceStore(connection)

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from metering.api import allowances, limits, reports, reservations, webhooks
+from metering.api import allowances, licenses, limits, reports, reservations, webhooks
 
 ROUTERS: tuple[APIRouter, ...] = (
     reservations.router,
+    licenses.router,
     limits.router,
     allowances.router,
     reports.router,

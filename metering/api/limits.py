@@ -55,13 +55,19 @@ class LimitIn(BaseModel):
         default=None, pattern=LIMIT_PATTERN, description="If given, the name in the path."
     )
     maximum: int = Field(ge=1, le=MAX_MAXIMUM, description="Inclusive maximum per period.")
-    period: str = Field(
+    period: str | None = Field(
+        default=None,
         pattern=r"^[ \t]*[0-9]+[ \t]*(s|m|h|d|w|mo|y)[ \t]*$",
         max_length=32,
         examples=["1h", "1mo"],
-        description="30s, 2m, 1h, 1d, 2w, 1mo, 1y; at most 10 years.",
+        description="30s, 2m, 1h, 1d, 2w, 1mo, 1y; at most 10 years. Required, except for "
+        "a concurrent limit (floating licenses), which has none.",
     )
-    algorithm: Algorithm = "fixed_window"
+    algorithm: Algorithm = Field(
+        default="fixed_window",
+        description="fixed_window, token_bucket, or concurrent: floating licenses held at "
+        "once (POST /v1/checkouts), with no period, window or thresholds.",
+    )
     window: WindowKind = Field(default="first_use", description="Fixed window only.")
     enforcement: Enforcement = Field(
         default="hard",
@@ -102,7 +108,7 @@ class LimitIn(BaseModel):
 class LimitOut(BaseModel):
     name: str
     maximum: int
-    period: str
+    period: str = Field(description="Empty for a concurrent limit.")
     algorithm: Algorithm
     window: WindowKind
     enforcement: Enforcement

@@ -26,6 +26,8 @@ from starlette.responses import JSONResponse, Response
 
 from metering.errors import (
     BrokerUnavailable,
+    CheckoutConflict,
+    CheckoutReleased,
     ConfigurationError,
     CorrectionConflict,
     CorrectionRefused,
@@ -39,6 +41,7 @@ from metering.errors import (
     ReservedLimit,
     SchemaOutdated,
     UnknownApiKey,
+    UnknownCheckout,
     UnknownEvent,
     UnknownLimit,
     UnknownReservation,
@@ -60,6 +63,8 @@ TYPES: Final[dict[str, tuple[int, str]]] = {
     "not-acceptable": (406, "Not acceptable"),
     "conflict": (409, "An event id was already used with other charges"),
     "reservation-settled": (409, "The reservation is already settled"),
+    "checkout-released": (409, "The checkout was already given back"),
+    "checkout-conflict": (409, "A checkout id was already used with other values"),
     "grant-conflict": (409, "A grant id was already used with other values"),
     "correction-conflict": (409, "A correction id already voids another event"),
     "correction-refused": (409, "The event cannot be voided"),
@@ -178,11 +183,20 @@ def translate(error: MeteringError) -> tuple[str, str, list[tuple[str, str]], di
     if isinstance(error, EventConflict):
         return "conflict", detail, [], {"event_ids": [error.event_id]}
     if isinstance(
-        error, UnknownReservation | UnknownWebhookEndpoint | UnknownApiKey | UnknownEvent
+        error,
+        UnknownReservation
+        | UnknownWebhookEndpoint
+        | UnknownApiKey
+        | UnknownEvent
+        | UnknownCheckout,
     ):
         return "not-found", detail, [], {}
     if isinstance(error, ReservationSettled):
         return "reservation-settled", detail, [], {}
+    if isinstance(error, CheckoutReleased):
+        return "checkout-released", detail, [], {}
+    if isinstance(error, CheckoutConflict):
+        return "checkout-conflict", detail, [("checkout_id", detail)], {}
     # A grant or correction id reused for something else, and a void of an
     # event that consumed nothing (or is past the horizon), conflict with what
     # is stored, as a cancel of a committed reservation does: 409, not 422.

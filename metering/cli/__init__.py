@@ -17,6 +17,7 @@ from metering.cli.demo import demo
 from metering.cli.entitlements import entitlements
 from metering.cli.events import check, consume, counters, reset, result
 from metering.cli.grants import corrections, grants, void
+from metering.cli.licenses import checkin, checkout
 from metering.cli.limits import limits
 from metering.cli.queue import emit, prune, rejected, worker
 from metering.cli.reports import report
@@ -61,6 +62,8 @@ for command in (
     webhooks,
     reserve,
     reservations,
+    checkout,
+    checkin,
     status,
     serve,
     apikeys,

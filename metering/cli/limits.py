@@ -35,8 +35,12 @@ def limits() -> None:
 @limits.command("set")
 @click.argument("name")
 @click.option("--max", "maximum", type=int, required=True, help="Inclusive maximum per period.")
-@click.option("--period", required=True, help="30s, 2m, 1h, 1d, 7d, 1mo ...")
-@click.option("--algorithm", type=click.Choice(ALGORITHMS), help="Default: fixed_window.")
+@click.option("--period", help="30s, 2m, 1h, 1d, 7d, 1mo ... (none for a concurrent limit).")
+@click.option(
+    "--algorithm",
+    type=click.Choice(ALGORITHMS),
+    help="Default: fixed_window. concurrent: floating licenses (metering checkout), no --period.",
+)
 @click.option("--window", type=click.Choice(WINDOWS), help="Fixed window only. Default: first_use.")
 @click.option(
     "--enforcement",
@@ -59,10 +63,14 @@ def limits() -> None:
     metavar="KEY",
     help="A metadata key to record usage by (report usage --group-by); repeatable, at most 4.",
 )
-def limits_set(name: str, maximum: int, period: str, **options: Any) -> None:
+def limits_set(name: str, maximum: int, period: str | None, **options: Any) -> None:
     """Create or replace the limit NAME."""
+    if period is None and options.get("algorithm") != "concurrent":
+        raise click.UsageError("--period is required (only --algorithm concurrent has none)")
     chosen = {key: value for key, value in options.items() if value not in (None, ())}
-    click.echo(describe_limit(current_meter().set_limit(Limit(name, maximum, period, **chosen))))
+    click.echo(
+        describe_limit(current_meter().set_limit(Limit(name, maximum, period or "", **chosen)))
+    )
 
 
 def _limit_row(limit: Limit) -> list[object]:

@@ -297,7 +297,10 @@ def iso_us(at_us: int) -> str:
 
 
 def describe_limit(limit: Limit) -> str:
-    """One line: ``name: max N per P, algorithm, ... lateness L``."""
+    """One line: ``name: max N per P, algorithm, ... lateness L``
+    (``name: max N held at once, concurrent, hard`` for a floating license)."""
+    if limit.algorithm == "concurrent":
+        return f"{limit.name}: max {limit.maximum} held at once, concurrent, {limit.enforcement}"
     parts = [f"{limit.name}: max {limit.maximum} per {limit.period}", limit.algorithm]
     if limit.algorithm == "fixed_window":
         parts.append(f"{limit.window} window")

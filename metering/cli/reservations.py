@@ -145,8 +145,9 @@ def reservations_commit(reservation_id: str, actual: int | None) -> None:
 @reservations.command("sweep")
 @click.option("--retention", type=float, help="Also delete settled ones older than SECONDS.")
 def reservations_sweep(retention: float | None) -> None:
-    """Commit reservations past their time to live (what beat does)."""
+    """Commit reservations and release checkouts past their time to live (what beat does)."""
     if retention is not None and retention < 0:
         raise click.BadParameter("must not be negative", param_hint="--retention")
     swept = current_meter().sweep_reservations(retention_seconds=retention)
-    click.echo(f"committed {swept['committed']}, deleted {swept['deleted']}")
+    counts = f"committed {swept['committed']}, released {swept['released']}"
+    click.echo(f"{counts}, deleted {swept['deleted']}")

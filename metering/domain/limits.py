@@ -15,11 +15,11 @@ from typing import Any, Final, Literal
 from metering.domain.bounds import shown
 from metering.errors import InvalidLimit
 
-Algorithm = Literal["fixed_window", "token_bucket"]
+Algorithm = Literal["fixed_window", "token_bucket", "concurrent"]
 WindowKind = Literal["first_use", "calendar"]
 Enforcement = Literal["hard", "soft", "shadow"]
 
-ALGORITHMS: Final = ("fixed_window", "token_bucket")
+ALGORITHMS: Final = ("fixed_window", "token_bucket", "concurrent")
 WINDOWS: Final = ("first_use", "calendar")
 ENFORCEMENTS: Final = ("hard", "soft", "shadow")
 
@@ -130,6 +130,7 @@ class Limit:
     >>> Limit("seats", maximum=1000, period="1mo", window="calendar", enforcement="soft",
     ...       thresholds=(80, 100), thresholds_units=(900,))
     >>> Limit("api_calls", maximum=10_000, period="1d", dimensions=("route", "model"))
+    >>> Limit("cad", maximum=5, algorithm="concurrent")
 
     ``enforcement="shadow"`` decides like ``hard`` and records what a hard
     limit would have denied (``would_deny``), but never denies: a way to try
@@ -141,12 +142,17 @@ class Limit:
     window's (a token bucket has none: ``window="calendar"`` with one is
     refused, not ignored).
 
+    ``algorithm="concurrent"`` is a floating license (`metering.licenses`):
+    at most ``maximum`` units held at once, checked out and in, with no
+    period, no window and nothing that happens once per window (hard
+    enforcement only; no thresholds, no dimensions).
+
     Validation happens here, so a `Limit` that exists is a valid one.
     """
 
     name: str
     maximum: int
-    period: str
+    period: str = ""
     algorithm: Algorithm = "fixed_window"
     window: WindowKind = "first_use"
     enforcement: Enforcement = "hard"
@@ -160,8 +166,14 @@ class Limit:
     def __post_init__(self) -> None:
         validate_limit_name(self.name)
         _positive_int("maximum", self.maximum, MAX_MAXIMUM)
-        parsed = parse_period(self.period)
         _choice("algorithm", self.algorithm, ALGORITHMS)
+        if self.algorithm == "concurrent":
+            _check_concurrent(self)
+            parsed = Period()
+        elif self.period in ("", None):
+            raise InvalidLimit("period", "is required (only a concurrent limit has none)")
+        else:
+            parsed = parse_period(self.period)
         _choice("window", self.window, WINDOWS)
         _choice("enforcement", self.enforcement, ENFORCEMENTS)
         if self.algorithm == "token_bucket" and parsed.is_calendar_months:
@@ -177,7 +189,7 @@ class Limit:
         lateness = parse_period(self.lateness, field_name="lateness")
         if lateness.is_calendar_months:
             raise InvalidLimit("lateness", "use seconds, minutes, hours or days")
-        object.__setattr__(self, "period", str(self.period).strip())
+        object.__setattr__(self, "period", str(self.period or "").strip())
         object.__setattr__(self, "thresholds", thresholds)
         object.__setattr__(self, "thresholds_units", units)
         object.__setattr__(self, "dimensions", _dimensions(self.dimensions))
@@ -218,7 +230,10 @@ class Limit:
         values = dict(data)
         if name is not None:
             values.setdefault("name", name)
-        for required in ("name", "maximum", "period"):
+        required_fields: tuple[str, ...] = ("name", "maximum")
+        if values.get("algorithm") != "concurrent":
+            required_fields += ("period",)
+        for required in required_fields:
             if required not in values:
                 raise InvalidLimit(required, "is required")
         for listed in ("thresholds", "thresholds_units"):
@@ -230,6 +245,26 @@ class Limit:
         if "dimensions" in values:
             values["dimensions"] = _dimension_list(values["dimensions"])
         return cls(**values)
+
+
+def _check_concurrent(limit: Limit) -> None:
+    """A concurrent limit has none of what belongs to a window: say so, do not ignore it."""
+    if limit.period not in ("", None):
+        raise InvalidLimit(
+            "period", "a concurrent limit has no period: licenses are held, not spent"
+        )
+    if limit.window != "first_use":
+        raise InvalidLimit("window", "a concurrent limit has no windows")
+    if limit.enforcement != "hard":
+        raise InvalidLimit(
+            "enforcement", "a concurrent limit is hard: never more held than its maximum"
+        )
+    if limit.thresholds or limit.thresholds_units:
+        raise InvalidLimit(
+            "thresholds", "a concurrent limit has no thresholds (they fire per window)"
+        )
+    if limit.dimensions:
+        raise InvalidLimit("dimensions", "a concurrent limit records no usage to roll up")
 
 
 def _thresholds(

@@ -58,6 +58,7 @@ class Rule:
     lateness_us: int
     notifies: bool  # consuming may cross a threshold or the soft maximum
     dimensions: tuple[str, ...]  # metadata keys its usage is rolled up by
+    concurrent: bool = False  # a floating license: never consumed (`WrongAlgorithm`)
 
     @classmethod
     def of(cls, limit: Limit) -> Rule:
@@ -75,6 +76,7 @@ class Rule:
             notifies=bool(limit.thresholds or limit.thresholds_units)
             or limit.enforcement == "soft",
             dimensions=limit.dimensions,
+            concurrent=limit.algorithm == "concurrent",
         )
 
     def with_maximum(self, maximum: int) -> Rule:

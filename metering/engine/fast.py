@@ -32,6 +32,7 @@ from metering.domain.decisions import ChargeDecision
 from metering.domain.events import FUTURE_TOLERANCE_US, EventRecord, Rejected, check_event_time
 from metering.domain.grants import History, Pot, maximum_at
 from metering.domain.instants import from_us
+from metering.domain.licenses import consumed_concurrent
 from metering.domain.notifications import Notice, payload_of
 from metering.domain.reservations import held_charge
 from metering.domain.rollups import rollup_deltas
@@ -172,6 +173,8 @@ def _rules_for(
         rule = rules.get(name)
         if rule is None:
             return found, UnknownLimit(name)
+        if rule.concurrent:
+            return found, consumed_concurrent(rule.name)
         if at_us > now_us + FUTURE_TOLERANCE_US or at_us < now_us - rule.lateness_us:
             try:
                 check_event_time(from_us(at_us), now_us, rule.limit.lateness_seconds)

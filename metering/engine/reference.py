@@ -24,6 +24,7 @@ from metering.domain.decisions import ChargeDecision, ChargeInput, Decision, dec
 from metering.domain.events import UsageEvent, check_event_time
 from metering.domain.grants import History, Pot, maximum_at
 from metering.domain.instants import from_us, to_us
+from metering.domain.licenses import consumed_concurrent
 from metering.domain.limits import Limit
 from metering.domain.notifications import Transition, notices_of, payload_of
 from metering.domain.rollups import rollup_deltas
@@ -100,6 +101,8 @@ def validate_against_limits(
         limit = limits.get(charge.limit)
         if limit is None:
             return UnknownLimit(charge.limit)
+        if limit.algorithm == "concurrent":
+            return consumed_concurrent(limit.name)
         try:
             check_event_time(event.occurred_at, now_us, limit.lateness_seconds)
         except MeteringError as exc:

@@ -14,6 +14,7 @@ from metering.engine.core import Engine
 from metering.errors import InvalidInput
 from metering.reservations import transactions as reserving
 from metering.reservations.handle import Reservation, ReservationInfo, Settler
+from metering.storage.checkouts import CheckoutStore
 from metering.storage.database import Database
 from metering.storage.reservations import ReservationStore
 
@@ -56,18 +57,22 @@ def reservations(
 
 
 def sweep(database: Database, retention_seconds: float | None) -> dict[str, int]:
-    """Commit reservations past their time to live; with ``retention_seconds``,
-    also delete settled ones older than that. How many were committed and deleted."""
+    """Commit reservations past their time to live and release checkouts past
+    theirs (a floating license comes back at its expiry; this records it);
+    with ``retention_seconds``, also delete settled reservations and released
+    checkouts older than that. How many were committed, released and deleted."""
     if retention_seconds is not None:
         validate_seconds("retention_seconds", retention_seconds)
     now_us = database.now_us()
 
     def work(connection: Connection) -> dict[str, int]:
-        rows = ReservationStore(connection)
+        rows, held = ReservationStore(connection), CheckoutStore(connection)
         committed = rows.commit_expired(now_us)
+        released = held.release_expired(now_us)
         deleted = 0
         if retention_seconds is not None:
-            deleted = rows.delete_settled_before(now_us - round(retention_seconds * 1e6))
-        return {"committed": committed, "deleted": deleted}
+            before_us = now_us - round(retention_seconds * 1e6)
+            deleted = rows.delete_settled_before(before_us) + held.delete_released_before(before_us)
+        return {"committed": committed, "released": released, "deleted": deleted}
 
     return database.run(work)

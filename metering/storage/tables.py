@@ -185,6 +185,42 @@ Index(
     overdrafts.c.window_start_us,
 )
 
+# Floating licenses (`metering.licenses`, migration 0014). A checkout holds
+# ``cost`` units of a concurrent limit until checked in or until
+# ``expires_at_us``: what a subject holds is the sum of its held, unexpired
+# checkouts, so an expired one stops counting at its TTL whether or not the
+# sweep has marked it yet. ``released_by``: checkin or expiry.
+checkouts = Table(
+    "checkouts",
+    metadata,
+    Column("id", String(128), primary_key=True),
+    Column("subject", String(200), nullable=False),
+    Column("limit_name", String(64), nullable=False),
+    Column("cost", BigInteger, nullable=False),
+    Column("state", String(12), nullable=False),  # held, released
+    Column("created_at_us", BigInteger, nullable=False),
+    Column("ttl_us", BigInteger, nullable=False),
+    Column("expires_at_us", BigInteger, nullable=False),
+    Column("released_at_us", BigInteger, nullable=True),
+    Column("released_by", String(16), nullable=True),
+)
+Index("ix_checkouts_pair_state", checkouts.c.subject, checkouts.c.limit_name, checkouts.c.state)
+Index("ix_checkouts_state_expires", checkouts.c.state, checkouts.c.expires_at_us)
+
+# One row per subject and concurrent limit: the lock that serialises its
+# checkouts (so two cannot both take the last license), and whether a
+# denial was announced since the last checkout that fitted (``limit.denied``
+# once per run of denials, as a window's first denial).
+license_pools = Table(
+    "license_pools",
+    metadata,
+    Column("subject", String(200), nullable=False),
+    Column("limit_name", String(64), nullable=False),
+    Column("denied_at_us", BigInteger, nullable=True),
+    Column("updated_at_us", BigInteger, nullable=False),
+    PrimaryKeyConstraint("subject", "limit_name"),
+)
+
 # Operators' resets (migration 0011): which counters were cleared (NULL: every
 # subject, or every limit) and when. A void of an event decided before a reset
 # of its window gives nothing back to the counter that started over.

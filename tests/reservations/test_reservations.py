@@ -115,7 +115,7 @@ def test_the_sweeper_commits_reservations_past_their_time_to_live(
     short = meter.reserve("ip", "bad_login", ttl_seconds=30)
     long = meter.reserve("ip", "bad_login", ttl_seconds=120)
     clock.advance(seconds=60)
-    assert meter.sweep_reservations() == {"committed": 1, "deleted": 0}
+    assert meter.sweep_reservations() == {"committed": 1, "released": 0, "deleted": 0}
     assert [r.id for r in meter.reservations(state="committed")] == [short.id]
     with pytest.raises(ReservationSettled):
         short.cancel()
@@ -123,7 +123,11 @@ def test_the_sweeper_commits_reservations_past_their_time_to_live(
     assert used(meter, "ip", "bad_login") == 1
     clock.advance(days=8)
     # The cancelled one stays with its result: a void must see what it gave back.
-    assert meter.sweep_reservations(retention_seconds=7 * 86400) == {"committed": 0, "deleted": 1}
+    assert meter.sweep_reservations(retention_seconds=7 * 86400) == {
+        "committed": 0,
+        "released": 0,
+        "deleted": 1,
+    }
     assert [r.id for r in meter.reservations()] == [long.id]
 
 

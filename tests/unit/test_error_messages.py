@@ -68,7 +68,7 @@ LIMIT_ERRORS: list[tuple[Callable[[], object], str]] = [
     (lambda: Limit("a", maximum=1.5, period="1d"), "maximum: must be a whole number, got 1.5"),  # type: ignore[arg-type]
     (
         lambda: Limit("a", 1, "1d", algorithm="x"),  # type: ignore[arg-type]
-        "algorithm: must be one of fixed_window, token_bucket; got 'x'",
+        "algorithm: must be one of fixed_window, token_bucket, concurrent; got 'x'",
     ),
     (
         lambda: Limit("a", 1, "1mo", algorithm="token_bucket"),

@@ -69,7 +69,7 @@ def test_reserve_list_cancel_commit(run: Run, url: str) -> None:
     assert used(url) == 1
     swept = run("reservations", "sweep", "--retention", "0").output
     # The cancelled r1 stays as long as its result (a void must see the cancel).
-    assert swept == "committed 0, deleted 1\n"
+    assert swept == "committed 0, released 0, deleted 1\n"
 
 
 def test_bad_input_is_one_line_and_changes_nothing(run: Run, url: str) -> None:

@@ -1,0 +1,226 @@
+"""Floating licenses over HTTP: ``POST /v1/checkouts``, ``GET /v1/checkouts``,
+``GET /v1/checkouts/{id}``, ``DELETE /v1/checkouts/{id}`` (check in) and
+``POST /v1/checkouts/{id}/renew``.
+
+A checkout is `Meter.checkout`: units of a concurrent limit held until
+checked in or past their time to live. Checking out, in and renewing are
+what a service does around the work it licenses, so they take the
+``ingest`` scope (as reservations); listing and reading take ``read``. An
+ingest key's answers leave out the figures (``held``, ``maximum``).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Final, Literal
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import JSONResponse, Response
+
+from metering.api.admin_common import invalid, json_body, problem_schema, read_object
+from metering.api.auth import AUTH_ERRORS, may_read, require_scope
+from metering.api.context import ApiContext, api_context
+from metering.api.models import EVENT_ID_PATTERN, LIMIT_PATTERN, body_fields, subject_field
+from metering.api.parsing import whole_number
+from metering.api.problems import COMMON_ERRORS, responses
+from metering.domain.events import MAX_COST
+from metering.domain.licenses import DEFAULT_TTL_SECONDS, MAX_TTL_SECONDS
+from metering.errors import InvalidInput, UnknownCheckout
+from metering.licenses import Checkout
+
+
+class CheckoutIn(BaseModel):
+    """Check out ``cost`` units of a concurrent limit for a subject."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    checkout_id: str | None = Field(
+        default=None,
+        pattern=EVENT_ID_PATTERN,
+        description="The checkout's id: a repeated id answers the same checkout. "
+        "Generated when not given.",
+    )
+    subject: str = subject_field()
+    limit: str = Field(pattern=LIMIT_PATTERN, examples=["cad"])
+    cost: int = Field(default=1, ge=1, le=MAX_COST)
+    ttl_seconds: float = Field(
+        default=DEFAULT_TTL_SECONDS,
+        gt=0,
+        le=MAX_TTL_SECONDS,
+        description="Seconds it is held unless checked in or renewed (at most 7 days).",
+    )
+
+
+class CheckoutOut(BaseModel):
+    """A checkout as decided or as stored."""
+
+    id: str
+    subject: str
+    limit: str
+    cost: int
+    allowed: bool
+    state: Literal["held", "released", "denied"] = Field(
+        description="held; released (checked in, or expired); denied (nothing stored)."
+    )
+    held: int | None = Field(description="Units the subject holds after this decision.")
+    maximum: int | None
+    created_at: datetime
+    expires_at: datetime | None
+    released_at: datetime | None
+    released_by: Literal["checkin", "expiry"] | None
+    retry_at: datetime | None = Field(
+        description="Denied: when it would fit if nothing were checked in."
+    )
+
+
+class CheckedIn(CheckoutOut):
+    returned: int = Field(description="Units given back by this call: 0 on a second checkin "
+                          "or after the checkout expired (it came back then).")  # fmt: skip
+
+
+class Checkouts(BaseModel):
+    checkouts: list[CheckoutOut] = Field(description="Newest first.")
+
+
+router = APIRouter(prefix="/v1", tags=["licenses"])
+
+MAX_LISTED: Final = 1000
+CHECKOUT_FIELDS: Final = body_fields(CheckoutIn)
+ID_NAMES: Final = {"checkout_id": "checkout_id"}
+RELEASED_409: Final = problem_schema("The checkout was checked in or has expired: check out again.")
+
+CheckoutId = Annotated[
+    str, Path(pattern=EVENT_ID_PATTERN, description="The checkout's id.", examples=["co_1"])
+]
+
+
+def _json(found: Checkout, figures: bool) -> dict[str, Any]:
+    body = found.to_dict()
+    if not figures:
+        body["held"] = body["maximum"] = None
+    return body
+
+
+@router.post(
+    "/checkouts",
+    summary="Check out a floating license",
+    response_model=None,
+    openapi_extra=json_body(CheckoutIn),
+    responses={
+        200: {"model": CheckoutOut, "description": "Held (allowed), or denied."},
+        **responses(400, 409, 415, 422, *AUTH_ERRORS, *COMMON_ERRORS),
+    },
+    dependencies=[require_scope("ingest")],
+)
+async def checkout(
+    request: Request, context: Annotated[ApiContext, Depends(api_context)]
+) -> Response:
+    """Hold ``cost`` units of a concurrent limit until ``DELETE`` checks them in
+    or ``ttl_seconds`` pass; denied (nothing stored, ``retry_at``) when the
+    subject already holds its maximum. A windowed limit is a 400."""
+    item = await read_object(request, CHECKOUT_FIELDS)
+    for name in ("subject", "limit"):
+        if name not in item:
+            raise invalid(InvalidInput(name, "is required"))
+    cost: Any = whole_number(item.get("cost", 1))  # checked by the library, as every field
+    ttl = item.get("ttl_seconds", DEFAULT_TTL_SECONDS)
+    found = await run_in_threadpool(
+        lambda: context.meter.checkout(
+            item["subject"],
+            item["limit"],
+            cost,
+            ttl_seconds=ttl,
+            checkout_id=item.get("checkout_id"),
+        )
+    )
+    return JSONResponse(_json(found, await may_read(request)))
+
+
+@router.get(
+    "/checkouts",
+    summary="The newest checkouts",
+    response_model=None,
+    responses={200: {"model": Checkouts}, **responses(400, *AUTH_ERRORS, *COMMON_ERRORS)},
+    dependencies=[require_scope("read")],
+)
+async def list_checkouts(
+    context: Annotated[ApiContext, Depends(api_context)],
+    subject: Annotated[str | None, Query(description="Only this subject's.")] = None,
+    limit: Annotated[str | None, Query(description="Only this limit's.")] = None,
+    state: Annotated[Literal["held", "released"] | None, Query()] = None,
+    count: Annotated[int, Query(ge=1, le=MAX_LISTED, description="How many, newest first.")] = 100,
+) -> Response:
+    """What ``metering checkout list`` shows (an expired checkout is released)."""
+    try:
+        found = await run_in_threadpool(context.meter.checkouts, subject, limit, state, count)
+    except InvalidInput as exc:
+        raise invalid(exc) from None
+    return JSONResponse({"checkouts": [c.to_dict() for c in found]})
+
+
+async def _stored(context: ApiContext, checkout_id: str) -> Checkout:
+    found = await run_in_threadpool(context.meter.checkout_info, checkout_id)
+    if found is None:
+        raise UnknownCheckout(checkout_id)
+    return found
+
+
+@router.get(
+    "/checkouts/{checkout_id}",
+    summary="A checkout",
+    response_model=None,
+    responses={200: {"model": CheckoutOut}, **responses(400, 404, *AUTH_ERRORS, *COMMON_ERRORS)},
+    dependencies=[require_scope("read")],
+)
+async def get_checkout(
+    checkout_id: CheckoutId, context: Annotated[ApiContext, Depends(api_context)]
+) -> Response:
+    """A stored checkout; 404 for an id never checked out (a denial stores nothing)."""
+    return JSONResponse((await _stored(context, checkout_id)).to_dict())
+
+
+@router.delete(
+    "/checkouts/{checkout_id}",
+    summary="Check in: give the license back",
+    response_model=None,
+    responses={
+        200: {"model": CheckedIn, "description": "Released (a second checkin gives back 0)."},
+        **responses(400, 404, *AUTH_ERRORS, *COMMON_ERRORS),
+    },
+    dependencies=[require_scope("ingest")],
+)
+async def checkin(
+    request: Request, checkout_id: CheckoutId, context: Annotated[ApiContext, Depends(api_context)]
+) -> Response:
+    """Give a held checkout back once (``returned``: its cost); again, or after
+    it expired, ``returned`` is 0 and nothing changes."""
+    returned = await run_in_threadpool(context.meter.checkin, checkout_id)
+    found = await _stored(context, checkout_id)
+    return JSONResponse({**_json(found, await may_read(request)), "returned": returned})
+
+
+@router.post(
+    "/checkouts/{checkout_id}/renew",
+    summary="Renew: hold a checkout longer",
+    response_model=None,
+    responses={
+        200: {"model": CheckoutOut},
+        409: RELEASED_409,
+        **responses(400, 404, *AUTH_ERRORS, *COMMON_ERRORS),
+    },
+    dependencies=[require_scope("ingest")],
+)
+async def renew(
+    checkout_id: CheckoutId,
+    context: Annotated[ApiContext, Depends(api_context)],
+    ttl_seconds: Annotated[
+        float | None,
+        Query(gt=0, le=MAX_TTL_SECONDS, description="Held this long from now; default: its own."),
+    ] = None,
+) -> Response:
+    """Move a held checkout's expiry to ``ttl_seconds`` from now (never earlier);
+    409 ``checkout-released`` once it was checked in or has expired."""
+    renewed = await run_in_threadpool(context.meter.renew, checkout_id, ttl_seconds)
+    return JSONResponse(renewed.to_dict())

@@ -1,0 +1,89 @@
+"""``metering checkout``, ``checkout renew|list``, ``checkin`` and ``limits set
+--algorithm concurrent``, on a SQLite file: scripts get the id on stdout, a
+denial exits 2, bad input is one ``error:`` line, exit 1, nothing stored."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from metering import Meter
+from metering.cli import main
+
+Run = Callable[..., Result]
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path}/cli.db"
+
+
+@pytest.fixture
+def run(url: str) -> Run:
+    runner = CliRunner()
+
+    def invoke(*args: str, code: int | None = 0) -> Result:
+        result = runner.invoke(main, ["--database", url, *args])
+        if code is not None:
+            assert result.exit_code == code, (result.output, result.exception)
+        return result
+
+    made = invoke("limits", "set", "cad", "--max", "2", "--algorithm", "concurrent")
+    assert made.stdout == "cad: max 2 held at once, concurrent, hard\n"
+    invoke("limits", "set", "calls", "--max", "5", "--period", "1h")
+    return invoke
+
+
+def one_line_error(result: Result, text: str) -> None:
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.stderr.splitlines() == [result.stderr.strip()]
+    assert result.stderr.startswith("error: ") and text in result.stderr
+
+
+def test_checkout_checkin_renew_list(run: Run) -> None:
+    first = run("checkout", "alice", "cad", "--ttl", "15m").stdout.strip()
+    assert first.startswith("co_")
+    second = run("checkout", "new", "alice", "cad", "--id", "job-2", "--ttl", "1h")
+    assert second.stdout == "job-2\n" and "(2 of 2 held)" in second.stderr
+    denied = run("checkout", "alice", "cad", code=2)
+    assert denied.stdout == "" and denied.stderr.startswith("denied: 2 of 2 held; retry at ")
+    renewed = run("checkout", "renew", first, "--ttl", "2h")
+    assert renewed.stdout.startswith(f"renewed {first} until ")
+    assert run("checkin", first).stdout == f"checked in {first}: 1 given back\n"
+    assert run("checkin", first).stdout == f"{first} was already checked in: nothing given back\n"
+    listed = json.loads(run("checkout", "list", "--format", "json").stdout)
+    assert [(c["id"], c["state"]) for c in listed] == [("job-2", "held"), (first, "released")]
+    held = json.loads(run("checkout", "alice", "cad", "--format", "json").stdout)
+    assert (held["state"], held["held"], held["maximum"]) == ("held", 2, 2)
+    assert "released 0" in run("reservations", "sweep").stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "text"),
+    [
+        (("checkout", "alice", "calls"), "'calls' is fixed_window"),
+        (("checkout", "alice", "nope"), "nope"),
+        (("checkout", "alice", "cad", "--cost", "0"), "cost"),
+        (("checkout", "alice", "cad", "--ttl", "1mo"), "ttl"),
+        (("checkout", "alice", "cad", "--ttl", "soon"), "ttl"),
+        (("checkin", "nope"), "no checkout 'nope'"),
+        (("checkout", "renew", "nope"), "no checkout 'nope'"),
+        (("consume", "alice", "cad"), "check a license out"),
+        (
+            ("limits", "set", "x", "--max", "2", "--algorithm", "concurrent", "--period", "1h"),
+            "has no period",
+        ),
+        (("limits", "set", "x", "--max", "2"), "--period is required"),
+    ],
+)
+def test_bad_input_is_one_error_line_and_changes_nothing(
+    run: Run, url: str, args: tuple[str, ...], text: str
+) -> None:
+    one_line_error(run(*args, code=None), text)
+    with Meter(url) as meter:
+        assert meter.checkouts() == [] and meter.count_results() == 0
+        assert [limit.name for limit in meter.list_limits()] == ["cad", "calls"]
