@@ -192,6 +192,10 @@ def test_a_grant_is_added_once_and_a_conflicting_one_is_409(
         "effective_from": NOW.isoformat(),
         "expires_at": expires,
         "reason": "launch promotion",
+        "priority": 100,
+        "recurring_grant_id": None,
+        "issue": None,
+        "low_at": None,
     }
     assert created.json() == {**grant, "duplicate": False}
     again = http.post("/v1/grants", json=body)
