@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -35,9 +35,26 @@ SUBJECTS = ["s1", "s2"]
 DAY = 86_400
 _names = itertools.count()
 
+consume = st.tuples(st.just("consume"), st.sampled_from(SUBJECTS), st.integers(1, 7), st.just(None))
+recurring = st.tuples(
+    st.just("recurring"),
+    st.sampled_from(SUBJECTS),
+    st.integers(1, 6),
+    st.tuples(
+        st.sampled_from([0, 2, 10, 10]),  # rollover_max
+        st.sampled_from([50, 100, 150]),  # priority
+        st.sampled_from([None, None, 40 * DAY, 100 * DAY]),  # until, from now
+    ),
+)
+advance = st.tuples(
+    st.just("advance"),
+    st.sampled_from([DAY, 10 * DAY, 35 * DAY, 95 * DAY]),
+    st.just(0),
+    st.just(None),
+)
 operation = st.one_of(
-    st.tuples(st.just("consume"), st.sampled_from(SUBJECTS), st.integers(1, 7), st.just(None)),
-    st.tuples(st.just("consume"), st.sampled_from(SUBJECTS), st.integers(1, 7), st.just(None)),
+    consume,
+    consume,
     st.tuples(st.just("check"), st.sampled_from(SUBJECTS), st.integers(1, 7), st.just(None)),
     st.tuples(
         st.just("grant"),
@@ -45,22 +62,10 @@ operation = st.one_of(
         st.integers(1, 6),
         st.tuples(st.sampled_from([None, 5 * DAY, 45 * DAY]), st.sampled_from([50, 100, 150])),
     ),
-    st.tuples(
-        st.just("recurring"),
-        st.sampled_from(SUBJECTS),
-        st.integers(1, 6),
-        st.tuples(
-            st.sampled_from([0, 0, 2, 10]),  # rollover_max
-            st.sampled_from([50, 100, 150]),  # priority
-            st.sampled_from([None, None, 40 * DAY, 100 * DAY]),  # until, from now
-        ),
-    ),
-    st.tuples(
-        st.just("advance"),
-        st.sampled_from([DAY, 10 * DAY, 35 * DAY, 95 * DAY]),
-        st.just(0),
-        st.just(None),
-    ),
+    recurring,
+    recurring,
+    advance,
+    advance,
 )
 
 
@@ -211,7 +216,7 @@ def _compare(meter: Meter, model: Model, now: int) -> None:
         for g in meter.grants()
     }
     expected = {
-        gid: (g.amount, g.used, g.start, None if g.expires is None else from_us(g.expires), g.priority)
+        gid: (g.amount, g.used, g.start, g.expires and from_us(g.expires), g.priority)
         for gid, g in model.grants.items()
     }
     assert stored == expected
