@@ -203,6 +203,12 @@ class Alerts(BaseModel):
     alerts: list[AlertOut]
 
 
+class AlertRemoved(BaseModel):
+    subject: str
+    limit: str
+    removed: bool = Field(description="False: the subject had none of its own; nothing changed.")
+
+
 class GrantAdded(GrantOut):
     duplicate: bool = Field(description="The grant id existed with these values: nothing changed.")
 
@@ -518,19 +524,18 @@ async def set_alert(
 @router.delete(
     "/alerts/{subject:path}/{limit}",
     summary="Back to the limit's thresholds",
-    status_code=204,
     response_model=None,
     responses={
-        204: {"description": "Removed (or there were none)."},
-        **responses(400, *AUTH_ERRORS, *COMMON_ERRORS),
+        200: {"model": AlertRemoved, "description": "The limit's thresholds apply again."},
+        **responses(400, 404, *AUTH_ERRORS, *COMMON_ERRORS),
     },
     dependencies=[require_scope("admin")],
 )
 async def remove_alert(context: Context, subject: Subject, limit: LimitName) -> Response:
     """The subject's own thresholds for the limit are removed."""
     with fields_named():
-        await run_in_threadpool(context.meter.remove_alert, subject, limit)
-    return Response(status_code=204)
+        removed = await run_in_threadpool(context.meter.remove_alert, subject, limit)
+    return JSONResponse({"subject": subject, "limit": limit, "removed": removed})
 
 
 @router.get(

@@ -172,7 +172,7 @@ def _run(fast_url: str, general_url: str, stream: list[dict[str, object]]) -> No
     with Meter(fast_url, clock=clock) as fast, Meter(general_url, clock=clock) as general:
         fast.set_limits(LIMITS)
         general.set_limits(LIMITS)
-        for spec in stream:
+        for number, spec in enumerate(stream):
             clock.advance(seconds=spec["advance_seconds"])  # type: ignore[arg-type]
             maximum = spec["new_cal_maximum"]
             if isinstance(maximum, int):
@@ -182,7 +182,7 @@ def _run(fast_url: str, general_url: str, stream: list[dict[str, object]]) -> No
                 fast.set_limit(changed)
                 general.set_limit(changed)
             for meter in (fast, general):
-                _allowances(meter, spec, clock())
+                _allowances(meter, spec, clock(), number)
             events = _events(spec, clock())
             records = [e.record() for e in events]
             fast.apply_records(records, invalid="reject")
@@ -190,7 +190,7 @@ def _run(fast_url: str, general_url: str, stream: list[dict[str, object]]) -> No
         assert _stored(fast) == _stored(general)
 
 
-def _allowances(meter: Meter, spec: dict[str, object], now: datetime) -> None:
+def _allowances(meter: Meter, spec: dict[str, object], now: datetime, number: int) -> None:
     for subject, limit, maximum, offset in spec["entitlements"]:  # type: ignore[attr-defined]
         when = now + timedelta(seconds=offset)
         meter.set_entitlement(subject, limit, maximum, effective_from=when)
@@ -203,7 +203,7 @@ def _allowances(meter: Meter, spec: dict[str, object], now: datetime) -> None:
             limit,
             amount,
             expires_at,
-            grant_id=f"g-{now.timestamp():.0f}-{index}",
+            grant_id=f"g-{now.timestamp():.0f}-{number}-{index}",
             priority=priority,
             low=low,
             every=every,
