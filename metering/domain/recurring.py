@@ -17,8 +17,9 @@ Issues are made when the subject's window is next read (`issues_due`
 at the reading instant), not by a timer, so a frozen clock sees them.
 
 ``grant.low``: a grant may carry a threshold, in units or a percentage of
-its amount (`low_threshold`); the draw that takes what is left from above
-it to it or below (`crossed_low`) announces ``grant.low``, once per issue.
+its amount (`low_threshold`); the first draw that leaves it at or below
+announces ``grant.low``, once per grant (per issue), marked on its row
+(`metering.storage.allowances`).
 
 Pure arithmetic, no SQL and no clock: `metering.allowances.recurring`
 runs it in transactions.
@@ -136,14 +137,8 @@ def low_threshold(amount: int, units: int | None, percent: int | None) -> int | 
     return None
 
 
-def crossed_low(threshold: int | None, left_before: int, left_after: int) -> bool:
-    """Whether a draw took the grant from above ``threshold`` to it or below."""
-    return threshold is not None and left_before > threshold >= left_after
-
-
 __all__ = [
     "Issue",
-    "crossed_low",
     "issue_id",
     "issues_due",
     "low_threshold",
