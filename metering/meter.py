@@ -11,14 +11,14 @@ from typing import Any
 
 from metering import allowances, counters, results
 from metering import limits as admin
-from metering.allowances import Correction, Grant
+from metering.allowances import Alert, Correction, Grant, RecurringGrant
 from metering.clock import Clock, system_clock
 from metering.counters import Counter
 from metering.domain.bounds import validate_count
 from metering.domain.decisions import Decision
 from metering.domain.events import EventRecord, Rejected, UsageEvent, charges_of, make_event
 from metering.domain.events import validate_cost as cost_of
-from metering.domain.grants import Entitlement
+from metering.domain.grants import DEFAULT_PRIORITY, Entitlement
 from metering.domain.licenses import DEFAULT_TTL_SECONDS as LICENSE_TTL
 from metering.domain.limits import Limit
 from metering.domain.reservations import DEFAULT_TTL_SECONDS
@@ -253,14 +253,31 @@ class Meter:
 
     def grant(self, subject: str, limit: str, amount: int, expires_at: datetime | None = None, *,
               grant_id: str | None = None, effective_from: datetime | None = None,
-              reason: str | None = None) -> Grant:  # fmt: skip
-        """Top up ``subject``'s allowance for ``limit`` until ``expires_at``."""
+              reason: str | None = None, every: str | None = None, rollover_max: int | None = None,
+              priority: int = DEFAULT_PRIORITY, until: datetime | None = None,
+              low: int | str | None = None) -> Grant:  # fmt: skip
+        """Top up ``subject``'s allowance for ``limit`` (``every``: recurring, `add_grant`)."""
         return allowances.add_grant(self.database, subject, limit, amount, expires_at=expires_at,
                                     grant_id=grant_id, effective_from=effective_from,
-                                    reason=reason)  # fmt: skip
+                                    reason=reason, every=every, rollover_max=rollover_max,
+                                    priority=priority, until=until, low=low)  # fmt: skip
 
     def grants(self, subject: str | None = None, limit: str | None = None) -> list[Grant]:
         return allowances.list_grants(self.database, subject, limit)
+
+    def recurring_grants(self, subject: str | None = None, limit: str | None = None,
+                         ) -> list[RecurringGrant]:  # fmt: skip
+        return allowances.list_recurring(self.database, subject, limit)
+
+    def set_alert(self, subject: str, limit: str, at: Iterable[str | int]) -> Alert:
+        """``subject``'s own thresholds for ``limit`` (``["80%", 5000]``), replacing the limit's."""
+        return allowances.set_alert(self.database, subject, limit, at)
+
+    def alerts(self, subject: str | None = None, limit: str | None = None) -> list[Alert]:
+        return allowances.list_alerts(self.database, subject, limit)
+
+    def remove_alert(self, subject: str, limit: str) -> bool:
+        return allowances.remove_alert(self.database, subject, limit)
 
     def void(self, event_id: str, reason: str, *, correction_id: str | None = None,
              horizon_seconds: int | None = None) -> Correction:  # fmt: skip

@@ -33,14 +33,17 @@ from metering.domain.corrections import (
 )
 from metering.domain.events import validate_event_id, validate_subject
 from metering.domain.grants import (
+    DEFAULT_PRIORITY,
     MAX_GRANT,
     Entitlement,
     validate_amount,
     validate_grant_id,
+    validate_priority,
 )
 from metering.domain.instants import from_us, to_us
-from metering.domain.limits import MAX_MAXIMUM, Limit, validate_limit_name
+from metering.domain.limits import MAX_MAXIMUM, Limit, parse_period, validate_limit_name
 from metering.domain.notifications import _iso
+from metering.domain.recurring import Issue, low_threshold, next_due_us, parse_low, period_end
 from metering.domain.reservations import ReservationState
 from metering.domain.rollups import rollup_deltas
 from metering.domain.state import CounterKey, CounterState
@@ -56,6 +59,8 @@ from metering.errors import (
 from metering.storage.allowances import AllowanceStore, CorrectionRecord, DrawKey, GrantRecord
 from metering.storage.database import Database
 from metering.storage.engine import RetryTransaction
+from metering.storage.limits import BUMP_LIMITS_VERSION
+from metering.storage.recurring import ScheduleRecord, ScheduleStore, insert_issue, issue_due
 from metering.storage.reservations import ReservationStore
 from metering.storage.results import ResultRecord
 from metering.storage.rollups import record_rollups
@@ -160,6 +165,12 @@ class Grant:
     expires_at: datetime | None
     reason: str | None
     duplicate: bool = False
+    priority: int = DEFAULT_PRIORITY
+    # An issue of a recurring grant: the recurring grant's id (the first
+    # issue's), and its number; ``low_at``: left at which ``grant.low`` is sent.
+    recurring_grant_id: str | None = None
+    issue: int | None = None
+    low_at: int | None = None
 
     @property
     def left(self) -> int:
@@ -176,6 +187,10 @@ class Grant:
             "effective_from": self.effective_from.isoformat(),
             "expires_at": self.expires_at.isoformat() if self.expires_at else None,
             "reason": self.reason,
+            "priority": self.priority,
+            "recurring_grant_id": self.recurring_grant_id,
+            "issue": self.issue,
+            "low_at": self.low_at,
         }
 
 
@@ -191,6 +206,10 @@ def _grant_of(record: GrantRecord, *, duplicate: bool = False) -> Grant:
         from_us(expires) if expires is not None else None,
         record.reason,
         duplicate,
+        record.priority,
+        record.schedule_id,
+        record.issue_number,
+        record.low_at,
     )
 
 
@@ -204,8 +223,21 @@ def add_grant(
     grant_id: str | None = None,
     effective_from: datetime | None = None,
     reason: str | None = None,
+    priority: int = DEFAULT_PRIORITY,
+    low: int | str | None = None,
+    every: str | None = None,
+    rollover_max: int | None = None,
+    until: datetime | None = None,
 ) -> Grant:
     """Add ``amount`` on top of ``subject``'s maximum for ``limit`` (a fixed window).
+
+    Grants are drawn by ``priority`` (the lowest first), then the earliest
+    expiring first. ``low`` (units, or a percentage such as ``"20%"``):
+    when what is left falls to it, ``grant.low`` is announced, once.
+    ``every`` (a period, ``"1mo"``) makes it recurring
+    (`metering.domain.recurring`): one issue now, one per period after,
+    until ``until``, each with up to ``rollover_max`` of the last one's
+    unused amount; the first issue is returned.
 
     Idempotent by ``grant_id``: the same grant again returns the stored one
     (``duplicate``); the same id with other values raises `GrantConflict`.
@@ -213,31 +245,65 @@ def add_grant(
     validate_subject(subject)
     validate_limit_name(limit)
     validate_amount("amount", amount, MAX_GRANT)
+    validate_priority(priority)
+    low_units, low_percent = parse_low(low) if low is not None else (None, None)
     grant_id = validate_grant_id(grant_id) if grant_id is not None else uuid.uuid4().hex
     if reason is not None:
         validate_reason(reason)
     now_us = database.now_us()
+    if every is not None:
+        return add_recurring(
+            database,
+            subject,
+            limit,
+            amount,
+            every=every,
+            rollover_max=rollover_max,
+            until=until,
+            grant_id=grant_id,
+            reason=reason,
+            priority=priority,
+            low=(low_units, low_percent),
+            unsupported={"expires_at": expires_at, "effective_from": effective_from},
+            now_us=now_us,
+        )
+    if rollover_max is not None:
+        raise InvalidInput("rollover_max", "only a recurring grant (with every) rolls over")
+    if until is not None:
+        raise InvalidInput(
+            "until", "only a recurring grant (with every) has an end; use expires_at"
+        )
     start_us = _moment("effective_from", effective_from, now_us)
     expires_us = None if expires_at is None else to_us(expires_at, field_name="expires_at")
     if expires_us is not None and expires_us <= start_us:
         raise InvalidInput("expires_at", "must be after the grant takes effect")
-    record = GrantRecord(grant_id, subject, limit, amount, 0, start_us, expires_us, reason, now_us)
+    record = GrantRecord(
+        grant_id,
+        subject,
+        limit,
+        amount,
+        0,
+        start_us,
+        expires_us,
+        reason,
+        now_us,
+        priority,
+        low_at=low_threshold(amount, low_units, low_percent),
+    )
 
     def work(connection: Connection) -> Grant:
-        found = _limit(connection, limit)
-        if found.algorithm == "concurrent":
-            more = "grants top up fixed windows; give a subject more licenses by an entitlement"
-            raise WrongAlgorithm(limit, found.algorithm, more)
-        if found.algorithm != "fixed_window":
-            raise InvalidInput("limit", f"{limit!r} is a token bucket; grants top up fixed windows")
+        _fixed_window(connection, limit)
         store = AllowanceStore(connection)
         if store.add_grant(record) is not None:
             return _grant_of(record)
         existing = store.grant(grant_id)
         assert existing is not None
         same = (existing.subject, existing.limit, existing.amount, existing.expires_at_us)
-        if same != (subject, limit, amount, expires_us) or (
-            effective_from is not None and existing.effective_from_us != start_us
+        if (
+            same != (subject, limit, amount, expires_us)
+            or (effective_from is not None and existing.effective_from_us != start_us)
+            or existing.schedule_id is not None
+            or (existing.priority, existing.low_at) != (record.priority, record.low_at)
         ):
             raise GrantConflict(grant_id)
         return _grant_of(existing, duplicate=True)
@@ -245,15 +311,190 @@ def add_grant(
     return database.run(work)
 
 
+def _fixed_window(connection: Connection, limit: str) -> Limit:
+    found = _limit(connection, limit)
+    if found.algorithm == "concurrent":
+        more = "grants top up fixed windows; give a subject more licenses by an entitlement"
+        raise WrongAlgorithm(limit, found.algorithm, more)
+    if found.algorithm != "fixed_window":
+        raise InvalidInput("limit", f"{limit!r} is a token bucket; grants top up fixed windows")
+    return found
+
+
+def add_recurring(
+    database: Database,
+    subject: str,
+    limit: str,
+    amount: int,
+    *,
+    every: str,
+    rollover_max: int | None,
+    until: datetime | None,
+    grant_id: str,
+    reason: str | None,
+    priority: int,
+    low: tuple[int | None, int | None],
+    unsupported: dict[str, datetime | None],
+    now_us: int,
+) -> Grant:
+    """`add_grant` with ``every``: the schedule and its first issue, in one transaction."""
+    for name, value in unsupported.items():
+        if value is not None:
+            raise InvalidInput(name, "a recurring grant's issues start and end with its periods")
+    period = parse_period(every, field_name="every")
+    rollover = 0 if rollover_max is None else validate_count("rollover_max", rollover_max)
+    until_us = None if until is None else to_us(until, field_name="until")
+    if until_us is not None and until_us <= now_us:
+        raise InvalidInput("until", "must be in the future")
+
+    def work(connection: Connection) -> Grant:
+        found = _fixed_window(connection, limit)
+        calendar = found.window == "calendar"
+        end = period_end(period, calendar=calendar, start_us=now_us, until_us=until_us)
+        first = Issue(1, now_us, end, amount)
+        schedule = ScheduleRecord(
+            grant_id,
+            subject,
+            limit,
+            amount,
+            str(period),
+            calendar,
+            rollover,
+            priority,
+            until_us,
+            *low,
+            1,
+            next_due_us(first, until_us),
+            reason,
+            now_us,
+        )
+        schedules = ScheduleStore(connection)
+        existing = schedules.get(grant_id)
+        if existing is not None:
+            fields = (subject, limit, amount, str(period), rollover, priority, until_us, *low)
+            if fields != (
+                existing.subject,
+                existing.limit,
+                existing.amount,
+                existing.every,
+                existing.rollover_max,
+                existing.priority,
+                existing.until_us,
+                existing.low_units,
+                existing.low_percent,
+            ):
+                raise GrantConflict(grant_id)
+            stored = AllowanceStore(connection).grant(grant_id)
+            assert stored is not None
+            return _grant_of(stored, duplicate=True)
+        if AllowanceStore(connection).grant(grant_id) is not None:
+            raise GrantConflict(grant_id)
+        schedules.add(schedule)
+        insert_issue(connection, schedule, first, now_us)
+        connection.execute(BUMP_LIMITS_VERSION)
+        stored = AllowanceStore(connection).grant(grant_id)
+        assert stored is not None
+        return _grant_of(stored)
+
+    return database.run(work)
+
+
+def validate_count(field_name: str, value: object) -> int:
+    """A whole number from 0 to `MAX_GRANT`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_GRANT:
+        raise InvalidInput(field_name, f"must be a whole number from 0 to {MAX_GRANT}")
+    return value
+
+
 def list_grants(
     database: Database, subject: str | None = None, limit: str | None = None
 ) -> list[Grant]:
+    """The grants (issues of recurring ones too, after making those now due)."""
     if subject is not None:
         validate_subject(subject)
     if limit is not None:
         validate_limit_name(limit)
-    found = database.run(lambda c: AllowanceStore(c).grants(subject, limit))
-    return [_grant_of(record) for record in found]
+    now_us = database.now_us()
+
+    def work(connection: Connection) -> list[GrantRecord]:
+        issue_due(connection, None, now_us)
+        return AllowanceStore(connection).grants(subject, limit)
+
+    return [_grant_of(record) for record in database.run(work)]
+
+
+@dataclass(frozen=True, slots=True)
+class RecurringGrant:
+    """A recurring grant as callers see it: its terms, its last issue and the next one's time."""
+
+    grant_id: str
+    subject: str
+    limit: str
+    amount: int
+    every: str
+    rollover_max: int
+    priority: int
+    until: datetime | None
+    low: str | None
+    last_issue: int
+    next_issue_at: datetime | None
+    reason: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "grant_id": self.grant_id,
+            "subject": self.subject,
+            "limit": self.limit,
+            "amount": self.amount,
+            "every": self.every,
+            "rollover_max": self.rollover_max,
+            "priority": self.priority,
+            "until": self.until.isoformat() if self.until else None,
+            "low": self.low,
+            "last_issue": self.last_issue,
+            "next_issue_at": self.next_issue_at.isoformat() if self.next_issue_at else None,
+            "reason": self.reason,
+        }
+
+
+def list_recurring(
+    database: Database, subject: str | None = None, limit: str | None = None
+) -> list[RecurringGrant]:
+    """The recurring grants (after making the issues now due)."""
+    if subject is not None:
+        validate_subject(subject)
+    if limit is not None:
+        validate_limit_name(limit)
+    now_us = database.now_us()
+
+    def work(connection: Connection) -> list[ScheduleRecord]:
+        issue_due(connection, None, now_us)
+        return ScheduleStore(connection).listed(subject, limit)
+
+    found = []
+    for r in database.run(work):
+        low = None
+        if r.low_units is not None:
+            low = str(r.low_units)
+        elif r.low_percent is not None:
+            low = f"{r.low_percent}%"
+        found.append(
+            RecurringGrant(
+                r.schedule_id,
+                r.subject,
+                r.limit,
+                r.amount,
+                r.every,
+                r.rollover_max,
+                r.priority,
+                from_us(r.until_us) if r.until_us is not None else None,
+                low,
+                r.last_issue,
+                from_us(r.next_issue_us) if r.next_issue_us is not None else None,
+                r.reason,
+            )
+        )
+    return found
 
 
 # -- corrections ----------------------------------------------------------------

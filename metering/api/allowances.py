@@ -44,7 +44,7 @@ from metering.api.parsing import whole_number
 from metering.api.problems import COMMON_ERRORS, responses
 from metering.domain.corrections import MAX_REASON_CHARS
 from metering.domain.events import MAX_SUBJECT_LENGTH
-from metering.domain.grants import MAX_GRANT
+from metering.domain.grants import DEFAULT_PRIORITY, MAX_GRANT, MAX_PRIORITY
 from metering.domain.instants import parse_instant
 from metering.domain.limits import MAX_MAXIMUM
 from metering.errors import InvalidInput
@@ -114,6 +114,33 @@ class GrantIn(BaseModel):
     reason: str | None = Field(
         default=None, min_length=1, max_length=MAX_REASON_CHARS, pattern=REASON_PATTERN
     )
+    priority: int = Field(
+        default=DEFAULT_PRIORITY,
+        ge=0,
+        le=MAX_PRIORITY,
+        description="Grants are drawn by priority (the lowest number first), then the "
+        "earliest expiring first.",
+    )
+    low: int | str | None = Field(
+        default=None,
+        description="Units (500) or a percentage of the amount ('20%'): when what is left "
+        "falls to it, grant.low is sent, once (per issue of a recurring grant).",
+        examples=["20%"],
+    )
+    every: str | None = Field(
+        default=None,
+        description="Recurring: one issue now, one at each period start (calendar "
+        "boundaries on a calendar limit), e.g. '1mo'. No expires_at or effective_from then.",
+        examples=["1mo"],
+    )
+    rollover_max: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_GRANT,
+        description="With every: up to this much of what the last issue left is added to the "
+        "next (default 0).",
+    )
+    until: datetime | None = _moment("With every: no issue starts at or after it.")
 
 
 class GrantOut(BaseModel):
@@ -126,6 +153,60 @@ class GrantOut(BaseModel):
     effective_from: datetime
     expires_at: datetime | None
     reason: str | None
+    priority: int
+    recurring_grant_id: str | None = Field(description="The recurring grant this is an issue of.")
+    issue: int | None = Field(description="Which issue of its recurring grant (1 is the first).")
+    low_at: int | None = Field(description="What left (or less) sends grant.low.")
+
+
+class RecurringGrantOut(BaseModel):
+    grant_id: str
+    subject: str
+    limit: str
+    amount: int
+    every: str
+    rollover_max: int
+    priority: int
+    until: datetime | None
+    low: str | None
+    last_issue: int
+    next_issue_at: datetime | None = Field(description="Null: no more issues (until reached).")
+    reason: str | None
+
+
+class RecurringGrants(BaseModel):
+    recurring_grants: list[RecurringGrantOut]
+
+
+class AlertIn(BaseModel):
+    """One subject's own thresholds for a limit, replacing the limit's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    at: list[int | str] = Field(
+        min_length=1,
+        description="Percentages of the maximum ('80%') and amounts of usage (5000).",
+        examples=[["80%", 5000]],
+    )
+
+
+class AlertOut(BaseModel):
+    subject: str
+    limit: str
+    at: list[str]
+    thresholds: list[int]
+    thresholds_units: list[int]
+    updated_at: datetime
+
+
+class Alerts(BaseModel):
+    alerts: list[AlertOut]
+
+
+class AlertRemoved(BaseModel):
+    subject: str
+    limit: str
+    removed: bool = Field(description="False: the subject had none of its own; nothing changed.")
 
 
 class GrantAdded(GrantOut):
@@ -187,6 +268,7 @@ router = APIRouter(prefix="/v1", tags=["entitlements, grants and corrections"])
 
 ENTITLEMENT_FIELDS: Final = body_fields(EntitlementIn)
 GRANT_FIELDS: Final = body_fields(GrantIn)
+ALERT_FIELDS: Final = body_fields(AlertIn)
 VOID_FIELDS: Final = body_fields(VoidIn)
 MAX_CORRECTIONS: Final = 1000
 # The library checks a limit's name as ``name``; in these requests it is ``limit``.
@@ -337,7 +419,13 @@ async def add_grant(request: Request, context: Context) -> Response:
             raise bad_field(required, "is required")
     expires = moment(fields.get("expires_at"), "expires_at")
     start = moment(fields.get("effective_from"), "effective_from")
+    until = moment(fields.get("until"), "until")
     amount: Any = whole_number(fields["amount"])
+    priority: Any = whole_number(fields.get("priority", DEFAULT_PRIORITY))
+    rollover: Any = whole_number(fields.get("rollover_max"))
+    low: Any = whole_number(fields.get("low"))
+    if fields.get("every") is not None and not isinstance(fields["every"], str):
+        raise bad_field("every", "must be a period such as 1mo")
     with fields_named():
         grant = await run_in_threadpool(
             lambda: context.meter.grant(
@@ -348,6 +436,11 @@ async def add_grant(request: Request, context: Context) -> Response:
                 grant_id=fields.get("grant_id"),
                 effective_from=start,
                 reason=fields.get("reason"),
+                every=fields.get("every"),
+                rollover_max=rollover,
+                priority=priority,
+                until=until,
+                low=low,
             )
         )
     body = {**grant.to_dict(), "duplicate": grant.duplicate}
@@ -373,6 +466,96 @@ async def list_grants(
     with fields_named():
         found = await run_in_threadpool(context.meter.grants, subject, limit)
     return JSONResponse({"grants": [grant.to_dict() for grant in found]})
+
+
+@router.get(
+    "/recurring-grants",
+    summary="Recurring grants",
+    response_model=None,
+    responses={
+        200: {"model": RecurringGrants, "description": "Their terms and next issue."},
+        **responses(400, *AUTH_ERRORS, *COMMON_ERRORS),
+    },
+    dependencies=[require_scope("read")],
+)
+async def list_recurring_grants(
+    context: Context,
+    subject: Annotated[str | None, Query(description="Only this subject.")] = None,
+    limit: Annotated[str | None, Query(description="Only this limit.")] = None,
+) -> Response:
+    """Recurring grants (``POST /v1/grants`` with ``every``), after making the
+    issues now due; each issue is listed by ``GET /v1/grants``."""
+    with fields_named():
+        found = await run_in_threadpool(context.meter.recurring_grants, subject, limit)
+    return JSONResponse({"recurring_grants": [r.to_dict() for r in found]})
+
+
+# -- alerts ------------------------------------------------------------------------
+
+
+@router.put(
+    "/alerts/{subject:path}/{limit}",
+    summary="Set a subject's own thresholds for a limit",
+    response_model=None,
+    openapi_extra=json_body(AlertIn),
+    responses={
+        200: {"model": AlertOut, "description": "They replace the limit's for this subject."},
+        **responses(400, 404, 415, 422, *AUTH_ERRORS, *COMMON_ERRORS),
+    },
+    dependencies=[require_scope("admin")],
+)
+async def set_alert(
+    request: Request, context: Context, subject: Subject, limit: LimitName
+) -> Response:
+    """``limit.threshold`` for this subject fires at ``at`` (percentages of
+    its maximum, amounts of usage) instead of at the limit's thresholds."""
+    fields = await read_object(request, ALERT_FIELDS)
+    if "at" not in fields:
+        raise bad_field("at", "is required")
+    at = fields["at"]
+    if not isinstance(at, list):
+        raise bad_field("at", "must be a list such as ['80%', 5000]")
+    points: list[Any] = [whole_number(value) for value in at]
+    with fields_named():
+        alert = await run_in_threadpool(context.meter.set_alert, subject, limit, points)
+    return JSONResponse(alert.to_dict())
+
+
+@router.delete(
+    "/alerts/{subject:path}/{limit}",
+    summary="Back to the limit's thresholds",
+    response_model=None,
+    responses={
+        200: {"model": AlertRemoved, "description": "The limit's thresholds apply again."},
+        **responses(400, 404, *AUTH_ERRORS, *COMMON_ERRORS),
+    },
+    dependencies=[require_scope("admin")],
+)
+async def remove_alert(context: Context, subject: Subject, limit: LimitName) -> Response:
+    """The subject's own thresholds for the limit are removed."""
+    with fields_named():
+        removed = await run_in_threadpool(context.meter.remove_alert, subject, limit)
+    return JSONResponse({"subject": subject, "limit": limit, "removed": removed})
+
+
+@router.get(
+    "/alerts",
+    summary="Subjects' own thresholds",
+    response_model=None,
+    responses={
+        200: {"model": Alerts, "description": "By limit and subject."},
+        **responses(400, *AUTH_ERRORS, *COMMON_ERRORS),
+    },
+    dependencies=[require_scope("read")],
+)
+async def list_alerts(
+    context: Context,
+    subject: Annotated[str | None, Query(description="Only this subject.")] = None,
+    limit: Annotated[str | None, Query(description="Only this limit.")] = None,
+) -> Response:
+    with fields_named():
+        found = await run_in_threadpool(context.meter.alerts, subject, limit)
+    return JSONResponse({"alerts": [alert.to_dict() for alert in found]})
 
 
 # -- corrections -----------------------------------------------------------------

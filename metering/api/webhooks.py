@@ -55,6 +55,7 @@ MessageType = Literal[
     "limit.reset",
     "limit.would_deny",
     "usage.corrected",
+    "grant.low",
 ]
 DeliveryStatusName = Literal["pending", "delivered", "failed"]
 assert set(MessageType.__args__) == set(MESSAGE_TYPES)  # type: ignore[attr-defined]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import click
 
+from metering.cli.alerts import alerts
 from metering.cli.apikeys import apikeys
 from metering.cli.context import AppState, MeteringGroup, database_option
 from metering.cli.db import db
@@ -45,6 +46,7 @@ for command in (
     limits,
     entitlements,
     grants,
+    alerts,
     void,
     corrections,
     consume,

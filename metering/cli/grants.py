@@ -1,4 +1,4 @@
-"""``metering grants add|list``, ``metering void`` and ``metering corrections list``.
+"""``metering grants add|list|recurring``, ``metering void`` and ``metering corrections list``.
 
 A grant tops up a subject's allowance for a fixed-window limit; a void
 reverses an allowed event's charges after the fact. Both are idempotent by
@@ -14,11 +14,12 @@ from typing import Final
 
 import click
 
-from metering.allowances import Correction, Grant
+from metering.allowances import Correction, Grant, RecurringGrant
 from metering.cli.context import current_meter
 from metering.cli.entitlements import from_option, limit_argument, limit_filter
 from metering.cli.options import format_option, parse_datetime
 from metering.cli.output import print_table, table, when
+from metering.domain.grants import DEFAULT_PRIORITY
 from metering.domain.limits import parse_period
 from metering.errors import InvalidInput
 
@@ -47,7 +48,24 @@ def describe_grant(grant: Grant) -> str:
         f"({grant.used} used, {grant.left} left), from {when(grant.effective_from)}, "
         f"expires {expires}"
     )
+    if grant.recurring_grant_id is not None:
+        line += f", issue {grant.issue} of recurring grant {grant.recurring_grant_id}"
     return f"{line}, reason: {grant.reason}" if grant.reason else line
+
+
+def describe_recurring(found: RecurringGrant) -> str:
+    """``monthly: org-42 api_calls 500 every 1mo, rollover up to 200, next issue ...``."""
+    line = f"{found.grant_id}: {found.subject} {found.limit} {found.amount} every {found.every}"
+    if found.rollover_max:
+        line += f", rollover up to {found.rollover_max}"
+    line += f", priority {found.priority}"
+    if found.low is not None:
+        line += f", low at {found.low}"
+    if found.next_issue_at is not None:
+        line += f", issue {found.last_issue + 1} at {when(found.next_issue_at)}"
+    else:
+        line += f", {found.last_issue} issued, no more"
+    return line
 
 
 @click.group()
@@ -64,6 +82,16 @@ def grants() -> None:
 @click.option("--id", "grant_id", help="Its id: the same grant again changes nothing.")
 @from_option("the grant")
 @click.option("--reason", help="Why it was given (kept with it).")
+@click.option("--every", metavar="PERIOD",
+              help="Recurring: a new issue every PERIOD (1mo, 7d ...), the first now.")  # fmt: skip
+@click.option("--rollover-max", type=int, metavar="N",
+              help="With --every: carry up to N unused to the next issue (default 0).")  # fmt: skip
+@click.option("--priority", type=int, default=DEFAULT_PRIORITY, show_default=True,
+              help="Drawn lowest number first, then earliest expiring.")  # fmt: skip
+@click.option("--until", metavar="TIME", callback=parse_datetime,
+              help="With --every: no issue from TIME on; RFC 3339, naive: UTC.")  # fmt: skip
+@click.option("--low", metavar="N|P%",
+              help="grant.low when N units or P% are left (once per issue).")  # fmt: skip
 @format_option
 def grants_add(
     subject: str,
@@ -73,12 +101,19 @@ def grants_add(
     grant_id: str | None,
     effective_from: datetime | None,
     reason: str | None,
+    every: str | None,
+    rollover_max: int | None,
+    priority: int,
+    until: datetime | None,
+    low: str | None,
     fmt: str,
 ) -> None:
     """Give SUBJECT AMOUNT more of LIMIT, on top of its maximum.
 
-    A charge draws on the window's own allowance first, then on grants, the
-    earliest expiring first. A new window does not renew a grant.
+    A charge draws on the window's own allowance first, then on grants, by
+    priority, then the earliest expiring first. A new window does not renew
+    a grant; a recurring one (--every) is issued again each period, with up
+    to --rollover-max of what the last issue left.
     """
     grant = current_meter().grant(
         subject,
@@ -88,6 +123,11 @@ def grants_add(
         grant_id=grant_id,
         effective_from=effective_from,
         reason=reason,
+        every=every,
+        rollover_max=rollover_max,
+        priority=priority,
+        until=until,
+        low=low,
     )
     if fmt == "json":
         click.echo(json.dumps({**grant.to_dict(), "duplicate": grant.duplicate}, indent=2))
@@ -125,6 +165,22 @@ def grants_list(subject: str | None, limit: str | None, fmt: str) -> None:
         for g in found
     ]
     print_table(table(GRANT_COLUMNS, rows, numeric=GRANT_NUMBERS))
+
+
+@grants.command("recurring")
+@click.option("--subject", help="Only this subject.")
+@limit_filter
+@format_option
+def grants_recurring(subject: str | None, limit: str | None, fmt: str) -> None:
+    """Recurring grants: their terms, last issue and when the next is due."""
+    found = current_meter().recurring_grants(subject, limit)
+    if fmt == "json":
+        click.echo(json.dumps([r.to_dict() for r in found], indent=2))
+    elif not found:
+        click.echo("no recurring grants")
+    else:
+        for recurring in found:
+            click.echo(describe_recurring(recurring))
 
 
 def parse_horizon(_ctx: click.Context, _param: click.Parameter, value: str | None) -> int | None:

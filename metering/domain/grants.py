@@ -10,9 +10,11 @@ window still shows the maximum that applied then.
 A *grant* is an amount of usage given on top of the maximum (a top-up),
 for one subject and limit, active from ``effective_from`` until
 ``expires_at`` (exclusive; never when None). A charge of a fixed window
-draws first on the window's own allowance, then on the active grants, the
-earliest expiring first (ties: the earliest given, then by id). A grant's
-unused amount is gone when it expires; a new window does not renew it.
+draws first on the window's own allowance, then on the active grants: by
+priority (the lowest number first; `DEFAULT_PRIORITY` unless given), then
+the earliest expiring first (ties: the earliest given, then by id). A
+grant's unused amount is gone when it expires; a new window does not renew
+it (a recurring grant issues a new one per period: `metering.domain.recurring`).
 
 `fit_window` is the arithmetic of a fixed-window charge when its subject has
 grants, shared by both engines (`windows.evaluate_window` and
@@ -33,6 +35,9 @@ from metering.errors import InvalidInput
 
 MAX_GRANT: Final = 10**15
 NEVER: Final = 2**62  # an expiry later than any instant: sorts grants without one last
+# Grants are drawn by priority, the lowest number first, then by expiry.
+DEFAULT_PRIORITY: Final = 100
+MAX_PRIORITY: Final = 1000
 
 
 def validate_grant_id(grant_id: object, field_name: str = "grant_id") -> str:
@@ -45,6 +50,14 @@ def validate_amount(field_name: str, value: object, ceiling: int = MAX_GRANT) ->
         raise InvalidInput(field_name, f"must be a whole number, got {shown(value)}")
     if not 1 <= value <= ceiling:
         raise InvalidInput(field_name, f"must be between 1 and {ceiling}, got {shown(value)}")
+    return value
+
+
+def validate_priority(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInput("priority", f"must be a whole number, got {shown(value)}")
+    if not 0 <= value <= MAX_PRIORITY:
+        raise InvalidInput("priority", f"must be between 0 and {MAX_PRIORITY}, got {shown(value)}")
     return value
 
 
@@ -97,6 +110,7 @@ class Balance:
     used: int
     effective_from_us: int
     expires_at_us: int | None
+    priority: int = DEFAULT_PRIORITY
 
     def active_at(self, at_us: int) -> bool:
         expires = self.expires_at_us
@@ -106,9 +120,9 @@ class Balance:
     def left(self) -> int:
         return self.amount - self.used
 
-    def order(self) -> tuple[int, int, str]:
+    def order(self) -> tuple[int, int, int, str]:
         expires = NEVER if self.expires_at_us is None else self.expires_at_us
-        return (expires, self.effective_from_us, self.grant_id)
+        return (self.priority, expires, self.effective_from_us, self.grant_id)
 
 
 @dataclass(slots=True)
@@ -129,7 +143,8 @@ class Pot:
         return sum(b.left for b in self.balances if b.active_at(at_us) and b.left > 0)
 
     def plan(self, amount: int, at_us: int) -> list[tuple[str, int]]:
-        """Which grants pay ``amount``, earliest expiring first (as much as they hold)."""
+        """Which grants pay ``amount``: by priority, then earliest expiring first
+        (as much as they hold)."""
         draws: list[tuple[str, int]] = []
         for balance in self.balances:
             if amount <= 0:
@@ -190,6 +205,8 @@ def fit_window(
 
 
 __all__ = [
+    "DEFAULT_PRIORITY",
+    "MAX_PRIORITY",
     "Balance",
     "Entitlement",
     "History",
@@ -199,4 +216,5 @@ __all__ = [
     "maximum_at",
     "validate_amount",
     "validate_grant_id",
+    "validate_priority",
 ]

@@ -17,6 +17,9 @@ a mark (limit, subject, window start, kind) that is inserted at most once.
   ``limit.denied``, only the first in the window.
 * ``usage.corrected``: an event was voided (`metering.corrections`); it
   has no mark, as a correction happens once per event anyway.
+* ``grant.low``: a draw left a grant at or below its ``low`` threshold
+  (`metering.domain.recurring`); once per grant (per issue of a recurring
+  one), marked on the grant's row.
 * ``limit.reset``: a denied subject has a fresh window; `reset_due` decides
   when, for the sweeper.
 
@@ -45,6 +48,7 @@ NoticeType = Literal[
     "limit.reset",
     "limit.would_deny",
     "usage.corrected",
+    "grant.low",
 ]
 MESSAGE_TYPES: Final = (
     "limit.denied",
@@ -53,6 +57,7 @@ MESSAGE_TYPES: Final = (
     "limit.reset",
     "limit.would_deny",
     "usage.corrected",
+    "grant.low",
 )
 TEST_TYPE: Final = "webhook.test"
 MAX_PAYLOAD_BYTES: Final = 64 * 1024
@@ -169,12 +174,19 @@ class Transition:
     charges: Sequence[ChargeDecision]
 
 
-def notices_of(limits: Mapping[str, Limit], transitions: Sequence[Transition]) -> list[Notice]:
-    """Every candidate notice of a batch, in event order."""
+def notices_of(
+    limits: Mapping[str, Limit],
+    transitions: Sequence[Transition],
+    own: Mapping[tuple[str, str], Limit] | None = None,
+) -> list[Notice]:
+    """Every candidate notice of a batch, in event order. ``own``: the limits
+    of (limit, subject) pairs with thresholds of their own (`metering.alerts`)."""
     found: list[Notice] = []
     for t in transitions:
         for key, before, after, charge in zip(t.keys, t.before, t.after, t.charges, strict=True):
-            found.extend(notices_for(limits[key.limit], key, before, after, charge, t.event_id))
+            limit = own.get((key.limit, key.subject)) if own else None
+            limit = limit or limits[key.limit]
+            found.extend(notices_for(limit, key, before, after, charge, t.event_id))
     return found
 
 

@@ -72,6 +72,7 @@ from metering.storage.hot.direct_postgres import DirectPostgres
 from metering.storage.hot.one_trip import Declined, apply_one
 from metering.storage.hot.postgres import read_unlocked
 from metering.storage.hot.sqlite import DirectSqlite
+from metering.storage.recurring import issue_due
 from metering.storage.store import Store
 
 T = TypeVar("T")
@@ -328,6 +329,8 @@ class Engine:
 
         def work(connection: Connection) -> Decision:
             store = Store(connection)
+            # Reading a window makes a recurring grant's due issues.
+            issue_due(connection, {(c.limit, c.subject) for c in event.charges}, now_us)
             limits = store.load_limits(c.limit for c in event.charges)
             error = validate_against_limits(event, limits, now_us)
             if error is not None:

@@ -47,11 +47,13 @@ from metering.domain.rules import (
 )
 from metering.domain.windows import Window, calendar_window, first_use_window
 from metering.errors import EventConflict, MeteringError, UnknownLimit
+from metering.storage.alerts import AlertStore
 from metering.storage.allowances import AllowanceStore, draws_of
 from metering.storage.counters import Pair
 from metering.storage.engine import RetryTransaction
 from metering.storage.hot import Changes, HotStore, NeedsConnection, Snapshot, WantedKey
 from metering.storage.hot.pick import hot_store
+from metering.storage.recurring import ScheduleStore
 from metering.storage.reservations import HoldRow, hold_row
 from metering.storage.results import ResultRecord
 from metering.storage.store import Store
@@ -110,6 +112,21 @@ class Allowances:
 
     histories: dict[Pair, History] = field(default_factory=dict)
     grant_pairs: frozenset[Pair] = frozenset()
+    # Left to the general engine (`general_only`): subjects whose recurring
+    # grant has an issue due at an instant (`metering.domain.recurring`),
+    # with a grant that announces ``grant.low``, or with thresholds of their own.
+    due: dict[Pair, int] = field(default_factory=dict)
+    low_pairs: frozenset[Pair] = frozenset()
+    alert_pairs: frozenset[Pair] = frozenset()
+
+    def general_only(self, pairs: Iterable[Pair], now_us: int) -> bool:
+        """Whether a charge of one of ``pairs`` is for the general engine (see above)."""
+        due, low, alerts = self.due, self.low_pairs, self.alert_pairs
+        if not (due or low or alerts):
+            return False
+        return any(
+            pair in low or pair in alerts or due.get(pair, now_us + 1) <= now_us for pair in pairs
+        )
 
 
 class LimitCache:
@@ -129,7 +146,13 @@ class LimitCache:
         store = Store(connection)
         version, limits = store.limits_version(), store.list_limits()
         allowances = AllowanceStore(connection)
-        found = Allowances(allowances.histories(), frozenset(allowances.grant_pairs()))
+        found = Allowances(
+            allowances.histories(),
+            frozenset(allowances.grant_pairs()),
+            ScheduleStore(connection).due_times(),
+            frozenset(allowances.low_pairs()),
+            frozenset(AlertStore(connection).pairs()),
+        )
         self._entitled = {}
         self.current = (version, {limit.name: Rule.of(limit) for limit in limits}, found)
 
@@ -269,6 +292,8 @@ def apply_records(
                 pairs.add((name, subject))
                 fixed = None
         todo.append((index, event, event_rules, None, fixed))
+    if allowances.general_only(_granted(pairs, keys) | {k[:2] for k in keys}, now_us):
+        raise UseGeneralPath("a recurring grant's issue due, grant.low or own thresholds")
     wanted = sorted((*key, end) for key, end in keys.items())
     granted: list[Pair] = []
     if allowances.grant_pairs:
@@ -515,6 +540,8 @@ def check_record(
         return None
     if any((name, subject) in allowances.grant_pairs for subject, name, _ in event.charges):
         return None  # grants are read under lock, by the general engine
+    if allowances.general_only(((name, subject) for subject, name, _ in event.charges), now_us):
+        return None
     if allowances.histories:
         event_rules, _ = _entitled(cache, event, event_rules, allowances.histories, {})
     at_us = event.occurred_at_us

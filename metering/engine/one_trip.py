@@ -48,6 +48,8 @@ def prepare(cache: LimitCache, event: EventRecord, now_us: int) -> tuple[Any, ..
     for (subject, name, cost), rule in zip(charges, event_rules, strict=True):
         if rule.dimensions or (grant_pairs and (name, subject) in grant_pairs):
             return None
+        if allowances.alert_pairs and (name, subject) in allowances.alert_pairs:
+            return None  # thresholds of its own: the general engine
         if histories:
             history = histories.get((name, subject))
             if history:

@@ -31,9 +31,11 @@ from metering.domain.rollups import rollup_deltas
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 from metering.domain.windows import Window, calendar_window, first_use_window
 from metering.errors import EventConflict, MeteringError, UnknownLimit
+from metering.storage.alerts import AlertRecord, AlertStore
 from metering.storage.allowances import AllowanceStore, draws_of
 from metering.storage.counters import Pair
 from metering.storage.engine import RetryTransaction
+from metering.storage.recurring import issue_due
 from metering.storage.results import ResultRecord
 from metering.storage.rollups import record_rollups
 from metering.storage.store import Store
@@ -173,6 +175,8 @@ def _decide(
 ) -> list[Decision]:
     if not events:
         return []
+    # A recurring grant's due issues first: the lock order is schedules, then windows.
+    issue_due(store.connection, {(c.limit, c.subject) for e in events for c in e.charges}, now_us)
     pairs = first_use_pairs(events, limits)
     resolver = WindowResolver(store, store.lock_current_windows(pairs) if pairs else {})
     keys = [
@@ -196,11 +200,12 @@ def _decide(
     store.write_current_windows(resolver.changed)
     if allowances.pots:
         AllowanceStore(store.connection).write_draws(
-            draws_of(c.to_row() for d in decisions if d.allowed for c in d.charges)
+            draws_of(c.to_row() for d in decisions if d.allowed for c in d.charges),
+            now_us=now_us,
         )
     # Notifications are written in this transaction: a rollback takes them too.
     # Most events cause no candidate at all, and then no statement runs.
-    notices = notices_of(limits, transitions)
+    notices = notices_of(limits, transitions, allowances.own_thresholds(limits))
     if notices:
         WebhookStore(store.connection).record_notices(
             [(notice, payload_of(notice, now_us)) for notice in notices], now_us
@@ -214,6 +219,7 @@ class Allowed:
 
     histories: Mapping[Pair, History] = field(default_factory=dict)
     pots: Mapping[Pair, Pot] = field(default_factory=dict)
+    alerts: Mapping[Pair, AlertRecord] = field(default_factory=dict)
 
     @classmethod
     def read(
@@ -234,7 +240,17 @@ class Allowed:
             if k.window_end_us != NO_WINDOW
         ]
         pots = allowances.lock_pots({(n, s) for n, s, _ in windows}, windows, lock=lock)
-        return cls(allowances.histories(pairs), pots)
+        return cls(allowances.histories(pairs), pots, AlertStore(store.connection).of(pairs))
+
+    def own_thresholds(self, limits: Mapping[str, Limit]) -> dict[Pair, Limit]:
+        """The limits of subjects with thresholds of their own, with those thresholds."""
+        return {
+            (name, subject): replace(
+                limits[name], thresholds=record.thresholds, thresholds_units=record.thresholds_units
+            )
+            for (name, subject), record in self.alerts.items()
+            if name in limits
+        }
 
     def limit_for(self, limit: Limit, subject: str, at_us: int) -> Limit:
         history = self.histories.get((limit.name, subject))

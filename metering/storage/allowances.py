@@ -32,15 +32,18 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 
 from metering.domain.decisions import ROW_FIELDS
-from metering.domain.grants import Balance, Entitlement, History, Pot
+from metering.domain.grants import DEFAULT_PRIORITY, Balance, Entitlement, History, Pot
+from metering.domain.notifications import _iso
 from metering.storage.counters import Pair
 from metering.storage.limits import BUMP_LIMITS_VERSION
 from metering.storage.tables import corrections, entitlements, grant_draws, grants
+from metering.storage.webhook_records import encode_payload
+from metering.storage.webhooks import WebhookStore
 
 # (limit, subject, window start, grant id) -> amount drawn
 DrawKey = tuple[str, str, int, str]
 # A grant as both hot paths and the general engine read it: (limit, subject,
-# grant id, amount, used, effective from, expires at); and what a window drew
+# grant id, amount, used, effective from, expires at, priority); and what a window drew
 # on a pair's grants: (limit, subject, window start, amount).
 GrantRow = Sequence[Any]
 DrawRow = Sequence[Any]
@@ -84,6 +87,11 @@ class GrantRecord:
     expires_at_us: int | None
     reason: str | None
     created_at_us: int
+    priority: int = DEFAULT_PRIORITY
+    schedule_id: str | None = None
+    issue_number: int | None = None
+    low_at: int | None = None
+    low_sent: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,11 +115,18 @@ _GRANT_COLUMNS: Final = (
     grants.c.expires_at_us,
     grants.c.reason,
     grants.c.created_at_us,
+    grants.c.priority,
+    grants.c.schedule_id,
+    grants.c.issue_number,
+    grants.c.low_at,
+    grants.c.low_sent,
 )
 
 
 def _grant(row: Any) -> GrantRecord:
-    return GrantRecord(*row)
+    values = list(row)
+    values[-1] = bool(values[-1])
+    return GrantRecord(*values)
 
 
 class AllowanceStore:
@@ -194,6 +209,11 @@ class AllowanceStore:
             "expires_at_us": record.expires_at_us,
             "reason": record.reason,
             "created_at_us": record.created_at_us,
+            "priority": record.priority,
+            "schedule_id": record.schedule_id,
+            "issue_number": record.issue_number,
+            "low_at": record.low_at,
+            "low_sent": False,
         }
         statement = (
             self._insert(grants)
@@ -228,6 +248,16 @@ class AllowanceStore:
         query = select(grants.c.limit_name, grants.c.subject).distinct()
         return {(name, subject) for name, subject in self.connection.execute(query)}
 
+    def low_pairs(self) -> set[Pair]:
+        """Every (limit, subject) with a grant that may still announce ``grant.low``."""
+        g = grants.c
+        query = (
+            select(g.limit_name, g.subject)
+            .where(g.low_at.is_not(None), g.low_sent.is_(False))
+            .distinct()
+        )
+        return {(name, subject) for name, subject in self.connection.execute(query)}
+
     def lock_pots(
         self,
         pairs: Iterable[Pair],
@@ -250,6 +280,7 @@ class AllowanceStore:
             g.used,
             g.effective_from_us,
             g.expires_at_us,
+            g.priority,
         ).where(tuple_(g.limit_name, g.subject).in_(wanted))
         # Locked in the hot path's order: by pair, then by id, in code point order.
         if self._postgres:
@@ -274,9 +305,16 @@ class AllowanceStore:
         drawn = drawn.group_by(d.limit_name, d.subject, d.window_start_us)
         return pots_of(grant_rows, self.connection.execute(drawn))
 
-    def write_draws(self, draws: Mapping[DrawKey, int], restore: set[str] | None = None) -> None:
+    def write_draws(
+        self,
+        draws: Mapping[DrawKey, int],
+        restore: set[str] | None = None,
+        *,
+        now_us: int | None = None,
+    ) -> None:
         """Add ``draws`` (negative: given back) to their windows' draws and to
-        the grants (only those in ``restore``, when given)."""
+        the grants (only those in ``restore``, when given). With ``now_us``,
+        a grant the draws left low announces ``grant.low`` (once)."""
         if not draws:
             return
         by_grant: dict[str, int] = defaultdict(int)
@@ -290,6 +328,9 @@ class AllowanceStore:
                 .values(used=grants.c.used + bindparam("delta")),
                 [{"gid": gid, "delta": delta} for gid, delta in sorted(by_grant.items())],
             )
+            drawn = sorted(gid for gid, delta in by_grant.items() if delta > 0)
+            if now_us is not None and drawn:
+                self._announce_low(drawn, now_us)
         rows: list[dict[str, Any]] = [
             {"limit_name": n, "subject": s, "window_start_us": w, "grant_id": g, "amount": a}
             for (n, s, w, g), a in sorted(draws.items())
@@ -329,6 +370,41 @@ class AllowanceStore:
                     for r in taken
                 ],
             )
+
+    def _announce_low(self, grant_ids: list[str], now_us: int) -> None:
+        """``grant.low`` for the grants of ``grant_ids`` now at or below their
+        threshold and not announced yet; marks them announced."""
+        g = grants.c
+        found = self.connection.execute(
+            update(grants)
+            .where(
+                g.grant_id.in_(grant_ids),
+                g.low_at.is_not(None),
+                g.low_sent.is_(False),
+                g.amount - g.used <= g.low_at,
+            )
+            .values(low_sent=True)
+            .returning(
+                g.grant_id, g.subject, g.limit_name, g.amount, g.used, g.low_at, g.schedule_id
+            )
+        ).all()
+        if not found:
+            return
+        webhooks = WebhookStore(self.connection)
+        endpoints = webhooks.list_endpoints(enabled_only=True)
+        for grant_id, subject, name, amount, used, low_at, schedule_id in sorted(found):
+            data = {
+                "grant_id": grant_id,
+                "subject": subject,
+                "limit": name,
+                "amount": amount,
+                "used": used,
+                "left": amount - used,
+                "low_at": low_at,
+                "recurring_grant_id": schedule_id,
+            }
+            document = {"type": "grant.low", "timestamp": _iso(now_us), "data": data}
+            webhooks.add_message("grant.low", encode_payload(document), endpoints, now_us)
 
     def add_correction(self, record: CorrectionRecord) -> bool:
         """Insert a correction; False if its id or its event was corrected already."""

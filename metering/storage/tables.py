@@ -21,6 +21,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    false,
 )
 
 metadata = MetaData()
@@ -265,8 +266,51 @@ grants = Table(
     # The PostgreSQL hot path reads balances without a lock and relies on this
     # check to refuse a draw planned on a balance another transaction spent.
     CheckConstraint("used >= 0 AND used <= amount", name="ck_grants_used"),
+    # Drawn by priority (lowest first), then by expiry (`metering.domain.grants`).
+    Column("priority", Integer, nullable=False, server_default="100"),
+    # An issue of a recurring grant: its schedule and number (1 is the first).
+    Column("schedule_id", String(128), nullable=True),
+    Column("issue_number", Integer, nullable=True),
+    # ``grant.low`` when what is left falls to this (NULL: never); sent once.
+    Column("low_at", BigInteger, nullable=True),
+    Column("low_sent", Boolean, nullable=False, server_default=false()),
 )
 Index("ix_grants_subject_limit", grants.c.subject, grants.c.limit_name)
+
+# Recurring grants (`metering.domain.recurring`): each issue is a row of
+# ``grants``; ``next_issue_us`` is when the next is due (NULL: never again).
+grant_schedules = Table(
+    "grant_schedules",
+    metadata,
+    Column("schedule_id", String(128), primary_key=True),
+    Column("subject", String(200), nullable=False),
+    Column("limit_name", String(64), nullable=False),
+    Column("amount", BigInteger, nullable=False),
+    Column("every", String(32), nullable=False),
+    Column("calendar", Boolean, nullable=False),
+    Column("rollover_max", BigInteger, nullable=False),
+    Column("priority", Integer, nullable=False),
+    Column("until_us", BigInteger, nullable=True),
+    Column("low_units", BigInteger, nullable=True),
+    Column("low_percent", Integer, nullable=True),
+    Column("last_issue", Integer, nullable=False),
+    Column("next_issue_us", BigInteger, nullable=True),
+    Column("reason", Text, nullable=True),
+    Column("created_at_us", BigInteger, nullable=False),
+)
+Index("ix_grant_schedules_subject_limit", grant_schedules.c.subject, grant_schedules.c.limit_name)
+
+# One subject's thresholds for one limit, replacing the limit's (JSON lists).
+alert_thresholds = Table(
+    "alert_thresholds",
+    metadata,
+    Column("limit_name", String(64), nullable=False),
+    Column("subject", String(200), nullable=False),
+    Column("thresholds", Text, nullable=False),
+    Column("thresholds_units", Text, nullable=False),
+    Column("created_at_us", BigInteger, nullable=False),
+    PrimaryKeyConstraint("limit_name", "subject"),
+)
 
 # What each window drew on each grant: the window's own usage is its
 # counter's ``used`` less the sum of its draws.

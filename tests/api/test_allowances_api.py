@@ -39,7 +39,14 @@ LIMITS = (
     Limit("api_calls", maximum=5, period="1h", window="calendar"),
     Limit("burst", maximum=10, period="10s", algorithm="token_bucket"),
 )
-PREFIXES = ("/v1/entitlements", "/v1/grants", "/v1/corrections", "/v1/events/{event_id}/void")
+PREFIXES = (
+    "/v1/entitlements",
+    "/v1/grants",
+    "/v1/corrections",
+    "/v1/alerts",
+    "/v1/recurring-grants",
+    "/v1/events/{event_id}/void",
+)
 
 
 @pytest.fixture
@@ -192,6 +199,10 @@ def test_a_grant_is_added_once_and_a_conflicting_one_is_409(
         "effective_from": NOW.isoformat(),
         "expires_at": expires,
         "reason": "launch promotion",
+        "priority": 100,
+        "recurring_grant_id": None,
+        "issue": None,
+        "low_at": None,
     }
     assert created.json() == {**grant, "duplicate": False}
     again = http.post("/v1/grants", json=body)
@@ -365,6 +376,59 @@ def test_a_shadow_limit_with_absolute_thresholds_round_trips(
     assert meter.get_limit("trial") == limit
 
 
+# -- recurring grants and per-subject alerts (issue 22) ---------------------------------
+
+
+def test_a_recurring_grant_and_a_subjects_alerts_over_http(
+    http: httpx.Client, meter: Meter, clock: FrozenClock
+) -> None:
+    body = {"subject": "org-1", "limit": "api_calls", "amount": 3, "every": "1h",
+            "rollover_max": 2, "priority": 10, "low": "50%", "grant_id": "hourly"}  # fmt: skip
+    created = http.post("/v1/grants", json=body)
+    assert created.status_code == 201, created.text
+    found = created.json()
+    assert (found["recurring_grant_id"], found["issue"], found["low_at"]) == ("hourly", 1, 1)
+    assert found["expires_at"] == "2026-11-22T10:00:00+00:00"  # the calendar hour's end
+    assert http.post("/v1/grants", json=body).json()["duplicate"] is True
+    clock.set(NOW + timedelta(hours=1))
+    [recurring] = http.get("/v1/recurring-grants").json()["recurring_grants"]
+    assert (recurring["last_issue"], recurring["next_issue_at"]) == (
+        2,
+        "2026-11-22T11:00:00+00:00",
+    )
+    issues = [(g["grant_id"], g["amount"]) for g in http.get("/v1/grants").json()["grants"]]
+    assert issues == [("hourly", 3), ("hourly/2", 5)]  # 3 + 2 carried over
+    answer = http.put("/v1/alerts/org-1/api_calls", json={"at": ["80%", 4]})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["at"] == ["80%", "4"]
+    assert [a["subject"] for a in http.get("/v1/alerts").json()["alerts"]] == ["org-1"]
+    removed = http.delete("/v1/alerts/org-1/api_calls")
+    assert removed.json() == {"subject": "org-1", "limit": "api_calls", "removed": True}
+    assert meter.alerts() == []
+
+
+def test_recurring_grants_and_alerts_refuse_bad_input_over_http(
+    http: httpx.Client, meter: Meter
+) -> None:
+    base = {"subject": "org-1", "limit": "api_calls", "amount": 3}
+    for body, field in [
+        ({**base, "limit": "burst", "every": "1h"}, "limit"),
+        ({**base, "rollover_max": 2}, "rollover_max"),
+        ({**base, "every": "1h", "rollover_max": -2}, "rollover_max"),
+        ({**base, "every": "hourly"}, "every"),
+        ({**base, "every": 5}, "every"),
+        ({**base, "amount": -3, "every": "1h"}, "amount"),
+        ({**base, "priority": 1.5}, "priority"),
+        ({**base, "low": "half"}, "low"),
+        ({**base, "until": "2030-01-01T00:00:00Z"}, "until"),
+    ]:
+        problem(http.post("/v1/grants", json=body), 400, "invalid-input", field, case=str(body))
+    for body in [{"at": []}, {"at": ["0%"]}, {"at": "80%"}, {}, {"at": ["80%"], "x": 1}]:
+        answer = http.put("/v1/alerts/org-1/api_calls", json=body)
+        assert answer.status_code == 400, (body, answer.text)
+    assert (meter.grants(), meter.recurring_grants(), meter.alerts()) == ([], [], [])
+
+
 # -- scopes and the schema --------------------------------------------------------------
 
 SCOPED: list[tuple[str, str, Any, str]] = [
@@ -375,6 +439,10 @@ SCOPED: list[tuple[str, str, Any, str]] = [
     ("GET", "/v1/grants", None, "read"),
     ("POST", "/v1/events/job-1/void", {"reason": "x"}, "admin"),
     ("GET", "/v1/corrections", None, "read"),
+    ("GET", "/v1/recurring-grants", None, "read"),
+    ("PUT", "/v1/alerts/org-1/api_calls", {"at": ["80%"]}, "admin"),
+    ("DELETE", "/v1/alerts/org-1/api_calls", None, "admin"),
+    ("GET", "/v1/alerts", None, "read"),
 ]
 
 
@@ -395,7 +463,7 @@ def test_each_route_takes_its_scope(http: httpx.Client, meter: Meter) -> None:
 
 def _operations(schema: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
     for path, operations in schema["paths"].items():
-        if path.startswith(PREFIXES[:3]) or path == PREFIXES[3]:
+        if path.startswith(PREFIXES[:-1]) or path == PREFIXES[-1]:
             for method, operation in operations.items():
                 yield method, path, operation
 
@@ -407,10 +475,14 @@ def test_every_answer_has_its_shape_in_the_schema(http: httpx.Client) -> None:
         "PUT /v1/entitlements/org-1/api_calls",
         "DELETE /v1/entitlements/org-1/api_calls",
         "POST /v1/events/job-1/void",
+        "PUT /v1/alerts/org-1/api_calls",
+        "DELETE /v1/alerts/org-1/api_calls",
     } | {
         "PUT /v1/entitlements/{subject}/{limit}",
         "DELETE /v1/entitlements/{subject}/{limit}",
         "POST /v1/events/{event_id}/void",
+        "PUT /v1/alerts/{subject}/{limit}",
+        "DELETE /v1/alerts/{subject}/{limit}",
     }
     for method, path, operation in _operations(schema):
         answers = operation["responses"]
@@ -450,7 +522,7 @@ def test_schemathesis_no_5xx_and_every_answer_conforms(
             seen = 0
             for result in api_schema.get_all_operations():
                 operation = result.ok()
-                if not (operation.path.startswith(PREFIXES[:3]) or operation.path == PREFIXES[3]):
+                if not (operation.path.startswith(PREFIXES[:-1]) or operation.path == PREFIXES[-1]):
                     continue
                 seen += 1
                 for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
@@ -467,4 +539,4 @@ def test_schemathesis_no_5xx_and_every_answer_conforms(
                         case.call_and_validate(checks=CHECKS)
 
                     exchange()
-            assert seen == 7
+            assert seen == 11

@@ -86,12 +86,12 @@ def test_check_matches_the_general_engine(
         with Meter(postgres_server.url(name), clock=clock) as meter:
             meter.set_limits(LIMITS)
             _compare(meter, specs)
-            for spec in stream:
+            for number, spec in enumerate(stream):
                 clock.advance(seconds=spec["advance_seconds"])  # type: ignore[arg-type]
                 maximum = spec["new_cal_maximum"]
                 if isinstance(maximum, int):
                     meter.set_limit(Limit("cal", maximum=maximum, period="1h", window="calendar"))
-                _allowances(meter, spec, clock())
+                _allowances(meter, spec, clock(), number)
                 events = _events(spec, clock())
                 meter.apply_records([e.record() for e in events], invalid="reject")
                 _compare(meter, specs)

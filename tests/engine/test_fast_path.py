@@ -8,7 +8,8 @@ and calendar windows, token buckets, soft limits with thresholds, denials,
 ids repeated inside a batch and across batches (some with other charges),
 late and future events, unknown limits, a limit changed between batches,
 subjects' own maximums changed (some effective in the past, inside the
-current window), grants (some expiring mid-stream), a shadow limit, and
+current window), grants (some expiring mid-stream, some recurring, with
+priorities and grant.low), subjects' own thresholds, a shadow limit, and
 limits with dimensions with events with and without their metadata keys.
 Results rows, counters, grants and their draws, usage rollups,
 notification marks and
@@ -36,6 +37,7 @@ from metering.storage.tables import (
     counters,
     entitlements,
     grant_draws,
+    grant_schedules,
     grants,
     rejected_messages,
     results,
@@ -116,8 +118,20 @@ batch = st.fixed_dictionaries(
                 st.sampled_from(GRANTABLE),
                 st.integers(1, 5),
                 st.sampled_from([None, 60, 1000, 5000]),  # expires after: never, or seconds
+                st.sampled_from([50, 100, 150]),  # priority (issue 22)
+                st.sampled_from([None, None, 1, "50%"]),  # grant.low at
+                st.sampled_from([None, None, "1h"]),  # recurring (then no expiry)
             ),
             max_size=2,
+        ),
+        # A subject's own thresholds (issue 22): the hot paths leave it to the general engine.
+        "alerts": st.lists(
+            st.tuples(
+                st.sampled_from(SUBJECTS),
+                st.sampled_from([*GRANTABLE, "bucket"]),
+                st.sampled_from([["50%"], ["1", "90%"]]),
+            ),
+            max_size=1,
         ),
     }
 )
@@ -149,6 +163,7 @@ def _stored(meter: Meter) -> dict[str, object]:
             "grants": rows(select(grants)),
             "draws": rows(select(grant_draws)),
             "entitlements": rows(select(entitlements)),
+            "schedules": rows(select(grant_schedules)),
         }
 
 
@@ -157,7 +172,7 @@ def _run(fast_url: str, general_url: str, stream: list[dict[str, object]]) -> No
     with Meter(fast_url, clock=clock) as fast, Meter(general_url, clock=clock) as general:
         fast.set_limits(LIMITS)
         general.set_limits(LIMITS)
-        for spec in stream:
+        for number, spec in enumerate(stream):
             clock.advance(seconds=spec["advance_seconds"])  # type: ignore[arg-type]
             maximum = spec["new_cal_maximum"]
             if isinstance(maximum, int):
@@ -167,7 +182,7 @@ def _run(fast_url: str, general_url: str, stream: list[dict[str, object]]) -> No
                 fast.set_limit(changed)
                 general.set_limit(changed)
             for meter in (fast, general):
-                _allowances(meter, spec, clock())
+                _allowances(meter, spec, clock(), number)
             events = _events(spec, clock())
             records = [e.record() for e in events]
             fast.apply_records(records, invalid="reject")
@@ -175,19 +190,26 @@ def _run(fast_url: str, general_url: str, stream: list[dict[str, object]]) -> No
         assert _stored(fast) == _stored(general)
 
 
-def _allowances(meter: Meter, spec: dict[str, object], now: datetime) -> None:
+def _allowances(meter: Meter, spec: dict[str, object], now: datetime, number: int) -> None:
     for subject, limit, maximum, offset in spec["entitlements"]:  # type: ignore[attr-defined]
         when = now + timedelta(seconds=offset)
         meter.set_entitlement(subject, limit, maximum, effective_from=when)
-    for subject, limit, amount, expires in spec["grants"]:  # type: ignore[attr-defined]
-        expires_at = None if expires is None else now + timedelta(seconds=expires)
+    grants = spec["grants"]
+    for index, grant in enumerate(grants):  # type: ignore[arg-type]
+        subject, limit, amount, expires, priority, low, every = grant
+        expires_at = None if expires is None or every else now + timedelta(seconds=expires)
         meter.grant(
             subject,
             limit,
             amount,
             expires_at,
-            grant_id=f"g-{now.timestamp():.0f}-{SUBJECTS.index(subject)}-{limit}-{amount}-{expires}",
+            grant_id=f"g-{now.timestamp():.0f}-{number}-{index}",
+            priority=priority,
+            low=low,
+            every=every,
         )
+    for subject, limit, at in spec["alerts"]:  # type: ignore[attr-defined]
+        meter.set_alert(subject, limit, at)
 
 
 SETTINGS = settings(

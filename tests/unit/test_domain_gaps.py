@@ -209,8 +209,9 @@ def test_a_balance_is_active_from_its_start_to_just_before_its_expiry() -> None:
     lasting = Balance("g", amount=1, used=0, effective_from_us=100, expires_at_us=None)
     assert [lasting.active_at(us) for us in (99, 100, 2**62)] == [False, True, True]
     assert timed.left == 6
-    assert timed.order() == (200, 100, "g")
-    assert lasting.order() == (2**62, 100, "g")
+    # Priority first (the default for both), then expiry (issue 22).
+    assert timed.order() == (100, 200, 100, "g")
+    assert lasting.order() == (100, 2**62, 100, "g")
 
 
 def test_a_pot_sorts_its_grants_earliest_expiring_then_earliest_given_then_by_id() -> None:

@@ -282,6 +282,7 @@ def test_the_message_types_and_delivery_statuses() -> None:
         "limit.reset",
         "limit.would_deny",
         "usage.corrected",
+        "grant.low",
     )
     assert str(DeliveryStatus.PENDING) == "pending"
     assert SETTLED_STATUSES == ("delivered", "failed")

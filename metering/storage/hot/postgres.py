@@ -172,7 +172,8 @@ FROM jsonb_array_elements(%(rows)s::jsonb) AS r
 # transaction on another window of the same subject (a late event), and the
 # grants' check constraint (used <= amount) then refuses the write.
 READ_GRANTS: Final = """
-SELECT g.limit_name, g.subject, g.grant_id, g.amount, g.used, g.effective_from_us, g.expires_at_us
+SELECT g.limit_name, g.subject, g.grant_id, g.amount, g.used, g.effective_from_us, g.expires_at_us,
+    g.priority
 FROM jsonb_array_elements(%(grant_pairs)s::jsonb) AS r
 CROSS JOIN LATERAL (
     SELECT * FROM grants AS g WHERE g.limit_name = r->>0 AND g.subject = r->>1

@@ -187,7 +187,7 @@ class SqliteHotStore:
             if changes.settled:
                 _execute(raw, SETTLE_RESERVATION, changes.settled)
             if changes.draws:
-                AllowanceStore(self._general()).write_draws(changes.draws)
+                AllowanceStore(self._general()).write_draws(changes.draws, now_us=now_us)
             if changes.rollups:
                 raw.executemany(SQLITE_UPSERT, rollup_rows(changes.rollups))
         except sqlite3.Error as exc:

@@ -5,7 +5,7 @@
   overage report's ``overdraft``).
 
 Revision ID: 0017
-Revises: 0014
+Revises: 0016
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0017"
-down_revision = "0014"
+down_revision = "0016"
 branch_labels = None
 depends_on = None
 

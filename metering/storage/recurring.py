@@ -1,0 +1,209 @@
+"""Recurring grants and ``grant.low`` in SQL (the rules: `metering.domain.recurring`).
+
+A schedule's due issues are made by `issue_due`, in the transaction of
+whoever reads the subject's window next (the general engine, `check`,
+listing grants): it locks the due schedules (PostgreSQL ``FOR UPDATE``;
+SQLite's writers are serialised by ``BEGIN IMMEDIATE``), inserts the issues
+(grant ids are the schedule's id and the issue number, so an issue exists
+once) and moves the schedule on, before any counter is locked: the lock
+order stays schedules, first-use windows, counters, grants.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, select, tuple_, update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from metering.domain.limits import parse_period
+from metering.domain.recurring import Issue, issue_id, issues_due, low_threshold, next_due_us
+from metering.storage.counters import Pair
+from metering.storage.engine import RetryTransaction
+from metering.storage.limits import BUMP_LIMITS_VERSION
+from metering.storage.tables import grant_schedules, grants
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleRecord:
+    """A recurring grant as stored."""
+
+    schedule_id: str
+    subject: str
+    limit: str
+    amount: int
+    every: str
+    calendar: bool
+    rollover_max: int
+    priority: int
+    until_us: int | None
+    low_units: int | None
+    low_percent: int | None
+    last_issue: int
+    next_issue_us: int | None
+    reason: str | None
+    created_at_us: int
+
+
+_COLUMNS = (
+    grant_schedules.c.schedule_id,
+    grant_schedules.c.subject,
+    grant_schedules.c.limit_name,
+    grant_schedules.c.amount,
+    grant_schedules.c.every,
+    grant_schedules.c.calendar,
+    grant_schedules.c.rollover_max,
+    grant_schedules.c.priority,
+    grant_schedules.c.until_us,
+    grant_schedules.c.low_units,
+    grant_schedules.c.low_percent,
+    grant_schedules.c.last_issue,
+    grant_schedules.c.next_issue_us,
+    grant_schedules.c.reason,
+    grant_schedules.c.created_at_us,
+)
+
+
+def _record(row: Any) -> ScheduleRecord:
+    values = list(row)
+    values[5] = bool(values[5])
+    return ScheduleRecord(*values)
+
+
+class ScheduleStore:
+    """Statements on one connection; the caller owns the transaction."""
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+        self._postgres = connection.dialect.name == "postgresql"
+
+    def add(self, record: ScheduleRecord) -> None:
+        values = {
+            column.name: getattr(record, field)
+            for column, field in zip(_COLUMNS, ScheduleRecord.__slots__, strict=True)
+        }
+        self.connection.execute(grant_schedules.insert().values(values))
+
+    def get(self, schedule_id: str) -> ScheduleRecord | None:
+        row = self.connection.execute(
+            select(*_COLUMNS).where(grant_schedules.c.schedule_id == schedule_id)
+        ).first()
+        return _record(row) if row is not None else None
+
+    def listed(self, subject: str | None = None, limit: str | None = None) -> list[ScheduleRecord]:
+        query = select(*_COLUMNS)
+        if subject is not None:
+            query = query.where(grant_schedules.c.subject == subject)
+        if limit is not None:
+            query = query.where(grant_schedules.c.limit_name == limit)
+        query = query.order_by(grant_schedules.c.schedule_id)
+        return [_record(row) for row in self.connection.execute(query)]
+
+    def due_times(self) -> dict[Pair, int]:
+        """Per (limit, subject), when its earliest schedule's next issue is due."""
+        s = grant_schedules.c
+        query = select(s.limit_name, s.subject, s.next_issue_us).where(s.next_issue_us.is_not(None))
+        found: dict[Pair, int] = {}
+        for name, subject, due in self.connection.execute(query):
+            found[(name, subject)] = min(due, found.get((name, subject), due))
+        return found
+
+    def lock_due(self, pairs: Iterable[Pair] | None, now_us: int) -> list[ScheduleRecord]:
+        """The schedules of ``pairs`` (None: all) with an issue due at ``now_us``, locked."""
+        s = grant_schedules.c
+        query = select(*_COLUMNS).where(s.next_issue_us <= now_us)
+        if pairs is not None:
+            wanted = sorted(set(pairs))
+            if not wanted:
+                return []
+            query = query.where(tuple_(s.limit_name, s.subject).in_(wanted))
+        if self._postgres:
+            query = query.order_by(s.schedule_id.collate("C")).with_for_update()
+        else:
+            query = query.order_by(s.schedule_id)
+        return [_record(row) for row in self.connection.execute(query)]
+
+
+def issue_due(connection: Connection, pairs: Iterable[Pair] | None, now_us: int) -> int:
+    """Make the issues due by ``now_us`` of the schedules of ``pairs`` (None:
+    all), each once; how many were made."""
+    schedules = ScheduleStore(connection)
+    made = 0
+    for schedule in schedules.lock_due(pairs, now_us):
+        last_id = issue_id(schedule.schedule_id, schedule.last_issue)
+        last_row = connection.execute(
+            select(
+                grants.c.amount, grants.c.used, grants.c.effective_from_us, grants.c.expires_at_us
+            ).where(grants.c.grant_id == last_id)
+        ).first()
+        if last_row is None or last_row.expires_at_us is None:
+            continue  # not a schedule's issue: nothing to follow
+        last = Issue(
+            schedule.last_issue, last_row.effective_from_us, last_row.expires_at_us, last_row.amount
+        )
+        due = issues_due(
+            parse_period(schedule.every, field_name="every"),
+            calendar=schedule.calendar,
+            amount=schedule.amount,
+            rollover_max=schedule.rollover_max,
+            until_us=schedule.until_us,
+            last=last,
+            left_of_last=last_row.amount - last_row.used,
+            now_us=now_us,
+        )
+        if not due:
+            continue
+        for issue in due:
+            insert_issue(connection, schedule, issue, now_us)
+        moved = connection.execute(
+            update(grant_schedules)
+            .where(
+                grant_schedules.c.schedule_id == schedule.schedule_id,
+                grant_schedules.c.last_issue == schedule.last_issue,
+            )
+            .values(
+                last_issue=due[-1].number, next_issue_us=next_due_us(due[-1], schedule.until_us)
+            )
+        )
+        if moved.rowcount != 1:
+            raise RetryTransaction("a recurring grant was issued concurrently")
+        made += len(due)
+    if made:
+        connection.execute(BUMP_LIMITS_VERSION)
+    return made
+
+
+def insert_issue(
+    connection: Connection, schedule: ScheduleRecord, issue: Issue, now_us: int
+) -> None:
+    """One issue as a grant row; an issue made already raises `RetryTransaction`."""
+    dialect = connection.dialect.name
+    statement = (
+        (postgresql if dialect == "postgresql" else sqlite)
+        .insert(grants)
+        .values(
+            grant_id=issue_id(schedule.schedule_id, issue.number),
+            subject=schedule.subject,
+            limit_name=schedule.limit,
+            amount=issue.amount,
+            used=0,
+            effective_from_us=issue.start_us,
+            expires_at_us=issue.end_us,
+            reason=schedule.reason,
+            created_at_us=now_us,
+            priority=schedule.priority,
+            schedule_id=schedule.schedule_id,
+            issue_number=issue.number,
+            low_at=low_threshold(issue.amount, schedule.low_units, schedule.low_percent),
+            low_sent=False,
+        )
+        .on_conflict_do_nothing()
+        .returning(grants.c.grant_id)
+    )
+    if connection.execute(statement).first() is None:
+        raise RetryTransaction("a recurring grant's issue exists already")
+
+
+__all__ = ["ScheduleRecord", "ScheduleStore", "insert_issue", "issue_due"]
