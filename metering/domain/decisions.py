@@ -17,6 +17,7 @@ from metering.domain.buckets import evaluate_bucket
 from metering.domain.grants import Pot
 from metering.domain.instants import from_us, to_us
 from metering.domain.limits import Limit
+from metering.domain.money import format_amount
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState, Evaluation, Outcome
 from metering.domain.windows import evaluate_window
 
@@ -36,6 +37,8 @@ class ChargeDecision:
     else the limit's). ``grants`` lists the grants that paid for the charge,
     as (grant id, amount). A shadow limit's charge is always ``allowed``;
     its outcome ``would_deny`` says a hard limit would have denied it.
+    ``price`` is a priced charge's (currency, amount in minor units), rounded
+    on its own (`metering.domain.money.charge_amount`).
     """
 
     subject: str
@@ -51,6 +54,7 @@ class ChargeDecision:
     resets_at_us: int
     retry_at_us: int | None
     grants: tuple[tuple[str, int], ...] = ()
+    price: tuple[str, int] | None = None
 
     @property
     def window_start(self) -> datetime | None:
@@ -79,10 +83,12 @@ class ChargeDecision:
             "resets_at": _iso(self.resets_at),
             "retry_at": _iso(self.retry_at),
             "grants": [{"grant_id": g, "amount": a} for g, a in self.grants],
+            **(_priced(self.price) if self.price else {}),
         }
 
     def to_row(self) -> list[Any]:
-        """A compact, JSON-ready form for the results ledger (grants only when some paid)."""
+        """A compact, JSON-ready form for the results ledger (grants only when some
+        paid or the charge is priced; then its price as [currency, amount])."""
         row = [
             self.subject,
             self.limit,
@@ -97,20 +103,30 @@ class ChargeDecision:
             self.resets_at_us,
             self.retry_at_us,
         ]
-        if self.grants:
+        if self.grants or self.price:
             row.append([list(draw) for draw in self.grants])
+        if self.price:
+            row.append(list(self.price))
         return row
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> ChargeDecision:
         if len(row) > ROW_FIELDS:
             grants = tuple((str(g), int(a)) for g, a in row[ROW_FIELDS])
-            return cls(*row[:ROW_FIELDS], grants)  # type: ignore[call-arg]
+            price = None
+            if len(row) > ROW_FIELDS + 1:
+                price = (str(row[ROW_FIELDS + 1][0]), int(row[ROW_FIELDS + 1][1]))
+            return cls(*row[:ROW_FIELDS], grants, price)  # type: ignore[call-arg]
         return cls(*row)
 
 
 # A ledger row's fields before the optional list of grant draws.
 ROW_FIELDS: Final = 12
+
+
+def _priced(price: tuple[str, int]) -> dict[str, Any]:
+    currency, amount = price
+    return {"currency": currency, "amount": format_amount(amount, currency)}
 
 
 def _moment(us: int | None) -> datetime | None:
@@ -205,7 +221,8 @@ class ChargeInput:
     """One charge with what `decide_event` needs: its limit, counter and state.
 
     ``limit`` carries the subject's own maximum (`Limit.with_maximum`);
-    ``pot`` the subject's grants for a fixed window, if it has any.
+    ``pot`` the subject's grants for a fixed window, if it has any;
+    ``price`` a priced charge's (currency, amount in minor units).
     """
 
     limit: Limit
@@ -213,6 +230,7 @@ class ChargeInput:
     state: CounterState
     cost: int
     pot: Pot | None = None
+    price: tuple[str, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,6 +307,7 @@ def _charge_decision(charge: ChargeInput, ev: Evaluation, *, consumed: bool) -> 
         resets_at_us=ev.resets_at_us if consumed else ev.resets_at_before_us,
         retry_at_us=ev.retry_at_us,
         grants=ev.draws if consumed else (),
+        price=charge.price if consumed else None,
     )
 
 

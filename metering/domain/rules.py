@@ -58,9 +58,11 @@ class Rule:
     lateness_us: int
     notifies: bool  # consuming may cross a threshold or the soft maximum
     dimensions: tuple[str, ...]  # metadata keys its usage is rolled up by
+    # Priced, or a spend limit: the hot paths leave it to the reference engine.
+    money: bool = False
 
     @classmethod
-    def of(cls, limit: Limit) -> Rule:
+    def of(cls, limit: Limit, *, priced: bool = False) -> Rule:
         return cls(
             limit=limit,
             name=limit.name,
@@ -75,6 +77,7 @@ class Rule:
             notifies=bool(limit.thresholds or limit.thresholds_units)
             or limit.enforcement == "soft",
             dimensions=limit.dimensions,
+            money=priced or limit.currency is not None,
         )
 
     def with_maximum(self, maximum: int) -> Rule:
