@@ -92,7 +92,7 @@ def minor_digits(currency: str) -> int:
 
 
 def _decimal(field_name: str, value: object) -> Decimal:
-    if isinstance(value, bool) or isinstance(value, float):
+    if isinstance(value, bool | float):
         raise InvalidInput(field_name, f"give an exact decimal (text), not {shown(value)}")
     if isinstance(value, int):
         return Decimal(value)
