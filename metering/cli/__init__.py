@@ -18,6 +18,7 @@ from metering.cli.entitlements import entitlements
 from metering.cli.events import check, consume, counters, reset, result
 from metering.cli.grants import corrections, grants, void
 from metering.cli.limits import limits
+from metering.cli.prices import prices
 from metering.cli.queue import emit, prune, rejected, worker
 from metering.cli.reports import report
 from metering.cli.reservations import reservations, reserve
@@ -43,6 +44,7 @@ def main(ctx: click.Context, database: str | None) -> None:
 for command in (
     limits,
     entitlements,
+    prices,
     grants,
     void,
     corrections,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
 from metering.domain.bounds import shown
-from metering.domain.money import parse_amount, validate_currency
+from metering.domain.money import format_amount, parse_amount, validate_currency
 from metering.errors import InvalidLimit
 
 Algorithm = Literal["fixed_window", "token_bucket"]
@@ -213,7 +213,7 @@ class Limit:
             "lateness": self.lateness,
             "thresholds_units": list(self.thresholds_units),
             "dimensions": list(self.dimensions),
-            **({"currency": self.currency} if self.currency else {}),
+            **(_money(self.maximum, self.currency) if self.currency else {}),
         }
 
     @classmethod
@@ -221,12 +221,20 @@ class Limit:
         """Build a limit from a mapping (a row, or an entry of a limits file)."""
         known = {"name", "maximum", "period", "algorithm", "window", "enforcement"}
         known |= {"thresholds", "lateness", "thresholds_units", "dimensions", "currency"}
+        known |= {"max_amount"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise InvalidLimit(unknown[0], f"unknown field; expected some of {sorted(known)}")
         values = dict(data)
         if name is not None:
             values.setdefault("name", name)
+        if "max_amount" in values:
+            amount = values.pop("max_amount")
+            if values.get("currency") is None:
+                raise InvalidLimit("currency", "a spend limit (max_amount) needs a currency")
+            values["maximum"] = parse_amount(
+                amount, validate_currency(values["currency"]), field_name="max_amount"
+            )
         for required in ("name", "maximum", "period"):
             if required not in values:
                 raise InvalidLimit(required, "is required")
@@ -239,6 +247,10 @@ class Limit:
         if "dimensions" in values:
             values["dimensions"] = _dimension_list(values["dimensions"])
         return cls(**values)
+
+
+def _money(maximum: int, currency: str) -> dict[str, str]:
+    return {"currency": currency, "max_amount": format_amount(maximum, currency)}
 
 
 def _thresholds(

@@ -30,6 +30,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Final
 
 from metering.domain.bounds import shown
+from metering.domain.instants import from_us
 from metering.errors import InvalidInput
 
 # ISO 4217 codes with their minor-unit digits (a selection; add as needed).
@@ -184,7 +185,7 @@ class Price:
             if self.per_unit is None
             else format_price(self.per_unit, self.currency),
             "per_unit_micro_minor": self.per_unit,
-            "effective_from_us": self.effective_from_us,
+            "effective_from": from_us(self.effective_from_us).isoformat(),
         }
 
 

@@ -60,6 +60,7 @@ class LimitStore(OnConnection):
         values["thresholds"] = json.dumps(values["thresholds"])
         values["dimensions"] = json.dumps(values["dimensions"])
         values["thresholds_units"] = json.dumps(values["thresholds_units"])
+        values.pop("max_amount", None)  # the maximum holds it, in minor units
         values["currency"] = limit.currency  # None turns a spend limit back into units
         values["updated_at_us"] = now_us
         statement = self._insert(limits).values(values)
