@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from metering.api import allowances, limits, reports, reservations, webhooks
+from metering.api import allowances, limits, prices, reports, reservations, webhooks
 
 ROUTERS: tuple[APIRouter, ...] = (
     reservations.router,
     limits.router,
     allowances.router,
+    prices.router,
     reports.router,
     webhooks.router,
 )
