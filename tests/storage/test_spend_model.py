@@ -205,7 +205,9 @@ def _compare(meter: Meter, model: Model) -> None:
     ]:
         report = spend_report(meter, month)
         found = {
-            (row.subject, limit): cents for row in report.rows for limit, cents in row.amounts.items()
+            (row.subject, limit): cents
+            for row in report.rows
+            for limit, cents in row.amounts.items()
         }
         assert found == model.report(to_us(start), to_us(end))
         for row in report.rows:
