@@ -88,7 +88,7 @@ def test_prices_and_a_spend_cap_on_the_command_line(url: str) -> None:
         (
             ["prices", "set", "calls", "--per-unit", "0.000000001", "--currency", "USD"],
             ["per_unit", "more than 8 decimals"],
-        ),  # fmt: skip
+        ),
         (["prices", "set", "calls", "--per-unit", "1.5e3", "--currency", "USD"], ["per_unit"]),
         (["prices", "set", "spend", "--per-unit", "1", "--currency", "USD"], ["spend limit"]),
         (["prices", "set", "nope", "--per-unit", "1", "--currency", "USD"], ["unknown limit"]),
@@ -107,7 +107,7 @@ def test_prices_and_a_spend_cap_on_the_command_line(url: str) -> None:
                 "1d",
             ],
             ["max_amount", "more than 2 decimals"],
-        ),  # fmt: skip
+        ),
         (
             [
                 "limits",
@@ -123,11 +123,11 @@ def test_prices_and_a_spend_cap_on_the_command_line(url: str) -> None:
                 "1d",
             ],
             ["--max-amount"],
-        ),  # fmt: skip
+        ),
         (
             ["limits", "set", "cap", "--max-amount", "5", "--currency", "ZZZ", "--period", "1d"],
             ["unknown currency"],
-        ),  # fmt: skip
+        ),
         (["limits", "set", "cap", "--period", "1d"], ["--max"]),
         (["entitlements", "set", "org-1", "calls", "--max-amount", "5"], ["not a spend limit"]),
         (["entitlements", "set", "org-1", "spend", "--max-amount", "5.123"], ["max_amount"]),
