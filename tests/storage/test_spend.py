@@ -124,3 +124,16 @@ def test_a_price_effective_later_applies_from_then(meter: Meter) -> None:
     later = datetime(2026, 11, 22, 12, 4, tzinfo=UTC)  # within the 5 minutes allowed ahead
     assert meter.consume("org-1", "calls", 5, occurred_at=later).charges[0].price == ("USD", 5)
     assert [p.per_unit for p in meter.prices("calls")] == [1_000_000, 2_000_000]
+
+
+def test_a_priced_limit_is_never_leased(meter: Meter) -> None:
+    """A hot key of a priced limit takes the exact path: each request is priced
+    on its own (here a tenth of a cent, rounded to 0: no spend charge, one
+    charge, which a lease would otherwise take in blocks)."""
+    meter.set_price("calls", "0.001", "USD")
+    for _ in range(40):
+        decision = meter.lease("org-1", "calls", 1)
+        assert [(c.limit, c.price) for c in decision.charges] == [("calls", ("USD", 0))]
+    meter.settle_leases(everything=True)
+    assert spent(meter) == 0
+    assert meter.counters("org-1", "calls")[0].used == 40
