@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from metering import FrozenClock, Limit, Meter, spend_limit
+from metering import FrozenClock, Limit, Meter, make_event, spend_limit
 from metering.errors import InvalidInput
 from metering.reports.spend import spend_report
 
@@ -137,3 +137,26 @@ def test_a_priced_limit_is_never_leased(meter: Meter) -> None:
     meter.settle_leases(everything=True)
     assert spent(meter) == 0
     assert meter.counters("org-1", "calls")[0].used == 40
+
+
+def test_a_worker_batch_mixing_money_and_plain_events(meter: Meter) -> None:
+    """The worker's batch: a priced event sends the batch to the reference
+    engine, which decides every event as the fast path would; a charge naming
+    a spend limit is rejected with its reason, and the rest apply."""
+    meter.set_limit(Limit("plain", maximum=3, period="1h"))
+    meter.set_price("calls", "0.01", "USD")
+    events = [
+        make_event([("org-1", "plain", 2)], NOW, "b-1"),
+        make_event([("org-1", "calls", 30)], NOW, "b-2"),
+        make_event([("org-1", "spend", 5)], NOW, "b-3"),
+        make_event([("org-1", "calls", 30)], NOW, "b-4"),
+        make_event([("org-1", "plain", 2)], NOW, "b-5"),
+        make_event([("org-1", "calls", 30)], NOW, "b-2"),  # redelivered
+    ]
+    found = meter.apply(events)
+    outcomes = [d.outcome for d in found]  # type: ignore[union-attr]
+    assert outcomes == ["allowed", "allowed", "rejected", "denied", "denied", "allowed"]
+    assert "spend limit" in (found[2].reason or "")  # type: ignore[union-attr]
+    assert found[3].denied_by == ("spend",)  # type: ignore[union-attr]
+    assert found[5].duplicate  # type: ignore[union-attr]
+    assert spent(meter) == 30
