@@ -9,12 +9,21 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from schemathesis import GenerationMode
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 from metering import FrozenClock, Limit, Meter
 from metering.api import create_api
@@ -23,6 +32,7 @@ from metering.settings import Settings
 
 NOW = datetime(2026, 11, 22, 9, 30, tzinfo=UTC)
 PROBLEM = "application/problem+json"
+Serve = Callable[[Any], str]
 
 
 @pytest.fixture
@@ -141,3 +151,46 @@ def test_prices_take_admin_and_the_report_read(http: httpx.Client, meter: Meter)
             status = http.request(method, path, json=body, headers=headers).status_code
             allowed = holder == needs or holder == "admin"
             assert (status not in (401, 403)) == allowed, (method, path, holder, status)
+
+
+CHECKS = (
+    schemathesis.checks.not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+)
+
+
+def test_schemathesis_no_5xx_and_every_answer_conforms(
+    serve_api: Serve, sqlite_url: str, tmp_path: Path
+) -> None:
+    """Generated requests, valid and invalid by the schema, for the prices
+    routes and the spend report (on SQLite: the rules are the library's)."""
+    with Meter(sqlite_url, clock=FrozenClock(NOW)) as meter:
+        meter.set_limit(Limit("calls", maximum=1000, period="1mo", window="calendar"))
+        meter.set_price("calls", "0.01", "USD")
+        meter.consume("org-1", "calls", 3)
+        settings_ = Settings(meter.url, f"sqla+sqlite:///{tmp_path}/broker.db")
+        with httpx.Client(base_url=serve_api(create_api(settings_, meter=meter))) as http:
+            api_schema = schemathesis.openapi.from_url(f"{http.base_url}/openapi.json")
+            seen = 0
+            for result in api_schema.get_all_operations():
+                operation = result.ok()
+                if not operation.path.startswith(("/v1/prices", "/v1/reports/spend")):
+                    continue
+                seen += 1
+                for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+
+                    @given(case=operation.as_strategy(generation_mode=mode))
+                    @settings(
+                        max_examples=20,
+                        deadline=None,
+                        suppress_health_check=list(HealthCheck),
+                        derandomize=True,
+                        database=None,
+                    )
+                    def exchange(case: schemathesis.Case) -> None:
+                        case.call_and_validate(checks=CHECKS)
+
+                    exchange()
+            assert seen == 4
