@@ -12,6 +12,7 @@ model_config  # unused variable (the models in metering/api, bench)
 # pydantic fields: validated in request bodies, or serialised in responses.
 next_attempt_at  # unused variable (metering/api/webhooks.py: DeliveryOut)
 attempt_log  # unused variable (metering/api/webhooks.py: DeliveryOut)
+per_unit_micro_minor  # unused variable (metering/api/prices.py: PriceOut)
 specversion  # unused variable (metering/api/models.py: CloudEvent)
 datacontenttype  # unused variable (metering/api/models.py: CloudEvent)
 

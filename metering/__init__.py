@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from metering.clock import FrozenClock, system_clock
 from metering.domain.decisions import ChargeDecision, Decision
 from metering.domain.events import Charge, UsageEvent, make_event
-from metering.domain.limits import Limit
+from metering.domain.limits import Limit, spend_limit
 from metering.errors import MeteringError
 
 if TYPE_CHECKING:
@@ -34,6 +34,7 @@ __all__ = [
     "UsageProducer",
     "emit",
     "make_event",
+    "spend_limit",
     "system_clock",
 ]
 

@@ -51,6 +51,7 @@ from metering.domain.leases import (
     streak_after,
 )
 from metering.domain.limits import Limit
+from metering.domain.money import Price
 from metering.domain.reservations import ReservationState
 from metering.errors import MeteringError
 from metering.reservations import Reservation
@@ -88,6 +89,8 @@ class Metered(Protocol):
     ) -> Reservation: ...
 
     def get_limit(self, name: str) -> Limit: ...
+
+    def prices(self, limit: str | None = None) -> list[Price]: ...
 
     def _lease_block(self, event: UsageEvent, expires_at_us: int) -> reserving.Reserved | None: ...
 
@@ -432,6 +435,8 @@ class LeaseBook:
         if cached is None or now_us - cached[0] > LIMIT_CACHE_US or now_us < cached[0]:
             try:
                 definition: Limit | None = self._meter.get_limit(name)
+                if definition is not None and (definition.currency or self._meter.prices(name)):
+                    definition = None  # money: the exact path charges each request's spend
             except MeteringError:
                 definition = None
             self._limits[name] = cached = (now_us, definition)

@@ -9,7 +9,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from metering import allowances, counters, results
+from metering import allowances, counters, money, results
 from metering import limits as admin
 from metering.allowances import Alert, Correction, Grant, RecurringGrant
 from metering.clock import Clock, system_clock
@@ -21,6 +21,7 @@ from metering.domain.events import validate_cost as cost_of
 from metering.domain.grants import DEFAULT_PRIORITY, Entitlement
 from metering.domain.licenses import DEFAULT_TTL_SECONDS as LICENSE_TTL
 from metering.domain.limits import Limit
+from metering.domain.money import Price
 from metering.domain.reservations import DEFAULT_TTL_SECONDS
 from metering.engine import Engine
 from metering.engine.fast import Answer
@@ -288,3 +289,16 @@ class Meter:
 
     def corrections(self, count: int = 1000) -> list[Correction]:
         return allowances.corrections(self.database, count)
+
+    def set_price(self, limit: str, per_unit: object, currency: str,
+                  effective_from: datetime | None = None) -> Price:  # fmt: skip
+        """Price ``limit`` at ``per_unit`` major units (text, exact) from ``effective_from`` on."""
+        return money.set_price(self.database, limit, per_unit, currency, effective_from)
+
+    def remove_price(self, limit: str, currency: str, effective_from: datetime | None = None,
+                     ) -> Price:  # fmt: skip
+        """End ``limit``'s price from ``effective_from`` (default: now) on."""
+        return money.remove_price(self.database, limit, currency, effective_from)
+
+    def prices(self, limit: str | None = None) -> list[Price]:
+        return money.prices(self.database, limit)

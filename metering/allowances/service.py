@@ -45,7 +45,7 @@ from metering.domain.limits import MAX_MAXIMUM, Limit, parse_period, validate_li
 from metering.domain.notifications import _iso
 from metering.domain.recurring import Issue, low_threshold, next_due_us, parse_low, period_end
 from metering.domain.reservations import ReservationState
-from metering.domain.rollups import rollup_deltas
+from metering.domain.rollups import merged, rollup_deltas, spend_deltas
 from metering.domain.state import CounterKey, CounterState
 from metering.errors import (
     CorrectionConflict,
@@ -689,8 +689,9 @@ def _take_back_rollups(connection: Connection, stored: ResultRecord) -> None:
     names = {row[1] for row in stored.charges}
     limits = Store(connection).load_limits(names)
     dimensions = {name: limit.dimensions for name, limit in limits.items() if limit.dimensions}
-    if dimensions:
-        record_rollups(connection, rollup_deltas([stored], dimensions, sign=-1))
+    deltas = merged(rollup_deltas([stored], dimensions, sign=-1), spend_deltas([stored], -1))
+    if deltas:
+        record_rollups(connection, deltas)
 
 
 def _announce(connection: Connection, record: CorrectionRecord, now_us: int) -> None:

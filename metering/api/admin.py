@@ -7,13 +7,14 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from metering.api import allowances, licenses, limits, reports, reservations, webhooks
+from metering.api import allowances, licenses, limits, prices, reports, reservations, webhooks
 
 ROUTERS: tuple[APIRouter, ...] = (
     reservations.router,
     licenses.router,
     limits.router,
     allowances.router,
+    prices.router,
     reports.router,
     webhooks.router,
 )

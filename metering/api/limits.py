@@ -54,7 +54,25 @@ class LimitIn(BaseModel):
     name: str | None = Field(
         default=None, pattern=LIMIT_PATTERN, description="If given, the name in the path."
     )
-    maximum: int = Field(ge=1, le=MAX_MAXIMUM, description="Inclusive maximum per period.")
+    maximum: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_MAXIMUM,
+        description="Inclusive maximum per period (a spend limit: max_amount instead).",
+    )
+    max_amount: str | None = Field(
+        default=None,
+        pattern=r"^[0-9]+(\.[0-9]+)?$",
+        max_length=40,
+        examples=["50.00"],
+        description="A spend limit's maximum in major units of its currency.",
+    )
+    currency: str | None = Field(
+        default=None,
+        min_length=3,
+        max_length=3,
+        description="ISO 4217: makes a spend limit (its amounts are minor units inside).",
+    )
     period: str | None = Field(
         default=None,
         pattern=r"^[ \t]*[0-9]+[ \t]*(s|m|h|d|w|mo|y)[ \t]*$",
@@ -116,6 +134,8 @@ class LimitOut(BaseModel):
     lateness: str
     thresholds_units: list[int]
     dimensions: list[str]
+    currency: str | None = Field(default=None, description="A spend limit's currency.")
+    max_amount: str | None = Field(default=None, description="A spend limit's maximum.")
 
 
 class Limits(BaseModel):

@@ -20,6 +20,7 @@ from metering.cli.events import check, consume, counters, reset, result
 from metering.cli.grants import corrections, grants, void
 from metering.cli.licenses import checkin, checkout
 from metering.cli.limits import limits
+from metering.cli.prices import prices
 from metering.cli.queue import emit, prune, rejected, worker
 from metering.cli.reports import report
 from metering.cli.reservations import reservations, reserve
@@ -45,6 +46,7 @@ def main(ctx: click.Context, database: str | None) -> None:
 for command in (
     limits,
     entitlements,
+    prices,
     grants,
     alerts,
     void,

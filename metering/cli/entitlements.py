@@ -20,6 +20,7 @@ from metering.cli.options import format_option, parse_datetime
 from metering.cli.output import print_table, table, when_us
 from metering.domain.grants import Entitlement
 from metering.domain.limits import validate_limit_name
+from metering.domain.money import parse_amount
 from metering.errors import InvalidInput
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -82,18 +83,36 @@ def entitlements() -> None:
 @entitlements.command("set")
 @click.argument("subject")
 @limit_argument
-@click.argument("maximum", type=int)
+@click.argument("maximum", type=int, required=False)
+@click.option(
+    "--max-amount",
+    metavar="AMOUNT",
+    help="A spend limit's cap for SUBJECT, in major units of its currency (instead of MAXIMUM).",
+)
 @from_option("the maximum")
 def entitlements_set(
-    subject: str, limit: str, maximum: int, effective_from: datetime | None
+    subject: str,
+    limit: str,
+    maximum: int | None,
+    max_amount: str | None,
+    effective_from: datetime | None,
 ) -> None:
     """SUBJECT's own MAXIMUM for LIMIT from --from (default now) on.
 
     An upgrade mid-window applies from then on and the window's usage
     carries over; a downgrade below what is used denies hard charges until
-    the window resets, and takes nothing back.
+    the window resets, and takes nothing back. A spend limit's cap is
+    given with --max-amount (50, 1.00).
     """
-    change = current_meter().set_entitlement(subject, limit, maximum, effective_from)
+    meter = current_meter()
+    if (maximum is None) == (max_amount is None):
+        raise InvalidInput("maximum", "give MAXIMUM, or --max-amount for a spend limit")
+    if max_amount is not None:
+        currency = meter.get_limit(limit).currency
+        if currency is None:
+            raise InvalidInput("max_amount", f"{limit!r} is not a spend limit: give MAXIMUM")
+        maximum = parse_amount(max_amount, currency, field_name="max_amount")
+    change = meter.set_entitlement(subject, limit, maximum, effective_from)
     click.echo(describe_entitlement(change))
 
 

@@ -11,7 +11,16 @@ import click
 from metering.cli.context import current_meter
 from metering.cli.options import format_option
 from metering.cli.output import describe_limit, print_table, table
-from metering.domain.limits import ALGORITHMS, ENFORCEMENTS, WINDOWS, Limit, is_reserved
+from metering.domain.limits import (
+    ALGORITHMS,
+    ENFORCEMENTS,
+    WINDOWS,
+    Limit,
+    is_reserved,
+    spend_limit,
+)
+from metering.domain.money import format_amount
+from metering.errors import InvalidLimit
 
 # The algorithm's cell names a fixed window's kind too, and the thresholds
 # cell holds both kinds (percentages and units): the table fits 100 columns.
@@ -34,7 +43,13 @@ def limits() -> None:
 
 @limits.command("set")
 @click.argument("name")
-@click.option("--max", "maximum", type=int, required=True, help="Inclusive maximum per period.")
+@click.option("--max", "maximum", type=int, help="Inclusive maximum per period.")
+@click.option(
+    "--max-amount",
+    metavar="AMOUNT",
+    help="A spend limit's maximum in major units of --currency (50, 1.00).",
+)
+@click.option("--currency", help="ISO 4217 code: makes a spend limit (with --max-amount).")
 @click.option("--period", help="30s, 2m, 1h, 1d, 7d, 1mo ... (none for a concurrent limit).")
 @click.option(
     "--algorithm",
@@ -63,14 +78,31 @@ def limits() -> None:
     metavar="KEY",
     help="A metadata key to record usage by (report usage --group-by); repeatable, at most 4.",
 )
-def limits_set(name: str, maximum: int, period: str | None, **options: Any) -> None:
-    """Create or replace the limit NAME."""
+def limits_set(
+    name: str,
+    maximum: int | None,
+    max_amount: str | None,
+    currency: str | None,
+    period: str | None,
+    **options: Any,
+) -> None:
+    """Create or replace the limit NAME (a spend limit with --max-amount and --currency)."""
     if period is None and options.get("algorithm") != "concurrent":
         raise click.UsageError("--period is required (only --algorithm concurrent has none)")
     chosen = {key: value for key, value in options.items() if value not in (None, ())}
-    click.echo(
-        describe_limit(current_meter().set_limit(Limit(name, maximum, period or "", **chosen)))
-    )
+    if max_amount is not None or currency is not None:
+        if maximum is not None:
+            raise InvalidLimit("max", "a spend limit takes --max-amount, not --max")
+        if currency is None:
+            raise InvalidLimit("currency", "a spend limit needs --currency (ISO 4217, e.g. USD)")
+        if max_amount is None:
+            raise InvalidLimit("max_amount", f"a spend limit needs --max-amount in {currency}")
+        limit = spend_limit(name, max_amount, currency, period or "", **chosen)
+    elif maximum is None:
+        raise InvalidLimit("max", "give --max (or --max-amount and --currency)")
+    else:
+        limit = Limit(name, maximum, period or "", **chosen)
+    click.echo(describe_limit(current_meter().set_limit(limit)))
 
 
 def _limit_row(limit: Limit) -> list[object]:
@@ -80,7 +112,10 @@ def _limit_row(limit: Limit) -> list[object]:
     levels = [f"{t}%" for t in limit.thresholds] + [str(t) for t in limit.thresholds_units]
     thresholds = ", ".join(levels) or None
     dimensions = ", ".join(limit.dimensions) or None
-    row: list[object] = [limit.name, limit.maximum, limit.period, algorithm, limit.enforcement]
+    maximum: object = limit.maximum
+    if limit.currency:
+        maximum = f"{format_amount(limit.maximum, limit.currency)} {limit.currency}"
+    row: list[object] = [limit.name, maximum, limit.period, algorithm, limit.enforcement]
     return [*row, thresholds, limit.lateness, dimensions]
 
 

@@ -18,6 +18,7 @@ from metering.counters import Counter
 from metering.domain.decisions import ChargeDecision, Decision
 from metering.domain.instants import from_us, round_up
 from metering.domain.limits import Limit
+from metering.domain.money import format_amount
 
 EXIT_DENIED: Final = 2
 # `metering result` of an event still on a queue: no worker has decided it yet.
@@ -301,7 +302,10 @@ def describe_limit(limit: Limit) -> str:
     (``name: max N held at once, concurrent, hard`` for a floating license)."""
     if limit.algorithm == "concurrent":
         return f"{limit.name}: max {limit.maximum} held at once, concurrent, {limit.enforcement}"
-    parts = [f"{limit.name}: max {limit.maximum} per {limit.period}", limit.algorithm]
+    maximum = str(limit.maximum)
+    if limit.currency:
+        maximum = f"{format_amount(limit.maximum, limit.currency)} {limit.currency}"
+    parts = [f"{limit.name}: max {maximum} per {limit.period}", limit.algorithm]
     if limit.algorithm == "fixed_window":
         parts.append(f"{limit.window} window")
     parts.append(limit.enforcement)

@@ -12,6 +12,8 @@ with ``--progress``).
 
 from __future__ import annotations
 
+import csv
+import json
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timedelta
@@ -40,6 +42,7 @@ from metering.reports.dimensions import (
 from metering.reports.export import FORMATS, write_csv, write_json
 from metering.reports.overage import BaseReport, Report, ReportRow, select_overage, select_usage
 from metering.reports.shadow import select_shadow
+from metering.reports.spend import spend_report
 
 F = TypeVar("F", bound=Callable[..., Any])
 RowT = TypeVar("RowT")
@@ -418,3 +421,28 @@ def _print_report(rows: list[Any], kind: str, title: str) -> None:
     numeric = {HEADERS.get(name, name) for name in NUMERIC}
     cells = [[_table_cell(row, name) for name in columns] for row in rows]
     print_table(table(headers, cells, title, numeric=numeric))
+
+
+@report.command()
+@click.option(
+    "--period", "--month", "period", required=True, metavar="YYYY-MM", help="A calendar month."
+)
+@click.option("--subject", help="Only this subject.")
+@FORMAT_OPTION
+def spend(period: str, subject: str | None, fmt: str) -> None:
+    """Per subject and currency: the amount of each priced limit, the total,
+    and the cap of each spend limit of the currency (the subject's
+    entitlement at the month's end, else the limit's). Amounts in major
+    units; each priced charge rounded half to even at the minor unit."""
+    found = spend_report(current_meter(), period, subject)
+    if fmt == "json":
+        click.echo(json.dumps(found.to_dict(), indent=2))
+    elif fmt == "csv":
+        writer = csv.writer(sys.stdout)
+        writer.writerow(found.csv_header())
+        writer.writerows(found.csv_rows())
+    elif not found.rows:
+        click.echo(f"no priced usage in {found.range.label}")
+    else:
+        header = found.csv_header()
+        print_table(table(header, list(found.csv_rows()), title=f"Spend, {found.range.label}"))

@@ -17,6 +17,7 @@ from metering.domain.buckets import evaluate_bucket
 from metering.domain.grants import Pot
 from metering.domain.instants import from_us, to_us
 from metering.domain.limits import Limit
+from metering.domain.money import format_amount
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState, Evaluation, Outcome
 from metering.domain.windows import evaluate_window
 
@@ -36,7 +37,9 @@ class ChargeDecision:
     else the limit's). ``grants`` lists the grants that paid for the charge,
     as (grant id, amount). A shadow limit's charge is always ``allowed``;
     its outcome ``would_deny`` says a hard limit would have denied it.
-    ``overdraft`` is set only by a commit of more than was reserved
+    ``price`` is a priced charge's (currency, amount in minor units), rounded
+    on its own (`metering.domain.money.charge_amount`). ``overdraft`` is set
+    only by a commit of more than was reserved
     (`metering.domain.reservations.charge_more`): the units of the real
     usage that a hard limit had no room for, recorded and billed anyway.
     """
@@ -54,6 +57,7 @@ class ChargeDecision:
     resets_at_us: int
     retry_at_us: int | None
     grants: tuple[tuple[str, int], ...] = ()
+    price: tuple[str, int] | None = None
     overdraft: int = 0
 
     @property
@@ -83,11 +87,15 @@ class ChargeDecision:
             "resets_at": _iso(self.resets_at),
             "retry_at": _iso(self.retry_at),
             "grants": [{"grant_id": g, "amount": a} for g, a in self.grants],
-        } | ({"overdraft": self.overdraft} if self.overdraft else {})
+            **(_priced(self.price) if self.price else {}),
+            **({"overdraft": self.overdraft} if self.overdraft else {}),
+        }
 
     def to_row(self) -> list[Any]:
         """A compact, JSON-ready form for the results ledger: the grant draws
-        only when some paid, then the overdraft only when there is one."""
+        (only when some paid, or something follows), then the price as
+        [currency, amount] (when priced, or something follows: else null),
+        then the overdraft (only when there is one)."""
         row = [
             self.subject,
             self.limit,
@@ -102,8 +110,10 @@ class ChargeDecision:
             self.resets_at_us,
             self.retry_at_us,
         ]
-        if self.grants or self.overdraft:
+        if self.grants or self.price or self.overdraft:
             row.append([list(draw) for draw in self.grants])
+        if self.price or self.overdraft:
+            row.append(list(self.price) if self.price else None)
         if self.overdraft:
             row.append(self.overdraft)
         return row
@@ -112,14 +122,22 @@ class ChargeDecision:
     def from_row(cls, row: Sequence[Any]) -> ChargeDecision:
         if len(row) > ROW_FIELDS:
             grants = tuple((str(g), int(a)) for g, a in row[ROW_FIELDS])
-            overdraft = int(row[ROW_FIELDS + 1]) if len(row) > ROW_FIELDS + 1 else 0
-            return cls(*row[:ROW_FIELDS], grants, overdraft)  # type: ignore[call-arg]
+            price = None
+            if len(row) > ROW_FIELDS + 1 and row[ROW_FIELDS + 1] is not None:
+                price = (str(row[ROW_FIELDS + 1][0]), int(row[ROW_FIELDS + 1][1]))
+            overdraft = int(row[ROW_FIELDS + 2]) if len(row) > ROW_FIELDS + 2 else 0
+            return cls(*row[:ROW_FIELDS], grants, price, overdraft)  # type: ignore[call-arg]
         return cls(*row)
 
 
 # A ledger row's fields before the optional list of grant draws (and the
 # optional overdraft after it).
 ROW_FIELDS: Final = 12
+
+
+def _priced(price: tuple[str, int]) -> dict[str, Any]:
+    currency, amount = price
+    return {"currency": currency, "amount": format_amount(amount, currency)}
 
 
 def _moment(us: int | None) -> datetime | None:
@@ -214,7 +232,8 @@ class ChargeInput:
     """One charge with what `decide_event` needs: its limit, counter and state.
 
     ``limit`` carries the subject's own maximum (`Limit.with_maximum`);
-    ``pot`` the subject's grants for a fixed window, if it has any.
+    ``pot`` the subject's grants for a fixed window, if it has any;
+    ``price`` a priced charge's (currency, amount in minor units).
     """
 
     limit: Limit
@@ -222,6 +241,7 @@ class ChargeInput:
     state: CounterState
     cost: int
     pot: Pot | None = None
+    price: tuple[str, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,6 +318,7 @@ def _charge_decision(charge: ChargeInput, ev: Evaluation, *, consumed: bool) -> 
         resets_at_us=ev.resets_at_us if consumed else ev.resets_at_before_us,
         retry_at_us=ev.retry_at_us,
         grants=ev.draws if consumed else (),
+        price=charge.price if consumed else None,
     )
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
 from metering.domain.bounds import shown
+from metering.domain.money import format_amount, parse_amount, validate_currency
 from metering.errors import InvalidLimit
 
 Algorithm = Literal["fixed_window", "token_bucket", "concurrent"]
@@ -136,7 +137,9 @@ class Limit:
     limit would have denied (``would_deny``), but never denies: a way to try
     a limit on live traffic before enforcing it. ``thresholds`` are
     percentages of the maximum, ``thresholds_units`` absolute amounts of
-    usage; each notifies once per window. ``dimensions`` are the
+    usage; each notifies once per window. ``currency`` makes it a spend
+    limit: its maximum and usage are integers of the currency's minor unit,
+    charged by the priced charges of its subjects (`metering.domain.money`). ``dimensions`` are the
     event-metadata keys whose values the limit's usage is rolled up by, hour
     by hour (``metering report usage --group-by``). ``window`` is a fixed
     window's (a token bucket has none: ``window="calendar"`` with one is
@@ -160,6 +163,7 @@ class Limit:
     lateness: str = DEFAULT_LATENESS
     thresholds_units: tuple[int, ...] = ()
     dimensions: tuple[str, ...] = ()
+    currency: str | None = None
     parsed_period: Period = field(init=False, repr=False, compare=False)
     lateness_seconds: int = field(init=False, repr=False, compare=False)
 
@@ -184,6 +188,10 @@ class Limit:
             raise InvalidLimit(
                 "window", "a token bucket has no windows; window calendar is for fixed_window"
             )
+        if self.currency is not None:
+            if self.algorithm != "fixed_window":
+                raise InvalidLimit("currency", "a spend limit is a fixed window, not a bucket")
+            object.__setattr__(self, "currency", validate_currency(self.currency))
         thresholds = _thresholds(self.thresholds)
         units = _thresholds(self.thresholds_units, "thresholds_units", MAX_MAXIMUM)
         lateness = parse_period(self.lateness, field_name="lateness")
@@ -217,19 +225,28 @@ class Limit:
             "lateness": self.lateness,
             "thresholds_units": list(self.thresholds_units),
             "dimensions": list(self.dimensions),
+            **(_money(self.maximum, self.currency) if self.currency else {}),
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, name: str | None = None) -> Limit:
         """Build a limit from a mapping (a row, or an entry of a limits file)."""
         known = {"name", "maximum", "period", "algorithm", "window", "enforcement"}
-        known |= {"thresholds", "lateness", "thresholds_units", "dimensions"}
+        known |= {"thresholds", "lateness", "thresholds_units", "dimensions", "currency"}
+        known |= {"max_amount"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise InvalidLimit(unknown[0], f"unknown field; expected some of {sorted(known)}")
         values = dict(data)
         if name is not None:
             values.setdefault("name", name)
+        if "max_amount" in values:
+            amount = values.pop("max_amount")
+            if values.get("currency") is None:
+                raise InvalidLimit("currency", "a spend limit (max_amount) needs a currency")
+            values["maximum"] = parse_amount(
+                amount, validate_currency(values["currency"]), field_name="max_amount"
+            )
         required_fields: tuple[str, ...] = ("name", "maximum")
         if values.get("algorithm") != "concurrent":
             required_fields += ("period",)
@@ -267,6 +284,10 @@ def _check_concurrent(limit: Limit) -> None:
         raise InvalidLimit("dimensions", "a concurrent limit records no usage to roll up")
 
 
+def _money(maximum: int, currency: str) -> dict[str, str]:
+    return {"currency": currency, "max_amount": format_amount(maximum, currency)}
+
+
 def _thresholds(
     values: Iterable[object],
     field_name: str = "thresholds",
@@ -302,3 +323,23 @@ def _dimensions(values: object) -> tuple[str, ...]:
         if len(keys) > MAX_DIMENSIONS:
             raise InvalidLimit("dimensions", f"at most {MAX_DIMENSIONS} keys")
     return tuple(keys)
+
+
+def spend_limit(
+    name: str,
+    max_amount: object,
+    currency: str,
+    period: str,
+    **options: Any,
+) -> Limit:
+    """A spend limit: at most ``max_amount`` (major units: ``"50"``, ``"1.00"``) of
+    ``currency`` per ``period``, held as minor units (`metering.domain.money`).
+
+    >>> spend_limit("spend", "50", "USD", "1mo", window="calendar").maximum
+    5000
+    """
+    code = validate_currency(currency)
+    maximum = parse_amount(max_amount, code, field_name="max_amount")
+    if maximum < 1:
+        raise InvalidLimit("max_amount", f"must be more than 0 {code}")
+    return Limit(name, maximum=maximum, period=period, currency=code, **options)

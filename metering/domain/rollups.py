@@ -118,6 +118,65 @@ def rollup_deltas(
     return deltas
 
 
+# The rollups' "dimension" under which priced charges record their amounts:
+# per (subject, priced limit, hour, currency) the minor units charged. No
+# metadata key can be named so (`metering.domain.limits.DIMENSION_PATTERN`).
+SPEND_DIMENSION: Final = "$spend"
+# A ledger row's price ([currency, amount]) follows its grants (`ChargeDecision.to_row`).
+_PRICE_AT: Final = 13
+
+
+def _priced(charge: Sequence[Any]) -> bool:
+    """Whether a ledger row's charge has a price (after it may come an
+    overdraft, with a null price: `ChargeDecision.to_row`)."""
+    return len(charge) > _PRICE_AT and charge[_PRICE_AT] is not None
+
+
+def spend_deltas(decided: Iterable[Decided], sign: int = 1) -> dict[RollupKey, Delta]:
+    """What the priced charges of ``decided`` add to the spend rollups (the
+    amounts in minor units; ``sign=-1`` takes them away): consumed only, in
+    the event's hour, by currency."""
+    deltas: dict[RollupKey, Delta] = {}
+    for event in decided:
+        if event.outcome not in CONSUMED:
+            continue
+        hour = hour_start_us(event.occurred_at_us)
+        for charge in event.charges:
+            if _priced(charge) and charge[4] != WOULD_DENY:
+                currency, amount = charge[_PRICE_AT]
+                key = (charge[0], charge[1], SPEND_DIMENSION, hour, str(currency))
+                used, events = deltas.get(key, (0, 0))
+                deltas[key] = (used + sign * int(amount), events + sign)
+    return deltas
+
+
+def spend_given_back(
+    event: Decided, returned: Iterable[tuple[str, str, int, int]]
+) -> dict[RollupKey, Delta]:
+    """What a cancel takes from the spend rollups: the amount of each priced
+    charge of ``event`` whose whole cost came back."""
+    whole = {(subject, name) for subject, name, cost, back in returned if back >= cost > 0}
+    deltas: dict[RollupKey, Delta] = {}
+    hour = hour_start_us(event.occurred_at_us)
+    for charge in event.charges:
+        if _priced(charge) and (charge[0], charge[1]) in whole:
+            currency, amount = charge[_PRICE_AT]
+            key = (charge[0], charge[1], SPEND_DIMENSION, hour, str(currency))
+            used, events = deltas.get(key, (0, 0))
+            deltas[key] = (used - int(amount), events - 1)
+    return deltas
+
+
+def merged(*parts: Mapping[RollupKey, Delta]) -> dict[RollupKey, Delta]:
+    """Deltas summed key by key."""
+    total: dict[RollupKey, Delta] = {}
+    for part in parts:
+        for key, (used, events) in part.items():
+            was_used, was_events = total.get(key, (0, 0))
+            total[key] = (was_used + used, was_events + events)
+    return total
+
+
 def given_back_deltas(
     event: Decided,
     returned: Iterable[tuple[str, str, int, int]],

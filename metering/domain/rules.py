@@ -59,9 +59,11 @@ class Rule:
     notifies: bool  # consuming may cross a threshold or the soft maximum
     dimensions: tuple[str, ...]  # metadata keys its usage is rolled up by
     concurrent: bool = False  # a floating license: never consumed (`WrongAlgorithm`)
+    # Priced, or a spend limit: the hot paths leave it to the reference engine.
+    money: bool = False
 
     @classmethod
-    def of(cls, limit: Limit) -> Rule:
+    def of(cls, limit: Limit, *, priced: bool = False) -> Rule:
         return cls(
             limit=limit,
             name=limit.name,
@@ -77,6 +79,7 @@ class Rule:
             or limit.enforcement == "soft",
             dimensions=limit.dimensions,
             concurrent=limit.algorithm == "concurrent",
+            money=priced or limit.currency is not None,
         )
 
     def with_maximum(self, maximum: int) -> Rule:

@@ -52,6 +52,7 @@ from metering.engine.fast import (
     check_record,
 )
 from metering.engine.group import GroupCommit
+from metering.engine.money import Money
 from metering.engine.one_trip import STATS, prepare
 from metering.engine.reference import (
     Allowed,
@@ -327,7 +328,10 @@ class Engine:
     def _check_reference(self, event: UsageEvent, now_us: int) -> Decision:
         """`check` by the reference engine, in one transaction."""
 
+        original = event
+
         def work(connection: Connection) -> Decision:
+            event = original
             store = Store(connection)
             # Reading a window makes a recurring grant's due issues.
             issue_due(connection, {(c.limit, c.subject) for c in event.charges}, now_us)
@@ -335,6 +339,10 @@ class Engine:
             error = validate_against_limits(event, limits, now_us)
             if error is not None:
                 raise error
+            money = Money.read(store, [event], limits)
+            if money is not None:
+                event = money.expand(original)
+                limits = money.limits
             pairs = first_use_pairs([event], limits)
             resolver = WindowResolver(store, dict(store.read_current_windows(pairs)))
             keys = [
@@ -342,7 +350,7 @@ class Engine:
                 for c in event.charges
             ]
             states = store.read_counters(keys)
-            allowed = Allowed.read(store, [event], [keys], lock=False)
+            allowed = Allowed.read(store, [event], [keys], lock=False, money=money)
             return decide_with_states(event, keys, limits, states, now_us, allowed, record=False)
 
         return self.database.run(work)

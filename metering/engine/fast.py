@@ -53,6 +53,7 @@ from metering.storage.counters import Pair
 from metering.storage.engine import RetryTransaction
 from metering.storage.hot import Changes, HotStore, NeedsConnection, Snapshot, WantedKey
 from metering.storage.hot.pick import hot_store
+from metering.storage.prices import PriceStore
 from metering.storage.recurring import ScheduleStore
 from metering.storage.reservations import HoldRow, hold_row
 from metering.storage.results import ResultRecord
@@ -153,8 +154,13 @@ class LimitCache:
             frozenset(allowances.low_pairs()),
             frozenset(AlertStore(connection).pairs()),
         )
+        priced = set(PriceStore(connection).histories())
         self._entitled = {}
-        self.current = (version, {limit.name: Rule.of(limit) for limit in limits}, found)
+        self.current = (
+            version,
+            {limit.name: Rule.of(limit, priced=limit.name in priced) for limit in limits},
+            found,
+        )
 
     def rule_for(self, rule: Rule, history: History, at_us: int) -> Rule:
         """``rule`` with the subject's maximum at ``at_us`` (rules are shared per maximum)."""
@@ -198,6 +204,10 @@ def _rules_for(
             return found, UnknownLimit(name)
         if rule.concurrent:
             return found, consumed_concurrent(rule.name)
+        if rule.money:
+            raise UseGeneralPath(
+                "a priced or spend limit: money is decided by the reference engine"
+            )
         if at_us > now_us + FUTURE_TOLERANCE_US or at_us < now_us - rule.lateness_us:
             try:
                 check_event_time(from_us(at_us), now_us, rule.limit.lateness_seconds)
@@ -535,7 +545,10 @@ def check_record(
     changed since ``cache`` was read (refresh it and ask again).
     """
     version, rules, allowances = cache.current
-    event_rules, error = _rules_for(event, rules, now_us)
+    try:
+        event_rules, error = _rules_for(event, rules, now_us)
+    except UseGeneralPath:
+        return None
     if error is not None or version < 0:
         return None
     if any((name, subject) in allowances.grant_pairs for subject, name, _ in event.charges):

@@ -24,7 +24,7 @@ from typing import Any, Final
 from metering.domain.events import EventRecord
 from metering.domain.rules import Rule
 from metering.domain.windows import calendar_window
-from metering.engine.fast import LimitCache, _rules_for
+from metering.engine.fast import LimitCache, UseGeneralPath, _rules_for
 from metering.storage.hot.one_trip import OneCharge, call_parameters
 
 STATS: Final[Counter[str]] = Counter()
@@ -35,7 +35,10 @@ def prepare(cache: LimitCache, event: EventRecord, now_us: int) -> tuple[Any, ..
     version, rules, allowances = cache.current
     if version < 0:
         return None
-    event_rules, error = _rules_for(event, rules, now_us)
+    try:
+        event_rules, error = _rules_for(event, rules, now_us)
+    except UseGeneralPath:
+        return None  # money: the reference engine decides it
     if error is not None:
         return None
     charges = event.charges

@@ -20,16 +20,23 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from metering.domain.decisions import ChargeDecision, ChargeInput, Decision, decide_event
+from metering.domain.decisions import (
+    ROW_FIELDS,
+    ChargeDecision,
+    ChargeInput,
+    Decision,
+    decide_event,
+)
 from metering.domain.events import UsageEvent, check_event_time
 from metering.domain.grants import History, Pot, maximum_at
 from metering.domain.instants import from_us, to_us
 from metering.domain.licenses import consumed_concurrent
 from metering.domain.limits import Limit
 from metering.domain.notifications import Transition, notices_of, payload_of
-from metering.domain.rollups import rollup_deltas
+from metering.domain.rollups import merged, rollup_deltas, spend_deltas
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 from metering.domain.windows import Window, calendar_window, first_use_window
+from metering.engine.money import Money, refuse_spend_charge
 from metering.errors import EventConflict, MeteringError, UnknownLimit
 from metering.storage.alerts import AlertRecord, AlertStore
 from metering.storage.allowances import AllowanceStore, draws_of
@@ -105,6 +112,9 @@ def validate_against_limits(
             return UnknownLimit(charge.limit)
         if limit.algorithm == "concurrent":
             return consumed_concurrent(limit.name)
+        refused = refuse_spend_charge(limit)
+        if refused is not None:
+            return refused
         try:
             check_event_time(event.occurred_at, now_us, limit.lateness_seconds)
         except MeteringError as exc:
@@ -164,7 +174,10 @@ def apply_events(
     if len(inserted) != len(rows):
         raise RetryTransaction("an event id was decided concurrently")
     dimensioned = {name: limit.dimensions for name, limit in limits.items() if limit.dimensions}
-    record_rollups(store.connection, rollup_deltas(rows, dimensioned))
+    deltas = rollup_deltas(rows, dimensioned)
+    if any(len(c) > ROW_FIELDS + 1 for row in rows for c in row.charges):
+        deltas = merged(deltas, spend_deltas(rows))
+    record_rollups(store.connection, deltas)
     for index, original in repeats:
         outputs[index] = _repeat(events[index], events[original], outputs[original])
     return [outputs[i] for i in range(len(events))]
@@ -177,6 +190,10 @@ def _decide(
         return []
     # A recurring grant's due issues first: the lock order is schedules, then windows.
     issue_due(store.connection, {(c.limit, c.subject) for e in events for c in e.charges}, now_us)
+    money = Money.read(store, events, limits)
+    if money is not None:
+        events = [money.expand(event) for event in events]
+        limits = money.limits
     pairs = first_use_pairs(events, limits)
     resolver = WindowResolver(store, store.lock_current_windows(pairs) if pairs else {})
     keys = [
@@ -184,7 +201,7 @@ def _decide(
         for e in events
     ]
     states = store.lock_counters({k for ks in keys for k in ks}, now_us)
-    allowances = Allowed.read(store, events, keys, lock=True)
+    allowances = Allowed.read(store, events, keys, lock=True, money=money)
     changed: dict[CounterKey, CounterState] = {}
     decisions = []
     transitions = []
@@ -220,6 +237,7 @@ class Allowed:
     histories: Mapping[Pair, History] = field(default_factory=dict)
     pots: Mapping[Pair, Pot] = field(default_factory=dict)
     alerts: Mapping[Pair, AlertRecord] = field(default_factory=dict)
+    money: Money | None = None
 
     @classmethod
     def read(
@@ -229,6 +247,7 @@ class Allowed:
         keys: Sequence[Sequence[CounterKey]],
         *,
         lock: bool,
+        money: Money | None = None,
     ) -> Allowed:
         """Read them after the counters are locked (grants locked too, with ``lock``)."""
         allowances = AllowanceStore(store.connection)
@@ -240,7 +259,7 @@ class Allowed:
             if k.window_end_us != NO_WINDOW
         ]
         pots = allowances.lock_pots({(n, s) for n, s, _ in windows}, windows, lock=lock)
-        return cls(allowances.histories(pairs), pots, AlertStore(store.connection).of(pairs))
+        return cls(allowances.histories(pairs), pots, AlertStore(store.connection).of(pairs), money)
 
     def own_thresholds(self, limits: Mapping[str, Limit]) -> dict[Pair, Limit]:
         """The limits of subjects with thresholds of their own, with those thresholds."""
@@ -272,6 +291,7 @@ def decide_with_states(
     """Decide one event against ``states`` and update them in place (grants too)."""
     allowed = allowed or Allowed()
     at_us = event.occurred_at_us
+    priced = allowed.money.priced(event) if allowed.money is not None else {}
     inputs = [
         ChargeInput(
             allowed.limit_for(limits[c.limit], c.subject, at_us),
@@ -279,8 +299,9 @@ def decide_with_states(
             states.get(key, CounterState()),
             c.cost,
             allowed.pots.get((c.limit, c.subject)) if key.window_end_us != NO_WINDOW else None,
+            priced.get(index),
         )
-        for c, key in zip(event.charges, keys, strict=True)
+        for index, (c, key) in enumerate(zip(event.charges, keys, strict=True))
     ]
     verdict = decide_event(inputs, event.occurred_at_us)
     for key, state in zip(keys, verdict.new_states, strict=True):

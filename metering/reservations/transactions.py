@@ -47,7 +47,12 @@ from metering.domain.reservations import (
     give_back,
     held_charge,
 )
-from metering.domain.rollups import charged_more_deltas, given_back_deltas
+from metering.domain.rollups import (
+    charged_more_deltas,
+    given_back_deltas,
+    merged,
+    spend_given_back,
+)
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 from metering.engine.core import Engine
 from metering.engine.fast import CONFLICT, DUPLICATE, Hold, LimitCache, NotHeld, UseGeneralPath
@@ -247,6 +252,12 @@ def _settle(engine: Engine, reservation_id: str, to: ReservationState, keep: int
             # Every counter locked at once, in one order, before any is written.
             store = Store(connection)
             known = store.load_limits(c.limit for c in record.charges)
+            if any(limit.currency for limit in known.values()):
+                raise InvalidInput(
+                    "actual",
+                    "a reservation of priced usage is committed in full or cancelled: "
+                    "its spend was charged at the reserved cost",
+                )
             store.lock_counters([c.key for c in record.charges if c.limit in known], now_us)
             returned, given_back = 0, list[GivenBack]()
             if record.state == ReservationState.HELD and record.expires_at_us > now_us:
@@ -376,6 +387,8 @@ def _settle_direct(
         if snapshot.version != version:
             raise NeedsConnection("limits")
         limits = {c.limit: rules[c.limit].limit for c in record.charges if c.limit in rules}
+        if any(rules[name].money for name in limits):
+            raise NeedsConnection("money")  # spend rollups, and commit(actual) refused
         back, live = _live(record, limits, keep, now_us)
         if live:
             if any(limit.dimensions for limit in limits.values()):
@@ -426,6 +439,12 @@ def _give_back(
     (a bucket already full counts: it needs nothing)."""
     store = Store(connection)
     limits = store.load_limits(c.limit for c in record.charges)
+    if keep and any(limit.currency for limit in limits.values()):
+        raise InvalidInput(
+            "actual",
+            "a reservation of priced usage is committed in full or cancelled: "
+            "its spend was charged at the reserved cost",
+        )
     back, live = _live(record, limits, keep, now_us)
     if not live:
         return 0, []
@@ -476,11 +495,15 @@ def _take_back_rollups(
 ) -> None:
     """The usage rollups lose what the counters got back (limits with dimensions)."""
     dimensioned = {name: limit.dimensions for name, limit in limits.items() if limit.dimensions}
-    if not dimensioned:
+    money = any(limit.currency for limit in limits.values())
+    if not dimensioned and not money:
         return
     reserving = store.fetch_results([event_id]).get(event_id)
     if reserving is not None:  # pruned results are long past any cancel
-        record_rollups(store.connection, given_back_deltas(reserving, given_back, dimensioned))
+        deltas = given_back_deltas(reserving, given_back, dimensioned)
+        if money:
+            deltas = merged(deltas, spend_given_back(reserving, given_back))
+        record_rollups(store.connection, deltas)
 
 
 def _charge_more(connection: Connection, record: ReservationRecord, keep: int, now_us: int) -> None:

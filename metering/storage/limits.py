@@ -37,6 +37,7 @@ def _limit_from_row(row: Any) -> Limit:
         lateness=row.lateness,
         dimensions=tuple(json.loads(row.dimensions)),
         thresholds_units=tuple(json.loads(row.thresholds_units)),
+        currency=row.currency,
     )
 
 
@@ -59,6 +60,8 @@ class LimitStore(OnConnection):
         values["thresholds"] = json.dumps(values["thresholds"])
         values["dimensions"] = json.dumps(values["dimensions"])
         values["thresholds_units"] = json.dumps(values["thresholds_units"])
+        values.pop("max_amount", None)  # the maximum holds it, in minor units
+        values["currency"] = limit.currency  # None turns a spend limit back into units
         values["updated_at_us"] = now_us
         statement = self._insert(limits).values(values)
         changed = {k: statement.excluded[k] for k in values if k != "name"}

@@ -41,6 +41,8 @@ limits = Table(
     # JSON list of the metadata keys usage is rolled up by (migration 0009).
     Column("dimensions", Text, nullable=False, server_default="[]"),
     Column("thresholds_units", Text, nullable=False, server_default="[]"),  # JSON list
+    # A spend limit's ISO 4217 code (migration 0015): its amounts are minor units.
+    Column("currency", String(3), nullable=True),
 )
 
 # One row (id 1): incremented by every change to ``limits``, so that processes
@@ -458,4 +460,19 @@ api_keys = Table(
     Column("created_at_us", BigInteger, nullable=False),
     Column("revoked_at_us", BigInteger, nullable=True),
     Column("last_used_at_us", BigInteger, nullable=True),
+)
+
+
+# -- prices (metering.domain.money) ---------------------------------------------
+# A limit's price per unit, in micro-minor units of ``currency``, from
+# ``effective_from_us`` on: rows are history; a NULL price ends pricing.
+prices = Table(
+    "prices",
+    metadata,
+    Column("limit_name", String(64), nullable=False),
+    Column("effective_from_us", BigInteger, nullable=False, autoincrement=False),
+    Column("currency", String(3), nullable=False),
+    Column("per_unit", BigInteger, nullable=True),
+    Column("created_at_us", BigInteger, nullable=False),
+    PrimaryKeyConstraint("limit_name", "effective_from_us"),
 )

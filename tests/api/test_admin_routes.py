@@ -1070,6 +1070,7 @@ SCOPED: list[tuple[str, str, Any, str]] = [
     ("GET", "/v1/reports/overage", None, "read"),
     ("GET", "/v1/reports/usage?subject=org-1", None, "read"),
     ("GET", "/v1/reports/shadow?limit=seats", None, "read"),
+    ("GET", "/v1/reports/spend?period=2026-11", None, "read"),
     ("POST", "/v1/webhooks/endpoints", {"url": "https://example.com/"}, "admin"),
     ("GET", "/v1/webhooks/endpoints", None, "admin"),
     ("GET", "/v1/webhooks/endpoints/ep_x", None, "admin"),
@@ -1089,7 +1090,7 @@ def test_each_route_takes_its_scope(http: httpx.Client, meter: Meter) -> None:
     admin key may do everything (`metering.apikeys.GRANTS`)."""
     keys = ApiKeys(meter)
     tokens = {scope: keys.create(scope, f"{scope} key")[1] for scope in ("ingest", "read", "admin")}
-    assert len(SCOPED) == 23  # every admin operation (the schema test counts them)
+    assert len(SCOPED) == 24  # every admin operation (the schema test counts them)
     assert {f"{method} {path.split('?')[0]}" for method, path, _, _ in SCOPED} >= {
         f"{m.upper()} {p}"
         for m, p, _ in _admin_operations(http.get("/openapi.json").json())
@@ -1134,6 +1135,7 @@ def test_every_admin_answer_has_its_shape_in_the_schema(http: httpx.Client) -> N
         "GET /v1/reports/overage",
         "GET /v1/reports/usage",
         "GET /v1/reports/shadow",
+        "GET /v1/reports/spend",
         "POST /v1/webhooks/endpoints",
         "GET /v1/webhooks/endpoints",
         "GET /v1/webhooks/endpoints/{endpoint_id}",
@@ -1212,4 +1214,4 @@ def test_schemathesis_no_5xx_and_every_answer_conforms(http: httpx.Client) -> No
             except hypothesis.errors.Unsatisfiable:
                 # Every query parameter optional and free-form: nothing invalid to make.
                 assert mode == GenerationMode.NEGATIVE
-    assert seen == 23
+    assert seen == 24

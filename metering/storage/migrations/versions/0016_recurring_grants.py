@@ -10,7 +10,7 @@
   the limit's (JSON lists of percentages and of amounts).
 
 Revision ID: 0016
-Revises: 0014
+Revises: 0015
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0016"
-down_revision = "0014"
+down_revision = "0015"
 branch_labels = None
 depends_on = None
 

@@ -1,0 +1,201 @@
+"""Prices and the spend report over HTTP.
+
+``PUT /v1/prices/{limit}`` (body ``{"per_unit": "0.002", "currency":
+"USD", "effective_from": ...}``) and ``DELETE /v1/prices/{limit}?currency=USD``
+change a limit's price (``admin`` scope); ``GET /v1/prices`` lists the
+changes and ``GET /v1/reports/spend?period=2026-11`` is ``metering report
+spend`` (``read`` scope), as JSON or, with ``format=csv`` or ``Accept:
+text/csv``, CSV. Amounts are exact decimal strings in major units (never
+JSON numbers: a float would not be exact). Each call is one `Meter` call,
+whose rules check every value: a bad one is a 400 naming its field, and
+nothing is stored.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from datetime import datetime
+from typing import Annotated, Final
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import JSONResponse, Response
+
+from metering.api.admin_common import bad_field, json_body, read_object
+from metering.api.allowances import fields_named, moment
+from metering.api.auth import AUTH_ERRORS, require_scope
+from metering.api.context import ApiContext, api_context
+from metering.api.models import LIMIT_PATTERN, body_fields
+from metering.api.problems import COMMON_ERRORS, responses
+from metering.api.reports import MEDIA, FormatChoice, negotiate
+from metering.reports.spend import spend_report
+
+AMOUNT_PATTERN: Final = r"^[0-9]+(\.[0-9]+)?$"
+
+
+class PriceIn(BaseModel):
+    """A limit's price per unit from an instant on."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    per_unit: str = Field(
+        pattern=AMOUNT_PATTERN,
+        max_length=40,
+        examples=["0.002"],
+        description="Major units, as a decimal string; up to 6 decimals beyond the minor unit.",
+    )
+    currency: str = Field(min_length=3, max_length=3, examples=["USD"], description="ISO 4217.")
+    effective_from: datetime | None = Field(
+        default=None, description="When it takes effect (default now). RFC 3339; naive is UTC."
+    )
+
+
+class PriceOut(BaseModel):
+    """One price change; ``per_unit`` null: no price from then on."""
+
+    limit: str
+    currency: str
+    per_unit: str | None
+    per_unit_micro_minor: int | None = Field(description="The price as held: 1e-6 minor units.")
+    effective_from: datetime
+
+
+class Prices(BaseModel):
+    prices: list[PriceOut] = Field(description="By limit, oldest first.")
+
+
+class SpendRowOut(BaseModel):
+    subject: str
+    currency: str
+    amounts: dict[str, str] = Field(description="Per priced limit, major units.")
+    total: str
+    spend_limit: str | None
+    cap: str | None = Field(description="The subject's cap at the period's end, major units.")
+
+
+class SpendOut(BaseModel):
+    report: str
+    period: str
+    rows: list[SpendRowOut]
+
+
+router = APIRouter(prefix="/v1", tags=["prices and spend"])
+PRICE_FIELDS: Final = body_fields(PriceIn)
+Context = Annotated[ApiContext, Depends(api_context)]
+LimitName = Annotated[
+    str, Path(description="The limit's name.", json_schema_extra={"pattern": LIMIT_PATTERN})
+]
+
+
+@router.put(
+    "/prices/{limit}",
+    summary="Price a limit per unit",
+    response_model=None,
+    openapi_extra=json_body(PriceIn),
+    responses={
+        200: {"model": PriceOut, "description": "The price, as recorded."},
+        **responses(400, 409, 415, 422, *AUTH_ERRORS, *COMMON_ERRORS),
+    },
+    dependencies=[require_scope("admin")],
+)
+async def put_price(limit: LimitName, request: Request, context: Context) -> Response:
+    """The limit's price per unit from ``effective_from`` (default now) on:
+    every charge of it also charges its subject's spend limits of the
+    currency. 422 when no limit has the name."""
+    fields = await read_object(request, PRICE_FIELDS)
+    for required in ("per_unit", "currency"):
+        if not isinstance(fields.get(required), str):
+            raise bad_field(required, "is required: a string")
+    start = moment(fields.get("effective_from"), "effective_from")
+    with fields_named():
+        price = await run_in_threadpool(
+            context.meter.set_price, limit, fields["per_unit"], fields["currency"], start
+        )
+    return JSONResponse(price.to_dict())
+
+
+@router.delete(
+    "/prices/{limit}",
+    summary="End a limit's price",
+    response_model=None,
+    responses={
+        200: {"model": PriceOut, "description": "The change (per_unit null), as recorded."},
+        **responses(400, 409, 422, *AUTH_ERRORS, *COMMON_ERRORS),
+    },
+    dependencies=[require_scope("admin")],
+)
+async def delete_price(
+    limit: LimitName,
+    context: Context,
+    currency: Annotated[str, Query(description="The currency of the price that ends.")],
+    effective_from: Annotated[
+        str | None, Query(description="When the price ends (default now); RFC 3339.")
+    ] = None,
+) -> Response:
+    """No price from ``effective_from`` on; earlier usage keeps its price."""
+    start = moment(effective_from, "effective_from")
+    with fields_named():
+        price = await run_in_threadpool(context.meter.remove_price, limit, currency, start)
+    return JSONResponse(price.to_dict())
+
+
+@router.get(
+    "/prices",
+    summary="Price changes",
+    response_model=None,
+    responses={
+        200: {"model": Prices, "description": "By limit, oldest first."},
+        **responses(400, *AUTH_ERRORS, *COMMON_ERRORS),
+    },
+    dependencies=[require_scope("read")],
+)
+async def list_prices(
+    context: Context,
+    limit: Annotated[str | None, Query(description="Only this limit.")] = None,
+) -> Response:
+    """Every price change (``metering prices list``)."""
+    with fields_named():
+        found = await run_in_threadpool(context.meter.prices, limit)
+    return JSONResponse({"prices": [price.to_dict() for price in found]})
+
+
+@router.get(
+    "/reports/spend",
+    summary="The spend report",
+    response_model=None,
+    responses={
+        200: {
+            "model": SpendOut,
+            "description": "The report: JSON, or CSV (a header, then one line a row).",
+            "content": {"text/csv": {"schema": {"type": "string"}}},
+        },
+        **responses(400, 406, *AUTH_ERRORS, *COMMON_ERRORS),
+    },
+    dependencies=[require_scope("read")],
+)
+async def spend(
+    request: Request,
+    context: Context,
+    period: Annotated[
+        str,
+        Query(pattern=r"^[0-9]{4}-[0-9]{2}$", description="A calendar month (UTC): 2026-11."),
+    ],
+    subject: Annotated[str | None, Query(description="Only this subject.")] = None,
+    fmt: FormatChoice = None,
+) -> Response:
+    """Per subject and currency, the amount of each priced limit, the total
+    and the cap of each spend limit: ``metering report spend``."""
+    chosen = fmt or negotiate(request.headers.get("accept"))
+    with fields_named():
+        found = await run_in_threadpool(spend_report, context.meter, period, subject)
+    if chosen == "json":
+        return Response(json.dumps(found.to_dict()), media_type=MEDIA["json"])
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(found.csv_header())
+    writer.writerows(found.csv_rows())
+    headers = {"Content-Disposition": 'attachment; filename="spend.csv"', "Vary": "Accept"}
+    return Response(out.getvalue(), media_type=MEDIA["csv"], headers=headers)

@@ -1,0 +1,69 @@
+"""Priced charges on the reference engine: what an event adds to spend limits.
+
+`Money.read` looks up, for a batch, the prices of the limits it charges;
+when none is priced (the usual batch) it is None and nothing else is read.
+Otherwise `Money.expand` adds to each event one charge per subject and
+spend limit of the price's currency, of the sum of its priced charges'
+amounts in force at the event's time (`metering.domain.money`), so the
+pure `decide_event` stacks them with the event's own charges: all or
+nothing, in the same transaction. The hot paths decline whatever involves
+a priced or spend limit (`metering.engine.fast.LimitCache.money`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from metering.domain.events import Charge, UsageEvent
+from metering.domain.limits import Limit
+from metering.domain.money import PriceHistory, priced_charges, spend_charges
+from metering.errors import InvalidInput
+from metering.storage.prices import PriceStore
+from metering.storage.store import Store
+
+
+@dataclass(frozen=True, slots=True)
+class Money:
+    """The batch's prices, and the spend limits by currency."""
+
+    prices: Mapping[str, PriceHistory]
+    spend: Mapping[str, Sequence[str]]
+    limits: dict[str, Limit]
+
+    @classmethod
+    def read(
+        cls, store: Store, events: Sequence[UsageEvent], limits: Mapping[str, Limit]
+    ) -> Money | None:
+        """None when no charge of ``events`` is on a priced limit."""
+        found = PriceStore(store.connection)
+        prices = found.histories(c.limit for e in events for c in e.charges)
+        if not prices:
+            return None
+        spend = found.spend_limits()
+        names = [name for group in spend.values() for name in group]
+        return cls(prices, spend, {**limits, **store.load_limits(names)})
+
+    def expand(self, event: UsageEvent) -> UsageEvent:
+        """``event`` with its charges of the subjects' spend limits after its own."""
+        priced = priced_charges(event.charges, self.prices, event.occurred_at_us)
+        extra = spend_charges(priced, self.spend)
+        if not extra:
+            return event
+        return replace(event, charges=(*event.charges, *(Charge(*c) for c in extra)))
+
+    def priced(self, event: UsageEvent) -> dict[int, tuple[str, int]]:
+        """Each priced charge's (currency, amount), by its position in ``event``."""
+        found = priced_charges(event.charges, self.prices, event.occurred_at_us)
+        return {c.index: (c.currency, c.amount) for c in found}
+
+
+def refuse_spend_charge(limit: Limit) -> InvalidInput | None:
+    """A spend limit is charged by prices only: a charge naming it is refused."""
+    if limit.currency is None:
+        return None
+    return InvalidInput(
+        "limit",
+        f"{limit.name!r} is a spend limit ({limit.currency}): it is charged through "
+        "the prices of other limits, not directly",
+    )

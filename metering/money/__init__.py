@@ -1,0 +1,14 @@
+"""Prices and spend caps: the service of issue 22's money (`Meter` wraps it).
+
+The rules (currencies, rounding, prices in force) are in
+`metering.domain.money`; deciding a priced charge is the reference engine's
+(`metering.engine.money`); the SQL is in `metering.storage.prices`.
+"""
+
+from metering.money.service import (
+    prices,
+    remove_price,
+    set_price,
+)
+
+__all__ = ["prices", "remove_price", "set_price"]

@@ -1,0 +1,130 @@
+"""The spend report: per subject and currency, what its priced limits cost.
+
+``metering report spend --period 2026-11`` answers, for each subject that
+used a priced limit in the month, the amount per priced limit, the total and
+the cap of each spend limit of that currency (the subject's entitlement in
+force at the end of the month, else the limit's maximum). Amounts are read
+from the spend rollups (`metering.domain.rollups.spend_deltas`): each priced
+charge's amount, rounded half to even on its own, in the hour of its event;
+voids and cancels take theirs away. Amounts are major units in the output
+(``"12.34"``), integers of the minor unit inside.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from metering.domain.events import validate_subject
+from metering.domain.grants import maximum_at
+from metering.domain.money import format_amount
+from metering.reports.export import neutralise
+from metering.reports.overage import ReportRange
+from metering.storage.allowances import AllowanceStore
+from metering.storage.database import DatabaseSource, database_of
+from metering.storage.prices import PriceStore
+from metering.storage.store import Store
+
+KIND: Final = "spend"
+SPEND_COLUMNS: Final = ("subject", "currency", "total", "spend_limit", "cap")
+
+
+@dataclass(slots=True)
+class SpendRow:
+    """One subject's spend in one currency against one spend limit (``spend_limit``
+    and ``cap`` None when the currency has none). Amounts in minor units."""
+
+    subject: str
+    currency: str
+    amounts: dict[str, int] = field(default_factory=dict)
+    total: int = 0
+    spend_limit: str | None = None
+    cap: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        money = self.currency
+        return {
+            "subject": self.subject,
+            "currency": money,
+            "amounts": {name: format_amount(a, money) for name, a in self.amounts.items()},
+            "total": format_amount(self.total, money),
+            "spend_limit": self.spend_limit,
+            "cap": None if self.cap is None else format_amount(self.cap, money),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class SpendReport:
+    """The report's head and rows; ``limits`` are the priced limits met, sorted."""
+
+    range: ReportRange
+    rows: list[SpendRow]
+
+    @property
+    def limits(self) -> list[str]:
+        return sorted({name for row in self.rows for name in row.amounts})
+
+    def head(self) -> dict[str, Any]:
+        return {"report": KIND, "period": self.range.label}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.head(), "rows": [row.to_dict() for row in self.rows]}
+
+    def csv_header(self) -> list[str]:
+        return [*SPEND_COLUMNS, *(f"amount:{name}" for name in self.limits)]
+
+    def csv_rows(self) -> Iterator[list[object]]:
+        """Cells: amounts in major units (text, exact), strings neutralised."""
+        names = self.limits
+        for row in self.rows:
+            shown = row.to_dict()
+            yield [
+                neutralise(row.subject),
+                row.currency,
+                shown["total"],
+                row.spend_limit or "",
+                shown["cap"] or "",
+                *(shown["amounts"].get(name, "") for name in names),
+            ]
+
+
+def spend_report(meter: DatabaseSource, period: str, subject: str | None = None) -> SpendReport:
+    """The spend of ``period`` (a month, ``"2026-11"``), per subject and currency.
+
+    Raises `InvalidInput` (``period``, ``subject``) before anything is read.
+    """
+    database = database_of(meter)
+    chosen = ReportRange.month(period)
+    if subject is not None:
+        validate_subject(subject)
+    bounds = chosen.query()
+    assert bounds.since_us is not None and bounds.until_us is not None
+    since_us, until_us = bounds.since_us, bounds.until_us
+
+    def work(connection: Any) -> list[SpendRow]:
+        found = PriceStore(connection)
+        amounts = found.spend_amounts(since_us, until_us, subject)
+        spend = found.spend_limits()
+        names = [name for group in spend.values() for name in group]
+        limits = Store(connection).load_limits(names)
+        pairs = {(n, s) for s, _, currency, _ in amounts for n in spend.get(currency, ())}
+        histories = AllowanceStore(connection).histories(pairs)
+        by_subject: dict[tuple[str, str], dict[str, int]] = {}
+        for who, name, currency, amount in amounts:
+            if amount:
+                by_subject.setdefault((who, currency), {})[name] = amount
+        rows: list[SpendRow] = []
+        for (who, currency), spent in by_subject.items():
+            total = sum(spent.values())
+            caps: list[str | None] = [*spend.get(currency, ())] or [None]
+            for cap_name in caps:
+                cap = None
+                if cap_name is not None:
+                    default = limits[cap_name].maximum
+                    history = histories.get((cap_name, who))
+                    cap = maximum_at(history, default, until_us - 1)
+                rows.append(SpendRow(who, currency, dict(spent), total, cap_name, cap))
+        return rows
+
+    return SpendReport(chosen, database.run(work))

@@ -1,0 +1,119 @@
+"""Prices in SQL (see `metering.domain.money`).
+
+A price change bumps the limits' version, like an entitlement: every
+process's `LimitCache` learns which limits are priced in the statement that
+reads the version, so the hot paths decline a priced charge without a
+lookup per event (the general engine decides money).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+
+from sqlalchemy import bindparam, func, select
+
+from metering.domain.money import Price, PriceHistory
+from metering.domain.rollups import SPEND_DIMENSION
+from metering.storage.limits import BUMP_LIMITS_VERSION
+from metering.storage.on_connection import OnConnection
+from metering.storage.tables import limits, prices, usage_rollups
+
+
+def _price(row: object) -> Price:
+    return Price(
+        row.limit_name,  # type: ignore[attr-defined]
+        row.currency,  # type: ignore[attr-defined]
+        row.per_unit,  # type: ignore[attr-defined]
+        row.effective_from_us,  # type: ignore[attr-defined]
+        row.created_at_us,  # type: ignore[attr-defined]
+    )
+
+
+class PriceStore(OnConnection):
+    """Statements on one connection; the caller owns the transaction."""
+
+    def set_price(self, price: Price) -> None:
+        """Record a price from its ``effective_from_us``; one at the same instant is replaced."""
+        values = {
+            "limit_name": price.limit,
+            "effective_from_us": price.effective_from_us,
+            "currency": price.currency,
+            "per_unit": price.per_unit,
+            "created_at_us": price.created_at_us,
+        }
+        statement = self._insert(prices).values(values)
+        self.connection.execute(
+            statement.on_conflict_do_update(
+                index_elements=["limit_name", "effective_from_us"],
+                set_={
+                    "currency": statement.excluded.currency,
+                    "per_unit": statement.excluded.per_unit,
+                    "created_at_us": statement.excluded.created_at_us,
+                },
+            )
+        )
+        self.connection.execute(BUMP_LIMITS_VERSION)
+
+    def prices(self, limit: str | None = None) -> list[Price]:
+        query = select(prices)
+        if limit is not None:
+            query = query.where(prices.c.limit_name == limit)
+        query = query.order_by(prices.c.limit_name, prices.c.effective_from_us)
+        return [_price(row) for row in self.connection.execute(query)]
+
+    def histories(self, names: Iterable[str] | None = None) -> dict[str, PriceHistory]:
+        """Each limit's prices in time order (``names`` None: every priced limit)."""
+        query = select(prices).order_by(prices.c.limit_name, prices.c.effective_from_us)
+        if names is not None:
+            wanted = sorted(set(names))
+            if not wanted:
+                return {}
+            query = query.where(prices.c.limit_name.in_(bindparam("names", expanding=True)))
+            rows = self.connection.execute(query, {"names": wanted})
+        else:
+            rows = self.connection.execute(query)
+        found: dict[str, list[Price]] = defaultdict(list)
+        for row in rows:
+            found[row.limit_name].append(_price(row))
+        return {name: tuple(history) for name, history in found.items()}
+
+    def spend_limits(self) -> dict[str, list[str]]:
+        """The spend limits' names by currency, sorted."""
+        query = (
+            select(limits.c.currency, limits.c.name)
+            .where(limits.c.currency.is_not(None))
+            .order_by(limits.c.currency, limits.c.name)
+        )
+        found: dict[str, list[str]] = defaultdict(list)
+        for currency, name in self.connection.execute(query):
+            found[currency].append(name)
+        return dict(found)
+
+    def spend_amounts(
+        self, since_us: int, until_us: int, subject: str | None = None
+    ) -> list[tuple[str, str, str, int]]:
+        """(subject, priced limit, currency, minor units) charged by events of
+        ``[since_us, until_us)``, from the spend rollups (voids and cancels
+        taken away); sorted."""
+        query = (
+            select(
+                usage_rollups.c.subject,
+                usage_rollups.c.limit_name,
+                usage_rollups.c.value,
+                func.sum(usage_rollups.c.used),
+            )
+            .where(
+                usage_rollups.c.dimension == SPEND_DIMENSION,
+                usage_rollups.c.hour_start_us >= since_us,
+                usage_rollups.c.hour_start_us < until_us,
+            )
+            .group_by(usage_rollups.c.subject, usage_rollups.c.limit_name, usage_rollups.c.value)
+            .order_by(usage_rollups.c.subject, usage_rollups.c.value, usage_rollups.c.limit_name)
+        )
+        if subject is not None:
+            query = query.where(usage_rollups.c.subject == subject)
+        return [
+            (str(s), str(name), str(currency), int(amount))
+            for s, name, currency, amount in self.connection.execute(query)
+        ]

@@ -1,0 +1,147 @@
+"""``metering prices``, spend limits and ``metering report spend`` through
+click's CliRunner on a SQLite file.
+
+Every bad input is one ``error:`` line on stderr, exit 1, and the database
+is as it was (`snapshot`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from metering import Meter
+from metering.cli import main
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path}/cli.db"
+
+
+def run(url: str, *args: str, code: int = 0) -> Result:
+    result = CliRunner().invoke(main, ["--database", url, *args])
+    assert result.exit_code == code, (result.output, result.exception)
+    return result
+
+
+def snapshot(url: str) -> tuple[Any, ...]:
+    with Meter(url) as meter:
+        return meter.list_limits(), meter.prices(), meter.counters(), meter.entitlements()
+
+
+def one_line_error(result: Result, *words: str) -> None:
+    assert "Traceback" not in result.output
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+
+
+def test_prices_and_a_spend_cap_on_the_command_line(url: str) -> None:
+    run(url, "limits", "set", "calls", "--max", "1000", "--period", "1mo", "--window", "calendar")
+    made = run(url, "limits", "set", "spend", "--max-amount", "0.05", "--currency", "USD",
+               "--period", "1mo", "--window", "calendar")  # fmt: skip
+    assert made.output.startswith("spend: max 0.05 USD per 1mo")
+    priced = run(url, "prices", "set", "calls", "--per-unit", "0.002", "--currency", "USD")
+    assert priced.output.startswith("calls: 0.002 USD a unit from ")
+    listed = json.loads(run(url, "prices", "list", "--format", "json").output)
+    assert [(p["limit"], p["per_unit"], p["currency"]) for p in listed] == [
+        ("calls", "0.002", "USD")
+    ]
+    run(url, "consume", "org-1", "calls", "--cost", "20")
+    denied = run(url, "consume", "org-1", "calls", "--cost", "10", code=2)
+    assert "denied by spend" in denied.output
+    run(url, "entitlements", "set", "org-1", "spend", "--max-amount", "1")
+    run(url, "consume", "org-1", "calls", "--cost", "10")
+    with Meter(url) as meter:
+        month = meter.clock().strftime("%Y-%m")
+    report = json.loads(run(url, "report", "spend", "--period", month, "--format", "json").output)
+    assert report["rows"] == [
+        {
+            "subject": "org-1",
+            "currency": "USD",
+            "amounts": {"calls": "0.06"},
+            "total": "0.06",
+            "spend_limit": "spend",
+            "cap": "1.00",
+        }
+    ]
+    lines = run(url, "report", "spend", "--period", month, "--format", "csv").output.splitlines()
+    assert lines == [
+        "subject,currency,total,spend_limit,cap,amount:calls",
+        "org-1,USD,0.06,spend,1.00,0.06",
+    ]
+    assert "org-1" in run(url, "report", "spend", "--period", month).output
+    ended = run(url, "prices", "remove", "calls", "--currency", "USD")
+    assert ended.output.startswith("calls: no price from ")
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["prices", "set", "calls", "--per-unit", "0.002", "--currency", "XXX"], ["currency"]),
+        (
+            ["prices", "set", "calls", "--per-unit", "0.000000001", "--currency", "USD"],
+            ["per_unit", "more than 8 decimals"],
+        ),
+        (["prices", "set", "calls", "--per-unit", "1.5e3", "--currency", "USD"], ["per_unit"]),
+        (["prices", "set", "spend", "--per-unit", "1", "--currency", "USD"], ["spend limit"]),
+        (["prices", "set", "nope", "--per-unit", "1", "--currency", "USD"], ["unknown limit"]),
+        (["limits", "set", "cap", "--max-amount", "50", "--period", "1mo"], ["--currency"]),
+        (["limits", "set", "cap", "--currency", "USD", "--period", "1mo"], ["--max-amount"]),
+        (
+            [
+                "limits",
+                "set",
+                "cap",
+                "--max-amount",
+                "5.001",
+                "--currency",
+                "USD",
+                "--period",
+                "1d",
+            ],
+            ["max_amount", "more than 2 decimals"],
+        ),
+        (
+            [
+                "limits",
+                "set",
+                "cap",
+                "--max-amount",
+                "5",
+                "--currency",
+                "EUR",
+                "--max",
+                "5",
+                "--period",
+                "1d",
+            ],
+            ["--max-amount"],
+        ),
+        (
+            ["limits", "set", "cap", "--max-amount", "5", "--currency", "ZZZ", "--period", "1d"],
+            ["unknown currency"],
+        ),
+        (["limits", "set", "cap", "--period", "1d"], ["--max"]),
+        (["entitlements", "set", "org-1", "calls", "--max-amount", "5"], ["not a spend limit"]),
+        (["entitlements", "set", "org-1", "spend", "--max-amount", "5.123"], ["max_amount"]),
+        (["entitlements", "set", "org-1", "spend"], ["MAXIMUM"]),
+        (["consume", "org-1", "spend", "--cost", "5"], ["spend limit", "not directly"]),
+        (["report", "spend", "--period", "2026-13"], ["period"]),
+    ],
+)
+def test_bad_money_input_is_one_error_line_and_changes_nothing(
+    url: str, args: list[str], words: list[str]
+) -> None:
+    run(url, "limits", "set", "calls", "--max", "1000", "--period", "1mo")
+    run(url, "limits", "set", "spend", "--max-amount", "1", "--currency", "USD", "--period", "1mo")
+    run(url, "prices", "set", "calls", "--per-unit", "0.01", "--currency", "USD")
+    before = snapshot(url)
+    one_line_error(run(url, *args, code=1), *words)
+    assert snapshot(url) == before
