@@ -59,6 +59,11 @@ def limits() -> None:
     metavar="KEY",
     help="A metadata key to record usage by (report usage --group-by); repeatable, at most 4.",
 )
+@click.option(
+    "--distinct",
+    metavar="KEY",
+    help="Seats: count distinct values of this metadata key per window (fixed window only).",
+)
 def limits_set(name: str, maximum: int, period: str, **options: Any) -> None:
     """Create or replace the limit NAME."""
     chosen = {key: value for key, value in options.items() if value not in (None, ())}
@@ -72,6 +77,8 @@ def _limit_row(limit: Limit) -> list[object]:
     levels = [f"{t}%" for t in limit.thresholds] + [str(t) for t in limit.thresholds_units]
     thresholds = ", ".join(levels) or None
     dimensions = ", ".join(limit.dimensions) or None
+    if limit.distinct is not None:
+        algorithm = f"{algorithm} distinct {limit.distinct}"
     row: list[object] = [limit.name, limit.maximum, limit.period, algorithm, limit.enforcement]
     return [*row, thresholds, limit.lateness, dimensions]
 

@@ -130,6 +130,7 @@ class Limit:
     >>> Limit("seats", maximum=1000, period="1mo", window="calendar", enforcement="soft",
     ...       thresholds=(80, 100), thresholds_units=(900,))
     >>> Limit("api_calls", maximum=10_000, period="1d", dimensions=("route", "model"))
+    >>> Limit("seats", maximum=5, period="1mo", window="calendar", distinct="user")
 
     ``enforcement="shadow"`` decides like ``hard`` and records what a hard
     limit would have denied (``would_deny``), but never denies: a way to try
@@ -139,7 +140,10 @@ class Limit:
     event-metadata keys whose values the limit's usage is rolled up by, hour
     by hour (``metering report usage --group-by``). ``window`` is a fixed
     window's (a token bucket has none: ``window="calendar"`` with one is
-    refused, not ignored).
+    refused, not ignored). ``distinct`` makes a fixed window count the
+    distinct values of that metadata key (seats, monthly active users; see
+    `metering.domain.distinct`); a token bucket has no window to count them
+    in, so ``distinct`` with one is refused.
 
     Validation happens here, so a `Limit` that exists is a valid one.
     """
@@ -154,6 +158,7 @@ class Limit:
     lateness: str = DEFAULT_LATENESS
     thresholds_units: tuple[int, ...] = ()
     dimensions: tuple[str, ...] = ()
+    distinct: str | None = None
     parsed_period: Period = field(init=False, repr=False, compare=False)
     lateness_seconds: int = field(init=False, repr=False, compare=False)
 
@@ -172,6 +177,12 @@ class Limit:
             raise InvalidLimit(
                 "window", "a token bucket has no windows; window calendar is for fixed_window"
             )
+        if self.distinct is not None:
+            _distinct_key(self.distinct)
+            if self.algorithm == "token_bucket":
+                raise InvalidLimit(
+                    "distinct", "a token bucket has no windows to count distinct values in"
+                )
         thresholds = _thresholds(self.thresholds)
         units = _thresholds(self.thresholds_units, "thresholds_units", MAX_MAXIMUM)
         lateness = parse_period(self.lateness, field_name="lateness")
@@ -205,13 +216,14 @@ class Limit:
             "lateness": self.lateness,
             "thresholds_units": list(self.thresholds_units),
             "dimensions": list(self.dimensions),
+            "distinct": self.distinct,
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, name: str | None = None) -> Limit:
         """Build a limit from a mapping (a row, or an entry of a limits file)."""
         known = {"name", "maximum", "period", "algorithm", "window", "enforcement"}
-        known |= {"thresholds", "lateness", "thresholds_units", "dimensions"}
+        known |= {"thresholds", "lateness", "thresholds_units", "dimensions", "distinct"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise InvalidLimit(unknown[0], f"unknown field; expected some of {sorted(known)}")
@@ -245,6 +257,12 @@ def _thresholds(
         raise InvalidLimit(field_name, f"at most {MAX_THRESHOLDS}, got {len(listed)}")
     checked = {_positive_int(field_name, v, ceiling) for v in listed}
     return tuple(sorted(checked))
+
+
+def _distinct_key(value: object) -> str:
+    if not isinstance(value, str) or DIMENSION_PATTERN.fullmatch(value) is None:
+        raise InvalidLimit("distinct", f"{shown(value)} must be 1 to 64 of a-z A-Z 0-9 _ . -")
+    return value
 
 
 def _dimension_list(values: object) -> tuple[object, ...]:

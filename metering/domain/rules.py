@@ -58,6 +58,7 @@ class Rule:
     lateness_us: int
     notifies: bool  # consuming may cross a threshold or the soft maximum
     dimensions: tuple[str, ...]  # metadata keys its usage is rolled up by
+    distinct: bool = False  # counts distinct values (seats): the hot paths leave it to the reference
 
     @classmethod
     def of(cls, limit: Limit) -> Rule:
@@ -75,6 +76,7 @@ class Rule:
             notifies=bool(limit.thresholds or limit.thresholds_units)
             or limit.enforcement == "soft",
             dimensions=limit.dimensions,
+            distinct=limit.distinct is not None,
         )
 
     def with_maximum(self, maximum: int) -> Rule:

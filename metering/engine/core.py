@@ -53,6 +53,7 @@ from metering.engine.fast import (
 )
 from metering.engine.group import GroupCommit
 from metering.engine.one_trip import STATS, prepare
+from metering.engine.seats import Seats, seat_keys
 from metering.engine.reference import (
     Allowed,
     Decided,
@@ -340,7 +341,11 @@ class Engine:
             ]
             states = store.read_counters(keys)
             allowed = Allowed.read(store, [event], [keys], lock=False)
-            return decide_with_states(event, keys, limits, states, now_us, allowed, record=False)
+            seats = seat_keys(event, keys, limits)
+            costs = Seats.read(store, [event], [keys], limits).costs(seats) if any(seats) else None
+            return decide_with_states(
+                event, keys, limits, states, now_us, allowed, record=False, costs=costs
+            )
 
         return self.database.run(work)
 

@@ -37,6 +37,7 @@ def _limit_from_row(row: Any) -> Limit:
         lateness=row.lateness,
         dimensions=tuple(json.loads(row.dimensions)),
         thresholds_units=tuple(json.loads(row.thresholds_units)),
+        distinct=row.distinct_key,
     )
 
 
@@ -59,6 +60,7 @@ class LimitStore(OnConnection):
         values["thresholds"] = json.dumps(values["thresholds"])
         values["dimensions"] = json.dumps(values["dimensions"])
         values["thresholds_units"] = json.dumps(values["thresholds_units"])
+        values["distinct_key"] = values.pop("distinct")
         values["updated_at_us"] = now_us
         statement = self._insert(limits).values(values)
         changed = {k: statement.excluded[k] for k in values if k != "name"}
