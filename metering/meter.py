@@ -208,6 +208,10 @@ class Meter:
         """Counters of a subject and/or limit, every window, oldest first."""
         return counters.counters(self.database, subject, limit)
 
+    def seats(self, subject: str, limit: str, at: When = None) -> list[str]:
+        """The values holding a seat of a distinct limit in the subject's window at ``at``."""
+        return counters.seats(self.database, subject, limit, at)
+
     def reset(self, subject: str | None = None, limit: str | None = None) -> int:
         """Clear current counters; past windows stay. How many were cleared."""
         return counters.reset(self.database, subject, limit)

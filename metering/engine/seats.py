@@ -66,15 +66,9 @@ class Seats:
         return cls(DistinctStore(store.connection).live(wanted))
 
     def costs(self, seats: Sequence[SeatKey | None]) -> list[int | None]:
-        """Per charge, its cost on a distinct limit (None: the event's own); a
-        value charged twice by one event takes one seat."""
-        costs: list[int | None] = []
-        for index, seat in enumerate(seats):
-            if seat is None:
-                costs.append(None)
-            else:
-                costs.append(0 if seat in seats[:index] else seat_cost(self.seen, seat))
-        return costs
+        """Per charge, its cost on a distinct limit (None: the event's own).
+        An event charges a (subject, limit) once (`charges_of`): no value twice."""
+        return [None if seat is None else seat_cost(self.seen, seat) for seat in seats]
 
     def count(self, seats: Sequence[SeatKey | None], decision: Decision) -> None:
         """Count the values of the charges ``decision`` consumed."""

@@ -100,15 +100,25 @@ class DistinctStore(OnConnection):
             which.append(_D.limit_name == limit)
         self.connection.execute(delete(distinct_values).where(*which))
 
-    def seats(self, subject: str, limit: str, window_start_us: int) -> list[str]:
-        """The values holding a seat in one window, in order."""
+    def seats(self, subject: str, limit: str, at_us: int) -> list[str]:
+        """The values holding a seat in the subject's window at ``at_us``, in order."""
+        c = counters.c
         query = (
             select(_D.value)
+            .join(
+                counters,
+                and_(
+                    c.subject == _D.subject,
+                    c.limit_name == _D.limit_name,
+                    c.window_start_us == _D.window_start_us,
+                ),
+            )
             .where(
                 _D.subject == subject,
                 _D.limit_name == limit,
-                _D.window_start_us == window_start_us,
                 _D.live_events > 0,
+                c.window_start_us <= at_us,
+                c.window_end_us > at_us,
             )
             .order_by(_D.value)
         )
