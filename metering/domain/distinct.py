@@ -42,7 +42,8 @@ def value_of(key: str, limit: str, metadata: Mapping[str, Any] | None, cost: int
     if not metadata or key not in metadata:
         raise InvalidInput(
             "metadata",
-            f"limit {limit!r} counts distinct values of {key!r}: the event's metadata must carry it",
+            f"limit {limit!r} counts distinct values of {key!r}: "
+            "the event's metadata must carry it",
         )
     found = metadata[key]
     if isinstance(found, int) and not isinstance(found, bool):

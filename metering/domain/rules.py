@@ -58,7 +58,9 @@ class Rule:
     lateness_us: int
     notifies: bool  # consuming may cross a threshold or the soft maximum
     dimensions: tuple[str, ...]  # metadata keys its usage is rolled up by
-    distinct: bool = False  # counts distinct values (seats): the hot paths leave it to the reference
+    distinct: bool = (
+        False  # counts distinct values (seats): the hot paths leave it to the reference
+    )
 
     @classmethod
     def of(cls, limit: Limit) -> Rule:

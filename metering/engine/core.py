@@ -53,7 +53,6 @@ from metering.engine.fast import (
 )
 from metering.engine.group import GroupCommit
 from metering.engine.one_trip import STATS, prepare
-from metering.engine.seats import Seats, seat_keys
 from metering.engine.reference import (
     Allowed,
     Decided,
@@ -65,6 +64,7 @@ from metering.engine.reference import (
     record_of,
     validate_against_limits,
 )
+from metering.engine.seats import Seats, seat_keys
 from metering.errors import EventConflict, StorageError
 from metering.metrics import UNKNOWN_LIMIT, count_events
 from metering.storage.database import Database

@@ -19,8 +19,8 @@ from sqlalchemy.sql.elements import ColumnClause
 from metering.domain.corrections import Reset
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 from metering.domain.windows import Window
-from metering.storage.on_connection import OnConnection, chunks
 from metering.storage.distinct import DistinctStore
+from metering.storage.on_connection import OnConnection, chunks
 from metering.storage.tables import counter_resets, counters, current_windows, grant_draws
 
 Pair = tuple[str, str]  # (limit name, subject)

@@ -11,7 +11,7 @@ row, and one of them takes the seat.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Final
+from typing import Any, Final
 
 from sqlalchemy import and_, bindparam, delete, exists, select, tuple_, update
 
@@ -42,7 +42,7 @@ class DistinctStore(OnConnection):
         """Add each change to its value's live events: a positive one inserts
         the value's first row; a negative one (a void) only updates a row."""
         ordered = sorted(changes.items(), key=lambda item: (item[0][1], *item[0]))
-        rows = [
+        rows: list[dict[str, Any]] = [
             {"subject": s, "limit_name": n, "window_start_us": w, "value": v, "live_events": d}
             for (n, s, w, v), d in ordered
             if d

@@ -120,10 +120,9 @@ class Model:
         if not event.allowed or event.event_id in self.voided:
             return event.event_id
         self.voided.add(event.event_id)
-        limit, subject, start = event.window
+        _, subject, start = event.window
         if any(
-            owner == subject and event.decided <= at < start + HOUR_US
-            for owner, at in self.resets
+            owner == subject and event.decided <= at < start + HOUR_US for owner, at in self.resets
         ):
             return None  # the reset cleared its window after it: nothing to give back
         values = self.live[event.window]
@@ -131,7 +130,7 @@ class Model:
         return None
 
     def reset(self, subject: str, now: int) -> None:
-        for (limit, owner, start), values in self.live.items():
+        for (_, owner, start), values in self.live.items():
             if owner == subject and start + HOUR_US > now:
                 values.clear()
         self.resets.append((subject, now))

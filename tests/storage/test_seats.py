@@ -173,18 +173,26 @@ def test_a_reset_frees_every_seat_of_the_window(meter: Meter) -> None:
 
 def test_a_batch_decides_each_value_as_one_by_one(meter: Meter) -> None:
     users = ["a", "b", "a", "c", "d", "b", "e"]
-    events = [make_event([("org-1", "seats", 1)], NOW, f"e{n}", {"user": u}) for n, u in enumerate(users)]
+    events = [
+        make_event([("org-1", "seats", 1)], NOW, f"e{n}", {"user": u}) for n, u in enumerate(users)
+    ]
     events.insert(3, make_event([("org-1", "seats", 1)], NOW, "bad", {"team": "x"}))
     decided = meter.apply(events, invalid="reject")
     outcomes = [d.outcome for d in decided]  # type: ignore[union-attr]
-    assert outcomes == ["allowed", "allowed", "allowed", "rejected", "allowed"] + ["denied", "allowed", "denied"]
+    assert outcomes == [
+        *("allowed", "allowed", "allowed", "rejected", "allowed"),
+        *("denied", "allowed", "denied"),
+    ]
     assert "must carry it" in (decided[3].reason or "")  # type: ignore[union-attr]
     assert [d.charges[0].cost for d in decided if d.charges] == [1, 1, 0, 1, 1, 0, 1]  # type: ignore[union-attr]
     with meter.engine.connect() as connection:
         assert DistinctStore(connection).live(
             [("seats", "org-1", to_start(), u) for u in "abcde"]
-        ) == {("seats", "org-1", to_start(), "a"): 2, ("seats", "org-1", to_start(), "b"): 2,
-              ("seats", "org-1", to_start(), "c"): 1}
+        ) == {
+            ("seats", "org-1", to_start(), "a"): 2,
+            ("seats", "org-1", to_start(), "b"): 2,
+            ("seats", "org-1", to_start(), "c"): 1,
+        }
 
 
 def to_start() -> int:
