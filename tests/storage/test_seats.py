@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 from metering import FrozenClock, Limit, Meter
 from metering.domain.events import make_event
 from metering.errors import InvalidInput, InvalidLimit
-from metering.reports.overage import overage_report
+from metering.reports.overage import overage_report, usage_report
 from metering.storage.distinct import DistinctStore
 from metering.storage.tables import distinct_values, results, webhook_messages
 
@@ -268,3 +268,24 @@ def test_the_clock_moves_windows(meter: Meter, clock: FrozenClock) -> None:
     clock.advance(timedelta(days=30))
     assert _seat(meter, "a", "e1").charges[0].cost == 1
     assert _used(meter) == [1, 1]
+
+
+def test_a_repeated_event_id_counts_its_value_once(meter: Meter) -> None:
+    first = _seat(meter, "a", "e0")
+    again = _seat(meter, "a", "e0")
+    assert (again.duplicate, again.charges[0].cost) == (True, first.charges[0].cost)
+    with meter.engine.connect() as connection:
+        [live] = connection.execute(select(distinct_values.c.live_events)).scalars()
+    assert (live, _used(meter)) == (1, [1])
+
+
+def test_the_usage_report_shows_seats_per_window(meter: Meter, clock: FrozenClock) -> None:
+    for n, user in enumerate(["a", "b", "a"]):
+        _seat(meter, user, f"nov-{n}")
+    clock.set(datetime(2026, 12, 2, tzinfo=UTC))
+    _seat(meter, "c", "dec-0")
+    rows = usage_report(meter, "org-1", limit="seats")
+    assert [(row.window_start.month, row.used, row.maximum) for row in rows] == [
+        (11, 2, 3),
+        (12, 1, 3),
+    ]
