@@ -1,4 +1,5 @@
-"""Counters as operators see them: listing and reset (an operator action)."""
+"""Counters as operators see them: listing, the seats a window holds, and reset
+(an operator action)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ from datetime import datetime
 from sqlalchemy import Connection
 
 from metering.domain.events import validate_subject
-from metering.domain.instants import from_us
+from metering.domain.instants import from_us, to_us
 from metering.domain.limits import validate_limit_name
 from metering.domain.state import CounterKey, CounterState
-from metering.errors import InvalidInput
+from metering.errors import InvalidInput, UnknownLimit
 from metering.storage.database import Database
+from metering.storage.distinct import DistinctStore
 from metering.storage.reservations import ReservationStore
 from metering.storage.store import Store
 
@@ -43,6 +45,21 @@ def counters(database: Database, subject: str | None, limit: str | None) -> list
     _validate(subject, limit)
     rows = database.run(lambda c: Store(c).counters_of(subject, limit))
     return [_counter(key, state) for key, state in rows]
+
+
+def seats(database: Database, subject: str, limit: str, at: datetime | None) -> list[str]:
+    """The values holding a seat of a distinct limit in ``subject``'s window
+    at ``at`` (default: now), in order; `UnknownLimit` for no such limit."""
+    validate_subject(subject)
+    validate_limit_name(limit)
+    at_us = database.now_us() if at is None else to_us(at)
+
+    def work(connection: Connection) -> list[str]:
+        if limit not in Store(connection).load_limits([limit]):
+            raise UnknownLimit(limit)
+        return DistinctStore(connection).seats(subject, limit, at_us)
+
+    return database.run(work)
 
 
 def reset(database: Database, subject: str | None, limit: str | None) -> int:

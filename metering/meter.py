@@ -139,9 +139,12 @@ class Meter:
         return self._engine.apply(records, invalid=invalid, rejected=rejected)
 
     def check(self, subject: Name = None, limit: Name = None, cost: int = 1, *,
-              charges: Charges = None, occurred_at: When = None) -> Decision:  # fmt: skip
-        """What `consume` would decide now; consumes and records nothing."""
-        return self._engine.check(self._event(subject, limit, cost, charges, "check", occurred_at))
+              charges: Charges = None, occurred_at: When = None,
+              metadata: Any = None) -> Decision:  # fmt: skip
+        """What `consume` would decide now; consumes and records nothing (``metadata``:
+        the value a seat limit would count)."""
+        event = self._event(subject, limit, cost, charges, "check", occurred_at, metadata)
+        return self._engine.check(event)
 
     def result(self, event_id: str) -> Decision | None:
         return results.result(self.database, event_id)
@@ -229,6 +232,10 @@ class Meter:
     def counters(self, subject: str | None = None, limit: str | None = None) -> list[Counter]:
         """Counters of a subject and/or limit, every window, oldest first."""
         return counters.counters(self.database, subject, limit)
+
+    def seats(self, subject: str, limit: str, at: When = None) -> list[str]:
+        """The values holding a seat of a distinct limit in the subject's window at ``at``."""
+        return counters.seats(self.database, subject, limit, at)
 
     def reset(self, subject: str | None = None, limit: str | None = None) -> int:
         """Clear current counters; past windows stay. How many were cleared."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -47,6 +47,7 @@ from metering.domain.recurring import Issue, low_threshold, next_due_us, parse_l
 from metering.domain.reservations import ReservationState
 from metering.domain.rollups import merged, rollup_deltas, spend_deltas
 from metering.domain.state import CounterKey, CounterState
+from metering.engine.seats import free_seats
 from metering.errors import (
     CorrectionConflict,
     CorrectionRefused,
@@ -593,7 +594,7 @@ def void(
             days = horizon_seconds / 86_400
             raise CorrectionRefused(event_id, f"it is older than the {days:g}-day horizon")
         charges = _still_to_give_back(connection, stored, now_us)
-        restored = _reverse(connection, charges, now_us)
+        charges, restored = _reverse(connection, charges, now_us, stored.metadata)
         _take_back_rollups(connection, stored)
         record = CorrectionRecord(
             cid,
@@ -638,19 +639,24 @@ def _still_to_give_back(
 
 
 def _reverse(
-    connection: Connection, charges: list[VoidedCharge], now_us: int
-) -> list[list[tuple[str, int]]]:
-    """Take the charges back from their counters and grants; per charge, the
-    grants whose amounts were given back (the active ones)."""
+    connection: Connection,
+    charges: list[VoidedCharge],
+    now_us: int,
+    metadata: Mapping[str, Any] | None,
+) -> tuple[list[VoidedCharge], list[list[tuple[str, int]]]]:
+    """Take the charges back from their counters and grants: the charges as
+    given back (a seat only when its value's last event goes, `free_seats`),
+    and per charge the grants whose amounts were given back (the active ones)."""
     store = Store(connection)
     states = store.lock_counters({charge.key for charge in charges}, now_us)
     limits = store.load_limits(charge.key.limit for charge in charges)
+    charges = free_seats(store, limits, charges, metadata)
     changed: dict[CounterKey, CounterState] = {}
     for charge in charges:
         state = changed.get(charge.key, states.get(charge.key, CounterState()))
         changed[charge.key] = void_charge(limits.get(charge.key.limit), charge, state, now_us)
     store.write_counters(changed, now_us)
-    return restore_grants(connection, charges, now_us)
+    return charges, restore_grants(connection, charges, now_us)
 
 
 def restore_grants(

@@ -20,7 +20,7 @@ from metering.api.models import (
 from metering.api.parsing import parse_check
 from metering.api.problems import COMMON_ERRORS, ApiProblem, responses
 from metering.domain.events import MAX_SUBJECT_LENGTH
-from metering.errors import OccurredAtOutOfRange, UnknownLimit
+from metering.errors import InvalidInput, OccurredAtOutOfRange, UnknownLimit
 from metering.lookup import subject_usage
 
 router = APIRouter(prefix="/v1", tags=["decisions"])
@@ -62,7 +62,9 @@ async def check(request: Request, context: Annotated[ApiContext, Depends(api_con
     event = parsed.event
     try:
         decision = await run_in_threadpool(
-            lambda: context.meter.check(charges=event.charges, occurred_at=event.occurred_at)
+            lambda: context.meter.check(
+                charges=event.charges, occurred_at=event.occurred_at, metadata=event.metadata
+            )
         )
     except UnknownLimit as exc:
         errors = [
@@ -73,6 +75,8 @@ async def check(request: Request, context: Annotated[ApiContext, Depends(api_con
         raise ApiProblem("unknown-limit", str(exc), errors) from None
     except OccurredAtOutOfRange as exc:
         raise ApiProblem("invalid-input", str(exc), [(parsed.time_pointer, exc.message)]) from None
+    except InvalidInput as exc:  # a seat limit's value missing or malformed (docs/seats.md)
+        raise ApiProblem("invalid-input", str(exc), [(f"/{exc.field}", exc.message)]) from None
     return JSONResponse(decision_json(decision))
 
 

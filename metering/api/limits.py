@@ -4,7 +4,8 @@
 A ``PUT`` body is a limit's definition as a limits file writes it
 (``metering limits load``): ``maximum`` and ``period``, and optionally
 ``algorithm``, ``window``, ``enforcement`` (``hard``, ``soft`` or ``shadow``),
-``thresholds``, ``thresholds_units``, ``lateness``, ``dimensions``;
+``thresholds``, ``thresholds_units``, ``lateness``, ``dimensions``,
+``distinct`` (seats: the metadata key whose distinct values are counted);
 ``name`` may be given if it is the name in the path. It is validated by
 `Limit.from_dict`, the loader's own rules, and stored with `Meter.set_limit`:
 created, or replaced as a whole (a field not given takes its default).
@@ -121,6 +122,14 @@ class LimitIn(BaseModel):
             "items": {"type": "string", "pattern": f"^{DIMENSION_PATTERN.pattern}$"}
         },
     )
+    distinct: str | None = Field(
+        default=None,
+        pattern=f"^{DIMENSION_PATTERN.pattern}$",
+        examples=["user"],
+        description="Seats: count the distinct values of this metadata key per window "
+        "(an event's first value in the window costs 1, a repeat 0). Fixed window only; "
+        "every event charging the limit must carry the key. See docs/seats.md.",
+    )
 
 
 class LimitOut(BaseModel):
@@ -136,6 +145,7 @@ class LimitOut(BaseModel):
     dimensions: list[str]
     currency: str | None = Field(default=None, description="A spend limit's currency.")
     max_amount: str | None = Field(default=None, description="A spend limit's maximum.")
+    distinct: str | None = None
 
 
 class Limits(BaseModel):

@@ -152,6 +152,11 @@ class CloudEvent(BaseModel):
     data: CloudEventData
 
 
+CHECK_METADATA = (
+    "The event's metadata: a seat limit (distinct) needs its key's value. At most 8 KiB as JSON."
+)
+
+
 class SingleCheck(BaseModel):
     """Would one charge be allowed now (or at ``occurred_at``)?"""
 
@@ -161,6 +166,7 @@ class SingleCheck(BaseModel):
     limit: str = _limit()
     cost: int = _cost()
     occurred_at: datetime | None = _occurred_at()
+    metadata: dict[str, Any] | None = Field(default=None, description=CHECK_METADATA)
 
 
 class StackedCheck(BaseModel):
@@ -170,6 +176,7 @@ class StackedCheck(BaseModel):
 
     charges: list[ChargeIn] = _charges()
     occurred_at: datetime | None = _occurred_at()
+    metadata: dict[str, Any] | None = Field(default=None, description=CHECK_METADATA)
 
 
 # The figures of a decision: answered only to a key that may read usage (an

@@ -502,7 +502,8 @@ def parse_check(body: bytes, now: datetime) -> Parsed:
         where = Parsed(_NO_EVENT, "", shape)
         at = item.get("occurred_at")
         when = now if at is None else _parse_time(at, where.time_pointer)
-        return Parsed(_event(charges, when, "check", None, where, to_us(now)), "", shape)
+        metadata = item.get("metadata")
+        return Parsed(_event(charges, when, "check", metadata, where, to_us(now)), "", shape)
     except Invalid as exc:
         raise ApiProblem(
             "invalid-input", f"{exc.pointer}: {exc.message}", [(exc.pointer, exc.message)]

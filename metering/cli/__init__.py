@@ -16,7 +16,7 @@ from metering.cli.context import AppState, MeteringGroup, database_option
 from metering.cli.db import db
 from metering.cli.demo import demo
 from metering.cli.entitlements import entitlements
-from metering.cli.events import check, consume, counters, reset, result
+from metering.cli.events import check, consume, counters, reset, result, seats
 from metering.cli.grants import corrections, grants, void
 from metering.cli.licenses import checkin, checkout
 from metering.cli.limits import limits
@@ -56,6 +56,7 @@ for command in (
     result,
     reset,
     counters,
+    seats,
     db,
     emit,
     worker,

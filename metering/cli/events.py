@@ -1,4 +1,4 @@
-"""``metering consume|check|result|counters|reset``: decisions and counters."""
+"""``metering consume|check|result|counters|seats|reset``: decisions and counters."""
 
 from __future__ import annotations
 
@@ -10,7 +10,13 @@ from typing import Any, Final
 import click
 
 from metering.cli.context import CliError, current_meter
-from metering.cli.options import ChargeTuple, chosen_charges, decision_options, format_option
+from metering.cli.options import (
+    ChargeTuple,
+    chosen_charges,
+    decision_options,
+    format_option,
+    parse_datetime,
+)
 from metering.cli.output import (
     EXIT_CODES_HELP,
     EXIT_PENDING,
@@ -33,12 +39,15 @@ def consume(
     cost: int | None,
     charges: list[ChargeTuple],
     occurred_at: datetime | None,
+    metadata: dict[str, str] | None,
     fmt: str,
     event_id: str | None,
 ) -> None:
     """Decide and record a usage event: SUBJECT LIMIT, or several --charge."""
     wanted = chosen_charges(subject, limit, cost, charges)
-    decision = current_meter().consume(charges=wanted, event_id=event_id, occurred_at=occurred_at)
+    decision = current_meter().consume(
+        charges=wanted, event_id=event_id, occurred_at=occurred_at, metadata=metadata
+    )
     report_decision(decision, fmt)
 
 
@@ -50,11 +59,13 @@ def check(
     cost: int | None,
     charges: list[ChargeTuple],
     occurred_at: datetime | None,
+    metadata: dict[str, str] | None,
     fmt: str,
 ) -> None:
     """What consume would decide now; consumes and records nothing."""
     wanted = chosen_charges(subject, limit, cost, charges)
-    report_decision(current_meter().check(charges=wanted, occurred_at=occurred_at), fmt)
+    meter = current_meter()
+    report_decision(meter.check(charges=wanted, occurred_at=occurred_at, metadata=metadata), fmt)
 
 
 RESULT_EXIT_CODES_HELP: Final = EXIT_CODES_HELP.replace(
@@ -129,3 +140,19 @@ def counters(subject: str | None, limit: str | None, fmt: str) -> None:
         click.echo("no counters")
     else:
         print_table(counters_table(found))
+
+
+@click.command()
+@click.argument("subject")
+@click.argument("limit")
+@click.option(
+    "--at", "at", metavar="TIME", callback=parse_datetime, help="Default now: RFC 3339, naive UTC."
+)
+@format_option
+def seats(subject: str, limit: str, at: datetime | None, fmt: str) -> None:
+    """The values holding a seat of a distinct LIMIT in SUBJECT's window, in order."""
+    found = current_meter().seats(subject, limit, at)
+    if fmt == "json":
+        click.echo(json.dumps(found))
+    else:
+        click.echo("\n".join(found) if found else "no seats held")

@@ -78,6 +78,11 @@ def limits() -> None:
     metavar="KEY",
     help="A metadata key to record usage by (report usage --group-by); repeatable, at most 4.",
 )
+@click.option(
+    "--distinct",
+    metavar="KEY",
+    help="Seats: count distinct values of this metadata key per window (fixed window only).",
+)
 def limits_set(
     name: str,
     maximum: int | None,
@@ -115,6 +120,8 @@ def _limit_row(limit: Limit) -> list[object]:
     maximum: object = limit.maximum
     if limit.currency:
         maximum = f"{format_amount(limit.maximum, limit.currency)} {limit.currency}"
+    if limit.distinct is not None:
+        algorithm = f"{algorithm} distinct {limit.distinct}"
     row: list[object] = [limit.name, maximum, limit.period, algorithm, limit.enforcement]
     return [*row, thresholds, limit.lateness, dimensions]
 

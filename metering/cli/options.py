@@ -59,6 +59,19 @@ def parse_charges(
     return [parse_charge(value) for value in values]
 
 
+def parse_meta(
+    _ctx: click.Context, _param: click.Parameter, values: Sequence[str]
+) -> dict[str, str] | None:
+    """The callback of ``--meta KEY=VALUE``, a repeatable option: the event's metadata."""
+    found: dict[str, str] = {}
+    for value in values:
+        key, sign, text = value.partition("=")
+        if not sign or not key:
+            raise click.BadParameter(f"{value!r} is not KEY=VALUE", param_hint="--meta")
+        found[key] = text
+    return found or None
+
+
 def chosen_charges(
     subject: str | None, limit: str | None, cost: int | None, charges: Sequence[ChargeTuple]
 ) -> list[ChargeTuple]:
@@ -109,7 +122,7 @@ def charge_options(what: str) -> Callable[[F], F]:
 
 
 def decision_options(func: F) -> F:
-    """The charges, ``--at`` and ``--format`` of consume, check and emit."""
+    """The charges, ``--at``, ``--meta`` and ``--format`` of consume, check and emit."""
     decorators = [
         charge_options("event"),
         click.option(
@@ -118,6 +131,14 @@ def decision_options(func: F) -> F:
             metavar="TIME",
             callback=parse_datetime,
             help="When the usage happened (default now): RFC 3339, naive means UTC.",
+        ),
+        click.option(
+            "--meta",
+            "metadata",
+            metavar="KEY=VALUE",
+            multiple=True,
+            callback=parse_meta,
+            help="Event metadata (a seat limit counts its key's values); repeatable.",
         ),
         format_option,
     ]

@@ -308,6 +308,8 @@ def describe_limit(limit: Limit) -> str:
     parts = [f"{limit.name}: max {maximum} per {limit.period}", limit.algorithm]
     if limit.algorithm == "fixed_window":
         parts.append(f"{limit.window} window")
+    if limit.distinct is not None:
+        parts.append(f"distinct {limit.distinct}")
     parts.append(limit.enforcement)
     if limit.thresholds:
         parts.append("thresholds " + "/".join(f"{t}%" for t in limit.thresholds))

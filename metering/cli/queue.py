@@ -44,6 +44,7 @@ def emit(
     cost: int | None,
     charges: list[ChargeTuple],
     occurred_at: datetime | None,
+    metadata: dict[str, str] | None,
     fmt: str,
     event_id: str | None,
     broker: str | None,
@@ -55,7 +56,9 @@ def emit(
     logging.getLogger("metering.producer").setLevel(logging.ERROR)
     producer = UsageProducer(broker, retry_attempts=3)
     try:
-        sent = producer.emit(charges=wanted, event_id=event_id, occurred_at=occurred_at)
+        sent = producer.emit(
+            charges=wanted, event_id=event_id, occurred_at=occurred_at, metadata=metadata
+        )
         producer.flush()
     except BrokerUnavailable as exc:
         producer.discard()

@@ -132,6 +132,7 @@ class Limit:
     ...       thresholds=(80, 100), thresholds_units=(900,))
     >>> Limit("api_calls", maximum=10_000, period="1d", dimensions=("route", "model"))
     >>> Limit("cad", maximum=5, algorithm="concurrent")
+    >>> Limit("seats", maximum=5, period="1mo", window="calendar", distinct="user")
 
     ``enforcement="shadow"`` decides like ``hard`` and records what a hard
     limit would have denied (``would_deny``), but never denies: a way to try
@@ -143,7 +144,10 @@ class Limit:
     event-metadata keys whose values the limit's usage is rolled up by, hour
     by hour (``metering report usage --group-by``). ``window`` is a fixed
     window's (a token bucket has none: ``window="calendar"`` with one is
-    refused, not ignored).
+    refused, not ignored). ``distinct`` makes a fixed window count the
+    distinct values of that metadata key (seats, monthly active users; see
+    `metering.domain.distinct`); a token bucket has no window to count them
+    in, so ``distinct`` with one is refused.
 
     ``algorithm="concurrent"`` is a floating license (`metering.licenses`):
     at most ``maximum`` units held at once, checked out and in, with no
@@ -164,6 +168,7 @@ class Limit:
     thresholds_units: tuple[int, ...] = ()
     dimensions: tuple[str, ...] = ()
     currency: str | None = None
+    distinct: str | None = None
     parsed_period: Period = field(init=False, repr=False, compare=False)
     lateness_seconds: int = field(init=False, repr=False, compare=False)
 
@@ -192,6 +197,16 @@ class Limit:
             if self.algorithm != "fixed_window":
                 raise InvalidLimit("currency", "a spend limit is a fixed window, not a bucket")
             object.__setattr__(self, "currency", validate_currency(self.currency))
+        if self.distinct is not None:
+            _distinct_key(self.distinct)
+            if self.algorithm == "token_bucket":
+                raise InvalidLimit(
+                    "distinct", "a token bucket has no windows to count distinct values in"
+                )
+            if self.algorithm == "concurrent":
+                raise InvalidLimit("distinct", "a concurrent limit holds licenses, not seats")
+            if self.currency is not None:
+                raise InvalidLimit("distinct", "a spend limit counts money, not distinct values")
         thresholds = _thresholds(self.thresholds)
         units = _thresholds(self.thresholds_units, "thresholds_units", MAX_MAXIMUM)
         lateness = parse_period(self.lateness, field_name="lateness")
@@ -226,6 +241,7 @@ class Limit:
             "thresholds_units": list(self.thresholds_units),
             "dimensions": list(self.dimensions),
             **(_money(self.maximum, self.currency) if self.currency else {}),
+            "distinct": self.distinct,
         }
 
     @classmethod
@@ -233,7 +249,7 @@ class Limit:
         """Build a limit from a mapping (a row, or an entry of a limits file)."""
         known = {"name", "maximum", "period", "algorithm", "window", "enforcement"}
         known |= {"thresholds", "lateness", "thresholds_units", "dimensions", "currency"}
-        known |= {"max_amount"}
+        known |= {"max_amount", "distinct"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise InvalidLimit(unknown[0], f"unknown field; expected some of {sorted(known)}")
@@ -301,6 +317,12 @@ def _thresholds(
         raise InvalidLimit(field_name, f"at most {MAX_THRESHOLDS}, got {len(listed)}")
     checked = {_positive_int(field_name, v, ceiling) for v in listed}
     return tuple(sorted(checked))
+
+
+def _distinct_key(value: object) -> str:
+    if not isinstance(value, str) or DIMENSION_PATTERN.fullmatch(value) is None:
+        raise InvalidLimit("distinct", f"{shown(value)} must be 1 to 64 of a-z A-Z 0-9 _ . -")
+    return value
 
 
 def _dimension_list(values: object) -> tuple[object, ...]:

@@ -61,6 +61,9 @@ class Rule:
     concurrent: bool = False  # a floating license: never consumed (`WrongAlgorithm`)
     # Priced, or a spend limit: the hot paths leave it to the reference engine.
     money: bool = False
+    distinct: bool = (
+        False  # counts distinct values (seats): the hot paths leave it to the reference
+    )
 
     @classmethod
     def of(cls, limit: Limit, *, priced: bool = False) -> Rule:
@@ -80,6 +83,7 @@ class Rule:
             dimensions=limit.dimensions,
             concurrent=limit.algorithm == "concurrent",
             money=priced or limit.currency is not None,
+            distinct=limit.distinct is not None,
         )
 
     def with_maximum(self, maximum: int) -> Rule:

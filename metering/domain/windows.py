@@ -91,6 +91,8 @@ def evaluate_window(
     """A fixed-window charge: hard fits iff ``used + cost <= maximum``; soft always fits.
 
     With grants (``pot``), the charge may also draw on them: see `grants.fit_window`.
+    A cost of 0 (a seat already held, `metering.domain.distinct`) always fits,
+    even where a lowered maximum is below ``used``.
     """
     used_after = state.used + cost
     soft = limit.enforcement == "soft"
@@ -99,7 +101,7 @@ def evaluate_window(
         fit = fit_window(
             limit.maximum, state.used, pot.granted.get(window[0], 0), cost, pot, now_us, soft=soft
         )
-        fits = soft or fit.fits
+        fits = soft or fit.fits or cost == 0
         return Evaluation(
             fits=fits,
             applied=replace(state, used=used_after),
@@ -118,7 +120,7 @@ def evaluate_window(
             overage_before=fit.overage_before,
             draws=fit.draws,
         )
-    fits = soft or used_after <= limit.maximum
+    fits = soft or used_after <= limit.maximum or cost == 0
     retry_at_us = end_us if not fits and cost <= limit.maximum else None
     return Evaluation(
         fits=fits,

@@ -65,6 +65,7 @@ from metering.engine.reference import (
     record_of,
     validate_against_limits,
 )
+from metering.engine.seats import Seats, seat_keys
 from metering.errors import EventConflict, StorageError
 from metering.metrics import UNKNOWN_LIMIT, count_events
 from metering.storage.database import Database
@@ -351,7 +352,11 @@ class Engine:
             ]
             states = store.read_counters(keys)
             allowed = Allowed.read(store, [event], [keys], lock=False, money=money)
-            return decide_with_states(event, keys, limits, states, now_us, allowed, record=False)
+            seats = seat_keys(event, keys, limits)
+            costs = Seats.read(store, [event], [keys], limits).costs(seats) if any(seats) else None
+            return decide_with_states(
+                event, keys, limits, states, now_us, allowed, record=False, costs=costs
+            )
 
         return self.database.run(work)
 

@@ -283,6 +283,8 @@ def apply_records(
         if error is not None:
             todo.append((index, event, event_rules, error, None))
             continue
+        if any(rule.distinct for rule in event_rules):
+            raise UseGeneralPath("a distinct limit (seats): the reference engine counts values")
         fixed: _Fixed | None = []
         for (subject, name, _), rule in zip(event.charges, event_rules, strict=True):
             if rule.dimensions:
@@ -551,6 +553,8 @@ def check_record(
         return None
     if error is not None or version < 0:
         return None
+    if any(rule.distinct for rule in event_rules):
+        return None  # seats: the reference engine reads the values
     if any((name, subject) in allowances.grant_pairs for subject, name, _ in event.charges):
         return None  # grants are read under lock, by the general engine
     if allowances.general_only(((name, subject) for subject, name, _ in event.charges), now_us):

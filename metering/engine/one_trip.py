@@ -4,7 +4,7 @@
 (`metering.storage.hot.one_trip`) from the cached limits, or answers None where
 Python need not even ask: an unknown limit or an out-of-range time (the
 usual path rejects it with its message), a subject with grants, a limit
-rolled up by dimensions, a first-use window in calendar months, one
+rolled up by dimensions, a distinct limit (seats), a first-use window in calendar months, one
 (limit, subject) charged twice. Entitlements are decided here: the
 function gets each subject's maximum at the event, from the cache's
 histories. Whatever the function declines, the caller applies the usual way
@@ -49,7 +49,7 @@ def prepare(cache: LimitCache, event: EventRecord, now_us: int) -> tuple[Any, ..
     at_us = event.occurred_at_us
     found: list[OneCharge] = []
     for (subject, name, cost), rule in zip(charges, event_rules, strict=True):
-        if rule.dimensions or (grant_pairs and (name, subject) in grant_pairs):
+        if rule.dimensions or rule.distinct or (grant_pairs and (name, subject) in grant_pairs):
             return None
         if allowances.alert_pairs and (name, subject) in allowances.alert_pairs:
             return None  # thresholds of its own: the general engine

@@ -27,6 +27,7 @@ from metering.domain.decisions import (
     Decision,
     decide_event,
 )
+from metering.domain.distinct import value_of
 from metering.domain.events import UsageEvent, check_event_time
 from metering.domain.grants import History, Pot, maximum_at
 from metering.domain.instants import from_us, to_us
@@ -37,6 +38,7 @@ from metering.domain.rollups import merged, rollup_deltas, spend_deltas
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 from metering.domain.windows import Window, calendar_window, first_use_window
 from metering.engine.money import Money, refuse_spend_charge
+from metering.engine.seats import Seats, seat_keys
 from metering.errors import EventConflict, MeteringError, UnknownLimit
 from metering.storage.alerts import AlertRecord, AlertStore
 from metering.storage.allowances import AllowanceStore, draws_of
@@ -117,6 +119,8 @@ def validate_against_limits(
             return refused
         try:
             check_event_time(event.occurred_at, now_us, limit.lateness_seconds)
+            if limit.distinct is not None:
+                value_of(limit.distinct, limit.name, event.metadata, charge.cost)
         except MeteringError as exc:
             return exc
     return None
@@ -202,12 +206,19 @@ def _decide(
     ]
     states = store.lock_counters({k for ks in keys for k in ks}, now_us)
     allowances = Allowed.read(store, events, keys, lock=True, money=money)
+    seats = Seats.read(store, events, keys, limits)  # after the counters: their lock order
     changed: dict[CounterKey, CounterState] = {}
     decisions = []
     transitions = []
     for event, event_keys in zip(events, keys, strict=True):
         before = [states.get(key, CounterState()) for key in event_keys]  # frozen: a copy
-        decision = decide_with_states(event, event_keys, limits, states, now_us, allowances)
+        event_seats = seat_keys(event, event_keys, limits)
+        costs = seats.costs(event_seats) if any(event_seats) else None
+        decision = decide_with_states(
+            event, event_keys, limits, states, now_us, allowances, costs=costs
+        )
+        if costs is not None:
+            seats.count(event_seats, decision)
         for key in event_keys:
             changed[key] = states[key]
         decisions.append(decision)
@@ -215,6 +226,7 @@ def _decide(
         transitions.append(Transition(event.event_id, event_keys, before, after, decision.charges))
     store.write_counters(changed, now_us)
     store.write_current_windows(resolver.changed)
+    seats.write(store)
     if allowances.pots:
         AllowanceStore(store.connection).write_draws(
             draws_of(c.to_row() for d in decisions if d.allowed for c in d.charges),
@@ -287,21 +299,27 @@ def decide_with_states(
     allowed: Allowed | None = None,
     *,
     record: bool = True,
+    costs: Sequence[int | None] | None = None,
 ) -> Decision:
-    """Decide one event against ``states`` and update them in place (grants too)."""
+    """Decide one event against ``states`` and update them in place (grants too).
+
+    ``costs``: per charge, the cost to decide instead of the event's (a
+    distinct limit's 1 or 0, `metering.engine.seats`), None where the event's.
+    """
     allowed = allowed or Allowed()
     at_us = event.occurred_at_us
     priced = allowed.money.priced(event) if allowed.money is not None else {}
+    chosen = costs or [None] * len(event.charges)
     inputs = [
         ChargeInput(
             allowed.limit_for(limits[c.limit], c.subject, at_us),
             key,
             states.get(key, CounterState()),
-            c.cost,
+            c.cost if cost is None else cost,
             allowed.pots.get((c.limit, c.subject)) if key.window_end_us != NO_WINDOW else None,
             priced.get(index),
         )
-        for index, (c, key) in enumerate(zip(event.charges, keys, strict=True))
+        for index, (c, key, cost) in enumerate(zip(event.charges, keys, chosen, strict=True))
     ]
     verdict = decide_event(inputs, event.occurred_at_us)
     for key, state in zip(keys, verdict.new_states, strict=True):

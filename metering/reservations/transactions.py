@@ -142,6 +142,7 @@ def _reserve(
         ttl_us = max(expires_at_us - now_us, 1)
 
     def work(connection: Connection, retry: bool) -> Reserved:
+        _refuse_seats(Store(connection), event)
         # Like consume: no lookup of the id first; a repeated id is caught by
         # the results insert, and the retry then looks it up.
         [applied] = apply_events(
@@ -166,6 +167,18 @@ def _reserve(
         return applied, ReservationState.HELD, now_us + ttl_us
 
     return database.run_retry_aware(work)
+
+
+def _refuse_seats(store: Store, event: UsageEvent) -> None:
+    """A seat is taken by consuming and given back by a void, never held: a
+    reservation of a distinct limit (which the fast path leaves to `_reserve`)
+    is refused before anything is written."""
+    limits = store.load_limits(c.limit for c in event.charges)
+    for name, limit in sorted(limits.items()):
+        if limit.distinct is not None:
+            raise InvalidInput(
+                "limit", f"{name!r} counts distinct values (seats): consume it, do not reserve it"
+            )
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from sqlalchemy.sql.elements import ColumnClause
 from metering.domain.corrections import Reset
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 from metering.domain.windows import Window
+from metering.storage.distinct import DistinctStore
 from metering.storage.on_connection import OnConnection, chunks
 from metering.storage.tables import counter_resets, counters, current_windows, grant_draws
 
@@ -359,6 +360,7 @@ class CounterStore(OnConnection):
         self.connection.execute(delete_windows)
         removed = self.connection.execute(delete_counters).rowcount
         self._forget_draws(subject, limit)
+        DistinctStore(self.connection).forget_cleared(subject, limit)
         return int(removed)
 
     def record_reset(self, subject: str | None, limit: str | None, at_us: int) -> None:

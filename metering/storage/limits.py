@@ -38,6 +38,7 @@ def _limit_from_row(row: Any) -> Limit:
         dimensions=tuple(json.loads(row.dimensions)),
         thresholds_units=tuple(json.loads(row.thresholds_units)),
         currency=row.currency,
+        distinct=row.distinct_key,
     )
 
 
@@ -62,6 +63,7 @@ class LimitStore(OnConnection):
         values["thresholds_units"] = json.dumps(values["thresholds_units"])
         values.pop("max_amount", None)  # the maximum holds it, in minor units
         values["currency"] = limit.currency  # None turns a spend limit back into units
+        values["distinct_key"] = values.pop("distinct")
         values["updated_at_us"] = now_us
         statement = self._insert(limits).values(values)
         changed = {k: statement.excluded[k] for k in values if k != "name"}

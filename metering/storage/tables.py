@@ -43,6 +43,8 @@ limits = Table(
     Column("thresholds_units", Text, nullable=False, server_default="[]"),  # JSON list
     # A spend limit's ISO 4217 code (migration 0015): its amounts are minor units.
     Column("currency", String(3), nullable=True),
+    # Seats: the metadata key whose distinct values the limit counts (migration 0013).
+    Column("distinct_key", String(64), nullable=True),
 )
 
 # One row (id 1): incremented by every change to ``limits``, so that processes
@@ -340,6 +342,23 @@ corrections = Table(
     UniqueConstraint("event_id", name="uq_corrections_event_id"),
 )
 Index("ix_corrections_created_at_us", corrections.c.created_at_us)
+
+# -- seats (metering.domain.distinct) ------------------------------------------
+# Per window of a distinct limit, each value seen and how many live (allowed,
+# not voided) events carried it: a value holds a seat while its count is above
+# zero. Written in the transaction that changes the window's counter, and
+# only after that counter's row is locked (the counter's lock serialises them).
+distinct_values = Table(
+    "distinct_values",
+    metadata,
+    Column("subject", String(200), nullable=False),
+    Column("limit_name", String(64), nullable=False),
+    Column("window_start_us", BigInteger, nullable=False, autoincrement=False),
+    Column("value", String(200), nullable=False),
+    Column("live_events", BigInteger, nullable=False),
+    PrimaryKeyConstraint("subject", "limit_name", "window_start_us", "value"),
+    CheckConstraint("live_events >= 0", name="ck_distinct_values_live_events"),
+)
 
 # -- webhooks ----------------------------------------------------------------
 # Endpoints: where notifications go. ``types`` is a JSON list of message

@@ -394,6 +394,7 @@ def test_a_limit_is_created_read_replaced_and_deleted(http: httpx.Client, meter:
         "lateness": "1d",
         "thresholds_units": [],
         "dimensions": [],
+        "distinct": None,
     }
     assert created.json() == stored
     assert meter.get_limit("exports") == Limit(

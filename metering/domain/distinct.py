@@ -1,0 +1,78 @@
+"""Seats: limits that count distinct values (``Limit(..., distinct="user")``).
+
+A distinct limit's ``used`` in a window is the number of distinct values of
+its metadata key among the window's live events (allowed, not voided). An
+event's charge on it costs 1 when its value has no live event in the
+subject's window yet (a new seat: decided like any charge of cost 1, so it
+may be denied, be overage or would-deny), and 0 when it has (a seat already
+held: always allowed, whatever the maximum is now).
+
+The rules are over plain values; the store keeps, per (subject, limit,
+window start, value), the number of live events (`Seen`). A charge counts
+an event only when it consumed (allowed or overage); a void takes the event
+off again, and frees the seat when it was the value's last live event.
+
+* A charge on a distinct limit must carry the key in the event's metadata,
+  as a string of 1 to 200 printable characters or a whole number (``7`` and
+  ``"7"`` are the same value), and have cost 1: `value_of` raises
+  `InvalidInput` otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+from metering.domain.bounds import shown
+from metering.errors import InvalidInput
+
+MAX_VALUE_CHARS: Final = 200
+# (limit name, subject, window start, value): one value in one window.
+SeatKey = tuple[str, str, int, str]
+# Live events per value, as read (under the counter's lock) and kept up to date.
+Seen = dict[SeatKey, int]
+
+
+def value_of(key: str, limit: str, metadata: Mapping[str, Any] | None, cost: int) -> str:
+    """The value an event's charge on distinct limit ``limit`` counts."""
+    if cost != 1:
+        raise InvalidInput(
+            "cost", f"a charge on {limit!r} counts distinct {key!r} values: its cost must be 1"
+        )
+    if not metadata or key not in metadata:
+        raise InvalidInput(
+            "metadata",
+            f"limit {limit!r} counts distinct values of {key!r}: "
+            "the event's metadata must carry it",
+        )
+    found = metadata[key]
+    if isinstance(found, int) and not isinstance(found, bool):
+        found = str(found)
+    if (
+        not isinstance(found, str)
+        or not found
+        or len(found) > MAX_VALUE_CHARS
+        or not found.isprintable()
+    ):
+        raise InvalidInput(
+            "metadata",
+            f"{key!r} must be a whole number or 1 to {MAX_VALUE_CHARS} printable characters, "
+            f"got {shown(metadata[key])}",
+        )
+    return found
+
+
+def seat_cost(seen: Mapping[SeatKey, int], key: SeatKey) -> int:
+    """1 for a value with no live event in its window (a new seat), else 0."""
+    return 0 if seen.get(key, 0) > 0 else 1
+
+
+def after_void(live_events: int) -> tuple[int, int]:
+    """A value's live events after one of them is voided, and the seats that
+    frees (1 when it was the last, else 0). Never below zero: a reset may
+    have cleared the value since."""
+    left = live_events - 1 if live_events > 0 else 0
+    return left, 1 if live_events == 1 else 0
+
+
+__all__ = ["MAX_VALUE_CHARS", "SeatKey", "Seen", "after_void", "seat_cost", "value_of"]

@@ -1,0 +1,125 @@
+"""Seats in the reference engine: what each charge on a distinct limit costs
+(`metering.domain.distinct`), and the values it counts, for one batch.
+
+Read after the batch's counters are locked (`DistinctStore`'s lock order),
+kept up to date event by event, so a batch decides as its events would one
+by one, and written in the batch's transaction.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from metering.domain.corrections import VoidedCharge
+from metering.domain.decisions import Decision
+from metering.domain.distinct import SeatKey, Seen, after_void, seat_cost, value_of
+from metering.domain.events import UsageEvent
+from metering.domain.limits import Limit
+from metering.domain.state import NO_WINDOW, CounterKey
+from metering.errors import MeteringError
+from metering.storage.distinct import DistinctStore
+from metering.storage.store import Store
+
+COUNTED = ("allowed", "overage")
+
+
+def seat_keys(
+    event: UsageEvent, keys: Sequence[CounterKey], limits: Mapping[str, Limit]
+) -> list[SeatKey | None]:
+    """Per charge, the value it counts in its window (None: not a distinct limit)."""
+    found: list[SeatKey | None] = []
+    for charge, key in zip(event.charges, keys, strict=True):
+        distinct = limits[charge.limit].distinct
+        if distinct is None:
+            found.append(None)
+            continue
+        value = value_of(distinct, charge.limit, event.metadata, charge.cost)
+        found.append((charge.limit, charge.subject, key.window_start_us, value))
+    return found
+
+
+@dataclass
+class Seats:
+    """The live events of the batch's values, and what the batch adds to them."""
+
+    seen: Seen = field(default_factory=dict)
+    added: dict[SeatKey, int] = field(default_factory=lambda: defaultdict(int))
+
+    @classmethod
+    def read(
+        cls,
+        store: Store,
+        events: Sequence[UsageEvent],
+        keys: Sequence[Sequence[CounterKey]],
+        limits: Mapping[str, Limit],
+    ) -> Seats:
+        if not any(limits[c.limit].distinct for event in events for c in event.charges):
+            return cls()
+        wanted = [
+            seat
+            for event, event_keys in zip(events, keys, strict=True)
+            for seat in seat_keys(event, event_keys, limits)
+            if seat is not None
+        ]
+        return cls(DistinctStore(store.connection).live(wanted))
+
+    def costs(self, seats: Sequence[SeatKey | None]) -> list[int | None]:
+        """Per charge, its cost on a distinct limit (None: the event's own).
+        An event charges a (subject, limit) once (`charges_of`): no value twice."""
+        return [None if seat is None else seat_cost(self.seen, seat) for seat in seats]
+
+    def count(self, seats: Sequence[SeatKey | None], decision: Decision) -> None:
+        """Count the values of the charges ``decision`` consumed."""
+        if decision.outcome not in COUNTED:
+            return
+        for seat, charge in zip(seats, decision.charges, strict=True):
+            if seat is not None and charge.outcome in COUNTED:
+                self.seen[seat] = self.seen.get(seat, 0) + 1
+                self.added[seat] += 1
+
+    def write(self, store: Store) -> None:
+        if self.added:
+            DistinctStore(store.connection).add(self.added)
+
+
+def free_seats(
+    store: Store,
+    limits: Mapping[str, Limit],
+    charges: Sequence[VoidedCharge],
+    metadata: Mapping[str, object] | None,
+) -> list[VoidedCharge]:
+    """A void's charges with those on distinct limits at what they give back:
+    the event leaves its value's live events, and the seat is freed (cost 1,
+    with the grants that paid for it) only when it was the value's last.
+    Call after the charges' counters are locked."""
+    seats: list[SeatKey | None] = []
+    for charge in charges:
+        limit = limits.get(charge.key.limit)
+        seat = None
+        if limit is not None and limit.distinct and charge.key.window_end_us != NO_WINDOW:
+            try:
+                value = value_of(limit.distinct, limit.name, metadata, 1)
+            except MeteringError:
+                value = None  # decided before the limit counted values: a plain charge
+            if value is not None:
+                seat = (limit.name, charge.key.subject, charge.key.window_start_us, value)
+        seats.append(seat)
+    if not any(seats):
+        return list(charges)
+    distinct = DistinctStore(store.connection)
+    live = distinct.live(seat for seat in seats if seat is not None)
+    changes: dict[SeatKey, int] = defaultdict(int)
+    found: list[VoidedCharge] = []
+    for charge, seat in zip(charges, seats, strict=True):
+        if seat is None:
+            found.append(charge)
+            continue
+        before = live.get(seat, 0)
+        left, freed = after_void(before)
+        live[seat] = left
+        changes[seat] += left - before
+        found.append(replace(charge, cost=freed, grants=charge.grants if freed else ()))
+    distinct.add(changes)
+    return found
