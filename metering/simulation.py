@@ -22,10 +22,10 @@ from typing import Any, Final
 from metering.config import EntitlementEntry, load_entitlements_file, load_limits_file
 from metering.domain.events import validate_subject
 from metering.domain.grants import Entitlement, History
-from metering.domain.instants import from_us, to_us
-from metering.domain.limits import Limit
+from metering.domain.instants import from_us, parse_instant, to_us
+from metering.domain.limits import Limit, is_reserved, parse_period
 from metering.domain.replay import Pair, Replay, SimulationRow, StoredEvent
-from metering.errors import InvalidInput, PeriodPruned
+from metering.errors import InvalidInput, PeriodPruned, ReservedLimit
 from metering.settings import RetentionPolicy
 from metering.storage.allowances import AllowanceStore
 from metering.storage.database import Database
@@ -71,7 +71,7 @@ def simulate(
     """Replay the ledger's demand from ``since`` (an instant, or a duration
     before now) to now through ``limits`` and ``entitlements`` (files, or
     values); only ``subject``'s charges if given. Nothing is written."""
-    proposed = _limits(limits)
+    proposed = _proposed(limits)
     changes = _entitlements(entitlements)
     if subject is not None:
         validate_subject(subject)
@@ -79,7 +79,9 @@ def simulate(
     since_us = _since_us(since, now_us)
     _check_kept(since_us, now_us, retention or RetentionPolicy.from_environment())
     with database.reading() as connection:
-        in_force = {limit.name: limit for limit in LimitStore(connection).list_limits()}
+        # The product's own limits (metering.*: the API's rate per key) are not replayed.
+        stored = LimitStore(connection).list_limits()
+        in_force = {limit.name: limit for limit in stored if not is_reserved(limit.name)}
         in_force.update((limit.name, limit) for limit in proposed)
         histories = _histories(AllowanceStore(connection).histories(), changes, in_force, since_us)
         replay = Replay(in_force, histories, subject)
@@ -95,6 +97,21 @@ def simulate(
     return Simulation(from_us(since_us), from_us(now_us), replay.replayed, tuple(replay.rows()))
 
 
+def parse_since(text: str) -> Since:
+    """``--since``: a duration before now (``30d``, ``12h``, ``2w``) or an RFC 3339 instant."""
+    if not isinstance(text, str):
+        raise InvalidInput("since", f"expected a duration (30d) or an RFC 3339 time, got {text!r}")
+    if text[:1].isdigit() and not text[:4].isdigit():
+        period = parse_period(text, field_name="since")
+        if period.is_calendar_months:
+            raise InvalidInput("since", f"{text!r}: give days or weeks (30d, 13w), not months")
+        return timedelta(seconds=period.seconds)
+    try:
+        return parse_instant(text, field_name="since")
+    except InvalidInput as exc:
+        raise InvalidInput("since", f"{exc.message} (or give a duration: 30d, 12h)") from None
+
+
 def _limits(source: LimitsSource) -> list[Limit]:
     if isinstance(source, str | Path):
         return load_limits_file(source)
@@ -102,6 +119,14 @@ def _limits(source: LimitsSource) -> list[Limit]:
     for limit in found:
         if not isinstance(limit, Limit):
             raise InvalidInput("limits", f"expected Limit values, got {type(limit).__name__}")
+    return found
+
+
+def _proposed(source: LimitsSource) -> list[Limit]:
+    found = _limits(source)
+    for limit in found:
+        if is_reserved(limit.name):
+            raise ReservedLimit(limit.name, "simulate")
     return found
 
 

@@ -7,7 +7,15 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from metering.api import allowances, licenses, limits, reports, reservations, webhooks
+from metering.api import (
+    allowances,
+    licenses,
+    limits,
+    reports,
+    reservations,
+    simulations,
+    webhooks,
+)
 
 ROUTERS: tuple[APIRouter, ...] = (
     reservations.router,
@@ -15,5 +23,6 @@ ROUTERS: tuple[APIRouter, ...] = (
     limits.router,
     allowances.router,
     reports.router,
+    simulations.router,
     webhooks.router,
 )

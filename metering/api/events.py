@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
 from anyio import to_thread
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
@@ -22,7 +22,13 @@ from metering.api.models import (
     Results,
     result_json,
 )
-from metering.api.parsing import body_kind, parse_events, queued_events
+from metering.api.parsing import (
+    IDEMPOTENCY_HEADER,
+    body_kind,
+    parse_events,
+    queued_events,
+    with_idempotency_key,
+)
 from metering.api.problems import COMMON_ERRORS, ApiProblem, responses
 from metering.api.queueing import accept, apply_now, unique_queued
 from metering.domain.events import Charge, validate_event_id
@@ -73,6 +79,17 @@ async def post_events(
         Literal["decision"] | None,
         Query(description="decision: apply now and answer with the results."),
     ] = None,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias=IDEMPOTENCY_HEADER,
+            description="The event id of a single plain event "
+            "(draft-ietf-httpapi-idempotency-key-header; a Structured Field string such as "
+            '\"order-42\", or the bare id). The header wins as the id: a body event_id is '
+            "allowed only when equal to it (a different one is a 400 problem), and a batch or "
+            "a CloudEvent with the header is a 400. A repeated key answers the stored result.",
+        ),
+    ] = None,
 ) -> Response:
     """One event, a JSON array of events, or CloudEvents (structured or batch).
 
@@ -81,11 +98,14 @@ async def post_events(
     go to the queue and the answer is 202 once the broker has them; an id
     decided before is answered with its stored result (``duplicates``), an
     id used before with other charges is a 409. ``?wait=decision`` applies
-    them at once, in order, and answers with their results. A key without
+    them at once, in order, and answers with their results. An
+    ``Idempotency-Key`` header names a single plain event's id. A key without
     ``read`` scope gets outcomes only: no used, remaining, maximum, overage.
     """
     kind = body_kind(request.headers.get("content-type"))
     body = await request.body()
+    if idempotency_key is not None:  # rare: the usual request is parsed in one pass
+        body = with_idempotency_key(body, kind, idempotency_key)
     now = context.meter.clock()
     if wait == "decision":
         parsed = parse_events(body, kind, now, context.settings.api_max_events)
