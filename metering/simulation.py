@@ -12,6 +12,7 @@ pruned) is refused with `PeriodPruned`.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ Since = datetime | timedelta
 # Called with (events read, events in the period) as the replay goes.
 Progress = Callable[[int, int], None]
 PROGRESS_EVERY: Final = 10_000
+DURATION: Final = re.compile(r"[ \t]*[0-9]+[ \t]*[a-z]+[ \t]*")
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +103,7 @@ def parse_since(text: str) -> Since:
     """``--since``: a duration before now (``30d``, ``12h``, ``2w``) or an RFC 3339 instant."""
     if not isinstance(text, str):
         raise InvalidInput("since", f"expected a duration (30d) or an RFC 3339 time, got {text!r}")
-    if text[:1].isdigit() and not text[:4].isdigit():
+    if DURATION.fullmatch(text):
         period = parse_period(text, field_name="since")
         if period.is_calendar_months:
             raise InvalidInput("since", f"{text!r}: give days or weeks (30d, 13w), not months")
