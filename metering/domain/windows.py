@@ -19,7 +19,6 @@ All functions take and return microseconds since the epoch.
 from __future__ import annotations
 
 import calendar
-from dataclasses import replace
 from typing import Final
 
 from metering.domain.grants import Pot, fit_window
@@ -102,7 +101,7 @@ def evaluate_window(
         fits = soft or fit.fits
         return Evaluation(
             fits=fits,
-            applied=replace(state, used=used_after),
+            applied=state.with_used(used_after),
             denied=state.with_denial(cost, now_us),
             used_before=state.used,
             used_after=used_after,
@@ -122,7 +121,7 @@ def evaluate_window(
     retry_at_us = end_us if not fits and cost <= limit.maximum else None
     return Evaluation(
         fits=fits,
-        applied=replace(state, used=used_after),
+        applied=state.with_used(used_after),
         denied=state.with_denial(cost, now_us),
         used_before=state.used,
         used_after=used_after,
