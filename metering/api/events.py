@@ -85,7 +85,7 @@ async def post_events(
             alias=IDEMPOTENCY_HEADER,
             description="The event id of a single plain event "
             "(draft-ietf-httpapi-idempotency-key-header; a Structured Field string such as "
-            '\"order-42\", or the bare id). The header wins as the id: a body event_id is '
+            '"order-42", or the bare id). The header wins as the id: a body event_id is '
             "allowed only when equal to it (a different one is a 400 problem), and a batch or "
             "a CloudEvent with the header is a 400. A repeated key answers the stored result.",
         ),

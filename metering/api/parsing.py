@@ -29,7 +29,6 @@ from metering.api.models import (
 )
 from metering.api.problems import ApiProblem
 from metering.domain.events import (
-    validate_event_id,
     EVENT_ID_PATTERN,
     FUTURE_TOLERANCE_US,
     MAX_METADATA_BYTES,
@@ -39,6 +38,7 @@ from metering.domain.events import (
     make_event,
     new_event_id,
     validate_cost,
+    validate_event_id,
     validate_subject,
 )
 from metering.domain.instants import parse_instant, to_us

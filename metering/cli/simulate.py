@@ -119,13 +119,9 @@ def _write(found: Simulation, fmt: str) -> None:
         writer = csv.writer(sys.stdout, lineterminator="\n")
         writer.writerow(SIMULATION_COLUMNS)
         for row in rows:
-            writer.writerow(
-                neutralise(v) if isinstance(v, str) else v for v in row.values()
-            )
+            writer.writerow(neutralise(v) if isinstance(v, str) else v for v in row.values())
     else:
-        title = (
-            f"Backtest, {found.events:,} events since {found.since:%Y-%m-%d %H:%M} UTC"
-        )
+        title = f"Backtest, {found.events:,} events since {found.since:%Y-%m-%d %H:%M} UTC"
         if not rows:
             click.echo(f"{title}: no events")
             return

@@ -129,9 +129,7 @@ class Replay:
             return
         self.replayed += 1
         verdict = decide_event(inputs, at_us)
-        for charge, decided, state in zip(
-            inputs, verdict.charges, verdict.new_states, strict=True
-        ):
+        for charge, decided, state in zip(inputs, verdict.charges, verdict.new_states, strict=True):
             self.states[charge.key] = state
             tally = self.tallies.get((decided.subject, decided.limit))
             if tally is None:
@@ -160,7 +158,14 @@ class Replay:
     def rows(self) -> list[SimulationRow]:
         """The figures, by subject then limit."""
         return [
-            SimulationRow(subject, limit, t.events, t.would_deny_events, t.would_deny_cost,
-                          t.overage, t.denied_events_then)  # fmt: skip
+            SimulationRow(
+                subject,
+                limit,
+                t.events,
+                t.would_deny_events,
+                t.would_deny_cost,
+                t.overage,
+                t.denied_events_then,
+            )
             for (subject, limit), t in sorted(self.tallies.items())
         ]

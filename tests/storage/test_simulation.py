@@ -144,7 +144,7 @@ def test_bad_input_is_refused(meter: Meter, tmp_path: Path) -> None:
         ((bad_limit,), {"since": timedelta(days=1)}, "maximum"),
         ((good, unknown), {"since": timedelta(days=1)}, "no limit named 'nope'"),
         ((good,), {"since": NOW + timedelta(hours=1)}, "in the future"),
-        ((good,), {"since": datetime(2026, 11, 1)}, "timezone-aware"),  # noqa: DTZ001
+        ((good,), {"since": datetime(2026, 11, 1)}, "timezone-aware"),
         ((good,), {"since": timedelta(days=1), "subject": ""}, "subject"),
         ((["calls"],), {"since": timedelta(days=1)}, "expected Limit"),
     ]

@@ -17,12 +17,10 @@ from metering.domain.limits import Limit
 from metering.domain.replay import Replay, SimulationRow, StoredEvent
 
 HOUR_US = 3_600_000_000
-T0 = 1_795_000_000 * 1_000_000 - (1_795_000_000 * 1_000_000) % HOUR_US + 4 * 86_400_000_000 % HOUR_US
+T0 = 498_000 * HOUR_US  # 2026-10-24 00:00 UTC, on the hour
 
 
-def model(
-    stream: list[tuple[int, str, int]], maximum: int
-) -> dict[str, tuple[int, int, int]]:
+def model(stream: list[tuple[int, str, int]], maximum: int) -> dict[str, tuple[int, int, int]]:
     """Per subject: (events, events denied, cost denied) under an hourly hard window."""
     used: dict[tuple[str, int], int] = defaultdict(int)
     found: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
