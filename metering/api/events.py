@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
 from anyio import to_thread
-from fastapi import APIRouter, Depends, Header, Path, Query, Request
+from fastapi import APIRouter, Depends, Path, Query, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
@@ -43,7 +43,19 @@ _EVENT_SCHEMA = {
     ]
 }
 _CLOUDEVENT_SCHEMA = {"$ref": "#/components/schemas/CloudEvent"}
+IDEMPOTENCY_PARAMETER: dict[str, Any] = {
+    "name": IDEMPOTENCY_HEADER,
+    "in": "header",
+    "required": False,
+    "schema": {"type": "string", "pattern": f'^"?{EVENT_ID_PATTERN.strip("^$")}"?$'},
+    "description": "The event id of a single plain event "
+    "(draft-ietf-httpapi-idempotency-key-header; a Structured Field string such as "
+    '"order-42", or the bare id). The header wins as the id: a body event_id is '
+    "allowed only when equal to it (a different one is a 400 problem), and a batch or "
+    "a CloudEvent with the header is a 400. A repeated key answers the stored result.",
+}
 EVENTS_BODY: dict[str, Any] = {
+    "parameters": [IDEMPOTENCY_PARAMETER],
     "requestBody": {
         "required": True,
         "content": {
@@ -55,7 +67,7 @@ EVENTS_BODY: dict[str, Any] = {
                 "schema": {"type": "array", "items": _CLOUDEVENT_SCHEMA}
             },
         },
-    }
+    },
 }
 
 
@@ -79,17 +91,6 @@ async def post_events(
         Literal["decision"] | None,
         Query(description="decision: apply now and answer with the results."),
     ] = None,
-    idempotency_key: Annotated[
-        str | None,
-        Header(
-            alias=IDEMPOTENCY_HEADER,
-            description="The event id of a single plain event "
-            "(draft-ietf-httpapi-idempotency-key-header; a Structured Field string such as "
-            '"order-42", or the bare id). The header wins as the id: a body event_id is '
-            "allowed only when equal to it (a different one is a 400 problem), and a batch or "
-            "a CloudEvent with the header is a 400. A repeated key answers the stored result.",
-        ),
-    ] = None,
 ) -> Response:
     """One event, a JSON array of events, or CloudEvents (structured or batch).
 
@@ -104,7 +105,10 @@ async def post_events(
     """
     kind = body_kind(request.headers.get("content-type"))
     body = await request.body()
-    if idempotency_key is not None:  # rare: the usual request is parsed in one pass
+    # Read by hand (no FastAPI parameter to validate on every request): rare,
+    # and the usual request is still parsed in one pass.
+    idempotency_key = request.headers.get(IDEMPOTENCY_HEADER)
+    if idempotency_key is not None:
         body = with_idempotency_key(body, kind, idempotency_key)
     now = context.meter.clock()
     if wait == "decision":

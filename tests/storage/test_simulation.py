@@ -147,6 +147,11 @@ def test_bad_input_is_refused(meter: Meter, tmp_path: Path) -> None:
         ((good,), {"since": datetime(2026, 11, 1)}, "timezone-aware"),
         ((good,), {"since": timedelta(days=1), "subject": ""}, "subject"),
         ((["calls"],), {"since": timedelta(days=1)}, "expected Limit"),
+        (
+            ([Limit("metering.x", maximum=1, period="1h")],),
+            {"since": timedelta(days=1)},
+            "metering",
+        ),
     ]
     before = row_counts(meter)
     for args, options, message in cases:
