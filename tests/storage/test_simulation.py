@@ -160,3 +160,13 @@ def test_bad_input_is_refused(meter: Meter, tmp_path: Path) -> None:
     assert row_counts(meter) == before
     with pytest.raises(InvalidInput):
         meter.simulate(good, since=NOW + timedelta(hours=1))
+
+
+def test_a_reservation_counts_at_its_reserved_cost(
+    meter: Meter, clock: FrozenClock, tmp_path: Path
+) -> None:
+    held = meter.reserve("org-9", "calls", 5, event_id="r1")
+    held.cancel()  # given back, yet demanded: the result row is the event
+    meter.reserve("org-9", "calls", 1, event_id="r2").commit()
+    [row] = meter.simulate(limits_file(tmp_path, 4), since=timedelta(hours=1)).rows
+    assert (row.events, row.would_deny_events, row.would_deny_cost) == (2, 1, 5)
