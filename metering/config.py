@@ -132,13 +132,17 @@ def load_limits_file(path: str | Path) -> list[Limit]:
     Every entry is validated before any is returned.
     """
     path = Path(path)
-    data = _read_document(path)
+    return limits_from_data(_read_document(path), path)
+
+
+def limits_from_data(data: Any, path: Path | str) -> list[Limit]:
+    """`load_limits_file` of data already read (a JSON body): ``path`` names it in errors."""
     if isinstance(data, Mapping) and "limits" in data:
         data = data["limits"]
     return _limits_from(data, path)
 
 
-def _limits_from(data: Any, path: Path) -> list[Limit]:
+def _limits_from(data: Any, path: Path | str) -> list[Limit]:
     entries: list[tuple[str | None, Any]]
     if isinstance(data, Mapping):
         entries = [(str(name), fields) for name, fields in data.items()]
@@ -187,7 +191,11 @@ def load_entitlements_file(path: str | Path) -> list[EntitlementEntry]:
     ``[[entitlements]]`` tables).
     """
     path = Path(path)
-    data = _read_document(path)
+    return entitlements_from_data(_read_document(path), path)
+
+
+def entitlements_from_data(data: Any, path: Path | str) -> list[EntitlementEntry]:
+    """`load_entitlements_file` of data already read (a JSON body): ``path`` names it."""
     if isinstance(data, Mapping) and set(data) == {"entitlements"}:
         data = data["entitlements"]
     if not isinstance(data, list):
@@ -210,7 +218,7 @@ def load_entitlements_file(path: str | Path) -> list[EntitlementEntry]:
     return found
 
 
-def _entitlement_entry(path: Path, number: int, fields: Any) -> EntitlementEntry:
+def _entitlement_entry(path: Path | str, number: int, fields: Any) -> EntitlementEntry:
     where = f"entry {number}"
     if not isinstance(fields, Mapping):
         raise InvalidInput("entitlements file", f"{path}: {where}: is not a mapping of fields")

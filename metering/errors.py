@@ -32,6 +32,20 @@ class InvalidLimit(InvalidInput):
     """A limit definition is broken (bad period, maximum, algorithm ...)."""
 
 
+class PeriodPruned(InvalidInput):
+    """A backtest asked for a period the results ledger no longer holds:
+    results older than ``kept_from`` may have been pruned (retention)."""
+
+    def __init__(self, since: datetime, kept_from: datetime) -> None:
+        super().__init__(
+            "since",
+            f"the ledger no longer holds {since.isoformat()}: results are kept from "
+            f"{kept_from.isoformat()} on (METERING_RETAIN_RESULTS_DAYS); choose a later --since",
+        )
+        self.since = since
+        self.kept_from = kept_from
+
+
 class UnknownLimit(MeteringError, LookupError):
     """A charge names a limit that is not defined."""
 

@@ -35,6 +35,8 @@ from metering.reservations import transactions as reserving
 from metering.settings import MAX_CORRECTION_HORIZON_DAYS as MAX_DAYS
 from metering.settings import correction_horizon_days as horizon_days
 from metering.settings import database_url
+from metering.simulation import EntitlementsSource, LimitsSource, Progress, Simulation, Since
+from metering.simulation import simulate as backtest
 from metering.storage.database import Database
 from metering.storage.engine import ensure_schema
 
@@ -309,3 +311,11 @@ class Meter:
 
     def prices(self, limit: str | None = None) -> list[Price]:
         return money.prices(self.database, limit)
+
+    def simulate(self, limits: LimitsSource, entitlements: EntitlementsSource = None, *,
+                 since: Since, subject: str | None = None, progress: Progress | None = None,
+                 ) -> Simulation:  # fmt: skip
+        """Backtest: replay the ledger's demand since ``since`` through proposed
+        limits and entitlements, in memory; nothing is written (`metering.simulation`)."""
+        return backtest(self.database, limits, entitlements, since=since, subject=subject,
+                        progress=progress)  # fmt: skip

@@ -7,7 +7,16 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from metering.api import allowances, licenses, limits, prices, reports, reservations, webhooks
+from metering.api import (
+    allowances,
+    licenses,
+    limits,
+    prices,
+    reports,
+    reservations,
+    simulations,
+    webhooks,
+)
 
 ROUTERS: tuple[APIRouter, ...] = (
     reservations.router,
@@ -16,5 +25,6 @@ ROUTERS: tuple[APIRouter, ...] = (
     allowances.router,
     prices.router,
     reports.router,
+    simulations.router,
     webhooks.router,
 )

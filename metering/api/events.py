@@ -22,7 +22,13 @@ from metering.api.models import (
     Results,
     result_json,
 )
-from metering.api.parsing import body_kind, parse_events, queued_events
+from metering.api.parsing import (
+    IDEMPOTENCY_HEADER,
+    body_kind,
+    parse_events,
+    queued_events,
+    with_idempotency_key,
+)
 from metering.api.problems import COMMON_ERRORS, ApiProblem, responses
 from metering.api.queueing import accept, apply_now, unique_queued
 from metering.domain.events import Charge, validate_event_id
@@ -37,7 +43,19 @@ _EVENT_SCHEMA = {
     ]
 }
 _CLOUDEVENT_SCHEMA = {"$ref": "#/components/schemas/CloudEvent"}
+IDEMPOTENCY_PARAMETER: dict[str, Any] = {
+    "name": IDEMPOTENCY_HEADER,
+    "in": "header",
+    "required": False,
+    "schema": {"type": "string", "pattern": f'^"?{EVENT_ID_PATTERN.strip("^$")}"?$'},
+    "description": "The event id of a single plain event "
+    "(draft-ietf-httpapi-idempotency-key-header; a Structured Field string such as "
+    '"order-42", or the bare id). The header wins as the id: a body event_id is '
+    "allowed only when equal to it (a different one is a 400 problem), and a batch or "
+    "a CloudEvent with the header is a 400. A repeated key answers the stored result.",
+}
 EVENTS_BODY: dict[str, Any] = {
+    "parameters": [IDEMPOTENCY_PARAMETER],
     "requestBody": {
         "required": True,
         "content": {
@@ -49,7 +67,7 @@ EVENTS_BODY: dict[str, Any] = {
                 "schema": {"type": "array", "items": _CLOUDEVENT_SCHEMA}
             },
         },
-    }
+    },
 }
 
 
@@ -81,11 +99,17 @@ async def post_events(
     go to the queue and the answer is 202 once the broker has them; an id
     decided before is answered with its stored result (``duplicates``), an
     id used before with other charges is a 409. ``?wait=decision`` applies
-    them at once, in order, and answers with their results. A key without
+    them at once, in order, and answers with their results. An
+    ``Idempotency-Key`` header names a single plain event's id. A key without
     ``read`` scope gets outcomes only: no used, remaining, maximum, overage.
     """
     kind = body_kind(request.headers.get("content-type"))
     body = await request.body()
+    # Read by hand (no FastAPI parameter to validate on every request): rare,
+    # and the usual request is still parsed in one pass.
+    idempotency_key = request.headers.get(IDEMPOTENCY_HEADER)
+    if idempotency_key is not None:
+        body = with_idempotency_key(body, kind, idempotency_key)
     now = context.meter.clock()
     if wait == "decision":
         parsed = parse_events(body, kind, now, context.settings.api_max_events)

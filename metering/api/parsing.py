@@ -38,6 +38,7 @@ from metering.domain.events import (
     make_event,
     new_event_id,
     validate_cost,
+    validate_event_id,
     validate_subject,
 )
 from metering.domain.instants import parse_instant, to_us
@@ -335,6 +336,52 @@ def _items(data: Any, kind: BodyKind, max_events: int) -> tuple[list[Any], bool]
     if not items:
         raise ApiProblem("invalid-input", "no events", [("body", "is an empty array")])
     return items, batch
+
+
+IDEMPOTENCY_HEADER: Final = "Idempotency-Key"
+
+
+def idempotency_key(value: str) -> str:
+    """The event id an ``Idempotency-Key`` header names: a Structured Field
+    string (``"abc"``, as draft-ietf-httpapi-idempotency-key-header writes
+    it) or the bare id; either way it must be a valid event id."""
+    key = value.strip()
+    if len(key) >= 2 and key[0] == key[-1] == '"':
+        key = key[1:-1]
+    try:
+        return validate_event_id(key, IDEMPOTENCY_HEADER)
+    except InvalidInput as exc:
+        raise ApiProblem(
+            "invalid-input", f"{IDEMPOTENCY_HEADER}: {exc.message}", [(exc.field, exc.message)]
+        ) from None
+
+
+def with_idempotency_key(body: bytes, kind: BodyKind, value: str) -> bytes:
+    """The body of a request that carries an ``Idempotency-Key``: one plain
+    event whose ``event_id`` is the key. A body ``event_id`` equal to it is
+    fine; a different one, a batch or a CloudEvent (whose id is its own
+    ``(source, id)``) is a 400 problem. Only requests with the header come here:
+    the usual request is parsed in one pass, as before."""
+    key = idempotency_key(value)
+    if kind != "json":
+        raise _header_problem("names a plain event's id; a CloudEvent carries its own id")
+    data = decode_json(body)
+    if not isinstance(data, dict):
+        raise _header_problem(
+            "is for one event; send a batch without it, each event with its event_id"
+        )
+    given = data.get("event_id")
+    if given is not None and given != key:
+        message = f"differs from the {IDEMPOTENCY_HEADER} header ({key!r}); give one, or both equal"
+        raise ApiProblem("invalid-input", f"event_id: {message}", [("event_id", message)])
+    data["event_id"] = key
+    return json.dumps(data, separators=(",", ":")).encode()
+
+
+def _header_problem(message: str) -> ApiProblem:
+    return ApiProblem(
+        "invalid-input", f"{IDEMPOTENCY_HEADER}: {message}", [(IDEMPOTENCY_HEADER, message)]
+    )
 
 
 def parse_events(body: bytes, kind: BodyKind, now: datetime, max_events: int) -> list[Parsed]:

@@ -25,6 +25,7 @@ from metering.cli.queue import emit, prune, rejected, worker
 from metering.cli.reports import report
 from metering.cli.reservations import reservations, reserve
 from metering.cli.serve import serve
+from metering.cli.simulate import simulate
 from metering.cli.status import status
 from metering.cli.webhooks import webhooks
 from metering.settings import database_url
@@ -64,6 +65,7 @@ for command in (
     prune,
     demo,
     report,
+    simulate,
     webhooks,
     reserve,
     reservations,

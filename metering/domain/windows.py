@@ -19,7 +19,6 @@ All functions take and return microseconds since the epoch.
 from __future__ import annotations
 
 import calendar
-from dataclasses import replace
 from typing import Final
 
 from metering.domain.grants import Pot, fit_window
@@ -104,7 +103,7 @@ def evaluate_window(
         fits = soft or fit.fits or cost == 0
         return Evaluation(
             fits=fits,
-            applied=replace(state, used=used_after),
+            applied=state.with_used(used_after),
             denied=state.with_denial(cost, now_us),
             used_before=state.used,
             used_after=used_after,
@@ -124,7 +123,7 @@ def evaluate_window(
     retry_at_us = end_us if not fits and cost <= limit.maximum else None
     return Evaluation(
         fits=fits,
-        applied=replace(state, used=used_after),
+        applied=state.with_used(used_after),
         denied=state.with_denial(cost, now_us),
         used_before=state.used,
         used_after=used_after,

@@ -1,0 +1,175 @@
+"""Replaying recorded demand through other limits: the backtest's rules.
+
+`Replay` takes the events the ledger recorded, in event-time order, and
+decides each again with the reference rules (`decisions.decide_event`)
+against counters it keeps in memory, under the limits and per-subject
+maximums given to it. Nothing here reads or writes a database.
+
+What it assumes (and docs/simulate.md states):
+
+* every counter starts empty at the first event replayed: a window already
+  open when the period starts counts only the events inside the period;
+* grants are not replayed (a top-up is not a limit's setting); the
+  subject's own maximums (entitlements) are;
+* a charge on a limit that is not in force (deleted, never defined), on a
+  concurrent limit (never consumed by an event), a seat limit (its cost
+  depends on the values seen, which the replay does not keep) or a spend
+  limit (charged in money by prices, not replayed) is left out; an event
+  left without charges is not replayed;
+* first-use windows open at the first replayed event of each subject, as
+  they would have if the proposed limit had been stored then.
+
+Per (subject, limit) it counts the events charged, the events whose charge
+would not fit (denied by a hard limit, ``would_deny`` of a shadow one) and
+their cost, the overage (allowed usage above the maximum: soft limits), and
+the events whose charge this limit denied when they were decided.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from metering.domain.decisions import ChargeInput, decide_event
+from metering.domain.grants import History, maximum_at
+from metering.domain.limits import Limit
+from metering.domain.state import NO_WINDOW, CounterKey, CounterState
+from metering.domain.windows import Window, calendar_window, first_use_window
+
+Pair = tuple[str, str]  # (limit name, subject), as the stores key them
+NOT_FITTING: Final = frozenset({"denied", "would_deny"})
+SIMULATION_COLUMNS: Final = (
+    "subject",
+    "limit",
+    "events",
+    "would_deny_events",
+    "would_deny_cost",
+    "overage",
+    "denied_events_then",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEvent:
+    """An event as the ledger recorded it: when, its charges (subject, limit,
+    cost) and the limits whose charge was denied when it was decided."""
+
+    occurred_at_us: int
+    charges: tuple[tuple[str, str, int], ...]
+    denied_then: frozenset[str] = frozenset()
+
+    @classmethod
+    def of_row(cls, occurred_at_us: int, charge_rows: Iterable[list[Any]]) -> StoredEvent:
+        """From a ledger row's time and charges (`ChargeDecision.to_row` lists)."""
+        rows = list(charge_rows)
+        return cls(
+            occurred_at_us,
+            tuple((row[0], row[1], row[2]) for row in rows),
+            frozenset(row[1] for row in rows if row[4] == "denied"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SimulationRow:
+    """One subject's figures under one limit (`SIMULATION_COLUMNS`)."""
+
+    subject: str
+    limit: str
+    events: int
+    would_deny_events: int
+    would_deny_cost: int
+    overage: int
+    denied_events_then: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in SIMULATION_COLUMNS}
+
+
+@dataclass(slots=True)
+class _Tally:
+    events: int = 0
+    would_deny_events: int = 0
+    would_deny_cost: int = 0
+    overage: int = 0
+    denied_events_then: int = 0
+
+
+@dataclass(slots=True)
+class Replay:
+    """Counters in memory, fed events oldest first (`feed`), read by `rows`.
+
+    ``limits`` are the limits in force, by name; ``histories`` each
+    (limit, subject)'s changes of maximum (`grants.maximum_at`). ``subject``,
+    if given, keeps only that subject's charges of each event.
+    """
+
+    limits: Mapping[str, Limit]
+    histories: Mapping[Pair, History] = field(default_factory=dict)
+    subject: str | None = None
+    states: dict[CounterKey, CounterState] = field(default_factory=dict)
+    windows: dict[Pair, Window] = field(default_factory=dict)  # first-use, current
+    tallies: dict[tuple[str, str], _Tally] = field(default_factory=dict)
+    replayed: int = 0
+
+    def feed(self, event: StoredEvent) -> None:
+        """Decide ``event`` again and count it (events must come in time order)."""
+        at_us = event.occurred_at_us
+        inputs: list[ChargeInput] = []
+        for subject, name, cost in event.charges:
+            limit = self.limits.get(name)
+            if limit is None or limit.algorithm == "concurrent":
+                continue
+            if limit.distinct is not None or limit.currency is not None:
+                continue
+            if self.subject is not None and subject != self.subject:
+                continue
+            history = self.histories.get((name, subject))
+            if history:
+                limit = limit.with_maximum(maximum_at(history, limit.maximum, at_us))
+            key = self._key(limit, subject, at_us)
+            inputs.append(ChargeInput(limit, key, self.states.get(key, CounterState()), cost))
+        if not inputs:
+            return
+        self.replayed += 1
+        verdict = decide_event(inputs, at_us)
+        for charge, decided, state in zip(inputs, verdict.charges, verdict.new_states, strict=True):
+            self.states[charge.key] = state
+            tally = self.tallies.get((decided.subject, decided.limit))
+            if tally is None:
+                tally = self.tallies[(decided.subject, decided.limit)] = _Tally()
+            tally.events += 1
+            if decided.limit in event.denied_then:
+                tally.denied_events_then += 1
+            if decided.outcome in NOT_FITTING:
+                tally.would_deny_events += 1
+                tally.would_deny_cost += decided.cost
+            elif decided.outcome == "overage" and not verdict.denied_by:
+                before = charge.state.used - charge.limit.maximum
+                tally.overage += decided.overage - (before if before > 0 else 0)
+
+    def _key(self, limit: Limit, subject: str, at_us: int) -> CounterKey:
+        if limit.algorithm == "token_bucket":
+            return CounterKey(limit.name, subject, NO_WINDOW, NO_WINDOW)
+        if limit.window == "calendar":
+            return CounterKey(limit.name, subject, *calendar_window(limit.parsed_period, at_us))
+        pair = (limit.name, subject)
+        current = self.windows.get(pair)
+        window = first_use_window(limit.parsed_period, at_us, current, None)
+        self.windows[pair] = window
+        return CounterKey(limit.name, subject, *window)
+
+    def rows(self) -> list[SimulationRow]:
+        """The figures, by subject then limit."""
+        return [
+            SimulationRow(
+                subject,
+                limit,
+                t.events,
+                t.would_deny_events,
+                t.would_deny_cost,
+                t.overage,
+                t.denied_events_then,
+            )
+            for (subject, limit), t in sorted(self.tallies.items())
+        ]

@@ -1,0 +1,111 @@
+"""``Idempotency-Key`` on ``POST /v1/events`` (draft-ietf-httpapi-idempotency-key-header):
+the header is a single plain event's id; a body ``event_id`` may repeat it but
+not contradict it; a batch or a CloudEvent with the header is refused; the
+same key again answers the stored result, and the event counts once."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from metering import FrozenClock, Limit, Meter
+from metering.api import create_api
+from metering.settings import Settings
+
+NOW = datetime(2026, 11, 22, 9, 30, tzinfo=UTC)
+EVENT = {"subject": "org-1", "limit": "calls", "cost": 2}
+DECIDE = {"wait": "decision"}
+
+
+@pytest.fixture
+def meter(tmp_path: Path) -> Iterator[Meter]:
+    with Meter(f"sqlite:///{tmp_path}/m.db", clock=FrozenClock(NOW)) as m:
+        m.set_limit(Limit("calls", maximum=10, period="1h"))
+        yield m
+
+
+@pytest.fixture
+def http(meter: Meter, in_process: Any, tmp_path: Path) -> httpx.Client:
+    settings = Settings(meter.url, f"sqla+sqlite:///{tmp_path}/broker.db")
+    client: httpx.Client = in_process(create_api(settings, meter=meter))
+    return client
+
+
+def used(meter: Meter) -> int:
+    return sum(c.used for c in meter.counters("org-1", "calls"))
+
+
+def post(http: httpx.Client, body: Any, key: str | None, **options: Any) -> httpx.Response:
+    headers = {} if key is None else {"Idempotency-Key": key}
+    return http.post("/v1/events", json=body, headers=headers, **options)
+
+
+def test_the_header_alone_is_the_event_id(http: httpx.Client, meter: Meter) -> None:
+    answer = post(http, EVENT, '"order-42"', params=DECIDE)  # a Structured Field string
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["results"][0]["event_id"] == "order-42"
+    queued = post(http, EVENT, "order-43")  # a bare id too, on the queued path
+    assert queued.json() == {"accepted": ["order-43"], "duplicates": []}
+
+
+def test_header_and_an_equal_body_id_are_fine(http: httpx.Client) -> None:
+    answer = post(http, {**EVENT, "event_id": "order-7"}, "order-7", params=DECIDE)
+    assert answer.status_code == 200
+    assert answer.json()["results"][0]["event_id"] == "order-7"
+
+
+@pytest.mark.parametrize(
+    ("body", "key", "field"),
+    [
+        ({**EVENT, "event_id": "order-8"}, "order-9", "event_id"),  # both, different
+        ([EVENT, EVENT], "order-10", "Idempotency-Key"),  # a batch
+        (EVENT, "not an id!", "Idempotency-Key"),
+        (EVENT, '""', "Idempotency-Key"),
+    ],
+)
+def test_what_the_header_cannot_go_with_is_a_400(
+    http: httpx.Client, meter: Meter, body: Any, key: str, field: str
+) -> None:
+    for options in ({}, {"params": DECIDE}):
+        answer = post(http, body, key, **options)
+        assert answer.status_code == 400, answer.text
+        assert answer.headers["content-type"] == "application/problem+json"
+        assert [e["field"] for e in answer.json()["errors"]] == [field]
+    assert used(meter) == 0
+
+
+def test_a_cloudevent_with_the_header_is_a_400(http: httpx.Client) -> None:
+    cloud = {"specversion": "1.0", "id": "c1", "source": "/s", "type": "usage",
+             "data": {"subject": "org-1", "limit": "calls"}}  # fmt: skip
+    answer = http.post(
+        "/v1/events",
+        content=httpx.Request("POST", "/", json=cloud).content,
+        headers={"content-type": "application/cloudevents+json", "Idempotency-Key": "c1"},
+    )
+    assert answer.status_code == 400
+    assert answer.json()["errors"][0]["field"] == "Idempotency-Key"
+
+
+def test_a_repeated_key_answers_the_stored_result_once(http: httpx.Client, meter: Meter) -> None:
+    first = post(http, EVENT, "order-5", params=DECIDE).json()["results"][0]
+    again = post(http, EVENT, "order-5", params=DECIDE).json()["results"][0]
+    queued = post(http, EVENT, "order-5").json()
+    assert first["duplicate"] is False
+    stored = {**first, "duplicate": True}
+    assert again == stored  # the stored result, exactly, marked as a duplicate
+    assert queued == {"accepted": [], "duplicates": [stored]}
+    assert used(meter) == 2  # charged once
+    assert meter.result("order-5") is not None
+
+
+def test_the_openapi_document_says_which_wins(http: httpx.Client) -> None:
+    operation = http.get("/openapi.json").json()["paths"]["/v1/events"]["post"]
+    [header] = [p for p in operation["parameters"] if p["in"] == "header"]
+    assert header["name"] == "Idempotency-Key"
+    assert "header wins" in header["description"]
+    assert "400" in header["description"]
