@@ -1,7 +1,9 @@
 """Allowances: per-subject maximums (entitlements), top-ups (grants) and
 voids of decided events (corrections).
 
-`service` holds their transactions, which `Meter` wraps; the rules are in
+`service` holds their transactions, which `Meter` wraps; `give_back` the
+one step that gives an event's usage back to counters, grants and rollups
+(a cancel, a commit of less, a void); the rules are in
 the pure domain (`metering.domain.grants`, `metering.domain.corrections`),
 the SQL in `metering.storage.allowances`.
 """
@@ -14,7 +16,6 @@ from metering.allowances.service import (
     entitlements,
     list_grants,
     load_entitlements,
-    restore_grants,
     set_entitlement,
     set_entitlements,
     void,
@@ -28,7 +29,6 @@ __all__ = [
     "entitlements",
     "list_grants",
     "load_entitlements",
-    "restore_grants",
     "set_entitlement",
     "set_entitlements",
     "void",
