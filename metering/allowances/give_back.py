@@ -31,6 +31,7 @@ from metering.domain.corrections import (
     VoidedCharge,
     can_take_back,
     counter_of,
+    not_reset,
     taken_back,
 )
 from metering.domain.rollups import given_back_deltas
@@ -110,12 +111,10 @@ def give_back(
     ]
     if not kept:
         return GaveBack([])
-    resets = store.resets_since(event.decided_at_us) if event is not None else []
-    cleared = [
-        event is not None and any(r.cleared(item.charge.key, event.decided_at_us) for r in resets)
-        for item in kept
-    ]
-    left = [item.charge for item, gone in zip(kept, cleared, strict=True) if not gone]
+    left = [item.charge for item in kept]
+    if event is not None:
+        left = not_reset(left, store.resets_since(event.decided_at_us), event.decided_at_us)
+    cleared = [not any(charge is item.charge for charge in left) for item in kept]
     states = store.lock_counters({charge.key for charge in left}, now_us)
     changed, units = taken_back(limits, left, states, now_us, past_windows=past_windows)
     store.write_counters(changed, now_us)

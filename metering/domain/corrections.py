@@ -86,13 +86,6 @@ def voided_charges(outcome: str, rows: Sequence[Sequence[Any]]) -> list[VoidedCh
     return found
 
 
-def void_charge(
-    limit: Limit | None, charge: VoidedCharge, state: CounterState, now_us: int
-) -> CounterState:
-    """The counter after taking ``charge`` back (see the module's rules)."""
-    return take_back(limit, charge, state, now_us, past_windows=True).state
-
-
 def _held(charge: VoidedCharge) -> HeldCharge:
     key = charge.key
     return HeldCharge(key.subject, key.limit, charge.cost, key.window_start_us, key.window_end_us)
