@@ -27,8 +27,14 @@ _.padding  # unused attribute (metering/cli/output.py)
 _.do_POST  # unused method (metering/demo.py, bench/bench_webhooks.py)
 _.log_message  # unused method (metering/demo.py, bench/bench_webhooks.py)
 _.daemon_threads  # unused attribute (metering/demo.py, bench/bench_webhooks.py)
+# import-linter: the contract type pyproject.toml names (contract_types), and its name.
+PackageLayersContract  # unused class (scripts/import_contracts.py)
+type_name  # unused variable (scripts/import_contracts.py)
 # logging: a LogRecord's message, rewritten by a filter.
 _.msg  # unused attribute (metering/logs.py: RedactSecrets)
+# import-linter: the contract type pyproject.toml names (contract_types), and its name.
+PackageLayersContract  # unused class (scripts/import_contracts.py)
+type_name  # unused variable (scripts/import_contracts.py)
 # logging: a LogRecord's field, written for the formatter (task_name in JSON lines).
 _.task_name  # unused attribute (workers/observability.py)
 # sqlite3: the DB-API connection's attribute (None: SQLAlchemy issues BEGIN).

@@ -2,7 +2,9 @@
 or recurring), per-subject alert thresholds (`alerts`) and voids of decided
 events (corrections).
 
-`service` holds their transactions, which `Meter` wraps; the rules are in
+`service` holds their transactions, which `Meter` wraps; `give_back` the
+one step that gives an event's usage back to counters, grants and rollups
+(a cancel, a commit of less, a void); the rules are in
 the pure domain (`metering.domain.grants`, `metering.domain.corrections`),
 the SQL in `metering.storage.allowances`.
 """
@@ -18,7 +20,6 @@ from metering.allowances.service import (
     list_grants,
     list_recurring,
     load_entitlements,
-    restore_grants,
     set_entitlement,
     set_entitlements,
     void,
@@ -37,7 +38,6 @@ __all__ = [
     "list_recurring",
     "load_entitlements",
     "remove_alert",
-    "restore_grants",
     "set_alert",
     "set_entitlement",
     "set_entitlements",

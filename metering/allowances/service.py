@@ -11,8 +11,7 @@ same event finds the first.
 from __future__ import annotations
 
 import uuid
-from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -20,15 +19,14 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+from metering.allowances.give_back import Returning, give_back
 from metering.config import load_entitlements_file
 from metering.domain.corrections import (
     DEFAULT_HORIZON_SECONDS,
     VoidedCharge,
-    counter_of,
     not_reset,
     still_charged,
     validate_reason,
-    void_charge,
     voided_charges,
 )
 from metering.domain.events import validate_event_id, validate_subject
@@ -45,8 +43,6 @@ from metering.domain.limits import MAX_MAXIMUM, Limit, parse_period, validate_li
 from metering.domain.notifications import _iso
 from metering.domain.recurring import Issue, low_threshold, next_due_us, parse_low, period_end
 from metering.domain.reservations import ReservationState
-from metering.domain.rollups import merged, rollup_deltas, spend_deltas
-from metering.domain.state import CounterKey, CounterState
 from metering.engine.seats import free_seats
 from metering.errors import (
     CorrectionConflict,
@@ -57,14 +53,13 @@ from metering.errors import (
     UnknownLimit,
     WrongAlgorithm,
 )
-from metering.storage.allowances import AllowanceStore, CorrectionRecord, DrawKey, GrantRecord
+from metering.storage.allowances import AllowanceStore, CorrectionRecord, GrantRecord
 from metering.storage.database import Database
 from metering.storage.engine import RetryTransaction
 from metering.storage.limits import BUMP_LIMITS_VERSION
 from metering.storage.recurring import ScheduleRecord, ScheduleStore, insert_issue, issue_due
 from metering.storage.reservations import ReservationStore
 from metering.storage.results import ResultRecord
-from metering.storage.rollups import record_rollups
 from metering.storage.store import Store
 from metering.storage.webhook_records import encode_payload
 from metering.storage.webhooks import WebhookStore
@@ -593,16 +588,16 @@ def void(
         if stored.occurred_at_us < now_us - horizon_seconds * 1_000_000:
             days = horizon_seconds / 86_400
             raise CorrectionRefused(event_id, f"it is older than the {days:g}-day horizon")
-        charges = _still_to_give_back(connection, stored, now_us)
-        charges, restored = _reverse(connection, charges, now_us, stored.metadata)
-        _take_back_rollups(connection, stored)
-        record = CorrectionRecord(
-            cid,
-            event_id,
-            reason,
-            [charge.to_row(restored[i]) for i, charge in enumerate(charges)],
-            now_us,
-        )
+        charges, held = _still_charged(connection, stored)
+        charges = _seats_freed(store, charges, stored, now_us)
+        returning = [Returning(charge, charge.cost) for charge in charges]
+        gave = give_back(connection, stored, returning, now_us, past_windows=True)
+        if held:  # settled by the void: a cancel after it gives nothing more
+            ReservationStore(connection).settle(
+                event_id, ReservationState.CANCELLED, now_us, "void", gave.given_back
+            )
+        rows = [r.charge.to_row(r.grants) for r in gave.charges if r.counter]
+        record = CorrectionRecord(cid, event_id, reason, rows, now_us)
         if not allowances.add_correction(record):
             raise RetryTransaction("the event was voided concurrently")
         _announce(connection, record, now_us)
@@ -611,93 +606,43 @@ def void(
     return database.run(work)
 
 
-def _still_to_give_back(
-    connection: Connection, stored: ResultRecord, now_us: int
-) -> list[VoidedCharge]:
-    """The event's charges that neither a later reset nor a cancel gave back.
+def _still_charged(connection: Connection, stored: ResultRecord) -> tuple[list[VoidedCharge], bool]:
+    """The event's charges that no cancel or commit of its reservation gave
+    back already (`give_back` skips the counters a later reset cleared), and
+    whether its reservation is still held (the void settles it).
 
     Locks the event's reservation, if it has one, before any counter (a
-    cancel's order), and settles it when still held: a cancel after the void
-    gives nothing more.
+    cancel's order).
     """
-    event_id = stored.event_id
     charges = voided_charges(stored.outcome, stored.charges)
-    resets = Store(connection).resets_since(stored.decided_at_us)
-    charges = not_reset(charges, resets, stored.decided_at_us)
-    reservations = ReservationStore(connection)
-    reservation = reservations.get(event_id, lock=True)
+    reservation = ReservationStore(connection).get(stored.event_id, lock=True)
     if reservation is None:
-        return charges
+        return charges, False
     if reservation.state == ReservationState.HELD:
-        given_back = [(*counter_of(charge.key), charge.cost) for charge in charges]
-        reservations.settle(event_id, ReservationState.CANCELLED, now_us, "void", given_back)
-        return charges
+        return charges, True
     left = still_charged(charges, reservation.given_back)
     if charges and not left:
-        raise CorrectionRefused(event_id, "its reservation was cancelled: its cost went back then")
-    return left
+        raise CorrectionRefused(
+            stored.event_id, "its reservation was cancelled: its cost went back then"
+        )
+    return left, False
 
 
-def _reverse(
-    connection: Connection,
-    charges: list[VoidedCharge],
-    now_us: int,
-    metadata: Mapping[str, Any] | None,
-) -> tuple[list[VoidedCharge], list[list[tuple[str, int]]]]:
-    """Take the charges back from their counters and grants: the charges as
-    given back (a seat only when its value's last event goes, `free_seats`),
-    and per charge the grants whose amounts were given back (the active ones)."""
-    store = Store(connection)
-    states = store.lock_counters({charge.key for charge in charges}, now_us)
+def _seats_freed(
+    store: Store, charges: list[VoidedCharge], stored: ResultRecord, now_us: int
+) -> list[VoidedCharge]:
+    """The charges with those on seat limits at what they give back
+    (`free_seats`: a seat only with its value's last live event). Only the
+    charges no later reset cleared leave their value, after their counters
+    are locked (the seats' lock order)."""
     limits = store.load_limits(charge.key.limit for charge in charges)
-    charges = free_seats(store, limits, charges, metadata)
-    changed: dict[CounterKey, CounterState] = {}
-    for charge in charges:
-        state = changed.get(charge.key, states.get(charge.key, CounterState()))
-        changed[charge.key] = void_charge(limits.get(charge.key.limit), charge, state, now_us)
-    store.write_counters(changed, now_us)
-    return charges, restore_grants(connection, charges, now_us)
-
-
-def restore_grants(
-    connection: Connection, charges: Sequence[VoidedCharge], now_us: int
-) -> list[list[tuple[str, int]]]:
-    """Give back what ``charges`` drew on grants: always to their windows'
-    draws, and to the grants that are still active. Per charge, the grants
-    given back."""
-    paid = [c for c in charges if c.grants]
-    if not paid:
-        return [[] for _ in charges]
-    allowances = AllowanceStore(connection)
-    pots = allowances.lock_pots({(c.key.limit, c.key.subject) for c in paid}, [])
-    active = {
-        balance.grant_id
-        for pot in pots.values()
-        for balance in pot.balances
-        if balance.expires_at_us is None or now_us < balance.expires_at_us
-    }
-    draws: dict[DrawKey, int] = defaultdict(int)
-    restored: list[list[tuple[str, int]]] = []
-    for charge in charges:
-        given: list[tuple[str, int]] = []
-        for grant_id, amount in charge.grants:
-            key = charge.key
-            draws[(key.limit, key.subject, key.window_start_us, grant_id)] -= amount
-            if grant_id in active:
-                given.append((grant_id, amount))
-        restored.append(given)
-    allowances.write_draws(draws, restore=active)
-    return restored
-
-
-def _take_back_rollups(connection: Connection, stored: ResultRecord) -> None:
-    """The usage rollups lose what the voided event added (limits with dimensions)."""
-    names = {row[1] for row in stored.charges}
-    limits = Store(connection).load_limits(names)
-    dimensions = {name: limit.dimensions for name, limit in limits.items() if limit.dimensions}
-    deltas = merged(rollup_deltas([stored], dimensions, sign=-1), spend_deltas([stored], -1))
-    if deltas:
-        record_rollups(connection, deltas)
+    if not any(limit.distinct for limit in limits.values()):
+        return charges
+    live = not_reset(charges, store.resets_since(stored.decided_at_us), stored.decided_at_us)
+    store.lock_counters({charge.key for charge in live}, now_us)
+    freed = iter(free_seats(store, limits, live, stored.metadata))
+    kept = {id(charge) for charge in live}
+    return [next(freed) if id(charge) in kept else charge for charge in charges]
 
 
 def _announce(connection: Connection, record: CorrectionRecord, now_us: int) -> None:

@@ -23,14 +23,14 @@ Usage is given back at most once, whatever else happened to the event:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from metering.domain.bounds import shown
 from metering.domain.decisions import ChargeDecision
 from metering.domain.limits import Limit
-from metering.domain.reservations import HeldCharge, give_back
+from metering.domain.reservations import GiveBack, HeldCharge, can_give_back, give_back
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 from metering.errors import InvalidInput
 
@@ -86,16 +86,64 @@ def voided_charges(outcome: str, rows: Sequence[Sequence[Any]]) -> list[VoidedCh
     return found
 
 
-def void_charge(
-    limit: Limit | None, charge: VoidedCharge, state: CounterState, now_us: int
-) -> CounterState:
-    """The counter after taking ``charge`` back (see the module's rules)."""
-    if charge.key.window_end_us == NO_WINDOW:
-        if limit is None or limit.algorithm != "token_bucket":
-            return state  # the bucket was deleted or redefined since
-        held = HeldCharge(charge.key.subject, charge.key.limit, charge.cost, NO_WINDOW, NO_WINDOW)
-        return give_back(limit, held, state, now_us).state
-    return replace(state, used=state.used - min(charge.cost, state.used))
+def _held(charge: VoidedCharge) -> HeldCharge:
+    key = charge.key
+    return HeldCharge(key.subject, key.limit, charge.cost, key.window_start_us, key.window_end_us)
+
+
+def can_take_back(
+    limit: Limit | None, charge: VoidedCharge, now_us: int, *, past_windows: bool
+) -> bool:
+    """Whether ``charge``'s counter takes anything back: always for a void
+    (``past_windows``: a past window's usage goes down too); for a cancel or
+    a commit of less only while it still can (`can_give_back`)."""
+    return past_windows or can_give_back(limit, _held(charge), now_us)
+
+
+def take_back(
+    limit: Limit | None,
+    charge: VoidedCharge,
+    state: CounterState,
+    now_us: int,
+    *,
+    past_windows: bool,
+) -> GiveBack:
+    """The counter after giving ``charge.cost`` back, and the units it took.
+
+    A bucket gets its tokens back as of now (`give_back`), unless it was
+    deleted or redefined as a window since. A window gets the cost back
+    down to zero while it is current, and with ``past_windows`` (a void)
+    after it ended too.
+    """
+    if past_windows and charge.key.window_end_us != NO_WINDOW:
+        returned = min(charge.cost, state.used)
+        return GiveBack(replace(state, used=state.used - returned), returned)
+    if limit is None:  # deleted since: nothing to return to
+        return GiveBack(state, 0)
+    return give_back(limit, _held(charge), state, now_us)
+
+
+def taken_back(
+    limits: Mapping[str, Limit],
+    charges: Sequence[VoidedCharge],
+    states: Mapping[CounterKey, CounterState],
+    now_us: int,
+    *,
+    past_windows: bool,
+) -> tuple[dict[CounterKey, CounterState], list[int]]:
+    """The counters ``charges`` (of one event) change, after each gave its
+    cost back in turn (`take_back`; two charges may share a counter), and
+    the units each returned. A counter not in ``states`` starts empty."""
+    changed: dict[CounterKey, CounterState] = {}
+    returned: list[int] = []
+    for charge in charges:
+        state = changed.get(charge.key, states.get(charge.key, CounterState()))
+        outcome = take_back(
+            limits.get(charge.key.limit), charge, state, now_us, past_windows=past_windows
+        )
+        changed[charge.key] = outcome.state
+        returned.append(outcome.returned)
+    return changed, returned
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,40 +19,32 @@ restore and rollups to take back run the settle again under SQLAlchemy.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Final, Literal
 
 from sqlalchemy import Connection
 
-from metering.allowances import restore_grants
+from metering.allowances.give_back import Returning, give_back
 from metering.domain.corrections import (
     GivenBack,
     VoidedCharge,
+    can_take_back,
     counter_of,
     split_back,
+    taken_back,
     voided_charges,
 )
 from metering.domain.decisions import ChargeDecision, Decision
 from metering.domain.events import MAX_COST, UsageEvent
-from metering.domain.limits import Limit
 from metering.domain.notifications import Notice, notices_for, payload_of
 from metering.domain.reservations import (
     MAX_TTL_SECONDS,
     ChargedMore,
-    HeldCharge,
     ReservationState,
-    can_give_back,
     charge_more,
-    give_back,
     held_charge,
 )
-from metering.domain.rollups import (
-    charged_more_deltas,
-    given_back_deltas,
-    merged,
-    spend_given_back,
-)
+from metering.domain.rollups import charged_more_deltas
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 from metering.engine.core import Engine
 from metering.engine.fast import CONFLICT, DUPLICATE, Hold, LimitCache, NotHeld, UseGeneralPath
@@ -335,18 +327,25 @@ def _first_step(
     return _GIVE_BACK
 
 
-def _live(
-    record: ReservationRecord, limits: Mapping[str, Limit], keep: int, now_us: int
-) -> tuple[dict[CounterKey, int], list[HeldCharge]]:
-    """Per charge the units above ``keep``, and the charges that can still
-    take theirs back (`can_give_back`)."""
-    back = {c.key: c.cost - keep for c in record.charges}
-    live = [
-        c
-        for c in record.charges
-        if back[c.key] > 0 and can_give_back(limits.get(c.limit), c, now_us)
-    ]
-    return back, live
+def _returning(
+    record: ReservationRecord, stored: ResultRecord | None, keep: int
+) -> list[Returning]:
+    """Each charge's units above ``keep``, with what they drew on grants
+    (the last drawn first: `split_back` of the reserving event's charge;
+    none once its result is pruned)."""
+    paid = {
+        counter_of(charge.key): charge
+        for charge in (voided_charges(stored.outcome, stored.charges) if stored else ())
+    }
+    returning = []
+    for charge in record.charges:
+        units = charge.cost - keep
+        if units <= 0:
+            continue
+        drawn = paid.get(counter_of(charge.key))
+        back = VoidedCharge(charge.key, units, ()) if drawn is None else split_back(drawn, units)[0]
+        returning.append(Returning(replace(back, key=charge.key), charge.cost))
+    return returning
 
 
 def _settle_direct(
@@ -381,14 +380,9 @@ def _settle_direct(
         )
         return Settled(expired=by == _EXPIRY)
     assert keep is not None
-    back = {c.key: c.cost - keep for c in record.charges}
-    wanted = sorted(
-        {
-            (c.limit, c.subject, c.window_start_us, c.window_end_us)
-            for c in record.charges
-            if back[c.key] > 0
-        }
-    )
+    returning = _returning(record, None, keep)
+    keys = [item.charge.key for item in returning]
+    wanted = sorted({(k.limit, k.subject, k.window_start_us, k.window_end_us) for k in keys})
     returned = 0
     units: list[GivenBack] = []
     updated: list[tuple[tuple[str, str, int], list[object]]] = []
@@ -402,26 +396,27 @@ def _settle_direct(
         limits = {c.limit: rules[c.limit].limit for c in record.charges if c.limit in rules}
         if any(rules[name].money for name in limits):
             raise NeedsConnection("money")  # spend rollups, and commit(actual) refused
-        back, live = _live(record, limits, keep, now_us)
+        returning = _returning(record, snapshot.stored.get(reservation_id), keep)
+        live = [
+            charge
+            for charge in (item.charge for item in returning)
+            if can_take_back(limits.get(charge.key.limit), charge, now_us, past_windows=False)
+        ]
         if live:
             if any(limit.dimensions for limit in limits.values()):
                 raise NeedsConnection("rollups")
-            units = [(*counter_of(charge.key), back[charge.key]) for charge in live]
-            stored = snapshot.stored.get(reservation_id)
-            if stored is not None and any(c.grants for c in _paid(stored, units)):
+            if any(charge.grants for charge in live):
                 raise NeedsConnection("grants")
             states: dict[CounterKey, CounterState] = {}
             for charge in live:
-                found = snapshot.states.get((charge.limit, charge.subject, charge.window_start_us))
+                key = charge.key
+                found = snapshot.states.get((key.limit, key.subject, key.window_start_us))
                 if found is None:
                     raise NeedsConnection("counters")
-                states[charge.key] = CounterState(*found)
-            changed: dict[CounterKey, CounterState] = {}
-            for charge in live:
-                part = replace(charge, cost=back[charge.key])
-                outcome = give_back(limits[charge.limit], part, states[charge.key], now_us)
-                states[charge.key] = changed[charge.key] = outcome.state
-                returned += outcome.returned
+                states[key] = CounterState(*found)
+            changed, taken = taken_back(limits, live, states, now_us, past_windows=False)
+            returned = sum(taken)
+            units = [(*counter_of(charge.key), charge.cost) for charge in live]
             updated = sorted(
                 ((k.limit, k.subject, k.window_start_us), _state_row(state))
                 for k, state in changed.items()
@@ -447,76 +442,23 @@ def _state_row(state: CounterState) -> list[object]:
 def _give_back(
     connection: Connection, record: ReservationRecord, keep: int, now_us: int
 ) -> tuple[int, list[GivenBack]]:
-    """Give back each charge's cost above ``keep`` where it still can be; the
-    units returned, and per counter the units of its charge that went back
-    (a bucket already full counts: it needs nothing)."""
+    """Give back each charge's cost above ``keep`` where it still can be
+    (`metering.allowances.give_back`); the units returned, and per counter
+    the units of its charge that went back (a bucket already full counts:
+    it needs nothing). Priced usage is committed in full or cancelled."""
     store = Store(connection)
-    limits = store.load_limits(c.limit for c in record.charges)
-    if keep and any(limit.currency for limit in limits.values()):
+    if keep and any(
+        limit.currency for limit in store.load_limits(c.limit for c in record.charges).values()
+    ):
         raise InvalidInput(
             "actual",
             "a reservation of priced usage is committed in full or cancelled: "
             "its spend was charged at the reserved cost",
         )
-    back, live = _live(record, limits, keep, now_us)
-    if not live:
-        return 0, []
-    states = store.lock_counters([c.key for c in live], now_us)
-    returned = 0
-    changed = {}
-    given_back = []
-    for charge in live:
-        part = replace(charge, cost=back[charge.key])
-        outcome = give_back(limits[charge.limit], part, states[charge.key], now_us)
-        states[charge.key] = changed[charge.key] = outcome.state
-        returned += outcome.returned
-        given_back.append((charge.subject, charge.limit, charge.cost, outcome.returned))
-    store.write_counters(changed, now_us)
-    units = [(*counter_of(charge.key), back[charge.key]) for charge in live]
-    _restore_grants(connection, record.id, units, now_us)
-    _take_back_rollups(store, record.id, given_back, limits)
-    return returned, units
-
-
-def _restore_grants(
-    connection: Connection, reservation_id: str, units: list[GivenBack], now_us: int
-) -> None:
-    """Give back what the returned units drew on grants, the last drawn
-    first (see `metering.allowances` and `metering.domain.corrections.split_back`)."""
-    stored = Store(connection).fetch_results([reservation_id]).get(reservation_id)
-    if stored is None:
-        return
-    restore_grants(connection, _paid(stored, units), now_us)
-
-
-def _paid(stored: ResultRecord, units: list[GivenBack]) -> list[VoidedCharge]:
-    """What the returned ``units`` of the reserving event's charges drew, the
-    last drawn first (their ``grants``: what goes back to grants)."""
-    back = {(subject, limit, start): n for subject, limit, start, n in units}
-    return [
-        split_back(charge, back[counter_of(charge.key)])[0]
-        for charge in voided_charges(stored.outcome, stored.charges)
-        if counter_of(charge.key) in back
-    ]
-
-
-def _take_back_rollups(
-    store: Store,
-    event_id: str,
-    given_back: list[tuple[str, str, int, int]],
-    limits: Mapping[str, Limit],
-) -> None:
-    """The usage rollups lose what the counters got back (limits with dimensions)."""
-    dimensioned = {name: limit.dimensions for name, limit in limits.items() if limit.dimensions}
-    money = any(limit.currency for limit in limits.values())
-    if not dimensioned and not money:
-        return
-    reserving = store.fetch_results([event_id]).get(event_id)
-    if reserving is not None:  # pruned results are long past any cancel
-        deltas = given_back_deltas(reserving, given_back, dimensioned)
-        if money:
-            deltas = merged(deltas, spend_given_back(reserving, given_back))
-        record_rollups(store.connection, deltas)
+    stored = store.fetch_results([record.id]).get(record.id)
+    returning = _returning(record, stored, keep)
+    gave = give_back(connection, stored, returning, now_us, past_windows=False)
+    return gave.returned, gave.given_back
 
 
 def _charge_more(connection: Connection, record: ReservationRecord, keep: int, now_us: int) -> None:

@@ -303,6 +303,21 @@ def test_reservations_count_and_a_cancel_takes_its_usage_back(meter: Meter) -> N
     assert sum(r.used for r in rows) == sum(c.used for c in meter.counters("org-1", "api"))
 
 
+def test_a_void_after_a_commit_of_less_takes_the_rest_from_the_rollups_once(
+    meter: Meter,
+) -> None:
+    """A commit of less gives the rest back to the counter and the rollups;
+    a void then takes back only what the event still had, so the rollups
+    end at zero with the counter (one give-back: `metering.allowances.give_back`)."""
+    held = meter.reserve("org-1", "api", 5, metadata={"route": "/r"})
+    assert held.allowed and held.commit(actual=2) == 3
+    rows = usage_by_dimension_report(meter, subject="org-1", key="route")
+    assert figures(rows) == [("api", "/r", 2, 1)]
+    meter.void(held.id, "refund")
+    assert [c.used for c in meter.counters("org-1", "api")] == [0]
+    assert usage_by_dimension_report(meter, subject="org-1", key="route") == []
+
+
 def test_a_partial_give_back_keeps_the_event() -> None:
     from metering.domain.rollups import given_back_deltas
     from metering.storage.results import ResultRecord

@@ -38,6 +38,9 @@ from metering.storage.tables import reservations
 
 # Shrinking these streams takes minutes: a failure is reported as found.
 NO_SHRINK = settings(SETTINGS, phases=[Phase.explicit, Phase.reuse, Phase.generate])
+# PostgreSQL's budget, as test_fast_path.py's: 60 examples there were three
+# minutes, the slowest test of the suite (`make test` is to stay under 12).
+ON_POSTGRES = settings(NO_SHRINK, max_examples=25)
 # With limits of no dimensions ("fu", "units", "plain-bucket") a give-back
 # settles on the direct path; the others roll usage up (the general path).
 RESERVING_LIMITS = [
@@ -150,7 +153,7 @@ def test_sqlite_reservations_on_the_fast_path_match_the_reference_engine(
 
 
 @pytest.mark.postgres
-@NO_SHRINK
+@ON_POSTGRES
 @given(stream=streams)
 def test_postgresql_reservations_on_the_fast_path_match_the_reference_engine(
     postgres_server: PostgresServer, pg_template_url: str, stream: list[dict[str, object]]
@@ -170,7 +173,7 @@ def test_sqlite_settles_on_the_direct_path_match_sqlalchemy(
 
 
 @pytest.mark.postgres
-@NO_SHRINK
+@ON_POSTGRES
 @given(stream=settle_streams)
 def test_postgresql_settles_on_the_direct_path_match_sqlalchemy(
     postgres_server: PostgresServer, pg_template_url: str, stream: list[dict[str, object]]

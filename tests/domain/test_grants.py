@@ -7,8 +7,8 @@ import pytest
 from metering.domain.corrections import (
     MAX_REASON_CHARS,
     VoidedCharge,
+    take_back,
     validate_reason,
-    void_charge,
     voided_charges,
 )
 from metering.domain.decisions import ChargeDecision
@@ -187,11 +187,13 @@ def test_only_the_consumed_charges_of_an_allowed_event_are_voided() -> None:
 def test_a_void_takes_a_windows_cost_back_but_never_below_zero() -> None:
     charge = VoidedCharge(CounterKey("calls", "org", 100, 900), 4, ())
     limit = Limit("calls", maximum=10, period="1h")
-    assert void_charge(limit, charge, CounterState(used=9), 0).used == 5
-    assert void_charge(limit, charge, CounterState(used=3, denied_count=2), 0) == CounterState(
-        used=0, denied_count=2
-    )
-    assert void_charge(None, charge, CounterState(used=9), 0).used == 5  # limit deleted since
+    assert take_back(limit, charge, CounterState(used=9), 0, past_windows=True).state.used == 5
+    assert take_back(
+        limit, charge, CounterState(used=3, denied_count=2), 0, past_windows=True
+    ).state == CounterState(used=0, denied_count=2)
+    assert (
+        take_back(None, charge, CounterState(used=9), 0, past_windows=True).state.used == 5
+    )  # limit deleted since
 
 
 def test_a_void_gives_a_bucket_its_tokens_back_up_to_its_capacity() -> None:
@@ -199,9 +201,11 @@ def test_a_void_gives_a_bucket_its_tokens_back_up_to_its_capacity() -> None:
     charge = VoidedCharge(CounterKey("api", "org", NO_WINDOW, NO_WINDOW), 4, ())
     # empty at 0 s (arrival time 10 s): 4 back moves it to 6 s
     empty = CounterState(used=10, tat_us=10 * SECOND, tat_rem=0, tat_scale=10)
-    after = void_charge(bucket, charge, empty, 0)
+    after = take_back(bucket, charge, empty, 0, past_windows=True).state
     assert (after.used, after.tat_us) == (6, 6 * SECOND)
     full = CounterState(used=10, tat_us=0, tat_rem=0, tat_scale=10)
-    assert void_charge(bucket, charge, full, SECOND) == full
+    assert take_back(bucket, charge, full, SECOND, past_windows=True).state == full
     window = Limit("api", maximum=10, period="10s")
-    assert void_charge(window, charge, empty, 0) == empty  # redefined as a window since
+    assert (
+        take_back(window, charge, empty, 0, past_windows=True).state == empty
+    )  # redefined as a window since

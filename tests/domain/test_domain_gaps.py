@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 import pytest
 
 from metering.domain.buckets import evaluate_bucket
-from metering.domain.corrections import VoidedCharge, validate_reason, void_charge, voided_charges
+from metering.domain.corrections import VoidedCharge, take_back, validate_reason, voided_charges
 from metering.domain.decisions import ChargeDecision, ChargeInput, decide_event
 from metering.domain.events import (
     Charge,
@@ -469,12 +469,22 @@ def test_a_void_takes_a_windows_cost_back_down_to_zero_and_keeps_the_rest() -> N
     window = Limit("calls", maximum=10, period="1h")
     charge = VoidedCharge(CounterKey("calls", "org", 100, 900), 4, ())
     counted = CounterState(used=9, denied_count=2, denied_cost=5, first_denied_at_us=150)
-    assert void_charge(window, charge, counted, 10**12) == replace(counted, used=5)
-    assert void_charge(window, charge, CounterState(used=4), 0) == CounterState(used=0)
-    assert void_charge(window, charge, CounterState(used=3), 0) == CounterState(used=0)
-    assert void_charge(None, charge, CounterState(used=9), 0) == CounterState(used=5)
+    assert take_back(window, charge, counted, 10**12, past_windows=True).state == replace(
+        counted, used=5
+    )
+    assert take_back(
+        window, charge, CounterState(used=4), 0, past_windows=True
+    ).state == CounterState(used=0)
+    assert take_back(
+        window, charge, CounterState(used=3), 0, past_windows=True
+    ).state == CounterState(used=0)
+    assert take_back(
+        None, charge, CounterState(used=9), 0, past_windows=True
+    ).state == CounterState(used=5)
     bucket = Limit("calls", maximum=10, period="10s", algorithm="token_bucket")
-    assert void_charge(bucket, charge, CounterState(used=9), 0) == CounterState(used=5)
+    assert take_back(
+        bucket, charge, CounterState(used=9), 0, past_windows=True
+    ).state == CounterState(used=5)
 
 
 def test_a_void_gives_a_bucket_its_tokens_back_as_of_now() -> None:
@@ -482,16 +492,20 @@ def test_a_void_gives_a_bucket_its_tokens_back_as_of_now() -> None:
     charge = VoidedCharge(CounterKey("api", "org", NO_WINDOW, NO_WINDOW), 4, ())
     # empty at 0 s (full again at 10 s); at 1 s one token has come back
     empty = CounterState(used=10, denied_count=1, tat_us=10 * SECOND, tat_rem=0, tat_scale=10)
-    assert void_charge(bucket, charge, empty, SECOND) == CounterState(
+    assert take_back(bucket, charge, empty, SECOND, past_windows=True).state == CounterState(
         used=6, denied_count=1, tat_us=6 * SECOND, tat_rem=0, tat_scale=10
     )
     # at 7 s only 3 were missing: the arrival time cannot go before now
-    assert void_charge(bucket, charge, empty, 7 * SECOND) == CounterState(
+    assert take_back(bucket, charge, empty, 7 * SECOND, past_windows=True).state == CounterState(
         used=6, denied_count=1, tat_us=7 * SECOND, tat_rem=0, tat_scale=10
     )
-    assert void_charge(None, charge, empty, SECOND) == empty  # the bucket was deleted
+    assert (
+        take_back(None, charge, empty, SECOND, past_windows=True).state == empty
+    )  # the bucket was deleted
     window = Limit("api", maximum=10, period="10s")
-    assert void_charge(window, charge, empty, SECOND) == empty  # redefined as a window
+    assert (
+        take_back(window, charge, empty, SECOND, past_windows=True).state == empty
+    )  # redefined as a window
 
 
 def test_an_entitlement_as_a_document() -> None:

@@ -14,10 +14,13 @@ from metering.domain.buckets import evaluate_bucket
 from metering.domain.corrections import (
     Reset,
     VoidedCharge,
+    can_take_back,
     counter_of,
     not_reset,
     split_back,
     still_charged,
+    take_back,
+    taken_back,
 )
 from metering.domain.limits import Limit
 from metering.domain.reservations import (
@@ -263,3 +266,46 @@ def test_what_goes_back_is_the_last_drawn_first(
     assert (given.cost, given.grants) == back
     assert (kept.cost, kept.grants) == stays
     assert given.key == kept.key == WINDOW_KEY
+
+
+# -- one give-back for cancel and void (`take_back`, `taken_back`) ----------------
+
+PAST_WINDOW = VoidedCharge(CounterKey("calls", "org", T0, T0 + 60 * SECOND), 3, ())
+BUCKET_CHARGE = VoidedCharge(CounterKey("api", "org", NO_WINDOW, NO_WINDOW), 3, ())
+
+
+def test_a_cancel_gives_a_past_window_nothing_and_a_void_takes_it_back() -> None:
+    later = T0 + 61 * SECOND
+    state = CounterState(used=5, denied_count=1)
+    assert not can_take_back(WINDOW, PAST_WINDOW, later, past_windows=False)
+    assert can_take_back(WINDOW, PAST_WINDOW, T0, past_windows=False)
+    assert can_take_back(None, PAST_WINDOW, later, past_windows=True)
+    assert not can_take_back(None, PAST_WINDOW, T0, past_windows=False)
+    assert take_back(WINDOW, PAST_WINDOW, state, later, past_windows=False) == GiveBack(state, 0)
+    assert take_back(WINDOW, PAST_WINDOW, state, later, past_windows=True) == GiveBack(
+        replace(state, used=2), 3
+    )
+    assert take_back(WINDOW, PAST_WINDOW, state, T0, past_windows=False) == GiveBack(
+        replace(state, used=2), 3
+    )
+    assert take_back(None, PAST_WINDOW, state, T0, past_windows=False) == GiveBack(state, 0)
+
+
+def test_a_bucket_takes_tokens_back_the_same_under_cancel_and_void() -> None:
+    state = took(BUCKET, 4, T0)  # empty at T0
+    for past_windows in (False, True):
+        taken = take_back(BUCKET, BUCKET_CHARGE, state, T0, past_windows=past_windows)
+        held = give_back(BUCKET, IN_BUCKET, state, T0)
+        assert taken == held and taken.returned == 3
+
+
+def test_charges_sharing_a_counter_give_back_in_turn() -> None:
+    other = VoidedCharge(PAST_WINDOW.key, 4, ())
+    states = {PAST_WINDOW.key: CounterState(used=5)}
+    changed, returned = taken_back(
+        {"calls": WINDOW}, [PAST_WINDOW, other], states, T0, past_windows=False
+    )
+    assert changed == {PAST_WINDOW.key: CounterState(used=0)}
+    assert returned == [3, 2]
+    fresh, units = taken_back({}, [PAST_WINDOW], {}, T0, past_windows=True)
+    assert fresh == {PAST_WINDOW.key: CounterState()} and units == [0]

@@ -1,0 +1,168 @@
+"""Giving an event's usage back: the one transaction step that cancel, a
+commit of less and void share.
+
+`give_back` takes, for some charges of one decided event, the units going
+back (and the grants they drew, the last drawn first) from the counters,
+the grants and the usage rollups, in the engines' lock order (counters,
+then grants). The rules are pure (`metering.domain.corrections.take_back`
+for a counter, `split_back` for the grants, `given_back_deltas` for the
+rollups); the SQL is in the stores.
+
+Exactly once is the callers' part, and the records they keep make it so:
+a reservation's ``given_back`` (what its cancel or commit gave back, which a
+later void skips: `still_charged`), the correction of a void (a second void
+finds it), and an operator's reset, which forgets the held charges it
+cleared (a later cancel gives nothing) and is recorded (`resets_since`): a
+charge whose counter a reset cleared after the event was decided gives its
+counter and grants nothing here, and its rollups the same as any other (a
+reset clears counters, not the usage history).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import Connection
+
+from metering.domain.corrections import (
+    GivenBack,
+    VoidedCharge,
+    can_take_back,
+    counter_of,
+    not_reset,
+    taken_back,
+)
+from metering.domain.rollups import given_back_deltas, merged, spend_given_back
+from metering.storage.allowances import AllowanceStore, DrawKey
+from metering.storage.results import ResultRecord
+from metering.storage.rollups import record_rollups
+from metering.storage.store import Store
+
+
+@dataclass(frozen=True, slots=True)
+class Returning:
+    """One charge of the event to give back: its counter, the units going
+    back and the grants they drew (a `VoidedCharge`), and how much of it the
+    event still had charged before (all of it going back takes the event
+    out of the rollups' event count)."""
+
+    charge: VoidedCharge
+    charged: int
+
+
+@dataclass(frozen=True, slots=True)
+class Returned:
+    """What `give_back` did with one `Returning`: whether its counter and
+    grants took it (False: a reset cleared the counter since), the units the
+    counter took (a bucket already full takes none), and the grants whose
+    amounts were given back (the ones still active)."""
+
+    charge: VoidedCharge
+    counter: bool
+    returned: int
+    grants: list[tuple[str, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class GaveBack:
+    """The charges given back, in the order given (those whose counter no
+    longer takes anything back, under a cancel's rules, left out)."""
+
+    charges: list[Returned]
+
+    @property
+    def returned(self) -> int:
+        """Units the counters took back."""
+        return sum(r.returned for r in self.charges)
+
+    @property
+    def given_back(self) -> list[GivenBack]:
+        """Per counter that took its charge back, the units of it that went
+        back (a reservation's ``given_back``)."""
+        return [(*counter_of(r.charge.key), r.charge.cost) for r in self.charges if r.counter]
+
+
+def give_back(
+    connection: Connection,
+    event: ResultRecord | None,
+    charges: Sequence[Returning],
+    now_us: int,
+    *,
+    past_windows: bool,
+) -> GaveBack:
+    """Give back, once, what ``charges`` of ``event`` (its stored result;
+    None once pruned: no resets, grants or rollups to consider) consumed.
+
+    ``past_windows`` is a void's rule: every charge's counter takes it back,
+    a past window too. Without it (a cancel, a commit of less) a charge
+    whose counter can no longer take anything back (`can_take_back`: its
+    window ended, its limit was deleted or redefined) is left out entirely.
+    """
+    store = Store(connection)
+    limits = store.load_limits({item.charge.key.limit for item in charges})
+    kept = [
+        item
+        for item in charges
+        if can_take_back(
+            limits.get(item.charge.key.limit), item.charge, now_us, past_windows=past_windows
+        )
+    ]
+    if not kept:
+        return GaveBack([])
+    left = [item.charge for item in kept]
+    if event is not None:
+        left = not_reset(left, store.resets_since(event.decided_at_us), event.decided_at_us)
+    cleared = [not any(charge is item.charge for charge in left) for item in kept]
+    states = store.lock_counters({charge.key for charge in left}, now_us)
+    changed, units = taken_back(limits, left, states, now_us, past_windows=past_windows)
+    store.write_counters(changed, now_us)
+    restored = iter(zip(units, restore_grants(connection, left, now_us), strict=True))
+    result = [
+        Returned(item.charge, not gone, *((0, []) if gone else next(restored)))
+        for item, gone in zip(kept, cleared, strict=True)
+    ]
+    if event is not None:
+        dimensions = {name: limit.dimensions for name, limit in limits.items() if limit.dimensions}
+        returned = [
+            (item.charge.key.subject, item.charge.key.limit, item.charged, item.charge.cost)
+            for item in kept
+        ]
+        deltas = given_back_deltas(event, returned, dimensions) if dimensions else {}
+        if any(limit.currency for limit in limits.values()):  # a spend limit: money back too
+            deltas = merged(deltas, spend_given_back(event, returned))
+        if deltas:
+            record_rollups(connection, deltas)
+    return GaveBack(result)
+
+
+def restore_grants(
+    connection: Connection, charges: Sequence[VoidedCharge], now_us: int
+) -> list[list[tuple[str, int]]]:
+    """Give back what ``charges`` drew on grants: always to their windows'
+    draws, and to the grants that are still active. Per charge, the grants
+    given back."""
+    paid = [c for c in charges if c.grants]
+    if not paid:
+        return [[] for _ in charges]
+    allowances = AllowanceStore(connection)
+    pots = allowances.lock_pots({(c.key.limit, c.key.subject) for c in paid}, [])
+    active = {
+        balance.grant_id
+        for pot in pots.values()
+        for balance in pot.balances
+        if balance.expires_at_us is None or now_us < balance.expires_at_us
+    }
+    draws: dict[DrawKey, int] = defaultdict(int)
+    restored: list[list[tuple[str, int]]] = []
+    for charge in charges:
+        given: list[tuple[str, int]] = []
+        for grant_id, amount in charge.grants:
+            key = charge.key
+            draws[(key.limit, key.subject, key.window_start_us, grant_id)] -= amount
+            if grant_id in active:
+                given.append((grant_id, amount))
+        restored.append(given)
+    allowances.write_draws(draws, restore=active)
+    return restored
