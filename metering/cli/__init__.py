@@ -17,6 +17,7 @@ from metering.cli.demo import demo
 from metering.cli.entitlements import entitlements
 from metering.cli.events import check, consume, counters, reset, result
 from metering.cli.grants import corrections, grants, void
+from metering.cli.imports import import_
 from metering.cli.licenses import checkin, checkout
 from metering.cli.limits import limits
 from metering.cli.queue import emit, prune, rejected, worker
@@ -52,6 +53,7 @@ for command in (
     result,
     reset,
     counters,
+    import_,
     db,
     emit,
     worker,
