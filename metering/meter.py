@@ -141,9 +141,10 @@ class Meter:
         """`apply` for the worker: plain records in, (kind, result) answers out."""
         return self._engine.apply(records, invalid=invalid, rejected=rejected)
 
-    def import_events(self, source: Source, *, fmt: ImportFormat | None = None, enforce: bool = True,
-                      allow_late: bool = False, strict: bool = False, batch_size: int = BATCH_SIZE,
-                      progress: Progress | None = None) -> ImportSummary:  # fmt: skip
+    def import_events(self, source: Source, *, fmt: ImportFormat | None = None,
+                      enforce: bool = True, allow_late: bool = False, strict: bool = False,
+                      batch_size: int = BATCH_SIZE, progress: Progress | None = None,
+                      ) -> ImportSummary:  # fmt: skip
         """Apply a JSON Lines or CSV file of events through the batch path, exactly once
         by id (``enforce=False``: history, never denied; ``allow_late``: no lateness)."""
         return imports.import_events(self._engine, source, fmt=fmt, enforce=enforce,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from metering.api import allowances, licenses, limits, reports, reservations, webhooks
+from metering.api import allowances, imports, licenses, limits, reports, reservations, webhooks
 
 ROUTERS: tuple[APIRouter, ...] = (
     reservations.router,
@@ -15,5 +15,6 @@ ROUTERS: tuple[APIRouter, ...] = (
     limits.router,
     allowances.router,
     reports.router,
+    imports.router,
     webhooks.router,
 )

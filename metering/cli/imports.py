@@ -9,7 +9,14 @@ from contextlib import contextmanager
 
 import click
 from rich.console import Console
-from rich.progress import Progress, ProgressColumn, SpinnerColumn, Task, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    Progress,
+    ProgressColumn,
+    SpinnerColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.text import Text
 
 from metering.cli.context import current_meter
@@ -38,10 +45,10 @@ class _Rate(ProgressColumn):
     help="History that happened: never deny (fixed windows decided as soft, "
     "token buckets as shadow), no notifications.",
 )
+@click.option("--allow-late", is_flag=True, help="Accept events older than a limit's lateness.")
 @click.option(
-    "--allow-late", is_flag=True, help="Accept events older than a limit's lateness."
+    "--strict", is_flag=True, help="Check every line first; import nothing if one is bad."
 )
-@click.option("--strict", is_flag=True, help="Check every line first; import nothing if one is bad.")
 @click.option("--batch-size", type=click.IntRange(1, 10_000), default=1000, show_default=True)
 @click.option("--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option(
@@ -100,7 +107,12 @@ def _bar(shown: bool) -> Iterator[Callable[[int], None] | None]:
     if not shown:
         yield None
         return
-    columns = (SpinnerColumn(), TextColumn("{task.completed:,} events"), _Rate(), TimeElapsedColumn())
+    columns = (
+        SpinnerColumn(),
+        TextColumn("{task.completed:,} events"),
+        _Rate(),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("import", total=None)
         yield lambda count: bar.advance(task, count)

@@ -157,7 +157,9 @@ class _Numbered:
         return line
 
 
-def _record(event_id: object, charges: list[Any], occurred_at: object, metadata: object) -> EventRecord:
+def _record(
+    event_id: object, charges: list[Any], occurred_at: object, metadata: object
+) -> EventRecord:
     if event_id is None or event_id == "":
         raise InvalidInput("event_id", "is required (an import is exactly once by id)")
     checked_id = validate_event_id(event_id)

@@ -182,7 +182,7 @@ def _chain(head: list[str], rest: Iterator[str]) -> Iterator[str]:
     yield from rest
 
 
-class _lines_of:  # noqa: N801 - a context manager used as a function
+class _lines_of:
     """The name (for the format) and the lines of a source, closed after."""
 
     def __init__(self, source: Source) -> None:
@@ -196,14 +196,14 @@ class _lines_of:  # noqa: N801 - a context manager used as a function
                 stream = sys.stdin.buffer
                 return None, iter(io.TextIOWrapper(stream, encoding="utf-8", newline=""))
             try:
-                self.opened = open(source, encoding="utf-8", newline="")  # noqa: SIM115
+                self.opened = open(source, encoding="utf-8", newline="")
             except OSError as exc:
                 raise InvalidInput("file", f"cannot read {str(source)!r}: {exc.strerror}") from None
             return str(source), iter(self.opened)
         if isinstance(source, io.TextIOBase):
             return getattr(source, "name", None), iter(source)
         if isinstance(source, io.IOBase):
-            text = io.TextIOWrapper(source, encoding="utf-8", newline="")  # type: ignore[arg-type]
+            text = io.TextIOWrapper(source, encoding="utf-8", newline="")
             return getattr(source, "name", None), iter(text)
         return None, iter(source)  # type: ignore[arg-type]
 
