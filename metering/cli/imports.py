@@ -72,7 +72,9 @@ def import_(
     nothing and counts the duplicates. A bad line is reported with its number
     and the others are applied (unless --strict). Exit 1 when a line was bad."""
     meter = current_meter()
-    with _bar(sys.stderr.isatty() if progress is None else progress) as advance:
+    with _bar(
+        sys.stderr.isatty() if progress is None else progress, forced=bool(progress)
+    ) as advance:
         summary = meter.import_events(
             file,
             fmt=fmt,  # type: ignore[arg-type]
@@ -103,7 +105,8 @@ def _print(summary: ImportSummary) -> None:
 
 
 @contextmanager
-def _bar(shown: bool) -> Iterator[Callable[[int], None] | None]:
+def _bar(shown: bool, *, forced: bool) -> Iterator[Callable[[int], None] | None]:
+    """The progress bar on stderr (``forced``: drawn even where it is no terminal)."""
     if not shown:
         yield None
         return
@@ -113,6 +116,6 @@ def _bar(shown: bool) -> Iterator[Callable[[int], None] | None]:
         _Rate(),
         TimeElapsedColumn(),
     )
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+    with Progress(*columns, console=Console(stderr=True, force_terminal=forced or None)) as bar:
         task = bar.add_task("import", total=None)
         yield lambda count: bar.advance(task, count)
