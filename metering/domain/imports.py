@@ -110,7 +110,17 @@ def _csv_lines(lines: Iterable[str]) -> Iterator[Parsed]:
     numbered = _Numbered(lines)
     reader = csv.reader(numbered)
     header: list[str] | None = None
-    for row in reader:
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:  # a NUL, a lone carriage return in a cell ...
+            if header is None:
+                raise InvalidInput("header", f"line {numbered.start}: not CSV: {exc}") from None
+            yield numbered.start, BadLine(numbered.start, f"not CSV: {exc}")
+            numbered.start = numbered.count + 1
+            continue
         number = numbered.start
         numbered.start = numbered.count + 1
         if not any(cell.strip() for cell in row):

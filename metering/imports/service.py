@@ -24,7 +24,7 @@ from metering.domain.events import EventRecord
 from metering.domain.imports import BadLine, ImportFormat, ImportPolicy, format_of, parse_lines
 from metering.engine import Engine
 from metering.engine.fast import CONFLICT, DUPLICATE, NEW, Answer
-from metering.errors import InvalidInput
+from metering.errors import InputRefused, InvalidInput
 
 BATCH_SIZE: Final = 1000
 # Bad lines kept in a summary; more are counted (``bad``), not listed.
@@ -125,12 +125,12 @@ def _apply_all(
     batch_size: int,
     progress: Progress | None,
 ) -> None:
-    batch: list[EventRecord] = []
-    for _, found in parsed:
+    batch: list[tuple[int, EventRecord]] = []
+    for number, found in parsed:
         if isinstance(found, BadLine):
             summary.bad_line(found)
             continue
-        batch.append(found)
+        batch.append((number, found))
         if len(batch) >= batch_size:
             _apply(engine, batch, policy, summary, progress)
             batch = []
@@ -140,7 +140,7 @@ def _apply_all(
 
 def _apply(
     engine: Engine,
-    batch: list[EventRecord],
+    batch: list[tuple[int, EventRecord]],
     policy: ImportPolicy | None,
     summary: ImportSummary,
     progress: Progress | None,
@@ -149,12 +149,34 @@ def _apply(
     enabled = gc.isenabled()
     gc.disable()
     try:
-        summary.add(engine.apply(batch, invalid="reject", policy=policy))
+        _apply_around_refusals(engine, batch, policy, summary)
     finally:
         if enabled:
             gc.enable()
     if progress is not None:
         progress(len(batch))
+
+
+def _apply_around_refusals(
+    engine: Engine,
+    batch: list[tuple[int, EventRecord]],
+    policy: ImportPolicy | None,
+    summary: ImportSummary,
+) -> None:
+    """Apply ``batch``; where the database refuses an event (`InputRefused`: a
+    value it cannot store), halve around it, as the worker does, and report
+    it as a bad line: every other event is applied."""
+    try:
+        answers = engine.apply([record for _, record in batch], invalid="reject", policy=policy)
+    except InputRefused as exc:
+        if len(batch) == 1:
+            summary.bad_line(BadLine(batch[0][0], f"refused by the database: {exc}"))
+            return
+        middle = len(batch) // 2
+        _apply_around_refusals(engine, batch[:middle], policy, summary)
+        _apply_around_refusals(engine, batch[middle:], policy, summary)
+        return
+    summary.add(answers)
 
 
 def _checked(parsed: list[tuple[int, EventRecord | BadLine]]) -> list[tuple[int, EventRecord]]:

@@ -120,3 +120,13 @@ def test_allow_late_lifts_the_lateness_only() -> None:
     assert ImportPolicy(enforce=False, allow_late=True).marker == (
         "imported: not enforced, lateness not checked"
     )
+
+
+def test_a_csv_line_that_is_no_csv_is_a_bad_line() -> None:
+    lines = ["event_id,subject,limit,cost,occurred_at\n", f"c1,org\r-1,calls,1,{AT}\n", "c2\0\n"]
+    found = list(parse_lines(lines, "csv"))
+    assert [(number, type(item).__name__) for number, item in found] == [
+        (2, "BadLine"), (3, "BadLine"),
+    ]  # fmt: skip
+    with pytest.raises(InvalidInput, match="header: line 1: not CSV"):
+        list(parse_lines(["event\rid\n"], "csv"))
