@@ -270,6 +270,3 @@ class ImportPolicy:
         )
         self._rules[id(rule)] = (rule, changed)
         return changed
-
-
-NO_CHANGE: Final = ImportPolicy()
