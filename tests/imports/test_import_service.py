@@ -7,6 +7,7 @@ import io
 import json
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from sqlalchemy import func, select
@@ -161,3 +162,40 @@ def test_a_file_by_path_and_bytes_that_are_not_utf8(meter: Meter, tmp_path: obje
         meter.import_events(io.BytesIO(b'{"event_id": "\xff"}\n'))
     with pytest.raises(InvalidInput, match="cannot read"):
         meter.import_events(Path(str(tmp_path)) / "missing.jsonl")
+
+
+@pytest.mark.parametrize(("enforce", "allow_late"), [(True, True), (False, False), (False, True)])
+def test_both_engines_apply_the_flags_alike(
+    tmp_path: Path, enforce: bool, allow_late: bool
+) -> None:
+    """The same events under the same flags, once by the fast path and once
+    by the reference engine (an event before its subject's current first-use
+    window sends its whole batch there): the same results and counters."""
+    limits = [
+        Limit("calls", maximum=3, period="1d", window="calendar", thresholds=(100,)),
+        Limit("api", maximum=2, period="2s", algorithm="token_bucket"),
+        Limit("visits", maximum=2, period="1h"),
+        Limit("seen", maximum=2, period="1h", enforcement="shadow"),
+    ]
+    events = [
+        line(f"{name}-{i}", f"org-{i % 2}", name, NOW - timedelta(hours=30 - i), cost=1 + i % 3)
+        for i in range(24)
+        for name in ("calls", "api", "visits", "seen")
+    ]
+    pusher = line("push", "zz", "visits", NOW - timedelta(hours=3))
+    found = []
+    for name, batches in (("fast", [events, [pusher]]), ("reference", [[*events, pusher]])):
+        with Meter(f"sqlite:///{tmp_path}/{name}.db", clock=FrozenClock(NOW)) as meter:
+            meter.set_limits(limits)
+            meter.consume("zz", "visits", event_id="live", occurred_at=NOW)
+            for batch in batches:
+                meter.import_events(batch, enforce=enforce, allow_late=allow_late)
+            decided = [meter.result(json.loads(text)["event_id"]) for text in events]
+            found.append(
+                (
+                    [(d.outcome, d.charges, d.reason) for d in decided if d is not None],
+                    [c for c in meter.counters() if c.subject != "zz"],
+                )
+            )
+    assert found[0] == found[1]
+    assert len(found[0][0]) == len(events)
