@@ -112,3 +112,17 @@ def test_strict_and_the_content_type(http: httpx.Client, tokens: dict[str, str])
     assert "application/x-ndjson" in wrong.json()["detail"]
     schema = http.get("/openapi.json").json()
     assert "/v1/imports" in schema["paths"]
+
+
+def test_the_streamed_body_is_not_bounded_like_others(
+    in_process: InProcess, meter: Meter, tmp_path: Path
+) -> None:
+    settings = Settings(meter.url, f"sqla+sqlite:///{tmp_path}/b.db", api_max_body_bytes=300)
+    http = in_process(create_api(settings, meter=meter))  # no key yet: the API is open
+    body = b"".join(line(f"big{i}") for i in range(3))
+    assert len(body) > 300
+    answer = http.post("/v1/imports", content=body, headers=NDJSON)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["applied"] == 3
+    bounded = http.post("/v1/events", content=body, headers={"content-type": "application/json"})
+    assert bounded.status_code == 413
