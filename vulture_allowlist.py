@@ -21,6 +21,8 @@ exit_code  # unused variable (metering/cli/context.py: CliError)
 # rich: attributes of a Table, read when it is printed.
 _.show_edge  # unused attribute (metering/cli/output.py)
 _.pad_edge  # unused attribute (metering/cli/output.py)
+# rich: a ProgressColumn's render, called by the Progress it is in.
+_.render  # unused method (metering/cli/imports.py: _Rate)
 _.padding  # unused attribute (metering/cli/output.py)
 
 # http.server: the handler's POST method and its log hook, and the server's option.

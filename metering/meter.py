@@ -19,6 +19,7 @@ from metering.domain.decisions import Decision
 from metering.domain.events import EventRecord, Rejected, UsageEvent, charges_of, make_event
 from metering.domain.events import validate_cost as cost_of
 from metering.domain.grants import DEFAULT_PRIORITY, Entitlement
+from metering.domain.imports import ImportFormat
 from metering.domain.licenses import DEFAULT_TTL_SECONDS as LICENSE_TTL
 from metering.domain.limits import Limit
 from metering.domain.money import Price
@@ -26,6 +27,10 @@ from metering.domain.reservations import DEFAULT_TTL_SECONDS
 from metering.engine import Engine
 from metering.engine.fast import Answer
 from metering.engine.reference import Decided, InvalidPolicy
+from metering.imports import ImportSummary
+from metering.imports import service as imports
+from metering.imports.service import BATCH_SIZE, Source
+from metering.imports.service import Progress as ImportProgress
 from metering.leases import LeaseBook, LeasedReservation
 from metering.licenses import Checkout
 from metering.licenses import service as licenses
@@ -139,6 +144,16 @@ class Meter:
                       rejected: Sequence[Rejected] = ()) -> list[Answer]:  # fmt: skip
         """`apply` for the worker: plain records in, (kind, result) answers out."""
         return self._engine.apply(records, invalid=invalid, rejected=rejected)
+
+    def import_events(self, source: Source, *, fmt: ImportFormat | None = None,
+                      enforce: bool = True, allow_late: bool = False, strict: bool = False,
+                      batch_size: int = BATCH_SIZE, progress: ImportProgress | None = None,
+                      ) -> ImportSummary:  # fmt: skip
+        """Apply a JSON Lines or CSV file of events through the batch path, exactly once
+        by id (``enforce=False``: history, never denied; ``allow_late``: no lateness)."""
+        return imports.import_events(self._engine, source, fmt=fmt, enforce=enforce,
+                                     allow_late=allow_late, strict=strict, batch_size=batch_size,
+                                     progress=progress)  # fmt: skip
 
     def check(self, subject: Name = None, limit: Name = None, cost: int = 1, *,
               charges: Charges = None, occurred_at: When = None,

@@ -9,6 +9,7 @@ from fastapi import APIRouter
 
 from metering.api import (
     allowances,
+    imports,
     licenses,
     limits,
     prices,
@@ -26,5 +27,6 @@ ROUTERS: tuple[APIRouter, ...] = (
     prices.router,
     reports.router,
     simulations.router,
+    imports.router,
     webhooks.router,
 )

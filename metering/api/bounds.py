@@ -22,6 +22,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from metering.api.problems import problem_response
 
 BODY_METHODS: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+# Routes that read their body as a stream, a batch at a time, and never hold
+# it whole (``POST /v1/imports``, admin only): not bounded here.
+STREAMED_PATHS: Final = frozenset({"/v1/imports"})
 
 
 class BodyTooLarge(HTTPException):
@@ -40,7 +43,11 @@ class BodyLimit:
         self.max_bytes = max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] not in BODY_METHODS:
+        if (
+            scope["type"] != "http"
+            or scope["method"] not in BODY_METHODS
+            or scope["path"] in STREAMED_PATHS
+        ):
             await self.app(scope, receive, send)
             return
         declared = _content_length(scope)

@@ -216,7 +216,10 @@ class DecisionOut(BaseModel):
     outcome: Literal["allowed", "denied", "overage", "rejected"]
     allowed: bool
     denied_by: list[str]
-    reason: str | None = Field(description="Why a queued event was rejected.")
+    reason: str | None = Field(
+        description="Why a queued event was rejected; for an event imported with "
+        "no_enforce or allow_late, `imported: ...` (see docs/import.md)."
+    )
     occurred_at: datetime
     decided_at: datetime
     used: int | None = _figure(

@@ -18,6 +18,7 @@ from metering.cli.demo import demo
 from metering.cli.entitlements import entitlements
 from metering.cli.events import check, consume, counters, reset, result, seats
 from metering.cli.grants import corrections, grants, void
+from metering.cli.imports import import_
 from metering.cli.licenses import checkin, checkout
 from metering.cli.limits import limits
 from metering.cli.prices import prices
@@ -57,6 +58,7 @@ for command in (
     result,
     reset,
     counters,
+    import_,
     seats,
     db,
     emit,

@@ -415,6 +415,8 @@ def decision_lines(decision: Decision) -> list[str]:
             _charge_line(c, "fits" if denied and c.allowed else c.outcome) for c in decision.charges
         ]
         lines.append(_verdict_line(decision))
+    if decision.outcome != "rejected" and decision.reason:
+        lines[-1] += f"  ({decision.reason})"  # an import's marker (docs/import.md)
     if decision.duplicate:
         lines[-1] += "  (duplicate)"
     return lines

@@ -38,6 +38,7 @@ from sqlalchemy import Connection
 
 from metering.domain.decisions import ChargeDecision, Decision
 from metering.domain.events import EventRecord, Rejected, UsageEvent
+from metering.domain.imports import ImportPolicy
 from metering.domain.instants import from_us
 from metering.engine.fast import (
     CONFLICT,
@@ -127,10 +128,12 @@ class Engine:
         *,
         invalid: InvalidPolicy = "reject",
         rejected: Sequence[Rejected] = (),
+        policy: ImportPolicy | None = None,
     ) -> list[Answer]:
-        """Apply a batch in one transaction, in order (see `Meter.apply_records`)."""
+        """Apply a batch in one transaction, in order (see `Meter.apply_records`);
+        ``policy``: an import's flags (`metering.imports`)."""
         try:
-            return self._apply(records, invalid, rejected)
+            return self._apply(records, invalid, rejected, policy=policy)
         except Unacceptable as exc:
             raise exc.error from None
 
@@ -155,6 +158,8 @@ class Engine:
         invalid: InvalidPolicy,
         rejected: Sequence[Rejected],
         hold: Hold | None = None,
+        *,
+        policy: ImportPolicy | None = None,
     ) -> list[Answer]:
         now_us = self.database.now_us()
         # One event (consume) skips the id lookup: a repeated id fails the
@@ -174,11 +179,12 @@ class Engine:
                 rejected=rejected,
                 store=store,
                 hold=hold,
+                policy=policy,
             )
 
         repeat = False  # the one-trip function found the id decided: look it up first
         # Not a reservation: the function writes no reservation row.
-        if single and self.one_trip and not rejected and hold is None:
+        if single and self.one_trip and not rejected and hold is None and policy is None:
             found = self._apply_one_trip(records[0], now_us)
             if isinstance(found, tuple):
                 _count(records, [found], self.limits.current[1], invalid, 0)
@@ -191,7 +197,7 @@ class Engine:
         except UseGeneralPath:
             if hold is not None:
                 raise
-            answers = self._apply_reference(records, now_us, invalid, rejected)
+            answers = self._apply_reference(records, now_us, invalid, rejected, policy)
         if hold is not None:
             return answers  # reservations are not counted (as on the reference engine)
         _count(records, answers, self.limits.current[1], invalid, len(rejected))
@@ -256,6 +262,7 @@ class Engine:
         now_us: int,
         invalid: InvalidPolicy,
         rejected: Sequence[Rejected],
+        policy: ImportPolicy | None = None,
     ) -> list[Answer]:
         """The reference engine, for batches the fast path leaves to it."""
         events = [UsageEvent(*r[:2], from_us(r.occurred_at_us), r.metadata) for r in records]
@@ -264,7 +271,9 @@ class Engine:
         def work(connection: Connection, retry: bool) -> list[Decided]:
             store = Store(connection)
             precheck = retry or not single
-            applied = apply_events(store, events, now_us, invalid=invalid, precheck=precheck)
+            applied = apply_events(
+                store, events, now_us, invalid=invalid, precheck=precheck, policy=policy
+            )
             conflicts = [
                 Rejected(event.event_id, str(outcome), event.fingerprint())
                 for event, outcome in zip(events, applied, strict=True)

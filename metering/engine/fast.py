@@ -31,6 +31,7 @@ from sqlalchemy import Connection
 from metering.domain.decisions import ChargeDecision
 from metering.domain.events import FUTURE_TOLERANCE_US, EventRecord, Rejected, check_event_time
 from metering.domain.grants import History, Pot, maximum_at
+from metering.domain.imports import ImportPolicy
 from metering.domain.instants import from_us
 from metering.domain.licenses import consumed_concurrent
 from metering.domain.notifications import Notice, payload_of
@@ -193,9 +194,10 @@ class _Windows:
 
 
 def _rules_for(
-    event: EventRecord, rules: dict[str, Rule], now_us: int
+    event: EventRecord, rules: dict[str, Rule], now_us: int, policy: ImportPolicy | None = None
 ) -> tuple[list[Rule], MeteringError | None]:
-    """The event's rules, or the error that makes it unacceptable (as `validate_against_limits`)."""
+    """The event's rules, or the error that makes it unacceptable (as
+    `validate_against_limits`); times checked as ``policy`` says (an import's)."""
     found: list[Rule] = []
     at_us = event.occurred_at_us
     for _, name, _ in event.charges:
@@ -208,9 +210,10 @@ def _rules_for(
             raise UseGeneralPath(
                 "a priced or spend limit: money is decided by the reference engine"
             )
-        if at_us > now_us + FUTURE_TOLERANCE_US or at_us < now_us - rule.lateness_us:
+        timed = rule if policy is None else policy.rule(rule)
+        if at_us > now_us + FUTURE_TOLERANCE_US or at_us < now_us - timed.lateness_us:
             try:
-                check_event_time(from_us(at_us), now_us, rule.limit.lateness_seconds)
+                check_event_time(from_us(at_us), now_us, timed.limit.lateness_seconds)
             except MeteringError as exc:
                 return found, exc
         found.append(rule)
@@ -244,6 +247,7 @@ def apply_records(
     rejected: Sequence[Rejected] = (),
     store: HotStore | None = None,
     hold: Hold | None = None,
+    policy: ImportPolicy | None = None,
 ) -> list[Answer]:
     """Apply ``events`` in order inside the caller's transaction; one answer per event.
 
@@ -257,6 +261,9 @@ def apply_records(
     and `run_transaction` runs the work again, with ``precheck``.
     ``rejected`` input, and with ``"reject"`` ids reused with other
     charges, are kept in ``rejected_messages`` in the same transaction.
+    ``policy`` (an import's flags, `ImportPolicy`) changes the rules after
+    each subject's own maximum is applied, writes no notification when it
+    does not enforce, and marks the results it writes.
     """
     if store is None:
         assert connection is not None
@@ -279,7 +286,7 @@ def apply_records(
             answers[index] = (_REPEAT, first[event.event_id])
             continue
         first[event.event_id] = index
-        event_rules, error = _rules_for(event, rules, now_us)
+        event_rules, error = _rules_for(event, rules, now_us, policy)
         if error is not None:
             todo.append((index, event, event_rules, error, None))
             continue
@@ -325,6 +332,11 @@ def apply_records(
     created: dict[Key, int] = {}
     before: dict[Key, tuple[object, ...]] = {}
     notices: list[Notice] = []
+    wanted_notices: list[Notice] | None = notices
+    marker: str | None = None
+    if policy is not None:
+        marker = policy.marker
+        wanted_notices = notices if policy.enforce else None
     records: list[ResultRecord] = []
     found = snapshot.stored
     for index, event, event_rules, error, fixed in todo:
@@ -354,6 +366,8 @@ def apply_records(
             event_pots: list[Pot | None] | None = None
             if histories or pots:
                 event_rules, event_pots = _entitled(cache, event, event_rules, histories, pots)
+            if policy is not None:  # after `_entitled`: its shared rules stay as they are
+                event_rules = [policy.rule(rule) for rule in event_rules]
             if fixed is None:
                 fixed = []
                 for (subject, name, _), rule in zip(event.charges, event_rules, strict=True):
@@ -380,7 +394,7 @@ def apply_records(
                 event_states,
                 at_us,
                 event.event_id,
-                notices,
+                wanted_notices,
                 event_pots,
             )
             record = ResultRecord(
@@ -390,7 +404,7 @@ def apply_records(
                 at_us,
                 now_us,
                 verdict.denied_by,
-                None,
+                marker,
                 verdict.rows,
                 event.metadata,
             )

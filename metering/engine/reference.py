@@ -30,6 +30,7 @@ from metering.domain.decisions import (
 from metering.domain.distinct import value_of
 from metering.domain.events import UsageEvent, check_event_time
 from metering.domain.grants import History, Pot, maximum_at
+from metering.domain.imports import ImportPolicy
 from metering.domain.instants import from_us, to_us
 from metering.domain.licenses import consumed_concurrent
 from metering.domain.limits import Limit
@@ -133,6 +134,7 @@ def apply_events(
     *,
     invalid: InvalidPolicy = "raise",
     precheck: bool = True,
+    policy: ImportPolicy | None = None,
 ) -> list[Decided]:
     """Apply ``events`` in order inside the caller's transaction.
 
@@ -140,6 +142,7 @@ def apply_events(
     ``"reject"`` records the event as rejected with its reason (the worker).
     Without ``precheck`` ids are not looked up first: a repeated id is then
     caught by the results insert, which raises `RetryTransaction`.
+    ``policy``: an import's flags (`ImportPolicy`), as the fast path applies them.
     """
     stored = store.fetch_results(e.event_id for e in events) if precheck else {}
     outputs: dict[int, Decided] = {}
@@ -156,6 +159,8 @@ def apply_events(
             pending.append((index, event))
 
     limits = store.load_limits(c.limit for _, e in pending for c in e.charges)
+    if policy is not None:
+        limits = {name: policy.limit(limit) for name, limit in limits.items()}
     rows: list[ResultRecord] = []
     valid: list[tuple[int, UsageEvent]] = []
     for index, event in pending:
@@ -169,8 +174,10 @@ def apply_events(
             outputs[index] = rejected
             rows.append(record_of(event, rejected))
 
-    decided = _decide(store, [e for _, e in valid], limits, now_us)
+    decided = _decide(store, [e for _, e in valid], limits, now_us, policy)
     for (index, event), decision in zip(valid, decided, strict=True):
+        if policy is not None and policy.marker is not None:
+            decision = replace(decision, reason=policy.marker)
         outputs[index] = decision
         rows.append(record_of(event, decision))
 
@@ -188,7 +195,11 @@ def apply_events(
 
 
 def _decide(
-    store: Store, events: Sequence[UsageEvent], limits: Mapping[str, Limit], now_us: int
+    store: Store,
+    events: Sequence[UsageEvent],
+    limits: Mapping[str, Limit],
+    now_us: int,
+    policy: ImportPolicy | None = None,
 ) -> list[Decision]:
     if not events:
         return []
@@ -234,7 +245,11 @@ def _decide(
         )
     # Notifications are written in this transaction: a rollback takes them too.
     # Most events cause no candidate at all, and then no statement runs.
-    notices = notices_of(limits, transitions, allowances.own_thresholds(limits))
+    notices = (
+        notices_of(limits, transitions, allowances.own_thresholds(limits))
+        if policy is None or policy.enforce
+        else []
+    )
     if notices:
         WebhookStore(store.connection).record_notices(
             [(notice, payload_of(notice, now_us)) for notice in notices], now_us
