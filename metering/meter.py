@@ -9,7 +9,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from metering import allowances, counters, money, results
+from metering import allowances, counters, history, money, portal, results
 from metering import limits as admin
 from metering.allowances import Alert, Correction, Grant, RecurringGrant
 from metering.clock import Clock, system_clock
@@ -26,6 +26,7 @@ from metering.domain.reservations import DEFAULT_TTL_SECONDS
 from metering.engine import Engine
 from metering.engine.fast import Answer
 from metering.engine.reference import Decided, InvalidPolicy
+from metering.history import UsageHistory
 from metering.leases import LeaseBook, LeasedReservation
 from metering.licenses import Checkout
 from metering.licenses import service as licenses
@@ -309,3 +310,15 @@ class Meter:
 
     def prices(self, limit: str | None = None) -> list[Price]:
         return money.prices(self.database, limit)
+
+    def usage_history(self, subject: str, limit: str, since: datetime | None = None,
+                      until: datetime | None = None, bucket: str = "day",
+                      ) -> UsageHistory:  # fmt: skip
+        """``subject``'s use of ``limit`` per hour or day, with the maximum in force."""
+        return history.usage_history(self.database, subject, limit, since=since, until=until,
+                                     bucket=bucket)  # fmt: skip
+
+    def portal_link(self, subject: str, ttl_seconds: int = 3600,
+                    base_url: str = "http://127.0.0.1:8000") -> str:  # fmt: skip
+        """A signed link to ``subject``'s usage page (GET /portal) for ``ttl_seconds``."""
+        return portal.make_link(self.database, subject, ttl_seconds, base_url)

@@ -20,6 +20,7 @@ from metering.cli.events import check, consume, counters, reset, result, seats
 from metering.cli.grants import corrections, grants, void
 from metering.cli.licenses import checkin, checkout
 from metering.cli.limits import limits
+from metering.cli.portal import portal
 from metering.cli.prices import prices
 from metering.cli.queue import emit, prune, rejected, worker
 from metering.cli.reports import report
@@ -72,5 +73,6 @@ for command in (
     status,
     serve,
     apikeys,
+    portal,
 ):
     main.add_command(command)
