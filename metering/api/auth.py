@@ -188,7 +188,7 @@ def not_found(what: str = "no such resource") -> ApiProblem:
 
 def _check_subject(request: Request, own: str, rule: SubjectRule | None) -> None:
     if rule is None:
-        raise not_found(f"no such resource: {request.url.path}")
+        raise not_found()
     if rule == "path":
         if request.path_params.get("subject") != own:
             raise not_found("no such subject")
