@@ -169,9 +169,7 @@ class ApiKeys:
     def __init__(self, source: DatabaseSource) -> None:
         self.database = database_of(source)
 
-    def create(
-        self, scope: str, name: str = "", subject: str | None = None
-    ) -> tuple[ApiKey, str]:
+    def create(self, scope: str, name: str = "", subject: str | None = None) -> tuple[ApiKey, str]:
         """A new key and its token. The token is not stored: show it now, once.
 
         ``subject``: a customer's key, of scope ``read`` only, that sees that

@@ -48,6 +48,8 @@ class LimitPanel:
     resets_at: datetime | None
     grants_left: int
     days: list[Point]
+    # The chart draws the maximum only over days it bounds: a daily limit's.
+    daily: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,9 +68,7 @@ def portal_view(database: Database, subject: str, days: int = DAYS) -> PortalVie
     current = {u.limit.name: u for u in subject_usage(database, subject)}
     windows = database.run(lambda c: counter_windows(c, subject, None, since_us, now_us + 1))
     grants = [g for g in list_grants(database, subject) if g.left > 0]
-    names = sorted(
-        set(current) | {w.limit for w in windows} | {g.limit for g in grants}
-    )
+    names = sorted(set(current) | {w.limit for w in windows} | {g.limit for g in grants})
     now = from_us(now_us)
     changes = database.run(lambda c: {n: entitlement_changes(c, subject, n) for n in names})
     panels = []
@@ -94,6 +94,7 @@ def portal_view(database: Database, subject: str, days: int = DAYS) -> PortalVie
                 resets_at=found.resets_at if found is not None else None,
                 grants_left=left,
                 days=history.points,
+                daily=limit.period in ("1d", "24h"),
             )
         )
     denials = [w for w in reversed(windows) if w.denied_count > 0][:MAX_DENIALS]
@@ -146,10 +147,11 @@ def _when(moment: datetime | None) -> str:
     return "—" if moment is None else moment.strftime("%Y-%m-%d %H:%M UTC")
 
 
-def _chart(points: list[Point]) -> str:
-    """Bars of usage per day and the maximum in force as a line, as SVG."""
+def _chart(points: list[Point], with_maximum: bool) -> str:
+    """Bars of usage per day and (``with_maximum``) the maximum in force as a line, as SVG."""
     width, height, pad = 300, 100, 2
-    top = max([p.used for p in points] + [p.maximum or 0 for p in points] + [1])
+    maximums = [p.maximum or 0 for p in points] if with_maximum else []
+    top = max([p.used for p in points] + maximums + [1])
     step = (width - 2 * pad) / max(len(points), 1)
     bars = []
     line = []
@@ -161,7 +163,7 @@ def _chart(points: list[Point]) -> str:
             f'<rect x="{x:.1f}" y="{height - pad - h:.1f}" width="{max(step - 1, 1):.1f}" '
             f'height="{h:.1f}" fill="#2b7de9"><title>{day}: {p.used}</title></rect>'
         )
-        if p.maximum is not None:
+        if with_maximum and p.maximum is not None:
             y = height - pad - (height - 2 * pad) * p.maximum / top
             line.append(f"{x:.1f},{y:.1f} {x + step:.1f},{y:.1f}")
     limit_line = (
@@ -196,9 +198,9 @@ def _panel(panel: LimitPanel) -> str:
         f"{figures}</div>{bar}"
         f'<div class="meta">resets {_when(panel.resets_at)} · '
         f'grants left <span class="grants">{panel.grants_left:,}</span></div>'
-        f"{_chart(panel.days)}"
-        f'<div class="meta">last {len(panel.days)} days, used per day; '
-        "dashed: the maximum</div></section>"
+        f"{_chart(panel.days, panel.daily)}"
+        f'<div class="meta">last {len(panel.days)} days, used per day'
+        f"{'; dashed: the maximum' if panel.daily else ''}</div></section>"
     )
 
 
