@@ -57,7 +57,7 @@ class UsageHistoryOut(BaseModel):
     response_model=None,
     responses={
         200: {"model": UsageHistoryOut, "description": "Every bucket, oldest first."},
-        **responses(400, 404, *AUTH_ERRORS, *COMMON_ERRORS),
+        **responses(400, 404, 422, *AUTH_ERRORS, *COMMON_ERRORS),
     },
     dependencies=[require_scope("read", subjects="path")],
 )
