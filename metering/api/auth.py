@@ -26,7 +26,8 @@ keeps to the subject (``require_scope(..., subjects=...)``):
 * ``"path"``: the ``{subject}`` path parameter must be the key's;
 * ``"query"``: a ``subject`` query parameter must be the key's, and the
   route filters by `scoped_subject` (the key's subject when none is given);
-* ``"route"``: the route checks what it found (`hide_other_subjects`).
+* ``"route"``: the route checks what it found (`hide_other_subjects`), as
+  ``GET /v1/events/{event_id}`` does: an event of its own subject, decided.
 
 Every other route (admin ones, listings that would mix subjects, routes
 added later such as simulations) answers such a key 404.

@@ -167,6 +167,9 @@ def test_a_subject_key_reads_its_own_subject(http: httpx.Client, meter: Meter) -
     assert usage.status_code == 200 and usage.json()["subject"] == OWN
     report = http.get("/v1/reports/usage", params={"subject": OWN}, headers=headers)
     assert report.status_code == 200, report.text
+    event = http.get(f"/v1/events/t-{OWN}-0", headers=headers)
+    assert event.status_code == 200 and event.json()["charges"][0]["subject"] == OWN
+    assert http.get("/v1/events/never-sent", headers=headers).status_code == 404
     # A listing without a subject is the key's own subject only.
     overage = http.get("/v1/reports/overage", params={"period": "2026-11"}, headers=headers)
     assert overage.status_code == 200
