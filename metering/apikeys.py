@@ -18,6 +18,8 @@ Scopes: ``ingest`` sends usage, ``read`` reads decisions and usage,
 ``admin`` manages limits, reservations, reports and webhooks, and may do
 what ``ingest`` and ``read`` do (`GRANTS`). ``ingest`` and ``read`` do not
 include each other: a producer's key cannot read other subjects' usage.
+A ``read`` key may be limited to one subject (``create(..., subject=)``): a
+customer's key, for whom every other subject does not exist (404).
 
 The last use is recorded at most once a minute per key (`LAST_USED_STEP_US`),
 so a busy key costs one read per request and a write a minute, not a write
@@ -38,6 +40,7 @@ from typing import Final, cast
 from sqlalchemy import Connection
 
 from metering.domain.bounds import shown
+from metering.domain.events import validate_subject
 from metering.domain.instants import from_us
 from metering.errors import InvalidInput, UnknownApiKey
 
@@ -81,6 +84,8 @@ class ApiKey:
     created_at: datetime
     revoked_at: datetime | None
     last_used_at: datetime | None
+    # A customer's key: a read key that sees only this subject (None: all).
+    subject: str | None = None
 
     @property
     def revoked(self) -> bool:
@@ -98,6 +103,7 @@ class ApiKey:
             "created_at": self.created_at.isoformat(),
             "revoked_at": self.revoked_at.isoformat() if self.revoked_at else None,
             "last_used_at": self.last_used_at.isoformat() if self.last_used_at else None,
+            "subject": self.subject,
         }
 
 
@@ -109,6 +115,7 @@ def _key(record: ApiKeyRecord) -> ApiKey:
         created_at=from_us(record.created_at_us),
         revoked_at=None if record.revoked_at_us is None else from_us(record.revoked_at_us),
         last_used_at=None if record.last_used_at_us is None else from_us(record.last_used_at_us),
+        subject=record.subject,
     )
 
 
@@ -162,21 +169,31 @@ class ApiKeys:
     def __init__(self, source: DatabaseSource) -> None:
         self.database = database_of(source)
 
-    def create(self, scope: str, name: str = "") -> tuple[ApiKey, str]:
-        """A new key and its token. The token is not stored: show it now, once."""
+    def create(self, scope: str, name: str = "", subject: str | None = None) -> tuple[ApiKey, str]:
+        """A new key and its token. The token is not stored: show it now, once.
+
+        ``subject``: a customer's key, of scope ``read`` only, that sees that
+        subject alone (`metering.api.auth`: every other subject is 404).
+        """
         checked_scope = validate_scope(scope)
         checked_name = validate_name(name)
+        if subject is not None:
+            subject = validate_subject(subject)
+            if checked_scope != "read":
+                raise InvalidInput(
+                    "subject", f"only a read key can be limited to a subject; got {checked_scope}"
+                )
         key_id = TOKEN_PREFIX + secrets.token_hex(ID_HEX_DIGITS // 2)
         token = f"{key_id}_{secrets.token_urlsafe(SECRET_BYTES)}"
         now_us = self.database.now_us()
         self.database.run(
             lambda c: ApiKeyStore(c).insert(
-                key_id, token_hash(token), checked_scope, checked_name, now_us
+                key_id, token_hash(token), checked_scope, checked_name, now_us, subject
             )
         )
         global _created
         _created += 1
-        key = ApiKey(key_id, checked_scope, checked_name, from_us(now_us), None, None)
+        key = ApiKey(key_id, checked_scope, checked_name, from_us(now_us), None, None, subject)
         return key, token
 
     def list(self) -> list[ApiKey]:

@@ -9,7 +9,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from metering import allowances, counters, money, results
+from metering import allowances, counters, history, money, portal, results
 from metering import limits as admin
 from metering.allowances import Alert, Correction, Grant, RecurringGrant
 from metering.clock import Clock, system_clock
@@ -27,6 +27,7 @@ from metering.domain.reservations import DEFAULT_TTL_SECONDS
 from metering.engine import Engine
 from metering.engine.fast import Answer
 from metering.engine.reference import Decided, InvalidPolicy
+from metering.history import UsageHistory
 from metering.imports import ImportSummary
 from metering.imports import service as imports
 from metering.imports.service import BATCH_SIZE, Source
@@ -334,3 +335,15 @@ class Meter:
         limits and entitlements, in memory; nothing is written (`metering.simulation`)."""
         return backtest(self.database, limits, entitlements, since=since, subject=subject,
                         progress=progress)  # fmt: skip
+
+    def usage_history(self, subject: str, limit: str, since: datetime | None = None,
+                      until: datetime | None = None, bucket: str = "day",
+                      ) -> UsageHistory:  # fmt: skip
+        """``subject``'s use of ``limit`` per hour or day, with the maximum in force."""
+        return history.usage_history(self.database, subject, limit, since=since, until=until,
+                                     bucket=bucket)  # fmt: skip
+
+    def portal_link(self, subject: str, ttl_seconds: int = 3600,
+                    base_url: str = "http://127.0.0.1:8000") -> str:  # fmt: skip
+        """A signed link to ``subject``'s usage page (GET /portal) for ``ttl_seconds``."""
+        return portal.make_link(self.database, subject, ttl_seconds, base_url)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the server binaries the integration tests start themselves.
 # A fresh machine may have only the PostgreSQL client; the tests need initdb
-# and pg_ctl, and redis-server (with redis-cli). Nothing is started here: the
+# and pg_ctl, redis-server (with redis-cli), and chromium with chromium-driver. Nothing is started here: the
 # test session starts throw-away servers on loopback ports and stops them
 # afterwards.
 #
@@ -17,6 +17,10 @@ missing=()
 compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || missing+=(postgresql)
 # redis-server pulls in redis-tools (redis-cli).
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+# The usage page's browser test (tests/api/test_portal_browser.py) drives
+# Debian's Chromium through its own chromedriver (Selenium never downloads one).
+[ -x /usr/bin/chromium ] || missing+=(chromium)
+[ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
 
 if [ "${#missing[@]}" -eq 0 ]; then
     exit 0
@@ -40,3 +44,9 @@ if [[ " ${missing[*]} " == *" redis-server "* ]]; then
         fi
     done
 fi
+for tool in /usr/bin/chromium /usr/bin/chromedriver; do
+    if [[ " ${missing[*]} " == *" chromium"* ]] && [ ! -x "$tool" ]; then
+        echo "ensure-servers: $tool still missing after installing chromium and chromium-driver" >&2
+        exit 1
+    fi
+done

@@ -20,7 +20,7 @@ from fastapi import APIRouter, FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from metering.api import admin, decisions, events
+from metering.api import admin, decisions, events, history, portal
 from metering.api.auth import ApiKeyAuthentication, Authenticator, require_scope
 from metering.api.bounds import BodyLimit, Utf8Target
 from metering.api.context import ApiContext, IsQueued, broker_lookup
@@ -38,7 +38,13 @@ from metering.tracing import setup_tracing
 
 # Each module's router, in the order of the docs. Admin routes (limits,
 # reservations, reports, webhooks) join this tuple.
-ROUTERS: tuple[APIRouter, ...] = (events.router, decisions.router, *admin.ROUTERS)
+ROUTERS: tuple[APIRouter, ...] = (
+    events.router,
+    decisions.router,
+    history.router,
+    portal.router,
+    *admin.ROUTERS,
+)
 
 log = logging.getLogger("metering.api")
 # Ids this process could not send to the broker before it stopped

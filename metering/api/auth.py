@@ -17,6 +17,21 @@ per-key rate limit further in charges that key); `require_scope` decides:
   ``metering serve`` works;
 * a key without the scope: 403.
 
+A customer's key (``read`` limited to one subject, ``metering apikeys
+create --scope read --subject org-1``) sees that subject alone, and for it
+every other subject does not exist: 404, never 403, so subjects cannot be
+probed. Deny by default: a route lets such a key in only if it says how it
+keeps to the subject (``require_scope(..., subjects=...)``):
+
+* ``"path"``: the ``{subject}`` path parameter must be the key's;
+* ``"query"``: a ``subject`` query parameter must be the key's, and the
+  route filters by `scoped_subject` (the key's subject when none is given);
+* ``"route"``: the route checks what it found (`hide_other_subjects`), as
+  ``GET /v1/events/{event_id}`` does: an event of its own subject, decided.
+
+Every other route (admin ones, listings that would mix subjects, routes
+added later such as simulations) answers such a key 404.
+
 Both answers are problem details with ``WWW-Authenticate: Bearer`` (RFC
 6750). Keys are not cached: each request with a key reads its row, so a
 revoked key is refused from the next request on, in every process. What is
@@ -29,9 +44,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from fastapi import Depends, Request
 
@@ -46,8 +61,10 @@ __all__ = [
     "Authenticator",
     "Identity",
     "Scope",
+    "hide_other_subjects",
     "may_read",
     "require_scope",
+    "scoped_subject",
 ]
 
 log = logging.getLogger("metering.api")
@@ -161,12 +178,39 @@ def _unauthorized(detail: str, error: str | None = None) -> ApiProblem:
     return ApiProblem("unauthorized", detail, headers={"WWW-Authenticate": challenge})
 
 
-def require_scope(scope: Scope, *, always: bool = False) -> Any:
+SubjectRule = Literal["path", "query", "route"]
+SUBJECT_RULES: Final[tuple[SubjectRule, ...]] = ("path", "query", "route")
+
+
+def not_found(what: str = "no such resource") -> ApiProblem:
+    """What a customer's key gets for anything of another subject's."""
+    return ApiProblem("not-found", what)
+
+
+def _check_subject(request: Request, own: str, rule: SubjectRule | None) -> None:
+    if rule is None:
+        raise not_found()
+    if rule == "path":
+        if request.path_params.get("subject") != own:
+            raise not_found("no such subject")
+    elif rule == "query":
+        asked = request.query_params.getlist("subject")
+        if any(value != own for value in asked):
+            raise not_found("no such subject")
+
+
+def require_scope(
+    scope: Scope, *, always: bool = False, subjects: SubjectRule | None = None
+) -> Any:
     """A dependency that lets a request through only with a key of ``scope``;
     without a key, only while the API is open (no key yet, ``auto``), unless
-    ``always`` (``/metrics`` under ``METERING_METRICS_SCOPE``)."""
+    ``always`` (``/metrics`` under ``METERING_METRICS_SCOPE``). ``subjects``:
+    how the route keeps a customer's key to its subject (module docstring);
+    None, such a key gets 404."""
     if scope not in SCOPES:
         raise ValueError(f"unknown scope {scope!r}")
+    if subjects is not None and subjects not in SUBJECT_RULES:
+        raise ValueError(f"unknown subject rule {subjects!r}")
 
     async def allowed(request: Request) -> None:
         identity = await identity_of(request)
@@ -191,6 +235,8 @@ def require_scope(scope: Scope, *, always: bool = False) -> Any:
             if required:
                 raise _unauthorized("an API key is required: send Authorization: Bearer mk_...")
             return
+        if key.subject is not None:
+            _check_subject(request, key.subject, subjects)
         if not key.allows(scope):
             raise ApiProblem(
                 "forbidden",
@@ -202,6 +248,31 @@ def require_scope(scope: Scope, *, always: bool = False) -> Any:
 
     check: Callable[[Request], Awaitable[None]] = allowed
     return Depends(check)
+
+
+async def key_subject_of(request: Request) -> str | None:
+    """The subject the request's key is limited to (a customer's key), else None."""
+    key = (await identity_of(request)).key
+    return None if key is None else key.subject
+
+
+async def scoped_subject(request: Request, subject: str | None) -> str | None:
+    """The subject a listing or report of a ``subjects="query"`` route is for:
+    ``subject`` as asked, or, for a customer's key, its own (404 for another)."""
+    own = await key_subject_of(request)
+    if own is None:
+        return subject
+    if subject is not None and subject != own:
+        raise not_found("no such subject")
+    return own
+
+
+async def hide_other_subjects(request: Request, subjects: Iterable[str]) -> None:
+    """404 for a customer's key when what a ``subjects="route"`` route found
+    belongs to (or touches) any other subject."""
+    own = await key_subject_of(request)
+    if own is not None and any(s != own for s in subjects):
+        raise not_found()
 
 
 async def may_read(request: Request) -> bool:

@@ -88,7 +88,7 @@ async def check(request: Request, context: Annotated[ApiContext, Depends(api_con
         200: {"model": SubjectUsage, "description": "Every limit with a current counter."},
         **responses(400, *AUTH_ERRORS, *COMMON_ERRORS),
     },
-    dependencies=[require_scope("read")],
+    dependencies=[require_scope("read", subjects="path")],
 )
 async def usage(
     subject: Annotated[

@@ -11,7 +11,14 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
-from metering.api.auth import AUTH_ERRORS, may_read, require_scope
+from metering.api.auth import (
+    AUTH_ERRORS,
+    hide_other_subjects,
+    key_subject_of,
+    may_read,
+    not_found,
+    require_scope,
+)
 from metering.api.context import ApiContext, api_context
 from metering.api.models import (
     EVENT_ID_PATTERN,
@@ -162,9 +169,10 @@ def _received(events: Iterable[tuple[Charge, ...]]) -> None:
         },
         **responses(400, 404, *AUTH_ERRORS, *COMMON_ERRORS),
     },
-    dependencies=[require_scope("read")],
+    dependencies=[require_scope("read", subjects="route")],
 )
 async def get_event(
+    request: Request,
     event_id: Annotated[
         str,
         # The schema documents the rule; `validate_event_id` enforces it.
@@ -173,9 +181,16 @@ async def get_event(
     context: Annotated[ApiContext, Depends(api_context)],
 ) -> Response:
     """The stored result of an event; ``pending`` while it is queued; ``kept``
-    while this server holds it for a broker that was unavailable; 404 when unknown."""
+    while this server holds it for a broker that was unavailable; 404 when unknown.
+    A customer's key sees the decided events of its own subject only: any
+    other, pending or kept, is 404."""
     validate_event_id(event_id)
     decision = await run_in_threadpool(context.meter.result, event_id)
+    if await key_subject_of(request) is not None:
+        if decision is None:
+            raise not_found()
+        await hide_other_subjects(request, (charge.subject for charge in decision.charges))
+        return JSONResponse(result_json(decision))
     if decision is None:
         if event_id in await run_in_threadpool(lambda: context.producer.kept):
             return JSONResponse({"status": "kept", "event_id": event_id})

@@ -30,7 +30,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from metering.api.admin_common import invalid
-from metering.api.auth import AUTH_ERRORS, require_scope
+from metering.api.auth import AUTH_ERRORS, require_scope, scoped_subject
 from metering.api.context import ApiContext, api_context
 from metering.api.problems import COMMON_ERRORS, ApiProblem, responses
 from metering.domain.bounds import MAX_LISTING
@@ -328,7 +328,7 @@ async def _respond(
     summary="The overage report",
     response_model=None,
     responses=REPORT_RESPONSES,
-    dependencies=[require_scope("read")],
+    dependencies=[require_scope("read", subjects="query")],
 )
 async def overage(
     request: Request,
@@ -347,6 +347,7 @@ async def overage(
     largest overage first: ``metering report overage``. A window belongs to
     the period it starts in; token buckets and deleted limits are left out."""
     meter = context.meter
+    subject = await scoped_subject(request, subject)
     return await _respond(
         request,
         lambda: select_overage(
@@ -362,7 +363,7 @@ async def overage(
     summary="A subject's usage over time, or by a metadata key",
     response_model=None,
     responses=USAGE_RESPONSES,
-    dependencies=[require_scope("read")],
+    dependencies=[require_scope("read", subjects="query")],
 )
 async def usage(
     request: Request,
@@ -416,7 +417,7 @@ async def usage(
     summary="Whom a shadow limit would have denied",
     response_model=None,
     responses=SHADOW_RESPONSES,
-    dependencies=[require_scope("read")],
+    dependencies=[require_scope("read", subjects="query")],
 )
 async def shadow(
     request: Request,
@@ -438,6 +439,7 @@ async def shadow(
     first: ``metering report shadow``. A limit that is not shadow is a 400
     naming ``limit`` (a hard limit's denials are in the overage report)."""
     meter = context.meter
+    subject = await scoped_subject(request, subject)
     return await _respond(
         request,
         lambda: select_shadow(

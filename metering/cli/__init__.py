@@ -21,6 +21,7 @@ from metering.cli.grants import corrections, grants, void
 from metering.cli.imports import import_
 from metering.cli.licenses import checkin, checkout
 from metering.cli.limits import limits
+from metering.cli.portal import portal
 from metering.cli.prices import prices
 from metering.cli.queue import emit, prune, rejected, worker
 from metering.cli.reports import report
@@ -76,5 +77,6 @@ for command in (
     status,
     serve,
     apikeys,
+    portal,
 ):
     main.add_command(command)

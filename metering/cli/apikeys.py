@@ -17,7 +17,7 @@ from metering.cli.context import current_meter
 from metering.cli.options import format_option
 from metering.cli.output import print_table, table, when
 
-KEY_COLUMNS: Final = ("id", "scope", "name", "created", "last used", "state")
+KEY_COLUMNS: Final = ("id", "scope", "subject", "name", "created", "last used", "state")
 
 
 def _keys() -> ApiKeys:
@@ -37,12 +37,18 @@ def apikeys() -> None:
     help="ingest: send usage; read: decisions and usage; admin: everything.",
 )
 @click.option("--name", default="", help="What the key is for (up to 200 characters).")
-def create(scope: str, name: str) -> None:
+@click.option(
+    "--subject",
+    default=None,
+    help="A customer's key (read only): sees this subject alone, every other one is 404.",
+)
+def create(scope: str, name: str, subject: str | None) -> None:
     """Create a key; prints it once (only its hash is stored)."""
-    key, token = _keys().create(scope, name)
+    key, token = _keys().create(scope, name, subject=subject)
     click.echo(token)
+    only = f", subject {key.subject}" if key.subject is not None else ""
     click.echo(
-        f"created {key.id} (scope {key.scope}): store the key now, it is not shown again",
+        f"created {key.id} (scope {key.scope}{only}): store the key now, it is not shown again",
         err=True,
     )
 
@@ -52,6 +58,7 @@ def _row(key: ApiKey) -> list[object]:
     return [
         key.id,
         key.scope,
+        key.subject,
         key.name or None,
         when(key.created_at),
         when(key.last_used_at),

@@ -3,7 +3,7 @@
 A key is stored as its id (the visible ``mk_...`` prefix of the key), the
 SHA-256 of the whole key, its scope and name, and three instants. The key
 itself is never stored: `metering.apikeys` makes it, shows it once and
-compares hashes.
+compares hashes. A customer's key also names its ``subject``.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ class ApiKeyRecord:
     created_at_us: int
     revoked_at_us: int | None
     last_used_at_us: int | None
+    subject: str | None = None
 
 
 def _record(row: object) -> ApiKeyRecord:
@@ -36,6 +37,7 @@ def _record(row: object) -> ApiKeyRecord:
         created_at_us=mapping["created_at_us"],
         revoked_at_us=mapping["revoked_at_us"],
         last_used_at_us=mapping["last_used_at_us"],
+        subject=mapping["subject"],
     )
 
 
@@ -45,7 +47,15 @@ class ApiKeyStore:
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
 
-    def insert(self, key_id: str, secret_hash: str, scope: str, name: str, now_us: int) -> None:
+    def insert(
+        self,
+        key_id: str,
+        secret_hash: str,
+        scope: str,
+        name: str,
+        now_us: int,
+        subject: str | None = None,
+    ) -> None:
         self.connection.execute(
             insert(api_keys).values(
                 id=key_id,
@@ -53,6 +63,7 @@ class ApiKeyStore:
                 scope=scope,
                 name=name,
                 created_at_us=now_us,
+                subject=subject,
             )
         )
 

@@ -479,6 +479,18 @@ api_keys = Table(
     Column("created_at_us", BigInteger, nullable=False),
     Column("revoked_at_us", BigInteger, nullable=True),
     Column("last_used_at_us", BigInteger, nullable=True),
+    # A customer's key (migration 0020): a read key that sees only this subject.
+    Column("subject", String(200), nullable=True),
+)
+
+# Secrets the product makes for itself (migration 0020), by name: the HMAC
+# key of the usage page's signed links (``portal``), made on first use.
+secrets = Table(
+    "secrets",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("value", String(128), nullable=False),
+    Column("created_at_us", BigInteger, nullable=False),
 )
 
 

@@ -1,0 +1,32 @@
+"""``metering portal link SUBJECT --ttl 1h``: a signed link to a customer's usage page.
+
+The link holds the subject and an expiry, signed with a secret kept in the
+database (made on first use); never an API key. Prints the link alone on
+stdout (``LINK=$(metering portal link org-1)``).
+"""
+
+from __future__ import annotations
+
+import click
+
+from metering.cli.context import current_meter
+from metering.domain.links import parse_ttl
+
+
+@click.group()
+def portal() -> None:
+    """The usage page customers open (GET /portal, docs/portal.md)."""
+
+
+@portal.command("link")
+@click.argument("subject")
+@click.option("--ttl", default="1h", show_default=True, help="How long it works: 30m, 1h, 7d.")
+@click.option(
+    "--base-url",
+    default="http://127.0.0.1:8000",
+    show_default=True,
+    help="Where `metering serve` answers the customer.",
+)
+def link(subject: str, ttl: str, base_url: str) -> None:
+    """Print a link to SUBJECT's usage page that works for --ttl."""
+    click.echo(current_meter().portal_link(subject, parse_ttl(ttl), base_url=base_url))

@@ -1,0 +1,111 @@
+"""The statements of a subject's usage history and of the usage page.
+
+* `rollup_hours`: a limit's usage per hour from ``usage_rollups`` (limits
+  with dimensions): the hours of one dimension key, summed over its values
+  (every consumed event counts once under each key), an index range on the
+  primary key (subject, limit, dimension, hour).
+* `counter_windows`: a subject's counter windows starting in a period
+  (primary key range: subject, limit, window start), with their denials.
+* `entitlement_changes`: a subject's maximums for a limit, every change.
+* `portal_secret`: the signing key of the usage page's links, made once.
+"""
+
+from __future__ import annotations
+
+import secrets as random_secrets
+from dataclasses import dataclass
+
+from sqlalchemy import Connection, func, insert, select
+from sqlalchemy.exc import IntegrityError
+
+from metering.storage.engine import RetryTransaction
+from metering.storage.tables import counters, entitlements, secrets, usage_rollups
+
+
+@dataclass(frozen=True, slots=True)
+class WindowRow:
+    limit: str
+    window_start_us: int
+    window_end_us: int
+    used: int
+    denied_count: int
+    denied_cost: int
+    first_denied_at_us: int | None
+
+
+def rollup_hours(
+    connection: Connection, subject: str, limit: str, dimension: str, from_us: int, to_us: int
+) -> list[tuple[int, int]]:
+    """(hour start, used) of hours starting in ``[from_us, to_us)``."""
+    r = usage_rollups.c
+    query = (
+        select(r.hour_start_us, func.sum(r.used))
+        .where(
+            r.subject == subject,
+            r.limit_name == limit,
+            r.dimension == dimension,
+            r.hour_start_us >= from_us,
+            r.hour_start_us < to_us,
+        )
+        .group_by(r.hour_start_us)
+        .order_by(r.hour_start_us)
+    )
+    return [(int(hour), int(used or 0)) for hour, used in connection.execute(query)]
+
+
+def counter_windows(
+    connection: Connection, subject: str, limit: str | None, from_us: int, to_us: int
+) -> list[WindowRow]:
+    """The subject's windows (of ``limit``, or every limit) starting in
+    ``[from_us, to_us)``, oldest first; token buckets (start 0) left out."""
+    c = counters.c
+    conditions = [
+        c.subject == subject,
+        c.window_start_us >= max(from_us, 1),
+        c.window_start_us < to_us,
+    ]
+    if limit is not None:
+        conditions.append(c.limit_name == limit)
+    query = (
+        select(
+            c.limit_name,
+            c.window_start_us,
+            c.window_end_us,
+            c.used,
+            c.denied_count,
+            c.denied_cost,
+            c.first_denied_at_us,
+        )
+        .where(*conditions)
+        .order_by(c.window_start_us, c.limit_name)
+    )
+    return [WindowRow(*row) for row in connection.execute(query)]
+
+
+def entitlement_changes(
+    connection: Connection, subject: str, limit: str
+) -> list[tuple[int, int | None]]:
+    """(effective from, maximum) of every change of the subject's maximum."""
+    e = entitlements.c
+    query = (
+        select(e.effective_from_us, e.maximum)
+        .where(e.subject == subject, e.limit_name == limit)
+        .order_by(e.effective_from_us)
+    )
+    return [(int(start), maximum) for start, maximum in connection.execute(query)]
+
+
+def portal_secret(connection: Connection, now_us: int, name: str = "portal") -> str:
+    """The stored secret ``name``, made now (256 random bits) if there is none.
+    Two processes making it at once: the first insert wins; the other's
+    transaction runs again (`RetryTransaction`) and reads it."""
+    query = select(secrets.c.value).where(secrets.c.name == name)
+    found = connection.execute(query).scalar_one_or_none()
+    if found is not None:
+        return str(found)
+    value = random_secrets.token_urlsafe(32)
+    try:
+        connection.execute(insert(secrets).values(name=name, value=value, created_at_us=now_us))
+    except IntegrityError:  # made by another process meanwhile: read it on the retry
+        raise RetryTransaction from None
+    return value

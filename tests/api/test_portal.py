@@ -1,0 +1,121 @@
+"""``GET /portal``, the usage page, and its signed links (``metering portal link``).
+
+The page in a real browser is tests/api/test_portal_browser.py; here its
+HTTP answers: a customer's key or a link opens the subject's page, nothing
+else opens any page, and the link holds no API key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import httpx
+import pytest
+from click.testing import CliRunner
+
+from metering import FrozenClock, Limit, Meter
+from metering.api import create_api
+from metering.apikeys import ApiKeys
+from metering.cli import main
+from metering.settings import Settings
+
+NOW = datetime(2026, 11, 22, 9, 30, tzinfo=UTC)
+
+
+@pytest.fixture
+def clock() -> FrozenClock:
+    return FrozenClock(NOW)
+
+
+@pytest.fixture
+def meter(db_url: str, clock: FrozenClock) -> Iterator[Meter]:
+    with Meter(db_url, clock=clock) as m:
+        m.set_limit(Limit("tokens", maximum=1000, period="1d", window="calendar"))
+        m.consume("org-1", "tokens", 420, event_id="e-1")
+        m.consume("org-2", "tokens", 777, event_id="e-2")
+        m.grant("org-1", "tokens", 250, grant_id="g-1")
+        yield m
+
+
+@pytest.fixture
+def http(meter: Meter, in_process: Any, tmp_path: Path) -> httpx.Client:
+    settings = Settings(
+        database_url=meter.url, broker_url=f"sqla+sqlite:///{tmp_path}/metering-broker.db"
+    )
+    client: httpx.Client = in_process(create_api(settings, meter=meter))
+    return client
+
+
+def _token(link: str) -> str:
+    return parse_qs(urlsplit(link).query)["token"][0]
+
+
+def test_a_customer_key_opens_its_own_page(http: httpx.Client, meter: Meter) -> None:
+    _, token = ApiKeys(meter).create("read", subject="org-1")
+    page = http.get("/portal", headers={"Authorization": f"Bearer {token}"})
+    assert page.status_code == 200
+    assert page.headers["content-type"].startswith("text/html")
+    assert page.headers["cache-control"] == "no-store"
+    assert "default-src 'none'" in page.headers["content-security-policy"]
+    text = page.text
+    assert '<meta name="viewport"' in text
+    assert 'data-used="420" data-maximum="1000"' in text
+    assert 'class="grants">250<' in text
+    assert "<svg" in text and "<script" not in text
+    assert "org-2" not in text and "777" not in text
+
+
+def test_a_signed_link_opens_the_page_until_it_expires(
+    http: httpx.Client, meter: Meter, clock: FrozenClock
+) -> None:
+    link = meter.portal_link("org-1", 3600, base_url="https://usage.example.com")
+    assert link.startswith("https://usage.example.com/portal?token=")
+    token = _token(link)
+    assert "mk_" not in link
+    assert http.get("/portal", params={"token": token}).status_code == 200
+    clock.set(NOW + timedelta(seconds=3599))
+    assert http.get("/portal", params={"token": token}).status_code == 200
+    clock.set(NOW + timedelta(seconds=3600))
+    expired = http.get("/portal", params={"token": token})
+    assert expired.status_code == 401 and "expired" in expired.json()["detail"]
+
+
+def test_nothing_else_opens_a_page(http: httpx.Client, meter: Meter) -> None:
+    token = _token(meter.portal_link("org-1", 60))
+    forged = token.replace(token.split(".")[1], "b3JnLTI")  # org-2, base64url
+    _, admin = ApiKeys(meter).create("admin")
+    _, reader = ApiKeys(meter).create("read")
+    for params, headers in (
+        ({"token": forged}, {}),
+        ({"token": "v1.x.1.y"}, {}),
+        ({}, {}),
+        ({}, {"Authorization": f"Bearer {admin}"}),  # an operator's key names no subject
+        ({}, {"Authorization": f"Bearer {reader}"}),
+        ({}, {"Authorization": "Bearer mk_000000000000_" + "x" * 43}),
+    ):
+        answer = http.get("/portal", params=params, headers=headers)
+        assert answer.status_code == 401, (params, headers, answer.text)
+        assert "org-" not in answer.text
+
+
+def test_a_link_is_no_key_for_the_api(http: httpx.Client, meter: Meter) -> None:
+    ApiKeys(meter).create("admin")  # keys are required from now on
+    token = _token(meter.portal_link("org-1", 60))
+    answer = http.get("/v1/subjects/org-1/usage", headers={"Authorization": f"Bearer {token}"})
+    assert answer.status_code == 401
+
+
+def test_cli_prints_a_link(meter: Meter, http: httpx.Client) -> None:
+    runner = CliRunner()
+    made = runner.invoke(main, ["--database", meter.url, "portal", "link", "org-1", "--ttl", "30m"])
+    assert made.exit_code == 0, made.output
+    link = made.stdout.strip()
+    assert link.startswith("http://127.0.0.1:8000/portal?token=")
+    assert http.get("/portal", params={"token": _token(link)}).status_code == 200
+    bad = runner.invoke(main, ["--database", meter.url, "portal", "link", "org-1", "--ttl", "1y"])
+    assert bad.exit_code != 0 and bad.output.startswith("error:")
+    assert "Traceback" not in bad.output
