@@ -354,6 +354,7 @@ def test_a_shadow_limit_with_absolute_thresholds_round_trips(
         "lateness": "1d",
         "thresholds_units": [1, 2],
         "dimensions": [],
+        "distinct": None,
     }
     created = http.put("/v1/limits/trial", json=definition)
     assert (created.status_code, created.json()) == (200, stored)
