@@ -1,6 +1,11 @@
 """The synchronous API: `Meter`, a facade whose methods hand each call to the
 module that owns its feature (limits, engine, results, reservations,
-leases, counters, allowances). Each call is one database transaction."""
+leases, counters). The facade's methods of the newer features live beside
+them and `Meter` takes them in: `metering.allowances.facade` (entitlements,
+grants, alerts, voids), `metering.licenses.facade` (checkouts),
+`metering.money.facade` (prices) and `metering.operators` (imports,
+backtests, usage history, portal links). Each call is one database
+transaction."""
 
 from __future__ import annotations
 
@@ -9,40 +14,30 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from metering import allowances, counters, history, money, portal, results
+from metering import counters, results
 from metering import limits as admin
-from metering.allowances import Alert, Correction, Grant, RecurringGrant
+from metering.allowances.facade import AllowancesFacade
 from metering.clock import Clock, system_clock
 from metering.counters import Counter
 from metering.domain.bounds import validate_count
 from metering.domain.decisions import Decision
 from metering.domain.events import EventRecord, Rejected, UsageEvent, charges_of, make_event
 from metering.domain.events import validate_cost as cost_of
-from metering.domain.grants import DEFAULT_PRIORITY, Entitlement
-from metering.domain.imports import ImportFormat
-from metering.domain.licenses import DEFAULT_TTL_SECONDS as LICENSE_TTL
 from metering.domain.limits import Limit
-from metering.domain.money import Price
 from metering.domain.reservations import DEFAULT_TTL_SECONDS
 from metering.engine import Engine
 from metering.engine.fast import Answer
 from metering.engine.reference import Decided, InvalidPolicy
-from metering.history import UsageHistory
-from metering.imports import ImportSummary
-from metering.imports import service as imports
-from metering.imports.service import BATCH_SIZE, Source
-from metering.imports.service import Progress as ImportProgress
 from metering.leases import LeaseBook, LeasedReservation
-from metering.licenses import Checkout
-from metering.licenses import service as licenses
+from metering.licenses.facade import LicensesFacade
+from metering.money.facade import PricesFacade
+from metering.operators import OperatorsFacade
 from metering.reservations import Reservation, ReservationInfo
 from metering.reservations import admin as held
 from metering.reservations import transactions as reserving
 from metering.settings import MAX_CORRECTION_HORIZON_DAYS as MAX_DAYS
 from metering.settings import correction_horizon_days as horizon_days
 from metering.settings import database_url
-from metering.simulation import EntitlementsSource, LimitsSource, Progress, Simulation, Since
-from metering.simulation import simulate as backtest
 from metering.storage.database import Database
 from metering.storage.engine import ensure_schema
 
@@ -52,7 +47,7 @@ When = datetime | None
 Leased = Reservation | LeasedReservation
 
 
-class Meter:
+class Meter(AllowancesFacade, LicensesFacade, PricesFacade, OperatorsFacade):
     """Meters usage against limits stored in a database: ``url`` else
     ``METERING_DATABASE_URL`` else ``sqlite:///metering.db``; ``clock`` gives
     every decision's "now"; concurrent `consume` calls share transactions
@@ -146,16 +141,6 @@ class Meter:
         """`apply` for the worker: plain records in, (kind, result) answers out."""
         return self._engine.apply(records, invalid=invalid, rejected=rejected)
 
-    def import_events(self, source: Source, *, fmt: ImportFormat | None = None,
-                      enforce: bool = True, allow_late: bool = False, strict: bool = False,
-                      batch_size: int = BATCH_SIZE, progress: ImportProgress | None = None,
-                      ) -> ImportSummary:  # fmt: skip
-        """Apply a JSON Lines or CSV file of events through the batch path, exactly once
-        by id (``enforce=False``: history, never denied; ``allow_late``: no lateness)."""
-        return imports.import_events(self._engine, source, fmt=fmt, enforce=enforce,
-                                     allow_late=allow_late, strict=strict, batch_size=batch_size,
-                                     progress=progress)  # fmt: skip
-
     def check(self, subject: Name = None, limit: Name = None, cost: int = 1, *,
               charges: Charges = None, occurred_at: When = None,
               metadata: Any = None) -> Decision:  # fmt: skip
@@ -205,26 +190,6 @@ class Meter:
         ones past ``retention_seconds``."""
         return held.sweep(self.database, retention_seconds)
 
-    def checkout(self, subject: str, limit: str, cost: int = 1, *, ttl_seconds: float = LICENSE_TTL,
-                 checkout_id: Name = None) -> Checkout:  # fmt: skip
-        """Hold ``cost`` units of a concurrent limit until `checkin` or ``ttl_seconds``."""
-        return licenses.checkout(self.database, subject, limit, cost, ttl_seconds, checkout_id)
-
-    def checkin(self, checkout_id: str) -> int:
-        """Give a checkout back: its cost the first time, 0 after or once expired."""
-        return licenses.checkin(self.database, checkout_id)
-
-    def renew(self, checkout_id: str, ttl_seconds: float | None = None) -> Checkout:
-        """Hold a checkout ``ttl_seconds`` (default: its own) from now; never shorter."""
-        return licenses.renew(self.database, checkout_id, ttl_seconds)
-
-    def checkout_info(self, checkout_id: str) -> Checkout | None:
-        return licenses.checkout_info(self.database, checkout_id)
-
-    def checkouts(self, subject: Name = None, limit: Name = None, state: Name = None,
-                  count: int = 100) -> list[Checkout]:  # fmt: skip
-        return licenses.checkouts(self.database, subject, limit, state, count)
-
     @property
     def leases(self) -> LeaseBook:
         """This meter's leases (`metering.leases.LeaseBook`), made on first use."""
@@ -258,92 +223,3 @@ class Meter:
     def reset(self, subject: str | None = None, limit: str | None = None) -> int:
         """Clear current counters; past windows stay. How many were cleared."""
         return counters.reset(self.database, subject, limit)
-
-    def set_entitlement(self, subject: str, limit: str, maximum: int | None,
-                        effective_from: datetime | None = None) -> Entitlement:  # fmt: skip
-        """Give ``subject`` its own maximum for ``limit`` from ``effective_from`` on."""
-        return allowances.set_entitlement(self.database, subject, limit, maximum, effective_from)
-
-    def load_entitlements(self, path: str | Path) -> list[Entitlement]:
-        """Store a YAML or TOML file of per-subject maximums, all or none."""
-        return allowances.load_entitlements(self.database, path)
-
-    def delete_entitlement(self, subject: str, limit: str, effective_from: datetime | None = None,
-                           ) -> Entitlement:  # fmt: skip
-        """Return ``subject`` to ``limit``'s default maximum from ``effective_from`` on."""
-        return allowances.set_entitlement(self.database, subject, limit, None, effective_from)
-
-    def entitlements(self, subject: str | None = None, limit: str | None = None,
-                     ) -> list[Entitlement]:  # fmt: skip
-        return allowances.entitlements(self.database, subject, limit)
-
-    def grant(self, subject: str, limit: str, amount: int, expires_at: datetime | None = None, *,
-              grant_id: str | None = None, effective_from: datetime | None = None,
-              reason: str | None = None, every: str | None = None, rollover_max: int | None = None,
-              priority: int = DEFAULT_PRIORITY, until: datetime | None = None,
-              low: int | str | None = None) -> Grant:  # fmt: skip
-        """Top up ``subject``'s allowance for ``limit`` (``every``: recurring, `add_grant`)."""
-        return allowances.add_grant(self.database, subject, limit, amount, expires_at=expires_at,
-                                    grant_id=grant_id, effective_from=effective_from,
-                                    reason=reason, every=every, rollover_max=rollover_max,
-                                    priority=priority, until=until, low=low)  # fmt: skip
-
-    def grants(self, subject: str | None = None, limit: str | None = None) -> list[Grant]:
-        return allowances.list_grants(self.database, subject, limit)
-
-    def recurring_grants(self, subject: str | None = None, limit: str | None = None,
-                         ) -> list[RecurringGrant]:  # fmt: skip
-        return allowances.list_recurring(self.database, subject, limit)
-
-    def set_alert(self, subject: str, limit: str, at: Iterable[str | int]) -> Alert:
-        """``subject``'s own thresholds for ``limit`` (``["80%", 5000]``), replacing the limit's."""
-        return allowances.set_alert(self.database, subject, limit, at)
-
-    def alerts(self, subject: str | None = None, limit: str | None = None) -> list[Alert]:
-        return allowances.list_alerts(self.database, subject, limit)
-
-    def remove_alert(self, subject: str, limit: str) -> bool:
-        return allowances.remove_alert(self.database, subject, limit)
-
-    def void(self, event_id: str, reason: str, *, correction_id: str | None = None,
-             horizon_seconds: int | None = None) -> Correction:  # fmt: skip
-        """Reverse an allowed event's charges and give back the grants that paid."""
-        horizon = self.correction_horizon if horizon_seconds is None else horizon_seconds
-        return allowances.void(self.database, event_id, reason, correction_id=correction_id,
-                               horizon_seconds=horizon)  # fmt: skip
-
-    def corrections(self, count: int = 1000) -> list[Correction]:
-        return allowances.corrections(self.database, count)
-
-    def set_price(self, limit: str, per_unit: object, currency: str,
-                  effective_from: datetime | None = None) -> Price:  # fmt: skip
-        """Price ``limit`` at ``per_unit`` major units (text, exact) from ``effective_from`` on."""
-        return money.set_price(self.database, limit, per_unit, currency, effective_from)
-
-    def remove_price(self, limit: str, currency: str, effective_from: datetime | None = None,
-                     ) -> Price:  # fmt: skip
-        """End ``limit``'s price from ``effective_from`` (default: now) on."""
-        return money.remove_price(self.database, limit, currency, effective_from)
-
-    def prices(self, limit: str | None = None) -> list[Price]:
-        return money.prices(self.database, limit)
-
-    def simulate(self, limits: LimitsSource, entitlements: EntitlementsSource = None, *,
-                 since: Since, subject: str | None = None, progress: Progress | None = None,
-                 ) -> Simulation:  # fmt: skip
-        """Backtest: replay the ledger's demand since ``since`` through proposed
-        limits and entitlements, in memory; nothing is written (`metering.simulation`)."""
-        return backtest(self.database, limits, entitlements, since=since, subject=subject,
-                        progress=progress)  # fmt: skip
-
-    def usage_history(self, subject: str, limit: str, since: datetime | None = None,
-                      until: datetime | None = None, bucket: str = "day",
-                      ) -> UsageHistory:  # fmt: skip
-        """``subject``'s use of ``limit`` per hour or day, with the maximum in force."""
-        return history.usage_history(self.database, subject, limit, since=since, until=until,
-                                     bucket=bucket)  # fmt: skip
-
-    def portal_link(self, subject: str, ttl_seconds: int = 3600,
-                    base_url: str = "http://127.0.0.1:8000") -> str:  # fmt: skip
-        """A signed link to ``subject``'s usage page (GET /portal) for ``ttl_seconds``."""
-        return portal.make_link(self.database, subject, ttl_seconds, base_url)
