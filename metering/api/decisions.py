@@ -4,22 +4,21 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path, Request
+from fastapi import APIRouter, Depends, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
 from metering.api.auth import AUTH_ERRORS, require_scope
 from metering.api.context import ApiContext, api_context
 from metering.api.models import (
-    SUBJECT_PATTERN,
     DecisionOut,
+    SubjectInPath,
     SubjectUsage,
     decision_json,
     usage_json,
 )
 from metering.api.parsing import parse_check
 from metering.api.problems import COMMON_ERRORS, ApiProblem, responses
-from metering.domain.events import MAX_SUBJECT_LENGTH
 from metering.errors import InvalidInput, OccurredAtOutOfRange, UnknownLimit
 from metering.lookup import subject_usage
 
@@ -91,13 +90,7 @@ async def check(request: Request, context: Annotated[ApiContext, Depends(api_con
     dependencies=[require_scope("read", subjects="path")],
 )
 async def usage(
-    subject: Annotated[
-        str,
-        Path(
-            description="The subject, URL-encoded.",
-            json_schema_extra={"pattern": SUBJECT_PATTERN, "maxLength": MAX_SUBJECT_LENGTH},
-        ),
-    ],
+    subject: SubjectInPath,
     context: Annotated[ApiContext, Depends(api_context)],
 ) -> Response:
     """Every limit the subject has a counter for in its current window: what a

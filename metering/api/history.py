@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Path, Query
+from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
@@ -18,9 +18,8 @@ from starlette.responses import JSONResponse, Response
 from metering.api.admin_common import invalid
 from metering.api.auth import AUTH_ERRORS, require_scope
 from metering.api.context import ApiContext, api_context
-from metering.api.models import SUBJECT_PATTERN
+from metering.api.models import SubjectInPath
 from metering.api.problems import COMMON_ERRORS, responses
-from metering.domain.events import MAX_SUBJECT_LENGTH
 from metering.domain.instants import parse_instant
 from metering.errors import InvalidInput
 from metering.history import usage_history
@@ -62,13 +61,7 @@ class UsageHistoryOut(BaseModel):
     dependencies=[require_scope("read", subjects="path")],
 )
 async def history(
-    subject: Annotated[
-        str,
-        Path(
-            description="The subject, URL-encoded.",
-            json_schema_extra={"pattern": SUBJECT_PATTERN, "maxLength": MAX_SUBJECT_LENGTH},
-        ),
-    ],
+    subject: SubjectInPath,
     context: Annotated[ApiContext, Depends(api_context)],
     limit: Annotated[str, Query(description="The limit.")],
     since: Annotated[

@@ -18,8 +18,9 @@ its shape in ``/openapi.json``.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
+from fastapi import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from metering.domain.decisions import Decision
@@ -30,6 +31,14 @@ from metering.lookup import LimitUsage
 # pattern can say them. A subject is any printable text without edge spaces;
 # the schema's pattern says it for ASCII.
 SUBJECT_PATTERN = r"^[!-~](?:[ -~]{0,198}[!-~])?$"
+# A subject as a route's path parameter (``/v1/subjects/{subject}/...``).
+SubjectInPath = Annotated[
+    str,
+    Path(
+        description="The subject, URL-encoded.",
+        json_schema_extra={"pattern": SUBJECT_PATTERN, "maxLength": MAX_SUBJECT_LENGTH},
+    ),
+]
 LIMIT_PATTERN = r"^[a-z0-9_.:\-]{1,64}$"
 EVENT_ID_PATTERN = r"^[A-Za-z0-9_.:@/+=\-]{1,128}$"
 

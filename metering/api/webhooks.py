@@ -41,24 +41,15 @@ from metering.api.models import body_fields, iso
 from metering.api.problems import COMMON_ERRORS, responses
 from metering.domain.bounds import MAX_ROW_ID
 from metering.domain.instants import from_us, parse_instant
-from metering.domain.notifications import MESSAGE_TYPES
+from metering.domain.notifications import NoticeType
 from metering.errors import InvalidInput
 from metering.storage.webhooks import AttemptRecord, DeliveryRecord
 from metering.webhooks.endpoints import MAX_GRACE_SECONDS, MAX_URL_CHARS, Endpoint, Webhooks
 
 # An endpoint id is printable with no spaces (``ep_`` and hex when made by add).
 ENDPOINT_ID_PATTERN = r"^[!-~]{1,64}$"
-MessageType = Literal[
-    "limit.denied",
-    "limit.threshold",
-    "limit.exceeded",
-    "limit.reset",
-    "limit.would_deny",
-    "usage.corrected",
-    "grant.low",
-]
+MessageType = NoticeType  # every type a webhook message can have
 DeliveryStatusName = Literal["pending", "delivered", "failed"]
-assert set(MessageType.__args__) == set(MESSAGE_TYPES)  # type: ignore[attr-defined]
 
 
 class EndpointIn(BaseModel):

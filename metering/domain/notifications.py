@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, get_args
 
 from metering.domain.decisions import ChargeDecision
 from metering.domain.limits import Limit
@@ -50,15 +50,7 @@ NoticeType = Literal[
     "usage.corrected",
     "grant.low",
 ]
-MESSAGE_TYPES: Final = (
-    "limit.denied",
-    "limit.threshold",
-    "limit.exceeded",
-    "limit.reset",
-    "limit.would_deny",
-    "usage.corrected",
-    "grant.low",
-)
+MESSAGE_TYPES: Final[tuple[str, ...]] = get_args(NoticeType)
 TEST_TYPE: Final = "webhook.test"
 MAX_PAYLOAD_BYTES: Final = 64 * 1024
 
