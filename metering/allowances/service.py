@@ -11,11 +11,11 @@ same event finds the first.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection
 
@@ -406,17 +406,31 @@ def list_grants(
     database: Database, subject: str | None = None, limit: str | None = None
 ) -> list[Grant]:
     """The grants (issues of recurring ones too, after making those now due)."""
+    records = _after_issuing(
+        database, subject, limit, lambda c: AllowanceStore(c).grants(subject, limit)
+    )
+    return [_grant_of(record) for record in records]
+
+
+T = TypeVar("T")
+
+
+def _after_issuing(
+    database: Database, subject: str | None, limit: str | None, read: Callable[[Connection], T]
+) -> T:
+    """``read`` (filtered by ``subject`` and ``limit``, validated here) in a
+    transaction that first makes every recurring issue now due."""
     if subject is not None:
         validate_subject(subject)
     if limit is not None:
         validate_limit_name(limit)
     now_us = database.now_us()
 
-    def work(connection: Connection) -> list[GrantRecord]:
+    def work(connection: Connection) -> T:
         issue_due(connection, None, now_us)
-        return AllowanceStore(connection).grants(subject, limit)
+        return read(connection)
 
-    return [_grant_of(record) for record in database.run(work)]
+    return database.run(work)
 
 
 @dataclass(frozen=True, slots=True)
@@ -457,18 +471,11 @@ def list_recurring(
     database: Database, subject: str | None = None, limit: str | None = None
 ) -> list[RecurringGrant]:
     """The recurring grants (after making the issues now due)."""
-    if subject is not None:
-        validate_subject(subject)
-    if limit is not None:
-        validate_limit_name(limit)
-    now_us = database.now_us()
-
-    def work(connection: Connection) -> list[ScheduleRecord]:
-        issue_due(connection, None, now_us)
-        return ScheduleStore(connection).listed(subject, limit)
-
+    records = _after_issuing(
+        database, subject, limit, lambda c: ScheduleStore(c).listed(subject, limit)
+    )
     found = []
-    for r in database.run(work):
+    for r in records:
         low = None
         if r.low_units is not None:
             low = str(r.low_units)
