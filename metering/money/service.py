@@ -23,6 +23,10 @@ def _priceable(connection: Connection, name: str) -> Limit:
         raise InvalidInput(
             "limit", f"{name!r} is a spend limit ({found.currency}): it has a cap, not a price"
         )
+    if found.distinct is not None or found.algorithm == "concurrent":
+        # A seat's repeat costs 0 and a license is held, not spent: neither is priced per unit.
+        kind = "a seat limit" if found.distinct is not None else "a concurrent limit"
+        raise InvalidInput("limit", f"{name!r} is {kind}: only usage summed per window is priced")
     return found
 
 

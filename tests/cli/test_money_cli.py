@@ -134,6 +134,8 @@ def test_prices_and_a_spend_cap_on_the_command_line(url: str) -> None:
         (["entitlements", "set", "org-1", "spend"], ["MAXIMUM"]),
         (["consume", "org-1", "spend", "--cost", "5"], ["spend limit", "not directly"]),
         (["report", "spend", "--period", "2026-13"], ["period"]),
+        (["prices", "set", "seats", "--per-unit", "1", "--currency", "USD"], ["seat limit"]),
+        (["prices", "set", "cad", "--per-unit", "1", "--currency", "USD"], ["concurrent limit"]),
     ],
 )
 def test_bad_money_input_is_one_error_line_and_changes_nothing(
@@ -142,6 +144,8 @@ def test_bad_money_input_is_one_error_line_and_changes_nothing(
     run(url, "limits", "set", "calls", "--max", "1000", "--period", "1mo")
     run(url, "limits", "set", "spend", "--max-amount", "1", "--currency", "USD", "--period", "1mo")
     run(url, "prices", "set", "calls", "--per-unit", "0.01", "--currency", "USD")
+    run(url, "limits", "set", "seats", "--max", "5", "--period", "1mo", "--distinct", "user")
+    run(url, "limits", "set", "cad", "--max", "5", "--algorithm", "concurrent")
     before = snapshot(url)
     one_line_error(run(url, *args, code=1), *words)
     assert snapshot(url) == before
