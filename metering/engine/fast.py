@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from operator import itemgetter
 from typing import Final, Literal
 
@@ -206,10 +207,8 @@ def _rules_for(
             return found, UnknownLimit(name)
         if rule.concurrent:
             return found, consumed_concurrent(rule.name)
-        if rule.money:
-            raise UseGeneralPath(
-                "a priced or spend limit: money is decided by the reference engine"
-            )
+        if rule.money or rule.distinct:
+            raise UseGeneralPath("money or seats: the reference engine decides them")
         timed = rule if policy is None else policy.rule(rule)
         if at_us > now_us + FUTURE_TOLERANCE_US or at_us < now_us - timed.lateness_us:
             try:
@@ -290,8 +289,6 @@ def apply_records(
         if error is not None:
             todo.append((index, event, event_rules, error, None))
             continue
-        if any(rule.distinct for rule in event_rules):
-            raise UseGeneralPath("a distinct limit (seats): the reference engine counts values")
         fixed: _Fixed | None = []
         for (subject, name, _), rule in zip(event.charges, event_rules, strict=True):
             if rule.dimensions:
@@ -311,7 +308,7 @@ def apply_records(
                 pairs.add((name, subject))
                 fixed = None
         todo.append((index, event, event_rules, None, fixed))
-    if allowances.general_only(_granted(pairs, keys) | {k[:2] for k in keys}, now_us):
+    if allowances.general_only(chain(pairs, (key[:2] for key in keys)), now_us):
         raise UseGeneralPath("a recurring grant's issue due, grant.low or own thresholds")
     wanted = sorted((*key, end) for key, end in keys.items())
     granted: list[Pair] = []
@@ -564,11 +561,9 @@ def check_record(
     try:
         event_rules, error = _rules_for(event, rules, now_us)
     except UseGeneralPath:
-        return None
+        return None  # money or seats: the reference engine reads what they need
     if error is not None or version < 0:
         return None
-    if any(rule.distinct for rule in event_rules):
-        return None  # seats: the reference engine reads the values
     if any((name, subject) in allowances.grant_pairs for subject, name, _ in event.charges):
         return None  # grants are read under lock, by the general engine
     if allowances.general_only(((name, subject) for subject, name, _ in event.charges), now_us):

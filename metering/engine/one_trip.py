@@ -38,7 +38,7 @@ def prepare(cache: LimitCache, event: EventRecord, now_us: int) -> tuple[Any, ..
     try:
         event_rules, error = _rules_for(event, rules, now_us)
     except UseGeneralPath:
-        return None  # money: the reference engine decides it
+        return None  # money or seats: the reference engine decides them
     if error is not None:
         return None
     charges = event.charges
@@ -49,10 +49,10 @@ def prepare(cache: LimitCache, event: EventRecord, now_us: int) -> tuple[Any, ..
     at_us = event.occurred_at_us
     found: list[OneCharge] = []
     for (subject, name, cost), rule in zip(charges, event_rules, strict=True):
-        if rule.dimensions or rule.distinct or (grant_pairs and (name, subject) in grant_pairs):
+        if rule.dimensions or (grant_pairs and (name, subject) in grant_pairs):
             return None
-        if allowances.alert_pairs and (name, subject) in allowances.alert_pairs:
-            return None  # thresholds of its own: the general engine
+        if allowances.general_only(((name, subject),), now_us):
+            return None  # thresholds of its own (or grants, declined above): the general engine
         if histories:
             history = histories.get((name, subject))
             if history:
