@@ -31,6 +31,7 @@ live in ``conftest.py``.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
 import shutil
@@ -38,7 +39,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -72,6 +73,8 @@ _MAX_SOCKET_PATH = 107
 _LOG_TAIL_LINES = 40
 _PG_USER = "postgres"
 _SETTINGS_FILE = "metering_tests.conf"
+# Names of the databases `PostgresServer.copy_of` makes, unique in the session.
+_copies = itertools.count()
 
 
 def free_port() -> int:
@@ -312,6 +315,18 @@ class PostgresServer:
             conn.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
             )
+
+    @contextlib.contextmanager
+    def copy_of(self, template: str, prefix: str = "copy") -> Iterator[str]:
+        """The URL of a fresh copy of ``template``, dropped afterwards: a
+        database per Hypothesis example, where a function-scoped fixture
+        would be shared by every example."""
+        name = f"{prefix}_{next(_copies)}"
+        self.create_database(name, template=template)
+        try:
+            yield self.url(name)
+        finally:
+            self.drop_database(name)
 
     def _admin_connection(self) -> psycopg.Connection[TupleRow]:
         return psycopg.connect(

@@ -13,7 +13,6 @@ and no subject ever holds more than its maximum.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -29,7 +28,6 @@ from metering.errors import CheckoutReleased
 START = datetime(2026, 11, 30, 20, 0, tzinfo=UTC)
 DEFAULT = 3
 SUBJECTS = ["s1", "s2"]
-_names = itertools.count()
 
 operation = st.one_of(
     st.tuples(
@@ -172,9 +170,5 @@ def test_sqlite_matches_the_model(
 def test_postgresql_matches_the_model(
     postgres_server: PostgresServer, pg_template_url: str, operations: list
 ) -> None:
-    name = f"licenses_{next(_names)}"
-    postgres_server.create_database(name, template=pg_template_url)
-    try:
-        _run(postgres_server.url(name), operations)
-    finally:
-        postgres_server.drop_database(name)
+    with postgres_server.copy_of(pg_template_url, "licenses") as url:
+        _run(url, operations)

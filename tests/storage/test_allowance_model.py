@@ -17,7 +17,6 @@ counters and grants must equal the model's, and:
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 from dataclasses import dataclass, field
@@ -40,7 +39,6 @@ HOUR_US = 3600 * 1_000_000
 DEFAULT = 4
 LIMIT = Limit("calls", maximum=DEFAULT, period="1h", window="calendar", lateness="2h")
 SUBJECTS = ["s1", "s2"]
-_names = itertools.count()
 
 consume = st.tuples(
     st.just("consume"),
@@ -251,9 +249,5 @@ def test_sqlite_matches_the_model(
 def test_postgresql_matches_the_model(
     postgres_server: PostgresServer, pg_template_url: str, operations: list
 ) -> None:
-    name = f"model_{next(_names)}"
-    postgres_server.create_database(name, template=pg_template_url)
-    try:
-        _run(postgres_server.url(name), operations)
-    finally:
-        postgres_server.drop_database(name)
+    with postgres_server.copy_of(pg_template_url, "model") as url:
+        _run(url, operations)

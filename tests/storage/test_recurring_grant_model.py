@@ -14,7 +14,6 @@ grants' list): nothing runs between the steps.
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -33,7 +32,6 @@ MAXIMUM = 4
 LIMIT = Limit("calls", maximum=MAXIMUM, period="1mo", window="calendar")
 SUBJECTS = ["s1", "s2"]
 DAY = 86_400
-_names = itertools.count()
 
 consume = st.tuples(st.just("consume"), st.sampled_from(SUBJECTS), st.integers(1, 7), st.just(None))
 recurring = st.tuples(
@@ -251,9 +249,5 @@ def test_recurring_grants_on_sqlite_match_the_model(
 def test_recurring_grants_on_postgresql_match_the_model(
     postgres_server: PostgresServer, pg_template_url: str, operations: list
 ) -> None:
-    name = f"recurring_{next(_names)}"
-    postgres_server.create_database(name, template=pg_template_url)
-    try:
-        _run(postgres_server.url(name), operations)
-    finally:
-        postgres_server.drop_database(name)
+    with postgres_server.copy_of(pg_template_url, "recurring") as url:
+        _run(url, operations)

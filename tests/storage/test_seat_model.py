@@ -17,7 +17,6 @@ equal the model's:
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -50,7 +49,6 @@ LIMITS = {
 }
 SUBJECTS = ["s1", "s2"]
 USERS = ["u1", "u2", "u3"]
-_names = itertools.count()
 
 consume = st.tuples(
     st.just("consume"),
@@ -218,9 +216,5 @@ def test_sqlite_seats_match_the_model(
 def test_postgresql_seats_match_the_model(
     postgres_server: PostgresServer, pg_template_url: str, operations: list
 ) -> None:
-    name = f"seats_{next(_names)}"
-    postgres_server.create_database(name, template=pg_template_url)
-    try:
-        _run(postgres_server.url(name), operations)
-    finally:
-        postgres_server.drop_database(name)
+    with postgres_server.copy_of(pg_template_url, "seats") as url:
+        _run(url, operations)

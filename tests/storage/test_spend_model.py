@@ -14,7 +14,6 @@ and the spend report equals the allowed, unvoided amounts per limit.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_EVEN, Decimal
@@ -42,7 +41,6 @@ LIMITS = [
 ]
 PRICES = ["0.002", "0.0015", "0.005", "0.01", "0.00001", "0.125", None]
 SUBJECTS = ["s1", "s2"]
-_names = itertools.count()
 
 consume = st.tuples(
     st.just("consume"),
@@ -237,9 +235,5 @@ def test_sqlite_spend_matches_the_model(
 def test_postgresql_spend_matches_the_model(
     postgres_server: PostgresServer, pg_template_url: str, operations: list
 ) -> None:
-    name = f"spend_{next(_names)}"
-    postgres_server.create_database(name, template=pg_template_url)
-    try:
-        _run(postgres_server.url(name), operations)
-    finally:
-        postgres_server.drop_database(name)
+    with postgres_server.copy_of(pg_template_url, "spend") as url:
+        _run(url, operations)
