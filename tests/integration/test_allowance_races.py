@@ -28,13 +28,24 @@ pytestmark = pytest.mark.slow
 
 
 def _race(
-    url: str, target: Callable[..., None], calls: int, extra: Callable[..., None] | None
+    url: str,
+    target: Callable[..., None],
+    calls: int,
+    extra: Callable[..., None] | None,
+    *signals: object,
 ) -> None:
+    """Runs 8 ``target`` processes (and ``extra``) from one start signal.
+
+    ``signals`` are more synchronisation objects handed to every process.
+    """
     context = multiprocessing.get_context("fork")
     start = context.Event()
-    procs = [context.Process(target=target, args=(url, n, calls, start)) for n in range(PROCESSES)]
+    procs = [
+        context.Process(target=target, args=(url, n, calls, start, *signals))
+        for n in range(PROCESSES)
+    ]
     if extra is not None:
-        procs.append(context.Process(target=extra, args=(url, start)))
+        procs.append(context.Process(target=extra, args=(url, start, *signals)))
     for proc in procs:
         proc.start()
     start.set()
@@ -73,10 +84,44 @@ def _rows(meter: Meter) -> list[tuple[str, str, ChargeDecision]]:
         ]
 
 
-def _change_entitlement(url: str, start: multiprocessing.synchronize.Event) -> None:
+def _consume_around_a_change(
+    url: str,
+    worker: int,
+    calls: int,
+    start: multiprocessing.synchronize.Event,
+    raised: multiprocessing.synchronize.Event,
+    charged: multiprocessing.synchronize.Semaphore,
+) -> None:
+    """Half the calls, then a wait until the maximum is raised, then the rest.
+
+    The first call after the wait is signalled, so the changer knows every worker
+    has charged once against the raised maximum before it changes it again: the
+    race always sees a raise, however the processes are scheduled.
+    """
     with Meter(url, clock=FrozenClock(NOW)) as meter:
         start.wait(30)
-        for maximum in [60, 150, 40, 220, 90, 300, 70] * 3:
+        for n in range(calls):
+            if n == calls // 2:
+                assert raised.wait(120)
+            meter.consume("org-1", "calls", 1 + (n + worker) % 3, event_id=f"w{worker}-{n}")
+            if n == calls // 2:
+                charged.release()
+
+
+def _change_entitlement(
+    url: str,
+    start: multiprocessing.synchronize.Event,
+    raised: multiprocessing.synchronize.Event,
+    charged: multiprocessing.synchronize.Semaphore,
+) -> None:
+    with Meter(url, clock=FrozenClock(NOW)) as meter:
+        start.wait(30)
+        meter.set_entitlement("org-1", "calls", 60, effective_from=NOW)
+        meter.set_entitlement("org-1", "calls", 150, effective_from=NOW)
+        raised.set()
+        for _ in range(PROCESSES):
+            assert charged.acquire(timeout=120)
+        for maximum in [40, 220, 90, 300, 70] + [60, 150, 40, 220, 90, 300, 70] * 2:
             meter.set_entitlement("org-1", "calls", maximum, effective_from=NOW)
 
 
@@ -84,7 +129,9 @@ def test_an_entitlement_changed_during_a_race_is_never_exceeded(db_url: str) -> 
     with Meter(db_url, clock=FrozenClock(NOW)) as meter:
         meter.set_limit(LIMIT)
         meter.set_entitlement("org-1", "calls", 50, effective_from=NOW)
-    _race(db_url, _consume, 60, _change_entitlement)
+    context = multiprocessing.get_context("fork")
+    raised, charged = context.Event(), context.Semaphore(0)
+    _race(db_url, _consume_around_a_change, 60, _change_entitlement, raised, charged)
     with Meter(db_url, clock=FrozenClock(NOW)) as meter:
         rows = _rows(meter)
         [counter] = meter.counters("org-1", "calls")
@@ -96,7 +143,7 @@ def test_an_entitlement_changed_during_a_race_is_never_exceeded(db_url: str) -> 
     assert all(charge.used + charge.cost > charge.maximum for charge in denied)
     assert counter.used == sum(charge.cost for charge in allowed)
     assert counter.denied_count == len(denied)
-    assert max(charge.used for charge in allowed) > 50  # the changes were seen
+    assert max(charge.used for charge in allowed) > 60  # the raise to 150 was seen
 
 
 def test_a_grant_tops_up_a_hard_limit_exactly_under_a_race(db_url: str) -> None:
