@@ -16,6 +16,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 import yaml
 
@@ -48,6 +49,12 @@ def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
     result = compose["services"]
     assert isinstance(result, dict)
     return result
+
+
+def _command(name: str) -> click.Command:
+    command = main.get_command(click.Context(main), name)
+    assert command is not None
+    return command
 
 
 def _argv(command: str | list[str]) -> list[str]:
@@ -201,7 +208,7 @@ def test_worker_and_beat_are_checked_by_metering_status(
     assert argv[:2] == ["metering", "status"]
     assert argv[argv.index("--require") + 1] == required
     # The command takes these options as written (parsing them runs no check).
-    status = main.commands["status"]
+    status = _command("status")
     parsed = status.make_context("status", argv[2:]).params
     assert parsed["required"] == frozenset({required})
     # A check runs a ping (2 s at most) after reaching the database and broker.
@@ -223,7 +230,7 @@ def test_api_service_runs_metering_serve(services: dict[str, dict[str, Any]]) ->
     api = services["api"]
     argv = _argv(api["command"])
     assert argv[:2] == ["metering", "serve"]
-    params = main.commands["serve"].make_context("serve", argv[2:]).params
+    params = _command("serve").make_context("serve", argv[2:]).params
     assert params["host"] == "0.0.0.0"  # reachable from Prometheus's container
     assert api["ports"] == [f"127.0.0.1:{params['port']}:{params['port']}"]
     deps = _depends_on(api)
@@ -269,7 +276,7 @@ def test_prometheus_scrapes_the_api_and_every_worker(services: dict[str, dict[st
     )
     config = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
-    serve = main.commands["serve"].make_context("serve", _argv(services["api"]["command"])[2:])
+    serve = _command("serve").make_context("serve", _argv(services["api"]["command"])[2:])
     assert jobs["metering-api"]["static_configs"] == [{"targets": [f"api:{serve.params['port']}"]}]
     # Docker's DNS answers the service name with every replica's address.
     [workers] = jobs["metering-worker"]["dns_sd_configs"]
