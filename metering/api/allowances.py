@@ -25,14 +25,13 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Annotated, Any, Final
 
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
 from metering.api.admin_common import bad_field, invalid, json_body, read_object
-from metering.api.auth import AUTH_ERRORS, require_scope
-from metering.api.context import ApiContext, api_context
+from metering.api.context import Context
 from metering.api.models import (
     EVENT_ID_PATTERN,
     LIMIT_PATTERN,
@@ -41,7 +40,7 @@ from metering.api.models import (
     subject_field,
 )
 from metering.api.parsing import whole_number
-from metering.api.problems import COMMON_ERRORS, responses
+from metering.api.routes import route
 from metering.domain.corrections import MAX_REASON_CHARS
 from metering.domain.events import MAX_SUBJECT_LENGTH
 from metering.domain.grants import DEFAULT_PRIORITY, MAX_GRANT, MAX_PRIORITY
@@ -274,7 +273,6 @@ MAX_CORRECTIONS: Final = 1000
 # The library checks a limit's name as ``name``; in these requests it is ``limit``.
 FIELD_NAMES: Final = {"name": "limit"}
 
-Context = Annotated[ApiContext, Depends(api_context)]
 Subject = Annotated[
     str,
     Path(
@@ -312,16 +310,14 @@ def fields_named() -> Iterator[None]:
 # -- entitlements ---------------------------------------------------------------
 
 
-@router.put(
+@route(
+    router.put,
     "/entitlements/{subject:path}/{limit}",
-    summary="Set a subject's own maximum",
-    response_model=None,
+    "Set a subject's own maximum",
+    scope="admin",
+    ok={200: {"model": EntitlementOut, "description": "The change, as recorded."}},
+    errors=(400, 404, 415, 422),
     openapi_extra=json_body(EntitlementIn),
-    responses={
-        200: {"model": EntitlementOut, "description": "The change, as recorded."},
-        **responses(400, 404, 415, 422, *AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("admin")],
 )
 async def put_entitlement(
     subject: Subject, limit: LimitName, request: Request, context: Context
@@ -343,15 +339,13 @@ async def put_entitlement(
     return JSONResponse(change.to_dict())
 
 
-@router.delete(
+@route(
+    router.delete,
     "/entitlements/{subject:path}/{limit}",
-    summary="Return a subject to the limit's default",
-    response_model=None,
-    responses={
-        200: {"model": EntitlementOut, "description": "The change (maximum null), as recorded."},
-        **responses(400, 404, 422, *AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("admin")],
+    "Return a subject to the limit's default",
+    scope="admin",
+    ok={200: {"model": EntitlementOut, "description": "The change (maximum null), as recorded."}},
+    errors=(400, 404, 422),
 )
 async def delete_entitlement(
     subject: Subject,
@@ -370,15 +364,13 @@ async def delete_entitlement(
     return JSONResponse(change.to_dict())
 
 
-@router.get(
+@route(
+    router.get,
     "/entitlements",
-    summary="Changes of subjects' maximums",
-    response_model=None,
-    responses={
-        200: {"model": Entitlements, "description": "Oldest first per subject and limit."},
-        **responses(400, *AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("read")],
+    "Changes of subjects' maximums",
+    scope="read",
+    ok={200: {"model": Entitlements, "description": "Oldest first per subject and limit."}},
+    errors=(400,),
 )
 async def list_entitlements(
     context: Context,
@@ -394,18 +386,18 @@ async def list_entitlements(
 # -- grants ----------------------------------------------------------------------
 
 
-@router.post(
+@route(
+    router.post,
     "/grants",
-    summary="Top up a subject's allowance",
-    status_code=201,
-    response_model=None,
-    openapi_extra=json_body(GrantIn),
-    responses={
+    "Top up a subject's allowance",
+    scope="admin",
+    ok={
         201: {"model": GrantAdded, "description": "A new grant."},
         200: {"model": GrantAdded, "description": "This grant existed already: nothing changed."},
-        **responses(400, 409, 415, 422, *AUTH_ERRORS, *COMMON_ERRORS),
     },
-    dependencies=[require_scope("admin")],
+    errors=(400, 409, 415, 422),
+    status_code=201,
+    openapi_extra=json_body(GrantIn),
 )
 async def add_grant(request: Request, context: Context) -> Response:
     """``amount`` more of a fixed-window limit on top of the subject's maximum,
@@ -447,15 +439,13 @@ async def add_grant(request: Request, context: Context) -> Response:
     return JSONResponse(body, 200 if grant.duplicate else 201)
 
 
-@router.get(
+@route(
+    router.get,
     "/grants",
-    summary="Grants",
-    response_model=None,
-    responses={
-        200: {"model": Grants, "description": "With what is used and left of each."},
-        **responses(400, *AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("read")],
+    "Grants",
+    scope="read",
+    ok={200: {"model": Grants, "description": "With what is used and left of each."}},
+    errors=(400,),
 )
 async def list_grants(
     context: Context,
@@ -468,15 +458,13 @@ async def list_grants(
     return JSONResponse({"grants": [grant.to_dict() for grant in found]})
 
 
-@router.get(
+@route(
+    router.get,
     "/recurring-grants",
-    summary="Recurring grants",
-    response_model=None,
-    responses={
-        200: {"model": RecurringGrants, "description": "Their terms and next issue."},
-        **responses(400, *AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("read")],
+    "Recurring grants",
+    scope="read",
+    ok={200: {"model": RecurringGrants, "description": "Their terms and next issue."}},
+    errors=(400,),
 )
 async def list_recurring_grants(
     context: Context,
@@ -493,16 +481,14 @@ async def list_recurring_grants(
 # -- alerts ------------------------------------------------------------------------
 
 
-@router.put(
+@route(
+    router.put,
     "/alerts/{subject:path}/{limit}",
-    summary="Set a subject's own thresholds for a limit",
-    response_model=None,
+    "Set a subject's own thresholds for a limit",
+    scope="admin",
+    ok={200: {"model": AlertOut, "description": "They replace the limit's for this subject."}},
+    errors=(400, 404, 415, 422),
     openapi_extra=json_body(AlertIn),
-    responses={
-        200: {"model": AlertOut, "description": "They replace the limit's for this subject."},
-        **responses(400, 404, 415, 422, *AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("admin")],
 )
 async def set_alert(
     request: Request, context: Context, subject: Subject, limit: LimitName
@@ -521,15 +507,13 @@ async def set_alert(
     return JSONResponse(alert.to_dict())
 
 
-@router.delete(
+@route(
+    router.delete,
     "/alerts/{subject:path}/{limit}",
-    summary="Back to the limit's thresholds",
-    response_model=None,
-    responses={
-        200: {"model": AlertRemoved, "description": "The limit's thresholds apply again."},
-        **responses(400, 404, *AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("admin")],
+    "Back to the limit's thresholds",
+    scope="admin",
+    ok={200: {"model": AlertRemoved, "description": "The limit's thresholds apply again."}},
+    errors=(400, 404),
 )
 async def remove_alert(context: Context, subject: Subject, limit: LimitName) -> Response:
     """The subject's own thresholds for the limit are removed."""
@@ -538,15 +522,13 @@ async def remove_alert(context: Context, subject: Subject, limit: LimitName) -> 
     return JSONResponse({"subject": subject, "limit": limit, "removed": removed})
 
 
-@router.get(
+@route(
+    router.get,
     "/alerts",
-    summary="Subjects' own thresholds",
-    response_model=None,
-    responses={
-        200: {"model": Alerts, "description": "By limit and subject."},
-        **responses(400, *AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("read")],
+    "Subjects' own thresholds",
+    scope="read",
+    ok={200: {"model": Alerts, "description": "By limit and subject."}},
+    errors=(400,),
 )
 async def list_alerts(
     context: Context,
@@ -561,18 +543,18 @@ async def list_alerts(
 # -- corrections -----------------------------------------------------------------
 
 
-@router.post(
+@route(
+    router.post,
     "/events/{event_id:path}/void",
-    summary="Void an event",
-    status_code=201,
-    response_model=None,
-    openapi_extra=json_body(VoidIn),
-    responses={
+    "Void an event",
+    scope="admin",
+    ok={
         201: {"model": Voided, "description": "Voided now."},
         200: {"model": Voided, "description": "Voided before: that correction."},
-        **responses(400, 404, 409, 415, *AUTH_ERRORS, *COMMON_ERRORS),
     },
-    dependencies=[require_scope("admin")],
+    errors=(400, 404, 409, 415),
+    status_code=201,
+    openapi_extra=json_body(VoidIn),
 )
 async def void_event(
     event_id: Annotated[
@@ -604,15 +586,13 @@ async def void_event(
     return JSONResponse(body, 200 if correction.duplicate else 201)
 
 
-@router.get(
+@route(
+    router.get,
     "/corrections",
-    summary="Voided events",
-    response_model=None,
-    responses={
-        200: {"model": Corrections, "description": "Oldest first."},
-        **responses(400, *AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("read")],
+    "Voided events",
+    scope="read",
+    ok={200: {"model": Corrections, "description": "Oldest first."}},
+    errors=(400,),
 )
 async def list_corrections(
     context: Context,

@@ -16,7 +16,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Final, Literal
 
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
@@ -29,8 +29,8 @@ from metering.api.admin_common import (
     problem_with,
     read_object,
 )
-from metering.api.auth import AUTH_ERRORS, may_read, require_scope
-from metering.api.context import ApiContext, api_context
+from metering.api.auth import may_read
+from metering.api.context import Context
 from metering.api.models import (
     EVENT_ID_PATTERN,
     LIMIT_PATTERN,
@@ -40,7 +40,8 @@ from metering.api.models import (
     subject_field,
 )
 from metering.api.parsing import CHARGE_CHECKS, whole_number
-from metering.api.problems import COMMON_ERRORS, ApiProblem, responses
+from metering.api.problems import ApiProblem
+from metering.api.routes import route
 from metering.domain.events import MAX_CHARGES, MAX_COST, Charge, make_event
 from metering.domain.reservations import DEFAULT_TTL_SECONDS, MAX_TTL_SECONDS
 from metering.errors import InvalidInput, ReservationSettled, UnknownLimit, UnknownReservation
@@ -192,20 +193,16 @@ ReservationId = Annotated[
 ]
 
 
-@router.post(
+@route(
+    router.post,
     "/reservations",
-    summary="Reserve: consume now, give back later",
-    response_model=None,
+    "Reserve: consume now, give back later",
+    scope="ingest",
+    ok={200: {"model": Reserved, "description": "Held (allowed), or denied: the decision."}},
+    errors=(400, 409, 415, 422),
     openapi_extra=json_body(ReserveSingle, ReserveStacked),
-    responses={
-        200: {"model": Reserved, "description": "Held (allowed), or denied: the decision."},
-        **responses(400, 409, 415, 422, *AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("ingest")],
 )
-async def reserve(
-    request: Request, context: Annotated[ApiContext, Depends(api_context)]
-) -> Response:
+async def reserve(request: Request, context: Context) -> Response:
     """Decide and record the charges like an event; when allowed, hold them
     until ``/cancel`` gives the cost back or ``/commit`` (or the time to live)
     makes it final. A denied reservation consumes and stores nothing.
@@ -290,18 +287,16 @@ def _charge_pointer(charges: tuple[Charge, ...], limit: str) -> str:
     return "charges"
 
 
-@router.get(
+@route(
+    router.get,
     "/reservations",
-    summary="The newest reservations",
-    response_model=None,
-    responses={
-        200: {"model": Reservations, "description": "Newest first."},
-        **responses(400, *AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("read")],
+    "The newest reservations",
+    scope="read",
+    ok={200: {"model": Reservations, "description": "Newest first."}},
+    errors=(400,),
 )
 async def list_reservations(
-    context: Annotated[ApiContext, Depends(api_context)],
+    context: Context,
     state: Annotated[
         Literal["held", "committed", "cancelled"] | None, Query(description="Only this state.")
     ] = None,
@@ -319,19 +314,15 @@ async def list_reservations(
     return JSONResponse({"reservations": [reservation_json(info) for info in found]})
 
 
-@router.get(
+@route(
+    router.get,
     "/reservations/{reservation_id:path}",
-    summary="A reservation",
-    response_model=None,
-    responses={
-        200: {"model": ReservationOut, "description": "Where it stands."},
-        **responses(400, 404, *AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("read")],
+    "A reservation",
+    scope="read",
+    ok={200: {"model": ReservationOut, "description": "Where it stands."}},
+    errors=(400, 404),
 )
-async def get_reservation(
-    reservation_id: ReservationId, context: Annotated[ApiContext, Depends(api_context)]
-) -> Response:
+async def get_reservation(reservation_id: ReservationId, context: Context) -> Response:
     """A stored reservation; 404 for an id never reserved (or denied: nothing is stored)."""
     return JSONResponse(reservation_json(await _stored(context.meter, reservation_id)))
 
@@ -350,25 +341,16 @@ def _settled(exc: ReservationSettled) -> Response:
     return problem_with("reservation-settled", str(exc), state=str(exc.state))
 
 
-SETTLE_RESPONSES: Final[dict[int | str, dict[str, Any]]] = {
-    **responses(400, 404, *AUTH_ERRORS, *COMMON_ERRORS),
-    409: SETTLED_409,
-}
-
-
-@router.post(
+@route(
+    router.post,
     "/reservations/{reservation_id:path}/cancel",
-    summary="Cancel: give the cost back",
-    response_model=None,
-    responses={
-        200: {"model": Cancelled, "description": "Cancelled (a second cancel changes nothing)."},
-        **SETTLE_RESPONSES,
-    },
-    dependencies=[require_scope("ingest")],
+    "Cancel: give the cost back",
+    scope="ingest",
+    ok={200: {"model": Cancelled, "description": "Cancelled (a second cancel changes nothing)."}},
+    errors=(400, 404),
+    more={409: SETTLED_409},
 )
-async def cancel(
-    reservation_id: ReservationId, context: Annotated[ApiContext, Depends(api_context)]
-) -> Response:
+async def cancel(reservation_id: ReservationId, context: Context) -> Response:
     """Give a held reservation's cost back where its counters can still take it
     (``returned``); a second cancel does nothing. 409 when it is committed,
     with ``state``; past its time to live it is committed now and the answer
@@ -383,19 +365,18 @@ async def cancel(
     return JSONResponse({**reservation_json(info), "returned": returned})
 
 
-@router.post(
+@route(
+    router.post,
     "/reservations/{reservation_id:path}/commit",
-    summary="Commit: make the usage final, at the actual amount if given",
-    response_model=None,
-    responses={
-        200: {"model": Committed, "description": "Committed (again: no change)."},
-        **SETTLE_RESPONSES,
-    },
-    dependencies=[require_scope("ingest")],
+    "Commit: make the usage final, at the actual amount if given",
+    scope="ingest",
+    ok={200: {"model": Committed, "description": "Committed (again: no change)."}},
+    errors=(400, 404),
+    more={409: SETTLED_409},
 )
 async def commit(
     reservation_id: ReservationId,
-    context: Annotated[ApiContext, Depends(api_context)],
+    context: Context,
     actual: Annotated[
         int | None,
         Query(
