@@ -20,8 +20,6 @@ library's ``to_dict`` (`Entitlement`, `Grant`, `Correction`), so the CLI's
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import datetime
 from typing import Annotated, Any, Final
 
@@ -30,13 +28,24 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
-from metering.api.admin_common import bad_field, invalid, json_body, read_object
+from metering.allowances import RecurringGrant
+from metering.api.admin_common import (
+    LIMIT_NAMES,
+    bad_field,
+    fields_named,
+    json_body,
+    listed,
+    moment,
+    read_object,
+    threaded,
+)
 from metering.api.context import Context
 from metering.api.models import (
     EVENT_ID_PATTERN,
     LIMIT_PATTERN,
     SUBJECT_PATTERN,
     body_fields,
+    record_model,
     subject_field,
 )
 from metering.api.parsing import whole_number
@@ -44,9 +53,7 @@ from metering.api.routes import route
 from metering.domain.corrections import MAX_REASON_CHARS
 from metering.domain.events import MAX_SUBJECT_LENGTH
 from metering.domain.grants import DEFAULT_PRIORITY, MAX_GRANT, MAX_PRIORITY
-from metering.domain.instants import parse_instant
 from metering.domain.limits import MAX_MAXIMUM
-from metering.errors import InvalidInput
 
 # A reason is printable text with something besides spaces (ASCII here; the
 # library takes any printable text).
@@ -158,23 +165,15 @@ class GrantOut(BaseModel):
     low_at: int | None = Field(description="What left (or less) sends grant.low.")
 
 
-class RecurringGrantOut(BaseModel):
-    grant_id: str
-    subject: str
-    limit: str
-    amount: int
-    every: str
-    rollover_max: int
-    priority: int
-    until: datetime | None
-    low: str | None
-    last_issue: int
-    next_issue_at: datetime | None = Field(description="Null: no more issues (until reached).")
-    reason: str | None
+RecurringGrantOut = record_model(
+    RecurringGrant,
+    "RecurringGrantOut",
+    next_issue_at="Null: no more issues (until reached).",
+)
 
 
 class RecurringGrants(BaseModel):
-    recurring_grants: list[RecurringGrantOut]
+    recurring_grants: list[RecurringGrantOut]  # type: ignore[valid-type]
 
 
 class AlertIn(BaseModel):
@@ -270,8 +269,6 @@ GRANT_FIELDS: Final = body_fields(GrantIn)
 ALERT_FIELDS: Final = body_fields(AlertIn)
 VOID_FIELDS: Final = body_fields(VoidIn)
 MAX_CORRECTIONS: Final = 1000
-# The library checks a limit's name as ``name``; in these requests it is ``limit``.
-FIELD_NAMES: Final = {"name": "limit"}
 
 Subject = Annotated[
     str,
@@ -284,27 +281,6 @@ LimitName = Annotated[
     str,
     Path(description="The limit's name.", json_schema_extra={"pattern": LIMIT_PATTERN}),
 ]
-
-
-def moment(value: object, field_name: str) -> datetime | None:
-    """An RFC 3339 time from a body or query (naive is UTC), or a 400 naming it."""
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise bad_field(field_name, "must be an RFC 3339 date-time string")
-    try:
-        return parse_instant(value, field_name=field_name)
-    except InvalidInput as exc:
-        raise invalid(exc) from None
-
-
-@contextmanager
-def fields_named() -> Iterator[None]:
-    """The library's `InvalidInput` as a 400 naming this request's field."""
-    try:
-        yield
-    except InvalidInput as exc:
-        raise invalid(exc, FIELD_NAMES) from None
 
 
 # -- entitlements ---------------------------------------------------------------
@@ -332,10 +308,9 @@ async def put_entitlement(
         raise bad_field("maximum", "is required: a whole number (DELETE returns to the default)")
     maximum: Any = whole_number(fields["maximum"])
     start = moment(fields.get("effective_from"), "effective_from")
-    with fields_named():
-        change = await run_in_threadpool(
-            context.meter.set_entitlement, subject, limit, maximum, start
-        )
+    change = await threaded(
+        context.meter.set_entitlement, subject, limit, maximum, start, names=LIMIT_NAMES
+    )
     return JSONResponse(change.to_dict())
 
 
@@ -359,8 +334,9 @@ async def delete_entitlement(
     """Record a return to the limit's default maximum; the history stays, so
     earlier windows keep the maximum they had."""
     start = moment(effective_from, "effective_from")
-    with fields_named():
-        change = await run_in_threadpool(context.meter.delete_entitlement, subject, limit, start)
+    change = await threaded(
+        context.meter.delete_entitlement, subject, limit, start, names=LIMIT_NAMES
+    )
     return JSONResponse(change.to_dict())
 
 
@@ -378,9 +354,9 @@ async def list_entitlements(
     limit: Annotated[str | None, Query(description="Only this limit.")] = None,
 ) -> Response:
     """Every change of a subject's maximum (``metering entitlements list``)."""
-    with fields_named():
-        found = await run_in_threadpool(context.meter.entitlements, subject, limit)
-    return JSONResponse({"entitlements": [change.to_dict() for change in found]})
+    return await listed(
+        "entitlements", context.meter.entitlements, subject, limit, names=LIMIT_NAMES
+    )
 
 
 # -- grants ----------------------------------------------------------------------
@@ -418,7 +394,7 @@ async def add_grant(request: Request, context: Context) -> Response:
     low: Any = whole_number(fields.get("low"))
     if fields.get("every") is not None and not isinstance(fields["every"], str):
         raise bad_field("every", "must be a period such as 1mo")
-    with fields_named():
+    with fields_named(LIMIT_NAMES):
         grant = await run_in_threadpool(
             lambda: context.meter.grant(
                 fields["subject"],
@@ -453,9 +429,7 @@ async def list_grants(
     limit: Annotated[str | None, Query(description="Only this limit.")] = None,
 ) -> Response:
     """Grants (at most 1000), with what is used and left of each."""
-    with fields_named():
-        found = await run_in_threadpool(context.meter.grants, subject, limit)
-    return JSONResponse({"grants": [grant.to_dict() for grant in found]})
+    return await listed("grants", context.meter.grants, subject, limit, names=LIMIT_NAMES)
 
 
 @route(
@@ -473,9 +447,9 @@ async def list_recurring_grants(
 ) -> Response:
     """Recurring grants (``POST /v1/grants`` with ``every``), after making the
     issues now due; each issue is listed by ``GET /v1/grants``."""
-    with fields_named():
-        found = await run_in_threadpool(context.meter.recurring_grants, subject, limit)
-    return JSONResponse({"recurring_grants": [r.to_dict() for r in found]})
+    return await listed(
+        "recurring_grants", context.meter.recurring_grants, subject, limit, names=LIMIT_NAMES
+    )
 
 
 # -- alerts ------------------------------------------------------------------------
@@ -502,8 +476,7 @@ async def set_alert(
     if not isinstance(at, list):
         raise bad_field("at", "must be a list such as ['80%', 5000]")
     points: list[Any] = [whole_number(value) for value in at]
-    with fields_named():
-        alert = await run_in_threadpool(context.meter.set_alert, subject, limit, points)
+    alert = await threaded(context.meter.set_alert, subject, limit, points, names=LIMIT_NAMES)
     return JSONResponse(alert.to_dict())
 
 
@@ -517,7 +490,7 @@ async def set_alert(
 )
 async def remove_alert(context: Context, subject: Subject, limit: LimitName) -> Response:
     """The subject's own thresholds for the limit are removed."""
-    with fields_named():
+    with fields_named(LIMIT_NAMES):
         removed = await run_in_threadpool(context.meter.remove_alert, subject, limit)
     return JSONResponse({"subject": subject, "limit": limit, "removed": removed})
 
@@ -535,9 +508,7 @@ async def list_alerts(
     subject: Annotated[str | None, Query(description="Only this subject.")] = None,
     limit: Annotated[str | None, Query(description="Only this limit.")] = None,
 ) -> Response:
-    with fields_named():
-        found = await run_in_threadpool(context.meter.alerts, subject, limit)
-    return JSONResponse({"alerts": [alert.to_dict() for alert in found]})
+    return await listed("alerts", context.meter.alerts, subject, limit, names=LIMIT_NAMES)
 
 
 # -- corrections -----------------------------------------------------------------
@@ -601,5 +572,4 @@ async def list_corrections(
     ] = MAX_CORRECTIONS,
 ) -> Response:
     """Voided events and what each gave back (``metering corrections list``)."""
-    found = await run_in_threadpool(context.meter.corrections, count)
-    return JSONResponse({"corrections": [c.to_dict() for c in found]})
+    return await listed("corrections", context.meter.corrections, count)

@@ -15,12 +15,11 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
-from metering.api.admin_common import invalid
+from metering.api.admin_common import fields_named
 from metering.api.context import Context
 from metering.api.models import SubjectInPath
 from metering.api.routes import route
 from metering.domain.instants import parse_instant
-from metering.errors import InvalidInput
 from metering.history import usage_history
 
 router = APIRouter(prefix="/v1", tags=["decisions"])
@@ -71,7 +70,7 @@ async def history(
 ) -> Response:
     """The subject's usage of ``limit`` per hour or day over ``[from, to)``,
     with the maximum in force in each bucket (at most 2,000 buckets)."""
-    try:
+    with fields_named():
         start = None if since is None else parse_instant(since, field_name="from")
         end = None if until is None else parse_instant(until, field_name="to")
         found: Any = await run_in_threadpool(
@@ -79,6 +78,4 @@ async def history(
                 context.meter.database, subject, limit, since=start, until=end, bucket=bucket
             )
         )
-    except InvalidInput as exc:
-        raise invalid(exc) from None
     return JSONResponse(found.to_dict())

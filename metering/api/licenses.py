@@ -19,7 +19,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
-from metering.api.admin_common import invalid, json_body, problem_schema, read_object
+from metering.api.admin_common import (
+    invalid,
+    json_body,
+    listed,
+    problem_schema,
+    read_object,
+)
 from metering.api.auth import may_read
 from metering.api.context import ApiContext, Context
 from metering.api.models import EVENT_ID_PATTERN, LIMIT_PATTERN, body_fields, subject_field
@@ -150,11 +156,7 @@ async def list_checkouts(
     count: Annotated[int, Query(ge=1, le=MAX_LISTED, description="How many, newest first.")] = 100,
 ) -> Response:
     """What ``metering checkout list`` shows (an expired checkout is released)."""
-    try:
-        found = await run_in_threadpool(context.meter.checkouts, subject, limit, state, count)
-    except InvalidInput as exc:
-        raise invalid(exc) from None
-    return JSONResponse({"checkouts": [c.to_dict() for c in found]})
+    return await listed("checkouts", context.meter.checkouts, subject, limit, state, count)
 
 
 async def _stored(context: ApiContext, checkout_id: str) -> Checkout:

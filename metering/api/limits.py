@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
-from metering.api.admin_common import bad_field, invalid, json_body, read_object
+from metering.api.admin_common import bad_field, fields_named, json_body, read_object
 from metering.api.context import Context
 from metering.api.models import LIMIT_PATTERN, body_fields
 from metering.api.problems import ApiProblem
@@ -44,7 +44,7 @@ from metering.domain.limits import (
     is_reserved,
     validate_limit_name,
 )
-from metering.errors import InvalidInput, UnknownLimit
+from metering.errors import UnknownLimit
 
 
 class LimitIn(BaseModel):
@@ -178,10 +178,8 @@ def _not_found(exc: UnknownLimit) -> ApiProblem:
 
 
 def _name(name: str) -> str:
-    try:
+    with fields_named():
         return validate_limit_name(name)
-    except InvalidInput as exc:
-        raise invalid(exc) from None
 
 
 @route(
@@ -237,10 +235,8 @@ async def put_limit(name: LimitName, request: Request, context: Context) -> Resp
     fields = await read_object(request, LIMIT_FIELDS)
     if "name" in fields and fields["name"] != chosen:
         raise bad_field("name", f"must be the name in the path ({chosen!r}) or left out")
-    try:
+    with fields_named():
         limit = Limit.from_dict(fields, name=chosen)
-    except InvalidInput as exc:
-        raise invalid(exc) from None
     stored = await run_in_threadpool(context.meter.set_limit, limit)
     return JSONResponse(limit_json(stored))
 

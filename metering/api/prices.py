@@ -24,8 +24,16 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
-from metering.api.admin_common import bad_field, json_body, read_object
-from metering.api.allowances import fields_named, moment
+from metering.api.admin_common import (
+    LIMIT_NAMES,
+    bad_field,
+    fields_named,
+    json_body,
+    listed,
+    moment,
+    read_object,
+    threaded,
+)
 from metering.api.context import Context
 from metering.api.models import LIMIT_PATTERN, body_fields
 from metering.api.reports import MEDIA, FormatChoice, negotiate
@@ -106,10 +114,14 @@ async def put_price(limit: LimitName, request: Request, context: Context) -> Res
         if not isinstance(fields.get(required), str):
             raise bad_field(required, "is required: a string")
     start = moment(fields.get("effective_from"), "effective_from")
-    with fields_named():
-        price = await run_in_threadpool(
-            context.meter.set_price, limit, fields["per_unit"], fields["currency"], start
-        )
+    price = await threaded(
+        context.meter.set_price,
+        limit,
+        fields["per_unit"],
+        fields["currency"],
+        start,
+        names=LIMIT_NAMES,
+    )
     return JSONResponse(price.to_dict())
 
 
@@ -131,8 +143,7 @@ async def delete_price(
 ) -> Response:
     """No price from ``effective_from`` on; earlier usage keeps its price."""
     start = moment(effective_from, "effective_from")
-    with fields_named():
-        price = await run_in_threadpool(context.meter.remove_price, limit, currency, start)
+    price = await threaded(context.meter.remove_price, limit, currency, start, names=LIMIT_NAMES)
     return JSONResponse(price.to_dict())
 
 
@@ -149,9 +160,7 @@ async def list_prices(
     limit: Annotated[str | None, Query(description="Only this limit.")] = None,
 ) -> Response:
     """Every price change (``metering prices list``)."""
-    with fields_named():
-        found = await run_in_threadpool(context.meter.prices, limit)
-    return JSONResponse({"prices": [price.to_dict() for price in found]})
+    return await listed("prices", context.meter.prices, limit, names=LIMIT_NAMES)
 
 
 @route(
@@ -181,7 +190,7 @@ async def spend(
     """Per subject and currency, the amount of each priced limit, the total
     and the cap of each spend limit: ``metering report spend``."""
     chosen = fmt or negotiate(request.headers.get("accept"))
-    with fields_named():
+    with fields_named(LIMIT_NAMES):
         found = await run_in_threadpool(spend_report, context.meter, period, subject)
     if chosen == "json":
         return Response(json.dumps(found.to_dict()), media_type=MEDIA["json"])

@@ -24,24 +24,24 @@ from typing import Annotated, Any, Final, Literal
 
 from fastapi import APIRouter, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
 from metering.api.admin_common import (
     bad_field,
-    invalid,
+    fields_named,
     json_body,
+    moment,
     problem_schema,
     problem_with,
     read_object,
+    threaded,
 )
 from metering.api.context import ApiContext, Context
 from metering.api.models import body_fields, iso
 from metering.api.routes import route
 from metering.domain.bounds import MAX_ROW_ID
-from metering.domain.instants import from_us, parse_instant
+from metering.domain.instants import from_us
 from metering.domain.notifications import NoticeType
-from metering.errors import InvalidInput
 from metering.storage.webhooks import AttemptRecord, DeliveryRecord
 from metering.webhooks.endpoints import MAX_GRACE_SECONDS, MAX_URL_CHARS, Endpoint, Webhooks
 
@@ -273,14 +273,6 @@ def _types(value: object) -> list[str]:
     return value
 
 
-async def _call(function: Any, *args: Any, **kwargs: Any) -> Any:
-    """A library call in a worker thread; its `InvalidInput` a 400 naming the field."""
-    try:
-        return await run_in_threadpool(function, *args, **kwargs)
-    except InvalidInput as exc:
-        raise invalid(exc) from None
-
-
 # -- endpoints ---------------------------------------------------------------------
 
 
@@ -305,7 +297,7 @@ async def add_endpoint(request: Request, context: Context) -> Response:
     url = _text(fields["url"], "url")
     types = _types(fields.get("types", []))
     secret = _secret(fields.get("secret"))
-    endpoint, full_secret = await _call(_hooks(context).add, url, secret=secret, types=types)
+    endpoint, full_secret = await threaded(_hooks(context).add, url, secret=secret, types=types)
     body = {"endpoint": endpoint_json(endpoint), "secret": full_secret}
     return JSONResponse(body, status_code=201)
 
@@ -319,7 +311,7 @@ async def add_endpoint(request: Request, context: Context) -> Response:
 )
 async def list_endpoints(context: Context) -> Response:
     """Every endpoint, oldest first, secrets masked (``metering webhooks list``)."""
-    found = await _call(_hooks(context).endpoints)
+    found = await threaded(_hooks(context).endpoints)
     return JSONResponse({"endpoints": [endpoint_json(e) for e in found]})
 
 
@@ -333,7 +325,7 @@ async def list_endpoints(context: Context) -> Response:
 )
 async def get_endpoint(endpoint_id: EndpointId, context: Context) -> Response:
     """One endpoint, its secret masked; 404 when no endpoint has this id."""
-    return JSONResponse(endpoint_json(await _call(_hooks(context).get, endpoint_id)))
+    return JSONResponse(endpoint_json(await threaded(_hooks(context).get, endpoint_id)))
 
 
 @route(
@@ -351,7 +343,7 @@ async def change_endpoint(endpoint_id: EndpointId, request: Request, context: Co
     fields = await read_object(request, CHANGE_FIELDS)
     url = _text(fields["url"], "url") if "url" in fields else None
     types = _types(fields["types"]) if "types" in fields else None
-    endpoint = await _call(_hooks(context).update, endpoint_id, url=url, types=types)
+    endpoint = await threaded(_hooks(context).update, endpoint_id, url=url, types=types)
     return JSONResponse(endpoint_json(endpoint))
 
 
@@ -366,14 +358,14 @@ async def change_endpoint(endpoint_id: EndpointId, request: Request, context: Co
 )
 async def remove_endpoint(endpoint_id: EndpointId, context: Context) -> Response:
     """Remove an endpoint with its deliveries (``metering webhooks remove``)."""
-    await _call(_hooks(context).remove, endpoint_id)
+    await threaded(_hooks(context).remove, endpoint_id)
     return Response(status_code=204)
 
 
 async def _set_enabled(context: ApiContext, endpoint_id: str, enabled: bool) -> Response:
     hooks = _hooks(context)
-    await _call(hooks.set_enabled, endpoint_id, enabled)
-    return JSONResponse(endpoint_json(await _call(hooks.get, endpoint_id)))
+    await threaded(hooks.set_enabled, endpoint_id, enabled)
+    return JSONResponse(endpoint_json(await threaded(hooks.get, endpoint_id)))
 
 
 ENABLED: Final = {200: {"model": EndpointOut, "description": "The endpoint as it is now."}}
@@ -422,8 +414,8 @@ async def rotate_secret(endpoint_id: EndpointId, request: Request, context: Cont
     secret = _secret(fields.get("secret"))
     grace = fields.get("grace_seconds")
     hooks = _hooks(context)
-    new_secret = await _call(hooks.rotate, endpoint_id, secret=secret, grace_seconds=grace)
-    endpoint = await _call(hooks.get, endpoint_id)
+    new_secret = await threaded(hooks.rotate, endpoint_id, secret=secret, grace_seconds=grace)
+    endpoint = await threaded(hooks.get, endpoint_id)
     return JSONResponse({"endpoint": endpoint_json(endpoint), "secret": new_secret})
 
 
@@ -450,10 +442,8 @@ async def ping_endpoint(endpoint_id: EndpointId, context: Context) -> Response:
     process), so slow receivers never hold the threads other routes need;
     beyond that the answer is 429 with ``Retry-After``."""
     hooks = _hooks(context)
-    try:
+    with fields_named():
         record, attempts = await context.pings.run(hooks.send_test, endpoint_id)
-    except InvalidInput as exc:
-        raise invalid(exc) from None
     return JSONResponse(delivery_json(record, attempts))
 
 
@@ -482,7 +472,7 @@ async def list_deliveries(
         found = hooks.deliveries(status=status, endpoint_id=endpoint_id, count=count)
         return [delivery_json(d, hooks.attempts(d.id)) for d in found]
 
-    return JSONResponse({"deliveries": await _call(read)})
+    return JSONResponse({"deliveries": await threaded(read)})
 
 
 @route(
@@ -503,18 +493,18 @@ async def replay(request: Request, context: Context) -> Response:
     are queued again all the same."""
     fields = await read_object(request, REPLAY_FIELDS)
     ids = _delivery_ids(fields.get("delivery_ids"))
-    since = _since(fields.get("since"))
+    since = moment(fields.get("since"), "since")
     if not ids and since is None:
         raise bad_field("delivery_ids", "give delivery_ids, since, or both")
     hooks = _hooks(context)
     if not ids:
-        return JSONResponse({"queued": await _call(hooks.replay, [], since=since)})
+        return JSONResponse({"queued": await threaded(hooks.replay, [], since=since)})
 
     def each() -> list[int]:
         # One at a time, as the CLI: a count per id says which ids name no delivery.
         return [i for i in ids if hooks.replay([i], since=since) == 0]
 
-    missing = await _call(each)
+    missing = await threaded(each)
     if missing:
         done = len(ids) - len(missing)
         detail = f"no delivery {', '.join(map(str, missing))}"
@@ -536,14 +526,3 @@ def _delivery_ids(value: object) -> list[int]:
         if isinstance(item, bool) or not isinstance(item, int) or not 1 <= item <= MAX_ROW_ID:
             raise bad_field(f"delivery_ids[{index}]", f"must be a whole number, 1 to {MAX_ROW_ID}")
     return list(dict.fromkeys(value))
-
-
-def _since(value: object) -> datetime | None:
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise bad_field("since", "must be an RFC 3339 date-time string")
-    try:
-        return parse_instant(value, field_name="since")
-    except InvalidInput as exc:
-        raise invalid(exc) from None
