@@ -20,6 +20,7 @@ library's ``to_dict`` (`Entitlement`, `Grant`, `Correction`), so the CLI's
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Annotated, Any, Final
 
@@ -44,6 +45,8 @@ from metering.api.models import (
     EVENT_ID_PATTERN,
     LIMIT_PATTERN,
     SUBJECT_PATTERN,
+    LimitFilter,
+    SubjectFilter,
     body_fields,
     record_model,
     subject_field,
@@ -54,6 +57,7 @@ from metering.domain.corrections import MAX_REASON_CHARS
 from metering.domain.events import MAX_SUBJECT_LENGTH
 from metering.domain.grants import DEFAULT_PRIORITY, MAX_GRANT, MAX_PRIORITY
 from metering.domain.limits import MAX_MAXIMUM
+from metering.meter import Meter
 
 # A reason is printable text with something besides spaces (ASCII here; the
 # library takes any printable text).
@@ -283,6 +287,38 @@ LimitName = Annotated[
 ]
 
 
+def _listing(
+    path: str,
+    summary: str,
+    model: type[BaseModel],
+    description: str,
+    read: Callable[[Meter, str | None, str | None], Iterable[Any]],
+    doc: str | None = None,
+) -> None:
+    """``GET path`` (``read`` scope): what ``read`` finds, of one subject and
+    one limit if given, as ``{key: [...]}``, the key the path's last part
+    (``/recurring-grants``: ``recurring_grants``); ``doc`` describes it."""
+    key = path.strip("/").replace("-", "_")
+
+    async def listing(
+        context: Context,
+        subject: SubjectFilter = None,
+        limit: LimitFilter = None,
+    ) -> Response:
+        return await listed(key, read, context.meter, subject, limit, names=LIMIT_NAMES)
+
+    listing.__doc__ = doc
+    route(
+        router.get,
+        path,
+        summary,
+        scope="read",
+        ok={200: {"model": model, "description": description}},
+        errors=(400,),
+        name=f"list_{key}",
+    )(listing)
+
+
 # -- entitlements ---------------------------------------------------------------
 
 
@@ -340,23 +376,14 @@ async def delete_entitlement(
     return JSONResponse(change.to_dict())
 
 
-@route(
-    router.get,
+_listing(
     "/entitlements",
     "Changes of subjects' maximums",
-    scope="read",
-    ok={200: {"model": Entitlements, "description": "Oldest first per subject and limit."}},
-    errors=(400,),
+    Entitlements,
+    "Oldest first per subject and limit.",
+    Meter.entitlements,
+    "Every change of a subject's maximum (``metering entitlements list``).",
 )
-async def list_entitlements(
-    context: Context,
-    subject: Annotated[str | None, Query(description="Only this subject.")] = None,
-    limit: Annotated[str | None, Query(description="Only this limit.")] = None,
-) -> Response:
-    """Every change of a subject's maximum (``metering entitlements list``)."""
-    return await listed(
-        "entitlements", context.meter.entitlements, subject, limit, names=LIMIT_NAMES
-    )
 
 
 # -- grants ----------------------------------------------------------------------
@@ -415,41 +442,23 @@ async def add_grant(request: Request, context: Context) -> Response:
     return JSONResponse(body, 200 if grant.duplicate else 201)
 
 
-@route(
-    router.get,
+_listing(
     "/grants",
     "Grants",
-    scope="read",
-    ok={200: {"model": Grants, "description": "With what is used and left of each."}},
-    errors=(400,),
+    Grants,
+    "With what is used and left of each.",
+    Meter.grants,
+    "Grants (at most 1000), with what is used and left of each.",
 )
-async def list_grants(
-    context: Context,
-    subject: Annotated[str | None, Query(description="Only this subject.")] = None,
-    limit: Annotated[str | None, Query(description="Only this limit.")] = None,
-) -> Response:
-    """Grants (at most 1000), with what is used and left of each."""
-    return await listed("grants", context.meter.grants, subject, limit, names=LIMIT_NAMES)
-
-
-@route(
-    router.get,
+_listing(
     "/recurring-grants",
     "Recurring grants",
-    scope="read",
-    ok={200: {"model": RecurringGrants, "description": "Their terms and next issue."}},
-    errors=(400,),
+    RecurringGrants,
+    "Their terms and next issue.",
+    Meter.recurring_grants,
+    "Recurring grants (``POST /v1/grants`` with ``every``), after making the\n"
+    "issues now due; each issue is listed by ``GET /v1/grants``.",
 )
-async def list_recurring_grants(
-    context: Context,
-    subject: Annotated[str | None, Query(description="Only this subject.")] = None,
-    limit: Annotated[str | None, Query(description="Only this limit.")] = None,
-) -> Response:
-    """Recurring grants (``POST /v1/grants`` with ``every``), after making the
-    issues now due; each issue is listed by ``GET /v1/grants``."""
-    return await listed(
-        "recurring_grants", context.meter.recurring_grants, subject, limit, names=LIMIT_NAMES
-    )
 
 
 # -- alerts ------------------------------------------------------------------------
@@ -495,20 +504,13 @@ async def remove_alert(context: Context, subject: Subject, limit: LimitName) -> 
     return JSONResponse({"subject": subject, "limit": limit, "removed": removed})
 
 
-@route(
-    router.get,
+_listing(
     "/alerts",
     "Subjects' own thresholds",
-    scope="read",
-    ok={200: {"model": Alerts, "description": "By limit and subject."}},
-    errors=(400,),
+    Alerts,
+    "By limit and subject.",
+    Meter.alerts,
 )
-async def list_alerts(
-    context: Context,
-    subject: Annotated[str | None, Query(description="Only this subject.")] = None,
-    limit: Annotated[str | None, Query(description="Only this limit.")] = None,
-) -> Response:
-    return await listed("alerts", context.meter.alerts, subject, limit, names=LIMIT_NAMES)
 
 
 # -- corrections -----------------------------------------------------------------

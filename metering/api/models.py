@@ -21,7 +21,7 @@ import dataclasses
 from datetime import datetime
 from typing import Annotated, Any, Literal, get_type_hints
 
-from fastapi import Path
+from fastapi import Path, Query
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from metering.domain.decisions import Decision
@@ -358,6 +358,11 @@ REQUEST_MODELS: tuple[type[BaseModel], ...] = (
     SingleCheck,
     StackedCheck,
 )
+
+
+# The filters of a listing or a report, in the query.
+SubjectFilter = Annotated[str | None, Query(description="Only this subject.")]
+LimitFilter = Annotated[str | None, Query(description="Only this limit.")]
 
 
 def record_model(record: type, name: str, **descriptions: str) -> type[BaseModel]:

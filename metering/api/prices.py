@@ -35,7 +35,7 @@ from metering.api.admin_common import (
     threaded,
 )
 from metering.api.context import Context
-from metering.api.models import LIMIT_PATTERN, body_fields
+from metering.api.models import LIMIT_PATTERN, LimitFilter, SubjectFilter, body_fields
 from metering.api.reports import MEDIA, FormatChoice, negotiate
 from metering.api.routes import route
 from metering.reports.spend import spend_report
@@ -157,7 +157,7 @@ async def delete_price(
 )
 async def list_prices(
     context: Context,
-    limit: Annotated[str | None, Query(description="Only this limit.")] = None,
+    limit: LimitFilter = None,
 ) -> Response:
     """Every price change (``metering prices list``)."""
     return await listed("prices", context.meter.prices, limit, names=LIMIT_NAMES)
@@ -184,7 +184,7 @@ async def spend(
         str,
         Query(pattern=r"^[0-9]{4}-[0-9]{2}$", description="A calendar month (UTC): 2026-11."),
     ],
-    subject: Annotated[str | None, Query(description="Only this subject.")] = None,
+    subject: SubjectFilter = None,
     fmt: FormatChoice = None,
 ) -> Response:
     """Per subject and currency, the amount of each priced limit, the total

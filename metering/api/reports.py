@@ -33,6 +33,7 @@ from starlette.types import Receive, Scope, Send
 from metering.api.admin_common import LIMIT_NAMES, fields_named
 from metering.api.auth import scoped_subject
 from metering.api.context import ApiContext, Context
+from metering.api.models import LimitFilter, SubjectFilter
 from metering.api.problems import ApiProblem
 from metering.api.routes import Handler, route
 from metering.domain.bounds import MAX_LISTING
@@ -208,7 +209,6 @@ Since = Annotated[
     ),
 ]
 Until = Annotated[str | None, Query(description="RFC 3339: windows starting before this.")]
-LimitFilter = Annotated[str | None, Query(description="Only this limit.")]
 FormatChoice = Annotated[
     Format | None,
     Query(alias="format", description="json or csv; wins over Accept (default: Accept)."),
@@ -343,7 +343,7 @@ async def overage(
     period: Period = None,
     since: Since = None,
     until: Until = None,
-    subject: Annotated[str | None, Query(description="Only this subject.")] = None,
+    subject: SubjectFilter = None,
     limit: LimitFilter = None,
     top: Annotated[
         int | None, Query(ge=1, le=MAX_LISTING, description="Only the N largest overages.")
@@ -406,7 +406,7 @@ async def shadow(
     period: Period = None,
     since: Since = None,
     until: Until = None,
-    subject: Annotated[str | None, Query(description="Only this subject.")] = None,
+    subject: SubjectFilter = None,
     top: Annotated[
         int | None,
         Query(ge=1, le=MAX_LISTING, description="Only the N subjects with most would-deny cost."),
