@@ -145,21 +145,25 @@ class UsageProducer:
     def _add(self, queue: str, item: Item) -> None:
         self._after_fork_check()
         with self._lock:
-            if self._closed:
-                raise BrokerUnavailable("the producer is closed", self.kept)
-            if self.pending >= self.max_buffer:
-                raise BrokerUnavailable(
-                    "the buffer is full: the broker is not keeping up", self.kept
-                )
-            buffer = self._buffers.setdefault(queue, [])
-            if not buffer:
-                self._oldest[queue] = time.monotonic()
-            buffer.append(item)
-            full = len(buffer) >= self.batch_size
+            full = self._buffer(queue, item, self.pending)
         if full:
             self._flush_queue(queue)
         else:
             self._ensure_thread()
+
+    def _buffer(self, queue: str, item: Item, pending: int) -> bool:
+        """Buffer ``item`` for ``queue``, the lock held and ``pending`` events
+        buffered already; whether that queue's buffer is now a full batch.
+        `BrokerUnavailable` when the producer is closed or its buffer full."""
+        if self._closed:
+            raise BrokerUnavailable("the producer is closed", self.kept)
+        if pending >= self.max_buffer:
+            raise BrokerUnavailable("the buffer is full: the broker is not keeping up", self.kept)
+        buffer = self._buffers.setdefault(queue, [])
+        if not buffer:
+            self._oldest[queue] = time.monotonic()
+        buffer.append(item)
+        return len(buffer) >= self.batch_size
 
     @property
     def pending(self) -> int:

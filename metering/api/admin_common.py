@@ -7,24 +7,33 @@ each field's value then checked by the library. Their request schemas are
 the pydantic models declared in each route's module, inlined into the
 operation (``openapi_extra``). A problem may carry members of its own
 (a reservation's ``state``, the ``delivery_ids`` a replay did not find):
-`problem_with` answers it and `problem_schema` documents it.
+`problem_with` answers it and `problem_schema` documents it. Library calls
+run in a worker thread (`threaded`, `listed`); the library's `InvalidInput`
+becomes a 400 naming the request's field (`fields_named`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Final
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any, Final, TypeVar
 
 from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from metering.api.parsing import decode_json
 from metering.api.problems import PROBLEM_JSON, ApiProblem, problem_body
+from metering.domain.instants import parse_instant
 from metering.errors import InvalidInput
 
+T = TypeVar("T")
 # How much of an unknown field's name an error repeats.
 SHOWN_FIELD_CHARS: Final = 60
+# The library checks a limit's name as ``name``; in the requests it is ``limit``.
+LIMIT_NAMES: Final = {"name": "limit"}
 
 
 def bad_field(pointer: str, message: str) -> ApiProblem:
@@ -37,6 +46,46 @@ def invalid(exc: InvalidInput, names: Mapping[str, str] | None = None) -> ApiPro
     field names to this request's (``event_id`` -> ``reservation_id``)."""
     pointer = (names or {}).get(exc.field, exc.field)
     return bad_field(pointer, exc.message)
+
+
+@contextmanager
+def fields_named(names: Mapping[str, str] | None = None) -> Iterator[None]:
+    """The library's `InvalidInput` raised in the block as a 400 naming this
+    request's field (`invalid`, with ``names``)."""
+    try:
+        yield
+    except InvalidInput as exc:
+        raise invalid(exc, names) from None
+
+
+async def threaded(
+    function: Callable[..., T], *args: Any, names: Mapping[str, str] | None = None, **kwargs: Any
+) -> T:
+    """A library call in a worker thread; its `InvalidInput` a 400 naming the
+    field (`fields_named`)."""
+    with fields_named(names):
+        return await run_in_threadpool(lambda: function(*args, **kwargs))
+
+
+async def listed(
+    key: str,
+    function: Callable[..., Iterable[Any]],
+    *args: Any,
+    names: Mapping[str, str] | None = None,
+) -> Response:
+    """``{key: [...]}``: what a library listing (`threaded`) finds, each as its ``to_dict()``."""
+    found = await threaded(function, *args, names=names)
+    return JSONResponse({key: [item.to_dict() for item in found]})
+
+
+def moment(value: object, field_name: str) -> datetime | None:
+    """An RFC 3339 time from a body or query (naive is UTC), or a 400 naming it."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise bad_field(field_name, "must be an RFC 3339 date-time string")
+    with fields_named():
+        return parse_instant(value, field_name=field_name)
 
 
 def _media(request: Request) -> str:

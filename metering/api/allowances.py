@@ -20,34 +20,44 @@ library's ``to_dict`` (`Entitlement`, `Grant`, `Correction`), so the CLI's
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Annotated, Any, Final
 
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
-from metering.api.admin_common import bad_field, invalid, json_body, read_object
-from metering.api.auth import AUTH_ERRORS, require_scope
-from metering.api.context import ApiContext, api_context
+from metering.allowances import RecurringGrant
+from metering.api.admin_common import (
+    LIMIT_NAMES,
+    bad_field,
+    fields_named,
+    json_body,
+    listed,
+    moment,
+    read_object,
+    threaded,
+)
+from metering.api.context import Context
 from metering.api.models import (
     EVENT_ID_PATTERN,
     LIMIT_PATTERN,
     SUBJECT_PATTERN,
+    LimitFilter,
+    SubjectFilter,
     body_fields,
+    record_model,
     subject_field,
 )
 from metering.api.parsing import whole_number
-from metering.api.problems import COMMON_ERRORS, responses
+from metering.api.routes import route
 from metering.domain.corrections import MAX_REASON_CHARS
 from metering.domain.events import MAX_SUBJECT_LENGTH
 from metering.domain.grants import DEFAULT_PRIORITY, MAX_GRANT, MAX_PRIORITY
-from metering.domain.instants import parse_instant
 from metering.domain.limits import MAX_MAXIMUM
-from metering.errors import InvalidInput
+from metering.meter import Meter
 
 # A reason is printable text with something besides spaces (ASCII here; the
 # library takes any printable text).
@@ -159,23 +169,15 @@ class GrantOut(BaseModel):
     low_at: int | None = Field(description="What left (or less) sends grant.low.")
 
 
-class RecurringGrantOut(BaseModel):
-    grant_id: str
-    subject: str
-    limit: str
-    amount: int
-    every: str
-    rollover_max: int
-    priority: int
-    until: datetime | None
-    low: str | None
-    last_issue: int
-    next_issue_at: datetime | None = Field(description="Null: no more issues (until reached).")
-    reason: str | None
+RecurringGrantOut = record_model(
+    RecurringGrant,
+    "RecurringGrantOut",
+    next_issue_at="Null: no more issues (until reached).",
+)
 
 
 class RecurringGrants(BaseModel):
-    recurring_grants: list[RecurringGrantOut]
+    recurring_grants: list[RecurringGrantOut]  # type: ignore[valid-type]
 
 
 class AlertIn(BaseModel):
@@ -271,10 +273,7 @@ GRANT_FIELDS: Final = body_fields(GrantIn)
 ALERT_FIELDS: Final = body_fields(AlertIn)
 VOID_FIELDS: Final = body_fields(VoidIn)
 MAX_CORRECTIONS: Final = 1000
-# The library checks a limit's name as ``name``; in these requests it is ``limit``.
-FIELD_NAMES: Final = {"name": "limit"}
 
-Context = Annotated[ApiContext, Depends(api_context)]
 Subject = Annotated[
     str,
     Path(
@@ -288,40 +287,49 @@ LimitName = Annotated[
 ]
 
 
-def moment(value: object, field_name: str) -> datetime | None:
-    """An RFC 3339 time from a body or query (naive is UTC), or a 400 naming it."""
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise bad_field(field_name, "must be an RFC 3339 date-time string")
-    try:
-        return parse_instant(value, field_name=field_name)
-    except InvalidInput as exc:
-        raise invalid(exc) from None
+def _listing(
+    path: str,
+    summary: str,
+    model: type[BaseModel],
+    description: str,
+    read: Callable[[Meter, str | None, str | None], Iterable[Any]],
+    doc: str | None = None,
+) -> None:
+    """``GET path`` (``read`` scope): what ``read`` finds, of one subject and
+    one limit if given, as ``{key: [...]}``, the key the path's last part
+    (``/recurring-grants``: ``recurring_grants``); ``doc`` describes it."""
+    key = path.strip("/").replace("-", "_")
 
+    async def listing(
+        context: Context,
+        subject: SubjectFilter = None,
+        limit: LimitFilter = None,
+    ) -> Response:
+        return await listed(key, read, context.meter, subject, limit, names=LIMIT_NAMES)
 
-@contextmanager
-def fields_named() -> Iterator[None]:
-    """The library's `InvalidInput` as a 400 naming this request's field."""
-    try:
-        yield
-    except InvalidInput as exc:
-        raise invalid(exc, FIELD_NAMES) from None
+    listing.__doc__ = doc
+    route(
+        router.get,
+        path,
+        summary,
+        scope="read",
+        ok={200: {"model": model, "description": description}},
+        errors=(400,),
+        name=f"list_{key}",
+    )(listing)
 
 
 # -- entitlements ---------------------------------------------------------------
 
 
-@router.put(
+@route(
+    router.put,
     "/entitlements/{subject:path}/{limit}",
-    summary="Set a subject's own maximum",
-    response_model=None,
+    "Set a subject's own maximum",
+    scope="admin",
+    ok={200: {"model": EntitlementOut, "description": "The change, as recorded."}},
+    errors=(400, 404, 415, 422),
     openapi_extra=json_body(EntitlementIn),
-    responses={
-        200: {"model": EntitlementOut, "description": "The change, as recorded."},
-        **responses(400, 404, 415, 422, *AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("admin")],
 )
 async def put_entitlement(
     subject: Subject, limit: LimitName, request: Request, context: Context
@@ -336,22 +344,19 @@ async def put_entitlement(
         raise bad_field("maximum", "is required: a whole number (DELETE returns to the default)")
     maximum: Any = whole_number(fields["maximum"])
     start = moment(fields.get("effective_from"), "effective_from")
-    with fields_named():
-        change = await run_in_threadpool(
-            context.meter.set_entitlement, subject, limit, maximum, start
-        )
+    change = await threaded(
+        context.meter.set_entitlement, subject, limit, maximum, start, names=LIMIT_NAMES
+    )
     return JSONResponse(change.to_dict())
 
 
-@router.delete(
+@route(
+    router.delete,
     "/entitlements/{subject:path}/{limit}",
-    summary="Return a subject to the limit's default",
-    response_model=None,
-    responses={
-        200: {"model": EntitlementOut, "description": "The change (maximum null), as recorded."},
-        **responses(400, 404, 422, *AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("admin")],
+    "Return a subject to the limit's default",
+    scope="admin",
+    ok={200: {"model": EntitlementOut, "description": "The change (maximum null), as recorded."}},
+    errors=(400, 404, 422),
 )
 async def delete_entitlement(
     subject: Subject,
@@ -365,47 +370,37 @@ async def delete_entitlement(
     """Record a return to the limit's default maximum; the history stays, so
     earlier windows keep the maximum they had."""
     start = moment(effective_from, "effective_from")
-    with fields_named():
-        change = await run_in_threadpool(context.meter.delete_entitlement, subject, limit, start)
+    change = await threaded(
+        context.meter.delete_entitlement, subject, limit, start, names=LIMIT_NAMES
+    )
     return JSONResponse(change.to_dict())
 
 
-@router.get(
+_listing(
     "/entitlements",
-    summary="Changes of subjects' maximums",
-    response_model=None,
-    responses={
-        200: {"model": Entitlements, "description": "Oldest first per subject and limit."},
-        **responses(400, *AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("read")],
+    "Changes of subjects' maximums",
+    Entitlements,
+    "Oldest first per subject and limit.",
+    Meter.entitlements,
+    "Every change of a subject's maximum (``metering entitlements list``).",
 )
-async def list_entitlements(
-    context: Context,
-    subject: Annotated[str | None, Query(description="Only this subject.")] = None,
-    limit: Annotated[str | None, Query(description="Only this limit.")] = None,
-) -> Response:
-    """Every change of a subject's maximum (``metering entitlements list``)."""
-    with fields_named():
-        found = await run_in_threadpool(context.meter.entitlements, subject, limit)
-    return JSONResponse({"entitlements": [change.to_dict() for change in found]})
 
 
 # -- grants ----------------------------------------------------------------------
 
 
-@router.post(
+@route(
+    router.post,
     "/grants",
-    summary="Top up a subject's allowance",
-    status_code=201,
-    response_model=None,
-    openapi_extra=json_body(GrantIn),
-    responses={
+    "Top up a subject's allowance",
+    scope="admin",
+    ok={
         201: {"model": GrantAdded, "description": "A new grant."},
         200: {"model": GrantAdded, "description": "This grant existed already: nothing changed."},
-        **responses(400, 409, 415, 422, *AUTH_ERRORS, *COMMON_ERRORS),
     },
-    dependencies=[require_scope("admin")],
+    errors=(400, 409, 415, 422),
+    status_code=201,
+    openapi_extra=json_body(GrantIn),
 )
 async def add_grant(request: Request, context: Context) -> Response:
     """``amount`` more of a fixed-window limit on top of the subject's maximum,
@@ -426,7 +421,7 @@ async def add_grant(request: Request, context: Context) -> Response:
     low: Any = whole_number(fields.get("low"))
     if fields.get("every") is not None and not isinstance(fields["every"], str):
         raise bad_field("every", "must be a period such as 1mo")
-    with fields_named():
+    with fields_named(LIMIT_NAMES):
         grant = await run_in_threadpool(
             lambda: context.meter.grant(
                 fields["subject"],
@@ -447,62 +442,36 @@ async def add_grant(request: Request, context: Context) -> Response:
     return JSONResponse(body, 200 if grant.duplicate else 201)
 
 
-@router.get(
+_listing(
     "/grants",
-    summary="Grants",
-    response_model=None,
-    responses={
-        200: {"model": Grants, "description": "With what is used and left of each."},
-        **responses(400, *AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("read")],
+    "Grants",
+    Grants,
+    "With what is used and left of each.",
+    Meter.grants,
+    "Grants (at most 1000), with what is used and left of each.",
 )
-async def list_grants(
-    context: Context,
-    subject: Annotated[str | None, Query(description="Only this subject.")] = None,
-    limit: Annotated[str | None, Query(description="Only this limit.")] = None,
-) -> Response:
-    """Grants (at most 1000), with what is used and left of each."""
-    with fields_named():
-        found = await run_in_threadpool(context.meter.grants, subject, limit)
-    return JSONResponse({"grants": [grant.to_dict() for grant in found]})
-
-
-@router.get(
+_listing(
     "/recurring-grants",
-    summary="Recurring grants",
-    response_model=None,
-    responses={
-        200: {"model": RecurringGrants, "description": "Their terms and next issue."},
-        **responses(400, *AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("read")],
+    "Recurring grants",
+    RecurringGrants,
+    "Their terms and next issue.",
+    Meter.recurring_grants,
+    "Recurring grants (``POST /v1/grants`` with ``every``), after making the\n"
+    "issues now due; each issue is listed by ``GET /v1/grants``.",
 )
-async def list_recurring_grants(
-    context: Context,
-    subject: Annotated[str | None, Query(description="Only this subject.")] = None,
-    limit: Annotated[str | None, Query(description="Only this limit.")] = None,
-) -> Response:
-    """Recurring grants (``POST /v1/grants`` with ``every``), after making the
-    issues now due; each issue is listed by ``GET /v1/grants``."""
-    with fields_named():
-        found = await run_in_threadpool(context.meter.recurring_grants, subject, limit)
-    return JSONResponse({"recurring_grants": [r.to_dict() for r in found]})
 
 
 # -- alerts ------------------------------------------------------------------------
 
 
-@router.put(
+@route(
+    router.put,
     "/alerts/{subject:path}/{limit}",
-    summary="Set a subject's own thresholds for a limit",
-    response_model=None,
+    "Set a subject's own thresholds for a limit",
+    scope="admin",
+    ok={200: {"model": AlertOut, "description": "They replace the limit's for this subject."}},
+    errors=(400, 404, 415, 422),
     openapi_extra=json_body(AlertIn),
-    responses={
-        200: {"model": AlertOut, "description": "They replace the limit's for this subject."},
-        **responses(400, 404, 415, 422, *AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("admin")],
 )
 async def set_alert(
     request: Request, context: Context, subject: Subject, limit: LimitName
@@ -516,63 +485,49 @@ async def set_alert(
     if not isinstance(at, list):
         raise bad_field("at", "must be a list such as ['80%', 5000]")
     points: list[Any] = [whole_number(value) for value in at]
-    with fields_named():
-        alert = await run_in_threadpool(context.meter.set_alert, subject, limit, points)
+    alert = await threaded(context.meter.set_alert, subject, limit, points, names=LIMIT_NAMES)
     return JSONResponse(alert.to_dict())
 
 
-@router.delete(
+@route(
+    router.delete,
     "/alerts/{subject:path}/{limit}",
-    summary="Back to the limit's thresholds",
-    response_model=None,
-    responses={
-        200: {"model": AlertRemoved, "description": "The limit's thresholds apply again."},
-        **responses(400, 404, *AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("admin")],
+    "Back to the limit's thresholds",
+    scope="admin",
+    ok={200: {"model": AlertRemoved, "description": "The limit's thresholds apply again."}},
+    errors=(400, 404),
 )
 async def remove_alert(context: Context, subject: Subject, limit: LimitName) -> Response:
     """The subject's own thresholds for the limit are removed."""
-    with fields_named():
+    with fields_named(LIMIT_NAMES):
         removed = await run_in_threadpool(context.meter.remove_alert, subject, limit)
     return JSONResponse({"subject": subject, "limit": limit, "removed": removed})
 
 
-@router.get(
+_listing(
     "/alerts",
-    summary="Subjects' own thresholds",
-    response_model=None,
-    responses={
-        200: {"model": Alerts, "description": "By limit and subject."},
-        **responses(400, *AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("read")],
+    "Subjects' own thresholds",
+    Alerts,
+    "By limit and subject.",
+    Meter.alerts,
 )
-async def list_alerts(
-    context: Context,
-    subject: Annotated[str | None, Query(description="Only this subject.")] = None,
-    limit: Annotated[str | None, Query(description="Only this limit.")] = None,
-) -> Response:
-    with fields_named():
-        found = await run_in_threadpool(context.meter.alerts, subject, limit)
-    return JSONResponse({"alerts": [alert.to_dict() for alert in found]})
 
 
 # -- corrections -----------------------------------------------------------------
 
 
-@router.post(
+@route(
+    router.post,
     "/events/{event_id:path}/void",
-    summary="Void an event",
-    status_code=201,
-    response_model=None,
-    openapi_extra=json_body(VoidIn),
-    responses={
+    "Void an event",
+    scope="admin",
+    ok={
         201: {"model": Voided, "description": "Voided now."},
         200: {"model": Voided, "description": "Voided before: that correction."},
-        **responses(400, 404, 409, 415, *AUTH_ERRORS, *COMMON_ERRORS),
     },
-    dependencies=[require_scope("admin")],
+    errors=(400, 404, 409, 415),
+    status_code=201,
+    openapi_extra=json_body(VoidIn),
 )
 async def void_event(
     event_id: Annotated[
@@ -604,15 +559,13 @@ async def void_event(
     return JSONResponse(body, 200 if correction.duplicate else 201)
 
 
-@router.get(
+@route(
+    router.get,
     "/corrections",
-    summary="Voided events",
-    response_model=None,
-    responses={
-        200: {"model": Corrections, "description": "Oldest first."},
-        **responses(400, *AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("read")],
+    "Voided events",
+    scope="read",
+    ok={200: {"model": Corrections, "description": "Oldest first."}},
+    errors=(400,),
 )
 async def list_corrections(
     context: Context,
@@ -621,5 +574,4 @@ async def list_corrections(
     ] = MAX_CORRECTIONS,
 ) -> Response:
     """Voided events and what each gave back (``metering corrections list``)."""
-    found = await run_in_threadpool(context.meter.corrections, count)
-    return JSONResponse({"corrections": [c.to_dict() for c in found]})
+    return await listed("corrections", context.meter.corrections, count)

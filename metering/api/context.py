@@ -9,8 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Annotated
 
 from anyio import CapacityLimiter
+from fastapi import Depends
 from starlette.requests import Request
 
 from metering.api.offload import Offload
@@ -70,3 +72,7 @@ class ApiContext:
 def api_context(request: Request) -> ApiContext:
     context: ApiContext = request.app.state.metering
     return context
+
+
+# What a route declares to get the context: ``context: Context``.
+Context = Annotated[ApiContext, Depends(api_context)]

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
-from metering.api.auth import AUTH_ERRORS, require_scope
-from metering.api.context import ApiContext, api_context
+from metering.api.context import Context
 from metering.api.models import (
     DecisionOut,
     SubjectInPath,
@@ -18,7 +17,8 @@ from metering.api.models import (
     usage_json,
 )
 from metering.api.parsing import parse_check
-from metering.api.problems import COMMON_ERRORS, ApiProblem, responses
+from metering.api.problems import ApiProblem
+from metering.api.routes import route
 from metering.errors import InvalidInput, OccurredAtOutOfRange, UnknownLimit
 from metering.lookup import subject_usage
 
@@ -41,18 +41,16 @@ CHECK_BODY: dict[str, Any] = {
 }
 
 
-@router.post(
+@route(
+    router.post,
     "/check",
-    summary="Would it be allowed?",
-    response_model=None,
+    "Would it be allowed?",
+    scope="read",
+    ok={200: {"model": DecisionOut, "description": "What consuming would decide now."}},
+    errors=(400, 415, 422),
     openapi_extra=CHECK_BODY,
-    responses={
-        200: {"model": DecisionOut, "description": "What consuming would decide now."},
-        **responses(400, 415, 422, *AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("read")],
 )
-async def check(request: Request, context: Annotated[ApiContext, Depends(api_context)]) -> Response:
+async def check(request: Request, context: Context) -> Response:
     """What consuming these charges would decide now; consumes and records nothing."""
     media = (request.headers.get("content-type") or "").split(";", 1)[0].strip().lower()
     if media != "application/json":
@@ -79,19 +77,18 @@ async def check(request: Request, context: Annotated[ApiContext, Depends(api_con
     return JSONResponse(decision_json(decision))
 
 
-@router.get(
+@route(
+    router.get,
     "/subjects/{subject}/usage",
-    summary="A subject's usage now",
-    response_model=None,
-    responses={
-        200: {"model": SubjectUsage, "description": "Every limit with a current counter."},
-        **responses(400, *AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("read", subjects="path")],
+    "A subject's usage now",
+    scope="read",
+    subjects="path",
+    ok={200: {"model": SubjectUsage, "description": "Every limit with a current counter."}},
+    errors=(400,),
 )
 async def usage(
     subject: SubjectInPath,
-    context: Annotated[ApiContext, Depends(api_context)],
+    context: Context,
 ) -> Response:
     """Every limit the subject has a counter for in its current window: what a
     charge of 1 would meet now (``retry_at`` when it would be denied)."""

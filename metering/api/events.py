@@ -7,19 +7,17 @@ from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
 from anyio import to_thread
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
 from metering.api.auth import (
-    AUTH_ERRORS,
     hide_other_subjects,
     key_subject_of,
     may_read,
     not_found,
-    require_scope,
 )
-from metering.api.context import ApiContext, api_context
+from metering.api.context import Context
 from metering.api.models import (
     EVENT_ID_PATTERN,
     Accepted,
@@ -36,8 +34,9 @@ from metering.api.parsing import (
     queued_events,
     with_idempotency_key,
 )
-from metering.api.problems import COMMON_ERRORS, ApiProblem, responses
+from metering.api.problems import ApiProblem
 from metering.api.queueing import accept, apply_now, unique_queued
+from metering.api.routes import route
 from metering.domain.events import Charge, validate_event_id
 from metering.metrics import count_received
 
@@ -78,22 +77,22 @@ EVENTS_BODY: dict[str, Any] = {
 }
 
 
-@router.post(
+@route(
+    router.post,
     "/events",
-    status_code=202,
-    summary="Send usage events",
-    response_model=None,
-    openapi_extra=EVENTS_BODY,
-    responses={
+    "Send usage events",
+    scope="ingest",
+    ok={
         202: {"model": Accepted, "description": "Queued: the broker has them."},
         200: {"model": Results, "description": "With ?wait=decision: each event's result."},
-        **responses(400, 409, 415, 422, *AUTH_ERRORS, *COMMON_ERRORS),
     },
-    dependencies=[require_scope("ingest")],
+    errors=(400, 409, 415, 422),
+    status_code=202,
+    openapi_extra=EVENTS_BODY,
 )
 async def post_events(
     request: Request,
-    context: Annotated[ApiContext, Depends(api_context)],
+    context: Context,
     wait: Annotated[
         Literal["decision"] | None,
         Query(description="decision: apply now and answer with the results."),
@@ -157,19 +156,20 @@ def _received(events: Iterable[tuple[Charge, ...]]) -> None:
     count_received(names)
 
 
-@router.get(
+@route(
+    router.get,
     "/events/{event_id}",
-    summary="An event's result",
-    response_model=None,
-    responses={
+    "An event's result",
+    scope="read",
+    subjects="route",
+    ok={
         200: {
             "model": Result | Pending | Kept,
             "description": "The stored result; pending (queued); or kept by this server "
             "while the broker is unavailable.",
-        },
-        **responses(400, 404, *AUTH_ERRORS, *COMMON_ERRORS),
+        }
     },
-    dependencies=[require_scope("read", subjects="route")],
+    errors=(400, 404),
 )
 async def get_event(
     request: Request,
@@ -178,7 +178,7 @@ async def get_event(
         # The schema documents the rule; `validate_event_id` enforces it.
         Path(description="The event id.", json_schema_extra={"pattern": EVENT_ID_PATTERN}),
     ],
-    context: Annotated[ApiContext, Depends(api_context)],
+    context: Context,
 ) -> Response:
     """The stored result of an event; ``pending`` while it is queued; ``kept``
     while this server holds it for a broker that was unavailable; 404 when unknown.

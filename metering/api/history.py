@@ -10,18 +10,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
-from metering.api.admin_common import invalid
-from metering.api.auth import AUTH_ERRORS, require_scope
-from metering.api.context import ApiContext, api_context
+from metering.api.admin_common import fields_named
+from metering.api.context import Context
 from metering.api.models import SubjectInPath
-from metering.api.problems import COMMON_ERRORS, responses
+from metering.api.routes import route
 from metering.domain.instants import parse_instant
-from metering.errors import InvalidInput
 from metering.history import usage_history
 
 router = APIRouter(prefix="/v1", tags=["decisions"])
@@ -50,19 +48,18 @@ class UsageHistoryOut(BaseModel):
     points: list[HistoryPoint]
 
 
-@router.get(
+@route(
+    router.get,
     "/subjects/{subject}/usage/history",
-    summary="A subject's usage over time",
-    response_model=None,
-    responses={
-        200: {"model": UsageHistoryOut, "description": "Every bucket, oldest first."},
-        **responses(400, 404, 422, *AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("read", subjects="path")],
+    "A subject's usage over time",
+    scope="read",
+    subjects="path",
+    ok={200: {"model": UsageHistoryOut, "description": "Every bucket, oldest first."}},
+    errors=(400, 404, 422),
 )
 async def history(
     subject: SubjectInPath,
-    context: Annotated[ApiContext, Depends(api_context)],
+    context: Context,
     limit: Annotated[str, Query(description="The limit.")],
     since: Annotated[
         str | None,
@@ -73,7 +70,7 @@ async def history(
 ) -> Response:
     """The subject's usage of ``limit`` per hour or day over ``[from, to)``,
     with the maximum in force in each bucket (at most 2,000 buckets)."""
-    try:
+    with fields_named():
         start = None if since is None else parse_instant(since, field_name="from")
         end = None if until is None else parse_instant(until, field_name="to")
         found: Any = await run_in_threadpool(
@@ -81,6 +78,4 @@ async def history(
                 context.meter.database, subject, limit, since=start, until=end, bucket=bucket
             )
         )
-    except InvalidInput as exc:
-        raise invalid(exc) from None
     return JSONResponse(found.to_dict())

@@ -16,14 +16,14 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Annotated, Final
 
 from anyio import from_thread
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
-from metering.api.auth import AUTH_ERRORS, require_scope
-from metering.api.context import ApiContext, api_context
-from metering.api.problems import COMMON_ERRORS, ApiProblem, responses
+from metering.api.context import Context
+from metering.api.problems import ApiProblem
+from metering.api.routes import route
 from metering.domain.imports import ImportFormat
 
 MEDIA_TYPES: Final[dict[str, ImportFormat]] = {
@@ -57,25 +57,23 @@ router = APIRouter(prefix="/v1", tags=["imports"])
 _BODY_SCHEMA: Final = {"type": "string", "description": "One event a line."}
 
 
-@router.post(
+@route(
+    router.post,
     "/imports",
-    summary="Import history, exactly once by id",
-    response_model=None,
+    "Import history, exactly once by id",
+    scope="admin",
+    ok={200: {"model": ImportSummaryOut, "description": "The summary (bad lines listed)."}},
+    errors=(400, 415),
     openapi_extra={
         "requestBody": {
             "required": True,
             "content": {media: {"schema": _BODY_SCHEMA} for media in MEDIA_TYPES},
         }
     },
-    responses={
-        200: {"model": ImportSummaryOut, "description": "The summary (bad lines listed)."},
-        **responses(400, 415, *AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("admin")],
 )
 async def create_import(
     request: Request,
-    context: Annotated[ApiContext, Depends(api_context)],
+    context: Context,
     no_enforce: Annotated[
         bool, Query(description="History that happened: never deny (see docs/import.md).")
     ] = False,

@@ -14,17 +14,23 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Final, Literal
 
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
-from metering.api.admin_common import invalid, json_body, problem_schema, read_object
-from metering.api.auth import AUTH_ERRORS, may_read, require_scope
-from metering.api.context import ApiContext, api_context
+from metering.api.admin_common import (
+    invalid,
+    json_body,
+    listed,
+    problem_schema,
+    read_object,
+)
+from metering.api.auth import may_read
+from metering.api.context import ApiContext, Context
 from metering.api.models import EVENT_ID_PATTERN, LIMIT_PATTERN, body_fields, subject_field
 from metering.api.parsing import whole_number
-from metering.api.problems import COMMON_ERRORS, responses
+from metering.api.routes import route
 from metering.domain.events import MAX_COST
 from metering.domain.licenses import DEFAULT_TTL_SECONDS, MAX_TTL_SECONDS
 from metering.errors import InvalidInput, UnknownCheckout
@@ -103,20 +109,16 @@ def _json(found: Checkout, figures: bool) -> dict[str, Any]:
     return body
 
 
-@router.post(
+@route(
+    router.post,
     "/checkouts",
-    summary="Check out a floating license",
-    response_model=None,
+    "Check out a floating license",
+    scope="ingest",
+    ok={200: {"model": CheckoutOut, "description": "Held (allowed), or denied."}},
+    errors=(400, 409, 415, 422),
     openapi_extra=json_body(CheckoutIn),
-    responses={
-        200: {"model": CheckoutOut, "description": "Held (allowed), or denied."},
-        **responses(400, 409, 415, 422, *AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("ingest")],
 )
-async def checkout(
-    request: Request, context: Annotated[ApiContext, Depends(api_context)]
-) -> Response:
+async def checkout(request: Request, context: Context) -> Response:
     """Hold ``cost`` units of a concurrent limit until ``DELETE`` checks them in
     or ``ttl_seconds`` pass; denied (nothing stored, ``retry_at``) when the
     subject already holds its maximum. A windowed limit is a 400."""
@@ -138,26 +140,23 @@ async def checkout(
     return JSONResponse(_json(found, await may_read(request)))
 
 
-@router.get(
+@route(
+    router.get,
     "/checkouts",
-    summary="The newest checkouts",
-    response_model=None,
-    responses={200: {"model": Checkouts}, **responses(400, *AUTH_ERRORS, *COMMON_ERRORS)},
-    dependencies=[require_scope("read")],
+    "The newest checkouts",
+    scope="read",
+    ok={200: {"model": Checkouts}},
+    errors=(400,),
 )
 async def list_checkouts(
-    context: Annotated[ApiContext, Depends(api_context)],
+    context: Context,
     subject: Annotated[str | None, Query(description="Only this subject's.")] = None,
     limit: Annotated[str | None, Query(description="Only this limit's.")] = None,
     state: Annotated[Literal["held", "released"] | None, Query()] = None,
     count: Annotated[int, Query(ge=1, le=MAX_LISTED, description="How many, newest first.")] = 100,
 ) -> Response:
     """What ``metering checkout list`` shows (an expired checkout is released)."""
-    try:
-        found = await run_in_threadpool(context.meter.checkouts, subject, limit, state, count)
-    except InvalidInput as exc:
-        raise invalid(exc) from None
-    return JSONResponse({"checkouts": [c.to_dict() for c in found]})
+    return await listed("checkouts", context.meter.checkouts, subject, limit, state, count)
 
 
 async def _stored(context: ApiContext, checkout_id: str) -> Checkout:
@@ -167,33 +166,28 @@ async def _stored(context: ApiContext, checkout_id: str) -> Checkout:
     return found
 
 
-@router.get(
+@route(
+    router.get,
     "/checkouts/{checkout_id}",
-    summary="A checkout",
-    response_model=None,
-    responses={200: {"model": CheckoutOut}, **responses(400, 404, *AUTH_ERRORS, *COMMON_ERRORS)},
-    dependencies=[require_scope("read")],
+    "A checkout",
+    scope="read",
+    ok={200: {"model": CheckoutOut}},
+    errors=(400, 404),
 )
-async def get_checkout(
-    checkout_id: CheckoutId, context: Annotated[ApiContext, Depends(api_context)]
-) -> Response:
+async def get_checkout(checkout_id: CheckoutId, context: Context) -> Response:
     """A stored checkout; 404 for an id never checked out (a denial stores nothing)."""
     return JSONResponse((await _stored(context, checkout_id)).to_dict())
 
 
-@router.delete(
+@route(
+    router.delete,
     "/checkouts/{checkout_id}",
-    summary="Check in: give the license back",
-    response_model=None,
-    responses={
-        200: {"model": CheckedIn, "description": "Released (a second checkin gives back 0)."},
-        **responses(400, 404, *AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("ingest")],
+    "Check in: give the license back",
+    scope="ingest",
+    ok={200: {"model": CheckedIn, "description": "Released (a second checkin gives back 0)."}},
+    errors=(400, 404),
 )
-async def checkin(
-    request: Request, checkout_id: CheckoutId, context: Annotated[ApiContext, Depends(api_context)]
-) -> Response:
+async def checkin(request: Request, checkout_id: CheckoutId, context: Context) -> Response:
     """Give a held checkout back once (``returned``: its cost); again, or after
     it expired, ``returned`` is 0 and nothing changes."""
     returned = await run_in_threadpool(context.meter.checkin, checkout_id)
@@ -201,20 +195,17 @@ async def checkin(
     return JSONResponse({**_json(found, await may_read(request)), "returned": returned})
 
 
-@router.post(
+@route(
+    router.post,
     "/checkouts/{checkout_id}/renew",
-    summary="Renew: hold a checkout longer",
-    response_model=None,
-    responses={
-        200: {"model": CheckoutOut},
-        409: RELEASED_409,
-        **responses(400, 404, *AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("ingest")],
+    "Renew: hold a checkout longer",
+    scope="ingest",
+    ok={200: {"model": CheckoutOut}, 409: RELEASED_409},
+    errors=(400, 404),
 )
 async def renew(
     checkout_id: CheckoutId,
-    context: Annotated[ApiContext, Depends(api_context)],
+    context: Context,
     ttl_seconds: Annotated[
         float | None,
         Query(gt=0, le=MAX_TTL_SECONDS, description="Held this long from now; default: its own."),

@@ -21,16 +21,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Final
 
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
-from metering.api.admin_common import bad_field, invalid, json_body, read_object
-from metering.api.auth import AUTH_ERRORS, require_scope
-from metering.api.context import ApiContext, api_context
+from metering.api.admin_common import bad_field, fields_named, json_body, read_object
+from metering.api.context import Context
 from metering.api.models import LIMIT_PATTERN, body_fields
-from metering.api.problems import COMMON_ERRORS, ApiProblem, responses
+from metering.api.problems import ApiProblem
+from metering.api.routes import route
 from metering.domain.limits import (
     DIMENSION_PATTERN,
     MAX_DIMENSIONS,
@@ -44,7 +44,7 @@ from metering.domain.limits import (
     is_reserved,
     validate_limit_name,
 )
-from metering.errors import InvalidInput, UnknownLimit
+from metering.errors import UnknownLimit
 
 
 class LimitIn(BaseModel):
@@ -178,24 +178,20 @@ def _not_found(exc: UnknownLimit) -> ApiProblem:
 
 
 def _name(name: str) -> str:
-    try:
+    with fields_named():
         return validate_limit_name(name)
-    except InvalidInput as exc:
-        raise invalid(exc) from None
 
 
-@router.get(
+@route(
+    router.get,
     "/limits",
-    summary="Every limit",
-    response_model=None,
-    responses={
-        200: {"model": Limits, "description": "Every limit, by name."},
-        **responses(400, *AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("read")],
+    "Every limit",
+    scope="read",
+    ok={200: {"model": Limits, "description": "Every limit, by name."}},
+    errors=(400,),
 )
 async def list_limits(
-    context: Annotated[ApiContext, Depends(api_context)],
+    context: Context,
     all: Annotated[bool, Query(description="Also the product's own limits (metering.*).")] = False,
 ) -> Response:
     """Every limit's definition, by name (``metering limits list``); the
@@ -205,19 +201,15 @@ async def list_limits(
     return JSONResponse({"limits": [limit_json(limit) for limit in shown]})
 
 
-@router.get(
+@route(
+    router.get,
     "/limits/{name}",
-    summary="A limit",
-    response_model=None,
-    responses={
-        200: {"model": LimitOut, "description": "The limit's definition."},
-        **responses(400, 404, *AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("read")],
+    "A limit",
+    scope="read",
+    ok={200: {"model": LimitOut, "description": "The limit's definition."}},
+    errors=(400, 404),
 )
-async def get_limit(
-    name: LimitName, context: Annotated[ApiContext, Depends(api_context)]
-) -> Response:
+async def get_limit(name: LimitName, context: Context) -> Response:
     """A limit's definition; 404 when no limit has this name."""
     try:
         limit = await run_in_threadpool(context.meter.get_limit, _name(name))
@@ -226,20 +218,16 @@ async def get_limit(
     return JSONResponse(limit_json(limit))
 
 
-@router.put(
+@route(
+    router.put,
     "/limits/{name}",
-    summary="Create or replace a limit",
-    response_model=None,
+    "Create or replace a limit",
+    scope="admin",
+    ok={200: {"model": LimitOut, "description": "The limit as stored."}},
+    errors=(400, 409, 415),
     openapi_extra=json_body(LimitIn),
-    responses={
-        200: {"model": LimitOut, "description": "The limit as stored."},
-        **responses(400, 409, 415, *AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("admin")],
 )
-async def put_limit(
-    name: LimitName, request: Request, context: Annotated[ApiContext, Depends(api_context)]
-) -> Response:
+async def put_limit(name: LimitName, request: Request, context: Context) -> Response:
     """Create the limit, or replace its whole definition: events decided from
     now on use it. 400 names the field at fault; nothing is stored then.
     Counters keep their usage. 409 for a name of the product's own."""
@@ -247,28 +235,22 @@ async def put_limit(
     fields = await read_object(request, LIMIT_FIELDS)
     if "name" in fields and fields["name"] != chosen:
         raise bad_field("name", f"must be the name in the path ({chosen!r}) or left out")
-    try:
+    with fields_named():
         limit = Limit.from_dict(fields, name=chosen)
-    except InvalidInput as exc:
-        raise invalid(exc) from None
     stored = await run_in_threadpool(context.meter.set_limit, limit)
     return JSONResponse(limit_json(stored))
 
 
-@router.delete(
+@route(
+    router.delete,
     "/limits/{name}",
-    summary="Delete a limit",
+    "Delete a limit",
+    scope="admin",
+    ok={204: {"description": "Deleted; its counters stay, for reports."}},
+    errors=(400, 404, 409),
     status_code=204,
-    response_model=None,
-    responses={
-        204: {"description": "Deleted; its counters stay, for reports."},
-        **responses(400, 404, 409, *AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("admin")],
 )
-async def delete_limit(
-    name: LimitName, context: Annotated[ApiContext, Depends(api_context)]
-) -> Response:
+async def delete_limit(name: LimitName, context: Context) -> Response:
     """Delete a limit: events naming it are refused from now on (422 unknown
     limit). Its counters stay for ``metering counters``; reports leave them out.
     409 for a name of the product's own (``metering.*``)."""

@@ -17,11 +17,12 @@ its shape in ``/openapi.json``.
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_type_hints
 
-from fastapi import Path
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import Path, Query
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from metering.domain.decisions import Decision
 from metering.domain.events import MAX_CHARGES, MAX_COST, MAX_SUBJECT_LENGTH
@@ -357,3 +358,23 @@ REQUEST_MODELS: tuple[type[BaseModel], ...] = (
     SingleCheck,
     StackedCheck,
 )
+
+
+# The filters of a listing or a report, in the query.
+SubjectFilter = Annotated[str | None, Query(description="Only this subject.")]
+LimitFilter = Annotated[str | None, Query(description="Only this limit.")]
+
+
+def record_model(record: type, name: str, **descriptions: str) -> type[BaseModel]:
+    """An answer's model named ``name`` with the fields of the library's
+    dataclass ``record``: their names, types and order, each required;
+    ``descriptions`` describe some of them in the schema."""
+    types = get_type_hints(record)
+    fields: dict[str, Any] = {
+        field.name: (
+            types[field.name],
+            Field(description=descriptions[field.name]) if field.name in descriptions else ...,
+        )
+        for field in dataclasses.fields(record)
+    }
+    return create_model(name, __module__=record_model.__module__, **fields)

@@ -19,18 +19,25 @@ import json
 from datetime import datetime
 from typing import Annotated, Final
 
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
-from metering.api.admin_common import bad_field, json_body, read_object
-from metering.api.allowances import fields_named, moment
-from metering.api.auth import AUTH_ERRORS, require_scope
-from metering.api.context import ApiContext, api_context
-from metering.api.models import LIMIT_PATTERN, body_fields
-from metering.api.problems import COMMON_ERRORS, responses
+from metering.api.admin_common import (
+    LIMIT_NAMES,
+    bad_field,
+    fields_named,
+    json_body,
+    listed,
+    moment,
+    read_object,
+    threaded,
+)
+from metering.api.context import Context
+from metering.api.models import LIMIT_PATTERN, LimitFilter, SubjectFilter, body_fields
 from metering.api.reports import MEDIA, FormatChoice, negotiate
+from metering.api.routes import route
 from metering.reports.spend import spend_report
 
 AMOUNT_PATTERN: Final = r"^[0-9]+(\.[0-9]+)?$"
@@ -84,22 +91,19 @@ class SpendOut(BaseModel):
 
 router = APIRouter(prefix="/v1", tags=["prices and spend"])
 PRICE_FIELDS: Final = body_fields(PriceIn)
-Context = Annotated[ApiContext, Depends(api_context)]
 LimitName = Annotated[
     str, Path(description="The limit's name.", json_schema_extra={"pattern": LIMIT_PATTERN})
 ]
 
 
-@router.put(
+@route(
+    router.put,
     "/prices/{limit}",
-    summary="Price a limit per unit",
-    response_model=None,
+    "Price a limit per unit",
+    scope="admin",
+    ok={200: {"model": PriceOut, "description": "The price, as recorded."}},
+    errors=(400, 409, 415, 422),
     openapi_extra=json_body(PriceIn),
-    responses={
-        200: {"model": PriceOut, "description": "The price, as recorded."},
-        **responses(400, 409, 415, 422, *AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("admin")],
 )
 async def put_price(limit: LimitName, request: Request, context: Context) -> Response:
     """The limit's price per unit from ``effective_from`` (default now) on:
@@ -110,22 +114,24 @@ async def put_price(limit: LimitName, request: Request, context: Context) -> Res
         if not isinstance(fields.get(required), str):
             raise bad_field(required, "is required: a string")
     start = moment(fields.get("effective_from"), "effective_from")
-    with fields_named():
-        price = await run_in_threadpool(
-            context.meter.set_price, limit, fields["per_unit"], fields["currency"], start
-        )
+    price = await threaded(
+        context.meter.set_price,
+        limit,
+        fields["per_unit"],
+        fields["currency"],
+        start,
+        names=LIMIT_NAMES,
+    )
     return JSONResponse(price.to_dict())
 
 
-@router.delete(
+@route(
+    router.delete,
     "/prices/{limit}",
-    summary="End a limit's price",
-    response_model=None,
-    responses={
-        200: {"model": PriceOut, "description": "The change (per_unit null), as recorded."},
-        **responses(400, 409, 422, *AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("admin")],
+    "End a limit's price",
+    scope="admin",
+    ok={200: {"model": PriceOut, "description": "The change (per_unit null), as recorded."}},
+    errors=(400, 409, 422),
 )
 async def delete_price(
     limit: LimitName,
@@ -137,44 +143,39 @@ async def delete_price(
 ) -> Response:
     """No price from ``effective_from`` on; earlier usage keeps its price."""
     start = moment(effective_from, "effective_from")
-    with fields_named():
-        price = await run_in_threadpool(context.meter.remove_price, limit, currency, start)
+    price = await threaded(context.meter.remove_price, limit, currency, start, names=LIMIT_NAMES)
     return JSONResponse(price.to_dict())
 
 
-@router.get(
+@route(
+    router.get,
     "/prices",
-    summary="Price changes",
-    response_model=None,
-    responses={
-        200: {"model": Prices, "description": "By limit, oldest first."},
-        **responses(400, *AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("read")],
+    "Price changes",
+    scope="read",
+    ok={200: {"model": Prices, "description": "By limit, oldest first."}},
+    errors=(400,),
 )
 async def list_prices(
     context: Context,
-    limit: Annotated[str | None, Query(description="Only this limit.")] = None,
+    limit: LimitFilter = None,
 ) -> Response:
     """Every price change (``metering prices list``)."""
-    with fields_named():
-        found = await run_in_threadpool(context.meter.prices, limit)
-    return JSONResponse({"prices": [price.to_dict() for price in found]})
+    return await listed("prices", context.meter.prices, limit, names=LIMIT_NAMES)
 
 
-@router.get(
+@route(
+    router.get,
     "/reports/spend",
-    summary="The spend report",
-    response_model=None,
-    responses={
+    "The spend report",
+    scope="read",
+    ok={
         200: {
             "model": SpendOut,
             "description": "The report: JSON, or CSV (a header, then one line a row).",
             "content": {"text/csv": {"schema": {"type": "string"}}},
-        },
-        **responses(400, 406, *AUTH_ERRORS, *COMMON_ERRORS),
+        }
     },
-    dependencies=[require_scope("read")],
+    errors=(400, 406),
 )
 async def spend(
     request: Request,
@@ -183,13 +184,13 @@ async def spend(
         str,
         Query(pattern=r"^[0-9]{4}-[0-9]{2}$", description="A calendar month (UTC): 2026-11."),
     ],
-    subject: Annotated[str | None, Query(description="Only this subject.")] = None,
+    subject: SubjectFilter = None,
     fmt: FormatChoice = None,
 ) -> Response:
     """Per subject and currency, the amount of each priced limit, the total
     and the cap of each spend limit: ``metering report spend``."""
     chosen = fmt or negotiate(request.headers.get("accept"))
-    with fields_named():
+    with fields_named(LIMIT_NAMES):
         found = await run_in_threadpool(spend_report, context.meter, period, subject)
     if chosen == "json":
         return Response(json.dumps(found.to_dict()), media_type=MEDIA["json"])

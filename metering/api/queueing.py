@@ -13,7 +13,6 @@ differ.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 
 from starlette.concurrency import run_in_threadpool
@@ -140,7 +139,7 @@ class ApiProducer(UsageProducer):
 
     def _emit_items(self, by_queue: Mapping[str, Sequence[Item]]) -> None:
         """Buffer ``by_queue``'s events under one hold of the lock: the same
-        buffers, bound and flushes as `UsageProducer._add`."""
+        buffers, bound and flushes as `UsageProducer._add` (`UsageProducer._buffer`)."""
         items = [(queue, item) for queue, queued in by_queue.items() for item in queued]
         self._after_fork_check()
         waiting = False  # an event stays buffered: the flushing thread must run
@@ -148,21 +147,11 @@ class ApiProducer(UsageProducer):
         try:
             pending = self.pending
             for queue, item in items:
-                if self._closed:
-                    raise BrokerUnavailable("the producer is closed", self.kept)
-                if pending >= self.max_buffer:
-                    raise BrokerUnavailable(
-                        "the buffer is full: the broker is not keeping up", self.kept
-                    )
-                buffer = self._buffers.setdefault(queue, [])
-                if not buffer:
-                    self._oldest[queue] = time.monotonic()
-                buffer.append(item)
-                pending += 1
-                if len(buffer) >= self.batch_size:
+                if self._buffer(queue, item, pending):
                     self._flush_queue(queue)
                     pending = self.pending
                 else:
+                    pending += 1
                     waiting = True
         finally:
             self._lock.release()

@@ -20,24 +20,26 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Callable, Generator, Iterator
 from datetime import datetime
+from functools import partial
 from typing import Annotated, Any, Final, Literal
 
 import anyio
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field, RootModel
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from metering.api.admin_common import invalid
-from metering.api.auth import AUTH_ERRORS, require_scope, scoped_subject
-from metering.api.context import ApiContext, api_context
-from metering.api.problems import COMMON_ERRORS, ApiProblem, responses
+from metering.api.admin_common import LIMIT_NAMES, fields_named
+from metering.api.auth import scoped_subject
+from metering.api.context import ApiContext, Context
+from metering.api.models import LimitFilter, SubjectFilter
+from metering.api.problems import ApiProblem
+from metering.api.routes import Handler, route
 from metering.domain.bounds import MAX_LISTING
 from metering.domain.limits import (
     Enforcement,
 )
-from metering.errors import InvalidInput
 from metering.reports import (
     DimensionReport,
     csv_lines,
@@ -89,8 +91,6 @@ RANGES: Final[dict[str, tuple[Format, int]]] = {
     "*/*": ("json", 0),
 }
 CHUNK_CHARS: Final = 64 * 1024
-# The library's names of the filters, as the query spells them.
-NAMES: Final = {"name": "limit"}
 
 
 class ReportRowOut(BaseModel):
@@ -162,33 +162,40 @@ class ShadowOut(BaseModel):
     rows: list[ShadowRowOut]
 
 
-def _responses(model: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
-    return {
-        200: {
-            "model": model,
-            "description": "The report, streamed: JSON, or CSV (a header, then one line a row).",
-            "content": {"text/csv": {"schema": {"type": "string"}}},
+# What a report may answer besides the report: a bad filter, no format of
+# the two acceptable, a name of no limit.
+REPORT_ERRORS: Final = (400, 406, 422)
+
+
+def _report_route(
+    path: str,
+    summary: str,
+    model: type[BaseModel],
+    description: str = "The report, streamed: JSON, or CSV (a header, then one line a row).",
+) -> Callable[[Handler], Handler]:
+    """A report's route: ``read`` scope (a customer's key: its own subject,
+    ``subject`` in the query), the report as JSON or CSV, or a problem."""
+    return route(
+        router.get,
+        path,
+        summary,
+        scope="read",
+        subjects="query",
+        ok={
+            200: {
+                "model": model,
+                "description": description,
+                "content": {"text/csv": {"schema": {"type": "string"}}},
+            }
         },
-        **responses(400, 406, 422, *AUTH_ERRORS, *COMMON_ERRORS),
-    }
+        errors=REPORT_ERRORS,
+    )
 
 
 class UsageReportOut(RootModel[ReportOut | DimensionReportOut]):
     """A usage report: per window (`ReportOut`), or with ``group_by`` per value
     of the key (`DimensionReportOut`)."""
 
-
-REPORT_RESPONSES: Final = _responses(ReportOut)
-SHADOW_RESPONSES: Final = _responses(ShadowOut)
-USAGE_RESPONSES: Final = {
-    **REPORT_RESPONSES,
-    200: {
-        **REPORT_RESPONSES[200],
-        "model": UsageReportOut,
-        "description": "The report, streamed: JSON (usage per window; with group_by, "
-        "usage per value of the key), or CSV (a header, then one line a row).",
-    },
-}
 
 Period = Annotated[
     str | None,
@@ -202,7 +209,6 @@ Since = Annotated[
     ),
 ]
 Until = Annotated[str | None, Query(description="RFC 3339: windows starting before this.")]
-LimitFilter = Annotated[str | None, Query(description="Only this limit.")]
 FormatChoice = Annotated[
     Format | None,
     Query(alias="format", description="json or csv; wins over Accept (default: Accept)."),
@@ -297,15 +303,22 @@ class Streamed(StreamingResponse):
 
 async def _respond(
     request: Request,
-    select: Callable[[], BaseReport[Any] | DimensionReport],
-    filename: str,
+    context: ApiContext,
     chosen: Format | None,
+    filename: str,
+    select: Callable[..., BaseReport[Any] | DimensionReport],
+    period: str | None,
+    since: str | None,
+    until: str | None,
 ) -> Response:
+    """The report ``select`` makes of the period, streamed in the format
+    ``chosen`` (else the one ``Accept`` asks for); a filter the library
+    refuses is a 400 naming it."""
     fmt = chosen or negotiate(request.headers.get("accept"))
-    try:
-        report = await run_in_threadpool(select)
-    except InvalidInput as exc:
-        raise invalid(exc, NAMES) from None
+    with fields_named(LIMIT_NAMES):  # the library's names of the filters, as the query's
+        report = await run_in_threadpool(
+            lambda: select(context.meter, period=period, since=since, until=until)
+        )
     rows = report.rows()
     lines = csv_lines(rows, report.kind) if fmt == "csv" else json_lines(report, rows)
     chunks = _chunks(lines, rows)
@@ -323,20 +336,14 @@ async def _respond(
     return Streamed(chunks, first, MEDIA[fmt], headers)
 
 
-@router.get(
-    "/reports/overage",
-    summary="The overage report",
-    response_model=None,
-    responses=REPORT_RESPONSES,
-    dependencies=[require_scope("read", subjects="query")],
-)
+@_report_route("/reports/overage", "The overage report", ReportOut)
 async def overage(
     request: Request,
-    context: Annotated[ApiContext, Depends(api_context)],
+    context: Context,
     period: Period = None,
     since: Since = None,
     until: Until = None,
-    subject: Annotated[str | None, Query(description="Only this subject.")] = None,
+    subject: SubjectFilter = None,
     limit: LimitFilter = None,
     top: Annotated[
         int | None, Query(ge=1, le=MAX_LISTING, description="Only the N largest overages.")
@@ -346,28 +353,21 @@ async def overage(
     """Maximum, used, overage and denials per subject, limit and window, the
     largest overage first: ``metering report overage``. A window belongs to
     the period it starts in; token buckets and deleted limits are left out."""
-    meter = context.meter
     subject = await scoped_subject(request, subject)
-    return await _respond(
-        request,
-        lambda: select_overage(
-            meter, period=period, since=since, until=until, subject=subject, limit=limit, top=top
-        ),
-        "overage",
-        fmt,
-    )
+    select = partial(select_overage, subject=subject, limit=limit, top=top)
+    return await _respond(request, context, fmt, "overage", select, period, since, until)
 
 
-@router.get(
+@_report_route(
     "/reports/usage",
-    summary="A subject's usage over time, or by a metadata key",
-    response_model=None,
-    responses=USAGE_RESPONSES,
-    dependencies=[require_scope("read", subjects="query")],
+    "A subject's usage over time, or by a metadata key",
+    UsageReportOut,
+    "The report, streamed: JSON (usage per window; with group_by, usage per value of "
+    "the key), or CSV (a header, then one line a row).",
 )
 async def usage(
     request: Request,
-    context: Annotated[ApiContext, Depends(api_context)],
+    context: Context,
     subject: Annotated[str, Query(description="The subject.")],
     period: Period = None,
     since: Since = None,
@@ -387,46 +387,26 @@ async def usage(
     ``metering report usage``. With ``group_by``, its usage per limit and
     value of that metadata key (``metering report usage --group-by``);
     ``since`` and ``until`` then fall on the hour."""
-    meter = context.meter
-    if group_by is not None:
-        key = group_by
-        return await _respond(
-            request,
-            lambda: usage_by_dimension(
-                meter,
-                subject=subject,
-                key=key,
-                limit=limit,
-                period=period,
-                since=since,
-                until=until,
-            ),
-            f"usage-by-{key}",
-            fmt,
+    if group_by is None:
+        select: Callable[..., BaseReport[Any] | DimensionReport] = partial(
+            select_usage, subject=subject, limit=limit
         )
-    return await _respond(
-        request,
-        lambda: select_usage(meter, subject, period=period, since=since, until=until, limit=limit),
-        "usage",
-        fmt,
-    )
+        filename = "usage"
+    else:
+        select = partial(usage_by_dimension, subject=subject, key=group_by, limit=limit)
+        filename = f"usage-by-{group_by}"
+    return await _respond(request, context, fmt, filename, select, period, since, until)
 
 
-@router.get(
-    "/reports/shadow",
-    summary="Whom a shadow limit would have denied",
-    response_model=None,
-    responses=SHADOW_RESPONSES,
-    dependencies=[require_scope("read", subjects="query")],
-)
+@_report_route("/reports/shadow", "Whom a shadow limit would have denied", ShadowOut)
 async def shadow(
     request: Request,
-    context: Annotated[ApiContext, Depends(api_context)],
+    context: Context,
     limit: Annotated[str, Query(description="The shadow limit.")],
     period: Period = None,
     since: Since = None,
     until: Until = None,
-    subject: Annotated[str | None, Query(description="Only this subject.")] = None,
+    subject: SubjectFilter = None,
     top: Annotated[
         int | None,
         Query(ge=1, le=MAX_LISTING, description="Only the N subjects with most would-deny cost."),
@@ -438,13 +418,6 @@ async def shadow(
     usage against the maximum that applied; the largest would-deny cost
     first: ``metering report shadow``. A limit that is not shadow is a 400
     naming ``limit`` (a hard limit's denials are in the overage report)."""
-    meter = context.meter
     subject = await scoped_subject(request, subject)
-    return await _respond(
-        request,
-        lambda: select_shadow(
-            meter, limit, period=period, since=since, until=until, subject=subject, top=top
-        ),
-        "shadow",
-        fmt,
-    )
+    select = partial(select_shadow, limit=limit, subject=subject, top=top)
+    return await _respond(request, context, fmt, "shadow", select, period, since, until)

@@ -13,24 +13,28 @@ takes the rest of the path up to ``/cancel`` or ``/commit``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
+from functools import partial
 from typing import Annotated, Any, Final, Literal
 
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
 from metering.api.admin_common import (
     bad_field,
-    invalid,
+    fields_named,
     json_body,
+    listed,
     problem_schema,
     problem_with,
     read_object,
+    threaded,
 )
-from metering.api.auth import AUTH_ERRORS, may_read, require_scope
-from metering.api.context import ApiContext, api_context
+from metering.api.auth import may_read
+from metering.api.context import Context
 from metering.api.models import (
     EVENT_ID_PATTERN,
     LIMIT_PATTERN,
@@ -40,7 +44,8 @@ from metering.api.models import (
     subject_field,
 )
 from metering.api.parsing import CHARGE_CHECKS, whole_number
-from metering.api.problems import COMMON_ERRORS, ApiProblem, responses
+from metering.api.problems import ApiProblem
+from metering.api.routes import Handler, route
 from metering.domain.events import MAX_CHARGES, MAX_COST, Charge, make_event
 from metering.domain.reservations import DEFAULT_TTL_SECONDS, MAX_TTL_SECONDS
 from metering.errors import InvalidInput, ReservationSettled, UnknownLimit, UnknownReservation
@@ -192,20 +197,16 @@ ReservationId = Annotated[
 ]
 
 
-@router.post(
+@route(
+    router.post,
     "/reservations",
-    summary="Reserve: consume now, give back later",
-    response_model=None,
+    "Reserve: consume now, give back later",
+    scope="ingest",
+    ok={200: {"model": Reserved, "description": "Held (allowed), or denied: the decision."}},
+    errors=(400, 409, 415, 422),
     openapi_extra=json_body(ReserveSingle, ReserveStacked),
-    responses={
-        200: {"model": Reserved, "description": "Held (allowed), or denied: the decision."},
-        **responses(400, 409, 415, 422, *AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("ingest")],
 )
-async def reserve(
-    request: Request, context: Annotated[ApiContext, Depends(api_context)]
-) -> Response:
+async def reserve(request: Request, context: Context) -> Response:
     """Decide and record the charges like an event; when allowed, hold them
     until ``/cancel`` gives the cost back or ``/commit`` (or the time to live)
     makes it final. A denied reservation consumes and stores nothing.
@@ -217,17 +218,13 @@ async def reserve(
     """
     item = await read_object(request, RESERVE_FIELDS)
     ttl = item.pop("ttl_seconds", DEFAULT_TTL_SECONDS)
-    try:
+    with fields_named():
         ttl = validate_ttl(ttl)
-    except InvalidInput as exc:
-        raise invalid(exc) from None
     charges = _charges(item)
-    try:
+    with fields_named():
         event = make_event(
             charges, context.meter.clock(), item.get("event_id"), item.get("metadata")
         )
-    except InvalidInput as exc:
-        raise invalid(exc) from None
     try:
         reservation = await run_in_threadpool(
             lambda: context.meter.reserve(
@@ -290,18 +287,16 @@ def _charge_pointer(charges: tuple[Charge, ...], limit: str) -> str:
     return "charges"
 
 
-@router.get(
+@route(
+    router.get,
     "/reservations",
-    summary="The newest reservations",
-    response_model=None,
-    responses={
-        200: {"model": Reservations, "description": "Newest first."},
-        **responses(400, *AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("read")],
+    "The newest reservations",
+    scope="read",
+    ok={200: {"model": Reservations, "description": "Newest first."}},
+    errors=(400,),
 )
 async def list_reservations(
-    context: Annotated[ApiContext, Depends(api_context)],
+    context: Context,
     state: Annotated[
         Literal["held", "committed", "cancelled"] | None, Query(description="Only this state.")
     ] = None,
@@ -312,90 +307,79 @@ async def list_reservations(
 ) -> Response:
     """The ``count`` newest reservations (at most 1000), optionally of one state
     and one subject: what ``metering reservations list`` shows."""
-    try:
-        found = await run_in_threadpool(context.meter.reservations, state, subject, count)
-    except InvalidInput as exc:
-        raise invalid(exc) from None
-    return JSONResponse({"reservations": [reservation_json(info) for info in found]})
+    return await listed("reservations", context.meter.reservations, state, subject, count)
 
 
-@router.get(
+@route(
+    router.get,
     "/reservations/{reservation_id:path}",
-    summary="A reservation",
-    response_model=None,
-    responses={
-        200: {"model": ReservationOut, "description": "Where it stands."},
-        **responses(400, 404, *AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("read")],
+    "A reservation",
+    scope="read",
+    ok={200: {"model": ReservationOut, "description": "Where it stands."}},
+    errors=(400, 404),
 )
-async def get_reservation(
-    reservation_id: ReservationId, context: Annotated[ApiContext, Depends(api_context)]
-) -> Response:
+async def get_reservation(reservation_id: ReservationId, context: Context) -> Response:
     """A stored reservation; 404 for an id never reserved (or denied: nothing is stored)."""
     return JSONResponse(reservation_json(await _stored(context.meter, reservation_id)))
 
 
 async def _stored(meter: Meter, reservation_id: str) -> ReservationInfo:
-    try:
-        info = await run_in_threadpool(meter.reservation, reservation_id)
-    except InvalidInput as exc:
-        raise invalid(exc, ID_NAMES) from None
+    info = await threaded(meter.reservation, reservation_id, names=ID_NAMES)
     if info is None:
         raise UnknownReservation(reservation_id)
     return info
 
 
-def _settled(exc: ReservationSettled) -> Response:
-    return problem_with("reservation-settled", str(exc), state=str(exc.state))
+async def _settle(meter: Meter, reservation_id: str, settle: Callable[[], int]) -> Response:
+    """``settle()`` (a cancel or a commit: the units it gave back) and the
+    reservation as it is then, or a 409 with the ``state`` it is in."""
+    try:
+        returned = await threaded(settle, names=ID_NAMES)
+    except ReservationSettled as exc:  # ReservationExpired too
+        return problem_with("reservation-settled", str(exc), state=str(exc.state))
+    info = await _stored(meter, reservation_id)
+    return JSONResponse({**reservation_json(info), "returned": returned})
 
 
-SETTLE_RESPONSES: Final[dict[int | str, dict[str, Any]]] = {
-    **responses(400, 404, *AUTH_ERRORS, *COMMON_ERRORS),
-    409: SETTLED_409,
-}
+def _settle_route(
+    action: str, summary: str, model: type[BaseModel], description: str
+) -> Callable[[Handler], Handler]:
+    """``POST /v1/reservations/{id}/{action}``: the ``ingest`` scope; 409 when settled."""
+    return route(
+        router.post,
+        f"/reservations/{{reservation_id:path}}/{action}",
+        summary,
+        scope="ingest",
+        ok={200: {"model": model, "description": description}},
+        errors=(400, 404),
+        more={409: SETTLED_409},
+    )
 
 
-@router.post(
-    "/reservations/{reservation_id:path}/cancel",
-    summary="Cancel: give the cost back",
-    response_model=None,
-    responses={
-        200: {"model": Cancelled, "description": "Cancelled (a second cancel changes nothing)."},
-        **SETTLE_RESPONSES,
-    },
-    dependencies=[require_scope("ingest")],
+@_settle_route(
+    "cancel",
+    "Cancel: give the cost back",
+    Cancelled,
+    "Cancelled (a second cancel changes nothing).",
 )
-async def cancel(
-    reservation_id: ReservationId, context: Annotated[ApiContext, Depends(api_context)]
-) -> Response:
+async def cancel(reservation_id: ReservationId, context: Context) -> Response:
     """Give a held reservation's cost back where its counters can still take it
     (``returned``); a second cancel does nothing. 409 when it is committed,
     with ``state``; past its time to live it is committed now and the answer
     is that 409 (``state: committed``): the usage stands."""
-    try:
-        returned = await run_in_threadpool(context.meter.cancel_reservation, reservation_id)
-    except InvalidInput as exc:
-        raise invalid(exc, ID_NAMES) from None
-    except ReservationSettled as exc:  # ReservationExpired too
-        return _settled(exc)
-    info = await _stored(context.meter, reservation_id)
-    return JSONResponse({**reservation_json(info), "returned": returned})
+    settle = partial(context.meter.cancel_reservation, reservation_id)
+    return await _settle(context.meter, reservation_id, settle)
 
 
-@router.post(
-    "/reservations/{reservation_id:path}/commit",
-    summary="Commit: make the usage final, at the actual amount if given",
-    response_model=None,
-    responses={
-        200: {"model": Committed, "description": "Committed (again: no change)."},
-        **SETTLE_RESPONSES,
-    },
-    dependencies=[require_scope("ingest")],
+@_settle_route(
+    "commit",
+    "Commit: make the usage final, at the actual amount if given",
+    Committed,
+    "Committed (again: no change).",
 )
 async def commit(
     reservation_id: ReservationId,
-    context: Annotated[ApiContext, Depends(api_context)],
+    context: Context,
     actual: Annotated[
         int | None,
         Query(
@@ -413,11 +397,5 @@ async def commit(
     rest goes back; past the time to live that is a 409 (``state:
     committed``): the whole cost stands. More than reserved charges the excess
     (also after the sweeper's commit, once)."""
-    try:
-        returned = await run_in_threadpool(context.meter.commit_reservation, reservation_id, actual)
-    except InvalidInput as exc:
-        raise invalid(exc, ID_NAMES) from None
-    except ReservationSettled as exc:  # ReservationExpired too
-        return _settled(exc)
-    info = await _stored(context.meter, reservation_id)
-    return JSONResponse({**reservation_json(info), "returned": returned})
+    settle = partial(context.meter.commit_reservation, reservation_id, actual)
+    return await _settle(context.meter, reservation_id, settle)

@@ -11,18 +11,17 @@ limit.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Final
+from typing import Any, Final
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
 from metering.api.admin_common import bad_field, invalid, json_body, read_object
-from metering.api.auth import AUTH_ERRORS, require_scope
-from metering.api.context import ApiContext, api_context
+from metering.api.context import Context
 from metering.api.models import body_fields
-from metering.api.problems import COMMON_ERRORS, responses
+from metering.api.routes import route
 from metering.config import entitlements_from_data, limits_from_data
 from metering.errors import ConfigurationError, InvalidInput
 from metering.simulation import parse_since
@@ -73,20 +72,16 @@ router = APIRouter(prefix="/v1", tags=["simulations"])
 SIMULATION_FIELDS: Final = body_fields(SimulationIn)
 
 
-@router.post(
+@route(
+    router.post,
     "/simulations",
-    summary="Backtest proposed limits",
-    response_model=None,
+    "Backtest proposed limits",
+    scope="admin",
+    ok={200: {"model": SimulationOut, "description": "What the proposed limits would decide."}},
+    errors=(400, 415),
     openapi_extra=json_body(SimulationIn),
-    responses={
-        200: {"model": SimulationOut, "description": "What the proposed limits would decide."},
-        **responses(400, 415, *AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("admin")],
 )
-async def post_simulation(
-    request: Request, context: Annotated[ApiContext, Depends(api_context)]
-) -> Response:
+async def post_simulation(request: Request, context: Context) -> Response:
     """Replay the results ledger's events since ``since`` (decided events,
     voided ones left out, in event-time order) through the proposed limits
     and entitlements, in memory. 400 names the field at fault, or says the

@@ -22,27 +22,26 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Final, Literal
 
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
 from metering.api.admin_common import (
     bad_field,
-    invalid,
+    fields_named,
     json_body,
+    moment,
     problem_schema,
     problem_with,
     read_object,
+    threaded,
 )
-from metering.api.auth import AUTH_ERRORS, require_scope
-from metering.api.context import ApiContext, api_context
+from metering.api.context import ApiContext, Context
 from metering.api.models import body_fields, iso
-from metering.api.problems import COMMON_ERRORS, responses
+from metering.api.routes import route
 from metering.domain.bounds import MAX_ROW_ID
-from metering.domain.instants import from_us, parse_instant
+from metering.domain.instants import from_us
 from metering.domain.notifications import NoticeType
-from metering.errors import InvalidInput
 from metering.storage.webhooks import AttemptRecord, DeliveryRecord
 from metering.webhooks.endpoints import MAX_GRACE_SECONDS, MAX_URL_CHARS, Endpoint, Webhooks
 
@@ -274,32 +273,20 @@ def _types(value: object) -> list[str]:
     return value
 
 
-async def _call(function: Any, *args: Any, **kwargs: Any) -> Any:
-    """A library call in a worker thread; its `InvalidInput` a 400 naming the field."""
-    try:
-        return await run_in_threadpool(function, *args, **kwargs)
-    except InvalidInput as exc:
-        raise invalid(exc) from None
-
-
 # -- endpoints ---------------------------------------------------------------------
 
 
-@router.post(
+@route(
+    router.post,
     "/endpoints",
+    "Add an endpoint",
+    scope="admin",
+    ok={201: {"model": EndpointCreated, "description": "Added; its secret, shown this once."}},
+    errors=(400, 415),
     status_code=201,
-    summary="Add an endpoint",
-    response_model=None,
     openapi_extra=json_body(EndpointIn),
-    responses={
-        201: {"model": EndpointCreated, "description": "Added; its secret, shown this once."},
-        **responses(400, 415, *AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("admin")],
 )
-async def add_endpoint(
-    request: Request, context: Annotated[ApiContext, Depends(api_context)]
-) -> Response:
+async def add_endpoint(request: Request, context: Context) -> Response:
     """Add an enabled endpoint for ``types`` (default: every type). The answer
     holds its signing secret, given or generated: store it now, no later
     answer shows it. It is stored encrypted when the server has
@@ -310,140 +297,116 @@ async def add_endpoint(
     url = _text(fields["url"], "url")
     types = _types(fields.get("types", []))
     secret = _secret(fields.get("secret"))
-    endpoint, full_secret = await _call(_hooks(context).add, url, secret=secret, types=types)
+    endpoint, full_secret = await threaded(_hooks(context).add, url, secret=secret, types=types)
     body = {"endpoint": endpoint_json(endpoint), "secret": full_secret}
     return JSONResponse(body, status_code=201)
 
 
-@router.get(
+@route(
+    router.get,
     "/endpoints",
-    summary="Every endpoint",
-    response_model=None,
-    responses={
-        200: {"model": Endpoints, "description": "Oldest first, secrets masked."},
-        **responses(*AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("admin")],
+    "Every endpoint",
+    scope="admin",
+    ok={200: {"model": Endpoints, "description": "Oldest first, secrets masked."}},
 )
-async def list_endpoints(context: Annotated[ApiContext, Depends(api_context)]) -> Response:
+async def list_endpoints(context: Context) -> Response:
     """Every endpoint, oldest first, secrets masked (``metering webhooks list``)."""
-    found = await _call(_hooks(context).endpoints)
+    found = await threaded(_hooks(context).endpoints)
     return JSONResponse({"endpoints": [endpoint_json(e) for e in found]})
 
 
-@router.get(
+@route(
+    router.get,
     "/endpoints/{endpoint_id}",
-    summary="An endpoint",
-    response_model=None,
-    responses={
-        200: {"model": EndpointOut, "description": "The endpoint, its secret masked."},
-        **responses(400, 404, *AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("admin")],
+    "An endpoint",
+    scope="admin",
+    ok={200: {"model": EndpointOut, "description": "The endpoint, its secret masked."}},
+    errors=(400, 404),
 )
-async def get_endpoint(
-    endpoint_id: EndpointId, context: Annotated[ApiContext, Depends(api_context)]
-) -> Response:
+async def get_endpoint(endpoint_id: EndpointId, context: Context) -> Response:
     """One endpoint, its secret masked; 404 when no endpoint has this id."""
-    return JSONResponse(endpoint_json(await _call(_hooks(context).get, endpoint_id)))
+    return JSONResponse(endpoint_json(await threaded(_hooks(context).get, endpoint_id)))
 
 
-@router.patch(
+@route(
+    router.patch,
     "/endpoints/{endpoint_id}",
-    summary="Change an endpoint's URL or types",
-    response_model=None,
+    "Change an endpoint's URL or types",
+    scope="admin",
+    ok={200: {"model": EndpointOut, "description": "The endpoint as it is now."}},
+    errors=(400, 404, 415),
     openapi_extra=json_body(EndpointChange),
-    responses={
-        200: {"model": EndpointOut, "description": "The endpoint as it is now."},
-        **responses(400, 404, 415, *AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("admin")],
 )
-async def change_endpoint(
-    endpoint_id: EndpointId, request: Request, context: Annotated[ApiContext, Depends(api_context)]
-) -> Response:
+async def change_endpoint(endpoint_id: EndpointId, request: Request, context: Context) -> Response:
     """Send to another ``url`` and/or other ``types`` ([] is every type); what
     is not given stays. Deliveries already queued go to the new URL."""
     fields = await read_object(request, CHANGE_FIELDS)
     url = _text(fields["url"], "url") if "url" in fields else None
     types = _types(fields["types"]) if "types" in fields else None
-    endpoint = await _call(_hooks(context).update, endpoint_id, url=url, types=types)
+    endpoint = await threaded(_hooks(context).update, endpoint_id, url=url, types=types)
     return JSONResponse(endpoint_json(endpoint))
 
 
-@router.delete(
+@route(
+    router.delete,
     "/endpoints/{endpoint_id}",
+    "Remove an endpoint",
+    scope="admin",
+    ok={204: {"description": "Removed, with its deliveries and their attempts."}},
+    errors=(400, 404),
     status_code=204,
-    summary="Remove an endpoint",
-    response_model=None,
-    responses={
-        204: {"description": "Removed, with its deliveries and their attempts."},
-        **responses(400, 404, *AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("admin")],
 )
-async def remove_endpoint(
-    endpoint_id: EndpointId, context: Annotated[ApiContext, Depends(api_context)]
-) -> Response:
+async def remove_endpoint(endpoint_id: EndpointId, context: Context) -> Response:
     """Remove an endpoint with its deliveries (``metering webhooks remove``)."""
-    await _call(_hooks(context).remove, endpoint_id)
+    await threaded(_hooks(context).remove, endpoint_id)
     return Response(status_code=204)
 
 
 async def _set_enabled(context: ApiContext, endpoint_id: str, enabled: bool) -> Response:
     hooks = _hooks(context)
-    await _call(hooks.set_enabled, endpoint_id, enabled)
-    return JSONResponse(endpoint_json(await _call(hooks.get, endpoint_id)))
+    await threaded(hooks.set_enabled, endpoint_id, enabled)
+    return JSONResponse(endpoint_json(await threaded(hooks.get, endpoint_id)))
 
 
-ENABLE_RESPONSES: Final = {
-    200: {"model": EndpointOut, "description": "The endpoint as it is now."},
-    **responses(400, 404, *AUTH_ERRORS, *COMMON_ERRORS),
-}
+ENABLED: Final = {200: {"model": EndpointOut, "description": "The endpoint as it is now."}}
 
 
-@router.post(
+@route(
+    router.post,
     "/endpoints/{endpoint_id}/enable",
-    summary="Send to an endpoint again",
-    response_model=None,
-    responses=ENABLE_RESPONSES,
-    dependencies=[require_scope("admin")],
+    "Send to an endpoint again",
+    scope="admin",
+    ok=ENABLED,
+    errors=(400, 404),
 )
-async def enable_endpoint(
-    endpoint_id: EndpointId, context: Annotated[ApiContext, Depends(api_context)]
-) -> Response:
+async def enable_endpoint(endpoint_id: EndpointId, context: Context) -> Response:
     """Enable an endpoint: the deliveries that waited go out."""
     return await _set_enabled(context, endpoint_id, True)
 
 
-@router.post(
+@route(
+    router.post,
     "/endpoints/{endpoint_id}/disable",
-    summary="Stop sending to an endpoint",
-    response_model=None,
-    responses=ENABLE_RESPONSES,
-    dependencies=[require_scope("admin")],
+    "Stop sending to an endpoint",
+    scope="admin",
+    ok=ENABLED,
+    errors=(400, 404),
 )
-async def disable_endpoint(
-    endpoint_id: EndpointId, context: Annotated[ApiContext, Depends(api_context)]
-) -> Response:
+async def disable_endpoint(endpoint_id: EndpointId, context: Context) -> Response:
     """Disable an endpoint: nothing is sent; its deliveries wait."""
     return await _set_enabled(context, endpoint_id, False)
 
 
-@router.post(
+@route(
+    router.post,
     "/endpoints/{endpoint_id}/rotate",
-    summary="Give an endpoint a new secret",
-    response_model=None,
+    "Give an endpoint a new secret",
+    scope="admin",
+    ok={200: {"model": SecretRotated, "description": "The new secret, shown this once."}},
+    errors=(400, 404, 415),
     openapi_extra=json_body(RotateIn, required=False),
-    responses={
-        200: {"model": SecretRotated, "description": "The new secret, shown this once."},
-        **responses(400, 404, 415, *AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("admin")],
 )
-async def rotate_secret(
-    endpoint_id: EndpointId, request: Request, context: Annotated[ApiContext, Depends(api_context)]
-) -> Response:
+async def rotate_secret(endpoint_id: EndpointId, request: Request, context: Context) -> Response:
     """A new signing secret (``secret``, or generated), answered this once; the
     old one still signs for ``grace_seconds`` (default 24 h), so receivers can
     switch without losing a message. The body is optional."""
@@ -451,27 +414,25 @@ async def rotate_secret(
     secret = _secret(fields.get("secret"))
     grace = fields.get("grace_seconds")
     hooks = _hooks(context)
-    new_secret = await _call(hooks.rotate, endpoint_id, secret=secret, grace_seconds=grace)
-    endpoint = await _call(hooks.get, endpoint_id)
+    new_secret = await threaded(hooks.rotate, endpoint_id, secret=secret, grace_seconds=grace)
+    endpoint = await threaded(hooks.get, endpoint_id)
     return JSONResponse({"endpoint": endpoint_json(endpoint), "secret": new_secret})
 
 
-@router.post(
+@route(
+    router.post,
     "/endpoints/{endpoint_id}/test",
-    summary="Send a test ping",
-    response_model=None,
-    responses={
+    "Send a test ping",
+    scope="admin",
+    ok={
         200: {
             "model": DeliveryOut,
             "description": "The ping's delivery: delivered, or failed with why.",
-        },
-        **responses(400, 404, *AUTH_ERRORS, *COMMON_ERRORS),
+        }
     },
-    dependencies=[require_scope("admin")],
+    errors=(400, 404),
 )
-async def ping_endpoint(
-    endpoint_id: EndpointId, context: Annotated[ApiContext, Depends(api_context)]
-) -> Response:
+async def ping_endpoint(endpoint_id: EndpointId, context: Context) -> Response:
     """Send a signed ``webhook.test`` ping now, once (no retries), and answer
     its delivery: ``status`` delivered when the endpoint answered 2xx, failed
     otherwise (``last_status_code``, ``last_error``). A disabled endpoint is
@@ -481,28 +442,24 @@ async def ping_endpoint(
     process), so slow receivers never hold the threads other routes need;
     beyond that the answer is 429 with ``Retry-After``."""
     hooks = _hooks(context)
-    try:
+    with fields_named():
         record, attempts = await context.pings.run(hooks.send_test, endpoint_id)
-    except InvalidInput as exc:
-        raise invalid(exc) from None
     return JSONResponse(delivery_json(record, attempts))
 
 
 # -- deliveries --------------------------------------------------------------------
 
 
-@router.get(
+@route(
+    router.get,
     "/deliveries",
-    summary="Deliveries and their attempts",
-    response_model=None,
-    responses={
-        200: {"model": Deliveries, "description": "Newest first."},
-        **responses(400, *AUTH_ERRORS, *COMMON_ERRORS),
-    },
-    dependencies=[require_scope("admin")],
+    "Deliveries and their attempts",
+    scope="admin",
+    ok={200: {"model": Deliveries, "description": "Newest first."}},
+    errors=(400,),
 )
 async def list_deliveries(
-    context: Annotated[ApiContext, Depends(api_context)],
+    context: Context,
     status: Annotated[DeliveryStatusName | None, Query(description="Only this status.")] = None,
     endpoint_id: Annotated[str | None, Query(description="Only to this endpoint.")] = None,
     count: Annotated[int, Query(ge=1, le=MAX_LISTED, description="How many, newest first.")] = 50,
@@ -515,24 +472,20 @@ async def list_deliveries(
         found = hooks.deliveries(status=status, endpoint_id=endpoint_id, count=count)
         return [delivery_json(d, hooks.attempts(d.id)) for d in found]
 
-    return JSONResponse({"deliveries": await _call(read)})
+    return JSONResponse({"deliveries": await threaded(read)})
 
 
-@router.post(
+@route(
+    router.post,
     "/deliveries/replay",
-    summary="Send deliveries again",
-    response_model=None,
+    "Send deliveries again",
+    scope="admin",
+    ok={200: {"model": Replayed, "description": "How many are due again."}},
+    errors=(400, 415),
+    more={404: MISSING_404},
     openapi_extra=json_body(ReplayIn),
-    responses={
-        200: {"model": Replayed, "description": "How many are due again."},
-        **responses(400, 415, *AUTH_ERRORS, *COMMON_ERRORS),
-        404: MISSING_404,
-    },
-    dependencies=[require_scope("admin")],
 )
-async def replay(
-    request: Request, context: Annotated[ApiContext, Depends(api_context)]
-) -> Response:
+async def replay(request: Request, context: Context) -> Response:
     """Send deliveries again, failed or not, due now with a fresh retry
     schedule: by ``delivery_ids``, or every one created ``since``, or those of
     the ids created since. As the CLI: an id that names no delivery (or none
@@ -540,18 +493,18 @@ async def replay(
     are queued again all the same."""
     fields = await read_object(request, REPLAY_FIELDS)
     ids = _delivery_ids(fields.get("delivery_ids"))
-    since = _since(fields.get("since"))
+    since = moment(fields.get("since"), "since")
     if not ids and since is None:
         raise bad_field("delivery_ids", "give delivery_ids, since, or both")
     hooks = _hooks(context)
     if not ids:
-        return JSONResponse({"queued": await _call(hooks.replay, [], since=since)})
+        return JSONResponse({"queued": await threaded(hooks.replay, [], since=since)})
 
     def each() -> list[int]:
         # One at a time, as the CLI: a count per id says which ids name no delivery.
         return [i for i in ids if hooks.replay([i], since=since) == 0]
 
-    missing = await _call(each)
+    missing = await threaded(each)
     if missing:
         done = len(ids) - len(missing)
         detail = f"no delivery {', '.join(map(str, missing))}"
@@ -573,14 +526,3 @@ def _delivery_ids(value: object) -> list[int]:
         if isinstance(item, bool) or not isinstance(item, int) or not 1 <= item <= MAX_ROW_ID:
             raise bad_field(f"delivery_ids[{index}]", f"must be a whole number, 1 to {MAX_ROW_ID}")
     return list(dict.fromkeys(value))
-
-
-def _since(value: object) -> datetime | None:
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise bad_field("since", "must be an RFC 3339 date-time string")
-    try:
-        return parse_instant(value, field_name="since")
-    except InvalidInput as exc:
-        raise invalid(exc) from None
