@@ -1,11 +1,11 @@
 """Rows to records and back: one mapping of a record's fields to its columns.
 
-A record (a dataclass) is stored one field a column, in the column of the
-same name unless ``columns`` renames it; ``read`` and ``write`` convert a
-field's value from and to what its column holds (JSON text, an enum's
-value). Everything is worked out once, when the mapping is made: reading a
-row is one C-level ``attrgetter`` call and the record's constructor, with
-no reflection per row.
+A record (a dataclass) is stored one field (of those its constructor
+takes) a column, in the column of the same name unless ``columns`` renames
+it; ``read`` and ``write`` convert a field's value from and to what its
+column holds (JSON text, an enum's value). Everything is worked out once,
+when the mapping is made: reading a row is one C-level ``attrgetter`` call
+and the record's constructor, with no reflection per row.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class RecordColumns(Generic[R]):
         write: Mapping[str, Convert] | None = None,
     ) -> None:
         columns, read, write = columns or {}, read or {}, write or {}
-        names = tuple(f.name for f in fields(record))  # type: ignore[arg-type]
+        names = tuple(f.name for f in fields(record) if f.init)  # type: ignore[arg-type]
         unknown = (set(columns) | set(read) | set(write)) - set(names)
         if unknown:
             raise ValueError(f"{record.__name__} has no field {sorted(unknown)}")
@@ -49,7 +49,8 @@ class RecordColumns(Generic[R]):
 
     def of_row(self, row: Any) -> R:
         """The record of a row whose values are named by column (a SQLAlchemy row)."""
-        return self.of_values(self._get(row))
+        values = self._get(row)
+        return self.record(*values) if not self._read else self.of_values(values)
 
     def of_values(self, values: Iterable[Any]) -> R:
         """The record of a row's values in the fields' order (a driver's tuple)."""
