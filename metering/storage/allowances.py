@@ -19,9 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from sqlalchemy import (
-    BigInteger,
     bindparam,
-    case,
     func,
     or_,
     select,
@@ -284,41 +282,9 @@ class AllowanceStore(OnConnection):
             {"limit_name": n, "subject": s, "window_start_us": w, "grant_id": g, "amount": a}
             for (n, s, w, g), a in sorted(draws.items())
         ]
-        added = [row for row in rows if row["amount"] > 0]
-        if added:
-            statement = self._insert(grant_draws)
-            self.connection.execute(
-                statement.on_conflict_do_update(
-                    index_elements=["subject", "limit_name", "window_start_us", "grant_id"],
-                    set_={"amount": grant_draws.c.amount + statement.excluded.amount},
-                ),
-                added,
-            )
         # Taken back: never below zero (a reset may have dropped the window's draws).
-        taken = [row for row in rows if row["amount"] < 0]
-        if taken:
-            d = grant_draws.c
-            left = d.amount + bindparam("delta", type_=BigInteger)
-            self.connection.execute(
-                update(grant_draws)
-                .where(
-                    d.subject == bindparam("s"),
-                    d.limit_name == bindparam("n"),
-                    d.window_start_us == bindparam("w"),
-                    d.grant_id == bindparam("g"),
-                )
-                .values(amount=case((left < 0, 0), else_=left)),
-                [
-                    {
-                        "s": r["subject"],
-                        "n": r["limit_name"],
-                        "w": r["window_start_us"],
-                        "g": r["grant_id"],
-                        "delta": r["amount"],
-                    }
-                    for r in taken
-                ],
-            )
+        key = ["subject", "limit_name", "window_start_us", "grant_id"]
+        self._add_amounts(grant_draws, key, "amount", rows, floor=0)
 
     def _announce_low(self, grant_ids: list[str], now_us: int) -> None:
         """``grant.low`` for the grants of ``grant_ids`` now at or below their
