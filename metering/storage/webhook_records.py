@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -77,14 +78,15 @@ def encode_payload(document: dict[str, Any]) -> str:
     return text
 
 
-def _types_text(types: tuple[str, ...]) -> str:
+def types_text(types: Sequence[str]) -> str:
+    """The ``types`` column's JSON text."""
     return json.dumps(list(types))
 
 
 ENDPOINT: Final = RecordColumns(
     EndpointRecord,
     read={"types": lambda text: tuple(json.loads(text)), "enabled": bool},
-    write={"types": _types_text},
+    write={"types": types_text},
 )
 DELIVERY: Final = RecordColumns(
     DeliveryRecord, columns={"message_type": "type"}, read={"status": DeliveryStatus}

@@ -10,7 +10,6 @@ change therefore leaves no trace here either.
 
 from __future__ import annotations
 
-import json
 import secrets
 from collections.abc import Collection, Iterable, Sequence
 from typing import Any, Final
@@ -38,6 +37,7 @@ from metering.storage.webhook_records import (
     DeliveryRecord,
     EndpointRecord,
     encode_payload,
+    types_text,
 )
 
 __all__ = [
@@ -189,7 +189,7 @@ class WebhookStore:
     def update_endpoint(self, endpoint_id: str, **values: Any) -> bool:
         """Set columns of an endpoint (``types`` as a sequence); False if there is none."""
         if "types" in values:
-            values["types"] = json.dumps(list(values["types"]))
+            values["types"] = types_text(values["types"])
         statement = (
             update(webhook_endpoints).where(webhook_endpoints.c.id == endpoint_id).values(**values)
         )
