@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
-from typing import Any, Unpack
+from typing import Any
 
 from metering.domain.reservations import ReservationState
 from metering.leases import LeasedReservation
-from metering.meter import Meter
 from metering.middleware.core import (
     DeniedResponse,
-    Policy,
-    PolicyOptions,
+    Middleware,
     RequestInfo,
     RequestMetering,
     Step,
@@ -72,7 +70,7 @@ def _encode(headers: Sequence[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
     return [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers]
 
 
-class MeteringMiddleware:
+class MeteringMiddleware(Middleware[ASGIApp]):
     """Charge each HTTP request to a limit; answer 429 with ``Retry-After`` when denied.
 
     ``key`` picks the subject (default: `client_ip()` trusting no proxy); a
@@ -89,17 +87,6 @@ class MeteringMiddleware:
     ``leases=False`` sends every request to the database. The leases are
     settled at the application's lifespan shutdown.
     """
-
-    def __init__(
-        self,
-        app: ASGIApp,
-        *,
-        meter: Meter,
-        limit: str,
-        **options: Unpack[PolicyOptions],
-    ) -> None:
-        self.app = app
-        self.policy = Policy(meter, limit, **options)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":

@@ -30,7 +30,7 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TypedDict
+from typing import Generic, TypedDict, TypeVar, Unpack
 
 from metering.domain.decisions import ChargeDecision, Decision
 from metering.domain.events import validate_cost
@@ -39,14 +39,7 @@ from metering.domain.reservations import ReservationState
 from metering.errors import InvalidInput, MeteringError, StorageError
 from metering.leases import LeasedReservation
 from metering.meter import Meter
-from metering.middleware.keys import (
-    Key,
-    RequestInfo,
-    authenticated_user,
-    client_ip,
-    header,
-    subject_of,
-)
+from metering.middleware.keys import Key, RequestInfo, client_ip, subject_of
 from metering.middleware.routes import Route, canonical_path
 from metering.reservations import Reservation
 
@@ -54,15 +47,13 @@ __all__ = [
     "Applied",
     "DeniedResponse",
     "Key",
+    "Middleware",
     "Policy",
     "PolicyOptions",
     "RequestInfo",
     "RequestMetering",
     "Route",
     "Step",
-    "authenticated_user",
-    "client_ip",
-    "header",
     "retry_after_seconds",
 ]
 
@@ -389,6 +380,25 @@ class Policy:
         if step.applied is None or context.effective is not step.applied:
             return []
         return self.header_pairs(step.applied, self.meter.database.now_us())
+
+
+App = TypeVar("App")
+
+
+class Middleware(Generic[App]):
+    """What the ASGI and WSGI middlewares are made of: the application they
+    wrap and their `Policy` (options: see `MeteringMiddleware`)."""
+
+    def __init__(
+        self,
+        app: App,
+        *,
+        meter: Meter,
+        limit: str,
+        **options: Unpack[PolicyOptions],
+    ) -> None:
+        self.app = app
+        self.policy = Policy(meter, limit, **options)
 
 
 def _in_memory(waiting: Sequence[Applied]) -> bool:

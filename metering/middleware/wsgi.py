@@ -9,12 +9,10 @@ The outermost wrapper runs first. Handlers find the request's charges in
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, Unpack
+from typing import Any
 
-from metering.meter import Meter
 from metering.middleware.core import (
-    Policy,
-    PolicyOptions,
+    Middleware,
     RequestInfo,
     RequestMetering,
 )
@@ -53,19 +51,8 @@ def context_of(environ: Environ) -> RequestMetering:
     return context
 
 
-class WSGIMeteringMiddleware:
+class WSGIMeteringMiddleware(Middleware[WSGIApp]):
     """The WSGI twin of `metering.middleware.MeteringMiddleware`; same options."""
-
-    def __init__(
-        self,
-        app: WSGIApp,
-        *,
-        meter: Meter,
-        limit: str,
-        **options: Unpack[PolicyOptions],
-    ) -> None:
-        self.app = app
-        self.policy = Policy(meter, limit, **options)
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         context = context_of(environ)

@@ -19,7 +19,8 @@ restore and rollups to take back run the settle again under SQLAlchemy.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
+from operator import attrgetter
 from typing import Final, Literal
 
 from sqlalchemy import Connection
@@ -426,17 +427,13 @@ def _settle_direct(
     return Settled(returned=returned)
 
 
+# A counter's state as the hot stores write it (`metering.domain.rules.State`):
+# its fields in order.
+_STATE_FIELDS: Final = attrgetter(*(f.name for f in fields(CounterState)))
+
+
 def _state_row(state: CounterState) -> list[object]:
-    """A counter's state as the hot stores write it (`metering.domain.rules.State`)."""
-    return [
-        state.used,
-        state.denied_count,
-        state.denied_cost,
-        state.first_denied_at_us,
-        state.tat_us,
-        state.tat_rem,
-        state.tat_scale,
-    ]
+    return list(_STATE_FIELDS(state))
 
 
 def _give_back(

@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Final
 
-from sqlalchemy import Connection, delete, select, tuple_
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import delete, select, tuple_
 
 from metering.storage.counters import Pair
 from metering.storage.limits import BUMP_LIMITS_VERSION
+from metering.storage.on_connection import OnConnection
+from metering.storage.records import RecordColumns
 from metering.storage.tables import alert_thresholds
 
 
@@ -32,43 +33,27 @@ class AlertRecord:
     created_at_us: int
 
 
-def _record(row: Any) -> AlertRecord:
-    return AlertRecord(
-        row.subject,
-        row.limit_name,
-        tuple(json.loads(row.thresholds)),
-        tuple(json.loads(row.thresholds_units)),
-        row.created_at_us,
-    )
+def _json_tuple(text: str) -> tuple[int, ...]:
+    return tuple(json.loads(text))
 
 
-class AlertStore:
+def _json_list(values: tuple[int, ...]) -> str:
+    return json.dumps(list(values))
+
+
+_ALERT: Final = RecordColumns(
+    AlertRecord,
+    columns={"limit": "limit_name"},
+    read={"thresholds": _json_tuple, "thresholds_units": _json_tuple},
+    write={"thresholds": _json_list, "thresholds_units": _json_list},
+)
+
+
+class AlertStore(OnConnection):
     """Statements on one connection; the caller owns the transaction."""
 
-    def __init__(self, connection: Connection) -> None:
-        self.connection = connection
-        self._postgres = connection.dialect.name == "postgresql"
-
     def put(self, record: AlertRecord) -> None:
-        values = {
-            "limit_name": record.limit,
-            "subject": record.subject,
-            "thresholds": json.dumps(list(record.thresholds)),
-            "thresholds_units": json.dumps(list(record.thresholds_units)),
-            "created_at_us": record.created_at_us,
-        }
-        statement = (postgresql if self._postgres else sqlite).insert(alert_thresholds)
-        statement = statement.values(values)
-        self.connection.execute(
-            statement.on_conflict_do_update(
-                index_elements=["limit_name", "subject"],
-                set_={
-                    "thresholds": statement.excluded.thresholds,
-                    "thresholds_units": statement.excluded.thresholds_units,
-                    "created_at_us": statement.excluded.created_at_us,
-                },
-            )
-        )
+        self._upsert(alert_thresholds, _ALERT.values(record), key=["limit_name", "subject"])
         self.connection.execute(BUMP_LIMITS_VERSION)
 
     def remove(self, subject: str, limit: str) -> bool:
@@ -88,7 +73,7 @@ class AlertStore:
         if limit is not None:
             query = query.where(a.limit_name == limit)
         query = query.order_by(a.limit_name, a.subject)
-        return [_record(row) for row in self.connection.execute(query)]
+        return [_ALERT.of_row(row) for row in self.connection.execute(query)]
 
     def pairs(self) -> set[Pair]:
         """Every (limit, subject) with thresholds of its own."""
@@ -104,7 +89,7 @@ class AlertStore:
         query = select(alert_thresholds).where(tuple_(a.limit_name, a.subject).in_(wanted))
         return {
             (record.limit, record.subject): record
-            for record in map(_record, self.connection.execute(query))
+            for record in map(_ALERT.of_row, self.connection.execute(query))
         }
 
 

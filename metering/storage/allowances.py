@@ -19,23 +19,21 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from sqlalchemy import (
-    BigInteger,
-    Connection,
     bindparam,
-    case,
     func,
     or_,
     select,
     tuple_,
     update,
 )
-from sqlalchemy.dialects import postgresql, sqlite
 
 from metering.domain.decisions import ROW_FIELDS
 from metering.domain.grants import DEFAULT_PRIORITY, Balance, Entitlement, History, Pot
 from metering.domain.notifications import _iso
 from metering.storage.counters import Pair
 from metering.storage.limits import BUMP_LIMITS_VERSION
+from metering.storage.on_connection import OnConnection
+from metering.storage.records import RecordColumns
 from metering.storage.tables import corrections, entitlements, grant_draws, grants
 from metering.storage.webhook_records import encode_payload
 from metering.storage.webhooks import WebhookStore
@@ -105,58 +103,25 @@ class CorrectionRecord:
     created_at_us: int
 
 
-_GRANT_COLUMNS: Final = (
-    grants.c.grant_id,
-    grants.c.subject,
-    grants.c.limit_name,
-    grants.c.amount,
-    grants.c.used,
-    grants.c.effective_from_us,
-    grants.c.expires_at_us,
-    grants.c.reason,
-    grants.c.created_at_us,
-    grants.c.priority,
-    grants.c.schedule_id,
-    grants.c.issue_number,
-    grants.c.low_at,
-    grants.c.low_sent,
+_GRANT: Final = RecordColumns(GrantRecord, columns={"limit": "limit_name"}, read={"low_sent": bool})
+_GRANT_COLUMNS: Final = tuple(grants.c[column] for column in _GRANT.columns)
+_ENTITLEMENT: Final = RecordColumns(Entitlement, columns={"limit": "limit_name"})
+_CORRECTION: Final = RecordColumns(
+    CorrectionRecord,
+    read={"charges": json.loads},
+    write={"charges": lambda charges: json.dumps(charges, separators=(",", ":"))},
 )
 
 
-def _grant(row: Any) -> GrantRecord:
-    values = list(row)
-    values[-1] = bool(values[-1])
-    return GrantRecord(*values)
-
-
-class AllowanceStore:
+class AllowanceStore(OnConnection):
     """Statements on one connection; the caller owns the transaction."""
-
-    def __init__(self, connection: Connection) -> None:
-        self.connection = connection
-        self._postgres = connection.dialect.name == "postgresql"
-
-    def _insert(self, table: Any) -> Any:
-        return (postgresql if self._postgres else sqlite).insert(table)
 
     # -- entitlements ------------------------------------------------------
 
     def set_entitlement(self, change: Entitlement) -> None:
         """Record a change of maximum; one at the same instant is replaced."""
-        values = {
-            "subject": change.subject,
-            "limit_name": change.limit,
-            "effective_from_us": change.effective_from_us,
-            "maximum": change.maximum,
-            "created_at_us": change.created_at_us,
-        }
-        statement = self._insert(entitlements).values(values)
-        self.connection.execute(
-            statement.on_conflict_do_update(
-                index_elements=["subject", "limit_name", "effective_from_us"],
-                set_={"maximum": statement.excluded.maximum},
-            )
-        )
+        key = ["subject", "limit_name", "effective_from_us"]
+        self._upsert(entitlements, _ENTITLEMENT.values(change), key, changed=["maximum"])
         self.connection.execute(BUMP_LIMITS_VERSION)
 
     def entitlements(
@@ -170,10 +135,7 @@ class AllowanceStore:
         query = query.order_by(
             entitlements.c.limit_name, entitlements.c.subject, entitlements.c.effective_from_us
         )
-        return [
-            Entitlement(r.subject, r.limit_name, r.maximum, r.effective_from_us, r.created_at_us)
-            for r in self.connection.execute(query)
-        ]
+        return [_ENTITLEMENT.of_row(r) for r in self.connection.execute(query)]
 
     def histories(self, pairs: Iterable[Pair] | None = None) -> dict[Pair, History]:
         """Each (limit, subject)'s changes of maximum, in time order (every pair: None)."""
@@ -199,22 +161,7 @@ class AllowanceStore:
 
     def add_grant(self, record: GrantRecord) -> GrantRecord | None:
         """Insert a grant; None if its id exists (the caller compares with `grant`)."""
-        values = {
-            "grant_id": record.grant_id,
-            "subject": record.subject,
-            "limit_name": record.limit,
-            "amount": record.amount,
-            "used": 0,
-            "effective_from_us": record.effective_from_us,
-            "expires_at_us": record.expires_at_us,
-            "reason": record.reason,
-            "created_at_us": record.created_at_us,
-            "priority": record.priority,
-            "schedule_id": record.schedule_id,
-            "issue_number": record.issue_number,
-            "low_at": record.low_at,
-            "low_sent": False,
-        }
+        values = {**_GRANT.values(record), "used": 0, "low_sent": False}
         statement = (
             self._insert(grants)
             .values(values)
@@ -230,7 +177,7 @@ class AllowanceStore:
         row = self.connection.execute(
             select(*_GRANT_COLUMNS).where(grants.c.grant_id == grant_id)
         ).first()
-        return _grant(row) if row is not None else None
+        return _GRANT.of_row(row) if row is not None else None
 
     def grants(
         self, subject: str | None = None, limit: str | None = None, count: int = 1000
@@ -241,7 +188,7 @@ class AllowanceStore:
         if limit is not None:
             query = query.where(grants.c.limit_name == limit)
         query = query.order_by(grants.c.subject, grants.c.limit_name, grants.c.grant_id)
-        return [_grant(row) for row in self.connection.execute(query.limit(count))]
+        return [_GRANT.of_row(row) for row in self.connection.execute(query.limit(count))]
 
     def grant_pairs(self) -> set[Pair]:
         """Every (limit, subject) that has a grant (the hot path reads grants only for these)."""
@@ -335,41 +282,9 @@ class AllowanceStore:
             {"limit_name": n, "subject": s, "window_start_us": w, "grant_id": g, "amount": a}
             for (n, s, w, g), a in sorted(draws.items())
         ]
-        added = [row for row in rows if row["amount"] > 0]
-        if added:
-            statement = self._insert(grant_draws)
-            self.connection.execute(
-                statement.on_conflict_do_update(
-                    index_elements=["subject", "limit_name", "window_start_us", "grant_id"],
-                    set_={"amount": grant_draws.c.amount + statement.excluded.amount},
-                ),
-                added,
-            )
         # Taken back: never below zero (a reset may have dropped the window's draws).
-        taken = [row for row in rows if row["amount"] < 0]
-        if taken:
-            d = grant_draws.c
-            left = d.amount + bindparam("delta", type_=BigInteger)
-            self.connection.execute(
-                update(grant_draws)
-                .where(
-                    d.subject == bindparam("s"),
-                    d.limit_name == bindparam("n"),
-                    d.window_start_us == bindparam("w"),
-                    d.grant_id == bindparam("g"),
-                )
-                .values(amount=case((left < 0, 0), else_=left)),
-                [
-                    {
-                        "s": r["subject"],
-                        "n": r["limit_name"],
-                        "w": r["window_start_us"],
-                        "g": r["grant_id"],
-                        "delta": r["amount"],
-                    }
-                    for r in taken
-                ],
-            )
+        key = ["subject", "limit_name", "window_start_us", "grant_id"]
+        self._add_amounts(grant_draws, key, "amount", rows, floor=0)
 
     def _announce_low(self, grant_ids: list[str], now_us: int) -> None:
         """``grant.low`` for the grants of ``grant_ids`` now at or below their
@@ -410,13 +325,7 @@ class AllowanceStore:
         """Insert a correction; False if its id or its event was corrected already."""
         statement = (
             self._insert(corrections)
-            .values(
-                correction_id=record.correction_id,
-                event_id=record.event_id,
-                reason=record.reason,
-                charges=json.dumps(record.charges, separators=(",", ":")),
-                created_at_us=record.created_at_us,
-            )
+            .values(_CORRECTION.values(record))
             .on_conflict_do_nothing()
             .returning(corrections.c.correction_id)
         )
@@ -431,7 +340,7 @@ class AllowanceStore:
         if event_id is not None:
             conditions.append(corrections.c.event_id == event_id)
         row = self.connection.execute(select(corrections).where(or_(*conditions))).first()
-        return _correction(row) if row is not None else None
+        return _CORRECTION.of_row(row) if row is not None else None
 
     def corrections(
         self, since_us: int | None = None, until_us: int | None = None, count: int = 1000
@@ -442,10 +351,4 @@ class AllowanceStore:
         if until_us is not None:
             query = query.where(corrections.c.created_at_us < until_us)
         query = query.order_by(corrections.c.created_at_us, corrections.c.correction_id)
-        return [_correction(row) for row in self.connection.execute(query.limit(count))]
-
-
-def _correction(row: Any) -> CorrectionRecord:
-    return CorrectionRecord(
-        row.correction_id, row.event_id, row.reason, json.loads(row.charges), row.created_at_us
-    )
+        return [_CORRECTION.of_row(row) for row in self.connection.execute(query.limit(count))]

@@ -9,9 +9,11 @@ compares hashes. A customer's key also names its ``subject``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 from sqlalchemy import Connection, func, insert, or_, select, update
 
+from metering.storage.records import RecordColumns
 from metering.storage.tables import api_keys
 
 
@@ -27,18 +29,7 @@ class ApiKeyRecord:
     subject: str | None = None
 
 
-def _record(row: object) -> ApiKeyRecord:
-    mapping = row._mapping  # type: ignore[attr-defined]
-    return ApiKeyRecord(
-        id=mapping["id"],
-        secret_hash=mapping["secret_hash"],
-        scope=mapping["scope"],
-        name=mapping["name"],
-        created_at_us=mapping["created_at_us"],
-        revoked_at_us=mapping["revoked_at_us"],
-        last_used_at_us=mapping["last_used_at_us"],
-        subject=mapping["subject"],
-    )
+_API_KEY: Final = RecordColumns(ApiKeyRecord)
 
 
 class ApiKeyStore:
@@ -69,11 +60,11 @@ class ApiKeyStore:
 
     def get(self, key_id: str) -> ApiKeyRecord | None:
         row = self.connection.execute(select(api_keys).where(api_keys.c.id == key_id)).first()
-        return _record(row) if row is not None else None
+        return _API_KEY.of_row(row) if row is not None else None
 
     def list(self) -> list[ApiKeyRecord]:
         query = select(api_keys).order_by(api_keys.c.created_at_us, api_keys.c.id)
-        return [_record(row) for row in self.connection.execute(query)]
+        return [_API_KEY.of_row(row) for row in self.connection.execute(query)]
 
     def any(self) -> bool:
         """Whether any key was ever created (revoked ones count: rows stay)."""

@@ -11,12 +11,14 @@ On SQLite ``BEGIN IMMEDIATE`` serialises every writer.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from operator import attrgetter
+from typing import Final
 
 from sqlalchemy import delete, select, update
 
 from metering.domain.licenses import CheckoutState, Held, ReleasedBy
 from metering.storage.on_connection import OnConnection
+from metering.storage.records import RecordColumns
 from metering.storage.tables import checkouts, license_pools
 
 
@@ -34,19 +36,12 @@ class CheckoutRecord:
     released_by: ReleasedBy | None = None
 
 
-def _record(row: Any) -> CheckoutRecord:
-    return CheckoutRecord(
-        id=row.id,
-        subject=row.subject,
-        limit=row.limit_name,
-        cost=row.cost,
-        state=CheckoutState(row.state),
-        created_at_us=row.created_at_us,
-        ttl_us=row.ttl_us,
-        expires_at_us=row.expires_at_us,
-        released_at_us=row.released_at_us,
-        released_by=ReleasedBy(row.released_by) if row.released_by else None,
-    )
+_CHECKOUT: Final = RecordColumns(
+    CheckoutRecord,
+    columns={"limit": "limit_name"},
+    read={"state": CheckoutState, "released_by": lambda by: ReleasedBy(by) if by else None},
+    write={"state": attrgetter("value"), "released_by": lambda by: by.value if by else None},
+)
 
 
 _HELD = CheckoutState.HELD.value
@@ -88,40 +83,30 @@ class CheckoutStore(OnConnection):
         return [(int(cost), int(expires)) for cost, expires in self.connection.execute(query)]
 
     def insert(self, record: CheckoutRecord) -> None:
-        self.connection.execute(
-            checkouts.insert().values(
-                id=record.id,
-                subject=record.subject,
-                limit_name=record.limit,
-                cost=record.cost,
-                state=record.state.value,
-                created_at_us=record.created_at_us,
-                ttl_us=record.ttl_us,
-                expires_at_us=record.expires_at_us,
-            )
-        )
+        self.connection.execute(checkouts.insert().values(_CHECKOUT.values(record)))
 
     def get(self, checkout_id: str) -> CheckoutRecord | None:
         row = self.connection.execute(
             select(checkouts).where(checkouts.c.id == checkout_id)
         ).first()
-        return _record(row) if row is not None else None
+        return _CHECKOUT.of_row(row) if row is not None else None
 
     def check_in(self, checkout_id: str, now_us: int) -> bool:
         """Release a held, unexpired checkout; False if it was not (nothing changed)."""
-        outcome = self.connection.execute(
-            update(checkouts)
-            .where(
-                checkouts.c.id == checkout_id,
-                checkouts.c.state == _HELD,
-                checkouts.c.expires_at_us > now_us,
-            )
-            .values(state=_RELEASED, released_at_us=now_us, released_by=ReleasedBy.CHECKIN.value)
+        return self._change_held(
+            checkout_id,
+            now_us,
+            state=_RELEASED,
+            released_at_us=now_us,
+            released_by=ReleasedBy.CHECKIN.value,
         )
-        return bool(outcome.rowcount)
 
     def extend(self, checkout_id: str, expires_at_us: int, ttl_us: int, now_us: int) -> bool:
         """Move a held, unexpired checkout's expiry; False if it was not (nothing changed)."""
+        return self._change_held(checkout_id, now_us, expires_at_us=expires_at_us, ttl_us=ttl_us)
+
+    def _change_held(self, checkout_id: str, now_us: int, **values: object) -> bool:
+        """Set ``values`` on a checkout if it is held and unexpired at ``now_us``."""
         outcome = self.connection.execute(
             update(checkouts)
             .where(
@@ -129,7 +114,7 @@ class CheckoutStore(OnConnection):
                 checkouts.c.state == _HELD,
                 checkouts.c.expires_at_us > now_us,
             )
-            .values(expires_at_us=expires_at_us, ttl_us=ttl_us)
+            .values(**values)
         )
         return bool(outcome.rowcount)
 
@@ -169,4 +154,4 @@ class CheckoutStore(OnConnection):
             query = query.where(checkouts.c.limit_name == limit)
         if state is not None:
             query = query.where(checkouts.c.state == state)
-        return [_record(row) for row in self.connection.execute(query.limit(count))]
+        return [_CHECKOUT.of_row(row) for row in self.connection.execute(query.limit(count))]

@@ -21,6 +21,7 @@ from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 from metering.domain.windows import Window
 from metering.storage.distinct import DistinctStore
 from metering.storage.on_connection import OnConnection, chunks
+from metering.storage.records import RecordColumns
 from metering.storage.tables import counter_resets, counters, current_windows, grant_draws
 
 Pair = tuple[str, str]  # (limit name, subject)
@@ -110,16 +111,7 @@ WHERE w.limit_name = v.l AND w.subject = v.s
 _STATEMENTS: Final = {name: _build_statements(name) for name in ("postgresql", "sqlite")}
 
 
-def _state_from_row(row: Any) -> CounterState:
-    return CounterState(
-        used=row.used,
-        denied_count=row.denied_count,
-        denied_cost=row.denied_cost,
-        first_denied_at_us=row.first_denied_at_us,
-        tat_us=row.tat_us,
-        tat_rem=row.tat_rem,
-        tat_scale=row.tat_scale,
-    )
+_COUNTER_STATE: Final = RecordColumns(CounterState)
 
 
 def _key_from_row(row: Any) -> CounterKey:
@@ -240,7 +232,7 @@ class CounterStore(OnConnection):
                 "now": now_us,
             }
             rows = self.connection.exec_driver_sql(PG_LOCK_COUNTERS, arrays)
-            return {_key_from_row(row): _state_from_row(row) for row in rows}
+            return {_key_from_row(row): _COUNTER_STATE.of_row(row) for row in rows}
         params = [
             {
                 "limit_name": k.limit,
@@ -259,7 +251,7 @@ class CounterStore(OnConnection):
             for k in ordered
         ]
         rows = self.connection.execute(_STATEMENTS[self._dialect]["lock_counters"], params)
-        return {_key_from_row(row): _state_from_row(row) for row in rows}
+        return {_key_from_row(row): _COUNTER_STATE.of_row(row) for row in rows}
 
     def read_counters(self, keys: Iterable[CounterKey]) -> dict[CounterKey, CounterState]:
         """Counters as they are, without locking (for `check`); missing ones are fresh."""
@@ -269,7 +261,7 @@ class CounterStore(OnConnection):
         for chunk in chunks(wanted):
             ids = [(k.limit, k.subject, k.window_start_us) for k in chunk]
             for row in self.connection.execute(select(counters).where(tuple_(*columns).in_(ids))):
-                states[_key_from_row(row)] = _state_from_row(row)
+                states[_key_from_row(row)] = _COUNTER_STATE.of_row(row)
         return states
 
     def write_counters(self, states: Mapping[CounterKey, CounterState], now_us: int) -> None:
@@ -405,4 +397,6 @@ class CounterStore(OnConnection):
             query = query.where(counters.c.subject == subject)
         if limit is not None:
             query = query.where(counters.c.limit_name == limit)
-        return [(_key_from_row(r), _state_from_row(r)) for r in self.connection.execute(query)]
+        return [
+            (_key_from_row(r), _COUNTER_STATE.of_row(r)) for r in self.connection.execute(query)
+        ]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from sqlalchemy import and_, bindparam, delete, exists, select, tuple_, update
+from sqlalchemy import and_, delete, exists, select, tuple_
 
 from metering.domain.distinct import SeatKey, Seen
 from metering.storage.on_connection import OnConnection, chunks
@@ -47,40 +47,8 @@ class DistinctStore(OnConnection):
             for (n, s, w, v), d in ordered
             if d
         ]
-        added = [row for row in rows if row["live_events"] > 0]
-        if added:
-            statement = self._insert(distinct_values)
-            statement = statement.on_conflict_do_update(
-                index_elements=["subject", "limit_name", "window_start_us", "value"],
-                set_={"live_events": _D.live_events + statement.excluded.live_events},
-            )
-            for part in chunks(added):
-                self.connection.execute(statement, list(part))
-        taken = [row for row in rows if row["live_events"] < 0]
-        if taken:
-            statement = (
-                update(distinct_values)
-                .where(
-                    _D.subject == bindparam("b_subject"),
-                    _D.limit_name == bindparam("b_limit"),
-                    _D.window_start_us == bindparam("b_start"),
-                    _D.value == bindparam("b_value"),
-                )
-                .values(live_events=_D.live_events + bindparam("b_delta"))
-            )
-            self.connection.execute(
-                statement,
-                [
-                    {
-                        "b_subject": row["subject"],
-                        "b_limit": row["limit_name"],
-                        "b_start": row["window_start_us"],
-                        "b_value": row["value"],
-                        "b_delta": row["live_events"],
-                    }
-                    for row in taken
-                ],
-            )
+        key = ["subject", "limit_name", "window_start_us", "value"]
+        self._add_amounts(distinct_values, key, "live_events", rows)
 
     def forget_cleared(self, subject: str | None, limit: str | None) -> None:
         """After a reset: the values of windows whose counter it deleted."""

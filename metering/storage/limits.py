@@ -65,11 +65,7 @@ class LimitStore(OnConnection):
         values["currency"] = limit.currency  # None turns a spend limit back into units
         values["distinct_key"] = values.pop("distinct")
         values["updated_at_us"] = now_us
-        statement = self._insert(limits).values(values)
-        changed = {k: statement.excluded[k] for k in values if k != "name"}
-        self.connection.execute(
-            statement.on_conflict_do_update(index_elements=["name"], set_=changed)
-        )
+        self._upsert(limits, values, key=["name"])
         self.connection.execute(BUMP_LIMITS_VERSION)
 
     def delete_limit(self, name: str) -> bool:

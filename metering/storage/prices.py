@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
+from typing import Final
 
 from sqlalchemy import bindparam, func, select
 
@@ -17,17 +18,10 @@ from metering.domain.money import Price, PriceHistory
 from metering.domain.rollups import SPEND_DIMENSION
 from metering.storage.limits import BUMP_LIMITS_VERSION
 from metering.storage.on_connection import OnConnection
+from metering.storage.records import RecordColumns
 from metering.storage.tables import limits, prices, usage_rollups
 
-
-def _price(row: object) -> Price:
-    return Price(
-        row.limit_name,  # type: ignore[attr-defined]
-        row.currency,  # type: ignore[attr-defined]
-        row.per_unit,  # type: ignore[attr-defined]
-        row.effective_from_us,  # type: ignore[attr-defined]
-        row.created_at_us,  # type: ignore[attr-defined]
-    )
+_PRICE: Final = RecordColumns(Price, columns={"limit": "limit_name"})
 
 
 class PriceStore(OnConnection):
@@ -35,24 +29,7 @@ class PriceStore(OnConnection):
 
     def set_price(self, price: Price) -> None:
         """Record a price from its ``effective_from_us``; one at the same instant is replaced."""
-        values = {
-            "limit_name": price.limit,
-            "effective_from_us": price.effective_from_us,
-            "currency": price.currency,
-            "per_unit": price.per_unit,
-            "created_at_us": price.created_at_us,
-        }
-        statement = self._insert(prices).values(values)
-        self.connection.execute(
-            statement.on_conflict_do_update(
-                index_elements=["limit_name", "effective_from_us"],
-                set_={
-                    "currency": statement.excluded.currency,
-                    "per_unit": statement.excluded.per_unit,
-                    "created_at_us": statement.excluded.created_at_us,
-                },
-            )
-        )
+        self._upsert(prices, _PRICE.values(price), key=["limit_name", "effective_from_us"])
         self.connection.execute(BUMP_LIMITS_VERSION)
 
     def prices(self, limit: str | None = None) -> list[Price]:
@@ -60,7 +37,7 @@ class PriceStore(OnConnection):
         if limit is not None:
             query = query.where(prices.c.limit_name == limit)
         query = query.order_by(prices.c.limit_name, prices.c.effective_from_us)
-        return [_price(row) for row in self.connection.execute(query)]
+        return [_PRICE.of_row(row) for row in self.connection.execute(query)]
 
     def histories(self, names: Iterable[str] | None = None) -> dict[str, PriceHistory]:
         """Each limit's prices in time order (``names`` None: every priced limit)."""
@@ -75,7 +52,7 @@ class PriceStore(OnConnection):
             rows = self.connection.execute(query)
         found: dict[str, list[Price]] = defaultdict(list)
         for row in rows:
-            found[row.limit_name].append(_price(row))
+            found[row.limit_name].append(_PRICE.of_row(row))
         return {name: tuple(history) for name, history in found.items()}
 
     def spend_limits(self) -> dict[str, list[str]]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Final
 
 from sqlalchemy import Connection, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -23,6 +23,8 @@ from metering.domain.recurring import Issue, issue_id, issues_due, low_threshold
 from metering.storage.counters import Pair
 from metering.storage.engine import RetryTransaction
 from metering.storage.limits import BUMP_LIMITS_VERSION
+from metering.storage.on_connection import OnConnection
+from metering.storage.records import RecordColumns
 from metering.storage.tables import grant_schedules, grants
 
 
@@ -47,50 +49,23 @@ class ScheduleRecord:
     created_at_us: int
 
 
-_COLUMNS = (
-    grant_schedules.c.schedule_id,
-    grant_schedules.c.subject,
-    grant_schedules.c.limit_name,
-    grant_schedules.c.amount,
-    grant_schedules.c.every,
-    grant_schedules.c.calendar,
-    grant_schedules.c.rollover_max,
-    grant_schedules.c.priority,
-    grant_schedules.c.until_us,
-    grant_schedules.c.low_units,
-    grant_schedules.c.low_percent,
-    grant_schedules.c.last_issue,
-    grant_schedules.c.next_issue_us,
-    grant_schedules.c.reason,
-    grant_schedules.c.created_at_us,
+_SCHEDULE: Final = RecordColumns(
+    ScheduleRecord, columns={"limit": "limit_name"}, read={"calendar": bool}
 )
+_COLUMNS: Final = tuple(grant_schedules.c[column] for column in _SCHEDULE.columns)
 
 
-def _record(row: Any) -> ScheduleRecord:
-    values = list(row)
-    values[5] = bool(values[5])
-    return ScheduleRecord(*values)
-
-
-class ScheduleStore:
+class ScheduleStore(OnConnection):
     """Statements on one connection; the caller owns the transaction."""
 
-    def __init__(self, connection: Connection) -> None:
-        self.connection = connection
-        self._postgres = connection.dialect.name == "postgresql"
-
     def add(self, record: ScheduleRecord) -> None:
-        values = {
-            column.name: getattr(record, field)
-            for column, field in zip(_COLUMNS, ScheduleRecord.__slots__, strict=True)
-        }
-        self.connection.execute(grant_schedules.insert().values(values))
+        self.connection.execute(grant_schedules.insert().values(_SCHEDULE.values(record)))
 
     def get(self, schedule_id: str) -> ScheduleRecord | None:
         row = self.connection.execute(
             select(*_COLUMNS).where(grant_schedules.c.schedule_id == schedule_id)
         ).first()
-        return _record(row) if row is not None else None
+        return _SCHEDULE.of_row(row) if row is not None else None
 
     def listed(self, subject: str | None = None, limit: str | None = None) -> list[ScheduleRecord]:
         query = select(*_COLUMNS)
@@ -99,7 +74,7 @@ class ScheduleStore:
         if limit is not None:
             query = query.where(grant_schedules.c.limit_name == limit)
         query = query.order_by(grant_schedules.c.schedule_id)
-        return [_record(row) for row in self.connection.execute(query)]
+        return [_SCHEDULE.of_row(row) for row in self.connection.execute(query)]
 
     def due_times(self) -> dict[Pair, int]:
         """Per (limit, subject), when its earliest schedule's next issue is due."""
@@ -123,7 +98,7 @@ class ScheduleStore:
             query = query.order_by(s.schedule_id.collate("C")).with_for_update()
         else:
             query = query.order_by(s.schedule_id)
-        return [_record(row) for row in self.connection.execute(query)]
+        return [_SCHEDULE.of_row(row) for row in self.connection.execute(query)]
 
 
 def issue_due(connection: Connection, pairs: Iterable[Pair] | None, now_us: int) -> int:

@@ -52,6 +52,7 @@ from sqlalchemy import (
     Connection,
     Float,
     Select,
+    Table,
     and_,
     case,
     cast,
@@ -122,49 +123,37 @@ def with_applied_maximum(
     return joined.outerjoin(spans, covers), func.coalesce(spans.c.maximum, limits.c.maximum)
 
 
-def _with_granted(joined: Any) -> tuple[Any, ColumnElement[Any]]:
-    """``joined`` (which has ``counters``) with each window's grant draws,
-    summed, outer-joined; and the grant-paid usage (0 without draws)."""
+def _with_window_sum(
+    joined: Any, table: Table, column: str, name: str, *where: ColumnElement[bool]
+) -> tuple[Any, ColumnElement[Any]]:
+    """``joined`` (which has ``counters``) with ``table``'s ``column`` summed per
+    window (rows matching ``where``), outer-joined as ``name``; and that sum
+    (0 without rows)."""
     # PostgreSQL sums bigints as numeric: back to bigint, for integer arithmetic.
-    drawn = (
-        select(
-            grant_draws.c.subject,
-            grant_draws.c.limit_name,
-            grant_draws.c.window_start_us,
-            cast(func.sum(grant_draws.c.amount), BigInteger).label("amount"),
-        )
-        .group_by(grant_draws.c.subject, grant_draws.c.limit_name, grant_draws.c.window_start_us)
-        .subquery("drawn")
+    key = (table.c.subject, table.c.limit_name, table.c.window_start_us)
+    summed = (
+        select(*key, cast(func.sum(table.c[column]), BigInteger).label(column))
+        .where(*where)
+        .group_by(*key)
+        .subquery(name)
     )
     same_window = and_(
-        drawn.c.subject == counters.c.subject,
-        drawn.c.limit_name == counters.c.limit_name,
-        drawn.c.window_start_us == counters.c.window_start_us,
+        summed.c.subject == counters.c.subject,
+        summed.c.limit_name == counters.c.limit_name,
+        summed.c.window_start_us == counters.c.window_start_us,
     )
-    return joined.outerjoin(drawn, same_window), func.coalesce(drawn.c.amount, 0)
+    return joined.outerjoin(summed, same_window), func.coalesce(summed.c[column], 0)
+
+
+def _with_granted(joined: Any) -> tuple[Any, ColumnElement[Any]]:
+    """``joined`` with each window's grant draws and the grant-paid usage."""
+    return _with_window_sum(joined, grant_draws, "amount", "drawn")
 
 
 def _with_overdraft(joined: Any) -> tuple[Any, ColumnElement[Any]]:
-    """``joined`` (which has ``counters``) with each window's overdraft, summed
-    over the events not voided since, outer-joined; and that sum (0 without)."""
+    """``joined`` with each window's overdraft, over the events not voided since."""
     voided = exists().where(corrections.c.event_id == overdrafts.c.event_id)
-    drawn = (
-        select(
-            overdrafts.c.subject,
-            overdrafts.c.limit_name,
-            overdrafts.c.window_start_us,
-            cast(func.sum(overdrafts.c.units), BigInteger).label("units"),
-        )
-        .where(~voided)
-        .group_by(overdrafts.c.subject, overdrafts.c.limit_name, overdrafts.c.window_start_us)
-        .subquery("overdrawn")
-    )
-    same_window = and_(
-        drawn.c.subject == counters.c.subject,
-        drawn.c.limit_name == counters.c.limit_name,
-        drawn.c.window_start_us == counters.c.window_start_us,
-    )
-    return joined.outerjoin(drawn, same_window), func.coalesce(drawn.c.units, 0)
+    return _with_window_sum(joined, overdrafts, "units", "overdrawn", ~voided)
 
 
 def _window_conditions(query: ReportQuery) -> list[ColumnElement[bool]]:

@@ -17,6 +17,7 @@ from sqlalchemy import ColumnElement, Connection, delete, exists, func, insert, 
 
 from metering.domain.corrections import GivenBack
 from metering.domain.reservations import HeldCharge, ReservationState
+from metering.storage.records import RecordColumns
 from metering.storage.tables import overdrafts, reservations, results
 
 
@@ -32,21 +33,21 @@ class ReservationRecord:
     given_back: tuple[GivenBack, ...] = ()
 
 
-def _record(row: object) -> ReservationRecord:
-    mapping = row._mapping  # type: ignore[attr-defined]
-    return ReservationRecord(
-        id=mapping["id"],
-        state=ReservationState(mapping["state"]),
-        charges=tuple(HeldCharge.from_row(c) for c in json.loads(mapping["charges"])),
-        created_at_us=mapping["created_at_us"],
-        expires_at_us=mapping["expires_at_us"],
-        settled_at_us=mapping["settled_at_us"],
-        settled_by=mapping["settled_by"],
-        given_back=tuple(
-            (str(subject), str(limit), int(start), int(units))
-            for subject, limit, start, units in json.loads(mapping["given_back"] or "[]")
-        ),
+def _given_back(text: str | None) -> tuple[GivenBack, ...]:
+    return tuple(
+        (str(subject), str(limit), int(start), int(units))
+        for subject, limit, start, units in json.loads(text or "[]")
     )
+
+
+_RESERVATION: Final = RecordColumns(
+    ReservationRecord,
+    read={
+        "state": ReservationState,
+        "charges": lambda text: tuple(HeldCharge.from_row(c) for c in json.loads(text)),
+        "given_back": _given_back,
+    },
+)
 
 
 class ReservationStore:
@@ -73,7 +74,7 @@ class ReservationStore:
         if lock:  # PostgreSQL; SQLite's BEGIN IMMEDIATE already serialises writers
             query = query.with_for_update()
         row = self.connection.execute(query).first()
-        return _record(row) if row is not None else None
+        return _RESERVATION.of_row(row) if row is not None else None
 
     def settle(
         self,
@@ -188,7 +189,7 @@ class ReservationStore:
             query = query.where(reservations.c.state == state)
         if subject is not None:
             query = query.where(_mentions(subject))
-        return [_record(row) for row in self.connection.execute(query)]
+        return [_RESERVATION.of_row(row) for row in self.connection.execute(query)]
 
     def count_by_state(self) -> dict[str, int]:
         query = select(reservations.c.state, func.count()).group_by(reservations.c.state)
@@ -224,11 +225,11 @@ SETTLE: Final = (
 """The update of a `SettleRow`, with the driver's placeholder (``%s`` or ``?``)."""
 
 SELECT_RESERVATION: Final = (
-    "SELECT id, state, charges, created_at_us, expires_at_us, settled_at_us, settled_by, "
-    "given_back FROM reservations WHERE id = {0}"
+    f"SELECT {', '.join(_RESERVATION.columns)} FROM reservations WHERE id = {{0}}"
 )
-"""One reservation's row for `record_of_row`; on PostgreSQL with ``FOR UPDATE``
-appended (SQLite's ``BEGIN IMMEDIATE`` already holds the lock)."""
+"""One reservation's row for `record_of_row` (its columns in the record's
+fields' order); on PostgreSQL with ``FOR UPDATE`` appended (SQLite's
+``BEGIN IMMEDIATE`` already holds the lock)."""
 
 
 def settle_row(
@@ -245,14 +246,7 @@ def settle_row(
 
 def record_of_row(row: Sequence[Any]) -> ReservationRecord:
     """A `ReservationRecord` from a driver's row of `SELECT_RESERVATION`."""
-    names = ("id", "state", "charges", "created_at_us", "expires_at_us", "settled_at_us")
-    mapping = dict(zip((*names, "settled_by", "given_back"), row, strict=True))
-    return _record(_Row(mapping))
-
-
-@dataclass(frozen=True, slots=True)
-class _Row:
-    _mapping: dict[str, Any]
+    return _RESERVATION.of_values(row)
 
 
 def _charges_text(charges: Sequence[HeldCharge]) -> str:

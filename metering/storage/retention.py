@@ -7,6 +7,7 @@ back short. ``count_*`` answer the dry run with the same conditions.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Final
 
 from sqlalchemy import Connection, Table, and_, delete, exists, func, not_, select, tuple_
@@ -30,56 +31,72 @@ CHUNK: Final = 10_000
 SETTLED: Final = tuple(status.value for status in SETTLED_STATUSES)
 
 
+# -- what is old enough --------------------------------------------------------
+
+
+def _old_results(before_us: int) -> ColumnElement[bool]:
+    return results.c.decided_at_us < before_us
+
+
+def _old_corrections(before_us: int) -> ColumnElement[bool]:
+    # A correction goes only with its result: while the result is there a
+    # void of the event can come again, and must find it.
+    result_left = exists().where(results.c.event_id == corrections.c.event_id)
+    return and_(corrections.c.created_at_us < before_us, not_(result_left))
+
+
+def _old_resets(before_us: int) -> ColumnElement[bool]:
+    # Older than every result left: no void can be about an event before it.
+    return counter_resets.c.reset_at_us < before_us
+
+
+def _old_rollups(before_us: int) -> ColumnElement[bool]:
+    # An hour goes once all of it is older than ``before_us``.
+    return usage_rollups.c.hour_start_us <= before_us - HOUR_US
+
+
+def _old_rejected(before_us: int) -> ColumnElement[bool]:
+    return rejected_messages.c.received_at_us < before_us
+
+
+def _old_deliveries(before_us: int) -> ColumnElement[bool]:
+    d = webhook_deliveries.c
+    return and_(d.status.in_(SETTLED), d.updated_at_us < before_us)
+
+
+def _old_messages(before_us: int) -> ColumnElement[bool]:
+    # A message goes once no delivery of it is left.
+    left = exists().where(webhook_deliveries.c.message_id == webhook_messages.c.id)
+    return and_(webhook_messages.c.created_at_us < before_us, not_(left))
+
+
+def _old_marks(before_us: int) -> ColumnElement[bool]:
+    # A mark keeps a window's notifications once each; a window long over
+    # with no reset notice still due needs it no more.
+    m = webhook_marks.c
+    return and_(m.window_end_us < before_us, m.due_at_us.is_(None))
+
+
+_Old = Callable[[int], ColumnElement[bool]]
+
+# Each table with a retention, and its rows' condition of being old enough.
+_TARGETS: Final[dict[str, tuple[Table, _Old]]] = {
+    "results": (results, _old_results),
+    "corrections": (corrections, _old_corrections),
+    "counter_resets": (counter_resets, _old_resets),
+    "usage_rollups": (usage_rollups, _old_rollups),
+    "rejected_messages": (rejected_messages, _old_rejected),
+    "webhook_deliveries": (webhook_deliveries, _old_deliveries),
+    "webhook_messages": (webhook_messages, _old_messages),
+    "webhook_marks": (webhook_marks, _old_marks),
+}
+
+
 class RetentionStore:
     """Retention queries on one connection; the caller owns the transaction."""
 
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
-
-    # -- what is old enough ----------------------------------------------------
-
-    @staticmethod
-    def _old_results(before_us: int) -> ColumnElement[bool]:
-        return results.c.decided_at_us < before_us
-
-    @staticmethod
-    def _old_corrections(before_us: int) -> ColumnElement[bool]:
-        # A correction goes only with its result: while the result is there a
-        # void of the event can come again, and must find it.
-        result_left = exists().where(results.c.event_id == corrections.c.event_id)
-        return and_(corrections.c.created_at_us < before_us, not_(result_left))
-
-    @staticmethod
-    def _old_resets(before_us: int) -> ColumnElement[bool]:
-        # Older than every result left: no void can be about an event before it.
-        return counter_resets.c.reset_at_us < before_us
-
-    @staticmethod
-    def _old_rollups(before_us: int) -> ColumnElement[bool]:
-        # An hour goes once all of it is older than ``before_us``.
-        return usage_rollups.c.hour_start_us <= before_us - HOUR_US
-
-    @staticmethod
-    def _old_rejected(before_us: int) -> ColumnElement[bool]:
-        return rejected_messages.c.received_at_us < before_us
-
-    @staticmethod
-    def _old_deliveries(before_us: int) -> ColumnElement[bool]:
-        d = webhook_deliveries.c
-        return and_(d.status.in_(SETTLED), d.updated_at_us < before_us)
-
-    @staticmethod
-    def _old_messages(before_us: int) -> ColumnElement[bool]:
-        # A message goes once no delivery of it is left.
-        left = exists().where(webhook_deliveries.c.message_id == webhook_messages.c.id)
-        return and_(webhook_messages.c.created_at_us < before_us, not_(left))
-
-    @staticmethod
-    def _old_marks(before_us: int) -> ColumnElement[bool]:
-        # A mark keeps a window's notifications once each; a window long over
-        # with no reset notice still due needs it no more.
-        m = webhook_marks.c
-        return and_(m.window_end_us < before_us, m.due_at_us.is_(None))
 
     # -- counting (dry run) ----------------------------------------------------
 
@@ -115,7 +132,7 @@ class RetentionStore:
         made pending meanwhile stays (with its attempts).
         """
         d = webhook_deliveries.c
-        old = self._old_deliveries(before_us)
+        old = _old_deliveries(before_us)
         picked = select(d.id).where(old).limit(chunk).scalar_subquery()
         statement = delete(webhook_deliveries).where(d.id.in_(picked), old).returning(d.id)
         ids = list(self.connection.execute(statement).scalars())
@@ -126,20 +143,8 @@ class RetentionStore:
         return len(ids)
 
     def _target(self, table: str, before_us: int) -> tuple[Table, ColumnElement[bool]]:
-        if table == "results":
-            return results, self._old_results(before_us)
-        if table == "corrections":
-            return corrections, self._old_corrections(before_us)
-        if table == "counter_resets":
-            return counter_resets, self._old_resets(before_us)
-        if table == "usage_rollups":
-            return usage_rollups, self._old_rollups(before_us)
-        if table == "rejected_messages":
-            return rejected_messages, self._old_rejected(before_us)
-        if table == "webhook_deliveries":
-            return webhook_deliveries, self._old_deliveries(before_us)
-        if table == "webhook_messages":
-            return webhook_messages, self._old_messages(before_us)
-        if table == "webhook_marks":
-            return webhook_marks, self._old_marks(before_us)
-        raise ValueError(f"no retention for table {table!r}")
+        try:
+            source, old = _TARGETS[table]
+        except KeyError:
+            raise ValueError(f"no retention for table {table!r}") from None
+        return source, old(before_us)

@@ -1,13 +1,15 @@
-"""Plain records of the webhook tables, and the payload's size bound (no SQL here)."""
+"""Plain records of the webhook tables and their columns, and the payload's size bound (no SQL)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from metering.domain.notifications import MAX_PAYLOAD_BYTES, TEST_TYPE, DeliveryStatus
 from metering.errors import InvalidInput
+from metering.storage.records import RecordColumns
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,31 +78,17 @@ def encode_payload(document: dict[str, Any]) -> str:
     return text
 
 
-def endpoint_from_row(row: Any) -> EndpointRecord:
-    return EndpointRecord(
-        id=row.id,
-        url=row.url,
-        secret=row.secret,
-        previous_secret=row.previous_secret,
-        previous_expires_at_us=row.previous_expires_at_us,
-        types=tuple(json.loads(row.types)),
-        enabled=bool(row.enabled),
-        disabled_reason=row.disabled_reason,
-        created_at_us=row.created_at_us,
-    )
+def types_text(types: Sequence[str]) -> str:
+    """The ``types`` column's JSON text."""
+    return json.dumps(list(types))
 
 
-def delivery_from_row(r: Any) -> DeliveryRecord:
-    return DeliveryRecord(
-        id=r.id,
-        message_id=r.message_id,
-        message_type=r.type,
-        endpoint_id=r.endpoint_id,
-        status=DeliveryStatus(r.status),
-        attempts=r.attempts,
-        next_attempt_at_us=r.next_attempt_at_us,
-        last_status_code=r.last_status_code,
-        last_error=r.last_error,
-        created_at_us=r.created_at_us,
-        updated_at_us=r.updated_at_us,
-    )
+ENDPOINT: Final = RecordColumns(
+    EndpointRecord,
+    read={"types": lambda text: tuple(json.loads(text)), "enabled": bool},
+    write={"types": types_text},
+)
+DELIVERY: Final = RecordColumns(
+    DeliveryRecord, columns={"message_type": "type"}, read={"status": DeliveryStatus}
+)
+ATTEMPT: Final = RecordColumns(AttemptRecord)

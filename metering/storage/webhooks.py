@@ -10,16 +10,16 @@ change therefore leaves no trace here either.
 
 from __future__ import annotations
 
-import json
 import secrets
 from collections.abc import Collection, Iterable, Sequence
-from typing import Any
+from typing import Any, Final
 
 from sqlalchemy import Connection, and_, case, delete, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from metering.domain.notifications import DeliveryStatus, Mark, Notice
 from metering.domain.state import NO_WINDOW, CounterState
+from metering.storage.records import RecordColumns
 from metering.storage.tables import (
     counters,
     webhook_attempts,
@@ -29,13 +29,15 @@ from metering.storage.tables import (
     webhook_messages,
 )
 from metering.storage.webhook_records import (
+    ATTEMPT,
+    DELIVERY,
+    ENDPOINT,
     AttemptRecord,
     DeliveryJob,
     DeliveryRecord,
     EndpointRecord,
-    delivery_from_row,
     encode_payload,
-    endpoint_from_row,
+    types_text,
 )
 
 __all__ = [
@@ -46,6 +48,9 @@ __all__ = [
     "WebhookStore",
     "encode_payload",
 ]
+
+
+_MARK: Final = RecordColumns(Mark, columns={"limit": "limit_name"})
 
 
 def new_message_id() -> str:
@@ -137,19 +142,7 @@ class WebhookStore:
             .limit(count)
             .with_for_update(skip_locked=True)
         )
-        return [
-            Mark(
-                limit=r.limit_name,
-                subject=r.subject,
-                window_start_us=r.window_start_us,
-                window_end_us=r.window_end_us,
-                kind=r.kind,
-                maximum=r.maximum,
-                event_id=r.event_id,
-                due_at_us=r.due_at_us,
-            )
-            for r in self.connection.execute(query)
-        ]
+        return [_MARK.of_row(r) for r in self.connection.execute(query)]
 
     def bucket_state(self, limit: str, subject: str) -> CounterState | None:
         row = self.connection.execute(
@@ -178,19 +171,7 @@ class WebhookStore:
     # -- endpoints -------------------------------------------------------------
 
     def insert_endpoint(self, record: EndpointRecord) -> None:
-        self.connection.execute(
-            webhook_endpoints.insert().values(
-                id=record.id,
-                url=record.url,
-                secret=record.secret,
-                previous_secret=record.previous_secret,
-                previous_expires_at_us=record.previous_expires_at_us,
-                types=json.dumps(list(record.types)),
-                enabled=record.enabled,
-                disabled_reason=record.disabled_reason,
-                created_at_us=record.created_at_us,
-            )
-        )
+        self.connection.execute(webhook_endpoints.insert().values(ENDPOINT.values(record)))
 
     def list_endpoints(self, *, enabled_only: bool = False) -> list[EndpointRecord]:
         query = select(webhook_endpoints).order_by(
@@ -198,17 +179,17 @@ class WebhookStore:
         )
         if enabled_only:
             query = query.where(webhook_endpoints.c.enabled.is_(True))
-        return [endpoint_from_row(row) for row in self.connection.execute(query)]
+        return [ENDPOINT.of_row(row) for row in self.connection.execute(query)]
 
     def get_endpoint(self, endpoint_id: str) -> EndpointRecord | None:
         query = select(webhook_endpoints).where(webhook_endpoints.c.id == endpoint_id)
         row = self.connection.execute(query).first()
-        return endpoint_from_row(row) if row is not None else None
+        return ENDPOINT.of_row(row) if row is not None else None
 
     def update_endpoint(self, endpoint_id: str, **values: Any) -> bool:
         """Set columns of an endpoint (``types`` as a sequence); False if there is none."""
         if "types" in values:
-            values["types"] = json.dumps(list(values["types"]))
+            values["types"] = types_text(values["types"])
         statement = (
             update(webhook_endpoints).where(webhook_endpoints.c.id == endpoint_id).values(**values)
         )
@@ -302,17 +283,7 @@ class WebhookStore:
         self, job: DeliveryJob, attempt: AttemptRecord, status: DeliveryStatus, now_us: int
     ) -> bool:
         """Record an attempt and the delivery's new state, if the claim is still ours."""
-        self.connection.execute(
-            webhook_attempts.insert().values(
-                delivery_id=attempt.delivery_id,
-                attempt=attempt.attempt,
-                attempted_at_us=attempt.attempted_at_us,
-                status_code=attempt.status_code,
-                duration_ms=attempt.duration_ms,
-                error=attempt.error,
-                next_attempt_at_us=attempt.next_attempt_at_us,
-            )
-        )
+        self.connection.execute(webhook_attempts.insert().values(ATTEMPT.values(attempt)))
         outcome = self.connection.execute(
             update(webhook_deliveries)
             .where(
@@ -363,28 +334,17 @@ class WebhookStore:
             query = query.where(d.c.status == status)
         if endpoint_id is not None:
             query = query.where(d.c.endpoint_id == endpoint_id)
-        return [delivery_from_row(r) for r in self.connection.execute(query)]
+        return [DELIVERY.of_row(r) for r in self.connection.execute(query)]
 
     def get_delivery(self, delivery_id: int) -> DeliveryRecord:
         d, m = webhook_deliveries, webhook_messages
         query = select(d, m.c.type).join(m, m.c.id == d.c.message_id).where(d.c.id == delivery_id)
-        return delivery_from_row(self.connection.execute(query).one())
+        return DELIVERY.of_row(self.connection.execute(query).one())
 
     def attempts_of(self, delivery_id: int) -> list[AttemptRecord]:
         a = webhook_attempts
         query = select(a).where(a.c.delivery_id == delivery_id).order_by(a.c.attempt, a.c.id)
-        return [
-            AttemptRecord(
-                delivery_id=r.delivery_id,
-                attempt=r.attempt,
-                attempted_at_us=r.attempted_at_us,
-                status_code=r.status_code,
-                duration_ms=r.duration_ms,
-                error=r.error,
-                next_attempt_at_us=r.next_attempt_at_us,
-            )
-            for r in self.connection.execute(query)
-        ]
+        return [ATTEMPT.of_row(r) for r in self.connection.execute(query)]
 
     def messages(self, message_type: str | None = None) -> list[tuple[str, str, str]]:
         """(id, type, payload) of stored messages, oldest first."""

@@ -22,7 +22,9 @@ This package holds the contract (here) and its implementations:
   PostgreSQL store runs on without SQLAlchemy;
 * `one_trip`: a single event in one round trip on PostgreSQL
   (``metering_consume_one``);
-* `pick`: `hot_store`, the store for a SQLAlchemy connection's transaction.
+* `pick`: `hot_store`, the store for a SQLAlchemy connection's transaction;
+* `statements`: the statements the PostgreSQL and SQLite stores share but
+  for the driver's placeholder.
 
 The common case runs without SQLAlchemy, on `DirectSqlite` or
 `DirectPostgres`; what is rare there (the limits' cache reloaded, notification

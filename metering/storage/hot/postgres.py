@@ -38,22 +38,14 @@ from metering.storage.allowances import pots_of
 from metering.storage.counters import Pair
 from metering.storage.engine import RetryTransaction
 from metering.storage.hot import Changes, Snapshot, WantedKey
+from metering.storage.hot.statements import RESULT_COLUMNS, VERSION, Statements
 from metering.storage.rejected import rejected_rows
-from metering.storage.reservations import (
-    INSERT_HELD,
-    SELECT_RESERVATION,
-    SETTLE,
-    ReservationRecord,
-    record_of_row,
-)
+from metering.storage.reservations import ReservationRecord, record_of_row
 from metering.storage.results import record_from_row, result_row
 from metering.storage.rollups import PG_UPSERT
 
-VERSION: Final = "SELECT version FROM limits_version WHERE id = 1"
-
-FETCH_RESULTS: Final = """
-SELECT event_id, outcome, fingerprint, occurred_at_us, decided_at_us, denied_by, reason,
-       charges, metadata
+FETCH_RESULTS: Final = f"""
+SELECT {RESULT_COLUMNS}
 FROM results WHERE event_id IN (SELECT jsonb_array_elements_text(%(ids)s::jsonb))
 """
 
@@ -100,21 +92,7 @@ CROSS JOIN LATERAL (
 # A few rows (a single event) are written one statement each, through the
 # primary key; more go through one jsonb array.
 FEW_ROWS: Final = 16
-UPDATE_COUNTER: Final = """
-UPDATE counters SET used = %s, denied_count = %s, denied_cost = %s, first_denied_at_us = %s,
-                    tat_us = %s, tat_rem = %s, tat_scale = %s, updated_at_us = %s
-WHERE limit_name = %s AND subject = %s AND window_start_us = %s
-"""
-INSERT_COUNTER: Final = """
-INSERT INTO counters (limit_name, subject, window_start_us, window_end_us, used, denied_count,
-                      denied_cost, first_denied_at_us, tat_us, tat_rem, tat_scale, updated_at_us)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
-"""
-INSERT_RESULT: Final = """
-INSERT INTO results (event_id, outcome, fingerprint, occurred_at_us, decided_at_us, denied_by,
-                     reason, charges, metadata)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
-"""
+SQL: Final = Statements.of("%s")
 
 # Many rows are updated through the tuple ids their lock returned: a join on
 # the key lets the planner hash a sequential scan of the whole table when its
@@ -158,9 +136,8 @@ WHERE w.ctid = v.tid
 
 # No ON CONFLICT: an id decided meanwhile by another transaction fails the
 # whole transaction, which is then retried with its ids looked up first.
-INSERT_RESULTS: Final = """
-INSERT INTO results (event_id, outcome, fingerprint, occurred_at_us, decided_at_us, denied_by,
-                     reason, charges, metadata)
+INSERT_RESULTS: Final = f"""
+INSERT INTO results ({RESULT_COLUMNS})
 SELECT r->>0, r->>1, r->>2, (r->>3)::bigint, (r->>4)::bigint, r->>5, r->>6, r->>7, r->>8
 FROM jsonb_array_elements(%(rows)s::jsonb) AS r
 """
@@ -210,9 +187,7 @@ ORDER BY n
 ON CONFLICT (digest) DO NOTHING
 """
 
-INSERT_HOLD: Final = INSERT_HELD.format("%s")
-LOCK_RESERVATION: Final = SELECT_RESERVATION.format("%s") + " FOR UPDATE"
-SETTLE_RESERVATION: Final = SETTLE.format("%s")
+LOCK_RESERVATION: Final = SQL.select_reservation + " FOR UPDATE"
 
 _encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
@@ -298,14 +273,14 @@ class PostgresHotStore:
                 cursor = raw.cursor()
                 if 0 < len(changes.updated) <= FEW_ROWS:
                     rows: list[Any] = [(*st, now_us, *key) for key, st in changes.updated]
-                    _execute(cursor, UPDATE_COUNTER, rows)
+                    _execute(cursor, SQL.update_counter, rows)
                 elif changes.updated:
                     tids = self.counter_tids
                     rows = [(tids[key], *state) for key, state in changes.updated]
                     raw.execute(UPDATE_COUNTERS, {"rows": _encode(rows), "now": now_us})
                 if 0 < len(changes.created) <= FEW_ROWS:
                     rows = [(*key, end, *st, now_us) for key, end, st in changes.created]
-                    _execute(cursor, INSERT_COUNTER, rows)
+                    _execute(cursor, SQL.insert_counter, rows)
                 elif changes.created:
                     rows = [(*key, end, *state) for key, end, state in changes.created]
                     raw.execute(INSERT_COUNTERS, {"rows": _encode(rows), "now": now_us})
@@ -327,13 +302,13 @@ class PostgresHotStore:
                     raw.execute(ADD_DRAWS, {"rows": _encode(rows)})
                 rows = [result_row(r) for r in changes.results]
                 if 0 < len(rows) <= FEW_ROWS:
-                    _execute(cursor, INSERT_RESULT, rows)
+                    _execute(cursor, SQL.insert_result, rows)
                 elif rows:
                     raw.execute(INSERT_RESULTS, {"rows": _encode(rows)})
                 if changes.holds:
-                    cursor.executemany(INSERT_HOLD, changes.holds)
+                    cursor.executemany(SQL.insert_hold, changes.holds)
                 if changes.settled:
-                    _execute(cursor, SETTLE_RESERVATION, changes.settled)
+                    _execute(cursor, SQL.settle_reservation, changes.settled)
                 if changes.rejected:
                     rows = rejected_rows(changes.rejected, now_us)
                     raw.execute(INSERT_REJECTED, {"rows": _encode(rows)})

@@ -36,22 +36,12 @@ from metering.storage.engine import (
     sqlite_synchronous,
 )
 from metering.storage.hot import Changes, NeedsConnection, Snapshot, WantedKey
-from metering.storage.reservations import (
-    INSERT_HELD,
-    SELECT_RESERVATION,
-    SETTLE,
-    ReservationRecord,
-    record_of_row,
-)
+from metering.storage.hot.statements import RESULT_COLUMNS, VERSION, Statements
+from metering.storage.reservations import ReservationRecord, record_of_row
 from metering.storage.results import record_from_row, result_row
 from metering.storage.rollups import SQLITE_UPSERT
 
-VERSION: Final = "SELECT version FROM limits_version WHERE id = 1"
-FETCH_RESULT: Final = """
-SELECT event_id, outcome, fingerprint, occurred_at_us, decided_at_us, denied_by, reason,
-       charges, metadata
-FROM results WHERE event_id = ?
-"""
+FETCH_RESULT: Final = f"SELECT {RESULT_COLUMNS} FROM results WHERE event_id = ?"
 SELECT_WINDOW: Final = """
 SELECT window_start_us, window_end_us FROM current_windows WHERE limit_name = ? AND subject = ?
 """
@@ -67,30 +57,13 @@ FROM limits_version AS v
 LEFT JOIN counters AS c ON c.limit_name = ? AND c.subject = ? AND c.window_start_us = ?
 WHERE v.id = 1
 """
-UPDATE_COUNTER: Final = """
-UPDATE counters SET used = ?, denied_count = ?, denied_cost = ?, first_denied_at_us = ?,
-                    tat_us = ?, tat_rem = ?, tat_scale = ?, updated_at_us = ?
-WHERE limit_name = ? AND subject = ? AND window_start_us = ?
-"""
-INSERT_COUNTER: Final = """
-INSERT INTO counters (limit_name, subject, window_start_us, window_end_us, used, denied_count,
-                      denied_cost, first_denied_at_us, tat_us, tat_rem, tat_scale, updated_at_us)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-"""
 UPSERT_WINDOW: Final = """
 INSERT INTO current_windows (limit_name, subject, window_start_us, window_end_us)
 VALUES (?, ?, ?, ?)
 ON CONFLICT (limit_name, subject)
 DO UPDATE SET window_start_us = excluded.window_start_us, window_end_us = excluded.window_end_us
 """
-INSERT_RESULT: Final = """
-INSERT INTO results (event_id, outcome, fingerprint, occurred_at_us, decided_at_us, denied_by,
-                     reason, charges, metadata)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
-"""
-INSERT_HOLD: Final = INSERT_HELD.format("?")
-GET_RESERVATION: Final = SELECT_RESERVATION.format("?")
-SETTLE_RESERVATION: Final = SETTLE.format("?")
+SQL: Final = Statements.of("?")
 
 T = TypeVar("T")
 
@@ -162,7 +135,7 @@ class SqliteHotStore:
     def lock_reservation(self, reservation_id: str) -> ReservationRecord | None:
         # The transaction holds SQLite's one write lock already.
         try:
-            row = self.raw.execute(GET_RESERVATION, (reservation_id,)).fetchone()
+            row = self.raw.execute(SQL.select_reservation, (reservation_id,)).fetchone()
         except sqlite3.Error as exc:
             raise _translate(exc) from exc
         return record_of_row(row) if row is not None else None
@@ -173,19 +146,19 @@ class SqliteHotStore:
         try:
             # One row (`consume`): `execute`, which costs less than `executemany`.
             if changes.updated:
-                _execute(raw, UPDATE_COUNTER, list(_updates(changes, now_us)))
+                _execute(raw, SQL.update_counter, list(_updates(changes, now_us)))
             if changes.created:
                 rows = [(*key, end, *state, now_us) for key, end, state in changes.created]
-                _execute(raw, INSERT_COUNTER, rows)
+                _execute(raw, SQL.insert_counter, rows)
             windows = [*changes.new_windows, *changes.moved_windows]
             if windows:
                 _execute(raw, UPSERT_WINDOW, [(*pair, *window) for pair, window in windows])
             if changes.results:
-                _execute(raw, INSERT_RESULT, [result_row(r) for r in changes.results])
+                _execute(raw, SQL.insert_result, [result_row(r) for r in changes.results])
             if changes.holds:
-                _execute(raw, INSERT_HOLD, changes.holds)
+                _execute(raw, SQL.insert_hold, changes.holds)
             if changes.settled:
-                _execute(raw, SETTLE_RESERVATION, changes.settled)
+                _execute(raw, SQL.settle_reservation, changes.settled)
             if changes.draws:
                 AllowanceStore(self._general()).write_draws(changes.draws, now_us=now_us)
             if changes.rollups:
