@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
 from metering.domain.bounds import shown
+from metering.domain.jsonable import fields_dict
 from metering.domain.money import format_amount, parse_amount, validate_currency
 from metering.errors import InvalidLimit
 
@@ -120,6 +121,21 @@ def _choice(field_name: str, value: object, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise InvalidLimit(field_name, f"must be one of {', '.join(choices)}; got {shown(value)}")
     return str(value)
+
+
+# `Limit.to_dict`'s keys, in order (then the money of a priced limit, and ``distinct``).
+LIMIT_KEYS: Final = (
+    "name",
+    "maximum",
+    "period",
+    "algorithm",
+    "window",
+    "enforcement",
+    "thresholds",
+    "lateness",
+    "thresholds_units",
+    "dimensions",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,16 +246,7 @@ class Limit:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "name": self.name,
-            "maximum": self.maximum,
-            "period": self.period,
-            "algorithm": self.algorithm,
-            "window": self.window,
-            "enforcement": self.enforcement,
-            "thresholds": list(self.thresholds),
-            "lateness": self.lateness,
-            "thresholds_units": list(self.thresholds_units),
-            "dimensions": list(self.dimensions),
+            **fields_dict(self, LIMIT_KEYS),
             **(_money(self.maximum, self.currency) if self.currency else {}),
             "distinct": self.distinct,
         }

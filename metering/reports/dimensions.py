@@ -30,6 +30,7 @@ from sqlalchemy import Select
 
 from metering.domain.events import validate_subject
 from metering.domain.instants import to_us
+from metering.domain.jsonable import fields_dict
 from metering.domain.limits import DIMENSION_PATTERN, Limit, validate_limit_name
 from metering.domain.rollups import HOUR_US, NO_VALUE
 from metering.errors import InvalidInput, UnknownLimit
@@ -59,7 +60,7 @@ class DimensionRow:
     events: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return fields_dict(self)
 
 
 DIMENSION_COLUMNS: Final = tuple(f.name for f in fields(DimensionRow))

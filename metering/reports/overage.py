@@ -47,6 +47,7 @@ from sqlalchemy import Select
 from metering.domain.bounds import MAX_LISTING, shown
 from metering.domain.events import validate_subject
 from metering.domain.instants import as_utc, from_us, parse_instant, to_us
+from metering.domain.jsonable import fields_dict
 from metering.domain.limits import validate_limit_name
 from metering.errors import InvalidInput, UnknownLimit
 from metering.storage.database import Database, DatabaseSource, database_of
@@ -98,10 +99,7 @@ class ReportRow:
 
     def to_dict(self) -> dict[str, Any]:
         """The row as JSON-ready values: instants as ISO 8601 strings (UTC)."""
-        return {
-            name: value.isoformat() if isinstance(value, datetime) else value
-            for name, value in ((f.name, getattr(self, f.name)) for f in fields(self))
-        }
+        return fields_dict(self)
 
 
 COLUMNS: Final = tuple(f.name for f in fields(ReportRow))

@@ -27,6 +27,7 @@ from typing import Any, Final
 
 from metering.domain.events import validate_subject
 from metering.domain.instants import from_us
+from metering.domain.jsonable import fields_dict
 from metering.domain.limits import validate_limit_name
 from metering.errors import InvalidInput, UnknownLimit
 from metering.reports.overage import BaseReport, ReportRange, TimeBound, checked_top
@@ -52,10 +53,7 @@ class ShadowRow:
 
     def to_dict(self) -> dict[str, Any]:
         """The row as JSON-ready values: instants as ISO 8601 strings (UTC)."""
-        return {
-            name: value.isoformat() if isinstance(value, datetime) else value
-            for name, value in ((f.name, getattr(self, f.name)) for f in fields(self))
-        }
+        return fields_dict(self)
 
 
 SHADOW_COLUMNS: Final = tuple(f.name for f in fields(ShadowRow))
