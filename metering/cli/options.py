@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar
+from functools import wraps
+from typing import Any, Final, TypeVar, cast
 
 import click
 
@@ -14,6 +16,21 @@ from metering.errors import InvalidInput
 
 F = TypeVar("F", bound=Callable[..., Any])
 ChargeTuple = tuple[str, str, int]
+
+# The reports' and the backtest's output, and their progress bar.
+FORMAT_OPTION: Final = click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "csv", "json"]),
+    default="table",
+    show_default=True,
+    help="Output on stdout.",
+)
+PROGRESS_OPTION: Final = click.option(
+    "--progress/--no-progress",
+    default=None,
+    help="Progress bar on stderr (default: when stderr is a terminal).",
+)
 
 
 def parse_datetime(
@@ -121,8 +138,35 @@ def charge_options(what: str) -> Callable[[F], F]:
     return decorate
 
 
+@dataclass(frozen=True, slots=True)
+class EventOptions:
+    """What `decision_options` read: the event's charges (`chosen_charges`),
+    its time and metadata, and the output format."""
+
+    charges: list[ChargeTuple]
+    occurred_at: datetime | None
+    metadata: dict[str, str] | None
+    fmt: str
+
+
 def decision_options(func: F) -> F:
-    """The charges, ``--at``, ``--meta`` and ``--format`` of consume, check and emit."""
+    """The charges, ``--at``, ``--meta`` and ``--format`` of consume, check and
+    emit, passed to the command as one `EventOptions`, ``event``."""
+
+    @wraps(func)
+    def command(
+        subject: str | None,
+        limit: str | None,
+        cost: int | None,
+        charges: list[ChargeTuple],
+        occurred_at: datetime | None,
+        metadata: dict[str, str] | None,
+        fmt: str,
+        **others: Any,
+    ) -> Any:
+        chosen = chosen_charges(subject, limit, cost, charges)
+        return func(event=EventOptions(chosen, occurred_at, metadata, fmt), **others)
+
     decorators = [
         charge_options("event"),
         click.option(
@@ -142,6 +186,7 @@ def decision_options(func: F) -> F:
         ),
         format_option,
     ]
+    decorated: Callable[..., Any] = command
     for decorator in reversed(decorators):
-        func = decorator(func)
-    return func
+        decorated = decorator(decorated)
+    return cast(F, decorated)

@@ -16,6 +16,7 @@ import csv
 import json
 import sys
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import fields
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -25,6 +26,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from metering.cli.context import current_meter
+from metering.cli.options import FORMAT_OPTION, PROGRESS_OPTION
 from metering.cli.output import print_table, table, window_span
 from metering.domain.instants import round_up
 from metering.domain.rollups import shown_value
@@ -41,7 +43,7 @@ from metering.reports.dimensions import (
 )
 from metering.reports.export import FORMATS, write_csv, write_json
 from metering.reports.overage import BaseReport, Report, ReportRow, select_overage, select_usage
-from metering.reports.shadow import select_shadow
+from metering.reports.shadow import ShadowRow, select_shadow
 from metering.reports.spend import spend_report
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -49,23 +51,10 @@ RowT = TypeVar("RowT")
 
 PROGRESS_EVERY: Final = 1000
 MINUTE: Final = timedelta(minutes=1)
+# The columns shown as numbers (right-aligned, with thousands separators):
+# the whole numbers and percentages of the overage, usage and shadow rows.
 NUMERIC: Final = frozenset(
-    {
-        "maximum",
-        "used",
-        "granted",
-        "overage",
-        "overdraft",
-        "denied",
-        "denied_events",
-        "utilisation_percent",
-        "would_deny_events",
-        "would_deny_cost",
-        "windows",
-        "peak_used",
-        "peak_maximum",
-        "peak_would_deny_cost",
-    }
+    f.name for row in (ReportRow, ShadowRow) for f in fields(row) if f.type in ("int", "float")
 )
 HEADERS: Final = {
     "window_start": "window start",
@@ -120,19 +109,6 @@ SPANS: Final = {
     "window": ("window_start", "window_end"),
     "peak_window": ("peak_window_start", "peak_window_end"),
 }
-FORMAT_OPTION: Final = click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "csv", "json"]),
-    default="table",
-    show_default=True,
-    help="Output on stdout.",
-)
-PROGRESS_OPTION: Final = click.option(
-    "--progress/--no-progress",
-    default=None,
-    help="Progress bar on stderr (default: when stderr is a terminal).",
-)
 
 
 def _period_options(func: F) -> F:
