@@ -102,6 +102,17 @@ def chosen_charges(
     return [(subject, limit, 1 if cost is None else cost)]
 
 
+def stacked(*decorators: Callable[[F], F]) -> Callable[[F], F]:
+    """One decorator: ``decorators`` applied as if written in this order above a function."""
+
+    def decorate(func: F) -> F:
+        for decorator in reversed(decorators):
+            func = decorator(func)
+        return func
+
+    return decorate
+
+
 def format_option(func: F) -> F:
     """``--format table|json``."""
     return click.option(
@@ -117,25 +128,19 @@ def format_option(func: F) -> F:
 def charge_options(what: str) -> Callable[[F], F]:
     """SUBJECT LIMIT [--cost N], or repeated ``--charge``; ``what`` names the stacked thing."""
 
-    def decorate(func: F) -> F:
-        decorators = [
-            click.argument("subject", required=False),
-            click.argument("limit", required=False),
-            click.option("--cost", type=int, help="Cost of SUBJECT LIMIT (default 1)."),
-            click.option(
-                "--charge",
-                "charges",
-                metavar="SUBJECT:LIMIT:COST",
-                multiple=True,
-                callback=parse_charges,
-                help=f"A charge of a stacked {what} (all or nothing); repeatable.",
-            ),
-        ]
-        for decorator in reversed(decorators):
-            func = decorator(func)
-        return func
-
-    return decorate
+    return stacked(
+        click.argument("subject", required=False),
+        click.argument("limit", required=False),
+        click.option("--cost", type=int, help="Cost of SUBJECT LIMIT (default 1)."),
+        click.option(
+            "--charge",
+            "charges",
+            metavar="SUBJECT:LIMIT:COST",
+            multiple=True,
+            callback=parse_charges,
+            help=f"A charge of a stacked {what} (all or nothing); repeatable.",
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,26 +172,25 @@ def decision_options(func: F) -> F:
         chosen = chosen_charges(subject, limit, cost, charges)
         return func(event=EventOptions(chosen, occurred_at, metadata, fmt), **others)
 
-    decorators = [
-        charge_options("event"),
-        click.option(
-            "--at",
-            "occurred_at",
-            metavar="TIME",
-            callback=parse_datetime,
-            help="When the usage happened (default now): RFC 3339, naive means UTC.",
-        ),
-        click.option(
-            "--meta",
-            "metadata",
-            metavar="KEY=VALUE",
-            multiple=True,
-            callback=parse_meta,
-            help="Event metadata (a seat limit counts its key's values); repeatable.",
-        ),
-        format_option,
-    ]
-    decorated: Callable[..., Any] = command
-    for decorator in reversed(decorators):
-        decorated = decorator(decorated)
-    return cast(F, decorated)
+    return cast(
+        F,
+        stacked(
+            charge_options("event"),
+            click.option(
+                "--at",
+                "occurred_at",
+                metavar="TIME",
+                callback=parse_datetime,
+                help="When the usage happened (default now): RFC 3339, naive means UTC.",
+            ),
+            click.option(
+                "--meta",
+                "metadata",
+                metavar="KEY=VALUE",
+                multiple=True,
+                callback=parse_meta,
+                help="Event metadata (a seat limit counts its key's values); repeatable.",
+            ),
+            format_option,
+        )(command),
+    )
