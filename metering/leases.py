@@ -222,28 +222,33 @@ class LeaseBook:
 
     def take(self, subject: str, limit: str, cost: int) -> Decision | None:
         """A decision from this key's lease, or None (the database must decide)."""
-        now_us = self._database.now_us()
-        with self._lock:
-            lease = self._usable(subject, limit, cost, now_us)
-            if lease is None:
-                return None
-            lease.used += cost
-            lease.taken += cost
-            unused = lease.unused
-        return served_decision(lease.block, cost, unused, from_us(now_us))
+        taken = self._take(subject, limit, cost, held=False)
+        return None if taken is None else taken[1]
 
     def take_held(self, subject: str, limit: str, cost: int) -> LeasedReservation | None:
         """A stacking reservation from this key's lease, or None."""
+        taken = self._take(subject, limit, cost, held=True)
+        if taken is None:
+            return None
+        lease, decision = taken
+        return LeasedReservation(self, lease, cost, decision)
+
+    def _take(
+        self, subject: str, limit: str, cost: int, *, held: bool
+    ) -> tuple[_Lease, Decision] | None:
+        """``cost`` from this key's lease, used (or ``held``) at once, with its decision."""
         now_us = self._database.now_us()
         with self._lock:
             lease = self._usable(subject, limit, cost, now_us)
             if lease is None:
                 return None
-            lease.held += cost
+            if held:
+                lease.held += cost
+            else:
+                lease.used += cost
             lease.taken += cost
             unused = lease.unused
-        decision = served_decision(lease.block, cost, unused, from_us(now_us))
-        return LeasedReservation(self, lease, cost, decision)
+        return lease, served_decision(lease.block, cost, unused, from_us(now_us))
 
     def _usable(self, subject: str, limit: str, cost: int, now_us: int) -> _Lease | None:
         name = (subject, limit)
