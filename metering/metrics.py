@@ -77,10 +77,11 @@ HTTP_METHODS: Final = frozenset(
 BATCH_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 HTTP_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
-ASGIApp = Callable[
-    [MutableMapping[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]],
-    Awaitable[None],
-]
+# ASGI's three arguments, and an app taking them.
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Any]]
+Send = Callable[[Any], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 class Metrics:
@@ -536,12 +537,7 @@ class MetricsApp:
     def __init__(self, collectors: Iterable[Any] = ()) -> None:
         self.collectors = list(collectors)
 
-    async def __call__(
-        self,
-        scope: MutableMapping[str, Any],
-        receive: Callable[[], Awaitable[Any]],
-        send: Callable[[Any], Awaitable[None]],
-    ) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         assert scope["type"] == "http"
         if scope.get("method") not in ("GET", "HEAD"):
             await _respond(send, 405, b"method not allowed\n", "text/plain; charset=utf-8")
@@ -561,9 +557,7 @@ class MetricsApp:
         return Response(body, media_type=content_type)
 
 
-async def _respond(
-    send: Callable[[Any], Awaitable[None]], status: int, body: bytes, content_type: str
-) -> None:
+async def _respond(send: Send, status: int, body: bytes, content_type: str) -> None:
     headers = [(b"content-type", content_type.encode()), (b"content-length", b"%d" % len(body))]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
@@ -585,12 +579,7 @@ class HttpMetrics:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
-    async def __call__(
-        self,
-        scope: MutableMapping[str, Any],
-        receive: Callable[[], Awaitable[Any]],
-        send: Callable[[Any], Awaitable[None]],
-    ) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
