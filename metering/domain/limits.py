@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
-from metering.domain.bounds import shown
+from metering.domain.bounds import shown, validate_whole
 from metering.domain.jsonable import fields_dict
 from metering.domain.money import format_amount, parse_amount, validate_currency
 from metering.errors import InvalidLimit
@@ -110,11 +110,7 @@ def is_reserved(name: str) -> bool:
 
 
 def _positive_int(field_name: str, value: object, ceiling: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidLimit(field_name, f"must be a whole number, got {shown(value)}")
-    if not 1 <= value <= ceiling:
-        raise InvalidLimit(field_name, f"must be between 1 and {ceiling}, got {shown(value)}")
-    return value
+    return validate_whole(field_name, value, 1, ceiling, error=InvalidLimit)
 
 
 def _choice(field_name: str, value: object, choices: tuple[str, ...]) -> str:
