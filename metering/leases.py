@@ -35,7 +35,7 @@ import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from metering.domain.decisions import Decision
 from metering.domain.events import UsageEvent, make_event
@@ -57,6 +57,8 @@ from metering.errors import MeteringError
 from metering.reservations import Reservation
 from metering.reservations import transactions as reserving
 from metering.storage.database import Database
+
+T = TypeVar("T")
 
 log = logging.getLogger("metering.leases")
 
@@ -321,31 +323,33 @@ class LeaseBook:
     def lease(self, subject: str, limit: str, cost: int) -> Decision:
         """Decide a request of this key: from its lease, from a new block, or
         by the exact path (`Meter.consume`)."""
-        decision = self.take(subject, limit, cost)
+        decision = self._served(self.take, subject, limit, cost)
         if decision is not None:
             return decision
-        if self._renew(subject, limit, cost):
-            decision = self.take(subject, limit, cost)
-            if decision is not None:
-                return decision
-        self._settle_pending((subject, limit))
         decision = self._meter.consume(subject, limit, cost)
         self.note(subject, limit, cost, decision)
         return decision
 
     def reserve(self, subject: str, limit: str, cost: int) -> LeasedReservation | Reservation:
         """`lease` for a stacking reservation: from the lease, else `Meter.reserve`."""
-        held = self.take_held(subject, limit, cost)
+        held = self._served(self.take_held, subject, limit, cost)
         if held is not None:
             return held
-        if self._renew(subject, limit, cost):
-            held = self.take_held(subject, limit, cost)
-            if held is not None:
-                return held
-        self._settle_pending((subject, limit))
         reservation = self._meter.reserve(subject, limit, cost)
         self.note(subject, limit, cost, reservation.decision)
         return reservation
+
+    def _served(
+        self, take: Callable[[str, str, int], T | None], subject: str, limit: str, cost: int
+    ) -> T | None:
+        """What ``take`` serves from the key's lease, or from a new block; None
+        (the key's pending usage settled first) when the database must decide."""
+        served = take(subject, limit, cost)
+        if served is None and self._renew(subject, limit, cost):
+            served = take(subject, limit, cost)
+        if served is None:
+            self._settle_pending((subject, limit))
+        return served
 
     def _renew(self, subject: str, limit: str, cost: int) -> bool:
         """Lease a new block if the key is hot and the rule gives one (settling
