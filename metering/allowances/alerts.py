@@ -15,7 +15,7 @@ from typing import Any, Final
 from sqlalchemy import Connection
 
 from metering.domain.alerts import parse_points, shown_points
-from metering.domain.events import validate_subject
+from metering.domain.events import validate_filters, validate_subject
 from metering.domain.instants import from_us
 from metering.domain.jsonable import fields_dict
 from metering.domain.limits import validate_limit_name
@@ -75,10 +75,7 @@ def set_alert(database: Database, subject: str, limit: str, at: Iterable[object]
 def list_alerts(
     database: Database, subject: str | None = None, limit: str | None = None
 ) -> list[Alert]:
-    if subject is not None:
-        validate_subject(subject)
-    if limit is not None:
-        validate_limit_name(limit)
+    validate_filters(subject, limit)
     return [_alert(r) for r in database.run(lambda c: AlertStore(c).listed(subject, limit))]
 
 

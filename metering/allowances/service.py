@@ -29,7 +29,7 @@ from metering.domain.corrections import (
     validate_reason,
     voided_charges,
 )
-from metering.domain.events import validate_event_id, validate_subject
+from metering.domain.events import validate_event_id, validate_filters, validate_subject
 from metering.domain.grants import (
     DEFAULT_PRIORITY,
     MAX_GRANT,
@@ -139,10 +139,7 @@ def load_entitlements(database: Database, path: str | Path) -> list[Entitlement]
 def entitlements(
     database: Database, subject: str | None = None, limit: str | None = None
 ) -> list[Entitlement]:
-    if subject is not None:
-        validate_subject(subject)
-    if limit is not None:
-        validate_limit_name(limit)
+    validate_filters(subject, limit)
     return database.run(lambda c: AllowanceStore(c).entitlements(subject, limit))
 
 
@@ -425,10 +422,7 @@ def _after_issuing(
 ) -> T:
     """``read`` (filtered by ``subject`` and ``limit``, validated here) in a
     transaction that first makes every recurring issue now due."""
-    if subject is not None:
-        validate_subject(subject)
-    if limit is not None:
-        validate_limit_name(limit)
+    validate_filters(subject, limit)
     now_us = database.now_us()
 
     def work(connection: Connection) -> T:

@@ -136,6 +136,14 @@ def validate_subject(subject: object) -> str:
     return subject
 
 
+def validate_filters(subject: str | None, limit: str | None) -> None:
+    """A listing's filters: the subject and the limit name, each checked when given."""
+    if subject is not None:
+        validate_subject(subject)
+    if limit is not None:
+        validate_limit_name(limit)
+
+
 def validate_cost(cost: object) -> int:
     return validate_whole("cost", cost, 1, MAX_COST)
 

@@ -23,7 +23,12 @@ from typing import Any
 from sqlalchemy import Connection
 
 from metering.domain.bounds import validate_count
-from metering.domain.events import validate_cost, validate_event_id, validate_subject
+from metering.domain.events import (
+    validate_cost,
+    validate_event_id,
+    validate_filters,
+    validate_subject,
+)
 from metering.domain.grants import maximum_at
 from metering.domain.instants import from_us
 from metering.domain.licenses import (
@@ -254,10 +259,7 @@ def checkout_info(database: Database, checkout_id: str) -> Checkout | None:
 def checkouts(database: Database, subject: str | None, limit: str | None, state: str | None,
               count: int) -> list[Checkout]:  # fmt: skip
     """The ``count`` newest checkouts, optionally of one subject, limit and state."""
-    if subject is not None:
-        validate_subject(subject)
-    if limit is not None:
-        validate_limit_name(limit)
+    validate_filters(subject, limit)
     if state is not None and state not in ("held", "released"):
         raise InvalidInput("state", "must be held or released")
     validate_count("count", count)
