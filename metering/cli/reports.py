@@ -145,6 +145,16 @@ class ReportOptions:
     chart: Path | None
     progress: bool | None
 
+    @property
+    def filters(self) -> dict[str, Any]:
+        """The period and the limit, as the report functions take them."""
+        return {
+            "period": self.period,
+            "since": self.since,
+            "until": self.until,
+            "limit": self.limit,
+        }
+
 
 def _filter_options(func: F) -> F:
     """The options of the overage and usage reports, passed to the command
@@ -200,15 +210,7 @@ def overage(options: ReportOptions, subject: str | None, top: int | None) -> Non
     billed; a shadow limit's would-denies: see report shadow). JSON is one
     object, {"report": ..., "rows": [...]}, as over HTTP.
     """
-    chosen = select_overage(
-        current_meter(),
-        period=options.period,
-        since=options.since,
-        until=options.until,
-        subject=subject,
-        limit=options.limit,
-        top=top,
-    )
+    chosen = select_overage(current_meter(), subject=subject, top=top, **options.filters)
     chart = options.chart
     keep = (top or DEFAULT_TOP) if chart is not None else 0
     kept = _output(chosen, options.fmt, options.progress, keep, _overage_title(chosen))
@@ -238,24 +240,11 @@ def usage(subject: str, options: ReportOptions, group_by: str | None) -> None:
         if chart is not None:
             raise InvalidInput("chart", "--chart draws usage per window; not with --group-by")
         grouped = usage_by_dimension(
-            current_meter(),
-            subject=subject,
-            key=group_by,
-            limit=options.limit,
-            period=options.period,
-            since=options.since,
-            until=options.until,
+            current_meter(), subject=subject, key=group_by, **options.filters
         )
         _output_groups(grouped, options.fmt, options.progress)
         return
-    chosen = select_usage(
-        current_meter(),
-        subject,
-        period=options.period,
-        since=options.since,
-        until=options.until,
-        limit=options.limit,
-    )
+    chosen = select_usage(current_meter(), subject, **options.filters)
     keep = None if chart is not None else 0
     title = f"Usage of {subject}, {chosen.range.label}"
     kept = _output(chosen, options.fmt, options.progress, keep, title)
