@@ -35,7 +35,7 @@ import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from metering.domain.decisions import Decision
 from metering.domain.events import UsageEvent, make_event
@@ -57,6 +57,8 @@ from metering.errors import MeteringError
 from metering.reservations import Reservation
 from metering.reservations import transactions as reserving
 from metering.storage.database import Database
+
+T = TypeVar("T")
 
 log = logging.getLogger("metering.leases")
 
@@ -222,28 +224,33 @@ class LeaseBook:
 
     def take(self, subject: str, limit: str, cost: int) -> Decision | None:
         """A decision from this key's lease, or None (the database must decide)."""
-        now_us = self._database.now_us()
-        with self._lock:
-            lease = self._usable(subject, limit, cost, now_us)
-            if lease is None:
-                return None
-            lease.used += cost
-            lease.taken += cost
-            unused = lease.unused
-        return served_decision(lease.block, cost, unused, from_us(now_us))
+        taken = self._take(subject, limit, cost, held=False)
+        return None if taken is None else taken[1]
 
     def take_held(self, subject: str, limit: str, cost: int) -> LeasedReservation | None:
         """A stacking reservation from this key's lease, or None."""
+        taken = self._take(subject, limit, cost, held=True)
+        if taken is None:
+            return None
+        lease, decision = taken
+        return LeasedReservation(self, lease, cost, decision)
+
+    def _take(
+        self, subject: str, limit: str, cost: int, *, held: bool
+    ) -> tuple[_Lease, Decision] | None:
+        """``cost`` from this key's lease, used (or ``held``) at once, with its decision."""
         now_us = self._database.now_us()
         with self._lock:
             lease = self._usable(subject, limit, cost, now_us)
             if lease is None:
                 return None
-            lease.held += cost
+            if held:
+                lease.held += cost
+            else:
+                lease.used += cost
             lease.taken += cost
             unused = lease.unused
-        decision = served_decision(lease.block, cost, unused, from_us(now_us))
-        return LeasedReservation(self, lease, cost, decision)
+        return lease, served_decision(lease.block, cost, unused, from_us(now_us))
 
     def _usable(self, subject: str, limit: str, cost: int, now_us: int) -> _Lease | None:
         name = (subject, limit)
@@ -316,31 +323,33 @@ class LeaseBook:
     def lease(self, subject: str, limit: str, cost: int) -> Decision:
         """Decide a request of this key: from its lease, from a new block, or
         by the exact path (`Meter.consume`)."""
-        decision = self.take(subject, limit, cost)
+        decision = self._served(self.take, subject, limit, cost)
         if decision is not None:
             return decision
-        if self._renew(subject, limit, cost):
-            decision = self.take(subject, limit, cost)
-            if decision is not None:
-                return decision
-        self._settle_pending((subject, limit))
         decision = self._meter.consume(subject, limit, cost)
         self.note(subject, limit, cost, decision)
         return decision
 
     def reserve(self, subject: str, limit: str, cost: int) -> LeasedReservation | Reservation:
         """`lease` for a stacking reservation: from the lease, else `Meter.reserve`."""
-        held = self.take_held(subject, limit, cost)
+        held = self._served(self.take_held, subject, limit, cost)
         if held is not None:
             return held
-        if self._renew(subject, limit, cost):
-            held = self.take_held(subject, limit, cost)
-            if held is not None:
-                return held
-        self._settle_pending((subject, limit))
         reservation = self._meter.reserve(subject, limit, cost)
         self.note(subject, limit, cost, reservation.decision)
         return reservation
+
+    def _served(
+        self, take: Callable[[str, str, int], T | None], subject: str, limit: str, cost: int
+    ) -> T | None:
+        """What ``take`` serves from the key's lease, or from a new block; None
+        (the key's pending usage settled first) when the database must decide."""
+        served = take(subject, limit, cost)
+        if served is None and self._renew(subject, limit, cost):
+            served = take(subject, limit, cost)
+        if served is None:
+            self._settle_pending((subject, limit))
+        return served
 
     def _renew(self, subject: str, limit: str, cost: int) -> bool:
         """Lease a new block if the key is hot and the rule gives one (settling

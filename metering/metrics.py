@@ -52,13 +52,15 @@ from collections.abc import (
 )
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from metering.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
     from prometheus_client.metrics_core import Metric
+
+SourceT = TypeVar("SourceT")
 
 MULTIPROC_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
 # Distinct limit names one process labels; later ones are counted as OTHER_LIMIT.
@@ -75,10 +77,11 @@ HTTP_METHODS: Final = frozenset(
 BATCH_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 HTTP_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
-ASGIApp = Callable[
-    [MutableMapping[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]],
-    Awaitable[None],
-]
+# ASGI's three arguments, and an app taking them.
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Any]]
+Send = Callable[[Any], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 class Metrics:
@@ -94,75 +97,72 @@ class Metrics:
         # Not prometheus-client's global registry: exposition goes through
         # `exposition_registry`, which reads these or the multiprocess files.
         self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.events = Counter(
+
+        def counter(name: str, documentation: str, *labels: str) -> Counter:
+            return Counter(name, documentation, labels, registry=self.registry)
+
+        def histogram(
+            name: str, documentation: str, buckets: Sequence[float], *labels: str
+        ) -> Histogram:
+            return Histogram(name, documentation, labels, buckets=buckets, registry=self.registry)
+
+        self.events = counter(
             "metering_events",
             "Events decided, once each, under every limit they charge, by the event's outcome.",
-            ["limit", "outcome"],
-            registry=r,
+            "limit",
+            "outcome",
         )
-        self.denials = Counter(
-            "metering_denials",
-            "Denied events, under each limit that denied them.",
-            ["limit"],
-            registry=r,
+        self.denials = counter(
+            "metering_denials", "Denied events, under each limit that denied them.", "limit"
         )
-        self.received = Counter(
+        self.received = counter(
             "metering_events_received",
             "Events the HTTP API accepted, under every limit they charge.",
-            ["limit"],
-            registry=r,
+            "limit",
         )
-        self.repeats = Counter(
+        self.repeats = counter(
             "metering_events_repeated",
             "Events whose id was decided before: duplicate (same charges) or conflict.",
-            ["kind"],
-            registry=r,
+            "kind",
         )
-        self.dead_letters = Counter(
+        self.dead_letters = counter(
             "metering_dead_letters",
             "Queued input kept in rejected_messages (malformed, conflicting ids).",
-            registry=r,
         )
-        self.batch_seconds = Histogram(
+        self.batch_seconds = histogram(
             "metering_batch_apply_seconds",
             "Time to apply one queued batch, retries included.",
-            buckets=BATCH_BUCKETS,
-            registry=r,
+            BATCH_BUCKETS,
         )
-        self.batch_events = Counter(
-            "metering_batch_events", "Events in the queued batches applied.", registry=r
+        self.batch_events = counter(
+            "metering_batch_events", "Events in the queued batches applied."
         )
-        self.webhook_deliveries = Counter(
+        self.webhook_deliveries = counter(
             "metering_webhook_deliveries",
             "Webhook delivery attempts, by the delivery's state after them.",
-            ["outcome"],
-            registry=r,
+            "outcome",
         )
-        self.db_retries = Counter(
+        self.db_retries = counter(
             "metering_db_retries",
             "Transactions run again (conflict, deadlock, busy database, lost connection).",
-            ["reason"],
-            registry=r,
+            "reason",
         )
-        self.db_errors = Counter(
-            "metering_db_errors",
-            "Transactions that failed for good, by the error raised.",
-            ["error"],
-            registry=r,
+        self.db_errors = counter(
+            "metering_db_errors", "Transactions that failed for good, by the error raised.", "error"
         )
-        self.http_requests = Counter(
+        self.http_requests = counter(
             "metering_http_requests",
             "HTTP requests, by method, route template and status.",
-            ["method", "route", "status"],
-            registry=r,
+            "method",
+            "route",
+            "status",
         )
-        self.http_seconds = Histogram(
+        self.http_seconds = histogram(
             "metering_http_request_duration_seconds",
             "HTTP request duration, by method and route template.",
-            ["method", "route"],
-            buckets=HTTP_BUCKETS,
-            registry=r,
+            HTTP_BUCKETS,
+            "method",
+            "route",
         )
         self._limits: set[str] = set()
         self._children: dict[tuple[Any, ...], Any] = {}
@@ -388,23 +388,28 @@ class LagCollector:
         up = GaugeMetricFamily(
             "metering_lag_up", "Whether the last read of a lag source worked.", labels=["source"]
         )
-        if self.queues is not None:
-            try:
-                lag = self.queues()
-            except Exception:
-                up.add_metric(["broker"], 0)
-            else:
-                up.add_metric(["broker"], 1)
-                yield from _queue_gauges(lag)
-        if self.webhooks is not None:
-            try:
-                backlog = self.webhooks()
-            except Exception:
-                up.add_metric(["database"], 0)
-            else:
-                up.add_metric(["database"], 1)
-                yield from _backlog_gauges(backlog)
+        yield from _source_gauges(up, "broker", self.queues, _queue_gauges)
+        yield from _source_gauges(up, "database", self.webhooks, _backlog_gauges)
         yield up
+
+
+def _source_gauges(
+    up: Any,
+    source: str,
+    read: Callable[[], SourceT] | None,
+    gauges: Callable[[SourceT], Iterator[Metric]],
+) -> Iterator[Metric]:
+    """The ``gauges`` of what ``read`` returns (none without a ``read``), and
+    under ``up`` whether reading ``source`` worked."""
+    if read is None:
+        return
+    try:
+        found = read()
+    except Exception:
+        up.add_metric([source], 0)
+    else:
+        up.add_metric([source], 1)
+        yield from gauges(found)
 
 
 def _queue_gauges(lag: QueueLag) -> Iterator[Metric]:
@@ -532,12 +537,7 @@ class MetricsApp:
     def __init__(self, collectors: Iterable[Any] = ()) -> None:
         self.collectors = list(collectors)
 
-    async def __call__(
-        self,
-        scope: MutableMapping[str, Any],
-        receive: Callable[[], Awaitable[Any]],
-        send: Callable[[Any], Awaitable[None]],
-    ) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         assert scope["type"] == "http"
         if scope.get("method") not in ("GET", "HEAD"):
             await _respond(send, 405, b"method not allowed\n", "text/plain; charset=utf-8")
@@ -557,9 +557,7 @@ class MetricsApp:
         return Response(body, media_type=content_type)
 
 
-async def _respond(
-    send: Callable[[Any], Awaitable[None]], status: int, body: bytes, content_type: str
-) -> None:
+async def _respond(send: Send, status: int, body: bytes, content_type: str) -> None:
     headers = [(b"content-type", content_type.encode()), (b"content-length", b"%d" % len(body))]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
@@ -581,12 +579,7 @@ class HttpMetrics:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
-    async def __call__(
-        self,
-        scope: MutableMapping[str, Any],
-        receive: Callable[[], Awaitable[Any]],
-        send: Callable[[Any], Awaitable[None]],
-    ) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return

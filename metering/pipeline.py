@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from metering.domain.events import EventRecord, Rejected
+from metering.domain.jsonable import fields_dict
 from metering.engine.fast import CONFLICT, DUPLICATE, NEW, Answer
 from metering.errors import InputRefused
 from metering.messages import decode_records, encode_event, raw_text
@@ -36,13 +37,7 @@ class BatchReport:
     malformed: int = 0
 
     def to_dict(self) -> dict[str, int]:
-        return {
-            "applied": self.applied,
-            "duplicates": self.duplicates,
-            "conflicts": self.conflicts,
-            "rejected": self.rejected,
-            "malformed": self.malformed,
-        }
+        return fields_dict(self)
 
 
 def apply_batch(meter: Meter, payload: object) -> BatchReport:

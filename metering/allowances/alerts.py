@@ -10,18 +10,22 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 from sqlalchemy import Connection
 
 from metering.domain.alerts import parse_points, shown_points
-from metering.domain.events import validate_subject
+from metering.domain.events import validate_filters, validate_subject
 from metering.domain.instants import from_us
+from metering.domain.jsonable import fields_dict
 from metering.domain.limits import validate_limit_name
 from metering.errors import UnknownLimit
 from metering.storage.alerts import AlertRecord, AlertStore
 from metering.storage.database import Database
 from metering.storage.store import Store
+
+# `Alert.to_dict`'s keys, in order.
+ALERT_KEYS: Final = ("subject", "limit", "at", "thresholds", "thresholds_units", "updated_at")
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,14 +43,7 @@ class Alert:
         return shown_points(self.thresholds, self.thresholds_units)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "subject": self.subject,
-            "limit": self.limit,
-            "at": self.at,
-            "thresholds": list(self.thresholds),
-            "thresholds_units": list(self.thresholds_units),
-            "updated_at": self.updated_at.isoformat(),
-        }
+        return fields_dict(self, ALERT_KEYS)
 
 
 def _alert(record: AlertRecord) -> Alert:
@@ -78,10 +75,7 @@ def set_alert(database: Database, subject: str, limit: str, at: Iterable[object]
 def list_alerts(
     database: Database, subject: str | None = None, limit: str | None = None
 ) -> list[Alert]:
-    if subject is not None:
-        validate_subject(subject)
-    if limit is not None:
-        validate_limit_name(limit)
+    validate_filters(subject, limit)
     return [_alert(r) for r in database.run(lambda c: AlertStore(c).listed(subject, limit))]
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from sqlalchemy import Connection
 
@@ -29,7 +29,7 @@ from metering.domain.corrections import (
     validate_reason,
     voided_charges,
 )
-from metering.domain.events import validate_event_id, validate_subject
+from metering.domain.events import validate_event_id, validate_filters, validate_subject
 from metering.domain.grants import (
     DEFAULT_PRIORITY,
     MAX_GRANT,
@@ -39,6 +39,7 @@ from metering.domain.grants import (
     validate_priority,
 )
 from metering.domain.instants import from_us, to_us
+from metering.domain.jsonable import fields_dict
 from metering.domain.limits import MAX_MAXIMUM, Limit, parse_period, validate_limit_name
 from metering.domain.notifications import _iso
 from metering.domain.recurring import Issue, low_threshold, next_due_us, parse_low, period_end
@@ -138,14 +139,29 @@ def load_entitlements(database: Database, path: str | Path) -> list[Entitlement]
 def entitlements(
     database: Database, subject: str | None = None, limit: str | None = None
 ) -> list[Entitlement]:
-    if subject is not None:
-        validate_subject(subject)
-    if limit is not None:
-        validate_limit_name(limit)
+    validate_filters(subject, limit)
     return database.run(lambda c: AllowanceStore(c).entitlements(subject, limit))
 
 
 # -- grants -------------------------------------------------------------------
+
+
+# `Grant.to_dict`'s keys, in order.
+GRANT_KEYS: Final = (
+    "grant_id",
+    "subject",
+    "limit",
+    "amount",
+    "used",
+    "left",
+    "effective_from",
+    "expires_at",
+    "reason",
+    "priority",
+    "recurring_grant_id",
+    "issue",
+    "low_at",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,21 +189,7 @@ class Grant:
         return self.amount - self.used
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "grant_id": self.grant_id,
-            "subject": self.subject,
-            "limit": self.limit,
-            "amount": self.amount,
-            "used": self.used,
-            "left": self.left,
-            "effective_from": self.effective_from.isoformat(),
-            "expires_at": self.expires_at.isoformat() if self.expires_at else None,
-            "reason": self.reason,
-            "priority": self.priority,
-            "recurring_grant_id": self.recurring_grant_id,
-            "issue": self.issue,
-            "low_at": self.low_at,
-        }
+        return fields_dict(self, GRANT_KEYS)
 
 
 def _grant_of(record: GrantRecord, *, duplicate: bool = False) -> Grant:
@@ -420,10 +422,7 @@ def _after_issuing(
 ) -> T:
     """``read`` (filtered by ``subject`` and ``limit``, validated here) in a
     transaction that first makes every recurring issue now due."""
-    if subject is not None:
-        validate_subject(subject)
-    if limit is not None:
-        validate_limit_name(limit)
+    validate_filters(subject, limit)
     now_us = database.now_us()
 
     def work(connection: Connection) -> T:
@@ -451,20 +450,7 @@ class RecurringGrant:
     reason: str | None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "grant_id": self.grant_id,
-            "subject": self.subject,
-            "limit": self.limit,
-            "amount": self.amount,
-            "every": self.every,
-            "rollover_max": self.rollover_max,
-            "priority": self.priority,
-            "until": self.until.isoformat() if self.until else None,
-            "low": self.low,
-            "last_issue": self.last_issue,
-            "next_issue_at": self.next_issue_at.isoformat() if self.next_issue_at else None,
-            "reason": self.reason,
-        }
+        return fields_dict(self)
 
 
 def list_recurring(
@@ -517,10 +503,7 @@ class Correction:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "correction_id": self.correction_id,
-            "event_id": self.event_id,
-            "reason": self.reason,
-            "created_at": self.created_at.isoformat(),
+            **fields_dict(self, ("correction_id", "event_id", "reason", "created_at")),
             "charges": [
                 {
                     "subject": subject,

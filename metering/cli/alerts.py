@@ -14,9 +14,9 @@ import click
 
 from metering.allowances import Alert
 from metering.cli.context import current_meter
-from metering.cli.entitlements import limit_argument, limit_filter
+from metering.cli.entitlements import limit_argument, listing_filters
 from metering.cli.options import format_option
-from metering.cli.output import print_table, table, when
+from metering.cli.output import echo_listing, when
 
 ALERT_COLUMNS: Final = ("subject", "limit", "at", "updated")
 
@@ -46,22 +46,15 @@ def alerts_set(subject: str, limit: str, at: tuple[str, ...], fmt: str) -> None:
 
 
 @alerts.command("list")
-@click.option("--subject", help="Only this subject.")
-@limit_filter
-@format_option
+@listing_filters
 def alerts_list(subject: str | None, limit: str | None, fmt: str) -> None:
     """Subjects with thresholds of their own."""
     found = current_meter().alerts(subject, limit)
-    if fmt == "json":
-        click.echo(json.dumps([a.to_dict() for a in found], indent=2))
-        return
-    if not found:
-        click.echo("no alerts")
-        return
-    rows: list[list[object]] = [
-        [a.subject, a.limit, ", ".join(a.at), when(a.updated_at)] for a in found
-    ]
-    print_table(table(ALERT_COLUMNS, rows))
+    echo_listing(found, fmt, "no alerts", ALERT_COLUMNS, _alert_row)
+
+
+def _alert_row(alert: Alert) -> list[object]:
+    return [alert.subject, alert.limit, ", ".join(alert.at), when(alert.updated_at)]
 
 
 @alerts.command("remove")

@@ -7,7 +7,6 @@ create --scope ingest)``), and a note on stderr; only its hash is stored.
 
 from __future__ import annotations
 
-import json
 from typing import Final
 
 import click
@@ -15,7 +14,7 @@ import click
 from metering.apikeys import SCOPES, ApiKey, ApiKeys
 from metering.cli.context import current_meter
 from metering.cli.options import format_option
-from metering.cli.output import print_table, table, when
+from metering.cli.output import echo_listing, when
 
 KEY_COLUMNS: Final = ("id", "scope", "subject", "name", "created", "last used", "state")
 
@@ -71,12 +70,7 @@ def _row(key: ApiKey) -> list[object]:
 def list_keys(fmt: str) -> None:
     """List keys, revoked ones too (never the keys themselves)."""
     found = _keys().list()
-    if fmt == "json":
-        click.echo(json.dumps([k.to_dict() for k in found], indent=2))
-    elif not found:
-        click.echo("no API keys")
-    else:
-        print_table(table(KEY_COLUMNS, [_row(k) for k in found], numeric=()))
+    echo_listing(found, fmt, "no API keys", KEY_COLUMNS, _row, numeric=())
 
 
 @apikeys.command("revoke")

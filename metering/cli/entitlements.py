@@ -7,8 +7,7 @@ change, and the history stays, so a past window keeps the maximum it had.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -17,7 +16,7 @@ import click
 
 from metering.cli.context import current_meter
 from metering.cli.options import format_option, parse_datetime
-from metering.cli.output import print_table, table, when_us
+from metering.cli.output import echo_listing, when_us
 from metering.domain.grants import Entitlement
 from metering.domain.limits import validate_limit_name
 from metering.domain.money import parse_amount
@@ -56,22 +55,24 @@ def limit_filter(func: F) -> F:
     return click.option("--limit", callback=parse_limit_name, help="Only this limit.")(func)
 
 
+def listing_filters(func: F) -> F:
+    """``--subject``, ``--limit`` and ``--format`` of a listing of subjects' records."""
+    return click.option("--subject", help="Only this subject.")(limit_filter(format_option(func)))
+
+
 def describe_entitlement(change: Entitlement) -> str:
     """One line: ``org-42 api_calls: maximum 5000 from 2026-12-01 00:00:00 UTC``."""
     maximum = "the limit's default" if change.maximum is None else f"maximum {change.maximum}"
     return f"{change.subject} {change.limit}: {maximum} from {when_us(change.effective_from_us)}"
 
 
-def _rows(found: Sequence[Entitlement]) -> list[list[object]]:
+def _row(e: Entitlement) -> list[object]:
     return [
-        [
-            e.subject,
-            e.limit,
-            "default" if e.maximum is None else e.maximum,
-            when_us(e.effective_from_us),
-            when_us(e.created_at_us),
-        ]
-        for e in found
+        e.subject,
+        e.limit,
+        "default" if e.maximum is None else e.maximum,
+        when_us(e.effective_from_us),
+        when_us(e.created_at_us),
     ]
 
 
@@ -130,18 +131,12 @@ def entitlements_delete(subject: str, limit: str, effective_from: datetime | Non
 
 
 @entitlements.command("list")
-@click.option("--subject", help="Only this subject.")
-@limit_filter
-@format_option
+@listing_filters
 def entitlements_list(subject: str | None, limit: str | None, fmt: str) -> None:
     """Every change of a subject's maximum, oldest first per subject and limit."""
     found = current_meter().entitlements(subject, limit)
-    if fmt == "json":
-        click.echo(json.dumps([change.to_dict() for change in found], indent=2))
-    elif not found:
-        click.echo("no entitlements: every subject has its limits' maximums")
-    else:
-        print_table(table(ENTITLEMENT_COLUMNS, _rows(found)))
+    empty = "no entitlements: every subject has its limits' maximums"
+    echo_listing(found, fmt, empty, ENTITLEMENT_COLUMNS, _row)
 
 
 @entitlements.command("load")

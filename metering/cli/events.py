@@ -11,8 +11,7 @@ import click
 
 from metering.cli.context import CliError, current_meter
 from metering.cli.options import (
-    ChargeTuple,
-    chosen_charges,
+    EventOptions,
     decision_options,
     format_option,
     parse_datetime,
@@ -33,39 +32,26 @@ from metering.storage.queue_state import is_queued
 @click.command(epilog=EXIT_CODES_HELP)
 @decision_options
 @click.option("--event-id", help="Idempotency key; a repeated id returns the stored result.")
-def consume(
-    subject: str | None,
-    limit: str | None,
-    cost: int | None,
-    charges: list[ChargeTuple],
-    occurred_at: datetime | None,
-    metadata: dict[str, str] | None,
-    fmt: str,
-    event_id: str | None,
-) -> None:
+def consume(event: EventOptions, event_id: str | None) -> None:
     """Decide and record a usage event: SUBJECT LIMIT, or several --charge."""
-    wanted = chosen_charges(subject, limit, cost, charges)
     decision = current_meter().consume(
-        charges=wanted, event_id=event_id, occurred_at=occurred_at, metadata=metadata
+        charges=event.charges,
+        event_id=event_id,
+        occurred_at=event.occurred_at,
+        metadata=event.metadata,
     )
-    report_decision(decision, fmt)
+    report_decision(decision, event.fmt)
 
 
 @click.command(epilog=EXIT_CODES_HELP)
 @decision_options
-def check(
-    subject: str | None,
-    limit: str | None,
-    cost: int | None,
-    charges: list[ChargeTuple],
-    occurred_at: datetime | None,
-    metadata: dict[str, str] | None,
-    fmt: str,
-) -> None:
+def check(event: EventOptions) -> None:
     """What consume would decide now; consumes and records nothing."""
-    wanted = chosen_charges(subject, limit, cost, charges)
     meter = current_meter()
-    report_decision(meter.check(charges=wanted, occurred_at=occurred_at, metadata=metadata), fmt)
+    decision = meter.check(
+        charges=event.charges, occurred_at=event.occurred_at, metadata=event.metadata
+    )
+    report_decision(decision, event.fmt)
 
 
 RESULT_EXIT_CODES_HELP: Final = EXIT_CODES_HELP.replace(

@@ -16,9 +16,9 @@ import click
 
 from metering.allowances import Correction, Grant, RecurringGrant
 from metering.cli.context import current_meter
-from metering.cli.entitlements import from_option, limit_argument, limit_filter
+from metering.cli.entitlements import from_option, limit_argument, listing_filters
 from metering.cli.options import format_option, parse_datetime
-from metering.cli.output import print_table, table, when
+from metering.cli.output import echo_listing, when
 from metering.domain.grants import DEFAULT_PRIORITY
 from metering.domain.limits import parse_period
 from metering.errors import InvalidInput
@@ -138,39 +138,29 @@ def grants_add(
 
 
 @grants.command("list")
-@click.option("--subject", help="Only this subject.")
-@limit_filter
-@format_option
+@listing_filters
 def grants_list(subject: str | None, limit: str | None, fmt: str) -> None:
     """Grants, with what is used and left of each (at most 1,000)."""
     found = current_meter().grants(subject, limit)
-    if fmt == "json":
-        click.echo(json.dumps([grant.to_dict() for grant in found], indent=2))
-        return
-    if not found:
-        click.echo("no grants")
-        return
-    rows: list[list[object]] = [
-        [
-            g.grant_id,
-            g.subject,
-            g.limit,
-            g.amount,
-            g.used,
-            g.left,
-            when(g.effective_from),
-            when(g.expires_at) if g.expires_at else "never",
-            g.reason,
-        ]
-        for g in found
+    echo_listing(found, fmt, "no grants", GRANT_COLUMNS, _grant_row, numeric=GRANT_NUMBERS)
+
+
+def _grant_row(g: Grant) -> list[object]:
+    return [
+        g.grant_id,
+        g.subject,
+        g.limit,
+        g.amount,
+        g.used,
+        g.left,
+        when(g.effective_from),
+        when(g.expires_at) if g.expires_at else "never",
+        g.reason,
     ]
-    print_table(table(GRANT_COLUMNS, rows, numeric=GRANT_NUMBERS))
 
 
 @grants.command("recurring")
-@click.option("--subject", help="Only this subject.")
-@limit_filter
-@format_option
+@listing_filters
 def grants_recurring(subject: str | None, limit: str | None, fmt: str) -> None:
     """Recurring grants: their terms, last issue and when the next is due."""
     found = current_meter().recurring_grants(subject, limit)
@@ -253,20 +243,14 @@ def corrections() -> None:
 def corrections_list(count: int, fmt: str) -> None:
     """Voided events, oldest first, with what each gave back."""
     found = current_meter().corrections(count)
-    if fmt == "json":
-        click.echo(json.dumps([c.to_dict() for c in found], indent=2))
-        return
-    if not found:
-        click.echo("no corrections")
-        return
-    rows: list[list[object]] = [
-        [
-            c.correction_id,
-            c.event_id,
-            when(c.created_at),
-            c.reason,
-            "; ".join(f"{s} {lim} {cost}" for s, lim, cost, _, _ in c.charges),
-        ]
-        for c in found
+    echo_listing(found, fmt, "no corrections", CORRECTION_COLUMNS, _correction_row)
+
+
+def _correction_row(c: Correction) -> list[object]:
+    return [
+        c.correction_id,
+        c.event_id,
+        when(c.created_at),
+        c.reason,
+        "; ".join(f"{s} {lim} {cost}" for s, lim, cost, _, _ in c.charges),
     ]
-    print_table(table(CORRECTION_COLUMNS, rows))

@@ -20,6 +20,7 @@ from rich.progress import (
 from rich.text import Text
 
 from metering.cli.context import current_meter
+from metering.cli.options import PROGRESS_OPTION
 from metering.imports import ImportSummary
 
 
@@ -51,11 +52,7 @@ class _Rate(ProgressColumn):
 )
 @click.option("--batch-size", type=click.IntRange(1, 10_000), default=1000, show_default=True)
 @click.option("--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
-@click.option(
-    "--progress/--no-progress",
-    default=None,
-    help="Progress bar on stderr (default: when stderr is a terminal).",
-)
+@PROGRESS_OPTION
 def import_(
     file: str,
     fmt: str | None,

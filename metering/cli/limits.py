@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Final
 
@@ -10,7 +9,7 @@ import click
 
 from metering.cli.context import current_meter
 from metering.cli.options import format_option
-from metering.cli.output import describe_limit, print_table, table
+from metering.cli.output import describe_limit, echo_listing
 from metering.domain.limits import (
     ALGORITHMS,
     ENFORCEMENTS,
@@ -134,12 +133,8 @@ def limits_list(fmt: str, show_all: bool) -> None:
     found = [
         limit for limit in current_meter().list_limits() if show_all or not is_reserved(limit.name)
     ]
-    if fmt == "json":
-        click.echo(json.dumps([limit.to_dict() for limit in found], indent=2))
-    elif not found:
-        click.echo("no limits defined: add one with `metering limits set`")
-    else:
-        print_table(table(LIMIT_COLUMNS, [_limit_row(limit) for limit in found]))
+    empty = "no limits defined: add one with `metering limits set`"
+    echo_listing(found, fmt, empty, LIMIT_COLUMNS, _limit_row)
 
 
 @limits.command("delete")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar
+from functools import wraps
+from typing import Any, Final, TypeVar, cast
 
 import click
 
@@ -14,6 +16,21 @@ from metering.errors import InvalidInput
 
 F = TypeVar("F", bound=Callable[..., Any])
 ChargeTuple = tuple[str, str, int]
+
+# The reports' and the backtest's output, and their progress bar.
+FORMAT_OPTION: Final = click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "csv", "json"]),
+    default="table",
+    show_default=True,
+    help="Output on stdout.",
+)
+PROGRESS_OPTION: Final = click.option(
+    "--progress/--no-progress",
+    default=None,
+    help="Progress bar on stderr (default: when stderr is a terminal).",
+)
 
 
 def parse_datetime(
@@ -85,6 +102,17 @@ def chosen_charges(
     return [(subject, limit, 1 if cost is None else cost)]
 
 
+def stacked(*decorators: Callable[[F], F]) -> Callable[[F], F]:
+    """One decorator: ``decorators`` applied as if written in this order above a function."""
+
+    def decorate(func: F) -> F:
+        for decorator in reversed(decorators):
+            func = decorator(func)
+        return func
+
+    return decorate
+
+
 def format_option(func: F) -> F:
     """``--format table|json``."""
     return click.option(
@@ -100,48 +128,69 @@ def format_option(func: F) -> F:
 def charge_options(what: str) -> Callable[[F], F]:
     """SUBJECT LIMIT [--cost N], or repeated ``--charge``; ``what`` names the stacked thing."""
 
-    def decorate(func: F) -> F:
-        decorators = [
-            click.argument("subject", required=False),
-            click.argument("limit", required=False),
-            click.option("--cost", type=int, help="Cost of SUBJECT LIMIT (default 1)."),
-            click.option(
-                "--charge",
-                "charges",
-                metavar="SUBJECT:LIMIT:COST",
-                multiple=True,
-                callback=parse_charges,
-                help=f"A charge of a stacked {what} (all or nothing); repeatable.",
-            ),
-        ]
-        for decorator in reversed(decorators):
-            func = decorator(func)
-        return func
+    return stacked(
+        click.argument("subject", required=False),
+        click.argument("limit", required=False),
+        click.option("--cost", type=int, help="Cost of SUBJECT LIMIT (default 1)."),
+        click.option(
+            "--charge",
+            "charges",
+            metavar="SUBJECT:LIMIT:COST",
+            multiple=True,
+            callback=parse_charges,
+            help=f"A charge of a stacked {what} (all or nothing); repeatable.",
+        ),
+    )
 
-    return decorate
+
+@dataclass(frozen=True, slots=True)
+class EventOptions:
+    """What `decision_options` read: the event's charges (`chosen_charges`),
+    its time and metadata, and the output format."""
+
+    charges: list[ChargeTuple]
+    occurred_at: datetime | None
+    metadata: dict[str, str] | None
+    fmt: str
 
 
 def decision_options(func: F) -> F:
-    """The charges, ``--at``, ``--meta`` and ``--format`` of consume, check and emit."""
-    decorators = [
-        charge_options("event"),
-        click.option(
-            "--at",
-            "occurred_at",
-            metavar="TIME",
-            callback=parse_datetime,
-            help="When the usage happened (default now): RFC 3339, naive means UTC.",
-        ),
-        click.option(
-            "--meta",
-            "metadata",
-            metavar="KEY=VALUE",
-            multiple=True,
-            callback=parse_meta,
-            help="Event metadata (a seat limit counts its key's values); repeatable.",
-        ),
-        format_option,
-    ]
-    for decorator in reversed(decorators):
-        func = decorator(func)
-    return func
+    """The charges, ``--at``, ``--meta`` and ``--format`` of consume, check and
+    emit, passed to the command as one `EventOptions`, ``event``."""
+
+    @wraps(func)
+    def command(
+        subject: str | None,
+        limit: str | None,
+        cost: int | None,
+        charges: list[ChargeTuple],
+        occurred_at: datetime | None,
+        metadata: dict[str, str] | None,
+        fmt: str,
+        **others: Any,
+    ) -> Any:
+        chosen = chosen_charges(subject, limit, cost, charges)
+        return func(event=EventOptions(chosen, occurred_at, metadata, fmt), **others)
+
+    return cast(
+        F,
+        stacked(
+            charge_options("event"),
+            click.option(
+                "--at",
+                "occurred_at",
+                metavar="TIME",
+                callback=parse_datetime,
+                help="When the usage happened (default now): RFC 3339, naive means UTC.",
+            ),
+            click.option(
+                "--meta",
+                "metadata",
+                metavar="KEY=VALUE",
+                multiple=True,
+                callback=parse_meta,
+                help="Event metadata (a seat limit counts its key's values); repeatable.",
+            ),
+            format_option,
+        )(command),
+    )

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime, time, timedelta
-from typing import Final
+from typing import Final, Protocol, TypeVar
 
 import click
 from rich import box
@@ -91,6 +91,34 @@ def console() -> Console:
     Piped output is never wrapped or cut, so scripts see every value whole.
     """
     return Console() if stdout_is_terminal() else Console(width=PIPE_WIDTH)
+
+
+class Listed(Protocol):
+    """An item of a listing: its JSON form."""
+
+    def to_dict(self) -> Mapping[str, object]: ...
+
+
+ListedT = TypeVar("ListedT", bound=Listed)
+
+
+def echo_listing(
+    found: Sequence[ListedT],
+    fmt: str,
+    empty: str,
+    columns: Sequence[str],
+    row: Callable[[ListedT], Sequence[object]],
+    *,
+    numeric: Collection[str] = NUMERIC_COLUMNS,
+) -> None:
+    """A listing on stdout: JSON (each item's ``to_dict``), the line ``empty``
+    when there is nothing, else a table of ``columns`` (a ``row`` per item)."""
+    if fmt == "json":
+        click.echo(json.dumps([item.to_dict() for item in found], indent=2))
+    elif not found:
+        click.echo(empty)
+    else:
+        print_table(table(columns, [row(item) for item in found], numeric=numeric))
 
 
 def table(

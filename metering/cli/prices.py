@@ -7,7 +7,6 @@ the price's currency (docs/money.md).
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from typing import Final
 
@@ -16,7 +15,7 @@ import click
 from metering.cli.context import current_meter
 from metering.cli.entitlements import from_option, limit_argument, limit_filter
 from metering.cli.options import format_option
-from metering.cli.output import print_table, table, when_us
+from metering.cli.output import echo_listing, when_us
 from metering.domain.money import Price, format_price
 
 PRICE_COLUMNS: Final = ("limit", "per unit", "currency", "effective from", "recorded")
@@ -65,19 +64,14 @@ def prices_remove(limit: str, currency: str, effective_from: datetime | None) ->
 def prices_list(limit: str | None, fmt: str) -> None:
     """Every price change, oldest first per limit."""
     found = current_meter().prices(limit)
-    if fmt == "json":
-        click.echo(json.dumps([price.to_dict() for price in found], indent=2))
-    elif not found:
-        click.echo("no prices: add one with `metering prices set`")
-    else:
-        rows: list[list[object]] = [
-            [
-                p.limit,
-                "none" if p.per_unit is None else format_price(p.per_unit, p.currency),
-                p.currency,
-                when_us(p.effective_from_us),
-                when_us(p.created_at_us),
-            ]
-            for p in found
-        ]
-        print_table(table(PRICE_COLUMNS, rows))
+    echo_listing(found, fmt, "no prices: add one with `metering prices set`", PRICE_COLUMNS, _row)
+
+
+def _row(p: Price) -> list[object]:
+    return [
+        p.limit,
+        "none" if p.per_unit is None else format_price(p.per_unit, p.currency),
+        p.currency,
+        when_us(p.effective_from_us),
+        when_us(p.created_at_us),
+    ]

@@ -6,15 +6,13 @@ import json
 import logging
 import os
 import sys
-from datetime import datetime
 from typing import Final
 
 import click
 
 from metering.cli.context import AppState, current_meter, data_directory
 from metering.cli.options import (
-    ChargeTuple,
-    chosen_charges,
+    EventOptions,
     decision_options,
     format_option,
     parse_seconds,
@@ -38,26 +36,18 @@ MAX_VISIBILITY_TIMEOUT_SECONDS: Final = 30 * 86_400
 @decision_options
 @click.option("--event-id", help="Idempotency key; generated when not given.")
 @click.option("--broker", envvar="METERING_BROKER_URL", help="Default: the embedded broker.")
-def emit(
-    subject: str | None,
-    limit: str | None,
-    cost: int | None,
-    charges: list[ChargeTuple],
-    occurred_at: datetime | None,
-    metadata: dict[str, str] | None,
-    fmt: str,
-    event_id: str | None,
-    broker: str | None,
-) -> None:
+def emit(event: EventOptions, event_id: str | None, broker: str | None) -> None:
     """Queue one usage event for the workers (does not wait for the decision)."""
-    wanted = chosen_charges(subject, limit, cost, charges)
     # This process ends here: an event the broker did not take is dropped
     # and reported, never sent later behind the user's back.
     logging.getLogger("metering.producer").setLevel(logging.ERROR)
     producer = UsageProducer(broker, retry_attempts=3)
     try:
         sent = producer.emit(
-            charges=wanted, event_id=event_id, occurred_at=occurred_at, metadata=metadata
+            charges=event.charges,
+            event_id=event_id,
+            occurred_at=event.occurred_at,
+            metadata=event.metadata,
         )
         producer.flush()
     except BrokerUnavailable as exc:
@@ -65,7 +55,7 @@ def emit(
         raise BrokerUnavailable(f"the event was not queued: {exc.reason}") from None
     finally:
         producer.close()
-    click.echo(json.dumps({"event_id": sent}) if fmt == "json" else sent)
+    click.echo(json.dumps({"event_id": sent}) if event.fmt == "json" else sent)
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})

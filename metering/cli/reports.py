@@ -16,17 +16,21 @@ import csv
 import json
 import sys
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
+from functools import wraps
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, cast
 
 import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from metering.cli.context import current_meter
+from metering.cli.options import FORMAT_OPTION, PROGRESS_OPTION, stacked
 from metering.cli.output import print_table, table, window_span
 from metering.domain.instants import round_up
+from metering.domain.jsonable import field_names
 from metering.domain.rollups import shown_value
 from metering.errors import InvalidInput
 from metering.reports.charts import DEFAULT_TOP, chart_format, overage_chart, usage_chart
@@ -41,7 +45,7 @@ from metering.reports.dimensions import (
 )
 from metering.reports.export import FORMATS, write_csv, write_json
 from metering.reports.overage import BaseReport, Report, ReportRow, select_overage, select_usage
-from metering.reports.shadow import select_shadow
+from metering.reports.shadow import ShadowRow, select_shadow
 from metering.reports.spend import spend_report
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -49,23 +53,10 @@ RowT = TypeVar("RowT")
 
 PROGRESS_EVERY: Final = 1000
 MINUTE: Final = timedelta(minutes=1)
+# The columns shown as numbers (right-aligned, with thousands separators):
+# the whole numbers and percentages of the overage, usage and shadow rows.
 NUMERIC: Final = frozenset(
-    {
-        "maximum",
-        "used",
-        "granted",
-        "overage",
-        "overdraft",
-        "denied",
-        "denied_events",
-        "utilisation_percent",
-        "would_deny_events",
-        "would_deny_cost",
-        "windows",
-        "peak_used",
-        "peak_maximum",
-        "peak_would_deny_cost",
-    }
+    f.name for row in (ReportRow, ShadowRow) for f in fields(row) if f.type in ("int", "float")
 )
 HEADERS: Final = {
     "window_start": "window start",
@@ -120,34 +111,15 @@ SPANS: Final = {
     "window": ("window_start", "window_end"),
     "peak_window": ("peak_window_start", "peak_window_end"),
 }
-FORMAT_OPTION: Final = click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "csv", "json"]),
-    default="table",
-    show_default=True,
-    help="Output on stdout.",
-)
-PROGRESS_OPTION: Final = click.option(
-    "--progress/--no-progress",
-    default=None,
-    help="Progress bar on stderr (default: when stderr is a terminal).",
-)
 
 
-def _period_options(func: F) -> F:
-    decorators = [
-        click.option(
-            "--period", "--month", "period", metavar="YYYY-MM", help="A calendar month (UTC)."
-        ),
-        click.option(
-            "--since", metavar="TIME", help="Windows starting at or after this (RFC 3339)."
-        ),
-        click.option("--until", metavar="TIME", help="Windows starting before this."),
-    ]
-    for decorator in reversed(decorators):
-        func = decorator(func)
-    return func
+_period_options = stacked(
+    click.option(
+        "--period", "--month", "period", metavar="YYYY-MM", help="A calendar month (UTC)."
+    ),
+    click.option("--since", metavar="TIME", help="Windows starting at or after this (RFC 3339)."),
+    click.option("--until", metavar="TIME", help="Windows starting before this."),
+)
 
 
 def _chart_path(_ctx: click.Context, _param: click.Parameter, value: Path | None) -> Path | None:
@@ -160,23 +132,55 @@ def _chart_path(_ctx: click.Context, _param: click.Parameter, value: Path | None
     return value
 
 
+@dataclass(frozen=True, slots=True)
+class ReportOptions:
+    """What `_filter_options` read: the period, the limit, the output format,
+    the chart file and the progress bar."""
+
+    period: str | None
+    since: str | None
+    until: str | None
+    limit: str | None
+    fmt: str
+    chart: Path | None
+    progress: bool | None
+
+    @property
+    def filters(self) -> dict[str, Any]:
+        """The period and the limit, as the report functions take them."""
+        return {
+            "period": self.period,
+            "since": self.since,
+            "until": self.until,
+            "limit": self.limit,
+        }
+
+
 def _filter_options(func: F) -> F:
-    decorators = [
-        _period_options,
-        click.option("--limit", help="Only this limit."),
-        FORMAT_OPTION,
-        click.option(
-            "--chart",
-            type=click.Path(dir_okay=False, path_type=Path),
-            callback=_chart_path,
-            metavar="FILE.png",
-            help="Also draw a chart: FILE.png, .svg or .pdf (the suffix picks the format).",
-        ),
-        PROGRESS_OPTION,
-    ]
-    for decorator in reversed(decorators):
-        func = decorator(func)
-    return func
+    """The options of the overage and usage reports, passed to the command
+    as one `ReportOptions`, ``options``."""
+
+    @wraps(func)
+    def command(**values: Any) -> Any:
+        own = {name: values.pop(name) for name in field_names(ReportOptions)}
+        return func(options=ReportOptions(**own), **values)
+
+    return cast(
+        F,
+        stacked(
+            _period_options,
+            click.option("--limit", help="Only this limit."),
+            FORMAT_OPTION,
+            click.option(
+                "--chart",
+                type=click.Path(dir_okay=False, path_type=Path),
+                callback=_chart_path,
+                metavar="FILE.png",
+                help="Also draw a chart: FILE.png, .svg or .pdf (the suffix picks the format).",
+            ),
+            PROGRESS_OPTION,
+        )(command),
+    )
 
 
 @click.group()
@@ -194,17 +198,7 @@ def report() -> None:
 @_filter_options
 @click.option("--subject", help="Only this subject.")
 @click.option("--top", type=int, metavar="N", help="Only the N rows with the largest overage.")
-def overage(
-    period: str | None,
-    since: str | None,
-    until: str | None,
-    limit: str | None,
-    fmt: str,
-    chart: Path | None,
-    progress: bool | None,
-    subject: str | None,
-    top: int | None,
-) -> None:
+def overage(options: ReportOptions, subject: str | None, top: int | None) -> None:
     """Maximum, used, granted, overage and denials per subject, limit and
     window, by overage, then denied cost.
 
@@ -216,17 +210,10 @@ def overage(
     billed; a shadow limit's would-denies: see report shadow). JSON is one
     object, {"report": ..., "rows": [...]}, as over HTTP.
     """
-    chosen = select_overage(
-        current_meter(),
-        period=period,
-        since=since,
-        until=until,
-        subject=subject,
-        limit=limit,
-        top=top,
-    )
+    chosen = select_overage(current_meter(), subject=subject, top=top, **options.filters)
+    chart = options.chart
     keep = (top or DEFAULT_TOP) if chart is not None else 0
-    kept = _output(chosen, fmt, progress, keep, _overage_title(chosen))
+    kept = _output(chosen, options.fmt, options.progress, keep, _overage_title(chosen))
     if chart is not None:
         _chart_written(overage_chart(kept, chart, chosen.range.label))
 
@@ -240,17 +227,7 @@ def overage(
     metavar="KEY",
     help="Usage per value of this metadata key (one its limits record), largest first.",
 )
-def usage(
-    subject: str,
-    period: str | None,
-    since: str | None,
-    until: str | None,
-    limit: str | None,
-    fmt: str,
-    chart: Path | None,
-    progress: bool | None,
-    group_by: str | None,
-) -> None:
+def usage(subject: str, options: ReportOptions, group_by: str | None) -> None:
     """One subject's usage per window over time, limit by limit.
 
     With --group-by KEY: the subject's usage per limit and value of the
@@ -258,25 +235,19 @@ def usage(
     hours starting in the period (--since/--until on the hour), the
     largest first. Events without the key count under (none).
     """
+    chart = options.chart
     if group_by is not None:
         if chart is not None:
             raise InvalidInput("chart", "--chart draws usage per window; not with --group-by")
         grouped = usage_by_dimension(
-            current_meter(),
-            subject=subject,
-            key=group_by,
-            limit=limit,
-            period=period,
-            since=since,
-            until=until,
+            current_meter(), subject=subject, key=group_by, **options.filters
         )
-        _output_groups(grouped, fmt, progress)
+        _output_groups(grouped, options.fmt, options.progress)
         return
-    chosen = select_usage(
-        current_meter(), subject, period=period, since=since, until=until, limit=limit
-    )
+    chosen = select_usage(current_meter(), subject, **options.filters)
     keep = None if chart is not None else 0
-    kept = _output(chosen, fmt, progress, keep, f"Usage of {subject}, {chosen.range.label}")
+    title = f"Usage of {subject}, {chosen.range.label}"
+    kept = _output(chosen, options.fmt, options.progress, keep, title)
     if chart is not None:
         _chart_written(usage_chart(kept, chart, subject, chosen.range.label))
 

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from metering.cli.context import current_meter
+from metering.cli.options import FORMAT_OPTION, PROGRESS_OPTION
 from metering.cli.output import print_table, table
 from metering.domain.replay import SIMULATION_COLUMNS
 from metering.errors import InvalidInput
@@ -59,19 +60,8 @@ def _since(_ctx: click.Context, _param: click.Parameter, value: str) -> Since:
     help="Replay events since: 30d, 12h ... before now, or an RFC 3339 time.",
 )
 @click.option("--subject", help="Only this subject's charges.")
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "csv", "json"]),
-    default="table",
-    show_default=True,
-    help="Output on stdout.",
-)
-@click.option(
-    "--progress/--no-progress",
-    default=None,
-    help="Progress bar on stderr (default: when stderr is a terminal).",
-)
+@FORMAT_OPTION
+@PROGRESS_OPTION
 def simulate(
     limits_path: Path,
     entitlements_path: Path | None,

@@ -17,7 +17,7 @@ import click
 
 from metering.cli.context import CliError, current_meter
 from metering.cli.options import format_option, parse_datetime
-from metering.cli.output import print_table, table, when_us
+from metering.cli.output import echo_listing, print_table, table, when_us
 from metering.domain.bounds import MAX_LISTING, MAX_ROW_ID
 from metering.domain.instants import from_us
 from metering.domain.notifications import MESSAGE_TYPES
@@ -86,12 +86,7 @@ def _endpoint_row(endpoint: Endpoint) -> list[object]:
 def list_endpoints(fmt: str) -> None:
     """List endpoints (secrets masked)."""
     found = _hooks().endpoints()
-    if fmt == "json":
-        click.echo(json.dumps([e.to_dict() for e in found], indent=2))
-    elif not found:
-        click.echo("no webhook endpoints")
-    else:
-        _print(ENDPOINT_COLUMNS, [_endpoint_row(e) for e in found])
+    echo_listing(found, fmt, "no webhook endpoints", ENDPOINT_COLUMNS, _endpoint_row, numeric=())
 
 
 @webhooks.command("remove")

@@ -32,22 +32,33 @@ def shown(value: object) -> str:
     return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 1] + "…"
 
 
+def validate_whole(
+    field_name: str,
+    value: object,
+    low: int,
+    high: int,
+    *,
+    grouped: bool = False,
+    error: type[InvalidInput] = InvalidInput,
+) -> int:
+    """A whole number (never a bool) from ``low`` to ``high``, else ``error``
+    naming ``field_name``; ``grouped``: ``high`` shown with thousands separators."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise error(field_name, f"must be a whole number, got {shown(value)}")
+    if not low <= value <= high:
+        bound = f"{high:,}" if grouped else f"{high}"
+        raise error(field_name, f"must be between {low} and {bound}, got {shown(value)}")
+    return value
+
+
 def validate_count(field_name: str, value: object, maximum: int = MAX_LISTING) -> int:
     """How many rows to list: a whole number from 1 to ``maximum``."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidInput(field_name, f"must be a whole number, got {shown(value)}")
-    if not 1 <= value <= maximum:
-        raise InvalidInput(field_name, f"must be between 1 and {maximum:,}, got {shown(value)}")
-    return value
+    return validate_whole(field_name, value, 1, maximum, grouped=True)
 
 
 def validate_row_id(field_name: str, value: object) -> int:
     """A stored row's integer id: 1 to 2**63 - 1."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidInput(field_name, f"must be a whole number, got {shown(value)}")
-    if not 1 <= value <= MAX_ROW_ID:
-        raise InvalidInput(field_name, f"must be between 1 and {MAX_ROW_ID}, got {shown(value)}")
-    return value
+    return validate_whole(field_name, value, 1, MAX_ROW_ID)
 
 
 def validate_seconds(

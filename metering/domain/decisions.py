@@ -16,12 +16,42 @@ from typing import Any, Final, Literal
 from metering.domain.buckets import evaluate_bucket
 from metering.domain.grants import Pot
 from metering.domain.instants import from_us, to_us
+from metering.domain.jsonable import fields_dict
 from metering.domain.limits import Limit
 from metering.domain.money import format_amount
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState, Evaluation, Outcome
 from metering.domain.windows import evaluate_window
 
 EventOutcome = Literal["allowed", "denied", "overage", "rejected"]
+
+
+# `ChargeDecision.to_dict`'s keys, in order (then its grants, price and overdraft).
+CHARGE_KEYS: Final = (
+    "subject",
+    "limit",
+    "cost",
+    "allowed",
+    "outcome",
+    "used",
+    "remaining",
+    "maximum",
+    "overage",
+    "window_start",
+    "resets_at",
+    "retry_at",
+)
+# `Decision.to_dict`'s keys, in order.
+DECISION_KEYS: Final = (
+    "event_id",
+    "outcome",
+    "allowed",
+    "denied_by",
+    "reason",
+    "occurred_at",
+    "decided_at",
+    "charges",
+    "would_deny",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,18 +104,7 @@ class ChargeDecision:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "subject": self.subject,
-            "limit": self.limit,
-            "cost": self.cost,
-            "allowed": self.allowed,
-            "outcome": self.outcome,
-            "used": self.used,
-            "remaining": self.remaining,
-            "maximum": self.maximum,
-            "overage": self.overage,
-            "window_start": _iso(self.window_start),
-            "resets_at": _iso(self.resets_at),
-            "retry_at": _iso(self.retry_at),
+            **fields_dict(self, CHARGE_KEYS),
             "grants": [{"grant_id": g, "amount": a} for g, a in self.grants],
             **(_priced(self.price) if self.price else {}),
             **({"overdraft": self.overdraft} if self.overdraft else {}),
@@ -210,21 +229,7 @@ class Decision:
         return max(c.retry_at for c in denied if c.retry_at is not None)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "event_id": self.event_id,
-            "outcome": self.outcome,
-            "allowed": self.allowed,
-            "denied_by": list(self.denied_by),
-            "reason": self.reason,
-            "occurred_at": _iso(self.occurred_at),
-            "decided_at": _iso(self.decided_at),
-            "charges": [c.to_dict() for c in self.charges],
-            "would_deny": list(self.would_deny),
-        }
-
-
-def _iso(moment: datetime | None) -> str | None:
-    return moment.isoformat() if moment is not None else None
+        return fields_dict(self, DECISION_KEYS)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final, NamedTuple
 
-from metering.domain.bounds import shown
+from metering.domain.bounds import shown, validate_whole
 from metering.domain.instants import US_PER_SECOND, to_us
 from metering.domain.limits import validate_limit_name
 from metering.errors import InvalidInput, OccurredAtOutOfRange
@@ -136,12 +136,16 @@ def validate_subject(subject: object) -> str:
     return subject
 
 
+def validate_filters(subject: str | None, limit: str | None) -> None:
+    """A listing's filters: the subject and the limit name, each checked when given."""
+    if subject is not None:
+        validate_subject(subject)
+    if limit is not None:
+        validate_limit_name(limit)
+
+
 def validate_cost(cost: object) -> int:
-    if isinstance(cost, bool) or not isinstance(cost, int):
-        raise InvalidInput("cost", f"must be a whole number, got {shown(cost)}")
-    if not 1 <= cost <= MAX_COST:
-        raise InvalidInput("cost", f"must be between 1 and {MAX_COST}, got {shown(cost)}")
-    return cost
+    return validate_whole("cost", cost, 1, MAX_COST)
 
 
 def validate_event_id(event_id: object, field_name: str = "event_id") -> str:

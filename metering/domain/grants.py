@@ -28,10 +28,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from metering.domain.bounds import shown
+from metering.domain.bounds import validate_whole
 from metering.domain.events import validate_event_id
 from metering.domain.instants import from_us
-from metering.errors import InvalidInput
 
 MAX_GRANT: Final = 10**15
 NEVER: Final = 2**62  # an expiry later than any instant: sorts grants without one last
@@ -46,19 +45,11 @@ def validate_grant_id(grant_id: object, field_name: str = "grant_id") -> str:
 
 
 def validate_amount(field_name: str, value: object, ceiling: int = MAX_GRANT) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidInput(field_name, f"must be a whole number, got {shown(value)}")
-    if not 1 <= value <= ceiling:
-        raise InvalidInput(field_name, f"must be between 1 and {ceiling}, got {shown(value)}")
-    return value
+    return validate_whole(field_name, value, 1, ceiling)
 
 
 def validate_priority(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidInput("priority", f"must be a whole number, got {shown(value)}")
-    if not 0 <= value <= MAX_PRIORITY:
-        raise InvalidInput("priority", f"must be between 0 and {MAX_PRIORITY}, got {shown(value)}")
-    return value
+    return validate_whole("priority", value, 0, MAX_PRIORITY)
 
 
 # -- entitlements ---------------------------------------------------------------

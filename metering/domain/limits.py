@@ -12,7 +12,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
-from metering.domain.bounds import shown
+from metering.domain.bounds import shown, validate_whole
+from metering.domain.jsonable import fields_dict
 from metering.domain.money import format_amount, parse_amount, validate_currency
 from metering.errors import InvalidLimit
 
@@ -109,17 +110,28 @@ def is_reserved(name: str) -> bool:
 
 
 def _positive_int(field_name: str, value: object, ceiling: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidLimit(field_name, f"must be a whole number, got {shown(value)}")
-    if not 1 <= value <= ceiling:
-        raise InvalidLimit(field_name, f"must be between 1 and {ceiling}, got {shown(value)}")
-    return value
+    return validate_whole(field_name, value, 1, ceiling, error=InvalidLimit)
 
 
 def _choice(field_name: str, value: object, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise InvalidLimit(field_name, f"must be one of {', '.join(choices)}; got {shown(value)}")
     return str(value)
+
+
+# `Limit.to_dict`'s keys, in order (then the money of a priced limit, and ``distinct``).
+LIMIT_KEYS: Final = (
+    "name",
+    "maximum",
+    "period",
+    "algorithm",
+    "window",
+    "enforcement",
+    "thresholds",
+    "lateness",
+    "thresholds_units",
+    "dimensions",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,16 +242,7 @@ class Limit:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "name": self.name,
-            "maximum": self.maximum,
-            "period": self.period,
-            "algorithm": self.algorithm,
-            "window": self.window,
-            "enforcement": self.enforcement,
-            "thresholds": list(self.thresholds),
-            "lateness": self.lateness,
-            "thresholds_units": list(self.thresholds_units),
-            "dimensions": list(self.dimensions),
+            **fields_dict(self, LIMIT_KEYS),
             **(_money(self.maximum, self.currency) if self.currency else {}),
             "distinct": self.distinct,
         }

@@ -33,6 +33,7 @@ from typing import Any, Final
 
 from metering.domain.decisions import ChargeInput, decide_event
 from metering.domain.grants import History, maximum_at
+from metering.domain.jsonable import fields_dict
 from metering.domain.limits import Limit
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 from metering.domain.windows import Window, calendar_window, first_use_window
@@ -83,7 +84,7 @@ class SimulationRow:
     denied_events_then: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in SIMULATION_COLUMNS}
+        return fields_dict(self, SIMULATION_COLUMNS)
 
 
 @dataclass(slots=True)

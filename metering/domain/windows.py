@@ -21,7 +21,7 @@ from __future__ import annotations
 import calendar
 from typing import Final
 
-from metering.domain.grants import Pot, fit_window
+from metering.domain.grants import Pot, WindowFit, fit_window
 from metering.domain.instants import from_us, to_us
 from metering.domain.limits import Limit, Period
 from metering.domain.state import CounterState, Evaluation
@@ -96,42 +96,33 @@ def evaluate_window(
     used_after = state.used + cost
     soft = limit.enforcement == "soft"
     end_us = window[1]
-    if pot is not None:
-        fit = fit_window(
-            limit.maximum, state.used, pot.granted.get(window[0], 0), cost, pot, now_us, soft=soft
+    if pot is None:
+        fit = WindowFit(
+            fits=used_after <= limit.maximum,
+            draws=(),
+            remaining_before=max(limit.maximum - state.used, 0),
+            remaining_after=max(limit.maximum - used_after, 0),
+            overage_after=max(used_after - limit.maximum, 0),
+            overage_before=max(state.used - limit.maximum, 0),
         )
-        fits = soft or fit.fits or cost == 0
-        return Evaluation(
-            fits=fits,
-            applied=state.with_used(used_after),
-            denied=state.with_denial(cost, now_us),
-            used_before=state.used,
-            used_after=used_after,
-            remaining_before=fit.remaining_before,
-            remaining_after=fit.remaining_after,
-            resets_at_us=end_us,
-            resets_at_before_us=end_us,
-            # Next window: its own allowance again, and the grants still active then.
-            retry_at_us=end_us
-            if not fits and cost <= limit.maximum + pot.available(end_us)
-            else None,
-            overage_after=fit.overage_after,
-            overage_before=fit.overage_before,
-            draws=fit.draws,
-        )
-    fits = soft or used_after <= limit.maximum or cost == 0
-    retry_at_us = end_us if not fits and cost <= limit.maximum else None
+    else:
+        granted = pot.granted.get(window[0], 0)
+        fit = fit_window(limit.maximum, state.used, granted, cost, pot, now_us, soft=soft)
+    fits = soft or fit.fits or cost == 0
+    # Next window: its own allowance again, and the grants still active then.
+    extra = 0 if fits or pot is None else pot.available(end_us)
     return Evaluation(
         fits=fits,
         applied=state.with_used(used_after),
         denied=state.with_denial(cost, now_us),
         used_before=state.used,
         used_after=used_after,
-        remaining_before=max(limit.maximum - state.used, 0),
-        remaining_after=max(limit.maximum - used_after, 0),
+        remaining_before=fit.remaining_before,
+        remaining_after=fit.remaining_after,
         resets_at_us=end_us,
         resets_at_before_us=end_us,
-        retry_at_us=retry_at_us,
-        overage_after=max(used_after - limit.maximum, 0),
-        overage_before=max(state.used - limit.maximum, 0),
+        retry_at_us=end_us if not fits and cost <= limit.maximum + extra else None,
+        overage_after=fit.overage_after,
+        overage_before=fit.overage_before,
+        draws=fit.draws,
     )

@@ -22,6 +22,7 @@ from typing import IO, Any, Final
 
 from metering.domain.events import EventRecord
 from metering.domain.imports import BadLine, ImportFormat, ImportPolicy, format_of, parse_lines
+from metering.domain.jsonable import fields_dict
 from metering.engine import Engine
 from metering.engine.fast import CONFLICT, DUPLICATE, NEW, Answer
 from metering.errors import InputRefused, InvalidInput
@@ -72,16 +73,7 @@ class ImportSummary:
             self.bad_lines.append(line)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "events": self.events,
-            "applied": self.applied,
-            "denied": self.denied,
-            "rejected": self.rejected,
-            "duplicates": self.duplicates,
-            "conflicts": self.conflicts,
-            "bad": self.bad,
-            "bad_lines": [{"line": b.line, "reason": b.reason} for b in self.bad_lines],
-        }
+        return {**fields_dict(self), "bad_lines": [fields_dict(b) for b in self.bad_lines]}
 
 
 def import_events(

@@ -23,7 +23,12 @@ from typing import Any
 from sqlalchemy import Connection
 
 from metering.domain.bounds import validate_count
-from metering.domain.events import validate_cost, validate_event_id, validate_subject
+from metering.domain.events import (
+    validate_cost,
+    validate_event_id,
+    validate_filters,
+    validate_subject,
+)
 from metering.domain.grants import maximum_at
 from metering.domain.instants import from_us
 from metering.domain.licenses import (
@@ -196,6 +201,14 @@ def _replace_denied(checkout: Checkout, retry: int | None) -> Checkout:
     )
 
 
+def _existing(rows: CheckoutStore, checkout_id: str) -> CheckoutRecord:
+    """The checkout ``checkout_id``; `UnknownCheckout` when there is none."""
+    record = rows.get(checkout_id)
+    if record is None:
+        raise UnknownCheckout(checkout_id)
+    return record
+
+
 def checkin(database: Database, checkout_id: str) -> int:
     """Give a checkout back: its cost the first time, 0 after (or once it expired)."""
     validate_event_id(checkout_id, "checkout_id")
@@ -203,9 +216,7 @@ def checkin(database: Database, checkout_id: str) -> int:
 
     def work(connection: Connection) -> int:
         rows = CheckoutStore(connection)
-        record = rows.get(checkout_id)
-        if record is None:
-            raise UnknownCheckout(checkout_id)
+        record = _existing(rows, checkout_id)
         if rows.check_in(checkout_id, now_us):
             return record.cost
         rows.release_expired(now_us, checkout_id)  # it came back at its expiry: say so
@@ -225,9 +236,7 @@ def renew(database: Database, checkout_id: str, ttl_seconds: float | None) -> Ch
 
     def work(connection: Connection) -> Checkout:
         rows = CheckoutStore(connection)
-        record = rows.get(checkout_id)
-        if record is None:
-            raise UnknownCheckout(checkout_id)
+        record = _existing(rows, checkout_id)
         ttl = record.ttl_us if ttl_us is None else ttl_us
         expires_at = max(record.expires_at_us, now_us + ttl)
         if not rows.extend(checkout_id, expires_at, ttl, now_us):
@@ -250,10 +259,7 @@ def checkout_info(database: Database, checkout_id: str) -> Checkout | None:
 def checkouts(database: Database, subject: str | None, limit: str | None, state: str | None,
               count: int) -> list[Checkout]:  # fmt: skip
     """The ``count`` newest checkouts, optionally of one subject, limit and state."""
-    if subject is not None:
-        validate_subject(subject)
-    if limit is not None:
-        validate_limit_name(limit)
+    validate_filters(subject, limit)
     if state is not None and state not in ("held", "released"):
         raise InvalidInput("state", "must be held or released")
     validate_count("count", count)

@@ -30,10 +30,11 @@ from sqlalchemy import Select
 
 from metering.domain.events import validate_subject
 from metering.domain.instants import to_us
+from metering.domain.jsonable import fields_dict
 from metering.domain.limits import DIMENSION_PATTERN, Limit, validate_limit_name
 from metering.domain.rollups import HOUR_US, NO_VALUE
 from metering.errors import InvalidInput, UnknownLimit
-from metering.reports.overage import ReportRange, TimeBound
+from metering.reports.overage import ReportRange, TimeBound, listed
 from metering.storage.database import Database, DatabaseSource, database_of
 from metering.storage.reports import ReportStore
 from metering.storage.rollups import DimensionQuery, count_of, usage_by_statement
@@ -59,7 +60,7 @@ class DimensionRow:
     events: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return fields_dict(self)
 
 
 DIMENSION_COLUMNS: Final = tuple(f.name for f in fields(DimensionRow))
@@ -164,18 +165,9 @@ def usage_by_dimension(
     return DimensionReport(database, chosen, query, usage_by_statement(query))
 
 
-def usage_by_dimension_report(
-    meter: DatabaseSource,
-    *,
-    subject: str,
-    key: str,
-    limit: str | None = None,
-    period: str | None = None,
-    since: TimeBound = None,
-    until: TimeBound = None,
-) -> list[DimensionRow]:
-    """`usage_by_dimension`'s rows as a list."""
-    report = usage_by_dimension(
-        meter, subject=subject, key=key, limit=limit, period=period, since=since, until=until
-    )
-    return list(report.rows())
+usage_by_dimension_report = listed(
+    usage_by_dimension,
+    DimensionRow,
+    "usage_by_dimension_report",
+    "`usage_by_dimension`'s rows as a list.",
+)

@@ -36,17 +36,19 @@ and documented in docs/reports.md:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from datetime import UTC, date, datetime, timedelta
-from functools import lru_cache
-from typing import Any, Final, Generic, TypeVar
+from functools import lru_cache, update_wrapper
+from inspect import signature
+from typing import Any, Final, Generic, ParamSpec, Protocol, TypeVar
 
 from sqlalchemy import Select
 
 from metering.domain.bounds import MAX_LISTING, shown
 from metering.domain.events import validate_subject
 from metering.domain.instants import as_utc, from_us, parse_instant, to_us
+from metering.domain.jsonable import fields_dict
 from metering.domain.limits import validate_limit_name
 from metering.errors import InvalidInput, UnknownLimit
 from metering.storage.database import Database, DatabaseSource, database_of
@@ -63,6 +65,8 @@ FIRST_YEAR: Final = 1970
 LAST_YEAR: Final = 9998  # the month after December 9999 is past what a datetime holds
 TimeBound = datetime | date | str | None
 RowT = TypeVar("RowT")
+RowT_co = TypeVar("RowT_co", covariant=True)
+P = ParamSpec("P")
 
 
 @dataclass(slots=True)
@@ -98,10 +102,7 @@ class ReportRow:
 
     def to_dict(self) -> dict[str, Any]:
         """The row as JSON-ready values: instants as ISO 8601 strings (UTC)."""
-        return {
-            name: value.isoformat() if isinstance(value, datetime) else value
-            for name, value in ((f.name, getattr(self, f.name)) for f in fields(self))
-        }
+        return fields_dict(self)
 
 
 COLUMNS: Final = tuple(f.name for f in fields(ReportRow))
@@ -251,6 +252,29 @@ class BaseReport(Generic[RowT]):
                 yield decode(record)
 
 
+class Rows(Protocol[RowT_co]):
+    """A validated report: its ``rows()`` stream."""
+
+    def rows(self) -> Iterator[RowT_co]: ...
+
+
+def listed(
+    select: Callable[P, Rows[RowT]], row: type[RowT], name: str, doc: str
+) -> Callable[P, list[RowT]]:
+    """A function of ``select``'s arguments that returns its report's rows as a list."""
+
+    def rows(*args: P.args, **kwargs: P.kwargs) -> list[RowT]:
+        return list(select(*args, **kwargs).rows())
+
+    update_wrapper(rows, select)
+    rows.__name__ = rows.__qualname__ = name
+    rows.__doc__ = doc
+    # help() shows select's parameters and what this returns.
+    described = signature(select).replace(return_annotation=f"list[{row.__name__}]")
+    rows.__signature__ = described  # type: ignore[attr-defined]
+    return rows
+
+
 class Report(BaseReport[ReportRow]):
     """The overage or the usage report: one `ReportRow` per counter."""
 
@@ -323,32 +347,10 @@ def select_usage(
     return Report(database, "usage", chosen, query, usage_statement(query), count_statement(query))
 
 
-def overage_report(
-    meter: DatabaseSource,
-    *,
-    period: str | None = None,
-    since: TimeBound = None,
-    until: TimeBound = None,
-    subject: str | None = None,
-    limit: str | None = None,
-    top: int | None = None,
-) -> list[ReportRow]:
-    """`select_overage`'s rows as a list (use `select_overage(...).rows()` to stream)."""
-    report = select_overage(
-        meter, period=period, since=since, until=until, subject=subject, limit=limit, top=top
-    )
-    return list(report.rows())
-
-
-def usage_report(
-    meter: DatabaseSource,
-    subject: str,
-    *,
-    period: str | None = None,
-    since: TimeBound = None,
-    until: TimeBound = None,
-    limit: str | None = None,
-) -> list[ReportRow]:
-    """`select_usage`'s rows as a list."""
-    report = select_usage(meter, subject, period=period, since=since, until=until, limit=limit)
-    return list(report.rows())
+overage_report = listed(
+    select_overage,
+    ReportRow,
+    "overage_report",
+    "`select_overage`'s rows as a list (use `select_overage(...).rows()` to stream).",
+)
+usage_report = listed(select_usage, ReportRow, "usage_report", "`select_usage`'s rows as a list.")

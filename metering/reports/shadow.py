@@ -27,9 +27,10 @@ from typing import Any, Final
 
 from metering.domain.events import validate_subject
 from metering.domain.instants import from_us
+from metering.domain.jsonable import fields_dict
 from metering.domain.limits import validate_limit_name
 from metering.errors import InvalidInput, UnknownLimit
-from metering.reports.overage import BaseReport, ReportRange, TimeBound, checked_top
+from metering.reports.overage import BaseReport, ReportRange, TimeBound, checked_top, listed
 from metering.storage.database import Database, DatabaseSource, database_of
 from metering.storage.reports import ReportStore, shadow_count_statement, shadow_statement
 
@@ -52,10 +53,7 @@ class ShadowRow:
 
     def to_dict(self) -> dict[str, Any]:
         """The row as JSON-ready values: instants as ISO 8601 strings (UTC)."""
-        return {
-            name: value.isoformat() if isinstance(value, datetime) else value
-            for name, value in ((f.name, getattr(self, f.name)) for f in fields(self))
-        }
+        return fields_dict(self)
 
 
 SHADOW_COLUMNS: Final = tuple(f.name for f in fields(ShadowRow))
@@ -132,18 +130,6 @@ def select_shadow(
     )
 
 
-def shadow_report(
-    meter: DatabaseSource,
-    limit: str,
-    *,
-    period: str | None = None,
-    since: TimeBound = None,
-    until: TimeBound = None,
-    subject: str | None = None,
-    top: int | None = None,
-) -> list[ShadowRow]:
-    """`select_shadow`'s rows as a list."""
-    report = select_shadow(
-        meter, limit, period=period, since=since, until=until, subject=subject, top=top
-    )
-    return list(report.rows())
+shadow_report = listed(
+    select_shadow, ShadowRow, "shadow_report", "`select_shadow`'s rows as a list."
+)

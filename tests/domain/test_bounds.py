@@ -7,6 +7,7 @@ or to turn into a datetime, and what fails names its argument in one line.
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta, timezone, tzinfo
+from typing import Any
 
 import pytest
 
@@ -18,6 +19,7 @@ from metering.domain.bounds import (
     validate_count,
     validate_row_id,
     validate_seconds,
+    validate_whole,
 )
 from metering.domain.instants import (
     MAX_US,
@@ -29,7 +31,7 @@ from metering.domain.instants import (
     round_up,
     to_us,
 )
-from metering.errors import InvalidInput, OccurredAtOutOfRange
+from metering.errors import InvalidInput, InvalidLimit, OccurredAtOutOfRange
 
 # --------------------------------------------------------------------------- shown
 
@@ -374,3 +376,37 @@ def test_round_up_never_shows_a_time_earlier_than_it_is(
 ) -> None:
     rounded = round_up(moment, unit)
     assert rounded == expected and rounded.tzinfo is UTC
+
+
+def _whole_refused(
+    field_name: str, value: object, low: int, high: int, **options: Any
+) -> InvalidInput:
+    with pytest.raises(InvalidInput) as info:
+        validate_whole(field_name, value, low, high, **options)
+    return info.value
+
+
+def test_validate_whole_bounds_both_ends_and_names_the_field() -> None:
+    assert validate_whole("n", 0, 0, 3) == 0
+    assert validate_whole("n", 3, 0, 3) == 3
+    low = _whole_refused("n", -1, 0, 3)
+    assert type(low) is InvalidInput
+    assert (low.field, low.message) == ("n", "must be between 0 and 3, got -1")
+    assert str(_whole_refused("n", 4, 0, 3)) == "n: must be between 0 and 3, got 4"
+    for wrong in (True, 1.0, "1", None):
+        refused = _whole_refused("n", wrong, 0, 3)
+        assert str(refused) == f"n: must be a whole number, got {wrong!r}"
+
+
+def test_validate_whole_groups_the_bound_and_raises_the_error_asked() -> None:
+    plain = _whole_refused("n", 5001, 1, 5000)
+    assert str(plain) == "n: must be between 1 and 5000, got 5001"
+    grouped = _whole_refused("n", 5001, 1, 5000, grouped=True)
+    assert str(grouped) == "n: must be between 1 and 5,000, got 5001"
+    for value, message in (
+        ("x", "must be a whole number, got 'x'"),
+        (6, "must be between 1 and 5, got 6"),
+    ):
+        refused = _whole_refused("maximum", value, 1, 5, error=InvalidLimit)
+        assert type(refused) is InvalidLimit
+        assert str(refused) == f"maximum: {message}"

@@ -17,6 +17,7 @@ from metering.domain.events import (
     validate_charges,
     validate_cost,
     validate_event_id,
+    validate_filters,
     validate_metadata,
     validate_subject,
 )
@@ -487,3 +488,18 @@ def test_a_fingerprint_is_encoded_once(monkeypatch: pytest.MonkeyPatch) -> None:
     event = make_event([("org-1", "api", 2)], datetime(2026, 1, 1, tzinfo=UTC))
     assert event.fingerprint() == event.fingerprint() == event.record().fingerprint
     assert len(calls) == 1
+
+
+def test_validate_filters_checks_each_filter_given_and_skips_none() -> None:
+    validate_filters(None, None)
+    validate_filters("org-1", None)
+    validate_filters(None, "api_calls")
+    with pytest.raises(InvalidInput) as subject:
+        validate_filters(" org", None)
+    assert subject.value.field == "subject"
+    with pytest.raises(InvalidInput) as subject_first:
+        validate_filters("", "no spaces allowed")
+    assert subject_first.value.field == "subject"
+    with pytest.raises(InvalidLimit) as limit:
+        validate_filters("org-1", "no spaces allowed")
+    assert limit.value.field == "name"

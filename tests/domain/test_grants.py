@@ -14,12 +14,14 @@ from metering.domain.corrections import (
 from metering.domain.decisions import ChargeDecision
 from metering.domain.grants import (
     MAX_GRANT,
+    MAX_PRIORITY,
     Balance,
     Pot,
     fit_window,
     maximum_at,
     validate_amount,
     validate_grant_id,
+    validate_priority,
 )
 from metering.domain.limits import Limit
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
@@ -209,3 +211,16 @@ def test_a_void_gives_a_bucket_its_tokens_back_up_to_its_capacity() -> None:
     assert (
         take_back(window, charge, empty, 0, past_windows=True).state == empty
     )  # redefined as a window since
+
+
+def test_validate_priority_takes_0_to_max_and_names_priority() -> None:
+    assert validate_priority(0) == 0
+    assert validate_priority(MAX_PRIORITY) == MAX_PRIORITY == 1000
+    for wrong, message in (
+        (-1, "priority: must be between 0 and 1000, got -1"),
+        (1001, "priority: must be between 0 and 1000, got 1001"),
+        (True, "priority: must be a whole number, got True"),
+    ):
+        with pytest.raises(InvalidInput) as refused:
+            validate_priority(wrong)
+        assert str(refused.value) == message
