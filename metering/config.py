@@ -34,12 +34,17 @@ def use_embedded_transport() -> None:
     """Make ``sqla+`` broker URLs use `EMBEDDED_TRANSPORT` in this process.
 
     kombu takes the transport from a URL's prefix before any setting, so the
-    prefix itself is pointed at ours (kombu looks aliases up on each connect).
+    prefix itself is pointed at ours. kombu also keeps the class it resolved
+    for a prefix for the rest of the process: a ``sqla+`` connection made
+    before this call (kombu's own, by another library) would otherwise keep
+    every later one on kombu's channel, which two processes starting on a new
+    broker file break.
     """
-    from kombu.transport import TRANSPORT_ALIASES
+    import kombu.transport
 
     for prefix in ("sqla", "sqlalchemy"):
-        TRANSPORT_ALIASES[prefix] = EMBEDDED_TRANSPORT
+        kombu.transport.TRANSPORT_ALIASES[prefix] = EMBEDDED_TRANSPORT
+        kombu.transport._transport_cache.pop(prefix, None)
 
 
 def is_embedded_broker(url: str) -> bool:

@@ -326,3 +326,22 @@ def test_processes_starting_together_on_fresh_embedded_files_all_come_up(
     with sqlite3.connect(tmp_path / f"broker-{attempt}.db") as connection:
         names = [row[0] for row in connection.execute("SELECT name FROM kombu_queue")]
     assert names == ["metering"]
+
+
+def test_the_embedded_transport_is_used_after_kombus_own_was_loaded(tmp_path: Path) -> None:
+    """kombu resolves a URL prefix once per process and keeps the class: a
+    ``sqla+`` connection made before ours (by the app, another library, an
+    earlier test) must not leave later producers on kombu's unsafe channel."""
+    script = f"""
+from kombu import Connection
+with Connection("sqla+sqlite:///{tmp_path}/theirs.db") as connection:
+    connection.SimpleQueue("q").put({{"a": 1}})
+from metering.producer import make_celery
+app = make_celery("sqla+sqlite:///{tmp_path}/ours.db")
+with app.connection_for_write() as connection:
+    print(type(connection.default_channel).__qualname__)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "_EmbeddedChannel"
