@@ -30,14 +30,18 @@ lint: venv
 	$(BIN)/vulture
 
 # Lint first: a style or type error fails fast, before the slower suite.
+# Two processes (one per core), a whole file to each at a time, each with its
+# own throw-away servers; a test still running after 15 minutes fails with
+# its stack printed instead of hanging CI (docs/testing.md).
+PARALLEL := -n 2 --dist loadfile --timeout 900
 test: venv servers lint
-	bash scripts/pytest.sh $(PYTEST_ARGS)
+	bash scripts/pytest.sh $(PARALLEL) $(PYTEST_ARGS)
 
 # The tests that need no server (no PostgreSQL, Redis, worker process or
 # socket server): conftest.py marks the others `server` from the fixtures they
 # use. Under 2 minutes; no lint, no `servers` (docs/testing.md).
 test-fast: venv
-	bash scripts/pytest.sh -m "not server" $(PYTEST_ARGS)
+	bash scripts/pytest.sh $(PARALLEL) -m "not server" $(PYTEST_ARGS)
 
 # Mutation testing of the domain against its unit tests (docs/testing.md):
 # fails on a surviving mutant that tests/mutants-equivalent.txt does not explain.

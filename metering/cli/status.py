@@ -158,12 +158,18 @@ def node_name(node: str | None) -> str | None:
 def ping_workers(url: str, timeout_seconds: float, node: str | None) -> list[str]:
     """Node names of the workers that answer Celery's ping within the timeout."""
     app = make_celery(url, name="metering-status")
+    # A connection of our own, closed here: on Redis, closing reads the reply
+    # to the last poll for answers. One left in the app's pool stays polling,
+    # and a process forked later from this one hangs in kombu's after-fork
+    # cleanup, reading a reply another child already took.
     try:
-        replies = app.control.ping(
-            destination=[node] if node else None,
-            timeout=timeout_seconds,
-            limit=1 if node else None,
-        )
+        with app.connection_for_write() as connection:
+            replies = app.control.ping(
+                destination=[node] if node else None,
+                timeout=timeout_seconds,
+                limit=1 if node else None,
+                connection=connection,
+            )
     finally:
         app.close()
     return sorted(name for reply in replies or [] for name in reply)

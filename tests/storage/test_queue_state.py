@@ -8,6 +8,7 @@ own ``basic_get`` without an acknowledgement, which moves it to the
 from __future__ import annotations
 
 import json
+import multiprocessing
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -143,6 +144,25 @@ def test_status_on_redis_counts_the_queue_and_pings_for_workers(
     assert result.stderr == (
         "unhealthy: workers: no answer from a worker to a ping within 1 s (by ping)\n"
     )
+
+
+def test_a_process_forked_after_a_ping_on_redis_starts(redis_url: str) -> None:
+    """The ping's reply channel is closed when the ping returns. Left open, it
+    is still polling: kombu's after-fork cleanup in a child reads that poll's
+    reply off the socket it shares with the parent, and the next child waits
+    for it forever."""
+    from metering.cli.status import ping_workers
+
+    assert ping_workers(redis_url, 0.5, None) == []
+    for _ in range(2):  # the first child to clean up reads the parent's reply
+        child = multiprocessing.get_context("fork").Process(target=int)
+        child.start()
+        child.join(20)
+        if child.exitcode is None:
+            child.kill()
+            child.join()
+            pytest.fail("a forked process hung in kombu's after-fork cleanup")
+        assert child.exitcode == 0
 
 
 def test_result_of_an_event_on_redis_is_pending_with_exit_3(
