@@ -4,7 +4,8 @@
 repeated event id is told apart from a conflicting one before it is queued
 again. `subject_usage` gives, for every limit the subject has used or been
 denied in its current window (a token bucket: ever), what a charge of 1
-would meet now: ``used``, ``remaining``, ``maximum``, ``resets_at``, and
+would meet now: ``used``, ``remaining``, ``maximum`` (the subject's own,
+where an entitlement sets one), ``resets_at``, and
 ``retry_at`` when that charge would be denied. It decides with the pure
 domain (`evaluate_charge`) and writes nothing.
 """
@@ -19,10 +20,12 @@ from sqlalchemy import Connection
 
 from metering.domain.decisions import ChargeInput, Decision, evaluate_charge
 from metering.domain.events import validate_event_id, validate_subject
+from metering.domain.grants import maximum_at
 from metering.domain.instants import from_us
 from metering.domain.limits import Limit
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 from metering.engine.reference import WindowResolver, decision_of
+from metering.storage.allowances import AllowanceStore
 from metering.storage.database import Database
 from metering.storage.store import Store
 
@@ -70,6 +73,14 @@ def subject_usage(database: Database, subject: str) -> list[LimitUsage]:
 def _usage(connection: Connection, subject: str, now_us: int) -> list[LimitUsage]:
     store = Store(connection)
     limits = {limit.name: limit for limit in store.list_limits()}
+    # The subject's own maximum where it has one, as the engines decide with.
+    histories = AllowanceStore(connection).histories((name, subject) for name in limits)
+    limits = {
+        name: limit.with_maximum(maximum_at(history, limit.maximum, now_us))
+        if (history := histories.get((name, subject)))
+        else limit
+        for name, limit in limits.items()
+    }
     first_use = [
         (name, subject)
         for name, limit in limits.items()

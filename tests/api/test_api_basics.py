@@ -133,3 +133,15 @@ def test_a_broker_that_does_not_answer_is_503_naming_the_kept_events(
     finally:
         producer.discard()
         producer.close()
+
+
+def test_usage_shows_the_subjects_own_maximum(client: httpx.Client, meter: Meter) -> None:
+    """An entitlement is the maximum the subject's charges meet: usage gives it,
+    with what is left of it, not the limit's default."""
+    meter.set_entitlement("org-1", "api_calls", 20, effective_from=NOW)
+    client.post("/v1/events", params={"wait": "decision"}, json=event("e-1", 8))
+    check = client.post("/v1/check", json={"subject": "org-1", "limit": "api_calls"}).json()
+    assert check["allowed"] is True
+    [usage] = client.get("/v1/subjects/org-1/usage").json()["limits"]
+    assert (usage["maximum"], usage["used"], usage["remaining"]) == (20, 8, 12)
+    assert (usage["overage"], usage["retry_at"]) == (0, None)
