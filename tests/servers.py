@@ -132,14 +132,6 @@ def make_base_dir(parent: Path, prefix: str = "postgres-") -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
 
 
-def _free_loopback_port() -> int:
-    """Ask the kernel for a currently unused TCP port on 127.0.0.1."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def _conf_quote(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
@@ -224,7 +216,7 @@ class PostgresServer:
             self._stop_quietly()
             new_log = self._log_text(log_offset)
             if attempt < attempts and "could not bind" in new_log:
-                self._port = _free_loopback_port()
+                self._port = free_port()
                 self._write_settings()
                 continue
             raise RuntimeError(
@@ -394,7 +386,7 @@ class PostgresServer:
                 f"{result.stdout}{result.stderr}"
             )
         if self._port is None:
-            self._port = _free_loopback_port()
+            self._port = free_port()
         self._write_settings()
 
     def _write_settings(self) -> None:
@@ -577,7 +569,7 @@ class RedisServer:
             # A server set up earlier in this directory (another instance).
             self._port = self._configured_port()
         if self._port is None:
-            self._port = _free_loopback_port()
+            self._port = free_port()
         self._write_config()
         # Only a port we picked ourselves may be swapped when somebody grabbed
         # it between picking and binding, and only before anyone was given a
@@ -591,7 +583,7 @@ class RedisServer:
                 return
             new_log = self._log_text(log_offset)
             if attempt < attempts and "Address already in use" in new_log:
-                self._port = _free_loopback_port()
+                self._port = free_port()
                 self._write_config()
                 continue
             raise RuntimeError(
