@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import re
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
@@ -12,7 +14,9 @@ from metering.clock import FrozenClock
 from metering.domain.events import (
     MAX_CHARGES,
     Charge,
+    MAX_CLOUDEVENT_ID,
     check_event_time,
+    cloudevent_event_id,
     make_event,
     validate_charges,
     validate_cost,
@@ -503,3 +507,19 @@ def test_validate_filters_checks_each_filter_given_and_skips_none() -> None:
     with pytest.raises(InvalidLimit) as limit:
         validate_filters("org-1", "no spaces allowed")
     assert limit.value.field == "name"
+
+
+def test_a_cloudevent_id_is_its_id_and_a_digest_of_its_source() -> None:
+    digest = hashlib.sha256("https://a.example/é".encode()).hexdigest()[:16]
+    assert cloudevent_event_id("https://a.example/é", "a@b") == f"a@b@{digest}"
+    # A lone surrogate in the source is hashed, not an error.
+    lone = hashlib.sha256("s\ud800".encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    assert cloudevent_event_id("s\ud800", "x") == f"x@{lone}"
+    longest = "i" * MAX_CLOUDEVENT_ID
+    assert len(cloudevent_event_id("s", longest)) == 128
+    with pytest.raises(InvalidInput) as too_long:
+        cloudevent_event_id("s", longest + "i")
+    assert str(too_long.value) == f"id: must be at most {MAX_CLOUDEVENT_ID} characters"
+    with pytest.raises(InvalidInput) as bad:
+        cloudevent_event_id("s", "no spaces")
+    assert str(bad.value).startswith("id: ")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from metering.domain.limits import Limit, Period, parse_period, validate_limit_name
+from metering.domain.limits import Limit, Period, is_reserved, parse_period, validate_limit_name
 from metering.errors import InvalidInput, InvalidLimit
 
 DAY = 86_400
@@ -461,3 +461,9 @@ def test_from_dict_takes_dimensions_as_a_list_only() -> None:
             Limit.from_dict({**base, "dimensions": bad})
         assert caught.value.field == "dimensions"
         assert str(caught.value) == f"dimensions: must be a list of metadata keys, got {bad!r}"
+
+
+def test_the_products_own_limits_are_reserved() -> None:
+    assert is_reserved("metering.events")
+    assert not is_reserved("metering")
+    assert not is_reserved("api.metering.x")

@@ -159,3 +159,21 @@ def test_a_priced_charge_keeps_its_price_in_the_ledger_row() -> None:
     assert ChargeDecision.from_row(charge.to_row()) == charge
     assert priced.to_dict()["amount"] == "0.02"
     assert "amount" not in charge.to_dict()
+
+
+def test_a_price_as_a_dict() -> None:
+    at_us = 1_800_000_000_000_000
+    assert Price("api", "EUR", 1_234_500, at_us).to_dict() == {
+        "limit": "api",
+        "currency": "EUR",
+        "per_unit": "0.012345",
+        "per_unit_micro_minor": 1_234_500,
+        "effective_from": "2027-01-15T08:00:00+00:00",
+    }
+    assert Price("api", "JPY", None, at_us).to_dict() == {
+        "limit": "api",
+        "currency": "JPY",
+        "per_unit": None,
+        "per_unit_micro_minor": None,
+        "effective_from": "2027-01-15T08:00:00+00:00",
+    }
