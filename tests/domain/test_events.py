@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 
 import re
 import uuid
@@ -17,7 +18,9 @@ from metering.domain.events import (
     MAX_CLOUDEVENT_ID,
     check_event_time,
     cloudevent_event_id,
+    fingerprint_of,
     make_event,
+    single_fingerprint,
     validate_charges,
     validate_cost,
     validate_event_id,
@@ -523,3 +526,33 @@ def test_a_cloudevent_id_is_its_id_and_a_digest_of_its_source() -> None:
     with pytest.raises(InvalidInput) as bad:
         cloudevent_event_id("s", "no spaces")
     assert str(bad.value).startswith("id: ")
+
+
+@pytest.mark.parametrize(
+    "charge",
+    [
+        (5, "calls", 1),
+        ("org", 5, 1),
+        ("org", "calls", "1"),
+        ("org", "calls", True),
+        ("orgé", "calls", 1),
+        ("org\n", "calls", 1),
+        ('or"g', "calls", 1),
+        ("or\\g", "calls", 1),
+        ("org", "callé", 1),
+        ("org", "calls\t", 1),
+        ("org", 'ca"lls', 1),
+        ("org", "ca\\lls", 1),
+    ],
+)
+def test_a_charge_needing_escapes_is_fingerprinted_by_the_encoder(charge: tuple[object, ...]) -> None:
+    assert single_fingerprint(*charge) is None
+    assert fingerprint_of([charge]) == json.dumps([list(charge)], separators=(",", ":"))
+
+
+def test_a_plain_charge_is_fingerprinted_without_the_encoder() -> None:
+    assert single_fingerprint("org-1 x", "calls", 3) == '[["org-1 x","calls",3]]'
+    assert fingerprint_of([("org-1 x", "calls", 3)]) == '[["org-1 x","calls",3]]'
+    # Rows of another length take the encoder's way too.
+    assert fingerprint_of([("org", "calls")]) == '[["org","calls"]]'
+    assert fingerprint_of([("org", "calls", 1, "x")]) == '[["org","calls",1,"x"]]'
