@@ -13,6 +13,7 @@ from metering.domain.decisions import ChargeDecision
 from metering.domain.limits import Limit, spend_limit
 from metering.domain.money import (
     Price,
+    PricedCharge,
     charge_amount,
     format_amount,
     format_price,
@@ -177,3 +178,42 @@ def test_a_price_as_a_dict() -> None:
         "per_unit_micro_minor": None,
         "effective_from": "2027-01-15T08:00:00+00:00",
     }
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (True, "give an exact decimal (text), not True"),
+        (1.5, "give an exact decimal (text), not 1.5"),
+        (Decimal("NaN"), "Decimal('NaN') is not an amount"),
+        ("1,5", "'1,5' is not an amount like 50 or 1.00"),
+        (-1, "-1 must not be negative"),
+        ("1.001", "'1.001' has more than 2 decimals"),
+        ("10000000000000.01", "'10000000000000.01' is too large"),
+    ],
+)
+def test_a_bad_amount_says_which_and_why(value: object, message: str) -> None:
+    with pytest.raises(InvalidInput) as raised:
+        parse_amount(value, "EUR")
+    assert (raised.value.field, str(raised.value)) == ("amount", f"amount: {message}")
+
+
+def test_an_unknown_currency_is_named() -> None:
+    with pytest.raises(InvalidInput) as raised:
+        validate_currency("XYZ")
+    assert str(raised.value) == "currency: unknown currency 'XYZ'; use an ISO 4217 code such as USD"
+
+
+def test_the_largest_amount_and_a_price_of_one_decimal() -> None:
+    assert parse_amount("10000000000000.00", "EUR") == 10**15
+    assert format_price(parse_price("0.1", "EUR"), "EUR") == "0.10"
+
+
+def test_unpriced_limits_cost_nothing_and_spend_only_in_its_currency() -> None:
+    prices = {
+        "api": [Price("api", "EUR", 1_000_000, 0)],
+        "yen": [Price("yen", "JPY", 5_000_000, 0)],
+    }
+    priced = priced_charges([("s", "free", 3), ("s", "api", 3), ("t", "yen", 2)], prices, 10)
+    assert priced == [PricedCharge(1, "s", "EUR", 3), PricedCharge(2, "t", "JPY", 10)]
+    assert spend_charges(priced, {"EUR": ["spend"]}) == [("s", "spend", 3)]
