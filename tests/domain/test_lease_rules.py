@@ -172,3 +172,8 @@ def test_a_request_served_from_a_lease_is_an_allowed_decision_of_the_lease(
         occurred_at=now,
         decided_at=now,
     )
+
+
+def test_a_request_at_the_same_instant_continues_the_streak() -> None:
+    assert recent(1_000, 1_000)
+    assert streak_after(3, 1_000, 1_000) == 4

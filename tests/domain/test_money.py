@@ -3,13 +3,14 @@ prices, half-even rounding per charge, prices in force, spend charges."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from decimal import ROUND_HALF_EVEN, Decimal
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from metering.domain.decisions import ChargeDecision
+from metering.domain.decisions import ChargeDecision, ChargeInput, decide_event
 from metering.domain.limits import Limit, spend_limit
 from metering.domain.money import (
     Price,
@@ -24,6 +25,7 @@ from metering.domain.money import (
     spend_charges,
     validate_currency,
 )
+from metering.domain.state import CounterKey, CounterState
 from metering.errors import InvalidInput, InvalidLimit
 
 
@@ -217,3 +219,30 @@ def test_unpriced_limits_cost_nothing_and_spend_only_in_its_currency() -> None:
     priced = priced_charges([("s", "free", 3), ("s", "api", 3), ("t", "yen", 2)], prices, 10)
     assert priced == [PricedCharge(1, "s", "EUR", 3), PricedCharge(2, "t", "JPY", 10)]
     assert spend_charges(priced, {"EUR": ["spend"]}) == [("s", "spend", 3)]
+
+
+def test_an_overdraft_follows_the_price_in_the_row_and_the_dict() -> None:
+    base = ChargeDecision("s", "a", 3, True, "allowed", 12, 0, 10, 0, 0, 100, None)
+    over = replace(base, overdraft=2)
+    assert over.to_row()[12:] == [[], None, 2]
+    assert ChargeDecision.from_row(over.to_row()) == over
+    both = replace(base, price=("USD", 250), overdraft=2)
+    assert both.to_row()[12:] == [[], ["USD", 250], 2]
+    assert ChargeDecision.from_row(both.to_row()) == both
+    assert ChargeDecision.from_row(replace(base, price=("USD", 250)).to_row()).overdraft == 0
+    shown = both.to_dict()
+    assert {k: shown[k] for k in ("currency", "amount", "overdraft")} == {
+        "currency": "USD",
+        "amount": "2.50",
+        "overdraft": 2,
+    }
+    assert "overdraft" not in base.to_dict()
+
+
+def test_a_charge_keeps_its_price_only_when_consumed() -> None:
+    limit = Limit("a", maximum=5, period="1m")
+    key = CounterKey("a", "s", 0, 60_000_000)
+    fits = ChargeInput(limit, key, CounterState(), 3, price=("USD", 30))
+    denied = ChargeInput(limit, key, CounterState(), 9, price=("USD", 90))
+    assert decide_event([fits], 0).charges[0].price == ("USD", 30)
+    assert decide_event([denied], 0).charges[0].price is None
