@@ -171,3 +171,11 @@ def test_only_the_new_overdraft_is_counted() -> None:
     assert got == ChargedMore(CounterState(used=14), overdraft=2)
     got = charge_more(WINDOW, IN_WINDOW, 2, CounterState(used=12), T0, maximum=20)
     assert got == ChargedMore(CounterState(used=14))
+
+
+def test_what_a_bucket_holds_is_whole_tokens() -> None:
+    state = CounterState(used=2, tat_us=T0 + 2 * SECOND, tat_scale=4)
+    # Half a second on, two and a half tokens are back: two are available.
+    _, available = take_anyway(BUCKET, state, 1, T0 + SECOND // 2)
+    assert available == 2
+    assert type(available) is int

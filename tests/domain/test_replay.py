@@ -148,3 +148,10 @@ def test_a_soft_charge_of_a_denied_event_adds_no_overage() -> None:
         SimulationRow("s", "hard", 3, 2, 2, 0, 0),
         SimulationRow("s", "soft", 3, 0, 0, 0, 0),
     ]
+
+
+def test_a_bucket_taking_more_than_its_capacity_over_time_has_no_overage() -> None:
+    replay = Replay({"api": Limit("api", maximum=2, period="2s", algorithm="token_bucket")})
+    for second in range(5):
+        replay.feed(StoredEvent(T0 + second * 1_000_000, (("s", "api", 1),)))
+    assert replay.rows() == [SimulationRow("s", "api", 5, 0, 0, 0, 0)]

@@ -40,8 +40,8 @@ def test_priced_consumed_charges_add_their_amounts_in_the_events_hour() -> None:
     decided = [
         Event("allowed", [row("s", "api", 2, "allowed", ["EUR", 150]), row("s", "org", 1)]),
         Event("overage", [row("s", "api", 1, "overage", ["EUR", 70])]),
-        Event("allowed", [row("s", "api", 1, "allowed", ["USD", 9])], occurred_at_us=AT_US + HOUR_US),
         Event("denied", [row("s", "api", 1, "denied", ["EUR", 1000])]),
+        Event("allowed", [row("s", "api", 1, "allowed", ["USD", 9])], occurred_at_us=AT_US + HOUR_US),
         Event("allowed", [row("s", "api", 1, "would_deny", ["EUR", 3000])]),
         # an overdraft follows a null price: no spend
         Event("allowed", [row("s", "org", 5, "allowed", None, 2)]),
@@ -98,11 +98,22 @@ def test_merged_sums_key_by_key() -> None:
 
 def test_a_commit_of_more_adds_the_extra_units_but_no_event() -> None:
     event = Event("allowed", [], {"route": "/a", "model": "m"})
-    extra = [("s", "api", 2), ("s", "org", 1), ("s", "org", 3), ("s", "api", 0), ("s", "plain", 5), ("t", "org", -1)]
+    extra = [
+        ("s", "api", 2),
+        ("s", "org", 1),
+        ("s", "org", 3),
+        ("s", "api", 0),
+        ("u", "org", 0),
+        ("s", "plain", 5),
+        ("t", "org", -1),
+        ("t", "api", 2),
+    ]
     assert charged_more_deltas(event, extra, DIMENSIONS) == {
         ("s", "api", "route", HOUR, "/a"): (2, 0),
         ("s", "api", "model", HOUR, "m"): (2, 0),
         ("s", "org", "route", HOUR, "/a"): (4, 0),
+        ("t", "api", "route", HOUR, "/a"): (2, 0),
+        ("t", "api", "model", HOUR, "m"): (2, 0),
     }
     assert charged_more_deltas(event, [("s", "api", 1)], {}) == {}
     no_metadata = Event("allowed", [], None)
