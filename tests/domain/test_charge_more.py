@@ -18,7 +18,9 @@ from metering.domain.state import NO_WINDOW, CounterState
 SECOND = 1_000_000
 T0 = 1_800_000_000 * SECOND
 BUCKET = Limit("api", maximum=4, period="4s", algorithm="token_bucket")  # a token a second
-THIRDS = Limit("api", maximum=3, period="1s", algorithm="token_bucket")  # a token a third of a second
+THIRDS = Limit(
+    "api", maximum=3, period="1s", algorithm="token_bucket"
+)  # a token a third of a second
 WINDOW = Limit("calls", maximum=10, period="1m")
 SOFT = Limit("calls", maximum=10, period="1m", enforcement="soft")
 SHADOW = Limit("calls", maximum=10, period="1m", enforcement="shadow")
@@ -106,7 +108,9 @@ def test_a_bucket_charge_is_held_without_a_window() -> None:
 # --------------------------------------------------------------------------- charge_more
 
 
-def more(limit: Limit | None, charge: HeldCharge, extra: int, state: CounterState, **kw: object) -> ChargedMore:
+def more(
+    limit: Limit | None, charge: HeldCharge, extra: int, state: CounterState, **kw: object
+) -> ChargedMore:
     return charge_more(limit, charge, extra, state, T0, maximum=10, **kw)  # type: ignore[arg-type]
 
 

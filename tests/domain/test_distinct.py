@@ -112,9 +112,24 @@ def test_a_broken_seat_limit_names_the_field(fields: dict[str, Any], message: st
 @pytest.mark.parametrize(
     ("metadata", "cost", "field", "message"),
     [
-        (None, 1, "metadata", "limit 'seats' counts distinct values of 'user': the event's metadata must carry it"),
-        ({"user": ""}, 1, "metadata", "'user' must be a whole number or 1 to 200 printable characters, got ''"),
-        ({"user": "a"}, 2, "cost", "a charge on 'seats' counts distinct 'user' values: its cost must be 1"),
+        (
+            None,
+            1,
+            "metadata",
+            "limit 'seats' counts distinct values of 'user': the event's metadata must carry it",
+        ),
+        (
+            {"user": ""},
+            1,
+            "metadata",
+            "'user' must be a whole number or 1 to 200 printable characters, got ''",
+        ),
+        (
+            {"user": "a"},
+            2,
+            "cost",
+            "a charge on 'seats' counts distinct 'user' values: its cost must be 1",
+        ),
     ],
 )
 def test_a_bad_seat_charge_says_exactly_why(

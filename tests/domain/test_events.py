@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-
 import re
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
@@ -14,8 +13,8 @@ import pytest
 from metering.clock import FrozenClock
 from metering.domain.events import (
     MAX_CHARGES,
-    Charge,
     MAX_CLOUDEVENT_ID,
+    Charge,
     check_event_time,
     cloudevent_event_id,
     fingerprint_of,
@@ -545,7 +544,9 @@ def test_a_cloudevent_id_is_its_id_and_a_digest_of_its_source() -> None:
         ("org", "ca\\lls", 1),
     ],
 )
-def test_a_charge_needing_escapes_is_fingerprinted_by_the_encoder(charge: tuple[object, ...]) -> None:
+def test_a_charge_needing_escapes_is_fingerprinted_by_the_encoder(
+    charge: tuple[object, ...],
+) -> None:
     assert single_fingerprint(*charge) is None
     assert fingerprint_of([charge]) == json.dumps([list(charge)], separators=(",", ":"))
 

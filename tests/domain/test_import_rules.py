@@ -166,7 +166,9 @@ def test_each_bad_json_line_says_why_with_its_number() -> None:
         (11, BadLine(11, "occurred_at: is required")),
         (
             12,
-            BadLine(12, "occurred_at: 'yesterday' is not an RFC 3339 time like 2026-11-22T12:00:00Z"),
+            BadLine(
+                12, "occurred_at: 'yesterday' is not an RFC 3339 time like 2026-11-22T12:00:00Z"
+            ),
         ),
         (13, BadLine(13, "not a JSON object")),
         (14, BadLine(14, "unknown field 'z'")),
@@ -174,14 +176,17 @@ def test_each_bad_json_line_says_why_with_its_number() -> None:
             15,
             BadLine(
                 15,
-                "not JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)",
+                "not JSON: Expecting property name enclosed in double quotes: "
+                "line 1 column 2 (char 1)",
             ),
         ),
     ]
 
 
 def test_a_charge_without_a_cost_costs_one_and_is_fingerprinted() -> None:
-    line = f'{{"event_id": "h", "charges": [{{"subject": "s", "limit": "l"}}], "occurred_at": "{AT}"}}'
+    line = (
+        f'{{"event_id": "h", "charges": [{{"subject": "s", "limit": "l"}}], "occurred_at": "{AT}"}}'
+    )
     [(number, record)] = list(parse_lines([line], "jsonl"))
     assert not isinstance(record, BadLine)
     assert (number, record.charges) == (1, (Charge("s", "l", 1),))

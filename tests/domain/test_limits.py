@@ -481,7 +481,11 @@ def test_the_products_own_limits_are_reserved() -> None:
 @pytest.mark.parametrize(
     ("make", "field", "message"),
     [
-        (lambda: spend_limit("sp", "x", "EUR", "1mo"), "max_amount", "'x' is not an amount like 50 or 1.00"),
+        (
+            lambda: spend_limit("sp", "x", "EUR", "1mo"),
+            "max_amount",
+            "'x' is not an amount like 50 or 1.00",
+        ),
         (lambda: spend_limit("sp", "0", "EUR", "1mo"), "max_amount", "must be more than 0 EUR"),
         (
             lambda: Limit("a", maximum=5, period="5s", algorithm="token_bucket", currency="EUR"),
@@ -514,7 +518,9 @@ def test_the_products_own_limits_are_reserved() -> None:
             "a spend limit (max_amount) needs a currency",
         ),
         (
-            lambda: Limit.from_dict({"name": "a", "max_amount": "x", "currency": "EUR", "period": "1mo"}),
+            lambda: Limit.from_dict(
+                {"name": "a", "max_amount": "x", "currency": "EUR", "period": "1mo"}
+            ),
             "max_amount",
             "'x' is not an amount like 50 or 1.00",
         ),

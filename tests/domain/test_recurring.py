@@ -157,7 +157,12 @@ def test_one_reading_makes_at_most_1200_issues() -> None:
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("100%", (None, 100)), ("1%", (None, 1)), ("1" + "0" * 15, (10**15, None)), (10**15, (10**15, None))],
+    [
+        ("100%", (None, 100)),
+        ("1%", (None, 1)),
+        ("1" + "0" * 15, (10**15, None)),
+        (10**15, (10**15, None)),
+    ],
 )
 def test_grant_low_at_its_bounds(text: object, expected: tuple[int | None, int | None]) -> None:
     assert parse_low(text) == expected

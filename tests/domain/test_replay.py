@@ -123,7 +123,13 @@ def test_charges_left_out_do_not_end_the_event() -> None:
         "cal": Limit("cal", maximum=5, period="1h", window="calendar"),
     }
     replay = Replay(limits, subject="s")
-    charges = (("s", "lic", 1), ("s", "seats", 1), ("s", "spend", 1), ("t", "cal", 1), ("s", "cal", 1))
+    charges = (
+        ("s", "lic", 1),
+        ("s", "seats", 1),
+        ("s", "spend", 1),
+        ("t", "cal", 1),
+        ("s", "cal", 1),
+    )
     replay.feed(StoredEvent(T0, charges))
     assert replay.rows() == [SimulationRow("s", "cal", 1, 0, 0, 0, 0)]
     assert replay.replayed == 1

@@ -464,20 +464,46 @@ def one_and_general(rule: Rule, cost: int, window: Window, state: list[object]) 
     for pots in (None, [None]):
         held = list(state)
         notices: list[Notice] = []
-        outcome = decide([rule], [("org", rule.name, cost)], [window], [held], START_US, "e", notices, pots)
+        outcome = decide(
+            [rule], [("org", rule.name, cost)], [window], [held], START_US, "e", notices, pots
+        )
         found.append((outcome, held, notices))
     return found[0], found[1]
 
 
 DAY = calendar_window(Period(seconds=86_400), START_US)
 ONE_CHARGE_CASES = [
-    (Limit("trial", maximum=3, period="1d", window="calendar", enforcement="shadow"), 4, [2, 0, 0, None, None, 0, 1]),
-    (Limit("trial", maximum=3, period="1d", window="calendar", enforcement="shadow"), 1, [2, 0, 0, None, None, 0, 1]),
-    (Limit("trial", maximum=3, period="1d", window="calendar", enforcement="shadow"), 4, [2, 1, 4, START_US, None, 0, 1]),
+    (
+        Limit("trial", maximum=3, period="1d", window="calendar", enforcement="shadow"),
+        4,
+        [2, 0, 0, None, None, 0, 1],
+    ),
+    (
+        Limit("trial", maximum=3, period="1d", window="calendar", enforcement="shadow"),
+        1,
+        [2, 0, 0, None, None, 0, 1],
+    ),
+    (
+        Limit("trial", maximum=3, period="1d", window="calendar", enforcement="shadow"),
+        4,
+        [2, 1, 4, START_US, None, 0, 1],
+    ),
     (Limit("calls", maximum=3, period="1d", window="calendar"), 4, [0, 0, 0, None, None, 0, 1]),
-    (Limit("calls", maximum=3, period="1d", window="calendar", thresholds=(50,)), 2, [0, 0, 0, None, None, 0, 1]),
-    (Limit("calls", maximum=3, period="1d", window="calendar", enforcement="soft"), 2, [2, 0, 0, None, None, 0, 1]),
-    (Limit("api", maximum=2, period="2s", algorithm="token_bucket", enforcement="shadow"), 3, [0, 0, 0, None, None, 0, 1]),
+    (
+        Limit("calls", maximum=3, period="1d", window="calendar", thresholds=(50,)),
+        2,
+        [0, 0, 0, None, None, 0, 1],
+    ),
+    (
+        Limit("calls", maximum=3, period="1d", window="calendar", enforcement="soft"),
+        2,
+        [2, 0, 0, None, None, 0, 1],
+    ),
+    (
+        Limit("api", maximum=2, period="2s", algorithm="token_bucket", enforcement="shadow"),
+        3,
+        [0, 0, 0, None, None, 0, 1],
+    ),
 ]
 
 
@@ -505,12 +531,22 @@ def test_a_rule_that_does_not_notify_finds_no_threshold() -> None:
     assert not quiet.notifies
     for pots in (None, [None]):
         notices: list[Notice] = []
-        outcome = decide([quiet], [("org", "calls", 3)], [DAY], [fresh_state()], START_US, "e", notices, pots)
+        outcome = decide(
+            [quiet], [("org", "calls", 3)], [DAY], [fresh_state()], START_US, "e", notices, pots
+        )
         assert outcome.outcome == "allowed"
         assert notices == []
     notices = []
     two = [quiet, quiet.with_maximum(4)]
-    decide(two, [("org", "calls", 3), ("org2", "calls", 3)], [DAY, DAY], [fresh_state(), fresh_state()], START_US, "e", notices)
+    decide(
+        two,
+        [("org", "calls", 3), ("org2", "calls", 3)],
+        [DAY, DAY],
+        [fresh_state(), fresh_state()],
+        START_US,
+        "e",
+        notices,
+    )
     assert notices == []
 
 

@@ -29,7 +29,9 @@ class Event:
     occurred_at_us: int = AT_US
 
 
-def row(subject: str, name: str, cost: int, outcome: str = "allowed", price: Any = None, *more: Any) -> list[Any]:
+def row(
+    subject: str, name: str, cost: int, outcome: str = "allowed", price: Any = None, *more: Any
+) -> list[Any]:
     head = [subject, name, cost, outcome != "denied", outcome, cost, 0, 10, 0, None, AT_US, None]
     if price is None and not more:
         return head
@@ -41,7 +43,9 @@ def test_priced_consumed_charges_add_their_amounts_in_the_events_hour() -> None:
         Event("allowed", [row("s", "api", 2, "allowed", ["EUR", 150]), row("s", "org", 1)]),
         Event("overage", [row("s", "api", 1, "overage", ["EUR", 70])]),
         Event("denied", [row("s", "api", 1, "denied", ["EUR", 1000])]),
-        Event("allowed", [row("s", "api", 1, "allowed", ["USD", 9])], occurred_at_us=AT_US + HOUR_US),
+        Event(
+            "allowed", [row("s", "api", 1, "allowed", ["USD", 9])], occurred_at_us=AT_US + HOUR_US
+        ),
         Event("allowed", [row("s", "api", 1, "would_deny", ["EUR", 3000])]),
         # an overdraft follows a null price: no spend
         Event("allowed", [row("s", "org", 5, "allowed", None, 2)]),
@@ -70,7 +74,14 @@ def test_a_cancel_takes_back_the_spend_of_charges_returned_whole() -> None:
             row("v", "org", 2, "allowed", None, 1),
         ],
     )
-    returned = [("s", "api", 3, 3), ("s", "web", 3, 2), ("t", "api", 2, 5), ("s", "org", 2, 2), ("u", "api", 0, 0), ("v", "org", 2, 2)]
+    returned = [
+        ("s", "api", 3, 3),
+        ("s", "web", 3, 2),
+        ("t", "api", 2, 5),
+        ("s", "org", 2, 2),
+        ("u", "api", 0, 0),
+        ("v", "org", 2, 2),
+    ]
     assert spend_given_back(event, returned) == {
         ("s", "api", SPEND_DIMENSION, HOUR, "EUR"): (-300, -1),
         ("t", "api", SPEND_DIMENSION, HOUR, "EUR"): (-20, -1),
@@ -78,7 +89,10 @@ def test_a_cancel_takes_back_the_spend_of_charges_returned_whole() -> None:
 
 
 def test_a_cancel_sums_charges_of_one_key() -> None:
-    event = Event("allowed", [row("s", "api", 1, "allowed", ["EUR", 5]), row("s", "api", 1, "allowed", ["EUR", 7])])
+    event = Event(
+        "allowed",
+        [row("s", "api", 1, "allowed", ["EUR", 5]), row("s", "api", 1, "allowed", ["EUR", 7])],
+    )
     assert spend_given_back(event, [("s", "api", 1, 1)]) == {
         ("s", "api", SPEND_DIMENSION, HOUR, "EUR"): (-12, -2),
     }

@@ -8,9 +8,9 @@ from metering.domain.decisions import ChargeDecision
 from metering.domain.limits import Limit
 from metering.domain.notifications import (
     Mark,
-    bucket_full_at_us,
     Notice,
     Transition,
+    bucket_full_at_us,
     notices_for,
     notices_of,
     payload_of,
@@ -157,9 +157,9 @@ def test_a_hard_limits_overdraft_is_exceeded_once_it_starts() -> None:
         )
     ]
     one = replace(charge(11, 2), overdraft=1)
-    assert kinds(notices_for(plain, KEY, CounterState(used=9), CounterState(used=11), one, "e")) == [
-        "exceeded"
-    ]
+    assert kinds(
+        notices_for(plain, KEY, CounterState(used=9), CounterState(used=11), one, "e")
+    ) == ["exceeded"]
     # A shadow limit's excess is no overdraft; a soft one's is overage, notified as such.
     shadow = Limit("calls", maximum=10, period="1m", enforcement="shadow")
     assert notices_for(shadow, KEY, CounterState(used=9), CounterState(used=12), over, "e") == []
