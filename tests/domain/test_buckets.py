@@ -347,3 +347,8 @@ def test_gcra_equals_the_fraction_reference_model(
         else:
             expected_retry = model.retry_at_us(now, cost)
             assert (to_us(charge.retry_at) if charge.retry_at else None) == expected_retry
+
+
+def test_with_used_changes_the_usage_only() -> None:
+    state = CounterState(2, 3, 4, 5, tat_us=6, tat_rem=7, tat_scale=8)
+    assert state.with_used(9) == CounterState(9, 3, 4, 5, tat_us=6, tat_rem=7, tat_scale=8)

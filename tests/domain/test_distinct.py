@@ -107,3 +107,34 @@ def test_a_broken_seat_limit_names_the_field(fields: dict[str, Any], message: st
     with pytest.raises(InvalidLimit, match=message) as caught:
         Limit(**{"name": "seats", "maximum": 5, "period": "1h", "distinct": "user", **fields})
     assert caught.value.field == "distinct"
+
+
+@pytest.mark.parametrize(
+    ("metadata", "cost", "field", "message"),
+    [
+        (
+            None,
+            1,
+            "metadata",
+            "limit 'seats' counts distinct values of 'user': the event's metadata must carry it",
+        ),
+        (
+            {"user": ""},
+            1,
+            "metadata",
+            "'user' must be a whole number or 1 to 200 printable characters, got ''",
+        ),
+        (
+            {"user": "a"},
+            2,
+            "cost",
+            "a charge on 'seats' counts distinct 'user' values: its cost must be 1",
+        ),
+    ],
+)
+def test_a_bad_seat_charge_says_exactly_why(
+    metadata: dict[str, Any] | None, cost: int, field: str, message: str
+) -> None:
+    with pytest.raises(InvalidInput) as raised:
+        value_of("user", "seats", metadata, cost)
+    assert (raised.value.field, str(raised.value)) == (field, f"{field}: {message}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
@@ -11,9 +13,13 @@ import pytest
 from metering.clock import FrozenClock
 from metering.domain.events import (
     MAX_CHARGES,
+    MAX_CLOUDEVENT_ID,
     Charge,
     check_event_time,
+    cloudevent_event_id,
+    fingerprint_of,
     make_event,
+    single_fingerprint,
     validate_charges,
     validate_cost,
     validate_event_id,
@@ -503,3 +509,51 @@ def test_validate_filters_checks_each_filter_given_and_skips_none() -> None:
     with pytest.raises(InvalidLimit) as limit:
         validate_filters("org-1", "no spaces allowed")
     assert limit.value.field == "name"
+
+
+def test_a_cloudevent_id_is_its_id_and_a_digest_of_its_source() -> None:
+    digest = hashlib.sha256("https://a.example/é".encode()).hexdigest()[:16]
+    assert cloudevent_event_id("https://a.example/é", "a@b") == f"a@b@{digest}"
+    # A lone surrogate in the source is hashed, not an error.
+    lone = hashlib.sha256("s\ud800".encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    assert cloudevent_event_id("s\ud800", "x") == f"x@{lone}"
+    longest = "i" * MAX_CLOUDEVENT_ID
+    assert len(cloudevent_event_id("s", longest)) == 128
+    with pytest.raises(InvalidInput) as too_long:
+        cloudevent_event_id("s", longest + "i")
+    assert str(too_long.value) == f"id: must be at most {MAX_CLOUDEVENT_ID} characters"
+    with pytest.raises(InvalidInput) as bad:
+        cloudevent_event_id("s", "no spaces")
+    assert str(bad.value).startswith("id: ")
+
+
+@pytest.mark.parametrize(
+    "charge",
+    [
+        (5, "calls", 1),
+        ("org", 5, 1),
+        ("org", "calls", "1"),
+        ("org", "calls", True),
+        ("orgé", "calls", 1),
+        ("org\n", "calls", 1),
+        ('or"g', "calls", 1),
+        ("or\\g", "calls", 1),
+        ("org", "callé", 1),
+        ("org", "calls\t", 1),
+        ("org", 'ca"lls', 1),
+        ("org", "ca\\lls", 1),
+    ],
+)
+def test_a_charge_needing_escapes_is_fingerprinted_by_the_encoder(
+    charge: tuple[object, ...],
+) -> None:
+    assert single_fingerprint(*charge) is None
+    assert fingerprint_of([charge]) == json.dumps([list(charge)], separators=(",", ":"))
+
+
+def test_a_plain_charge_is_fingerprinted_without_the_encoder() -> None:
+    assert single_fingerprint("org-1 x", "calls", 3) == '[["org-1 x","calls",3]]'
+    assert fingerprint_of([("org-1 x", "calls", 3)]) == '[["org-1 x","calls",3]]'
+    # Rows of another length take the encoder's way too.
+    assert fingerprint_of([("org", "calls")]) == '[["org","calls"]]'
+    assert fingerprint_of([("org", "calls", 1, "x")]) == '[["org","calls",1,"x"]]'

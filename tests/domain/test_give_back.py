@@ -309,3 +309,10 @@ def test_charges_sharing_a_counter_give_back_in_turn() -> None:
     assert returned == [3, 2]
     fresh, units = taken_back({}, [PAST_WINDOW], {}, T0, past_windows=True)
     assert fresh == {PAST_WINDOW.key: CounterState()} and units == [0]
+
+
+def test_a_void_takes_back_from_an_ended_window_even_of_a_deleted_limit() -> None:
+    states = {PAST_WINDOW.key: CounterState(used=5)}
+    changed, returned = taken_back({}, [PAST_WINDOW], states, T0, past_windows=True)
+    assert changed == {PAST_WINDOW.key: CounterState(used=5 - PAST_WINDOW.cost)}
+    assert returned == [PAST_WINDOW.cost]

@@ -3,6 +3,11 @@ in force (`metering.domain.history`), signed page links (`metering.domain.links`
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
+from typing import Any
+
 import pytest
 
 from metering.domain.history import (
@@ -70,3 +75,70 @@ def test_ttl_durations() -> None:
     for bad in ("0s", "1y", "-1h", "", "h", "40d", "\uff11h"):
         with pytest.raises(InvalidInput, match="ttl"):
             parse_ttl(bad)
+
+
+@pytest.mark.parametrize(
+    ("call", "field", "message"),
+    [
+        (lambda: bucket_starts(5, 5, "day"), "to", "must be after from"),
+        (
+            lambda: bucket_starts(0, 3000 * HOUR_US, "hour"),
+            "from",
+            "the period holds 3000 hours; at most 2000 at once",
+        ),
+        (lambda: validate_bucket("week"), "bucket", "must be one of hour, day; got 'week'"),
+        (lambda: parse_ttl("x"), "ttl", "expected a duration like 30m, 1h or 7d; got 'x'"),
+        (lambda: parse_ttl(True), "ttl", "must be 1 second to 31 days; got True"),
+        (lambda: parse_ttl("0s"), "ttl", "must be 1 second to 31 days; got 0"),
+        (lambda: parse_ttl("32d"), "ttl", "must be 1 second to 31 days; got 2764800"),
+    ],
+)
+def test_bad_periods_and_durations_say_why(call: Any, field: str, message: str) -> None:
+    with pytest.raises(InvalidInput) as raised:
+        call()
+    assert (raised.value.field, str(raised.value)) == (field, f"{field}: {message}")
+
+
+def test_buckets_start_on_the_bucket_and_2000_fit() -> None:
+    assert bucket_starts(DAY_US + 1, 3 * DAY_US, "day") == [DAY_US, 2 * DAY_US]
+    assert len(bucket_starts(0, 2000 * HOUR_US, "hour")) == 2000
+
+
+def test_the_later_change_wins_and_a_bucket_ends_at_its_last_instant() -> None:
+    assert maximum_at([(10, 50), (20, 5)], 1, 30) == 5
+    assert maximum_at([(10, 50), (10, 7)], 1, 30) == 7  # recorded later
+    points = series([], [(HOUR_US - 1, 5)], 10, 0, 2 * HOUR_US, "hour")
+    assert [p.maximum for p in points] == [5, 5]
+
+
+def test_ttl_bounds_and_plain_seconds() -> None:
+    assert parse_ttl(90) == 90
+    assert parse_ttl("1s") == 1
+    assert parse_ttl("31d") == 31 * 86400
+
+
+def test_a_token_is_its_payload_and_its_signature_unpadded() -> None:
+    # "abW" encodes to YWJX: nothing is stripped but the padding.
+    assert sign("k", "abW", 1000) == "v1.YWJX.1000.N3AnuflG3rqSADomCfhXdtacae4yM1f4hG6ba5pgqK8"
+    assert verify("k", sign("k", "abW", 1000), 0) == "abW"
+    token = sign("k", "org-123", 1000)  # 10 characters of subject: padded back to 12
+    assert token == "v1.b3JnLTEyMw.1000.youUnis7bM79hflDK8U-gR0F_m-gpqZXAquBhbS3K40"
+    assert verify("k", token, 0) == "org-123"
+
+
+def test_a_token_is_at_most_2000_characters() -> None:
+    subject = "a" * 1461  # 1948 characters of base64
+    longest = sign("k", subject, 1000)
+    assert len(longest) == 2000
+    assert verify("k", longest, 0) == subject
+    too_long = sign("k", subject, 10000)
+    assert len(too_long) == 2001
+    assert verify("k", too_long, 0) is None
+
+
+def test_a_token_of_another_version_is_refused_even_well_signed() -> None:
+    payload = "v2.b3JnLTEyMw.1000"
+    digest = hmac.new(b"k", payload.encode(), hashlib.sha256).digest()
+    signature = base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+    assert verify("k", f"{payload}.{signature}", 0) is None
+    assert verify("k", f"v1.b3JnLTEyMw.1000.{signature}", 0) is None

@@ -130,3 +130,96 @@ def test_a_csv_line_that_is_no_csv_is_a_bad_line() -> None:
     ]  # fmt: skip
     with pytest.raises(InvalidInput, match="header: line 1: not CSV"):
         list(parse_lines(["event\rid\n"], "csv"))
+
+
+def test_each_bad_json_line_says_why_with_its_number() -> None:
+    at = f'"occurred_at": "{AT}"'
+    lines = [
+        f'{{"event_id": "n", "subject": "s", "limit": "l", "cost": NaN, {at}}}',
+        f'{{"event_id": "a", "subject": "s", "charges": [], {at}}}',
+        f'{{"event_id": "b", "limit": "l", "charges": [], {at}}}',
+        f'{{"event_id": "c", "cost": 1, "charges": [], {at}}}',
+        f'{{"event_id": "d", "charges": {{"subject": "s"}}, {at}}}',
+        f'{{"event_id": "e", "charges": ["s"], {at}}}',
+        f'{{"event_id": "f", "charges": [{{"subject": "s", "limit": "l", "x": 1}}], {at}}}',
+        f'{{"event_id": "g", "charges": [{{"subject": "s"}}], {at}}}',
+        f'{{"event_id": "i", "limit": "l", {at}}}',
+        f'{{"event_id": "", "subject": "s", "limit": "l", {at}}}',
+        '{"event_id": "j", "subject": "s", "limit": "l", "occurred_at": ""}',
+        '{"event_id": "k", "subject": "s", "limit": "l", "occurred_at": "yesterday"}',
+        "[1]",
+        '{"event_id": "m", "z": 1}',
+        "{bad",
+    ]
+    both = "charges: give subject and limit, or charges, not both"
+    assert list(parse_lines(lines, "jsonl")) == [
+        (1, BadLine(1, "not JSON: NaN is not a number")),
+        (2, BadLine(2, both)),
+        (3, BadLine(3, both)),
+        (4, BadLine(4, both)),
+        (5, BadLine(5, "charges: must be a list of {subject, limit, cost}")),
+        (6, BadLine(6, "charges: each charge is an object {subject, limit, cost}")),
+        (7, BadLine(7, "charges: each charge is an object {subject, limit, cost}")),
+        (8, BadLine(8, "limit: is required")),
+        (9, BadLine(9, "subject: is required")),
+        (10, BadLine(10, "event_id: is required (an import is exactly once by id)")),
+        (11, BadLine(11, "occurred_at: is required")),
+        (
+            12,
+            BadLine(
+                12, "occurred_at: 'yesterday' is not an RFC 3339 time like 2026-11-22T12:00:00Z"
+            ),
+        ),
+        (13, BadLine(13, "not a JSON object")),
+        (14, BadLine(14, "unknown field 'z'")),
+        (
+            15,
+            BadLine(
+                15,
+                "not JSON: Expecting property name enclosed in double quotes: "
+                "line 1 column 2 (char 1)",
+            ),
+        ),
+    ]
+
+
+def test_a_charge_without_a_cost_costs_one_and_is_fingerprinted() -> None:
+    line = (
+        f'{{"event_id": "h", "charges": [{{"subject": "s", "limit": "l"}}], "occurred_at": "{AT}"}}'
+    )
+    [(number, record)] = list(parse_lines([line], "jsonl"))
+    assert not isinstance(record, BadLine)
+    assert (number, record.charges) == (1, (Charge("s", "l", 1),))
+    assert record.fingerprint == '[["s","l",1]]'
+
+
+def test_a_bad_csv_record_and_a_bad_header_say_why() -> None:
+    lines = ["event_id,subject,limit,cost,occurred_at\n", f"c1,org\r-1,calls,1,{AT}\n"]
+    assert list(parse_lines(lines, "csv")) == [
+        (
+            2,
+            BadLine(
+                2,
+                "not CSV: new-line character seen in unquoted field - "
+                "do you need to open the file in universal-newline mode?",
+            ),
+        )
+    ]
+    with pytest.raises(InvalidInput) as twice:
+        list(parse_lines(["event_id,subject,limit,cost,occurred_at,a,a\n"], "csv"))
+    assert twice.value.field == "header"
+
+
+def test_the_json_suffixes() -> None:
+    assert format_of("a.jsonl", "event_id") == "jsonl"
+    assert format_of("a.JSON", "event_id") == "jsonl"
+
+
+def test_no_enforce_leaves_a_license_hard_and_rules_follow_their_limit() -> None:
+    policy = ImportPolicy(enforce=False)
+    licenses = Limit("cad", maximum=5, algorithm="concurrent")
+    assert policy.limit(licenses) == licenses
+    bucket = Limit("api", maximum=5, period="5s", algorithm="token_bucket")
+    rule = policy.rule(Rule.of(bucket))
+    assert rule.limit == policy.limit(bucket)
+    assert (rule.soft, rule.shadow) == (False, True)

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from metering.clock import FrozenClock
-from metering.domain.decisions import ChargeDecision
+from metering.domain.decisions import ChargeDecision, Decision
 from metering.domain.instants import to_us
 from metering.domain.leases import (
     HOT_STREAK,
@@ -24,6 +24,7 @@ from metering.domain.leases import (
     lease_times,
     recent,
     served_charge,
+    served_decision,
     streak_after,
 )
 from metering.domain.limits import Limit
@@ -138,3 +139,41 @@ def test_a_request_from_a_lease_counts_other_leases_as_used(clock: FrozenClock) 
     assert last.resets_at_us == charge.resets_at_us
     assert last.window_start_us == charge.window_start_us
     assert last.allowed and last.outcome == "allowed" and last.retry_at_us is None
+
+
+def test_a_request_served_from_a_lease_is_an_allowed_decision_of_the_lease(
+    clock: FrozenClock,
+) -> None:
+    now = clock()
+    now_us = to_us(now)
+    charge = ChargeDecision(
+        "ada", "api", 8, True, "allowed", 58, 42, 100, 3, now_us, now_us + 60_000_000, None
+    )
+    block = Block("lease-1", 8, charge, now_us + 4_000_000)
+    served = ChargeDecision(
+        subject="ada",
+        limit="api",
+        cost=2,
+        allowed=True,
+        outcome="allowed",
+        used=53,
+        remaining=47,
+        maximum=100,
+        overage=0,
+        window_start_us=now_us,
+        resets_at_us=now_us + 60_000_000,
+        retry_at_us=None,
+    )
+    assert served_charge(block, cost=2, unused=5) == served
+    assert served_decision(block, 2, 5, now) == Decision(
+        event_id="lease-1",
+        outcome="allowed",
+        charges=(served,),
+        occurred_at=now,
+        decided_at=now,
+    )
+
+
+def test_a_request_at_the_same_instant_continues_the_streak() -> None:
+    assert recent(1_000, 1_000)
+    assert streak_after(3, 1_000, 1_000) == 4

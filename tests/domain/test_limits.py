@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from metering.domain.limits import Limit, Period, parse_period, validate_limit_name
+from metering.domain.limits import (
+    Limit,
+    Period,
+    is_reserved,
+    parse_period,
+    spend_limit,
+    validate_limit_name,
+)
 from metering.errors import InvalidInput, InvalidLimit
 
 DAY = 86_400
@@ -461,3 +470,70 @@ def test_from_dict_takes_dimensions_as_a_list_only() -> None:
             Limit.from_dict({**base, "dimensions": bad})
         assert caught.value.field == "dimensions"
         assert str(caught.value) == f"dimensions: must be a list of metadata keys, got {bad!r}"
+
+
+def test_the_products_own_limits_are_reserved() -> None:
+    assert is_reserved("metering.events")
+    assert not is_reserved("metering")
+    assert not is_reserved("api.metering.x")
+
+
+@pytest.mark.parametrize(
+    ("make", "field", "message"),
+    [
+        (
+            lambda: spend_limit("sp", "x", "EUR", "1mo"),
+            "max_amount",
+            "'x' is not an amount like 50 or 1.00",
+        ),
+        (lambda: spend_limit("sp", "0", "EUR", "1mo"), "max_amount", "must be more than 0 EUR"),
+        (
+            lambda: Limit("a", maximum=5, period="5s", algorithm="token_bucket", currency="EUR"),
+            "currency",
+            "a spend limit is a fixed window, not a bucket",
+        ),
+        (
+            lambda: Limit("a", maximum=5, period="5s", algorithm="token_bucket", distinct="user"),
+            "distinct",
+            "a token bucket has no windows to count distinct values in",
+        ),
+        (
+            lambda: Limit("a", maximum=5, algorithm="concurrent", distinct="user"),
+            "distinct",
+            "a concurrent limit holds licenses, not seats",
+        ),
+        (
+            lambda: Limit("a", maximum=5, period="1mo", currency="EUR", distinct="user"),
+            "distinct",
+            "a spend limit counts money, not distinct values",
+        ),
+        (
+            lambda: Limit("a", maximum=5, period="1mo", distinct="bad key!"),
+            "distinct",
+            "'bad key!' must be 1 to 64 of a-z A-Z 0-9 _ . -",
+        ),
+        (
+            lambda: Limit.from_dict({"name": "a", "max_amount": "5", "period": "1mo"}),
+            "currency",
+            "a spend limit (max_amount) needs a currency",
+        ),
+        (
+            lambda: Limit.from_dict(
+                {"name": "a", "max_amount": "x", "currency": "EUR", "period": "1mo"}
+            ),
+            "max_amount",
+            "'x' is not an amount like 50 or 1.00",
+        ),
+    ],
+)
+def test_a_bad_spend_or_seat_limit_names_its_field(make: Any, field: str, message: str) -> None:
+    with pytest.raises((InvalidLimit, InvalidInput)) as raised:
+        make()
+    assert (raised.value.field, str(raised.value)) == (field, f"{field}: {message}")
+
+
+def test_the_smallest_spend_limit_and_its_options() -> None:
+    smallest = spend_limit("sp", "0.01", "EUR", "1mo", window="calendar", enforcement="soft")
+    assert (smallest.maximum, smallest.currency, smallest.window, smallest.enforcement) == (
+        1, "EUR", "calendar", "soft",
+    )  # fmt: skip

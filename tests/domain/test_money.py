@@ -3,16 +3,18 @@ prices, half-even rounding per charge, prices in force, spend charges."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from decimal import ROUND_HALF_EVEN, Decimal
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from metering.domain.decisions import ChargeDecision
+from metering.domain.decisions import ChargeDecision, ChargeInput, decide_event
 from metering.domain.limits import Limit, spend_limit
 from metering.domain.money import (
     Price,
+    PricedCharge,
     charge_amount,
     format_amount,
     format_price,
@@ -23,6 +25,7 @@ from metering.domain.money import (
     spend_charges,
     validate_currency,
 )
+from metering.domain.state import CounterKey, CounterState
 from metering.errors import InvalidInput, InvalidLimit
 
 
@@ -159,3 +162,87 @@ def test_a_priced_charge_keeps_its_price_in_the_ledger_row() -> None:
     assert ChargeDecision.from_row(charge.to_row()) == charge
     assert priced.to_dict()["amount"] == "0.02"
     assert "amount" not in charge.to_dict()
+
+
+def test_a_price_as_a_dict() -> None:
+    at_us = 1_800_000_000_000_000
+    assert Price("api", "EUR", 1_234_500, at_us).to_dict() == {
+        "limit": "api",
+        "currency": "EUR",
+        "per_unit": "0.012345",
+        "per_unit_micro_minor": 1_234_500,
+        "effective_from": "2027-01-15T08:00:00+00:00",
+    }
+    assert Price("api", "JPY", None, at_us).to_dict() == {
+        "limit": "api",
+        "currency": "JPY",
+        "per_unit": None,
+        "per_unit_micro_minor": None,
+        "effective_from": "2027-01-15T08:00:00+00:00",
+    }
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (True, "give an exact decimal (text), not True"),
+        (1.5, "give an exact decimal (text), not 1.5"),
+        (Decimal("NaN"), "Decimal('NaN') is not an amount"),
+        ("1,5", "'1,5' is not an amount like 50 or 1.00"),
+        (-1, "-1 must not be negative"),
+        ("1.001", "'1.001' has more than 2 decimals"),
+        ("10000000000000.01", "'10000000000000.01' is too large"),
+    ],
+)
+def test_a_bad_amount_says_which_and_why(value: object, message: str) -> None:
+    with pytest.raises(InvalidInput) as raised:
+        parse_amount(value, "EUR")
+    assert (raised.value.field, str(raised.value)) == ("amount", f"amount: {message}")
+
+
+def test_an_unknown_currency_is_named() -> None:
+    with pytest.raises(InvalidInput) as raised:
+        validate_currency("XYZ")
+    assert str(raised.value) == "currency: unknown currency 'XYZ'; use an ISO 4217 code such as USD"
+
+
+def test_the_largest_amount_and_a_price_of_one_decimal() -> None:
+    assert parse_amount("10000000000000.00", "EUR") == 10**15
+    assert format_price(parse_price("0.1", "EUR"), "EUR") == "0.10"
+
+
+def test_unpriced_limits_cost_nothing_and_spend_only_in_its_currency() -> None:
+    prices = {
+        "api": [Price("api", "EUR", 1_000_000, 0)],
+        "yen": [Price("yen", "JPY", 5_000_000, 0)],
+    }
+    priced = priced_charges([("s", "free", 3), ("s", "api", 3), ("t", "yen", 2)], prices, 10)
+    assert priced == [PricedCharge(1, "s", "EUR", 3), PricedCharge(2, "t", "JPY", 10)]
+    assert spend_charges(priced, {"EUR": ["spend"]}) == [("s", "spend", 3)]
+
+
+def test_an_overdraft_follows_the_price_in_the_row_and_the_dict() -> None:
+    base = ChargeDecision("s", "a", 3, True, "allowed", 12, 0, 10, 0, 0, 100, None)
+    over = replace(base, overdraft=2)
+    assert over.to_row()[12:] == [[], None, 2]
+    assert ChargeDecision.from_row(over.to_row()) == over
+    both = replace(base, price=("USD", 250), overdraft=2)
+    assert both.to_row()[12:] == [[], ["USD", 250], 2]
+    assert ChargeDecision.from_row(both.to_row()) == both
+    assert ChargeDecision.from_row(replace(base, price=("USD", 250)).to_row()).overdraft == 0
+    shown = both.to_dict()
+    assert {k: shown[k] for k in ("currency", "amount", "overdraft")} == {
+        "currency": "USD",
+        "amount": "2.50",
+        "overdraft": 2,
+    }
+    assert "overdraft" not in base.to_dict()
+
+
+def test_a_charge_keeps_its_price_only_when_consumed() -> None:
+    limit = Limit("a", maximum=5, period="1m")
+    key = CounterKey("a", "s", 0, 60_000_000)
+    fits = ChargeInput(limit, key, CounterState(), 3, price=("USD", 30))
+    denied = ChargeInput(limit, key, CounterState(), 9, price=("USD", 90))
+    assert decide_event([fits], 0).charges[0].price == ("USD", 30)
+    assert decide_event([denied], 0).charges[0].price is None

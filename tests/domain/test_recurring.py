@@ -12,6 +12,7 @@ from metering.domain.grants import Balance, Pot
 from metering.domain.instants import to_us
 from metering.domain.limits import parse_period
 from metering.domain.recurring import (
+    MAX_ISSUES_AT_ONCE,
     Issue,
     issue_id,
     issues_due,
@@ -96,3 +97,97 @@ def test_alert_points_are_percentages_and_amounts() -> None:
     for bad in ([], ["0%"], ["1001%"], [0], [True], ["x"], [None], ["10" * 10]):
         with pytest.raises(InvalidInput):
             parse_points(bad)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ([], "give at least one threshold, such as 80% or 5000"),
+        ([True], "True is not a threshold"),
+        ([0], "0 must be between 1 and 1000000000000000"),
+        ([10**15 + 1], "1000000000000001 must be between 1 and 1000000000000000"),
+        ([2.5], "2.5 is not a threshold such as 80% or 5000"),
+        (["x%"], "'x%' is not a threshold such as 80% or 5000"),
+        (["1" * 16], "'1111111111111111' must be between 1 and 1000000000000000"),
+        (["1" * 17], "'11111111111111111' is not a threshold such as 80% or 5000"),
+        (["0"], "'0' must be between 1 and 1000000000000000"),
+        (["1001%"], "'1001%' must be between 1 and 1000"),
+        (["0%"], "'0%' must be between 1 and 1000"),
+        ([f"{p}%" for p in range(1, 18)], "at most 16 percentages and amounts each"),
+        (list(range(1, 18)), "at most 16 percentages and amounts each"),
+    ],
+)
+def test_bad_alert_points_say_why(values: list[object], message: str) -> None:
+    with pytest.raises(InvalidInput) as raised:
+        parse_points(values)
+    assert (raised.value.field, str(raised.value)) == ("at", f"at: {message}")
+
+
+def test_alert_points_at_their_bounds() -> None:
+    assert parse_points([1, "1%", "1000%", 10**15, str(10**15)]) == ((1, 1000), (1, 10**15))
+    sixteen = [f"{p}%" for p in range(1, 17)] + list(range(1, 17))
+    assert parse_points(sixteen) == (tuple(range(1, 17)), tuple(range(1, 17)))
+
+
+def test_an_issue_is_due_at_the_instant_the_last_one_ends() -> None:
+    last = Issue(1, us(2026, 11, 20), us(2026, 12, 1), 10)
+    found = issues_due(MONTH, calendar=True, amount=10, rollover_max=0, until_us=None,
+                       last=last, left_of_last=0, now_us=us(2026, 12, 1))  # fmt: skip
+    assert found == [Issue(2, us(2026, 12, 1), us(2027, 1, 1), 10)]
+
+
+def test_after_an_issue_cut_short_the_next_ends_at_the_calendar_boundary() -> None:
+    # The last issue ended at a former `until` (10 December), since lifted.
+    last = Issue(1, us(2026, 11, 20), us(2026, 12, 10), 10)
+    calendar = issues_due(MONTH, calendar=True, amount=10, rollover_max=0, until_us=None,
+                          last=last, left_of_last=0, now_us=us(2026, 12, 10))  # fmt: skip
+    assert calendar == [Issue(2, us(2026, 12, 10), us(2027, 1, 1), 10)]
+    first_use = issues_due(MONTH, calendar=False, amount=10, rollover_max=0, until_us=None,
+                           last=last, left_of_last=0, now_us=us(2026, 12, 10))  # fmt: skip
+    assert first_use == [Issue(2, us(2026, 12, 10), us(2027, 1, 10), 10)]
+
+
+def test_one_reading_makes_at_most_1200_issues() -> None:
+    last = Issue(1, us(1900, 1, 1), us(1900, 2, 1), 1)
+    found = issues_due(MONTH, calendar=True, amount=1, rollover_max=0, until_us=None,
+                       last=last, left_of_last=0, now_us=us(2026, 12, 1))  # fmt: skip
+    assert len(found) == MAX_ISSUES_AT_ONCE == 1200
+    assert found[-1] == Issue(1201, us(2000, 1, 1), us(2000, 2, 1), 1)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("100%", (None, 100)),
+        ("1%", (None, 1)),
+        ("1" + "0" * 15, (10**15, None)),
+        (10**15, (10**15, None)),
+    ],
+)
+def test_grant_low_at_its_bounds(text: object, expected: tuple[int | None, int | None]) -> None:
+    assert parse_low(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (True, "must be a number of units or a percentage, got True"),
+        (1.5, "must be a number of units or a percentage, got 1.5"),
+        ("0100%", "a percentage must be 1% to 100%, got '0100%'"),
+        ("0%", "a percentage must be 1% to 100%, got '0%'"),
+        ("1" * 17, "must be a whole number of units or a percentage, got '11111111111111111'"),
+        ("1" + "0" * 14 + "1", "must be between 0 and 10**15 units, got 1000000000000001"),
+        (10**15 + 1, "must be between 0 and 10**15 units, got 1000000000000001"),
+        (-1, "must be between 0 and 10**15 units, got -1"),
+    ],
+)
+def test_a_bad_grant_low_says_why(text: object, message: str) -> None:
+    with pytest.raises(InvalidInput) as raised:
+        parse_low(text)
+    assert (raised.value.field, str(raised.value)) == ("low", f"low: {message}")
+
+
+def test_a_low_percentage_rounds_down_to_whole_units() -> None:
+    threshold = low_threshold(7, None, 50)
+    assert threshold == 3
+    assert type(threshold) is int

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from metering.domain.limits import Limit
 from metering.domain.replay import Replay, SimulationRow, StoredEvent
+from metering.domain.state import NO_WINDOW, CounterKey
 
 HOUR_US = 3_600_000_000
 T0 = 498_000 * HOUR_US  # 2026-10-24 00:00 UTC, on the hour
@@ -94,3 +95,69 @@ def test_stacked_event_is_all_or_nothing_and_first_use_windows_open_on_replay() 
         {"subject": "s", "limit": "b", "events": 4, "would_deny_events": 0,
          "would_deny_cost": 0, "overage": 0, "denied_events_then": 0},
     ]  # fmt: skip
+
+
+def test_each_limit_kind_has_its_counter() -> None:
+    limits = {
+        "api": Limit("api", maximum=5, period="5s", algorithm="token_bucket"),
+        "cal": Limit("cal", maximum=5, period="1h", window="calendar"),
+        "fu": Limit("fu", maximum=5, period="1h", window="first_use"),
+    }
+    replay = Replay(limits)
+    replay.feed(StoredEvent(T0 + 10, (("s", "api", 1), ("s", "cal", 1), ("s", "fu", 1))))
+    replay.feed(StoredEvent(T0 + 20, (("s", "fu", 1),)))
+    assert set(replay.states) == {
+        CounterKey("api", "s", NO_WINDOW, NO_WINDOW),
+        CounterKey("cal", "s", T0, T0 + HOUR_US),
+        CounterKey("fu", "s", T0 + 10, T0 + 10 + HOUR_US),
+    }
+    assert replay.windows == {("fu", "s"): (T0 + 10, T0 + 10 + HOUR_US)}
+    assert [(r.limit, r.events) for r in replay.rows()] == [("api", 1), ("cal", 1), ("fu", 2)]
+
+
+def test_charges_left_out_do_not_end_the_event() -> None:
+    limits = {
+        "lic": Limit("lic", maximum=5, algorithm="concurrent"),
+        "seats": Limit("seats", maximum=5, period="1mo", window="calendar", distinct="user"),
+        "spend": Limit("spend", maximum=500, period="1mo", window="calendar", currency="EUR"),
+        "cal": Limit("cal", maximum=5, period="1h", window="calendar"),
+    }
+    replay = Replay(limits, subject="s")
+    charges = (
+        ("s", "lic", 1),
+        ("s", "seats", 1),
+        ("s", "spend", 1),
+        ("t", "cal", 1),
+        ("s", "cal", 1),
+    )
+    replay.feed(StoredEvent(T0, charges))
+    assert replay.rows() == [SimulationRow("s", "cal", 1, 0, 0, 0, 0)]
+    assert replay.replayed == 1
+
+
+def test_every_denial_then_is_counted() -> None:
+    replay = Replay({"calls": Limit("calls", maximum=10, period="1h")})
+    for _ in range(3):
+        replay.feed(StoredEvent(T0, (("s", "calls", 1),), frozenset({"calls"})))
+    assert replay.rows() == [SimulationRow("s", "calls", 3, 0, 0, 0, 3)]
+
+
+def test_a_soft_charge_of_a_denied_event_adds_no_overage() -> None:
+    limits = {
+        "soft": Limit("soft", maximum=1, period="1h", enforcement="soft"),
+        "hard": Limit("hard", maximum=1, period="1h"),
+    }
+    replay = Replay(limits)
+    for at in range(3):
+        replay.feed(StoredEvent(T0 + at, (("s", "soft", 1), ("s", "hard", 1))))
+    assert replay.rows() == [
+        SimulationRow("s", "hard", 3, 2, 2, 0, 0),
+        SimulationRow("s", "soft", 3, 0, 0, 0, 0),
+    ]
+
+
+def test_a_bucket_taking_more_than_its_capacity_over_time_has_no_overage() -> None:
+    replay = Replay({"api": Limit("api", maximum=2, period="2s", algorithm="token_bucket")})
+    for second in range(5):
+        replay.feed(StoredEvent(T0 + second * 1_000_000, (("s", "api", 1),)))
+    assert replay.rows() == [SimulationRow("s", "api", 5, 0, 0, 0, 0)]

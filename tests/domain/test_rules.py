@@ -18,6 +18,7 @@ import pytest
 
 from metering.domain.decisions import ChargeInput, decide_event
 from metering.domain.grants import Balance, Pot
+from metering.domain.imports import ImportPolicy
 from metering.domain.instants import to_us
 from metering.domain.limits import Limit, Period
 from metering.domain.notifications import Notice, notices_for
@@ -451,3 +452,127 @@ def test_a_rule_with_a_subjects_own_maximum() -> None:
     shadow = Rule.of(TRIAL)
     assert (shadow.shadow, shadow.soft, shadow.notifies) == (True, False, False)
     assert Rule.of(CALLS).notifies and not Rule.of(CALLS).shadow
+
+
+# ----------------------------------------------------------- one charge, written out
+
+
+def one_and_general(rule: Rule, cost: int, window: Window, state: list[object]) -> tuple:  # type: ignore[type-arg]
+    """`decide` of one charge on its written-out path (no pots) and on the
+    general one (pots given), from copies of ``state``: both results."""
+    found = []
+    for pots in (None, [None]):
+        held = list(state)
+        notices: list[Notice] = []
+        outcome = decide(
+            [rule], [("org", rule.name, cost)], [window], [held], START_US, "e", notices, pots
+        )
+        found.append((outcome, held, notices))
+    return found[0], found[1]
+
+
+DAY = calendar_window(Period(seconds=86_400), START_US)
+ONE_CHARGE_CASES = [
+    (
+        Limit("trial", maximum=3, period="1d", window="calendar", enforcement="shadow"),
+        4,
+        [2, 0, 0, None, None, 0, 1],
+    ),
+    (
+        Limit("trial", maximum=3, period="1d", window="calendar", enforcement="shadow"),
+        1,
+        [2, 0, 0, None, None, 0, 1],
+    ),
+    (
+        Limit("trial", maximum=3, period="1d", window="calendar", enforcement="shadow"),
+        4,
+        [2, 1, 4, START_US, None, 0, 1],
+    ),
+    (Limit("calls", maximum=3, period="1d", window="calendar"), 4, [0, 0, 0, None, None, 0, 1]),
+    (
+        Limit("calls", maximum=3, period="1d", window="calendar", thresholds=(50,)),
+        2,
+        [0, 0, 0, None, None, 0, 1],
+    ),
+    (
+        Limit("calls", maximum=3, period="1d", window="calendar", enforcement="soft"),
+        2,
+        [2, 0, 0, None, None, 0, 1],
+    ),
+    (
+        Limit("api", maximum=2, period="2s", algorithm="token_bucket", enforcement="shadow"),
+        3,
+        [0, 0, 0, None, None, 0, 1],
+    ),
+]
+
+
+@pytest.mark.parametrize(("limit", "cost", "state"), ONE_CHARGE_CASES)
+def test_one_charge_written_out_decides_as_the_general_path(
+    limit: Limit, cost: int, state: list[object]
+) -> None:
+    window = BUCKET_WINDOW if limit.algorithm == "token_bucket" else DAY
+    one, general = one_and_general(Rule.of(limit), cost, window, state)
+    assert one == general
+
+
+def test_one_shadow_charge_that_does_not_fit_would_deny_and_is_allowed() -> None:
+    shadow = Rule.of(ONE_CHARGE_CASES[0][0])
+    (outcome, _, notices), _ = one_and_general(shadow, 4, DAY, [2, 0, 0, None, None, 0, 1])
+    assert (outcome.outcome, outcome.denied_by) == ("allowed", ())
+    assert outcome.rows[0][3:5] == [True, "would_deny"]
+    assert [n.mark for n in notices] == ["would_deny"]
+
+
+def test_a_rule_that_does_not_notify_finds_no_threshold() -> None:
+    # An import (`--no-enforce`) records history without announcing it.
+    limit = Limit("calls", maximum=4, period="1d", window="calendar", thresholds=(50,))
+    quiet = ImportPolicy(enforce=False).rule(Rule.of(limit))
+    assert not quiet.notifies
+    for pots in (None, [None]):
+        notices: list[Notice] = []
+        outcome = decide(
+            [quiet], [("org", "calls", 3)], [DAY], [fresh_state()], START_US, "e", notices, pots
+        )
+        assert outcome.outcome == "allowed"
+        assert notices == []
+    notices = []
+    two = [quiet, quiet.with_maximum(4)]
+    decide(
+        two,
+        [("org", "calls", 3), ("org2", "calls", 3)],
+        [DAY, DAY],
+        [fresh_state(), fresh_state()],
+        START_US,
+        "e",
+        notices,
+    )
+    assert notices == []
+
+
+@pytest.mark.parametrize(
+    ("rules", "charges", "windows", "states"),
+    [(2, 1, 1, 1), (2, 2, 1, 1), (2, 2, 2, 1)],
+)
+def test_decide_refuses_any_sequence_that_does_not_line_up(
+    rules: int, charges: int, windows: int, states: int
+) -> None:
+    rule = Rule.of(LIMITS[1])
+    window = (START_US, START_US + 1800 * SECOND)
+    with pytest.raises(ValueError, match="zip"):
+        decide(
+            [rule] * rules,
+            [("a", "fu", 1)] * charges,
+            [window] * windows,
+            [fresh_state() for _ in range(states)],
+            START_US,
+            None,
+            None,
+        )
+
+
+def test_priced_and_spend_limits_are_money() -> None:
+    plain = Limit("calls", maximum=3, period="1d")
+    assert not Rule.of(plain).money
+    assert Rule.of(plain, priced=True).money
+    assert Rule.of(Limit("spend", maximum=500, period="1mo", currency="EUR")).money

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from metering.domain.decisions import ChargeDecision
 from metering.domain.limits import Limit
 from metering.domain.notifications import (
     Mark,
+    Notice,
+    Transition,
     bucket_full_at_us,
     notices_for,
+    notices_of,
     payload_of,
     reset_due,
 )
@@ -130,3 +135,40 @@ def test_payload_carries_the_fields_receivers_need() -> None:
         "retry_at",
         "event_id",
     }
+
+
+def test_a_hard_limits_overdraft_is_exceeded_once_it_starts() -> None:
+    plain = Limit("calls", maximum=10, period="1m")
+    over = replace(charge(12, 3), overdraft=2)
+    found = notices_for(plain, KEY, CounterState(used=9), CounterState(used=12), over, "e")
+    assert found == [
+        Notice(
+            type="limit.exceeded",
+            mark="exceeded",
+            limit="calls",
+            subject="s1",
+            maximum=10,
+            used=12,
+            window_start_us=START,
+            window_end_us=END,
+            resets_at_us=END,
+            retry_at_us=None,
+            event_id="e",
+        )
+    ]
+    one = replace(charge(11, 2), overdraft=1)
+    assert kinds(
+        notices_for(plain, KEY, CounterState(used=9), CounterState(used=11), one, "e")
+    ) == ["exceeded"]
+    # A shadow limit's excess is no overdraft; a soft one's is overage, notified as such.
+    shadow = Limit("calls", maximum=10, period="1m", enforcement="shadow")
+    assert notices_for(shadow, KEY, CounterState(used=9), CounterState(used=12), over, "e") == []
+
+
+def test_a_subjects_own_thresholds_replace_the_limits() -> None:
+    own = {("calls", "s1"): Limit("calls", maximum=10, period="1m", thresholds=(50,))}
+    step = Transition("e", [KEY], [CounterState(used=4)], [CounterState(used=5)], [charge(5)])
+    assert kinds(notices_of({"calls": HARD}, [step], own)) == ["threshold:50"]
+    assert kinds(notices_of({"calls": HARD}, [step], {})) == []
+    other = {("calls", "s2"): own[("calls", "s1")]}
+    assert kinds(notices_of({"calls": HARD}, [step], other)) == []
