@@ -3,6 +3,7 @@ as a terminal shows it, and its columns as a reader sees them."""
 
 from __future__ import annotations
 
+import importlib
 import io
 import sys
 
@@ -11,7 +12,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from metering.cli import output
+from metering.cli import COMMANDS, output
 
 WIDTH = 100
 
@@ -22,6 +23,10 @@ def capture_tables(monkeypatch: pytest.MonkeyPatch, width: int = WIDTH) -> list[
     tables: list[Table] = []
     monkeypatch.setattr(output, "stdout_is_terminal", lambda: True)
     monkeypatch.setenv("COLUMNS", str(width))
+    # Every command's module first: the CLI imports one when it runs, and a
+    # module imported while print_table is patched would keep the patch.
+    for target in COMMANDS.values():
+        importlib.import_module(target.partition(":")[0])
     for name, module in list(sys.modules.items()):
         if name.startswith("metering.cli") and hasattr(module, "print_table"):
             monkeypatch.setattr(module, "print_table", tables.append)
