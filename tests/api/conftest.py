@@ -158,6 +158,17 @@ def in_process_module() -> Iterator[InProcess]:
 
 
 @pytest.fixture
+def http(meter: Any, in_process: InProcess, tmp_path: Path) -> httpx.Client:
+    """The API of the module's ``meter`` fixture, called in process (its broker
+    a file in the test's directory). A module with no ``meter`` defines its own."""
+    from metering.api import create_api
+    from metering.settings import Settings
+
+    settings = Settings(meter.url, f"sqla+sqlite:///{tmp_path}/broker.db")
+    return in_process(create_api(settings, meter=meter))
+
+
+@pytest.fixture
 def embedded(tmp_path: Path) -> dict[str, str]:
     """URLs of the embedded default in the test's directory: SQLite and the SQLite broker."""
     return {

@@ -14,8 +14,6 @@ import httpx
 import pytest
 
 from metering import FrozenClock, Limit, Meter
-from metering.api import create_api
-from metering.settings import Settings
 
 NOW = datetime(2026, 11, 22, 9, 30, tzinfo=UTC)
 EVENT = {"subject": "org-1", "limit": "calls", "cost": 2}
@@ -27,13 +25,6 @@ def meter(tmp_path: Path) -> Iterator[Meter]:
     with Meter(f"sqlite:///{tmp_path}/m.db", clock=FrozenClock(NOW)) as m:
         m.set_limit(Limit("calls", maximum=10, period="1h"))
         yield m
-
-
-@pytest.fixture
-def http(meter: Meter, in_process: Any, tmp_path: Path) -> httpx.Client:
-    settings = Settings(meter.url, f"sqla+sqlite:///{tmp_path}/broker.db")
-    client: httpx.Client = in_process(create_api(settings, meter=meter))
-    return client
 
 
 def used(meter: Meter) -> int:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
-from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
@@ -18,10 +16,8 @@ import pytest
 from click.testing import CliRunner
 
 from metering import FrozenClock, Limit, Meter
-from metering.api import create_api
 from metering.apikeys import ApiKeys
 from metering.cli import main
-from metering.settings import Settings
 
 NOW = datetime(2026, 11, 22, 9, 30, tzinfo=UTC)
 
@@ -39,15 +35,6 @@ def meter(db_url: str, clock: FrozenClock) -> Iterator[Meter]:
         m.consume("org-2", "tokens", 777, event_id="e-2")
         m.grant("org-1", "tokens", 250, grant_id="g-1")
         yield m
-
-
-@pytest.fixture
-def http(meter: Meter, in_process: Any, tmp_path: Path) -> httpx.Client:
-    settings = Settings(
-        database_url=meter.url, broker_url=f"sqla+sqlite:///{tmp_path}/metering-broker.db"
-    )
-    client: httpx.Client = in_process(create_api(settings, meter=meter))
-    return client
 
 
 def _token(link: str) -> str:

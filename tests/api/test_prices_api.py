@@ -42,12 +42,6 @@ def meter(db_url: str) -> Iterator[Meter]:
         yield m
 
 
-@pytest.fixture
-def http(in_process: object, meter: Meter, tmp_path: Path) -> httpx.Client:
-    settings = Settings(meter.url, f"sqla+sqlite:///{tmp_path}/broker.db")
-    return in_process(create_api(settings, meter=meter))  # type: ignore[operator,no-any-return]
-
-
 def bad(answer: httpx.Response, status: int, field: str | None = None) -> None:
     assert answer.status_code == status, answer.text
     assert answer.headers["content-type"] == PROBLEM

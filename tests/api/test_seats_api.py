@@ -6,15 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from metering import FrozenClock, Limit, Meter
-from metering.api import create_api
-from metering.settings import Settings
 
 InProcess = Callable[[Any], httpx.Client]
 NOW = datetime(2026, 11, 22, 9, 30, tzinfo=UTC)
@@ -25,12 +22,6 @@ SEATS = {"maximum": 2, "period": "1mo", "window": "calendar", "distinct": "user"
 def meter(sqlite_url: str) -> Iterator[Meter]:
     with Meter(sqlite_url, clock=FrozenClock(NOW)) as m:
         yield m
-
-
-@pytest.fixture
-def http(in_process: InProcess, meter: Meter, tmp_path: Path) -> httpx.Client:
-    settings = Settings(meter.url, f"sqla+sqlite:///{tmp_path}/broker.db")
-    return in_process(create_api(settings, meter=meter))
 
 
 def test_a_seat_limit_is_set_read_and_checked(http: httpx.Client, meter: Meter) -> None:

@@ -5,16 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from metering import FrozenClock, Limit, Meter
-from metering.api import create_api
 from metering.apikeys import ApiKeys
-from metering.settings import Settings
 
 NOW = datetime(2026, 11, 22, 9, 30, tzinfo=UTC)
 PROPOSED = {"calls": {"maximum": 2, "period": "1h", "window": "calendar"}}
@@ -33,9 +30,9 @@ def meter(db_url: str) -> Iterator[Meter]:
 
 
 @pytest.fixture
-def http(meter: Meter, in_process: Any, tmp_path: Path) -> httpx.Client:
-    settings = Settings(meter.url, f"sqla+sqlite:///{tmp_path}/broker.db")
-    client: httpx.Client = in_process(create_api(settings, meter=meter))
+def http(http: httpx.Client, meter: Meter) -> httpx.Client:
+    """The conftest's client, with an admin key."""
+    client = http
     keys = ApiKeys(meter)
     client.headers["authorization"] = f"Bearer {keys.create('admin', 'admin')[1]}"
     client.headers["x-read-token"] = keys.create("read", "read")[1]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -20,11 +19,9 @@ import pytest
 from click.testing import CliRunner
 
 from metering import FrozenClock, Limit, Meter
-from metering.api import create_api
 from metering.apikeys import ApiKeys
 from metering.cli import main
 from metering.errors import InvalidInput
-from metering.settings import Settings
 
 NOW = datetime(2026, 11, 22, 9, 30, tzinfo=UTC)
 OWN, OTHER = "org-1", "org-2"
@@ -55,15 +52,6 @@ def meter(db_url: str) -> Iterator[Meter]:
                 m.consume(subject, "trial", cost, event_id=f"s-{subject}-{day}")
         m.reserve(OTHER, "tokens", 3, event_id=f"r-{OTHER}")
         yield m
-
-
-@pytest.fixture
-def http(meter: Meter, in_process: Any, tmp_path: Path) -> httpx.Client:
-    settings = Settings(
-        database_url=meter.url, broker_url=f"sqla+sqlite:///{tmp_path}/metering-broker.db"
-    )
-    client: httpx.Client = in_process(create_api(settings, meter=meter))
-    return client
 
 
 def _customer(meter: Meter) -> dict[str, str]:
