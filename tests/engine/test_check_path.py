@@ -79,11 +79,9 @@ def test_check_matches_the_general_engine(
     stream: list[dict[str, object]],
     specs: list[dict[str, Any]],
 ) -> None:
-    name = f"check_{abs(hash((repr(stream), repr(specs))))}"
-    postgres_server.create_database(name, template=pg_template_url)
-    try:
+    with postgres_server.copy_of(pg_template_url, "check") as url:
         clock = FrozenClock(START)
-        with Meter(postgres_server.url(name), clock=clock) as meter:
+        with Meter(url, clock=clock) as meter:
             meter.set_limits(LIMITS)
             _compare(meter, specs)
             for number, spec in enumerate(stream):
@@ -95,8 +93,6 @@ def test_check_matches_the_general_engine(
                 events = _events(spec, clock())
                 meter.apply_records([e.record() for e in events], invalid="reject")
                 _compare(meter, specs)
-    finally:
-        postgres_server.drop_database(name)
 
 
 def test_an_ordinary_check_never_reaches_the_general_engine(pg_url: str) -> None:

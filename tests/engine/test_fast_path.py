@@ -18,7 +18,6 @@ messages, and rejected messages must be identical.
 
 from __future__ import annotations
 
-import itertools
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -87,7 +86,6 @@ LIMITS = [
 GRANTABLE = ["cal", "fu", "soft", "shadow", "units"]
 NAMES = [limit.name for limit in LIMITS] + ["unknown"]
 SUBJECTS = ["org-1", "org-2", "user-é"]
-_databases = itertools.count(1)
 
 charge = st.tuples(st.sampled_from(SUBJECTS), st.sampled_from(NAMES), st.integers(1, 4))
 event = st.fixed_dictionaries(
@@ -230,14 +228,8 @@ def test_sqlite_hot_path_matches_the_general_engine(stream: list[dict[str, objec
 
 @contextmanager
 def _two_databases(server: PostgresServer, template: str) -> Iterator[tuple[str, str]]:
-    names = [f"diff_{next(_databases)}", f"diff_{next(_databases)}"]
-    for name in names:
-        server.create_database(name, template=template)
-    try:
-        yield server.url(names[0]), server.url(names[1])
-    finally:
-        for name in names:
-            server.drop_database(name)
+    with server.copy_of(template, "diff") as fast, server.copy_of(template, "diff") as general:
+        yield fast, general
 
 
 @pytest.mark.postgres

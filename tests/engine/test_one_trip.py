@@ -21,7 +21,7 @@ most events, so the test cannot pass vacuously.
 
 from __future__ import annotations
 
-import itertools
+import contextlib
 import multiprocessing
 import tempfile
 from collections.abc import Iterator
@@ -69,7 +69,6 @@ GRANTABLE = ["soft", "marks"]
 ORDINARY = ["cal", "fu", "bucket", "soft", "shadow", "marks", "units"]
 NAMES = [*ORDINARY, *ORDINARY, *ORDINARY, "dims", "month", "unknown"]
 SUBJECTS = ["org-1", "org-2", "user-é"]
-_numbers = itertools.count(1)
 
 charge = st.tuples(st.sampled_from(SUBJECTS), st.sampled_from(NAMES), st.integers(1, 3))
 event = st.fixed_dictionaries(
@@ -196,14 +195,8 @@ def _databases(request: pytest.FixtureRequest, kind: str) -> Iterator[tuple[str,
         return
     server: PostgresServer = request.getfixturevalue("postgres_server")
     template: str = request.getfixturevalue("pg_template_url")
-    names = [f"one_trip_{next(_numbers)}" for _ in range(3)]
-    for name in names:
-        server.create_database(name, template=template)
-    try:
-        yield tuple(server.url(name) for name in names)  # type: ignore[misc]
-    finally:
-        for name in names:
-            server.drop_database(name)
+    with contextlib.ExitStack() as copies:
+        yield tuple(copies.enter_context(server.copy_of(template, "one_trip")) for _ in "abc")  # type: ignore[misc]
 
 
 @pytest.mark.parametrize("kind", [pytest.param("sqlite", marks=pytest.mark.slow), "postgresql"])

@@ -16,7 +16,6 @@ import itertools
 import json
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -176,23 +175,13 @@ def test_sqlite_report_matches_the_model(spec: dict[str, Any]) -> None:
         check(f"sqlite:///{Path(directory)}/metering.db", spec)
 
 
-@contextmanager
-def fresh_database(server: PostgresServer, template: str) -> Iterator[str]:
-    name = f"groupby_{next(_databases)}"
-    server.create_database(name, template=template)
-    try:
-        yield server.url(name)
-    finally:
-        server.drop_database(name)
-
-
 @pytest.mark.postgres
 @settings(SETTINGS, max_examples=20)
 @given(spec=scenario)
 def test_postgresql_report_matches_the_model(
     postgres_server: PostgresServer, pg_template_url: str, spec: dict[str, Any]
 ) -> None:
-    with fresh_database(postgres_server, pg_template_url) as url:
+    with postgres_server.copy_of(pg_template_url, prefix="groupby") as url:
         check(url, spec)
 
 
