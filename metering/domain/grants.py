@@ -26,7 +26,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from metering.domain.bounds import validate_whole
 from metering.domain.events import validate_event_id
@@ -56,10 +56,13 @@ def validate_priority(value: object) -> int:
 
 # One subject's changes of maximum: sorted (effective_from_us, maximum or None).
 History = tuple[tuple[int, int | None], ...]
+# A default maximum: a limit's (an int), or none (a token bucket's history).
+D = TypeVar("D", bound=int | None)
 
 
-def maximum_at(history: History | None, default: int, at_us: int) -> int:
-    """The maximum that applies at ``at_us``: the latest change at or before it."""
+def maximum_at(history: History | None, default: D, at_us: int) -> int | D:
+    """The maximum that applies at ``at_us``: the latest change at or before it
+    (``default`` before the first, and where a change returns to it)."""
     if not history:
         return default
     index = bisect.bisect_right(history, at_us, key=lambda change: change[0])

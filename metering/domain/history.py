@@ -19,6 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from metering.domain import grants
 from metering.errors import InvalidInput
 
 Bucket = Literal["hour", "day"]
@@ -69,14 +70,14 @@ def maximum_at(
     changes: Sequence[tuple[int, int | None]], default: int | None, at_us: int
 ) -> int | None:
     """The maximum in force at ``at_us``: of ``changes`` (effective from, maximum;
-    any order), the latest starting at or before it; None there means ``default``."""
-    found: tuple[int, int | None] | None = None
-    for change in changes:
-        if change[0] <= at_us and (found is None or change[0] >= found[0]):
-            found = change
-    if found is None or found[1] is None:
-        return default
-    return found[1]
+    any order, a later one of the same instant winning), the latest starting at
+    or before it; None there means ``default``. The rule is the engines'
+    (`metering.domain.grants.maximum_at`), on the changes put in time order."""
+    return grants.maximum_at(tuple(sorted(changes, key=_start)), default, at_us)
+
+
+def _start(change: tuple[int, int | None]) -> int:
+    return change[0]
 
 
 def series(
