@@ -74,10 +74,12 @@ def reset(database: Database, subject: str | None, limit: str | None) -> int:
         ReservationStore(connection).forget_held_charges(subject, limit)
         store = Store(connection)
         cleared = store.delete_current_counters(subject, limit, now_us)
-        # Timed once the counters are locked and gone: every event whose
-        # usage was cleared was decided by then, so a void of it skips
-        # the counter that started over (`metering.domain.corrections`).
-        store.record_reset(subject, limit, max(now_us, database.now_us()))
+        # Recorded only when something was cleared, and timed once the
+        # counters are locked and gone: every event whose usage was cleared
+        # was decided by then, so a void of it skips the counter that
+        # started over (`metering.domain.corrections`).
+        if cleared:
+            store.record_reset(subject, limit, max(now_us, database.now_us()))
         return cleared
 
     return database.run(work)

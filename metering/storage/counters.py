@@ -12,9 +12,18 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from sqlalchemy import and_, delete, insert, literal_column, or_, select, tuple_
+from sqlalchemy import (
+    ColumnElement,
+    Select,
+    and_,
+    delete,
+    insert,
+    literal_column,
+    or_,
+    select,
+    tuple_,
+)
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.sql.elements import ColumnClause
 
 from metering.domain.corrections import Reset
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
@@ -308,52 +317,68 @@ class CounterStore(OnConnection):
         self.connection.execute(_STATEMENTS[self._dialect]["write_counters"], params)
 
     def delete_current_counters(self, subject: str | None, limit: str | None, now_us: int) -> int:
-        """Remove counters of current windows and buckets (operator reset)."""
+        """Remove counters of current windows and buckets (operator reset).
+
+        Every counter of the scope is cleared, whatever a concurrent
+        transaction did to it: on PostgreSQL its key is locked first and the
+        row deleted by key, so a row updated while the lock waited is found
+        again (a row's tuple id changes on update; its key does not).
+        """
         live = or_(counters.c.window_end_us > now_us, counters.c.window_start_us == NO_WINDOW)
-        which_counters = [live]
-        which_windows = []
+        which_counters: list[ColumnElement[bool]] = [live]
+        which_windows: list[ColumnElement[bool]] = []
         if subject is not None:
             which_counters.append(counters.c.subject == subject)
             which_windows.append(current_windows.c.subject == subject)
         if limit is not None:
             which_counters.append(counters.c.limit_name == limit)
             which_windows.append(current_windows.c.limit_name == limit)
-        delete_counters = delete(counters).where(*which_counters)
-        delete_windows = delete(current_windows).where(*which_windows)
-        if self.connection.dialect.name == "postgresql":
-            # Lock as `consume` does, windows then counters, each sorted, and
-            # delete exactly the rows locked: a plain DELETE locks in scan
-            # order, and met a consume's opposite order in a deadlock. One
-            # wait remains: a consume that found no window, locked a counter
-            # and then inserts the window a reset is deleting. The reset
-            # yields (a lock timeout, retried by `run_transaction`) well
-            # before the server's deadlock check would stall both for 1 s.
-            self.connection.exec_driver_sql(f"SET LOCAL lock_timeout = {RESET_LOCK_TIMEOUT_MS}")
-            w, c = current_windows.c, counters.c
-            row: ColumnClause[Any] = literal_column("ctid")
-            delete_windows = delete(current_windows).where(
-                row.in_(
-                    select(row)
-                    .select_from(current_windows)
-                    .where(*which_windows)
-                    .order_by(w.limit_name.collate("C"), w.subject.collate("C"))
-                    .with_for_update()
-                )
-            )
-            delete_counters = delete(counters).where(
-                row.in_(
-                    select(row)
-                    .select_from(counters)
-                    .where(*which_counters)
-                    .order_by(c.limit_name.collate("C"), c.subject.collate("C"), c.window_start_us)
-                    .with_for_update()
-                )
-            )
-        self.connection.execute(delete_windows)
-        removed = self.connection.execute(delete_counters).rowcount
+        if self._postgres:
+            removed = self._delete_locked(which_windows, which_counters)
+        else:  # SQLite: BEGIN IMMEDIATE already holds the only write lock
+            self.connection.execute(delete(current_windows).where(*which_windows))
+            removed = self.connection.execute(delete(counters).where(*which_counters)).rowcount
         self._forget_draws(subject, limit)
         DistinctStore(self.connection).forget_cleared(subject, limit)
         return int(removed)
+
+    def _delete_locked(
+        self, which_windows: list[ColumnElement[bool]], which_counters: list[ColumnElement[bool]]
+    ) -> int:
+        """Lock as `consume` does, windows then counters, each sorted, then
+        delete exactly the keys locked: a plain DELETE locks in scan order, and
+        met a consume's opposite order in a deadlock. One wait remains: a
+        consume that found no window, locked a counter and then inserts the
+        window a reset is deleting. The reset yields (a lock timeout, retried
+        by `run_transaction`) well before the server's deadlock check would
+        stall both for 1 s."""
+        self.connection.exec_driver_sql(f"SET LOCAL lock_timeout = {RESET_LOCK_TIMEOUT_MS}")
+        w, c = current_windows.c, counters.c
+        pairs = self._lock_keys(
+            select(w.limit_name, w.subject)
+            .where(*which_windows)
+            .order_by(w.limit_name.collate("C"), w.subject.collate("C"))
+        )
+        for chunk in chunks(pairs):
+            self.connection.execute(
+                delete(current_windows).where(tuple_(w.limit_name, w.subject).in_(chunk))
+            )
+        keys = self._lock_keys(
+            select(c.limit_name, c.subject, c.window_start_us)
+            .where(*which_counters)
+            .order_by(c.limit_name.collate("C"), c.subject.collate("C"), c.window_start_us)
+        )
+        removed = 0
+        for chunk in chunks(keys):
+            key = tuple_(c.limit_name, c.subject, c.window_start_us)
+            removed += self.connection.execute(delete(counters).where(key.in_(chunk))).rowcount
+        return removed
+
+    def _lock_keys(self, query: Select[Any]) -> list[tuple[Any, ...]]:
+        """The keys ``query`` selects, each row locked. A row updated while
+        the lock waited is checked again in its new version (READ COMMITTED);
+        one deleted meanwhile is left out."""
+        return [tuple(row) for row in self.connection.execute(query.with_for_update())]
 
     def record_reset(self, subject: str | None, limit: str | None, at_us: int) -> None:
         """Remember a reset for voids (`resets_since`)."""
