@@ -70,17 +70,20 @@ def reset(database: Database, subject: str | None, limit: str | None) -> int:
     now_us = database.now_us()
 
     def work(connection: Connection) -> int:
-        # Held units go with the rest: a later cancel returns nothing.
-        ReservationStore(connection).forget_held_charges(subject, limit)
+        # Held units go with the rest: a later cancel returns nothing. Held
+        # reservations are locked first, counters after (the lock order).
+        held = ReservationStore(connection)
+        held.lock_held(subject)
         store = Store(connection)
         cleared = store.delete_current_counters(subject, limit, now_us)
+        held.forget_held_charges(subject, cleared)
         # Recorded only when something was cleared, and timed once the
         # counters are locked and gone: every event whose usage was cleared
         # was decided by then, so a void of it skips the counter that
         # started over (`metering.domain.corrections`).
         if cleared:
             store.record_reset(subject, limit, max(now_us, database.now_us()))
-        return cleared
+        return len(cleared)
 
     return database.run(work)
 

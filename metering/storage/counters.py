@@ -25,7 +25,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 
-from metering.domain.corrections import Reset
+from metering.domain.corrections import CounterOf, Reset
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 from metering.domain.windows import Window
 from metering.storage.distinct import DistinctStore
@@ -316,8 +316,11 @@ class CounterStore(OnConnection):
         ]
         self.connection.execute(_STATEMENTS[self._dialect]["write_counters"], params)
 
-    def delete_current_counters(self, subject: str | None, limit: str | None, now_us: int) -> int:
-        """Remove counters of current windows and buckets (operator reset).
+    def delete_current_counters(
+        self, subject: str | None, limit: str | None, now_us: int
+    ) -> set[CounterOf]:
+        """Remove counters of current windows and buckets (operator reset);
+        the counters removed.
 
         Every counter of the scope is cleared, whatever a concurrent
         transaction did to it: on PostgreSQL its key is locked first and the
@@ -337,14 +340,14 @@ class CounterStore(OnConnection):
             removed = self._delete_locked(which_windows, which_counters)
         else:  # SQLite: BEGIN IMMEDIATE already holds the only write lock
             self.connection.execute(delete(current_windows).where(*which_windows))
-            removed = self.connection.execute(delete(counters).where(*which_counters)).rowcount
+            removed = self._delete_counters(*which_counters)
         self._forget_draws(subject, limit)
         DistinctStore(self.connection).forget_cleared(subject, limit)
-        return int(removed)
+        return removed
 
     def _delete_locked(
         self, which_windows: list[ColumnElement[bool]], which_counters: list[ColumnElement[bool]]
-    ) -> int:
+    ) -> set[CounterOf]:
         """Lock as `consume` does, windows then counters, each sorted, then
         delete exactly the keys locked: a plain DELETE locks in scan order, and
         met a consume's opposite order in a deadlock. One wait remains: a
@@ -368,11 +371,22 @@ class CounterStore(OnConnection):
             .where(*which_counters)
             .order_by(c.limit_name.collate("C"), c.subject.collate("C"), c.window_start_us)
         )
-        removed = 0
+        removed: set[CounterOf] = set()
         for chunk in chunks(keys):
-            key = tuple_(c.limit_name, c.subject, c.window_start_us)
-            removed += self.connection.execute(delete(counters).where(key.in_(chunk))).rowcount
+            removed |= self._delete_counters(
+                tuple_(c.limit_name, c.subject, c.window_start_us).in_(chunk)
+            )
         return removed
+
+    def _delete_counters(self, *which: ColumnElement[bool]) -> set[CounterOf]:
+        c = counters.c
+        deleted = (
+            delete(counters).where(*which).returning(c.subject, c.limit_name, c.window_start_us)
+        )
+        return {
+            (row.subject, row.limit_name, row.window_start_us)
+            for row in self.connection.execute(deleted)
+        }
 
     def _lock_keys(self, query: Select[Any]) -> list[tuple[Any, ...]]:
         """The keys ``query`` selects, each row locked. A row updated while

@@ -12,6 +12,9 @@ import pytest
 from sqlalchemy import Connection, func, select, text
 
 from metering import FrozenClock, Limit, Meter
+from metering.domain.instants import to_us
+from metering.domain.reservations import HeldCharge
+from metering.storage.reservations import ReservationStore
 from metering.storage.tables import counter_resets
 
 NOW = datetime(2026, 11, 28, 12, 0, tzinfo=UTC)
@@ -75,3 +78,30 @@ def test_a_reset_that_clears_nothing_records_nothing(any_meter: Meter) -> None:
     assert _resets(meter) == 0
     assert meter.void("e1", "refund").charges != ()
     assert meter.counters("org-1", "calls")[0].used == 0
+
+
+def test_a_reservation_held_while_a_reset_waited_is_forgotten_with_its_counter(
+    meter: Meter,
+) -> None:
+    """A reserve that commits after the reset looked at the held reservations,
+    but before it locked their counter: its held units are cleared, so a
+    cancel afterwards gives the counter that started over nothing."""
+    meter.consume("org-1", "calls", event_id="e1")
+    [counter] = meter.counters("org-1", "calls")
+    assert counter.window_start is not None and counter.window_end is not None
+    held = HeldCharge("org-1", "calls", 5, to_us(counter.window_start), to_us(counter.window_end))
+    cleared: list[int] = []
+    with meter.engine.connect() as other, meter.engine.connect() as watcher:
+        # What a reserve does: lock the counter, add the cost, insert the row.
+        other.execute(text("UPDATE counters SET used = used + 5 WHERE subject = 'org-1'"))
+        ReservationStore(other).insert("held-1", [held], to_us(NOW), to_us(NOW) + 60_000_000)
+        blocker = other.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        resetting = threading.Thread(target=lambda: cleared.append(meter.reset(subject="org-1")))
+        resetting.start()
+        _wait_until_blocked(watcher, blocker)
+        other.commit()
+        resetting.join(WAIT_SECONDS)
+    assert cleared == [1]
+    meter.consume("org-1", "calls", cost=2, event_id="e2")
+    assert meter.cancel_reservation("held-1") == 0
+    assert [c.used for c in meter.counters("org-1", "calls")] == [2]
