@@ -1,5 +1,6 @@
-"""`CounterStore`'s reset on PostgreSQL: it clears the counters it waited
-for, and records a reset only when it cleared something."""
+"""`CounterStore`'s reset: on PostgreSQL it clears the counters it waited
+for, and the held charges on them, even of a reservation held meanwhile; on
+both databases a reset is recorded only when it cleared something."""
 
 from __future__ import annotations
 
