@@ -77,12 +77,11 @@ def reset(database: Database, subject: str | None, limit: str | None) -> int:
         store = Store(connection)
         cleared = store.delete_current_counters(subject, limit, now_us)
         held.forget_held_charges(subject, cleared)
-        # Recorded only when something was cleared, and timed once the
-        # counters are locked and gone: every event whose usage was cleared
-        # was decided by then, so a void of it skips the counter that
-        # started over (`metering.domain.corrections`).
-        if cleared:
-            store.record_reset(subject, limit, max(now_us, database.now_us()))
+        # Recorded for the counters cleared, timed once they are locked and
+        # gone: every event whose usage was cleared was decided by then, so
+        # a void of it skips the counter that started over
+        # (`metering.domain.corrections`).
+        store.record_reset(cleared, max(now_us, database.now_us()))
         return len(cleared)
 
     return database.run(work)

@@ -394,16 +394,26 @@ class CounterStore(OnConnection):
         one deleted meanwhile is left out."""
         return [tuple(row) for row in self.connection.execute(query.with_for_update())]
 
-    def record_reset(self, subject: str | None, limit: str | None, at_us: int) -> None:
-        """Remember a reset for voids (`resets_since`)."""
-        self.connection.execute(
-            insert(counter_resets).values(subject=subject, limit_name=limit, reset_at_us=at_us)
-        )
+    def record_reset(self, cleared: Iterable[CounterOf], at_us: int) -> None:
+        """Remember a reset for voids (`resets_since`): one row per (subject,
+        limit) whose counters it cleared, none for those it did not."""
+        pairs = sorted({(subject, limit) for subject, limit, _ in cleared})
+        rows = [{"subject": s, "limit_name": lim, "reset_at_us": at_us} for s, lim in pairs]
+        if rows:
+            self.connection.execute(insert(counter_resets), rows)
 
-    def resets_since(self, since_us: int) -> list[Reset]:
-        """The resets at or after ``since_us`` (a void's event and later)."""
+    def resets_since(self, since_us: int, keys: Iterable[CounterKey]) -> list[Reset]:
+        """The resets at or after ``since_us`` (a void's event and later) that
+        may have cleared one of ``keys`` (an event's: at most `MAX_CHARGES`).
+        A row without a subject or limit (written by earlier versions)
+        cleared every subject or every limit."""
         r = counter_resets.c
-        query = select(r.subject, r.limit_name, r.reset_at_us).where(r.reset_at_us >= since_us)
+        keys = list(keys)
+        query = select(r.subject, r.limit_name, r.reset_at_us).where(
+            r.reset_at_us >= since_us,
+            or_(r.subject.is_(None), r.subject.in_({key.subject for key in keys})),
+            or_(r.limit_name.is_(None), r.limit_name.in_({key.limit for key in keys})),
+        )
         return [Reset(*row) for row in self.connection.execute(query)]
 
     def _forget_draws(self, subject: str | None, limit: str | None) -> None:

@@ -106,3 +106,24 @@ def test_a_reservation_held_while_a_reset_waited_is_forgotten_with_its_counter(
     meter.consume("org-1", "calls", cost=2, event_id="e2")
     assert meter.cancel_reservation("held-1") == 0
     assert [c.used for c in meter.counters("org-1", "calls")] == [2]
+
+
+def test_a_reset_records_only_the_counters_it_cleared(meter: Meter) -> None:
+    """A counter first created while the reset waited is not cleared, and a
+    void of its event gives the event back."""
+    meter.set_limit(Limit("other", maximum=1000, period="1d", window="calendar"))
+    meter.consume("org-1", "calls", event_id="e1")
+    cleared: list[int] = []
+    with meter.engine.connect() as other, meter.engine.connect() as watcher:
+        other.execute(text("UPDATE counters SET used = used + 1 WHERE subject = 'org-1'"))
+        blocker = other.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        resetting = threading.Thread(target=lambda: cleared.append(meter.reset(subject="org-1")))
+        resetting.start()
+        _wait_until_blocked(watcher, blocker)
+        meter.consume("org-1", "other", cost=4, event_id="new-key")
+        other.commit()
+        resetting.join(WAIT_SECONDS)
+    assert cleared == [1]
+    assert [c.used for c in meter.counters("org-1", "other")] == [4]
+    assert [c[2] for c in meter.void("new-key", "refund").charges] == [4]
+    assert [c.used for c in meter.counters("org-1", "other")] == [0]
