@@ -132,7 +132,7 @@ class ReservationStore:
         """Lock the held reservations with a charge on ``subject`` (every
         one, for None), in id order: a reset locks them before any counter."""
         if self.connection.dialect.name == "postgresql":
-            self.connection.execute(self._held(subject).with_for_update())
+            self.connection.execute(self._held(subject).with_for_update()).all()
 
     def forget_held_charges(self, subject: str | None, cleared: Collection[CounterOf]) -> int:
         """Drop from held reservations their charges on the counters a reset
