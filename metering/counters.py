@@ -70,15 +70,19 @@ def reset(database: Database, subject: str | None, limit: str | None) -> int:
     now_us = database.now_us()
 
     def work(connection: Connection) -> int:
-        # Held units go with the rest: a later cancel returns nothing.
-        ReservationStore(connection).forget_held_charges(subject, limit)
+        # Held units go with the rest: a later cancel returns nothing. Held
+        # reservations are locked first, counters after (the lock order).
+        held = ReservationStore(connection)
+        held.lock_held(subject)
         store = Store(connection)
         cleared = store.delete_current_counters(subject, limit, now_us)
-        # Timed once the counters are locked and gone: every event whose
-        # usage was cleared was decided by then, so a void of it skips
-        # the counter that started over (`metering.domain.corrections`).
-        store.record_reset(subject, limit, max(now_us, database.now_us()))
-        return cleared
+        held.forget_held_charges(subject, cleared)
+        # Recorded for the counters cleared, timed once they are locked and
+        # gone: every event whose usage was cleared was decided by then, so
+        # a void of it skips the counter that started over
+        # (`metering.domain.corrections`).
+        store.record_reset(cleared, max(now_us, database.now_us()))
+        return len(cleared)
 
     return database.run(work)
 

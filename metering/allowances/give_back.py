@@ -113,7 +113,8 @@ def give_back(
         return GaveBack([])
     left = [item.charge for item in kept]
     if event is not None:
-        left = not_reset(left, store.resets_since(event.decided_at_us), event.decided_at_us)
+        resets = store.resets_since(event.decided_at_us, (charge.key for charge in left))
+        left = not_reset(left, resets, event.decided_at_us)
     cleared = [not any(charge is item.charge for charge in left) for item in kept]
     states = store.lock_counters({charge.key for charge in left}, now_us)
     changed, units = taken_back(limits, left, states, now_us, past_windows=past_windows)

@@ -628,7 +628,8 @@ def _seats_freed(
     limits = store.load_limits(charge.key.limit for charge in charges)
     if not any(limit.distinct for limit in limits.values()):
         return charges
-    live = not_reset(charges, store.resets_since(stored.decided_at_us), stored.decided_at_us)
+    resets = store.resets_since(stored.decided_at_us, (charge.key for charge in charges))
+    live = not_reset(charges, resets, stored.decided_at_us)
     store.lock_counters({charge.key for charge in live}, now_us)
     freed = iter(free_seats(store, limits, live, stored.metadata))
     kept = {id(charge) for charge in live}

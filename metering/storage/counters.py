@@ -12,11 +12,20 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from sqlalchemy import and_, delete, insert, literal_column, or_, select, tuple_
+from sqlalchemy import (
+    ColumnElement,
+    Select,
+    and_,
+    delete,
+    insert,
+    literal_column,
+    or_,
+    select,
+    tuple_,
+)
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.sql.elements import ColumnClause
 
-from metering.domain.corrections import Reset
+from metering.domain.corrections import CounterOf, Reset
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 from metering.domain.windows import Window
 from metering.storage.distinct import DistinctStore
@@ -307,64 +316,104 @@ class CounterStore(OnConnection):
         ]
         self.connection.execute(_STATEMENTS[self._dialect]["write_counters"], params)
 
-    def delete_current_counters(self, subject: str | None, limit: str | None, now_us: int) -> int:
-        """Remove counters of current windows and buckets (operator reset)."""
+    def delete_current_counters(
+        self, subject: str | None, limit: str | None, now_us: int
+    ) -> set[CounterOf]:
+        """Remove counters of current windows and buckets (operator reset);
+        the counters removed.
+
+        Every counter of the scope is cleared, whatever a concurrent
+        transaction did to it: on PostgreSQL its key is locked first and the
+        row deleted by key, so a row updated while the lock waited is found
+        again (a row's tuple id changes on update; its key does not).
+        """
         live = or_(counters.c.window_end_us > now_us, counters.c.window_start_us == NO_WINDOW)
-        which_counters = [live]
-        which_windows = []
+        which_counters: list[ColumnElement[bool]] = [live]
+        which_windows: list[ColumnElement[bool]] = []
         if subject is not None:
             which_counters.append(counters.c.subject == subject)
             which_windows.append(current_windows.c.subject == subject)
         if limit is not None:
             which_counters.append(counters.c.limit_name == limit)
             which_windows.append(current_windows.c.limit_name == limit)
-        delete_counters = delete(counters).where(*which_counters)
-        delete_windows = delete(current_windows).where(*which_windows)
-        if self.connection.dialect.name == "postgresql":
-            # Lock as `consume` does, windows then counters, each sorted, and
-            # delete exactly the rows locked: a plain DELETE locks in scan
-            # order, and met a consume's opposite order in a deadlock. One
-            # wait remains: a consume that found no window, locked a counter
-            # and then inserts the window a reset is deleting. The reset
-            # yields (a lock timeout, retried by `run_transaction`) well
-            # before the server's deadlock check would stall both for 1 s.
-            self.connection.exec_driver_sql(f"SET LOCAL lock_timeout = {RESET_LOCK_TIMEOUT_MS}")
-            w, c = current_windows.c, counters.c
-            row: ColumnClause[Any] = literal_column("ctid")
-            delete_windows = delete(current_windows).where(
-                row.in_(
-                    select(row)
-                    .select_from(current_windows)
-                    .where(*which_windows)
-                    .order_by(w.limit_name.collate("C"), w.subject.collate("C"))
-                    .with_for_update()
-                )
-            )
-            delete_counters = delete(counters).where(
-                row.in_(
-                    select(row)
-                    .select_from(counters)
-                    .where(*which_counters)
-                    .order_by(c.limit_name.collate("C"), c.subject.collate("C"), c.window_start_us)
-                    .with_for_update()
-                )
-            )
-        self.connection.execute(delete_windows)
-        removed = self.connection.execute(delete_counters).rowcount
+        if self._postgres:
+            removed = self._delete_locked(which_windows, which_counters)
+        else:  # SQLite: BEGIN IMMEDIATE already holds the only write lock
+            self.connection.execute(delete(current_windows).where(*which_windows))
+            removed = self._delete_counters(*which_counters)
         self._forget_draws(subject, limit)
         DistinctStore(self.connection).forget_cleared(subject, limit)
-        return int(removed)
+        return removed
 
-    def record_reset(self, subject: str | None, limit: str | None, at_us: int) -> None:
-        """Remember a reset for voids (`resets_since`)."""
-        self.connection.execute(
-            insert(counter_resets).values(subject=subject, limit_name=limit, reset_at_us=at_us)
+    def _delete_locked(
+        self, which_windows: list[ColumnElement[bool]], which_counters: list[ColumnElement[bool]]
+    ) -> set[CounterOf]:
+        """Lock as `consume` does, windows then counters, each sorted, then
+        delete exactly the keys locked: a plain DELETE locks in scan order, and
+        met a consume's opposite order in a deadlock. One wait remains: a
+        consume that found no window, locked a counter and then inserts the
+        window a reset is deleting. The reset yields (a lock timeout, retried
+        by `run_transaction`) well before the server's deadlock check would
+        stall both for 1 s."""
+        self.connection.exec_driver_sql(f"SET LOCAL lock_timeout = {RESET_LOCK_TIMEOUT_MS}")
+        w, c = current_windows.c, counters.c
+        pairs = self._lock_keys(
+            select(w.limit_name, w.subject)
+            .where(*which_windows)
+            .order_by(w.limit_name.collate("C"), w.subject.collate("C"))
         )
+        for chunk in chunks(pairs):
+            self.connection.execute(
+                delete(current_windows).where(tuple_(w.limit_name, w.subject).in_(chunk))
+            )
+        keys = self._lock_keys(
+            select(c.limit_name, c.subject, c.window_start_us)
+            .where(*which_counters)
+            .order_by(c.limit_name.collate("C"), c.subject.collate("C"), c.window_start_us)
+        )
+        removed: set[CounterOf] = set()
+        for chunk in chunks(keys):
+            removed |= self._delete_counters(
+                tuple_(c.limit_name, c.subject, c.window_start_us).in_(chunk)
+            )
+        return removed
 
-    def resets_since(self, since_us: int) -> list[Reset]:
-        """The resets at or after ``since_us`` (a void's event and later)."""
+    def _delete_counters(self, *which: ColumnElement[bool]) -> set[CounterOf]:
+        c = counters.c
+        deleted = (
+            delete(counters).where(*which).returning(c.subject, c.limit_name, c.window_start_us)
+        )
+        return {
+            (row.subject, row.limit_name, row.window_start_us)
+            for row in self.connection.execute(deleted)
+        }
+
+    def _lock_keys(self, query: Select[Any]) -> list[tuple[Any, ...]]:
+        """The keys ``query`` selects, each row locked. A row updated while
+        the lock waited is checked again in its new version (READ COMMITTED);
+        one deleted meanwhile is left out."""
+        return [tuple(row) for row in self.connection.execute(query.with_for_update())]
+
+    def record_reset(self, cleared: Iterable[CounterOf], at_us: int) -> None:
+        """Remember a reset for voids (`resets_since`): one row per (subject,
+        limit) whose counters it cleared, none for those it did not."""
+        pairs = sorted({(subject, limit) for subject, limit, _ in cleared})
+        rows = [{"subject": s, "limit_name": lim, "reset_at_us": at_us} for s, lim in pairs]
+        if rows:
+            self.connection.execute(insert(counter_resets), rows)
+
+    def resets_since(self, since_us: int, keys: Iterable[CounterKey]) -> list[Reset]:
+        """The resets at or after ``since_us`` (a void's event and later) that
+        may have cleared one of ``keys`` (an event's: at most `MAX_CHARGES`).
+        A row without a subject or limit (written by earlier versions)
+        cleared every subject or every limit."""
         r = counter_resets.c
-        query = select(r.subject, r.limit_name, r.reset_at_us).where(r.reset_at_us >= since_us)
+        keys = list(keys)
+        query = select(r.subject, r.limit_name, r.reset_at_us).where(
+            r.reset_at_us >= since_us,
+            or_(r.subject.is_(None), r.subject.in_({key.subject for key in keys})),
+            or_(r.limit_name.is_(None), r.limit_name.in_({key.limit for key in keys})),
+        )
         return [Reset(*row) for row in self.connection.execute(query)]
 
     def _forget_draws(self, subject: str | None, limit: str | None) -> None:

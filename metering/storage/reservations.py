@@ -3,19 +3,33 @@
 Lock order: a cancel locks its reservation row, then its counters (through
 `Store.lock_counters`); an operator's reset locks held reservations, then
 windows and counters; `consume` and `reserve` lock windows and counters and
-only insert reservations, so the orders never form a cycle.
+only insert reservations, so the orders never form a cycle. One exception:
+a reservation held while a reset waited for its counter is locked by the
+reset last, under the reset's lock timeout (a wait on it is broken and the
+reset runs again).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sqlalchemy import ColumnElement, Connection, delete, exists, func, insert, or_, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Select,
+    delete,
+    exists,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
 
-from metering.domain.corrections import GivenBack
+from metering.domain.corrections import CounterOf, GivenBack
 from metering.domain.reservations import HeldCharge, ReservationState
 from metering.storage.records import RecordColumns
 from metering.storage.tables import overdrafts, reservations, results
@@ -114,31 +128,29 @@ class ReservationStore:
         if rows:
             self.connection.execute(insert(overdrafts), rows)
 
-    def forget_held_charges(self, subject: str | None, limit: str | None) -> int:
-        """Drop from held reservations their charges on these counters (a reset).
+    def lock_held(self, subject: str | None) -> None:
+        """Lock the held reservations with a charge on ``subject`` (every
+        one, for None), in id order: a reset locks them before any counter."""
+        if self.connection.dialect.name == "postgresql":
+            self.connection.execute(self._held(subject).with_for_update()).all()
+
+    def forget_held_charges(self, subject: str | None, cleared: Collection[CounterOf]) -> int:
+        """Drop from held reservations their charges on the counters a reset
+        ``cleared`` (subject, limit, window start).
 
         A reset wipes held units along with the rest of the usage; a cancel
-        afterwards must not hand them to the counter that started over.
-        Returns how many reservations changed.
+        afterwards must not hand them to the counter that started over. The
+        reset has run `lock_held` first; one held since (by a reserve that
+        the reset's counter lock waited for) is locked here. Returns how
+        many reservations changed.
         """
-        query = (
-            select(reservations.c.id, reservations.c.charges)
-            .where(reservations.c.state == ReservationState.HELD.value)
-            .order_by(reservations.c.id)
-        )
-        if subject is not None:
-            query = query.where(_mentions(subject))
+        query = self._held(subject)
         if self.connection.dialect.name == "postgresql":
             query = query.with_for_update()
         changed = 0
         for reservation_id, text in self.connection.execute(query).all():
             charges = [HeldCharge.from_row(c) for c in json.loads(text)]
-            kept = [
-                c
-                for c in charges
-                if (subject is not None and c.subject != subject)
-                or (limit is not None and c.limit != limit)
-            ]
+            kept = [c for c in charges if (c.subject, c.limit, c.window_start_us) not in cleared]
             if len(kept) == len(charges):
                 continue
             self.connection.execute(
@@ -148,6 +160,14 @@ class ReservationStore:
             )
             changed += 1
         return changed
+
+    def _held(self, subject: str | None) -> Select[str, str]:
+        query = (
+            select(reservations.c.id, reservations.c.charges)
+            .where(reservations.c.state == ReservationState.HELD.value)
+            .order_by(reservations.c.id)
+        )
+        return query if subject is None else query.where(_mentions(subject))
 
     def commit_expired(self, now_us: int) -> int:
         """Commit every held reservation whose time to live has passed.

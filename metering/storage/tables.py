@@ -226,9 +226,10 @@ license_pools = Table(
     PrimaryKeyConstraint("subject", "limit_name"),
 )
 
-# Operators' resets (migration 0011): which counters were cleared (NULL: every
-# subject, or every limit) and when. A void of an event decided before a reset
-# of its window gives nothing back to the counter that started over.
+# Operators' resets (migration 0011): which counters were cleared, one row per
+# (subject, limit), and when (NULL, in rows of earlier versions: every subject,
+# or every limit). A void of an event decided before a reset of its window
+# gives nothing back to the counter that started over.
 counter_resets = Table(
     "counter_resets",
     metadata,

@@ -82,6 +82,7 @@ class Window:
     used: int = 0
     draws: dict[str, int] = field(default_factory=dict)
     reset: bool = False
+    stored: bool = True  # its counter exists (a reset deletes it, a consume makes it)
 
 
 @dataclass
@@ -93,10 +94,10 @@ class Model:
         default_factory=list
     )
     voided: set[str] = field(default_factory=set)
-    # When each event was decided, and each reset (subject, time): a void of
-    # an event whose window a reset cleared at or after its decision gives
-    # nothing back (the counter started over without it; a reset in the very
-    # microsecond of the decision counts as after it).
+    # When each event was decided, and each reset that cleared a counter
+    # (subject, time): a void of an event whose window a reset cleared at or
+    # after its decision gives nothing back (the counter started over without
+    # it; a reset in the very microsecond of the decision counts as after it).
     decided: dict[str, int] = field(default_factory=dict)
     resets: list[tuple[str, int]] = field(default_factory=list)
 
@@ -108,6 +109,7 @@ class Model:
     def consume(self, event_id: str, subject: str, cost: int, at: int) -> tuple[bool, int, list]:
         start = at - (at - to_us(datetime(1970, 1, 5, tzinfo=UTC))) % HOUR_US
         window = self.windows.setdefault((subject, start), Window())
+        window.stored = True
         maximum = self.maximum(subject, at)
         own = window.used - sum(window.draws.values())
         room = max(maximum - own, 0)
@@ -154,10 +156,11 @@ class Model:
         return None
 
     def reset(self, subject: str, now: int) -> None:
+        """Clears the subject's current counter; recorded only if there was one."""
         for (owner, start), window in self.windows.items():
-            if owner == subject and start + HOUR_US > now:
-                window.used, window.draws, window.reset = 0, {}, True
-        self.resets.append((subject, now))
+            if owner == subject and start + HOUR_US > now and window.stored:
+                window.used, window.draws, window.reset, window.stored = 0, {}, True, False
+                self.resets.append((subject, now))
 
 
 def _run(url: str, operations: list[tuple[Any, ...]]) -> None:

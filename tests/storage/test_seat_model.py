@@ -90,7 +90,8 @@ class Model:
     history: dict[str, dict[int, int | None]] = field(default_factory=dict)
     events: list[Event] = field(default_factory=list)
     voided: set[str] = field(default_factory=set)
-    resets: list[tuple[str, int]] = field(default_factory=list)
+    # Each reset of a counter: (limit, subject, time).
+    resets: list[tuple[str, str, int]] = field(default_factory=list)
 
     def maximum(self, subject: str, at: int) -> int:
         changes = sorted((s, m) for s, m in self.history.get(subject, {}).items() if s <= at)
@@ -118,9 +119,10 @@ class Model:
         if not event.allowed or event.event_id in self.voided:
             return event.event_id
         self.voided.add(event.event_id)
-        _, subject, start = event.window
+        limit, subject, start = event.window
         if any(
-            owner == subject and event.decided <= at < start + HOUR_US for owner, at in self.resets
+            (name, owner) == (limit, subject) and event.decided <= at < start + HOUR_US
+            for name, owner, at in self.resets
         ):
             return None  # the reset cleared its window after it: nothing to give back
         values = self.live[event.window]
@@ -128,10 +130,12 @@ class Model:
         return None
 
     def reset(self, subject: str, now: int) -> None:
-        for (_, owner, start), values in self.live.items():
+        """Deletes the subject's current counters, and records each."""
+        for window in list(self.live):
+            limit, owner, start = window
             if owner == subject and start + HOUR_US > now:
-                values.clear()
-        self.resets.append((subject, now))
+                del self.live[window]
+                self.resets.append((limit, subject, now))
 
 
 def _run(url: str, operations: list[tuple[Any, ...]]) -> None:

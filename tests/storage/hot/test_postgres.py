@@ -1,0 +1,88 @@
+"""The PostgreSQL hot path writes a batch's rows through the tuple ids its
+locks returned: a row updated while its lock waited is written in its new
+version (the lock returns the id of the version it locked)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+import pytest
+from sqlalchemy import Connection, select, text
+
+from metering import FrozenClock, Limit, Meter, make_event
+from metering.domain.instants import to_us
+from metering.storage.hot.postgres import FEW_ROWS
+from metering.storage.tables import current_windows
+
+NOW = datetime(2026, 11, 28, 12, 0, tzinfo=UTC)
+SUBJECTS = [f"org-{n:02}" for n in range(FEW_ROWS + 4)]  # past the few rows' statements
+WAIT_SECONDS = 10.0
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+def clock() -> FrozenClock:
+    return FrozenClock(NOW)
+
+
+@pytest.fixture
+def meter(pg_url: str, clock: FrozenClock) -> Iterator[Meter]:
+    with Meter(pg_url, clock=clock) as meter:
+        meter.set_limit(Limit("calls", maximum=1000, period="1d", window="calendar"))
+        meter.set_limit(Limit("trial", maximum=1000, period="1h", window="first_use"))
+        yield meter
+
+
+def _wait_until_blocked(connection: Connection, blocker_pid: int) -> None:
+    """Until some backend waits for a lock ``blocker_pid`` holds."""
+    query = text("SELECT count(*) FROM pg_stat_activity WHERE :pid = ANY(pg_blocking_pids(pid))")
+    deadline = time.monotonic() + WAIT_SECONDS
+    while not connection.execute(query, {"pid": blocker_pid}).scalar_one():
+        connection.rollback()  # the statistics are a snapshot per transaction
+        assert time.monotonic() < deadline, "the batch never waited for the open update"
+        time.sleep(0.002)
+
+
+def _batch_behind(meter: Meter, clock: FrozenClock, limit: str, update: str) -> None:
+    """A batch of one event per subject, applied while ``update`` of org-00's
+    rows is open, then committed."""
+    events = [make_event([(s, limit, 1)], clock(), event_id=f"b-{s}") for s in SUBJECTS]
+    with meter.engine.connect() as other, meter.engine.connect() as watcher:
+        other.execute(text(update + " WHERE subject = 'org-00'"))
+        blocker = other.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        applying = threading.Thread(target=meter.apply, args=(events,))
+        applying.start()
+        _wait_until_blocked(watcher, blocker)
+        other.commit()
+        applying.join(WAIT_SECONDS)
+    assert not applying.is_alive()
+
+
+@pytest.mark.parametrize("limit", ["calls", "trial"])
+def test_a_batch_that_waited_for_a_counter_update_writes_its_new_version(
+    meter: Meter, clock: FrozenClock, limit: str
+) -> None:
+    meter.apply([make_event([(s, limit, 3)], clock(), event_id=f"a-{s}") for s in SUBJECTS])
+    _batch_behind(meter, clock, limit, "UPDATE counters SET used = used + 1")
+    used = {s: [c.used for c in meter.counters(s, limit)] for s in SUBJECTS}
+    assert used == {s: [5 if s == "org-00" else 4] for s in SUBJECTS}
+
+
+def test_a_batch_that_waited_for_a_window_update_moves_its_new_version(
+    meter: Meter, clock: FrozenClock
+) -> None:
+    meter.apply([make_event([(s, "trial", 3)], clock(), event_id=f"a-{s}") for s in SUBJECTS])
+    clock.advance(hours=2)  # every first-use window has ended: the batch opens new ones
+    _batch_behind(meter, clock, "trial", "UPDATE current_windows SET limit_name = limit_name")
+    used = {s: [c.used for c in meter.counters(s, "trial")] for s in SUBJECTS}
+    assert used == {s: [3, 1] for s in SUBJECTS}
+    with meter.engine.connect() as connection:
+        windows = connection.execute(
+            select(current_windows.c.subject, current_windows.c.window_start_us)
+        )
+        starts = {subject: start for subject, start in windows}
+    assert starts == dict.fromkeys(SUBJECTS, to_us(clock()))

@@ -1,0 +1,129 @@
+"""`CounterStore`'s reset: on PostgreSQL it clears the counters it waited
+for, and the held charges on them, even of a reservation held meanwhile; on
+both databases a reset is recorded only when it cleared something."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+import pytest
+from sqlalchemy import Connection, func, select, text
+
+from metering import FrozenClock, Limit, Meter
+from metering.domain.instants import to_us
+from metering.domain.reservations import HeldCharge
+from metering.storage.reservations import ReservationStore
+from metering.storage.tables import counter_resets
+
+NOW = datetime(2026, 11, 28, 12, 0, tzinfo=UTC)
+WAIT_SECONDS = 10.0
+
+
+def _meter(url: str) -> Meter:
+    meter = Meter(url, clock=FrozenClock(NOW))
+    meter.set_limit(Limit("calls", maximum=1000, period="1d", window="calendar"))
+    return meter
+
+
+@pytest.fixture
+def meter(pg_url: str) -> Iterator[Meter]:
+    with _meter(pg_url) as meter:
+        yield meter
+
+
+@pytest.fixture
+def any_meter(db_url: str) -> Iterator[Meter]:
+    with _meter(db_url) as meter:
+        yield meter
+
+
+def _wait_until_blocked(connection: Connection, blocker_pid: int) -> None:
+    """Until some backend waits for a lock ``blocker_pid`` holds."""
+    query = text("SELECT count(*) FROM pg_stat_activity WHERE :pid = ANY(pg_blocking_pids(pid))")
+    deadline = time.monotonic() + WAIT_SECONDS
+    while not connection.execute(query, {"pid": blocker_pid}).scalar_one():
+        connection.rollback()  # the statistics are a snapshot per transaction
+        assert time.monotonic() < deadline, "the reset never waited for the open update"
+        time.sleep(0.002)
+
+
+def _resets(meter: Meter) -> int:
+    with meter.engine.connect() as connection:
+        return int(connection.execute(select(func.count()).select_from(counter_resets)).scalar())
+
+
+def test_a_reset_clears_a_counter_updated_while_it_waited(meter: Meter) -> None:
+    for n in range(3):
+        meter.consume("org-1", "calls", event_id=f"e{n}")
+    cleared: list[int] = []
+    with meter.engine.connect() as other, meter.engine.connect() as watcher:
+        other.execute(text("UPDATE counters SET used = used + 1 WHERE subject = 'org-1'"))
+        blocker = other.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        resetting = threading.Thread(target=lambda: cleared.append(meter.reset(subject="org-1")))
+        resetting.start()
+        _wait_until_blocked(watcher, blocker)
+        other.commit()
+        resetting.join(WAIT_SECONDS)
+    assert cleared == [1]
+    assert meter.counters("org-1", "calls") == []
+    assert _resets(meter) == 1
+
+
+def test_a_reset_that_clears_nothing_records_nothing(any_meter: Meter) -> None:
+    meter = any_meter
+    meter.consume("org-1", "calls", event_id="e1")
+    assert meter.reset(subject="org-2") == 0
+    assert _resets(meter) == 0
+    assert meter.void("e1", "refund").charges != ()
+    assert meter.counters("org-1", "calls")[0].used == 0
+
+
+def test_a_reservation_held_while_a_reset_waited_is_forgotten_with_its_counter(
+    meter: Meter,
+) -> None:
+    """A reserve that commits after the reset looked at the held reservations,
+    but before it locked their counter: its held units are cleared, so a
+    cancel afterwards gives the counter that started over nothing."""
+    meter.consume("org-1", "calls", event_id="e1")
+    [counter] = meter.counters("org-1", "calls")
+    assert counter.window_start is not None and counter.window_end is not None
+    held = HeldCharge("org-1", "calls", 5, to_us(counter.window_start), to_us(counter.window_end))
+    cleared: list[int] = []
+    with meter.engine.connect() as other, meter.engine.connect() as watcher:
+        # What a reserve does: lock the counter, add the cost, insert the row.
+        other.execute(text("UPDATE counters SET used = used + 5 WHERE subject = 'org-1'"))
+        ReservationStore(other).insert("held-1", [held], to_us(NOW), to_us(NOW) + 60_000_000)
+        blocker = other.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        resetting = threading.Thread(target=lambda: cleared.append(meter.reset(subject="org-1")))
+        resetting.start()
+        _wait_until_blocked(watcher, blocker)
+        other.commit()
+        resetting.join(WAIT_SECONDS)
+    assert cleared == [1]
+    meter.consume("org-1", "calls", cost=2, event_id="e2")
+    assert meter.cancel_reservation("held-1") == 0
+    assert [c.used for c in meter.counters("org-1", "calls")] == [2]
+
+
+def test_a_reset_records_only_the_counters_it_cleared(meter: Meter) -> None:
+    """A counter first created while the reset waited is not cleared, and a
+    void of its event gives the event back."""
+    meter.set_limit(Limit("other", maximum=1000, period="1d", window="calendar"))
+    meter.consume("org-1", "calls", event_id="e1")
+    cleared: list[int] = []
+    with meter.engine.connect() as other, meter.engine.connect() as watcher:
+        other.execute(text("UPDATE counters SET used = used + 1 WHERE subject = 'org-1'"))
+        blocker = other.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        resetting = threading.Thread(target=lambda: cleared.append(meter.reset(subject="org-1")))
+        resetting.start()
+        _wait_until_blocked(watcher, blocker)
+        meter.consume("org-1", "other", cost=4, event_id="new-key")
+        other.commit()
+        resetting.join(WAIT_SECONDS)
+    assert cleared == [1]
+    assert [c.used for c in meter.counters("org-1", "other")] == [4]
+    assert [c[2] for c in meter.void("new-key", "refund").charges] == [4]
+    assert [c.used for c in meter.counters("org-1", "other")] == [0]
