@@ -185,7 +185,10 @@ async def list_checkouts(
     context: Context,
     subject: Annotated[str | None, Query(description="Only this subject's.")] = None,
     limit: Annotated[str | None, Query(description="Only this limit's.")] = None,
-    state: Annotated[Literal["held", "released"] | None, Query()] = None,
+    state: Annotated[
+        Literal["held", "released"] | None,
+        Query(description="As it stands now: an expired checkout is released, swept or not."),
+    ] = None,
     count: Annotated[int, Query(ge=1, le=MAX_LISTED, description="How many, newest first.")] = 100,
 ) -> Response:
     """What ``metering checkout list`` shows (an expired checkout is released)."""

@@ -263,15 +263,15 @@ def checkout_info(database: Database, checkout_id: str) -> Checkout | None:
 
 def checkouts(database: Database, subject: str | None, limit: str | None, state: str | None,
               count: int) -> list[Checkout]:  # fmt: skip
-    """The ``count`` newest checkouts, optionally of one subject, limit and state."""
+    """The ``count`` newest checkouts, optionally of one subject, limit and state
+    (as it stands now: an expired checkout is released, swept or not)."""
     validate_filters(subject, limit)
     if state is not None and state not in ("held", "released"):
         raise InvalidInput("state", "must be held or released")
     validate_count("count", count)
     now_us = database.now_us()
-    records = database.run(lambda c: CheckoutStore(c).list(subject, limit, state, count))
-    shown = [Checkout.of(_as_of(r, now_us)) for r in records]
-    return [c for c in shown if state is None or c.state == state]
+    records = database.run(lambda c: CheckoutStore(c).list(subject, limit, state, count, now_us))
+    return [Checkout.of(_as_of(r, now_us)) for r in records]
 
 
 def _ended(record: CheckoutRecord) -> CheckoutReleased:

@@ -104,6 +104,23 @@ def test_a_retry_of_an_expired_checkout_is_a_409_naming_it(
     assert listed == [taken["id"], "job-77"]
 
 
+def test_a_listing_by_state_applies_expiry_first(http: httpx.Client, clock: FrozenClock) -> None:
+    held = {"checkout_id": "kept", "subject": "org-1", "limit": "cad", "ttl_seconds": 3600}
+    assert http.post("/v1/checkouts", json=held).json()["allowed"]
+    clock.advance(seconds=1)
+    short = {"checkout_id": "short", "subject": "org-2", "limit": "cad", "ttl_seconds": 5}
+    assert http.post("/v1/checkouts", json=short).json()["allowed"]
+    clock.advance(seconds=10)  # "short" expired, and no sweep has marked it
+
+    def listed(**params: Any) -> list[tuple[str, str]]:
+        answer = http.get("/v1/checkouts", params=params)
+        assert answer.status_code == 200, answer.text
+        return [(c["id"], c["state"]) for c in answer.json()["checkouts"]]
+
+    assert listed(state="released") == [("short", "released")]
+    assert listed(state="held", count=1) == [("kept", "held")]
+
+
 @pytest.mark.parametrize(
     ("body", "status", "slug", "field"),
     [

@@ -9,8 +9,8 @@ renew moves a held, unexpired checkout's expiry to max(expiry, now + ttl)
 and is refused otherwise, as a repeated checkout id is once its checkout
 has ended (it answers the checkout while held); the sweep marks each
 expired held checkout released once. After every step the stored
-checkouts must be the model's, and no subject ever holds more than its
-maximum.
+checkouts, and the listings by state, must be the model's, and no subject
+ever holds more than its maximum.
 """
 
 from __future__ import annotations
@@ -154,6 +154,9 @@ def _compare(meter: Meter, model: Model, now: int) -> None:
     for subject in SUBJECTS:
         held = sum(c.cost for c in meter.checkouts(subject, state="held", count=1000))
         assert held == model.held(subject, now)
+    for state in ("held", "released"):
+        listed = {c.id for c in meter.checkouts(state=state, count=1000)}
+        assert listed == {i for i in model.checkouts if model.state(i, now)[0] == state}
 
 
 SETTINGS = settings(

@@ -83,6 +83,19 @@ def test_a_retry_of_an_expired_checkout_is_one_error_line(run: Run, url: str) ->
         assert [c.id for c in meter.checkouts()] == ["job-77", "kept"]
 
 
+def test_list_by_state_applies_expiry_first(db_url: str) -> None:
+    _expired(db_url)
+    runner = CliRunner()
+
+    def listed(*args: str) -> list[tuple[str, str]]:
+        result = runner.invoke(main, ["--database", db_url, "checkout", "list", *args])
+        assert result.exit_code == 0, result.output
+        return [(c["id"], c["state"]) for c in json.loads(result.stdout)]
+
+    assert listed("--state", "released", "--format", "json") == [("job-77", "released")]
+    assert listed("--state", "held", "--last", "1", "--format", "json") == [("kept", "held")]
+
+
 @pytest.mark.parametrize(
     ("args", "text"),
     [
