@@ -259,13 +259,22 @@ class UnknownCheckout(MeteringError, LookupError):
 
 
 class CheckoutReleased(MeteringError):
-    """A checkout was already given back (checked in, or expired) and cannot be renewed."""
+    """A checkout has ended (checked in, or expired: its license came back), so
+    it cannot be renewed, and checking out again under its id holds nothing:
+    the holder lost its license and checks out under a new id.
 
-    def __init__(self, checkout_id: str, released_by: str) -> None:
-        how = "checked in" if released_by == "checkin" else "expired (its license came back)"
-        super().__init__(f"cannot renew checkout {checkout_id!r}: it was {how}; check out again")
+    ``released_by`` is ``checkin`` or ``expiry``; ``released_at`` when it ended.
+    """
+
+    def __init__(self, checkout_id: str, released_by: str, released_at: datetime) -> None:
+        at = released_at.isoformat().replace("+00:00", "Z")
+        how = f"was checked in at {at}" if released_by == "checkin" else f"expired at {at}"
+        super().__init__(
+            f"checkout {checkout_id!r} has ended: it {how}; check out again under a new checkout id"
+        )
         self.checkout_id = checkout_id
         self.released_by = released_by
+        self.released_at = released_at
 
 
 class CheckoutConflict(MeteringError):

@@ -24,16 +24,18 @@ from metering.api.admin_common import (
     json_body,
     listed,
     problem_schema,
+    problem_with,
     read_object,
 )
 from metering.api.auth import may_read
 from metering.api.context import ApiContext, Context
 from metering.api.models import EVENT_ID_PATTERN, LIMIT_PATTERN, body_fields, subject_field
 from metering.api.parsing import whole_number
+from metering.api.problems import PROBLEM_JSON
 from metering.api.routes import route
 from metering.domain.events import MAX_COST
 from metering.domain.licenses import DEFAULT_TTL_SECONDS, MAX_TTL_SECONDS
-from metering.errors import InvalidInput, UnknownCheckout
+from metering.errors import CheckoutReleased, InvalidInput, UnknownCheckout
 from metering.licenses import Checkout
 
 
@@ -95,7 +97,25 @@ router = APIRouter(prefix="/v1", tags=["licenses"])
 MAX_LISTED: Final = 1000
 CHECKOUT_FIELDS: Final = body_fields(CheckoutIn)
 ID_NAMES: Final = {"checkout_id": "checkout_id"}
-RELEASED_409: Final = problem_schema("The checkout was checked in or has expired: check out again.")
+# The members of a ``checkout-released`` problem: which checkout ended, how and when.
+ENDED: Final[dict[str, dict[str, Any]]] = {
+    "checkout_id": {"type": "string"},
+    "released_by": {"type": "string", "enum": ["checkin", "expiry"]},
+    "released_at": {"type": "string", "format": "date-time"},
+}
+RELEASED_409: Final = problem_schema(
+    "checkout-released: the checkout was checked in or has expired; check out again "
+    "under a new checkout id.",
+    **ENDED,
+)
+CHECKOUT_409: Final = problem_schema(
+    "checkout-released (with checkout_id, released_by, released_at): this checkout id "
+    "has ended (checked in, or expired) and holds nothing; check out again under a new "
+    "checkout id. checkout-conflict: the id was used with another subject, limit or cost.",
+    **ENDED,
+)
+# checkout-conflict carries none of them: documented there, required under renew only.
+CHECKOUT_409["content"][PROBLEM_JSON]["schema"]["allOf"][1]["required"] = []
 
 CheckoutId = Annotated[
     str, Path(pattern=EVENT_ID_PATTERN, description="The checkout's id.", examples=["co_1"])
@@ -115,29 +135,42 @@ def _json(found: Checkout, figures: bool) -> dict[str, Any]:
     "Check out a floating license",
     scope="ingest",
     ok={200: {"model": CheckoutOut, "description": "Held (allowed), or denied."}},
-    errors=(400, 409, 415, 422),
+    errors=(400, 415, 422),
+    more={409: CHECKOUT_409},
     openapi_extra=json_body(CheckoutIn),
 )
 async def checkout(request: Request, context: Context) -> Response:
     """Hold ``cost`` units of a concurrent limit until ``DELETE`` checks them in
     or ``ttl_seconds`` pass; denied (nothing stored, ``retry_at``) when the
-    subject already holds its maximum. A windowed limit is a 400."""
+    subject already holds its maximum. A windowed limit is a 400. A retry
+    (the same ``checkout_id``) answers the checkout while it is held, and 409
+    ``checkout-released`` once it has ended."""
     item = await read_object(request, CHECKOUT_FIELDS)
     for name in ("subject", "limit"):
         if name not in item:
             raise invalid(InvalidInput(name, "is required"))
     cost: Any = whole_number(item.get("cost", 1))  # checked by the library, as every field
     ttl = item.get("ttl_seconds", DEFAULT_TTL_SECONDS)
-    found = await run_in_threadpool(
-        lambda: context.meter.checkout(
-            item["subject"],
-            item["limit"],
-            cost,
-            ttl_seconds=ttl,
-            checkout_id=item.get("checkout_id"),
+    try:
+        found = await run_in_threadpool(
+            lambda: context.meter.checkout(
+                item["subject"],
+                item["limit"],
+                cost,
+                ttl_seconds=ttl,
+                checkout_id=item.get("checkout_id"),
+            )
         )
-    )
+    except CheckoutReleased as exc:
+        return _ended(exc)
     return JSONResponse(_json(found, await may_read(request)))
+
+
+def _ended(exc: CheckoutReleased) -> Response:
+    """409 ``checkout-released``, naming the checkout, how and when it ended."""
+    at = exc.released_at.isoformat().replace("+00:00", "Z")
+    members = {"checkout_id": exc.checkout_id, "released_by": exc.released_by}
+    return problem_with("checkout-released", str(exc), **members, released_at=at)
 
 
 @route(
@@ -152,7 +185,10 @@ async def list_checkouts(
     context: Context,
     subject: Annotated[str | None, Query(description="Only this subject's.")] = None,
     limit: Annotated[str | None, Query(description="Only this limit's.")] = None,
-    state: Annotated[Literal["held", "released"] | None, Query()] = None,
+    state: Annotated[
+        Literal["held", "released"] | None,
+        Query(description="As it stands now: an expired checkout is released, swept or not."),
+    ] = None,
     count: Annotated[int, Query(ge=1, le=MAX_LISTED, description="How many, newest first.")] = 100,
 ) -> Response:
     """What ``metering checkout list`` shows (an expired checkout is released)."""
@@ -213,5 +249,8 @@ async def renew(
 ) -> Response:
     """Move a held checkout's expiry to ``ttl_seconds`` from now (never earlier);
     409 ``checkout-released`` once it was checked in or has expired."""
-    renewed = await run_in_threadpool(context.meter.renew, checkout_id, ttl_seconds)
+    try:
+        renewed = await run_in_threadpool(context.meter.renew, checkout_id, ttl_seconds)
+    except CheckoutReleased as exc:
+        return _ended(exc)
     return JSONResponse(renewed.to_dict())

@@ -63,7 +63,7 @@ TYPES: Final[dict[str, tuple[int, str]]] = {
     "not-acceptable": (406, "Not acceptable"),
     "conflict": (409, "An event id was already used with other charges"),
     "reservation-settled": (409, "The reservation is already settled"),
-    "checkout-released": (409, "The checkout was already given back"),
+    "checkout-released": (409, "The checkout has ended"),
     "checkout-conflict": (409, "A checkout id was already used with other values"),
     "grant-conflict": (409, "A grant id was already used with other values"),
     "correction-conflict": (409, "A correction id already voids another event"),

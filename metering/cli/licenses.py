@@ -54,7 +54,7 @@ def checkout() -> None:
 @click.option("--cost", type=int, default=1, show_default=True, help="Units (licenses) to hold.")
 @click.option("--ttl", default=DEFAULT_TTL, show_default=True,
               help="Held until checked in or for this long (renew to keep it).")  # fmt: skip
-@click.option("--id", "checkout_id", help="The checkout's id; a repeated id returns the same one.")
+@click.option("--id", "checkout_id", help="The checkout's id; a repeated id answers it while held.")
 @format_option
 def checkout_new(subject: str, limit: str, cost: int, ttl: str, checkout_id: str | None,
                  fmt: str) -> None:  # fmt: skip
@@ -62,7 +62,8 @@ def checkout_new(subject: str, limit: str, cost: int, ttl: str, checkout_id: str
 
     Prints just the checkout's id on stdout, for id=$(metering checkout ...);
     the rest goes to stderr. Denied (the maximum is held): nothing on stdout,
-    exit 2. With --format json: the whole record on stdout.
+    exit 2. With --format json: the whole record on stdout. An --id whose
+    checkout has ended (checked in, or expired): error, exit 1; take a new id.
     """
     seconds = _ttl_seconds(ttl)
     assert seconds is not None
@@ -94,7 +95,11 @@ def checkout_renew(checkout_id: str, ttl: str | None) -> None:
 @checkout.command("list")
 @click.option("--subject", help="Only this subject's checkouts.")
 @click.option("--limit", help="Only checkouts of this limit.")
-@click.option("--state", type=click.Choice(["held", "released"]))
+@click.option(
+    "--state",
+    type=click.Choice(["held", "released"]),
+    help="As it stands now: an expired checkout is released, swept or not.",
+)
 @click.option("--last", type=click.IntRange(1, 100_000), default=100, show_default=True,
               help="How many, newest first.")  # fmt: skip
 @format_option

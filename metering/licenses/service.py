@@ -5,8 +5,9 @@ for the lock order).
 * `checkout`: lock the subject's pool row, sum what its unexpired checkouts
   hold, and record the new one only if it fits the maximum in force (the
   subject's entitlement, else the limit's). A checkout id given again
-  answers the stored checkout (the HTTP API's retries); a denial stores
-  nothing but the pool's "denial announced" mark.
+  answers the stored checkout while it is held (retries), and
+  `CheckoutReleased` once it has ended; a denial stores nothing but the
+  pool's "denial announced" mark.
 * `checkin`: one conditional UPDATE from held to released: at most one
   caller ever gives a checkout back; later ones get 0.
 * `renew`: moves a held, unexpired checkout's expiry later; an expired one
@@ -61,10 +62,11 @@ class Checkout:
     """A checkout as decided or as stored.
 
     ``state`` is ``held``, ``released`` (checked in, or expired) or
-    ``denied`` (nothing was stored). ``held`` and ``maximum`` are the
-    subject's units held after the decision and its maximum (None when
-    looked up); ``retry_at`` is when a denied checkout would fit if nothing
-    were checked in (None: never, its cost is above the maximum).
+    ``denied`` (nothing was stored); it is ``allowed`` only while held.
+    ``held`` and ``maximum`` are the subject's units held after the decision
+    and its maximum (None when looked up); ``retry_at`` is when a denied
+    checkout would fit if nothing were checked in (None: never, its cost is
+    above the maximum).
     """
 
     id: str
@@ -82,7 +84,7 @@ class Checkout:
 
     @property
     def allowed(self) -> bool:
-        return self.state != "denied"
+        return self.state == CheckoutState.HELD.value
 
     @classmethod
     def of(cls, record: CheckoutRecord, held: int | None = None, maximum: int | None = None,
@@ -169,7 +171,10 @@ def _checkout(connection: Connection, asked: CheckoutRecord) -> Checkout:
         same = (existing.subject, existing.limit, existing.cost) == (subject, name, asked.cost)
         if not same:
             raise CheckoutConflict(asked.id)
-        return Checkout.of(_as_of(existing, now_us), used, maximum)
+        current = _as_of(existing, now_us)
+        if current.state is CheckoutState.RELEASED:
+            raise _ended(current)
+        return Checkout.of(current, used, maximum)
     if fits(used, asked.cost, maximum):
         rows.insert(asked)
         if denied_at is not None:
@@ -240,7 +245,7 @@ def renew(database: Database, checkout_id: str, ttl_seconds: float | None) -> Ch
         ttl = record.ttl_us if ttl_us is None else ttl_us
         expires_at = max(record.expires_at_us, now_us + ttl)
         if not rows.extend(checkout_id, expires_at, ttl, now_us):
-            raise CheckoutReleased(checkout_id, (record.released_by or ReleasedBy.EXPIRY).value)
+            raise _ended(_as_of(_existing(rows, checkout_id), now_us))
         found = rows.get(checkout_id)
         assert found is not None
         return Checkout.of(found)
@@ -258,15 +263,22 @@ def checkout_info(database: Database, checkout_id: str) -> Checkout | None:
 
 def checkouts(database: Database, subject: str | None, limit: str | None, state: str | None,
               count: int) -> list[Checkout]:  # fmt: skip
-    """The ``count`` newest checkouts, optionally of one subject, limit and state."""
+    """The ``count`` newest checkouts, optionally of one subject, limit and state
+    (as it stands now: an expired checkout is released, swept or not)."""
     validate_filters(subject, limit)
     if state is not None and state not in ("held", "released"):
         raise InvalidInput("state", "must be held or released")
     validate_count("count", count)
     now_us = database.now_us()
-    records = database.run(lambda c: CheckoutStore(c).list(subject, limit, state, count))
-    shown = [Checkout.of(_as_of(r, now_us)) for r in records]
-    return [c for c in shown if state is None or c.state == state]
+    records = database.run(lambda c: CheckoutStore(c).list(subject, limit, state, count, now_us))
+    return [Checkout.of(_as_of(r, now_us)) for r in records]
+
+
+def _ended(record: CheckoutRecord) -> CheckoutReleased:
+    """The refusal of a renew or a repeated checkout of a released checkout."""
+    by = record.released_by or ReleasedBy.EXPIRY
+    at = record.released_at_us if record.released_at_us is not None else record.expires_at_us
+    return CheckoutReleased(record.id, by.value, from_us(at))
 
 
 def _as_of(record: CheckoutRecord, now_us: int) -> CheckoutRecord:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Final
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import ColumnElement, delete, or_, select, update
 
 from metering.domain.licenses import CheckoutState, Held, ReleasedBy
 from metering.storage.on_connection import OnConnection
@@ -145,13 +145,23 @@ class CheckoutStore(OnConnection):
         return int(outcome.rowcount)
 
     def list(
-        self, subject: str | None, limit: str | None, state: str | None, count: int
+        self, subject: str | None, limit: str | None, state: str | None, count: int, now_us: int
     ) -> list[CheckoutRecord]:
+        """The ``count`` newest checkouts; ``state`` as it stands at ``now_us``."""
         query = select(checkouts).order_by(checkouts.c.created_at_us.desc(), checkouts.c.id)
         if subject is not None:
             query = query.where(checkouts.c.subject == subject)
         if limit is not None:
             query = query.where(checkouts.c.limit_name == limit)
         if state is not None:
-            query = query.where(checkouts.c.state == state)
+            query = query.where(_in_state(state, now_us))
         return [_CHECKOUT.of_row(row) for row in self.connection.execute(query.limit(count))]
+
+
+def _in_state(state: str, now_us: int) -> ColumnElement[bool]:
+    """Held: held and unexpired at ``now_us``; released: released, or expired
+    at ``now_us`` whether or not the sweep has marked it yet."""
+    expired = checkouts.c.expires_at_us <= now_us
+    if state == _HELD:
+        return (checkouts.c.state == _HELD) & ~expired
+    return or_(checkouts.c.state == _RELEASED, expired)

@@ -85,6 +85,42 @@ def test_checkout_renew_checkin(http: httpx.Client, clock: FrozenClock) -> None:
     assert http.post("/v1/checkouts", json={"subject": "org-1", "limit": "cad"}).json()["allowed"]
 
 
+def test_a_retry_of_an_expired_checkout_is_a_409_naming_it(
+    http: httpx.Client, clock: FrozenClock
+) -> None:
+    job = {"checkout_id": "job-77", "subject": "org-1", "limit": "cad", "ttl_seconds": 1}
+    assert http.post("/v1/checkouts", json=job).json()["allowed"]
+    assert http.post("/v1/checkouts", json=job).json()["state"] == "held"  # a retry: the same
+    clock.advance(seconds=2)
+    taken = http.post("/v1/checkouts", json={"subject": "org-1", "limit": "cad"}).json()
+    assert taken["allowed"]  # the pool (of 1) is full again
+    found = problem(http.post("/v1/checkouts", json=job), 409, "checkout-released")
+    ended = (found["checkout_id"], found["released_by"], found["released_at"])
+    assert ended == ("job-77", "expiry", "2026-11-22T09:30:01Z")
+    assert "'job-77'" in found["detail"] and "new checkout id" in found["detail"]
+    stored = http.get("/v1/checkouts/job-77").json()
+    assert (stored["state"], stored["allowed"]) == ("released", False)
+    listed = [c["id"] for c in http.get("/v1/checkouts").json()["checkouts"]]
+    assert listed == [taken["id"], "job-77"]
+
+
+def test_a_listing_by_state_applies_expiry_first(http: httpx.Client, clock: FrozenClock) -> None:
+    held = {"checkout_id": "kept", "subject": "org-1", "limit": "cad", "ttl_seconds": 3600}
+    assert http.post("/v1/checkouts", json=held).json()["allowed"]
+    clock.advance(seconds=1)
+    short = {"checkout_id": "short", "subject": "org-2", "limit": "cad", "ttl_seconds": 5}
+    assert http.post("/v1/checkouts", json=short).json()["allowed"]
+    clock.advance(seconds=10)  # "short" expired, and no sweep has marked it
+
+    def listed(**params: Any) -> list[tuple[str, str]]:
+        answer = http.get("/v1/checkouts", params=params)
+        assert answer.status_code == 200, answer.text
+        return [(c["id"], c["state"]) for c in answer.json()["checkouts"]]
+
+    assert listed(state="released") == [("short", "released")]
+    assert listed(state="held", count=1) == [("kept", "held")]
+
+
 @pytest.mark.parametrize(
     ("body", "status", "slug", "field"),
     [
@@ -126,7 +162,36 @@ def test_the_routes_are_in_the_openapi_document(http: httpx.Client) -> None:
     assert set(paths["/v1/checkouts"]) == {"get", "post"}
     assert set(paths["/v1/checkouts/{checkout_id}"]) == {"get", "delete"}
     assert set(paths["/v1/checkouts/{checkout_id}/renew"]) == {"post"}
-    assert "409" in paths["/v1/checkouts/{checkout_id}/renew"]["post"]["responses"]
+    for path in ("/v1/checkouts", "/v1/checkouts/{checkout_id}/renew"):
+        answer = paths[path]["post"]["responses"]["409"]
+        assert "checkout-released" in answer["description"], path
+        members = answer["content"][PROBLEM]["schema"]["allOf"][1]["properties"]
+        assert set(members) >= {"checkout_id", "released_by", "released_at"}, path
+
+
+def test_an_ended_checkouts_409_conforms_to_the_document(
+    serve_api: Callable[[Any], str], sqlite_url: str, tmp_path: Path
+) -> None:
+    """The 409s of POST /v1/checkouts (released, conflict) and of renew, checked
+    against the OpenAPI document by schemathesis, on a real server."""
+    clock = FrozenClock(NOW)
+    with Meter(sqlite_url, clock=clock) as meter:
+        meter.set_limit(Limit("cad", maximum=3, algorithm="concurrent"))
+        meter.checkout("org-1", "cad", checkout_id="job-77", ttl_seconds=1)
+        clock.advance(seconds=2)
+        settings_ = Settings(meter.url, f"sqla+sqlite:///{tmp_path}/broker.db")
+        base = serve_api(create_api(settings_, meter=meter))
+        api_schema = schemathesis.openapi.from_url(f"{base}/openapi.json")
+        post = api_schema["/v1/checkouts"]["POST"]
+        renew = api_schema["/v1/checkouts/{checkout_id}/renew"]["POST"]
+        retry = {"checkout_id": "job-77", "subject": "org-1", "limit": "cad"}
+        for case in (
+            post.Case(body=retry, media_type="application/json"),
+            post.Case(body={**retry, "cost": 2}, media_type="application/json"),
+            renew.Case(path_parameters={"checkout_id": "job-77"}),
+        ):
+            answer = case.call_and_validate(checks=CHECKS)
+            assert answer.status_code == 409, answer.text
 
 
 def test_a_concurrent_limit_is_put_without_a_period(http: httpx.Client) -> None:

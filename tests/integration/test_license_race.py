@@ -1,5 +1,6 @@
-"""Floating licenses under processes: 8 racing for the last license, and a
-holder killed with SIGKILL whose license comes back at its TTL, once."""
+"""Floating licenses under processes: 8 racing for the last license, retries
+of a checkout racing its checkin, and a holder killed with SIGKILL whose
+license comes back at its TTL, once."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from metering import FrozenClock, Limit, Meter
+from metering.errors import CheckoutReleased
 
 PROCESSES = 8
 ROUNDS = 25
@@ -85,6 +87,64 @@ def test_eight_processes_race_for_the_last_license(db_url: str) -> None:
     assert sum(taken for _, _, taken in results) > 0  # the churn raced for it again
     assert highest <= MAXIMUM
     assert sorted(c.id for c in held) == ["held-0", "held-1"]
+
+
+def _retry(
+    url: str,
+    start: multiprocessing.synchronize.Event,
+    checked_in: multiprocessing.synchronize.Event,
+    tally: object,
+) -> None:
+    """Retry ``job-1`` in a loop while it is checked in, then once after."""
+    meter = Meter(url, clock=FrozenClock(NOW))
+    meter.checkouts(count=1)  # connected and read before the start
+    start.wait(30)
+    try:
+        answers = [_answer(meter) for _ in range(ROUNDS)]
+        assert checked_in.wait(60)
+        answers.append(_answer(meter))
+    except AssertionError as exc:  # the test says why, not a timeout
+        answers = [f"wrong answer: {exc}"]
+    tally.put(answers)  # type: ignore[attr-defined]
+    meter.close()
+
+
+def _answer(meter: Meter) -> str:
+    try:
+        found = meter.checkout("org-1", "cad", checkout_id="job-1")
+    except CheckoutReleased as ended:
+        assert (ended.checkout_id, ended.released_by) == ("job-1", "checkin")
+        return "ended"
+    assert (found.state, found.allowed, found.held) == ("held", True, 1)
+    return "held"
+
+
+def test_retries_racing_the_checkin_answer_held_then_ended_never_allowed_after(
+    db_url: str,
+) -> None:
+    with Meter(db_url, clock=FrozenClock(NOW)) as meter:
+        meter.set_limit(Limit("cad", maximum=1, algorithm="concurrent"))
+        assert meter.checkout("org-1", "cad", checkout_id="job-1").allowed
+        context = multiprocessing.get_context("fork")
+        start, checked_in, tally = context.Event(), context.Event(), context.Queue()
+        procs = [
+            context.Process(target=_retry, args=(db_url, start, checked_in, tally))
+            for _ in range(4)
+        ]
+        for proc in procs:
+            proc.start()
+        start.set()
+        assert meter.checkin("job-1") == 1  # while the retries run
+        checked_in.set()
+        results = [tally.get(timeout=120) for _ in procs]
+        for proc in procs:
+            proc.join(60)
+        assert [proc.exitcode for proc in procs] == [0] * len(procs)
+        taken = meter.checkout("org-1", "cad", checkout_id="job-2")
+        assert (taken.allowed, taken.held) == (True, 1)  # the license came back once
+    for answers in results:  # held while held, then ended for good
+        assert answers == sorted(answers, key=lambda answer: answer == "ended")
+        assert answers[-1] == "ended"
 
 
 HOLDER = """

@@ -6,9 +6,11 @@ holds the costs of its checkouts that are neither checked in nor past their
 expiry; a checkout fits when held + cost <= the subject's maximum now; a
 checkin gives a held, unexpired checkout's cost back once and 0 after; a
 renew moves a held, unexpired checkout's expiry to max(expiry, now + ttl)
-and is refused otherwise; the sweep marks each expired held checkout
-released once. After every step the stored checkouts must be the model's,
-and no subject ever holds more than its maximum.
+and is refused otherwise, as a repeated checkout id is once its checkout
+has ended (it answers the checkout while held); the sweep marks each
+expired held checkout released once. After every step the stored
+checkouts, and the listings by state, must be the model's, and no subject
+ever holds more than its maximum.
 """
 
 from __future__ import annotations
@@ -101,8 +103,14 @@ def _run(url: str, operations: list[tuple[object, ...]]) -> None:
             elif kind == "repeat" and ids:
                 checkout_id = ids[int(a) % len(ids)]  # type: ignore[call-overload]
                 held = model.checkouts[checkout_id]
-                again = meter.checkout(held.subject, "cad", held.cost, checkout_id=checkout_id)
-                assert again.state == model.state(checkout_id, now)[0]
+                state, released_by = model.state(checkout_id, now)
+                if state == "held":
+                    again = meter.checkout(held.subject, "cad", held.cost, checkout_id=checkout_id)
+                    assert (again.state, again.allowed) == ("held", True)
+                else:
+                    with pytest.raises(CheckoutReleased) as ended:
+                        meter.checkout(held.subject, "cad", held.cost, checkout_id=checkout_id)
+                    assert ended.value.released_by == released_by
             elif kind == "checkin" and ids:
                 checkout_id = ids[int(a) % len(ids)]  # type: ignore[call-overload]
                 held = model.checkouts[checkout_id]
@@ -146,6 +154,9 @@ def _compare(meter: Meter, model: Model, now: int) -> None:
     for subject in SUBJECTS:
         held = sum(c.cost for c in meter.checkouts(subject, state="held", count=1000))
         assert held == model.held(subject, now)
+    for state in ("held", "released"):
+        listed = {c.id for c in meter.checkouts(state=state, count=1000)}
+        assert listed == {i for i in model.checkouts if model.state(i, now)[0] == state}
 
 
 SETTINGS = settings(

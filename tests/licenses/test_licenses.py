@@ -107,6 +107,50 @@ def test_a_repeated_checkout_id_answers_the_stored_checkout(meter: Meter) -> Non
     assert len(meter.checkouts()) == 1
 
 
+def test_a_retry_of_an_ended_checkout_is_refused_naming_how_it_ended(
+    meter: Meter, clock: FrozenClock
+) -> None:
+    meter.checkout("org-1", "cad", checkout_id="job-77", ttl_seconds=1)
+    clock.advance(seconds=2)
+    assert meter.checkout("org-1", "cad", 2).allowed  # the pool is full again
+    expired = "'job-77' has ended: it expired at 2026-11-22T12:00:01Z"
+    with pytest.raises(CheckoutReleased, match=expired) as ended:
+        meter.checkout("org-1", "cad", checkout_id="job-77", ttl_seconds=1)
+    error = ended.value
+    when = NOW + timedelta(seconds=1)
+    assert (error.checkout_id, error.released_by, error.released_at) == ("job-77", "expiry", when)
+    meter.checkout("org-2", "cad", checkout_id="job-8")
+    clock.advance(seconds=5)
+    assert meter.checkin("job-8") == 1
+    with pytest.raises(CheckoutReleased, match="'job-8' has ended: it was checked in at ") as ended:
+        meter.checkout("org-2", "cad", checkout_id="job-8")  # room enough: still ended
+    assert (ended.value.released_by, ended.value.released_at) == ("checkin", clock())
+    info = meter.checkout_info("job-77")
+    assert info is not None and (info.state, info.allowed) == ("released", False)
+    assert info.to_dict()["allowed"] is False
+    assert len(meter.checkouts()) == 3  # nothing stored by the refusals
+    with pytest.raises(CheckoutConflict):  # another checkout's values: a conflict first
+        meter.checkout("org-1", "cad", 2, checkout_id="job-77")
+
+
+def test_a_state_filter_applies_expiry_first(meter: Meter, clock: FrozenClock) -> None:
+    meter.set_entitlement("org-1", "cad", 10)
+    kept = meter.checkout("org-1", "cad", ttl_seconds=3600)
+    assert meter.checkin(meter.checkout("org-1", "cad", checkout_id="in-1").id) == 1
+    clock.advance(seconds=1)
+    ended = ["e-1", "e-2", "e-3"]  # one instant: listed by id
+    for checkout_id in ended:
+        meter.checkout("org-1", "cad", ttl_seconds=5, checkout_id=checkout_id)
+    clock.advance(seconds=10)  # expired, and no sweep has marked them
+    released = meter.checkouts(state="released")
+    assert [c.id for c in released] == [*ended, "in-1"]
+    assert [c.released_by for c in released] == ["expiry"] * 3 + ["checkin"]
+    assert [c.id for c in meter.checkouts(state="released", count=2)] == ended[:2]
+    assert [c.id for c in meter.checkouts(state="held")] == [kept.id]
+    assert [c.id for c in meter.checkouts(state="held", count=1)] == [kept.id]
+    assert len(meter.checkouts(subject="org-1", count=5)) == 5
+
+
 def _messages(meter: Meter) -> list[dict[str, Any]]:
     found = meter.database.run(lambda c: WebhookStore(c).messages())
     return [json.loads(payload) for _, _, payload in found]

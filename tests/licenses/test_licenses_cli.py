@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
 
-from metering import Meter
+from metering import FrozenClock, Limit, Meter
 from metering.cli import main
 
 Run = Callable[..., Result]
@@ -60,6 +61,39 @@ def test_checkout_checkin_renew_list(run: Run) -> None:
     held = json.loads(run("checkout", "alice", "cad", "--format", "json").stdout)
     assert (held["state"], held["held"], held["maximum"]) == ("held", 2, 2)
     assert "released 0" in run("reservations", "sweep").stdout
+
+
+def _expired(url: str) -> None:
+    """In ``url``: ``job-77`` expired an hour ago; ``kept`` (older) held for a day."""
+    clock = FrozenClock(datetime.now(UTC) - timedelta(hours=2))
+    with Meter(url, clock=clock) as meter:
+        meter.set_limit(Limit("cad", maximum=2, algorithm="concurrent"))
+        meter.checkout("alice", "cad", checkout_id="kept", ttl_seconds=86_400)
+        clock.advance(seconds=1)
+        meter.checkout("alice", "cad", checkout_id="job-77", ttl_seconds=60)
+
+
+def test_a_retry_of_an_expired_checkout_is_one_error_line(run: Run, url: str) -> None:
+    _expired(url)
+    assert run("checkout", "alice", "cad", "--id", "kept").stdout == "kept\n"  # held: the same
+    ended = run("checkout", "alice", "cad", "--id", "job-77", code=None)
+    one_line_error(ended, "checkout 'job-77' has ended: it expired at ")
+    assert ended.stdout == ""
+    with Meter(url) as meter:
+        assert [c.id for c in meter.checkouts()] == ["job-77", "kept"]
+
+
+def test_list_by_state_applies_expiry_first(db_url: str) -> None:
+    _expired(db_url)
+    runner = CliRunner()
+
+    def listed(*args: str) -> list[tuple[str, str]]:
+        result = runner.invoke(main, ["--database", db_url, "checkout", "list", *args])
+        assert result.exit_code == 0, result.output
+        return [(c["id"], c["state"]) for c in json.loads(result.stdout)]
+
+    assert listed("--state", "released", "--format", "json") == [("job-77", "released")]
+    assert listed("--state", "held", "--last", "1", "--format", "json") == [("kept", "held")]
 
 
 @pytest.mark.parametrize(
