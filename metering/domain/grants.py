@@ -179,11 +179,17 @@ def fit_window(
 ) -> WindowFit:
     """Usage draws on the window's own allowance (``maximum`` less its own
     usage, ``used - granted``) first, then on the grants active at ``at_us``;
-    what neither pays is overage on a soft limit and a denial on the others."""
+    what neither pays is overage on a soft limit and a denial on the others.
+
+    Grants add room over the maximum in force, never over usage already past
+    it: a hard window whose own usage is above its maximum (a downgrade) has
+    no room at all, so ``used`` never passes ``maximum`` plus what grants paid.
+    """
     own_used = used - granted
     own_room = maximum - own_used if own_used < maximum else 0
     available = pot.available(at_us)
-    fits = cost <= own_room + available
+    room = own_room + available if soft or own_used <= maximum else 0
+    fits = cost <= room
     wanted = cost - own_room if cost > own_room else 0
     draws = tuple(pot.plan(wanted, at_us)) if fits or soft else ()
     drawn = sum(amount for _, amount in draws)
@@ -191,8 +197,8 @@ def fit_window(
     return WindowFit(
         fits=fits,
         draws=draws,
-        remaining_before=own_room + available,
-        remaining_after=max(own_room + available - cost, 0),
+        remaining_before=room,
+        remaining_after=max(room - cost, 0),
         overage_after=own_after - maximum if own_after > maximum else 0,
         overage_before=own_used - maximum if own_used > maximum else 0,
     )

@@ -91,7 +91,7 @@ def evaluate_window(
 
     With grants (``pot``), the charge may also draw on them: see `grants.fit_window`.
     A cost of 0 (a seat already held, `metering.domain.distinct`) always fits,
-    even where a lowered maximum is below ``used``.
+    even where a lowered maximum is below ``used``, and adds no overage.
     """
     used_after = state.used + cost
     soft = limit.enforcement == "soft"
@@ -108,7 +108,8 @@ def evaluate_window(
     else:
         granted = pot.granted.get(window[0], 0)
         fit = fit_window(limit.maximum, state.used, granted, cost, pot, now_us, soft=soft)
-    fits = soft or fit.fits or cost == 0
+    free = cost == 0
+    fits = soft or fit.fits or free
     # Next window: its own allowance again, and the grants still active then.
     extra = 0 if fits or pot is None else pot.available(end_us)
     return Evaluation(
@@ -122,7 +123,7 @@ def evaluate_window(
         resets_at_us=end_us,
         resets_at_before_us=end_us,
         retry_at_us=end_us if not fits and cost <= limit.maximum + extra else None,
-        overage_after=fit.overage_after,
+        overage_after=0 if free else fit.overage_after,
         overage_before=fit.overage_before,
         draws=fit.draws,
     )

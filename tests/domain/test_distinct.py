@@ -7,11 +7,12 @@ from typing import Any
 
 import pytest
 
+from metering.domain.decisions import ChargeInput, decide_event
 from metering.domain.distinct import MAX_VALUE_CHARS, after_void, seat_cost, value_of
 from metering.domain.grants import Balance, Pot
 from metering.domain.limits import Limit
 from metering.domain.rules import Rule
-from metering.domain.state import CounterState
+from metering.domain.state import CounterKey, CounterState
 from metering.domain.windows import evaluate_window
 from metering.errors import InvalidInput, InvalidLimit
 
@@ -83,6 +84,38 @@ def test_a_held_seat_fits_whatever_the_maximum() -> None:
     pot = Pot([Balance("g", 1, 1, 0, None)])  # a spent grant
     assert evaluate_window(limit, over, 0, (0, 10), 5, pot).fits
     assert not evaluate_window(limit, over, 1, (0, 10), 5, pot).fits
+
+
+@pytest.mark.parametrize("enforcement", ["hard", "soft"])
+@pytest.mark.parametrize("granted", [False, True])
+def test_a_held_seat_past_the_maximum_is_allowed_with_no_overage(
+    enforcement: str, granted: bool
+) -> None:
+    """A repeat is free: outcome allowed and overage 0, even past the maximum
+    (a soft limit's, or a hard one's after a downgrade), with or without grants."""
+    limit = Limit("seats", maximum=2, period="1h", distinct="user", enforcement=enforcement)
+    pot = Pot([Balance("g", 1, 0, 0, None)]) if granted else None
+    charge = ChargeInput(limit, CounterKey("seats", "org-1", 0, 10), CounterState(used=3), 0, pot)
+    verdict = decide_event([charge], 5)
+    (decided,) = verdict.charges
+    assert (verdict.outcome, decided.outcome, decided.overage) == ("allowed", "allowed", 0)
+    assert (decided.used, decided.grants, verdict.new_states[0].used) == (3, (), 3)
+
+
+def test_a_new_seat_after_a_downgrade_is_denied_whatever_the_grants() -> None:
+    """Maximum 3, 3 seats held, lowered to 1, a grant of 1: a new seat is denied."""
+    limit = Limit("seats", maximum=1, period="1h", distinct="user")
+    pot = Pot([Balance("g", 1, 0, 0, None)])
+    charge = ChargeInput(limit, CounterKey("seats", "org-1", 0, 10), CounterState(used=3), 1, pot)
+    verdict = decide_event([charge], 5)
+    (decided,) = verdict.charges
+    assert (verdict.outcome, decided.used, decided.remaining, decided.grants) == (
+        "denied",
+        3,
+        0,
+        (),
+    )
+    assert verdict.new_states[0].used == 3 and pot.balances[0].used == 0
 
 
 def test_a_seat_limit_is_a_fixed_window_with_a_key() -> None:

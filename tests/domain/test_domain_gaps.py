@@ -340,10 +340,18 @@ def test_a_window_fit_pays_with_the_own_allowance_first_then_the_grants() -> Non
     )
 
 
-def test_a_window_fit_past_its_own_maximum_has_only_the_grants() -> None:
+def test_a_window_fit_past_its_own_maximum_has_only_the_grants_when_soft() -> None:
     pot = Pot([Balance("g", 3, 0, 0, None)])
     # maximum 4, used 7 of which 1 granted: 2 past the own maximum
     assert fit_window(4, 7, 1, 2, pot, 0, soft=False) == WindowFit(
+        fits=False,
+        draws=(),
+        remaining_before=0,
+        remaining_after=0,
+        overage_after=4,
+        overage_before=2,
+    )
+    assert fit_window(4, 7, 1, 2, pot, 0, soft=True) == WindowFit(
         fits=True,
         draws=(("g", 2),),
         remaining_before=3,

@@ -105,9 +105,34 @@ def test_own_usage_is_used_less_granted() -> None:
         8,
         0,
     )
-    # after a downgrade below own usage, only grants pay
+    # after a downgrade below own usage, a hard window has no room: grants pay nothing
     down = fit_window(3, used=12, granted=6, cost=2, pot=pot, at_us=0, soft=False)
-    assert (down.fits, down.draws, down.overage_before) == (True, (("g", 2),), 3)
+    assert (down.fits, down.draws, down.overage_before) == (False, (), 3)
+    assert (down.remaining_before, down.remaining_after) == (0, 0)
+
+
+def test_a_grant_adds_room_only_over_the_maximum_in_force() -> None:
+    """Maximum 3, 3 used, lowered to 1, a grant of 1: used 3 is past 1 + 1 drawn
+    already, so a hard window denies whatever the grant holds; a soft one still
+    draws it (the grant pays, the overage stays)."""
+    pot = Pot([Balance("g", 1, 0, 0, None)])
+    hard = fit_window(1, used=3, granted=0, cost=1, pot=pot, at_us=0, soft=False)
+    assert (hard.fits, hard.draws, hard.remaining_before, hard.overage_before) == (
+        False,
+        (),
+        0,
+        2,
+    )
+    soft = fit_window(1, used=3, granted=0, cost=1, pot=pot, at_us=0, soft=True)
+    assert (soft.fits, soft.draws, soft.remaining_before, soft.overage_after) == (
+        True,
+        (("g", 1),),
+        1,
+        2,
+    )
+    # exactly at the maximum in force, the grant is room again
+    full = fit_window(1, used=1, granted=0, cost=1, pot=pot, at_us=0, soft=False)
+    assert (full.fits, full.draws, full.overage_after) == (True, (("g", 1),), 0)
 
 
 def test_a_soft_limit_draws_what_it_can_and_the_rest_is_overage() -> None:

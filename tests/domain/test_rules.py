@@ -373,6 +373,19 @@ def test_the_hot_path_denies_what_the_grants_cannot_pay() -> None:
     assert beyond[0][4] == "denied" and beyond[0][11] is None
 
 
+def test_the_hot_path_denies_past_a_lowered_maximum_whatever_the_grants() -> None:
+    """A downgrade below own usage denies hard charges until the window resets:
+    grants add room over the maximum in force, not over the usage past it."""
+    lowered = CALLS.with_maximum(8)
+    rows, _, pots = both_engines([lowered], [("org", "calls", 1)], [CounterState(used=9)], [0])
+    end = MONTH[1]
+    assert rows == [["org", "calls", 1, False, "denied", 9, 0, 8, 1, MONTH[0], end, end]]
+    assert pots[0] is not None and pots[0].granted == {MONTH[1]: 50}
+    # at the lowered maximum exactly, the grants are room again
+    full, _, _ = both_engines([lowered], [("org", "calls", 2)], [CounterState(used=8)], [0])
+    assert full[0][3:9] == [True, "allowed", 10, 3, 8, 0] and full[0][12] == [["g1", 2]]
+
+
 def test_the_hot_path_judges_a_grants_expiry_at_the_events_time() -> None:
     late = START_US + 1
     rows, _, _ = both_engines([CALLS], [("org", "calls", 5)], [CounterState(used=9)], [2], late)

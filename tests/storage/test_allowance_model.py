@@ -119,7 +119,8 @@ class Model:
             if g.subject == subject and g.start <= at and (g.expires is None or at < g.expires)
         )
         available = sum(self.grants[gid].amount - self.grants[gid].used for *_, gid in active)
-        fits = cost <= room + available
+        # Grants add room over the maximum, never over own usage already past it.
+        fits = own <= maximum and cost <= room + available
         draws: list[tuple[str, int]] = []
         if fits:
             need = max(cost - room, 0)
