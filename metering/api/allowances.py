@@ -328,7 +328,7 @@ def _listing(
     "Set a subject's own maximum",
     scope="admin",
     ok={200: {"model": EntitlementOut, "description": "The change, as recorded."}},
-    errors=(400, 404, 415, 422),
+    errors=(400, 404, 409, 415, 422),
     openapi_extra=json_body(EntitlementIn),
 )
 async def put_entitlement(
@@ -338,7 +338,7 @@ async def put_entitlement(
     (default now) on. An upgrade mid-window applies from then on and the
     window's usage carries over; a downgrade below the usage denies hard
     charges until the window resets and takes nothing back. 422 when no
-    limit has the name."""
+    limit has the name; 409 for one of the product's own (``metering.*``)."""
     fields = await read_object(request, ENTITLEMENT_FIELDS)
     if fields.get("maximum") is None:  # null would be a return to the default: DELETE says so
         raise bad_field("maximum", "is required: a whole number (DELETE returns to the default)")
@@ -356,7 +356,7 @@ async def put_entitlement(
     "Return a subject to the limit's default",
     scope="admin",
     ok={200: {"model": EntitlementOut, "description": "The change (maximum null), as recorded."}},
-    errors=(400, 404, 422),
+    errors=(400, 404, 409, 422),
 )
 async def delete_entitlement(
     subject: Subject,
@@ -368,7 +368,8 @@ async def delete_entitlement(
     ] = None,
 ) -> Response:
     """Record a return to the limit's default maximum; the history stays, so
-    earlier windows keep the maximum they had."""
+    earlier windows keep the maximum they had. 409 for a limit of the
+    product's own (``metering.*``)."""
     start = moment(effective_from, "effective_from")
     change = await threaded(
         context.meter.delete_entitlement, subject, limit, start, names=LIMIT_NAMES
@@ -407,7 +408,8 @@ async def add_grant(request: Request, context: Context) -> Response:
     from ``effective_from`` until ``expires_at``. Charges draw on the window's
     own allowance first, then on grants, the earliest expiring first; a new
     window does not renew a grant. Idempotent by ``grant_id``: 200 with
-    ``duplicate`` for the same grant, 409 ``grant-conflict`` for other values."""
+    ``duplicate`` for the same grant, 409 ``grant-conflict`` for other values
+    (``reserved-limit`` for one of the product's own limits, ``metering.*``)."""
     fields = await read_object(request, GRANT_FIELDS)
     for required in ("subject", "limit", "amount"):
         if required not in fields:
