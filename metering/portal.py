@@ -21,7 +21,7 @@ from html import escape
 from typing import Final
 from urllib.parse import quote
 
-from metering.allowances.service import list_grants
+from metering.allowances.service import grants_left, list_grants
 from metering.domain.events import validate_subject
 from metering.domain.history import Point, maximum_at
 from metering.domain.instants import from_us
@@ -70,6 +70,7 @@ def portal_view(database: Database, subject: str, days: int = DAYS) -> PortalVie
     grants = [g for g in list_grants(database, subject) if g.left > 0]
     names = sorted(set(current) | {w.limit for w in windows} | {g.limit for g in grants})
     now = from_us(now_us)
+    left = grants_left(grants, now)
     changes = database.run(lambda c: {n: entitlement_changes(c, subject, n) for n in names})
     panels = []
     for name in names:
@@ -79,20 +80,13 @@ def portal_view(database: Database, subject: str, days: int = DAYS) -> PortalVie
         limit = history.limit
         default = None if limit.algorithm == "token_bucket" else limit.maximum
         found = current.get(name)
-        left = sum(
-            g.left
-            for g in grants
-            if g.limit == name
-            and g.effective_from <= now
-            and (g.expires_at is None or g.expires_at > now)
-        )
         panels.append(
             LimitPanel(
                 name=name,
                 used=found.used if found is not None else 0,
                 maximum=maximum_at(changes[name], default, now_us),
                 resets_at=found.resets_at if found is not None else None,
-                grants_left=left,
+                grants_left=left.get(name, 0),
                 days=history.points,
                 daily=limit.period in ("1d", "24h"),
             )

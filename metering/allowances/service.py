@@ -11,7 +11,7 @@ same event finds the first.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -427,6 +427,18 @@ def list_grants(
         database, subject, limit, lambda c: AllowanceStore(c).grants(subject, limit)
     )
     return [_grant_of(record) for record in records]
+
+
+def grants_left(grants: Iterable[Grant], now: datetime) -> dict[str, int]:
+    """What is left of the grants in force at ``now``, by limit (limits with none left out)."""
+    left: dict[str, int] = {}
+    for grant in grants:
+        in_force = grant.effective_from <= now and (
+            grant.expires_at is None or grant.expires_at > now
+        )
+        if in_force and grant.left > 0:
+            left[grant.limit] = left.get(grant.limit, 0) + grant.left
+    return left
 
 
 T = TypeVar("T")

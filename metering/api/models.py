@@ -290,6 +290,10 @@ class LimitUsageOut(BaseModel):
     window_start: datetime | None
     resets_at: datetime
     retry_at: datetime | None = Field(description="When a charge of 1 fits again, if denied now.")
+    grants_left: int = Field(
+        description="What is left of the subject's grants in force for this limit "
+        "(on top of remaining), as the usage page counts it."
+    )
 
 
 class SubjectUsage(BaseModel):
@@ -347,6 +351,7 @@ def usage_json(usage: LimitUsage) -> dict[str, Any]:
         "window_start": iso(usage.window_start),
         "resets_at": usage.resets_at.isoformat(),
         "retry_at": iso(usage.retry_at),
+        "grants_left": usage.grants_left,
     }
 
 

@@ -106,3 +106,22 @@ def test_cli_prints_a_link(meter: Meter, http: httpx.Client) -> None:
     bad = runner.invoke(main, ["--database", meter.url, "portal", "link", "org-1", "--ttl", "1y"])
     assert bad.exit_code != 0 and bad.output.startswith("error:")
     assert "Traceback" not in bad.output
+
+
+def test_the_usage_route_counts_grants_left_as_the_page_does(
+    http: httpx.Client, meter: Meter, clock: FrozenClock
+) -> None:
+    meter.set_limit(Limit("exports", maximum=10, period="1mo", window="calendar"))
+    meter.grant("org-1", "exports", 40, grant_id="g-2")
+    later = NOW + timedelta(days=2)
+    meter.grant("org-1", "tokens", 99, grant_id="g-later", effective_from=later)
+    meter.consume("org-1", "tokens", 750, event_id="e-3")  # 170 past the maximum: g-1 pays
+    _, token = ApiKeys(meter).create("read", subject="org-1")
+    answer = http.get("/v1/subjects/org-1/usage", headers={"Authorization": f"Bearer {token}"})
+    assert answer.status_code == 200, answer.text
+    left = {u["limit"]: u["grants_left"] for u in answer.json()["limits"]}
+    assert left == {"exports": 40, "tokens": 80}  # g-later is not in force yet
+    page = http.get("/portal", headers={"Authorization": f"Bearer {token}"}).text
+    assert 'class="grants">80<' in page and 'class="grants">40<' in page
+    other = http.get("/v1/subjects/org-2/usage", headers={"Authorization": f"Bearer {token}"})
+    assert other.status_code == 404
