@@ -40,6 +40,7 @@ from metering.api.admin_common import (
     read_object,
     threaded,
 )
+from metering.api.auth import scoped_subject
 from metering.api.context import Context
 from metering.api.models import (
     EVENT_ID_PATTERN,
@@ -294,17 +295,23 @@ def _listing(
     description: str,
     read: Callable[[Meter, str | None, str | None], Iterable[Any]],
     doc: str | None = None,
+    *,
+    customers: bool = False,
 ) -> None:
     """``GET path`` (``read`` scope): what ``read`` finds, of one subject and
     one limit if given, as ``{key: [...]}``, the key the path's last part
-    (``/recurring-grants``: ``recurring_grants``); ``doc`` describes it."""
+    (``/recurring-grants``: ``recurring_grants``); ``doc`` describes it.
+    ``customers``: a customer's key lists its own subject's (else 404)."""
     key = path.strip("/").replace("-", "_")
 
     async def listing(
+        request: Request,
         context: Context,
         subject: SubjectFilter = None,
         limit: LimitFilter = None,
     ) -> Response:
+        if customers:
+            subject = await scoped_subject(request, subject)
         return await listed(key, read, context.meter, subject, limit, names=LIMIT_NAMES)
 
     listing.__doc__ = doc
@@ -313,6 +320,7 @@ def _listing(
         path,
         summary,
         scope="read",
+        subjects="query" if customers else None,
         ok={200: {"model": model, "description": description}},
         errors=(400,),
         name=f"list_{key}",
@@ -450,7 +458,9 @@ _listing(
     Grants,
     "With what is used and left of each.",
     Meter.grants,
-    "Grants (at most 1000), with what is used and left of each.",
+    "Grants (at most 1000), with what is used and left of each; a customer's\n"
+    "key lists its own subject's.",
+    customers=True,
 )
 _listing(
     "/recurring-grants",

@@ -26,7 +26,7 @@ from metering.api.admin_common import (
     problem_schema,
     read_object,
 )
-from metering.api.auth import may_read
+from metering.api.auth import may_read, scoped_subject
 from metering.api.context import ApiContext, Context
 from metering.api.models import EVENT_ID_PATTERN, LIMIT_PATTERN, body_fields, subject_field
 from metering.api.parsing import whole_number
@@ -145,17 +145,21 @@ async def checkout(request: Request, context: Context) -> Response:
     "/checkouts",
     "The newest checkouts",
     scope="read",
+    subjects="query",
     ok={200: {"model": Checkouts}},
     errors=(400,),
 )
 async def list_checkouts(
+    request: Request,
     context: Context,
     subject: Annotated[str | None, Query(description="Only this subject's.")] = None,
     limit: Annotated[str | None, Query(description="Only this limit's.")] = None,
     state: Annotated[Literal["held", "released"] | None, Query()] = None,
     count: Annotated[int, Query(ge=1, le=MAX_LISTED, description="How many, newest first.")] = 100,
 ) -> Response:
-    """What ``metering checkout list`` shows (an expired checkout is released)."""
+    """What ``metering checkout list`` shows (an expired checkout is released);
+    a customer's key gets its own subject's."""
+    subject = await scoped_subject(request, subject)
     return await listed("checkouts", context.meter.checkouts, subject, limit, state, count)
 
 

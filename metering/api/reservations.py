@@ -27,13 +27,12 @@ from metering.api.admin_common import (
     bad_field,
     fields_named,
     json_body,
-    listed,
     problem_schema,
     problem_with,
     read_object,
     threaded,
 )
-from metering.api.auth import may_read
+from metering.api.auth import key_subject_of, may_read, scoped_subject
 from metering.api.context import Context
 from metering.api.models import (
     EVENT_ID_PATTERN,
@@ -292,10 +291,12 @@ def _charge_pointer(charges: tuple[Charge, ...], limit: str) -> str:
     "/reservations",
     "The newest reservations",
     scope="read",
+    subjects="query",
     ok={200: {"model": Reservations, "description": "Newest first."}},
     errors=(400,),
 )
 async def list_reservations(
+    request: Request,
     context: Context,
     state: Annotated[
         Literal["held", "committed", "cancelled"] | None, Query(description="Only this state.")
@@ -306,8 +307,13 @@ async def list_reservations(
     count: Annotated[int, Query(ge=1, le=MAX_LISTED, description="How many, newest first.")] = 100,
 ) -> Response:
     """The ``count`` newest reservations (at most 1000), optionally of one state
-    and one subject: what ``metering reservations list`` shows."""
-    return await listed("reservations", context.meter.reservations, state, subject, count)
+    and one subject: what ``metering reservations list`` shows. A customer's
+    key gets its own subject's, and none that charges another subject too."""
+    subject = await scoped_subject(request, subject)
+    found = await threaded(context.meter.reservations, state, subject, count)
+    if await key_subject_of(request) is not None:
+        found = [r for r in found if all(c.subject == subject for c in r.charges)]
+    return JSONResponse({"reservations": [r.to_dict() for r in found]})
 
 
 @route(
