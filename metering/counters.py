@@ -10,9 +10,9 @@ from sqlalchemy import Connection
 
 from metering.domain.events import validate_subject
 from metering.domain.instants import from_us, to_us
-from metering.domain.limits import validate_limit_name
+from metering.domain.limits import is_reserved, validate_limit_name
 from metering.domain.state import CounterKey, CounterState
-from metering.errors import InvalidInput, UnknownLimit
+from metering.errors import InvalidInput, ReservedLimit, UnknownLimit
 from metering.storage.database import Database
 from metering.storage.distinct import DistinctStore
 from metering.storage.reservations import ReservationStore
@@ -67,6 +67,8 @@ def reset(database: Database, subject: str | None, limit: str | None) -> int:
     if subject is None and limit is None:
         raise InvalidInput("reset", "give a subject, a limit or both")
     _validate(subject, limit)
+    if limit is not None and is_reserved(limit):
+        raise ReservedLimit(limit, "reset")
     now_us = database.now_us()
 
     def work(connection: Connection) -> int:

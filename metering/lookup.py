@@ -6,18 +6,23 @@ again. `subject_usage` gives, for every limit the subject has used or been
 denied in its current window (a token bucket: ever), what a charge of 1
 would meet now: ``used``, ``remaining``, ``maximum`` (the subject's own,
 where an entitlement sets one), ``resets_at``, and
-``retry_at`` when that charge would be denied. It decides with the pure
-domain (`evaluate_charge`) and writes nothing.
+``retry_at`` when that charge would be denied, with the window's own room;
+and ``grants_left``, what the subject's grants in force add on top, counted
+as the usage page counts them (`grants_left`), a limit with grants left
+listed even before its first use. It decides with the pure domain
+(`evaluate_charge`) and writes nothing but the recurring grants falling due,
+as every listing of grants does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from sqlalchemy import Connection
 
+from metering.allowances.service import grants_left, list_grants
 from metering.domain.decisions import ChargeInput, Decision, evaluate_charge
 from metering.domain.events import validate_event_id, validate_subject
 from metering.domain.grants import maximum_at
@@ -61,16 +66,21 @@ class LimitUsage:
     window_start: datetime | None
     resets_at: datetime
     retry_at: datetime | None
+    grants_left: int = 0
 
 
 def subject_usage(database: Database, subject: str) -> list[LimitUsage]:
-    """Every limit ``subject`` used or was denied in its current window, by name."""
+    """Every limit ``subject`` used or was denied in its current window, or
+    has grants left of, by name."""
     validate_subject(subject)
     now_us = database.now_us()
-    return database.run(lambda c: _usage(c, subject, now_us))
+    left = grants_left(list_grants(database, subject), from_us(now_us))
+    return database.run(lambda c: _usage(c, subject, now_us, left))
 
 
-def _usage(connection: Connection, subject: str, now_us: int) -> list[LimitUsage]:
+def _usage(
+    connection: Connection, subject: str, now_us: int, left: dict[str, int]
+) -> list[LimitUsage]:
     store = Store(connection)
     limits = {limit.name: limit for limit in store.list_limits()}
     # The subject's own maximum where it has one, as the engines decide with.
@@ -91,9 +101,9 @@ def _usage(connection: Connection, subject: str, now_us: int) -> list[LimitUsage
     states = store.read_counters(keys.values())
     # A missing counter reads as a fresh one: nothing used, nothing denied.
     return [
-        usage_of(limits[name], key, states[key], now_us)
+        replace(usage_of(limits[name], key, states[key], now_us), grants_left=left.get(name, 0))
         for name, key in sorted(keys.items())
-        if states[key] != CounterState()
+        if states[key] != CounterState() or name in left
     ]
 
 

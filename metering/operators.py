@@ -54,3 +54,7 @@ class OperatorsFacade:
                     base_url: str = "http://127.0.0.1:8000") -> str:  # fmt: skip
         """A signed link to ``subject``'s usage page (GET /portal) for ``ttl_seconds``."""
         return portal.make_link(self.database, subject, ttl_seconds, base_url)
+
+    def rotate_portal_secret(self, grace_seconds: int = 86400) -> datetime:
+        """Sign portal links with a new secret; older links work until the time returned."""
+        return portal.rotate_link_secret(self.database, grace_seconds)

@@ -5,7 +5,9 @@ grants falling due, as every listing of grants does); `render_page` turns
 them into one self-contained HTML page: no script, inline CSS and SVG, a
 viewport for phones. `make_link` and `subject_of_link` sign and check the
 short-lived links ``metering portal link SUBJECT --ttl 1h`` prints, under a
-secret kept in the database (`metering.storage.history.portal_secret`).
+secret kept in the database (`metering.storage.history.portal_secret`);
+`rotate_link_secret` replaces it, the old one still opening the links it
+signed until a grace ends (``metering portal rotate --grace 1d``).
 
 Per limit: used against the maximum in force in the current window, when it
 resets, the grants left, and the last 30 days by day (`metering.history`);
@@ -21,11 +23,12 @@ from html import escape
 from typing import Final
 from urllib.parse import quote
 
-from metering.allowances.service import list_grants
+from metering.allowances.service import grants_left, list_grants
 from metering.domain.events import validate_subject
 from metering.domain.history import Point, maximum_at
 from metering.domain.instants import from_us
-from metering.domain.links import sign, validate_ttl, verify
+from metering.domain.links import MAX_TTL_SECONDS, parse_ttl, sign, validate_ttl, verify
+from metering.errors import InvalidInput
 from metering.history import usage_history
 from metering.lookup import subject_usage
 from metering.storage.database import Database
@@ -34,6 +37,8 @@ from metering.storage.history import (
     counter_windows,
     entitlement_changes,
     portal_secret,
+    portal_secrets,
+    rotate_secret,
 )
 
 DAYS: Final = 30
@@ -70,6 +75,7 @@ def portal_view(database: Database, subject: str, days: int = DAYS) -> PortalVie
     grants = [g for g in list_grants(database, subject) if g.left > 0]
     names = sorted(set(current) | {w.limit for w in windows} | {g.limit for g in grants})
     now = from_us(now_us)
+    left = grants_left(grants, now)
     changes = database.run(lambda c: {n: entitlement_changes(c, subject, n) for n in names})
     panels = []
     for name in names:
@@ -79,20 +85,13 @@ def portal_view(database: Database, subject: str, days: int = DAYS) -> PortalVie
         limit = history.limit
         default = None if limit.algorithm == "token_bucket" else limit.maximum
         found = current.get(name)
-        left = sum(
-            g.left
-            for g in grants
-            if g.limit == name
-            and g.effective_from <= now
-            and (g.expires_at is None or g.expires_at > now)
-        )
         panels.append(
             LimitPanel(
                 name=name,
                 used=found.used if found is not None else 0,
                 maximum=maximum_at(changes[name], default, now_us),
                 resets_at=found.resets_at if found is not None else None,
-                grants_left=left,
+                grants_left=left.get(name, 0),
                 days=history.points,
                 daily=limit.period in ("1d", "24h"),
             )
@@ -117,10 +116,48 @@ def make_link(
 
 
 def subject_of_link(database: Database, token: str) -> str | None:
-    """The subject a link's token is for, or None (forged, expired, malformed)."""
+    """The subject a link's token is for, or None (forged, expired, malformed):
+    signed with the secret in use, or with the one a rotation replaced while
+    its grace lasts."""
     now_us = database.now_us()
-    secret = database.run(lambda c: portal_secret(c, now_us))
-    return verify(secret, token, now_us // 1_000_000)
+    keys = database.run(lambda c: portal_secrets(c, now_us))
+    found = (verify(secret, token, now_us // 1_000_000) for secret in keys)
+    return next((subject for subject in found if subject is not None), None)
+
+
+def validate_grace(grace_seconds: object) -> int:
+    """A rotation's grace: whole seconds, 0 (old links stop at once) to 31 days
+    (no link lives longer)."""
+    if (
+        not isinstance(grace_seconds, int)
+        or isinstance(grace_seconds, bool)
+        or not 0 <= grace_seconds <= MAX_TTL_SECONDS
+    ):
+        raise InvalidInput("grace", f"must be 0 to 31 days in seconds; got {grace_seconds!r}")
+    return grace_seconds
+
+
+def parse_grace(text: str) -> int:
+    """``0``, ``30m``, ``1h``, ``7d`` as seconds (at most 31 days)."""
+    if text.strip() == "0":
+        return 0
+    try:
+        return parse_ttl(text)
+    except InvalidInput:
+        raise InvalidInput(
+            "grace", f"expected 0 or a duration like 30m, 1h or 7d (31 days at most); got {text!r}"
+        ) from None
+
+
+def rotate_link_secret(database: Database, grace_seconds: int) -> datetime:
+    """Sign links with a new secret from now on; links signed with the one it
+    replaces open the page until the instant returned (now + ``grace_seconds``),
+    or their own expiry if sooner. Links of any earlier secret stop now."""
+    grace = validate_grace(grace_seconds)
+    now_us = database.now_us()
+    until_us = now_us + grace * 1_000_000
+    database.run(lambda c: rotate_secret(c, now_us, until_us))
+    return from_us(until_us)
 
 
 # -- the page ------------------------------------------------------------------

@@ -11,7 +11,7 @@ same event finds the first.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -40,7 +40,13 @@ from metering.domain.grants import (
 )
 from metering.domain.instants import from_us, to_us
 from metering.domain.jsonable import fields_dict
-from metering.domain.limits import MAX_MAXIMUM, Limit, parse_period, validate_limit_name
+from metering.domain.limits import (
+    MAX_MAXIMUM,
+    Limit,
+    is_reserved,
+    parse_period,
+    validate_limit_name,
+)
 from metering.domain.notifications import _iso
 from metering.domain.recurring import Issue, low_threshold, next_due_us, parse_low, period_end
 from metering.domain.reservations import ReservationState
@@ -50,6 +56,7 @@ from metering.errors import (
     CorrectionRefused,
     GrantConflict,
     InvalidInput,
+    ReservedLimit,
     UnknownEvent,
     UnknownLimit,
     WrongAlgorithm,
@@ -71,6 +78,14 @@ def _limit(connection: Connection, name: str) -> Limit:
     if found is None:
         raise UnknownLimit(name)
     return found
+
+
+def _users_limit(name: str, action: str) -> str:
+    """``name`` checked, and not one of the product's own (`ReservedLimit`)."""
+    validate_limit_name(name)
+    if is_reserved(name):
+        raise ReservedLimit(name, action)
+    return name
 
 
 def _moment(field_name: str, value: datetime | None, default_us: int) -> int:
@@ -96,7 +111,7 @@ def _entitlement(
     subject: str, limit: str, maximum: int | None, effective_from: datetime | None, now_us: int
 ) -> Entitlement:
     validate_subject(subject)
-    validate_limit_name(limit)
+    _users_limit(limit, "give a subject its own maximum of")
     if maximum is not None:
         validate_amount("maximum", maximum, MAX_MAXIMUM)
     start_us = _moment("effective_from", effective_from, now_us)
@@ -241,7 +256,7 @@ def add_grant(
     (``duplicate``); the same id with other values raises `GrantConflict`.
     """
     validate_subject(subject)
-    validate_limit_name(limit)
+    _users_limit(limit, "grant")
     validate_amount("amount", amount, MAX_GRANT)
     validate_priority(priority)
     low_units, low_percent = parse_low(low) if low is not None else (None, None)
@@ -412,6 +427,18 @@ def list_grants(
         database, subject, limit, lambda c: AllowanceStore(c).grants(subject, limit)
     )
     return [_grant_of(record) for record in records]
+
+
+def grants_left(grants: Iterable[Grant], now: datetime) -> dict[str, int]:
+    """What is left of the grants in force at ``now``, by limit (limits with none left out)."""
+    left: dict[str, int] = {}
+    for grant in grants:
+        in_force = grant.effective_from <= now and (
+            grant.expires_at is None or grant.expires_at > now
+        )
+        if in_force and grant.left > 0:
+            left[grant.limit] = left.get(grant.limit, 0) + grant.left
+    return left
 
 
 T = TypeVar("T")

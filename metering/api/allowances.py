@@ -40,6 +40,7 @@ from metering.api.admin_common import (
     read_object,
     threaded,
 )
+from metering.api.auth import scoped_subject
 from metering.api.context import Context
 from metering.api.models import (
     EVENT_ID_PATTERN,
@@ -294,17 +295,23 @@ def _listing(
     description: str,
     read: Callable[[Meter, str | None, str | None], Iterable[Any]],
     doc: str | None = None,
+    *,
+    customers: bool = False,
 ) -> None:
     """``GET path`` (``read`` scope): what ``read`` finds, of one subject and
     one limit if given, as ``{key: [...]}``, the key the path's last part
-    (``/recurring-grants``: ``recurring_grants``); ``doc`` describes it."""
+    (``/recurring-grants``: ``recurring_grants``); ``doc`` describes it.
+    ``customers``: a customer's key lists its own subject's (else 404)."""
     key = path.strip("/").replace("-", "_")
 
     async def listing(
+        request: Request,
         context: Context,
         subject: SubjectFilter = None,
         limit: LimitFilter = None,
     ) -> Response:
+        if customers:
+            subject = await scoped_subject(request, subject)
         return await listed(key, read, context.meter, subject, limit, names=LIMIT_NAMES)
 
     listing.__doc__ = doc
@@ -313,6 +320,7 @@ def _listing(
         path,
         summary,
         scope="read",
+        subjects="query" if customers else None,
         ok={200: {"model": model, "description": description}},
         errors=(400,),
         name=f"list_{key}",
@@ -328,7 +336,7 @@ def _listing(
     "Set a subject's own maximum",
     scope="admin",
     ok={200: {"model": EntitlementOut, "description": "The change, as recorded."}},
-    errors=(400, 404, 415, 422),
+    errors=(400, 404, 409, 415, 422),
     openapi_extra=json_body(EntitlementIn),
 )
 async def put_entitlement(
@@ -338,7 +346,7 @@ async def put_entitlement(
     (default now) on. An upgrade mid-window applies from then on and the
     window's usage carries over; a downgrade below the usage denies hard
     charges until the window resets and takes nothing back. 422 when no
-    limit has the name."""
+    limit has the name; 409 for one of the product's own (``metering.*``)."""
     fields = await read_object(request, ENTITLEMENT_FIELDS)
     if fields.get("maximum") is None:  # null would be a return to the default: DELETE says so
         raise bad_field("maximum", "is required: a whole number (DELETE returns to the default)")
@@ -356,7 +364,7 @@ async def put_entitlement(
     "Return a subject to the limit's default",
     scope="admin",
     ok={200: {"model": EntitlementOut, "description": "The change (maximum null), as recorded."}},
-    errors=(400, 404, 422),
+    errors=(400, 404, 409, 422),
 )
 async def delete_entitlement(
     subject: Subject,
@@ -368,7 +376,8 @@ async def delete_entitlement(
     ] = None,
 ) -> Response:
     """Record a return to the limit's default maximum; the history stays, so
-    earlier windows keep the maximum they had."""
+    earlier windows keep the maximum they had. 409 for a limit of the
+    product's own (``metering.*``)."""
     start = moment(effective_from, "effective_from")
     change = await threaded(
         context.meter.delete_entitlement, subject, limit, start, names=LIMIT_NAMES
@@ -407,7 +416,8 @@ async def add_grant(request: Request, context: Context) -> Response:
     from ``effective_from`` until ``expires_at``. Charges draw on the window's
     own allowance first, then on grants, the earliest expiring first; a new
     window does not renew a grant. Idempotent by ``grant_id``: 200 with
-    ``duplicate`` for the same grant, 409 ``grant-conflict`` for other values."""
+    ``duplicate`` for the same grant, 409 ``grant-conflict`` for other values
+    (``reserved-limit`` for one of the product's own limits, ``metering.*``)."""
     fields = await read_object(request, GRANT_FIELDS)
     for required in ("subject", "limit", "amount"):
         if required not in fields:
@@ -448,7 +458,9 @@ _listing(
     Grants,
     "With what is used and left of each.",
     Meter.grants,
-    "Grants (at most 1000), with what is used and left of each.",
+    "Grants (at most 1000), with what is used and left of each; a customer's\n"
+    "key lists its own subject's.",
+    customers=True,
 )
 _listing(
     "/recurring-grants",

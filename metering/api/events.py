@@ -107,7 +107,9 @@ async def post_events(
     id used before with other charges is a 409. ``?wait=decision`` applies
     them at once, in order, and answers with their results. An
     ``Idempotency-Key`` header names a single plain event's id. A key without
-    ``read`` scope gets outcomes only: no used, remaining, maximum, overage.
+    ``read`` scope gets outcomes only: no used, remaining, maximum, overage,
+    nor a token bucket's ``retry_at``; with ``?wait=decision`` an event of
+    its that is denied when checked is not applied: nothing is recorded.
     """
     kind = body_kind(request.headers.get("content-type"))
     body = await request.body()
@@ -120,7 +122,7 @@ async def post_events(
     if wait == "decision":
         parsed = parse_events(body, kind, now, context.settings.api_max_events)
         figures = await may_read(request)
-        results = await apply_now(context.meter, parsed)
+        results = await apply_now(context.meter, parsed, record_denials=figures)
         pairs = zip(parsed, results, strict=True)
         _received({p.event.event_id: p.event.charges for p, d in pairs if not d.duplicate}.values())
         answers = [result_json(d, figures=figures) for d in results]

@@ -27,7 +27,7 @@ from metering.api.admin_common import (
     problem_with,
     read_object,
 )
-from metering.api.auth import may_read
+from metering.api.auth import may_read, scoped_subject
 from metering.api.context import ApiContext, Context
 from metering.api.models import EVENT_ID_PATTERN, LIMIT_PATTERN, body_fields, subject_field
 from metering.api.parsing import whole_number
@@ -178,10 +178,12 @@ def _ended(exc: CheckoutReleased) -> Response:
     "/checkouts",
     "The newest checkouts",
     scope="read",
+    subjects="query",
     ok={200: {"model": Checkouts}},
     errors=(400,),
 )
 async def list_checkouts(
+    request: Request,
     context: Context,
     subject: Annotated[str | None, Query(description="Only this subject's.")] = None,
     limit: Annotated[str | None, Query(description="Only this limit's.")] = None,
@@ -191,7 +193,9 @@ async def list_checkouts(
     ] = None,
     count: Annotated[int, Query(ge=1, le=MAX_LISTED, description="How many, newest first.")] = 100,
 ) -> Response:
-    """What ``metering checkout list`` shows (an expired checkout is released)."""
+    """What ``metering checkout list`` shows (an expired checkout is released);
+    a customer's key gets its own subject's."""
+    subject = await scoped_subject(request, subject)
     return await listed("checkouts", context.meter.checkouts, subject, limit, state, count)
 
 

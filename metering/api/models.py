@@ -290,6 +290,10 @@ class LimitUsageOut(BaseModel):
     window_start: datetime | None
     resets_at: datetime
     retry_at: datetime | None = Field(description="When a charge of 1 fits again, if denied now.")
+    grants_left: int = Field(
+        description="What is left of the subject's grants in force for this limit "
+        "(on top of remaining), as the usage page counts it."
+    )
 
 
 class SubjectUsage(BaseModel):
@@ -307,7 +311,9 @@ CHARGE_FIGURES = ("used", "remaining", "maximum", "overage", "overdraft", "grant
 
 def decision_json(decision: Decision, *, figures: bool = True) -> dict[str, Any]:
     """A decision; without ``figures`` (a key that may not read usage) the
-    outcome only: no used, remaining, maximum, overage or grants drawn."""
+    outcome only: no used, remaining, maximum, overage or grants drawn, and
+    no ``retry_at`` of a token bucket (its refill time tells its tokens; a
+    window's end tells nothing of the usage)."""
     body = decision.to_dict()
     body.update(
         used=decision.used,
@@ -322,6 +328,12 @@ def decision_json(decision: Decision, *, figures: bool = True) -> dict[str, Any]
         for charge in body["charges"]:
             for name in CHARGE_FIGURES:
                 charge.pop(name, None)
+        buckets = [c for c in decision.charges if c.window_start_us is None]
+        for charge, shown in zip(decision.charges, body["charges"], strict=True):
+            if charge.window_start_us is None:  # a token bucket's charge
+                shown["retry_at"] = None
+        if any(not c.allowed for c in buckets):
+            body["retry_at"] = None
     return body
 
 
@@ -347,6 +359,7 @@ def usage_json(usage: LimitUsage) -> dict[str, Any]:
         "window_start": iso(usage.window_start),
         "resets_at": usage.resets_at.isoformat(),
         "retry_at": iso(usage.retry_at),
+        "grants_left": usage.grants_left,
     }
 
 

@@ -8,12 +8,15 @@ it is back (`Kept`). `apply_now` is
 with every other request of this process), several through `Meter.apply`
 in one transaction, in order. Both answer a repeated id like `consume`
 does: its stored result marked ``duplicate``, or a 409 when its charges
-differ.
+differ. For a key that may only ingest, `apply_now` first checks each new
+event (`denied_when_checked`): one denied then is answered with that denial
+and never applied, so a probe records nothing and notifies nobody.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from starlette.concurrency import run_in_threadpool
 
@@ -214,21 +217,46 @@ def accept(
     return fresh, stored
 
 
-async def apply_now(meter: Meter, parsed: Sequence[Parsed]) -> list[Decision]:
-    """``?wait=decision``: decide every event now; results in the order sent."""
+def denied_when_checked(meter: Meter, events: Sequence[UsageEvent]) -> dict[str, Decision]:
+    """Of ``events`` not decided before, those a check (`Meter.check`, which
+    writes nothing) denies now, each with that denial under its own id. An
+    event that fits when checked is left to be applied: if another request
+    takes the room first, its denial is recorded as any other."""
+    stored = stored_results(meter.database, [event.event_id for event in events])
+    denied: dict[str, Decision] = {}
+    for event in events:
+        if event.event_id in stored:
+            continue  # a duplicate or a conflict: answered as `consume` answers it
+        checked = meter.check(
+            charges=event.charges, occurred_at=event.occurred_at, metadata=event.metadata
+        )
+        if not checked.allowed:
+            denied[event.event_id] = replace(checked, event_id=event.event_id)
+    return denied
+
+
+async def apply_now(
+    meter: Meter, parsed: Sequence[Parsed], *, record_denials: bool = True
+) -> list[Decision]:
+    """``?wait=decision``: decide every event now; results in the order sent.
+    Without ``record_denials`` (a key that may only ingest), an event denied
+    when checked is answered so and not applied (`denied_when_checked`)."""
     unique = unique_events(parsed)
     try:
-        if len(unique) == 1:
-            event = unique[0]
-            decision = await meter.aconsume(
+        by_id = (
+            {} if record_denials else await run_in_threadpool(denied_when_checked, meter, unique)
+        )
+        rest = [event for event in unique if event.event_id not in by_id]
+        if len(rest) == 1:
+            event = rest[0]
+            by_id[event.event_id] = await meter.aconsume(
                 charges=event.charges,
                 event_id=event.event_id,
                 occurred_at=event.occurred_at,
                 metadata=event.metadata,
             )
-            by_id = {event.event_id: decision}
-        else:
-            by_id = await run_in_threadpool(_apply_batch, meter, unique)
+        elif rest:
+            by_id.update(await run_in_threadpool(_apply_batch, meter, rest))
     except UnknownLimit as exc:
         raise _unknown_limit(parsed, exc) from None
     except OccurredAtOutOfRange as exc:

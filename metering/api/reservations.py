@@ -27,13 +27,12 @@ from metering.api.admin_common import (
     bad_field,
     fields_named,
     json_body,
-    listed,
     problem_schema,
     problem_with,
     read_object,
     threaded,
 )
-from metering.api.auth import may_read
+from metering.api.auth import key_subject_of, may_read, scoped_subject
 from metering.api.context import Context
 from metering.api.models import (
     EVENT_ID_PATTERN,
@@ -45,7 +44,9 @@ from metering.api.models import (
 )
 from metering.api.parsing import CHARGE_CHECKS, whole_number
 from metering.api.problems import ApiProblem
+from metering.api.queueing import denied_when_checked
 from metering.api.routes import Handler, route
+from metering.domain.decisions import Decision
 from metering.domain.events import MAX_CHARGES, MAX_COST, Charge, make_event
 from metering.domain.reservations import DEFAULT_TTL_SECONDS, MAX_TTL_SECONDS
 from metering.errors import InvalidInput, ReservationSettled, UnknownLimit, UnknownReservation
@@ -209,7 +210,9 @@ ReservationId = Annotated[
 async def reserve(request: Request, context: Context) -> Response:
     """Decide and record the charges like an event; when allowed, hold them
     until ``/cancel`` gives the cost back or ``/commit`` (or the time to live)
-    makes it final. A denied reservation consumes and stores nothing.
+    makes it final. A denied reservation consumes and stores nothing (for a
+    key that may only ingest, one denied when checked records no denial
+    either, and notifies nobody).
 
     ``event_id`` is the reservation's id: a repeated id answers the same
     reservation as it stands now (``duplicate``); the same id with other
@@ -225,7 +228,13 @@ async def reserve(request: Request, context: Context) -> Response:
         event = make_event(
             charges, context.meter.clock(), item.get("event_id"), item.get("metadata")
         )
+    figures = await may_read(request)
     try:
+        denied = (
+            {} if figures else await run_in_threadpool(denied_when_checked, context.meter, [event])
+        )
+        if event.event_id in denied:
+            return JSONResponse(_denied(denied[event.event_id]))
         reservation = await run_in_threadpool(
             lambda: context.meter.reserve(
                 charges=event.charges,
@@ -243,9 +252,22 @@ async def reserve(request: Request, context: Context) -> Response:
         "allowed": reservation.allowed,
         "duplicate": reservation.decision.duplicate,
         "expires_at": reservation.expires_at.isoformat() if reservation.expires_at else None,
-        "decision": decision_json(reservation.decision, figures=await may_read(request)),
+        "decision": decision_json(reservation.decision, figures=figures),
     }
     return JSONResponse(body)
+
+
+def _denied(decision: Decision) -> dict[str, Any]:
+    """The answer to a key that may only ingest, for a reservation denied when
+    checked: what a denied reservation answers, outcomes only; nothing stored."""
+    return {
+        "id": decision.event_id,
+        "state": "denied",
+        "allowed": False,
+        "duplicate": False,
+        "expires_at": None,
+        "decision": decision_json(decision, figures=False),
+    }
 
 
 def _charges(item: dict[str, Any]) -> list[Charge]:
@@ -292,10 +314,12 @@ def _charge_pointer(charges: tuple[Charge, ...], limit: str) -> str:
     "/reservations",
     "The newest reservations",
     scope="read",
+    subjects="query",
     ok={200: {"model": Reservations, "description": "Newest first."}},
     errors=(400,),
 )
 async def list_reservations(
+    request: Request,
     context: Context,
     state: Annotated[
         Literal["held", "committed", "cancelled"] | None, Query(description="Only this state.")
@@ -306,8 +330,13 @@ async def list_reservations(
     count: Annotated[int, Query(ge=1, le=MAX_LISTED, description="How many, newest first.")] = 100,
 ) -> Response:
     """The ``count`` newest reservations (at most 1000), optionally of one state
-    and one subject: what ``metering reservations list`` shows."""
-    return await listed("reservations", context.meter.reservations, state, subject, count)
+    and one subject: what ``metering reservations list`` shows. A customer's
+    key gets its own subject's, and none that charges another subject too."""
+    subject = await scoped_subject(request, subject)
+    found = await threaded(context.meter.reservations, state, subject, count)
+    if await key_subject_of(request) is not None:
+        found = [r for r in found if all(c.subject == subject for c in r.charges)]
+    return JSONResponse({"reservations": [r.to_dict() for r in found]})
 
 
 @route(

@@ -2,7 +2,8 @@
 
 The link holds the subject and an expiry, signed with a secret kept in the
 database (made on first use); never an API key. Prints the link alone on
-stdout (``LINK=$(metering portal link org-1)``).
+stdout (``LINK=$(metering portal link org-1)``). ``metering portal rotate
+--grace 1d`` signs with a new secret; links made before work until the grace ends.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from __future__ import annotations
 import click
 
 from metering.cli.context import current_meter
+from metering.cli.output import when
 from metering.domain.links import parse_ttl
+from metering.portal import parse_grace
 
 
 @click.group()
@@ -30,3 +33,16 @@ def portal() -> None:
 def link(subject: str, ttl: str, base_url: str) -> None:
     """Print a link to SUBJECT's usage page that works for --ttl."""
     click.echo(current_meter().portal_link(subject, parse_ttl(ttl), base_url=base_url))
+
+
+@portal.command("rotate")
+@click.option(
+    "--grace",
+    default="1d",
+    show_default=True,
+    help="How long links made before still work: 0, 30m, 1h, 7d (31 days at most).",
+)
+def rotate(grace: str) -> None:
+    """Sign links with a new secret; links made before work until --grace ends."""
+    until = current_meter().rotate_portal_secret(parse_grace(grace))
+    click.echo(f"rotated: links made before now work until {when(until)}")

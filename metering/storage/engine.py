@@ -39,7 +39,7 @@ from metering.settings import sqlite_synchronous as sqlite_synchronous
 T = TypeVar("T")
 
 # The Alembic revision this code expects; a test checks it is the head.
-SCHEMA_REVISION: Final = "0020"
+SCHEMA_REVISION: Final = "0021"
 MIGRATIONS_DIR: Final = Path(__file__).parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS: Final = 60_000
 # Serialization failure, deadlock, a lock timeout a transaction set for itself

@@ -7,7 +7,10 @@
 * `counter_windows`: a subject's counter windows starting in a period
   (primary key range: subject, limit, window start), with their denials.
 * `entitlement_changes`: a subject's maximums for a limit, every change.
-* `portal_secret`: the signing key of the usage page's links, made once.
+* `portal_secret`: the signing key of the usage page's links, made once;
+  `portal_secrets` adds the one a rotation replaced, until its grace ends;
+  `rotate_secret` replaces it (the current row is locked first, so two
+  rotations at once run one after the other).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import secrets as random_secrets
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, func, insert, select
+from sqlalchemy import Connection, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from metering.storage.engine import RetryTransaction
@@ -109,3 +112,38 @@ def portal_secret(connection: Connection, now_us: int, name: str = "portal") -> 
     except IntegrityError:  # made by another process meanwhile: read it on the retry
         raise RetryTransaction from None
     return value
+
+
+def _previous(name: str) -> str:
+    return f"{name}.previous"
+
+
+def portal_secrets(connection: Connection, now_us: int, name: str = "portal") -> list[str]:
+    """The secret ``name`` (made if there is none), then the one it replaced
+    while that one's grace lasts (``expires_at_us`` after ``now_us``)."""
+    current = portal_secret(connection, now_us, name)
+    s = secrets.c
+    query = select(s.value).where(s.name == _previous(name), s.expires_at_us > now_us)
+    previous = connection.execute(query).scalar_one_or_none()
+    return [current] if previous is None else [current, str(previous)]
+
+
+def rotate_secret(connection: Connection, now_us: int, until_us: int, name: str = "portal") -> None:
+    """Make a new secret ``name``; the one it replaces stays, as
+    ``<name>.previous``, until ``until_us`` (one before it goes)."""
+    s = secrets.c
+    locked = select(s.value).where(s.name == name).with_for_update()
+    old = connection.execute(locked).scalar_one_or_none()
+    if old is None:
+        portal_secret(connection, now_us, name)
+        return
+    connection.execute(delete(secrets).where(s.name == _previous(name)))
+    connection.execute(
+        insert(secrets).values(
+            name=_previous(name), value=old, created_at_us=now_us, expires_at_us=until_us
+        )
+    )
+    new = random_secrets.token_urlsafe(32)
+    connection.execute(
+        update(secrets).where(s.name == name).values(value=new, created_at_us=now_us)
+    )

@@ -485,13 +485,16 @@ api_keys = Table(
 )
 
 # Secrets the product makes for itself (migration 0020), by name: the HMAC
-# key of the usage page's signed links (``portal``), made on first use.
+# key of the usage page's signed links (``portal``), made on first use; the
+# one a rotation replaced (``portal.previous``) until ``expires_at_us``
+# (migration 0021; NULL: without end).
 secrets = Table(
     "secrets",
     metadata,
     Column("name", String(64), primary_key=True),
     Column("value", String(128), nullable=False),
     Column("created_at_us", BigInteger, nullable=False),
+    Column("expires_at_us", BigInteger, nullable=True),
 )
 
 

@@ -95,6 +95,7 @@ def test_check_and_usage(client: httpx.Client) -> None:
                 "window_start": "2026-11-22T09:00:00+00:00",
                 "resets_at": "2026-11-22T10:00:00+00:00",
                 "retry_at": "2026-11-22T10:00:00+00:00",
+                "grants_left": 0,
             }
         ],
     }

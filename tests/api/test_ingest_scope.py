@@ -23,6 +23,7 @@ from metering.api import create_api
 from metering.api.ratelimit import RATE_LIMIT
 from metering.apikeys import ApiKeys
 from metering.settings import Settings
+from metering.webhooks import Webhooks
 
 Serve = Callable[[Any], str]
 NOW = datetime(2026, 11, 22, 9, 30, tzinfo=UTC)
@@ -119,3 +120,67 @@ def test_a_reservation_tells_an_ingest_key_the_outcome_only(
     _no_figures(held["decision"])
     full = clients["admin"].post("/v1/reservations", json={**PROBE, "event_id": "r-3"}).json()
     assert full["decision"]["used"] == 4 and full["decision"]["maximum"] == 5
+
+
+def _victim(meter: Meter) -> list[tuple[int, int, int]]:
+    return [(c.used, c.denied_count, c.denied_cost) for c in meter.counters("org-victim")]
+
+
+def test_a_denied_probe_from_an_ingest_key_records_nothing_and_notifies_nobody(
+    clients: dict[str, httpx.Client], meter: Meter
+) -> None:
+    hooks = Webhooks(meter)
+    hooks.add("https://example.com/hooks")
+    before = _victim(meter)
+    ingest = clients["ingest"]
+    probe = ingest.post(
+        "/v1/events", params={"wait": "decision"}, json={**PROBE, "event_id": "p-1"}
+    )
+    assert probe.status_code == 200, probe.text
+    [result] = probe.json()["results"]
+    assert (result["event_id"], result["outcome"], result["duplicate"]) == ("p-1", "denied", False)
+    batch = [{**PROBE, "event_id": "p-2"}, {**PROBE, "cost": 1, "event_id": "fits-1"}]
+    answers = ingest.post("/v1/events", params={"wait": "decision"}, json=batch).json()["results"]
+    assert [a["outcome"] for a in answers] == ["denied", "allowed"]
+    reserved = ingest.post("/v1/reservations", json={**PROBE, "event_id": "p-3"})
+    assert reserved.status_code == 200, reserved.text
+    assert (reserved.json()["state"], reserved.json()["id"]) == ("denied", "p-3")
+    _no_figures(reserved.json()["decision"])
+    # Nothing of the probes was stored, counted or announced; what fit was charged.
+    assert [meter.result(i) for i in ("p-1", "p-2", "p-3")] == [None, None, None]
+    assert meter.reservation("p-3") is None
+    assert _victim(meter) == [(used + 1, count, cost) for used, count, cost in before]
+    assert hooks.messages() == []
+    # A key that may read still records a denial, as the worker does.
+    clients["admin"].post(
+        "/v1/events", params={"wait": "decision"}, json={**PROBE, "event_id": "p-4"}
+    )
+    assert meter.result("p-4") is not None and meter.result("p-4").outcome == "denied"
+    assert [t for _, t, _ in hooks.messages()] == ["limit.denied"]
+
+
+def test_a_token_bucket_retry_at_is_withheld_from_an_ingest_key(
+    clients: dict[str, httpx.Client], meter: Meter
+) -> None:
+    meter.set_limit(Limit("burst", maximum=5, period="1m", algorithm="token_bucket"))
+    meter.consume("org-victim", "burst", 4, event_id="burst-0")
+    drained = {"subject": "org-victim", "limit": "burst", "cost": 3}
+    ingest = clients["ingest"].post(
+        "/v1/events", params={"wait": "decision"}, json={**drained, "event_id": "b-1"}
+    )
+    [result] = ingest.json()["results"]
+    assert result["outcome"] == "denied"
+    assert result["retry_at"] is None and result["charges"][0]["retry_at"] is None
+    held = clients["ingest"].post("/v1/reservations", json={**drained, "event_id": "b-2"}).json()
+    assert held["state"] == "denied" and held["decision"]["retry_at"] is None
+    # A fixed window's retry_at is its end, which says nothing of the usage: it stays.
+    fixed = clients["ingest"].post(
+        "/v1/events", params={"wait": "decision"}, json={**PROBE, "cost": 3, "event_id": "b-3"}
+    )
+    assert fixed.json()["results"][0]["retry_at"] == "2026-11-22T10:00:00+00:00"
+    # A key that may read is told when the bucket has room again.
+    full = clients["admin"].post(
+        "/v1/events", params={"wait": "decision"}, json={**drained, "event_id": "b-4"}
+    )
+    [told] = full.json()["results"]
+    assert told["retry_at"] is not None and told["charges"][0]["retry_at"] == told["retry_at"]

@@ -7,6 +7,7 @@ else opens any page, and the link holds no API key.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from urllib.parse import parse_qs, urlsplit
@@ -106,3 +107,64 @@ def test_cli_prints_a_link(meter: Meter, http: httpx.Client) -> None:
     bad = runner.invoke(main, ["--database", meter.url, "portal", "link", "org-1", "--ttl", "1y"])
     assert bad.exit_code != 0 and bad.output.startswith("error:")
     assert "Traceback" not in bad.output
+
+
+def test_the_usage_route_counts_grants_left_as_the_page_does(
+    http: httpx.Client, meter: Meter, clock: FrozenClock
+) -> None:
+    meter.set_limit(Limit("exports", maximum=10, period="1mo", window="calendar"))
+    meter.grant("org-1", "exports", 40, grant_id="g-2")
+    later = NOW + timedelta(days=2)
+    meter.grant("org-1", "tokens", 99, grant_id="g-later", effective_from=later)
+    meter.consume("org-1", "tokens", 750, event_id="e-3")  # 170 past the maximum: g-1 pays
+    _, token = ApiKeys(meter).create("read", subject="org-1")
+    answer = http.get("/v1/subjects/org-1/usage", headers={"Authorization": f"Bearer {token}"})
+    assert answer.status_code == 200, answer.text
+    left = {u["limit"]: u["grants_left"] for u in answer.json()["limits"]}
+    assert left == {"exports": 40, "tokens": 80}  # g-later is not in force yet
+    page = http.get("/portal", headers={"Authorization": f"Bearer {token}"}).text
+    assert 'class="grants">80<' in page and 'class="grants">40<' in page
+    other = http.get("/v1/subjects/org-2/usage", headers={"Authorization": f"Bearer {token}"})
+    assert other.status_code == 404
+
+
+def test_a_rotated_secret_keeps_old_links_until_the_grace_ends(
+    http: httpx.Client, meter: Meter, clock: FrozenClock
+) -> None:
+    week = 7 * 86400
+    old = _token(meter.portal_link("org-1", week))
+    until = meter.rotate_portal_secret(grace_seconds=3600)
+    assert until == NOW + timedelta(hours=1)
+    new = _token(meter.portal_link("org-1", week))
+    assert new.rsplit(".", 1)[1] != old.rsplit(".", 1)[1]  # same payload, a new signature
+
+    def status(token: str) -> int:
+        return http.get("/portal", params={"token": token}).status_code
+
+    assert (status(old), status(new)) == (200, 200)
+    clock.set(until - timedelta(seconds=1))
+    assert (status(old), status(new)) == (200, 200)
+    clock.set(until)
+    assert (status(old), status(new)) == (401, 200)
+    # No grace: the links of the secret just replaced stop at once, and older ones stay dead.
+    meter.rotate_portal_secret(grace_seconds=0)
+    newest = _token(meter.portal_link("org-1", week))
+    assert (status(old), status(new), status(newest)) == (401, 401, 200)
+
+
+def test_cli_rotates_the_link_secret(meter: Meter, http: httpx.Client) -> None:
+    runner = CliRunner()
+    link = meter.portal_link("org-1", 86400)
+    rotated = runner.invoke(main, ["--database", meter.url, "portal", "rotate", "--grace", "30m"])
+    assert rotated.exit_code == 0, rotated.output
+    # The command's own clock is the system's: the time shown is 30 minutes on.
+    assert re.fullmatch(
+        r"rotated: links made before now work until \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC\n",
+        rotated.output,
+    ), rotated.output
+    assert http.get("/portal", params={"token": _token(link)}).status_code == 200
+    for bad in ("32d", "-1m", "soon"):
+        refused = runner.invoke(main, ["--database", meter.url, "portal", "rotate", "--grace", bad])
+        assert refused.exit_code != 0, refused.output
+        assert refused.output.startswith("error:") and "grace" in refused.output, refused.output
+        assert "Traceback" not in refused.output

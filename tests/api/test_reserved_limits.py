@@ -5,7 +5,8 @@ request answer 503 (the per-key rate limit was gone). Now the API answers 409
 (problem+json), the CLI one ``error:`` line, and `Meter.set_limit` /
 `delete_limit` / `load_limits` raise `ReservedLimit`; only the product's own
 path (`Meter.set_product_limit`, what the API's startup uses) writes them.
-Listings hide them unless asked (``?all=true``, ``--all``).
+Listings hide them unless asked (``?all=true``, ``--all``). Entitlements,
+grants and ``reset`` of one are refused the same way (issue 30, item 11).
 """
 
 from __future__ import annotations
@@ -124,3 +125,58 @@ def test_the_cli_refuses_reserved_names_with_one_error_line(tmp_path: Path) -> N
 
 def _json(text: str) -> Any:
     return json.loads(text)
+
+
+def test_allowances_and_reset_refuse_reserved_limits(meter: Meter) -> None:
+    own = Limit(RATE_LIMIT, maximum=10, period="1m", algorithm="token_bucket")
+    meter.set_product_limit(own)
+    refused: list[Callable[[], object]] = [
+        lambda: meter.set_entitlement("apikey:k1", RATE_LIMIT, 1_000_000),
+        lambda: meter.delete_entitlement("apikey:k1", RATE_LIMIT),
+        lambda: meter.grant("apikey:k1", RATE_LIMIT, 5),
+        lambda: meter.grant("apikey:k1", "metering.mine", 5, every="1mo"),
+        lambda: meter.reset(limit=RATE_LIMIT),
+        lambda: meter.reset(subject="apikey:k1", limit="metering.mine"),
+    ]
+    for call in refused:
+        with pytest.raises(ReservedLimit) as raised:
+            call()
+        assert raised.value.limit.startswith("metering.")
+    assert meter.entitlements() == [] and meter.grants() == []
+
+
+def test_the_api_refuses_allowances_of_reserved_limits(admin: httpx.Client, meter: Meter) -> None:
+    answers = [
+        admin.put(f"/v1/entitlements/apikey:k1/{RATE_LIMIT}", json={"maximum": 10**6}),
+        admin.delete(f"/v1/entitlements/apikey:k1/{RATE_LIMIT}"),
+        admin.post("/v1/grants", json={"subject": "apikey:k1", "limit": RATE_LIMIT, "amount": 5}),
+    ]
+    for answer in answers:
+        assert answer.status_code == 409, answer.text
+        assert answer.headers["content-type"] == PROBLEM
+        assert answer.json()["type"] == "urn:metering:problem:reserved-limit"
+        assert RATE_LIMIT in answer.json()["detail"]
+    assert meter.entitlements() == [] and meter.grants() == []
+
+
+def test_the_cli_refuses_allowances_and_reset_of_reserved_limits(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/cli.db"
+    runner = CliRunner()
+    with Meter(url) as meter:
+        meter.set_product_limit(Limit(RATE_LIMIT, maximum=5, period="1m", algorithm="token_bucket"))
+    file = tmp_path / "entitlements.yaml"
+    file.write_text(f"- subject: apikey:k1\n  limit: {RATE_LIMIT}\n  maximum: 9\n")
+    for args in (
+        ("entitlements", "set", "apikey:k1", RATE_LIMIT, "1000"),
+        ("entitlements", "delete", "apikey:k1", RATE_LIMIT),
+        ("entitlements", "load", str(file)),
+        ("grants", "add", "apikey:k1", RATE_LIMIT, "5"),
+        ("reset", "--limit", RATE_LIMIT),
+    ):
+        result = runner.invoke(main, ["--database", url, *args])
+        assert result.exit_code == 1, (args, result.output)
+        lines = result.output.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+        assert "reserved" in lines[0], result.output
+    with Meter(url) as meter:
+        assert meter.entitlements() == [] and meter.grants() == []

@@ -246,3 +246,28 @@ def test_cli_creates_and_lists_a_subject_key(meter: Meter) -> None:
     )
     assert bad.exit_code != 0
     assert bad.output.strip().startswith("error:") and "Traceback" not in bad.output
+
+
+def test_a_subject_key_lists_its_own_reservations_checkouts_and_grants(
+    http: httpx.Client, meter: Meter
+) -> None:
+    meter.set_limit(Limit("seats", maximum=5, algorithm="concurrent"))
+    for subject in (OWN, OTHER):
+        meter.reserve(subject, "tokens", 2, event_id=f"r2-{subject}")
+        meter.checkout(subject, "seats", checkout_id=f"c-{subject}")
+    both = [(OWN, "tokens", 1), (OTHER, "tokens", 1)]
+    meter.reserve(charges=both, event_id="r-both")  # touches org-2: never shown to org-1
+    headers = _customer(meter)
+    expected = {
+        "/v1/reservations": ("reservations", "id", [f"r2-{OWN}"]),
+        "/v1/checkouts": ("checkouts", "id", [f"c-{OWN}"]),
+        "/v1/grants": ("grants", "grant_id", [f"g-{OWN}"]),
+    }
+    for path, (key, field, ids) in expected.items():
+        for params in ({}, {"subject": OWN}):
+            answer = http.get(path, params=params, headers=headers)
+            assert answer.status_code == 200, (path, answer.text)
+            assert OTHER not in answer.text, (path, answer.text)
+            assert [item[field] for item in answer.json()[key]] == ids, path
+        other = http.get(path, params={"subject": OTHER}, headers=headers)
+        assert other.status_code == 404 and other.json()["type"].endswith("not-found"), path
