@@ -106,6 +106,11 @@ class Meter(AllowancesFacade, LicensesFacade, PricesFacade, OperatorsFacade):
     def list_limits(self) -> list[Limit]:
         return admin.list_limits(self.database)
 
+    def unknown_limits(self, names: Iterable[str]) -> list[str]:
+        """Which of ``names`` no limit has (this process's cached limits,
+        reloaded once on a miss)."""
+        return self._engine.unknown_limits(names)
+
     def delete_limit(self, name: str) -> None:
         """Delete a limit; its counters stay, for reports."""
         admin.delete_limit(self.database, name)

@@ -30,7 +30,7 @@ counted here (`metering.metrics`), so callers count nothing.
 from __future__ import annotations
 
 from collections import Counter as CountOf
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from functools import partial
 from typing import TypeVar
 
@@ -108,6 +108,18 @@ class Engine:
         self._group.close()
         if self.direct is not None:
             self.direct.close()
+
+    def unknown_limits(self, names: Iterable[str]) -> list[str]:
+        """The names among ``names`` that no limit has, in order, from the
+        cached limits; a name missing from them reloads them once first (a
+        limit defined a moment ago, in any process, is known)."""
+        rules = self.limits.current[1]
+        missing = [name for name in dict.fromkeys(names) if name not in rules]
+        if missing:
+            self.database.run(self.limits.refresh)
+            rules = self.limits.current[1]
+            missing = [name for name in missing if name not in rules]
+        return missing
 
     # -- applying ----------------------------------------------------------------
 
