@@ -41,7 +41,10 @@ def emit(event: EventOptions, event_id: str | None, broker: str | None) -> None:
     # This process ends here: an event the broker did not take is dropped
     # and reported, never sent later behind the user's back.
     logging.getLogger("metering.producer").setLevel(logging.ERROR)
-    producer = UsageProducer(broker, retry_attempts=3)
+    # The database given to `metering` (else the producer's own default):
+    # a charge to a limit it does not define is refused here.
+    database = click.get_current_context().find_root().params.get("database")
+    producer = UsageProducer(broker, retry_attempts=3, database_url=database)
     try:
         sent = producer.emit(
             charges=event.charges,

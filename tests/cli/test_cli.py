@@ -16,7 +16,7 @@ import httpx
 import pytest
 from click.testing import CliRunner, Result
 
-from metering import Meter
+from metering import Limit, Meter
 from metering.cli import main
 from metering.cli.demo import chart_line, metering_command, webhook_line
 from metering.demo import DemoFiles, WebhookReceiver
@@ -503,6 +503,21 @@ def test_emit_queues_an_event_and_prints_its_id(tmp_path: Path) -> None:
     assert len(json.loads(as_json.output)["event_id"]) == 32
     with sqlite3.connect(tmp_path / "broker.db") as connection:
         assert connection.execute("SELECT count(*) FROM kombu_message").fetchone() == (2,)
+
+
+def test_emit_refuses_an_unknown_limit_of_its_database_in_one_line(tmp_path: Path) -> None:
+    broker = f"sqla+sqlite:///{tmp_path}/broker.db"
+    database = f"sqlite:///{tmp_path}/metering.db"
+    with Meter(database) as meter:
+        meter.set_limit(Limit("api_calls", maximum=10, period="1h"))
+    result = CliRunner().invoke(
+        main, ["--database", database, "emit", "org-42", "api_cals", "--broker", broker]
+    )
+    assert result.exit_code == 1, result.output
+    assert result.output.strip().splitlines() == [
+        "error: unknown limit 'api_cals': define it with `metering limits set`"
+    ]
+    assert not (tmp_path / "broker.db").exists()
 
 
 def test_emit_rejects_bad_input_in_one_line(tmp_path: Path) -> None:
