@@ -46,10 +46,11 @@ class LimitNames:
         return [name for name in wanted if name not in known]
 
     def _read(self) -> frozenset[str] | None:
-        from metering.storage.engine import is_missing_sqlite_file
+        from metering.storage.health import sqlite_file
 
-        if is_missing_sqlite_file(self.url):
-            return None
+        file = sqlite_file(self.url)
+        if file is not None and not file.exists():
+            return None  # connecting would make an empty one
         from metering.storage.database import Database
         from metering.storage.limits import LimitStore
 

@@ -66,21 +66,6 @@ def normalise_url(url: str) -> str:
     return url
 
 
-def is_missing_sqlite_file(url: str) -> bool:
-    """Whether ``url`` is SQLite in memory or in a file that does not exist
-    (connecting would make an empty one)."""
-    try:
-        parsed = make_url(normalise_url(url))
-    except (ArgumentError, ValueError):
-        return False
-    if parsed.get_backend_name() != "sqlite":
-        return False
-    path = parsed.database or ""
-    if path.startswith("file:"):
-        path = path[len("file:") :].split("?", 1)[0]
-    return path in ("", ":memory:") or not Path(path).exists()
-
-
 def make_engine(url: str, **kwargs: Any) -> Engine:
     """An engine set up for metering's transactions on SQLite or PostgreSQL."""
     url = normalise_url(url)
