@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from metering import counters, results
+from metering import counters, dead_letters, results
 from metering import limits as admin
 from metering.allowances.facade import AllowancesFacade
 from metering.clock import Clock, system_clock
@@ -169,6 +169,15 @@ class Meter(AllowancesFacade, LicensesFacade, PricesFacade, OperatorsFacade):
     def rejected_messages(self, count: int = 100) -> list[Rejected]:
         """The ``count`` newest pieces of queued input that could not be applied."""
         return results.rejected_messages(self.database, count)
+
+    def rejected_recent(self) -> int:
+        """Dead letters (rejected events and messages) kept in the last day."""
+        return dead_letters.recent(self.database)
+
+    def replay_rejected(self, count: int = 100) -> dead_letters.Replayed:
+        """Apply up to ``count`` rejected events that are acceptable now
+        (their limit defined since), each exactly once."""
+        return dead_letters.replay(self.database, count)
 
     def reserve(self, subject: Name = None, limit: Name = None, cost: int = 1, *,
                 charges: Charges = None, event_id: Name = None, metadata: Any = None,

@@ -51,6 +51,7 @@ from metering.engine.fast import (
     UseGeneralPath,
     apply_records,
     check_record,
+    refused_event,
 )
 from metering.engine.group import GroupCommit
 from metering.engine.money import Money
@@ -291,7 +292,14 @@ class Engine:
                 for event, outcome in zip(events, applied, strict=True)
                 if isinstance(outcome, EventConflict) and invalid == "reject"
             ]
-            store.record_rejected_messages([*rejected, *conflicts], now_us)
+            refused = [
+                refused_event(event, outcome.reason or "")
+                for event, outcome in zip(events, applied, strict=True)
+                if isinstance(outcome, Decision)
+                and outcome.outcome == "rejected"
+                and not outcome.duplicate
+            ]
+            store.record_rejected_messages([*rejected, *conflicts, *refused], now_us)
             return applied
 
         answers: list[Answer] = []

@@ -22,6 +22,7 @@ from metering.cli.demo import chart_line, metering_command, webhook_line
 from metering.demo import DemoFiles, WebhookReceiver
 from metering.domain.events import make_event
 from metering.errors import MeteringError
+from metering.messages import encode_batch, encode_event
 from metering.pipeline import apply_batch
 from metering.storage.engine import SCHEMA_REVISION
 from metering.webhooks import generate_secret, sign
@@ -538,6 +539,29 @@ def test_rejected_lists_what_could_not_be_applied(tmp_path: Path) -> None:
     assert listed.exit_code == 0, listed.output
     [row] = json.loads(listed.output)
     assert row["event_id"] is None and "not a metering batch" in row["reason"]
+
+
+def test_rejected_lists_rejected_events_and_replay_applies_them_once(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/m.db"
+    event = make_event([("org-42", "api_cals", 3)], datetime.now(UTC), "typo-1")
+    with Meter(url) as meter:
+        apply_batch(meter, encode_batch([encode_event(event)]))  # as a worker does
+    listed = CliRunner().invoke(main, ["--database", url, "rejected"])
+    assert listed.exit_code == 0, listed.output
+    assert "typo-1" in listed.output and "unknown limit 'api_cals'" in listed.output
+    waiting = CliRunner().invoke(main, ["--database", url, "rejected", "replay"])
+    assert waiting.exit_code == 0, waiting.output
+    assert waiting.output.startswith("replayed 0 events; 1 still rejected")
+    with Meter(url) as meter:
+        meter.set_limit(Limit("api_cals", maximum=10, period="1h"))
+    for expected in ("replayed 1 event (1 allowed); 0 still rejected", "replayed 0 events"):
+        done = CliRunner().invoke(main, ["--database", url, "rejected", "replay"])
+        assert done.exit_code == 0, done.output
+        assert done.output.startswith(expected)
+    with Meter(url) as meter:
+        assert sum(c.used for c in meter.counters("org-42", "api_cals")) == 3
+    empty = CliRunner().invoke(main, ["--database", url, "rejected"])
+    assert "no rejected messages" in empty.output
 
 
 @pytest.mark.parametrize(
