@@ -142,8 +142,13 @@ def rejected(ctx: click.Context, last: int, fmt: str) -> None:
 
 
 @rejected.command("replay")
-@click.option("--count", type=click.IntRange(1, MAX_LISTING), default=10_000, show_default=True,
-              help="At most this many events, oldest first.")  # fmt: skip
+@click.option(
+    "--count",
+    type=click.IntRange(1, MAX_LISTING),
+    default=10_000,
+    show_default=True,
+    help="At most this many events, oldest first.",
+)
 @format_option
 def replay(count: int, fmt: str) -> None:
     """Apply the rejected events that are acceptable now, each exactly once.

@@ -171,6 +171,10 @@ class DatabaseProbe:
         wanted = list(event_ids)
         return self._read("results", lambda c: Store(c).decided_ids(wanted), set())
 
+    def rejected_since(self, since_us: int) -> int:
+        """Dead letters (rejected events and messages) kept at or after ``since_us``."""
+        return self._read("rejected_messages", lambda c: Store(c).count_rejected_since(since_us), 0)
+
     def close(self) -> None:
         if self.engine is not None:
             self.engine.dispose()
