@@ -18,10 +18,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from metering import Limit, Meter
 from metering.clock import FrozenClock
-from metering.lag import lag_collector, read_queue_lag, read_webhook_backlog
-from metering.metrics import WebhookBacklog, exposition_registry
 from metering.domain.events import make_event
+from metering.lag import lag_collector, read_queue_lag, read_webhook_backlog
 from metering.messages import encode_batch, encode_event
+from metering.metrics import WebhookBacklog, exposition_registry
 from metering.pipeline import apply_batch
 from metering.producer import UsageProducer
 from metering.routing import DEFAULT_QUEUE
