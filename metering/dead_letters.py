@@ -1,9 +1,9 @@
-"""Dead letters as operators list, count and replay them.
+"""Dead letters as operators replay them.
 
 The dead-letter record holds undecodable messages, reused ids and every
 event the workers rejected (unknown limit, too late), whole, with its reason.
-`recent` counts those of the last day (`metering status` warns; the gauge
-``metering_rejected_recent``). `replay` applies the rejected events that are
+Those of the last `RECENT_SECONDS` are a warning of `metering status` and
+the gauge ``metering_rejected_recent``. `replay` applies the rejected events
 acceptable now (their limit defined since), exactly once: in one transaction
 it deletes each one's ``rejected`` result (a concurrent replay deletes none
 twice), decides it with the reference engine and deletes its dead letter.
@@ -40,12 +40,6 @@ class Replayed:
 
     applied: tuple[Decision, ...]
     waiting: tuple[tuple[str, str], ...]
-
-
-def recent(database: Database) -> int:
-    """Dead letters kept in the last `RECENT_SECONDS`."""
-    since_us = database.now_us() - RECENT_SECONDS * 1_000_000
-    return database.run(lambda c: Store(c).count_rejected_since(since_us))
 
 
 def replay(database: Database, count: int) -> Replayed:

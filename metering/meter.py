@@ -170,10 +170,6 @@ class Meter(AllowancesFacade, LicensesFacade, PricesFacade, OperatorsFacade):
         """The ``count`` newest pieces of queued input that could not be applied."""
         return results.rejected_messages(self.database, count)
 
-    def rejected_recent(self) -> int:
-        """Dead letters (rejected events and messages) kept in the last day."""
-        return dead_letters.recent(self.database)
-
     def replay_rejected(self, count: int = 100) -> dead_letters.Replayed:
         """Apply up to ``count`` rejected events that are acceptable now
         (their limit defined since), each exactly once."""

@@ -1,12 +1,13 @@
-"""Rejected events: kept whole by the worker's path (`apply_batch`), counted
-while recent, and replayed once their limit exists, exactly once (SQLite
-and PostgreSQL; concurrent replays from several threads)."""
+"""Rejected events, kept whole by the worker's path (`apply_batch`), are
+replayed once their limit exists, exactly once (SQLite and PostgreSQL;
+concurrent replays from several threads). Their count of the last day:
+tests/cli/test_status_cli.py and tests/integration/test_lag_gauges.py."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 import pytest
 
@@ -36,14 +37,6 @@ def rejected_batch(ids: list[str], cost: int = 2) -> dict[str, object]:
 
 def used(meter: Meter) -> int:
     return sum(c.used for c in meter.counters("org", "apii"))
-
-
-def test_rejected_events_are_recent_for_a_day(meter: Meter, clock: FrozenClock) -> None:
-    assert meter.rejected_recent() == 0
-    apply_batch(meter, rejected_batch(["u1", "u2"]))
-    assert meter.rejected_recent() == 2
-    clock.advance(timedelta(days=1, seconds=1))
-    assert meter.rejected_recent() == 0
 
 
 def test_replay_applies_them_once_the_limit_exists_and_only_once(meter: Meter) -> None:
