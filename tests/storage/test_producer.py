@@ -390,13 +390,16 @@ def test_the_embedded_default_checks_its_default_database(
 def test_a_producer_that_cannot_see_the_limits_still_queues(
     broker: tuple[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A broker only (no database given or configured), or a database file that
-    does not exist: the workers decide, as they always did."""
+    """A broker only (no database given or configured), a database file that
+    does not exist, or a server that does not answer: the workers decide, as
+    they always did."""
     url, path = broker
     monkeypatch.delenv("METERING_DATABASE_URL", raising=False)
     missing = f"sqlite:///{tmp_path}/none.db"
-    for producer in (UsageProducer(url), UsageProducer(url, database_url=missing)):
+    away = "postgresql://nobody@127.0.0.1:1/none"  # nothing listens on port 1
+    for database in (None, missing, away):
+        producer = UsageProducer(url, database_url=database)
         producer.emit("org-42", "api_cals")
         producer.close()
-    assert [len(p["events"]) for _, _, p in broker_messages(path)] == [1, 1]  # type: ignore[arg-type]
+    assert [len(p["events"]) for _, _, p in broker_messages(path)] == [1, 1, 1]  # type: ignore[arg-type]
     assert not (tmp_path / "none.db").exists()
