@@ -243,7 +243,7 @@ async def apply_now(meter: Meter, parsed: Sequence[Parsed]) -> list[Decision]:
         else:
             by_id = await run_in_threadpool(_apply_batch, meter, unique)
     except UnknownLimit as exc:
-        raise unknown_limits(parsed, [exc.limit]) from None
+        raise unknown_limits(parsed, [exc.limit], verb="applied") from None
     except OccurredAtOutOfRange as exc:
         raise _out_of_range(parsed, exc) from None
     return [by_id[item.event.event_id] for item in parsed]
@@ -263,8 +263,11 @@ def _apply_batch(meter: Meter, events: Sequence[UsageEvent]) -> dict[str, Decisi
     return {e.event_id: d for e, d in zip(events, decided, strict=True) if isinstance(d, Decision)}
 
 
-def unknown_limits(parsed: Sequence[Parsed], names: Sequence[str]) -> ApiProblem:
-    """The 422 naming each charge of ``parsed`` to one of the unknown limits ``names``."""
+def unknown_limits(
+    parsed: Sequence[Parsed], names: Sequence[str], *, verb: str = "queued"
+) -> ApiProblem:
+    """The 422 naming each charge of ``parsed`` to one of the unknown limits
+    ``names``; nothing was ``verb`` (queued, applied)."""
     errors = [
         (item.charge_pointer(index, "limit"), f"unknown limit {charge.limit!r}")
         for item in parsed
@@ -277,7 +280,7 @@ def unknown_limits(parsed: Sequence[Parsed], names: Sequence[str]) -> ApiProblem
         listed = ", ".join(repr(name) for name in names)
         detail = f"unknown limits {listed}: define them with `metering limits set`"
     return ApiProblem(
-        "unknown-limit", f"{detail}; nothing was queued", errors or [("limit", detail)]
+        "unknown-limit", f"{detail}; nothing was {verb}", errors or [("limit", detail)]
     )
 
 
