@@ -112,11 +112,12 @@ class Engine:
 
     def unknown_limits(self, names: Iterable[str]) -> list[str]:
         """The names among ``names`` that no limit has, in order, from the
-        cached limits; a name missing from them reloads them once first (a
-        limit defined a moment ago, in any process, is known)."""
+        cached limits; a name missing from them reloads them first when the
+        limits changed since (a limit defined a moment ago, in any process,
+        is known; a flood of typos costs one read of the version each)."""
         rules = self.limits.current[1]
         missing = [name for name in dict.fromkeys(names) if name not in rules]
-        if missing:
+        if missing and self.database.run(_limits_version) != self.limits.current[0]:
             self.database.run(self.limits.refresh)
             rules = self.limits.current[1]
             missing = [name for name in missing if name not in rules]
@@ -388,6 +389,10 @@ class Engine:
             )
 
         return self.database.run(work)
+
+
+def _limits_version(connection: Connection) -> int:
+    return Store(connection).limits_version()
 
 
 def _count(
