@@ -8,7 +8,8 @@ scrape, what ``metering status`` reads (`metering.storage.queue_state`,
 * the age of the oldest queued message with an event that has no result
   yet (by the producer's send time; 0 when there is none);
 * the webhook backlog: pending deliveries to enabled endpoints due now, in
-  all, and how long the most overdue one has waited.
+  all, and how long the most overdue one has waited;
+* the dead letters of the last day: rejected events and messages.
 
 Each scrape opens its own connections and closes them, so a pool process
 forked meanwhile shares none, and a broker or database that is away costs
@@ -21,6 +22,7 @@ from __future__ import annotations
 from typing import Final
 
 from metering.clock import Clock, system_clock
+from metering.dead_letters import RECENT_SECONDS
 from metering.domain.instants import to_us
 from metering.metrics import LagCollector, QueueLag, WebhookBacklog
 from metering.routing import worker_queues
@@ -68,6 +70,15 @@ def read_webhook_backlog(database_url: str, clock: Clock = system_clock) -> Webh
     return WebhookBacklog(due, pending, overdue)
 
 
+def read_rejected_recent(database_url: str, clock: Clock = system_clock) -> int:
+    """Dead letters (rejected events and messages) kept in the last day."""
+    probe = DatabaseProbe(database_url, connect_timeout_seconds=SCRAPE_TIMEOUT_SECONDS)
+    try:
+        return probe.rejected_since(to_us(clock()) - RECENT_SECONDS * 1_000_000)
+    finally:
+        probe.close()
+
+
 def lag_collector(
     database_url: str, broker_url: str, queues: int = 1, clock: Clock = system_clock
 ) -> LagCollector:
@@ -75,4 +86,5 @@ def lag_collector(
     return LagCollector(
         queues=lambda: read_queue_lag(database_url, broker_url, queues, clock),
         webhooks=lambda: read_webhook_backlog(database_url, clock),
+        rejected=lambda: read_rejected_recent(database_url, clock),
     )

@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from metering import counters, results
+from metering import counters, dead_letters, results
 from metering import limits as admin
 from metering.allowances.facade import AllowancesFacade
 from metering.clock import Clock, system_clock
@@ -106,6 +106,11 @@ class Meter(AllowancesFacade, LicensesFacade, PricesFacade, OperatorsFacade):
     def list_limits(self) -> list[Limit]:
         return admin.list_limits(self.database)
 
+    def unknown_limits(self, names: Iterable[str]) -> list[str]:
+        """Which of ``names`` no limit has (this process's cached limits,
+        reloaded once on a miss)."""
+        return self._engine.unknown_limits(names)
+
     def delete_limit(self, name: str) -> None:
         """Delete a limit; its counters stay, for reports."""
         admin.delete_limit(self.database, name)
@@ -164,6 +169,11 @@ class Meter(AllowancesFacade, LicensesFacade, PricesFacade, OperatorsFacade):
     def rejected_messages(self, count: int = 100) -> list[Rejected]:
         """The ``count`` newest pieces of queued input that could not be applied."""
         return results.rejected_messages(self.database, count)
+
+    def replay_rejected(self, count: int = 100) -> dead_letters.Replayed:
+        """Apply up to ``count`` rejected events that are acceptable now
+        (their limit defined since), each exactly once."""
+        return dead_letters.replay(self.database, count)
 
     def reserve(self, subject: Name = None, limit: Name = None, cost: int = 1, *,
                 charges: Charges = None, event_id: Name = None, metadata: Any = None,

@@ -11,8 +11,8 @@ Counting happens where the services return results, never in the domain:
 * the HTTP API counts what it receives (`count_received`) and its requests
   (`HttpMetrics`, installed by `instrument_app`).
 
-Queue depth, the oldest undecided event and the webhook backlog are read
-when Prometheus scrapes (`LagCollector`, fed by `metering.lag`).
+Queue depth, the oldest undecided event, the webhook backlog and the input
+rejected in the last day are read when Prometheus scrapes (`LagCollector`, fed by `metering.lag`).
 
 Labels never carry a subject: a limit name is the finest label, and at most
 `MAX_LIMIT_LABELS` distinct ones are kept per process (more become
@@ -364,7 +364,7 @@ class WebhookBacklog:
 
 class LagCollector:
     """Gauges read when Prometheus scrapes: queue depth, the oldest undecided
-    event's age and the webhook backlog.
+    event's age, the webhook backlog and what was rejected in the last day.
 
     Each reader is called once per scrape; one that raises is reported as
     ``metering_lag_up{source} 0`` and leaves its gauges out, so a broker
@@ -375,9 +375,11 @@ class LagCollector:
         self,
         queues: Callable[[], QueueLag] | None = None,
         webhooks: Callable[[], WebhookBacklog] | None = None,
+        rejected: Callable[[], int] | None = None,
     ) -> None:
         self.queues = queues
         self.webhooks = webhooks
+        self.rejected = rejected
 
     def describe(self) -> list[Metric]:
         return []  # never queried at registration
@@ -390,6 +392,7 @@ class LagCollector:
         )
         yield from _source_gauges(up, "broker", self.queues, _queue_gauges)
         yield from _source_gauges(up, "database", self.webhooks, _backlog_gauges)
+        yield from _source_gauges(up, "rejected", self.rejected, _rejected_gauges)
         yield up
 
 
@@ -454,6 +457,16 @@ def _backlog_gauges(backlog: WebhookBacklog) -> Iterator[Metric]:
         "metering_webhook_oldest_due_seconds",
         "How long the most overdue pending delivery has been due (0: none).",
         value=backlog.oldest_due_seconds,
+    )
+
+
+def _rejected_gauges(recent: int) -> Iterator[Metric]:
+    from prometheus_client.core import GaugeMetricFamily
+
+    yield GaugeMetricFamily(
+        "metering_rejected_recent",
+        "Rejected events and messages kept in the last day (`metering rejected` lists them).",
+        value=recent,
     )
 
 

@@ -1,6 +1,7 @@
 """Producers: emit usage events to the queue without waiting on the database.
 
-`UsageProducer.emit` validates at once (bad input raises, nothing is queued),
+`UsageProducer.emit` validates at once (bad input, or a limit its database
+does not define, raises and nothing is queued),
 returns the event id, and buffers the event. Buffers are sent as one message
 per batch when they reach ``batch_size`` events or are ``flush_interval_seconds``
 old, on `flush`, and when the process exits. A broker that does not
@@ -29,10 +30,12 @@ from metering.config import broker_url, is_embedded_broker, queue_count, use_emb
 from metering.domain.bounds import validate_seconds
 from metering.domain.events import FUTURE_TOLERANCE_US, charges_of, make_event
 from metering.domain.instants import to_us
-from metering.errors import BrokerUnavailable, InvalidInput, OccurredAtOutOfRange
+from metering.errors import BrokerUnavailable, InvalidInput, OccurredAtOutOfRange, UnknownLimit
+from metering.limit_names import LimitNames
 from metering.messages import args_repr, batch_body, event_text, task_headers
 from metering.routing import APPLY_BATCH_TASK, queue_for
 from metering.routing import queue_names as queue_names
+from metering.settings import producer_database_url
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +72,11 @@ class UsageProducer:
     ``metering.0`` … ``metering.N-1`` (`metering.routing`); run one consumer
     per queue to apply each subject's events in the order they were emitted.
     Without ``queues``, ``METERING_QUEUES`` (default 1), as the workers read it.
+
+    A producer that can see the limits refuses a charge to an undefined one
+    (`UnknownLimit`, nothing queued): its database is ``database_url``, else
+    ``METERING_DATABASE_URL``, else, on the embedded default broker, the
+    default database. With a broker only, events are queued unchecked.
     """
 
     def __init__(
@@ -82,6 +90,7 @@ class UsageProducer:
         retry_backoff_seconds: float = 0.2,
         max_buffer: int = DEFAULT_MAX_BUFFER,
         clock: Clock | None = None,
+        database_url: str | None = None,
     ) -> None:
         if queues is None:
             queues = queue_count()
@@ -98,6 +107,8 @@ class UsageProducer:
         self.retry_backoff_seconds = retry_backoff_seconds
         self.max_buffer = max_buffer
         self.clock: Clock = clock or system_clock
+        found = producer_database_url(database_url, self.url)
+        self._limit_names = None if found is None else LimitNames(found)
         self._app = make_celery(self.url)
         self._origin = f"gen{os.getpid()}@{socket.gethostname()}"
         self._reply_to = str(uuid.uuid4())
@@ -129,6 +140,10 @@ class UsageProducer:
         event = make_event(charges, now if occurred_at is None else occurred_at, event_id, metadata)
         if event.occurred_at_us > to_us(now) + FUTURE_TOLERANCE_US:
             raise OccurredAtOutOfRange(event.occurred_at, "is more than 5 minutes in the future")
+        if self._limit_names is not None:
+            unknown = self._limit_names.unknown(charge.limit for charge in event.charges)
+            if unknown:
+                raise UnknownLimit(unknown[0])
         try:
             self._add(
                 queue_for(event.charges[0].subject, self.queues),
@@ -295,6 +310,8 @@ class UsageProducer:
         self._closed = True
         self._wake.set()
         self._app.close()
+        if self._limit_names is not None:
+            self._limit_names.close()
 
     def _flush_at_exit(self) -> None:
         if self._closed or os.getpid() != self._pid:

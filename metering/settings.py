@@ -133,6 +133,19 @@ def broker_url(explicit: str | None = None, environ: Environ | None = None) -> s
     return explicit or _environ(environ).get("METERING_BROKER_URL") or DEFAULT_BROKER_URL
 
 
+def producer_database_url(
+    explicit: str | None, broker: str, environ: Environ | None = None
+) -> str | None:
+    """The database whose limits a producer checks: the argument, else
+    ``METERING_DATABASE_URL``, else with the embedded default broker the
+    default database (./metering.db, where its workers apply); else None (a
+    broker only: nothing to check against)."""
+    found = explicit or _environ(environ).get("METERING_DATABASE_URL")
+    if found:
+        return found
+    return DEFAULT_DATABASE_URL if broker == DEFAULT_BROKER_URL else None
+
+
 def queue_count(environ: Environ | None = None) -> int:
     """``METERING_QUEUES``: how many hash-routed queues producers use and
     workers consume (a whole number from 1 to `MAX_QUEUES`, default 1)."""

@@ -311,13 +311,29 @@ def _exposed_names() -> set[str]:
     """Every sample name metering.metrics exposes, the lag gauges included."""
     families = list(Metrics().registry.collect())
     lag = LagCollector(
-        lambda: QueueLag((("metering", 0, 0),), 0.0), lambda: WebhookBacklog(0, 0, 0.0)
+        lambda: QueueLag((("metering", 0, 0),), 0.0), lambda: WebhookBacklog(0, 0, 0.0), lambda: 0
     )
     families += list(lag.collect())
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum")}
     return {
         family.name + suffix for family in families for suffix in suffixes.get(family.type, ("",))
     }
+
+
+def test_the_shipped_alerting_rules_are_loaded_and_name_only_metering_metrics(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    mounts = dict(_bind_sources(services["prometheus"]))
+    target = mounts["./deploy/prometheus-rules.yml"]
+    assert yaml.safe_load(PROMETHEUS_CONFIG.read_text())["rule_files"] == [target]
+    rules = yaml.safe_load((ROOT / "deploy" / "prometheus-rules.yml").read_text())
+    alerts = {rule["alert"]: rule for group in rules["groups"] for rule in group["rules"]}
+    named = {
+        name for rule in alerts.values() for name in re.findall(r"\bmetering_\w+", rule["expr"])
+    }
+    assert named <= _exposed_names(), sorted(named - _exposed_names())
+    # Usage never billed: anything rejected (an unknown limit) pages someone.
+    assert alerts["MeteringEventsRejected"]["expr"] == "metering_rejected_recent > 0"
 
 
 def _queries() -> list[str]:

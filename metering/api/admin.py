@@ -1,6 +1,6 @@
 """The admin routers, one module each, in the order of docs/api-admin.md:
-reservations, limits, entitlements/grants/corrections, reports and webhook
-endpoints. `create_api` includes
+reservations, limits, entitlements/grants/corrections, reports, webhook
+endpoints and rejected input. `create_api` includes
 them after the events and decisions routers (`metering.api.app.ROUTERS`)."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from metering.api import (
     licenses,
     limits,
     prices,
+    rejected,
     reports,
     reservations,
     simulations,
@@ -29,4 +30,5 @@ ROUTERS: tuple[APIRouter, ...] = (
     simulations.router,
     imports.router,
     webhooks.router,
+    rejected.router,
 )

@@ -35,7 +35,13 @@ from metering.api.parsing import (
     with_idempotency_key,
 )
 from metering.api.problems import ApiProblem
-from metering.api.queueing import accept, apply_now, unique_queued
+from metering.api.queueing import (
+    UnknownLimits,
+    accept,
+    apply_now,
+    unique_queued,
+    unknown_limits,
+)
 from metering.api.routes import route
 from metering.domain.events import Charge, validate_event_id
 from metering.metrics import count_received
@@ -130,9 +136,14 @@ async def post_events(
     # The queued path: events validated straight into message text (`QueuedEvent`).
     unique = unique_queued(queued_events(body, kind, now, context.settings.api_max_events))
     figures = await may_read(request)
-    fresh, stored = await to_thread.run_sync(
-        accept, context.meter, context.producer, unique, limiter=context.ingest_limiter()
-    )
+    try:
+        fresh, stored = await to_thread.run_sync(
+            accept, context.meter, context.producer, unique, limiter=context.ingest_limiter()
+        )
+    except UnknownLimits as exc:
+        # Rare: parsed again, for the pointer to each charge at fault.
+        parsed = parse_events(body, kind, now, context.settings.api_max_events)
+        raise unknown_limits(parsed, exc.limits) from None
     if fresh:
         _received([event.charges for event in fresh])  # unique ids already
     accepted = {

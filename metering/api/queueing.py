@@ -201,11 +201,21 @@ def enqueue(producer: UsageProducer, events: Sequence[QueuedEvent]) -> None:
         ) from exc
 
 
+class UnknownLimits(Exception):
+    """Events not decided before charge limits that do not exist (``limits``):
+    the request is refused (`unknown_limits`), nothing queued."""
+
+    def __init__(self, limits: Sequence[str]) -> None:
+        super().__init__(", ".join(limits))
+        self.limits = list(limits)
+
+
 def accept(
     meter: Meter, producer: UsageProducer, events: Sequence[QueuedEvent]
 ) -> tuple[list[QueuedEvent], dict[str, StoredResult]]:
     """The queued path, in one thread: look the ids up in the ledger (a
-    conflict refuses all), queue those not decided before.
+    conflict refuses all), check the limits of those not decided before
+    (`UnknownLimits` refuses all: a worker would only reject them), queue them.
     Returns the events queued and the stored results of the others."""
     stored = stored_results(meter.database, [event.event_id for event in events])
     conflicting = queued_conflicts(events, stored)
@@ -213,6 +223,9 @@ def accept(
         raise conflict(conflicting, applied=False)
     fresh = [event for event in events if event.event_id not in stored]
     if fresh:
+        unknown = meter.unknown_limits(c.limit for event in fresh for c in event.charges)
+        if unknown:
+            raise UnknownLimits(unknown)
         enqueue(producer, fresh)
     return fresh, stored
 
@@ -258,7 +271,7 @@ async def apply_now(
         elif rest:
             by_id.update(await run_in_threadpool(_apply_batch, meter, rest))
     except UnknownLimit as exc:
-        raise _unknown_limit(parsed, exc) from None
+        raise unknown_limits(parsed, [exc.limit], verb="applied") from None
     except OccurredAtOutOfRange as exc:
         raise _out_of_range(parsed, exc) from None
     return [by_id[item.event.event_id] for item in parsed]
@@ -278,14 +291,25 @@ def _apply_batch(meter: Meter, events: Sequence[UsageEvent]) -> dict[str, Decisi
     return {e.event_id: d for e, d in zip(events, decided, strict=True) if isinstance(d, Decision)}
 
 
-def _unknown_limit(parsed: Sequence[Parsed], error: UnknownLimit) -> ApiProblem:
+def unknown_limits(
+    parsed: Sequence[Parsed], names: Sequence[str], *, verb: str = "queued"
+) -> ApiProblem:
+    """The 422 naming each charge of ``parsed`` to one of the unknown limits
+    ``names``; nothing was ``verb`` (queued, applied)."""
     errors = [
-        (item.charge_pointer(index, "limit"), f"unknown limit {error.limit!r}")
+        (item.charge_pointer(index, "limit"), f"unknown limit {charge.limit!r}")
         for item in parsed
         for index, charge in enumerate(item.event.charges)
-        if charge.limit == error.limit
+        if charge.limit in names
     ]
-    return ApiProblem("unknown-limit", str(error), errors or [("limit", str(error))])
+    if len(names) == 1:
+        detail = str(UnknownLimit(names[0]))
+    else:
+        listed = ", ".join(repr(name) for name in names)
+        detail = f"unknown limits {listed}: define them with `metering limits set`"
+    return ApiProblem(
+        "unknown-limit", f"{detail}; nothing was {verb}", errors or [("limit", detail)]
+    )
 
 
 def _out_of_range(parsed: Sequence[Parsed], error: OccurredAtOutOfRange) -> ApiProblem:

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import sys
+from collections import Counter
 from typing import Final
 
 import click
@@ -41,7 +42,10 @@ def emit(event: EventOptions, event_id: str | None, broker: str | None) -> None:
     # This process ends here: an event the broker did not take is dropped
     # and reported, never sent later behind the user's back.
     logging.getLogger("metering.producer").setLevel(logging.ERROR)
-    producer = UsageProducer(broker, retry_attempts=3)
+    # The database given to `metering` (else the producer's own default):
+    # a charge to a limit it does not define is refused here.
+    database = click.get_current_context().find_root().params.get("database")
+    producer = UsageProducer(broker, retry_attempts=3, database_url=database)
     try:
         sent = producer.emit(
             charges=event.charges,
@@ -113,12 +117,20 @@ def worker(
     os.execve(sys.executable, [*command, *ctx.args], env)
 
 
-@click.command()
+@click.group(invoke_without_command=True)
 @click.option("--last", type=click.IntRange(1, MAX_LISTING), default=20, show_default=True,
               help="How many to show.")  # fmt: skip
 @format_option
-def rejected(last: int, fmt: str) -> None:
-    """Show queued input that could not be applied (malformed, conflicting ids)."""
+@click.pass_context
+def rejected(ctx: click.Context, last: int, fmt: str) -> None:
+    """Show what the workers could not apply, newest first: rejected events
+    (unknown limit, too late), malformed messages, reused ids.
+
+    `metering rejected replay` applies the rejected events once they are
+    acceptable (their limit defined since), each exactly once.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
     rows = current_meter().rejected_messages(last)
     if fmt == "json":
         keys = ("event_id", "reason", "raw")
@@ -127,6 +139,37 @@ def rejected(last: int, fmt: str) -> None:
         click.echo("no rejected messages")
     else:
         print_table(table(["event id", "reason", "input"], [list(r) for r in rows]))
+
+
+@rejected.command("replay")
+@click.option(
+    "--count",
+    type=click.IntRange(1, MAX_LISTING),
+    default=10_000,
+    show_default=True,
+    help="At most this many events, oldest first.",
+)
+@format_option
+def replay(count: int, fmt: str) -> None:
+    """Apply the rejected events that are acceptable now, each exactly once.
+
+    An event already decided stays one result: its `rejected` result is
+    replaced by the decision, in one transaction. Events still unacceptable
+    (the limit still unknown, too late) stay listed, with why.
+    """
+    done = current_meter().replay_rejected(count)
+    if fmt == "json":
+        applied = [{**d.to_dict(), "duplicate": False} for d in done.applied]
+        waiting = [{"event_id": e, "reason": r} for e, r in done.waiting]
+        click.echo(json.dumps({"applied": applied, "still_rejected": waiting}, indent=2))
+        return
+    outcomes = Counter(d.outcome for d in done.applied)
+    shown = ", ".join(f"{n} {outcome}" for outcome, n in sorted(outcomes.items()))
+    noun = "event" if len(done.applied) == 1 else "events"
+    counts = f" ({shown})" if shown else ""
+    click.echo(f"replayed {len(done.applied)} {noun}{counts}; {len(done.waiting)} still rejected")
+    if done.waiting:
+        print_table(table(["event id", "still rejected because"], [list(w) for w in done.waiting]))
 
 
 @click.command()

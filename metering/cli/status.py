@@ -9,7 +9,8 @@ found alive depends on the broker: Celery's ping on Redis; on the embedded
 broker, which has no broadcast, the heartbeat each worker writes to the
 database (`workers.heartbeat`). Beat answers no ping: its heartbeat is read
 on both. Queue depths and the oldest queued event are reported, and fail
-only past ``--max-age``.
+only past ``--max-age``. Anything rejected in the last day (events for an
+unknown limit, malformed messages: `metering rejected`) is a warning.
 
 Nothing here raises: an unreachable database or broker is a failed check,
 and the command exits 1 with one ``unhealthy: ...`` line per failure on
@@ -34,6 +35,7 @@ from metering.cli.context import AppState
 from metering.cli.options import format_option, parse_seconds
 from metering.cli.output import print_table, table, when
 from metering.clock import Clock, system_clock
+from metering.dead_letters import RECENT_SECONDS
 from metering.domain.instants import from_us, to_us
 from metering.errors import MeteringError
 from metering.producer import make_celery
@@ -298,6 +300,17 @@ def _beats_check(alive: Sequence[str]) -> Check | None:
     return Check("beats", False, detail, required=False)
 
 
+def _rejected_check(probe: DatabaseProbe | None, *, now_us: int) -> tuple[Check, int | None]:
+    """A warning while anything was rejected in the last day (`RECENT_SECONDS`)."""
+    if probe is None:
+        return Check("rejected", False, "cannot tell: the database is unreachable", False), None
+    found = probe.rejected_since(now_us - RECENT_SECONDS * 1_000_000)
+    if not found:
+        return Check("rejected", True, "none in the last day", False), 0
+    detail = f"{found} rejected in the last day: see `metering rejected`"
+    return Check("rejected", False, detail, False), found
+
+
 def _oldest_check(
     oldest: Oldest, *, now_us: int, max_age_seconds: float | None
 ) -> tuple[Check, dict[str, Any] | None]:
@@ -403,6 +416,13 @@ def collect_status(
         several = _beats_check(facts.get("alive", []))
         if several is not None:
             report.checks.append(several)
+
+        try:
+            check, count = _rejected_check(probe, now_us=now_us)
+        except Exception as exc:
+            check, count = Check("rejected", False, f"cannot tell: {describe(exc)}", False), None
+        report.checks.append(check)
+        report.facts["rejected_last_day"] = count
 
         report.facts["oldest_event"] = None
         if found is None:

@@ -30,7 +30,7 @@ counted here (`metering.metrics`), so callers count nothing.
 from __future__ import annotations
 
 from collections import Counter as CountOf
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from functools import partial
 from typing import TypeVar
 
@@ -51,6 +51,7 @@ from metering.engine.fast import (
     UseGeneralPath,
     apply_records,
     check_record,
+    refused_event,
 )
 from metering.engine.group import GroupCommit
 from metering.engine.money import Money
@@ -108,6 +109,19 @@ class Engine:
         self._group.close()
         if self.direct is not None:
             self.direct.close()
+
+    def unknown_limits(self, names: Iterable[str]) -> list[str]:
+        """The names among ``names`` that no limit has, in order, from the
+        cached limits; a name missing from them reloads them first when the
+        limits changed since (a limit defined a moment ago, in any process,
+        is known; a flood of typos costs one read of the version each)."""
+        rules = self.limits.current[1]
+        missing = [name for name in dict.fromkeys(names) if name not in rules]
+        if missing and self.database.run(_limits_version) != self.limits.current[0]:
+            self.database.run(self.limits.refresh)
+            rules = self.limits.current[1]
+            missing = [name for name in missing if name not in rules]
+        return missing
 
     # -- applying ----------------------------------------------------------------
 
@@ -279,7 +293,14 @@ class Engine:
                 for event, outcome in zip(events, applied, strict=True)
                 if isinstance(outcome, EventConflict) and invalid == "reject"
             ]
-            store.record_rejected_messages([*rejected, *conflicts], now_us)
+            refused = [
+                refused_event(event, outcome.reason or "")
+                for event, outcome in zip(events, applied, strict=True)
+                if isinstance(outcome, Decision)
+                and outcome.outcome == "rejected"
+                and not outcome.duplicate
+            ]
+            store.record_rejected_messages([*rejected, *conflicts, *refused], now_us)
             return applied
 
         answers: list[Answer] = []
@@ -368,6 +389,10 @@ class Engine:
             )
 
         return self.database.run(work)
+
+
+def _limits_version(connection: Connection) -> int:
+    return Store(connection).limits_version()
 
 
 def _count(

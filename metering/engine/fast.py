@@ -30,7 +30,13 @@ from typing import Final, Literal
 from sqlalchemy import Connection
 
 from metering.domain.decisions import ChargeDecision
-from metering.domain.events import FUTURE_TOLERANCE_US, EventRecord, Rejected, check_event_time
+from metering.domain.events import (
+    FUTURE_TOLERANCE_US,
+    EventRecord,
+    Rejected,
+    UsageEvent,
+    check_event_time,
+)
 from metering.domain.grants import History, Pot, maximum_at
 from metering.domain.imports import ImportPolicy
 from metering.domain.instants import from_us
@@ -49,6 +55,7 @@ from metering.domain.rules import (
 )
 from metering.domain.windows import Window, calendar_window, first_use_window
 from metering.errors import EventConflict, MeteringError, UnknownLimit
+from metering.messages import encode_event, raw_text
 from metering.storage.alerts import AlertStore
 from metering.storage.allowances import AllowanceStore, draws_of
 from metering.storage.counters import Pair
@@ -335,6 +342,7 @@ def apply_records(
         marker = policy.marker
         wanted_notices = notices if policy.enforce else None
     records: list[ResultRecord] = []
+    refused: list[Rejected] = []  # the rejected events, kept whole (`refused_event`)
     found = snapshot.stored
     for index, event, event_rules, error, fixed in todo:
         stored = found.get(event.event_id) if found else None
@@ -345,6 +353,7 @@ def apply_records(
         if error is not None:
             if invalid == "raise":
                 raise Unacceptable(index, error)
+            refused.append(refused_event(event, str(error)))
             record = ResultRecord(
                 event.event_id,
                 "rejected",
@@ -429,7 +438,7 @@ def apply_records(
         changes.draws = draws_of(row for record in records for row in record.charges)
     if hold is not None:
         changes.holds = _holds(records, hold, now_us, precheck)
-    dead = [*rejected, *conflicts]
+    dead = [*rejected, *conflicts, *refused]
     if dead and store.takes_rejected:
         changes.rejected, dead = dead, []  # in the write's round trip
     more = bool(notices or dead)
@@ -438,6 +447,13 @@ def apply_records(
     if extras is not None:
         _record_extras(extras, notices, dead, now_us)
     return final
+
+
+def refused_event(event: EventRecord | UsageEvent, reason: str) -> Rejected:
+    """The dead letter of an event rejected with ``reason``: the event as a
+    queued message holds it, so it is listed, and applied by
+    `metering.dead_letters.replay` once it is acceptable."""
+    return Rejected(event.event_id, reason, raw_text(encode_event(event)))
 
 
 def _holds(

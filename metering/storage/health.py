@@ -39,6 +39,7 @@ from metering.storage.engine import (
     normalise_url,
     translate,
 )
+from metering.storage.limits import LimitStore
 from metering.storage.store import Store
 from metering.storage.tables import heartbeats as heartbeats_table
 
@@ -170,6 +171,17 @@ class DatabaseProbe:
         """Which of these event ids have a result."""
         wanted = list(event_ids)
         return self._read("results", lambda c: Store(c).decided_ids(wanted), set())
+
+    def limit_names(self) -> frozenset[str] | None:
+        """The names of the defined limits; None while there is no limits table."""
+        names: frozenset[str] | None = self._read(
+            "limits", lambda c: LimitStore(c).limit_names(), None
+        )
+        return names
+
+    def rejected_since(self, since_us: int) -> int:
+        """Dead letters (rejected events and messages) kept at or after ``since_us``."""
+        return self._read("rejected_messages", lambda c: Store(c).count_rejected_since(since_us), 0)
 
     def close(self) -> None:
         if self.engine is not None:

@@ -56,6 +56,9 @@ class LimitStore(OnConnection):
         rows = self.connection.execute(select(limits).order_by(limits.c.name))
         return [_limit_from_row(row) for row in rows]
 
+    def limit_names(self) -> frozenset[str]:
+        return frozenset(self.connection.execute(select(limits.c.name)).scalars())
+
     def upsert_limit(self, limit: Limit, now_us: int) -> None:
         values = limit.to_dict()
         values["thresholds"] = json.dumps(values["thresholds"])

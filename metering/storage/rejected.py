@@ -1,6 +1,9 @@
 """The dead letters (``rejected_messages``): input that could not be applied,
-kept with its reason. `rejected_rows` builds the rows for every path that
-writes them; `RejectedStore` writes and lists them."""
+kept with its reason: undecodable messages, reused ids, and each rejected
+event whole (its reason is its ``rejected`` result's). `rejected_rows`
+builds the rows for every path that writes them; `RejectedStore` writes,
+lists and counts them, finds the rejected events (`rejected_events`) and
+deletes what a replay applied."""
 
 from __future__ import annotations
 
@@ -8,11 +11,11 @@ import hashlib
 from collections.abc import Sequence
 from typing import Final
 
-from sqlalchemy import select
+from sqlalchemy import delete, func, select
 
 from metering.domain.events import Rejected
 from metering.storage.on_connection import OnConnection
-from metering.storage.tables import rejected_messages
+from metering.storage.tables import rejected_messages, results
 
 REJECTED_COLUMNS: Final = ("digest", "event_id", "reason", "raw", "received_at_us")
 
@@ -61,3 +64,42 @@ class RejectedStore(OnConnection):
             .limit(count)
         )
         return [Rejected(r.event_id, r.reason, r.raw) for r in self.connection.execute(query)]
+
+    def count_rejected_since(self, since_us: int) -> int:
+        """Dead letters kept at or after ``since_us``."""
+        table = rejected_messages
+        query = select(func.count()).where(table.c.received_at_us >= since_us)
+        return int(self.connection.execute(query).scalar_one())
+
+    def rejected_events(self, count: int) -> list[tuple[str, str, str]]:
+        """(digest, event id, raw event) of the ``count`` oldest dead letters
+        of events whose result is still ``rejected`` for the letter's reason."""
+        table = rejected_messages
+        query = (
+            select(table.c.digest, table.c.event_id, table.c.raw)
+            .join(
+                results,
+                (results.c.event_id == table.c.event_id) & (results.c.reason == table.c.reason),
+            )
+            .where(results.c.outcome == "rejected")
+            .order_by(table.c.received_at_us, table.c.id)
+            .limit(count)
+        )
+        return [(r.digest, r.event_id, r.raw) for r in self.connection.execute(query)]
+
+    def take_rejected_results(self, event_ids: Sequence[str]) -> set[str]:
+        """Delete the ``rejected`` results of these events; the ids it deleted
+        (one taken by a concurrent transaction is not among them)."""
+        if not event_ids:
+            return set()
+        statement = (
+            delete(results)
+            .where(results.c.event_id.in_(list(event_ids)), results.c.outcome == "rejected")
+            .returning(results.c.event_id)
+        )
+        return set(self.connection.execute(statement).scalars())
+
+    def delete_rejected_messages(self, digests: Sequence[str]) -> None:
+        if digests:
+            table = rejected_messages
+            self.connection.execute(delete(table).where(table.c.digest.in_(list(digests))))

@@ -16,12 +16,13 @@ import httpx
 import pytest
 from click.testing import CliRunner, Result
 
-from metering import Meter
+from metering import Limit, Meter
 from metering.cli import main
 from metering.cli.demo import chart_line, metering_command, webhook_line
 from metering.demo import DemoFiles, WebhookReceiver
 from metering.domain.events import make_event
 from metering.errors import MeteringError
+from metering.messages import encode_batch, encode_event
 from metering.pipeline import apply_batch
 from metering.storage.engine import SCHEMA_REVISION
 from metering.webhooks import generate_secret, sign
@@ -505,6 +506,21 @@ def test_emit_queues_an_event_and_prints_its_id(tmp_path: Path) -> None:
         assert connection.execute("SELECT count(*) FROM kombu_message").fetchone() == (2,)
 
 
+def test_emit_refuses_an_unknown_limit_of_its_database_in_one_line(tmp_path: Path) -> None:
+    broker = f"sqla+sqlite:///{tmp_path}/broker.db"
+    database = f"sqlite:///{tmp_path}/metering.db"
+    with Meter(database) as meter:
+        meter.set_limit(Limit("api_calls", maximum=10, period="1h"))
+    result = CliRunner().invoke(
+        main, ["--database", database, "emit", "org-42", "api_cals", "--broker", broker]
+    )
+    assert result.exit_code == 1, result.output
+    assert result.output.strip().splitlines() == [
+        "error: unknown limit 'api_cals': define it with `metering limits set`"
+    ]
+    assert not (tmp_path / "broker.db").exists()
+
+
 def test_emit_rejects_bad_input_in_one_line(tmp_path: Path) -> None:
     broker = f"sqla+sqlite:///{tmp_path}/broker.db"
     result = CliRunner().invoke(main, ["emit", "s", "calls", "--cost", "0", "--broker", broker])
@@ -523,6 +539,29 @@ def test_rejected_lists_what_could_not_be_applied(tmp_path: Path) -> None:
     assert listed.exit_code == 0, listed.output
     [row] = json.loads(listed.output)
     assert row["event_id"] is None and "not a metering batch" in row["reason"]
+
+
+def test_rejected_lists_rejected_events_and_replay_applies_them_once(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/m.db"
+    event = make_event([("org-42", "api_cals", 3)], datetime.now(UTC), "typo-1")
+    with Meter(url) as meter:
+        apply_batch(meter, encode_batch([encode_event(event)]))  # as a worker does
+    listed = CliRunner().invoke(main, ["--database", url, "rejected"])
+    assert listed.exit_code == 0, listed.output
+    assert "typo-1" in listed.output and "unknown limit 'api_cals'" in listed.output
+    waiting = CliRunner().invoke(main, ["--database", url, "rejected", "replay"])
+    assert waiting.exit_code == 0, waiting.output
+    assert waiting.output.startswith("replayed 0 events; 1 still rejected")
+    with Meter(url) as meter:
+        meter.set_limit(Limit("api_cals", maximum=10, period="1h"))
+    for expected in ("replayed 1 event (1 allowed); 0 still rejected", "replayed 0 events"):
+        done = CliRunner().invoke(main, ["--database", url, "rejected", "replay"])
+        assert done.exit_code == 0, done.output
+        assert done.output.startswith(expected)
+    with Meter(url) as meter:
+        assert sum(c.used for c in meter.counters("org-42", "api_cals")) == 3
+    empty = CliRunner().invoke(main, ["--database", url, "rejected"])
+    assert "no rejected messages" in empty.output
 
 
 @pytest.mark.parametrize(

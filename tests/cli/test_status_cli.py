@@ -25,7 +25,8 @@ from click.testing import CliRunner, Result
 from metering import FrozenClock, Limit, Meter
 from metering.cli import main
 from metering.cli.status import collect_status
-from metering.messages import encode_batch
+from metering.domain.events import make_event
+from metering.messages import encode_batch, encode_event
 from metering.pipeline import apply_batch
 from metering.producer import UsageProducer, make_celery
 from metering.routing import APPLY_BATCH_TASK, SENT_AT_HEADER
@@ -515,3 +516,28 @@ def test_a_beat_gone_quiet_is_not_counted_as_a_second_one(files: Files) -> None:
         files.database, files.broker, clock=FrozenClock(T0 + timedelta(minutes=5)),
         queues=["metering"],
     ).checks]  # fmt: skip
+
+
+# -- rejected input ----------------------------------------------------------------------
+
+
+def test_events_rejected_in_the_last_day_are_a_warning(files: Files) -> None:
+    event = make_event([("org-42", "api_cals", 1)], T0, "typo-1")
+    with Meter(files.database, clock=FrozenClock(T0)) as meter:
+        apply_batch(meter, encode_batch([encode_event(event)]))  # as a worker does
+
+    def report_at(at: datetime) -> dict[str, object]:
+        clock = FrozenClock(at)
+        found = collect_status(
+            files.database, files.broker, clock=clock, queues=["metering"], require=frozenset()
+        )
+        return found.to_dict()
+
+    day = report_at(T0 + timedelta(hours=23))
+    check = check_of(day, "rejected")
+    assert (check["state"], check["required"]) == ("warn", False)
+    assert check["detail"] == "1 rejected in the last day: see `metering rejected`"
+    assert day["rejected_last_day"] == 1 and day["healthy"] is True
+    later = report_at(T0 + timedelta(hours=25))
+    assert check_of(later, "rejected")["state"] == "ok"
+    assert later["rejected_last_day"] == 0

@@ -18,7 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from metering import Limit, Meter
 from metering.clock import FrozenClock
+from metering.domain.events import make_event
 from metering.lag import lag_collector, read_queue_lag, read_webhook_backlog
+from metering.messages import encode_batch, encode_event
 from metering.metrics import WebhookBacklog, exposition_registry
 from metering.pipeline import apply_batch
 from metering.producer import UsageProducer
@@ -103,3 +105,25 @@ def test_a_broker_that_does_not_answer_is_reported_not_raised(pg_url: str, meter
     assert samples[("metering_lag_up", (("source", "database"),))] == 1
     assert ("metering_queue_depth", (("queue", DEFAULT_QUEUE),)) not in samples
     assert samples[("metering_webhook_backlog", ())] == 0
+
+
+def test_events_rejected_in_the_last_day_are_a_gauge(db_url: str) -> None:
+    clock = FrozenClock(START)
+    event = make_event([("org-1", "lag_typo", 1)], START, "typo-1")
+    with Meter(db_url, clock=clock) as meter:
+        apply_batch(meter, encode_batch([encode_event(event)]))  # as a worker does
+
+    def gauge() -> float:
+        collector = lag_collector(db_url, "redis://127.0.0.1:1/0", clock=clock)
+        text = generate_latest(exposition_registry([collector])).decode()
+        [found] = [
+            s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == "metering_rejected_recent"
+        ]
+        return found
+
+    assert gauge() == 1
+    clock.advance(hours=25)
+    assert gauge() == 0

@@ -38,6 +38,7 @@ from pipeline_checks import (
 from servers import PostgresServer
 
 from metering import ChargeDecision, Limit, Meter, make_event
+from metering.errors import UnknownLimit
 from metering.messages import encode_batch, encode_event
 from metering.producer import UsageProducer, make_celery
 from metering.routing import APPLY_BATCH_TASK as TASK_NAME
@@ -419,3 +420,41 @@ def test_a_malformed_message_is_recorded_and_the_worker_keeps_going(
         assert worker.alive(), worker.tail()
         assert sorted(worker.members()) == processes, worker.tail()
         assert "succeeded in" in worker.log(), worker.tail()
+
+
+def test_an_event_for_an_unknown_limit_is_listed_then_replayed_once(
+    pg_url: str,
+    redis_url: str,
+    client: redis.Redis,
+    start_worker: StartWorker,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A broker-only producer queues a typo; a real worker rejects it, and it
+    is listed; once the limit exists, replay applies it, and the queue
+    delivering it again changes nothing."""
+    monkeypatch.delenv("METERING_DATABASE_URL", raising=False)
+    at = datetime.now(UTC)
+    with Meter(pg_url) as meter:
+        meter.set_limits([CALLS])
+        worker = start_worker()
+        with UsageProducer(redis_url) as producer:  # a broker only: it cannot check
+            producer.emit("org-42", "api_cals", cost=3, event_id="typo-1", occurred_at=at)
+        wait_until(lambda: meter.decided(["typo-1"]) == {"typo-1"}, 60, worker.tail, [worker])
+        [(event_id, reason, _)] = meter.rejected_messages()
+        assert (event_id, reason) == ("typo-1", str(UnknownLimit("api_cals")))
+
+        meter.set_limit(Limit("api_cals", maximum=100, period="1d"))
+        [decided] = meter.replay_rejected().applied
+        assert (decided.event_id, decided.outcome) == ("typo-1", "allowed")
+        with UsageProducer(redis_url) as producer:  # delivered again
+            producer.emit("org-42", "api_cals", cost=3, event_id="typo-1", occurred_at=at)
+        wait_until(
+            lambda: queue_state(client) == (0, 0) and worker.log().count("succeeded in") >= 2,
+            60,
+            worker.tail,
+            [worker],
+        )
+        assert meter.replay_rejected().applied == ()
+        assert meter.result("typo-1").outcome == "allowed"  # type: ignore[union-attr]
+        assert used_by_subject(meter, "api_cals") == {"org-42": 3}
+        assert meter.rejected_messages() == []

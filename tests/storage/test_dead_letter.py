@@ -111,3 +111,33 @@ def test_a_conflict_raised_to_a_caller_is_not_dead_lettered(
         )
         [(event_id, reason, _)] = meter.rejected_messages()
         assert event_id == "same" and "different charges" in reason
+
+
+def unknown_limit_batch(ids: list[str], limit: str = "apii") -> dict[str, object]:
+    return encode_batch([encode_event(make_event([("org", limit, 2)], NOW, i)) for i in ids])
+
+
+@pytest.mark.parametrize("ids", [["u1"], ["u1", "u2"]], ids=["one", "batch"])
+def test_an_event_rejected_for_an_unknown_limit_is_kept_with_its_input(
+    meter: Meter, ids: list[str]
+) -> None:
+    """The rejected result is the answer; the dead letter keeps the event
+    itself, so it is listed and can be applied once the limit exists."""
+    report = apply_batch(meter, unknown_limit_batch(ids))
+    assert report.rejected == len(ids)
+    listed = sorted(meter.rejected_messages(10))
+    assert [(r.event_id, r.reason) for r in listed] == [
+        (i, "unknown limit 'apii': define it with `metering limits set`") for i in ids
+    ]
+    for event_id, _, raw in listed:
+        assert json.loads(raw) == encode_event(make_event([("org", "apii", 2)], NOW, event_id))
+    apply_batch(meter, unknown_limit_batch(ids))  # delivered again: still one each
+    assert len(meter.rejected_messages(10)) == len(ids)
+
+
+def test_the_reference_engine_keeps_rejected_events_too(meter: Meter) -> None:
+    meter.set_limit(Limit("seats", maximum=5, period="1mo", window="calendar", distinct="user"))
+    seat = make_event([("org", "seats", 1)], NOW, "s1", {"user": "ann"})
+    unknown = make_event([("org", "apii", 1)], NOW, "u1")
+    apply_batch(meter, encode_batch([encode_event(seat), encode_event(unknown)]))
+    assert [r.event_id for r in meter.rejected_messages(10)] == ["u1"]

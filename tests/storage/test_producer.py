@@ -21,7 +21,7 @@ import pytest
 from servers import RedisServer
 
 from metering import FrozenClock, Limit, Meter, make_event
-from metering.errors import BrokerUnavailable, InvalidInput
+from metering.errors import BrokerUnavailable, InvalidInput, UnknownLimit
 from metering.messages import decode_records, encode_batch, encode_event
 from metering.pipeline import apply_batch
 from metering.producer import UsageProducer, queue_for
@@ -345,3 +345,61 @@ with app.connection_for_write() as connection:
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.strip() == "_EmbeddedChannel"
+
+
+# -- charges to undefined limits ------------------------------------------------
+
+
+def test_a_producer_with_a_database_refuses_an_unknown_limit(
+    broker: tuple[str, Path], tmp_path: Path
+) -> None:
+    url, path = broker
+    with Meter(f"sqlite:///{tmp_path}/metering.db") as meter:
+        meter.set_limit(Limit("api_calls", maximum=10, period="1h"))
+        producer = UsageProducer(url, database_url=meter.url, flush_interval_seconds=60)
+        assert producer.emit("org-42", "api_calls")  # the names are read
+        with pytest.raises(UnknownLimit) as raised:
+            producer.emit("org-42", "api_cals")
+        assert raised.value.limit == "api_cals"
+        with pytest.raises(UnknownLimit):
+            producer.emit(charges=[("org-42", "api_calls", 1), ("org-42", "api_cals", 1)])
+        # Defined a moment ago (the names were read before): a miss reads them again.
+        with Meter(meter.url) as other:
+            other.set_limit(Limit("api_cals", maximum=10, period="1h"))
+        producer.emit("org-42", "api_cals")
+        producer.close()
+    assert [len(p["events"]) for _, _, p in broker_messages(path)] == [2]  # type: ignore[arg-type]
+
+
+def test_the_embedded_default_checks_its_default_database(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("METERING_DATABASE_URL", raising=False)
+    monkeypatch.delenv("METERING_BROKER_URL", raising=False)
+    with Meter() as meter:  # ./metering.db
+        meter.set_limit(Limit("api_calls", maximum=10, period="1h"))
+    producer = UsageProducer(flush_interval_seconds=60)
+    with pytest.raises(UnknownLimit):
+        producer.emit("org-42", "api_cals")
+    assert producer.pending == 0
+    producer.discard()
+    producer.close()
+
+
+def test_a_producer_that_cannot_see_the_limits_still_queues(
+    broker: tuple[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broker only (no database given or configured), a database file that
+    does not exist, or a server that does not answer: the workers decide, as
+    they always did."""
+    url, path = broker
+    monkeypatch.delenv("METERING_DATABASE_URL", raising=False)
+    missing = f"sqlite:///{tmp_path}/none.db"
+    away = "postgresql://nobody@127.0.0.1:1/none"  # nothing listens on port 1
+    for database in (None, missing, away):
+        producer = UsageProducer(url, database_url=database)
+        producer.emit("org-42", "api_cals")
+        producer.close()
+    assert [len(p["events"]) for _, _, p in broker_messages(path)] == [1, 1, 1]  # type: ignore[arg-type]
+    assert not (tmp_path / "none.db").exists()

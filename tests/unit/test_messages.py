@@ -116,3 +116,20 @@ def test_importing_the_producer_loads_no_database() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert done.stdout.strip() == "[]", done.stderr
+
+
+def test_a_producer_with_a_broker_only_loads_no_database_when_it_emits() -> None:
+    """With no database to check its limits against, `emit` stays light too."""
+    code = (
+        "import os, sys\n"
+        "os.environ.pop('METERING_DATABASE_URL', None)\n"
+        "from metering.producer import UsageProducer\n"
+        "producer = UsageProducer('redis://127.0.0.1:1/0', flush_interval_seconds=60)\n"
+        "producer.emit('org-42', 'api_calls')\n"
+        "producer.discard()\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'sqlalchemy', 'psycopg'}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert done.stdout.strip() == "[]", done.stderr
