@@ -72,6 +72,10 @@ RENEW_WAIT_SECONDS = 1.0
 # current one stops serving, so that requests do not wait for the renewal.
 RENEW_AHEAD_US = 1_000_000
 BUSY = "busy"
+# A renewal already done: what `_plan` answers a call that finds the key's
+# lease serving again (another call renewed it since this one found it spent).
+_DONE = threading.Event()
+_DONE.set()
 
 KeyName = tuple[str, str]  # (subject, limit)
 
@@ -379,11 +383,15 @@ class LeaseBook:
         self, name: KeyName, cost: int, now_us: int
     ) -> tuple[_Key, int, _Lease | None] | threading.Event | None:
         """Under the lock: the block to lease (and the lease it replaces, if
-        that has units to give back), the renewal to wait for, or None."""
+        that has units to give back), the renewal to wait for, or None.
+        A lease that serves the request now (another call renewed it since
+        this one found it spent) is not replaced: a renewal already done."""
         with self._lock:
             key = self._keys.get(name)
             if key is not None and key.renewed is not None:
                 return key.renewed
+            if key is not None and _key_serves(key, cost, now_us):
+                return _DONE
             if key is None or now_us >= key.window_end_us:
                 return None  # unknown, or a window not seen yet: the exact path
             old, left, used_before = key.lease, key.left, key.used_before
@@ -578,6 +586,11 @@ def _serves(lease: _Lease | None, cost: int, now_us: int) -> bool:
         and lease.unused >= cost
         and lease.last_used_us <= now_us < lease.block.serve_until_us
     )
+
+
+def _key_serves(key: _Key, cost: int, now_us: int) -> bool:
+    """Whether ``key``'s lease, or the one leased ahead, serves a request now."""
+    return _serves(key.lease, cost, now_us) or _serves(key.next, cost, now_us)
 
 
 def _ending(lease: _Lease, now_us: int) -> bool:

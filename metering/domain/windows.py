@@ -9,7 +9,9 @@ Two kinds of window:
   months counted from January 1970, so ``1mo`` is the calendar month and
   ``3mo`` the quarter.
 * ``first_use``: a subject's window opens at its first event and lasts one
-  period; the next event after that opens the next window. A month-long
+  period; the next event after that opens the next window. A late event
+  between two windows is charged to the next one when a window opened at it
+  would overlap that one (a gap holds no maximum of its own). A month-long
   first-use window ends on the same day of the next month, or on the last
   day of that month when it is shorter (Jan 31 -> Feb 28 or 29).
 
@@ -62,20 +64,22 @@ def calendar_window(period: Period, at_us: int) -> Window:
 
 
 def first_use_window(
-    period: Period, at_us: int, latest_before: Window | None, next_start_us: int | None
+    period: Period, at_us: int, latest_before: Window | None, following: Window | None
 ) -> Window:
-    """The first-use window an event at ``at_us`` falls into.
+    """The first-use window an event at ``at_us`` is charged to.
 
     ``latest_before`` is the subject's latest window that starts at or before
-    ``at_us``; ``next_start_us`` the start of its earliest window after
-    ``at_us`` (only late events have one). A new window never overlaps the
-    next one, so a late event cannot double a subject's allowance.
+    ``at_us``; ``following`` its earliest window that starts after ``at_us``
+    (only late events have one). An event outside ``latest_before`` opens a
+    window of one whole period, unless that would overlap ``following``: then
+    it is charged to ``following``. So windows never overlap, and a gap
+    between two windows never holds a maximum of its own.
     """
     if latest_before is not None and latest_before[0] <= at_us < latest_before[1]:
         return latest_before
     end = add_period(at_us, period)
-    if next_start_us is not None:
-        end = min(end, next_start_us)
+    if following is not None and following[0] < end:
+        return following
     return at_us, end
 
 

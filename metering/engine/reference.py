@@ -84,14 +84,15 @@ class WindowResolver:
                 self.opened[pair].append(window)
             return window
         # A late event, before the current window: look among older windows.
-        latest, next_start = self.store.windows_around(pair, at_us)
-        for start, end in self.opened[pair]:
-            if start <= at_us and (latest is None or start > latest[0]):
-                latest = (start, end)
-            if start > at_us and (next_start is None or start < next_start):
-                next_start = start
-        window = first_use_window(limit.parsed_period, at_us, latest, next_start)
-        if window != latest:
+        latest, following = self.store.windows_around(pair, at_us)
+        before = [w for w in [latest, *self.opened[pair]] if w is not None and w[0] <= at_us]
+        after = [
+            w for w in [following, current, *self.opened[pair]] if w is not None and w[0] > at_us
+        ]
+        window = first_use_window(
+            limit.parsed_period, at_us, max(before, default=None), min(after, default=None)
+        )
+        if window not in before and window not in after:
             self.opened[pair].append(window)
         return window
 

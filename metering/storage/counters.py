@@ -195,8 +195,8 @@ class CounterStore(OnConnection):
         ]
         self.connection.execute(_STATEMENTS[self._dialect]["write_windows"], params)
 
-    def windows_around(self, pair: Pair, at_us: int) -> tuple[Window | None, int | None]:
-        """For a late event: the latest window starting at or before it, and the next start."""
+    def windows_around(self, pair: Pair, at_us: int) -> tuple[Window | None, Window | None]:
+        """For a late event: the latest window starting at or before it, and the next one."""
         limit, subject = pair
         mine = and_(
             counters.c.limit_name == limit,
@@ -210,13 +210,13 @@ class CounterStore(OnConnection):
             .limit(1)
         ).first()
         after = self.connection.execute(
-            select(counters.c.window_start_us)
+            select(counters.c.window_start_us, counters.c.window_end_us)
             .where(mine, counters.c.window_start_us > at_us)
             .order_by(counters.c.window_start_us)
             .limit(1)
         ).first()
         latest = (before.window_start_us, before.window_end_us) if before else None
-        return latest, (after.window_start_us if after else None)
+        return latest, ((after.window_start_us, after.window_end_us) if after else None)
 
     # -- counters ------------------------------------------------------------
 

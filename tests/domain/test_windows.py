@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta, timezone
+from itertools import pairwise
 
 import pytest
 from hypothesis import given, settings
@@ -62,7 +63,7 @@ class Counters:
 
     def window_for(self, now: int) -> Window:
         before = [w for w in self.windows if w[0] <= now]
-        after = [w[0] for w in self.windows if w[0] > now]
+        after = [w for w in self.windows if w[0] > now]
         latest = max(before) if before else None
         return first_use_window(self.limit.parsed_period, now, latest, min(after, default=None))
 
@@ -244,23 +245,27 @@ def test_a_full_window_resets_when_the_next_window_opens(clock: FrozenClock) -> 
     assert (old.used, old.denied_count) == (5, 1)
 
 
-def test_first_use_window_never_overlaps_the_next_window(now_us: int) -> None:
-    next_start = now_us
+def test_a_late_event_whose_window_would_overlap_the_next_is_charged_to_it(now_us: int) -> None:
+    following = (now_us, now_us + 120 * SECOND)
     late = now_us - 30 * SECOND
-    window = first_use_window(parse_period("2m"), late, None, next_start)
-    assert window == (late, next_start)
+    assert first_use_window(parse_period("2m"), late, None, following) == following
 
 
-def test_first_use_window_after_an_old_window_stops_at_the_next_one(now_us: int) -> None:
+def test_a_late_event_after_an_old_window_is_charged_to_the_next_one(now_us: int) -> None:
     old = (now_us - 1000 * SECOND, now_us - 880 * SECOND)
-    next_start = now_us + 60 * SECOND
-    window = first_use_window(parse_period("2m"), now_us, old, next_start)
-    assert window == (now_us, next_start)
+    following = (now_us + 60 * SECOND, now_us + 180 * SECOND)
+    assert first_use_window(parse_period("2m"), now_us, old, following) == following
+
+
+def test_a_late_event_opens_a_whole_window_that_ends_where_the_next_starts(now_us: int) -> None:
+    following = (now_us + 120 * SECOND, now_us + 240 * SECOND)
+    window = first_use_window(parse_period("2m"), now_us, None, following)
+    assert window == (now_us, now_us + 120 * SECOND)
 
 
 def test_first_use_window_ignores_a_next_window_further_than_a_period(now_us: int) -> None:
-    next_start = now_us + 500 * SECOND
-    window = first_use_window(parse_period("2m"), now_us, None, next_start)
+    following = (now_us + 500 * SECOND, now_us + 620 * SECOND)
+    window = first_use_window(parse_period("2m"), now_us, None, following)
     assert window == (now_us, now_us + 120 * SECOND)
 
 
@@ -268,10 +273,9 @@ def test_a_late_event_cannot_double_the_allowance(now_us: int) -> None:
     counters = Counters(fixed(maximum=2, period="2m"))
     counters.consume(now_us, cost=2)
     late = counters.consume(now_us - 30 * SECOND, cost=2)
-    assert late.outcome == "allowed"
-    late_window = (to_us(late.charges[0].window_start), to_us(late.charges[0].resets_at))  # type: ignore[arg-type]
-    assert late_window == (now_us - 30 * SECOND, now_us)
-    assert late_window[1] <= now_us
+    assert late.outcome == "denied"
+    assert late.charges[0].window_start == from_us(now_us)
+    assert list(counters.windows) == [(now_us, now_us + 120 * SECOND)]
 
 
 # --------------------------------------------------------------------------- calendar windows
@@ -583,3 +587,37 @@ def test_a_soft_granted_window_draws_every_grant_and_reports_the_rest_as_overage
             draws=(("g1", 3), ("g2", 2)),
         )
     )
+
+
+def test_a_late_event_in_the_gap_between_two_windows_is_charged_to_the_next_one() -> None:
+    counters = Counters(fixed(maximum=2, period="1mo"))
+    march = counters.consume(at(2027, 3, 1))
+    april = counters.consume(at(2027, 4, 1, second=1))
+    assert march.charges[0].resets_at == from_us(at(2027, 4, 1))
+    assert april.charges[0].window_start == from_us(at(2027, 4, 1, second=1))
+    late = counters.consume(at(2027, 4, 1), cost=2)
+    # The gap [Apr 1 00:00:00, 00:00:01) holds no maximum of its own.
+    assert late.outcome == "denied"
+    assert late.charges[0].window_start == from_us(at(2027, 4, 1, second=1))
+    assert late.charges[0].used == 1
+    fitting = counters.consume(at(2027, 4, 1))
+    assert fitting.outcome == "allowed"
+    assert fitting.charges[0].used == 2
+    assert sorted(counters.windows) == [
+        window_at(2027, 3, 1, end=(2027, 4, 1)),
+        window_at(2027, 4, 1, 0, 0, 1, end=(2027, 5, 1, 0, 0, 1)),
+    ]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 600), min_size=1, max_size=12))
+def test_in_any_arrival_order_windows_last_a_whole_period_and_never_overlap(
+    seconds: list[int],
+) -> None:
+    counters = Counters(fixed(maximum=2, period="2m"))
+    for second in seconds:
+        counters.consume(second * SECOND)
+    windows = sorted(counters.windows)
+    # No gap between windows holds a window (and a maximum) of its own.
+    assert all(end - start == 120 * SECOND for start, end in windows)
+    assert all(a[1] <= b[0] for a, b in pairwise(windows))

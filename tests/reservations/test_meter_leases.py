@@ -9,6 +9,7 @@ import pytest
 from lease_checks import counted, settled_usage
 
 from metering import FrozenClock, Limit, Meter
+from metering.domain.decisions import Decision
 from metering.domain.reservations import ReservationState
 from metering.leases import LeaseBook, LeasedReservation
 
@@ -272,3 +273,37 @@ def test_a_settlement_that_hangs_does_not_hold_back_the_next_block(
         meter.commit_reservation = settle  # type: ignore[method-assign]
     meter.settle_leases(everything=True)
     assert counted(meter, "ada", "big") == settled_usage(meter, "ada", "big") == 86
+
+
+def test_a_call_that_finds_the_lease_renewed_meanwhile_is_served_from_it(
+    meter: Meter,
+) -> None:
+    """Two calls find a key's lease spent; the first renews it; the second,
+    whose renewal starts after that, is served from the new block instead of
+    replacing it (which held its unused units back from everyone until the
+    book's thread settled it, and lost them if the process was killed before:
+    units that `held_units` did not count)."""
+    book = meter.leases
+    for _ in range(13):  # 7 exact, a block of 2, a block of 4: spent
+        assert meter.lease("ada", "api").allowed
+    take = book.take
+    others: list[Decision] = []
+
+    def another_call_renews_meanwhile(subject: str, limit: str, cost: int) -> Decision | None:
+        decision = take(subject, limit, cost)
+        if decision is None:
+            book.take = take  # type: ignore[method-assign]
+            others.append(meter.lease(subject, limit, cost))  # a block of 8
+        return decision
+
+    book.take = another_call_renews_meanwhile  # type: ignore[method-assign]
+    try:
+        decision = meter.lease("ada", "api")
+    finally:
+        book.take = take  # type: ignore[method-assign]
+    [other] = others
+    assert leased(other.event_id) and decision.allowed and decision.event_id == other.event_id
+    # What the database counts is what was served and what the book holds.
+    assert counted(meter, "ada", "api") == 15 + book.held_units() == 21
+    meter.settle_leases(everything=True)
+    assert counted(meter, "ada", "api") == settled_usage(meter, "ada", "api") == 15

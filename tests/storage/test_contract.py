@@ -176,16 +176,20 @@ def test_events_outside_the_allowed_time_range_are_rejected(meter: Meter) -> Non
     assert meter.consume("v", "send_message", occurred_at=START - timedelta(days=1)).allowed
 
 
-def test_late_first_use_event_lands_in_its_own_window(meter: Meter, clock: FrozenClock) -> None:
+def test_late_first_use_event_lands_in_the_window_it_falls_in(
+    meter: Meter, clock: FrozenClock
+) -> None:
     meter.consume("v", "send_message")  # window [12:00, 12:02)
     clock.advance(minutes=10)
     meter.consume("v", "send_message")  # window [12:10, 12:12)
     late = meter.consume("v", "send_message", occurred_at=START + timedelta(minutes=1))
     assert late.used == 2 and late.resets_at == START + timedelta(minutes=2)
-    gap = meter.consume("v", "send_message", occurred_at=START + timedelta(minutes=9))
-    # A window opened by a late event never overlaps the next one.
-    assert gap.resets_at == START + timedelta(minutes=10)
-    assert [c.used for c in meter.counters("v", "send_message")] == [2, 1, 1]
+    gap = meter.consume("v", "send_message", occurred_at=START + timedelta(minutes=5))
+    assert gap.used == 1 and gap.resets_at == START + timedelta(minutes=7)
+    # A window opened at 12:09 would overlap the next one: charged to that one.
+    overlap = meter.consume("v", "send_message", occurred_at=START + timedelta(minutes=9))
+    assert overlap.used == 2 and overlap.resets_at == START + timedelta(minutes=12)
+    assert [c.used for c in meter.counters("v", "send_message")] == [2, 1, 2]
 
 
 def test_bad_input_changes_nothing(meter: Meter) -> None:
