@@ -390,15 +390,16 @@ def _rejected(event: UsageEvent, reason: str, now_us: int) -> Decision:
 
 
 def record_of(event: UsageEvent, decision: Decision) -> ResultRecord:
-    """The ledger's row of a decision."""
+    """The ledger's row of a decision. Its time and metadata are the decision's:
+    a duplicate's are the stored ones, not those of the retry that asked."""
     return ResultRecord(
         event_id=event.event_id,
         outcome=decision.outcome,
         fingerprint=event.fingerprint(),
-        occurred_at_us=event.occurred_at_us,
+        occurred_at_us=to_us(decision.occurred_at),
         decided_at_us=to_us(decision.decided_at),
         denied_by=decision.denied_by,
         reason=decision.reason,
         charges=[charge.to_row() for charge in decision.charges],
-        metadata=event.metadata,
+        metadata=decision.metadata,
     )
