@@ -2,7 +2,8 @@
 
 `apply_events` takes a batch in order and, inside the caller's transaction,
 
-1. answers ids already decided with their stored result (or a conflict);
+1. answers ids already decided with their stored result (or a conflict),
+   before judging an event's time or limits;
 2. resolves each charge's counter: its limit, and the window at the event's
    ``occurred_at`` (first-use windows are serialised on their
    ``current_windows`` row);
@@ -167,6 +168,11 @@ def apply_events(
         error = validate_against_limits(event, limits, now_us)
         if error is None:
             valid.append((index, event))
+            continue
+        # A decided id answers first (duplicate or conflict), whatever its time or limit.
+        found = stored if precheck else store.fetch_results([event.event_id])
+        if event.event_id in found:
+            outputs[index] = _from_stored(event, found[event.event_id])
         elif invalid == "raise":
             raise error
         else:
