@@ -107,9 +107,10 @@ def first_use_pairs(events: Iterable[UsageEvent], limits: Mapping[str, Limit]) -
 
 
 def validate_against_limits(
-    event: UsageEvent, limits: Mapping[str, Limit], now_us: int
+    event: UsageEvent, limits: Mapping[str, Limit], now_us: int, money: Money | None = None
 ) -> MeteringError | None:
-    """The error that makes an event unacceptable, if any (unknown limit, bad time)."""
+    """The error that makes an event unacceptable, if any (unknown limit, bad
+    time, a charge that would cost too much at ``money``'s prices)."""
     for charge in event.charges:
         limit = limits.get(charge.limit)
         if limit is None:
@@ -125,7 +126,7 @@ def validate_against_limits(
                 value_of(limit.distinct, limit.name, event.metadata, charge.cost)
         except MeteringError as exc:
             return exc
-    return None
+    return money.refusal(event) if money is not None else None
 
 
 def apply_events(
@@ -164,8 +165,9 @@ def apply_events(
         limits = {name: policy.limit(limit) for name, limit in limits.items()}
     rows: list[ResultRecord] = []
     valid: list[tuple[int, UsageEvent]] = []
+    money = Money.read(store, [e for _, e in pending], limits) if pending else None
     for index, event in pending:
-        error = validate_against_limits(event, limits, now_us)
+        error = validate_against_limits(event, limits, now_us, money)
         if error is None:
             valid.append((index, event))
             continue
@@ -180,7 +182,7 @@ def apply_events(
             outputs[index] = rejected
             rows.append(record_of(event, rejected))
 
-    decided = _decide(store, [e for _, e in valid], limits, now_us, policy)
+    decided = _decide(store, [e for _, e in valid], limits, now_us, policy, money)
     for (index, event), decision in zip(valid, decided, strict=True):
         if policy is not None and policy.marker is not None:
             decision = replace(decision, reason=policy.marker)
@@ -206,12 +208,12 @@ def _decide(
     limits: Mapping[str, Limit],
     now_us: int,
     policy: ImportPolicy | None = None,
+    money: Money | None = None,
 ) -> list[Decision]:
     if not events:
         return []
     # A recurring grant's due issues first: the lock order is schedules, then windows.
     issue_due(store.connection, {(c.limit, c.subject) for e in events for c in e.charges}, now_us)
-    money = Money.read(store, events, limits)
     if money is not None:
         events = [money.expand(event) for event in events]
         limits = money.limits
