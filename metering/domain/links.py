@@ -67,8 +67,9 @@ def sign(secret: str, subject: str, expires_at_s: int) -> str:
 
 
 def verify(secret: str, token: object, now_s: int) -> str | None:
-    """The subject of a well-signed, unexpired ``token``, else None."""
-    if not isinstance(token, str) or len(token) > 2_000:
+    """The subject of a well-signed, unexpired ``token``, else None: whatever its
+    characters (a token is ASCII, its expiry ASCII digits, as `sign` writes it)."""
+    if not isinstance(token, str) or len(token) > 2_000 or not token.isascii():
         return None
     parts = token.split(".")
     if len(parts) != 4 or parts[0] != VERSION or not parts[2].isdigit():

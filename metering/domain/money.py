@@ -14,6 +14,7 @@ The amount of a charge is ``cost * per_unit`` micro-minor units, rounded
 to the minor unit **half to even** (banker's rounding), **per charge**
 (`charge_amount`): each priced charge is rounded on its own, then a
 subject's spend limit is charged the sum of its event's rounded amounts.
+A charge may cost at most ``MAX_AMOUNT``; more is refused (`bounded_amount`).
 
 Prices are effective-dated like entitlements (`price_at`): a price holds
 from its ``effective_from_us`` until the next one of its limit; a price of
@@ -212,18 +213,34 @@ class PricedCharge:
     amount: int
 
 
+def bounded_amount(cost: int, price: Price) -> int:
+    """`charge_amount` of ``cost`` units at ``price``, at most `MAX_AMOUNT`
+    (so an event's sums fit a BIGINT), else `InvalidInput` naming the cost."""
+    assert price.per_unit is not None
+    amount = charge_amount(cost, price.per_unit)
+    if amount > MAX_AMOUNT:
+        currency = price.currency
+        raise InvalidInput(
+            "cost",
+            f"{cost:,} units of {price.limit!r} at {format_price(price.per_unit, currency)} "
+            f"{currency} a unit cost more than {format_amount(MAX_AMOUNT, currency)} "
+            f"{currency}, the most one charge may cost",
+        )
+    return amount
+
+
 def priced_charges(
     charges: Iterable[tuple[str, str, int]],
     prices: Mapping[str, PriceHistory],
     at_us: int,
 ) -> list[PricedCharge]:
     """The event's charges (subject, limit, cost) that have a price at ``at_us``, each
-    rounded on its own."""
+    rounded on its own; `InvalidInput` when one costs more than `MAX_AMOUNT`."""
     found: list[PricedCharge] = []
     for index, (subject, limit, cost) in enumerate(charges):
         price = price_at(prices.get(limit, ()), at_us)
         if price is not None and price.per_unit is not None:
-            amount = charge_amount(cost, price.per_unit)
+            amount = bounded_amount(cost, price)
             found.append(PricedCharge(index, subject, price.currency, amount))
     return found
 
@@ -244,9 +261,11 @@ def spend_charges(
 
 __all__ = [
     "CURRENCIES",
+    "MAX_AMOUNT",
     "PRICE_EXTRA_DIGITS",
     "Price",
     "PricedCharge",
+    "bounded_amount",
     "charge_amount",
     "format_amount",
     "format_price",

@@ -367,10 +367,10 @@ class Engine:
             # Reading a window makes a recurring grant's due issues.
             issue_due(connection, {(c.limit, c.subject) for c in event.charges}, now_us)
             limits = store.load_limits(c.limit for c in event.charges)
-            error = validate_against_limits(event, limits, now_us)
+            money = Money.read(store, [event], limits)
+            error = validate_against_limits(event, limits, now_us, money)
             if error is not None:
                 raise error
-            money = Money.read(store, [event], limits)
             if money is not None:
                 event = money.expand(original)
                 limits = money.limits

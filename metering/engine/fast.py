@@ -264,7 +264,9 @@ def apply_records(
     ``invalid="raise"`` raises `Unacceptable` for the first unacceptable event;
     ``"reject"`` stores it as a rejected result. Without ``precheck`` ids are
     not looked up first: an id decided before fails the results insert,
-    and `run_transaction` runs the work again, with ``precheck``.
+    and `run_transaction` runs the work again, with ``precheck``. A batch
+    with an unacceptable event is always looked up: a decided id answers
+    first (its duplicate or conflict), whatever the event's time or limit.
     ``rejected`` input, and with ``"reject"`` ids reused with other
     charges, are kept in ``rejected_messages`` in the same transaction.
     ``policy`` (an import's flags, `ImportPolicy`) changes the rules after
@@ -321,7 +323,10 @@ def apply_records(
     granted: list[Pair] = []
     if allowances.grant_pairs:
         granted = sorted(_granted(pairs, keys) & allowances.grant_pairs)
-    ids = list(first) if precheck else None
+    # An unacceptable event's id is looked up all the same: a decided id is
+    # answered (duplicate or conflict) before the event is judged.
+    looked_up = precheck or any(item[3] is not None for item in todo)
+    ids = list(first) if looked_up else None
     snapshot = store.read(ids, sorted(pairs), wanted, now_us, granted)
     if snapshot.version != version:
         cache.refresh(_general(connection, "limits"))
@@ -437,7 +442,7 @@ def apply_records(
     if pots:
         changes.draws = draws_of(row for record in records for row in record.charges)
     if hold is not None:
-        changes.holds = _holds(records, hold, now_us, precheck)
+        changes.holds = _holds(records, hold, now_us, looked_up)
     dead = [*rejected, *conflicts, *refused]
     if dead and store.takes_rejected:
         changes.rejected, dead = dead, []  # in the write's round trip

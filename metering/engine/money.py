@@ -6,8 +6,10 @@ Otherwise `Money.expand` adds to each event one charge per subject and
 spend limit of the price's currency, of the sum of its priced charges'
 amounts in force at the event's time (`metering.domain.money`), so the
 pure `decide_event` stacks them with the event's own charges: all or
-nothing, in the same transaction. The hot paths decline whatever involves
-a priced or spend limit (`metering.engine.fast.LimitCache.money`).
+nothing, in the same transaction. A charge that would cost more than the
+largest amount makes its event unacceptable (`Money.refusal`), as a bad
+time does. The hot paths decline whatever involves a priced or spend limit
+(`metering.engine.fast.LimitCache.money`).
 """
 
 from __future__ import annotations
@@ -51,6 +53,14 @@ class Money:
         if not extra:
             return event
         return replace(event, charges=(*event.charges, *(Charge(*c) for c in extra)))
+
+    def refusal(self, event: UsageEvent) -> InvalidInput | None:
+        """The error of a charge of ``event`` that would cost too much, if any."""
+        try:
+            priced_charges(event.charges, self.prices, event.occurred_at_us)
+        except InvalidInput as exc:
+            return exc
+        return None
 
     def priced(self, event: UsageEvent) -> dict[int, tuple[str, int]]:
         """Each priced charge's (currency, amount), by its position in ``event``."""

@@ -2,7 +2,8 @@
 
 `apply_events` takes a batch in order and, inside the caller's transaction,
 
-1. answers ids already decided with their stored result (or a conflict);
+1. answers ids already decided with their stored result (or a conflict),
+   before judging an event's time or limits;
 2. resolves each charge's counter: its limit, and the window at the event's
    ``occurred_at`` (first-use windows are serialised on their
    ``current_windows`` row);
@@ -107,9 +108,10 @@ def first_use_pairs(events: Iterable[UsageEvent], limits: Mapping[str, Limit]) -
 
 
 def validate_against_limits(
-    event: UsageEvent, limits: Mapping[str, Limit], now_us: int
+    event: UsageEvent, limits: Mapping[str, Limit], now_us: int, money: Money | None = None
 ) -> MeteringError | None:
-    """The error that makes an event unacceptable, if any (unknown limit, bad time)."""
+    """The error that makes an event unacceptable, if any (unknown limit, bad
+    time, a charge that would cost too much at ``money``'s prices)."""
     for charge in event.charges:
         limit = limits.get(charge.limit)
         if limit is None:
@@ -125,7 +127,7 @@ def validate_against_limits(
                 value_of(limit.distinct, limit.name, event.metadata, charge.cost)
         except MeteringError as exc:
             return exc
-    return None
+    return money.refusal(event) if money is not None else None
 
 
 def apply_events(
@@ -164,10 +166,16 @@ def apply_events(
         limits = {name: policy.limit(limit) for name, limit in limits.items()}
     rows: list[ResultRecord] = []
     valid: list[tuple[int, UsageEvent]] = []
+    money = Money.read(store, [e for _, e in pending], limits) if pending else None
     for index, event in pending:
-        error = validate_against_limits(event, limits, now_us)
+        error = validate_against_limits(event, limits, now_us, money)
         if error is None:
             valid.append((index, event))
+            continue
+        # A decided id answers first (duplicate or conflict), whatever its time or limit.
+        found = stored if precheck else store.fetch_results([event.event_id])
+        if event.event_id in found:
+            outputs[index] = _from_stored(event, found[event.event_id])
         elif invalid == "raise":
             raise error
         else:
@@ -175,7 +183,7 @@ def apply_events(
             outputs[index] = rejected
             rows.append(record_of(event, rejected))
 
-    decided = _decide(store, [e for _, e in valid], limits, now_us, policy)
+    decided = _decide(store, [e for _, e in valid], limits, now_us, policy, money)
     for (index, event), decision in zip(valid, decided, strict=True):
         if policy is not None and policy.marker is not None:
             decision = replace(decision, reason=policy.marker)
@@ -201,12 +209,12 @@ def _decide(
     limits: Mapping[str, Limit],
     now_us: int,
     policy: ImportPolicy | None = None,
+    money: Money | None = None,
 ) -> list[Decision]:
     if not events:
         return []
     # A recurring grant's due issues first: the lock order is schedules, then windows.
     issue_due(store.connection, {(c.limit, c.subject) for e in events for c in e.charges}, now_us)
-    money = Money.read(store, events, limits)
     if money is not None:
         events = [money.expand(event) for event in events]
         limits = money.limits
@@ -391,15 +399,16 @@ def _rejected(event: UsageEvent, reason: str, now_us: int) -> Decision:
 
 
 def record_of(event: UsageEvent, decision: Decision) -> ResultRecord:
-    """The ledger's row of a decision."""
+    """The ledger's row of a decision. Its time and metadata are the decision's:
+    a duplicate's are the stored ones, not those of the retry that asked."""
     return ResultRecord(
         event_id=event.event_id,
         outcome=decision.outcome,
         fingerprint=event.fingerprint(),
-        occurred_at_us=event.occurred_at_us,
+        occurred_at_us=to_us(decision.occurred_at),
         decided_at_us=to_us(decision.decided_at),
         denied_by=decision.denied_by,
         reason=decision.reason,
         charges=[charge.to_row() for charge in decision.charges],
-        metadata=event.metadata,
+        metadata=decision.metadata,
     )

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from metering import FrozenClock, Limit, Meter
+from metering import FrozenClock, Limit, Meter, spend_limit
 
 NOW = datetime(2026, 11, 22, 9, 30, tzinfo=UTC)
 EVENT = {"subject": "org-1", "limit": "calls", "cost": 2}
@@ -92,6 +92,19 @@ def test_a_repeated_key_answers_the_stored_result_once(http: httpx.Client, meter
     assert queued == {"accepted": [], "duplicates": [stored]}
     assert used(meter) == 2  # charged once
     assert meter.result("order-5") is not None
+
+
+def test_a_retry_later_answers_the_stored_time_on_a_priced_limit(
+    http: httpx.Client, meter: Meter
+) -> None:
+    meter.set_limit(spend_limit("spend", "5.00", "USD", "1mo", window="calendar"))
+    meter.set_price("calls", "0.01", "USD")  # decided by the reference engine
+    first = post(http, EVENT, "idem-1", params=DECIDE).json()["results"][0]
+    meter.clock.advance(seconds=1.1)  # type: ignore[attr-defined]
+    again = post(http, EVENT, "idem-1", params=DECIDE).json()["results"][0]
+    assert first["occurred_at"] == NOW.isoformat()
+    assert again == {**first, "duplicate": True}  # not the retry's arrival time
+    assert used(meter) == 2
 
 
 def test_the_openapi_document_says_which_wins(http: httpx.Client) -> None:

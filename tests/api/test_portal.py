@@ -80,6 +80,9 @@ def test_nothing_else_opens_a_page(http: httpx.Client, meter: Meter) -> None:
     for params, headers in (
         ({"token": forged}, {}),
         ({"token": "v1.x.1.y"}, {}),
+        ({"token": "v1.\u00e9.1795875293.x"}, {}),  # any bytes: a 401, never a 500
+        ({"token": "v1.b3JnLTE.\u0661\u0667\u0669\u0665.x"}, {}),  # Arabic-Indic digits
+        ({"token": token.replace(".", ".\u00b2", 1)}, {}),
         ({}, {}),
         ({}, {"Authorization": f"Bearer {admin}"}),  # an operator's key names no subject
         ({}, {"Authorization": f"Bearer {reader}"}),

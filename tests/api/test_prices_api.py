@@ -49,6 +49,20 @@ def bad(answer: httpx.Response, status: int, field: str | None = None) -> None:
         assert [e["field"] for e in answer.json()["errors"]] == [field], answer.text
 
 
+def test_a_charge_costing_more_than_the_largest_amount_is_a_400(
+    http: httpx.Client, meter: Meter
+) -> None:
+    meter.set_limit(Limit("big", maximum=10**12, period="1d"))
+    meter.set_price("big", "10000000", "USD")
+    event = {"subject": "org-x", "limit": "big", "cost": 10**12}
+    for path, params in [("/v1/events", {"wait": "decision"}), ("/v1/check", {})]:
+        answer = http.post(path, json=event, params=params)
+        bad(answer, 400)
+        [error] = answer.json()["errors"]
+        assert error["field"] in ("cost", "/cost") and "the most one charge" in error["message"]
+    assert meter.counters() == [] and meter.count_results() == 0
+
+
 def test_a_priced_limit_charges_a_spend_cap_over_http(http: httpx.Client, meter: Meter) -> None:
     spend = {"max_amount": "0.10", "currency": "USD", "period": "1mo", "window": "calendar"}
     made = http.put("/v1/limits/spend", json=spend)

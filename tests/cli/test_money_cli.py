@@ -149,3 +149,12 @@ def test_bad_money_input_is_one_error_line_and_changes_nothing(
     before = snapshot(url)
     one_line_error(run(url, *args, code=1), *words)
     assert snapshot(url) == before
+
+
+def test_a_charge_costing_more_than_the_largest_amount_is_one_error_line(url: str) -> None:
+    run(url, "limits", "set", "big", "--max", "1000000000000", "--period", "1d")
+    run(url, "prices", "set", "big", "--per-unit", "10000000", "--currency", "USD")
+    before = snapshot(url)
+    refused = run(url, "consume", "org-x", "big", "--cost", "1000000000000", code=1)
+    one_line_error(refused, "the most one charge may cost", "'big'")
+    assert snapshot(url) == before

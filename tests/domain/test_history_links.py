@@ -67,6 +67,29 @@ def test_a_link_holds_its_subject_until_it_expires() -> None:
         assert verify("s3cret", junk, 0) is None
 
 
+def _signed_as_utf8(secret: str, payload: str) -> str:
+    """A token whose signature is right for a payload's UTF-8 bytes (never `sign`'s)."""
+    digest = hmac.new(secret.encode(), payload.encode("utf-8"), hashlib.sha256).digest()
+    return payload + "." + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+@pytest.mark.parametrize(
+    "token",
+    [
+        "v1.\u00e9.1795875293.x",  # non-ASCII subject part
+        "v1.b3JnLTE.1795875293.\u00e9",  # non-ASCII signature
+        "v1.b3JnLTE.\u0661\u0667\u0669\u0665.x",  # Arabic-Indic digits in the expiry
+        "v1.b3JnLTE.\u00b2.x",  # a digit to str.isdigit, not to int()
+        _signed_as_utf8("s3cret", "v1.b3JnLTE.\u0661\u0667\u0669\u0665\u0668\u0667"),
+        _signed_as_utf8("s3cret", "v1.\u00e9.1795875293"),
+        "v1.b3JnLTE.+1795875293.x",
+        "v1.b3JnLTE. 1795875293.x",
+    ],
+)
+def test_a_token_is_ascii_with_an_expiry_of_ascii_digits(token: str) -> None:
+    assert verify("s3cret", token, 0) is None
+
+
 def test_ttl_durations() -> None:
     assert parse_ttl("1h") == 3600
     assert parse_ttl("30m") == 1800

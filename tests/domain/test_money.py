@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from metering.domain.decisions import ChargeDecision, ChargeInput, decide_event
 from metering.domain.limits import Limit, spend_limit
 from metering.domain.money import (
+    MAX_AMOUNT,
     Price,
     PricedCharge,
     charge_amount,
@@ -246,3 +247,20 @@ def test_a_charge_keeps_its_price_only_when_consumed() -> None:
     denied = ChargeInput(limit, key, CounterState(), 9, price=("USD", 90))
     assert decide_event([fits], 0).charges[0].price == ("USD", 30)
     assert decide_event([denied], 0).charges[0].price is None
+
+
+def test_a_charge_costing_more_than_the_largest_amount_is_refused() -> None:
+    """The amount is bounded where it is computed: at most `MAX_AMOUNT` minor units."""
+    top = parse_price("10000000", "USD")  # ten million dollars a unit
+    prices = {"big": (Price("big", "USD", top, 0),)}
+    assert charge_amount(10**6, top) == MAX_AMOUNT  # ten trillion dollars: the largest
+    [fits] = priced_charges([("s", "big", 10**6)], prices, 10)
+    assert fits.amount == MAX_AMOUNT
+    for cost in (10**6 + 1, 10**10, 10**12):
+        with pytest.raises(InvalidInput) as refused:
+            priced_charges([("s", "free", 1), ("s", "big", cost)], prices, 10)
+        assert refused.value.field == "cost"
+        assert str(refused.value) == (
+            f"cost: {cost:,} units of 'big' at 10000000.00 USD a unit cost more "
+            "than 10000000000000.00 USD, the most one charge may cost"
+        )

@@ -5,9 +5,10 @@
 the same rules with value objects. Hypothesis drives both, each on its own
 database, with the same random stream of batches: stacked charges, first-use
 and calendar windows, token buckets, soft limits with thresholds, denials,
-ids repeated inside a batch and across batches (some with other charges),
-late and future events, unknown limits, a limit changed between batches,
-subjects' own maximums changed (some effective in the past, inside the
+ids repeated inside a batch and across batches (some with other charges,
+some past their lateness: a decided id answers first), late and future
+events, unknown limits, a limit changed between batches, subjects' own
+maximums changed (some effective in the past, inside the
 current window), grants (some expiring mid-stream, some recurring, with
 priorities and grant.low), subjects' own thresholds, a shadow limit, and
 limits with dimensions with events with and without their metadata keys.
@@ -92,7 +93,8 @@ event = st.fixed_dictionaries(
     {
         "id": st.integers(0, 40),  # small: ids repeat across and inside batches
         "charges": st.lists(charge, min_size=1, max_size=3, unique_by=lambda c: c[:2]),
-        "offset_seconds": st.sampled_from([0, -30, -700, -1900, -4000, 3600 * 30, 600]),
+        # -90,000: past every limit's lateness (a day), as 30 h ahead is past the future's
+        "offset_seconds": st.sampled_from([0, -30, -700, -1900, -4000, -90_000, 3600 * 30, 600]),
         "metadata": st.sampled_from([None, {"route": "/a"}, {"route": "/b", "model": 2}]),
     }
 )

@@ -12,7 +12,10 @@ path's. The streams hold calendar and first-use windows across their ends,
 token buckets whose capacity does not divide the period, hard, soft and
 shadow limits, stacked charges with one failing, entitlement changes,
 thresholds, repeated ids (some with other charges), grants, a limit with
-dimensions, a first-use window in months and late events.
+dimensions, a first-use window in months, late events, and events past
+their lateness or from the future, some applied as `consume` applies them
+(``invalid="raise"``): every path raises the same error, or answers a
+decided id first (its duplicate or conflict).
 
 On SQLite the one-trip path does not exist: the same module holds the fast
 path to the reference. On PostgreSQL `STATS` shows the function decided
@@ -24,9 +27,10 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +43,9 @@ from sqlalchemy import func, select
 from metering import FrozenClock, Limit, Meter
 from metering.domain.events import make_event
 from metering.engine import core
+from metering.engine.fast import Answer
 from metering.engine.one_trip import STATS
+from metering.errors import MeteringError
 from metering.storage.tables import (
     counters,
     current_windows,
@@ -73,12 +79,16 @@ SUBJECTS = ["org-1", "org-2", "user-é"]
 charge = st.tuples(st.sampled_from(SUBJECTS), st.sampled_from(NAMES), st.integers(1, 3))
 event = st.fixed_dictionaries(
     {
-        "id": st.integers(0, 60),  # ids repeat, some with other charges
+        # ids repeat, some with other charges (often: a few ids are drawn half the time)
+        "id": st.integers(0, 60) | st.integers(0, 3),
         "charges": st.one_of(
             st.lists(charge, min_size=1, max_size=1),
             st.lists(charge, min_size=1, max_size=3, unique_by=lambda c: c[:2]),
         ),
-        "offset_seconds": st.sampled_from([0, 0, 0, 0, 0, 0, -5, -700, -1900]),
+        # past the lateness (a day) and too far in the future, now and then
+        "offset_seconds": st.sampled_from([0, 0, 0, 0, 0, 0, -5, -700, -1900, -90_000, 400]),
+        # "raise" as `consume` asks: a decided id answers before the time is judged
+        "invalid": st.sampled_from(["reject", "reject", "raise"]),
         "metadata": st.sampled_from([None, {"route": "/a"}]),
         "advance_seconds": st.sampled_from([0, 0, 1, 3, 7, 61, 700, 1900]),
     }
@@ -142,6 +152,7 @@ def _run(urls: tuple[str, str, str], stream: list[dict[str, Any]], seen: list[in
         for meter in (one, old, reference):
             meter.set_limits(LIMITS)
         one.database.run(one._engine.limits.refresh)  # a warm process: limits cached
+        decided: set[str] = set()
         for number, spec in enumerate(stream):
             for meter in (one, old, reference):
                 _allowances(meter, spec, clock(), number)
@@ -151,22 +162,46 @@ def _run(urls: tuple[str, str, str], stream: list[dict[str, Any]], seen: list[in
                 record = make_event(
                     item["charges"], when, f"ev-{item['id']}", item["metadata"]
                 ).record()
+                invalid = item["invalid"]
                 counted = [_Counted(), _Counted()]
                 answers = []
                 for meter, counter in zip((one, old), counted, strict=True):
                     original = core.count_events
                     core.count_events = counter  # type: ignore[assignment]
                     try:
-                        answers.append(meter._engine.apply([record], invalid="reject"))
+                        answers.append(
+                            _answer(partial(meter._engine.apply, [record], invalid=invalid))
+                        )
                     finally:
                         core.count_events = original
                 now_us = one.database.now_us()
-                reference._engine._apply_reference([record], now_us, "reject", ())
+                apply = reference._engine._apply_reference
+                found = _answer(partial(apply, [record], now_us, invalid, ()))
                 assert answers[0] == answers[1]
+                assert _kind(answers[0]) == _kind(found)
                 assert counted[0].calls == counted[1].calls
-                seen[0] += 1
+                if isinstance(found, tuple):  # only a new id is judged: a decided one answers
+                    assert record.event_id not in decided, found
+                else:
+                    decided.add(record.event_id)
+                    seen[0] += 1
         assert _stored(one) == _stored(reference)
         assert _stored(old) == _stored(reference)
+
+
+def _answer(apply: Callable[[], list[Answer]]) -> list[Answer] | tuple[str, str, str]:
+    """The engine's answers, or the error it raised (its type and message)."""
+    try:
+        return apply()
+    except MeteringError as exc:
+        return ("error", type(exc).__name__, str(exc))
+
+
+def _kind(found: list[Answer] | tuple[str, str, str]) -> object:
+    """An error as it is; answers by kind (new, duplicate, conflict) and outcome."""
+    if isinstance(found, tuple):
+        return found
+    return [(kind, None if record is None else record.outcome) for kind, record in found]
 
 
 def _allowances(meter: Meter, spec: dict[str, Any], now: datetime, number: int) -> None:
