@@ -117,11 +117,14 @@ class Engine:
         is known; a flood of typos costs one read of the version each)."""
         rules = self.limits.current[1]
         missing = [name for name in dict.fromkeys(names) if name not in rules]
-        if missing and self.database.run(_limits_version) != self.limits.current[0]:
+        if not missing:
+            return missing
+        if self.database.run(_limits_version) != self.limits.current[0]:
             self.database.run(self.limits.refresh)
-            rules = self.limits.current[1]
-            missing = [name for name in missing if name not in rules]
-        return missing
+        # The cache as it is now: another request may have reloaded it after
+        # ``rules`` was read, so the version read above equals its own.
+        rules = self.limits.current[1]
+        return [name for name in missing if name not in rules]
 
     # -- applying ----------------------------------------------------------------
 

@@ -1,0 +1,32 @@
+"""`Engine`'s own bookkeeping: the limits cache that ingest asks about
+unknown limits (`Engine.unknown_limits`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from metering import Limit, Meter
+
+
+def test_a_name_known_once_another_thread_reloaded_the_cache_is_not_unknown(
+    sqlite_url: str,
+) -> None:
+    """Two requests miss the same cold cache at once; one reloads it while
+    the other reads the limits' version. The second sees the version it read
+    equal to the reloaded cache's and must answer from the reloaded limits,
+    not from the empty ones it started with (a 422 for a defined limit)."""
+    with Meter(sqlite_url) as meter:
+        meter.set_limit(Limit("api_calls", maximum=10, period="1h", window="calendar"))
+        engine = meter._engine
+        engine.limits.current = (-1, {}, engine.limits.current[2])  # a cold cache
+        run = engine.database.run
+        reloaded = []
+
+        def other_thread_reloads_first(work: Any) -> Any:
+            if not reloaded:  # the other request's reload lands before this read
+                reloaded.append(True)
+                run(engine.limits.refresh)
+            return run(work)
+
+        engine.database.run = other_thread_reloads_first  # type: ignore[method-assign]
+        assert engine.unknown_limits(["api_calls", "api_cals"]) == ["api_cals"]
