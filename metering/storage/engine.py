@@ -86,6 +86,11 @@ def make_engine(url: str, *, connections: int | None = None, **kwargs: Any) -> E
         raise ConfigurationError(f"invalid database URL {url!r}: {exc}") from exc
 
 
+# The ``application_name`` of every connection metering opens to PostgreSQL,
+# unless the URL names one.
+APPLICATION_NAME: Final = "metering"
+
+
 def shares(connections: int) -> tuple[int, int]:
     """How a budget of ``connections`` is split: the most SQLAlchemy's pool
     and the hot path each open; the one place left is the leases' listener's.
@@ -102,6 +107,10 @@ def _postgres_engine(url: str, connections: int, kwargs: dict[str, Any]) -> Engi
     kwargs.setdefault("pool_size", shares(connections)[0])
     kwargs.setdefault("max_overflow", 0)
     connect_args = dict(kwargs.get("connect_args") or {})
+    if "application_name" not in make_url(url).query:
+        # How `metering status` (and an operator) finds this process's connections.
+        connect_args.setdefault("application_name", APPLICATION_NAME)
+        kwargs["connect_args"] = connect_args
     # Looked up when called: tracing wraps it (`metering.tracing`).
     engine = sqlalchemy.create_engine(url, **kwargs)
     _CONNECT_ARGS[engine] = connect_args
