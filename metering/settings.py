@@ -14,7 +14,7 @@ checked here. Every variable is optional:
 
 * ``METERING_DATABASE_URL``: counters and results (default ``sqlite:///metering.db``).
 * ``METERING_DB_CONNECTIONS``: the most PostgreSQL connections one process
-  opens, all its paths together (default 10; docs/operations.md sizes it).
+  opens, all its paths together (default 10, at least 3; docs/operations.md sizes it).
 * ``METERING_BROKER_URL``: Redis in production; unset, the embedded broker.
 * ``METERING_QUEUES``: how many hash-routed queues producers use (1 to 1024, default 1).
 * ``METERING_VISIBILITY_TIMEOUT``: seconds before a message a dead worker
@@ -134,20 +134,29 @@ def database_url(explicit: str | None = None, environ: Environ | None = None) ->
 # typical server process (waitress's 4, a worker's few) with room for the
 # book of leases' threads and its listener.
 DEFAULT_DB_CONNECTIONS: Final = 10
+# One for SQLAlchemy's pool, one for the hot path, one for the leases' listener.
+MIN_DB_CONNECTIONS: Final = 3
 MAX_DB_CONNECTIONS: Final = 1000
 
 
 def db_connections(environ: Environ | None = None) -> int:
     """``METERING_DB_CONNECTIONS``: the most PostgreSQL connections one process
-    opens, every path's together (default 10; 2 to 1000)."""
-    value = _whole(
-        _environ(environ), "METERING_DB_CONNECTIONS", DEFAULT_DB_CONNECTIONS, MAX_DB_CONNECTIONS
-    )
-    if value < 2:
+    opens, every path's together (default 10; 3 to 1000)."""
+    text = _environ(environ).get("METERING_DB_CONNECTIONS")
+    return DEFAULT_DB_CONNECTIONS if text is None else connection_budget(text)
+
+
+def connection_budget(value: object, name: str = "METERING_DB_CONNECTIONS") -> int:
+    """A connection budget, a whole number from 3 to 1000 (`ConfigurationError` else)."""
+    try:
+        number = int(str(value)) if not isinstance(value, bool) else None
+    except ValueError:
+        number = None
+    if number is None or not MIN_DB_CONNECTIONS <= number <= MAX_DB_CONNECTIONS:
         raise ConfigurationError(
-            f"METERING_DB_CONNECTIONS must be a whole number from 2 to {MAX_DB_CONNECTIONS}"
+            f"{name} must be a whole number from {MIN_DB_CONNECTIONS} to {MAX_DB_CONNECTIONS}"
         )
-    return value
+    return number
 
 
 def broker_url(explicit: str | None = None, environ: Environ | None = None) -> str:

@@ -34,7 +34,7 @@ from metering.errors import (
     StorageError,
 )
 from metering.metrics import count_db_error, count_db_retry
-from metering.settings import db_connections
+from metering.settings import connection_budget, db_connections
 from metering.settings import sqlite_synchronous as sqlite_synchronous
 from metering.storage.budget import ConnectionBudget
 
@@ -81,7 +81,12 @@ def make_engine(url: str, *, connections: int | None = None, **kwargs: Any) -> E
             return _sqlite_engine(url, **kwargs)
         if parsed.get_backend_name() != "postgresql":
             raise ConfigurationError(f"unsupported database {parsed.get_backend_name()!r}")
-        return _postgres_engine(url, connections or db_connections(), kwargs)
+        budget = (
+            db_connections()
+            if connections is None
+            else connection_budget(connections, "connections")
+        )
+        return _postgres_engine(url, budget, kwargs)
     except (ArgumentError, NoSuchModuleError, ValueError) as exc:
         raise ConfigurationError(f"invalid database URL {url!r}: {exc}") from exc
 

@@ -39,7 +39,7 @@ def small_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         server.create_database("small")
         url = server.url("small")
         upgrade_schema(url)
-        with Meter(url, connections=2) as meter:
+        with Meter(url, connections=3) as meter:
             meter.set_limit(Limit("calls", maximum=1_000_000, period="1d", window="calendar"))
         yield url
     finally:

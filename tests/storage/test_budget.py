@@ -18,7 +18,9 @@ import psycopg
 import pytest
 
 from metering import FrozenClock, Limit, Meter
+from metering.errors import ConfigurationError
 from metering.storage.budget import ConnectionBudget
+from metering.storage.engine import make_engine
 
 pytestmark = pytest.mark.postgres
 
@@ -134,3 +136,10 @@ def test_a_connection_that_fails_to_open_takes_no_place() -> None:
     with pytest.raises(OSError):
         budget.connect(refused)
     assert budget.in_use == 0
+
+
+@pytest.mark.parametrize("connections", [2, 0, 1001, True])
+def test_an_engine_refuses_a_budget_too_small_for_its_paths(connections: int) -> None:
+    # Nothing is connected: the refusal comes first, naming the argument.
+    with pytest.raises(ConfigurationError, match="connections must be a whole number from 3"):
+        make_engine("postgresql://nobody@127.0.0.1:1/none", connections=connections)
