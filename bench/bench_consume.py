@@ -61,7 +61,7 @@ def threaded_consume_job(url: str, limit: str, threads: int, group_commit: bool)
     """One process, ``threads`` threads calling `consume` on one shared `Meter`."""
 
     def job(index: int, events: int) -> list[int]:
-        meter = Meter(url, group_commit=group_commit, pool_size=threads)
+        meter = Meter(url, group_commit=group_commit, connections=2 * threads + 1)
         meter.consume("warm-up", limit)
         each = events // threads
 

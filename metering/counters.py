@@ -15,6 +15,7 @@ from metering.domain.state import CounterKey, CounterState
 from metering.errors import InvalidInput, ReservedLimit, UnknownLimit
 from metering.storage.database import Database
 from metering.storage.distinct import DistinctStore
+from metering.storage.quota_notices import notify
 from metering.storage.reservations import ReservationStore
 from metering.storage.store import Store
 
@@ -84,6 +85,7 @@ def reset(database: Database, subject: str | None, limit: str | None) -> int:
         # a void of it skips the counter that started over
         # (`metering.domain.corrections`).
         store.record_reset(cleared, max(now_us, database.now_us()))
+        notify(connection, subject, limit)  # every process's leases, at commit
         return len(cleared)
 
     return database.run(work)

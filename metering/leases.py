@@ -57,6 +57,7 @@ from metering.errors import MeteringError
 from metering.reservations import Reservation
 from metering.reservations import transactions as reserving
 from metering.storage.database import Database
+from metering.storage.quota_notices import QuotaListener
 
 T = TypeVar("T")
 
@@ -214,6 +215,12 @@ class LeaseBook:
         self._reaper: threading.Thread | None = None
         self._renewer: threading.Thread | None = None
         self._closed = False
+        # PostgreSQL: the process's listener of quota-change notices, started
+        # before the first block is leased; each notice applied counts here.
+        self._listener: QuotaListener | None = None
+        self._listener_lock = threading.Lock()
+        self._generation = 0
+        self.notices = 0
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -294,6 +301,19 @@ class LeaseBook:
         with self._lock:
             key = self._keys.get((subject, limit))
             return key is not None and key.renewed is None and key.hot(now_us)
+
+    def changed(self, subject: str | None, limit: str | None) -> None:
+        """A reset or a changed maximum of (subject, limit) (None: every one)
+        was committed: its keys leave the book, their leases stop serving at
+        once and are settled; their next requests take the exact path."""
+        with self._lock:
+            self.notices += 1
+            self._generation += 1
+            for name in [name for name in self._keys if _matches(name, subject, limit)]:
+                key = self._keys.pop(name)
+                for lease in (key.lease, key.next):
+                    if lease is not None and not lease.closed:
+                        self._to_settle.append(self._close(lease))
 
     def note(self, subject: str, limit: str, cost: int, decision: Decision) -> None:
         """The exact path decided a request of this key: remember when, and
@@ -423,8 +443,9 @@ class LeaseBook:
     ) -> bool:
         now_us = self._database.now_us()
         times = lease_times(now_us, key.window_end_us)
-        if times is None:
+        if times is None or not self._listening():
             return False
+        generation = self._generation
         event = make_event([(subject, limit, units)], from_us(now_us), f"lease-{uuid.uuid4().hex}")
         reserved = self._meter._lease_block(event, times[0])
         if reserved is None:
@@ -436,6 +457,10 @@ class LeaseBook:
         block = Block(event.event_id, units, charge, times[1])
         lease = _Lease(block, expires_at_us or times[0], now_us)
         with self._lock:
+            if generation != self._generation:  # a change came meanwhile: settle it unused
+                self._to_settle.append(lease)
+                lease.closed = True
+                return False
             if ahead:
                 key.next = lease
             else:
@@ -445,6 +470,23 @@ class LeaseBook:
             self._open[block.lease_id] = ((subject, limit), lease)
         self._start_reaper()
         return True
+
+    def _listening(self) -> bool:
+        """Whether changes reach this book (always on SQLite: its leases see
+        them at their next renewal); on PostgreSQL the listener is started
+        first, and no block is leased while it does not listen."""
+        with self._listener_lock:
+            if self._closed:
+                return False
+            if self._listener is None:
+                try:
+                    self._listener = QuotaListener.for_engine(self._database.engine, self.changed)
+                except MeteringError as exc:
+                    log.warning("no quota listener (%s): leasing nothing", exc)
+                    return False
+                if self._listener is None:
+                    return True
+            return self._listener.listening
 
     def _limit(self, name: str) -> Limit | None:
         now_us = self._database.now_us()
@@ -566,8 +608,12 @@ class LeaseBook:
                 log.exception("%s of leases failed; retrying", task.__name__)
 
     def close(self) -> None:
-        """Stop the book's threads and settle every lease (shutdown)."""
-        self._closed = True
+        """Stop the book's threads and listener, settle every lease (shutdown)."""
+        with self._listener_lock:
+            self._closed = True
+            listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()
         self._stop.set()
         reaper = self._reaper
         if reaper is not None:
@@ -600,6 +646,11 @@ def _ending(lease: _Lease, now_us: int) -> bool:
         and lease.block.serve_until_us - RENEW_AHEAD_US <= now_us < lease.block.serve_until_us
         and now_us - lease.last_used_us < HOT_US
     )
+
+
+def _matches(name: KeyName, subject: str | None, limit: str | None) -> bool:
+    """Whether a change of (subject, limit), None for every one, concerns key ``name``."""
+    return subject in (None, name[0]) and limit in (None, name[1])
 
 
 def _due(lease: _Lease, now_us: int) -> bool:

@@ -15,6 +15,7 @@ from metering.config import load_limits_file
 from metering.domain.limits import Limit, is_reserved, validate_limit_name
 from metering.errors import InvalidInput, ReservedLimit, UnknownLimit
 from metering.storage.database import Database
+from metering.storage.quota_notices import notify
 from metering.storage.store import Store
 
 
@@ -36,6 +37,7 @@ def set_limits(database: Database, limits: Iterable[Limit]) -> list[Limit]:
         store = Store(connection)
         for limit in chosen:
             store.upsert_limit(limit, now_us)
+            notify(connection, None, limit.name)  # a lowered maximum: every process's leases
 
     database.run(work)
     return chosen

@@ -78,6 +78,10 @@ class Meter(AllowancesFacade, LicensesFacade, PricesFacade, OperatorsFacade):
         self._engine.close()
         self.database.dispose()
 
+    def connections_in_use(self) -> int | None:
+        """Connections this process has open to PostgreSQL, all paths (None on SQLite)."""
+        return self.database.connections_in_use()
+
     def __enter__(self) -> Meter:
         return self
 

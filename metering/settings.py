@@ -13,6 +13,8 @@ the command line) asks this module for its one part (`database_url`,
 checked here. Every variable is optional:
 
 * ``METERING_DATABASE_URL``: counters and results (default ``sqlite:///metering.db``).
+* ``METERING_DB_CONNECTIONS``: the most PostgreSQL connections one process
+  opens, all its paths together (default 10, at least 3; docs/operations.md sizes it).
 * ``METERING_BROKER_URL``: Redis in production; unset, the embedded broker.
 * ``METERING_QUEUES``: how many hash-routed queues producers use (1 to 1024, default 1).
 * ``METERING_VISIBILITY_TIMEOUT``: seconds before a message a dead worker
@@ -126,6 +128,35 @@ SQLITE_SYNCHRONOUS_VALUES: Final = ("NORMAL", "FULL")
 def database_url(explicit: str | None = None, environ: Environ | None = None) -> str:
     """The database URL: the argument, else ``METERING_DATABASE_URL``, else ./metering.db."""
     return explicit or _environ(environ).get("METERING_DATABASE_URL") or DEFAULT_DATABASE_URL
+
+
+# A thread holds one connection at a time: ten serve the threads of a
+# typical server process (waitress's 4, a worker's few) with room for the
+# book of leases' threads and its listener.
+DEFAULT_DB_CONNECTIONS: Final = 10
+# One for SQLAlchemy's pool, one for the hot path, one for the leases' listener.
+MIN_DB_CONNECTIONS: Final = 3
+MAX_DB_CONNECTIONS: Final = 1000
+
+
+def db_connections(environ: Environ | None = None) -> int:
+    """``METERING_DB_CONNECTIONS``: the most PostgreSQL connections one process
+    opens, every path's together (default 10; 3 to 1000)."""
+    text = _environ(environ).get("METERING_DB_CONNECTIONS")
+    return DEFAULT_DB_CONNECTIONS if text is None else connection_budget(text)
+
+
+def connection_budget(value: object, name: str = "METERING_DB_CONNECTIONS") -> int:
+    """A connection budget, a whole number from 3 to 1000 (`ConfigurationError` else)."""
+    try:
+        number = int(str(value)) if not isinstance(value, bool) else None
+    except ValueError:
+        number = None
+    if number is None or not MIN_DB_CONNECTIONS <= number <= MAX_DB_CONNECTIONS:
+        raise ConfigurationError(
+            f"{name} must be a whole number from {MIN_DB_CONNECTIONS} to {MAX_DB_CONNECTIONS}"
+        )
+    return number
 
 
 def broker_url(explicit: str | None = None, environ: Environ | None = None) -> str:
@@ -497,6 +528,7 @@ class Settings:
         # Read where they are used (the storage engine, `rotate`); checked here
         # too, so that a worker or server with a bad one stops as it starts.
         sqlite_synchronous(env)
+        db_connections(env)
         rotation_grace_seconds(env)
 
         def seconds(name: str, default: float) -> float:

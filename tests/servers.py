@@ -158,6 +158,7 @@ class PostgresServer:
         port: int | None = None,
         durable: bool = False,
         bindir: Path | None = None,
+        settings: dict[str, str] | None = None,
     ) -> None:
         resolved = bindir if bindir is not None else find_pg_bindir()
         if resolved is None:
@@ -170,6 +171,8 @@ class PostgresServer:
         self.data_dir: Path = self.base_dir / "data"
         self.log_file: Path = self.base_dir / "postgres.log"
         self.durable: bool = durable
+        # Server settings over ours (``{"max_connections": "12"}``).
+        self.settings: dict[str, str] = dict(settings or {})
         self._port: int | None = port
         self._auto_port: bool = port is None
         self._started_once: bool = False
@@ -404,6 +407,7 @@ class PostgresServer:
         }
         if not self.durable:
             settings |= {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
+        settings |= self.settings
         include = self.data_dir / _SETTINGS_FILE
         include.write_text("".join(f"{key} = {value}\n" for key, value in settings.items()))
         main_conf = self.data_dir / "postgresql.conf"

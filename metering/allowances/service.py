@@ -65,6 +65,7 @@ from metering.storage.allowances import AllowanceStore, CorrectionRecord, GrantR
 from metering.storage.database import Database
 from metering.storage.engine import RetryTransaction
 from metering.storage.limits import BUMP_LIMITS_VERSION
+from metering.storage.quota_notices import notify
 from metering.storage.recurring import ScheduleRecord, ScheduleStore, insert_issue, issue_due
 from metering.storage.reservations import ReservationStore
 from metering.storage.results import ResultRecord
@@ -133,6 +134,7 @@ def set_entitlements(
         store = AllowanceStore(connection)
         for change in made:
             store.set_entitlement(change)
+            notify(connection, change.subject, change.limit)  # every process's leases
         return made
 
     return database.run(work)

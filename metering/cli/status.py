@@ -336,6 +336,20 @@ def _oldest_check(
     return Check("oldest event", True, detail, required), facts
 
 
+def _connections_check(probe: DatabaseProbe) -> tuple[Check | None, dict[str, int] | None]:
+    """PostgreSQL: connections in use, metering's among them, against the
+    server's room (a warning when it has none left); nothing on SQLite."""
+    counts = probe.connections()
+    if counts is None:
+        return None, None
+    detail = (
+        f"{counts.in_use} in use ({counts.metering} by metering) of max_connections "
+        f"{counts.max} ({counts.reserved} for superusers): room for {max(counts.room, 0)} more"
+    )
+    facts = {"metering": counts.metering, "in_use": counts.in_use, "max": counts.max}
+    return Check("connections", counts.room > 0, detail, required=False), facts
+
+
 def collect_status(
     database_url: str,
     broker: str,
@@ -367,6 +381,15 @@ def collect_status(
         if probe is not None:
             probe.close()
         probe = None
+
+    if probe is not None:
+        try:
+            counted, connections = _connections_check(probe)
+        except Exception as exc:  # a server that hides pg_stat_activity: a warning
+            counted, connections = Check("connections", False, describe(exc), False), None
+        if counted is not None:
+            report.checks.append(counted)
+            report.facts["database"]["connections"] = connections
 
     names = list(queues)
     found: BrokerQueues | None = None

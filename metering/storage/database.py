@@ -19,6 +19,7 @@ from metering.clock import Clock, system_clock
 from metering.domain.instants import to_us
 from metering.storage.engine import (
     READ_ONLY,
+    budget_of,
     make_engine,
     run_retry_aware,
     run_transaction,
@@ -67,6 +68,12 @@ class Database:
                 yield connection
         except SQLAlchemyError as exc:
             raise translate(exc) from exc
+
+    def connections_in_use(self) -> int | None:
+        """How many connections this process has open to PostgreSQL on the
+        engine's budget (every path's together); None on SQLite."""
+        budget = budget_of(self.engine)
+        return None if budget is None else budget.in_use
 
     def dispose(self, *, close: bool = True) -> None:
         self.engine.dispose(close=close)

@@ -34,7 +34,9 @@ from metering.errors import (
     StorageError,
 )
 from metering.metrics import count_db_error, count_db_retry
+from metering.settings import connection_budget, db_connections
 from metering.settings import sqlite_synchronous as sqlite_synchronous
+from metering.storage.budget import ConnectionBudget
 
 T = TypeVar("T")
 
@@ -66,8 +68,12 @@ def normalise_url(url: str) -> str:
     return url
 
 
-def make_engine(url: str, **kwargs: Any) -> Engine:
-    """An engine set up for metering's transactions on SQLite or PostgreSQL."""
+def make_engine(url: str, *, connections: int | None = None, **kwargs: Any) -> Engine:
+    """An engine set up for metering's transactions on SQLite or PostgreSQL.
+
+    On PostgreSQL every connection of the engine, and of the paths that
+    share its budget (`budget_of`), takes a place in one `ConnectionBudget`
+    of ``connections`` (default ``METERING_DB_CONNECTIONS``)."""
     url = normalise_url(url)
     try:
         parsed = make_url(url)
@@ -75,22 +81,72 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             return _sqlite_engine(url, **kwargs)
         if parsed.get_backend_name() != "postgresql":
             raise ConfigurationError(f"unsupported database {parsed.get_backend_name()!r}")
-        # No pre-ping: it costs a round trip per transaction. A connection
-        # that died while pooled fails its transaction, which is retried.
-        kwargs.setdefault("pool_size", 5)
-        kwargs.setdefault("max_overflow", 10)
-        connect_args = dict(kwargs.get("connect_args") or {})
-        # Looked up when called: tracing wraps it (`metering.tracing`).
-        engine = sqlalchemy.create_engine(url, **kwargs)
-        _CONNECT_ARGS[engine] = connect_args
-        return engine
+        budget = (
+            db_connections()
+            if connections is None
+            else connection_budget(connections, "connections")
+        )
+        return _postgres_engine(url, budget, kwargs)
     except (ArgumentError, NoSuchModuleError, ValueError) as exc:
         raise ConfigurationError(f"invalid database URL {url!r}: {exc}") from exc
+
+
+# The ``application_name`` of every connection metering opens to PostgreSQL,
+# unless the URL names one.
+APPLICATION_NAME: Final = "metering"
+
+
+def shares(connections: int) -> tuple[int, int]:
+    """How a budget of ``connections`` is split: the most SQLAlchemy's pool
+    and the hot path each open; the one place left is the leases' listener's.
+    Each path keeps what it opened (no connection closed to make room for the
+    other path's, none opened past its share)."""
+    sqlalchemy_share = max(1, (connections - 1) // 3)
+    return sqlalchemy_share, max(1, connections - 1 - sqlalchemy_share)
+
+
+def _postgres_engine(url: str, connections: int, kwargs: dict[str, Any]) -> Engine:
+    budget = ConnectionBudget(connections, timeout=kwargs.get("pool_timeout", 30.0))
+    # No pre-ping: it costs a round trip per transaction. A connection
+    # that died while pooled fails its transaction, which is retried.
+    kwargs.setdefault("pool_size", shares(connections)[0])
+    kwargs.setdefault("max_overflow", 0)
+    connect_args = dict(kwargs.get("connect_args") or {})
+    if "application_name" not in make_url(url).query:
+        # How `metering status` (and an operator) finds this process's connections.
+        connect_args.setdefault("application_name", APPLICATION_NAME)
+        kwargs["connect_args"] = connect_args
+    # Looked up when called: tracing wraps it (`metering.tracing`).
+    engine = sqlalchemy.create_engine(url, **kwargs)
+    _CONNECT_ARGS[engine] = connect_args
+    _BUDGETS[engine] = budget
+
+    @event.listens_for(engine, "do_connect")
+    def _on_connect(dialect: Any, _record: Any, cargs: Any, cparams: Any) -> Any:
+        return budget.connect(lambda: dialect.connect(*cargs, **cparams))
+
+    @event.listens_for(engine, "close")
+    def _on_close(dbapi_connection: Any, _record: Any) -> None:
+        budget.closed(dbapi_connection)
+
+    @event.listens_for(engine, "close_detached")
+    def _on_close_detached(dbapi_connection: Any) -> None:
+        budget.closed(dbapi_connection)
+
+    return engine
 
 
 # The ``connect_args`` each PostgreSQL engine was made with (`make_engine`),
 # for the hot path's own connections (`metering.storage.hot.direct_postgres`).
 _CONNECT_ARGS: weakref.WeakKeyDictionary[Engine, dict[str, Any]] = weakref.WeakKeyDictionary()
+# The connection budget of each PostgreSQL engine, shared with the hot path
+# and the leases' listener.
+_BUDGETS: weakref.WeakKeyDictionary[Engine, ConnectionBudget] = weakref.WeakKeyDictionary()
+
+
+def budget_of(engine: Engine) -> ConnectionBudget | None:
+    """The connection budget of a PostgreSQL engine made by `make_engine` (else None)."""
+    return _BUDGETS.get(engine)
 
 
 def connect_args_of(engine: Engine) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from typing import Any, Final, TypeVar
 
 from alembic.config import Config
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, Engine, create_engine, delete, inspect, select
+from sqlalchemy import Connection, Engine, create_engine, delete, inspect, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
@@ -31,6 +31,7 @@ from metering.domain.instants import to_us
 from metering.errors import ConfigurationError
 from metering.storage.database import Database
 from metering.storage.engine import (
+    APPLICATION_NAME,
     MIGRATIONS_DIR,
     SCHEMA_REVISION,
     current_revision,
@@ -109,6 +110,31 @@ def _known_revisions() -> set[str]:
     return {script.revision for script in ScriptDirectory.from_config(config).walk_revisions()}
 
 
+@dataclass(frozen=True, slots=True)
+class ConnectionCounts:
+    """A PostgreSQL server's client connections: ``metering``'s (those whose
+    application name starts with it), all of them, ``max_connections`` and the
+    places kept for superusers."""
+
+    metering: int
+    in_use: int
+    max: int
+    reserved: int
+
+    @property
+    def room(self) -> int:
+        """How many more clients (not superusers) the server takes now."""
+        return self.max - self.reserved - self.in_use
+
+
+CONNECTION_COUNTS: Final = text(
+    "SELECT count(*) FILTER (WHERE application_name LIKE :name), count(*),"
+    " current_setting('max_connections')::int,"
+    " current_setting('superuser_reserved_connections')::int"
+    " FROM pg_stat_activity WHERE backend_type = 'client backend'"
+)
+
+
 class DatabaseProbe:
     """Read-only looks at a metering database, on one engine; creates nothing.
 
@@ -155,6 +181,15 @@ class DatabaseProbe:
                 return work(connection)
         except SQLAlchemyError as exc:
             raise translate(exc) from exc
+
+    def connections(self) -> ConnectionCounts | None:
+        """The server's client connections: metering's (by application name),
+        all, and the most it takes; None on SQLite."""
+        if self.engine is None or self.engine.dialect.name != "postgresql":
+            return None
+        with self.engine.connect() as connection:
+            row = connection.execute(CONNECTION_COUNTS, {"name": f"{APPLICATION_NAME}%"}).one()
+        return ConnectionCounts(int(row[0]), int(row[1]), int(row[2]), int(row[3]))
 
     def heartbeats(self, role: str) -> dict[str, int]:
         """When each process of ``role`` was last seen: name -> microseconds since

@@ -541,3 +541,23 @@ def test_events_rejected_in_the_last_day_are_a_warning(files: Files) -> None:
     later = report_at(T0 + timedelta(hours=25))
     assert check_of(later, "rejected")["state"] == "ok"
     assert later["rejected_last_day"] == 0
+
+
+def test_connections_in_use_are_shown_on_postgresql(files: Files, pg_url: str) -> None:
+    # A meter of this test holds some connections (its processes are named
+    # "metering" on the server): status counts them against the server's room.
+    with Meter(pg_url) as meter:
+        meter.set_limit(Limit("calls", maximum=10, period="1d"))
+        meter.consume("org-1", "calls")
+        held = meter.connections_in_use()
+        assert held is not None and held >= 1
+        report = collect_status(
+            pg_url, files.broker, clock=FrozenClock(T0), queues=["metering"], require=frozenset()
+        )
+    [check] = [c for c in report.checks if c.name == "connections"]
+    assert check.ok and not check.required
+    seen = report.facts["database"]["connections"]
+    assert seen["metering"] >= held + 1  # the meter's, and the probe's own
+    assert seen["in_use"] >= seen["metering"]
+    assert seen["max"] == 200  # the test server's max_connections
+    assert f"{seen['metering']} by metering" in check.detail

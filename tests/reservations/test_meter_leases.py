@@ -307,3 +307,26 @@ def test_a_call_that_finds_the_lease_renewed_meanwhile_is_served_from_it(
     assert counted(meter, "ada", "api") == 15 + book.held_units() == 21
     meter.settle_leases(everything=True)
     assert counted(meter, "ada", "api") == settled_usage(meter, "ada", "api") == 15
+
+
+def test_a_change_notice_drops_its_keys_leases_at_once(meter: Meter) -> None:
+    meter.set_limit(Limit("hard", maximum=1000, period="1h", window="calendar"))
+    for subject in ("org-1", "org-2"):
+        for _ in range(40):
+            meter.lease(subject, "hard")
+    book = meter.leases
+    assert book.held_units() > 0
+    held_elsewhere = sum(
+        lease.unused for _, (name, lease) in book._open.items() if name[0] == "org-2"
+    )
+    book.changed("org-1", None)  # as the listener passes on a reset of org-1
+    assert book.notices == 1
+    assert not leased(meter.lease("org-1", "hard").event_id)  # the exact path decides
+    assert leased(meter.lease("org-2", "hard").event_id)  # another key keeps its lease
+    assert book.held_units() == held_elsewhere - 1
+    book.changed(None, None)  # every key (the listener reconnected)
+    assert book.held_units() == 0
+    assert not leased(meter.lease("org-2", "hard").event_id)
+    meter.settle_leases(everything=True)
+    for subject in ("org-1", "org-2"):
+        assert counted(meter, subject, "hard") == settled_usage(meter, subject, "hard")

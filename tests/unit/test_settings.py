@@ -212,3 +212,16 @@ def test_a_meter_takes_its_correction_horizon_from_the_settings_it_is_given(
         assert default.correction_horizon == 90 * 86_400
     with pytest.raises(InvalidInput, match="correction_horizon_days"):
         Meter(url, correction_horizon_days=0)
+
+
+@pytest.mark.parametrize("value", ["2", "0", "1001", "3.5", "ten", ""])
+def test_a_connection_budget_is_a_whole_number_from_3_to_1000(value: str) -> None:
+    from metering import settings
+
+    message = "METERING_DB_CONNECTIONS must be a whole number from 3 to 1000"
+    with pytest.raises(ConfigurationError, match=re.escape(message)):
+        settings.db_connections({"METERING_DB_CONNECTIONS": value})
+    with pytest.raises(ConfigurationError, match=re.escape(message)):
+        Settings.from_env({"METERING_DB_CONNECTIONS": value})
+    assert settings.db_connections({}) == 10
+    assert settings.db_connections({"METERING_DB_CONNECTIONS": "25"}) == 25

@@ -15,10 +15,11 @@ connections in background threads and makes a caller wait up to its timeout
 while a worker retries an unreachable server; here, as in SQLAlchemy's
 ``QueuePool``, a caller that finds no idle connection opens one itself, so
 an unreachable database fails the call at once with the driver's message
-(`DatabaseUnavailable`, as before). It is sized as the SQLAlchemy engine's
-pool (``pool_size`` kept idle, ``pool_size + max_overflow`` open at most,
-``pool_timeout`` to wait for one) and its connections are made with the
-engine's own connect arguments (`connect_args_of`).
+(`DatabaseUnavailable`, as before). Its connections take their places in
+the engine's `ConnectionBudget` (`budget_of`: the process's one budget,
+shared with SQLAlchemy's pool); it opens its share of the budget at most
+(`shares`), keeps them open, and makes them with the engine's connect arguments
+(`connect_args_of`).
 
 Connections are prepared as psycopg does by default (a statement is
 prepared on the server from its fifth run on a connection,
@@ -47,7 +48,15 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError, StatementError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from metering.storage.engine import RetryTransaction, connect_args_of, retry_or_raise, translate
+from metering.storage.budget import ConnectionBudget
+from metering.storage.engine import (
+    RetryTransaction,
+    budget_of,
+    connect_args_of,
+    retry_or_raise,
+    shares,
+    translate,
+)
 from metering.storage.hot.postgres import PostgresHotStore
 
 T = TypeVar("T")
@@ -67,8 +76,10 @@ class DirectPostgres:
         size: int = 15,
         timeout: float = 30.0,
         prepare_threshold: int | None = PREPARE_THRESHOLD,
+        budget: ConnectionBudget | None = None,
     ) -> None:
         self.params = params
+        self.budget = budget or ConnectionBudget(size, timeout=timeout)
         self.idle = max(1, idle)
         self.size = max(1, size)
         self.timeout = timeout
@@ -85,23 +96,23 @@ class DirectPostgres:
 
     @classmethod
     def for_engine(cls, engine: Engine) -> DirectPostgres | None:
-        """For a PostgreSQL engine on psycopg, sized as its pool; None otherwise."""
+        """For a PostgreSQL engine on psycopg, on its connection budget; None otherwise."""
         if engine.dialect.name != "postgresql" or engine.dialect.driver != "psycopg":
             return None
         args, params = engine.dialect.create_connect_args(engine.url)
         if args:
             return None
         params = {**params, **connect_args_of(engine)}
-        pool = engine.pool
-        size = pool.size() if hasattr(pool, "size") else 5
-        overflow = max(0, getattr(pool, "_max_overflow", 10))
-        timeout = float(getattr(pool, "_timeout", 30.0))
-        return cls(params, idle=size, size=size + overflow, timeout=timeout)
+        budget = budget_of(engine)
+        if budget is None:
+            return None
+        share = shares(budget.size)[1]
+        return cls(params, idle=share, size=share, timeout=budget.timeout, budget=budget)
 
     # -- connections -------------------------------------------------------------
 
     def _connect(self) -> psycopg.Connection[Any]:
-        raw = psycopg.Connection.connect(**self.params)
+        raw = self.budget.connect(lambda: psycopg.Connection.connect(**self.params))
         raw.prepare_threshold = self.prepare_threshold
         with self._lock:
             self._open.add(raw)
@@ -159,6 +170,7 @@ class DirectPostgres:
                 self._open.discard(connection)
         for connection in dropped:
             connection.close()
+            self.budget.closed(connection)
 
     def close(self) -> None:
         """Close every connection of this process (those in use when they come back)."""
@@ -172,6 +184,7 @@ class DirectPostgres:
                 self._open.discard(raw)
         for raw in idle:
             raw.close()
+            self.budget.closed(raw)
 
     @property
     def open_connections(self) -> int:

@@ -193,8 +193,7 @@ def test_sixteen_threads_on_one_connection_neither_deadlock_nor_miscount(
         pg_url,
         clock=FrozenClock(NOW),
         group_commit=group_commit,
-        pool_size=1,
-        max_overflow=0,
+        connections=3,  # one each, and one for the leases' listener
     ) as meter:
         meter.set_limits([Limit("hard", maximum=100, period="1d", window="calendar")])
         meter.consume("warm-up", "hard")
