@@ -17,10 +17,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from itertools import islice
+from typing import Final
 
 from starlette.concurrency import run_in_threadpool
 
-from metering.api.parsing import Parsed, QueuedEvent
+from metering.api.parsing import MAX_ERRORS, Parsed, QueuedEvent
 from metering.api.problems import ApiProblem
 from metering.domain.decisions import Decision
 from metering.domain.events import UsageEvent
@@ -291,21 +293,30 @@ def _apply_batch(meter: Meter, events: Sequence[UsageEvent]) -> dict[str, Decisi
     return {e.event_id: d for e, d in zip(events, decided, strict=True) if isinstance(d, Decision)}
 
 
+# At most this many unknown limits named in one answer's detail.
+MAX_NAMES: Final = 10
+
+
 def unknown_limits(
     parsed: Sequence[Parsed], names: Sequence[str], *, verb: str = "queued"
 ) -> ApiProblem:
     """The 422 naming each charge of ``parsed`` to one of the unknown limits
-    ``names``; nothing was ``verb`` (queued, applied)."""
-    errors = [
+    ``names`` (the first `MAX_ERRORS` charges, the first `MAX_NAMES` names);
+    nothing was ``verb`` (queued, applied)."""
+    unknown = set(names)
+    at_fault = (
         (item.charge_pointer(index, "limit"), f"unknown limit {charge.limit!r}")
         for item in parsed
         for index, charge in enumerate(item.event.charges)
-        if charge.limit in names
-    ]
+        if charge.limit in unknown
+    )
+    errors = list(islice(at_fault, MAX_ERRORS))
     if len(names) == 1:
         detail = str(UnknownLimit(names[0]))
     else:
-        listed = ", ".join(repr(name) for name in names)
+        listed = ", ".join(repr(name) for name in names[:MAX_NAMES])
+        if len(names) > MAX_NAMES:
+            listed += f" and {len(names) - MAX_NAMES:,} more"
         detail = f"unknown limits {listed}: define them with `metering limits set`"
     return ApiProblem(
         "unknown-limit", f"{detail}; nothing was {verb}", errors or [("limit", detail)]

@@ -266,6 +266,12 @@ def run_retry_aware(
                 return work(connection, attempt > 0)
         except (RetryTransaction, SQLAlchemyError) as exc:
             retry_or_raise(exc, attempt, attempts)
+        except OverflowError as exc:
+            # SQLite's driver refuses an integer past 64 bits before the
+            # database sees it (PostgreSQL answers "bigint out of range").
+            if "SQLite INTEGER" not in str(exc):
+                raise
+            raise _failed(InputRefused(f"database refused the data: {exc}")) from exc
     raise AssertionError("unreachable")
 
 

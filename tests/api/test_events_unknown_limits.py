@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from metering import FrozenClock, Limit, Meter
+from metering.api.parsing import MAX_ERRORS
 from metering.storage.broker import event_ids_of
 
 NOW = datetime(2026, 11, 22, 9, 30, tzinfo=UTC)
@@ -109,3 +110,23 @@ def test_a_limit_defined_by_another_process_a_moment_ago_is_accepted(
     answer = http.post("/v1/events", json=plain("e-2", "api_cals"))
     assert answer.status_code == 202, answer.text
     assert sorted(queued_ids(tmp_path)) == ["e-1", "e-2"]
+
+
+def test_a_body_of_many_unknown_limits_gets_a_bounded_answer(
+    http: httpx.Client, tmp_path: Path
+) -> None:
+    stacked = [
+        {
+            "event_id": f"e-{n}",
+            "charges": [{"subject": "o", "limit": f"u{n}-{k}"} for k in range(4)],
+        }
+        for n in range(300)
+    ]
+    answer = http.post("/v1/events", json=[plain("e-api_cals", "api_cals"), *stacked])
+    errors = refused(answer)
+    assert len(errors) == MAX_ERRORS  # as many as any invalid body names, not 1,201
+    assert errors[0] == {"field": "events[0].limit", "message": "unknown limit 'api_cals'"}
+    assert "'u0-3'" in answer.json()["detail"]
+    assert "'u2-1'" not in answer.json()["detail"]  # the first ten named
+    assert "and 1,191 more" in answer.json()["detail"]
+    assert queued_ids(tmp_path) == []

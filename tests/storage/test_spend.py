@@ -8,10 +8,12 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pytest
+from sqlalchemy import update
 
 from metering import FrozenClock, Limit, Meter, make_event, spend_limit
-from metering.errors import InvalidInput
+from metering.errors import InputRefused, InvalidInput
 from metering.reports.spend import spend_report
+from metering.storage.tables import counters
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 
@@ -89,6 +91,25 @@ def test_a_soft_cap_records_money_overage(meter: Meter) -> None:
     decision = meter.consume("org-1", "calls", 15)
     assert decision.outcome == "overage"
     assert (decision.charges[1].used, decision.charges[1].overage) == (15, 5)
+
+
+def test_a_soft_cap_summed_past_the_column_is_refused_on_both_databases(meter: Meter) -> None:
+    """Each charge's amount is bounded, their sum in a soft cap's window is
+    not: past the 64-bit column the database refuses the event, on SQLite
+    as on PostgreSQL, and nothing of it is stored."""
+    meter.set_limit(
+        spend_limit("spend", "0.10", "USD", "1mo", window="calendar", enforcement="soft")
+    )
+    meter.set_price("calls", "10000000", "USD")
+    meter.consume("org-1", "calls", 1, event_id="first")
+    with meter.engine.begin() as connection:
+        connection.execute(
+            update(counters).where(counters.c.limit_name == "spend").values(used=2**63 - 10)
+        )
+    with pytest.raises(InputRefused):
+        meter.consume("org-1", "calls", 1, event_id="past")
+    assert meter.result("past") is None
+    assert (spent(meter), spent(meter, limit="calls")) == (2**63 - 10, 1)
 
 
 def test_a_price_charges_only_spend_limits_of_its_currency(meter: Meter) -> None:
