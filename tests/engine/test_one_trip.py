@@ -182,7 +182,7 @@ def _run(urls: tuple[str, str, str], stream: list[dict[str, Any]], seen: list[in
                 assert counted[0].calls == counted[1].calls
                 if isinstance(found, tuple):  # only a new id is judged: a decided one answers
                     assert record.event_id not in decided, found
-                else:
+                elif record.event_id not in decided:  # the function declines a repeat: not counted
                     decided.add(record.event_id)
                     seen[0] += 1
         assert _stored(one) == _stored(reference)
