@@ -5,12 +5,12 @@ both databases a reset is recorded only when it cleared something."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pytest
-from sqlalchemy import Connection, func, select, text
+from lock_waits import WAIT_SECONDS, wait_until_blocked
+from sqlalchemy import func, select, text
 
 from metering import FrozenClock, Limit, Meter
 from metering.domain.instants import to_us
@@ -19,7 +19,6 @@ from metering.storage.reservations import ReservationStore
 from metering.storage.tables import counter_resets
 
 NOW = datetime(2026, 11, 28, 12, 0, tzinfo=UTC)
-WAIT_SECONDS = 10.0
 
 
 def _meter(url: str) -> Meter:
@@ -40,16 +39,6 @@ def any_meter(db_url: str) -> Iterator[Meter]:
         yield meter
 
 
-def _wait_until_blocked(connection: Connection, blocker_pid: int) -> None:
-    """Until some backend waits for a lock ``blocker_pid`` holds."""
-    query = text("SELECT count(*) FROM pg_stat_activity WHERE :pid = ANY(pg_blocking_pids(pid))")
-    deadline = time.monotonic() + WAIT_SECONDS
-    while not connection.execute(query, {"pid": blocker_pid}).scalar_one():
-        connection.rollback()  # the statistics are a snapshot per transaction
-        assert time.monotonic() < deadline, "the reset never waited for the open update"
-        time.sleep(0.002)
-
-
 def _resets(meter: Meter) -> int:
     with meter.engine.connect() as connection:
         return int(connection.execute(select(func.count()).select_from(counter_resets)).scalar())
@@ -64,7 +53,7 @@ def test_a_reset_clears_a_counter_updated_while_it_waited(meter: Meter) -> None:
         blocker = other.execute(text("SELECT pg_backend_pid()")).scalar_one()
         resetting = threading.Thread(target=lambda: cleared.append(meter.reset(subject="org-1")))
         resetting.start()
-        _wait_until_blocked(watcher, blocker)
+        wait_until_blocked(watcher, blocker, "the reset")
         other.commit()
         resetting.join(WAIT_SECONDS)
     assert cleared == [1]
@@ -99,7 +88,7 @@ def test_a_reservation_held_while_a_reset_waited_is_forgotten_with_its_counter(
         blocker = other.execute(text("SELECT pg_backend_pid()")).scalar_one()
         resetting = threading.Thread(target=lambda: cleared.append(meter.reset(subject="org-1")))
         resetting.start()
-        _wait_until_blocked(watcher, blocker)
+        wait_until_blocked(watcher, blocker, "the reset")
         other.commit()
         resetting.join(WAIT_SECONDS)
     assert cleared == [1]
@@ -119,7 +108,7 @@ def test_a_reset_records_only_the_counters_it_cleared(meter: Meter) -> None:
         blocker = other.execute(text("SELECT pg_backend_pid()")).scalar_one()
         resetting = threading.Thread(target=lambda: cleared.append(meter.reset(subject="org-1")))
         resetting.start()
-        _wait_until_blocked(watcher, blocker)
+        wait_until_blocked(watcher, blocker, "the reset")
         meter.consume("org-1", "other", cost=4, event_id="new-key")
         other.commit()
         resetting.join(WAIT_SECONDS)

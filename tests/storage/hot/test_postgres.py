@@ -5,12 +5,12 @@ version (the lock returns the id of the version it locked)."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pytest
-from sqlalchemy import Connection, select, text
+from lock_waits import WAIT_SECONDS, wait_until_blocked
+from sqlalchemy import select, text
 
 from metering import FrozenClock, Limit, Meter, make_event
 from metering.domain.instants import to_us
@@ -19,7 +19,6 @@ from metering.storage.tables import current_windows
 
 NOW = datetime(2026, 11, 28, 12, 0, tzinfo=UTC)
 SUBJECTS = [f"org-{n:02}" for n in range(FEW_ROWS + 4)]  # past the few rows' statements
-WAIT_SECONDS = 10.0
 
 pytestmark = pytest.mark.postgres
 
@@ -37,16 +36,6 @@ def meter(pg_url: str, clock: FrozenClock) -> Iterator[Meter]:
         yield meter
 
 
-def _wait_until_blocked(connection: Connection, blocker_pid: int) -> None:
-    """Until some backend waits for a lock ``blocker_pid`` holds."""
-    query = text("SELECT count(*) FROM pg_stat_activity WHERE :pid = ANY(pg_blocking_pids(pid))")
-    deadline = time.monotonic() + WAIT_SECONDS
-    while not connection.execute(query, {"pid": blocker_pid}).scalar_one():
-        connection.rollback()  # the statistics are a snapshot per transaction
-        assert time.monotonic() < deadline, "the batch never waited for the open update"
-        time.sleep(0.002)
-
-
 def _batch_behind(meter: Meter, clock: FrozenClock, limit: str, update: str) -> None:
     """A batch of one event per subject, applied while ``update`` of org-00's
     rows is open, then committed."""
@@ -56,7 +45,7 @@ def _batch_behind(meter: Meter, clock: FrozenClock, limit: str, update: str) -> 
         blocker = other.execute(text("SELECT pg_backend_pid()")).scalar_one()
         applying = threading.Thread(target=meter.apply, args=(events,))
         applying.start()
-        _wait_until_blocked(watcher, blocker)
+        wait_until_blocked(watcher, blocker, "the batch")
         other.commit()
         applying.join(WAIT_SECONDS)
     assert not applying.is_alive()
