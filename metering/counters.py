@@ -80,11 +80,11 @@ def reset(database: Database, subject: str | None, limit: str | None) -> int:
         store = Store(connection)
         cleared = store.delete_current_counters(subject, limit, now_us)
         held.forget_held_charges(subject, cleared)
-        # Recorded for the counters cleared, timed once they are locked and
-        # gone: every event whose usage was cleared was decided by then, so
-        # a void of it skips the counter that started over
-        # (`metering.domain.corrections`).
-        store.record_reset(cleared, max(now_us, database.now_us()))
+        # Recorded for the counters cleared while they are still locked: the
+        # reset clock orders it after every result written to them and
+        # before every later one, so a void skips exactly the usage it
+        # cleared (`metering.domain.corrections`).
+        store.record_reset(cleared, now_us)
         notify(connection, subject, limit)  # every process's leases, at commit
         return len(cleared)
 

@@ -12,8 +12,8 @@ Exactly once is the callers' part, and the records they keep make it so:
 a reservation's ``given_back`` (what its cancel or commit gave back, which a
 later void skips: `still_charged`), the correction of a void (a second void
 finds it), and an operator's reset, which forgets the held charges it
-cleared (a later cancel gives nothing) and is recorded (`resets_since`): a
-charge whose counter a reset cleared after the event was decided gives its
+cleared (a later cancel gives nothing) and is recorded (`resets_after`): a
+charge whose counter a reset cleared after the event was written gives its
 counter and grants nothing here, and its rollups the same as any other (a
 reset clears counters, not the usage history).
 """
@@ -113,8 +113,10 @@ def give_back(
         return GaveBack([])
     left = [item.charge for item in kept]
     if event is not None:
-        resets = store.resets_since(event.decided_at_us, (charge.key for charge in left))
-        left = not_reset(left, resets, event.decided_at_us)
+        resets = store.resets_after(
+            event.event_id, event.decided_at_us, (charge.key for charge in left)
+        )
+        left = not_reset(left, resets)
     cleared = [not any(charge is item.charge for charge in left) for item in kept]
     states = store.lock_counters({charge.key for charge in left}, now_us)
     changed, units = taken_back(limits, left, states, now_us, past_windows=past_windows)

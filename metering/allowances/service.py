@@ -657,8 +657,9 @@ def _seats_freed(
     limits = store.load_limits(charge.key.limit for charge in charges)
     if not any(limit.distinct for limit in limits.values()):
         return charges
-    resets = store.resets_since(stored.decided_at_us, (charge.key for charge in charges))
-    live = not_reset(charges, resets, stored.decided_at_us)
+    keys = (charge.key for charge in charges)
+    resets = store.resets_after(stored.event_id, stored.decided_at_us, keys)
+    live = not_reset(charges, resets)
     store.lock_counters({charge.key for charge in live}, now_us)
     freed = iter(free_seats(store, limits, live, stored.metadata))
     kept = {id(charge) for charge in live}

@@ -13,7 +13,7 @@ record of its own that references it.
 
 Usage is given back at most once, whatever else happened to the event:
 
-* a charge whose counter an operator reset after the event was decided is
+* a charge whose counter an operator reset after the event was written is
   skipped: the reset cleared it already, and the counter that started over
   holds only later usage (`Reset.cleared`);
 * a charge a cancel of the event's reservation gave back is skipped
@@ -148,35 +148,34 @@ def taken_back(
 
 @dataclass(frozen=True, slots=True)
 class Reset:
-    """An operator's reset: the counters it cleared (None: of every subject,
-    or of every limit) and when."""
+    """An operator's reset written after an event's result (storage orders
+    the two by which was written first, not by their clocks): the counter
+    it cleared, and when.
+
+    ``window_start_us`` None (a reset recorded by an earlier version): every
+    window of its subject and limit still open at ``at_us``, and a subject
+    or limit None stands for every one.
+    """
 
     subject: str | None
     limit: str | None
     at_us: int
+    window_start_us: int | None = None
 
-    def cleared(self, key: CounterKey, decided_at_us: int) -> bool:
-        """Whether this reset cleared the usage an event decided at
-        ``decided_at_us`` put on ``key``'s counter.
-
-        A reset clears the buckets and the windows still open at its time.
-        One in the very microsecond of the decision counts as after it: a
-        void then gives back too little, never usage that came later.
-        """
-        if self.at_us < decided_at_us:
-            return False
+    def cleared(self, key: CounterKey) -> bool:
+        """Whether this reset cleared what the event put on ``key``'s counter."""
         if self.subject is not None and self.subject != key.subject:
             return False
         if self.limit is not None and self.limit != key.limit:
             return False
+        if self.window_start_us is not None:
+            return self.window_start_us == key.window_start_us
         return key.window_end_us == NO_WINDOW or key.window_end_us > self.at_us
 
 
-def not_reset(
-    charges: Sequence[VoidedCharge], resets: Sequence[Reset], decided_at_us: int
-) -> list[VoidedCharge]:
-    """The charges no later reset cleared."""
-    return [c for c in charges if not any(r.cleared(c.key, decided_at_us) for r in resets)]
+def not_reset(charges: Sequence[VoidedCharge], resets: Sequence[Reset]) -> list[VoidedCharge]:
+    """The charges no reset written after their event cleared."""
+    return [c for c in charges if not any(r.cleared(c.key) for r in resets)]
 
 
 CounterOf = tuple[str, str, int]  # subject, limit, window start: a counter, as stored

@@ -1,6 +1,6 @@
 """Counters and first-use windows: `CounterStore` creates, locks, reads,
 writes and resets the rows of ``counters`` and ``current_windows`` (and, on a
-reset, what the cleared windows drew on grants; `resets_since` for voids).
+reset, what the cleared windows drew on grants; `resets_after` for voids).
 
 Keys are locked in sorted order so that transactions touching overlapping
 counters cannot deadlock: first-use windows by (limit, subject), then
@@ -31,11 +31,25 @@ from metering.domain.windows import Window
 from metering.storage.distinct import DistinctStore
 from metering.storage.on_connection import OnConnection, chunks
 from metering.storage.records import RecordColumns
-from metering.storage.tables import counter_resets, counters, current_windows, grant_draws
+from metering.storage.tables import (
+    counter_resets,
+    counters,
+    current_windows,
+    grant_draws,
+    results,
+)
 
 Pair = tuple[str, str]  # (limit name, subject)
 
 _COUNTER_KEY: Final = ("limit_name", "subject", "window_start_us")
+
+# The reset clock's next tick (`metering.storage.tables.reset_clock`); the row
+# is made on first use where a schema lacks it.
+ADVANCE_RESET_CLOCK: Final = """
+INSERT INTO reset_clock (id, tick) VALUES (1, 1)
+ON CONFLICT (id) DO UPDATE SET tick = reset_clock.tick + 1
+RETURNING tick
+"""
 
 
 def _build_statements(dialect: str) -> dict[str, Any]:
@@ -395,22 +409,38 @@ class CounterStore(OnConnection):
         return [tuple(row) for row in self.connection.execute(query.with_for_update())]
 
     def record_reset(self, cleared: Iterable[CounterOf], at_us: int) -> None:
-        """Remember a reset for voids (`resets_since`): one row per (subject,
-        limit) whose counters it cleared, none for those it did not."""
-        pairs = sorted({(subject, limit) for subject, limit, _ in cleared})
-        rows = [{"subject": s, "limit_name": lim, "reset_at_us": at_us} for s, lim in pairs]
-        if rows:
-            self.connection.execute(insert(counter_resets), rows)
+        """Remember a reset for voids (`resets_after`): advance the reset
+        clock, then one row per counter cleared, at the new tick. Called
+        with the cleared counters still locked, so every result written to
+        one of them before holds a smaller tick and every one after a
+        greater or equal one. A reset that cleared nothing records nothing."""
+        keys = sorted(set(cleared))
+        if not keys:
+            return
+        tick = self.connection.exec_driver_sql(ADVANCE_RESET_CLOCK).scalar_one()
+        rows = [
+            {"subject": s, "limit_name": lim, "window_start_us": w, "reset_at_us": at_us}
+            | {"tick": tick}
+            for s, lim, w in keys
+        ]
+        self.connection.execute(insert(counter_resets), rows)
 
-    def resets_since(self, since_us: int, keys: Iterable[CounterKey]) -> list[Reset]:
-        """The resets at or after ``since_us`` (a void's event and later) that
-        may have cleared one of ``keys`` (an event's: at most `MAX_CHARGES`).
-        A row without a subject or limit (written by earlier versions)
-        cleared every subject or every limit."""
+    def resets_after(
+        self, event_id: str, decided_at_us: int, keys: Iterable[CounterKey]
+    ) -> list[Reset]:
+        """The resets written after ``event_id``'s result (a greater tick)
+        that may have cleared one of ``keys`` (an event's: at most
+        `MAX_CHARGES`). Rows of earlier versions have no tick: they count
+        when timed at or after the decision, ``decided_at_us``, and may
+        lack a subject or limit (every one)."""
         r = counter_resets.c
         keys = list(keys)
-        query = select(r.subject, r.limit_name, r.reset_at_us).where(
-            r.reset_at_us >= since_us,
+        written = select(results.c.reset_tick).where(results.c.event_id == event_id)
+        query = select(r.subject, r.limit_name, r.reset_at_us, r.window_start_us).where(
+            or_(
+                r.tick > written.scalar_subquery(),
+                and_(r.tick.is_(None), r.reset_at_us >= decided_at_us),
+            ),
             or_(r.subject.is_(None), r.subject.in_({key.subject for key in keys})),
             or_(r.limit_name.is_(None), r.limit_name.in_({key.limit for key in keys})),
         )

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any, Final, NamedTuple
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, literal_column, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from metering.storage.on_connection import OnConnection, chunks
@@ -107,23 +107,30 @@ def record_from_row(row: Sequence[Any]) -> ResultRecord:
     )
 
 
+# The reset clock's tick, read by every insert of results after the event's
+# counters are locked (`metering.storage.tables.reset_clock`). On PostgreSQL
+# the column's default reads it too (for the one-trip function).
+RESET_TICK: Final = "coalesce((SELECT tick FROM reset_clock WHERE id = 1), 0)"
+
 # The hot-path insert, built once per dialect so SQLAlchemy compiles it once
 # and psycopg can prepare it. It runs as an executemany: with RETURNING,
 # SQLAlchemy sends it as multi-row VALUES ("insertmanyvalues").
 _INSERT_RESULTS: Final = {
     name: module.insert(results)
+    .values(reset_tick=literal_column(RESET_TICK))
     .on_conflict_do_nothing(index_elements=["event_id"])
     .returning(results.c.event_id)
     for name, module in (("postgresql", postgresql), ("sqlite", sqlite))
 }
 
 # PostgreSQL's bulk forms (see `metering.storage.counters`): one array per column.
-PG_INSERT_RESULTS: Final = """
+PG_INSERT_RESULTS: Final = f"""
 INSERT INTO results (event_id, outcome, fingerprint, occurred_at_us, decided_at_us, denied_by,
-                     reason, charges, metadata)
-SELECT * FROM unnest(%(id)s::text[], %(outcome)s::text[], %(fp)s::text[], %(at)s::bigint[],
-                     %(decided)s::bigint[], %(denied_by)s::text[], %(reason)s::text[],
-                     %(charges)s::text[], %(meta)s::text[])
+                     reason, charges, metadata, reset_tick)
+SELECT *, {RESET_TICK}
+FROM unnest(%(id)s::text[], %(outcome)s::text[], %(fp)s::text[], %(at)s::bigint[],
+            %(decided)s::bigint[], %(denied_by)s::text[], %(reason)s::text[],
+            %(charges)s::text[], %(meta)s::text[])
 ON CONFLICT (event_id) DO NOTHING
 RETURNING event_id
 """

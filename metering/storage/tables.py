@@ -104,6 +104,8 @@ results = Table(
     Column("reason", Text, nullable=True),
     Column("charges", Text, nullable=False),  # JSON: [ChargeDecision.to_row(), ...]
     Column("metadata", Text, nullable=True),  # JSON
+    # The reset clock's tick when the result was written (`reset_clock`).
+    Column("reset_tick", BigInteger, nullable=False, server_default="0"),
 )
 
 # Usage by dimension (migration 0009): per subject, limit, metadata key, hour
@@ -226,10 +228,11 @@ license_pools = Table(
     PrimaryKeyConstraint("subject", "limit_name"),
 )
 
-# Operators' resets (migration 0011): which counters were cleared, one row per
-# (subject, limit), and when (NULL, in rows of earlier versions: every subject,
-# or every limit). A void of an event decided before a reset of its window
-# gives nothing back to the counter that started over.
+# Operators' resets: one row per counter cleared, with the reset clock's tick
+# and the time. A void skips a charge whose counter a reset with a greater
+# tick than the event's result cleared: that usage went with the reset.
+# Rows of earlier versions have no tick or window (every window open at
+# their time) and may have no subject or limit (every subject, every limit).
 counter_resets = Table(
     "counter_resets",
     metadata,
@@ -237,8 +240,28 @@ counter_resets = Table(
     Column("subject", String(200), nullable=True),
     Column("limit_name", String(64), nullable=True),
     Column("reset_at_us", BigInteger, nullable=False),
+    Column("window_start_us", BigInteger, nullable=True),
+    Column("tick", BigInteger, nullable=True),
 )
 Index("ix_counter_resets_reset_at_us", counter_resets.c.reset_at_us)
+Index(
+    "ix_counter_resets_counter",
+    counter_resets.c.subject,
+    counter_resets.c.limit_name,
+    counter_resets.c.tick,
+)
+
+# One row (id 1): a logical clock every reset advances while it holds the
+# locks of the counters it clears. A result records the tick it was written
+# at (``results.reset_tick``), after its own counters were locked, so a reset
+# and an event on one counter are ordered by which was written first,
+# whatever their clocks said.
+reset_clock = Table(
+    "reset_clock",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    Column("tick", BigInteger, nullable=False),
+)
 
 # -- entitlements, grants, corrections (metering.domain.grants) ----------------
 # A subject's own maximum for a limit from ``effective_from_us`` on: rows are

@@ -116,3 +116,29 @@ def test_a_reset_records_only_the_counters_it_cleared(meter: Meter) -> None:
     assert [c.used for c in meter.counters("org-1", "other")] == [4]
     assert [c[2] for c in meter.void("new-key", "refund").charges] == [4]
     assert [c.used for c in meter.counters("org-1", "other")] == [0]
+
+
+def test_resets_are_ordered_by_the_reset_clock_and_older_rows_by_time(any_meter: Meter) -> None:
+    """A reset row has the clock's tick; a void of an event written before it
+    skips the counter, one written after gives back. A row of an earlier
+    version (no tick, no window) counts when timed at or after the
+    decision."""
+    meter = any_meter
+    meter.consume("org-1", "calls", cost=3, event_id="before")
+    assert meter.reset(subject="org-1") == 1
+    meter.consume("org-1", "calls", cost=2, event_id="after")
+    with meter.engine.connect() as connection:
+        rows = connection.execute(
+            select(counter_resets.c.window_start_us, counter_resets.c.tick)
+        ).all()
+    assert [tuple(row) for row in rows] == [(to_us(NOW.replace(hour=0)), 1)]
+    assert meter.void("before", "refund").charges == ()
+    assert [c[2] for c in meter.void("after", "refund").charges] == [2]
+
+    meter.consume("org-1", "calls", cost=5, event_id="legacy")
+    with meter.engine.begin() as connection:
+        connection.execute(
+            counter_resets.insert().values(subject=None, limit_name="calls", reset_at_us=to_us(NOW))
+        )
+    assert meter.void("legacy", "refund").charges == ()  # the same microsecond: after
+    assert [c.used for c in meter.counters("org-1", "calls")] == [5]

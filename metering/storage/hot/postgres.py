@@ -41,7 +41,7 @@ from metering.storage.hot import Changes, Snapshot, WantedKey
 from metering.storage.hot.statements import RESULT_COLUMNS, VERSION, Statements
 from metering.storage.rejected import rejected_rows
 from metering.storage.reservations import ReservationRecord, record_of_row
-from metering.storage.results import record_from_row, result_row
+from metering.storage.results import RESET_TICK, record_from_row, result_row
 from metering.storage.rollups import PG_UPSERT
 
 FETCH_RESULTS: Final = f"""
@@ -137,8 +137,9 @@ WHERE w.ctid = v.tid
 # No ON CONFLICT: an id decided meanwhile by another transaction fails the
 # whole transaction, which is then retried with its ids looked up first.
 INSERT_RESULTS: Final = f"""
-INSERT INTO results ({RESULT_COLUMNS})
-SELECT r->>0, r->>1, r->>2, (r->>3)::bigint, (r->>4)::bigint, r->>5, r->>6, r->>7, r->>8
+INSERT INTO results ({RESULT_COLUMNS}, reset_tick)
+SELECT r->>0, r->>1, r->>2, (r->>3)::bigint, (r->>4)::bigint, r->>5, r->>6, r->>7, r->>8,
+       {RESET_TICK}
 FROM jsonb_array_elements(%(rows)s::jsonb) AS r
 """
 

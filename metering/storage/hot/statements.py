@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from metering.storage.reservations import INSERT_HELD, SELECT_RESERVATION, SETTLE
-from metering.storage.results import ResultRecord
+from metering.storage.results import RESET_TICK, ResultRecord
 
 VERSION: Final = "SELECT version FROM limits_version WHERE id = 1"
 
@@ -30,8 +30,8 @@ INSERT INTO counters (limit_name, subject, window_start_us, window_end_us, used,
 VALUES ({0}, {0}, {0}, {0}, {0}, {0}, {0}, {0}, {0}, {0}, {0}, {0})
 """
 _INSERT_RESULT: Final = f"""
-INSERT INTO results ({RESULT_COLUMNS})
-VALUES ({{0}}, {{0}}, {{0}}, {{0}}, {{0}}, {{0}}, {{0}}, {{0}}, {{0}})
+INSERT INTO results ({RESULT_COLUMNS}, reset_tick)
+VALUES ({{0}}, {{0}}, {{0}}, {{0}}, {{0}}, {{0}}, {{0}}, {{0}}, {{0}}, {RESET_TICK})
 """
 
 
