@@ -36,6 +36,7 @@ from metering.storage.tables import (
     counters,
     current_windows,
     grant_draws,
+    reset_clock,
     results,
 )
 
@@ -43,13 +44,18 @@ Pair = tuple[str, str]  # (limit name, subject)
 
 _COUNTER_KEY: Final = ("limit_name", "subject", "window_start_us")
 
-# The reset clock's next tick (`metering.storage.tables.reset_clock`); the row
-# is made on first use where a schema lacks it.
-ADVANCE_RESET_CLOCK: Final = """
-INSERT INTO reset_clock (id, tick) VALUES (1, 1)
-ON CONFLICT (id) DO UPDATE SET tick = reset_clock.tick + 1
-RETURNING tick
-"""
+
+def _advance_reset_clock(dialect: str) -> Any:
+    """The reset clock's next tick (`metering.storage.tables.reset_clock`);
+    the row is made on first use where a schema lacks it."""
+    upsert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    first = upsert(reset_clock).values(id=1, tick=1)
+    return first.on_conflict_do_update(
+        index_elements=["id"], set_={"tick": reset_clock.c.tick + 1}
+    ).returning(reset_clock.c.tick)
+
+
+ADVANCE_RESET_CLOCK: Final = {name: _advance_reset_clock(name) for name in ("postgresql", "sqlite")}
 
 
 def _build_statements(dialect: str) -> dict[str, Any]:
@@ -417,7 +423,7 @@ class CounterStore(OnConnection):
         keys = sorted(set(cleared))
         if not keys:
             return
-        tick = self.connection.exec_driver_sql(ADVANCE_RESET_CLOCK).scalar_one()
+        tick = self.connection.execute(ADVANCE_RESET_CLOCK[self._dialect]).scalar_one()
         rows = [
             {"subject": s, "limit_name": lim, "window_start_us": w, "reset_at_us": at_us}
             | {"tick": tick}
