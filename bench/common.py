@@ -86,6 +86,40 @@ def run_parallel(name: str, job: Job, processes: int, events_each: int) -> Figur
     return Figures(name, processes, len(latencies), seconds, latencies)
 
 
+Prepare = Callable[[int, int], Callable[[], list[int]]]  # (index, events) -> the timed part
+
+
+def _prepared_child(prepare: Prepare, index: int, events: int, start: object, out: object) -> None:
+    timed = prepare(index, events)
+    out.put(None)  # type: ignore[attr-defined]
+    start.wait(600)  # type: ignore[attr-defined]
+    out.put(timed())  # type: ignore[attr-defined]
+
+
+def run_prepared(name: str, prepare: Prepare, processes: int, events_each: int) -> Figures:
+    """`run_parallel`, where each child first runs ``prepare`` (connects, warms up) and
+    the clock starts once every child is ready; only the callable it returns is timed."""
+    context = multiprocessing.get_context("fork")
+    start, out = context.Event(), context.Queue()
+    procs = [
+        context.Process(target=_prepared_child, args=(prepare, n, events_each, start, out))
+        for n in range(processes)
+    ]
+    for proc in procs:
+        proc.start()
+    for _ in procs:
+        out.get(timeout=600)  # ready
+    began = time.perf_counter()
+    start.set()
+    latencies: list[int] = []
+    for _ in procs:
+        latencies.extend(out.get(timeout=600))
+    seconds = time.perf_counter() - began
+    for proc in procs:
+        proc.join(60)
+    return Figures(name, processes, len(latencies), seconds, latencies)
+
+
 def print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
     """A Markdown table, ready to paste into the README."""
     print(f"\n{title}\n")

@@ -11,6 +11,11 @@ Written here from the designs the product grew from (``../shared/seeds/``):
 * `sqlite_window_job`: seed 000's fixed window on SQLite: one upsert per
   call with two triggers (expire, stamp the maximum), WAL,
   ``synchronous=NORMAL``, autocommit.
+* `ledger_postgres`, `ledger_sqlite`: the bare work an applied batch must
+  do, with no decision: insert its results rows (the event id the primary
+  key) and upsert the aggregate counters, one transaction per 1,000-event
+  batch, through the driver the engine's hot path uses (psycopg, stdlib
+  ``sqlite3`` in WAL with ``synchronous=NORMAL``).
 """
 
 from __future__ import annotations
@@ -144,3 +149,87 @@ def sqlite_window_job(path: str, keys: Any) -> Any:
         return latencies
 
     return job
+
+
+LEDGER_DDL = """
+CREATE TABLE IF NOT EXISTS ledger_results (
+    event_id text PRIMARY KEY, subject text NOT NULL, limit_name text NOT NULL,
+    cost bigint NOT NULL, occurred_us bigint NOT NULL, outcome text NOT NULL
+);
+CREATE TABLE IF NOT EXISTS ledger_counters (
+    subject text NOT NULL, limit_name text NOT NULL, window_start bigint NOT NULL,
+    used bigint NOT NULL, PRIMARY KEY (subject, limit_name, window_start)
+);
+"""
+LEDGER_RESULTS_PG = """
+INSERT INTO ledger_results
+SELECT e, s, l, n, t, 'allowed'
+FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[], %s::bigint[]) AS x(e, s, l, n, t)
+"""
+LEDGER_COUNTERS_PG = """
+INSERT INTO ledger_counters (subject, limit_name, window_start, used)
+SELECT s, l, 0, sum(n) FROM unnest(%s::text[], %s::text[], %s::bigint[]) AS x(s, l, n)
+GROUP BY s, l
+ON CONFLICT (subject, limit_name, window_start)
+DO UPDATE SET used = ledger_counters.used + excluded.used
+"""
+LEDGER_RESULTS_SQLITE = "INSERT INTO ledger_results VALUES (?, ?, ?, ?, ?, 'allowed')"
+LEDGER_COUNTERS_SQLITE = (
+    "INSERT INTO ledger_counters VALUES (?, ?, 0, ?) ON CONFLICT DO UPDATE SET used = used + ?"
+)
+LedgerRow = tuple[str, str, str, int, int]  # event id, subject, limit, cost, occurred_at (us)
+
+
+def _sqlite_ledger(path: str) -> sqlite3.Connection:
+    connection = sqlite3.connect(path, isolation_level=None)
+    connection.execute("PRAGMA journal_mode=WAL")
+    connection.execute("PRAGMA synchronous=NORMAL")
+    return connection
+
+
+def install_ledger(target: str) -> None:
+    """The ledger peer's tables: ``target`` a PostgreSQL URL or a SQLite path."""
+    if target.startswith("postgresql"):
+        with psycopg.connect(dsn(target), autocommit=True) as connection:
+            connection.execute(LEDGER_DDL)
+        return
+    connection = _sqlite_ledger(target)
+    connection.executescript(LEDGER_DDL)
+    connection.close()
+
+
+def ledger_postgres(url: str, batches: Sequence[Sequence[LedgerRow]]) -> tuple[float, list[int]]:
+    """(seconds, ns per batch): each batch's results rows and counters in one transaction."""
+    latencies = []
+    with psycopg.connect(dsn(url)) as connection:
+        cursor = connection.cursor()
+        began = time.perf_counter()
+        for batch in batches:
+            start = time.perf_counter_ns()
+            ids, subjects, limits, costs, times = (list(c) for c in zip(*batch, strict=True))
+            cursor.execute(LEDGER_RESULTS_PG, (ids, subjects, limits, costs, times), prepare=True)
+            cursor.execute(LEDGER_COUNTERS_PG, (subjects, limits, costs), prepare=True)
+            connection.commit()
+            latencies.append(time.perf_counter_ns() - start)
+        seconds = time.perf_counter() - began
+    return seconds, latencies
+
+
+def ledger_sqlite(path: str, batches: Sequence[Sequence[LedgerRow]]) -> tuple[float, list[int]]:
+    """`ledger_postgres` on SQLite: ``executemany`` of both, summed per counter first."""
+    connection = _sqlite_ledger(path)
+    latencies = []
+    began = time.perf_counter()
+    for batch in batches:
+        start = time.perf_counter_ns()
+        used: dict[tuple[str, str], int] = {}
+        for _id, subject, limit, cost, _at in batch:
+            used[(subject, limit)] = used.get((subject, limit), 0) + cost
+        connection.execute("BEGIN IMMEDIATE")
+        connection.executemany(LEDGER_RESULTS_SQLITE, batch)
+        connection.executemany(LEDGER_COUNTERS_SQLITE, [(*k, n, n) for k, n in used.items()])
+        connection.execute("COMMIT")
+        latencies.append(time.perf_counter_ns() - start)
+    seconds = time.perf_counter() - began
+    connection.close()
+    return seconds, latencies

@@ -1,0 +1,329 @@
+"""Every configuration we sell, each as a ratio to a plain limit in the same run.
+
+    .venv/bin/python bench/bench_mix.py [--subjects 500] [--consume 150] [--batches 2]
+                                        [--rounds 3] [--processes 1 4] [--sqlite-only] [--quick]
+
+One database per configuration, on one durable PostgreSQL (fsync on) and on
+SQLite files (WAL, ``synchronous=NORMAL``), each with the same subjects and
+monthly calendar windows high enough that nothing is denied:
+
+* plain: one hard limit;
+* stacked: the same limit and a daily one, both charged by every event;
+* priced: the limit priced at 0.01 USD a unit and a spend limit in USD, so
+  every event also charges the subject's spend (ratio to stacked too);
+* seats: a ``distinct="user"`` limit, 20 user values per subject;
+* grant: a grant on every subject, whose own allowance (1) is used up, so
+  the grant pays every event;
+* recurring: the same with a monthly recurring grant;
+* entitlement: a maximum of its own for every subject;
+* own thresholds: every subject's own alert thresholds (``set_alert``);
+* dimensions: ``dimensions=("route",)``, 5 routes in the metadata;
+* mix: a priced limit with a spend cap, an entitlement and a recurring
+  grant on every subject, and a seat limit charged beside it.
+
+Every subject's counters exist before the first round. Rounds interleave
+the configurations (their order turns each round): `Meter.consume` in 1
+process (and in 4 sharing the round's calls, on PostgreSQL), and
+`Meter.apply` of 1,000-event batches in one process, beside the ledger
+peer (`peers.ledger_postgres`, `peers.ledger_sqlite`: the results rows and
+the counter upsert, one transaction per batch, no decision). Each row
+prints the median of the rounds and its ratio to plain, the median of the
+per-round ratios; priced also to stacked, and each batch row to the peer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from common import Figures, durable_postgres, median, print_table, run_prepared
+from peers import install_ledger, ledger_postgres, ledger_sqlite
+
+from metering import Limit, Meter, UsageEvent, make_event, spend_limit
+from metering.storage.engine import upgrade_schema
+
+BIG = 10**12
+VALUES = {"user": 20, "route": 5}  # metadata values per key (users per subject)
+DAILY = Limit("calls_daily", maximum=BIG, period="1d", window="calendar")
+SPEND = spend_limit("spend", "10000000000", "USD", "1mo", window="calendar")
+SEATS = Limit("seats", maximum=10**9, period="1mo", window="calendar", distinct="user")
+
+Call = tuple[list[tuple[str, str, int]], dict[str, str] | None]
+Setup = Callable[[Meter, list[str]], None]
+
+
+def calls(maximum: int = BIG, **options: Any) -> Limit:
+    return Limit("calls", maximum=maximum, period="1mo", window="calendar", **options)
+
+
+def priced(meter: Meter, _subjects: list[str]) -> None:
+    meter.set_price("calls", "0.01", "USD")
+
+
+def granted(meter: Meter, subjects: list[str]) -> None:
+    for subject in subjects:
+        meter.grant(subject, "calls", BIG, grant_id=f"credit-{subject}")
+
+
+def recurring(meter: Meter, subjects: list[str]) -> None:
+    for subject in subjects:
+        meter.grant(subject, "calls", BIG, grant_id=f"monthly-{subject}", every="1mo")
+
+
+def entitled(meter: Meter, subjects: list[str]) -> None:
+    for n, subject in enumerate(subjects):
+        meter.set_entitlement(subject, "calls", BIG // 10 + n)
+
+
+def alerted(meter: Meter, subjects: list[str]) -> None:
+    for subject in subjects:
+        meter.set_alert(subject, "calls", ["80%"])
+
+
+def mixed(meter: Meter, subjects: list[str]) -> None:
+    priced(meter, subjects)
+    entitled(meter, subjects)
+    for subject in subjects:
+        meter.grant(subject, "calls", 10**6, grant_id=f"monthly-{subject}", every="1mo")
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    label: str
+    limits: tuple[Limit, ...]
+    charged: tuple[str, ...] = ("calls",)
+    keys: tuple[str, ...] = ()  # the metadata keys every event carries
+    setup: Setup | None = None
+
+    def call(self, subject: str, rng: random.Random) -> Call:
+        metadata = {key: f"{key}-{rng.randrange(VALUES[key])}" for key in self.keys}
+        return [(subject, limit, 1) for limit in self.charged], metadata or None
+
+
+CASES = [
+    Case("plain", "plain hard limit", (calls(),)),
+    Case("stacked", "stacked on two limits", (calls(), DAILY), ("calls", "calls_daily")),
+    Case("priced", "priced, with a spend cap", (calls(), SPEND), setup=priced),
+    Case("seats", 'seats (distinct="user")', (SEATS,), ("seats",), ("user",)),
+    Case("grant", "a grant on every subject (paying)", (calls(1),), setup=granted),
+    Case("recurring", "a recurring grant on every subject (paying)", (calls(1),), setup=recurring),
+    Case("entitlement", "an entitlement on every subject", (calls(),), setup=entitled),
+    Case("alerts", "own thresholds on every subject", (calls(),), setup=alerted),
+    Case("dimensions", 'dimensions=("route",)', (calls(dimensions=("route",)),), keys=("route",)),
+    Case(
+        "mix",
+        "mix: entitlement, recurring grant, price + cap, seats",
+        (calls(), SPEND, SEATS),
+        ("calls", "seats"),
+        ("user",),
+        mixed,
+    ),
+]
+PEER = "ledger peer"
+WARM_UP = 100  # events applied before a round's batches are timed
+
+
+def events_of(case: Case, subjects: list[str], seed: int, count: int, meter: Meter) -> list[Any]:
+    rng = random.Random(seed)
+    now = meter.clock()
+    return [
+        make_event(charges, now, metadata=metadata)
+        for charges, metadata in (case.call(rng.choice(subjects), rng) for _ in range(count))
+    ]
+
+
+def apply_all(meter: Meter, events: list[UsageEvent]) -> None:
+    """Apply ``events`` in 1,000-event batches; every one must be allowed."""
+    for start in range(0, len(events), 1000):
+        for decided in meter.apply(events[start : start + 1000]):
+            if not getattr(decided, "allowed", False):
+                raise SystemExit(f"bench_mix: not allowed in the set-up: {decided}")
+
+
+def prepare(case: Case, url: str, subjects: list[str]) -> None:
+    """The case's limits and set-up, then one event of every subject (its counters exist)."""
+    with Meter(url) as meter:
+        meter.set_limits(case.limits)
+        if case.setup is not None:
+            case.setup(meter, subjects)
+        rng = random.Random(0)
+        now = meter.clock()
+        calls = [case.call(subject, rng) for subject in subjects]
+        apply_all(meter, [make_event(charges, now, metadata=meta) for charges, meta in calls])
+
+
+def consume_job(url: str, case: Case, subjects: list[str], seed: int) -> Any:
+    """A `run_prepared` job: a meter warmed up on one call, then ``events`` calls timed."""
+
+    def prepare(index: int, events: int) -> Callable[[], list[int]]:
+        rng = random.Random(seed * 100 + index)
+        work = [case.call(rng.choice(subjects), rng) for _ in range(events + 1)]
+        meter = Meter(url)
+        meter.consume(charges=work[0][0], metadata=work[0][1])
+
+        def timed() -> list[int]:
+            latencies = []
+            for charges, metadata in work[1:]:
+                began = time.perf_counter_ns()
+                meter.consume(charges=charges, metadata=metadata)
+                latencies.append(time.perf_counter_ns() - began)
+            return latencies  # the child ends here, its connections with it
+
+        return timed
+
+    return prepare
+
+
+def apply_round(url: str, case: Case, subjects: list[str], seed: int, batches: int) -> Figures:
+    """`Meter.apply` of ``batches`` 1,000-event batches after 100 events to warm up."""
+    meter = Meter(url)
+    events = events_of(case, subjects, seed, 1000 * batches + WARM_UP, meter)
+    apply_all(meter, events[:WARM_UP])
+    latencies = []
+    began = time.perf_counter()
+    for start in range(WARM_UP, len(events), 1000):
+        batch_began = time.perf_counter_ns()
+        meter.apply(events[start : start + 1000])
+        latencies.append(time.perf_counter_ns() - batch_began)
+    seconds = time.perf_counter() - began
+    meter.close()
+    return Figures(case.name, 1, 1000 * batches, seconds, latencies)
+
+
+def peer_round(target: str, subjects: list[str], seed: int, batches: int) -> Figures:
+    """The ledger peer over the plain case's events (``target``: a URL or a SQLite path)."""
+    rng = random.Random(seed)
+    now_us = time.time_ns() // 1000
+    rows = [
+        [(f"peer-{seed}-{b}-{n}", rng.choice(subjects), "calls", 1, now_us) for n in range(1000)]
+        for b in range(batches)
+    ]
+    run = ledger_postgres if target.startswith("postgresql") else ledger_sqlite
+    seconds, latencies = run(target, rows)
+    return Figures(PEER, 1, 1000 * batches, seconds, latencies)
+
+
+class Results:
+    """Every round's figures per (path, case), and the ratios taken within each round."""
+
+    def __init__(self) -> None:
+        self.figures: dict[tuple[str, str], list[Figures]] = {}
+
+    def add(self, path: str, figures: Figures) -> None:
+        self.figures.setdefault((path, figures.name), []).append(figures)
+        print(f"  {path}, {figures.name}: {figures.rate:,.0f}/s", flush=True)
+
+    def ratio(self, path: str, name: str, to: str) -> str:
+        ours, theirs = self.figures[(path, name)], self.figures.get((path, to), [])
+        if not theirs:
+            return ""
+        return f"{median([a.rate / b.rate for a, b in zip(ours, theirs, strict=True)]):.2f}"
+
+    def rows(self, path: str, names: Iterable[str], unit: str) -> list[list[str]]:
+        found = []
+        labels = {case.name: case.label for case in CASES} | {PEER: PEER}
+        for name in names:
+            rounds = self.figures[(path, name)]
+            latencies = [ns for figures in rounds for ns in figures.latencies_ns]
+            pooled = Figures(name, rounds[0].processes, 1, 1.0, latencies)
+            found.append(
+                [
+                    path,
+                    labels[name],
+                    f"{median([f.rate for f in rounds]):,.0f}",
+                    f"{pooled.percentile_ms(0.5):.2f} {unit}",
+                    f"{pooled.percentile_ms(0.99):.2f} {unit}",
+                    self.ratio(path, name, "plain"),
+                    self.ratio(path, name, "stacked") if name == "priced" else "",
+                    self.ratio(path, name, PEER) if path.startswith("apply") else "",
+                ]
+            )
+        return found
+
+
+def measure(
+    urls: dict[str, str], peer: str, subjects: list[str], process_counts: list[int], args: Any
+) -> list[list[str]]:
+    """Interleaved rounds over the cases of one database; the table's rows."""
+    results = Results()
+    names = [case.name for case in CASES]
+    for round_ in range(args.rounds):
+        order = CASES[round_ % len(CASES) :] + CASES[: round_ % len(CASES)]
+        for processes in process_counts:
+            path = f"consume, {processes} process{'es' if processes > 1 else ''}"
+            for case in order:
+                job = consume_job(urls[case.name], case, subjects, 1000 + round_)
+                figures = run_prepared(case.name, job, processes, args.consume // processes)
+                results.add(path, figures)
+        path = "apply, 1,000-event batches"
+        for case in order:
+            results.add(path, apply_round(urls[case.name], case, subjects, round_, args.batches))
+        results.add(path, peer_round(peer, subjects, round_, args.batches))
+    rows = []
+    for processes in process_counts:
+        path = f"consume, {processes} process{'es' if processes > 1 else ''}"
+        rows.extend(results.rows(path, names, "ms"))
+    rows.extend(results.rows("apply, 1,000-event batches", [*names, PEER], "ms/batch"))
+    return rows
+
+
+def postgres_rows(subjects: list[str], args: Any) -> list[list[str]]:
+    with durable_postgres() as server:
+        server.create_database("mix_template")
+        upgrade_schema(server.url("mix_template"))
+        urls = {}
+        for case in CASES:
+            server.create_database(case.name, template="mix_template")
+            urls[case.name] = server.url(case.name)
+            prepare(case, urls[case.name], subjects)
+            print(f"  PostgreSQL {case.name} set up", flush=True)
+        server.create_database("ledger")
+        install_ledger(server.url("ledger"))
+        return measure(urls, server.url("ledger"), subjects, args.processes, args)
+
+
+def sqlite_rows(subjects: list[str], args: Any) -> list[list[str]]:
+    directory = Path(tempfile.mkdtemp(prefix="metering-bench-mix-"))
+    urls = {case.name: f"sqlite:///{directory}/{case.name}.db" for case in CASES}
+    for case in CASES:
+        prepare(case, urls[case.name], subjects)
+    peer = str(directory / "ledger.db")
+    install_ledger(peer)
+    # One writer at a time: more processes only queue on the database's lock.
+    return measure(urls, peer, subjects, [1], args)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--subjects", type=int, default=500)
+    parser.add_argument("--consume", type=int, default=150, help="consume calls a round")
+    parser.add_argument("--batches", type=int, default=2, help="1,000-event batches a round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--processes", type=int, nargs="+", default=[1, 4], help="PostgreSQL")
+    parser.add_argument("--sqlite-only", action="store_true", help="no PostgreSQL")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
+    args = parser.parse_args()
+    if args.quick:
+        args.subjects, args.consume, args.batches, args.rounds = 20, 20, 1, 1
+    subjects = [f"subject-{n}" for n in range(args.subjects)]
+    header = ["database", "path", "configuration", "events/s", "p50", "p99", "ratio to plain"]
+    header += ["ratio to stacked", "ratio to ledger peer"]
+    rows = [] if args.sqlite_only else [["PostgreSQL", *r] for r in postgres_rows(subjects, args)]
+    rows += [["SQLite", *r] for r in sqlite_rows(subjects, args)]
+    print_table(
+        f"every configuration against plain ({args.subjects:,} subjects, {args.rounds} rounds, "
+        f"{args.consume} consume calls and {args.batches} batches a round)",
+        header,
+        rows,
+    )
+
+
+if __name__ == "__main__":
+    main()
