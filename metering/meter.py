@@ -28,13 +28,12 @@ from metering.domain.reservations import DEFAULT_TTL_SECONDS
 from metering.engine import Engine
 from metering.engine.fast import Answer
 from metering.engine.reference import Decided, InvalidPolicy
-from metering.leases import LeaseBook, LeasedReservation
 from metering.licenses.facade import LicensesFacade
 from metering.money.facade import PricesFacade
 from metering.operators import OperatorsFacade
 from metering.reservations import Reservation, ReservationInfo
 from metering.reservations import admin as held
-from metering.reservations import transactions as reserving
+from metering.reservations.leases import LeaseBook, LeasedReservation
 from metering.settings import MAX_CORRECTION_HORIZON_DAYS as MAX_DAYS
 from metering.settings import correction_horizon_days as horizon_days
 from metering.settings import database_url
@@ -206,21 +205,18 @@ class Meter(AllowancesFacade, LicensesFacade, PricesFacade, OperatorsFacade):
 
     @property
     def leases(self) -> LeaseBook:
-        """This meter's leases (`metering.leases.LeaseBook`), made on first use."""
+        """This meter's leases (`metering.reservations.leases.LeaseBook`), made on first use."""
         if self._leases is None:
-            self._leases = LeaseBook(self)
+            self._leases = LeaseBook(self._engine)
         return self._leases
 
     def lease(self, subject: str, limit: str, cost: int = 1) -> Decision:
-        """`consume` through this process's quota leases (`metering.leases`)."""
+        """`consume` through this process's quota leases (`metering.reservations.leases`)."""
         return self.leases.lease(subject, limit, cost_of(cost))
 
     def lease_reservation(self, subject: str, limit: str, cost: int = 1) -> Leased:
         """`reserve` through this process's quota leases."""
         return self.leases.reserve(subject, limit, cost_of(cost))
-
-    def _lease_block(self, event: UsageEvent, expires_at_us: int) -> reserving.Reserved | None:
-        return reserving.lease(self._engine, event, expires_at_us)
 
     def settle_leases(self, *, everything: bool = False) -> int:
         """Settle the leases that are due, or all of them; how many were settled."""

@@ -3,7 +3,7 @@ and what a request served from them is told.
 
 A process that sees the same (subject, limit) again and again may reserve a
 *block* of units in one transaction (a reservation of cost ``block``) and
-decide the next requests of that key from memory (`metering.leases`). The
+decide the next requests of that key from memory (`metering.reservations.leases`). The
 database counts the whole block as used from the moment it is leased, so the
 sum of what every process has used and holds never exceeds the maximum.
 What a process did not use goes back when it settles the lease

@@ -14,7 +14,6 @@ from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
 from metering.domain.reservations import ReservationState
-from metering.leases import LeasedReservation
 from metering.middleware.core import (
     DeniedResponse,
     Middleware,
@@ -22,6 +21,7 @@ from metering.middleware.core import (
     RequestMetering,
     Step,
 )
+from metering.reservations.leases import LeasedReservation
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -83,7 +83,7 @@ class MeteringMiddleware(Middleware[ASGIApp]):
     through uncharged (instead of 503) while no decision can be made: the
     database is unreachable, or the limit was deleted while the app runs.
     ``leases`` (default True) decides a key that is hot in this process from
-    a block of units leased by the meter (`metering.leases`), in memory;
+    a block of units leased by the meter (`metering.reservations.leases`), in memory;
     ``leases=False`` sends every request to the database. The leases are
     settled at the application's lifespan shutdown.
     """

@@ -16,7 +16,7 @@ past an exhausted outer limit.
 
 Leases (``leases=True``, the default): a key that is hot in this process
 is decided from memory, out of a block of units its `Meter` leased
-(`metering.leases`); a stacking limit's reservation then comes from the
+(`metering.reservations.leases`); a stacking limit's reservation then comes from the
 lease too, and cancelling it gives the units back to the lease. A cold key,
 a token bucket, a soft or shadow limit and the last units of a window take
 the exact path, as with ``leases=False``.
@@ -37,11 +37,11 @@ from metering.domain.events import validate_cost
 from metering.domain.limits import Limit, validate_limit_name
 from metering.domain.reservations import ReservationState
 from metering.errors import InvalidInput, MeteringError, StorageError
-from metering.leases import LeasedReservation
 from metering.meter import Meter
 from metering.middleware.keys import Key, RequestInfo, client_ip, subject_of
 from metering.middleware.routes import Route, canonical_path
 from metering.reservations import Reservation
+from metering.reservations.leases import LeasedReservation
 
 __all__ = [
     "Applied",

@@ -12,29 +12,43 @@ from metering.domain.instants import from_us
 from metering.domain.reservations import STORED_STATES
 from metering.engine.core import Engine
 from metering.errors import InvalidInput
-from metering.reservations import transactions as reserving
+from metering.reservations import transactions
 from metering.reservations.handle import Reservation, ReservationInfo, Settler
 from metering.storage.checkouts import CheckoutStore
 from metering.storage.database import Database
 from metering.storage.reservations import ReservationStore
 
 
+class EngineSettler:
+    """Settles reservations on one engine: a `Reservation`'s `Settler` where
+    no `Meter` holds it (the lease book's)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def cancel_reservation(self, reservation_id: str) -> int:
+        return cancel(self.engine, reservation_id)
+
+    def commit_reservation(self, reservation_id: str, actual: int | None = None) -> int:
+        return commit(self.engine, reservation_id, actual)
+
+
 def reserve(engine: Engine, settler: Settler, event: UsageEvent, ttl_seconds: float) -> Reservation:
     """Decide and record ``event`` like a consume and hold what it took."""
-    ttl = reserving.validate_ttl(ttl_seconds)
-    decision, state, expires_at_us = reserving.reserve(engine, event, round(ttl * 1_000_000))
+    ttl = transactions.validate_ttl(ttl_seconds)
+    decision, state, expires_at_us = transactions.reserve(engine, event, round(ttl * 1_000_000))
     expires_at = from_us(expires_at_us) if expires_at_us is not None else None
     return Reservation(settler, decision, state, expires_at)
 
 
 def cancel(engine: Engine, reservation_id: str) -> int:
     validate_event_id(reservation_id)
-    return reserving.cancel(engine, reservation_id)
+    return transactions.cancel(engine, reservation_id)
 
 
 def commit(engine: Engine, reservation_id: str, actual: int | None) -> int:
     validate_event_id(reservation_id)
-    return reserving.commit(engine, reservation_id, actual)
+    return transactions.commit(engine, reservation_id, actual)
 
 
 def reservation(database: Database, reservation_id: str) -> ReservationInfo | None:

@@ -88,7 +88,7 @@ def reserve(engine: Engine, event: UsageEvent, ttl_us: int) -> Reserved:
 
 
 def lease(engine: Engine, event: UsageEvent, expires_at_us: int) -> Reserved | None:
-    """`reserve` for a lease's block (`metering.leases`), held until
+    """`reserve` for a lease's block (`metering.reservations.leases`), held until
     ``expires_at_us``. A block that does not fit is not an event: its
     transaction rolls back and nothing is recorded (None); the request that
     asked for it then takes the exact path, which records its own outcome."""

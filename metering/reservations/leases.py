@@ -35,7 +35,9 @@ import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Protocol, TypeVar
+from typing import TypeVar
+
+from sqlalchemy import Connection
 
 from metering.domain.decisions import Decision
 from metering.domain.events import UsageEvent, make_event
@@ -51,13 +53,16 @@ from metering.domain.leases import (
     streak_after,
 )
 from metering.domain.limits import Limit
-from metering.domain.money import Price
-from metering.domain.reservations import ReservationState
+from metering.domain.reservations import DEFAULT_TTL_SECONDS, ReservationState
+from metering.engine.core import Engine
 from metering.errors import MeteringError
-from metering.reservations import Reservation
-from metering.reservations import transactions as reserving
-from metering.storage.database import Database
+from metering.reservations import transactions
+from metering.reservations.admin import EngineSettler, commit, reserve
+from metering.reservations.handle import Reservation
+from metering.results import consumed
+from metering.storage.prices import PriceStore
 from metering.storage.quota_notices import QuotaListener
+from metering.storage.store import Store
 
 T = TypeVar("T")
 
@@ -79,29 +84,6 @@ _DONE = threading.Event()
 _DONE.set()
 
 KeyName = tuple[str, str]  # (subject, limit)
-
-
-class Metered(Protocol):
-    """What a `LeaseBook` needs of its meter (a `Meter` is one)."""
-
-    @property
-    def database(self) -> Database: ...
-
-    def consume(
-        self, subject: str | None = None, limit: str | None = None, cost: int = 1
-    ) -> Decision: ...
-
-    def reserve(
-        self, subject: str | None = None, limit: str | None = None, cost: int = 1
-    ) -> Reservation: ...
-
-    def get_limit(self, name: str) -> Limit: ...
-
-    def prices(self, limit: str | None = None) -> list[Price]: ...
-
-    def _lease_block(self, event: UsageEvent, expires_at_us: int) -> reserving.Reserved | None: ...
-
-    def commit_reservation(self, reservation_id: str, actual: int | None = None) -> int: ...
 
 
 class _Lease:
@@ -202,9 +184,9 @@ class LeasedReservation:
 class LeaseBook:
     """One process's leases (see the module docstring)."""
 
-    def __init__(self, meter: Metered, *, capacity: int = DEFAULT_CAPACITY) -> None:
-        self._meter = meter
-        self._database = meter.database
+    def __init__(self, engine: Engine, *, capacity: int = DEFAULT_CAPACITY) -> None:
+        self._engine = engine
+        self._database = engine.database
         self.capacity = capacity
         self._keys: OrderedDict[KeyName, _Key] = OrderedDict()
         self._open: dict[str, tuple[KeyName, _Lease]] = {}
@@ -224,6 +206,10 @@ class LeaseBook:
 
     def __len__(self) -> int:
         return len(self._keys)
+
+    def _event(self, subject: str, limit: str, cost: int) -> UsageEvent:
+        """A request the exact path decides: now, with an id of its own."""
+        return make_event([(subject, limit, cost)], from_us(self._database.now_us()))
 
     def held_units(self) -> int:
         """Units this process holds in leases and has not used (nor handed
@@ -350,7 +336,8 @@ class LeaseBook:
         decision = self._served(self.take, subject, limit, cost)
         if decision is not None:
             return decision
-        decision = self._meter.consume(subject, limit, cost)
+        event = self._event(subject, limit, cost)
+        decision = consumed(event.event_id, self._engine.submit(event.record()))
         self.note(subject, limit, cost, decision)
         return decision
 
@@ -359,7 +346,9 @@ class LeaseBook:
         held = self._served(self.take_held, subject, limit, cost)
         if held is not None:
             return held
-        reservation = self._meter.reserve(subject, limit, cost)
+        event = self._event(subject, limit, cost)
+        settler = EngineSettler(self._engine)
+        reservation = reserve(self._engine, settler, event, DEFAULT_TTL_SECONDS)
         self.note(subject, limit, cost, reservation.decision)
         return reservation
 
@@ -447,7 +436,7 @@ class LeaseBook:
             return False
         generation = self._generation
         event = make_event([(subject, limit, units)], from_us(now_us), f"lease-{uuid.uuid4().hex}")
-        reserved = self._meter._lease_block(event, times[0])
+        reserved = transactions.lease(self._engine, event, times[0])
         if reserved is None:
             return False
         decision, _state, expires_at_us = reserved
@@ -492,12 +481,7 @@ class LeaseBook:
         now_us = self._database.now_us()
         cached = self._limits.get(name)
         if cached is None or now_us - cached[0] > LIMIT_CACHE_US or now_us < cached[0]:
-            try:
-                definition: Limit | None = self._meter.get_limit(name)
-                if definition is not None and (definition.currency or self._meter.prices(name)):
-                    definition = None  # money: the exact path charges each request's spend
-            except MeteringError:
-                definition = None
+            definition = self._database.run(lambda c: _leasable_limit(c, name))
             self._limits[name] = cached = (now_us, definition)
         return cached[1]
 
@@ -546,8 +530,8 @@ class LeaseBook:
         with self._lock:
             actual = lease.used + lease.held
         try:
-            self._meter.commit_reservation(
-                lease.block.lease_id, None if actual == lease.block.units else actual
+            commit(
+                self._engine, lease.block.lease_id, None if actual == lease.block.units else actual
             )
         except MeteringError as exc:  # expired: the sweeper's commit in full stands
             log.warning("lease %s not settled at %d: %s", lease.block.lease_id, actual, exc)
@@ -622,6 +606,16 @@ class LeaseBook:
                     thread.join(5)
             atexit.unregister(self.close)
         self.settle_due(everything=True)
+
+
+def _leasable_limit(connection: Connection, name: str) -> Limit | None:
+    """The limit named ``name``, if it may be leased: known, and charging no
+    money (a priced or spend limit's requests each charge their spend, on
+    the exact path)."""
+    definition = Store(connection).load_limits([name]).get(name)
+    if definition is None or definition.currency or PriceStore(connection).histories([name]):
+        return None
+    return definition
 
 
 def _serves(lease: _Lease | None, cost: int, now_us: int) -> bool:

@@ -11,7 +11,7 @@ from lease_checks import counted, settled_usage
 from metering import FrozenClock, Limit, Meter
 from metering.domain.decisions import Decision
 from metering.domain.reservations import ReservationState
-from metering.leases import LeaseBook, LeasedReservation
+from metering.reservations.leases import LeaseBook, LeasedReservation
 
 START = datetime(2026, 11, 22, 12, 0, 30, tzinfo=UTC)
 
@@ -173,7 +173,7 @@ def test_a_block_that_no_longer_fits_records_nothing(db_url: str, clock: FrozenC
 
 def test_the_book_keeps_a_bounded_number_of_keys(meter: Meter) -> None:
     """A million distinct keys: the book never holds more than its capacity."""
-    book = LeaseBook(meter, capacity=1000)
+    book = LeaseBook(meter._engine, capacity=1000)
     decision = meter.consume("seed", "api")
     for number in range(1_000_000):
         book.note(f"client-{number}", "api", 1, decision)
@@ -185,7 +185,7 @@ def test_the_book_keeps_a_bounded_number_of_keys(meter: Meter) -> None:
 def test_a_key_pushed_out_of_the_book_has_its_lease_settled(
     meter: Meter, clock: FrozenClock
 ) -> None:
-    book = LeaseBook(meter, capacity=2)
+    book = LeaseBook(meter._engine, capacity=2)
     for _ in range(9):
         book.lease("ada", "api", 1)  # 7 exact, a block of 2 spent
     book.lease("ada", "api", 1)  # a block of 4, one used
