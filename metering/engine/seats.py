@@ -72,10 +72,17 @@ class Seats:
 
     def count(self, seats: Sequence[SeatKey | None], decision: Decision) -> None:
         """Count the values of the charges ``decision`` consumed."""
-        if decision.outcome not in COUNTED:
+        self.count_outcomes(seats, decision.outcome, [c.outcome for c in decision.charges])
+
+    def count_outcomes(
+        self, seats: Sequence[SeatKey | None], outcome: str, charges: Sequence[str]
+    ) -> None:
+        """`count` for an event decided ``outcome`` with ``charges``' outcomes
+        (the fast path's rows, `metering.engine.fast`)."""
+        if outcome not in COUNTED:
             return
-        for seat, charge in zip(seats, decision.charges, strict=True):
-            if seat is not None and charge.outcome in COUNTED:
+        for seat, charge in zip(seats, charges, strict=True):
+            if seat is not None and charge in COUNTED:
                 self.seen[seat] = self.seen.get(seat, 0) + 1
                 self.added[seat] += 1
 
