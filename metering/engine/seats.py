@@ -1,9 +1,12 @@
-"""Seats in the reference engine: what each charge on a distinct limit costs
-(`metering.domain.distinct`), and the values it counts, for one batch.
+"""Seats in a batch: what each charge on a distinct limit costs
+(`metering.domain.distinct`), and the values it counts.
 
 Read after the batch's counters are locked (`DistinctStore`'s lock order),
 kept up to date event by event, so a batch decides as its events would one
-by one, and written in the batch's transaction.
+by one, and written in the batch's transaction. The reference engine reads
+and writes them here (`Seats.read`, `Seats.write`); the fast path
+(`metering.engine.fast`) reads them with its hot store's counters and
+keeps them with the same `Seats`.
 """
 
 from __future__ import annotations
