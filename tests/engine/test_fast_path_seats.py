@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from round_trips import count_round_trips
 from servers import PostgresServer
 from sqlalchemy import select
 from test_check_path import _answer
@@ -267,3 +268,34 @@ def test_the_hot_path_decides_seat_events(db_url: str) -> None:
         clock.advance(seconds=3600)  # both windows roll over
         assert meter.consume("org-1", "fu_seats", metadata={"user": "c"}).allowed
         assert meter.seats("org-1", "fu_seats") == ["c"]
+
+
+@pytest.mark.postgres
+def test_seats_add_no_round_trip_on_postgresql(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The values' live events ride in the read's pipeline and the write's:
+    a batch of seat events (first-use and calendar, new values and repeats)
+    is two round trips, as any batch; a `check` is one."""
+    trips = count_round_trips(monkeypatch)
+    clock = FrozenClock(START)
+    with Meter(pg_url, clock=clock) as meter:
+        meter.set_limits(LIMITS)
+        meter.consume("org-1", "calls")  # warm: the limits are cached
+        events = [
+            make_event(
+                [(f"org-{n % 7}", "seats", 1), (f"org-{n % 7}", "fu_seats", 1)],
+                clock(),
+                f"e{n}",
+                {"user": f"u{n % 2}"},  # no denial: it would notify, after the write
+            )
+            for n in range(40)
+        ]
+        trips[0] = 0
+        answers = meter.apply_records([e.record() for e in events])
+        assert trips[0] == 2
+        assert {result.outcome for _, result in answers if result} == {"allowed"}
+        assert meter.seats("org-1", "fu_seats") == ["u0", "u1"]
+        trips[0] = 0
+        assert meter.check("org-1", "seats", metadata={"user": "u0"}).allowed
+        assert trips[0] == 1
