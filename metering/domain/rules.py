@@ -61,9 +61,8 @@ class Rule:
     concurrent: bool = False  # a floating license: never consumed (`WrongAlgorithm`)
     # Priced, or a spend limit: the hot paths leave it to the reference engine.
     money: bool = False
-    distinct: bool = (
-        False  # counts distinct values (seats): the hot paths leave it to the reference
-    )
+    # Counts distinct values (seats): a charge costs what `metering.domain.distinct` says.
+    distinct: bool = False
 
     @classmethod
     def of(cls, limit: Limit, *, priced: bool = False) -> Rule:
@@ -120,10 +119,13 @@ def _window(
     used = state[USED]
     after = used + cost
     end_us = window[1]
+    # A cost of 0 (a seat already held, `metering.domain.distinct`) always
+    # fits and adds no overage, as `windows.evaluate_window` says.
+    free = cost == 0
     if pot is not None:
         granted = pot.granted.get(window[0], 0)
         fit = fit_window(maximum, used, granted, cost, pot, at_us, soft=rule.soft)
-        fits = rule.soft or fit.fits
+        fits = rule.soft or fit.fits or free
         return (
             fits,
             used,
@@ -134,16 +136,16 @@ def _window(
             end_us,
             # Next window: its own allowance again, and the grants still active then.
             end_us if not fits and cost <= maximum + pot.available(end_us) else None,
-            fit.overage_after,
+            0 if free else fit.overage_after,
             None,
             fit.overage_before,
             fit.draws,
         )
-    fits = rule.soft or after <= maximum
+    fits = rule.soft or after <= maximum or free
     retry = end_us if not fits and cost <= maximum else None
     remaining_before = maximum - used if used < maximum else 0
     remaining_after = maximum - after if after < maximum else 0
-    overage = after - maximum if after > maximum else 0
+    overage = after - maximum if after > maximum and not free else 0
     return (
         fits,
         used,

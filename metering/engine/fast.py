@@ -29,7 +29,8 @@ from typing import Final, Literal
 
 from sqlalchemy import Connection
 
-from metering.domain.decisions import ChargeDecision
+from metering.domain.decisions import CHARGE_KEYS, ChargeDecision
+from metering.domain.distinct import SeatKey, value_of
 from metering.domain.events import (
     FUTURE_TOLERANCE_US,
     EventRecord,
@@ -54,13 +55,21 @@ from metering.domain.rules import (
     fresh_state,
 )
 from metering.domain.windows import Window, calendar_window, first_use_window
+from metering.engine.seats import Seats
 from metering.errors import EventConflict, MeteringError, UnknownLimit
 from metering.messages import encode_event, raw_text
 from metering.storage.alerts import AlertStore
 from metering.storage.allowances import AllowanceStore, draws_of
 from metering.storage.counters import Pair
 from metering.storage.engine import RetryTransaction
-from metering.storage.hot import Changes, HotStore, NeedsConnection, Snapshot, WantedKey
+from metering.storage.hot import (
+    Changes,
+    HotStore,
+    NeedsConnection,
+    Snapshot,
+    WantedKey,
+    WantedSeat,
+)
 from metering.storage.hot.pick import hot_store
 from metering.storage.prices import PriceStore
 from metering.storage.recurring import ScheduleStore
@@ -186,6 +195,7 @@ class LimitCache:
 # An event's counters: (key, window) per charge, in the order of its charges.
 _Fixed = list[tuple[Key, Window]]
 _event_id: Final = itemgetter(0)  # of a `ResultRecord`
+_CHARGE_OUTCOME: Final = CHARGE_KEYS.index("outcome")  # in a charge's row
 
 
 class _Windows:
@@ -202,28 +212,72 @@ class _Windows:
 
 
 def _rules_for(
-    event: EventRecord, rules: dict[str, Rule], now_us: int, policy: ImportPolicy | None = None
+    event: EventRecord,
+    rules: dict[str, Rule],
+    now_us: int,
+    policy: ImportPolicy | None = None,
+    *,
+    seats: bool = True,
 ) -> tuple[list[Rule], MeteringError | None]:
     """The event's rules, or the error that makes it unacceptable (as
-    `validate_against_limits`); times checked as ``policy`` says (an import's)."""
+    `validate_against_limits`); times checked as ``policy`` says (an import's).
+    Without ``seats`` a seat limit raises `UseGeneralPath` (a reservation,
+    the one-trip function)."""
     found: list[Rule] = []
     at_us = event.occurred_at_us
-    for _, name, _ in event.charges:
+    for _, name, cost in event.charges:
         rule = rules.get(name)
         if rule is None:
             return found, UnknownLimit(name)
         if rule.concurrent:
             return found, consumed_concurrent(rule.name)
-        if rule.money or rule.distinct:
-            raise UseGeneralPath("money or seats: the reference engine decides them")
+        if rule.money:
+            raise UseGeneralPath("money: the reference engine decides it")
+        if rule.distinct and not seats:
+            raise UseGeneralPath("seats: taken by consuming, never held")
         timed = rule if policy is None else policy.rule(rule)
         if at_us > now_us + FUTURE_TOLERANCE_US or at_us < now_us - timed.lateness_us:
             try:
                 check_event_time(from_us(at_us), now_us, timed.limit.lateness_seconds)
             except MeteringError as exc:
                 return found, exc
+        if rule.distinct:
+            try:
+                _seat_value(rule, event, cost)
+            except MeteringError as exc:
+                return found, exc
         found.append(rule)
     return found, None
+
+
+def _seat_value(rule: Rule, event: EventRecord, cost: int) -> str:
+    """The value a charge on seat limit ``rule`` counts (`value_of`)."""
+    assert rule.limit.distinct is not None
+    return value_of(rule.limit.distinct, rule.name, event.metadata, cost)
+
+
+def _seat_keys(
+    event: EventRecord, rules: Sequence[Rule], windows: Sequence[Window]
+) -> list[SeatKey | None]:
+    """Per charge, the value it counts in its window (None: not a seat limit)."""
+    return [
+        (name, subject, window[0], _seat_value(rule, event, cost)) if rule.distinct else None
+        for (subject, name, cost), rule, window in zip(event.charges, rules, windows, strict=True)
+    ]
+
+
+def _seat_charges(event: EventRecord, costs: Sequence[int | None]) -> list[tuple[str, str, int]]:
+    """The event's charges, a seat limit's at its cost (`Seats.costs`)."""
+    return [
+        charge if cost is None else (charge[0], charge[1], cost)
+        for charge, cost in zip(event.charges, costs, strict=True)
+    ]
+
+
+def _seat_order(seat: WantedSeat) -> tuple[str, str, int, str]:
+    """Seat values sorted by key, a first-use window's (no start yet) first."""
+    name, subject, start, value = seat
+    return name, subject, -1 if start is None else start, value
 
 
 def _first_use(
@@ -289,17 +343,20 @@ def apply_records(
     keys: dict[Key, int] = {}
     # The batch's limits that roll usage up by dimension (usually none).
     dimensioned: dict[str, tuple[str, ...]] = {}
+    # The seat values the batch charges (`metering.domain.distinct`; usually none).
+    wanted_seats: set[WantedSeat] = set()
     for index, event in enumerate(events):
         if event.event_id in first:
             answers[index] = (_REPEAT, first[event.event_id])
             continue
         first[event.event_id] = index
-        event_rules, error = _rules_for(event, rules, now_us, policy)
+        # A reservation of a seat limit is refused by the reference path (`_refuse_seats`).
+        event_rules, error = _rules_for(event, rules, now_us, policy, seats=hold is None)
         if error is not None:
             todo.append((index, event, event_rules, error, None))
             continue
         fixed: _Fixed | None = []
-        for (subject, name, _), rule in zip(event.charges, event_rules, strict=True):
+        for (subject, name, cost), rule in zip(event.charges, event_rules, strict=True):
             if rule.dimensions:
                 dimensioned[name] = rule.dimensions
             if rule.bucket:
@@ -313,9 +370,13 @@ def apply_records(
                 keys[key] = window[1]
                 if fixed is not None:
                     fixed.append((key, window))
+                if rule.distinct:
+                    wanted_seats.add((name, subject, window[0], _seat_value(rule, event, cost)))
             else:
                 pairs.add((name, subject))
                 fixed = None
+                if rule.distinct:  # in the pair's current window, or in a new one (none)
+                    wanted_seats.add((name, subject, None, _seat_value(rule, event, cost)))
         todo.append((index, event, event_rules, None, fixed))
     if allowances.general_only(chain(pairs, (key[:2] for key in keys)), now_us):
         raise UseGeneralPath("a recurring grant's issue due, grant.low or own thresholds")
@@ -327,12 +388,15 @@ def apply_records(
     # answered (duplicate or conflict) before the event is judged.
     looked_up = precheck or any(item[3] is not None for item in todo)
     ids = list(first) if looked_up else None
-    snapshot = store.read(ids, sorted(pairs), wanted, now_us, granted)
+    snapshot = store.read(
+        ids, sorted(pairs), wanted, now_us, granted, sorted(wanted_seats, key=_seat_order)
+    )
     if snapshot.version != version:
         cache.refresh(_general(connection, "limits"))
         raise RetryTransaction("limits changed since they were cached")
     pots = snapshot.pots
     histories = allowances.histories
+    seats = Seats(snapshot.seen)
 
     states = snapshot.states
     windows = snapshot.windows
@@ -398,9 +462,14 @@ def apply_records(
                     before[key] = tuple(state)
                 event_windows.append(window)
                 event_states.append(state)
+            charges: Sequence[tuple[str, str, int]] = event.charges
+            event_seats: list[SeatKey | None] | None = None
+            if wanted_seats and any(rule.distinct for rule in event_rules):
+                event_seats = _seat_keys(event, event_rules, event_windows)
+                charges = _seat_charges(event, seats.costs(event_seats))
             verdict = decide(
                 event_rules,
-                event.charges,
+                charges,
                 event_windows,
                 event_states,
                 at_us,
@@ -408,6 +477,9 @@ def apply_records(
                 wanted_notices,
                 event_pots,
             )
+            if event_seats is not None:
+                outcomes = [row[_CHARGE_OUTCOME] for row in verdict.rows]
+                seats.count_outcomes(event_seats, verdict.outcome, outcomes)
             record = ResultRecord(
                 event.event_id,
                 verdict.outcome,
@@ -441,6 +513,8 @@ def apply_records(
     )
     if pots:
         changes.draws = draws_of(row for record in records for row in record.charges)
+    if seats.added:
+        changes.seats = dict(seats.added)
     if hold is not None:
         changes.holds = _holds(records, hold, now_us, looked_up)
     dead = [*rejected, *conflicts, *refused]
@@ -562,8 +636,9 @@ STALE: Final = "stale"
 
 # Reads, without a lock, what `HotStore.read` would lock: the limits'
 # version, the first-use windows of the pairs, the counters of the keys and
-# of those windows (`metering.storage.hot.postgres.read_unlocked`).
-ReadUnlocked = Callable[[Sequence[Pair], Sequence[WantedKey]], Snapshot]
+# of those windows, the live events of the seat values
+# (`metering.storage.hot.postgres.read_unlocked`).
+ReadUnlocked = Callable[[Sequence[Pair], Sequence[WantedKey], Sequence[WantedSeat]], Snapshot]
 
 
 def check_record(
@@ -582,7 +657,7 @@ def check_record(
     try:
         event_rules, error = _rules_for(event, rules, now_us)
     except UseGeneralPath:
-        return None  # money or seats: the reference engine reads what they need
+        return None  # money: the reference engine reads what it needs
     if error is not None or version < 0:
         return None
     if any((name, subject) in allowances.grant_pairs for subject, name, _ in event.charges):
@@ -595,14 +670,18 @@ def check_record(
     calendar = _Windows()
     pairs: list[Pair] = []
     keys: list[WantedKey] = []
-    for (subject, name, _), rule in zip(event.charges, event_rules, strict=True):
+    seats: list[WantedSeat] = []
+    for (subject, name, cost), rule in zip(event.charges, event_rules, strict=True):
         if rule.bucket:
             keys.append((name, subject, *BUCKET_WINDOW))
         elif rule.calendar:
             keys.append((name, subject, *calendar.calendar(rule, at_us)))
         else:
             pairs.append((name, subject))
-    snapshot = read_unlocked(sorted(pairs), sorted(keys))
+        if rule.distinct:  # a first-use window's: in the pair's current one
+            start = keys[-1][2] if rule.calendar else None
+            seats.append((name, subject, start, _seat_value(rule, event, cost)))
+    snapshot = read_unlocked(sorted(pairs), sorted(keys), seats)
     if snapshot.version != version:
         return STALE
     windows: list[Window] = []
@@ -621,4 +700,8 @@ def check_record(
         found = snapshot.states.get((name, subject, window[0]))
         windows.append(window)
         states.append(list(found) if found is not None else fresh_state())
-    return decide(event_rules, event.charges, windows, states, at_us, event.event_id, None)
+    charges: Sequence[tuple[str, str, int]] = event.charges
+    if seats:
+        costs = Seats(snapshot.seen).costs(_seat_keys(event, event_rules, windows))
+        charges = _seat_charges(event, costs)
+    return decide(event_rules, charges, windows, states, at_us, event.event_id, None)

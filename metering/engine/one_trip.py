@@ -36,9 +36,9 @@ def prepare(cache: LimitCache, event: EventRecord, now_us: int) -> tuple[Any, ..
     if version < 0:
         return None
     try:
-        event_rules, error = _rules_for(event, rules, now_us)
+        event_rules, error = _rules_for(event, rules, now_us, seats=False)
     except UseGeneralPath:
-        return None  # money or seats: the reference engine decides them
+        return None  # money or seats: the function counts neither
     if error is not None:
         return None
     charges = event.charges

@@ -1,9 +1,12 @@
-"""Seats in the reference engine: what each charge on a distinct limit costs
-(`metering.domain.distinct`), and the values it counts, for one batch.
+"""Seats in a batch: what each charge on a distinct limit costs
+(`metering.domain.distinct`), and the values it counts.
 
 Read after the batch's counters are locked (`DistinctStore`'s lock order),
 kept up to date event by event, so a batch decides as its events would one
-by one, and written in the batch's transaction.
+by one, and written in the batch's transaction. The reference engine reads
+and writes them here (`Seats.read`, `Seats.write`); the fast path
+(`metering.engine.fast`) reads them with its hot store's counters and
+keeps them with the same `Seats`.
 """
 
 from __future__ import annotations
@@ -72,10 +75,17 @@ class Seats:
 
     def count(self, seats: Sequence[SeatKey | None], decision: Decision) -> None:
         """Count the values of the charges ``decision`` consumed."""
-        if decision.outcome not in COUNTED:
+        self.count_outcomes(seats, decision.outcome, [c.outcome for c in decision.charges])
+
+    def count_outcomes(
+        self, seats: Sequence[SeatKey | None], outcome: str, charges: Sequence[str]
+    ) -> None:
+        """`count` for an event decided ``outcome`` with ``charges``' outcomes
+        (the fast path's rows, `metering.engine.fast`)."""
+        if outcome not in COUNTED:
             return
-        for seat, charge in zip(seats, decision.charges, strict=True):
-            if seat is not None and charge.outcome in COUNTED:
+        for seat, charge in zip(seats, charges, strict=True):
+            if seat is not None and charge in COUNTED:
                 self.seen[seat] = self.seen.get(seat, 0) + 1
                 self.added[seat] += 1
 

@@ -1,10 +1,13 @@
-"""The hot paths leave seat limits (``distinct``) to the reference engine:
-the fast path raises `UseGeneralPath`, the one-trip function is not called,
-the fast `check` answers None, before they read or write anything; events
-on other limits are still theirs (docs/seats.md)."""
+"""What the hot paths do with seat limits (``distinct``): the fast path and
+the fast `check` decide them, reading the values' live events with the
+counters; the one-trip function is not called for them, and a reservation
+of one raises `UseGeneralPath` (the reference path refuses it), before
+anything is read or written; events on other limits stay on the one-trip
+path (docs/seats.md)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -14,12 +17,22 @@ from metering.domain.events import make_event
 from metering.domain.instants import to_us
 from metering.domain.limits import Limit
 from metering.domain.rules import Rule
-from metering.engine.fast import Allowances, LimitCache, UseGeneralPath, apply_records, check_record
+from metering.domain.windows import calendar_window
+from metering.engine.fast import (
+    Allowances,
+    Hold,
+    LimitCache,
+    UseGeneralPath,
+    apply_records,
+    check_record,
+)
 from metering.engine.one_trip import prepare
+from metering.storage.counters import Pair
+from metering.storage.hot import Snapshot, WantedKey, WantedSeat
 
 NOW = datetime(2026, 11, 10, 12, 0, tzinfo=UTC)
 LIMITS = (
-    Limit("seats", maximum=5, period="1mo", window="calendar", distinct="user"),
+    Limit("seats", maximum=1, period="1mo", window="calendar", distinct="user"),
     Limit("calls", maximum=5, period="1mo", window="calendar"),
 )
 
@@ -48,19 +61,48 @@ SEAT_EVENTS = [
 
 
 @pytest.mark.parametrize("charges", SEAT_EVENTS)
-def test_every_hot_path_declines_an_event_with_a_seat_charge(
+def test_the_one_trip_function_and_reservations_leave_seats_alone(
     cache: LimitCache, charges: list[tuple[str, str, int]]
 ) -> None:
     record = make_event(charges, NOW, "e1", {"user": "ann"}).record()
     now_us = to_us(NOW)
     assert prepare(cache, record, now_us) is None
-    assert check_record(Untouchable(), cache, record, now_us) is None
     with pytest.raises(UseGeneralPath):
         apply_records(
-            None, cache, [record], now_us, invalid="raise", precheck=True, store=Untouchable()
+            None,
+            cache,
+            [record],
+            now_us,
+            invalid="raise",
+            precheck=True,
+            store=Untouchable(),
+            hold=Hold(ttl_us=1_000_000),
         )
 
 
 def test_an_event_on_another_limit_stays_on_the_one_trip_path(cache: LimitCache) -> None:
     record = make_event([("org-1", "calls", 1)], NOW, "e1", {"user": "ann"}).record()
     assert prepare(cache, record, to_us(NOW)) is not None
+
+
+def test_the_fast_check_reads_the_seats_it_charges(cache: LimitCache) -> None:
+    """The value's live events are asked for in the same read as the counters:
+    a held value costs 0 and is allowed at the maximum, a new one is denied."""
+    now_us = to_us(NOW)
+    start = calendar_window(LIMITS[0].parsed_period, now_us)[0]
+    asked: list[Sequence[WantedSeat]] = []
+
+    def read(pairs: Sequence[Pair], keys: Sequence[WantedKey], seats: Sequence[WantedSeat]) -> Any:
+        asked.append(seats)
+        states = {("seats", "org-1", start): [1, 0, 0, None, None, 0, 1]}
+        return Snapshot(1, {}, {}, states, seen={("seats", "org-1", start, "ann"): 2})
+
+    held = make_event([("org-1", "seats", 1)], NOW, "e1", {"user": "ann"}).record()
+    verdict = check_record(read, cache, held, now_us)
+    assert verdict is not None and not isinstance(verdict, str)
+    assert (verdict.outcome, verdict.rows[0][2]) == ("allowed", 0)
+    new = make_event([("org-1", "seats", 1)], NOW, "e2", {"user": "bob"}).record()
+    verdict = check_record(read, cache, new, now_us)
+    assert verdict is not None and not isinstance(verdict, str)
+    assert (verdict.outcome, verdict.denied_by) == ("denied", ("seats",))
+    assert asked == [[("seats", "org-1", start, "ann")], [("seats", "org-1", start, "bob")]]

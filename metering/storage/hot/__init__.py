@@ -4,11 +4,13 @@
 
 * `HotStore.read` locks and returns what the decisions need: the limits'
   version, stored results of the batch's ids (when asked), the current
-  first-use windows and the counters that exist. On PostgreSQL it is one
-  round trip.
+  first-use windows, the counters that exist, and the live events of the
+  seat values asked for (`metering.domain.distinct`). On PostgreSQL it is
+  one round trip.
 * `HotStore.write` stores what changed: counters updated and created,
   first-use windows moved, the results rows, and what the batch adds to the
-  usage rollups (limits with dimensions only), and the rows of reservations
+  usage rollups (limits with dimensions only), the live events the batch
+  adds to seat values (``seats``), and the rows of reservations
   held with their events (``holds``). On PostgreSQL it is one
   round trip, and it carries the COMMIT when nothing else follows.
 
@@ -36,7 +38,9 @@ reservation row (`HotStore.lock_reservation`) before anything else; then
 first-use window rows sorted
 by (limit, subject), then counters sorted by (limit, subject, window start),
 in one statement each. Rows that do not exist yet are created by `write`.
-Rollup rows come last, sorted by key (`metering.storage.rollups`).
+Seat values' rows are read and written only under their window's counter
+lock, as `metering.storage.distinct` orders them. Rollup rows come last,
+sorted by key (`metering.storage.rollups`).
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from metering.domain.distinct import SeatKey, Seen
 from metering.domain.events import Rejected
 from metering.domain.grants import Pot
 from metering.domain.rollups import Delta, RollupKey
@@ -57,6 +62,9 @@ from metering.storage.results import ResultRecord
 
 # A counter the hot path needs: (limit, subject, window start, window end).
 WantedKey = tuple[str, str, int, int]
+# A seat value the hot path needs: (limit, subject, window start, value);
+# the start None is the pair's current first-use window (none: nothing read).
+WantedSeat = tuple[str, str, int | None, str]
 
 
 @dataclass(slots=True)
@@ -69,6 +77,8 @@ class Snapshot:
     states: dict[Key, State]
     # The grants of the pairs asked for, with what each of their windows drew.
     pots: dict[Pair, Pot] = field(default_factory=dict)
+    # The live events of the seat values asked for that have a row.
+    seen: Seen = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -88,6 +98,8 @@ class Changes:
     # What the batch drew on grants: (limit, subject, window start, grant id) -> amount.
     draws: dict[DrawKey, int] = field(default_factory=dict)
     rollups: dict[RollupKey, Delta] = field(default_factory=dict)
+    # Live events added to seat values (all positive: the hot path only consumes).
+    seats: dict[SeatKey, int] = field(default_factory=dict)
     # Dead letters (input that could not be applied), for a store whose
     # ``takes_rejected`` is true; the caller records them otherwise.
     rejected: list[Rejected] = field(default_factory=list)
@@ -115,11 +127,14 @@ class HotStore(Protocol):
         keys: Sequence[WantedKey],
         now_us: int,
         grant_pairs: Sequence[Pair] = (),
+        seats: Sequence[WantedSeat] = (),
     ) -> Snapshot:
         """Lock and read: ``pairs`` (sorted) are first-use windows, whose
         current counters are read too; ``keys`` (sorted) the other counters.
-        Results are looked up only when ``ids`` is given. The grants of
-        ``grant_pairs`` are read after the counters are locked: on
+        Results are looked up only when ``ids`` is given. The live events of
+        ``seats`` are read after the counters are locked (their lock
+        serialises every writer of them, `metering.storage.distinct`). The
+        grants of ``grant_pairs`` are read after the counters are locked: on
         PostgreSQL without a lock of their own, and `write` then fails with
         `RetryTransaction` if another transaction spent what a draw counted
         on (the grants' check constraint)."""

@@ -31,14 +31,15 @@ import psycopg
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError, StatementError
 
+from metering.domain.distinct import Seen
 from metering.domain.rollups import rollup_rows
 from metering.domain.rules import Key
 from metering.domain.windows import Window
 from metering.storage.allowances import pots_of
 from metering.storage.counters import Pair
 from metering.storage.engine import RetryTransaction
-from metering.storage.hot import Changes, Snapshot, WantedKey
-from metering.storage.hot.statements import RESULT_COLUMNS, VERSION, Statements
+from metering.storage.hot import Changes, Snapshot, WantedKey, WantedSeat
+from metering.storage.hot.statements import RESULT_COLUMNS, VERSION, Statements, seat_rows
 from metering.storage.rejected import rejected_rows
 from metering.storage.reservations import ReservationRecord, record_of_row
 from metering.storage.results import RESET_TICK, record_from_row, result_row
@@ -165,6 +166,30 @@ CROSS JOIN LATERAL (
 ) AS d
 GROUP BY d.limit_name, d.subject, d.window_start_us
 """
+# A batch's seat values (`metering.domain.distinct`): their live events,
+# read in `read`'s pipeline after the counters are locked (the counter's
+# lock serialises every writer of its window's values,
+# `metering.storage.distinct`). A start of null is the pair's current
+# first-use window, locked by then. Found through the primary key.
+READ_SEATS: Final = """
+SELECT d.limit_name, d.subject, d.window_start_us, d.value, d.live_events
+FROM jsonb_array_elements(%(seats)s::jsonb) AS r
+CROSS JOIN LATERAL (
+    SELECT * FROM distinct_values AS d
+    WHERE d.subject = r->>1 AND d.limit_name = r->>0 AND d.value = r->>3
+      AND d.window_start_us = coalesce((r->>2)::bigint, (
+          SELECT w.window_start_us FROM current_windows AS w
+          WHERE w.limit_name = r->>0 AND w.subject = r->>1
+      ))
+) AS d
+"""
+ADD_SEATS: Final = """
+INSERT INTO distinct_values AS d (subject, limit_name, window_start_us, value, live_events)
+SELECT r->>0, r->>1, (r->>2)::bigint, r->>3, (r->>4)::bigint
+FROM jsonb_array_elements(%(rows)s::jsonb) AS r
+ON CONFLICT (subject, limit_name, window_start_us, value)
+DO UPDATE SET live_events = d.live_events + excluded.live_events
+"""
 UPDATE_GRANTS: Final = """
 UPDATE grants AS g SET used = g.used + v.delta
 FROM (SELECT r->>0, (r->>1)::bigint FROM jsonb_array_elements(%(rows)s::jsonb) AS r) AS v(id, delta)
@@ -221,6 +246,7 @@ class PostgresHotStore:
         keys: Sequence[WantedKey],
         now_us: int,
         grant_pairs: Sequence[Pair] = (),
+        seats: Sequence[WantedSeat] = (),
     ) -> Snapshot:
         params = {"pairs": _encode(pairs), "keys": _encode(keys)}
         try:
@@ -239,6 +265,10 @@ class PostgresHotStore:
                     asked = {"grant_pairs": _encode(grant_pairs)}
                     granted = self.raw.cursor(binary=True).execute(READ_GRANTS, asked)
                     drawn = self.raw.cursor(binary=True).execute(READ_DRAWS, asked)
+                valued = None
+                if seats:
+                    asked = {"seats": _encode(seats)}
+                    valued = self.raw.cursor(binary=True).execute(READ_SEATS, asked)
                 row = version.fetchone()
                 assert row is not None
                 window_rows = windows.fetchall() if windows else []
@@ -246,6 +276,7 @@ class PostgresHotStore:
                 stored_rows = stored.fetchall() if stored else []
                 grant_rows = granted.fetchall() if granted else []
                 draw_rows = drawn.fetchall() if drawn else []
+                value_rows = valued.fetchall() if valued else []
         except psycopg.Error as exc:
             raise _translate(exc) from exc
         self.window_tids = {(r[0], r[1]): r[4] for r in window_rows}
@@ -256,6 +287,7 @@ class PostgresHotStore:
             windows=_windows(window_rows),
             states={(r[0], r[1], r[2]): list(r[3:10]) for r in counter_rows},
             pots=pots_of(grant_rows, draw_rows),
+            seen={(r[0], r[1], r[2], r[3]): r[4] for r in value_rows},
         )
 
     def lock_reservation(self, reservation_id: str) -> ReservationRecord | None:
@@ -310,6 +342,12 @@ class PostgresHotStore:
                     cursor.executemany(SQL.insert_hold, changes.holds)
                 if changes.settled:
                     _execute(cursor, SQL.settle_reservation, changes.settled)
+                if changes.seats:
+                    rows = seat_rows(changes.seats)
+                    if len(rows) <= FEW_ROWS:
+                        _execute(cursor, SQL.add_seat, rows)
+                    else:
+                        raw.execute(ADD_SEATS, {"rows": _encode(rows)})
                 if changes.rejected:
                     rows = rejected_rows(changes.rejected, now_us)
                     raw.execute(INSERT_REJECTED, {"rows": _encode(rows)})
@@ -348,8 +386,10 @@ def _translate(exc: psycopg.Error) -> StatementError:
 # `POST /v1/check` and `Meter.check`: the same state `PostgresHotStore.read`
 # locks, read in one statement without a lock or a transaction (a statement
 # sees one snapshot): the limits' version, the first-use windows of
-# ``pairs`` and the counters of ``keys`` and of those windows. Rows are
-# tagged: 0 the version, 1 a window (start, end), 2 a counter.
+# ``pairs``, the counters of ``keys`` and of those windows, and the live
+# events of ``seats`` (`READ_SEATS`). Rows are tagged: 0 the version, 1 a
+# window (start, end), 2 a counter, 3 a seat value (its live events; the
+# value in the last column).
 CHECK_READ: Final = f"""
 WITH p AS MATERIALIZED {_PAIRS},
 w AS MATERIALIZED (
@@ -365,30 +405,38 @@ k AS (
     SELECT limit_name, subject, window_start_us FROM w WHERE window_start_us IS NOT NULL
 )
 SELECT 0::int, NULL::text, NULL::text, version, NULL::bigint, NULL::bigint, NULL::bigint,
-       NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint
+       NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::text
 FROM limits_version WHERE id = 1
 UNION ALL
-SELECT 1, limit_name, subject, window_start_us, window_end_us, NULL, NULL, NULL, NULL, NULL, NULL
+SELECT 1, limit_name, subject, window_start_us, window_end_us, NULL, NULL, NULL, NULL, NULL, NULL,
+       NULL
 FROM w
 UNION ALL
 SELECT 2, c.limit_name, c.subject, c.window_start_us, c.used, c.denied_count, c.denied_cost,
-       c.first_denied_at_us, c.tat_us, c.tat_rem, c.tat_scale
+       c.first_denied_at_us, c.tat_us, c.tat_rem, c.tat_scale, NULL
 FROM k CROSS JOIN LATERAL (
     SELECT * FROM counters AS c
     WHERE c.limit_name = k.l AND c.subject = k.s AND c.window_start_us = k.ws
 ) AS c
+UNION ALL
+SELECT 3, d.limit_name, d.subject, d.window_start_us, d.live_events, NULL, NULL, NULL, NULL,
+       NULL, NULL, d.value
+FROM ({READ_SEATS}) AS d
 """
 
 
 def read_unlocked(
-    raw: psycopg.Connection[Any], pairs: Sequence[Pair], keys: Sequence[WantedKey]
+    raw: psycopg.Connection[Any],
+    pairs: Sequence[Pair],
+    keys: Sequence[WantedKey],
+    seats: Sequence[WantedSeat] = (),
 ) -> Snapshot:
     """`PostgresHotStore.read` for a decision that writes nothing (`check`):
     one statement on ``raw`` in autocommit (`DirectPostgres.autocommit`), no
     lock, no transaction to end. Results are not looked up (``stored`` is
     empty). Driver errors come out as SQLAlchemy's, for
     `metering.storage.engine.translate`."""
-    params = {"pairs": _encode(pairs), "keys": _encode(keys)}
+    params = {"pairs": _encode(pairs), "keys": _encode(keys), "seats": _encode(seats)}
     try:
         rows = raw.cursor(binary=True).execute(CHECK_READ, params).fetchall()
     except psycopg.Error as exc:
@@ -396,12 +444,15 @@ def read_unlocked(
     version = -1
     windows: dict[Pair, Window | None] = {}
     states: dict[Key, list[Any]] = {}
+    seen: Seen = {}
     for row in rows:
         kind = row[0]
         if kind == 0:
             version = row[3]
         elif kind == 1:
             windows[(row[1], row[2])] = (row[3], row[4]) if row[3] is not None else None
-        else:
+        elif kind == 2:
             states[(row[1], row[2], row[3])] = list(row[4:11])
-    return Snapshot(version=version, stored={}, windows=windows, states=states)
+        else:
+            seen[(row[1], row[2], row[3], row[11])] = row[4]
+    return Snapshot(version=version, stored={}, windows=windows, states=states, seen=seen)

@@ -24,6 +24,7 @@ from typing import Any, Final, TypeVar
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError, StatementError
 
+from metering.domain.distinct import Seen
 from metering.domain.rollups import rollup_rows
 from metering.domain.windows import Window
 from metering.storage.allowances import AllowanceStore
@@ -35,8 +36,8 @@ from metering.storage.engine import (
     sqlite_pragmas,
     sqlite_synchronous,
 )
-from metering.storage.hot import Changes, NeedsConnection, Snapshot, WantedKey
-from metering.storage.hot.statements import RESULT_COLUMNS, VERSION, Statements
+from metering.storage.hot import Changes, NeedsConnection, Snapshot, WantedKey, WantedSeat
+from metering.storage.hot.statements import RESULT_COLUMNS, VERSION, Statements, seat_rows
 from metering.storage.reservations import ReservationRecord, record_of_row
 from metering.storage.results import record_from_row, result_row
 from metering.storage.rollups import SQLITE_UPSERT
@@ -98,6 +99,7 @@ class SqliteHotStore:
         keys: Sequence[WantedKey],
         now_us: int,
         grant_pairs: Sequence[Pair] = (),
+        seats: Sequence[WantedSeat] = (),
     ) -> Snapshot:
         raw = self.raw
         try:
@@ -126,11 +128,12 @@ class SqliteHotStore:
                 row = raw.execute(SELECT_COUNTER, key).fetchone()
                 if row is not None:
                     states[key] = list(row)
+            seen = _seen(raw, seats, windows) if seats else {}
         except sqlite3.Error as exc:
             raise _translate(exc) from exc
         # The transaction holds SQLite's one write lock already.
         pots = AllowanceStore(self._general()).lock_pots(grant_pairs, None) if grant_pairs else {}
-        return Snapshot(version, stored, windows, states, pots)
+        return Snapshot(version, stored, windows, states, pots, seen)
 
     def lock_reservation(self, reservation_id: str) -> ReservationRecord | None:
         # The transaction holds SQLite's one write lock already.
@@ -159,6 +162,8 @@ class SqliteHotStore:
                 _execute(raw, SQL.insert_hold, changes.holds)
             if changes.settled:
                 _execute(raw, SQL.settle_reservation, changes.settled)
+            if changes.seats:
+                _execute(raw, SQL.add_seat, seat_rows(changes.seats))
             if changes.draws:
                 AllowanceStore(self._general()).write_draws(changes.draws, now_us=now_us)
             if changes.rollups:
@@ -167,6 +172,24 @@ class SqliteHotStore:
             # `run_transaction` runs again after a key written meanwhile, and
             # only then: any other constraint would fail the same way again.
             raise _translate(exc) from exc
+
+
+def _seen(
+    raw: sqlite3.Connection, seats: Sequence[WantedSeat], windows: dict[Pair, Window | None]
+) -> Seen:
+    """The live events of ``seats`` that have a row (a first-use window's:
+    in the pair's current window)."""
+    seen: Seen = {}
+    for name, subject, start, value in seats:
+        if start is None:
+            current = windows.get((name, subject))
+            if current is None:
+                continue  # no window yet: no value has a row
+            start = current[0]
+        row = raw.execute(SQL.select_seat, (subject, name, start, value)).fetchone()
+        if row is not None:
+            seen[(name, subject, start, value)] = row[0]
+    return seen
 
 
 def _execute(raw: sqlite3.Connection, statement: str, rows: list[tuple[Any, ...]]) -> None:

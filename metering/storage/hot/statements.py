@@ -7,9 +7,11 @@ store's module is imported.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
+from metering.domain.distinct import SeatKey
 from metering.storage.reservations import INSERT_HELD, SELECT_RESERVATION, SETTLE
 from metering.storage.results import RESET_TICK, ResultRecord
 
@@ -34,6 +36,19 @@ INSERT INTO results ({RESULT_COLUMNS}, reset_tick)
 VALUES ({{0}}, {{0}}, {{0}}, {{0}}, {{0}}, {{0}}, {{0}}, {{0}}, {{0}}, {RESET_TICK})
 """
 
+# Live events added to a seat value (`metering.storage.distinct`): the first makes its row.
+_ADD_SEAT: Final = """
+INSERT INTO distinct_values (subject, limit_name, window_start_us, value, live_events)
+VALUES ({0}, {0}, {0}, {0}, {0})
+ON CONFLICT (subject, limit_name, window_start_us, value)
+DO UPDATE SET live_events = distinct_values.live_events + excluded.live_events
+"""
+# A seat value's live events, when it has a row.
+_SELECT_SEAT: Final = """
+SELECT live_events FROM distinct_values
+WHERE subject = {0} AND limit_name = {0} AND window_start_us = {0} AND value = {0}
+"""
+
 
 @dataclass(frozen=True, slots=True)
 class Statements:
@@ -51,6 +66,10 @@ class Statements:
     select_reservation: str
     # A `metering.storage.reservations.SettleRow`.
     settle_reservation: str
+    # A row of `seat_rows`.
+    add_seat: str
+    # A seat value's subject, limit, window start and value.
+    select_seat: str
 
     @classmethod
     def of(cls, placeholder: str) -> Statements:
@@ -64,6 +83,16 @@ class Statements:
                     INSERT_HELD,
                     SELECT_RESERVATION,
                     SETTLE,
+                    _ADD_SEAT,
+                    _SELECT_SEAT,
                 )
             )
         )
+
+
+def seat_rows(added: Mapping[SeatKey, int]) -> list[tuple[str, str, int, str, int]]:
+    """``added`` as `Statements.add_seat` rows, in the key order of
+    `metering.storage.distinct.DistinctStore.add` (subject first)."""
+    return sorted(
+        (subject, name, start, value, n) for (name, subject, start, value), n in added.items()
+    )
