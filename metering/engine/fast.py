@@ -24,8 +24,9 @@ its counters' keys are worked out, a priced event gets its charges of its
 subjects' spend limits after its own, of the amounts of the prices in force
 at its ``occurred_at`` (`PriceBook.charges`, cached with the limits), so
 the lean rules stack them (all or nothing); its consumed priced charges
-carry their (currency, amount), rolled up as spend. A reservation or an
-import of a priced event is left to the general engine.
+carry their (currency, amount), rolled up as spend. A reservation, or an
+import with flags (`ImportPolicy`), of a priced event is left to the
+general engine.
 """
 
 from __future__ import annotations
@@ -262,9 +263,9 @@ class _Spend:
         cls, cache: LimitCache, version: int, rules: dict[str, Rule], *, general: bool
     ) -> _Spend:
         """The batch's money, priced at ``version``; ``general``: the batch is a
-        reservation or an import, left to the general engine when it is priced."""
+        reservation or an import with flags, left to the general engine."""
         if general:
-            raise UseGeneralPath("a reservation or an import of a priced event")
+            raise UseGeneralPath("a reservation or a flagged import of a priced event")
         book = cache.prices
         if book.version != version:
             raise RetryTransaction("prices read at another version than the limits")
@@ -667,9 +668,10 @@ def check_record(
     nothing (`Meter.check`; PostgreSQL only).
 
     None: the general engine must answer (an unknown limit, an
-    out-of-range time or a charge that costs too much, which it raises with
-    its own messages; an event before its subject's current first-use window). `STALE`: the limits
-    changed since ``cache`` was read (refresh it and ask again).
+    out-of-range time or a charge that costs too much, which it raises
+    with its own messages; an event before its subject's current first-use
+    window). `STALE`: the limits changed since ``cache`` was read (refresh
+    it and ask again).
     """
     version, rules, allowances = cache.current
     spend: _Spend | None = None
