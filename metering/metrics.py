@@ -129,6 +129,12 @@ class Metrics:
             "metering_dead_letters",
             "Queued input kept in rejected_messages (malformed, conflicting ids).",
         )
+        self.reference = counter(
+            "metering_reference_events",
+            "Events the reference engine decided (apply) or checked (check): what the "
+            "fast path left to it, and every check on SQLite.",
+            "path",
+        )
         self.batch_seconds = histogram(
             "metering_batch_apply_seconds",
             "Time to apply one queued batch, retries included.",
@@ -203,6 +209,9 @@ class Metrics:
         if dead_letters:
             self.dead_letters.inc(dead_letters)
 
+    def count_reference(self, path: str, events: int) -> None:
+        self._child(self.reference, path).inc(events)
+
     def count_received(self, limits: Iterable[str]) -> None:
         counts: dict[str, int] = {}
         for name in limits:
@@ -261,6 +270,12 @@ def count_events(
     """See `Metrics.count_events`."""
     if outcomes or denied_by or repeats or dead_letters:
         metrics().count_events(outcomes, denied_by, repeats, dead_letters)
+
+
+def count_reference(path: str, events: int) -> None:
+    """Events the reference engine decided (``path="apply"``) or checked
+    (``"check"``): how much the fast path leaves to it."""
+    metrics().count_reference(path, events)
 
 
 def count_received(limits: Iterable[str]) -> None:

@@ -59,7 +59,7 @@ class Rule:
     notifies: bool  # consuming may cross a threshold or the soft maximum
     dimensions: tuple[str, ...]  # metadata keys its usage is rolled up by
     concurrent: bool = False  # a floating license: never consumed (`WrongAlgorithm`)
-    # Priced, or a spend limit: the hot paths leave it to the reference engine.
+    # Priced, or a spend limit: its events get their spend charges (`metering.engine.money`).
     money: bool = False
     # Counts distinct values (seats): a charge costs what `metering.domain.distinct` says.
     distinct: bool = False

@@ -69,7 +69,7 @@ from metering.engine.reference import (
 )
 from metering.engine.seats import Seats, seat_keys
 from metering.errors import EventConflict, StorageError
-from metering.metrics import UNKNOWN_LIMIT, count_events
+from metering.metrics import UNKNOWN_LIMIT, count_events, count_reference
 from metering.storage.database import Database
 from metering.storage.hot import HotStore, NeedsConnection
 from metering.storage.hot.direct_postgres import DirectPostgres
@@ -306,8 +306,10 @@ class Engine:
             store.record_rejected_messages([*rejected, *conflicts, *refused], now_us)
             return applied
 
+        decided = self.database.run_retry_aware(work)
+        count_reference("apply", len(events))
         answers: list[Answer] = []
-        for event, applied in zip(events, self.database.run_retry_aware(work), strict=True):
+        for event, applied in zip(events, decided, strict=True):
             if isinstance(applied, EventConflict):
                 answers.append((CONFLICT, None))
             else:
@@ -391,7 +393,9 @@ class Engine:
                 event, keys, limits, states, now_us, allowed, record=False, costs=costs
             )
 
-        return self.database.run(work)
+        decision = self.database.run(work)
+        count_reference("check", 1)
+        return decision
 
 
 def _limits_version(connection: Connection) -> int:

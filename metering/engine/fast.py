@@ -17,6 +17,16 @@ Limits are cached per process (`LimitCache`) with the version they were read
 at. `HotStore.read` returns the current version in the same round trip; when
 it moved, the cache is reloaded and the transaction runs again, so a changed
 limit applies to the very next decision in every process.
+
+Money is decided here as the reference engine decides it
+(`metering.engine.money`; ``tests/engine/test_fast_path_money.py``): before
+its counters' keys are worked out, a priced event gets its charges of its
+subjects' spend limits after its own, of the amounts of the prices in force
+at its ``occurred_at`` (`PriceBook.charges`, cached with the limits), so
+the lean rules stack them (all or nothing); its consumed priced charges
+carry their (currency, amount), rolled up as spend. A reservation, or an
+import with flags (`ImportPolicy`), of a priced event is left to the
+general engine.
 """
 
 from __future__ import annotations
@@ -29,7 +39,7 @@ from typing import Final, Literal
 
 from sqlalchemy import Connection
 
-from metering.domain.decisions import CHARGE_KEYS, ChargeDecision
+from metering.domain.decisions import CHARGE_KEYS, ROW_FIELDS, ChargeDecision
 from metering.domain.distinct import SeatKey, value_of
 from metering.domain.events import (
     FUTURE_TOLERANCE_US,
@@ -44,7 +54,7 @@ from metering.domain.instants import from_us
 from metering.domain.licenses import consumed_concurrent
 from metering.domain.notifications import Notice, payload_of
 from metering.domain.reservations import held_charge
-from metering.domain.rollups import rollup_deltas
+from metering.domain.rollups import WOULD_DENY, merged, rollup_deltas, spend_deltas
 from metering.domain.rules import (
     BUCKET_WINDOW,
     EventOutcome,
@@ -55,8 +65,9 @@ from metering.domain.rules import (
     fresh_state,
 )
 from metering.domain.windows import Window, calendar_window, first_use_window
+from metering.engine.money import PriceBook, refuse_spend_charge
 from metering.engine.seats import Seats
-from metering.errors import EventConflict, MeteringError, UnknownLimit
+from metering.errors import EventConflict, InvalidInput, MeteringError, UnknownLimit
 from metering.messages import encode_event, raw_text
 from metering.storage.alerts import AlertStore
 from metering.storage.allowances import AllowanceStore, draws_of
@@ -154,11 +165,14 @@ class LimitCache:
 
     ``current`` is replaced as a whole, so a reader never pairs one
     version's rules with another's number. Entitlement and grant changes
-    bump the same version.
+    bump the same version, and so do prices: ``prices`` holds them with the
+    version they were read at, set before ``current`` (a reader that finds
+    another version there runs again).
     """
 
     def __init__(self) -> None:
         self.current: tuple[int, dict[str, Rule], Allowances] = (-1, {}, Allowances())
+        self.prices = PriceBook()
         self._entitled: dict[tuple[str, int], Rule] = {}
 
     def refresh(self, connection: Connection) -> None:
@@ -172,7 +186,9 @@ class LimitCache:
             frozenset(allowances.low_pairs()),
             frozenset(AlertStore(connection).pairs()),
         )
-        priced = set(PriceStore(connection).histories())
+        book = PriceBook.read(PriceStore(connection), version)
+        priced = set(book.prices)
+        self.prices = book
         self._entitled = {}
         self.current = (
             version,
@@ -231,10 +247,12 @@ def _rules_for(
             return found, UnknownLimit(name)
         if rule.concurrent:
             return found, consumed_concurrent(rule.name)
-        if rule.money:
-            raise UseGeneralPath("money: the reference engine decides it")
         if rule.distinct and not seats:
             raise UseGeneralPath("seats: taken by consuming, never held")
+        if rule.money:
+            refused = refuse_spend_charge(rule.limit)
+            if refused is not None:
+                return found, refused
         timed = rule if policy is None else policy.rule(rule)
         if at_us > now_us + FUTURE_TOLERANCE_US or at_us < now_us - timed.lateness_us:
             try:
@@ -278,6 +296,67 @@ def _seat_order(seat: WantedSeat) -> tuple[str, str, int, str]:
     """Seat values sorted by key, a first-use window's (no start yet) first."""
     name, subject, start, value = seat
     return name, subject, -1 if start is None else start, value
+
+
+class _Spend:
+    """A batch's money (`metering.engine.money`): each priced event with its
+    spend charges after its own, and its priced charges' amounts, to be
+    written on its consumed charges' rows (`ChargeDecision.to_row`)."""
+
+    def __init__(self, book: PriceBook, rules: dict[str, Rule]) -> None:
+        self.book = book
+        self.rules = rules
+        # By the event's position in the batch: its priced charges' (currency,
+        # amount), by their position in the event.
+        self.amounts: dict[int, dict[int, tuple[str, int]]] = {}
+
+    @classmethod
+    def of(
+        cls, cache: LimitCache, version: int, rules: dict[str, Rule], *, general: bool
+    ) -> _Spend:
+        """The batch's money, priced at ``version``; ``general``: the batch is a
+        reservation or an import with flags, left to the general engine."""
+        if general:
+            raise UseGeneralPath("a reservation or a flagged import of a priced event")
+        book = cache.prices
+        if book.version != version:
+            raise RetryTransaction("prices read at another version than the limits")
+        return cls(book, rules)
+
+    def expand(
+        self, index: int, event: EventRecord, event_rules: list[Rule]
+    ) -> tuple[EventRecord, list[Rule], MeteringError | None]:
+        """``event`` and its rules with its spend charges after its own
+        (`Money.expand`), or the error of a charge that costs too much."""
+        try:
+            priced, extra = self.book.charges(event.charges, event.occurred_at_us)
+        except InvalidInput as exc:
+            return event, event_rules, exc
+        if priced:
+            self.amounts[index] = {c.index: (c.currency, c.amount) for c in priced}
+        if not extra:
+            return event, event_rules, None
+        added: list[Rule] = []
+        for charge in extra:
+            rule = self.rules.get(charge.limit)
+            if rule is None:  # created between the reads of a refresh: not for the cache
+                raise UseGeneralPath("a spend limit missing from the cached limits")
+            added.append(rule)
+        expanded = event._replace(charges=(*event.charges, *extra))
+        return expanded, [*event_rules, *added], None
+
+    def annotate(self, index: int, verdict: EventOutcome) -> None:
+        """The (currency, amount) of each consumed priced charge of event ``index``."""
+        amounts = self.amounts.get(index)
+        if amounts is None or verdict.outcome == "denied":
+            return
+        for position, (currency, amount) in amounts.items():
+            row = verdict.rows[position]
+            if row[4] == WOULD_DENY:  # a shadow limit's: nothing consumed
+                continue
+            if len(row) == ROW_FIELDS:
+                row.append([])  # no grant paid
+            row.append([currency, amount])
 
 
 def _first_use(
@@ -333,6 +412,9 @@ def apply_records(
     if cache.current[0] < 0:
         cache.refresh(_general(connection, "limits"))
     version, rules, allowances = cache.current
+    # Priced limits at all (a refresh under way may pair versions: `_Spend.of` checks).
+    priced = bool(cache.prices.prices) or cache.prices.version != version
+    spend: _Spend | None = None
     calendar = _Windows()
     first: dict[str, int] = {}
     answers: list[tuple[str, ResultRecord | int | None]] = [(_REPEAT, None)] * len(events)
@@ -352,6 +434,11 @@ def apply_records(
         first[event.event_id] = index
         # A reservation of a seat limit is refused by the reference path (`_refuse_seats`).
         event_rules, error = _rules_for(event, rules, now_us, policy, seats=hold is None)
+        if priced and error is None and any(rule.money for rule in event_rules):
+            if spend is None:
+                general = hold is not None or policy is not None
+                spend = _Spend.of(cache, version, rules, general=general)
+            event, event_rules, error = spend.expand(index, event, event_rules)
         if error is not None:
             todo.append((index, event, event_rules, error, None))
             continue
@@ -480,6 +567,8 @@ def apply_records(
             if event_seats is not None:
                 outcomes = [row[_CHARGE_OUTCOME] for row in verdict.rows]
                 seats.count_outcomes(event_seats, verdict.outcome, outcomes)
+            if spend is not None:
+                spend.annotate(index, verdict)
             record = ResultRecord(
                 event.event_id,
                 verdict.outcome,
@@ -503,13 +592,16 @@ def apply_records(
         if kind == CONFLICT and invalid == "reject"
     ]
     moved_windows = sorted(moved.items())
+    rollups = rollup_deltas(records, dimensioned)
+    if spend is not None and spend.amounts:
+        rollups = merged(rollups, spend_deltas(records))
     changes = Changes(
         updated=[(key, states[key]) for key, old in before.items() if tuple(states[key]) != old],
         created=[(key, end, states[key]) for key, end in sorted(created.items())],
         new_windows=[item for item in moved_windows if item[0] not in had_row],
         moved_windows=[item for item in moved_windows if item[0] in had_row],
         results=sorted(records, key=_event_id),
-        rollups=rollup_deltas(records, dimensioned),
+        rollups=rollups,
     )
     if pots:
         changes.draws = draws_of(row for record in records for row in record.charges)
@@ -648,16 +740,23 @@ def check_record(
     reading the state in one statement (``read_unlocked``) and writing
     nothing (`Meter.check`; PostgreSQL only).
 
-    None: the general engine must answer (an unknown limit or an
-    out-of-range time, which it raises with its own messages; an event
-    before its subject's current first-use window). `STALE`: the limits
-    changed since ``cache`` was read (refresh it and ask again).
+    None: the general engine must answer (an unknown limit, an
+    out-of-range time or a charge that costs too much, which it raises
+    with its own messages; an event before its subject's current first-use
+    window). `STALE`: the limits changed since ``cache`` was read (refresh
+    it and ask again).
     """
     version, rules, allowances = cache.current
+    spend: _Spend | None = None
     try:
         event_rules, error = _rules_for(event, rules, now_us)
+        if error is None and version >= 0 and any(rule.money for rule in event_rules):
+            if cache.prices.version != version:
+                return STALE
+            spend = _Spend(cache.prices, rules)
+            event, event_rules, error = spend.expand(0, event, event_rules)
     except UseGeneralPath:
-        return None  # money: the reference engine reads what it needs
+        return None  # a spend limit not cached yet: the reference engine reads it
     if error is not None or version < 0:
         return None
     if any((name, subject) in allowances.grant_pairs for subject, name, _ in event.charges):
@@ -704,4 +803,7 @@ def check_record(
     if seats:
         costs = Seats(snapshot.seen).costs(_seat_keys(event, event_rules, windows))
         charges = _seat_charges(event, costs)
-    return decide(event_rules, charges, windows, states, at_us, event.event_id, None)
+    verdict = decide(event_rules, charges, windows, states, at_us, event.event_id, None)
+    if spend is not None:
+        spend.annotate(0, verdict)
+    return verdict

@@ -8,18 +8,18 @@ amounts in force at the event's time (`metering.domain.money`), so the
 pure `decide_event` stacks them with the event's own charges: all or
 nothing, in the same transaction. A charge that would cost more than the
 largest amount makes its event unacceptable (`Money.refusal`), as a bad
-time does. The hot paths decline whatever involves a priced or spend limit
-(`metering.engine.fast.LimitCache.money`).
+time does. The fast path does the same with every price and spend limit
+cached with the limits (`PriceBook`, `metering.engine.fast.LimitCache`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from metering.domain.events import Charge, UsageEvent
 from metering.domain.limits import Limit
-from metering.domain.money import PriceHistory, priced_charges, spend_charges
+from metering.domain.money import PricedCharge, PriceHistory, priced_charges, spend_charges
 from metering.errors import InvalidInput
 from metering.storage.prices import PriceStore
 from metering.storage.store import Store
@@ -66,6 +66,29 @@ class Money:
         """Each priced charge's (currency, amount), by its position in ``event``."""
         found = priced_charges(event.charges, self.prices, event.occurred_at_us)
         return {c.index: (c.currency, c.amount) for c in found}
+
+
+@dataclass(frozen=True, slots=True)
+class PriceBook:
+    """Every limit's prices and the spend limits by currency, read at ``version``
+    of the limits: what the fast path prices events with (as `Money` does)."""
+
+    version: int = -1
+    prices: Mapping[str, PriceHistory] = field(default_factory=dict)
+    spend: Mapping[str, Sequence[str]] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, store: PriceStore, version: int) -> PriceBook:
+        return cls(version, store.histories(), store.spend_limits())
+
+    def charges(
+        self, charges: Sequence[tuple[str, str, int]], at_us: int
+    ) -> tuple[list[PricedCharge], list[Charge]]:
+        """The priced charges among ``charges`` at ``at_us`` and the spend
+        charges they add (`Money.expand`); `InvalidInput` for one that would
+        cost too much (`Money.refusal`)."""
+        priced = priced_charges(charges, self.prices, at_us)
+        return priced, [Charge(*c) for c in spend_charges(priced, self.spend)]
 
 
 def refuse_spend_charge(limit: Limit) -> InvalidInput | None:

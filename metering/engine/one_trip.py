@@ -5,7 +5,7 @@
 Python need not even ask: an unknown limit or an out-of-range time (the
 usual path rejects it with its message), a subject with grants, a limit
 rolled up by dimensions, a distinct limit (seats), a first-use window in calendar months, one
-(limit, subject) charged twice. Entitlements are decided here: the
+(limit, subject) charged twice, a priced limit. Entitlements are decided here: the
 function gets each subject's maximum at the event, from the cache's
 histories. Whatever the function declines, the caller applies the usual way
 (`metering.engine.fast.apply_records`), so the Python rules stay the
@@ -38,9 +38,9 @@ def prepare(cache: LimitCache, event: EventRecord, now_us: int) -> tuple[Any, ..
     try:
         event_rules, error = _rules_for(event, rules, now_us, seats=False)
     except UseGeneralPath:
-        return None  # money or seats: the function counts neither
-    if error is not None:
-        return None
+        return None  # seats: the function counts none
+    if error is not None or any(rule.money for rule in event_rules):
+        return None  # a priced limit: `apply_records` decides money
     charges = event.charges
     if len(charges) > 1 and len({(name, subject) for subject, name, _ in charges}) < len(charges):
         return None

@@ -193,7 +193,11 @@ def apply_events(
     inserted = store.insert_results(rows)
     if len(inserted) != len(rows):
         raise RetryTransaction("an event id was decided concurrently")
-    dimensioned = {name: limit.dimensions for name, limit in limits.items() if limit.dimensions}
+    # A spend limit with dimensions rolls its charges up too (`Money.limits`).
+    decided_with = money.limits if money is not None else limits
+    dimensioned = {
+        name: limit.dimensions for name, limit in decided_with.items() if limit.dimensions
+    }
     deltas = rollup_deltas(rows, dimensioned)
     if any(len(c) > ROW_FIELDS + 1 for row in rows for c in row.charges):
         deltas = merged(deltas, spend_deltas(rows))

@@ -267,12 +267,17 @@ def run_retry_aware(
         except (RetryTransaction, SQLAlchemyError) as exc:
             retry_or_raise(exc, attempt, attempts)
         except OverflowError as exc:
-            # SQLite's driver refuses an integer past 64 bits before the
-            # database sees it (PostgreSQL answers "bigint out of range").
-            if "SQLite INTEGER" not in str(exc):
-                raise
-            raise _failed(InputRefused(f"database refused the data: {exc}")) from exc
+            raise refused_overflow(exc) from exc
     raise AssertionError("unreachable")
+
+
+def refused_overflow(exc: OverflowError) -> StorageError:
+    """SQLite's driver refuses an integer past 64 bits before the database
+    sees it (PostgreSQL answers "bigint out of range"): the `InputRefused`
+    to raise for it (another ``exc`` is raised as it is)."""
+    if "SQLite INTEGER" not in str(exc):
+        raise exc
+    return _failed(InputRefused(f"database refused the data: {exc}"))
 
 
 def retry_or_raise(exc: RetryTransaction | SQLAlchemyError, attempt: int, attempts: int) -> None:

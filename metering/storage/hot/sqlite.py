@@ -32,6 +32,7 @@ from metering.storage.counters import Pair
 from metering.storage.engine import (
     SQLITE_BUSY_TIMEOUT_MS,
     RetryTransaction,
+    refused_overflow,
     retry_or_raise,
     sqlite_pragmas,
     sqlite_synchronous,
@@ -316,6 +317,9 @@ class DirectSqlite:
                     self._checkin(raw)
                 retry_or_raise(_translate(exc), attempt, attempts)
                 continue
+            except OverflowError as exc:  # rolled back above
+                self._checkin(raw)
+                raise refused_overflow(exc) from exc
             except BaseException:
                 if raw.in_transaction:
                     self._discard(raw)
