@@ -125,6 +125,10 @@ class Metrics:
             "Events whose id was decided before: duplicate (same charges) or conflict.",
             "kind",
         )
+        self.reference_decisions = counter(
+            "metering_reference_decisions",
+            "Events applied by the reference engine: batches the fast path left to it.",
+        )
         self.dead_letters = counter(
             "metering_dead_letters",
             "Queued input kept in rejected_messages (malformed, conflicting ids).",
@@ -261,6 +265,11 @@ def count_events(
     """See `Metrics.count_events`."""
     if outcomes or denied_by or repeats or dead_letters:
         metrics().count_events(outcomes, denied_by, repeats, dead_letters)
+
+
+def count_reference_decisions(events: int) -> None:
+    """The reference engine applied a batch of ``events`` (the fast path left it)."""
+    metrics().reference_decisions.inc(events)
 
 
 def count_received(limits: Iterable[str]) -> None:

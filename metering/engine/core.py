@@ -69,7 +69,7 @@ from metering.engine.reference import (
 )
 from metering.engine.seats import Seats, seat_keys
 from metering.errors import EventConflict, StorageError
-from metering.metrics import UNKNOWN_LIMIT, count_events
+from metering.metrics import UNKNOWN_LIMIT, count_events, count_reference_decisions
 from metering.storage.database import Database
 from metering.storage.hot import HotStore, NeedsConnection
 from metering.storage.hot.direct_postgres import DirectPostgres
@@ -307,7 +307,9 @@ class Engine:
             return applied
 
         answers: list[Answer] = []
-        for event, applied in zip(events, self.database.run_retry_aware(work), strict=True):
+        decided = self.database.run_retry_aware(work)
+        count_reference_decisions(len(events))
+        for event, applied in zip(events, decided, strict=True):
             if isinstance(applied, EventConflict):
                 answers.append((CONFLICT, None))
             else:
