@@ -2,8 +2,9 @@
 
 A row replaces one limit's thresholds (percentages and amounts) for one
 subject. Setting or removing one bumps the limits' version, so every
-process's `LimitCache` learns which subjects have their own (the hot paths
-leave those to the general engine, which announces them).
+process's `LimitCache` learns which subjects have their own, and with
+which thresholds (the fast path announces them as the general engine does;
+the one-trip function leaves them to it).
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from typing import Any, Final, TypeVar
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError, StatementError
 
+from metering.domain.grants import Pot
 from metering.domain.rollups import rollup_rows
 from metering.domain.windows import Window
 from metering.storage.allowances import AllowanceStore
@@ -37,6 +38,7 @@ from metering.storage.engine import (
 )
 from metering.storage.hot import Changes, NeedsConnection, Snapshot, WantedKey
 from metering.storage.hot.statements import RESULT_COLUMNS, VERSION, Statements
+from metering.storage.recurring import lock_due_issues, record_issues
 from metering.storage.reservations import ReservationRecord, record_of_row
 from metering.storage.results import record_from_row, result_row
 from metering.storage.rollups import SQLITE_UPSERT
@@ -98,8 +100,11 @@ class SqliteHotStore:
         keys: Sequence[WantedKey],
         now_us: int,
         grant_pairs: Sequence[Pair] = (),
+        due_pairs: Sequence[Pair] = (),
     ) -> Snapshot:
         raw = self.raw
+        # The transaction holds SQLite's one write lock already.
+        schedules = lock_due_issues(self._general(), due_pairs, now_us) if due_pairs else []
         try:
             stored = {}
             for event_id in ids or ():
@@ -128,9 +133,13 @@ class SqliteHotStore:
                     states[key] = list(row)
         except sqlite3.Error as exc:
             raise _translate(exc) from exc
-        # The transaction holds SQLite's one write lock already.
-        pots = AllowanceStore(self._general()).lock_pots(grant_pairs, None) if grant_pairs else {}
-        return Snapshot(version, stored, windows, states, pots)
+        pots: dict[Pair, Pot] = {}
+        watched: dict[str, tuple[int, int]] = {}
+        if grant_pairs:
+            allowances = AllowanceStore(self._general())
+            pots = allowances.lock_pots(grant_pairs, None)
+            watched = allowances.watched(grant_pairs)
+        return Snapshot(version, stored, windows, states, pots, watched, schedules)
 
     def lock_reservation(self, reservation_id: str) -> ReservationRecord | None:
         # The transaction holds SQLite's one write lock already.
@@ -159,8 +168,10 @@ class SqliteHotStore:
                 _execute(raw, SQL.insert_hold, changes.holds)
             if changes.settled:
                 _execute(raw, SQL.settle_reservation, changes.settled)
-            if changes.draws:
-                AllowanceStore(self._general()).write_draws(changes.draws, now_us=now_us)
+            if changes.issues:  # before the draws: they may draw on them
+                record_issues(self._general(), changes.issues, now_us)
+            if changes.draws:  # `grant.low` is the caller's (`metering.engine.fast`)
+                AllowanceStore(self._general()).write_draws(changes.draws)
             if changes.rollups:
                 raw.executemany(SQLITE_UPSERT, rollup_rows(changes.rollups))
         except sqlite3.Error as exc:
