@@ -195,20 +195,6 @@ class AllowanceStore(OnConnection):
         query = select(grants.c.limit_name, grants.c.subject).distinct()
         return {(name, subject) for name, subject in self.connection.execute(query)}
 
-    def watched(self, pairs: Iterable[Pair]) -> dict[str, tuple[int, int]]:
-        """The grants of ``pairs`` that may still announce ``grant.low``: each
-        one's threshold and ``used`` (as `metering.storage.hot.Snapshot.watched`)."""
-        wanted = sorted(set(pairs))
-        if not wanted:
-            return {}
-        g = grants.c
-        query = select(g.grant_id, g.low_at, g.used).where(
-            tuple_(g.limit_name, g.subject).in_(wanted),
-            g.low_at.is_not(None),
-            g.low_sent.is_(False),
-        )
-        return {row[0]: (row[1], row[2]) for row in self.connection.execute(query)}
-
     def lock_pots(
         self,
         pairs: Iterable[Pair],

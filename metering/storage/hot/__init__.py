@@ -17,7 +17,7 @@ This package holds the contract (here) and its implementations:
 * `postgres`: `PostgresHotStore` (and ``read_unlocked`` for ``check``);
 * `sqlite`: `SqliteHotStore`, and `DirectSqlite`, which gives the store a
   stdlib ``sqlite3`` connection of its own in a ``BEGIN IMMEDIATE``
-  transaction;
+  transaction; `sqlite_grants`: its statements of grants and recurring grants;
 * `direct_postgres`: `DirectPostgres`, the pool of psycopg connections the
   PostgreSQL store runs on without SQLAlchemy;
 * `one_trip`: a single event in one round trip on PostgreSQL
@@ -28,7 +28,7 @@ This package holds the contract (here) and its implementations:
 
 The common case runs without SQLAlchemy, on `DirectSqlite` or
 `DirectPostgres`; what is rare there (the limits' cache reloaded, notification
-marks; on SQLite also grants and dead letters) raises `NeedsConnection` so
+marks; on SQLite also dead letters) raises `NeedsConnection` so
 that the caller runs the transaction again on a SQLAlchemy connection.
 
 Lock order, as in the general engine (`Store`): a settle locks its

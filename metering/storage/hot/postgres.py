@@ -39,7 +39,7 @@ from metering.storage.allowances import pots_of
 from metering.storage.counters import Pair
 from metering.storage.engine import RetryTransaction
 from metering.storage.hot import Changes, Snapshot, WantedKey
-from metering.storage.hot.statements import RESULT_COLUMNS, VERSION, Statements
+from metering.storage.hot.statements import BUMP_VERSION, RESULT_COLUMNS, VERSION, Statements
 from metering.storage.recurring import (
     ISSUE_COLUMNS,
     SCHEDULE_COLUMNS,
@@ -223,7 +223,7 @@ FROM (
 ) AS v(id, was, last, next)
 WHERE s.schedule_id = v.id AND s.last_issue = v.was
 """
-BUMP_VERSION: Final = "UPDATE limits_version SET version = version + 1 WHERE id = 1"
+
 ADD_DRAWS: Final = """
 INSERT INTO grant_draws (subject, limit_name, window_start_us, grant_id, amount)
 SELECT r->>1, r->>0, (r->>2)::bigint, r->>3, (r->>4)::bigint

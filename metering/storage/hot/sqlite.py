@@ -24,10 +24,8 @@ from typing import Any, Final, TypeVar
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError, StatementError
 
-from metering.domain.grants import Pot
 from metering.domain.rollups import rollup_rows
 from metering.domain.windows import Window
-from metering.storage.allowances import AllowanceStore
 from metering.storage.counters import Pair
 from metering.storage.engine import (
     SQLITE_BUSY_TIMEOUT_MS,
@@ -37,8 +35,13 @@ from metering.storage.engine import (
     sqlite_synchronous,
 )
 from metering.storage.hot import Changes, NeedsConnection, Snapshot, WantedKey
+from metering.storage.hot.sqlite_grants import (
+    due_schedules,
+    read_grants,
+    write_draws,
+    write_issues,
+)
 from metering.storage.hot.statements import RESULT_COLUMNS, VERSION, Statements
-from metering.storage.recurring import lock_due_issues, record_issues
 from metering.storage.reservations import ReservationRecord, record_of_row
 from metering.storage.results import record_from_row, result_row
 from metering.storage.rollups import SQLITE_UPSERT
@@ -103,9 +106,9 @@ class SqliteHotStore:
         due_pairs: Sequence[Pair] = (),
     ) -> Snapshot:
         raw = self.raw
-        # The transaction holds SQLite's one write lock already.
-        schedules = lock_due_issues(self._general(), due_pairs, now_us) if due_pairs else []
         try:
+            # The transaction holds SQLite's one write lock already.
+            schedules = due_schedules(raw, due_pairs, now_us) if due_pairs else []
             stored = {}
             for event_id in ids or ():
                 row = raw.execute(FETCH_RESULT, (event_id,)).fetchone()
@@ -131,14 +134,9 @@ class SqliteHotStore:
                 row = raw.execute(SELECT_COUNTER, key).fetchone()
                 if row is not None:
                     states[key] = list(row)
+            pots, watched = read_grants(raw, grant_pairs) if grant_pairs else ({}, {})
         except sqlite3.Error as exc:
             raise _translate(exc) from exc
-        pots: dict[Pair, Pot] = {}
-        watched: dict[str, tuple[int, int]] = {}
-        if grant_pairs:
-            allowances = AllowanceStore(self._general())
-            pots = allowances.lock_pots(grant_pairs, None)
-            watched = allowances.watched(grant_pairs)
         return Snapshot(version, stored, windows, states, pots, watched, schedules)
 
     def lock_reservation(self, reservation_id: str) -> ReservationRecord | None:
@@ -169,9 +167,9 @@ class SqliteHotStore:
             if changes.settled:
                 _execute(raw, SQL.settle_reservation, changes.settled)
             if changes.issues:  # before the draws: they may draw on them
-                record_issues(self._general(), changes.issues, now_us)
+                write_issues(raw, changes.issues, now_us)
             if changes.draws:  # `grant.low` is the caller's (`metering.engine.fast`)
-                AllowanceStore(self._general()).write_draws(changes.draws)
+                write_draws(raw, changes.draws)
             if changes.rollups:
                 raw.executemany(SQLITE_UPSERT, rollup_rows(changes.rollups))
         except sqlite3.Error as exc:
