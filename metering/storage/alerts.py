@@ -76,11 +76,6 @@ class AlertStore(OnConnection):
         query = query.order_by(a.limit_name, a.subject)
         return [_ALERT.of_row(row) for row in self.connection.execute(query)]
 
-    def pairs(self) -> set[Pair]:
-        """Every (limit, subject) with thresholds of its own."""
-        a = alert_thresholds.c
-        return {(n, s) for n, s in self.connection.execute(select(a.limit_name, a.subject))}
-
     def of(self, pairs: Iterable[Pair]) -> dict[Pair, AlertRecord]:
         """The thresholds of ``pairs`` that have their own."""
         wanted = sorted(set(pairs))
