@@ -17,7 +17,7 @@ the notification rules exist once.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
@@ -88,6 +88,12 @@ class Rule:
     def with_maximum(self, maximum: int) -> Rule:
         """This rule for a subject with its own maximum (an entitlement)."""
         return self if maximum == self.maximum else replace(self, maximum=maximum)
+
+    def with_thresholds(self, thresholds: tuple[int, ...], units: tuple[int, ...]) -> Rule:
+        """This rule for a subject with thresholds of its own (`metering.alerts`),
+        as the general engine announces them (`notices_of`'s ``own``)."""
+        limit = replace(self.limit, thresholds=thresholds, thresholds_units=units)
+        return replace(self, limit=limit, notifies=bool(thresholds or units) or self.soft)
 
 
 # What one charge would do, as a tuple (see `_window` and `_bucket`):
@@ -324,6 +330,20 @@ def _decide_one(
     return EventOutcome(
         "denied" if denied_by else ("overage" if overage else "allowed"), [row], denied_by
     )
+
+
+def grants_low(
+    pots: Mapping[tuple[str, str], Pot], watched: Mapping[str, int], drawn: Iterable[str]
+) -> list[str]:
+    """The grants among ``drawn`` (drawn on by a batch) that the batch left
+    at or below their ``low`` threshold (``watched``: the threshold of each
+    grant that has not announced ``grant.low`` yet), sorted: those announce
+    it (`metering.domain.recurring`)."""
+    wanted = {grant_id for grant_id in drawn if grant_id in watched}
+    if not wanted:
+        return []
+    left = {b.grant_id: b.left for pot in pots.values() for b in pot.balances}
+    return sorted(g for g in wanted if g in left and left[g] <= watched[g])
 
 
 def _apply(rule: Rule, state: State, f: _Figures, cost: int, at_us: int, consumed: bool) -> None:

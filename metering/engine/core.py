@@ -17,8 +17,8 @@ ones (`metering.storage.hot.direct_postgres.DirectPostgres`), and `check`'s one
 statement in autocommit on one of them. Reservations are held
 (`Engine.reserve`) and settled (`Engine.settle`) on the same connections.
 What it leaves (`NeedsConnection`:
-the limits' cache reloaded, notification marks; on SQLite also grants and
-dead letters) runs again, whole, in a SQLAlchemy transaction.
+the limits' cache reloaded, notification marks; on SQLite also dead
+letters) runs again, whole, in a SQLAlchemy transaction.
 
 Concurrent single calls share transactions (`metering.engine.group`). The
 differential tests (``tests/engine/test_fast_path.py``,

@@ -13,6 +13,13 @@ batch there (`UseGeneralPath`); reservations use it too, and `check` when
 (``tests/engine/test_fast_path.py``, ``test_check_path.py``) hold both to
 the same results, counters, notifications and checks.
 
+Subjects' own allowances are decided here too: entitlements and own
+thresholds (`metering.alerts`) as rules of their own (`LimitCache.rule_for`),
+grants read with the counters, a recurring grant's issue due locked in the
+same read and made in the same transaction, and ``grant.low`` announced
+when the batch's draws leave a grant at or below its threshold
+(`metering.domain.rules.grants_low`).
+
 Limits are cached per process (`LimitCache`) with the version they were read
 at. `HotStore.read` returns the current version in the same round trip; when
 it moved, the cache is reloaded and the transaction runs again, so a changed
@@ -48,11 +55,12 @@ from metering.domain.events import (
     UsageEvent,
     check_event_time,
 )
-from metering.domain.grants import History, Pot, maximum_at
+from metering.domain.grants import Balance, History, Pot, maximum_at
 from metering.domain.imports import ImportPolicy
 from metering.domain.instants import from_us
 from metering.domain.licenses import consumed_concurrent
 from metering.domain.notifications import Notice, payload_of
+from metering.domain.recurring import Issue, issue_id, low_threshold
 from metering.domain.reservations import held_charge
 from metering.domain.rollups import WOULD_DENY, merged, rollup_deltas, spend_deltas
 from metering.domain.rules import (
@@ -63,6 +71,7 @@ from metering.domain.rules import (
     State,
     decide,
     fresh_state,
+    grants_low,
 )
 from metering.domain.windows import Window, calendar_window, first_use_window
 from metering.engine.money import PriceBook, refuse_spend_charge
@@ -83,7 +92,7 @@ from metering.storage.hot import (
 )
 from metering.storage.hot.pick import hot_store
 from metering.storage.prices import PriceStore
-from metering.storage.recurring import ScheduleStore
+from metering.storage.recurring import ScheduleRecord, ScheduleStore, issues_of
 from metering.storage.reservations import HoldRow, hold_row
 from metering.storage.results import ResultRecord
 from metering.storage.store import Store
@@ -134,29 +143,29 @@ class Unacceptable(Exception):
         self.error = error
 
 
+# A subject's own thresholds for a limit: (percentages, amounts) (`metering.alerts`).
+Own = tuple[tuple[int, ...], tuple[int, ...]]
+
+
 @dataclass(frozen=True, slots=True)
 class Allowances:
     """Per-subject policy the hot path needs without a lookup per event:
-    every subject's changes of maximum (entitlements), and which subjects
-    have grants (only theirs are read, under lock, with their counters)."""
+    every subject's changes of maximum (entitlements), which subjects have
+    grants (only theirs are read, under lock, with their counters), when
+    their recurring grants' next issues are due (only those are locked, in
+    the same read) and their thresholds of their own."""
 
     histories: dict[Pair, History] = field(default_factory=dict)
     grant_pairs: frozenset[Pair] = frozenset()
-    # Left to the general engine (`general_only`): subjects whose recurring
-    # grant has an issue due at an instant (`metering.domain.recurring`),
-    # with a grant that announces ``grant.low``, or with thresholds of their own.
     due: dict[Pair, int] = field(default_factory=dict)
-    low_pairs: frozenset[Pair] = frozenset()
-    alert_pairs: frozenset[Pair] = frozenset()
+    alerts: dict[Pair, Own] = field(default_factory=dict)
 
-    def general_only(self, pairs: Iterable[Pair], now_us: int) -> bool:
-        """Whether a charge of one of ``pairs`` is for the general engine (see above)."""
-        due, low, alerts = self.due, self.low_pairs, self.alert_pairs
-        if not (due or low or alerts):
-            return False
-        return any(
-            pair in low or pair in alerts or due.get(pair, now_us + 1) <= now_us for pair in pairs
-        )
+    def due_pairs(self, pairs: Iterable[Pair], now_us: int) -> list[Pair]:
+        """Those of ``pairs`` with a recurring grant's issue due at ``now_us``, sorted."""
+        due = self.due
+        if not due:
+            return []
+        return sorted({pair for pair in pairs if due.get(pair, now_us + 1) <= now_us})
 
 
 class LimitCache:
@@ -173,7 +182,7 @@ class LimitCache:
     def __init__(self) -> None:
         self.current: tuple[int, dict[str, Rule], Allowances] = (-1, {}, Allowances())
         self.prices = PriceBook()
-        self._entitled: dict[tuple[str, int], Rule] = {}
+        self._entitled: dict[tuple[str, int, Own | None], Rule] = {}
 
     def refresh(self, connection: Connection) -> None:
         store = Store(connection)
@@ -183,8 +192,10 @@ class LimitCache:
             allowances.histories(),
             frozenset(allowances.grant_pairs()),
             ScheduleStore(connection).due_times(),
-            frozenset(allowances.low_pairs()),
-            frozenset(AlertStore(connection).pairs()),
+            {
+                (alert.limit, alert.subject): (alert.thresholds, alert.thresholds_units)
+                for alert in AlertStore(connection).listed()
+            },
         )
         book = PriceBook.read(PriceStore(connection), version)
         priced = set(book.prices)
@@ -196,15 +207,21 @@ class LimitCache:
             found,
         )
 
-    def rule_for(self, rule: Rule, history: History, at_us: int) -> Rule:
-        """``rule`` with the subject's maximum at ``at_us`` (rules are shared per maximum)."""
+    def rule_for(
+        self, rule: Rule, history: History | None, at_us: int, own: Own | None = None
+    ) -> Rule:
+        """``rule`` with the subject's maximum at ``at_us`` and its ``own``
+        thresholds (rules are shared per maximum and thresholds)."""
         maximum = maximum_at(history, rule.limit.maximum, at_us)
-        if maximum == rule.maximum:
+        if maximum == rule.maximum and own is None:
             return rule
-        key = (rule.name, maximum)
+        key = (rule.name, maximum, own)
         found = self._entitled.get(key)
         if found is None:
-            found = self._entitled[key] = rule.with_maximum(maximum)
+            found = rule.with_maximum(maximum)
+            if own is not None:
+                found = found.with_thresholds(*own)
+            self._entitled[key] = found
         return found
 
 
@@ -465,8 +482,7 @@ def apply_records(
                 if rule.distinct:  # in the pair's current window, or in a new one (none)
                     wanted_seats.add((name, subject, None, _seat_value(rule, event, cost)))
         todo.append((index, event, event_rules, None, fixed))
-    if allowances.general_only(chain(pairs, (key[:2] for key in keys)), now_us):
-        raise UseGeneralPath("a recurring grant's issue due, grant.low or own thresholds")
+    due_pairs = allowances.due_pairs(chain(pairs, (key[:2] for key in keys)), now_us)
     wanted = sorted((*key, end) for key, end in keys.items())
     granted: list[Pair] = []
     if allowances.grant_pairs:
@@ -475,14 +491,14 @@ def apply_records(
     # answered (duplicate or conflict) before the event is judged.
     looked_up = precheck or any(item[3] is not None for item in todo)
     ids = list(first) if looked_up else None
-    snapshot = store.read(
-        ids, sorted(pairs), wanted, now_us, granted, sorted(wanted_seats, key=_seat_order)
-    )
+    seat_values = sorted(wanted_seats, key=_seat_order)
+    snapshot = store.read(ids, sorted(pairs), wanted, now_us, granted, seat_values, due_pairs)
     if snapshot.version != version:
         cache.refresh(_general(connection, "limits"))
         raise RetryTransaction("limits changed since they were cached")
     pots = snapshot.pots
-    histories = allowances.histories
+    issues = _issues(snapshot, todo, now_us) if snapshot.schedules else []
+    histories, alerts = allowances.histories, allowances.alerts
     seats = Seats(snapshot.seen)
 
     states = snapshot.states
@@ -526,8 +542,10 @@ def apply_records(
             event_windows: list[Window] = []
             event_states: list[State] = []
             event_pots: list[Pot | None] | None = None
-            if histories or pots:
-                event_rules, event_pots = _entitled(cache, event, event_rules, histories, pots)
+            if histories or pots or alerts:
+                event_rules, event_pots = _entitled(
+                    cache, event, event_rules, (histories, alerts), pots
+                )
             if policy is not None:  # after `_entitled`: its shared rules stay as they are
                 event_rules = [policy.rule(rule) for rule in event_rules]
             if fixed is None:
@@ -603,8 +621,16 @@ def apply_records(
         results=sorted(records, key=_event_id),
         rollups=rollups,
     )
+    low: list[str] = []
     if pots:
         changes.draws = draws_of(row for record in records for row in record.charges)
+        changes.issues = issues
+        watched = snapshot.watched
+        if watched and changes.draws:
+            drawn = {key[3] for key, amount in changes.draws.items() if amount > 0}
+            changes.expected = {g: watched[g][1] for g in sorted(drawn) if g in watched}
+            thresholds = {g: watched[g][0] for g in changes.expected}
+            low = grants_low(pots, thresholds, changes.expected)
     if seats.added:
         changes.seats = dict(seats.added)
     if hold is not None:
@@ -612,12 +638,52 @@ def apply_records(
     dead = [*rejected, *conflicts, *refused]
     if dead and store.takes_rejected:
         changes.rejected, dead = dead, []  # in the write's round trip
-    more = bool(notices or dead)
+    more = bool(notices or dead or low)
     extras = _general(connection, "notices or dead letters") if more else None
     store.write(changes, now_us, commit=not more)
     if extras is not None:
-        _record_extras(extras, notices, dead, now_us)
+        _record_extras(extras, notices, dead, now_us, low)
     return final
+
+
+def _issues(
+    snapshot: Snapshot,
+    todo: Iterable[tuple[int, EventRecord, list[Rule], MeteringError | None, _Fixed | None]],
+    now_us: int,
+) -> list[tuple[ScheduleRecord, list[Issue]]]:
+    """The recurring grants' issues due for the charges of the events to
+    decide (as the general engine makes them: not for a repeated id nor an
+    unacceptable event), added to the snapshot's grants: they are made in
+    this transaction (`Changes.issues`)."""
+    stored = snapshot.stored
+    charged = {
+        (name, subject)
+        for _, event, _, error, _ in todo
+        if error is None and event.event_id not in stored
+        for subject, name, _ in event.charges
+    }
+    made: list[tuple[ScheduleRecord, list[Issue]]] = []
+    for schedule, last in snapshot.schedules:
+        pair = (schedule.limit, schedule.subject)
+        due = issues_of(schedule, last, now_us) if pair in charged else []
+        if not due:
+            continue
+        made.append((schedule, due))
+        for issue in due:
+            grant_id = issue_id(schedule.schedule_id, issue.number)
+            balance = Balance(
+                grant_id, issue.amount, 0, issue.start_us, issue.end_us, schedule.priority
+            )
+            pot = snapshot.pots.get(pair)
+            if pot is None:
+                snapshot.pots[pair] = Pot([balance])
+            else:
+                pot.balances.append(balance)
+                pot.balances.sort(key=Balance.order)
+            low_at = low_threshold(issue.amount, schedule.low_units, schedule.low_percent)
+            if low_at is not None:
+                snapshot.watched[grant_id] = (low_at, 0)
+    return made
 
 
 def refused_event(event: EventRecord | UsageEvent, reason: str) -> Rejected:
@@ -664,12 +730,14 @@ def _entitled(
     cache: LimitCache,
     event: EventRecord,
     event_rules: list[Rule],
-    histories: dict[Pair, History],
+    own: tuple[dict[Pair, History], dict[Pair, Own]],
     pots: dict[Pair, Pot],
 ) -> tuple[list[Rule], list[Pot | None] | None]:
-    """The event's rules with its subjects' own maximums, and their grants."""
+    """The event's rules with its subjects' own maximums and thresholds
+    (``own``), and their grants."""
+    histories, alerts = own
     if not any(
-        (name, subject) in histories or (name, subject) in pots
+        (name, subject) in histories or (name, subject) in pots or (name, subject) in alerts
         for subject, name, _ in event.charges
     ):
         return event_rules, None  # most events: nothing of their subjects' own
@@ -677,7 +745,10 @@ def _entitled(
     found: list[Pot | None] = []
     for (subject, name, _), rule in zip(event.charges, event_rules, strict=True):
         history = histories.get((name, subject))
-        rules.append(cache.rule_for(rule, history, event.occurred_at_us) if history else rule)
+        thresholds = alerts.get((name, subject))
+        if history or thresholds:
+            rule = cache.rule_for(rule, history, event.occurred_at_us, thresholds)
+        rules.append(rule)
         found.append(None if rule.bucket else pots.get((name, subject)))
     return rules, found if any(pot is not None for pot in found) else None
 
@@ -714,7 +785,10 @@ def _record_extras(
     notices: Iterable[Notice],
     rejected: Sequence[Rejected],
     now_us: int,
+    low: list[str],
 ) -> None:
+    if low:  # first, as the general engine writes them with the draws
+        AllowanceStore(connection).announce_low(low, now_us)
     found = [(notice, payload_of(notice, now_us)) for notice in notices]
     if found:
         WebhookStore(connection).record_notices(found, now_us)
@@ -728,9 +802,11 @@ STALE: Final = "stale"
 
 # Reads, without a lock, what `HotStore.read` would lock: the limits'
 # version, the first-use windows of the pairs, the counters of the keys and
-# of those windows, the live events of the seat values
-# (`metering.storage.hot.postgres.read_unlocked`).
-ReadUnlocked = Callable[[Sequence[Pair], Sequence[WantedKey], Sequence[WantedSeat]], Snapshot]
+# of those windows, the grants of the grant pairs and their draws, the live
+# events of the seat values (`metering.storage.hot.postgres.read_unlocked`).
+ReadUnlocked = Callable[
+    [Sequence[Pair], Sequence[WantedKey], Sequence[WantedSeat], Sequence[Pair]], Snapshot
+]
 
 
 def check_record(
@@ -759,12 +835,10 @@ def check_record(
         return None  # a spend limit not cached yet: the reference engine reads it
     if error is not None or version < 0:
         return None
-    if any((name, subject) in allowances.grant_pairs for subject, name, _ in event.charges):
-        return None  # grants are read under lock, by the general engine
-    if allowances.general_only(((name, subject) for subject, name, _ in event.charges), now_us):
-        return None
-    if allowances.histories:
-        event_rules, _ = _entitled(cache, event, event_rules, allowances.histories, {})
+    charged = [(name, subject) for subject, name, _ in event.charges]
+    if allowances.due_pairs(charged, now_us):
+        return None  # a recurring grant's issue due: the general engine makes it
+    granted = sorted(set(charged) & allowances.grant_pairs) if allowances.grant_pairs else []
     at_us = event.occurred_at_us
     calendar = _Windows()
     pairs: list[Pair] = []
@@ -780,9 +854,13 @@ def check_record(
         if rule.distinct:  # a first-use window's: in the pair's current one
             start = keys[-1][2] if rule.calendar else None
             seats.append((name, subject, start, _seat_value(rule, event, cost)))
-    snapshot = read_unlocked(sorted(pairs), sorted(keys), seats)
+    snapshot = read_unlocked(sorted(pairs), sorted(keys), seats, granted)
     if snapshot.version != version:
         return STALE
+    pots: list[Pot | None] | None = None
+    if allowances.histories or snapshot.pots:  # (own thresholds: a check announces nothing)
+        own: tuple[dict[Pair, History], dict[Pair, Own]] = (allowances.histories, {})
+        event_rules, pots = _entitled(cache, event, event_rules, own, snapshot.pots)
     windows: list[Window] = []
     states: list[State] = []
     for (subject, name, _), rule in zip(event.charges, event_rules, strict=True):
@@ -803,7 +881,7 @@ def check_record(
     if seats:
         costs = Seats(snapshot.seen).costs(_seat_keys(event, event_rules, windows))
         charges = _seat_charges(event, costs)
-    verdict = decide(event_rules, charges, windows, states, at_us, event.event_id, None)
+    verdict = decide(event_rules, charges, windows, states, at_us, event.event_id, None, pots)
     if spend is not None:
         spend.annotate(0, verdict)
     return verdict

@@ -3,7 +3,8 @@
 `prepare` turns an event into the call of ``metering_consume_one``
 (`metering.storage.hot.one_trip`) from the cached limits, or answers None where
 Python need not even ask: an unknown limit or an out-of-range time (the
-usual path rejects it with its message), a subject with grants, a limit
+usual path rejects it with its message), a subject with grants (a
+recurring grant's issue due among them) or thresholds of its own, a limit
 rolled up by dimensions, a distinct limit (seats), a first-use window in calendar months, one
 (limit, subject) charged twice, a priced limit. Entitlements are decided here: the
 function gets each subject's maximum at the event, from the cache's
@@ -51,8 +52,8 @@ def prepare(cache: LimitCache, event: EventRecord, now_us: int) -> tuple[Any, ..
     for (subject, name, cost), rule in zip(charges, event_rules, strict=True):
         if rule.dimensions or (grant_pairs and (name, subject) in grant_pairs):
             return None
-        if allowances.general_only(((name, subject),), now_us):
-            return None  # thresholds of its own (or grants, declined above): the general engine
+        if (name, subject) in allowances.alerts:
+            return None  # thresholds of its own: the Python rules announce them
         if histories:
             history = histories.get((name, subject))
             if history:

@@ -2,8 +2,9 @@
 
 A row replaces one limit's thresholds (percentages and amounts) for one
 subject. Setting or removing one bumps the limits' version, so every
-process's `LimitCache` learns which subjects have their own (the hot paths
-leave those to the general engine, which announces them).
+process's `LimitCache` learns which subjects have their own, and with
+which thresholds (the fast path announces them as the general engine does;
+the one-trip function leaves them to it).
 """
 
 from __future__ import annotations
@@ -74,11 +75,6 @@ class AlertStore(OnConnection):
             query = query.where(a.limit_name == limit)
         query = query.order_by(a.limit_name, a.subject)
         return [_ALERT.of_row(row) for row in self.connection.execute(query)]
-
-    def pairs(self) -> set[Pair]:
-        """Every (limit, subject) with thresholds of its own."""
-        a = alert_thresholds.c
-        return {(n, s) for n, s in self.connection.execute(select(a.limit_name, a.subject))}
 
     def of(self, pairs: Iterable[Pair]) -> dict[Pair, AlertRecord]:
         """The thresholds of ``pairs`` that have their own."""

@@ -62,8 +62,8 @@ def pots_of(grant_rows: Iterable[GrantRow], draw_rows: Iterable[DrawRow]) -> dic
     """Each pair's grants as a `Pot`, with what its windows drew (pairs with no
     grant have no pot, and their draws are left out)."""
     balances: dict[Pair, list[Balance]] = defaultdict(list)
-    for name, subject, *grant in grant_rows:
-        balances[(name, subject)].append(Balance(*grant))
+    for name, subject, *grant in grant_rows:  # (more columns may follow: ignored)
+        balances[(name, subject)].append(Balance(*grant[:6]))
     pots = {pair: Pot(found) for pair, found in balances.items()}
     for name, subject, start, amount in draw_rows:
         pot = pots.get((name, subject))
@@ -195,16 +195,6 @@ class AllowanceStore(OnConnection):
         query = select(grants.c.limit_name, grants.c.subject).distinct()
         return {(name, subject) for name, subject in self.connection.execute(query)}
 
-    def low_pairs(self) -> set[Pair]:
-        """Every (limit, subject) with a grant that may still announce ``grant.low``."""
-        g = grants.c
-        query = (
-            select(g.limit_name, g.subject)
-            .where(g.low_at.is_not(None), g.low_sent.is_(False))
-            .distinct()
-        )
-        return {(name, subject) for name, subject in self.connection.execute(query)}
-
     def lock_pots(
         self,
         pairs: Iterable[Pair],
@@ -277,7 +267,7 @@ class AllowanceStore(OnConnection):
             )
             drawn = sorted(gid for gid, delta in by_grant.items() if delta > 0)
             if now_us is not None and drawn:
-                self._announce_low(drawn, now_us)
+                self.announce_low(drawn, now_us)
         rows: list[dict[str, Any]] = [
             {"limit_name": n, "subject": s, "window_start_us": w, "grant_id": g, "amount": a}
             for (n, s, w, g), a in sorted(draws.items())
@@ -286,7 +276,7 @@ class AllowanceStore(OnConnection):
         key = ["subject", "limit_name", "window_start_us", "grant_id"]
         self._add_amounts(grant_draws, key, "amount", rows, floor=0)
 
-    def _announce_low(self, grant_ids: list[str], now_us: int) -> None:
+    def announce_low(self, grant_ids: list[str], now_us: int) -> None:
         """``grant.low`` for the grants of ``grant_ids`` now at or below their
         threshold and not announced yet; marks them announced."""
         g = grants.c

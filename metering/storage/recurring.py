@@ -1,19 +1,21 @@
 """Recurring grants and ``grant.low`` in SQL (the rules: `metering.domain.recurring`).
 
-A schedule's due issues are made by `issue_due`, in the transaction of
-whoever reads the subject's window next (the general engine, `check`,
-listing grants): it locks the due schedules (PostgreSQL ``FOR UPDATE``;
-SQLite's writers are serialised by ``BEGIN IMMEDIATE``), inserts the issues
-(grant ids are the schedule's id and the issue number, so an issue exists
-once) and moves the schedule on, before any counter is locked: the lock
-order stays schedules, first-use windows, counters, grants.
+A schedule's due issues are made in the transaction of whoever reads the
+subject's window next: `issue_due` (the general engine, `check`, listing
+grants), or the fast path, which locks them in its read
+(`metering.storage.hot`) and has them written by `record_issues` (SQLite)
+or with its write (PostgreSQL). Either locks the due schedules (PostgreSQL
+``FOR UPDATE``; SQLite's writers are serialised by ``BEGIN IMMEDIATE``),
+inserts the issues (grant ids are the schedule's id and the issue number,
+so an issue exists once: a second insert fails) and moves the schedule on;
+the lock order stays schedules, first-use windows, counters, grants.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from sqlalchemy import Connection, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -53,6 +55,9 @@ _SCHEDULE: Final = RecordColumns(
     ScheduleRecord, columns={"limit": "limit_name"}, read={"calendar": bool}
 )
 _COLUMNS: Final = tuple(grant_schedules.c[column] for column in _SCHEDULE.columns)
+# The columns of a `ScheduleRecord`, for statements a driver runs (`schedule_of_values`).
+SCHEDULE_COLUMNS: Final = ", ".join(_SCHEDULE.columns)
+schedule_of_values: Final = _SCHEDULE.of_values
 
 
 class ScheduleStore(OnConnection):
@@ -101,35 +106,62 @@ class ScheduleStore(OnConnection):
         return [_SCHEDULE.of_row(row) for row in self.connection.execute(query)]
 
 
+# The last issue of a schedule as `issues_of` reads it: (amount, used,
+# effective from, expires at), or None: there is none to follow.
+LastIssue = tuple[int, int, int, int | None]
+
+
+def issues_of(schedule: ScheduleRecord, last: LastIssue | None, now_us: int) -> list[Issue]:
+    """The issues of ``schedule`` due by ``now_us``, after its ``last`` issue (read now)."""
+    if last is None or last[3] is None:
+        return []  # not a schedule's issue: nothing to follow
+    amount, used, start_us, end_us = last[0], last[1], last[2], last[3]
+    return issues_due(
+        parse_period(schedule.every, field_name="every"),
+        calendar=schedule.calendar,
+        amount=schedule.amount,
+        rollover_max=schedule.rollover_max,
+        until_us=schedule.until_us,
+        last=Issue(schedule.last_issue, start_us, end_us, amount),
+        left_of_last=amount - used,
+        now_us=now_us,
+    )
+
+
 def issue_due(connection: Connection, pairs: Iterable[Pair] | None, now_us: int) -> int:
     """Make the issues due by ``now_us`` of the schedules of ``pairs`` (None:
     all), each once; how many were made."""
-    schedules = ScheduleStore(connection)
-    made = 0
-    for schedule in schedules.lock_due(pairs, now_us):
-        last_id = issue_id(schedule.schedule_id, schedule.last_issue)
-        last_row = connection.execute(
+    issued: list[tuple[ScheduleRecord, list[Issue]]] = []
+    for schedule, last in lock_due_issues(connection, pairs, now_us):
+        due = issues_of(schedule, last, now_us)
+        if due:
+            issued.append((schedule, due))
+    return record_issues(connection, issued, now_us)
+
+
+def lock_due_issues(
+    connection: Connection, pairs: Iterable[Pair] | None, now_us: int
+) -> list[tuple[ScheduleRecord, LastIssue | None]]:
+    """The schedules of ``pairs`` (None: all) with an issue due, locked, with their last issues."""
+    found: list[tuple[ScheduleRecord, LastIssue | None]] = []
+    for schedule in ScheduleStore(connection).lock_due(pairs, now_us):
+        row = connection.execute(
             select(
                 grants.c.amount, grants.c.used, grants.c.effective_from_us, grants.c.expires_at_us
-            ).where(grants.c.grant_id == last_id)
+            ).where(grants.c.grant_id == issue_id(schedule.schedule_id, schedule.last_issue))
         ).first()
-        if last_row is None or last_row.expires_at_us is None:
-            continue  # not a schedule's issue: nothing to follow
-        last = Issue(
-            schedule.last_issue, last_row.effective_from_us, last_row.expires_at_us, last_row.amount
-        )
-        due = issues_due(
-            parse_period(schedule.every, field_name="every"),
-            calendar=schedule.calendar,
-            amount=schedule.amount,
-            rollover_max=schedule.rollover_max,
-            until_us=schedule.until_us,
-            last=last,
-            left_of_last=last_row.amount - last_row.used,
-            now_us=now_us,
-        )
-        if not due:
-            continue
+        found.append((schedule, None if row is None else (row[0], row[1], row[2], row[3])))
+    return found
+
+
+def record_issues(
+    connection: Connection, issued: Sequence[tuple[ScheduleRecord, Sequence[Issue]]], now_us: int
+) -> int:
+    """Insert ``issued`` (each schedule locked, with its issues due in order),
+    move the schedules on and bump the limits' version; how many were made.
+    An issue made already raises `RetryTransaction`."""
+    made = 0
+    for schedule, due in issued:
         for issue in due:
             insert_issue(connection, schedule, issue, now_us)
         moved = connection.execute(
@@ -150,6 +182,45 @@ def issue_due(connection: Connection, pairs: Iterable[Pair] | None, now_us: int)
     return made
 
 
+# The columns of an issue's grant row, in `issue_row`'s order.
+ISSUE_COLUMNS: Final = (
+    "grant_id",
+    "subject",
+    "limit_name",
+    "amount",
+    "used",
+    "effective_from_us",
+    "expires_at_us",
+    "reason",
+    "created_at_us",
+    "priority",
+    "schedule_id",
+    "issue_number",
+    "low_at",
+    "low_sent",
+)
+
+
+def issue_row(schedule: ScheduleRecord, issue: Issue, now_us: int) -> dict[str, Any]:
+    """The grant row of one issue of ``schedule`` (`ISSUE_COLUMNS`)."""
+    return {
+        "grant_id": issue_id(schedule.schedule_id, issue.number),
+        "subject": schedule.subject,
+        "limit_name": schedule.limit,
+        "amount": issue.amount,
+        "used": 0,
+        "effective_from_us": issue.start_us,
+        "expires_at_us": issue.end_us,
+        "reason": schedule.reason,
+        "created_at_us": now_us,
+        "priority": schedule.priority,
+        "schedule_id": schedule.schedule_id,
+        "issue_number": issue.number,
+        "low_at": low_threshold(issue.amount, schedule.low_units, schedule.low_percent),
+        "low_sent": False,
+    }
+
+
 def insert_issue(
     connection: Connection, schedule: ScheduleRecord, issue: Issue, now_us: int
 ) -> None:
@@ -158,22 +229,7 @@ def insert_issue(
     statement = (
         (postgresql if dialect == "postgresql" else sqlite)
         .insert(grants)
-        .values(
-            grant_id=issue_id(schedule.schedule_id, issue.number),
-            subject=schedule.subject,
-            limit_name=schedule.limit,
-            amount=issue.amount,
-            used=0,
-            effective_from_us=issue.start_us,
-            expires_at_us=issue.end_us,
-            reason=schedule.reason,
-            created_at_us=now_us,
-            priority=schedule.priority,
-            schedule_id=schedule.schedule_id,
-            issue_number=issue.number,
-            low_at=low_threshold(issue.amount, schedule.low_units, schedule.low_percent),
-            low_sent=False,
-        )
+        .values(issue_row(schedule, issue, now_us))
         .on_conflict_do_nothing()
         .returning(grants.c.grant_id)
     )
@@ -181,4 +237,17 @@ def insert_issue(
         raise RetryTransaction("a recurring grant's issue exists already")
 
 
-__all__ = ["ScheduleRecord", "ScheduleStore", "insert_issue", "issue_due"]
+__all__ = [
+    "ISSUE_COLUMNS",
+    "SCHEDULE_COLUMNS",
+    "LastIssue",
+    "ScheduleRecord",
+    "ScheduleStore",
+    "insert_issue",
+    "issue_due",
+    "issue_row",
+    "issues_of",
+    "lock_due_issues",
+    "record_issues",
+    "schedule_of_values",
+]

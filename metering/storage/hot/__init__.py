@@ -19,7 +19,7 @@ This package holds the contract (here) and its implementations:
 * `postgres`: `PostgresHotStore` (and ``read_unlocked`` for ``check``);
 * `sqlite`: `SqliteHotStore`, and `DirectSqlite`, which gives the store a
   stdlib ``sqlite3`` connection of its own in a ``BEGIN IMMEDIATE``
-  transaction;
+  transaction; `sqlite_grants`: its statements of grants and recurring grants;
 * `direct_postgres`: `DirectPostgres`, the pool of psycopg connections the
   PostgreSQL store runs on without SQLAlchemy;
 * `one_trip`: a single event in one round trip on PostgreSQL
@@ -30,7 +30,7 @@ This package holds the contract (here) and its implementations:
 
 The common case runs without SQLAlchemy, on `DirectSqlite` or
 `DirectPostgres`; what is rare there (the limits' cache reloaded, notification
-marks; on SQLite also grants and dead letters) raises `NeedsConnection` so
+marks; on SQLite also dead letters) raises `NeedsConnection` so
 that the caller runs the transaction again on a SQLAlchemy connection.
 
 Lock order, as in the general engine (`Store`): a settle locks its
@@ -52,11 +52,13 @@ from typing import Protocol
 from metering.domain.distinct import SeatKey, Seen
 from metering.domain.events import Rejected
 from metering.domain.grants import Pot
+from metering.domain.recurring import Issue
 from metering.domain.rollups import Delta, RollupKey
 from metering.domain.rules import Key, State
 from metering.domain.windows import Window
 from metering.storage.allowances import DrawKey
 from metering.storage.counters import Pair
+from metering.storage.recurring import LastIssue, ScheduleRecord
 from metering.storage.reservations import HoldRow, ReservationRecord, SettleRow
 from metering.storage.results import ResultRecord
 
@@ -79,6 +81,12 @@ class Snapshot:
     pots: dict[Pair, Pot] = field(default_factory=dict)
     # The live events of the seat values asked for that have a row.
     seen: Seen = field(default_factory=dict)
+    # Of those grants, each that may still announce ``grant.low``: its
+    # threshold, and its ``used`` as read (`Changes.expected`).
+    watched: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # The recurring grants of the ``due_pairs`` asked for with an issue due,
+    # locked, each with its last issue (`metering.storage.recurring.issues_of`).
+    schedules: list[tuple[ScheduleRecord, LastIssue | None]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -97,6 +105,14 @@ class Changes:
     results: list[ResultRecord] = field(default_factory=list)
     # What the batch drew on grants: (limit, subject, window start, grant id) -> amount.
     draws: dict[DrawKey, int] = field(default_factory=dict)
+    # The ``used`` read of drawn grants that may announce ``grant.low``: a
+    # grant drawn on meanwhile by another transaction fails the write with
+    # `RetryTransaction` (PostgreSQL reads grants without a lock), so that
+    # what crossed the threshold is decided on what is stored.
+    expected: dict[str, int] = field(default_factory=dict)
+    # Recurring grants' issues made (each schedule with its issues, in order):
+    # inserted before the draws, the schedules moved on, the limits' version bumped.
+    issues: list[tuple[ScheduleRecord, list[Issue]]] = field(default_factory=list)
     rollups: dict[RollupKey, Delta] = field(default_factory=dict)
     # Live events added to seat values (all positive: the hot path only consumes).
     seats: dict[SeatKey, int] = field(default_factory=dict)
@@ -128,6 +144,7 @@ class HotStore(Protocol):
         now_us: int,
         grant_pairs: Sequence[Pair] = (),
         seats: Sequence[WantedSeat] = (),
+        due_pairs: Sequence[Pair] = (),
     ) -> Snapshot:
         """Lock and read: ``pairs`` (sorted) are first-use windows, whose
         current counters are read too; ``keys`` (sorted) the other counters.
@@ -137,7 +154,10 @@ class HotStore(Protocol):
         grants of ``grant_pairs`` are read after the counters are locked: on
         PostgreSQL without a lock of their own, and `write` then fails with
         `RetryTransaction` if another transaction spent what a draw counted
-        on (the grants' check constraint)."""
+        on (the grants' check constraint). The recurring grants of
+        ``due_pairs`` (sorted) with an issue due at ``now_us`` are locked
+        first of all (the general engine's order: schedules, windows,
+        counters, grants), with their last issues."""
         ...
 
     def lock_reservation(self, reservation_id: str) -> ReservationRecord | None:

@@ -32,6 +32,7 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError, StatementError
 
 from metering.domain.distinct import Seen
+from metering.domain.recurring import Issue, next_due_us
 from metering.domain.rollups import rollup_rows
 from metering.domain.rules import Key
 from metering.domain.windows import Window
@@ -39,7 +40,20 @@ from metering.storage.allowances import pots_of
 from metering.storage.counters import Pair
 from metering.storage.engine import RetryTransaction
 from metering.storage.hot import Changes, Snapshot, WantedKey, WantedSeat
-from metering.storage.hot.statements import RESULT_COLUMNS, VERSION, Statements, seat_rows
+from metering.storage.hot.statements import (
+    BUMP_VERSION,
+    RESULT_COLUMNS,
+    VERSION,
+    Statements,
+    seat_rows,
+)
+from metering.storage.recurring import (
+    ISSUE_COLUMNS,
+    SCHEDULE_COLUMNS,
+    ScheduleRecord,
+    issue_row,
+    schedule_of_values,
+)
 from metering.storage.rejected import rejected_rows
 from metering.storage.reservations import ReservationRecord, record_of_row
 from metering.storage.results import RESET_TICK, record_from_row, result_row
@@ -152,7 +166,7 @@ FROM jsonb_array_elements(%(rows)s::jsonb) AS r
 # grants' check constraint (used <= amount) then refuses the write.
 READ_GRANTS: Final = """
 SELECT g.limit_name, g.subject, g.grant_id, g.amount, g.used, g.effective_from_us, g.expires_at_us,
-    g.priority
+    g.priority, g.low_at, g.low_sent
 FROM jsonb_array_elements(%(grant_pairs)s::jsonb) AS r
 CROSS JOIN LATERAL (
     SELECT * FROM grants AS g WHERE g.limit_name = r->>0 AND g.subject = r->>1
@@ -190,11 +204,57 @@ FROM jsonb_array_elements(%(rows)s::jsonb) AS r
 ON CONFLICT (subject, limit_name, window_start_us, value)
 DO UPDATE SET live_events = d.live_events + excluded.live_events
 """
+# A grant with an expected ``used`` (`Changes.expected`) that another
+# transaction drew on meanwhile is set past its amount: the check constraint
+# refuses it, and the transaction runs again (`write`).
 UPDATE_GRANTS: Final = """
-UPDATE grants AS g SET used = g.used + v.delta
-FROM (SELECT r->>0, (r->>1)::bigint FROM jsonb_array_elements(%(rows)s::jsonb) AS r) AS v(id, delta)
+UPDATE grants AS g
+SET used = CASE WHEN v.expected IS NULL OR g.used = v.expected THEN g.used + v.delta
+                ELSE g.amount + 1 END
+FROM (
+    SELECT r->>0, (r->>1)::bigint, (r->>2)::bigint FROM jsonb_array_elements(%(rows)s::jsonb) AS r
+) AS v(id, delta, expected)
 WHERE g.grant_id = v.id
 """
+
+# Recurring grants with an issue due, locked in the general engine's order
+# (`metering.storage.recurring.ScheduleStore.lock_due`), before anything else.
+LOCK_SCHEDULES: Final = f"""
+SELECT {SCHEDULE_COLUMNS} FROM grant_schedules
+WHERE (limit_name, subject) IN (
+    SELECT r->>0, r->>1 FROM jsonb_array_elements(%(due_pairs)s::jsonb) AS r
+) AND next_issue_us <= %(now)s
+ORDER BY schedule_id COLLATE "C"
+FOR UPDATE
+"""
+# Their last issues (`issue_id`), read after the lock: a schedule issued
+# meanwhile is not due any more.
+LAST_ISSUES: Final = """
+SELECT s.schedule_id, g.amount, g.used, g.effective_from_us, g.expires_at_us
+FROM grant_schedules AS s
+JOIN grants AS g ON g.grant_id = CASE WHEN s.last_issue = 1 THEN s.schedule_id
+                                      ELSE s.schedule_id || '/' || s.last_issue::text END
+WHERE (s.limit_name, s.subject) IN (
+    SELECT r->>0, r->>1 FROM jsonb_array_elements(%(due_pairs)s::jsonb) AS r
+) AND s.next_issue_us <= %(now)s
+"""
+# An issue made already fails the insert (a unique violation): run again.
+INSERT_ISSUES: Final = f"""
+INSERT INTO grants ({", ".join(ISSUE_COLUMNS)})
+SELECT r->>0, r->>1, r->>2, (r->>3)::bigint, (r->>4)::bigint, (r->>5)::bigint, (r->>6)::bigint,
+       r->>7, (r->>8)::bigint, (r->>9)::int, r->>10, (r->>11)::int, (r->>12)::bigint,
+       (r->>13)::boolean
+FROM jsonb_array_elements(%(rows)s::jsonb) AS r
+"""
+MOVE_SCHEDULES: Final = """
+UPDATE grant_schedules AS s SET last_issue = v.last, next_issue_us = v.next
+FROM (
+    SELECT r->>0, (r->>1)::int, (r->>2)::int, (r->>3)::bigint
+    FROM jsonb_array_elements(%(rows)s::jsonb) AS r
+) AS v(id, was, last, next)
+WHERE s.schedule_id = v.id AND s.last_issue = v.was
+"""
+
 ADD_DRAWS: Final = """
 INSERT INTO grant_draws (subject, limit_name, window_start_us, grant_id, amount)
 SELECT r->>1, r->>0, (r->>2)::bigint, r->>3, (r->>4)::bigint
@@ -247,10 +307,16 @@ class PostgresHotStore:
         now_us: int,
         grant_pairs: Sequence[Pair] = (),
         seats: Sequence[WantedSeat] = (),
+        due_pairs: Sequence[Pair] = (),
     ) -> Snapshot:
         params = {"pairs": _encode(pairs), "keys": _encode(keys)}
         try:
             with self.raw.pipeline():
+                schedules = last_issues = None
+                if due_pairs:  # first: the general engine's lock order
+                    due = {"due_pairs": _encode(due_pairs), "now": now_us}
+                    schedules = self.raw.cursor(binary=True).execute(LOCK_SCHEDULES, due)
+                    last_issues = self.raw.cursor(binary=True).execute(LAST_ISSUES, due)
                 version = self.raw.cursor(binary=True).execute(VERSION)
                 stored = None
                 if ids:
@@ -277,8 +343,11 @@ class PostgresHotStore:
                 grant_rows = granted.fetchall() if granted else []
                 draw_rows = drawn.fetchall() if drawn else []
                 value_rows = valued.fetchall() if valued else []
+                schedule_rows = schedules.fetchall() if schedules else []
+                last_rows = last_issues.fetchall() if last_issues else []
         except psycopg.Error as exc:
             raise _translate(exc) from exc
+        lasts = {r[0]: tuple(r[1:]) for r in last_rows}
         self.window_tids = {(r[0], r[1]): r[4] for r in window_rows}
         self.counter_tids = {(r[0], r[1], r[2]): r[10] for r in counter_rows}
         return Snapshot(
@@ -288,6 +357,11 @@ class PostgresHotStore:
             states={(r[0], r[1], r[2]): list(r[3:10]) for r in counter_rows},
             pots=pots_of(grant_rows, draw_rows),
             seen={(r[0], r[1], r[2], r[3]): r[4] for r in value_rows},
+            watched={r[2]: (r[8], r[4]) for r in grant_rows if r[8] is not None and not r[9]},
+            schedules=[
+                (schedule, lasts.get(schedule.schedule_id))
+                for schedule in map(schedule_of_values, schedule_rows)
+            ],
         )
 
     def lock_reservation(self, reservation_id: str) -> ReservationRecord | None:
@@ -325,11 +399,14 @@ class PostgresHotStore:
                         (self.window_tids[pair], *window) for pair, window in changes.moved_windows
                     ]
                     raw.execute(UPDATE_WINDOWS, {"rows": _encode(rows)})
+                if changes.issues:  # before the draws: they may draw on them
+                    _issue(raw, changes.issues, now_us)
                 if changes.draws:
                     by_grant: dict[str, int] = {}
                     for (_, _, _, grant_id), amount in changes.draws.items():
                         by_grant[grant_id] = by_grant.get(grant_id, 0) + amount
-                    rows = sorted(by_grant.items())
+                    expected = changes.expected
+                    rows = [(g, delta, expected.get(g)) for g, delta in sorted(by_grant.items())]
                     raw.execute(UPDATE_GRANTS, {"rows": _encode(rows)})
                     rows = [(*key, amount) for key, amount in sorted(changes.draws.items())]
                     raw.execute(ADD_DRAWS, {"rows": _encode(rows)})
@@ -364,6 +441,24 @@ class PostgresHotStore:
             raise _translate(exc) from exc
 
 
+def _issue(
+    raw: psycopg.Connection[Any], issued: list[tuple[ScheduleRecord, list[Issue]]], now_us: int
+) -> None:
+    """Insert recurring grants' issues, move their schedules on, bump the limits' version."""
+    rows: list[Any] = [
+        [issue_row(schedule, issue, now_us)[column] for column in ISSUE_COLUMNS]
+        for schedule, issues in issued
+        for issue in issues
+    ]
+    raw.execute(INSERT_ISSUES, {"rows": _encode(rows)})
+    rows = [
+        (s.schedule_id, s.last_issue, made[-1].number, next_due_us(made[-1], s.until_us))
+        for s, made in issued
+    ]
+    raw.execute(MOVE_SCHEDULES, {"rows": _encode(rows)})
+    raw.execute(BUMP_VERSION)
+
+
 def _execute(cursor: psycopg.Cursor[Any], statement: str, rows: list[Any]) -> None:
     """A few rows, one statement each; one row (`consume`) by `execute`, which
     costs the client less than `executemany`'s pipeline of one."""
@@ -386,10 +481,11 @@ def _translate(exc: psycopg.Error) -> StatementError:
 # `POST /v1/check` and `Meter.check`: the same state `PostgresHotStore.read`
 # locks, read in one statement without a lock or a transaction (a statement
 # sees one snapshot): the limits' version, the first-use windows of
-# ``pairs``, the counters of ``keys`` and of those windows, and the live
-# events of ``seats`` (`READ_SEATS`). Rows are tagged: 0 the version, 1 a
-# window (start, end), 2 a counter, 3 a seat value (its live events; the
-# value in the last column).
+# ``pairs``, the counters of ``keys`` and of those windows, the grants of
+# ``grant_pairs`` with what their windows drew, and the live events of
+# ``seats`` (`READ_SEATS`). Rows are tagged: 0 the version, 1 a window
+# (start, end), 2 a counter, 3 a grant, 4 a window's draws, 5 a seat value
+# (its live events; the value in the last column).
 CHECK_READ: Final = f"""
 WITH p AS MATERIALIZED {_PAIRS},
 w AS MATERIALIZED (
@@ -403,6 +499,9 @@ k AS (
     FROM jsonb_array_elements(%(keys)s::jsonb) AS r
     UNION ALL
     SELECT limit_name, subject, window_start_us FROM w WHERE window_start_us IS NOT NULL
+),
+gp AS MATERIALIZED (
+    SELECT r->>0 AS l, r->>1 AS s FROM jsonb_array_elements(%(grant_pairs)s::jsonb) AS r
 )
 SELECT 0::int, NULL::text, NULL::text, version, NULL::bigint, NULL::bigint, NULL::bigint,
        NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::text
@@ -419,7 +518,20 @@ FROM k CROSS JOIN LATERAL (
     WHERE c.limit_name = k.l AND c.subject = k.s AND c.window_start_us = k.ws
 ) AS c
 UNION ALL
-SELECT 3, d.limit_name, d.subject, d.window_start_us, d.live_events, NULL, NULL, NULL, NULL,
+SELECT 3, g.limit_name, g.subject, g.amount, g.used, g.effective_from_us, g.expires_at_us,
+       g.priority, NULL, NULL, NULL, g.grant_id
+FROM gp CROSS JOIN LATERAL (
+    SELECT * FROM grants AS g WHERE g.limit_name = gp.l AND g.subject = gp.s
+) AS g
+UNION ALL
+SELECT 4, d.limit_name, d.subject, d.window_start_us, sum(d.amount)::bigint, NULL, NULL, NULL,
+       NULL, NULL, NULL, NULL
+FROM gp CROSS JOIN LATERAL (
+    SELECT * FROM grant_draws AS d WHERE d.subject = gp.s AND d.limit_name = gp.l
+) AS d
+GROUP BY d.limit_name, d.subject, d.window_start_us
+UNION ALL
+SELECT 5, d.limit_name, d.subject, d.window_start_us, d.live_events, NULL, NULL, NULL, NULL,
        NULL, NULL, d.value
 FROM ({READ_SEATS}) AS d
 """
@@ -430,13 +542,19 @@ def read_unlocked(
     pairs: Sequence[Pair],
     keys: Sequence[WantedKey],
     seats: Sequence[WantedSeat] = (),
+    grant_pairs: Sequence[Pair] = (),
 ) -> Snapshot:
     """`PostgresHotStore.read` for a decision that writes nothing (`check`):
     one statement on ``raw`` in autocommit (`DirectPostgres.autocommit`), no
     lock, no transaction to end. Results are not looked up (``stored`` is
-    empty). Driver errors come out as SQLAlchemy's, for
-    `metering.storage.engine.translate`."""
-    params = {"pairs": _encode(pairs), "keys": _encode(keys), "seats": _encode(seats)}
+    empty), nor recurring grants' schedules. Driver errors come out as
+    SQLAlchemy's, for `metering.storage.engine.translate`."""
+    params = {
+        "pairs": _encode(pairs),
+        "keys": _encode(keys),
+        "seats": _encode(seats),
+        "grant_pairs": _encode(grant_pairs),
+    }
     try:
         rows = raw.cursor(binary=True).execute(CHECK_READ, params).fetchall()
     except psycopg.Error as exc:
@@ -445,6 +563,8 @@ def read_unlocked(
     windows: dict[Pair, Window | None] = {}
     states: dict[Key, list[Any]] = {}
     seen: Seen = {}
+    grant_rows: list[tuple[Any, ...]] = []
+    draw_rows: list[tuple[Any, ...]] = []
     for row in rows:
         kind = row[0]
         if kind == 0:
@@ -453,6 +573,13 @@ def read_unlocked(
             windows[(row[1], row[2])] = (row[3], row[4]) if row[3] is not None else None
         elif kind == 2:
             states[(row[1], row[2], row[3])] = list(row[4:11])
+        elif kind == 3:
+            grant_rows.append((row[1], row[2], row[11], *row[3:8]))
+        elif kind == 4:
+            draw_rows.append(row[1:5])
         else:
             seen[(row[1], row[2], row[3], row[11])] = row[4]
-    return Snapshot(version=version, stored={}, windows=windows, states=states, seen=seen)
+    pots = pots_of(grant_rows, draw_rows) if grant_rows else {}
+    return Snapshot(
+        version=version, stored={}, windows=windows, states=states, pots=pots, seen=seen
+    )

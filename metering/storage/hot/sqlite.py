@@ -27,7 +27,6 @@ from sqlalchemy.exc import DBAPIError, StatementError
 from metering.domain.distinct import Seen
 from metering.domain.rollups import rollup_rows
 from metering.domain.windows import Window
-from metering.storage.allowances import AllowanceStore
 from metering.storage.counters import Pair
 from metering.storage.engine import (
     SQLITE_BUSY_TIMEOUT_MS,
@@ -38,6 +37,12 @@ from metering.storage.engine import (
     sqlite_synchronous,
 )
 from metering.storage.hot import Changes, NeedsConnection, Snapshot, WantedKey, WantedSeat
+from metering.storage.hot.sqlite_grants import (
+    due_schedules,
+    read_grants,
+    write_draws,
+    write_issues,
+)
 from metering.storage.hot.statements import RESULT_COLUMNS, VERSION, Statements, seat_rows
 from metering.storage.reservations import ReservationRecord, record_of_row
 from metering.storage.results import record_from_row, result_row
@@ -101,9 +106,12 @@ class SqliteHotStore:
         now_us: int,
         grant_pairs: Sequence[Pair] = (),
         seats: Sequence[WantedSeat] = (),
+        due_pairs: Sequence[Pair] = (),
     ) -> Snapshot:
         raw = self.raw
         try:
+            # The transaction holds SQLite's one write lock already.
+            schedules = due_schedules(raw, due_pairs, now_us) if due_pairs else []
             stored = {}
             for event_id in ids or ():
                 row = raw.execute(FETCH_RESULT, (event_id,)).fetchone()
@@ -130,11 +138,19 @@ class SqliteHotStore:
                 if row is not None:
                     states[key] = list(row)
             seen = _seen(raw, seats, windows) if seats else {}
+            pots, watched = read_grants(raw, grant_pairs) if grant_pairs else ({}, {})
         except sqlite3.Error as exc:
             raise _translate(exc) from exc
-        # The transaction holds SQLite's one write lock already.
-        pots = AllowanceStore(self._general()).lock_pots(grant_pairs, None) if grant_pairs else {}
-        return Snapshot(version, stored, windows, states, pots, seen)
+        return Snapshot(
+            version,
+            stored,
+            windows,
+            states,
+            pots,
+            seen=seen,
+            watched=watched,
+            schedules=schedules,
+        )
 
     def lock_reservation(self, reservation_id: str) -> ReservationRecord | None:
         # The transaction holds SQLite's one write lock already.
@@ -165,8 +181,10 @@ class SqliteHotStore:
                 _execute(raw, SQL.settle_reservation, changes.settled)
             if changes.seats:
                 _execute(raw, SQL.add_seat, seat_rows(changes.seats))
-            if changes.draws:
-                AllowanceStore(self._general()).write_draws(changes.draws, now_us=now_us)
+            if changes.issues:  # before the draws: they may draw on them
+                write_issues(raw, changes.issues, now_us)
+            if changes.draws:  # `grant.low` is the caller's (`metering.engine.fast`)
+                write_draws(raw, changes.draws)
             if changes.rollups:
                 raw.executemany(SQLITE_UPSERT, rollup_rows(changes.rollups))
         except sqlite3.Error as exc:

@@ -1,0 +1,113 @@
+"""Grants and recurring grants on the SQLite hot path, on its sqlite3 connection.
+
+What `metering.storage.allowances` and `metering.storage.recurring` do through
+SQLAlchemy, as fixed statements on the stdlib connection, so that the direct
+path (`DirectSqlite`) decides subjects with grants without a SQLAlchemy
+connection. The transaction is ``BEGIN IMMEDIATE``: it holds SQLite's one
+write lock, so reading is locking, and no other writer draws or issues
+meanwhile.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Mapping, Sequence
+from typing import Final
+
+from metering.domain.grants import Pot
+from metering.domain.recurring import Issue, issue_id, next_due_us
+from metering.storage.allowances import DrawKey, pots_of
+from metering.storage.counters import Pair
+from metering.storage.hot.statements import BUMP_VERSION
+from metering.storage.recurring import (
+    ISSUE_COLUMNS,
+    SCHEDULE_COLUMNS,
+    LastIssue,
+    ScheduleRecord,
+    issue_row,
+    schedule_of_values,
+)
+
+SELECT_GRANTS: Final = """
+SELECT limit_name, subject, grant_id, amount, used, effective_from_us, expires_at_us, priority,
+       low_at, low_sent
+FROM grants WHERE limit_name = ? AND subject = ?
+"""
+SELECT_DRAWS: Final = """
+SELECT limit_name, subject, window_start_us, sum(amount) FROM grant_draws
+WHERE limit_name = ? AND subject = ? GROUP BY limit_name, subject, window_start_us
+"""
+SELECT_DUE: Final = f"""
+SELECT {SCHEDULE_COLUMNS} FROM grant_schedules
+WHERE limit_name = ? AND subject = ? AND next_issue_us <= ? ORDER BY schedule_id
+"""
+SELECT_LAST_ISSUE: Final = """
+SELECT amount, used, effective_from_us, expires_at_us FROM grants WHERE grant_id = ?
+"""
+INSERT_ISSUE: Final = f"""
+INSERT INTO grants ({", ".join(ISSUE_COLUMNS)})
+VALUES ({", ".join("?" * len(ISSUE_COLUMNS))})
+"""
+MOVE_SCHEDULE: Final = """
+UPDATE grant_schedules SET last_issue = ?, next_issue_us = ?
+WHERE schedule_id = ? AND last_issue = ?
+"""
+ADD_USED: Final = "UPDATE grants SET used = used + ? WHERE grant_id = ?"
+ADD_DRAW: Final = """
+INSERT INTO grant_draws (limit_name, subject, window_start_us, grant_id, amount)
+VALUES (?, ?, ?, ?, ?)
+ON CONFLICT (subject, limit_name, window_start_us, grant_id)
+DO UPDATE SET amount = grant_draws.amount + excluded.amount
+"""
+
+
+def read_grants(
+    raw: sqlite3.Connection, pairs: Sequence[Pair]
+) -> tuple[dict[Pair, Pot], dict[str, tuple[int, int]]]:
+    """The grants of ``pairs`` with what every window drew on them (as
+    `AllowanceStore.lock_pots` reads them), and those that may still
+    announce ``grant.low`` (`metering.storage.hot.Snapshot.watched`)."""
+    grant_rows = [row for pair in pairs for row in raw.execute(SELECT_GRANTS, pair)]
+    owners = sorted({(row[0], row[1]) for row in grant_rows})
+    draw_rows = [row for pair in owners for row in raw.execute(SELECT_DRAWS, pair)]
+    watched = {r[2]: (r[8], r[4]) for r in grant_rows if r[8] is not None and not r[9]}
+    return pots_of(grant_rows, draw_rows), watched
+
+
+def due_schedules(
+    raw: sqlite3.Connection, pairs: Sequence[Pair], now_us: int
+) -> list[tuple[ScheduleRecord, LastIssue | None]]:
+    """The schedules of ``pairs`` with an issue due at ``now_us``, with their last issues."""
+    found: list[tuple[ScheduleRecord, LastIssue | None]] = []
+    for name, subject in pairs:
+        for row in raw.execute(SELECT_DUE, (name, subject, now_us)).fetchall():
+            schedule = schedule_of_values(row)
+            last_id = issue_id(schedule.schedule_id, schedule.last_issue)
+            last = raw.execute(SELECT_LAST_ISSUE, (last_id,)).fetchone()
+            found.append((schedule, None if last is None else (last[0], last[1], last[2], last[3])))
+    return found
+
+
+def write_issues(
+    raw: sqlite3.Connection, issued: Sequence[tuple[ScheduleRecord, Sequence[Issue]]], now_us: int
+) -> None:
+    """Insert the issues, move their schedules on, bump the limits' version
+    (as `metering.storage.recurring.record_issues`)."""
+    for schedule, issues in issued:
+        for issue in issues:
+            values = issue_row(schedule, issue, now_us)
+            raw.execute(INSERT_ISSUE, [values[column] for column in ISSUE_COLUMNS])
+        last = issues[-1]
+        moved = (last.number, next_due_us(last, schedule.until_us))
+        raw.execute(MOVE_SCHEDULE, (*moved, schedule.schedule_id, schedule.last_issue))
+    raw.execute(BUMP_VERSION)
+
+
+def write_draws(raw: sqlite3.Connection, draws: Mapping[DrawKey, int]) -> None:
+    """Add ``draws`` (all positive: the hot path only draws) to the grants and
+    to their windows' draws (as `AllowanceStore.write_draws`)."""
+    by_grant: dict[str, int] = {}
+    for (_, _, _, grant_id), amount in draws.items():
+        by_grant[grant_id] = by_grant.get(grant_id, 0) + amount
+    raw.executemany(ADD_USED, [(amount, grant_id) for grant_id, amount in sorted(by_grant.items())])
+    raw.executemany(ADD_DRAW, [(*key, amount) for key, amount in sorted(draws.items())])

@@ -1,0 +1,192 @@
+"""Recurring grants' issues, ``grant.low`` and subjects' own thresholds on the fast path.
+
+The fast path (`metering.engine.fast`) decides these itself: the reference
+engine is made to refuse (`_refuse_reference`), so a test passes only if no
+batch was left to it. ``tests/engine/test_fast_path.py`` holds the two
+engines to the same results; here, what each feature stores, and that a
+recurring grant's issue is made exactly once by processes racing.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import threading
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from lock_waits import WAIT_SECONDS, wait_until_blocked
+from sqlalchemy import select, text
+
+from metering import FrozenClock, Limit, Meter
+from metering.storage.tables import grant_draws, webhook_messages
+
+NOV = datetime(2026, 11, 20, 12, tzinfo=UTC)
+DEC = datetime(2026, 12, 1, tzinfo=UTC)
+CALLS = Limit("calls", maximum=2, period="1mo", window="calendar", lateness="7d")
+
+
+def _refuse_reference(meter: Meter) -> None:
+    def refuse(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("the reference engine decided a batch")
+
+    meter._engine._apply_reference = refuse  # type: ignore[method-assign]
+
+
+def _messages(meter: Meter, kind: str) -> list[dict[str, object]]:
+    with meter.engine.connect() as connection:
+        rows = connection.execute(
+            select(webhook_messages.c.payload).where(webhook_messages.c.type == kind)
+        )
+        return sorted((json.loads(payload)["data"] for (payload,) in rows), key=json.dumps)
+
+
+def _grants(meter: Meter) -> dict[str, tuple[int, int]]:
+    return {g.grant_id: (g.amount, g.used) for g in meter.grants()}
+
+
+def test_a_recurring_grants_issue_is_made_on_the_fast_path(db_url: str) -> None:
+    clock = FrozenClock(NOV)
+    with Meter(db_url, clock=clock) as meter:
+        meter.set_limit(CALLS)
+        meter.grant("org", "calls", 5, every="1mo", rollover_max=2, grant_id="m", low=1)
+        meter.consume("org", "calls", 2 + 3)  # 2 of the issue left: they roll over
+        _refuse_reference(meter)
+        clock.set(DEC + timedelta(hours=1))
+        decision = meter.consume("org", "calls", 2 + 6)  # the new issue of 7 pays 6: 1 left
+        assert (decision.outcome, decision.charges[0].grants) == ("allowed", (("m/2", 6),))
+        assert _grants(meter) == {"m": (5, 3), "m/2": (7, 6)}
+        [recurring] = meter.recurring_grants()
+        assert recurring.last_issue == 2
+        low = [(d["grant_id"], d["left"], d["low_at"]) for d in _messages(meter, "grant.low")]
+        assert low == [("m/2", 1, 1)]
+
+
+def test_grant_low_is_announced_once_by_the_fast_path(db_url: str) -> None:
+    with Meter(db_url, clock=FrozenClock(NOV)) as meter:
+        meter.set_limit(CALLS)
+        meter.grant("org", "calls", 10, grant_id="g", low="30%")
+        _refuse_reference(meter)
+        meter.consume("org", "calls", 2 + 6)  # 4 left: not yet low (3 or less)
+        assert _messages(meter, "grant.low") == []
+        meter.consume("org", "calls", 1)  # 3 left: low
+        meter.consume("org", "calls", 1)  # 2 left: announced already
+        [low] = _messages(meter, "grant.low")
+        assert low == {
+            "grant_id": "g",
+            "subject": "org",
+            "limit": "calls",
+            "amount": 10,
+            "used": 7,
+            "left": 3,
+            "low_at": 3,
+            "recurring_grant_id": None,
+        }
+
+
+def test_a_subjects_own_thresholds_are_announced_by_the_fast_path(db_url: str) -> None:
+    with Meter(db_url, clock=FrozenClock(NOV)) as meter:
+        meter.set_limit(Limit("calls", maximum=10, period="1mo", window="calendar"))
+        meter.set_alert("org", "calls", ["50%", 3])
+        _refuse_reference(meter)
+        meter.consume("org", "calls", 2)
+        meter.consume("other", "calls", 9)  # the limit has no thresholds: nothing
+        meter.consume("org", "calls", 3)  # crosses 3 units and 50%
+        found = [
+            (d["subject"], d["threshold"], d.get("threshold_units"))
+            for d in _messages(meter, "limit.threshold")
+        ]
+        assert sorted(found, key=str) == [("org", 50, None), ("org", None, 3)]
+
+
+@pytest.mark.postgres
+def test_a_grant_drawn_on_meanwhile_is_judged_low_on_what_is_stored(pg_url: str) -> None:
+    """PostgreSQL reads grants without a lock: a draw decided while another
+    transaction spends the same grant (another window's event) runs again,
+    so that the grant it leaves low announces it."""
+    with Meter(pg_url, clock=FrozenClock(NOV)) as meter:
+        meter.set_limit(CALLS)
+        meter.grant("org", "calls", 10, grant_id="g", low=3)
+        meter.consume("org", "calls", 2 + 5)  # 5 left
+        _refuse_reference(meter)
+        with meter.engine.connect() as other, meter.engine.connect() as watcher:
+            # Another transaction's draw of 1, still open: 4 left once it commits.
+            other.execute(text("UPDATE grants SET used = used + 1 WHERE grant_id = 'g'"))
+            blocker = other.execute(text("SELECT pg_backend_pid()")).scalar_one()
+            consuming = threading.Thread(target=meter.consume, args=("org", "calls", 1))
+            consuming.start()  # reads 5 left: 4 after its draw, not low
+            wait_until_blocked(watcher, blocker, "the draw")
+            other.commit()
+            consuming.join(WAIT_SECONDS)
+        assert not consuming.is_alive()
+        assert _grants(meter) == {"g": (10, 7)}
+        [low] = _messages(meter, "grant.low")
+        assert (low["left"], low["used"]) == (3, 7)
+
+
+@pytest.mark.postgres
+def test_check_answers_a_subject_with_grants_on_the_fast_path(pg_url: str) -> None:
+    with Meter(pg_url, clock=FrozenClock(NOV)) as meter:
+        meter.set_limit(CALLS)
+        meter.grant("org", "calls", 10, grant_id="g", low=3)
+        meter.consume("org", "calls", 2 + 5)
+
+        def refuse(*_args: object) -> None:
+            raise AssertionError("the reference engine checked")
+
+        meter._engine._check_reference = refuse  # type: ignore[assignment, method-assign]
+        decision = meter.check("org", "calls", 4)
+        assert (decision.outcome, decision.charges[0].grants) == ("allowed", (("g", 4),))
+        assert meter.check("org", "calls", 6).denied_by == ("calls",)
+        assert _grants(meter) == {"g": (10, 5)}  # nothing drawn
+
+
+# -- exactly one issue per period, processes racing ---------------------------------
+
+PROCESSES = 6
+MONTHS = 8
+EACH = 3  # events per process and month
+
+
+def _month(number: int) -> datetime:
+    """An hour into the ``number``-th month from December 2026."""
+    months = 2026 * 12 + 11 + number
+    return datetime(months // 12, 1 + months % 12, 1, 1, tzinfo=UTC)
+
+
+def _race(url: str, worker: int, barrier: multiprocessing.synchronize.Barrier) -> None:
+    clock = FrozenClock(NOV)
+    with Meter(url, clock=clock) as meter:
+        _refuse_reference(meter)
+        for month in range(MONTHS):
+            clock.set(_month(month))
+            barrier.wait(60)
+            for n in range(EACH):
+                meter.consume("org", "calls", 1, event_id=f"w{worker}-m{month}-{n}")
+
+
+@pytest.mark.slow
+def test_processes_racing_make_each_issue_exactly_once_on_the_fast_path(db_url: str) -> None:
+    with Meter(db_url, clock=FrozenClock(NOV)) as meter:
+        meter.set_limit(CALLS)
+        meter.grant("org", "calls", 10, every="1mo", grant_id="m", low=1)
+    context = multiprocessing.get_context("fork")
+    barrier = context.Barrier(PROCESSES)
+    procs = [context.Process(target=_race, args=(db_url, n, barrier)) for n in range(PROCESSES)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(300)
+    assert [proc.exitcode for proc in procs] == [0] * PROCESSES
+    with Meter(db_url, clock=FrozenClock(_month(MONTHS - 1))) as meter:
+        # November's issue, then one per month: each paid 10 of the 18 events
+        # over the month's own 2.
+        issues = {"m": (10, 0)} | {f"m/{n}": (10, 10) for n in range(2, MONTHS + 2)}
+        assert _grants(meter) == issues
+        [recurring] = meter.recurring_grants()
+        assert recurring.last_issue == MONTHS + 1
+        with meter.engine.connect() as connection:
+            drawn = connection.execute(select(grant_draws.c.grant_id, grant_draws.c.amount))
+            assert sorted(drawn) == sorted((g, 10) for g in issues if g != "m")
+        low = sorted(d["grant_id"] for d in _messages(meter, "grant.low"))
+        assert low == sorted(g for g in issues if g != "m")
