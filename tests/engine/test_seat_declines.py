@@ -92,7 +92,12 @@ def test_the_fast_check_reads_the_seats_it_charges(cache: LimitCache) -> None:
     start = calendar_window(LIMITS[0].parsed_period, now_us)[0]
     asked: list[Sequence[WantedSeat]] = []
 
-    def read(pairs: Sequence[Pair], keys: Sequence[WantedKey], seats: Sequence[WantedSeat]) -> Any:
+    def read(
+        pairs: Sequence[Pair],
+        keys: Sequence[WantedKey],
+        seats: Sequence[WantedSeat],
+        grant_pairs: Sequence[Pair],
+    ) -> Any:
         asked.append(seats)
         states = {("seats", "org-1", start): [1, 0, 0, None, None, 0, 1]}
         return Snapshot(1, {}, {}, states, seen={("seats", "org-1", start, "ann"): 2})
