@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -75,6 +76,11 @@ def run_parallel(name: str, job: Job, processes: int, events_each: int) -> Figur
     for proc in procs:
         proc.start()
     time.sleep(0.5)  # let every child connect before the clock starts
+    return _timed(name, procs, start, out)
+
+
+def _timed(name: str, procs: list[Any], start: Any, out: Any) -> Figures:
+    """Start the children's timed parts at one instant; their latencies, and the wall time."""
     began = time.perf_counter()
     start.set()
     latencies: list[int] = []
@@ -83,7 +89,7 @@ def run_parallel(name: str, job: Job, processes: int, events_each: int) -> Figur
     seconds = time.perf_counter() - began
     for proc in procs:
         proc.join(60)
-    return Figures(name, processes, len(latencies), seconds, latencies)
+    return Figures(name, len(procs), len(latencies), seconds, latencies)
 
 
 Prepare = Callable[[int, int], Callable[[], list[int]]]  # (index, events) -> the timed part
@@ -109,15 +115,7 @@ def run_prepared(name: str, prepare: Prepare, processes: int, events_each: int) 
         proc.start()
     for _ in procs:
         out.get(timeout=600)  # ready
-    began = time.perf_counter()
-    start.set()
-    latencies: list[int] = []
-    for _ in procs:
-        latencies.extend(out.get(timeout=600))
-    seconds = time.perf_counter() - began
-    for proc in procs:
-        proc.join(60)
-    return Figures(name, processes, len(latencies), seconds, latencies)
+    return _timed(name, procs, start, out)
 
 
 def print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
