@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -56,6 +56,18 @@ def draws_of(rows: Iterable[Sequence[Any]]) -> dict[DrawKey, int]:
             for grant_id, amount in row[ROW_FIELDS]:
                 draws[(row[1], row[0], row[9], grant_id)] += amount
     return draws
+
+
+def grant_deltas(
+    draws: Mapping[DrawKey, int], only: Container[str] | None = None
+) -> list[tuple[str, int]]:
+    """What ``draws`` add to each grant's ``used`` (of those in ``only``,
+    when given), by grant id, sorted: the lock order of grant rows."""
+    by_grant: dict[str, int] = defaultdict(int)
+    for (_, _, _, grant_id), amount in draws.items():
+        if only is None or grant_id in only:
+            by_grant[grant_id] += amount
+    return sorted(by_grant.items())
 
 
 def pots_of(grant_rows: Iterable[GrantRow], draw_rows: Iterable[DrawRow]) -> dict[Pair, Pot]:
@@ -254,18 +266,15 @@ class AllowanceStore(OnConnection):
         a grant the draws left low announces ``grant.low`` (once)."""
         if not draws:
             return
-        by_grant: dict[str, int] = defaultdict(int)
-        for (_, _, _, grant_id), amount in draws.items():
-            if restore is None or grant_id in restore:
-                by_grant[grant_id] += amount
+        by_grant = grant_deltas(draws, restore)
         if by_grant:
             self.connection.execute(
                 update(grants)
                 .where(grants.c.grant_id == bindparam("gid"))
                 .values(used=grants.c.used + bindparam("delta")),
-                [{"gid": gid, "delta": delta} for gid, delta in sorted(by_grant.items())],
+                [{"gid": gid, "delta": delta} for gid, delta in by_grant],
             )
-            drawn = sorted(gid for gid, delta in by_grant.items() if delta > 0)
+            drawn = [gid for gid, delta in by_grant if delta > 0]
             if now_us is not None and drawn:
                 self.announce_low(drawn, now_us)
         rows: list[dict[str, Any]] = [

@@ -36,7 +36,7 @@ from metering.domain.recurring import Issue, next_due_us
 from metering.domain.rollups import rollup_rows
 from metering.domain.rules import Key
 from metering.domain.windows import Window
-from metering.storage.allowances import pots_of
+from metering.storage.allowances import grant_deltas, pots_of
 from metering.storage.counters import Pair
 from metering.storage.engine import RetryTransaction
 from metering.storage.hot import Changes, Snapshot, WantedKey, WantedSeat
@@ -402,11 +402,8 @@ class PostgresHotStore:
                 if changes.issues:  # before the draws: they may draw on them
                     _issue(raw, changes.issues, now_us)
                 if changes.draws:
-                    by_grant: dict[str, int] = {}
-                    for (_, _, _, grant_id), amount in changes.draws.items():
-                        by_grant[grant_id] = by_grant.get(grant_id, 0) + amount
                     expected = changes.expected
-                    rows = [(g, delta, expected.get(g)) for g, delta in sorted(by_grant.items())]
+                    rows = [(g, delta, expected.get(g)) for g, delta in grant_deltas(changes.draws)]
                     raw.execute(UPDATE_GRANTS, {"rows": _encode(rows)})
                     rows = [(*key, amount) for key, amount in sorted(changes.draws.items())]
                     raw.execute(ADD_DRAWS, {"rows": _encode(rows)})

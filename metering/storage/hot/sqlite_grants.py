@@ -16,7 +16,7 @@ from typing import Final
 
 from metering.domain.grants import Pot
 from metering.domain.recurring import Issue, issue_id, next_due_us
-from metering.storage.allowances import DrawKey, pots_of
+from metering.storage.allowances import DrawKey, grant_deltas, pots_of
 from metering.storage.counters import Pair
 from metering.storage.hot.statements import BUMP_VERSION
 from metering.storage.recurring import (
@@ -106,8 +106,5 @@ def write_issues(
 def write_draws(raw: sqlite3.Connection, draws: Mapping[DrawKey, int]) -> None:
     """Add ``draws`` (all positive: the hot path only draws) to the grants and
     to their windows' draws (as `AllowanceStore.write_draws`)."""
-    by_grant: dict[str, int] = {}
-    for (_, _, _, grant_id), amount in draws.items():
-        by_grant[grant_id] = by_grant.get(grant_id, 0) + amount
-    raw.executemany(ADD_USED, [(amount, grant_id) for grant_id, amount in sorted(by_grant.items())])
+    raw.executemany(ADD_USED, [(amount, grant_id) for grant_id, amount in grant_deltas(draws)])
     raw.executemany(ADD_DRAW, [(*key, amount) for key, amount in sorted(draws.items())])
