@@ -94,12 +94,13 @@ class Model:
         default_factory=list
     )
     voided: set[str] = field(default_factory=set)
-    # When each event was decided, and each reset that cleared a counter
-    # (subject, time): a void of an event whose window a reset cleared at or
-    # after its decision gives nothing back (the counter started over without
-    # it; a reset in the very microsecond of the decision counts as after it).
+    # The step at which each event was decided, and each counter a reset
+    # cleared (subject, window start, step): a void of an event whose counter
+    # a later step cleared gives nothing back (the counter started over
+    # without it). Steps, not clocks, order them: the clock is frozen, and a
+    # reset in the very microsecond of a decision may come before or after it.
     decided: dict[str, int] = field(default_factory=dict)
-    resets: list[tuple[str, int]] = field(default_factory=list)
+    resets: list[tuple[str, int, int]] = field(default_factory=list)
 
     def maximum(self, subject: str, at: int) -> int:
         changes = sorted((s, m) for s, m in self.history.get(subject, {}).items() if s <= at)
@@ -143,7 +144,7 @@ class Model:
             return event_id
         self.voided.add(event_id)
         decided = self.decided[event_id]
-        if any(owner == subject and decided <= at < start + HOUR_US for owner, at in self.resets):
+        if (subject, start) in {(o, s) for o, s, step in self.resets if step > decided}:
             # Its counter no longer adds up to the ledger's charges less voids.
             self.windows[(subject, start)].reset = True
             return None
@@ -156,12 +157,12 @@ class Model:
                 grant.used -= amount
         return None
 
-    def reset(self, subject: str, now: int) -> None:
+    def reset(self, subject: str, now: int, step: int) -> None:
         """Clears the subject's current counter; recorded only if there was one."""
         for (owner, start), window in self.windows.items():
             if owner == subject and start + HOUR_US > now and window.stored:
                 window.used, window.draws, window.reset, window.stored = 0, {}, True, False
-                self.resets.append((subject, now))
+                self.resets.append((subject, start, step))
 
 
 def _run(url: str, operations: list[tuple[Any, ...]]) -> None:
@@ -175,7 +176,7 @@ def _run(url: str, operations: list[tuple[Any, ...]]) -> None:
                 at = clock() + timedelta(seconds=c)
                 event_id = f"e{step}"
                 allowed, maximum, draws = model.consume(event_id, a, b, to_us(at))
-                model.decided[event_id] = now
+                model.decided[event_id] = step
                 decision = meter.consume(a, "calls", b, event_id=event_id, occurred_at=at)
                 charge = decision.charges[0]
                 assert (decision.allowed, charge.maximum) == (allowed, maximum)
@@ -199,7 +200,7 @@ def _run(url: str, operations: list[tuple[Any, ...]]) -> None:
                 model.history.setdefault(a, {})[to_us(at)] = b
                 meter.set_entitlement(a, "calls", b, effective_from=at)
             elif kind == "reset":
-                model.reset(a, now)
+                model.reset(a, now, step)
                 meter.reset(subject=a)
             elif kind == "advance":
                 clock.advance(seconds=a)
