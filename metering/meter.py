@@ -26,8 +26,8 @@ from metering.domain.events import validate_cost as cost_of
 from metering.domain.limits import Limit
 from metering.domain.reservations import DEFAULT_TTL_SECONDS
 from metering.engine import Engine
-from metering.engine.fast import Answer
-from metering.engine.reference import Decided, InvalidPolicy
+from metering.engine.answers import Answer, InvalidPolicy
+from metering.engine.reference import Decided
 from metering.licenses.facade import LicensesFacade
 from metering.money.facade import PricesFacade
 from metering.operators import OperatorsFacade

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from metering.domain.events import EventRecord, Rejected
 from metering.domain.jsonable import fields_dict
-from metering.engine.fast import CONFLICT, DUPLICATE, NEW, Answer
+from metering.engine.answers import CONFLICT, DUPLICATE, NEW, Answer
 from metering.errors import InputRefused
 from metering.messages import decode_records, encode_event, raw_text
 from metering.meter import Meter

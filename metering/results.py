@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from metering.domain.bounds import validate_count
 from metering.domain.decisions import Decision
 from metering.domain.events import Rejected, validate_event_id
-from metering.engine.fast import CONFLICT, DUPLICATE, Answer
+from metering.engine.answers import CONFLICT, DUPLICATE, Answer
 from metering.engine.reference import Decided, decision_of
 from metering.errors import EventConflict
 from metering.storage.database import Database

@@ -24,6 +24,7 @@ from typing import Any, Final
 from metering.domain.decisions import ChargeDecision
 from metering.domain.grants import Pot, fit_window
 from metering.domain.limits import Limit, Period
+from metering.domain.needs import NONE, Need, rule_needs
 from metering.domain.notifications import Notice, notices_for
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 
@@ -63,6 +64,8 @@ class Rule:
     money: bool = False
     # Counts distinct values (seats): a charge costs what `metering.domain.distinct` says.
     distinct: bool = False
+    # What deciding a charge of it needs from a path (`metering.domain.needs`).
+    needs: frozenset[Need] = NONE
 
     @classmethod
     def of(cls, limit: Limit, *, priced: bool = False) -> Rule:
@@ -83,6 +86,7 @@ class Rule:
             concurrent=limit.algorithm == "concurrent",
             money=priced or limit.currency is not None,
             distinct=limit.distinct is not None,
+            needs=rule_needs(limit, priced=priced),
         )
 
     def with_maximum(self, maximum: int) -> Rule:

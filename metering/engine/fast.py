@@ -1,39 +1,15 @@
-"""Applying events on the hot path: what `Meter.consume` and the worker run.
+"""The fast path: what `Meter.consume`, batches and the worker decide with.
 
 One transaction; two calls of a `HotStore` (`read` under lock, then
 `write`), and between them the lean rules of `metering.domain.rules`, event
 after event, so a batch gives exactly the results of applying its events one
-by one. On PostgreSQL that is two round trips, the COMMIT riding with the
-second.
-
-The general engine (`metering.engine.reference.apply_events`) keeps what is rare: an
-event older than its subject's current first-use window sends the whole
-batch there (`UseGeneralPath`); reservations use it too, and `check` when
-`check_record` leaves it there. The differential property tests
-(``tests/engine/test_fast_path.py``, ``test_check_path.py``) hold both to
-the same results, counters, notifications and checks.
-
-Subjects' own allowances are decided here too: entitlements and own
-thresholds (`metering.alerts`) as rules of their own (`LimitCache.rule_for`),
-grants read with the counters, a recurring grant's issue due locked in the
-same read and made in the same transaction, and ``grant.low`` announced
-when the batch's draws leave a grant at or below its threshold
-(`metering.domain.rules.grants_low`).
-
-Limits are cached per process (`LimitCache`) with the version they were read
-at. `HotStore.read` returns the current version in the same round trip; when
-it moved, the cache is reloaded and the transaction runs again, so a changed
-limit applies to the very next decision in every process.
-
-Money is decided here as the reference engine decides it
-(`metering.engine.money`; ``tests/engine/test_fast_path_money.py``): before
-its counters' keys are worked out, a priced event gets its charges of its
-subjects' spend limits after its own, of the amounts of the prices in force
-at its ``occurred_at`` (`PriceBook.charges`, cached with the limits), so
-the lean rules stack them (all or nothing); its consumed priced charges
-carry their (currency, amount), rolled up as spend. A reservation, or an
-import with flags (`ImportPolicy`), of a priced event is left to the
-general engine.
+by one. It implements every need but the rare (`FAST_IMPLEMENTS`): money at the
+prices in force at ``occurred_at`` with spend caps (`metering.engine.money`),
+seats (`metering.engine.seats`), entitlements, grants and recurring grants'
+issues read with the counters, own thresholds, ``grant.low``, dimensions,
+reservations and imports. What it cannot decide it returns as `Declined`,
+before writing anything. Limits are cached per process (`LimitCache`) with
+the version they were read at; a read at another version declines as stale.
 """
 
 from __future__ import annotations
@@ -42,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from operator import itemgetter
-from typing import Final, Literal
+from typing import Final
 
 from sqlalchemy import Connection
 
@@ -59,6 +35,7 @@ from metering.domain.grants import Balance, History, Pot, maximum_at
 from metering.domain.imports import ImportPolicy
 from metering.domain.instants import from_us
 from metering.domain.licenses import consumed_concurrent
+from metering.domain.needs import EVERY, NONE, Need, subject_needs
 from metering.domain.notifications import Notice, payload_of
 from metering.domain.recurring import Issue, issue_id, low_threshold
 from metering.domain.reservations import held_charge
@@ -74,6 +51,17 @@ from metering.domain.rules import (
     grants_low,
 )
 from metering.domain.windows import Window, calendar_window, first_use_window
+from metering.engine.answers import (
+    CONFLICT,
+    DUPLICATE,
+    NEW,
+    Answer,
+    Batch,
+    Declined,
+    Hold,
+    NotHeld,
+    Unacceptable,
+)
 from metering.engine.money import PriceBook, refuse_spend_charge
 from metering.engine.seats import Seats
 from metering.errors import EventConflict, InvalidInput, MeteringError, UnknownLimit
@@ -85,7 +73,6 @@ from metering.storage.engine import RetryTransaction
 from metering.storage.hot import (
     Changes,
     HotStore,
-    NeedsConnection,
     Snapshot,
     WantedKey,
     WantedSeat,
@@ -98,49 +85,24 @@ from metering.storage.results import ResultRecord
 from metering.storage.store import Store
 from metering.storage.webhooks import WebhookStore
 
-InvalidPolicy = Literal["raise", "reject"]
-
-NEW: Final = "new"
-DUPLICATE: Final = "duplicate"
-CONFLICT: Final = "conflict"
-# (NEW, the result just written) | (DUPLICATE, the stored result) | (CONFLICT, None)
-Answer = tuple[str, ResultRecord | None]
 _REPEAT: Final = "repeat"
 
-
-class UseGeneralPath(Exception):
-    """The batch holds an event the hot path leaves to the general engine."""
-
-
-@dataclass(frozen=True, slots=True)
-class Hold:
-    """Keep a held reservation's row with the event when it is allowed
-    (`metering.reservations.transactions`): for ``ttl_us`` from the decision, or until
-    ``until_us`` (a lease's block, at least 1 µs from now). A block that
-    does not fit (``block``) is no event: `NotHeld` is raised before
-    anything is written, and the transaction rolls back."""
-
-    ttl_us: int = 0
-    until_us: int | None = None
-    block: bool = False
-
-    def expires_at_us(self, now_us: int) -> int:
-        if self.until_us is not None:
-            return max(self.until_us, now_us + 1)
-        return now_us + self.ttl_us
+# Every need but the rare, which the reference engine decides.
+FAST_IMPLEMENTS: Final = EVERY - {
+    Need.EARLY_FIRST_USE,  # found while deciding: declined
+    Need.HELD_MONEY,
+    Need.HELD_SEATS,  # refused, with the reference engine's error
+    Need.IMPORTED_MONEY,
+}
 
 
-class NotHeld(Exception):
-    """A lease's block was denied: nothing is recorded (see `Hold`)."""
+class _Decline(Exception):
+    """Raised where a path finds it cannot decide the batch; `apply_records`
+    and `check_record` return its `Declined`."""
 
-
-class Unacceptable(Exception):
-    """With ``invalid="raise"``: the event at ``index`` cannot be applied, for ``error``."""
-
-    def __init__(self, index: int, error: MeteringError) -> None:
-        super().__init__(index, error)
-        self.index = index
-        self.error = error
+    def __init__(self, declined: Declined) -> None:
+        super().__init__(declined.reason)
+        self.declined = declined
 
 
 # A subject's own thresholds for a limit: (percentages, amounts) (`metering.alerts`).
@@ -159,6 +121,49 @@ class Allowances:
     grant_pairs: frozenset[Pair] = frozenset()
     due: dict[Pair, int] = field(default_factory=dict)
     alerts: dict[Pair, Own] = field(default_factory=dict)
+    # What each (limit, subject) with allowances of its own needs (`metering.domain.needs`).
+    needs: dict[Pair, frozenset[Need]] = field(default_factory=dict)
+
+    @classmethod
+    def of(
+        cls,
+        histories: dict[Pair, History],
+        grant_pairs: frozenset[Pair],
+        due: dict[Pair, int],
+        alerts: dict[Pair, Own],
+    ) -> Allowances:
+        """The allowances, with each pair's needs worked out."""
+        needs = {
+            pair: subject_needs(
+                entitled=pair in histories,
+                granted=pair in grant_pairs,
+                recurring=pair in due,
+                thresholds=pair in alerts,
+            )
+            for pair in {*histories, *grant_pairs, *due, *alerts}
+        }
+        return cls(histories, grant_pairs, due, alerts, needs)
+
+    def charged(self, rules: dict[str, Rule], records: Iterable[EventRecord]) -> set[Need]:
+        """What the charges of ``records`` need: their rules' needs, their
+        subjects' own, an unknown limit's (`Need.INVALID`) and one event's
+        charges of one counter (`Need.REPEATED_COUNTER`)."""
+        found: set[Need] = set()
+        own = self.needs
+        for record in records:
+            charges = record.charges
+            for subject, name, _ in charges:
+                rule = rules.get(name)
+                if rule is None:
+                    found.add(Need.INVALID)
+                    continue
+                if rule.needs:
+                    found |= rule.needs
+                if own:
+                    found |= own.get((name, subject), NONE)
+            if len(charges) > 1 and len({c[:2] for c in charges}) < len(charges):
+                found.add(Need.REPEATED_COUNTER)
+        return found
 
     def due_pairs(self, pairs: Iterable[Pair], now_us: int) -> list[Pair]:
         """Those of ``pairs`` with a recurring grant's issue due at ``now_us``, sorted."""
@@ -188,7 +193,7 @@ class LimitCache:
         store = Store(connection)
         version, limits = store.limits_version(), store.list_limits()
         allowances = AllowanceStore(connection)
-        found = Allowances(
+        found = Allowances.of(
             allowances.histories(),
             frozenset(allowances.grant_pairs()),
             ScheduleStore(connection).due_times(),
@@ -244,18 +249,15 @@ class _Windows:
         return window
 
 
-def _rules_for(
+def rules_for(
     event: EventRecord,
     rules: dict[str, Rule],
     now_us: int,
     policy: ImportPolicy | None = None,
-    *,
-    seats: bool = True,
 ) -> tuple[list[Rule], MeteringError | None]:
     """The event's rules, or the error that makes it unacceptable (as
-    `validate_against_limits`); times checked as ``policy`` says (an import's).
-    Without ``seats`` a seat limit raises `UseGeneralPath` (a reservation,
-    the one-trip function)."""
+    `validate_against_limits`) with the rules found before it; times
+    checked as ``policy`` says (an import's)."""
     found: list[Rule] = []
     at_us = event.occurred_at_us
     for _, name, cost in event.charges:
@@ -264,8 +266,6 @@ def _rules_for(
             return found, UnknownLimit(name)
         if rule.concurrent:
             return found, consumed_concurrent(rule.name)
-        if rule.distinct and not seats:
-            raise UseGeneralPath("seats: taken by consuming, never held")
         if rule.money:
             refused = refuse_spend_charge(rule.limit)
             if refused is not None:
@@ -328,16 +328,16 @@ class _Spend:
         self.amounts: dict[int, dict[int, tuple[str, int]]] = {}
 
     @classmethod
-    def of(
-        cls, cache: LimitCache, version: int, rules: dict[str, Rule], *, general: bool
-    ) -> _Spend:
-        """The batch's money, priced at ``version``; ``general``: the batch is a
-        reservation or an import with flags, left to the general engine."""
-        if general:
-            raise UseGeneralPath("a reservation or a flagged import of a priced event")
+    def of(cls, cache: LimitCache, version: int, rules: dict[str, Rule], batch: Batch) -> _Spend:
+        """The batch's money, priced at ``version``. A reservation or an
+        import with flags of a priced event is declined."""
+        if batch.hold is not None:
+            raise _Decline(Declined("a reservation of a priced event", Need.HELD_MONEY))
+        if batch.policy is not None:
+            raise _Decline(Declined("a flagged import of a priced event", Need.IMPORTED_MONEY))
         book = cache.prices
         if book.version != version:
-            raise RetryTransaction("prices read at another version than the limits")
+            raise _Decline(Declined("prices cached at another version", stale=True))
         return cls(book, rules)
 
     def expand(
@@ -357,7 +357,7 @@ class _Spend:
         for charge in extra:
             rule = self.rules.get(charge.limit)
             if rule is None:  # created between the reads of a refresh: not for the cache
-                raise UseGeneralPath("a spend limit missing from the cached limits")
+                raise _Decline(Declined("a spend limit not cached", stale=True))
             added.append(rule)
         expanded = event._replace(charges=(*event.charges, *extra))
         return expanded, [*event_rules, *added], None
@@ -385,7 +385,7 @@ def _first_use(
 ) -> Window:
     current = windows.get(pair)
     if current is not None and at_us < current[0]:
-        raise UseGeneralPath("an event before its subject's current first-use window")
+        raise _Decline(Declined("an event before its window", Need.EARLY_FIRST_USE))
     window = first_use_window(rule.period, at_us, current, None)
     if window != current:
         windows[pair] = moved[pair] = window
@@ -395,255 +395,333 @@ def _first_use(
 def apply_records(
     connection: Connection | None,
     cache: LimitCache,
-    events: Sequence[EventRecord],
-    now_us: int,
+    batch: Batch,
     *,
-    invalid: InvalidPolicy,
-    precheck: bool,
-    rejected: Sequence[Rejected] = (),
+    retry: bool = False,
     store: HotStore | None = None,
-    hold: Hold | None = None,
-    policy: ImportPolicy | None = None,
-) -> list[Answer]:
-    """Apply ``events`` in order inside the caller's transaction; one answer per event.
+) -> list[Answer] | Declined:
+    """Apply ``batch`` in order inside the caller's transaction; one answer per event.
 
     The transaction is ``connection``'s (its `hot_store`), or ``store``'s own
-    when ``connection`` is None (the direct SQLite path): then what needs a
-    SQLAlchemy connection raises `NeedsConnection` before anything is written.
-
-    ``invalid="raise"`` raises `Unacceptable` for the first unacceptable event;
-    ``"reject"`` stores it as a rejected result. Without ``precheck`` ids are
-    not looked up first: an id decided before fails the results insert,
-    and `run_transaction` runs the work again, with ``precheck``. A batch
-    with an unacceptable event is always looked up: a decided id answers
-    first (its duplicate or conflict), whatever the event's time or limit.
-    ``rejected`` input, and with ``"reject"`` ids reused with other
-    charges, are kept in ``rejected_messages`` in the same transaction.
-    ``policy`` (an import's flags, `ImportPolicy`) changes the rules after
-    each subject's own maximum is applied, writes no notification when it
-    does not enforce, and marks the results it writes.
+    when ``connection`` is None (a direct connection): what needs a
+    SQLAlchemy connection then declines (`Need.NOTICES`). Every decline
+    comes before anything is written. ``retry``: the transaction runs again
+    (a repeated id failed the results insert): ids are looked up first.
     """
     if store is None:
         assert connection is not None
         store = hot_store(connection)
     if cache.current[0] < 0:
-        cache.refresh(_general(connection, "limits"))
-    version, rules, allowances = cache.current
-    # Priced limits at all (a refresh under way may pair versions: `_Spend.of` checks).
-    priced = bool(cache.prices.prices) or cache.prices.version != version
-    spend: _Spend | None = None
-    calendar = _Windows()
-    first: dict[str, int] = {}
-    answers: list[tuple[str, ResultRecord | int | None]] = [(_REPEAT, None)] * len(events)
-    # Each event to decide, with its counters' keys and windows when none is
-    # a first-use window (those are known only once the current one is read).
-    todo: list[tuple[int, EventRecord, list[Rule], MeteringError | None, _Fixed | None]] = []
-    pairs: set[Pair] = set()
-    keys: dict[Key, int] = {}
-    # The batch's limits that roll usage up by dimension (usually none).
-    dimensioned: dict[str, tuple[str, ...]] = {}
-    # The seat values the batch charges (`metering.domain.distinct`; usually none).
-    wanted_seats: set[WantedSeat] = set()
-    for index, event in enumerate(events):
-        if event.event_id in first:
-            answers[index] = (_REPEAT, first[event.event_id])
-            continue
-        first[event.event_id] = index
-        # A reservation of a seat limit is refused by the reference path (`_refuse_seats`).
-        event_rules, error = _rules_for(event, rules, now_us, policy, seats=hold is None)
-        if priced and error is None and any(rule.money for rule in event_rules):
-            if spend is None:
-                general = hold is not None or policy is not None
-                spend = _Spend.of(cache, version, rules, general=general)
-            event, event_rules, error = spend.expand(index, event, event_rules)
-        if error is not None:
-            todo.append((index, event, event_rules, error, None))
-            continue
+        if connection is None:
+            return Declined("the limits are not loaded yet", stale=True)
+        cache.refresh(connection)
+    applying = _Applying(cache, batch)
+    try:
+        applying.plan()
+        snapshot = applying.read(store, retry)
+        applying.decide(snapshot)
+        return applying.write(connection, store, snapshot)
+    except _Decline as exc:
+        return exc.declined
+
+
+# An event to decide: its position in the batch, the event (with its spend
+# charges), its rules, the error that makes it unacceptable, and its
+# counters' keys and windows when none is a first-use window.
+_Todo = tuple[int, EventRecord, list[Rule], MeteringError | None, _Fixed | None]
+
+
+class _Applying:
+    """One `apply_records` call: planned, read under lock, decided, written.
+
+    A batch with an unacceptable event is always looked up: a decided id
+    answers first (its duplicate or conflict), whatever the event's time or
+    limit. ``batch.rejected``, and with ``invalid="reject"`` ids reused with
+    other charges, are kept as dead letters in the same transaction. An
+    import's ``policy`` changes the rules after each subject's own maximum
+    is applied, announces nothing when it does not enforce, and marks the
+    results it writes.
+    """
+
+    def __init__(self, cache: LimitCache, batch: Batch) -> None:
+        self.cache = cache
+        self.batch = batch
+        self.version, self.rules, self.allowances = cache.current
+        self.calendar = _Windows()
+        self.first: dict[str, int] = {}  # each id's first position
+        self.answers: list[tuple[str, ResultRecord | int | None]] = [(_REPEAT, None)] * len(
+            batch.records
+        )
+        self.todo: list[_Todo] = []
+        self.pairs: set[Pair] = set()  # first-use windows' (limit, subject)
+        self.keys: dict[Key, int] = {}  # fixed windows' keys, with their ends
+        self.dimensioned: dict[str, tuple[str, ...]] = {}  # limits rolled up by dimension
+        self.wanted_seats: set[WantedSeat] = set()  # the seat values the batch charges
+        self.spend: _Spend | None = None
+        self.looked_up = False
+        enforce = batch.policy is None or batch.policy.enforce
+        self.notices: list[Notice] = []
+        self.wanted_notices: list[Notice] | None = self.notices if enforce else None
+        self.records: list[ResultRecord] = []
+        self.refused: list[Rejected] = []  # the rejected events, kept whole (`refused_event`)
+        self.moved: dict[Pair, Window] = {}
+        self.created: dict[Key, int] = {}
+        self.before: dict[Key, tuple[object, ...]] = {}
+        self.seats = Seats({})
+        self.issues: list[tuple[ScheduleRecord, list[Issue]]] = []
+        self.had_row: set[Pair] = set()
+
+    def plan(self) -> None:
+        """Each event's rules, spend charges and counters' keys."""
+        batch, cache = self.batch, self.cache
+        # Priced limits at all (a refresh under way may pair versions: `_Spend.of` checks).
+        priced = bool(cache.prices.prices) or cache.prices.version != self.version
+        for index, event in enumerate(batch.records):
+            if event.event_id in self.first:
+                self.answers[index] = (_REPEAT, self.first[event.event_id])
+                continue
+            self.first[event.event_id] = index
+            event_rules, error = rules_for(event, self.rules, batch.now_us, batch.policy)
+            if batch.hold is not None and any(rule.distinct for rule in event_rules):
+                raise _Decline(Declined("seats are taken by consuming", Need.HELD_SEATS))
+            if priced and error is None and any(rule.money for rule in event_rules):
+                if self.spend is None:
+                    self.spend = _Spend.of(cache, self.version, self.rules, batch)
+                event, event_rules, error = self.spend.expand(index, event, event_rules)
+            fixed = None if error is not None else self._keys(event, event_rules)
+            self.todo.append((index, event, event_rules, error, fixed))
+
+    def _keys(self, event: EventRecord, event_rules: list[Rule]) -> _Fixed | None:
+        """The event's counters' keys and windows, or None when one is a
+        first-use window (known once its current window is read)."""
         fixed: _Fixed | None = []
         for (subject, name, cost), rule in zip(event.charges, event_rules, strict=True):
             if rule.dimensions:
-                dimensioned[name] = rule.dimensions
+                self.dimensioned[name] = rule.dimensions
             if rule.bucket:
                 key = (name, subject, BUCKET_WINDOW[0])
-                keys[key] = BUCKET_WINDOW[1]
+                self.keys[key] = BUCKET_WINDOW[1]
                 if fixed is not None:
                     fixed.append((key, BUCKET_WINDOW))
             elif rule.calendar:
-                window = calendar.calendar(rule, event.occurred_at_us)
+                window = self.calendar.calendar(rule, event.occurred_at_us)
                 key = (name, subject, window[0])
-                keys[key] = window[1]
+                self.keys[key] = window[1]
                 if fixed is not None:
                     fixed.append((key, window))
                 if rule.distinct:
-                    wanted_seats.add((name, subject, window[0], _seat_value(rule, event, cost)))
+                    value = _seat_value(rule, event, cost)
+                    self.wanted_seats.add((name, subject, window[0], value))
             else:
-                pairs.add((name, subject))
+                self.pairs.add((name, subject))
                 fixed = None
                 if rule.distinct:  # in the pair's current window, or in a new one (none)
-                    wanted_seats.add((name, subject, None, _seat_value(rule, event, cost)))
-        todo.append((index, event, event_rules, None, fixed))
-    due_pairs = allowances.due_pairs(chain(pairs, (key[:2] for key in keys)), now_us)
-    wanted = sorted((*key, end) for key, end in keys.items())
-    granted: list[Pair] = []
-    if allowances.grant_pairs:
-        granted = sorted(_granted(pairs, keys) & allowances.grant_pairs)
-    # An unacceptable event's id is looked up all the same: a decided id is
-    # answered (duplicate or conflict) before the event is judged.
-    looked_up = precheck or any(item[3] is not None for item in todo)
-    ids = list(first) if looked_up else None
-    seat_values = sorted(wanted_seats, key=_seat_order)
-    snapshot = store.read(ids, sorted(pairs), wanted, now_us, granted, seat_values, due_pairs)
-    if snapshot.version != version:
-        cache.refresh(_general(connection, "limits"))
-        raise RetryTransaction("limits changed since they were cached")
-    pots = snapshot.pots
-    issues = _issues(snapshot, todo, now_us) if snapshot.schedules else []
-    histories, alerts = allowances.histories, allowances.alerts
-    seats = Seats(snapshot.seen)
+                    self.wanted_seats.add((name, subject, None, _seat_value(rule, event, cost)))
+        return fixed
 
-    states = snapshot.states
-    windows = snapshot.windows
-    had_row = set(windows)
-    moved: dict[Pair, Window] = {}
-    created: dict[Key, int] = {}
-    before: dict[Key, tuple[object, ...]] = {}
-    notices: list[Notice] = []
-    wanted_notices: list[Notice] | None = notices
-    marker: str | None = None
-    if policy is not None:
-        marker = policy.marker
-        wanted_notices = notices if policy.enforce else None
-    records: list[ResultRecord] = []
-    refused: list[Rejected] = []  # the rejected events, kept whole (`refused_event`)
-    found = snapshot.stored
-    for index, event, event_rules, error, fixed in todo:
-        stored = found.get(event.event_id) if found else None
-        if stored is not None:
-            same = stored.fingerprint == event.fingerprint
-            answers[index] = (DUPLICATE, stored) if same else (CONFLICT, None)
-            continue
-        if error is not None:
-            if invalid == "raise":
-                raise Unacceptable(index, error)
-            refused.append(refused_event(event, str(error)))
+    def read(self, store: HotStore, retry: bool) -> Snapshot:
+        """The batch's state in one read, locked."""
+        batch, allowances, pairs, keys = self.batch, self.allowances, self.pairs, self.keys
+        due = allowances.due_pairs(chain(pairs, (key[:2] for key in keys)), batch.now_us)
+        granted: list[Pair] = []
+        if allowances.grant_pairs:
+            granted = sorted(_granted(pairs, keys) & allowances.grant_pairs)
+        # One event skips the id lookup: a repeated id fails the results
+        # insert, and the transaction runs again (``retry``), looking up.
+        self.looked_up = (
+            retry
+            or batch.lookup_first
+            or len(batch.records) > 1
+            or any(item[3] is not None for item in self.todo)
+        )
+        ids = list(self.first) if self.looked_up else None
+        wanted = sorted((*key, end) for key, end in keys.items())
+        seats = sorted(self.wanted_seats, key=_seat_order)
+        snapshot = store.read(ids, sorted(pairs), wanted, batch.now_us, granted, seats, due)
+        if snapshot.version != self.version:
+            raise _Decline(Declined("the limits changed since they were cached", stale=True))
+        return snapshot
+
+    def decide(self, snapshot: Snapshot) -> None:
+        """Each event in order over ``snapshot``'s state, which it updates."""
+        batch = self.batch
+        if snapshot.schedules:
+            self.issues = _issues(snapshot, self.todo, batch.now_us)
+        self.seats = Seats(snapshot.seen)
+        self.had_row = set(snapshot.windows)  # `_first_use` adds the windows it opens
+        marker = None if batch.policy is None else batch.policy.marker
+        reason: str | None
+        found = snapshot.stored
+        for index, event, event_rules, error, fixed in self.todo:
+            stored = found.get(event.event_id) if found else None
+            if stored is not None:
+                same = stored.fingerprint == event.fingerprint
+                self.answers[index] = (DUPLICATE, stored) if same else (CONFLICT, None)
+                continue
+            if error is not None:
+                if batch.invalid == "raise":
+                    raise Unacceptable(index, error)
+                self.refused.append(refused_event(event, str(error)))
+                outcome, reason, rows = "rejected", str(error), []
+                denied_by: tuple[str, ...] = ()
+            else:
+                verdict = self._verdict(index, event, event_rules, fixed, snapshot)
+                outcome, denied_by, reason = verdict.outcome, verdict.denied_by, marker
+                rows = verdict.rows
             record = ResultRecord(
                 event.event_id,
-                "rejected",
+                outcome,
                 event.fingerprint,
                 event.occurred_at_us,
-                now_us,
-                (),
-                str(error),
-                [],
+                batch.now_us,
+                denied_by,
+                reason,
+                rows,
                 event.metadata,
             )
-        else:
-            at_us = event.occurred_at_us
-            event_windows: list[Window] = []
-            event_states: list[State] = []
-            event_pots: list[Pot | None] | None = None
-            if histories or pots or alerts:
-                event_rules, event_pots = _entitled(
-                    cache, event, event_rules, (histories, alerts), pots
-                )
-            if policy is not None:  # after `_entitled`: its shared rules stay as they are
-                event_rules = [policy.rule(rule) for rule in event_rules]
-            if fixed is None:
-                fixed = []
-                for (subject, name, _), rule in zip(event.charges, event_rules, strict=True):
-                    if rule.bucket:
-                        window = BUCKET_WINDOW
-                    elif rule.calendar:
-                        window = calendar.calendar(rule, at_us)
-                    else:
-                        window = _first_use(rule, (name, subject), at_us, windows, moved)
-                    fixed.append(((name, subject, window[0]), window))
-            for key, window in fixed:
-                state = states.get(key)
-                if state is None:
-                    state = states[key] = fresh_state()
-                    created[key] = window[1]
-                elif key not in before and key not in created:
-                    before[key] = tuple(state)
-                event_windows.append(window)
-                event_states.append(state)
-            charges: Sequence[tuple[str, str, int]] = event.charges
-            event_seats: list[SeatKey | None] | None = None
-            if wanted_seats and any(rule.distinct for rule in event_rules):
-                event_seats = _seat_keys(event, event_rules, event_windows)
-                charges = _seat_charges(event, seats.costs(event_seats))
-            verdict = decide(
-                event_rules,
-                charges,
-                event_windows,
-                event_states,
-                at_us,
-                event.event_id,
-                wanted_notices,
-                event_pots,
-            )
-            if event_seats is not None:
-                outcomes = [row[_CHARGE_OUTCOME] for row in verdict.rows]
-                seats.count_outcomes(event_seats, verdict.outcome, outcomes)
-            if spend is not None:
-                spend.annotate(index, verdict)
-            record = ResultRecord(
-                event.event_id,
-                verdict.outcome,
-                event.fingerprint,
-                at_us,
-                now_us,
-                verdict.denied_by,
-                marker,
-                verdict.rows,
-                event.metadata,
-            )
-        records.append(record)
-        answers[index] = (NEW, record)
+            self.records.append(record)
+            self.answers[index] = (NEW, record)
 
-    final = _resolve(answers, events, snapshot.stored)
-    # Queued input keeps its conflicts in the dead-letter record; a caller
-    # who is answered `EventConflict` (``invalid="raise"``) has been told.
-    conflicts = [
-        Rejected(event.event_id, str(EventConflict(event.event_id)), event.fingerprint)
-        for event, (kind, _) in zip(events, final, strict=True)
-        if kind == CONFLICT and invalid == "reject"
-    ]
-    moved_windows = sorted(moved.items())
-    rollups = rollup_deltas(records, dimensioned)
-    if spend is not None and spend.amounts:
-        rollups = merged(rollups, spend_deltas(records))
-    changes = Changes(
-        updated=[(key, states[key]) for key, old in before.items() if tuple(states[key]) != old],
-        created=[(key, end, states[key]) for key, end in sorted(created.items())],
-        new_windows=[item for item in moved_windows if item[0] not in had_row],
-        moved_windows=[item for item in moved_windows if item[0] in had_row],
-        results=sorted(records, key=_event_id),
-        rollups=rollups,
-    )
-    low: list[str] = []
-    if pots:
-        changes.draws = draws_of(row for record in records for row in record.charges)
-        changes.issues = issues
+    def _verdict(
+        self,
+        index: int,
+        event: EventRecord,
+        event_rules: list[Rule],
+        fixed: _Fixed | None,
+        snapshot: Snapshot,
+    ) -> EventOutcome:
+        """One acceptable event, decided with its subjects' own allowances."""
+        allowances = self.allowances
+        event_pots: list[Pot | None] | None = None
+        if allowances.histories or snapshot.pots or allowances.alerts:
+            own = (allowances.histories, allowances.alerts)
+            event_rules, event_pots = _entitled(self.cache, event, event_rules, own, snapshot.pots)
+        policy = self.batch.policy
+        if policy is not None:  # after `_entitled`: its shared rules stay as they are
+            event_rules = [policy.rule(rule) for rule in event_rules]
+        if fixed is None:
+            fixed = self._first_use_keys(event, event_rules, snapshot.windows)
+        event_windows, event_states = self._states(fixed, snapshot.states)
+        charges: Sequence[tuple[str, str, int]] = event.charges
+        event_seats: list[SeatKey | None] | None = None
+        if self.wanted_seats and any(rule.distinct for rule in event_rules):
+            event_seats = _seat_keys(event, event_rules, event_windows)
+            charges = _seat_charges(event, self.seats.costs(event_seats))
+        verdict = decide(
+            event_rules,
+            charges,
+            event_windows,
+            event_states,
+            event.occurred_at_us,
+            event.event_id,
+            self.wanted_notices,
+            event_pots,
+        )
+        if event_seats is not None:
+            outcomes = [row[_CHARGE_OUTCOME] for row in verdict.rows]
+            self.seats.count_outcomes(event_seats, verdict.outcome, outcomes)
+        if self.spend is not None:
+            self.spend.annotate(index, verdict)
+        return verdict
+
+    def _first_use_keys(
+        self, event: EventRecord, event_rules: list[Rule], windows: dict[Pair, Window | None]
+    ) -> _Fixed:
+        """The event's counters when one is a first-use window, read now."""
+        fixed: _Fixed = []
+        at_us = event.occurred_at_us
+        for (subject, name, _), rule in zip(event.charges, event_rules, strict=True):
+            if rule.bucket:
+                window = BUCKET_WINDOW
+            elif rule.calendar:
+                window = self.calendar.calendar(rule, at_us)
+            else:
+                window = _first_use(rule, (name, subject), at_us, windows, self.moved)
+            fixed.append(((name, subject, window[0]), window))
+        return fixed
+
+    def _states(self, fixed: _Fixed, states: dict[Key, State]) -> tuple[list[Window], list[State]]:
+        """An event's windows and counters: a new counter is remembered as
+        created, a stored one as it was before the batch changed it."""
+        windows: list[Window] = []
+        found: list[State] = []
+        for key, window in fixed:
+            state = states.get(key)
+            if state is None:
+                state = states[key] = fresh_state()
+                self.created[key] = window[1]
+            elif key not in self.before and key not in self.created:
+                self.before[key] = tuple(state)
+            windows.append(window)
+            found.append(state)
+        return windows, found
+
+    def write(
+        self, connection: Connection | None, store: HotStore, snapshot: Snapshot
+    ) -> list[Answer] | Declined:
+        """Write what the batch changed, and its notices and dead letters."""
+        batch = self.batch
+        final = _resolve(self.answers, batch.records, snapshot.stored)
+        # Queued input keeps its conflicts in the dead-letter record; a caller
+        # who is answered `EventConflict` (``invalid="raise"``) has been told.
+        conflicts = [
+            Rejected(event.event_id, str(EventConflict(event.event_id)), event.fingerprint)
+            for event, (kind, _) in zip(batch.records, final, strict=True)
+            if kind == CONFLICT and batch.invalid == "reject"
+        ]
+        changes = self._changes(snapshot)
+        low = self._draws(snapshot, changes)
+        if batch.hold is not None:
+            changes.holds = _holds(self.records, batch.hold, batch.now_us, self.looked_up)
+        dead = [*batch.rejected, *conflicts, *self.refused]
+        if dead and store.takes_rejected:
+            changes.rejected, dead = dead, []  # in the write's round trip
+        more = bool(self.notices or dead or low)
+        if more and connection is None:
+            return Declined("notices or dead letters to write", Need.NOTICES)
+        store.write(changes, batch.now_us, commit=not more)
+        if connection is not None and more:
+            _record_extras(connection, self.notices, dead, batch.now_us, low)
+        return final
+
+    def _changes(self, snapshot: Snapshot) -> Changes:
+        """Counters, windows, results, rollups and seats to write."""
+        states = snapshot.states
+        had_row = self.had_row
+        moved = sorted(self.moved.items())
+        rollups = rollup_deltas(self.records, self.dimensioned)
+        if self.spend is not None and self.spend.amounts:
+            rollups = merged(rollups, spend_deltas(self.records))
+        before = self.before
+        changes = Changes(
+            updated=[
+                (key, states[key]) for key, old in before.items() if tuple(states[key]) != old
+            ],
+            created=[(key, end, states[key]) for key, end in sorted(self.created.items())],
+            new_windows=[item for item in moved if item[0] not in had_row],
+            moved_windows=[item for item in moved if item[0] in had_row],
+            results=sorted(self.records, key=_event_id),
+            rollups=rollups,
+        )
+        if self.seats.added:
+            changes.seats = dict(self.seats.added)
+        return changes
+
+    def _draws(self, snapshot: Snapshot, changes: Changes) -> list[str]:
+        """The batch's draws on grants and its recurring grants' issues, in
+        ``changes``; the grants its draws leave at or below their threshold."""
+        pots = snapshot.pots
+        if not pots:
+            return []
+        changes.draws = draws_of(row for record in self.records for row in record.charges)
+        changes.issues = self.issues
         watched = snapshot.watched
-        if watched and changes.draws:
-            drawn = {key[3] for key, amount in changes.draws.items() if amount > 0}
-            changes.expected = {g: watched[g][1] for g in sorted(drawn) if g in watched}
-            thresholds = {g: watched[g][0] for g in changes.expected}
-            low = grants_low(pots, thresholds, changes.expected)
-    if seats.added:
-        changes.seats = dict(seats.added)
-    if hold is not None:
-        changes.holds = _holds(records, hold, now_us, looked_up)
-    dead = [*rejected, *conflicts, *refused]
-    if dead and store.takes_rejected:
-        changes.rejected, dead = dead, []  # in the write's round trip
-    more = bool(notices or dead or low)
-    extras = _general(connection, "notices or dead letters") if more else None
-    store.write(changes, now_us, commit=not more)
-    if extras is not None:
-        _record_extras(extras, notices, dead, now_us, low)
-    return final
+        if not (watched and changes.draws):
+            return []
+        drawn = {key[3] for key, amount in changes.draws.items() if amount > 0}
+        changes.expected = {g: watched[g][1] for g in sorted(drawn) if g in watched}
+        thresholds = {g: watched[g][0] for g in changes.expected}
+        return grants_low(pots, thresholds, changes.expected)
 
 
 def _issues(
@@ -712,13 +790,6 @@ def _holds(
         charges = [held_charge(ChargeDecision.from_row(row)) for row in record.charges]
         rows.append(hold_row(record.event_id, charges, now_us, hold.expires_at_us(now_us)))
     return rows
-
-
-def _general(connection: Connection | None, what: str) -> Connection:
-    """The SQLAlchemy connection, for what the direct SQLite path leaves to it."""
-    if connection is None:
-        raise NeedsConnection(what)
-    return connection
 
 
 def _granted(pairs: Iterable[Pair], keys: Iterable[Key]) -> set[Pair]:
@@ -796,10 +867,6 @@ def _record_extras(
         Store(connection).record_rejected_messages(rejected, now_us)
 
 
-# `check_record`'s answer when the cached limits are older than the database's.
-STALE: Final = "stale"
-
-
 # Reads, without a lock, what `HotStore.read` would lock: the limits'
 # version, the first-use windows of the pairs, the counters of the keys and
 # of those windows, the grants of the grant pairs and their draws, the live
@@ -811,33 +878,34 @@ ReadUnlocked = Callable[
 
 def check_record(
     read_unlocked: ReadUnlocked, cache: LimitCache, event: EventRecord, now_us: int
-) -> EventOutcome | Literal["stale"] | None:
+) -> EventOutcome | Declined:
     """What applying ``event`` would decide now, by the hot path's rules,
     reading the state in one statement (``read_unlocked``) and writing
-    nothing (`Meter.check`; PostgreSQL only).
+    nothing (`Meter.check`).
 
-    None: the general engine must answer (an unknown limit, an
-    out-of-range time or a charge that costs too much, which it raises
-    with its own messages; an event before its subject's current first-use
-    window). `STALE`: the limits changed since ``cache`` was read (refresh
-    it and ask again).
+    Declined: an unacceptable event (the reference engine raises its error
+    with its own message), a recurring grant's issue due, an event before
+    its subject's current first-use window, or the cached limits are stale.
     """
     version, rules, allowances = cache.current
+    if version < 0:
+        return Declined("the limits are not loaded yet", stale=True)
     spend: _Spend | None = None
+    stale = Declined("the limits changed since they were cached", stale=True)
     try:
-        event_rules, error = _rules_for(event, rules, now_us)
-        if error is None and version >= 0 and any(rule.money for rule in event_rules):
+        event_rules, error = rules_for(event, rules, now_us)
+        if error is None and any(rule.money for rule in event_rules):
             if cache.prices.version != version:
-                return STALE
+                return stale
             spend = _Spend(cache.prices, rules)
             event, event_rules, error = spend.expand(0, event, event_rules)
-    except UseGeneralPath:
-        return None  # a spend limit not cached yet: the reference engine reads it
-    if error is not None or version < 0:
-        return None
+    except _Decline as exc:
+        return exc.declined  # a spend limit not cached yet
+    if error is not None:
+        return Declined(str(error), Need.INVALID)
     charged = [(name, subject) for subject, name, _ in event.charges]
     if allowances.due_pairs(charged, now_us):
-        return None  # a recurring grant's issue due: the general engine makes it
+        return Declined("a recurring grant's issue is due", Need.RECURRING)
     granted = sorted(set(charged) & allowances.grant_pairs) if allowances.grant_pairs else []
     at_us = event.occurred_at_us
     calendar = _Windows()
@@ -856,7 +924,7 @@ def check_record(
             seats.append((name, subject, start, _seat_value(rule, event, cost)))
     snapshot = read_unlocked(sorted(pairs), sorted(keys), seats, granted)
     if snapshot.version != version:
-        return STALE
+        return stale
     pots: list[Pot | None] | None = None
     if allowances.histories or snapshot.pots:  # (own thresholds: a check announces nothing)
         own: tuple[dict[Pair, History], dict[Pair, Own]] = (allowances.histories, {})
@@ -871,7 +939,7 @@ def check_record(
         else:
             current = snapshot.windows.get((name, subject))
             if current is not None and at_us < current[0]:
-                return None
+                return Declined("an event before its window", Need.EARLY_FIRST_USE)
             window = first_use_window(rule.period, at_us, current, None)
         # `decide` updates the states in place: these are copies, stored nowhere.
         found = snapshot.states.get((name, subject, window[0]))

@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Final
 
 from metering.domain.events import EventRecord
-from metering.engine.fast import Answer, Unacceptable
+from metering.engine.answers import Answer, Unacceptable
 from metering.errors import DatabaseUnavailable
 
 MAX_BATCH: Final = 128

@@ -19,7 +19,6 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
 
 from metering.domain.decisions import (
     ROW_FIELDS,
@@ -39,6 +38,7 @@ from metering.domain.notifications import Transition, notices_of, payload_of
 from metering.domain.rollups import merged, rollup_deltas, spend_deltas
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 from metering.domain.windows import Window, calendar_window, first_use_window
+from metering.engine.answers import InvalidPolicy
 from metering.engine.money import Money, refuse_spend_charge
 from metering.engine.seats import Seats, seat_keys
 from metering.errors import EventConflict, MeteringError, UnknownLimit
@@ -52,7 +52,6 @@ from metering.storage.rollups import record_rollups
 from metering.storage.store import Store
 from metering.storage.webhooks import WebhookStore
 
-InvalidPolicy = Literal["raise", "reject"]
 # What applying one event gives: its decision, or the conflict of a reused id.
 Decided = Decision | EventConflict
 

@@ -24,7 +24,7 @@ from metering.domain.events import EventRecord
 from metering.domain.imports import BadLine, ImportFormat, ImportPolicy, format_of, parse_lines
 from metering.domain.jsonable import fields_dict
 from metering.engine import Engine
-from metering.engine.fast import CONFLICT, DUPLICATE, NEW, Answer
+from metering.engine.answers import CONFLICT, DUPLICATE, NEW, Answer
 from metering.errors import InputRefused, InvalidInput
 
 BATCH_SIZE: Final = 1000

@@ -1,11 +1,9 @@
 """The transactions of reservations, beside the ledger they consume through.
 
-`reserve` decides and records an event exactly like `consume`, on the fast
-path (`metering.engine.fast.apply_records` with a `Hold`, through whatever
-runs the engine's `HotStore`), and, when it is allowed, keeps a durable
-reservation row naming the counters it consumed from, written in the same
-transaction (what the fast path leaves to the reference engine,
-`metering.engine.reference.apply_events`, runs there: `_reserve`); `cancel` gives the
+`reserve` decides and records an event exactly like `consume`
+(`Engine.reserve`, on the first path that implements it) and, when it is
+allowed, keeps a durable reservation row naming the counters it consumed
+from, written in the same transaction; `cancel` gives the
 cost back where it still can (`metering.domain.reservations`); `commit`
 makes it final, at ``actual`` giving the rest back, or charging the usage
 beyond the reserved cost (`_charge_more`: on the general path, with the
@@ -43,13 +41,13 @@ from metering.domain.reservations import (
     ChargedMore,
     ReservationState,
     charge_more,
-    held_charge,
 )
 from metering.domain.rollups import charged_more_deltas
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
+from metering.engine.answers import CONFLICT, DUPLICATE, Declined, Hold, NotHeld
 from metering.engine.core import Engine
-from metering.engine.fast import CONFLICT, DUPLICATE, Hold, LimitCache, NotHeld, UseGeneralPath
-from metering.engine.reference import apply_events, decision_of
+from metering.engine.fast import LimitCache
+from metering.engine.reference import decision_of
 from metering.errors import (
     EventConflict,
     InvalidInput,
@@ -59,7 +57,7 @@ from metering.errors import (
 )
 from metering.storage.allowances import AllowanceStore
 from metering.storage.database import Database
-from metering.storage.hot import Changes, HotStore, NeedsConnection
+from metering.storage.hot import Changes, HotStore
 from metering.storage.reservations import ReservationRecord, ReservationStore, settle_row
 from metering.storage.results import ResultRecord
 from metering.storage.rollups import record_rollups
@@ -78,13 +76,9 @@ def validate_ttl(ttl_seconds: object) -> float:
 Reserved = tuple[Decision, ReservationState, int | None]  # decision, state, expires_at_us
 
 
-class _NotLeased(Exception):
-    """A lease's block did not fit: its transaction rolls back."""
-
-
 def reserve(engine: Engine, event: UsageEvent, ttl_us: int) -> Reserved:
     """The transaction of `Meter.reserve`: decide, and keep a row if allowed."""
-    return _reserve_fast(engine, event, Hold(ttl_us=ttl_us))
+    return _reserved(engine, event, Hold(ttl_us=ttl_us))
 
 
 def lease(engine: Engine, event: UsageEvent, expires_at_us: int) -> Reserved | None:
@@ -93,20 +87,15 @@ def lease(engine: Engine, event: UsageEvent, expires_at_us: int) -> Reserved | N
     transaction rolls back and nothing is recorded (None); the request that
     asked for it then takes the exact path, which records its own outcome."""
     try:
-        return _reserve_fast(engine, event, Hold(until_us=expires_at_us, block=True))
-    except (NotHeld, _NotLeased):
+        return _reserved(engine, event, Hold(until_us=expires_at_us, block=True))
+    except NotHeld:
         return None
 
 
-def _reserve_fast(engine: Engine, event: UsageEvent, hold: Hold) -> Reserved:
-    """`reserve` on the fast path (`Engine.reserve`): the event decided and
-    its reservation row written in one transaction of the `HotStore`. What
-    the fast path leaves to the reference engine (an event before its
-    subject's current first-use window) runs there, as `_reserve`."""
-    try:
-        kind, record = engine.reserve(event.record(), hold)
-    except UseGeneralPath:
-        return _reserve(engine.database, event, hold.ttl_us, hold.until_us)
+def _reserved(engine: Engine, event: UsageEvent, hold: Hold) -> Reserved:
+    """The event decided and its reservation row written in one transaction
+    (`Engine.reserve`, on whichever path implements it)."""
+    kind, record = engine.reserve(event.record(), hold)
     if kind == CONFLICT or record is None:
         raise EventConflict(event.event_id)
     decision = decision_of(record, duplicate=kind == DUPLICATE)
@@ -125,53 +114,6 @@ def _repeated(database: Database, event_id: str, decision: Decision) -> Reserved
         return decision, ReservationState(record.state), record.expires_at_us
     final = ReservationState.COMMITTED if decision.allowed else ReservationState.DENIED
     return decision, final, None
-
-
-def _reserve(
-    database: Database, event: UsageEvent, ttl_us: int, expires_at_us: int | None
-) -> Reserved:
-    now_us = database.now_us()
-    if expires_at_us is not None:
-        ttl_us = max(expires_at_us - now_us, 1)
-
-    def work(connection: Connection, retry: bool) -> Reserved:
-        _refuse_seats(Store(connection), event)
-        # Like consume: no lookup of the id first; a repeated id is caught by
-        # the results insert, and the retry then looks it up.
-        [applied] = apply_events(
-            Store(connection), [event], now_us, invalid="raise", precheck=retry
-        )
-        if isinstance(applied, EventConflict):
-            raise applied
-        rows = ReservationStore(connection)
-        if applied.duplicate:
-            record = rows.get(event.event_id)
-            if record is not None:
-                return applied, ReservationState(record.state), record.expires_at_us
-            # The id was consumed, not reserved: that usage is final.
-            final = ReservationState.COMMITTED if applied.allowed else ReservationState.DENIED
-            return applied, final, None
-        if not applied.allowed:
-            if expires_at_us is not None:
-                raise _NotLeased
-            return applied, ReservationState.DENIED, None
-        held = [held_charge(c) for c in applied.charges]
-        rows.insert(event.event_id, held, now_us, now_us + ttl_us)
-        return applied, ReservationState.HELD, now_us + ttl_us
-
-    return database.run_retry_aware(work)
-
-
-def _refuse_seats(store: Store, event: UsageEvent) -> None:
-    """A seat is taken by consuming and given back by a void, never held: a
-    reservation of a distinct limit (which the fast path leaves to `_reserve`)
-    is refused before anything is written."""
-    limits = store.load_limits(c.limit for c in event.charges)
-    for name, limit in sorted(limits.items()):
-        if limit.distinct is not None:
-            raise InvalidInput(
-                "limit", f"{name!r} counts distinct values (seats): consume it, do not reserve it"
-            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,7 +222,7 @@ def _settle(engine: Engine, reservation_id: str, to: ReservationState, keep: int
         rows.settle(reservation_id, to, now_us, action, given_back)
         return Settled(returned=returned)
 
-    def direct(store: HotStore) -> Settled:
+    def direct(store: HotStore) -> Settled | Declined:
         return _settle_direct(store, engine.limits, reservation_id, to, keep, now_us, action)
 
     settled = engine.settle(direct, lambda: database.run(work))
@@ -357,12 +299,12 @@ def _settle_direct(
     keep: int | None,
     now_us: int,
     action: str,
-) -> Settled:
+) -> Settled | Declined:
     """`_settle`'s transaction on a `HotStore` of the fast path's own: the
     same checks and writes as ``work`` there, in at most three round trips on
     PostgreSQL (the reservation locked; its counters locked with the limits'
     version and its result; counters and reservation written with the
-    COMMIT). Raises `NeedsConnection` before writing anything for what is
+    COMMIT). Declines (`Declined`) before writing anything what is
     rare: a commit of more than reserved, grants to restore, usage rollups to
     take back, a counter that no longer exists (the general path creates
     it), the limits' cache stale."""
@@ -373,7 +315,7 @@ def _settle_direct(
     if step is None:
         return Settled()
     if step == _MORE:
-        raise NeedsConnection("more")
+        return Declined("a commit of more than reserved")
     if step != _GIVE_BACK:
         state, by = step
         store.write(
@@ -390,13 +332,13 @@ def _settle_direct(
     if wanted:
         version, rules, _ = cache.current
         if version < 0:
-            raise NeedsConnection("limits")
+            return Declined("the limits are not loaded yet", stale=True)
         snapshot = store.read([reservation_id], (), wanted, now_us)
         if snapshot.version != version:
-            raise NeedsConnection("limits")
+            return Declined("the limits changed since they were cached", stale=True)
         limits = {c.limit: rules[c.limit].limit for c in record.charges if c.limit in rules}
         if any(rules[name].money for name in limits):
-            raise NeedsConnection("money")  # spend rollups, and commit(actual) refused
+            return Declined("spend rollups to take back")  # and commit(actual) refused
         returning = _returning(record, snapshot.stored.get(reservation_id), keep)
         live = [
             charge
@@ -405,15 +347,15 @@ def _settle_direct(
         ]
         if live:
             if any(limit.dimensions for limit in limits.values()):
-                raise NeedsConnection("rollups")
+                return Declined("rollups to take back")
             if any(charge.grants for charge in live):
-                raise NeedsConnection("grants")
+                return Declined("grants to restore")
             states: dict[CounterKey, CounterState] = {}
             for charge in live:
                 key = charge.key
                 found = snapshot.states.get((key.limit, key.subject, key.window_start_us))
                 if found is None:
-                    raise NeedsConnection("counters")
+                    return Declined("a counter to create")
                 states[key] = CounterState(*found)
             changed, taken = taken_back(limits, live, states, now_us, past_windows=False)
             returned = sum(taken)

@@ -15,6 +15,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
+from decision_paths import apply_reference, without
 
 from metering import FrozenClock, Limit, Meter, make_event, spend_limit
 from metering.domain.decisions import Decision
@@ -47,14 +48,14 @@ def _batch(meter: Meter, limit: str, event_id: str, metadata: dict[str, str]) ->
 
 def _reference(meter: Meter, limit: str, event_id: str, metadata: dict[str, str]) -> Decision:
     record = make_event([("org-1", limit, 3)], meter.clock(), event_id, metadata).record()
-    [answer] = meter._engine._apply_reference([record], meter.database.now_us(), "raise", ())
+    [answer] = apply_reference(meter._engine, [record], meter.database.now_us(), "raise", ())
     decided = applied_of(event_id, answer)
     assert isinstance(decided, Decision)
     return decided
 
 
 def _old_fast_path(meter: Meter, limit: str, event_id: str, metadata: dict[str, str]) -> Decision:
-    meter._engine.one_trip = False
+    without(meter._engine, "one_trip")
     return _consume(meter, limit, event_id, metadata)
 
 

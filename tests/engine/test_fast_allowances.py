@@ -15,6 +15,7 @@ import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from decision_paths import refusing
 from lock_waits import WAIT_SECONDS, wait_until_blocked
 from sqlalchemy import select, text
 
@@ -30,7 +31,7 @@ def _refuse_reference(meter: Meter) -> None:
     def refuse(*_args: object, **_kwargs: object) -> None:
         raise AssertionError("the reference engine decided a batch")
 
-    meter._engine._apply_reference = refuse  # type: ignore[method-assign]
+    refusing(meter._engine, refuse, checks=False)
 
 
 def _messages(meter: Meter, kind: str) -> list[dict[str, object]]:
@@ -134,7 +135,7 @@ def test_check_answers_a_subject_with_grants_on_the_fast_path(pg_url: str) -> No
         def refuse(*_args: object) -> None:
             raise AssertionError("the reference engine checked")
 
-        meter._engine._check_reference = refuse  # type: ignore[assignment, method-assign]
+        refusing(meter._engine, refuse, applies=False)
         decision = meter.check("org", "calls", 4)
         assert (decision.outcome, decision.charges[0].grants) == ("allowed", (("g", 4),))
         assert meter.check("org", "calls", 6).denied_by == ("calls",)

@@ -26,6 +26,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from decision_paths import apply_reference, refusing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from servers import PostgresServer
@@ -191,7 +192,7 @@ def _run(fast_url: str, general_url: str, stream: list[dict[str, object]]) -> No
             if not _first_use_charged(spec):
                 # Grants, recurring grants' issues, grant.low and own thresholds included.
                 assert _reference_decisions() == before, "the fast path left the batch"
-            general._engine._apply_reference(records, fast.database.now_us(), "reject", ())
+            apply_reference(general._engine, records, fast.database.now_us(), "reject", ())
         assert _stored(fast) == _stored(general)
 
 
@@ -275,7 +276,7 @@ def test_the_hot_path_runs_for_ordinary_batches(sqlite_url: str) -> None:
         def refuse(*_args: object) -> None:
             raise AssertionError("the general engine ran")
 
-        meter._engine._apply_reference = refuse  # type: ignore[method-assign]
+        refusing(meter._engine, refuse, checks=False)
         events = [make_event([(s, "fu", 1), (s, "cal", 1)], clock()) for s in SUBJECTS]
         answers = meter.apply_records([e.record() for e in events])
         assert [kind for kind, _ in answers] == ["new"] * len(SUBJECTS)

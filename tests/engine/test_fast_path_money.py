@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from decision_paths import apply_reference, check_reference
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from servers import PostgresServer
@@ -156,7 +157,7 @@ def _compare_checks(meter: Meter, spec: dict[str, Any]) -> None:
         when = now + timedelta(seconds=item["offset_seconds"])
         hot = _answer(partial(meter.check, charges=item["charges"], occurred_at=when))
         event = make_event(item["charges"], when, "check")
-        general = _answer(partial(meter._engine._check_reference, event, meter.database.now_us()))
+        general = _answer(partial(check_reference, meter._engine, event, meter.database.now_us()))
         assert hot == general, item
 
 
@@ -179,7 +180,7 @@ def _run(fast_url: str, general_url: str, stream: list[dict[str, Any]], checks: 
             fast.apply_records(records, invalid="reject")
             if all(item["offset_seconds"] >= 0 for item in spec["events"]):
                 assert _reference_events() == before, "the reference engine decided"
-            general._engine._apply_reference(records, fast.database.now_us(), "reject", ())
+            apply_reference(general._engine, records, fast.database.now_us(), "reject", ())
         assert _stored(fast) == _stored(general)
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from decision_paths import apply_reference, without
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, select
@@ -112,7 +113,8 @@ class Run:
         self.maximums: dict[tuple[str, str], int] = {}
         self.ids: list[str] = []  # the last step's event ids
         self.grants = 0
-        meter._engine.one_trip = meter._engine.one_trip and path == "consume"
+        if path != "consume":
+            without(meter._engine, "one_trip")
 
     def step(self, kind: str, what: Any) -> None:
         if kind == "advance":
@@ -139,7 +141,7 @@ class Run:
             engine.apply(records, invalid="raise")
         for record in records:
             if self.path == "reference":
-                engine._apply_reference([record], self.meter.database.now_us(), "raise", ())
+                apply_reference(engine, [record], self.meter.database.now_us(), "raise", ())
             elif self.path == "fast":
                 engine.apply([record], invalid="raise")
             elif self.path == "consume":

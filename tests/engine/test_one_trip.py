@@ -4,7 +4,7 @@ On PostgreSQL a single event is decided by ``metering_consume_one``
 (`metering.engine.one_trip`) when it can; what it declines takes the usual
 fast path. Hypothesis drives three databases with the same random stream of
 single events: one `Meter` with the one-trip path, one on the old fast path
-(``one_trip`` off), and the reference engine (`Engine._apply_reference`).
+(``one_trip`` off), and the reference engine alone.
 Results rows, counters, first-use windows, notification marks and messages
 (would-deny marks among them), usage rollups, grants and dead letters must
 equal the reference's; answers and the `_count` metrics must equal the old
@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from decision_paths import apply_reference, without
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from servers import PostgresServer
@@ -148,7 +149,7 @@ def _run(urls: tuple[str, str, str], stream: list[dict[str, Any]], seen: list[in
     clock = FrozenClock(START)
     with ExitStack() as stack:
         one, old, reference = (stack.enter_context(Meter(url, clock=clock)) for url in urls)
-        old._engine.one_trip = False
+        without(old._engine, "one_trip")
         for meter in (one, old, reference):
             meter.set_limits(LIMITS)
         one.database.run(one._engine.limits.refresh)  # a warm process: limits cached
@@ -175,8 +176,8 @@ def _run(urls: tuple[str, str, str], stream: list[dict[str, Any]], seen: list[in
                     finally:
                         core.count_events = original
                 now_us = one.database.now_us()
-                apply = reference._engine._apply_reference
-                found = _answer(partial(apply, [record], now_us, invalid, ()))
+                engine = reference._engine
+                found = _answer(partial(apply_reference, engine, [record], now_us, invalid))
                 assert answers[0] == answers[1]
                 assert _kind(answers[0]) == _kind(found)
                 assert counted[0].calls == counted[1].calls
@@ -275,7 +276,8 @@ def _hammer(url: str, index: int, calls: int, queue: Any) -> None:
     allowed = 0
     STATS.clear()
     with Meter(url) as meter:
-        meter._engine.one_trip = index != 3  # one process on the old path alongside
+        if index == 3:  # one process on the old path alongside
+            without(meter._engine, "one_trip")
         stacked = [("shared", "hard", 1), ("shared", "wide", 1)]
         for _ in range(calls):
             allowed += meter.consume(charges=stacked).allowed

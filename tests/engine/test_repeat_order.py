@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from decision_paths import apply_reference, without
 
 from metering import FrozenClock, Limit, Meter, make_event, spend_limit
 from metering.domain.decisions import Decision
@@ -49,12 +50,12 @@ def _batch(meter: Meter, limit: str, cost: int, at: datetime) -> Decision:
 
 def _reference(meter: Meter, limit: str, cost: int, at: datetime) -> Decision:
     record = make_event([("org-1", limit, cost)], at, "e-1").record()
-    [answer] = meter._engine._apply_reference([record], meter.database.now_us(), "raise", ())
+    [answer] = apply_reference(meter._engine, [record], meter.database.now_us(), "raise", ())
     return consumed("e-1", answer)
 
 
 def _old_fast_path(meter: Meter, limit: str, cost: int, at: datetime) -> Decision:
-    meter._engine.one_trip = False
+    without(meter._engine, "one_trip")
     return _consume(meter, limit, cost, at)
 
 

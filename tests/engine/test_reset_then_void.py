@@ -19,6 +19,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from decision_paths import apply_reference, without
 
 from metering import FrozenClock, Limit, Meter
 from metering.domain.events import make_event
@@ -37,7 +38,8 @@ def _charge(meter: Meter, path: str, event_id: str, limit: str, user: str) -> No
     metadata = {"user": user} if limit == "seats" else None
     cost = 1 if limit == "seats" else 2
     engine = meter._engine
-    engine.one_trip = engine.one_trip and path == "consume"
+    if path != "consume":
+        without(engine, "one_trip")
     if path == "reserve":
         held = meter.reserve("org-1", limit, cost=cost, event_id=event_id, metadata=metadata)
         assert held.allowed
@@ -45,7 +47,7 @@ def _charge(meter: Meter, path: str, event_id: str, limit: str, user: str) -> No
         return
     record = make_event([("org-1", limit, cost)], meter.clock(), event_id, metadata).record()
     if path == "reference":
-        engine._apply_reference([record], meter.database.now_us(), "raise", ())
+        apply_reference(engine, [record], meter.database.now_us(), "raise", ())
     elif path == "fast":
         engine.apply([record], invalid="raise")
     else:

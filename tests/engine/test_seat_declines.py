@@ -1,8 +1,8 @@
 """What the hot paths do with seat limits (``distinct``): the fast path and
 the fast `check` decide them, reading the values' live events with the
-counters; the one-trip function is not called for them, and a reservation
-of one raises `UseGeneralPath` (the reference path refuses it), before
-anything is read or written; events on other limits stay on the one-trip
+counters; the one-trip function declines them (`Need.SEATS`), and the fast
+path declines a reservation of one (`Need.HELD_SEATS`: the reference path
+refuses it), before anything is read or written; events on other limits stay on the one-trip
 path (docs/seats.md)."""
 
 from __future__ import annotations
@@ -16,16 +16,11 @@ import pytest
 from metering.domain.events import make_event
 from metering.domain.instants import to_us
 from metering.domain.limits import Limit
+from metering.domain.needs import Need
 from metering.domain.rules import Rule
 from metering.domain.windows import calendar_window
-from metering.engine.fast import (
-    Allowances,
-    Hold,
-    LimitCache,
-    UseGeneralPath,
-    apply_records,
-    check_record,
-)
+from metering.engine.answers import Batch, Declined, Hold
+from metering.engine.fast import Allowances, LimitCache, apply_records, check_record
 from metering.engine.one_trip import prepare
 from metering.storage.counters import Pair
 from metering.storage.hot import Snapshot, WantedKey, WantedSeat
@@ -66,23 +61,15 @@ def test_the_one_trip_function_and_reservations_leave_seats_alone(
 ) -> None:
     record = make_event(charges, NOW, "e1", {"user": "ann"}).record()
     now_us = to_us(NOW)
-    assert prepare(cache, record, now_us) is None
-    with pytest.raises(UseGeneralPath):
-        apply_records(
-            None,
-            cache,
-            [record],
-            now_us,
-            invalid="raise",
-            precheck=True,
-            store=Untouchable(),
-            hold=Hold(ttl_us=1_000_000),
-        )
+    assert prepare(cache, record, now_us) == Declined("not for the function", Need.SEATS)
+    batch = Batch([record], now_us, "raise", hold=Hold(ttl_us=1_000_000), lookup_first=True)
+    found = apply_records(None, cache, batch, store=Untouchable())
+    assert isinstance(found, Declined) and found.need == Need.HELD_SEATS
 
 
 def test_an_event_on_another_limit_stays_on_the_one_trip_path(cache: LimitCache) -> None:
     record = make_event([("org-1", "calls", 1)], NOW, "e1", {"user": "ann"}).record()
-    assert prepare(cache, record, to_us(NOW)) is not None
+    assert not isinstance(prepare(cache, record, to_us(NOW)), Declined)
 
 
 def test_the_fast_check_reads_the_seats_it_charges(cache: LimitCache) -> None:
@@ -104,10 +91,10 @@ def test_the_fast_check_reads_the_seats_it_charges(cache: LimitCache) -> None:
 
     held = make_event([("org-1", "seats", 1)], NOW, "e1", {"user": "ann"}).record()
     verdict = check_record(read, cache, held, now_us)
-    assert verdict is not None and not isinstance(verdict, str)
+    assert not isinstance(verdict, Declined)
     assert (verdict.outcome, verdict.rows[0][2]) == ("allowed", 0)
     new = make_event([("org-1", "seats", 1)], NOW, "e2", {"user": "bob"}).record()
     verdict = check_record(read, cache, new, now_us)
-    assert verdict is not None and not isinstance(verdict, str)
+    assert not isinstance(verdict, Declined)
     assert (verdict.outcome, verdict.denied_by) == ("denied", ("seats",))
     assert asked == [[("seats", "org-1", start, "ann")], [("seats", "org-1", start, "bob")]]

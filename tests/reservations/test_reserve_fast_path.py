@@ -3,11 +3,11 @@
 `Meter.reserve` and a lease's block decide through the fast path
 (`metering.engine.fast.apply_records` with a `Hold`), writing the
 reservation row in the same transaction. Hypothesis drives it and the
-reference engine (`metering.reservations.transactions._reserve`, what reservations ran on
-before), each on its own database, with the same random stream of
-reservations, lease blocks (a denied block records nothing), consumes of
-the same ids, cancels and commits (settled on the engine's own connections
-on one side, under SQLAlchemy on the other): stacked charges, first-use and calendar
+reference engine (the only path of the other `Meter`), each on its own
+database, with the same random stream of reservations, lease blocks (a
+denied block records nothing), consumes of the same ids, cancels and
+commits (settled on the engine's own connections on one side, under
+SQLAlchemy on the other): stacked charges, first-use and calendar
 windows, token buckets, soft and shadow limits, ids repeated (duplicates
 and conflicts), late events (some before their subject's current
 first-use window, which the fast path leaves to the reference engine) and
@@ -33,7 +33,7 @@ from metering import FrozenClock, Meter
 from metering.domain.events import make_event
 from metering.domain.limits import Limit
 from metering.errors import MeteringError
-from metering.reservations.transactions import _NotLeased, _reserve, lease, reserve
+from metering.reservations.transactions import lease, reserve
 from metering.storage.tables import reservations
 
 # Shrinking these streams takes minutes: a failure is reported as found.
@@ -86,7 +86,7 @@ settle_step = st.fixed_dictionaries(
 settle_streams = st.lists(settle_step, min_size=1, max_size=25)
 
 
-def _step(meter: Meter, spec: dict[str, object], clock: FrozenClock, fast: bool) -> object:
+def _step(meter: Meter, spec: dict[str, object], clock: FrozenClock) -> object:
     """One step on one meter; its answer (or error) as plain values."""
     kind = spec["kind"]
     event_id = f"ev-{spec['id']}"
@@ -103,15 +103,8 @@ def _step(meter: Meter, spec: dict[str, object], clock: FrozenClock, fast: bool)
         now_us = meter.database.now_us()
         ttl_us = round(spec["ttl_seconds"] * 1_000_000)  # type: ignore[operator]
         if kind == "block":
-            if fast:
-                return lease(meter._engine, event, now_us + ttl_us)
-            try:
-                return _reserve(meter.database, event, 0, now_us + ttl_us)
-            except _NotLeased:
-                return None
-        if fast:
-            return reserve(meter._engine, event, ttl_us)
-        return _reserve(meter.database, event, ttl_us, None)
+            return lease(meter._engine, event, now_us + ttl_us)
+        return reserve(meter._engine, event, ttl_us)
     except MeteringError as exc:
         return (type(exc).__name__, str(exc))
 
@@ -128,9 +121,10 @@ def _run(fast_url: str, reference_url: str, stream: list[dict[str, object]]) -> 
         # The reference settles under SQLAlchemy (`metering.reservations.transactions._settle`'s
         # ``work``); the fast one on the engine's own connections where it can.
         reference._engine.settle = lambda direct, general: general()  # type: ignore[method-assign]
+        reference._engine.paths = [reference._engine.path("reference")]
         for spec in stream:
             clock.advance(seconds=spec["advance_seconds"])  # type: ignore[arg-type]
-            assert _step(fast, spec, clock, True) == _step(reference, spec, clock, False), spec
+            assert _step(fast, spec, clock) == _step(reference, spec, clock), spec
         assert _stored_with_reservations(fast) == _stored_with_reservations(reference)
 
 
@@ -187,14 +181,12 @@ def test_an_ordinary_reservation_never_reaches_the_reference_engine(
 ) -> None:
     """Reservations and lease blocks decide on the fast path (they ran on the
     reference engine before); a denied block still records nothing."""
-    import metering.engine.reference
-    import metering.reservations.transactions
+    import metering.engine.paths
 
     def refuse(*_args: object, **_kwargs: object) -> None:
         raise AssertionError("the reference engine ran")
 
-    monkeypatch.setattr(metering.reservations.transactions, "apply_events", refuse)
-    monkeypatch.setattr(metering.engine.reference, "apply_events", refuse)
+    monkeypatch.setattr(metering.engine.paths, "apply_events", refuse)
     clock = FrozenClock(START)
     with Meter(db_url, clock=clock) as meter:
         meter.set_limits(LIMITS)

@@ -1,6 +1,7 @@
 """The hot path's storage contract: one read and one write per transaction.
 
-`metering.apply` decides events between the two calls of a `HotStore`:
+The fast path (`metering.engine.fast`) decides events between the two calls
+of a `HotStore`:
 
 * `HotStore.read` locks and returns what the decisions need: the limits'
   version, stored results of the batch's ids (when asked), the current
@@ -29,9 +30,9 @@ This package holds the contract (here) and its implementations:
   for the driver's placeholder.
 
 The common case runs without SQLAlchemy, on `DirectSqlite` or
-`DirectPostgres`; what is rare there (the limits' cache reloaded, notification
-marks; on SQLite also dead letters) raises `NeedsConnection` so
-that the caller runs the transaction again on a SQLAlchemy connection.
+`DirectPostgres`; what is rare there (notices; on SQLite also dead letters)
+the engine's path declines, and the next path writes it on a SQLAlchemy
+connection (`metering.engine.paths`).
 
 Lock order, as in the general engine (`Store`): a settle locks its
 reservation row (`HotStore.lock_reservation`) before anything else; then
@@ -125,11 +126,6 @@ class Changes:
     # Reservations settled (`metering.storage.reservations.settle_row`):
     # `metering.reservations.transactions`'s cancel and commit, leases settling.
     settled: list[SettleRow] = field(default_factory=list)
-
-
-class NeedsConnection(Exception):
-    """The transaction needs a SQLAlchemy connection (the direct SQLite path
-    has none): roll it back and run it again on one."""
 
 
 class HotStore(Protocol):

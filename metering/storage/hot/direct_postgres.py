@@ -1,14 +1,13 @@
-"""The hot path's own psycopg connections to PostgreSQL (issue 20, point 2).
+"""The hot path's own psycopg connections to PostgreSQL.
 
 `DirectPostgres` runs the hot path's transactions (`consume`, `aconsume`'s
 groups, batches) and `check`'s one statement on psycopg connections of its
 own, with no SQLAlchemy `Connection`, transaction or pool checkout: a
 ``PostgresHotStore`` on a pooled connection, the driver's errors judged and
 retried exactly as `metering.storage.engine.run_retry_aware` judges
-SQLAlchemy's (`retry_or_raise`). What needs SQLAlchemy (the limits' cache
-reloaded, notification marks) raises `NeedsConnection` inside the work: the
-transaction is rolled back and the caller runs it again, whole, under
-SQLAlchemy (`metering.engine.core.Engine`).
+SQLAlchemy's (`retry_or_raise`). What needs SQLAlchemy (notices) the
+engine's path declines, and the next path runs it under SQLAlchemy
+(`metering.engine.paths`).
 
 The pool is this module's, not ``psycopg_pool``'s: that one opens
 connections in background threads and makes a caller wait up to its timeout
@@ -206,8 +205,7 @@ class DirectPostgres:
         would (serialization failures, deadlocks, a key written meanwhile, a
         broken connection, `RetryTransaction`), with ``retry`` true from the
         second run on; driver errors raised as `metering.errors` exceptions.
-        Anything else ``work`` raises (`NeedsConnection`) rolls back and
-        propagates.
+        Anything else ``work`` raises rolls back and propagates.
 
         ``autocommit``: the connection (``store.raw``) is in autocommit
         instead, so that work of one statement (a server-side function

@@ -38,7 +38,7 @@ OneCharge = tuple[str, str, int, str, int, str, int, int, int, Sequence[int], Se
 
 
 @dataclass(frozen=True, slots=True)
-class Declined:
+class FunctionDeclined:
     """What the function declined (``stale``, ``exists``, ``old``, ``notify``),
     or ``error``: the statement failed (a concurrent insert of the same key,
     a deadlock, a lost connection); nothing was written."""
@@ -83,21 +83,21 @@ def apply_one(
     raw: psycopg.Connection[Any],
     parameters: tuple[Any, ...],
     metadata: Any,
-) -> ResultRecord | Declined:
-    """Run the function on ``raw`` (in autocommit): the new result, or `Declined`."""
+) -> ResultRecord | FunctionDeclined:
+    """Run the function on ``raw`` (in autocommit): the new result, or `FunctionDeclined`."""
     try:
         row = raw.execute(CONSUME_ONE, parameters).fetchone()
     except psycopg.errors.UniqueViolation as exc:
         # The id has a result (or a key was created meanwhile): nothing was written.
-        return Declined("exists" if exc.diag.constraint_name == "results_pkey" else "error")
+        return FunctionDeclined("exists" if exc.diag.constraint_name == "results_pkey" else "error")
     except psycopg.Error:
         # Nothing was written (one autocommit statement); the usual path
         # retries, or raises what it finds.
-        return Declined("error")
+        return FunctionDeclined("error")
     assert row is not None
     answer = row[0]
     if answer[0] != "ok":
-        return Declined(answer[0])
+        return FunctionDeclined(answer[0])
     _, outcome, denied_by, charges = answer
     event_id, fingerprint, at_us, now_us = parameters[1:5]
     return ResultRecord(

@@ -9,7 +9,7 @@ with no SQLAlchemy `Connection` or transaction object: a small pool of
 stdlib connections to the same file, set up as the engine's
 (`metering.storage.engine.sqlite_pragmas`), retried and translated as
 `metering.storage.engine.run_retry_aware` does. A `SqliteHotStore` it hands
-out has no SQLAlchemy connection; what needs one raises `NeedsConnection`.
+out has no SQLAlchemy connection.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from metering.storage.engine import (
     sqlite_pragmas,
     sqlite_synchronous,
 )
-from metering.storage.hot import Changes, NeedsConnection, Snapshot, WantedKey, WantedSeat
+from metering.storage.hot import Changes, Snapshot, WantedKey, WantedSeat
 from metering.storage.hot.sqlite_grants import (
     due_schedules,
     read_grants,
@@ -91,12 +91,6 @@ class SqliteHotStore:
         assert isinstance(raw, sqlite3.Connection)
         self.raw = raw
         self.connection = connection
-
-    def _general(self) -> Connection:
-        """The SQLAlchemy connection, for what is rare (grants)."""
-        if self.connection is None:
-            raise NeedsConnection("grants")
-        return self.connection
 
     def read(
         self,
@@ -306,8 +300,8 @@ class DirectSqlite:
         """Run ``work(store, retry)`` in one ``BEGIN IMMEDIATE`` transaction,
         committed when it returns; run again as `run_retry_aware` would (a
         busy database, a key written meanwhile, `RetryTransaction`), driver
-        errors raised as `metering.errors` exceptions. `NeedsConnection`
-        rolls back and propagates."""
+        errors raised as `metering.errors` exceptions. Anything else ``work``
+        raises rolls back and propagates."""
         for attempt in range(attempts):
             try:
                 raw = self._checkout()

@@ -1,0 +1,100 @@
+"""What deciding a batch needs from the path that decides it.
+
+A limit's rule states its needs once, when the limits are loaded
+(`rule_needs`); a subject's allowances add their own (`subject_needs`); how
+a batch is applied adds the rest (`batch_needs`). Each way of deciding
+declares the needs it implements, and the engine gives a batch to the first
+path whose set covers the batch's (`metering.engine.paths`). A need found
+only while deciding (`EARLY_FIRST_USE`, `NOTICES`, `INVALID`, `REPEATED_ID`)
+comes back in the path's decline, and the next path must implement it.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Final
+
+from metering.domain.limits import Limit
+
+
+class Need(StrEnum):
+    BATCH = "batch"  # more than one event in one transaction
+    INVALID = "invalid"  # an unacceptable event: rejected, or its error raised
+    REPEATED_ID = "repeated_id"  # an id decided before: its stored answer
+    REPEATED_COUNTER = "repeated_counter"  # one event charging one counter twice
+    MONEY = "money"  # a priced limit or a spend cap: charges added in money
+    SEATS = "seats"  # distinct values: a charge costs 1 for a new value, else 0
+    DIMENSIONS = "dimensions"  # usage rolled up by metadata keys
+    MONTH_FIRST_USE = "month_first_use"  # a first-use window of calendar months
+    ENTITLEMENTS = "entitlements"  # a subject's own maximum
+    GRANTS = "grants"  # a subject's grants pay past the maximum
+    RECURRING = "recurring"  # a recurring grant, issued when due
+    OWN_THRESHOLDS = "own_thresholds"  # a subject's own thresholds
+    NOTICES = "notices"  # webhooks, grant.low or dead letters written beside the results
+    RESERVATION = "reservation"  # a held reservation or a lease's block
+    HELD_MONEY = "held_money"  # a reservation of a priced event
+    HELD_SEATS = "held_seats"  # a reservation of a seat limit (refused)
+    IMPORT_FLAGS = "import_flags"  # an import that changes the rules
+    IMPORTED_MONEY = "imported_money"  # such an import of a priced event
+    DEAD_LETTERS = "dead_letters"  # malformed input recorded with the batch
+    EARLY_FIRST_USE = "early_first_use"  # an event before its current first-use window
+
+
+EVERY: Final = frozenset(Need)
+NONE: Final[frozenset[Need]] = frozenset()
+
+
+def rule_needs(limit: Limit, *, priced: bool) -> frozenset[Need]:
+    """What charging ``limit`` needs (``priced``: a price is set on it)."""
+    found: set[Need] = set()
+    if priced or limit.currency is not None:
+        found.add(Need.MONEY)
+    if limit.distinct is not None:
+        found.add(Need.SEATS)
+    if limit.dimensions:
+        found.add(Need.DIMENSIONS)
+    if (
+        limit.algorithm != "token_bucket"
+        and limit.window != "calendar"
+        and limit.parsed_period.is_calendar_months
+    ):
+        found.add(Need.MONTH_FIRST_USE)
+    return frozenset(found)
+
+
+def subject_needs(
+    *, entitled: bool, granted: bool, recurring: bool, thresholds: bool
+) -> frozenset[Need]:
+    """What a subject's own allowances on one limit need."""
+    found: set[Need] = set()
+    if entitled:
+        found.add(Need.ENTITLEMENTS)
+    if granted:
+        found.add(Need.GRANTS)
+    if recurring:
+        found.add(Need.RECURRING)
+    if thresholds:
+        found.add(Need.OWN_THRESHOLDS)
+    return frozenset(found)
+
+
+def batch_needs(
+    events: int, *, held: bool, imported: bool, dead_letters: bool, charged: frozenset[Need]
+) -> frozenset[Need]:
+    """A batch's needs: how it is applied, and what its charges need (``charged``)."""
+    found = set(charged)
+    if events > 1:
+        found.add(Need.BATCH)
+    if dead_letters:
+        found.add(Need.DEAD_LETTERS)
+    if held:
+        found.add(Need.RESERVATION)
+        if Need.MONEY in charged:
+            found.add(Need.HELD_MONEY)
+        if Need.SEATS in charged:
+            found.add(Need.HELD_SEATS)
+    if imported:
+        found.add(Need.IMPORT_FLAGS)
+        if Need.MONEY in charged:
+            found.add(Need.IMPORTED_MONEY)
+    return frozenset(found)
