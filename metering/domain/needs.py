@@ -35,7 +35,6 @@ class Need(StrEnum):
     HELD_MONEY = "held_money"  # a reservation of a priced event
     HELD_SEATS = "held_seats"  # a reservation of a seat limit (refused)
     IMPORT_FLAGS = "import_flags"  # an import that changes the rules
-    IMPORTED_MONEY = "imported_money"  # such an import of a priced event
     DEAD_LETTERS = "dead_letters"  # malformed input recorded with the batch
     EARLY_FIRST_USE = "early_first_use"  # an event before its current first-use window
 
@@ -95,6 +94,4 @@ def batch_needs(
             found.add(Need.HELD_SEATS)
     if imported:
         found.add(Need.IMPORT_FLAGS)
-        if Need.MONEY in charged:
-            found.add(Need.IMPORTED_MONEY)
     return frozenset(found)

@@ -92,7 +92,6 @@ FAST_IMPLEMENTS: Final = EVERY - {
     Need.EARLY_FIRST_USE,  # found while deciding: declined
     Need.HELD_MONEY,
     Need.HELD_SEATS,  # refused, with the reference engine's error
-    Need.IMPORTED_MONEY,
 }
 
 
@@ -329,12 +328,10 @@ class _Spend:
 
     @classmethod
     def of(cls, cache: LimitCache, version: int, rules: dict[str, Rule], batch: Batch) -> _Spend:
-        """The batch's money, priced at ``version``. A reservation or an
-        import with flags of a priced event is declined."""
+        """The batch's money, priced at ``version``. A reservation of a
+        priced event is declined."""
         if batch.hold is not None:
             raise _Decline(Declined("a reservation of a priced event", Need.HELD_MONEY))
-        if batch.policy is not None:
-            raise _Decline(Declined("a flagged import of a priced event", Need.IMPORTED_MONEY))
         book = cache.prices
         if book.version != version:
             raise _Decline(Declined("prices cached at another version", stale=True))

@@ -166,6 +166,9 @@ def apply_events(
     rows: list[ResultRecord] = []
     valid: list[tuple[int, UsageEvent]] = []
     money = Money.read(store, [e for _, e in pending], limits) if pending else None
+    if money is not None and policy is not None:  # the spend limits it adds, as the import says
+        changed = {name: policy.limit(limit) for name, limit in money.limits.items()}
+        money = replace(money, limits=changed)
     for index, event in pending:
         error = validate_against_limits(event, limits, now_us, money)
         if error is None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from metering import FrozenClock, Limit, Meter
+from metering import FrozenClock, Limit, Meter, spend_limit
 from metering.errors import InvalidInput
 from metering.storage.tables import webhook_messages
 
@@ -199,3 +199,23 @@ def test_both_engines_apply_the_flags_alike(
             )
     assert found[0] == found[1]
     assert len(found[0][0]) == len(events)
+
+
+@pytest.mark.parametrize("path", ["fast", "reference"])
+def test_no_enforce_does_not_enforce_a_spend_cap_either(db_url: str, path: str) -> None:
+    """History of priced usage is recorded whole: a spend cap is decided as
+    a soft limit too, by the fast path and by the reference engine."""
+    with Meter(db_url, clock=FrozenClock(NOW)) as meter:
+        if path == "reference":
+            meter._engine.paths = [meter._engine.path("reference")]
+        meter.set_limit(Limit("calls", maximum=100, period="1d", window="calendar"))
+        meter.set_limit(spend_limit("usd", "0.05", "USD", "1d", window="calendar"))
+        meter.set_price("calls", "0.02", "USD", effective_from=NOW - timedelta(days=1))
+        lines = [line(f"p{i}", "org-1", "calls", NOW) for i in range(4)]
+        summary = meter.import_events(lines, enforce=False)
+        assert (summary.applied, summary.denied) == (4, 0)
+        last = meter.result("p3")
+        assert last is not None and last.outcome == "overage"
+        assert [c.used for c in meter.counters("org-1", "usd")] == [8]
+        enforced = meter.import_events([line(f"q{i}", "org-2", "calls", NOW) for i in range(4)])
+        assert (enforced.applied, enforced.denied) == (2, 2)
