@@ -32,7 +32,6 @@ class Need(StrEnum):
     OWN_THRESHOLDS = "own_thresholds"  # a subject's own thresholds
     NOTICES = "notices"  # webhooks, grant.low or dead letters written beside the results
     RESERVATION = "reservation"  # a held reservation or a lease's block
-    HELD_MONEY = "held_money"  # a reservation of a priced event
     HELD_SEATS = "held_seats"  # a reservation of a seat limit (refused)
     IMPORT_FLAGS = "import_flags"  # an import that changes the rules
     DEAD_LETTERS = "dead_letters"  # malformed input recorded with the batch
@@ -88,8 +87,6 @@ def batch_needs(
         found.add(Need.DEAD_LETTERS)
     if held:
         found.add(Need.RESERVATION)
-        if Need.MONEY in charged:
-            found.add(Need.HELD_MONEY)
         if Need.SEATS in charged:
             found.add(Need.HELD_SEATS)
     if imported:

@@ -90,7 +90,6 @@ _REPEAT: Final = "repeat"
 # Every need but the rare, which the reference engine decides.
 FAST_IMPLEMENTS: Final = EVERY - {
     Need.EARLY_FIRST_USE,  # found while deciding: declined
-    Need.HELD_MONEY,
     Need.HELD_SEATS,  # refused, with the reference engine's error
 }
 
@@ -327,11 +326,8 @@ class _Spend:
         self.amounts: dict[int, dict[int, tuple[str, int]]] = {}
 
     @classmethod
-    def of(cls, cache: LimitCache, version: int, rules: dict[str, Rule], batch: Batch) -> _Spend:
-        """The batch's money, priced at ``version``. A reservation of a
-        priced event is declined."""
-        if batch.hold is not None:
-            raise _Decline(Declined("a reservation of a priced event", Need.HELD_MONEY))
+    def of(cls, cache: LimitCache, version: int, rules: dict[str, Rule]) -> _Spend:
+        """The batch's money, priced at ``version``."""
         book = cache.prices
         if book.version != version:
             raise _Decline(Declined("prices cached at another version", stale=True))
@@ -483,7 +479,7 @@ class _Applying:
                 raise _Decline(Declined("seats are taken by consuming", Need.HELD_SEATS))
             if priced and error is None and any(rule.money for rule in event_rules):
                 if self.spend is None:
-                    self.spend = _Spend.of(cache, self.version, self.rules, batch)
+                    self.spend = _Spend.of(cache, self.version, self.rules)
                 event, event_rules, error = self.spend.expand(index, event, event_rules)
             fixed = None if error is not None else self._keys(event, event_rules)
             self.todo.append((index, event, event_rules, error, fixed))

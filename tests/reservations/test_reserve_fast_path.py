@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from servers import PostgresServer
 from sqlalchemy import select
 
-from metering import FrozenClock, Meter
+from metering import FrozenClock, Meter, spend_limit
 from metering.domain.events import make_event
 from metering.domain.limits import Limit
 from metering.errors import MeteringError
@@ -43,10 +43,13 @@ NO_SHRINK = settings(SETTINGS, phases=[Phase.explicit, Phase.reuse, Phase.genera
 ON_POSTGRES = settings(NO_SHRINK, max_examples=25)
 # With limits of no dimensions ("fu", "units", "plain-bucket") a give-back
 # settles on the direct path; the others roll usage up (the general path).
+# "priced" costs money, capped by "usd_cap" (charged directly: refused).
 RESERVING_LIMITS = [
     *LIMITS,
     Limit("plain-bucket", maximum=20, period="60s", algorithm="token_bucket"),
     Limit("big", maximum=100, period="1h", window="calendar"),
+    Limit("priced", maximum=30, period="1h", window="calendar"),
+    spend_limit("usd_cap", "0.15", "USD", "1h", window="calendar"),
 ]
 NAMES = [limit.name for limit in RESERVING_LIMITS] + ["unknown"]
 charge = st.tuples(st.sampled_from(SUBJECTS), st.sampled_from(NAMES), st.integers(1, 4))
@@ -70,7 +73,9 @@ settle_step = st.fixed_dictionaries(
         "charges": st.lists(
             st.tuples(
                 st.sampled_from(SUBJECTS[:2]),
-                st.sampled_from(["big", "big", "plain-bucket", "plain-bucket", "units", "cal"]),
+                st.sampled_from(
+                    ["big", "big", "plain-bucket", "plain-bucket", "units", "cal", "priced"]
+                ),
                 st.integers(1, 4),
             ),
             min_size=1,
@@ -116,8 +121,9 @@ def _plain(value: object) -> object:
 def _run(fast_url: str, reference_url: str, stream: list[dict[str, object]]) -> None:
     clock = FrozenClock(START)
     with Meter(fast_url, clock=clock) as fast, Meter(reference_url, clock=clock) as reference:
-        fast.set_limits(RESERVING_LIMITS)
-        reference.set_limits(RESERVING_LIMITS)
+        for meter in (fast, reference):
+            meter.set_limits(RESERVING_LIMITS)
+            meter.set_price("priced", "0.01", "USD", effective_from=START - timedelta(days=1))
         # The reference settles under SQLAlchemy (`metering.reservations.transactions._settle`'s
         # ``work``); the fast one on the engine's own connections where it can.
         reference._engine.settle = lambda direct, general: general()  # type: ignore[method-assign]
