@@ -43,7 +43,7 @@ type_name  # unused variable (scripts/import_contracts.py)
 # logging: a LogRecord's field, written for the formatter (task_name in JSON lines).
 _.task_name  # unused attribute (workers/observability.py)
 # sqlite3: the DB-API connection's attribute (None: SQLAlchemy issues BEGIN).
-_.isolation_level  # unused attribute (metering/storage/engine.py)
+_.isolation_level  # unused attribute (metering/storage/connections.py)
 # httpcore: a NetworkBackend's method, called by httpcore for a Unix socket.
 _.connect_unix_socket  # unused method (metering/webhooks/destinations.py)
 

@@ -33,7 +33,7 @@ from servers import PostgresServer
 from metering import Limit, Meter, make_event
 from metering.messages import encode_batch, encode_event
 from metering.pipeline import apply_batch
-from metering.storage.engine import upgrade_schema
+from metering.storage.connections import upgrade_schema
 
 SUBJECTS = 10_000
 ENTITLED = SUBJECTS // 10

@@ -52,7 +52,7 @@ from common import Figures, durable_postgres, print_table
 from servers import RedisServer, make_base_dir
 
 from metering import Limit, Meter, UsageProducer
-from metering.storage.engine import upgrade_schema
+from metering.storage.connections import upgrade_schema
 
 HERE = Path(__file__).resolve().parent
 BATCH = 100

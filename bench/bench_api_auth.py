@@ -33,7 +33,7 @@ from common import ROOT, durable_postgres, print_table
 
 from metering import Meter
 from metering.apikeys import ApiKeys
-from metering.storage.engine import upgrade_schema
+from metering.storage.connections import upgrade_schema
 
 ROUTE = "/v1/subjects/org-1/usage"
 

@@ -28,7 +28,7 @@ from peers import advisory_window_job, install, sqlite_window_job
 from servers import PostgresServer
 
 from metering import Limit, Meter
-from metering.storage.engine import upgrade_schema
+from metering.storage.connections import upgrade_schema
 
 SUBJECTS = 10_000
 LIMITS = [

@@ -56,7 +56,7 @@ from sqlalchemy import Engine, create_engine, text
 
 from metering import Limit, Meter, make_event
 from metering.domain.instants import to_us
-from metering.storage.engine import upgrade_schema
+from metering.storage.connections import upgrade_schema
 from metering.storage.rollups import DimensionQuery, usage_by_statement
 
 MONTH = datetime(2026, 11, 1, tzinfo=UTC)

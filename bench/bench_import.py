@@ -30,7 +30,7 @@ from common import durable_postgres, print_table
 
 from metering import Limit, Meter
 from metering.domain.imports import BadLine, parse_lines
-from metering.storage.engine import upgrade_schema
+from metering.storage.connections import upgrade_schema
 
 SUBJECTS = 10_000
 BATCH = 1000

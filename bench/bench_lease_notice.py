@@ -22,7 +22,7 @@ from typing import Any
 from common import durable_postgres, print_table
 
 from metering import Limit, Meter
-from metering.storage.engine import upgrade_schema
+from metering.storage.connections import upgrade_schema
 
 LIMIT = "hard"
 HAMMER_SECONDS = 1.0

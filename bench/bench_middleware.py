@@ -38,7 +38,7 @@ import httpx
 from common import Figures, durable_postgres, print_table
 
 from metering import Limit, Meter
-from metering.storage.engine import upgrade_schema
+from metering.storage.connections import upgrade_schema
 
 HERE = Path(__file__).resolve().parent
 

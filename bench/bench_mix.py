@@ -46,7 +46,7 @@ from common import Figures, durable_postgres, median, print_table, run_prepared
 from peers import install_ledger, ledger_postgres, ledger_sqlite
 
 from metering import Limit, Meter, UsageEvent, make_event, spend_limit
-from metering.storage.engine import upgrade_schema
+from metering.storage.connections import upgrade_schema
 
 BIG = 10**12
 VALUES = {"user": 20, "route": 5}  # metadata values per key (users per subject)

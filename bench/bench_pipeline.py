@@ -43,7 +43,7 @@ from metering import Limit, Meter, make_event
 from metering.messages import encode_batch, encode_event
 from metering.pipeline import apply_batch
 from metering.producer import UsageProducer
-from metering.storage.engine import upgrade_schema
+from metering.storage.connections import upgrade_schema
 from metering.storage.tables import results
 
 SUBJECTS = 10_000
@@ -159,7 +159,7 @@ def end_to_end(
         seconds = time.perf_counter() - began
     finally:
         stop_worker(worker)
-    with meter.engine.connect() as connection:
+    with meter.sql_engine.connect() as connection:
         rows = (
             connection.execute(
                 select(results.c.decided_at_us - results.c.occurred_at_us)

@@ -39,7 +39,7 @@ from sqlalchemy import create_engine, text
 
 from metering import Limit, Meter
 from metering.domain.instants import to_us
-from metering.storage.engine import upgrade_schema
+from metering.storage.connections import upgrade_schema
 
 MONTH_START_US = to_us(datetime(2026, 11, 1, tzinfo=UTC))
 MONTH_END_US = to_us(datetime(2026, 12, 1, tzinfo=UTC))

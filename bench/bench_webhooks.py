@@ -45,7 +45,7 @@ from common import durable_postgres, make_base_dir, print_table
 from servers import RedisServer
 
 from metering import Limit, Meter, UsageProducer
-from metering.storage.engine import upgrade_schema
+from metering.storage.connections import upgrade_schema
 from metering.webhooks import Webhooks
 
 

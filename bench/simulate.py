@@ -63,7 +63,7 @@ def main() -> None:
                 "subjects": args.subjects,
             }
             began = time.perf_counter()
-            with meter.engine.begin() as connection:
+            with meter.sql_engine.begin() as connection:
                 connection.execute(text(FILL), params)
             filled = time.perf_counter() - began
             proposed = [Limit("api_calls", maximum=2, period="1h", window="calendar")]

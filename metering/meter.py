@@ -37,8 +37,8 @@ from metering.reservations.leases import LeaseBook, LeasedReservation
 from metering.settings import MAX_CORRECTION_HORIZON_DAYS as MAX_DAYS
 from metering.settings import correction_horizon_days as horizon_days
 from metering.settings import database_url
+from metering.storage.connections import ensure_schema
 from metering.storage.database import Database
-from metering.storage.engine import ensure_schema
 
 Charges = Sequence[Any] | None
 Name = str | None  # a subject, limit or event id, if given
@@ -61,12 +61,12 @@ class Meter(AllowancesFacade, LicensesFacade, PricesFacade, OperatorsFacade):
         self.correction_horizon = (horizon_days() if days is None else days) * 86_400
         self.url = database_url(url)
         self.database = Database.connect(self.url, clock or system_clock, **engine_options)
-        self.engine = self.database.engine  # the database's engine and clock
+        self.sql_engine = self.database.engine  # the database's engine and clock
         self.clock: Clock = self.database.clock
         self._engine = Engine(self.database, group_commit=group_commit)
         self._leases: LeaseBook | None = None
         try:
-            ensure_schema(self.engine)
+            ensure_schema(self.sql_engine)
         except BaseException:
             self.database.dispose()
             raise

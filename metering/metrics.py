@@ -6,7 +6,7 @@ Counting happens where the services return results, never in the domain:
   committed (`count_events`), whatever path decided it (the worker's
   batches, ``consume``, ``apply``, the HTTP API's ``?wait=decision``);
 * `metering.pipeline.apply_batch` times each queued batch;
-* `metering.storage.engine.run_retry_aware` counts retries and errors;
+* `metering.storage.connections.run_retry_aware` counts retries and errors;
 * `metering.webhooks.delivery.deliver_one` counts delivery attempts;
 * the HTTP API counts what it receives (`count_received`) and its requests
   (`HttpMetrics`, installed by `instrument_app`).

@@ -130,7 +130,7 @@ def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Postgr
 @pytest.fixture(scope="session")
 def pg_template_url(postgres_server: PostgresServer) -> str:
     """Name (not URL) of a database migrated to head, to copy per test."""
-    from metering.storage.engine import upgrade_schema
+    from metering.storage.connections import upgrade_schema
 
     postgres_server.create_database(TEMPLATE_DB)
     upgrade_schema(postgres_server.url(TEMPLATE_DB))
@@ -156,7 +156,7 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A SQLite database migrated to head once a session, to copy per test
     (as `pg_url` copies `pg_template_url`): migrating a fresh file costs
     each test more than the test itself, copying it a millisecond."""
-    from metering.storage.engine import upgrade_schema
+    from metering.storage.connections import upgrade_schema
 
     path = tmp_path_factory.mktemp("sqlite-template") / "metering.db"
     upgrade_schema(f"sqlite:///{path}")

@@ -17,7 +17,7 @@ from metering.storage.tables import results
 
 def settled_usage(meter: Meter, subject: str, limit: str) -> int:
     """Units of (subject, limit) allowed in the ledger, less what went back."""
-    with meter.engine.connect() as connection:
+    with meter.sql_engine.connect() as connection:
         rows = connection.execute(select(results.c.outcome, results.c.charges)).all()
     charged = sum(
         int(charge[2])

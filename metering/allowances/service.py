@@ -62,8 +62,8 @@ from metering.errors import (
     WrongAlgorithm,
 )
 from metering.storage.allowances import AllowanceStore, CorrectionRecord, GrantRecord
+from metering.storage.connections import RetryTransaction
 from metering.storage.database import Database
-from metering.storage.engine import RetryTransaction
 from metering.storage.limits import BUMP_LIMITS_VERSION
 from metering.storage.quota_notices import notify
 from metering.storage.recurring import ScheduleRecord, ScheduleStore, insert_issue, issue_due

@@ -6,7 +6,7 @@ import click
 from sqlalchemy.engine import make_url
 
 from metering.cli.context import AppState
-from metering.storage.engine import SCHEMA_REVISION, normalise_url, upgrade_schema
+from metering.storage.connections import SCHEMA_REVISION, normalise_url, upgrade_schema
 
 
 @click.group()

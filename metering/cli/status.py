@@ -41,7 +41,7 @@ from metering.errors import MeteringError
 from metering.producer import make_celery
 from metering.routing import MAX_QUEUES, worker_queues
 from metering.settings import broker_url
-from metering.storage.engine import normalise_url
+from metering.storage.connections import normalise_url
 from metering.storage.health import ALIVE_WITHIN_SECONDS, BEAT, WORKER, DatabaseProbe
 from metering.storage.queue_state import (
     BrokerQueues,

@@ -68,8 +68,8 @@ from metering.errors import EventConflict, InvalidInput, MeteringError, UnknownL
 from metering.messages import encode_event, raw_text
 from metering.storage.alerts import AlertStore
 from metering.storage.allowances import AllowanceStore, draws_of
+from metering.storage.connections import RetryTransaction
 from metering.storage.counters import Pair
-from metering.storage.engine import RetryTransaction
 from metering.storage.hot import (
     Changes,
     HotStore,

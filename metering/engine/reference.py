@@ -44,8 +44,8 @@ from metering.engine.seats import Seats, seat_keys
 from metering.errors import EventConflict, MeteringError, UnknownLimit
 from metering.storage.alerts import AlertRecord, AlertStore
 from metering.storage.allowances import AllowanceStore, draws_of
+from metering.storage.connections import RetryTransaction
 from metering.storage.counters import Pair
-from metering.storage.engine import RetryTransaction
 from metering.storage.recurring import issue_due
 from metering.storage.results import ResultRecord
 from metering.storage.rollups import record_rollups

@@ -38,7 +38,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 
-from metering.storage.engine import make_engine, translate
+from metering.storage.connections import make_engine, translate
 from metering.storage.kombu_tables import kombu_messages
 
 

@@ -17,7 +17,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from metering.clock import Clock, system_clock
 from metering.domain.instants import to_us
-from metering.storage.engine import (
+from metering.storage.connections import (
     READ_ONLY,
     budget_of,
     make_engine,

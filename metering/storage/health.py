@@ -29,8 +29,7 @@ from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from metering.clock import Clock
 from metering.domain.instants import to_us
 from metering.errors import ConfigurationError
-from metering.storage.database import Database
-from metering.storage.engine import (
+from metering.storage.connections import (
     APPLICATION_NAME,
     MIGRATIONS_DIR,
     SCHEMA_REVISION,
@@ -40,6 +39,7 @@ from metering.storage.engine import (
     normalise_url,
     translate,
 )
+from metering.storage.database import Database
 from metering.storage.limits import LimitStore
 from metering.storage.store import Store
 from metering.storage.tables import heartbeats as heartbeats_table

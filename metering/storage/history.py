@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from metering.storage.engine import RetryTransaction
+from metering.storage.connections import RetryTransaction
 from metering.storage.tables import counters, entitlements, secrets, usage_rollups
 
 

@@ -24,7 +24,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from metering.errors import DatabaseUnavailable
 from metering.storage.budget import ConnectionBudget
-from metering.storage.engine import budget_of, connect_args_of, translate
+from metering.storage.connections import budget_of, connect_args_of, translate
 
 log = logging.getLogger("metering.leases")
 

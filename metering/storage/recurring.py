@@ -22,8 +22,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from metering.domain.limits import parse_period
 from metering.domain.recurring import Issue, issue_id, issues_due, low_threshold, next_due_us
+from metering.storage.connections import RetryTransaction
 from metering.storage.counters import Pair
-from metering.storage.engine import RetryTransaction
 from metering.storage.limits import BUMP_LIMITS_VERSION
 from metering.storage.on_connection import OnConnection
 from metering.storage.records import RecordColumns

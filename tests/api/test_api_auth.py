@@ -175,7 +175,7 @@ def test_no_key_nor_any_piece_of_one_is_stored(start: Callable[..., Any], meter:
     for token, scope in zip(tokens, ("ingest", "read", "admin"), strict=True):
         assert call(client, scope, token).status_code in (200, 202)  # last use, rate counters
     keys.revoke(tokens[0][:15])
-    with meter.engine.connect() as connection:
+    with meter.sql_engine.connect() as connection:
         stored = {
             table.name: [tuple(row) for row in connection.execute(select(table))]
             for table in metadata.sorted_tables

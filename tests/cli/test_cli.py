@@ -24,7 +24,7 @@ from metering.domain.events import make_event
 from metering.errors import MeteringError
 from metering.messages import encode_batch, encode_event
 from metering.pipeline import apply_batch
-from metering.storage.engine import SCHEMA_REVISION
+from metering.storage.connections import SCHEMA_REVISION
 from metering.webhooks import generate_secret, sign
 
 Run = Callable[..., Result]

@@ -31,7 +31,7 @@ from metering.pipeline import apply_batch
 from metering.producer import UsageProducer, make_celery
 from metering.routing import APPLY_BATCH_TASK, SENT_AT_HEADER
 from metering.settings import Settings
-from metering.storage.engine import SCHEMA_REVISION
+from metering.storage.connections import SCHEMA_REVISION
 from metering.storage.health import (
     ALIVE_WITHIN_SECONDS,
     BEAT,

@@ -35,7 +35,7 @@ def _refuse_reference(meter: Meter) -> None:
 
 
 def _messages(meter: Meter, kind: str) -> list[dict[str, object]]:
-    with meter.engine.connect() as connection:
+    with meter.sql_engine.connect() as connection:
         rows = connection.execute(
             select(webhook_messages.c.payload).where(webhook_messages.c.type == kind)
         )
@@ -110,7 +110,7 @@ def test_a_grant_drawn_on_meanwhile_is_judged_low_on_what_is_stored(pg_url: str)
         meter.grant("org", "calls", 10, grant_id="g", low=3)
         meter.consume("org", "calls", 2 + 5)  # 5 left
         _refuse_reference(meter)
-        with meter.engine.connect() as other, meter.engine.connect() as watcher:
+        with meter.sql_engine.connect() as other, meter.sql_engine.connect() as watcher:
             # Another transaction's draw of 1, still open: 4 left once it commits.
             other.execute(text("UPDATE grants SET used = used + 1 WHERE grant_id = 'g'"))
             blocker = other.execute(text("SELECT pg_backend_pid()")).scalar_one()
@@ -186,7 +186,7 @@ def test_processes_racing_make_each_issue_exactly_once_on_the_fast_path(db_url: 
         assert _grants(meter) == issues
         [recurring] = meter.recurring_grants()
         assert recurring.last_issue == MONTHS + 1
-        with meter.engine.connect() as connection:
+        with meter.sql_engine.connect() as connection:
             drawn = connection.execute(select(grant_draws.c.grant_id, grant_draws.c.amount))
             assert sorted(drawn) == sorted((g, 10) for g in issues if g != "m")
         low = sorted(d["grant_id"] for d in _messages(meter, "grant.low"))

@@ -149,7 +149,7 @@ def _events(spec: dict[str, object], now: datetime) -> list[UsageEvent]:
 
 
 def _stored(meter: Meter) -> dict[str, object]:
-    with meter.engine.connect() as connection:
+    with meter.sql_engine.connect() as connection:
 
         def rows(query: object) -> list[tuple[object, ...]]:
             return sorted(tuple(r) for r in connection.execute(query))  # type: ignore[call-overload]

@@ -155,7 +155,7 @@ def _allowances(meter: Meter, spec: dict[str, Any], now: datetime, number: int) 
 
 
 def _seats(meter: Meter) -> list[tuple[object, ...]]:
-    with meter.engine.connect() as connection:
+    with meter.sql_engine.connect() as connection:
         return sorted(tuple(row) for row in connection.execute(select(distinct_values)))
 
 

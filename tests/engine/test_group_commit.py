@@ -49,7 +49,7 @@ def batch_sizes(meter: Meter) -> list[int]:
 
 
 def totals(meter: Meter) -> tuple[dict[str, int], tuple[int, int]]:
-    with meter.engine.connect() as connection:
+    with meter.sql_engine.connect() as connection:
         outcomes = dict(
             connection.execute(
                 select(results.c.outcome, func.count()).group_by(results.c.outcome)
@@ -125,8 +125,8 @@ def one_shared_batch(
 
 def test_a_statement_the_database_refuses_fails_only_its_caller(meter: Meter) -> None:
     meter.set_limit(Limit("api", maximum=100, period="1d", window="calendar"))
-    with meter.engine.begin() as connection:  # a real refusal, by the database itself
-        if meter.engine.dialect.name == "sqlite":
+    with meter.sql_engine.begin() as connection:  # a real refusal, by the database itself
+        if meter.sql_engine.dialect.name == "sqlite":
             connection.exec_driver_sql(
                 "CREATE TRIGGER refuse BEFORE INSERT ON results "
                 "WHEN NEW.event_id = 'poison' BEGIN SELECT RAISE(ABORT, 'refused poison'); END"

@@ -155,7 +155,7 @@ class Run:
         used = used.add_columns(counters.c.used).where(counters.c.limit_name.in_(HARD))
         drawn = select(*drawn_key, func.sum(grant_draws.c.amount)).group_by(*drawn_key)
         charges = select(results.c.charges).where(results.c.event_id.in_(self.ids))
-        with self.meter.engine.connect() as connection:
+        with self.meter.sql_engine.connect() as connection:
             return (
                 {(r[0], r[1], r[2]): r[3] for r in connection.execute(used)},
                 {(r[0], r[1], r[2]): int(r[3]) for r in connection.execute(drawn)},

@@ -31,7 +31,7 @@ def meter(db_url: str, request: pytest.FixtureRequest) -> Iterator[Meter]:
 
 
 def rows(meter: Meter) -> list[int]:
-    with meter.engine.connect() as connection:
+    with meter.sql_engine.connect() as connection:
         return [
             connection.execute(select(func.count()).select_from(table)).scalar_one()
             for table in (results, counters, usage_rollups)

@@ -116,7 +116,7 @@ streams = st.lists(step, min_size=1, max_size=4)
 
 
 def _stored(meter: Meter) -> dict[str, object]:
-    with meter.engine.connect() as connection:
+    with meter.sql_engine.connect() as connection:
 
         def rows(query: Any) -> list[tuple[object, ...]]:
             return sorted(tuple(r) for r in connection.execute(query))
@@ -308,7 +308,7 @@ def test_processes_consuming_one_hard_limit_get_exactly_the_maximum(pg_url: str)
         assert process.exitcode == 0
     assert sum(allowed for _, allowed, _ in found) == 150
     assert sum(applied for _, _, applied in found) >= 120  # the function decided most
-    with Meter(pg_url) as meter, meter.engine.connect() as connection:
+    with Meter(pg_url) as meter, meter.sql_engine.connect() as connection:
         used = dict(
             connection.execute(
                 select(counters.c.limit_name, func.sum(counters.c.used)).group_by(

@@ -40,7 +40,7 @@ def write_file(path: Path) -> None:
 
 
 def ledger(meter: Meter) -> tuple[list[Any], list[Any]]:
-    with meter.engine.connect() as connection:
+    with meter.sql_engine.connect() as connection:
         found = connection.execute(
             select(results.c.event_id, results.c.outcome, results.c.charges).order_by(
                 results.c.event_id

@@ -87,7 +87,7 @@ def test_no_enforce_allows_everything_as_a_soft_limit_and_notifies_nothing(
     assert bucket is not None and (bucket.outcome, bucket.charges[0].outcome) == (
         "allowed", "would_deny",
     )  # fmt: skip
-    with meter.engine.connect() as connection:
+    with meter.sql_engine.connect() as connection:
         assert connection.scalar(select(func.count()).select_from(webhook_messages)) == 0
     # The same events enforced: the usual batch path denies.
     enforced = meter.import_events([line(f"x{i}", "org-2", "calls", NOW, cost=2) for i in range(2)])

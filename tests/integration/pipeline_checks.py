@@ -21,7 +21,7 @@ from metering import Decision, Limit, Meter
 from metering.engine.reference import decision_of
 from metering.producer import UsageProducer
 from metering.routing import DEFAULT_QUEUE
-from metering.storage.engine import run_transaction
+from metering.storage.connections import run_transaction
 from metering.storage.store import Store
 
 HUGE = 10**12
@@ -69,7 +69,7 @@ def wait_for_results(
 
 def decisions_of(meter: Meter, event_ids: Iterable[str]) -> dict[str, Decision]:
     """The stored decision of each of ``event_ids`` that has one."""
-    records = run_transaction(meter.engine, lambda c: Store(c).fetch_results(event_ids))
+    records = run_transaction(meter.sql_engine, lambda c: Store(c).fetch_results(event_ids))
     return {event_id: decision_of(r, duplicate=False) for event_id, r in records.items()}
 
 

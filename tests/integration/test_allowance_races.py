@@ -74,7 +74,7 @@ def _consume_two_days(
 
 
 def _rows(meter: Meter) -> list[tuple[str, str, ChargeDecision]]:
-    with meter.engine.connect() as connection:
+    with meter.sql_engine.connect() as connection:
         found = connection.execute(select(results.c.event_id, results.c.outcome, results.c.charges))
         import json
 
@@ -158,7 +158,7 @@ def test_a_grant_tops_up_a_hard_limit_exactly_under_a_race(db_url: str) -> None:
         rows = _rows(meter)
         windows = meter.counters("org-1", "calls")
         used = {grant.grant_id: grant.used for grant in meter.grants()}
-        with meter.engine.connect() as connection:
+        with meter.sql_engine.connect() as connection:
             draws = {
                 (row.window_start_us, row.grant_id): row.amount
                 for row in connection.execute(select(grant_draws))

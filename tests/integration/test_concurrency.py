@@ -47,7 +47,7 @@ def test_racing_processes_never_exceed_a_hard_limit(db_url: str) -> None:
     _race(db_url)
     with Meter(db_url, clock=FrozenClock(NOW)) as meter:
         [counter] = meter.counters("org-1", "calls")
-        with meter.engine.connect() as connection:
+        with meter.sql_engine.connect() as connection:
             outcomes = Tally(connection.execute(select(results.c.outcome)).scalars())
     assert outcomes == {"allowed": MAXIMUM, "denied": PROCESSES * CALLS - MAXIMUM}
     assert counter.used == MAXIMUM
@@ -83,7 +83,7 @@ def _reset_often(url: str, start: multiprocessing.synchronize.Event) -> None:
 
 
 def _deadlocks(url: str) -> int:
-    with Meter(url) as meter, meter.engine.connect() as connection:
+    with Meter(url) as meter, meter.sql_engine.connect() as connection:
         query = "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
         return int(connection.exec_driver_sql(query).scalar_one())
 

@@ -19,7 +19,7 @@ import pytest
 from servers import PostgresServer, make_base_dir
 
 from metering import Limit, Meter
-from metering.storage.engine import upgrade_schema
+from metering.storage.connections import upgrade_schema
 
 CHILD = Path(__file__).with_name("budget_process.py")
 MAX_CONNECTIONS = 12

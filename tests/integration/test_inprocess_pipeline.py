@@ -626,7 +626,7 @@ def test_an_event_the_database_refuses_is_dead_lettered_and_not_retried(
     events = [encode_event(make_event([(i, "calls", 1)], at, i)) for i in ids]
     with Meter(pg_url) as meter:
         meter.set_limits([CALLS])
-        with meter.engine.begin() as connection:
+        with meter.sql_engine.begin() as connection:
             connection.exec_driver_sql(
                 f"ALTER TABLE results ADD CONSTRAINT no_r4 CHECK (event_id <> '{refused}')"
             )

@@ -61,7 +61,7 @@ def _consume(url: str, worker: int, origin: float, stop: multiprocessing.synchro
 
 
 def _allowed(meter: Meter, subject: str) -> list[ChargeDecision]:
-    with meter.engine.connect() as connection:
+    with meter.sql_engine.connect() as connection:
         rows = connection.execute(select(results.c.outcome, results.c.charges))
         charges = [ChargeDecision.from_row(json.loads(c)[0]) for o, c in rows if o == "allowed"]
     return [charge for charge in charges if charge.subject == subject]
@@ -69,7 +69,7 @@ def _allowed(meter: Meter, subject: str) -> list[ChargeDecision]:
 
 def _allowed_ids(meter: Meter) -> list[str]:
     """The allowed events of org-1 not voided yet."""
-    with meter.engine.connect() as connection:
+    with meter.sql_engine.connect() as connection:
         rows = connection.execute(
             select(results.c.event_id, results.c.charges).where(results.c.outcome == "allowed")
         )

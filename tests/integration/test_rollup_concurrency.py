@@ -60,7 +60,7 @@ def _apply_many(url: str, worker: int, start: multiprocessing.synchronize.Event)
 
 def _expected(meter: Meter, key: str) -> dict[tuple[str, str | None], tuple[int, int]]:
     sums: dict[tuple[str, str | None], list[int]] = defaultdict(lambda: [0, 0])
-    with meter.engine.connect() as connection:
+    with meter.sql_engine.connect() as connection:
         for row in connection.execute(select(results)):
             record = record_from_row(tuple(row))
             if record.outcome not in ("allowed", "overage"):
@@ -76,10 +76,10 @@ def _expected(meter: Meter, key: str) -> dict[tuple[str, str | None], tuple[int,
 
 
 def _deadlocks(meter: Meter) -> int:
-    if meter.engine.dialect.name != "postgresql":
+    if meter.sql_engine.dialect.name != "postgresql":
         return 0
     query = "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
-    with meter.engine.connect() as connection:
+    with meter.sql_engine.connect() as connection:
         return int(connection.exec_driver_sql(query).scalar_one())
 
 

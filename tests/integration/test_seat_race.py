@@ -47,7 +47,7 @@ def test_eight_processes_adding_one_new_value_take_one_seat(db_url: str) -> None
     with Meter(db_url, clock=FrozenClock(NOW)) as meter:
         [counter] = meter.counters("org-1", "seats")
         seats = meter.seats("org-1", "seats")
-        with meter.engine.connect() as connection:
+        with meter.sql_engine.connect() as connection:
             rows = connection.execute(select(results.c.event_id, results.c.charges)).all()
             query = select(distinct_values.c.value, distinct_values.c.live_events)
             live = {value: count for value, count in connection.execute(query)}

@@ -54,7 +54,7 @@ def test_eight_processes_never_spend_past_a_hard_cap(db_url: str) -> None:
     with Meter(db_url, clock=FrozenClock(NOW)) as meter:
         [spent] = meter.counters("org-1", "spend")
         [calls] = meter.counters("org-1", "calls")
-        with meter.engine.connect() as connection:
+        with meter.sql_engine.connect() as connection:
             found = connection.execute(
                 select(results.c.outcome, results.c.denied_by, results.c.charges)
             ).all()

@@ -213,7 +213,7 @@ def test_limits_without_dimensions_write_no_rollups(meter: Meter) -> None:
 
     for _ in range(3):
         meter.consume("org-1", "plain", metadata={"route": "/a"})
-    with meter.engine.connect() as connection:
+    with meter.sql_engine.connect() as connection:
         assert connection.execute(select(func.count()).select_from(usage_rollups)).scalar() == 0
 
 
@@ -271,7 +271,7 @@ def test_negative_deltas_take_usage_away(meter: Meter) -> None:
         0, (), None, [c.to_row() for c in stored.charges], stored.metadata,
     )  # fmt: skip
     deltas = rollup_deltas([record], DIMENSIONS, sign=-1)
-    with meter.engine.begin() as connection:
+    with meter.sql_engine.begin() as connection:
         record_rollups(connection, deltas)
     rows = usage_by_dimension_report(meter, subject="org-1", key="route")
     assert figures(rows) == [("api", "/a", 2, 1)]  # /b sums to zero: left out

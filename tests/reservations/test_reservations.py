@@ -42,7 +42,7 @@ def used(meter: Meter, subject: str, limit: str) -> int:
 
 
 def snapshot(meter: Meter) -> tuple[object, ...]:
-    with meter.engine.connect() as connection:
+    with meter.sql_engine.connect() as connection:
         return tuple(
             tuple(connection.execute(select(table).order_by(*table.primary_key)).all())
             for table in (counters, results, reservations)

@@ -136,7 +136,7 @@ def _run(fast_url: str, reference_url: str, stream: list[dict[str, object]]) -> 
 
 def _stored_with_reservations(meter: Meter) -> dict[str, object]:
     stored = _stored(meter)
-    with meter.engine.connect() as connection:
+    with meter.sql_engine.connect() as connection:
         stored["reservations"] = sorted(tuple(r) for r in connection.execute(select(reservations)))
     return stored
 

@@ -24,7 +24,7 @@ NOW = datetime(2026, 5, 4, 12, 0, tzinfo=UTC)
 
 
 def _used(meter: Meter) -> dict[tuple[str, str], int]:
-    with meter.engine.connect() as connection:
+    with meter.sql_engine.connect() as connection:
         rows = connection.execute(
             select(counters.c.limit_name, counters.c.subject, counters.c.used)
         )
@@ -33,7 +33,7 @@ def _used(meter: Meter) -> dict[tuple[str, str], int]:
 
 def _settled(meter: Meter) -> dict[str, tuple[object, ...]]:
     columns = (reservations.c.state, reservations.c.settled_by, reservations.c.given_back)
-    with meter.engine.connect() as connection:
+    with meter.sql_engine.connect() as connection:
         rows = connection.execute(select(reservations.c.id, *columns))
         return {row[0]: tuple(row[1:]) for row in rows}
 

@@ -219,7 +219,7 @@ def _compare(meter: Meter, model: Model) -> None:
     assert grants == {gid: (g.used, g.amount) for gid, g in model.grants.items()}
     assert all(used <= amount for used, amount in grants.values())
     # The ledger's own account: allowed charges less voided ones, per window.
-    with meter.engine.connect() as connection:
+    with meter.sql_engine.connect() as connection:
         rows = connection.execute(select(results.c.event_id, results.c.outcome, results.c.charges))
         ledger: dict[tuple[str, int], int] = {}
         for event_id, outcome, charges in rows:

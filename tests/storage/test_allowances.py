@@ -44,7 +44,7 @@ def _used(meter: Meter, subject: str, limit: str = "api_calls") -> list[int]:
 
 
 def _messages(meter: Meter) -> list[tuple[str, dict[str, object]]]:
-    with meter.engine.connect() as connection:
+    with meter.sql_engine.connect() as connection:
         rows = connection.execute(
             select(webhook_messages.c.type, webhook_messages.c.payload).order_by(
                 webhook_messages.c.created_at_us, webhook_messages.c.id
@@ -299,7 +299,7 @@ def test_a_void_gives_back_active_grants_but_not_expired_ones(
     left = {g.grant_id: g.left for g in meter.grants()}
     assert left == {"short": 0, "long": 10}
     assert _used(meter, "org-42") == [250]
-    with meter.engine.connect() as connection:
+    with meter.sql_engine.connect() as connection:
         assert connection.execute(select(grant_draws.c.amount)).scalars().all() == [0, 0]
     assert meter.consume("org-42", "api_calls", 10).allowed  # the long grant again
     assert not meter.consume("org-42", "api_calls", 1).allowed
@@ -364,7 +364,7 @@ def test_a_shadow_limit_never_denies_and_promotion_keeps_its_counters(
 def test_grant_rows_are_kept_apart_per_grant(meter: Meter) -> None:
     meter.grant("org-42", "api_calls", 5, grant_id="g1")
     meter.consume("org-42", "api_calls", 253)
-    with meter.engine.connect() as connection:
+    with meter.sql_engine.connect() as connection:
         rows = connection.execute(select(grants.c.grant_id, grants.c.used)).all()
     assert [tuple(r) for r in rows] == [("g1", 3)]
 
@@ -492,7 +492,7 @@ def test_a_draw_on_a_balance_spent_meanwhile_is_decided_again(
             snapshot = read(self, *args, **kwargs)  # type: ignore[arg-type]
             if not spent:  # another worker spends 8 of the 10 in the meantime
                 spent.append(True)
-                with meter.engine.begin() as other:
+                with meter.sql_engine.begin() as other:
                     other.execute(update(grants).values(used=8))
             return snapshot
 

@@ -20,7 +20,7 @@ import pytest
 from metering import FrozenClock, Limit, Meter
 from metering.errors import ConfigurationError
 from metering.storage.budget import ConnectionBudget
-from metering.storage.engine import make_engine
+from metering.storage.connections import make_engine
 
 pytestmark = pytest.mark.postgres
 

@@ -35,7 +35,7 @@ def meter(db_url: str, clock: FrozenClock) -> Iterator[Meter]:
 
 def snapshot(meter: Meter) -> tuple[object, ...]:
     """Everything stored, to show that bad input changes nothing."""
-    with meter.engine.connect() as connection:
+    with meter.sql_engine.connect() as connection:
         rows = connection.execute(select(counters).order_by(*counters.primary_key)).all()
         ledger = connection.execute(select(results).order_by(results.c.event_id)).all()
     return (tuple(rows), tuple(ledger), tuple(meter.list_limits()))
@@ -229,7 +229,7 @@ def test_batch_rejects_invalid_events_and_keeps_going(meter: Meter) -> None:
     assert outcomes == ["allowed", "rejected", "rejected", "allowed", "allowed", "conflict"]
     assert "unknown limit" in (meter.result("b-2").reason or "")  # type: ignore[union-attr]
     assert [c.used for c in meter.counters("v")] == [2]
-    with meter.engine.connect() as connection:
+    with meter.sql_engine.connect() as connection:
         assert connection.execute(select(func.count()).select_from(results)).scalar() == 4
 
 

@@ -40,7 +40,7 @@ def any_meter(db_url: str) -> Iterator[Meter]:
 
 
 def _resets(meter: Meter) -> int:
-    with meter.engine.connect() as connection:
+    with meter.sql_engine.connect() as connection:
         return int(connection.execute(select(func.count()).select_from(counter_resets)).scalar())
 
 
@@ -48,7 +48,7 @@ def test_a_reset_clears_a_counter_updated_while_it_waited(meter: Meter) -> None:
     for n in range(3):
         meter.consume("org-1", "calls", event_id=f"e{n}")
     cleared: list[int] = []
-    with meter.engine.connect() as other, meter.engine.connect() as watcher:
+    with meter.sql_engine.connect() as other, meter.sql_engine.connect() as watcher:
         other.execute(text("UPDATE counters SET used = used + 1 WHERE subject = 'org-1'"))
         blocker = other.execute(text("SELECT pg_backend_pid()")).scalar_one()
         resetting = threading.Thread(target=lambda: cleared.append(meter.reset(subject="org-1")))
@@ -81,7 +81,7 @@ def test_a_reservation_held_while_a_reset_waited_is_forgotten_with_its_counter(
     assert counter.window_start is not None and counter.window_end is not None
     held = HeldCharge("org-1", "calls", 5, to_us(counter.window_start), to_us(counter.window_end))
     cleared: list[int] = []
-    with meter.engine.connect() as other, meter.engine.connect() as watcher:
+    with meter.sql_engine.connect() as other, meter.sql_engine.connect() as watcher:
         # What a reserve does: lock the counter, add the cost, insert the row.
         other.execute(text("UPDATE counters SET used = used + 5 WHERE subject = 'org-1'"))
         ReservationStore(other).insert("held-1", [held], to_us(NOW), to_us(NOW) + 60_000_000)
@@ -103,7 +103,7 @@ def test_a_reset_records_only_the_counters_it_cleared(meter: Meter) -> None:
     meter.set_limit(Limit("other", maximum=1000, period="1d", window="calendar"))
     meter.consume("org-1", "calls", event_id="e1")
     cleared: list[int] = []
-    with meter.engine.connect() as other, meter.engine.connect() as watcher:
+    with meter.sql_engine.connect() as other, meter.sql_engine.connect() as watcher:
         other.execute(text("UPDATE counters SET used = used + 1 WHERE subject = 'org-1'"))
         blocker = other.execute(text("SELECT pg_backend_pid()")).scalar_one()
         resetting = threading.Thread(target=lambda: cleared.append(meter.reset(subject="org-1")))
@@ -127,7 +127,7 @@ def test_resets_are_ordered_by_the_reset_clock_and_older_rows_by_time(any_meter:
     meter.consume("org-1", "calls", cost=3, event_id="before")
     assert meter.reset(subject="org-1") == 1
     meter.consume("org-1", "calls", cost=2, event_id="after")
-    with meter.engine.connect() as connection:
+    with meter.sql_engine.connect() as connection:
         rows = connection.execute(
             select(counter_resets.c.window_start_us, counter_resets.c.tick)
         ).all()
@@ -136,7 +136,7 @@ def test_resets_are_ordered_by_the_reset_clock_and_older_rows_by_time(any_meter:
     assert [c[2] for c in meter.void("after", "refund").charges] == [2]
 
     meter.consume("org-1", "calls", cost=5, event_id="legacy")
-    with meter.engine.begin() as connection:
+    with meter.sql_engine.begin() as connection:
         connection.execute(
             counter_resets.insert().values(subject=None, limit_name="calls", reset_at_us=to_us(NOW))
         )

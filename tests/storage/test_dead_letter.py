@@ -27,8 +27,8 @@ def meter(db_url: str) -> Iterator[Meter]:
 def refuse_results_for(meter: Meter, event_ids: list[str], *, sqlstate: str) -> None:
     """A trigger that refuses the results row of these events, as a CHECK would."""
     listed = ", ".join(f"'{event_id}'" for event_id in event_ids)
-    with meter.engine.begin() as connection:
-        if meter.engine.dialect.name == "sqlite":
+    with meter.sql_engine.begin() as connection:
+        if meter.sql_engine.dialect.name == "sqlite":
             # SQLite reports a trigger's ABORT as a constraint failure.
             connection.exec_driver_sql(
                 "CREATE TRIGGER refuse BEFORE INSERT ON results "

@@ -45,7 +45,7 @@ def meter(pg_url: str) -> Iterator[Meter]:
 @pytest.fixture
 def heard(meter: Meter) -> Iterator[Heard]:
     heard = Heard()
-    listener = QuotaListener.for_engine(meter.engine, heard)
+    listener = QuotaListener.for_engine(meter.sql_engine, heard)
     assert listener is not None and listener.listening
     yield heard
     listener.close()
@@ -73,7 +73,7 @@ def test_committed_changes_are_heard_with_their_keys(meter: Meter, heard: Heard)
 def test_a_listener_takes_one_place_of_the_budget(meter: Meter) -> None:
     before = meter.connections_in_use()
     assert before is not None
-    listener = QuotaListener.for_engine(meter.engine, Heard())
+    listener = QuotaListener.for_engine(meter.sql_engine, Heard())
     assert listener is not None
     assert meter.connections_in_use() == before + 1
     listener.close()
@@ -82,7 +82,7 @@ def test_a_listener_takes_one_place_of_the_budget(meter: Meter) -> None:
 
 @pytest.mark.postgres
 def test_a_rolled_back_change_is_never_heard(meter: Meter, heard: Heard) -> None:
-    with meter.engine.connect() as connection:
+    with meter.sql_engine.connect() as connection:
         notify(connection, "org-1", "calls")
         connection.rollback()
     meter.reset(subject="org-9", limit="calls")  # the next one heard is this one
@@ -104,7 +104,7 @@ def test_after_a_restart_every_key_is_dropped_and_it_listens_again(
 
 def test_sqlite_has_no_listener_and_notify_does_nothing(sqlite_url: str) -> None:
     with Meter(sqlite_url) as meter:
-        assert QuotaListener.for_engine(meter.engine, Heard()) is None
-        with meter.engine.begin() as connection:
+        assert QuotaListener.for_engine(meter.sql_engine, Heard()) is None
+        with meter.sql_engine.begin() as connection:
             notify(connection, "org-1", "calls")
         assert meter.connections_in_use() is None

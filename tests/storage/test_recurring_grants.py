@@ -36,7 +36,7 @@ def meter(db_url: str, clock: FrozenClock) -> Meter:
 
 
 def _messages(meter: Meter, kind: str) -> list[dict[str, object]]:
-    with meter.engine.connect() as connection:
+    with meter.sql_engine.connect() as connection:
         rows = connection.execute(
             select(webhook_messages.c.payload)
             .where(webhook_messages.c.type == kind)
@@ -50,7 +50,7 @@ def _grants(meter: Meter) -> dict[str, tuple[int, int]]:
 
 
 def _rows(meter: Meter, table: object) -> int:
-    with meter.engine.connect() as connection:
+    with meter.sql_engine.connect() as connection:
         return int(connection.execute(select(func.count()).select_from(table)).scalar_one())
 
 

@@ -46,7 +46,7 @@ def consume_at(meter: Meter, clock: FrozenClock, at: datetime, ids: list[str]) -
 
 
 def counts(meter: Meter) -> dict[str, int]:
-    with meter.engine.connect() as connection:
+    with meter.sql_engine.connect() as connection:
         return {
             table.name: connection.execute(select(func.count()).select_from(table)).scalar_one()
             for table in (webhook_messages, webhook_deliveries, webhook_attempts, webhook_marks)
@@ -118,7 +118,7 @@ def add_delivery(
     meter: Meter, message_id: str, status: str, at: datetime, *, attempts: int = 1
 ) -> None:
     at_us = to_us(at)
-    with meter.engine.begin() as connection:
+    with meter.sql_engine.begin() as connection:
         connection.execute(
             insert(webhook_messages).values(
                 id=message_id, type="limit.denied", payload="{}", created_at_us=at_us
@@ -146,7 +146,7 @@ def add_delivery(
 
 def add_mark(meter: Meter, subject: str, window_end: datetime, *, due: bool = False) -> None:
     end_us = to_us(window_end)
-    with meter.engine.begin() as connection:
+    with meter.sql_engine.begin() as connection:
         connection.execute(
             insert(webhook_marks).values(
                 limit_name="api",
@@ -285,7 +285,7 @@ def test_a_delivery_replayed_while_prune_runs_is_not_deleted(pg_url: str) -> Non
     clock = FrozenClock(T0)
     with Meter(pg_url, clock=clock) as meter, Meter(pg_url, clock=clock) as other:
         add_delivery(meter, "msg_failed", "failed", T0, attempts=2)
-        with meter.engine.connect() as connection:
+        with meter.sql_engine.connect() as connection:
             [delivery_id] = connection.execute(select(webhook_deliveries.c.id)).scalars()
         clock.set(T0 + timedelta(days=31))
         replayed: list[int] = []
@@ -294,10 +294,10 @@ def test_a_delivery_replayed_while_prune_runs_is_not_deleted(pg_url: str) -> Non
             if not replayed and statement.lstrip().upper().startswith("DELETE FROM WEBHOOK_"):
                 replayed.append(Webhooks(other).replay([delivery_id]))
 
-        event.listen(meter.engine, "before_cursor_execute", replay_first)
+        event.listen(meter.sql_engine, "before_cursor_execute", replay_first)
         prune(meter, RetentionPolicy(), visibility_timeout_seconds=VISIBILITY)
         assert replayed == [1]
-        with meter.engine.connect() as connection:
+        with meter.sql_engine.connect() as connection:
             status = connection.execute(select(webhook_deliveries.c.status)).scalars().all()
             attempts = connection.execute(select(func.count()).select_from(webhook_attempts))
             assert (status, attempts.scalar_one()) == (["pending"], 2)
@@ -323,6 +323,6 @@ def test_a_late_event_after_a_void_does_not_notify_the_window_again(db_url: str)
 
 
 def exceeded_messages(meter: Meter) -> int:
-    with meter.engine.connect() as connection:
+    with meter.sql_engine.connect() as connection:
         query = select(func.count()).where(webhook_messages.c.type == "limit.exceeded")
         return int(connection.execute(query).scalar_one())

@@ -13,7 +13,7 @@ from servers import PostgresServer
 
 from metering import Meter
 from metering.errors import DatabaseUnavailable, SchemaOutdated
-from metering.storage.engine import MIGRATIONS_DIR, SCHEMA_REVISION, make_engine
+from metering.storage.connections import MIGRATIONS_DIR, SCHEMA_REVISION, make_engine
 from metering.storage.tables import metadata
 
 

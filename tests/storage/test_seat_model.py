@@ -184,7 +184,7 @@ def _compare(meter: Meter, model: Model) -> None:
     }
     expected = {window: model.seats(window) for window in model.live if model.seats(window)}
     assert stored == expected
-    with meter.engine.connect() as connection:
+    with meter.sql_engine.connect() as connection:
         d = distinct_values.c
         rows = connection.execute(
             select(d.limit_name, d.subject, d.window_start_us, d.value, d.live_events)

@@ -49,13 +49,13 @@ def _used(meter: Meter, subject: str = "org-1") -> list[int]:
 
 
 def _messages(meter: Meter) -> list[str]:
-    with meter.engine.connect() as connection:
+    with meter.sql_engine.connect() as connection:
         query = select(webhook_messages.c.type).order_by(webhook_messages.c.id)
         return list(connection.execute(query).scalars())
 
 
 def _stored(meter: Meter) -> tuple[int, int]:
-    with meter.engine.connect() as connection:
+    with meter.sql_engine.connect() as connection:
         return (
             connection.execute(select(func.count()).select_from(results)).scalar_one(),
             connection.execute(select(func.count()).select_from(distinct_values)).scalar_one(),
@@ -185,7 +185,7 @@ def test_a_batch_decides_each_value_as_one_by_one(meter: Meter) -> None:
     ]
     assert "must carry it" in (decided[3].reason or "")  # type: ignore[union-attr]
     assert [d.charges[0].cost for d in decided if d.charges] == [1, 1, 0, 1, 1, 0, 1]  # type: ignore[union-attr]
-    with meter.engine.connect() as connection:
+    with meter.sql_engine.connect() as connection:
         assert DistinctStore(connection).live(
             [("seats", "org-1", to_start(), u) for u in "abcde"]
         ) == {
@@ -274,7 +274,7 @@ def test_a_repeated_event_id_counts_its_value_once(meter: Meter) -> None:
     first = _seat(meter, "a", "e0")
     again = _seat(meter, "a", "e0")
     assert (again.duplicate, again.charges[0].cost) == (True, first.charges[0].cost)
-    with meter.engine.connect() as connection:
+    with meter.sql_engine.connect() as connection:
         [live] = connection.execute(select(distinct_values.c.live_events)).scalars()
     assert (live, _used(meter)) == (1, [1])
 

@@ -71,7 +71,7 @@ def model(stream: list[tuple[datetime, str, int]], maximum: int) -> dict[str, tu
 
 
 def row_counts(meter: Meter) -> dict[str, int]:
-    with meter.engine.connect() as connection:
+    with meter.sql_engine.connect() as connection:
         return {
             table.name: connection.execute(select(func.count()).select_from(table)).scalar_one()
             for table in metadata.sorted_tables

@@ -102,7 +102,7 @@ def test_a_soft_cap_summed_past_the_column_is_refused_on_both_databases(meter: M
     )
     meter.set_price("calls", "10000000", "USD")
     meter.consume("org-1", "calls", 1, event_id="first")
-    with meter.engine.begin() as connection:
+    with meter.sql_engine.begin() as connection:
         connection.execute(
             update(counters).where(counters.c.limit_name == "spend").values(used=2**63 - 10)
         )

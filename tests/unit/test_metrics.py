@@ -54,7 +54,7 @@ from metering.metrics import (
     metrics_port,
 )
 from metering.pipeline import apply_batch
-from metering.storage.engine import RetryTransaction, make_engine, run_transaction
+from metering.storage.connections import RetryTransaction, make_engine, run_transaction
 from metering.tracing import tracing_enabled
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]

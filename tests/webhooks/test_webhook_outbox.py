@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 
 from metering import FrozenClock, Limit, Meter, make_event
 from metering.engine.reference import apply_events
-from metering.storage.engine import run_transaction
+from metering.storage.connections import run_transaction
 from metering.storage.store import Store
 from metering.storage.tables import webhook_marks
 from metering.storage.webhooks import WebhookStore
@@ -145,10 +145,10 @@ def test_a_rolled_back_counter_change_writes_no_notification(meter: Meter) -> No
         raise Boom
 
     with pytest.raises(Boom):
-        run_transaction(meter.engine, work)
+        run_transaction(meter.sql_engine, work)
     assert hooks.messages() == [] and hooks.deliveries() == []
     marks = select(func.count()).select_from(webhook_marks)
-    assert run_transaction(meter.engine, lambda c: c.execute(marks).scalar_one()) == 0
+    assert run_transaction(meter.sql_engine, lambda c: c.execute(marks).scalar_one()) == 0
     assert meter.counters() == [] or all(c.used == 0 for c in meter.counters())
     # Applied for real afterwards, the notifications are there, once.
     meter.apply(events)

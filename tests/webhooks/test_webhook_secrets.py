@@ -37,7 +37,7 @@ def meter(db_url: str) -> Iterator[Meter]:
 def stored(meter: Meter, column: str = "secret") -> list[str | None]:
     """The column as the database holds it, endpoint by endpoint (oldest first)."""
     query = text(f"SELECT {column} FROM webhook_endpoints ORDER BY created_at_us, id")
-    with meter.engine.connect() as connection:
+    with meter.sql_engine.connect() as connection:
         return [row[0] for row in connection.execute(query)]
 
 

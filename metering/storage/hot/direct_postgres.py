@@ -4,7 +4,7 @@
 groups, batches) and `check`'s one statement on psycopg connections of its
 own, with no SQLAlchemy `Connection`, transaction or pool checkout: a
 ``PostgresHotStore`` on a pooled connection, the driver's errors judged and
-retried exactly as `metering.storage.engine.run_retry_aware` judges
+retried exactly as `metering.storage.connections.run_retry_aware` judges
 SQLAlchemy's (`retry_or_raise`). What needs SQLAlchemy (notices) the
 engine's path declines, and the next path runs it under SQLAlchemy
 (`metering.engine.paths`).
@@ -48,7 +48,7 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError, StatementError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from metering.storage.budget import ConnectionBudget
-from metering.storage.engine import (
+from metering.storage.connections import (
     RetryTransaction,
     budget_of,
     connect_args_of,

@@ -37,8 +37,8 @@ from metering.domain.rollups import rollup_rows
 from metering.domain.rules import Key
 from metering.domain.windows import Window
 from metering.storage.allowances import grant_deltas, pots_of
+from metering.storage.connections import RetryTransaction
 from metering.storage.counters import Pair
-from metering.storage.engine import RetryTransaction
 from metering.storage.hot import Changes, Snapshot, WantedKey, WantedSeat
 from metering.storage.hot.statements import (
     BUMP_VERSION,
@@ -545,7 +545,7 @@ def read_unlocked(
     one statement on ``raw`` in autocommit (`DirectPostgres.autocommit`), no
     lock, no transaction to end. Results are not looked up (``stored`` is
     empty), nor recurring grants' schedules. Driver errors come out as
-    SQLAlchemy's, for `metering.storage.engine.translate`."""
+    SQLAlchemy's, for `metering.storage.connections.translate`."""
     params = {
         "pairs": _encode(pairs),
         "keys": _encode(keys),

@@ -7,8 +7,8 @@ sqlite3 keeps compiled in its statement cache; rows are tuples.
 `DirectSqlite` runs the hot path's transactions on connections of its own,
 with no SQLAlchemy `Connection` or transaction object: a small pool of
 stdlib connections to the same file, set up as the engine's
-(`metering.storage.engine.sqlite_pragmas`), retried and translated as
-`metering.storage.engine.run_retry_aware` does. A `SqliteHotStore` it hands
+(`metering.storage.connections.sqlite_pragmas`), retried and translated as
+`metering.storage.connections.run_retry_aware` does. A `SqliteHotStore` it hands
 out has no SQLAlchemy connection.
 """
 
@@ -27,8 +27,7 @@ from sqlalchemy.exc import DBAPIError, StatementError
 from metering.domain.distinct import Seen
 from metering.domain.rollups import rollup_rows
 from metering.domain.windows import Window
-from metering.storage.counters import Pair
-from metering.storage.engine import (
+from metering.storage.connections import (
     SQLITE_BUSY_TIMEOUT_MS,
     RetryTransaction,
     refused_overflow,
@@ -36,6 +35,7 @@ from metering.storage.engine import (
     sqlite_pragmas,
     sqlite_synchronous,
 )
+from metering.storage.counters import Pair
 from metering.storage.hot import Changes, Snapshot, WantedKey, WantedSeat
 from metering.storage.hot.sqlite_grants import (
     due_schedules,

@@ -8,7 +8,7 @@ from metering.storage.tables import metadata
 
 connection = context.config.attributes.get("connection")
 if connection is None:
-    from metering.storage.engine import make_engine
+    from metering.storage.connections import make_engine
 
     url = context.config.get_main_option("sqlalchemy.url")
     if not url:

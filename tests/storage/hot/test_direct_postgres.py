@@ -59,12 +59,12 @@ def checkouts(meter: Meter) -> list[int]:
     def counted(*_args: object) -> None:
         count[0] += 1
 
-    event.listen(meter.engine, "checkout", counted)
+    event.listen(meter.sql_engine, "checkout", counted)
     return count
 
 
 def used(meter: Meter) -> tuple[int, int]:
-    with meter.engine.connect() as connection:
+    with meter.sql_engine.connect() as connection:
         count = connection.execute(select(func.count()).select_from(results)).scalar_one()
         total = connection.execute(select(func.sum(counters.c.used))).scalar_one()
     return count, total or 0
@@ -104,7 +104,7 @@ def test_what_needs_sqlalchemy_runs_again_under_it(pg_url: str) -> None:
         assert not meter.consume("s", "small").allowed  # the first denial: a mark
         assert lent[0] >= 1
         assert not meter.consume("s", "small").allowed
-        with meter.engine.connect() as connection:
+        with meter.sql_engine.connect() as connection:
             marks = connection.execute(select(func.count()).select_from(webhook_marks))
             assert marks.scalar_one() == 1
             denied = connection.execute(select(counters.c.denied_count)).scalar_one()
@@ -210,7 +210,7 @@ def test_sixteen_threads_on_one_connection_neither_deadlock_nor_miscount(
         with ThreadPoolExecutor(16) as pool:
             allowed = sum(pool.map(calls, range(16)))
         assert direct_of(meter).open_connections <= 1
-        with meter.engine.connect() as connection:
+        with meter.sql_engine.connect() as connection:
             shared = connection.execute(
                 select(counters.c.used, counters.c.denied_count).where(
                     counters.c.subject == "shared"

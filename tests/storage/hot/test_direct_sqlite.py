@@ -41,9 +41,9 @@ def meter(sqlite_url: str) -> Iterator[Meter]:
 def sqlalchemy_activity(meter: Meter) -> list[str]:
     """Every transaction and statement the meter's SQLAlchemy engine runs from now on."""
     seen: list[str] = []
-    event.listen(meter.engine, "begin", lambda _connection: seen.append("BEGIN"))
+    event.listen(meter.sql_engine, "begin", lambda _connection: seen.append("BEGIN"))
     event.listen(
-        meter.engine,
+        meter.sql_engine,
         "before_cursor_execute",
         lambda _c, _cursor, statement, *_args: seen.append(statement),
     )
@@ -51,7 +51,7 @@ def sqlalchemy_activity(meter: Meter) -> list[str]:
 
 
 def used(meter: Meter) -> tuple[int, int]:
-    with meter.engine.connect() as connection:
+    with meter.sql_engine.connect() as connection:
         count = connection.execute(select(func.count()).select_from(results)).scalar_one()
         total = connection.execute(select(func.sum(counters.c.used))).scalar_one()
     return count, total or 0
@@ -103,7 +103,7 @@ def test_what_needs_sqlalchemy_runs_again_under_it(sqlite_url: str) -> None:
         assert not meter.consume("s", "small").allowed  # the first denial: a mark
         assert "BEGIN" in seen
         assert not meter.consume("s", "small").allowed
-        with meter.engine.connect() as connection:
+        with meter.sql_engine.connect() as connection:
             marks = connection.execute(select(func.count()).select_from(webhook_marks))
             assert marks.scalar_one() == 1
             denied = connection.execute(select(counters.c.denied_count)).scalar_one()
@@ -144,7 +144,7 @@ def test_a_process_killed_inside_a_transaction_loses_nothing_committed(
     # Every committed event is there, the half-done one is not, and the
     # write lock it held is free: a new transaction goes through at once.
     assert used(meter) == (50, 50)
-    with meter.engine.connect() as connection:
+    with meter.sql_engine.connect() as connection:
         ids = set(connection.execute(select(results.c.event_id)).scalars())
     assert ids == {f"kept-{i}" for i in range(50)}
     assert meter.consume("subject-0", "calls", event_id="after").allowed
@@ -212,7 +212,7 @@ def test_threads_each_with_a_transaction_share_the_pool_exactly(sqlite_url: str)
         direct = meter._engine.direct
         assert direct is not None
         assert 1 <= len(direct._open) <= 8  # one per thread at most
-        with meter.engine.connect() as connection:
+        with meter.sql_engine.connect() as connection:
             row = connection.execute(
                 select(counters.c.used, counters.c.denied_count).where(
                     counters.c.subject == "shared"

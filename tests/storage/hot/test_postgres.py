@@ -40,7 +40,7 @@ def _batch_behind(meter: Meter, clock: FrozenClock, limit: str, update: str) -> 
     """A batch of one event per subject, applied while ``update`` of org-00's
     rows is open, then committed."""
     events = [make_event([(s, limit, 1)], clock(), event_id=f"b-{s}") for s in SUBJECTS]
-    with meter.engine.connect() as other, meter.engine.connect() as watcher:
+    with meter.sql_engine.connect() as other, meter.sql_engine.connect() as watcher:
         other.execute(text(update + " WHERE subject = 'org-00'"))
         blocker = other.execute(text("SELECT pg_backend_pid()")).scalar_one()
         applying = threading.Thread(target=meter.apply, args=(events,))
@@ -69,7 +69,7 @@ def test_a_batch_that_waited_for_a_window_update_moves_its_new_version(
     _batch_behind(meter, clock, "trial", "UPDATE current_windows SET limit_name = limit_name")
     used = {s: [c.used for c in meter.counters(s, "trial")] for s in SUBJECTS}
     assert used == {s: [3, 1] for s in SUBJECTS}
-    with meter.engine.connect() as connection:
+    with meter.sql_engine.connect() as connection:
         windows = connection.execute(
             select(current_windows.c.subject, current_windows.c.window_start_us)
         )
