@@ -369,8 +369,6 @@ class Engine:
         def work(connection: Connection) -> Decision:
             event = original
             store = Store(connection)
-            # Reading a window makes a recurring grant's due issues.
-            issue_due(connection, {(c.limit, c.subject) for c in event.charges}, now_us)
             limits = store.load_limits(c.limit for c in event.charges)
             money = Money.read(store, [event], limits)
             error = validate_against_limits(event, limits, now_us, money)
@@ -379,6 +377,8 @@ class Engine:
             if money is not None:
                 event = money.expand(original)
                 limits = money.limits
+            # Reading a window makes a recurring grant's due issues (of its spend limits too).
+            issue_due(connection, {(c.limit, c.subject) for c in event.charges}, now_us)
             pairs = first_use_pairs([event], limits)
             resolver = WindowResolver(store, dict(store.read_current_windows(pairs)))
             keys = [
