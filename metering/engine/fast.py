@@ -258,14 +258,15 @@ def _rules_for(
     the one-trip function)."""
     found: list[Rule] = []
     at_us = event.occurred_at_us
+    if not seats and any(name in rules and rules[name].distinct for _, name, _ in event.charges):
+        # Before any other charge is judged, as the reference engine refuses them.
+        raise UseGeneralPath("seats: taken by consuming, never held")
     for _, name, cost in event.charges:
         rule = rules.get(name)
         if rule is None:
             return found, UnknownLimit(name)
         if rule.concurrent:
             return found, consumed_concurrent(rule.name)
-        if rule.distinct and not seats:
-            raise UseGeneralPath("seats: taken by consuming, never held")
         if rule.money:
             refused = refuse_spend_charge(rule.limit)
             if refused is not None:
