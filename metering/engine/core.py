@@ -21,10 +21,10 @@ the limits' cache reloaded, notification marks; on SQLite also dead
 letters) runs again, whole, in a SQLAlchemy transaction.
 
 Concurrent single calls share transactions (`metering.engine.group`). The
-differential tests (``tests/engine/test_fast_path.py``,
-``test_check_path.py``) hold both engines to the same results, counters,
-notifications and checks. What every committed transaction decided is
-counted here (`metering.metrics`), so callers count nothing.
+differential suite (``tests/engine/test_differential.py``) holds every path
+to the reference engine: the same results, counters, notifications and
+checks. What every committed transaction decided is counted here
+(`metering.metrics`), so callers count nothing.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ The general engine (`metering.engine.reference.apply_events`) keeps what is rare
 event older than its subject's current first-use window sends the whole
 batch there (`UseGeneralPath`); reservations use it too, and `check` when
 `check_record` leaves it there. The differential property tests
-(``tests/engine/test_fast_path.py``, ``test_check_path.py``) hold both to
+(``tests/engine/test_differential.py``, every path and `check`) hold both to
 the same results, counters, notifications and checks.
 
 Subjects' own allowances are decided here too: entitlements and own
@@ -26,7 +26,7 @@ it moved, the cache is reloaded and the transaction runs again, so a changed
 limit applies to the very next decision in every process.
 
 Money is decided here as the reference engine decides it
-(`metering.engine.money`; ``tests/engine/test_fast_path_money.py``): before
+(`metering.engine.money`; ``tests/engine/test_differential.py``): before
 its counters' keys are worked out, a priced event gets its charges of its
 subjects' spend limits after its own, of the amounts of the prices in force
 at its ``occurred_at`` (`PriceBook.charges`, cached with the limits), so

@@ -10,7 +10,7 @@ rolled up by dimensions, a distinct limit (seats), a first-use window in calenda
 function gets each subject's maximum at the event, from the cache's
 histories. Whatever the function declines, the caller applies the usual way
 (`metering.engine.fast.apply_records`), so the Python rules stay the
-reference; ``tests/engine/test_one_trip.py`` holds the two to the same
+reference; ``tests/engine/test_differential.py`` holds the two to the same
 results, counters and notifications.
 
 `STATS` counts, per process, the events the function decided and what it
