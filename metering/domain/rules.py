@@ -7,7 +7,7 @@ of events a second the objects cost more than the arithmetic. This module
 applies the same rules to a counter held as a mutable list (``State``) and
 writes each charge's figures straight into the row the ledger stores
 (`ChargeDecision.to_row` order). A differential property test
-(``tests/engine/test_fast_path.py``) drives both with random event streams
+(``tests/engine/test_differential.py``) drives both with random event streams
 and asserts identical results, counters and notifications.
 
 Only what may notify builds value objects: a denial, or consumption of a

@@ -156,7 +156,7 @@ class Engine:
         """``batch`` decided by the first path that implements its needs."""
         if self.limits.current[0] < 0:
             self.database.run(self.limits.refresh)
-        needs = self._needs(batch)
+        needs = self.needs(batch)
         refreshes, index = 0, 0
         while index < len(self.paths):
             path = self.paths[index]
@@ -169,7 +169,7 @@ class Engine:
             if found.stale and refreshes < _REFRESHES:
                 refreshes += 1
                 self.database.run(self.limits.refresh)
-                needs = self._needs(batch) | (needs & _FOUND)
+                needs = self.needs(batch) | (needs & _FOUND)
                 continue  # the same path, with the limits as they are now
             if found.need is not None:
                 needs |= {found.need}
@@ -178,7 +178,8 @@ class Engine:
             index += 1
         raise AssertionError(f"no decision path implements {sorted(needs)}")
 
-    def _needs(self, batch: Batch) -> frozenset[Need]:
+    def needs(self, batch: Batch) -> frozenset[Need]:
+        """What deciding ``batch`` needs, from the cached limits (`metering.domain.needs`)."""
         _, rules, allowances = self.limits.current
         return batch_needs(
             len(batch.records),
@@ -211,7 +212,7 @@ class Engine:
         if self.limits.current[0] < 0:
             self.database.run(self.limits.refresh)
         batch = Batch([event.record()], now_us)
-        needs = self._needs(batch)
+        needs = self.needs(batch)
         refreshes, index = 0, 0
         while index < len(self.paths):
             path = self.paths[index]

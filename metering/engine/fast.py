@@ -474,15 +474,21 @@ class _Applying:
                 self.answers[index] = (_REPEAT, self.first[event.event_id])
                 continue
             self.first[event.event_id] = index
-            event_rules, error = rules_for(event, self.rules, batch.now_us, batch.policy)
-            if batch.hold is not None and any(rule.distinct for rule in event_rules):
+            if batch.hold is not None and self._seats(event):
                 raise _Decline(Declined("seats are taken by consuming", Need.HELD_SEATS))
+            event_rules, error = rules_for(event, self.rules, batch.now_us, batch.policy)
             if priced and error is None and any(rule.money for rule in event_rules):
                 if self.spend is None:
                     self.spend = _Spend.of(cache, self.version, self.rules)
                 event, event_rules, error = self.spend.expand(index, event, event_rules)
             fixed = None if error is not None else self._keys(event, event_rules)
             self.todo.append((index, event, event_rules, error, fixed))
+
+    def _seats(self, event: EventRecord) -> bool:
+        """Whether ``event`` charges a seat limit (a reservation of one is
+        refused before its other charges are judged, as the reference does)."""
+        rules = self.rules
+        return any(name in rules and rules[name].distinct for _, name, _ in event.charges)
 
     def _keys(self, event: EventRecord, event_rules: list[Rule]) -> _Fixed | None:
         """The event's counters' keys and windows, or None when one is a

@@ -6,7 +6,7 @@
 (`ONE_TRIP_IMPLEMENTS`: plain hard, soft and shadow limits, buckets, calendar and
 first-use windows, stacked charges, the subject's entitlements); any other
 need, or an unacceptable event, is `Declined` and the fast path decides.
-``tests/engine/test_one_trip.py`` holds the function to the Python rules.
+``tests/engine/test_differential.py`` holds the function to the reference.
 
 `STATS` counts, per process, the events the function decided and what it
 declined (``declined:<code>``), so tests can tell it really ran.

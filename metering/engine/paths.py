@@ -283,7 +283,6 @@ def _check_reference(original: UsageEvent, now_us: int, connection: Connection) 
     but a recurring grant's issue due (reading a window makes it)."""
     event = original
     store = Store(connection)
-    issue_due(connection, {(c.limit, c.subject) for c in event.charges}, now_us)
     limits = store.load_limits(c.limit for c in event.charges)
     money = Money.read(store, [event], limits)
     error = validate_against_limits(event, limits, now_us, money)
@@ -292,6 +291,8 @@ def _check_reference(original: UsageEvent, now_us: int, connection: Connection) 
     if money is not None:
         event = money.expand(original)
         limits = money.limits
+    # Reading a window makes a recurring grant's due issues (of its spend limits too).
+    issue_due(connection, {(c.limit, c.subject) for c in event.charges}, now_us)
     pairs = first_use_pairs([event], limits)
     resolver = WindowResolver(store, dict(store.read_current_windows(pairs)))
     keys = [resolver.key(limits[c.limit], c.subject, event.occurred_at_us) for c in event.charges]

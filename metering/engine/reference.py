@@ -219,11 +219,12 @@ def _decide(
 ) -> list[Decision]:
     if not events:
         return []
-    # A recurring grant's due issues first: the lock order is schedules, then windows.
-    issue_due(store.connection, {(c.limit, c.subject) for e in events for c in e.charges}, now_us)
     if money is not None:
         events = [money.expand(event) for event in events]
         limits = money.limits
+    # A recurring grant's due issues first (of a spend limit too: priced events
+    # charge it): the lock order is schedules, then windows.
+    issue_due(store.connection, {(c.limit, c.subject) for e in events for c in e.charges}, now_us)
     pairs = first_use_pairs(events, limits)
     resolver = WindowResolver(store, store.lock_current_windows(pairs) if pairs else {})
     keys = [

@@ -1,7 +1,7 @@
 """The hot path's rules (`metering.domain.rules`) equal `decide_event`, in memory.
 
 `rules.decide` restates `decide_event` over counters held as lists, for
-speed. ``tests/engine/test_fast_path.py`` compares the two through the
+speed. ``tests/engine/test_differential.py`` compares the two through the
 databases; this file compares them directly, with no database, so that
 mutation testing (``make mutants``) can judge the hot path on the unit
 tests alone. The streams are pseudo-random but fixed (seeded), so a

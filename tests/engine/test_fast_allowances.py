@@ -2,7 +2,7 @@
 
 The fast path (`metering.engine.fast`) decides these itself: the reference
 engine is made to refuse (`_refuse_reference`), so a test passes only if no
-batch was left to it. ``tests/engine/test_fast_path.py`` holds the two
+batch was left to it. ``tests/engine/test_differential.py`` holds the
 engines to the same results; here, what each feature stores, and that a
 recurring grant's issue is made exactly once by processes racing.
 """

@@ -19,27 +19,71 @@ must be identical.
 from __future__ import annotations
 
 import tempfile
-from datetime import timedelta
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from engine.test_fast_path import LIMITS, SETTINGS, START, SUBJECTS, _stored, _two_databases
-from hypothesis import Phase, given, settings
+from engine.differential import stored
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from servers import PostgresServer
-from sqlalchemy import select
 
 from metering import FrozenClock, Meter, spend_limit
 from metering.domain.events import make_event
 from metering.domain.limits import Limit
 from metering.errors import MeteringError
 from metering.reservations.transactions import lease, reserve
-from metering.storage.tables import reservations
 
+START = datetime(2026, 11, 30, 23, 0, tzinfo=UTC)  # a month's end is near
+SUBJECTS = ["org-1", "org-2", "user-é"]
+LIMITS = [
+    Limit(
+        "cal",
+        maximum=5,
+        period="1h",
+        window="calendar",
+        thresholds=(50, 100),
+        dimensions=("route",),
+    ),
+    Limit("fu", maximum=4, period="30m"),
+    Limit(
+        "soft",
+        maximum=3,
+        period="1mo",
+        window="calendar",
+        enforcement="soft",
+        thresholds=(80,),
+        dimensions=("route", "model"),
+    ),
+    Limit(
+        "bucket",
+        maximum=3,
+        period="60s",
+        algorithm="token_bucket",
+        thresholds=(100,),
+        dimensions=("model",),
+    ),
+    Limit(
+        "shadow",
+        maximum=3,
+        period="1h",
+        window="calendar",
+        enforcement="shadow",
+        dimensions=("route",),
+    ),
+    Limit("units", maximum=6, period="30m", thresholds_units=(2, 5, 9)),
+]
 # Shrinking these streams takes minutes: a failure is reported as found.
-NO_SHRINK = settings(SETTINGS, phases=[Phase.explicit, Phase.reuse, Phase.generate])
-# PostgreSQL's budget, as test_fast_path.py's: 60 examples there were three
-# minutes, the slowest test of the suite (`make test` is to stay under 12).
+NO_SHRINK = settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+)
+# PostgreSQL's budget: 60 examples were three minutes, once the slowest
+# test of the suite (`make test` is to stay under 12).
 ON_POSTGRES = settings(NO_SHRINK, max_examples=25)
 # With limits of no dimensions ("fu", "units", "plain-bucket") a give-back
 # settles on the direct path; the others roll usage up (the general path).
@@ -131,14 +175,13 @@ def _run(fast_url: str, reference_url: str, stream: list[dict[str, object]]) -> 
         for spec in stream:
             clock.advance(seconds=spec["advance_seconds"])  # type: ignore[arg-type]
             assert _step(fast, spec, clock) == _step(reference, spec, clock), spec
-        assert _stored_with_reservations(fast) == _stored_with_reservations(reference)
+        assert stored(fast) == stored(reference)
 
 
-def _stored_with_reservations(meter: Meter) -> dict[str, object]:
-    stored = _stored(meter)
-    with meter.sql_engine.connect() as connection:
-        stored["reservations"] = sorted(tuple(r) for r in connection.execute(select(reservations)))
-    return stored
+@contextmanager
+def _two_databases(server: PostgresServer, template: str) -> Iterator[tuple[str, str]]:
+    with server.copy_of(template, "diff") as fast, server.copy_of(template, "diff") as reference:
+        yield fast, reference
 
 
 @pytest.mark.slow

@@ -12,7 +12,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import func, select
 
-from metering import FrozenClock, Limit, Meter
+from metering import FrozenClock, Limit, Meter, spend_limit
+from metering.domain.events import make_event
 from metering.errors import GrantConflict, InvalidInput, UnknownLimit
 from metering.storage.tables import alert_thresholds, grant_schedules, grants, webhook_messages
 from metering.webhooks import Webhooks
@@ -281,3 +282,34 @@ def test_alerts_refuse_bad_thresholds_and_change_nothing(meter: Meter, at: list[
     with pytest.raises(UnknownLimit):
         meter.set_alert("org", "nope", ["80%"])
     assert _rows(meter, alert_thresholds) == 0
+
+
+@pytest.mark.parametrize("way", ["consume", "check", "reference"])
+def test_the_due_issue_of_a_spend_limits_grant_pays_a_priced_event(
+    db_url: str, clock: FrozenClock, way: str
+) -> None:
+    """A spend limit is charged only through prices: a priced event's charge
+    of it makes its recurring grant's due issue, which pays, on the fast
+    path, in `check` and in the reference engine."""
+    with Meter(db_url, clock=clock) as meter:
+        meter.set_limits(
+            [
+                Limit("calls", maximum=100, period="1h", window="calendar"),
+                spend_limit("cap", "0.05", "USD", "1d", window="calendar"),
+            ]
+        )
+        meter.set_price("calls", "0.01", "USD", effective_from=NOV - timedelta(days=1))
+        meter.grant("org", "cap", 3, every="1h", grant_id="m")
+        assert meter.consume("org", "calls", 8).allowed  # 5 of the cap, the 3 of m
+        clock.advance(seconds=3600)  # m/2 is due
+        if way == "consume":
+            outcome = meter.consume("org", "calls", 3).outcome
+        elif way == "check":
+            outcome = meter.check("org", "calls", 3).outcome
+        else:
+            record = make_event([("org", "calls", 3)], clock(), "e-2").record()
+            now_us = meter.database.now_us()
+            [(_, found)] = meter._engine._apply_reference([record], now_us, "raise", ())
+            assert found is not None
+            outcome = found.outcome
+        assert outcome == "allowed"

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from metering import FrozenClock, Limit, Meter
+from metering import FrozenClock, Limit, Meter, spend_limit
 from metering.domain.events import make_event
 from metering.errors import InvalidInput, InvalidLimit
 from metering.reports.overage import overage_report, usage_report
@@ -233,6 +233,20 @@ def test_a_seat_limit_is_never_reserved(meter: Meter) -> None:
     before = _stored(meter)
     with pytest.raises(InvalidInput, match="do not reserve it"):
         meter.reserve("org-1", "seats", metadata={"user": "a"})
+    assert _stored(meter) == before
+
+
+@pytest.mark.parametrize("first", ["unknown", "cap"])
+def test_a_reservation_of_a_seat_limit_is_refused_before_its_other_charges(
+    meter: Meter, first: str
+) -> None:
+    """The fast path refuses the seats before an unknown limit or a spend
+    limit charged directly, as the reference engine does."""
+    meter.set_limit(spend_limit("cap", "1", "USD", "1d"))
+    before = _stored(meter)
+    charges = [("org-1", first, 1), ("org-1", "seats", 1)]
+    with pytest.raises(InvalidInput, match="do not reserve it"):
+        meter.reserve(charges=charges, metadata={"user": "a"})
     assert _stored(meter) == before
 
 

@@ -1,0 +1,130 @@
+"""Helpers of the differential tests: what a database holds, answers as plain values.
+
+`stored` reads every table a decision writes (results, counters, windows,
+rollups, notification marks and messages, dead letters, grants and their
+draws and schedules, entitlements, seats, reservations, overdrafts,
+corrections, resets) as sorted tuples, so two databases fed the same stream
+compare with ``==``. `answer` and `kind` turn an engine's answers, or the
+error it raised, into values to compare. `databases` gives fresh migrated
+databases for one Hypothesis example (copies of the session's templates).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import closing, contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from servers import PostgresServer
+from sqlalchemy import select
+
+from metering import Meter
+from metering.domain.decisions import Decision
+from metering.engine.answers import Answer
+from metering.errors import MeteringError
+from metering.storage.tables import (
+    corrections,
+    counter_resets,
+    counters,
+    current_windows,
+    distinct_values,
+    entitlements,
+    grant_draws,
+    grant_schedules,
+    grants,
+    overdrafts,
+    rejected_messages,
+    reservations,
+    results,
+    usage_rollups,
+    webhook_marks,
+    webhook_messages,
+)
+
+# Shrinking these streams takes many minutes: a failure is reported as found.
+SETTINGS = settings(
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+
+
+def stored(meter: Meter) -> dict[str, object]:
+    """Every table a decision, a settle, a void or a reset writes, sorted."""
+    with meter.sql_engine.connect() as connection:
+
+        def rows(query: Any) -> list[tuple[object, ...]]:
+            return sorted((tuple(r) for r in connection.execute(query)), key=repr)
+
+        def without(table: Any, *names: str) -> Any:
+            return select(*[c for c in table.c if c.name not in names])
+
+        return {
+            "results": rows(select(results)),
+            "counters": rows(without(counters, "updated_at_us")),
+            "windows": rows(select(current_windows)),
+            "rollups": rows(select(usage_rollups)),
+            "marks": rows(without(webhook_marks, "created_at_us")),
+            "messages": rows(select(webhook_messages.c.type, webhook_messages.c.payload)),
+            "rejected": rows(select(rejected_messages.c.digest, rejected_messages.c.event_id)),
+            "grants": rows(select(grants)),
+            "draws": rows(select(grant_draws)),
+            "entitlements": rows(select(entitlements)),
+            "schedules": rows(select(grant_schedules)),
+            "seats": rows(select(distinct_values)),
+            "reservations": rows(select(reservations)),
+            "overdrafts": rows(select(overdrafts)),
+            "corrections": rows(select(corrections)),
+            "resets": rows(select(counter_resets)),
+        }
+
+
+Found = Any  # what an engine answered, or ("error", type, message)
+
+
+def answer(ask: Callable[[], Any]) -> Found:
+    """What ``ask`` returns, or the `MeteringError` it raised (its type and message)."""
+    try:
+        return ask()
+    except MeteringError as exc:
+        return ("error", type(exc).__name__, str(exc))
+
+
+def kind(found: list[Answer] | tuple[str, str, str]) -> object:
+    """An error as it is; answers by kind (new, duplicate, conflict) and outcome."""
+    if isinstance(found, tuple):
+        return found
+    return [(k, None if record is None else record.outcome) for k, record in found]
+
+
+def is_decision(found: Found) -> bool:
+    return isinstance(found, Decision)
+
+
+def _copy_sqlite(template: Path, path: Path) -> str:
+    with closing(sqlite3.connect(template)) as source, closing(sqlite3.connect(path)) as target:
+        source.backup(target)
+    return f"sqlite:///{path}"
+
+
+@contextmanager
+def databases(request: pytest.FixtureRequest, kind: str, count: int) -> Iterator[list[str]]:
+    """``count`` fresh migrated databases of ``kind`` ("sqlite" or "postgresql")
+    for one Hypothesis example, dropped afterwards."""
+    if kind == "sqlite":
+        template: Path = request.getfixturevalue("sqlite_template")
+        with tempfile.TemporaryDirectory() as directory:
+            yield [_copy_sqlite(template, Path(directory) / f"{n}.db") for n in range(count)]
+        return
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+    name: str = request.getfixturevalue("pg_template_url")
+    with contextlib.ExitStack() as copies:
+        yield [copies.enter_context(server.copy_of(name, "diff")) for _ in range(count)]

@@ -1,0 +1,587 @@
+"""Every production path decides as the reference engine does, on SQLite and PostgreSQL.
+
+The paths (`metering.engine.paths`): "one_trip", PostgreSQL's function
+for a single event (`metering.engine.one_trip`; what it declines takes the
+fast path); "direct", the fast path on the engine's own connections
+(stdlib sqlite3, psycopg); "connection", the fast path on a SQLAlchemy
+connection. The oracle is "reference" (`metering.engine.reference`).
+`on_path`, `apply_on` and `reserve_on` are the only code that forces a path.
+
+Hypothesis drives a path and the oracle, each on its own database, with
+the same stream of batches (one event at a time on "one_trip", and in
+batches marked ``singly`` elsewhere): hard, soft and shadow limits,
+calendar and first-use windows (one of months), token buckets, thresholds
+in percent and in units, dimensions, stacked charges, money (priced limits
+and spend limits of three currencies, price changes effective in the
+past, now and later, prices removed, amounts past the bound), seats
+(``distinct="user"``: new values, repeats, missing and empty values, cost
+2), a limit's maximum changed, entitlements (some effective in the past),
+grants (expiring, with priorities and ``low``) and recurring grants,
+subjects' own thresholds, voids and resets between batches, late events
+(some past their lateness), events from the future (some accepted),
+repeated ids (duplicates and conflicts), unknown limits, invalid events
+raised (``invalid="raise"``) or rejected; and, where the path holds them,
+reservations reserved, cancelled and committed (at an actual cost). Every
+answer (kind and outcome, or the error; reservations and voids in full),
+what the metrics count, and every table a decision writes
+(`differential.stored`) must be identical. On PostgreSQL the "direct" run
+also asks `check` both ways after each batch: the same `Decision` or error.
+
+Each run also asserts the path decided: the reference engine decides
+only what the fast path leaves to it by design (an event before its
+subject's current first-use window; for a reservation also seats,
+refused there), counted by the need declined; the one-trip function is tried for
+every event, never errs, and decides many; a `check` is the fast path's
+unless it raises, a recurring grant may be due, or it falls before a
+current first-use window. What no stream reaches (processes racing, round
+trips, a change made in another process) is in ``test_paths.py``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from datetime import UTC, datetime, timedelta
+from functools import partial
+from typing import Any
+
+import pytest
+from differential import SETTINGS, answer, databases, kind, stored
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sqlalchemy import select
+
+from metering import FrozenClock, Limit, Meter, spend_limit
+from metering.domain.events import EventRecord, UsageEvent, make_event
+from metering.domain.needs import Need
+from metering.engine import core, paths
+from metering.engine.answers import Answer, Batch, Declined
+from metering.engine.one_trip import STATS
+from metering.metrics import metrics
+from metering.reservations import transactions
+from metering.storage.tables import current_windows, grant_schedules
+
+START = datetime(2026, 11, 30, 23, 0, tzinfo=UTC)  # an hour's, a day's and a month's end near
+LIMITS = [
+    # What the one-trip function decides alone (unpriced, no dimensions, no seats).
+    Limit("cal", maximum=8, period="1h", window="calendar", thresholds=(50, 100)),
+    Limit("fu", maximum=6, period="30m"),
+    Limit("bucket", maximum=4, period="10s", algorithm="token_bucket", thresholds=(100,)),
+    Limit("shadow", maximum=3, period="20m", enforcement="shadow"),
+    Limit("units", maximum=9, period="30m", thresholds_units=(3, 7)),
+    # Priced from the start (`FIRST_PRICES`), rolled up by dimensions, months.
+    Limit(
+        "soft",
+        maximum=6,
+        period="1mo",
+        window="calendar",
+        enforcement="soft",
+        thresholds=(80,),
+        dimensions=("route", "model"),
+    ),
+    Limit("month", maximum=5, period="1mo"),
+    Limit(
+        "dims",
+        maximum=3,
+        period="1h",
+        window="calendar",
+        enforcement="shadow",
+        dimensions=("route",),
+    ),
+    # Seats.
+    Limit("seats", maximum=2, period="1h", window="calendar", distinct="user"),
+    Limit("fu_seats", maximum=2, period="30m", distinct="user"),
+    Limit(
+        "soft_seats",
+        maximum=2,
+        period="1mo",
+        window="calendar",
+        enforcement="soft",
+        thresholds=(50, 100),
+        distinct="user",
+        dimensions=("route",),
+    ),
+    Limit(
+        "shadow_seats",
+        maximum=1,
+        period="1h",
+        window="calendar",
+        enforcement="shadow",
+        distinct="user",
+    ),
+    # Spend limits of three currencies (JPY has no minor unit).
+    spend_limit(
+        "usd_day",
+        "0.30",
+        "USD",
+        "1d",
+        window="calendar",
+        thresholds=(50, 100),
+        dimensions=("route",),
+    ),
+    spend_limit("usd_soft", "0.10", "USD", "1h", enforcement="soft", thresholds=(80,)),
+    spend_limit("eur_fu", "0.20", "EUR", "2h"),
+    spend_limit("jpy_shadow", "30", "JPY", "1h", window="calendar", enforcement="shadow"),
+]
+SUITED = ["cal", "fu", "bucket", "shadow", "units"]
+OTHER = ["soft", "month", "dims"]
+SEATS = ["seats", "fu_seats", "soft_seats", "shadow_seats"]
+NAMES = [*SUITED, *SUITED, *SUITED, *SUITED, *OTHER, *SEATS, "usd_day", "unknown"]
+GRANTABLE = ["cal", "fu", "soft", "shadow", "units", "seats", "usd_day", "eur_fu"]
+OWN = ["cal", "fu", "bucket", "units", "seats", "fu_seats", "usd_day", "eur_fu"]
+# Grants and own thresholds (the function declines their pairs) for two subjects.
+HOLDERS = ["org-2", "user-é"]
+PRICED = ["soft", "month", "dims", "bucket"]
+# Priced from the start (the others by the streams' price changes).
+FIRST_PRICES = [("soft", "0.01", "USD"), ("month", "0.0049", "EUR"), ("dims", "20000", "JPY")]
+SUBJECTS = ["org-1", "org-2", "user-é"]
+METADATA = [
+    None,
+    {"route": "/a"},
+    {"route": "/b", "model": 2},
+    {"user": "a"},
+    {"user": "b", "route": "/a"},
+    {"user": 7},  # the value "7"
+    {"user": "7", "route": "/b"},
+    {"user": ""},  # not a value: rejected on a seat limit
+]
+BIG = 10**12  # the largest cost: past every spend limit's bound once priced
+
+charge = st.tuples(
+    st.sampled_from(SUBJECTS),
+    st.sampled_from(NAMES),
+    st.sampled_from([1, 1, 1, 2, 2, 3, 4, 7, BIG]),  # 2 and more: refused on a seat limit
+)
+charges = st.one_of(
+    st.lists(charge, min_size=1, max_size=1),
+    st.lists(charge, min_size=1, max_size=3, unique_by=lambda c: c[:2]),
+)
+# 240 s ahead is accepted (a first-use window may start after now), 600 s is not;
+# -90,000 is past every limit's lateness (a day).
+OFFSETS = [0, 0, 0, 0, 0, 0, -30, -700, -1900, -4000, -90_000, 240, 600]
+event = st.fixed_dictionaries(
+    {
+        "id": st.integers(0, 30),  # small: ids repeat across and inside batches
+        "charges": charges,
+        "offset_seconds": st.sampled_from(OFFSETS),
+        "metadata": st.sampled_from(METADATA),
+        # Applied one at a time: the clock moves before each, and each has its policy.
+        "advance_seconds": st.sampled_from([0, 0, 1, 7, 61, 700]),
+        "invalid": st.sampled_from(["reject", "reject", "raise"]),
+    }
+)
+reservation = st.fixed_dictionaries(
+    {
+        "kind": st.sampled_from(["reserve", "reserve", "cancel", "commit"]),
+        "id": st.integers(0, 30),
+        "charges": charges,
+        "offset_seconds": st.sampled_from([0, 0, -30, -1900]),
+        "metadata": st.sampled_from(METADATA),
+        "ttl_seconds": st.sampled_from([1, 60, 3600]),
+        "actual": st.one_of(st.none(), st.integers(0, 5)),
+    }
+)
+batch = st.fixed_dictionaries(
+    {
+        "advance_seconds": st.sampled_from([0, 20, 61, 900, 1900, 3600]),
+        "singly": st.booleans(),
+        "invalid": st.sampled_from(["reject", "reject", "raise"]),
+        "events": st.lists(event, min_size=1, max_size=8),
+        "limit_change": st.one_of(
+            st.none(), st.tuples(st.sampled_from(["cal", "seats"]), st.integers(1, 8))
+        ),
+        "entitlements": st.lists(
+            st.tuples(
+                st.sampled_from(SUBJECTS),
+                st.sampled_from(OWN),
+                st.one_of(st.none(), st.integers(1, 9)),
+                st.sampled_from([0, -600, -3000]),  # effective from: now, or earlier
+            ),
+            max_size=2,
+        ),
+        "grants": st.lists(
+            st.tuples(
+                st.sampled_from(HOLDERS),
+                st.sampled_from(GRANTABLE),
+                st.integers(1, 5),
+                st.sampled_from([None, 60, 1000, 5000]),  # expires after: never, or seconds
+                st.sampled_from([50, 100, 150]),  # priority
+                st.sampled_from([None, None, 1, "50%"]),  # grant.low at
+                st.sampled_from([None, None, "1h"]),  # recurring (then no expiry)
+            ),
+            max_size=1,
+        ),
+        "alerts": st.lists(
+            st.tuples(
+                st.sampled_from(HOLDERS),
+                st.sampled_from([*OWN, "soft"]),
+                st.sampled_from([["50%"], ["1", "90%"]]),
+            ),
+            max_size=1,
+        ),
+        "prices": st.lists(
+            st.tuples(
+                st.sampled_from(PRICED),
+                st.sampled_from(["0.002", "0.015", "0.125", "1", "5000", None]),  # None: removed
+                st.sampled_from(["USD", "USD", "EUR", "JPY"]),
+                st.sampled_from([0, -600, -2400, 900]),  # effective from: now, earlier, later
+            ),
+            max_size=1,
+        ),
+        "voids": st.lists(st.integers(0, 30), max_size=1),
+        "reset": st.one_of(
+            st.none(),
+            st.none(),
+            st.none(),
+            st.tuples(
+                st.sampled_from([None, *SUBJECTS]),
+                st.sampled_from([None, "cal", "fu", "seats", "usd_day"]),
+            ),
+        ),
+        "reservations": st.lists(reservation, max_size=2),
+    }
+)
+streams = st.lists(batch, min_size=1, max_size=5)
+checks = st.lists(
+    st.fixed_dictionaries(
+        {
+            "charges": charges,
+            "offset_seconds": st.sampled_from([0, 0, -700, -4000, 240, 600]),
+            "metadata": st.sampled_from(METADATA),
+        }
+    ),
+    max_size=4,
+)
+
+
+# -- forcing a path: the only code that knows how ---------------------------------
+
+ORACLE = "reference"
+
+
+# Each path with those after it that may decide what it declines: the fast
+# path on the engine's own connections leaves notices to the one on
+# SQLAlchemy's, every path leaves what is rare to the reference engine.
+_PATHS = {
+    "one_trip": ("one_trip", "direct", "connection", ORACLE),
+    "direct": ("direct", "connection", ORACLE),
+    "connection": ("connection", ORACLE),
+    ORACLE: (ORACLE,),
+}
+
+
+def on_path(path: str, meter: Meter) -> Meter:
+    """``meter`` made to decide by ``path`` ("one_trip", "direct",
+    "connection", or `ORACLE`, which also settles under SQLAlchemy)."""
+    engine = meter._engine
+    engine.paths = [engine.path(name) for name in _PATHS[path]]
+    if path in ("connection", ORACLE) and engine.direct is not None:
+        engine.direct.close()
+        engine.direct = None
+    return meter
+
+
+def apply_on(path: str, meter: Meter, records: Sequence[EventRecord], invalid: Any) -> list[Answer]:
+    """``records`` applied by ``path`` (``meter`` came from `on_path`)."""
+    return meter._engine.apply(records, invalid=invalid)
+
+
+def reserve_on(path: str, meter: Meter, event: UsageEvent, ttl_us: int) -> object:
+    """``event`` reserved by ``path`` (the fast path's, on "one_trip" too)."""
+    return transactions.reserve(meter._engine, event, ttl_us)
+
+
+# -- what the path left to the reference engine -----------------------------------
+
+# What the fast path may decline: an event before its window (to the
+# reference engine), notices on its own connections (to SQLAlchemy's), and
+# stale limits (asked again); a reservation also seats (refused there).
+DECLINED = {Need.EARLY_FIRST_USE, Need.NOTICES, None}
+HELD = {*DECLINED, Need.HELD_SEATS}
+
+
+def _reference_events(path: str = "apply") -> float:
+    found = metrics().registry.get_sample_value("metering_reference_events_total", {"path": path})
+    return found or 0.0
+
+
+class _Watch:
+    """What one call of a path did: what the fast path declined (the needs
+    it found), what the metrics counted (`core.count_events`), and the checks
+    `check_record` left to the reference engine; each patched where the
+    engine looks it up (`metering.engine.paths`, `metering.engine.core`)."""
+
+    def __init__(self) -> None:
+        self.reasons: list[Need | None] = []
+        self.first_use = False
+        self.counted: list[tuple[object, ...]] = []
+        self.checks_left = 0
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        apply_records, check_record = paths.apply_records, paths.check_record
+
+        def applying(*args: Any, **kwargs: Any) -> Any:
+            found = apply_records(*args, **kwargs)
+            if isinstance(found, Declined):
+                self.reasons.append(found.need)
+                self.first_use |= found.need == Need.EARLY_FIRST_USE
+            return found
+
+        def checking(*args: Any) -> Any:
+            found = check_record(*args)
+            self.checks_left += isinstance(found, Declined) and not found.stale
+            return found
+
+        one_trip = paths.OneTrip.apply
+
+        def one_event(path: paths.OneTrip, batch: Batch) -> Any:
+            found = one_trip(path, batch)
+            if isinstance(found, Declined) and found.need == Need.EARLY_FIRST_USE:
+                self.first_use = True  # the reference engine decides it next
+            return found
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(paths.OneTrip, "apply", one_event)
+            patch.setattr(paths, "apply_records", applying)
+            patch.setattr(paths, "check_record", checking)
+            patch.setattr(core, "count_events", self.count)
+            yield
+
+    def count(self, *args: Any) -> None:
+        self.counted.append(tuple(dict(a) if isinstance(a, dict) else a for a in args))
+
+
+# -- one run -------------------------------------------------------------------------
+
+
+def _both(meters: tuple[Meter, Meter], method: str, *args: Any, **kwargs: Any) -> None:
+    """A change made on both databases (by the same SQLAlchemy code): the same answer."""
+    tested, oracle = (answer(partial(getattr(m, method), *args, **kwargs)) for m in meters)
+    assert tested == oracle, (method, args)
+
+
+def _changes(meters: tuple[Meter, Meter], spec: dict[str, Any], number: int) -> None:
+    now = meters[0].clock()
+    if spec["limit_change"] is not None:
+        name, maximum = spec["limit_change"]
+        changed = Limit(
+            name,
+            maximum=maximum,
+            period="1h",
+            window="calendar",
+            distinct="user" if name == "seats" else None,
+        )
+        _both(meters, "set_limit", changed)
+    for subject, limit, maximum, offset in spec["entitlements"]:
+        when = now + timedelta(seconds=offset)
+        _both(meters, "set_entitlement", subject, limit, maximum, when)
+    for index, (subject, limit, amount, expires, priority, low, every) in enumerate(spec["grants"]):
+        expires_at = None if expires is None or every else now + timedelta(seconds=expires)
+        options = {
+            "priority": priority,
+            "low": low,
+            "every": every,
+            "grant_id": f"g-{number}-{index}",
+        }
+        _both(meters, "grant", subject, limit, amount, expires_at, **options)
+    for subject, limit, at in spec["alerts"]:
+        _both(meters, "set_alert", subject, limit, at)
+    for limit, per_unit, currency, offset in spec["prices"]:
+        when = now + timedelta(seconds=offset)
+        if per_unit is None:
+            _both(meters, "remove_price", limit, currency, when)
+        else:
+            _both(meters, "set_price", limit, per_unit, currency, when)
+    if spec["reset"] is not None:
+        subject, limit = spec["reset"]
+        _both(meters, "reset", subject, limit)
+    for index, event_id in enumerate(spec["voids"]):
+        cid = f"c-{number}-{index}"
+        _both(meters, "void", f"ev-{event_id}", "test", correction_id=cid)
+
+
+def _decide(
+    path: str,
+    meters: tuple[Meter, Meter],
+    records: list[EventRecord],
+    invalid: str,
+    tally: Counter[str],
+) -> None:
+    """``records`` applied by the path and by the oracle: the same answers and counts."""
+    tested, oracle = meters
+    watch = _Watch()
+    left, tried = _reference_events(), STATS.copy()
+    with watch.active():
+        found = answer(partial(apply_on, path, tested, records, invalid))
+    left = _reference_events() - left
+    expected = answer(partial(apply_on, ORACLE, oracle, records, invalid))
+    assert kind(found) == kind(expected), (records, invalid)
+    if not isinstance(expected, tuple):  # what the metrics would count of the oracle's answers
+        counted = _Watch()
+        with counted.active():
+            known = tested._engine.limits.current[1]
+            core._count(records, expected, known, invalid, 0)  # type: ignore[arg-type]
+        assert watch.counted == counted.counted
+    # The path decided: the reference engine only what the fast path leaves it.
+    assert set(watch.reasons) <= DECLINED, watch.reasons
+    # (An unacceptable event raised by the reference engine is not counted.)
+    fell_back = len(records) if watch.first_use and not isinstance(found, tuple) else 0
+    assert left == fell_back, (left, watch.reasons, found)
+    tally["fell back"] += fell_back
+    tally["events"] += len(records)
+    if path == "one_trip":
+        tried = STATS - tried
+        engine = tested._engine
+        if engine.needs(Batch(records, 0)) <= engine.path("one_trip").implements:
+            assert tried.total() >= 1, "the one-trip function was not tried"
+        else:
+            tally["not for the function"] += 1
+        assert not tried["declined:error"], records
+        tally.update(tried)
+
+
+def _reservations(
+    path: str, meters: tuple[Meter, Meter], spec: dict[str, Any], tally: Counter[str]
+) -> None:
+    now = meters[0].clock()
+    for item in spec["reservations"]:
+        event_id = f"ev-{item['id']}"
+        found = []
+        for on, meter in zip((path, ORACLE), meters, strict=True):
+            watch = _Watch()
+            if item["kind"] == "cancel":
+                ask = partial(meter.cancel_reservation, event_id)
+            elif item["kind"] == "commit":
+                ask = partial(meter.commit_reservation, event_id, item["actual"])
+            else:
+                when = now + timedelta(seconds=item["offset_seconds"])
+                made = answer(
+                    partial(make_event, item["charges"], when, event_id, item["metadata"])
+                )
+                if isinstance(made, tuple):
+                    found.append(made)
+                    continue
+                ttl_us = item["ttl_seconds"] * 1_000_000
+                ask = partial(reserve_on, on, meter, made, ttl_us)
+            with watch.active():
+                found.append(answer(ask))
+            assert set(watch.reasons) <= HELD, watch.reasons
+            tally["reservations fell back"] += on != ORACLE and watch.first_use
+        assert found[0] == found[1], item
+
+
+def _check_left_allowed(meter: Meter, event: UsageEvent, expected: object) -> bool:
+    """A check the reference engine may answer: it raises, a recurring grant's
+    issue may be due, or it falls before a current first-use window."""
+    if isinstance(expected, tuple):
+        return True
+    subjects = {c.subject for c in event.charges}
+    with meter.sql_engine.connect() as connection:
+        if connection.execute(select(grant_schedules.c.subject)).first() is not None:
+            return True
+        starts = connection.execute(
+            select(current_windows.c.window_start_us).where(current_windows.c.subject.in_(subjects))
+        )
+        return any(start is not None and start > event.occurred_at_us for (start,) in starts)
+
+
+def _compare_checks(meter: Meter, specs: list[dict[str, Any]]) -> None:
+    """`check` by the fast path (PostgreSQL) and by the reference engine."""
+    now = meter.clock()
+    for spec in specs:
+        when = now + timedelta(seconds=spec["offset_seconds"])
+        ask = partial(meter.check, charges=spec["charges"], occurred_at=when)
+        watch = _Watch()
+        with watch.active():
+            fast = answer(partial(ask, metadata=spec["metadata"]))
+        made = answer(partial(make_event, spec["charges"], when, "check", spec["metadata"]))
+        if isinstance(made, tuple):
+            assert fast == made, spec
+            continue
+        reference = meter._engine.path(ORACLE)
+        expected = answer(partial(reference.check, made, meter.database.now_us()))
+        assert fast == expected, spec
+        if watch.checks_left:
+            assert _check_left_allowed(meter, made, expected), spec
+
+
+def _run(
+    path: str,
+    urls: list[str],
+    stream: list[dict[str, Any]],
+    specs: list[dict[str, Any]],
+    tally: Counter[str],
+) -> None:
+    clock = FrozenClock(START)
+    with ExitStack() as stack:
+        meters = tested, oracle = tuple(
+            on_path(on, stack.enter_context(Meter(url, clock=clock)))
+            for on, url in zip((path, ORACLE), urls, strict=True)
+        )
+        for meter in meters:
+            meter.set_limits(LIMITS)
+            for limit, per_unit, currency in FIRST_PRICES:
+                meter.set_price(limit, per_unit, currency, START - timedelta(days=1))
+        tested.database.run(tested._engine.limits.refresh)  # a warm process: limits cached
+        singly = path == "one_trip"
+        for number, spec in enumerate(stream):
+            clock.advance(seconds=spec["advance_seconds"])
+            _changes(meters, spec, number)
+            records = []
+            for item in spec["events"]:
+                if singly or spec["singly"]:
+                    clock.advance(seconds=item["advance_seconds"])
+                when = clock() + timedelta(seconds=item["offset_seconds"])
+                made = make_event(item["charges"], when, f"ev-{item['id']}", item["metadata"])
+                if singly or spec["singly"]:
+                    _decide(path, meters, [made.record()], item["invalid"], tally)
+                else:
+                    records.append(made.record())
+            if records:
+                _decide(path, meters, records, spec["invalid"], tally)
+            if not singly:  # the one-trip function holds no reservation
+                _reservations(path, meters, spec, tally)
+            if specs:
+                _compare_checks(tested, specs)
+        found, expected = stored(tested), stored(oracle)
+        for table, rows in expected.items():  # the stream in full: nothing shrinks it
+            assert found[table] == rows, (table, found[table], rows, stream)
+
+
+# -- the suite -----------------------------------------------------------------------
+
+# (path, database, examples): within the time of the files this suite replaced.
+SLOW = pytest.mark.slow
+PATHS = [
+    pytest.param("one_trip", "postgresql", 40, id="one_trip-postgresql"),
+    pytest.param("direct", "sqlite", 60, id="direct-sqlite", marks=SLOW),
+    pytest.param("direct", "postgresql", 30, id="direct-postgresql"),
+    pytest.param("connection", "sqlite", 60, id="connection-sqlite", marks=SLOW),
+    pytest.param("connection", "postgresql", 25, id="connection-postgresql"),
+]
+
+
+@pytest.mark.parametrize(("path", "database", "examples"), PATHS)
+def test_the_path_decides_as_the_reference_engine(
+    request: pytest.FixtureRequest, path: str, database: str, examples: int
+) -> None:
+    if database == "postgresql":
+        request.applymarker(pytest.mark.postgres)
+    tally: Counter[str] = Counter()
+    # `check` has a fast path of its own on PostgreSQL's direct connections.
+    asked = checks if (path, database) == ("direct", "postgresql") else st.just([])
+
+    @settings(SETTINGS, max_examples=examples)
+    @given(stream=streams, specs=asked)
+    def differential(stream: list[dict[str, Any]], specs: list[dict[str, Any]]) -> None:
+        with databases(request, database, 2) as urls:
+            _run(path, urls, stream, specs, tally)
+
+    differential()
+    # Not vacuous: most events were the path's own.
+    assert tally["fell back"] < tally["events"] // 4, tally
+    if path == "one_trip":  # of the events it may decide, the function decides many
+        eligible = tally["events"] - tally["unsuited"] - tally["not for the function"]
+        assert tally["applied"] >= eligible // 3, tally

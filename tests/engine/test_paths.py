@@ -1,0 +1,370 @@
+"""Which path decides what, and what crosses processes: the cases the
+differential suite (``test_differential.py``) does not reach.
+
+Ordinary batches, checks, priced events and seat events never reach the
+reference engine (it is made to refuse, or its metric stays put); an
+ordinary single event takes the one-trip function on PostgreSQL, and four
+processes (one on the fast path) charging one hard limit get exactly its
+maximum; seat events add no round trip; a limit or a price changed in
+another process applies to the very next decision and check; a repeat of a
+stored id is judged against the stored result.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from decision_paths import refusing
+from round_trips import count_round_trips
+from sqlalchemy import func, select
+from test_differential import on_path
+
+from metering import FrozenClock, Limit, Meter, spend_limit
+from metering.domain.events import make_event
+from metering.engine.one_trip import STATS
+from metering.metrics import metrics
+from metering.storage.tables import counters, results
+
+START = datetime(2026, 11, 30, 23, 0, tzinfo=UTC)  # a month's end is near
+NOW = datetime(2026, 11, 10, 12, 0, tzinfo=UTC)
+SUBJECTS = ["org-1", "org-2", "user-é"]
+LIMITS = [
+    Limit(
+        "cal",
+        maximum=5,
+        period="1h",
+        window="calendar",
+        thresholds=(50, 100),
+        dimensions=("route",),
+    ),
+    Limit("fu", maximum=4, period="30m"),
+    Limit(
+        "bucket",
+        maximum=3,
+        period="60s",
+        algorithm="token_bucket",
+        thresholds=(100,),
+        dimensions=("model",),
+    ),
+]
+SEAT_LIMITS = [
+    Limit("seats", maximum=2, period="1h", window="calendar", distinct="user"),
+    Limit("fu_seats", maximum=2, period="30m", distinct="user"),
+    Limit("calls", maximum=5, period="1h", window="calendar"),
+]
+# What the one-trip function decides alone: no dimensions, no price, no seats.
+ONE_TRIP_LIMITS = [
+    Limit("cal", maximum=6, period="1h", window="calendar"),
+    Limit("fu", maximum=4, period="30m"),
+    Limit("bucket", maximum=3, period="10s", algorithm="token_bucket"),
+    Limit("soft", maximum=5, period="1h", window="calendar", enforcement="soft"),
+    Limit("units", maximum=9, period="30m", thresholds_units=(3, 7)),
+]
+
+
+def _reference_events(path: str = "apply") -> float:
+    found = metrics().registry.get_sample_value("metering_reference_events_total", {"path": path})
+    return found or 0.0
+
+
+# -- batches and checks ----------------------------------------------------------
+
+
+def test_the_hot_path_runs_for_ordinary_batches(sqlite_url: str) -> None:
+    """Not every batch falls back: an ordinary one never reaches the general engine."""
+    clock = FrozenClock(START)
+    with Meter(sqlite_url, clock=clock) as meter:
+        meter.set_limits(LIMITS)
+
+        def refuse(*_args: object) -> None:
+            raise AssertionError("the general engine ran")
+
+        refusing(meter._engine, refuse, checks=False)
+        events = [make_event([(s, "fu", 1), (s, "cal", 1)], clock()) for s in SUBJECTS]
+        answers = meter.apply_records([e.record() for e in events])
+        assert [kind for kind, _ in answers] == ["new"] * len(SUBJECTS)
+
+
+def _tighten(url: str) -> None:
+    with Meter(url, clock=FrozenClock(START)) as other:
+        other.set_limit(Limit("cal", maximum=1, period="1h", window="calendar"))
+
+
+def test_a_limit_changed_in_another_process_applies_to_the_next_decision(db_url: str) -> None:
+    import multiprocessing
+
+    clock = FrozenClock(START)
+    with Meter(db_url, clock=clock) as meter:
+        meter.set_limits(LIMITS)
+        assert meter.consume("org-1", "cal").allowed  # the limits are now cached here
+        process = multiprocessing.get_context("fork").Process(target=_tighten, args=(db_url,))
+        process.start()
+        process.join(60)
+        assert process.exitcode == 0
+        decision = meter.consume("org-1", "cal")
+        assert (decision.outcome, decision.maximum) == ("denied", 1)
+
+
+def test_a_repeat_of_a_stored_id_is_judged_against_the_stored_result(sqlite_url: str) -> None:
+    """ev-0 is stored; a batch reuses it with other charges, then with the stored ones."""
+    clock = FrozenClock(START)
+    with Meter(sqlite_url, clock=clock) as meter:
+        meter.set_limits(LIMITS)
+        meter.apply([make_event([("org-2", "cal", 1)], clock(), "ev-0")])
+        batch = [
+            make_event([("org-1", "cal", 1)], clock(), "ev-0"),
+            make_event([("org-2", "cal", 1)], clock(), "ev-0"),
+        ]
+        answers = meter.apply_records([e.record() for e in batch])
+        assert [kind for kind, _ in answers] == ["conflict", "duplicate"]
+
+
+def test_an_ordinary_check_never_reaches_the_general_engine(pg_url: str) -> None:
+    clock = FrozenClock(START)
+    with Meter(pg_url, clock=clock) as meter:
+        meter.set_limits(LIMITS)
+        meter.consume(charges=[("org-1", "fu", 3), ("org-1", "cal", 2)])
+
+        def refuse(*_args: object) -> None:
+            raise AssertionError("the general engine ran")
+
+        refusing(meter._engine, refuse, applies=False)
+        decision = meter.check(
+            charges=[("org-1", "fu", 1), ("org-1", "cal", 1), ("org-1", "bucket", 1)]
+        )
+        assert decision.allowed
+        assert decision.event_id is None
+        assert [c.used for c in decision.charges] == [4, 3, 1]
+        assert meter.check("org-1", "fu", 2).denied_by == ("fu",)
+        # Nothing was consumed.
+        assert [c.used for c in meter.counters("org-1") if c.limit == "fu"] == [3]
+
+
+def test_a_limit_changed_in_another_process_applies_to_the_next_check(pg_url: str) -> None:
+    clock = FrozenClock(START)
+    with Meter(pg_url, clock=clock) as meter:
+        meter.set_limits(LIMITS)
+        assert meter.consume("org-1", "cal").allowed
+        assert meter.check("org-1", "cal").allowed  # the limits are now cached here
+        process = multiprocessing.get_context("fork").Process(target=_tighten, args=(pg_url,))
+        process.start()
+        process.join(60)
+        assert process.exitcode == 0
+        decision = meter.check("org-1", "cal")
+        assert (decision.outcome, decision.maximum) == ("denied", 1)
+
+
+# -- money ----------------------------------------------------------------------
+
+
+def test_priced_events_are_decided_by_the_fast_path(db_url: str) -> None:
+    """consume, apply and (PostgreSQL) check of priced usage never reach the
+    reference engine, nor the one-trip function; the cap denies all or nothing."""
+    with Meter(db_url, clock=FrozenClock(NOW)) as meter:
+        meter.set_limits(
+            [
+                Limit("calls", maximum=100, period="1h", window="calendar"),
+                Limit("tokens", maximum=10**6, period="1d"),
+                spend_limit("cap", "0.10", "USD", "1d", window="calendar"),
+            ]
+        )
+        meter.set_price("calls", "0.01", "USD")
+        meter.set_price("tokens", "0.001", "USD")
+        applied, checked, one_trip = _reference_events(), _reference_events("check"), dict(STATS)
+        assert meter.check("org-1", "calls", 3).allowed
+        first = meter.consume(charges=[("org-1", "calls", 3), ("org-1", "tokens", 2)])
+        assert first.allowed
+        assert [(c.limit, c.price) for c in first.charges] == [
+            ("calls", ("USD", 3)),
+            ("tokens", ("USD", 0)),
+            ("cap", None),
+        ]
+        assert first.charges[2].used == 3
+        [denied] = meter.apply([make_event([("org-1", "calls", 8)], NOW, "e-2")])
+        assert denied.denied_by == ("cap",)
+        assert [(c.limit, c.used, c.price) for c in denied.charges] == [
+            ("calls", 3, None),
+            ("cap", 3, None),
+        ]
+        assert meter.consume("org-1", "calls", 7).allowed
+        assert meter.check("org-1", "calls", 1).denied_by == ("cap",)
+        assert meter.consume("org-2", "calls").charges[-1].used == 1
+        assert _reference_events() == applied
+        if db_url.startswith("postgresql"):
+            assert _reference_events("check") == checked
+        assert STATS["applied"] == one_trip.get("applied", 0)
+        # What the fast path leaves (an event before its first-use window) is counted.
+        late = meter.consume("org-1", "tokens", 1, occurred_at=NOW - timedelta(minutes=30))
+        assert [(c.limit, c.price) for c in late.charges] == [("tokens", None)]  # before its price
+        assert _reference_events() == applied + 1
+
+
+def _change_price(url: str) -> None:
+    with Meter(url, clock=FrozenClock(NOW)) as other:
+        other.set_price("calls", "0.05", "USD")
+
+
+def test_a_price_changed_in_another_process_applies_to_the_next_decision(db_url: str) -> None:
+    with Meter(db_url, clock=FrozenClock(NOW)) as meter:
+        meter.set_limits(
+            [
+                Limit("calls", maximum=100, period="1h", window="calendar"),
+                spend_limit("cap", "1", "USD", "1d", window="calendar"),
+            ]
+        )
+        meter.set_price("calls", "0.01", "USD", effective_from=NOW - timedelta(hours=1))
+        assert meter.consume("org-1", "calls").charges[0].price == ("USD", 1)  # cached here
+        process = multiprocessing.get_context("fork").Process(target=_change_price, args=(db_url,))
+        process.start()
+        process.join(60)
+        assert process.exitcode == 0
+        assert meter.consume("org-1", "calls").charges[0].price == ("USD", 5)
+        if db_url.startswith("postgresql"):
+            assert meter.check("org-1", "calls").charges[0].price == ("USD", 5)
+
+
+# -- seats ----------------------------------------------------------------------
+
+
+def _refuse(*_args: object) -> None:
+    raise AssertionError("the general engine ran")
+
+
+def test_the_hot_path_decides_seat_events(db_url: str) -> None:
+    """New values, repeats in a batch and across batches, a first-use and a
+    calendar window, a denial and a repeat past the maximum: none reaches
+    the general engine, on either database (and `check` neither, on PostgreSQL)."""
+    clock = FrozenClock(START)
+    with Meter(db_url, clock=clock) as meter:
+        meter.set_limits(SEAT_LIMITS)
+        refusing(meter._engine, _refuse, checks=False)
+        if db_url.startswith("postgresql"):
+            refusing(meter._engine, _refuse, applies=False)
+        users = ["a", "b", "a", "c", "b"]
+        batch = [
+            make_event(
+                [("org-1", "seats", 1), ("org-1", "fu_seats", 1)], clock(), None, {"user": u}
+            )
+            for u in users
+        ]
+        answers = meter.apply_records([e.record() for e in batch])
+        assert [result.outcome for _, result in answers if result] == [
+            "allowed",
+            "allowed",
+            "allowed",
+            "denied",  # a third value: both limits hold 2
+            "allowed",
+        ]
+        assert meter.check("org-1", "seats", metadata={"user": "a"}).allowed
+        assert meter.check("org-1", "seats", metadata={"user": "c"}).denied_by == ("seats",)
+        meter.set_entitlement("org-1", "seats", 1)
+        repeat = meter.consume("org-1", "seats", metadata={"user": "b"})
+        assert (repeat.outcome, repeat.charges[0].cost, repeat.charges[0].overage) == (
+            "allowed",
+            0,
+            0,
+        )
+        assert meter.seats("org-1", "seats") == ["a", "b"]
+        clock.advance(seconds=3600)  # both windows roll over
+        assert meter.consume("org-1", "fu_seats", metadata={"user": "c"}).allowed
+        assert meter.seats("org-1", "fu_seats") == ["c"]
+
+
+@pytest.mark.postgres
+def test_seats_add_no_round_trip_on_postgresql(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The values' live events ride in the read's pipeline and the write's:
+    a batch of seat events (first-use and calendar, new values and repeats)
+    is two round trips, as any batch; a `check` is one."""
+    trips = count_round_trips(monkeypatch)
+    clock = FrozenClock(START)
+    with Meter(pg_url, clock=clock) as meter:
+        meter.set_limits(SEAT_LIMITS)
+        meter.consume("org-1", "calls")  # warm: the limits are cached
+        events = [
+            make_event(
+                [(f"org-{n % 7}", "seats", 1), (f"org-{n % 7}", "fu_seats", 1)],
+                clock(),
+                f"e{n}",
+                {"user": f"u{n % 2}"},  # no denial: it would notify, after the write
+            )
+            for n in range(40)
+        ]
+        trips[0] = 0
+        answers = meter.apply_records([e.record() for e in events])
+        assert trips[0] == 2
+        assert {result.outcome for _, result in answers if result} == {"allowed"}
+        assert meter.seats("org-1", "fu_seats") == ["u0", "u1"]
+        trips[0] = 0
+        assert meter.check("org-1", "seats", metadata={"user": "u0"}).allowed
+        assert trips[0] == 1
+
+
+# -- the one-trip function ------------------------------------------------------
+
+
+def test_an_ordinary_event_takes_one_trip(pg_url: str) -> None:
+    """Calendar, first-use, bucket and stacked events: the function decides each."""
+    clock = FrozenClock(START)
+    with Meter(pg_url, clock=clock) as meter:
+        meter.set_limits(ONE_TRIP_LIMITS)
+        meter.consume("org-1", "cal")  # caches the limits
+        before = STATS["applied"]
+        for name in ["cal", "fu", "bucket", "soft", "units"]:
+            assert meter.consume("org-2", name).allowed
+        assert meter.consume(charges=[("org-2", "cal", 1), ("org-2", "fu", 1)]).allowed
+        assert STATS["applied"] - before == 6
+
+
+def _hammer(url: str, index: int, calls: int, queue: Any) -> None:
+    allowed = 0
+    STATS.clear()
+    with Meter(url) as meter:
+        on_path("direct" if index == 3 else "one_trip", meter)  # one on the fast path alongside
+        stacked = [("shared", "hard", 1), ("shared", "wide", 1)]
+        for _ in range(calls):
+            allowed += meter.consume(charges=stacked).allowed
+    queue.put((index, allowed, STATS["applied"]))
+
+
+def test_processes_consuming_one_hard_limit_get_exactly_the_maximum(pg_url: str) -> None:
+    """Four processes (one of them on the old path) charge one hard limit and
+    a first-use limit stacked: exactly the maximum is allowed, all or nothing,
+    and the counters equal the ledger."""
+    with Meter(pg_url) as meter:
+        meter.set_limits(
+            [
+                Limit("hard", maximum=150, period="1d", window="calendar"),
+                Limit("wide", maximum=10**6, period="1d"),
+            ]
+        )
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    processes = [
+        context.Process(target=_hammer, args=(pg_url, index, 60, queue)) for index in range(4)
+    ]
+    for process in processes:
+        process.start()
+    found = [queue.get(timeout=120) for _ in processes]
+    for process in processes:
+        process.join(60)
+        assert process.exitcode == 0
+    assert sum(allowed for _, allowed, _ in found) == 150
+    assert sum(applied for _, _, applied in found) >= 120  # the function decided most
+    with Meter(pg_url) as meter, meter.sql_engine.connect() as connection:
+        used = dict(
+            connection.execute(
+                select(counters.c.limit_name, func.sum(counters.c.used)).group_by(
+                    counters.c.limit_name
+                )
+            ).all()
+        )
+        ledger = connection.execute(
+            select(func.count()).select_from(results).where(results.c.outcome == "allowed")
+        ).scalar_one()
+    assert used == {"hard": 150, "wide": 150}
+    assert ledger == 150
