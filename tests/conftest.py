@@ -20,15 +20,14 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
-import sqlite3
 from collections.abc import Iterator
-from contextlib import closing
 from pathlib import Path
 
 import pytest
 from servers import (
     PostgresServer,
     RedisServer,
+    copy_sqlite,
     find_pg_bindir,
     find_redis_server,
     make_base_dir,
@@ -167,13 +166,7 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def sqlite_url(tmp_path: Path, sqlite_template: Path) -> str:
     """URL of a fresh, migrated SQLite database file in the test's own temp
     directory (a copy of `sqlite_template`, made with SQLite's backup API)."""
-    path = tmp_path / "metering.db"
-    with (
-        closing(sqlite3.connect(sqlite_template)) as source,
-        closing(sqlite3.connect(path)) as target,
-    ):
-        source.backup(target)
-    return f"sqlite:///{path}"
+    return copy_sqlite(sqlite_template, tmp_path / "metering.db")
 
 
 @pytest.fixture(params=["sqlite", "postgresql"], ids=["sqlite", "postgresql"])

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from servers import PostgresServer
+from servers import PostgresServer, copy_sqlite
 from sqlalchemy import select
 
 from metering import FrozenClock, Limit, Meter
@@ -244,10 +244,13 @@ SETTINGS = settings(
 @pytest.mark.slow
 @SETTINGS
 @given(stream=streams)
-def test_sqlite_hot_path_matches_the_general_engine(stream: list[dict[str, object]]) -> None:
+def test_sqlite_hot_path_matches_the_general_engine(
+    sqlite_template: Path, stream: list[dict[str, object]]
+) -> None:
     with tempfile.TemporaryDirectory() as directory:
         base = Path(directory)
-        _run(f"sqlite:///{base}/fast.db", f"sqlite:///{base}/general.db", stream)
+        fast = copy_sqlite(sqlite_template, base / "fast.db")
+        _run(fast, copy_sqlite(sqlite_template, base / "general.db"), stream)
 
 
 @contextmanager

@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from servers import PostgresServer
+from servers import PostgresServer, copy_sqlite
 from test_check_path import _answer
 from test_fast_path import SETTINGS, _stored
 
@@ -187,13 +187,13 @@ def _run(fast_url: str, general_url: str, stream: list[dict[str, Any]], checks: 
 @SETTINGS
 @given(stream=streams, memory=st.booleans())
 def test_sqlite_fast_path_decides_money_as_the_reference(
-    stream: list[dict[str, Any]], memory: bool
+    sqlite_template: Path, stream: list[dict[str, Any]], memory: bool
 ) -> None:
     """``memory``: SQLAlchemy's in-memory SQLite (its hot store), else the direct one."""
     with tempfile.TemporaryDirectory() as directory:
         base = Path(directory)
-        fast = "sqlite://" if memory else f"sqlite:///{base}/fast.db"
-        _run(fast, f"sqlite:///{base}/general.db", stream, checks=False)
+        fast = "sqlite://" if memory else copy_sqlite(sqlite_template, base / "fast.db")
+        _run(fast, copy_sqlite(sqlite_template, base / "general.db"), stream, checks=False)
 
 
 @pytest.mark.postgres

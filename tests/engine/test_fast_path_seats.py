@@ -31,7 +31,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from round_trips import count_round_trips
-from servers import PostgresServer
+from servers import PostgresServer, copy_sqlite
 from sqlalchemy import select
 from test_check_path import _answer
 from test_fast_path import SETTINGS, _stored
@@ -201,10 +201,13 @@ def _run(
 @pytest.mark.slow
 @SETTINGS
 @given(stream=streams)
-def test_sqlite_hot_path_decides_seats_as_the_general_engine(stream: list[dict[str, Any]]) -> None:
+def test_sqlite_hot_path_decides_seats_as_the_general_engine(
+    sqlite_template: Path, stream: list[dict[str, Any]]
+) -> None:
     with tempfile.TemporaryDirectory() as directory:
         base = Path(directory)
-        _run(f"sqlite:///{base}/fast.db", f"sqlite:///{base}/general.db", stream)
+        fast = copy_sqlite(sqlite_template, base / "fast.db")
+        _run(fast, copy_sqlite(sqlite_template, base / "general.db"), stream)
 
 
 @contextmanager

@@ -37,7 +37,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from servers import PostgresServer
+from servers import PostgresServer, copy_sqlite
 from sqlalchemy import func, select
 
 from metering import FrozenClock, Limit, Meter
@@ -225,8 +225,9 @@ SETTINGS = settings(
 @contextmanager
 def _databases(request: pytest.FixtureRequest, kind: str) -> Iterator[tuple[str, str, str]]:
     if kind == "sqlite":
+        template: Path = request.getfixturevalue("sqlite_template")
         with tempfile.TemporaryDirectory() as directory:
-            yield tuple(f"sqlite:///{Path(directory)}/{n}.db" for n in "abc")  # type: ignore[misc]
+            yield tuple(copy_sqlite(template, Path(directory) / f"{n}.db") for n in "abc")  # type: ignore[misc]
         return
     server: PostgresServer = request.getfixturevalue("postgres_server")
     template: str = request.getfixturevalue("pg_template_url")

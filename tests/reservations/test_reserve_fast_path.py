@@ -26,7 +26,7 @@ import pytest
 from engine.test_fast_path import LIMITS, SETTINGS, START, SUBJECTS, _stored, _two_databases
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
-from servers import PostgresServer
+from servers import PostgresServer, copy_sqlite
 from sqlalchemy import select
 
 from metering import FrozenClock, Meter
@@ -145,11 +145,12 @@ def _stored_with_reservations(meter: Meter) -> dict[str, object]:
 @NO_SHRINK
 @given(stream=streams)
 def test_sqlite_reservations_on_the_fast_path_match_the_reference_engine(
-    stream: list[dict[str, object]],
+    sqlite_template: Path, stream: list[dict[str, object]]
 ) -> None:
     with tempfile.TemporaryDirectory() as directory:
         base = Path(directory)
-        _run(f"sqlite:///{base}/fast.db", f"sqlite:///{base}/reference.db", stream)
+        fast = copy_sqlite(sqlite_template, base / "fast.db")
+        _run(fast, copy_sqlite(sqlite_template, base / "reference.db"), stream)
 
 
 @pytest.mark.postgres
@@ -165,11 +166,12 @@ def test_postgresql_reservations_on_the_fast_path_match_the_reference_engine(
 @NO_SHRINK
 @given(stream=settle_streams)
 def test_sqlite_settles_on_the_direct_path_match_sqlalchemy(
-    stream: list[dict[str, object]],
+    sqlite_template: Path, stream: list[dict[str, object]]
 ) -> None:
     with tempfile.TemporaryDirectory() as directory:
         base = Path(directory)
-        _run(f"sqlite:///{base}/fast.db", f"sqlite:///{base}/reference.db", stream)
+        fast = copy_sqlite(sqlite_template, base / "fast.db")
+        _run(fast, copy_sqlite(sqlite_template, base / "reference.db"), stream)
 
 
 @pytest.mark.postgres
