@@ -11,6 +11,10 @@ Redis (the Celery broker): one throw-away server per test session
 `redis_url`. Tests that use either get the ``redis`` marker, so
 ``-m "not redis"`` runs without it.
 
+Order: whole test files longest first (`file_order`), so that `make test`'s
+two workers finish together; ``--write-durations`` records this run's seconds
+per file in ``tests/durations.json`` for that order.
+
 `metering` is imported inside fixtures only: this file must import, and the
 harness tests must run, before the package exists.
 """
@@ -20,15 +24,15 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
-import sqlite3
 from collections.abc import Iterator
-from contextlib import closing
 from pathlib import Path
 
+import file_order
 import pytest
 from servers import (
     PostgresServer,
     RedisServer,
+    copy_sqlite,
     find_pg_bindir,
     find_redis_server,
     make_base_dir,
@@ -41,6 +45,15 @@ _db_counter = itertools.count(1)
 
 REDIS_MARKER = "redis: needs the throw-away Redis server the test session starts"
 SERVER_MARKER = "server: needs a real server or process (set by conftest.py from the fixtures used)"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--write-durations",
+        action="store_true",
+        default=False,
+        help="store each file's seconds in tests/durations.json (the order files run in)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -103,6 +116,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         marked = {mark.name for mark in item.iter_markers()}
         if fixtures & SERVER_FIXTURES or on_postgres or marked & SERVER_MARKERS:
             item.add_marker(pytest.mark.server)
+    items[:] = file_order.ordered(items, file_order.recorded())
+
+
+_durations: list[tuple[str, float]] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _durations.append((report.nodeid, report.duration))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    # Under xdist the controller hears every worker's reports: it writes.
+    config = session.config
+    if config.getoption("write_durations") and not hasattr(config, "workerinput"):
+        file_order.write(_durations)
 
 
 @pytest.fixture(scope="session")
@@ -167,13 +195,7 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def sqlite_url(tmp_path: Path, sqlite_template: Path) -> str:
     """URL of a fresh, migrated SQLite database file in the test's own temp
     directory (a copy of `sqlite_template`, made with SQLite's backup API)."""
-    path = tmp_path / "metering.db"
-    with (
-        closing(sqlite3.connect(sqlite_template)) as source,
-        closing(sqlite3.connect(path)) as target,
-    ):
-        source.backup(target)
-    return f"sqlite:///{path}"
+    return copy_sqlite(sqlite_template, tmp_path / "metering.db")
 
 
 @pytest.fixture(params=["sqlite", "postgresql"], ids=["sqlite", "postgresql"])

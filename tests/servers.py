@@ -24,6 +24,10 @@ that service runs, so a Redis that Debian's package started is left alone.
 Commands go through redis-py (`redis_client`, `RedisServer.client`): a new
 client, so a fresh connection, with timeouts and no retries.
 
+`copy_sqlite` is the SQLite counterpart of `PostgresServer.copy_of`: a
+migrated SQLite file copied, where migrating a fresh one would cost a
+Hypothesis example more than the example itself.
+
 This module deliberately does not import pytest; the fixtures that use it
 live in ``conftest.py``.
 """
@@ -36,6 +40,7 @@ import os
 import re
 import shutil
 import socket
+import sqlite3
 import subprocess
 import tempfile
 import time
@@ -54,6 +59,7 @@ from redis.retry import Retry
 __all__ = [
     "PostgresServer",
     "RedisServer",
+    "copy_sqlite",
     "find_pg_bindir",
     "find_redis_server",
     "free_port",
@@ -82,6 +88,17 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def copy_sqlite(template: Path, path: Path) -> str:
+    """The URL of a copy of the SQLite database ``template`` made at ``path``
+    with SQLite's backup API (the suite's migrated ``sqlite_template``)."""
+    with (
+        contextlib.closing(sqlite3.connect(template)) as source,
+        contextlib.closing(sqlite3.connect(path)) as target,
+    ):
+        source.backup(target)
+    return f"sqlite:///{path}"
 
 
 def find_pg_bindir() -> Path | None:

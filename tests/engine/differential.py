@@ -12,16 +12,15 @@ databases for one Hypothesis example (copies of the session's templates).
 from __future__ import annotations
 
 import contextlib
-import sqlite3
 import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import closing, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
-from servers import PostgresServer
+from servers import PostgresServer, copy_sqlite
 from sqlalchemy import select
 
 from metering import Meter
@@ -109,12 +108,6 @@ def is_decision(found: Found) -> bool:
     return isinstance(found, Decision)
 
 
-def _copy_sqlite(template: Path, path: Path) -> str:
-    with closing(sqlite3.connect(template)) as source, closing(sqlite3.connect(path)) as target:
-        source.backup(target)
-    return f"sqlite:///{path}"
-
-
 @contextmanager
 def databases(request: pytest.FixtureRequest, kind: str, count: int) -> Iterator[list[str]]:
     """``count`` fresh migrated databases of ``kind`` ("sqlite" or "postgresql")
@@ -122,7 +115,7 @@ def databases(request: pytest.FixtureRequest, kind: str, count: int) -> Iterator
     if kind == "sqlite":
         template: Path = request.getfixturevalue("sqlite_template")
         with tempfile.TemporaryDirectory() as directory:
-            yield [_copy_sqlite(template, Path(directory) / f"{n}.db") for n in range(count)]
+            yield [copy_sqlite(template, Path(directory) / f"{n}.db") for n in range(count)]
         return
     server: PostgresServer = request.getfixturevalue("postgres_server")
     name: str = request.getfixturevalue("pg_template_url")

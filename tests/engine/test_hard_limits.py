@@ -18,9 +18,8 @@ on PostgreSQL the one-trip function first). No step settles an overdraft
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Iterator
-from contextlib import closing, contextmanager
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ import pytest
 from decision_paths import apply_reference, without
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from servers import copy_sqlite
 from sqlalchemy import func, select
 
 from metering import FrozenClock, Limit, Meter
@@ -198,10 +198,8 @@ def _database(request: pytest.FixtureRequest, kind: str) -> Iterator[str]:
         template: Path = request.getfixturevalue("sqlite_template")
         directory: Path = request.getfixturevalue("tmp_path")
         path = directory / f"copy-{next(_copies)}.db"
-        with closing(sqlite3.connect(template)) as source, closing(sqlite3.connect(path)) as copy:
-            source.backup(copy)
         try:
-            yield f"sqlite:///{path}"
+            yield copy_sqlite(template, path)
         finally:
             path.unlink()
         return

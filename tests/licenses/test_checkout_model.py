@@ -17,11 +17,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from servers import PostgresServer
+from servers import PostgresServer, copy_sqlite
 
 from metering import FrozenClock, Limit, Meter
 from metering.domain.instants import to_us
@@ -172,10 +173,10 @@ SETTINGS = settings(
 @SETTINGS
 @given(operations=st.lists(operation, min_size=1, max_size=35))
 def test_sqlite_matches_the_model(
-    tmp_path_factory: pytest.TempPathFactory, operations: list
+    tmp_path_factory: pytest.TempPathFactory, sqlite_template: Path, operations: list
 ) -> None:
     directory = tmp_path_factory.mktemp("licenses")
-    _run(f"sqlite:///{directory}/model.db", operations)
+    _run(copy_sqlite(sqlite_template, directory / "model.db"), operations)
 
 
 @pytest.mark.postgres

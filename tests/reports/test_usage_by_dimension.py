@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from servers import PostgresServer
+from servers import PostgresServer, copy_sqlite
 
 from metering import FrozenClock, Limit, Meter
 from metering.domain.decisions import Decision
@@ -170,9 +170,9 @@ SETTINGS = settings(
 
 @SETTINGS
 @given(spec=scenario)
-def test_sqlite_report_matches_the_model(spec: dict[str, Any]) -> None:
+def test_sqlite_report_matches_the_model(sqlite_template: Path, spec: dict[str, Any]) -> None:
     with tempfile.TemporaryDirectory() as directory:
-        check(f"sqlite:///{Path(directory)}/metering.db", spec)
+        check(copy_sqlite(sqlite_template, Path(directory) / "metering.db"), spec)
 
 
 @pytest.mark.postgres

@@ -28,7 +28,7 @@ import pytest
 from engine.differential import stored
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from servers import PostgresServer
+from servers import PostgresServer, copy_sqlite
 
 from metering import FrozenClock, Meter, spend_limit
 from metering.domain.events import make_event
@@ -188,11 +188,12 @@ def _two_databases(server: PostgresServer, template: str) -> Iterator[tuple[str,
 @NO_SHRINK
 @given(stream=streams)
 def test_sqlite_reservations_on_the_fast_path_match_the_reference_engine(
-    stream: list[dict[str, object]],
+    sqlite_template: Path, stream: list[dict[str, object]]
 ) -> None:
     with tempfile.TemporaryDirectory() as directory:
         base = Path(directory)
-        _run(f"sqlite:///{base}/fast.db", f"sqlite:///{base}/reference.db", stream)
+        fast = copy_sqlite(sqlite_template, base / "fast.db")
+        _run(fast, copy_sqlite(sqlite_template, base / "reference.db"), stream)
 
 
 @pytest.mark.postgres
@@ -208,11 +209,12 @@ def test_postgresql_reservations_on_the_fast_path_match_the_reference_engine(
 @NO_SHRINK
 @given(stream=settle_streams)
 def test_sqlite_settles_on_the_direct_path_match_sqlalchemy(
-    stream: list[dict[str, object]],
+    sqlite_template: Path, stream: list[dict[str, object]]
 ) -> None:
     with tempfile.TemporaryDirectory() as directory:
         base = Path(directory)
-        _run(f"sqlite:///{base}/fast.db", f"sqlite:///{base}/reference.db", stream)
+        fast = copy_sqlite(sqlite_template, base / "fast.db")
+        _run(fast, copy_sqlite(sqlite_template, base / "reference.db"), stream)
 
 
 @pytest.mark.postgres

@@ -21,12 +21,13 @@ import json
 import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from servers import PostgresServer
+from servers import PostgresServer, copy_sqlite
 from sqlalchemy import select
 
 from metering import FrozenClock, Limit, Meter
@@ -242,10 +243,10 @@ SETTINGS = settings(
 @SETTINGS
 @given(operations=st.lists(operation, min_size=1, max_size=40))
 def test_sqlite_matches_the_model(
-    tmp_path_factory: pytest.TempPathFactory, operations: list
+    tmp_path_factory: pytest.TempPathFactory, sqlite_template: Path, operations: list
 ) -> None:
     directory = tmp_path_factory.mktemp("model")
-    _run(f"sqlite:///{directory}/model.db", operations)
+    _run(copy_sqlite(sqlite_template, directory / "model.db"), operations)
 
 
 @pytest.mark.postgres

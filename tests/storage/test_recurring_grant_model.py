@@ -17,12 +17,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from servers import PostgresServer
+from servers import PostgresServer, copy_sqlite
 
 from metering import FrozenClock, Limit, Meter
 from metering.domain.instants import from_us, to_us
@@ -237,10 +238,10 @@ SETTINGS = settings(
 @SETTINGS
 @given(operations=st.lists(operation, min_size=1, max_size=30))
 def test_recurring_grants_on_sqlite_match_the_model(
-    tmp_path_factory: pytest.TempPathFactory, operations: list
+    tmp_path_factory: pytest.TempPathFactory, sqlite_template: Path, operations: list
 ) -> None:
     directory = tmp_path_factory.mktemp("recurring")
-    _run(f"sqlite:///{directory}/model.db", operations)
+    _run(copy_sqlite(sqlite_template, directory / "model.db"), operations)
 
 
 @pytest.mark.postgres

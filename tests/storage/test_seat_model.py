@@ -19,12 +19,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from servers import PostgresServer
+from servers import PostgresServer, copy_sqlite
 from sqlalchemy import select
 
 from metering import FrozenClock, Limit, Meter
@@ -208,10 +209,10 @@ SETTINGS = settings(
 @SETTINGS
 @given(operations=st.lists(operation, min_size=1, max_size=40))
 def test_sqlite_seats_match_the_model(
-    tmp_path_factory: pytest.TempPathFactory, operations: list
+    tmp_path_factory: pytest.TempPathFactory, sqlite_template: Path, operations: list
 ) -> None:
     directory = tmp_path_factory.mktemp("seats")
-    _run(f"sqlite:///{directory}/seats.db", operations)
+    _run(copy_sqlite(sqlite_template, directory / "seats.db"), operations)
 
 
 @pytest.mark.postgres

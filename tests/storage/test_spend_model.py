@@ -17,12 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_EVEN, Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from servers import PostgresServer
+from servers import PostgresServer, copy_sqlite
 
 from metering import FrozenClock, Limit, Meter, spend_limit
 from metering.domain.instants import to_us
@@ -223,10 +224,10 @@ SETTINGS = settings(
 @SETTINGS
 @given(operations=st.lists(operation, min_size=1, max_size=40))
 def test_sqlite_spend_matches_the_model(
-    tmp_path_factory: pytest.TempPathFactory, operations: list
+    tmp_path_factory: pytest.TempPathFactory, sqlite_template: Path, operations: list
 ) -> None:
     directory = tmp_path_factory.mktemp("spend")
-    _run(f"sqlite:///{directory}/spend.db", operations)
+    _run(copy_sqlite(sqlite_template, directory / "spend.db"), operations)
 
 
 @pytest.mark.postgres
