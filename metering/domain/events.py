@@ -14,7 +14,7 @@ from typing import Any, Final, NamedTuple
 from metering.domain.bounds import shown, validate_whole
 from metering.domain.instants import US_PER_SECOND, to_us
 from metering.domain.limits import Limit, validate_limit_name
-from metering.errors import InvalidInput, MeteringError, OccurredAtOutOfRange
+from metering.errors import InvalidInput, OccurredAtOutOfRange
 
 MAX_SUBJECT_LENGTH: Final = 200
 MAX_COST: Final = 10**12
@@ -155,7 +155,7 @@ def validate_charge_cost(cost: object) -> int:
     return validate_cost(cost)
 
 
-def refuse_free(limit: Limit, cost: int) -> MeteringError | None:
+def refuse_free(limit: Limit, cost: int) -> InvalidInput | None:
     """The error of a cost of 0 on ``limit`` (None: fine): only a gauge
     reports a level of 0; elsewhere 0 is no usage, refused as it always was."""
     if cost == 0 and not limit.is_gauge:
