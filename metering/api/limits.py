@@ -137,7 +137,7 @@ class LimitIn(BaseModel):
         description="sum: costs add up. max or latest: a gauge; each event's cost is a level "
         "it reports (0 allowed), used is the window's peak or last allowed level. A gauge is "
         "a fixed window without distinct, currency, dimensions, grants, prices or "
-        "reservations. See docs/limits.md.",
+        "reservations. See docs/gauges.md.",
     )
 
 
