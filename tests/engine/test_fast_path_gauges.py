@@ -2,7 +2,7 @@
 
 A gauge (``aggregation="max"`` or ``"latest"``) is decided on the fast path
 (`Meter.consume`, `Meter.apply_records`; the one-trip PostgreSQL function
-leaves it there) and by the reference engine (`Engine._apply_reference`)
+declines it, `Need.GAUGE`) and by the reference engine (the reference path)
 alike: the same stream through each, each on its own database, gives the
 same results, counters, notifications and corrections, voids of the peak
 included. Then the contract, example by example: the peak kept, the latest
@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from decision_paths import apply_reference, refusing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from servers import PostgresServer
@@ -29,6 +30,8 @@ from test_fast_path import SETTINGS, _reference_decisions, _stored
 
 from metering import FrozenClock, Limit, Meter
 from metering.domain.events import make_event
+from metering.domain.needs import Need
+from metering.engine.answers import Declined
 from metering.engine.one_trip import prepare
 from metering.errors import InvalidInput
 from metering.reports import overage_report
@@ -117,7 +120,7 @@ def _run(fast_url: str, general_url: str, stream: list[dict[str, Any]]) -> None:
             fast.apply_records(records, invalid="reject")
             if not any(c[1] in ("largest", "seen") for e in spec["events"] for c in e["charges"]):
                 assert _reference_decisions() == before, "the fast path left the batch"
-            general._engine._apply_reference(records, fast.database.now_us(), "reject", ())
+            apply_reference(general._engine, records, fast.database.now_us(), "reject", ())
             for index, target in enumerate(spec["voids"]):
                 outcomes = [
                     _void(meter, f"ev-{target}", f"c-{number}-{index}") for meter in (fast, general)
@@ -205,7 +208,7 @@ def test_consume_decides_gauges_as_the_reference(db_url: str, general_url: str) 
         for meter in (fast, general):
             meter.set_limits(LIMITS)
             meter.set_entitlement("org-2", "storage", 50)
-        fast._engine._apply_reference = _refuse  # type: ignore[method-assign]
+        refusing(fast._engine, _refuse)
         for number, (limit, value, offset) in enumerate(STEPS):
             clock.advance(seconds=1)
             for subject in SUBJECTS:
@@ -213,9 +216,7 @@ def test_consume_decides_gauges_as_the_reference(db_url: str, general_url: str) 
                 event_id = f"{subject}-{number}"
                 fast.consume(subject, limit, value, event_id=event_id, occurred_at=when)
                 ev = make_event([(subject, limit, value)], when, event_id)
-                general._engine._apply_reference(
-                    [ev.record()], general.database.now_us(), "raise", ()
-                )
+                apply_reference(general._engine, [ev.record()], general.database.now_us(), "raise")
         assert _stored(fast) == _stored(general)
         for meter in (fast, general):
             meter.void("org-1-1", "the peak was a mistake", correction_id="c-1")
@@ -429,5 +430,6 @@ def test_the_one_trip_function_leaves_a_gauge_to_the_fast_path(sqlite_url: str) 
         now_us = meter.database.now_us()
         gauge = make_event([("org-1", "storage", 5)], START, "g-1").record()
         plain = make_event([("org-1", "calls", 1)], START, "p-1").record()
-        assert prepare(cache, gauge, now_us) is None
-        assert prepare(cache, plain, now_us) is not None
+        declined = prepare(cache, gauge, now_us)
+        assert isinstance(declined, Declined) and declined.need == Need.GAUGE
+        assert not isinstance(prepare(cache, plain, now_us), Declined)
