@@ -11,6 +11,9 @@ Where the figures come from (no new write on the hot path):
   the bucket (an hourly or daily limit by day), coarser otherwise;
 * a token bucket keeps no windows: its series is empty (``source: none``).
 
+A gauge's windows hold levels: a bucket shows their peak (``max``) or the
+last one (``latest``), not their sum.
+
 Each bucket carries the maximum in force at its end: the subject's
 entitlement then, else the limit's default (`metering.domain.history`).
 """
@@ -112,7 +115,7 @@ def usage_history(
 
     usage, changes = database.run(read)
     default = None if found.algorithm == "token_bucket" else found.maximum
-    points = series(usage, changes, default, since_us, until_us, checked)
+    points = series(usage, changes, default, since_us, until_us, checked, found.aggregation)
     return UsageHistory(
         subject, found, checked, source, from_us(since_us), from_us(until_us), points
     )

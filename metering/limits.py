@@ -15,6 +15,7 @@ from metering.config import load_limits_file
 from metering.domain.limits import Limit, is_reserved, validate_limit_name
 from metering.errors import InvalidInput, ReservedLimit, UnknownLimit
 from metering.storage.database import Database
+from metering.storage.prices import PriceStore
 from metering.storage.quota_notices import notify
 from metering.storage.store import Store
 
@@ -36,11 +37,24 @@ def set_limits(database: Database, limits: Iterable[Limit]) -> list[Limit]:
     def work(connection: Connection) -> None:
         store = Store(connection)
         for limit in chosen:
+            if limit.is_gauge:
+                _refuse_priced_gauge(connection, limit.name)
             store.upsert_limit(limit, now_us)
             notify(connection, None, limit.name)  # a lowered maximum: every process's leases
 
     database.run(work)
     return chosen
+
+
+def _refuse_priced_gauge(connection: Connection, name: str) -> None:
+    """A limit with a price in force cannot become a gauge: a level is not priced."""
+    latest: dict[str, int | None] = {}
+    for price in PriceStore(connection).prices(name):  # oldest first
+        latest[price.currency] = price.per_unit
+    if any(per_unit is not None for per_unit in latest.values()):
+        raise InvalidInput(
+            "aggregation", f"{name!r} has a price: remove it before making the limit a gauge"
+        )
 
 
 def set_product_limit(database: Database, limit: Limit) -> Limit:

@@ -4,9 +4,11 @@ commit of less and void share.
 `give_back` takes, for some charges of one decided event, the units going
 back (and the grants they drew, the last drawn first) from the counters,
 the grants and the usage rollups, in the engines' lock order (counters,
-then grants). The rules are pure (`metering.domain.corrections.take_back`
-for a counter, `split_back` for the grants, `given_back_deltas` for the
-rollups); the SQL is in the stores.
+then grants). A gauge's counter takes the level its window's remaining
+reports give (`gauge_after`), read back from the ledger. The rules are
+pure (`metering.domain.corrections.take_back` for a counter, `split_back`
+for the grants, `given_back_deltas` for the rollups); the SQL is in the
+stores.
 
 Exactly once is the callers' part, and the records they keep make it so:
 a reservation's ``given_back`` (what its cancel or commit gave back, which a
@@ -31,10 +33,13 @@ from metering.domain.corrections import (
     VoidedCharge,
     can_take_back,
     counter_of,
+    gauge_after,
+    gauge_reports,
     not_reset,
     taken_back,
 )
 from metering.domain.rollups import given_back_deltas, merged, spend_given_back
+from metering.domain.state import CounterState
 from metering.storage.allowances import AllowanceStore, DrawKey
 from metering.storage.results import ResultRecord
 from metering.storage.rollups import record_rollups
@@ -119,7 +124,18 @@ def give_back(
         left = not_reset(left, resets)
     cleared = [not any(charge is item.charge for charge in left) for item in kept]
     states = store.lock_counters({charge.key for charge in left}, now_us)
-    changed, units = taken_back(limits, left, states, now_us, past_windows=past_windows)
+    levels = {
+        charge.key: gauge_after(
+            limit,
+            states.get(charge.key, CounterState()),
+            gauge_reports(charge.key, store.window_results(charge.key, event.event_id)),
+        )
+        for charge in left
+        if event is not None and (limit := limits.get(charge.key.limit)) and limit.is_gauge
+    }
+    changed, units = taken_back(
+        limits, left, states, now_us, past_windows=past_windows, levels=levels
+    )
     store.write_counters(changed, now_us)
     restored = iter(zip(units, restore_grants(connection, left, now_us), strict=True))
     result = [

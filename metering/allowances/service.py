@@ -333,6 +333,10 @@ def _fixed_window(connection: Connection, limit: str) -> Limit:
         raise WrongAlgorithm(limit, found.algorithm, more)
     if found.algorithm != "fixed_window":
         raise InvalidInput("limit", f"{limit!r} is a token bucket; grants top up fixed windows")
+    if found.is_gauge:
+        raise InvalidInput(
+            "limit", f"{limit!r} is a gauge: it reports a level, grants top up usage that adds up"
+        )
     return found
 
 

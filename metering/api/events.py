@@ -36,9 +36,11 @@ from metering.api.parsing import (
 )
 from metering.api.problems import ApiProblem
 from metering.api.queueing import (
+    FreeCharge,
     UnknownLimits,
     accept,
     apply_now,
+    free_charge,
     unique_queued,
     unknown_limits,
 )
@@ -144,6 +146,9 @@ async def post_events(
         # Rare: parsed again, for the pointer to each charge at fault.
         parsed = parse_events(body, kind, now, context.settings.api_max_events)
         raise unknown_limits(parsed, exc.limits) from None
+    except FreeCharge as exc:
+        parsed = parse_events(body, kind, now, context.settings.api_max_events)
+        raise free_charge(parsed, exc) from None
     if fresh:
         _received([event.charges for event in fresh])  # unique ids already
     accepted = {

@@ -5,7 +5,8 @@ A ``PUT`` body is a limit's definition as a limits file writes it
 (``metering limits load``): ``maximum`` and ``period``, and optionally
 ``algorithm``, ``window``, ``enforcement`` (``hard``, ``soft`` or ``shadow``),
 ``thresholds``, ``thresholds_units``, ``lateness``, ``dimensions``,
-``distinct`` (seats: the metadata key whose distinct values are counted);
+``distinct`` (seats: the metadata key whose distinct values are counted),
+``aggregation`` (``sum``, or a gauge's ``max`` or ``latest``);
 ``name`` may be given if it is the name in the path. It is validated by
 `Limit.from_dict`, the loader's own rules, and stored with `Meter.set_limit`:
 created, or replaced as a whole (a field not given takes its default).
@@ -37,6 +38,7 @@ from metering.domain.limits import (
     MAX_MAXIMUM,
     MAX_THRESHOLD_PERCENT,
     MAX_THRESHOLDS,
+    Aggregation,
     Algorithm,
     Enforcement,
     Limit,
@@ -130,6 +132,13 @@ class LimitIn(BaseModel):
         "(an event's first value in the window costs 1, a repeat 0). Fixed window only; "
         "every event charging the limit must carry the key. See docs/seats.md.",
     )
+    aggregation: Aggregation = Field(
+        default="sum",
+        description="sum: costs add up. max or latest: a gauge; each event's cost is a level "
+        "it reports (0 allowed), used is the window's peak or last allowed level. A gauge is "
+        "a fixed window without distinct, currency, dimensions, grants, prices or "
+        "reservations. See docs/gauges.md.",
+    )
 
 
 class LimitOut(BaseModel):
@@ -146,6 +155,7 @@ class LimitOut(BaseModel):
     currency: str | None = Field(default=None, description="A spend limit's currency.")
     max_amount: str | None = Field(default=None, description="A spend limit's maximum.")
     distinct: str | None = None
+    aggregation: Aggregation = Field(default="sum", description="sum, or a gauge's max or latest.")
 
 
 class Limits(BaseModel):

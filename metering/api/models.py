@@ -72,7 +72,12 @@ def _limit() -> Any:
 
 
 def _cost() -> Any:
-    return Field(default=1, ge=1, le=MAX_COST, description="A whole number, 1 to 10^12.")
+    return Field(
+        default=1,
+        ge=0,
+        le=MAX_COST,
+        description="A whole number, 1 to 10^12; 0 only for a gauge (a level it reports).",
+    )
 
 
 def _charges() -> Any:

@@ -25,9 +25,15 @@ from starlette.concurrency import run_in_threadpool
 from metering.api.parsing import MAX_ERRORS, Parsed, QueuedEvent
 from metering.api.problems import ApiProblem
 from metering.domain.decisions import Decision
-from metering.domain.events import UsageEvent
+from metering.domain.events import UsageEvent, refuse_free
 from metering.domain.instants import from_us
-from metering.errors import BrokerUnavailable, EventConflict, OccurredAtOutOfRange, UnknownLimit
+from metering.errors import (
+    BrokerUnavailable,
+    EventConflict,
+    InvalidInput,
+    OccurredAtOutOfRange,
+    UnknownLimit,
+)
 from metering.lookup import StoredResult, stored_results
 from metering.meter import Meter
 from metering.producer import Item, UsageProducer
@@ -228,8 +234,39 @@ def accept(
         unknown = meter.unknown_limits(c.limit for event in fresh for c in event.charges)
         if unknown:
             raise UnknownLimits(unknown)
+        _refuse_free(meter, fresh)
         enqueue(producer, fresh)
     return fresh, stored
+
+
+def _refuse_free(meter: Meter, events: Sequence[QueuedEvent | UsageEvent]) -> None:
+    """A cost of 0 is refused at ingest on a limit that is no gauge (a worker
+    would only reject it): `FreeCharge` for the first such charge."""
+    limits = {c.limit for event in events for c in event.charges if c.cost == 0}
+    for name in sorted(limits):
+        error = refuse_free(meter.get_limit(name), 0)
+        if error is not None:
+            raise FreeCharge(name, error)
+
+
+class FreeCharge(Exception):
+    """A charge of cost 0 on ``limit``, which is no gauge: ``error`` says why."""
+
+    def __init__(self, limit: str, error: InvalidInput) -> None:
+        super().__init__(limit, error)
+        self.limit = limit
+        self.error = error
+
+
+def free_charge(parsed: Sequence[Parsed], refused: FreeCharge) -> ApiProblem:
+    """The 400 naming each charge of cost 0 on the refused limit; nothing queued."""
+    errors = [
+        (item.charge_pointer(index, "cost"), refused.error.message)
+        for item in parsed
+        for index, charge in enumerate(item.event.charges)
+        if charge.limit == refused.limit and charge.cost == 0
+    ][:MAX_ERRORS]
+    return ApiProblem("invalid-input", f"{errors[0][0]}: {errors[0][1]}", errors)
 
 
 def denied_when_checked(meter: Meter, events: Sequence[UsageEvent]) -> dict[str, Decision]:
@@ -274,6 +311,15 @@ async def apply_now(
             by_id.update(await run_in_threadpool(_apply_batch, meter, rest))
     except UnknownLimit as exc:
         raise unknown_limits(parsed, [exc.limit], verb="applied") from None
+    except InvalidInput as exc:
+        if exc.field != "cost":
+            raise
+        # A cost of 0 on a limit that is no gauge: point at that charge.
+        try:
+            await run_in_threadpool(_refuse_free, meter, [item.event for item in parsed])
+        except FreeCharge as refused:
+            raise free_charge(parsed, refused) from None
+        raise
     except OccurredAtOutOfRange as exc:
         raise _out_of_range(parsed, exc) from None
     return [by_id[item.event.event_id] for item in parsed]

@@ -11,6 +11,7 @@ from metering.cli.context import current_meter
 from metering.cli.options import format_option
 from metering.cli.output import describe_limit, echo_listing
 from metering.domain.limits import (
+    AGGREGATIONS,
     ALGORITHMS,
     ENFORCEMENTS,
     WINDOWS,
@@ -82,6 +83,11 @@ def limits() -> None:
     metavar="KEY",
     help="Seats: count distinct values of this metadata key per window (fixed window only).",
 )
+@click.option(
+    "--aggregation",
+    type=click.Choice(AGGREGATIONS),
+    help="Default: sum (costs add up). max, latest: a gauge; each event reports a level.",
+)
 def limits_set(
     name: str,
     maximum: int | None,
@@ -121,6 +127,8 @@ def _limit_row(limit: Limit) -> list[object]:
         maximum = f"{format_amount(limit.maximum, limit.currency)} {limit.currency}"
     if limit.distinct is not None:
         algorithm = f"{algorithm} distinct {limit.distinct}"
+    if limit.is_gauge:
+        algorithm = f"{algorithm} gauge {limit.aggregation}"
     row: list[object] = [limit.name, maximum, limit.period, algorithm, limit.enforcement]
     return [*row, thresholds, limit.lateness, dimensions]
 

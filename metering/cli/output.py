@@ -338,6 +338,8 @@ def describe_limit(limit: Limit) -> str:
         parts.append(f"{limit.window} window")
     if limit.distinct is not None:
         parts.append(f"distinct {limit.distinct}")
+    if limit.is_gauge:
+        parts.append(f"gauge {limit.aggregation}")
     parts.append(limit.enforcement)
     if limit.thresholds:
         parts.append("thresholds " + "/".join(f"{t}%" for t in limit.thresholds))

@@ -11,6 +11,11 @@ stays gone. Charges that consumed nothing (a shadow limit's would-deny) are
 left alone. The event's result stays in the ledger; the correction is a
 record of its own that references it.
 
+A gauge's window (``aggregation`` ``max`` or ``latest``) holds a level, not
+a sum: a void recomputes it from the reports that remain in the ledger
+(`gauge_after`), the peak of the allowed, non-voided ones, or the latest of
+them by event time (ties by decision); 0 when none remains.
+
 Usage is given back at most once, whatever else happened to the event:
 
 * a charge whose counter an operator reset after the event was written is
@@ -23,6 +28,7 @@ Usage is given back at most once, whatever else happened to the event:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
@@ -100,6 +106,40 @@ def can_take_back(
     return past_windows or can_give_back(limit, _held(charge), now_us)
 
 
+# A gauge's report in the ledger: (occurred_at_us, decided_at_us, event id, value).
+Report = tuple[int, int, str, int]
+
+
+def gauge_reports(key: CounterKey, found: Sequence[tuple[str, int, int, str]]) -> list[Report]:
+    """The reports on ``key``'s window among ``found`` results (event id,
+    occurred_at_us, decided_at_us, charge rows as JSON text) whose charge
+    on it was allowed; the caller leaves voided and reset results out."""
+    reports: list[Report] = []
+    for event_id, occurred_at_us, decided_at_us, rows in found:
+        for row in json.loads(rows):
+            charge = ChargeDecision.from_row(row)
+            if (
+                charge.limit == key.limit
+                and charge.subject == key.subject
+                and charge.window_start_us == key.window_start_us
+                and charge.outcome in VOIDABLE
+            ):
+                reports.append((occurred_at_us, decided_at_us, event_id, charge.cost))
+    return reports
+
+
+def gauge_after(limit: Limit, state: CounterState, reports: Sequence[Report]) -> CounterState:
+    """A gauge counter's state once a void left only ``reports`` in its window:
+    their peak (``max``) or the latest one's value and instant (``latest``),
+    else 0; denials stay as they were."""
+    if not reports:
+        return replace(state, used=0, tat_us=None)
+    if limit.aggregation == "max":
+        return replace(state, used=max(report[3] for report in reports), tat_us=None)
+    occurred_at_us, _, _, value = max(reports)
+    return replace(state, used=value, tat_us=occurred_at_us)
+
+
 def take_back(
     limit: Limit | None,
     charge: VoidedCharge,
@@ -107,14 +147,18 @@ def take_back(
     now_us: int,
     *,
     past_windows: bool,
+    level: CounterState | None = None,
 ) -> GiveBack:
     """The counter after giving ``charge.cost`` back, and the units it took.
 
     A bucket gets its tokens back as of now (`give_back`), unless it was
     deleted or redefined as a window since. A window gets the cost back
     down to zero while it is current, and with ``past_windows`` (a void)
-    after it ended too.
+    after it ended too. A gauge's window takes ``level`` (`gauge_after`),
+    and the units it went down by.
     """
+    if level is not None:
+        return GiveBack(level, max(state.used - level.used, 0))
     if past_windows and charge.key.window_end_us != NO_WINDOW:
         returned = min(charge.cost, state.used)
         return GiveBack(replace(state, used=state.used - returned), returned)
@@ -130,16 +174,23 @@ def taken_back(
     now_us: int,
     *,
     past_windows: bool,
+    levels: Mapping[CounterKey, CounterState] | None = None,
 ) -> tuple[dict[CounterKey, CounterState], list[int]]:
     """The counters ``charges`` (of one event) change, after each gave its
     cost back in turn (`take_back`; two charges may share a counter), and
-    the units each returned. A counter not in ``states`` starts empty."""
+    the units each returned. A counter not in ``states`` starts empty;
+    a gauge's takes its level in ``levels`` (`gauge_after`)."""
     changed: dict[CounterKey, CounterState] = {}
     returned: list[int] = []
     for charge in charges:
         state = changed.get(charge.key, states.get(charge.key, CounterState()))
         outcome = take_back(
-            limits.get(charge.key.limit), charge, state, now_us, past_windows=past_windows
+            limits.get(charge.key.limit),
+            charge,
+            state,
+            now_us,
+            past_windows=past_windows,
+            level=levels.get(charge.key) if levels else None,
         )
         changed[charge.key] = outcome.state
         returned.append(outcome.returned)

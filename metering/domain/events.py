@@ -13,7 +13,7 @@ from typing import Any, Final, NamedTuple
 
 from metering.domain.bounds import shown, validate_whole
 from metering.domain.instants import US_PER_SECOND, to_us
-from metering.domain.limits import validate_limit_name
+from metering.domain.limits import Limit, validate_limit_name
 from metering.errors import InvalidInput, OccurredAtOutOfRange
 
 MAX_SUBJECT_LENGTH: Final = 200
@@ -148,6 +148,24 @@ def validate_cost(cost: object) -> int:
     return validate_whole("cost", cost, 1, MAX_COST)
 
 
+def validate_charge_cost(cost: object) -> int:
+    """A charge's cost: 0 too, the level a gauge may report (`refuse_free`)."""
+    if type(cost) is int and cost == 0:  # never False nor 0.0
+        return 0
+    return validate_cost(cost)
+
+
+def refuse_free(limit: Limit, cost: int) -> InvalidInput | None:
+    """The error of a cost of 0 on ``limit`` (None: fine): only a gauge
+    reports a level of 0; elsewhere 0 is no usage, refused as it always was."""
+    if cost == 0 and not limit.is_gauge:
+        try:
+            validate_cost(cost)
+        except InvalidInput as exc:
+            return exc
+    return None
+
+
 def validate_event_id(event_id: object, field_name: str = "event_id") -> str:
     """An event id; grant and correction ids follow the same rule (``field_name``)."""
     if not isinstance(event_id, str) or EVENT_ID_PATTERN.fullmatch(event_id) is None:
@@ -186,7 +204,7 @@ def validate_charges(charges: Iterable[object]) -> tuple[Charge, ...]:
         if not isinstance(item, tuple | list) or len(item) not in (2, 3):
             raise InvalidInput("charges", f"{shown(item)} is not (subject, limit[, cost])")
         subject, limit = validate_subject(item[0]), validate_limit_name(item[1])
-        cost = validate_cost(item[2] if len(item) == 3 else 1)
+        cost = validate_charge_cost(item[2] if len(item) == 3 else 1)
         result.append(Charge(subject, limit, cost))
     if not 1 <= len(result) <= MAX_CHARGES:
         raise InvalidInput("charges", f"an event has 1 to {MAX_CHARGES} charges")

@@ -87,18 +87,25 @@ def series(
     from_us: int,
     to_us: int,
     bucket: Bucket,
+    aggregation: str = "sum",
 ) -> list[Point]:
     """Every bucket meeting ``[from_us, to_us)`` with its usage and maximum.
 
-    ``usage``: ``(at_us, used)``; pairs outside the buckets are left out.
+    ``usage``: ``(at_us, used)``, oldest first; pairs outside the buckets are
+    left out. A bucket sums its pairs, or, for a gauge's windows (levels),
+    takes their peak (``max``) or the last one (``latest``).
     """
     starts = bucket_starts(from_us, to_us, bucket)
     size = BUCKETS[bucket]
     sums = dict.fromkeys(starts, 0)
     for at_us, used in usage:
         start = bucket_start(at_us, bucket)
-        if start in sums:
+        if start not in sums:
+            continue
+        if aggregation == "sum":
             sums[start] += used
+        else:
+            sums[start] = max(sums[start], used) if aggregation == "max" else used
     return [
         Point(start, start + size, sums[start], maximum_at(changes, default, start + size - 1))
         for start in starts

@@ -65,13 +65,14 @@ SETTLE_MARGIN_US: Final = round(SETTLE_MARGIN_SECONDS * 1_000_000)
 
 
 def leasable(limit: Limit) -> bool:
-    """Whether a limit's units can be leased: hard fixed windows only.
+    """Whether a limit's units can be leased: hard fixed windows only, not gauges.
 
     A token bucket refills continuously (a held token would be one the
-    bucket refills meanwhile), a soft limit allows past its maximum and a
-    shadow one never denies: for those the exact path decides every request.
+    bucket refills meanwhile), a soft limit allows past its maximum, a
+    shadow one never denies and a gauge's reports are levels, not units to
+    hold: for those the exact path decides every request.
     """
-    return limit.algorithm == "fixed_window" and limit.enforcement == "hard"
+    return limit.algorithm == "fixed_window" and limit.enforcement == "hard" and not limit.is_gauge
 
 
 def recent(last_seen_us: int | None, now_us: int) -> bool:

@@ -20,10 +20,14 @@ from metering.errors import InvalidLimit
 Algorithm = Literal["fixed_window", "token_bucket", "concurrent"]
 WindowKind = Literal["first_use", "calendar"]
 Enforcement = Literal["hard", "soft", "shadow"]
+Aggregation = Literal["sum", "max", "latest"]
 
 ALGORITHMS: Final = ("fixed_window", "token_bucket", "concurrent")
 WINDOWS: Final = ("first_use", "calendar")
 ENFORCEMENTS: Final = ("hard", "soft", "shadow")
+# ``sum``: usage is a flow, the costs add up. ``max`` and ``latest`` make a
+# gauge: each event reports a level (`metering.domain.windows.gauge_level`).
+AGGREGATIONS: Final = ("sum", "max", "latest")
 
 NAME_PATTERN: Final = re.compile(r"[a-z0-9_.:\-]{1,64}")
 # Limits named so belong to the product (the API's own rate limit per key):
@@ -131,6 +135,7 @@ LIMIT_KEYS: Final = (
     "lateness",
     "thresholds_units",
     "dimensions",
+    "aggregation",
 )
 
 
@@ -161,6 +166,14 @@ class Limit:
     `metering.domain.distinct`); a token bucket has no window to count them
     in, so ``distinct`` with one is refused.
 
+    ``aggregation="max"`` or ``"latest"`` makes a gauge: an event's cost is
+    the level it reports (storage held, nodes running; 0 is a level too),
+    and ``used`` is the window's peak (``max``) or its last allowed level by
+    event time (``latest``), not a sum. A hard gauge denies a level above
+    the maximum; a soft one bills ``used - maximum``. A gauge is a fixed
+    window with no grants, seats, price or reservation: those add up usage,
+    and are refused (`_check_gauge`).
+
     ``algorithm="concurrent"`` is a floating license (`metering.licenses`):
     at most ``maximum`` units held at once, checked out and in, with no
     period, no window and nothing that happens once per window (hard
@@ -181,6 +194,7 @@ class Limit:
     dimensions: tuple[str, ...] = ()
     currency: str | None = None
     distinct: str | None = None
+    aggregation: Aggregation = "sum"
     parsed_period: Period = field(init=False, repr=False, compare=False)
     lateness_seconds: int = field(init=False, repr=False, compare=False)
 
@@ -219,6 +233,9 @@ class Limit:
                 raise InvalidLimit("distinct", "a concurrent limit holds licenses, not seats")
             if self.currency is not None:
                 raise InvalidLimit("distinct", "a spend limit counts money, not distinct values")
+        _choice("aggregation", self.aggregation, AGGREGATIONS)
+        if self.aggregation != "sum":
+            _check_gauge(self)
         thresholds = _thresholds(self.thresholds)
         units = _thresholds(self.thresholds_units, "thresholds_units", MAX_MAXIMUM)
         lateness = parse_period(self.lateness, field_name="lateness")
@@ -234,6 +251,11 @@ class Limit:
     def with_maximum(self, maximum: int) -> Limit:
         """This limit with another maximum: a subject's entitlement."""
         return self if maximum == self.maximum else replace(self, maximum=maximum)
+
+    @property
+    def is_gauge(self) -> bool:
+        """Whether an event reports a level (``max``, ``latest``) rather than adds a cost."""
+        return self.aggregation != "sum"
 
     @property
     def period_seconds(self) -> int:
@@ -252,7 +274,7 @@ class Limit:
         """Build a limit from a mapping (a row, or an entry of a limits file)."""
         known = {"name", "maximum", "period", "algorithm", "window", "enforcement"}
         known |= {"thresholds", "lateness", "thresholds_units", "dimensions", "currency"}
-        known |= {"max_amount", "distinct"}
+        known |= {"max_amount", "distinct", "aggregation"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise InvalidLimit(unknown[0], f"unknown field; expected some of {sorted(known)}")
@@ -301,6 +323,18 @@ def _check_concurrent(limit: Limit) -> None:
         )
     if limit.dimensions:
         raise InvalidLimit("dimensions", "a concurrent limit records no usage to roll up")
+
+
+def _check_gauge(limit: Limit) -> None:
+    """A gauge reports levels in fixed windows: what adds usage up is refused, not ignored."""
+    if limit.algorithm != "fixed_window":
+        raise InvalidLimit("aggregation", "a gauge is a fixed window, not a bucket or licenses")
+    if limit.distinct is not None:
+        raise InvalidLimit("aggregation", "a gauge reports a level; seats (distinct) count values")
+    if limit.currency is not None:
+        raise InvalidLimit("aggregation", "a spend limit adds money up; a gauge reports a level")
+    if limit.dimensions:
+        raise InvalidLimit("dimensions", "a gauge's levels do not add up by dimension")
 
 
 def _money(maximum: int, currency: str) -> dict[str, str]:

@@ -24,6 +24,7 @@ class Need(StrEnum):
     REPEATED_COUNTER = "repeated_counter"  # one event charging one counter twice
     MONEY = "money"  # a priced limit or a spend cap: charges added in money
     SEATS = "seats"  # distinct values: a charge costs 1 for a new value, else 0
+    GAUGE = "gauge"  # a charge reports a level: used is the peak or the last level
     DIMENSIONS = "dimensions"  # usage rolled up by metadata keys
     MONTH_FIRST_USE = "month_first_use"  # a first-use window of calendar months
     ENTITLEMENTS = "entitlements"  # a subject's own maximum
@@ -33,6 +34,7 @@ class Need(StrEnum):
     NOTICES = "notices"  # webhooks, grant.low or dead letters written beside the results
     RESERVATION = "reservation"  # a held reservation or a lease's block
     HELD_SEATS = "held_seats"  # a reservation of a seat limit (refused)
+    HELD_GAUGE = "held_gauge"  # a reservation of a gauge (refused)
     IMPORT_FLAGS = "import_flags"  # an import that changes the rules
     DEAD_LETTERS = "dead_letters"  # malformed input recorded with the batch
     EARLY_FIRST_USE = "early_first_use"  # an event before its current first-use window
@@ -49,6 +51,8 @@ def rule_needs(limit: Limit, *, priced: bool) -> frozenset[Need]:
         found.add(Need.MONEY)
     if limit.distinct is not None:
         found.add(Need.SEATS)
+    if limit.is_gauge:
+        found.add(Need.GAUGE)
     if limit.dimensions:
         found.add(Need.DIMENSIONS)
     if (
@@ -89,6 +93,8 @@ def batch_needs(
         found.add(Need.RESERVATION)
         if Need.SEATS in charged:
             found.add(Need.HELD_SEATS)
+        if Need.GAUGE in charged:
+            found.add(Need.HELD_GAUGE)
     if imported:
         found.add(Need.IMPORT_FLAGS)
     return frozenset(found)

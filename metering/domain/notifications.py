@@ -9,7 +9,7 @@ a mark (limit, subject, window start, kind) that is inserted at most once.
   denial in the window is a candidate (the counter had no denial before).
 * ``limit.threshold``: usage crossed a configured percentage of the
   subject's maximum, or an absolute amount (``thresholds_units``): one
-  notice per threshold crossed.
+  notice per threshold crossed (a gauge's level crossing it upwards).
 * ``limit.exceeded``: a soft limit's usage went past its maximum (and the
   grants that top it up), or a commit of more than was reserved took a hard
   limit's usage past it (overdraft).
@@ -121,7 +121,8 @@ def notices_for(
         )
     if after.used == before.used:
         return found  # nothing consumed: no threshold crossed
-    used_before = charge.used - charge.cost
+    gauge = limit.is_gauge  # a level: used before is the counter's, not used less the cost
+    used_before = before.used if gauge else charge.used - charge.cost
     maximum = charge.maximum  # the subject's own, at the event
     for percent in limit.thresholds:
         if used_before * 100 < percent * maximum <= charge.used * 100:
@@ -143,7 +144,11 @@ def notices_for(
             found.append(replace(notice, threshold_units=units, due_at_us=_due(bucket, charge)))
     # Overage starts in this charge iff the part of it no grant paid covers all of it.
     own_cost = charge.cost - sum(amount for _, amount in charge.grants)
-    if limit.enforcement == "soft" and 0 < charge.overage <= own_cost:
+    if gauge:
+        starts = charge.overage > 0 and used_before <= maximum
+    else:
+        starts = 0 < charge.overage <= own_cost
+    if limit.enforcement == "soft" and starts:
         found.append(_notice("limit.exceeded", "exceeded", key, charge, event_id))
     elif limit.enforcement == "hard" and charge.overdraft > 0:
         # Only a commit of more than was reserved goes past a hard limit.

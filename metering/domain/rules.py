@@ -27,6 +27,7 @@ from metering.domain.limits import Limit, Period
 from metering.domain.needs import NONE, Need, rule_needs
 from metering.domain.notifications import Notice, notices_for
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
+from metering.domain.windows import gauge_level
 
 # A counter as a list, in `CounterState` field order.
 State = list[Any]
@@ -66,6 +67,9 @@ class Rule:
     distinct: bool = False
     # What deciding a charge of it needs from a path (`metering.domain.needs`).
     needs: frozenset[Need] = NONE
+    # A gauge's aggregation (``max`` or ``latest``): a charge reports a level
+    # (`metering.domain.windows.gauge_level`); None: costs add up.
+    gauge: str | None = None
 
     @classmethod
     def of(cls, limit: Limit, *, priced: bool = False) -> Rule:
@@ -87,6 +91,7 @@ class Rule:
             money=priced or limit.currency is not None,
             distinct=limit.distinct is not None,
             needs=rule_needs(limit, priced=priced),
+            gauge=limit.aggregation if limit.is_gauge else None,
         )
 
     def with_maximum(self, maximum: int) -> Rule:
@@ -103,7 +108,8 @@ class Rule:
 # What one charge would do, as a tuple (see `_window` and `_bucket`):
 # fits, used before, used after, remaining before, remaining after,
 # resets_at after consuming, resets_at before, retry_at, overage after,
-# a bucket's arrival time after consuming (None for a window), overage
+# a bucket's arrival time after consuming (None for a window; a `latest`
+# gauge's instant of its level), overage
 # before, and the grants that pay if it is consumed.
 _Figures = tuple[
     bool,
@@ -122,9 +128,34 @@ _Figures = tuple[
 NO_DRAWS: Final[tuple[tuple[str, int], ...]] = ()
 
 
+def _gauge(rule: Rule, state: State, value: int, end_us: int, at_us: int) -> _Figures:
+    # Exactly `windows._evaluate_gauge`, over the list; the level's instant
+    # (a ``latest`` gauge's) goes where a bucket's arrival time would.
+    assert rule.gauge is not None
+    maximum = rule.maximum
+    used = state[USED]
+    level, level_at = gauge_level(rule.gauge, used, state[TAT], value, at_us)
+    return (
+        rule.soft or value <= maximum,
+        used,
+        level,
+        maximum - used if used < maximum else 0,
+        maximum - level if level < maximum else 0,
+        end_us,
+        end_us,
+        None,
+        level - maximum if rule.soft and level > maximum else 0,
+        level_at,
+        used - maximum if used > maximum else 0,
+        NO_DRAWS,
+    )
+
+
 def _window(
     rule: Rule, state: State, cost: int, window: tuple[int, int], at_us: int, pot: Pot | None
 ) -> _Figures:
+    if rule.gauge is not None:
+        return _gauge(rule, state, cost, window[1], at_us)
     maximum = rule.maximum
     used = state[USED]
     after = used + cost
@@ -351,7 +382,11 @@ def grants_low(
 
 
 def _apply(rule: Rule, state: State, f: _Figures, cost: int, at_us: int, consumed: bool) -> None:
-    if consumed:
+    if consumed and rule.gauge is not None:
+        state[USED] = f[2]  # the level, not a sum
+        if f[9] is not None:
+            state[TAT] = f[9]
+    elif consumed:
         state[USED] += cost
         if rule.bucket:
             assert f[9] is not None

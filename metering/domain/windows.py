@@ -15,12 +15,17 @@ Two kinds of window:
   first-use window ends on the same day of the next month, or on the last
   day of that month when it is shorter (Jan 31 -> Feb 28 or 29).
 
+A gauge (``aggregation`` ``max`` or ``latest``) reports levels, not costs:
+`gauge_level` is its window's level after an allowed report, and
+`evaluate_window` judges the reported value alone against the maximum.
+
 All functions take and return microseconds since the epoch.
 """
 
 from __future__ import annotations
 
 import calendar
+from dataclasses import replace
 from typing import Final
 
 from metering.domain.grants import Pot, WindowFit, fit_window
@@ -83,6 +88,50 @@ def first_use_window(
     return at_us, end
 
 
+def gauge_level(
+    aggregation: str, used: int, level_at_us: int | None, value: int, at_us: int
+) -> tuple[int, int | None]:
+    """A gauge window's (level, instant of the level) after an allowed report
+    of ``value`` at ``at_us``, from its ``used`` and the instant
+    ``level_at_us`` of that level (a ``latest`` gauge keeps it in the
+    counter's ``tat_us``; None: no level yet).
+
+    ``max`` keeps the peak. ``latest`` takes the report unless it is older
+    than the level it would replace (a late report does not undo a newer
+    one; at the same instant the later decision wins).
+    """
+    if aggregation == "max":
+        return max(used, value), None
+    if level_at_us is None or at_us >= level_at_us:
+        return value, at_us
+    return used, level_at_us
+
+
+def _evaluate_gauge(
+    limit: Limit, state: CounterState, value: int, window: Window, now_us: int
+) -> Evaluation:
+    """A gauge's report: hard and shadow fit iff ``value <= maximum``, soft
+    always; used becomes the level (`gauge_level`). Only soft bills overage."""
+    maximum = limit.maximum
+    soft = limit.enforcement == "soft"
+    fits = soft or value <= maximum
+    level, level_at = gauge_level(limit.aggregation, state.used, state.tat_us, value, now_us)
+    return Evaluation(
+        fits=fits,
+        applied=replace(state, used=level, tat_us=level_at),
+        denied=state.with_denial(value, now_us),
+        used_before=state.used,
+        used_after=level,
+        remaining_before=max(maximum - state.used, 0),
+        remaining_after=max(maximum - level, 0),
+        resets_at_us=window[1],
+        resets_at_before_us=window[1],
+        retry_at_us=None,  # a level above the maximum fits in no window
+        overage_after=max(level - maximum, 0) if soft else 0,
+        overage_before=max(state.used - maximum, 0),
+    )
+
+
 def evaluate_window(
     limit: Limit,
     state: CounterState,
@@ -97,6 +146,8 @@ def evaluate_window(
     A cost of 0 (a seat already held, `metering.domain.distinct`) always fits,
     even where a lowered maximum is below ``used``, and adds no overage.
     """
+    if limit.aggregation != "sum":
+        return _evaluate_gauge(limit, state, cost, window, now_us)
     used_after = state.used + cost
     soft = limit.enforcement == "soft"
     end_us = window[1]

@@ -30,6 +30,7 @@ from metering.domain.events import (
     Rejected,
     UsageEvent,
     check_event_time,
+    refuse_free,
 )
 from metering.domain.grants import Balance, History, Pot, maximum_at
 from metering.domain.imports import ImportPolicy
@@ -91,6 +92,7 @@ _REPEAT: Final = "repeat"
 FAST_IMPLEMENTS: Final = EVERY - {
     Need.EARLY_FIRST_USE,  # found while deciding: declined
     Need.HELD_SEATS,  # refused, with the reference engine's error
+    Need.HELD_GAUGE,  # refused too
 }
 
 
@@ -268,6 +270,8 @@ def rules_for(
             refused = refuse_spend_charge(rule.limit)
             if refused is not None:
                 return found, refused
+        if cost == 0 and rule.gauge is None:
+            return found, refuse_free(rule.limit, cost)
         timed = rule if policy is None else policy.rule(rule)
         if at_us > now_us + FUTURE_TOLERANCE_US or at_us < now_us - timed.lateness_us:
             try:

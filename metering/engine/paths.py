@@ -244,8 +244,9 @@ class Reference:
     @staticmethod
     def _reserve(batch: Batch, event: UsageEvent, connection: Connection, retry: bool) -> Answer:
         """One event decided and, when allowed, held (``batch.hold``); a seat
-        limit is refused (a seat is taken by consuming, never held) and a
-        lease's denied block raises `NotHeld`, rolling back."""
+        limit is refused (a seat is taken by consuming, never held), so is a
+        gauge (a level is no cost to hold), and a lease's denied block raises
+        `NotHeld`, rolling back."""
         assert batch.hold is not None
         store = Store(connection)
         limits = store.load_limits(c.limit for c in event.charges)
@@ -254,6 +255,10 @@ class Reference:
                 raise InvalidInput(
                     "limit",
                     f"{name!r} counts distinct values (seats): consume it, do not reserve it",
+                )
+            if limit.is_gauge:
+                raise InvalidInput(
+                    "limit", f"{name!r} is a gauge: it reports a level, there is no cost to hold"
                 )
         precheck = retry or batch.lookup_first
         [applied] = apply_events(store, [event], batch.now_us, invalid="raise", precheck=precheck)

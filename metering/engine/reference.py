@@ -28,7 +28,7 @@ from metering.domain.decisions import (
     decide_event,
 )
 from metering.domain.distinct import value_of
-from metering.domain.events import UsageEvent, check_event_time
+from metering.domain.events import UsageEvent, check_event_time, refuse_free
 from metering.domain.grants import History, Pot, maximum_at
 from metering.domain.imports import ImportPolicy
 from metering.domain.instants import from_us, to_us
@@ -117,7 +117,7 @@ def validate_against_limits(
             return UnknownLimit(charge.limit)
         if limit.algorithm == "concurrent":
             return consumed_concurrent(limit.name)
-        refused = refuse_spend_charge(limit)
+        refused = refuse_spend_charge(limit) or refuse_free(limit, charge.cost)
         if refused is not None:
             return refused
         try:

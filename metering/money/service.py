@@ -27,6 +27,10 @@ def _priceable(connection: Connection, name: str) -> Limit:
         # A seat's repeat costs 0 and a license is held, not spent: neither is priced per unit.
         kind = "a seat limit" if found.distinct is not None else "a concurrent limit"
         raise InvalidInput("limit", f"{name!r} is {kind}: only usage summed per window is priced")
+    if found.is_gauge:
+        raise InvalidInput(
+            "limit", f"{name!r} is a gauge: its level is not usage summed per window, not priced"
+        )
     return found
 
 

@@ -39,6 +39,7 @@ def _limit_from_row(row: Any) -> Limit:
         thresholds_units=tuple(json.loads(row.thresholds_units)),
         currency=row.currency,
         distinct=row.distinct_key,
+        aggregation=row.aggregation,
     )
 
 

@@ -1,6 +1,7 @@
 """The results table (one row per decided event): `ResultRecord`, the row
 codecs every path shares (`result_row`, `record_from_row`), and `ResultStore`,
-which fetches, inserts and counts results."""
+which fetches, inserts and counts results, and reads a gauge window's
+reports back (`window_results`)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any, Final, NamedTuple
 
-from sqlalchemy import func, literal_column, select, update
+from sqlalchemy import and_, exists, func, literal_column, not_, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
+from metering.domain.state import CounterKey
 from metering.storage.on_connection import OnConnection, chunks
-from metering.storage.tables import results
+from metering.storage.tables import corrections, counter_resets, results
 
 
 class ResultRecord(NamedTuple):
@@ -159,6 +161,45 @@ class ResultStore(OnConnection):
                 query = select(results).where(results.c.event_id.in_(chunk))
                 rows.extend(self.connection.execute(query))
         return {row.event_id: record_from_row(row) for row in rows}
+
+    def window_results(self, key: CounterKey, except_id: str) -> list[tuple[str, int, int, str]]:
+        """The allowed results but ``except_id`` that may hold a charge on
+        ``key``'s window (event id, occurred_at_us, decided_at_us, charge
+        rows as JSON), leaving out the voided ones and those a later reset
+        of the counter cleared (as `metering.domain.corrections.Reset` says).
+
+        A first-use window takes late events from up to one period (at most
+        a month) before its start: they are looked for that far back.
+        """
+        start, end = key.window_start_us, key.window_end_us
+        r = counter_resets.c
+        cleared = exists().where(
+            or_(r.subject.is_(None), r.subject == key.subject),
+            or_(r.limit_name.is_(None), r.limit_name == key.limit),
+            or_(
+                and_(r.tick.is_not(None), r.tick > results.c.reset_tick),
+                and_(r.tick.is_(None), r.reset_at_us >= results.c.decided_at_us),
+            ),
+            or_(
+                r.window_start_us == start,
+                and_(r.window_start_us.is_(None), r.reset_at_us < end),
+            ),
+        )
+        voided = exists().where(corrections.c.event_id == results.c.event_id)
+        query = select(
+            results.c.event_id,
+            results.c.occurred_at_us,
+            results.c.decided_at_us,
+            results.c.charges,
+        ).where(
+            results.c.occurred_at_us >= start - 2 * (end - start),
+            results.c.occurred_at_us < end,
+            results.c.outcome.in_(("allowed", "overage")),
+            results.c.event_id != except_id,
+            not_(voided),
+            not_(cleared),
+        )
+        return [(row[0], row[1], row[2], row[3]) for row in self.connection.execute(query)]
 
     def rewrite_charges(self, event_id: str, charges: Sequence[Sequence[Any]]) -> None:
         """Replace a result's charges (ledger rows): a commit of more than was

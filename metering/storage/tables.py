@@ -45,6 +45,8 @@ limits = Table(
     Column("currency", String(3), nullable=True),
     # Seats: the metadata key whose distinct values the limit counts (migration 0013).
     Column("distinct_key", String(64), nullable=True),
+    # sum, or a gauge's max or latest (migration 0023).
+    Column("aggregation", String(8), nullable=False, server_default="sum"),
 )
 
 # One row (id 1): incremented by every change to ``limits``, so that processes

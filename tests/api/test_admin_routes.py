@@ -395,6 +395,7 @@ def test_a_limit_is_created_read_replaced_and_deleted(http: httpx.Client, meter:
         "thresholds_units": [],
         "dimensions": [],
         "distinct": None,
+        "aggregation": "sum",
     }
     assert created.json() == stored
     assert meter.get_limit("exports") == Limit(

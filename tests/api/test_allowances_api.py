@@ -355,6 +355,7 @@ def test_a_shadow_limit_with_absolute_thresholds_round_trips(
         "thresholds_units": [1, 2],
         "dimensions": [],
         "distinct": None,
+        "aggregation": "sum",
     }
     created = http.put("/v1/limits/trial", json=definition)
     assert (created.status_code, created.json()) == (200, stored)

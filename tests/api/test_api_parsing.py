@@ -94,7 +94,7 @@ def test_cloudevent_charges_take_the_event_subject_when_they_name_none() -> None
 @pytest.mark.parametrize(
     ("value", "kind", "pointer"),
     [
-        ({"subject": "a", "limit": "l", "cost": 0}, "json", "cost"),
+        ({"subject": "a", "limit": "l", "cost": -2}, "json", "cost"),
         ([{"subject": "a", "limit": "l"}, {"subject": "a", "limit": "L"}], "json",
          "events[1].limit"),
         ({"charges": [{"subject": "a", "limit": "l"}, {"subject": " a", "limit": "l"}]}, "json",
@@ -126,7 +126,7 @@ def test_a_refused_event_names_its_field(value: Any, kind: str, pointer: str) ->
 
 
 def test_every_bad_event_is_named_and_none_is_kept() -> None:
-    problem = refused([{"subject": "a", "limit": "l", "cost": c} for c in (1, 0, 2, -1)])
+    problem = refused([{"subject": "a", "limit": "l", "cost": c} for c in (1, -2, 2, -1)])
     assert [field for field, _ in problem.errors] == ["events[1].cost", "events[3].cost"]
     assert problem.detail.startswith("2 of 4 events are not valid; nothing was accepted.")
 

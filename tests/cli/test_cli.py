@@ -523,7 +523,7 @@ def test_emit_refuses_an_unknown_limit_of_its_database_in_one_line(tmp_path: Pat
 
 def test_emit_rejects_bad_input_in_one_line(tmp_path: Path) -> None:
     broker = f"sqla+sqlite:///{tmp_path}/broker.db"
-    result = CliRunner().invoke(main, ["emit", "s", "calls", "--cost", "0", "--broker", broker])
+    result = CliRunner().invoke(main, ["emit", "s", "calls", "--cost", "-1", "--broker", broker])
     assert result.exit_code == 1
     assert result.output.strip().startswith("error: cost")
     assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1

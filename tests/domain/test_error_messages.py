@@ -27,7 +27,7 @@ from metering.errors import InvalidInput, InvalidLimit, OccurredAtOutOfRange
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 KNOWN = (
-    "['algorithm', 'currency', 'dimensions', 'distinct', 'enforcement', 'lateness', "
+    "['aggregation', 'algorithm', 'currency', 'dimensions', 'distinct', 'enforcement', 'lateness', "
     "'max_amount', 'maximum', 'name', 'period', 'thresholds', 'thresholds_units', 'window']"
 )
 

@@ -188,14 +188,21 @@ def test_validate_charges_rejects_a_string_instead_of_a_list(charges: object) ->
     [
         (("", "api_calls", 1), "subject"),
         (("user-7", "API calls", 1), "name"),
-        (("user-7", "api_calls", 0), "cost"),
+        (("user-7", "api_calls", -1), "cost"),
         (("user-7", "api_calls", 1.5), "cost"),
+        (("user-7", "api_calls", 0.0), "cost"),
+        (("user-7", "api_calls", False), "cost"),
     ],
 )
 def test_validate_charges_validates_each_part(item: tuple[object, ...], field: str) -> None:
     with pytest.raises(InvalidInput) as caught:
         validate_charges([item])
     assert caught.value.field == field
+
+
+def test_a_charge_of_0_is_an_event_the_limit_judges() -> None:
+    """A gauge reports a level of 0; a sum refuses 0 once its limit is known (`refuse_free`)."""
+    assert validate_charges([("user-7", "api_calls", 0)])[0].cost == 0
 
 
 def test_a_malformed_limit_name_in_a_charge_is_an_invalid_limit() -> None:

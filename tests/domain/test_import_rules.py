@@ -25,7 +25,7 @@ def test_json_lines_events_and_bad_lines_with_their_numbers() -> None:
         f'{{"event_id": "e1", "subject": "org-1", "limit": "calls", "occurred_at": "{AT}"}}\n',
         "\n",
         "{not json\n",
-        f'{{"event_id": "e2", "subject": "org-1", "limit": "calls", "cost": 0, '
+        f'{{"event_id": "e2", "subject": "org-1", "limit": "calls", "cost": -1, '
         f'"occurred_at": "{AT}"}}\n',
         f'{{"subject": "org-1", "limit": "calls", "occurred_at": "{AT}"}}\n',
         f'{{"event_id": "e3", "charges": [{{"subject": "u", "limit": "a", "cost": 2}}], '

@@ -43,7 +43,7 @@ def test_bad_lines_are_reported_with_their_numbers_and_the_good_ones_applied(
     lines = [
         line("e1", "org-1", "calls", NOW),
         "{oops\n",
-        line("e2", "org-1", "calls", NOW, cost=0),
+        line("e2", "org-1", "calls", NOW, cost=-1),
         "\n",
         line("e3", "org-1", "calls", NOW),
         line("e4", "org-1", "nope", NOW),

@@ -62,7 +62,7 @@ def test_bad_input_raises_at_emit_and_queues_nothing(broker: tuple[str, Path]) -
     for call in (
         lambda: producer.emit("", "calls"),
         lambda: producer.emit("s", "Not A Name"),
-        lambda: producer.emit("s", "calls", cost=0),
+        lambda: producer.emit("s", "calls", cost=-1),
         lambda: producer.emit("s", "calls", event_id="bad id"),
         lambda: producer.emit("s", "calls", occurred_at=datetime(2026, 1, 1)),
         lambda: producer.emit("s", "calls", occurred_at=datetime.now(UTC) + timedelta(hours=1)),
@@ -201,7 +201,8 @@ def test_routing_keeps_a_subject_on_one_queue() -> None:
 
 def test_decoding_keeps_what_cannot_become_an_event() -> None:
     good = encode_event(make_event([("s", "calls", 1)], NOW, "good-1"))
-    bad_cost = {**good, "id": "bad-1", "charges": [["s", "calls", 0]]}
+    # A cost of 0 decodes (a gauge's level); the worker judges it against its limit.
+    bad_cost = {**good, "id": "bad-1", "charges": [["s", "calls", -1]]}
     no_time = {"id": "bad-2", "charges": [["s", "calls", 1]]}
     events, rejected = decode_records(encode_batch([good, bad_cost, no_time, "junk"]))
     assert [e.event_id for e in events] == ["good-1"]
