@@ -154,6 +154,13 @@ class Engine:
 
     def decide(self, batch: Batch) -> list[Answer]:
         """``batch`` decided by the first path that implements its needs."""
+        return self._first(batch, lambda path, batch: path.apply(batch))
+
+    def _first(self, batch: Batch, ask: Callable[[Path, Batch], T | Declined]) -> T:
+        """What ``ask`` gets of the first path that implements ``batch``'s
+        needs: a decline adds the need it found and goes on to the next path
+        that implements it; a stale one reloads the limits and asks the same
+        path again."""
         if self.limits.current[0] < 0:
             self.database.run(self.limits.refresh)
         needs = self.needs(batch)
@@ -163,7 +170,7 @@ class Engine:
             if not needs <= path.implements:
                 index += 1
                 continue
-            found = path.apply(batch)
+            found = ask(path, batch)
             if not isinstance(found, Declined):
                 return found
             if found.stale and refreshes < _REFRESHES:
@@ -209,27 +216,8 @@ class Engine:
         """What applying ``event`` would decide now; records nothing. The
         first path that checks and implements its needs answers."""
         now_us = self.database.now_us()
-        if self.limits.current[0] < 0:
-            self.database.run(self.limits.refresh)
         batch = Batch([event.record()], now_us)
-        needs = self.needs(batch)
-        refreshes, index = 0, 0
-        while index < len(self.paths):
-            path = self.paths[index]
-            if not needs <= path.implements:
-                index += 1
-                continue
-            found = path.check(event, now_us)
-            if not isinstance(found, Declined):
-                return found
-            if found.stale and refreshes < _REFRESHES:
-                refreshes += 1
-                self.database.run(self.limits.refresh)
-                continue
-            if found.need is not None:
-                needs |= {found.need}
-            index += 1
-        raise AssertionError(f"no decision path checks {sorted(needs)}")
+        return self._first(batch, lambda path, _: path.check(event, now_us))
 
 
 # Needs found while deciding (kept when the limits are reloaded).

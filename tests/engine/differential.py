@@ -15,6 +15,7 @@ import contextlib
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,10 @@ from sqlalchemy import select
 
 from metering import Meter
 from metering.domain.decisions import Decision
+from metering.domain.limits import Limit
 from metering.engine.answers import Answer
 from metering.errors import MeteringError
+from metering.metrics import metrics
 from metering.storage.tables import (
     corrections,
     counter_resets,
@@ -47,6 +50,48 @@ from metering.storage.tables import (
 )
 
 # Shrinking these streams takes many minutes: a failure is reported as found.
+# Windows of every kind, thresholds and dimensions: the tests of paths'
+# batches and reservations (a month's end is near).
+START = datetime(2026, 11, 30, 23, 0, tzinfo=UTC)
+SUBJECTS = ["org-1", "org-2", "user-é"]
+BATCH_LIMITS = [
+    Limit(
+        "cal",
+        maximum=5,
+        period="1h",
+        window="calendar",
+        thresholds=(50, 100),
+        dimensions=("route",),
+    ),
+    Limit("fu", maximum=4, period="30m"),
+    Limit(
+        "soft",
+        maximum=3,
+        period="1mo",
+        window="calendar",
+        enforcement="soft",
+        thresholds=(80,),
+        dimensions=("route", "model"),
+    ),
+    Limit(
+        "bucket",
+        maximum=3,
+        period="60s",
+        algorithm="token_bucket",
+        thresholds=(100,),
+        dimensions=("model",),
+    ),
+    Limit(
+        "shadow",
+        maximum=3,
+        period="1h",
+        window="calendar",
+        enforcement="shadow",
+        dimensions=("route",),
+    ),
+    Limit("units", maximum=6, period="30m", thresholds_units=(2, 5, 9)),
+]
+
 SETTINGS = settings(
     phases=[Phase.explicit, Phase.reuse, Phase.generate],
     deadline=None,
@@ -121,3 +166,9 @@ def databases(request: pytest.FixtureRequest, kind: str, count: int) -> Iterator
     name: str = request.getfixturevalue("pg_template_url")
     with contextlib.ExitStack() as copies:
         yield [copies.enter_context(server.copy_of(name, "diff")) for _ in range(count)]
+
+
+def reference_events(path: str = "apply") -> float:
+    """Events the reference engine decided (``path="apply"``) or checked so far."""
+    found = metrics().registry.get_sample_value("metering_reference_events_total", {"path": path})
+    return found or 0.0

@@ -47,7 +47,7 @@ from functools import partial
 from typing import Any
 
 import pytest
-from differential import SETTINGS, answer, databases, kind, stored
+from differential import SETTINGS, answer, databases, kind, reference_events, stored
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select
@@ -58,7 +58,6 @@ from metering.domain.needs import Need
 from metering.engine import core, paths
 from metering.engine.answers import Answer, Batch, Declined
 from metering.engine.one_trip import STATS
-from metering.metrics import metrics
 from metering.reservations import transactions
 from metering.storage.tables import current_windows, grant_schedules
 
@@ -301,11 +300,6 @@ DECLINED = {Need.EARLY_FIRST_USE, Need.NOTICES, None}
 HELD = {*DECLINED, Need.HELD_SEATS}
 
 
-def _reference_events(path: str = "apply") -> float:
-    found = metrics().registry.get_sample_value("metering_reference_events_total", {"path": path})
-    return found or 0.0
-
-
 class _Watch:
     """What one call of a path did: what the fast path declined (the needs
     it found), what the metrics counted (`core.count_events`), and the checks
@@ -412,10 +406,10 @@ def _decide(
     """``records`` applied by the path and by the oracle: the same answers and counts."""
     tested, oracle = meters
     watch = _Watch()
-    left, tried = _reference_events(), STATS.copy()
+    left, tried = reference_events(), STATS.copy()
     with watch.active():
         found = answer(partial(apply_on, path, tested, records, invalid))
-    left = _reference_events() - left
+    left = reference_events() - left
     expected = answer(partial(apply_on, ORACLE, oracle, records, invalid))
     assert kind(found) == kind(expected), (records, invalid)
     if not isinstance(expected, tuple):  # what the metrics would count of the oracle's answers

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from decision_paths import apply_reference, refusing
-from differential import SETTINGS, stored
+from differential import SETTINGS, reference_events, stored
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from servers import PostgresServer
@@ -34,7 +34,6 @@ from metering.domain.needs import Need
 from metering.engine.answers import Declined
 from metering.engine.one_trip import prepare
 from metering.errors import InvalidInput
-from metering.metrics import metrics
 from metering.reports import overage_report
 from metering.webhooks import Webhooks
 
@@ -117,10 +116,10 @@ def _run(fast_url: str, general_url: str, stream: list[dict[str, Any]]) -> None:
                 if any(c[2] > 0 or c[1] != "calls" for c in item["charges"])
             ]
             records = [e.record() for e in events]
-            before = _reference_decisions()
+            before = reference_events()
             fast.apply_records(records, invalid="reject")
             if not any(c[1] in ("largest", "seen") for e in spec["events"] for c in e["charges"]):
-                assert _reference_decisions() == before, "the fast path left the batch"
+                assert reference_events() == before, "the fast path left the batch"
             apply_reference(general._engine, records, fast.database.now_us(), "reject", ())
             for index, target in enumerate(spec["voids"]):
                 outcomes = [
@@ -434,11 +433,3 @@ def test_the_one_trip_function_leaves_a_gauge_to_the_fast_path(sqlite_url: str) 
         declined = prepare(cache, gauge, now_us)
         assert isinstance(declined, Declined) and declined.need == Need.GAUGE
         assert not isinstance(prepare(cache, plain, now_us), Declined)
-
-
-def _reference_decisions() -> float:
-    """Events the reference engine decided so far in this process."""
-    found = metrics().registry.get_sample_value(
-        "metering_reference_events_total", {"path": "apply"}
-    )
-    return found or 0.0

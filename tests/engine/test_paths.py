@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from decision_paths import refusing
+from differential import BATCH_LIMITS, START, SUBJECTS, reference_events
 from round_trips import count_round_trips
 from sqlalchemy import func, select
 from test_differential import on_path
@@ -25,31 +26,10 @@ from test_differential import on_path
 from metering import FrozenClock, Limit, Meter, spend_limit
 from metering.domain.events import make_event
 from metering.engine.one_trip import STATS
-from metering.metrics import metrics
 from metering.storage.tables import counters, results
 
-START = datetime(2026, 11, 30, 23, 0, tzinfo=UTC)  # a month's end is near
 NOW = datetime(2026, 11, 10, 12, 0, tzinfo=UTC)
-SUBJECTS = ["org-1", "org-2", "user-é"]
-LIMITS = [
-    Limit(
-        "cal",
-        maximum=5,
-        period="1h",
-        window="calendar",
-        thresholds=(50, 100),
-        dimensions=("route",),
-    ),
-    Limit("fu", maximum=4, period="30m"),
-    Limit(
-        "bucket",
-        maximum=3,
-        period="60s",
-        algorithm="token_bucket",
-        thresholds=(100,),
-        dimensions=("model",),
-    ),
-]
+LIMITS = [limit for limit in BATCH_LIMITS if limit.name in ("cal", "fu", "bucket")]
 SEAT_LIMITS = [
     Limit("seats", maximum=2, period="1h", window="calendar", distinct="user"),
     Limit("fu_seats", maximum=2, period="30m", distinct="user"),
@@ -63,11 +43,6 @@ ONE_TRIP_LIMITS = [
     Limit("soft", maximum=5, period="1h", window="calendar", enforcement="soft"),
     Limit("units", maximum=9, period="30m", thresholds_units=(3, 7)),
 ]
-
-
-def _reference_events(path: str = "apply") -> float:
-    found = metrics().registry.get_sample_value("metering_reference_events_total", {"path": path})
-    return found or 0.0
 
 
 # -- batches and checks ----------------------------------------------------------
@@ -173,7 +148,7 @@ def test_priced_events_are_decided_by_the_fast_path(db_url: str) -> None:
         )
         meter.set_price("calls", "0.01", "USD")
         meter.set_price("tokens", "0.001", "USD")
-        applied, checked, one_trip = _reference_events(), _reference_events("check"), dict(STATS)
+        applied, checked, one_trip = reference_events(), reference_events("check"), dict(STATS)
         assert meter.check("org-1", "calls", 3).allowed
         first = meter.consume(charges=[("org-1", "calls", 3), ("org-1", "tokens", 2)])
         assert first.allowed
@@ -192,14 +167,14 @@ def test_priced_events_are_decided_by_the_fast_path(db_url: str) -> None:
         assert meter.consume("org-1", "calls", 7).allowed
         assert meter.check("org-1", "calls", 1).denied_by == ("cap",)
         assert meter.consume("org-2", "calls").charges[-1].used == 1
-        assert _reference_events() == applied
+        assert reference_events() == applied
         if db_url.startswith("postgresql"):
-            assert _reference_events("check") == checked
+            assert reference_events("check") == checked
         assert STATS["applied"] == one_trip.get("applied", 0)
         # What the fast path leaves (an event before its first-use window) is counted.
         late = meter.consume("org-1", "tokens", 1, occurred_at=NOW - timedelta(minutes=30))
         assert [(c.limit, c.price) for c in late.charges] == [("tokens", None)]  # before its price
-        assert _reference_events() == applied + 1
+        assert reference_events() == applied + 1
 
 
 def _change_price(url: str) -> None:

@@ -21,11 +21,11 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from engine.differential import stored
+from engine.differential import BATCH_LIMITS, START, SUBJECTS, stored
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from servers import PostgresServer, copy_sqlite
@@ -36,45 +36,6 @@ from metering.domain.limits import Limit
 from metering.errors import MeteringError
 from metering.reservations.transactions import lease, reserve
 
-START = datetime(2026, 11, 30, 23, 0, tzinfo=UTC)  # a month's end is near
-SUBJECTS = ["org-1", "org-2", "user-é"]
-LIMITS = [
-    Limit(
-        "cal",
-        maximum=5,
-        period="1h",
-        window="calendar",
-        thresholds=(50, 100),
-        dimensions=("route",),
-    ),
-    Limit("fu", maximum=4, period="30m"),
-    Limit(
-        "soft",
-        maximum=3,
-        period="1mo",
-        window="calendar",
-        enforcement="soft",
-        thresholds=(80,),
-        dimensions=("route", "model"),
-    ),
-    Limit(
-        "bucket",
-        maximum=3,
-        period="60s",
-        algorithm="token_bucket",
-        thresholds=(100,),
-        dimensions=("model",),
-    ),
-    Limit(
-        "shadow",
-        maximum=3,
-        period="1h",
-        window="calendar",
-        enforcement="shadow",
-        dimensions=("route",),
-    ),
-    Limit("units", maximum=6, period="30m", thresholds_units=(2, 5, 9)),
-]
 # Shrinking these streams takes minutes: a failure is reported as found.
 NO_SHRINK = settings(
     max_examples=60,
@@ -89,7 +50,7 @@ ON_POSTGRES = settings(NO_SHRINK, max_examples=25)
 # settles on the direct path; the others roll usage up (the general path).
 # "priced" costs money, capped by "usd_cap" (charged directly: refused).
 RESERVING_LIMITS = [
-    *LIMITS,
+    *BATCH_LIMITS,
     Limit("plain-bucket", maximum=20, period="60s", algorithm="token_bucket"),
     Limit("big", maximum=100, period="1h", window="calendar"),
     Limit("priced", maximum=30, period="1h", window="calendar"),
@@ -240,7 +201,7 @@ def test_an_ordinary_reservation_never_reaches_the_reference_engine(
     monkeypatch.setattr(metering.engine.paths, "apply_events", refuse)
     clock = FrozenClock(START)
     with Meter(db_url, clock=clock) as meter:
-        meter.set_limits(LIMITS)
+        meter.set_limits(BATCH_LIMITS)
         charges = [("org-1", "fu", 2), ("org-1", "cal", 1)]
         held = meter.reserve(charges=charges, event_id="r-1")
         assert (held.state, held.decision.remaining) == ("held", 2)
