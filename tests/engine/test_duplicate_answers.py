@@ -4,7 +4,7 @@ The retry comes later (a frozen clock advanced, no sleep), without its own
 ``occurred_at`` (so it carries its arrival time) and with other metadata:
 neither may leak into the answer. The paths: the fast path and, on
 PostgreSQL, the one-trip function (a plain limit), the reference engine (a
-priced limit with a spend cap, and `Engine._apply_reference` directly), a
+priced limit with a spend cap, and the reference path alone), a
 batch (`Meter.apply`), and `Meter.consume`.
 """
 

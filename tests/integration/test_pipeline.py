@@ -374,7 +374,7 @@ def test_a_malformed_message_is_recorded_and_the_worker_keeps_going(
 
     first = batch("a-0", "a-1", "a-2")
     mixed = batch("c-0", "c-bad", "c-2")
-    mixed[1]["charges"][0][2] = 0  # a cost of 0: the event keeps a usable id
+    mixed[1]["charges"][0][2] = -1  # a negative cost: the event keeps a usable id
     last = batch("d-0", "d-1", "d-2")
     garbage = {"nope": 1}
     valid = ["a-0", "a-1", "a-2", "c-0", "c-2", "d-0", "d-1", "d-2"]

@@ -175,7 +175,7 @@ def test_headers_can_be_turned_off_and_an_unreachable_database_answers_503(
         answer = client.get("/hello")
     assert answer.status_code == 200 and "ratelimit" not in answer.headers
     broken = Meter(f"sqlite:///{tmp_path}/broken.db")
-    broken.engine.dispose()
+    broken.sql_engine.dispose()
     (tmp_path / "broken.db").unlink()
     (tmp_path / "broken.db").mkdir()  # no longer a database file
     closed = serve_asgi(build_app(broken))

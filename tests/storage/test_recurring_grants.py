@@ -10,6 +10,7 @@ from collections import Counter as Tally
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from decision_paths import apply_reference
 from sqlalchemy import func, select
 
 from metering import FrozenClock, Limit, Meter, spend_limit
@@ -309,7 +310,7 @@ def test_the_due_issue_of_a_spend_limits_grant_pays_a_priced_event(
         else:
             record = make_event([("org", "calls", 3)], clock(), "e-2").record()
             now_us = meter.database.now_us()
-            [(_, found)] = meter._engine._apply_reference([record], now_us, "raise", ())
+            [(_, found)] = apply_reference(meter._engine, [record], now_us, "raise")
             assert found is not None
             outcome = found.outcome
         assert outcome == "allowed"
