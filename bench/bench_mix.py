@@ -18,6 +18,7 @@ monthly calendar windows high enough that nothing is denied:
 * entitlement: a maximum of its own for every subject;
 * own thresholds: every subject's own alert thresholds (``set_alert``);
 * dimensions: ``dimensions=("route",)``, 5 routes in the metadata;
+* gauge: ``aggregation="max"``, each event a level from 0 to 999;
 * mix: a priced limit with a spend cap, an entitlement and a recurring
   grant on every subject, and a seat limit charged beside it.
 
@@ -53,6 +54,7 @@ VALUES = {"user": 20, "route": 5}  # metadata values per key (users per subject)
 DAILY = Limit("calls_daily", maximum=BIG, period="1d", window="calendar")
 SPEND = spend_limit("spend", "10000000000", "USD", "1mo", window="calendar")
 SEATS = Limit("seats", maximum=10**9, period="1mo", window="calendar", distinct="user")
+GAUGE = Limit("storage", maximum=BIG, period="1mo", window="calendar", aggregation="max")
 
 Call = tuple[list[tuple[str, str, int]], dict[str, str] | None]
 Setup = Callable[[Meter, list[str]], None]
@@ -101,10 +103,12 @@ class Case:
     charged: tuple[str, ...] = ("calls",)
     keys: tuple[str, ...] = ()  # the metadata keys every event carries
     setup: Setup | None = None
+    levels: bool = False  # a gauge's report: a level from 0 to 999, not 1
 
     def call(self, subject: str, rng: random.Random) -> Call:
         metadata = {key: f"{key}-{rng.randrange(VALUES[key])}" for key in self.keys}
-        return [(subject, limit, 1) for limit in self.charged], metadata or None
+        cost = rng.randrange(1000) if self.levels else 1
+        return [(subject, limit, cost) for limit in self.charged], metadata or None
 
 
 CASES = [
@@ -117,6 +121,7 @@ CASES = [
     Case("entitlement", "an entitlement on every subject", (calls(),), setup=entitled),
     Case("alerts", "own thresholds on every subject", (calls(),), setup=alerted),
     Case("dimensions", 'dimensions=("route",)', (calls(dimensions=("route",)),), keys=("route",)),
+    Case("gauge", 'a gauge (aggregation="max")', (GAUGE,), ("storage",), levels=True),
     Case(
         "mix",
         "mix: entitlement, recurring grant, price + cap, seats",
