@@ -15,7 +15,7 @@ a mark (limit, subject, window start, kind) that is inserted at most once.
   limit's usage past it (overdraft).
 * ``limit.would_deny``: a shadow limit would have denied a charge; like
   ``limit.denied``, only the first in the window.
-* ``usage.corrected``: an event was voided (`metering.corrections`); it
+* ``usage.corrected``: an event was voided (`metering.allowances.service`); it
   has no mark, as a correction happens once per event anyway.
 * ``grant.low``: a draw left a grant at or below its ``low`` threshold
   (`metering.domain.recurring`); once per grant (per issue of a recurring
@@ -177,7 +177,7 @@ def notices_of(
     own: Mapping[tuple[str, str], Limit] | None = None,
 ) -> list[Notice]:
     """Every candidate notice of a batch, in event order. ``own``: the limits
-    of (limit, subject) pairs with thresholds of their own (`metering.alerts`)."""
+    of (limit, subject) pairs with thresholds of their own (`metering.allowances.alerts`)."""
     found: list[Notice] = []
     for t in transitions:
         for key, before, after, charge in zip(t.keys, t.before, t.after, t.charges, strict=True):

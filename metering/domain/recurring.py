@@ -21,7 +21,7 @@ its amount (`low_threshold`); the first draw that leaves it at or below
 announces ``grant.low``, once per grant (per issue), marked on its row
 (`metering.storage.allowances`).
 
-Pure arithmetic, no SQL and no clock: `metering.allowances.recurring`
+Pure arithmetic, no SQL and no clock: `metering.storage.recurring`
 runs it in transactions.
 """
 

@@ -99,7 +99,7 @@ class Rule:
         return self if maximum == self.maximum else replace(self, maximum=maximum)
 
     def with_thresholds(self, thresholds: tuple[int, ...], units: tuple[int, ...]) -> Rule:
-        """This rule for a subject with thresholds of its own (`metering.alerts`),
+        """This rule for a subject with thresholds of its own (`metering.allowances.alerts`),
         as the general engine announces them (`notices_of`'s ``own``)."""
         limit = replace(self.limit, thresholds=thresholds, thresholds_units=units)
         return replace(self, limit=limit, notifies=bool(thresholds or units) or self.soft)
