@@ -22,6 +22,7 @@ CONFIGURATIONS = [
     "an entitlement on every subject",
     "own thresholds on every subject",
     'dimensions=("route",)',
+    'a gauge (aggregation="max")',
     "mix: entitlement, recurring grant, price + cap, seats",
 ]
 
