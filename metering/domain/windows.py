@@ -31,6 +31,7 @@ from typing import Final
 from metering.domain.grants import Pot, WindowFit, fit_window
 from metering.domain.instants import from_us, to_us
 from metering.domain.limits import Limit, Period
+from metering.domain.pacing import ahead_of_pace, paced_maximum, paced_retry_us
 from metering.domain.state import CounterState, Evaluation
 
 # 1970-01-05 was a Monday: weekly calendar windows start on Mondays.
@@ -144,29 +145,57 @@ def evaluate_window(
 
     With grants (``pot``), the charge may also draw on them: see `grants.fit_window`.
     A cost of 0 (a seat already held, `metering.domain.distinct`) always fits,
-    even where a lowered maximum is below ``used``, and adds no overage.
+    even where a lowered maximum is below ``used``, and adds no overage. A
+    paced limit's own allowance is its pace (`metering.domain.pacing`).
     """
     if limit.aggregation != "sum":
         return _evaluate_gauge(limit, state, cost, window, now_us)
     used_after = state.used + cost
     soft = limit.enforcement == "soft"
     end_us = window[1]
+    # A paced hard or shadow window has room up to its pace; overage is
+    # still counted against the maximum.
+    paced = limit.pacing and not soft
+    room = paced_maximum(limit.maximum, limit.burst or 0, window, now_us) if paced else None
+    allowance = limit.maximum if room is None else room
     if pot is None:
+        own_used, drawn_now = state.used, 0
         fit = WindowFit(
-            fits=used_after <= limit.maximum,
+            fits=used_after <= allowance,
             draws=(),
-            remaining_before=max(limit.maximum - state.used, 0),
-            remaining_after=max(limit.maximum - used_after, 0),
+            remaining_before=max(allowance - state.used, 0),
+            remaining_after=max(allowance - used_after, 0),
             overage_after=max(used_after - limit.maximum, 0),
             overage_before=max(state.used - limit.maximum, 0),
         )
     else:
         granted = pot.granted.get(window[0], 0)
-        fit = fit_window(limit.maximum, state.used, granted, cost, pot, now_us, soft=soft)
+        own_used, drawn_now = state.used - granted, pot.available(now_us)
+        fit = fit_window(allowance, state.used, granted, cost, pot, now_us, soft=soft)
+        if room is not None:
+            own_after = own_used + cost - sum(amount for _, amount in fit.draws)
+            fit = replace(
+                fit,
+                overage_after=max(own_after - limit.maximum, 0),
+                overage_before=max(own_used - limit.maximum, 0),
+            )
     free = cost == 0
     fits = soft or fit.fits or free
-    # Next window: its own allowance again, and the grants still active then.
-    extra = 0 if fits or pot is None else pot.available(end_us)
+    retry = None
+    if not fits and room is not None:
+        wanted = own_used + cost - drawn_now
+        retry = paced_retry_us(limit.maximum, limit.burst or 0, window, wanted, now_us)
+    if not fits and retry is None:
+        # Next window: its own allowance again, and the grants still active then.
+        extra = 0 if pot is None else pot.available(end_us)
+        retry = end_us if cost <= limit.maximum + extra else None
+    ahead = (
+        limit.pacing
+        and soft
+        and ahead_of_pace(
+            limit.maximum, limit.burst or 0, window, used_after - (state.used - own_used), now_us
+        )
+    )
     return Evaluation(
         fits=fits,
         applied=state.with_used(used_after),
@@ -177,8 +206,9 @@ def evaluate_window(
         remaining_after=fit.remaining_after,
         resets_at_us=end_us,
         resets_at_before_us=end_us,
-        retry_at_us=end_us if not fits and cost <= limit.maximum + extra else None,
+        retry_at_us=retry,
         overage_after=0 if free else fit.overage_after,
         overage_before=fit.overage_before,
         draws=fit.draws,
+        ahead_of_pace=bool(ahead) and not free,
     )

@@ -47,6 +47,8 @@ limits = Table(
     Column("distinct_key", String(64), nullable=True),
     # sum, or a gauge's max or latest (migration 0023).
     Column("aggregation", String(8), nullable=False, server_default="sum"),
+    # A paced limit's burst, units or "P%" (`metering.domain.pacing`); NULL: not paced.
+    Column("pacing_burst", String(24), nullable=True),
 )
 
 # One row (id 1): incremented by every change to ``limits``, so that processes

@@ -15,7 +15,8 @@ in percent and in units, dimensions, stacked charges, money (priced limits
 and spend limits of three currencies, price changes effective in the
 past, now and later, prices removed, amounts past the bound), seats
 (``distinct="user"``: new values, repeats, missing and empty values, cost
-2), gauges (peak and last level, hard, soft and shadow, levels of 0), a
+2), gauges (peak and last level, hard, soft and shadow, levels of 0),
+paced limits (hard, soft and shadow; bursts in units and percent), a
 limit's maximum changed, entitlements (some effective in the past),
 grants (expiring, with priorities and ``low``) and recurring grants,
 subjects' own thresholds, voids and resets between batches, late events
@@ -123,6 +124,18 @@ LIMITS = [
     spend_limit("usd_soft", "0.10", "USD", "1h", enforcement="soft", thresholds=(80,)),
     spend_limit("eur_fu", "0.20", "EUR", "2h"),
     spend_limit("jpy_shadow", "30", "JPY", "1h", window="calendar", enforcement="shadow"),
+    # Paced: a window's maximum spread over it, plus a burst.
+    Limit("paced", maximum=6, period="1h", window="calendar", pacing=True, burst=1),
+    Limit(
+        "paced_soft",
+        maximum=8,
+        period="30m",
+        enforcement="soft",
+        pacing=True,
+        burst="25%",
+        thresholds=(50,),
+    ),
+    Limit("paced_shadow", maximum=4, period="1h", enforcement="shadow", pacing=True, burst=0),
     # Gauges: the peak and the last level (a cost is the level, 0 included).
     Limit(
         "peak",
@@ -147,10 +160,17 @@ SUITED = ["cal", "fu", "bucket", "shadow", "units"]
 OTHER = ["soft", "month", "dims"]
 SEATS = ["seats", "fu_seats", "soft_seats", "shadow_seats"]
 GAUGES = ["peak", "level", "shadow_level"]
-NAMES = [*SUITED, *SUITED, *SUITED, *SUITED, *OTHER, *SEATS, *GAUGES, "usd_day", "unknown"]
+PACED = ["paced", "paced_soft", "paced_shadow"]
+NAMES = [*SUITED, *SUITED, *SUITED, *SUITED, *OTHER, *SEATS, *GAUGES, *PACED, "usd_day", "unknown"]
 # (A grant on a gauge is refused, by both alike.)
-GRANTABLE = ["cal", "fu", "soft", "shadow", "units", "seats", "usd_day", "eur_fu", "peak"]
-OWN = ["cal", "fu", "bucket", "units", "seats", "fu_seats", "usd_day", "eur_fu", "peak", "level"]
+GRANTABLE = [
+    *["cal", "fu", "soft", "shadow", "units", "seats", "usd_day", "eur_fu", "peak"],
+    *["paced", "paced_soft"],
+]
+OWN = [
+    *["cal", "fu", "bucket", "units", "seats", "fu_seats", "usd_day", "eur_fu", "peak", "level"],
+    *["paced", "paced_soft"],
+]
 # Grants and own thresholds (the function declines their pairs) for two subjects.
 HOLDERS = ["org-2", "user-é"]
 PRICED = ["soft", "month", "dims", "bucket"]
@@ -567,6 +587,8 @@ def _run(
             assert found[table] == rows, (table, found[table], rows, stream)
         gauged = [row for row in found["counters"] if row[0] in GAUGES and row[4]]
         tally["gauge levels"] += len(gauged)
+        paced = [row for row in found["counters"] if row[0] in PACED and row[5]]
+        tally["paced denials"] += len(paced)
 
 
 # -- the suite -----------------------------------------------------------------------
@@ -602,6 +624,7 @@ def test_the_path_decides_as_the_reference_engine(
     # Not vacuous: most events were the path's own.
     assert tally["fell back"] < tally["events"] // 4, tally
     assert tally["gauge levels"] >= examples // 4, tally  # gauges held levels
+    assert tally["paced denials"] >= examples // 10, tally  # the pace denied some
     if path == "one_trip":  # of the events it may decide, the function decides many
         eligible = tally["events"] - tally["unsuited"] - tally["not for the function"]
         assert tally["applied"] >= eligible // 3, tally
