@@ -19,6 +19,7 @@ monthly calendar windows high enough that nothing is denied:
 * own thresholds: every subject's own alert thresholds (``set_alert``);
 * dimensions: ``dimensions=("route",)``, 5 routes in the metadata;
 * gauge: ``aggregation="max"``, each event a level from 0 to 999;
+* paced: ``pacing=True`` (the maximum spread over the month, a 5 % burst);
 * mix: a priced limit with a spend cap, an entitlement and a recurring
   grant on every subject, and a seat limit charged beside it.
 
@@ -135,6 +136,7 @@ CASES = [
     Case("alerts", "own thresholds on every subject", (calls(),), setup=alerted),
     Case("dimensions", 'dimensions=("route",)', (calls(dimensions=("route",)),), keys=("route",)),
     Case("gauge", 'a gauge (aggregation="max")', (GAUGE,), ("storage",), levels=True),
+    Case("paced", "paced (pacing=True, burst 5%)", (calls(pacing=True),)),
     Case(
         "mix",
         "mix: entitlement, recurring grant, price + cap, seats",

@@ -23,6 +23,7 @@ CONFIGURATIONS = [
     "own thresholds on every subject",
     'dimensions=("route",)',
     'a gauge (aggregation="max")',
+    "paced (pacing=True, burst 5%)",
     "mix: entitlement, recurring grant, price + cap, seats",
 ]
 
