@@ -87,8 +87,12 @@ class Checkout:
         return self.state == CheckoutState.HELD.value
 
     @classmethod
-    def of(cls, record: CheckoutRecord, held: int | None = None, maximum: int | None = None,
-           ) -> Checkout:  # fmt: skip
+    def of(
+        cls,
+        record: CheckoutRecord,
+        held: int | None = None,
+        maximum: int | None = None,
+    ) -> Checkout:
         released = record.released_at_us
         return cls(
             id=record.id,
@@ -141,8 +145,14 @@ def concurrent_limit(connection: Connection, name: str) -> Limit:
     return limit
 
 
-def checkout(database: Database, subject: str, limit: str, cost: int, ttl_seconds: float,
-             checkout_id: str | None) -> Checkout:  # fmt: skip
+def checkout(
+    database: Database,
+    subject: str,
+    limit: str,
+    cost: int,
+    ttl_seconds: float,
+    checkout_id: str | None,
+) -> Checkout:
     """Hold ``cost`` units of ``limit`` for ``subject`` for ``ttl_seconds``, if they fit."""
     validate_subject(subject)
     validate_limit_name(limit)
@@ -261,8 +271,9 @@ def checkout_info(database: Database, checkout_id: str) -> Checkout | None:
     return None if record is None else Checkout.of(_as_of(record, now_us))
 
 
-def checkouts(database: Database, subject: str | None, limit: str | None, state: str | None,
-              count: int) -> list[Checkout]:  # fmt: skip
+def checkouts(
+    database: Database, subject: str | None, limit: str | None, state: str | None, count: int
+) -> list[Checkout]:
     """The ``count`` newest checkouts, optionally of one subject, limit and state
     (as it stands now: an expired checkout is released, swept or not)."""
     validate_filters(subject, limit)
@@ -285,8 +296,15 @@ def _as_of(record: CheckoutRecord, now_us: int) -> CheckoutRecord:
     """An expired held checkout is released (at its expiry), swept or not yet."""
     if record.state is CheckoutState.HELD and record.expires_at_us <= now_us:
         return CheckoutRecord(
-            record.id, record.subject, record.limit, record.cost, CheckoutState.RELEASED,
-            record.created_at_us, record.ttl_us, record.expires_at_us,
-            record.expires_at_us, ReleasedBy.EXPIRY,
-        )  # fmt: skip
+            record.id,
+            record.subject,
+            record.limit,
+            record.cost,
+            CheckoutState.RELEASED,
+            record.created_at_us,
+            record.ttl_us,
+            record.expires_at_us,
+            record.expires_at_us,
+            ReleasedBy.EXPIRY,
+        )
     return record
