@@ -7,7 +7,7 @@ the month, ``3mo`` the quarter). A ``first_use`` window opens at a subject's fir
 lasts one period; the next event after it opens the next. A late event between two windows
 goes to the next when a window opened at it would overlap that one. A month-long first-use
 window ends on the same day of the next month, or that month's last day (Jan 31 -> Feb 28).
-A gauge's level after an allowed report is `gauge_level`; `evaluate_window` judges it alone.
+A gauge's level is `gauge_level`; `evaluate_window` judges a reported level alone.
 """
 
 from __future__ import annotations
