@@ -1,18 +1,13 @@
 """The decision rules over plain values: what `consume` and the worker run.
 
-`decide_event` (``decisions.py``) states the rules with value objects, one
-`Evaluation` and two `CounterState` copies per charge. That is the clearest
-statement of them and what the general engine uses, but at tens of thousands
-of events a second the objects cost more than the arithmetic. This module
-applies the same rules to a counter held as a mutable list (``State``) and
-writes each charge's figures straight into the row the ledger stores
-(`ChargeDecision.to_row` order). A differential property test
-(``tests/engine/test_differential.py``) drives both with random event streams
-and asserts identical results, counters and notifications.
-
-Only what may notify builds value objects: a denial, or consumption of a
-limit with thresholds or soft enforcement; `notices_for` then decides, so
-the notification rules exist once.
+`metering.domain.decisions.decide_event` states the rules with value objects, the clearest
+statement of them; at tens of thousands of events a second the objects cost more than the
+arithmetic. `decide` applies the same rules to a counter held as a mutable list (`State`)
+and writes each charge's figures straight into the ledger's row (`ChargeRow`, in
+`ChargeDecision.to_row` order). tests/engine/test_differential.py drives both with random
+event streams and asserts identical results, counters and notifications. Only what may
+notify builds value objects (a denial, consumption of a limit with thresholds or soft
+enforcement); `notices_for` then decides, so the notification rules exist once.
 """
 
 from __future__ import annotations

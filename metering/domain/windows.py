@@ -1,25 +1,13 @@
-"""Where a fixed window starts and ends.
+"""Where a fixed window starts and ends; all instants are microseconds since the epoch.
 
-Two kinds of window:
-
-* ``calendar``: boundaries aligned in UTC and computed from the instant alone.
-  Periods in seconds are aligned to multiples of the period counted from
-  Monday 1970-01-05 00:00 UTC, so ``1h`` starts on the hour, ``1d`` at
-  midnight and ``7d`` on Monday. Periods in months are aligned to calendar
-  months counted from January 1970, so ``1mo`` is the calendar month and
-  ``3mo`` the quarter.
-* ``first_use``: a subject's window opens at its first event and lasts one
-  period; the next event after that opens the next window. A late event
-  between two windows is charged to the next one when a window opened at it
-  would overlap that one (a gap holds no maximum of its own). A month-long
-  first-use window ends on the same day of the next month, or on the last
-  day of that month when it is shorter (Jan 31 -> Feb 28 or 29).
-
-A gauge (``aggregation`` ``max`` or ``latest``) reports levels, not costs:
-`gauge_level` is its window's level after an allowed report, and
-`evaluate_window` judges the reported value alone against the maximum.
-
-All functions take and return microseconds since the epoch.
+``calendar`` windows are aligned in UTC from the instant alone: periods in seconds to
+multiples of the period counted from Monday 1970-01-05 00:00 (``1h`` on the hour, ``1d`` at
+midnight, ``7d`` on Monday), periods in months to calendar months from January 1970 (``1mo``
+the month, ``3mo`` the quarter). A ``first_use`` window opens at a subject's first event and
+lasts one period; the next event after it opens the next. A late event between two windows
+goes to the next when a window opened at it would overlap that one. A month-long first-use
+window ends on the same day of the next month, or that month's last day (Jan 31 -> Feb 28).
+A gauge's level is `gauge_level`; `evaluate_window` judges a reported level alone.
 """
 
 from __future__ import annotations

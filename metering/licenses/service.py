@@ -1,17 +1,13 @@
-"""Checkouts of floating licenses, each call one transaction (see
-`metering.domain.licenses` for the rules and `metering.storage.checkouts`
-for the lock order).
+"""Checkouts of floating licenses, each call one transaction (the rules:
+`metering.domain.licenses`; the lock order: `metering.storage.checkouts`).
 
-* `checkout`: lock the subject's pool row, sum what its unexpired checkouts
-  hold, and record the new one only if it fits the maximum in force (the
-  subject's entitlement, else the limit's). A checkout id given again
-  answers the stored checkout while it is held (retries), and
-  `CheckoutReleased` once it has ended; a denial stores nothing but the
-  pool's "denial announced" mark.
-* `checkin`: one conditional UPDATE from held to released: at most one
-  caller ever gives a checkout back; later ones get 0.
-* `renew`: moves a held, unexpired checkout's expiry later; an expired one
-  cannot be renewed (its license may already be someone else's).
+`checkout` locks the subject's pool row, sums what its unexpired checkouts hold, and records
+the new one only if it fits the maximum in force (the subject's entitlement, else the
+limit's). A checkout id given again answers the stored checkout while it is held (retries)
+and raises `CheckoutReleased` once it has ended; a denial stores only the pool's "denial
+announced" mark. `checkin` is one conditional UPDATE from held to released: one caller gets
+the checkout back, later ones 0. `renew` moves a held, unexpired checkout's expiry later
+(never earlier); an expired one cannot be renewed (its license may be someone else's).
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
-"""Charts of reports (PNG, SVG or PDF, by the file's suffix), drawn with
-matplotlib's Agg canvas (no display needed).
+"""Charts of reports (PNG, SVG or PDF, by the file's suffix: `chart_format`).
 
-Every chart shows usage against the maximum that applied, with the overage
-(billable usage beyond it, soft limits) in its own colour and the denied
-cost (demand refused: never consumed, never billed) outlined beyond it, and
-a legend naming each part.
-
-matplotlib is imported here only, when a chart is asked for: the rest of
-`metering` never pays for it. Figures are built directly (no ``pyplot``), so
-no global backend state is touched and nothing opens a window.
+Every chart shows usage against the maximum that applied, the overage (billable usage beyond
+it, soft limits) in its own colour and the denied cost (refused demand: never consumed, never
+billed) outlined beyond it, with a legend naming each part. matplotlib is imported here
+only, when a chart is asked for; figures are built directly on the Agg canvas (no
+``pyplot``), so no global backend state is touched and nothing opens a window.
 """
 
 from __future__ import annotations
