@@ -14,6 +14,7 @@ out has no SQLAlchemy connection.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import threading
@@ -45,10 +46,23 @@ from metering.storage.hot.sqlite_grants import (
 )
 from metering.storage.hot.statements import RESULT_COLUMNS, VERSION, Statements, seat_rows
 from metering.storage.reservations import ReservationRecord, record_of_row
-from metering.storage.results import record_from_row, result_row
+from metering.storage.results import ResultRecord, record_from_row, result_row
 from metering.storage.rollups import SQLITE_UPSERT
 
 FETCH_RESULT: Final = f"SELECT {RESULT_COLUMNS} FROM results WHERE event_id = ?"
+# A batch's ids, and its counters, each in one statement: the values come as
+# one JSON array (`json_each`), so the statement stays one cached string.
+FETCH_RESULTS: Final = f"""
+SELECT {RESULT_COLUMNS} FROM results WHERE event_id IN (SELECT value FROM json_each(?))
+"""
+SELECT_COUNTERS: Final = """
+SELECT c.limit_name, c.subject, c.window_start_us, c.used, c.denied_count, c.denied_cost,
+       c.first_denied_at_us, c.tat_us, c.tat_rem, c.tat_scale
+FROM json_each(?) AS k
+JOIN counters AS c ON c.limit_name = json_extract(k.value, '$[0]')
+                  AND c.subject = json_extract(k.value, '$[1]')
+                  AND c.window_start_us = json_extract(k.value, '$[2]')
+"""
 SELECT_WINDOW: Final = """
 SELECT window_start_us, window_end_us FROM current_windows WHERE limit_name = ? AND subject = ?
 """
@@ -106,11 +120,7 @@ class SqliteHotStore:
         try:
             # The transaction holds SQLite's one write lock already.
             schedules = due_schedules(raw, due_pairs, now_us) if due_pairs else []
-            stored = {}
-            for event_id in ids or ():
-                row = raw.execute(FETCH_RESULT, (event_id,)).fetchone()
-                if row is not None:
-                    stored[event_id] = record_from_row(row)
+            stored = _stored(raw, ids) if ids else {}
             windows: dict[Pair, Window | None] = {}
             wanted = [key[:3] for key in keys]
             for pair in pairs:
@@ -127,10 +137,14 @@ class SqliteHotStore:
                     states[wanted[0]] = first
             else:
                 (version,) = raw.execute(VERSION).fetchone()
-            for key in wanted[1:]:
-                row = raw.execute(SELECT_COUNTER, key).fetchone()
-                if row is not None:
-                    states[key] = list(row)
+            if len(wanted) > _ONE_BY_ONE:
+                for row in raw.execute(SELECT_COUNTERS, (json.dumps(wanted[1:]),)):
+                    states[row[:3]] = list(row[3:])
+            else:
+                for key in wanted[1:]:
+                    row = raw.execute(SELECT_COUNTER, key).fetchone()
+                    if row is not None:
+                        states[key] = list(row)
             seen = _seen(raw, seats, windows) if seats else {}
             pots, watched = read_grants(raw, grant_pairs) if grant_pairs else ({}, {})
         except sqlite3.Error as exc:
@@ -185,6 +199,20 @@ class SqliteHotStore:
             # `run_transaction` runs again after a key written meanwhile, and
             # only then: any other constraint would fail the same way again.
             raise _translate(exc) from exc
+
+
+# Up to this many ids or counters are read one statement each (`consume`).
+_ONE_BY_ONE: Final = 3
+
+
+def _stored(raw: sqlite3.Connection, ids: Sequence[str]) -> dict[str, ResultRecord]:
+    """The stored results of ``ids`` (those decided already)."""
+    if len(ids) > _ONE_BY_ONE:
+        rows = raw.execute(FETCH_RESULTS, (json.dumps(ids),)).fetchall()
+    else:
+        found = (raw.execute(FETCH_RESULT, (event_id,)).fetchone() for event_id in ids)
+        rows = [row for row in found if row is not None]
+    return {row[0]: record_from_row(row) for row in rows}
 
 
 def _seen(
