@@ -66,6 +66,12 @@ JOIN counters AS c ON c.limit_name = json_extract(k.value, '$[0]')
 SELECT_WINDOW: Final = """
 SELECT window_start_us, window_end_us FROM current_windows WHERE limit_name = ? AND subject = ?
 """
+SELECT_WINDOWS: Final = """
+SELECT w.limit_name, w.subject, w.window_start_us, w.window_end_us
+FROM json_each(?) AS k
+JOIN current_windows AS w ON w.limit_name = json_extract(k.value, '$[0]')
+                         AND w.subject = json_extract(k.value, '$[1]')
+"""
 SELECT_COUNTER: Final = """
 SELECT used, denied_count, denied_cost, first_denied_at_us, tat_us, tat_rem, tat_scale
 FROM counters WHERE limit_name = ? AND subject = ? AND window_start_us = ?
@@ -77,6 +83,14 @@ SELECT v.version, c.used, c.denied_count, c.denied_cost, c.first_denied_at_us, c
 FROM limits_version AS v
 LEFT JOIN counters AS c ON c.limit_name = ? AND c.subject = ? AND c.window_start_us = ?
 WHERE v.id = 1
+"""
+SELECT_SEATS: Final = """
+SELECT v.subject, v.limit_name, v.window_start_us, v.value, v.live_events
+FROM json_each(?) AS k
+JOIN distinct_values AS v ON v.subject = json_extract(k.value, '$[0]')
+                         AND v.limit_name = json_extract(k.value, '$[1]')
+                         AND v.window_start_us = json_extract(k.value, '$[2]')
+                         AND v.value = json_extract(k.value, '$[3]')
 """
 UPSERT_WINDOW: Final = """
 INSERT INTO current_windows (limit_name, subject, window_start_us, window_end_us)
@@ -123,10 +137,8 @@ class SqliteHotStore:
             stored = _stored(raw, ids) if ids else {}
             windows: dict[Pair, Window | None] = {}
             wanted = [key[:3] for key in keys]
-            for pair in pairs:
-                row = raw.execute(SELECT_WINDOW, pair).fetchone()
-                windows[pair] = (row[0], row[1]) if row is not None and row[0] is not None else None
-                current = windows[pair]
+            for pair, current in _windows(raw, pairs):
+                windows[pair] = current
                 if current is not None:
                     wanted.append((pair[0], pair[1], current[0]))
             states = {}
@@ -205,6 +217,19 @@ class SqliteHotStore:
 _ONE_BY_ONE: Final = 3
 
 
+def _windows(raw: sqlite3.Connection, pairs: Sequence[Pair]) -> list[tuple[Pair, Window | None]]:
+    """The current first-use window of each of ``pairs`` (None: none yet), in order."""
+    if len(pairs) > _ONE_BY_ONE:
+        rows = raw.execute(SELECT_WINDOWS, (json.dumps(pairs),))
+        found = {(r[0], r[1]): (r[2], r[3]) for r in rows if r[2] is not None}
+        return [(pair, found.get(pair)) for pair in pairs]
+    windows: list[tuple[Pair, Window | None]] = []
+    for pair in pairs:
+        row = raw.execute(SELECT_WINDOW, pair).fetchone()
+        windows.append((pair, (row[0], row[1]) if row is not None and row[0] is not None else None))
+    return windows
+
+
 def _stored(raw: sqlite3.Connection, ids: Sequence[str]) -> dict[str, ResultRecord]:
     """The stored results of ``ids`` (those decided already)."""
     if len(ids) > _ONE_BY_ONE:
@@ -220,13 +245,19 @@ def _seen(
 ) -> Seen:
     """The live events of ``seats`` that have a row (a first-use window's:
     in the pair's current window)."""
-    seen: Seen = {}
+    wanted: list[tuple[str, str, int, str]] = []
     for name, subject, start, value in seats:
         if start is None:
             current = windows.get((name, subject))
             if current is None:
                 continue  # no window yet: no value has a row
             start = current[0]
+        wanted.append((subject, name, start, value))
+    if len(wanted) > _ONE_BY_ONE:
+        rows = raw.execute(SELECT_SEATS, (json.dumps(wanted),))
+        return {(name, subject, start, value): n for subject, name, start, value, n in rows}
+    seen: Seen = {}
+    for subject, name, start, value in wanted:
         row = raw.execute(SQL.select_seat, (subject, name, start, value)).fetchone()
         if row is not None:
             seen[(name, subject, start, value)] = row[0]
