@@ -14,7 +14,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import HTMLResponse, Response
 
-from metering.api.auth import REALM, identity_of
+from metering.api.auth import BEARER, REALM, identity_of
 from metering.api.context import ApiContext, api_context
 from metering.api.problems import COMMON_ERRORS, ApiProblem, responses
 from metering.portal import portal_view, render_page, subject_of_link
@@ -43,6 +43,8 @@ def _unauthorized(detail: str) -> ApiProblem:
         200: {"content": {"text/html": {}}, "description": "The page."},
         **responses(401, *COMMON_ERRORS),
     },
+    # A customer's key, or no key at all with a signed link's ``token``.
+    openapi_extra={"security": [{BEARER: ["read"]}, {}]},
 )
 async def portal(
     request: Request,
