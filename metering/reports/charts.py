@@ -10,12 +10,12 @@ only, when a chart is asked for; figures are built directly on the Agg canvas (n
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 from itertools import groupby
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from metering.domain.instants import round_up
+from metering.domain.instants import clock_text
 from metering.errors import ConfigurationError, InvalidInput
 from metering.reports.overage import ReportRow
 
@@ -29,7 +29,6 @@ GRANTED: Final = "#8fb0d9"
 OVER: Final = "#dd8452"
 LIMIT_LINE: Final = "#c44e52"
 DPI: Final = 100
-MINUTE: Final = timedelta(minutes=1)
 # The files a chart can be written as: the suffix picks the format.
 CHART_FORMATS: Final = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
 # The legend's words, one for each part of a bar.
@@ -92,7 +91,7 @@ def _parts(row: ReportRow) -> tuple[int, int, int]:
 
 def window_labels(rows: Sequence[ReportRow]) -> list[str]:
     """``subject · limit · day`` for each row; the window's start time too
-    (``HH:MM``, UTC) where two of the windows start on the same day."""
+    (``HH:MM:SS``, UTC, `clock_text`) where two of the windows start on the same day."""
     starts_by_day: dict[object, set[datetime]] = {}
     for r in rows:
         starts_by_day.setdefault(r.window_start.date(), set()).add(r.window_start)
@@ -100,8 +99,7 @@ def window_labels(rows: Sequence[ReportRow]) -> list[str]:
     def start(r: ReportRow) -> str:
         if len(starts_by_day[r.window_start.date()]) == 1:
             return f"{r.window_start:%Y-%m-%d}"
-        # To the minute, rounded up as every time shown is (`round_up`).
-        return f"{round_up(r.window_start, MINUTE):%Y-%m-%d %H:%M}"
+        return clock_text(r.window_start)
 
     return [f"{r.subject} · {r.limit} · {start(r)}" for r in rows]
 

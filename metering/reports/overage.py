@@ -24,7 +24,7 @@ from sqlalchemy import Select
 
 from metering.domain.bounds import MAX_LISTING, shown
 from metering.domain.events import validate_subject
-from metering.domain.instants import as_utc, from_us, parse_instant, to_us
+from metering.domain.instants import as_utc, clock_text, from_us, parse_instant, to_us
 from metering.domain.jsonable import fields_dict
 from metering.domain.limits import validate_limit_name
 from metering.errors import InvalidInput, UnknownLimit
@@ -180,7 +180,7 @@ def _instant(name: str, value: TimeBound) -> datetime | None:
 def _range_label(start: datetime | None, end: datetime | None) -> str:
     def text(moment: datetime) -> str:
         midnight = moment == moment.replace(hour=0, minute=0, second=0, microsecond=0)
-        return moment.strftime("%Y-%m-%d" if midnight else "%Y-%m-%d %H:%M UTC")
+        return f"{moment:%Y-%m-%d}" if midnight else f"{clock_text(moment)} UTC"
 
     if start is None and end is None:
         return "all time"
