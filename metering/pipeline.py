@@ -108,12 +108,12 @@ def _raw_record(event: EventRecord) -> str:
 
 
 def report_of(answers: Sequence[Answer], *, malformed: int) -> BatchReport:
-    new = [record for kind, record in answers if kind == NEW and record is not None]
+    new = [a.record for a in answers if a.kind == NEW and a.record is not None]
     rejected = sum(1 for record in new if record.outcome == "rejected")
     return BatchReport(
         applied=len(new) - rejected,
-        duplicates=sum(1 for kind, _ in answers if kind == DUPLICATE),
-        conflicts=sum(1 for kind, _ in answers if kind == CONFLICT),
+        duplicates=sum(1 for answer in answers if answer.kind == DUPLICATE),
+        conflicts=sum(1 for answer in answers if answer.kind == CONFLICT),
         rejected=rejected,
         malformed=malformed,
     )

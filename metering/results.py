@@ -55,7 +55,7 @@ def consumed(event_id: str, answer: Answer) -> Decision:
 
 def applied_of(event_id: str, answer: Answer) -> Decided:
     """An engine's answer as `Meter.apply` returns it (a conflict is an `EventConflict`)."""
-    kind, record = answer
-    if kind == CONFLICT or record is None:
+    record = answer.record
+    if answer.kind == CONFLICT or record is None:
         return EventConflict(event_id)
-    return decision_of(record, duplicate=kind == DUPLICATE)
+    return decision_of(record, duplicate=answer.kind == DUPLICATE)

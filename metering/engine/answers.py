@@ -22,11 +22,20 @@ from metering.storage.results import ResultRecord
 
 InvalidPolicy = Literal["raise", "reject"]
 
+AnswerKind = Literal["new", "duplicate", "conflict"]
 NEW: Final = "new"
 DUPLICATE: Final = "duplicate"
 CONFLICT: Final = "conflict"
-# (NEW, the result just written) | (DUPLICATE, the stored result) | (CONFLICT, None)
-Answer = tuple[str, ResultRecord | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One event's answer: ``NEW`` with the result just written, ``DUPLICATE``
+    with the stored result of the same event decided before, or ``CONFLICT``
+    (its id was decided for another event: no record)."""
+
+    kind: AnswerKind
+    record: ResultRecord | None = None
 
 
 @dataclass(frozen=True, slots=True)

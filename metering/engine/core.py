@@ -248,9 +248,10 @@ def _count(
     append = keys.append
     denied_by: dict[str, int] = {}
     repeats: dict[str, int] = {}
-    for record, (kind, result) in zip(records, answers, strict=True):
-        if kind != NEW or result is None:
-            repeats[kind] = repeats.get(kind, 0) + 1
+    for record, answer in zip(records, answers, strict=True):
+        result = answer.record
+        if answer.kind != NEW or result is None:
+            repeats[answer.kind] = repeats.get(answer.kind, 0) + 1
             continue
         charges = record.charges
         outcome = result.outcome

@@ -86,8 +86,6 @@ from metering.storage.results import ResultRecord
 from metering.storage.store import Store
 from metering.storage.webhooks import WebhookStore
 
-_REPEAT: Final = "repeat"
-
 # Every need but the rare, which the reference engine decides.
 FAST_IMPLEMENTS: Final = EVERY - {
     Need.EARLY_FIRST_USE,  # found while deciding: declined
@@ -446,9 +444,8 @@ class _Applying:
         self.version, self.rules, self.allowances = cache.current
         self.calendar = _Windows()
         self.first: dict[str, int] = {}  # each id's first position
-        self.answers: list[tuple[str, ResultRecord | int | None]] = [(_REPEAT, None)] * len(
-            batch.records
-        )
+        # Each event's answer, or for a repeat its first occurrence's position.
+        self.answers: list[Answer | int] = [-1] * len(batch.records)
         self.todo: list[_Todo] = []
         self.pairs: set[Pair] = set()  # first-use windows' (limit, subject)
         self.keys: dict[Key, int] = {}  # fixed windows' keys, with their ends
@@ -475,7 +472,7 @@ class _Applying:
         priced = bool(cache.prices.prices) or cache.prices.version != self.version
         for index, event in enumerate(batch.records):
             if event.event_id in self.first:
-                self.answers[index] = (_REPEAT, self.first[event.event_id])
+                self.answers[index] = self.first[event.event_id]
                 continue
             self.first[event.event_id] = index
             if batch.hold is not None and self._seats(event):
@@ -559,7 +556,7 @@ class _Applying:
             stored = found.get(event.event_id) if found else None
             if stored is not None:
                 same = stored.fingerprint == event.fingerprint
-                self.answers[index] = (DUPLICATE, stored) if same else (CONFLICT, None)
+                self.answers[index] = Answer(DUPLICATE, stored) if same else Answer(CONFLICT, None)
                 continue
             if error is not None:
                 if batch.invalid == "raise":
@@ -583,7 +580,7 @@ class _Applying:
                 event.metadata,
             )
             self.records.append(record)
-            self.answers[index] = (NEW, record)
+            self.answers[index] = Answer(NEW, record)
 
     def _verdict(
         self,
@@ -669,8 +666,8 @@ class _Applying:
         # who is answered `EventConflict` (``invalid="raise"``) has been told.
         conflicts = [
             Rejected(event.event_id, str(EventConflict(event.event_id)), event.fingerprint)
-            for event, (kind, _) in zip(batch.records, final, strict=True)
-            if kind == CONFLICT and batch.invalid == "reject"
+            for event, answer in zip(batch.records, final, strict=True)
+            if answer.kind == CONFLICT and batch.invalid == "reject"
         ]
         changes = self._changes(snapshot)
         low = self._draws(snapshot, changes)
@@ -828,29 +825,28 @@ def _entitled(
 
 
 def _resolve(
-    answers: Sequence[tuple[str, ResultRecord | int | None]],
+    answers: Sequence[Answer | int],
     events: Sequence[EventRecord],
     stored: dict[str, ResultRecord],
 ) -> list[Answer]:
     """Answer repeats within the batch: against the stored result when there
     is one (as the general engine does), else like their first occurrence."""
     final: list[Answer] = []
-    for event, (kind, value) in zip(events, answers, strict=True):
-        if kind != _REPEAT:
-            assert not isinstance(value, int)
-            final.append((kind, value))
+    for event, value in zip(events, answers, strict=True):
+        if isinstance(value, Answer):
+            final.append(value)
             continue
-        assert isinstance(value, int)
+        assert value >= 0, "an event left unanswered"
         record = stored.get(event.event_id)
         if record is not None:
             same = record.fingerprint == event.fingerprint
-            final.append((DUPLICATE, record) if same else (CONFLICT, None))
+            final.append(Answer(DUPLICATE, record) if same else Answer(CONFLICT, None))
             continue
-        first_kind, first = final[value]
-        if first_kind == CONFLICT or events[value].fingerprint != event.fingerprint:
-            final.append((CONFLICT, None))
+        first = final[value]
+        if first.kind == CONFLICT or events[value].fingerprint != event.fingerprint:
+            final.append(Answer(CONFLICT, None))
         else:
-            final.append((DUPLICATE, first))
+            final.append(Answer(DUPLICATE, first.record))
     return final
 
 

@@ -30,6 +30,7 @@ from metering.engine.answers import (
     DUPLICATE,
     NEW,
     Answer,
+    AnswerKind,
     Batch,
     Declined,
     NotHeld,
@@ -104,7 +105,7 @@ class OneTrip:
             return Declined("no connection")  # the next path raises what it finds
         if not isinstance(found, FunctionDeclined):
             STATS["applied"] += 1
-            return [(NEW, found)]
+            return [Answer(NEW, found)]
         code = found.code
         STATS[f"declined:{code}"] += 1
         if code == "stale":
@@ -206,10 +207,10 @@ class Reference:
         answers: list[Answer] = []
         for event, applied in zip(events, decided, strict=True):
             if isinstance(applied, EventConflict):
-                answers.append((CONFLICT, None))
+                answers.append(Answer(CONFLICT, None))
             else:
-                kind = DUPLICATE if applied.duplicate else NEW
-                answers.append((kind, record_of(event, applied)))
+                kind: AnswerKind = DUPLICATE if applied.duplicate else NEW
+                answers.append(Answer(kind, record_of(event, applied)))
         return answers
 
     @staticmethod
@@ -263,19 +264,19 @@ class Reference:
         precheck = retry or batch.lookup_first
         [applied] = apply_events(store, [event], batch.now_us, invalid="raise", precheck=precheck)
         if isinstance(applied, EventConflict):
-            return (CONFLICT, None)
+            return Answer(CONFLICT, None)
         if applied.duplicate:
-            return (DUPLICATE, record_of(event, applied))
+            return Answer(DUPLICATE, record_of(event, applied))
         if not applied.allowed:
             if batch.hold.block:
                 raise NotHeld(event.event_id)
-            return (NEW, record_of(event, applied))
+            return Answer(NEW, record_of(event, applied))
         now_us = batch.now_us
         held = [held_charge(c) for c in applied.charges]
         ReservationStore(connection).insert(
             event.event_id, held, now_us, batch.hold.expires_at_us(now_us)
         )
-        return (NEW, record_of(event, applied))
+        return Answer(NEW, record_of(event, applied))
 
     def check(self, event: UsageEvent, now_us: int) -> Decision | Declined:
         decision = self.database.run(partial(_check_reference, event, now_us))

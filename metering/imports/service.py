@@ -54,12 +54,13 @@ class ImportSummary:
 
     def add(self, answers: Sequence[Answer]) -> None:
         self.events += len(answers)
-        for kind, record in answers:
-            if kind == DUPLICATE:
+        for answer in answers:
+            record = answer.record
+            if answer.kind == DUPLICATE:
                 self.duplicates += 1
-            elif kind == CONFLICT:
+            elif answer.kind == CONFLICT:
                 self.conflicts += 1
-            elif kind == NEW and record is not None:
+            elif answer.kind == NEW and record is not None:
                 if record.outcome == "denied":
                     self.denied += 1
                 elif record.outcome == "rejected":

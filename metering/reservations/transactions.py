@@ -91,11 +91,12 @@ def lease(engine: Engine, event: UsageEvent, expires_at_us: int) -> Reserved | N
 def _reserved(engine: Engine, event: UsageEvent, hold: Hold) -> Reserved:
     """The event decided and its reservation row written in one transaction
     (`Engine.reserve`, on whichever path implements it)."""
-    kind, record = engine.reserve(event.record(), hold)
-    if kind == CONFLICT or record is None:
+    answer = engine.reserve(event.record(), hold)
+    record = answer.record
+    if answer.kind == CONFLICT or record is None:
         raise EventConflict(event.event_id)
-    decision = decision_of(record, duplicate=kind == DUPLICATE)
-    if kind == DUPLICATE:
+    decision = decision_of(record, duplicate=answer.kind == DUPLICATE)
+    if answer.kind == DUPLICATE:
         return _repeated(engine.database, event.event_id, decision)
     if not decision.allowed:
         return decision, ReservationState.DENIED, None

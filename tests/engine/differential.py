@@ -146,7 +146,7 @@ def kind(found: list[Answer] | tuple[str, str, str]) -> object:
     """An error as it is; answers by kind (new, duplicate, conflict) and outcome."""
     if isinstance(found, tuple):
         return found
-    return [(k, None if record is None else record.outcome) for k, record in found]
+    return [(a.kind, None if a.record is None else a.record.outcome) for a in found]
 
 
 def is_decision(found: Found) -> bool:

@@ -377,9 +377,8 @@ def test_cost_0_is_refused_on_a_sum_on_every_path(meter: Meter) -> None:
         with pytest.raises(InvalidInput) as caught:
             call()
         assert str(caught.value) == "cost: must be between 1 and 1000000000000, got 0"
-    [(_, record)] = meter.apply_records(
-        [make_event([("org-1", "calls", 0)], START, "q-1").record()]
-    )
+    [answer] = meter.apply_records([make_event([("org-1", "calls", 0)], START, "q-1").record()])
+    record = answer.record
     assert record is not None and record.outcome == "rejected"
     assert record.reason == "cost: must be between 1 and 1000000000000, got 0"
     assert meter.counters("org-1") == []

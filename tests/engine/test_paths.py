@@ -60,7 +60,7 @@ def test_the_hot_path_runs_for_ordinary_batches(sqlite_url: str) -> None:
         refusing(meter._engine, refuse, checks=False)
         events = [make_event([(s, "fu", 1), (s, "cal", 1)], clock()) for s in SUBJECTS]
         answers = meter.apply_records([e.record() for e in events])
-        assert [kind for kind, _ in answers] == ["new"] * len(SUBJECTS)
+        assert [answer.kind for answer in answers] == ["new"] * len(SUBJECTS)
 
 
 def _tighten(url: str) -> None:
@@ -94,7 +94,7 @@ def test_a_repeat_of_a_stored_id_is_judged_against_the_stored_result(sqlite_url:
             make_event([("org-2", "cal", 1)], clock(), "ev-0"),
         ]
         answers = meter.apply_records([e.record() for e in batch])
-        assert [kind for kind, _ in answers] == ["conflict", "duplicate"]
+        assert [answer.kind for answer in answers] == ["conflict", "duplicate"]
 
 
 def test_an_ordinary_check_never_reaches_the_general_engine(pg_url: str) -> None:

@@ -310,7 +310,8 @@ def test_the_due_issue_of_a_spend_limits_grant_pays_a_priced_event(
         else:
             record = make_event([("org", "calls", 3)], clock(), "e-2").record()
             now_us = meter.database.now_us()
-            [(_, found)] = apply_reference(meter._engine, [record], now_us, "raise")
+            [answer] = apply_reference(meter._engine, [record], now_us, "raise")
+            found = answer.record
             assert found is not None
             outcome = found.outcome
         assert outcome == "allowed"
