@@ -1,16 +1,12 @@
-"""Glue: each worker delivers webhooks from a thread of its own.
+"""Each worker delivers webhooks from a thread of its own.
 
-A worker bootstep starts `metering.webhooks.delivery.serve` in the worker's
-main process once the pool has started, and stops it (letting running
-attempts finish and record) at shutdown. It looks for due deliveries every
-``METERING_WEBHOOKS_POLL_INTERVAL`` seconds (0.25; `metering.settings`), so a notification
-written by a batch in any worker, or by `Meter.consume` in an application,
-goes out within a fraction of a second, with no beat tick and no server
-feature (SQLite has no ``NOTIFY``). ``METERING_WEBHOOKS_DISPATCH=0`` turns it
-off; beat's ``metering.deliver_webhooks`` then delivers. Once connected, a
-starting thread first makes due the retries whose last attempt got no answer
-(`metering.webhooks.delivery.retry_unanswered`): a restart with settings that
-now allow a destination delivers at once, not after the backoff.
+A bootstep starts `metering.webhooks.delivery.serve` in the worker's main
+process once the pool is up and stops it at shutdown (running attempts
+finish and record). It polls every ``METERING_WEBHOOKS_POLL_INTERVAL``
+seconds (0.25), so a notice goes out within a fraction of a second, with no
+beat tick. On start it first makes due the retries that got no answer
+(`metering.webhooks.delivery.retry_unanswered`). ``METERING_WEBHOOKS_DISPATCH=0``
+turns it off; beat's ``metering.deliver_webhooks`` then delivers.
 """
 
 from __future__ import annotations
