@@ -22,6 +22,8 @@ a mark (limit, subject, window start, kind) that is inserted at most once.
   one), marked on the grant's row.
 * ``limit.reset``: a denied subject has a fresh window; `reset_due` decides
   when, for the sweeper.
+* ``audit.violation``: a run of `metering.audit` found the ledger broken;
+  one per run that found something, no mark.
 
 Token buckets have no windows. Their marks use window start 0 and last one
 *episode*: from the first notice until the bucket is full again. The sweeper
@@ -49,6 +51,7 @@ NoticeType = Literal[
     "limit.would_deny",
     "usage.corrected",
     "grant.low",
+    "audit.violation",
 ]
 MESSAGE_TYPES: Final[tuple[str, ...]] = get_args(NoticeType)
 TEST_TYPE: Final = "webhook.test"

@@ -1,0 +1,381 @@
+"""`run_audit`: the ledger proves itself (``metering audit``, beat, ``GET /v1/audit``).
+
+One transaction (on PostgreSQL one snapshot, so a counter and the results
+committed with it are read together) checks the invariants of
+`metering.domain.audit.Invariant` and returns an `AuditReport`:
+
+* **incremental** (the default): only the windows the ledger touched since
+  the last run's watermark: the results decided since, the voids, the
+  give-backs and the resets since, added to what the last run found of
+  those windows (``audit_windows``). The cost follows the traffic, not the
+  history. The watermark stays `SETTLE_SECONDS` behind the clock, so a
+  transaction that decided an event a moment ago and commits late is read
+  by the next run (rows past the watermark are checked now and read again then);
+* ``full=True``, or no run before: every window from the whole ledger, and
+  what is kept replaced. Windows from before retention pruned results are
+  left alone;
+* ``since``: the windows touched since that instant, from the whole ledger
+  (one pass), keeping nothing: a look at one stretch of time.
+
+Whatever the mode, the reservations and checkouts held past their time to
+live plus the sweep interval, and the webhook deliveries pending past
+``stuck_seconds``, are found, and a queue (when a broker is given) holding
+an event older than ``queue_seconds`` with no result. A run that finds a
+violation writes one ``audit.violation`` webhook message.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import partial
+from typing import Any, Final
+
+from sqlalchemy import Connection
+
+from metering.domain.audit import (
+    Invariant,
+    Tally,
+    Violation,
+    WindowKey,
+    consumed,
+    judge_counter,
+    judge_grant,
+    judge_hard,
+    spend_violations,
+)
+from metering.domain.events import FUTURE_TOLERANCE_US
+from metering.domain.instants import from_us, to_us
+from metering.domain.limits import Limit
+from metering.meter import Meter
+from metering.storage.audit import CHECKED_TO, RESULTS_PRUNED_BEFORE, AuditStore, ResultRow
+from metering.storage.database import Database
+from metering.storage.queue_state import oldest_undecided, open_queues
+from metering.storage.store import Store
+
+SETTLE_SECONDS: Final = 60.0
+DEFAULT_SWEEP_SECONDS: Final = 10.0
+DEFAULT_STUCK_SECONDS: Final = 600.0
+DEFAULT_QUEUE_SECONDS: Final = 900.0
+# Violations one webhook message lists (the count is always whole).
+ANNOUNCED: Final = 100
+
+
+@dataclass(frozen=True, slots=True)
+class AuditReport:
+    """What a run checked (from and to which instants, how many windows) and found."""
+
+    ran_at: datetime
+    full: bool
+    checked_from: datetime | None
+    checked_to: datetime
+    windows: int
+    violations: tuple[Violation, ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def counts(self) -> dict[str, int]:
+        """Violations per invariant, every invariant named (0 when none)."""
+        found = {invariant.value: 0 for invariant in Invariant}
+        for violation in self.violations:
+            found[violation.invariant.value] += 1
+        return found
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ran_at": self.ran_at.isoformat(),
+            "full": self.full,
+            "checked_from": self.checked_from.isoformat() if self.checked_from else None,
+            "checked_to": self.checked_to.isoformat(),
+            "windows": self.windows,
+            "counts": self.counts(),
+            "violations": [v.to_dict() for v in self.violations],
+            "notes": list(self.notes),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class AuditOptions:
+    """Bounds: the reservation sweep's interval (a reservation may stay held
+    that long past its TTL), how long a due delivery may wait, how old a
+    queued event without result may be; the broker to look at (None: no queue check)."""
+
+    sweep_seconds: float = DEFAULT_SWEEP_SECONDS
+    stuck_seconds: float = DEFAULT_STUCK_SECONDS
+    queue_seconds: float = DEFAULT_QUEUE_SECONDS
+    broker_url: str | None = None
+    queues: Sequence[str] = ("metering",)
+
+
+@dataclass(slots=True)
+class _Run:
+    """One run's state while it reads the ledger."""
+
+    after_us: int | None  # the ledger is read from here (None: all of it)
+    cut_us: int  # what is kept reaches this
+    touched_after_us: int | None  # the windows judged are those touched after this
+    kept: Tally  # up to cut_us
+    violations: list[Violation] = field(default_factory=list)
+    touched: set[WindowKey] = field(default_factory=set)
+
+
+def run_audit(
+    meter: Meter,
+    *,
+    full: bool = False,
+    since: datetime | None = None,
+    options: AuditOptions | None = None,
+) -> AuditReport:
+    """Check the ledger (see the module); nothing but the audit's own tables is written."""
+    options = options or AuditOptions()
+    database = meter.database
+    since_us = None if since is None else to_us(since, field_name="since")
+    report = database.run(lambda connection: _audit(connection, database, full, since_us, options))
+    queued = _queue_violations(meter, options, database.now_us())
+    if queued:
+        report = AuditReport(
+            report.ran_at,
+            report.full,
+            report.checked_from,
+            report.checked_to,
+            report.windows,
+            report.violations + tuple(queued),
+            report.notes,
+        )
+    return report
+
+
+def last_report(meter: Meter) -> dict[str, Any] | None:
+    """The latest run as `AuditReport.to_dict` gave it (None: never ran)."""
+    found = meter.database.run(lambda connection: AuditStore(connection).last_run())
+    if found is None:
+        return None
+    violations = found["violations"]
+    counts = {invariant.value: 0 for invariant in Invariant}
+    for violation in violations:
+        counts[violation["invariant"]] = counts.get(violation["invariant"], 0) + 1
+    start = found["checked_from_us"]
+    return {
+        "ran_at": from_us(found["ran_at_us"]).isoformat(),
+        "full": bool(found["full"]),
+        "checked_from": from_us(start).isoformat() if start is not None else None,
+        "checked_to": from_us(found["checked_to_us"]).isoformat(),
+        "windows": found["windows"],
+        "counts": counts,
+        "violations": violations,
+    }
+
+
+def _audit(
+    connection: Connection,
+    database: Database,
+    full: bool,
+    since_us: int | None,
+    options: AuditOptions,
+) -> AuditReport:
+    store = AuditStore(connection)
+    store.begin_snapshot()
+    now_us = database.now_us()
+    watermark = store.mark(CHECKED_TO)
+    full = full or (watermark is None and since_us is None)
+    if since_us is not None:
+        run = _Run(None, now_us, since_us, Tally())
+    elif full:
+        run = _Run(None, now_us - _us(SETTLE_SECONDS), None, Tally())
+    else:
+        assert watermark is not None
+        cut_us = max(watermark, now_us - _us(SETTLE_SECONDS))
+        run = _Run(watermark, cut_us, watermark, Tally())
+    limits = {limit.name: limit for limit in Store(connection).list_limits()}
+    currencies = {name: limit.currency for name, limit in limits.items() if limit.currency}
+    seen = _read_ledger(store, run, currencies)
+    keys = _judged_keys(store, run, full, limits)
+    run.violations.extend(_judge_windows(store, seen, keys, limits))
+    pairs = None if full else {(s, lim) for s, lim, _ in keys}
+    for grant in store.grant_balances(pairs):
+        found = judge_grant(*grant)
+        if found is not None:
+            run.violations.append(found)
+    run.violations.extend(store.orphans_since(run.after_us))
+    run.violations.extend(store.unresolved(now_us - _us(options.sweep_seconds)))
+    run.violations.extend(store.stuck_deliveries(now_us - _us(options.stuck_seconds)))
+    if since_us is None:
+        kept = run.kept.windows if full else {k: run.kept.windows[k] for k in run.kept.touched}
+        store.save_ledgers(kept, replace=full)
+        store.set_mark(CHECKED_TO, run.cut_us)
+    violations = tuple(run.violations)
+    store.record_run(
+        now_us,
+        (run.touched_after_us, run.cut_us),
+        full=full,
+        windows=len(keys),
+        violations=violations,
+    )
+    if violations:
+        store.announce(_announcement(violations, now_us), now_us)
+    return AuditReport(
+        from_us(now_us),
+        full,
+        _moment(run.touched_after_us),
+        from_us(run.cut_us),
+        len(keys),
+        violations,
+    )
+
+
+def _read_ledger(store: AuditStore, run: _Run, currencies: dict[str, str]) -> Tally:
+    """Fill ``run.kept`` with the ledger up to ``run.cut_us`` (from what earlier
+    runs kept of the windows touched), and return the ledger as it is now
+    (past the cut too). Spend charges are checked on the way."""
+    resets = store.resets_since(run.after_us)
+    taken = [*store.voids_since(run.after_us), *store.give_backs_since(run.after_us)]
+    decided: Iterable[ResultRow] = store.results_since(run.after_us)
+    if run.after_us is not None:  # since the last run: as much as the traffic
+        decided = list(decided)
+        run.kept = Tally(store.ledgers(_keys_of(decided, resets, taken)))
+    later: list[Callable[[Tally], None]] = []
+
+    def at(moment_us: int, keys: Iterable[WindowKey], apply: Callable[[Tally], None]) -> None:
+        if run.touched_after_us is None or moment_us > run.touched_after_us:
+            run.touched.update(keys)
+        if moment_us <= run.cut_us:
+            apply(run.kept)
+        else:
+            later.append(apply)
+
+    for key, tick, reset_us in resets:
+        at(reset_us, [key], partial(Tally.reset, key=key, tick=tick, at_us=reset_us))
+    for event_id, outcome, decided_us, tick, text in decided:
+        charges = json.loads(text)
+        run.violations.extend(spend_violations(event_id, outcome, charges, currencies))
+        touched = [key for key, _, _ in consumed(outcome, charges)]
+        if touched:
+            add = partial(Tally.add_result, outcome=outcome, reset_tick=tick, charges=charges)
+            at(decided_us, touched, add)
+    for key, units, done_us in taken:
+        at(done_us, [key], partial(Tally.take_back, key=key, units=units, at_us=done_us))
+    if run.after_us is not None:
+        for charged, held in store.commits_charged_more(run.after_us):
+            _charged_more(run, json.loads(charged), held)
+    seen = run.kept.copy()
+    for apply in later:
+        apply(seen)
+    return seen
+
+
+def _keys_of(
+    decided: Iterable[ResultRow],
+    resets: Iterable[tuple[WindowKey, int, int]],
+    taken: Iterable[tuple[WindowKey, int, int]],
+) -> list[WindowKey]:
+    """The windows these rows of the ledger touch."""
+    keys = {key for key, _, _ in resets} | {key for key, _, _ in taken}
+    for _, outcome, _, _, text in decided:
+        keys.update(key for key, _, _ in consumed(outcome, json.loads(text)))
+    return sorted(keys)
+
+
+def _charged_more(run: _Run, charged: list[Any], held: Sequence[Any]) -> None:
+    """A commit of more than was reserved, of a result decided before the run:
+    the units above the held cost, in the held charge's window."""
+    reserved = {(str(s), str(lim)): int(cost) for s, lim, cost, *_ in held}
+    for key, cost, maximum in consumed("allowed", charged):
+        extra = cost - reserved.get((key[0], key[1]), cost)
+        if extra > 0:
+            run.kept.add_units(key, extra, maximum)
+            run.touched.add(key)
+
+
+def _judged_keys(
+    store: AuditStore, run: _Run, full: bool, limits: dict[str, Limit]
+) -> list[WindowKey]:
+    """The windows to judge: the touched ones, and in a full run every
+    counter, less gauges' and, in a full run, those retention pruned."""
+    keys = set(run.touched)
+    if full:
+        keys.update(store.counters_of(None))
+        pruned_us = store.mark(RESULTS_PRUNED_BEFORE)
+        if pruned_us is not None:
+            keys = {k for k in keys if k[2] >= pruned_us + FUTURE_TOLERANCE_US}
+    return sorted(k for k in keys if not _level(limits.get(k[1])))
+
+
+def _level(limit: Limit | None) -> bool:
+    """A gauge holds a level and a concurrent limit holds checkouts: no sum to check."""
+    return limit is not None and (limit.is_gauge or limit.algorithm == "concurrent")
+
+
+def _judge_windows(
+    store: AuditStore, seen: Tally, keys: list[WindowKey], limits: dict[str, Limit]
+) -> list[Violation]:
+    used = store.counters_of(keys)
+    hard = [
+        k for k in keys if (limit := limits.get(k[1])) is not None and limit.enforcement == "hard"
+    ]
+    drawn, overdrawn = store.drawn(hard), store.overdrawn(hard)
+    found = []
+    for key in keys:
+        limit = limits.get(key[1])
+        ledger = seen.windows.get(key)
+        counter = used.get(key, 0)
+        spend = limit is not None and limit.currency is not None
+        verdict = judge_counter(key, ledger.used if ledger else 0, counter, spend=spend)
+        if verdict is not None:
+            found.append(verdict)
+        if limit is not None and limit.enforcement == "hard":
+            maximum = ledger.maximum if ledger else 0
+            over = judge_hard(key, counter, maximum, drawn.get(key, 0), overdrawn.get(key, 0))
+            if over is not None:
+                found.append(over)
+    return found
+
+
+def _queue_violations(meter: Meter, options: AuditOptions, now_us: int) -> list[Violation]:
+    if options.broker_url is None:
+        return []
+    broker = open_queues(options.broker_url)
+    try:
+        oldest = oldest_undecided(broker, list(options.queues), meter.decided).message
+    finally:
+        broker.close()
+    if oldest is None or oldest.sent_at_us is None:
+        return []
+    age_us = now_us - oldest.sent_at_us
+    if age_us <= _us(options.queue_seconds):
+        return []
+    return [
+        Violation(
+            Invariant.QUEUE_UNDECIDED,
+            expected=f"decided within {options.queue_seconds:g}s",
+            found=f"queued {age_us / 1e6:.0f}s ago, no result",
+            item=",".join(oldest.event_ids[:5]),
+        )
+    ]
+
+
+def _announcement(violations: Sequence[Violation], now_us: int) -> dict[str, Any]:
+    counts: dict[str, int] = {}
+    for violation in violations:
+        counts[violation.invariant.value] = counts.get(violation.invariant.value, 0) + 1
+    return {
+        "type": "audit.violation",
+        "timestamp": from_us(now_us).isoformat().replace("+00:00", "Z"),
+        "data": {
+            "violations": len(violations),
+            "counts": counts,
+            "listed": [v.to_dict() for v in violations[:ANNOUNCED]],
+        },
+    }
+
+
+def _us(seconds: float) -> int:
+    return round(seconds * 1_000_000)
+
+
+def _moment(us: int | None) -> datetime | None:
+    return from_us(us) if us is not None else None

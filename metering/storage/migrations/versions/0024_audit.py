@@ -1,0 +1,56 @@
+"""The audit's own tables (`metering.audit`).
+
+* ``audit_marks``: instants by name (the last run's watermark, retention's
+  cut-off of results).
+* ``audit_windows``: per window, what the ledger says it holds up to the
+  watermark, so that a run reads only what came since.
+* ``audit_runs``: the latest runs and what they found.
+
+Revision ID: 0024
+Revises: 0023
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0024"
+down_revision = "0023"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.create_table(
+        "audit_marks",
+        sa.Column("name", sa.String(32), nullable=False),
+        sa.Column("at_us", sa.BigInteger, nullable=False),
+        sa.PrimaryKeyConstraint("name"),
+    )
+    op.create_table(
+        "audit_windows",
+        sa.Column("subject", sa.String(200), nullable=False),
+        sa.Column("limit_name", sa.String(64), nullable=False),
+        sa.Column("window_start_us", sa.BigInteger, autoincrement=False, nullable=False),
+        sa.Column("used", sa.BigInteger, nullable=False),
+        sa.Column("maximum", sa.BigInteger, nullable=False),
+        sa.PrimaryKeyConstraint("subject", "limit_name", "window_start_us"),
+    )
+    op.create_table(
+        "audit_runs",
+        sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), nullable=False),
+        sa.Column("ran_at_us", sa.BigInteger, nullable=False),
+        sa.Column("checked_from_us", sa.BigInteger, nullable=True),
+        sa.Column("checked_to_us", sa.BigInteger, nullable=False),
+        sa.Column("full", sa.Boolean, nullable=False),
+        sa.Column("windows", sa.BigInteger, nullable=False),
+        sa.Column("violations", sa.Text, nullable=False),
+        sa.PrimaryKeyConstraint("id"),
+    )
+
+
+def downgrade() -> None:
+    op.drop_table("audit_runs")
+    op.drop_table("audit_windows")
+    op.drop_table("audit_marks")
