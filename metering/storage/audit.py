@@ -85,8 +85,8 @@ class AuditStore(OnConnection):
         query = select(r.event_id, r.outcome, r.decided_at_us, r.reset_tick, r.charges)
         if after_us is not None:
             query = query.where(r.decided_at_us > after_us)
-        streaming = self.connection.execution_options(stream_results=True, yield_per=STREAM_BATCH)
-        for row in streaming.execute(query):
+        query = query.execution_options(stream_results=True, yield_per=STREAM_BATCH)
+        for row in self.connection.execute(query):
             yield (row[0], row[1], int(row[2]), int(row[3]), row[4])
 
     def resets_since(self, after_us: int | None) -> list[tuple[WindowKey, int, int]]:

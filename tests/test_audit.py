@@ -1,0 +1,231 @@
+"""`metering.audit` on both databases: a ledger after real traffic proves
+itself; a database corrupted on purpose is named, invariant by invariant;
+an incremental run reads only what came since the last one."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import delete, select, update
+
+from metering import FrozenClock, Limit, Meter, spend_limit
+from metering.audit import AuditOptions, last_report, run_audit
+from metering.domain.audit import Invariant
+from metering.storage.tables import (
+    counters,
+    grants,
+    results,
+    webhook_messages,
+)
+
+NOW = datetime(2026, 11, 10, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def clock() -> FrozenClock:
+    return FrozenClock(NOW)
+
+
+@pytest.fixture
+def meter(db_url: str, clock: FrozenClock) -> Iterator[Meter]:
+    with Meter(db_url, clock=clock) as m:
+        m.set_limit(Limit("calls", maximum=100, period="1mo", window="calendar"))
+        m.set_limit(Limit("burst", maximum=5, period="1h"))
+        m.set_limit(Limit("chat", maximum=10, period="1d", window="calendar", enforcement="soft"))
+        m.set_limit(Limit("trial", maximum=2, period="1d", window="calendar", enforcement="shadow"))
+        m.set_limit(Limit("api", maximum=10, period="10s", algorithm="token_bucket"))
+        m.set_limit(spend_limit("spend", "5.00", "USD", "1mo", window="calendar"))
+        m.set_price("calls", "0.01", "USD")
+        yield m
+
+
+def traffic(meter: Meter, clock: FrozenClock) -> None:
+    """Consumes, denials, a stacked event, voids, reservations cancelled,
+    committed and settled for more, a grant drawn, a reset, priced events."""
+    for i in range(6):
+        meter.consume("org-1", "burst", 1, event_id=f"b{i}")  # the 6th is denied
+    meter.consume(charges=[("org-1", "calls", 3), ("org-1", "chat", 4)], event_id="s1")
+    meter.consume("org-2", "chat", 15, event_id="soft")
+    meter.consume("org-2", "trial", 3, event_id="shadow")
+    meter.consume("org-2", "api", 4, event_id="bucket")
+    meter.void("s1", "refund")
+    meter.grant("org-3", "burst", 4, grant_id="g1")
+    for i in range(7):
+        meter.consume("org-3", "burst", 1, event_id=f"g{i}")  # 5 own, 2 from the grant
+    meter.void("g6", "mistake")
+    with meter.reserve("org-4", "calls", 10, event_id="r-cancel") as held:
+        held.cancel()
+    meter.reserve("org-4", "calls", 7, event_id="r-commit").commit()
+    meter.reserve("org-5", "burst", 2, event_id="r-more", ttl_seconds=60)
+    meter.commit_reservation("r-more", actual=9)  # 3 past the maximum: overdraft
+    meter.consume("org-6", "calls", 20, event_id="p1")
+    meter.reset("org-6", "calls")
+    meter.consume("org-6", "calls", 5, event_id="p2")
+    clock.advance(minutes=5)
+    meter.consume("org-6", "calls", 1, event_id="p3")
+
+
+def found(report: object) -> set[tuple[str, str | None, str | None]]:
+    return {(v.invariant.value, v.subject, v.limit) for v in report.violations}  # type: ignore[attr-defined]
+
+
+def test_a_clean_ledger_after_real_traffic_proves_itself(meter: Meter, clock: FrozenClock) -> None:
+    traffic(meter, clock)
+    report = run_audit(meter, full=True)
+    assert report.violations == ()
+    assert report.windows >= 8
+    clock.advance(minutes=2)
+    meter.consume("org-1", "calls", 2, event_id="later")
+    again = run_audit(meter)
+    assert (again.full, again.violations) == (False, ())
+    assert again.windows < report.windows  # only what the traffic touched
+    assert last_report(meter)["counts"] == {i.value: 0 for i in Invariant}  # type: ignore[index]
+
+
+def corrupt(meter: Meter, statement: object) -> None:
+    with meter.database.engine.begin() as connection:
+        connection.execute(statement)  # type: ignore[call-overload]
+
+
+def test_a_counter_edited_by_hand_is_named(meter: Meter, clock: FrozenClock) -> None:
+    traffic(meter, clock)
+    assert run_audit(meter).violations == ()
+    c = counters.c
+    corrupt(
+        meter, update(counters).where(c.subject == "org-1", c.limit_name == "burst").values(used=4)
+    )
+    clock.advance(minutes=2)
+    report = run_audit(meter, full=True)
+    [violation] = report.violations
+    assert (violation.invariant, violation.subject, violation.limit) == (
+        Invariant.COUNTER_LEDGER,
+        "org-1",
+        "burst",
+    )
+    assert (violation.expected, violation.found) == ("used 5", "used 4")
+
+
+def test_a_hard_counter_past_its_maximum_is_named_twice(meter: Meter, clock: FrozenClock) -> None:
+    traffic(meter, clock)
+    c = counters.c
+    corrupt(
+        meter, update(counters).where(c.subject == "org-1", c.limit_name == "burst").values(used=9)
+    )
+    assert found(run_audit(meter)) == {
+        ("counter_ledger", "org-1", "burst"),
+        ("hard_maximum", "org-1", "burst"),
+    }
+
+
+def test_a_deleted_result_is_named(meter: Meter, clock: FrozenClock) -> None:
+    traffic(meter, clock)
+    corrupt(meter, delete(results).where(results.c.event_id.in_(["b2", "r-commit"])))
+    assert found(run_audit(meter, full=True)) == {
+        ("counter_ledger", "org-1", "burst"),
+        ("counter_ledger", "org-4", "calls"),
+        ("spend_priced", "org-4", "spend"),
+        ("one_result", None, None),
+    }
+
+
+def test_a_grant_pushed_below_zero_is_named(meter: Meter, clock: FrozenClock) -> None:
+    traffic(meter, clock)
+    corrupt(meter, update(grants).where(grants.c.grant_id == "g1").values(amount=0, used=0))
+    [violation] = run_audit(meter, full=True).violations
+    assert (violation.invariant, violation.item) == (Invariant.GRANT_BALANCE, "g1")
+    assert violation.found == "used 0, balance -1"
+
+
+def test_a_spend_counter_edited_is_named(meter: Meter, clock: FrozenClock) -> None:
+    traffic(meter, clock)
+    c = counters.c
+    corrupt(
+        meter, update(counters).where(c.subject == "org-6", c.limit_name == "spend").values(used=1)
+    )
+    [violation] = run_audit(meter, full=True).violations
+    assert (violation.invariant, violation.subject, violation.limit) == (
+        Invariant.SPEND_PRICED,
+        "org-6",
+        "spend",
+    )
+
+
+def test_a_spend_charge_that_is_not_its_prices_is_named(meter: Meter, clock: FrozenClock) -> None:
+    meter.consume("org-7", "calls", 30, event_id="priced")
+    with meter.database.engine.begin() as connection:
+        text = connection.execute(select(results.c.charges).where(results.c.event_id == "priced"))
+        charges = json.loads(text.scalar_one())
+        charges[0][13][1] = 31  # the calls charge's amount, in cents
+        connection.execute(
+            update(results)
+            .where(results.c.event_id == "priced")
+            .values(charges=json.dumps(charges))
+        )
+    [violation] = run_audit(meter).violations
+    assert (violation.invariant, violation.item) == (Invariant.SPEND_PRICED, "priced")
+    assert (violation.expected, violation.found) == ("31 USD priced", "30 charged")
+
+
+def test_a_reservation_held_past_its_ttl_is_named(meter: Meter, clock: FrozenClock) -> None:
+    meter.reserve("org-8", "calls", 1, event_id="forgotten", ttl_seconds=30)
+    options = AuditOptions(sweep_seconds=10)
+    clock.advance(seconds=35)
+    assert run_audit(meter, options=options).violations == ()  # the sweep may not have run
+    clock.advance(seconds=10)
+    [violation] = run_audit(meter, options=options).violations
+    assert (violation.invariant, violation.item) == (Invariant.RESERVATION_UNRESOLVED, "forgotten")
+    meter.sweep_reservations()
+    assert run_audit(meter, options=options).violations == ()
+
+
+def test_a_run_that_finds_something_writes_one_webhook(meter: Meter, clock: FrozenClock) -> None:
+    meter.consume("org-1", "burst", 2, event_id="one")
+    c = counters.c
+    corrupt(meter, update(counters).where(c.subject == "org-1").values(used=3))
+    run_audit(meter)
+    with meter.database.engine.begin() as connection:
+        rows = connection.execute(
+            select(webhook_messages.c.payload).where(webhook_messages.c.type == "audit.violation")
+        ).all()
+    [payload] = [json.loads(row[0]) for row in rows]
+    assert payload["data"]["counts"] == {"counter_ledger": 1}
+    assert payload["data"]["listed"][0]["expected"] == "used 2"
+
+
+def test_an_incremental_run_reads_from_its_watermark(meter: Meter, clock: FrozenClock) -> None:
+    meter.consume("org-1", "burst", 2, event_id="first")
+    clock.advance(minutes=2)  # past the settling lag: the next run starts after it
+    first = run_audit(meter)
+    assert first.full  # no run before
+    clock.advance(hours=2)
+    # A counter broken behind the audit's back, in a window no new event touches:
+    c = counters.c
+    corrupt(meter, update(counters).where(c.subject == "org-1").values(used=3))
+    meter.consume("org-9", "burst", 1, event_id="second")
+    later = run_audit(meter)
+    assert later.violations == ()  # not touched since: left to a full run
+    assert later.checked_from == first.checked_to
+    assert found(run_audit(meter, full=True)) == {("counter_ledger", "org-1", "burst")}
+    since = run_audit(meter, since=NOW - timedelta(minutes=1))
+    assert found(since) == {("counter_ledger", "org-1", "burst")}
+
+
+def test_a_window_touched_again_is_judged_from_what_was_kept(
+    meter: Meter, clock: FrozenClock
+) -> None:
+    for i in range(3):
+        meter.consume("org-1", "calls", 1, event_id=f"k{i}")
+    clock.advance(minutes=5)
+    run_audit(meter)
+    clock.advance(minutes=5)
+    meter.consume("org-1", "calls", 1, event_id="k3")
+    meter.void("k0", "refund")
+    clock.advance(minutes=5)
+    assert run_audit(meter).violations == ()
+    c = counters.c
+    corrupt(meter, update(counters).where(c.limit_name == "calls").values(used=c.used + 1))
+    meter.consume("org-1", "calls", 1, event_id="k4")
+    assert found(run_audit(meter)) == {("counter_ledger", "org-1", "calls")}
