@@ -24,6 +24,7 @@ Every table that grows with traffic has an age after which its rows go:
   results' cut-off, so ``report usage --group-by`` and the results it could
   be checked against cover the same past.
 
+Pruning results notes their cut-off for `metering.audit` (``audit_marks``).
 Counters are not pruned: they are the usage that reports bill from; nor are
 entitlements, grants and what windows drew on them, which reports read
 beside the counters.
@@ -43,6 +44,7 @@ from metering.domain.events import FUTURE_TOLERANCE_US
 from metering.meter import Meter
 from metering.settings import DAY_US
 from metering.settings import RetentionPolicy as RetentionPolicy
+from metering.storage.audit import RESULTS_PRUNED_BEFORE, AuditStore
 from metering.storage.retention import CHUNK, RetentionStore
 
 # How long a producer may still be retrying an event it was given.
@@ -105,8 +107,16 @@ def prune(
             age_us = max(age_us, horizon_us)
         before_us = now_us - age_us
         rows = _prune_table(meter, table, before_us, dry_run=dry_run, chunk=chunk)
+        if table == "results" and rows and not dry_run:
+            _note_results_pruned(meter, before_us)
         done.append(TablePrune(table, before_us, rows))
     return done
+
+
+def _note_results_pruned(meter: Meter, before_us: int) -> None:
+    """Tell the audit that windows from before ``before_us`` lost results
+    (a full audit leaves them alone: their counters outlive their ledger)."""
+    meter.database.run(lambda c: AuditStore(c).set_mark(RESULTS_PRUNED_BEFORE, before_us))
 
 
 def _prune_table(meter: Meter, table: str, before_us: int, *, dry_run: bool, chunk: int) -> int:

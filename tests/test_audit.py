@@ -14,6 +14,7 @@ from sqlalchemy import delete, select, update
 from metering import FrozenClock, Limit, Meter, spend_limit
 from metering.audit import AuditOptions, last_report, run_audit
 from metering.domain.audit import Invariant
+from metering.retention import RetentionPolicy, prune
 from metering.storage.tables import (
     counters,
     grants,
@@ -38,6 +39,9 @@ def meter(db_url: str, clock: FrozenClock) -> Iterator[Meter]:
         m.set_limit(Limit("trial", maximum=2, period="1d", window="calendar", enforcement="shadow"))
         m.set_limit(Limit("api", maximum=10, period="10s", algorithm="token_bucket"))
         m.set_limit(spend_limit("spend", "5.00", "USD", "1mo", window="calendar"))
+        m.set_limit(Limit("seats", maximum=2, period="1mo", window="calendar", distinct="user"))
+        m.set_limit(Limit("disk", maximum=50, period="1mo", window="calendar", aggregation="max"))
+        m.set_limit(Limit("cad", maximum=2, algorithm="concurrent"))
         m.set_price("calls", "0.01", "USD")
         yield m
 
@@ -64,6 +68,13 @@ def traffic(meter: Meter, clock: FrozenClock) -> None:
     meter.consume("org-6", "calls", 20, event_id="p1")
     meter.reset("org-6", "calls")
     meter.consume("org-6", "calls", 5, event_id="p2")
+    for i, user in enumerate(["ann", "bob", "ann", "cy"]):  # a repeat is free; cy is denied
+        meter.consume("org-7", "seats", 1, event_id=f"seat{i}", metadata={"user": user})
+    meter.void("seat1", "left")
+    for i, level in enumerate([20, 40, 30]):
+        meter.consume("org-7", "disk", level, event_id=f"disk{i}")
+    meter.void("disk1", "wrong reading")
+    meter.checkout("org-7", "cad", 1)
     clock.advance(minutes=5)
     meter.consume("org-6", "calls", 1, event_id="p3")
 
@@ -229,3 +240,17 @@ def test_a_window_touched_again_is_judged_from_what_was_kept(
     corrupt(meter, update(counters).where(c.limit_name == "calls").values(used=c.used + 1))
     meter.consume("org-1", "calls", 1, event_id="k4")
     assert found(run_audit(meter)) == {("counter_ledger", "org-1", "calls")}
+
+
+def test_a_full_run_leaves_alone_the_windows_retention_pruned(
+    meter: Meter, clock: FrozenClock
+) -> None:
+    meter.consume("org-1", "burst", 2, event_id="old")
+    clock.advance(days=10)
+    meter.consume("org-1", "burst", 1, event_id="young")
+    pruned = prune(meter, RetentionPolicy(results_days=5), visibility_timeout_seconds=60)
+    assert {p.table: p.rows for p in pruned}["results"] == 1
+    clock.advance(minutes=2)
+    report = run_audit(meter, full=True)
+    assert report.violations == ()
+    assert report.windows == 1  # the young window; the old one lost its ledger
