@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import partial
 from typing import Any, Final
@@ -136,18 +136,13 @@ def run_audit(
     database = meter.database
     since_us = None if since is None else to_us(since, field_name="since")
     report = database.run(lambda connection: _audit(connection, database, full, since_us, options))
-    queued = _queue_violations(meter, options, database.now_us())
-    if queued:
-        report = AuditReport(
-            report.ran_at,
-            report.full,
-            report.checked_from,
-            report.checked_to,
-            report.windows,
-            report.violations + tuple(queued),
-            report.notes,
-        )
-    return report
+    if options.broker_url is None:
+        return report
+    try:
+        queued = _queue_violations(meter, options, options.broker_url, database.now_us())
+    except Exception as exc:  # a broker away is a note, not a failed audit
+        return replace(report, notes=(*report.notes, f"queues not checked: {exc}"))
+    return replace(report, violations=report.violations + tuple(queued))
 
 
 def last_report(meter: Meter) -> dict[str, Any] | None:
@@ -335,10 +330,10 @@ def _judge_windows(
     return found
 
 
-def _queue_violations(meter: Meter, options: AuditOptions, now_us: int) -> list[Violation]:
-    if options.broker_url is None:
-        return []
-    broker = open_queues(options.broker_url)
+def _queue_violations(
+    meter: Meter, options: AuditOptions, broker_url: str, now_us: int
+) -> list[Violation]:
+    broker = open_queues(broker_url)
     try:
         oldest = oldest_undecided(broker, list(options.queues), meter.decided).message
     finally:

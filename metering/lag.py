@@ -9,7 +9,8 @@ scrape, what ``metering status`` reads (`metering.storage.queue_state`,
   yet (by the producer's send time; 0 when there is none);
 * the webhook backlog: pending deliveries to enabled endpoints due now, in
   all, and how long the most overdue one has waited;
-* the dead letters of the last day: rejected events and messages.
+* the dead letters of the last day: rejected events and messages;
+* the last `metering.audit` run's violations, per invariant.
 
 Each scrape opens its own connections and closes them, so a pool process
 forked meanwhile shares none, and a broker or database that is away costs
@@ -23,9 +24,11 @@ from typing import Final
 
 from metering.clock import Clock, system_clock
 from metering.dead_letters import RECENT_SECONDS
+from metering.domain.audit import INVARIANTS
 from metering.domain.instants import to_us
 from metering.metrics import LagCollector, QueueLag, WebhookBacklog
 from metering.routing import worker_queues
+from metering.storage.audit import AuditStore
 from metering.storage.health import DatabaseProbe
 from metering.storage.queue_state import oldest_undecided, open_queues
 from metering.storage.webhooks import WebhookStore
@@ -79,6 +82,22 @@ def read_rejected_recent(database_url: str, clock: Clock = system_clock) -> int:
         probe.close()
 
 
+def read_audit_counts(database_url: str) -> dict[str, int]:
+    """The last audit's violations per invariant (every one 0 before any run)."""
+    counts = dict.fromkeys(INVARIANTS, 0)
+    probe = DatabaseProbe(database_url, connect_timeout_seconds=SCRAPE_TIMEOUT_SECONDS)
+    try:
+        if probe.engine is None:
+            return counts
+        with probe.engine.connect() as connection:
+            last = AuditStore(connection).last_run()
+    finally:
+        probe.close()
+    for violation in last["violations"] if last else ():
+        counts[violation["invariant"]] = counts.get(violation["invariant"], 0) + 1
+    return counts
+
+
 def lag_collector(
     database_url: str, broker_url: str, queues: int = 1, clock: Clock = system_clock
 ) -> LagCollector:
@@ -87,4 +106,5 @@ def lag_collector(
         queues=lambda: read_queue_lag(database_url, broker_url, queues, clock),
         webhooks=lambda: read_webhook_backlog(database_url, clock),
         rejected=lambda: read_rejected_recent(database_url, clock),
+        audit=lambda: read_audit_counts(database_url),
     )

@@ -9,18 +9,26 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import delete, select, update
 
 from metering import FrozenClock, Limit, Meter, spend_limit
 from metering.audit import AuditOptions, last_report, run_audit
-from metering.domain.audit import Invariant
+from metering.domain.audit import INVARIANTS, Invariant
+from metering.lag import lag_collector
+from metering.metrics import exposition_registry
 from metering.retention import RetentionPolicy, prune
+from metering.routing import AUDIT_TASK
+from metering.settings import Settings
 from metering.storage.tables import (
     counters,
     grants,
     results,
     webhook_messages,
 )
+from workers import tasks
+from workers.app import create_app
 
 NOW = datetime(2026, 11, 10, 12, 0, tzinfo=UTC)
 
@@ -254,3 +262,39 @@ def test_a_full_run_leaves_alone_the_windows_retention_pruned(
     report = run_audit(meter, full=True)
     assert report.violations == ()
     assert report.windows == 1  # the young window; the old one lost its ledger
+
+
+def test_the_last_run_is_a_gauge_per_invariant(db_url: str, meter: Meter) -> None:
+    def gauges() -> dict[str, float]:
+        collector = lag_collector(db_url, "redis://127.0.0.1:1/0")
+        text = generate_latest(exposition_registry([collector])).decode()
+        return {
+            s.labels["invariant"]: s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == "metering_invariant_violations"
+        }
+
+    assert gauges() == dict.fromkeys(INVARIANTS, 0)  # no run yet
+    meter.consume("org-1", "burst", 2, event_id="one")
+    c = counters.c
+    corrupt(meter, update(counters).where(c.subject == "org-1").values(used=9))
+    run_audit(meter)
+    assert gauges() == dict.fromkeys(INVARIANTS, 0) | {"counter_ledger": 1, "hard_maximum": 1}
+
+
+def test_beat_runs_the_audit_every_interval(
+    db_url: str, meter: Meter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    own = Settings(
+        database_url=db_url, broker_url="redis://127.0.0.1:1/0", audit_interval_seconds=900
+    )
+    entry = create_app(own.broker_url, own).conf.beat_schedule["audit"]
+    assert (entry["task"], entry["schedule"]) == (AUDIT_TASK, 900)
+    assert tasks.app.tasks[AUDIT_TASK].name == AUDIT_TASK
+    monkeypatch.setattr(tasks, "_meter", meter)
+    monkeypatch.setattr(tasks, "settings", lambda: own)
+    meter.consume("org-1", "burst", 2, event_id="one")
+    assert tasks.audit_task() == dict.fromkeys(INVARIANTS, 0)  # the broker away: no queue check
+    corrupt(meter, update(counters).values(used=1))
+    assert tasks.audit_task()["counter_ledger"] == 1
