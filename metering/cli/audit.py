@@ -74,13 +74,13 @@ def _show(report: AuditReport) -> None:
         click.echo(violation_line(violation))
     start = report.checked_from
     scope = "every window" if start is None else f"windows touched since {_when(start)}"
-    click.echo(f"{report.windows} windows checked ({scope}, up to {_when(report.checked_to)})")
+    windows = _counted(report.windows, "window")
+    click.echo(f"{windows} checked ({scope}, up to {_when(report.checked_to)})")
     counts = report.counts()
     rows = [[name, str(n)] for name, n in counts.items()]
     print_table(table(["invariant", "violations"], rows, numeric={"violations"}))
-    click.echo(
-        "ok: the ledger proves itself" if report.ok else f"{len(report.violations)} violations"
-    )
+    found = _counted(len(report.violations), "violation")
+    click.echo("ok: the ledger proves itself" if report.ok else found)
 
 
 def violation_line(violation: Violation) -> str:
@@ -94,6 +94,10 @@ def violation_line(violation: Violation) -> str:
         parts.append(violation.item)
     parts.append(f"expected {violation.expected}, found {violation.found}")
     return "  ".join(parts)
+
+
+def _counted(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 def _when(moment: datetime) -> str:
