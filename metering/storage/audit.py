@@ -16,7 +16,7 @@ import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final
 
-from sqlalchemy import delete, func, select, tuple_
+from sqlalchemy import delete, exists, func, select, tuple_
 
 from metering.domain.audit import Invariant, Violation, WindowKey, WindowLedger
 from metering.domain.instants import from_us
@@ -234,14 +234,15 @@ class AuditStore(OnConnection):
     def orphans_since(self, after_us: int | None) -> list[Violation]:
         """Reservations, voids and overdrafts (made after ``after_us``) whose
         event has no result."""
-        has_result = select(results.c.event_id)
         found = []
         for table, column, at in (
             (reservations, reservations.c.id, reservations.c.created_at_us),
             (corrections, corrections.c.event_id, corrections.c.created_at_us),
             (overdrafts, overdrafts.c.event_id, overdrafts.c.created_at_us),
         ):
-            query = select(column).distinct().where(column.not_in(has_result))
+            # NOT EXISTS: an anti-join on the results' key, never a scan of them.
+            has_result = exists().where(results.c.event_id == column)
+            query = select(column).distinct().where(~has_result)
             if after_us is not None:
                 query = query.where(at > after_us)
             for (event_id,) in self._rows(query):
