@@ -83,6 +83,9 @@ def traffic(meter: Meter, clock: FrozenClock) -> None:
         meter.consume("org-7", "disk", level, event_id=f"disk{i}")
     meter.void("disk1", "wrong reading")
     meter.checkout("org-7", "cad", 1)
+    for _ in range(3):
+        meter.lease("org-8", "calls", 1)  # a lease reserves a block, settled below
+    meter.settle_leases(everything=True)
     clock.advance(minutes=5)
     meter.consume("org-6", "calls", 1, event_id="p3")
 

@@ -18,6 +18,7 @@ from metering.cli.options import format_option
 from metering.cli.output import print_table, table, when_us
 from metering.domain.audit import Violation
 from metering.errors import InvalidInput
+from metering.routing import worker_queues
 from metering.settings import Settings
 from metering.simulation import Since, parse_since
 
@@ -57,6 +58,7 @@ def audit(since: Since | None, full: bool, queues: bool, fmt: str) -> None:
     options = AuditOptions(
         sweep_seconds=settings.reservation_sweep_seconds,
         broker_url=settings.broker_url if queues else None,
+        queues=worker_queues(settings.queues),
     )
     if isinstance(since, timedelta):
         since = meter.database.now() - since
