@@ -172,6 +172,8 @@ reservations = Table(
     Column("given_back", Text, nullable=True),
 )
 Index("ix_reservations_state_expires", reservations.c.state, reservations.c.expires_at_us)
+# What the audit reads of the reservations settled since its last run (migration 0024).
+Index("ix_reservations_settled_at_us", reservations.c.settled_at_us)
 
 # Usage a commit recorded beyond a hard limit (migration 0017): per event and
 # counter, the units there was no room for, billed anyway. The overage report

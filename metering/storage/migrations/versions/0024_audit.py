@@ -5,6 +5,8 @@
 * ``audit_windows``: per window, what the ledger says it holds up to the
   watermark, so that a run reads only what came since.
 * ``audit_runs``: the latest runs and what they found.
+* ``ix_reservations_settled_at_us``: the reservations settled since the
+  last run (their give-backs), found by an index, not a scan.
 
 Revision ID: 0024
 Revises: 0023
@@ -48,9 +50,11 @@ def upgrade() -> None:
         sa.Column("violations", sa.Text, nullable=False),
         sa.PrimaryKeyConstraint("id"),
     )
+    op.create_index("ix_reservations_settled_at_us", "reservations", ["settled_at_us"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_reservations_settled_at_us", table_name="reservations")
     op.drop_table("audit_runs")
     op.drop_table("audit_windows")
     op.drop_table("audit_marks")
