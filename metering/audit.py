@@ -36,6 +36,7 @@ from typing import Any, Final
 from sqlalchemy import Connection
 
 from metering.domain.audit import (
+    INVARIANTS,
     Invariant,
     Tally,
     Violation,
@@ -51,7 +52,6 @@ from metering.domain.instants import from_us, to_us
 from metering.domain.limits import Limit
 from metering.meter import Meter
 from metering.storage.audit import CHECKED_TO, RESULTS_PRUNED_BEFORE, AuditStore, ResultRow
-from metering.storage.database import Database
 from metering.storage.queue_state import oldest_undecided, open_queues
 from metering.storage.store import Store
 
@@ -81,10 +81,7 @@ class AuditReport:
 
     def counts(self) -> dict[str, int]:
         """Violations per invariant, every invariant named (0 when none)."""
-        found = {invariant.value: 0 for invariant in Invariant}
-        for violation in self.violations:
-            found[violation.invariant.value] += 1
-        return found
+        return counted(v.invariant.value for v in self.violations)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -116,10 +113,13 @@ class AuditOptions:
 class _Run:
     """One run's state while it reads the ledger."""
 
+    now_us: int
     after_us: int | None  # the ledger is read from here (None: all of it)
     cut_us: int  # what is kept reaches this
     touched_after_us: int | None  # the windows judged are those touched after this
     kept: Tally  # up to cut_us
+    full: bool = False
+    keeps: bool = True  # what it read is kept for the next run (not after a look ``since``)
     violations: list[Violation] = field(default_factory=list)
     touched: set[WindowKey] = field(default_factory=set)
 
@@ -135,14 +135,20 @@ def run_audit(
     options = options or AuditOptions()
     database = meter.database
     since_us = None if since is None else to_us(since, field_name="since")
-    report = database.run(lambda connection: _audit(connection, database, full, since_us, options))
-    if options.broker_url is None:
-        return report
-    try:
-        queued = _queue_violations(meter, options, options.broker_url, database.now_us())
-    except Exception as exc:  # a broker away is a note, not a failed audit
-        return replace(report, notes=(*report.notes, f"queues not checked: {exc}"))
-    return replace(report, violations=report.violations + tuple(queued))
+    notes: list[str] = []
+    queued: list[Violation] = []
+    if options.broker_url is not None:
+        try:
+            queued = _queue_violations(meter, options, options.broker_url, database.now_us())
+        except Exception as exc:  # a broker away is a note, not a failed audit
+            notes.append(f"queues not checked: {exc}")
+
+    def work(connection: Connection) -> AuditReport:
+        store = AuditStore(connection)
+        store.begin_snapshot()
+        return _audit(store, _plan(store, database.now_us(), full, since_us), options, queued)
+
+    return replace(database.run(work), notes=tuple(notes))
 
 
 def last_report(meter: Meter) -> dict[str, Any] | None:
@@ -151,9 +157,6 @@ def last_report(meter: Meter) -> dict[str, Any] | None:
     if found is None:
         return None
     violations = found["violations"]
-    counts = {invariant.value: 0 for invariant in Invariant}
-    for violation in violations:
-        counts[violation["invariant"]] = counts.get(violation["invariant"], 0) + 1
     start = found["checked_from_us"]
     return {
         "ran_at": from_us(found["ran_at_us"]).isoformat(),
@@ -161,64 +164,70 @@ def last_report(meter: Meter) -> dict[str, Any] | None:
         "checked_from": from_us(start).isoformat() if start is not None else None,
         "checked_to": from_us(found["checked_to_us"]).isoformat(),
         "windows": found["windows"],
-        "counts": counts,
+        "counts": counted(v["invariant"] for v in violations),
         "violations": violations,
     }
 
 
-def _audit(
-    connection: Connection,
-    database: Database,
-    full: bool,
-    since_us: int | None,
-    options: AuditOptions,
-) -> AuditReport:
-    store = AuditStore(connection)
-    store.begin_snapshot()
-    now_us = database.now_us()
+def counted(invariants: Iterable[str]) -> dict[str, int]:
+    """Violations per invariant, every invariant named (0 when none)."""
+    found = dict.fromkeys(INVARIANTS, 0)
+    for invariant in invariants:
+        found[invariant] = found.get(invariant, 0) + 1
+    return found
+
+
+def _plan(store: AuditStore, now_us: int, full: bool, since_us: int | None) -> _Run:
+    """What this run reads, judges and keeps (see the module)."""
     watermark = store.mark(CHECKED_TO)
-    full = full or (watermark is None and since_us is None)
     if since_us is not None:
-        run = _Run(None, now_us, since_us, Tally())
-    elif full:
-        run = _Run(None, now_us - _us(SETTLE_SECONDS), None, Tally())
-    else:
-        assert watermark is not None
-        cut_us = max(watermark, now_us - _us(SETTLE_SECONDS))
-        run = _Run(watermark, cut_us, watermark, Tally())
-    limits = {limit.name: limit for limit in Store(connection).list_limits()}
+        return _Run(now_us, None, now_us, since_us, Tally(), keeps=False)
+    if full or watermark is None:
+        return _Run(now_us, None, now_us - _us(SETTLE_SECONDS), None, Tally(), full=True)
+    cut_us = max(watermark, now_us - _us(SETTLE_SECONDS))
+    return _Run(now_us, watermark, cut_us, watermark, Tally())
+
+
+def _audit(
+    store: AuditStore, run: _Run, options: AuditOptions, queued: list[Violation]
+) -> AuditReport:
+    limits = {limit.name: limit for limit in Store(store.connection).list_limits()}
     currencies = {name: limit.currency for name, limit in limits.items() if limit.currency}
     seen = _read_ledger(store, run, currencies)
-    keys = _judged_keys(store, run, full, limits)
+    keys = _judged_keys(store, run, limits)
     run.violations.extend(_judge_windows(store, seen, keys, limits))
-    pairs = None if full else {(s, lim) for s, lim, _ in keys}
+    pairs = None if run.full else {(s, lim) for s, lim, _ in keys}
     for grant in store.grant_balances(pairs):
         found = judge_grant(*grant)
         if found is not None:
             run.violations.append(found)
     run.violations.extend(store.orphans_since(run.after_us))
-    run.violations.extend(store.unresolved(now_us - _us(options.sweep_seconds)))
-    run.violations.extend(store.stuck_deliveries(now_us - _us(options.stuck_seconds)))
-    if since_us is None:
-        kept = run.kept.windows if full else {k: run.kept.windows[k] for k in run.kept.touched}
-        store.save_ledgers(kept, replace=full)
+    run.violations.extend(store.unresolved(run.now_us - _us(options.sweep_seconds)))
+    run.violations.extend(store.stuck_deliveries(run.now_us - _us(options.stuck_seconds)))
+    run.violations.extend(queued)
+    return _keep(store, run, len(keys))
+
+
+def _keep(store: AuditStore, run: _Run, windows: int) -> AuditReport:
+    """Keep what the next run starts from (not after a look ``since``), the
+    run itself, and the webhook when it found something."""
+    if run.keeps:
+        kept = run.kept.windows
+        store.save_ledgers(
+            kept if run.full else {k: kept[k] for k in run.kept.touched}, replace=run.full
+        )
         store.set_mark(CHECKED_TO, run.cut_us)
     violations = tuple(run.violations)
-    store.record_run(
-        now_us,
-        (run.touched_after_us, run.cut_us),
-        full=full,
-        windows=len(keys),
-        violations=violations,
-    )
+    checked = (run.touched_after_us, run.cut_us)
+    store.record_run(run.now_us, checked, full=run.full, windows=windows, violations=violations)
     if violations:
-        store.announce(_announcement(violations, now_us), now_us)
+        store.announce(_announcement(violations, run.now_us), run.now_us)
     return AuditReport(
-        from_us(now_us),
-        full,
+        from_us(run.now_us),
+        run.full,
         _moment(run.touched_after_us),
         from_us(run.cut_us),
-        len(keys),
+        windows,
         violations,
     )
 
@@ -286,13 +295,11 @@ def _charged_more(run: _Run, charged: list[Any], held: Sequence[Any]) -> None:
             run.touched.add(key)
 
 
-def _judged_keys(
-    store: AuditStore, run: _Run, full: bool, limits: dict[str, Limit]
-) -> list[WindowKey]:
+def _judged_keys(store: AuditStore, run: _Run, limits: dict[str, Limit]) -> list[WindowKey]:
     """The windows to judge: the touched ones, and in a full run every
     counter, less gauges' and, in a full run, those retention pruned."""
     keys = set(run.touched)
-    if full:
+    if run.full:
         keys.update(store.counters_of(None))
         pruned_us = store.mark(RESULTS_PRUNED_BEFORE)
         if pruned_us is not None:
@@ -354,9 +361,7 @@ def _queue_violations(
 
 
 def _announcement(violations: Sequence[Violation], now_us: int) -> dict[str, Any]:
-    counts: dict[str, int] = {}
-    for violation in violations:
-        counts[violation.invariant.value] = counts.get(violation.invariant.value, 0) + 1
+    counts = {name: n for name, n in counted(v.invariant.value for v in violations).items() if n}
     return {
         "type": "audit.violation",
         "timestamp": from_us(now_us).isoformat().replace("+00:00", "Z"),

@@ -4,11 +4,13 @@ an incremental run reads only what came since the last one."""
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
+import redis
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import delete, select, update
@@ -18,8 +20,10 @@ from metering.audit import AuditOptions, last_report, run_audit
 from metering.domain.audit import INVARIANTS, Invariant
 from metering.lag import lag_collector
 from metering.metrics import exposition_registry
+from metering.pipeline import apply_batch
+from metering.producer import UsageProducer
 from metering.retention import RetentionPolicy, prune
-from metering.routing import AUDIT_TASK
+from metering.routing import AUDIT_TASK, DEFAULT_QUEUE
 from metering.settings import Settings
 from metering.storage.tables import (
     counters,
@@ -301,3 +305,43 @@ def test_beat_runs_the_audit_every_interval(
     assert tasks.audit_task() == dict.fromkeys(INVARIANTS, 0)  # the broker away: no queue check
     corrupt(meter, update(counters).values(used=1))
     assert tasks.audit_task()["counter_ledger"] == 1
+
+
+def test_a_queued_event_older_than_the_bound_without_result_is_named(
+    pg_url: str, redis_url: str
+) -> None:
+    with UsageProducer(redis_url, batch_size=2, flush_interval_seconds=60) as producer:
+        for n in range(3):
+            producer.emit(f"org-{n}", "burst", event_id=f"queued-{n}")
+    clock = FrozenClock(datetime.now(UTC) + timedelta(minutes=20))
+    options = AuditOptions(broker_url=redis_url, queue_seconds=900)
+    with Meter(pg_url, clock=clock) as meter:
+        meter.set_limit(Limit("burst", maximum=5, period="1h"))
+        [violation] = run_audit(meter, options=options).violations
+        assert (violation.invariant, violation.item) == (
+            Invariant.QUEUE_UNDECIDED,
+            "queued-0,queued-1",
+        )
+        assert violation.expected == "decided within 900s"
+        for payload in queued_batches(redis_url):
+            apply_batch(meter, payload)  # as a worker does
+        assert run_audit(meter, options=options).violations == ()
+        away = run_audit(meter, options=AuditOptions(broker_url="redis://127.0.0.1:1/0"))
+        assert away.violations == () and away.notes[0].startswith("queues not checked: ")
+
+
+def queued_batches(redis_url: str) -> list[object]:
+    """The batches waiting on the default queue, as a worker decodes them."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        entries = client.lrange(DEFAULT_QUEUE, 0, -1)
+    finally:
+        client.close()
+    found = []
+    for raw in entries:
+        envelope = json.loads(raw)
+        body = envelope["body"]
+        if envelope["properties"].get("body_encoding") == "base64":
+            body = base64.b64decode(body)
+        found.append(json.loads(body)[0][0])
+    return found

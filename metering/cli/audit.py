@@ -74,6 +74,8 @@ def audit(since: Since | None, full: bool, queues: bool, fmt: str) -> None:
 def _show(report: AuditReport) -> None:
     for violation in report.violations:
         click.echo(violation_line(violation))
+    for note in report.notes:
+        click.echo(f"note: {note}", err=True)
     start = report.checked_from
     scope = "every window" if start is None else f"windows touched since {_when(start)}"
     windows = _counted(report.windows, "window")

@@ -109,6 +109,11 @@ results = Table(
     # The reset clock's tick when the result was written (`reset_clock`).
     Column("reset_tick", BigInteger, nullable=False, server_default="0"),
 )
+# What the audit reads of the results decided since its last run (migration
+# 0024): on PostgreSQL a BRIN index (a few pages, next to nothing per insert:
+# results arrive in about the order of their decision), on SQLite a B-tree
+# appended to at its right edge.
+Index("ix_results_decided_at_us", results.c.decided_at_us, postgresql_using="brin")
 
 # Usage by dimension (migration 0009): per subject, limit, metadata key, hour
 # and value, the cost consumed and the events that consumed it; written with
