@@ -238,10 +238,11 @@ def _read_ledger(store: AuditStore, run: _Run, currencies: dict[str, str]) -> Ta
     (past the cut too). Spend charges are checked on the way."""
     resets = store.resets_since(run.after_us)
     taken = [*store.voids_since(run.after_us), *store.give_backs_since(run.after_us)]
+    more = [] if run.after_us is None else _charged_more(store.commits_since(run.after_us))
     decided: Iterable[ResultRow] = store.results_since(run.after_us)
     if run.after_us is not None:  # since the last run: as much as the traffic
         decided = list(decided)
-        run.kept = Tally(store.ledgers(_keys_of(decided, resets, taken)))
+        run.kept = Tally(store.ledgers(_keys_of(decided, [*resets, *taken, *more])))
     later: list[Callable[[Tally], None]] = []
 
     def at(moment_us: int, keys: Iterable[WindowKey], apply: Callable[[Tally], None]) -> None:
@@ -263,9 +264,8 @@ def _read_ledger(store: AuditStore, run: _Run, currencies: dict[str, str]) -> Ta
             at(decided_us, touched, add)
     for key, units, done_us in taken:
         at(done_us, [key], partial(Tally.take_back, key=key, units=units, at_us=done_us))
-    if run.after_us is not None:
-        for charged, held in store.commits_charged_more(run.after_us):
-            _charged_more(run, json.loads(charged), held)
+    for key, units, done_us in more:
+        at(done_us, [key], partial(Tally.add_units, key=key, units=units))
     seen = run.kept.copy()
     for apply in later:
         apply(seen)
@@ -273,26 +273,26 @@ def _read_ledger(store: AuditStore, run: _Run, currencies: dict[str, str]) -> Ta
 
 
 def _keys_of(
-    decided: Iterable[ResultRow],
-    resets: Iterable[tuple[WindowKey, int, int]],
-    taken: Iterable[tuple[WindowKey, int, int]],
+    decided: Iterable[ResultRow], changed: Iterable[tuple[WindowKey, int, int]]
 ) -> list[WindowKey]:
     """The windows these rows of the ledger touch."""
-    keys = {key for key, _, _ in resets} | {key for key, _, _ in taken}
+    keys = {key for key, _, _ in changed}
     for _, outcome, _, _, text in decided:
         keys.update(key for key, _, _ in consumed(outcome, json.loads(text)))
     return sorted(keys)
 
 
-def _charged_more(run: _Run, charged: list[Any], held: Sequence[Any]) -> None:
-    """A commit of more than was reserved, of a result decided before the run:
-    the units above the held cost, in the held charge's window."""
-    reserved = {(str(s), str(lim)): int(cost) for s, lim, cost, *_ in held}
-    for key, cost, maximum in consumed("allowed", charged):
-        extra = cost - reserved.get((key[0], key[1]), cost)
-        if extra > 0:
-            run.kept.add_units(key, extra, maximum)
-            run.touched.add(key)
+def _charged_more(commits: Iterable[tuple[str, str, int]]) -> list[tuple[WindowKey, int, int]]:
+    """Commits of more than was reserved, of results decided before the run:
+    per window, the units above the held cost, and when."""
+    found = []
+    for charged, held, settled_us in commits:
+        reserved = {(str(s), str(lim)): int(cost) for s, lim, cost, *_ in json.loads(held)}
+        for key, cost, _ in consumed("allowed", json.loads(charged)):
+            extra = cost - reserved.get((key[0], key[1]), cost)
+            if extra > 0:
+                found.append((key, extra, settled_us))
+    return found
 
 
 def _judged_keys(store: AuditStore, run: _Run, limits: dict[str, Limit]) -> list[WindowKey]:

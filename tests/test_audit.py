@@ -345,3 +345,20 @@ def queued_batches(redis_url: str) -> list[object]:
             body = base64.b64decode(body)
         found.append(json.loads(body)[0][0])
     return found
+
+
+def test_settling_after_a_run_is_read_by_the_next(meter: Meter, clock: FrozenClock) -> None:
+    meter.reserve("org-1", "burst", 2, event_id="more", ttl_seconds=3600)
+    meter.reserve("org-2", "calls", 4, event_id="back", ttl_seconds=3600)
+    meter.reserve("org-3", "burst", 1, event_id="voided", ttl_seconds=3600)
+    clock.advance(minutes=2)
+    assert run_audit(meter).violations == ()  # kept: the reserved costs
+    clock.advance(minutes=2)
+    meter.commit_reservation("more", actual=7)  # 2 past the maximum: overdraft
+    meter.cancel_reservation("back")
+    meter.void("voided", "never happened")
+    clock.advance(minutes=2)
+    report = run_audit(meter)
+    assert (report.full, report.violations) == (False, ())
+    assert report.windows == 4  # org-1 burst, org-2 calls and spend, org-3 burst
+    assert run_audit(meter, full=True).violations == ()

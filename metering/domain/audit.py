@@ -120,11 +120,9 @@ class Tally:
             ledger.used += cost
             ledger.maximum = max(ledger.maximum, maximum)
 
-    def add_units(self, key: WindowKey, units: int, maximum: int) -> None:
+    def add_units(self, key: WindowKey, units: int) -> None:
         """Units a commit of more than was reserved added to an earlier result's charge."""
-        ledger = self._window(key)
-        ledger.used += units
-        ledger.maximum = max(ledger.maximum, maximum)
+        self._window(key).used += units
 
     def copy(self) -> Tally:
         """An independent copy (resets remembered, nothing touched yet)."""

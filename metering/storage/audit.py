@@ -128,13 +128,14 @@ class AuditStore(OnConnection):
                     found.append(((str(subject), str(limit), int(start)), int(units), int(at_us)))
         return found
 
-    def commits_charged_more(self, after_us: int) -> list[tuple[str, Sequence[Any]]]:
-        """Reservations committed after ``after_us`` whose result, decided
-        before, a commit of more than was reserved rewrote: (result charges
-        as rows, the held charges as rows)."""
+    def commits_since(self, after_us: int) -> list[tuple[str, str, int]]:
+        """Reservations committed after ``after_us`` whose result was decided
+        before (a commit of more than was reserved rewrote it): (result
+        charges, held charges, both as JSON, settled_at_us)."""
         c, r = reservations.c, results.c
         query = (
-            select(r.charges, c.charges)
+            select(r.charges, c.charges, c.settled_at_us)
+            .select_from(reservations)
             .join(results, r.event_id == c.id)
             .where(
                 c.settled_at_us > after_us,
@@ -142,7 +143,7 @@ class AuditStore(OnConnection):
                 r.decided_at_us <= after_us,
             )
         )
-        return [(charged, json.loads(held)) for charged, held in self._rows(query)]
+        return [(charged, held, int(at_us)) for charged, held, at_us in self._rows(query)]
 
     # -- windows -------------------------------------------------------------------
 
