@@ -91,6 +91,7 @@ _.held_units  # unused method (metering/leases.py; only tests/integration/lease_
 _.matches  # unused method (metering/middleware/routes.py; only tests)
 _.count_by_state  # unused method (metering/storage/reservations.py)
 _.from_  # the history model's "from" (metering/api/history.py; read by the OpenAPI document)
+_.warnings  # the added endpoint's warnings (metering/api/webhooks.py; read by the OpenAPI document)
 
 # `metering.domain.jsonable.fields_dict` reads a record's attributes by the names of its keys.
 _.would_deny  # unused property (metering/domain/decisions.py: Decision, in DECISION_KEYS)

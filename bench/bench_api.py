@@ -199,17 +199,21 @@ def load_wrk(
     lua.write_text(script)
     command = ["wrk", "-t", "1", "-c", str(concurrency), "-d", f"{seconds}s", "--latency"]
     cpu_before = cpu_seconds(pid)
-    out = subprocess.run([*command, "-s", str(lua), f"{base}{path}"], capture_output=True,
-                         text=True, check=True)  # fmt: skip
+    out = subprocess.run(
+        [*command, "-s", str(lua), f"{base}{path}"], capture_output=True, text=True, check=True
+    )
     cpu = cpu_seconds(pid) - cpu_before
     lua.unlink()
     if "Non-2xx" in out.stdout:
         raise SystemExit(f"wrk saw failed requests:\n{out.stdout}")
     rate = float(_grab(r"Requests/sec:\s+([\d.]+)", out.stdout))
     requests = int(_grab(r"(\d+) requests in", out.stdout))
-    return Measured(rate, _ms(_grab(r"(?m)^\s+50%\s+(\S+)", out.stdout)),
-                    _ms(_grab(r"(?m)^\s+99%\s+(\S+)", out.stdout)),
-                    cpu * 1e6 / (requests * each))  # fmt: skip
+    return Measured(
+        rate,
+        _ms(_grab(r"(?m)^\s+50%\s+(\S+)", out.stdout)),
+        _ms(_grab(r"(?m)^\s+99%\s+(\S+)", out.stdout)),
+        cpu * 1e6 / (requests * each),
+    )
 
 
 def _grab(pattern: str, text: str) -> str:
@@ -339,10 +343,16 @@ def main() -> None:
         shutil.rmtree(workdir, ignore_errors=True)
     print_table(
         f"HTTP API, one `metering serve` process, {args.concurrency} requests in flight ({client})",
-        ["case", "events or requests/s", "p50 ms", "p99 ms", "CPU µs per event or request",
-         "ratio"],
+        [
+            "case",
+            "events or requests/s",
+            "p50 ms",
+            "p99 ms",
+            "CPU µs per event or request",
+            "ratio",
+        ],
         rows,
-    )  # fmt: skip
+    )
 
 
 def run_servers(args: argparse.Namespace, workdir: Path) -> list[list[str]]:
@@ -389,9 +399,8 @@ def run_servers(args: argparse.Namespace, workdir: Path) -> list[list[str]]:
         row("(p) peer: UsageProducer.emit, the same events", peer, producer, None, False),
         row("(a) POST /v1/events, 100 per request (202)", events_per_second, ingested, peer),
         row("(b) bare app: POST /v1/check, a constant", bare.requests_per_second, bare, None),
-        row("(c) POST /v1/check", checked.requests_per_second, checked,
-            bare.requests_per_second),
-    ]  # fmt: skip
+        row("(c) POST /v1/check", checked.requests_per_second, checked, bare.requests_per_second),
+    ]
     return rows
 
 

@@ -234,14 +234,29 @@ def read_side(url: str, args: argparse.Namespace) -> list[list[str]]:
             ]
         ]
     return [
-        [f"(r) usage_by_dimension, rollups ({title})", str(args.runs),
-         f"{p50:.2f}", f"{percentile(ours_ms, 0.99):.2f}", f"{peer_p50 / p50:,.0f}x faster"],
-        ["(q) its statement alone", str(args.runs), f"{alone:.2f}",
-         f"{percentile(alone_ms, 0.99):.2f}", f"{peer_p50 / alone:,.0f}x faster"],
+        [
+            f"(r) usage_by_dimension, rollups ({title})",
+            str(args.runs),
+            f"{p50:.2f}",
+            f"{percentile(ours_ms, 0.99):.2f}",
+            f"{peer_p50 / p50:,.0f}x faster",
+        ],
+        [
+            "(q) its statement alone",
+            str(args.runs),
+            f"{alone:.2f}",
+            f"{percentile(alone_ms, 0.99):.2f}",
+            f"{peer_p50 / alone:,.0f}x faster",
+        ],
         *plain_rows,
-        ["(p) peer: results scanned, JSON grouped by route", str(args.peer_runs),
-         f"{peer_p50:,.0f}", f"{percentile(peer_ms, 0.99):,.0f}", "1"],
-    ]  # fmt: skip
+        [
+            "(p) peer: results scanned, JSON grouped by route",
+            str(args.peer_runs),
+            f"{peer_p50:,.0f}",
+            f"{percentile(peer_ms, 0.99):,.0f}",
+            "1",
+        ],
+    ]
 
 
 def explain(engine: Engine, subject: str, since: datetime, until: datetime) -> None:

@@ -18,6 +18,8 @@ monthly calendar windows high enough that nothing is denied:
 * entitlement: a maximum of its own for every subject;
 * own thresholds: every subject's own alert thresholds (``set_alert``);
 * dimensions: ``dimensions=("route",)``, 5 routes in the metadata;
+* gauge: ``aggregation="max"``, each event a level from 0 to 999;
+* paced: ``pacing=True`` (the maximum spread over the month, a 5 % burst);
 * mix: a priced limit with a spend cap, an entitlement and a recurring
   grant on every subject, and a seat limit charged beside it.
 
@@ -29,6 +31,8 @@ peer (`peers.ledger_postgres`, `peers.ledger_sqlite`: the results rows and
 the counter upsert, one transaction per batch, no decision). Each row
 prints the median of the rounds and its ratio to plain, the median of the
 per-round ratios; priced also to stacked, and each batch row to the peer.
+Then on PostgreSQL, once per case, the worker end to end (producer, Redis,
+a Celery worker of 2 processes), as ratios to plain and to the peer.
 """
 
 from __future__ import annotations
@@ -42,10 +46,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common import Figures, durable_postgres, median, print_table, run_prepared
+from common import (
+    Figures,
+    durable_postgres,
+    make_base_dir,
+    median,
+    print_table,
+    run_prepared,
+    start_worker,
+    stop_worker,
+)
 from peers import install_ledger, ledger_postgres, ledger_sqlite
+from servers import RedisServer
 
 from metering import Limit, Meter, UsageEvent, make_event, spend_limit
+from metering.producer import UsageProducer
 from metering.storage.connections import upgrade_schema
 
 BIG = 10**12
@@ -53,6 +68,7 @@ VALUES = {"user": 20, "route": 5}  # metadata values per key (users per subject)
 DAILY = Limit("calls_daily", maximum=BIG, period="1d", window="calendar")
 SPEND = spend_limit("spend", "10000000000", "USD", "1mo", window="calendar")
 SEATS = Limit("seats", maximum=10**9, period="1mo", window="calendar", distinct="user")
+GAUGE = Limit("storage", maximum=BIG, period="1mo", window="calendar", aggregation="max")
 
 Call = tuple[list[tuple[str, str, int]], dict[str, str] | None]
 Setup = Callable[[Meter, list[str]], None]
@@ -101,10 +117,12 @@ class Case:
     charged: tuple[str, ...] = ("calls",)
     keys: tuple[str, ...] = ()  # the metadata keys every event carries
     setup: Setup | None = None
+    levels: bool = False  # a gauge's report: a level from 0 to 999, not 1
 
     def call(self, subject: str, rng: random.Random) -> Call:
         metadata = {key: f"{key}-{rng.randrange(VALUES[key])}" for key in self.keys}
-        return [(subject, limit, 1) for limit in self.charged], metadata or None
+        cost = rng.randrange(1000) if self.levels else 1
+        return [(subject, limit, cost) for limit in self.charged], metadata or None
 
 
 CASES = [
@@ -117,6 +135,8 @@ CASES = [
     Case("entitlement", "an entitlement on every subject", (calls(),), setup=entitled),
     Case("alerts", "own thresholds on every subject", (calls(),), setup=alerted),
     Case("dimensions", 'dimensions=("route",)', (calls(dimensions=("route",)),), keys=("route",)),
+    Case("gauge", 'a gauge (aggregation="max")', (GAUGE,), ("storage",), levels=True),
+    Case("paced", "paced (pacing=True, burst 5%)", (calls(pacing=True),)),
     Case(
         "mix",
         "mix: entitlement, recurring grant, price + cap, seats",
@@ -274,6 +294,71 @@ def measure(
     return rows
 
 
+WORKER = "worker end to end"
+
+
+def worker_round(url: str, broker: str, case: Case, subjects: list[str], args: Any) -> Figures:
+    """Producer -> Redis -> a Celery worker (prefork, 2) -> the database: events/s
+    from the first emit to the last result."""
+    rng = random.Random(7)
+    work = [case.call(rng.choice(subjects), rng) for _ in range(args.worker_events)]
+    meter = Meter(url)
+    log = Path(tempfile.mkdtemp(prefix="metering-bench-mix-worker-")) / "worker.log"
+    worker = start_worker(url, broker, log, ["--concurrency", "2"])
+    try:
+        with UsageProducer(broker, batch_size=1000, flush_interval_seconds=0.05) as producer:
+            before = meter.count_results()
+            producer.emit(charges=work[0][0], metadata=work[0][1])  # the worker is up
+            producer.flush()
+            wait_for(meter, before + 1)
+            before += 1
+            began = time.perf_counter()
+            for charges, metadata in work[1:]:
+                producer.emit(charges=charges, metadata=metadata)
+            producer.flush()
+            wait_for(meter, before + len(work) - 1)
+            seconds = time.perf_counter() - began
+    finally:
+        stop_worker(worker)
+    meter.close()
+    return Figures(case.name, 2, len(work) - 1, seconds, [int(seconds * 1e9)])
+
+
+def wait_for(meter: Meter, results: int) -> None:
+    deadline = time.monotonic() + 600
+    while meter.count_results() < results:
+        if time.monotonic() > deadline:
+            raise SystemExit("bench_mix: the worker did not decide every event in 10 minutes")
+        time.sleep(0.02)
+
+
+def worker_rows(
+    urls: dict[str, str], peer_rate: float, subjects: list[str], args: Any
+) -> list[list[str]]:
+    """One worker round per case (a worker start costs seconds): events/s and the
+    ratios to plain and to the ledger peer's median `apply` rate of the same run."""
+    with RedisServer(make_base_dir(Path(tempfile.gettempdir()), "metering-bench-redis-")) as redis:
+        redis.start()
+        figures = {
+            case.name: worker_round(urls[case.name], redis.url(), case, subjects, args)
+            for case in CASES
+        }
+    plain = figures["plain"].rate
+    return [
+        [
+            WORKER,
+            case.label,
+            f"{figures[case.name].rate:,.0f}",
+            "",
+            "",
+            f"{figures[case.name].rate / plain:.2f}",
+            "",
+            f"{figures[case.name].rate / peer_rate:.2f}",
+        ]
+        for case in CASES
+    ]
+
+
 def postgres_rows(subjects: list[str], args: Any) -> list[list[str]]:
     with durable_postgres() as server:
         server.create_database("mix_template")
@@ -286,7 +371,11 @@ def postgres_rows(subjects: list[str], args: Any) -> list[list[str]]:
             print(f"  PostgreSQL {case.name} set up", flush=True)
         server.create_database("ledger")
         install_ledger(server.url("ledger"))
-        return measure(urls, server.url("ledger"), subjects, args.processes, args)
+        rows = measure(urls, server.url("ledger"), subjects, args.processes, args)
+        if args.worker_events:
+            peer = float(rows[-1][2].replace(",", ""))  # the ledger peer's `apply` row
+            rows.extend(worker_rows(urls, peer, subjects, args))
+        return rows
 
 
 def sqlite_rows(subjects: list[str], args: Any) -> list[list[str]]:
@@ -308,10 +397,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 4], help="PostgreSQL")
     parser.add_argument("--sqlite-only", action="store_true", help="no PostgreSQL")
+    parser.add_argument(
+        "--worker-events", type=int, default=5000, help="PostgreSQL, per case; 0: no worker rows"
+    )
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     args = parser.parse_args()
     if args.quick:
         args.subjects, args.consume, args.batches, args.rounds = 20, 20, 1, 1
+        args.worker_events = min(args.worker_events, 200)
     subjects = [f"subject-{n}" for n in range(args.subjects)]
     header = ["database", "path", "configuration", "events/s", "p50", "p99", "ratio to plain"]
     header += ["ratio to stacked", "ratio to ledger peer"]

@@ -24,17 +24,14 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import os
 import random
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from common import ROOT, durable_postgres, make_base_dir, print_table
+from common import ROOT, durable_postgres, make_base_dir, print_table, start_worker, stop_worker
 from peers import aggregate_upsert, install
 from servers import RedisServer
 from sqlalchemy import select
@@ -112,33 +109,6 @@ def partitioned_apply(url: str, batches: list[list[str]]) -> float:
     for proc in procs:
         proc.join(60)
     return done / seconds
-
-
-def start_worker(
-    database_url: str, broker_url: str, log: Path, pool: list[str]
-) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, METERING_DATABASE_URL=database_url, METERING_BROKER_URL=broker_url)
-    command = [sys.executable, "-m", "celery", "-A", "workers", "worker", "--loglevel", "WARNING"]
-    command += ["--without-heartbeat", "--without-gossip", "--without-mingle", *pool]
-    with log.open("wb") as out:
-        worker = subprocess.Popen(
-            command,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            cwd=log.parent,
-            start_new_session=True,
-        )
-    time.sleep(3)
-    return worker
-
-
-def stop_worker(worker: subprocess.Popen[bytes]) -> None:
-    os.killpg(worker.pid, signal.SIGTERM)
-    try:
-        worker.wait(30)
-    except subprocess.TimeoutExpired:
-        os.killpg(worker.pid, signal.SIGKILL)
 
 
 def end_to_end(

@@ -1,9 +1,12 @@
-"""Shared parts of the benchmarks: a durable throw-away PostgreSQL, timing, tables."""
+"""Shared parts of the benchmarks: a durable throw-away PostgreSQL, timing, tables, workers."""
 
 from __future__ import annotations
 
 import multiprocessing
+import os
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -129,3 +132,32 @@ def print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
 
 def median(values: list[float]) -> float:
     return statistics.median(values)
+
+
+def start_worker(
+    database_url: str, broker_url: str, log: Path, pool: list[str]
+) -> subprocess.Popen[bytes]:
+    """A `celery -A workers worker` process on these servers, given 3 s to start."""
+    env = dict(os.environ, METERING_DATABASE_URL=database_url, METERING_BROKER_URL=broker_url)
+    command = [sys.executable, "-m", "celery", "-A", "workers", "worker", "--loglevel", "WARNING"]
+    command += ["--without-heartbeat", "--without-gossip", "--without-mingle", *pool]
+    with log.open("wb") as out:
+        worker = subprocess.Popen(
+            command,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=log.parent,
+            start_new_session=True,
+        )
+    time.sleep(3)
+    return worker
+
+
+def stop_worker(worker: subprocess.Popen[bytes]) -> None:
+    """A warm shutdown (SIGTERM to its process group), killed after 30 s."""
+    os.killpg(worker.pid, signal.SIGTERM)
+    try:
+        worker.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(worker.pid, signal.SIGKILL)

@@ -1,29 +1,13 @@
-"""API keys of the HTTP API: create, list, revoke, authenticate.
+"""API keys of the HTTP API: create, list, revoke, authenticate (docs/api-auth.md).
 
-`ApiKeys(meter)` works on the meter's database and clock (a `Database` will
-do too)::
-
-    keys = ApiKeys(meter)
-    key, token = keys.create("ingest", name="billing-service")  # token: shown once
-    keys.authenticate(token)             # the ApiKey, or None (unknown, revoked)
-    keys.revoke(key.id)                  # refused from the next request on
-
-A token is ``mk_`` + 12 hex digits (the key's id, which listings show) +
-``_`` + 43 URL-safe characters (256 random bits, `secrets.token_urlsafe`).
-Only the SHA-256 of the whole token is stored; authenticating looks the row
-up by id and compares hashes in constant time. A high-entropy token needs no
-slow password hash: nobody can guess it, and a hash is not reversible.
-
-Scopes: ``ingest`` sends usage, ``read`` reads decisions and usage,
-``admin`` manages limits, reservations, reports and webhooks, and may do
-what ``ingest`` and ``read`` do (`GRANTS`). ``ingest`` and ``read`` do not
-include each other: a producer's key cannot read other subjects' usage.
-A ``read`` key may be limited to one subject (``create(..., subject=)``): a
-customer's key, for whom every other subject does not exist (404).
-
-The last use is recorded at most once a minute per key (`LAST_USED_STEP_US`),
-so a busy key costs one read per request and a write a minute, not a write
-per request.
+`ApiKeys(meter)` works on the meter's database and clock (a `Database` will do too).
+`create` returns the `ApiKey` and its token, shown once: ``mk_`` + the key's id (12 hex
+digits) + ``_`` + 256 random bits; only the token's SHA-256 is stored, and `authenticate`
+looks the row up by id and compares hashes in constant time (None: unknown or revoked).
+`revoke` refuses the key from the next request on. Scopes (`GRANTS`): ``ingest`` sends
+usage, ``read`` reads it (optionally of one subject only), ``admin`` does both and manages
+the rest; ``ingest`` and ``read`` do not include each other. The last use is written at
+most once a minute per key (`LAST_USED_STEP_US`): one read per request, a write a minute.
 """
 
 from __future__ import annotations

@@ -1,27 +1,13 @@
 """`run_audit`: the ledger proves itself (``metering audit``, beat, ``GET /v1/audit``).
 
-One transaction (on PostgreSQL one snapshot, so a counter and the results
-committed with it are read together) checks the invariants of
-`metering.domain.audit.Invariant` and returns an `AuditReport`:
-
-* **incremental** (the default): only the windows the ledger touched since
-  the last run's watermark: the results decided since, the voids, the
-  give-backs and the resets since, added to what the last run found of
-  those windows (``audit_windows``). The cost follows the traffic, not the
-  history. The watermark stays `SETTLE_SECONDS` behind the clock, so a
-  transaction that decided an event a moment ago and commits late is read
-  by the next run (rows past the watermark are checked now and read again then);
-* ``full=True``, or no run before: every window from the whole ledger, and
-  what is kept replaced. Windows from before retention pruned results are
-  left alone;
-* ``since``: the windows touched since that instant, from the whole ledger
-  (one pass), keeping nothing: a look at one stretch of time.
-
-Whatever the mode, the reservations and checkouts held past their time to
-live plus the sweep interval, and the webhook deliveries pending past
-``stuck_seconds``, are found, and a queue (when a broker is given) holding
-an event older than ``queue_seconds`` with no result. A run that finds a
-violation writes one ``audit.violation`` webhook message.
+One transaction (on PostgreSQL one snapshot) checks each `metering.domain.audit.Invariant`.
+Incremental by default: only the windows touched since the last run's watermark (results,
+voids, give-backs, resets since), added to what that run kept of them (``audit_windows``),
+so the cost follows the traffic; the watermark stays `SETTLE_SECONDS` behind the clock for
+late commits. ``full`` (and the first run): every window but those retention pruned;
+``since``: the windows touched since then, from the whole ledger, keeping nothing. Held
+reservations and checkouts, stuck deliveries and (given a broker) old undecided queued
+events are found too; a run that finds something writes one ``audit.violation`` message.
 """
 
 from __future__ import annotations

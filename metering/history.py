@@ -1,21 +1,13 @@
 """A subject's usage of one limit over time: ``GET /v1/subjects/{s}/usage/history``.
 
-Where the figures come from (no new write on the hot path):
-
-* a limit **with dimensions** has hourly rollups (`metering.storage.rollups`):
-  the series is exact to the hour (``source: rollups``), summed over the
-  values of its first dimension key;
-* any other limit has its **counters**, one row per window, kept for
-  reports: a window's usage counts in the bucket its window starts in
-  (``source: counters``), exact when the limit's window is no longer than
-  the bucket (an hourly or daily limit by day), coarser otherwise;
-* a token bucket keeps no windows: its series is empty (``source: none``).
-
-A gauge's windows hold levels: a bucket shows their peak (``max``) or the
-last one (``latest``), not their sum.
-
-Each bucket carries the maximum in force at its end: the subject's
-entitlement then, else the limit's default (`metering.domain.history`).
+No new write on the hot path; `usage_history` reads what is there (`source_of`):
+a limit with dimensions has hourly rollups (`metering.storage.rollups`), exact to the hour
+and summed over the values of its first key (``source: rollups``); any other limit has its
+counters, a window's usage counted in the bucket its window starts in (``source: counters``:
+exact when the window is no longer than the bucket, coarser otherwise); a token bucket keeps
+no windows (``source: none``, an empty series). A gauge's bucket shows its windows' peak or
+last level, not their sum. Each bucket carries the maximum in force at its end: the
+subject's entitlement then, else the limit's default (`metering.domain.history`).
 """
 
 from __future__ import annotations

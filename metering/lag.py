@@ -1,21 +1,13 @@
 """The lag gauges of ``/metrics``, read when Prometheus scrapes.
 
-`lag_collector` gives a `metering.metrics.LagCollector` reading, at each
-scrape, what ``metering status`` reads (`metering.storage.queue_state`,
-`metering.storage.health`):
-
-* per queue, the messages waiting and the ones taken but not acknowledged;
-* the age of the oldest queued message with an event that has no result
-  yet (by the producer's send time; 0 when there is none);
-* the webhook backlog: pending deliveries to enabled endpoints due now, in
-  all, and how long the most overdue one has waited;
-* the dead letters of the last day: rejected events and messages;
-* the last `metering.audit` run's violations, per invariant.
-
-Each scrape opens its own connections and closes them, so a pool process
-forked meanwhile shares none, and a broker or database that is away costs
-one ``metering_lag_up{source} 0`` for that scrape, after at most
-`SCRAPE_TIMEOUT_SECONDS` to connect.
+`lag_collector` gives a `metering.metrics.LagCollector` reading, at each scrape, what
+``metering status`` reads (`metering.storage.queue_state`, `metering.storage.health`):
+per queue the messages waiting and those taken but not acknowledged; the age of the oldest
+queued event with no result yet (by send time; 0 when none); the webhook backlog (pending
+deliveries to enabled endpoints due now, in all, and the longest overdue wait); the dead
+letters of the last day; the last audit's violations per invariant. Each scrape opens and
+closes its own connections, so a forked pool process shares none; a source that is away gives
+``metering_lag_up{source} 0`` for that scrape, after at most `SCRAPE_TIMEOUT_SECONDS`.
 """
 
 from __future__ import annotations

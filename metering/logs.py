@@ -1,24 +1,13 @@
-"""Structured logs on request: ``METERING_LOG_FORMAT=json``.
+"""Structured logs on request (``METERING_LOG_FORMAT=json``; docs/metrics.md), and no secrets.
 
-One JSON object per line, with ``time`` (UTC, ISO 8601), ``level``,
-``logger`` and ``message``; then ``exception`` (the formatted traceback)
-when there is one, and every extra field the call passed
-(``log.info("...", extra={"batch": 3})``), made JSON-safe with `repr` when
-it is not, and cut after `MAX_FIELD_CHARS` characters. The default,
-``text``, leaves logging as it is.
-
-`use_json` and `redact_handlers` set up a logger's handlers (the workers
-call them from Celery's logging signals, `workers.observability`);
-`uvicorn_log_config` is the ``log_config`` to give uvicorn so its own
-access and error logs come out the same way.
-
-No line carries a URL's secrets, whatever logged it (httpx logs every
-request's URL at INFO: a webhook endpoint's ``https://user:password@…``):
-`RedactSecrets`, a filter on every handler these set up, writes the
-userinfo of each absolute URL in a message, a traceback or (JSON) an extra
-field as ``user:***``
-(a user name alone, often a token, as ``***``) and each query value as
-``***``, as `redact` does.
+JSON: one object per line, with ``time`` (UTC, ISO 8601), ``level``, ``logger``,
+``message``, ``exception`` when there is one, and every extra field of the call (`repr` when
+not JSON, cut after `MAX_FIELD_CHARS`). ``text``, the default, leaves logging as it is.
+`use_json` and `redact_handlers` set up a logger's handlers (the workers call them from
+Celery's logging signals, `workers.observability`); `uvicorn_log_config` is uvicorn's
+``log_config``. `RedactSecrets`, on every handler these set up, writes each absolute URL
+in a message, traceback or JSON extra field as `redact` does: userinfo as ``user:***`` (a
+user name alone as ``***``) and each query value as ``***`` (httpx logs URLs at INFO).
 """
 
 from __future__ import annotations

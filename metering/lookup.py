@@ -1,17 +1,13 @@
 """Read-only answers for the HTTP API: stored results, and a subject's usage now.
 
-`stored_results` gives the ledger's rows with their fingerprints, so a
-repeated event id is told apart from a conflicting one before it is queued
-again. `subject_usage` gives, for every limit the subject has used or been
-denied in its current window (a token bucket: ever), what a charge of 1
-would meet now: ``used``, ``remaining``, ``maximum`` (the subject's own,
-where an entitlement sets one), ``resets_at``, and
-``retry_at`` when that charge would be denied, with the window's own room;
-and ``grants_left``, what the subject's grants in force add on top, counted
-as the usage page counts them (`grants_left`), a limit with grants left
-listed even before its first use. It decides with the pure domain
-(`evaluate_charge`) and writes nothing but the recurring grants falling due,
-as every listing of grants does.
+`stored_results` gives the ledger's rows with their fingerprints, so a repeated event id is
+told apart from a conflicting one before it is queued again. `subject_usage` gives, for
+every limit the subject used or was denied in its current window (a token bucket: ever),
+what a charge of 1 would meet now (`LimitUsage`: used, remaining, the subject's maximum,
+resets_at, retry_at when it would be denied), and ``grants_left``, what its grants in force
+add, counted as the usage page counts them (`metering.allowances.service.grants_left`; a
+limit with grants left is listed before its first use). It decides with the pure domain
+(`evaluate_charge`) and writes nothing but recurring grants falling due.
 """
 
 from __future__ import annotations

@@ -1,25 +1,13 @@
-"""The queued message format: what a producer writes and a worker reads.
+"""The queued message format: what a producer writes and a worker reads (docs/pipeline.md).
 
-A message is one Celery task message (protocol 2) of the task
-``metering.apply_batch`` (`metering.routing.APPLY_BATCH_TASK`), whose only
-argument is one JSON object::
-
-    {"v": 1, "events": [{"id": "…", "charges": [["org-42", "api_calls", 3]],
-                         "at": 1795000000000000, "meta": {…} | null}, …]}
-
-``at`` is ``occurred_at`` in microseconds since the epoch. Producers write
-the body as text (`event_text`, `batch_body`) and the headers Celery's
-``send_task`` writes (`task_headers`); they publish through kombu
-(`metering.producer`). A worker gets the object from Celery and decodes it
-again (`decode_records`): a queue is untrusted input, so each event is
-validated as `metering.domain.events.make_event` validates it, and what
-cannot become an event is kept as a `Rejected` with its reason.
-
-This module knows the domain, the queue names and the standard library
-only: no Celery, kombu or database, so a process that only emits events
-loads none of them. Its bytes do not change between versions (workers of
-the previous version read this one's messages, and the other way round:
-tests/unit/test_messages.py keeps a message written before this module).
+A message is one Celery task message (protocol 2) of `metering.routing.APPLY_BATCH_TASK`
+whose one argument is ``{"v": 1, "events": [{"id", "charges", "at", "meta"}, ...]}`` (``at``
+in microseconds). Producers write the body as text (`event_text`, `batch_body`) and the
+headers ``send_task`` writes (`task_headers`), published through kombu (`metering.producer`).
+A worker decodes it again (`decode_records`): a queue is untrusted input, so each event is
+validated as `metering.domain.events.make_event` does; what fails is a `Rejected` with its
+reason. Only the domain, the queue names and the standard library are imported here. The
+bytes do not change between versions (tests/unit/test_messages.py keeps an old message).
 """
 
 from __future__ import annotations

@@ -52,9 +52,15 @@ class Meter(AllowancesFacade, LicensesFacade, PricesFacade, OperatorsFacade):
     every decision's "now"; concurrent `consume` calls share transactions
     unless ``group_commit=False``; ``correction_horizon_days`` bounds `void`."""
 
-    def __init__(self, url: str | None = None, *, clock: Clock | None = None,
-                 group_commit: bool = True, correction_horizon_days: int | None = None,
-                 **engine_options: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        clock: Clock | None = None,
+        group_commit: bool = True,
+        correction_horizon_days: int | None = None,
+        **engine_options: Any,
+    ) -> None:
         days = correction_horizon_days  # checked before anything is opened
         if days is not None:
             days = validate_count("correction_horizon_days", days, MAX_DAYS)
@@ -118,40 +124,81 @@ class Meter(AllowancesFacade, LicensesFacade, PricesFacade, OperatorsFacade):
         """Delete a limit; its counters stay, for reports."""
         admin.delete_limit(self.database, name)
 
-    def _event(self, subject: Name, limit: Name, cost: int, charges: Charges, event_id: Name,
-               occurred_at: When, metadata: Any = None) -> UsageEvent:  # fmt: skip
+    def _event(
+        self,
+        subject: Name,
+        limit: Name,
+        cost: int,
+        charges: Charges,
+        event_id: Name,
+        occurred_at: When,
+        metadata: Any = None,
+    ) -> UsageEvent:
         when = self.clock() if occurred_at is None else occurred_at
         return make_event(charges_of(subject, limit, cost, charges), when, event_id, metadata)
 
-    def consume(self, subject: Name = None, limit: Name = None, cost: int = 1, *,
-                charges: Charges = None, event_id: Name = None, occurred_at: When = None,
-                metadata: Any = None) -> Decision:  # fmt: skip
+    def consume(
+        self,
+        subject: Name = None,
+        limit: Name = None,
+        cost: int = 1,
+        *,
+        charges: Charges = None,
+        event_id: Name = None,
+        occurred_at: When = None,
+        metadata: Any = None,
+    ) -> Decision:
         """Decide and record one usage event (one charge or several), once per ``event_id``."""
         event = self._event(subject, limit, cost, charges, event_id, occurred_at, metadata)
         return results.consumed(event.event_id, self._engine.submit(event.record()))
 
-    async def aconsume(self, subject: Name = None, limit: Name = None, cost: int = 1, *,
-                       charges: Charges = None, event_id: Name = None,
-                       occurred_at: When = None, metadata: Any = None) -> Decision:  # fmt: skip
+    async def aconsume(
+        self,
+        subject: Name = None,
+        limit: Name = None,
+        cost: int = 1,
+        *,
+        charges: Charges = None,
+        event_id: Name = None,
+        occurred_at: When = None,
+        metadata: Any = None,
+    ) -> Decision:
         """`consume` for asyncio, in a shared transaction, without blocking the loop."""
         event = self._event(subject, limit, cost, charges, event_id, occurred_at, metadata)
         return results.consumed(event.event_id, await self._engine.submit_async(event.record()))
 
-    def apply(self, events: Sequence[UsageEvent], *, invalid: InvalidPolicy = "reject",
-              rejected: Sequence[Rejected] = ()) -> list[Decided]:  # fmt: skip
+    def apply(
+        self,
+        events: Sequence[UsageEvent],
+        *,
+        invalid: InvalidPolicy = "reject",
+        rejected: Sequence[Rejected] = (),
+    ) -> list[Decided]:
         """Apply a batch of validated events in one transaction, in order."""
         records = [e.record() for e in events]
         answers = self._engine.apply(records, invalid=invalid, rejected=rejected)
         return [results.applied_of(e.event_id, a) for e, a in zip(events, answers, strict=True)]
 
-    def apply_records(self, records: Sequence[EventRecord], *, invalid: InvalidPolicy = "reject",
-                      rejected: Sequence[Rejected] = ()) -> list[Answer]:  # fmt: skip
+    def apply_records(
+        self,
+        records: Sequence[EventRecord],
+        *,
+        invalid: InvalidPolicy = "reject",
+        rejected: Sequence[Rejected] = (),
+    ) -> list[Answer]:
         """`apply` for the worker: plain records in, (kind, result) answers out."""
         return self._engine.apply(records, invalid=invalid, rejected=rejected)
 
-    def check(self, subject: Name = None, limit: Name = None, cost: int = 1, *,
-              charges: Charges = None, occurred_at: When = None,
-              metadata: Any = None) -> Decision:  # fmt: skip
+    def check(
+        self,
+        subject: Name = None,
+        limit: Name = None,
+        cost: int = 1,
+        *,
+        charges: Charges = None,
+        occurred_at: When = None,
+        metadata: Any = None,
+    ) -> Decision:
         """What `consume` would decide now; consumes and records nothing (``metadata``:
         the value a seat limit would count)."""
         event = self._event(subject, limit, cost, charges, "check", occurred_at, metadata)
@@ -178,9 +225,17 @@ class Meter(AllowancesFacade, LicensesFacade, PricesFacade, OperatorsFacade):
         (their limit defined since), each exactly once."""
         return dead_letters.replay(self.database, count)
 
-    def reserve(self, subject: Name = None, limit: Name = None, cost: int = 1, *,
-                charges: Charges = None, event_id: Name = None, metadata: Any = None,
-                ttl_seconds: float = DEFAULT_TTL_SECONDS) -> Reservation:  # fmt: skip
+    def reserve(
+        self,
+        subject: Name = None,
+        limit: Name = None,
+        cost: int = 1,
+        *,
+        charges: Charges = None,
+        event_id: Name = None,
+        metadata: Any = None,
+        ttl_seconds: float = DEFAULT_TTL_SECONDS,
+    ) -> Reservation:
         """Consume now, with the option to give the cost back (`Reservation.cancel`)."""
         event = self._event(subject, limit, cost, charges, event_id, None, metadata)
         return held.reserve(self._engine, self, event, ttl_seconds)
@@ -194,8 +249,12 @@ class Meter(AllowancesFacade, LicensesFacade, PricesFacade, OperatorsFacade):
     def reservation(self, reservation_id: str) -> ReservationInfo | None:
         return held.reservation(self.database, reservation_id)
 
-    def reservations(self, state: Name = None, subject: Name = None, count: int = 100,
-                     ) -> list[ReservationInfo]:  # fmt: skip
+    def reservations(
+        self,
+        state: Name = None,
+        subject: Name = None,
+        count: int = 100,
+    ) -> list[ReservationInfo]:
         return held.reservations(self.database, state, subject, count)
 
     def sweep_reservations(self, retention_seconds: float | None = None) -> dict[str, int]:

@@ -25,33 +25,61 @@ class OperatorsFacade:
     database: Database
     _engine: Engine
 
-    def import_events(self, source: Source, *, fmt: ImportFormat | None = None,
-                      enforce: bool = True, allow_late: bool = False, strict: bool = False,
-                      batch_size: int = BATCH_SIZE, progress: ImportProgress | None = None,
-                      ) -> ImportSummary:  # fmt: skip
+    def import_events(
+        self,
+        source: Source,
+        *,
+        fmt: ImportFormat | None = None,
+        enforce: bool = True,
+        allow_late: bool = False,
+        strict: bool = False,
+        batch_size: int = BATCH_SIZE,
+        progress: ImportProgress | None = None,
+    ) -> ImportSummary:
         """Apply a JSON Lines or CSV file of events through the batch path, exactly once
         by id (``enforce=False``: history, never denied; ``allow_late``: no lateness)."""
-        return imports.import_events(self._engine, source, fmt=fmt, enforce=enforce,
-                                     allow_late=allow_late, strict=strict, batch_size=batch_size,
-                                     progress=progress)  # fmt: skip
+        return imports.import_events(
+            self._engine,
+            source,
+            fmt=fmt,
+            enforce=enforce,
+            allow_late=allow_late,
+            strict=strict,
+            batch_size=batch_size,
+            progress=progress,
+        )
 
-    def simulate(self, limits: LimitsSource, entitlements: EntitlementsSource = None, *,
-                 since: Since, subject: str | None = None, progress: Progress | None = None,
-                 ) -> Simulation:  # fmt: skip
+    def simulate(
+        self,
+        limits: LimitsSource,
+        entitlements: EntitlementsSource = None,
+        *,
+        since: Since,
+        subject: str | None = None,
+        progress: Progress | None = None,
+    ) -> Simulation:
         """Backtest: replay the ledger's demand since ``since`` through proposed
         limits and entitlements, in memory; nothing is written (`metering.simulation`)."""
-        return backtest(self.database, limits, entitlements, since=since, subject=subject,
-                        progress=progress)  # fmt: skip
+        return backtest(
+            self.database, limits, entitlements, since=since, subject=subject, progress=progress
+        )
 
-    def usage_history(self, subject: str, limit: str, since: datetime | None = None,
-                      until: datetime | None = None, bucket: str = "day",
-                      ) -> UsageHistory:  # fmt: skip
+    def usage_history(
+        self,
+        subject: str,
+        limit: str,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        bucket: str = "day",
+    ) -> UsageHistory:
         """``subject``'s use of ``limit`` per hour or day, with the maximum in force."""
-        return history.usage_history(self.database, subject, limit, since=since, until=until,
-                                     bucket=bucket)  # fmt: skip
+        return history.usage_history(
+            self.database, subject, limit, since=since, until=until, bucket=bucket
+        )
 
-    def portal_link(self, subject: str, ttl_seconds: int = 3600,
-                    base_url: str = "http://127.0.0.1:8000") -> str:  # fmt: skip
+    def portal_link(
+        self, subject: str, ttl_seconds: int = 3600, base_url: str = "http://127.0.0.1:8000"
+    ) -> str:
         """A signed link to ``subject``'s usage page (GET /portal) for ``ttl_seconds``."""
         return portal.make_link(self.database, subject, ttl_seconds, base_url)
 

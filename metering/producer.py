@@ -258,9 +258,15 @@ class UsageProducer:
         traced = bool(before_task_publish.receivers)
         if traced:  # tracing injects its context into the headers
             before_task_publish.send(
-                sender=APPLY_BATCH_TASK, body=body, exchange="", routing_key=queue,
-                declare=declare, headers=headers, properties=properties, retry_policy=None,
-            )  # fmt: skip
+                sender=APPLY_BATCH_TASK,
+                body=body,
+                exchange="",
+                routing_key=queue,
+                declare=declare,
+                headers=headers,
+                properties=properties,
+                retry_policy=None,
+            )
         with self._app.producer_pool.acquire(block=True) as producer:
             producer.publish(
                 body,

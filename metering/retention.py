@@ -1,35 +1,13 @@
-"""Retention: how long results, dead letters and webhook records are kept.
+"""Retention: how long results, dead letters, rollups and webhook records are kept.
 
-Every table that grows with traffic has an age after which its rows go:
-
-* ``results``: the ledger of decisions, and what makes each event id count
-  once. A result is never deleted while its event could still be applied
-  again: not before the redelivery horizon, the longest allowed lateness of
-  any limit (an older event is rejected, never charged) plus the broker's
-  visibility timeout plus a day for producers still retrying. A configured
-  age below that horizon is raised to it.
-* ``corrections``: voided events, at the results' age, and never before the
-  result they correct: while the result is there a void of its event can
-  come again (a retry, with the same ``correction_id``) and must find it.
-* ``counter_resets``: operators' resets, at the results' age (a void reads
-  them only for events decided before them).
-* ``rejected_messages``: the dead-letter record.
-* webhook deliveries that are settled (delivered or failed) with their
-  attempts, then messages with no delivery left, then the once-per-window
-  marks of windows long over: never a mark of a window events may still
-  arrive for (the redelivery horizon, which holds every limit's lateness),
-  or a late event after a void would notify the same window twice.
-* ``usage_rollups`` (usage by dimension, hour by hour) are kept as long as
-  the results they sum: an hour goes once it is wholly older than the
-  results' cut-off, so ``report usage --group-by`` and the results it could
-  be checked against cover the same past.
-
-Pruning results notes their cut-off for `metering.audit` (``audit_marks``).
-Counters are not pruned: they are the usage that reports bill from; nor are
-entitlements, grants and what windows drew on them, which reports read
-beside the counters.
-Beat runs `prune` once an hour (``metering.prune``); ``metering prune
---dry-run`` shows what would go.
+`prune` deletes (or with ``dry_run`` counts) the rows of each table in `TABLES` older than
+its age in the `RetentionPolicy`, in chunks; beat runs it hourly (``metering.prune``).
+Tables in `HORIZON_BOUND` are never pruned inside the redelivery horizon
+(`redelivery_horizon_us`: the longest lateness of any limit, the clock tolerance, the
+broker's visibility timeout and a day of producer retries), so an event delivered again, a
+late event or a void still finds its result, correction, reset, rollups and marks.
+Corrections, resets and rollups go at the results' age; the results' cut-off is noted for
+`metering.audit`. Counters, entitlements and grants are never pruned (docs/reliability.md).
 """
 
 from __future__ import annotations

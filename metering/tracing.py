@@ -1,21 +1,13 @@
-"""Optional OpenTelemetry tracing, behind the ``tracing`` extra.
+"""Optional OpenTelemetry tracing, behind the ``tracing`` extra (docs/metrics.md).
 
-``METERING_TRACING=otlp`` (or ``OTEL_EXPORTER_OTLP_ENDPOINT`` set) turns it
-on in the workers and ``metering serve``: `setup_tracing` installs a tracer
-provider exporting over OTLP (``http/protobuf`` by default, ``grpc`` when
-``OTEL_EXPORTER_OTLP_PROTOCOL`` or ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL``
-says so; endpoint, headers and the rest from the standard ``OTEL_*``
-variables) and the maintained instrumentations of Celery (publish and run
-spans, the trace context travelling in the message), SQLAlchemy (a span per
-statement), httpx (webhook deliveries) and, given the app, FastAPI.
-
-Without the extra, `setup_tracing` raises a `ConfigurationError` of one
-line naming it; ``METERING_TRACING=off`` (or unset, without an OTLP
-endpoint) never imports OpenTelemetry.
-
-SQLAlchemy is instrumented by wrapping ``sqlalchemy.create_engine``, so only
-engines made after `setup_tracing` are traced: call it when the process
-starts, before a `Meter` exists.
+``METERING_TRACING=otlp`` (or ``OTEL_EXPORTER_OTLP_ENDPOINT`` set) turns it on in the workers
+and ``metering serve``: `setup_tracing` installs a tracer provider exporting over OTLP
+(``http/protobuf``, or ``grpc`` as the ``OTEL_*`` protocol variables say; the rest from the
+standard ``OTEL_*`` variables) and the instrumentations of Celery, SQLAlchemy, httpx and,
+given the app, FastAPI. Without the extra it raises a one-line `ConfigurationError` naming
+it; ``METERING_TRACING=off`` (or unset, without an endpoint) never imports OpenTelemetry.
+SQLAlchemy is traced by wrapping ``sqlalchemy.create_engine``, so only engines made after
+`setup_tracing` are: call it when the process starts, before a `Meter` exists.
 """
 
 from __future__ import annotations

@@ -7,7 +7,10 @@ attempts finish and record) at shutdown. It looks for due deliveries every
 written by a batch in any worker, or by `Meter.consume` in an application,
 goes out within a fraction of a second, with no beat tick and no server
 feature (SQLite has no ``NOTIFY``). ``METERING_WEBHOOKS_DISPATCH=0`` turns it
-off; beat's ``metering.deliver_webhooks`` then delivers.
+off; beat's ``metering.deliver_webhooks`` then delivers. Once connected, a
+starting thread first makes due the retries whose last attempt got no answer
+(`metering.webhooks.delivery.retry_unanswered`): a restart with settings that
+now allow a destination delivers at once, not after the backoff.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from metering.clock import backoff_seconds
 from metering.errors import MeteringError
 from metering.meter import Meter
 from metering.settings import Settings
-from metering.webhooks.delivery import serve
+from metering.webhooks.delivery import retry_unanswered, serve
 from metering.webhooks.dispatch import log_failure
 from workers.settings import settings_of
 
@@ -86,6 +89,7 @@ class WebhookDelivery(bootsteps.StartStopStep):  # type: ignore[misc]
         assert self.settings is not None
         settings = self.settings
         failures = 0
+        started = False
         while not self.stop_event.is_set():
             try:
                 meter = Meter(settings.database_url)
@@ -100,6 +104,11 @@ class WebhookDelivery(bootsteps.StartStopStep):  # type: ignore[misc]
             failures = 0
             _meters.append(meter)
             try:
+                if not started:
+                    due = retry_unanswered(meter)
+                    started = True
+                    if due:
+                        log.info("%d webhook retries that got no answer are due now", due)
                 serve(
                     meter,
                     self.stop_event,

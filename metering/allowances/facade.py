@@ -21,8 +21,9 @@ class AllowancesFacade:
     database: Database
     correction_horizon: int
 
-    def set_entitlement(self, subject: str, limit: str, maximum: int | None,
-                        effective_from: datetime | None = None) -> Entitlement:  # fmt: skip
+    def set_entitlement(
+        self, subject: str, limit: str, maximum: int | None, effective_from: datetime | None = None
+    ) -> Entitlement:
         """Give ``subject`` its own maximum for ``limit`` from ``effective_from`` on."""
         return allowances.set_entitlement(self.database, subject, limit, maximum, effective_from)
 
@@ -30,31 +31,63 @@ class AllowancesFacade:
         """Store a YAML or TOML file of per-subject maximums, all or none."""
         return allowances.load_entitlements(self.database, path)
 
-    def delete_entitlement(self, subject: str, limit: str, effective_from: datetime | None = None,
-                           ) -> Entitlement:  # fmt: skip
+    def delete_entitlement(
+        self,
+        subject: str,
+        limit: str,
+        effective_from: datetime | None = None,
+    ) -> Entitlement:
         """Return ``subject`` to ``limit``'s default maximum from ``effective_from`` on."""
         return allowances.set_entitlement(self.database, subject, limit, None, effective_from)
 
-    def entitlements(self, subject: str | None = None, limit: str | None = None,
-                     ) -> list[Entitlement]:  # fmt: skip
+    def entitlements(
+        self,
+        subject: str | None = None,
+        limit: str | None = None,
+    ) -> list[Entitlement]:
         return allowances.entitlements(self.database, subject, limit)
 
-    def grant(self, subject: str, limit: str, amount: int, expires_at: datetime | None = None, *,
-              grant_id: str | None = None, effective_from: datetime | None = None,
-              reason: str | None = None, every: str | None = None, rollover_max: int | None = None,
-              priority: int = DEFAULT_PRIORITY, until: datetime | None = None,
-              low: int | str | None = None) -> Grant:  # fmt: skip
+    def grant(
+        self,
+        subject: str,
+        limit: str,
+        amount: int,
+        expires_at: datetime | None = None,
+        *,
+        grant_id: str | None = None,
+        effective_from: datetime | None = None,
+        reason: str | None = None,
+        every: str | None = None,
+        rollover_max: int | None = None,
+        priority: int = DEFAULT_PRIORITY,
+        until: datetime | None = None,
+        low: int | str | None = None,
+    ) -> Grant:
         """Top up ``subject``'s allowance for ``limit`` (``every``: recurring, `add_grant`)."""
-        return allowances.add_grant(self.database, subject, limit, amount, expires_at=expires_at,
-                                    grant_id=grant_id, effective_from=effective_from,
-                                    reason=reason, every=every, rollover_max=rollover_max,
-                                    priority=priority, until=until, low=low)  # fmt: skip
+        return allowances.add_grant(
+            self.database,
+            subject,
+            limit,
+            amount,
+            expires_at=expires_at,
+            grant_id=grant_id,
+            effective_from=effective_from,
+            reason=reason,
+            every=every,
+            rollover_max=rollover_max,
+            priority=priority,
+            until=until,
+            low=low,
+        )
 
     def grants(self, subject: str | None = None, limit: str | None = None) -> list[Grant]:
         return allowances.list_grants(self.database, subject, limit)
 
-    def recurring_grants(self, subject: str | None = None, limit: str | None = None,
-                         ) -> list[RecurringGrant]:  # fmt: skip
+    def recurring_grants(
+        self,
+        subject: str | None = None,
+        limit: str | None = None,
+    ) -> list[RecurringGrant]:
         return allowances.list_recurring(self.database, subject, limit)
 
     def set_alert(self, subject: str, limit: str, at: Iterable[str | int]) -> Alert:
@@ -67,12 +100,19 @@ class AllowancesFacade:
     def remove_alert(self, subject: str, limit: str) -> bool:
         return allowances.remove_alert(self.database, subject, limit)
 
-    def void(self, event_id: str, reason: str, *, correction_id: str | None = None,
-             horizon_seconds: int | None = None) -> Correction:  # fmt: skip
+    def void(
+        self,
+        event_id: str,
+        reason: str,
+        *,
+        correction_id: str | None = None,
+        horizon_seconds: int | None = None,
+    ) -> Correction:
         """Reverse an allowed event's charges and give back the grants that paid."""
         horizon = self.correction_horizon if horizon_seconds is None else horizon_seconds
-        return allowances.void(self.database, event_id, reason, correction_id=correction_id,
-                               horizon_seconds=horizon)  # fmt: skip
+        return allowances.void(
+            self.database, event_id, reason, correction_id=correction_id, horizon_seconds=horizon
+        )
 
     def corrections(self, count: int = 1000) -> list[Correction]:
         return allowances.corrections(self.database, count)

@@ -1,23 +1,13 @@
-"""Giving an event's usage back: the one transaction step that cancel, a
-commit of less and void share.
+"""Giving an event's usage back: the one transaction step of cancel, commit of less and void.
 
-`give_back` takes, for some charges of one decided event, the units going
-back (and the grants they drew, the last drawn first) from the counters,
-the grants and the usage rollups, in the engines' lock order (counters,
-then grants). A gauge's counter takes the level its window's remaining
-reports give (`gauge_after`), read back from the ledger. The rules are
-pure (`metering.domain.corrections.take_back` for a counter, `split_back`
-for the grants, `given_back_deltas` for the rollups); the SQL is in the
-stores.
-
-Exactly once is the callers' part, and the records they keep make it so:
-a reservation's ``given_back`` (what its cancel or commit gave back, which a
-later void skips: `still_charged`), the correction of a void (a second void
-finds it), and an operator's reset, which forgets the held charges it
-cleared (a later cancel gives nothing) and is recorded (`resets_after`): a
-charge whose counter a reset cleared after the event was written gives its
-counter and grants nothing here, and its rollups the same as any other (a
-reset clears counters, not the usage history).
+`give_back` takes the units of some charges of one decided event back from the counters,
+the grants (the last drawn first) and the usage rollups, in the engines' lock order
+(counters, then grants); a gauge's counter takes the level its remaining reports give
+(`gauge_after`). The rules are pure (`metering.domain.corrections.take_back`, `split_back`,
+`metering.domain.rollups.given_back_deltas`); the SQL is in the stores.
+Exactly once is the callers' part: a reservation's ``given_back`` (`still_charged`), a
+void's correction record, and the reset log (`resets_after`): a charge whose counter a
+reset cleared after the event gives its counter and grants nothing, its rollups as usual.
 """
 
 from __future__ import annotations

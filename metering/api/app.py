@@ -6,6 +6,8 @@ Routers come from one module each (`metering.api.events`,
 (`metering.api.bounds`); every route asks `metering.api.auth.require_scope`,
 and each API key's requests are metered (`metering.api.ratelimit`).
 ``metering serve`` runs it under uvicorn (``create_api`` is the factory).
+``/docs`` and ``/redoc`` load nothing from another host (`metering.api.apidocs`);
+the schema declares the bearer scheme and each operation's scope.
 """
 
 from __future__ import annotations
@@ -21,7 +23,14 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
 from metering.api import admin, decisions, events, history, portal
-from metering.api.auth import ApiKeyAuthentication, Authenticator, require_scope
+from metering.api.apidocs import install_docs
+from metering.api.auth import (
+    BEARER,
+    ApiKeyAuthentication,
+    Authenticator,
+    require_scope,
+    security_scheme,
+)
 from metering.api.bounds import BodyLimit, Utf8Target
 from metering.api.context import ApiContext, IsQueued, broker_lookup
 from metering.api.models import REQUEST_MODELS
@@ -108,9 +117,10 @@ def create_api(
         description=DESCRIPTION,
         lifespan=lifespan,
         openapi_url="/openapi.json",
-        docs_url="/docs",
+        docs_url=None,
         redoc_url=None,
     )
+    install_docs(app)
     for router in ROUTERS:
         app.include_router(router)
     install_problem_handlers(app)
@@ -172,7 +182,8 @@ def _with_request_schemas(app: FastAPI, models: tuple[type[BaseModel], ...]) -> 
                 description=app.description,
                 routes=app.routes,
             )
-            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            schema.setdefault("components", {})["securitySchemes"] = {BEARER: security_scheme()}
+            components = schema["components"].setdefault("schemas", {})
             for model in models:
                 found = model.model_json_schema(ref_template="#/components/schemas/{model}")
                 components.update(found.pop("$defs", {}))

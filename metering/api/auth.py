@@ -56,6 +56,7 @@ from metering.errors import MeteringError
 
 __all__ = [
     "AUTH_ERRORS",
+    "BEARER",
     "SCOPES",
     "ApiKeyAuthentication",
     "Authenticator",
@@ -73,6 +74,9 @@ log = logging.getLogger("metering.api")
 # no valid key, the wrong scope, and the key's own rate limit spent.
 AUTH_ERRORS: tuple[int, ...] = (401, 403, 429)
 REALM: Final = 'Bearer realm="metering"'
+# The OpenAPI security scheme every route names, with the scope it needs
+# (`security_scheme`).
+BEARER: Final = "bearer"
 STATE_KEY: Final = "api_key"
 # How long an open API (``auto``, no key yet) trusts that no key exists: a
 # key created by another process (``metering apikeys create``) turns keys on
@@ -153,6 +157,23 @@ class Authenticator:
         self._keys_exist = self.keys.any_exist()
         self._none_seen = None if self._keys_exist else (now_us, created)
         return self._keys_exist
+
+
+def security_scheme() -> dict[str, Any]:
+    """`BEARER` as an OpenAPI security scheme: what its scopes are."""
+    return {
+        "type": "http",
+        "scheme": "bearer",
+        "bearerFormat": "mk_...",
+        "description": (
+            "An API key (`metering apikeys create --scope SCOPE`). Scopes: "
+            "`ingest` sends usage, `read` reads decisions and usage, `admin` manages "
+            "limits, reservations, reports and webhooks and may also ingest and read. "
+            "A `read` key made with `--subject` (a customer's) sees that subject alone. "
+            "Until the first key is created (`METERING_API_AUTH=auto`) the API answers "
+            "requests without a key."
+        ),
+    }
 
 
 def authenticator_of(app: Any) -> Authenticator:

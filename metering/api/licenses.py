@@ -84,8 +84,10 @@ class CheckoutOut(BaseModel):
 
 
 class CheckedIn(CheckoutOut):
-    returned: int = Field(description="Units given back by this call: 0 on a second checkin "
-                          "or after the checkout expired (it came back then).")  # fmt: skip
+    returned: int = Field(
+        description="Units given back by this call: 0 on a second checkin "
+        "or after the checkout expired (it came back then)."
+    )
 
 
 class Checkouts(BaseModel):

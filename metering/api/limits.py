@@ -6,7 +6,8 @@ A ``PUT`` body is a limit's definition as a limits file writes it
 ``algorithm``, ``window``, ``enforcement`` (``hard``, ``soft`` or ``shadow``),
 ``thresholds``, ``thresholds_units``, ``lateness``, ``dimensions``,
 ``distinct`` (seats: the metadata key whose distinct values are counted),
-``aggregation`` (``sum``, or a gauge's ``max`` or ``latest``);
+``aggregation`` (``sum``, or a gauge's ``max`` or ``latest``), ``pacing``
+and ``burst`` (units or ``"P%"``);
 ``name`` may be given if it is the name in the path. It is validated by
 `Limit.from_dict`, the loader's own rules, and stored with `Meter.set_limit`:
 created, or replaced as a whole (a field not given takes its default).
@@ -139,6 +140,17 @@ class LimitIn(BaseModel):
         "a fixed window without distinct, currency, dimensions, grants, prices or "
         "reservations. See docs/gauges.md.",
     )
+    pacing: bool = Field(
+        default=False,
+        description="Spread the maximum over the window: by an instant, at most its share "
+        "of the maximum plus burst (a fixed window that is not a gauge). See docs/pacing.md.",
+    )
+    burst: int | str | None = Field(
+        default=None,
+        examples=["5%", 100],
+        description="With pacing: units, or a percentage of the maximum in force like "
+        "'5%' (the default), allowed ahead of the pace.",
+    )
 
 
 class LimitOut(BaseModel):
@@ -156,6 +168,8 @@ class LimitOut(BaseModel):
     max_amount: str | None = Field(default=None, description="A spend limit's maximum.")
     distinct: str | None = None
     aggregation: Aggregation = Field(default="sum", description="sum, or a gauge's max or latest.")
+    pacing: bool = Field(default=False, description="Only present (true) on a paced limit.")
+    burst: int | str | None = Field(default=None, description="A paced limit's burst.")
 
 
 class Limits(BaseModel):

@@ -208,7 +208,11 @@ class ChargeDecisionOut(BaseModel):
     limit: str
     cost: int
     allowed: bool
-    outcome: Literal["allowed", "denied", "overage"]
+    outcome: Literal["allowed", "denied", "overage", "would_deny", "ahead_of_pace"] = Field(
+        description="would_deny: a shadow limit's charge a hard one would deny (nothing "
+        "consumed); ahead_of_pace: a soft paced limit's charge past its pace, within the "
+        "maximum (consumed, not billed)."
+    )
     used: int | None = _figure()
     remaining: int | None = _figure()
     maximum: int | None = _figure()

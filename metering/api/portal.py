@@ -3,7 +3,8 @@
 Opened with a customer's key (``Authorization: Bearer mk_...`` of a key made
 with ``--subject``) or a signed link (``?token=`` from ``metering portal
 link``); never an API key in the URL. A key of no subject, a bad or expired
-link: 401, and the page says nothing of any subject.
+link: 401, and the page says nothing of any subject: an HTML page for a
+browser (``Accept: text/html``), a problem for any other client.
 """
 
 from __future__ import annotations
@@ -14,12 +15,15 @@ from fastapi import APIRouter, Depends, Query, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import HTMLResponse, Response
 
-from metering.api.auth import REALM, identity_of
+from metering.api.auth import BEARER, REALM, identity_of
 from metering.api.context import ApiContext, api_context
 from metering.api.problems import COMMON_ERRORS, ApiProblem, responses
-from metering.portal import portal_view, render_page, subject_of_link
+from metering.portal import portal_view, render_page, render_refusal, subject_of_link
 
 router = APIRouter(tags=["portal"])
+# A browser's 401 is a page; any other client's a problem.
+REFUSED: Final = responses(401)
+REFUSED[401]["content"]["text/html"] = {}
 
 # The page runs no script and loads nothing; the link's token stays out of
 # referrers and caches.
@@ -31,8 +35,15 @@ HEADERS: Final = {
 }
 
 
-def _unauthorized(detail: str) -> ApiProblem:
-    return ApiProblem("unauthorized", detail, headers={"WWW-Authenticate": REALM})
+def _refusal(request: Request, detail: str) -> Response:
+    """401: a page for a browser, a problem for any other client."""
+    if "text/html" in request.headers.get("accept", ""):
+        return HTMLResponse(
+            render_refusal(detail),
+            status_code=401,
+            headers={**HEADERS, "WWW-Authenticate": REALM},
+        )
+    raise ApiProblem("unauthorized", detail, headers={"WWW-Authenticate": REALM})
 
 
 @router.get(
@@ -41,8 +52,11 @@ def _unauthorized(detail: str) -> ApiProblem:
     response_class=HTMLResponse,
     responses={
         200: {"content": {"text/html": {}}, "description": "The page."},
-        **responses(401, *COMMON_ERRORS),
+        **REFUSED,
+        **responses(*COMMON_ERRORS),
     },
+    # A customer's key, or no key at all with a signed link's ``token``.
+    openapi_extra={"security": [{BEARER: ["read"]}, {}]},
 )
 async def portal(
     request: Request,
@@ -57,16 +71,17 @@ async def portal(
     if token is not None:
         subject = await run_in_threadpool(subject_of_link, database, token)
         if subject is None:
-            raise _unauthorized("the link is not valid or has expired: ask for a new one")
+            return _refusal(request, "the link is not valid or has expired: ask for a new one")
     else:
         identity = await identity_of(request)
         if identity.error is not None:
             raise identity.error
         key = identity.key
         if key is None or key.subject is None:
-            raise _unauthorized(
+            return _refusal(
+                request,
                 "the usage page needs a customer's key (Authorization: Bearer of a key "
-                "made with --subject) or a signed link (metering portal link)"
+                "made with --subject) or a signed link (metering portal link)",
             )
         subject = key.subject
     view = await run_in_threadpool(portal_view, database, subject)

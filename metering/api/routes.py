@@ -6,7 +6,8 @@ and documents its answers: its own (``ok``: the model and description of each
 success, and any problem with members of its own), then a problem under each
 status it may answer (``errors``), the scope's (`AUTH_ERRORS`) and those every
 route may answer (`COMMON_ERRORS`), then ``more`` (problems documented with
-members of their own, after the others).
+members of their own, after the others). Its ``security`` names the scope
+under the API's bearer scheme (`BEARER`, declared by `metering.api.app`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from metering.api.auth import AUTH_ERRORS, Scope, SubjectRule, require_scope
+from metering.api.auth import AUTH_ERRORS, BEARER, Scope, SubjectRule, require_scope
 from metering.api.problems import COMMON_ERRORS, responses
 
 Handler = TypeVar("Handler", bound=Callable[..., Any])
@@ -36,7 +37,8 @@ def route(
 ) -> Callable[[Handler], Handler]:
     """The decorator ``declare`` (``router.get``, ``router.post`` ...) makes for
     ``path``, documented as the module docstring says; ``options`` (``status_code``,
-    ``openapi_extra``) go to it as they are."""
+    ``openapi_extra``) go to it as they are, ``openapi_extra`` with the security."""
+    extra = {**options.pop("openapi_extra", {}), "security": [{BEARER: [scope]}]}
     return declare(
         path,
         summary=summary,
@@ -47,5 +49,6 @@ def route(
             **(more or {}),
         },
         dependencies=[require_scope(scope, subjects=subjects)],
+        openapi_extra=extra,
         **options,
     )

@@ -114,6 +114,11 @@ class EndpointCreated(BaseModel):
 
     endpoint: EndpointOut
     secret: str = Field(description="The full signing secret; never shown again.")
+    warnings: list[str] = Field(
+        description="What will keep deliveries from arriving: a URL whose host is not "
+        "public is refused unless the workers allow it (METERING_WEBHOOKS_ALLOW_PRIVATE "
+        "or METERING_WEBHOOKS_ALLOW_NETWORKS)."
+    )
 
 
 class SecretRotated(BaseModel):
@@ -290,15 +295,23 @@ async def add_endpoint(request: Request, context: Context) -> Response:
     """Add an enabled endpoint for ``types`` (default: every type). The answer
     holds its signing secret, given or generated: store it now, no later
     answer shows it. It is stored encrypted when the server has
-    ``METERING_SECRET_KEY`` (``secret_encrypted``), in plaintext otherwise."""
+    ``METERING_SECRET_KEY`` (``secret_encrypted``), in plaintext otherwise.
+    ``warnings`` says when deliveries to the URL will be refused (its host is
+    not public) and which setting allows them."""
     fields = await read_object(request, ENDPOINT_FIELDS)
     if "url" not in fields:
         raise bad_field("url", "is required")
     url = _text(fields["url"], "url")
     types = _types(fields.get("types", []))
     secret = _secret(fields.get("secret"))
-    endpoint, full_secret = await threaded(_hooks(context).add, url, secret=secret, types=types)
-    body = {"endpoint": endpoint_json(endpoint), "secret": full_secret}
+    hooks = _hooks(context)
+    endpoint, full_secret = await threaded(hooks.add, url, secret=secret, types=types)
+    refused = await threaded(hooks.destination_warning, url)
+    body = {
+        "endpoint": endpoint_json(endpoint),
+        "secret": full_secret,
+        "warnings": [] if refused is None else [refused],
+    }
     return JSONResponse(body, status_code=201)
 
 

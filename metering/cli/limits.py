@@ -88,6 +88,17 @@ def limits() -> None:
     type=click.Choice(AGGREGATIONS),
     help="Default: sum (costs add up). max, latest: a gauge; each event reports a level.",
 )
+@click.option(
+    "--pacing",
+    is_flag=True,
+    default=None,
+    help="Spread the maximum over the window: by an instant, its share plus --burst.",
+)
+@click.option(
+    "--burst",
+    metavar="N|P%",
+    help="With --pacing: units, or a percentage of the maximum, allowed ahead. Default: 5%.",
+)
 def limits_set(
     name: str,
     maximum: int | None,
@@ -129,6 +140,8 @@ def _limit_row(limit: Limit) -> list[object]:
         algorithm = f"{algorithm} distinct {limit.distinct}"
     if limit.is_gauge:
         algorithm = f"{algorithm} gauge {limit.aggregation}"
+    if limit.pacing:
+        algorithm = f"{algorithm} paced burst {limit.burst}"
     row: list[object] = [limit.name, maximum, limit.period, algorithm, limit.enforcement]
     return [*row, thresholds, limit.lateness, dimensions]
 

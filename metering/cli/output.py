@@ -61,6 +61,7 @@ LABEL_COLOURS: Final = {
     "overage": "yellow",
     "fits": "cyan",
     "would_deny": "magenta",
+    "ahead_of_pace": "yellow",
 }
 NUMERIC_COLUMNS: Final = frozenset({"maximum", "used", "denied events", "denied cost"})
 # A counter's window in one cell, its times in UTC (`window_span`).
@@ -340,6 +341,8 @@ def describe_limit(limit: Limit) -> str:
         parts.append(f"distinct {limit.distinct}")
     if limit.is_gauge:
         parts.append(f"gauge {limit.aggregation}")
+    if limit.pacing:
+        parts.append(f"paced, burst {limit.burst}")
     parts.append(limit.enforcement)
     if limit.thresholds:
         parts.append("thresholds " + "/".join(f"{t}%" for t in limit.thresholds))
@@ -418,6 +421,8 @@ def _charge_line(charge: ChargeDecision, label: str) -> str:
         return f"{line}, retry at {when(charge.retry_at)}"
     if charge.outcome == "would_deny":
         return f"{line}, would be denied (shadow: nothing consumed), resets {resets}"
+    if charge.outcome == "ahead_of_pace":
+        return f"{line}, ahead of its pace (not billed), resets {resets}"
     if charge.overage:
         return f"{line}, {charge.overage} over, resets {resets}"
     return f"{line}, {charge.remaining} left, resets {resets}"

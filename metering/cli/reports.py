@@ -17,7 +17,7 @@ import json
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, fields
-from datetime import datetime, timedelta
+from datetime import datetime
 from functools import wraps
 from pathlib import Path
 from typing import Any, Final, TypeVar, cast
@@ -29,7 +29,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from metering.cli.context import current_meter
 from metering.cli.options import FORMAT_OPTION, PROGRESS_OPTION, stacked
 from metering.cli.output import print_table, table, window_span
-from metering.domain.instants import round_up
+from metering.domain.instants import clock_text
 from metering.domain.jsonable import field_names
 from metering.domain.rollups import shown_value
 from metering.errors import InvalidInput
@@ -52,7 +52,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 RowT = TypeVar("RowT")
 
 PROGRESS_EVERY: Final = 1000
-MINUTE: Final = timedelta(minutes=1)
 # The columns shown as numbers (right-aligned, with thousands separators):
 # the whole numbers and percentages of the overage, usage and shadow rows.
 NUMERIC: Final = frozenset(
@@ -367,8 +366,7 @@ def _with_progress(chosen: BaseReport[RowT] | DimensionReport) -> Iterator[Any]:
 
 def _cell(name: str, value: object) -> object:
     if isinstance(value, datetime):
-        # Shown to the minute, rounded up as every time shown is (`round_up`).
-        return round_up(value, MINUTE).strftime("%Y-%m-%d %H:%M")
+        return clock_text(value)
     if value is not None and name == "utilisation_percent":
         return f"{value:.1f}"
     if value is not None and name in NUMERIC:
@@ -379,7 +377,7 @@ def _cell(name: str, value: object) -> object:
 def _table_cell(row: Any, name: str) -> object:
     if name in SPANS:
         start, end = SPANS[name]
-        return window_span(getattr(row, start), getattr(row, end), MINUTE)
+        return window_span(getattr(row, start), getattr(row, end))
     return _cell(name, getattr(row, name))
 
 

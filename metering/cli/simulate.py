@@ -22,6 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from metering.cli.context import current_meter
 from metering.cli.options import FORMAT_OPTION, PROGRESS_OPTION
 from metering.cli.output import print_table, table
+from metering.domain.instants import clock_text
 from metering.domain.replay import SIMULATION_COLUMNS
 from metering.errors import InvalidInput
 from metering.reports.export import neutralise
@@ -111,7 +112,7 @@ def _write(found: Simulation, fmt: str) -> None:
         for row in rows:
             writer.writerow(neutralise(v) if isinstance(v, str) else v for v in row.values())
     else:
-        title = f"Backtest, {found.events:,} events since {found.since:%Y-%m-%d %H:%M} UTC"
+        title = f"Backtest, {found.events:,} events since {clock_text(found.since)} UTC"
         if not rows:
             click.echo(f"{title}: no events")
             return

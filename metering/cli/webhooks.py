@@ -72,6 +72,9 @@ def add(url: str, secret: str | None, types: tuple[str, ...]) -> None:
     click.echo(f"secret {full_secret}  (store it now: it is not shown again)")
     if not hooks.encrypts_secrets:
         click.echo(PLAINTEXT_WARNING, err=True)
+    refused = hooks.destination_warning(url)
+    if refused is not None:
+        click.echo(f"warning: {refused}", err=True)
 
 
 def _endpoint_row(endpoint: Endpoint) -> list[object]:

@@ -1,18 +1,11 @@
 """The ledger's invariants, judged: pure rules, no SQL, no clock.
 
-A window's *ledger sum* is what the ledger says its counter holds: the cost
-of every allowed charge of a consumed result (allowed or overage; a shadow
-limit's would-deny consumed nothing), less what voids reversed and what
-cancels gave back, counting only what came after the window's last reset
-(a result written before it, by the reset clock's tick; a void or a give-back
-timed before it). A commit of more than was reserved rewrites its result
-with the real cost (its overdraft included), so the sum holds it too.
-
-`Tally` adds these up from ledger rows, starting from what an earlier run
-found (``audit_windows``); the `judge_*` functions compare a figure with
-the ledger's and return a `Violation` naming what broke, or None. A gauge
-holds a level, not a sum, and a token bucket has no window: neither is
-judged against a sum.
+A window's *ledger sum* is the cost of its consumed charges (a shadow would-deny consumed
+nothing) less what voids reversed and cancels gave back, counting only what came after its
+last reset (a result by the reset clock's tick, a void or give-back by time); a commit of
+more than was reserved rewrote its result, overdraft included. `Tally` adds these up from
+ledger rows, from what an earlier run kept; the `judge_*` functions return a `Violation`
+naming what broke, or None. Gauges (levels) and token buckets (no window) are not summed.
 """
 
 from __future__ import annotations

@@ -1,29 +1,13 @@
-"""Corrections: voiding an allowed event after the fact (pure rules).
+"""Corrections: voiding an allowed event after the fact (pure rules; docs/allowances.md).
 
-A void reverses what the event's charges consumed, each in the counter of
-its own window, past windows included: a fixed window's ``used`` goes down
-by the charge's cost (never below zero: a reset may have cleared it since);
-a token bucket gets its tokens back up to its capacity, as a cancelled
-reservation does. The grants that paid for a charge are given back to the
-window (its own usage is ``used`` less its draws, so the draws go down with
-it) and, when still active, to the grant itself; an expired grant's amount
-stays gone. Charges that consumed nothing (a shadow limit's would-deny) are
-left alone. The event's result stays in the ledger; the correction is a
-record of its own that references it.
-
-A gauge's window (``aggregation`` ``max`` or ``latest``) holds a level, not
-a sum: a void recomputes it from the reports that remain in the ledger
-(`gauge_after`), the peak of the allowed, non-voided ones, or the latest of
-them by event time (ties by decision); 0 when none remains.
-
-Usage is given back at most once, whatever else happened to the event:
-
-* a charge whose counter an operator reset after the event was written is
-  skipped: the reset cleared it already, and the counter that started over
-  holds only later usage (`Reset.cleared`);
-* a charge a cancel of the event's reservation gave back is skipped
-  (`still_charged`); a reservation still held is settled by the void, so a
-  later cancel gives nothing more.
+A void reverses each charge's consumption in the counter of its own window, past ones too:
+a fixed window's ``used`` goes down by the cost (never below zero), a token bucket gets its
+tokens back up to its capacity, and the grants that paid are given back (to the grant only
+while it is active). A gauge's level is recomputed from the reports left (`gauge_after`:
+their peak, or the latest by event time; 0 when none). Charges that consumed nothing are
+left alone; the result stays, the correction is a record of its own. Usage goes back at
+most once: a charge whose counter a reset cleared after the event is skipped
+(`Reset.cleared`), and so is one a cancel of its reservation gave back (`still_charged`).
 """
 
 from __future__ import annotations

@@ -305,6 +305,8 @@ def _charge_decision(charge: ChargeInput, ev: Evaluation, *, consumed: bool) -> 
         outcome = "denied"
     elif consumed and ev.overage_after > 0:
         outcome = "overage"
+    elif consumed and ev.ahead_of_pace:
+        outcome = "ahead_of_pace"
     else:
         outcome = "allowed"
     start = charge.key.window_start_us

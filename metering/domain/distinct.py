@@ -1,21 +1,13 @@
-"""Seats: limits that count distinct values (``Limit(..., distinct="user")``).
+"""Seats: limits that count distinct values (``Limit(..., distinct="user")``; docs/seats.md).
 
-A distinct limit's ``used`` in a window is the number of distinct values of
-its metadata key among the window's live events (allowed, not voided). An
-event's charge on it costs 1 when its value has no live event in the
-subject's window yet (a new seat: decided like any charge of cost 1, so it
-may be denied, be overage or would-deny), and 0 when it has (a seat already
-held: always allowed, whatever the maximum is now).
-
-The rules are over plain values; the store keeps, per (subject, limit,
-window start, value), the number of live events (`Seen`). A charge counts
-an event only when it consumed (allowed or overage); a void takes the event
-off again, and frees the seat when it was the value's last live event.
-
-* A charge on a distinct limit must carry the key in the event's metadata,
-  as a string of 1 to 200 printable characters or a whole number (``7`` and
-  ``"7"`` are the same value), and have cost 1: `value_of` raises
-  `InvalidInput` otherwise.
+A distinct limit's ``used`` in a window is the number of distinct values of its metadata key
+among the window's live (allowed, not voided) events. A charge costs 1 when its value has no
+live event in the subject's window yet (a new seat, decided like any charge of cost 1) and 0
+when it has (a seat already held: always allowed). The store keeps the live events per
+(subject, limit, window start, value) (`Seen`); a charge counts its event only when it
+consumed, and a void frees the seat with the value's last live event (`after_void`). The
+charge must carry the key as 1 to 200 printable characters or a whole number (``7`` is
+``"7"``) and cost 1: `value_of` raises `InvalidInput` otherwise.
 """
 
 from __future__ import annotations

@@ -1,24 +1,13 @@
-"""Entitlements and grants: a subject's own allowance, and what tops it up.
+"""Entitlements and grants: a subject's own allowance, and what tops it up (docs/allowances.md).
 
-An *entitlement* gives one subject its own maximum for a limit, from an
-instant on (``effective_from``). A subject's history is a list of such
-changes; the maximum at an instant is the latest change at or before it,
-else the limit's default. A change to None (`delete`) returns the subject
-to the default from then on, and keeps the history: a report of a past
-window still shows the maximum that applied then.
-
-A *grant* is an amount of usage given on top of the maximum (a top-up),
-for one subject and limit, active from ``effective_from`` until
-``expires_at`` (exclusive; never when None). A charge of a fixed window
-draws first on the window's own allowance, then on the active grants: by
-priority (the lowest number first; `DEFAULT_PRIORITY` unless given), then
-the earliest expiring first (ties: the earliest given, then by id). A
-grant's unused amount is gone when it expires; a new window does not renew
-it (a recurring grant issues a new one per period: `metering.domain.recurring`).
-
-`fit_window` is the arithmetic of a fixed-window charge when its subject has
-grants, shared by both engines (`windows.evaluate_window` and
-`rules.decide`) so that it exists once.
+An *entitlement* gives one subject its own maximum for a limit from ``effective_from`` on;
+the maximum at an instant is the latest change at or before it, else the limit's default
+(`maximum_at`), and a change to None returns to the default while the history stays.
+A *grant* adds usage on top of the maximum, active from ``effective_from`` until
+``expires_at`` (exclusive; never when None). A fixed-window charge draws on the window's own
+allowance first, then on active grants by priority (lowest first, `DEFAULT_PRIORITY`
+unless given), then earliest expiry, earliest given, id; an expired grant's rest is gone.
+`fit_window` is that arithmetic, shared by `windows.evaluate_window` and `rules.decide`.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """A subject's usage history as a time series: buckets, sums, the maximum in force.
 
-Pure: `metering.history` reads the figures and hands them here.
-
-* **Buckets** are UTC hours or UTC days (`BUCKETS`), ``[start, start +
-  size)``; a series covers every bucket that meets ``[from, to)``, empty
-  ones included (used 0), oldest first, at most `MAX_BUCKETS`.
-* **Usage** comes as ``(at_us, used)`` pairs and counts in the bucket that
-  holds ``at_us``: an hour of the rollups, or a counter window's start.
-* **The maximum in force** in a bucket is the subject's entitlement in force
-  at the bucket's last instant (the latest change starting at or before it;
-  a change to None is back to the limit's default), as reports take the
-  maximum that applied at a window's end.
+Pure: `metering.history` reads the figures and hands them here. Buckets are UTC hours or
+days (`BUCKETS`), ``[start, start + size)``; a series covers every bucket that meets
+``[from, to)``, empty ones included, oldest first, at most `MAX_BUCKETS`. Usage comes as
+``(at_us, used)`` pairs and counts in the bucket holding ``at_us`` (a rollup hour, or a
+counter window's start). A bucket's maximum is the subject's entitlement in force at its
+last instant (a change to None: the limit's default), as reports take it at a window's end.
 """
 
 from __future__ import annotations

@@ -1,22 +1,13 @@
-"""Reading an import file (`metering import`), and what its flags change.
+"""Reading an import file (`metering import`; docs/import.md), and what its flags change.
 
-Pure: text lines in, `EventRecord`s (or the reason a line is bad) out, with
-the line number of each; no database. Two formats:
-
-* JSON Lines: one object a line, the HTTP API's plain event
-  (``event_id``, ``subject``, ``limit``, ``cost`` (default 1),
-  ``occurred_at``, ``metadata``, or ``charges: [{subject, limit, cost}]``);
-* CSV with a header that starts ``event_id,subject,limit,cost,occurred_at``;
-  every further column is a metadata key, its cell the (text) value; an
-  empty cell leaves the key out.
-
-An import is exactly once by id, so ``event_id`` and ``occurred_at`` are
-required (nothing is generated, and "now" means nothing for history). Blank
-lines are skipped.
-
-`ImportPolicy` is what ``--no-enforce`` and ``--allow-late`` change in the
-rules the engine applies (`ImportPolicy.rule`, `ImportPolicy.limit`), and
-the marker the results keep (`ImportPolicy.marker`).
+Pure: text lines in, `EventRecord`s or `BadLine`s (the reason a line is bad) out, each with
+its line number (`parse_lines`). JSON Lines: one object a line, the HTTP API's plain event
+(``event_id``, ``subject``, ``limit``, ``cost`` (default 1), ``occurred_at``, ``metadata``,
+or ``charges``). CSV: a header starting ``event_id,subject,limit,cost,occurred_at``, each
+further column a metadata key (an empty cell leaves it out). ``event_id`` and
+``occurred_at`` are required: an import is exactly once by id. Blank lines are skipped.
+`ImportPolicy` is what ``--no-enforce`` and ``--allow-late`` change in the rules
+(`ImportPolicy.rule`, `ImportPolicy.limit`) and the marker results keep (`.marker`).
 """
 
 from __future__ import annotations

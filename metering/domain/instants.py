@@ -5,7 +5,8 @@ exact; datetimes appear only at the edges (aware, UTC). Text becomes an
 instant in one place, `parse_instant` (RFC 3339), for the command line, the
 HTTP API and the limits and entitlements files alike; an instant becomes
 text at a coarser precision through `round_up`, the one rounding rule of
-what is shown.
+what is shown: to the second (`clock_text`), the same for a window's bounds
+in every table, report, chart and page.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from metering.errors import InvalidInput, OccurredAtOutOfRange
 
 EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 MICROSECOND: Final = timedelta(microseconds=1)
+SHOWN_UNIT: Final = timedelta(seconds=1)
 US_PER_SECOND: Final = 1_000_000
 # The instants a UTC datetime can hold: years 1 to 9999 once converted to UTC.
 MIN_US: Final = (datetime.min.replace(tzinfo=UTC) - EPOCH) // MICROSECOND
@@ -144,3 +146,9 @@ def round_up(moment: datetime, unit: timedelta) -> datetime:
     us = (moment - EPOCH) // MICROSECOND
     rounded = -(-us // step) * step
     return from_us(rounded if rounded <= MAX_US else rounded - step)
+
+
+def clock_text(moment: datetime) -> str:
+    """``YYYY-MM-DD HH:MM:SS`` in UTC, rounded up to the second (`round_up`):
+    how an instant is shown, a window's start and end alike."""
+    return f"{round_up(moment.astimezone(UTC), SHOWN_UNIT):%Y-%m-%d %H:%M:%S}"

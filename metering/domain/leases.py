@@ -1,36 +1,13 @@
-"""Quota leases: how many units a process may hold for a hot key, for how long,
-and what a request served from them is told.
+"""Quota leases: how many units a process may hold for a hot key, for how long, and what a
+request served from them is told (pure rules; docs/middleware.md).
 
-A process that sees the same (subject, limit) again and again may reserve a
-*block* of units in one transaction (a reservation of cost ``block``) and
-decide the next requests of that key from memory (`metering.reservations.leases`). The
-database counts the whole block as used from the moment it is leased, so the
-sum of what every process has used and holds never exceeds the maximum.
-What a process did not use goes back when it settles the lease
-(`Reservation.commit(actual=used)`); a process killed holding a lease loses
-the unused part for that window (the sweeper commits it in full): an
-under-grant, never an over-grant.
-
-The block rule (`block_units`), for a request costing ``cost``:
-
-* a **cold** key leases nothing: the exact path decides the request
-  (``cost`` is returned, which means "no block"). A key is hot once it has
-  had `HOT_STREAK` requests in a row, each within `HOT_SECONDS` of the one
-  before (`streak_after`, `is_hot`), and stays hot while they keep coming
-  so: a key seen now and then (one of 10,000 client addresses, every few
-  seconds) stays on the exact path, where a block would cost a transaction
-  to lease it and another to give most of it back;
-* a **hot** key leases twice what its previous block handed out (or the
-  exact path's ``cost``), so a key that spends its blocks doubles them;
-* never more than a quarter of what is ``left`` of the window (as last seen)
-  nor `MAX_BLOCK_UNITS`;
-* a block no larger than ``cost`` is no block: the last units of a window
-  (``left < 8 * cost``) are never leased in bulk, each request takes the
-  exact path, so a client at its limit is denied where the exact path
-  denies it.
-
-All instants are microseconds since the epoch; the rule takes ``now_us``
-from the caller's clock.
+A hot (subject, limit) may be decided from a *block* of units leased in one reservation
+(`metering.reservations.leases`); the database counts the whole block as used at once, so
+processes never over-grant (a killed one under-grants). `block_units`: a cold key leases
+nothing (``cost``: the exact path); a key is hot after `HOT_STREAK` requests each within
+`HOT_SECONDS` of the last (`streak_after`, `is_hot`); a hot key leases twice its previous
+block, at most a quarter of what is ``left`` and `MAX_BLOCK_UNITS`; a block no larger than
+``cost`` is none: a window's last units take the exact path. Instants: microseconds.
 """
 
 from __future__ import annotations

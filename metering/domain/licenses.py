@@ -1,18 +1,13 @@
-"""Floating licenses: a concurrent limit's rules, as pure functions.
+"""Floating licenses: a concurrent limit's rules, as pure functions (docs/licenses.md).
 
-A subject holds the units of its checkouts that are neither checked in nor
-past their expiry. A checkout of ``cost`` fits when what is held plus
-``cost`` stays at or below the maximum; nothing else is ever counted, so
-there is no counter to drift: an expired checkout stops counting at its
-expiry instant, whoever notices it (a checkout of the same subject, the
-sweep) and whether or not anyone does. Checking in is a state change of one
-row from held to released, which can happen once.
-
-Denials: ``limit.denied`` is sent once per run of denials (from the first
-denial until a checkout of the subject fits again), with
-``algorithm: "concurrent"``; ``retry_at`` is the first instant at which,
-if nothing is checked in, enough checkouts will have expired for this one.
-There is no window, so ``limit.reset`` is never sent.
+A subject holds the units of its checkouts neither checked in nor past their expiry
+(`held_units`); a checkout of ``cost`` fits when held plus ``cost`` stays at or below the
+maximum (`fits`). Nothing else is counted, so no counter drifts: an expired checkout stops
+counting at its expiry instant, whoever notices. Checking in moves one row from held to
+released, once. ``limit.denied`` (``algorithm: "concurrent"``) is sent once per run of
+denials, until a checkout fits again (`denied_document`); its ``retry_at`` is the first
+instant enough checkouts will have expired for this one (`retry_at_us`). There is no
+window, so ``limit.reset`` is never sent.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from typing import Any, Final, Literal
 from metering.domain.bounds import shown, validate_whole
 from metering.domain.jsonable import fields_dict
 from metering.domain.money import format_amount, parse_amount, validate_currency
+from metering.domain.pacing import DEFAULT_BURST, Burst, parse_burst
 from metering.errors import InvalidLimit
 
 Algorithm = Literal["fixed_window", "token_bucket", "concurrent"]
@@ -195,6 +196,8 @@ class Limit:
     currency: str | None = None
     distinct: str | None = None
     aggregation: Aggregation = "sum"
+    pacing: bool = False
+    burst: Burst | None = None
     parsed_period: Period = field(init=False, repr=False, compare=False)
     lateness_seconds: int = field(init=False, repr=False, compare=False)
 
@@ -236,6 +239,7 @@ class Limit:
         _choice("aggregation", self.aggregation, AGGREGATIONS)
         if self.aggregation != "sum":
             _check_gauge(self)
+        object.__setattr__(self, "burst", _paced(self))
         thresholds = _thresholds(self.thresholds)
         units = _thresholds(self.thresholds_units, "thresholds_units", MAX_MAXIMUM)
         lateness = parse_period(self.lateness, field_name="lateness")
@@ -267,6 +271,7 @@ class Limit:
             **fields_dict(self, LIMIT_KEYS),
             **(_money(self.maximum, self.currency) if self.currency else {}),
             "distinct": self.distinct,
+            **({"pacing": True, "burst": self.burst} if self.pacing else {}),
         }
 
     @classmethod
@@ -274,7 +279,7 @@ class Limit:
         """Build a limit from a mapping (a row, or an entry of a limits file)."""
         known = {"name", "maximum", "period", "algorithm", "window", "enforcement"}
         known |= {"thresholds", "lateness", "thresholds_units", "dimensions", "currency"}
-        known |= {"max_amount", "distinct", "aggregation"}
+        known |= {"max_amount", "distinct", "aggregation", "pacing", "burst"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise InvalidLimit(unknown[0], f"unknown field; expected some of {sorted(known)}")
@@ -335,6 +340,21 @@ def _check_gauge(limit: Limit) -> None:
         raise InvalidLimit("aggregation", "a spend limit adds money up; a gauge reports a level")
     if limit.dimensions:
         raise InvalidLimit("dimensions", "a gauge's levels do not add up by dimension")
+
+
+def _paced(limit: Limit) -> Burst | None:
+    """A paced limit's burst (the default if none is given); None when not paced."""
+    if not isinstance(limit.pacing, bool):
+        raise InvalidLimit("pacing", f"must be true or false, got {shown(limit.pacing)}")
+    if not limit.pacing:
+        if limit.burst is not None:
+            raise InvalidLimit("burst", "only a paced limit has a burst: add pacing")
+        return None
+    if limit.algorithm != "fixed_window":
+        raise InvalidLimit("pacing", "a bucket refills at its own pace; licenses are held")
+    if limit.is_gauge:
+        raise InvalidLimit("pacing", "a gauge reports a level, which is not spent over time")
+    return parse_burst(DEFAULT_BURST if limit.burst is None else limit.burst, limit.maximum)
 
 
 def _money(maximum: int, currency: str) -> dict[str, str]:

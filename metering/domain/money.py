@@ -1,24 +1,13 @@
-"""Money: currencies, amounts, prices and the rounding of a priced charge.
+"""Money: currencies, amounts, prices and the rounding of a priced charge (docs/money.md).
 
-Amounts are integers of a currency's minor unit (cents for USD, yen for
-JPY): `parse_amount` reads the major units a person writes (``50``,
-``1.00``) and refuses more decimals than the currency has; `format_amount`
-writes them back. Floats never appear: text goes through `Decimal`.
-
-A per-unit price may be finer than the minor unit (USD 0.002 a call is a
-fifth of a cent), so a price is held as an integer of *micro-minor units*:
-``PRICE_EXTRA_DIGITS`` (6) decimals below the minor unit, i.e. up to 8
-decimals of a dollar, 6 of a yen. A price with more decimals is refused.
-
-The amount of a charge is ``cost * per_unit`` micro-minor units, rounded
-to the minor unit **half to even** (banker's rounding), **per charge**
-(`charge_amount`): each priced charge is rounded on its own, then a
-subject's spend limit is charged the sum of its event's rounded amounts.
-A charge may cost at most ``MAX_AMOUNT``; more is refused (`bounded_amount`).
-
-Prices are effective-dated like entitlements (`price_at`): a price holds
-from its ``effective_from_us`` until the next one of its limit; a price of
-None ends pricing from then on.
+Amounts are integers of a currency's minor unit (`CURRENCIES`): `parse_amount` reads the
+major units a person writes and refuses more decimals than the currency has; `format_amount`
+writes them back; text goes through `Decimal`, never a float. A price is an integer of
+micro-minor units (`PRICE_EXTRA_DIGITS` below the minor unit: USD 0.002 a call is 200,000).
+A charge's amount is ``cost * per_unit`` rounded half to even to the minor unit, per charge
+(`charge_amount`); a spend limit is charged the sum of its event's rounded amounts, at most
+`MAX_AMOUNT` a charge (`bounded_amount`). Prices are effective-dated (`price_at`): one holds
+until the next of its limit; a price of None ends pricing from then on.
 """
 
 from __future__ import annotations

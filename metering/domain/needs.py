@@ -25,6 +25,7 @@ class Need(StrEnum):
     MONEY = "money"  # a priced limit or a spend cap: charges added in money
     SEATS = "seats"  # distinct values: a charge costs 1 for a new value, else 0
     GAUGE = "gauge"  # a charge reports a level: used is the peak or the last level
+    PACING = "pacing"  # the maximum spread over the window (`metering.domain.pacing`)
     DIMENSIONS = "dimensions"  # usage rolled up by metadata keys
     MONTH_FIRST_USE = "month_first_use"  # a first-use window of calendar months
     ENTITLEMENTS = "entitlements"  # a subject's own maximum
@@ -53,6 +54,8 @@ def rule_needs(limit: Limit, *, priced: bool) -> frozenset[Need]:
         found.add(Need.SEATS)
     if limit.is_gauge:
         found.add(Need.GAUGE)
+    if limit.pacing:
+        found.add(Need.PACING)
     if limit.dimensions:
         found.add(Need.DIMENSIONS)
     if (

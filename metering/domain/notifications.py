@@ -1,34 +1,13 @@
 """Which webhook notifications a counter change causes: pure rules, no SQL, no clock.
 
-`notices_for` turns one charge (its limit, the counter before and after the
-event, and the charge's decision) into candidate notices. Whether a candidate
-is the *first* of its kind is enforced by the database: every notice carries
-a mark (limit, subject, window start, kind) that is inserted at most once.
-
-* ``limit.denied``: a charge was denied. For a fixed window only the first
-  denial in the window is a candidate (the counter had no denial before).
-* ``limit.threshold``: usage crossed a configured percentage of the
-  subject's maximum, or an absolute amount (``thresholds_units``): one
-  notice per threshold crossed (a gauge's level crossing it upwards).
-* ``limit.exceeded``: a soft limit's usage went past its maximum (and the
-  grants that top it up), or a commit of more than was reserved took a hard
-  limit's usage past it (overdraft).
-* ``limit.would_deny``: a shadow limit would have denied a charge; like
-  ``limit.denied``, only the first in the window.
-* ``usage.corrected``: an event was voided (`metering.corrections`); it
-  has no mark, as a correction happens once per event anyway.
-* ``grant.low``: a draw left a grant at or below its ``low`` threshold
-  (`metering.domain.recurring`); once per grant (per issue of a recurring
-  one), marked on the grant's row.
-* ``limit.reset``: a denied subject has a fresh window; `reset_due` decides
-  when, for the sweeper.
-* ``audit.violation``: a run of `metering.audit` found the ledger broken;
-  one per run that found something, no mark.
-
-Token buckets have no windows. Their marks use window start 0 and last one
-*episode*: from the first notice until the bucket is full again. The sweeper
-then deletes the bucket's marks (announcing ``limit.reset`` if it had a
-denial), so the next denial or threshold fires again.
+`notices_for` turns one charge (its limit, the counter before and after, its decision) into
+candidate notices (the kinds and when each fires: docs/webhooks.md). Being the *first* of
+its kind is the database's part: a notice carries a `Mark` (limit, subject, window start,
+kind) inserted at most once; ``usage.corrected`` has none (a void happens once per event),
+``grant.low`` is marked on the grant's row, ``audit.violation`` (`metering.audit`) has
+none. `reset_due` tells the sweeper when a denied subject has a fresh window (``limit.reset``).
+Token buckets have no windows: their marks use window start 0 and last one episode, until the
+bucket is full again (`bucket_full_at_us`); the sweeper then deletes them.
 """
 
 from __future__ import annotations
@@ -180,7 +159,7 @@ def notices_of(
     own: Mapping[tuple[str, str], Limit] | None = None,
 ) -> list[Notice]:
     """Every candidate notice of a batch, in event order. ``own``: the limits
-    of (limit, subject) pairs with thresholds of their own (`metering.alerts`)."""
+    of (limit, subject) pairs with thresholds of their own (`metering.allowances.alerts`)."""
     found: list[Notice] = []
     for t in transitions:
         for key, before, after, charge in zip(t.keys, t.before, t.after, t.charges, strict=True):

@@ -1,28 +1,13 @@
 """Recurring grants: one grant *issued* per period, with rollover; and ``grant.low``.
 
-A recurring grant (a *schedule*) gives ``amount`` every period (``every``).
-Its first issue is made when it is added, for the rest of the current
-period; each later one at a period start: the calendar boundaries of
-``every`` in UTC (``1mo``: the first of each month) on a calendar limit,
-and on a first-use limit every ``every`` from the grant's own start. An
-issue expires at the end of its period (or at ``until``, if sooner); the
-schedule makes no issue that would start at or after ``until``.
-
-An issue's amount is ``amount`` plus the unused part of the issue before
-it, up to ``rollover_max`` (0: nothing carries over). The unused part is
-read when the issue is made: usage of the old period that arrives later
-(a late event) draws on the old issue, and is not taken from the new one.
-
-Issues are made when the subject's window is next read (`issues_due`
-at the reading instant), not by a timer, so a frozen clock sees them.
-
-``grant.low``: a grant may carry a threshold, in units or a percentage of
-its amount (`low_threshold`); the first draw that leaves it at or below
-announces ``grant.low``, once per grant (per issue), marked on its row
-(`metering.storage.allowances`).
-
-Pure arithmetic, no SQL and no clock: `metering.allowances.recurring`
-runs it in transactions.
+A schedule gives ``amount`` every period (``every``): its first issue when added, for the
+rest of the current period; each later one at a period start (the UTC calendar boundaries
+of ``every`` on a calendar limit, every ``every`` from the grant's own start on a first-use
+one). An issue expires at its period's end or at ``until``; none starts at or after
+``until``. An issue's amount is ``amount`` plus the previous issue's unused part, read when
+the issue is made, up to ``rollover_max``. Issues are made when the window is next read
+(`issues_due`), not by a timer. `low_threshold` is a grant's ``grant.low`` level in units.
+Pure arithmetic (docs/allowances.md): `metering.storage.recurring` runs it in transactions.
 """
 
 from __future__ import annotations

@@ -1,28 +1,13 @@
-"""Replaying recorded demand through other limits: the backtest's rules.
+"""Replaying recorded demand through other limits: the backtest's rules (docs/simulate.md).
 
-`Replay` takes the events the ledger recorded, in event-time order, and
-decides each again with the reference rules (`decisions.decide_event`)
-against counters it keeps in memory, under the limits and per-subject
-maximums given to it. Nothing here reads or writes a database.
-
-What it assumes (and docs/simulate.md states):
-
-* every counter starts empty at the first event replayed: a window already
-  open when the period starts counts only the events inside the period;
-* grants are not replayed (a top-up is not a limit's setting); the
-  subject's own maximums (entitlements) are;
-* a charge on a limit that is not in force (deleted, never defined), on a
-  concurrent limit (never consumed by an event), a seat limit (its cost
-  depends on the values seen, which the replay does not keep) or a spend
-  limit (charged in money by prices, not replayed) is left out; an event
-  left without charges is not replayed;
-* first-use windows open at the first replayed event of each subject, as
-  they would have if the proposed limit had been stored then.
-
-Per (subject, limit) it counts the events charged, the events whose charge
-would not fit (denied by a hard limit, ``would_deny`` of a shadow one) and
-their cost, the overage (allowed usage above the maximum: soft limits), and
-the events whose charge this limit denied when they were decided.
+`Replay` is fed the ledger's events in event-time order (`Replay.feed`) and decides each
+again with the reference rules (`metering.domain.decisions.decide_event`) against counters
+held in memory, under the limits and per-subject maximums given to it; no database. Every
+counter starts empty at the first event replayed, first-use windows open at each subject's
+first replayed event, and grants are not replayed. Charges on limits not in force and on
+concurrent, seat or spend limits are left out, and an event left without charges too.
+`Replay.rows` gives per (subject, limit) the events charged, the would-denies and their
+cost, the overage (soft limits), and the events this limit denied when they were decided.
 """
 
 from __future__ import annotations

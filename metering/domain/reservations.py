@@ -1,23 +1,13 @@
-"""Giving a cancelled reservation's cost back to its counter, and charging
-a commit's usage beyond what was reserved.
+"""Giving a cancelled reservation's cost back to its counter, and charging a commit's usage
+beyond what was reserved (pure rules).
 
-A reservation consumed like any event; cancelling it undoes that charge
-where undoing is still meaningful:
-
-* a fixed window gets the cost back only while the window is current: once
-  it has ended, its usage is history (and the next window starts empty
-  anyway);
-* a token bucket gets the tokens back, but never beyond its capacity: a
-  bucket that refilled meanwhile is simply full.
-
-A commit of more than was reserved (`charge_more`) records the real usage:
-the excess is charged to the reservation's own counter (its window, even
-one that has ended since: that is when the usage happened), drawing on the
-subject's grants as a decision would. What a hard limit has no room for is
-charged all the same and counted as *overdraft*: the usage happened and is
-billed, and the counter, now past its maximum, denies the subject until the
-window resets (a bucket: until it has refilled past its debt). A soft
-limit's excess is ordinary overage; a shadow limit has no overdraft.
+A reservation consumed like any event. Cancelling gives the charge back where that still
+means something (`can_give_back`, `give_back`): a fixed window only while it is current
+(an ended window's usage is history), a token bucket up to its capacity. A commit of more
+than reserved (`charge_more`) charges the excess to the reservation's own window (even an
+ended one), drawing on grants as a decision would; what a hard limit has no room for is
+charged all the same as *overdraft* (billed; the counter denies until the window resets or
+the bucket refills past its debt). A soft limit's excess is overage; a shadow one has none.
 """
 
 from __future__ import annotations

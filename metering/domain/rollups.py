@@ -1,32 +1,13 @@
-"""Usage by dimension: what a batch of decisions adds to the hourly rollups.
+"""Usage by dimension: what a batch of decisions adds to the hourly rollups (docs/reports.md).
 
-A limit with ``dimensions`` (event-metadata keys such as ``route`` or
-``model``) has its consumed usage summed per (subject, limit, key, hour,
-value): the cost consumed and the number of events that consumed it. The
-rollups are what ``metering report usage --group-by`` reads, so a month of a
-subject's usage by route is a few hundred rows, not a scan of its results.
-
-Rules, the same on every path (`rollup_deltas` is the only place they live):
-
-* **Consumed only.** An event whose outcome is ``allowed`` or ``overage``
-  consumed every one of its charges; a denied event consumed none (even a
-  charge of it that would have fit: stacking is all or nothing), a rejected
-  one had none. Hence the event's outcome decides, not a charge's own
-  ``allowed``; except that a shadow limit's charge that would have been
-  denied (outcome ``would_deny``) consumed nothing either.
-* **The hour of the event.** Usage counts in the UTC hour of ``occurred_at``
-  (the window's clock), not of the decision.
-* **Values.** A string is kept as it is, cut to `MAX_VALUE_CHARS`
-  characters; a missing key or JSON null is `NO_VALUE` (the empty string,
-  which reports show as ``(none)``, and which an empty string value joins);
-  numbers, booleans, lists and objects are their compact JSON text
-  (``3``, ``true``, ``["a"]``), cut the same way. A NUL character, which
-  PostgreSQL text cannot hold, is written as ``\\u0000``.
-
-Deltas carry a sign: ``sign=-1`` subtracts what a voided event added
-(corrections), so the rollups keep equal to the consumed, unvoided usage.
-A cancelled reservation takes away what it gave back (`given_back_deltas`):
-the units returned, and the event itself when all of a charge came back.
+A limit with ``dimensions`` (metadata keys such as ``route``) has its consumed usage summed
+per (subject, limit, key, UTC hour of ``occurred_at``, value): cost and events. The rules
+live only in `rollup_deltas`: an event counts when its outcome is in `CONSUMED` (all of its
+charges; a denied event none), except a shadow charge's `WOULD_DENY`. A string value is cut
+to `MAX_VALUE_CHARS`; a missing key, null or empty string is `NO_VALUE`; other JSON is its
+compact text; NUL is written ``\\u0000``. Deltas carry a sign: a void subtracts what its
+event added, so rollups equal the consumed, unvoided usage; a cancel takes away what it gave
+back (`given_back_deltas`), and the event too when all of a charge came back.
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
 """The decision rules over plain values: what `consume` and the worker run.
 
-`decide_event` (``decisions.py``) states the rules with value objects, one
-`Evaluation` and two `CounterState` copies per charge. That is the clearest
-statement of them and what the general engine uses, but at tens of thousands
-of events a second the objects cost more than the arithmetic. This module
-applies the same rules to a counter held as a mutable list (``State``) and
-writes each charge's figures straight into the row the ledger stores
-(`ChargeDecision.to_row` order). A differential property test
-(``tests/engine/test_differential.py``) drives both with random event streams
-and asserts identical results, counters and notifications.
-
-Only what may notify builds value objects: a denial, or consumption of a
-limit with thresholds or soft enforcement; `notices_for` then decides, so
-the notification rules exist once.
+`metering.domain.decisions.decide_event` states the rules with value objects, the clearest
+statement of them; at tens of thousands of events a second the objects cost more than the
+arithmetic. `decide` applies the same rules to a counter held as a mutable list (`State`)
+and writes each charge's figures straight into the ledger's row (`ChargeRow`, in
+`ChargeDecision.to_row` order). tests/engine/test_differential.py drives both with random
+event streams and asserts identical results, counters and notifications. Only what may
+notify builds value objects (a denial, consumption of a limit with thresholds or soft
+enforcement); `notices_for` then decides, so the notification rules exist once.
 """
 
 from __future__ import annotations
@@ -26,6 +21,13 @@ from metering.domain.grants import Pot, fit_window
 from metering.domain.limits import Limit, Period
 from metering.domain.needs import NONE, Need, rule_needs
 from metering.domain.notifications import Notice, notices_for
+from metering.domain.pacing import (
+    AHEAD_OF_PACE,
+    Burst,
+    ahead_of_pace,
+    paced_maximum,
+    paced_retry_us,
+)
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 from metering.domain.windows import gauge_level
 
@@ -70,6 +72,8 @@ class Rule:
     # A gauge's aggregation (``max`` or ``latest``): a charge reports a level
     # (`metering.domain.windows.gauge_level`); None: costs add up.
     gauge: str | None = None
+    # A paced window's burst (`metering.domain.pacing`); None: not paced.
+    pacing: Burst | None = None
 
     @classmethod
     def of(cls, limit: Limit, *, priced: bool = False) -> Rule:
@@ -92,6 +96,7 @@ class Rule:
             distinct=limit.distinct is not None,
             needs=rule_needs(limit, priced=priced),
             gauge=limit.aggregation if limit.is_gauge else None,
+            pacing=limit.burst if limit.pacing else None,
         )
 
     def with_maximum(self, maximum: int) -> Rule:
@@ -99,7 +104,7 @@ class Rule:
         return self if maximum == self.maximum else replace(self, maximum=maximum)
 
     def with_thresholds(self, thresholds: tuple[int, ...], units: tuple[int, ...]) -> Rule:
-        """This rule for a subject with thresholds of its own (`metering.alerts`),
+        """This rule for a subject with thresholds of its own (`metering.allowances.alerts`),
         as the general engine announces them (`notices_of`'s ``own``)."""
         limit = replace(self.limit, thresholds=thresholds, thresholds_units=units)
         return replace(self, limit=limit, notifies=bool(thresholds or units) or self.soft)
@@ -156,6 +161,8 @@ def _window(
 ) -> _Figures:
     if rule.gauge is not None:
         return _gauge(rule, state, cost, window[1], at_us)
+    if rule.pacing is not None:
+        return _paced(rule, rule.pacing, state, cost, window, at_us, pot)
     maximum = rule.maximum
     used = state[USED]
     after = used + cost
@@ -201,6 +208,74 @@ def _window(
         used - maximum if used > maximum else 0,
         NO_DRAWS,
     )
+
+
+def _paced(
+    rule: Rule,
+    burst: Burst,
+    state: State,
+    cost: int,
+    window: tuple[int, int],
+    at_us: int,
+    pot: Pot | None,
+) -> _Figures:
+    # Exactly `windows.evaluate_window` for a paced limit: a hard or shadow
+    # window's own allowance is its pace; overage counts against the maximum.
+    maximum = rule.maximum
+    used = state[USED]
+    after = used + cost
+    end_us = window[1]
+    free = cost == 0
+    allowance = maximum if rule.soft else paced_maximum(maximum, burst, window, at_us)
+    draws = NO_DRAWS
+    if pot is None:
+        own_used, available = used, 0
+        fits = after <= allowance
+        remaining_before = allowance - used if used < allowance else 0
+        remaining_after = allowance - after if after < allowance else 0
+        overage_after = after - maximum if after > maximum else 0
+        overage_before = used - maximum if used > maximum else 0
+    else:
+        granted = pot.granted.get(window[0], 0)
+        own_used, available = used - granted, pot.available(at_us)
+        fit = fit_window(allowance, used, granted, cost, pot, at_us, soft=rule.soft)
+        fits, draws = fit.fits, fit.draws
+        remaining_before, remaining_after = fit.remaining_before, fit.remaining_after
+        own_after = own_used + cost - sum(amount for _, amount in draws)
+        overage_after = own_after - maximum if own_after > maximum else 0
+        overage_before = own_used - maximum if own_used > maximum else 0
+    fits = rule.soft or fits or free
+    retry = None
+    if not fits:
+        retry = paced_retry_us(maximum, burst, window, own_used + cost - available, at_us)
+    if not fits and retry is None:
+        # Next window: its own allowance again, and the grants still active then.
+        extra = 0 if pot is None else pot.available(end_us)
+        retry = end_us if cost <= maximum + extra else None
+    return (
+        fits,
+        used,
+        after,
+        remaining_before,
+        remaining_after,
+        end_us,
+        end_us,
+        retry,
+        0 if free else overage_after,
+        None,
+        overage_before,
+        draws,
+    )
+
+
+def _ahead(
+    rule: Rule, f: _Figures, cost: int, window: tuple[int, int], at_us: int, pot: Pot | None
+) -> bool:
+    """A consumed soft paced charge past the pace, within the maximum."""
+    if rule.pacing is None or not rule.soft or cost == 0 or f[8] > 0:
+        return False
+    granted = 0 if pot is None else pot.granted.get(window[0], 0)
+    return ahead_of_pace(rule.maximum, rule.pacing, window, f[2] - granted, at_us)
 
 
 def _bucket(rule: Rule, state: State, cost: int, at_us: int) -> _Figures:
@@ -293,6 +368,10 @@ def decide(
         consumed = allowed and f[0]
         if consumed:
             outcome = "overage" if f[8] > 0 else "allowed"
+            if rule.pacing is not None and _ahead(
+                rule, f, cost, windows[index], at_us, pots[index]
+            ):
+                outcome = AHEAD_OF_PACE
             overage = overage or f[8] > 0
             row = [subject, rule.name, cost, True, outcome, f[2], f[4], maximum, f[8]]
             row += [window_start, f[5], f[7]]
@@ -343,6 +422,8 @@ def _decide_one(
     if fits:
         overage = f[8] > 0
         outcome = "overage" if overage else "allowed"
+        if rule.pacing is not None and _ahead(rule, f, cost, window, at_us, None):
+            outcome = AHEAD_OF_PACE
         row = [subject, rule.name, cost, True, outcome, f[2], f[4], rule.maximum, f[8]]
         row += [window_start, f[5], f[7]]
         denied_by: tuple[str, ...] = ()

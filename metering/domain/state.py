@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Outcome = Literal["allowed", "denied", "overage", "would_deny"]
+Outcome = Literal["allowed", "denied", "overage", "would_deny", "ahead_of_pace"]
 
 # Token buckets have no windows: their single counter row uses this key.
 NO_WINDOW = 0
@@ -89,3 +89,5 @@ class Evaluation:
     overage_before: int = 0
     # Grants that pay for the charge if it is consumed (see `grants.fit_window`).
     draws: tuple[tuple[str, int], ...] = ()
+    # A soft paced charge past the pace, within the maximum (`metering.domain.pacing`).
+    ahead_of_pace: bool = False

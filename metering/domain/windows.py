@@ -1,25 +1,13 @@
-"""Where a fixed window starts and ends.
+"""Where a fixed window starts and ends; all instants are microseconds since the epoch.
 
-Two kinds of window:
-
-* ``calendar``: boundaries aligned in UTC and computed from the instant alone.
-  Periods in seconds are aligned to multiples of the period counted from
-  Monday 1970-01-05 00:00 UTC, so ``1h`` starts on the hour, ``1d`` at
-  midnight and ``7d`` on Monday. Periods in months are aligned to calendar
-  months counted from January 1970, so ``1mo`` is the calendar month and
-  ``3mo`` the quarter.
-* ``first_use``: a subject's window opens at its first event and lasts one
-  period; the next event after that opens the next window. A late event
-  between two windows is charged to the next one when a window opened at it
-  would overlap that one (a gap holds no maximum of its own). A month-long
-  first-use window ends on the same day of the next month, or on the last
-  day of that month when it is shorter (Jan 31 -> Feb 28 or 29).
-
-A gauge (``aggregation`` ``max`` or ``latest``) reports levels, not costs:
-`gauge_level` is its window's level after an allowed report, and
-`evaluate_window` judges the reported value alone against the maximum.
-
-All functions take and return microseconds since the epoch.
+``calendar`` windows are aligned in UTC from the instant alone: periods in seconds to
+multiples of the period counted from Monday 1970-01-05 00:00 (``1h`` on the hour, ``1d`` at
+midnight, ``7d`` on Monday), periods in months to calendar months from January 1970 (``1mo``
+the month, ``3mo`` the quarter). A ``first_use`` window opens at a subject's first event and
+lasts one period; the next event after it opens the next. A late event between two windows
+goes to the next when a window opened at it would overlap that one. A month-long first-use
+window ends on the same day of the next month, or that month's last day (Jan 31 -> Feb 28).
+A gauge's level is `gauge_level`; `evaluate_window` judges a reported level alone.
 """
 
 from __future__ import annotations
@@ -31,6 +19,7 @@ from typing import Final
 from metering.domain.grants import Pot, WindowFit, fit_window
 from metering.domain.instants import from_us, to_us
 from metering.domain.limits import Limit, Period
+from metering.domain.pacing import ahead_of_pace, paced_maximum, paced_retry_us
 from metering.domain.state import CounterState, Evaluation
 
 # 1970-01-05 was a Monday: weekly calendar windows start on Mondays.
@@ -144,29 +133,57 @@ def evaluate_window(
 
     With grants (``pot``), the charge may also draw on them: see `grants.fit_window`.
     A cost of 0 (a seat already held, `metering.domain.distinct`) always fits,
-    even where a lowered maximum is below ``used``, and adds no overage.
+    even where a lowered maximum is below ``used``, and adds no overage. A
+    paced limit's own allowance is its pace (`metering.domain.pacing`).
     """
     if limit.aggregation != "sum":
         return _evaluate_gauge(limit, state, cost, window, now_us)
     used_after = state.used + cost
     soft = limit.enforcement == "soft"
     end_us = window[1]
+    # A paced hard or shadow window has room up to its pace; overage is
+    # still counted against the maximum.
+    paced = limit.pacing and not soft
+    room = paced_maximum(limit.maximum, limit.burst or 0, window, now_us) if paced else None
+    allowance = limit.maximum if room is None else room
     if pot is None:
+        own_used, drawn_now = state.used, 0
         fit = WindowFit(
-            fits=used_after <= limit.maximum,
+            fits=used_after <= allowance,
             draws=(),
-            remaining_before=max(limit.maximum - state.used, 0),
-            remaining_after=max(limit.maximum - used_after, 0),
+            remaining_before=max(allowance - state.used, 0),
+            remaining_after=max(allowance - used_after, 0),
             overage_after=max(used_after - limit.maximum, 0),
             overage_before=max(state.used - limit.maximum, 0),
         )
     else:
         granted = pot.granted.get(window[0], 0)
-        fit = fit_window(limit.maximum, state.used, granted, cost, pot, now_us, soft=soft)
+        own_used, drawn_now = state.used - granted, pot.available(now_us)
+        fit = fit_window(allowance, state.used, granted, cost, pot, now_us, soft=soft)
+        if room is not None:
+            own_after = own_used + cost - sum(amount for _, amount in fit.draws)
+            fit = replace(
+                fit,
+                overage_after=max(own_after - limit.maximum, 0),
+                overage_before=max(own_used - limit.maximum, 0),
+            )
     free = cost == 0
     fits = soft or fit.fits or free
-    # Next window: its own allowance again, and the grants still active then.
-    extra = 0 if fits or pot is None else pot.available(end_us)
+    retry = None
+    if not fits and room is not None:
+        wanted = own_used + cost - drawn_now
+        retry = paced_retry_us(limit.maximum, limit.burst or 0, window, wanted, now_us)
+    if not fits and retry is None:
+        # Next window: its own allowance again, and the grants still active then.
+        extra = 0 if pot is None else pot.available(end_us)
+        retry = end_us if cost <= limit.maximum + extra else None
+    ahead = (
+        limit.pacing
+        and soft
+        and ahead_of_pace(
+            limit.maximum, limit.burst or 0, window, used_after - (state.used - own_used), now_us
+        )
+    )
     return Evaluation(
         fits=fits,
         applied=state.with_used(used_after),
@@ -177,8 +194,9 @@ def evaluate_window(
         remaining_after=fit.remaining_after,
         resets_at_us=end_us,
         resets_at_before_us=end_us,
-        retry_at_us=end_us if not fits and cost <= limit.maximum + extra else None,
+        retry_at_us=retry,
         overage_after=0 if free else fit.overage_after,
         overage_before=fit.overage_before,
         draws=fit.draws,
+        ahead_of_pace=bool(ahead) and not free,
     )

@@ -4,7 +4,8 @@
 (`metering.storage.hot.one_trip`), a PL/pgSQL copy of the lean rules of
 `metering.domain.rules`, from the cached limits. It implements a narrow set
 (`ONE_TRIP_IMPLEMENTS`: plain hard, soft and shadow limits, buckets, calendar and
-first-use windows, stacked charges, the subject's entitlements); any other
+first-use windows, stacked charges, the subject's entitlements and own
+thresholds, which only choose when it declines to notify); any other
 need, or an unacceptable event, is `Declined` and the fast path decides.
 ``tests/engine/test_differential.py`` holds the function to the reference.
 
@@ -26,7 +27,7 @@ from metering.engine.fast import LimitCache, rules_for
 from metering.storage.hot.one_trip import OneCharge, call_parameters
 
 STATS: Final[Counter[str]] = Counter()
-ONE_TRIP_IMPLEMENTS: Final = frozenset({Need.ENTITLEMENTS})
+ONE_TRIP_IMPLEMENTS: Final = frozenset({Need.ENTITLEMENTS, Need.OWN_THRESHOLDS})
 
 
 def prepare(cache: LimitCache, event: EventRecord, now_us: int) -> tuple[Any, ...] | Declined:
@@ -40,14 +41,14 @@ def prepare(cache: LimitCache, event: EventRecord, now_us: int) -> tuple[Any, ..
     needs = allowances.charged(rules, [event]) - ONE_TRIP_IMPLEMENTS
     if needs:
         return Declined("not for the function", min(needs))
-    histories = allowances.histories
+    histories, alerts = allowances.histories, allowances.alerts
     at_us = event.occurred_at_us
     found: list[OneCharge] = []
     for (subject, name, cost), rule in zip(event.charges, event_rules, strict=True):
-        if histories:
-            history = histories.get((name, subject))
-            if history:
-                rule = cache.rule_for(rule, history, at_us)
+        if histories or alerts:
+            history, own = histories.get((name, subject)), alerts.get((name, subject))
+            if history or own:
+                rule = cache.rule_for(rule, history, at_us, own)
         found.append(_charge(rule, subject, cost, at_us))
     return call_parameters(
         version, event.event_id, event.fingerprint, at_us, now_us, event.metadata, found

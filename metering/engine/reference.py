@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime
+from functools import lru_cache
 
 from metering.domain.decisions import (
     ROW_FIELDS,
@@ -374,17 +376,29 @@ def _from_stored(event: UsageEvent, stored: ResultRecord) -> Decided:
 
 def decision_of(record: ResultRecord, *, duplicate: bool) -> Decision:
     """The `Decision` a stored result describes."""
+    rows = record.charges
+    if len(rows) == 1:
+        charges: tuple[ChargeDecision, ...] = (ChargeDecision.from_row(rows[0]),)
+    else:
+        charges = tuple(ChargeDecision.from_row(row) for row in rows)
     return Decision(
         event_id=record.event_id,
         outcome=record.outcome,  # type: ignore[arg-type]
-        charges=tuple(ChargeDecision.from_row(row) for row in record.charges),
-        occurred_at=from_us(record.occurred_at_us),
-        decided_at=from_us(record.decided_at_us),
+        charges=charges,
+        occurred_at=_instant(record.occurred_at_us),
+        decided_at=_instant(record.decided_at_us),
         denied_by=record.denied_by,
         duplicate=duplicate,
         reason=record.reason,
         metadata=record.metadata,
     )
+
+
+@lru_cache(maxsize=1024)
+def _instant(us: int) -> datetime:
+    """`from_us`, remembered: a batch's results share their decision time
+    (and often their events' time); a datetime is immutable."""
+    return from_us(us)
 
 
 def _repeat(event: UsageEvent, original: UsageEvent, first: Decided) -> Decided:

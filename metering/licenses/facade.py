@@ -16,8 +16,15 @@ class LicensesFacade:
 
     database: Database
 
-    def checkout(self, subject: str, limit: str, cost: int = 1, *, ttl_seconds: float = LICENSE_TTL,
-                 checkout_id: Name = None) -> Checkout:  # fmt: skip
+    def checkout(
+        self,
+        subject: str,
+        limit: str,
+        cost: int = 1,
+        *,
+        ttl_seconds: float = LICENSE_TTL,
+        checkout_id: Name = None,
+    ) -> Checkout:
         """Hold ``cost`` units of a concurrent limit until `checkin` or ``ttl_seconds``."""
         return licenses.checkout(self.database, subject, limit, cost, ttl_seconds, checkout_id)
 
@@ -32,6 +39,7 @@ class LicensesFacade:
     def checkout_info(self, checkout_id: str) -> Checkout | None:
         return licenses.checkout_info(self.database, checkout_id)
 
-    def checkouts(self, subject: Name = None, limit: Name = None, state: Name = None,
-                  count: int = 100) -> list[Checkout]:  # fmt: skip
+    def checkouts(
+        self, subject: Name = None, limit: Name = None, state: Name = None, count: int = 100
+    ) -> list[Checkout]:
         return licenses.checkouts(self.database, subject, limit, state, count)

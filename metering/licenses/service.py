@@ -1,17 +1,13 @@
-"""Checkouts of floating licenses, each call one transaction (see
-`metering.domain.licenses` for the rules and `metering.storage.checkouts`
-for the lock order).
+"""Checkouts of floating licenses, each call one transaction (the rules:
+`metering.domain.licenses`; the lock order: `metering.storage.checkouts`).
 
-* `checkout`: lock the subject's pool row, sum what its unexpired checkouts
-  hold, and record the new one only if it fits the maximum in force (the
-  subject's entitlement, else the limit's). A checkout id given again
-  answers the stored checkout while it is held (retries), and
-  `CheckoutReleased` once it has ended; a denial stores nothing but the
-  pool's "denial announced" mark.
-* `checkin`: one conditional UPDATE from held to released: at most one
-  caller ever gives a checkout back; later ones get 0.
-* `renew`: moves a held, unexpired checkout's expiry later; an expired one
-  cannot be renewed (its license may already be someone else's).
+`checkout` locks the subject's pool row, sums what its unexpired checkouts hold, and records
+the new one only if it fits the maximum in force (the subject's entitlement, else the
+limit's). A checkout id given again answers the stored checkout while it is held (retries)
+and raises `CheckoutReleased` once it has ended; a denial stores only the pool's "denial
+announced" mark. `checkin` is one conditional UPDATE from held to released: one caller gets
+the checkout back, later ones 0. `renew` moves a held, unexpired checkout's expiry later
+(never earlier); an expired one cannot be renewed (its license may be someone else's).
 """
 
 from __future__ import annotations
@@ -87,8 +83,12 @@ class Checkout:
         return self.state == CheckoutState.HELD.value
 
     @classmethod
-    def of(cls, record: CheckoutRecord, held: int | None = None, maximum: int | None = None,
-           ) -> Checkout:  # fmt: skip
+    def of(
+        cls,
+        record: CheckoutRecord,
+        held: int | None = None,
+        maximum: int | None = None,
+    ) -> Checkout:
         released = record.released_at_us
         return cls(
             id=record.id,
@@ -141,8 +141,14 @@ def concurrent_limit(connection: Connection, name: str) -> Limit:
     return limit
 
 
-def checkout(database: Database, subject: str, limit: str, cost: int, ttl_seconds: float,
-             checkout_id: str | None) -> Checkout:  # fmt: skip
+def checkout(
+    database: Database,
+    subject: str,
+    limit: str,
+    cost: int,
+    ttl_seconds: float,
+    checkout_id: str | None,
+) -> Checkout:
     """Hold ``cost`` units of ``limit`` for ``subject`` for ``ttl_seconds``, if they fit."""
     validate_subject(subject)
     validate_limit_name(limit)
@@ -261,8 +267,9 @@ def checkout_info(database: Database, checkout_id: str) -> Checkout | None:
     return None if record is None else Checkout.of(_as_of(record, now_us))
 
 
-def checkouts(database: Database, subject: str | None, limit: str | None, state: str | None,
-              count: int) -> list[Checkout]:  # fmt: skip
+def checkouts(
+    database: Database, subject: str | None, limit: str | None, state: str | None, count: int
+) -> list[Checkout]:
     """The ``count`` newest checkouts, optionally of one subject, limit and state
     (as it stands now: an expired checkout is released, swept or not)."""
     validate_filters(subject, limit)
@@ -285,8 +292,15 @@ def _as_of(record: CheckoutRecord, now_us: int) -> CheckoutRecord:
     """An expired held checkout is released (at its expiry), swept or not yet."""
     if record.state is CheckoutState.HELD and record.expires_at_us <= now_us:
         return CheckoutRecord(
-            record.id, record.subject, record.limit, record.cost, CheckoutState.RELEASED,
-            record.created_at_us, record.ttl_us, record.expires_at_us,
-            record.expires_at_us, ReleasedBy.EXPIRY,
-        )  # fmt: skip
+            record.id,
+            record.subject,
+            record.limit,
+            record.cost,
+            CheckoutState.RELEASED,
+            record.created_at_us,
+            record.ttl_us,
+            record.expires_at_us,
+            record.expires_at_us,
+            ReleasedBy.EXPIRY,
+        )
     return record

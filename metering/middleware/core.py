@@ -1,25 +1,13 @@
-"""What the ASGI and WSGI middlewares share: decisions, refusals, headers.
+"""What the ASGI and WSGI middlewares share: decisions, refusals, headers (docs/middleware.md).
 
-One `Policy` per middleware: which limit, for which key (client IP, user,
-any function of the request), at what cost per route. `Policy.enter` runs
-before the application and returns a `Step`: a response to send instead
-(429, or 503 when the database is down), or the go-ahead.
-
-Stacking: a policy with ``stacking=True`` (the outer, unauthenticated
-limit) *reserves* its charge, and the reservation waits in the request's
-`RequestMetering`. A policy further in that applies and allows the request
-(a per-user limit, once the request is authenticated) cancels every
-reservation waiting there: the request is charged to the user, not to the
-IP. A reservation nobody cancelled is committed when the request ends.
-Because the outer charge is taken up front, concurrent requests cannot slip
-past an exhausted outer limit.
-
-Leases (``leases=True``, the default): a key that is hot in this process
-is decided from memory, out of a block of units its `Meter` leased
-(`metering.reservations.leases`); a stacking limit's reservation then comes from the
-lease too, and cancelling it gives the units back to the lease. A cold key,
-a token bucket, a soft or shadow limit and the last units of a window take
-the exact path, as with ``leases=False``.
+One `Policy` per middleware: which limit, for which key (client IP, user, any function of
+the request), at what cost per route. `Policy.enter` runs before the application and returns
+a `Step`: a response to send instead (429, or 503 when the database is down), or go ahead.
+A ``stacking=True`` policy *reserves* its charge up front (so concurrent requests cannot
+slip past an exhausted outer limit) and leaves it in the request's `RequestMetering`; a
+policy further in that allows the request cancels every reservation waiting there (charged
+to the user, not the IP); one nobody cancelled is committed when the request ends. With
+``leases=True`` a hot key is decided from its `Meter`'s lease (`metering.reservations.leases`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Prices and spend caps: the service of issue 22's money (`Meter` wraps it).
+"""Prices and spend caps: the money service (`Meter` wraps it).
 
 The rules (currencies, rounding, prices in force) are in
 `metering.domain.money`; deciding a priced charge is the reference engine's

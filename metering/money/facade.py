@@ -15,13 +15,18 @@ class PricesFacade:
 
     database: Database
 
-    def set_price(self, limit: str, per_unit: object, currency: str,
-                  effective_from: datetime | None = None) -> Price:  # fmt: skip
+    def set_price(
+        self, limit: str, per_unit: object, currency: str, effective_from: datetime | None = None
+    ) -> Price:
         """Price ``limit`` at ``per_unit`` major units (text, exact) from ``effective_from`` on."""
         return money.set_price(self.database, limit, per_unit, currency, effective_from)
 
-    def remove_price(self, limit: str, currency: str, effective_from: datetime | None = None,
-                     ) -> Price:  # fmt: skip
+    def remove_price(
+        self,
+        limit: str,
+        currency: str,
+        effective_from: datetime | None = None,
+    ) -> Price:
         """End ``limit``'s price from ``effective_from`` (default: now) on."""
         return money.remove_price(self.database, limit, currency, effective_from)
 

@@ -1,24 +1,13 @@
-"""Billing reports from the counters: overage per window, a subject's usage over time.
+"""Billing reports from the counters and rollups (docs/reports.md, with examples).
 
->>> from metering import Meter
->>> from metering.reports import overage_report, usage_report
->>> meter = Meter()
->>> for row in overage_report(meter, period="2026-11", top=10):
-...     print(row.subject, row.limit, row.overage, row.utilisation_percent)
->>> usage_report(meter, "org-42", since="2026-09-01")
-
-`usage_by_dimension` groups a subject's usage by a metadata key that its
-limits record (``Limit(..., dimensions=("route",))``), from hourly rollups.
-
-`select_overage` and `select_usage` validate the filters and return a
-`Report` whose ``rows()`` streams from the database (for large exports).
-`select_shadow` and `shadow_report` (`metering.reports.shadow`) tell whom a
-shadow limit would have denied, had it been hard. Charts are in
-`metering.reports.charts` (imports matplotlib when used). `write_csv`
-writes rows as CSV with formula-like text cells neutralised; `csv_lines`
-yields the same text line by line, for streaming. `write_json` and
-`json_lines` write a report as one JSON object (``{"report": ..., "rows":
-[...]}``), the shape of the CLI's and the HTTP API's JSON alike.
+`overage_report(meter, period=..., top=...)` gives overage per subject, limit and window,
+`usage_report(meter, subject, since=...)` a subject's usage over time, `usage_by_dimension`
+a subject's usage by a metadata key its limits record, from hourly rollups; `shadow_report`
+whom a shadow limit would have denied (`metering.reports.shadow`). `select_overage`,
+`select_usage` and `select_shadow` validate the filters and return a report whose ``rows()``
+stream from the database. `write_csv` and `csv_lines` write CSV with formula-like cells
+neutralised; `write_json` and `json_lines` one ``{"report": ..., "rows": [...]}`` object,
+as the CLI and HTTP API give it. Charts: `metering.reports.charts` (imports matplotlib).
 """
 
 from metering.reports.dimensions import (

@@ -1,25 +1,21 @@
-"""Charts of reports (PNG, SVG or PDF, by the file's suffix), drawn with
-matplotlib's Agg canvas (no display needed).
+"""Charts of reports (PNG, SVG or PDF, by the file's suffix: `chart_format`).
 
-Every chart shows usage against the maximum that applied, with the overage
-(billable usage beyond it, soft limits) in its own colour and the denied
-cost (demand refused: never consumed, never billed) outlined beyond it, and
-a legend naming each part.
-
-matplotlib is imported here only, when a chart is asked for: the rest of
-`metering` never pays for it. Figures are built directly (no ``pyplot``), so
-no global backend state is touched and nothing opens a window.
+Every chart shows usage against the maximum that applied, the overage (billable usage beyond
+it, soft limits) in its own colour and the denied cost (refused demand: never consumed, never
+billed) outlined beyond it, with a legend naming each part. matplotlib is imported here
+only, when a chart is asked for; figures are built directly on the Agg canvas (no
+``pyplot``), so no global backend state is touched and nothing opens a window.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 from itertools import groupby
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from metering.domain.instants import round_up
+from metering.domain.instants import clock_text
 from metering.errors import ConfigurationError, InvalidInput
 from metering.reports.overage import ReportRow
 
@@ -33,7 +29,6 @@ GRANTED: Final = "#8fb0d9"
 OVER: Final = "#dd8452"
 LIMIT_LINE: Final = "#c44e52"
 DPI: Final = 100
-MINUTE: Final = timedelta(minutes=1)
 # The files a chart can be written as: the suffix picks the format.
 CHART_FORMATS: Final = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
 # The legend's words, one for each part of a bar.
@@ -96,7 +91,7 @@ def _parts(row: ReportRow) -> tuple[int, int, int]:
 
 def window_labels(rows: Sequence[ReportRow]) -> list[str]:
     """``subject · limit · day`` for each row; the window's start time too
-    (``HH:MM``, UTC) where two of the windows start on the same day."""
+    (``HH:MM:SS``, UTC, `clock_text`) where two of the windows start on the same day."""
     starts_by_day: dict[object, set[datetime]] = {}
     for r in rows:
         starts_by_day.setdefault(r.window_start.date(), set()).add(r.window_start)
@@ -104,8 +99,7 @@ def window_labels(rows: Sequence[ReportRow]) -> list[str]:
     def start(r: ReportRow) -> str:
         if len(starts_by_day[r.window_start.date()]) == 1:
             return f"{r.window_start:%Y-%m-%d}"
-        # To the minute, rounded up as every time shown is (`round_up`).
-        return f"{round_up(r.window_start, MINUTE):%Y-%m-%d %H:%M}"
+        return clock_text(r.window_start)
 
     return [f"{r.subject} · {r.limit} · {start(r)}" for r in rows]
 

@@ -1,23 +1,12 @@
-"""Usage by dimension: one subject's usage grouped by a metadata key.
+"""Usage by dimension: one subject's usage grouped by a metadata key (docs/reports.md).
 
-``metering report usage --subject org-42 --group-by route`` answers, for
-each limit that records ``route`` and each value of it, the cost consumed
-and the events that consumed it over the period, the largest use first. It
-reads the hourly rollups (`metering.domain.rollups`), summed in the
-database, so a month is an index range of the subject's rows, whatever the
-size of the results table.
-
-Decisions, documented in docs/reports.md:
-
-* **A subject is required.** The rollups are keyed by subject first; a
-  report over every subject would read the whole table (use the overage
-  report for that).
-* **Hours.** Rollups are hourly, so ``since`` and ``until`` must fall on the
-  hour (UTC); a bound that does not is an error, never silently rounded.
-  Dates and months always do.
-* **Limits as they are now.** Without ``limit``, every limit that records
-  the key now is reported; a limit that stopped recording it, or was
-  deleted, is left out, as the other reports leave deleted limits out.
+``metering report usage --subject org-42 --group-by route`` answers, for each limit that
+records ``route`` and each value, the cost consumed and the events that consumed it over the
+period, the largest first. It reads the hourly rollups (`metering.domain.rollups`), summed
+in the database: a month is an index range of the subject's rows. A subject is required
+(the rollups are keyed by subject first). ``since`` and ``until`` must fall on the UTC hour:
+a bound that does not is an error, never rounded. Without ``limit``, every limit that
+records the key now is reported; one that stopped recording it, or was deleted, is not.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """Reports as CSV, safe to open in a spreadsheet, and as JSON documents.
 
-JSON is one object, the same for the command line and the HTTP API
-(`json_lines`): the report's head (``report``, ``period``, ``since``,
-``until``, and what else names it) and its ``rows``.
-
-A cell that starts with ``=``, ``+``, ``-``, ``@``, a tab or a carriage
-return is a formula to Excel, LibreOffice and Google Sheets (CSV injection);
-a subject such as ``=HYPERLINK(...)`` would run when an operator opens the
-export. Following OWASP, such a *string* cell is written with a leading
-single quote, which spreadsheets show as text. Numeric columns are written as
-numbers and never touched, so a negative number stays a number. JSON output
-keeps every value as it is.
+JSON is one object, the same for the command line and the HTTP API (`json_lines`): the
+report's head (``report``, ``period``, ``since``, ``until`` and what else names it) and its
+``rows``, every value as it is. In CSV, a *string* cell starting with ``=``, ``+``, ``-``,
+``@``, a tab or a carriage return (a formula to spreadsheets: CSV injection) is written with
+a leading single quote, as OWASP advises; numeric columns are numbers and never touched.
 """
 
 from __future__ import annotations

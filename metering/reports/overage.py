@@ -1,36 +1,13 @@
-"""Billing reports: usage, overage and denials per subject, limit and window.
+"""Billing reports: usage, overage and denials per subject, limit and window (docs/reports.md).
 
-A report row is one counter (subject, limit, window). Decisions made here,
-and documented in docs/reports.md:
-
-* **Period.** A report selects the windows that *start* in the period
-  (``since <= window_start < until``). Every window then belongs to exactly
-  one billing period, even a first-use window that spans a month end, so
-  consecutive periods never bill a window twice.
-* **The maximum that applied.** A row's ``maximum`` is the subject's
-  entitlement in force at the window's end (an upgrade mid-window raises
-  the whole window's maximum, as the decisions after it did), else the
-  limit's default. Entitlements keep their history, so a past window keeps
-  the maximum it was billed against when the entitlement changes later. A
-  limit's *default* has no history: a row without an entitlement shows the
-  default as it is now, and the enforcement is the current one too.
-* **Overage is billable usage, denied is not.** ``overage`` is usage that
-  was allowed beyond the maximum: a soft limit's own usage past it. A hard
-  limit never allows that, so its ``overage`` is 0; what it refused is
-  ``denied`` (the cost of the denied events, with ``denied_events`` their
-  count): demand that consumed nothing and is never billed.
-* **Grants are not overage.** ``granted`` is the usage grants paid for in
-  the window; soft overage counts only the window's own usage beyond the
-  maximum (``used - granted - maximum``).
-* **Shadow limits** bill nothing: their ``overage`` is 0 and their
-  ``denied_events``/``denied`` are would-denies (what a hard limit would
-  have refused). `metering.reports.shadow` reports them per subject.
-* **Deleted limits.** Counters of a deleted limit are left out: there is
-  nothing to bill them against. ``metering counters`` still shows them.
-* **Token buckets** are left out: a bucket has a single counter with no
-  window, its ``used`` counts tokens ever taken, and its maximum is a
-  capacity, not an allowance per period, so neither a period nor overage
-  applies to it.
+A `ReportRow` is one counter (subject, limit, window), selected when its window *starts* in
+the period (``since <= window_start < until``): each window belongs to one billing period.
+Its ``maximum`` is the subject's entitlement in force at the window's end, else the limit's
+default as it is now (a default has no history). ``overage`` is allowed usage beyond it, a
+soft limit's own (``used - granted - maximum``: grants are not overage); a hard limit's is 0
+and what it refused is ``denied`` (``denied_events``), never billed. Shadow limits bill
+nothing (their ``denied`` are would-denies: `metering.reports.shadow`). Counters of deleted
+limits and token buckets (no window, a capacity not an allowance) are left out.
 """
 
 from __future__ import annotations
@@ -47,7 +24,7 @@ from sqlalchemy import Select
 
 from metering.domain.bounds import MAX_LISTING, shown
 from metering.domain.events import validate_subject
-from metering.domain.instants import as_utc, from_us, parse_instant, to_us
+from metering.domain.instants import as_utc, clock_text, from_us, parse_instant, to_us
 from metering.domain.jsonable import fields_dict
 from metering.domain.limits import validate_limit_name
 from metering.errors import InvalidInput, UnknownLimit
@@ -203,7 +180,7 @@ def _instant(name: str, value: TimeBound) -> datetime | None:
 def _range_label(start: datetime | None, end: datetime | None) -> str:
     def text(moment: datetime) -> str:
         midnight = moment == moment.replace(hour=0, minute=0, second=0, microsecond=0)
-        return moment.strftime("%Y-%m-%d" if midnight else "%Y-%m-%d %H:%M UTC")
+        return f"{moment:%Y-%m-%d}" if midnight else f"{clock_text(moment)} UTC"
 
     if start is None and end is None:
         return "all time"

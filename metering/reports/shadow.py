@@ -1,22 +1,13 @@
-"""The shadow report: whom a shadow limit would have denied, had it been hard.
+"""The shadow report: whom a shadow limit would have denied, had it been hard (docs/reports.md).
 
-A limit with ``enforcement="shadow"`` decides like a hard one but never
-denies: a charge that would not fit consumes nothing and is counted in its
-window's counter as a would-deny (``denied_count``, ``denied_cost``: what a
-hard limit's counter would hold). Before promoting such a limit to hard, an
-operator wants to know whom it would hurt, how often and by how much. This
-report answers per subject, over the windows that start in the period:
-
-* ``would_deny_events``, ``would_deny_cost``: the would-denies, summed;
-* ``windows``: in how many windows it would have denied at least once;
-* the **peak window**, the one with the largest would-deny cost (ties: the
-  earliest), with what was used in it against the maximum that applied to
-  the subject then (its entitlement at the window's end, else the default).
-
-Subjects it would never have denied are not listed. Rows come by would-deny
-cost, largest first (then count, then subject). The report refuses a limit
-that is not shadow: once promoted to hard, its counters (would-denies from
-before, denials since) are billed in the overage report.
+A shadow limit decides like a hard one but never denies: a charge that would not fit
+consumes nothing and counts as a would-deny in its window's counter (``denied_count``,
+``denied_cost``). Per subject, over the windows that start in the period: the would-deny
+events and cost summed, the ``windows`` with at least one, and the peak window (the largest
+would-deny cost, ties the earliest) with its usage against the maximum that applied then.
+Subjects never denied are not listed; rows come by would-deny cost, largest first (then
+count, then subject). A limit that is not shadow is refused: once hard, its counters are
+billed in the overage report.
 """
 
 from __future__ import annotations

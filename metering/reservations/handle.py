@@ -1,17 +1,12 @@
 """Reservations: consume now, give back later if the usage did not happen.
 
-`Meter.reserve` decides and records an event exactly like `consume`, and
-when it is allowed keeps a durable reservation row naming the counters it
-consumed from (the transactions are in `metering.reservations.transactions`).
-Then exactly one of these happens:
-
-* `cancel()` gives the cost back (see `metering.domain.reservations` for
-  when a window or bucket can still take it) and marks it cancelled;
-* `commit()`, leaving a ``with`` block, or the sweeper once its time to
-  live has passed makes it final.
-
-A reservation that is never settled therefore costs what it reserved: an
-attacker who never finishes a login still pays.
+`Meter.reserve` decides and records an event exactly like `consume` and, when allowed, keeps
+a durable reservation row naming the counters it consumed from (the transactions:
+`metering.reservations.transactions`); callers hold a `Reservation`. Then exactly one of
+these happens: `Reservation.cancel` gives the cost back (where a window or bucket can still
+take it: `metering.domain.reservations`), or `Reservation.commit`, leaving a ``with`` block,
+or the sweeper once its time to live has passed makes it final. A reservation never settled
+costs what it reserved: an attacker who never finishes a login still pays.
 """
 
 from __future__ import annotations

@@ -1,30 +1,13 @@
-"""Quota leases: a process decides a hot key's requests from memory.
+"""Quota leases: a process decides a hot key's requests from memory (docs/middleware.md).
 
-`LeaseBook` is one process's (one `Meter`'s) book of keys, a key being a
-(subject, limit). For a key that is hot here it reserves a *block* of units
-in one transaction (`metering.reservations.transactions.lease`: a reservation of cost
-``block``, the ledger's record of the block) and answers the next requests
-of the key from memory until the block is spent. The block's size is
-`metering.domain.leases.block_units` (a cold key leases nothing: the exact
-path, `Meter.consume`, decides it).
-
-Invariant: the database counts a whole block as used from the moment it is
-leased, so the sum of used and leased units never exceeds the maximum, in
-any process. A lease is settled with `Reservation.commit(actual=used)` (the
-unused units go back once) when it is spent (by the request that renews
-it), after `HOT_SECONDS` idle, when it stops serving (`SETTLE_MARGIN_SECONDS`
-before it expires, never past its window's end), when its key leaves the
-book, and at `close` (shutdown). A process killed holding a lease never
-settles it: the sweeper commits it in full once it expires, so its unused
-units are lost for that window (an under-grant, never an over-grant).
-
-Memory is bounded: the book keeps at most ``capacity`` keys, least
-recently used first out (a key that leaves with a lease has it settled).
-
-Settling runs on a thread of the book's own (started with the first lease,
-beside the one that leases hot keys' next blocks ahead)
-and in the calls that renew a lease, never in `take`, which only reads and
-writes memory (it is what the ASGI middleware calls on the event loop).
+`LeaseBook` is one `Meter`'s book of keys (subject, limit). For a hot key it reserves a
+block of units in one transaction (`metering.reservations.transactions.lease`; size:
+`metering.domain.leases.block_units`) and answers the key's next requests from memory; a
+cold key takes the exact path. The database counts a block as used when leased, so used plus
+leased units never exceed the maximum in any process. A lease is settled once
+(`Reservation.commit(actual=used)`) when spent, idle, no longer serving, evicted (at most
+``capacity`` keys, least recently used out) or at `close`; a killed process's lease is
+committed in full by the sweeper. Settling runs on the book's threads, never in `take`.
 """
 
 from __future__ import annotations

@@ -1,17 +1,13 @@
 """The transactions of reservations, beside the ledger they consume through.
 
-`reserve` decides and records an event exactly like `consume`
-(`Engine.reserve`, on the first path that implements it) and, when it is
-allowed, keeps a durable reservation row naming the counters it consumed
-from, written in the same transaction; `cancel` gives the
-cost back where it still can (`metering.domain.reservations`); `commit`
-makes it final, at ``actual`` giving the rest back, or charging the usage
-beyond the reserved cost (`_charge_more`: on the general path, with the
-overdraft a hard limit had no room for). Both settle on the
-engine's own connections (`Engine.settle`: the reservation row locked, then
-its counters, written back with the row in one transaction); grants to
-restore and rollups to take back run the settle again under SQLAlchemy.
-`Meter` wraps them; `metering.reservations.Reservation` is what callers hold.
+`reserve` (and `lease`, a quota lease's block) decides and records an event exactly like
+`consume` (`Engine.reserve`) and, when allowed, writes in the same transaction a durable
+reservation row naming the counters it consumed from. `cancel` gives the cost back where it
+still can (`metering.domain.reservations`); `commit` makes it final, at ``actual`` giving
+the rest back or charging the usage beyond the reserved cost (a hard limit's overdraft).
+Both settle on the engine's own connections (`Engine.settle`: the reservation row locked,
+then its counters); what that declines (grants to restore, rollups to take back) runs again
+whole under SQLAlchemy. `metering.reservations.Reservation` is what callers hold.
 """
 
 from __future__ import annotations

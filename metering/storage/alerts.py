@@ -1,4 +1,4 @@
-"""Per-subject alert thresholds in SQL (`metering.alerts`).
+"""Per-subject alert thresholds in SQL (`metering.allowances.alerts`).
 
 A row replaces one limit's thresholds (percentages and amounts) for one
 subject. Setting or removing one bumps the limits' version, so every

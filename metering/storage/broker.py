@@ -1,20 +1,12 @@
-"""Upkeep of the embedded broker (kombu's SQLAlchemy transport on SQLite).
+"""Upkeep of the embedded broker (kombu's SQLAlchemy transport on SQLite; docs/pipeline.md).
 
-That transport marks a message invisible when a worker takes it and keeps
-acknowledgements in the worker's memory, so on its own it never deletes a
-consumed message and loses the ones a killed worker held. Because applying a
-batch is idempotent, this sweep can fix both:
-
-* a taken message whose events all have results is deleted;
-* a taken message older than the visibility timeout whose events are not all
-  decided is made visible again, and some worker applies it (again).
-
-A message's age is counted in UTC on both sides, whatever ``TZ`` each
-process has: `EmbeddedTransport` stamps ``timestamp`` with the UTC time when
-a worker takes a message (kombu's own stamps the taking process's local
-time, so a worker ahead of UTC that died holding a message left it taken for
-hours, and a sweeper ahead of the taker redelivered a message still being
-applied), and the sweep compares it with its clock's now in UTC.
+That transport marks a message invisible when a worker takes it and keeps acknowledgements
+in the worker's memory: alone, it never deletes a consumed message and loses those a killed
+worker held. Applying a batch is idempotent, so `sweep_embedded_broker` fixes both: a taken
+message whose events all have results is deleted; one taken longer than the visibility
+timeout whose events are not all decided is made visible again. Ages are in UTC on both
+sides, whatever ``TZ`` each process has: `EmbeddedTransport` stamps a taken message with
+the UTC time (kombu's own stamps local time), and the sweep compares it with its clock's now.
 """
 
 from __future__ import annotations

@@ -1,14 +1,13 @@
 """Engines, schema version checks, transactions with retries, error translation.
 
-Dialect differences live here and in the statements of the stores
-(`metering.storage.counters`, `metering.storage.results`, `metering.storage.hot`):
-
-* SQLite runs in WAL mode and starts every transaction with
-  ``BEGIN IMMEDIATE``: writers queue on the database lock (``busy_timeout``)
-  instead of failing when a read transaction tries to upgrade to a write.
-* PostgreSQL runs at READ COMMITTED; counters are locked by the upsert
-  itself. Serialization failures and deadlocks (a PostgreSQL-compatible
-  distributed SQL raises them under contention) are retried.
+Dialect differences live here and in the stores' statements (`metering.storage.counters`,
+`metering.storage.results`, `metering.storage.hot`). SQLite runs in WAL mode and starts
+every transaction with ``BEGIN IMMEDIATE``: writers queue on the database lock
+(``busy_timeout``) instead of failing when a read transaction upgrades to a write.
+PostgreSQL runs at READ COMMITTED, counters locked by the upsert itself. `run_transaction`
+retries serialization failures and deadlocks (`RETRYABLE_SQLSTATES`); `translate` makes
+driver errors `StorageError`s. `ensure_schema` wants `SCHEMA_REVISION`: it upgrades a
+SQLite file, and refuses an older PostgreSQL schema (``metering db upgrade``).
 """
 
 from __future__ import annotations
@@ -41,7 +40,7 @@ from metering.storage.budget import ConnectionBudget
 T = TypeVar("T")
 
 # The Alembic revision this code expects; a test checks it is the head.
-SCHEMA_REVISION: Final = "0024"
+SCHEMA_REVISION: Final = "0025"
 MIGRATIONS_DIR: Final = Path(__file__).parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS: Final = 60_000
 # Serialization failure, deadlock, a lock timeout a transaction set for itself

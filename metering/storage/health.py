@@ -1,14 +1,11 @@
-"""Liveness in the database: what `metering status` reads, and heartbeats.
+"""Liveness in the database: what ``metering status`` reads, and heartbeats.
 
-* `DatabaseProbe`: whether the database answers, its Alembic revision beside
-  the one this code needs, heartbeats and which events have results. It
-  never creates or upgrades anything: a SQLite file that does not exist yet
-  is reported as such, not made.
-* `record_heartbeat`: a worker (role ``worker``, named by its Celery node
-  name) or beat (role ``beat``) says it is alive, about every
-  `HEARTBEAT_INTERVAL_SECONDS`. Each write opens and closes its own
-  connection, so a forked process never shares one, and a database that was
-  away is simply tried again next time.
+`DatabaseProbe` reads whether the database answers, its Alembic revision beside the one this
+code needs, heartbeats and which events have results; it never creates or upgrades anything
+(a SQLite file that does not exist is reported so, not made). `record_heartbeat`: a worker
+(role `WORKER`, named by its Celery node name) or beat (`BEAT`) says it is alive about every
+`HEARTBEAT_INTERVAL_SECONDS`; each write opens and closes its own connection, so a forked
+process shares none and a database that was away is simply tried again next time.
 """
 
 from __future__ import annotations

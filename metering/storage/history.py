@@ -1,16 +1,12 @@
 """The statements of a subject's usage history and of the usage page.
 
-* `rollup_hours`: a limit's usage per hour from ``usage_rollups`` (limits
-  with dimensions): the hours of one dimension key, summed over its values
-  (every consumed event counts once under each key), an index range on the
-  primary key (subject, limit, dimension, hour).
-* `counter_windows`: a subject's counter windows starting in a period
-  (primary key range: subject, limit, window start), with their denials.
-* `entitlement_changes`: a subject's maximums for a limit, every change.
-* `portal_secret`: the signing key of the usage page's links, made once;
-  `portal_secrets` adds the one a rotation replaced, until its grace ends;
-  `rotate_secret` replaces it (the current row is locked first, so two
-  rotations at once run one after the other).
+`rollup_hours`: a limit's usage per hour from ``usage_rollups`` (limits with dimensions),
+one dimension key's hours summed over its values, an index range on the primary key.
+`counter_windows`: a subject's counter windows starting in a period, with their denials (a
+primary key range). `entitlement_changes`: a subject's maximums for a limit, every change.
+`portal_secret`: the usage page links' signing key, made once; `portal_secrets` adds the one
+a rotation replaced, until its grace ends; `rotate_secret` replaces it, locking the current
+row first so that two rotations at once run one after the other.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from typing import Any, Final
 from sqlalchemy import bindparam, delete, select, update
 
 from metering.domain.limits import Limit
+from metering.domain.pacing import parse_burst
 from metering.storage.on_connection import OnConnection
 from metering.storage.tables import limits, limits_version
 
@@ -40,6 +41,8 @@ def _limit_from_row(row: Any) -> Limit:
         currency=row.currency,
         distinct=row.distinct_key,
         aggregation=row.aggregation,
+        pacing=row.pacing_burst is not None,
+        burst=None if row.pacing_burst is None else parse_burst(row.pacing_burst, row.maximum),
     )
 
 
@@ -68,6 +71,9 @@ class LimitStore(OnConnection):
         values.pop("max_amount", None)  # the maximum holds it, in minor units
         values["currency"] = limit.currency  # None turns a spend limit back into units
         values["distinct_key"] = values.pop("distinct")
+        values.pop("pacing", None)
+        values.pop("burst", None)
+        values["pacing_burst"] = str(limit.burst) if limit.pacing else None
         values["updated_at_us"] = now_us
         self._upsert(limits, values, key=["name"])
         self.connection.execute(BUMP_LIMITS_VERSION)

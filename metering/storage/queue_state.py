@@ -1,21 +1,13 @@
 """What the broker holds: queue depths, the oldest queued event, which events are queued.
 
-Read only: nothing here changes the broker, or creates a broker file.
-
-* Redis, as kombu lays it out: a queue is a list per priority (``metering``,
-  ``metering\\x06\\x163`` …), new messages pushed on the left and taken from
-  the right, where kombu also puts back the messages of a dead worker. A
-  message a worker took and has not acknowledged is in the ``unacked`` hash
-  as ``[envelope, exchange, routing key]`` until the acknowledgement.
-* The embedded broker, kombu's SQLAlchemy transport (`metering.storage.broker`):
-  rows of ``kombu_message`` in a ``kombu_queue``. A taken message is marked
-  invisible and stays, unacknowledged, until the sweep deletes it (its
-  events have results) or makes it visible again (its worker died).
-
-Every message is a kombu envelope (JSON): headers (Celery's ``task``, and
-`SENT_AT_HEADER` from `metering.routing`) and a body, base64 or plain, that
-holds Celery's ``[args, kwargs, embed]``; a batch's first argument is
-``{"v": 1, "events": [{"id": …}, …]}`` (`metering.messages`).
+Read only: nothing here changes the broker or creates a broker file. On Redis, as kombu
+lays it out, a queue is a list per priority (``metering``, ``metering\\x06\\x163`` ...),
+pushed on the left and taken from the right; a taken, unacknowledged message sits in the
+`REDIS_UNACKED_KEY` hash as ``[envelope, exchange, routing key]``. On the embedded broker
+(`metering.storage.broker`) a queue is rows of ``kombu_message``; a taken one is invisible
+until the sweep deletes it or makes it visible again. Every message is a kombu envelope:
+headers (Celery's ``task``; `SENT_AT_HEADER` from `metering.routing`) and a body holding
+``[args, kwargs, embed]``, whose first argument is a batch (`metering.messages`).
 """
 
 from __future__ import annotations

@@ -1,14 +1,12 @@
 """Recurring grants and ``grant.low`` in SQL (the rules: `metering.domain.recurring`).
 
-A schedule's due issues are made in the transaction of whoever reads the
-subject's window next: `issue_due` (the general engine, `check`, listing
-grants), or the fast path, which locks them in its read
-(`metering.storage.hot`) and has them written by `record_issues` (SQLite)
-or with its write (PostgreSQL). Either locks the due schedules (PostgreSQL
-``FOR UPDATE``; SQLite's writers are serialised by ``BEGIN IMMEDIATE``),
-inserts the issues (grant ids are the schedule's id and the issue number,
-so an issue exists once: a second insert fails) and moves the schedule on;
-the lock order stays schedules, first-use windows, counters, grants.
+A schedule's due issues are made in the transaction of whoever reads the subject's window
+next: `issue_due` (the general engine, `check`, listing grants: `lock_due_issues`, then
+`record_issues`), or the fast path, which locks them in its own read and writes them with
+its write, as `record_issues` does (`metering.storage.hot`). Either locks the due schedules
+(PostgreSQL ``FOR UPDATE``; SQLite's writers are serialised by ``BEGIN IMMEDIATE``), inserts
+the issues (a grant id is the schedule's id and the issue number: a second insert fails) and
+moves the schedule on. Lock order: schedules, first-use windows, counters, grants.
 """
 
 from __future__ import annotations

@@ -1,43 +1,13 @@
-"""The report queries: every statement `metering.reports` runs.
+"""The report queries: every statement `metering.reports` runs (`ReportQuery` selects).
 
-Reports read ``counters`` joined to the current ``limits``. Filtering,
-overage and ordering happen in the database, so a report over a large ledger
-returns only the rows asked for, already sorted:
-
-* the period is a range on ``window_start_us`` (index
-  ``ix_counters_window_start_us``; with a subject, ``ix_counters_subject``);
-* the maximum is the one that *applied* to the subject in the window: its
-  entitlement in force at the window's end (the latest ``entitlements`` row
-  starting before ``window_end_us``, a NULL maximum meaning the default),
-  else the limit's default. Entitlements are read as spans (each change
-  with the start of the next, by ``lead``) and outer-joined where a span
-  holds the window's last instant;
-* ``granted`` is the usage grants paid in the window: its ``grant_draws``
-  summed per window and outer-joined.
-
-  Joins rather than correlated subqueries: PostgreSQL hashes the two small
-  tables once, where subqueries probe their indexes for every row, and
-  their cost estimate made it JIT-compile the query too (a month of 294,100
-  counters, read and sorted: 1.6 s with the joins, 3.1 s and more with
-  subqueries, 1.3 s before reports had either);
-* overage is a ``CASE`` on the enforcement: soft, the window's own usage
-  (used less granted) beyond the applied maximum; hard and shadow, none (a
-  hard limit never allows usage beyond its maximum: what it refused is
-  the denied cost, its own column, never billed);
-* ``overdraft`` is the usage a commit of more than was reserved took past a
-  hard limit (``overdrafts``, summed per window, voided events left out):
-  it happened, so it is billed like overage;
-* ``ORDER BY overage DESC, overdraft DESC, denied cost DESC`` and ``LIMIT``
-  for ``--top``.
-
-The shadow report groups a shadow limit's windows with would-denies by
-subject with window functions (SQLite 3.25 and later, PostgreSQL): the
-totals over each subject's windows, and its peak window (the largest
-would-deny cost) picked by ``row_number``.
-
-Rows are streamed: on PostgreSQL through a server-side cursor
-(``stream_results``), ``yield_per`` rows at a time, so memory stays flat
-however many rows a report has.
+Reports read ``counters`` joined to the current ``limits``; filtering, overage and ordering
+happen in the database. The period is a range on ``window_start_us``. The maximum is the one
+that applied (`with_applied_maximum`): the entitlement span holding the window's last instant
+(changes read with the next one's start by ``lead``), else the limit's default. ``granted``
+(grant draws) and ``overdraft`` (voided events left out) are summed per window and
+outer-joined: joins, not correlated subqueries (docs/performance.md). Overage is a ``CASE``:
+soft, used less granted beyond the maximum; hard and shadow, none. The shadow report ranks
+windows with window functions; rows stream (PostgreSQL: `STREAM_BATCH` a round trip).
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
 """The usage rollups' statements: adding deltas, and the group-by report.
 
-Rows are added to, never overwritten: ``INSERT ... ON CONFLICT DO UPDATE SET
-used = used + excluded.used``, so two transactions that roll up the same
-hour of the same subject, limit, key and value both count, the second
-waiting for the first's row lock. Each writer sends its rows sorted by key
-(`metering.domain.rollups.rollup_rows`) and, on the hot path, after its
-counters, so waits never form a cycle. A delta may be negative (a voided
-event taken away); a row that comes back to zero stays, and reports leave
-out groups whose sums are both zero.
-
-The hot path sends the same upsert inside its own write
-(`metering.storage.hot.postgres`, `metering.storage.hot.sqlite`): `PG_UPSERT` takes the rows
-as one JSON array, `SQLITE_UPSERT` one row per execution.
-
-The report (`usage_by_statement`) is an index range on the primary key
-(subject, limit, dimension, hour, value) for each limit, summed per
-(limit, value) in the database.
+`record_rollups` adds, never overwrites (``INSERT ... ON CONFLICT DO UPDATE SET used = used
++ excluded.used``): two transactions rolling up the same row both count, the second waiting
+for the first's row lock. Writers send rows sorted by key (`metering.domain.rollups.rollup_rows`)
+and, on the hot path, after their counters, so waits never form a cycle. A delta may be
+negative (a voided event); a row back at zero stays, and reports leave out all-zero groups.
+The hot path sends the same upsert in its own write: `PG_UPSERT` takes the rows as one JSON
+array, `SQLITE_UPSERT` one row per execution. The report (`usage_by_statement`) is an index
+range on the primary key (subject, limit, dimension, hour, value), summed in the database.
 """
 
 from __future__ import annotations

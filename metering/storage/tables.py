@@ -47,6 +47,8 @@ limits = Table(
     Column("distinct_key", String(64), nullable=True),
     # sum, or a gauge's max or latest (migration 0023).
     Column("aggregation", String(8), nullable=False, server_default="sum"),
+    # A paced limit's burst, units or "P%" (`metering.domain.pacing`); NULL: not paced.
+    Column("pacing_burst", String(24), nullable=True),
 )
 
 # One row (id 1): incremented by every change to ``limits``, so that processes
@@ -110,7 +112,7 @@ results = Table(
     Column("reset_tick", BigInteger, nullable=False, server_default="0"),
 )
 # What the audit reads of the results decided since its last run (migration
-# 0024): on PostgreSQL a BRIN index (a few pages, next to nothing per insert:
+# 0025): on PostgreSQL a BRIN index (a few pages, next to nothing per insert:
 # results arrive in about the order of their decision), on SQLite a B-tree
 # appended to at its right edge.
 Index("ix_results_decided_at_us", results.c.decided_at_us, postgresql_using="brin")
@@ -177,7 +179,7 @@ reservations = Table(
     Column("given_back", Text, nullable=True),
 )
 Index("ix_reservations_state_expires", reservations.c.state, reservations.c.expires_at_us)
-# What the audit reads of the reservations settled since its last run (migration 0024).
+# What the audit reads of the reservations settled since its last run (migration 0025).
 Index("ix_reservations_settled_at_us", reservations.c.settled_at_us)
 
 # Usage a commit recorded beyond a hard limit (migration 0017): per event and
@@ -545,7 +547,7 @@ prices = Table(
 )
 
 
-# -- the audit (metering.audit, migration 0024) ---------------------------------
+# -- the audit (metering.audit, migration 0025) ---------------------------------
 # Instants the audit keeps (by name): ``checked_to`` (the last run's
 # watermark: results, voids, give-backs and resets up to it are in
 # ``audit_windows``), ``results_pruned_before`` (retention's cut-off, so a

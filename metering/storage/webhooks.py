@@ -303,6 +303,25 @@ class WebhookStore:
         )
         return bool(outcome.rowcount)
 
+    def retry_unanswered(self, now_us: int) -> int:
+        """Make pending deliveries whose last attempt got no HTTP answer (a
+        refused destination, no connection, a timeout) due at ``now_us``;
+        those a receiver answered keep their schedule, and claimed ones their
+        lease. Returns how many."""
+        d = webhook_deliveries
+        outcome = self.connection.execute(
+            update(d)
+            .where(
+                d.c.status == DeliveryStatus.PENDING.value,
+                d.c.attempts > 0,
+                d.c.last_status_code.is_(None),
+                d.c.next_attempt_at_us > now_us,
+                or_(d.c.claimed_until_us.is_(None), d.c.claimed_until_us < now_us),
+            )
+            .values(next_attempt_at_us=now_us, updated_at_us=now_us)
+        )
+        return int(outcome.rowcount)
+
     def replay(self, delivery_ids: Sequence[int] | None, since_us: int | None, now_us: int) -> int:
         """Make deliveries (by id, or every one created since) pending again, due now,
         with a fresh retry schedule. Their past attempts stay recorded."""

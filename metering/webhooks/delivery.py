@@ -17,7 +17,9 @@ One attempt is three steps, none holding a transaction open over HTTP:
 
 Attempts run side by side on a `Dispatcher` (at most ``max_in_flight``, and
 ``max_in_flight_per_endpoint`` to one endpoint): `deliver_due` for what is
-due now, `serve` for a worker's delivery thread.
+due now, `serve` for a worker's delivery thread. A worker starting calls
+`retry_unanswered` first: a retry whose last attempt got no answer (what a
+restart with other settings may fix) is due at once, not after its backoff.
 
 Delivery is at least once: a worker that dies after the POST and before the
 record sends the message again. Receivers deduplicate on ``webhook-id``.
@@ -295,6 +297,16 @@ def deliver_due(
     return DeliveryReport(
         tally[DeliveryStatus.DELIVERED], tally[DeliveryStatus.PENDING], tally[DeliveryStatus.FAILED]
     )
+
+
+def retry_unanswered(source: DatabaseSource) -> int:
+    """Make every pending delivery whose last attempt got no HTTP answer
+    (its destination refused, no connection, a timeout) due now; deliveries
+    a receiver answered keep their schedule and its ``Retry-After``. Returns
+    how many were brought forward."""
+    database = database_of(source)
+    now_us = database.now_us()
+    return database.run(lambda c: WebhookStore(c).retry_unanswered(now_us))
 
 
 def serve(

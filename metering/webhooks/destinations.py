@@ -15,6 +15,8 @@ itself, so nothing resolves the name a second time. The request still
 carries the URL's host (``Host`` header) and TLS still sends it as SNI and
 verifies the certificate against it: only the socket is opened by address.
 Proxies from the environment are not used (a proxy would resolve the name).
+`refused_destination` tells at add time that a URL's host is not public, so an
+operator learns then, not from every delivery failing, which setting allows it.
 """
 
 from __future__ import annotations
@@ -101,6 +103,34 @@ def checked_addresses(
             if reason is not None:
                 raise DestinationRefused(f"{host} resolves to {reason} {ALLOW_HINT}")
     return addresses
+
+
+def refused_destination(
+    url: str, *, allow_private: bool, allowed_networks: Iterable[IPNetwork] = ()
+) -> str | None:
+    """Why deliveries to ``url`` will be refused, naming the setting that
+    allows them, or None: its host resolves to a non-public address. A host
+    that does not resolve now is not reported (it may by delivery time)."""
+    import httpx
+
+    try:
+        parsed = httpx.URL(url)
+        host = parsed.host
+        port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    except (httpx.InvalidURL, ValueError):
+        return None
+    if allow_private:
+        return None
+    try:
+        addresses = resolve(host, port)
+    except DestinationRefused:
+        return None
+    allowed = tuple(allowed_networks)
+    for address in addresses:
+        reason = refusal(address, allowed)
+        if reason is not None:
+            return f"deliveries will be refused: {host} resolves to {reason} {ALLOW_HINT}"
+    return None
 
 
 def url_error(url: str) -> str | None:

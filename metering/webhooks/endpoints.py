@@ -34,7 +34,7 @@ from metering.storage.webhooks import (
     encode_payload,
 )
 from metering.webhooks import delivery
-from metering.webhooks.destinations import url_error
+from metering.webhooks.destinations import refused_destination, url_error
 from metering.webhooks.encryption import SecretBox, is_encrypted
 from metering.webhooks.settings import DeliverySettings, rotation_grace_seconds
 from metering.webhooks.signing import generate_secret, mask_secret, validate_secret
@@ -211,6 +211,17 @@ class Webhooks:
         )
         self._run(lambda store: store.insert_endpoint(record))
         return _view(record, record.created_at_us, self.box), plain
+
+    def destination_warning(self, url: str) -> str | None:
+        """Why deliveries to ``url`` will be refused under these settings
+        (default: ``METERING_WEBHOOKS_*`` here), naming the setting that
+        allows them; None when its host is public or does not resolve now."""
+        settings = self.settings or DeliverySettings.from_env()
+        return refused_destination(
+            url,
+            allow_private=settings.allow_private,
+            allowed_networks=settings.allowed_networks,
+        )
 
     def endpoints(self) -> list[Endpoint]:
         """Every endpoint, oldest first, secrets masked."""

@@ -821,6 +821,7 @@ def test_endpoints_are_managed_and_the_secret_is_shown_once(
         json={"url": "https://hooks:pw@billing.example.com/in", "types": ["limit.denied"]},
     )
     assert created.status_code == 201
+    assert created.json()["warnings"] == []
     secret = created.json()["secret"]
     endpoint = created.json()["endpoint"]
     assert secret.startswith("whsec_")
@@ -947,6 +948,11 @@ def test_a_ping_to_a_private_address_is_refused_by_default(
     with serve(serve_api, meter, tmp_path, delivery=DeliverySettings(timeout_seconds=5)) as client:
         added = client.post("/v1/webhooks/endpoints", json={"url": receiver.url_for("/hooks")})
         ping = client.post(f"/v1/webhooks/endpoints/{added.json()['endpoint']['id']}/test").json()
+    # The answer to the add warned of it, naming the settings that allow it.
+    (warning,) = added.json()["warnings"]
+    assert warning.startswith("deliveries will be refused: 127.0.0.1 resolves to 127.0.0.1")
+    assert "METERING_WEBHOOKS_ALLOW_PRIVATE=1" in warning
+    assert "METERING_WEBHOOKS_ALLOW_NETWORKS" in warning
     assert ping["status"] == "failed"
     assert "METERING_WEBHOOKS_ALLOW_PRIVATE" in ping["last_error"]
     assert receiver.log == []

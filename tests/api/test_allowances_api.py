@@ -147,13 +147,17 @@ BAD_ENTITLEMENTS: list[tuple[str, str, Any, str]] = [
     ("huge maximum", "org-1/api_calls", {"maximum": 10**16}, "maximum"),
     ("bad time", "org-1/api_calls", {"maximum": 5, "effective_from": "soon"}, "effective_from"),
     ("number time", "org-1/api_calls", {"maximum": 5, "effective_from": 5}, "effective_from"),
-    ("time out of range", "org-1/api_calls",
-     {"maximum": 5, "effective_from": "0001-01-01T00:00:00+01:00"}, "effective_from"),
+    (
+        "time out of range",
+        "org-1/api_calls",
+        {"maximum": 5, "effective_from": "0001-01-01T00:00:00+01:00"},
+        "effective_from",
+    ),
     ("unknown field", "org-1/api_calls", {"maximum": 5, "max": 5}, "max"),
     ("an array", "org-1/api_calls", [{"maximum": 5}], "body"),
     ("edge space subject", "%20org-1/api_calls", {"maximum": 5}, "subject"),
     ("bad limit name", "org-1/API%20calls", {"maximum": 5}, "limit"),
-]  # fmt: skip
+]
 
 
 def test_a_bad_entitlement_is_400_naming_the_field_and_nothing_is_stored(
@@ -185,8 +189,14 @@ def test_a_grant_is_added_once_and_a_conflicting_one_is_409(
     http: httpx.Client, meter: Meter
 ) -> None:
     expires = (NOW + timedelta(days=30)).isoformat()
-    body = {"subject": "org-1", "limit": "api_calls", "amount": 3, "expires_at": expires,
-            "grant_id": "promo-1", "reason": "launch promotion"}  # fmt: skip
+    body = {
+        "subject": "org-1",
+        "limit": "api_calls",
+        "amount": 3,
+        "expires_at": expires,
+        "grant_id": "promo-1",
+        "reason": "launch promotion",
+    }
     created = http.post("/v1/grants", json=body)
     assert created.status_code == 201, created.text
     grant = {
@@ -215,8 +225,9 @@ def test_a_grant_is_added_once_and_a_conflicting_one_is_409(
     assert decision.allowed and decision.charges[0].grants == (("promo-1", 2),)
     listed = http.get("/v1/grants", params={"subject": "org-1"}).json()["grants"]
     assert listed == [{**grant, "used": 2, "left": 1}]
-    generated = http.post("/v1/grants", json={"subject": "org-2", "limit": "api_calls",
-                                              "amount": 1})  # fmt: skip
+    generated = http.post(
+        "/v1/grants", json={"subject": "org-2", "limit": "api_calls", "amount": 1}
+    )
     assert generated.status_code == 201 and generated.json()["grant_id"]
     assert len(http.get("/v1/grants").json()["grants"]) == 2
     assert http.get("/v1/grants", params={"limit": "burst"}).json() == {"grants": []}
@@ -268,8 +279,9 @@ def test_a_void_gives_back_once_and_a_denied_event_cannot_be_voided(
     assert not meter.consume("org-1", "api_calls", cost=9, event_id="job-2").allowed
     assert used(meter, "org-1", "api_calls") == 6
 
-    voided = http.post("/v1/events/job/1/void", json={"reason": "duplicate upload",
-                                                      "correction_id": "c-1"})  # fmt: skip
+    voided = http.post(
+        "/v1/events/job/1/void", json={"reason": "duplicate upload", "correction_id": "c-1"}
+    )
     assert voided.status_code == 201, voided.text
     correction = {
         "correction_id": "c-1",
@@ -341,8 +353,7 @@ def test_a_bad_void_is_400_and_nothing_changes(http: httpx.Client, meter: Meter)
 def test_a_shadow_limit_with_absolute_thresholds_round_trips(
     http: httpx.Client, meter: Meter
 ) -> None:
-    definition = {"maximum": 2, "period": "1h", "enforcement": "shadow",
-                  "thresholds_units": [2, 1]}  # fmt: skip
+    definition = {"maximum": 2, "period": "1h", "enforcement": "shadow", "thresholds_units": [2, 1]}
     stored = {
         "name": "trial",
         "maximum": 2,
@@ -384,8 +395,16 @@ def test_a_shadow_limit_with_absolute_thresholds_round_trips(
 def test_a_recurring_grant_and_a_subjects_alerts_over_http(
     http: httpx.Client, meter: Meter, clock: FrozenClock
 ) -> None:
-    body = {"subject": "org-1", "limit": "api_calls", "amount": 3, "every": "1h",
-            "rollover_max": 2, "priority": 10, "low": "50%", "grant_id": "hourly"}  # fmt: skip
+    body = {
+        "subject": "org-1",
+        "limit": "api_calls",
+        "amount": 3,
+        "every": "1h",
+        "rollover_max": 2,
+        "priority": 10,
+        "low": "50%",
+        "grant_id": "hourly",
+    }
     created = http.post("/v1/grants", json=body)
     assert created.status_code == 201, created.text
     found = created.json()

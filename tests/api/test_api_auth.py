@@ -116,9 +116,11 @@ def test_without_a_valid_key_every_scope_is_401(start: Callable[..., Any], meter
                 'Bearer realm="metering", error="invalid_token"'
             )
         basic = client.request(
-            ROUTES[scope][0], ROUTES[scope][1], json=ROUTES[scope][2],
+            ROUTES[scope][0],
+            ROUTES[scope][1],
+            json=ROUTES[scope][2],
             headers={"Authorization": f"Basic {token}"},
-        )  # fmt: skip
+        )
         assert_problem(basic, 401, "unauthorized")
     assert meter.count_results() == 0  # nothing stored, nothing charged
     for scope in ROUTES:

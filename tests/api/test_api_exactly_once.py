@@ -182,13 +182,18 @@ def mixed_requests(requests: int, at: str) -> list[tuple[str, list[dict[str, Any
                 (
                     "application/cloudevents-batch+json",
                     [
-                        {"specversion": "1.0", "id": f"ce-{r}-{i}", "source": "/tests",
-                         "type": "usage", "subject": f"org-{i % SUBJECTS}",
-                         "data": {"limit": "api_calls", "cost": 2}}
+                        {
+                            "specversion": "1.0",
+                            "id": f"ce-{r}-{i}",
+                            "source": "/tests",
+                            "type": "usage",
+                            "subject": f"org-{i % SUBJECTS}",
+                            "data": {"limit": "api_calls", "cost": 2},
+                        }
                         for i in range(EVENTS)
                     ],
                 )
-            )  # fmt: skip
+            )
             continue
         events: list[dict[str, Any]] = []
         for i in range(EVENTS):

@@ -95,30 +95,100 @@ def test_cloudevent_charges_take_the_event_subject_when_they_name_none() -> None
     ("value", "kind", "pointer"),
     [
         ({"subject": "a", "limit": "l", "cost": -2}, "json", "cost"),
-        ([{"subject": "a", "limit": "l"}, {"subject": "a", "limit": "L"}], "json",
-         "events[1].limit"),
-        ({"charges": [{"subject": "a", "limit": "l"}, {"subject": " a", "limit": "l"}]}, "json",
-         "charges[1].subject"),
+        (
+            [{"subject": "a", "limit": "l"}, {"subject": "a", "limit": "L"}],
+            "json",
+            "events[1].limit",
+        ),
+        (
+            {"charges": [{"subject": "a", "limit": "l"}, {"subject": " a", "limit": "l"}]},
+            "json",
+            "charges[1].subject",
+        ),
         ({"charges": [{"subject": "a", "limit": "l"}] * 2}, "json", "charges"),
         ({"subject": "a", "limit": "l", "event_id": "a b"}, "json", "event_id"),
-        ({"subject": "a", "limit": "l", "occurred_at": "2026-11-22T09:40:00Z"}, "json",
-         "occurred_at"),
+        (
+            {"subject": "a", "limit": "l", "occurred_at": "2026-11-22T09:40:00Z"},
+            "json",
+            "occurred_at",
+        ),
         ({"subject": "a", "limit": "l", "metadata": {"x": float("inf")}}, "json", "body"),
-        ({"specversion": "1.0", "id": "x", "source": "s", "type": "t", "subject": "a",
-          "data": {"limit": "l", "cost": -1}}, "cloudevent", "data.cost"),
-        ({"specversion": "1.0", "id": "x", "source": "s", "type": "t", "subject": "",
-          "data": {"limit": "l"}}, "cloudevent", "subject"),
-        ({"specversion": "1.0", "id": "x y", "source": "s", "type": "t", "subject": "a",
-          "data": {"limit": "l"}}, "cloudevent", "id"),
-        ({"specversion": "1.0", "id": "x", "source": "s", "type": "t", "subject": "a",
-          "time": "2026-11-23T00:00:00Z", "data": {"limit": "l"}}, "cloudevent", "time"),
-        ({"specversion": "1.0", "id": "x" * 112, "source": "s", "type": "t", "subject": "a",
-          "data": {"limit": "l"}}, "cloudevent", "id"),
-        ([{"specversion": "1.0", "id": "x", "source": "s", "type": "t",
-           "data": {"charges": [{"limit": "l", "cost": 1.5}]}}], "cloudevents-batch",
-         "events[0].data.charges[0].subject"),
+        (
+            {
+                "specversion": "1.0",
+                "id": "x",
+                "source": "s",
+                "type": "t",
+                "subject": "a",
+                "data": {"limit": "l", "cost": -1},
+            },
+            "cloudevent",
+            "data.cost",
+        ),
+        (
+            {
+                "specversion": "1.0",
+                "id": "x",
+                "source": "s",
+                "type": "t",
+                "subject": "",
+                "data": {"limit": "l"},
+            },
+            "cloudevent",
+            "subject",
+        ),
+        (
+            {
+                "specversion": "1.0",
+                "id": "x y",
+                "source": "s",
+                "type": "t",
+                "subject": "a",
+                "data": {"limit": "l"},
+            },
+            "cloudevent",
+            "id",
+        ),
+        (
+            {
+                "specversion": "1.0",
+                "id": "x",
+                "source": "s",
+                "type": "t",
+                "subject": "a",
+                "time": "2026-11-23T00:00:00Z",
+                "data": {"limit": "l"},
+            },
+            "cloudevent",
+            "time",
+        ),
+        (
+            {
+                "specversion": "1.0",
+                "id": "x" * 112,
+                "source": "s",
+                "type": "t",
+                "subject": "a",
+                "data": {"limit": "l"},
+            },
+            "cloudevent",
+            "id",
+        ),
+        (
+            [
+                {
+                    "specversion": "1.0",
+                    "id": "x",
+                    "source": "s",
+                    "type": "t",
+                    "data": {"charges": [{"limit": "l", "cost": 1.5}]},
+                }
+            ],
+            "cloudevents-batch",
+            "events[0].data.charges[0].subject",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_refused_event_names_its_field(value: Any, kind: str, pointer: str) -> None:
     problem = refused(value, kind)
     assert problem.slug == "invalid-input"
@@ -294,8 +364,14 @@ def test_the_queued_parser_gives_what_parse_events_gives() -> None:
 def test_the_usual_event_takes_the_one_pass_parser() -> None:
     from metering.api.parsing import _queued_plain
 
-    item = {"event_id": "u-1", "subject": "org-1", "limit": "api_calls", "cost": 3,
-            "occurred_at": "2026-11-26T08:00:00Z", "metadata": {"route": "/x"}}  # fmt: skip
+    item = {
+        "event_id": "u-1",
+        "subject": "org-1",
+        "limit": "api_calls",
+        "cost": 3,
+        "occurred_at": "2026-11-26T08:00:00Z",
+        "metadata": {"route": "/x"},
+    }
     found = _queued_plain(item, 1795683600000000)
     assert found is not None
     assert found.charges == (Charge("org-1", "api_calls", 3),)

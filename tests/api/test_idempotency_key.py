@@ -71,8 +71,13 @@ def test_what_the_header_cannot_go_with_is_a_400(
 
 
 def test_a_cloudevent_with_the_header_is_a_400(http: httpx.Client) -> None:
-    cloud = {"specversion": "1.0", "id": "c1", "source": "/s", "type": "usage",
-             "data": {"subject": "org-1", "limit": "calls"}}  # fmt: skip
+    cloud = {
+        "specversion": "1.0",
+        "id": "c1",
+        "source": "/s",
+        "type": "usage",
+        "data": {"subject": "org-1", "limit": "calls"},
+    }
     answer = http.post(
         "/v1/events",
         content=httpx.Request("POST", "/", json=cloud).content,

@@ -65,8 +65,10 @@ def test_checkout_renew_checkin(http: httpx.Client, clock: FrozenClock) -> None:
     assert body["expires_at"] == "2026-11-22T09:31:00Z"
     denied = http.post("/v1/checkouts", json={"subject": "org-1", "limit": "cad"}).json()
     assert (denied["state"], denied["allowed"], denied["retry_at"]) == (
-        "denied", False, "2026-11-22T09:31:00Z",
-    )  # fmt: skip
+        "denied",
+        False,
+        "2026-11-22T09:31:00Z",
+    )
     checkout_id = body["id"]
     assert http.get(f"/v1/checkouts/{checkout_id}").json()["state"] == "held"
     assert [c["id"] for c in http.get("/v1/checkouts").json()["checkouts"]] == [checkout_id]
@@ -77,8 +79,9 @@ def test_checkout_renew_checkin(http: httpx.Client, clock: FrozenClock) -> None:
     assert (first["state"], first["released_by"], first["returned"]) == ("released", "checkin", 1)
     assert http.delete(f"/v1/checkouts/{checkout_id}").json()["returned"] == 0
     problem(http.post(f"/v1/checkouts/{checkout_id}/renew"), 409, "checkout-released")
-    again = http.post("/v1/checkouts", json={"checkout_id": "c-2", "subject": "org-1",
-                                             "limit": "cad"})  # fmt: skip
+    again = http.post(
+        "/v1/checkouts", json={"checkout_id": "c-2", "subject": "org-1", "limit": "cad"}
+    )
     assert again.json()["id"] == "c-2"
     clock.advance(minutes=16)  # past its 15 minutes: it is back
     assert http.get("/v1/checkouts/c-2").json()["released_by"] == "expiry"
@@ -145,9 +148,13 @@ def test_a_listing_by_state_applies_expiry_first(http: httpx.Client, clock: Froz
     ],
 )
 def test_bad_input_is_a_problem_and_stores_nothing(
-    http: httpx.Client, meter: Meter, body: dict[str, Any], status: int, slug: str,
+    http: httpx.Client,
+    meter: Meter,
+    body: dict[str, Any],
+    status: int,
+    slug: str,
     field: str | None,
-) -> None:  # fmt: skip
+) -> None:
     found = problem(http.post("/v1/checkouts", json=body), status, slug)
     if field is not None:
         assert [e["field"] for e in found["errors"]] == [field]
@@ -229,8 +236,10 @@ def test_each_checkout_route_takes_its_scope(http: httpx.Client, meter: Meter) -
     ingest = {"authorization": f"Bearer {tokens['ingest']}"}
     taken = http.post("/v1/checkouts", json={"subject": "org-9", "limit": "cad"}, headers=ingest)
     assert (taken.json()["allowed"], taken.json()["held"], taken.json()["maximum"]) == (
-        True, None, None,
-    )  # fmt: skip
+        True,
+        None,
+        None,
+    )
 
 
 CHECKS = (
@@ -260,8 +269,13 @@ def test_schemathesis_no_5xx_and_every_answer_conforms(
             for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
 
                 @given(case=operation.as_strategy(generation_mode=mode))
-                @settings(max_examples=20, deadline=None, derandomize=True, database=None,
-                          suppress_health_check=list(HealthCheck))  # fmt: skip
+                @settings(
+                    max_examples=20,
+                    deadline=None,
+                    derandomize=True,
+                    database=None,
+                    suppress_health_check=list(HealthCheck),
+                )
                 def exchange(case: schemathesis.Case) -> None:
                     case.call_and_validate(checks=CHECKS)
 

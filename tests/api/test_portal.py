@@ -70,6 +70,11 @@ def test_a_signed_link_opens_the_page_until_it_expires(
     clock.set(NOW + timedelta(seconds=3600))
     expired = http.get("/portal", params={"token": token})
     assert expired.status_code == 401 and "expired" in expired.json()["detail"]
+    # A browser gets a page saying so, with the same status and challenge.
+    page = http.get("/portal", params={"token": token}, headers={"Accept": "text/html"})
+    assert page.status_code == 401 and page.headers["content-type"].startswith("text/html")
+    assert page.headers["www-authenticate"].startswith("Bearer")
+    assert "has expired: ask for a new one" in page.text and "org-1" not in page.text
 
 
 def test_nothing_else_opens_a_page(http: httpx.Client, meter: Meter) -> None:

@@ -46,11 +46,25 @@ def test_a_backtest_answers_the_figures(http: httpx.Client, meter: Meter) -> Non
     body = answer.json()
     assert (body["events"], body["until"]) == (5, NOW.isoformat())
     assert body["rows"] == [
-        {"subject": "org-1", "limit": "calls", "events": 4, "would_deny_events": 2,
-         "would_deny_cost": 2, "overage": 0, "denied_events_then": 1},
-        {"subject": "org-2", "limit": "calls", "events": 1, "would_deny_events": 0,
-         "would_deny_cost": 0, "overage": 0, "denied_events_then": 0},
-    ]  # fmt: skip
+        {
+            "subject": "org-1",
+            "limit": "calls",
+            "events": 4,
+            "would_deny_events": 2,
+            "would_deny_cost": 2,
+            "overage": 0,
+            "denied_events_then": 1,
+        },
+        {
+            "subject": "org-2",
+            "limit": "calls",
+            "events": 1,
+            "would_deny_events": 0,
+            "would_deny_cost": 0,
+            "overage": 0,
+            "denied_events_then": 0,
+        },
+    ]
     entitled = {
         "limits": [{"name": "calls", "maximum": 2, "period": "1h", "window": "calendar"}],
         "entitlements": [{"subject": "org-1", "limit": "calls", "maximum": 4}],
@@ -72,11 +86,13 @@ def test_a_backtest_answers_the_figures(http: httpx.Client, meter: Meter) -> Non
         ({"limits": PROPOSED, "since": "500d"}, "since"),  # older than the results kept
         ({"limits": {"calls": {"maximum": 0, "period": "1h"}}, "since": "1d"}, "limits file"),
         ({"limits": {"calls": 3}, "since": "1d"}, "limits"),
-        ({"limits": PROPOSED, "since": "1d", "entitlements": [{"subject": "s"}]},
-         "entitlements file"),
+        (
+            {"limits": PROPOSED, "since": "1d", "entitlements": [{"subject": "s"}]},
+            "entitlements file",
+        ),
         ({"limits": PROPOSED, "since": "1d", "other": 1}, "other"),
     ],
-)  # fmt: skip
+)
 def test_bad_bodies_are_400_problems(http: httpx.Client, body: Any, field: str) -> None:
     answer = http.post("/v1/simulations", json=body)
     assert answer.status_code == 400, answer.text

@@ -26,10 +26,12 @@ PROBLEM = "application/problem+json"
 @pytest.fixture
 def meter(db_url: str) -> Iterator[Meter]:
     with Meter(db_url, clock=FrozenClock(NOW)) as m:
-        m.set_limits([
-            Limit("api", maximum=10, period="1h", dimensions=("route", "model")),
-            Limit("plain", maximum=10, period="1h"),
-        ])  # fmt: skip
+        m.set_limits(
+            [
+                Limit("api", maximum=10, period="1h", dimensions=("route", "model")),
+                Limit("plain", maximum=10, period="1h"),
+            ]
+        )
         for route, cost in (("/a", 3), ("/b", 1), ("/a", 2)):
             m.consume("org-1", "api", cost, metadata={"route": route})
         m.consume("org-1", "api", 1)
@@ -88,10 +90,14 @@ BAD: list[tuple[dict[str, Any], int, str, str]] = [
     ({"subject": "org-1", "group_by": "zone"}, 400, "invalid-input", "group_by"),
     ({"subject": "org-1", "group_by": ""}, 400, "invalid-input", "group_by"),
     ({"subject": "org-1", "group_by": "route", "limit": "nope"}, 422, "unknown-limit", "limit"),
-    ({"subject": "org-1", "group_by": "route", "since": "2026-11-01T10:30"}, 400,
-     "invalid-input", "since"),
+    (
+        {"subject": "org-1", "group_by": "route", "since": "2026-11-01T10:30"},
+        400,
+        "invalid-input",
+        "since",
+    ),
     ({"group_by": "route"}, 400, "invalid-input", "subject"),
-]  # fmt: skip
+]
 
 
 def test_bad_group_by_is_a_problem_naming_the_field(http: httpx.Client) -> None:

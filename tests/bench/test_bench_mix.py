@@ -22,6 +22,8 @@ CONFIGURATIONS = [
     "an entitlement on every subject",
     "own thresholds on every subject",
     'dimensions=("route",)',
+    'a gauge (aggregation="max")',
+    "paced (pacing=True, burst 5%)",
     "mix: entitlement, recurring grant, price + cap, seats",
 ]
 

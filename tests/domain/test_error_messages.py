@@ -27,8 +27,9 @@ from metering.errors import InvalidInput, InvalidLimit, OccurredAtOutOfRange
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 KNOWN = (
-    "['aggregation', 'algorithm', 'currency', 'dimensions', 'distinct', 'enforcement', 'lateness', "
-    "'max_amount', 'maximum', 'name', 'period', 'thresholds', 'thresholds_units', 'window']"
+    "['aggregation', 'algorithm', 'burst', 'currency', 'dimensions', 'distinct', 'enforcement', "
+    "'lateness', 'max_amount', 'maximum', 'name', 'pacing', 'period', 'thresholds', "
+    "'thresholds_units', 'window']"
 )
 
 LIMIT_ERRORS: list[tuple[Callable[[], object], str]] = [

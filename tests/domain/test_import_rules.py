@@ -39,8 +39,10 @@ def test_json_lines_events_and_bad_lines_with_their_numbers() -> None:
     first = found[0][1]
     assert not isinstance(first, BadLine)
     assert (first.event_id, first.charges, first.occurred_at_us) == (
-        "e1", (Charge("org-1", "calls", 1),), AT_US,
-    )  # fmt: skip
+        "e1",
+        (Charge("org-1", "calls", 1),),
+        AT_US,
+    )
     third = found[4][1]
     assert not isinstance(third, BadLine)
     assert (third.charges, third.metadata) == ((Charge("u", "a", 2),), {"k": 1})
@@ -102,8 +104,11 @@ def test_no_enforce_decides_windows_as_soft_and_buckets_as_shadow() -> None:
     )
     rule = policy.rule(Rule.of(hard))
     assert (rule.soft, rule.shadow, rule.notifies, rule.lateness_us) == (
-        True, False, False, 86_400_000_000,
-    )  # fmt: skip
+        True,
+        False,
+        False,
+        86_400_000_000,
+    )
     assert policy.marker == "imported: not enforced"
 
 
@@ -126,8 +131,9 @@ def test_a_csv_line_that_is_no_csv_is_a_bad_line() -> None:
     lines = ["event_id,subject,limit,cost,occurred_at\n", f"c1,org\r-1,calls,1,{AT}\n", "c2\0\n"]
     found = list(parse_lines(lines, "csv"))
     assert [(number, type(item).__name__) for number, item in found] == [
-        (2, "BadLine"), (3, "BadLine"),
-    ]  # fmt: skip
+        (2, "BadLine"),
+        (3, "BadLine"),
+    ]
     with pytest.raises(InvalidInput, match="header: line 1: not CSV"):
         list(parse_lines(["event\rid\n"], "csv"))
 

@@ -246,8 +246,10 @@ def test_a_token_bucket_with_a_calendar_window_is_rejected() -> None:
     assert named == limit(algorithm="token_bucket", period="10s")
     assert limit(period="10s", window="calendar").window == "calendar"
     with pytest.raises(InvalidLimit) as caught:
-        Limit.from_dict({"maximum": 9, "period": "10s", "algorithm": "token_bucket",
-                         "window": "calendar"}, name="api")  # fmt: skip
+        Limit.from_dict(
+            {"maximum": 9, "period": "10s", "algorithm": "token_bucket", "window": "calendar"},
+            name="api",
+        )
     assert caught.value.field == "window"
 
 
@@ -535,5 +537,8 @@ def test_a_bad_spend_or_seat_limit_names_its_field(make: Any, field: str, messag
 def test_the_smallest_spend_limit_and_its_options() -> None:
     smallest = spend_limit("sp", "0.01", "EUR", "1mo", window="calendar", enforcement="soft")
     assert (smallest.maximum, smallest.currency, smallest.window, smallest.enforcement) == (
-        1, "EUR", "calendar", "soft",
-    )  # fmt: skip
+        1,
+        "EUR",
+        "calendar",
+        "soft",
+    )

@@ -53,10 +53,29 @@ def test_rollover_adds_what_was_left_up_to_its_maximum() -> None:
 
 def test_issues_due_catch_up_each_rolling_over_the_last() -> None:
     last = Issue(1, us(2026, 11, 20), us(2026, 12, 1), 10)
-    assert issues_due(MONTH, calendar=True, amount=10, rollover_max=4, until_us=None,
-                      last=last, left_of_last=3, now_us=us(2026, 11, 30)) == []  # fmt: skip
-    found = issues_due(MONTH, calendar=True, amount=10, rollover_max=4, until_us=None,
-                       last=last, left_of_last=3, now_us=us(2027, 1, 15))  # fmt: skip
+    assert (
+        issues_due(
+            MONTH,
+            calendar=True,
+            amount=10,
+            rollover_max=4,
+            until_us=None,
+            last=last,
+            left_of_last=3,
+            now_us=us(2026, 11, 30),
+        )
+        == []
+    )
+    found = issues_due(
+        MONTH,
+        calendar=True,
+        amount=10,
+        rollover_max=4,
+        until_us=None,
+        last=last,
+        left_of_last=3,
+        now_us=us(2027, 1, 15),
+    )
     assert found == [
         Issue(2, us(2026, 12, 1), us(2027, 1, 1), 13),
         Issue(3, us(2027, 1, 1), us(2027, 2, 1), 14),  # the unread December left all 13
@@ -67,8 +86,16 @@ def test_issues_due_catch_up_each_rolling_over_the_last() -> None:
 def test_no_issue_starts_at_or_after_until() -> None:
     until = us(2027, 1, 10)
     last = Issue(1, us(2026, 11, 20), us(2026, 12, 1), 5)
-    found = issues_due(MONTH, calendar=True, amount=5, rollover_max=0, until_us=until,
-                       last=last, left_of_last=0, now_us=us(2027, 6, 1))  # fmt: skip
+    found = issues_due(
+        MONTH,
+        calendar=True,
+        amount=5,
+        rollover_max=0,
+        until_us=until,
+        last=last,
+        left_of_last=0,
+        now_us=us(2027, 6, 1),
+    )
     assert [(i.number, i.end_us) for i in found] == [(2, us(2027, 1, 1)), (3, until)]
     assert next_due_us(found[-1], until) is None
 
@@ -131,26 +158,58 @@ def test_alert_points_at_their_bounds() -> None:
 
 def test_an_issue_is_due_at_the_instant_the_last_one_ends() -> None:
     last = Issue(1, us(2026, 11, 20), us(2026, 12, 1), 10)
-    found = issues_due(MONTH, calendar=True, amount=10, rollover_max=0, until_us=None,
-                       last=last, left_of_last=0, now_us=us(2026, 12, 1))  # fmt: skip
+    found = issues_due(
+        MONTH,
+        calendar=True,
+        amount=10,
+        rollover_max=0,
+        until_us=None,
+        last=last,
+        left_of_last=0,
+        now_us=us(2026, 12, 1),
+    )
     assert found == [Issue(2, us(2026, 12, 1), us(2027, 1, 1), 10)]
 
 
 def test_after_an_issue_cut_short_the_next_ends_at_the_calendar_boundary() -> None:
     # The last issue ended at a former `until` (10 December), since lifted.
     last = Issue(1, us(2026, 11, 20), us(2026, 12, 10), 10)
-    calendar = issues_due(MONTH, calendar=True, amount=10, rollover_max=0, until_us=None,
-                          last=last, left_of_last=0, now_us=us(2026, 12, 10))  # fmt: skip
+    calendar = issues_due(
+        MONTH,
+        calendar=True,
+        amount=10,
+        rollover_max=0,
+        until_us=None,
+        last=last,
+        left_of_last=0,
+        now_us=us(2026, 12, 10),
+    )
     assert calendar == [Issue(2, us(2026, 12, 10), us(2027, 1, 1), 10)]
-    first_use = issues_due(MONTH, calendar=False, amount=10, rollover_max=0, until_us=None,
-                           last=last, left_of_last=0, now_us=us(2026, 12, 10))  # fmt: skip
+    first_use = issues_due(
+        MONTH,
+        calendar=False,
+        amount=10,
+        rollover_max=0,
+        until_us=None,
+        last=last,
+        left_of_last=0,
+        now_us=us(2026, 12, 10),
+    )
     assert first_use == [Issue(2, us(2026, 12, 10), us(2027, 1, 10), 10)]
 
 
 def test_one_reading_makes_at_most_1200_issues() -> None:
     last = Issue(1, us(1900, 1, 1), us(1900, 2, 1), 1)
-    found = issues_due(MONTH, calendar=True, amount=1, rollover_max=0, until_us=None,
-                       last=last, left_of_last=0, now_us=us(2026, 12, 1))  # fmt: skip
+    found = issues_due(
+        MONTH,
+        calendar=True,
+        amount=1,
+        rollover_max=0,
+        until_us=None,
+        last=last,
+        left_of_last=0,
+        now_us=us(2026, 12, 1),
+    )
     assert len(found) == MAX_ISSUES_AT_ONCE == 1200
     assert found[-1] == Issue(1201, us(2000, 1, 1), us(2000, 2, 1), 1)
 

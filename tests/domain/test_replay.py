@@ -90,11 +90,25 @@ def test_stacked_event_is_all_or_nothing_and_first_use_windows_open_on_replay() 
         replay.feed(StoredEvent(T0 + at, (("s", "a", 1), ("s", "b", 1))))
     # The third event is denied by a: b consumes nothing then; the fourth opens a new a window.
     assert [r.to_dict() for r in replay.rows()] == [
-        {"subject": "s", "limit": "a", "events": 4, "would_deny_events": 1,
-         "would_deny_cost": 1, "overage": 0, "denied_events_then": 0},
-        {"subject": "s", "limit": "b", "events": 4, "would_deny_events": 0,
-         "would_deny_cost": 0, "overage": 0, "denied_events_then": 0},
-    ]  # fmt: skip
+        {
+            "subject": "s",
+            "limit": "a",
+            "events": 4,
+            "would_deny_events": 1,
+            "would_deny_cost": 1,
+            "overage": 0,
+            "denied_events_then": 0,
+        },
+        {
+            "subject": "s",
+            "limit": "b",
+            "events": 4,
+            "would_deny_events": 0,
+            "would_deny_cost": 0,
+            "overage": 0,
+            "denied_events_then": 0,
+        },
+    ]
 
 
 def test_each_limit_kind_has_its_counter() -> None:

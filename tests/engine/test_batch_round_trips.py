@@ -1,7 +1,8 @@
 """A queued batch costs two round trips on PostgreSQL, counted at the driver
 (`round_trips.count_round_trips`: pipelines, statements and transaction ends
 outside one, on any psycopg connection): the read under lock, and the write
-with its COMMIT, whatever the batch holds."""
+with its COMMIT, whatever the batch holds; a single event one or two,
+whatever it charges."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from datetime import UTC, datetime
 import pytest
 from round_trips import count_round_trips
 
-from metering import FrozenClock, Limit, Meter, make_event
+from metering import FrozenClock, Limit, Meter, make_event, spend_limit
 from metering.messages import encode_batch, encode_event
 from metering.pipeline import apply_batch
 
@@ -65,3 +66,45 @@ def test_a_batch_is_two_round_trips(pg_url: str, monkeypatch: pytest.MonkeyPatch
             "malformed event: charges: must be a list of (subject, limit, cost)",
         ]
         assert meter.count_results() == 2110
+
+
+def _priced(meter: Meter) -> None:
+    meter.set_limit(spend_limit("spend", "1000", "USD", "1mo", window="calendar"))
+    meter.set_price("calls", "0.01", "USD")
+
+
+# What each configuration adds to the "calls" limit (as bench/bench_mix.py sells them).
+CONFIGURATIONS = {
+    "plain": lambda meter: None,
+    "priced": _priced,
+    "seats": lambda meter: meter.set_limit(
+        Limit("calls", maximum=700, period="1d", window="calendar", distinct="user")
+    ),
+    "grant": lambda meter: meter.grant("org-1", "calls", 100, grant_id="g"),
+    "recurring": lambda meter: meter.grant("org-1", "calls", 100, grant_id="m", every="1mo"),
+    "entitlement": lambda meter: meter.set_entitlement("org-1", "calls", 900),
+    "own thresholds": lambda meter: meter.set_alert("org-1", "calls", ["90%"]),
+    "dimensions": lambda meter: meter.set_limit(
+        Limit("calls", maximum=700, period="1d", window="calendar", dimensions=("user",))
+    ),
+}
+
+
+ONE_TRIP = {"plain", "entitlement", "own thresholds"}
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("configuration", CONFIGURATIONS)
+def test_a_single_event_is_one_or_two_round_trips(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch, configuration: str
+) -> None:
+    """`consume` of one event is one round trip where the one-trip function
+    decides it, else two (the read, then the write and its COMMIT)."""
+    trips = count_round_trips(monkeypatch)
+    with Meter(pg_url, clock=FrozenClock(NOW)) as meter:
+        meter.set_limits(LIMITS)
+        CONFIGURATIONS[configuration](meter)
+        for n in range(3):  # the first caches the limits
+            trips[0] = 0
+            assert meter.consume("org-1", "calls", metadata={"user": f"u{n}"}).allowed
+        assert trips[0] == (1 if configuration in ONE_TRIP else 2)

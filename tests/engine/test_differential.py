@@ -15,7 +15,9 @@ in percent and in units, dimensions, stacked charges, money (priced limits
 and spend limits of three currencies, price changes effective in the
 past, now and later, prices removed, amounts past the bound), seats
 (``distinct="user"``: new values, repeats, missing and empty values, cost
-2), a limit's maximum changed, entitlements (some effective in the past),
+2), gauges (peak and last level, hard, soft and shadow, levels of 0),
+paced limits (hard, soft and shadow; bursts in units and percent), a
+limit's maximum changed, entitlements (some effective in the past),
 grants (expiring, with priorities and ``low``) and recurring grants,
 subjects' own thresholds, voids and resets between batches, late events
 (some past their lateness), events from the future (some accepted),
@@ -29,7 +31,7 @@ also asks `check` both ways after each batch: the same `Decision` or error.
 
 Each run also asserts the path decided: the reference engine decides
 only what the fast path leaves to it by design (an event before its
-subject's current first-use window; for a reservation also seats,
+subject's current first-use window; for a reservation also seats and gauges,
 refused there), counted by the need declined; the one-trip function is tried for
 every event, never errs, and decides many; a `check` is the fast path's
 unless it raises, a recurring grant may be due, or it falls before a
@@ -122,13 +124,53 @@ LIMITS = [
     spend_limit("usd_soft", "0.10", "USD", "1h", enforcement="soft", thresholds=(80,)),
     spend_limit("eur_fu", "0.20", "EUR", "2h"),
     spend_limit("jpy_shadow", "30", "JPY", "1h", window="calendar", enforcement="shadow"),
+    # Paced: a window's maximum spread over it, plus a burst.
+    Limit("paced", maximum=6, period="1h", window="calendar", pacing=True, burst=1),
+    Limit(
+        "paced_soft",
+        maximum=8,
+        period="30m",
+        enforcement="soft",
+        pacing=True,
+        burst="25%",
+        thresholds=(50,),
+    ),
+    Limit("paced_shadow", maximum=4, period="1h", enforcement="shadow", pacing=True, burst=0),
+    # Gauges: the peak and the last level (a cost is the level, 0 included).
+    Limit(
+        "peak",
+        maximum=6,
+        period="1h",
+        window="calendar",
+        aggregation="max",
+        thresholds=(50, 100),
+    ),
+    Limit("level", maximum=4, period="30m", aggregation="latest", enforcement="soft"),
+    Limit(
+        "shadow_level",
+        maximum=3,
+        period="1h",
+        window="calendar",
+        aggregation="latest",
+        enforcement="shadow",
+        thresholds_units=(2,),
+    ),
 ]
 SUITED = ["cal", "fu", "bucket", "shadow", "units"]
 OTHER = ["soft", "month", "dims"]
 SEATS = ["seats", "fu_seats", "soft_seats", "shadow_seats"]
-NAMES = [*SUITED, *SUITED, *SUITED, *SUITED, *OTHER, *SEATS, "usd_day", "unknown"]
-GRANTABLE = ["cal", "fu", "soft", "shadow", "units", "seats", "usd_day", "eur_fu"]
-OWN = ["cal", "fu", "bucket", "units", "seats", "fu_seats", "usd_day", "eur_fu"]
+GAUGES = ["peak", "level", "shadow_level"]
+PACED = ["paced", "paced_soft", "paced_shadow"]
+NAMES = [*SUITED, *SUITED, *SUITED, *SUITED, *OTHER, *SEATS, *GAUGES, *PACED, "usd_day", "unknown"]
+# (A grant on a gauge is refused, by both alike.)
+GRANTABLE = [
+    *["cal", "fu", "soft", "shadow", "units", "seats", "usd_day", "eur_fu", "peak"],
+    *["paced", "paced_soft"],
+]
+OWN = [
+    *["cal", "fu", "bucket", "units", "seats", "fu_seats", "usd_day", "eur_fu", "peak", "level"],
+    *["paced", "paced_soft"],
+]
 # Grants and own thresholds (the function declines their pairs) for two subjects.
 HOLDERS = ["org-2", "user-é"]
 PRICED = ["soft", "month", "dims", "bucket"]
@@ -150,7 +192,8 @@ BIG = 10**12  # the largest cost: past every spend limit's bound once priced
 charge = st.tuples(
     st.sampled_from(SUBJECTS),
     st.sampled_from(NAMES),
-    st.sampled_from([1, 1, 1, 2, 2, 3, 4, 7, BIG]),  # 2 and more: refused on a seat limit
+    # 0: a gauge's level, refused elsewhere; 2 and more: refused on a seat limit.
+    st.sampled_from([0, 1, 1, 1, 2, 2, 3, 4, 5, 7, BIG]),
 )
 charges = st.one_of(
     st.lists(charge, min_size=1, max_size=1),
@@ -235,7 +278,7 @@ batch = st.fixed_dictionaries(
             st.none(),
             st.tuples(
                 st.sampled_from([None, *SUBJECTS]),
-                st.sampled_from([None, "cal", "fu", "seats", "usd_day"]),
+                st.sampled_from([None, "cal", "fu", "seats", "usd_day", "peak", "level"]),
             ),
         ),
         "reservations": st.lists(reservation, max_size=2),
@@ -295,9 +338,9 @@ def reserve_on(path: str, meter: Meter, event: UsageEvent, ttl_us: int) -> objec
 
 # What the fast path may decline: an event before its window (to the
 # reference engine), notices on its own connections (to SQLAlchemy's), and
-# stale limits (asked again); a reservation also seats (refused there).
+# stale limits (asked again); a reservation also seats and gauges (refused there).
 DECLINED = {Need.EARLY_FIRST_USE, Need.NOTICES, None}
-HELD = {*DECLINED, Need.HELD_SEATS}
+HELD = {*DECLINED, Need.HELD_SEATS, Need.HELD_GAUGE}
 
 
 class _Watch:
@@ -542,6 +585,10 @@ def _run(
         found, expected = stored(tested), stored(oracle)
         for table, rows in expected.items():  # the stream in full: nothing shrinks it
             assert found[table] == rows, (table, found[table], rows, stream)
+        gauged = [row for row in found["counters"] if row[0] in GAUGES and row[4]]
+        tally["gauge levels"] += len(gauged)
+        paced = [row for row in found["counters"] if row[0] in PACED and row[5]]
+        tally["paced denials"] += len(paced)
 
 
 # -- the suite -----------------------------------------------------------------------
@@ -576,6 +623,8 @@ def test_the_path_decides_as_the_reference_engine(
     differential()
     # Not vacuous: most events were the path's own.
     assert tally["fell back"] < tally["events"] // 4, tally
+    assert tally["gauge levels"] >= examples // 4, tally  # gauges held levels
+    assert tally["paced denials"] >= examples // 10, tally  # the pace denied some
     if path == "one_trip":  # of the events it may decide, the function decides many
         eligible = tally["events"] - tally["unsuited"] - tally["not for the function"]
         assert tally["applied"] >= eligible // 3, tally

@@ -26,7 +26,7 @@ from test_differential import on_path
 from metering import FrozenClock, Limit, Meter, spend_limit
 from metering.domain.events import make_event
 from metering.engine.one_trip import STATS
-from metering.storage.tables import counters, results
+from metering.storage.tables import counters, results, webhook_messages
 
 NOW = datetime(2026, 11, 10, 12, 0, tzinfo=UTC)
 LIMITS = [limit for limit in BATCH_LIMITS if limit.name in ("cal", "fu", "bucket")]
@@ -293,6 +293,26 @@ def test_an_ordinary_event_takes_one_trip(pg_url: str) -> None:
             assert meter.consume("org-2", name).allowed
         assert meter.consume(charges=[("org-2", "cal", 1), ("org-2", "fu", 1)]).allowed
         assert STATS["applied"] - before == 6
+
+
+def test_own_thresholds_take_one_trip_until_one_is_crossed(pg_url: str) -> None:
+    """The function decides a subject with thresholds of its own (they only
+    choose when it declines), and declines the event that crosses one
+    (``notify``): the fast path decides it and announces the crossing."""
+    with Meter(pg_url, clock=FrozenClock(START)) as meter:
+        meter.set_limit(Limit("calls", maximum=10, period="1h", window="calendar"))
+        meter.set_alert("org", "calls", ["50%"])
+        meter.consume("other", "calls")  # caches the limits
+        before = STATS.copy()
+        assert meter.consume("org", "calls", 2).used == 2
+        assert meter.consume("org", "calls", 2).used == 4  # below 50%: nothing to announce
+        assert STATS["applied"] - before["applied"] == 2
+        assert meter.consume("org", "calls", 2).used == 6  # crosses 50%
+        assert STATS["applied"] - before["applied"] == 2
+        assert STATS["declined:notify"] - before["declined:notify"] == 1
+        with meter.sql_engine.connect() as connection:
+            kinds = connection.execute(select(webhook_messages.c.type)).scalars().all()
+        assert kinds == ["limit.threshold"]
 
 
 def _hammer(url: str, index: int, calls: int, queue: Any) -> None:

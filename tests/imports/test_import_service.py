@@ -50,8 +50,9 @@ def test_bad_lines_are_reported_with_their_numbers_and_the_good_ones_applied(
     ]
     summary = meter.import_events(lines)
     assert [(b.line, b.reason.split(":")[0]) for b in summary.bad_lines] == [
-        (2, "not JSON"), (3, "cost"),
-    ]  # fmt: skip
+        (2, "not JSON"),
+        (3, "cost"),
+    ]
     assert (summary.events, summary.applied, summary.rejected, summary.bad) == (3, 2, 1, 2)
     assert used(meter, "org-1", "calls") == [2]
     rejected = meter.result("e4")
@@ -81,12 +82,15 @@ def test_no_enforce_allows_everything_as_a_soft_limit_and_notifies_nothing(
     last = meter.result("e2")
     assert last is not None
     assert (last.outcome, last.charges[0].overage, last.reason) == (
-        "overage", 3, "imported: not enforced",
-    )  # fmt: skip
+        "overage",
+        3,
+        "imported: not enforced",
+    )
     bucket = meter.result("b2")
     assert bucket is not None and (bucket.outcome, bucket.charges[0].outcome) == (
-        "allowed", "would_deny",
-    )  # fmt: skip
+        "allowed",
+        "would_deny",
+    )
     with meter.sql_engine.connect() as connection:
         assert connection.scalar(select(func.count()).select_from(webhook_messages)) == 0
     # The same events enforced: the usual batch path denies.

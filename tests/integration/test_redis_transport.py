@@ -186,15 +186,26 @@ def test_a_producer_message_is_the_one_celery_send_task_writes(
     ]
     with UsageProducer(redis_url) as producer:
         for event in events:
-            producer.emit(charges=event.charges, event_id=event.event_id, occurred_at=at,
-                          metadata=event.metadata)  # fmt: skip
+            producer.emit(
+                charges=event.charges,
+                event_id=event.event_id,
+                occurred_at=at,
+                metadata=event.metadata,
+            )
         producer.flush()
     ours = json.loads(client.rpop(DEFAULT_QUEUE))
     celery = make_celery(redis_url)
     payload = encode_batch([encode_event(e) for e in events])
-    celery.send_task(APPLY_BATCH_TASK, args=[payload], queue=DEFAULT_QUEUE,
-                     routing_key=DEFAULT_QUEUE, retry=False, headers={SENT_AT_HEADER: 1},
-                     argsrepr="[<2 events>]", kwargsrepr="{}")  # fmt: skip
+    celery.send_task(
+        APPLY_BATCH_TASK,
+        args=[payload],
+        queue=DEFAULT_QUEUE,
+        routing_key=DEFAULT_QUEUE,
+        retry=False,
+        headers={SENT_AT_HEADER: 1},
+        argsrepr="[<2 events>]",
+        kwargsrepr="{}",
+    )
     celery.close()
     theirs = json.loads(client.rpop(DEFAULT_QUEUE))
     assert client.llen(DEFAULT_QUEUE) == 0
@@ -202,8 +213,11 @@ def test_a_producer_message_is_the_one_celery_send_task_writes(
     def body(envelope: dict[str, Any]) -> Any:
         return json.loads(base64.b64decode(envelope.pop("body")))
 
-    assert body(ours) == body(theirs) == [[payload], {}, {
-        "callbacks": None, "errbacks": None, "chain": None, "chord": None}]  # fmt: skip
+    assert (
+        body(ours)
+        == body(theirs)
+        == [[payload], {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}]
+    )
     varying = ("id", "root_id", "correlation_id", "reply_to", "delivery_tag", SENT_AT_HEADER)
     for envelope in (ours, theirs):
         for part in (envelope["headers"], envelope["properties"]):

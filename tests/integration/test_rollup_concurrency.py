@@ -28,9 +28,15 @@ NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 ROUTES = ["/a", "/b", "/c", None]
 LIMITS = [
     Limit("calls", maximum=300, period="1d", window="calendar", dimensions=("route", "model")),
-    Limit("org", maximum=10**6, period="1h", window="calendar", enforcement="soft",
-          dimensions=("route",)),
-]  # fmt: skip
+    Limit(
+        "org",
+        maximum=10**6,
+        period="1h",
+        window="calendar",
+        enforcement="soft",
+        dimensions=("route",),
+    ),
+]
 
 pytestmark = pytest.mark.slow
 
@@ -46,8 +52,9 @@ def _apply_many(url: str, worker: int, start: multiprocessing.synchronize.Event)
         charges = charges if (n + worker) % 2 else charges[::-1]
         when = NOW - timedelta(minutes=(n * 7) % 150)  # three hours
         if worker % 2:
-            meter.consume(charges=charges, metadata=metadata, occurred_at=when,
-                          event_id=f"w{worker}-{n}")  # fmt: skip
+            meter.consume(
+                charges=charges, metadata=metadata, occurred_at=when, event_id=f"w{worker}-{n}"
+            )
             continue
         batch.append(make_event(charges, when, f"w{worker}-{n}", metadata))
         if len(batch) == 8:

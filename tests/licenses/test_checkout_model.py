@@ -136,9 +136,10 @@ def _run(url: str, operations: list[tuple[object, ...]]) -> None:
                 clock.advance(seconds=int(a))  # type: ignore[call-overload]
             elif kind == "sweep":
                 due = [
-                    c for c in model.checkouts.values()
+                    c
+                    for c in model.checkouts.values()
                     if c.released_by is None and c.expires <= now
-                ]  # fmt: skip
+                ]
                 for held in due:
                     held.released_by = "expiry"
                 assert meter.sweep_reservations()["released"] == len(due)

@@ -100,8 +100,11 @@ def test_a_repeated_checkout_id_answers_the_stored_checkout(meter: Meter) -> Non
     first = meter.checkout("org-1", "cad", checkout_id="job-7")
     again = meter.checkout("org-1", "cad", checkout_id="job-7")
     assert (again.id, again.state, again.held, again.expires_at) == (
-        "job-7", "held", 1, first.expires_at,
-    )  # fmt: skip
+        "job-7",
+        "held",
+        1,
+        first.expires_at,
+    )
     with pytest.raises(CheckoutConflict):
         meter.checkout("org-2", "cad", checkout_id="job-7")
     assert len(meter.checkouts()) == 1

@@ -48,8 +48,15 @@ def meter(db_url: str, clock: Clock) -> Iterator[Meter]:
         yield meter
 
 
-def consume(meter: Meter, clock: Clock, when: str, subject: str, limit: str, cost: int,
-            event_id: str | None = None) -> None:  # fmt: skip
+def consume(
+    meter: Meter,
+    clock: Clock,
+    when: str,
+    subject: str,
+    limit: str,
+    cost: int,
+    event_id: str | None = None,
+) -> None:
     clock.now = at(when)
     meter.consume(subject, limit, cost=cost, event_id=event_id)
 

@@ -132,8 +132,8 @@ def test_overage_figure_gives_the_start_time_where_two_windows_share_a_day() -> 
     [axes] = overage_figure(rows, "2026-11").axes
     assert [label.get_text() for label in axes.get_yticklabels()] == [
         "org-b · exports · 2026-11-01",
-        "org-a · exports · 2026-11-03 17:15",
-        "org-a · exports · 2026-11-03 09:15",
+        "org-a · exports · 2026-11-03 17:15:00",
+        "org-a · exports · 2026-11-03 09:15:00",
     ]
     assert window_labels(rows[2:]) == ["org-b · exports · 2026-11-01"]
 

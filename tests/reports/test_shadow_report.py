@@ -128,9 +128,10 @@ def test_the_shadow_report_is_the_models_and_promotion_keeps_the_counters(
     clock = FrozenClock(START + 2 * HOUR + timedelta(minutes=59, seconds=59))
     with Meter(db_url, clock=clock) as meter:
         meter.set_limit(
-            Limit(name, maximum=DEFAULT_MAXIMUM, period="1h", window="calendar",
-                  enforcement="shadow")
-        )  # fmt: skip
+            Limit(
+                name, maximum=DEFAULT_MAXIMUM, period="1h", window="calendar", enforcement="shadow"
+            )
+        )
         model = Model({} if entitled is None else {"org-a": entitled})
         if entitled is not None:
             meter.set_entitlement("org-a", name, entitled, effective_from=START - HOUR)
@@ -190,10 +191,11 @@ def meter(sqlite_url: str) -> Iterator[Meter]:
                 Limit("probe", maximum=3, period="1h", window="calendar", enforcement="shadow"),
                 Limit("seats", maximum=3, period="1mo", window="calendar"),
                 Limit("calls", maximum=3, period="1mo", window="calendar", enforcement="soft"),
-                Limit("burst", maximum=3, period="10s", algorithm="token_bucket",
-                      enforcement="shadow"),
+                Limit(
+                    "burst", maximum=3, period="10s", algorithm="token_bucket", enforcement="shadow"
+                ),
             ]
-        )  # fmt: skip
+        )
         for subject, cost, minutes in [
             ("org-a", 2, 0),
             ("org-a", 2, 1),  # would deny: 2 + 2 > 3

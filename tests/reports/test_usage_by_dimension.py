@@ -34,10 +34,16 @@ from metering.reports import DimensionRow, usage_by_dimension, usage_by_dimensio
 START = datetime(2026, 11, 30, 21, 0, tzinfo=UTC)  # a month's end is near
 LIMITS = [
     Limit("api", maximum=6, period="1h", window="calendar", dimensions=("route", "model")),
-    Limit("soft", maximum=3, period="1mo", window="calendar", enforcement="soft",
-          dimensions=("route",)),
+    Limit(
+        "soft",
+        maximum=3,
+        period="1mo",
+        window="calendar",
+        enforcement="soft",
+        dimensions=("route",),
+    ),
     Limit("plain", maximum=4, period="30m"),
-]  # fmt: skip
+]
 DIMENSIONS = {limit.name: limit.dimensions for limit in LIMITS}
 SUBJECTS = ["org-1", "org-2"]
 LONG = "r" * 250
@@ -199,8 +205,9 @@ def meter(db_url: str) -> Iterator[Meter]:
 def test_a_denied_stacked_event_counts_for_no_charge(meter: Meter) -> None:
     """`api`'s charge fits, `plain`'s does not: nothing is consumed, nothing rolled up."""
     meter.consume("org-1", "api", 1, metadata={"route": "/a"})
-    denied = meter.consume(charges=[("org-1", "api", 1), ("org-1", "plain", 5)],
-                           metadata={"route": "/a"})  # fmt: skip
+    denied = meter.consume(
+        charges=[("org-1", "api", 1), ("org-1", "plain", 5)], metadata={"route": "/a"}
+    )
     assert denied.outcome == "denied" and denied.charges[0].allowed
     rows = usage_by_dimension_report(meter, subject="org-1", key="route")
     assert figures(rows) == [("api", "/a", 1, 1)]
@@ -232,8 +239,12 @@ def test_placeholders_and_the_periods(meter: Meter) -> None:
 @pytest.mark.parametrize(
     ("filters", "error", "field", "message"),
     [
-        ({"key": "zone", "limit": "api"}, InvalidInput, "group_by",
-         "limit api does not record dimension 'zone'; it records route, model"),
+        (
+            {"key": "zone", "limit": "api"},
+            InvalidInput,
+            "group_by",
+            "limit api does not record dimension 'zone'; it records route, model",
+        ),
         ({"key": "zone"}, InvalidInput, "group_by", "no limit records dimension 'zone'"),
         ({"key": "route", "limit": "plain"}, InvalidInput, "group_by", "it records no dimension"),
         ({"key": ""}, InvalidInput, "group_by", "must be 1 to 64"),
@@ -244,7 +255,7 @@ def test_placeholders_and_the_periods(meter: Meter) -> None:
         ({"key": "route", "period": "2026-13"}, InvalidInput, "period", "not a month"),
         ({"key": "route", "limit": "nope"}, UnknownLimit, None, "nope"),
     ],
-)  # fmt: skip
+)
 def test_bad_filters_raise_before_reading(
     meter: Meter, filters: dict[str, Any], error: type[Exception], field: str | None, message: str
 ) -> None:
@@ -267,9 +278,16 @@ def test_negative_deltas_take_usage_away(meter: Meter) -> None:
     stored = meter.result(voided.event_id)
     assert stored is not None
     record = ResultRecord(
-        stored.event_id or "", stored.outcome, "", int(stored.occurred_at.timestamp() * 1e6),
-        0, (), None, [c.to_row() for c in stored.charges], stored.metadata,
-    )  # fmt: skip
+        stored.event_id or "",
+        stored.outcome,
+        "",
+        int(stored.occurred_at.timestamp() * 1e6),
+        0,
+        (),
+        None,
+        [c.to_row() for c in stored.charges],
+        stored.metadata,
+    )
     deltas = rollup_deltas([record], DIMENSIONS, sign=-1)
     with meter.sql_engine.begin() as connection:
         record_rollups(connection, deltas)

@@ -30,8 +30,20 @@ def cli(url: str, *args: str, code: int = 0) -> Result:
 def url(tmp_path: Path) -> Iterator[str]:
     """A SQLite ledger: ``api`` records route and model; ``plain`` records nothing."""
     url = f"sqlite:///{tmp_path}/metering.db"
-    cli(url, "limits", "set", "api", "--max", "5", "--period", "1h",
-        "--dimension", "route", "--dimension", "model")  # fmt: skip
+    cli(
+        url,
+        "limits",
+        "set",
+        "api",
+        "--max",
+        "5",
+        "--period",
+        "1h",
+        "--dimension",
+        "route",
+        "--dimension",
+        "model",
+    )
     cli(url, "limits", "set", "plain", "--max", "5", "--period", "1h")
     with Meter(url, clock=FrozenClock(NOW)) as meter:
         for n in range(7):  # the last two are denied: nothing consumed
@@ -52,10 +64,23 @@ def test_limits_set_records_dimensions(url: str) -> None:
 def test_group_by_in_every_format(url: str) -> None:
     table = cli(url, "report", "usage", "--subject", "org-1", "--group-by", "route").stdout
     assert "Usage of org-1 by route, all time" in table and "(none)" in table
-    rows = list(csv.reader(io.StringIO(
-        cli(url, "report", "usage", "--subject", "org-1", "--group-by", "route",
-            "--format", "csv").stdout
-    )))  # fmt: skip
+    rows = list(
+        csv.reader(
+            io.StringIO(
+                cli(
+                    url,
+                    "report",
+                    "usage",
+                    "--subject",
+                    "org-1",
+                    "--group-by",
+                    "route",
+                    "--format",
+                    "csv",
+                ).stdout
+            )
+        )
+    )
     assert rows == [
         ["subject", "limit", "dimension", "value", "used", "events"],
         ["org-1", "api", "route", "", "2", "2"],
@@ -63,19 +88,46 @@ def test_group_by_in_every_format(url: str) -> None:
         ["org-1", "api", "route", "/r1", "1", "1"],
     ]
     as_json = json.loads(
-        cli(url, "report", "usage", "--subject", "org-1", "--group-by", "model",
-            "--period", "2026-11", "--format", "json").stdout
-    )  # fmt: skip
+        cli(
+            url,
+            "report",
+            "usage",
+            "--subject",
+            "org-1",
+            "--group-by",
+            "model",
+            "--period",
+            "2026-11",
+            "--format",
+            "json",
+        ).stdout
+    )
     assert as_json == {
-        "report": "usage_by", "subject": "org-1", "group_by": "model", "period": "2026-11",
-        "since": "2026-11-01T00:00:00+00:00", "until": "2026-12-01T00:00:00+00:00",
+        "report": "usage_by",
+        "subject": "org-1",
+        "group_by": "model",
+        "period": "2026-11",
+        "since": "2026-11-01T00:00:00+00:00",
+        "until": "2026-12-01T00:00:00+00:00",
         "rows": [
-            {"subject": "org-1", "limit": "api", "dimension": "model", "value": "3", "used": 3,
-             "events": 3},
-            {"subject": "org-1", "limit": "api", "dimension": "model", "value": None, "used": 2,
-             "events": 2},
+            {
+                "subject": "org-1",
+                "limit": "api",
+                "dimension": "model",
+                "value": "3",
+                "used": 3,
+                "events": 3,
+            },
+            {
+                "subject": "org-1",
+                "limit": "api",
+                "dimension": "model",
+                "value": None,
+                "used": 2,
+                "events": 2,
+            },
         ],
-    }  # fmt: skip
+    }
     empty = cli(url, "report", "usage", "--subject", "nobody", "--group-by", "route").stdout
     assert "no usage" in empty
 
@@ -83,8 +135,10 @@ def test_group_by_in_every_format(url: str) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("--group-by", "zone", "--limit", "api"),
-         "group_by: limit api does not record dimension 'zone'; it records route, model"),
+        (
+            ("--group-by", "zone", "--limit", "api"),
+            "group_by: limit api does not record dimension 'zone'; it records route, model",
+        ),
         (("--group-by", "zone"), "no limit records dimension 'zone'"),
         (("--group-by", "route", "--limit", "plain"), "limit plain does not record dimension"),
         (("--group-by", "route", "--limit", "nope"), "unknown limit 'nope'"),
@@ -94,7 +148,7 @@ def test_group_by_in_every_format(url: str) -> None:
         (("--group-by", "route", "--period", "2026-13"), "period:"),
         (("--group-by", "route", "--chart", "x.png"), "not with --group-by"),
     ],
-)  # fmt: skip
+)
 def test_bad_group_by_is_a_one_line_error(url: str, args: Any, message: str) -> None:
     result = cli(url, "report", "usage", "--subject", "org-1", *args, code=1)
     assert isinstance(result.exception, SystemExit)

@@ -433,9 +433,14 @@ def test_redact_secrets_rewrites_the_message_and_the_traceback() -> None:
         raise ValueError("cannot reach https://u:s3cret@example.com/")
     except ValueError:
         record = logger.makeRecord(
-            "httpx", logging.INFO, __file__, 1, "POST %s", ("https://u:s3cret@h/?k=v",),
+            "httpx",
+            logging.INFO,
+            __file__,
+            1,
+            "POST %s",
+            ("https://u:s3cret@h/?k=v",),
             sys.exc_info(),
-        )  # fmt: skip
+        )
     assert RedactSecrets().filter(record)
     text = logging.Formatter().format(record)
     assert "s3cret" not in text and "k=v" not in text

@@ -116,9 +116,22 @@ def test_a_key_that_is_a_valid_subject_is_its_own_subject(key: str) -> None:
 
 @pytest.mark.parametrize(
     "key",
-    ["x" * 201, "k" * 300, "key\x7fone", "a\x00b", "tab\t", " edge", "edge ", "", "\ud800",
-     "h:", "h:0123456789abcdef0123456789abcdef", "\x85", "\xa0nbsp"],
-)  # fmt: skip
+    [
+        "x" * 201,
+        "k" * 300,
+        "key\x7fone",
+        "a\x00b",
+        "tab\t",
+        " edge",
+        "edge ",
+        "",
+        "\ud800",
+        "h:",
+        "h:0123456789abcdef0123456789abcdef",
+        "\x85",
+        "\xa0nbsp",
+    ],
+)
 def test_any_other_key_is_hashed_into_a_valid_subject_of_its_own(key: str) -> None:
     subject = subject_of(key)
     assert validate_subject(subject) == subject
@@ -192,9 +205,19 @@ def test_an_exempt_route_matches_only_the_path_the_router_sees(path: str, exempt
 
 def charge(allowed: bool, retry_at_us: int | None, resets_at_us: int) -> ChargeDecision:
     return ChargeDecision(
-        "s", "l", 1, allowed, "allowed" if allowed else "denied", 0, 0, 1, 0, None,
-        resets_at_us, retry_at_us,
-    )  # fmt: skip
+        "s",
+        "l",
+        1,
+        allowed,
+        "allowed" if allowed else "denied",
+        0,
+        0,
+        1,
+        0,
+        None,
+        resets_at_us,
+        retry_at_us,
+    )
 
 
 def test_retry_after_rounds_up_and_is_at_least_one_second() -> None:

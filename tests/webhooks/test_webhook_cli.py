@@ -182,3 +182,24 @@ def test_replay_of_unknown_ids_is_an_error(run: Run, tmp_path: Path) -> None:
     )
     assert run("webhooks", "replay", str(known.id)).output == "1 deliveries queued again\n"
     assert endpoint_id == known.endpoint_id
+
+
+def test_add_warns_when_deliveries_to_the_url_will_be_refused(
+    run: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("METERING_WEBHOOKS_ALLOW_PRIVATE")
+    result = run("webhooks", "add", "http://127.0.0.1:9000/hooks")
+    assert result.stdout.startswith("added ep_")
+    assert "warning: deliveries will be refused: 127.0.0.1 resolves to 127.0.0.1, a loopback" in (
+        result.stderr
+    )
+    assert "METERING_WEBHOOKS_ALLOW_PRIVATE=1" in result.stderr
+    assert "METERING_WEBHOOKS_ALLOW_NETWORKS" in result.stderr
+    monkeypatch.setenv("METERING_WEBHOOKS_ALLOW_NETWORKS", "127.0.0.0/8")
+    assert "refused" not in run("webhooks", "add", "http://127.0.0.1:9000/hooks").stderr
+
+
+def test_add_says_nothing_of_a_public_or_allowed_url(run: Run) -> None:
+    # `run` allows private destinations (METERING_WEBHOOKS_ALLOW_PRIVATE=1).
+    assert "refused" not in run("webhooks", "add", "http://127.0.0.1:9000/hooks").stderr
+    assert "refused" not in run("webhooks", "add", "https://93.184.215.14/hooks").stderr

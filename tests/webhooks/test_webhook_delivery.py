@@ -3,6 +3,7 @@ Retry-After, refusal of private addresses, replay, concurrent claims."""
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -16,6 +17,7 @@ from werkzeug import Request, Response
 from metering import Limit, Meter
 from metering.errors import ConfigurationError
 from metering.webhooks import DeliverySettings, Webhooks, verify
+from metering.webhooks.delivery import retry_unanswered
 from metering.webhooks.settings import DEFAULT_SCHEDULE, parse_schedule
 
 FAST = DeliverySettings(timeout_seconds=2.0, schedule_seconds=(0.2, 0.2), allow_private=True)
@@ -235,3 +237,29 @@ def test_rotation_signs_with_both_secrets_during_the_grace(
     assert len(request.headers["webhook-signature"].split()) == 2
     for secret in (old, new):
         verify(request.get_data(), dict(request.headers), secret)
+
+
+def test_a_start_makes_unanswered_retries_due_and_keeps_answered_ones(
+    meter: Meter, receiver: HTTPServer
+) -> None:
+    receiver.expect_request("/busy").respond_with_data("busy", status=503)
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # bound, never listening: the connection is refused
+    settings = DeliverySettings(timeout_seconds=2, schedule_seconds=(3600.0,), allow_private=True)
+    hooks = Webhooks(meter, settings)
+    hooks.add(receiver.url_for("/busy"), types=["limit.denied"])
+    hooks.add(f"http://127.0.0.1:{closed.getsockname()[1]}/x", types=["limit.denied"])
+    try:
+        one_denial(meter)
+        hooks.deliver_due()
+    finally:
+        closed.close()
+    later = {d.last_status_code: d.next_attempt_at_us for d in hooks.deliveries()}
+    now_us = meter.database.now_us()
+    assert set(later) == {503, None} and all(t > now_us + 3000e6 for t in later.values())
+
+    assert retry_unanswered(meter) == 1
+    after = {d.last_status_code: d.next_attempt_at_us for d in hooks.deliveries()}
+    assert after[503] == later[503]  # the receiver answered: its schedule stands
+    assert after[None] is not None and after[None] <= meter.database.now_us()
+    assert retry_unanswered(meter) == 0

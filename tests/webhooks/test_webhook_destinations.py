@@ -23,7 +23,11 @@ from pytest_httpserver import HTTPServer
 
 from metering import Limit, Meter
 from metering.webhooks import DeliverySettings, Webhooks
-from metering.webhooks.destinations import DestinationRefused, checked_addresses
+from metering.webhooks.destinations import (
+    DestinationRefused,
+    checked_addresses,
+    refused_destination,
+)
 
 REBIND_HOST = "hooks.rebind.test"
 
@@ -290,3 +294,22 @@ def test_tls_to_the_pinned_address_verifies_the_hostname(
         assert attempt.status_code is None and "CERTIFICATE_VERIFY_FAILED" in (
             attempt.error or ""
         ), attempt
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://127.0.0.1:8080/x", "http://[::1]/x", "https://10.1.2.3/x", "http://localhost:1/x"],
+)
+def test_a_url_to_a_non_public_host_is_reported_at_add_time(url: str) -> None:
+    found = refused_destination(url, allow_private=False)
+    assert found is not None and "METERING_WEBHOOKS_ALLOW_PRIVATE=1" in found
+    assert refused_destination(url, allow_private=True) is None
+
+
+def test_an_allowed_network_or_a_public_or_unresolved_host_is_not_reported() -> None:
+    ten = (ip_network("10.0.0.0/8"),)
+    assert (
+        refused_destination("https://10.1.2.3/x", allow_private=False, allowed_networks=ten) is None
+    )
+    assert refused_destination("https://93.184.215.14/x", allow_private=False) is None
+    assert refused_destination("https://no-such-host.invalid/x", allow_private=False) is None

@@ -40,8 +40,8 @@ def start_worker(tmp_path: Path, pg_url: str, redis_url: str) -> Iterator[StartW
             METERING_WEBHOOKS_ALLOW_PRIVATE="1",
             METERING_WEBHOOKS_SCHEDULE="1,1,1",
             PYTHONUNBUFFERED="1",
-            **overrides,
         )
+        env.update(overrides)
         log = tmp_path / f"{name}.log"
         command = [sys.executable, "-m", "celery", "-A", "workers", "worker", "--beat"]
         command += ["--schedule", str(tmp_path / f"{name}-beat"), "--concurrency", "1"]
@@ -139,3 +139,31 @@ def test_the_worker_logs_no_password_or_query_secret_of_a_webhook_url(
     assert "HTTP Request: POST" in log  # httpx's line is there, without the secrets
     assert "hook-pass-s3cret" not in log
     assert "query-s3cret" not in log
+
+
+def test_a_retry_that_got_no_answer_is_delivered_when_a_worker_starts(
+    pg_url: str, receiver: HTTPServer, start_worker: StartWorker
+) -> None:
+    receiver.expect_request("/hook").respond_with_data("ok")
+    with Meter(pg_url) as meter:
+        meter.set_limit(Limit("send", maximum=1, period="1h"))
+        hooks = Webhooks(meter)
+        hooks.add(receiver.url_for("/hook"), types=["limit.denied"])
+        # A worker that refuses loopback destinations: two refused attempts,
+        # the next an hour away.
+        first = start_worker(
+            "first", METERING_WEBHOOKS_ALLOW_PRIVATE="0", METERING_WEBHOOKS_SCHEDULE="0.5,3600"
+        )
+        meter.consume("visitor-1", "send", event_id="e-1")
+        meter.consume("visitor-1", "send", event_id="e-2")  # denied: a notification
+        wait_for(lambda: hooks.deliveries()[0].attempts == 2, lambda: str(hooks.deliveries()), 60)
+        [waiting] = hooks.deliveries()
+        assert waiting.status == "pending" and receiver.log == []
+        kill(first)
+
+        # Restarted allowing them: delivered at once, not in an hour.
+        start_worker("second", METERING_WEBHOOKS_SCHEDULE="0.5,3600")
+        wait_for(
+            lambda: hooks.deliveries()[0].status == "delivered", lambda: str(hooks.deliveries()), 60
+        )
+    assert len(receiver.log) == 1

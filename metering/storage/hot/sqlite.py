@@ -14,6 +14,7 @@ out has no SQLAlchemy connection.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import threading
@@ -45,12 +46,31 @@ from metering.storage.hot.sqlite_grants import (
 )
 from metering.storage.hot.statements import RESULT_COLUMNS, VERSION, Statements, seat_rows
 from metering.storage.reservations import ReservationRecord, record_of_row
-from metering.storage.results import record_from_row, result_row
+from metering.storage.results import ResultRecord, record_from_row, result_row
 from metering.storage.rollups import SQLITE_UPSERT
 
 FETCH_RESULT: Final = f"SELECT {RESULT_COLUMNS} FROM results WHERE event_id = ?"
+# A batch's ids, and its counters, each in one statement: the values come as
+# one JSON array (`json_each`), so the statement stays one cached string.
+FETCH_RESULTS: Final = f"""
+SELECT {RESULT_COLUMNS} FROM results WHERE event_id IN (SELECT value FROM json_each(?))
+"""
+SELECT_COUNTERS: Final = """
+SELECT c.limit_name, c.subject, c.window_start_us, c.used, c.denied_count, c.denied_cost,
+       c.first_denied_at_us, c.tat_us, c.tat_rem, c.tat_scale
+FROM json_each(?) AS k
+JOIN counters AS c ON c.limit_name = json_extract(k.value, '$[0]')
+                  AND c.subject = json_extract(k.value, '$[1]')
+                  AND c.window_start_us = json_extract(k.value, '$[2]')
+"""
 SELECT_WINDOW: Final = """
 SELECT window_start_us, window_end_us FROM current_windows WHERE limit_name = ? AND subject = ?
+"""
+SELECT_WINDOWS: Final = """
+SELECT w.limit_name, w.subject, w.window_start_us, w.window_end_us
+FROM json_each(?) AS k
+JOIN current_windows AS w ON w.limit_name = json_extract(k.value, '$[0]')
+                         AND w.subject = json_extract(k.value, '$[1]')
 """
 SELECT_COUNTER: Final = """
 SELECT used, denied_count, denied_cost, first_denied_at_us, tat_us, tat_rem, tat_scale
@@ -63,6 +83,14 @@ SELECT v.version, c.used, c.denied_count, c.denied_cost, c.first_denied_at_us, c
 FROM limits_version AS v
 LEFT JOIN counters AS c ON c.limit_name = ? AND c.subject = ? AND c.window_start_us = ?
 WHERE v.id = 1
+"""
+SELECT_SEATS: Final = """
+SELECT v.subject, v.limit_name, v.window_start_us, v.value, v.live_events
+FROM json_each(?) AS k
+JOIN distinct_values AS v ON v.subject = json_extract(k.value, '$[0]')
+                         AND v.limit_name = json_extract(k.value, '$[1]')
+                         AND v.window_start_us = json_extract(k.value, '$[2]')
+                         AND v.value = json_extract(k.value, '$[3]')
 """
 UPSERT_WINDOW: Final = """
 INSERT INTO current_windows (limit_name, subject, window_start_us, window_end_us)
@@ -106,17 +134,11 @@ class SqliteHotStore:
         try:
             # The transaction holds SQLite's one write lock already.
             schedules = due_schedules(raw, due_pairs, now_us) if due_pairs else []
-            stored = {}
-            for event_id in ids or ():
-                row = raw.execute(FETCH_RESULT, (event_id,)).fetchone()
-                if row is not None:
-                    stored[event_id] = record_from_row(row)
+            stored = _stored(raw, ids) if ids else {}
             windows: dict[Pair, Window | None] = {}
             wanted = [key[:3] for key in keys]
-            for pair in pairs:
-                row = raw.execute(SELECT_WINDOW, pair).fetchone()
-                windows[pair] = (row[0], row[1]) if row is not None and row[0] is not None else None
-                current = windows[pair]
+            for pair, current in _windows(raw, pairs):
+                windows[pair] = current
                 if current is not None:
                     wanted.append((pair[0], pair[1], current[0]))
             states = {}
@@ -127,10 +149,14 @@ class SqliteHotStore:
                     states[wanted[0]] = first
             else:
                 (version,) = raw.execute(VERSION).fetchone()
-            for key in wanted[1:]:
-                row = raw.execute(SELECT_COUNTER, key).fetchone()
-                if row is not None:
-                    states[key] = list(row)
+            if len(wanted) > _ONE_BY_ONE:
+                for row in raw.execute(SELECT_COUNTERS, (json.dumps(wanted[1:]),)):
+                    states[row[:3]] = list(row[3:])
+            else:
+                for key in wanted[1:]:
+                    row = raw.execute(SELECT_COUNTER, key).fetchone()
+                    if row is not None:
+                        states[key] = list(row)
             seen = _seen(raw, seats, windows) if seats else {}
             pots, watched = read_grants(raw, grant_pairs) if grant_pairs else ({}, {})
         except sqlite3.Error as exc:
@@ -187,18 +213,51 @@ class SqliteHotStore:
             raise _translate(exc) from exc
 
 
+# Up to this many ids or counters are read one statement each (`consume`).
+_ONE_BY_ONE: Final = 3
+
+
+def _windows(raw: sqlite3.Connection, pairs: Sequence[Pair]) -> list[tuple[Pair, Window | None]]:
+    """The current first-use window of each of ``pairs`` (None: none yet), in order."""
+    if len(pairs) > _ONE_BY_ONE:
+        rows = raw.execute(SELECT_WINDOWS, (json.dumps(pairs),))
+        found = {(r[0], r[1]): (r[2], r[3]) for r in rows if r[2] is not None}
+        return [(pair, found.get(pair)) for pair in pairs]
+    windows: list[tuple[Pair, Window | None]] = []
+    for pair in pairs:
+        row = raw.execute(SELECT_WINDOW, pair).fetchone()
+        windows.append((pair, (row[0], row[1]) if row is not None and row[0] is not None else None))
+    return windows
+
+
+def _stored(raw: sqlite3.Connection, ids: Sequence[str]) -> dict[str, ResultRecord]:
+    """The stored results of ``ids`` (those decided already)."""
+    if len(ids) > _ONE_BY_ONE:
+        rows = raw.execute(FETCH_RESULTS, (json.dumps(ids),)).fetchall()
+    else:
+        found = (raw.execute(FETCH_RESULT, (event_id,)).fetchone() for event_id in ids)
+        rows = [row for row in found if row is not None]
+    return {row[0]: record_from_row(row) for row in rows}
+
+
 def _seen(
     raw: sqlite3.Connection, seats: Sequence[WantedSeat], windows: dict[Pair, Window | None]
 ) -> Seen:
     """The live events of ``seats`` that have a row (a first-use window's:
     in the pair's current window)."""
-    seen: Seen = {}
+    wanted: list[tuple[str, str, int, str]] = []
     for name, subject, start, value in seats:
         if start is None:
             current = windows.get((name, subject))
             if current is None:
                 continue  # no window yet: no value has a row
             start = current[0]
+        wanted.append((subject, name, start, value))
+    if len(wanted) > _ONE_BY_ONE:
+        rows = raw.execute(SELECT_SEATS, (json.dumps(wanted),))
+        return {(name, subject, start, value): n for subject, name, start, value, n in rows}
+    seen: Seen = {}
+    for subject, name, start, value in wanted:
         row = raw.execute(SQL.select_seat, (subject, name, start, value)).fetchone()
         if row is not None:
             seen[(name, subject, start, value)] = row[0]

@@ -10,9 +10,10 @@ meanwhile.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Mapping, Sequence
-from typing import Final
+from typing import Any, Final
 
 from metering.domain.grants import Pot
 from metering.domain.recurring import Issue, issue_id, next_due_us
@@ -37,6 +38,20 @@ SELECT_DRAWS: Final = """
 SELECT limit_name, subject, window_start_us, sum(amount) FROM grant_draws
 WHERE limit_name = ? AND subject = ? GROUP BY limit_name, subject, window_start_us
 """
+# The same for many pairs in one statement each (the pairs as one JSON array).
+_PAIRS: Final = "json_extract(k.value, '$[0]') AND {0}.subject = json_extract(k.value, '$[1]')"
+SELECT_GRANTS_OF: Final = f"""
+SELECT g.limit_name, g.subject, g.grant_id, g.amount, g.used, g.effective_from_us,
+       g.expires_at_us, g.priority, g.low_at, g.low_sent
+FROM json_each(?) AS k JOIN grants AS g ON g.limit_name = {_PAIRS.format("g")}
+"""
+SELECT_DRAWS_OF: Final = f"""
+SELECT d.limit_name, d.subject, d.window_start_us, sum(d.amount)
+FROM json_each(?) AS k JOIN grant_draws AS d ON d.limit_name = {_PAIRS.format("d")}
+GROUP BY d.limit_name, d.subject, d.window_start_us
+"""
+# Up to this many pairs are read one statement each (`consume`).
+_ONE_BY_ONE: Final = 3
 SELECT_DUE: Final = f"""
 SELECT {SCHEDULE_COLUMNS} FROM grant_schedules
 WHERE limit_name = ? AND subject = ? AND next_issue_us <= ? ORDER BY schedule_id
@@ -67,11 +82,20 @@ def read_grants(
     """The grants of ``pairs`` with what every window drew on them (as
     `AllowanceStore.lock_pots` reads them), and those that may still
     announce ``grant.low`` (`metering.storage.hot.Snapshot.watched`)."""
-    grant_rows = [row for pair in pairs for row in raw.execute(SELECT_GRANTS, pair)]
+    grant_rows = _rows(raw, SELECT_GRANTS, SELECT_GRANTS_OF, pairs)
     owners = sorted({(row[0], row[1]) for row in grant_rows})
-    draw_rows = [row for pair in owners for row in raw.execute(SELECT_DRAWS, pair)]
+    draw_rows = _rows(raw, SELECT_DRAWS, SELECT_DRAWS_OF, owners)
     watched = {r[2]: (r[8], r[4]) for r in grant_rows if r[8] is not None and not r[9]}
     return pots_of(grant_rows, draw_rows), watched
+
+
+def _rows(
+    raw: sqlite3.Connection, one: str, many: str, pairs: Sequence[Pair]
+) -> list[tuple[Any, ...]]:
+    """The rows of ``one`` for each pair, or of ``many`` for them all."""
+    if len(pairs) > _ONE_BY_ONE:
+        return raw.execute(many, (json.dumps(pairs),)).fetchall()
+    return [row for pair in pairs for row in raw.execute(one, pair)]
 
 
 def due_schedules(

@@ -1,4 +1,4 @@
-"""Seats: limits that count distinct values (issue 22, point 1).
+"""Seats: limits that count distinct values.
 
 * ``limits.distinct_key``: the metadata key whose distinct values a limit
   counts per window (NULL: a sum, as before).

@@ -1,4 +1,4 @@
-"""Prices and spend limits (issue 22, point 3).
+"""Prices and spend limits.
 
 * ``limits.currency``: a spend limit's ISO 4217 code; its maximum and
   counters are integers of the currency's minor unit.
