@@ -5,9 +5,9 @@
 per queue the messages waiting and those taken but not acknowledged; the age of the oldest
 queued event with no result yet (by send time; 0 when none); the webhook backlog (pending
 deliveries to enabled endpoints due now, in all, and the longest overdue wait); the dead
-letters of the last day. Each scrape opens and closes its own connections, so a forked pool
-process shares none; a broker or database that is away gives ``metering_lag_up{source} 0``
-for that scrape, after at most `SCRAPE_TIMEOUT_SECONDS` to connect.
+letters of the last day; the last audit's violations per invariant. Each scrape opens and
+closes its own connections, so a forked pool process shares none; a source that is away gives
+``metering_lag_up{source} 0`` for that scrape, after at most `SCRAPE_TIMEOUT_SECONDS`.
 """
 
 from __future__ import annotations
@@ -16,9 +16,11 @@ from typing import Final
 
 from metering.clock import Clock, system_clock
 from metering.dead_letters import RECENT_SECONDS
+from metering.domain.audit import INVARIANTS
 from metering.domain.instants import to_us
 from metering.metrics import LagCollector, QueueLag, WebhookBacklog
 from metering.routing import worker_queues
+from metering.storage.audit import AuditStore
 from metering.storage.health import DatabaseProbe
 from metering.storage.queue_state import oldest_undecided, open_queues
 from metering.storage.webhooks import WebhookStore
@@ -72,6 +74,22 @@ def read_rejected_recent(database_url: str, clock: Clock = system_clock) -> int:
         probe.close()
 
 
+def read_audit_counts(database_url: str) -> dict[str, int]:
+    """The last audit's violations per invariant (every one 0 before any run)."""
+    counts = dict.fromkeys(INVARIANTS, 0)
+    probe = DatabaseProbe(database_url, connect_timeout_seconds=SCRAPE_TIMEOUT_SECONDS)
+    try:
+        if probe.engine is None:
+            return counts
+        with probe.engine.connect() as connection:
+            last = AuditStore(connection).last_run()
+    finally:
+        probe.close()
+    for violation in last["violations"] if last else ():
+        counts[violation["invariant"]] = counts.get(violation["invariant"], 0) + 1
+    return counts
+
+
 def lag_collector(
     database_url: str, broker_url: str, queues: int = 1, clock: Clock = system_clock
 ) -> LagCollector:
@@ -80,4 +98,5 @@ def lag_collector(
         queues=lambda: read_queue_lag(database_url, broker_url, queues, clock),
         webhooks=lambda: read_webhook_backlog(database_url, clock),
         rejected=lambda: read_rejected_recent(database_url, clock),
+        audit=lambda: read_audit_counts(database_url),
     )

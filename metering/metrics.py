@@ -11,8 +11,9 @@ Counting happens where the services return results, never in the domain:
 * the HTTP API counts what it receives (`count_received`) and its requests
   (`HttpMetrics`, installed by `instrument_app`).
 
-Queue depth, the oldest undecided event, the webhook backlog and the input
-rejected in the last day are read when Prometheus scrapes (`LagCollector`, fed by `metering.lag`).
+Queue depth, the oldest undecided event, the webhook backlog, the input
+rejected in the last day and the last audit's violations per invariant are
+read when Prometheus scrapes (`LagCollector`, fed by `metering.lag`).
 
 Labels never carry a subject: a limit name is the finest label, and at most
 `MAX_LIMIT_LABELS` distinct ones are kept per process (more become
@@ -379,7 +380,8 @@ class WebhookBacklog:
 
 class LagCollector:
     """Gauges read when Prometheus scrapes: queue depth, the oldest undecided
-    event's age, the webhook backlog and what was rejected in the last day.
+    event's age, the webhook backlog, what was rejected in the last day and
+    the last audit's violations per invariant.
 
     Each reader is called once per scrape; one that raises is reported as
     ``metering_lag_up{source} 0`` and leaves its gauges out, so a broker
@@ -391,10 +393,12 @@ class LagCollector:
         queues: Callable[[], QueueLag] | None = None,
         webhooks: Callable[[], WebhookBacklog] | None = None,
         rejected: Callable[[], int] | None = None,
+        audit: Callable[[], Mapping[str, int]] | None = None,
     ) -> None:
         self.queues = queues
         self.webhooks = webhooks
         self.rejected = rejected
+        self.audit = audit
 
     def describe(self) -> list[Metric]:
         return []  # never queried at registration
@@ -408,6 +412,7 @@ class LagCollector:
         yield from _source_gauges(up, "broker", self.queues, _queue_gauges)
         yield from _source_gauges(up, "database", self.webhooks, _backlog_gauges)
         yield from _source_gauges(up, "rejected", self.rejected, _rejected_gauges)
+        yield from _source_gauges(up, "audit", self.audit, _audit_gauges)
         yield up
 
 
@@ -483,6 +488,19 @@ def _rejected_gauges(recent: int) -> Iterator[Metric]:
         "Rejected events and messages kept in the last day (`metering rejected` lists them).",
         value=recent,
     )
+
+
+def _audit_gauges(counts: Mapping[str, int]) -> Iterator[Metric]:
+    from prometheus_client.core import GaugeMetricFamily
+
+    found = GaugeMetricFamily(
+        "metering_invariant_violations",
+        "Violations the last `metering audit` run found, per invariant (0: none).",
+        labels=["invariant"],
+    )
+    for invariant, count in sorted(counts.items()):
+        found.add_metric([invariant], count)
+    yield found
 
 
 class _Own:

@@ -6,8 +6,8 @@ Tables in `HORIZON_BOUND` are never pruned inside the redelivery horizon
 (`redelivery_horizon_us`: the longest lateness of any limit, the clock tolerance, the
 broker's visibility timeout and a day of producer retries), so an event delivered again, a
 late event or a void still finds its result, correction, reset, rollups and marks.
-Corrections, resets and rollups go at the results' age. Counters, entitlements and grants
-are never pruned: reports bill from them (the table of ages: docs/reliability.md).
+Corrections, resets and rollups go at the results' age; the results' cut-off is noted for
+`metering.audit`. Counters, entitlements and grants are never pruned (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from metering.domain.events import FUTURE_TOLERANCE_US
 from metering.meter import Meter
 from metering.settings import DAY_US
 from metering.settings import RetentionPolicy as RetentionPolicy
+from metering.storage.audit import RESULTS_PRUNED_BEFORE, AuditStore
 from metering.storage.retention import CHUNK, RetentionStore
 
 # How long a producer may still be retrying an event it was given.
@@ -84,8 +85,16 @@ def prune(
             age_us = max(age_us, horizon_us)
         before_us = now_us - age_us
         rows = _prune_table(meter, table, before_us, dry_run=dry_run, chunk=chunk)
+        if table == "results" and rows and not dry_run:
+            _note_results_pruned(meter, before_us)
         done.append(TablePrune(table, before_us, rows))
     return done
+
+
+def _note_results_pruned(meter: Meter, before_us: int) -> None:
+    """Tell the audit that windows from before ``before_us`` lost results
+    (a full audit leaves them alone: their counters outlive their ledger)."""
+    meter.database.run(lambda c: AuditStore(c).set_mark(RESULTS_PRUNED_BEFORE, before_us))
 
 
 def _prune_table(meter: Meter, table: str, before_us: int, *, dry_run: bool, chunk: int) -> int:

@@ -30,6 +30,8 @@ checked here. Every variable is optional:
   (default a week).
 * ``METERING_PRUNE_INTERVAL``: seconds between retention runs (default
   3600); ages in ``METERING_RETAIN_*_DAYS`` (`RetentionPolicy`).
+* ``METERING_AUDIT_INTERVAL``: seconds between beat's runs of `metering.audit`
+  (default 3600); each checks only what the ledger took since the last.
 * ``METERING_METRICS_PORT``: a worker serves Prometheus ``/metrics`` on
   this port (1-65535), from its main process; unset, it serves none
   (`metering.metrics`, ``docs/metrics.md``).
@@ -486,6 +488,7 @@ DEFAULT_VISIBILITY_TIMEOUT_SECONDS: Final = 300.0
 DEFAULT_RESERVATION_SWEEP_SECONDS: Final = 10.0
 DEFAULT_RESERVATION_RETENTION_SECONDS: Final = 7 * 86_400.0
 DEFAULT_PRUNE_INTERVAL_SECONDS: Final = 3600.0
+DEFAULT_AUDIT_INTERVAL_SECONDS: Final = 3600.0
 DEFAULT_API_MAX_BODY_BYTES: Final = 1024 * 1024
 DEFAULT_API_MAX_EVENTS: Final = 1000
 # A body bound past this is no bound at all (the API buffers one body).
@@ -506,6 +509,7 @@ class Settings:
     reservation_sweep_seconds: float = DEFAULT_RESERVATION_SWEEP_SECONDS
     reservation_retention_seconds: float = DEFAULT_RESERVATION_RETENTION_SECONDS
     prune_interval_seconds: float = DEFAULT_PRUNE_INTERVAL_SECONDS
+    audit_interval_seconds: float = DEFAULT_AUDIT_INTERVAL_SECONDS
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
     delivery: DeliverySettings = field(default_factory=DeliverySettings)
     api_max_body_bytes: int = DEFAULT_API_MAX_BODY_BYTES
@@ -554,6 +558,9 @@ class Settings:
             ),
             prune_interval_seconds=seconds(
                 "METERING_PRUNE_INTERVAL", DEFAULT_PRUNE_INTERVAL_SECONDS
+            ),
+            audit_interval_seconds=seconds(
+                "METERING_AUDIT_INTERVAL", DEFAULT_AUDIT_INTERVAL_SECONDS
             ),
             retention=RetentionPolicy.from_environment(env),
             delivery=DeliverySettings.from_env(env),

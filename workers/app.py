@@ -20,6 +20,7 @@ from celery import Celery, bootsteps
 
 from metering.config import is_embedded_broker, use_embedded_transport
 from metering.routing import (
+    AUDIT_TASK,
     DEFAULT_QUEUE,
     DELIVER_WEBHOOKS_TASK,
     PRUNE_TASK,
@@ -136,6 +137,11 @@ def create_app(url: str | None = None, settings: Settings | None = None) -> Cele
                 "task": PRUNE_TASK,
                 "schedule": settings.prune_interval_seconds,
                 "options": {"expires": settings.prune_interval_seconds},
+            },
+            "audit": {
+                "task": AUDIT_TASK,
+                "schedule": settings.audit_interval_seconds,
+                "options": {"expires": settings.audit_interval_seconds},
             },
             "sweep-reservations": {
                 "task": SWEEP_RESERVATIONS_TASK,

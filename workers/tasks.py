@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from celery import Task
 
+from metering.audit import AuditOptions, run_audit
 from metering.clock import backoff_seconds
 from metering.config import is_embedded_broker
 from metering.errors import InputRefused, StorageError
@@ -24,11 +25,13 @@ from metering.pipeline import apply_batch
 from metering.retention import prune
 from metering.routing import (
     APPLY_BATCH_TASK,
+    AUDIT_TASK,
     DELIVER_WEBHOOKS_TASK,
     PRUNE_TASK,
     SWEEP_EMBEDDED_BROKER_TASK,
     SWEEP_RESERVATIONS_TASK,
     SWEEP_WEBHOOK_RESETS_TASK,
+    worker_queues,
 )
 from metering.settings import Settings
 from metering.storage.broker import sweep_embedded_broker
@@ -160,3 +163,19 @@ def prune_task() -> dict[str, int]:
         visibility_timeout_seconds=settings().visibility_timeout_seconds,
     )
     return {p.table: p.rows for p in done}
+
+
+@app.task(name=AUDIT_TASK, acks_late=True)
+@until_next_tick(NOTHING_DONE)
+def audit_task() -> dict[str, int]:
+    """Check what the ledger took since the last run; violations per invariant."""
+    own = settings()
+    options = AuditOptions(
+        sweep_seconds=own.reservation_sweep_seconds,
+        broker_url=own.broker_url,
+        queues=worker_queues(own.queues),
+    )
+    report = run_audit(meter(), options=options)
+    if not report.ok:
+        log.error("audit: %d violations %s", len(report.violations), report.counts())
+    return report.counts()

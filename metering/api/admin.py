@@ -1,6 +1,6 @@
 """The admin routers, one module each, in the order of docs/api-admin.md:
 reservations, limits, entitlements/grants/corrections, reports, webhook
-endpoints and rejected input. `create_api` includes
+endpoints, rejected input and the audit. `create_api` includes
 them after the events and decisions routers (`metering.api.app.ROUTERS`)."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from fastapi import APIRouter
 
 from metering.api import (
     allowances,
+    audit,
     imports,
     licenses,
     limits,
@@ -31,4 +32,5 @@ ROUTERS: tuple[APIRouter, ...] = (
     imports.router,
     webhooks.router,
     rejected.router,
+    audit.router,
 )

@@ -49,6 +49,7 @@ COMMANDS: dict[str, str] = {
     "checkout": "metering.cli.licenses:checkout",
     "checkin": "metering.cli.licenses:checkin",
     "status": "metering.cli.status:status",
+    "audit": "metering.cli.audit:audit",
     "serve": "metering.cli.serve:serve",
     "apikeys": "metering.cli.apikeys:apikeys",
     "portal": "metering.cli.portal:portal",

@@ -4,10 +4,10 @@
 candidate notices (the kinds and when each fires: docs/webhooks.md). Being the *first* of
 its kind is the database's part: a notice carries a `Mark` (limit, subject, window start,
 kind) inserted at most once; ``usage.corrected`` has none (a void happens once per event),
-``grant.low`` is marked on the grant's row. `reset_due` tells the sweeper when a denied
-subject has a fresh window (``limit.reset``). Token buckets have no windows: their marks use
-window start 0 and last one episode, until the bucket is full again (`bucket_full_at_us`);
-the sweeper then deletes them, so the next denial or threshold fires again.
+``grant.low`` is marked on the grant's row, ``audit.violation`` (`metering.audit`) has
+none. `reset_due` tells the sweeper when a denied subject has a fresh window (``limit.reset``).
+Token buckets have no windows: their marks use window start 0 and last one episode, until the
+bucket is full again (`bucket_full_at_us`); the sweeper then deletes them.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ NoticeType = Literal[
     "limit.would_deny",
     "usage.corrected",
     "grant.low",
+    "audit.violation",
 ]
 MESSAGE_TYPES: Final[tuple[str, ...]] = get_args(NoticeType)
 TEST_TYPE: Final = "webhook.test"

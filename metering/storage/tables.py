@@ -111,6 +111,11 @@ results = Table(
     # The reset clock's tick when the result was written (`reset_clock`).
     Column("reset_tick", BigInteger, nullable=False, server_default="0"),
 )
+# What the audit reads of the results decided since its last run (migration
+# 0025): on PostgreSQL a BRIN index (a few pages, next to nothing per insert:
+# results arrive in about the order of their decision), on SQLite a B-tree
+# appended to at its right edge.
+Index("ix_results_decided_at_us", results.c.decided_at_us, postgresql_using="brin")
 
 # Usage by dimension (migration 0009): per subject, limit, metadata key, hour
 # and value, the cost consumed and the events that consumed it; written with
@@ -174,6 +179,8 @@ reservations = Table(
     Column("given_back", Text, nullable=True),
 )
 Index("ix_reservations_state_expires", reservations.c.state, reservations.c.expires_at_us)
+# What the audit reads of the reservations settled since its last run (migration 0025).
+Index("ix_reservations_settled_at_us", reservations.c.settled_at_us)
 
 # Usage a commit recorded beyond a hard limit (migration 0017): per event and
 # counter, the units there was no room for, billed anyway. The overage report
@@ -537,4 +544,45 @@ prices = Table(
     Column("per_unit", BigInteger, nullable=True),
     Column("created_at_us", BigInteger, nullable=False),
     PrimaryKeyConstraint("limit_name", "effective_from_us"),
+)
+
+
+# -- the audit (metering.audit, migration 0025) ---------------------------------
+# Instants the audit keeps (by name): ``checked_to`` (the last run's
+# watermark: results, voids, give-backs and resets up to it are in
+# ``audit_windows``), ``results_pruned_before`` (retention's cut-off, so a
+# full audit leaves alone the windows whose results are gone).
+audit_marks = Table(
+    "audit_marks",
+    metadata,
+    Column("name", String(32), primary_key=True),
+    Column("at_us", BigInteger, nullable=False),
+)
+
+# Per window, what the ledger says it holds, up to ``checked_to``: the sum of
+# its charges less voids and give-backs, and the largest maximum in force
+# any of its charges saw. An incremental run adds what came since.
+audit_windows = Table(
+    "audit_windows",
+    metadata,
+    Column("subject", String(200), nullable=False),
+    Column("limit_name", String(64), nullable=False),
+    Column("window_start_us", BigInteger, nullable=False, autoincrement=False),
+    Column("used", BigInteger, nullable=False),
+    Column("maximum", BigInteger, nullable=False),
+    PrimaryKeyConstraint("subject", "limit_name", "window_start_us"),
+)
+
+# The last runs (the latest few kept): what they checked and what they found
+# (``violations``: a JSON list of `metering.domain.audit.Violation.to_dict`).
+audit_runs = Table(
+    "audit_runs",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True),
+    Column("ran_at_us", BigInteger, nullable=False),
+    Column("checked_from_us", BigInteger, nullable=True),
+    Column("checked_to_us", BigInteger, nullable=False),
+    Column("full", Boolean, nullable=False),
+    Column("windows", BigInteger, nullable=False),
+    Column("violations", Text, nullable=False),
 )

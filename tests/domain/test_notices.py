@@ -283,6 +283,7 @@ def test_the_message_types_and_delivery_statuses() -> None:
         "limit.would_deny",
         "usage.corrected",
         "grant.low",
+        "audit.violation",
     )
     assert str(DeliveryStatus.PENDING) == "pending"
     assert SETTLED_STATUSES == ("delivered", "failed")

@@ -17,6 +17,7 @@ import pytest
 from sqlalchemy import select
 
 from metering import Limit, Meter
+from metering.audit import run_audit
 from metering.storage.tables import counters, results
 
 pytestmark = pytest.mark.slow
@@ -101,6 +102,8 @@ def test_killed_half_way_and_run_again_ends_exactly_once(db_url: str, tmp_path: 
         assert summary["events"] == EVENTS and summary["bad"] == 0
         assert summary["applied"] + summary["denied"] == EVENTS - killed_at
         after_kill = ledger(meter)
+        audited = run_audit(meter, full=True)
+        assert (audited.violations, audited.windows) == ((), len(after_kill[1]))
     with Meter(f"sqlite:///{tmp_path}/once.db") as once:
         once.set_limit(LIMIT)
         one = once.import_events(path)

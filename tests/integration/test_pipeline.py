@@ -38,6 +38,7 @@ from pipeline_checks import (
 from servers import PostgresServer
 
 from metering import ChargeDecision, Limit, Meter, make_event
+from metering.audit import run_audit
 from metering.errors import UnknownLimit
 from metering.messages import encode_batch, encode_event
 from metering.producer import UsageProducer, make_celery
@@ -275,6 +276,7 @@ def test_a_worker_killed_with_sigkill_loses_and_doubles_nothing(
             [second],
         )
         assert_each_once_and_counters_exact(meter, emitted, [first, second])
+        assert run_audit(meter, full=True).violations == ()
         assert second.alive(), second.tail()
 
 

@@ -35,6 +35,7 @@ def test_every_variable_is_read() -> None:
             "METERING_RESERVATION_SWEEP_INTERVAL": "7",
             "METERING_RESERVATION_RETENTION": "3600",
             "METERING_PRUNE_INTERVAL": "120",
+            "METERING_AUDIT_INTERVAL": "900",
             "METERING_RETAIN_RESULTS_DAYS": "never",
         }
     )
@@ -51,6 +52,7 @@ def test_every_variable_is_read() -> None:
     assert settings.reservation_sweep_seconds == 7
     assert settings.reservation_retention_seconds == 3600
     assert settings.prune_interval_seconds == 120
+    assert settings.audit_interval_seconds == 900
     assert settings.retention.results_days is None
 
 
@@ -61,6 +63,7 @@ def test_every_variable_is_read() -> None:
         ("METERING_QUEUES", "2.5"),
         ("METERING_VISIBILITY_TIMEOUT", "soon"),
         ("METERING_PRUNE_INTERVAL", "-1"),
+        ("METERING_AUDIT_INTERVAL", "often"),
         ("METERING_WEBHOOKS_SCHEDULE", "5,-1"),
         ("METERING_RETAIN_WEBHOOKS_DAYS", "nan"),
     ],

@@ -1,0 +1,157 @@
+"""What `metering audit` costs per 1,000 new results, on a large ledger.
+
+Fills ``results`` with ``--rows`` allowed results of one calendar month
+(``--subjects`` subjects, one unit each) and the counters they add up to,
+on a durable PostgreSQL server (or a SQLite file, ``--sqlite``), then times:
+
+* the first run (full: the whole ledger, and what it keeps per window);
+* ``--rounds`` incremental runs, each after 1,000 new events applied
+  through `Meter.apply` (a worker's batch) over ``--touched`` subjects:
+  the cost that follows the traffic, not the history.
+
+    .venv/bin/python bench/bench_audit.py --rows 1000000
+    .venv/bin/python bench/bench_audit.py --rows 1000000 --sqlite
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from common import durable_postgres, print_table
+from sqlalchemy import Engine, create_engine, text
+
+from metering import FrozenClock, Limit, Meter, make_event
+from metering.audit import run_audit
+from metering.domain.instants import to_us
+from metering.storage.connections import upgrade_schema
+
+NOW = datetime(2026, 11, 28, 12, 0, tzinfo=UTC)
+MONTH = datetime(2026, 11, 1, tzinfo=UTC)
+END = datetime(2026, 12, 1, tzinfo=UTC)
+NEW = 1000
+
+# One allowed unit of api_calls per result, as `ChargeDecision.to_row` writes it.
+RESULTS = """
+INSERT INTO results (event_id, outcome, fingerprint, occurred_at_us, decided_at_us,
+                     denied_by, reason, charges, metadata)
+SELECT 'old-' || n, 'allowed', 'fp', :start + n * :step, :start + n * :step, NULL, NULL,
+       '[["org-' || (n % :subjects) || '","api_calls",1,true,"allowed",1,999999999,'
+       || '1000000000,0,' || :window || ',' || :end || ',null]]', NULL
+FROM generate_series(CAST(:first AS bigint), CAST(:last AS bigint)) AS n
+"""
+COUNTER = """
+INSERT INTO counters (limit_name, subject, window_start_us, window_end_us, used, denied_count,
+                      denied_cost, tat_rem, tat_scale, updated_at_us)
+VALUES ('api_calls', :subject, :window, :end, :used, 0, 0, 0, 1, :now)
+"""
+SQLITE_SERIES = (
+    "WITH RECURSIVE series(n) AS "
+    "(SELECT {first} UNION ALL SELECT n + 1 FROM series WHERE n < {last}) "
+)
+
+
+def fill(engine: Engine, rows: int, subjects: int, *, sqlite: bool) -> None:
+    start, window, end = to_us(MONTH), to_us(MONTH), to_us(END)
+    step = (to_us(NOW - timedelta(hours=1)) - start) // rows
+    common = {"start": start, "step": step, "subjects": subjects, "window": window, "end": end}
+    with engine.begin() as connection:
+        for first in range(0, rows, 500_000):
+            last = min(rows, first + 500_000) - 1
+            statement = RESULTS
+            if sqlite:
+                series = SQLITE_SERIES.format(first=first, last=last)
+                statement = series + RESULTS.replace(
+                    "generate_series(CAST(:first AS bigint), CAST(:last AS bigint)) AS n", "series"
+                )
+            connection.execute(text(statement), common | {"first": first, "last": last})
+    counters = [
+        {"subject": f"org-{s}", "used": rows // subjects + (1 if s < rows % subjects else 0)}
+        | {"window": window, "end": end, "now": to_us(NOW)}
+        for s in range(min(subjects, rows))
+    ]
+    with engine.begin() as connection:
+        connection.execute(text(COUNTER), counters)
+    with engine.connect() as connection:  # as autovacuum would have by then
+        connection.execution_options(isolation_level="AUTOCOMMIT").execute(
+            text("ANALYZE" if sqlite else "VACUUM ANALYZE results")
+        )
+
+
+def timed_run(meter: Meter, **options: object) -> tuple[float, int]:
+    started = time.perf_counter()
+    report = run_audit(meter, **options)  # type: ignore[arg-type]
+    seconds = time.perf_counter() - started
+    assert report.ok, report.violations[:5]
+    return seconds, report.windows
+
+
+def measure(url: str, args: argparse.Namespace, label: str) -> list[list[str]]:
+    upgrade_schema(url)
+    engine = create_engine(url)
+    started = time.perf_counter()
+    fill(engine, args.rows, args.subjects, sqlite=url.startswith("sqlite"))
+    print(f"{label}: filled {args.rows:,} results in {time.perf_counter() - started:.0f} s")
+    engine.dispose()
+    clock = FrozenClock(NOW)
+    rows = []
+    with Meter(url, clock=clock) as meter:
+        meter.set_limit(Limit("api_calls", maximum=1_000_000_000, period="1mo", window="calendar"))
+        full, windows = timed_run(meter, full=True)
+        rows.append([label, "full (first run)", f"{args.rows:,}", str(windows), f"{full:.2f}"])
+        seconds = []
+        for round_number in range(args.rounds):
+            clock.advance(minutes=2)
+            events = [
+                make_event(
+                    [(f"org-{i % args.touched}", "api_calls", 1)],
+                    clock(),
+                    f"new-{round_number}-{i}",
+                )
+                for i in range(NEW)
+            ]
+            meter.apply(events)
+            clock.advance(minutes=2)
+            took, windows = timed_run(meter)
+            seconds.append(took)
+        per = statistics.median(seconds)
+        rows.append(
+            [
+                label,
+                f"incremental, median of {args.rounds}",
+                f"{NEW:,} new",
+                str(windows),
+                f"{per:.3f}",
+            ]
+        )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--subjects", type=int, default=10_000)
+    parser.add_argument("--touched", type=int, default=100, help="subjects the new events hit")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--sqlite", action="store_true", help="a SQLite file, not PostgreSQL")
+    args = parser.parse_args()
+    if args.sqlite:
+        with tempfile.TemporaryDirectory() as directory:
+            table = measure(f"sqlite:///{Path(directory) / 'audit.db'}", args, "SQLite")
+    else:
+        with durable_postgres() as server:
+            server.create_database("bench_audit")
+            table = measure(server.url("bench_audit"), args, "PostgreSQL")
+    print_table(
+        "metering audit: seconds a run takes",
+        ["database", "run", "results read", "windows", "seconds"],
+        table,
+    )
+
+
+if __name__ == "__main__":
+    main()

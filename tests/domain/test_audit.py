@@ -1,0 +1,85 @@
+"""`metering.domain.audit`: ledger sums and judgements on plain values."""
+
+from __future__ import annotations
+
+from metering.domain.audit import (
+    Invariant,
+    Tally,
+    WindowLedger,
+    consumed,
+    judge_counter,
+    judge_grant,
+    judge_hard,
+    spend_violations,
+)
+
+W = 1_800_000_000_000_000
+KEY = ("org-1", "calls", W)
+
+
+def row(
+    cost: int,
+    *,
+    limit: str = "calls",
+    allowed: bool = True,
+    outcome: str = "allowed",
+    maximum: int = 10,
+    price: list[object] | None = None,
+) -> list[object]:
+    base: list[object] = ["org-1", limit, cost, allowed, outcome, 0, 0, maximum, 0, W, W + 1, None]
+    return [*base, [], price] if price is not None else base
+
+
+def test_only_consumed_charges_of_a_window_count() -> None:
+    charges = [row(3), row(2, outcome="would_deny"), row(4, allowed=False, outcome="denied")]
+    assert list(consumed("allowed", charges)) == [(KEY, 3, 10)]
+    assert list(consumed("denied", [row(3)])) == []
+    bucket = ["org-1", "api", 1, True, "allowed", 0, 0, 10, 0, None, W, None]
+    assert list(consumed("allowed", [bucket])) == []
+
+
+def test_a_reset_clears_what_was_written_before_it_whatever_the_order() -> None:
+    tally = Tally({KEY: WindowLedger(5, 10)})
+    tally.reset(KEY, tick=7, at_us=100)
+    tally.add_result("allowed", 6, [row(4)])  # written before the reset: cleared
+    tally.add_result("allowed", 7, [row(2, maximum=20)])
+    tally.take_back(KEY, 1, at_us=99)  # a void before the reset: its units went with it
+    tally.take_back(KEY, 1, at_us=101)
+    assert tally.windows[KEY] == WindowLedger(1, 20)
+    assert tally.touched == {KEY}
+    twin = tally.copy()
+    twin.add_result("allowed", 6, [row(4)])
+    assert twin.windows[KEY] == WindowLedger(1, 20) and twin.touched == set()
+
+
+def test_judgements_name_what_broke() -> None:
+    assert judge_counter(KEY, 5, 5, spend=False) is None
+    broken = judge_counter(KEY, 5, 4, spend=False)
+    assert broken is not None and (broken.invariant, broken.expected, broken.found) == (
+        Invariant.COUNTER_LEDGER,
+        "used 5",
+        "used 4",
+    )
+    spend = judge_counter(KEY, 5, 4, spend=True)
+    assert spend is not None and spend.invariant == Invariant.SPEND_PRICED
+    assert judge_hard(KEY, used=14, maximum=10, drawn=3, overdraft=1) is None
+    over = judge_hard(KEY, used=15, maximum=10, drawn=3, overdraft=1)
+    assert over is not None and over.expected.startswith("used <= 14 (maximum 10")
+    assert judge_grant("g", "org-1", "calls", amount=5, used=3, drawn=3) is None
+    assert judge_grant("g", "org-1", "calls", amount=5, used=3, drawn=1) is None  # a reset
+    below = judge_grant("g", "org-1", "calls", amount=1, used=1, drawn=3)
+    assert below is not None and below.found == "used 1, balance -2"
+
+
+def test_a_spend_charge_equals_its_events_priced_amounts() -> None:
+    priced = [row(30, price=["USD", 30]), row(5, price=["USD", 5]), row(35, limit="spend")]
+    assert spend_violations("e", "allowed", priced, {"spend": "USD"}) == []
+    wrong = [row(30, price=["USD", 30]), row(29, limit="spend")]
+    [found] = spend_violations("e", "allowed", wrong, {"spend": "USD"})
+    assert (found.invariant, found.item, found.expected, found.found) == (
+        Invariant.SPEND_PRICED,
+        "e",
+        "30 USD priced",
+        "29 charged",
+    )
+    assert spend_violations("e", "denied", wrong, {"spend": "USD"}) == []
