@@ -87,6 +87,7 @@ SERVER_FIXTURES = frozenset(
         "api_worker",
         "serve_api",
         "serve_api_module",
+        "serve_api_shared",
         "serve_asgi",
         "serve_wsgi",
     }

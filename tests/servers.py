@@ -194,6 +194,9 @@ class PostgresServer:
         self._auto_port: bool = port is None
         self._started_once: bool = False
         self._as_root: bool = os.geteuid() == 0
+        # `copy_of`'s databases handed back, by template, and how to empty them.
+        self._spare: dict[str, list[str]] = {}
+        self._refills: dict[str, _Refill] = {}
 
     # -- properties ----------------------------------------------------------
 
@@ -330,15 +333,58 @@ class PostgresServer:
 
     @contextlib.contextmanager
     def copy_of(self, template: str, prefix: str = "copy") -> Iterator[str]:
-        """The URL of a fresh copy of ``template``, dropped afterwards: a
-        database per Hypothesis example, where a function-scoped fixture
-        would be shared by every example."""
-        name = f"{prefix}_{next(_copies)}"
-        self.create_database(name, template=template)
+        """The URL of a fresh copy of ``template``: a database per Hypothesis
+        example, where a function-scoped fixture would be shared by every
+        example.
+
+        A copy handed back is not dropped but emptied to the template's
+        contents (`_Refill`: every row deleted, the template's rows put back,
+        the sequences restarted; its sessions ended first) and handed to the
+        next ``copy_of`` of the same template: about a tenth of the cost of
+        ``CREATE DATABASE ... TEMPLATE`` and ``DROP DATABASE``. For copies
+        that only rows change: a test that alters the schema takes a
+        database of its own (`create_database`). A copy whose emptying
+        fails is dropped.
+        """
+        spare = self._spare.setdefault(template, [])
+        if spare:
+            name = spare.pop()
+        else:
+            name = f"{prefix}_{next(_copies)}"
+            self.create_database(name, template=template)
         try:
             yield self.url(name)
         finally:
-            self.drop_database(name)
+            try:
+                self._refill(template, name)
+            except BaseException:
+                self.drop_database(name)
+                raise
+            spare.append(name)
+
+    def _refill(self, template: str, name: str) -> None:
+        refill = self._refills.get(template)
+        if refill is None:
+            refill = self._refills[template] = _Refill.of(self, template)
+        with self._admin_connection() as conn:
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = %s AND pid <> pg_backend_pid()",
+                (name,),
+            )
+        with self.connect(name) as conn:
+            refill.run(conn)
+
+    def connect(self, dbname: str) -> psycopg.Connection[TupleRow]:
+        """A new psycopg connection to ``dbname`` as the superuser (autocommit off)."""
+        return psycopg.connect(
+            host="127.0.0.1",
+            port=self.port,
+            user=_PG_USER,
+            dbname=dbname,
+            connect_timeout=CONNECT_TIMEOUT,
+            options=f"-c statement_timeout={STATEMENT_TIMEOUT_MS}",
+        )
 
     def _admin_connection(self) -> psycopg.Connection[TupleRow]:
         return psycopg.connect(
@@ -471,6 +517,65 @@ class PostgresServer:
             timeout=timeout,
             check=False,
         )
+
+
+class _Refill:
+    """What makes a used copy of a template hold what the template holds:
+    its tables' rows deleted (foreign keys and triggers off for the
+    transaction), the template's own rows inserted again, its sequences
+    set back to the template's values."""
+
+    def __init__(
+        self,
+        tables: list[str],
+        rows: dict[str, list[tuple[object, ...]]],
+        sequences: dict[str, tuple[int, bool]],
+    ) -> None:
+        self.tables = tables
+        self.rows = rows
+        self.sequences = sequences
+
+    @classmethod
+    def of(cls, server: PostgresServer, template: str) -> _Refill:
+        with server.connect(template) as conn:
+            tables = [
+                name
+                for (name,) in conn.execute(
+                    "SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY 1"
+                )
+            ]
+            rows: dict[str, list[tuple[object, ...]]] = {}
+            for table in tables:
+                found = conn.execute(sql.SQL("SELECT * FROM {}").format(sql.Identifier(table)))
+                if content := found.fetchall():
+                    rows[table] = content
+            sequences = {}
+            for (name,) in conn.execute(
+                "SELECT sequencename FROM pg_sequences WHERE schemaname = 'public'"
+            ).fetchall():
+                state = sql.SQL("SELECT last_value, is_called FROM {}").format(sql.Identifier(name))
+                last_value, is_called = conn.execute(state).fetchone() or (1, False)
+                sequences[name] = (int(last_value), bool(is_called))
+        return cls(tables, rows, sequences)
+
+    def run(self, conn: psycopg.Connection[TupleRow]) -> None:
+        statements = [sql.SQL("SET LOCAL session_replication_role = replica")]
+        statements += [
+            sql.SQL("DELETE FROM {}").format(sql.Identifier(table)) for table in self.tables
+        ]
+        statements += [
+            sql.SQL("SELECT setval({}, {}, {})").format(
+                sql.Literal(sequence), sql.Literal(value), sql.Literal(called)
+            )
+            for sequence, (value, called) in self.sequences.items()
+        ]
+        with conn.transaction():
+            conn.execute(sql.SQL("; ").join(statements))
+            for table, content in self.rows.items():
+                marks = sql.SQL(", ").join(sql.Placeholder() * len(content[0]))
+                insert = sql.SQL("INSERT INTO {} VALUES ({})").format(sql.Identifier(table), marks)
+                with conn.cursor() as cursor:
+                    cursor.executemany(insert, content)
 
 
 # -- Redis -------------------------------------------------------------------

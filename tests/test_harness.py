@@ -175,6 +175,55 @@ def test_drop_database_disconnects_sessions(postgres_server: PostgresServer) -> 
     postgres_server.drop_database("harness_busy")  # IF EXISTS: no error
 
 
+def _contents(url: str) -> tuple[object, ...]:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return (
+                sorted(conn.execute(sa.text("SELECT id, name FROM parent")).all()),
+                sorted(conn.execute(sa.text("SELECT id, parent FROM child")).all()),
+                conn.execute(sa.text("SELECT last_value, is_called FROM parent_id_seq")).one(),
+            )
+    finally:
+        engine.dispose()
+
+
+def test_a_copy_handed_back_is_the_template_again(postgres_server: PostgresServer) -> None:
+    """`copy_of` reuses a copy handed back, emptied to the template: rows
+    (the template's own put back), sequences, and the sessions left open ended."""
+    template = "harness_tmpl_refill"
+    postgres_server.create_database(template)
+    _execute(
+        postgres_server.url(template),
+        "CREATE TABLE parent (id serial PRIMARY KEY, name text NOT NULL)",
+        "CREATE TABLE child (id int PRIMARY KEY, parent int NOT NULL REFERENCES parent (id))",
+        "INSERT INTO parent (name) VALUES ('from template')",
+        "INSERT INTO child VALUES (1, 1)",
+    )
+    try:
+        fresh = _contents(postgres_server.url(template))
+        with postgres_server.copy_of(template, "harness_refill") as first:
+            assert _contents(first) == fresh
+            _execute(
+                first,
+                "INSERT INTO parent (name) VALUES ('a'), ('b')",
+                "INSERT INTO child VALUES (2, 2), (3, 3)",
+                "DELETE FROM child WHERE id = 1",
+                "UPDATE parent SET name = 'changed' WHERE id = 1",
+            )
+            left_open = postgres_server.connect(first.rsplit("/", 1)[1])
+            assert _contents(first) != fresh
+        with left_open, pytest.raises(psycopg.OperationalError):
+            left_open.execute("SELECT 1")
+        with postgres_server.copy_of(template, "harness_refill") as second:
+            assert second == first
+            assert _contents(second) == fresh
+            _execute(second, "INSERT INTO parent (name) VALUES ('again')")
+            assert _scalar(second, "SELECT max(id) FROM parent") == 2
+    finally:
+        postgres_server.drop_database(template)
+
+
 @needs_postgres
 def test_stop_then_start_keeps_data_and_port(own_server: PostgresServer) -> None:
     own_server.start()
