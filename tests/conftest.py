@@ -11,6 +11,9 @@ Redis (the Celery broker): one throw-away server per test session
 `redis_url`. Tests that use either get the ``redis`` marker, so
 ``-m "not redis"`` runs without it.
 
+Hypothesis: ``--hypothesis-profile thorough`` gives the slow property tests
+their whole example budget, the default half of it (`budgets`).
+
 Order: whole test files longest first (`file_order`), so that `make test`'s
 two workers finish together; ``--write-durations`` records this run's seconds
 per file in ``tests/durations.json`` for that order.
@@ -27,8 +30,10 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+import budgets
 import file_order
 import pytest
+from hypothesis import settings
 from servers import (
     PostgresServer,
     RedisServer,
@@ -56,7 +61,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+# The whole example budgets of the slow property tests (`budgets`): same settings.
+settings.register_profile(budgets.THOROUGH, settings.get_profile("default"))
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    budgets.profile = config.getoption("hypothesis_profile", None) or "default"
     # Also belongs in pyproject's [tool.pytest.ini_options] markers; declaring
     # it here too keeps --strict-markers happy either way.
     config.addinivalue_line("markers", REDIS_MARKER)

@@ -12,10 +12,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import budgets
 import psycopg
 import pytest
 import redis
 import sqlalchemy as sa
+from hypothesis import settings
 from servers import (
     PostgresServer,
     RedisServer,
@@ -641,3 +643,14 @@ def test_redis_url_rejects_bad_db(own_redis: RedisServer) -> None:
     own_redis.start()
     with pytest.raises(ValueError, match="0 to 15"):
         own_redis.url(16)
+
+
+# -- example budgets ------------------------------------------------------------------
+
+
+def test_the_budget_is_halved_unless_thorough(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert budgets.profile == settings.get_current_profile_name()
+    monkeypatch.setattr(budgets, "profile", "default")
+    assert [budgets.examples(n) for n in (60, 25, 8, 3)] == [30, 13, 5, 3]
+    monkeypatch.setattr(budgets, "profile", budgets.THOROUGH)
+    assert [budgets.examples(n) for n in (60, 25, 8, 3)] == [60, 25, 8, 3]

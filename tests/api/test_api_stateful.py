@@ -25,12 +25,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+from budgets import examples
 from servers import free_port
 
 FIXED_SEED = 20261126
 START_TIMEOUT_SECONDS = 60.0
 RUN_TIMEOUT_SECONDS = 600
-EXAMPLES = 10
+EXAMPLES = examples(10)
 SEEDS = {"sqlite": FIXED_SEED, "postgresql": random.SystemRandom().randrange(2**31)}
 
 
