@@ -3,8 +3,9 @@
 PostgreSQL: one throw-away server per test session (`postgres_server`), one
 migrated template database (`pg_template_url`), and a fresh copy of that
 template for every test that asks for `pg_url` (copying is much faster than
-migrating). Tests that touch the server get the ``postgres`` marker
-automatically, so ``-m "not postgres"`` runs without it.
+migrating; emptying a used copy faster than copying again). Tests that
+touch the server get the ``postgres`` marker automatically, so ``-m "not
+postgres"`` runs without it.
 
 Redis (the Celery broker): one throw-away server per test session
 (`redis_server`), emptied with FLUSHALL for every test that asks for
@@ -24,7 +25,6 @@ harness tests must run, before the package exists.
 
 from __future__ import annotations
 
-import itertools
 import os
 import shutil
 from collections.abc import Iterator
@@ -44,8 +44,6 @@ from servers import (
 )
 
 TEMPLATE_DB = "metering_template"
-
-_db_counter = itertools.count(1)
 
 
 REDIS_MARKER = "redis: needs the throw-away Redis server the test session starts"
@@ -178,16 +176,17 @@ def pg_template_url(postgres_server: PostgresServer) -> str:
 
 @pytest.fixture
 def pg_url(postgres_server: PostgresServer, pg_template_url: str) -> Iterator[str]:
-    """URL of a fresh, migrated PostgreSQL database, dropped after the test."""
-    name = f"t_{next(_db_counter)}"
-    postgres_server.create_database(name, template=pg_template_url)
+    """URL of a fresh, migrated PostgreSQL database: a copy of the template,
+    emptied after the test for the next one (or dropped, when the test
+    changed its schema: `PostgresServer.hand_back`)."""
+    name = postgres_server.take(pg_template_url, "t")
     try:
         yield postgres_server.url(name)
     finally:
         # A test that stopped the server to simulate an outage may have
         # failed before starting it again; do not fail every later test too.
         postgres_server.start()
-        postgres_server.drop_database(name)
+        postgres_server.hand_back(pg_template_url, name)
 
 
 @pytest.fixture(scope="session")

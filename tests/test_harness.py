@@ -312,11 +312,25 @@ def test_pg_url_is_a_fresh_copy_of_the_template(
     _pg_url_databases.append(dbname)
 
 
-def test_pg_url_database_was_dropped(postgres_server: PostgresServer) -> None:
-    # Relies on file order: the test above runs first and records its database.
+def test_the_next_pg_url_holds_none_of_the_last_ones_rows(pg_url: str) -> None:
+    # Relies on file order: the test above runs first and records its database,
+    # which this one is given again, emptied to the template.
     if not _pg_url_databases:
         pytest.skip("needs test_pg_url_is_a_fresh_copy_of_the_template to run first")
-    assert not _database_exists(postgres_server, _pg_url_databases[-1])
+    assert pg_url.rsplit("/", 1)[1] == _pg_url_databases[-1]
+    assert _scalar(pg_url, "SELECT array_agg(v) FROM marker") == ["from template"]
+    _execute(pg_url, "CREATE TABLE extra (v int)")
+    _pg_url_databases.append("changed")
+
+
+def test_a_pg_url_whose_schema_changed_is_dropped(
+    pg_url: str, postgres_server: PostgresServer
+) -> None:
+    if _pg_url_databases[-1:] != ["changed"]:
+        pytest.skip("needs test_the_next_pg_url_holds_none_of_the_last_ones_rows to run first")
+    assert not _database_exists(postgres_server, _pg_url_databases[-2])
+    assert pg_url.rsplit("/", 1)[1] != _pg_url_databases[-2]
+    assert _scalar(pg_url, "SELECT count(*) FROM pg_tables WHERE tablename = 'extra'") == 0
 
 
 def test_pg_url_teardown_survives_a_stopped_server(
