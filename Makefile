@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 SRC := metering workers tests bench conftest.py
 PYTEST_ARGS ?=
 
-.PHONY: venv servers lint test test-fast mutants demo bench fmt clean
+.PHONY: venv servers lint test test-thorough test-fast mutants demo bench fmt clean
 
 venv: $(VENV)/.installed
 
@@ -38,6 +38,12 @@ lint: venv
 PARALLEL := -n 2 --dist loadfile --no-loadscope-reorder --timeout 900
 test: venv servers lint
 	bash scripts/pytest.sh $(PARALLEL) $(PYTEST_ARGS)
+
+# `make test` with the slow property tests' whole example budgets (twice
+# theirs there; tests/budgets.py): after a change to the engine's paths, a
+# model's storage or the API's schema.
+test-thorough: venv servers lint
+	bash scripts/pytest.sh $(PARALLEL) --hypothesis-profile thorough $(PYTEST_ARGS)
 
 # The tests that need no server (no PostgreSQL, Redis, worker process or
 # socket server): conftest.py marks the others `server` from the fixtures they

@@ -3,13 +3,17 @@
 PostgreSQL: one throw-away server per test session (`postgres_server`), one
 migrated template database (`pg_template_url`), and a fresh copy of that
 template for every test that asks for `pg_url` (copying is much faster than
-migrating). Tests that touch the server get the ``postgres`` marker
-automatically, so ``-m "not postgres"`` runs without it.
+migrating; emptying a used copy faster than copying again). Tests that
+touch the server get the ``postgres`` marker automatically, so ``-m "not
+postgres"`` runs without it.
 
 Redis (the Celery broker): one throw-away server per test session
 (`redis_server`), emptied with FLUSHALL for every test that asks for
 `redis_url`. Tests that use either get the ``redis`` marker, so
 ``-m "not redis"`` runs without it.
+
+Hypothesis: ``--hypothesis-profile thorough`` gives the slow property tests
+their whole example budget, the default half of it (`budgets`).
 
 Order: whole test files longest first (`file_order`), so that `make test`'s
 two workers finish together; ``--write-durations`` records this run's seconds
@@ -21,14 +25,15 @@ harness tests must run, before the package exists.
 
 from __future__ import annotations
 
-import itertools
 import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+import budgets
 import file_order
 import pytest
+from hypothesis import settings
 from servers import (
     PostgresServer,
     RedisServer,
@@ -39,8 +44,6 @@ from servers import (
 )
 
 TEMPLATE_DB = "metering_template"
-
-_db_counter = itertools.count(1)
 
 
 REDIS_MARKER = "redis: needs the throw-away Redis server the test session starts"
@@ -56,7 +59,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+# The whole example budgets of the slow property tests (`budgets`): same settings.
+settings.register_profile(budgets.THOROUGH, settings.get_profile("default"))
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    budgets.profile = config.getoption("hypothesis_profile", None) or "default"
     # Also belongs in pyproject's [tool.pytest.ini_options] markers; declaring
     # it here too keeps --strict-markers happy either way.
     config.addinivalue_line("markers", REDIS_MARKER)
@@ -87,6 +95,7 @@ SERVER_FIXTURES = frozenset(
         "api_worker",
         "serve_api",
         "serve_api_module",
+        "serve_api_shared",
         "serve_asgi",
         "serve_wsgi",
     }
@@ -167,16 +176,17 @@ def pg_template_url(postgres_server: PostgresServer) -> str:
 
 @pytest.fixture
 def pg_url(postgres_server: PostgresServer, pg_template_url: str) -> Iterator[str]:
-    """URL of a fresh, migrated PostgreSQL database, dropped after the test."""
-    name = f"t_{next(_db_counter)}"
-    postgres_server.create_database(name, template=pg_template_url)
+    """URL of a fresh, migrated PostgreSQL database: a copy of the template,
+    emptied after the test for the next one (or dropped, when the test
+    changed its schema: `PostgresServer.hand_back`)."""
+    name = postgres_server.take(pg_template_url, "t")
     try:
         yield postgres_server.url(name)
     finally:
         # A test that stopped the server to simulate an outage may have
         # failed before starting it again; do not fail every later test too.
         postgres_server.start()
-        postgres_server.drop_database(name)
+        postgres_server.hand_back(pg_template_url, name)
 
 
 @pytest.fixture(scope="session")

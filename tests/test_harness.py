@@ -12,10 +12,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import budgets
 import psycopg
 import pytest
 import redis
 import sqlalchemy as sa
+from hypothesis import settings
 from servers import (
     PostgresServer,
     RedisServer,
@@ -175,6 +177,55 @@ def test_drop_database_disconnects_sessions(postgres_server: PostgresServer) -> 
     postgres_server.drop_database("harness_busy")  # IF EXISTS: no error
 
 
+def _contents(url: str) -> tuple[object, ...]:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return (
+                sorted(conn.execute(sa.text("SELECT id, name FROM parent")).all()),
+                sorted(conn.execute(sa.text("SELECT id, parent FROM child")).all()),
+                conn.execute(sa.text("SELECT last_value, is_called FROM parent_id_seq")).one(),
+            )
+    finally:
+        engine.dispose()
+
+
+def test_a_copy_handed_back_is_the_template_again(postgres_server: PostgresServer) -> None:
+    """`copy_of` reuses a copy handed back, emptied to the template: rows
+    (the template's own put back), sequences, and the sessions left open ended."""
+    template = "harness_tmpl_refill"
+    postgres_server.create_database(template)
+    _execute(
+        postgres_server.url(template),
+        "CREATE TABLE parent (id serial PRIMARY KEY, name text NOT NULL)",
+        "CREATE TABLE child (id int PRIMARY KEY, parent int NOT NULL REFERENCES parent (id))",
+        "INSERT INTO parent (name) VALUES ('from template')",
+        "INSERT INTO child VALUES (1, 1)",
+    )
+    try:
+        fresh = _contents(postgres_server.url(template))
+        with postgres_server.copy_of(template, "harness_refill") as first:
+            assert _contents(first) == fresh
+            _execute(
+                first,
+                "INSERT INTO parent (name) VALUES ('a'), ('b')",
+                "INSERT INTO child VALUES (2, 2), (3, 3)",
+                "DELETE FROM child WHERE id = 1",
+                "UPDATE parent SET name = 'changed' WHERE id = 1",
+            )
+            left_open = postgres_server.connect(first.rsplit("/", 1)[1])
+            assert _contents(first) != fresh
+        with left_open, pytest.raises(psycopg.OperationalError):
+            left_open.execute("SELECT 1")
+        with postgres_server.copy_of(template, "harness_refill") as second:
+            assert second == first
+            assert _contents(second) == fresh
+            _execute(second, "INSERT INTO parent (name) VALUES ('again')")
+            assert _scalar(second, "SELECT max(id) FROM parent") == 2
+    finally:
+        postgres_server.drop_database(template)
+
+
 @needs_postgres
 def test_stop_then_start_keeps_data_and_port(own_server: PostgresServer) -> None:
     own_server.start()
@@ -261,11 +312,25 @@ def test_pg_url_is_a_fresh_copy_of_the_template(
     _pg_url_databases.append(dbname)
 
 
-def test_pg_url_database_was_dropped(postgres_server: PostgresServer) -> None:
-    # Relies on file order: the test above runs first and records its database.
+def test_the_next_pg_url_holds_none_of_the_last_ones_rows(pg_url: str) -> None:
+    # Relies on file order: the test above runs first and records its database,
+    # which this one is given again, emptied to the template.
     if not _pg_url_databases:
         pytest.skip("needs test_pg_url_is_a_fresh_copy_of_the_template to run first")
-    assert not _database_exists(postgres_server, _pg_url_databases[-1])
+    assert pg_url.rsplit("/", 1)[1] == _pg_url_databases[-1]
+    assert _scalar(pg_url, "SELECT array_agg(v) FROM marker") == ["from template"]
+    _execute(pg_url, "CREATE TABLE extra (v int)")
+    _pg_url_databases.append("changed")
+
+
+def test_a_pg_url_whose_schema_changed_is_dropped(
+    pg_url: str, postgres_server: PostgresServer
+) -> None:
+    if _pg_url_databases[-1:] != ["changed"]:
+        pytest.skip("needs test_the_next_pg_url_holds_none_of_the_last_ones_rows to run first")
+    assert not _database_exists(postgres_server, _pg_url_databases[-2])
+    assert pg_url.rsplit("/", 1)[1] != _pg_url_databases[-2]
+    assert _scalar(pg_url, "SELECT count(*) FROM pg_tables WHERE tablename = 'extra'") == 0
 
 
 def test_pg_url_teardown_survives_a_stopped_server(
@@ -592,3 +657,14 @@ def test_redis_url_rejects_bad_db(own_redis: RedisServer) -> None:
     own_redis.start()
     with pytest.raises(ValueError, match="0 to 15"):
         own_redis.url(16)
+
+
+# -- example budgets ------------------------------------------------------------------
+
+
+def test_the_budget_is_halved_unless_thorough(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert budgets.profile == settings.get_current_profile_name()
+    monkeypatch.setattr(budgets, "profile", "default")
+    assert [budgets.examples(n) for n in (60, 25, 8, 3)] == [30, 13, 5, 3]
+    monkeypatch.setattr(budgets, "profile", budgets.THOROUGH)
+    assert [budgets.examples(n) for n in (60, 25, 8, 3)] == [60, 25, 8, 3]

@@ -3,8 +3,11 @@
 `serve_api(app)` runs uvicorn in a thread of the test process (lifespan on,
 so the app opens and closes what it owns) on a free port of 127.0.0.1 and
 returns the base URL; the test may share its `Meter` (and frozen clock)
-with the app. The default app here runs on SQLite and the embedded broker
-in the test's directory, as ``metering serve`` does with no configuration.
+with the app. `serve_api_shared` is the same for tests that need a real
+socket but not a server of their own: one uvicorn a module, the test's app
+mounted on it (its lifespan run) for the test. The default app here runs
+on SQLite and the embedded broker in the test's directory, as ``metering
+serve`` does with no configuration.
 `api_worker` is a real ``celery -A workers worker`` process on the test's
 PostgreSQL and Redis, for the tests where queued events must be applied.
 """
@@ -79,6 +82,61 @@ def serve_api_module() -> Iterator[Serve]:
     """`serve_api` for a server that all the tests of a module share."""
     with _serving() as serve:
         yield serve
+
+
+class _Mounted:
+    """An ASGI app that hands each request to the app mounted now (`serve_api_shared`)."""
+
+    def __init__(self) -> None:
+        self.app: Any = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            self.loop = asyncio.get_running_loop()
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        if self.app is None:
+            raise RuntimeError("no app is mounted: a request after its test ended")
+        await self.app(scope, receive, send)
+
+
+@pytest.fixture(scope="module")
+def _shared_uvicorn() -> Iterator[tuple[str, _Mounted]]:
+    mounted = _Mounted()
+    with _serving() as serve:
+        yield serve(mounted), mounted
+
+
+@pytest.fixture
+def serve_api_shared(_shared_uvicorn: tuple[str, _Mounted]) -> Iterator[Serve]:
+    """`serve_api` on the module's one uvicorn: ``serve(app)`` runs ``app``'s
+    lifespan on the server's event loop and mounts it until the test ends
+    (one app at a time)."""
+    url, mounted = _shared_uvicorn
+    loop = mounted.loop
+    assert loop is not None
+    lifespans: list[Any] = []
+
+    def call(coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, loop).result(timeout=60)
+
+    def serve(app: Any) -> str:
+        assert mounted.app is None, "serve_api_shared serves one app at a time"
+        lifespan = app.router.lifespan_context(app)
+        call(lifespan.__aenter__())
+        lifespans.append(lifespan)
+        mounted.app = app
+        return url
+
+    try:
+        yield serve
+    finally:
+        mounted.app = None
+        for lifespan in lifespans:
+            call(lifespan.__aexit__(None, None, None))
 
 
 class _Chunks(httpx.AsyncByteStream):

@@ -1,7 +1,8 @@
 """The admin routes over HTTP: reservations, limits, reports, webhook endpoints.
 
-The API runs under uvicorn on a loopback port (`serve_api`) and is driven
-with httpx; every test runs on PostgreSQL and on the embedded SQLite default
+The API runs under uvicorn on a loopback port (one server for the module,
+each test's app mounted on it: `serve_api_shared`) and is driven with
+httpx; every test runs on PostgreSQL and on the embedded SQLite default
 (`db_url`), and one test lets the app open the embedded default itself, as
 ``metering serve`` does with no configuration. Each route's success and
 error answers are checked whole (problem+json, the field at fault named);
@@ -28,6 +29,7 @@ import httpx
 import hypothesis.errors
 import pytest
 import schemathesis
+from budgets import examples
 from hypothesis import HealthCheck, given, settings
 from pytest_httpserver import HTTPServer
 from schemathesis import GenerationMode
@@ -55,7 +57,7 @@ from metering.webhooks.endpoints import Webhooks
 from metering.webhooks.settings import DeliverySettings
 from metering.webhooks.signing import verify
 
-Serve = Callable[[Any], str]  # the serve_api fixture
+Serve = Callable[[Any], str]  # the serve_api_shared fixture
 NOW = datetime(2026, 11, 22, 9, 30, tzinfo=UTC)
 PROBLEM = "application/problem+json"
 LIMITS = (
@@ -79,15 +81,15 @@ def meter(db_url: str, clock: FrozenClock) -> Iterator[Meter]:
 
 
 def serve(
-    serve_api: Serve, meter: Meter, tmp_path: Path, delivery: DeliverySettings = LOOPBACK
+    serve_api_shared: Serve, meter: Meter, tmp_path: Path, delivery: DeliverySettings = LOOPBACK
 ) -> httpx.Client:
     settings = Settings(meter.url, f"sqla+sqlite:///{tmp_path}/broker.db", delivery=delivery)
-    return httpx.Client(base_url=serve_api(create_api(settings, meter=meter)), timeout=30)
+    return httpx.Client(base_url=serve_api_shared(create_api(settings, meter=meter)), timeout=30)
 
 
 @pytest.fixture
-def http(serve_api: Serve, meter: Meter, tmp_path: Path) -> Iterator[httpx.Client]:
-    with serve(serve_api, meter, tmp_path) as client:
+def http(serve_api_shared: Serve, meter: Meter, tmp_path: Path) -> Iterator[httpx.Client]:
+    with serve(serve_api_shared, meter, tmp_path) as client:
         yield client
 
 
@@ -495,13 +497,13 @@ def test_limit_names_and_bodies_that_are_not_json(http: httpx.Client, meter: Met
 
 
 def test_limits_on_the_embedded_default_the_app_opens_itself(
-    serve_api: Serve, tmp_path: Path
+    serve_api_shared: Serve, tmp_path: Path
 ) -> None:
     """No meter given: the app opens SQLite and the embedded broker itself, as
     ``metering serve`` does with no configuration, and closes them at shutdown."""
     database = f"sqlite:///{tmp_path}/own.db"
     settings = Settings(database, f"sqla+sqlite:///{tmp_path}/own-broker.db")
-    with httpx.Client(base_url=serve_api(create_api(settings)), timeout=30) as client:
+    with httpx.Client(base_url=serve_api_shared(create_api(settings)), timeout=30) as client:
         names = [limit["name"] for limit in client.get("/v1/limits").json()["limits"]]
         assert "calls" not in names
         put = client.put("/v1/limits/calls", json={"maximum": 3, "period": "1d"})
@@ -942,10 +944,12 @@ def test_a_ping_is_signed_listed_and_replayed(
 
 
 def test_a_ping_to_a_private_address_is_refused_by_default(
-    serve_api: Serve, meter: Meter, tmp_path: Path, receiver: HTTPServer
+    serve_api_shared: Serve, meter: Meter, tmp_path: Path, receiver: HTTPServer
 ) -> None:
     receiver.expect_request("/hooks").respond_with_data("", status=204)
-    with serve(serve_api, meter, tmp_path, delivery=DeliverySettings(timeout_seconds=5)) as client:
+    with serve(
+        serve_api_shared, meter, tmp_path, delivery=DeliverySettings(timeout_seconds=5)
+    ) as client:
         added = client.post("/v1/webhooks/endpoints", json={"url": receiver.url_for("/hooks")})
         ping = client.post(f"/v1/webhooks/endpoints/{added.json()['endpoint']['id']}/test").json()
     # The answer to the add warned of it, naming the settings that allow it.
@@ -1208,7 +1212,7 @@ def test_schemathesis_no_5xx_and_every_answer_conforms(http: httpx.Client) -> No
 
             @given(case=operation.as_strategy(generation_mode=mode))
             @settings(
-                max_examples=25,
+                max_examples=examples(25),
                 deadline=None,
                 suppress_health_check=list(HealthCheck),
                 derandomize=True,

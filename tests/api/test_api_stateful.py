@@ -25,25 +25,31 @@ from pathlib import Path
 
 import httpx
 import pytest
+from budgets import examples
 from servers import free_port
 
 FIXED_SEED = 20261126
 START_TIMEOUT_SECONDS = 60.0
 RUN_TIMEOUT_SECONDS = 600
-EXAMPLES = 10
+EXAMPLES = examples(10)
 SEEDS = {"sqlite": FIXED_SEED, "postgresql": random.SystemRandom().randrange(2**31)}
 
 
 def _metering(*args: str, cwd: Path, env: dict[str, str]) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "metering", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
+    """``metering ARGS`` in ``cwd`` with ``env``, in this process (click's
+    CliRunner: the setup needs no process of its own, the server does)."""
+    from click.testing import CliRunner
+
+    from metering.cli import main
+
+    unset: dict[str, str | None] = {k: None for k in os.environ if k not in env}
+    previous = Path.cwd()
+    os.chdir(cwd)
+    try:
+        done = CliRunner().invoke(main, list(args), env={**unset, **env})
+    finally:
+        os.chdir(previous)
+    assert done.exit_code == 0, done.output
     return done.stdout
 
 

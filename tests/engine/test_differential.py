@@ -49,6 +49,7 @@ from functools import partial
 from typing import Any
 
 import pytest
+from budgets import examples
 from differential import SETTINGS, answer, databases, kind, reference_events, stored
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -599,11 +600,11 @@ def _run(
 # (path, database, examples): within the time of the files this suite replaced.
 SLOW = pytest.mark.slow
 PATHS = [
-    pytest.param("one_trip", "postgresql", 40, id="one_trip-postgresql"),
-    pytest.param("direct", "sqlite", 60, id="direct-sqlite", marks=SLOW),
-    pytest.param("direct", "postgresql", 30, id="direct-postgresql"),
-    pytest.param("connection", "sqlite", 60, id="connection-sqlite", marks=SLOW),
-    pytest.param("connection", "postgresql", 25, id="connection-postgresql"),
+    pytest.param("one_trip", "postgresql", examples(40), id="one_trip-postgresql"),
+    pytest.param("direct", "sqlite", examples(60), id="direct-sqlite", marks=SLOW),
+    pytest.param("direct", "postgresql", examples(30), id="direct-postgresql"),
+    pytest.param("connection", "sqlite", examples(60), id="connection-sqlite", marks=SLOW),
+    pytest.param("connection", "postgresql", examples(25), id="connection-postgresql"),
 ]
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from budgets import examples
 from decision_paths import apply_reference, refusing
 from differential import SETTINGS, reference_events, stored
 from hypothesis import given, settings
@@ -142,7 +143,7 @@ def _corrections(meter: Meter) -> list[object]:
 
 
 @pytest.mark.slow
-@settings(SETTINGS, max_examples=40)
+@settings(SETTINGS, max_examples=examples(40))
 @given(stream=streams)
 def test_sqlite_fast_path_decides_gauges_as_the_reference(stream: list[dict[str, Any]]) -> None:
     with tempfile.TemporaryDirectory() as directory:
@@ -157,7 +158,7 @@ def _two_databases(server: PostgresServer, template: str) -> Iterator[tuple[str,
 
 
 @pytest.mark.postgres
-@settings(SETTINGS, max_examples=20)
+@settings(SETTINGS, max_examples=examples(20))
 @given(stream=streams)
 def test_postgresql_fast_path_decides_gauges_as_the_reference(
     postgres_server: PostgresServer, pg_template_url: str, stream: list[dict[str, Any]]

@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from budgets import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from servers import PostgresServer, copy_sqlite
@@ -165,7 +166,7 @@ def _compare(meter: Meter, model: Model, now: int) -> None:
 
 
 SETTINGS = settings(
-    max_examples=30,
+    max_examples=examples(30),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
@@ -181,7 +182,7 @@ def test_sqlite_matches_the_model(
 
 
 @pytest.mark.postgres
-@settings(SETTINGS, max_examples=25)
+@settings(SETTINGS, max_examples=examples(25))
 @given(operations=st.lists(operation, min_size=1, max_size=35))
 def test_postgresql_matches_the_model(
     postgres_server: PostgresServer, pg_template_url: str, operations: list

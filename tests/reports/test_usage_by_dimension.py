@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from budgets import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from servers import PostgresServer, copy_sqlite
@@ -168,7 +169,7 @@ def check(url: str, spec: dict[str, Any]) -> None:
 
 
 SETTINGS = settings(
-    max_examples=40,
+    max_examples=examples(40),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
@@ -182,7 +183,7 @@ def test_sqlite_report_matches_the_model(sqlite_template: Path, spec: dict[str, 
 
 
 @pytest.mark.postgres
-@settings(SETTINGS, max_examples=20)
+@settings(SETTINGS, max_examples=examples(20))
 @given(spec=scenario)
 def test_postgresql_report_matches_the_model(
     postgres_server: PostgresServer, pg_template_url: str, spec: dict[str, Any]

@@ -25,6 +25,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from budgets import examples
 from engine.differential import BATCH_LIMITS, START, SUBJECTS, stored
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -38,14 +39,14 @@ from metering.reservations.transactions import lease, reserve
 
 # Shrinking these streams takes minutes: a failure is reported as found.
 NO_SHRINK = settings(
-    max_examples=60,
+    max_examples=examples(60),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
     phases=[Phase.explicit, Phase.reuse, Phase.generate],
 )
 # PostgreSQL's budget: 60 examples were three minutes, once the slowest
 # test of the suite (`make test` is to stay under 12).
-ON_POSTGRES = settings(NO_SHRINK, max_examples=25)
+ON_POSTGRES = settings(NO_SHRINK, max_examples=examples(25))
 # With limits of no dimensions ("fu", "units", "plain-bucket") a give-back
 # settles on the direct path; the others roll usage up (the general path).
 # "priced" costs money, capped by "usd_cap" (charged directly: refused).

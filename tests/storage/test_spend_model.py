@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from budgets import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from servers import PostgresServer, copy_sqlite
@@ -215,7 +216,7 @@ def _compare(meter: Meter, model: Model) -> None:
 
 
 SETTINGS = settings(
-    max_examples=40,
+    max_examples=examples(40),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
@@ -231,7 +232,7 @@ def test_sqlite_spend_matches_the_model(
 
 
 @pytest.mark.postgres
-@settings(SETTINGS, max_examples=25)
+@settings(SETTINGS, max_examples=examples(25))
 @given(operations=st.lists(operation, min_size=1, max_size=40))
 def test_postgresql_spend_matches_the_model(
     postgres_server: PostgresServer, pg_template_url: str, operations: list
