@@ -20,9 +20,9 @@ from metering.cli.output import (
     EXIT_CODES_HELP,
     EXIT_PENDING,
     counters_table,
-    print_table,
     report_decision,
 )
+from metering.cli.tables import print_table
 from metering.counters import Counter
 from metering.errors import BrokerUnavailable
 from metering.settings import broker_url

@@ -9,7 +9,8 @@ import click
 
 from metering.cli.context import current_meter
 from metering.cli.options import format_option
-from metering.cli.output import EXIT_DENIED, print_table, table, when
+from metering.cli.output import EXIT_DENIED, when
+from metering.cli.tables import print_table, table
 from metering.domain.licenses import DEFAULT_TTL_SECONDS
 from metering.domain.limits import parse_period
 from metering.errors import InvalidInput

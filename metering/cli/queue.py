@@ -18,7 +18,8 @@ from metering.cli.options import (
     format_option,
     parse_seconds,
 )
-from metering.cli.output import iso_us, print_table, table
+from metering.cli.output import iso_us
+from metering.cli.tables import print_table, table
 from metering.config import is_embedded_broker
 from metering.domain.bounds import MAX_LISTING
 from metering.errors import BrokerUnavailable

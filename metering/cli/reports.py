@@ -28,7 +28,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from metering.cli.context import current_meter
 from metering.cli.options import FORMAT_OPTION, PROGRESS_OPTION, stacked
-from metering.cli.output import print_table, table, window_span
+from metering.cli.output import window_span
+from metering.cli.tables import print_table, table
 from metering.domain.instants import round_up
 from metering.domain.jsonable import field_names
 from metering.domain.rollups import shown_value

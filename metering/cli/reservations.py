@@ -12,11 +12,10 @@ from metering.cli.options import ChargeTuple, charge_options, chosen_charges, fo
 from metering.cli.output import (
     EXIT_CODES_HELP,
     EXIT_DENIED,
-    print_table,
     report_decision,
-    table,
     when,
 )
+from metering.cli.tables import print_table, table
 from metering.reservations import ReservationInfo
 
 DEFAULT_LISTED: Final = 100

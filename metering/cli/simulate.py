@@ -21,7 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from metering.cli.context import current_meter
 from metering.cli.options import FORMAT_OPTION, PROGRESS_OPTION
-from metering.cli.output import print_table, table
+from metering.cli.tables import print_table, table
 from metering.domain.replay import SIMULATION_COLUMNS
 from metering.errors import InvalidInput
 from metering.reports.export import neutralise

@@ -203,8 +203,8 @@ def test_counters_table_and_json(with_limits: Run) -> None:
     with_limits("consume", "visitor-1", "send_message", "--cost", "4")
     with_limits("consume", "visitor-1", "send_message", "--cost", "2", code=2)
     table = with_limits("counters", "--subject", "visitor-1").output
-    for heading in ("subject", "window (UTC)", "denied events", "first denial"):
-        assert heading in table
+    for word in ("subject", "window", "(UTC)", "denied", "events", "first", "denial"):
+        assert word in table.split()  # a header wraps between its words
     assert "visitor-1" in table and "send_message" in table
     [row] = json.loads(with_limits("counters", "--format", "json").output)
     assert (row["used"], row["denied_count"], row["denied_cost"]) == (4, 1, 2)
