@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from datetime import datetime, time, timedelta
 from typing import Final, Protocol, TypeVar
 
 import click
 from rich.table import Table
 
+from metering.cli.context import current_meter
 from metering.cli.tables import NUMERIC_COLUMNS, print_table, table
 from metering.counters import Counter
 from metering.domain.decisions import ChargeDecision, Decision
@@ -126,16 +127,30 @@ def describe_limit(limit: Limit) -> str:
     return ", ".join([*parts, f"lateness {limit.lateness}"])
 
 
-def counters_table(counters: Sequence[Counter], title: str = "") -> Table:
-    """Counters, one row per subject, limit and window."""
+def spend_currencies(limits: Iterable[Limit]) -> dict[str, str]:
+    """Each spend limit's currency, by its name: its figures show as money."""
+    return {limit.name: limit.currency for limit in limits if limit.currency}
+
+
+def money(units: int, limit: str, currencies: Mapping[str, str]) -> str:
+    """A figure of ``limit``: ``0.04 USD`` for a spend limit's minor units, else the number."""
+    currency = currencies.get(limit)
+    return f"{format_amount(units, currency)} {currency}" if currency else str(units)
+
+
+def counters_table(
+    counters: Sequence[Counter], title: str = "", currencies: Mapping[str, str] | None = None
+) -> Table:
+    """Counters, one row per subject, limit and window (a spend limit's in its currency)."""
+    spend = currencies or {}
     rows: list[list[object]] = [
         [
             c.subject,
             c.limit,
             window_span(c.window_start, c.window_end),
-            c.used,
+            money(c.used, c.limit, spend),
             c.denied_count,
-            c.denied_cost,
+            money(c.denied_cost, c.limit, spend),
             _within(c.first_denied_at, c.window_start),
         ]
         for c in counters
@@ -184,21 +199,27 @@ def _label(text: str) -> str:
     return click.style(text, fg=LABEL_COLOURS.get(text.split()[0], "red"), bold=True)
 
 
-def _charge_line(charge: ChargeDecision, label: str) -> str:
-    line = f"{_label(label)}  {charge.subject} {charge.limit}  used {charge.used}/{charge.maximum}"
+def _charge_line(charge: ChargeDecision, label: str, currencies: Mapping[str, str]) -> str:
+    def shown(units: int) -> str:
+        return money(units, charge.limit, currencies)
+
+    used = f"{charge.used}/{shown(charge.maximum)}"
+    if charge.limit in currencies:  # 0.04/0.05 USD: the currency once
+        used = f"{format_amount(charge.used, currencies[charge.limit])}/{shown(charge.maximum)}"
+    line = f"{_label(label)}  {charge.subject} {charge.limit}  used {used}"
     drawn = sum(amount for _, amount in charge.grants)
     if drawn and charge.allowed:
-        line += f" ({drawn} from grants)"
+        line += f" ({shown(drawn)} from grants)"
     resets = when(charge.resets_at)
     if not charge.allowed and charge.retry_at is None:
-        return f"{line}, cost {charge.cost} is more than the maximum: never fits"
+        return f"{line}, cost {shown(charge.cost)} is more than the maximum: never fits"
     if not charge.allowed:
         return f"{line}, retry at {when(charge.retry_at)}"
     if charge.outcome == "would_deny":
         return f"{line}, would be denied (shadow: nothing consumed), resets {resets}"
     if charge.overage:
-        return f"{line}, {charge.overage} over, resets {resets}"
-    return f"{line}, {charge.remaining} left, resets {resets}"
+        return f"{line}, {shown(charge.overage)} over, resets {resets}"
+    return f"{line}, {shown(charge.remaining)} left, resets {resets}"
 
 
 def _verdict_line(decision: Decision) -> str:
@@ -211,16 +232,19 @@ def _verdict_line(decision: Decision) -> str:
     return f"{_label(decision.outcome)}  {len(decision.charges)} charges consumed{note}"
 
 
-def decision_lines(decision: Decision) -> list[str]:
-    """A decision as text: a line per charge, and a verdict for a stacked event."""
+def decision_lines(decision: Decision, currencies: Mapping[str, str] | None = None) -> list[str]:
+    """A decision as text: a line per charge, and a verdict for a stacked
+    event; the figures of the spend limits in ``currencies`` as money."""
+    spend = currencies or {}
     if decision.outcome == "rejected":
         lines = [f"{_label('rejected')}  event {decision.event_id}: {decision.reason}"]
     elif len(decision.charges) == 1:
-        lines = [_charge_line(decision.charges[0], decision.outcome)]
+        lines = [_charge_line(decision.charges[0], decision.outcome, spend)]
     else:
         denied = decision.outcome == "denied"
         lines = [
-            _charge_line(c, "fits" if denied and c.allowed else c.outcome) for c in decision.charges
+            _charge_line(c, "fits" if denied and c.allowed else c.outcome, spend)
+            for c in decision.charges
         ]
         lines.append(_verdict_line(decision))
     if decision.outcome != "rejected" and decision.reason:
@@ -237,7 +261,8 @@ def report_decision(decision: Decision, fmt: str, *, err: bool = False) -> None:
         document = {**decision.to_dict(), "duplicate": decision.duplicate}
         click.echo(json.dumps(document, indent=2), err=err)
     else:
-        for line in decision_lines(decision):
+        currencies = spend_currencies(current_meter().list_limits())
+        for line in decision_lines(decision, currencies):
             click.echo(line, err=err)
     if not decision.allowed:
         click.get_current_context().exit(EXIT_DENIED)

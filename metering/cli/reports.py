@@ -15,7 +15,7 @@ from __future__ import annotations
 import csv
 import json
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from functools import wraps
@@ -28,12 +28,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from metering.cli.context import current_meter
 from metering.cli.options import FORMAT_OPTION, PROGRESS_OPTION, stacked
-from metering.cli.output import window_span
+from metering.cli.output import money, spend_currencies, window_span
 from metering.cli.tables import print_table, table
 from metering.domain.instants import round_up
 from metering.domain.jsonable import field_names
 from metering.domain.rollups import shown_value
 from metering.errors import InvalidInput
+from metering.limits import list_limits
 from metering.reports.charts import DEFAULT_TOP, chart_format, overage_chart, usage_chart
 from metering.reports.dimensions import (
     DIMENSION_COLUMNS,
@@ -107,6 +108,10 @@ TABLE_COLUMNS: Final = {
         "peak_would_deny_cost",
     ),
 }
+# A spend limit's figures, shown in its currency (minor units in CSV and JSON).
+MONEY: Final = frozenset(
+    {"maximum", "used", "granted", "overage", "overdraft", "denied", "would_deny_cost"}
+)
 # The cells that show a window: its start and end.
 SPANS: Final = {
     "window": ("window_start", "window_end"),
@@ -316,7 +321,8 @@ def _output(
     elif fmt == "json":
         write_json(chosen, tee(rows), out)
     else:
-        _print_report(list(tee(rows)), chosen.kind, title)
+        currencies = spend_currencies(list_limits(chosen.database))
+        _print_report(list(tee(rows)), chosen.kind, title, currencies)
     return kept
 
 
@@ -377,21 +383,24 @@ def _cell(name: str, value: object) -> object:
     return value
 
 
-def _table_cell(row: Any, name: str) -> object:
+def _table_cell(row: Any, name: str, currencies: Mapping[str, str]) -> object:
     if name in SPANS:
         start, end = SPANS[name]
         return window_span(getattr(row, start), getattr(row, end), MINUTE)
-    return _cell(name, getattr(row, name))
+    value = getattr(row, name)
+    if name in MONEY and row.limit in currencies and isinstance(value, int):
+        return money(value, row.limit, currencies)
+    return _cell(name, value)
 
 
-def _print_report(rows: list[Any], kind: str, title: str) -> None:
+def _print_report(rows: list[Any], kind: str, title: str, currencies: Mapping[str, str]) -> None:
     if not rows:
         click.echo(f"{title}: no windows")
         return
     columns = TABLE_COLUMNS.get(kind, FORMATS[kind][0])
     headers = [HEADERS.get(name, name) for name in columns]
     numeric = {HEADERS.get(name, name) for name in NUMERIC}
-    cells = [[_table_cell(row, name) for name in columns] for row in rows]
+    cells = [[_table_cell(row, name, currencies) for name in columns] for row in rows]
     print_table(table(headers, cells, title, numeric=numeric))
 
 
