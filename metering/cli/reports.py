@@ -406,15 +406,20 @@ def _print_report(rows: list[Any], kind: str, title: str, currencies: Mapping[st
 
 @report.command()
 @click.option(
-    "--period", "--month", "period", required=True, metavar="YYYY-MM", help="A calendar month."
+    "--period",
+    "--month",
+    "period",
+    metavar="YYYY-MM",
+    help="A calendar month (UTC). Default: all time, as the other reports.",
 )
 @click.option("--subject", help="Only this subject.")
 @FORMAT_OPTION
-def spend(period: str, subject: str | None, fmt: str) -> None:
+def spend(period: str | None, subject: str | None, fmt: str) -> None:
     """Per subject and currency: the amount of each priced limit, the total,
     and the cap of each spend limit of the currency (the subject's
-    entitlement at the month's end, else the limit's). Amounts in major
-    units; each priced charge rounded half to even at the minor unit."""
+    entitlement at the month's end, or now for all time, else the limit's).
+    Without --period, all time, as every report. Amounts in major units; each
+    priced charge rounded half to even at the minor unit."""
     found = spend_report(current_meter(), period, subject)
     if fmt == "json":
         click.echo(json.dumps(found.to_dict(), indent=2))

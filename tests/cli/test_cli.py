@@ -81,6 +81,13 @@ def assert_one_line_error(result: Result) -> None:
 # -- the README scenario ---------------------------------------------------------
 
 
+def test_the_readme_s_block_without_docker_starts_the_one_beat() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme.split("**Without Docker**", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    [worker] = [line for line in block.splitlines() if line.startswith("metering worker")]
+    assert " --beat " in worker + " "
+
+
 def test_readme_scenario_five_allowed_then_denied_with_reset_time(run: Run) -> None:
     result = run("limits", "set", "send_message", "--max", "5", "--period", "2m")
     assert result.output.startswith("send_message: max 5 per 2m, fixed_window")

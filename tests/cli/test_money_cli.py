@@ -77,6 +77,9 @@ def test_prices_and_a_spend_cap_on_the_command_line(url: str) -> None:
         "org-1,USD,0.06,spend,1.00,0.06",
     ]
     assert "org-1" in run(url, "report", "spend", "--period", month).output
+    every = run(url, "report", "spend", "--format", "csv").output.splitlines()
+    assert every == lines  # without --period: all time, as report overage
+    assert "Spend, all time" in run(url, "report", "spend").output
     ended = run(url, "prices", "remove", "calls", "--currency", "USD")
     assert ended.output.startswith("calls: no price from ")
 
