@@ -11,7 +11,7 @@ from typing import Final
 
 import click
 
-from metering.cli.context import AppState, current_meter, data_directory
+from metering.cli.context import AppState, SentenceGroup, current_meter, data_directory
 from metering.cli.options import (
     EventOptions,
     decision_options,
@@ -118,7 +118,7 @@ def worker(
     os.execve(sys.executable, [*command, *ctx.args], env)
 
 
-@click.group(invoke_without_command=True)
+@click.group(cls=SentenceGroup, invoke_without_command=True)
 @click.option("--last", type=click.IntRange(1, MAX_LISTING), default=20, show_default=True,
               help="How many to show.")  # fmt: skip
 @format_option

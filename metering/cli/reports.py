@@ -26,7 +26,7 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from metering.cli.context import current_meter
+from metering.cli.context import SentenceGroup, current_meter
 from metering.cli.options import FORMAT_OPTION, PROGRESS_OPTION, stacked
 from metering.cli.output import money, spend_currencies, window_span
 from metering.cli.tables import print_table, table
@@ -189,7 +189,7 @@ def _filter_options(func: F) -> F:
     )
 
 
-@click.group()
+@click.group(cls=SentenceGroup)
 def report() -> None:
     """Billing reports: overage per window, a subject's usage over time,
     whom a shadow limit would have denied.

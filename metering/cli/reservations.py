@@ -7,7 +7,7 @@ from typing import Final
 
 import click
 
-from metering.cli.context import current_meter
+from metering.cli.context import SentenceGroup, current_meter
 from metering.cli.options import ChargeTuple, charge_options, chosen_charges, format_option
 from metering.cli.output import (
     EXIT_CODES_HELP,
@@ -62,7 +62,7 @@ def reserve(
     report_decision(reservation.decision, fmt, err=True)
 
 
-@click.group()
+@click.group(cls=SentenceGroup)
 def reservations() -> None:
     """List, cancel and commit reservations (operators)."""
 
