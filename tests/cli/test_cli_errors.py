@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -416,3 +417,12 @@ def test_help_groups_the_commands_and_cuts_no_summary(run: Run) -> None:
     for page in [shown, *(run(name, "--help").output for name in groups)]:
         cut = [line for line in page.splitlines() if line.endswith("...") and "Usage:" not in line]
         assert not cut, page
+
+
+def test_serve_on_a_busy_port_is_one_error_line(run: Run) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run("serve", "--port", str(port))
+    assert_one_line_error(result, f"cannot listen on 127.0.0.1:{port}: the port is in use")
