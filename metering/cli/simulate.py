@@ -14,6 +14,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Final
 
 import click
 from rich.console import Console
@@ -29,6 +30,12 @@ from metering.simulation import Progress as OnProgress
 from metering.simulation import Simulation, Since, parse_since
 
 NUMERIC = frozenset(SIMULATION_COLUMNS[2:])
+# The table's headers are words, as the other commands' (CSV and JSON keep the field names).
+HEADERS: Final = {
+    "would_deny_events": "would-deny events",
+    "would_deny_cost": "would-deny cost",
+    "denied_events_then": "denied events then",
+}
 
 
 def _since(_ctx: click.Context, _param: click.Parameter, value: str) -> Since:
@@ -116,4 +123,6 @@ def _write(found: Simulation, fmt: str) -> None:
             click.echo(f"{title}: no events")
             return
         cells = [[f"{v:,}" if k in NUMERIC else v for k, v in row.items()] for row in rows]
-        print_table(table(SIMULATION_COLUMNS, cells, title, numeric=NUMERIC))
+        headers = [HEADERS.get(name, name) for name in SIMULATION_COLUMNS]
+        numeric = {HEADERS.get(name, name) for name in NUMERIC}
+        print_table(table(headers, cells, title, numeric=numeric))
