@@ -88,6 +88,18 @@ def test_the_readme_s_block_without_docker_starts_the_one_beat() -> None:
     assert " --beat " in worker + " "
 
 
+def test_the_readme_s_python_snippet_runs_twice(tmp_path: Path) -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    snippet = readme.split("## Python API", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    for _ in range(2):  # the second run starts from a fresh database too
+        done = subprocess.run(
+            [sys.executable, "-c", snippet], cwd=tmp_path, env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+    assert list(tmp_path.iterdir()) == []  # nothing left in the working directory
+
+
 def test_readme_scenario_five_allowed_then_denied_with_reset_time(run: Run) -> None:
     result = run("limits", "set", "send_message", "--max", "5", "--period", "2m")
     assert result.output.startswith("send_message: max 5 per 2m, fixed_window")
