@@ -17,13 +17,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Final, TypeVar
+from typing import IO, TYPE_CHECKING, Any, Final, TypeVar
 
 import click
 
 from metering.errors import MeteringError, UnknownLimit
-from metering.meter import Meter
 from metering.settings import data_home
+
+if TYPE_CHECKING:
+    from metering.meter import Meter
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -200,6 +202,10 @@ def current_meter() -> Meter:
     if state is None:
         raise CliError("no database configured")
     if state.meter is None:
+        # Imported here: the database stack is most of a command's start-up,
+        # and `--version`, `--help` and the usage errors need none of it.
+        from metering.meter import Meter
+
         state.meter = ctx.find_root().with_resource(Meter(state.url))
     return state.meter
 

@@ -5,18 +5,20 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from datetime import datetime, time, timedelta
-from typing import Final, Protocol, TypeVar
+from typing import TYPE_CHECKING, Final, Protocol, TypeVar
 
 import click
 from rich.table import Table
 
 from metering.cli.context import current_meter
 from metering.cli.tables import NUMERIC_COLUMNS, print_table, table
-from metering.counters import Counter
 from metering.domain.decisions import ChargeDecision, Decision
 from metering.domain.instants import from_us, round_up
 from metering.domain.limits import Limit
 from metering.domain.money import format_amount
+
+if TYPE_CHECKING:  # the counters module loads the database stack
+    from metering.counters import Counter
 
 EXIT_DENIED: Final = 2
 # `metering result` of an event still on a queue: no worker has decided it yet.
