@@ -5,9 +5,9 @@ Numeric columns zero in every row fold away (named in a caption). To fit, a
 table then gives up, in order: its rules, its headers' width (wrapped
 between words, then abbreviated), the other cells' (wrapped between words,
 times before free text), the space between columns, the numbers' digits
-(``1.2M``); only then do names fold. Piped, a table is plain text laid out
-for `PIPE_WIDTH` columns (no rules, no colour) whose cells never wrap: it
-grows wider instead."""
+(``1.2M``) and amounts' currency; only then do names fold. Piped, a table
+is plain text laid out for `PIPE_WIDTH` columns (no rules, no colour) whose
+cells never wrap: it grows wider instead."""
 
 from __future__ import annotations
 
@@ -50,6 +50,8 @@ FOLDED_MIN_WIDTH: Final = 8
 # Where a cell may break: at spaces, and after a dash between a window's ends.
 DASHES: Final = ("\u2013",)
 BREAKS: Final = re.compile(r"(?<=\u2013)|\s+")
+# A spend limit's amount: ``0.05 USD``.
+AMOUNT: Final = re.compile(r"([0-9.]+) [A-Z]{3}")
 # Numbers from this one on shown compact (``12k``) as the last thing before names fold.
 COMPACT_FROM: Final = 10_000
 # What a name keeps at least when, as a last resort, names fold.
@@ -195,7 +197,7 @@ def _is_zero(cell: str) -> bool:
 
 def _compact(cell: str) -> str:
     """A number in at most four columns: ``1.2M``, ``235k``; a percentage
-    without its decimals; anything else as it is."""
+    without its decimals; an amount without its currency; anything else as it is."""
     plain = cell.replace(",", "")
     if plain.isdigit() and int(plain) >= COMPACT_FROM:
         value = int(plain)
@@ -204,6 +206,9 @@ def _compact(cell: str) -> str:
                 tenths = value * 10 // scale  # rounded down, as a whole number is
                 shown = f"{tenths // 10}.{tenths % 10}" if value < 10 * scale else f"{tenths // 10}"
                 return shown.removesuffix(".0") + unit
+    amount = AMOUNT.fullmatch(plain)
+    if amount is not None:  # the limit's name says it is money
+        return amount.group(1)
     whole, dot, decimals = plain.partition(".")
     if dot and whole.isdigit() and decimals.isdigit():
         return whole

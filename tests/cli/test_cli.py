@@ -590,7 +590,8 @@ def test_a_bare_group_prints_its_help_and_exits_0(args: list[str]) -> None:
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, (result.output, result.exception)
     assert result.stdout.startswith(f"Usage: {' '.join(['metering', *args])} [OPTIONS] COMMAND")
-    assert "Commands:" in result.stdout and "error" not in result.output
+    listed = "Commands:" in result.stdout or "Limits and customers:" in result.stdout  # the root
+    assert listed and "error" not in result.output
 
 
 def test_the_embedded_worker_says_it_runs_one_process(
