@@ -147,6 +147,9 @@ def limits_from_data(data: Any, path: Path | str) -> list[Limit]:
     return _limits_from(data, path)
 
 
+NOT_A_MAPPING: Final = "is not a mapping of fields"
+
+
 def _limits_from(data: Any, path: Path | str) -> list[Limit]:
     entries: list[tuple[str | None, Any]]
     if isinstance(data, Mapping):
@@ -159,7 +162,7 @@ def _limits_from(data: Any, path: Path | str) -> list[Limit]:
     problems: list[str] = []
     for name, fields in entries:
         if not isinstance(fields, Mapping):
-            problems.append(f"limit {name or '?'} is not a mapping of fields")
+            problems.append(f"limit {name or '?'} {NOT_A_MAPPING}")
             continue
         try:
             found.append(Limit.from_dict(fields, name=name))
@@ -171,7 +174,10 @@ def _limits_from(data: Any, path: Path | str) -> list[Limit]:
     if problems:
         # Every bad entry at once: a file is fixed in one pass, not one error a run.
         count = f"{len(problems)} bad entries: " if len(problems) > 1 else ""
-        raise InvalidLimit("limits file", f"{path}: {count}" + "; ".join(problems))
+        message = f"{path}: {count}" + "; ".join(problems)
+        if any(problem.endswith(NOT_A_MAPPING) for problem in problems):
+            raise ConfigurationError(message)  # the file's shape, not a limit's fields
+        raise InvalidLimit("limits file", message)
     return found
 
 
