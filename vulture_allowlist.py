@@ -21,12 +21,15 @@ exit_code  # unused variable (metering/cli/context.py: CliError)
 # click: a group's command lookup, called by click when it parses and lists commands.
 _.list_commands  # unused method (metering/cli/__init__.py: CommandsOnDemand)
 _.get_command  # unused method (metering/cli/__init__.py: CommandsOnDemand)
+_.resolve_command  # unused method (metering/cli/__init__.py: CommandsOnDemand)
+# click: a group's help lists its commands through it.
+_.format_commands  # unused method (metering/cli/context.py: SentenceGroup, metering/cli/__init__.py)
 # rich: attributes of a Table, read when it is printed.
-_.show_edge  # unused attribute (metering/cli/output.py)
-_.pad_edge  # unused attribute (metering/cli/output.py)
+_.show_edge  # unused attribute (metering/cli/tables.py)
+_.pad_edge  # unused attribute (metering/cli/tables.py)
 # rich: a ProgressColumn's render, called by the Progress it is in.
 _.render  # unused method (metering/cli/imports.py: _Rate)
-_.padding  # unused attribute (metering/cli/output.py)
+_.padding  # unused attribute (metering/cli/tables.py)
 
 # http.server: the handler's POST method and its log hook, and the server's option.
 _.do_POST  # unused method (metering/demo.py, bench/bench_webhooks.py)

@@ -147,6 +147,9 @@ def limits_from_data(data: Any, path: Path | str) -> list[Limit]:
     return _limits_from(data, path)
 
 
+NOT_A_MAPPING: Final = "is not a mapping of fields"
+
+
 def _limits_from(data: Any, path: Path | str) -> list[Limit]:
     entries: list[tuple[str | None, Any]]
     if isinstance(data, Mapping):
@@ -156,16 +159,25 @@ def _limits_from(data: Any, path: Path | str) -> list[Limit]:
     else:
         raise ConfigurationError(f"{path}: expected a mapping or a list of limits")
     found: list[Limit] = []
+    problems: list[str] = []
     for name, fields in entries:
         if not isinstance(fields, Mapping):
-            raise ConfigurationError(f"{path}: limit {name or '?'} is not a mapping of fields")
+            problems.append(f"limit {name or '?'} {NOT_A_MAPPING}")
+            continue
         try:
             found.append(Limit.from_dict(fields, name=name))
         except (InvalidLimit, TypeError) as exc:
-            raise InvalidLimit("limits file", f"{path}: limit {name or '?'}: {exc}") from exc
+            problems.append(f"limit {name or '?'}: {exc}")
     names = [limit.name for limit in found]
-    if len(set(names)) != len(names):
-        raise InvalidLimit("limits file", f"{path}: a limit is defined twice")
+    twice = sorted({name for name in names if names.count(name) > 1})
+    problems += [f"limit {name} is defined twice" for name in twice]
+    if problems:
+        # Every bad entry at once: a file is fixed in one pass, not one error a run.
+        count = f"{len(problems)} bad entries: " if len(problems) > 1 else ""
+        message = f"{path}: {count}" + "; ".join(problems)
+        if any(problem.endswith(NOT_A_MAPPING) for problem in problems):
+            raise ConfigurationError(message)  # the file's shape, not a limit's fields
+        raise InvalidLimit("limits file", message)
     return found
 
 

@@ -48,7 +48,7 @@ def _ignored(paths: list[str]) -> set[str]:
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 def test_example_databases_and_the_demos_files_are_ignored() -> None:
     databases = _example_databases()
-    assert "api-demo.db" in databases and "billing.db" in databases
+    assert "money-demo.db" in databases and "billing.db" in databases
     created = [
         f"{name}{suffix}" for name in databases for suffix in ("", "-wal", "-shm", "-journal")
     ]

@@ -31,7 +31,7 @@ from metering.routing import (
 )
 from metering.settings import Settings
 from workers.heartbeat import WorkerHeartbeat
-from workers.observability import MetricsServer
+from workers.observability import MetricsServer, log_periodic_at_debug
 from workers.settings import settings_of as settings_of
 from workers.webhooks import WebhookDelivery
 
@@ -163,6 +163,7 @@ def create_app(url: str | None = None, settings: Settings | None = None) -> Cele
             "task": SWEEP_EMBEDDED_BROKER_TASK,
             "schedule": EMBEDDED_SWEEP_SECONDS,
         }
+    log_periodic_at_debug([entry["task"] for entry in app.conf.beat_schedule.values()])
     return app
 
 

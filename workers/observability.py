@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Collection, Mapping
+from typing import Any, Final
 
 from celery import bootsteps, signals
 
@@ -101,6 +101,42 @@ class TaskFields(logging.Filter):
                 record.task_id = task_id
                 record.task_name = task.name
         return True
+
+
+# Celery's loggers of a task received, succeeded, and sent by beat.
+TASK_LOGGERS: Final = ("celery.worker.strategy", "celery.app.trace", "celery.beat")
+
+
+class PeriodicAtDebug(logging.Filter):
+    """Logs Celery's lines about the periodic ``tasks`` (received, succeeded,
+    sent by beat) at DEBUG, not INFO: a worker at INFO would otherwise write
+    several lines a minute that say nothing happened."""
+
+    def __init__(self, tasks: Collection[str]) -> None:
+        super().__init__()
+        self.tasks = frozenset(tasks)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.INFO or not self._periodic(record.args):
+            return True
+        if not logging.getLogger(record.name).isEnabledFor(logging.DEBUG):
+            return False
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return True
+
+    def _periodic(self, args: object) -> bool:
+        if isinstance(args, Mapping):
+            return args.get("name") in self.tasks
+        return isinstance(args, tuple) and any(arg in self.tasks for arg in args)
+
+
+def log_periodic_at_debug(tasks: Collection[str]) -> None:
+    """Install `PeriodicAtDebug` for ``tasks`` on Celery's task loggers (once)."""
+    for name in TASK_LOGGERS:
+        logger = logging.getLogger(name)
+        for old in [f for f in logger.filters if isinstance(f, PeriodicAtDebug)]:
+            logger.removeFilter(old)
+        logger.addFilter(PeriodicAtDebug(tasks))
 
 
 def _set_up_handlers(logger: logging.Logger | None) -> None:

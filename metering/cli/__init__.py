@@ -8,6 +8,7 @@ when denied.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 
 import click
@@ -56,6 +57,54 @@ COMMANDS: dict[str, str] = {
 }
 
 
+# `metering --help` lists the commands by task, as `git help` does, each with
+# a whole sentence (written here: listing them imports no command's module).
+SECTIONS: dict[str, dict[str, str]] = {
+    "Limits and customers": {
+        "limits": "Define, list, delete and load limits.",
+        "entitlements": "Give a subject its own maximum for a limit.",
+        "grants": "Top up a subject's allowance for a limit.",
+        "alerts": "Set a subject's own thresholds for a limit.",
+        "prices": "Price limits per unit; priced usage charges spend limits.",
+    },
+    "Usage": {
+        "consume": "Decide and record a usage event.",
+        "check": "What consume would decide now; records nothing.",
+        "result": "Show an event's stored result, or that it is queued.",
+        "reserve": "Consume now, with the option to give it back.",
+        "reservations": "List, cancel and commit reservations.",
+        "checkout": "Take a floating license.",
+        "checkin": "Give a floating license back.",
+        "seats": "The values holding a seat of a distinct limit.",
+        "void": "Reverse an allowed event's charges.",
+        "corrections": "List the voided events.",
+        "reset": "Clear the current counters of a subject or limit.",
+        "import": "Apply historical events from a JSON Lines or CSV file.",
+    },
+    "Reading": {
+        "counters": "Show counters, every window, oldest first.",
+        "report": "Billing reports: overage, usage, shadow and spend.",
+        "simulate": "Backtest proposed limits against recorded usage.",
+        "portal": "Links to the usage page customers open.",
+        "audit": "Check the ledger's invariants; exit 1 on a violation.",
+    },
+    "Queue and workers": {
+        "emit": "Queue a usage event for the workers.",
+        "worker": "Run a worker that applies queued events.",
+        "rejected": "Show and replay what the workers could not apply.",
+        "prune": "Delete records past their retention.",
+        "status": "Check the database, the broker, queues and workers.",
+    },
+    "Server and setup": {
+        "serve": "Serve the HTTP API.",
+        "apikeys": "Create, list and revoke API keys of the HTTP API.",
+        "webhooks": "Webhook endpoints and deliveries.",
+        "db": "Database schema migrations.",
+        "demo": "Run the whole pipeline on a throw-away database.",
+    },
+}
+
+
 class CommandsOnDemand(MeteringGroup):
     """The root group: a command's module is imported when it is first asked for."""
 
@@ -68,6 +117,22 @@ class CommandsOnDemand(MeteringGroup):
             command = getattr(importlib.import_module(module), name)
             self.add_command(command, cmd_name)
         return self.commands.get(cmd_name)
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        name = args[0]
+        if name not in COMMANDS and not name.startswith("-"):
+            near = difflib.get_close_matches(name, COMMANDS, n=3, cutoff=0.6)
+            hint = f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
+            raise click.UsageError(f"no such command {name!r}{hint}", ctx)
+        return super().resolve_command(ctx, args)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The commands by section, each with its whole sentence (`SECTIONS`)."""
+        for title, commands in SECTIONS.items():
+            with formatter.section(title):
+                formatter.write_dl(list(commands.items()))
 
 
 @click.group(

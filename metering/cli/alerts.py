@@ -13,7 +13,7 @@ from typing import Final
 import click
 
 from metering.allowances import Alert
-from metering.cli.context import current_meter
+from metering.cli.context import SentenceGroup, current_meter
 from metering.cli.entitlements import limit_argument, listing_filters
 from metering.cli.options import format_option
 from metering.cli.output import echo_listing, when
@@ -25,7 +25,7 @@ def describe_alert(alert: Alert) -> str:
     return f"{alert.subject} {alert.limit}: thresholds at {', '.join(alert.at)}"
 
 
-@click.group()
+@click.group(cls=SentenceGroup)
 def alerts() -> None:
     """One subject's own thresholds for a limit (limit.threshold notifications)."""
 

@@ -12,7 +12,7 @@ from typing import Final
 import click
 
 from metering.apikeys import SCOPES, ApiKey, ApiKeys
-from metering.cli.context import current_meter
+from metering.cli.context import SentenceGroup, current_meter
 from metering.cli.options import format_option
 from metering.cli.output import echo_listing, when
 
@@ -23,7 +23,7 @@ def _keys() -> ApiKeys:
     return ApiKeys(current_meter())
 
 
-@click.group()
+@click.group(cls=SentenceGroup)
 def apikeys() -> None:
     """API keys of the HTTP API (`metering serve`): Authorization: Bearer <key>."""
 

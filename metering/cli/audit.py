@@ -15,7 +15,8 @@ import click
 from metering.audit import AuditOptions, AuditReport, run_audit
 from metering.cli.context import current_meter
 from metering.cli.options import format_option
-from metering.cli.output import print_table, table, when_us
+from metering.cli.output import when_us
+from metering.cli.tables import print_table, table
 from metering.domain.audit import Violation
 from metering.errors import InvalidInput
 from metering.routing import worker_queues

@@ -9,19 +9,23 @@ one ``error: ...`` line on stderr and exit code 1.
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import re
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Final, TypeVar
+from typing import IO, TYPE_CHECKING, Any, Final, TypeVar
 
 import click
 
-from metering.errors import MeteringError
-from metering.meter import Meter
+from metering.errors import MeteringError, UnknownLimit
 from metering.settings import data_home
+
+if TYPE_CHECKING:
+    from metering.meter import Meter
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -67,8 +71,30 @@ def one_line_errors() -> Iterator[None]:
         raise CliError(exc.format_message() + _help_hint(exc.ctx)) from None
     except click.ClickException as exc:
         raise CliError(exc.format_message()) from None
+    except UnknownLimit as exc:
+        raise CliError(_unknown_limit(exc)) from None
     except MeteringError as exc:
         raise CliError(str(exc)) from None
+
+
+def _unknown_limit(exc: UnknownLimit) -> str:
+    """The error, or the defined limits nearest the name (did you mean) when there are some."""
+    state = click.get_current_context(silent=True)
+    found = state.find_object(AppState) if state is not None else None
+    if found is None or found.meter is None:
+        return str(exc)
+    return did_you_mean(found.meter, exc.limit) or str(exc)
+
+
+def did_you_mean(meter: Meter, limit: str) -> str | None:
+    """``unknown limit 'x': did you mean 'y'?`` for the defined limits nearest
+    ``limit``; None when none is near."""
+    names = [defined.name for defined in meter.list_limits()]
+    near = difflib.get_close_matches(limit, names, n=3, cutoff=0.6)
+    if not near:
+        return None
+    choices = " or ".join(repr(name) for name in near)
+    return f"unknown limit {limit!r}: did you mean {choices}? (`metering limits list`)"
 
 
 def _help_hint(ctx: click.Context | None) -> str:
@@ -118,7 +144,32 @@ def _no_such_option(exc: click.NoSuchOption) -> str:
     return exc.format_message() + _help_hint(ctx)
 
 
-class MeteringGroup(click.Group):
+def first_sentence(command: click.Command) -> str:
+    """A command's summary: its ``short_help``, else the first sentence of its
+    help, whole (click would cut it at the terminal's width)."""
+    if command.short_help:
+        return command.short_help
+    paragraph = inspect.cleandoc(command.help or "").split("\n\n")[0]
+    text = " ".join(paragraph.split())
+    end = re.search(r"\.(\s|$)", text)
+    return text if end is None else text[: end.start()] + "."
+
+
+class SentenceGroup(click.Group):
+    """A group whose help lists each command with its first sentence, never cut."""
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, first_sentence(command)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+class MeteringGroup(SentenceGroup):
     """A group that turns `MeteringError` and usage errors into `CliError`."""
 
     def make_context(
@@ -151,6 +202,10 @@ def current_meter() -> Meter:
     if state is None:
         raise CliError("no database configured")
     if state.meter is None:
+        # Imported here: the database stack is most of a command's start-up,
+        # and `--version`, `--help` and the usage errors need none of it.
+        from metering.meter import Meter
+
         state.meter = ctx.find_root().with_resource(Meter(state.url))
     return state.meter
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import click
 from sqlalchemy.engine import make_url
 
-from metering.cli.context import AppState
+from metering.cli.context import AppState, SentenceGroup
 from metering.storage.connections import SCHEMA_REVISION, normalise_url, upgrade_schema
 
 
-@click.group()
+@click.group(cls=SentenceGroup)
 def db() -> None:
     """Database schema."""
 

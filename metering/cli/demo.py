@@ -22,8 +22,9 @@ from rich.progress import Progress
 from rich.text import Text
 
 from metering.cli.context import data_directory
-from metering.cli.output import console, counters_table, describe_limit
+from metering.cli.output import counters_table, describe_limit
 from metering.cli.reports import print_overage
+from metering.cli.tables import console
 from metering.demo import (
     DEMO_LIMITS,
     DemoFiles,

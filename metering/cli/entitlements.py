@@ -14,7 +14,7 @@ from typing import Any, Final, TypeVar
 
 import click
 
-from metering.cli.context import current_meter
+from metering.cli.context import SentenceGroup, current_meter
 from metering.cli.options import format_option, parse_datetime
 from metering.cli.output import echo_listing, when_us
 from metering.domain.grants import Entitlement
@@ -76,7 +76,7 @@ def _row(e: Entitlement) -> list[object]:
     ]
 
 
-@click.group()
+@click.group(cls=SentenceGroup)
 def entitlements() -> None:
     """Give subjects their own maximum for a limit (upgrades, downgrades)."""
 

@@ -20,9 +20,10 @@ from metering.cli.output import (
     EXIT_CODES_HELP,
     EXIT_PENDING,
     counters_table,
-    print_table,
     report_decision,
+    spend_currencies,
 )
+from metering.cli.tables import print_table
 from metering.counters import Counter
 from metering.errors import BrokerUnavailable
 from metering.settings import broker_url
@@ -119,13 +120,14 @@ def _counter_json(counter: Counter) -> dict[str, Any]:
 @format_option
 def counters(subject: str | None, limit: str | None, fmt: str) -> None:
     """Show counters, every window, oldest first."""
-    found = current_meter().counters(subject=subject, limit=limit)
+    meter = current_meter()
+    found = meter.counters(subject=subject, limit=limit)
     if fmt == "json":
         click.echo(json.dumps([_counter_json(c) for c in found], indent=2))
     elif not found:
         click.echo("no counters")
     else:
-        print_table(counters_table(found))
+        print_table(counters_table(found, currencies=spend_currencies(meter.list_limits())))
 
 
 @click.command()

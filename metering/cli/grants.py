@@ -15,7 +15,7 @@ from typing import Final
 import click
 
 from metering.allowances import Correction, Grant, RecurringGrant
-from metering.cli.context import current_meter
+from metering.cli.context import SentenceGroup, current_meter
 from metering.cli.entitlements import from_option, limit_argument, listing_filters
 from metering.cli.options import format_option, parse_datetime
 from metering.cli.output import echo_listing, when
@@ -68,7 +68,7 @@ def describe_recurring(found: RecurringGrant) -> str:
     return line
 
 
-@click.group()
+@click.group(cls=SentenceGroup)
 def grants() -> None:
     """Top up a subject's allowance for a limit (a fixed window)."""
 
@@ -231,7 +231,7 @@ def void(
             click.echo(line)
 
 
-@click.group()
+@click.group(cls=SentenceGroup)
 def corrections() -> None:
     """Voided events."""
 

@@ -7,9 +7,10 @@ from typing import Final
 
 import click
 
-from metering.cli.context import current_meter
+from metering.cli.context import SentenceGroup, current_meter
 from metering.cli.options import format_option
-from metering.cli.output import EXIT_DENIED, print_table, table, when
+from metering.cli.output import EXIT_DENIED, when
+from metering.cli.tables import print_table, table
 from metering.domain.licenses import DEFAULT_TTL_SECONDS
 from metering.domain.limits import parse_period
 from metering.errors import InvalidInput
@@ -30,7 +31,7 @@ def _ttl_seconds(text: str | None) -> float | None:
     return float(period.seconds)
 
 
-class _CheckoutGroup(click.Group):
+class _CheckoutGroup(SentenceGroup):
     """``checkout SUBJECT LIMIT`` is short for ``checkout new SUBJECT LIMIT``."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:

@@ -7,7 +7,7 @@ from typing import Any, Final
 
 import click
 
-from metering.cli.context import current_meter
+from metering.cli.context import CliError, SentenceGroup, current_meter, did_you_mean
 from metering.cli.options import format_option
 from metering.cli.output import describe_limit, echo_listing
 from metering.domain.limits import (
@@ -20,7 +20,7 @@ from metering.domain.limits import (
     spend_limit,
 )
 from metering.domain.money import format_amount
-from metering.errors import InvalidLimit
+from metering.errors import InvalidLimit, UnknownLimit
 
 # The algorithm's cell names a fixed window's kind too, and the thresholds
 # cell holds both kinds (percentages and units): the table fits 100 columns.
@@ -36,7 +36,7 @@ LIMIT_COLUMNS: Final = (
 )
 
 
-@click.group()
+@click.group(cls=SentenceGroup)
 def limits() -> None:
     """Define, list, delete and load limits."""
 
@@ -162,7 +162,13 @@ def limits_list(fmt: str, show_all: bool) -> None:
 @click.argument("name")
 def limits_delete(name: str) -> None:
     """Delete the limit NAME (its counters are kept for reports)."""
-    current_meter().delete_limit(name)
+    meter = current_meter()
+    try:
+        meter.delete_limit(name)
+    except UnknownLimit:
+        raise CliError(
+            did_you_mean(meter, name) or f"no limit {name!r} to delete (`metering limits list`)"
+        ) from None
     click.echo(f"deleted limit {name}")
 
 

@@ -1,24 +1,24 @@
-"""What the command line prints: the console, tables, times and decisions."""
+"""What the command line prints: listings, times, limits, counters and decisions."""
 
 from __future__ import annotations
 
 import json
-import sys
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from datetime import datetime, time, timedelta
-from typing import Final, Protocol, TypeVar
+from typing import TYPE_CHECKING, Final, Protocol, TypeVar
 
 import click
-from rich import box
-from rich.console import Console, JustifyMethod
 from rich.table import Table
-from rich.text import Text
 
-from metering.counters import Counter
+from metering.cli.context import current_meter
+from metering.cli.tables import NUMERIC_COLUMNS, print_table, table
 from metering.domain.decisions import ChargeDecision, Decision
 from metering.domain.instants import from_us, round_up
 from metering.domain.limits import Limit
 from metering.domain.money import format_amount
+
+if TYPE_CHECKING:  # the counters module loads the database stack
+    from metering.counters import Counter
 
 EXIT_DENIED: Final = 2
 # `metering result` of an event still on a queue: no worker has decided it yet.
@@ -29,33 +29,6 @@ EXIT_CODES_HELP: Final = (
 )
 SECOND: Final = timedelta(seconds=1)
 MINUTE: Final = timedelta(minutes=1)
-# Wider than any table: piped output is never wrapped or cut.
-PIPE_WIDTH: Final = 1_000_000
-# Columns of names (ids, subjects, limits, URLs): in a narrow terminal they
-# fold onto the next lines, never the numbers and times beside them.
-KEY_COLUMNS: Final = frozenset(
-    {"id", "event id", "subject", "limit", "name", "endpoint", "url", "value"}
-)
-# Of those, the identifiers one copies: kept on one line while the others fold.
-IDENTIFIERS: Final = frozenset({"id", "event id", "endpoint"})
-# Columns of free text: they wrap between their words, as names fold.
-TEXT_COLUMNS: Final = frozenset(
-    {
-        "reason",
-        "charges",
-        "types",
-        "detail",
-        "input",
-        "last result",
-        "dimension",
-        "thresholds",
-        "dimensions",
-    }
-)
-# What a key column keeps at least when the keys must fold to fit the console.
-KEY_COLUMN_MIN_WIDTH: Final = 8
-# ... and in a terminal too narrow for that.
-SQUEEZED_KEY_WIDTH: Final = 4
 LABEL_COLOURS: Final = {
     "allowed": "green",
     "overage": "yellow",
@@ -63,7 +36,6 @@ LABEL_COLOURS: Final = {
     "would_deny": "magenta",
     "ahead_of_pace": "yellow",
 }
-NUMERIC_COLUMNS: Final = frozenset({"maximum", "used", "denied events", "denied cost"})
 # A counter's window in one cell, its times in UTC (`window_span`).
 COUNTER_COLUMNS: Final = (
     "subject",
@@ -79,19 +51,7 @@ DAY: Final = timedelta(days=1)
 DASH: Final = "\u2013"
 
 
-# -- the console and tables ----------------------------------------------------
-
-
-def stdout_is_terminal() -> bool:
-    return sys.stdout.isatty()
-
-
-def console() -> Console:
-    """The console for stdout: the terminal's width, or unlimited when piped.
-
-    Piped output is never wrapped or cut, so scripts see every value whole.
-    """
-    return Console() if stdout_is_terminal() else Console(width=PIPE_WIDTH)
+# -- listings ----------------------------------------------------
 
 
 class Listed(Protocol):
@@ -120,185 +80,6 @@ def echo_listing(
         click.echo(empty)
     else:
         print_table(table(columns, [row(item) for item in found], numeric=numeric))
-
-
-def table(
-    columns: Sequence[str],
-    rows: Sequence[Sequence[object]],
-    title: str = "",
-    *,
-    numeric: Collection[str] = NUMERIC_COLUMNS,
-    width: int | None = None,
-) -> Table:
-    """A table of ``rows``; None shows as ``-``; ``numeric`` columns are right-aligned.
-
-    It fits ``width`` (default: the console's), and nothing is ever cut
-    short: a long name folds onto the next lines, never a number or a time.
-    Every other column keeps the width of its longest value (a header wraps
-    between its words); the names (`KEY_COLUMNS`) and free text
-    (`TEXT_COLUMNS`) share what is left, keeping their longest value when it
-    fits. A table
-    too wide for ruled columns drops the outer border and the rules between
-    columns. Where the other columns cannot keep their longest value, they
-    wrap between their words (a time's date above its clock), then their
-    headers fold, and keys narrow to four columns; only a table that fits in
-    none of these ways (a very narrow terminal) folds every column.
-    """
-    width = console().width if width is None else width
-    cells = [[Text("-" if value is None else str(value)) for value in row] for row in rows]
-    headers = [_longest_word(column) for column in columns]
-    natural = [
-        max([headers[index], *(row[index].cell_len for row in cells)])
-        for index in range(len(columns))
-    ]
-    keys = [index for index, column in enumerate(columns) if column in KEY_COLUMNS | TEXT_COLUMNS]
-    identifiers = [index for index, column in enumerate(columns) if column in IDENTIFIERS]
-    whole = [max(n, len(column)) for n, column in zip(natural, columns, strict=True)]
-    ruled = sum(whole) + _overhead(len(columns), ruled=True) <= width
-    widths: list[int | None] = list(whole)
-    wrapped = False  # the other columns wrap between words
-    if not ruled:
-        room = width - _overhead(len(columns), ruled=False)
-        fitted = _layout(room, natural, keys, identifiers)
-        if fitted is None:
-            words = [
-                max([1, *(_longest_word(row[index].plain) for row in cells)])
-                for index in range(len(columns))
-            ]
-            # Cells wrap between their words: headers too, else they fold.
-            headed = [max(w, h) for w, h in zip(words, headers, strict=True)]
-            fitted = _layout(room, headed, keys, identifiers, wanted=natural)
-            if fitted is None:
-                fitted = _squeezed(room, words, headed, natural, keys, identifiers)
-            wrapped = fitted is not None
-        widths = [None] * len(columns) if fitted is None else fitted
-    shown = Table(title=title or None, title_justify="left")
-    if not ruled:
-        shown.box = box.SIMPLE_HEAD
-        shown.show_edge = False
-        shown.pad_edge = False
-        shown.padding = (0, 1, 0, 0)
-    for index, column in enumerate(columns):
-        justify: JustifyMethod = "right" if column in numeric else "left"
-        chosen = widths[index]
-        fold = chosen is None or wrapped or index in keys
-        # A header wraps between its words even where the cells below do not.
-        header = Text(column, no_wrap=False, overflow="fold")
-        shown.add_column(header, justify=justify, overflow="fold", no_wrap=not fold, width=chosen)
-    for row in cells:
-        shown.add_row(*row)
-    return shown
-
-
-def _layout(
-    room: int,
-    least: Sequence[int],
-    keys: Sequence[int],
-    identifiers: Collection[int],
-    wanted: Sequence[int] | None = None,
-    floor: int = KEY_COLUMN_MIN_WIDTH,
-) -> list[int | None] | None:
-    """Widths within ``room``: every column but the keys ``least`` wide, or as
-    ``wanted`` as the room allows; the keys share the rest (`_share`). None
-    when it does not fit."""
-    others = [index for index in range(len(least)) if index not in keys]
-    fixed = sum(least[index] for index in others)
-    first = [place for place, index in enumerate(keys) if index in identifiers]
-    shared = _share(room - fixed, [(wanted or least)[index] for index in keys], first, floor)
-    if shared is None:
-        return None
-    widths: list[int | None] = list(least)
-    for index, key_width in zip(keys, shared, strict=True):
-        widths[index] = key_width
-    if wanted is not None:  # what the keys left over widens the others, in order
-        spare = room - fixed - sum(shared)
-        for index in others:
-            extra = min(spare, wanted[index] - least[index])
-            widths[index] = least[index] + extra
-            spare -= extra
-    return widths
-
-
-def _longest_word(text: str) -> int:
-    return max((len(word) for word in text.split()), default=0)
-
-
-def _overhead(count: int, *, ruled: bool) -> int:
-    """Columns a table of ``count`` columns spends besides its cells: ``│ a │ b │``
-    when ruled; else one space of padding and one between columns."""
-    return 3 * count + 1 if ruled else 2 * (count - 1)
-
-
-def _squeezed(
-    room: int,
-    words: Sequence[int],
-    headed: Sequence[int],
-    natural: Sequence[int],
-    keys: Sequence[int],
-    identifiers: Collection[int],
-) -> list[int | None] | None:
-    """Widths for a very narrow terminal: the other columns their longest
-    word, then their header's as the room allows; the keys share what is left
-    (at least `SQUEEZED_KEY_WIDTH`); the rest widens the others. None when
-    not even that fits."""
-    others = [index for index in range(len(words)) if index not in keys]
-    floors = {index: min(natural[index], SQUEEZED_KEY_WIDTH) for index in keys}
-    spare = room - sum(words[index] for index in others) - sum(floors.values())
-    if spare < 0:
-        return None
-    widths: list[int | None] = list(words)
-    for index in others:
-        extra = min(spare, headed[index] - words[index])
-        widths[index] = words[index] + extra
-        spare -= extra
-    first = [place for place, index in enumerate(keys) if index in identifiers]
-    wanted = [natural[index] for index in keys]
-    shared = _share(spare + sum(floors.values()), wanted, first, SQUEEZED_KEY_WIDTH)
-    if shared is None:
-        return None
-    for index, key_width in zip(keys, shared, strict=True):
-        widths[index] = key_width
-    spare += sum(floors.values()) - sum(shared)
-    for index in others:
-        now = widths[index] or 0
-        extra = min(spare, natural[index] - now)
-        widths[index] = now + extra
-        spare -= extra
-    return widths
-
-
-def _share(
-    room: int, wanted: Sequence[int], first: Collection[int] = (), floor: int = KEY_COLUMN_MIN_WIDTH
-) -> list[int] | None:
-    """Widths for the key columns within ``room``: each its ``wanted`` width
-    when all fit; else the ``first`` (identifiers, to copy whole) theirs when
-    the others keep their least, and the others the narrow ones whole and the
-    rest an even share (at least ``floor``, or what one wants when less);
-    None when not even that fits."""
-    floors = [min(want, floor) for want in wanted]
-    if room < sum(floors):
-        return None
-    given = dict.fromkeys(range(len(wanted)), 0)
-    left = room
-    rest = [index for index in range(len(wanted)) if index not in first]
-    ids = [index for index in range(len(wanted)) if index in first]
-    if room - sum(wanted[index] for index in ids) >= sum(floors[index] for index in rest):
-        for index in ids:
-            given[index] = wanted[index]
-            left -= wanted[index]
-    else:
-        rest = list(range(len(wanted)))
-    order = sorted(rest, key=lambda index: wanted[index])
-    for place, index in enumerate(order):
-        share = left // (len(order) - place)
-        given[index] = max(floors[index], min(wanted[index], share))
-        left -= given[index]
-    return [given[index] for index in range(len(wanted))]
-
-
-def print_table(shown: Table) -> None:
-    """Print a table on stdout."""
-    console().print(shown)
 
 
 # -- times -----------------------------------------------------------------------
@@ -351,16 +132,30 @@ def describe_limit(limit: Limit) -> str:
     return ", ".join([*parts, f"lateness {limit.lateness}"])
 
 
-def counters_table(counters: Sequence[Counter], title: str = "") -> Table:
-    """Counters, one row per subject, limit and window."""
+def spend_currencies(limits: Iterable[Limit]) -> dict[str, str]:
+    """Each spend limit's currency, by its name: its figures show as money."""
+    return {limit.name: limit.currency for limit in limits if limit.currency}
+
+
+def money(units: int, limit: str, currencies: Mapping[str, str]) -> str:
+    """A figure of ``limit``: ``0.04 USD`` for a spend limit's minor units, else the number."""
+    currency = currencies.get(limit)
+    return f"{format_amount(units, currency)} {currency}" if currency else str(units)
+
+
+def counters_table(
+    counters: Sequence[Counter], title: str = "", currencies: Mapping[str, str] | None = None
+) -> Table:
+    """Counters, one row per subject, limit and window (a spend limit's in its currency)."""
+    spend = currencies or {}
     rows: list[list[object]] = [
         [
             c.subject,
             c.limit,
             window_span(c.window_start, c.window_end),
-            c.used,
+            money(c.used, c.limit, spend),
             c.denied_count,
-            c.denied_cost,
+            money(c.denied_cost, c.limit, spend),
             _within(c.first_denied_at, c.window_start),
         ]
         for c in counters
@@ -409,14 +204,20 @@ def _label(text: str) -> str:
     return click.style(text, fg=LABEL_COLOURS.get(text.split()[0], "red"), bold=True)
 
 
-def _charge_line(charge: ChargeDecision, label: str) -> str:
-    line = f"{_label(label)}  {charge.subject} {charge.limit}  used {charge.used}/{charge.maximum}"
+def _charge_line(charge: ChargeDecision, label: str, currencies: Mapping[str, str]) -> str:
+    def shown(units: int) -> str:
+        return money(units, charge.limit, currencies)
+
+    used = f"{charge.used}/{shown(charge.maximum)}"
+    if charge.limit in currencies:  # 0.04/0.05 USD: the currency once
+        used = f"{format_amount(charge.used, currencies[charge.limit])}/{shown(charge.maximum)}"
+    line = f"{_label(label)}  {charge.subject} {charge.limit}  used {used}"
     drawn = sum(amount for _, amount in charge.grants)
     if drawn and charge.allowed:
-        line += f" ({drawn} from grants)"
+        line += f" ({shown(drawn)} from grants)"
     resets = when(charge.resets_at)
     if not charge.allowed and charge.retry_at is None:
-        return f"{line}, cost {charge.cost} is more than the maximum: never fits"
+        return f"{line}, cost {shown(charge.cost)} is more than the maximum: never fits"
     if not charge.allowed:
         return f"{line}, retry at {when(charge.retry_at)}"
     if charge.outcome == "would_deny":
@@ -424,8 +225,8 @@ def _charge_line(charge: ChargeDecision, label: str) -> str:
     if charge.outcome == "ahead_of_pace":
         return f"{line}, ahead of its pace (not billed), resets {resets}"
     if charge.overage:
-        return f"{line}, {charge.overage} over, resets {resets}"
-    return f"{line}, {charge.remaining} left, resets {resets}"
+        return f"{line}, {shown(charge.overage)} over, resets {resets}"
+    return f"{line}, {shown(charge.remaining)} left, resets {resets}"
 
 
 def _verdict_line(decision: Decision) -> str:
@@ -438,16 +239,19 @@ def _verdict_line(decision: Decision) -> str:
     return f"{_label(decision.outcome)}  {len(decision.charges)} charges consumed{note}"
 
 
-def decision_lines(decision: Decision) -> list[str]:
-    """A decision as text: a line per charge, and a verdict for a stacked event."""
+def decision_lines(decision: Decision, currencies: Mapping[str, str] | None = None) -> list[str]:
+    """A decision as text: a line per charge, and a verdict for a stacked
+    event; the figures of the spend limits in ``currencies`` as money."""
+    spend = currencies or {}
     if decision.outcome == "rejected":
         lines = [f"{_label('rejected')}  event {decision.event_id}: {decision.reason}"]
     elif len(decision.charges) == 1:
-        lines = [_charge_line(decision.charges[0], decision.outcome)]
+        lines = [_charge_line(decision.charges[0], decision.outcome, spend)]
     else:
         denied = decision.outcome == "denied"
         lines = [
-            _charge_line(c, "fits" if denied and c.allowed else c.outcome) for c in decision.charges
+            _charge_line(c, "fits" if denied and c.allowed else c.outcome, spend)
+            for c in decision.charges
         ]
         lines.append(_verdict_line(decision))
     if decision.outcome != "rejected" and decision.reason:
@@ -464,7 +268,8 @@ def report_decision(decision: Decision, fmt: str, *, err: bool = False) -> None:
         document = {**decision.to_dict(), "duplicate": decision.duplicate}
         click.echo(json.dumps(document, indent=2), err=err)
     else:
-        for line in decision_lines(decision):
+        currencies = spend_currencies(current_meter().list_limits())
+        for line in decision_lines(decision, currencies):
             click.echo(line, err=err)
     if not decision.allowed:
         click.get_current_context().exit(EXIT_DENIED)

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import click
 
-from metering.cli.context import current_meter
+from metering.cli.context import SentenceGroup, current_meter
 from metering.cli.output import when
 from metering.domain.links import parse_ttl
 from metering.portal import parse_grace
 
 
-@click.group()
+@click.group(cls=SentenceGroup)
 def portal() -> None:
     """The usage page customers open (GET /portal, docs/portal.md)."""
 

@@ -12,7 +12,7 @@ from typing import Final
 
 import click
 
-from metering.cli.context import current_meter
+from metering.cli.context import SentenceGroup, current_meter
 from metering.cli.entitlements import from_option, limit_argument, limit_filter
 from metering.cli.options import format_option
 from metering.cli.output import echo_listing, when_us
@@ -30,7 +30,7 @@ def describe_price(price: Price) -> str:
     return f"{price.limit}: {shown} {price.currency} a unit from {when}"
 
 
-@click.group()
+@click.group(cls=SentenceGroup)
 def prices() -> None:
     """Price limits per unit; priced usage charges spend limits."""
 

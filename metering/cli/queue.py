@@ -11,14 +11,15 @@ from typing import Final
 
 import click
 
-from metering.cli.context import AppState, current_meter, data_directory
+from metering.cli.context import AppState, SentenceGroup, current_meter, data_directory
 from metering.cli.options import (
     EventOptions,
     decision_options,
     format_option,
     parse_seconds,
 )
-from metering.cli.output import iso_us, print_table, table
+from metering.cli.output import iso_us
+from metering.cli.tables import print_table, table
 from metering.config import is_embedded_broker
 from metering.domain.bounds import MAX_LISTING
 from metering.errors import BrokerUnavailable
@@ -117,7 +118,7 @@ def worker(
     os.execve(sys.executable, [*command, *ctx.args], env)
 
 
-@click.group(invoke_without_command=True)
+@click.group(cls=SentenceGroup, invoke_without_command=True)
 @click.option("--last", type=click.IntRange(1, MAX_LISTING), default=20, show_default=True,
               help="How many to show.")  # fmt: skip
 @format_option

@@ -15,7 +15,7 @@ from __future__ import annotations
 import csv
 import json
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, fields
 from datetime import datetime
 from functools import wraps
@@ -26,13 +26,15 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from metering.cli.context import current_meter
+from metering.cli.context import SentenceGroup, current_meter
 from metering.cli.options import FORMAT_OPTION, PROGRESS_OPTION, stacked
-from metering.cli.output import print_table, table, window_span
+from metering.cli.output import money, spend_currencies, window_span
+from metering.cli.tables import print_table, table
 from metering.domain.instants import clock_text
 from metering.domain.jsonable import field_names
 from metering.domain.rollups import shown_value
 from metering.errors import InvalidInput
+from metering.limits import list_limits
 from metering.reports.charts import DEFAULT_TOP, chart_format, overage_chart, usage_chart
 from metering.reports.dimensions import (
     DIMENSION_COLUMNS,
@@ -105,6 +107,10 @@ TABLE_COLUMNS: Final = {
         "peak_would_deny_cost",
     ),
 }
+# A spend limit's figures, shown in its currency (minor units in CSV and JSON).
+MONEY: Final = frozenset(
+    {"maximum", "used", "granted", "overage", "overdraft", "denied", "would_deny_cost"}
+)
 # The cells that show a window: its start and end.
 SPANS: Final = {
     "window": ("window_start", "window_end"),
@@ -182,7 +188,7 @@ def _filter_options(func: F) -> F:
     )
 
 
-@click.group()
+@click.group(cls=SentenceGroup)
 def report() -> None:
     """Billing reports: overage per window, a subject's usage over time,
     whom a shadow limit would have denied.
@@ -314,7 +320,8 @@ def _output(
     elif fmt == "json":
         write_json(chosen, tee(rows), out)
     else:
-        _print_report(list(tee(rows)), chosen.kind, title)
+        currencies = spend_currencies(list_limits(chosen.database))
+        _print_report(list(tee(rows)), chosen.kind, title, currencies)
     return kept
 
 
@@ -374,35 +381,43 @@ def _cell(name: str, value: object) -> object:
     return value
 
 
-def _table_cell(row: Any, name: str) -> object:
+def _table_cell(row: Any, name: str, currencies: Mapping[str, str]) -> object:
     if name in SPANS:
         start, end = SPANS[name]
         return window_span(getattr(row, start), getattr(row, end))
-    return _cell(name, getattr(row, name))
+    value = getattr(row, name)
+    if name in MONEY and row.limit in currencies and isinstance(value, int):
+        return money(value, row.limit, currencies)
+    return _cell(name, value)
 
 
-def _print_report(rows: list[Any], kind: str, title: str) -> None:
+def _print_report(rows: list[Any], kind: str, title: str, currencies: Mapping[str, str]) -> None:
     if not rows:
         click.echo(f"{title}: no windows")
         return
     columns = TABLE_COLUMNS.get(kind, FORMATS[kind][0])
     headers = [HEADERS.get(name, name) for name in columns]
     numeric = {HEADERS.get(name, name) for name in NUMERIC}
-    cells = [[_table_cell(row, name) for name in columns] for row in rows]
+    cells = [[_table_cell(row, name, currencies) for name in columns] for row in rows]
     print_table(table(headers, cells, title, numeric=numeric))
 
 
 @report.command()
 @click.option(
-    "--period", "--month", "period", required=True, metavar="YYYY-MM", help="A calendar month."
+    "--period",
+    "--month",
+    "period",
+    metavar="YYYY-MM",
+    help="A calendar month (UTC). Default: all time, as the other reports.",
 )
 @click.option("--subject", help="Only this subject.")
 @FORMAT_OPTION
-def spend(period: str, subject: str | None, fmt: str) -> None:
+def spend(period: str | None, subject: str | None, fmt: str) -> None:
     """Per subject and currency: the amount of each priced limit, the total,
     and the cap of each spend limit of the currency (the subject's
-    entitlement at the month's end, else the limit's). Amounts in major
-    units; each priced charge rounded half to even at the minor unit."""
+    entitlement at the month's end, or now for all time, else the limit's).
+    Without --period, all time, as every report. Amounts in major units; each
+    priced charge rounded half to even at the minor unit."""
     found = spend_report(current_meter(), period, subject)
     if fmt == "json":
         click.echo(json.dumps(found.to_dict(), indent=2))

@@ -7,16 +7,15 @@ from typing import Final
 
 import click
 
-from metering.cli.context import current_meter
+from metering.cli.context import SentenceGroup, current_meter
 from metering.cli.options import ChargeTuple, charge_options, chosen_charges, format_option
 from metering.cli.output import (
     EXIT_CODES_HELP,
     EXIT_DENIED,
-    print_table,
     report_decision,
-    table,
     when,
 )
+from metering.cli.tables import print_table, table
 from metering.reservations import ReservationInfo
 
 DEFAULT_LISTED: Final = 100
@@ -63,7 +62,7 @@ def reserve(
     report_decision(reservation.decision, fmt, err=True)
 
 
-@click.group()
+@click.group(cls=SentenceGroup)
 def reservations() -> None:
     """List, cancel and commit reservations (operators)."""
 

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import errno
 import shutil
 import signal
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import click
 
 from metering.api.app import unsent_at_shutdown
-from metering.cli.context import AppState
+from metering.cli.context import AppState, CliError
 from metering.logs import uvicorn_log_config
 from metering.meter import Meter
 from metering.metrics import enable_multiprocess, metrics_directory
@@ -57,6 +59,7 @@ def serve(
     if broker:
         export_to_children(METERING_BROKER_URL=broker)
     settings = Settings.from_env()  # a bad variable stops here, as one error line
+    check_port_free(host, port)
     # Create or check the schema once, before the processes start together.
     Meter(settings.database_url).close()
     # Several processes count in files of their own, summed by /metrics.
@@ -83,6 +86,25 @@ def serve(
     # their ids in one line; the exit status says it too.
     if unsent_at_shutdown():
         ctx.exit(1)
+
+
+def check_port_free(host: str, port: int) -> None:
+    """One error line, before uvicorn logs its own and exits 3, when the
+    address cannot be listened on (a port in use, an address not here)."""
+    if port == 0:
+        return
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        raise CliError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    family, kind, proto, _, address = found[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            reason = "the port is in use" if exc.errno == errno.EADDRINUSE else exc.strerror
+            raise CliError(f"cannot listen on {host}:{port}: {reason or exc}") from None
 
 
 @contextmanager

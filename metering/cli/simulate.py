@@ -14,6 +14,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Final
 
 import click
 from rich.console import Console
@@ -21,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from metering.cli.context import current_meter
 from metering.cli.options import FORMAT_OPTION, PROGRESS_OPTION
-from metering.cli.output import print_table, table
+from metering.cli.tables import print_table, table
 from metering.domain.instants import clock_text
 from metering.domain.replay import SIMULATION_COLUMNS
 from metering.errors import InvalidInput
@@ -30,6 +31,12 @@ from metering.simulation import Progress as OnProgress
 from metering.simulation import Simulation, Since, parse_since
 
 NUMERIC = frozenset(SIMULATION_COLUMNS[2:])
+# The table's headers are words, as the other commands' (CSV and JSON keep the field names).
+HEADERS: Final = {
+    "would_deny_events": "would-deny events",
+    "would_deny_cost": "would-deny cost",
+    "denied_events_then": "denied events then",
+}
 
 
 def _since(_ctx: click.Context, _param: click.Parameter, value: str) -> Since:
@@ -117,4 +124,6 @@ def _write(found: Simulation, fmt: str) -> None:
             click.echo(f"{title}: no events")
             return
         cells = [[f"{v:,}" if k in NUMERIC else v for k, v in row.items()] for row in rows]
-        print_table(table(SIMULATION_COLUMNS, cells, title, numeric=NUMERIC))
+        headers = [HEADERS.get(name, name) for name in SIMULATION_COLUMNS]
+        numeric = {HEADERS.get(name, name) for name in NUMERIC}
+        print_table(table(headers, cells, title, numeric=numeric))

@@ -33,7 +33,8 @@ from sqlalchemy.engine import make_url
 
 from metering.cli.context import AppState
 from metering.cli.options import format_option, parse_seconds
-from metering.cli.output import print_table, table, when
+from metering.cli.output import when
+from metering.cli.tables import print_table, table
 from metering.clock import Clock, system_clock
 from metering.dead_letters import RECENT_SECONDS
 from metering.domain.instants import from_us, to_us

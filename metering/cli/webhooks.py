@@ -15,9 +15,10 @@ from typing import Final
 
 import click
 
-from metering.cli.context import CliError, current_meter
+from metering.cli.context import CliError, SentenceGroup, current_meter
 from metering.cli.options import format_option, parse_datetime
-from metering.cli.output import echo_listing, print_table, table, when_us
+from metering.cli.output import echo_listing, when_us
+from metering.cli.tables import print_table, table
 from metering.domain.bounds import MAX_LISTING, MAX_ROW_ID
 from metering.domain.instants import from_us
 from metering.domain.notifications import MESSAGE_TYPES
@@ -49,7 +50,7 @@ def _print(columns: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
     print_table(table(columns, rows, numeric=()))
 
 
-@click.group()
+@click.group(cls=SentenceGroup)
 def webhooks() -> None:
     """Webhook endpoints and deliveries (limit.denied, .threshold, .exceeded, .reset)."""
 

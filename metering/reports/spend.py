@@ -1,9 +1,10 @@
 """The spend report: per subject and currency, what its priced limits cost.
 
 ``metering report spend --period 2026-11`` answers, for each subject that
-used a priced limit in the month, the amount per priced limit, the total and
-the cap of each spend limit of that currency (the subject's entitlement in
-force at the end of the month, else the limit's maximum). Amounts are read
+used a priced limit in the month (all time without a period, as ``report
+overage``), the amount per priced limit, the total and the cap of each spend
+limit of that currency (the subject's entitlement in force at the end of the
+month, or now for all time, else the limit's maximum). Amounts are read
 from the spend rollups (`metering.domain.rollups.spend_deltas`): each priced
 charge's amount, rounded half to even on its own, in the hour of its event;
 voids and cancels take theirs away. Amounts are major units in the output
@@ -89,18 +90,21 @@ class SpendReport:
             ]
 
 
-def spend_report(meter: DatabaseSource, period: str, subject: str | None = None) -> SpendReport:
-    """The spend of ``period`` (a month, ``"2026-11"``), per subject and currency.
+def spend_report(
+    meter: DatabaseSource, period: str | None = None, subject: str | None = None
+) -> SpendReport:
+    """The spend of ``period`` (a month, ``"2026-11"``; None: all time), per
+    subject and currency.
 
     Raises `InvalidInput` (``period``, ``subject``) before anything is read.
     """
     database = database_of(meter)
-    chosen = ReportRange.month(period)
+    chosen = ReportRange() if period is None else ReportRange.month(period)
     if subject is not None:
         validate_subject(subject)
     bounds = chosen.query()
-    assert bounds.since_us is not None and bounds.until_us is not None
     since_us, until_us = bounds.since_us, bounds.until_us
+    cap_at_us = database.now_us() if until_us is None else until_us - 1
 
     def work(connection: Any) -> list[SpendRow]:
         found = PriceStore(connection)
@@ -123,7 +127,7 @@ def spend_report(meter: DatabaseSource, period: str, subject: str | None = None)
                 if cap_name is not None:
                     default = limits[cap_name].maximum
                     history = histories.get((cap_name, who))
-                    cap = maximum_at(history, default, until_us - 1)
+                    cap = maximum_at(history, default, cap_at_us)
                 rows.append(SpendRow(who, currency, dict(spent), total, cap_name, cap))
         return rows
 

@@ -68,11 +68,11 @@ class PriceStore(OnConnection):
         return dict(found)
 
     def spend_amounts(
-        self, since_us: int, until_us: int, subject: str | None = None
+        self, since_us: int | None, until_us: int | None, subject: str | None = None
     ) -> list[tuple[str, str, str, int]]:
         """(subject, priced limit, currency, minor units) charged by events of
-        ``[since_us, until_us)``, from the spend rollups (voids and cancels
-        taken away); sorted."""
+        ``[since_us, until_us)`` (None: unbounded), from the spend rollups
+        (voids and cancels taken away); sorted."""
         query = (
             select(
                 usage_rollups.c.subject,
@@ -80,14 +80,14 @@ class PriceStore(OnConnection):
                 usage_rollups.c.value,
                 func.sum(usage_rollups.c.used),
             )
-            .where(
-                usage_rollups.c.dimension == SPEND_DIMENSION,
-                usage_rollups.c.hour_start_us >= since_us,
-                usage_rollups.c.hour_start_us < until_us,
-            )
+            .where(usage_rollups.c.dimension == SPEND_DIMENSION)
             .group_by(usage_rollups.c.subject, usage_rollups.c.limit_name, usage_rollups.c.value)
             .order_by(usage_rollups.c.subject, usage_rollups.c.value, usage_rollups.c.limit_name)
         )
+        if since_us is not None:
+            query = query.where(usage_rollups.c.hour_start_us >= since_us)
+        if until_us is not None:
+            query = query.where(usage_rollups.c.hour_start_us < until_us)
         if subject is not None:
             query = query.where(usage_rollups.c.subject == subject)
         return [

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -359,3 +360,69 @@ def test_a_calendar_token_bucket_stored_before_the_rule_still_loads(url: str) ->
             "api", maximum=10, period="10s", algorithm="token_bucket"
         )
         assert meter.consume("org-1", "api").allowed
+
+
+# -- did you mean, every bad entry, whole summaries ----------------------------------
+
+
+def test_an_unknown_command_suggests_the_nearest(run: Run) -> None:
+    assert_one_line_error(run("limts"), "no such command 'limts'; did you mean 'limits'?")
+    assert_one_line_error(run("repot"), "did you mean 'report'")
+    line = assert_one_line_error(run("xyzzy"), "no such command 'xyzzy'")
+    assert "did you mean" not in line
+    assert_one_line_error(run("limits", "lst"), "'list'")
+
+
+def test_an_unknown_limit_suggests_the_nearest_defined_ones(run: Run, url: str) -> None:
+    with Meter(url) as meter:
+        meter.set_limit(Limit("send_message", 5, "1m"))
+    assert_one_line_error(
+        run("limits", "delete", "sendmessage"),
+        "unknown limit 'sendmessage': did you mean 'send_message'?",
+    )
+    line = assert_one_line_error(run("limits", "delete", "nope"), "no limit 'nope' to delete")
+    assert "limits set" not in line
+    assert_one_line_error(run("consume", "org-1", "send_mesage"), "did you mean 'send_message'?")
+    assert_one_line_error(run("consume", "org-1", "nope"), "define it with `metering limits set`")
+    with Meter(url) as meter:
+        assert [limit.name for limit in meter.list_limits()] == ["send_message"]
+
+
+def test_limits_load_reports_every_bad_entry(run: Run, url: str, tmp_path: Path) -> None:
+    path = tmp_path / "limits.yaml"
+    path.write_text(
+        "limits:\n"
+        "  a: {maximum: 0, period: 1h}\n"
+        "  b: {maximum: 5, period: 2x}\n"
+        "  c: {maximum: 5, period: 1h}\n"
+        "  d: 7\n"
+    )
+    line = assert_one_line_error(run("limits", "load", str(path)), "3 bad entries")
+    for entry in ("limit a: maximum", "limit b: period", "limit d is not a mapping"):
+        assert entry in line
+    with Meter(url) as meter:
+        assert meter.list_limits() == []
+
+
+def test_help_groups_the_commands_and_cuts_no_summary(run: Run) -> None:
+    from metering.cli import COMMANDS, SECTIONS
+
+    listed = [name for commands in SECTIONS.values() for name in commands]
+    assert sorted(listed) == sorted(COMMANDS)  # each command in exactly one section
+    shown = run("--help").output
+    for title in SECTIONS:
+        assert f"\n{title}:\n" in shown
+    groups = [name for name in COMMANDS if "Commands:" in run(name, "--help").output]
+    assert len(groups) >= 10
+    for page in [shown, *(run(name, "--help").output for name in groups)]:
+        cut = [line for line in page.splitlines() if line.endswith("...") and "Usage:" not in line]
+        assert not cut, page
+
+
+def test_serve_on_a_busy_port_is_one_error_line(run: Run) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run("serve", "--port", str(port))
+    assert_one_line_error(result, f"cannot listen on 127.0.0.1:{port}: the port is in use")

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from table_layout import capture_tables, columns_of, render
 
 from metering import Limit, Meter
-from metering.cli import main, output
+from metering.cli import main, tables
 from metering.webhooks import Webhooks
 
 SUBJECT = "org-acme-corporation-emea"
@@ -65,7 +65,7 @@ def test_a_terminal_table_keeps_names_whole(
 def test_the_endpoint_id_stays_on_one_line_at_80_columns(
     url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(output, "stdout_is_terminal", lambda: True)
+    monkeypatch.setattr(tables, "stdout_is_terminal", lambda: True)
     monkeypatch.setenv("COLUMNS", "80")
     with Meter(url) as meter:
         [endpoint] = Webhooks(meter).endpoints()

@@ -77,8 +77,29 @@ def test_prices_and_a_spend_cap_on_the_command_line(url: str) -> None:
         "org-1,USD,0.06,spend,1.00,0.06",
     ]
     assert "org-1" in run(url, "report", "spend", "--period", month).output
+    every = run(url, "report", "spend", "--format", "csv").output.splitlines()
+    assert every == lines  # without --period: all time, as report overage
+    assert "Spend, all time" in run(url, "report", "spend").output
     ended = run(url, "prices", "remove", "calls", "--currency", "USD")
     assert ended.output.startswith("calls: no price from ")
+
+
+def test_a_spend_limit_s_figures_print_in_its_currency(url: str) -> None:
+    run(url, "limits", "set", "calls", "--max", "1000", "--period", "1mo", "--window", "calendar")
+    spend = ["--max-amount", "0.05", "--currency", "USD", "--period", "1mo", "--window", "calendar"]
+    run(url, "limits", "set", "spend", *spend)
+    run(url, "prices", "set", "calls", "--per-unit", "0.002", "--currency", "USD")
+    allowed = run(url, "consume", "org-1", "calls", "--cost", "20").output.splitlines()
+    assert allowed[0].startswith("allowed  org-1 calls  used 20/1000, 980 left")
+    assert allowed[1].startswith("allowed  org-1 spend  used 0.04/0.05 USD, 0.01 USD left")
+    denied = run(url, "consume", "org-1", "calls", "--cost", "10", code=2).output
+    assert "denied  org-1 spend  used 0.04/0.05 USD, retry at" in denied
+    counters = run(url, "counters", "--limit", "spend").output
+    assert "0.04 USD" in counters and "0.02 USD" in counters  # used, denied cost
+    report = run(url, "report", "overage").output
+    assert "0.05 USD" in report and "0.04 USD" in report
+    [counter] = json.loads(run(url, "counters", "--limit", "spend", "--format", "json").output)
+    assert (counter["used"], counter["denied_cost"]) == (4, 2)  # JSON: minor units
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from metering import Limit, Meter
-from metering.cli import main
+from metering.cli import main, tables
 from metering.reports import (
     COLUMNS,
     ReportRow,
@@ -209,7 +209,9 @@ def table_row(out: str, subject: str, limit: str) -> dict[str, str]:
     raise AssertionError(f"no row for {subject} {limit} in\n{out}")
 
 
-def test_a_hard_limits_denials_are_denied_not_overage_in_every_format(ledger: Meter) -> None:
+def test_a_hard_limits_denials_are_denied_not_overage_in_every_format(
+    ledger: Meter, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """org-a's seats (hard, maximum 5) denied 2 events of 1: nothing billable."""
     args = ("overage", "--period", "2026-11", "--subject", "org-a")
     [as_csv] = [
@@ -226,6 +228,9 @@ def test_a_hard_limits_denials_are_denied_not_overage_in_every_format(ledger: Me
     rows = json.loads(run(ledger, *args, "--format", "json").stdout)["rows"]
     [as_json] = [r for r in rows if r["limit"] == "seats"]
     assert (as_json["overage"], as_json["denied"], as_json["denied_events"]) == (0, 2, 2)
+    # The table as a terminal wide enough for its rules shows it (piped: plain text).
+    monkeypatch.setattr(tables, "stdout_is_terminal", lambda: True)
+    monkeypatch.setenv("COLUMNS", "200")
     shown = table_row(run(ledger, *args).stdout, "org-a", "seats")
     assert (shown["overage"], shown["denied"], shown["denied events"]) == ("0", "2", "2")
     # A soft limit's overage is its usage beyond the maximum, and it denies nothing.
