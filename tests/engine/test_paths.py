@@ -226,7 +226,7 @@ def test_the_hot_path_decides_seat_events(db_url: str) -> None:
             for u in users
         ]
         answers = meter.apply_records([e.record() for e in batch])
-        assert [result.outcome for _, result in answers if result] == [
+        assert [a.record.outcome for a in answers if a.record] == [
             "allowed",
             "allowed",
             "allowed",
@@ -272,7 +272,7 @@ def test_seats_add_no_round_trip_on_postgresql(
         trips[0] = 0
         answers = meter.apply_records([e.record() for e in events])
         assert trips[0] == 2
-        assert {result.outcome for _, result in answers if result} == {"allowed"}
+        assert {a.record.outcome for a in answers if a.record} == {"allowed"}
         assert meter.seats("org-1", "fu_seats") == ["u0", "u1"]
         trips[0] = 0
         assert meter.check("org-1", "seats", metadata={"user": "u0"}).allowed
