@@ -1,14 +1,12 @@
 """The spend report: per subject and currency, what its priced limits cost.
 
-``metering report spend --period 2026-11`` answers, for each subject that
-used a priced limit in the month (all time without a period, as ``report
-overage``), the amount per priced limit, the total and the cap of each spend
-limit of that currency (the subject's entitlement in force at the end of the
-month, or now for all time, else the limit's maximum). Amounts are read
-from the spend rollups (`metering.domain.rollups.spend_deltas`): each priced
-charge's amount, rounded half to even on its own, in the hour of its event;
-voids and cancels take theirs away. Amounts are major units in the output
-(``"12.34"``), integers of the minor unit inside.
+For each subject that used a priced limit in the period (all time without
+one, as every report), the amount per priced limit, the total, and the cap
+of each spend limit of that currency (the entitlement in force at the end of
+the period, or now, else the limit's maximum). Amounts come from the spend
+rollups (`metering.domain.rollups.spend_deltas`), each charge rounded on its
+own, in its event's hour; voids and cancels take theirs away. Major units in
+the output (``"12.34"``), minor units inside.
 """
 
 from __future__ import annotations
