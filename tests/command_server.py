@@ -37,10 +37,23 @@ OWN_PROCESS = frozenset({"serve", "worker", "status", "demo"})
 PRELOADED = tuple(
     f"metering.cli.{name}"
     for name in (
-        "limits", "entitlements", "prices", "grants", "alerts", "events", "imports", "db",
-        "reports", "simulate", "webhooks", "reservations", "licenses", "apikeys", "portal",
+        "limits",
+        "entitlements",
+        "prices",
+        "grants",
+        "alerts",
+        "events",
+        "imports",
+        "db",
+        "reports",
+        "simulate",
+        "webhooks",
+        "reservations",
+        "licenses",
+        "apikeys",
+        "portal",
     )
-)  # fmt: skip
+)
 _STATUS = struct.Struct("!i")
 
 

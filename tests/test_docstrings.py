@@ -178,3 +178,16 @@ def test_the_allow_list_of_long_docstrings_only_shrinks() -> None:
         if lines.get(module, 0) <= MAX_MODULE_DOCSTRING_LINES
     )
     assert not stale
+
+
+def test_the_formatter_wins() -> None:
+    """No code opts out of the formatter with its skip or off comment."""
+    marker = re.compile("#" + r"\s*fmt:\s*(skip|off)")
+    found = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for folder in ("metering", "workers", "tests", "bench")
+        for path in sorted(ROOT.joinpath(folder).rglob("*.py"))
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if marker.search(line)
+    ]
+    assert not found

@@ -33,8 +33,14 @@ def alerts() -> None:
 @alerts.command("set")
 @click.argument("subject")
 @limit_argument
-@click.option("--at", "at", multiple=True, required=True, metavar="P%|N",
-              help="A percentage of the maximum (80%) or an amount (5000); repeat it.")  # fmt: skip
+@click.option(
+    "--at",
+    "at",
+    multiple=True,
+    required=True,
+    metavar="P%|N",
+    help="A percentage of the maximum (80%) or an amount (5000); repeat it.",
+)
 @format_option
 def alerts_set(subject: str, limit: str, at: tuple[str, ...], fmt: str) -> None:
     """Replace LIMIT's thresholds for SUBJECT."""

@@ -62,8 +62,11 @@ RESULT_EXIT_CODES_HELP: Final = EXIT_CODES_HELP.replace(
 
 @click.command(epilog=RESULT_EXIT_CODES_HELP)
 @click.argument("event_id")
-@click.option("--broker", envvar="METERING_BROKER_URL",
-              help="Where a queued event waits. Default: the embedded broker.")  # fmt: skip
+@click.option(
+    "--broker",
+    envvar="METERING_BROKER_URL",
+    help="Where a queued event waits. Default: the embedded broker.",
+)
 @format_option
 def result(event_id: str, broker: str | None, fmt: str) -> None:
     """Show the stored result of the event EVENT_ID, or that it is pending.

@@ -77,21 +77,43 @@ def grants() -> None:
 @click.argument("subject")
 @limit_argument
 @click.argument("amount", type=int)
-@click.option("--expires", "expires_at", metavar="TIME", callback=parse_datetime,
-              help="When what is left is gone (default never); RFC 3339, naive: UTC.")  # fmt: skip
+@click.option(
+    "--expires",
+    "expires_at",
+    metavar="TIME",
+    callback=parse_datetime,
+    help="When what is left is gone (default never); RFC 3339, naive: UTC.",
+)
 @click.option("--id", "grant_id", help="Its id: the same grant again changes nothing.")
 @from_option("the grant")
 @click.option("--reason", help="Why it was given (kept with it).")
-@click.option("--every", metavar="PERIOD",
-              help="Recurring: a new issue every PERIOD (1mo, 7d ...), the first now.")  # fmt: skip
-@click.option("--rollover-max", type=int, metavar="N",
-              help="With --every: carry up to N unused to the next issue (default 0).")  # fmt: skip
-@click.option("--priority", type=int, default=DEFAULT_PRIORITY, show_default=True,
-              help="Drawn lowest number first, then earliest expiring.")  # fmt: skip
-@click.option("--until", metavar="TIME", callback=parse_datetime,
-              help="With --every: no issue from TIME on; RFC 3339, naive: UTC.")  # fmt: skip
-@click.option("--low", metavar="N|P%",
-              help="grant.low when N units or P% are left (once per issue).")  # fmt: skip
+@click.option(
+    "--every",
+    metavar="PERIOD",
+    help="Recurring: a new issue every PERIOD (1mo, 7d ...), the first now.",
+)
+@click.option(
+    "--rollover-max",
+    type=int,
+    metavar="N",
+    help="With --every: carry up to N unused to the next issue (default 0).",
+)
+@click.option(
+    "--priority",
+    type=int,
+    default=DEFAULT_PRIORITY,
+    show_default=True,
+    help="Drawn lowest number first, then earliest expiring.",
+)
+@click.option(
+    "--until",
+    metavar="TIME",
+    callback=parse_datetime,
+    help="With --every: no issue from TIME on; RFC 3339, naive: UTC.",
+)
+@click.option(
+    "--low", metavar="N|P%", help="grant.low when N units or P% are left (once per issue)."
+)
 @format_option
 def grants_add(
     subject: str,
@@ -201,8 +223,13 @@ def _charge_lines(correction: Correction) -> list[str]:
 @click.argument("event_id")
 @click.option("--reason", required=True, help="Why (kept with the correction).")
 @click.option("--correction-id", help="Its id: voiding again with it changes nothing.")
-@click.option("--horizon", "horizon_seconds", metavar="PERIOD", callback=parse_horizon,
-              help="How old an event may be voided (default 35d).")  # fmt: skip
+@click.option(
+    "--horizon",
+    "horizon_seconds",
+    metavar="PERIOD",
+    callback=parse_horizon,
+    help="How old an event may be voided (default 35d).",
+)
 @format_option
 def void(
     event_id: str, reason: str, correction_id: str | None, horizon_seconds: int | None, fmt: str
@@ -237,8 +264,13 @@ def corrections() -> None:
 
 
 @corrections.command("list")
-@click.option("--count", type=click.IntRange(1, MAX_CORRECTIONS), default=DEFAULT_CORRECTIONS,
-              show_default=True, help="How many, oldest first.")  # fmt: skip
+@click.option(
+    "--count",
+    type=click.IntRange(1, MAX_CORRECTIONS),
+    default=DEFAULT_CORRECTIONS,
+    show_default=True,
+    help="How many, oldest first.",
+)
 @format_option
 def corrections_list(count: int, fmt: str) -> None:
     """Voided events, oldest first, with what each gave back."""

@@ -53,12 +53,17 @@ def checkout() -> None:
 @click.argument("subject")
 @click.argument("limit")
 @click.option("--cost", type=int, default=1, show_default=True, help="Units (licenses) to hold.")
-@click.option("--ttl", default=DEFAULT_TTL, show_default=True,
-              help="Held until checked in or for this long (renew to keep it).")  # fmt: skip
+@click.option(
+    "--ttl",
+    default=DEFAULT_TTL,
+    show_default=True,
+    help="Held until checked in or for this long (renew to keep it).",
+)
 @click.option("--id", "checkout_id", help="The checkout's id; a repeated id answers it while held.")
 @format_option
-def checkout_new(subject: str, limit: str, cost: int, ttl: str, checkout_id: str | None,
-                 fmt: str) -> None:  # fmt: skip
+def checkout_new(
+    subject: str, limit: str, cost: int, ttl: str, checkout_id: str | None, fmt: str
+) -> None:
     """Hold COST units of the concurrent LIMIT for SUBJECT.
 
     Prints just the checkout's id on stdout, for id=$(metering checkout ...);
@@ -101,11 +106,17 @@ def checkout_renew(checkout_id: str, ttl: str | None) -> None:
     type=click.Choice(["held", "released"]),
     help="As it stands now: an expired checkout is released, swept or not.",
 )
-@click.option("--last", type=click.IntRange(1, 100_000), default=100, show_default=True,
-              help="How many, newest first.")  # fmt: skip
+@click.option(
+    "--last",
+    type=click.IntRange(1, 100_000),
+    default=100,
+    show_default=True,
+    help="How many, newest first.",
+)
 @format_option
-def checkout_list(subject: str | None, limit: str | None, state: str | None, last: int,
-                  fmt: str) -> None:  # fmt: skip
+def checkout_list(
+    subject: str | None, limit: str | None, state: str | None, last: int, fmt: str
+) -> None:
     """The newest checkouts (an expired one shows released, by expiry)."""
     found = current_meter().checkouts(subject, limit, state, last)
     if fmt == "json":

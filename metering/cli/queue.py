@@ -64,11 +64,19 @@ def emit(event: EventOptions, event_id: str | None, broker: str | None) -> None:
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-@click.option("--concurrency", type=click.IntRange(1, MAX_CONCURRENCY),
-              help="Worker processes (default: one per core; embedded broker: one).")  # fmt: skip
-@click.option("--queues", type=click.IntRange(1, MAX_QUEUES), envvar="METERING_QUEUES",
-              default=1, show_default=True,
-              help="Also consume metering.0 … metering.N-1 (always metering itself).")  # fmt: skip
+@click.option(
+    "--concurrency",
+    type=click.IntRange(1, MAX_CONCURRENCY),
+    help="Worker processes (default: one per core; embedded broker: one).",
+)
+@click.option(
+    "--queues",
+    type=click.IntRange(1, MAX_QUEUES),
+    envvar="METERING_QUEUES",
+    default=1,
+    show_default=True,
+    help="Also consume metering.0 … metering.N-1 (always metering itself).",
+)
 @click.option("--beat/--no-beat", default=None, help="Run the periodic sweeps in this worker.")
 @click.option("--loglevel", default="INFO", help="DEBUG, INFO, WARNING ...")
 @click.option("--broker", envvar="METERING_BROKER_URL", help="Default: the embedded broker.")
@@ -119,8 +127,13 @@ def worker(
 
 
 @click.group(cls=SentenceGroup, invoke_without_command=True)
-@click.option("--last", type=click.IntRange(1, MAX_LISTING), default=20, show_default=True,
-              help="How many to show.")  # fmt: skip
+@click.option(
+    "--last",
+    type=click.IntRange(1, MAX_LISTING),
+    default=20,
+    show_default=True,
+    help="How many to show.",
+)
 @format_option
 @click.pass_context
 def rejected(ctx: click.Context, last: int, fmt: str) -> None:

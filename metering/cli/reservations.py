@@ -25,8 +25,14 @@ RESERVATION_COLUMNS: Final = ("id", "state", "charges", "created", "expires", "s
 
 @click.command(epilog=EXIT_CODES_HELP)
 @charge_options("reservation")
-@click.option("--ttl", "ttl_seconds", type=float, default=60.0, show_default=True,
-              help="Seconds before the sweeper commits it.")  # fmt: skip
+@click.option(
+    "--ttl",
+    "ttl_seconds",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="Seconds before the sweeper commits it.",
+)
 @click.option("--event-id", help="The reservation's id; a repeated id returns the same one.")
 @format_option
 def reserve(
@@ -74,8 +80,13 @@ def _charges_text(info: ReservationInfo) -> str:
 @reservations.command("list")
 @click.option("--state", type=click.Choice(["held", "committed", "cancelled"]))
 @click.option("--subject", help="Only reservations charging this subject.")
-@click.option("--last", type=click.IntRange(1, MAX_LISTED), default=DEFAULT_LISTED,
-              show_default=True, help="How many, newest first.")  # fmt: skip
+@click.option(
+    "--last",
+    type=click.IntRange(1, MAX_LISTED),
+    default=DEFAULT_LISTED,
+    show_default=True,
+    help="How many, newest first.",
+)
 # Until 0.2: --limit was this row count, while everywhere else it names a limit.
 @click.option("--limit", "legacy_last", type=click.IntRange(1, MAX_LISTED), hidden=True)
 @format_option

@@ -24,13 +24,23 @@ MAX_WORKERS = 256
 @click.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
-@click.option("--workers", type=click.IntRange(1, MAX_WORKERS), default=1, show_default=True,
-              help="Server processes, each with its own producer and connections.")  # fmt: skip
+@click.option(
+    "--workers",
+    type=click.IntRange(1, MAX_WORKERS),
+    default=1,
+    show_default=True,
+    help="Server processes, each with its own producer and connections.",
+)
 @click.option("--broker", envvar="METERING_BROKER_URL", help="Default: the embedded broker.")
-@click.option("--log-level", default="info", show_default=True,
-              type=click.Choice(["critical", "error", "warning", "info", "debug"]))  # fmt: skip
-@click.option("--access-log/--no-access-log", default=True, show_default=True,
-              help="A log line per request.")  # fmt: skip
+@click.option(
+    "--log-level",
+    default="info",
+    show_default=True,
+    type=click.Choice(["critical", "error", "warning", "info", "debug"]),
+)
+@click.option(
+    "--access-log/--no-access-log", default=True, show_default=True, help="A log line per request."
+)
 @click.pass_context
 def serve(
     ctx: click.Context,

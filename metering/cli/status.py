@@ -506,10 +506,15 @@ def print_report(report: StatusReport, fmt: str) -> None:
 
 @click.command(epilog=STATUS_HELP)
 @click.option("--broker", envvar="METERING_BROKER_URL", help="Default: the embedded broker.")
-@click.option("--queues", type=click.IntRange(1, MAX_QUEUES), envvar="METERING_QUEUES",
-              default=1, show_default=True,
-              help="Report metering.0 … metering.N-1 besides metering (as the workers "
-              "consume them); queues found on the broker are reported too.")  # fmt: skip
+@click.option(
+    "--queues",
+    type=click.IntRange(1, MAX_QUEUES),
+    envvar="METERING_QUEUES",
+    default=1,
+    show_default=True,
+    help="Report metering.0 … metering.N-1 besides metering (as the workers "
+    "consume them); queues found on the broker are reported too.",
+)
 @click.option(
     "--require",
     "required",
@@ -521,9 +526,12 @@ def print_report(report: StatusReport, fmt: str) -> None:
     help="What must be alive for exit 0: worker, beat, worker,beat or none. "
     "The database and the broker always must be.",
 )
-@click.option("--node", metavar="NAME",
-              help="The worker that must be alive, as celery names it (celery@%h: "
-              "%h is this host's name); default: any worker.")  # fmt: skip
+@click.option(
+    "--node",
+    metavar="NAME",
+    help="The worker that must be alive, as celery names it (celery@%h: "
+    "%h is this host's name); default: any worker.",
+)
 @click.option(
     "--max-age",
     "max_age",

@@ -193,8 +193,13 @@ def _delivery_row(record: DeliveryRecord) -> list[object]:
 @webhooks.command("deliveries")
 @click.option("--status", type=click.Choice(STATUSES), help="Only deliveries in this state.")
 @click.option("--endpoint", "endpoint_id", help="Only deliveries to this endpoint.")
-@click.option("--last", type=click.IntRange(1, MAX_LISTING), default=50, show_default=True,
-              help="How many to show.")  # fmt: skip
+@click.option(
+    "--last",
+    type=click.IntRange(1, MAX_LISTING),
+    default=50,
+    show_default=True,
+    help="How many to show.",
+)
 @format_option
 def deliveries(status: str | None, endpoint_id: str | None, last: int, fmt: str) -> None:
     """List deliveries, newest first, with their attempts."""

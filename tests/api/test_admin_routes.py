@@ -120,9 +120,14 @@ def used(meter: Meter, subject: str, limit: str) -> int:
 def test_reserve_cancel_then_commit_is_refused(http: httpx.Client, meter: Meter) -> None:
     held = http.post(
         "/v1/reservations",
-        json={"event_id": "job/42", "subject": "org-1", "limit": "api_calls", "cost": 2,
-              "ttl_seconds": 120},
-    )  # fmt: skip
+        json={
+            "event_id": "job/42",
+            "subject": "org-1",
+            "limit": "api_calls",
+            "cost": 2,
+            "ttl_seconds": 120,
+        },
+    )
     assert held.status_code == 200
     body = held.json()
     assert (body["id"], body["state"], body["allowed"], body["duplicate"]) == (
@@ -220,9 +225,14 @@ def test_a_cancel_past_the_time_to_live_is_409_committed(
 ) -> None:
     http.post(
         "/v1/reservations",
-        json={"event_id": "r-2", "subject": "org-1", "limit": "api_calls", "cost": 3,
-              "ttl_seconds": 30},
-    )  # fmt: skip
+        json={
+            "event_id": "r-2",
+            "subject": "org-1",
+            "limit": "api_calls",
+            "cost": 3,
+            "ttl_seconds": 30,
+        },
+    )
     clock.advance(seconds=31)
     refused = problem(http.post("/v1/reservations/r-2/cancel"), 409, "reservation-settled")
     assert refused["state"] == "committed"
@@ -285,36 +295,94 @@ BAD_RESERVATIONS: list[tuple[str, str | None, bytes, int, str, str | None]] = [
     ("not json", "application/json", b"{nope", 400, "invalid-input", "body"),
     ("empty", "application/json", b"", 400, "invalid-input", "body"),
     ("an array", "application/json", b"[]", 400, "invalid-input", "body"),
-    ("NaN ttl", "application/json", b'{"subject": "a", "limit": "api_calls", '
-     b'"ttl_seconds": NaN}', 400, "invalid-input", "body"),
+    (
+        "NaN ttl",
+        "application/json",
+        b'{"subject": "a", "limit": "api_calls", "ttl_seconds": NaN}',
+        400,
+        "invalid-input",
+        "body",
+    ),
     ("unknown field", "application/json", _reserve(colour="red"), 400, "invalid-input", "colour"),
-    ("occurred_at", "application/json", _reserve(occurred_at=NOW.isoformat()), 400,
-     "invalid-input", "occurred_at"),
-    ("zero ttl", "application/json", _reserve(ttl_seconds=0), 400, "invalid-input",
-     "ttl_seconds"),
-    ("eight days", "application/json", _reserve(ttl_seconds=8 * 86_400), 400, "invalid-input",
-     "ttl_seconds"),
-    ("string ttl", "application/json", _reserve(ttl_seconds="60"), 400, "invalid-input",
-     "ttl_seconds"),
+    (
+        "occurred_at",
+        "application/json",
+        _reserve(occurred_at=NOW.isoformat()),
+        400,
+        "invalid-input",
+        "occurred_at",
+    ),
+    ("zero ttl", "application/json", _reserve(ttl_seconds=0), 400, "invalid-input", "ttl_seconds"),
+    (
+        "eight days",
+        "application/json",
+        _reserve(ttl_seconds=8 * 86_400),
+        400,
+        "invalid-input",
+        "ttl_seconds",
+    ),
+    (
+        "string ttl",
+        "application/json",
+        _reserve(ttl_seconds="60"),
+        400,
+        "invalid-input",
+        "ttl_seconds",
+    ),
     ("zero cost", "application/json", _reserve(cost=0), 400, "invalid-input", "cost"),
     ("huge cost", "application/json", _reserve(cost=10**30), 400, "invalid-input", "cost"),
-    ("bad id", "application/json", _reserve(event_id="has space"), 400, "invalid-input",
-     "event_id"),
+    (
+        "bad id",
+        "application/json",
+        _reserve(event_id="has space"),
+        400,
+        "invalid-input",
+        "event_id",
+    ),
     ("no limit", "application/json", b'{"subject": "org-1"}', 400, "invalid-input", "limit"),
-    ("both forms", "application/json",
-     _reserve(charges=[{"subject": "a", "limit": "seats"}]), 400, "invalid-input", "charges"),
-    ("bad charge", "application/json",
-     json.dumps({"charges": [{"subject": "a", "limit": "seats"},
-                             {"subject": "a", "limit": "api_calls", "cost": -1}]}).encode(),
-     400, "invalid-input", "charges[1].cost"),
-    ("big metadata", "application/json", _reserve(metadata={"x": "y" * 9000}), 400,
-     "invalid-input", "metadata"),
+    (
+        "both forms",
+        "application/json",
+        _reserve(charges=[{"subject": "a", "limit": "seats"}]),
+        400,
+        "invalid-input",
+        "charges",
+    ),
+    (
+        "bad charge",
+        "application/json",
+        json.dumps(
+            {
+                "charges": [
+                    {"subject": "a", "limit": "seats"},
+                    {"subject": "a", "limit": "api_calls", "cost": -1},
+                ]
+            }
+        ).encode(),
+        400,
+        "invalid-input",
+        "charges[1].cost",
+    ),
+    (
+        "big metadata",
+        "application/json",
+        _reserve(metadata={"x": "y" * 9000}),
+        400,
+        "invalid-input",
+        "metadata",
+    ),
     ("unknown limit", "application/json", _reserve(limit="nope"), 422, "unknown-limit", "limit"),
-    ("unknown stacked limit", "application/json",
-     json.dumps({"charges": [{"subject": "a", "limit": "seats"},
-                             {"subject": "a", "limit": "nope"}]}).encode(),
-     422, "unknown-limit", "charges[1].limit"),
-]  # fmt: skip
+    (
+        "unknown stacked limit",
+        "application/json",
+        json.dumps(
+            {"charges": [{"subject": "a", "limit": "seats"}, {"subject": "a", "limit": "nope"}]}
+        ).encode(),
+        422,
+        "unknown-limit",
+        "charges[1].limit",
+    ),
+]
 
 
 def test_a_bad_reservation_is_a_problem_and_stores_nothing(
@@ -420,8 +488,14 @@ def test_a_limit_is_created_read_replaced_and_deleted(http: httpx.Client, meter:
     replaced = http.put(
         "/v1/limits/exports", json={"name": "exports", "maximum": 5, "period": "1d"}
     )
-    assert replaced.json() == {**stored, "maximum": 5, "period": "1d", "window": "first_use",
-                               "enforcement": "hard", "thresholds": []}  # fmt: skip
+    assert replaced.json() == {
+        **stored,
+        "maximum": 5,
+        "period": "1d",
+        "window": "first_use",
+        "enforcement": "hard",
+        "thresholds": [],
+    }
     bucket = http.put(
         "/v1/limits/burst", json={"maximum": 10, "period": "10s", "algorithm": "token_bucket"}
     )
@@ -446,11 +520,17 @@ BAD_LIMITS: list[tuple[str, Any, str]] = [
     ("not a period", {"maximum": 5, "period": "5 parsecs"}, "period"),
     ("eleven years", {"maximum": 5, "period": "11y"}, "period"),
     ("unknown algorithm", {"maximum": 5, "period": "1h", "algorithm": "leaky"}, "algorithm"),
-    ("soft bucket", {"maximum": 5, "period": "1h", "algorithm": "token_bucket",
-                     "enforcement": "soft"}, "enforcement"),
+    (
+        "soft bucket",
+        {"maximum": 5, "period": "1h", "algorithm": "token_bucket", "enforcement": "soft"},
+        "enforcement",
+    ),
     ("monthly bucket", {"maximum": 5, "period": "1mo", "algorithm": "token_bucket"}, "period"),
-    ("calendar bucket", {"maximum": 5, "period": "10s", "algorithm": "token_bucket",
-                         "window": "calendar"}, "window"),
+    (
+        "calendar bucket",
+        {"maximum": 5, "period": "10s", "algorithm": "token_bucket", "window": "calendar"},
+        "window",
+    ),
     ("unknown window", {"maximum": 5, "period": "1h", "window": "rolling"}, "window"),
     ("zero threshold", {"maximum": 5, "period": "1h", "thresholds": [0]}, "thresholds"),
     ("string thresholds", {"maximum": 5, "period": "1h", "thresholds": "80"}, "thresholds"),
@@ -458,7 +538,7 @@ BAD_LIMITS: list[tuple[str, Any, str]] = [
     ("unknown field", {"maximum": 5, "period": "1h", "max": 5}, "max"),
     ("another name", {"name": "other", "maximum": 5, "period": "1h"}, "name"),
     ("an array", [{"maximum": 5, "period": "1h"}], "body"),
-]  # fmt: skip
+]
 
 
 def test_a_bad_limit_is_400_naming_the_field_and_nothing_changes(
@@ -487,12 +567,15 @@ def test_limit_names_and_bodies_that_are_not_json(http: httpx.Client, meter: Met
         "unsupported-media-type",
     )
     problem(
-        http.put("/v1/limits/fresh", content=b'{"maximum": NaN, "period": "1h"}',
-                 headers={"content-type": "application/json"}),
+        http.put(
+            "/v1/limits/fresh",
+            content=b'{"maximum": NaN, "period": "1h"}',
+            headers={"content-type": "application/json"},
+        ),
         400,
         "invalid-input",
         "body",
-    )  # fmt: skip
+    )
     assert meter.list_limits() == before
 
 
@@ -508,8 +591,12 @@ def test_limits_on_the_embedded_default_the_app_opens_itself(
         assert "calls" not in names
         put = client.put("/v1/limits/calls", json={"maximum": 3, "period": "1d"})
         assert put.status_code == 200
-        problem(client.put("/v1/limits/calls", json={"maximum": -3, "period": "1d"}), 400,
-                "invalid-input", "maximum")  # fmt: skip
+        problem(
+            client.put("/v1/limits/calls", json={"maximum": -3, "period": "1d"}),
+            400,
+            "invalid-input",
+            "maximum",
+        )
         reserved = client.post(
             "/v1/reservations", json={"subject": "org-1", "limit": "calls", "cost": 3}
         ).json()

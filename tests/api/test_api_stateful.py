@@ -70,9 +70,18 @@ def served(environment: dict[str, str], tmp_path: Path) -> Iterator[tuple[str, s
     env = environment
     _metering("limits", "set", "api_calls", "--max", "50", "--period", "1h", cwd=tmp_path, env=env)
     _metering(
-        "limits", "set", "org_calls", "--max", "20", "--period", "1m",
-        "--algorithm", "token_bucket", cwd=tmp_path, env=env,
-    )  # fmt: skip
+        "limits",
+        "set",
+        "org_calls",
+        "--max",
+        "20",
+        "--period",
+        "1m",
+        "--algorithm",
+        "token_bucket",
+        cwd=tmp_path,
+        env=env,
+    )
     key = _metering("apikeys", "create", "--scope", "admin", cwd=tmp_path, env=env).split()[-1]
     port = free_port()
     log_path = tmp_path / "serve.log"
@@ -110,14 +119,21 @@ def test_no_sequence_of_requests_gets_a_server_error(
     assert st is not None, "schemathesis' st is installed with the dev extra"
     arguments = [
         f"{base}/openapi.json",
-        "--checks", "not_a_server_error",
-        "--phases", "examples,coverage,fuzzing,stateful",
-        "--max-examples", str(EXAMPLES),
-        "--seed", str(seed),
-        "--workers", "1",
-        "--request-timeout", "30",
-        "-H", f"Authorization: Bearer {key}",
-    ]  # fmt: skip
+        "--checks",
+        "not_a_server_error",
+        "--phases",
+        "examples,coverage,fuzzing,stateful",
+        "--max-examples",
+        str(EXAMPLES),
+        "--seed",
+        str(seed),
+        "--workers",
+        "1",
+        "--request-timeout",
+        "30",
+        "-H",
+        f"Authorization: Bearer {key}",
+    ]
     done = subprocess.run(
         [st, "run", *arguments],
         capture_output=True,

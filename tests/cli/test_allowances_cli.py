@@ -158,31 +158,58 @@ def test_entitlements_load_yaml_and_toml(run: Run, url: str, tmp_path: Path) -> 
 
 GOOD = "  - {subject: org-1, limit: api_calls, maximum: 10}\n"
 BAD_FILES: dict[str, tuple[str, str, tuple[str, ...]]] = {
-    "zero maximum": ("yaml", GOOD + "  - {subject: org-7, limit: api_calls, maximum: 0}\n",
-                     ("entry 2", "org-7", "maximum")),
-    "text maximum": ("yaml", GOOD + "  - {subject: org-7, limit: api_calls, maximum: lots}\n",
-                     ("entry 2", "maximum")),
-    "unknown limit": ("yaml", GOOD + "  - {subject: org-7, limit: nope, maximum: 3}\n",
-                      ("entry 2", "limit", "nope")),
-    "bad limit name": ("yaml", GOOD + "  - {subject: org-7, limit: Nope, maximum: 3}\n",
-                       ("entry 2", "limit: ")),
-    "token bucket is fine but no subject": ("yaml", GOOD + "  - {limit: burst, maximum: 3}\n",
-                                            ("entry 2", "subject", "required")),
-    "unknown field": ("yaml", GOOD + "  - {subject: o, limit: api_calls, maximum: 3, max: 4}\n",
-                      ("entry 2", "max", "unknown field")),
-    "bad time": ("yaml", GOOD + "  - {subject: o, limit: api_calls, maximum: 3,"
-                 " effective_from: soon}\n", ("entry 2", "effective_from")),
+    "zero maximum": (
+        "yaml",
+        GOOD + "  - {subject: org-7, limit: api_calls, maximum: 0}\n",
+        ("entry 2", "org-7", "maximum"),
+    ),
+    "text maximum": (
+        "yaml",
+        GOOD + "  - {subject: org-7, limit: api_calls, maximum: lots}\n",
+        ("entry 2", "maximum"),
+    ),
+    "unknown limit": (
+        "yaml",
+        GOOD + "  - {subject: org-7, limit: nope, maximum: 3}\n",
+        ("entry 2", "limit", "nope"),
+    ),
+    "bad limit name": (
+        "yaml",
+        GOOD + "  - {subject: org-7, limit: Nope, maximum: 3}\n",
+        ("entry 2", "limit: "),
+    ),
+    "token bucket is fine but no subject": (
+        "yaml",
+        GOOD + "  - {limit: burst, maximum: 3}\n",
+        ("entry 2", "subject", "required"),
+    ),
+    "unknown field": (
+        "yaml",
+        GOOD + "  - {subject: o, limit: api_calls, maximum: 3, max: 4}\n",
+        ("entry 2", "max", "unknown field"),
+    ),
+    "bad time": (
+        "yaml",
+        GOOD + "  - {subject: o, limit: api_calls, maximum: 3, effective_from: soon}\n",
+        ("entry 2", "effective_from"),
+    ),
     "not a mapping": ("yaml", GOOD + "  - org-7\n", ("entry 2", "mapping")),
     "repeated": ("yaml", GOOD + GOOD, ("entry 2 ", "repeats entry 1")),
-    "impossible date": ("yaml", "- {subject: o, limit: api_calls, maximum: 3,"
-                        " effective_from: 2026-13-01}\n", ("not valid YAML", "month")),
+    "impossible date": (
+        "yaml",
+        "- {subject: o, limit: api_calls, maximum: 3, effective_from: 2026-13-01}\n",
+        ("not valid YAML", "month"),
+    ),
     "not a list": ("yaml", "org-1: 5\n", ("a list of entitlements",)),
     "broken yaml": ("yaml", "entitlements: [\n", ("not valid YAML",)),
     "broken toml": ("toml", "[[entitlements]\n", ("not valid TOML",)),
-    "toml zero": ("toml", '[[entitlements]]\nsubject = "o"\nlimit = "api_calls"\nmaximum = 0\n',
-                  ("entry 1", "maximum")),
+    "toml zero": (
+        "toml",
+        '[[entitlements]]\nsubject = "o"\nlimit = "api_calls"\nmaximum = 0\n',
+        ("entry 1", "maximum"),
+    ),
     "another suffix": ("json", "[]", (".yaml, .yml or .toml",)),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", list(BAD_FILES))
@@ -265,20 +292,54 @@ def test_corrections_list_when_there_are_none(run: Run) -> None:
 # -- bad input: one error line, exit 1, nothing stored -------------------------------------
 
 BAD_INPUTS: dict[str, list[str]] = {
-    "threshold units 0": ["limits", "set", "x", "--max", "5", "--period", "1h",
-                          "--threshold-units", "0"],
-    "threshold units text": ["limits", "set", "x", "--max", "5", "--period", "1h",
-                             "--threshold-units", "many"],
-    "unknown enforcement": ["limits", "set", "x", "--max", "5", "--period", "1h",
-                            "--enforcement", "dry-run"],
+    "threshold units 0": [
+        "limits",
+        "set",
+        "x",
+        "--max",
+        "5",
+        "--period",
+        "1h",
+        "--threshold-units",
+        "0",
+    ],
+    "threshold units text": [
+        "limits",
+        "set",
+        "x",
+        "--max",
+        "5",
+        "--period",
+        "1h",
+        "--threshold-units",
+        "many",
+    ],
+    "unknown enforcement": [
+        "limits",
+        "set",
+        "x",
+        "--max",
+        "5",
+        "--period",
+        "1h",
+        "--enforcement",
+        "dry-run",
+    ],
     "entitlement maximum 0": ["entitlements", "set", "org-1", "api_calls", "0"],
     "entitlement maximum text": ["entitlements", "set", "org-1", "api_calls", "lots"],
     "entitlement huge maximum": ["entitlements", "set", "org-1", "api_calls", "1" + "0" * 16],
     "entitlement unknown limit": ["entitlements", "set", "org-1", "nope", "5"],
     "entitlement bad limit name": ["entitlements", "set", "org-1", "API calls", "5"],
     "entitlement empty subject": ["entitlements", "set", "", "api_calls", "5"],
-    "entitlement bad --from": ["entitlements", "set", "org-1", "api_calls", "5",
-                               "--from", "tomorrow"],
+    "entitlement bad --from": [
+        "entitlements",
+        "set",
+        "org-1",
+        "api_calls",
+        "5",
+        "--from",
+        "tomorrow",
+    ],
     "entitlement missing maximum": ["entitlements", "set", "org-1", "api_calls"],
     "delete unknown limit": ["entitlements", "delete", "org-1", "nope"],
     "delete bad --from": ["entitlements", "delete", "org-1", "api_calls", "--from", "x"],
@@ -291,8 +352,15 @@ BAD_INPUTS: dict[str, list[str]] = {
     "grant unknown limit": ["grants", "add", "org-1", "nope", "5"],
     "grant bad id": ["grants", "add", "org-1", "api_calls", "5", "--id", "bad id!"],
     "grant bad --expires": ["grants", "add", "org-1", "api_calls", "5", "--expires", "never"],
-    "grant expires before start": ["grants", "add", "org-1", "api_calls", "5",
-                                   "--expires", "2020-01-01T00:00:00Z"],
+    "grant expires before start": [
+        "grants",
+        "add",
+        "org-1",
+        "api_calls",
+        "5",
+        "--expires",
+        "2020-01-01T00:00:00Z",
+    ],
     "grant empty reason": ["grants", "add", "org-1", "api_calls", "5", "--reason", " "],
     "grant control subject": ["grants", "add", "org\n1", "api_calls", "5"],
     "grants list bad subject": ["grants", "list", "--subject", ""],
@@ -306,7 +374,7 @@ BAD_INPUTS: dict[str, list[str]] = {
     "void bad horizon": ["void", "job-1", "--reason", "x", "--horizon", "3"],
     "void reused correction id": ["void", "job-1", "--reason", "x", "--correction-id", "c-0"],
     "corrections count 0": ["corrections", "list", "--count", "0"],
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("args", list(BAD_INPUTS.values()), ids=list(BAD_INPUTS))

@@ -44,8 +44,20 @@ def one_line_error(result: Result, *words: str) -> None:
 
 def test_prices_and_a_spend_cap_on_the_command_line(url: str) -> None:
     run(url, "limits", "set", "calls", "--max", "1000", "--period", "1mo", "--window", "calendar")
-    made = run(url, "limits", "set", "spend", "--max-amount", "0.05", "--currency", "USD",
-               "--period", "1mo", "--window", "calendar")  # fmt: skip
+    made = run(
+        url,
+        "limits",
+        "set",
+        "spend",
+        "--max-amount",
+        "0.05",
+        "--currency",
+        "USD",
+        "--period",
+        "1mo",
+        "--window",
+        "calendar",
+    )
     assert made.output.startswith("spend: max 0.05 USD per 1mo")
     priced = run(url, "prices", "set", "calls", "--per-unit", "0.002", "--currency", "USD")
     assert priced.output.startswith("calls: 0.002 USD a unit from ")

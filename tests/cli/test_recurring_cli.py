@@ -64,9 +64,22 @@ def assert_one_line_error(result: Result, *words: str) -> None:
 
 def test_a_recurring_grant_is_added_and_listed(run: Run) -> None:
     out = run(
-        "grants", "add", "org", "api_calls", "500", "--every", "1mo", "--rollover-max", "200",
-        "--priority", "10", "--low", "20%", "--id", "monthly",
-    ).output  # fmt: skip
+        "grants",
+        "add",
+        "org",
+        "api_calls",
+        "500",
+        "--every",
+        "1mo",
+        "--rollover-max",
+        "200",
+        "--priority",
+        "10",
+        "--low",
+        "20%",
+        "--id",
+        "monthly",
+    ).output
     assert out.startswith("granted monthly: org api_calls 500 (0 used, 500 left)")
     assert "issue 1 of recurring grant monthly" in out
     listed = run("grants", "recurring").output

@@ -16,8 +16,15 @@ from metering import Limit, Meter
 from metering.cli import main
 from metering.domain.replay import SIMULATION_COLUMNS
 
-EXPECTED = {"subject": "org-1", "limit": "calls", "events": 5, "would_deny_events": 3,
-            "would_deny_cost": 3, "overage": 0, "denied_events_then": 2}  # fmt: skip
+EXPECTED = {
+    "subject": "org-1",
+    "limit": "calls",
+    "events": 5,
+    "would_deny_events": 3,
+    "would_deny_cost": 3,
+    "overage": 0,
+    "denied_events_then": 2,
+}
 
 
 @pytest.fixture

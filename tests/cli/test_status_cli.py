@@ -512,10 +512,15 @@ def test_a_beat_gone_quiet_is_not_counted_as_a_second_one(files: Files) -> None:
     record_heartbeat(files.database, BEAT, "beat.2@host", FrozenClock(T0 + timedelta(minutes=5)))
     report = status_at(files, 5 * 60 + 1)
     assert report["beat"]["alive"] == ["beat.2@host"]  # type: ignore[index]
-    assert "beats" not in [c.name for c in collect_status(
-        files.database, files.broker, clock=FrozenClock(T0 + timedelta(minutes=5)),
-        queues=["metering"],
-    ).checks]  # fmt: skip
+    assert "beats" not in [
+        c.name
+        for c in collect_status(
+            files.database,
+            files.broker,
+            clock=FrozenClock(T0 + timedelta(minutes=5)),
+            queues=["metering"],
+        ).checks
+    ]
 
 
 # -- rejected input ----------------------------------------------------------------------
