@@ -668,3 +668,10 @@ def test_the_budget_is_halved_unless_thorough(monkeypatch: pytest.MonkeyPatch) -
     assert [budgets.examples(n) for n in (60, 25, 8, 3)] == [30, 13, 5, 3]
     monkeypatch.setattr(budgets, "profile", budgets.THOROUGH)
     assert [budgets.examples(n) for n in (60, 25, 8, 3)] == [60, 25, 8, 3]
+
+
+def test_test_files_have_unique_names() -> None:
+    """The suite imports test files by name (rootdir, no packages): two files of
+    one name in different folders fail to import when one worker gets both."""
+    names = [path.name for path in Path(__file__).parent.rglob("test_*.py")]
+    assert sorted({name for name in names if names.count(name) > 1}) == []

