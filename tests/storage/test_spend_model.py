@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from budgets import examples
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from servers import PostgresServer, copy_sqlite
 
@@ -130,9 +130,10 @@ class Model:
             if not month_start <= event.at < month_end:
                 continue
             for limit, _, cents in event.charges:
-                if self.price(limit, event.at) is not None:
-                    key = (event.subject, limit)
-                    found[key] = found.get(key, 0) + cents
+                # What the decision charged: a later price change, even one
+                # effective at the event's instant, re-prices nothing decided.
+                key = (event.subject, limit)
+                found[key] = found.get(key, 0) + cents
         return {key: cents for key, cents in found.items() if cents}
 
 
@@ -222,7 +223,16 @@ SETTINGS = settings(
 )
 
 
+# A price, an event charged at it, then the price removed at the same instant.
+PRICED_THEN_REMOVED = [
+    ("price", "calls", "0.01", 0),
+    ("consume", "s1", (3, 0, False), 0),
+    ("price", "calls", None, 0),
+]
+
+
 @SETTINGS
+@example(operations=PRICED_THEN_REMOVED)
 @given(operations=st.lists(operation, min_size=1, max_size=40))
 def test_sqlite_spend_matches_the_model(
     tmp_path_factory: pytest.TempPathFactory, sqlite_template: Path, operations: list
@@ -233,6 +243,7 @@ def test_sqlite_spend_matches_the_model(
 
 @pytest.mark.postgres
 @settings(SETTINGS, max_examples=examples(25))
+@example(operations=PRICED_THEN_REMOVED)
 @given(operations=st.lists(operation, min_size=1, max_size=40))
 def test_postgresql_spend_matches_the_model(
     postgres_server: PostgresServer, pg_template_url: str, operations: list
