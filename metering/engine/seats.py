@@ -20,15 +20,13 @@ from metering.domain.decisions import Decision
 from metering.domain.distinct import SeatKey, Seen, after_void, seat_cost, value_of
 from metering.domain.events import UsageEvent
 from metering.domain.limits import Limit
-from metering.domain.pacing import AHEAD_OF_PACE
+from metering.domain.rollups import WOULD_DENY
 from metering.domain.state import NO_WINDOW, CounterKey
 from metering.errors import MeteringError
 from metering.storage.distinct import DistinctStore
 from metering.storage.store import Store
 
 COUNTED = ("allowed", "overage")
-# A charge's outcomes that consumed it (a soft paced one may be ahead of its pace).
-CHARGE_COUNTED = (*COUNTED, AHEAD_OF_PACE)
 
 
 def seat_keys(
@@ -88,7 +86,8 @@ class Seats:
         if outcome not in COUNTED:
             return
         for seat, charge in zip(seats, charges, strict=True):
-            if seat is not None and charge in CHARGE_COUNTED:
+            # Every charge of a consumed event consumed but a shadow limit's would-deny.
+            if seat is not None and charge != WOULD_DENY:
                 self.seen[seat] = self.seen.get(seat, 0) + 1
                 self.added[seat] += 1
 
