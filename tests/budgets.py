@@ -1,8 +1,8 @@
 """How many examples the slow property tests run, by Hypothesis profile.
 
 A slow Hypothesis or schemathesis test writes its thorough budget at the
-test: ``max_examples=examples(60)``. The default profile (``make test``,
-CI) runs half of it, at least 5 examples; the differentials and model tests
+test: ``max_examples=examples(60)``. The default profile (``make test``;
+``ci`` when CI is set) runs half of it, at least 5 examples; the differentials and model tests
 are derandomized, so it is the same examples every run. ``make
 test-thorough`` (``--hypothesis-profile thorough``) runs the whole budget:
 run it after a change to the engine's paths, the storage of a model's
@@ -13,16 +13,21 @@ from __future__ import annotations
 
 import math
 
+from hypothesis import settings
+
 THOROUGH = "thorough"
 CI_SHARE = 0.5
 CI_FLOOR = 5
 
-# Set by tests/conftest.py from ``--hypothesis-profile``.
-profile = "default"
+
+def profile() -> str:
+    """The profile Hypothesis loaded: ``--hypothesis-profile``, or ``ci`` when
+    the environment says CI (Hypothesis's own choice), else ``default``."""
+    return settings.get_current_profile_name()
 
 
 def examples(thorough: int) -> int:
     """``thorough`` under the thorough profile; else half of it, at least `CI_FLOOR`."""
-    if profile == THOROUGH:
+    if profile() == THOROUGH:
         return thorough
     return min(thorough, max(CI_FLOOR, math.ceil(thorough * CI_SHARE)))

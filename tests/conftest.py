@@ -64,7 +64,6 @@ settings.register_profile(budgets.THOROUGH, settings.get_profile("default"))
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    budgets.profile = config.getoption("hypothesis_profile", None) or "default"
     # Also belongs in pyproject's [tool.pytest.ini_options] markers; declaring
     # it here too keeps --strict-markers happy either way.
     config.addinivalue_line("markers", REDIS_MARKER)
