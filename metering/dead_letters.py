@@ -13,7 +13,7 @@ An event still unacceptable is left as it is, with why.
 from __future__ import annotations
 
 import json
-from collections import Counter as CountOf
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -87,10 +87,10 @@ def _event(raw: str) -> UsageEvent | None:
 
 def _count(decisions: Sequence[Decision]) -> None:
     """`metering_events_total` for the replayed events, as the engine counts new results."""
-    outcomes: CountOf[tuple[str, str]] = CountOf(
+    outcomes: Counter[tuple[str, str]] = Counter(
         (name, str(d.outcome))
         for d in decisions
         for name in dict.fromkeys(c.limit for c in d.charges)
     )
-    denied = CountOf(name for d in decisions if d.outcome == "denied" for name in d.denied_by)
+    denied = Counter(name for d in decisions if d.outcome == "denied" for name in d.denied_by)
     count_events(outcomes, denied, {}, 0)

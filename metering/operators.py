@@ -6,16 +6,19 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from metering import history, portal
+from metering import history, portal, simulation
 from metering.domain.imports import ImportFormat
 from metering.engine import Engine
 from metering.history import UsageHistory
-from metering.imports import ImportSummary
-from metering.imports import service as imports
+from metering.imports import ImportSummary, service
 from metering.imports.service import BATCH_SIZE, Source
-from metering.imports.service import Progress as ImportProgress
-from metering.simulation import EntitlementsSource, LimitsSource, Progress, Simulation, Since
-from metering.simulation import simulate as backtest
+from metering.simulation import (
+    EntitlementsSource,
+    LimitsSource,
+    Progress,
+    Simulation,
+    Since,
+)
 from metering.storage.database import Database
 
 
@@ -34,11 +37,11 @@ class OperatorsFacade:
         allow_late: bool = False,
         strict: bool = False,
         batch_size: int = BATCH_SIZE,
-        progress: ImportProgress | None = None,
+        progress: service.Progress | None = None,
     ) -> ImportSummary:
         """Apply a JSON Lines or CSV file of events through the batch path, exactly once
         by id (``enforce=False``: history, never denied; ``allow_late``: no lateness)."""
-        return imports.import_events(
+        return service.import_events(
             self._engine,
             source,
             fmt=fmt,
@@ -60,7 +63,7 @@ class OperatorsFacade:
     ) -> Simulation:
         """Backtest: replay the ledger's demand since ``since`` through proposed
         limits and entitlements, in memory; nothing is written (`metering.simulation`)."""
-        return backtest(
+        return simulation.simulate(
             self.database, limits, entitlements, since=since, subject=subject, progress=progress
         )
 

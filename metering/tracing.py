@@ -76,19 +76,17 @@ def _otlp_exporter(env: Mapping[str, str]) -> Any:
         or "http/protobuf"
     ).strip()
     if protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        import opentelemetry.exporter.otlp.proto.grpc.trace_exporter
 
-        return OTLPSpanExporter()
+        return opentelemetry.exporter.otlp.proto.grpc.trace_exporter.OTLPSpanExporter()
     if protocol != "http/protobuf":
         raise ConfigurationError(
             f"OTEL_EXPORTER_OTLP_PROTOCOL must be http/protobuf or grpc for metering, "
             f"got {protocol!r}"
         )
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
-        OTLPSpanExporter as HttpSpanExporter,
-    )
+    import opentelemetry.exporter.otlp.proto.http.trace_exporter
 
-    return HttpSpanExporter()
+    return opentelemetry.exporter.otlp.proto.http.trace_exporter.OTLPSpanExporter()
 
 
 def setup_tracing(

@@ -43,9 +43,9 @@ def _poll_embedded_broker_often() -> None:
     # create_engine, so its polling interval (1 s by default) can only be set
     # on the class. This process is a metering worker: 0.1 s keeps the
     # embedded pipeline's latency low at the cost of a cheap query.
-    from kombu.transport import sqlalchemy as kombu_sqla
+    import kombu.transport.sqlalchemy
 
-    kombu_sqla.Transport.polling_interval = 0.1
+    kombu.transport.sqlalchemy.Transport.polling_interval = 0.1
 
 
 class ConsumeDefaultQueue(bootsteps.Step):  # type: ignore[misc]

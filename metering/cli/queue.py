@@ -11,6 +11,7 @@ from typing import Final
 
 import click
 
+from metering import retention
 from metering.cli.context import AppState, SentenceGroup, current_meter, data_directory
 from metering.cli.options import (
     EventOptions,
@@ -26,7 +27,6 @@ from metering.errors import BrokerUnavailable
 from metering.meter import Meter
 from metering.producer import UsageProducer
 from metering.retention import RetentionPolicy
-from metering.retention import prune as prune_tables
 from metering.routing import MAX_QUEUES, worker_queues
 from metering.settings import broker_url, child_environment
 
@@ -205,7 +205,7 @@ def prune(dry_run: bool, visibility_timeout: float, fmt: str) -> None:
     (90) and METERING_RETAIN_WEBHOOKS_DAYS (30); `never` keeps a table. A
     result is kept at least as long as its event could be delivered again.
     """
-    done = prune_tables(
+    done = retention.prune(
         current_meter(),
         RetentionPolicy.from_environment(),
         visibility_timeout_seconds=visibility_timeout,

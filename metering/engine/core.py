@@ -16,7 +16,7 @@ reference engine's results, counters, notifications and checks.
 
 from __future__ import annotations
 
-from collections import Counter as CountOf
+from collections import Counter
 from collections.abc import Callable, Container, Iterable, Sequence
 from typing import TypeVar
 
@@ -263,7 +263,7 @@ def _count(
         if outcome == "denied":
             for name in result.denied_by:
                 denied_by[name] = denied_by.get(name, 0) + 1
-    outcomes = CountOf(keys)
+    outcomes = Counter(keys)
     for name, outcome in [key for key in outcomes if key[1] == "rejected" and key[0] not in known]:
         outcomes[(UNKNOWN_LIMIT, outcome)] += outcomes.pop((name, outcome))
     if invalid == "reject":
