@@ -10,6 +10,12 @@ nothing, in the same transaction. A charge that would cost more than the
 largest amount makes its event unacceptable (`Money.refusal`), as a bad
 time does. The fast path does the same with every price and spend limit
 cached with the limits (`PriceBook`, `metering.engine.fast.LimitCache`).
+
+A tiered price or a flat fee (`Price.counted`) charges by what its window
+held before the event: the event carries its spend charges from the start
+(0 kept), and each path prices them again at decision time with the
+counters it decides with (`repriced`), so a batch's events each see the
+totals the ones before them left.
 """
 
 from __future__ import annotations
@@ -19,7 +25,13 @@ from dataclasses import dataclass, field, replace
 
 from metering.domain.events import Charge, UsageEvent
 from metering.domain.limits import Limit
-from metering.domain.money import PricedCharge, PriceHistory, priced_charges, spend_charges
+from metering.domain.money import (
+    PricedCharge,
+    PriceHistory,
+    price_at,
+    priced_charges,
+    spend_charges,
+)
 from metering.errors import InvalidInput
 from metering.storage.prices import PriceStore
 from metering.storage.store import Store
@@ -62,10 +74,21 @@ class Money:
             return exc
         return None
 
-    def priced(self, event: UsageEvent) -> dict[int, tuple[str, int]]:
-        """Each priced charge's (currency, amount), by its position in ``event``."""
-        found = priced_charges(event.charges, self.prices, event.occurred_at_us)
+    def priced(
+        self, event: UsageEvent, used: Sequence[int] | None = None
+    ) -> dict[int, tuple[str, int]]:
+        """Each priced charge's (currency, amount), by its position in ``event``
+        (``used``: each charge's counter before the event, for a counted price)."""
+        found = priced_charges(event.charges, self.prices, event.occurred_at_us, used)
         return {c.index: (c.currency, c.amount) for c in found}
+
+    def counted(self, event: UsageEvent) -> bool:
+        return is_counted(self.prices, event.charges, event.occurred_at_us)
+
+    def spend_costs(self, event: UsageEvent, used: Sequence[int]) -> list[int | None]:
+        """Per charge of the expanded ``event``, a spend charge's amount with
+        its counters at ``used`` (None for the event's own charges)."""
+        return repriced(self.prices, self.spend, event.charges, event.occurred_at_us, used)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +112,34 @@ class PriceBook:
         cost too much (`Money.refusal`)."""
         priced = priced_charges(charges, self.prices, at_us)
         return priced, [Charge(*c) for c in spend_charges(priced, self.spend)]
+
+
+def is_counted(
+    prices: Mapping[str, PriceHistory], charges: Sequence[tuple[str, str, int]], at_us: int
+) -> bool:
+    """Whether a charge's price at ``at_us`` depends on its window's total."""
+    for _, limit, _ in charges:
+        history = prices.get(limit)
+        if history:
+            price = price_at(history, at_us)
+            if price is not None and price.counted:
+                return True
+    return False
+
+
+def repriced(
+    prices: Mapping[str, PriceHistory],
+    spend: Mapping[str, Sequence[str]],
+    charges: Sequence[tuple[str, str, int]],
+    at_us: int,
+    used: Sequence[int],
+) -> list[int | None]:
+    """Per charge of an expanded event (its own, then its spend charges), the
+    spend charges' amounts priced with ``used`` (what each charge's counter
+    held before the event), None for its own."""
+    priced = priced_charges(charges, prices, at_us, used)
+    tail = [amount for _, _, amount in spend_charges(priced, spend)]
+    return [None] * (len(charges) - len(tail)) + tail
 
 
 def refuse_spend_charge(limit: Limit) -> InvalidInput | None:
