@@ -274,7 +274,7 @@ def validate_model(
     model: str,
     per_unit: int | None,
     tiers: Sequence[Tier],
-    package: int | None,
+    package: object,
     per_package: int | None,
 ) -> None:
     """The fields ``model`` needs, and none it does not."""
@@ -289,7 +289,7 @@ def validate_model(
     elif tiers:
         raise InvalidInput("tiers", f"are not used with the {model} model")
     if model == "package":
-        if package is None or isinstance(package, bool) or package <= 0:
+        if isinstance(package, bool) or not isinstance(package, int) or package <= 0:
             raise InvalidInput("package", f"{shown(package)}: give the units of a package, > 0")
         if package > MAX_AMOUNT:
             raise InvalidInput("package", f"{package:,} is too large")

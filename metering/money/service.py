@@ -56,7 +56,7 @@ class Tiered:
 
     model: str = "per_unit"
     tiers: Sequence[object] = ()
-    package: int | None = None
+    package: object = None
     per_package: object | None = None
     flat_fee: object | None = None
 
@@ -72,6 +72,7 @@ def _priced(code: str, per_unit: object | None, tiered: Tiered) -> dict[str, Any
     flat = 0
     if tiered.flat_fee is not None:
         flat = parse_amount(tiered.flat_fee, code, field_name="flat_fee")
+    assert tiered.package is None or isinstance(tiered.package, int)
     return {
         "per_unit": micro,
         "model": tiered.model,
