@@ -121,3 +121,15 @@ def test_tiers_price_a_fixed_window_only(meter: Meter) -> None:
     with pytest.raises(InvalidInput, match="a fixed window's total"):
         meter.set_price("api", "0.01", "USD", flat_fee="1")
     assert meter.prices() == []
+
+
+def test_a_reservation_is_charged_by_the_window_s_total_and_cancel_gives_it_back(
+    meter: Meter,
+) -> None:
+    meter.set_price("calls", None, "USD", model="graduated", tiers=["5:0.01", "inf:0.02"])
+    meter.consume("org", "calls", 4)
+    held = meter.reserve("org", "calls", 2)  # one unit at 0.01, one at 0.02
+    assert _spent(meter) == 4 + 3
+    held.cancel()
+    assert _spent(meter) == 4
+    assert _amounts(meter, [2]) == [3]
