@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from itertools import pairwise
+from operator import attrgetter
 from typing import Final
 
 from metering.domain.bounds import shown
@@ -369,9 +370,12 @@ def _ceiling(price: Price, cost: int) -> int:
 PriceHistory = Sequence[Price]
 
 
+_effective_from: Final = attrgetter("effective_from_us")
+
+
 def price_at(history: PriceHistory, at_us: int) -> Price | None:
     """The price in force at ``at_us``: the last one effective by then, if it prices."""
-    index = bisect_right([p.effective_from_us for p in history], at_us)
+    index = bisect_right(history, at_us, key=_effective_from)
     if index == 0:
         return None
     found = history[index - 1]

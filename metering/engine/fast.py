@@ -36,7 +36,6 @@ from metering.domain.grants import Balance, History, Pot, maximum_at
 from metering.domain.imports import ImportPolicy
 from metering.domain.instants import from_us
 from metering.domain.licenses import consumed_concurrent
-from metering.domain.money import priced_charges
 from metering.domain.needs import EVERY, NONE, Need, subject_needs
 from metering.domain.notifications import Notice, payload_of
 from metering.domain.recurring import Issue, issue_id, low_threshold
@@ -376,9 +375,8 @@ class _Spend:
             return charges
         book, at_us = self.book, event.occurred_at_us
         used = [state[USED] for state in states]
-        found = priced_charges(event.charges, book.prices, at_us, used)
+        found, spent = repriced(book.prices, book.spend, event.charges, at_us, used)
         self.amounts[index] = {c.index: (c.currency, c.amount) for c in found}
-        spent = repriced(book.prices, book.spend, event.charges, at_us, used)
         return [
             charge if amount is None else (charge[0], charge[1], amount)
             for charge, amount in zip(charges, spent, strict=True)

@@ -74,21 +74,22 @@ class Money:
             return exc
         return None
 
-    def priced(
-        self, event: UsageEvent, used: Sequence[int] | None = None
-    ) -> dict[int, tuple[str, int]]:
-        """Each priced charge's (currency, amount), by its position in ``event``
-        (``used``: each charge's counter before the event, for a counted price)."""
-        found = priced_charges(event.charges, self.prices, event.occurred_at_us, used)
+    def priced(self, event: UsageEvent) -> dict[int, tuple[str, int]]:
+        """Each priced charge's (currency, amount), by its position in ``event``."""
+        found = priced_charges(event.charges, self.prices, event.occurred_at_us)
         return {c.index: (c.currency, c.amount) for c in found}
 
     def counted(self, event: UsageEvent) -> bool:
         return is_counted(self.prices, event.charges, event.occurred_at_us)
 
-    def spend_costs(self, event: UsageEvent, used: Sequence[int]) -> list[int | None]:
-        """Per charge of the expanded ``event``, a spend charge's amount with
-        its counters at ``used`` (None for the event's own charges)."""
-        return repriced(self.prices, self.spend, event.charges, event.occurred_at_us, used)
+    def repriced(
+        self, event: UsageEvent, used: Sequence[int]
+    ) -> tuple[dict[int, tuple[str, int]], list[int | None]]:
+        """Each priced charge's (currency, amount) with its counters at
+        ``used``, and per charge of the expanded ``event`` a spend charge's
+        amount (None for the event's own charges)."""
+        found, costs = repriced(self.prices, self.spend, event.charges, event.occurred_at_us, used)
+        return {c.index: (c.currency, c.amount) for c in found}, costs
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,13 +134,13 @@ def repriced(
     charges: Sequence[tuple[str, str, int]],
     at_us: int,
     used: Sequence[int],
-) -> list[int | None]:
-    """Per charge of an expanded event (its own, then its spend charges), the
-    spend charges' amounts priced with ``used`` (what each charge's counter
-    held before the event), None for its own."""
+) -> tuple[list[PricedCharge], list[int | None]]:
+    """An expanded event's priced charges (its own, then its spend charges)
+    priced with ``used`` (what each charge's counter held before the event),
+    and per charge the spend charges' amounts, None for its own."""
     priced = priced_charges(charges, prices, at_us, used)
     tail = [amount for _, _, amount in spend_charges(priced, spend)]
-    return [None] * (len(charges) - len(tail)) + tail
+    return priced, [None] * (len(charges) - len(tail)) + tail
 
 
 def refuse_spend_charge(limit: Limit) -> InvalidInput | None:

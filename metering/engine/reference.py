@@ -347,8 +347,7 @@ def decide_with_states(
     if money is not None:
         if money.counted(event):  # tiers: priced with the counters as they are now
             used = [states.get(key, CounterState()).used for key in keys]
-            priced = money.priced(event, used)
-            spent = money.spend_costs(event, used)
+            priced, spent = money.repriced(event, used)
             chosen = [
                 mine if theirs is None else theirs
                 for mine, theirs in zip(chosen, spent, strict=True)
