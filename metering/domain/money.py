@@ -426,9 +426,10 @@ def priced_charges(
 ) -> list[PricedCharge]:
     """The event's charges (subject, limit, cost) that have a price at ``at_us``,
     each rounded on its own; `InvalidInput` when one may cost more than
-    `MAX_AMOUNT`. ``used``: per charge, what its counter held before the event
-    (None: nothing), read at decision time for a `Price.counted` price; a
-    counter charged twice by the event counts its first charge for the second."""
+    `MAX_AMOUNT` (checked without ``used``, as the event is read). ``used``:
+    per charge, what its counter held before the event (None: nothing), read
+    at decision time for a `Price.counted` price; a counter charged twice by
+    the event counts its first charge for the second."""
     found: list[PricedCharge] = []
     earlier: dict[tuple[str, str], int] = {}
     for index, (subject, limit, cost) in enumerate(charges):
@@ -440,7 +441,11 @@ def priced_charges(
             key = (subject, limit)
             before = (used[index] if used is not None else 0) + earlier.get(key, 0)
             earlier[key] = earlier.get(key, 0) + cost
-        amount = bounded_amount(cost, price, before)
+        # With ``used``, at decision time: the bound was checked with the event.
+        if used is None:
+            amount = bounded_amount(cost, price, before)
+        else:
+            amount = tiered_amount(price, before, cost)
         found.append(PricedCharge(index, subject, price.currency, amount, price.counted))
     return found
 
