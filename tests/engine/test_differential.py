@@ -581,6 +581,10 @@ def _run(
         for number, spec in enumerate(stream):
             clock.advance(seconds=spec["advance_seconds"])
             _changes(meters, spec, number)
+            tally["tiered prices"] += sum(
+                isinstance(per_unit, dict) and limit != "bucket"  # (refused on a bucket)
+                for limit, per_unit, _, _ in spec["prices"]
+            )
             records = []
             for item in spec["events"]:
                 if singly or spec["singly"]:
@@ -639,6 +643,7 @@ def test_the_path_decides_as_the_reference_engine(
     # Not vacuous: most events were the path's own.
     assert tally["fell back"] < tally["events"] // 4, tally
     assert tally["gauge levels"] >= examples // 4, tally  # gauges held levels
+    assert tally["tiered prices"] >= 1, tally  # events priced by their windows' totals
     if path != "one_trip":  # (there the fast path decides them, as on "direct")
         assert tally["paced denials"] >= 1, tally  # the pace denied some
     if path == "one_trip":  # of the events it may decide, the function decides many
