@@ -36,6 +36,7 @@ from metering.domain.grants import Balance, History, Pot, maximum_at
 from metering.domain.imports import ImportPolicy
 from metering.domain.instants import from_us
 from metering.domain.licenses import consumed_concurrent
+from metering.domain.money import Price, price_at, tiered_amount
 from metering.domain.needs import EVERY, NONE, Need, subject_needs
 from metering.domain.notifications import Notice, payload_of
 from metering.domain.recurring import Issue, issue_id, low_threshold
@@ -327,8 +328,9 @@ class _Spend:
         # By the event's position in the batch: its priced charges' (currency,
         # amount), by their position in the event.
         self.amounts: dict[int, dict[int, tuple[str, int]]] = {}
-        # The events whose spend charges are priced by their counters (tiers).
-        self.counted: set[int] = set()
+        # The events whose spend charges are priced by their counters (tiers);
+        # the usual one, with one priced charge, as (its position, its price).
+        self.counted: dict[int, tuple[int, Price] | None] = {}
 
     @classmethod
     def of(cls, cache: LimitCache, version: int, rules: dict[str, Rule]) -> _Spend:
@@ -350,7 +352,12 @@ class _Spend:
         if priced:
             self.amounts[index] = {c.index: (c.currency, c.amount) for c in priced}
             if any(c.counted for c in priced):
-                self.counted.add(index)
+                self.counted[index] = None
+                if len(priced) == 1:
+                    _, limit, _ = event.charges[priced[0].index]
+                    price = price_at(self.book.prices[limit], event.occurred_at_us)
+                    assert price is not None
+                    self.counted[index] = (priced[0].index, price)
         if not extra:
             return event, event_rules, None
         added: list[Rule] = []
@@ -373,6 +380,13 @@ class _Spend:
         counters' ``states`` before it, when a price of it is counted."""
         if index not in self.counted:
             return charges
+        single = self.counted[index]
+        if single is not None:  # each spend charge costs what the one priced charge does
+            position, price = single
+            amount = tiered_amount(price, states[position][USED], charges[position][2])
+            self.amounts[index] = {position: (price.currency, amount)}
+            head = len(event.charges) - len(self.book.spend.get(price.currency, ()))
+            return [*charges[:head], *((s, name, amount) for s, name, _ in charges[head:])]
         book, at_us = self.book, event.occurred_at_us
         used = [state[USED] for state in states]
         found, spent = repriced(book.prices, book.spend, event.charges, at_us, used)
