@@ -11,6 +11,8 @@ monthly calendar windows high enough that nothing is denied:
 * stacked: the same limit and a daily one, both charged by every event;
 * priced: the limit priced at 0.01 USD a unit and a spend limit in USD, so
   every event also charges the subject's spend (ratio to stacked too);
+* tiered: the same with a graduated price (two tiers) and a flat fee, each
+  charge priced by its window's total;
 * seats: a ``distinct="user"`` limit, 20 user values per subject;
 * grant: a grant on every subject, whose own allowance (1) is used up, so
   the grant pays every event;
@@ -82,6 +84,12 @@ def priced(meter: Meter, _subjects: list[str]) -> None:
     meter.set_price("calls", "0.01", "USD")
 
 
+def tiered(meter: Meter, _subjects: list[str]) -> None:
+    meter.set_price(
+        "calls", None, "USD", model="graduated", tiers=["1000:0.01", "inf:0.005"], flat_fee="1"
+    )
+
+
 def granted(meter: Meter, subjects: list[str]) -> None:
     for subject in subjects:
         meter.grant(subject, "calls", BIG, grant_id=f"credit-{subject}")
@@ -129,6 +137,7 @@ CASES = [
     Case("plain", "plain hard limit", (calls(),)),
     Case("stacked", "stacked on two limits", (calls(), DAILY), ("calls", "calls_daily")),
     Case("priced", "priced, with a spend cap", (calls(), SPEND), setup=priced),
+    Case("tiered", "tiered price (graduated, flat fee), spend cap", (calls(), SPEND), setup=tiered),
     Case("seats", 'seats (distinct="user")', (SEATS,), ("seats",), ("user",)),
     Case("grant", "a grant on every subject (paying)", (calls(1),), setup=granted),
     Case("recurring", "a recurring grant on every subject (paying)", (calls(1),), setup=recurring),

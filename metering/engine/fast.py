@@ -36,6 +36,7 @@ from metering.domain.grants import Balance, History, Pot, maximum_at
 from metering.domain.imports import ImportPolicy
 from metering.domain.instants import from_us
 from metering.domain.licenses import consumed_concurrent
+from metering.domain.money import Price, price_at, tiered_amount
 from metering.domain.needs import EVERY, NONE, Need, subject_needs
 from metering.domain.notifications import Notice, payload_of
 from metering.domain.recurring import Issue, issue_id, low_threshold
@@ -43,6 +44,7 @@ from metering.domain.reservations import held_charge
 from metering.domain.rollups import WOULD_DENY, merged, rollup_deltas, spend_deltas
 from metering.domain.rules import (
     BUCKET_WINDOW,
+    USED,
     EventOutcome,
     Key,
     Rule,
@@ -63,7 +65,7 @@ from metering.engine.answers import (
     NotHeld,
     Unacceptable,
 )
-from metering.engine.money import PriceBook, refuse_spend_charge
+from metering.engine.money import PriceBook, refuse_spend_charge, repriced
 from metering.engine.seats import Seats
 from metering.errors import EventConflict, InvalidInput, MeteringError, UnknownLimit
 from metering.messages import encode_event, raw_text
@@ -326,6 +328,9 @@ class _Spend:
         # By the event's position in the batch: its priced charges' (currency,
         # amount), by their position in the event.
         self.amounts: dict[int, dict[int, tuple[str, int]]] = {}
+        # The events whose spend charges are priced by their counters (tiers);
+        # the usual one, with one priced charge, as (its position, its price).
+        self.counted: dict[int, tuple[int, Price] | None] = {}
 
     @classmethod
     def of(cls, cache: LimitCache, version: int, rules: dict[str, Rule]) -> _Spend:
@@ -346,6 +351,13 @@ class _Spend:
             return event, event_rules, exc
         if priced:
             self.amounts[index] = {c.index: (c.currency, c.amount) for c in priced}
+            if any(c.counted for c in priced):
+                self.counted[index] = None
+                if len(priced) == 1:
+                    _, limit, _ = event.charges[priced[0].index]
+                    price = price_at(self.book.prices[limit], event.occurred_at_us)
+                    assert price is not None
+                    self.counted[index] = (priced[0].index, price)
         if not extra:
             return event, event_rules, None
         added: list[Rule] = []
@@ -356,6 +368,33 @@ class _Spend:
             added.append(rule)
         expanded = event._replace(charges=(*event.charges, *extra))
         return expanded, [*event_rules, *added], None
+
+    def reprice(
+        self,
+        index: int,
+        event: EventRecord,
+        charges: Sequence[tuple[str, str, int]],
+        states: Sequence[State],
+    ) -> Sequence[tuple[str, str, int]]:
+        """``charges`` with event ``index``'s spend charges priced by its
+        counters' ``states`` before it, when a price of it is counted."""
+        if index not in self.counted:
+            return charges
+        single = self.counted[index]
+        if single is not None:  # each spend charge costs what the one priced charge does
+            position, price = single
+            amount = tiered_amount(price, states[position][USED], charges[position][2])
+            self.amounts[index] = {position: (price.currency, amount)}
+            head = len(event.charges) - len(self.book.spend.get(price.currency, ()))
+            return [*charges[:head], *((s, name, amount) for s, name, _ in charges[head:])]
+        book, at_us = self.book, event.occurred_at_us
+        used = [state[USED] for state in states]
+        found, spent = repriced(book.prices, book.spend, event.charges, at_us, used)
+        self.amounts[index] = {c.index: (c.currency, c.amount) for c in found}
+        return [
+            charge if amount is None else (charge[0], charge[1], amount)
+            for charge, amount in zip(charges, spent, strict=True)
+        ]
 
     def annotate(self, index: int, verdict: EventOutcome) -> None:
         """The (currency, amount) of each consumed priced charge of event ``index``."""
@@ -607,6 +646,8 @@ class _Applying:
         if self.wanted_seats and any(rule.distinct for rule in event_rules):
             event_seats = _seat_keys(event, event_rules, event_windows)
             charges = _seat_charges(event, self.seats.costs(event_seats))
+        if self.spend is not None:
+            charges = self.spend.reprice(index, event, charges, event_states)
         verdict = decide(
             event_rules,
             charges,
@@ -948,6 +989,8 @@ def check_record(
     if seats:
         costs = Seats(snapshot.seen).costs(_seat_keys(event, event_rules, windows))
         charges = _seat_charges(event, costs)
+    if spend is not None:
+        charges = spend.reprice(0, event, charges, states)
     verdict = decide(event_rules, charges, windows, states, at_us, event.event_id, None, pots)
     if spend is not None:
         spend.annotate(0, verdict)

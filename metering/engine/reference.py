@@ -341,8 +341,19 @@ def decide_with_states(
     """
     allowed = allowed or Allowed()
     at_us = event.occurred_at_us
-    priced = allowed.money.priced(event) if allowed.money is not None else {}
+    money = allowed.money
+    priced: dict[int, tuple[str, int]] = {}
     chosen = costs or [None] * len(event.charges)
+    if money is not None:
+        if money.counted(event):  # tiers: priced with the counters as they are now
+            used = [states.get(key, CounterState()).used for key in keys]
+            priced, spent = money.repriced(event, used)
+            chosen = [
+                mine if theirs is None else theirs
+                for mine, theirs in zip(chosen, spent, strict=True)
+            ]
+        else:
+            priced = money.priced(event)
     inputs = [
         ChargeInput(
             allowed.limit_for(limits[c.limit], c.subject, at_us),

@@ -543,6 +543,12 @@ prices = Table(
     Column("currency", String(3), nullable=False),
     Column("per_unit", BigInteger, nullable=True),
     Column("created_at_us", BigInteger, nullable=False),
+    # A tiered price (migration 0026): its model, tiers (JSON), package and flat fee.
+    Column("model", String(16), nullable=False, server_default="per_unit"),
+    Column("tiers", Text, nullable=True),
+    Column("package_size", BigInteger, nullable=True),
+    Column("per_package", BigInteger, nullable=True),
+    Column("flat_fee", BigInteger, nullable=False, server_default="0"),
     PrimaryKeyConstraint("limit_name", "effective_from_us"),
 )
 

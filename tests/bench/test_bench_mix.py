@@ -16,6 +16,7 @@ CONFIGURATIONS = [
     "plain hard limit",
     "stacked on two limits",
     "priced, with a spend cap",
+    "tiered price (graduated, flat fee), spend cap",
     'seats (distinct="user")',
     "a grant on every subject (paying)",
     "a recurring grant on every subject (paying)",

@@ -12,8 +12,9 @@ the same stream of batches (one event at a time on "one_trip", and in
 batches marked ``singly`` elsewhere): hard, soft and shadow limits,
 calendar and first-use windows (one of months), token buckets, thresholds
 in percent and in units, dimensions, stacked charges, money (priced limits
-and spend limits of three currencies, price changes effective in the
-past, now and later, prices removed, amounts past the bound), seats
+and spend limits of three currencies, tiered prices and flat fees, price
+changes effective in the past, now and later, prices removed, amounts past
+the bound), seats
 (``distinct="user"``: new values, repeats, missing and empty values, cost
 2), gauges (peak and last level, hard, soft and shadow, levels of 0),
 paced limits (hard, soft and shadow; bursts in units and percent), a
@@ -188,6 +189,13 @@ METADATA = [
     {"user": "7", "route": "/b"},
     {"user": ""},  # not a value: rejected on a seat limit
 ]
+# Tiered prices: each priced by its window's total before the event.
+TIERED: list[dict[str, Any]] = [
+    {"model": "graduated", "tiers": ["3:0.01", "inf:0.004"]},
+    {"model": "volume", "tiers": ["4:0.02", "10:0.01", "inf:0.003"], "flat_fee": "0"},
+    {"model": "package", "package": 3, "per_package": "0.05"},
+    {"model": "graduated", "tiers": ["inf:0.01"], "flat_fee": "1"},
+]
 BIG = 10**12  # the largest cost: past every spend limit's bound once priced
 
 charge = st.tuples(
@@ -266,7 +274,8 @@ batch = st.fixed_dictionaries(
         "prices": st.lists(
             st.tuples(
                 st.sampled_from(PRICED),
-                st.sampled_from(["0.002", "0.015", "0.125", "1", "5000", None]),  # None: removed
+                # None: removed; a dict: a tiered price (or a flat fee).
+                st.sampled_from(["0.002", "0.015", "0.125", "1", "5000", None, *TIERED, *TIERED]),
                 st.sampled_from(["USD", "USD", "EUR", "JPY"]),
                 st.sampled_from([0, -600, -2400, 900]),  # effective from: now, earlier, later
             ),
@@ -430,6 +439,8 @@ def _changes(meters: tuple[Meter, Meter], spec: dict[str, Any], number: int) -> 
         when = now + timedelta(seconds=offset)
         if per_unit is None:
             _both(meters, "remove_price", limit, currency, when)
+        elif isinstance(per_unit, dict):
+            _both(meters, "set_price", limit, None, currency, when, **per_unit)
         else:
             _both(meters, "set_price", limit, per_unit, currency, when)
     if spec["reset"] is not None:
@@ -570,6 +581,10 @@ def _run(
         for number, spec in enumerate(stream):
             clock.advance(seconds=spec["advance_seconds"])
             _changes(meters, spec, number)
+            tally["tiered prices"] += sum(
+                isinstance(per_unit, dict) and limit != "bucket"  # (refused on a bucket)
+                for limit, per_unit, _, _ in spec["prices"]
+            )
             records = []
             for item in spec["events"]:
                 if singly or spec["singly"]:
@@ -628,6 +643,7 @@ def test_the_path_decides_as_the_reference_engine(
     # Not vacuous: most events were the path's own.
     assert tally["fell back"] < tally["events"] // 4, tally
     assert tally["gauge levels"] >= examples // 4, tally  # gauges held levels
+    assert tally["tiered prices"] >= 1, tally  # events priced by their windows' totals
     if path != "one_trip":  # (there the fast path decides them, as on "direct")
         assert tally["paced denials"] >= 1, tally  # the pace denied some
     if path == "one_trip":  # of the events it may decide, the function decides many
