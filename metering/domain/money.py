@@ -1,19 +1,12 @@
 """Money: currencies, amounts, prices and the rounding of a priced charge (docs/money.md).
 
-Amounts are integers of a currency's minor unit (`CURRENCIES`): `parse_amount` reads the
-major units a person writes and refuses more decimals than the currency has; `format_amount`
-writes them back; text goes through `Decimal`, never a float. A price is an integer of
-micro-minor units (`PRICE_EXTRA_DIGITS` below the minor unit: USD 0.002 a call is 200,000).
-A charge's amount is ``cost * per_unit`` rounded half to even to the minor unit, per charge
-(`charge_amount`); a spend limit is charged the sum of its event's rounded amounts, at most
-`MAX_AMOUNT` a charge (`bounded_amount`). Prices are effective-dated (`price_at`): one holds
-until the next of its limit; a price of None ends pricing from then on.
-
-Besides a price per unit, a price may be tiered (`MODELS`: ``graduated``, ``volume``,
-``package``) and carry a flat fee per window. Such a price is a function of the priced
-limit's window total (`window_price`, micro-minor units, exact integers); a charge costs
-the rounded price of the window's total after it less that of the total before it
-(`tiered_amount`), so a window's charges add up to its total's price rounded once.
+Amounts are integers of a currency's minor unit (`CURRENCIES`), read and written through
+`Decimal` (`parse_amount`, `format_amount`); prices are integers of micro-minor units
+(`PRICE_EXTRA_DIGITS` below the minor unit). A per-unit charge is ``cost * per_unit``
+rounded half to even per charge (`charge_amount`, at most `MAX_AMOUNT`: `bounded_amount`);
+a tiered price (`MODELS`) and a flat fee price the window's total (`window_price`), and a
+charge costs the rounded price after it less that before it (`tiered_amount`). Prices are
+effective-dated (`price_at`); a price of None ends pricing from then on.
 """
 
 from __future__ import annotations
