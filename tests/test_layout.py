@@ -43,6 +43,7 @@ EXEMPT: dict[str, str] = {
     "metering/webhooks/__init__.py": "re-export face of the webhooks",
     "metering/webhooks/settings.py": "re-export of metering.settings (tests/unit/test_settings.py)",
     "workers/__init__.py": "package docstring only",
+    "workers/settings.py": "one cast: the settings a Celery app was made with",
 }
 
 # Modules with logic and no test file beside them yet: their tests are to
@@ -105,7 +106,6 @@ NOT_YET: set[str] = {
     "metering/reports/spend.py",
     "metering/reservations/admin.py",
     "metering/reservations/handle.py",
-    "metering/results.py",
     "metering/retention.py",
     "metering/simulation.py",
     "metering/storage/audit.py",
@@ -122,7 +122,6 @@ NOT_YET: set[str] = {
     "workers/app.py",
     "workers/beat.py",
     "workers/guard.py",
-    "workers/settings.py",
     "workers/tasks.py",
     "workers/webhooks.py",
 }
