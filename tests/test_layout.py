@@ -111,7 +111,6 @@ NOT_YET: set[str] = {
     "metering/storage/audit.py",
     "metering/storage/broker.py",
     "metering/storage/health.py",
-    "metering/storage/history.py",
     "metering/storage/hot/__init__.py",
     "metering/storage/hot/one_trip.py",
     "metering/storage/hot/sqlite_grants.py",
