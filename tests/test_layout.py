@@ -115,7 +115,6 @@ NOT_YET: set[str] = {
     "metering/storage/hot/sqlite_grants.py",
     "metering/storage/reports.py",
     "metering/storage/reservations.py",
-    "metering/storage/results.py",
     "workers/app.py",
     "workers/beat.py",
     "workers/guard.py",
