@@ -109,7 +109,6 @@ NOT_YET: set[str] = {
     "metering/retention.py",
     "metering/simulation.py",
     "metering/storage/audit.py",
-    "metering/storage/health.py",
     "metering/storage/hot/__init__.py",
     "metering/storage/hot/one_trip.py",
     "metering/storage/hot/sqlite_grants.py",
