@@ -3,7 +3,8 @@
 The tests of `metering/PACKAGE/MODULE.py` are in `tests/PACKAGE/`, in a file
 named `test_MODULE.py`, `test_MODULE_ASPECT.py`, `test_PKG_MODULE.py` or
 `test_PKG_MODULE_ASPECT.py` (PKG: the last folder of PACKAGE). A package's
-`__init__.py` counts as the module PKG. Top-level modules of `metering/` are
+`__init__.py` counts as the module PKG (but `test_PKG_MODULE*.py` is
+MODULE's, not the package's). Top-level modules of `metering/` are
 tested in `tests/unit/`, those of `workers/` in `tests/workers/` (PKG is
 `metering` or `workers`).
 
@@ -28,16 +29,19 @@ EXEMPT_FOLDERS: dict[str, str] = {
 }
 
 EXEMPT: dict[str, str] = {
+    "metering/__init__.py": "re-export face of the package (and its lazy imports)",
     "metering/__main__.py": "`python -m metering` calls the CLI's main",
-    "metering/allowances/__init__.py": "functions handed on to storage, tested through Meter",
+    "metering/allowances/__init__.py": "re-export face of the allowances",
     "metering/allowances/facade.py": "Meter's methods handed to metering.allowances",
     "metering/domain/__init__.py": "package docstring only",
     "metering/engine/__init__.py": "re-export face of the engine",
+    "metering/imports/__init__.py": "re-export face of the import service",
     "metering/licenses/facade.py": "Meter's methods handed to metering.licenses",
-    "metering/operators.py": "Meter's methods handed to the modules that own them",
     "metering/money/__init__.py": "re-export face of the money service",
     "metering/money/facade.py": "Meter's methods handed to metering.money",
+    "metering/operators.py": "Meter's methods handed to the modules that own them",
     "metering/reports/__init__.py": "re-export face of the reports",
+    "metering/storage/__init__.py": "package docstring only",
     "metering/storage/store.py": "composes the query classes, each tested beside its module",
     "metering/storage/tables.py": "table declarations: test_connections_schema.py checks them",
     "metering/webhooks/__init__.py": "re-export face of the webhooks",
@@ -129,11 +133,23 @@ def files_beside(module: str) -> list[Path]:
     if not folder.is_dir():
         return []
     names = accepted_names(module)
-    return sorted(
+    found = [
         path
         for path in folder.glob("test_*.py")
         if any(path.stem == name or path.stem.startswith(f"{name}_") for name in names)
-    )
+    ]
+    if module.endswith("/__init__.py"):
+        # test_PKG_MODULE*.py is the file of a module of the package, not of its face.
+        package = module.removesuffix("__init__.py")
+        siblings = [path for path in found if _names_a_sibling(path.stem, package)]
+        found = [path for path in found if path not in siblings]
+    return sorted(found)
+
+
+def _names_a_sibling(stem: str, package: str) -> bool:
+    siblings = {path.stem for path in (ROOT / package).glob("*.py")} - {"__init__"}
+    rest = stem.removeprefix("test_").split("_", 1)[-1]
+    return any(rest == name or rest.startswith(f"{name}_") for name in siblings)
 
 
 def test_the_rule_places_and_names_the_tests_of_a_module() -> None:
