@@ -68,7 +68,6 @@ NOT_YET: set[str] = {
     "metering/cli/context.py",
     "metering/cli/demo.py",
     "metering/cli/events.py",
-    "metering/cli/output.py",
     "metering/cli/prices.py",
     "metering/cli/queue.py",
     "metering/cli/serve.py",
