@@ -60,7 +60,6 @@ NOT_YET: set[str] = {
     "metering/api/context.py",
     "metering/api/decisions.py",
     "metering/api/history.py",
-    "metering/api/problems.py",
     "metering/api/queueing.py",
     "metering/api/reservations.py",
     "metering/cli/alerts.py",
