@@ -75,7 +75,6 @@ NOT_YET: set[str] = {
     "metering/demo.py",
     "metering/engine/one_trip.py",
     "metering/history.py",
-    "metering/lag.py",
     "metering/licenses/service.py",
     "metering/logs.py",
     "metering/meter.py",
