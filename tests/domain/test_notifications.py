@@ -1,6 +1,6 @@
 """The notification rules (`domain/notifications.py`): each notice in full.
 
-``tests/webhooks/test_notification_rules.py`` says which notices a charge
+``tests/domain/test_notifications_rules.py`` says which notices a charge
 causes; this file pins down what each one carries, the threshold
 arithmetic at its edges, the sweeper's steps and the payload's instants.
 """

@@ -1,4 +1,5 @@
-"""Producer, message decoding, batch application and the embedded broker sweep.
+"""Producer, message decoding and batch application (the embedded broker's
+sweep is in tests/storage/test_broker.py).
 
 The embedded broker (kombu's SQLAlchemy transport on a SQLite file) is a real
 broker that needs no server; broker outages use the session's Redis.
@@ -15,7 +16,6 @@ import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
 from servers import RedisServer
@@ -25,7 +25,6 @@ from metering.errors import BrokerUnavailable, InvalidInput, UnknownLimit
 from metering.messages import decode_records, encode_batch, encode_event
 from metering.pipeline import apply_batch
 from metering.producer import UsageProducer, queue_for
-from metering.storage.broker import event_ids_of, sweep_embedded_broker
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 
@@ -237,40 +236,6 @@ def test_applying_a_message_again_changes_nothing(tmp_path: Path) -> None:
         assert any(r[0] == "e0" for r in meter.rejected_messages())
 
 
-def test_sweep_deletes_consumed_messages_and_redelivers_stale_ones(
-    broker: tuple[str, Path], tmp_path: Path
-) -> None:
-    url, path = broker
-    with UsageProducer(
-        url, batch_size=2, flush_interval_seconds=60, clock=FrozenClock(NOW)
-    ) as producer:
-        ids = [producer.emit("s", "calls", occurred_at=NOW) for _ in range(4)]
-    taken_at = datetime(2026, 11, 22, 11, 0)  # stamped in UTC when a worker takes one
-    with sqlite3.connect(path) as connection:
-        connection.execute("UPDATE kombu_message SET visible = 0, timestamp = ?", (taken_at,))
-    [(first, _, _), (second, _, _)] = broker_messages(path)
-    assert (
-        event_ids_of(
-            sqlite3.connect(path).execute("SELECT payload FROM kombu_message").fetchone()[0]
-        )
-        == ids[:2]
-    )
-
-    def decided(wanted: object) -> set[str]:
-        return set(ids[:2])  # the first message's events have results, the second's do not
-
-    fresh = sweep_embedded_broker(
-        url, decided, now=taken_at.replace(tzinfo=UTC) + timedelta(seconds=10)
-    )
-    assert fresh == {"deleted": 1, "restored": 0}  # the second is not stale yet
-    stale = sweep_embedded_broker(
-        url, decided, now=taken_at.replace(tzinfo=UTC) + timedelta(hours=1)
-    )
-    assert stale == {"deleted": 0, "restored": 1}
-    assert [(m, visible) for m, visible, _ in broker_messages(path)] == [(second, True)]
-    assert first != second
-
-
 def test_cli_emit_with_the_broker_down_says_so_in_one_line_and_sends_nothing_later(
     redis_server: RedisServer, redis_url: str, tmp_path: Path
 ) -> None:
@@ -290,62 +255,6 @@ def test_cli_emit_with_the_broker_down_says_so_in_one_line_and_sends_nothing_lat
     [line] = done.stderr.strip().splitlines()
     assert line.startswith("error: the event was not queued: broker unavailable at redis://")
     assert queued_ids(redis_server) == []
-
-
-def _declare_at_once(url: str, start: Any, queue: str) -> None:
-    from metering.producer import make_celery
-
-    app = make_celery(url)
-    with app.connection_for_write() as connection:
-        channel = connection.default_channel
-        start.wait(30)
-        channel.queue_declare(queue)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("attempt", range(3))
-def test_processes_starting_together_on_fresh_embedded_files_all_come_up(
-    tmp_path: Path, attempt: int
-) -> None:
-    """Workers and producers started at the same moment on a new broker file
-    each create kombu's tables and queue rows; none may die of the race."""
-    import multiprocessing
-
-    url = f"sqla+sqlite:///{tmp_path}/broker-{attempt}.db"
-    context = multiprocessing.get_context("fork")
-    start = context.Event()
-    procs = [
-        context.Process(target=_declare_at_once, args=(url, start, "metering")) for _ in range(6)
-    ]
-    for proc in procs:
-        proc.start()
-    time.sleep(0.5)
-    start.set()
-    for proc in procs:
-        proc.join(60)
-    assert [proc.exitcode for proc in procs] == [0] * len(procs)
-    with sqlite3.connect(tmp_path / f"broker-{attempt}.db") as connection:
-        names = [row[0] for row in connection.execute("SELECT name FROM kombu_queue")]
-    assert names == ["metering"]
-
-
-def test_the_embedded_transport_is_used_after_kombus_own_was_loaded(tmp_path: Path) -> None:
-    """kombu resolves a URL prefix once per process and keeps the class: a
-    ``sqla+`` connection made before ours (by the app, another library, an
-    earlier test) must not leave later producers on kombu's unsafe channel."""
-    script = f"""
-from kombu import Connection
-with Connection("sqla+sqlite:///{tmp_path}/theirs.db") as connection:
-    connection.SimpleQueue("q").put({{"a": 1}})
-from metering.producer import make_celery
-app = make_celery("sqla+sqlite:///{tmp_path}/ours.db")
-with app.connection_for_write() as connection:
-    print(type(connection.default_channel).__qualname__)
-"""
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
-    )
-    assert done.stdout.strip() == "_EmbeddedChannel"
 
 
 # -- charges to undefined limits ------------------------------------------------

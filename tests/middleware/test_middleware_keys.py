@@ -1,28 +1,19 @@
-"""Keys, routes and Retry-After of the middleware, with plain values."""
+"""Keys of the middleware (`middleware/keys.py`), with plain values; its routes
+and Retry-After are in test_middleware_routes.py and test_middleware_core.py."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 import pytest
 
-from metering import Limit, Meter
-from metering.domain.decisions import ChargeDecision, Decision
 from metering.domain.events import validate_subject
 from metering.errors import InvalidInput
 from metering.middleware import (
     RequestInfo,
-    Route,
     authenticated_user,
     client_ip,
     header,
     subject_of,
 )
-from metering.middleware.core import Policy, RequestMetering, Step, retry_after_seconds
-from metering.middleware.routes import canonical_path
-
-NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
-NOW_US = int(NOW.timestamp()) * 1_000_000
 
 
 def request(
@@ -144,113 +135,3 @@ def test_any_other_key_is_hashed_into_a_valid_subject_of_its_own(key: str) -> No
 def test_a_key_function_returning_a_non_string_is_a_clear_error() -> None:
     with pytest.raises(InvalidInput, match="key"):
         subject_of(42)  # type: ignore[arg-type]
-
-
-def test_routes_match_exactly_or_by_prefix_and_method() -> None:
-    upload = Route("/upload*", cost=5, methods=frozenset({"POST"}))
-    assert upload.matches("POST", "/upload/big") and upload.matches("post", "/upload")
-    assert not upload.matches("GET", "/upload")
-    assert Route("/health").matches("GET", "/health")
-    assert not Route("/health").matches("GET", "/healthz")
-
-
-@pytest.mark.parametrize(
-    ("path", "canonical"),
-    [
-        ("/ip/x", "/ip/x"),
-        ("/", "/"),
-        ("", ""),
-        ("//ip/x", "/ip/x"),
-        ("/ip///x/", "/ip/x/"),
-        ("/./ip/./x", "/ip/x"),
-        ("/a/b/../../ip/x", "/ip/x"),
-        ("/../../ip", "/ip"),
-        ("/ip/x/..", "/ip/"),
-        ("/ip/.", "/ip/"),
-        ("/..", "/"),
-        ("/.well-known/x", "/.well-known/x"),
-        ("/%69p/%2e%2E/%49P", "/IP"),  # unreserved characters decoded, then dots resolved
-        ("/a%2Fb/%25/%20", "/a%2Fb/%25/%20"),  # reserved or other characters stay encoded
-        ("/IP/X", "/IP/X"),  # case is kept: routes compare it as they need
-    ],
-)
-def test_canonical_path(path: str, canonical: str) -> None:
-    assert canonical_path(path) == canonical
-
-
-def test_a_canonical_path_is_returned_without_a_copy() -> None:
-    path = "/api/v1/items/42"
-    assert canonical_path(path) is path
-
-
-@pytest.mark.parametrize("path", ["/ip/x", "/IP/x", "//ip/x", "/iP//x", "/x/../ip/y", "/%69p"])
-def test_a_charging_route_matches_every_spelling_of_its_path(path: str) -> None:
-    assert Route("/ip*", limit="other").matches("GET", path)
-
-
-def test_a_route_path_is_normalised_too() -> None:
-    route = Route("//IP/./", cost=2)
-    assert route.matches("GET", "/ip/") and route.matches("GET", "/Ip//")
-    assert not route.matches("GET", "/ip")
-
-
-@pytest.mark.parametrize(
-    ("path", "exempt"),
-    [("/health", True), ("/HEALTH", False), ("//health", False), ("/x/../health", False)],
-)
-def test_an_exempt_route_matches_only_the_path_the_router_sees(path: str, exempt: bool) -> None:
-    assert Route("/health", exempt=True).matches("GET", path) is exempt
-    assert Route("/Static*", exempt=True).matches("GET", "/Static/app.js")
-
-
-def charge(allowed: bool, retry_at_us: int | None, resets_at_us: int) -> ChargeDecision:
-    return ChargeDecision(
-        "s",
-        "l",
-        1,
-        allowed,
-        "allowed" if allowed else "denied",
-        0,
-        0,
-        1,
-        0,
-        None,
-        resets_at_us,
-        retry_at_us,
-    )
-
-
-def test_retry_after_rounds_up_and_is_at_least_one_second() -> None:
-    def decision(*charges: ChargeDecision) -> Decision:
-        return Decision("e", "denied", charges, NOW, NOW)
-
-    assert retry_after_seconds(decision(charge(False, NOW_US + 1_500_000, 0)), NOW_US) == 2
-    assert retry_after_seconds(decision(charge(False, NOW_US, 0)), NOW_US) == 1
-    never = decision(charge(False, None, NOW_US + 60_000_000))  # cost above the maximum
-    assert retry_after_seconds(never, NOW_US) == 60
-    both = decision(charge(True, None, 0), charge(False, NOW_US + 9_000_000, 0))
-    assert retry_after_seconds(both, NOW_US) == 9
-
-
-def test_a_policy_checks_its_configuration(tmp_path: object) -> None:
-    with Meter(f"sqlite:///{tmp_path}/m.db") as meter:
-        with pytest.raises(InvalidInput):
-            Policy(meter, "api", cost=0)
-        with pytest.raises(InvalidInput):
-            Policy(meter, "bad name!")
-        with pytest.raises(InvalidInput):
-            Policy(meter, "api", routes=[Route("/x", cost=-1)])
-        with pytest.raises(InvalidInput):
-            Policy("not a meter", "api")  # type: ignore[arg-type]
-
-
-def test_a_key_function_returning_a_non_string_answers_503_or_passes_when_fail_open(
-    tmp_path: object,
-) -> None:
-    with Meter(f"sqlite:///{tmp_path}/m.db") as meter:
-        meter.set_limit(Limit("api", maximum=5, period="1m"))
-        numbered = Policy(meter, "api", key=lambda _: 42)  # type: ignore[arg-type,return-value]
-        step = numbered.enter(request(), RequestMetering())
-        assert step.response is not None and step.response.status == 503
-        lenient = Policy(meter, "api", key=lambda _: 42, fail_open=True)  # type: ignore[arg-type,return-value]
-        assert lenient.enter(request(), RequestMetering()) == Step()

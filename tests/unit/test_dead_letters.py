@@ -1,7 +1,7 @@
 """Rejected events, kept whole by the worker's path (`apply_batch`), are
 replayed once their limit exists, exactly once (SQLite and PostgreSQL;
 concurrent replays from several threads). Their count of the last day:
-tests/cli/test_status_cli.py and tests/integration/test_lag_gauges.py."""
+tests/cli/test_status_cli.py and tests/unit/test_lag_gauges.py."""
 
 from __future__ import annotations
 
