@@ -1,4 +1,4 @@
-"""The lag gauges of ``/metrics`` (`metering.lag`), read from a real broker and database.
+"""The lag gauges of ``/metrics`` (`metering.telemetry.lag`), read from a real broker and database.
 
 No worker runs: messages stay on the queue until the test applies their
 batches itself, so depths are exact. Ages are only checked to be there.
@@ -19,12 +19,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from metering import Limit, Meter
 from metering.clock import FrozenClock
 from metering.domain.events import make_event
-from metering.lag import lag_collector, read_queue_lag, read_webhook_backlog
-from metering.messages import encode_batch, encode_event
-from metering.metrics import WebhookBacklog, exposition_registry
-from metering.pipeline import apply_batch
-from metering.producer import UsageProducer
-from metering.routing import DEFAULT_QUEUE
+from metering.pipeline.batches import apply_batch
+from metering.pipeline.messages import encode_batch, encode_event
+from metering.pipeline.producer import UsageProducer
+from metering.pipeline.routing import DEFAULT_QUEUE
+from metering.telemetry.lag import lag_collector, read_queue_lag, read_webhook_backlog
+from metering.telemetry.metrics import WebhookBacklog, exposition_registry
 from metering.webhooks import Webhooks
 
 START = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)

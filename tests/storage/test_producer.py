@@ -22,9 +22,9 @@ from servers import RedisServer
 
 from metering import FrozenClock, Limit, Meter, make_event
 from metering.errors import BrokerUnavailable, InvalidInput, UnknownLimit
-from metering.messages import decode_records, encode_batch, encode_event
-from metering.pipeline import apply_batch
-from metering.producer import UsageProducer, queue_for
+from metering.pipeline.batches import apply_batch
+from metering.pipeline.messages import decode_records, encode_batch, encode_event
+from metering.pipeline.producer import UsageProducer, queue_for
 from metering.storage.broker import event_ids_of, sweep_embedded_broker
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
@@ -293,7 +293,7 @@ def test_cli_emit_with_the_broker_down_says_so_in_one_line_and_sends_nothing_lat
 
 
 def _declare_at_once(url: str, start: Any, queue: str) -> None:
-    from metering.producer import make_celery
+    from metering.pipeline.producer import make_celery
 
     app = make_celery(url)
     with app.connection_for_write() as connection:
@@ -337,7 +337,7 @@ def test_the_embedded_transport_is_used_after_kombus_own_was_loaded(tmp_path: Pa
 from kombu import Connection
 with Connection("sqla+sqlite:///{tmp_path}/theirs.db") as connection:
     connection.SimpleQueue("q").put({{"a": 1}})
-from metering.producer import make_celery
+from metering.pipeline.producer import make_celery
 app = make_celery("sqla+sqlite:///{tmp_path}/ours.db")
 with app.connection_for_write() as connection:
     print(type(connection.default_channel).__qualname__)

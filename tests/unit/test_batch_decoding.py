@@ -1,4 +1,4 @@
-"""The one-pass decoding of queued events (`metering.messages._plain_record`)
+"""The one-pass decoding of queued events (`metering.pipeline.messages._plain_record`)
 gives what the general decoding (`_decode_record`) gives, for any input.
 
 The usual event (an id, one charge of three values, no metadata) is decoded
@@ -17,9 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from metering import messages
 from metering.domain.events import fingerprint_of, single_fingerprint
 from metering.domain.instants import MAX_US, MIN_US
+from metering.pipeline import messages
 
 AT = 1_795_000_000_000_000
 

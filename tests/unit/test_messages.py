@@ -1,8 +1,8 @@
-"""The queued message format (`metering.messages`): what a producer writes and
+"""The queued message format (`metering.pipeline.messages`): what a producer writes and
 a worker reads, on the ground floor so that a producer loads no database.
 
 Workers of the previous version read this version's messages and the other
-way round: `SAMPLE` is a message the code before `metering.messages` wrote
+way round: `SAMPLE` is a message the code before `metering.pipeline.messages` wrote
 (`pipeline.batch_body` of `pipeline.event_text`), kept byte for byte.
 """
 
@@ -15,9 +15,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from metering import messages
 from metering.domain.events import EventRecord, UsageEvent, make_event
-from metering.routing import APPLY_BATCH_TASK, SENT_AT_HEADER
+from metering.pipeline import messages
+from metering.pipeline.routing import APPLY_BATCH_TASK, SENT_AT_HEADER
 
 AT = datetime(2026, 11, 26, 9, 0, 0, 123456, tzinfo=UTC)
 
@@ -32,7 +32,7 @@ EVENTS = {
     ),
 }
 
-# The four events above, as the code before `metering.messages` wrote them.
+# The four events above, as the code before `metering.pipeline.messages` wrote them.
 SAMPLE = (
     b'[[{"v":1,"events":[{"id":"plain-1","charges":[["org-1","calls",3]],'
     b'"at":1795683600123456,"meta":null},{"id":"stacked-1","charges":'
@@ -109,7 +109,7 @@ def test_importing_the_producer_loads_no_database() -> None:
     """An app that only emits events loads neither SQLAlchemy nor psycopg
     (a fresh interpreter: this one has them already)."""
     code = (
-        "import sys, metering.producer, metering.messages\n"
+        "import sys, metering.pipeline.producer, metering.pipeline.messages\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'sqlalchemy', 'psycopg'}))\n"
     )
     done = subprocess.run(

@@ -32,14 +32,11 @@ from starlette.routing import Route
 
 from metering import Limit, Meter, make_event
 from metering.errors import ConfigurationError, EventConflict, StorageError
-from metering.logs import (
-    JsonFormatter,
-    RedactSecrets,
-    log_format,
-    redact,
-)
-from metering.messages import encode_batch, encode_event
-from metering.metrics import (
+from metering.pipeline.batches import apply_batch
+from metering.pipeline.messages import encode_batch, encode_event
+from metering.storage.connections import RetryTransaction, make_engine, run_transaction
+from metering.telemetry.logs import JsonFormatter, RedactSecrets, log_format, redact
+from metering.telemetry.metrics import (
     MAX_LIMIT_LABELS,
     OTHER_LIMIT,
     UNKNOWN_LIMIT,
@@ -53,9 +50,7 @@ from metering.metrics import (
     instrument_app,
     metrics_port,
 )
-from metering.pipeline import apply_batch
-from metering.storage.connections import RetryTransaction, make_engine, run_transaction
-from metering.tracing import tracing_enabled
+from metering.telemetry.tracing import tracing_enabled
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -222,7 +217,7 @@ def test_lag_gauges_are_read_at_scrape_time_and_a_failing_source_is_reported() -
 
 
 def _count_in_child(times: int) -> None:
-    from metering.metrics import count_events
+    from metering.telemetry.metrics import count_events
 
     for _ in range(times):
         count_events({("mp_limit", "allowed"): 1}, {"mp_limit": 1}, {})
@@ -230,7 +225,7 @@ def _count_in_child(times: int) -> None:
 
 _PARENT = """
 import multiprocessing, sys
-from metering import metrics
+from metering.telemetry import metrics
 metrics.count_events({("mp_limit", "allowed"): 100}, {}, {})  # before: dropped
 metrics.enable_multiprocess(sys.argv[1])
 metrics.count_events({("mp_limit", "allowed"): 1}, {}, {})  # the parent's own
@@ -268,7 +263,10 @@ def test_multiprocess_mode_sums_every_process(tmp_path: Path) -> None:
 
 
 def test_metering_import_does_not_import_prometheus_client() -> None:
-    code = "import sys, metering.meter, metering.metrics; print('prometheus_client' in sys.modules)"
+    code = (
+        "import sys, metering.meter, metering.telemetry.metrics;"
+        " print('prometheus_client' in sys.modules)"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
 
@@ -342,7 +340,7 @@ def test_uvicorn_log_config_puts_uvicorn_logs_in_json() -> None:
     code = textwrap.dedent(
         """
         import logging, logging.config
-        from metering.logs import uvicorn_log_config
+        from metering.telemetry.logs import uvicorn_log_config
         logging.config.dictConfig(uvicorn_log_config("json"))
         logging.getLogger("uvicorn.access").info(
             '%s - "%s %s HTTP/%s" %d', "127.0.0.1:5000", "GET", "/v1/x", "1.1", 200
@@ -455,7 +453,7 @@ def test_servers_logs_carry_no_url_password(fmt: str) -> None:
     code = textwrap.dedent(
         f"""
         import logging, logging.config
-        from metering.logs import uvicorn_log_config
+        from metering.telemetry.logs import uvicorn_log_config
         logging.config.dictConfig(uvicorn_log_config({fmt!r}))
         logging.getLogger("httpx").warning("HTTP Request: POST %s", "https://u:s3cret@h/")
         logging.getLogger("uvicorn.error").info("at https://u:s3cret@h/")

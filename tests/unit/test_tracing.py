@@ -23,7 +23,7 @@ from pytest_httpserver import HTTPServer
 
 from metering import Limit, Meter
 from metering.errors import ConfigurationError
-from metering.tracing import Tracing, setup_tracing
+from metering.telemetry.tracing import Tracing, setup_tracing
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """The lag gauges of ``/metrics``, read when Prometheus scrapes.
 
-`lag_collector` gives a `metering.metrics.LagCollector` reading, at each scrape, what
+`lag_collector` gives a `metering.telemetry.metrics.LagCollector` reading, at each scrape, what
 ``metering status`` reads (`metering.storage.queue_state`, `metering.storage.health`):
 per queue the messages waiting and those taken but not acknowledged; the age of the oldest
 queued event with no result yet (by send time; 0 when none); the webhook backlog (pending
@@ -15,15 +15,15 @@ from __future__ import annotations
 from typing import Final
 
 from metering.clock import Clock, system_clock
-from metering.dead_letters import RECENT_SECONDS
 from metering.domain.audit import INVARIANTS
 from metering.domain.instants import to_us
-from metering.metrics import LagCollector, QueueLag, WebhookBacklog
-from metering.routing import worker_queues
+from metering.pipeline.routing import worker_queues
 from metering.storage.audit import AuditStore
 from metering.storage.health import DatabaseProbe
 from metering.storage.queue_state import oldest_undecided, open_queues
 from metering.storage.webhooks import WebhookStore
+from metering.telemetry.metrics import LagCollector, QueueLag, WebhookBacklog
+from metering.upkeep.dead_letters import RECENT_SECONDS
 
 SCRAPE_TIMEOUT_SECONDS: Final = 3.0
 
@@ -93,7 +93,7 @@ def read_audit_counts(database_url: str) -> dict[str, int]:
 def lag_collector(
     database_url: str, broker_url: str, queues: int = 1, clock: Clock = system_clock
 ) -> LagCollector:
-    """A collector of the lag gauges (``collectors`` of `metering.metrics.exposition`)."""
+    """A collector of the lag gauges (``collectors`` of `metering.telemetry.metrics.exposition`)."""
     return LagCollector(
         queues=lambda: read_queue_lag(database_url, broker_url, queues, clock),
         webhooks=lambda: read_webhook_backlog(database_url, clock),

@@ -1,6 +1,6 @@
 """The queued path's apply side: applying one message's batch.
 
-The message format, and its decoding, is `metering.messages`. `apply_batch`
+The message format, and its decoding, is `metering.pipeline.messages`. `apply_batch`
 is what the worker's task calls: it decodes each event again (a queue is
 untrusted input), applies the valid ones in one transaction with the rules
 of `Meter.consume`, stores unknown limits and out-of-range times as
@@ -21,9 +21,9 @@ from metering.domain.events import EventRecord, Rejected
 from metering.domain.jsonable import fields_dict
 from metering.engine.answers import CONFLICT, DUPLICATE, NEW, Answer
 from metering.errors import InputRefused
-from metering.messages import decode_records, encode_event, raw_text
 from metering.meter import Meter
-from metering.metrics import observe_batch
+from metering.pipeline.messages import decode_records, encode_event, raw_text
+from metering.telemetry.metrics import observe_batch
 
 
 @dataclass(frozen=True, slots=True)

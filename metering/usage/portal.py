@@ -12,7 +12,7 @@ signed until a grace ends (``metering portal rotate --grace 1d``).
 Per limit: used against the maximum in force in the current window and what
 that means in words (within, over and billed as overage, blocked until a
 time), when it resets, the grants left (where the subject has grants), and a
-chart with dates and values: the last 30 days by day (`metering.history`),
+chart with dates and values: the last 30 days by day (`metering.usage.history`),
 or, for windows longer than a day with no hourly rollups, the last windows
 one bar each (their counters hold no finer figure). Then the recent denials,
 from the counters. Times are shown by `metering.domain.instants.clock_text`.
@@ -33,8 +33,6 @@ from metering.domain.history import Point, maximum_at
 from metering.domain.instants import clock_text, from_us
 from metering.domain.links import MAX_TTL_SECONDS, parse_ttl, sign, validate_ttl, verify
 from metering.errors import InvalidInput
-from metering.history import usage_history
-from metering.lookup import subject_usage
 from metering.storage.database import Database
 from metering.storage.history import (
     WindowRow,
@@ -44,6 +42,8 @@ from metering.storage.history import (
     portal_secrets,
     rotate_secret,
 )
+from metering.usage.current import subject_usage
+from metering.usage.history import usage_history
 
 DAYS: Final = 30
 MAX_DENIALS: Final = 20

@@ -1,54 +1,30 @@
-"""Read-only answers for the HTTP API: stored results, and a subject's usage now.
-
-`stored_results` gives the ledger's rows with their fingerprints, so a repeated event id is
-told apart from a conflicting one before it is queued again. `subject_usage` gives, for
-every limit the subject used or was denied in its current window (a token bucket: ever),
-what a charge of 1 would meet now (`LimitUsage`: used, remaining, the subject's maximum,
-resets_at, retry_at when it would be denied), and ``grants_left``, what its grants in force
-add, counted as the usage page counts them (`metering.allowances.service.grants_left`; a
-limit with grants left is listed before its first use). It decides with the pure domain
+"""A subject's usage now: `subject_usage` gives, for every limit the subject used
+or was denied in its current window (a token bucket: ever), what a charge of 1 would
+meet now (`LimitUsage`: used, remaining, the subject's maximum, resets_at, retry_at
+when it would be denied), and ``grants_left``, what its grants in force add, counted
+as the usage page counts them (`metering.allowances.service.grants_left`; a limit with
+grants left is listed before its first use). It decides with the pure domain
 (`evaluate_charge`) and writes nothing but recurring grants falling due.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime
 
 from sqlalchemy import Connection
 
 from metering.allowances.service import grants_left, list_grants
-from metering.domain.decisions import ChargeInput, Decision, evaluate_charge
-from metering.domain.events import validate_event_id, validate_subject
+from metering.domain.decisions import ChargeInput, evaluate_charge
+from metering.domain.events import validate_subject
 from metering.domain.grants import maximum_at
 from metering.domain.instants import from_us
 from metering.domain.limits import Limit
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
-from metering.engine.reference import WindowResolver, decision_of
+from metering.engine.reference import WindowResolver
 from metering.storage.allowances import AllowanceStore
 from metering.storage.database import Database
 from metering.storage.store import Store
-
-
-@dataclass(frozen=True, slots=True)
-class StoredResult:
-    """A decided event: what identifies its charges, and its decision (a duplicate's)."""
-
-    fingerprint: str
-    decision: Decision
-
-
-def stored_results(database: Database, event_ids: Iterable[str]) -> dict[str, StoredResult]:
-    """The stored results of those of ``event_ids`` that were decided."""
-    wanted = [validate_event_id(event_id) for event_id in event_ids]
-    if not wanted:
-        return {}
-    found = database.run(lambda c: Store(c).fetch_results(wanted))
-    return {
-        event_id: StoredResult(record.fingerprint, decision_of(record, duplicate=True))
-        for event_id, record in found.items()
-    }
 
 
 @dataclass(frozen=True, slots=True)

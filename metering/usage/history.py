@@ -20,7 +20,7 @@ from metering.domain.events import validate_subject
 from metering.domain.history import Bucket, Point, bucket_start, series, validate_bucket
 from metering.domain.instants import from_us, to_us
 from metering.domain.limits import Limit, validate_limit_name
-from metering.limits import get_limit
+from metering.limits.service import get_limit
 from metering.storage.database import Database
 from metering.storage.history import counter_windows, entitlement_changes, rollup_hours
 

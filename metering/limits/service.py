@@ -11,9 +11,9 @@ from pathlib import Path
 
 from sqlalchemy import Connection
 
-from metering.config import load_limits_file
 from metering.domain.limits import Limit, is_reserved, validate_limit_name
 from metering.errors import InvalidInput, ReservedLimit, UnknownLimit
+from metering.limits.files import load_limits_file
 from metering.storage.database import Database
 from metering.storage.prices import PriceStore
 from metering.storage.quota_notices import notify

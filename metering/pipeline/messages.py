@@ -1,10 +1,10 @@
 """The queued message format: what a producer writes and a worker reads (docs/pipeline.md).
 
-A message is one Celery task message (protocol 2) of `metering.routing.APPLY_BATCH_TASK`
-whose one argument is ``{"v": 1, "events": [{"id", "charges", "at", "meta"}, ...]}`` (``at``
-in microseconds). Producers write the body as text (`event_text`, `batch_body`) and the
-headers ``send_task`` writes (`task_headers`), published through kombu (`metering.producer`).
-A worker decodes it again (`decode_records`): a queue is untrusted input, so each event is
+A message is one Celery task message (protocol 2) of `routing.APPLY_BATCH_TASK` whose
+one argument is ``{"v": 1, "events": [{"id", "charges", "at", "meta"}, ...]}`` (``at`` in
+microseconds). Producers write the body as text (`event_text`, `batch_body`) and the
+headers ``send_task`` writes (`task_headers`), published through kombu (`producer`). A
+worker decodes it again (`decode_records`): a queue is untrusted input, so each event is
 validated as `metering.domain.events.make_event` does; what fails is a `Rejected` with its
 reason. Only the domain, the queue names and the standard library are imported here. The
 bytes do not change between versions (tests/unit/test_messages.py keeps an old message).
@@ -34,7 +34,7 @@ from metering.domain.events import (
 from metering.domain.instants import MAX_US, MIN_US, from_us
 from metering.domain.limits import NAME_PATTERN
 from metering.errors import MeteringError
-from metering.routing import APPLY_BATCH_TASK, SENT_AT_HEADER
+from metering.pipeline.routing import APPLY_BATCH_TASK, SENT_AT_HEADER
 
 FORMAT_VERSION: Final = 1
 # At most this many characters of input that cannot become an event are kept.

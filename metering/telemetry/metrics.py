@@ -5,7 +5,7 @@ Counting happens where the services return results, never in the domain:
 * `metering.meter.Meter` counts each newly decided event once it is
   committed (`count_events`), whatever path decided it (the worker's
   batches, ``consume``, ``apply``, the HTTP API's ``?wait=decision``);
-* `metering.pipeline.apply_batch` times each queued batch;
+* `metering.pipeline.batches.apply_batch` times each queued batch;
 * `metering.storage.connections.run_retry_aware` counts retries and errors;
 * `metering.webhooks.delivery.deliver_one` counts delivery attempts;
 * the HTTP API counts what it receives (`count_received`) and its requests
@@ -13,7 +13,7 @@ Counting happens where the services return results, never in the domain:
 
 Queue depth, the oldest undecided event, the webhook backlog, the input
 rejected in the last day and the last audit's violations per invariant are
-read when Prometheus scrapes (`LagCollector`, fed by `metering.lag`).
+read when Prometheus scrapes (`LagCollector`, fed by `metering.telemetry.lag`).
 
 Labels never carry a subject: a limit name is the finest label, and at most
 `MAX_LIMIT_LABELS` distinct ones are kept per process (more become
@@ -654,7 +654,7 @@ def instrument_app(
     dependencies: Sequence[Any] = (),
 ) -> None:
     """Count ``app``'s requests (`HttpMetrics`) and serve ``path`` from it,
-    with the scrape-time ``collectors`` (`metering.lag.lag_collector`).
+    with the scrape-time ``collectors`` (`metering.telemetry.lag.lag_collector`).
 
     ``app`` is a Starlette or FastAPI application, before it starts; call it
     after adding the other middleware, so requests they answer are counted

@@ -7,7 +7,7 @@ Tables in `HORIZON_BOUND` are never pruned inside the redelivery horizon
 broker's visibility timeout and a day of producer retries), so an event delivered again, a
 late event or a void still finds its result, correction, reset, rollups and marks.
 Corrections, resets and rollups go at the results' age; the results' cut-off is noted for
-`metering.audit`. Counters, entitlements and grants are never pruned (docs/reliability.md).
+`metering.upkeep.audit`. Counters, entitlements and grants are never pruned (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ from sqlalchemy import Connection
 from metering.domain.bounds import validate_seconds
 from metering.domain.events import FUTURE_TOLERANCE_US
 from metering.meter import Meter
-from metering.settings import DAY_US
-from metering.settings import RetentionPolicy as RetentionPolicy
+from metering.settings import DAY_US, RetentionPolicy
 from metering.storage.audit import RESULTS_PRUNED_BEFORE, AuditStore
 from metering.storage.retention import CHUNK, RetentionStore
 

@@ -26,16 +26,15 @@ from celery import Celery
 from celery.signals import after_task_publish, before_task_publish
 
 from metering.clock import Clock, system_clock
-from metering.config import broker_url, is_embedded_broker, queue_count, use_embedded_transport
 from metering.domain.bounds import validate_seconds
 from metering.domain.events import FUTURE_TOLERANCE_US, charges_of, make_event
 from metering.domain.instants import to_us
 from metering.errors import BrokerUnavailable, InvalidInput, OccurredAtOutOfRange, UnknownLimit
-from metering.limit_names import LimitNames
-from metering.messages import args_repr, batch_body, event_text, task_headers
-from metering.routing import APPLY_BATCH_TASK, queue_for
-from metering.routing import queue_names as queue_names
-from metering.settings import producer_database_url
+from metering.limits.names import LimitNames
+from metering.pipeline.messages import args_repr, batch_body, event_text, task_headers
+from metering.pipeline.routing import APPLY_BATCH_TASK, queue_for
+from metering.pipeline.transport import is_embedded_broker, use_embedded_transport
+from metering.settings import broker_url, producer_database_url, queue_count
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +68,7 @@ class UsageProducer:
     >>> producer.flush()
 
     ``queues`` > 1 routes events by a hash of their (first) subject to
-    ``metering.0`` … ``metering.N-1`` (`metering.routing`); run one consumer
+    ``metering.0`` … ``metering.N-1`` (`metering.pipeline.routing`); run one consumer
     per queue to apply each subject's events in the order they were emitted.
     Without ``queues``, ``METERING_QUEUES`` (default 1), as the workers read it.
 

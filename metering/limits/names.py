@@ -1,5 +1,5 @@
 """`LimitNames`: which limits a database defines, for a client that checks
-its charges before it queues them (`metering.producer.UsageProducer`).
+its charges before it queues them (`metering.pipeline.producer.UsageProducer`).
 
 `unknown` answers from the names it read last; a name missing from them
 reads them again, once, so a limit defined a moment ago in another process

@@ -1,9 +1,12 @@
 """Results: the engine's answers as decisions, and stored results and
-rejected input as operators and workers read them."""
+rejected input as operators and workers read them. `stored_results` gives the
+ledger's rows with their fingerprints, so a repeated event id is told apart
+from a conflicting one before it is queued again."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from metering.domain.bounds import validate_count
 from metering.domain.decisions import Decision
@@ -59,3 +62,23 @@ def applied_of(event_id: str, answer: Answer) -> Decided:
     if answer.kind == CONFLICT or record is None:
         return EventConflict(event_id)
     return decision_of(record, duplicate=answer.kind == DUPLICATE)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredResult:
+    """A decided event: what identifies its charges, and its decision (a duplicate's)."""
+
+    fingerprint: str
+    decision: Decision
+
+
+def stored_results(database: Database, event_ids: Iterable[str]) -> dict[str, StoredResult]:
+    """The stored results of those of ``event_ids`` that were decided."""
+    wanted = [validate_event_id(event_id) for event_id in event_ids]
+    if not wanted:
+        return {}
+    found = database.run(lambda c: Store(c).fetch_results(wanted))
+    return {
+        event_id: StoredResult(record.fingerprint, decision_of(record, duplicate=True))
+        for event_id, record in found.items()
+    }

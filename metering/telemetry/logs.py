@@ -145,7 +145,7 @@ def uvicorn_log_config(fmt: str) -> dict[str, Any]:
     the root logger's warnings beside its lines; for ``json``, its loggers and
     the root logger (at INFO) through `JsonFormatter`. Every handler redacts
     URLs' secrets (`RedactSecrets`)."""
-    redacting = {"redact": {"()": "metering.logs.RedactSecrets"}}
+    redacting = {"redact": {"()": "metering.telemetry.logs.RedactSecrets"}}
     if fmt != "json":
         from uvicorn.config import LOGGING_CONFIG
 
@@ -165,7 +165,7 @@ def uvicorn_log_config(fmt: str) -> dict[str, Any]:
         "version": 1,
         "disable_existing_loggers": False,
         "filters": redacting,
-        "formatters": {"json": {"()": "metering.logs.JsonFormatter"}},
+        "formatters": {"json": {"()": "metering.telemetry.logs.JsonFormatter"}},
         "handlers": {"default": handler},
         "loggers": {
             "uvicorn": {"handlers": ["default"], "level": "INFO", "propagate": False},

@@ -25,10 +25,10 @@ from metering.domain.decisions import Decision
 from metering.domain.events import UsageEvent
 from metering.domain.instants import from_us
 from metering.engine.reference import apply_events, validate_against_limits
-from metering.messages import decode_records, encode_batch
-from metering.metrics import count_events
+from metering.pipeline.messages import decode_records, encode_batch
 from metering.storage.database import Database
 from metering.storage.store import Store
+from metering.telemetry.metrics import count_events
 
 RECENT_SECONDS: Final = 86_400
 

@@ -1,4 +1,4 @@
-"""`metering.audit` on both databases: a ledger after real traffic proves
+"""`metering.upkeep.audit` on both databases: a ledger after real traffic proves
 itself; a database corrupted on purpose is named, invariant by invariant;
 an incremental run reads only what came since the last one."""
 
@@ -16,21 +16,21 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import delete, select, update
 
 from metering import FrozenClock, Limit, Meter, spend_limit
-from metering.audit import AuditOptions, last_report, run_audit
 from metering.domain.audit import INVARIANTS, Invariant
-from metering.lag import lag_collector
-from metering.metrics import exposition_registry
-from metering.pipeline import apply_batch
-from metering.producer import UsageProducer
-from metering.retention import RetentionPolicy, prune
-from metering.routing import AUDIT_TASK, DEFAULT_QUEUE
-from metering.settings import Settings
+from metering.pipeline.batches import apply_batch
+from metering.pipeline.producer import UsageProducer
+from metering.pipeline.routing import AUDIT_TASK, DEFAULT_QUEUE
+from metering.settings import RetentionPolicy, Settings
 from metering.storage.tables import (
     counters,
     grants,
     results,
     webhook_messages,
 )
+from metering.telemetry.lag import lag_collector
+from metering.telemetry.metrics import exposition_registry
+from metering.upkeep.audit import AuditOptions, last_report, run_audit
+from metering.upkeep.retention import prune
 from workers import tasks
 from workers.app import create_app
 

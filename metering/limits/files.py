@@ -1,6 +1,7 @@
-"""Configuration: limits and entitlements files, and the embedded broker.
-
-Environment variables are read in `metering.settings`.
+"""Limits and entitlements files (YAML or TOML), read and validated: every
+entry is checked before any is returned, and an error names the entry and
+its field. Storing them is `metering.limits.service.load_limits` and
+`metering.allowances.service.load_entitlements`.
 """
 
 from __future__ import annotations
@@ -20,36 +21,6 @@ from metering.domain.grants import validate_amount
 from metering.domain.instants import as_utc, parse_instant, to_us
 from metering.domain.limits import MAX_MAXIMUM, Limit, validate_limit_name
 from metering.errors import ConfigurationError, InvalidInput, InvalidLimit
-
-# What `UsageProducer` reads when given no URL or queue count, read in
-# `metering.settings` (the one reader of the environment).
-from metering.settings import broker_url as broker_url
-from metering.settings import queue_count as queue_count
-
-# kombu's SQLAlchemy transport, made safe for processes that start together.
-EMBEDDED_TRANSPORT: Final = "metering.storage.broker:EmbeddedTransport"
-
-
-def use_embedded_transport() -> None:
-    """Make ``sqla+`` broker URLs use `EMBEDDED_TRANSPORT` in this process.
-
-    kombu takes the transport from a URL's prefix before any setting, so the
-    prefix itself is pointed at ours. kombu also keeps the class it resolved
-    for a prefix for the rest of the process: a ``sqla+`` connection made
-    before this call (kombu's own, by another library) would otherwise keep
-    every later one on kombu's channel, which two processes starting on a new
-    broker file break.
-    """
-    import kombu.transport
-
-    for prefix in ("sqla", "sqlalchemy"):
-        kombu.transport.TRANSPORT_ALIASES[prefix] = EMBEDDED_TRANSPORT
-        kombu.transport._transport_cache.pop(prefix, None)
-
-
-def is_embedded_broker(url: str) -> bool:
-    return url.startswith(("sqla+sqlite:", "sqlalchemy+sqlite:"))
-
 
 # Deeper than any limits or entitlements file needs; refused before anything
 # walks the data (a parser or a validator would recurse on it).
