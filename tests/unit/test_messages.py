@@ -123,7 +123,7 @@ def test_a_producer_with_a_broker_only_loads_no_database_when_it_emits() -> None
     code = (
         "import os, sys\n"
         "os.environ.pop('METERING_DATABASE_URL', None)\n"
-        "from metering.producer import UsageProducer\n"
+        "from metering.pipeline.producer import UsageProducer\n"
         "producer = UsageProducer('redis://127.0.0.1:1/0', flush_interval_seconds=60)\n"
         "producer.emit('org-42', 'api_calls')\n"
         "producer.discard()\n"

@@ -118,7 +118,7 @@ def test_without_the_extra_the_error_names_it() -> None:
     code = (
         "import sys\n"
         "sys.modules['opentelemetry.sdk'] = None\n"
-        "from metering.tracing import setup_tracing\n"
+        "from metering.telemetry.tracing import setup_tracing\n"
         "from metering.errors import ConfigurationError\n"
         "try:\n"
         "    setup_tracing('x')\n"
