@@ -20,8 +20,8 @@ $(VENV)/.installed: pyproject.toml
 servers:
 	bash scripts/ensure-servers.sh
 
-# lint-imports runs from here: its contract type (scripts/import_contracts.py)
-# is imported from the working directory. vulture: dead code ([tool.vulture] in pyproject.toml, vulture_allowlist.py).
+# lint-imports: the layers ([tool.importlinter] in pyproject.toml). vulture: dead code
+# ([tool.vulture] in pyproject.toml, vulture_allowlist.py).
 lint: venv
 	$(BIN)/ruff check $(SRC)
 	$(BIN)/ruff format --check $(SRC)

@@ -62,7 +62,7 @@ from peers import install_ledger, ledger_postgres, ledger_sqlite
 from servers import RedisServer
 
 from metering import Limit, Meter, UsageEvent, make_event, spend_limit
-from metering.producer import UsageProducer
+from metering.pipeline.producer import UsageProducer
 from metering.storage.connections import upgrade_schema
 
 BIG = 10**12

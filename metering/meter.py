@@ -3,9 +3,10 @@ module that owns its feature (limits, engine, results, reservations,
 leases, counters). The facade's methods of the newer features live beside
 them and `Meter` takes them in: `metering.allowances.facade` (entitlements,
 grants, alerts, voids), `metering.licenses.facade` (checkouts),
-`metering.money.facade` (prices) and `metering.operators` (imports,
-backtests, usage history, portal links). Each call is one database
-transaction."""
+`metering.money.facade` (prices), `metering.imports.facade` (imports),
+`metering.simulation.SimulationFacade` (backtests) and
+`metering.usage.facade` (usage history, portal links). Each call is one
+database transaction."""
 
 from __future__ import annotations
 
@@ -14,12 +15,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import metering.limits
+import metering.limits.service
 import metering.reservations.admin
-from metering import counters, dead_letters, results, settings
+from metering import settings
 from metering.allowances.facade import AllowancesFacade
 from metering.clock import Clock, system_clock
-from metering.counters import Counter
 from metering.domain.bounds import validate_count
 from metering.domain.decisions import Decision
 from metering.domain.events import (
@@ -35,14 +35,19 @@ from metering.domain.reservations import DEFAULT_TTL_SECONDS
 from metering.engine import Engine
 from metering.engine.answers import Answer, InvalidPolicy
 from metering.engine.reference import Decided
+from metering.imports.facade import ImportsFacade
 from metering.licenses.facade import LicensesFacade
 from metering.money.facade import PricesFacade
-from metering.operators import OperatorsFacade
 from metering.reservations import Reservation, ReservationInfo
 from metering.reservations.leases import LeaseBook, LeasedReservation
 from metering.settings import database_url
+from metering.simulation import SimulationFacade
 from metering.storage.connections import ensure_schema
 from metering.storage.database import Database
+from metering.upkeep import dead_letters
+from metering.usage import counters, results
+from metering.usage.counters import Counter
+from metering.usage.facade import UsageFacade
 
 Charges = Sequence[Any] | None
 Name = str | None  # a subject, limit or event id, if given
@@ -50,7 +55,14 @@ When = datetime | None
 Leased = Reservation | LeasedReservation
 
 
-class Meter(AllowancesFacade, LicensesFacade, PricesFacade, OperatorsFacade):
+class Meter(
+    AllowancesFacade,
+    LicensesFacade,
+    PricesFacade,
+    ImportsFacade,
+    SimulationFacade,
+    UsageFacade,
+):
     """Meters usage against limits stored in a database: ``url`` else
     ``METERING_DATABASE_URL`` else ``sqlite:///metering.db``; ``clock`` gives
     every decision's "now"; concurrent `consume` calls share transactions
@@ -103,25 +115,25 @@ class Meter(AllowancesFacade, LicensesFacade, PricesFacade, OperatorsFacade):
 
     def set_limit(self, limit: Limit) -> Limit:
         """Create or replace a limit; `ReservedLimit` for ``metering.*`` names."""
-        return metering.limits.set_limits(self.database, [limit])[0]
+        return metering.limits.service.set_limits(self.database, [limit])[0]
 
     def set_product_limit(self, limit: Limit) -> Limit:
         """Create or replace one of the product's own limits (``metering.*``)."""
-        return metering.limits.set_product_limit(self.database, limit)
+        return metering.limits.service.set_product_limit(self.database, limit)
 
     def set_limits(self, limits: Iterable[Limit]) -> list[Limit]:
         """Create or replace several limits in one transaction (all or none)."""
-        return metering.limits.set_limits(self.database, limits)
+        return metering.limits.service.set_limits(self.database, limits)
 
     def load_limits(self, path: str | Path) -> list[Limit]:
         """Validate a YAML or TOML file of limits and store them all, or none."""
-        return metering.limits.load_limits(self.database, path)
+        return metering.limits.service.load_limits(self.database, path)
 
     def get_limit(self, name: str) -> Limit:
-        return metering.limits.get_limit(self.database, name)
+        return metering.limits.service.get_limit(self.database, name)
 
     def list_limits(self) -> list[Limit]:
-        return metering.limits.list_limits(self.database)
+        return metering.limits.service.list_limits(self.database)
 
     def unknown_limits(self, names: Iterable[str]) -> list[str]:
         """Which of ``names`` no limit has (this process's cached limits,
@@ -130,7 +142,7 @@ class Meter(AllowancesFacade, LicensesFacade, PricesFacade, OperatorsFacade):
 
     def delete_limit(self, name: str) -> None:
         """Delete a limit; its counters stay, for reports."""
-        metering.limits.delete_limit(self.database, name)
+        metering.limits.service.delete_limit(self.database, name)
 
     def _event(
         self,

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from metering import routing
 from metering.api.ratelimit import RATE_LIMIT
+from metering.pipeline import routing
 
 ROOT = Path(__file__).resolve().parent.parent
 DOTTED = re.compile(r"`(metering(?:\.[A-Za-z_][A-Za-z0-9_]*)+)")
@@ -57,8 +57,8 @@ LONG_MODULE_DOCSTRINGS = frozenset(
         "metering/engine/one_trip.py",
         "metering/engine/paths.py",
         "metering/engine/reference.py",
-        "metering/metrics.py",
-        "metering/portal.py",
+        "metering/telemetry/metrics.py",
+        "metering/usage/portal.py",
         "metering/settings.py",
         "metering/storage/hot/__init__.py",
         "metering/storage/hot/direct_postgres.py",

@@ -18,8 +18,7 @@ from typing import Any
 
 from celery import Celery, bootsteps
 
-from metering.config import is_embedded_broker, use_embedded_transport
-from metering.routing import (
+from metering.pipeline.routing import (
     AUDIT_TASK,
     DEFAULT_QUEUE,
     DELIVER_WEBHOOKS_TASK,
@@ -29,6 +28,7 @@ from metering.routing import (
     SWEEP_WEBHOOK_RESETS_TASK,
     worker_queues,
 )
+from metering.pipeline.transport import is_embedded_broker, use_embedded_transport
 from metering.settings import Settings
 from workers.heartbeat import WorkerHeartbeat
 from workers.observability import MetricsServer, log_periodic_at_debug

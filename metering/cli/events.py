@@ -24,10 +24,10 @@ from metering.cli.output import (
     spend_currencies,
 )
 from metering.cli.tables import print_table
-from metering.counters import Counter
 from metering.errors import BrokerUnavailable
 from metering.settings import broker_url
 from metering.storage.queue_state import is_queued
+from metering.usage.counters import Counter
 
 
 @click.command(epilog=EXIT_CODES_HELP)

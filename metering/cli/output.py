@@ -18,7 +18,7 @@ from metering.domain.limits import Limit
 from metering.domain.money import format_amount
 
 if TYPE_CHECKING:  # the counters module loads the database stack
-    from metering.counters import Counter
+    from metering.usage.counters import Counter
 
 EXIT_DENIED: Final = 2
 # `metering result` of an event still on a queue: no worker has decided it yet.

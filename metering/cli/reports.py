@@ -34,7 +34,7 @@ from metering.domain.instants import clock_text
 from metering.domain.jsonable import field_names
 from metering.domain.rollups import shown_value
 from metering.errors import InvalidInput
-from metering.limits import list_limits
+from metering.limits.service import list_limits
 from metering.reports import dimensions
 from metering.reports.charts import DEFAULT_TOP, chart_format, overage_chart, usage_chart
 from metering.reports.dimensions import (

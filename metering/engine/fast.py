@@ -68,7 +68,7 @@ from metering.engine.answers import (
 from metering.engine.money import PriceBook, refuse_spend_charge, repriced
 from metering.engine.seats import Seats
 from metering.errors import EventConflict, InvalidInput, MeteringError, UnknownLimit
-from metering.messages import encode_event, raw_text
+from metering.pipeline.messages import encode_event, raw_text
 from metering.storage.alerts import AlertStore
 from metering.storage.allowances import AllowanceStore, draws_of
 from metering.storage.connections import RetryTransaction
@@ -808,7 +808,7 @@ def _issues(
 def refused_event(event: EventRecord | UsageEvent, reason: str) -> Rejected:
     """The dead letter of an event rejected with ``reason``: the event as a
     queued message holds it, so it is listed, and applied by
-    `metering.dead_letters.replay` once it is acceptable."""
+    `metering.upkeep.dead_letters.replay` once it is acceptable."""
     return Rejected(event.event_id, reason, raw_text(encode_event(event)))
 
 

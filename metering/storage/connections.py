@@ -32,10 +32,10 @@ from metering.errors import (
     SchemaOutdated,
     StorageError,
 )
-from metering.metrics import count_db_error, count_db_retry
 from metering.settings import connection_budget, db_connections
 from metering.settings import sqlite_synchronous as sqlite_synchronous
 from metering.storage.budget import ConnectionBudget
+from metering.telemetry.metrics import count_db_error, count_db_retry
 
 T = TypeVar("T")
 
@@ -115,7 +115,7 @@ def _postgres_engine(url: str, connections: int, kwargs: dict[str, Any]) -> Engi
         # How `metering status` (and an operator) finds this process's connections.
         connect_args.setdefault("application_name", APPLICATION_NAME)
         kwargs["connect_args"] = connect_args
-    # Looked up when called: tracing wraps it (`metering.tracing`).
+    # Looked up when called: tracing wraps it (`metering.telemetry.tracing`).
     engine = sqlalchemy.create_engine(url, **kwargs)
     _CONNECT_ARGS[engine] = connect_args
     _BUDGETS[engine] = budget

@@ -553,7 +553,7 @@ prices = Table(
 )
 
 
-# -- the audit (metering.audit, migration 0025) ---------------------------------
+# -- the audit (metering.upkeep.audit, migration 0025) ---------------------------------
 # Instants the audit keeps (by name): ``checked_to`` (the last run's
 # watermark: results, voids, give-backs and resets up to it are in
 # ``audit_windows``), ``results_pruned_before`` (retention's cut-off, so a

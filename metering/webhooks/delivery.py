@@ -42,8 +42,7 @@ from sqlalchemy import Connection
 from metering.domain.instants import from_us, to_us
 from metering.domain.notifications import DeliveryStatus, Mark, payload_of, reset_due
 from metering.errors import SecretKeyError
-from metering.logs import redact
-from metering.metrics import count_delivery
+from metering.settings import DeliverySettings
 from metering.storage.database import Database, DatabaseSource, database_of
 from metering.storage.webhooks import (
     AttemptRecord,
@@ -51,10 +50,11 @@ from metering.storage.webhooks import (
     WebhookStore,
     encode_payload,
 )
+from metering.telemetry.logs import redact
+from metering.telemetry.metrics import count_delivery
 from metering.webhooks.destinations import DestinationRefused, delivery_client, url_error
 from metering.webhooks.dispatch import Claim, Dispatcher
 from metering.webhooks.encryption import SecretBox
-from metering.webhooks.settings import DeliverySettings
 from metering.webhooks.signing import sign
 
 if TYPE_CHECKING:

@@ -188,7 +188,8 @@ def test_a_reset_leaves_voids_of_past_windows_and_other_subjects_alone(
 
 
 def test_a_correction_is_kept_as_long_as_its_result(meter: Meter, clock: FrozenClock) -> None:
-    from metering.retention import RetentionPolicy, prune
+    from metering.settings import RetentionPolicy
+    from metering.upkeep.retention import prune
 
     meter.set_limit(Limit("big", maximum=100, period="1mo", window="calendar"))
     meter.consume("s", "big", cost=40, event_id="E")

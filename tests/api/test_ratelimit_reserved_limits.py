@@ -24,10 +24,10 @@ from click.testing import CliRunner
 from metering import FrozenClock, Limit, Meter
 from metering.api import create_api
 from metering.api.ratelimit import RATE_LIMIT
-from metering.apikeys import ApiKeys, ApiRate
+from metering.apikeys import ApiKeys
 from metering.cli import main
 from metering.errors import ReservedLimit
-from metering.settings import Settings
+from metering.settings import ApiRate, Settings
 
 Serve = Callable[[Any], str]
 NOW = datetime(2026, 11, 22, 9, 30, tzinfo=UTC)

@@ -29,7 +29,6 @@ from metering.domain.decisions import Decision
 from metering.domain.limits import Limit
 from metering.engine.answers import Answer
 from metering.errors import MeteringError
-from metering.metrics import metrics
 from metering.storage.tables import (
     corrections,
     counter_resets,
@@ -48,6 +47,7 @@ from metering.storage.tables import (
     webhook_marks,
     webhook_messages,
 )
+from metering.telemetry.metrics import metrics
 
 # Shrinking these streams takes many minutes: a failure is reported as found.
 # Windows of every kind, thresholds and dimensions: the tests of paths'

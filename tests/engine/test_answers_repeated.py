@@ -19,7 +19,7 @@ from decision_paths import apply_reference, without
 
 from metering import FrozenClock, Limit, Meter, make_event, spend_limit
 from metering.domain.decisions import Decision
-from metering.results import applied_of
+from metering.usage.results import applied_of
 
 NOW = datetime(2026, 11, 22, 9, 30, tzinfo=UTC)
 Apply = Callable[[Meter, str, str, dict[str, str]], Decision]

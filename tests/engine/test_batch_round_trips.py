@@ -12,8 +12,8 @@ import pytest
 from round_trips import count_round_trips
 
 from metering import FrozenClock, Limit, Meter, make_event, spend_limit
-from metering.messages import encode_batch, encode_event
-from metering.pipeline import apply_batch
+from metering.pipeline.batches import apply_batch
+from metering.pipeline.messages import encode_batch, encode_event
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 LIMITS = [

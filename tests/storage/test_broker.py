@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from metering import FrozenClock
-from metering.producer import UsageProducer
+from metering.pipeline.producer import UsageProducer
 from metering.storage.broker import event_ids_of, sweep_embedded_broker
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
@@ -77,7 +77,7 @@ def test_sweep_deletes_consumed_messages_and_redelivers_stale_ones(
 
 
 def _declare_at_once(url: str, start: Any, queue: str) -> None:
-    from metering.producer import make_celery
+    from metering.pipeline.producer import make_celery
 
     app = make_celery(url)
     with app.connection_for_write() as connection:
@@ -121,7 +121,7 @@ def test_the_embedded_transport_is_used_after_kombus_own_was_loaded(tmp_path: Pa
 from kombu import Connection
 with Connection("sqla+sqlite:///{tmp_path}/theirs.db") as connection:
     connection.SimpleQueue("q").put({{"a": 1}})
-from metering.producer import make_celery
+from metering.pipeline.producer import make_celery
 app = make_celery("sqla+sqlite:///{tmp_path}/ours.db")
 with app.connection_for_write() as connection:
     print(type(connection.default_channel).__qualname__)

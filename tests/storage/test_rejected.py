@@ -11,8 +11,8 @@ import pytest
 
 from metering import FrozenClock, Limit, Meter, make_event
 from metering.errors import EventConflict, InputRefused, StorageError
-from metering.messages import encode_batch, encode_event
-from metering.pipeline import apply_batch
+from metering.pipeline.batches import apply_batch
+from metering.pipeline.messages import encode_batch, encode_event
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 

@@ -16,9 +16,9 @@ from werkzeug import Request, Response
 
 from metering import Limit, Meter
 from metering.errors import ConfigurationError
+from metering.settings import DEFAULT_SCHEDULE, parse_schedule
 from metering.webhooks import DeliverySettings, Webhooks, verify
 from metering.webhooks.delivery import retry_unanswered
-from metering.webhooks.settings import DEFAULT_SCHEDULE, parse_schedule
 
 FAST = DeliverySettings(timeout_seconds=2.0, schedule_seconds=(0.2, 0.2), allow_private=True)
 

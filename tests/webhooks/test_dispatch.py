@@ -14,10 +14,10 @@ from waiting import wait_for
 
 from metering import Limit, Meter
 from metering.errors import ConfigurationError
+from metering.settings import dispatching, poll_seconds
 from metering.storage.webhook_records import DeliveryJob, EndpointRecord
 from metering.webhooks import DeliverySettings, Webhooks
 from metering.webhooks.dispatch import CRASHED, Dispatcher
-from metering.webhooks.settings import dispatching, poll_seconds
 
 
 def job(number: int, endpoint: str) -> DeliveryJob:
