@@ -55,6 +55,7 @@ def follows_zone(period: Period) -> bool:
     return period.is_calendar_months or period.seconds % DAY_SECONDS == 0
 
 
+@lru_cache(maxsize=8192)  # windows of one day or month share their bounds
 def local_midnight(day: date, zone: str) -> int:
     """The first instant of ``day`` in ``zone``: its midnight, the first occurrence of
     it if the clock passes it twice, or the first instant after it if a change skips it."""
