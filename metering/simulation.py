@@ -85,8 +85,9 @@ def simulate(
         stored = LimitStore(connection).list_limits()
         in_force = {limit.name: limit for limit in stored if not is_reserved(limit.name)}
         in_force.update((limit.name, limit) for limit in proposed)
-        histories = _histories(AllowanceStore(connection).histories(), changes, in_force, since_us)
-        replay = Replay(in_force, histories, subject)
+        allowances = AllowanceStore(connection)
+        histories = _histories(allowances.histories(), changes, in_force, since_us)
+        replay = Replay(in_force, histories, subject, allowances.time_zones())
         total = count_demand(connection, since_us, now_us) if progress else 0
         done = 0
         for occurred_at_us, charges in demand(connection, since_us, now_us):

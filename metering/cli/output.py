@@ -152,7 +152,7 @@ def counters_table(
         [
             c.subject,
             c.limit,
-            window_span(c.window_start, c.window_end),
+            _zoned(window_span(c.window_start, c.window_end), c.local_window),
             money(c.used, c.limit, spend),
             c.denied_count,
             money(c.denied_cost, c.limit, spend),
@@ -161,6 +161,11 @@ def counters_table(
         for c in counters
     ]
     return table(COUNTER_COLUMNS, rows, title)
+
+
+def _zoned(span: str | None, local: str | None) -> str | None:
+    """A window's UTC span, with its local label for a subject with a time zone."""
+    return span if local is None else f"{span} (local {local})"
 
 
 def window_span(

@@ -382,7 +382,9 @@ def _cell(name: str, value: object) -> object:
 def _table_cell(row: Any, name: str, currencies: Mapping[str, str]) -> object:
     if name in SPANS:
         start, end = SPANS[name]
-        return window_span(getattr(row, start), getattr(row, end))
+        span = window_span(getattr(row, start), getattr(row, end))
+        local = getattr(row, "local_window", None)
+        return span if local is None else f"{span} (local {local})"
     value = getattr(row, name)
     if name in MONEY and row.limit in currencies and isinstance(value, int):
         return money(value, row.limit, currencies)

@@ -54,6 +54,7 @@ from metering.domain.rules import (
     grants_low,
 )
 from metering.domain.windows import Window, calendar_window, first_use_window
+from metering.domain.zones import ZoneHistory, follows_zone
 from metering.engine.answers import (
     CONFLICT,
     DUPLICATE,
@@ -115,7 +116,7 @@ class Allowances:
     every subject's changes of maximum (entitlements), which subjects have
     grants (only theirs are read, under lock, with their counters), when
     their recurring grants' next issues are due (only those are locked, in
-    the same read) and their thresholds of their own."""
+    the same read), their thresholds of their own and their changes of time zone."""
 
     histories: dict[Pair, History] = field(default_factory=dict)
     grant_pairs: frozenset[Pair] = frozenset()
@@ -123,6 +124,8 @@ class Allowances:
     alerts: dict[Pair, Own] = field(default_factory=dict)
     # What each (limit, subject) with allowances of its own needs (`metering.domain.needs`).
     needs: dict[Pair, frozenset[Need]] = field(default_factory=dict)
+    # Each subject's changes of time zone (`metering.domain.zones`): only those with one.
+    zones: dict[str, ZoneHistory] = field(default_factory=dict)
 
     @classmethod
     def of(
@@ -131,6 +134,7 @@ class Allowances:
         grant_pairs: frozenset[Pair],
         due: dict[Pair, int],
         alerts: dict[Pair, Own],
+        zones: dict[str, ZoneHistory] | None = None,
     ) -> Allowances:
         """The allowances, with each pair's needs worked out."""
         needs = {
@@ -142,14 +146,15 @@ class Allowances:
             )
             for pair in {*histories, *grant_pairs, *due, *alerts}
         }
-        return cls(histories, grant_pairs, due, alerts, needs)
+        return cls(histories, grant_pairs, due, alerts, needs, zones or {})
 
     def charged(self, rules: dict[str, Rule], records: Iterable[EventRecord]) -> set[Need]:
         """What the charges of ``records`` need: their rules' needs, their
-        subjects' own, an unknown limit's (`Need.INVALID`) and one event's
-        charges of one counter (`Need.REPEATED_COUNTER`)."""
+        subjects' own, an unknown limit's (`Need.INVALID`), one event's
+        charges of one counter (`Need.REPEATED_COUNTER`) and a calendar
+        window of a subject with a time zone (`Need.TIME_ZONE`)."""
         found: set[Need] = set()
-        own = self.needs
+        own, zones = self.needs, self.zones
         for record in records:
             charges = record.charges
             for subject, name, _ in charges:
@@ -161,6 +166,8 @@ class Allowances:
                     found |= rule.needs
                 if own:
                     found |= own.get((name, subject), NONE)
+                if zones and rule.calendar and subject in zones and follows_zone(rule.period):
+                    found.add(Need.TIME_ZONE)
             if len(charges) > 1 and len({c[:2] for c in charges}) < len(charges):
                 found.add(Need.REPEATED_COUNTER)
         return found
@@ -201,6 +208,7 @@ class LimitCache:
                 (alert.limit, alert.subject): (alert.thresholds, alert.thresholds_units)
                 for alert in AlertStore(connection).listed()
             },
+            allowances.time_zones(),
         )
         book = PriceBook.read(PriceStore(connection), version)
         priced = set(book.prices)
@@ -237,12 +245,22 @@ _CHARGE_OUTCOME: Final = CHARGE_KEYS.index("outcome")  # in a charge's row
 
 
 class _Windows:
-    """Calendar windows, remembering the last one per limit (a batch is mostly one)."""
+    """Calendar windows, remembering the last one per limit (a batch is mostly
+    one), and per limit and time zone for subjects with one (``zones``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, zones: dict[str, ZoneHistory]) -> None:
         self.last: dict[str, Window] = {}
+        self.zones = zones
+        self.zoned: dict[tuple[str, ZoneHistory], Window] = {}
 
-    def calendar(self, rule: Rule, at_us: int) -> Window:
+    def calendar(self, rule: Rule, subject: str, at_us: int) -> Window:
+        history = self.zones.get(subject) if self.zones else None
+        if history is not None and follows_zone(rule.period):
+            key = (rule.name, history)
+            window = self.zoned.get(key)
+            if window is None or not window[0] <= at_us < window[1]:
+                window = self.zoned[key] = calendar_window(rule.period, at_us, history)
+            return window
         window = self.last.get(rule.name)
         if window is None or not window[0] <= at_us < window[1]:
             window = self.last[rule.name] = calendar_window(rule.period, at_us)
@@ -481,7 +499,7 @@ class _Applying:
         self.cache = cache
         self.batch = batch
         self.version, self.rules, self.allowances = cache.current
-        self.calendar = _Windows()
+        self.calendar = _Windows(self.allowances.zones)
         self.first: dict[str, int] = {}  # each id's first position
         # Each event's answer, or for a repeat its first occurrence's position.
         self.answers: list[Answer | int] = [-1] * len(batch.records)
@@ -543,7 +561,7 @@ class _Applying:
                 if fixed is not None:
                     fixed.append((key, BUCKET_WINDOW))
             elif rule.calendar:
-                window = self.calendar.calendar(rule, event.occurred_at_us)
+                window = self.calendar.calendar(rule, subject, event.occurred_at_us)
                 key = (name, subject, window[0])
                 self.keys[key] = window[1]
                 if fixed is not None:
@@ -675,7 +693,7 @@ class _Applying:
             if rule.bucket:
                 window = BUCKET_WINDOW
             elif rule.calendar:
-                window = self.calendar.calendar(rule, at_us)
+                window = self.calendar.calendar(rule, subject, at_us)
             else:
                 window = _first_use(rule, (name, subject), at_us, windows, self.moved)
             fixed.append(((name, subject, window[0]), window))
@@ -948,7 +966,7 @@ def check_record(
         return Declined("a recurring grant's issue is due", Need.RECURRING)
     granted = sorted(set(charged) & allowances.grant_pairs) if allowances.grant_pairs else []
     at_us = event.occurred_at_us
-    calendar = _Windows()
+    calendar = _Windows(allowances.zones)
     pairs: list[Pair] = []
     keys: list[WantedKey] = []
     seats: list[WantedSeat] = []
@@ -956,7 +974,7 @@ def check_record(
         if rule.bucket:
             keys.append((name, subject, *BUCKET_WINDOW))
         elif rule.calendar:
-            keys.append((name, subject, *calendar.calendar(rule, at_us)))
+            keys.append((name, subject, *calendar.calendar(rule, subject, at_us)))
         else:
             pairs.append((name, subject))
         if rule.distinct:  # a first-use window's: in the pair's current one
@@ -975,7 +993,7 @@ def check_record(
         if rule.bucket:
             window = BUCKET_WINDOW
         elif rule.calendar:
-            window = calendar.calendar(rule, at_us)
+            window = calendar.calendar(rule, subject, at_us)
         else:
             current = snapshot.windows.get((name, subject))
             if current is not None and at_us < current[0]:

@@ -53,6 +53,8 @@ def csv_cells(row: ReportRow) -> tuple[object, ...]:
         row.denied_events,
         row.utilisation_percent,
         "" if first is None else first.isoformat(),
+        neutralise(row.time_zone or ""),
+        neutralise(row.local_window or ""),
     )
 
 

@@ -288,6 +288,16 @@ entitlements = Table(
     PrimaryKeyConstraint("subject", "limit_name", "effective_from_us"),
 )
 
+# A subject's changes of time zone (`metering.domain.zones`), oldest first by ``since_us``.
+subject_time_zones = Table(
+    "subject_time_zones",
+    metadata,
+    Column("subject", String(200), nullable=False),
+    Column("since_us", BigInteger, nullable=False, autoincrement=False),
+    Column("time_zone", String(64), nullable=False),
+    PrimaryKeyConstraint("subject", "since_us"),
+)
+
 # Top-ups: ``amount`` on top of the maximum, ``used`` of it so far, active
 # from ``effective_from_us`` until ``expires_at_us`` (exclusive; NULL: never).
 grants = Table(

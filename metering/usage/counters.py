@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -10,9 +11,11 @@ from sqlalchemy import Connection
 
 from metering.domain.events import validate_subject
 from metering.domain.instants import from_us, to_us
-from metering.domain.limits import is_reserved, validate_limit_name
+from metering.domain.limits import Limit, is_reserved, validate_limit_name
 from metering.domain.state import CounterKey, CounterState
+from metering.domain.zones import ZoneHistory, window_label
 from metering.errors import InvalidInput, ReservedLimit, UnknownLimit
+from metering.storage.allowances import AllowanceStore
 from metering.storage.database import Database
 from metering.storage.distinct import DistinctStore
 from metering.storage.quota_notices import notify
@@ -32,6 +35,9 @@ class Counter:
     denied_count: int
     denied_cost: int
     first_denied_at: datetime | None
+    # A calendar window at a subject's local midnight: its zone and local label.
+    time_zone: str | None = None
+    local_window: str | None = None
 
 
 def _validate(subject: str | None, limit: str | None) -> None:
@@ -44,8 +50,26 @@ def _validate(subject: str | None, limit: str | None) -> None:
 def counters(database: Database, subject: str | None, limit: str | None) -> list[Counter]:
     """Counters of a subject and/or limit, every window, oldest first."""
     _validate(subject, limit)
-    rows = database.run(lambda c: Store(c).counters_of(subject, limit))
-    return [_counter(key, state) for key, state in rows]
+
+    def work(connection: Connection) -> list[Counter]:
+        rows = Store(connection).counters_of(subject, limit)
+        zones = AllowanceStore(connection).time_zones({key.subject for key, _ in rows})
+        if not zones:
+            return [_counter(key, state) for key, state in rows]
+        limits = Store(connection).load_limits({key.limit for key, _ in rows})
+        return [_counter(key, state, _label(key, limits, zones)) for key, state in rows]
+
+    return database.run(work)
+
+
+def _label(
+    key: CounterKey, limits: Mapping[str, Limit], zones: Mapping[str, ZoneHistory]
+) -> tuple[str, str] | None:
+    found = limits.get(key.limit)
+    if found is None or found.window != "calendar" or found.algorithm == "token_bucket":
+        return None
+    window = (key.window_start_us, key.window_end_us)
+    return window_label(found.parsed_period, zones.get(key.subject, ()), window)
 
 
 def seats(database: Database, subject: str, limit: str, at: datetime | None) -> list[str]:
@@ -91,7 +115,7 @@ def reset(database: Database, subject: str | None, limit: str | None) -> int:
     return database.run(work)
 
 
-def _counter(key: CounterKey, state: CounterState) -> Counter:
+def _counter(key: CounterKey, state: CounterState, label: tuple[str, str] | None = None) -> Counter:
     windowed = key.window_end_us != 0
     return Counter(
         subject=key.subject,
@@ -104,4 +128,6 @@ def _counter(key: CounterKey, state: CounterState) -> Counter:
         first_denied_at=from_us(state.first_denied_at_us)
         if state.first_denied_at_us is not None
         else None,
+        time_zone=label[0] if label else None,
+        local_window=label[1] if label else None,
     )

@@ -3,7 +3,7 @@
 `stored` reads every table a decision writes (results, counters, windows,
 rollups, notification marks and messages, dead letters, grants and their
 draws and schedules, entitlements, seats, reservations, overdrafts,
-corrections, resets) as sorted tuples, so two databases fed the same stream
+corrections, resets, time zones) as sorted tuples, so two databases fed the same stream
 compare with ``==``. `answer` and `kind` turn an engine's answers, or the
 error it raised, into values to compare. `databases` gives fresh migrated
 databases for one Hypothesis example (copies of the session's templates).
@@ -43,6 +43,7 @@ from metering.storage.tables import (
     rejected_messages,
     reservations,
     results,
+    subject_time_zones,
     usage_rollups,
     webhook_marks,
     webhook_messages,
@@ -128,6 +129,7 @@ def stored(meter: Meter) -> dict[str, object]:
             "overdrafts": rows(select(overdrafts)),
             "corrections": rows(select(corrections)),
             "resets": rows(select(counter_resets)),
+            "zones": rows(select(subject_time_zones)),
         }
 
 

@@ -20,8 +20,9 @@ the bound), seats
 paced limits (hard, soft and shadow; bursts in units and percent), a
 limit's maximum changed, entitlements (some effective in the past),
 grants (expiring, with priorities and ``low``) and recurring grants,
-subjects' own thresholds, voids and resets between batches, late events
-(some past their lateness), events from the future (some accepted),
+subjects' own thresholds, subjects' time zones (Kathmandu and Santiago from
+the start, changes near a day's and a month's end), voids and resets
+between batches, late events (some past their lateness), events from the future (some accepted),
 repeated ids (duplicates and conflicts), unknown limits, invalid events
 raised (``invalid="raise"``) or rejected; and, where the path holds them,
 reservations reserved, cancelled and committed (at an actual cost). Every
@@ -179,6 +180,12 @@ PRICED = ["soft", "month", "dims", "bucket"]
 # Priced from the start (the others by the streams' price changes).
 FIRST_PRICES = [("soft", "0.01", "USD"), ("month", "0.0049", "EUR"), ("dims", "20000", "JPY")]
 SUBJECTS = ["org-1", "org-2", "user-é"]
+# Subjects' zones: the windows of days and months of `ZONED` are theirs.
+ZONED = ["soft", "soft_seats", "usd_day"]
+FIRST_ZONES = [("org-2", "Asia/Kathmandu"), ("user-é", "America/Santiago")]  # in force at START
+# Changed before the stream's second and third batches: from where the windows end.
+ZONE_CHANGES = {1: [("org-1", "Europe/Berlin")], 2: [("org-2", "UTC"), ("user-é", "Asia/Kolkata")]}
+DAY_US = 86_400_000_000
 METADATA = [
     None,
     {"route": "/a"},
@@ -443,6 +450,8 @@ def _changes(meters: tuple[Meter, Meter], spec: dict[str, Any], number: int) -> 
             _both(meters, "set_price", limit, None, currency, when, **per_unit)
         else:
             _both(meters, "set_price", limit, per_unit, currency, when)
+    for subject, zone in ZONE_CHANGES.get(number, ()):  # (drawn from nothing: the streams stay)
+        _both(meters, "set_time_zone", subject, zone)
     if spec["reset"] is not None:
         subject, limit = spec["reset"]
         _both(meters, "reset", subject, limit)
@@ -566,7 +575,7 @@ def _run(
     specs: list[dict[str, Any]],
     tally: Counter[str],
 ) -> None:
-    clock = FrozenClock(START)
+    clock = FrozenClock(START - timedelta(days=40))
     with ExitStack() as stack:
         meters = tested, oracle = tuple(
             on_path(on, stack.enter_context(Meter(url, clock=clock)))
@@ -576,6 +585,9 @@ def _run(
             meter.set_limits(LIMITS)
             for limit, per_unit, currency in FIRST_PRICES:
                 meter.set_price(limit, per_unit, currency, START - timedelta(days=1))
+            for subject, zone in FIRST_ZONES:
+                meter.set_time_zone(subject, zone)
+        clock.set(START)
         tested.database.run(tested._engine.limits.refresh)  # a warm process: limits cached
         singly = path == "one_trip"
         for number, spec in enumerate(stream):
@@ -608,6 +620,13 @@ def _run(
         tally["gauge levels"] += len(gauged)
         paced = [row for row in found["counters"] if row[0] in PACED and row[5]]
         tally["paced denials"] += len(paced)
+        # Windows of days and months that start or end at no UTC midnight: a zone's.
+        zoned = [
+            row
+            for row in found["counters"]
+            if row[0] in ZONED and (row[2] % DAY_US or row[3] % DAY_US)
+        ]
+        tally["zoned windows"] += len(zoned)
 
 
 # -- the suite -----------------------------------------------------------------------
@@ -646,6 +665,7 @@ def test_the_path_decides_as_the_reference_engine(
     assert tally["tiered prices"] >= 1, tally  # events priced by their windows' totals
     if path != "one_trip":  # (there the fast path decides them, as on "direct")
         assert tally["paced denials"] >= 1, tally  # the pace denied some
+    assert tally["zoned windows"] >= 1, tally  # some windows were a zone's
     if path == "one_trip":  # of the events it may decide, the function decides many
         eligible = tally["events"] - tally["unsuited"] - tally["not for the function"]
         assert tally["applied"] >= eligible // 3, tally
