@@ -303,6 +303,10 @@ class LimitUsageOut(BaseModel):
         description="What is left of the subject's grants in force for this limit "
         "(on top of remaining), as the usage page counts it."
     )
+    exhausts_at: datetime | None = Field(
+        description="When remaining and grants_left run out at the subject's recent rate "
+        "(decayed over an hour), if before resets_at; null otherwise, and for a token bucket."
+    )
 
 
 class SubjectUsage(BaseModel):
@@ -369,6 +373,7 @@ def usage_json(usage: LimitUsage) -> dict[str, Any]:
         "resets_at": usage.resets_at.isoformat(),
         "retry_at": iso(usage.retry_at),
         "grants_left": usage.grants_left,
+        "exhausts_at": iso(usage.exhausts_at),
     }
 
 

@@ -1,0 +1,58 @@
+"""A counter's recent rate, and when its window's allowance runs out at it.
+
+The rate is a decayed sum kept on the counter row: at each write at
+instant ``t`` that adds ``cost`` units (``used`` going up; a give-back or a
+denial adds nothing), ``rate' = rate * exp(-(t - rate_at) / TAU) + cost /
+TAU`` and ``rate_at' = t``, in units per second. A steady stream of ``r``
+units a second converges to ``r``; a burst of ``n`` units reads ``n /
+TAU`` at once and fades by ``1/e`` every ``TAU``. An instant before
+``rate_at`` (clocks of two workers) does not decay, and ``rate_at`` does
+not go back. A decay past ``FORGET_TAUS`` time constants, or a rate below
+``TINY_RATE``, reads 0 (no float underflow on PostgreSQL).
+
+`exhausts_at_us`: at the rate read now (decayed to ``now``) held constant,
+the instant the allowance left (``allowance - used``) is spent; None when
+it is not before the window ends, or the rate is 0. A window already spent
+exhausts now.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Final
+
+TAU_SECONDS: Final = 3600
+TAU_US: Final = TAU_SECONDS * 1_000_000
+FORGET_TAUS: Final = 50
+TINY_RATE: Final = 1e-100
+
+
+def decayed(rate: float, rate_at_us: int, now_us: int) -> float:
+    """``rate`` (units per second, as of ``rate_at_us``) read at ``now_us``."""
+    if now_us - rate_at_us > FORGET_TAUS * TAU_US or rate < TINY_RATE:
+        return 0.0
+    if now_us <= rate_at_us:
+        return rate
+    return rate * math.exp((rate_at_us - now_us) / TAU_US)
+
+
+def added(rate: float, rate_at_us: int, cost: int, now_us: int) -> tuple[float, int]:
+    """The rate and its instant after a write at ``now_us`` that adds ``cost``
+    units (negative: a give-back, which adds nothing)."""
+    return decayed(rate, rate_at_us, now_us) + max(cost, 0) / TAU_SECONDS, max(rate_at_us, now_us)
+
+
+def exhausts_at_us(
+    used: int, allowance: int, rate: float, now_us: int, window_end_us: int
+) -> int | None:
+    """When ``allowance - used`` runs out at ``rate`` units per second (read at
+    ``now_us``), if that is before ``window_end_us``; None otherwise."""
+    left = allowance - used
+    if left <= 0:
+        return now_us
+    if rate <= 0.0:
+        return None
+    seconds = left / rate
+    if seconds * 1_000_000 >= window_end_us - now_us:
+        return None
+    return now_us + math.ceil(seconds * 1_000_000)

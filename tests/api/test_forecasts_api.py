@@ -1,0 +1,53 @@
+"""``exhausts_at`` over HTTP, on the usage page and in the OpenAPI document:
+at a frozen instant, the rate computed by hand (docs/forecasts.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import httpx
+import pytest
+
+from metering import FrozenClock, Limit, Meter
+from metering.portal import portal_view, render_page
+
+NOON = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def meter(db_url: str) -> Iterator[Meter]:
+    with Meter(db_url, clock=FrozenClock(NOON)) as m:
+        m.set_limits(
+            [
+                Limit("calls", maximum=1_000, period="1d", window="calendar"),
+                Limit("burst", maximum=10, period="1m", algorithm="token_bucket"),
+            ]
+        )
+        yield m
+
+
+def test_usage_answers_when_the_allowance_runs_out(http: httpx.Client, meter: Meter) -> None:
+    meter.consume("org-1", "calls", 360)  # 360 / 3,600 s: 0.1 a second, 640 left
+    meter.consume("org-1", "burst", 1)
+    found = {u["limit"]: u for u in http.get("/v1/subjects/org-1/usage").json()["limits"]}
+    expected = NOON + timedelta(seconds=6_400)
+    assert datetime.fromisoformat(found["calls"]["exhausts_at"]) == expected
+    assert found["burst"]["exhausts_at"] is None  # a bucket has no reset to run out before
+    [panel] = [p for p in portal_view(meter.database, "org-1").limits if p.name == "calls"]
+    assert panel.exhausts_at == expected
+    assert f'data-exhausts-at="{expected.isoformat()}"' in render_page(
+        portal_view(meter.database, "org-1")
+    )
+
+
+def test_a_slow_rate_does_not_run_out_before_the_reset(http: httpx.Client, meter: Meter) -> None:
+    meter.consume("org-1", "calls", 36)  # 0.01 a second: 96,400 s, past midnight
+    [usage] = http.get("/v1/subjects/org-1/usage").json()["limits"]
+    assert usage["exhausts_at"] is None
+
+
+def test_the_schema_describes_it(http: httpx.Client) -> None:
+    schema = http.get("/openapi.json").json()
+    field = schema["components"]["schemas"]["LimitUsageOut"]["properties"]["exhausts_at"]
+    assert "recent rate" in field["description"]
