@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import Connection
 
@@ -68,6 +69,28 @@ class LimitUsage:
     # When what is left (remaining and grants) runs out at the recent rate,
     # if before the reset (`metering.domain.forecast`); None for a bucket.
     exhausts_at: datetime | None = None
+
+
+def usage_dict(usage: LimitUsage) -> dict[str, Any]:
+    """One limit's usage as JSON (the API's ``LimitUsageOut``, ``metering usage --format json``)."""
+    return {
+        "limit": usage.limit.name,
+        "algorithm": usage.limit.algorithm,
+        "enforcement": usage.limit.enforcement,
+        "maximum": usage.limit.maximum,
+        "used": usage.used,
+        "remaining": usage.remaining,
+        "overage": usage.overage,
+        "window_start": _iso(usage.window_start),
+        "resets_at": usage.resets_at.isoformat(),
+        "retry_at": _iso(usage.retry_at),
+        "grants_left": usage.grants_left,
+        "exhausts_at": _iso(usage.exhausts_at),
+    }
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return moment.isoformat() if moment is not None else None
 
 
 def subject_usage(database: Database, subject: str) -> list[LimitUsage]:

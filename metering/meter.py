@@ -29,6 +29,7 @@ from metering.engine import Engine
 from metering.engine.answers import Answer, InvalidPolicy
 from metering.engine.reference import Decided
 from metering.licenses.facade import LicensesFacade
+from metering.lookup import LimitUsage, subject_usage
 from metering.money.facade import PricesFacade
 from metering.operators import OperatorsFacade
 from metering.reservations import Reservation, ReservationInfo
@@ -284,6 +285,10 @@ class Meter(AllowancesFacade, LicensesFacade, PricesFacade, OperatorsFacade):
     def counters(self, subject: str | None = None, limit: str | None = None) -> list[Counter]:
         """Counters of a subject and/or limit, every window, oldest first."""
         return counters.counters(self.database, subject, limit)
+
+    def usage(self, subject: str) -> list[LimitUsage]:
+        """A subject's limits now: used, remaining, grants left, when they run out."""
+        return subject_usage(self.database, subject)
 
     def seats(self, subject: str, limit: str, at: When = None) -> list[str]:
         """The values holding a seat of a distinct limit in the subject's window at ``at``."""

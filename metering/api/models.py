@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from metering.domain.decisions import Decision
 from metering.domain.events import MAX_CHARGES, MAX_COST, MAX_SUBJECT_LENGTH
-from metering.lookup import LimitUsage
+from metering.lookup import LimitUsage, usage_dict
 
 # The schema's patterns: the library's rules (`metering.domain`) where a
 # pattern can say them. A subject is any printable text without edge spaces;
@@ -361,20 +361,7 @@ def result_json(decision: Decision, *, figures: bool = True) -> dict[str, Any]:
 
 
 def usage_json(usage: LimitUsage) -> dict[str, Any]:
-    return {
-        "limit": usage.limit.name,
-        "algorithm": usage.limit.algorithm,
-        "enforcement": usage.limit.enforcement,
-        "maximum": usage.limit.maximum,
-        "used": usage.used,
-        "remaining": usage.remaining,
-        "overage": usage.overage,
-        "window_start": iso(usage.window_start),
-        "resets_at": usage.resets_at.isoformat(),
-        "retry_at": iso(usage.retry_at),
-        "grants_left": usage.grants_left,
-        "exhausts_at": iso(usage.exhausts_at),
-    }
+    return usage_dict(usage)
 
 
 # Request bodies the routes read by hand, for the schema's components.

@@ -19,6 +19,7 @@ from metering.domain.money import format_amount
 
 if TYPE_CHECKING:  # the counters module loads the database stack
     from metering.counters import Counter
+    from metering.lookup import LimitUsage
 
 EXIT_DENIED: Final = 2
 # `metering result` of an event still on a queue: no worker has decided it yet.
@@ -161,6 +162,35 @@ def counters_table(
         for c in counters
     ]
     return table(COUNTER_COLUMNS, rows, title)
+
+
+USAGE_COLUMNS: Final = (
+    "limit",
+    "used",
+    "maximum",
+    "remaining",
+    "grants left",
+    "resets at",
+    "runs out at",
+)
+
+
+def usage_table(found: Sequence[LimitUsage]) -> Table:
+    """A subject's limits now (`metering.lookup.LimitUsage`): ``runs out at``
+    is the forecast at the recent rate, ``-`` when not before the reset."""
+    rows: list[list[object]] = [
+        [
+            u.limit.name,
+            u.used,
+            u.limit.maximum,
+            u.remaining,
+            u.grants_left,
+            when(u.resets_at),
+            when(u.exhausts_at) if u.exhausts_at is not None else None,
+        ]
+        for u in found
+    ]
+    return table(USAGE_COLUMNS, rows)
 
 
 def window_span(
