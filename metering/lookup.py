@@ -129,7 +129,7 @@ def _usage(
         forecast(
             usage_of(limits[name], key, states[key], now_us),
             left.get(name, 0),
-            rates.get(key, (0.0, 0)),
+            rates.get(key, (0, 0.0, 0)),
             now_us,
         )
         for name, key in sorted(keys.items())
@@ -137,14 +137,17 @@ def _usage(
     ]
 
 
-def forecast(usage: LimitUsage, grants: int, rate: tuple[float, int], now_us: int) -> LimitUsage:
-    """``usage`` with ``grants`` left and its exhaustion at ``rate`` (a
-    counter's rate and its instant)."""
+def forecast(
+    usage: LimitUsage, grants: int, counter: tuple[int, float, int], now_us: int
+) -> LimitUsage:
+    """``usage`` with ``grants`` left and its exhaustion at ``counter``'s rate
+    (its used, rate and the rate's instant)."""
+    _, rate, rate_at_us = counter
     exhausts_at = None
     if usage.window_start is not None:
         allowance = usage.used + usage.remaining + grants
         exhausts_us = exhausts_at_us(
-            usage.used, allowance, decayed(*rate, now_us), now_us, to_us(usage.resets_at)
+            usage.used, allowance, decayed(rate, rate_at_us, now_us), now_us, to_us(usage.resets_at)
         )
         exhausts_at = _moment(exhausts_us)
     return replace(usage, grants_left=grants, exhausts_at=exhausts_at)

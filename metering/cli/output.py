@@ -130,6 +130,8 @@ def describe_limit(limit: Limit) -> str:
         parts.append("thresholds " + "/".join(f"{t}%" for t in limit.thresholds))
     if limit.thresholds_units:
         parts.append("threshold units " + "/".join(str(t) for t in limit.thresholds_units))
+    if limit.forecast_lead:
+        parts.append(f"forecast lead {limit.forecast_lead}")
     return ", ".join([*parts, f"lateness {limit.lateness}"])
 
 

@@ -14,12 +14,21 @@ not go back. A decay past ``FORGET_TAUS`` time constants, or a rate below
 the instant the allowance left (``allowance - used``) is spent; None when
 it is not before the window ends, or the rate is 0. A window already spent
 exhausts now.
+
+`forecast_notice`: ``limit.forecast`` when the forecast falls within a
+limit's lead (its mark, ``forecast``, makes it once per window);
+`with_exhausts_at`: a ``limit.threshold`` notice told the forecast. Both
+count the maximum in force, not grants, and read the counter as written.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Final
+
+from metering.domain.notifications import Notice
+from metering.domain.state import CounterKey
 
 TAU_SECONDS: Final = 3600
 TAU_US: Final = TAU_SECONDS * 1_000_000
@@ -56,3 +65,44 @@ def exhausts_at_us(
     if seconds * 1_000_000 >= window_end_us - now_us:
         return None
     return now_us + math.ceil(seconds * 1_000_000)
+
+
+def forecast_notice(
+    key: CounterKey,
+    maximum: int,
+    lead_seconds: int,
+    counter: tuple[int, float, int],
+    now_us: int,
+    event_id: str | None,
+) -> Notice | None:
+    """``limit.forecast`` for a window whose ``counter`` (used, rate, rate_at_us)
+    runs out of ``maximum`` within ``lead_seconds`` of ``now_us``; else None."""
+    used, rate, rate_at_us = counter
+    at_us = exhausts_at_us(
+        used, maximum, decayed(rate, rate_at_us, now_us), now_us, key.window_end_us
+    )
+    if at_us is None or at_us - now_us > lead_seconds * 1_000_000:
+        return None
+    return Notice(
+        type="limit.forecast",
+        mark="forecast",
+        limit=key.limit,
+        subject=key.subject,
+        maximum=maximum,
+        used=used,
+        window_start_us=key.window_start_us,
+        window_end_us=key.window_end_us,
+        resets_at_us=key.window_end_us,
+        retry_at_us=None,
+        event_id=event_id,
+        exhausts_at_us=at_us,
+    )
+
+
+def with_exhausts_at(notice: Notice, counter: tuple[int, float, int], now_us: int) -> Notice:
+    """``notice`` (of a window) with when its maximum runs out at ``counter``'s rate."""
+    used, rate, rate_at_us = counter
+    at_us = exhausts_at_us(
+        used, notice.maximum, decayed(rate, rate_at_us, now_us), now_us, notice.window_end_us
+    )
+    return replace(notice, exhausts_at_us=at_us)

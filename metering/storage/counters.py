@@ -308,19 +308,18 @@ class CounterStore(OnConnection):
                 states[_key_from_row(row)] = _COUNTER_STATE.of_row(row)
         return states
 
-    def read_rates(self, keys: Iterable[CounterKey]) -> dict[CounterKey, tuple[float, int]]:
-        """The rates (units per second) and their instants of those of ``keys``
-        that have a row (`metering.domain.forecast`)."""
+    def read_rates(self, keys: Iterable[CounterKey]) -> dict[CounterKey, tuple[int, float, int]]:
+        """``used``, the rate (units per second) and its instant of those of
+        ``keys`` that have a row (`metering.domain.forecast`)."""
         wanted = sorted(set(keys), key=lambda k: (k.limit, k.subject, k.window_start_us))
         by_id = {(k.limit, k.subject, k.window_start_us): k for k in wanted}
         c = counters.c
-        found: dict[CounterKey, tuple[float, int]] = {}
+        found: dict[CounterKey, tuple[int, float, int]] = {}
         for chunk in chunks(list(by_id)):
-            query = select(c.limit_name, c.subject, c.window_start_us, c.rate, c.rate_at_us).where(
-                tuple_(c.limit_name, c.subject, c.window_start_us).in_(chunk)
-            )
+            key = (c.limit_name, c.subject, c.window_start_us)
+            query = select(*key, c.used, c.rate, c.rate_at_us).where(tuple_(*key).in_(chunk))
             for row in self.connection.execute(query):
-                found[by_id[(row[0], row[1], row[2])]] = (row[3], row[4])
+                found[by_id[(row[0], row[1], row[2])]] = (row[3], row[4], row[5])
         return found
 
     def write_counters(self, states: Mapping[CounterKey, CounterState], now_us: int) -> None:

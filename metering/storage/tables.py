@@ -50,6 +50,7 @@ limits = Table(
     Column("aggregation", String(8), nullable=False, server_default="sum"),
     # A paced limit's burst, units or "P%" (`metering.domain.pacing`); NULL: not paced.
     Column("pacing_burst", String(24), nullable=True),
+    Column("forecast_lead", String(32), nullable=True),  # a duration, "24h"; NULL: none
 )
 
 # One row (id 1): incremented by every change to ``limits``, so that processes

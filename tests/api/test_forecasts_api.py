@@ -51,3 +51,36 @@ def test_the_schema_describes_it(http: httpx.Client) -> None:
     schema = http.get("/openapi.json").json()
     field = schema["components"]["schemas"]["LimitUsageOut"]["properties"]["exhausts_at"]
     assert "recent rate" in field["description"]
+
+
+def test_a_forecast_lead_is_set_read_and_described(http: httpx.Client, meter: Meter) -> None:
+    body = {"maximum": 1_000, "period": "1d", "window": "calendar", "forecast_lead": "24h"}
+    stored = http.put("/v1/limits/daily", json=body)
+    assert stored.status_code == 200, stored.text
+    assert stored.json()["forecast_lead"] == "1d"
+    assert meter.get_limit("daily").forecast_lead_seconds == 86_400
+    assert "forecast_lead" not in http.get("/v1/limits/calls").json()
+    document = http.get("/openapi.json").json()
+    put = document["paths"]["/v1/limits/{name}"]["put"]
+    body = put["requestBody"]["content"]["application/json"]["schema"]
+    assert "limit.forecast" in body["properties"]["forecast_lead"]["description"]
+    assert "forecast_lead" in document["components"]["schemas"]["LimitOut"]["properties"]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"forecast_lead": "1mo"},
+        {"forecast_lead": "0s"},
+        {"forecast_lead": "1h", "algorithm": "token_bucket", "window": "first_use"},
+        {"forecast_lead": "1h", "aggregation": "max"},
+    ],
+)
+def test_a_bad_lead_is_400_and_stores_nothing(
+    http: httpx.Client, meter: Meter, fields: dict[str, object]
+) -> None:
+    body = {"maximum": 1_000, "period": "1d", "window": "calendar", **fields}
+    answer = http.put("/v1/limits/daily", json=body)
+    assert answer.status_code == 400, answer.text
+    assert "forecast_lead" in answer.text
+    assert "daily" not in {limit.name for limit in meter.list_limits()}

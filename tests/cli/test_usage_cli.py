@@ -49,3 +49,14 @@ def test_usage_shows_when_the_allowance_runs_out(url: str) -> None:
 def test_a_subject_without_usage(url: str) -> None:
     run(url, "limits", "set", "calls", "--max", "1000", "--period", "7d")
     assert run(url, "usage", "nobody") == (0, "no usage\n")
+
+
+def test_limits_set_takes_a_forecast_lead(url: str) -> None:
+    code, out = run(
+        url, "limits", "set", "calls", "--max", "1000", "--period", "1d", "--forecast-lead", "24h"
+    )
+    assert code == 0 and "forecast lead 1d" in out
+    code, out = run(
+        url, "limits", "set", "calls", "--max", "9", "--period", "1d", "--forecast-lead", "1mo"
+    )
+    assert code == 1 and "forecast_lead" in out

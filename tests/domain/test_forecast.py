@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
-from metering.domain.forecast import TAU_SECONDS, TAU_US, added, decayed, exhausts_at_us
+from metering.domain.forecast import (
+    TAU_SECONDS,
+    TAU_US,
+    added,
+    decayed,
+    exhausts_at_us,
+    forecast_notice,
+    with_exhausts_at,
+)
+from metering.domain.notifications import payload_of
+from metering.domain.state import CounterKey
 
 HOUR_US = 3_600_000_000
 
@@ -45,3 +56,27 @@ def test_exhaustion_at_the_rate_held_constant() -> None:
     assert exhausts_at_us(600, 1_000, 0.0, 0, 2 * HOUR_US) is None
     assert exhausts_at_us(1_000, 1_000, 0.0, 7, 2 * HOUR_US) == 7  # spent: now
     assert exhausts_at_us(1, 2, 3.0, 0, HOUR_US) == 333_334  # rounded up
+
+
+KEY = CounterKey("calls", "org-1", 0, 24 * HOUR_US)
+
+
+def test_a_forecast_notice_within_the_lead_only() -> None:
+    counter = (720, 0.2, HOUR_US)  # 280 of 1,000 left at 0.2 a second: 1,400 s
+    notice = forecast_notice(KEY, 1_000, 1_400, counter, HOUR_US, "ev-1")
+    assert notice is not None
+    assert (notice.type, notice.mark, notice.exhausts_at_us) == (
+        "limit.forecast",
+        "forecast",
+        HOUR_US + 1_400_000_000,
+    )
+    assert payload_of(notice, HOUR_US)["data"]["exhausts_at"] == "1970-01-01T01:23:20Z"
+    assert forecast_notice(KEY, 1_000, 1_399, counter, HOUR_US, "ev-1") is None
+    assert forecast_notice(KEY, 1_000, 9_999, (720, 0.0, 0), HOUR_US, None) is None
+
+
+def test_a_threshold_is_told_its_forecast() -> None:
+    notice = forecast_notice(KEY, 1_000, 1, (1_000, 0.0, 0), 5, None)
+    assert notice is not None and notice.exhausts_at_us == 5  # spent: now
+    told = with_exhausts_at(replace(notice, exhausts_at_us=None), (720, 0.2, 0), 0)
+    assert told.exhausts_at_us == 1_400_000_000

@@ -4,6 +4,8 @@
   units per second, decayed with a time constant of one hour, as of an
   instant (`metering.domain.forecast`); every writer of counters moves it in
   the statement that writes ``used``. Existing rows start at 0.
+* ``limits.forecast_lead``: how long before a forecast exhaustion a
+  ``limit.forecast`` notice goes out (a duration, ``24h``; NULL: none).
 * ``metering_consume_one``: migration 0012's function, its two counter
   writes moving the rate too.
 
@@ -71,6 +73,7 @@ def upgrade() -> None:
     op.add_column(
         "counters", sa.Column("rate_at_us", sa.BigInteger, nullable=False, server_default="0")
     )
+    op.add_column("limits", sa.Column("forecast_lead", sa.String(32), nullable=True))
     if op.get_bind().dialect.name == "postgresql":
         op.execute(_with_rates(_consume_one()))
 
@@ -78,6 +81,8 @@ def upgrade() -> None:
 def downgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
         op.execute(_consume_one())
+    with op.batch_alter_table("limits") as batch:
+        batch.drop_column("forecast_lead")
     with op.batch_alter_table("counters") as batch:
         batch.drop_column("rate_at_us")
         batch.drop_column("rate")
