@@ -7,7 +7,7 @@ A ``PUT`` body is a limit's definition as a limits file writes it
 ``thresholds``, ``thresholds_units``, ``lateness``, ``dimensions``,
 ``distinct`` (seats: the metadata key whose distinct values are counted),
 ``aggregation`` (``sum``, or a gauge's ``max`` or ``latest``), ``pacing``
-and ``burst`` (units or ``"P%"``);
+and ``burst`` (units or ``"P%"``), ``forecast_lead`` (``limit.forecast``);
 ``name`` may be given if it is the name in the path. It is validated by
 `Limit.from_dict`, the loader's own rules, and stored with `Meter.set_limit`:
 created, or replaced as a whole (a field not given takes its default).
@@ -151,6 +151,15 @@ class LimitIn(BaseModel):
         description="With pacing: units, or a percentage of the maximum in force like "
         "'5%' (the default), allowed ahead of the pace.",
     )
+    forecast_lead: str | None = Field(
+        default=None,
+        pattern=r"^[ \t]*[0-9]+[ \t]*(s|m|h|d|w)[ \t]*$",
+        max_length=32,
+        examples=["24h"],
+        description="Send limit.forecast once per window when, at the subject's recent "
+        "rate, the maximum in force runs out within this long (a fixed window that is not "
+        "a gauge). See docs/forecasts.md.",
+    )
 
 
 class LimitOut(BaseModel):
@@ -170,6 +179,9 @@ class LimitOut(BaseModel):
     aggregation: Aggregation = Field(default="sum", description="sum, or a gauge's max or latest.")
     pacing: bool = Field(default=False, description="Only present (true) on a paced limit.")
     burst: int | str | None = Field(default=None, description="A paced limit's burst.")
+    forecast_lead: str | None = Field(
+        default=None, description="Only present on a limit with a forecast lead."
+    )
 
 
 class Limits(BaseModel):

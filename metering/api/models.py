@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from metering.domain.decisions import Decision
 from metering.domain.events import MAX_CHARGES, MAX_COST, MAX_SUBJECT_LENGTH
-from metering.usage.current import LimitUsage
+from metering.usage.current import LimitUsage, usage_dict
 
 # The schema's patterns: the library's rules (`metering.domain`) where a
 # pattern can say them. A subject is any printable text without edge spaces;
@@ -303,6 +303,10 @@ class LimitUsageOut(BaseModel):
         description="What is left of the subject's grants in force for this limit "
         "(on top of remaining), as the usage page counts it."
     )
+    exhausts_at: datetime | None = Field(
+        description="When remaining and grants_left run out at the subject's recent rate "
+        "(decayed over an hour), if before resets_at; null otherwise, and for a token bucket."
+    )
 
 
 class SubjectUsage(BaseModel):
@@ -357,19 +361,7 @@ def result_json(decision: Decision, *, figures: bool = True) -> dict[str, Any]:
 
 
 def usage_json(usage: LimitUsage) -> dict[str, Any]:
-    return {
-        "limit": usage.limit.name,
-        "algorithm": usage.limit.algorithm,
-        "enforcement": usage.limit.enforcement,
-        "maximum": usage.limit.maximum,
-        "used": usage.used,
-        "remaining": usage.remaining,
-        "overage": usage.overage,
-        "window_start": iso(usage.window_start),
-        "resets_at": usage.resets_at.isoformat(),
-        "retry_at": iso(usage.retry_at),
-        "grants_left": usage.grants_left,
-    }
+    return usage_dict(usage)
 
 
 # Request bodies the routes read by hand, for the schema's components.

@@ -35,6 +35,7 @@ COMMANDS: dict[str, str] = {
     "result": "metering.cli.events:result",
     "reset": "metering.cli.events:reset",
     "counters": "metering.cli.events:counters",
+    "usage": "metering.cli.events:usage",
     "import": "metering.cli.imports:import_",
     "seats": "metering.cli.events:seats",
     "db": "metering.cli.db:db",
@@ -85,6 +86,7 @@ SECTIONS: dict[str, dict[str, str]] = {
     },
     "Reading": {
         "counters": "Show counters, every window, oldest first.",
+        "usage": "A subject's usage now, and when it runs out at its rate.",
         "report": "Billing reports: overage, usage, shadow and spend.",
         "simulate": "Backtest proposed limits against recorded usage.",
         "portal": "Links to the usage page customers open.",

@@ -22,12 +22,14 @@ from metering.cli.output import (
     counters_table,
     report_decision,
     spend_currencies,
+    usage_table,
 )
 from metering.cli.tables import print_table
 from metering.errors import BrokerUnavailable
 from metering.settings import broker_url
 from metering.storage.queue_state import is_queued
 from metering.usage.counters import Counter
+from metering.usage.current import usage_dict
 
 
 @click.command(epilog=EXIT_CODES_HELP)
@@ -131,6 +133,20 @@ def counters(subject: str | None, limit: str | None, fmt: str) -> None:
         click.echo("no counters")
     else:
         print_table(counters_table(found, currencies=spend_currencies(meter.list_limits())))
+
+
+@click.command()
+@click.argument("subject")
+@format_option
+def usage(subject: str, fmt: str) -> None:
+    """SUBJECT's limits now: used, left, and when they run out at its recent rate."""
+    found = current_meter().usage(subject)
+    if fmt == "json":
+        click.echo(json.dumps([usage_dict(u) for u in found], indent=2))
+    elif not found:
+        click.echo("no usage")
+    else:
+        print_table(usage_table(found))
 
 
 @click.command()

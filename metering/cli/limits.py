@@ -99,6 +99,11 @@ def limits() -> None:
     metavar="N|P%",
     help="With --pacing: units, or a percentage of the maximum, allowed ahead. Default: 5%.",
 )
+@click.option(
+    "--forecast-lead",
+    metavar="DURATION",
+    help="Send limit.forecast once a window when the allowance runs out within it: 24h.",
+)
 def limits_set(
     name: str,
     maximum: int | None,

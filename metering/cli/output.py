@@ -19,6 +19,7 @@ from metering.domain.money import format_amount
 
 if TYPE_CHECKING:  # the counters module loads the database stack
     from metering.usage.counters import Counter
+    from metering.usage.current import LimitUsage
 
 EXIT_DENIED: Final = 2
 # `metering result` of an event still on a queue: no worker has decided it yet.
@@ -129,6 +130,8 @@ def describe_limit(limit: Limit) -> str:
         parts.append("thresholds " + "/".join(f"{t}%" for t in limit.thresholds))
     if limit.thresholds_units:
         parts.append("threshold units " + "/".join(str(t) for t in limit.thresholds_units))
+    if limit.forecast_lead:
+        parts.append(f"forecast lead {limit.forecast_lead}")
     return ", ".join([*parts, f"lateness {limit.lateness}"])
 
 
@@ -166,6 +169,35 @@ def counters_table(
 def _zoned(span: str | None, local: str | None) -> str | None:
     """A window's UTC span, with its local label for a subject with a time zone."""
     return span if local is None else f"{span} (local {local})"
+
+
+USAGE_COLUMNS: Final = (
+    "limit",
+    "used",
+    "maximum",
+    "remaining",
+    "grants left",
+    "resets at",
+    "runs out at",
+)
+
+
+def usage_table(found: Sequence[LimitUsage]) -> Table:
+    """A subject's limits now (`metering.usage.current.LimitUsage`): ``runs out at``
+    is the forecast at the recent rate, ``-`` when not before the reset."""
+    rows: list[list[object]] = [
+        [
+            u.limit.name,
+            u.used,
+            u.limit.maximum,
+            u.remaining,
+            u.grants_left,
+            when(u.resets_at),
+            when(u.exhausts_at) if u.exhausts_at is not None else None,
+        ]
+        for u in found
+    ]
+    return table(USAGE_COLUMNS, rows)
 
 
 def window_span(

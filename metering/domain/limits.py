@@ -198,8 +198,12 @@ class Limit:
     aggregation: Aggregation = "sum"
     pacing: bool = False
     burst: Burst | None = None
+    # How long before a forecast exhaustion ``limit.forecast`` goes out
+    # (docs/forecasts.md); None: never.
+    forecast_lead: str | None = None
     parsed_period: Period = field(init=False, repr=False, compare=False)
     lateness_seconds: int = field(init=False, repr=False, compare=False)
+    forecast_lead_seconds: int | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         validate_limit_name(self.name)
@@ -251,6 +255,9 @@ class Limit:
         object.__setattr__(self, "dimensions", _dimensions(self.dimensions))
         object.__setattr__(self, "parsed_period", parsed)
         object.__setattr__(self, "lateness_seconds", lateness.seconds)
+        lead = _forecast_lead(self)
+        object.__setattr__(self, "forecast_lead", None if lead is None else lead[0])
+        object.__setattr__(self, "forecast_lead_seconds", None if lead is None else lead[1])
 
     def with_maximum(self, maximum: int) -> Limit:
         """This limit with another maximum: a subject's entitlement."""
@@ -272,6 +279,7 @@ class Limit:
             **(_money(self.maximum, self.currency) if self.currency else {}),
             "distinct": self.distinct,
             **({"pacing": True, "burst": self.burst} if self.pacing else {}),
+            **({"forecast_lead": self.forecast_lead} if self.forecast_lead else {}),
         }
 
     @classmethod
@@ -279,7 +287,7 @@ class Limit:
         """Build a limit from a mapping (a row, or an entry of a limits file)."""
         known = {"name", "maximum", "period", "algorithm", "window", "enforcement"}
         known |= {"thresholds", "lateness", "thresholds_units", "dimensions", "currency"}
-        known |= {"max_amount", "distinct", "aggregation", "pacing", "burst"}
+        known |= {"max_amount", "distinct", "aggregation", "pacing", "burst", "forecast_lead"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise InvalidLimit(unknown[0], f"unknown field; expected some of {sorted(known)}")
@@ -308,6 +316,21 @@ class Limit:
         if "dimensions" in values:
             values["dimensions"] = _dimension_list(values["dimensions"])
         return cls(**values)
+
+
+def _forecast_lead(limit: Limit) -> tuple[str, int] | None:
+    """A forecast lead as text and seconds (a duration of seconds to weeks,
+    more than 0), on a windowed limit; None when there is none."""
+    if limit.forecast_lead is None:
+        return None
+    lead = parse_period(limit.forecast_lead, field_name="forecast_lead")
+    if lead.is_calendar_months or lead.seconds <= 0:
+        raise InvalidLimit("forecast_lead", "use seconds, minutes, hours, days or weeks, above 0")
+    if limit.algorithm != "fixed_window" or limit.is_gauge:
+        raise InvalidLimit(
+            "forecast_lead", "only a fixed window that adds costs up runs out before its reset"
+        )
+    return str(lead), lead.seconds
 
 
 def _check_concurrent(limit: Limit) -> None:

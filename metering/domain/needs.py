@@ -33,6 +33,7 @@ class Need(StrEnum):
     RECURRING = "recurring"  # a recurring grant, issued when due
     OWN_THRESHOLDS = "own_thresholds"  # a subject's own thresholds
     NOTICES = "notices"  # webhooks, grant.low or dead letters written beside the results
+    FORECAST = "forecast"  # a forecast lead: limit.forecast from the rates just written
     RESERVATION = "reservation"  # a held reservation or a lease's block
     HELD_SEATS = "held_seats"  # a reservation of a seat limit (refused)
     HELD_GAUGE = "held_gauge"  # a reservation of a gauge (refused)
@@ -57,6 +58,8 @@ def rule_needs(limit: Limit, *, priced: bool) -> frozenset[Need]:
         found.add(Need.GAUGE)
     if limit.pacing:
         found.add(Need.PACING)
+    if limit.forecast_lead is not None:
+        found.add(Need.FORECAST)
     if limit.dimensions:
         found.add(Need.DIMENSIONS)
     if (

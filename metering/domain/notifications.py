@@ -25,6 +25,7 @@ from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 NoticeType = Literal[
     "limit.denied",
     "limit.threshold",
+    "limit.forecast",
     "limit.exceeded",
     "limit.reset",
     "limit.would_deny",
@@ -55,7 +56,7 @@ class Notice:
     """One candidate notification, with the mark that makes it happen once.
 
     ``mark`` is ``denied``, ``would_deny``, ``threshold:<percent>``,
-    ``units:<amount>`` or ``exceeded``.
+    ``units:<amount>``, ``forecast`` or ``exceeded``.
     ``window_start_us`` and ``window_end_us`` are `NO_WINDOW` for a bucket.
     ``due_at_us`` is when the sweeper must look at the mark again (the end
     of a denied window, the instant a bucket is full), or None (never).
@@ -75,6 +76,9 @@ class Notice:
     threshold: int | None = None
     due_at_us: int | None = None
     threshold_units: int | None = None
+    # ``limit.threshold`` and ``limit.forecast``: when the maximum runs out at
+    # the counter's recent rate (`metering.domain.forecast`), if before the reset.
+    exhausts_at_us: int | None = None
 
     @property
     def is_bucket(self) -> bool:
@@ -287,5 +291,10 @@ def payload_of(notice: Notice, timestamp_us: int) -> dict[str, Any]:
             "resets_at": _iso(notice.resets_at_us),
             "retry_at": _iso(notice.retry_at_us),
             "event_id": notice.event_id,
+            **(
+                {"exhausts_at": _iso(notice.exhausts_at_us)}
+                if notice.type in ("limit.threshold", "limit.forecast")
+                else {}
+            ),
         },
     }

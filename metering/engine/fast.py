@@ -66,6 +66,7 @@ from metering.engine.answers import (
     NotHeld,
     Unacceptable,
 )
+from metering.engine.forecasts import leads_of, with_forecasts
 from metering.engine.money import PriceBook, refuse_spend_charge, repriced
 from metering.engine.seats import Seats
 from metering.errors import EventConflict, InvalidInput, MeteringError, UnknownLimit
@@ -735,13 +736,25 @@ class _Applying:
         dead = [*batch.rejected, *conflicts, *self.refused]
         if dead and store.takes_rejected:
             changes.rejected, dead = dead, []  # in the write's round trip
-        more = bool(self.notices or dead or low)
+        # A forecast lead (`Need.FORECAST`) reads the rates just written: on SQLAlchemy's.
+        leads = self._leads() if connection is not None else {}
+        more = bool(self.notices or dead or low or leads)
         if more and connection is None:
             return Declined("notices or dead letters to write", Need.NOTICES)
         store.write(changes, batch.now_us, commit=not more)
         if connection is not None and more:
-            _record_extras(connection, self.notices, dead, batch.now_us, low)
+            notices: list[Notice] = self.notices
+            if notices or leads:
+                charged = ((r.event_id, r.charges) for r in self.records)
+                notices = with_forecasts(connection, leads, charged, notices, batch.now_us)
+            _record_extras(connection, notices, dead, batch.now_us, low)
         return final
+
+    def _leads(self) -> dict[str, int]:
+        """The forecast leads of the limits the batch charged."""
+        rules = self.rules
+        charged = {row[1] for record in self.records for row in record.charges}
+        return leads_of(rules[name].limit for name in charged if name in rules)
 
     def _changes(self, snapshot: Snapshot) -> Changes:
         """Counters, windows, results, rollups and seats to write."""

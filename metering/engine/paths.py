@@ -126,7 +126,7 @@ class Direct:
     def __init__(self, direct: DirectSqlite | DirectPostgres, cache: LimitCache) -> None:
         self.direct = direct
         self.cache = cache
-        implements = FAST_IMPLEMENTS - {Need.NOTICES}
+        implements = FAST_IMPLEMENTS - {Need.NOTICES, Need.FORECAST}
         if isinstance(direct, DirectSqlite):
             implements -= {Need.DEAD_LETTERS}
         self.implements = implements

@@ -42,6 +42,7 @@ from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 from metering.domain.windows import Window, calendar_window, first_use_window
 from metering.domain.zones import ZoneHistory, follows_zone
 from metering.engine.answers import InvalidPolicy
+from metering.engine.forecasts import leads_of, with_forecasts
 from metering.engine.money import Money, refuse_spend_charge
 from metering.engine.seats import Seats, seat_keys
 from metering.errors import EventConflict, MeteringError, UnknownLimit
@@ -275,11 +276,13 @@ def _decide(
         )
     # Notifications are written in this transaction: a rollback takes them too.
     # Most events cause no candidate at all, and then no statement runs.
-    notices = (
-        notices_of(limits, transitions, allowances.own_thresholds(limits))
-        if policy is None or policy.enforce
-        else []
-    )
+    enforce = policy is None or policy.enforce
+    notices = notices_of(limits, transitions, allowances.own_thresholds(limits)) if enforce else []
+    # Forecasts read the rates just written (`metering.engine.forecasts`).
+    leads = leads_of(limits[c.limit] for e in events for c in e.charges) if enforce else {}
+    if notices or leads:
+        charged = ((d.event_id, [c.to_row() for c in d.charges]) for d in decisions)
+        notices = with_forecasts(store.connection, leads, charged, notices, now_us)
     if notices:
         WebhookStore(store.connection).record_notices(
             [(notice, payload_of(notice, now_us)) for notice in notices], now_us

@@ -12,6 +12,7 @@ SQLite file, and refuses an older PostgreSQL schema (``metering db upgrade``).
 
 from __future__ import annotations
 
+import math
 import random
 import sqlite3
 import time
@@ -40,7 +41,7 @@ from metering.telemetry.metrics import count_db_error, count_db_retry
 T = TypeVar("T")
 
 # The Alembic revision this code expects; a test checks it is the head.
-SCHEMA_REVISION: Final = "0027"
+SCHEMA_REVISION: Final = "0028"
 MIGRATIONS_DIR: Final = Path(__file__).parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS: Final = 60_000
 # Serialization failure, deadlock, a lock timeout a transaction set for itself
@@ -160,6 +161,10 @@ def sqlite_pragmas(connection: sqlite3.Connection, synchronous: str) -> None:
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
     cursor.execute(f"PRAGMA synchronous={synchronous}")
+    try:  # counters' rates decay with exp(): a build without math functions gets Python's
+        cursor.execute("SELECT exp(0)")
+    except sqlite3.OperationalError:
+        connection.create_function("exp", 1, math.exp, deterministic=True)
     cursor.close()
 
 

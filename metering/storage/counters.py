@@ -30,6 +30,7 @@ from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 from metering.domain.windows import Window
 from metering.storage.distinct import DistinctStore
 from metering.storage.on_connection import OnConnection, chunks
+from metering.storage.rates import rate_set
 from metering.storage.records import RecordColumns
 from metering.storage.tables import (
     counter_resets,
@@ -43,6 +44,16 @@ from metering.storage.tables import (
 Pair = tuple[str, str]  # (limit name, subject)
 
 _COUNTER_KEY: Final = ("limit_name", "subject", "window_start_us")
+_RATE: Final = ("rate", "rate_at_us")
+# Writing back a locked counter moves its rate (`metering.storage.rates`):
+# the existing row's columns, the written ``used`` and instant.
+_RATE_EXPRESSIONS: Final = rate_set(
+    now="excluded.updated_at_us", new_used="excluded.used", row="counters."
+).split(",\n    rate_at_us = ")
+_RATE_UPSERT: Final[dict[str, Any]] = {
+    "rate": literal_column(_RATE_EXPRESSIONS[0].removeprefix("rate = ")),
+    "rate_at_us": literal_column(_RATE_EXPRESSIONS[1]),
+}
 
 
 def _advance_reset_clock(dialect: str) -> Any:
@@ -75,10 +86,13 @@ def _build_statements(dialect: str) -> dict[str, Any]:
     ).returning(*current_windows.c)
     # Writing back locked counters is the same upsert: every row exists, so
     # ON CONFLICT always updates, and a batch is one multi-row statement.
-    state_columns = [c.name for c in counters.c if c.name not in _COUNTER_KEY]
+    state_columns = [c.name for c in counters.c if c.name not in (*_COUNTER_KEY, *_RATE)]
     write_counters = new_counters.on_conflict_do_update(
         index_elements=list(_COUNTER_KEY),
-        set_={name: new_counters.excluded[name] for name in state_columns},
+        set_={
+            **{name: new_counters.excluded[name] for name in state_columns},
+            **_RATE_UPSERT,
+        },
     )
     write_windows = new_windows.on_conflict_do_update(
         index_elements=["limit_name", "subject"],
@@ -113,10 +127,11 @@ ON CONFLICT (limit_name, subject, window_start_us)
 DO UPDATE SET updated_at_us = excluded.updated_at_us
 RETURNING limit_name, subject, window_start_us, window_end_us, {_PG_COUNTER_STATE}
 """
-PG_WRITE_COUNTERS: Final = """
+PG_WRITE_COUNTERS: Final = f"""
 UPDATE counters AS c
 SET used = v.used, denied_count = v.dc, denied_cost = v.dcost, first_denied_at_us = v.fd,
-    tat_us = v.tat, tat_rem = v.rem, tat_scale = v.scale, updated_at_us = %(now)s
+    tat_us = v.tat, tat_rem = v.rem, tat_scale = v.scale, updated_at_us = %(now)s,
+    {rate_set(now="%(now)s", new_used="v.used", row="c.")}
 FROM unnest(%(l)s::text[], %(s)s::text[], %(ws)s::bigint[], %(used)s::bigint[],
             %(dc)s::bigint[], %(dcost)s::bigint[], %(fd)s::bigint[], %(tat)s::bigint[],
             %(rem)s::bigint[], %(scale)s::bigint[])
@@ -292,6 +307,20 @@ class CounterStore(OnConnection):
             for row in self.connection.execute(select(counters).where(tuple_(*columns).in_(ids))):
                 states[_key_from_row(row)] = _COUNTER_STATE.of_row(row)
         return states
+
+    def read_rates(self, keys: Iterable[CounterKey]) -> dict[CounterKey, tuple[int, float, int]]:
+        """``used``, the rate (units per second) and its instant of those of
+        ``keys`` that have a row (`metering.domain.forecast`)."""
+        wanted = sorted(set(keys), key=lambda k: (k.limit, k.subject, k.window_start_us))
+        by_id = {(k.limit, k.subject, k.window_start_us): k for k in wanted}
+        c = counters.c
+        found: dict[CounterKey, tuple[int, float, int]] = {}
+        for chunk in chunks(list(by_id)):
+            key = (c.limit_name, c.subject, c.window_start_us)
+            query = select(*key, c.used, c.rate, c.rate_at_us).where(tuple_(*key).in_(chunk))
+            for row in self.connection.execute(query):
+                found[by_id[(row[0], row[1], row[2])]] = (row[3], row[4], row[5])
+        return found
 
     def write_counters(self, states: Mapping[CounterKey, CounterState], now_us: int) -> None:
         """Write back counters this transaction has locked, in one statement."""

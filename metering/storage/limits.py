@@ -43,6 +43,7 @@ def _limit_from_row(row: Any) -> Limit:
         aggregation=row.aggregation,
         pacing=row.pacing_burst is not None,
         burst=None if row.pacing_burst is None else parse_burst(row.pacing_burst, row.maximum),
+        forecast_lead=row.forecast_lead,
     )
 
 
@@ -74,6 +75,7 @@ class LimitStore(OnConnection):
         values.pop("pacing", None)
         values.pop("burst", None)
         values["pacing_burst"] = str(limit.burst) if limit.pacing else None
+        values["forecast_lead"] = limit.forecast_lead
         values["updated_at_us"] = now_us
         self._upsert(limits, values, key=["name"])
         self.connection.execute(BUMP_LIMITS_VERSION)

@@ -13,6 +13,7 @@ from sqlalchemy import (
     Boolean,
     CheckConstraint,
     Column,
+    Double,
     Index,
     Integer,
     MetaData,
@@ -49,6 +50,7 @@ limits = Table(
     Column("aggregation", String(8), nullable=False, server_default="sum"),
     # A paced limit's burst, units or "P%" (`metering.domain.pacing`); NULL: not paced.
     Column("pacing_burst", String(24), nullable=True),
+    Column("forecast_lead", String(32), nullable=True),  # a duration, "24h"; NULL: none
 )
 
 # One row (id 1): incremented by every change to ``limits``, so that processes
@@ -77,6 +79,10 @@ counters = Table(
     Column("tat_rem", BigInteger, nullable=False),
     Column("tat_scale", BigInteger, nullable=False),
     Column("updated_at_us", BigInteger, nullable=False),
+    # The recent rate in units per second as of rate_at_us, moved by every
+    # write that adds to ``used`` (`metering.storage.rates`, migration 0028).
+    Column("rate", Double, nullable=False, server_default="0"),
+    Column("rate_at_us", BigInteger, nullable=False, server_default="0"),
     # Keys lead with the subject (migration 0006): see docs/performance.md.
     PrimaryKeyConstraint("subject", "limit_name", "window_start_us"),
     postgresql_with={"fillfactor": 70},  # room for HOT updates (migration 0005)

@@ -1,20 +1,25 @@
-"""`Meter`'s methods for what a subject used: usage history and the usage
-page's links, handed to `metering.usage.history` and `metering.usage.portal`
-(a part of the facade, kept beside its feature)."""
+"""`Meter`'s methods for what a subject used: its usage now, usage history and the
+usage page's links, handed to `metering.usage.current`, `metering.usage.history` and
+`metering.usage.portal` (a part of the facade, kept beside its feature)."""
 
 from __future__ import annotations
 
 from datetime import datetime
 
 from metering.storage.database import Database
-from metering.usage import history, portal
+from metering.usage import current, history, portal
+from metering.usage.current import LimitUsage
 from metering.usage.history import UsageHistory
 
 
 class UsageFacade:
-    """Usage history and portal links of a `metering.Meter`."""
+    """Usage now, usage history and portal links of a `metering.Meter`."""
 
     database: Database
+
+    def usage(self, subject: str) -> list[LimitUsage]:
+        """A subject's limits now: used, remaining, grants left, when they run out."""
+        return current.subject_usage(self.database, subject)
 
     def usage_history(
         self,

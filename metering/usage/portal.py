@@ -68,6 +68,8 @@ class LimitPanel:
     overage: int = 0
     retry_at: datetime | None = None
     per: str = "day"
+    # When the allowance runs out at the recent rate, if before the reset.
+    exhausts_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +120,7 @@ def portal_view(database: Database, subject: str, days: int = DAYS) -> PortalVie
                 overage=found.overage if found is not None else 0,
                 retry_at=found.retry_at if found is not None else None,
                 per="day" if per_day else "window",
+                exhausts_at=found.exhausts_at if found is not None else None,
             )
         )
     denials = [w for w in reversed(windows) if w.denied_count > 0][:MAX_DENIALS]
@@ -349,8 +352,17 @@ def _panel(panel: LimitPanel) -> str:
         f'<div class="figures" data-used="{panel.used}" data-maximum="{panel.maximum}">'
         f"{figures}</div>"
         f'<div class="standing {state}">{escape(words)}</div>{bar}'
-        f'<div class="meta">resets {_when(panel.resets_at)}{grants}</div>'
+        f'<div class="meta">resets {_when(panel.resets_at)}{grants}{_exhausts(panel)}</div>'
         f"{chart}</section>"
+    )
+
+
+def _exhausts(panel: LimitPanel) -> str:
+    if panel.exhausts_at is None:
+        return ""
+    return (
+        f' · <span class="exhausts" data-exhausts-at="{panel.exhausts_at.isoformat()}">'
+        f"runs out {_when(panel.exhausts_at)} at the recent rate</span>"
     )
 
 

@@ -263,6 +263,7 @@ def test_a_payload_writes_every_instant_in_utc_to_the_microsecond() -> None:
             "resets_at": "2027-01-15T08:01:00Z",
             "retry_at": "2027-01-15T08:01:00.000001Z",
             "event_id": "ev-1",
+            "exhausts_at": None,  # told after the write (`metering.engine.forecasts`)
         },
     }
 
@@ -278,6 +279,7 @@ def test_the_message_types_and_delivery_statuses() -> None:
     assert MESSAGE_TYPES == (
         "limit.denied",
         "limit.threshold",
+        "limit.forecast",
         "limit.exceeded",
         "limit.reset",
         "limit.would_deny",

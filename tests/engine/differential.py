@@ -26,6 +26,7 @@ from sqlalchemy import select
 
 from metering import Meter
 from metering.domain.decisions import Decision
+from metering.domain.forecast import decayed
 from metering.domain.limits import Limit
 from metering.engine.answers import Answer
 from metering.errors import MeteringError
@@ -114,7 +115,9 @@ def stored(meter: Meter) -> dict[str, object]:
 
         return {
             "results": rows(select(results)),
-            "counters": rows(without(counters, "updated_at_us")),
+            # The rates apart (`rates`): a path that leaves an unchanged
+            # counter unwritten leaves its rate undecayed.
+            "counters": rows(without(counters, "updated_at_us", "rate", "rate_at_us")),
             "windows": rows(select(current_windows)),
             "rollups": rows(select(usage_rollups)),
             "marks": rows(without(webhook_marks, "created_at_us")),
@@ -131,6 +134,14 @@ def stored(meter: Meter) -> dict[str, object]:
             "resets": rows(select(counter_resets)),
             "zones": rows(select(subject_time_zones)),
         }
+
+
+def rates(meter: Meter, now_us: int) -> dict[tuple[object, ...], float]:
+    """Each counter's rate read at ``now_us`` (`metering.domain.forecast.decayed`)."""
+    c = counters.c
+    query = select(c.limit_name, c.subject, c.window_start_us, c.rate, c.rate_at_us)
+    with meter.sql_engine.connect() as connection:
+        return {tuple(r[:3]): decayed(r[3], r[4], now_us) for r in connection.execute(query)}
 
 
 Found = Any  # what an engine answered, or ("error", type, message)

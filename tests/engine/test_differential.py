@@ -52,7 +52,7 @@ from typing import Any
 
 import pytest
 from budgets import examples
-from differential import SETTINGS, answer, databases, kind, reference_events, stored
+from differential import SETTINGS, answer, databases, kind, rates, reference_events, stored
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select
@@ -616,6 +616,8 @@ def _run(
         found, expected = stored(tested), stored(oracle)
         for table, rows in expected.items():  # the stream in full: nothing shrinks it
             assert found[table] == rows, (table, found[table], rows, stream)
+        now_us = oracle.database.now_us()
+        assert rates(tested, now_us) == pytest.approx(rates(oracle, now_us), rel=1e-9), stream
         gauged = [row for row in found["counters"] if row[0] in GAUGES and row[4]]
         tally["gauge levels"] += len(gauged)
         paced = [row for row in found["counters"] if row[0] in PACED and row[5]]

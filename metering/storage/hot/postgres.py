@@ -45,8 +45,11 @@ from metering.storage.hot.statements import (
     RESULT_COLUMNS,
     VERSION,
     Statements,
+    counter_insert,
+    counter_update,
     seat_rows,
 )
+from metering.storage.rates import created_rate, rate_set
 from metering.storage.recurring import (
     ISSUE_COLUMNS,
     SCHEDULE_COLUMNS,
@@ -114,10 +117,11 @@ SQL: Final = Statements.of("%s")
 # statistics lag behind (measured: 4.7 ms against 0.13 for 32 rows of
 # 20,000). A locked row cannot move before this transaction ends, and the
 # transaction writes each row once.
-UPDATE_COUNTERS: Final = """
+UPDATE_COUNTERS: Final = f"""
 UPDATE counters AS c
 SET used = v.used, denied_count = v.dc, denied_cost = v.dcost, first_denied_at_us = v.fd,
-    tat_us = v.tat, tat_rem = v.rem, tat_scale = v.scale, updated_at_us = %(now)s
+    tat_us = v.tat, tat_rem = v.rem, tat_scale = v.scale, updated_at_us = %(now)s,
+    {rate_set(now="%(now)s", new_used="v.used", row="c.")}
 FROM (
     SELECT (r->>0)::tid, (r->>1)::bigint, (r->>2)::bigint, (r->>3)::bigint, (r->>4)::bigint,
            (r->>5)::bigint, (r->>6)::bigint, (r->>7)::bigint
@@ -128,10 +132,11 @@ WHERE c.ctid = v.tid
 
 INSERT_COUNTERS: Final = """
 INSERT INTO counters (limit_name, subject, window_start_us, window_end_us, used, denied_count,
-                      denied_cost, first_denied_at_us, tat_us, tat_rem, tat_scale, updated_at_us)
+                      denied_cost, first_denied_at_us, tat_us, tat_rem, tat_scale, updated_at_us,
+                      rate, rate_at_us)
 SELECT r->>0, r->>1, (r->>2)::bigint, (r->>3)::bigint, (r->>4)::bigint, (r->>5)::bigint,
        (r->>6)::bigint, (r->>7)::bigint, (r->>8)::bigint, (r->>9)::bigint, (r->>10)::bigint,
-       %(now)s
+       %(now)s, (r->>11)::float8, %(now)s
 FROM jsonb_array_elements(%(rows)s::jsonb) AS r
 """
 
@@ -379,17 +384,20 @@ class PostgresHotStore:
             with raw.pipeline():
                 cursor = raw.cursor()
                 if 0 < len(changes.updated) <= FEW_ROWS:
-                    rows: list[Any] = [(*st, now_us, *key) for key, st in changes.updated]
+                    rows: list[Any] = [counter_update(k, st, now_us) for k, st in changes.updated]
                     _execute(cursor, SQL.update_counter, rows)
                 elif changes.updated:
                     tids = self.counter_tids
                     rows = [(tids[key], *state) for key, state in changes.updated]
                     raw.execute(UPDATE_COUNTERS, {"rows": _encode(rows), "now": now_us})
                 if 0 < len(changes.created) <= FEW_ROWS:
-                    rows = [(*key, end, *st, now_us) for key, end, st in changes.created]
+                    rows = [counter_insert(k, end, st, now_us) for k, end, st in changes.created]
                     _execute(cursor, SQL.insert_counter, rows)
                 elif changes.created:
-                    rows = [(*key, end, *state) for key, end, state in changes.created]
+                    rows = [
+                        (*key, end, *state, created_rate(state[0]))
+                        for key, end, state in changes.created
+                    ]
                     raw.execute(INSERT_COUNTERS, {"rows": _encode(rows), "now": now_us})
                 if changes.new_windows:
                     rows = [(*pair, *window) for pair, window in changes.new_windows]

@@ -44,7 +44,14 @@ from metering.storage.hot.sqlite_grants import (
     write_draws,
     write_issues,
 )
-from metering.storage.hot.statements import RESULT_COLUMNS, VERSION, Statements, seat_rows
+from metering.storage.hot.statements import (
+    RESULT_COLUMNS,
+    VERSION,
+    Statements,
+    counter_insert,
+    counter_update,
+    seat_rows,
+)
 from metering.storage.reservations import ReservationRecord, record_of_row
 from metering.storage.results import ResultRecord, record_from_row, result_row
 from metering.storage.rollups import SQLITE_UPSERT
@@ -188,7 +195,7 @@ class SqliteHotStore:
             if changes.updated:
                 _execute(raw, SQL.update_counter, list(_updates(changes, now_us)))
             if changes.created:
-                rows = [(*key, end, *state, now_us) for key, end, state in changes.created]
+                rows = [counter_insert(k, end, st, now_us) for k, end, st in changes.created]
                 _execute(raw, SQL.insert_counter, rows)
             windows = [*changes.new_windows, *changes.moved_windows]
             if windows:
@@ -273,7 +280,7 @@ def _execute(raw: sqlite3.Connection, statement: str, rows: list[tuple[Any, ...]
 
 def _updates(changes: Changes, now_us: int) -> Iterator[tuple[Any, ...]]:
     for key, state in changes.updated:
-        yield (*state, now_us, *key)
+        yield counter_update(key, state, now_us)
 
 
 def _translate(exc: sqlite3.Error) -> StatementError:

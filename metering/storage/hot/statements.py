@@ -7,11 +7,12 @@ store's module is imported.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from metering.domain.distinct import SeatKey
+from metering.storage.rates import created_rate, positional_rate_set, positional_rate_values
 from metering.storage.reservations import INSERT_HELD, SELECT_RESERVATION, SETTLE
 from metering.storage.results import RESET_TICK, ResultRecord
 
@@ -23,15 +24,19 @@ BUMP_VERSION: Final = "UPDATE limits_version SET version = version + 1 WHERE id 
 # and `result_row` writes.
 RESULT_COLUMNS: Final = ", ".join(ResultRecord._fields)
 
+# The rate's placeholders come first (`metering.storage.rates`): `counter_update`.
 _UPDATE_COUNTER: Final = """
-UPDATE counters SET used = {0}, denied_count = {0}, denied_cost = {0}, first_denied_at_us = {0},
+UPDATE counters SET {1},
+                    used = {0}, denied_count = {0}, denied_cost = {0}, first_denied_at_us = {0},
                     tat_us = {0}, tat_rem = {0}, tat_scale = {0}, updated_at_us = {0}
 WHERE limit_name = {0} AND subject = {0} AND window_start_us = {0}
 """
+# A new counter's rate is a value (`counter_insert`).
 _INSERT_COUNTER: Final = """
 INSERT INTO counters (limit_name, subject, window_start_us, window_end_us, used, denied_count,
-                      denied_cost, first_denied_at_us, tat_us, tat_rem, tat_scale, updated_at_us)
-VALUES ({0}, {0}, {0}, {0}, {0}, {0}, {0}, {0}, {0}, {0}, {0}, {0})
+                      denied_cost, first_denied_at_us, tat_us, tat_rem, tat_scale, updated_at_us,
+                      rate, rate_at_us)
+VALUES ({0}, {0}, {0}, {0}, {0}, {0}, {0}, {0}, {0}, {0}, {0}, {0}, {0}, {0})
 """
 _INSERT_RESULT: Final = f"""
 INSERT INTO results ({RESULT_COLUMNS}, reset_tick)
@@ -56,9 +61,9 @@ WHERE subject = {0} AND limit_name = {0} AND window_start_us = {0} AND value = {
 class Statements:
     """The shared statements with one driver's placeholder."""
 
-    # A counter's state, then its update time, then its key.
+    # A `counter_update` row.
     update_counter: str
-    # A counter's key, window end, state and update time.
+    # A `counter_insert` row.
     insert_counter: str
     # A `metering.storage.results.result_row`.
     insert_result: str
@@ -77,7 +82,7 @@ class Statements:
     def of(cls, placeholder: str) -> Statements:
         return cls(
             *(
-                template.format(placeholder)
+                template.format(placeholder, positional_rate_set(placeholder))
                 for template in (
                     _UPDATE_COUNTER,
                     _INSERT_COUNTER,
@@ -98,3 +103,16 @@ def seat_rows(added: Mapping[SeatKey, int]) -> list[tuple[str, str, int, str, in
     return sorted(
         (subject, name, start, value, n) for (name, subject, start, value), n in added.items()
     )
+
+
+def counter_update(key: Sequence[Any], state: Sequence[Any], now_us: int) -> tuple[Any, ...]:
+    """A `Statements.update_counter` row: the counter's ``key`` (limit, subject,
+    window start) takes ``state`` (``used`` first) at ``now_us``."""
+    return (*positional_rate_values(state[0], now_us), *state, now_us, *key)
+
+
+def counter_insert(
+    key: Sequence[Any], end_us: int, state: Sequence[Any], now_us: int
+) -> tuple[Any, ...]:
+    """A `Statements.insert_counter` row."""
+    return (*key, end_us, *state, now_us, created_rate(state[0]), now_us)
