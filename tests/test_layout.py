@@ -96,7 +96,6 @@ NOT_YET: set[str] = {
     "metering/storage/hot/sqlite_grants.py",
     "metering/storage/reports.py",
     "metering/storage/reservations.py",
-    "workers/app.py",
     "workers/beat.py",
     "workers/guard.py",
     "workers/tasks.py",
