@@ -52,9 +52,8 @@ def _poll_embedded_broker_often() -> None:
 def _freeze_startup_objects(**_: Any) -> None:
     # Everything built before the worker starts (modules, the app, settings)
     # lives as long as the process: out of the collector's reach, a full
-    # collection during a batch scans the batch's objects only. Measured on
-    # SQLite batches of 1,000: collections cost 7-12 % of a priced or mixed
-    # batch's CPU, and about 2 % once frozen.
+    # collection during a batch scans the batch's objects only: 4-8 % less
+    # CPU per 1,000-event batch (bench/bench_gc.py).
     # Pool children forked afterwards inherit the frozen generation.
     gc.freeze()
 
