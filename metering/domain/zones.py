@@ -7,7 +7,8 @@ it. Shorter periods and those not whole days (``1h``, ``36h``) stay aligned in U
 A change of zone takes effect where the window it falls in ends: the next window starts
 there and ends at the new zone's next boundary (a transition window), later ones follow
 the new zone; windows never move, overlap or leave gaps. `ZoneHistory`: the changes,
-oldest first, as (instant, zone); before the first, UTC.
+oldest first, as (instant, zone); before the first, UTC. A window's billing month
+(`billing_month`) is the local month its start falls in.
 """
 
 from __future__ import annotations
@@ -141,6 +142,26 @@ def window_label(period: Period, history: ZoneHistory, window: Window) -> tuple[
         return None
     zone = window_zone(period, history, window[0])
     return None if zone == UTC_ZONE else (zone, local_span(*window, zone))
+
+
+def zone_before(history: ZoneHistory, at_us: int) -> str:
+    """The zone of the last change strictly before ``at_us`` (UTC before the first).
+    For a calendar window starting at ``at_us`` this is the zone it is aligned in
+    (`window_zone`): a change takes effect only where the window it falls in ends."""
+    zone = UTC_ZONE
+    for since_us, name in history:
+        if since_us >= at_us:
+            break
+        zone = name
+    return zone
+
+
+def billing_month(history: ZoneHistory, start_us: int) -> str:
+    """The billing month (``2026-11``) of a subject's window starting at ``start_us``:
+    the month of its start in the subject's zone then (`zone_before`), whatever the
+    window's kind; UTC's for a subject without one."""
+    zone = zone_before(history, start_us) if history else UTC_ZONE
+    return f"{from_us(start_us).astimezone(zone_of(zone)):%Y-%m}"
 
 
 def local_span(start_us: int, end_us: int, zone: str) -> str:

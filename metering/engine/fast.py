@@ -54,7 +54,7 @@ from metering.domain.rules import (
     grants_low,
 )
 from metering.domain.windows import Window, calendar_window, first_use_window
-from metering.domain.zones import ZoneHistory, follows_zone
+from metering.domain.zones import ZoneHistory, billing_month, follows_zone
 from metering.engine.answers import (
     CONFLICT,
     DUPLICATE,
@@ -152,8 +152,8 @@ class Allowances:
     def charged(self, rules: dict[str, Rule], records: Iterable[EventRecord]) -> set[Need]:
         """What the charges of ``records`` need: their rules' needs, their
         subjects' own, an unknown limit's (`Need.INVALID`), one event's
-        charges of one counter (`Need.REPEATED_COUNTER`) and a calendar
-        window of a subject with a time zone (`Need.TIME_ZONE`)."""
+        charges of one counter (`Need.REPEATED_COUNTER`) and a window of a
+        subject with a time zone (`Need.TIME_ZONE`: its alignment and billing month)."""
         found: set[Need] = set()
         own, zones = self.needs, self.zones
         for record in records:
@@ -167,7 +167,7 @@ class Allowances:
                     found |= rule.needs
                 if own:
                     found |= own.get((name, subject), NONE)
-                if zones and rule.calendar and subject in zones and follows_zone(rule.period):
+                if zones and subject in zones and not rule.bucket:
                     found.add(Need.TIME_ZONE)
             if len(charges) > 1 and len({c[:2] for c in charges}) < len(charges):
                 found.add(Need.REPEATED_COUNTER)
@@ -756,6 +756,12 @@ class _Applying:
         charged = {row[1] for record in self.records for row in record.charges}
         return leads_of(rules[name].limit for name in charged if name in rules)
 
+    def _month(self, key: Key, end_us: int) -> str | None:
+        """A new counter's billing month (None: a token bucket's)."""
+        if end_us == BUCKET_WINDOW[1]:
+            return None
+        return billing_month(self.allowances.zones.get(key[1], ()), key[2])
+
     def _changes(self, snapshot: Snapshot) -> Changes:
         """Counters, windows, results, rollups and seats to write."""
         states = snapshot.states
@@ -769,7 +775,10 @@ class _Applying:
             updated=[
                 (key, states[key]) for key, old in before.items() if tuple(states[key]) != old
             ],
-            created=[(key, end, states[key]) for key, end in sorted(self.created.items())],
+            created=[
+                (key, end, states[key], self._month(key, end))
+                for key, end in sorted(self.created.items())
+            ],
             new_windows=[item for item in moved if item[0] not in had_row],
             moved_windows=[item for item in moved if item[0] in had_row],
             results=sorted(self.records, key=_event_id),

@@ -94,13 +94,14 @@ class Snapshot:
 class Changes:
     """What `HotStore.write` stores, each list sorted by key.
 
-    ``created`` counters carry their window end. First-use windows are
+    ``created`` counters carry their window end and billing month
+    (`metering.domain.zones.billing_month`; None for a token bucket). First-use windows are
     ``new_windows`` when their pair had no row, else ``moved_windows``.
     ``rollups`` are added to the usage rollups (empty: no statement).
     """
 
     updated: list[tuple[Key, State]] = field(default_factory=list)
-    created: list[tuple[Key, int, State]] = field(default_factory=list)
+    created: list[tuple[Key, int, State, str | None]] = field(default_factory=list)
     new_windows: list[tuple[Pair, Window]] = field(default_factory=list)
     moved_windows: list[tuple[Pair, Window]] = field(default_factory=list)
     results: list[ResultRecord] = field(default_factory=list)

@@ -133,10 +133,10 @@ WHERE c.ctid = v.tid
 INSERT_COUNTERS: Final = """
 INSERT INTO counters (limit_name, subject, window_start_us, window_end_us, used, denied_count,
                       denied_cost, first_denied_at_us, tat_us, tat_rem, tat_scale, updated_at_us,
-                      rate, rate_at_us)
+                      rate, rate_at_us, billing_month)
 SELECT r->>0, r->>1, (r->>2)::bigint, (r->>3)::bigint, (r->>4)::bigint, (r->>5)::bigint,
        (r->>6)::bigint, (r->>7)::bigint, (r->>8)::bigint, (r->>9)::bigint, (r->>10)::bigint,
-       %(now)s, (r->>11)::float8, %(now)s
+       %(now)s, (r->>11)::float8, %(now)s, r->>12
 FROM jsonb_array_elements(%(rows)s::jsonb) AS r
 """
 
@@ -391,12 +391,14 @@ class PostgresHotStore:
                     rows = [(tids[key], *state) for key, state in changes.updated]
                     raw.execute(UPDATE_COUNTERS, {"rows": _encode(rows), "now": now_us})
                 if 0 < len(changes.created) <= FEW_ROWS:
-                    rows = [counter_insert(k, end, st, now_us) for k, end, st in changes.created]
+                    rows = [
+                        counter_insert(k, end, st, now_us, m) for k, end, st, m in changes.created
+                    ]
                     _execute(cursor, SQL.insert_counter, rows)
                 elif changes.created:
                     rows = [
-                        (*key, end, *state, created_rate(state[0]))
-                        for key, end, state in changes.created
+                        (*key, end, *state, created_rate(state[0]), month)
+                        for key, end, state, month in changes.created
                     ]
                     raw.execute(INSERT_COUNTERS, {"rows": _encode(rows), "now": now_us})
                 if changes.new_windows:

@@ -195,7 +195,7 @@ class SqliteHotStore:
             if changes.updated:
                 _execute(raw, SQL.update_counter, list(_updates(changes, now_us)))
             if changes.created:
-                rows = [counter_insert(k, end, st, now_us) for k, end, st in changes.created]
+                rows = [counter_insert(k, end, st, now_us, m) for k, end, st, m in changes.created]
                 _execute(raw, SQL.insert_counter, rows)
             windows = [*changes.new_windows, *changes.moved_windows]
             if windows:
