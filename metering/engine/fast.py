@@ -14,7 +14,7 @@ the version they were read at; a read at another version declines as stale.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from operator import itemgetter
@@ -172,6 +172,30 @@ class Allowances:
             if len(charges) > 1 and len({c[:2] for c in charges}) < len(charges):
                 found.add(Need.REPEATED_COUNTER)
         return found
+
+    def learn_due(
+        self,
+        pairs: Iterable[Pair],
+        schedules: Iterable[tuple[ScheduleRecord, object]],
+        now_us: int,
+    ) -> None:
+        """Move on the due time of those of ``pairs`` whose ``schedules`` (all
+        of theirs, read under lock: committed) have none due at ``now_us`` any
+        more: issuing a recurring grant makes no new version of the limits, so
+        the cache learns it here. Due times only move on, so an older reading
+        never hides an issue."""
+        found: dict[Pair, list[int]] = {pair: [] for pair in pairs}
+        for schedule, _ in schedules:
+            if schedule.next_issue_us is not None:
+                found.setdefault((schedule.limit, schedule.subject), []).append(
+                    schedule.next_issue_us
+                )
+        due = self.due
+        for pair, times in found.items():
+            if not times:
+                due.pop(pair, None)
+            elif min(times) > now_us:
+                due[pair] = min(times)
 
     def due_pairs(self, pairs: Iterable[Pair], now_us: int) -> list[Pair]:
         """Those of ``pairs`` with a recurring grant's issue due at ``now_us``, sorted."""
@@ -598,13 +622,15 @@ class _Applying:
         snapshot = store.read(ids, sorted(pairs), wanted, batch.now_us, granted, seats, due)
         if snapshot.version != self.version:
             raise _Decline(Declined("the limits changed since they were cached", stale=True))
+        if due:
+            allowances.learn_due(due, snapshot.schedules, batch.now_us)
         return snapshot
 
     def decide(self, snapshot: Snapshot) -> None:
         """Each event in order over ``snapshot``'s state, which it updates."""
         batch = self.batch
         if snapshot.schedules:
-            self.issues = _issues(snapshot, self.todo, batch.now_us)
+            self.issues = _issues(snapshot, self.todo, batch.now_us, self.allowances.zones)
         self.seats = Seats(snapshot.seen)
         self.had_row = set(snapshot.windows)  # `_first_use` adds the windows it opens
         marker = None if batch.policy is None else batch.policy.marker
@@ -809,6 +835,7 @@ def _issues(
     snapshot: Snapshot,
     todo: Iterable[tuple[int, EventRecord, list[Rule], MeteringError | None, _Fixed | None]],
     now_us: int,
+    zones: Mapping[str, ZoneHistory],
 ) -> list[tuple[ScheduleRecord, list[Issue]]]:
     """The recurring grants' issues due for the charges of the events to
     decide (as the general engine makes them: not for a repeated id nor an
@@ -824,7 +851,8 @@ def _issues(
     made: list[tuple[ScheduleRecord, list[Issue]]] = []
     for schedule, last in snapshot.schedules:
         pair = (schedule.limit, schedule.subject)
-        due = issues_of(schedule, last, now_us) if pair in charged else []
+        history = zones.get(schedule.subject, ()) if zones else ()
+        due = issues_of(schedule, last, now_us, history) if pair in charged else []
         if not due:
             continue
         made.append((schedule, due))

@@ -140,7 +140,7 @@ class SqliteHotStore:
         raw = self.raw
         try:
             # The transaction holds SQLite's one write lock already.
-            schedules = due_schedules(raw, due_pairs, now_us) if due_pairs else []
+            schedules = due_schedules(raw, due_pairs) if due_pairs else []
             stored = _stored(raw, ids) if ids else {}
             windows: dict[Pair, Window | None] = {}
             wanted = [key[:3] for key in keys]

@@ -17,8 +17,6 @@ from metering.storage.reservations import INSERT_HELD, SELECT_RESERVATION, SETTL
 from metering.storage.results import RESET_TICK, ResultRecord
 
 VERSION: Final = "SELECT version FROM limits_version WHERE id = 1"
-# A recurring grant's issue made on the hot path (as `BUMP_LIMITS_VERSION`).
-BUMP_VERSION: Final = "UPDATE limits_version SET version = version + 1 WHERE id = 1"
 
 # The results' columns in `ResultRecord`'s order, which `record_from_row` reads
 # and `result_row` writes.
