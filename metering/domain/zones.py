@@ -13,14 +13,14 @@ oldest first, as (instant, zone); before the first, UTC. A window's billing mont
 
 from __future__ import annotations
 
-from datetime import date, datetime, time, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from functools import lru_cache
 from typing import Final
 from zoneinfo import ZoneInfo, available_timezones
 
 from metering.domain.bounds import shown
 from metering.domain.instants import from_us, to_us
-from metering.domain.limits import Period
+from metering.domain.limits import Period, parse_period
 from metering.errors import InvalidInput
 
 UTC_ZONE: Final = "UTC"
@@ -29,6 +29,7 @@ DAY_SECONDS: Final = 86_400
 ANCHOR_DAY: Final = date(1970, 1, 5)
 ZoneHistory = tuple[tuple[int, str], ...]
 Window = tuple[int, int]
+MONTH: Final = parse_period("1mo")
 
 
 @lru_cache(maxsize=1)
@@ -156,12 +157,23 @@ def zone_before(history: ZoneHistory, at_us: int) -> str:
     return zone
 
 
+@lru_cache(maxsize=8192)  # the counters a window's start makes share it
 def billing_month(history: ZoneHistory, start_us: int) -> str:
     """The billing month (``2026-11``) of a subject's window starting at ``start_us``:
     the month of its start in the subject's zone then (`zone_before`), whatever the
     window's kind; UTC's for a subject without one."""
     zone = zone_before(history, start_us) if history else UTC_ZONE
     return f"{from_us(start_us).astimezone(zone_of(zone)):%Y-%m}"
+
+
+def month_bounds(history: ZoneHistory, year: int, month: int) -> tuple[int, int, str]:
+    """The instants of a subject's billing month ``year-month`` and the zone it is
+    aligned in: its monthly calendar window (`zoned_window`) holding the 15th, whose
+    start is in that month locally, so its `billing_month` is ``year-month``."""
+    middle = to_us(datetime(year, month, 15, 12, tzinfo=UTC), field_name="period")
+    zone, begin = _regime(MONTH, history, middle)
+    start, end = _in_regime(MONTH, zone, begin, middle)
+    return start, end, zone
 
 
 def local_span(start_us: int, end_us: int, zone: str) -> str:
