@@ -92,6 +92,13 @@ def _billing_months_after_0030(url: str) -> dict[tuple[str, int], str | None]:
             text("SELECT subject, window_start_us, billing_month FROM counters")
         )
         months = {(subject, start): month for subject, start, month in found}
+    # And back: 0028's schema and function, then up again.
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.downgrade(config, "0028")
+    _upgrade(url, "head")
     engine.dispose()
     return months
 
