@@ -1,14 +1,13 @@
 """A counter's recent rate, and when its window's allowance runs out at it.
 
-The rate is a decayed sum kept on the counter row, in units per second: a write at
-``t`` adding ``cost`` sets ``rate' = rate * exp(-(t - rate_at) / TAU) + cost / TAU``
-(a give-back or a denial adds nothing; an instant before ``rate_at`` does not decay;
-past ``FORGET_TAUS`` or below ``TINY_RATE`` it reads 0). `exhausts_at_us`: when the
-allowance left is spent at the rate read now, None if not before the window ends.
-`forecast_notice` makes ``limit.forecast`` once per window within a limit's lead;
-`with_exhausts_at` tells a ``limit.threshold`` notice the forecast. Each counts what is
-left as ``GET /v1/subjects/{s}/usage`` does (`allowance`): the maximum in force not yet
-used, plus what the subject's grants in force have left.
+The rate is a decayed sum on the counter row, in units per second: a write at ``t``
+adding ``cost`` sets ``rate' = rate * exp(-(t - rate_at) / TAU) + cost / TAU`` (a
+give-back or denial adds nothing; past ``FORGET_TAUS`` or below ``TINY_RATE`` it reads
+0). `exhausts_at_us`: when the allowance left is spent at that rate, None if not before
+the window ends. `forecast_notice` makes ``limit.forecast`` once per window within a
+limit's lead; `with_exhausts_at` adds the forecast to ``limit.threshold``. What is left
+is counted as the usage answers count it (`allowance`): the maximum in force not yet
+used, plus what the grants in force have left.
 """
 
 from __future__ import annotations

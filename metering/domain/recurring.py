@@ -1,14 +1,13 @@
 """Recurring grants: one grant *issued* per period, with rollover; and ``grant.low``.
 
-A schedule gives ``amount`` every period (``every``): its first issue when added, for the
-rest of the current period; each later one at a period start (the calendar boundaries of
-``every`` on a calendar limit, at the subject's local midnights when it has a time zone as
-its windows are, `metering.domain.zones`; every ``every`` from the grant's own start on a
-first-use one). An issue expires at its period's end or at ``until``; none starts at or after
-``until``. An issue's amount is ``amount`` plus the previous issue's unused part, read when
-the issue is made, up to ``rollover_max``. Issues are made when the window is next read
-(`issues_due`), not by a timer. `low_threshold` is a grant's ``grant.low`` level in units.
-Pure arithmetic (docs/allowances.md): `metering.storage.recurring` runs it in transactions.
+A schedule gives ``amount`` every ``every``: its first issue when added, for the rest of
+the current period; later ones at period starts (a calendar limit's boundaries, at the
+subject's local midnights as its windows, `metering.domain.zones`; a first-use limit's
+every ``every`` from the grant's start). An issue expires at its period's end or at
+``until``; its amount is ``amount`` plus the previous issue's unused part, up to
+``rollover_max``. Issues are made when the window is next read (`issues_due`), not by a
+timer. `low_threshold`: a grant's ``grant.low`` level. Pure arithmetic
+(docs/allowances.md); `metering.storage.recurring` runs it in transactions.
 """
 
 from __future__ import annotations

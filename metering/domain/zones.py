@@ -1,14 +1,13 @@
 """A subject's time zone, and the calendar windows it gives; instants in microseconds.
 
-Calendar windows of whole days (``1d``; ``7d`` from Monday) and of months of a subject
-with a zone (IANA, `validate_zone`) start at its local midnight: a day lasts 23 or 25
-hours across a DST change; a midnight the clock skips starts at the first instant after
-it. Shorter periods and those not whole days (``1h``, ``36h``) stay aligned in UTC.
-A change of zone takes effect where the window it falls in ends: the next window starts
-there and ends at the new zone's next boundary (a transition window), later ones follow
-the new zone; windows never move, overlap or leave gaps. `ZoneHistory`: the changes,
-oldest first, as (instant, zone); before the first, UTC. A window's billing month
-(`billing_month`) is the local month its start falls in.
+Whole-day windows (``1d``; ``7d`` from Monday) and months of a subject with a zone (IANA,
+`validate_zone`) start at its local midnight: a day lasts 23 or 25 hours across DST; a
+skipped midnight starts at the first instant after it. Other periods (``1h``, ``36h``)
+stay aligned in UTC. A change of zone takes effect where the window it falls in ends:
+the next window ends at the new zone's next boundary, later ones follow the new zone;
+windows never move, overlap or leave gaps. `ZoneHistory`: the changes, oldest first, as
+(instant, zone); before the first, UTC. `billing_month`: the local month a window's
+start falls in.
 """
 
 from __future__ import annotations

@@ -1,15 +1,12 @@
 """Billing reports: usage, overage and denials per subject, limit and window (docs/reports.md).
 
-A `ReportRow` is one counter (subject, limit, window), selected when its window *starts* in
-the period (``since <= window_start < until``), or for a billing month when its start is in
-that month in the subject's zone (``counters.billing_month``): each window belongs to one
-billing period.
-Its ``maximum`` is the subject's entitlement in force at the window's end, else the limit's
-default as it is now (a default has no history). ``overage`` is allowed usage beyond it, a
-soft limit's own (``used - granted - maximum``: grants are not overage); a hard limit's is 0
-and what it refused is ``denied`` (``denied_events``), never billed. Shadow limits bill
-nothing (their ``denied`` are would-denies: `metering.reports.shadow`). Counters of deleted
-limits and token buckets (no window, a capacity not an allowance) are left out.
+A `ReportRow` is one counter, selected when its window *starts* in the period, or for a
+billing month by the local month it starts in (``counters.billing_month``): each window
+belongs to one billing period. Its ``maximum`` is the subject's entitlement in force at
+the window's end, else the limit's default now. ``overage`` is a soft limit's allowed
+usage beyond it (``used - granted - maximum``: grants are not overage); a hard limit's is
+0 and what it refused is ``denied``, never billed. Shadow limits bill nothing
+(`metering.reports.shadow`). Counters of deleted limits and token buckets are left out.
 """
 
 from __future__ import annotations

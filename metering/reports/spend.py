@@ -1,15 +1,13 @@
 """The spend report: per subject and currency, what its priced limits cost.
 
-For each subject that used a priced limit in the period (all time without
-one, as every report), the amount per priced limit, the total, and the cap
-of each spend limit of that currency (the entitlement in force at the end of
-the period, or now, else the limit's maximum). Amounts come from the spend
-rollups (`metering.domain.rollups.spend_deltas`), each charge rounded on its
-own, in its event's hour; voids and cancels take theirs away. A billing month
-is each subject's local month (`metering.domain.zones.month_bounds`: an hour
-counts in the month its start falls in), and a zoned subject's rows say so
-(``time_zone``, ``local_window``: ``2026-11 Asia/Kolkata``). Major units in
-the output (``"12.34"``), minor units inside.
+For each subject that used a priced limit in the period (all time without one), the
+amount per priced limit, the total, and the cap of each spend limit of that currency
+(the entitlement in force at the period's end, or now, else the limit's maximum).
+Amounts come from the spend rollups (`metering.domain.rollups.spend_deltas`), each
+charge rounded on its own, in its event's hour; voids and cancels take theirs away. A
+billing month is each subject's local month (`metering.domain.zones.month_bounds`), and
+a zoned subject's rows say so (``time_zone``, ``local_window``). Major units in the
+output (``"12.34"``), minor units inside.
 """
 
 from __future__ import annotations

@@ -1,15 +1,13 @@
 """Recurring grants and ``grant.low`` in SQL (the rules: `metering.domain.recurring`).
 
-A schedule's due issues are made in the transaction of whoever reads the subject's window
-next: `issue_due` (the general engine, `check`, listing grants: `lock_due_issues`, then
-`record_issues`), or the fast path, which locks them in its own read and writes them with
-its write, as `record_issues` does (`metering.storage.hot`). Either locks the due schedules
-(PostgreSQL ``FOR UPDATE``; SQLite's writers are serialised by ``BEGIN IMMEDIATE``; the fast
-path locks every schedule of the pairs its cache has due, and learns their next issues),
-inserts the issues (a grant id is the schedule's id and the issue number: a second insert
-fails) and moves the schedule on, without a new version of the limits. A calendar schedule's
-periods follow the subject's time zone. Lock order: schedules, first-use windows, counters,
-grants.
+Due issues are made in the transaction of whoever reads the subject's window next:
+`issue_due` (the general engine, `check`, listing grants: `lock_due_issues`, then
+`record_issues`), or the fast path, in its own read and write (`metering.storage.hot`),
+which locks every schedule of the pairs its cache has due and learns their next issues.
+Either locks the due schedules (PostgreSQL ``FOR UPDATE``; SQLite's ``BEGIN IMMEDIATE``),
+inserts the issues (the grant id is the schedule's id and issue number: a second insert
+fails) and moves the schedule on, without a new version of the limits. Lock order:
+schedules, first-use windows, counters, grants.
 """
 
 from __future__ import annotations

@@ -1,14 +1,13 @@
 """The report queries: every statement `metering.reports` runs (`ReportQuery` selects).
 
 Reports read ``counters`` joined to the current ``limits``; filtering, overage and ordering
-happen in the database. The period is a billing month (``counters.billing_month``, the local
-month of the window's start) or a range on ``window_start_us``. The maximum is the one
-that applied (`with_applied_maximum`): the entitlement span holding the window's last instant
-(changes read with the next one's start by ``lead``), else the limit's default. ``granted``
-(grant draws) and ``overdraft`` (voided events left out) are summed per window and
-outer-joined: joins, not correlated subqueries (docs/performance.md). Overage is a ``CASE``:
-soft, used less granted beyond the maximum; hard and shadow, none. The shadow report ranks
-windows with window functions; rows stream (PostgreSQL: `STREAM_BATCH` a round trip).
+happen in the database. The period is a billing month (``counters.billing_month``) or a
+range on ``window_start_us``. The maximum is the one that applied (`with_applied_maximum`):
+the entitlement span holding the window's last instant, else the limit's default.
+``granted`` and ``overdraft`` are summed per window and outer-joined (joins, not correlated
+subqueries: docs/performance.md). Overage is a ``CASE``: soft, used less granted beyond the
+maximum; hard and shadow, none. The shadow report ranks windows with window functions; rows
+stream (PostgreSQL: `STREAM_BATCH` a round trip).
 """
 
 from __future__ import annotations

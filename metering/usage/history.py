@@ -1,16 +1,12 @@
 """A subject's usage of one limit over time: ``GET /v1/subjects/{s}/usage/history``.
 
-No new write on the hot path; `usage_history` reads what is there (`source_of`):
-a limit with dimensions has hourly rollups (`metering.storage.rollups`), exact to the hour
-and summed over the values of its first key (``source: rollups``); any other limit has its
-counters, a window's usage counted in the bucket its window starts in (``source: counters``:
-exact when the window is no longer than the bucket, coarser otherwise); a token bucket keeps
-no windows (``source: none``, an empty series). A gauge's bucket shows its windows' peak or
-last level, not their sum. Each bucket carries the maximum in force at its end: the
-subject's entitlement then, else the limit's default (`metering.domain.history`). Buckets
-are UTC hours and days; for a subject with a time zone each also carries, as counters and
-reports do, ``time_zone`` (the zone in force at its start) and ``local_window``, its span
-in local time (`metering.domain.zones.local_span`).
+`usage_history` reads what is there (`source_of`): a limit with dimensions has hourly
+rollups, exact to the hour (``source: rollups``); any other limit has its counters, a
+window's usage in the bucket its window starts in (``source: counters``); a token bucket
+keeps no windows (``source: none``). A gauge's bucket shows its windows' peak or last
+level. Each bucket carries the maximum in force at its end (`metering.domain.history`).
+Buckets are UTC hours and days; a zoned subject's also carry ``time_zone`` (in force at
+the bucket's start) and ``local_window`` (`metering.domain.zones.local_span`).
 """
 
 from __future__ import annotations
