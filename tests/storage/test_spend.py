@@ -183,21 +183,3 @@ def test_a_worker_batch_mixing_money_and_plain_events(meter: Meter) -> None:
     assert found[3].denied_by == ("spend",)  # type: ignore[union-attr]
     assert found[5].duplicate  # type: ignore[union-attr]
     assert spent(meter) == 30
-
-
-def test_without_a_period_the_spend_report_covers_all_time(db_url: str) -> None:
-    clock = FrozenClock(datetime(2026, 10, 20, tzinfo=UTC))
-    with Meter(db_url, clock=clock) as meter:
-        meter.set_limit(Limit("calls", maximum=1000, period="1mo", window="calendar"))
-        meter.set_limit(spend_limit("spend", "0.50", "USD", "1mo", window="calendar"))
-        meter.set_price("calls", "0.01", "USD")
-        assert meter.consume("org-1", "calls", 10).allowed
-        clock.set(NOW)
-        meter.set_entitlement("org-1", "spend", 80)
-        assert meter.consume("org-1", "calls", 5).allowed
-        report = spend_report(meter)
-        assert report.range.label == "all time"
-        [row] = report.rows
-        assert (row.amounts, row.total, row.cap) == ({"calls": 15}, 15, 80)  # the cap now
-        [october] = spend_report(meter, "2026-10").rows
-        assert (october.total, october.cap) == (10, 50)
