@@ -88,7 +88,6 @@ NOT_YET: set[str] = {
     "metering/upkeep/retention.py",
     "metering/simulation.py",
     "metering/storage/audit.py",
-    "metering/storage/hot/__init__.py",
     "metering/storage/reports.py",
     "workers/app.py",
     "workers/beat.py",
