@@ -87,7 +87,6 @@ NOT_YET: set[str] = {
     "metering/reservations/handle.py",
     "metering/upkeep/retention.py",
     "metering/simulation.py",
-    "metering/storage/reports.py",
     "workers/app.py",
     "workers/beat.py",
     "workers/guard.py",
