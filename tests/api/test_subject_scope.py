@@ -16,11 +16,9 @@ from typing import Any
 
 import httpx
 import pytest
-from click.testing import CliRunner
 
 from metering import FrozenClock, Limit, Meter
 from metering.apikeys import ApiKeys
-from metering.cli import main
 from metering.errors import InvalidInput
 
 NOW = datetime(2026, 11, 22, 9, 30, tzinfo=UTC)
@@ -175,22 +173,6 @@ def test_only_a_read_key_can_be_limited_to_a_subject(meter: Meter) -> None:
     with pytest.raises(InvalidInput):
         ApiKeys(meter).create("read", subject="")
     assert ApiKeys(meter).list() == []
-
-
-def test_cli_creates_and_lists_a_subject_key(meter: Meter) -> None:
-    runner = CliRunner()
-    made = runner.invoke(
-        main, ["--database", meter.url, "apikeys", "create", "--scope", "read", "--subject", OWN]
-    )
-    assert made.exit_code == 0, made.output
-    assert "subject org-1" in made.stderr
-    listed = runner.invoke(main, ["--database", meter.url, "apikeys", "list", "--format", "json"])
-    assert '"subject": "org-1"' in listed.output
-    bad = runner.invoke(
-        main, ["--database", meter.url, "apikeys", "create", "--scope", "ingest", "--subject", OWN]
-    )
-    assert bad.exit_code != 0
-    assert bad.output.strip().startswith("error:") and "Traceback" not in bad.output
 
 
 def test_a_subject_key_lists_its_own_reservations_checkouts_and_grants(
