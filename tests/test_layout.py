@@ -75,7 +75,6 @@ NOT_YET: set[str] = {
     "workers/app.py",
     "workers/guard.py",
     "workers/tasks.py",
-    "workers/webhooks.py",
 }
 
 
