@@ -73,7 +73,6 @@ NOT_YET: set[str] = {
     "metering/upkeep/retention.py",
     "metering/simulation.py",
     "workers/guard.py",
-    "workers/tasks.py",
 }
 
 
