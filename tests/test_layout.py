@@ -72,7 +72,6 @@ NOT_YET: set[str] = {
     "metering/reservations/handle.py",
     "metering/upkeep/retention.py",
     "metering/simulation.py",
-    "workers/guard.py",
 }
 
 
