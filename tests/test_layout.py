@@ -70,7 +70,6 @@ NOT_YET: set[str] = {
     "metering/usage/portal.py",
     "metering/reservations/admin.py",
     "metering/reservations/handle.py",
-    "metering/upkeep/retention.py",
     "metering/simulation.py",
 }
 
