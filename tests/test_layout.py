@@ -67,8 +67,6 @@ NOT_YET: set[str] = {
     "metering/licenses/service.py",
     "metering/money/service.py",
     "metering/usage/portal.py",
-    "metering/reservations/admin.py",
-    "metering/reservations/handle.py",
     "metering/simulation.py",
 }
 
