@@ -61,7 +61,6 @@ NOT_YET: set[str] = {
     "metering/allowances/service.py",
     "metering/demo.py",
     "metering/licenses/service.py",
-    "metering/money/service.py",
     "metering/usage/portal.py",
     "metering/simulation.py",
 }
