@@ -62,7 +62,6 @@ NOT_YET: set[str] = {
     "metering/allowances/service.py",
     "metering/demo.py",
     "metering/usage/portal.py",
-    "metering/simulation.py",
 }
 
 
