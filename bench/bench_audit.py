@@ -46,8 +46,8 @@ FROM generate_series(CAST(:first AS bigint), CAST(:last AS bigint)) AS n
 """
 COUNTER = """
 INSERT INTO counters (limit_name, subject, window_start_us, window_end_us, used, denied_count,
-                      denied_cost, tat_rem, tat_scale, updated_at_us)
-VALUES ('api_calls', :subject, :window, :end, :used, 0, 0, 0, 1, :now)
+                      denied_cost, tat_rem, tat_scale, updated_at_us, billing_month)
+VALUES ('api_calls', :subject, :window, :end, :used, 0, 0, 0, 1, :now, '2026-11')
 """
 SQLITE_SERIES = (
     "WITH RECURSIVE series(n) AS "

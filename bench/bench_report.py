@@ -67,14 +67,15 @@ WITH events AS (
     FROM events GROUP BY 1, 2, 3
 )
 INSERT INTO counters (limit_name, subject, window_start_us, window_end_us, used, denied_count,
-                      denied_cost, first_denied_at_us, tat_us, tat_rem, tat_scale, updated_at_us)
+                      denied_cost, first_denied_at_us, tat_us, tat_rem, tat_scale, updated_at_us,
+                      billing_month)
 SELECT limit_name, subject, window_start_us,
        CASE WHEN limit_name = 'api_calls' THEN :end ELSE window_start_us + :day END,
        CASE WHEN limit_name = 'api_calls' THEN total ELSE least(n, 2) END,
        CASE WHEN limit_name = 'api_calls' THEN 0 ELSE greatest(n - 2, 0) END,
        CASE WHEN limit_name = 'api_calls' THEN 0 ELSE greatest(n - 2, 0) END,
        CASE WHEN limit_name = 'exports' AND n > 2 THEN first_at + 3600000000 END,
-       NULL, 0, 1, :start
+       NULL, 0, 1, :start, '2026-11'
 FROM windows
 """
 

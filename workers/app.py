@@ -14,9 +14,10 @@ other ``-Q`` as well.
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
-from celery import Celery, bootsteps
+from celery import Celery, bootsteps, signals
 
 from metering.pipeline.routing import (
     AUDIT_TASK,
@@ -46,6 +47,18 @@ def _poll_embedded_broker_often() -> None:
     import kombu.transport.sqlalchemy
 
     kombu.transport.sqlalchemy.Transport.polling_interval = 0.1
+
+
+def _freeze_startup_objects(**_: Any) -> None:
+    # Everything built before the worker starts (modules, the app, settings)
+    # lives as long as the process: out of the collector's reach, a full
+    # collection during a batch scans the batch's objects only: 4-8 % less
+    # CPU per 1,000-event batch (bench/bench_gc.py).
+    # Pool children forked afterwards inherit the frozen generation.
+    gc.freeze()
+
+
+signals.worker_init.connect(_freeze_startup_objects, weak=False)
 
 
 class ConsumeDefaultQueue(bootsteps.Step):  # type: ignore[misc]

@@ -369,7 +369,14 @@ def add_recurring(
     def work(connection: Connection) -> Grant:
         found = _fixed_window(connection, limit)
         calendar = found.window == "calendar"
-        end = period_end(period, calendar=calendar, start_us=now_us, until_us=until_us)
+        zones = AllowanceStore(connection).time_zones([subject]) if calendar else {}
+        end = period_end(
+            period,
+            calendar=calendar,
+            start_us=now_us,
+            until_us=until_us,
+            zones=zones.get(subject, ()),
+        )
         first = Issue(1, now_us, end, amount)
         schedule = ScheduleRecord(
             grant_id,

@@ -33,6 +33,16 @@ class HistoryPoint(BaseModel):
         description="The maximum in force at the bucket's end: the subject's entitlement, "
         "else the limit's default (null for a token bucket)."
     )
+    time_zone: str | None = Field(
+        default=None,
+        description="A subject with a time zone: the zone in force at the bucket's start; "
+        "else null.",
+    )
+    local_window: str | None = Field(
+        default=None,
+        description="The bucket in local time, e.g. '2026-11-01 05:30:00+05:30 to "
+        "2026-11-02 05:30:00+05:30 Asia/Kolkata'; else null.",
+    )
 
 
 class UsageHistoryOut(BaseModel):

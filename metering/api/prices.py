@@ -125,6 +125,14 @@ class SpendRowOut(BaseModel):
     total: str
     spend_limit: str | None
     cap: str | None = Field(description="The subject's cap at the period's end, major units.")
+    time_zone: str | None = Field(
+        default=None,
+        description="A subject with a time zone: the zone its billing month is aligned in; "
+        "else null.",
+    )
+    local_window: str | None = Field(
+        default=None, description="Its billing month's local label, e.g. '2026-11 Asia/Kolkata'."
+    )
 
 
 class SpendOut(BaseModel):

@@ -118,7 +118,12 @@ SPANS: Final = {
 
 _period_options = stacked(
     click.option(
-        "--period", "--month", "period", metavar="YYYY-MM", help="A calendar month (UTC)."
+        "--period",
+        "--month",
+        "period",
+        metavar="YYYY-MM",
+        help="A billing month: windows starting in it in their subject's time zone "
+        "(hours of rollups: in UTC).",
     ),
     click.option("--since", metavar="TIME", help="Windows starting at or after this (RFC 3339)."),
     click.option("--until", metavar="TIME", help="Windows starting before this."),
@@ -192,7 +197,8 @@ def report() -> None:
     whom a shadow limit would have denied.
 
     A report selects the windows that start in the period (--period 2026-11,
-    or --since/--until; --until is exclusive). Token buckets and counters of
+    locally for a subject with a time zone; or --since/--until in UTC;
+    --until is exclusive). Token buckets and counters of
     deleted limits are left out.
     """
 
@@ -408,7 +414,8 @@ def _print_report(rows: list[Any], kind: str, title: str, currencies: Mapping[st
     "--month",
     "period",
     metavar="YYYY-MM",
-    help="A calendar month (UTC). Default: all time, as the other reports.",
+    help="A billing month: each subject's own (in its time zone). Default: all time, "
+    "as the other reports.",
 )
 @click.option("--subject", help="Only this subject.")
 @FORMAT_OPTION

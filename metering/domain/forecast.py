@@ -6,8 +6,9 @@ The rate is a decayed sum kept on the counter row, in units per second: a write 
 past ``FORGET_TAUS`` or below ``TINY_RATE`` it reads 0). `exhausts_at_us`: when the
 allowance left is spent at the rate read now, None if not before the window ends.
 `forecast_notice` makes ``limit.forecast`` once per window within a limit's lead;
-`with_exhausts_at` tells a ``limit.threshold`` notice the forecast (both count the
-maximum in force, not grants).
+`with_exhausts_at` tells a ``limit.threshold`` notice the forecast. Each counts what is
+left as ``GET /v1/subjects/{s}/usage`` does (`allowance`): the maximum in force not yet
+used, plus what the subject's grants in force have left.
 """
 
 from __future__ import annotations
@@ -56,6 +57,12 @@ def exhausts_at_us(
     return now_us + math.ceil(seconds * 1_000_000)
 
 
+def allowance(used: int, maximum: int, grants_left: int) -> int:
+    """What a window of ``used`` may reach: its maximum (or ``used``, when grants
+    or an overdraft took it past), plus what grants have left."""
+    return max(used, maximum) + grants_left
+
+
 def forecast_notice(
     key: CounterKey,
     maximum: int,
@@ -63,12 +70,18 @@ def forecast_notice(
     counter: tuple[int, float, int],
     now_us: int,
     event_id: str | None,
+    grants_left: int = 0,
 ) -> Notice | None:
     """``limit.forecast`` for a window whose ``counter`` (used, rate, rate_at_us)
-    runs out of ``maximum`` within ``lead_seconds`` of ``now_us``; else None."""
+    runs out of ``maximum`` and ``grants_left`` within ``lead_seconds`` of
+    ``now_us``; else None."""
     used, rate, rate_at_us = counter
     at_us = exhausts_at_us(
-        used, maximum, decayed(rate, rate_at_us, now_us), now_us, key.window_end_us
+        used,
+        allowance(used, maximum, grants_left),
+        decayed(rate, rate_at_us, now_us),
+        now_us,
+        key.window_end_us,
     )
     if at_us is None or at_us - now_us > lead_seconds * 1_000_000:
         return None
@@ -88,10 +101,17 @@ def forecast_notice(
     )
 
 
-def with_exhausts_at(notice: Notice, counter: tuple[int, float, int], now_us: int) -> Notice:
-    """``notice`` (of a window) with when its maximum runs out at ``counter``'s rate."""
+def with_exhausts_at(
+    notice: Notice, counter: tuple[int, float, int], now_us: int, grants_left: int = 0
+) -> Notice:
+    """``notice`` (of a window) with when its maximum and ``grants_left`` run
+    out at ``counter``'s rate."""
     used, rate, rate_at_us = counter
     at_us = exhausts_at_us(
-        used, notice.maximum, decayed(rate, rate_at_us, now_us), now_us, notice.window_end_us
+        used,
+        allowance(used, notice.maximum, grants_left),
+        decayed(rate, rate_at_us, now_us),
+        now_us,
+        notice.window_end_us,
     )
     return replace(notice, exhausts_at_us=at_us)

@@ -1,9 +1,10 @@
 """Recurring grants: one grant *issued* per period, with rollover; and ``grant.low``.
 
 A schedule gives ``amount`` every period (``every``): its first issue when added, for the
-rest of the current period; each later one at a period start (the UTC calendar boundaries
-of ``every`` on a calendar limit, every ``every`` from the grant's own start on a first-use
-one). An issue expires at its period's end or at ``until``; none starts at or after
+rest of the current period; each later one at a period start (the calendar boundaries of
+``every`` on a calendar limit, at the subject's local midnights when it has a time zone as
+its windows are, `metering.domain.zones`; every ``every`` from the grant's own start on a
+first-use one). An issue expires at its period's end or at ``until``; none starts at or after
 ``until``. An issue's amount is ``amount`` plus the previous issue's unused part, read when
 the issue is made, up to ``rollover_max``. Issues are made when the window is next read
 (`issues_due`), not by a timer. `low_threshold` is a grant's ``grant.low`` level in units.
@@ -18,6 +19,7 @@ from typing import Final
 from metering.domain.bounds import shown
 from metering.domain.limits import Period
 from metering.domain.windows import add_period, calendar_window
+from metering.domain.zones import ZoneHistory
 from metering.errors import InvalidInput
 
 MAX_ISSUES_AT_ONCE: Final = 1200  # ten years of monthly issues in one reading
@@ -39,9 +41,17 @@ def issue_id(schedule_id: str, number: int) -> str:
     return schedule_id if number == 1 else f"{schedule_id}/{number}"
 
 
-def period_end(every: Period, *, calendar: bool, start_us: int, until_us: int | None) -> int:
-    """The end of the issue period that starts at (or, the first, contains) ``start_us``."""
-    end = calendar_window(every, start_us)[1] if calendar else add_period(start_us, every)
+def period_end(
+    every: Period,
+    *,
+    calendar: bool,
+    start_us: int,
+    until_us: int | None,
+    zones: ZoneHistory = (),
+) -> int:
+    """The end of the issue period that starts at (or, the first, contains) ``start_us``,
+    for a subject whose changes of time zone are ``zones``."""
+    end = calendar_window(every, start_us, zones)[1] if calendar else add_period(start_us, every)
     return end if until_us is None else min(end, until_us)
 
 
@@ -60,6 +70,7 @@ def issues_due(
     last: Issue,
     left_of_last: int,
     now_us: int,
+    zones: ZoneHistory = (),
 ) -> list[Issue]:
     """The issues after ``last`` whose periods have started by ``now_us``, in order.
 
@@ -72,7 +83,7 @@ def issues_due(
         if len(found) >= MAX_ISSUES_AT_ONCE:
             break
         start = previous.end_us
-        end = period_end(every, calendar=calendar, start_us=start, until_us=until_us)
+        end = period_end(every, calendar=calendar, start_us=start, until_us=until_us, zones=zones)
         issue = Issue(previous.number + 1, start, end, rolled_over(amount, rollover_max, left))
         found.append(issue)
         previous, left = issue, issue.amount

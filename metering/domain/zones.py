@@ -7,19 +7,20 @@ it. Shorter periods and those not whole days (``1h``, ``36h``) stay aligned in U
 A change of zone takes effect where the window it falls in ends: the next window starts
 there and ends at the new zone's next boundary (a transition window), later ones follow
 the new zone; windows never move, overlap or leave gaps. `ZoneHistory`: the changes,
-oldest first, as (instant, zone); before the first, UTC.
+oldest first, as (instant, zone); before the first, UTC. A window's billing month
+(`billing_month`) is the local month its start falls in.
 """
 
 from __future__ import annotations
 
-from datetime import date, datetime, time, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from functools import lru_cache
 from typing import Final
 from zoneinfo import ZoneInfo, available_timezones
 
 from metering.domain.bounds import shown
 from metering.domain.instants import from_us, to_us
-from metering.domain.limits import Period
+from metering.domain.limits import Period, parse_period
 from metering.errors import InvalidInput
 
 UTC_ZONE: Final = "UTC"
@@ -28,6 +29,7 @@ DAY_SECONDS: Final = 86_400
 ANCHOR_DAY: Final = date(1970, 1, 5)
 ZoneHistory = tuple[tuple[int, str], ...]
 Window = tuple[int, int]
+MONTH: Final = parse_period("1mo")
 
 
 @lru_cache(maxsize=1)
@@ -141,6 +143,37 @@ def window_label(period: Period, history: ZoneHistory, window: Window) -> tuple[
         return None
     zone = window_zone(period, history, window[0])
     return None if zone == UTC_ZONE else (zone, local_span(*window, zone))
+
+
+def zone_before(history: ZoneHistory, at_us: int) -> str:
+    """The zone of the last change strictly before ``at_us`` (UTC before the first).
+    For a calendar window starting at ``at_us`` this is the zone it is aligned in
+    (`window_zone`): a change takes effect only where the window it falls in ends."""
+    zone = UTC_ZONE
+    for since_us, name in history:
+        if since_us >= at_us:
+            break
+        zone = name
+    return zone
+
+
+@lru_cache(maxsize=8192)  # the counters a window's start makes share it
+def billing_month(history: ZoneHistory, start_us: int) -> str:
+    """The billing month (``2026-11``) of a subject's window starting at ``start_us``:
+    the month of its start in the subject's zone then (`zone_before`), whatever the
+    window's kind; UTC's for a subject without one."""
+    zone = zone_before(history, start_us) if history else UTC_ZONE
+    return f"{from_us(start_us).astimezone(zone_of(zone)):%Y-%m}"
+
+
+def month_bounds(history: ZoneHistory, year: int, month: int) -> tuple[int, int, str]:
+    """The instants of a subject's billing month ``year-month`` and the zone it is
+    aligned in: its monthly calendar window (`zoned_window`) holding the 15th, whose
+    start is in that month locally, so its `billing_month` is ``year-month``."""
+    middle = to_us(datetime(year, month, 15, 12, tzinfo=UTC), field_name="period")
+    zone, begin = _regime(MONTH, history, middle)
+    start, end = _in_regime(MONTH, zone, begin, middle)
+    return start, end, zone
 
 
 def local_span(start_us: int, end_us: int, zone: str) -> str:

@@ -14,7 +14,7 @@ the version they were read at; a read at another version declines as stale.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from operator import itemgetter
@@ -54,7 +54,7 @@ from metering.domain.rules import (
     grants_low,
 )
 from metering.domain.windows import Window, calendar_window, first_use_window
-from metering.domain.zones import ZoneHistory, follows_zone
+from metering.domain.zones import ZoneHistory, billing_month, follows_zone
 from metering.engine.answers import (
     CONFLICT,
     DUPLICATE,
@@ -152,8 +152,8 @@ class Allowances:
     def charged(self, rules: dict[str, Rule], records: Iterable[EventRecord]) -> set[Need]:
         """What the charges of ``records`` need: their rules' needs, their
         subjects' own, an unknown limit's (`Need.INVALID`), one event's
-        charges of one counter (`Need.REPEATED_COUNTER`) and a calendar
-        window of a subject with a time zone (`Need.TIME_ZONE`)."""
+        charges of one counter (`Need.REPEATED_COUNTER`) and a window of a
+        subject with a time zone (`Need.TIME_ZONE`: its alignment and billing month)."""
         found: set[Need] = set()
         own, zones = self.needs, self.zones
         for record in records:
@@ -167,11 +167,35 @@ class Allowances:
                     found |= rule.needs
                 if own:
                     found |= own.get((name, subject), NONE)
-                if zones and rule.calendar and subject in zones and follows_zone(rule.period):
+                if zones and subject in zones and not rule.bucket:
                     found.add(Need.TIME_ZONE)
             if len(charges) > 1 and len({c[:2] for c in charges}) < len(charges):
                 found.add(Need.REPEATED_COUNTER)
         return found
+
+    def learn_due(
+        self,
+        pairs: Iterable[Pair],
+        schedules: Iterable[tuple[ScheduleRecord, object]],
+        now_us: int,
+    ) -> None:
+        """Move on the due time of those of ``pairs`` whose ``schedules`` (all
+        of theirs, read under lock: committed) have none due at ``now_us`` any
+        more: issuing a recurring grant makes no new version of the limits, so
+        the cache learns it here. Due times only move on, so an older reading
+        never hides an issue."""
+        found: dict[Pair, list[int]] = {pair: [] for pair in pairs}
+        for schedule, _ in schedules:
+            if schedule.next_issue_us is not None:
+                found.setdefault((schedule.limit, schedule.subject), []).append(
+                    schedule.next_issue_us
+                )
+        due = self.due
+        for pair, times in found.items():
+            if not times:
+                due.pop(pair, None)
+            elif min(times) > now_us:
+                due[pair] = min(times)
 
     def due_pairs(self, pairs: Iterable[Pair], now_us: int) -> list[Pair]:
         """Those of ``pairs`` with a recurring grant's issue due at ``now_us``, sorted."""
@@ -598,13 +622,15 @@ class _Applying:
         snapshot = store.read(ids, sorted(pairs), wanted, batch.now_us, granted, seats, due)
         if snapshot.version != self.version:
             raise _Decline(Declined("the limits changed since they were cached", stale=True))
+        if due:
+            allowances.learn_due(due, snapshot.schedules, batch.now_us)
         return snapshot
 
     def decide(self, snapshot: Snapshot) -> None:
         """Each event in order over ``snapshot``'s state, which it updates."""
         batch = self.batch
         if snapshot.schedules:
-            self.issues = _issues(snapshot, self.todo, batch.now_us)
+            self.issues = _issues(snapshot, self.todo, batch.now_us, self.allowances.zones)
         self.seats = Seats(snapshot.seen)
         self.had_row = set(snapshot.windows)  # `_first_use` adds the windows it opens
         marker = None if batch.policy is None else batch.policy.marker
@@ -756,6 +782,12 @@ class _Applying:
         charged = {row[1] for record in self.records for row in record.charges}
         return leads_of(rules[name].limit for name in charged if name in rules)
 
+    def _month(self, key: Key, end_us: int) -> str | None:
+        """A new counter's billing month (None: a token bucket's)."""
+        if end_us == BUCKET_WINDOW[1]:
+            return None
+        return billing_month(self.allowances.zones.get(key[1], ()), key[2])
+
     def _changes(self, snapshot: Snapshot) -> Changes:
         """Counters, windows, results, rollups and seats to write."""
         states = snapshot.states
@@ -769,7 +801,10 @@ class _Applying:
             updated=[
                 (key, states[key]) for key, old in before.items() if tuple(states[key]) != old
             ],
-            created=[(key, end, states[key]) for key, end in sorted(self.created.items())],
+            created=[
+                (key, end, states[key], self._month(key, end))
+                for key, end in sorted(self.created.items())
+            ],
             new_windows=[item for item in moved if item[0] not in had_row],
             moved_windows=[item for item in moved if item[0] in had_row],
             results=sorted(self.records, key=_event_id),
@@ -800,6 +835,7 @@ def _issues(
     snapshot: Snapshot,
     todo: Iterable[tuple[int, EventRecord, list[Rule], MeteringError | None, _Fixed | None]],
     now_us: int,
+    zones: Mapping[str, ZoneHistory],
 ) -> list[tuple[ScheduleRecord, list[Issue]]]:
     """The recurring grants' issues due for the charges of the events to
     decide (as the general engine makes them: not for a repeated id nor an
@@ -815,7 +851,8 @@ def _issues(
     made: list[tuple[ScheduleRecord, list[Issue]]] = []
     for schedule, last in snapshot.schedules:
         pair = (schedule.limit, schedule.subject)
-        due = issues_of(schedule, last, now_us) if pair in charged else []
+        history = zones.get(schedule.subject, ()) if zones else ()
+        due = issues_of(schedule, last, now_us, history) if pair in charged else []
         if not due:
             continue
         made.append((schedule, due))

@@ -1,8 +1,9 @@
 """Forecast notices, found after a batch's counters are written, in its
 transaction: ``limit.forecast`` for the charges of limits with a forecast
 lead, and the forecast told to ``limit.threshold`` notices
-(`metering.domain.forecast`). One read of the counters concerned, and none
-when the batch has neither.
+(`metering.domain.forecast`), counting the grants in force as the usage
+answers do. One read of the counters concerned and one of their grants, and
+none when the batch has neither.
 
 The charges come as ledger rows (`ChargeDecision.to_row` order), which both
 the fast path (its records) and the reference engine (its decisions) have.
@@ -20,6 +21,7 @@ from metering.domain.forecast import forecast_notice, with_exhausts_at
 from metering.domain.limits import Limit
 from metering.domain.notifications import Notice
 from metering.domain.state import CounterKey
+from metering.storage.allowances import AllowanceStore
 from metering.storage.counters import CounterStore
 
 _SUBJECT, _LIMIT, _MAXIMUM, _START, _END = (
@@ -57,16 +59,17 @@ def with_forecasts(
         return list(notices)
     keys = [*charged, *(_key(n) for n in told)]
     counters = CounterStore(connection).read_rates(keys)
+    left = AllowanceStore(connection).grants_left({(k.limit, k.subject) for k in keys}, now_us)
     found = [
-        with_exhausts_at(n, counters[_key(n)], now_us)
+        with_exhausts_at(n, counters[_key(n)], now_us, left.get((n.limit, n.subject), 0))
         if n.type in _TOLD and not n.is_bucket and _key(n) in counters
         else n
         for n in notices
     ]
     for key, (maximum, event_id) in charged.items():
         if key in counters:
-            lead = leads[key.limit]
-            notice = forecast_notice(key, maximum, lead, counters[key], now_us, event_id)
+            lead, grants = leads[key.limit], left.get((key.limit, key.subject), 0)
+            notice = forecast_notice(key, maximum, lead, counters[key], now_us, event_id, grants)
             if notice is not None:
                 found.append(notice)
     return found

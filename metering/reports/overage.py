@@ -1,7 +1,9 @@
 """Billing reports: usage, overage and denials per subject, limit and window (docs/reports.md).
 
 A `ReportRow` is one counter (subject, limit, window), selected when its window *starts* in
-the period (``since <= window_start < until``): each window belongs to one billing period.
+the period (``since <= window_start < until``), or for a billing month when its start is in
+that month in the subject's zone (``counters.billing_month``): each window belongs to one
+billing period.
 Its ``maximum`` is the subject's entitlement in force at the window's end, else the limit's
 default as it is now (a default has no history). ``overage`` is allowed usage beyond it, a
 soft limit's own (``used - granted - maximum``: grants are not overage); a hard limit's is 0
@@ -126,11 +128,14 @@ def _row(record: Any) -> ReportRow:
 
 @dataclass(frozen=True, slots=True)
 class ReportRange:
-    """The instants a report covers: windows starting in ``[since, until)``."""
+    """The instants a report covers: windows starting in ``[since, until)``, or
+    those of a ``billing_month`` (its local month: `metering.domain.zones.billing_month`;
+    ``since`` and ``until`` are then that month in UTC, for hourly rollups)."""
 
     since: datetime | None = None
     until: datetime | None = None
     label: str = "all time"
+    billing_month: str | None = None
 
     @classmethod
     def of(
@@ -156,7 +161,7 @@ class ReportRange:
 
     @classmethod
     def month(cls, period: str) -> ReportRange:
-        """The calendar month ``YYYY-MM`` in UTC."""
+        """The billing month ``YYYY-MM``: each subject's windows that start in it, locally."""
         match = PERIOD_PATTERN.fullmatch(period) if isinstance(period, str) else None
         if match is None or not 1 <= int(match.group(2)) <= 12:
             raise InvalidInput("period", f"{period!r} is not a month like 2026-11")
@@ -165,12 +170,14 @@ class ReportRange:
             raise InvalidInput("period", f"{period!r} is not a month from 1970 to {LAST_YEAR}")
         start = datetime(year, month, 1, tzinfo=UTC)
         end = datetime(year + month // 12, month % 12 + 1, 1, tzinfo=UTC)
-        return cls(start, end, period)
+        return cls(start, end, period, period)
 
     def query(self, **filters: Any) -> ReportQuery:
         since_us = to_us(self.since, field_name="since") if self.since is not None else None
         until_us = to_us(self.until, field_name="until") if self.until is not None else None
-        return ReportQuery(since_us=since_us, until_us=until_us, **filters)
+        return ReportQuery(
+            since_us=since_us, until_us=until_us, month=self.billing_month, **filters
+        )
 
 
 def _instant(name: str, value: TimeBound) -> datetime | None:

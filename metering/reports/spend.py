@@ -5,7 +5,10 @@ one, as every report), the amount per priced limit, the total, and the cap
 of each spend limit of that currency (the entitlement in force at the end of
 the period, or now, else the limit's maximum). Amounts come from the spend
 rollups (`metering.domain.rollups.spend_deltas`), each charge rounded on its
-own, in its event's hour; voids and cancels take theirs away. Major units in
+own, in its event's hour; voids and cancels take theirs away. A billing month
+is each subject's local month (`metering.domain.zones.month_bounds`: an hour
+counts in the month its start falls in), and a zoned subject's rows say so
+(``time_zone``, ``local_window``: ``2026-11 Asia/Kolkata``). Major units in
 the output (``"12.34"``), minor units inside.
 """
 
@@ -18,6 +21,7 @@ from typing import Any, Final
 from metering.domain.events import validate_subject
 from metering.domain.grants import maximum_at
 from metering.domain.money import format_amount
+from metering.domain.zones import UTC_ZONE, ZoneHistory, month_bounds
 from metering.reports.export import neutralise
 from metering.reports.overage import ReportRange
 from metering.storage.allowances import AllowanceStore
@@ -26,7 +30,15 @@ from metering.storage.prices import PriceStore
 from metering.storage.store import Store
 
 KIND: Final = "spend"
-SPEND_COLUMNS: Final = ("subject", "currency", "total", "spend_limit", "cap")
+SPEND_COLUMNS: Final = (
+    "subject",
+    "currency",
+    "total",
+    "spend_limit",
+    "cap",
+    "time_zone",
+    "local_window",
+)
 
 
 @dataclass(slots=True)
@@ -40,6 +52,9 @@ class SpendRow:
     total: int = 0
     spend_limit: str | None = None
     cap: int | None = None
+    # A subject with a time zone: its zone and the month's local label.
+    time_zone: str | None = None
+    local_window: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         money = self.currency
@@ -50,6 +65,8 @@ class SpendRow:
             "total": format_amount(self.total, money),
             "spend_limit": self.spend_limit,
             "cap": None if self.cap is None else format_amount(self.cap, money),
+            "time_zone": self.time_zone,
+            "local_window": self.local_window,
         }
 
 
@@ -84,6 +101,8 @@ class SpendReport:
                 shown["total"],
                 row.spend_limit or "",
                 shown["cap"] or "",
+                row.time_zone or "",
+                neutralise(row.local_window or ""),
                 *(shown["amounts"].get(name, "") for name in names),
             ]
 
@@ -102,11 +121,16 @@ def spend_report(
         validate_subject(subject)
     bounds = chosen.query()
     since_us, until_us = bounds.since_us, bounds.until_us
-    cap_at_us = database.now_us() if until_us is None else until_us - 1
+    now_us = database.now_us()
 
     def work(connection: Any) -> list[SpendRow]:
         found = PriceStore(connection)
-        amounts = found.spend_amounts(since_us, until_us, subject)
+        zones = AllowanceStore(connection).time_zones(None if subject is None else [subject])
+        months = _local_months(zones, period)
+        zoned: dict[tuple[int, int], list[str]] = {}
+        for who, (start, end, _) in months.items():
+            zoned.setdefault((start, end), []).append(who)
+        amounts = found.spend_amounts(since_us, until_us, subject, zoned)
         spend = found.spend_limits()
         names = [name for group in spend.values() for name in group]
         limits = Store(connection).load_limits(names)
@@ -122,11 +146,28 @@ def spend_report(
             caps: list[str | None] = [*spend.get(currency, ())] or [None]
             for cap_name in caps:
                 cap = None
+                month = months.get(who)
                 if cap_name is not None:
                     default = limits[cap_name].maximum
                     history = histories.get((cap_name, who))
-                    cap = maximum_at(history, default, cap_at_us)
-                rows.append(SpendRow(who, currency, dict(spent), total, cap_name, cap))
+                    end_us = until_us if month is None else month[1]
+                    cap = maximum_at(history, default, now_us if end_us is None else end_us - 1)
+                row = SpendRow(who, currency, dict(spent), total, cap_name, cap)
+                if month is not None:
+                    row.time_zone, row.local_window = month[2], f"{period} {month[2]}"
+                rows.append(row)
         return rows
 
     return SpendReport(chosen, database.run(work))
+
+
+def _local_months(
+    zones: dict[str, ZoneHistory], period: str | None
+) -> dict[str, tuple[int, int, str]]:
+    """The billing month ``period`` of each subject with a time zone whose month
+    is not UTC's: its instants and zone (none without a period)."""
+    if period is None:
+        return {}
+    year, month = (int(part) for part in period.split("-"))
+    found = {who: month_bounds(history, year, month) for who, history in zones.items()}
+    return {who: bounds for who, bounds in found.items() if bounds[2] != UTC_ZONE}

@@ -28,6 +28,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from metering.domain.corrections import CounterOf, Reset
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 from metering.domain.windows import Window
+from metering.domain.zones import ZoneHistory, billing_month
 from metering.storage.distinct import DistinctStore
 from metering.storage.on_connection import OnConnection, chunks
 from metering.storage.rates import rate_set
@@ -39,12 +40,15 @@ from metering.storage.tables import (
     grant_draws,
     reset_clock,
     results,
+    subject_time_zones,
 )
 
 Pair = tuple[str, str]  # (limit name, subject)
 
 _COUNTER_KEY: Final = ("limit_name", "subject", "window_start_us")
 _RATE: Final = ("rate", "rate_at_us")
+# Written once, when the row is made (`billing_months`).
+_MADE: Final = ("billing_month",)
 # Writing back a locked counter moves its rate (`metering.storage.rates`):
 # the existing row's columns, the written ``used`` and instant.
 _RATE_EXPRESSIONS: Final = rate_set(
@@ -86,7 +90,7 @@ def _build_statements(dialect: str) -> dict[str, Any]:
     ).returning(*current_windows.c)
     # Writing back locked counters is the same upsert: every row exists, so
     # ON CONFLICT always updates, and a batch is one multi-row statement.
-    state_columns = [c.name for c in counters.c if c.name not in (*_COUNTER_KEY, *_RATE)]
+    state_columns = [c.name for c in counters.c if c.name not in (*_COUNTER_KEY, *_RATE, *_MADE)]
     write_counters = new_counters.on_conflict_do_update(
         index_elements=list(_COUNTER_KEY),
         set_={
@@ -118,10 +122,11 @@ _PG_COUNTER_STATE = (
 )
 PG_LOCK_COUNTERS: Final = f"""
 INSERT INTO counters (limit_name, subject, window_start_us, window_end_us, used, denied_count,
-                      denied_cost, first_denied_at_us, tat_us, tat_rem, tat_scale, updated_at_us)
-SELECT k.l, k.s, k.ws, k.we, 0, 0, 0, NULL, NULL, 0, 1, %(now)s
-FROM unnest(%(l)s::text[], %(s)s::text[], %(ws)s::bigint[], %(we)s::bigint[])
-     WITH ORDINALITY AS k(l, s, ws, we, n)
+                      denied_cost, first_denied_at_us, tat_us, tat_rem, tat_scale, updated_at_us,
+                      billing_month)
+SELECT k.l, k.s, k.ws, k.we, 0, 0, 0, NULL, NULL, 0, 1, %(now)s, k.m
+FROM unnest(%(l)s::text[], %(s)s::text[], %(ws)s::bigint[], %(we)s::bigint[], %(m)s::text[])
+     WITH ORDINALITY AS k(l, s, ws, we, m, n)
 ORDER BY k.n
 ON CONFLICT (limit_name, subject, window_start_us)
 DO UPDATE SET updated_at_us = excluded.updated_at_us
@@ -160,6 +165,19 @@ _COUNTER_STATE: Final = RecordColumns(CounterState)
 
 def _key_from_row(row: Any) -> CounterKey:
     return CounterKey(row.limit_name, row.subject, row.window_start_us, row.window_end_us)
+
+
+def billing_months(
+    keys: Iterable[CounterKey], zones: Mapping[str, ZoneHistory]
+) -> list[str | None]:
+    """Each counter's billing month (`metering.domain.zones.billing_month`), in
+    the order of ``keys``; None for a token bucket (no window)."""
+    return [
+        None
+        if key.window_end_us == NO_WINDOW
+        else billing_month(zones.get(key.subject, ()), key.window_start_us)
+        for key in keys
+    ]
 
 
 # How long an operator's reset waits for a row a consume holds before it
@@ -256,23 +274,32 @@ class CounterStore(OnConnection):
     # -- counters ------------------------------------------------------------
 
     def lock_counters(
-        self, keys: Iterable[CounterKey], now_us: int
+        self,
+        keys: Iterable[CounterKey],
+        now_us: int,
+        zones: Mapping[str, ZoneHistory] | None = None,
     ) -> dict[CounterKey, CounterState]:
         """Create missing counters, lock every one, and return their states.
 
         This is the atomic upsert. On PostgreSQL ``ON CONFLICT DO UPDATE``
         takes the row lock and returns the latest committed row even at READ
         COMMITTED, so concurrent transactions queue here, one per counter.
+        A row made here gets its billing month from its subject's ``zones``
+        (read here when None).
         """
         ordered = sorted(set(keys), key=lambda k: (k.limit, k.subject, k.window_start_us))
         if not ordered:
             return {}
+        if zones is None:
+            zones = self._zones({k.subject for k in ordered})
+        months = billing_months(ordered, zones)
         if self._bulk(len(ordered)):
             arrays = {
                 "l": [k.limit for k in ordered],
                 "s": [k.subject for k in ordered],
                 "ws": [k.window_start_us for k in ordered],
                 "we": [k.window_end_us for k in ordered],
+                "m": months,
                 "now": now_us,
             }
             rows = self.connection.exec_driver_sql(PG_LOCK_COUNTERS, arrays)
@@ -291,11 +318,22 @@ class CounterStore(OnConnection):
                 "tat_rem": 0,
                 "tat_scale": 1,
                 "updated_at_us": now_us,
+                "billing_month": month,
             }
-            for k in ordered
+            for k, month in zip(ordered, months, strict=True)
         ]
         rows = self.connection.execute(_STATEMENTS[self._dialect]["lock_counters"], params)
         return {_key_from_row(row): _COUNTER_STATE.of_row(row) for row in rows}
+
+    def _zones(self, subjects: set[str]) -> dict[str, ZoneHistory]:
+        """The changes of zone of those of ``subjects`` that have one, oldest first."""
+        z = subject_time_zones.c
+        found: dict[str, list[tuple[int, str]]] = {}
+        for chunk in chunks(sorted(subjects)):
+            query = select(z.subject, z.since_us, z.time_zone).where(z.subject.in_(chunk))
+            for subject, since_us, zone in self.connection.execute(query.order_by(z.since_us)):
+                found.setdefault(subject, []).append((since_us, zone))
+        return {subject: tuple(changes) for subject, changes in found.items()}
 
     def read_counters(self, keys: Iterable[CounterKey]) -> dict[CounterKey, CounterState]:
         """Counters as they are, without locking (for `check`); missing ones are fresh."""

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Mapping
 from typing import Final
 
-from sqlalchemy import bindparam, func, select
+from sqlalchemy import ColumnElement, and_, bindparam, func, or_, select
 
 from metering.domain.money import Price, PriceHistory, Tier
 from metering.domain.rollups import SPEND_DIMENSION
@@ -83,11 +83,17 @@ class PriceStore(OnConnection):
         return dict(found)
 
     def spend_amounts(
-        self, since_us: int | None, until_us: int | None, subject: str | None = None
+        self,
+        since_us: int | None,
+        until_us: int | None,
+        subject: str | None = None,
+        zoned: Mapping[tuple[int, int], Collection[str]] | None = None,
     ) -> list[tuple[str, str, str, int]]:
         """(subject, priced limit, currency, minor units) charged by events of
         ``[since_us, until_us)`` (None: unbounded), from the spend rollups
-        (voids and cancels taken away); sorted."""
+        (voids and cancels taken away); sorted. ``zoned`` gives subjects a
+        range of their own (their local month: each hour in the month its
+        start falls in), the others keep ``[since_us, until_us)``."""
         query = (
             select(
                 usage_rollups.c.subject,
@@ -99,10 +105,25 @@ class PriceStore(OnConnection):
             .group_by(usage_rollups.c.subject, usage_rollups.c.limit_name, usage_rollups.c.value)
             .order_by(usage_rollups.c.subject, usage_rollups.c.value, usage_rollups.c.limit_name)
         )
+        hour, who = usage_rollups.c.hour_start_us, usage_rollups.c.subject
+        in_range: list[ColumnElement[bool]] = []
         if since_us is not None:
-            query = query.where(usage_rollups.c.hour_start_us >= since_us)
+            in_range.append(hour >= since_us)
         if until_us is not None:
-            query = query.where(usage_rollups.c.hour_start_us < until_us)
+            in_range.append(hour < until_us)
+        if zoned:
+            own = [s for subjects in zoned.values() for s in subjects]
+            query = query.where(
+                or_(
+                    and_(who.not_in(own), *in_range),
+                    *(
+                        and_(who.in_(list(subjects)), hour >= start, hour < end)
+                        for (start, end), subjects in zoned.items()
+                    ),
+                )
+            )
+        elif in_range:
+            query = query.where(*in_range)
         if subject is not None:
             query = query.where(usage_rollups.c.subject == subject)
         return [

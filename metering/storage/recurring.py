@@ -4,9 +4,12 @@ A schedule's due issues are made in the transaction of whoever reads the subject
 next: `issue_due` (the general engine, `check`, listing grants: `lock_due_issues`, then
 `record_issues`), or the fast path, which locks them in its own read and writes them with
 its write, as `record_issues` does (`metering.storage.hot`). Either locks the due schedules
-(PostgreSQL ``FOR UPDATE``; SQLite's writers are serialised by ``BEGIN IMMEDIATE``), inserts
-the issues (a grant id is the schedule's id and the issue number: a second insert fails) and
-moves the schedule on. Lock order: schedules, first-use windows, counters, grants.
+(PostgreSQL ``FOR UPDATE``; SQLite's writers are serialised by ``BEGIN IMMEDIATE``; the fast
+path locks every schedule of the pairs its cache has due, and learns their next issues),
+inserts the issues (a grant id is the schedule's id and the issue number: a second insert
+fails) and moves the schedule on, without a new version of the limits. A calendar schedule's
+periods follow the subject's time zone. Lock order: schedules, first-use windows, counters,
+grants.
 """
 
 from __future__ import annotations
@@ -20,9 +23,10 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from metering.domain.limits import parse_period
 from metering.domain.recurring import Issue, issue_id, issues_due, low_threshold, next_due_us
+from metering.domain.zones import ZoneHistory
+from metering.storage.allowances import AllowanceStore
 from metering.storage.connections import RetryTransaction
 from metering.storage.counters import Pair
-from metering.storage.limits import BUMP_LIMITS_VERSION
 from metering.storage.on_connection import OnConnection
 from metering.storage.records import RecordColumns
 from metering.storage.tables import grant_schedules, grants
@@ -109,8 +113,11 @@ class ScheduleStore(OnConnection):
 LastIssue = tuple[int, int, int, int | None]
 
 
-def issues_of(schedule: ScheduleRecord, last: LastIssue | None, now_us: int) -> list[Issue]:
-    """The issues of ``schedule`` due by ``now_us``, after its ``last`` issue (read now)."""
+def issues_of(
+    schedule: ScheduleRecord, last: LastIssue | None, now_us: int, zones: ZoneHistory = ()
+) -> list[Issue]:
+    """The issues of ``schedule`` due by ``now_us``, after its ``last`` issue (read now),
+    for a subject whose changes of time zone are ``zones``."""
     if last is None or last[3] is None:
         return []  # not a schedule's issue: nothing to follow
     amount, used, start_us, end_us = last[0], last[1], last[2], last[3]
@@ -123,6 +130,7 @@ def issues_of(schedule: ScheduleRecord, last: LastIssue | None, now_us: int) -> 
         last=Issue(schedule.last_issue, start_us, end_us, amount),
         left_of_last=amount - used,
         now_us=now_us,
+        zones=zones,
     )
 
 
@@ -130,8 +138,12 @@ def issue_due(connection: Connection, pairs: Iterable[Pair] | None, now_us: int)
     """Make the issues due by ``now_us`` of the schedules of ``pairs`` (None:
     all), each once; how many were made."""
     issued: list[tuple[ScheduleRecord, list[Issue]]] = []
-    for schedule, last in lock_due_issues(connection, pairs, now_us):
-        due = issues_of(schedule, last, now_us)
+    locked = lock_due_issues(connection, pairs, now_us)
+    if not locked:
+        return 0
+    zones = AllowanceStore(connection).time_zones({s.subject for s, _ in locked if s.calendar})
+    for schedule, last in locked:
+        due = issues_of(schedule, last, now_us, zones.get(schedule.subject, ()))
         if due:
             issued.append((schedule, due))
     return record_issues(connection, issued, now_us)
@@ -155,9 +167,10 @@ def lock_due_issues(
 def record_issues(
     connection: Connection, issued: Sequence[tuple[ScheduleRecord, Sequence[Issue]]], now_us: int
 ) -> int:
-    """Insert ``issued`` (each schedule locked, with its issues due in order),
-    move the schedules on and bump the limits' version; how many were made.
-    An issue made already raises `RetryTransaction`."""
+    """Insert ``issued`` (each schedule locked, with its issues due in order)
+    and move the schedules on; how many were made. The limits' version stays:
+    the hot path's cache learns a schedule's next issue when it next locks it
+    (`metering.engine.fast`). An issue made already raises `RetryTransaction`."""
     made = 0
     for schedule, due in issued:
         for issue in due:
@@ -175,8 +188,6 @@ def record_issues(
         if moved.rowcount != 1:
             raise RetryTransaction("a recurring grant was issued concurrently")
         made += len(due)
-    if made:
-        connection.execute(BUMP_LIMITS_VERSION)
     return made
 
 

@@ -1,7 +1,8 @@
 """The report queries: every statement `metering.reports` runs (`ReportQuery` selects).
 
 Reports read ``counters`` joined to the current ``limits``; filtering, overage and ordering
-happen in the database. The period is a range on ``window_start_us``. The maximum is the one
+happen in the database. The period is a billing month (``counters.billing_month``, the local
+month of the window's start) or a range on ``window_start_us``. The maximum is the one
 that applied (`with_applied_maximum`): the entitlement span holding the window's last instant
 (changes read with the next one's start by ``lead``), else the limit's default. ``granted``
 (grant draws) and ``overdraft`` (voided events left out) are summed per window and
@@ -53,6 +54,9 @@ class ReportQuery:
 
     since_us: int | None = None
     until_us: int | None = None
+    # A billing month (``2026-11``): counters by their ``billing_month``
+    # instead of the range (the range is then that month in UTC, for hours).
+    month: str | None = None
     subject: str | None = None
     limit: str | None = None
     top: int | None = None
@@ -130,10 +134,13 @@ def _window_conditions(query: ReportQuery) -> list[ColumnElement[bool]]:
     # Token buckets have a single row with no window (start = end = 0): they
     # are not reported (see metering.reports).
     conditions: list[ColumnElement[bool]] = [counters.c.window_end_us != NO_WINDOW]
-    if query.since_us is not None:
-        conditions.append(counters.c.window_start_us >= query.since_us)
-    if query.until_us is not None:
-        conditions.append(counters.c.window_start_us < query.until_us)
+    if query.month is not None:
+        conditions.append(counters.c.billing_month == query.month)
+    else:
+        if query.since_us is not None:
+            conditions.append(counters.c.window_start_us >= query.since_us)
+        if query.until_us is not None:
+            conditions.append(counters.c.window_start_us < query.until_us)
     if query.subject is not None:
         conditions.append(counters.c.subject == query.subject)
     if query.limit is not None:

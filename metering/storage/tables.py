@@ -83,6 +83,10 @@ counters = Table(
     # write that adds to ``used`` (`metering.storage.rates`, migration 0028).
     Column("rate", Double, nullable=False, server_default="0"),
     Column("rate_at_us", BigInteger, nullable=False, server_default="0"),
+    # The window's billing month (``2026-11``), the local month of its start in
+    # the subject's zone (`metering.domain.zones.billing_month`), written when
+    # the row is made (migration 0030); NULL for a token bucket (no window).
+    Column("billing_month", String(7), nullable=True),
     # Keys lead with the subject (migration 0006): see docs/performance.md.
     PrimaryKeyConstraint("subject", "limit_name", "window_start_us"),
     postgresql_with={"fillfactor": 70},  # room for HOT updates (migration 0005)

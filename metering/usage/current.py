@@ -19,7 +19,7 @@ from sqlalchemy import Connection
 from metering.allowances.service import grants_left, list_grants
 from metering.domain.decisions import ChargeInput, evaluate_charge
 from metering.domain.events import validate_subject
-from metering.domain.forecast import decayed, exhausts_at_us
+from metering.domain.forecast import allowance, decayed, exhausts_at_us
 from metering.domain.grants import maximum_at
 from metering.domain.instants import from_us, to_us
 from metering.domain.limits import Limit
@@ -121,9 +121,12 @@ def forecast(
     _, rate, rate_at_us = counter
     exhausts_at = None
     if usage.window_start is not None:
-        allowance = usage.used + usage.remaining + grants
         exhausts_us = exhausts_at_us(
-            usage.used, allowance, decayed(rate, rate_at_us, now_us), now_us, to_us(usage.resets_at)
+            usage.used,
+            allowance(usage.used, usage.limit.maximum, grants),
+            decayed(rate, rate_at_us, now_us),
+            now_us,
+            to_us(usage.resets_at),
         )
         exhausts_at = _moment(exhausts_us)
     return replace(usage, grants_left=grants, exhausts_at=exhausts_at)

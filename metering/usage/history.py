@@ -7,7 +7,10 @@ counters, a window's usage counted in the bucket its window starts in (``source:
 exact when the window is no longer than the bucket, coarser otherwise); a token bucket keeps
 no windows (``source: none``, an empty series). A gauge's bucket shows its windows' peak or
 last level, not their sum. Each bucket carries the maximum in force at its end: the
-subject's entitlement then, else the limit's default (`metering.domain.history`).
+subject's entitlement then, else the limit's default (`metering.domain.history`). Buckets
+are UTC hours and days; for a subject with a time zone each also carries, as counters and
+reports do, ``time_zone`` (the zone in force at its start) and ``local_window``, its span
+in local time (`metering.domain.zones.local_span`).
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from metering.domain.events import validate_subject
 from metering.domain.history import Bucket, Point, bucket_start, series, validate_bucket
 from metering.domain.instants import from_us, to_us
 from metering.domain.limits import Limit, validate_limit_name
+from metering.domain.zones import UTC_ZONE, ZoneHistory, local_span, zone_before
 from metering.limits.service import get_limit
+from metering.storage.allowances import AllowanceStore
 from metering.storage.database import Database
 from metering.storage.history import counter_windows, entitlement_changes, rollup_hours
 
@@ -40,6 +45,15 @@ class UsageHistory:
     since: datetime
     until: datetime
     points: list[Point]
+    # The subject's changes of time zone (`metering.domain.zones`): none, UTC.
+    zones: ZoneHistory = ()
+
+    def label(self, point: Point) -> tuple[str | None, str | None]:
+        """A bucket's zone and local label, for a subject with a time zone then."""
+        zone = zone_before(self.zones, point.start_us + 1) if self.zones else UTC_ZONE
+        if zone == UTC_ZONE:
+            return None, None
+        return zone, local_span(point.start_us, point.end_us, zone)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -55,6 +69,7 @@ class UsageHistory:
                     "end": from_us(p.end_us).isoformat(),
                     "used": p.used,
                     "maximum": p.maximum,
+                    **dict(zip(("time_zone", "local_window"), self.label(p), strict=True)),
                 }
                 for p in self.points
             ],
@@ -92,8 +107,10 @@ def usage_history(
     )
     source = source_of(found)
     first_us = bucket_start(since_us, checked)  # the first bucket meets `since`: all of it
+    zones: list[tuple[int, str]] = []
 
     def read(connection: Any) -> tuple[list[tuple[int, int]], list[tuple[int, int | None]]]:
+        zones.extend(AllowanceStore(connection).time_zones([subject]).get(subject, ()))
         changes = entitlement_changes(connection, subject, found.name)
         if source == "rollups":
             dimension = found.dimensions[0]
@@ -109,5 +126,5 @@ def usage_history(
     default = None if found.algorithm == "token_bucket" else found.maximum
     points = series(usage, changes, default, since_us, until_us, checked, found.aggregation)
     return UsageHistory(
-        subject, found, checked, source, from_us(since_us), from_us(until_us), points
+        subject, found, checked, source, from_us(since_us), from_us(until_us), points, tuple(zones)
     )

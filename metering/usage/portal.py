@@ -30,8 +30,10 @@ from urllib.parse import quote
 from metering.allowances.service import grants_left, list_grants
 from metering.domain.events import validate_subject
 from metering.domain.history import Point, maximum_at
-from metering.domain.instants import clock_text, from_us
+from metering.domain.instants import clock_text, from_us, to_us
+from metering.domain.limits import Limit
 from metering.domain.links import MAX_TTL_SECONDS, parse_ttl, sign, validate_ttl, verify
+from metering.domain.zones import ZoneHistory, window_label
 from metering.errors import InvalidInput
 from metering.storage.database import Database
 from metering.storage.history import (
@@ -42,7 +44,7 @@ from metering.storage.history import (
     portal_secrets,
     rotate_secret,
 )
-from metering.usage.current import subject_usage
+from metering.usage.current import LimitUsage, subject_usage
 from metering.usage.history import usage_history
 
 DAYS: Final = 30
@@ -70,6 +72,10 @@ class LimitPanel:
     per: str = "day"
     # When the allowance runs out at the recent rate, if before the reset.
     exhausts_at: datetime | None = None
+    # The current window of a subject with a time zone, aligned at its local
+    # midnight: the zone and its local label (`metering.domain.zones.window_label`).
+    time_zone: str | None = None
+    local_window: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +113,7 @@ def portal_view(database: Database, subject: str, days: int = DAYS) -> PortalVie
         points = history.points
         if history.source == "counters" and not per_day:
             points = _window_points(database, subject, name, now_us, maximum)
+        label = _local_label(limit, found, history.zones)
         panels.append(
             LimitPanel(
                 name=name,
@@ -121,10 +128,22 @@ def portal_view(database: Database, subject: str, days: int = DAYS) -> PortalVie
                 retry_at=found.retry_at if found is not None else None,
                 per="day" if per_day else "window",
                 exhausts_at=found.exhausts_at if found is not None else None,
+                time_zone=label[0] if label is not None else None,
+                local_window=label[1] if label is not None else None,
             )
         )
     denials = [w for w in reversed(windows) if w.denied_count > 0][:MAX_DENIALS]
     return PortalView(subject, now, panels, denials)
+
+
+def _local_label(
+    limit: Limit, found: LimitUsage | None, zones: ZoneHistory
+) -> tuple[str, str] | None:
+    """The zone and local label of the current calendar window, if it is a local one."""
+    if found is None or found.window_start is None or limit.window != "calendar":
+        return None
+    window = (to_us(found.window_start), to_us(found.resets_at))
+    return window_label(limit.parsed_period, zones, window)
 
 
 def _window_points(
@@ -352,8 +371,19 @@ def _panel(panel: LimitPanel) -> str:
         f'<div class="figures" data-used="{panel.used}" data-maximum="{panel.maximum}">'
         f"{figures}</div>"
         f'<div class="standing {state}">{escape(words)}</div>{bar}'
-        f'<div class="meta">resets {_when(panel.resets_at)}{grants}{_exhausts(panel)}</div>'
+        f'<div class="meta">resets {_when(panel.resets_at)}{_local(panel)}{grants}'
+        f"{_exhausts(panel)}</div>"
         f"{chart}</section>"
+    )
+
+
+def _local(panel: LimitPanel) -> str:
+    """The current window's local label, for a subject with a time zone."""
+    if panel.time_zone is None or panel.local_window is None:
+        return ""
+    return (
+        f' · <span class="local" data-time-zone="{escape(panel.time_zone)}">'
+        f"this window: {escape(panel.local_window)}</span>"
     )
 
 

@@ -7,12 +7,13 @@ sized and timed from the settings, one limiter of the queued path's threads;
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
-from conftest import InProcess
 from metering import Limit, Meter
 from metering.api import create_api
 from metering.api.context import (
@@ -22,6 +23,8 @@ from metering.api.context import (
     broker_lookup,
 )
 from metering.settings import DeliverySettings, Settings
+
+InProcess = Callable[[Any], httpx.Client]  # the in_process fixture (tests/api/conftest.py)
 
 
 @pytest.fixture

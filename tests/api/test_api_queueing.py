@@ -8,14 +8,13 @@ and unknown limits are refused before anything is queued or applied."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 import pytest
 
-from conftest import InProcess
 from metering import FrozenClock, Limit, Meter
 from metering.api import create_api
 from metering.api.parsing import Parsed
@@ -23,6 +22,8 @@ from metering.api.problems import ApiProblem
 from metering.api.queueing import ApiProducer, apply_now, unique_events, unknown_limits
 from metering.domain.events import make_event
 from metering.settings import Settings
+
+InProcess = Callable[[Any], httpx.Client]  # the in_process fixture (tests/api/conftest.py)
 
 NOW = datetime(2026, 11, 22, 9, 30, tzinfo=UTC)
 

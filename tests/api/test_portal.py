@@ -176,3 +176,29 @@ def test_cli_rotates_the_link_secret(meter: Meter, http: httpx.Client) -> None:
         assert refused.exit_code != 0, refused.output
         assert refused.output.startswith("error:") and "grace" in refused.output, refused.output
         assert "Traceback" not in refused.output
+
+
+def test_a_zoned_subjects_page_and_history_show_local_labels(
+    http: httpx.Client, meter: Meter, clock: FrozenClock
+) -> None:
+    clock.set(datetime(2026, 3, 1, tzinfo=UTC))
+    meter.set_time_zone("org-de", "Europe/Berlin")
+    # Berlin's 29 March lasts 23 hours: 28 March 23:00 UTC to 29 March 22:00 UTC.
+    clock.set(datetime(2026, 3, 29, 12, tzinfo=UTC))
+    meter.consume("org-de", "tokens", 5)
+    _, token = ApiKeys(meter).create("read", subject="org-de")
+    headers = {"Authorization": f"Bearer {token}"}
+    page = http.get("/portal", headers=headers).text
+    assert 'data-time-zone="Europe/Berlin">this window: 2026-03-29 Europe/Berlin<' in page
+    answer = http.get("/v1/subjects/org-de/usage/history?limit=tokens&bucket=day", headers=headers)
+    assert answer.status_code == 200
+    last = answer.json()["points"][-1]
+    assert (last["start"], last["time_zone"]) == ("2026-03-29T00:00:00+00:00", "Europe/Berlin")
+    assert last["local_window"] == (
+        "2026-03-29 01:00:00+01:00 to 2026-03-30 02:00:00+02:00 Europe/Berlin"
+    )
+    history = meter.usage_history("org-1", "tokens")
+    assert {p.get("time_zone") for p in history.to_dict()["points"]} == {None}
+    schema = http.get("/openapi.json").json()["components"]["schemas"]
+    assert "local_window" in schema["HistoryPoint"]["properties"]
+    assert "local_window" in schema["SpendRowOut"]["properties"]

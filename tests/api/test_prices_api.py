@@ -102,13 +102,24 @@ def test_a_priced_limit_charges_a_spend_cap_over_http(http: httpx.Client, meter:
                 "total": "0.08",
                 "spend_limit": "spend",
                 "cap": "0.10",
+                "time_zone": None,
+                "local_window": None,
             }
         ],
     }
     text = http.get("/v1/reports/spend", params={"period": "2026-11", "format": "csv"}).text
     assert list(csv.reader(io.StringIO(text))) == [
-        ["subject", "currency", "total", "spend_limit", "cap", "amount:calls"],
-        ["org-1", "USD", "0.08", "spend", "0.10", "0.08"],
+        [
+            "subject",
+            "currency",
+            "total",
+            "spend_limit",
+            "cap",
+            "time_zone",
+            "local_window",
+            "amount:calls",
+        ],
+        ["org-1", "USD", "0.08", "spend", "0.10", "", "", "0.08"],
     ]
     ended = http.delete("/v1/prices/calls", params={"currency": "USD"})
     assert ended.json()["per_unit"] is None

@@ -81,12 +81,14 @@ def test_prices_and_a_spend_cap_on_the_command_line(url: str) -> None:
             "total": "0.06",
             "spend_limit": "spend",
             "cap": "1.00",
+            "time_zone": None,
+            "local_window": None,
         }
     ]
     lines = run(url, "report", "spend", "--period", month, "--format", "csv").output.splitlines()
     assert lines == [
-        "subject,currency,total,spend_limit,cap,amount:calls",
-        "org-1,USD,0.06,spend,1.00,0.06",
+        "subject,currency,total,spend_limit,cap,time_zone,local_window,amount:calls",
+        "org-1,USD,0.06,spend,1.00,,,0.06",
     ]
     assert "org-1" in run(url, "report", "spend", "--period", month).output
     every = run(url, "report", "spend", "--format", "csv").output.splitlines()

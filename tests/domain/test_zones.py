@@ -10,18 +10,22 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from itertools import pairwise
+from zoneinfo import ZoneInfo
 
 import pytest
 
-from metering.domain.instants import to_us
+from metering.domain.instants import from_us, to_us
 from metering.domain.limits import parse_period
 from metering.domain.windows import calendar_window
 from metering.domain.zones import (
+    billing_month,
     follows_zone,
     local_midnight,
     local_text,
+    month_bounds,
     validate_zone,
     window_zone,
+    zone_before,
     zoned_window,
 )
 from metering.errors import InvalidInput
@@ -218,3 +222,40 @@ def test_an_unknown_zone_is_invalid_input(name: object) -> None:
 def test_known_zones_are_accepted() -> None:
     for name in ("UTC", "Asia/Kolkata", "Asia/Kathmandu", "America/Santiago", "Europe/Berlin"):
         assert validate_zone(name) == name
+
+
+HISTORIES = [
+    ((CHANGED, "Asia/Kolkata"),),
+    ((at(2026, 11, 14, 10), "America/Santiago"), (at(2026, 11, 14, 11), "Asia/Kathmandu")),
+    ((at(2026, 11, 14, 10), "America/Santiago"), (at(2026, 11, 20, 12), "UTC")),
+    ((at(2026, 3, 10), "Europe/Berlin"), (at(2026, 10, 25, 1), "America/Santiago")),
+    ((at(2026, 11, 1), "Asia/Kathmandu"),),  # a change exactly at a window's start
+]
+
+
+@pytest.mark.parametrize("history", HISTORIES)
+@pytest.mark.parametrize("period", ["1d", "7d", "1mo"])
+def test_a_windows_billing_month_is_its_start_in_the_zone_it_is_aligned_in(
+    history: tuple[tuple[int, str], ...], period: str
+) -> None:
+    parsed = parse_period(period)
+    moment, end = at(2026, 3, 1), at(2027, 2, 1)
+    while moment < end:
+        start, stop = zoned_window(parsed, history, moment)
+        zone = window_zone(parsed, history, start)
+        assert zone_before(history, start) == zone
+        assert billing_month(history, start) == f"{from_us(start).astimezone(ZoneInfo(zone)):%Y-%m}"
+        moment = stop
+
+
+def test_a_billing_months_bounds_are_its_monthly_window() -> None:
+    history = ((CHANGED, "Asia/Kolkata"),)
+    assert month_bounds(history, 2026, 11) == (NOVEMBER, at(2026, 12, 1), "UTC")
+    assert month_bounds(history, 2026, 12) == (
+        at(2026, 12, 1),
+        at(2026, 12, 31, 18, 30),
+        "Asia/Kolkata",
+    )
+    assert month_bounds((), 2026, 2) == (at(2026, 2, 1), at(2026, 3, 1), "UTC")
+    assert billing_month((), at(2026, 10, 31, 23)) == "2026-10"
+    assert billing_month(history, at(2026, 12, 31, 18, 30)) == "2027-01"

@@ -76,3 +76,33 @@ def test_no_lead_no_forecast(db_url: str) -> None:
         meter.set_limit(Limit("calls", maximum=1_000, period="1d", window="calendar"))
         meter.consume("org-1", "calls", 1_000)
         assert _messages(meter) == []
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_grants_count_in_the_forecast_as_in_the_usage(db_url: str, path: str) -> None:
+    if path == "one_trip" and not db_url.startswith("postgresql"):
+        pytest.skip("the one-trip function is PostgreSQL's")
+    clock = FrozenClock(NOON)
+    with Meter(db_url, clock=clock) as meter:
+        engine = meter._engine
+        engine.paths = [engine.path(name) for name in PATHS[path]]
+        meter.set_limit(LIMIT)
+        meter.grant("org-1", "calls", 500, grant_id="top-up")
+        meter.consume("org-1", "calls", 360)
+        clock.advance(seconds=60)
+        # 280 of the maximum and 500 of the grant left, at 0.198 a second: 3,932 s,
+        # past the lead (the maximum alone would run out in 1,412 s).
+        meter.consume("org-1", "calls", 360)
+        assert [t for t, _ in _messages(meter)] == ["limit.threshold"]
+        [usage] = meter.usage("org-1")
+        assert usage.grants_left == 500
+        assert usage.exhausts_at is not None
+        assert _messages(meter)[0][1]["exhausts_at"] == _iso(usage.exhausts_at)
+        clock.advance(seconds=60)
+        meter.consume("org-1", "calls", 100)  # 680 left at 0.223 a second: 3,052 s
+        found = _messages(meter)
+        assert [t for t, _ in found] == ["limit.threshold", "limit.forecast"]
+        [usage] = meter.usage("org-1")
+        assert usage.exhausts_at is not None
+        assert usage.exhausts_at - clock() < timedelta(hours=1)
+        assert found[1][1]["exhausts_at"] == _iso(usage.exhausts_at)

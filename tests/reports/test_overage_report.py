@@ -286,3 +286,55 @@ def test_a_zoned_subjects_windows_carry_their_local_label(db_url: str) -> None:
         ]
         assert {r.local_window for r in usage_report(meter, "org-utc")} == {None}
         assert "local_window" in COLUMNS
+
+
+def test_a_billing_month_selects_each_subjects_local_month(db_url: str) -> None:
+    # Zones set in September: October's windows on are local. Kolkata's and
+    # Kathmandu's Novembers start on 31 October in UTC, Santiago's on 1 November
+    # at 03:00 UTC, Berlin's on 31 October at 23:00 UTC; each is November's.
+    clock = FrozenClock(datetime(2026, 9, 15, tzinfo=UTC))
+    zones = {
+        "org-in": "Asia/Kolkata",
+        "org-np": "Asia/Kathmandu",
+        "org-cl": "America/Santiago",
+        "org-de": "Europe/Berlin",
+    }
+    with Meter(db_url, clock=clock) as meter:
+        meter.set_limits(
+            [
+                Limit("calls", maximum=5, period="1mo", window="calendar", enforcement="soft"),
+                Limit("daily", maximum=5, period="1d", window="calendar", enforcement="soft"),
+                Limit("hourly", maximum=5, period="1h", window="calendar", enforcement="soft"),
+            ]
+        )
+        for subject, zone in zones.items():
+            meter.set_time_zone(subject, zone)
+        clock.set(datetime(2026, 11, 1, 3, 30, tzinfo=UTC))  # November everywhere
+        for subject in [*zones, "org-utc"]:
+            for limit in ("calls", "daily", "hourly"):
+                meter.consume(subject, limit, 7)
+        november = overage_report(meter, period="2026-11")
+        starts = {(r.subject, r.limit): r.window_start for r in november}
+        assert starts[("org-in", "calls")] == datetime(2026, 10, 31, 18, 30, tzinfo=UTC)
+        assert starts[("org-np", "calls")] == datetime(2026, 10, 31, 18, 15, tzinfo=UTC)
+        assert starts[("org-cl", "calls")] == datetime(2026, 11, 1, 3, tzinfo=UTC)
+        assert starts[("org-de", "calls")] == datetime(2026, 10, 31, 23, tzinfo=UTC)
+        assert starts[("org-utc", "calls")] == NOV
+        # Every window of the five subjects is November's (an hour too: 03:00 UTC
+        # is in November in each zone), none October's.
+        assert len(november) == 15 and select_overage(meter, period="2026-11").count() == 15
+        assert {r.overage for r in november} == {2}
+        assert overage_report(meter, period="2026-10") == []
+        assert len(usage_report(meter, "org-in", period="2026-11")) == 3
+        # An explicit range still selects by the UTC start.
+        october_utc = overage_report(meter, since=OCT, until=NOV)
+        assert {r.subject for r in october_utc} == {"org-in", "org-np", "org-de"}
+        # Santiago's hour at 03:00 UTC is 00:00 local, 1 November; at 02:00 UTC,
+        # 23:00 on 31 October: October's.
+        clock.set(datetime(2026, 11, 1, 2, 30, tzinfo=UTC))
+        meter.consume("org-cl", "hourly", 1)
+        [october] = overage_report(meter, period="2026-10")
+        assert (october.subject, october.window_start) == (
+            "org-cl",
+            datetime(2026, 11, 1, 2, tzinfo=UTC),
+        )

@@ -73,6 +73,8 @@ def test_json_shows_money_in_major_units_and_csv_a_column_per_priced_limit(
         "total": "1.50",
         "spend_limit": "spend",
         "cap": "5.00",
+        "time_zone": None,
+        "local_window": None,
     }
     assert report.csv_header() == [
         "subject",
@@ -80,12 +82,14 @@ def test_json_shows_money_in_major_units_and_csv_a_column_per_priced_limit(
         "total",
         "spend_limit",
         "cap",
+        "time_zone",
+        "local_window",
         "amount:calls",
         "amount:tokens",
     ]
     assert sorted(report.csv_rows()) == [
-        ["'=cmd", "EUR", "0.02", "", "", "", "0.02"],
-        ["'=cmd", "USD", "1.50", "spend", "5.00", "1.50", ""],
+        ["'=cmd", "EUR", "0.02", "", "", "", "", "", "0.02"],
+        ["'=cmd", "USD", "1.50", "spend", "5.00", "", "", "1.50", ""],
     ]
 
 
@@ -111,3 +115,31 @@ def test_without_a_period_the_spend_report_covers_all_time(db_url: str) -> None:
         assert (row.amounts, row.total, row.cap) == ({"calls": 15}, 15, 80)  # the cap now
         [october] = spend_report(meter, "2026-10").rows
         assert (october.total, october.cap) == (10, 50)
+
+
+def test_a_billing_month_is_the_subjects_local_month(db_url: str) -> None:
+    clock = FrozenClock(datetime(2026, 9, 1, tzinfo=UTC))
+    with Meter(db_url, clock=clock) as meter:
+        meter.set_limit(Limit("calls", maximum=1000, period="1mo", window="calendar"))
+        meter.set_limit(spend_limit("spend", "0.50", "USD", "1mo", window="calendar"))
+        meter.set_price("calls", "0.01", "USD")
+        meter.set_time_zone("org-in", "Asia/Kolkata")
+        meter.set_time_zone("org-np", "Asia/Kathmandu")
+        # 31 October at 19:00 UTC is November in Kolkata and Kathmandu, October in UTC.
+        clock.set(datetime(2026, 10, 31, 19, 0, tzinfo=UTC))
+        for subject in ("org-in", "org-np", "org-utc"):
+            meter.consume(subject, "calls", 3)
+        # Kathmandu's November starts at 18:15 UTC: the hour from 18:00 is October's.
+        clock.set(datetime(2026, 10, 31, 18, 20, tzinfo=UTC))
+        meter.consume("org-np", "calls", 1)
+        november = {r.subject: r for r in spend_report(meter, "2026-11").rows}
+        october = {r.subject: r for r in spend_report(meter, "2026-10").rows}
+        assert {s: r.total for s, r in november.items()} == {"org-in": 3, "org-np": 3}
+        assert {s: r.total for s, r in october.items()} == {"org-np": 1, "org-utc": 3}
+        labels = (november["org-in"].time_zone, november["org-in"].local_window)
+        assert labels == ("Asia/Kolkata", "2026-11 Asia/Kolkata")
+        assert november["org-in"].to_dict()["local_window"] == "2026-11 Asia/Kolkata"
+        assert (october["org-utc"].time_zone, october["org-utc"].local_window) == (None, None)
+        assert spend_report(meter, "2026-11", "org-in").rows[0].total == 3
+        report = spend_report(meter, "2026-11")
+        assert report.csv_header()[5:7] == ["time_zone", "local_window"]

@@ -5,11 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from servers import PostgresServer
+from sqlalchemy import text
 
 from metering import Meter
 from metering.errors import DatabaseUnavailable, SchemaOutdated
@@ -46,3 +48,73 @@ def test_unreachable_databases_raise_a_clear_error(tmp_path: Path) -> None:
         Meter("postgresql://nobody@127.0.0.1:1/none", connect_args={"connect_timeout": 2})
     with pytest.raises(DatabaseUnavailable):
         Meter(f"sqlite:///{tmp_path}/missing-dir/metering.db")
+
+
+def _upgrade(url: str, revision: str) -> None:
+    engine = make_engine(url)
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, revision)
+    engine.dispose()
+
+
+def _billing_months_after_0030(url: str) -> dict[tuple[str, int], str | None]:
+    """Counters written before migration 0030, with their billing months after it."""
+    _upgrade(url, "0028")
+    kolkata = 1_790_000_000_000_000  # 2026-09-21: windows after it start at Kolkata's midnight
+    october_kolkata = 1_790_793_000_000_000  # 2026-09-30T18:30Z
+    rows = [
+        ("org-in", 1_788_220_800_000_000, 1_790_812_800_000_000),  # September in UTC
+        ("org-in", october_kolkata, 1_793_471_400_000_000),
+        ("org-utc", 1_793_491_200_000_000, 1_796_083_200_000_000),  # 2026-11-01 UTC
+        ("org-utc", 0, 0),  # a token bucket
+    ]
+    engine = make_engine(url)
+    with engine.begin() as connection:
+        connection.execute(
+            text("INSERT INTO subject_time_zones VALUES ('org-in', :since, 'Asia/Kolkata')"),
+            {"since": kolkata},
+        )
+        for subject, start, end in rows:
+            connection.execute(
+                text(
+                    "INSERT INTO counters (limit_name, subject, window_start_us, window_end_us,"
+                    " used, denied_count, denied_cost, tat_rem, tat_scale, updated_at_us)"
+                    " VALUES ('calls', :subject, :start, :end, 1, 0, 0, 0, 1, 0)"
+                ),
+                {"subject": subject, "start": start, "end": end},
+            )
+    _upgrade(url, "head")
+    with engine.connect() as connection:
+        found = connection.execute(
+            text("SELECT subject, window_start_us, billing_month FROM counters")
+        )
+        months = {(subject, start): month for subject, start, month in found}
+    # And back: 0028's schema and function, then up again.
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.downgrade(config, "0028")
+    _upgrade(url, "head")
+    engine.dispose()
+    return months
+
+
+def test_migration_0030_fills_billing_months_in_the_subjects_zone(
+    tmp_path: Path, postgres_server: PostgresServer
+) -> None:
+    expected = {
+        ("org-in", 1_788_220_800_000_000): "2026-09",
+        ("org-in", 1_790_793_000_000_000): "2026-10",  # 30 September 18:30 UTC
+        ("org-utc", 1_793_491_200_000_000): "2026-11",
+        ("org-utc", 0): None,
+    }
+    assert _billing_months_after_0030(f"sqlite:///{tmp_path / 'old.db'}") == expected
+    postgres_server.create_database("before_0030")
+    try:
+        assert _billing_months_after_0030(postgres_server.url("before_0030")) == expected
+    finally:
+        postgres_server.drop_database("before_0030")

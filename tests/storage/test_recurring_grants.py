@@ -15,7 +15,9 @@ from sqlalchemy import func, select
 
 from metering import FrozenClock, Limit, Meter, spend_limit
 from metering.domain.events import make_event
+from metering.domain.instants import to_us
 from metering.errors import GrantConflict, InvalidInput, UnknownLimit
+from metering.storage.limits import LimitStore
 from metering.storage.tables import alert_thresholds, grant_schedules, grants, webhook_messages
 from metering.webhooks import Webhooks
 
@@ -315,3 +317,80 @@ def test_the_due_issue_of_a_spend_limits_grant_pays_a_priced_event(
             assert found is not None
             outcome = found.outcome
         assert outcome == "allowed"
+
+
+# -- recurring grants at local boundaries, and the limits' cache -------------------
+
+
+def _version(meter: Meter) -> int:
+    return meter.database.run(lambda connection: LimitStore(connection).limits_version())
+
+
+PATHS = {
+    "fast": ("one_trip", "direct", "connection", "reference"),
+    "reference": ("reference",),
+}
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_calendar_issues_start_at_the_subjects_local_midnight(db_url: str, path: str) -> None:
+    clock = FrozenClock(datetime(2026, 3, 1, tzinfo=UTC))
+    with Meter(db_url, clock=clock) as meter:
+        engine = meter._engine
+        engine.paths = [p for p in engine.paths if p.name in PATHS[path]]
+        meter.set_limits([CALLS, Limit("daily", maximum=10, period="1d", window="calendar")])
+        meter.set_time_zone("org-np", "Asia/Kathmandu")
+        meter.set_time_zone("org-de", "Europe/Berlin")
+        clock.set(NOV)
+        monthly = meter.grant("org-np", "api_calls", 5, every="1mo", grant_id="np")
+        # Kathmandu's December starts on 30 November at 18:15 UTC.
+        local_dec = datetime(2026, 11, 30, 18, 15, tzinfo=UTC)
+        assert monthly.expires_at == local_dec
+        clock.set(local_dec + timedelta(minutes=1))
+        assert meter.consume("org-np", "api_calls", 15).charges[0].grants == (("np/2", 5),)
+        [second] = [g for g in meter.grants("org-np") if g.issue == 2]
+        assert (second.effective_from, second.expires_at) == (
+            local_dec,
+            datetime(2026, 12, 31, 18, 15, tzinfo=UTC),
+        )
+        # Berlin's 29 March 2026 lasts 23 hours: its issue too.
+        clock.set(datetime(2026, 3, 28, 12, tzinfo=UTC))
+        daily = meter.grant("org-de", "daily", 2, every="1d", grant_id="de")
+        assert daily.expires_at == datetime(2026, 3, 28, 23, tzinfo=UTC)
+        clock.set(datetime(2026, 3, 29, 12, tzinfo=UTC))
+        assert meter.check("org-de", "daily", 12).allowed  # the check issues it
+        [issue] = [g for g in meter.grants("org-de") if g.issue == 2]
+        assert (issue.effective_from, issue.expires_at) == (
+            datetime(2026, 3, 28, 23, tzinfo=UTC),
+            datetime(2026, 3, 29, 22, tzinfo=UTC),
+        )
+        assert meter.consume("org-de", "daily", 12).charges[0].grants == (("de/2", 2),)
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_an_issue_leaves_the_limits_cache_as_it_is(db_url: str, path: str) -> None:
+    clock = FrozenClock(NOV)
+    with Meter(db_url, clock=clock) as meter:
+        engine = meter._engine
+        engine.paths = [p for p in engine.paths if p.name in PATHS[path]]
+        meter.set_limit(CALLS)
+        meter.grant("org", "api_calls", 5, every="1mo", grant_id="monthly")
+        meter.consume("org", "api_calls", 1)
+        version = _version(meter)
+        clock.set(DEC + timedelta(hours=1))
+        assert meter.consume("org", "api_calls", 15).charges[0].grants == (("monthly/2", 5),)
+        assert _version(meter) == version  # no reload of every worker's limits
+        clock.set(JAN + timedelta(hours=1))
+        assert meter.check("org", "api_calls", 1).allowed  # the general engine's issue
+        assert _version(meter) == version
+        assert [g.issue for g in meter.grants()] == [1, 2, 3]
+        # The cache learns the next issue from the schedules it locks.
+        meter.consume("org", "api_calls", 1)
+        cache = engine.limits.current
+        assert cache[0] == version
+        if path == "fast":
+            due = cache[2].due[("api_calls", "org")]
+            assert due == to_us(datetime(2027, 2, 1, tzinfo=UTC))
+        clock.set(datetime(2027, 2, 1, 1, tzinfo=UTC))
+        assert meter.consume("org", "api_calls", 15).charges[0].grants == (("monthly/4", 5),)
+        assert _version(meter) == version

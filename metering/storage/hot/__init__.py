@@ -85,8 +85,9 @@ class Snapshot:
     # Of those grants, each that may still announce ``grant.low``: its
     # threshold, and its ``used`` as read (`Changes.expected`).
     watched: dict[str, tuple[int, int]] = field(default_factory=dict)
-    # The recurring grants of the ``due_pairs`` asked for with an issue due,
-    # locked, each with its last issue (`metering.storage.recurring.issues_of`).
+    # The recurring grants of the ``due_pairs`` asked for (due or not: those
+    # not due tell the cache their next issue), locked, each with its last
+    # issue (`metering.storage.recurring.issues_of`).
     schedules: list[tuple[ScheduleRecord, LastIssue | None]] = field(default_factory=list)
 
 
@@ -94,13 +95,14 @@ class Snapshot:
 class Changes:
     """What `HotStore.write` stores, each list sorted by key.
 
-    ``created`` counters carry their window end. First-use windows are
+    ``created`` counters carry their window end and billing month
+    (`metering.domain.zones.billing_month`; None for a token bucket). First-use windows are
     ``new_windows`` when their pair had no row, else ``moved_windows``.
     ``rollups`` are added to the usage rollups (empty: no statement).
     """
 
     updated: list[tuple[Key, State]] = field(default_factory=list)
-    created: list[tuple[Key, int, State]] = field(default_factory=list)
+    created: list[tuple[Key, int, State, str | None]] = field(default_factory=list)
     new_windows: list[tuple[Pair, Window]] = field(default_factory=list)
     moved_windows: list[tuple[Pair, Window]] = field(default_factory=list)
     results: list[ResultRecord] = field(default_factory=list)
@@ -151,9 +153,9 @@ class HotStore(Protocol):
         PostgreSQL without a lock of their own, and `write` then fails with
         `RetryTransaction` if another transaction spent what a draw counted
         on (the grants' check constraint). The recurring grants of
-        ``due_pairs`` (sorted) with an issue due at ``now_us`` are locked
-        first of all (the general engine's order: schedules, windows,
-        counters, grants), with their last issues."""
+        ``due_pairs`` (sorted; the cache has an issue due) are locked first
+        of all (the general engine's order: schedules, windows, counters,
+        grants), every one of those pairs, with their last issues."""
         ...
 
     def lock_reservation(self, reservation_id: str) -> ReservationRecord | None:

@@ -41,7 +41,6 @@ from metering.storage.connections import RetryTransaction
 from metering.storage.counters import Pair
 from metering.storage.hot import Changes, Snapshot, WantedKey, WantedSeat
 from metering.storage.hot.statements import (
-    BUMP_VERSION,
     RESULT_COLUMNS,
     VERSION,
     Statements,
@@ -133,10 +132,10 @@ WHERE c.ctid = v.tid
 INSERT_COUNTERS: Final = """
 INSERT INTO counters (limit_name, subject, window_start_us, window_end_us, used, denied_count,
                       denied_cost, first_denied_at_us, tat_us, tat_rem, tat_scale, updated_at_us,
-                      rate, rate_at_us)
+                      rate, rate_at_us, billing_month)
 SELECT r->>0, r->>1, (r->>2)::bigint, (r->>3)::bigint, (r->>4)::bigint, (r->>5)::bigint,
        (r->>6)::bigint, (r->>7)::bigint, (r->>8)::bigint, (r->>9)::bigint, (r->>10)::bigint,
-       %(now)s, (r->>11)::float8, %(now)s
+       %(now)s, (r->>11)::float8, %(now)s, r->>12
 FROM jsonb_array_elements(%(rows)s::jsonb) AS r
 """
 
@@ -222,18 +221,18 @@ FROM (
 WHERE g.grant_id = v.id
 """
 
-# Recurring grants with an issue due, locked in the general engine's order
-# (`metering.storage.recurring.ScheduleStore.lock_due`), before anything else.
+# The recurring grants of the pairs the cache has due, locked in the general
+# engine's order (`metering.storage.recurring.ScheduleStore.lock_due`), before
+# anything else; those not due any more tell the cache their next issue.
 LOCK_SCHEDULES: Final = f"""
 SELECT {SCHEDULE_COLUMNS} FROM grant_schedules
 WHERE (limit_name, subject) IN (
     SELECT r->>0, r->>1 FROM jsonb_array_elements(%(due_pairs)s::jsonb) AS r
-) AND next_issue_us <= %(now)s
+)
 ORDER BY schedule_id COLLATE "C"
 FOR UPDATE
 """
-# Their last issues (`issue_id`), read after the lock: a schedule issued
-# meanwhile is not due any more.
+# Their last issues (`issue_id`), read after the lock.
 LAST_ISSUES: Final = """
 SELECT s.schedule_id, g.amount, g.used, g.effective_from_us, g.expires_at_us
 FROM grant_schedules AS s
@@ -241,7 +240,7 @@ JOIN grants AS g ON g.grant_id = CASE WHEN s.last_issue = 1 THEN s.schedule_id
                                       ELSE s.schedule_id || '/' || s.last_issue::text END
 WHERE (s.limit_name, s.subject) IN (
     SELECT r->>0, r->>1 FROM jsonb_array_elements(%(due_pairs)s::jsonb) AS r
-) AND s.next_issue_us <= %(now)s
+)
 """
 # An issue made already fails the insert (a unique violation): run again.
 INSERT_ISSUES: Final = f"""
@@ -319,7 +318,7 @@ class PostgresHotStore:
             with self.raw.pipeline():
                 schedules = last_issues = None
                 if due_pairs:  # first: the general engine's lock order
-                    due = {"due_pairs": _encode(due_pairs), "now": now_us}
+                    due = {"due_pairs": _encode(due_pairs)}
                     schedules = self.raw.cursor(binary=True).execute(LOCK_SCHEDULES, due)
                     last_issues = self.raw.cursor(binary=True).execute(LAST_ISSUES, due)
                 version = self.raw.cursor(binary=True).execute(VERSION)
@@ -391,12 +390,14 @@ class PostgresHotStore:
                     rows = [(tids[key], *state) for key, state in changes.updated]
                     raw.execute(UPDATE_COUNTERS, {"rows": _encode(rows), "now": now_us})
                 if 0 < len(changes.created) <= FEW_ROWS:
-                    rows = [counter_insert(k, end, st, now_us) for k, end, st in changes.created]
+                    rows = [
+                        counter_insert(k, end, st, now_us, m) for k, end, st, m in changes.created
+                    ]
                     _execute(cursor, SQL.insert_counter, rows)
                 elif changes.created:
                     rows = [
-                        (*key, end, *state, created_rate(state[0]))
-                        for key, end, state in changes.created
+                        (*key, end, *state, created_rate(state[0]), month)
+                        for key, end, state, month in changes.created
                     ]
                     raw.execute(INSERT_COUNTERS, {"rows": _encode(rows), "now": now_us})
                 if changes.new_windows:
@@ -449,7 +450,7 @@ class PostgresHotStore:
 def _issue(
     raw: psycopg.Connection[Any], issued: list[tuple[ScheduleRecord, list[Issue]]], now_us: int
 ) -> None:
-    """Insert recurring grants' issues, move their schedules on, bump the limits' version."""
+    """Insert recurring grants' issues and move their schedules on."""
     rows: list[Any] = [
         [issue_row(schedule, issue, now_us)[column] for column in ISSUE_COLUMNS]
         for schedule, issues in issued
@@ -461,7 +462,6 @@ def _issue(
         for s, made in issued
     ]
     raw.execute(MOVE_SCHEDULES, {"rows": _encode(rows)})
-    raw.execute(BUMP_VERSION)
 
 
 def _execute(cursor: psycopg.Cursor[Any], statement: str, rows: list[Any]) -> None:

@@ -140,7 +140,7 @@ class SqliteHotStore:
         raw = self.raw
         try:
             # The transaction holds SQLite's one write lock already.
-            schedules = due_schedules(raw, due_pairs, now_us) if due_pairs else []
+            schedules = due_schedules(raw, due_pairs) if due_pairs else []
             stored = _stored(raw, ids) if ids else {}
             windows: dict[Pair, Window | None] = {}
             wanted = [key[:3] for key in keys]
@@ -195,7 +195,7 @@ class SqliteHotStore:
             if changes.updated:
                 _execute(raw, SQL.update_counter, list(_updates(changes, now_us)))
             if changes.created:
-                rows = [counter_insert(k, end, st, now_us) for k, end, st in changes.created]
+                rows = [counter_insert(k, end, st, now_us, m) for k, end, st, m in changes.created]
                 _execute(raw, SQL.insert_counter, rows)
             windows = [*changes.new_windows, *changes.moved_windows]
             if windows:

@@ -19,7 +19,6 @@ from metering.domain.grants import Pot
 from metering.domain.recurring import Issue, issue_id, next_due_us
 from metering.storage.allowances import DrawKey, grant_deltas, pots_of
 from metering.storage.counters import Pair
-from metering.storage.hot.statements import BUMP_VERSION
 from metering.storage.recurring import (
     ISSUE_COLUMNS,
     SCHEDULE_COLUMNS,
@@ -52,9 +51,9 @@ GROUP BY d.limit_name, d.subject, d.window_start_us
 """
 # Up to this many pairs are read one statement each (`consume`).
 _ONE_BY_ONE: Final = 3
-SELECT_DUE: Final = f"""
+SELECT_SCHEDULES: Final = f"""
 SELECT {SCHEDULE_COLUMNS} FROM grant_schedules
-WHERE limit_name = ? AND subject = ? AND next_issue_us <= ? ORDER BY schedule_id
+WHERE limit_name = ? AND subject = ? ORDER BY schedule_id
 """
 SELECT_LAST_ISSUE: Final = """
 SELECT amount, used, effective_from_us, expires_at_us FROM grants WHERE grant_id = ?
@@ -99,12 +98,12 @@ def _rows(
 
 
 def due_schedules(
-    raw: sqlite3.Connection, pairs: Sequence[Pair], now_us: int
+    raw: sqlite3.Connection, pairs: Sequence[Pair]
 ) -> list[tuple[ScheduleRecord, LastIssue | None]]:
-    """The schedules of ``pairs`` with an issue due at ``now_us``, with their last issues."""
+    """The schedules of ``pairs`` (which the cache has due), with their last issues."""
     found: list[tuple[ScheduleRecord, LastIssue | None]] = []
     for name, subject in pairs:
-        for row in raw.execute(SELECT_DUE, (name, subject, now_us)).fetchall():
+        for row in raw.execute(SELECT_SCHEDULES, (name, subject)).fetchall():
             schedule = schedule_of_values(row)
             last_id = issue_id(schedule.schedule_id, schedule.last_issue)
             last = raw.execute(SELECT_LAST_ISSUE, (last_id,)).fetchone()
@@ -115,8 +114,8 @@ def due_schedules(
 def write_issues(
     raw: sqlite3.Connection, issued: Sequence[tuple[ScheduleRecord, Sequence[Issue]]], now_us: int
 ) -> None:
-    """Insert the issues, move their schedules on, bump the limits' version
-    (as `metering.storage.recurring.record_issues`)."""
+    """Insert the issues and move their schedules on (as
+    `metering.storage.recurring.record_issues`)."""
     for schedule, issues in issued:
         for issue in issues:
             values = issue_row(schedule, issue, now_us)
@@ -124,7 +123,6 @@ def write_issues(
         last = issues[-1]
         moved = (last.number, next_due_us(last, schedule.until_us))
         raw.execute(MOVE_SCHEDULE, (*moved, schedule.schedule_id, schedule.last_issue))
-    raw.execute(BUMP_VERSION)
 
 
 def write_draws(raw: sqlite3.Connection, draws: Mapping[DrawKey, int]) -> None:

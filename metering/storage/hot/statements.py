@@ -17,8 +17,6 @@ from metering.storage.reservations import INSERT_HELD, SELECT_RESERVATION, SETTL
 from metering.storage.results import RESET_TICK, ResultRecord
 
 VERSION: Final = "SELECT version FROM limits_version WHERE id = 1"
-# A recurring grant's issue made on the hot path (as `BUMP_LIMITS_VERSION`).
-BUMP_VERSION: Final = "UPDATE limits_version SET version = version + 1 WHERE id = 1"
 
 # The results' columns in `ResultRecord`'s order, which `record_from_row` reads
 # and `result_row` writes.
@@ -31,12 +29,12 @@ UPDATE counters SET {1},
                     tat_us = {0}, tat_rem = {0}, tat_scale = {0}, updated_at_us = {0}
 WHERE limit_name = {0} AND subject = {0} AND window_start_us = {0}
 """
-# A new counter's rate is a value (`counter_insert`).
+# A new counter's rate and billing month are values (`counter_insert`).
 _INSERT_COUNTER: Final = """
 INSERT INTO counters (limit_name, subject, window_start_us, window_end_us, used, denied_count,
                       denied_cost, first_denied_at_us, tat_us, tat_rem, tat_scale, updated_at_us,
-                      rate, rate_at_us)
-VALUES ({0}, {0}, {0}, {0}, {0}, {0}, {0}, {0}, {0}, {0}, {0}, {0}, {0}, {0})
+                      rate, rate_at_us, billing_month)
+VALUES ({0}, {0}, {0}, {0}, {0}, {0}, {0}, {0}, {0}, {0}, {0}, {0}, {0}, {0}, {0})
 """
 _INSERT_RESULT: Final = f"""
 INSERT INTO results ({RESULT_COLUMNS}, reset_tick)
@@ -112,7 +110,7 @@ def counter_update(key: Sequence[Any], state: Sequence[Any], now_us: int) -> tup
 
 
 def counter_insert(
-    key: Sequence[Any], end_us: int, state: Sequence[Any], now_us: int
+    key: Sequence[Any], end_us: int, state: Sequence[Any], now_us: int, month: str | None
 ) -> tuple[Any, ...]:
-    """A `Statements.insert_counter` row."""
-    return (*key, end_us, *state, now_us, created_rate(state[0]), now_us)
+    """A `Statements.insert_counter` row; ``month`` is the window's billing month."""
+    return (*key, end_us, *state, now_us, created_rate(state[0]), now_us, month)

@@ -26,6 +26,7 @@ from metering.storage.results import ResultRecord
 HOUR = 3_600_000_000
 NOW = 1_795_000_000 * 1_000_000
 START = NOW - NOW % HOUR
+MONTH = "2026-11"  # the counters' billing month (2026-11-18 in UTC)
 SUBJECTS = [f"org-{n}" for n in range(5)]
 
 
@@ -81,13 +82,13 @@ def test_nothing_stored_reads_as_nothing_but_the_version(meter: Meter) -> None:
 def test_what_a_store_wrote_it_reads_back(meter: Meter) -> None:
     version = _read(meter).version
     created = [
-        (("calls", subject, START), START + HOUR, _state(n + 1))
+        (("calls", subject, START), START + HOUR, _state(n + 1), MONTH)
         for n, subject in enumerate(SUBJECTS)
     ]
     _write(
         meter,
         Changes(
-            created=[*created, (("fu", "org-0", NOW), NOW + HOUR, _state(4))],
+            created=[*created, (("fu", "org-0", NOW), NOW + HOUR, _state(4), MONTH)],
             new_windows=[(("fu", "org-0"), (NOW, NOW + HOUR))],
             results=[_result("e-1")],
         ),
@@ -107,7 +108,7 @@ def test_what_a_store_wrote_it_reads_back(meter: Meter) -> None:
         meter,
         Changes(
             updated=[(("calls", "org-0", START), _state(7))],
-            created=[(("fu", "org-0", later), later + HOUR, _state(1))],
+            created=[(("fu", "org-0", later), later + HOUR, _state(1), MONTH)],
             moved_windows=[(("fu", "org-0"), (later, later + HOUR))],
         ),
     )
@@ -120,7 +121,8 @@ def test_what_a_store_wrote_it_reads_back(meter: Meter) -> None:
 def test_an_id_decided_meanwhile_fails_the_write_to_be_retried(meter: Meter) -> None:
     _write(meter, Changes(results=[_result("e-1")]))
     changes = Changes(
-        results=[_result("e-1")], created=[(("calls", "org-0", START), START + HOUR, _state(1))]
+        results=[_result("e-1")],
+        created=[(("calls", "org-0", START), START + HOUR, _state(1), MONTH)],
     )
     with (
         pytest.raises(IntegrityError) as raised,

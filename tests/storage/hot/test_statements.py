@@ -37,15 +37,15 @@ def test_counters_and_seats_are_written_and_read_on_sqlite(sqlite_url: str) -> N
     try:
         key = ("calls", "org", 100)
         state = (3, 1, 2, 150, None, 0, 1)
-        connection.execute(statements.insert_counter, counter_insert(key, 900, state, 7))
+        connection.execute(statements.insert_counter, counter_insert(key, 900, state, 7, "1970-01"))
         connection.execute(
             statements.update_counter, counter_update(key, (5, 2, 4, 150, None, 0, 1), 8)
         )
         row = connection.execute(
-            "SELECT used, denied_count, denied_cost, window_end_us, updated_at_us, rate_at_us"
-            " FROM counters"
+            "SELECT used, denied_count, denied_cost, window_end_us, updated_at_us, rate_at_us,"
+            " billing_month FROM counters"
         ).fetchall()
-        assert row == [(5, 2, 4, 900, 8, 8)]
+        assert row == [(5, 2, 4, 900, 8, 8, "1970-01")]
         # 3 units at 7, 2 more at 8: the rate of each, the first decayed a microsecond.
         rate = connection.execute("SELECT rate FROM counters").fetchone()[0]
         expected = 3 / TAU_SECONDS * math.exp(-1e-6 / TAU_SECONDS) + 2 / TAU_SECONDS
