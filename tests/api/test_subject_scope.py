@@ -16,11 +16,9 @@ from typing import Any
 
 import httpx
 import pytest
-from click.testing import CliRunner
 
 from metering import FrozenClock, Limit, Meter
 from metering.apikeys import ApiKeys
-from metering.cli import main
 from metering.errors import InvalidInput
 
 NOW = datetime(2026, 11, 22, 9, 30, tzinfo=UTC)
@@ -169,83 +167,12 @@ def test_a_subject_key_reads_its_own_subject(http: httpx.Client, meter: Meter) -
         assert answer.json()["detail"] == "no such subject"
 
 
-def test_usage_history_by_day_from_counters_with_the_maximum_in_force(
-    http: httpx.Client, meter: Meter
-) -> None:
-    meter.set_entitlement(OWN, "tokens", 3000, effective_from=NOW - timedelta(days=1))
-    headers = _customer(meter)
-    answer = http.get(
-        f"/v1/subjects/{OWN}/usage/history",
-        params={"limit": "tokens", "from": "2026-11-20", "to": "2026-11-23", "bucket": "day"},
-        headers=headers,
-    )
-    assert answer.status_code == 200, answer.text
-    body = answer.json()
-    assert (body["source"], body["bucket"]) == ("counters", "day")
-    assert [(p["start"][:10], p["used"], p["maximum"]) for p in body["points"]] == [
-        ("2026-11-20", 10, 2000),
-        ("2026-11-21", 10, 3000),
-        ("2026-11-22", 10, 3000),
-    ]
-
-
-def test_usage_history_by_hour_from_the_rollups(http: httpx.Client, meter: Meter) -> None:
-    headers = _customer(meter)
-    answer = http.get(
-        f"/v1/subjects/{OWN}/usage/history",
-        params={
-            "limit": "api_calls",
-            "from": "2026-11-22T08:00:00Z",
-            "to": "2026-11-22T11:00:00Z",
-            "bucket": "hour",
-        },
-        headers=headers,
-    )
-    body = answer.json()
-    assert body["source"] == "rollups"
-    assert [(p["start"][11:16], p["used"], p["maximum"]) for p in body["points"]] == [
-        ("08:00", 0, 100),
-        ("09:00", 10, 100),
-        ("10:00", 0, 100),
-    ]
-
-
-def test_usage_history_refuses_bad_input(http: httpx.Client, meter: Meter) -> None:
-    url = f"/v1/subjects/{OWN}/usage/history"
-    for params, field in (
-        ({"limit": "tokens", "from": "yesterday"}, "from"),
-        ({"limit": "tokens", "from": "2026-11-22", "to": "2026-11-21"}, "to"),
-        ({"limit": "tokens", "from": "2020-01-01", "bucket": "hour"}, "from"),
-    ):
-        answer = http.get(url, params=params)
-        assert answer.status_code == 400, (params, answer.text)
-        assert answer.json()["errors"][0]["field"] == field
-    unknown = http.get(url, params={"limit": "nope"})
-    assert unknown.status_code == 422 and unknown.json()["type"].endswith("unknown-limit")
-
-
 def test_only_a_read_key_can_be_limited_to_a_subject(meter: Meter) -> None:
     with pytest.raises(InvalidInput, match="only a read key"):
         ApiKeys(meter).create("admin", subject=OWN)
     with pytest.raises(InvalidInput):
         ApiKeys(meter).create("read", subject="")
     assert ApiKeys(meter).list() == []
-
-
-def test_cli_creates_and_lists_a_subject_key(meter: Meter) -> None:
-    runner = CliRunner()
-    made = runner.invoke(
-        main, ["--database", meter.url, "apikeys", "create", "--scope", "read", "--subject", OWN]
-    )
-    assert made.exit_code == 0, made.output
-    assert "subject org-1" in made.stderr
-    listed = runner.invoke(main, ["--database", meter.url, "apikeys", "list", "--format", "json"])
-    assert '"subject": "org-1"' in listed.output
-    bad = runner.invoke(
-        main, ["--database", meter.url, "apikeys", "create", "--scope", "ingest", "--subject", OWN]
-    )
-    assert bad.exit_code != 0
-    assert bad.output.strip().startswith("error:") and "Traceback" not in bad.output
 
 
 def test_a_subject_key_lists_its_own_reservations_checkouts_and_grants(

@@ -194,66 +194,6 @@ def test_yaml_merge_keys_still_override(run: Run, url: str, tmp_path: Path) -> N
         }
 
 
-# -- words click takes for options ------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (
-            ["grants", "add", "org-1", "api", "-5"],
-            "error: AMOUNT must be a whole number of at least 1, got -5",
-        ),
-        (
-            ["entitlements", "set", "org-1", "api", "-5"],
-            "error: MAXIMUM must be a whole number of at least 1, got -5",
-        ),
-        (
-            ["webhooks", "replay", "-3"],
-            "error: DELIVERY_IDS must be a whole number of at least 1, got -3",
-        ),
-        (
-            ["consume", "-5", "api"],
-            "error: -5 is not an option; an argument that starts with '-' goes after '--' "
-            "(metering ... -- -5) (see 'metering consume --help')",
-        ),
-    ],
-    ids=["grant amount", "entitlement maximum", "delivery ids", "a subject"],
-)
-def test_a_negative_number_is_named_as_the_argument_it_was_meant_for(
-    run: Run, url: str, args: list[str], message: str
-) -> None:
-    run("limits", "set", "api", "--max", "5", "--period", "1h")
-    assert assert_one_line_error(run(*args)) == message
-    with Meter(url) as meter:
-        assert meter.grants() == [] and meter.counters() == []
-
-
-@pytest.mark.parametrize(
-    ("args", "shown"),
-    [
-        (["status", "--database", "sqlite:///x.db"], "metering --database URL status ..."),
-        (["limits", "list", "--database=sqlite:///x.db"], "metering --database URL limits list"),
-        (["report", "overage", "--database", "x"], "metering --database URL report overage"),
-    ],
-)
-def test_a_global_option_after_the_command_says_where_it_goes(
-    run: Run, args: list[str], shown: str
-) -> None:
-    line = assert_one_line_error(run(*args))
-    assert line.startswith(
-        "error: --database is an option of metering itself: give it before the command ("
-    )
-    assert shown in line
-
-
-def test_an_unknown_option_is_still_click_s_message(run: Run) -> None:
-    line = assert_one_line_error(run("consume", "v", "api", "--bogus"))
-    assert line == (
-        "error: No such option '--bogus'. Did you mean '--cost'? (see 'metering consume --help')"
-    )
-
-
 # -- one rounding for every time shown ---------------------------------------------------
 
 
@@ -363,29 +303,6 @@ def test_a_calendar_token_bucket_stored_before_the_rule_still_loads(url: str) ->
 
 
 # -- did you mean, every bad entry, whole summaries ----------------------------------
-
-
-def test_an_unknown_command_suggests_the_nearest(run: Run) -> None:
-    assert_one_line_error(run("limts"), "no such command 'limts'; did you mean 'limits'?")
-    assert_one_line_error(run("repot"), "did you mean 'report'")
-    line = assert_one_line_error(run("xyzzy"), "no such command 'xyzzy'")
-    assert "did you mean" not in line
-    assert_one_line_error(run("limits", "lst"), "'list'")
-
-
-def test_an_unknown_limit_suggests_the_nearest_defined_ones(run: Run, url: str) -> None:
-    with Meter(url) as meter:
-        meter.set_limit(Limit("send_message", 5, "1m"))
-    assert_one_line_error(
-        run("limits", "delete", "sendmessage"),
-        "unknown limit 'sendmessage': did you mean 'send_message'?",
-    )
-    line = assert_one_line_error(run("limits", "delete", "nope"), "no limit 'nope' to delete")
-    assert "limits set" not in line
-    assert_one_line_error(run("consume", "org-1", "send_mesage"), "did you mean 'send_message'?")
-    assert_one_line_error(run("consume", "org-1", "nope"), "define it with `metering limits set`")
-    with Meter(url) as meter:
-        assert [limit.name for limit in meter.list_limits()] == ["send_message"]
 
 
 def test_limits_load_reports_every_bad_entry(run: Run, url: str, tmp_path: Path) -> None:

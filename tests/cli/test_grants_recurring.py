@@ -1,5 +1,5 @@
-"""``metering grants add --every``, ``grants recurring`` and ``metering alerts``
-(issue 22, points 4 and 5), through click's CliRunner on a SQLite file.
+"""``metering grants add --every`` and ``grants recurring``, through click's
+CliRunner on a SQLite file (``metering alerts``: test_cli_alerts.py).
 
 Every bad input is one ``error:`` line on stderr, exit 1, and nothing stored
 changes.
@@ -49,7 +49,6 @@ def snapshot(url: str) -> tuple[Any, ...]:
         return (
             [g.to_dict() for g in meter.grants()],
             [r.to_dict() for r in meter.recurring_grants()],
-            [a.to_dict() for a in meter.alerts()],
         )
 
 
@@ -91,17 +90,6 @@ def test_a_recurring_grant_is_added_and_listed(run: Run) -> None:
     assert (grant["priority"], grant["low_at"], grant["recurring_grant_id"]) == (10, 100, "monthly")
 
 
-def test_alerts_set_list_and_remove(run: Run) -> None:
-    out = run("alerts", "set", "org", "api_calls", "--at", "80%", "--at", "4").output
-    assert out == "set org api_calls: thresholds at 80%, 4\n"
-    assert "org" in run("alerts", "list").output
-    [alert] = json.loads(run("alerts", "list", "--format", "json").output)
-    assert (alert["thresholds"], alert["thresholds_units"]) == ([80], [4])
-    assert run("alerts", "remove", "org", "api_calls").output.startswith("removed org api_calls")
-    assert "nothing changed" in run("alerts", "remove", "org", "api_calls").output
-    assert run("alerts", "list").output == "no alerts\n"
-
-
 @pytest.mark.parametrize(
     ("args", "words"),
     [
@@ -121,10 +109,6 @@ def test_alerts_set_list_and_remove(run: Run) -> None:
         (["grants", "add", "org", "api_calls", "5", "--priority", "-1"], ["priority"]),
         (["grants", "add", "org", "api_calls", "5", "--low", "200%"], ["low"]),
         (["grants", "add", "org", "nope", "5", "--every", "1mo"], ["nope"]),
-        (["alerts", "set", "org", "api_calls", "--at", "eighty"], ["at"]),
-        (["alerts", "set", "org", "api_calls", "--at", "0%"], ["at"]),
-        (["alerts", "set", "org", "api_calls"], ["--at"]),
-        (["alerts", "set", "org", "nope", "--at", "80%"], ["nope"]),
     ],
 )
 def test_bad_input_gives_one_error_line_and_stores_nothing(

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import socket
 import sqlite3
 import subprocess
@@ -30,7 +29,6 @@ from metering.pipeline.batches import apply_batch
 from metering.pipeline.messages import encode_batch, encode_event
 from metering.pipeline.producer import UsageProducer, make_celery
 from metering.pipeline.routing import APPLY_BATCH_TASK, SENT_AT_HEADER
-from metering.settings import Settings
 from metering.storage.connections import SCHEMA_REVISION
 from metering.storage.health import (
     ALIVE_WITHIN_SECONDS,
@@ -41,8 +39,6 @@ from metering.storage.health import (
     record_heartbeat,
 )
 from metering.storage.queue_state import is_queued, open_queues, queued_event_ids
-from workers.app import create_app
-from workers.beat import HeartbeatScheduler
 
 T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 
@@ -394,36 +390,6 @@ def test_heartbeats_of_processes_gone_a_week_are_deleted(files: Files) -> None:
         assert set(probe.heartbeats(WORKER)) == {"w1@host"}
     finally:
         probe.close()
-
-
-def test_beats_scheduler_writes_its_heartbeat_at_most_every_interval(files: Files) -> None:
-    app = create_app(files.broker, Settings(database_url=files.database, broker_url=files.broker))
-    clock = FrozenClock(T0)
-    scheduler = HeartbeatScheduler(
-        app=app, schedule_filename=str(files.directory / "beat-schedule"), clock=clock
-    )
-    try:
-        wait = scheduler.tick()
-        assert 0 < wait <= scheduler.interval_seconds
-        clock.advance(seconds=5)
-        scheduler.tick()  # too soon: the heartbeat is not written again
-        probe = DatabaseProbe(files.database)
-        try:
-            [(name, seen_us)] = probe.heartbeats(BEAT).items()
-        finally:
-            probe.close()
-        assert name == f"beat.{os.getpid()}@{socket.gethostname()}"
-        assert seen_us == int(T0.timestamp()) * 1_000_000
-        scheduler.next_heartbeat = 0.0  # the interval has passed
-        scheduler.tick()
-        probe = DatabaseProbe(files.database)
-        try:
-            assert probe.heartbeats(BEAT)[name] == seen_us + 5_000_000
-        finally:
-            probe.close()
-    finally:
-        scheduler.close()
-        app.close()
 
 
 # -- result: pending ---------------------------------------------------------------------

@@ -2,8 +2,7 @@
 differential suite (``test_differential.py``) does not reach.
 
 Ordinary batches, checks, priced events and seat events never reach the
-reference engine (it is made to refuse, or its metric stays put); an
-ordinary single event takes the one-trip function on PostgreSQL, and four
+reference engine (it is made to refuse, or its metric stays put); four
 processes (one on the fast path) charging one hard limit get exactly its
 maximum; seat events add no round trip; a limit or a price changed in
 another process applies to the very next decision and check; a repeat of a
@@ -26,7 +25,7 @@ from test_differential import on_path
 from metering import FrozenClock, Limit, Meter, spend_limit
 from metering.domain.events import make_event
 from metering.engine.one_trip import STATS
-from metering.storage.tables import counters, results, webhook_messages
+from metering.storage.tables import counters, results
 
 NOW = datetime(2026, 11, 10, 12, 0, tzinfo=UTC)
 LIMITS = [limit for limit in BATCH_LIMITS if limit.name in ("cal", "fu", "bucket")]
@@ -34,14 +33,6 @@ SEAT_LIMITS = [
     Limit("seats", maximum=2, period="1h", window="calendar", distinct="user"),
     Limit("fu_seats", maximum=2, period="30m", distinct="user"),
     Limit("calls", maximum=5, period="1h", window="calendar"),
-]
-# What the one-trip function decides alone: no dimensions, no price, no seats.
-ONE_TRIP_LIMITS = [
-    Limit("cal", maximum=6, period="1h", window="calendar"),
-    Limit("fu", maximum=4, period="30m"),
-    Limit("bucket", maximum=3, period="10s", algorithm="token_bucket"),
-    Limit("soft", maximum=5, period="1h", window="calendar", enforcement="soft"),
-    Limit("units", maximum=9, period="30m", thresholds_units=(3, 7)),
 ]
 
 
@@ -279,40 +270,7 @@ def test_seats_add_no_round_trip_on_postgresql(
         assert trips[0] == 1
 
 
-# -- the one-trip function ------------------------------------------------------
-
-
-def test_an_ordinary_event_takes_one_trip(pg_url: str) -> None:
-    """Calendar, first-use, bucket and stacked events: the function decides each."""
-    clock = FrozenClock(START)
-    with Meter(pg_url, clock=clock) as meter:
-        meter.set_limits(ONE_TRIP_LIMITS)
-        meter.consume("org-1", "cal")  # caches the limits
-        before = STATS["applied"]
-        for name in ["cal", "fu", "bucket", "soft", "units"]:
-            assert meter.consume("org-2", name).allowed
-        assert meter.consume(charges=[("org-2", "cal", 1), ("org-2", "fu", 1)]).allowed
-        assert STATS["applied"] - before == 6
-
-
-def test_own_thresholds_take_one_trip_until_one_is_crossed(pg_url: str) -> None:
-    """The function decides a subject with thresholds of its own (they only
-    choose when it declines), and declines the event that crosses one
-    (``notify``): the fast path decides it and announces the crossing."""
-    with Meter(pg_url, clock=FrozenClock(START)) as meter:
-        meter.set_limit(Limit("calls", maximum=10, period="1h", window="calendar"))
-        meter.set_alert("org", "calls", ["50%"])
-        meter.consume("other", "calls")  # caches the limits
-        before = STATS.copy()
-        assert meter.consume("org", "calls", 2).used == 2
-        assert meter.consume("org", "calls", 2).used == 4  # below 50%: nothing to announce
-        assert STATS["applied"] - before["applied"] == 2
-        assert meter.consume("org", "calls", 2).used == 6  # crosses 50%
-        assert STATS["applied"] - before["applied"] == 2
-        assert STATS["declined:notify"] - before["declined:notify"] == 1
-        with meter.sql_engine.connect() as connection:
-            kinds = connection.execute(select(webhook_messages.c.type)).scalars().all()
-        assert kinds == ["limit.threshold"]
+# -- processes on the one-trip function ----------------------------------------
 
 
 def _hammer(url: str, index: int, calls: int, queue: Any) -> None:

@@ -102,7 +102,7 @@ def test_the_headers_are_celerys_with_the_time_sent() -> None:
     assert headers["argsrepr"] == messages.args_repr(4) == "[<4 events>]"
     assert headers[SENT_AT_HEADER] == 1_795_000_000_000_000
     # Celery's own headers are held to `send_task`'s in
-    # tests/integration/test_redis_transport.py.
+    # tests/workers/test_guard_redis.py.
 
 
 def test_importing_the_producer_loads_no_database() -> None:

@@ -109,28 +109,6 @@ def test_a_denied_reservation_holds_nothing(meter: Meter) -> None:
     assert used(meter, "ip", "bad_login") == 3
 
 
-def test_the_sweeper_commits_reservations_past_their_time_to_live(
-    meter: Meter, clock: FrozenClock
-) -> None:
-    short = meter.reserve("ip", "bad_login", ttl_seconds=30)
-    long = meter.reserve("ip", "bad_login", ttl_seconds=120)
-    clock.advance(seconds=60)
-    assert meter.sweep_reservations() == {"committed": 1, "released": 0, "deleted": 0}
-    assert [r.id for r in meter.reservations(state="committed")] == [short.id]
-    with pytest.raises(ReservationSettled):
-        short.cancel()
-    assert long.cancel() == 1
-    assert used(meter, "ip", "bad_login") == 1
-    clock.advance(days=8)
-    # The cancelled one stays with its result: a void must see what it gave back.
-    assert meter.sweep_reservations(retention_seconds=7 * 86400) == {
-        "committed": 0,
-        "released": 0,
-        "deleted": 1,
-    }
-    assert [r.id for r in meter.reservations()] == [long.id]
-
-
 def test_cancel_past_the_time_to_live_commits_even_before_the_sweeper(
     meter: Meter, clock: FrozenClock
 ) -> None:
@@ -217,23 +195,6 @@ def test_bad_input_raises_and_changes_nothing(meter: Meter) -> None:
     with pytest.raises(InvalidInput):
         meter.reservations(state="lost")
     assert snapshot(meter) == before
-
-
-def test_listing_by_state_and_subject(meter: Meter, clock: FrozenClock) -> None:
-    a = meter.reserve("10.0.0.1", "bad_login")
-    clock.advance(seconds=1)
-    b = meter.reserve("10.0.0.2", "bad_login")
-    clock.advance(seconds=1)
-    c = meter.reserve("a_b%", "bad_login")
-    b.cancel()
-    assert [r.id for r in meter.reservations()] == [c.id, b.id, a.id]
-    assert [r.id for r in meter.reservations(state="held")] == [c.id, a.id]
-    assert [r.id for r in meter.reservations(subject="10.0.0.2")] == [b.id]
-    assert [r.id for r in meter.reservations(subject="a_b%")] == [c.id]
-    assert meter.reservations(subject="a_bx") == []
-    [info] = meter.reservations(subject="10.0.0.1")
-    assert info.expires_at == START + timedelta(seconds=60)
-    assert info.charges[0].subject == "10.0.0.1" and info.charges[0].cost == 1
 
 
 # -- reset while a reservation is held -----------------------------------------

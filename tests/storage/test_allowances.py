@@ -12,14 +12,6 @@ from sqlalchemy import select
 
 from metering import FrozenClock, Limit, Meter
 from metering.domain.instants import MICROSECOND
-from metering.errors import (
-    CorrectionConflict,
-    CorrectionRefused,
-    GrantConflict,
-    InvalidInput,
-    UnknownEvent,
-    UnknownLimit,
-)
 from metering.storage.tables import grant_draws, grants, webhook_messages
 
 MONTH = datetime(2026, 11, 1, tzinfo=UTC)
@@ -104,33 +96,6 @@ def test_a_downgrade_below_usage_denies_until_the_window_resets(
     assert not meter.consume("org-7", "api_calls", 1).allowed
 
 
-def test_deleting_an_entitlement_returns_to_the_default_and_keeps_history(
-    meter: Meter, clock: FrozenClock
-) -> None:
-    meter.set_entitlement("org-7", "api_calls", 1000, effective_from=MONTH)
-    assert meter.consume("org-7", "api_calls", 600).maximum == 1000
-    clock.advance(days=2)
-    meter.delete_entitlement("org-7", "api_calls")
-    assert meter.check("org-7", "api_calls", 1).maximum == 250
-    history = [(e.maximum, e.effective_from_us) for e in meter.entitlements("org-7")]
-    assert [m for m, _ in history] == [1000, None]
-    assert (
-        meter.result(meter.consume("org-7", "api_calls", 1, event_id="x").event_id).maximum == 250
-    )
-
-
-def test_entitlements_refuse_bad_input_and_change_nothing(meter: Meter) -> None:
-    with pytest.raises(UnknownLimit):
-        meter.set_entitlement("org-7", "nope", 10)
-    with pytest.raises(InvalidInput, match="maximum"):
-        meter.set_entitlement("org-7", "api_calls", 0)
-    with pytest.raises(InvalidInput, match="effective_from"):
-        meter.set_entitlement("org-7", "api_calls", 5, effective_from=datetime(2026, 11, 1))
-    with pytest.raises(InvalidInput, match="subject"):
-        meter.set_entitlement(" org", "api_calls", 5)
-    assert meter.entitlements() == []
-
-
 def test_a_token_bucket_has_a_per_subject_capacity(meter: Meter) -> None:
     meter.set_limit(Limit("burst", maximum=2, period="10s", algorithm="token_bucket"))
     meter.set_entitlement("big", "burst", 5, effective_from=MONTH)
@@ -188,32 +153,6 @@ def test_a_window_reset_does_not_renew_a_grant(meter: Meter, clock: FrozenClock)
     assert meter.grants()[0].left == 5
 
 
-def test_a_regrant_with_the_same_id_is_idempotent(meter: Meter) -> None:
-    first = meter.grant("org-42", "api_calls", 100, MONTH + 9 * DAY, grant_id="goodwill-1")
-    again = meter.grant("org-42", "api_calls", 100, MONTH + 9 * DAY, grant_id="goodwill-1")
-    assert (first.duplicate, again.duplicate) == (False, True)
-    with pytest.raises(GrantConflict):
-        meter.grant("org-42", "api_calls", 999, MONTH + 9 * DAY, grant_id="goodwill-1")
-    assert [(g.grant_id, g.amount) for g in meter.grants()] == [("goodwill-1", 100)]
-    assert meter.consume("org-42", "api_calls", 350).allowed
-    assert not meter.consume("org-42", "api_calls", 1).allowed
-
-
-def test_grants_refuse_bad_input_and_change_nothing(meter: Meter) -> None:
-    meter.set_limit(Limit("burst", maximum=2, period="10s", algorithm="token_bucket"))
-    with pytest.raises(InvalidInput, match="token bucket"):
-        meter.grant("org", "burst", 5)
-    with pytest.raises(InvalidInput, match="amount"):
-        meter.grant("org", "api_calls", 0)
-    with pytest.raises(InvalidInput, match="expires_at"):
-        meter.grant("org", "api_calls", 5, MONTH - DAY)
-    with pytest.raises(InvalidInput, match="grant_id"):
-        meter.grant("org", "api_calls", 5, grant_id="no spaces")
-    with pytest.raises(UnknownLimit):
-        meter.grant("org", "nope", 5)
-    assert meter.grants() == []
-
-
 def test_a_soft_limit_bills_overage_only_beyond_its_grants(meter: Meter) -> None:
     meter.set_limit(Limit("seats", maximum=10, period="1mo", window="calendar", enforcement="soft"))
     meter.grant("org", "seats", 5, grant_id="g")
@@ -249,41 +188,6 @@ def test_a_void_in_a_past_window_reverses_that_windows_counter(
     assert meter.result("twice-2").allowed  # the original result stays
     kinds = [(kind, doc["data"]["event_id"]) for kind, doc in _messages(meter)]  # type: ignore[index]
     assert kinds == [("usage.corrected", "twice-2")]
-
-
-def test_a_double_void_counts_once(meter: Meter) -> None:
-    meter.consume("org-42", "api_calls", 40, event_id="e")
-    meter.consume("org-42", "api_calls", 5)
-    first = meter.void("e", "duplicate", correction_id="c-1")
-    again = meter.void("e", "duplicate", correction_id="c-2")
-    same = meter.void("e", "duplicate", correction_id="c-1")
-    assert (first.duplicate, again.duplicate, same.duplicate) == (False, True, True)
-    assert again.correction_id == "c-1"
-    assert _used(meter, "org-42") == [5]
-    meter.consume("org-42", "api_calls", 1, event_id="other")
-    with pytest.raises(CorrectionConflict):
-        meter.void("other", "x", correction_id="c-1")
-    assert len(meter.corrections()) == 1
-
-
-def test_only_allowed_events_within_the_horizon_can_be_voided(
-    meter: Meter, clock: FrozenClock
-) -> None:
-    meter.consume("org-42", "api_calls", 250)
-    denied = meter.consume("org-42", "api_calls", 1, event_id="denied")
-    assert not denied.allowed
-    with pytest.raises(CorrectionRefused, match="denied"):
-        meter.void("denied", "x")
-    with pytest.raises(UnknownEvent):
-        meter.void("never-seen", "x")
-    with pytest.raises(InvalidInput, match="reason"):
-        meter.void("denied", "  ")
-    meter.consume("org-7", "api_calls", 1, event_id="late-void", occurred_at=MONTH)
-    clock.set(MONTH + 35 * DAY + MICROSECOND)
-    with pytest.raises(CorrectionRefused, match="35-day horizon"):
-        meter.void("late-void", "too late")
-    assert meter.void("late-void", "ok", horizon_seconds=40 * 86_400).duplicate is False
-    assert len(meter.corrections()) == 1
 
 
 def test_a_void_gives_back_active_grants_but_not_expired_ones(

@@ -24,7 +24,6 @@ from metering.cli import main
 from metering.cli.context import MAX_ERROR_CHARS
 from metering.clock import FrozenClock
 from metering.errors import (
-    ConfigurationError,
     InvalidInput,
     InvalidLimit,
     MeteringError,
@@ -243,14 +242,3 @@ def test_api_raises_a_metering_error_and_changes_nothing(
         with pytest.raises(error):
             call(meter, hooks, endpoint_id)
         assert stored(meter) == before
-
-
-@pytest.mark.parametrize("queues", ["0", "1.5", "1e20", "nan"])
-def test_a_worker_with_an_impossible_queue_count_refuses_to_start(
-    queues: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from workers.app import create_app
-
-    monkeypatch.setenv("METERING_QUEUES", queues)
-    with pytest.raises(ConfigurationError):
-        create_app("sqla+sqlite:///unused.db")

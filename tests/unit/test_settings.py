@@ -200,23 +200,6 @@ def test_a_child_process_gets_this_environment_with_overrides(
     assert data_home({}) is None
 
 
-def test_a_meter_takes_its_correction_horizon_from_the_settings_it_is_given(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The worker and the API hand `Meter` their settings' horizon; only a
-    `Meter` given none reads METERING_CORRECTION_HORIZON_DAYS."""
-    from metering import Meter
-    from metering.errors import InvalidInput
-
-    monkeypatch.setenv("METERING_CORRECTION_HORIZON_DAYS", "90")
-    url = f"sqlite:///{tmp_path / 'horizon.db'}"
-    with Meter(url, correction_horizon_days=10) as given, Meter(url) as default:
-        assert given.correction_horizon == 10 * 86_400
-        assert default.correction_horizon == 90 * 86_400
-    with pytest.raises(InvalidInput, match="correction_horizon_days"):
-        Meter(url, correction_horizon_days=0)
-
-
 @pytest.mark.parametrize("value", ["2", "0", "1001", "3.5", "ten", ""])
 def test_a_connection_budget_is_a_whole_number_from_3_to_1000(value: str) -> None:
     from metering import settings

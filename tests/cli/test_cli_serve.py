@@ -1,5 +1,6 @@
-"""``metering serve`` with no configuration: SQLite and the embedded broker in
-the working directory, a real process on a loopback port."""
+"""``metering serve`` (`metering/cli/serve.py`) with no configuration: SQLite
+and the embedded broker in the working directory, a real process on a
+loopback port."""
 
 from __future__ import annotations
 

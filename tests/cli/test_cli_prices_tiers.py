@@ -1,6 +1,6 @@
-"""``metering prices set --model ... --tier ... --flat-fee``: tiered prices on the
-command line (SQLite file, CliRunner); bad input is one ``error:`` line, exit
-1, and nothing stored."""
+"""``metering prices set --model ... --tier ... --flat-fee`` (`metering/cli/prices.py`):
+tiered prices on the command line (SQLite file, CliRunner); bad input is one
+``error:`` line, exit 1, and nothing stored (flat prices: test_money_cli.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Retention removes exactly what is old enough, and never a result inside the
-redelivery horizon (SQLite and PostgreSQL, frozen clock)."""
+"""Retention (`metering/upkeep/retention.py`) removes exactly what is old
+enough, and never a result inside the redelivery horizon (SQLite and
+PostgreSQL, frozen clock). The store's own statements: test_storage_retention.py."""
 
 from __future__ import annotations
 

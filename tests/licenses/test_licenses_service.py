@@ -1,5 +1,6 @@
-"""Floating licenses through `Meter`: checkout, checkin, renew, expiry, the
-sweep, entitlements, ``limit.denied`` and bad input; on SQLite and PostgreSQL."""
+"""Floating licenses (`metering/licenses/service.py`) through `Meter`:
+checkout, checkin, renew, expiry, the sweep, entitlements, ``limit.denied``
+and bad input; on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""``metering serve`` stopped by SIGINT or SIGTERM, with and without kept events.
+"""``metering serve`` (`metering/cli/serve.py`) stopped by SIGINT or SIGTERM,
+with and without kept events.
 
 Events accepted while the broker is down are kept by the server's producer,
 to be queued when it is back (the 503 says so, ``kept``). Stopped by either

@@ -1,10 +1,11 @@
-"""``metering webhooks`` on the embedded default: ./metering.db in a temp directory."""
+"""``metering webhooks`` (`metering/cli/webhooks.py`) on the embedded default:
+./metering.db in a temp directory, deliveries to a real receiver on loopback."""
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,19 @@ from metering.cli import main
 from metering.webhooks import Webhooks
 
 Run = Callable[..., Result]
+
+
+@pytest.fixture
+def receiver() -> Iterator[HTTPServer]:
+    """pytest-httpserver's threaded server on 127.0.0.1 (as tests/webhooks/conftest.py's)."""
+    server = HTTPServer(host="127.0.0.1", port=0, threaded=True)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.clear()
+        if server.is_running():
+            server.stop()
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The worker's Redis channel (`workers.guard.GuardedChannel`) on a real Redis.
+"""The worker's Redis channel (`workers/guard.py`: `GuardedChannel`) on a real Redis.
 
 kombu's own channel takes a message with BRPOP and records it as
 unacknowledged only after reading the reply, so a worker that dies while the

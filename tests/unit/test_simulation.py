@@ -1,4 +1,5 @@
-"""Backtests (`Meter.simulate`) over a real ledger, on SQLite and PostgreSQL.
+"""Backtests (`metering/simulation.py`, `Meter.simulate`) over a real ledger, on
+SQLite and PostgreSQL.
 
 A recorded stream (decided by the meter, some events denied, one voided,
 one rejected) is replayed through a changed maximum: the figures are those

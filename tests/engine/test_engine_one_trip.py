@@ -1,0 +1,139 @@
+"""The single plain event in one round trip (`metering/engine/one_trip.py`):
+`prepare` turns an event into the function's call from the cached limits
+(each charge's window kind, bounds and enforcement), or declines it (limits
+not loaded, an unacceptable event, a need the function lacks); on
+PostgreSQL the function then decides the ordinary events (`STATS`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from differential import START
+from sqlalchemy import select
+
+from metering import FrozenClock, Limit, Meter
+from metering.domain.events import make_event
+from metering.domain.needs import Need
+from metering.engine.answers import Declined
+from metering.engine.one_trip import ONE_TRIP_IMPLEMENTS, STATS, prepare
+from metering.storage.tables import webhook_messages
+
+# What the one-trip function decides alone: no dimensions, no price, no seats.
+ONE_TRIP_LIMITS = [
+    Limit("cal", maximum=6, period="1h", window="calendar"),
+    Limit("fu", maximum=4, period="30m"),
+    Limit("bucket", maximum=3, period="10s", algorithm="token_bucket"),
+    Limit("soft", maximum=5, period="1h", window="calendar", enforcement="soft"),
+    Limit("units", maximum=9, period="30m", thresholds_units=(3, 7)),
+]
+AT = datetime(2026, 11, 22, 12, 20, 15, tzinfo=UTC)
+HOUR = 3_600_000_000
+HOUR_US = int(datetime(2026, 11, 22, 12, tzinfo=UTC).timestamp()) * 1_000_000
+
+
+@pytest.fixture
+def meter(sqlite_url: str) -> Iterator[Meter]:
+    with Meter(sqlite_url, clock=FrozenClock(AT)) as meter:
+        meter.set_limits([*ONE_TRIP_LIMITS, Limit("seats", maximum=2, period="1h", distinct="u")])
+        meter.consume("org-0", "cal")  # caches the limits
+        yield meter
+
+
+def _prepared(meter: Meter, charges: list[Any], metadata: Any = None) -> Any:
+    event = make_event(charges, AT, "e-1", metadata).record()
+    return prepare(meter._engine.limits, event, meter.database.now_us())
+
+
+def _reload(meter: Meter) -> None:
+    """What the engine does when the database's limits are newer than its cache."""
+    meter.database.run(meter._engine.limits.refresh)
+
+
+def _charges(parameters: tuple[Any, ...]) -> list[list[Any]]:
+    return json.loads(parameters[6])
+
+
+def test_each_charge_is_called_with_its_window_and_enforcement(meter: Meter) -> None:
+    parameters = _prepared(meter, [("org", "cal", 2), ("org", "fu", 1), ("org", "bucket", 1)])
+    version, event_id, _, at_us, now_us, metadata = parameters[:6]
+    assert (event_id, at_us, metadata) == ("e-1", int(AT.timestamp()) * 1_000_000, None)
+    assert version >= 0 and now_us == meter.database.now_us()
+    cal, fu, bucket = _charges(parameters)
+    assert cal[:6] + cal[7:9] == ["cal", "org", 2, "c", 6, "hard", HOUR_US, HOUR_US + HOUR]
+    assert fu[:6] + fu[7:9] == ["fu", "org", 1, "f", 4, "hard", 0, HOUR // 2]  # its period
+    assert bucket[:6] + bucket[7:9] == ["bucket", "org", 1, "b", 3, "hard", 0, 0]
+    assert parameters[7] == [3, 1, 2]  # charges locked in (limit, subject) order
+
+
+def test_soft_and_unit_thresholds_travel_with_the_charge(meter: Meter) -> None:
+    soft, units = _charges(_prepared(meter, [("org", "soft", 1), ("org", "units", 1)]))
+    assert soft[5] == "soft" and soft[10:] == [None, None]
+    assert units[10:] == [[], [3, 7]]
+
+
+def test_it_declines_what_the_function_does_not_decide(meter: Meter) -> None:
+    seat = _prepared(meter, [("org", "seats", 1)], {"u": "ada"})
+    assert isinstance(seat, Declined) and seat.need == Need.SEATS and not seat.stale
+    unknown = _prepared(meter, [("org", "nope", 1)])
+    assert isinstance(unknown, Declined) and unknown.need == Need.INVALID
+    meter.grant("org", "cal", 5)
+    _reload(meter)
+    granted = _prepared(meter, [("org", "cal", 1)])
+    assert isinstance(granted, Declined) and granted.need == Need.GRANTS
+    assert not isinstance(_prepared(meter, [("other", "cal", 1)]), Declined)
+
+
+def test_limits_not_loaded_yet_are_declined_as_stale(meter: Meter) -> None:
+    cache = meter._engine.limits
+    cache.current = (-1, {}, cache.current[2])
+    declined = _prepared(meter, [("org", "cal", 1)])
+    assert isinstance(declined, Declined) and declined.stale
+
+
+def test_a_subjects_own_maximum_and_thresholds_are_the_functions_to_apply(
+    meter: Meter,
+) -> None:
+    assert {Need.ENTITLEMENTS, Need.OWN_THRESHOLDS} == ONE_TRIP_IMPLEMENTS
+    meter.set_entitlement("org", "cal", 2, effective_from=AT - timedelta(hours=1))
+    meter.set_alert("org", "fu", ["50%"])
+    _reload(meter)
+    cal, fu = _charges(_prepared(meter, [("org", "cal", 1), ("org", "fu", 1)]))
+    assert cal[4] == 2  # the subject's own maximum, not the limit's 6
+    assert fu[10] == [50]
+
+
+def test_an_ordinary_event_takes_one_trip(pg_url: str) -> None:
+    """Calendar, first-use, bucket and stacked events: the function decides each."""
+    clock = FrozenClock(START)
+    with Meter(pg_url, clock=clock) as meter:
+        meter.set_limits(ONE_TRIP_LIMITS)
+        meter.consume("org-1", "cal")  # caches the limits
+        before = STATS["applied"]
+        for name in ["cal", "fu", "bucket", "soft", "units"]:
+            assert meter.consume("org-2", name).allowed
+        assert meter.consume(charges=[("org-2", "cal", 1), ("org-2", "fu", 1)]).allowed
+        assert STATS["applied"] - before == 6
+
+
+def test_own_thresholds_take_one_trip_until_one_is_crossed(pg_url: str) -> None:
+    """The function decides a subject with thresholds of its own (they only
+    choose when it declines), and declines the event that crosses one
+    (``notify``): the fast path decides it and announces the crossing."""
+    with Meter(pg_url, clock=FrozenClock(START)) as meter:
+        meter.set_limit(Limit("calls", maximum=10, period="1h", window="calendar"))
+        meter.set_alert("org", "calls", ["50%"])
+        meter.consume("other", "calls")  # caches the limits
+        before = STATS.copy()
+        assert meter.consume("org", "calls", 2).used == 2
+        assert meter.consume("org", "calls", 2).used == 4  # below 50%: nothing to announce
+        assert STATS["applied"] - before["applied"] == 2
+        assert meter.consume("org", "calls", 2).used == 6  # crosses 50%
+        assert STATS["applied"] - before["applied"] == 2
+        assert STATS["declined:notify"] - before["declined:notify"] == 1
+        with meter.sql_engine.connect() as connection:
+            kinds = connection.execute(select(webhook_messages.c.type)).scalars().all()
+        assert kinds == ["limit.threshold"]

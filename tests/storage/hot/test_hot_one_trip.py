@@ -1,0 +1,116 @@
+"""The one-trip function's call (`metering/storage/hot/one_trip.py`) on
+PostgreSQL: `apply_one` answers the new result as the results row spells
+it, and declines, writing nothing, a repeated id (``exists``), limits
+changed since they were cached (``stale``), a charge that would notify
+(``notify``) and a statement that fails (``error``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+
+from metering import FrozenClock, Limit, Meter
+from metering.domain.events import make_event
+from metering.engine.one_trip import prepare
+from metering.storage.hot.one_trip import FunctionDeclined, apply_one, call_parameters
+from metering.storage.results import ResultRecord
+from metering.storage.tables import counters, results
+
+NOW = datetime(2026, 11, 22, 12, 0, 30, tzinfo=UTC)
+
+
+@pytest.fixture
+def meter(pg_url: str) -> Iterator[Meter]:
+    with Meter(pg_url, clock=FrozenClock(NOW)) as meter:
+        meter.set_limits(
+            [
+                Limit("calls", maximum=3, period="1h", window="calendar"),
+                Limit("noisy", maximum=10, period="1h", window="calendar", thresholds=(50,)),
+            ]
+        )
+        meter.consume("org-0", "calls")  # caches the limits
+        yield meter
+
+
+def _parameters(meter: Meter, charges: list[Any], event_id: str = "e-1") -> tuple[Any, ...]:
+    record = make_event(charges, NOW, event_id, {"k": "v"}).record()
+    parameters = prepare(meter._engine.limits, record, meter.database.now_us())
+    assert isinstance(parameters, tuple)
+    return parameters
+
+
+def _apply(meter: Meter, parameters: tuple[Any, ...]) -> ResultRecord | FunctionDeclined:
+    with meter._engine.direct.autocommit() as raw:  # type: ignore[union-attr]
+        return apply_one(raw, parameters, {"k": "v"})
+
+
+def _stored(meter: Meter) -> tuple[int, int]:
+    with meter.sql_engine.connect() as connection:
+        rows = connection.execute(select(func.count()).select_from(results)).scalar_one()
+        used = connection.execute(select(func.sum(counters.c.used))).scalar_one()
+    return int(rows), int(used)
+
+
+def test_the_function_answers_the_result_it_wrote(meter: Meter) -> None:
+    parameters = _parameters(meter, [("org", "calls", 2)])
+    found = _apply(meter, parameters)
+    assert isinstance(found, ResultRecord)
+    assert (found.event_id, found.outcome, found.fingerprint) == ("e-1", "allowed", parameters[2])
+    assert (found.occurred_at_us, found.decided_at_us) == parameters[3:5]
+    assert (found.denied_by, found.metadata) == ((), {"k": "v"})
+    assert [(c[0], c[1], c[2]) for c in found.charges] == [("org", "calls", 2)]
+    stored = meter.result("e-1")
+    assert stored is not None and stored.outcome == "allowed"
+    assert [c.used for c in meter.counters("org", "calls")] == [2]
+
+
+def test_a_repeated_id_and_stale_limits_are_declined_and_write_nothing(meter: Meter) -> None:
+    parameters = _parameters(meter, [("org", "calls", 1)])
+    assert isinstance(_apply(meter, parameters), ResultRecord)
+    before = _stored(meter)
+    assert _apply(meter, parameters) == FunctionDeclined("exists")
+    stale = (parameters[0] - 1, "e-2", *parameters[2:])
+    assert _apply(meter, stale) == FunctionDeclined("stale")
+    assert _stored(meter) == before
+
+
+def test_a_charge_that_would_notify_is_declined(meter: Meter) -> None:
+    assert isinstance(_apply(meter, _parameters(meter, [("org", "noisy", 4)])), ResultRecord)
+    before = _stored(meter)
+    crossing = _parameters(meter, [("org", "noisy", 2)], "e-2")  # 6 of 10: past 50%
+    assert _apply(meter, crossing) == FunctionDeclined("notify")
+    denied = _parameters(meter, [("org", "calls", 4)], "e-3")  # a denial announces itself
+    assert _apply(meter, denied) == FunctionDeclined("notify")
+    assert _stored(meter) == before
+
+
+def test_a_failed_statement_is_an_error_that_wrote_nothing(meter: Meter) -> None:
+    before = _stored(meter)
+    broken = (*_parameters(meter, [("org", "calls", 1)])[:6], "not json", [1])
+    assert _apply(meter, broken) == FunctionDeclined("error")
+    assert _stored(meter) == before
+
+
+def test_charges_are_passed_in_lock_order_with_thresholds_only_where_set() -> None:
+    found = call_parameters(
+        7,
+        "e-1",
+        "fp",
+        10,
+        11,
+        None,
+        [
+            ("b", "org", 1, "c", 5, "hard", 1, 0, 9, (), ()),
+            ("a", "org", 2, "f", 5, "soft", 1, 0, 9, (50,), ()),
+        ],
+    )
+    assert found[:6] == (7, "e-1", "fp", 10, 11, None)
+    assert found[7] == [2, 1]
+    assert found[6] == (
+        '[["b","org",1,"c",5,"hard",1,0,9,"\\"org\\",\\"b\\",1",null,null],'
+        '["a","org",2,"f",5,"soft",1,0,9,"\\"org\\",\\"a\\",2",[50],[]]]'
+    )

@@ -1,0 +1,125 @@
+"""The SQLite hot path's statements of grants (`metering/storage/hot/sqlite_grants.py`)
+do what `metering.storage.allowances` and `metering.storage.recurring` do through
+SQLAlchemy: the same pots and draws read, for a few pairs one by one and for
+many in one statement; draws added alike; the same recurring issues made, the
+schedules moved on."""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from servers import copy_sqlite
+from sqlalchemy import select
+
+from metering import FrozenClock, Limit, Meter
+from metering.storage.allowances import AllowanceStore
+from metering.storage.hot.sqlite_grants import (
+    due_schedules,
+    read_grants,
+    write_draws,
+    write_issues,
+)
+from metering.storage.recurring import issue_due, issues_of
+from metering.storage.tables import grant_draws, grant_schedules, grants, limits_version
+
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+SUBJECTS = ["a", "b", "c", "d", "e"]
+
+
+@pytest.fixture
+def clock() -> FrozenClock:
+    return FrozenClock(NOW)
+
+
+@pytest.fixture
+def meter(sqlite_url: str, clock: FrozenClock) -> Iterator[Meter]:
+    with Meter(sqlite_url, clock=clock) as meter:
+        meter.set_limit(Limit("calls", maximum=2, period="1h", window="calendar"))
+        for n, subject in enumerate(SUBJECTS):
+            meter.grant(subject, "calls", 10 + n, grant_id=f"g-{subject}", low=3)
+            meter.grant(subject, "calls", 5, grant_id=f"p-{subject}", priority=1)
+            meter.consume(subject, "calls", 4 + n)  # grants pay past the maximum
+        yield meter
+
+
+@contextlib.contextmanager
+def raw_of(meter: Meter) -> Iterator[sqlite3.Connection]:
+    path = meter.url.removeprefix("sqlite:///")
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as raw:
+        raw.execute("BEGIN IMMEDIATE")
+        yield raw
+        raw.execute("COMMIT")
+
+
+def _pots(meter: Meter, pairs: list[tuple[str, str]]) -> Any:
+    with meter.sql_engine.connect() as connection:
+        return AllowanceStore(connection).lock_pots(pairs, None, lock=False)
+
+
+@pytest.mark.parametrize("count", [2, 5], ids=["one-by-one", "as-json"])
+def test_the_pots_read_are_the_allowance_stores(meter: Meter, count: int) -> None:
+    pairs = [("calls", subject) for subject in SUBJECTS[:count]] + [("calls", "nobody")]
+    with raw_of(meter) as raw:
+        pots, watched = read_grants(raw, pairs)
+    expected = _pots(meter, pairs)
+    assert pots == expected and len(pots) == count
+    assert all(pot.granted for pot in pots.values())  # each window drew on its grants
+    assert sorted(watched) == [f"g-{subject}" for subject in SUBJECTS[:count]]
+    used = {b.grant_id: b.used for b in pots[("calls", "a")].balances}
+    assert used == {"p-a": 2, "g-a": 0}  # a drew 2 past its maximum, priority 1 first
+    assert watched["g-a"] == (3, 0)  # (low at, used), until grant.low is sent
+
+
+def test_draws_are_added_to_the_grants_and_their_windows(meter: Meter) -> None:
+    start = int(NOW.timestamp()) * 1_000_000
+    before = _pots(meter, [("calls", "a")])[("calls", "a")]
+    with raw_of(meter) as raw:
+        write_draws(raw, {("calls", "a", start, "g-a"): 3, ("calls", "a", start, "p-a"): 1})
+        write_draws(raw, {("calls", "a", start, "g-a"): 1})
+    after = _pots(meter, [("calls", "a")])[("calls", "a")]
+    assert after.granted[start] == before.granted[start] + 5
+    used = {b.grant_id: b.used for b in after.balances}
+    assert used == {"g-a": 4, "p-a": 2 + 1}
+    with meter.sql_engine.connect() as connection:
+        rows = connection.execute(
+            select(grant_draws.c.grant_id, grant_draws.c.amount).where(grant_draws.c.subject == "a")
+        ).all()
+    assert sorted(map(tuple, rows)) == [("g-a", 4), ("p-a", 3)]
+
+
+def _state(url: str) -> tuple[list[Any], list[Any], int]:
+    with Meter(url) as meter, meter.sql_engine.connect() as connection:
+        made = connection.execute(select(grants).order_by(grants.c.grant_id)).all()
+        moved = connection.execute(select(grant_schedules)).all()
+        version = connection.execute(select(limits_version.c.version)).scalar_one()
+    return [tuple(row) for row in made], [tuple(row) for row in moved], int(version)
+
+
+def test_recurring_issues_are_made_as_the_recurring_store_makes_them(
+    meter: Meter, clock: FrozenClock, tmp_path: Path
+) -> None:
+    meter.grant("r", "calls", 7, every="1h", grant_id="monthly")
+    clock.advance(hours=3, minutes=10)
+    now_us = meter.database.now_us()
+    pairs = [("calls", "r"), ("calls", "a")]
+    other = copy_sqlite(Path(meter.url.removeprefix("sqlite:///")), tmp_path / "other.db")
+    with raw_of(meter) as raw:
+        due = due_schedules(raw, pairs)  # the pairs' schedules, due or not
+        assert [schedule.subject for schedule, _ in due] == ["r"]
+        issued = [(schedule, issues_of(schedule, last, now_us)) for schedule, last in due]
+        assert [len(issues) for _, issues in issued] == [3]
+        write_issues(raw, issued, now_us)
+    with Meter(other, clock=clock) as by_store, by_store.sql_engine.begin() as connection:
+        assert issue_due(connection, pairs, now_us) == 3
+    assert _state(meter.url) == _state(other)
+    hour_later = now_us + int(timedelta(hours=1).total_seconds() * 1e6)
+    with raw_of(meter) as raw:
+        moved = due_schedules(raw, pairs)
+    assert [issues_of(schedule, last, now_us) for schedule, last in moved] == [[]]  # moved on
+    assert [len(issues_of(schedule, last, hour_later)) for schedule, last in moved] == [1]

@@ -1,0 +1,65 @@
+"""The backtest's reads (`metering/storage/simulation.py`) on both databases:
+the decided events of a period, bounds included, oldest first (ties by id),
+each with its charge rows; rejected and voided events left out, a
+reservation at its reserved cost; ``count_demand`` counts what ``demand``
+yields."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import Connection
+
+from metering import FrozenClock, Limit, Meter, make_event
+from metering.domain.instants import to_us
+from metering.storage.simulation import count_demand, demand
+
+T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def meter(db_url: str) -> Iterator[Meter]:
+    clock = FrozenClock(T0)
+    with Meter(db_url, clock=clock) as meter:
+        meter.set_limit(Limit("calls", maximum=4, period="1d", window="calendar"))
+        meter.consume("org", "calls", 2, event_id="b-first")
+        meter.consume("org", "calls", 1, event_id="a-same-time")
+        clock.advance(minutes=1)
+        meter.consume("org", "calls", 3, event_id="denied")
+        meter.consume("org", "calls", 1, event_id="voided")
+        meter.void("voided", "refund")
+        meter.apply([make_event([("org", "nope", 1)], T0, "rejected")])
+        meter.reserve("org", "calls", 1, event_id="held")
+        clock.advance(minutes=1)
+        meter.consume("org", "calls", 1, event_id="after")
+        yield meter
+
+
+def _read(meter: Meter, since: datetime, until: datetime) -> tuple[int, list[object]]:
+    def work(connection: Connection) -> tuple[int, list[object]]:
+        since_us, until_us = to_us(since), to_us(until)
+        return count_demand(connection, since_us, until_us), list(
+            demand(connection, since_us, until_us)
+        )
+
+    return meter.database.run(work)
+
+
+def test_the_decided_events_of_a_period_oldest_first(meter: Meter) -> None:
+    count, rows = _read(meter, T0, T0 + timedelta(minutes=1))
+    assert count == len(rows) == 4
+    found = [(at, [(c[0], c[1], c[2]) for c in charges]) for at, charges in rows]  # type: ignore[misc]
+    minute = to_us(T0 + timedelta(minutes=1))
+    assert found == [
+        (to_us(T0), [("org", "calls", 1)]),  # a-same-time before b-first: ties by id
+        (to_us(T0), [("org", "calls", 2)]),
+        (minute, [("org", "calls", 3)]),  # denied: decided, counted
+        (minute, [("org", "calls", 1)]),  # the reservation at its reserved cost
+    ]
+
+
+def test_a_period_outside_the_events_is_empty(meter: Meter) -> None:
+    assert _read(meter, T0 - timedelta(days=1), T0 - timedelta(microseconds=1)) == (0, [])
+    assert _read(meter, T0 + timedelta(minutes=2), T0 + timedelta(minutes=2))[0] == 1
