@@ -62,7 +62,7 @@ from metering.storage.hot import HotStore
 from metering.storage.hot.direct_postgres import DirectPostgres
 from metering.storage.hot.one_trip import FunctionDeclined, apply_one
 from metering.storage.hot.postgres import PostgresHotStore, read_unlocked
-from metering.storage.hot.speculative import SPECULATION, LearningStore, RowCache, SpeculativeStore
+from metering.storage.hot.speculative import LearningStore, RowCache, SpeculativeStore
 from metering.storage.hot.sqlite import DirectSqlite
 from metering.storage.recurring import issue_due
 from metering.storage.reservations import ReservationStore
@@ -147,35 +147,30 @@ class Direct:
 
         def work(store: HotStore, retry: bool) -> list[Answer] | Declined:
             assert isinstance(store, PostgresHotStore) and rows is not None
-            if not retry:
-                found = self._speculate(store, batch, rows)
+            if not retry and rows.worth_trying():
+                speculative = SpeculativeStore(store.raw, rows, cache.current[0])
+                found = self._speculate(speculative, batch)
                 if found is not None:
                     return found
+                retry = speculative.failed  # a repeated id, maybe: looked up now
             learning = LearningStore(store.raw, rows)
             return apply_records(None, cache, batch, retry=retry, store=learning)
 
         return self.direct.run(work)
 
-    def _speculate(
-        self, store: PostgresHotStore, batch: Batch, rows: RowCache
-    ) -> list[Answer] | None:
+    def _speculate(self, speculative: SpeculativeStore, batch: Batch) -> list[Answer] | None:
         """``batch`` decided on cached rows and written in one round trip
         (`metering.storage.hot.speculative`); None when it was not: nothing
         is written, the transaction is rolled back and its keys forgotten."""
-        speculative = SpeculativeStore(store.raw, rows, self.cache.current[0])
         try:
             found = apply_records(None, self.cache, batch, store=speculative)
         except (StatementError, RetryTransaction):
-            SPECULATION["mismatch"] += 1
-            store.raw.rollback()
-            if speculative.request is not None:
-                rows.forget(speculative.request)
+            speculative.abandon()
             return None
         if isinstance(found, Declined):  # perhaps on stale rows: decided again with a read
-            if speculative.request is not None:
-                rows.forget(speculative.request)
+            speculative.forget()
             return None
-        SPECULATION["hit"] += 1
+        speculative.succeeded()
         return found
 
     def check(self, event: UsageEvent, now_us: int) -> Decision | Declined:

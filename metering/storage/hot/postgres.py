@@ -429,6 +429,10 @@ class PostgresHotStore:
         """Statements `write` sends first, in its pipeline: none here
         (`metering.storage.hot.speculative` sends its checks)."""
 
+    def commit(self) -> None:
+        """End `write`'s transaction, in its pipeline (psycopg's commit syncs it)."""
+        self.raw.commit()
+
     def lock_reservation(self, reservation_id: str) -> ReservationRecord | None:
         """One round trip: the row ``FOR UPDATE`` (a settle takes it before its counters)."""
         try:
@@ -500,7 +504,7 @@ class PostgresHotStore:
                 if changes.rollups:  # last: after every counter lock (see rollups)
                     raw.execute(PG_UPSERT, {"rows": _encode(rollup_rows(changes.rollups))})
                 if commit:
-                    raw.commit()
+                    self.commit()
         except psycopg.errors.CheckViolation as exc:
             if exc.diag.constraint_name == "ck_grants_used":
                 # A draw counted on a balance another transaction spent: decide again.

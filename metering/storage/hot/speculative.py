@@ -37,6 +37,8 @@ from metering.storage.hot.postgres import (
 
 # What speculation did, by outcome (``hit``, ``miss``, ``mismatch``): for benchmarks.
 SPECULATION: Counter[str] = Counter()
+# Below even odds, one event in this many speculates (`RowCache.worth_trying`).
+PROBE: Final = 16
 
 _encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
@@ -104,11 +106,28 @@ class RowCache:
 
     def __init__(self, size: int = 100_000) -> None:
         self.size = size
+        # How often speculation paid lately (decayed): a failed one costs a
+        # round trip more than a read, so below even odds only every
+        # `PROBE`th event tries (rows other processes write are stale here).
+        self.odds = 1.0
+        self.skipped = 0
         self.windows: dict[Pair, Row | None] = {}
         self.counters: dict[Key, Row | None] = {}
         self.grants: dict[Pair, tuple[Row, ...]] = {}
         self.draws: dict[Pair, tuple[Row, ...]] = {}
         self.seats: dict[SeatKey4, Row | None] = {}
+
+    def worth_trying(self) -> bool:
+        """Whether the next event should speculate (see ``odds``)."""
+        if self.odds >= 0.5:
+            return True
+        self.skipped += 1
+        return self.skipped % PROBE == 0
+
+    def paid(self, hit: bool) -> None:
+        """Count a speculation that was written (``hit``) or not."""
+        self.odds = self.odds * 0.9 + (0.1 if hit else 0.0)
+        SPECULATION["hit" if hit else "mismatch"] += 1
 
     def rows(self, request: Request, version: int) -> ReadRows | None:
         """The rows a read of ``request`` would return, or None when one is not cached."""
@@ -260,6 +279,7 @@ class SpeculativeStore(LearningStore):
     def __init__(self, raw: psycopg.Connection[Any], cache: RowCache, version: int) -> None:
         super().__init__(raw, cache)
         self.version = version
+        self.failed = False
 
     def read(
         self,
@@ -279,10 +299,43 @@ class SpeculativeStore(LearningStore):
         self.request, self.rows = request, rows
         return snapshot_of(rows)
 
+    def succeeded(self) -> None:
+        self.cache.paid(True)
+
+    def forget(self) -> None:
+        """Forget the rows read (a decision on them declined: perhaps stale)."""
+        if self.request is not None:
+            self.cache.forget(self.request)
+
+    def abandon(self) -> None:
+        """After a failed write: roll back (a connection that cannot is
+        closed: the pool drops it), forget the rows, count the failure."""
+        self.failed = True
+        self.cache.paid(False)
+        self.forget()
+        try:
+            self.raw.rollback()
+            self.raw.autocommit = False
+        except psycopg.Error:
+            self.raw.close()
+
+    def write(self, changes: Changes, now_us: int, *, commit: bool) -> None:
+        """The checks, the writes and the COMMIT in one pipeline, one sync:
+        on a connection in autocommit, with BEGIN and COMMIT as statements
+        (psycopg syncs after its own BEGIN, and in `commit`)."""
+        assert commit, "a speculative write commits"
+        self.raw.autocommit = True
+        super().write(changes, now_us, commit=True)
+        self.raw.autocommit = False
+
+    def commit(self) -> None:
+        self.raw.execute("COMMIT")
+
     def send_expectations(self) -> None:
         request, rows = self.request, self.rows
         assert request is not None and rows is not None, "a speculative write without its read"
         cursor = self.raw.cursor()
+        cursor.execute("BEGIN")
         cursor.execute(EXPECT_VERSION, {"expected": rows.version})
         if request.pairs:
             expected = {"pairs": _encode(request.pairs), "expected": _sorted(rows.windows)}

@@ -20,7 +20,13 @@ from metering.errors import StorageError
 from metering.storage.hot import Changes, WantedKey
 from metering.storage.hot.direct_postgres import DirectPostgres
 from metering.storage.hot.postgres import PostgresHotStore
-from metering.storage.hot.speculative import LearningStore, Request, RowCache, SpeculativeStore
+from metering.storage.hot.speculative import (
+    PROBE,
+    LearningStore,
+    Request,
+    RowCache,
+    SpeculativeStore,
+)
 from metering.storage.tables import counters
 
 NOW = datetime(2026, 11, 10, 12, 0, tzinfo=UTC)
@@ -118,3 +124,15 @@ def test_what_is_not_cached_is_not_speculated_on(meter: Meter) -> None:
     assert cache.rows(Request([("calls", "s")], keys, [], []), 7) is None  # its window is not
     cache.forget(Request([], keys, [], [seat]))
     assert cache.counters == {}
+
+
+def test_below_even_odds_only_a_probe_speculates() -> None:
+    cache = RowCache()
+    assert cache.worth_trying()
+    for _ in range(7):  # 0.9 ** 7 < 0.5
+        cache.paid(False)
+    tried = [cache.worth_trying() for _ in range(2 * PROBE)]
+    assert tried.count(True) == 2
+    for _ in range(7):
+        cache.paid(True)
+    assert cache.worth_trying()
