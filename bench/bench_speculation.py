@@ -8,9 +8,10 @@ databases with the same set-up: one consumed by a meter that speculates on
 cached rows (`metering.storage.hot.speculative`), one by a meter whose
 fast path never does (``Direct.rows`` None). Calls interleave case by case
 and A with B, on one durable PostgreSQL; each row prints the median latency
-of both and their ratio, and how the speculation went (hits, misses,
-checks that failed). With ``--processes N`` (N > 1), N forked processes
-share each case's subjects, each meter first consuming once per subject
+of both and their ratio, how the speculation went (hits, misses, checks
+that failed), and the median of the calls it speculated on and wrote.
+With ``--processes N`` (N > 1), N forked processes share each case's
+subjects, each meter first consuming once per subject
 (its rows cached), and the rounds interleave A and B; what another process
 wrote is stale in a meter's rows, which its speculation finds.
 """
@@ -57,8 +58,11 @@ def warm_job(url: str, case: Case, subjects: list[str], speculate: bool, seed: i
                 began = time.perf_counter_ns()
                 meter.consume(charges=charges, metadata=metadata)
                 latencies.append(time.perf_counter_ns() - began)
+            if speculate and index == 0:
+                print(f"  {case.name}, a process of the new: {dict(SPECULATION - before)}")
             return latencies
 
+        before = SPECULATION.copy()
         return timed
 
     return prepare
@@ -117,6 +121,7 @@ def main() -> None:
         rng = random.Random(0)
         latencies: dict[tuple[str, str], list[int]] = {key: [] for key in meters}
         stats: dict[str, dict[str, int]] = {name: {} for name in cases}
+        hits: dict[str, list[int]] = {name: [] for name in cases}  # new's speculations written
         for _ in range(args.calls):
             for name, case in cases.items():
                 charges, metadata = case.call(rng.choice(subjects), rng)
@@ -125,14 +130,20 @@ def main() -> None:
                     before = SPECULATION.copy()
                     began = time.perf_counter_ns()
                     meter.consume(charges=charges, metadata=metadata)
-                    latencies[(name, variant)].append(time.perf_counter_ns() - began)
-                    for outcome, count in (SPECULATION - before).items():
+                    took = time.perf_counter_ns() - began
+                    latencies[(name, variant)].append(took)
+                    done = SPECULATION - before
+                    for outcome, count in done.items():
                         stats[name][outcome] = stats[name].get(outcome, 0) + count
-        print(f"{'case':<10} {'old p50 ms':>10} {'new p50 ms':>10} {'new/old':>8}  speculation")
+                    if done["hit"]:
+                        hits[name].append(took)
+        header = f"{'case':<10} {'old p50 ms':>10} {'new p50 ms':>10} {'new/old':>8}"
+        print(f"{header} {'hits p50':>8}  speculation")
         for name in cases:
             old = median(latencies[(name, "old")]) / 1e6
             new = median(latencies[(name, "new")]) / 1e6
-            print(f"{name:<10} {old:>10.2f} {new:>10.2f} {new / old:>8.2f}  {stats[name]}")
+            hit = f"{median(hits[name]) / 1e6:.2f}" if hits[name] else "-"
+            print(f"{name:<10} {old:>10.2f} {new:>10.2f} {new / old:>8.2f} {hit:>8}  {stats[name]}")
         for meter in meters.values():
             meter.close()
 

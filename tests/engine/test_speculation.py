@@ -206,3 +206,21 @@ def _allowed_by_subject(url: str) -> dict[str, int]:
                     if charge.limit == "calls":
                         found[charge.subject] += charge.cost
         return dict(found)
+
+
+def test_a_repeated_id_is_answered_as_stored_and_writes_nothing(
+    request: pytest.FixtureRequest,
+) -> None:
+    """Its speculation writes the counters before the results insert fails:
+    the whole pipeline rolls back, and the read that follows finds the id."""
+    before = SPECULATION.copy()
+    with meters(request) as (a, _, reference):
+        for meter in (a, reference):
+            for event_id in ("first", "second", "first", "third", "second"):
+                meter.consume("s1", "calls", event_id=event_id)
+        assert [a.result(e) for e in ("first", "second", "third")] == [
+            reference.result(e) for e in ("first", "second", "third")
+        ]
+        assert stored(a) == stored(reference)
+    done = SPECULATION - before
+    assert done["hit"] > 0 and done["mismatch"] > 0, done
