@@ -38,7 +38,7 @@ from metering.storage.hot.postgres import (
 # What speculation did, by outcome (``hit``, ``miss``, ``mismatch``): for benchmarks.
 SPECULATION: Counter[str] = Counter()
 # Below even odds, one event in this many speculates (`RowCache.worth_trying`).
-PROBE: Final = 16
+PROBE: Final = 32
 
 _encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
@@ -126,7 +126,7 @@ class RowCache:
 
     def paid(self, hit: bool) -> None:
         """Count a speculation that was written (``hit``) or not."""
-        self.odds = self.odds * 0.9 + (0.1 if hit else 0.0)
+        self.odds = self.odds * 0.7 + (0.3 if hit else 0.0)
         SPECULATION["hit" if hit else "mismatch"] += 1
 
     def rows(self, request: Request, version: int) -> ReadRows | None:
