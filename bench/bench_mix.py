@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_mix.py [--subjects 500] [--consume 150] [--batches 2]
                                         [--rounds 3] [--processes 1 4] [--sqlite-only] [--quick]
+                                        [--no-speculation]
 
 One database per configuration, on one durable PostgreSQL (fsync on) and on
 SQLite files (WAL, ``synchronous=NORMAL``), each with the same subjects and
@@ -35,6 +36,10 @@ peer (`peers.ledger_postgres`, `peers.ledger_sqlite`: the results rows and
 the counter upsert, one transaction per batch, no decision). Each row
 prints the median of the rounds and its ratio to plain, the median of the
 per-round ratios; priced also to stacked, and each batch row to the peer.
+A round's consuming meters are new: on PostgreSQL their cached rows are
+cold, so they rarely speculate (`metering.storage.hot.speculative`;
+``--no-speculation`` turns it off; ``bench_speculation.py`` measures warm
+meters, A against B).
 Then on PostgreSQL, once per case, the worker end to end (producer, Redis,
 a Celery worker of 2 processes), as ratios to plain and to the peer.
 """
@@ -65,6 +70,7 @@ from peers import install_ledger, ledger_postgres, ledger_sqlite
 from servers import RedisServer
 
 from metering import FrozenClock, Limit, Meter, UsageEvent, make_event, spend_limit
+from metering.engine.paths import Direct
 from metering.pipeline.producer import UsageProducer
 from metering.storage.connections import upgrade_schema
 
@@ -200,13 +206,21 @@ def prepare(case: Case, url: str, subjects: list[str]) -> None:
         apply_all(meter, [make_event(charges, now, metadata=meta) for charges, meta in calls])
 
 
-def consume_job(url: str, case: Case, subjects: list[str], seed: int) -> Any:
-    """A `run_prepared` job: a meter warmed up on one call, then ``events`` calls timed."""
+def consume_job(
+    url: str, case: Case, subjects: list[str], seed: int, speculate: bool = True
+) -> Any:
+    """A `run_prepared` job: a meter warmed up on one call, then ``events`` calls
+    timed; with ``speculate`` false, its fast path never speculates on cached
+    rows (`metering.storage.hot.speculative`), as before it could."""
 
     def prepare(index: int, events: int) -> Callable[[], list[int]]:
         rng = random.Random(seed * 100 + index)
         work = [case.call(rng.choice(subjects), rng) for _ in range(events + 1)]
         meter = Meter(url)
+        if not speculate:
+            for path in meter._engine.paths:
+                if isinstance(path, Direct):
+                    path.rows = None
         meter.consume(charges=work[0][0], metadata=work[0][1])
 
         def timed() -> list[int]:
@@ -300,7 +314,9 @@ def measure(
         for processes in process_counts:
             path = f"consume, {processes} process{'es' if processes > 1 else ''}"
             for case in order:
-                job = consume_job(urls[case.name], case, subjects, 1000 + round_)
+                job = consume_job(
+                    urls[case.name], case, subjects, 1000 + round_, not args.no_speculation
+                )
                 figures = run_prepared(case.name, job, processes, args.consume // processes)
                 results.add(path, figures)
         path = "apply, 1,000-event batches"
@@ -418,6 +434,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 4], help="PostgreSQL")
     parser.add_argument("--sqlite-only", action="store_true", help="no PostgreSQL")
+    parser.add_argument(
+        "--no-speculation", action="store_true", help="consume: no speculative round trip"
+    )
     parser.add_argument(
         "--worker-events", type=int, default=5000, help="PostgreSQL, per case; 0: no worker rows"
     )

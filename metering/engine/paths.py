@@ -19,6 +19,7 @@ from functools import partial
 from typing import Protocol
 
 from sqlalchemy import Connection
+from sqlalchemy.exc import StatementError
 
 from metering.domain.decisions import ChargeDecision, Decision
 from metering.domain.events import Rejected, UsageEvent
@@ -55,10 +56,13 @@ from metering.engine.reference import (
 )
 from metering.engine.seats import Seats, seat_keys
 from metering.errors import EventConflict, InvalidInput, StorageError
+from metering.storage.connections import RetryTransaction
 from metering.storage.database import Database
+from metering.storage.hot import HotStore
 from metering.storage.hot.direct_postgres import DirectPostgres
 from metering.storage.hot.one_trip import FunctionDeclined, apply_one
-from metering.storage.hot.postgres import read_unlocked
+from metering.storage.hot.postgres import PostgresHotStore, read_unlocked
+from metering.storage.hot.speculative import LearningStore, RowCache, SpeculativeStore
 from metering.storage.hot.sqlite import DirectSqlite
 from metering.storage.recurring import issue_due
 from metering.storage.reservations import ReservationStore
@@ -130,12 +134,44 @@ class Direct:
         if isinstance(direct, DirectSqlite):
             implements -= {Need.DEAD_LETTERS}
         self.implements = implements
+        # PostgreSQL: the rows last read and written, for a single event's
+        # speculative round trip (`metering.storage.hot.speculative`).
+        self.rows = RowCache() if isinstance(direct, DirectPostgres) else None
 
     def apply(self, batch: Batch) -> list[Answer] | Declined:
-        cache = self.cache
-        return self.direct.run(
-            lambda store, retry: apply_records(None, cache, batch, retry=retry, store=store)
-        )
+        cache, rows = self.cache, self.rows
+        if rows is None or not _speculates(batch):
+            return self.direct.run(
+                lambda store, retry: apply_records(None, cache, batch, retry=retry, store=store)
+            )
+
+        def work(store: HotStore, retry: bool) -> list[Answer] | Declined:
+            assert isinstance(store, PostgresHotStore) and rows is not None
+            if not retry and rows.worth_trying():
+                speculative = SpeculativeStore(store.raw, rows, cache.current[0])
+                found = self._speculate(speculative, batch)
+                if found is not None:
+                    return found
+                retry = speculative.failed  # a repeated id, maybe: looked up now
+            learning = LearningStore(store.raw, rows)
+            return apply_records(None, cache, batch, retry=retry, store=learning)
+
+        return self.direct.run(work)
+
+    def _speculate(self, speculative: SpeculativeStore, batch: Batch) -> list[Answer] | None:
+        """``batch`` decided on cached rows and written in one round trip
+        (`metering.storage.hot.speculative`); None when it was not: nothing
+        is written, the transaction is rolled back and its keys forgotten."""
+        try:
+            found = apply_records(None, self.cache, batch, store=speculative)
+        except (StatementError, RetryTransaction):
+            speculative.abandon()
+            return None
+        if isinstance(found, Declined):  # perhaps on stale rows: decided again with a read
+            speculative.forget()
+            return None
+        speculative.succeeded()
+        return found
 
     def check(self, event: UsageEvent, now_us: int) -> Decision | Declined:
         direct = self.direct
@@ -159,6 +195,16 @@ class Direct:
             denied_by=found.denied_by,
             metadata=event.metadata,
         )
+
+
+def _speculates(batch: Batch) -> bool:
+    """Whether ``batch`` is one event that may be decided on cached rows."""
+    return (
+        len(batch.records) == 1
+        and batch.hold is None
+        and batch.policy is None
+        and not batch.lookup_first
+    )
 
 
 class OnConnection:

@@ -12,6 +12,7 @@ import pytest
 from round_trips import count_round_trips
 
 from metering import FrozenClock, Limit, Meter, make_event, spend_limit
+from metering.engine.paths import Direct
 from metering.pipeline.batches import apply_batch
 from metering.pipeline.messages import encode_batch, encode_event
 
@@ -107,12 +108,20 @@ def test_a_single_event_is_one_or_two_round_trips(
     pg_url: str, monkeypatch: pytest.MonkeyPatch, configuration: str
 ) -> None:
     """`consume` of one event is one round trip where the one-trip function
-    decides it, else two (the read, then the write and its COMMIT)."""
+    decides it, else two (the read, then the write and its COMMIT); one
+    again where the fast path speculates on the rows it cached
+    (`metering.storage.hot.speculative`): the subject's last event was its."""
     trips = count_round_trips(monkeypatch)
     with Meter(pg_url, clock=FrozenClock(NOW)) as meter:
         meter.set_limits(LIMITS)
         CONFIGURATIONS[configuration](meter)
-        for n in range(3):  # the first caches the limits
+        for n in range(3):  # the first caches the limits, the rows
             trips[0] = 0
             assert meter.consume("org-1", "calls", metadata={"user": f"u{n}"}).allowed
+        assert trips[0] == 1
+        direct = meter._engine.path("direct")
+        assert isinstance(direct, Direct) and direct.rows is not None
+        direct.rows.clear()
+        trips[0] = 0
+        assert meter.consume("org-1", "calls", metadata={"user": "u3"}).allowed
         assert trips[0] == (1 if configuration in ONE_TRIP else 2)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 import psycopg
@@ -144,6 +145,10 @@ INSERT INTO current_windows (limit_name, subject, window_start_us, window_end_us
 SELECT r->>0, r->>1, (r->>2)::bigint, (r->>3)::bigint FROM jsonb_array_elements(%(rows)s::jsonb) r
 """
 
+UPDATE_WINDOW: Final = """
+UPDATE current_windows SET window_start_us = %s, window_end_us = %s
+WHERE limit_name = %s AND subject = %s
+"""
 UPDATE_WINDOWS: Final = """
 UPDATE current_windows AS w SET window_start_us = v.ws, window_end_us = v.we
 FROM (
@@ -282,6 +287,45 @@ LOCK_RESERVATION: Final = SQL.select_reservation + " FOR UPDATE"
 _encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
+@dataclass(slots=True)
+class ReadRows:
+    """The rows `PostgresHotStore.read`'s statements return, before they
+    become a `Snapshot` (`snapshot_of`)."""
+
+    version: int
+    # (limit, subject, window start, window end[, tuple id]).
+    windows: Sequence[Sequence[Any]]
+    # (limit, subject, window start, the 7 fields of a `State`[, tuple id]).
+    counters: Sequence[Sequence[Any]]
+    # `READ_GRANTS`'s and `READ_DRAWS`'s.
+    grants: Sequence[Sequence[Any]] = ()
+    draws: Sequence[Sequence[Any]] = ()
+    # (limit, subject, window start, value, live events).
+    seats: Sequence[Sequence[Any]] = ()
+    stored: Sequence[Sequence[Any]] = ()
+    schedules: Sequence[Sequence[Any]] = ()
+    lasts: Sequence[Sequence[Any]] = ()
+
+
+def snapshot_of(rows: ReadRows) -> Snapshot:
+    """The `Snapshot` of ``rows``: what the fast path decides on."""
+    grant_rows = rows.grants
+    lasts = {r[0]: tuple(r[1:]) for r in rows.lasts}
+    return Snapshot(
+        version=rows.version,
+        stored={r[0]: record_from_row(r) for r in rows.stored},
+        windows=_windows(rows.windows),
+        states={(r[0], r[1], r[2]): list(r[3:10]) for r in rows.counters},
+        pots=pots_of(grant_rows, rows.draws),
+        seen={(r[0], r[1], r[2], r[3]): r[4] for r in rows.seats},
+        watched={r[2]: (r[8], r[4]) for r in grant_rows if r[8] is not None and not r[9]},
+        schedules=[
+            (schedule, lasts.get(schedule.schedule_id))
+            for schedule in map(schedule_of_values, rows.schedules)
+        ],
+    )
+
+
 class PostgresHotStore:
     """`HotStore` on a psycopg connection in a transaction: one of
     `DirectPostgres`, or the one under a SQLAlchemy transaction
@@ -313,6 +357,23 @@ class PostgresHotStore:
         seats: Sequence[WantedSeat] = (),
         due_pairs: Sequence[Pair] = (),
     ) -> Snapshot:
+        rows = self.read_rows(ids, pairs, keys, now_us, grant_pairs, seats, due_pairs)
+        self.window_tids = {(r[0], r[1]): r[4] for r in rows.windows}
+        self.counter_tids = {(r[0], r[1], r[2]): r[10] for r in rows.counters}
+        return snapshot_of(rows)
+
+    def read_rows(
+        self,
+        ids: Sequence[str] | None,
+        pairs: Sequence[Pair],
+        keys: Sequence[WantedKey],
+        now_us: int,
+        grant_pairs: Sequence[Pair] = (),
+        seats: Sequence[WantedSeat] = (),
+        due_pairs: Sequence[Pair] = (),
+    ) -> ReadRows:
+        """What `read` finds, as the rows its statements return (each
+        window and counter row with its tuple id last)."""
         params = {"pairs": _encode(pairs), "keys": _encode(keys)}
         try:
             with self.raw.pipeline():
@@ -351,22 +412,25 @@ class PostgresHotStore:
                 last_rows = last_issues.fetchall() if last_issues else []
         except psycopg.Error as exc:
             raise _translate(exc) from exc
-        lasts = {r[0]: tuple(r[1:]) for r in last_rows}
-        self.window_tids = {(r[0], r[1]): r[4] for r in window_rows}
-        self.counter_tids = {(r[0], r[1], r[2]): r[10] for r in counter_rows}
-        return Snapshot(
-            version=row[0],
-            stored={r[0]: record_from_row(r) for r in stored_rows},
-            windows=_windows(window_rows),
-            states={(r[0], r[1], r[2]): list(r[3:10]) for r in counter_rows},
-            pots=pots_of(grant_rows, draw_rows),
-            seen={(r[0], r[1], r[2], r[3]): r[4] for r in value_rows},
-            watched={r[2]: (r[8], r[4]) for r in grant_rows if r[8] is not None and not r[9]},
-            schedules=[
-                (schedule, lasts.get(schedule.schedule_id))
-                for schedule in map(schedule_of_values, schedule_rows)
-            ],
+        return ReadRows(
+            row[0],
+            window_rows,
+            counter_rows,
+            grant_rows,
+            draw_rows,
+            value_rows,
+            stored_rows,
+            schedule_rows,
+            last_rows,
         )
+
+    def send_expectations(self) -> None:
+        """Statements `write` sends first, in its pipeline: none here
+        (`metering.storage.hot.speculative` sends its checks)."""
+
+    def commit(self) -> None:
+        """End `write`'s transaction, in its pipeline (psycopg's commit syncs it)."""
+        self.raw.commit()
 
     def lock_reservation(self, reservation_id: str) -> ReservationRecord | None:
         """One round trip: the row ``FOR UPDATE`` (a settle takes it before its counters)."""
@@ -381,8 +445,9 @@ class PostgresHotStore:
         raw = self.raw
         try:
             with raw.pipeline():
+                self.send_expectations()
                 cursor = raw.cursor()
-                if 0 < len(changes.updated) <= FEW_ROWS:
+                if changes.updated and (len(changes.updated) <= FEW_ROWS or not self.counter_tids):
                     rows: list[Any] = [counter_update(k, st, now_us) for k, st in changes.updated]
                     _execute(cursor, SQL.update_counter, rows)
                 elif changes.updated:
@@ -403,11 +468,14 @@ class PostgresHotStore:
                 if changes.new_windows:
                     rows = [(*pair, *window) for pair, window in changes.new_windows]
                     raw.execute(INSERT_WINDOWS, {"rows": _encode(rows)})
-                if changes.moved_windows:
+                if changes.moved_windows and self.window_tids:
                     rows = [
                         (self.window_tids[pair], *window) for pair, window in changes.moved_windows
                     ]
                     raw.execute(UPDATE_WINDOWS, {"rows": _encode(rows)})
+                elif changes.moved_windows:  # no read before (speculative): by key
+                    rows = [(*window, *pair) for pair, window in changes.moved_windows]
+                    _execute(cursor, UPDATE_WINDOW, rows)
                 if changes.issues:  # before the draws: they may draw on them
                     _issue(raw, changes.issues, now_us)
                 if changes.draws:
@@ -437,7 +505,7 @@ class PostgresHotStore:
                 if changes.rollups:  # last: after every counter lock (see rollups)
                     raw.execute(PG_UPSERT, {"rows": _encode(rollup_rows(changes.rollups))})
                 if commit:
-                    raw.commit()
+                    self.commit()
         except psycopg.errors.CheckViolation as exc:
             if exc.diag.constraint_name == "ck_grants_used":
                 # A draw counted on a balance another transaction spent: decide again.
