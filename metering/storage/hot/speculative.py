@@ -181,7 +181,7 @@ class RowCache:
             windows[pair] = (*pair, start, end)
         for key, state in changes.updated:
             counters[key] = (*key, *state)
-        for key, _, state in changes.created:
+        for key, _, state, _ in changes.created:
             counters[key] = (*key, *state)
         self.windows.update(windows)
         self.counters.update(counters)
