@@ -20,8 +20,8 @@ $(VENV)/.installed: pyproject.toml
 servers:
 	bash scripts/ensure-servers.sh
 
-# lint-imports runs from here: its contract type (scripts/import_contracts.py)
-# is imported from the working directory. vulture: dead code ([tool.vulture] in pyproject.toml, vulture_allowlist.py).
+# lint-imports: the layers ([tool.importlinter] in pyproject.toml). vulture: dead code
+# ([tool.vulture] in pyproject.toml, vulture_allowlist.py).
 lint: venv
 	$(BIN)/ruff check $(SRC)
 	$(BIN)/ruff format --check $(SRC)
@@ -34,8 +34,8 @@ lint: venv
 # first (tests/durations.json; xdist's own order would put the few-test,
 # minute-long files last), each with its own throw-away servers; a test still
 # running after 15 minutes fails with its stack printed instead of hanging CI
-# (docs/testing.md).
-PARALLEL := -n 2 --dist loadfile --no-loadscope-reorder --timeout 900
+# (docs/testing.md); the 30 slowest tests are listed at the end.
+PARALLEL := -n 2 --dist loadfile --no-loadscope-reorder --timeout 900 --durations=30
 test: venv servers lint
 	bash scripts/pytest.sh $(PARALLEL) $(PYTEST_ARGS)
 

@@ -35,14 +35,8 @@ _.padding  # unused attribute (metering/cli/tables.py)
 _.do_POST  # unused method (metering/demo.py, bench/bench_webhooks.py)
 _.log_message  # unused method (metering/demo.py, bench/bench_webhooks.py)
 _.daemon_threads  # unused attribute (metering/demo.py, bench/bench_webhooks.py)
-# import-linter: the contract type pyproject.toml names (contract_types), and its name.
-PackageLayersContract  # unused class (scripts/import_contracts.py)
-type_name  # unused variable (scripts/import_contracts.py)
 # logging: a LogRecord's message, rewritten by a filter.
-_.msg  # unused attribute (metering/logs.py: RedactSecrets)
-# import-linter: the contract type pyproject.toml names (contract_types), and its name.
-PackageLayersContract  # unused class (scripts/import_contracts.py)
-type_name  # unused variable (scripts/import_contracts.py)
+_.msg  # unused attribute (metering/telemetry/logs.py: RedactSecrets)
 # logging: a LogRecord's field, written for the formatter (task_name in JSON lines).
 _.task_name  # unused attribute (workers/observability.py)
 # sqlite3: the DB-API connection's attribute (None: SQLAlchemy issues BEGIN).
@@ -63,7 +57,7 @@ depends_on  # unused variable (metering/storage/migrations/versions/*.py)
 downgrade  # unused function (metering/storage/migrations/versions/*.py)
 
 # Celery and kombu: classes named in configuration as "module:Class".
-EmbeddedTransport  # unused class (metering/storage/broker.py; metering.config.EMBEDDED_TRANSPORT)
+EmbeddedTransport  # unused class (metering/storage/broker.py; metering.pipeline.transport.EMBEDDED_TRANSPORT)
 HeartbeatScheduler  # unused class (workers/beat.py; beat_scheduler in workers/app.py)
 GuardedConsumer  # unused class (workers/guard.py; worker_consumer in workers/app.py)
 # Celery and kombu: settings, read by Celery and kombu.

@@ -11,7 +11,7 @@ by grants. The peer is the first database: the same code with no
 entitlement and no grant. Rounds alternate between the two so that the
 machine's drift hits both alike; each figure is the median round.
 
-(a) batch apply (`metering.pipeline.apply_batch`, 1,000-event batches);
+(a) batch apply (`metering.pipeline.batches.apply_batch`, 1,000-event batches);
 (b) `Meter.consume`, one process.
 
 Prints events/s, p50/p99 and the ratio of each path with allowances to the
@@ -31,8 +31,8 @@ from common import durable_postgres, print_table
 from servers import PostgresServer
 
 from metering import Limit, Meter, make_event
-from metering.messages import encode_batch, encode_event
-from metering.pipeline import apply_batch
+from metering.pipeline.batches import apply_batch
+from metering.pipeline.messages import encode_batch, encode_event
 from metering.storage.connections import upgrade_schema
 
 SUBJECTS = 10_000

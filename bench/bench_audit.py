@@ -26,9 +26,9 @@ from common import durable_postgres, print_table
 from sqlalchemy import Engine, create_engine, text
 
 from metering import FrozenClock, Limit, Meter, make_event
-from metering.audit import run_audit
 from metering.domain.instants import to_us
 from metering.storage.connections import upgrade_schema
+from metering.upkeep.audit import run_audit
 
 NOW = datetime(2026, 11, 28, 12, 0, tzinfo=UTC)
 MONTH = datetime(2026, 11, 1, tzinfo=UTC)

@@ -8,7 +8,7 @@ on a fresh database each:
 
 (b) the batch path alone: the same events, already decoded as the worker
     has them (`EventRecord`), applied 1,000 at a time by `Meter.apply_records`
-    (what `metering.pipeline.apply_batch` calls);
+    (what `metering.pipeline.batches.apply_batch` calls);
 (i) the import: `Meter.import_events(path)`, reading, parsing and
     validating the file and applying it through that same path.
 

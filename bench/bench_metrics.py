@@ -16,7 +16,7 @@ machine) and on/off. Then the same in
 prometheus-client's multiprocess mode (what a worker with
 ``METERING_METRICS_PORT`` runs: every increment a write to a memory-mapped
 file), the counting of one 1,000-event batch alone, and one call of
-`metering.metrics.count_events` (what a single ``consume`` adds).
+`metering.telemetry.metrics.count_events` (what a single ``consume`` adds).
 """
 
 from __future__ import annotations
@@ -34,10 +34,11 @@ from typing import Any
 
 from common import ROOT, print_table
 
-from metering import Limit, Meter, make_event, meter, pipeline
-from metering.messages import encode_batch, encode_event
-from metering.metrics import count_events, enable_multiprocess
-from metering.pipeline import apply_batch
+import metering.pipeline.batches
+from metering import Limit, Meter, make_event, meter
+from metering.pipeline.batches import apply_batch
+from metering.pipeline.messages import encode_batch, encode_event
+from metering.telemetry.metrics import count_events, enable_multiprocess
 
 LIMITS = [
     Limit("bench_calls", maximum=10**12, period="1d", window="calendar"),
@@ -48,13 +49,13 @@ BATCH = 1000
 
 @contextmanager
 def counting_off() -> Iterator[None]:
-    saved = meter._count, pipeline.observe_batch
+    saved = meter._count, metering.pipeline.batches.observe_batch
     meter._count = lambda *args: None  # type: ignore[assignment]
-    pipeline.observe_batch = lambda *args: None  # type: ignore[assignment]
+    metering.pipeline.batches.observe_batch = lambda *args: None  # type: ignore[assignment]
     try:
         yield
     finally:
-        meter._count, pipeline.observe_batch = saved  # type: ignore[assignment]
+        meter._count, metering.pipeline.batches.observe_batch = saved  # type: ignore[assignment]
 
 
 def batches(tag: str, count: int) -> list[dict[str, Any]]:

@@ -11,6 +11,8 @@ monthly calendar windows high enough that nothing is denied:
 * stacked: the same limit and a daily one, both charged by every event;
 * priced: the limit priced at 0.01 USD a unit and a spend limit in USD, so
   every event also charges the subject's spend (ratio to stacked too);
+* tiered: the same with a graduated price (two tiers) and a flat fee, each
+  charge priced by its window's total;
 * seats: a ``distinct="user"`` limit, 20 user values per subject;
 * grant: a grant on every subject, whose own allowance (1) is used up, so
   the grant pays every event;
@@ -20,6 +22,8 @@ monthly calendar windows high enough that nothing is denied:
 * dimensions: ``dimensions=("route",)``, 5 routes in the metadata;
 * gauge: ``aggregation="max"``, each event a level from 0 to 999;
 * paced: ``pacing=True`` (the maximum spread over the month, a 5 % burst);
+* time zone: a time zone on every subject (Kolkata, Berlin, Santiago,
+  Kathmandu), set in 2000: its months start at its local midnight;
 * mix: a priced limit with a spend cap, an entitlement and a recurring
   grant on every subject, and a seat limit charged beside it.
 
@@ -43,6 +47,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -59,11 +64,12 @@ from common import (
 from peers import install_ledger, ledger_postgres, ledger_sqlite
 from servers import RedisServer
 
-from metering import Limit, Meter, UsageEvent, make_event, spend_limit
-from metering.producer import UsageProducer
+from metering import FrozenClock, Limit, Meter, UsageEvent, make_event, spend_limit
+from metering.pipeline.producer import UsageProducer
 from metering.storage.connections import upgrade_schema
 
 BIG = 10**12
+ZONES = ("Asia/Kolkata", "Europe/Berlin", "America/Santiago", "Asia/Kathmandu")
 VALUES = {"user": 20, "route": 5}  # metadata values per key (users per subject)
 DAILY = Limit("calls_daily", maximum=BIG, period="1d", window="calendar")
 SPEND = spend_limit("spend", "10000000000", "USD", "1mo", window="calendar")
@@ -80,6 +86,12 @@ def calls(maximum: int = BIG, **options: Any) -> Limit:
 
 def priced(meter: Meter, _subjects: list[str]) -> None:
     meter.set_price("calls", "0.01", "USD")
+
+
+def tiered(meter: Meter, _subjects: list[str]) -> None:
+    meter.set_price(
+        "calls", None, "USD", model="graduated", tiers=["1000:0.01", "inf:0.005"], flat_fee="1"
+    )
 
 
 def granted(meter: Meter, subjects: list[str]) -> None:
@@ -100,6 +112,13 @@ def entitled(meter: Meter, subjects: list[str]) -> None:
 def alerted(meter: Meter, subjects: list[str]) -> None:
     for subject in subjects:
         meter.set_alert(subject, "calls", ["80%"])
+
+
+def zoned(meter: Meter, subjects: list[str]) -> None:
+    # Set in 2000 (a change waits for the current month to end): in force now.
+    with Meter(meter.url, clock=FrozenClock(datetime(2000, 1, 1, tzinfo=UTC))) as past:
+        for n, subject in enumerate(subjects):
+            past.set_time_zone(subject, ZONES[n % len(ZONES)])
 
 
 def mixed(meter: Meter, subjects: list[str]) -> None:
@@ -129,6 +148,7 @@ CASES = [
     Case("plain", "plain hard limit", (calls(),)),
     Case("stacked", "stacked on two limits", (calls(), DAILY), ("calls", "calls_daily")),
     Case("priced", "priced, with a spend cap", (calls(), SPEND), setup=priced),
+    Case("tiered", "tiered price (graduated, flat fee), spend cap", (calls(), SPEND), setup=tiered),
     Case("seats", 'seats (distinct="user")', (SEATS,), ("seats",), ("user",)),
     Case("grant", "a grant on every subject (paying)", (calls(1),), setup=granted),
     Case("recurring", "a recurring grant on every subject (paying)", (calls(1),), setup=recurring),
@@ -137,6 +157,7 @@ CASES = [
     Case("dimensions", 'dimensions=("route",)', (calls(dimensions=("route",)),), keys=("route",)),
     Case("gauge", 'a gauge (aggregation="max")', (GAUGE,), ("storage",), levels=True),
     Case("paced", "paced (pacing=True, burst 5%)", (calls(pacing=True),)),
+    Case("time zone", "a time zone on every subject", (calls(),), setup=zoned),
     Case(
         "mix",
         "mix: entitlement, recurring grant, price + cap, seats",

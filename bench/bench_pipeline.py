@@ -7,7 +7,7 @@ the same events (1,000-event batches, 10,000 subjects, a calendar window):
 
 (p) the peer: one ``unnest`` + ``GROUP BY`` upsert per batch
     (`peers.aggregate_upsert`), which decides and records nothing;
-(a) the batch-apply function alone (`metering.pipeline.apply_batch`), one
+(a) the batch-apply function alone (`metering.pipeline.batches.apply_batch`), one
     process;
 (e) the same, two processes, each applying its own half of the subjects
     (what two workers on subject-partitioned queues do);
@@ -37,9 +37,9 @@ from servers import RedisServer
 from sqlalchemy import select
 
 from metering import Limit, Meter, make_event
-from metering.messages import encode_batch, encode_event
-from metering.pipeline import apply_batch
-from metering.producer import UsageProducer
+from metering.pipeline.batches import apply_batch
+from metering.pipeline.messages import encode_batch, encode_event
+from metering.pipeline.producer import UsageProducer
 from metering.storage.connections import upgrade_schema
 from metering.storage.tables import results
 

@@ -26,8 +26,9 @@ from sqlalchemy import Engine, create_engine, text
 
 from metering import Meter
 from metering.domain.instants import to_us
-from metering.retention import RetentionPolicy, prune
+from metering.settings import RetentionPolicy
 from metering.storage.connections import upgrade_schema
+from metering.upkeep.retention import prune
 
 DAY_US = 86_400 * 1_000_000
 BRIN = "CREATE INDEX results_decided_brin ON results USING brin (decided_at_us)"

@@ -13,11 +13,11 @@ from metering.domain.limits import Limit, spend_limit
 from metering.errors import MeteringError
 
 if TYPE_CHECKING:
-    from metering.counters import Counter
     from metering.licenses import Checkout
     from metering.meter import Meter
-    from metering.producer import UsageProducer, emit
+    from metering.pipeline.producer import UsageProducer, emit
     from metering.reservations import Reservation
+    from metering.usage.counters import Counter
 
 __all__ = [
     "Charge",
@@ -41,14 +41,14 @@ __all__ = [
 
 # Loaded on first use: the meter loads the database stack (SQLAlchemy,
 # psycopg), the producer Celery, and an app that only emits events
-# (`import metering.producer`) needs neither the meter nor the database.
+# (`import metering.pipeline.producer`) needs neither the meter nor the database.
 _LAZY = {
     "Checkout": "metering.licenses",
-    "Counter": "metering.counters",
+    "Counter": "metering.usage.counters",
     "Meter": "metering.meter",
     "Reservation": "metering.reservations",
-    "UsageProducer": "metering.producer",
-    "emit": "metering.producer",
+    "UsageProducer": "metering.pipeline.producer",
+    "emit": "metering.pipeline.producer",
 }
 
 

@@ -30,11 +30,7 @@ from metering.errors import InvalidInput, UnknownApiKey
 
 # The API's settings (METERING_API_AUTH, METERING_API_RATE, METERING_METRICS_SCOPE)
 # are read in `metering.settings`; a key's scope is named there too.
-from metering.settings import DEFAULT_API_RATE as DEFAULT_API_RATE
-from metering.settings import ApiRate as ApiRate
-from metering.settings import AuthMode as AuthMode
-from metering.settings import Scope as Scope
-from metering.settings import parse_rate as parse_rate
+from metering.settings import Scope
 from metering.storage.api_keys import ApiKeyRecord, ApiKeyStore
 from metering.storage.database import DatabaseSource, database_of
 

@@ -25,7 +25,7 @@ from typing import Final
 from metering.domain.limits import Limit
 from metering.errors import MeteringError
 from metering.meter import Meter
-from metering.producer import UsageProducer
+from metering.pipeline.producer import UsageProducer
 from metering.settings import child_environment
 
 DEMO_LIMITS: Final = (

@@ -3,9 +3,10 @@ module that owns its feature (limits, engine, results, reservations,
 leases, counters). The facade's methods of the newer features live beside
 them and `Meter` takes them in: `metering.allowances.facade` (entitlements,
 grants, alerts, voids), `metering.licenses.facade` (checkouts),
-`metering.money.facade` (prices) and `metering.operators` (imports,
-backtests, usage history, portal links). Each call is one database
-transaction."""
+`metering.money.facade` (prices), `metering.imports.facade` (imports),
+`metering.simulation.SimulationFacade` (backtests) and
+`metering.usage.facade` (usage history, portal links). Each call is one
+database transaction."""
 
 from __future__ import annotations
 
@@ -14,32 +15,39 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from metering import counters, dead_letters, results
-from metering import limits as admin
+import metering.limits.service
+import metering.reservations.admin
+from metering import settings
 from metering.allowances.facade import AllowancesFacade
 from metering.clock import Clock, system_clock
-from metering.counters import Counter
 from metering.domain.bounds import validate_count
 from metering.domain.decisions import Decision
-from metering.domain.events import EventRecord, Rejected, UsageEvent, charges_of, make_event
-from metering.domain.events import validate_cost as cost_of
+from metering.domain.events import (
+    EventRecord,
+    Rejected,
+    UsageEvent,
+    charges_of,
+    make_event,
+    validate_cost,
+)
 from metering.domain.limits import Limit
 from metering.domain.reservations import DEFAULT_TTL_SECONDS
 from metering.engine import Engine
 from metering.engine.answers import Answer, InvalidPolicy
 from metering.engine.reference import Decided
+from metering.imports.facade import ImportsFacade
 from metering.licenses.facade import LicensesFacade
-from metering.lookup import LimitUsage, subject_usage
 from metering.money.facade import PricesFacade
-from metering.operators import OperatorsFacade
 from metering.reservations import Reservation, ReservationInfo
-from metering.reservations import admin as held
 from metering.reservations.leases import LeaseBook, LeasedReservation
-from metering.settings import MAX_CORRECTION_HORIZON_DAYS as MAX_DAYS
-from metering.settings import correction_horizon_days as horizon_days
 from metering.settings import database_url
+from metering.simulation import SimulationFacade
 from metering.storage.connections import ensure_schema
 from metering.storage.database import Database
+from metering.upkeep import dead_letters
+from metering.usage import counters, results
+from metering.usage.counters import Counter
+from metering.usage.facade import UsageFacade
 
 Charges = Sequence[Any] | None
 Name = str | None  # a subject, limit or event id, if given
@@ -47,7 +55,14 @@ When = datetime | None
 Leased = Reservation | LeasedReservation
 
 
-class Meter(AllowancesFacade, LicensesFacade, PricesFacade, OperatorsFacade):
+class Meter(
+    AllowancesFacade,
+    LicensesFacade,
+    PricesFacade,
+    ImportsFacade,
+    SimulationFacade,
+    UsageFacade,
+):
     """Meters usage against limits stored in a database: ``url`` else
     ``METERING_DATABASE_URL`` else ``sqlite:///metering.db``; ``clock`` gives
     every decision's "now"; concurrent `consume` calls share transactions
@@ -64,8 +79,12 @@ class Meter(AllowancesFacade, LicensesFacade, PricesFacade, OperatorsFacade):
     ) -> None:
         days = correction_horizon_days  # checked before anything is opened
         if days is not None:
-            days = validate_count("correction_horizon_days", days, MAX_DAYS)
-        self.correction_horizon = (horizon_days() if days is None else days) * 86_400
+            days = validate_count(
+                "correction_horizon_days", days, settings.MAX_CORRECTION_HORIZON_DAYS
+            )
+        self.correction_horizon = (
+            settings.correction_horizon_days() if days is None else days
+        ) * 86_400
         self.url = database_url(url)
         self.database = Database.connect(self.url, clock or system_clock, **engine_options)
         self.sql_engine = self.database.engine  # the database's engine and clock
@@ -96,25 +115,25 @@ class Meter(AllowancesFacade, LicensesFacade, PricesFacade, OperatorsFacade):
 
     def set_limit(self, limit: Limit) -> Limit:
         """Create or replace a limit; `ReservedLimit` for ``metering.*`` names."""
-        return admin.set_limits(self.database, [limit])[0]
+        return metering.limits.service.set_limits(self.database, [limit])[0]
 
     def set_product_limit(self, limit: Limit) -> Limit:
         """Create or replace one of the product's own limits (``metering.*``)."""
-        return admin.set_product_limit(self.database, limit)
+        return metering.limits.service.set_product_limit(self.database, limit)
 
     def set_limits(self, limits: Iterable[Limit]) -> list[Limit]:
         """Create or replace several limits in one transaction (all or none)."""
-        return admin.set_limits(self.database, limits)
+        return metering.limits.service.set_limits(self.database, limits)
 
     def load_limits(self, path: str | Path) -> list[Limit]:
         """Validate a YAML or TOML file of limits and store them all, or none."""
-        return admin.load_limits(self.database, path)
+        return metering.limits.service.load_limits(self.database, path)
 
     def get_limit(self, name: str) -> Limit:
-        return admin.get_limit(self.database, name)
+        return metering.limits.service.get_limit(self.database, name)
 
     def list_limits(self) -> list[Limit]:
-        return admin.list_limits(self.database)
+        return metering.limits.service.list_limits(self.database)
 
     def unknown_limits(self, names: Iterable[str]) -> list[str]:
         """Which of ``names`` no limit has (this process's cached limits,
@@ -123,7 +142,7 @@ class Meter(AllowancesFacade, LicensesFacade, PricesFacade, OperatorsFacade):
 
     def delete_limit(self, name: str) -> None:
         """Delete a limit; its counters stay, for reports."""
-        admin.delete_limit(self.database, name)
+        metering.limits.service.delete_limit(self.database, name)
 
     def _event(
         self,
@@ -239,16 +258,16 @@ class Meter(AllowancesFacade, LicensesFacade, PricesFacade, OperatorsFacade):
     ) -> Reservation:
         """Consume now, with the option to give the cost back (`Reservation.cancel`)."""
         event = self._event(subject, limit, cost, charges, event_id, None, metadata)
-        return held.reserve(self._engine, self, event, ttl_seconds)
+        return metering.reservations.admin.reserve(self._engine, self, event, ttl_seconds)
 
     def cancel_reservation(self, reservation_id: str) -> int:
-        return held.cancel(self._engine, reservation_id)
+        return metering.reservations.admin.cancel(self._engine, reservation_id)
 
     def commit_reservation(self, reservation_id: str, actual: int | None = None) -> int:
-        return held.commit(self._engine, reservation_id, actual)
+        return metering.reservations.admin.commit(self._engine, reservation_id, actual)
 
     def reservation(self, reservation_id: str) -> ReservationInfo | None:
-        return held.reservation(self.database, reservation_id)
+        return metering.reservations.admin.reservation(self.database, reservation_id)
 
     def reservations(
         self,
@@ -256,12 +275,12 @@ class Meter(AllowancesFacade, LicensesFacade, PricesFacade, OperatorsFacade):
         subject: Name = None,
         count: int = 100,
     ) -> list[ReservationInfo]:
-        return held.reservations(self.database, state, subject, count)
+        return metering.reservations.admin.reservations(self.database, state, subject, count)
 
     def sweep_reservations(self, retention_seconds: float | None = None) -> dict[str, int]:
         """Commit expired reservations, release expired checkouts; delete settled
         ones past ``retention_seconds``."""
-        return held.sweep(self.database, retention_seconds)
+        return metering.reservations.admin.sweep(self.database, retention_seconds)
 
     @property
     def leases(self) -> LeaseBook:
@@ -272,11 +291,11 @@ class Meter(AllowancesFacade, LicensesFacade, PricesFacade, OperatorsFacade):
 
     def lease(self, subject: str, limit: str, cost: int = 1) -> Decision:
         """`consume` through this process's quota leases (`metering.reservations.leases`)."""
-        return self.leases.lease(subject, limit, cost_of(cost))
+        return self.leases.lease(subject, limit, validate_cost(cost))
 
     def lease_reservation(self, subject: str, limit: str, cost: int = 1) -> Leased:
         """`reserve` through this process's quota leases."""
-        return self.leases.reserve(subject, limit, cost_of(cost))
+        return self.leases.reserve(subject, limit, validate_cost(cost))
 
     def settle_leases(self, *, everything: bool = False) -> int:
         """Settle the leases that are due, or all of them; how many were settled."""
@@ -285,10 +304,6 @@ class Meter(AllowancesFacade, LicensesFacade, PricesFacade, OperatorsFacade):
     def counters(self, subject: str | None = None, limit: str | None = None) -> list[Counter]:
         """Counters of a subject and/or limit, every window, oldest first."""
         return counters.counters(self.database, subject, limit)
-
-    def usage(self, subject: str) -> list[LimitUsage]:
-        """A subject's limits now: used, remaining, grants left, when they run out."""
-        return subject_usage(self.database, subject)
 
     def seats(self, subject: str, limit: str, at: When = None) -> list[str]:
         """The values holding a seat of a distinct limit in the subject's window at ``at``."""

@@ -30,11 +30,11 @@ checked here. Every variable is optional:
   (default a week).
 * ``METERING_PRUNE_INTERVAL``: seconds between retention runs (default
   3600); ages in ``METERING_RETAIN_*_DAYS`` (`RetentionPolicy`).
-* ``METERING_AUDIT_INTERVAL``: seconds between beat's runs of `metering.audit`
+* ``METERING_AUDIT_INTERVAL``: seconds between beat's runs of `metering.upkeep.audit`
   (default 3600); each checks only what the ledger took since the last.
 * ``METERING_METRICS_PORT``: a worker serves Prometheus ``/metrics`` on
   this port (1-65535), from its main process; unset, it serves none
-  (`metering.metrics`, ``docs/metrics.md``).
+  (`metering.telemetry.metrics`, ``docs/metrics.md``).
 * ``METERING_LOG_FORMAT``: ``text`` (default) or ``json``, one object per line.
 * ``METERING_TRACING``: ``otlp`` traces over OpenTelemetry (the ``tracing``
   extra), as does a set ``OTEL_EXPORTER_OTLP_ENDPOINT``; ``off`` never.
@@ -67,10 +67,10 @@ from typing import Final, Literal
 from metering.domain.bounds import MAX_LISTING, shown
 from metering.domain.limits import MAX_MAXIMUM, parse_period
 from metering.errors import ConfigurationError, InvalidInput, InvalidLimit
-from metering.logs import log_format
-from metering.metrics import metrics_port
-from metering.routing import MAX_QUEUES
-from metering.tracing import tracing_enabled
+from metering.pipeline.routing import MAX_QUEUES
+from metering.telemetry.logs import log_format
+from metering.telemetry.metrics import metrics_port
+from metering.telemetry.tracing import tracing_enabled
 
 Environ = Mapping[str, str]
 
@@ -226,7 +226,7 @@ def data_home(environ: Environ | None = None) -> str | None:
 
 
 def otel_variables(environ: Environ | None = None) -> dict[str, str]:
-    """The ``OTEL_*`` variables, for `metering.tracing.setup_tracing`."""
+    """The ``OTEL_*`` variables, for `metering.telemetry.tracing.setup_tracing`."""
     return {k: v for k, v in _environ(environ).items() if k.startswith("OTEL_")}
 
 
@@ -351,7 +351,7 @@ MAX_DAYS: Final = 100 * 366
 @dataclass(frozen=True, slots=True)
 class RetentionPolicy:
     """Ages, in days, after which rows go; ``None`` keeps a table for ever
-    (`metering.retention`)."""
+    (`metering.upkeep.retention`)."""
 
     results_days: float | None = 400.0
     rejected_days: float | None = 90.0
@@ -521,7 +521,7 @@ class Settings:
     api_rate: ApiRate | None = DEFAULT_API_RATE
     correction_horizon_days: int = DEFAULT_CORRECTION_HORIZON_DAYS
     metrics_scope: Scope | None = None
-    # The OTEL_* variables, for `metering.tracing.setup_tracing`.
+    # The OTEL_* variables, for `metering.telemetry.tracing.setup_tracing`.
     otel: tuple[tuple[str, str], ...] = ()
 
     @classmethod

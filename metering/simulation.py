@@ -20,13 +20,13 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
 
-from metering.config import EntitlementEntry, load_entitlements_file, load_limits_file
 from metering.domain.events import validate_subject
 from metering.domain.grants import Entitlement, History
 from metering.domain.instants import from_us, parse_instant, to_us
 from metering.domain.limits import Limit, is_reserved, parse_period
 from metering.domain.replay import Pair, Replay, SimulationRow, StoredEvent
 from metering.errors import InvalidInput, PeriodPruned, ReservedLimit
+from metering.limits.files import EntitlementEntry, load_entitlements_file, load_limits_file
 from metering.settings import RetentionPolicy
 from metering.storage.allowances import AllowanceStore
 from metering.storage.database import Database
@@ -85,8 +85,9 @@ def simulate(
         stored = LimitStore(connection).list_limits()
         in_force = {limit.name: limit for limit in stored if not is_reserved(limit.name)}
         in_force.update((limit.name, limit) for limit in proposed)
-        histories = _histories(AllowanceStore(connection).histories(), changes, in_force, since_us)
-        replay = Replay(in_force, histories, subject)
+        allowances = AllowanceStore(connection)
+        histories = _histories(allowances.histories(), changes, in_force, since_us)
+        replay = Replay(in_force, histories, subject, allowances.time_zones())
         total = count_demand(connection, since_us, now_us) if progress else 0
         done = 0
         for occurred_at_us, charges in demand(connection, since_us, now_us):
@@ -188,3 +189,24 @@ def _histories(
             raise InvalidInput("entitlements", f"{where}: limit: no limit named {limit!r}")
         merged[(limit, subject)][since_us if start_us is None else start_us] = maximum
     return {pair: tuple(sorted(history.items())) for pair, history in merged.items()}
+
+
+class SimulationFacade:
+    """`Meter`'s backtest (a part of the facade, kept beside its feature)."""
+
+    database: Database
+
+    def simulate(
+        self,
+        limits: LimitsSource,
+        entitlements: EntitlementsSource = None,
+        *,
+        since: Since,
+        subject: str | None = None,
+        progress: Progress | None = None,
+    ) -> Simulation:
+        """Backtest: replay the ledger's demand since ``since`` through proposed
+        limits and entitlements, in memory; nothing is written (`simulate`)."""
+        return simulate(
+            self.database, limits, entitlements, since=since, subject=subject, progress=progress
+        )

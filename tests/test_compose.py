@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from metering.cli import main
-from metering.metrics import LagCollector, Metrics, QueueLag, WebhookBacklog
 from metering.settings import Settings
+from metering.telemetry.metrics import LagCollector, Metrics, QueueLag, WebhookBacklog
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -308,7 +308,7 @@ def test_grafana_is_provisioned_with_the_dashboard(services: dict[str, dict[str,
 
 
 def _exposed_names() -> set[str]:
-    """Every sample name metering.metrics exposes, the lag gauges included."""
+    """Every sample name metering.telemetry.metrics exposes, the lag gauges included."""
     families = list(Metrics().registry.collect())
     lag = LagCollector(
         lambda: QueueLag((("metering", 0, 0),), 0.0), lambda: WebhookBacklog(0, 0, 0.0), lambda: 0

@@ -1,6 +1,7 @@
 """Docstrings and docs stay true: every dotted `metering.…` name in backticks
 resolves, no code carries project history (an issue's number), and a module
-docstring states its contract in at most `MAX_MODULE_DOCSTRING_LINES` lines.
+docstring states its contract in at most `MAX_MODULE_DOCSTRING_LINES` lines; no code
+opts out of the formatter or renames what it imports.
 
 A name resolves when its longest importable prefix is a module and the rest
 are attributes of it. What is named like a module but is not Python (Celery
@@ -17,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from metering import routing
 from metering.api.ratelimit import RATE_LIMIT
+from metering.pipeline import routing
 
 ROOT = Path(__file__).resolve().parent.parent
 DOTTED = re.compile(r"`(metering(?:\.[A-Za-z_][A-Za-z0-9_]*)+)")
@@ -56,8 +57,8 @@ LONG_MODULE_DOCSTRINGS = frozenset(
         "metering/engine/one_trip.py",
         "metering/engine/paths.py",
         "metering/engine/reference.py",
-        "metering/metrics.py",
-        "metering/portal.py",
+        "metering/telemetry/metrics.py",
+        "metering/usage/portal.py",
         "metering/settings.py",
         "metering/storage/hot/__init__.py",
         "metering/storage/hot/direct_postgres.py",
@@ -191,3 +192,21 @@ def test_the_formatter_wins() -> None:
         if marker.search(line)
     ]
     assert not found
+
+
+def test_no_renaming_import_aliases() -> None:
+    """A thing has one name: an import keeps the name it was given (``X as X``,
+    a re-export, is not a renaming). Migrations keep Alembic's ``sa``."""
+    found = []
+    for folder in ("metering", "workers"):
+        for path in sorted(ROOT.joinpath(folder).rglob("*.py")):
+            if "migrations" in path.parts:
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Import | ast.ImportFrom):
+                    found += [
+                        f"{path.relative_to(ROOT)}:{node.lineno} {alias.name} as {alias.asname}"
+                        for alias in node.names
+                        if alias.asname and alias.asname != alias.name.rsplit(".", 1)[-1]
+                    ]
+    assert found == []

@@ -18,8 +18,7 @@ from typing import Any
 
 from celery import Celery, bootsteps
 
-from metering.config import is_embedded_broker, use_embedded_transport
-from metering.routing import (
+from metering.pipeline.routing import (
     AUDIT_TASK,
     DEFAULT_QUEUE,
     DELIVER_WEBHOOKS_TASK,
@@ -29,6 +28,7 @@ from metering.routing import (
     SWEEP_WEBHOOK_RESETS_TASK,
     worker_queues,
 )
+from metering.pipeline.transport import is_embedded_broker, use_embedded_transport
 from metering.settings import Settings
 from workers.heartbeat import WorkerHeartbeat
 from workers.observability import MetricsServer, log_periodic_at_debug
@@ -43,9 +43,9 @@ def _poll_embedded_broker_often() -> None:
     # create_engine, so its polling interval (1 s by default) can only be set
     # on the class. This process is a metering worker: 0.1 s keeps the
     # embedded pipeline's latency low at the cost of a cheap query.
-    from kombu.transport import sqlalchemy as kombu_sqla
+    import kombu.transport.sqlalchemy
 
-    kombu_sqla.Transport.polling_interval = 0.1
+    kombu.transport.sqlalchemy.Transport.polling_interval = 0.1
 
 
 class ConsumeDefaultQueue(bootsteps.Step):  # type: ignore[misc]

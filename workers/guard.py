@@ -51,12 +51,12 @@ from collections.abc import Callable
 from queue import Empty
 from typing import Any
 
+import kombu.transport.redis
+import redis.exceptions
 from celery.worker.consumer import Consumer
-from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
-from redis.exceptions import ConnectionError as RedisConnectionError
 
 from metering.domain.events import Rejected
 from metering.errors import StorageError
@@ -148,7 +148,7 @@ def _delivery_tag(item: bytes | str) -> str | None:
     return tag if isinstance(tag, str) else None
 
 
-class HeldQoS(kombu_redis.QoS):
+class HeldQoS(kombu.transport.redis.QoS):
     """kombu's Redis QoS for messages `POP_AND_HOLD` already holds in Redis:
     delivering one only notes it in memory, instead of writing the whole
     message to the unacked hash a second time."""
@@ -187,7 +187,7 @@ def _left_held(delivery_tag: str) -> None:
     )
 
 
-class GuardedChannel(kombu_redis.Channel):
+class GuardedChannel(kombu.transport.redis.Channel):
     """kombu's Redis channel that dead-letters entries it cannot deliver, and
     holds each message it takes as unacknowledged from the moment it is taken."""
 
@@ -217,7 +217,7 @@ class GuardedChannel(kombu_redis.Channel):
         # A channel left open when its connection was collected: no Redis
         # behind it any more (see the module's documentation).
         if _detached(self):
-            raise RedisConnectionError("the connection to the broker is closed")
+            raise redis.exceptions.ConnectionError("the connection to the broker is closed")
         params: dict[str, Any] = super()._connparams(asynchronous=asynchronous)
         return params
 
@@ -325,7 +325,7 @@ class GuardedChannel(kombu_redis.Channel):
                 self._forget(item)
 
 
-class GuardedRedisTransport(kombu_redis.Transport):
+class GuardedRedisTransport(kombu.transport.redis.Transport):
     Channel = GuardedChannel
 
 

@@ -11,15 +11,15 @@
   directory. A port that cannot be listened on is logged, and the worker
   goes on without ``/metrics``.
 * Every handler Celery sets up redacts the secrets of URLs in what it
-  writes (`metering.logs.RedactSecrets`): httpx logs each webhook POST's URL.
+  writes (`metering.telemetry.logs.RedactSecrets`): httpx logs each webhook POST's URL.
 * ``METERING_LOG_FORMAT=json``: the handlers Celery sets up (root, task and
-  billiard loggers, in the worker and in beat) format with `metering.logs.JsonFormatter`,
+  billiard loggers, in the worker and in beat) format with `metering.telemetry.logs.JsonFormatter`,
   and records logged inside a task carry its ``task_id`` and ``task_name``.
   Celery's banner and its shutdown notices are printed, not logged
   (``celery --quiet`` leaves the banner out).
 * ``METERING_TRACING=otlp`` (or an ``OTEL_EXPORTER_OTLP_ENDPOINT``): tracing
   is set up in the main process before the pool forks (the SDK restarts its
-  export thread in each child), see `metering.tracing`.
+  export thread in each child), see `metering.telemetry.tracing`.
 """
 
 from __future__ import annotations
@@ -31,16 +31,16 @@ from typing import Any, Final
 
 from celery import bootsteps, signals
 
-from metering.lag import lag_collector
-from metering.logs import redact_handlers, use_json
-from metering.metrics import (
+from metering.settings import Settings
+from metering.telemetry.lag import lag_collector
+from metering.telemetry.logs import redact_handlers, use_json
+from metering.telemetry.metrics import (
     enable_multiprocess,
     mark_process_dead,
     metrics_directory,
     start_metrics_server,
 )
-from metering.settings import Settings
-from metering.tracing import setup_tracing
+from metering.telemetry.tracing import setup_tracing
 from workers.settings import settings_of
 
 log = logging.getLogger(__name__)

@@ -16,14 +16,11 @@ from typing import Any, TypeVar
 
 from celery import Task
 
-from metering.audit import AuditOptions, run_audit
 from metering.clock import backoff_seconds
-from metering.config import is_embedded_broker
 from metering.errors import InputRefused, StorageError
 from metering.meter import Meter
-from metering.pipeline import apply_batch
-from metering.retention import prune
-from metering.routing import (
+from metering.pipeline.batches import apply_batch
+from metering.pipeline.routing import (
     APPLY_BATCH_TASK,
     AUDIT_TASK,
     DELIVER_WEBHOOKS_TASK,
@@ -33,8 +30,11 @@ from metering.routing import (
     SWEEP_WEBHOOK_RESETS_TASK,
     worker_queues,
 )
+from metering.pipeline.transport import is_embedded_broker
 from metering.settings import Settings
 from metering.storage.broker import sweep_embedded_broker
+from metering.upkeep.audit import AuditOptions, run_audit
+from metering.upkeep.retention import prune
 from metering.webhooks.delivery import DeliveryReport, deliver_due, sweep_resets
 from workers.app import app
 from workers.settings import settings_of

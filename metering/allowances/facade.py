@@ -1,5 +1,5 @@
 """`Meter`'s methods for per-customer allowances: entitlements, grants
-(recurring too), alert thresholds and voids, each handed to
+(recurring too), alert thresholds, time zones and voids, each handed to
 `metering.allowances` (a part of the facade, kept beside its feature)."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from pathlib import Path
 from metering import allowances
 from metering.allowances.alerts import Alert
 from metering.allowances.service import Correction, Grant, RecurringGrant
+from metering.allowances.zones import SubjectZone, set_time_zone, subject_zone, subject_zones
 from metering.domain.grants import DEFAULT_PRIORITY, Entitlement
 from metering.storage.database import Database
 
@@ -46,6 +47,19 @@ class AllowancesFacade:
         limit: str | None = None,
     ) -> list[Entitlement]:
         return allowances.entitlements(self.database, subject, limit)
+
+    def set_time_zone(self, subject: str, time_zone: str) -> SubjectZone:
+        """Align ``subject``'s calendar windows of days and months on its local midnight
+        in ``time_zone`` (IANA), from the end of each current window on."""
+        return set_time_zone(self.database, subject, time_zone)
+
+    def subject_zone(self, subject: str) -> SubjectZone:
+        """``subject``'s time zone (UTC when it was never given one)."""
+        return subject_zone(self.database, subject)
+
+    def subject_zones(self) -> list[SubjectZone]:
+        """Every subject given a time zone."""
+        return subject_zones(self.database)
 
     def grant(
         self,

@@ -20,7 +20,6 @@ from typing import Any, Final, TypeVar
 from sqlalchemy import Connection
 
 from metering.allowances.give_back import Returning, give_back
-from metering.config import load_entitlements_file
 from metering.domain.corrections import (
     DEFAULT_HORIZON_SECONDS,
     VoidedCharge,
@@ -61,6 +60,7 @@ from metering.errors import (
     UnknownLimit,
     WrongAlgorithm,
 )
+from metering.limits.files import load_entitlements_file
 from metering.storage.allowances import AllowanceStore, CorrectionRecord, GrantRecord
 from metering.storage.connections import RetryTransaction
 from metering.storage.database import Database
@@ -142,7 +142,7 @@ def set_entitlements(
 
 def load_entitlements(database: Database, path: str | Path) -> list[Entitlement]:
     """Validate a YAML or TOML file of per-subject maximums
-    (`metering.config.load_entitlements_file`) and store them all, or none:
+    (`metering.limits.files.load_entitlements_file`) and store them all, or none:
     an error names the entry and its field."""
     entries = load_entitlements_file(path)
     changes = [(e.subject, e.limit, e.maximum, e.effective_from) for e in entries]

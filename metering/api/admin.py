@@ -1,5 +1,5 @@
 """The admin routers, one module each, in the order of docs/api-admin.md:
-reservations, limits, entitlements/grants/corrections, reports, webhook
+reservations, limits, entitlements/grants/corrections, subjects, reports, webhook
 endpoints, rejected input and the audit. `create_api` includes
 them after the events and decisions routers (`metering.api.app.ROUTERS`)."""
 
@@ -18,6 +18,7 @@ from metering.api import (
     reports,
     reservations,
     simulations,
+    subjects,
     webhooks,
 )
 
@@ -26,6 +27,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     licenses.router,
     limits.router,
     allowances.router,
+    subjects.router,
     prices.router,
     reports.router,
     simulations.router,

@@ -38,12 +38,12 @@ from metering.api.problems import Problem, install_problem_handlers
 from metering.api.queueing import ApiProducer
 from metering.api.ratelimit import PerKeyRate, define_rate_limit
 from metering.apikeys import ApiKeys
-from metering.lag import lag_collector
 from metering.meter import Meter
-from metering.metrics import instrument_app
-from metering.producer import UsageProducer
+from metering.pipeline.producer import UsageProducer
 from metering.settings import Settings
-from metering.tracing import setup_tracing
+from metering.telemetry.lag import lag_collector
+from metering.telemetry.metrics import instrument_app
+from metering.telemetry.tracing import setup_tracing
 
 # Each module's router, in the order of the docs. Admin routes (limits,
 # reservations, reports, webhooks) join this tuple.

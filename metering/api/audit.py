@@ -14,8 +14,8 @@ from starlette.responses import JSONResponse, Response
 from metering.api.admin_common import threaded
 from metering.api.context import Context
 from metering.api.routes import route
-from metering.audit import last_report
 from metering.domain.audit import INVARIANTS
+from metering.upkeep.audit import last_report
 
 
 class ViolationOut(BaseModel):

@@ -51,8 +51,9 @@ from typing import Any, Final, Literal
 from fastapi import Depends, Request
 
 from metering.api.problems import ApiProblem
-from metering.apikeys import SCOPES, ApiKey, ApiKeys, AuthMode, Scope, created_in_process
+from metering.apikeys import SCOPES, ApiKey, ApiKeys, created_in_process
 from metering.errors import MeteringError
+from metering.settings import AuthMode, Scope
 
 __all__ = [
     "AUTH_ERRORS",

@@ -17,7 +17,7 @@ from starlette.requests import Request
 
 from metering.api.offload import Offload
 from metering.meter import Meter
-from metering.producer import UsageProducer
+from metering.pipeline.producer import UsageProducer
 from metering.settings import Settings
 from metering.storage.queue_state import is_queued
 

@@ -20,7 +20,7 @@ from metering.api.parsing import parse_check
 from metering.api.problems import ApiProblem
 from metering.api.routes import route
 from metering.errors import InvalidInput, OccurredAtOutOfRange, UnknownLimit
-from metering.lookup import subject_usage
+from metering.usage.current import subject_usage
 
 router = APIRouter(prefix="/v1", tags=["decisions"])
 

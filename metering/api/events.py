@@ -46,7 +46,7 @@ from metering.api.queueing import (
 )
 from metering.api.routes import route
 from metering.domain.events import Charge, validate_event_id
-from metering.metrics import count_received
+from metering.telemetry.metrics import count_received
 
 router = APIRouter(prefix="/v1", tags=["events"])
 

@@ -1,7 +1,7 @@
 """``GET /v1/subjects/{subject}/usage/history``: a subject's usage over time.
 
 Per hour or day, the usage of one limit and the maximum in force in each
-bucket (`metering.history`: from the rollups for limits with dimensions,
+bucket (`metering.usage.history`: from the rollups for limits with dimensions,
 else from the counters' windows). A customer's key reads its own subject
 only (`metering.api.auth`: another subject is 404).
 """
@@ -20,7 +20,7 @@ from metering.api.context import Context
 from metering.api.models import SubjectInPath
 from metering.api.routes import route
 from metering.domain.instants import parse_instant
-from metering.history import usage_history
+from metering.usage.history import usage_history
 
 router = APIRouter(prefix="/v1", tags=["decisions"])
 

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from metering.domain.decisions import Decision
 from metering.domain.events import MAX_CHARGES, MAX_COST, MAX_SUBJECT_LENGTH
-from metering.lookup import LimitUsage, usage_dict
+from metering.usage.current import LimitUsage, usage_dict
 
 # The schema's patterns: the library's rules (`metering.domain`) where a
 # pattern can say them. A subject is any printable text without edge spaces;

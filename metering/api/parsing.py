@@ -44,7 +44,7 @@ from metering.domain.events import (
 from metering.domain.instants import parse_instant, to_us
 from metering.domain.limits import NAME_PATTERN, validate_limit_name
 from metering.errors import InvalidInput
-from metering.messages import event_text, single_event_text, usual_charge
+from metering.pipeline.messages import event_text, single_event_text, usual_charge
 
 BodyKind = Literal["json", "cloudevent", "cloudevents-batch"]
 MEDIA_TYPES: Final[dict[str, BodyKind]] = {
@@ -406,7 +406,7 @@ class QueuedEvent(NamedTuple):
     """A validated event as the queued path carries it: its id, charges and
     time (microseconds), its metadata, its fingerprint (what makes two
     deliveries of one id the same event) and ``text``, the event as a queued
-    message holds it (`metering.messages.event_text`)."""
+    message holds it (`metering.pipeline.messages.event_text`)."""
 
     event_id: str
     charges: tuple[Charge, ...]

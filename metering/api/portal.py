@@ -1,4 +1,4 @@
-"""``GET /portal``: a customer's usage page (`metering.portal`, docs/portal.md).
+"""``GET /portal``: a customer's usage page (`metering.usage.portal`, docs/portal.md).
 
 Opened with a customer's key (``Authorization: Bearer mk_...`` of a key made
 with ``--subject``) or a signed link (``?token=`` from ``metering portal
@@ -18,7 +18,7 @@ from starlette.responses import HTMLResponse, Response
 from metering.api.auth import BEARER, REALM, identity_of
 from metering.api.context import ApiContext, api_context
 from metering.api.problems import COMMON_ERRORS, ApiProblem, responses
-from metering.portal import portal_view, render_page, render_refusal, subject_of_link
+from metering.usage.portal import portal_view, render_page, render_refusal, subject_of_link
 
 router = APIRouter(tags=["portal"])
 # A browser's 401 is a page; any other client's a problem.

@@ -1,7 +1,8 @@
 """Prices and the spend report over HTTP.
 
 ``PUT /v1/prices/{limit}`` (body ``{"per_unit": "0.002", "currency":
-"USD", "effective_from": ...}``) and ``DELETE /v1/prices/{limit}?currency=USD``
+"USD", "effective_from": ...}``, or a ``model`` with its ``tiers``, ``package``
+and ``per_package``, and a ``flat_fee``) and ``DELETE /v1/prices/{limit}?currency=USD``
 change a limit's price (``admin`` scope); ``GET /v1/prices`` lists the
 changes and ``GET /v1/reports/spend?period=2026-11`` is ``metering report
 spend`` (``read`` scope), as JSON or, with ``format=csv`` or ``Accept:
@@ -17,7 +18,7 @@ import csv
 import io
 import json
 from datetime import datetime
-from typing import Annotated, Final
+from typing import Annotated, Final, Literal
 
 from fastapi import APIRouter, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
@@ -38,36 +39,79 @@ from metering.api.context import Context
 from metering.api.models import LIMIT_PATTERN, LimitFilter, SubjectFilter, body_fields
 from metering.api.reports import MEDIA, FormatChoice, negotiate
 from metering.api.routes import route
+from metering.domain.money import MAX_TIERS
 from metering.reports.spend import spend_report
 
 AMOUNT_PATTERN: Final = r"^[0-9]+(\.[0-9]+)?$"
 
 
-class PriceIn(BaseModel):
-    """A limit's price per unit from an instant on."""
+class TierIn(BaseModel):
+    """A tier: the window total it prices up to (null: no end), and its price per unit."""
 
     model_config = ConfigDict(extra="forbid")
 
-    per_unit: str = Field(
+    up_to: int | None = Field(gt=0, examples=[1000], description="Units of the window; null: inf.")
+    price: str = Field(pattern=AMOUNT_PATTERN, max_length=40, examples=["0.01"])
+
+
+class PriceIn(BaseModel):
+    """A limit's price from an instant on: per unit, or by a model, with a flat fee."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    per_unit: str | None = Field(
+        default=None,
         pattern=AMOUNT_PATTERN,
         max_length=40,
         examples=["0.002"],
-        description="Major units, as a decimal string; up to 6 decimals beyond the minor unit.",
+        description="Major units, as a decimal string; up to 6 decimals beyond the minor unit. "
+        "Required with the per_unit model, refused with the others.",
     )
     currency: str = Field(min_length=3, max_length=3, examples=["USD"], description="ISO 4217.")
     effective_from: datetime | None = Field(
         default=None, description="When it takes effect (default now). RFC 3339; naive is UTC."
     )
+    model: Literal["per_unit", "graduated", "volume", "package"] = Field(
+        default="per_unit",
+        description="graduated: each unit of the window at its tier's price; volume: every "
+        "unit at the price of the tier the window's total reaches; package: per_package for "
+        "each block of package units, rounded up.",
+    )
+    tiers: list[TierIn] | None = Field(
+        default=None,
+        max_length=MAX_TIERS,
+        description="graduated and volume: sorted by up_to, the last with up_to null.",
+    )
+    package: int | None = Field(default=None, gt=0, description="package: units in a package.")
+    per_package: str | None = Field(
+        default=None, pattern=AMOUNT_PATTERN, max_length=40, description="package: major units."
+    )
+    flat_fee: str | None = Field(
+        default=None,
+        pattern=AMOUNT_PATTERN,
+        max_length=40,
+        description="Major units charged once a window, with the charge that starts it.",
+    )
+
+
+class TierOut(BaseModel):
+    up_to: int | None
+    price: str
 
 
 class PriceOut(BaseModel):
-    """One price change; ``per_unit`` null: no price from then on."""
+    """One price change; ``per_unit`` null with the per_unit model: no price from then on."""
 
     limit: str
     currency: str
     per_unit: str | None
     per_unit_micro_minor: int | None = Field(description="The price as held: 1e-6 minor units.")
     effective_from: datetime
+    model: str
+    tiers: list[TierOut] | None = Field(default=None, description="graduated and volume.")
+    package: int | None = None
+    per_package: str | None = None
+    flat_fee: str | None = Field(default=None, description="Major units, once a window.")
 
 
 class Prices(BaseModel):
@@ -110,19 +154,49 @@ async def put_price(limit: LimitName, request: Request, context: Context) -> Res
     every charge of it also charges its subject's spend limits of the
     currency. 422 when no limit has the name."""
     fields = await read_object(request, PRICE_FIELDS)
-    for required in ("per_unit", "currency"):
-        if not isinstance(fields.get(required), str):
-            raise bad_field(required, "is required: a string")
+    if not isinstance(fields.get("currency"), str):
+        raise bad_field("currency", "is required: a string")
+    model = fields.get("model", "per_unit")
+    for name in ("per_unit", "model", "per_package", "flat_fee"):
+        if fields.get(name) is not None and not isinstance(fields[name], str):
+            raise bad_field(name, "must be a string")
+    if model == "per_unit" and not isinstance(fields.get("per_unit"), str):
+        raise bad_field("per_unit", "is required: a string")
+    package = fields.get("package")
+    if package is not None and (isinstance(package, bool) or not isinstance(package, int)):
+        raise bad_field("package", "must be a whole number")
     start = moment(fields.get("effective_from"), "effective_from")
     price = await threaded(
         context.meter.set_price,
         limit,
-        fields["per_unit"],
+        fields.get("per_unit"),
         fields["currency"],
         start,
+        model=model,
+        tiers=_tiers(fields.get("tiers")),
+        package=package,
+        per_package=fields.get("per_package"),
+        flat_fee=fields.get("flat_fee"),
         names=LIMIT_NAMES,
     )
     return JSONResponse(price.to_dict())
+
+
+def _tiers(value: object) -> list[tuple[object, object]]:
+    """The body's tiers as (up_to, price) pairs, checked by `Meter.set_price`."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise bad_field("tiers", "must be a list of {up_to, price}")
+    found: list[tuple[object, object]] = []
+    for tier in value:
+        if not isinstance(tier, dict) or set(tier) != {"up_to", "price"}:
+            raise bad_field("tiers", "each tier is an object {up_to, price}")
+        up_to, price = tier["up_to"], tier["price"]
+        if not isinstance(price, str):
+            raise bad_field("tiers", "a tier's price must be a string")
+        found.append((up_to, price))
+    return found
 
 
 @route(

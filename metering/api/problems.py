@@ -17,10 +17,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import starlette.exceptions
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, Field
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 
@@ -246,7 +246,7 @@ _HTTP_SLUGS: Final = {
 
 
 async def _http_error(_request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, StarletteHTTPException)
+    assert isinstance(exc, starlette.exceptions.HTTPException)
     slug = _HTTP_SLUGS.get(exc.status_code, "internal-error")
     detail = exc.detail if isinstance(exc.detail, str) else TYPES[slug][1]
     return problem_response(slug, detail, headers=exc.headers)
@@ -282,7 +282,7 @@ def install_problem_handlers(app: FastAPI) -> None:
     """Answer every error of ``app`` with a problem: the translation's one edge."""
     app.add_exception_handler(MeteringError, _metering_error)
     app.add_exception_handler(ApiProblem, _api_problem)
-    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(starlette.exceptions.HTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(ClientDisconnect, _client_gone)
     app.add_exception_handler(Exception, _unexpected)

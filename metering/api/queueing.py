@@ -34,10 +34,10 @@ from metering.errors import (
     OccurredAtOutOfRange,
     UnknownLimit,
 )
-from metering.lookup import StoredResult, stored_results
 from metering.meter import Meter
-from metering.producer import Item, UsageProducer
-from metering.routing import queue_for
+from metering.pipeline.producer import Item, UsageProducer
+from metering.pipeline.routing import queue_for
+from metering.usage.results import StoredResult, stored_results
 
 
 def conflicts_among(events: Sequence[UsageEvent], stored: Mapping[str, StoredResult]) -> list[str]:

@@ -21,13 +21,13 @@ from typing import Any, Final
 
 from metering.api.auth import STATE_KEY, ASGIApp, Receive, Send, key_subject
 from metering.api.problems import PROBLEM_JSON, problem_body
-from metering.apikeys import ApiRate
 from metering.domain.decisions import Decision
 from metering.domain.limits import Limit
 from metering.errors import UnknownLimit
 from metering.meter import Meter
 from metering.middleware import MeteringMiddleware, RequestInfo
 from metering.middleware.core import DeniedResponse
+from metering.settings import ApiRate
 
 RATE_LIMIT: Final = "metering.api.requests"
 

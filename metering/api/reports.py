@@ -122,6 +122,13 @@ class ReportRowOut(BaseModel):
     denied_events: int = Field(description="How many events were denied (would-deny: shadow).")
     utilisation_percent: float
     first_denied_at: datetime | None
+    time_zone: str | None = Field(
+        description="A window at the subject's local midnight (a subject with a time zone): "
+        "its IANA zone; else null."
+    )
+    local_window: str | None = Field(
+        description="That window's local label, e.g. '2026-11 Asia/Kolkata'; else null."
+    )
 
 
 class ReportOut(BaseModel):

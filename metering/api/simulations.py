@@ -3,7 +3,7 @@
 
 The body carries the limits and entitlements as JSON, in the shapes of the
 files ``metering limits load`` and ``metering entitlements load`` read
-(`metering.config.limits_from_data`, `entitlements_from_data`), ``since``
+(`metering.limits.files.limits_from_data`, `entitlements_from_data`), ``since``
 (a duration before now such as ``30d``, or an RFC 3339 time) and optionally
 ``subject``. Nothing is written; the answer is the figures per subject and
 limit.
@@ -22,8 +22,8 @@ from metering.api.admin_common import bad_field, invalid, json_body, read_object
 from metering.api.context import Context
 from metering.api.models import body_fields
 from metering.api.routes import route
-from metering.config import entitlements_from_data, limits_from_data
 from metering.errors import ConfigurationError, InvalidInput
+from metering.limits.files import entitlements_from_data, limits_from_data
 from metering.simulation import parse_since
 
 

@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "prices": "metering.cli.prices:prices",
     "grants": "metering.cli.grants:grants",
     "alerts": "metering.cli.alerts:alerts",
+    "subjects": "metering.cli.subjects:subjects",
     "void": "metering.cli.grants:void",
     "corrections": "metering.cli.grants:corrections",
     "consume": "metering.cli.events:consume",
@@ -66,6 +67,7 @@ SECTIONS: dict[str, dict[str, str]] = {
         "entitlements": "Give a subject its own maximum for a limit.",
         "grants": "Top up a subject's allowance for a limit.",
         "alerts": "Set a subject's own thresholds for a limit.",
+        "subjects": "Set a subject's time zone: its days and months start at its midnight.",
         "prices": "Price limits per unit; priced usage charges spend limits.",
     },
     "Usage": {

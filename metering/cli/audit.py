@@ -1,4 +1,4 @@
-"""``metering audit``: check that the ledger proves itself (`metering.audit`).
+"""``metering audit``: check that the ledger proves itself (`metering.upkeep.audit`).
 
 One line per violation (invariant, subject, limit, window or item, what the
 ledger says and what was found), then a table of the invariants and their
@@ -12,16 +12,16 @@ from datetime import datetime, timedelta
 
 import click
 
-from metering.audit import AuditOptions, AuditReport, run_audit
 from metering.cli.context import current_meter
 from metering.cli.options import format_option
 from metering.cli.output import when_us
 from metering.cli.tables import print_table, table
 from metering.domain.audit import Violation
 from metering.errors import InvalidInput
-from metering.routing import worker_queues
+from metering.pipeline.routing import worker_queues
 from metering.settings import Settings
 from metering.simulation import Since, parse_since
+from metering.upkeep.audit import AuditOptions, AuditReport, run_audit
 
 
 def _since(_ctx: click.Context, _param: click.Parameter, value: str | None) -> Since | None:

@@ -25,11 +25,11 @@ from metering.cli.output import (
     usage_table,
 )
 from metering.cli.tables import print_table
-from metering.counters import Counter
 from metering.errors import BrokerUnavailable
-from metering.lookup import usage_dict
 from metering.settings import broker_url
 from metering.storage.queue_state import is_queued
+from metering.usage.counters import Counter
+from metering.usage.current import usage_dict
 
 
 @click.command(epilog=EXIT_CODES_HELP)

@@ -18,8 +18,8 @@ from metering.domain.limits import Limit
 from metering.domain.money import format_amount
 
 if TYPE_CHECKING:  # the counters module loads the database stack
-    from metering.counters import Counter
-    from metering.lookup import LimitUsage
+    from metering.usage.counters import Counter
+    from metering.usage.current import LimitUsage
 
 EXIT_DENIED: Final = 2
 # `metering result` of an event still on a queue: no worker has decided it yet.
@@ -155,7 +155,7 @@ def counters_table(
         [
             c.subject,
             c.limit,
-            window_span(c.window_start, c.window_end),
+            _zoned(window_span(c.window_start, c.window_end), c.local_window),
             money(c.used, c.limit, spend),
             c.denied_count,
             money(c.denied_cost, c.limit, spend),
@@ -164,6 +164,11 @@ def counters_table(
         for c in counters
     ]
     return table(COUNTER_COLUMNS, rows, title)
+
+
+def _zoned(span: str | None, local: str | None) -> str | None:
+    """A window's UTC span, with its local label for a subject with a time zone."""
+    return span if local is None else f"{span} (local {local})"
 
 
 USAGE_COLUMNS: Final = (
@@ -178,7 +183,7 @@ USAGE_COLUMNS: Final = (
 
 
 def usage_table(found: Sequence[LimitUsage]) -> Table:
-    """A subject's limits now (`metering.lookup.LimitUsage`): ``runs out at``
+    """A subject's limits now (`metering.usage.current.LimitUsage`): ``runs out at``
     is the forecast at the recent rate, ``-`` when not before the reset."""
     rows: list[list[object]] = [
         [

@@ -13,7 +13,7 @@ import click
 from metering.cli.context import SentenceGroup, current_meter
 from metering.cli.output import when
 from metering.domain.links import parse_ttl
-from metering.portal import parse_grace
+from metering.usage.portal import parse_grace
 
 
 @click.group(cls=SentenceGroup)

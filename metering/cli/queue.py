@@ -20,15 +20,14 @@ from metering.cli.options import (
 )
 from metering.cli.output import iso_us
 from metering.cli.tables import print_table, table
-from metering.config import is_embedded_broker
 from metering.domain.bounds import MAX_LISTING
 from metering.errors import BrokerUnavailable
 from metering.meter import Meter
-from metering.producer import UsageProducer
-from metering.retention import RetentionPolicy
-from metering.retention import prune as prune_tables
-from metering.routing import MAX_QUEUES, worker_queues
-from metering.settings import broker_url, child_environment
+from metering.pipeline.producer import UsageProducer
+from metering.pipeline.routing import MAX_QUEUES, worker_queues
+from metering.pipeline.transport import is_embedded_broker
+from metering.settings import RetentionPolicy, broker_url, child_environment
+from metering.upkeep import retention
 
 MAX_CONCURRENCY: Final = 4096
 MAX_VISIBILITY_TIMEOUT_SECONDS: Final = 30 * 86_400
@@ -42,7 +41,7 @@ def emit(event: EventOptions, event_id: str | None, broker: str | None) -> None:
     """Queue one usage event for the workers (does not wait for the decision)."""
     # This process ends here: an event the broker did not take is dropped
     # and reported, never sent later behind the user's back.
-    logging.getLogger("metering.producer").setLevel(logging.ERROR)
+    logging.getLogger("metering.pipeline.producer").setLevel(logging.ERROR)
     # The database given to `metering` (else the producer's own default):
     # a charge to a limit it does not define is refused here.
     database = click.get_current_context().find_root().params.get("database")
@@ -205,7 +204,7 @@ def prune(dry_run: bool, visibility_timeout: float, fmt: str) -> None:
     (90) and METERING_RETAIN_WEBHOOKS_DAYS (30); `never` keeps a table. A
     result is kept at least as long as its event could be delivered again.
     """
-    done = prune_tables(
+    done = retention.prune(
         current_meter(),
         RetentionPolicy.from_environment(),
         visibility_timeout_seconds=visibility_timeout,

@@ -34,16 +34,14 @@ from metering.domain.instants import clock_text
 from metering.domain.jsonable import field_names
 from metering.domain.rollups import shown_value
 from metering.errors import InvalidInput
-from metering.limits import list_limits
+from metering.limits.service import list_limits
+from metering.reports import dimensions
 from metering.reports.charts import DEFAULT_TOP, chart_format, overage_chart, usage_chart
 from metering.reports.dimensions import (
     DIMENSION_COLUMNS,
     DimensionReport,
     DimensionRow,
     usage_by_dimension,
-)
-from metering.reports.dimensions import (
-    KIND as DIMENSION_KIND,
 )
 from metering.reports.export import FORMATS, write_csv, write_json
 from metering.reports.overage import BaseReport, Report, ReportRow, select_overage, select_usage
@@ -330,7 +328,7 @@ def _output_groups(grouped: DimensionReport, fmt: str, progress: bool | None) ->
     show = sys.stderr.isatty() if progress is None else progress
     rows = _with_progress(grouped) if show else grouped.rows()
     if fmt == "csv":
-        write_csv(rows, sys.stdout, DIMENSION_KIND)
+        write_csv(rows, sys.stdout, dimensions.KIND)
     elif fmt == "json":
         write_json(grouped, rows, sys.stdout)
     else:
@@ -384,7 +382,9 @@ def _cell(name: str, value: object) -> object:
 def _table_cell(row: Any, name: str, currencies: Mapping[str, str]) -> object:
     if name in SPANS:
         start, end = SPANS[name]
-        return window_span(getattr(row, start), getattr(row, end))
+        span = window_span(getattr(row, start), getattr(row, end))
+        local = getattr(row, "local_window", None)
+        return span if local is None else f"{span} (local {local})"
     value = getattr(row, name)
     if name in MONEY and row.limit in currencies and isinstance(value, int):
         return money(value, row.limit, currencies)

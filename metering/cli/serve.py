@@ -13,10 +13,10 @@ import click
 
 from metering.api.app import unsent_at_shutdown
 from metering.cli.context import AppState, CliError
-from metering.logs import uvicorn_log_config
 from metering.meter import Meter
-from metering.metrics import enable_multiprocess, metrics_directory
 from metering.settings import Settings, export_to_children
+from metering.telemetry.logs import uvicorn_log_config
+from metering.telemetry.metrics import enable_multiprocess, metrics_directory
 
 MAX_WORKERS = 256
 

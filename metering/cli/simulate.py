@@ -20,6 +20,7 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from metering import simulation
 from metering.cli.context import current_meter
 from metering.cli.options import FORMAT_OPTION, PROGRESS_OPTION
 from metering.cli.tables import print_table, table
@@ -27,7 +28,6 @@ from metering.domain.instants import clock_text
 from metering.domain.replay import SIMULATION_COLUMNS
 from metering.errors import InvalidInput
 from metering.reports.export import neutralise
-from metering.simulation import Progress as OnProgress
 from metering.simulation import Simulation, Since, parse_since
 
 NUMERIC = frozenset(SIMULATION_COLUMNS[2:])
@@ -94,7 +94,7 @@ def simulate(
 
 
 @contextmanager
-def _bar(show: bool) -> Iterator[OnProgress | None]:
+def _bar(show: bool) -> Iterator[simulation.Progress | None]:
     if not show:
         yield None
         return

@@ -36,11 +36,10 @@ from metering.cli.options import format_option, parse_seconds
 from metering.cli.output import when
 from metering.cli.tables import print_table, table
 from metering.clock import Clock, system_clock
-from metering.dead_letters import RECENT_SECONDS
 from metering.domain.instants import from_us, to_us
 from metering.errors import MeteringError
-from metering.producer import make_celery
-from metering.routing import MAX_QUEUES, worker_queues
+from metering.pipeline.producer import make_celery
+from metering.pipeline.routing import MAX_QUEUES, worker_queues
 from metering.settings import broker_url
 from metering.storage.connections import normalise_url
 from metering.storage.health import ALIVE_WITHIN_SECONDS, BEAT, WORKER, DatabaseProbe
@@ -52,6 +51,7 @@ from metering.storage.queue_state import (
     oldest_undecided,
     open_queues,
 )
+from metering.upkeep.dead_letters import RECENT_SECONDS
 
 EXIT_HEALTHY: Final = 0
 EXIT_UNHEALTHY: Final = 1

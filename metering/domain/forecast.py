@@ -1,24 +1,13 @@
 """A counter's recent rate, and when its window's allowance runs out at it.
 
-The rate is a decayed sum kept on the counter row: at each write at
-instant ``t`` that adds ``cost`` units (``used`` going up; a give-back or a
-denial adds nothing), ``rate' = rate * exp(-(t - rate_at) / TAU) + cost /
-TAU`` and ``rate_at' = t``, in units per second. A steady stream of ``r``
-units a second converges to ``r``; a burst of ``n`` units reads ``n /
-TAU`` at once and fades by ``1/e`` every ``TAU``. An instant before
-``rate_at`` (clocks of two workers) does not decay, and ``rate_at`` does
-not go back. A decay past ``FORGET_TAUS`` time constants, or a rate below
-``TINY_RATE``, reads 0 (no float underflow on PostgreSQL).
-
-`exhausts_at_us`: at the rate read now (decayed to ``now``) held constant,
-the instant the allowance left (``allowance - used``) is spent; None when
-it is not before the window ends, or the rate is 0. A window already spent
-exhausts now.
-
-`forecast_notice`: ``limit.forecast`` when the forecast falls within a
-limit's lead (its mark, ``forecast``, makes it once per window);
-`with_exhausts_at`: a ``limit.threshold`` notice told the forecast. Both
-count the maximum in force, not grants, and read the counter as written.
+The rate is a decayed sum kept on the counter row, in units per second: a write at
+``t`` adding ``cost`` sets ``rate' = rate * exp(-(t - rate_at) / TAU) + cost / TAU``
+(a give-back or a denial adds nothing; an instant before ``rate_at`` does not decay;
+past ``FORGET_TAUS`` or below ``TINY_RATE`` it reads 0). `exhausts_at_us`: when the
+allowance left is spent at the rate read now, None if not before the window ends.
+`forecast_notice` makes ``limit.forecast`` once per window within a limit's lead;
+`with_exhausts_at` tells a ``limit.threshold`` notice the forecast (both count the
+maximum in force, not grants).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A subject's usage history as a time series: buckets, sums, the maximum in force.
 
-Pure: `metering.history` reads the figures and hands them here. Buckets are UTC hours or
+Pure: `metering.usage.history` reads the figures and hands them here. Buckets are UTC hours or
 days (`BUCKETS`), ``[start, start + size)``; a series covers every bucket that meets
 ``[from, to)``, empty ones included, oldest first, at most `MAX_BUCKETS`. Usage comes as
 ``(at_us, used)`` pairs and counts in the bucket holding ``at_us`` (a rollup hour, or a

@@ -1,13 +1,12 @@
 """Money: currencies, amounts, prices and the rounding of a priced charge (docs/money.md).
 
-Amounts are integers of a currency's minor unit (`CURRENCIES`): `parse_amount` reads the
-major units a person writes and refuses more decimals than the currency has; `format_amount`
-writes them back; text goes through `Decimal`, never a float. A price is an integer of
-micro-minor units (`PRICE_EXTRA_DIGITS` below the minor unit: USD 0.002 a call is 200,000).
-A charge's amount is ``cost * per_unit`` rounded half to even to the minor unit, per charge
-(`charge_amount`); a spend limit is charged the sum of its event's rounded amounts, at most
-`MAX_AMOUNT` a charge (`bounded_amount`). Prices are effective-dated (`price_at`): one holds
-until the next of its limit; a price of None ends pricing from then on.
+Amounts are integers of a currency's minor unit (`CURRENCIES`), read and written through
+`Decimal` (`parse_amount`, `format_amount`); prices are integers of micro-minor units
+(`PRICE_EXTRA_DIGITS` below the minor unit). A per-unit charge is ``cost * per_unit``
+rounded half to even per charge (`charge_amount`, at most `MAX_AMOUNT`: `bounded_amount`);
+a tiered price (`MODELS`) and a flat fee price the window's total (`window_price`), and a
+charge costs the rounded price after it less that before it (`tiered_amount`). Prices are
+effective-dated (`price_at`); a price of None ends pricing from then on.
 """
 
 from __future__ import annotations
@@ -17,6 +16,8 @@ from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
+from itertools import pairwise
+from operator import attrgetter
 from typing import Final
 
 from metering.domain.bounds import shown
@@ -67,6 +68,11 @@ PRICE_SCALE: Final = 10**PRICE_EXTRA_DIGITS
 MAX_AMOUNT: Final = 10**15
 MAX_PRICE: Final = 10**15
 _NUMBER: Final = re.compile(r"[0-9]+(\.[0-9]+)?")
+# How a price turns a window's units into money.
+MODELS: Final = ("per_unit", "graduated", "volume", "package")
+MAX_TIERS: Final = 32
+# A tier: the window total it prices up to (None: no end), its price per unit (micro-minor).
+Tier = tuple[int | None, int]
 
 
 def validate_currency(code: object) -> str:
@@ -157,80 +163,283 @@ def charge_amount(cost: int, per_unit: int) -> int:
     return whole
 
 
+def round_micro(micro_minor: int) -> int:
+    """Micro-minor units to minor units, half to even (`charge_amount`'s rounding)."""
+    return charge_amount(micro_minor, 1)
+
+
 @dataclass(frozen=True, slots=True)
 class Price:
-    """A limit's price per unit from ``effective_from_us`` on (None: no price from then)."""
+    """A limit's price from ``effective_from_us`` on (``per_unit`` None with the
+    ``per_unit`` model: no price from then).
+
+    ``model``: ``per_unit`` (``per_unit`` micro-minor units a unit); ``graduated``
+    (each unit of the window at its tier's price) or ``volume`` (every unit of the
+    window at the price of the tier its total reaches), ``tiers`` sorted by their end,
+    the last without one; ``package`` (``per_package`` micro-minor units per block of
+    ``package`` units of the window, rounded up). ``flat_fee`` (minor units) is
+    charged once per window, with the charge that starts its total.
+    """
 
     limit: str
     currency: str
     per_unit: int | None
     effective_from_us: int
     created_at_us: int = 0
+    model: str = "per_unit"
+    tiers: tuple[Tier, ...] = ()
+    package: int | None = None
+    per_package: int | None = None
+    flat_fee: int = 0
+
+    @property
+    def prices(self) -> bool:
+        """Whether it prices (a removal does not)."""
+        return self.per_unit is not None or self.model != "per_unit"
+
+    @property
+    def counted(self) -> bool:
+        """Whether a charge's amount depends on its window's total (tiers, a flat fee)."""
+        return self.model != "per_unit" or self.flat_fee > 0
 
     def to_dict(self) -> dict[str, object]:
-        return {
+        currency = self.currency
+        found: dict[str, object] = {
             "limit": self.limit,
-            "currency": self.currency,
-            "per_unit": None
-            if self.per_unit is None
-            else format_price(self.per_unit, self.currency),
+            "currency": currency,
+            "per_unit": None if self.per_unit is None else format_price(self.per_unit, currency),
             "per_unit_micro_minor": self.per_unit,
             "effective_from": from_us(self.effective_from_us).isoformat(),
+            "model": self.model,
         }
+        if self.tiers:
+            found["tiers"] = [
+                {"up_to": up_to, "price": format_price(price, currency)}
+                for up_to, price in self.tiers
+            ]
+        if self.package is not None and self.per_package is not None:
+            found["package"] = self.package
+            found["per_package"] = format_price(self.per_package, currency)
+        if self.flat_fee:
+            found["flat_fee"] = format_amount(self.flat_fee, currency)
+        return found
+
+
+def parse_tier(text: object, currency: str) -> Tier:
+    """``"1000:0.01"`` (up to 1,000 units of the window, 0.01 a unit) or
+    ``"inf:0.005"`` as a `Tier`; also a pair ``(1000, "0.01")``."""
+    up_text: object
+    price_text: object
+    if isinstance(text, str) and text.count(":") == 1:
+        up_text, price_text = (part.strip() for part in text.split(":"))
+    elif isinstance(text, tuple | list) and len(text) == 2:
+        up_text, price_text = text
+    else:
+        raise InvalidInput("tiers", f"{shown(text)} is not a tier like 1000:0.01 or inf:0.005")
+    price = _scaled("tiers", price_text, minor_digits(currency) + PRICE_EXTRA_DIGITS, MAX_PRICE)
+    if up_text is None or (isinstance(up_text, str) and up_text.lower() == "inf"):
+        return (None, price)
+    up_to = int(up_text) if isinstance(up_text, str) and up_text.isdigit() else up_text
+    if isinstance(up_to, bool) or not isinstance(up_to, int) or up_to <= 0:
+        raise InvalidInput("tiers", f"a tier's end {shown(up_text)} is not a whole number > 0")
+    return (up_to, price)
+
+
+def validate_tiers(tiers: Sequence[Tier]) -> tuple[Tier, ...]:
+    """Tiers with increasing ends, the last without one (``inf``)."""
+    if not tiers:
+        raise InvalidInput("tiers", "give at least one tier, the last up to inf")
+    if len(tiers) > MAX_TIERS:
+        raise InvalidInput("tiers", f"at most {MAX_TIERS} tiers")
+    ends = [up_to for up_to, _ in tiers]
+    if ends[-1] is not None:
+        raise InvalidInput("tiers", "the last tier must be up to inf")
+    if None in ends[:-1]:
+        raise InvalidInput("tiers", "only the last tier may be up to inf")
+    finite = [end for end in ends[:-1] if end is not None]
+    if any(b <= a for a, b in pairwise(finite)):
+        raise InvalidInput("tiers", "tiers must be sorted by their end, each above the last")
+    if finite and finite[-1] > MAX_AMOUNT:
+        raise InvalidInput("tiers", f"a tier's end {finite[-1]:,} is too large")
+    return tuple(tiers)
+
+
+def validate_model(
+    model: str,
+    per_unit: int | None,
+    tiers: Sequence[Tier],
+    package: object,
+    per_package: int | None,
+) -> None:
+    """The fields ``model`` needs, and none it does not."""
+    if model not in MODELS:
+        raise InvalidInput("model", f"{shown(model)} is not one of {', '.join(MODELS)}")
+    if model == "per_unit" and per_unit is None:
+        raise InvalidInput("per_unit", "is required with the per_unit model")
+    if model != "per_unit" and per_unit is not None:
+        raise InvalidInput("per_unit", f"is not used with the {model} model")
+    if model in ("graduated", "volume"):
+        validate_tiers(tiers)
+    elif tiers:
+        raise InvalidInput("tiers", f"are not used with the {model} model")
+    if model == "package":
+        if isinstance(package, bool) or not isinstance(package, int) or package <= 0:
+            raise InvalidInput("package", f"{shown(package)}: give the units of a package, > 0")
+        if package > MAX_AMOUNT:
+            raise InvalidInput("package", f"{package:,} is too large")
+        if per_package is None:
+            raise InvalidInput("per_package", "is required with the package model")
+    elif package is not None or per_package is not None:
+        raise InvalidInput("package", f"is not used with the {model} model")
+
+
+def window_price(price: Price, total: int) -> int:
+    """The price of a window's ``total`` units, micro-minor units, flat fee
+    excluded; never less than that of a smaller total (``volume`` keeps the
+    highest price its total has reached: crossing into a cheaper tier costs
+    nothing until the total's price passes it)."""
+    if total <= 0:
+        return 0
+    model = price.model
+    if model == "package":
+        assert price.package is not None and price.per_package is not None
+        return -(-total // price.package) * price.per_package
+    if model == "per_unit":
+        assert price.per_unit is not None
+        return total * price.per_unit
+    tiers = price.tiers
+    if model == "graduated":
+        found, start = 0, 0
+        for up_to, each in tiers:
+            end = total if up_to is None else min(total, up_to)
+            if end > start:
+                found += (end - start) * each
+            if up_to is None or total <= up_to:
+                break
+            start = up_to
+        return found
+    # volume: the highest of n times its tier's price over n up to the total
+    best = 0
+    for up_to, each in tiers:
+        if up_to is None or total <= up_to:
+            return max(best, total * each)
+        best = max(best, up_to * each)
+    return best  # pragma: no cover - the last tier has no end
+
+
+def tiered_amount(price: Price, before: int, cost: int) -> int:
+    """What ``cost`` more units cost in a window that held ``before``: the
+    rounded price of the total after less that before (never negative), plus
+    the flat fee when the charge starts the window (``before`` 0).
+    A ``per_unit`` price rounds the charge on its own (`charge_amount`)."""
+    if cost <= 0:
+        return 0
+    if price.model == "per_unit":
+        assert price.per_unit is not None
+        amount = charge_amount(cost, price.per_unit)
+    else:
+        after = round_micro(window_price(price, before + cost))
+        amount = after - round_micro(window_price(price, before))
+    return amount + (price.flat_fee if before <= 0 else 0)
+
+
+def _ceiling(price: Price, cost: int) -> int:
+    """The most a charge of ``cost`` units may cost at ``price``, whatever its window held."""
+    if price.model == "per_unit":
+        assert price.per_unit is not None
+        top = cost * price.per_unit
+    elif price.model == "package":
+        assert price.package is not None and price.per_package is not None
+        top = (-(-cost // price.package) + 1) * price.per_package
+    else:
+        highest = max(each for _, each in price.tiers)
+        top = cost * highest
+        if price.model == "volume":  # a jump at a tier's end, at most its end at the highest
+            top += max((up_to or 0) for up_to, _ in price.tiers) * highest
+    return round_micro(top) + 1 + price.flat_fee
 
 
 # A limit's prices, sorted by effective_from_us.
 PriceHistory = Sequence[Price]
 
 
+_effective_from: Final = attrgetter("effective_from_us")
+
+
 def price_at(history: PriceHistory, at_us: int) -> Price | None:
     """The price in force at ``at_us``: the last one effective by then, if it prices."""
-    index = bisect_right([p.effective_from_us for p in history], at_us)
+    index = bisect_right(history, at_us, key=_effective_from)
     if index == 0:
         return None
     found = history[index - 1]
-    return found if found.per_unit is not None else None
+    return found if found.prices else None
 
 
 @dataclass(frozen=True, slots=True)
 class PricedCharge:
-    """What one charge costs: its position in the event, currency and amount (minor units)."""
+    """What one charge costs: its position in the event, currency and amount
+    (minor units); ``counted``: the amount depends on its window's total."""
 
     index: int
     subject: str
     currency: str
     amount: int
+    counted: bool = False
 
 
-def bounded_amount(cost: int, price: Price) -> int:
-    """`charge_amount` of ``cost`` units at ``price``, at most `MAX_AMOUNT`
-    (so an event's sums fit a BIGINT), else `InvalidInput` naming the cost."""
-    assert price.per_unit is not None
-    amount = charge_amount(cost, price.per_unit)
-    if amount > MAX_AMOUNT:
+def bounded_amount(cost: int, price: Price, before: int = 0) -> int:
+    """`tiered_amount` of ``cost`` units at ``price`` in a window that held
+    ``before``, when at most `MAX_AMOUNT` whatever the window held (so an
+    event's sums fit a BIGINT), else `InvalidInput` naming the cost."""
+    if price.counted:
+        too_much = _ceiling(price, cost) > MAX_AMOUNT
+    else:
+        assert price.per_unit is not None
+        too_much = charge_amount(cost, price.per_unit) > MAX_AMOUNT
+    if too_much:
         currency = price.currency
+        rate = (
+            f"at {format_price(price.per_unit, currency)} {currency} a unit cost"
+            if not price.counted and price.per_unit is not None
+            else f"at its {price.model} price may cost"
+        )
         raise InvalidInput(
             "cost",
-            f"{cost:,} units of {price.limit!r} at {format_price(price.per_unit, currency)} "
-            f"{currency} a unit cost more than {format_amount(MAX_AMOUNT, currency)} "
-            f"{currency}, the most one charge may cost",
+            f"{cost:,} units of {price.limit!r} {rate} more than "
+            f"{format_amount(MAX_AMOUNT, currency)} {currency}, the most one charge may cost",
         )
-    return amount
+    return tiered_amount(price, before, cost)
 
 
 def priced_charges(
     charges: Iterable[tuple[str, str, int]],
     prices: Mapping[str, PriceHistory],
     at_us: int,
+    used: Sequence[int] | None = None,
 ) -> list[PricedCharge]:
-    """The event's charges (subject, limit, cost) that have a price at ``at_us``, each
-    rounded on its own; `InvalidInput` when one costs more than `MAX_AMOUNT`."""
+    """The event's charges (subject, limit, cost) that have a price at ``at_us``,
+    each rounded on its own; `InvalidInput` when one may cost more than
+    `MAX_AMOUNT` (checked without ``used``, as the event is read). ``used``:
+    per charge, what its counter held before the event (None: nothing), read
+    at decision time for a `Price.counted` price; a counter charged twice by
+    the event counts its first charge for the second."""
     found: list[PricedCharge] = []
+    earlier: dict[tuple[str, str], int] = {}
     for index, (subject, limit, cost) in enumerate(charges):
         price = price_at(prices.get(limit, ()), at_us)
-        if price is not None and price.per_unit is not None:
-            amount = bounded_amount(cost, price)
-            found.append(PricedCharge(index, subject, price.currency, amount))
+        if price is None:
+            continue
+        before = 0
+        if price.counted:
+            key = (subject, limit)
+            before = (used[index] if used is not None else 0) + earlier.get(key, 0)
+            earlier[key] = earlier.get(key, 0) + cost
+        # With ``used``, at decision time: the bound was checked with the event.
+        if used is None:
+            amount = bounded_amount(cost, price, before)
+        else:
+            amount = tiered_amount(price, before, cost)
+        found.append(PricedCharge(index, subject, price.currency, amount, price.counted))
     return found
 
 
@@ -239,18 +448,27 @@ def spend_charges(
 ) -> list[tuple[str, str, int]]:
     """The charges (subject, spend limit, amount) an event adds: per subject and
     spend limit of the charge's currency, the sum of its rounded amounts.
-    Zero sums add nothing."""
+    Zero sums add nothing, but one of a `PricedCharge.counted` charge (known
+    at decision time only: the event's charges are set before)."""
     totals: dict[tuple[str, str], int] = {}
+    kept: set[tuple[str, str]] = set()
     for charge in priced:
         for limit in spend_limits.get(charge.currency, ()):
             key = (charge.subject, limit)
             totals[key] = totals.get(key, 0) + charge.amount
-    return [(subject, limit, amount) for (subject, limit), amount in totals.items() if amount]
+            if charge.counted:
+                kept.add(key)
+    return [
+        (subject, limit, amount)
+        for (subject, limit), amount in totals.items()
+        if amount or (subject, limit) in kept
+    ]
 
 
 __all__ = [
     "CURRENCIES",
     "MAX_AMOUNT",
+    "MODELS",
     "PRICE_EXTRA_DIGITS",
     "Price",
     "PricedCharge",
@@ -260,8 +478,12 @@ __all__ = [
     "format_price",
     "parse_amount",
     "parse_price",
+    "parse_tier",
     "price_at",
     "priced_charges",
     "spend_charges",
+    "tiered_amount",
     "validate_currency",
+    "validate_model",
+    "window_price",
 ]

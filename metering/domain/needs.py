@@ -40,6 +40,7 @@ class Need(StrEnum):
     IMPORT_FLAGS = "import_flags"  # an import that changes the rules
     DEAD_LETTERS = "dead_letters"  # malformed input recorded with the batch
     EARLY_FIRST_USE = "early_first_use"  # an event before its current first-use window
+    TIME_ZONE = "time_zone"  # a calendar window at a subject's local midnight
 
 
 EVERY: Final = frozenset(Need)

@@ -4,7 +4,7 @@
 candidate notices (the kinds and when each fires: docs/webhooks.md). Being the *first* of
 its kind is the database's part: a notice carries a `Mark` (limit, subject, window start,
 kind) inserted at most once; ``usage.corrected`` has none (a void happens once per event),
-``grant.low`` is marked on the grant's row, ``audit.violation`` (`metering.audit`) has
+``grant.low`` is marked on the grant's row, ``audit.violation`` (`metering.upkeep.audit`) has
 none. `reset_due` tells the sweeper when a denied subject has a fresh window (``limit.reset``).
 Token buckets have no windows: their marks use window start 0 and last one episode, until the
 bucket is full again (`bucket_full_at_us`); the sweeper then deletes them.

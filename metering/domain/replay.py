@@ -22,6 +22,7 @@ from metering.domain.jsonable import fields_dict
 from metering.domain.limits import Limit
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 from metering.domain.windows import Window, calendar_window, first_use_window
+from metering.domain.zones import ZoneHistory
 
 Pair = tuple[str, str]  # (limit name, subject), as the stores key them
 NOT_FITTING: Final = frozenset({"denied", "would_deny"})
@@ -87,12 +88,14 @@ class Replay:
 
     ``limits`` are the limits in force, by name; ``histories`` each
     (limit, subject)'s changes of maximum (`grants.maximum_at`). ``subject``,
-    if given, keeps only that subject's charges of each event.
+    if given, keeps only that subject's charges of each event. ``zones``: each
+    subject's changes of time zone (`metering.domain.zones`).
     """
 
     limits: Mapping[str, Limit]
     histories: Mapping[Pair, History] = field(default_factory=dict)
     subject: str | None = None
+    zones: Mapping[str, ZoneHistory] = field(default_factory=dict)
     states: dict[CounterKey, CounterState] = field(default_factory=dict)
     windows: dict[Pair, Window] = field(default_factory=dict)  # first-use, current
     tallies: dict[tuple[str, str], _Tally] = field(default_factory=dict)
@@ -138,7 +141,8 @@ class Replay:
         if limit.algorithm == "token_bucket":
             return CounterKey(limit.name, subject, NO_WINDOW, NO_WINDOW)
         if limit.window == "calendar":
-            return CounterKey(limit.name, subject, *calendar_window(limit.parsed_period, at_us))
+            window = calendar_window(limit.parsed_period, at_us, self.zones.get(subject, ()))
+            return CounterKey(limit.name, subject, *window)
         pair = (limit.name, subject)
         current = self.windows.get(pair)
         window = first_use_window(limit.parsed_period, at_us, current, None)

@@ -1,13 +1,13 @@
 """Where a fixed window starts and ends; all instants are microseconds since the epoch.
 
-``calendar`` windows are aligned in UTC from the instant alone: periods in seconds to
-multiples of the period counted from Monday 1970-01-05 00:00 (``1h`` on the hour, ``1d`` at
-midnight, ``7d`` on Monday), periods in months to calendar months from January 1970 (``1mo``
-the month, ``3mo`` the quarter). A ``first_use`` window opens at a subject's first event and
-lasts one period; the next event after it opens the next. A late event between two windows
-goes to the next when a window opened at it would overlap that one. A month-long first-use
-window ends on the same day of the next month, or that month's last day (Jan 31 -> Feb 28).
-A gauge's level is `gauge_level`; `evaluate_window` judges a reported level alone.
+``calendar`` windows are aligned in UTC (or at a subject's local midnight,
+`metering.domain.zones`): periods in seconds to multiples of the period from Monday
+1970-01-05 00:00 (``1h`` on the hour, ``1d`` at midnight, ``7d`` on Monday), periods in
+months to calendar months (``1mo``, ``3mo`` the quarter). A ``first_use`` window opens at
+a subject's first event and lasts one period; the next event after it opens the next. A
+late event between two windows goes to the next when one opened at it would overlap that
+one. A month-long first-use window ends on the same day of the next month, or that month's
+last day (Jan 31 -> Feb 28). `gauge_level`: a gauge's level; `evaluate_window` judges it.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from metering.domain.instants import from_us, to_us
 from metering.domain.limits import Limit, Period
 from metering.domain.pacing import ahead_of_pace, paced_maximum, paced_retry_us
 from metering.domain.state import CounterState, Evaluation
+from metering.domain.zones import ZoneHistory, follows_zone, zoned_window
 
 # 1970-01-05 was a Monday: weekly calendar windows start on Mondays.
 CALENDAR_ANCHOR_US: Final = 4 * 86_400 * 1_000_000
@@ -39,8 +40,11 @@ def add_period(start_us: int, period: Period) -> int:
     return to_us(start.replace(year=year, month=month, day=day))
 
 
-def calendar_window(period: Period, at_us: int) -> Window:
-    """The UTC-aligned calendar window containing ``at_us``."""
+def calendar_window(period: Period, at_us: int, zones: ZoneHistory = ()) -> Window:
+    """The calendar window containing ``at_us``: aligned in UTC, or for a subject
+    with a time zone (``zones``: its changes of zone) at its local midnights."""
+    if zones and follows_zone(period):
+        return zoned_window(period, zones, at_us)
     if not period.is_calendar_months:
         size = period.seconds * 1_000_000
         start = at_us - (at_us - CALENDAR_ANCHOR_US) % size

@@ -9,14 +9,14 @@ found, and the loop goes on to the next that implements it. A stale cache
 is reloaded and the same path asked again.
 
 Concurrent single calls share transactions (`metering.engine.group`). What
-every committed transaction decided is counted here (`metering.metrics`),
+every committed transaction decided is counted here (`metering.telemetry.metrics`),
 so callers count nothing. The differential tests hold every path to the
 reference engine's results, counters, notifications and checks.
 """
 
 from __future__ import annotations
 
-from collections import Counter as CountOf
+from collections import Counter
 from collections.abc import Callable, Container, Iterable, Sequence
 from typing import TypeVar
 
@@ -39,12 +39,12 @@ from metering.engine.answers import (
 from metering.engine.fast import LimitCache
 from metering.engine.group import GroupCommit
 from metering.engine.paths import Direct, OnConnection, OneTrip, Path, Reference
-from metering.metrics import UNKNOWN_LIMIT, count_events
 from metering.storage.database import Database
 from metering.storage.hot import HotStore
 from metering.storage.hot.direct_postgres import DirectPostgres
 from metering.storage.hot.sqlite import DirectSqlite
 from metering.storage.store import Store
+from metering.telemetry.metrics import UNKNOWN_LIMIT, count_events
 
 T = TypeVar("T")
 
@@ -235,7 +235,7 @@ def _count(
     invalid: InvalidPolicy,
     dead_letters: int,
 ) -> None:
-    """Count what a committed transaction decided (`metering.metrics.count_events`).
+    """Count what a committed transaction decided (`metering.telemetry.metrics.count_events`).
 
     A new result counts once under each distinct limit its event charges,
     with the event's outcome; a rejected event's unknown limits count as
@@ -263,7 +263,7 @@ def _count(
         if outcome == "denied":
             for name in result.denied_by:
                 denied_by[name] = denied_by.get(name, 0) + 1
-    outcomes = CountOf(keys)
+    outcomes = Counter(keys)
     for name, outcome in [key for key in outcomes if key[1] == "rejected" and key[0] not in known]:
         outcomes[(UNKNOWN_LIMIT, outcome)] += outcomes.pop((name, outcome))
     if invalid == "reject":

@@ -36,6 +36,7 @@ from metering.domain.grants import Balance, History, Pot, maximum_at
 from metering.domain.imports import ImportPolicy
 from metering.domain.instants import from_us
 from metering.domain.licenses import consumed_concurrent
+from metering.domain.money import Price, price_at, tiered_amount
 from metering.domain.needs import EVERY, NONE, Need, subject_needs
 from metering.domain.notifications import Notice, payload_of
 from metering.domain.recurring import Issue, issue_id, low_threshold
@@ -43,6 +44,7 @@ from metering.domain.reservations import held_charge
 from metering.domain.rollups import WOULD_DENY, merged, rollup_deltas, spend_deltas
 from metering.domain.rules import (
     BUCKET_WINDOW,
+    USED,
     EventOutcome,
     Key,
     Rule,
@@ -52,6 +54,7 @@ from metering.domain.rules import (
     grants_low,
 )
 from metering.domain.windows import Window, calendar_window, first_use_window
+from metering.domain.zones import ZoneHistory, follows_zone
 from metering.engine.answers import (
     CONFLICT,
     DUPLICATE,
@@ -64,10 +67,10 @@ from metering.engine.answers import (
     Unacceptable,
 )
 from metering.engine.forecasts import leads_of, with_forecasts
-from metering.engine.money import PriceBook, refuse_spend_charge
+from metering.engine.money import PriceBook, refuse_spend_charge, repriced
 from metering.engine.seats import Seats
 from metering.errors import EventConflict, InvalidInput, MeteringError, UnknownLimit
-from metering.messages import encode_event, raw_text
+from metering.pipeline.messages import encode_event, raw_text
 from metering.storage.alerts import AlertStore
 from metering.storage.allowances import AllowanceStore, draws_of
 from metering.storage.connections import RetryTransaction
@@ -114,7 +117,7 @@ class Allowances:
     every subject's changes of maximum (entitlements), which subjects have
     grants (only theirs are read, under lock, with their counters), when
     their recurring grants' next issues are due (only those are locked, in
-    the same read) and their thresholds of their own."""
+    the same read), their thresholds of their own and their changes of time zone."""
 
     histories: dict[Pair, History] = field(default_factory=dict)
     grant_pairs: frozenset[Pair] = frozenset()
@@ -122,6 +125,8 @@ class Allowances:
     alerts: dict[Pair, Own] = field(default_factory=dict)
     # What each (limit, subject) with allowances of its own needs (`metering.domain.needs`).
     needs: dict[Pair, frozenset[Need]] = field(default_factory=dict)
+    # Each subject's changes of time zone (`metering.domain.zones`): only those with one.
+    zones: dict[str, ZoneHistory] = field(default_factory=dict)
 
     @classmethod
     def of(
@@ -130,6 +135,7 @@ class Allowances:
         grant_pairs: frozenset[Pair],
         due: dict[Pair, int],
         alerts: dict[Pair, Own],
+        zones: dict[str, ZoneHistory] | None = None,
     ) -> Allowances:
         """The allowances, with each pair's needs worked out."""
         needs = {
@@ -141,14 +147,15 @@ class Allowances:
             )
             for pair in {*histories, *grant_pairs, *due, *alerts}
         }
-        return cls(histories, grant_pairs, due, alerts, needs)
+        return cls(histories, grant_pairs, due, alerts, needs, zones or {})
 
     def charged(self, rules: dict[str, Rule], records: Iterable[EventRecord]) -> set[Need]:
         """What the charges of ``records`` need: their rules' needs, their
-        subjects' own, an unknown limit's (`Need.INVALID`) and one event's
-        charges of one counter (`Need.REPEATED_COUNTER`)."""
+        subjects' own, an unknown limit's (`Need.INVALID`), one event's
+        charges of one counter (`Need.REPEATED_COUNTER`) and a calendar
+        window of a subject with a time zone (`Need.TIME_ZONE`)."""
         found: set[Need] = set()
-        own = self.needs
+        own, zones = self.needs, self.zones
         for record in records:
             charges = record.charges
             for subject, name, _ in charges:
@@ -160,6 +167,8 @@ class Allowances:
                     found |= rule.needs
                 if own:
                     found |= own.get((name, subject), NONE)
+                if zones and rule.calendar and subject in zones and follows_zone(rule.period):
+                    found.add(Need.TIME_ZONE)
             if len(charges) > 1 and len({c[:2] for c in charges}) < len(charges):
                 found.add(Need.REPEATED_COUNTER)
         return found
@@ -200,6 +209,7 @@ class LimitCache:
                 (alert.limit, alert.subject): (alert.thresholds, alert.thresholds_units)
                 for alert in AlertStore(connection).listed()
             },
+            allowances.time_zones(),
         )
         book = PriceBook.read(PriceStore(connection), version)
         priced = set(book.prices)
@@ -236,12 +246,22 @@ _CHARGE_OUTCOME: Final = CHARGE_KEYS.index("outcome")  # in a charge's row
 
 
 class _Windows:
-    """Calendar windows, remembering the last one per limit (a batch is mostly one)."""
+    """Calendar windows, remembering the last one per limit (a batch is mostly
+    one), and per limit and time zone for subjects with one (``zones``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, zones: dict[str, ZoneHistory]) -> None:
         self.last: dict[str, Window] = {}
+        self.zones = zones
+        self.zoned: dict[tuple[str, ZoneHistory], Window] = {}
 
-    def calendar(self, rule: Rule, at_us: int) -> Window:
+    def calendar(self, rule: Rule, subject: str, at_us: int) -> Window:
+        history = self.zones.get(subject) if self.zones else None
+        if history is not None and follows_zone(rule.period):
+            key = (rule.name, history)
+            window = self.zoned.get(key)
+            if window is None or not window[0] <= at_us < window[1]:
+                window = self.zoned[key] = calendar_window(rule.period, at_us, history)
+            return window
         window = self.last.get(rule.name)
         if window is None or not window[0] <= at_us < window[1]:
             window = self.last[rule.name] = calendar_window(rule.period, at_us)
@@ -327,6 +347,9 @@ class _Spend:
         # By the event's position in the batch: its priced charges' (currency,
         # amount), by their position in the event.
         self.amounts: dict[int, dict[int, tuple[str, int]]] = {}
+        # The events whose spend charges are priced by their counters (tiers);
+        # the usual one, with one priced charge, as (its position, its price).
+        self.counted: dict[int, tuple[int, Price] | None] = {}
 
     @classmethod
     def of(cls, cache: LimitCache, version: int, rules: dict[str, Rule]) -> _Spend:
@@ -347,6 +370,13 @@ class _Spend:
             return event, event_rules, exc
         if priced:
             self.amounts[index] = {c.index: (c.currency, c.amount) for c in priced}
+            if any(c.counted for c in priced):
+                self.counted[index] = None
+                if len(priced) == 1:
+                    _, limit, _ = event.charges[priced[0].index]
+                    price = price_at(self.book.prices[limit], event.occurred_at_us)
+                    assert price is not None
+                    self.counted[index] = (priced[0].index, price)
         if not extra:
             return event, event_rules, None
         added: list[Rule] = []
@@ -357,6 +387,33 @@ class _Spend:
             added.append(rule)
         expanded = event._replace(charges=(*event.charges, *extra))
         return expanded, [*event_rules, *added], None
+
+    def reprice(
+        self,
+        index: int,
+        event: EventRecord,
+        charges: Sequence[tuple[str, str, int]],
+        states: Sequence[State],
+    ) -> Sequence[tuple[str, str, int]]:
+        """``charges`` with event ``index``'s spend charges priced by its
+        counters' ``states`` before it, when a price of it is counted."""
+        if index not in self.counted:
+            return charges
+        single = self.counted[index]
+        if single is not None:  # each spend charge costs what the one priced charge does
+            position, price = single
+            amount = tiered_amount(price, states[position][USED], charges[position][2])
+            self.amounts[index] = {position: (price.currency, amount)}
+            head = len(event.charges) - len(self.book.spend.get(price.currency, ()))
+            return [*charges[:head], *((s, name, amount) for s, name, _ in charges[head:])]
+        book, at_us = self.book, event.occurred_at_us
+        used = [state[USED] for state in states]
+        found, spent = repriced(book.prices, book.spend, event.charges, at_us, used)
+        self.amounts[index] = {c.index: (c.currency, c.amount) for c in found}
+        return [
+            charge if amount is None else (charge[0], charge[1], amount)
+            for charge, amount in zip(charges, spent, strict=True)
+        ]
 
     def annotate(self, index: int, verdict: EventOutcome) -> None:
         """The (currency, amount) of each consumed priced charge of event ``index``."""
@@ -443,7 +500,7 @@ class _Applying:
         self.cache = cache
         self.batch = batch
         self.version, self.rules, self.allowances = cache.current
-        self.calendar = _Windows()
+        self.calendar = _Windows(self.allowances.zones)
         self.first: dict[str, int] = {}  # each id's first position
         # Each event's answer, or for a repeat its first occurrence's position.
         self.answers: list[Answer | int] = [-1] * len(batch.records)
@@ -505,7 +562,7 @@ class _Applying:
                 if fixed is not None:
                     fixed.append((key, BUCKET_WINDOW))
             elif rule.calendar:
-                window = self.calendar.calendar(rule, event.occurred_at_us)
+                window = self.calendar.calendar(rule, subject, event.occurred_at_us)
                 key = (name, subject, window[0])
                 self.keys[key] = window[1]
                 if fixed is not None:
@@ -608,6 +665,8 @@ class _Applying:
         if self.wanted_seats and any(rule.distinct for rule in event_rules):
             event_seats = _seat_keys(event, event_rules, event_windows)
             charges = _seat_charges(event, self.seats.costs(event_seats))
+        if self.spend is not None:
+            charges = self.spend.reprice(index, event, charges, event_states)
         verdict = decide(
             event_rules,
             charges,
@@ -635,7 +694,7 @@ class _Applying:
             if rule.bucket:
                 window = BUCKET_WINDOW
             elif rule.calendar:
-                window = self.calendar.calendar(rule, at_us)
+                window = self.calendar.calendar(rule, subject, at_us)
             else:
                 window = _first_use(rule, (name, subject), at_us, windows, self.moved)
             fixed.append(((name, subject, window[0]), window))
@@ -780,7 +839,7 @@ def _issues(
 def refused_event(event: EventRecord | UsageEvent, reason: str) -> Rejected:
     """The dead letter of an event rejected with ``reason``: the event as a
     queued message holds it, so it is listed, and applied by
-    `metering.dead_letters.replay` once it is acceptable."""
+    `metering.upkeep.dead_letters.replay` once it is acceptable."""
     return Rejected(event.event_id, reason, raw_text(encode_event(event)))
 
 
@@ -920,7 +979,7 @@ def check_record(
         return Declined("a recurring grant's issue is due", Need.RECURRING)
     granted = sorted(set(charged) & allowances.grant_pairs) if allowances.grant_pairs else []
     at_us = event.occurred_at_us
-    calendar = _Windows()
+    calendar = _Windows(allowances.zones)
     pairs: list[Pair] = []
     keys: list[WantedKey] = []
     seats: list[WantedSeat] = []
@@ -928,7 +987,7 @@ def check_record(
         if rule.bucket:
             keys.append((name, subject, *BUCKET_WINDOW))
         elif rule.calendar:
-            keys.append((name, subject, *calendar.calendar(rule, at_us)))
+            keys.append((name, subject, *calendar.calendar(rule, subject, at_us)))
         else:
             pairs.append((name, subject))
         if rule.distinct:  # a first-use window's: in the pair's current one
@@ -947,7 +1006,7 @@ def check_record(
         if rule.bucket:
             window = BUCKET_WINDOW
         elif rule.calendar:
-            window = calendar.calendar(rule, at_us)
+            window = calendar.calendar(rule, subject, at_us)
         else:
             current = snapshot.windows.get((name, subject))
             if current is not None and at_us < current[0]:
@@ -961,6 +1020,8 @@ def check_record(
     if seats:
         costs = Seats(snapshot.seen).costs(_seat_keys(event, event_rules, windows))
         charges = _seat_charges(event, costs)
+    if spend is not None:
+        charges = spend.reprice(0, event, charges, states)
     verdict = decide(event_rules, charges, windows, states, at_us, event.event_id, None, pots)
     if spend is not None:
         spend.annotate(0, verdict)

@@ -10,6 +10,12 @@ nothing, in the same transaction. A charge that would cost more than the
 largest amount makes its event unacceptable (`Money.refusal`), as a bad
 time does. The fast path does the same with every price and spend limit
 cached with the limits (`PriceBook`, `metering.engine.fast.LimitCache`).
+
+A tiered price or a flat fee (`Price.counted`) charges by what its window
+held before the event: the event carries its spend charges from the start
+(0 kept), and each path prices them again at decision time with the
+counters it decides with (`repriced`), so a batch's events each see the
+totals the ones before them left.
 """
 
 from __future__ import annotations
@@ -19,7 +25,13 @@ from dataclasses import dataclass, field, replace
 
 from metering.domain.events import Charge, UsageEvent
 from metering.domain.limits import Limit
-from metering.domain.money import PricedCharge, PriceHistory, priced_charges, spend_charges
+from metering.domain.money import (
+    PricedCharge,
+    PriceHistory,
+    price_at,
+    priced_charges,
+    spend_charges,
+)
 from metering.errors import InvalidInput
 from metering.storage.prices import PriceStore
 from metering.storage.store import Store
@@ -67,6 +79,18 @@ class Money:
         found = priced_charges(event.charges, self.prices, event.occurred_at_us)
         return {c.index: (c.currency, c.amount) for c in found}
 
+    def counted(self, event: UsageEvent) -> bool:
+        return is_counted(self.prices, event.charges, event.occurred_at_us)
+
+    def repriced(
+        self, event: UsageEvent, used: Sequence[int]
+    ) -> tuple[dict[int, tuple[str, int]], list[int | None]]:
+        """Each priced charge's (currency, amount) with its counters at
+        ``used``, and per charge of the expanded ``event`` a spend charge's
+        amount (None for the event's own charges)."""
+        found, costs = repriced(self.prices, self.spend, event.charges, event.occurred_at_us, used)
+        return {c.index: (c.currency, c.amount) for c in found}, costs
+
 
 @dataclass(frozen=True, slots=True)
 class PriceBook:
@@ -89,6 +113,34 @@ class PriceBook:
         cost too much (`Money.refusal`)."""
         priced = priced_charges(charges, self.prices, at_us)
         return priced, [Charge(*c) for c in spend_charges(priced, self.spend)]
+
+
+def is_counted(
+    prices: Mapping[str, PriceHistory], charges: Sequence[tuple[str, str, int]], at_us: int
+) -> bool:
+    """Whether a charge's price at ``at_us`` depends on its window's total."""
+    for _, limit, _ in charges:
+        history = prices.get(limit)
+        if history:
+            price = price_at(history, at_us)
+            if price is not None and price.counted:
+                return True
+    return False
+
+
+def repriced(
+    prices: Mapping[str, PriceHistory],
+    spend: Mapping[str, Sequence[str]],
+    charges: Sequence[tuple[str, str, int]],
+    at_us: int,
+    used: Sequence[int],
+) -> tuple[list[PricedCharge], list[int | None]]:
+    """An expanded event's priced charges (its own, then its spend charges)
+    priced with ``used`` (what each charge's counter held before the event),
+    and per charge the spend charges' amounts, None for its own."""
+    priced = priced_charges(charges, prices, at_us, used)
+    tail = [amount for _, _, amount in spend_charges(priced, spend)]
+    return priced, [None] * (len(charges) - len(tail)) + tail
 
 
 def refuse_spend_charge(limit: Limit) -> InvalidInput | None:

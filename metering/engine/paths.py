@@ -55,7 +55,6 @@ from metering.engine.reference import (
 )
 from metering.engine.seats import Seats, seat_keys
 from metering.errors import EventConflict, InvalidInput, StorageError
-from metering.metrics import count_reference
 from metering.storage.database import Database
 from metering.storage.hot.direct_postgres import DirectPostgres
 from metering.storage.hot.one_trip import FunctionDeclined, apply_one
@@ -64,6 +63,7 @@ from metering.storage.hot.sqlite import DirectSqlite
 from metering.storage.recurring import issue_due
 from metering.storage.reservations import ReservationStore
 from metering.storage.store import Store
+from metering.telemetry.metrics import count_reference
 
 
 class Path(Protocol):

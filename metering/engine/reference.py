@@ -40,6 +40,7 @@ from metering.domain.notifications import Transition, notices_of, payload_of
 from metering.domain.rollups import merged, rollup_deltas, spend_deltas
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 from metering.domain.windows import Window, calendar_window, first_use_window
+from metering.domain.zones import ZoneHistory, follows_zone
 from metering.engine.answers import InvalidPolicy
 from metering.engine.forecasts import leads_of, with_forecasts
 from metering.engine.money import Money, refuse_spend_charge
@@ -61,21 +62,32 @@ Decided = Decision | EventConflict
 
 @dataclass
 class WindowResolver:
-    """Finds each charge's counter key; remembers windows opened in this batch."""
+    """Finds each charge's counter key; remembers windows opened in this batch
+    and the subjects' changes of time zone it read (a calendar window's)."""
 
     store: Store
     current: dict[Pair, Window | None]
     opened: dict[Pair, list[Window]] = field(default_factory=lambda: defaultdict(list))
     changed: dict[Pair, Window] = field(default_factory=dict)
+    zones: dict[str, ZoneHistory] = field(default_factory=dict)
 
     def key(self, limit: Limit, subject: str, at_us: int) -> CounterKey:
         if limit.algorithm == "token_bucket":
             return CounterKey(limit.name, subject, NO_WINDOW, NO_WINDOW)
         if limit.window == "calendar":
-            start, end = calendar_window(limit.parsed_period, at_us)
+            period = limit.parsed_period
+            zones = self.zones_of(subject) if follows_zone(period) else ()
+            start, end = calendar_window(period, at_us, zones)
         else:
             start, end = self._first_use(limit, (limit.name, subject), at_us)
         return CounterKey(limit.name, subject, start, end)
+
+    def zones_of(self, subject: str) -> ZoneHistory:
+        found = self.zones.get(subject)
+        if found is None:
+            read = AllowanceStore(self.store.connection).time_zones([subject])
+            found = self.zones[subject] = read.get(subject, ())
+        return found
 
     def _first_use(self, limit: Limit, pair: Pair, at_us: int) -> Window:
         current = self.current.get(pair)
@@ -344,8 +356,19 @@ def decide_with_states(
     """
     allowed = allowed or Allowed()
     at_us = event.occurred_at_us
-    priced = allowed.money.priced(event) if allowed.money is not None else {}
+    money = allowed.money
+    priced: dict[int, tuple[str, int]] = {}
     chosen = costs or [None] * len(event.charges)
+    if money is not None:
+        if money.counted(event):  # tiers: priced with the counters as they are now
+            used = [states.get(key, CounterState()).used for key in keys]
+            priced, spent = money.repriced(event, used)
+            chosen = [
+                mine if theirs is None else theirs
+                for mine, theirs in zip(chosen, spent, strict=True)
+            ]
+        else:
+            priced = money.priced(event)
     inputs = [
         ChargeInput(
             allowed.limit_for(limits[c.limit], c.subject, at_us),

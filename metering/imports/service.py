@@ -138,7 +138,7 @@ def _apply(
     summary: ImportSummary,
     progress: Progress | None,
 ) -> None:
-    # As the worker does (`metering.pipeline`): no cyclic collection mid-batch.
+    # As the worker does (`metering.pipeline.batches`): no cyclic collection mid-batch.
     enabled = gc.isenabled()
     gc.disable()
     try:

@@ -6,9 +6,10 @@ The rules (currencies, rounding, prices in force) are in
 """
 
 from metering.money.service import (
+    Tiered,
     prices,
     remove_price,
     set_price,
 )
 
-__all__ = ["prices", "remove_price", "set_price"]
+__all__ = ["Tiered", "prices", "remove_price", "set_price"]

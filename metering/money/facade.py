@@ -3,6 +3,7 @@ of the facade, kept beside its feature)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 
 from metering import money
@@ -16,10 +17,25 @@ class PricesFacade:
     database: Database
 
     def set_price(
-        self, limit: str, per_unit: object, currency: str, effective_from: datetime | None = None
+        self,
+        limit: str,
+        per_unit: object | None,
+        currency: str,
+        effective_from: datetime | None = None,
+        *,
+        model: str = "per_unit",
+        tiers: Sequence[object] = (),
+        package: int | None = None,
+        per_package: object | None = None,
+        flat_fee: object | None = None,
     ) -> Price:
-        """Price ``limit`` at ``per_unit`` major units (text, exact) from ``effective_from`` on."""
-        return money.set_price(self.database, limit, per_unit, currency, effective_from)
+        """Price ``limit`` at ``per_unit`` major units (text, exact) from
+        ``effective_from`` on; or by ``model`` (``per_unit`` None):
+        ``graduated`` or ``volume`` with ``tiers`` (``"1000:0.01"``, ...,
+        ``"inf:0.005"``), ``package`` with ``package`` units at
+        ``per_package``; ``flat_fee`` (major units) once a window, with any."""
+        tiered = money.Tiered(model, tuple(tiers), package, per_package, flat_fee)
+        return money.set_price(self.database, limit, per_unit, currency, effective_from, tiered)
 
     def remove_price(
         self,

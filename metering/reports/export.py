@@ -16,8 +16,8 @@ from datetime import datetime
 from functools import lru_cache
 from typing import IO, Any, Final
 
+from metering.reports import dimensions
 from metering.reports.dimensions import DIMENSION_COLUMNS, DimensionReport, DimensionRow
-from metering.reports.dimensions import KIND as DIMENSION_KIND
 from metering.reports.overage import COLUMNS, BaseReport, ReportRange, ReportRow
 from metering.reports.shadow import SHADOW_COLUMNS, ShadowRow
 
@@ -53,6 +53,8 @@ def csv_cells(row: ReportRow) -> tuple[object, ...]:
         row.denied_events,
         row.utilisation_percent,
         "" if first is None else first.isoformat(),
+        neutralise(row.time_zone or ""),
+        neutralise(row.local_window or ""),
     )
 
 
@@ -93,7 +95,7 @@ FORMATS: Final[dict[str, CsvFormat]] = {
     "overage": (COLUMNS, csv_cells),
     "usage": (COLUMNS, csv_cells),
     "shadow": (SHADOW_COLUMNS, shadow_cells),
-    DIMENSION_KIND: (DIMENSION_COLUMNS, dimension_cells),
+    dimensions.KIND: (DIMENSION_COLUMNS, dimension_cells),
 }
 
 

@@ -27,8 +27,11 @@ from metering.domain.events import validate_subject
 from metering.domain.instants import as_utc, clock_text, from_us, parse_instant, to_us
 from metering.domain.jsonable import fields_dict
 from metering.domain.limits import validate_limit_name
+from metering.domain.zones import window_label
 from metering.errors import InvalidInput, UnknownLimit
+from metering.storage.allowances import AllowanceStore
 from metering.storage.database import Database, DatabaseSource, database_of
+from metering.storage.limits import LimitStore
 from metering.storage.reports import (
     ReportQuery,
     ReportStore,
@@ -60,6 +63,8 @@ class ReportRow:
     is the cost of the demand refused (a shadow limit's would-denies), never
     billed, and ``denied_events`` how many events asked for it.
     ``utilisation_percent`` is ``100 * used / maximum``, rounded to 2 places.
+    ``time_zone`` and ``local_window``: a window aligned at a subject's local
+    midnight (`metering.domain.zones`), its zone and local label; else None.
     """
 
     subject: str
@@ -76,6 +81,9 @@ class ReportRow:
     denied_events: int
     utilisation_percent: float
     first_denied_at: datetime | None
+    # A window at a zoned subject's local midnight: its zone and local label.
+    time_zone: str | None = None
+    local_window: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The row as JSON-ready values: instants as ISO 8601 strings (UTC)."""
@@ -257,6 +265,25 @@ class Report(BaseReport[ReportRow]):
 
     def decode(self, record: Any) -> ReportRow:
         return _row(record)
+
+    def rows(self) -> Iterator[ReportRow]:
+        """The rows, streamed, a zoned subject's window with its local label."""
+        with self.database.reading() as connection:
+            zones = AllowanceStore(connection).time_zones()
+            periods = {
+                limit.name: limit.parsed_period
+                for limit in LimitStore(connection).list_limits()
+                if limit.window == "calendar" and limit.algorithm != "token_bucket"
+            }
+            for record in ReportStore(connection).stream(self.statement):
+                row = _row(record)
+                history, period = zones.get(row.subject), periods.get(row.limit)
+                if history is not None and period is not None:
+                    window = (to_us(row.window_start), to_us(row.window_end))
+                    label = window_label(period, history, window)
+                    if label is not None:
+                        row.time_zone, row.local_window = label
+                yield row
 
 
 def checked_top(top: object) -> None:

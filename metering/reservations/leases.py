@@ -42,10 +42,10 @@ from metering.errors import MeteringError
 from metering.reservations import transactions
 from metering.reservations.admin import EngineSettler, commit, reserve
 from metering.reservations.handle import Reservation
-from metering.results import consumed
 from metering.storage.prices import PriceStore
 from metering.storage.quota_notices import QuotaListener
 from metering.storage.store import Store
+from metering.usage.results import consumed
 
 T = TypeVar("T")
 

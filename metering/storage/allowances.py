@@ -30,11 +30,18 @@ from sqlalchemy import (
 from metering.domain.decisions import ROW_FIELDS
 from metering.domain.grants import DEFAULT_PRIORITY, Balance, Entitlement, History, Pot
 from metering.domain.notifications import _iso
+from metering.domain.zones import UTC_ZONE, ZoneHistory
 from metering.storage.counters import Pair
 from metering.storage.limits import BUMP_LIMITS_VERSION
 from metering.storage.on_connection import OnConnection
 from metering.storage.records import RecordColumns
-from metering.storage.tables import corrections, entitlements, grant_draws, grants
+from metering.storage.tables import (
+    corrections,
+    entitlements,
+    grant_draws,
+    grants,
+    subject_time_zones,
+)
 from metering.storage.webhook_records import encode_payload
 from metering.storage.webhooks import WebhookStore
 
@@ -168,6 +175,33 @@ class AllowanceStore(OnConnection):
         for name, subject, start, maximum in self.connection.execute(query):
             found[(name, subject)].append((start, maximum))
         return {pair: tuple(sorted(changes)) for pair, changes in found.items()}
+
+    # -- time zones --------------------------------------------------------
+
+    def set_time_zone(self, subject: str, zone: str, now_us: int) -> bool:
+        """Record ``subject``'s change to ``zone`` at ``now_us``; False (nothing
+        written) if that is its zone already (UTC when it never had one)."""
+        history = self.time_zones([subject]).get(subject, ())
+        if (history[-1][1] if history else UTC_ZONE) == zone:
+            return False
+        row = {"subject": subject, "since_us": now_us, "time_zone": zone}
+        self._upsert(subject_time_zones, row, ["subject", "since_us"], changed=["time_zone"])
+        self.connection.execute(BUMP_LIMITS_VERSION)
+        return True
+
+    def time_zones(self, subjects: Iterable[str] | None = None) -> dict[str, ZoneHistory]:
+        """Each subject's changes of zone, oldest first (every subject that has one: None)."""
+        z = subject_time_zones.c
+        query = select(z.subject, z.since_us, z.time_zone).order_by(z.subject, z.since_us)
+        if subjects is not None:
+            wanted = sorted(set(subjects))
+            if not wanted:
+                return {}
+            query = query.where(z.subject.in_(wanted))
+        found: dict[str, list[tuple[int, str]]] = defaultdict(list)
+        for subject, since_us, zone in self.connection.execute(query):
+            found[subject].append((since_us, zone))
+        return {subject: tuple(changes) for subject, changes in found.items()}
 
     # -- grants ------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""The audit's SQL (`metering.audit`; the rules: `metering.domain.audit`).
+"""The audit's SQL (`metering.upkeep.audit`; the rules: `metering.domain.audit`).
 
 `AuditStore` reads the ledger from an instant on (results by
 ``decided_at_us``, voids by ``created_at_us``, give-backs by

@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 from queue import Empty
 from typing import Any, Final
 
-from kombu.transport import sqlalchemy as kombu_sqla
+import kombu.transport.sqlalchemy
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
 from sqlalchemy import (
@@ -106,7 +106,7 @@ def sweep_embedded_broker(
 # -- the transport ------------------------------------------------------------------
 
 
-class _EmbeddedChannel(kombu_sqla.Channel):
+class _EmbeddedChannel(kombu.transport.sqlalchemy.Channel):
     """kombu's SQLAlchemy channel, safe when processes start together.
 
     On a new broker file every process creates kombu's tables and its queue
@@ -159,7 +159,7 @@ class _EmbeddedChannel(kombu_sqla.Channel):
             return self.session.query(self.queue_cls).filter(self.queue_cls.name == queue).one()
 
 
-class EmbeddedTransport(kombu_sqla.Transport):
+class EmbeddedTransport(kombu.transport.sqlalchemy.Transport):
     """The embedded broker's transport (``broker_transport`` for ``sqla+sqlite``)."""
 
     Channel = _EmbeddedChannel

@@ -17,7 +17,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
-from sqlalchemy.exc import TimeoutError as PoolTimeout
+import sqlalchemy.exc
 
 C = TypeVar("C")
 
@@ -52,7 +52,7 @@ class ConnectionBudget:
             if self._pid != os.getpid():
                 self._reset()
             if not self._changed.wait_for(lambda: self._in_use < self.size, self.timeout):
-                raise PoolTimeout(
+                raise sqlalchemy.exc.TimeoutError(
                     f"all {self.size} connections of the process's budget stayed busy, "
                     f"timeout {self.timeout:.2f} (METERING_DB_CONNECTIONS)"
                 )

@@ -12,6 +12,7 @@ SQLite file, and refuses an older PostgreSQL schema (``metering db upgrade``).
 
 from __future__ import annotations
 
+import math
 import random
 import sqlite3
 import time
@@ -32,10 +33,10 @@ from metering.errors import (
     SchemaOutdated,
     StorageError,
 )
-from metering.metrics import count_db_error, count_db_retry
 from metering.settings import connection_budget, db_connections
 from metering.settings import sqlite_synchronous as sqlite_synchronous
 from metering.storage.budget import ConnectionBudget
+from metering.telemetry.metrics import count_db_error, count_db_retry
 
 T = TypeVar("T")
 
@@ -115,7 +116,7 @@ def _postgres_engine(url: str, connections: int, kwargs: dict[str, Any]) -> Engi
         # How `metering status` (and an operator) finds this process's connections.
         connect_args.setdefault("application_name", APPLICATION_NAME)
         kwargs["connect_args"] = connect_args
-    # Looked up when called: tracing wraps it (`metering.tracing`).
+    # Looked up when called: tracing wraps it (`metering.telemetry.tracing`).
     engine = sqlalchemy.create_engine(url, **kwargs)
     _CONNECT_ARGS[engine] = connect_args
     _BUDGETS[engine] = budget
@@ -160,6 +161,10 @@ def sqlite_pragmas(connection: sqlite3.Connection, synchronous: str) -> None:
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
     cursor.execute(f"PRAGMA synchronous={synchronous}")
+    try:  # counters' rates decay with exp(): a build without math functions gets Python's
+        cursor.execute("SELECT exp(0)")
+    except sqlite3.OperationalError:
+        connection.create_function("exp", 1, math.exp, deterministic=True)
     cursor.close()
 
 

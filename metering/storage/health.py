@@ -26,6 +26,7 @@ from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from metering.clock import Clock
 from metering.domain.instants import to_us
 from metering.errors import ConfigurationError
+from metering.storage import tables
 from metering.storage.connections import (
     APPLICATION_NAME,
     MIGRATIONS_DIR,
@@ -39,7 +40,6 @@ from metering.storage.connections import (
 from metering.storage.database import Database
 from metering.storage.limits import LimitStore
 from metering.storage.store import Store
-from metering.storage.tables import heartbeats as heartbeats_table
 
 T = TypeVar("T")
 
@@ -191,7 +191,7 @@ class DatabaseProbe:
     def heartbeats(self, role: str) -> dict[str, int]:
         """When each process of ``role`` was last seen: name -> microseconds since
         the epoch; empty while there is no heartbeats table (a schema behind)."""
-        table = heartbeats_table
+        table = tables.heartbeats
         query = select(table.c.name, table.c.seen_at_us).where(table.c.role == role)
 
         def work(connection: Connection) -> dict[str, int]:
@@ -226,14 +226,14 @@ class DatabaseProbe:
 
 def _upsert(connection: Connection, role: str, name: str, now_us: int) -> None:
     module: Any = postgresql if connection.dialect.name == "postgresql" else sqlite
-    statement = module.insert(heartbeats_table).values(role=role, name=name, seen_at_us=now_us)
+    statement = module.insert(tables.heartbeats).values(role=role, name=name, seen_at_us=now_us)
     connection.execute(
         statement.on_conflict_do_update(
             index_elements=["role", "name"], set_={"seen_at_us": now_us}
         )
     )
     connection.execute(
-        delete(heartbeats_table).where(heartbeats_table.c.seen_at_us < now_us - FORGET_AFTER_US)
+        delete(tables.heartbeats).where(tables.heartbeats.c.seen_at_us < now_us - FORGET_AFTER_US)
     )
 
 
@@ -264,7 +264,7 @@ def forget_heartbeat(
     connect_timeout_seconds: float = DEFAULT_CONNECT_TIMEOUT_SECONDS,
 ) -> None:
     """Delete the heartbeat of ``name``: it stopped on purpose."""
-    table = heartbeats_table
+    table = tables.heartbeats
     gone = delete(table).where(table.c.role == role, table.c.name == name)
     with _engine(url, connect_timeout_seconds) as engine:
         Database(engine).run(lambda connection: connection.execute(gone))

@@ -11,14 +11,15 @@ row first so that two rotations at once run one after the other.
 
 from __future__ import annotations
 
-import secrets as random_secrets
+import secrets
 from dataclasses import dataclass
 
 from sqlalchemy import Connection, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
+from metering.storage import tables
 from metering.storage.connections import RetryTransaction
-from metering.storage.tables import counters, entitlements, secrets, usage_rollups
+from metering.storage.tables import counters, entitlements, usage_rollups
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,13 +99,15 @@ def portal_secret(connection: Connection, now_us: int, name: str = "portal") -> 
     """The stored secret ``name``, made now (256 random bits) if there is none.
     Two processes making it at once: the first insert wins; the other's
     transaction runs again (`RetryTransaction`) and reads it."""
-    query = select(secrets.c.value).where(secrets.c.name == name)
+    query = select(tables.secrets.c.value).where(tables.secrets.c.name == name)
     found = connection.execute(query).scalar_one_or_none()
     if found is not None:
         return str(found)
-    value = random_secrets.token_urlsafe(32)
+    value = secrets.token_urlsafe(32)
     try:
-        connection.execute(insert(secrets).values(name=name, value=value, created_at_us=now_us))
+        connection.execute(
+            insert(tables.secrets).values(name=name, value=value, created_at_us=now_us)
+        )
     except IntegrityError:  # made by another process meanwhile: read it on the retry
         raise RetryTransaction from None
     return value
@@ -118,7 +121,7 @@ def portal_secrets(connection: Connection, now_us: int, name: str = "portal") ->
     """The secret ``name`` (made if there is none), then the one it replaced
     while that one's grace lasts (``expires_at_us`` after ``now_us``)."""
     current = portal_secret(connection, now_us, name)
-    s = secrets.c
+    s = tables.secrets.c
     query = select(s.value).where(s.name == _previous(name), s.expires_at_us > now_us)
     previous = connection.execute(query).scalar_one_or_none()
     return [current] if previous is None else [current, str(previous)]
@@ -127,19 +130,19 @@ def portal_secrets(connection: Connection, now_us: int, name: str = "portal") ->
 def rotate_secret(connection: Connection, now_us: int, until_us: int, name: str = "portal") -> None:
     """Make a new secret ``name``; the one it replaces stays, as
     ``<name>.previous``, until ``until_us`` (one before it goes)."""
-    s = secrets.c
+    s = tables.secrets.c
     locked = select(s.value).where(s.name == name).with_for_update()
     old = connection.execute(locked).scalar_one_or_none()
     if old is None:
         portal_secret(connection, now_us, name)
         return
-    connection.execute(delete(secrets).where(s.name == _previous(name)))
+    connection.execute(delete(tables.secrets).where(s.name == _previous(name)))
     connection.execute(
-        insert(secrets).values(
+        insert(tables.secrets).values(
             name=_previous(name), value=old, created_at_us=now_us, expires_at_us=until_us
         )
     )
-    new = random_secrets.token_urlsafe(32)
+    new = secrets.token_urlsafe(32)
     connection.execute(
-        update(secrets).where(s.name == name).values(value=new, created_at_us=now_us)
+        update(tables.secrets).where(s.name == name).values(value=new, created_at_us=now_us)
     )

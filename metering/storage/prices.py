@@ -8,20 +8,35 @@ lookup per event (the general engine decides money).
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Iterable
 from typing import Final
 
 from sqlalchemy import bindparam, func, select
 
-from metering.domain.money import Price, PriceHistory
+from metering.domain.money import Price, PriceHistory, Tier
 from metering.domain.rollups import SPEND_DIMENSION
 from metering.storage.limits import BUMP_LIMITS_VERSION
 from metering.storage.on_connection import OnConnection
 from metering.storage.records import RecordColumns
 from metering.storage.tables import limits, prices, usage_rollups
 
-_PRICE: Final = RecordColumns(Price, columns={"limit": "limit_name"})
+
+def _tiers_text(tiers: tuple[Tier, ...]) -> str | None:
+    return json.dumps([list(tier) for tier in tiers]) if tiers else None
+
+
+def _tiers_of(text: str | None) -> tuple[Tier, ...]:
+    return tuple((up_to, price) for up_to, price in json.loads(text)) if text else ()
+
+
+_PRICE: Final = RecordColumns(
+    Price,
+    columns={"limit": "limit_name", "package": "package_size"},
+    read={"tiers": _tiers_of},
+    write={"tiers": _tiers_text},
+)
 
 
 class PriceStore(OnConnection):

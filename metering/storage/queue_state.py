@@ -6,8 +6,8 @@ pushed on the left and taken from the right; a taken, unacknowledged message sit
 `REDIS_UNACKED_KEY` hash as ``[envelope, exchange, routing key]``. On the embedded broker
 (`metering.storage.broker`) a queue is rows of ``kombu_message``; a taken one is invisible
 until the sweep deletes it or makes it visible again. Every message is a kombu envelope:
-headers (Celery's ``task``; `SENT_AT_HEADER` from `metering.routing`) and a body holding
-``[args, kwargs, embed]``, whose first argument is a batch (`metering.messages`).
+headers (Celery's ``task``; `SENT_AT_HEADER` from `metering.pipeline.routing`) and a body holding
+``[args, kwargs, embed]``, whose first argument is a batch (`metering.pipeline.messages`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import SQLAlchemyError
 
 from metering.errors import BrokerUnavailable, ConfigurationError
-from metering.routing import APPLY_BATCH_TASK, DEFAULT_QUEUE, SENT_AT_HEADER
+from metering.pipeline.routing import APPLY_BATCH_TASK, DEFAULT_QUEUE, SENT_AT_HEADER
 from metering.storage.kombu_tables import kombu_messages, kombu_queues
 
 # kombu's Redis layout (kombu.transport.redis.Channel).

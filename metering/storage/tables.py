@@ -294,6 +294,16 @@ entitlements = Table(
     PrimaryKeyConstraint("subject", "limit_name", "effective_from_us"),
 )
 
+# A subject's changes of time zone (`metering.domain.zones`), oldest first by ``since_us``.
+subject_time_zones = Table(
+    "subject_time_zones",
+    metadata,
+    Column("subject", String(200), nullable=False),
+    Column("since_us", BigInteger, nullable=False, autoincrement=False),
+    Column("time_zone", String(64), nullable=False),
+    PrimaryKeyConstraint("subject", "since_us"),
+)
+
 # Top-ups: ``amount`` on top of the maximum, ``used`` of it so far, active
 # from ``effective_from_us`` until ``expires_at_us`` (exclusive; NULL: never).
 grants = Table(
@@ -549,11 +559,17 @@ prices = Table(
     Column("currency", String(3), nullable=False),
     Column("per_unit", BigInteger, nullable=True),
     Column("created_at_us", BigInteger, nullable=False),
+    # A tiered price (migration 0026): its model, tiers (JSON), package and flat fee.
+    Column("model", String(16), nullable=False, server_default="per_unit"),
+    Column("tiers", Text, nullable=True),
+    Column("package_size", BigInteger, nullable=True),
+    Column("per_package", BigInteger, nullable=True),
+    Column("flat_fee", BigInteger, nullable=False, server_default="0"),
     PrimaryKeyConstraint("limit_name", "effective_from_us"),
 )
 
 
-# -- the audit (metering.audit, migration 0025) ---------------------------------
+# -- the audit (metering.upkeep.audit, migration 0025) ---------------------------------
 # Instants the audit keeps (by name): ``checked_to`` (the last run's
 # watermark: results, voids, give-backs and resets up to it are in
 # ``audit_windows``), ``results_pruned_before`` (retention's cut-off, so a

@@ -7,9 +7,9 @@ endpoints and deliveries over a `metering.Meter`.
 
 from metering.domain.notifications import MESSAGE_TYPES
 from metering.errors import WebhookVerificationError
+from metering.settings import DeliverySettings
 from metering.webhooks.delivery import DeliveryReport, deliver_due, sweep_resets
 from metering.webhooks.endpoints import Endpoint, Webhooks
-from metering.webhooks.settings import DeliverySettings
 from metering.webhooks.signing import generate_secret, sign, verify
 
 __all__ = [

@@ -40,11 +40,9 @@ from typing import TYPE_CHECKING, Final
 from sqlalchemy import Connection
 
 from metering.domain.instants import from_us, to_us
-from metering.domain.notifications import DeliveryStatus, Mark, reset_due
-from metering.domain.notifications import payload_of as notice_payload
+from metering.domain.notifications import DeliveryStatus, Mark, payload_of, reset_due
 from metering.errors import SecretKeyError
-from metering.logs import redact
-from metering.metrics import count_delivery
+from metering.settings import DeliverySettings
 from metering.storage.database import Database, DatabaseSource, database_of
 from metering.storage.webhooks import (
     AttemptRecord,
@@ -52,10 +50,11 @@ from metering.storage.webhooks import (
     WebhookStore,
     encode_payload,
 )
+from metering.telemetry.logs import redact
+from metering.telemetry.metrics import count_delivery
 from metering.webhooks.destinations import DestinationRefused, delivery_client, url_error
 from metering.webhooks.dispatch import Claim, Dispatcher
 from metering.webhooks.encryption import SecretBox
-from metering.webhooks.settings import DeliverySettings
 from metering.webhooks.signing import sign
 
 if TYPE_CHECKING:
@@ -385,7 +384,7 @@ def sweep_resets(source: DatabaseSource, batch: int = 500) -> int:
             if step.notice is not None:
                 if endpoints is None:
                     endpoints = store.list_endpoints(enabled_only=True)
-                payload = encode_payload(notice_payload(step.notice, now_us))
+                payload = encode_payload(payload_of(step.notice, now_us))
                 store.add_message(step.notice.type, payload, endpoints, now_us)
                 written += 1
             store.settle_mark(mark, delete_it=step.delete, due_at_us=None)

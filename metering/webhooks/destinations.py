@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     import httpcore
     import httpx
 
-    from metering.webhooks.settings import DeliverySettings
+    from metering.settings import DeliverySettings
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network

@@ -23,7 +23,7 @@ from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
 from metering.clock import Clock, system_clock
 from metering.errors import ConfigurationError, SecretKeyError
-from metering.webhooks.settings import SECRET_KEY_VARIABLE, secret_keys
+from metering.settings import SECRET_KEY_VARIABLE, secret_keys
 
 ENCRYPTED_PREFIX: Final = "fernet:"
 

@@ -24,6 +24,7 @@ from metering.domain.bounds import shown, validate_count, validate_row_id, valid
 from metering.domain.instants import from_us, to_us
 from metering.domain.notifications import MESSAGE_TYPES, TEST_TYPE, DeliveryStatus
 from metering.errors import ConfigurationError, InvalidInput, SecretKeyError, UnknownWebhookEndpoint
+from metering.settings import DeliverySettings, rotation_grace_seconds
 from metering.storage.database import DatabaseSource, database_of
 from metering.storage.webhooks import (
     AttemptRecord,
@@ -36,7 +37,6 @@ from metering.storage.webhooks import (
 from metering.webhooks import delivery
 from metering.webhooks.destinations import refused_destination, url_error
 from metering.webhooks.encryption import SecretBox, is_encrypted
-from metering.webhooks.settings import DeliverySettings, rotation_grace_seconds
 from metering.webhooks.signing import generate_secret, mask_secret, validate_secret
 
 T = TypeVar("T")

@@ -52,9 +52,8 @@ from metering.reports import (
     usage_report,
     write_csv,
 )
-from metering.settings import Settings
+from metering.settings import DeliverySettings, Settings
 from metering.webhooks.endpoints import Webhooks
-from metering.webhooks.settings import DeliverySettings
 from metering.webhooks.signing import verify
 
 Serve = Callable[[Any], str]  # the serve_api_shared fixture

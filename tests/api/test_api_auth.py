@@ -25,10 +25,10 @@ from sqlalchemy import select
 from metering import FrozenClock, Limit, Meter
 from metering.api import create_api
 from metering.api.ratelimit import RATE_LIMIT
-from metering.apikeys import ApiKeys, ApiRate
+from metering.apikeys import ApiKeys
 from metering.cli import main
 from metering.errors import DatabaseUnavailable
-from metering.settings import Settings
+from metering.settings import ApiRate, Settings
 from metering.storage.api_keys import ApiKeyStore
 from metering.storage.tables import metadata
 

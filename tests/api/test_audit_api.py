@@ -12,9 +12,9 @@ from sqlalchemy import update
 
 from metering import FrozenClock, Limit, Meter
 from metering.apikeys import ApiKeys
-from metering.audit import run_audit
 from metering.domain.audit import INVARIANTS
 from metering.storage.tables import counters
+from metering.upkeep.audit import run_audit
 
 NOW = datetime(2026, 11, 22, 9, 30, tzinfo=UTC)
 

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from metering import FrozenClock, Limit, Meter
-from metering.portal import portal_view, render_page
+from metering.usage.portal import portal_view, render_page
 
 NOON = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 

@@ -76,6 +76,7 @@ def test_a_priced_limit_charges_a_spend_cap_over_http(http: httpx.Client, meter:
         "per_unit": "0.002",
         "per_unit_micro_minor": 200_000,
         "effective_from": NOW.isoformat(),
+        "model": "per_unit",
     }
     assert http.get("/v1/prices").json()["prices"] == [price.json()]
     assert [meter.consume("org-1", "calls", 20).allowed for _ in range(2)] == [True, True]

@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from metering import FrozenClock, Limit, Meter, make_event
-from metering.messages import encode_batch, encode_event
-from metering.pipeline import apply_batch
+from metering.pipeline.batches import apply_batch
+from metering.pipeline.messages import encode_batch, encode_event
 
 NOW = datetime(2026, 11, 22, 9, 30, tzinfo=UTC)
 

@@ -16,6 +16,7 @@ CONFIGURATIONS = [
     "plain hard limit",
     "stacked on two limits",
     "priced, with a spend cap",
+    "tiered price (graduated, flat fee), spend cap",
     'seats (distinct="user")',
     "a grant on every subject (paying)",
     "a recurring grant on every subject (paying)",
@@ -24,6 +25,7 @@ CONFIGURATIONS = [
     'dimensions=("route",)',
     'a gauge (aggregation="max")',
     "paced (pacing=True, burst 5%)",
+    "a time zone on every subject",
     "mix: entitlement, recurring grant, price + cap, seats",
 ]
 

@@ -22,8 +22,8 @@ from metering.cli.demo import chart_line, metering_command, webhook_line
 from metering.demo import DemoFiles, WebhookReceiver
 from metering.domain.events import make_event
 from metering.errors import MeteringError
-from metering.messages import encode_batch, encode_event
-from metering.pipeline import apply_batch
+from metering.pipeline.batches import apply_batch
+from metering.pipeline.messages import encode_batch, encode_event
 from metering.storage.connections import SCHEMA_REVISION
 from metering.webhooks import generate_secret, sign
 

@@ -26,10 +26,10 @@ from metering import FrozenClock, Limit, Meter
 from metering.cli import main
 from metering.cli.status import collect_status
 from metering.domain.events import make_event
-from metering.messages import encode_batch, encode_event
-from metering.pipeline import apply_batch
-from metering.producer import UsageProducer, make_celery
-from metering.routing import APPLY_BATCH_TASK, SENT_AT_HEADER
+from metering.pipeline.batches import apply_batch
+from metering.pipeline.messages import encode_batch, encode_event
+from metering.pipeline.producer import UsageProducer, make_celery
+from metering.pipeline.routing import APPLY_BATCH_TASK, SENT_AT_HEADER
 from metering.settings import Settings
 from metering.storage.connections import SCHEMA_REVISION
 from metering.storage.health import (

@@ -460,7 +460,7 @@ def test_validate_metadata_accepts_characters_outside_the_basic_plane() -> None:
 
 @pytest.mark.parametrize("bad_id", ["bad-\ud800", "bad-\x00", "x" * 129, "with space"])
 def test_a_malformed_queued_event_keeps_its_id_only_when_the_id_is_valid(bad_id: str) -> None:
-    from metering.messages import decode_records
+    from metering.pipeline.messages import decode_records
 
     item = {"id": bad_id, "charges": [["s", "calls", 1]], "at": 1_795_000_000_000_000}
     events, rejected = decode_records({"v": 1, "events": [item]})

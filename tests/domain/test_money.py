@@ -173,6 +173,7 @@ def test_a_price_as_a_dict() -> None:
         "per_unit": "0.012345",
         "per_unit_micro_minor": 1_234_500,
         "effective_from": "2027-01-15T08:00:00+00:00",
+        "model": "per_unit",
     }
     assert Price("api", "JPY", None, at_us).to_dict() == {
         "limit": "api",
@@ -180,6 +181,7 @@ def test_a_price_as_a_dict() -> None:
         "per_unit": None,
         "per_unit_micro_minor": None,
         "effective_from": "2027-01-15T08:00:00+00:00",
+        "model": "per_unit",
     }
 
 

@@ -1,5 +1,5 @@
-"""The pure rules of recurring grants, grant.low and per-subject alert
-thresholds (`metering.domain.recurring`, `metering.domain.alerts`)."""
+"""The pure rules of recurring grants and grant.low (`metering.domain.recurring`);
+the per-subject alert thresholds' are in test_alerts.py."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from datetime import UTC, datetime
 
 import pytest
 
-from metering.domain.alerts import parse_points, shown_points
 from metering.domain.grants import Balance, Pot
 from metering.domain.instants import to_us
 from metering.domain.limits import parse_period
@@ -115,45 +114,6 @@ def test_grant_low_in_units_or_percent() -> None:
 def test_priority_comes_before_expiry_in_the_draw() -> None:
     pot = Pot([Balance("soon", 5, 0, 0, 100), Balance("first", 5, 0, 0, None, priority=1)])
     assert pot.plan(7, 50) == [("first", 5), ("soon", 2)]
-
-
-def test_alert_points_are_percentages_and_amounts() -> None:
-    assert parse_points(["80%", "5000", 90, "50 %"]) == ((50, 80), (90, 5000))
-    assert shown_points((50, 80), (90,)) == ["50%", "80%", "90"]
-    assert parse_points("80%") == ((80,), ())
-    for bad in ([], ["0%"], ["1001%"], [0], [True], ["x"], [None], ["10" * 10]):
-        with pytest.raises(InvalidInput):
-            parse_points(bad)
-
-
-@pytest.mark.parametrize(
-    ("values", "message"),
-    [
-        ([], "give at least one threshold, such as 80% or 5000"),
-        ([True], "True is not a threshold"),
-        ([0], "0 must be between 1 and 1000000000000000"),
-        ([10**15 + 1], "1000000000000001 must be between 1 and 1000000000000000"),
-        ([2.5], "2.5 is not a threshold such as 80% or 5000"),
-        (["x%"], "'x%' is not a threshold such as 80% or 5000"),
-        (["1" * 16], "'1111111111111111' must be between 1 and 1000000000000000"),
-        (["1" * 17], "'11111111111111111' is not a threshold such as 80% or 5000"),
-        (["0"], "'0' must be between 1 and 1000000000000000"),
-        (["1001%"], "'1001%' must be between 1 and 1000"),
-        (["0%"], "'0%' must be between 1 and 1000"),
-        ([f"{p}%" for p in range(1, 18)], "at most 16 percentages and amounts each"),
-        (list(range(1, 18)), "at most 16 percentages and amounts each"),
-    ],
-)
-def test_bad_alert_points_say_why(values: list[object], message: str) -> None:
-    with pytest.raises(InvalidInput) as raised:
-        parse_points(values)
-    assert (raised.value.field, str(raised.value)) == ("at", f"at: {message}")
-
-
-def test_alert_points_at_their_bounds() -> None:
-    assert parse_points([1, "1%", "1000%", 10**15, str(10**15)]) == ((1, 1000), (1, 10**15))
-    sixteen = [f"{p}%" for p in range(1, 17)] + list(range(1, 17))
-    assert parse_points(sixteen) == (tuple(range(1, 17)), tuple(range(1, 17)))
 
 
 def test_an_issue_is_due_at_the_instant_the_last_one_ends() -> None:

@@ -175,3 +175,15 @@ def test_a_bucket_taking_more_than_its_capacity_over_time_has_no_overage() -> No
     for second in range(5):
         replay.feed(StoredEvent(T0 + second * 1_000_000, (("s", "api", 1),)))
     assert replay.rows() == [SimulationRow("s", "api", 5, 0, 0, 0, 0)]
+
+
+def test_a_subjects_time_zone_aligns_its_replayed_days() -> None:
+    # Kathmandu's days start at 18:15 UTC: 18:10 and 18:20 fall in two of them.
+    day = Limit("daily", maximum=1, period="1d", window="calendar")
+    evening = 1_775_412_600_000_000  # 2026-04-05T18:10:00Z
+    ten_minutes = 600_000_000
+    for zones, would_deny in [({}, 1), ({"org": ((0, "Asia/Kathmandu"),)}, 0)]:
+        replay = Replay({"daily": day}, zones=zones)
+        replay.feed(StoredEvent(evening, (("org", "daily", 1),)))
+        replay.feed(StoredEvent(evening + ten_minutes, (("org", "daily", 1),)))
+        assert [row.would_deny_events for row in replay.rows()] == [would_deny]

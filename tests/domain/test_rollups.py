@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 
 from metering import Limit
-from metering.config import load_limits_file
 from metering.domain.rollups import (
     HOUR_US,
     MAX_VALUE_CHARS,
@@ -19,6 +18,7 @@ from metering.domain.rollups import (
     rollup_rows,
 )
 from metering.errors import InvalidLimit
+from metering.limits.files import load_limits_file
 from metering.storage.results import ResultRecord
 
 DIMENSIONS = {"api": ("route", "model"), "org": ("route",)}

@@ -3,7 +3,7 @@
 `stored` reads every table a decision writes (results, counters, windows,
 rollups, notification marks and messages, dead letters, grants and their
 draws and schedules, entitlements, seats, reservations, overdrafts,
-corrections, resets) as sorted tuples, so two databases fed the same stream
+corrections, resets, time zones) as sorted tuples, so two databases fed the same stream
 compare with ``==``. `answer` and `kind` turn an engine's answers, or the
 error it raised, into values to compare. `databases` gives fresh migrated
 databases for one Hypothesis example (copies of the session's templates).
@@ -30,7 +30,6 @@ from metering.domain.forecast import decayed
 from metering.domain.limits import Limit
 from metering.engine.answers import Answer
 from metering.errors import MeteringError
-from metering.metrics import metrics
 from metering.storage.tables import (
     corrections,
     counter_resets,
@@ -45,10 +44,12 @@ from metering.storage.tables import (
     rejected_messages,
     reservations,
     results,
+    subject_time_zones,
     usage_rollups,
     webhook_marks,
     webhook_messages,
 )
+from metering.telemetry.metrics import metrics
 
 # Shrinking these streams takes many minutes: a failure is reported as found.
 # Windows of every kind, thresholds and dimensions: the tests of paths'
@@ -131,6 +132,7 @@ def stored(meter: Meter) -> dict[str, object]:
             "overdrafts": rows(select(overdrafts)),
             "corrections": rows(select(corrections)),
             "resets": rows(select(counter_resets)),
+            "zones": rows(select(subject_time_zones)),
         }
 
 

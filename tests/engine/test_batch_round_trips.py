@@ -12,8 +12,8 @@ import pytest
 from round_trips import count_round_trips
 
 from metering import FrozenClock, Limit, Meter, make_event, spend_limit
-from metering.messages import encode_batch, encode_event
-from metering.pipeline import apply_batch
+from metering.pipeline.batches import apply_batch
+from metering.pipeline.messages import encode_batch, encode_event
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 LIMITS = [
@@ -73,10 +73,18 @@ def _priced(meter: Meter) -> None:
     meter.set_price("calls", "0.01", "USD")
 
 
+def _tiered(meter: Meter) -> None:
+    meter.set_limit(spend_limit("spend", "1000", "USD", "1mo", window="calendar"))
+    meter.set_price(
+        "calls", None, "USD", model="volume", tiers=["2:0.02", "inf:0.01"], flat_fee="1"
+    )
+
+
 # What each configuration adds to the "calls" limit (as bench/bench_mix.py sells them).
 CONFIGURATIONS = {
     "plain": lambda meter: None,
     "priced": _priced,
+    "tiered": _tiered,
     "seats": lambda meter: meter.set_limit(
         Limit("calls", maximum=700, period="1d", window="calendar", distinct="user")
     ),

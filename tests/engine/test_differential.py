@@ -12,15 +12,17 @@ the same stream of batches (one event at a time on "one_trip", and in
 batches marked ``singly`` elsewhere): hard, soft and shadow limits,
 calendar and first-use windows (one of months), token buckets, thresholds
 in percent and in units, dimensions, stacked charges, money (priced limits
-and spend limits of three currencies, price changes effective in the
-past, now and later, prices removed, amounts past the bound), seats
+and spend limits of three currencies, tiered prices and flat fees, price
+changes effective in the past, now and later, prices removed, amounts past
+the bound), seats
 (``distinct="user"``: new values, repeats, missing and empty values, cost
 2), gauges (peak and last level, hard, soft and shadow, levels of 0),
 paced limits (hard, soft and shadow; bursts in units and percent), a
 limit's maximum changed, entitlements (some effective in the past),
 grants (expiring, with priorities and ``low``) and recurring grants,
-subjects' own thresholds, voids and resets between batches, late events
-(some past their lateness), events from the future (some accepted),
+subjects' own thresholds, subjects' time zones (Kathmandu and Santiago from
+the start, changes near a day's and a month's end), voids and resets
+between batches, late events (some past their lateness), events from the future (some accepted),
 repeated ids (duplicates and conflicts), unknown limits, invalid events
 raised (``invalid="raise"``) or rejected; and, where the path holds them,
 reservations reserved, cancelled and committed (at an actual cost). Every
@@ -178,6 +180,12 @@ PRICED = ["soft", "month", "dims", "bucket"]
 # Priced from the start (the others by the streams' price changes).
 FIRST_PRICES = [("soft", "0.01", "USD"), ("month", "0.0049", "EUR"), ("dims", "20000", "JPY")]
 SUBJECTS = ["org-1", "org-2", "user-é"]
+# Subjects' zones: the windows of days and months of `ZONED` are theirs.
+ZONED = ["soft", "soft_seats", "usd_day"]
+FIRST_ZONES = [("org-2", "Asia/Kathmandu"), ("user-é", "America/Santiago")]  # in force at START
+# Changed before the stream's second and third batches: from where the windows end.
+ZONE_CHANGES = {1: [("org-1", "Europe/Berlin")], 2: [("org-2", "UTC"), ("user-é", "Asia/Kolkata")]}
+DAY_US = 86_400_000_000
 METADATA = [
     None,
     {"route": "/a"},
@@ -187,6 +195,13 @@ METADATA = [
     {"user": 7},  # the value "7"
     {"user": "7", "route": "/b"},
     {"user": ""},  # not a value: rejected on a seat limit
+]
+# Tiered prices: each priced by its window's total before the event.
+TIERED: list[dict[str, Any]] = [
+    {"model": "graduated", "tiers": ["3:0.01", "inf:0.004"]},
+    {"model": "volume", "tiers": ["4:0.02", "10:0.01", "inf:0.003"], "flat_fee": "0"},
+    {"model": "package", "package": 3, "per_package": "0.05"},
+    {"model": "graduated", "tiers": ["inf:0.01"], "flat_fee": "1"},
 ]
 BIG = 10**12  # the largest cost: past every spend limit's bound once priced
 
@@ -266,7 +281,8 @@ batch = st.fixed_dictionaries(
         "prices": st.lists(
             st.tuples(
                 st.sampled_from(PRICED),
-                st.sampled_from(["0.002", "0.015", "0.125", "1", "5000", None]),  # None: removed
+                # None: removed; a dict: a tiered price (or a flat fee).
+                st.sampled_from(["0.002", "0.015", "0.125", "1", "5000", None, *TIERED, *TIERED]),
                 st.sampled_from(["USD", "USD", "EUR", "JPY"]),
                 st.sampled_from([0, -600, -2400, 900]),  # effective from: now, earlier, later
             ),
@@ -430,8 +446,12 @@ def _changes(meters: tuple[Meter, Meter], spec: dict[str, Any], number: int) -> 
         when = now + timedelta(seconds=offset)
         if per_unit is None:
             _both(meters, "remove_price", limit, currency, when)
+        elif isinstance(per_unit, dict):
+            _both(meters, "set_price", limit, None, currency, when, **per_unit)
         else:
             _both(meters, "set_price", limit, per_unit, currency, when)
+    for subject, zone in ZONE_CHANGES.get(number, ()):  # (drawn from nothing: the streams stay)
+        _both(meters, "set_time_zone", subject, zone)
     if spec["reset"] is not None:
         subject, limit = spec["reset"]
         _both(meters, "reset", subject, limit)
@@ -555,7 +575,7 @@ def _run(
     specs: list[dict[str, Any]],
     tally: Counter[str],
 ) -> None:
-    clock = FrozenClock(START)
+    clock = FrozenClock(START - timedelta(days=40))
     with ExitStack() as stack:
         meters = tested, oracle = tuple(
             on_path(on, stack.enter_context(Meter(url, clock=clock)))
@@ -565,11 +585,18 @@ def _run(
             meter.set_limits(LIMITS)
             for limit, per_unit, currency in FIRST_PRICES:
                 meter.set_price(limit, per_unit, currency, START - timedelta(days=1))
+            for subject, zone in FIRST_ZONES:
+                meter.set_time_zone(subject, zone)
+        clock.set(START)
         tested.database.run(tested._engine.limits.refresh)  # a warm process: limits cached
         singly = path == "one_trip"
         for number, spec in enumerate(stream):
             clock.advance(seconds=spec["advance_seconds"])
             _changes(meters, spec, number)
+            tally["tiered prices"] += sum(
+                isinstance(per_unit, dict) and limit != "bucket"  # (refused on a bucket)
+                for limit, per_unit, _, _ in spec["prices"]
+            )
             records = []
             for item in spec["events"]:
                 if singly or spec["singly"]:
@@ -595,6 +622,13 @@ def _run(
         tally["gauge levels"] += len(gauged)
         paced = [row for row in found["counters"] if row[0] in PACED and row[5]]
         tally["paced denials"] += len(paced)
+        # Windows of days and months that start or end at no UTC midnight: a zone's.
+        zoned = [
+            row
+            for row in found["counters"]
+            if row[0] in ZONED and (row[2] % DAY_US or row[3] % DAY_US)
+        ]
+        tally["zoned windows"] += len(zoned)
 
 
 # -- the suite -----------------------------------------------------------------------
@@ -630,8 +664,10 @@ def test_the_path_decides_as_the_reference_engine(
     # Not vacuous: most events were the path's own.
     assert tally["fell back"] < tally["events"] // 4, tally
     assert tally["gauge levels"] >= examples // 4, tally  # gauges held levels
+    assert tally["tiered prices"] >= 1, tally  # events priced by their windows' totals
     if path != "one_trip":  # (there the fast path decides them, as on "direct")
         assert tally["paced denials"] >= 1, tally  # the pace denied some
+    assert tally["zoned windows"] >= 1, tally  # some windows were a zone's
     if path == "one_trip":  # of the events it may decide, the function decides many
         eligible = tally["events"] - tally["unsuited"] - tally["not for the function"]
         assert tally["applied"] >= eligible // 3, tally

@@ -20,7 +20,7 @@ from decision_paths import apply_reference, without
 from metering import FrozenClock, Limit, Meter, make_event, spend_limit
 from metering.domain.decisions import Decision
 from metering.errors import EventConflict, OccurredAtOutOfRange
-from metering.results import consumed
+from metering.usage.results import consumed
 
 NOW = datetime(2026, 11, 22, 9, 30, tzinfo=UTC)
 Apply = Callable[[Meter, str, int, datetime], Decision]

@@ -17,8 +17,8 @@ import pytest
 from sqlalchemy import select
 
 from metering import Limit, Meter
-from metering.audit import run_audit
 from metering.storage.tables import counters, results
+from metering.upkeep.audit import run_audit
 
 pytestmark = pytest.mark.slow
 

@@ -19,8 +19,8 @@ import redis
 
 from metering import Decision, Limit, Meter
 from metering.engine.reference import decision_of
-from metering.producer import UsageProducer
-from metering.routing import DEFAULT_QUEUE
+from metering.pipeline.producer import UsageProducer
+from metering.pipeline.routing import DEFAULT_QUEUE
 from metering.storage.connections import run_transaction
 from metering.storage.store import Store
 

@@ -59,10 +59,10 @@ from pipeline_checks import (
 
 import workers.tasks
 from metering import Limit, Meter, make_event
-from metering.messages import encode_batch, encode_event
-from metering.producer import UsageProducer, make_celery, queue_for
-from metering.routing import APPLY_BATCH_TASK as TASK_NAME
-from metering.routing import DEFAULT_QUEUE, SWEEP_RESERVATIONS_TASK, queue_names
+from metering.pipeline.messages import encode_batch, encode_event
+from metering.pipeline.producer import UsageProducer, make_celery, queue_for
+from metering.pipeline.routing import APPLY_BATCH_TASK as TASK_NAME
+from metering.pipeline.routing import DEFAULT_QUEUE, SWEEP_RESERVATIONS_TASK, queue_names
 from metering.settings import Settings
 from workers.app import create_app
 from workers.guard import GuardedConsumer, GuardedRedisTransport

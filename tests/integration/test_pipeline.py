@@ -38,12 +38,12 @@ from pipeline_checks import (
 from servers import PostgresServer
 
 from metering import ChargeDecision, Limit, Meter, make_event
-from metering.audit import run_audit
 from metering.errors import UnknownLimit
-from metering.messages import encode_batch, encode_event
-from metering.producer import UsageProducer, make_celery
-from metering.routing import APPLY_BATCH_TASK as TASK_NAME
-from metering.routing import DEFAULT_QUEUE
+from metering.pipeline.messages import encode_batch, encode_event
+from metering.pipeline.producer import UsageProducer, make_celery
+from metering.pipeline.routing import APPLY_BATCH_TASK as TASK_NAME
+from metering.pipeline.routing import DEFAULT_QUEUE
+from metering.upkeep.audit import run_audit
 
 # METERING_VISIBILITY_TIMEOUT of the workers that conftest.py's `start_worker` starts.
 VISIBILITY_TIMEOUT = 5

@@ -175,9 +175,9 @@ def test_a_producer_message_is_the_one_celery_send_task_writes(
     from datetime import UTC, datetime
 
     from metering.domain.events import make_event
-    from metering.messages import encode_batch, encode_event
-    from metering.producer import UsageProducer, make_celery
-    from metering.routing import APPLY_BATCH_TASK, DEFAULT_QUEUE, SENT_AT_HEADER
+    from metering.pipeline.messages import encode_batch, encode_event
+    from metering.pipeline.producer import UsageProducer, make_celery
+    from metering.pipeline.routing import APPLY_BATCH_TASK, DEFAULT_QUEUE, SENT_AT_HEADER
 
     at = datetime(2026, 11, 26, 9, 0, tzinfo=UTC)
     events = [

@@ -21,7 +21,7 @@ from click.testing import CliRunner, Result
 
 from metering import Limit, Meter
 from metering.cli import main
-from metering.producer import UsageProducer
+from metering.pipeline.producer import UsageProducer
 
 pytestmark = pytest.mark.slow
 

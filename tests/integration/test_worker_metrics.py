@@ -29,9 +29,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from servers import free_port
 
 from metering import Limit, Meter
-from metering.metrics import UNKNOWN_LIMIT
-from metering.producer import UsageProducer, make_celery
-from metering.routing import APPLY_BATCH_TASK, DEFAULT_QUEUE
+from metering.pipeline.producer import UsageProducer, make_celery
+from metering.pipeline.routing import APPLY_BATCH_TASK, DEFAULT_QUEUE
+from metering.telemetry.metrics import UNKNOWN_LIMIT
 
 pytestmark = pytest.mark.slow
 

@@ -106,6 +106,8 @@ class Expected:
             self.denied_events,
             utilisation,
             self.first_denied_at,
+            None,  # time_zone: the dataset's subjects have none
+            None,  # local_window
         )
 
 

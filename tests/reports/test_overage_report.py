@@ -197,6 +197,8 @@ def test_row_fields_are_the_documented_columns() -> None:
         "denied_events",
         "utilisation_percent",
         "first_denied_at",
+        "time_zone",
+        "local_window",
     )
 
 
@@ -253,3 +255,34 @@ def test_report_range_months_and_labels() -> None:
     )
     assert ReportRange.of(since="2026-11-01T10:00:00+02:00").since == at("2026-11-01", 8)
     assert ReportRange.of().label == "all time"
+
+
+def test_a_zoned_subjects_windows_carry_their_local_label(db_url: str) -> None:
+    clock = FrozenClock(datetime(2026, 9, 15, tzinfo=UTC))
+    with Meter(db_url, clock=clock) as meter:
+        meter.set_limit(
+            Limit("calls", maximum=5, period="1mo", window="calendar", enforcement="soft")
+        )
+        meter.set_time_zone("org-in", "Asia/Kolkata")  # from October on
+        for moment, cost in [
+            (datetime(2026, 9, 30, 20, tzinfo=UTC), 7),
+            (datetime(2026, 10, 20, tzinfo=UTC), 1),
+            (datetime(2026, 10, 31, 19, tzinfo=UTC), 7),
+        ]:
+            clock.set(moment)
+            meter.consume("org-in", "calls", cost)
+            meter.consume("org-utc", "calls", 1)
+        rows = usage_report(meter, "org-in")
+        labels = [(r.window_start, r.time_zone, r.local_window, r.overage) for r in rows]
+        assert labels == [
+            (datetime(2026, 9, 1, tzinfo=UTC), None, None, 2),
+            (
+                datetime(2026, 10, 1, tzinfo=UTC),  # the transition: UTC's end to Kolkata's
+                "Asia/Kolkata",
+                "2026-10-01 05:30:00+05:30 to 2026-11-01 00:00:00+05:30 Asia/Kolkata",
+                0,
+            ),
+            (datetime(2026, 10, 31, 18, 30, tzinfo=UTC), "Asia/Kolkata", "2026-11 Asia/Kolkata", 2),
+        ]
+        assert {r.local_window for r in usage_report(meter, "org-utc")} == {None}
+        assert "local_window" in COLUMNS

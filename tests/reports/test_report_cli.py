@@ -41,6 +41,8 @@ JSON_TYPES: dict[str, tuple[type, ...]] = {
     "denied_events": (int,),
     "utilisation_percent": (float,),
     "first_denied_at": (str, type(None)),
+    "time_zone": (str, type(None)),
+    "local_window": (str, type(None)),
 }
 INSTANTS = ("window_start", "window_end", "first_denied_at")
 

@@ -5,7 +5,7 @@ reservation and its counters, give back and write in one transaction on
 `DirectSqlite` / `DirectPostgres`, with no SQLAlchemy connection; what is
 rare (grants to restore, rollups to take back) runs again, whole, under
 SQLAlchemy. The differential test of reservations
-(``test_reserve_fast_path.py``) holds both to the same rows.
+(``test_transactions_fast_path.py``) holds both to the same rows.
 """
 
 from __future__ import annotations

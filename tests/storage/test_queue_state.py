@@ -21,7 +21,7 @@ from kombu import Connection
 from metering import FrozenClock
 from metering.cli import main
 from metering.errors import BrokerUnavailable
-from metering.producer import UsageProducer, queue_for
+from metering.pipeline.producer import UsageProducer, queue_for
 from metering.storage.queue_state import (
     is_queued,
     oldest_undecided,

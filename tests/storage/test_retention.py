@@ -13,15 +13,16 @@ from sqlalchemy import func, insert, select
 from metering import FrozenClock, Limit, Meter, make_event
 from metering.domain.instants import to_us
 from metering.errors import InvalidInput
-from metering.messages import encode_batch, encode_event
-from metering.pipeline import apply_batch
-from metering.retention import RetentionPolicy, prune, redelivery_horizon_us
+from metering.pipeline.batches import apply_batch
+from metering.pipeline.messages import encode_batch, encode_event
+from metering.settings import RetentionPolicy
 from metering.storage.tables import (
     webhook_attempts,
     webhook_deliveries,
     webhook_marks,
     webhook_messages,
 )
+from metering.upkeep.retention import prune, redelivery_horizon_us
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 VISIBILITY = 300.0
@@ -240,7 +241,8 @@ def test_corrections_go_with_the_results_they_correct(sqlite_url: str) -> None:
     from datetime import UTC, datetime
 
     from metering import FrozenClock, Limit, Meter
-    from metering.retention import RetentionPolicy, prune
+    from metering.settings import RetentionPolicy
+    from metering.upkeep.retention import prune
 
     clock = FrozenClock(datetime(2026, 1, 1, tzinfo=UTC))
     with Meter(sqlite_url, clock=clock) as meter:

@@ -17,17 +17,10 @@ import pytest
 from click.testing import CliRunner, Result
 
 from metering import FrozenClock, Meter
-from metering.apikeys import (
-    DEFAULT_API_RATE,
-    ApiKeys,
-    ApiRate,
-    key_id_of,
-    parse_rate,
-    token_hash,
-)
+from metering.apikeys import ApiKeys, key_id_of, token_hash
 from metering.cli import main
 from metering.errors import ConfigurationError, InvalidInput, UnknownApiKey
-from metering.settings import Settings, api_rate, auth_mode
+from metering.settings import DEFAULT_API_RATE, ApiRate, Settings, api_rate, auth_mode, parse_rate
 
 Run = Callable[..., Result]
 NOW = datetime(2026, 11, 22, 9, 30, tzinfo=UTC)

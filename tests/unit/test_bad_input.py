@@ -30,9 +30,10 @@ from metering.errors import (
     MeteringError,
     OccurredAtOutOfRange,
 )
-from metering.producer import UsageProducer
+from metering.pipeline.producer import UsageProducer
 from metering.reports.overage import select_overage, select_usage
-from metering.retention import RetentionPolicy, prune
+from metering.settings import RetentionPolicy
+from metering.upkeep.retention import prune
 from metering.webhooks.endpoints import Webhooks
 
 BIG = str(10**20)

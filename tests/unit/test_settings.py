@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from metering.errors import ConfigurationError
-from metering.routing import DEFAULT_QUEUE, queue_names, worker_queues
+from metering.pipeline.routing import DEFAULT_QUEUE, queue_names, worker_queues
 from metering.settings import Settings
 
 
@@ -81,7 +81,7 @@ def test_a_worker_always_consumes_the_default_queue() -> None:
 
 
 def test_the_producer_defaults_to_metering_queues(monkeypatch: pytest.MonkeyPatch) -> None:
-    from metering.producer import UsageProducer
+    from metering.pipeline.producer import UsageProducer
 
     monkeypatch.setenv("METERING_QUEUES", "3")
     producer = UsageProducer("memory://")
@@ -109,7 +109,7 @@ READS_ENVIRONMENT = re.compile(r"os\.environ|getenv|from os import .*environ")
 # Reviewed exceptions: path -> why it may touch the environment itself.
 ENVIRONMENT_ALLOWED = {
     "metering/settings.py": "the one reader: Settings.from_env and each part's reader",
-    "metering/metrics.py": (
+    "metering/telemetry/metrics.py": (
         "PROMETHEUS_MULTIPROC_DIR is prometheus-client's own variable, not a METERING_* "
         "setting: enable_multiprocess sets it for the processes a parent starts, and "
         "prometheus-client (and multiprocess_dir) read it there"

@@ -42,10 +42,10 @@ from contextlib import contextmanager
 from typing import Any, Final, TypeVar
 
 import psycopg
+import sqlalchemy.exc
 from psycopg.pq import TransactionStatus
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError, StatementError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from metering.storage.budget import ConnectionBudget
 from metering.storage.connections import (
@@ -125,7 +125,7 @@ class DirectPostgres:
             _ABANDONED.extend(self._open)
             self._reset()
         if not self._slots.acquire(timeout=self.timeout):
-            raise PoolTimeout(
+            raise sqlalchemy.exc.TimeoutError(
                 f"the hot path's {self.size} connections stayed busy, timeout {self.timeout:.2f}"
             )
         try:

@@ -23,8 +23,8 @@ from sqlalchemy import event, func, select
 
 from metering import FrozenClock, Limit, Meter, make_event
 from metering.errors import DatabaseUnavailable
-from metering.messages import encode_batch, encode_event
-from metering.pipeline import apply_batch
+from metering.pipeline.batches import apply_batch
+from metering.pipeline.messages import encode_batch, encode_event
 from metering.storage.tables import counters, results, webhook_marks
 
 pytestmark = pytest.mark.postgres

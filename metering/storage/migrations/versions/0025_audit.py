@@ -1,4 +1,4 @@
-"""The audit's own tables (`metering.audit`).
+"""The audit's own tables (`metering.upkeep.audit`).
 
 * ``audit_marks``: instants by name (the last run's watermark, retention's
   cut-off of results).

@@ -10,7 +10,7 @@
   writes moving the rate too.
 
 Revision ID: 0028
-Revises: 0025
+Revises: 0027
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0028"
-down_revision = "0025"
+down_revision = "0027"
 branch_labels = None
 depends_on = None
 

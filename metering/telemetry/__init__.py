@@ -1,0 +1,2 @@
+"""What observes the rest: Prometheus metrics, logs, tracing, and the lag gauges read from
+the database (`lag`)."""

@@ -1,0 +1,2 @@
+"""Jobs that the beat and operators run to keep the ledger right: the audit, retention
+(pruning) and replaying dead letters."""

@@ -1,0 +1,96 @@
+"""Dead letters as operators replay them.
+
+The dead-letter record holds undecodable messages, reused ids and every
+event the workers rejected (unknown limit, too late), whole, with its reason.
+Those of the last `RECENT_SECONDS` are a warning of `metering status` and
+the gauge ``metering_rejected_recent``. `replay` applies the rejected events
+acceptable now (their limit defined since), exactly once: in one transaction
+it deletes each one's ``rejected`` result (a concurrent replay deletes none
+twice), decides it with the reference engine and deletes its dead letter.
+An event still unacceptable is left as it is, with why.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from sqlalchemy import Connection
+
+from metering.domain.bounds import validate_count
+from metering.domain.decisions import Decision
+from metering.domain.events import UsageEvent
+from metering.domain.instants import from_us
+from metering.engine.reference import apply_events, validate_against_limits
+from metering.pipeline.messages import decode_records, encode_batch
+from metering.storage.database import Database
+from metering.storage.store import Store
+from metering.telemetry.metrics import count_events
+
+RECENT_SECONDS: Final = 86_400
+
+
+@dataclass(frozen=True, slots=True)
+class Replayed:
+    """What `replay` did: the decisions of the events it applied, and the
+    events left rejected with why (their limit still unknown, too late)."""
+
+    applied: tuple[Decision, ...]
+    waiting: tuple[tuple[str, str], ...]
+
+
+def replay(database: Database, count: int) -> Replayed:
+    """Apply up to ``count`` rejected events, oldest first, that are acceptable now."""
+    validate_count("count", count)
+    now_us = database.now_us()
+
+    def work(connection: Connection) -> Replayed:
+        store = Store(connection)
+        letters = [(d, i, _event(raw)) for d, i, raw in store.rejected_events(count)]
+        limits = store.load_limits(c.limit for _, _, e in letters if e for c in e.charges)
+        ready: list[tuple[str, UsageEvent]] = []
+        waiting: list[tuple[str, str]] = []
+        for digest, event_id, event in letters:
+            error = None if event is None else validate_against_limits(event, limits, now_us)
+            if event is None or error is not None:
+                waiting.append((event_id, "not an event" if event is None else str(error)))
+            else:
+                ready.append((digest, event))
+        taken = store.take_rejected_results([event.event_id for _, event in ready])
+        events = [event for _, event in ready if event.event_id in taken]
+        decided = apply_events(store, events, now_us, invalid="raise")
+        store.delete_rejected_messages([digest for digest, _ in ready])
+        applied = tuple(d for d in decided if isinstance(d, Decision))
+        return Replayed(applied, tuple(waiting))
+
+    done = database.run(work)
+    _count(done.applied)
+    return done
+
+
+def _event(raw: str) -> UsageEvent | None:
+    """The event a dead letter keeps (`metering.engine.fast.refused_event`), or None."""
+    try:
+        records, _ = decode_records(encode_batch([json.loads(raw)]))
+    except ValueError:
+        return None
+    if len(records) != 1:
+        return None
+    record = records[0]
+    return UsageEvent(
+        record.event_id, record.charges, from_us(record.occurred_at_us), record.metadata
+    )
+
+
+def _count(decisions: Sequence[Decision]) -> None:
+    """`metering_events_total` for the replayed events, as the engine counts new results."""
+    outcomes: Counter[tuple[str, str]] = Counter(
+        (name, str(d.outcome))
+        for d in decisions
+        for name in dict.fromkeys(c.limit for c in d.charges)
+    )
+    denied = Counter(name for d in decisions if d.outcome == "denied" for name in d.denied_by)
+    count_events(outcomes, denied, {}, 0)

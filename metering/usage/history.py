@@ -1,0 +1,113 @@
+"""A subject's usage of one limit over time: ``GET /v1/subjects/{s}/usage/history``.
+
+No new write on the hot path; `usage_history` reads what is there (`source_of`):
+a limit with dimensions has hourly rollups (`metering.storage.rollups`), exact to the hour
+and summed over the values of its first key (``source: rollups``); any other limit has its
+counters, a window's usage counted in the bucket its window starts in (``source: counters``:
+exact when the window is no longer than the bucket, coarser otherwise); a token bucket keeps
+no windows (``source: none``, an empty series). A gauge's bucket shows its windows' peak or
+last level, not their sum. Each bucket carries the maximum in force at its end: the
+subject's entitlement then, else the limit's default (`metering.domain.history`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Final, Literal
+
+from metering.domain.events import validate_subject
+from metering.domain.history import Bucket, Point, bucket_start, series, validate_bucket
+from metering.domain.instants import from_us, to_us
+from metering.domain.limits import Limit, validate_limit_name
+from metering.limits.service import get_limit
+from metering.storage.database import Database
+from metering.storage.history import counter_windows, entitlement_changes, rollup_hours
+
+Source = Literal["rollups", "counters", "none"]
+DEFAULT_SPAN: Final[dict[str, timedelta]] = {
+    "hour": timedelta(hours=48),
+    "day": timedelta(days=30),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class UsageHistory:
+    subject: str
+    limit: Limit
+    bucket: Bucket
+    source: Source
+    since: datetime
+    until: datetime
+    points: list[Point]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "subject": self.subject,
+            "limit": self.limit.name,
+            "bucket": self.bucket,
+            "source": self.source,
+            "from": self.since.isoformat(),
+            "to": self.until.isoformat(),
+            "points": [
+                {
+                    "start": from_us(p.start_us).isoformat(),
+                    "end": from_us(p.end_us).isoformat(),
+                    "used": p.used,
+                    "maximum": p.maximum,
+                }
+                for p in self.points
+            ],
+        }
+
+
+def source_of(limit: Limit) -> Source:
+    if limit.dimensions:
+        return "rollups"
+    if limit.algorithm == "token_bucket":
+        return "none"
+    return "counters"
+
+
+def usage_history(
+    database: Database,
+    subject: str,
+    limit: str,
+    *,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    bucket: str = "day",
+) -> UsageHistory:
+    """``subject``'s use of ``limit`` per hour or day over ``[since, until)``
+    (default: up to now, the last 48 hours by hour or 30 days by day)."""
+    validate_subject(subject)
+    validate_limit_name(limit)
+    checked = validate_bucket(bucket)
+    found = get_limit(database, limit)
+    until_us = to_us(until, field_name="to") if until is not None else database.now_us()
+    since_us = (
+        to_us(since, field_name="from")
+        if since is not None
+        else until_us - int(DEFAULT_SPAN[checked].total_seconds() * 1_000_000)
+    )
+    source = source_of(found)
+    first_us = bucket_start(since_us, checked)  # the first bucket meets `since`: all of it
+
+    def read(connection: Any) -> tuple[list[tuple[int, int]], list[tuple[int, int | None]]]:
+        changes = entitlement_changes(connection, subject, found.name)
+        if source == "rollups":
+            dimension = found.dimensions[0]
+            usage = rollup_hours(connection, subject, found.name, dimension, first_us, until_us)
+        elif source == "counters":
+            rows = counter_windows(connection, subject, found.name, first_us, until_us)
+            usage = [(row.window_start_us, row.used) for row in rows]
+        else:
+            usage = []
+        return usage, changes
+
+    usage, changes = database.run(read)
+    default = None if found.algorithm == "token_bucket" else found.maximum
+    points = series(usage, changes, default, since_us, until_us, checked, found.aggregation)
+    return UsageHistory(
+        subject, found, checked, source, from_us(since_us), from_us(until_us), points
+    )

@@ -1,0 +1,226 @@
+"""Tiered prices and flat fees (`metering.domain.money`): each model's price of a
+window's total, the amount of a charge (the rounded difference of the totals'
+prices), and a property holding every model to the same sums in `Decimal`."""
+
+from __future__ import annotations
+
+from decimal import ROUND_HALF_EVEN, Decimal
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from metering.domain.money import (
+    Price,
+    Tier,
+    parse_price,
+    parse_tier,
+    price_at,
+    priced_charges,
+    spend_charges,
+    tiered_amount,
+    validate_model,
+    validate_tiers,
+    window_price,
+)
+from metering.errors import InvalidInput
+
+
+def _usd(text: str) -> int:
+    return parse_price(text, "USD")
+
+
+def _price(model: str, tiers: tuple[Tier, ...] = (), **kwargs: object) -> Price:
+    return Price("calls", "USD", None, 0, model=model, tiers=tiers, **kwargs)  # type: ignore[arg-type]
+
+
+GRADUATED = _price("graduated", ((1000, _usd("0.01")), (None, _usd("0.005"))))
+VOLUME = _price("volume", ((1000, _usd("0.01")), (None, _usd("0.005"))))
+PACKAGE = _price("package", package=100, per_package=_usd("1.00"))
+
+
+def _charges(price: Price, costs: list[int]) -> list[int]:
+    """The amounts of charges of ``costs`` one after the other in one window."""
+    found, total = [], 0
+    for cost in costs:
+        found.append(tiered_amount(price, total, cost))
+        total += cost
+    return found
+
+
+def test_graduated_prices_each_unit_at_its_tier() -> None:
+    assert window_price(GRADUATED, 1500) == 1000 * _usd("0.01") + 500 * _usd("0.005")
+    # 10.00 USD for the first 1,000, then half a cent each.
+    assert _charges(GRADUATED, [600, 600, 1000]) == [600, 400 + 100, 500]
+
+
+def test_volume_prices_every_unit_at_the_tier_the_total_reaches() -> None:
+    assert window_price(VOLUME, 999) == 999 * _usd("0.01")
+    # 1,000 units cost 10.00; 1,001 would cost 5.005: the window keeps 10.00 until
+    # its total's price passes it (at 2,000 units), and no charge is negative.
+    assert window_price(VOLUME, 1001) == 1000 * _usd("0.01")
+    assert _charges(VOLUME, [1000, 1, 998, 1, 2]) == [1000, 0, 0, 0, 1]
+    assert _charges(VOLUME, [3000]) == [1500]
+
+
+def test_package_prices_each_block_begun() -> None:
+    assert _charges(PACKAGE, [1, 99, 1, 250]) == [100, 0, 100, 200]
+
+
+def test_the_flat_fee_is_charged_with_the_charge_that_starts_the_window() -> None:
+    fee = _price("package", package=100, per_package=_usd("1.00"), flat_fee=2000)
+    assert _charges(fee, [1, 1]) == [2100, 0]
+    per_unit = Price("calls", "USD", _usd("0.01"), 0, flat_fee=2000)
+    assert per_unit.counted and not Price("calls", "USD", 1, 0).counted
+    assert _charges(per_unit, [10, 10]) == [2010, 10]
+    assert tiered_amount(per_unit, 0, 0) == 0  # nothing charged: no fee
+
+
+def test_a_counted_price_reads_the_counters_and_keeps_its_spend_charge_at_zero() -> None:
+    prices = {"calls": (VOLUME,)}
+    charges = [("org", "calls", 1), ("org", "calls", 1)]
+    # The counter held 999: the first charge reaches 1,000 (1 cent), the second
+    # crosses into the cheaper tier (nothing more).
+    found = priced_charges(charges, prices, 0, used=[999, 999])
+    assert [(c.amount, c.counted) for c in found] == [(1, True), (0, True)]
+    assert spend_charges(found, {"USD": ["spend"]}) == [("org", "spend", 1)]
+    crossing = priced_charges(charges[:1], prices, 0, used=[1000])
+    assert spend_charges(crossing, {"USD": ["spend"]}) == [("org", "spend", 0)]
+    removed = Price("calls", "USD", None, 5)
+    assert price_at((VOLUME, removed), 4) == VOLUME and price_at((VOLUME, removed), 5) is None
+
+
+@pytest.mark.parametrize(
+    ("tiers", "message"),
+    [
+        (((1000, 1), (500, 1), (None, 1)), "sorted"),
+        (((1000, 1), (1000, 1), (None, 1)), "sorted"),
+        (((1000, 1),), "the last tier must be up to inf"),
+        (((None, 1), (None, 1)), "only the last"),
+        ((), "at least one"),
+    ],
+)
+def test_bad_tiers_are_refused(tiers: tuple[Tier, ...], message: str) -> None:
+    with pytest.raises(InvalidInput, match=message) as refused:
+        validate_tiers(tiers)
+    assert refused.value.field == "tiers"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("1000:-0.01", "not an amount"),
+        ("0:0.01", "whole number > 0"),
+        ("ten:0.01", "whole number > 0"),
+        ("1000", "not a tier"),
+        ("1000:0.000000001", "more than 8 decimals"),
+    ],
+)
+def test_bad_tier_text_is_refused(text: str, message: str) -> None:
+    with pytest.raises(InvalidInput, match=message):
+        parse_tier(text, "USD")
+
+
+def test_a_tier_reads_from_text_or_a_pair() -> None:
+    assert parse_tier("1000:0.01", "USD") == (1000, 1_000_000)
+    assert parse_tier(" INF : 0.005 ", "usd") == (None, 500_000)
+    assert parse_tier((None, "1"), "JPY") == (None, 1_000_000)
+
+
+@pytest.mark.parametrize(
+    ("model", "per_unit", "tiers", "package", "per_package", "field"),
+    [
+        ("stepped", None, (), None, None, "model"),
+        ("per_unit", None, (), None, None, "per_unit"),
+        ("graduated", 5, ((None, 1),), None, None, "per_unit"),
+        ("package", None, (), 0, 100, "package"),
+        ("package", None, (), None, 100, "package"),
+        ("package", None, (), 10, None, "per_package"),
+        ("package", None, ((None, 1),), 10, 100, "tiers"),
+        ("volume", None, (), None, None, "tiers"),
+        ("volume", None, ((None, 1),), 10, None, "package"),
+    ],
+)
+def test_a_model_wants_its_fields_and_no_other(
+    model: str,
+    per_unit: int | None,
+    tiers: tuple[Tier, ...],
+    package: int | None,
+    per_package: int | None,
+    field: str,
+) -> None:
+    with pytest.raises(InvalidInput) as refused:
+        validate_model(model, per_unit, tiers, package, per_package)
+    assert refused.value.field == field
+
+
+# -- the property: every model against Decimal -----------------------------------------
+
+CENT = Decimal("0.01")
+prices_text = st.integers(0, 10**6).map(lambda n: Decimal(n).scaleb(-6))  # up to 1 USD, 8 dp
+
+
+@st.composite
+def tiered_prices(draw: st.DrawFn) -> tuple[Price, dict[str, object]]:
+    """A USD price of any model, and the same in `Decimal` (major units)."""
+    model = draw(st.sampled_from(["graduated", "volume", "package", "per_unit"]))
+    flat = draw(st.sampled_from([Decimal(0), Decimal(0), Decimal("20"), Decimal("0.05")]))
+    spec: dict[str, object] = {"model": model, "flat": flat}
+    kwargs: dict[str, object] = {"flat_fee": int(flat / CENT)}
+    per_unit = None
+    if model in ("graduated", "volume"):
+        ends = sorted(draw(st.sets(st.integers(1, 60), max_size=3)))
+        rates = draw(st.lists(prices_text, min_size=len(ends) + 1, max_size=len(ends) + 1))
+        spec["tiers"] = [*zip([*ends, None], rates, strict=True)]
+        kwargs["tiers"] = tuple(
+            (end, _usd(str(rate))) for end, rate in zip([*ends, None], rates, strict=True)
+        )
+    elif model == "package":
+        size, each = draw(st.integers(1, 20)), draw(prices_text)
+        spec["package"], spec["per_package"] = size, each
+        kwargs["package"], kwargs["per_package"] = size, _usd(str(each))
+    else:
+        spec["per_unit"] = draw(prices_text)
+        per_unit = _usd(str(spec["per_unit"]))
+    return Price("calls", "USD", per_unit, 0, model=model, **kwargs), spec  # type: ignore[arg-type]
+
+
+def _exact(spec: dict[str, object], total: int) -> Decimal:
+    """The price of a window's ``total`` units in Decimal, flat fee excluded."""
+    model = spec["model"]
+    if model == "package":
+        size, each = spec["package"], spec["per_package"]
+        assert isinstance(size, int) and isinstance(each, Decimal)
+        return -(-total // size) * each
+    tiers = spec["tiers"]
+    assert isinstance(tiers, list)
+
+    def rate(n: int) -> Decimal:
+        return next(r for end, r in tiers if end is None or n <= end)
+
+    if model == "volume":  # the highest volume price of any total up to this one
+        return max((n * rate(n) for n in range(total + 1)), default=Decimal(0))
+    return sum((rate(n) for n in range(1, total + 1)), Decimal(0))
+
+
+def _minor(amount: Decimal) -> Decimal:
+    return amount.quantize(CENT, rounding=ROUND_HALF_EVEN)
+
+
+@given(priced=tiered_prices(), costs=st.lists(st.integers(0, 40), min_size=1, max_size=6))
+def test_every_model_charges_a_window_what_decimal_says(
+    priced: tuple[Price, dict[str, object]], costs: list[int]
+) -> None:
+    price, spec = priced
+    amounts = _charges(price, costs)
+    assert all(amount >= 0 for amount in amounts)
+    total = sum(costs)
+    flat = spec["flat"] if total else Decimal(0)
+    assert isinstance(flat, Decimal)
+    if spec["model"] == "per_unit":  # each charge rounded on its own, as before tiers
+        rate = spec["per_unit"]
+        assert isinstance(rate, Decimal)
+        expected = sum((_minor(cost * rate) for cost in costs), Decimal(0)) + flat
+    else:  # the window's total priced once, rounded once
+        expected = _minor(_exact(spec, total)) + flat
+    assert Decimal(sum(amounts)) * CENT == expected

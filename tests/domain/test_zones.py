@@ -1,0 +1,220 @@
+"""Calendar windows at a subject's local midnight (`metering.domain.zones`).
+
+Across the DST changes of Europe/Berlin (a 23-hour and a 25-hour day),
+America/Santiago (whose clocks change at midnight: a skipped midnight, a day
+that repeats its last hour) and Asia/Kathmandu (+05:45, no DST); for days,
+weeks and months; and what a change of zone does to the windows around it.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from itertools import pairwise
+
+import pytest
+
+from metering.domain.instants import to_us
+from metering.domain.limits import parse_period
+from metering.domain.windows import calendar_window
+from metering.domain.zones import (
+    follows_zone,
+    local_midnight,
+    local_text,
+    validate_zone,
+    window_zone,
+    zoned_window,
+)
+from metering.errors import InvalidInput
+
+HOUR_US = 3_600_000_000
+
+
+def at(*parts: int) -> int:
+    return to_us(datetime(*parts, tzinfo=UTC))  # type: ignore[misc]
+
+
+def window(period: str, zone: str, moment: int) -> tuple[int, int]:
+    return calendar_window(parse_period(period), moment, ((0, zone),))
+
+
+@pytest.mark.parametrize(
+    ("zone", "moment", "start", "end", "hours"),
+    [
+        # Berlin springs forward on 2026-03-29: 23 hours, from 23:00Z to 22:00Z.
+        ("Europe/Berlin", at(2026, 3, 29, 12), at(2026, 3, 28, 23), at(2026, 3, 29, 22), 23),
+        # ... and falls back on 2026-10-25: 25 hours, from 22:00Z to 23:00Z.
+        ("Europe/Berlin", at(2026, 10, 25, 12), at(2026, 10, 24, 22), at(2026, 10, 25, 23), 25),
+        # Santiago skips 2026-09-06 00:00: the day starts at 01:00 -03 (04:00Z).
+        ("America/Santiago", at(2026, 9, 6, 12), at(2026, 9, 6, 4), at(2026, 9, 7, 3), 23),
+        # ... and lives 23:00-24:00 of 2026-04-04 twice: a 25-hour day.
+        ("America/Santiago", at(2026, 4, 4, 12), at(2026, 4, 4, 3), at(2026, 4, 5, 4), 25),
+        ("America/Santiago", at(2026, 4, 5, 3, 30), at(2026, 4, 4, 3), at(2026, 4, 5, 4), 25),
+        # Kathmandu is 5:45 ahead all year: days start at 18:15Z.
+        (
+            "Asia/Kathmandu",
+            at(2026, 4, 5, 18, 14),
+            at(2026, 4, 4, 18, 15),
+            at(2026, 4, 5, 18, 15),
+            24,
+        ),
+        (
+            "Asia/Kathmandu",
+            at(2026, 4, 5, 18, 15),
+            at(2026, 4, 5, 18, 15),
+            at(2026, 4, 6, 18, 15),
+            24,
+        ),
+    ],
+)
+def test_a_day_starts_at_local_midnight(
+    zone: str, moment: int, start: int, end: int, hours: int
+) -> None:
+    assert window("1d", zone, moment) == (start, end)
+    assert end - start == hours * HOUR_US
+
+
+def test_a_week_starts_on_a_local_monday_and_holds_the_change() -> None:
+    # Monday 2026-03-23 00:00 CET to Monday 2026-03-30 00:00 CEST: 167 hours.
+    start, end = window("7d", "Europe/Berlin", at(2026, 3, 29, 12))
+    assert (start, end) == (at(2026, 3, 22, 23), at(2026, 3, 29, 22))
+    assert local_text(start, "Europe/Berlin") == "2026-03-23 00:00:00+01:00"
+    assert window("7d", "Europe/Berlin", at(2026, 10, 28))[0] == at(2026, 10, 25, 23)
+    # Kathmandu: Monday 2026-04-06 00:00 +05:45.
+    assert window("7d", "Asia/Kathmandu", at(2026, 4, 7)) == (
+        at(2026, 4, 5, 18, 15),
+        at(2026, 4, 12, 18, 15),
+    )
+    # Santiago, the week of the skipped midnight: Monday 2026-09-07 starts at 03:00Z.
+    assert window("7d", "America/Santiago", at(2026, 9, 6, 12)) == (
+        at(2026, 8, 31, 4),
+        at(2026, 9, 7, 3),
+    )
+
+
+@pytest.mark.parametrize(
+    ("zone", "moment", "start", "end"),
+    [
+        ("Europe/Berlin", at(2026, 3, 15), at(2026, 2, 28, 23), at(2026, 3, 31, 22)),
+        ("Europe/Berlin", at(2026, 10, 31, 23, 30), at(2026, 10, 31, 23), at(2026, 11, 30, 23)),
+        ("America/Santiago", at(2026, 4, 15), at(2026, 4, 1, 3), at(2026, 5, 1, 4)),
+        ("America/Santiago", at(2026, 9, 15), at(2026, 9, 1, 4), at(2026, 10, 1, 3)),
+        (
+            "Asia/Kathmandu",
+            at(2026, 4, 30, 18, 15),
+            at(2026, 4, 30, 18, 15),
+            at(2026, 5, 31, 18, 15),
+        ),
+    ],
+)
+def test_a_month_starts_at_local_midnight_of_its_first(
+    zone: str, moment: int, start: int, end: int
+) -> None:
+    assert window("1mo", zone, moment) == (start, end)
+
+
+def test_a_quarter_and_a_year_too() -> None:
+    assert window("3mo", "Asia/Kathmandu", at(2026, 5, 5)) == (
+        at(2026, 3, 31, 18, 15),
+        at(2026, 6, 30, 18, 15),
+    )
+    assert window("1y", "Europe/Berlin", at(2026, 5, 5)) == (
+        at(2025, 12, 31, 23),
+        at(2026, 12, 31, 23),
+    )
+
+
+def test_periods_of_hours_stay_in_utc() -> None:
+    assert not follows_zone(parse_period("1h")) and not follows_zone(parse_period("36h"))
+    assert follows_zone(parse_period("2d")) and follows_zone(parse_period("1mo"))
+    assert window("1h", "Asia/Kathmandu", at(2026, 4, 5, 18, 20)) == (
+        at(2026, 4, 5, 18),
+        at(2026, 4, 5, 19),
+    )
+
+
+def test_a_skipped_midnight_starts_at_the_first_instant_after_it() -> None:
+    assert local_midnight(datetime(2026, 9, 6).date(), "America/Santiago") == at(2026, 9, 6, 4)
+    assert local_text(at(2026, 9, 6, 4), "America/Santiago") == "2026-09-06 01:00:00-03:00"
+
+
+def test_every_instant_is_in_its_window_around_the_changes() -> None:
+    for zone in ("Europe/Berlin", "America/Santiago", "Asia/Kathmandu"):
+        for start in (at(2026, 3, 27), at(2026, 4, 3), at(2026, 9, 4), at(2026, 10, 23)):
+            edges = set()
+            for quarter in range(4 * 24 * 4):
+                moment = start + quarter * HOUR_US // 4
+                low, high = window("1d", zone, moment)
+                assert low <= moment < high
+                edges.add((low, high))
+            ordered = sorted(edges)
+            assert all(a[1] == b[0] for a, b in pairwise(ordered))
+
+
+NOVEMBER = at(2026, 11, 1)
+CHANGED = at(2026, 11, 14, 10)
+
+
+def test_a_change_takes_effect_where_the_current_window_ends() -> None:
+    month = parse_period("1mo")
+    history = ((CHANGED, "Asia/Kolkata"),)
+    # The window the change falls in keeps its UTC bounds ...
+    assert zoned_window(month, history, CHANGED) == (NOVEMBER, at(2026, 12, 1))
+    assert zoned_window(month, history, at(2026, 11, 30, 20)) == (NOVEMBER, at(2026, 12, 1))
+    # ... the next starts where it ends and ends at Kolkata's next month boundary ...
+    assert zoned_window(month, history, at(2026, 12, 1)) == (
+        at(2026, 12, 1),
+        at(2026, 12, 31, 18, 30),
+    )
+    # ... and later ones follow Kolkata.
+    assert zoned_window(month, history, at(2027, 1, 5)) == (
+        at(2026, 12, 31, 18, 30),
+        at(2027, 1, 31, 18, 30),
+    )
+    assert window_zone(month, history, at(2026, 11, 30)) == "UTC"
+    assert window_zone(month, history, at(2026, 12, 1)) == "Asia/Kolkata"
+    # Before the change, nothing moved.
+    assert zoned_window(month, history, at(2026, 10, 31, 20)) == (at(2026, 10, 1), NOVEMBER)
+
+
+def test_a_change_westward_gives_a_short_transition_window() -> None:
+    day = parse_period("1d")
+    history = ((at(2026, 11, 14, 10), "America/Santiago"),)  # -03:00 in November
+    assert zoned_window(day, history, at(2026, 11, 14, 23)) == (at(2026, 11, 14), at(2026, 11, 15))
+    assert zoned_window(day, history, at(2026, 11, 15, 1)) == (
+        at(2026, 11, 15),
+        at(2026, 11, 15, 3),
+    )
+    assert zoned_window(day, history, at(2026, 11, 15, 3)) == (
+        at(2026, 11, 15, 3),
+        at(2026, 11, 16, 3),
+    )
+
+
+def test_changes_before_the_first_takes_effect_replace_it() -> None:
+    day = parse_period("1d")
+    first, second = at(2026, 11, 14, 10), at(2026, 11, 14, 11)
+    history = ((first, "America/Santiago"), (second, "Asia/Kathmandu"))
+    assert zoned_window(day, history, at(2026, 11, 15, 1)) == (
+        at(2026, 11, 15),
+        at(2026, 11, 15, 18, 15),
+    )
+    back = ((first, "America/Santiago"), (second, "UTC"))
+    assert zoned_window(day, back, at(2026, 11, 15, 1)) == (at(2026, 11, 15), at(2026, 11, 16))
+    # A second change after the first took effect: from the end of its window.
+    later = ((first, "America/Santiago"), (at(2026, 11, 20, 12), "UTC"))
+    assert zoned_window(day, later, at(2026, 11, 21, 1)) == (
+        at(2026, 11, 20, 3),
+        at(2026, 11, 21, 3),
+    )
+    assert zoned_window(day, later, at(2026, 11, 21, 4)) == (at(2026, 11, 21, 3), at(2026, 11, 22))
+
+
+@pytest.mark.parametrize("name", ["Mars/Olympus", "", "europe/berlin", "../etc/passwd", 5, None])
+def test_an_unknown_zone_is_invalid_input(name: object) -> None:
+    with pytest.raises(InvalidInput, match="IANA time zone"):
+        validate_zone(name)
+
+
+def test_known_zones_are_accepted() -> None:
+    for name in ("UTC", "Asia/Kolkata", "Asia/Kathmandu", "America/Santiago", "Europe/Berlin"):
+        assert validate_zone(name) == name

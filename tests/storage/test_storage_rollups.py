@@ -1,0 +1,86 @@
+"""The usage rollups' statements (`storage/rollups.py`) on SQLite and
+PostgreSQL: deltas add up (a negative one takes back), and the group-by
+report sums one subject's hours per limit and value, largest first,
+leaving out what was all taken back."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import Connection
+
+from metering import Meter
+from metering.domain.rollups import Delta, RollupKey
+from metering.storage.rollups import (
+    DimensionQuery,
+    count_of,
+    record_rollups,
+    usage_by_statement,
+)
+
+HOUR = 3_600_000_000
+
+
+@pytest.fixture
+def meter(db_url: str) -> Iterator[Meter]:
+    with Meter(db_url) as meter:
+        yield meter
+
+
+def _record(meter: Meter, deltas: dict[RollupKey, Delta]) -> None:
+    meter.database.run(lambda connection: record_rollups(connection, deltas))
+
+
+def _report(meter: Meter, query: DimensionQuery) -> list[tuple[Any, ...]]:
+    def read(connection: Connection) -> list[tuple[Any, ...]]:
+        rows = [tuple(row) for row in connection.execute(usage_by_statement(query))]
+        assert connection.execute(count_of(usage_by_statement(query))).scalar_one() == len(rows)
+        return rows
+
+    return meter.database.run(read)
+
+
+def _key(value: str, hour: int = 0, limit: str = "calls", subject: str = "org") -> RollupKey:
+    return (subject, limit, "route", hour * HOUR, value)
+
+
+def test_deltas_add_up_per_limit_and_value_largest_first(meter: Meter) -> None:
+    _record(meter, {_key("/a"): (3, 1), _key("/b"): (5, 2), _key("/a", hour=1): (4, 1)})
+    _record(meter, {_key("/a"): (2, 1), _key("/c", limit="api"): (1, 1)})
+    query = DimensionQuery("org", "route", ["calls", "api"])
+    assert _report(meter, query) == [
+        ("calls", "/a", 9, 3),
+        ("calls", "/b", 5, 2),
+        ("api", "/c", 1, 1),
+    ]
+
+
+def test_the_report_takes_one_subject_dimension_limits_and_hours(meter: Meter) -> None:
+    _record(
+        meter,
+        {
+            _key("/a", hour=0): (1, 1),
+            _key("/a", hour=1): (10, 1),
+            _key("/a", hour=2): (100, 1),
+            _key("/a", subject="other"): (7, 1),
+            ("org", "calls", "region", 0, "eu"): (5, 1),
+            _key("/a", limit="api"): (9, 1),
+        },
+    )
+    assert _report(meter, DimensionQuery("org", "route", ["calls"])) == [("calls", "/a", 111, 3)]
+    hours = DimensionQuery("org", "route", ["calls"], since_us=HOUR, until_us=2 * HOUR)
+    assert _report(meter, hours) == [("calls", "/a", 10, 1)]
+    assert _report(meter, DimensionQuery("org", "route", [])) == []
+
+
+def test_a_group_all_taken_back_is_left_out(meter: Meter) -> None:
+    _record(meter, {_key("/a"): (3, 1), _key("/b"): (2, 1)})
+    _record(meter, {_key("/a"): (-3, -1), _key("/b"): (-2, 0)})
+    assert _report(meter, DimensionQuery("org", "route", ["calls"])) == [("calls", "/b", 0, 1)]
+
+
+def test_no_deltas_write_nothing(meter: Meter) -> None:
+    _record(meter, {})
+    assert _report(meter, DimensionQuery("org", "route", ["calls"])) == []
