@@ -41,7 +41,7 @@ from metering.telemetry.metrics import count_db_error, count_db_retry
 T = TypeVar("T")
 
 # The Alembic revision this code expects; a test checks it is the head.
-SCHEMA_REVISION: Final = "0028"
+SCHEMA_REVISION: Final = "0029"
 MIGRATIONS_DIR: Final = Path(__file__).parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS: Final = 60_000
 # Serialization failure, deadlock, a lock timeout a transaction set for itself
