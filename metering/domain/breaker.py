@@ -8,8 +8,9 @@ A subject keeps, per limit, a `Breaker`: two decayed sums of what it consumed
 "now" rate over `SHORT_TAU_SECONDS` and a baseline over `LONG_TAU_SECONDS`,
 the instant its history starts and, once it trips, when it was quarantined.
 `step` adds a charge: the now rate past ``factor`` times the baseline as it
-was before the charge starts ``over_since``; past for `SUSTAIN_US` trips; at
-or under it clears ``over_since``. A subject with less than `HISTORY_US` of
+was before the charge starts ``over_since`` (unless it was past it all the
+time since, charges included); past for `SUSTAIN_US` trips; at or under it
+clears ``over_since``. A subject with less than `HISTORY_US` of
 history never trips, unless a floor is set: the baseline then reads at least
 the floor. A quarantined subject is held to its cap until `released`, which
 starts its history again.
@@ -123,9 +124,12 @@ def step(
         before = max(before, floor)
     elif now_us - breaker.since_us < HISTORY_US:
         return replace(after, over_since_us=None), False
-    if after.short_rate <= factor * before:
+    bound = factor * before
+    if after.short_rate <= bound:
         return replace(after, over_since_us=None), False
-    since = breaker.over_since_us if breaker.over_since_us is not None else now_us
+    # Past the bound since ``over_since`` only if it stayed past it until this
+    # charge: between charges the now rate only decays, lowest just before it.
+    since = breaker.over_since_us if breaker.over_since_us is not None and short > bound else now_us
     if now_us - since >= SUSTAIN_US:
         return replace(after, over_since_us=None, quarantined_at_us=now_us), True
     return replace(after, over_since_us=since), False

@@ -116,6 +116,16 @@ def test_a_spike_shorter_than_a_minute_past_the_multiple_does_not_trip() -> None
     assert tripped is None and calm is not None and calm.over_since_us is None
 
 
+def test_lumps_a_minute_or_more_apart_never_trip() -> None:
+    # 600 units every 10 minutes: each lump is past 10 x the baseline, and
+    # the now rate falls back under it long before the next.
+    breaker, tripped = None, None
+    for n in range(3 * 24 * 6):
+        breaker, trips = step(breaker, 600, n * 10 * MINUTE_US, factor=10, floor=0.01)
+        tripped = tripped or trips
+    assert not tripped and breaker is not None and breaker.over_since_us is not None
+
+
 def test_a_young_subject_trips_only_under_a_floor() -> None:
     young, tripped = _run(None, 3600, 50, 0)  # 50 a second from the first charge
     assert tripped is None and young is not None and young.over_since_us is None
