@@ -46,6 +46,33 @@ def release(database: Database, subject: str, limit: str) -> Quarantine:
     return database.run(work)
 
 
+def _signed(connection: Connection, token: str, now_us: int) -> Quarantine | None:
+    """The quarantine a well-signed, unexpired ``token`` names, as signed."""
+    secret = portal_secret(connection, now_us, SECRET_NAME)
+    signed = verify(secret, token, now_us // 1_000_000)
+    parts = signed.split("\n") if signed is not None else []
+    if len(parts) != 3 or not parts[2].isdigit():
+        return None
+    return Quarantine(parts[0], parts[1], int(parts[2]))
+
+
+def verified_link(database: Database, token: str) -> Quarantine | None:
+    """The quarantine a release link's ``token`` names, if it is still on
+    (None: forged, expired, malformed or over); changes nothing."""
+    now_us = database.now_us()
+
+    def work(connection: Connection) -> Quarantine | None:
+        found = _signed(connection, token, now_us)
+        if found is None:
+            return None
+        pair = (found.limit, found.subject)
+        current = BreakerStore(connection).read([pair], lock=False).get(pair)
+        on = current is not None and current.quarantined_at_us == found.quarantined_at_us
+        return found if on else None
+
+    return database.run(work)
+
+
 def release_by_token(database: Database, token: str) -> Quarantine | None:
     """End the quarantine a release link's ``token`` names; None (nothing
     changed) when the token is forged, expired or malformed, or that
@@ -53,12 +80,10 @@ def release_by_token(database: Database, token: str) -> Quarantine | None:
     now_us = database.now_us()
 
     def work(connection: Connection) -> Quarantine | None:
-        secret = portal_secret(connection, now_us, SECRET_NAME)
-        signed = verify(secret, token, now_us // 1_000_000)
-        parts = signed.split("\n") if signed is not None else []
-        if len(parts) != 3 or not parts[2].isdigit():
+        found = _signed(connection, token, now_us)
+        if found is None:
             return None
-        limit, subject, at = parts
-        return BreakerStore(connection).release((limit, subject), now_us, int(at))
+        pair = (found.limit, found.subject)
+        return BreakerStore(connection).release(pair, now_us, found.quarantined_at_us)
 
     return database.run(work)
