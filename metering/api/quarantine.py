@@ -12,12 +12,13 @@ browser, a problem for any other client; nothing changes.
 
 from __future__ import annotations
 
+from datetime import datetime
 from html import escape
 from typing import Annotated, Final
 from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, Path, Query, Request
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import HTMLResponse, JSONResponse, Response
 
@@ -49,7 +50,7 @@ Token = Annotated[
 class QuarantineOut(BaseModel):
     limit: str
     subject: str
-    quarantined_at: str
+    quarantined_at: datetime = Field(description="When its breaker tripped.")
 
 
 class Quarantines(BaseModel):
