@@ -64,9 +64,11 @@ class BreakerStore(OnConnection):
         return found
 
     def write(self, changed: Mapping[Pair, Breaker]) -> None:
-        """Insert or replace the rows of ``changed``."""
-        for (limit, subject), breaker in sorted(changed.items()):
-            values = {
+        """Insert or replace the rows of ``changed``, in one statement."""
+        if not changed:
+            return
+        rows = [
+            {
                 "limit_name": limit,
                 "subject": subject,
                 "short_rate": breaker.short_rate,
@@ -76,7 +78,17 @@ class BreakerStore(OnConnection):
                 "over_since_us": breaker.over_since_us,
                 "quarantined_at_us": breaker.quarantined_at_us,
             }
-            self._upsert(breakers, values, key=["subject", "limit_name"])
+            for (limit, subject), breaker in sorted(changed.items())
+        ]
+        statement = self._insert(breakers)
+        kept = ("subject", "limit_name")
+        self.connection.execute(
+            statement.on_conflict_do_update(
+                index_elements=list(kept),
+                set_={c: statement.excluded[c] for c in rows[0] if c not in kept},
+            ),
+            rows,
+        )
 
     def quarantined(self) -> list[Quarantine]:
         """Every quarantined subject, by limit then subject."""

@@ -80,3 +80,19 @@ def test_a_quarantine_is_listed_and_released(url: str) -> None:
     assert code == 1 and "'org-1' is not quarantined on 'api'" in out
     code, out = run(url, "quarantine", "release", "org-1", "nope")
     assert code == 1 and "unknown limit 'nope'" in out
+
+
+def test_a_limits_file_takes_a_breaker(url: str, tmp_path: Path) -> None:
+    path = tmp_path / "limits.yaml"
+    path.write_text(
+        "api:\n  maximum: 1000\n  period: 1d\n  breaker: 5x\n"
+        "  breaker_floor: 0.25\n  quarantine_max: 10\n"
+    )
+    code, out = run(url, "limits", "load", str(path))
+    assert code == 0, out
+    with Meter(url) as meter:
+        limit = meter.get_limit("api")
+    assert (limit.breaker, limit.breaker_floor, limit.quarantine_max) == ("5x", 0.25, 10)
+    path.write_text("api:\n  maximum: 1000\n  period: 1d\n  breaker: 1x\n")
+    code, out = run(url, "limits", "load", str(path))
+    assert code == 1 and "breaker" in out
