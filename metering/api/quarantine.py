@@ -29,6 +29,7 @@ from metering.api.models import LIMIT_PATTERN, SUBJECT_PATTERN
 from metering.api.problems import COMMON_ERRORS, ApiProblem, responses
 from metering.api.routes import route
 from metering.domain.events import MAX_SUBJECT_LENGTH
+from metering.errors import UnknownLimit
 from metering.limits.quarantine import release_by_token, verified_link
 
 router = APIRouter(tags=["quarantines"])
@@ -43,7 +44,8 @@ HEADERS: Final = {
 }
 INVALID: Final = "the release link is not valid, has expired or was used"
 Token = Annotated[
-    str, Query(max_length=2000, description="The token of a limit.quarantined release link.")
+    str | None,
+    Query(max_length=2000, description="The token of a limit.quarantined release link."),
 ]
 
 
@@ -85,9 +87,17 @@ async def release_quarantine(
     ],
     context: Context,
 ) -> Response:
-    """End the subject's quarantine on the limit; its baseline history starts again."""
-    found = await threaded(context.meter.release_quarantine, subject, limit)
+    """End the subject's quarantine on the limit; its baseline history starts
+    again. 404 when no such limit holds the subject."""
+    try:
+        found = await threaded(context.meter.release_quarantine, subject, limit)
+    except UnknownLimit as exc:
+        raise ApiProblem("not-found", str(exc)) from None
     return JSONResponse(found.to_dict())
+
+
+def _no_token() -> ApiProblem:
+    return ApiProblem("not-found", "a release link has a token: ?token=...")
 
 
 def _refusal(request: Request) -> Response:
@@ -104,14 +114,16 @@ def _refusal(request: Request) -> Response:
     responses={
         200: {"content": {"text/html": {}}, "description": "The page, with its button."},
         **REFUSED,
-        **responses(*COMMON_ERRORS),
+        **responses(400, 404, *COMMON_ERRORS),
     },
     openapi_extra={"security": [{}]},
 )
 async def release_page(
-    request: Request, context: Annotated[ApiContext, Depends(api_context)], token: Token
+    request: Request, context: Annotated[ApiContext, Depends(api_context)], token: Token = None
 ) -> Response:
     """What the link releases, and a button that does (nothing changes here)."""
+    if token is None:
+        raise _no_token()
     found = await run_in_threadpool(verified_link, context.meter.database, token)
     if found is None:
         return _refusal(request)
@@ -131,14 +143,16 @@ async def release_page(
     responses={
         200: {"content": {"text/html": {}}, "description": "Released."},
         **REFUSED,
-        **responses(*COMMON_ERRORS),
+        **responses(400, 404, *COMMON_ERRORS),
     },
     openapi_extra={"security": [{}]},
 )
 async def release_by_link(
-    request: Request, context: Annotated[ApiContext, Depends(api_context)], token: Token
+    request: Request, context: Annotated[ApiContext, Depends(api_context)], token: Token = None
 ) -> Response:
     """End the quarantine the link names (once)."""
+    if token is None:
+        raise _no_token()
     found = await run_in_threadpool(release_by_token, context.meter.database, token)
     if found is None:
         return _refusal(request)
