@@ -15,6 +15,7 @@ attempt_log  # unused variable (metering/api/webhooks.py: DeliveryOut)
 per_unit_micro_minor  # unused variable (metering/api/prices.py: PriceOut)
 specversion  # unused variable (metering/api/models.py: CloudEvent)
 datacontenttype  # unused variable (metering/api/models.py: CloudEvent)
+quarantined_at  # unused variable (metering/api/quarantine.py: QuarantineOut)
 
 # click: ClickException.exit_code, read by click when it exits.
 exit_code  # unused variable (metering/cli/context.py: CliError)

@@ -23,6 +23,8 @@ monthly calendar windows high enough that nothing is denied:
 * dimensions: ``dimensions=("route",)``, 5 routes in the metadata;
 * gauge: ``aggregation="max"``, each event a level from 0 to 999;
 * paced: ``pacing=True`` (the maximum spread over the month, a 5 % burst);
+* breaker: ``breaker="10x"`` (every subject's now rate and baseline read,
+  stepped and written with its charges; none trips);
 * time zone: a time zone on every subject (Kolkata, Berlin, Santiago,
   Kathmandu), set in 2000: its months start at its local midnight;
 * mix: a priced limit with a spend cap, an entitlement and a recurring
@@ -163,6 +165,7 @@ CASES = [
     Case("dimensions", 'dimensions=("route",)', (calls(dimensions=("route",)),), keys=("route",)),
     Case("gauge", 'a gauge (aggregation="max")', (GAUGE,), ("storage",), levels=True),
     Case("paced", "paced (pacing=True, burst 5%)", (calls(pacing=True),)),
+    Case("breaker", 'a runaway breaker (breaker="10x")', (calls(breaker="10x"),)),
     Case("time zone", "a time zone on every subject", (calls(),), setup=zoned),
     Case(
         "mix",

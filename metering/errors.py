@@ -54,6 +54,17 @@ class UnknownLimit(MeteringError, LookupError):
         self.limit = limit
 
 
+class NotQuarantined(MeteringError, LookupError):
+    """A release of a subject that its limit's breaker does not hold."""
+
+    def __init__(self, subject: str, limit: str) -> None:
+        super().__init__(
+            f"{subject!r} is not quarantined on {limit!r} (`metering quarantine list`)"
+        )
+        self.subject = subject
+        self.limit = limit
+
+
 class ReservedLimit(MeteringError):
     """A limit named ``metering.*`` belongs to the product (the API's own rate
     limit): users cannot create, change or delete it."""

@@ -15,6 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import metering.limits.quarantine
 import metering.limits.service
 import metering.reservations.admin
 from metering import settings
@@ -42,6 +43,7 @@ from metering.reservations import Reservation, ReservationInfo
 from metering.reservations.leases import LeaseBook, LeasedReservation
 from metering.settings import database_url
 from metering.simulation import SimulationFacade
+from metering.storage.breakers import Quarantine
 from metering.storage.connections import ensure_schema
 from metering.storage.database import Database
 from metering.upkeep import dead_letters
@@ -143,6 +145,14 @@ class Meter(
     def delete_limit(self, name: str) -> None:
         """Delete a limit; its counters stay, for reports."""
         metering.limits.service.delete_limit(self.database, name)
+
+    def quarantines(self) -> list[Quarantine]:
+        """The subjects a limit's breaker holds (docs/breaker.md)."""
+        return metering.limits.quarantine.list_quarantines(self.database)
+
+    def release_quarantine(self, subject: str, limit: str) -> Quarantine:
+        """End ``subject``'s quarantine on ``limit`` (`NotQuarantined` if none)."""
+        return metering.limits.quarantine.release(self.database, subject, limit)
 
     def _event(
         self,

@@ -7,7 +7,8 @@ A ``PUT`` body is a limit's definition as a limits file writes it
 ``thresholds``, ``thresholds_units``, ``lateness``, ``dimensions``,
 ``distinct`` (seats: the metadata key whose distinct values are counted),
 ``aggregation`` (``sum``, or a gauge's ``max`` or ``latest``), ``pacing``
-and ``burst`` (units or ``"P%"``), ``forecast_lead`` (``limit.forecast``);
+and ``burst`` (units or ``"P%"``), ``forecast_lead`` (``limit.forecast``),
+``breaker``, ``breaker_floor`` and ``quarantine_max`` (the runaway breaker);
 ``name`` may be given if it is the name in the path. It is validated by
 `Limit.from_dict`, the loader's own rules, and stored with `Meter.set_limit`:
 created, or replaced as a whole (a field not given takes its default).
@@ -160,6 +161,28 @@ class LimitIn(BaseModel):
         "rate, the maximum in force runs out within this long (a fixed window that is not "
         "a gauge). See docs/forecasts.md.",
     )
+    breaker: str | None = Field(
+        default=None,
+        max_length=16,
+        examples=["10x"],
+        description="Quarantine a subject whose rate runs past this multiple of its own "
+        "baseline for a minute (2x to 1000x; a fixed window that is not a gauge). "
+        "See docs/breaker.md.",
+    )
+    breaker_floor: float | None = Field(
+        default=None,
+        gt=0,
+        examples=[0.5],
+        description="With a breaker: the least baseline, in units per second, so a subject "
+        "with under a day of history is judged.",
+    )
+    quarantine_max: int | None = Field(
+        default=None,
+        ge=1,
+        examples=[100],
+        description="With a breaker: what a quarantined subject may use of a window "
+        "(default: the maximum divided by the factor).",
+    )
 
 
 class LimitOut(BaseModel):
@@ -182,6 +205,9 @@ class LimitOut(BaseModel):
     forecast_lead: str | None = Field(
         default=None, description="Only present on a limit with a forecast lead."
     )
+    breaker: str | None = Field(default=None, description="Only present with a breaker.")
+    breaker_floor: float | None = Field(default=None, description="A breaker's floor.")
+    quarantine_max: int | None = Field(default=None, description="A breaker's quarantine max.")
 
 
 class Limits(BaseModel):

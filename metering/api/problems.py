@@ -37,6 +37,7 @@ from metering.errors import (
     InputRefused,
     InvalidInput,
     MeteringError,
+    NotQuarantined,
     ReservationSettled,
     ReservedLimit,
     SchemaOutdated,
@@ -188,7 +189,8 @@ def translate(error: MeteringError) -> tuple[str, str, list[tuple[str, str]], di
         | UnknownWebhookEndpoint
         | UnknownApiKey
         | UnknownEvent
-        | UnknownCheckout,
+        | UnknownCheckout
+        | NotQuarantined,
     ):
         return "not-found", detail, [], {}
     if isinstance(error, ReservationSettled):

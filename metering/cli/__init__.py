@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "grants": "metering.cli.grants:grants",
     "alerts": "metering.cli.alerts:alerts",
     "subjects": "metering.cli.subjects:subjects",
+    "quarantine": "metering.cli.quarantine:quarantine",
     "void": "metering.cli.grants:void",
     "corrections": "metering.cli.grants:corrections",
     "consume": "metering.cli.events:consume",
@@ -68,6 +69,7 @@ SECTIONS: dict[str, dict[str, str]] = {
         "grants": "Top up a subject's allowance for a limit.",
         "alerts": "Set a subject's own thresholds for a limit.",
         "subjects": "Set a subject's time zone: its days and months start at its midnight.",
+        "quarantine": "List and release the subjects a limit's breaker holds.",
         "prices": "Price limits per unit; priced usage charges spend limits.",
     },
     "Usage": {

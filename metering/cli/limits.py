@@ -104,6 +104,25 @@ def limits() -> None:
     metavar="DURATION",
     help="Send limit.forecast once a window when the allowance runs out within it: 24h.",
 )
+@click.option(
+    "--breaker",
+    metavar="FACTORx",
+    help="Quarantine a subject whose rate runs past this multiple of its baseline "
+    "for a minute: 10x (docs/breaker.md).",
+)
+@click.option(
+    "--breaker-floor",
+    metavar="RATE",
+    help="With --breaker: the least baseline, in units per second; lets a subject "
+    "with under a day of history be judged.",
+)
+@click.option(
+    "--quarantine-max",
+    type=int,
+    metavar="N",
+    help="With --breaker: what a quarantined subject may use of a window. "
+    "Default: the maximum divided by the factor.",
+)
 def limits_set(
     name: str,
     maximum: int | None,

@@ -132,6 +132,10 @@ def describe_limit(limit: Limit) -> str:
         parts.append("threshold units " + "/".join(str(t) for t in limit.thresholds_units))
     if limit.forecast_lead:
         parts.append(f"forecast lead {limit.forecast_lead}")
+    if limit.breaker:
+        floor = f" floor {limit.breaker_floor:g}/s" if limit.breaker_floor else ""
+        held = f" quarantine max {limit.quarantine_max}" if limit.quarantine_max else ""
+        parts.append(f"breaker {limit.breaker}{floor}{held}")
     return ", ".join([*parts, f"lateness {limit.lateness}"])
 
 

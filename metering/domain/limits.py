@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
 from metering.domain.bounds import shown, validate_whole
+from metering.domain.breaker import parse_factor, parse_floor, quarantine_cap
 from metering.domain.jsonable import fields_dict
 from metering.domain.money import format_amount, parse_amount, validate_currency
 from metering.domain.pacing import DEFAULT_BURST, Burst, parse_burst
@@ -201,9 +202,15 @@ class Limit:
     # How long before a forecast exhaustion ``limit.forecast`` goes out
     # (docs/forecasts.md); None: never.
     forecast_lead: str | None = None
+    # The runaway breaker (docs/breaker.md): a factor like ``"10x"``, a floor
+    # for the baseline (units per second) and the quarantine maximum; None: no breaker.
+    breaker: str | None = None
+    breaker_floor: float | None = None
+    quarantine_max: int | None = None
     parsed_period: Period = field(init=False, repr=False, compare=False)
     lateness_seconds: int = field(init=False, repr=False, compare=False)
     forecast_lead_seconds: int | None = field(init=False, repr=False, compare=False)
+    breaker_factor: int | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         validate_limit_name(self.name)
@@ -258,6 +265,25 @@ class Limit:
         lead = _forecast_lead(self)
         object.__setattr__(self, "forecast_lead", None if lead is None else lead[0])
         object.__setattr__(self, "forecast_lead_seconds", None if lead is None else lead[1])
+        _check_breaker(self)
+
+    def quarantined(self) -> Limit:
+        """This limit (with the maximum in force) as it holds a quarantined
+        subject: its maximum the quarantine's, enforced as hard (a shadow
+        limit stays shadow), unpaced."""
+        assert self.breaker_factor is not None, "a limit without a breaker"
+        cap = quarantine_cap(self.maximum, self.breaker_factor, self.quarantine_max)
+        enforcement: Enforcement = "shadow" if self.enforcement == "shadow" else "hard"
+        return replace(
+            self,
+            maximum=cap,
+            enforcement=enforcement,
+            pacing=False,
+            burst=None,
+            breaker=None,
+            breaker_floor=None,
+            quarantine_max=None,
+        )
 
     def with_maximum(self, maximum: int) -> Limit:
         """This limit with another maximum: a subject's entitlement."""
@@ -280,6 +306,7 @@ class Limit:
             "distinct": self.distinct,
             **({"pacing": True, "burst": self.burst} if self.pacing else {}),
             **({"forecast_lead": self.forecast_lead} if self.forecast_lead else {}),
+            **(_breaker_dict(self) if self.breaker else {}),
         }
 
     @classmethod
@@ -288,6 +315,7 @@ class Limit:
         known = {"name", "maximum", "period", "algorithm", "window", "enforcement"}
         known |= {"thresholds", "lateness", "thresholds_units", "dimensions", "currency"}
         known |= {"max_amount", "distinct", "aggregation", "pacing", "burst", "forecast_lead"}
+        known |= {"breaker", "breaker_floor", "quarantine_max"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise InvalidLimit(unknown[0], f"unknown field; expected some of {sorted(known)}")
@@ -331,6 +359,33 @@ def _forecast_lead(limit: Limit) -> tuple[str, int] | None:
             "forecast_lead", "only a fixed window that adds costs up runs out before its reset"
         )
     return str(lead), lead.seconds
+
+
+def _check_breaker(limit: Limit) -> None:
+    """A breaker's factor, floor and quarantine maximum, normalised; only a
+    fixed window that adds costs up has one (its quarantine holds a window)."""
+    if limit.breaker is None:
+        object.__setattr__(limit, "breaker_factor", None)
+        if limit.breaker_floor is not None or limit.quarantine_max is not None:
+            field_name = "breaker_floor" if limit.breaker_floor is not None else "quarantine_max"
+            raise InvalidLimit(field_name, "only a limit with a breaker has one: add breaker")
+        return
+    factor = parse_factor(limit.breaker)
+    if limit.algorithm != "fixed_window" or limit.is_gauge:
+        raise InvalidLimit("breaker", "only a fixed window that adds costs up has a breaker")
+    if limit.breaker_floor is not None:
+        object.__setattr__(limit, "breaker_floor", parse_floor(limit.breaker_floor))
+    quarantine_cap(limit.maximum, factor, limit.quarantine_max)
+    object.__setattr__(limit, "breaker", f"{factor}x")
+    object.__setattr__(limit, "breaker_factor", factor)
+
+
+def _breaker_dict(limit: Limit) -> dict[str, Any]:
+    return {
+        "breaker": limit.breaker,
+        "breaker_floor": limit.breaker_floor,
+        "quarantine_max": limit.quarantine_max,
+    }
 
 
 def _check_concurrent(limit: Limit) -> None:

@@ -34,6 +34,7 @@ class Need(StrEnum):
     OWN_THRESHOLDS = "own_thresholds"  # a subject's own thresholds
     NOTICES = "notices"  # webhooks, grant.low or dead letters written beside the results
     FORECAST = "forecast"  # a forecast lead: limit.forecast from the rates just written
+    BREAKER = "breaker"  # a runaway breaker: its rates, quarantines and limit.quarantined
     RESERVATION = "reservation"  # a held reservation or a lease's block
     HELD_SEATS = "held_seats"  # a reservation of a seat limit (refused)
     HELD_GAUGE = "held_gauge"  # a reservation of a gauge (refused)
@@ -60,6 +61,8 @@ def rule_needs(limit: Limit, *, priced: bool) -> frozenset[Need]:
         found.add(Need.PACING)
     if limit.forecast_lead is not None:
         found.add(Need.FORECAST)
+    if limit.breaker is not None:
+        found.add(Need.BREAKER)
     if limit.dimensions:
         found.add(Need.DIMENSIONS)
     if (

@@ -26,6 +26,7 @@ NoticeType = Literal[
     "limit.denied",
     "limit.threshold",
     "limit.forecast",
+    "limit.quarantined",
     "limit.exceeded",
     "limit.reset",
     "limit.would_deny",

@@ -66,6 +66,7 @@ from metering.engine.answers import (
     NotHeld,
     Unacceptable,
 )
+from metering.engine.breakers import Breakers
 from metering.engine.forecasts import leads_of, with_forecasts
 from metering.engine.money import PriceBook, refuse_spend_charge, repriced
 from metering.engine.seats import Seats
@@ -496,6 +497,11 @@ def apply_records(
     try:
         applying.plan()
         snapshot = applying.read(store, retry)
+        if applying.breaker_pairs:  # after the counters' lock (`Need.BREAKER`: a connection)
+            if connection is None:
+                raise _Decline(Declined("a breaker to read", Need.BREAKER))
+            limits = (applying.rules[name].limit for name, _ in applying.breaker_pairs)
+            applying.breakers = Breakers.read(connection, limits, applying.breaker_pairs, lock=True)
         applying.decide(snapshot)
         return applying.write(connection, store, snapshot)
     except _Decline as exc:
@@ -546,6 +552,8 @@ class _Applying:
         self.seats = Seats({})
         self.issues: list[tuple[ScheduleRecord, list[Issue]]] = []
         self.had_row: set[Pair] = set()
+        self.breaker_pairs: set[Pair] = set()  # the charged pairs of limits with a breaker
+        self.breakers: Breakers | None = None
 
     def plan(self) -> None:
         """Each event's rules, spend charges and counters' keys."""
@@ -566,6 +574,10 @@ class _Applying:
                 event, event_rules, error = self.spend.expand(index, event, event_rules)
             fixed = None if error is not None else self._keys(event, event_rules)
             self.todo.append((index, event, event_rules, error, fixed))
+            if error is None:
+                for (subject, name, _), rule in zip(event.charges, event_rules, strict=True):
+                    if rule.needs and Need.BREAKER in rule.needs:
+                        self.breaker_pairs.add((name, subject))
 
     def _seats(self, event: EventRecord) -> bool:
         """Whether ``event`` charges a seat limit (a reservation of one is
@@ -683,6 +695,9 @@ class _Applying:
         policy = self.batch.policy
         if policy is not None:  # after `_entitled`: its shared rules stay as they are
             event_rules = [policy.rule(rule) for rule in event_rules]
+        breakers = self.breakers
+        if breakers is not None:
+            event_rules, event_pots = _quarantined(breakers, event, event_rules, event_pots)
         if fixed is None:
             fixed = self._first_use_keys(event, event_rules, snapshot.windows)
         event_windows, event_states = self._states(fixed, snapshot.states)
@@ -708,6 +723,8 @@ class _Applying:
             self.seats.count_outcomes(event_seats, verdict.outcome, outcomes)
         if self.spend is not None:
             self.spend.annotate(index, verdict)
+        if breakers is not None:
+            breakers.charged(verdict.outcome, verdict.rows, event.event_id, self.batch.now_us)
         return verdict
 
     def _first_use_keys(
@@ -764,10 +781,14 @@ class _Applying:
             changes.rejected, dead = dead, []  # in the write's round trip
         # A forecast lead (`Need.FORECAST`) reads the rates just written: on SQLAlchemy's.
         leads = self._leads() if connection is not None else {}
-        more = bool(self.notices or dead or low or leads)
+        breakers = self.breakers
+        more = bool(self.notices or dead or low or leads or breakers)
         if more and connection is None:
             return Declined("notices or dead letters to write", Need.NOTICES)
         store.write(changes, batch.now_us, commit=not more)
+        if connection is not None and breakers is not None:
+            enforce = batch.policy is None or batch.policy.enforce
+            breakers.write(connection, batch.now_us, announce=enforce)
         if connection is not None and more:
             notices: list[Notice] = self.notices
             if notices or leads:
@@ -933,6 +954,29 @@ def _entitled(
     return rules, found if any(pot is not None for pot in found) else None
 
 
+def _quarantined(
+    breakers: Breakers,
+    event: EventRecord,
+    event_rules: list[Rule],
+    pots: list[Pot | None] | None,
+) -> tuple[list[Rule], list[Pot | None] | None]:
+    """The event's rules with those of its quarantined subjects held to the
+    quarantine (`Limit.quarantined`, from the maximum in force), unpaid by grants."""
+    rules: list[Rule] | None = None
+    for position, (subject, name, _) in enumerate(event.charges):
+        if not breakers.is_quarantined(name, subject):
+            continue
+        if rules is None:
+            rules = list(event_rules)
+        rule = event_rules[position]
+        held = Rule.of(rule.limit.with_maximum(rule.maximum).quarantined(), priced=rule.money)
+        rules[position] = held
+        if pots is not None:
+            pots = list(pots)
+            pots[position] = None
+    return (event_rules, pots) if rules is None else (rules, pots)
+
+
 def _resolve(
     answers: Sequence[Answer | int],
     events: Sequence[EventRecord],
@@ -1011,6 +1055,8 @@ def check_record(
         return exc.declined  # a spend limit not cached yet
     if error is not None:
         return Declined(str(error), Need.INVALID)
+    if any(rule.needs and Need.BREAKER in rule.needs for rule in event_rules):
+        return Declined("a breaker to read", Need.BREAKER)
     charged = [(name, subject) for subject, name, _ in event.charges]
     if allowances.due_pairs(charged, now_us):
         return Declined("a recurring grant's issue is due", Need.RECURRING)

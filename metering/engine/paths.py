@@ -130,7 +130,7 @@ class Direct:
     def __init__(self, direct: DirectSqlite | DirectPostgres, cache: LimitCache) -> None:
         self.direct = direct
         self.cache = cache
-        implements = FAST_IMPLEMENTS - {Need.NOTICES, Need.FORECAST}
+        implements = FAST_IMPLEMENTS - {Need.NOTICES, Need.FORECAST, Need.BREAKER}
         if isinstance(direct, DirectSqlite):
             implements -= {Need.DEAD_LETTERS}
         self.implements = implements
@@ -349,7 +349,7 @@ def _check_reference(original: UsageEvent, now_us: int, connection: Connection) 
     resolver = WindowResolver(store, dict(store.read_current_windows(pairs)))
     keys = [resolver.key(limits[c.limit], c.subject, event.occurred_at_us) for c in event.charges]
     states = store.read_counters(keys)
-    allowed = Allowed.read(store, [event], [keys], lock=False, money=money)
+    allowed = Allowed.read(store, [event], [keys], lock=False, money=money, limits=limits)
     seats = seat_keys(event, keys, limits)
     costs = Seats.read(store, [event], [keys], limits).costs(seats) if any(seats) else None
     return decide_with_states(

@@ -42,6 +42,7 @@ from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 from metering.domain.windows import Window, calendar_window, first_use_window
 from metering.domain.zones import ZoneHistory, follows_zone
 from metering.engine.answers import InvalidPolicy
+from metering.engine.breakers import Breakers
 from metering.engine.forecasts import leads_of, with_forecasts
 from metering.engine.money import Money, refuse_spend_charge
 from metering.engine.seats import Seats, seat_keys
@@ -247,8 +248,9 @@ def _decide(
         for e in events
     ]
     states = store.lock_counters({k for ks in keys for k in ks}, now_us)
-    allowances = Allowed.read(store, events, keys, lock=True, money=money)
+    allowances = Allowed.read(store, events, keys, lock=True, money=money, limits=limits)
     seats = Seats.read(store, events, keys, limits)  # after the counters: their lock order
+    breakers = allowances.breakers
     changed: dict[CounterKey, CounterState] = {}
     decisions = []
     transitions = []
@@ -261,6 +263,9 @@ def _decide(
         )
         if costs is not None:
             seats.count(event_seats, decision)
+        if breakers is not None:
+            rows = [c.to_row() for c in decision.charges]
+            breakers.charged(decision.outcome, rows, event.event_id, now_us)
         for key in event_keys:
             changed[key] = states[key]
         decisions.append(decision)
@@ -277,6 +282,8 @@ def _decide(
     # Notifications are written in this transaction: a rollback takes them too.
     # Most events cause no candidate at all, and then no statement runs.
     enforce = policy is None or policy.enforce
+    if breakers is not None:
+        breakers.write(store.connection, now_us, announce=enforce)
     notices = notices_of(limits, transitions, allowances.own_thresholds(limits)) if enforce else []
     # Forecasts read the rates just written (`metering.engine.forecasts`).
     leads = leads_of(limits[c.limit] for e in events for c in e.charges) if enforce else {}
@@ -298,6 +305,8 @@ class Allowed:
     pots: Mapping[Pair, Pot] = field(default_factory=dict)
     alerts: Mapping[Pair, AlertRecord] = field(default_factory=dict)
     money: Money | None = None
+    # The breakers of the charged pairs (`metering.engine.breakers`), stepped while deciding.
+    breakers: Breakers | None = None
 
     @classmethod
     def read(
@@ -308,6 +317,7 @@ class Allowed:
         *,
         lock: bool,
         money: Money | None = None,
+        limits: Mapping[str, Limit] | None = None,
     ) -> Allowed:
         """Read them after the counters are locked (grants locked too, with ``lock``)."""
         allowances = AllowanceStore(store.connection)
@@ -319,7 +329,10 @@ class Allowed:
             if k.window_end_us != NO_WINDOW
         ]
         pots = allowances.lock_pots({(n, s) for n, s, _ in windows}, windows, lock=lock)
-        return cls(allowances.histories(pairs), pots, AlertStore(store.connection).of(pairs), money)
+        found = (limits or {}).values()
+        breakers = Breakers.read(store.connection, found, pairs, lock=lock) if found else None
+        alerts = AlertStore(store.connection).of(pairs)
+        return cls(allowances.histories(pairs), pots, alerts, money, breakers)
 
     def own_thresholds(self, limits: Mapping[str, Limit]) -> dict[Pair, Limit]:
         """The limits of subjects with thresholds of their own, with those thresholds."""
@@ -333,9 +346,15 @@ class Allowed:
 
     def limit_for(self, limit: Limit, subject: str, at_us: int) -> Limit:
         history = self.histories.get((limit.name, subject))
-        if not history:
-            return limit
-        return limit.with_maximum(maximum_at(history, limit.maximum, at_us))
+        if history:
+            limit = limit.with_maximum(maximum_at(history, limit.maximum, at_us))
+        if self.is_quarantined(limit.name, subject):
+            return limit.quarantined()
+        return limit
+
+    def is_quarantined(self, limit: str, subject: str) -> bool:
+        """Whether ``subject`` is held to ``limit``'s quarantine."""
+        return self.breakers is not None and self.breakers.is_quarantined(limit, subject)
 
 
 def decide_with_states(
@@ -375,7 +394,9 @@ def decide_with_states(
             key,
             states.get(key, CounterState()),
             c.cost if cost is None else cost,
-            allowed.pots.get((c.limit, c.subject)) if key.window_end_us != NO_WINDOW else None,
+            allowed.pots.get((c.limit, c.subject))
+            if key.window_end_us != NO_WINDOW and not allowed.is_quarantined(c.limit, c.subject)
+            else None,
             priced.get(index),
         )
         for index, (c, key, cost) in enumerate(zip(event.charges, keys, chosen, strict=True))

@@ -44,6 +44,9 @@ def _limit_from_row(row: Any) -> Limit:
         pacing=row.pacing_burst is not None,
         burst=None if row.pacing_burst is None else parse_burst(row.pacing_burst, row.maximum),
         forecast_lead=row.forecast_lead,
+        breaker=row.breaker,
+        breaker_floor=row.breaker_floor,
+        quarantine_max=row.quarantine_max,
     )
 
 
@@ -76,6 +79,9 @@ class LimitStore(OnConnection):
         values.pop("burst", None)
         values["pacing_burst"] = str(limit.burst) if limit.pacing else None
         values["forecast_lead"] = limit.forecast_lead
+        values["breaker"] = limit.breaker
+        values["breaker_floor"] = limit.breaker_floor
+        values["quarantine_max"] = limit.quarantine_max
         values["updated_at_us"] = now_us
         self._upsert(limits, values, key=["name"])
         self.connection.execute(BUMP_LIMITS_VERSION)

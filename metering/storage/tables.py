@@ -51,6 +51,28 @@ limits = Table(
     # A paced limit's burst, units or "P%" (`metering.domain.pacing`); NULL: not paced.
     Column("pacing_burst", String(24), nullable=True),
     Column("forecast_lead", String(32), nullable=True),  # a duration, "24h"; NULL: none
+    # The runaway breaker (migration 0029): its factor ("10x"), the floor of the
+    # baseline in units per second, the quarantine maximum; NULL: no breaker.
+    Column("breaker", String(8), nullable=True),
+    Column("breaker_floor", Double, nullable=True),
+    Column("quarantine_max", BigInteger, nullable=True),
+)
+
+# One row per subject and limit with a breaker (`metering.domain.breaker`):
+# its now and baseline rates, the start of its history, since when the now
+# rate is past the multiple, and since when it is quarantined (NULL: it is not).
+breakers = Table(
+    "breakers",
+    metadata,
+    Column("limit_name", String(64), nullable=False),
+    Column("subject", String(200), nullable=False),
+    Column("short_rate", Double, nullable=False),
+    Column("long_rate", Double, nullable=False),
+    Column("rate_at_us", BigInteger, nullable=False),
+    Column("since_us", BigInteger, nullable=False),
+    Column("over_since_us", BigInteger, nullable=True),
+    Column("quarantined_at_us", BigInteger, nullable=True),
+    PrimaryKeyConstraint("subject", "limit_name"),
 )
 
 # One row (id 1): incremented by every change to ``limits``, so that processes

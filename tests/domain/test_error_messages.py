@@ -27,9 +27,10 @@ from metering.errors import InvalidInput, InvalidLimit, OccurredAtOutOfRange
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 KNOWN = (
-    "['aggregation', 'algorithm', 'burst', 'currency', 'dimensions', 'distinct', 'enforcement', "
-    "'forecast_lead', 'lateness', 'max_amount', 'maximum', 'name', 'pacing', 'period', "
-    "'thresholds', 'thresholds_units', 'window']"
+    "['aggregation', 'algorithm', 'breaker', 'breaker_floor', 'burst', 'currency', "
+    "'dimensions', 'distinct', 'enforcement', 'forecast_lead', 'lateness', 'max_amount', "
+    "'maximum', 'name', 'pacing', 'period', 'quarantine_max', 'thresholds', "
+    "'thresholds_units', 'window']"
 )
 
 LIMIT_ERRORS: list[tuple[Callable[[], object], str]] = [

@@ -280,6 +280,7 @@ def test_the_message_types_and_delivery_statuses() -> None:
         "limit.denied",
         "limit.threshold",
         "limit.forecast",
+        "limit.quarantined",
         "limit.exceeded",
         "limit.reset",
         "limit.would_deny",

@@ -17,7 +17,9 @@ changes effective in the past, now and later, prices removed, amounts past
 the bound), seats
 (``distinct="user"``: new values, repeats, missing and empty values, cost
 2), gauges (peak and last level, hard, soft and shadow, levels of 0),
-paced limits (hard, soft and shadow; bursts in units and percent), a
+paced limits (hard, soft and shadow; bursts in units and percent),
+runaway breakers (hard and soft, with grants and entitlements, tripped and
+holding their quarantine maximum), a
 limit's maximum changed, entitlements (some effective in the past),
 grants (expiring, with priorities and ``low``) and recurring grants,
 subjects' own thresholds, subjects' time zones (Kathmandu and Santiago from
@@ -139,6 +141,25 @@ LIMITS = [
         thresholds=(50,),
     ),
     Limit("paced_shadow", maximum=4, period="1h", enforcement="shadow", pacing=True, burst=0),
+    # Runaway breakers: past 2 (3) x their baseline for a minute: any use, minutes apart.
+    Limit(
+        "breaker",
+        maximum=40,
+        period="1h",
+        window="calendar",
+        thresholds=(50,),
+        breaker="2x",
+        breaker_floor=0.000001,
+        quarantine_max=2,
+    ),
+    Limit(
+        "breaker_soft",
+        maximum=30,
+        period="30m",
+        enforcement="soft",
+        breaker="3x",
+        breaker_floor=0.000001,
+    ),
     # Gauges: the peak and the last level (a cost is the level, 0 included).
     Limit(
         "peak",
@@ -164,15 +185,19 @@ OTHER = ["soft", "month", "dims"]
 SEATS = ["seats", "fu_seats", "soft_seats", "shadow_seats"]
 GAUGES = ["peak", "level", "shadow_level"]
 PACED = ["paced", "paced_soft", "paced_shadow"]
-NAMES = [*SUITED, *SUITED, *SUITED, *SUITED, *OTHER, *SEATS, *GAUGES, *PACED, "usd_day", "unknown"]
+BREAKERS = ["breaker", "breaker_soft"]
+NAMES = [
+    *[*SUITED, *SUITED, *SUITED, *SUITED, *OTHER, *SEATS, *GAUGES, *PACED, *BREAKERS],
+    *["usd_day", "unknown"],
+]
 # (A grant on a gauge is refused, by both alike.)
 GRANTABLE = [
     *["cal", "fu", "soft", "shadow", "units", "seats", "usd_day", "eur_fu", "peak"],
-    *["paced", "paced_soft"],
+    *["paced", "paced_soft", "breaker"],
 ]
 OWN = [
     *["cal", "fu", "bucket", "units", "seats", "fu_seats", "usd_day", "eur_fu", "peak", "level"],
-    *["paced", "paced_soft"],
+    *["paced", "paced_soft", "breaker"],
 ]
 # Grants and own thresholds (the function declines their pairs) for two subjects.
 HOLDERS = ["org-2", "user-é"]
@@ -186,6 +211,9 @@ FIRST_ZONES = [("org-2", "Asia/Kathmandu"), ("user-é", "America/Santiago")]  # 
 # Changed before the stream's second and third batches: from where the windows end.
 ZONE_CHANGES = {1: [("org-1", "Europe/Berlin")], 2: [("org-2", "UTC"), ("user-é", "Asia/Kolkata")]}
 DAY_US = 86_400_000_000
+# Quarantines released before the stream's second and third batches (a
+# second release of one is an error, on both alike).
+RELEASES = {1: [("org-1", "breaker")], 2: [("org-2", "breaker_soft"), ("org-1", "breaker")]}
 METADATA = [
     None,
     {"route": "/a"},
@@ -452,6 +480,8 @@ def _changes(meters: tuple[Meter, Meter], spec: dict[str, Any], number: int) -> 
             _both(meters, "set_price", limit, per_unit, currency, when)
     for subject, zone in ZONE_CHANGES.get(number, ()):  # (drawn from nothing: the streams stay)
         _both(meters, "set_time_zone", subject, zone)
+    for subject, limit in RELEASES.get(number, ()):  # (so are these)
+        _both(meters, "release_quarantine", subject, limit)
     if spec["reset"] is not None:
         subject, limit = spec["reset"]
         _both(meters, "reset", subject, limit)
@@ -533,8 +563,8 @@ def _reservations(
 def _check_left_allowed(meter: Meter, event: UsageEvent, expected: object) -> bool:
     """A check the reference engine may answer: it raises, a recurring grant's
     issue may be due, or it falls before a current first-use window."""
-    if isinstance(expected, tuple):
-        return True
+    if isinstance(expected, tuple) or any(c.limit in BREAKERS for c in event.charges):
+        return True  # (a breaker's state is read by the reference engine's check)
     subjects = {c.subject for c in event.charges}
     with meter.sql_engine.connect() as connection:
         if connection.execute(select(grant_schedules.c.subject)).first() is not None:
@@ -587,7 +617,13 @@ def _run(
                 meter.set_price(limit, per_unit, currency, START - timedelta(days=1))
             for subject, zone in FIRST_ZONES:
                 meter.set_time_zone(subject, zone)
-        clock.set(START)
+        # Every subject's breakers past their baseline from a minute before
+        # START; the charge at START trips them (then released now and then).
+        primed = [(subject, name, 1) for subject in SUBJECTS for name in BREAKERS]
+        for number, seconds in enumerate((60, 0)):
+            clock.set(START - timedelta(seconds=seconds))
+            made = make_event(primed, clock(), f"primed-{number}")
+            _decide(path, meters, [made.record()], "raise", tally)
         tested.database.run(tested._engine.limits.refresh)  # a warm process: limits cached
         singly = path == "one_trip"
         for number, spec in enumerate(stream):
@@ -622,6 +658,7 @@ def _run(
         tally["gauge levels"] += len(gauged)
         paced = [row for row in found["counters"] if row[0] in PACED and row[5]]
         tally["paced denials"] += len(paced)
+        tally["quarantines"] += sum(row[-1] is not None for row in found["breakers"])
         # Windows of days and months that start or end at no UTC midnight: a zone's.
         zoned = [
             row
@@ -668,6 +705,7 @@ def test_the_path_decides_as_the_reference_engine(
     if path != "one_trip":  # (there the fast path decides them, as on "direct")
         assert tally["paced denials"] >= 1, tally  # the pace denied some
     assert tally["zoned windows"] >= 1, tally  # some windows were a zone's
+    assert tally["quarantines"] >= 1, tally  # some breakers tripped
     if path == "one_trip":  # of the events it may decide, the function decides many
         eligible = tally["events"] - tally["unsuited"] - tally["not for the function"]
         assert tally["applied"] >= eligible // 3, tally

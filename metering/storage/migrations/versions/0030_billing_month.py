@@ -10,7 +10,7 @@
   (it decides no subject with a time zone).
 
 Revision ID: 0030
-Revises: 0028
+Revises: 0029
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0030"
-down_revision = "0028"
+down_revision = "0029"
 branch_labels = None
 depends_on = None
 

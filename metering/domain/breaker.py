@@ -1,0 +1,142 @@
+"""The runaway breaker's rule: when a subject's rate on a limit runs past a
+multiple of its own baseline for a minute, the subject is quarantined.
+
+A limit's breaker is a factor (``"10x"``: `parse_factor`), an optional floor
+(units per second, `parse_floor`) and a quarantine maximum (`quarantine_cap`).
+A subject keeps, per limit, a `Breaker`: two decayed sums of what it consumed
+(the counter's rate of `metering.domain.forecast`, at two time constants): a
+"now" rate over `SHORT_TAU_SECONDS` and a baseline over `LONG_TAU_SECONDS`,
+the instant its history starts and, once it trips, when it was quarantined.
+`step` adds a charge: the now rate past ``factor`` times the baseline as it
+was before the charge starts ``over_since`` (unless it was past it all the
+time since, charges included); past for `SUSTAIN_US` trips; at or under it
+clears ``over_since``. A subject with less than `HISTORY_US` of
+history never trips, unless a floor is set: the baseline then reads at least
+the floor. A quarantined subject is held to its cap until `released`, which
+starts its history again.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+from typing import Final
+
+from metering.errors import InvalidLimit
+
+SHORT_TAU_SECONDS: Final = 60
+LONG_TAU_SECONDS: Final = 86_400
+SUSTAIN_US: Final = 60_000_000  # a minute past the multiple
+HISTORY_US: Final = 86_400_000_000  # a day of history
+MAX_FACTOR: Final = 1_000
+MAX_FLOOR: Final = 1e12
+MAX_CAP: Final = 10**15
+FORGET_US: Final = 50 * LONG_TAU_SECONDS * 1_000_000
+_FACTOR: Final = re.compile(r"[ \t]*([0-9]{1,4})[ \t]*[xX][ \t]*")
+
+
+def parse_factor(text: object) -> int:
+    """``"10x"`` as 10: a whole multiple from 2 to `MAX_FACTOR`."""
+    match = _FACTOR.fullmatch(text) if isinstance(text, str) else None
+    factor = int(match.group(1)) if match else 0
+    if not 2 <= factor <= MAX_FACTOR:
+        raise InvalidLimit(
+            "breaker", f"give a multiple like '10x', from 2x to {MAX_FACTOR}x; got {text!r}"
+        )
+    return factor
+
+
+def parse_floor(value: object) -> float:
+    """A baseline floor in units per second: a number above 0."""
+    try:
+        floor = float(value) if isinstance(value, str | int | float) else math.nan
+    except ValueError:
+        floor = math.nan
+    if isinstance(value, bool) or not 0 < floor <= MAX_FLOOR:  # NaN fails too
+        raise InvalidLimit(
+            "breaker_floor", f"give a rate in units per second above 0, like 0.5; got {value!r}"
+        )
+    return floor
+
+
+def quarantine_cap(maximum: int, factor: int, chosen: int | None) -> int:
+    """What a quarantined subject may use of a window whose maximum in force
+    is ``maximum``: ``chosen`` (a whole number from 1) or, by default, the
+    maximum divided by the factor (at least 1); never more than the maximum."""
+    if chosen is None:
+        return max(maximum // factor, 1)
+    if isinstance(chosen, bool) or not isinstance(chosen, int) or not 1 <= chosen <= MAX_CAP:
+        raise InvalidLimit("quarantine_max", f"give a whole number of units from 1; got {chosen!r}")
+    return min(chosen, maximum)
+
+
+@dataclass(frozen=True, slots=True)
+class Breaker:
+    """A subject's breaker state on one limit: its now and baseline rates
+    (units per second as of ``rate_at_us``), the start of its history, since
+    when the now rate has been past the multiple, and since when it is
+    quarantined (None: it is not)."""
+
+    short_rate: float
+    long_rate: float
+    rate_at_us: int
+    since_us: int
+    over_since_us: int | None = None
+    quarantined_at_us: int | None = None
+
+
+def _decayed(rate: float, gap_us: int, tau_seconds: int) -> float:
+    if gap_us <= 0:
+        return rate
+    if gap_us > FORGET_US:
+        return 0.0
+    return rate * math.exp(-gap_us / (tau_seconds * 1_000_000))
+
+
+def rates_at(breaker: Breaker, now_us: int) -> tuple[float, float]:
+    """The now rate and the baseline read at ``now_us``."""
+    gap = now_us - breaker.rate_at_us
+    return (
+        _decayed(breaker.short_rate, gap, SHORT_TAU_SECONDS),
+        _decayed(breaker.long_rate, gap, LONG_TAU_SECONDS),
+    )
+
+
+def step(
+    breaker: Breaker | None, cost: int, now_us: int, factor: int, floor: float | None = None
+) -> tuple[Breaker, bool]:
+    """The breaker after a charge that consumed ``cost`` at ``now_us``, and
+    whether it trips on it (it then reads quarantined from ``now_us``)."""
+    if breaker is None:
+        breaker = Breaker(0.0, 0.0, now_us, now_us)
+    short, before = rates_at(breaker, now_us)
+    added = max(cost, 0)
+    after = replace(
+        breaker,
+        short_rate=short + added / SHORT_TAU_SECONDS,
+        long_rate=before + added / LONG_TAU_SECONDS,
+        rate_at_us=max(breaker.rate_at_us, now_us),
+    )
+    if breaker.quarantined_at_us is not None:
+        return after, False
+    if floor is not None:
+        before = max(before, floor)
+    elif now_us - breaker.since_us < HISTORY_US:
+        return replace(after, over_since_us=None), False
+    bound = factor * before
+    if after.short_rate <= bound:
+        return replace(after, over_since_us=None), False
+    # Past the bound since ``over_since`` only if it stayed past it until this
+    # charge: between charges the now rate only decays, lowest just before it.
+    since = breaker.over_since_us if breaker.over_since_us is not None and short > bound else now_us
+    if now_us - since >= SUSTAIN_US:
+        return replace(after, over_since_us=None, quarantined_at_us=now_us), True
+    return replace(after, over_since_us=since), False
+
+
+def released(breaker: Breaker, now_us: int) -> Breaker:
+    """``breaker`` after a release at ``now_us``: not quarantined, its now rate
+    forgotten and its history starting again (it cannot trip at once)."""
+    _, baseline = rates_at(breaker, now_us)
+    return Breaker(0.0, baseline, max(breaker.rate_at_us, now_us), now_us)

@@ -1,0 +1,171 @@
+"""The runaway breaker's rule on a frozen stream: a steady subject never
+trips; a synthetic burst past the multiple trips a minute after the now
+rate first ran past it, not before; a subject younger than a day trips only
+under a floor; a release starts the history again; bad factors, floors and
+quarantine maximums name their field."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from metering.domain.breaker import (
+    HISTORY_US,
+    LONG_TAU_SECONDS,
+    SUSTAIN_US,
+    Breaker,
+    parse_factor,
+    parse_floor,
+    quarantine_cap,
+    rates_at,
+    released,
+    step,
+)
+from metering.domain.limits import Limit
+from metering.errors import InvalidLimit
+
+SECOND_US = 1_000_000
+MINUTE_US = 60 * SECOND_US
+
+
+@pytest.mark.parametrize(("text", "factor"), [("10x", 10), (" 3X ", 3), ("1000x", 1000)])
+def test_a_factor_is_a_multiple(text: str, factor: int) -> None:
+    assert parse_factor(text) == factor
+
+
+@pytest.mark.parametrize("text", ["0x", "1x", "x", "abc", "10", 10, "1001x", "2.5x", None])
+def test_a_bad_factor_names_the_breaker(text: object) -> None:
+    with pytest.raises(InvalidLimit, match="breaker"):
+        parse_factor(text)
+
+
+@pytest.mark.parametrize("value", [0, -1, "abc", "nan", "inf", True, None, 1e13])
+def test_a_bad_floor_names_it(value: object) -> None:
+    with pytest.raises(InvalidLimit, match="breaker_floor"):
+        parse_floor(value)
+
+
+def test_a_floor_is_a_rate() -> None:
+    assert parse_floor("0.5") == 0.5 and parse_floor(2) == 2.0
+
+
+def test_the_quarantine_maximum_defaults_to_the_maximum_over_the_factor() -> None:
+    assert quarantine_cap(1000, 10, None) == 100
+    assert quarantine_cap(5, 10, None) == 1
+    assert quarantine_cap(1000, 10, 5000) == 1000  # never more than the maximum
+    for bad in (0, -3, True, "5"):
+        with pytest.raises(InvalidLimit, match="quarantine_max"):
+            quarantine_cap(1000, 10, bad)  # type: ignore[arg-type]
+
+
+def test_the_baseline_decays_over_a_day() -> None:
+    first, _ = step(None, 86_400, 0, factor=10)
+    assert first.long_rate == pytest.approx(1.0) and first.since_us == 0
+    _, baseline = rates_at(first, LONG_TAU_SECONDS * SECOND_US)
+    assert baseline == pytest.approx(1 / math.e, rel=1e-9)
+
+
+def _run(
+    breaker: Breaker | None,
+    seconds: int,
+    per_second: int,
+    start_us: int,
+    floor: float | None = None,
+) -> tuple[Breaker | None, int | None]:
+    """A charge of ``per_second`` units each second for ``seconds``: the
+    breaker after them, and the instant it tripped (None: never)."""
+    tripped = None
+    for n in range(seconds):
+        now = start_us + n * SECOND_US
+        breaker, trips = step(breaker, per_second, now, factor=10, floor=floor)
+        if trips and tripped is None:
+            tripped = now
+    return breaker, tripped
+
+
+def test_a_steady_subject_never_trips_and_a_burst_does_after_a_minute() -> None:
+    steady, tripped = _run(None, 2 * 86_400, 1, 0)  # a unit a second, two days
+    assert tripped is None and steady is not None
+    assert steady.long_rate == pytest.approx(1 - math.exp(-2), rel=0.01)
+    start = 2 * 86_400 * SECOND_US
+    breaker, first_over, tripped = steady, None, None
+    for n in range(600):  # 100 a second
+        now = start + n * SECOND_US
+        breaker, trips = step(breaker, 100, now, factor=10)
+        if first_over is None and breaker.over_since_us is not None:
+            first_over = breaker.over_since_us
+        if trips:
+            tripped = now
+            break
+    # The now rate ran past 10 x the baseline some seconds in; the breaker
+    # tripped a minute later, not before.
+    assert first_over is not None and first_over > start
+    assert tripped is not None and tripped - first_over == SUSTAIN_US
+    assert breaker.quarantined_at_us == tripped
+
+
+def test_a_spike_shorter_than_a_minute_past_the_multiple_does_not_trip() -> None:
+    steady, _ = _run(None, 2 * 86_400, 1, 0)
+    start = 2 * 86_400 * SECOND_US
+    # Ten seconds at 100 a second: the now rate (a minute's) is past 10 x the
+    # baseline, and back under it within the minute.
+    spiked, tripped = _run(steady, 10, 100, start)
+    assert tripped is None and spiked is not None and spiked.over_since_us is not None
+    calm, tripped = _run(spiked, 600, 1, start + 10 * SECOND_US)
+    assert tripped is None and calm is not None and calm.over_since_us is None
+
+
+def test_lumps_a_minute_or_more_apart_never_trip() -> None:
+    # 600 units every 10 minutes: each lump is past 10 x the baseline, and
+    # the now rate falls back under it long before the next.
+    breaker, tripped = None, None
+    for n in range(3 * 24 * 6):
+        breaker, trips = step(breaker, 600, n * 10 * MINUTE_US, factor=10, floor=0.01)
+        tripped = tripped or trips
+    assert not tripped and breaker is not None and breaker.over_since_us is not None
+
+
+def test_a_young_subject_trips_only_under_a_floor() -> None:
+    young, tripped = _run(None, 3600, 50, 0)  # 50 a second from the first charge
+    assert tripped is None and young is not None and young.over_since_us is None
+    floored, tripped = _run(None, 3600, 50, 0, floor=0.1)
+    # Past 10 x 0.1 a second from the second charge (the first is 50/60 a second).
+    assert tripped == SECOND_US + SUSTAIN_US
+    assert floored is not None and floored.quarantined_at_us == tripped
+
+
+def test_a_quarantined_breaker_stays_until_released_and_then_starts_again() -> None:
+    _, tripped = _run(None, 120, 50, 0, floor=0.1)
+    held, _ = _run(None, 120, 50, 0, floor=0.1)
+    assert held is not None and tripped is not None
+    later, trips = step(held, 50, 121 * SECOND_US, factor=10, floor=0.1)
+    assert not trips and later.quarantined_at_us == tripped
+    free = released(later, 200 * SECOND_US)
+    assert free.quarantined_at_us is None and free.over_since_us is None
+    assert free.short_rate == 0.0 and free.since_us == 200 * SECOND_US
+    # Without a floor, the new history is too young to trip for a day.
+    again, tripped = _run(free, 600, 1000, 200 * SECOND_US)
+    assert tripped is None and again is not None
+    assert again.since_us + HISTORY_US > again.rate_at_us
+
+
+def test_a_limit_takes_a_breaker_on_a_fixed_window_only() -> None:
+    limit = Limit("api", maximum=1000, period="1d", breaker=" 10X ", breaker_floor="0.5")
+    assert (limit.breaker, limit.breaker_factor, limit.breaker_floor) == ("10x", 10, 0.5)
+    assert limit.to_dict()["breaker"] == "10x"
+    held = limit.quarantined()
+    assert (held.maximum, held.enforcement, held.breaker) == (100, "hard", None)
+    soft = Limit("s", maximum=1000, period="1d", enforcement="soft", breaker="10x").quarantined()
+    assert soft.enforcement == "hard"
+    assert Limit.from_dict(limit.to_dict()) == limit
+    for bad in (
+        {"algorithm": "token_bucket"},
+        {"aggregation": "max"},
+    ):
+        with pytest.raises(InvalidLimit, match="breaker"):
+            Limit("api", maximum=10, period="1m", breaker="10x", **bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidLimit, match="breaker_floor"):
+        Limit("api", maximum=10, period="1m", breaker_floor=1.0)
+    with pytest.raises(InvalidLimit, match="quarantine_max"):
+        Limit("api", maximum=10, period="1m", quarantine_max=1)
