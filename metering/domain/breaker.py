@@ -1,19 +1,13 @@
-"""The runaway breaker's rule: when a subject's rate on a limit runs past a
-multiple of its own baseline for a minute, the subject is quarantined.
+"""The runaway breaker: a subject whose rate on a limit runs past a multiple of its
+own baseline for a minute is quarantined.
 
-A limit's breaker is a factor (``"10x"``: `parse_factor`), an optional floor
-(units per second, `parse_floor`) and a quarantine maximum (`quarantine_cap`).
-A subject keeps, per limit, a `Breaker`: two decayed sums of what it consumed
-(the counter's rate of `metering.domain.forecast`, at two time constants): a
-"now" rate over `SHORT_TAU_SECONDS` and a baseline over `LONG_TAU_SECONDS`,
-the instant its history starts and, once it trips, when it was quarantined.
-`step` adds a charge: the now rate past ``factor`` times the baseline as it
-was before the charge starts ``over_since`` (unless it was past it all the
-time since, charges included); past for `SUSTAIN_US` trips; at or under it
-clears ``over_since``. A subject with less than `HISTORY_US` of
-history never trips, unless a floor is set: the baseline then reads at least
-the floor. A quarantined subject is held to its cap until `released`, which
-starts its history again.
+A limit's breaker is a factor (``"10x"``: `parse_factor`), an optional floor (units per
+second, `parse_floor`) and a quarantine maximum (`quarantine_cap`). A subject keeps per
+limit a `Breaker`: a "now" rate (`SHORT_TAU_SECONDS`) and a baseline (`LONG_TAU_SECONDS`),
+decayed sums as the counter's rate (`metering.domain.forecast`). `step` adds a charge: past
+``factor`` times the baseline for `SUSTAIN_US` without a dip, it trips. Under `HISTORY_US`
+of history it never trips, unless a floor is set (the baseline then reads at least the
+floor). A quarantined subject is held to its cap until `released` restarts its history.
 """
 
 from __future__ import annotations
