@@ -11,7 +11,6 @@ import json
 import sqlite3
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
@@ -27,8 +26,9 @@ NOW = datetime(2026, 11, 22, 9, 30, tzinfo=UTC)
 
 
 @pytest.fixture
-def url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path}/keys.db"
+def url(sqlite_url: str) -> str:
+    """A migrated SQLite database (a copy of the session's template)."""
+    return sqlite_url
 
 
 @pytest.fixture
