@@ -108,6 +108,12 @@ def create_app(url: str | None = None, settings: Settings | None = None) -> Cele
         _poll_embedded_broker_often()
         transport = {}
         use_embedded_transport()
+        # One process, as `metering worker` runs it here. Without an event
+        # loop (kombu's SQL transport has none) the processes of a prefork
+        # pool share one locked pipe, and one stopped by a SIGTERM to the
+        # whole group (systemd's default) can die holding the lock: the warm
+        # shutdown then waited on it until a SIGKILL.
+        app.conf.update(worker_pool="solo", worker_concurrency=1)
     if url.split(":", 1)[0] in {"redis", "rediss"}:
         # Entries that are not kombu envelopes are dead-lettered, not fatal.
         app.conf.broker_transport = "workers.guard:GuardedRedisTransport"

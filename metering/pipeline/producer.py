@@ -6,7 +6,8 @@ returns the event id, and buffers the event. Buffers are sent as one message
 per batch when they reach ``batch_size`` events or are ``flush_interval_seconds``
 old, on `flush`, and when the process exits. A broker that does not
 answer is retried with backoff; then `BrokerUnavailable` is raised and the
-events stay in the buffer, so nothing is dropped silently.
+events stay in the buffer, sent by the producer's thread once the broker
+answers: nothing is dropped silently.
 """
 
 from __future__ import annotations
@@ -161,7 +162,11 @@ class UsageProducer:
         with self._lock:
             full = self._buffer(queue, item, self.pending)
         if full:
-            self._flush_queue(queue)
+            try:
+                self._flush_queue(queue)
+            except BrokerUnavailable:
+                self._ensure_thread()  # which sends what was kept once the broker is back
+                raise
         else:
             self._ensure_thread()
 

@@ -5,7 +5,6 @@ corrupted one; ``--format json``; a bad ``--since`` is one error line."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
@@ -17,13 +16,13 @@ from metering.storage.tables import counters, grants
 
 
 @pytest.fixture
-def url(tmp_path: Path) -> str:
-    with Meter(f"sqlite:///{tmp_path}/cli.db") as meter:
+def url(sqlite_url: str) -> str:
+    with Meter(sqlite_url) as meter:
         meter.set_limit(Limit("calls", maximum=10, period="1mo", window="calendar"))
         meter.consume("org-1", "calls", 3)
         meter.grant("org-2", "calls", 5, grant_id="bonus")
         meter.consume("org-2", "calls", 12)  # 10 of its own, 2 of the grant
-    return f"sqlite:///{tmp_path}/cli.db"
+    return sqlite_url
 
 
 def run(url: str, *args: str, code: int = 0) -> Result:

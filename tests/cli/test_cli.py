@@ -79,6 +79,7 @@ def test_the_readme_s_block_without_docker_starts_the_one_beat() -> None:
     assert " --beat " in worker + " "
 
 
+@pytest.mark.slow
 def test_the_readme_s_python_snippet_runs_twice(tmp_path: Path) -> None:
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     snippet = readme.split("## Python API", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
@@ -243,6 +244,7 @@ def test_unsupported_database_url_gives_one_error_line() -> None:
     assert_one_line_error(result)
 
 
+@pytest.mark.slow
 def test_python_dash_m_prints_errors_without_traceback(url: str) -> None:
     command = [sys.executable, "-m", "metering", "--database", url, "consume", "v", "nope"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)

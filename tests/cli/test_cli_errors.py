@@ -31,8 +31,9 @@ Run = Callable[..., Result]
 
 
 @pytest.fixture
-def url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path}/cli.db"
+def url(sqlite_url: str) -> str:
+    """A migrated SQLite database (a copy of the session's template)."""
+    return sqlite_url
 
 
 @pytest.fixture
@@ -336,7 +337,13 @@ def test_help_groups_the_commands_and_cuts_no_summary(run: Run) -> None:
         assert not cut, page
 
 
-def test_serve_on_a_busy_port_is_one_error_line(run: Run) -> None:
+def test_serve_on_a_busy_port_is_one_error_line(run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
+    # serve exports its database and broker to its processes' environment:
+    # undone after the test, so the rest of this process is not pointed at them
+    # (monkeypatch records a variable it sets, not one it finds absent).
+    for name in ("METERING_DATABASE_URL", "METERING_BROKER_URL"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

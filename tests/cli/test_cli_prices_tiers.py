@@ -5,7 +5,6 @@ tiered prices on the command line (SQLite file, CliRunner); bad input is one
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
@@ -15,8 +14,8 @@ from metering.cli import main
 
 
 @pytest.fixture
-def url(tmp_path: Path) -> str:
-    found = f"sqlite:///{tmp_path}/cli.db"
+def url(sqlite_url: str) -> str:
+    found = sqlite_url
     run(found, "limits", "set", "calls", "--max", "100000", "--period", "1mo")
     return found
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -19,8 +18,8 @@ URL = "https://hooks.example.com/metering/incoming/very-long-path"
 
 
 @pytest.fixture
-def url(tmp_path: Path) -> str:
-    url = f"sqlite:///{tmp_path}/tables.db"
+def url(sqlite_url: str) -> str:
+    url = sqlite_url
     with Meter(url) as meter:
         Webhooks(meter).add(URL, types=["limit.denied", "limit.threshold"])
         meter.set_limit(Limit(LIMIT, maximum=5, period="1mo", window="calendar", thresholds=(80,)))

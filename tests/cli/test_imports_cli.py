@@ -28,8 +28,9 @@ def line(event_id: str, cost: int = 1) -> str:
 
 
 @pytest.fixture
-def url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path}/cli.db"
+def url(sqlite_url: str) -> str:
+    """A migrated SQLite database (a copy of the session's template)."""
+    return sqlite_url
 
 
 @pytest.fixture
@@ -91,6 +92,7 @@ def test_bad_input_is_one_error_line(run: Run, tmp_path: Path) -> None:
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: header: line 1")
 
 
+@pytest.mark.slow
 def test_standard_input_in_a_real_process(url: str, tmp_path: Path) -> None:
     with Meter(url) as meter:
         meter.set_limit(Limit("calls", maximum=3, period="1d", window="calendar"))

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
@@ -19,8 +18,9 @@ Run = Callable[..., Result]
 
 
 @pytest.fixture
-def url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path}/cli.db"
+def url(sqlite_url: str) -> str:
+    """A migrated SQLite database (a copy of the session's template)."""
+    return sqlite_url
 
 
 @pytest.fixture

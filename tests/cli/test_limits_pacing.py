@@ -4,8 +4,6 @@ a bad pace one line on stderr, exit 1, nothing stored. CliRunner on SQLite."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from click.testing import CliRunner
 
@@ -14,8 +12,9 @@ from metering.cli import main
 
 
 @pytest.fixture
-def url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path}/pacing.db"
+def url(sqlite_url: str) -> str:
+    """A migrated SQLite database (a copy of the session's template)."""
+    return sqlite_url
 
 
 def run(url: str, *args: str) -> tuple[int, str]:

@@ -8,7 +8,6 @@ is as it was (`snapshot`).
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,8 +18,9 @@ from metering.cli import main
 
 
 @pytest.fixture
-def url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path}/cli.db"
+def url(sqlite_url: str) -> str:
+    """A migrated SQLite database (a copy of the session's template)."""
+    return sqlite_url
 
 
 def run(url: str, *args: str, code: int = 0) -> Result:

@@ -28,8 +28,8 @@ EXPECTED = {
 
 
 @pytest.fixture
-def url(tmp_path: Path) -> str:
-    url = f"sqlite:///{tmp_path}/cli.db"
+def url(sqlite_url: str) -> str:
+    url = sqlite_url
     with Meter(url) as meter:
         meter.set_limit(Limit("calls", maximum=3, period="1h", window="calendar"))
         for _ in range(5):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -16,8 +15,9 @@ from metering.cli import main
 
 
 @pytest.fixture
-def url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path}/subjects.db"
+def url(sqlite_url: str) -> str:
+    """A migrated SQLite database (a copy of the session's template)."""
+    return sqlite_url
 
 
 def run(url: str, *args: str) -> tuple[int, str]:

@@ -5,7 +5,6 @@ nothing is folded or cut."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -27,8 +26,8 @@ BIG = 1_234_567
 
 
 @pytest.fixture
-def url(tmp_path: Path) -> str:
-    url = f"sqlite:///{tmp_path}/widths.db"
+def url(sqlite_url: str) -> str:
+    url = sqlite_url
     with Meter(url) as meter:
         meter.set_limits(
             [

@@ -102,6 +102,7 @@ COMMANDS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("columns", [80, 100])
 @pytest.mark.parametrize("name", list(COMMANDS))
 def test_no_name_wraps_in_a_terminal(database: str, name: str, columns: int) -> None:
@@ -113,6 +114,7 @@ def test_no_name_wraps_in_a_terminal(database: str, name: str, columns: int) -> 
         assert any(whole in line for line in lines), (whole, shown)
 
 
+@pytest.mark.slow
 def test_zero_columns_fold_away_and_headers_shorten_before_cells(database: str) -> None:
     wide = in_terminal(database, 100, "report", "overage")
     header = next(line for line in wide.splitlines() if "subject" in line)
@@ -123,6 +125,7 @@ def test_zero_columns_fold_away_and_headers_shorten_before_cells(database: str) 
     assert "max" in narrow and "maximum" not in narrow
 
 
+@pytest.mark.slow
 def test_piped_output_is_the_plain_table(database: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "METERING_DATABASE_URL": database}
     piped = subprocess.run(

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import math
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -17,8 +16,9 @@ from metering.cli import main
 
 
 @pytest.fixture
-def url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path}/usage.db"
+def url(sqlite_url: str) -> str:
+    """A migrated SQLite database (a copy of the session's template)."""
+    return sqlite_url
 
 
 def run(url: str, *args: str) -> tuple[int, str]:

@@ -154,9 +154,12 @@ def test_an_event_the_broker_refuses_is_named_in_the_error_and_sent_later(
         assert "kept-1" in str(raised.value) and "flush()" not in str(raised.value)
     finally:
         redis_server.start()
+    # Sent by the producer's own thread once the broker is back, before close().
     deadline = time.monotonic() + 20
     while producer.pending and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert producer.pending == 0
+    assert queued_ids(redis_server) == ["kept-1"]
     producer.close()
     assert queued_ids(redis_server) == ["kept-1"]
 

@@ -168,6 +168,7 @@ def test_postgresql_reservations_on_the_fast_path_match_the_reference_engine(
         _run(fast_url, reference_url, stream)
 
 
+@pytest.mark.slow
 @NO_SHRINK
 @given(stream=settle_streams)
 def test_sqlite_settles_on_the_direct_path_match_sqlalchemy(

@@ -240,6 +240,7 @@ print(body.decode())
 """
 
 
+@pytest.mark.slow
 def test_multiprocess_mode_sums_every_process(tmp_path: Path) -> None:
     directory = tmp_path / "mp"
     directory.mkdir()
@@ -259,6 +260,7 @@ def test_multiprocess_mode_sums_every_process(tmp_path: Path) -> None:
     assert not (directory / "stale_123.db").exists()
 
 
+@pytest.mark.slow
 def test_metering_import_does_not_import_prometheus_client() -> None:
     code = (
         "import sys, metering.meter, metering.telemetry.metrics;"

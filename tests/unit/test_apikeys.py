@@ -8,7 +8,6 @@ PostgreSQL too) is in tests/api/test_api_auth.py.
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 
@@ -21,8 +20,9 @@ NOW = datetime(2026, 11, 22, 9, 30, tzinfo=UTC)
 
 
 @pytest.fixture
-def url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path}/keys.db"
+def url(sqlite_url: str) -> str:
+    """A migrated SQLite database (a copy of the session's template)."""
+    return sqlite_url
 
 
 @pytest.fixture
