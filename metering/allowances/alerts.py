@@ -80,10 +80,20 @@ def list_alerts(
 
 
 def remove_alert(database: Database, subject: str, limit: str) -> bool:
-    """Back to the limit's thresholds; False if the subject had none of its own."""
+    """Back to the limit's thresholds; False if the subject had none of its own.
+    `UnknownLimit` when it had none and no such limit exists (an alert that
+    outlived its limit can still be removed)."""
     validate_subject(subject)
     validate_limit_name(limit)
-    return database.run(lambda c: AlertStore(c).remove(subject, limit))
+
+    def work(connection: Connection) -> bool:
+        if AlertStore(connection).remove(subject, limit):
+            return True
+        if limit not in Store(connection).load_limits([limit]):
+            raise UnknownLimit(limit)
+        return False
+
+    return database.run(work)
 
 
 __all__ = ["Alert", "list_alerts", "remove_alert", "set_alert"]

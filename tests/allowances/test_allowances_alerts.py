@@ -54,3 +54,16 @@ def test_a_bad_alert_is_refused_and_stores_nothing(meter: Meter) -> None:
     with pytest.raises(InvalidInput):
         meter.alerts(subject="")
     assert meter.alerts() == []
+
+
+def test_removing_an_alert_of_an_unknown_limit_is_refused(meter: Meter) -> None:
+    with pytest.raises(UnknownLimit):
+        meter.remove_alert("org", "nope")
+
+
+def test_an_alert_outliving_its_limit_can_still_be_removed(meter: Meter) -> None:
+    meter.set_alert("org", "tokens", [500])
+    meter.delete_limit("tokens")
+    assert meter.remove_alert("org", "tokens") is True
+    with pytest.raises(UnknownLimit):
+        meter.remove_alert("org", "tokens")
