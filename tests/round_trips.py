@@ -13,6 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg.pq import TransactionStatus
+from psycopg.waiting import Ready, Wait
 
 
 def count_round_trips(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -50,3 +51,34 @@ def count_round_trips(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
         monkeypatch.setattr(psycopg.Connection, name, counted_end)
     return trips
+
+
+def count_network_waits(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Patch psycopg to count, into the returned one-cell list, the times a
+    connection waited for the server's reply: its calls of
+    `psycopg.Connection.wait` whose operation waited to read, or read what
+    had come (sending alone, as a pipeline's statements are, is not counted:
+    the server answers them at the sync). A pipeline that fetches results
+    before its end, or a COMMIT that syncs inside it, counts each wait:
+    these are the network round trips, as strace sees them."""
+    waits = [0]
+    wait = psycopg.Connection.wait
+
+    def observed(gen: Any) -> Any:
+        read = False
+        try:
+            state = next(gen)
+            while True:
+                ready = yield state
+                if not read and (state == Wait.R or ready & Ready.R):
+                    read = True
+                    waits[0] += 1
+                state = gen.send(ready)
+        except StopIteration as stop:
+            return stop.value
+
+    def counted_wait(self: psycopg.Connection[Any], gen: Any, *args: Any, **kwargs: Any) -> Any:
+        return wait(self, observed(gen), *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Connection, "wait", counted_wait)
+    return waits

@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
-from round_trips import count_round_trips
+from round_trips import count_network_waits, count_round_trips
 
 from metering import FrozenClock, Limit, Meter, make_event, spend_limit
 from metering.engine.paths import Direct
@@ -125,3 +125,36 @@ def test_a_single_event_is_one_or_two_round_trips(
         trips[0] = 0
         assert meter.consume("org-1", "calls", metadata={"user": "u3"}).allowed
         assert trips[0] == (1 if configuration in ONE_TRIP else 2)
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("configuration", ["plain", "priced", "grant", "seats"])
+def test_the_network_waits_twice_for_a_read_then_write(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch, configuration: str
+) -> None:
+    """Counted as the client waits for the server (`count_network_waits`):
+    an event decided with a read, and a batch, wait twice (the read under
+    lock with its BEGIN, then the writes with the COMMIT); the one-trip
+    function and a speculative write once."""
+    waits = count_network_waits(monkeypatch)
+    with Meter(pg_url, clock=FrozenClock(NOW)) as meter:
+        meter.set_limits(LIMITS)
+        CONFIGURATIONS[configuration](meter)
+        direct = meter._engine.path("direct")
+        assert isinstance(direct, Direct) and direct.rows is not None
+        for n in range(3):  # the first caches the limits, the rows
+            waits[0] = 0
+            assert meter.consume("org-1", "calls", metadata={"user": f"u{n}"}).allowed
+        assert waits[0] == 1
+        direct.rows.clear()
+        waits[0] = 0
+        assert meter.consume("org-1", "calls", metadata={"user": "u3"}).allowed
+        assert waits[0] == (1 if configuration in ONE_TRIP else 2)
+
+        apply_batch(meter, batch(0, 10))
+        waits[0] = 0
+        apply_batch(meter, batch(10, 100))
+        assert waits[0] == 2
+        waits[0] = 0
+        apply_batch(meter, batch(110, 100))  # counters updated
+        assert waits[0] == 2

@@ -20,6 +20,12 @@ shared with SQLAlchemy's pool); it opens its share of the budget at most
 (`shares`), keeps them open, and makes them with the engine's connect arguments
 (`connect_args_of`).
 
+Connections stay in autocommit: a transaction is begun and committed by
+statements the store sends in its pipelines (``BEGIN`` with the first,
+``COMMIT`` with the write: `PostgresHotStore`), each pipeline one wait for
+the server; a connection given back inside a transaction is closed, never
+lent again.
+
 Connections are prepared as psycopg does by default (a statement is
 prepared on the server from its fifth run on a connection,
 ``prepare_threshold``); results come back in binary (`PostgresHotStore`).
@@ -113,6 +119,7 @@ class DirectPostgres:
     def _connect(self) -> psycopg.Connection[Any]:
         raw = self.budget.connect(lambda: psycopg.Connection.connect(**self.params))
         raw.prepare_threshold = self.prepare_threshold
+        raw.autocommit = True
         with self._lock:
             self._open.add(raw)
         return raw
@@ -148,8 +155,8 @@ class DirectPostgres:
             if status != TransactionStatus.IDLE or raw.closed:
                 self._discard(raw, broken=status == TransactionStatus.UNKNOWN)
                 return
-            if raw.autocommit:
-                raw.autocommit = False
+            if not raw.autocommit:
+                raw.autocommit = True
             with self._lock:
                 if not self._closed and len(self._idle) < self.idle:
                     self._idle.append(raw)
@@ -197,7 +204,6 @@ class DirectPostgres:
         work: Callable[[PostgresHotStore, bool], T],
         *,
         attempts: int = 10,
-        autocommit: bool = False,
     ) -> T:
         """Run ``work(store, retry)`` in one transaction on a pooled connection,
         committed when it returns (unless ``work`` committed it already: the
@@ -207,10 +213,9 @@ class DirectPostgres:
         second run on; driver errors raised as `metering.errors` exceptions.
         Anything else ``work`` raises rolls back and propagates.
 
-        ``autocommit``: the connection (``store.raw``) is in autocommit
-        instead, so that work of one statement (a server-side function
-        deciding an event) is one round trip with no COMMIT of its own;
-        retried the same way."""
+        The connection (``store.raw``) is in autocommit: the store's first
+        pipeline begins the transaction (`PostgresHotStore.begins`); a
+        statement ``work`` runs on it directly is its own transaction."""
         for attempt in range(attempts):
             try:
                 raw = self._checkout()
@@ -219,8 +224,6 @@ class DirectPostgres:
                 continue
             try:
                 try:
-                    if autocommit:
-                        raw.autocommit = True
                     result = work(PostgresHotStore(raw), attempt > 0)
                     if raw.info.transaction_status != TransactionStatus.IDLE:
                         raw.commit()
@@ -253,7 +256,6 @@ class DirectPostgres:
         except SQLAlchemyError as exc:
             raise translate(exc) from exc
         try:
-            raw.autocommit = True
             yield raw
         except psycopg.Error as exc:
             raise translate(_translate(exc)) from exc

@@ -10,7 +10,12 @@ the batch size, so it is prepared and planned once. ``jsonb`` rather than
 results insert took 6.5 ms against 15). Results come back in binary.
 
 `read` sends its statements in one pipeline (one round trip); `write` sends
-its own with the COMMIT in another.
+its own with the COMMIT in another. On a connection in autocommit (those of
+`DirectPostgres`) the store begins the transaction itself: its first
+pipeline opens with a ``BEGIN`` statement and `write` ends with a ``COMMIT``
+statement, so that each pipeline waits for the server once (psycopg's own
+``BEGIN``, and its `commit` inside a pipeline, would each wait again).
+Results are fetched after a pipeline's sync, not before.
 
 Locking writes nothing: ``SELECT ... FOR UPDATE`` locks the counters and
 first-use windows that exist; missing ones are inserted by `write` with a
@@ -29,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import psycopg
+from psycopg.pq import TransactionStatus
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError, StatementError
 
@@ -375,8 +381,11 @@ class PostgresHotStore:
         """What `read` finds, as the rows its statements return (each
         window and counter row with its tuple id last)."""
         params = {"pairs": _encode(pairs), "keys": _encode(keys)}
+        begin = self.begins()
         try:
             with self.raw.pipeline():
+                if begin:
+                    self.raw.execute("BEGIN")
                 schedules = last_issues = None
                 if due_pairs:  # first: the general engine's lock order
                     due = {"due_pairs": _encode(due_pairs)}
@@ -400,16 +409,17 @@ class PostgresHotStore:
                 if seats:
                     asked = {"seats": _encode(seats)}
                     valued = self.raw.cursor(binary=True).execute(READ_SEATS, asked)
-                row = version.fetchone()
-                assert row is not None
-                window_rows = windows.fetchall() if windows else []
-                counter_rows = counters.fetchall()
-                stored_rows = stored.fetchall() if stored else []
-                grant_rows = granted.fetchall() if granted else []
-                draw_rows = drawn.fetchall() if drawn else []
-                value_rows = valued.fetchall() if valued else []
-                schedule_rows = schedules.fetchall() if schedules else []
-                last_rows = last_issues.fetchall() if last_issues else []
+            # After the sync: a fetch inside the pipeline would wait for its own reply.
+            row = version.fetchone()
+            assert row is not None
+            window_rows = windows.fetchall() if windows else []
+            counter_rows = counters.fetchall()
+            stored_rows = stored.fetchall() if stored else []
+            grant_rows = granted.fetchall() if granted else []
+            draw_rows = drawn.fetchall() if drawn else []
+            value_rows = valued.fetchall() if valued else []
+            schedule_rows = schedules.fetchall() if schedules else []
+            last_rows = last_issues.fetchall() if last_issues else []
         except psycopg.Error as exc:
             raise _translate(exc) from exc
         return ReadRows(
@@ -424,18 +434,34 @@ class PostgresHotStore:
             last_rows,
         )
 
+    def begins(self) -> bool:
+        """Whether the next pipeline opens the transaction with ``BEGIN``:
+        on a connection in autocommit outside one (asked before the pipeline,
+        whose statements leave the status unknown until its sync)."""
+        raw = self.raw
+        return raw.autocommit and raw.info.transaction_status == TransactionStatus.IDLE
+
     def send_expectations(self) -> None:
         """Statements `write` sends first, in its pipeline: none here
         (`metering.storage.hot.speculative` sends its checks)."""
 
     def commit(self) -> None:
-        """End `write`'s transaction, in its pipeline (psycopg's commit syncs it)."""
-        self.raw.commit()
+        """End `write`'s transaction, in its pipeline: a ``COMMIT`` statement
+        in autocommit (synced with the rest), else psycopg's (which syncs)."""
+        if self.raw.autocommit:
+            self.raw.execute("COMMIT")
+        else:
+            self.raw.commit()
 
     def lock_reservation(self, reservation_id: str) -> ReservationRecord | None:
         """One round trip: the row ``FOR UPDATE`` (a settle takes it before its counters)."""
         try:
-            row = self.raw.cursor(binary=True).execute(LOCK_RESERVATION, (reservation_id,))
+            if self.begins():
+                with self.raw.pipeline():
+                    self.raw.execute("BEGIN")
+                    row = self.raw.cursor(binary=True).execute(LOCK_RESERVATION, (reservation_id,))
+            else:
+                row = self.raw.cursor(binary=True).execute(LOCK_RESERVATION, (reservation_id,))
             found = row.fetchone()
         except psycopg.Error as exc:
             raise _translate(exc) from exc
@@ -443,8 +469,11 @@ class PostgresHotStore:
 
     def write(self, changes: Changes, now_us: int, *, commit: bool) -> None:
         raw = self.raw
+        begin = self.begins()
         try:
             with raw.pipeline():
+                if begin:
+                    raw.execute("BEGIN")
                 self.send_expectations()
                 cursor = raw.cursor()
                 if changes.updated and (len(changes.updated) <= FEW_ROWS or not self.counter_tids):

@@ -315,27 +315,20 @@ class SpeculativeStore(LearningStore):
         self.forget()
         try:
             self.raw.rollback()
-            self.raw.autocommit = False
         except psycopg.Error:
             self.raw.close()
 
     def write(self, changes: Changes, now_us: int, *, commit: bool) -> None:
-        """The checks, the writes and the COMMIT in one pipeline, one sync:
-        on a connection in autocommit, with BEGIN and COMMIT as statements
-        (psycopg syncs after its own BEGIN, and in `commit`)."""
+        """The BEGIN, the checks, the writes and the COMMIT in one pipeline,
+        one sync (the connection is in autocommit: `PostgresHotStore.begins`)."""
         assert commit, "a speculative write commits"
-        self.raw.autocommit = True
+        assert self.begins(), "a speculative write begins its transaction"
         super().write(changes, now_us, commit=True)
-        self.raw.autocommit = False
-
-    def commit(self) -> None:
-        self.raw.execute("COMMIT")
 
     def send_expectations(self) -> None:
         request, rows = self.request, self.rows
         assert request is not None and rows is not None, "a speculative write without its read"
         cursor = self.raw.cursor()
-        cursor.execute("BEGIN")
         cursor.execute(EXPECT_VERSION, {"expected": rows.version})
         if request.pairs:
             expected = {"pairs": _encode(request.pairs), "expected": _sorted(rows.windows)}

@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from psycopg.pq import TransactionStatus
 from servers import PostgresServer
 from sqlalchemy import event, func, select
 
@@ -236,7 +237,7 @@ def test_close_closes_the_pool(pg_url: str) -> None:
 
 def test_work_of_one_statement_runs_in_autocommit_and_is_retried(meter: Meter) -> None:
     # What the engine exposes for work on the driver (a server-side function
-    # deciding one event): `run(work, autocommit=True)` is one round trip per
+    # deciding one event): `run(work)` is one round trip per
     # statement, retried after a key taken as any transaction is.
     from psycopg import errors
 
@@ -251,10 +252,45 @@ def test_work_of_one_statement_runs_in_autocommit_and_is_retried(meter: Meter) -
         row = store.raw.execute("SELECT count(*) FROM results").fetchone()
         return int(row[0])
 
-    assert direct.run(work, autocommit=True) == 0
+    assert direct.run(work) == 0
     assert seen == [False, True]
     with direct.autocommit() as raw:
         assert raw.autocommit
         assert raw.execute("SELECT 1").fetchone() == (1,)
-    # Given back out of autocommit, for the next transaction.
-    assert all(not raw.autocommit for raw in direct._idle)
+    # Given back in autocommit and outside a transaction (the store begins the next).
+    assert all(raw.autocommit for raw in direct._idle)
+    assert all(raw.info.transaction_status == TransactionStatus.IDLE for raw in direct._idle)
+
+
+def test_a_failed_write_rolls_back_and_the_connection_is_lent_again_outside_a_transaction(
+    meter: Meter,
+) -> None:
+    # The store's BEGIN and COMMIT are statements of its pipelines on a
+    # connection in autocommit: a statement failing in the write's pipeline
+    # (here a counter created that exists: a unique violation, as when
+    # another transaction created it meanwhile) leaves the transaction
+    # aborted; `run` rolls it back and runs the work again, on a connection
+    # in no transaction, holding no lock.
+    from metering.storage.hot import Changes
+
+    assert meter.consume("org", "calls").allowed
+    direct = direct_of(meter)
+    with direct.autocommit() as raw:
+        key = raw.execute("SELECT limit_name, subject, window_start_us FROM counters").fetchone()
+    statuses: list[tuple[bool, Any, bool]] = []
+
+    def work(store: Any, retry: bool) -> int:
+        raw = store.raw
+        statuses.append((retry, raw.info.transaction_status, raw.autocommit))
+        if not retry:
+            created = (tuple(key), key[2] + 1, [1, 0, 0, None, None, 0, 1], None)
+            store.write(Changes(created=[created]), 0, commit=True)
+        return 1
+
+    assert direct.run(work) == 1
+    assert statuses == [(False, TransactionStatus.IDLE, True), (True, TransactionStatus.IDLE, True)]
+    assert all(raw.info.transaction_status == TransactionStatus.IDLE for raw in direct._idle)
+    with direct.autocommit() as raw:  # no lock left: the counter is free at once
+        raw.execute("SET lock_timeout = '1s'")
+        assert raw.execute("SELECT used FROM counters FOR UPDATE").fetchone() == (1,)
+    assert meter.consume("org", "calls").allowed
