@@ -169,7 +169,9 @@ class HotStore(Protocol):
         ``changes.rejected`` (the dead letters) in the same round trip; for
         any other, `metering.engine.fast` records them after `write`.
 
-        An event id already in the results table raises `RetryTransaction`
-        (another transaction decided it first).
+        An event id already in the results table fails the results key's
+        unique constraint (the driver's integrity error: another transaction
+        decided it first); the caller rolls back and decides it again, as a
+        repeated id.
         """
         ...
