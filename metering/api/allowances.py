@@ -507,7 +507,7 @@ async def set_alert(
     "Back to the limit's thresholds",
     scope="admin",
     ok={200: {"model": AlertRemoved, "description": "The limit's thresholds apply again."}},
-    errors=(400, 404),
+    errors=(400, 404, 422),
 )
 async def remove_alert(context: Context, subject: Subject, limit: LimitName) -> Response:
     """The subject's own thresholds for the limit are removed."""

@@ -25,6 +25,7 @@ CONFIGURATIONS = [
     'dimensions=("route",)',
     'a gauge (aggregation="max")',
     "paced (pacing=True, burst 5%)",
+    'a runaway breaker (breaker="10x")',
     "a time zone on every subject",
     "mix: entitlement, recurring grant, price + cap, seats",
 ]
