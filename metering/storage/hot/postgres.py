@@ -363,10 +363,25 @@ class PostgresHotStore:
         seats: Sequence[WantedSeat] = (),
         due_pairs: Sequence[Pair] = (),
     ) -> Snapshot:
+        return snapshot_of(
+            self.read_locked(ids, pairs, keys, now_us, grant_pairs, seats, due_pairs)
+        )
+
+    def read_locked(
+        self,
+        ids: Sequence[str] | None,
+        pairs: Sequence[Pair],
+        keys: Sequence[WantedKey],
+        now_us: int,
+        grant_pairs: Sequence[Pair] = (),
+        seats: Sequence[WantedSeat] = (),
+        due_pairs: Sequence[Pair] = (),
+    ) -> ReadRows:
+        """`read_rows`, remembering where the rows it locked are for `write`."""
         rows = self.read_rows(ids, pairs, keys, now_us, grant_pairs, seats, due_pairs)
         self.window_tids = {(r[0], r[1]): r[4] for r in rows.windows}
         self.counter_tids = {(r[0], r[1], r[2]): r[10] for r in rows.counters}
-        return snapshot_of(rows)
+        return rows
 
     def read_rows(
         self,

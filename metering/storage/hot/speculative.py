@@ -260,9 +260,7 @@ class LearningStore(PostgresHotStore):
         seats: Sequence[WantedSeat] = (),
         due_pairs: Sequence[Pair] = (),
     ) -> Snapshot:
-        rows = self.read_rows(ids, pairs, keys, now_us, grant_pairs, seats, due_pairs)
-        self.window_tids = {(r[0], r[1]): r[4] for r in rows.windows}
-        self.counter_tids = {(r[0], r[1], r[2]): r[10] for r in rows.counters}
+        rows = self.read_locked(ids, pairs, keys, now_us, grant_pairs, seats, due_pairs)
         if not rows.schedules:  # a recurring grant's issue changes what is cached
             self.request, self.rows = Request(pairs, keys, grant_pairs, seats), rows
         return snapshot_of(rows)
