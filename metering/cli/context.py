@@ -195,6 +195,14 @@ class AppState:
     meter: Meter | None = field(default=None, repr=False)
 
 
+def database_url() -> str:
+    """The database URL the root command chose."""
+    state = click.get_current_context().find_object(AppState)
+    if state is None:
+        raise CliError("no database configured")
+    return state.url
+
+
 def current_meter() -> Meter:
     """The command's `Meter`, opened on first use and closed with the context."""
     ctx = click.get_current_context()

@@ -6,7 +6,8 @@ import click
 from sqlalchemy.engine import make_url
 
 from metering.cli.context import AppState, SentenceGroup
-from metering.storage.connections import SCHEMA_REVISION, normalise_url, upgrade_schema
+from metering.storage.connections import normalise_url, upgrade_schema
+from metering.storage.schema_revision import SCHEMA_REVISION
 
 
 @click.group(cls=SentenceGroup)

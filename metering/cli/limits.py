@@ -7,7 +7,13 @@ from typing import Any, Final
 
 import click
 
-from metering.cli.context import CliError, SentenceGroup, current_meter, did_you_mean
+from metering.cli.context import (
+    CliError,
+    SentenceGroup,
+    current_meter,
+    database_url,
+    did_you_mean,
+)
 from metering.cli.options import format_option
 from metering.cli.output import describe_limit, echo_listing
 from metering.domain.limits import (
@@ -21,6 +27,7 @@ from metering.domain.limits import (
 )
 from metering.domain.money import format_amount
 from metering.errors import InvalidLimit, UnknownLimit
+from metering.storage.limit_rows import bare_limits
 
 # The algorithm's cell names a fixed window's kind too, and the thresholds
 # cell holds both kinds (percentages and units): the table fits 100 columns.
@@ -175,9 +182,11 @@ def _limit_row(limit: Limit) -> list[object]:
 @click.option("--all", "show_all", is_flag=True, help="Also the product's own limits (metering.*).")
 def limits_list(fmt: str, show_all: bool) -> None:
     """List the limits (the product's own, metering.*, only with --all)."""
-    found = [
-        limit for limit in current_meter().list_limits() if show_all or not is_reserved(limit.name)
-    ]
+    # A SQLite file at this schema is read bare: no database stack to import.
+    listed = bare_limits(database_url())
+    if listed is None:
+        listed = current_meter().list_limits()
+    found = [limit for limit in listed if show_all or not is_reserved(limit.name)]
     empty = "no limits defined: add one with `metering limits set`"
     echo_listing(found, fmt, empty, LIMIT_COLUMNS, _limit_row)
 

@@ -36,12 +36,11 @@ from metering.errors import (
 from metering.settings import connection_budget, db_connections
 from metering.settings import sqlite_synchronous as sqlite_synchronous
 from metering.storage.budget import ConnectionBudget
+from metering.storage.schema_revision import SCHEMA_REVISION
 from metering.telemetry.metrics import count_db_error, count_db_retry
 
 T = TypeVar("T")
 
-# The Alembic revision this code expects; a test checks it is the head.
-SCHEMA_REVISION: Final = "0031"
 MIGRATIONS_DIR: Final = Path(__file__).parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS: Final = 60_000
 # Serialization failure, deadlock, a lock timeout a transaction set for itself

@@ -30,7 +30,6 @@ from metering.storage import tables
 from metering.storage.connections import (
     APPLICATION_NAME,
     MIGRATIONS_DIR,
-    SCHEMA_REVISION,
     current_revision,
     ensure_schema,
     make_engine,
@@ -39,6 +38,7 @@ from metering.storage.connections import (
 )
 from metering.storage.database import Database
 from metering.storage.limits import LimitStore
+from metering.storage.schema_revision import SCHEMA_REVISION
 from metering.storage.store import Store
 
 T = TypeVar("T")

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from typing import Any, Final
+from typing import Final
 
 from sqlalchemy import bindparam, delete, select, update
 
 from metering.domain.limits import Limit
-from metering.domain.pacing import parse_burst
+from metering.storage.limit_rows import limit_from_row
 from metering.storage.on_connection import OnConnection
 from metering.storage.tables import limits, limits_version
 
@@ -24,32 +24,6 @@ BUMP_LIMITS_VERSION: Final = (
 LOAD_LIMITS: Final = select(limits).where(limits.c.name.in_(bindparam("names", expanding=True)))
 
 
-def _limit_from_row(row: Any) -> Limit:
-    return Limit(
-        name=row.name,
-        maximum=row.maximum,
-        period=row.period,
-        algorithm=row.algorithm,
-        # A bucket stored with window "calendar" before `Limit` refused it
-        # (it never used it): read it as the bucket it is, not as an error.
-        window=row.window if row.algorithm == "fixed_window" else "first_use",
-        enforcement=row.enforcement,
-        thresholds=tuple(json.loads(row.thresholds)),
-        lateness=row.lateness,
-        dimensions=tuple(json.loads(row.dimensions)),
-        thresholds_units=tuple(json.loads(row.thresholds_units)),
-        currency=row.currency,
-        distinct=row.distinct_key,
-        aggregation=row.aggregation,
-        pacing=row.pacing_burst is not None,
-        burst=None if row.pacing_burst is None else parse_burst(row.pacing_burst, row.maximum),
-        forecast_lead=row.forecast_lead,
-        breaker=row.breaker,
-        breaker_floor=row.breaker_floor,
-        quarantine_max=row.quarantine_max,
-    )
-
-
 class LimitStore(OnConnection):
     """Limit rows on one connection; the caller owns the transaction."""
 
@@ -58,11 +32,11 @@ class LimitStore(OnConnection):
         if not wanted:
             return {}
         rows = self.connection.execute(LOAD_LIMITS, {"names": wanted})
-        return {row.name: _limit_from_row(row) for row in rows}
+        return {row.name: limit_from_row(row) for row in rows}
 
     def list_limits(self) -> list[Limit]:
         rows = self.connection.execute(select(limits).order_by(limits.c.name))
-        return [_limit_from_row(row) for row in rows]
+        return [limit_from_row(row) for row in rows]
 
     def limit_names(self) -> frozenset[str]:
         return frozenset(self.connection.execute(select(limits.c.name)).scalars())

@@ -16,7 +16,7 @@ from click.testing import CliRunner, Result
 
 from metering import Meter
 from metering.cli import main
-from metering.storage.connections import SCHEMA_REVISION
+from metering.storage.schema_revision import SCHEMA_REVISION
 
 Run = Callable[..., Result]
 

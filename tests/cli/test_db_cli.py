@@ -8,8 +8,8 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from metering.cli import main
-from metering.storage.connections import SCHEMA_REVISION
 from metering.storage.health import DatabaseProbe
+from metering.storage.schema_revision import SCHEMA_REVISION
 
 
 def test_upgrade_makes_the_schema_of_a_new_file_and_says_where(tmp_path: Path) -> None:

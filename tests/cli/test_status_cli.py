@@ -29,7 +29,6 @@ from metering.pipeline.batches import apply_batch
 from metering.pipeline.messages import encode_batch, encode_event
 from metering.pipeline.producer import UsageProducer, make_celery
 from metering.pipeline.routing import APPLY_BATCH_TASK, SENT_AT_HEADER
-from metering.storage.connections import SCHEMA_REVISION
 from metering.storage.health import (
     ALIVE_WITHIN_SECONDS,
     BEAT,
@@ -39,6 +38,7 @@ from metering.storage.health import (
     record_heartbeat,
 )
 from metering.storage.queue_state import is_queued, open_queues, queued_event_ids
+from metering.storage.schema_revision import SCHEMA_REVISION
 
 T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 

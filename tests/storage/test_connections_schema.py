@@ -15,7 +15,8 @@ from sqlalchemy import text
 
 from metering import Meter
 from metering.errors import DatabaseUnavailable, SchemaOutdated
-from metering.storage.connections import MIGRATIONS_DIR, SCHEMA_REVISION, make_engine
+from metering.storage.connections import MIGRATIONS_DIR, make_engine
+from metering.storage.schema_revision import SCHEMA_REVISION
 from metering.storage.tables import metadata
 
 

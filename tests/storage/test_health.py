@@ -11,7 +11,6 @@ import pytest
 from metering import FrozenClock, Limit, Meter
 from metering.domain.instants import to_us
 from metering.errors import ConfigurationError
-from metering.storage.connections import SCHEMA_REVISION
 from metering.storage.health import (
     BEAT,
     FORGET_AFTER_US,
@@ -24,6 +23,7 @@ from metering.storage.health import (
     record_heartbeat,
     sqlite_file,
 )
+from metering.storage.schema_revision import SCHEMA_REVISION
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 
