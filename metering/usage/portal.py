@@ -30,10 +30,8 @@ from urllib.parse import quote
 from metering.allowances.service import grants_left, list_grants
 from metering.domain.events import validate_subject
 from metering.domain.history import Point, maximum_at
-from metering.domain.instants import clock_text, from_us, to_us
-from metering.domain.limits import Limit
+from metering.domain.instants import clock_text, from_us
 from metering.domain.links import MAX_TTL_SECONDS, parse_ttl, sign, validate_ttl, verify
-from metering.domain.zones import ZoneHistory, window_label
 from metering.errors import InvalidInput
 from metering.storage.database import Database
 from metering.storage.history import (
@@ -44,7 +42,7 @@ from metering.storage.history import (
     portal_secrets,
     rotate_secret,
 )
-from metering.usage.current import LimitUsage, subject_usage
+from metering.usage.current import subject_usage
 from metering.usage.history import usage_history
 
 DAYS: Final = 30
@@ -113,7 +111,6 @@ def portal_view(database: Database, subject: str, days: int = DAYS) -> PortalVie
         points = history.points
         if history.source == "counters" and not per_day:
             points = _window_points(database, subject, name, now_us, maximum)
-        label = _local_label(limit, found, history.zones)
         panels.append(
             LimitPanel(
                 name=name,
@@ -128,22 +125,12 @@ def portal_view(database: Database, subject: str, days: int = DAYS) -> PortalVie
                 retry_at=found.retry_at if found is not None else None,
                 per="day" if per_day else "window",
                 exhausts_at=found.exhausts_at if found is not None else None,
-                time_zone=label[0] if label is not None else None,
-                local_window=label[1] if label is not None else None,
+                time_zone=found.time_zone if found is not None else None,
+                local_window=found.local_window if found is not None else None,
             )
         )
     denials = [w for w in reversed(windows) if w.denied_count > 0][:MAX_DENIALS]
     return PortalView(subject, now, panels, denials)
-
-
-def _local_label(
-    limit: Limit, found: LimitUsage | None, zones: ZoneHistory
-) -> tuple[str, str] | None:
-    """The zone and local label of the current calendar window, if it is a local one."""
-    if found is None or found.window_start is None or limit.window != "calendar":
-        return None
-    window = (to_us(found.window_start), to_us(found.resets_at))
-    return window_label(limit.parsed_period, zones, window)
 
 
 def _window_points(

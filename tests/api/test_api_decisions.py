@@ -57,6 +57,8 @@ def test_check_and_usage(client: httpx.Client) -> None:
                 "retry_at": "2026-11-22T10:00:00+00:00",
                 "grants_left": 0,
                 "exhausts_at": "2026-11-22T09:30:00+00:00",  # spent: now
+                "time_zone": None,  # a subject without a time zone
+                "local_window": None,
             }
         ],
     }
