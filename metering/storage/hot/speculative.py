@@ -2,14 +2,12 @@
 
 `RowCache` keeps the rows `PostgresHotStore.read` returned per key (none:
 known absent), as committed (`LearningStore`); a seat value not cached is
-taken as absent, every other key must be cached. `SpeculativeStore.read`
-builds the `Snapshot` from them; its `write` first sends `read`'s own
-statements, locking the same rows in the same order, their rows compared
-with the cached ones through ``metering_expect`` (migration 0031), which
-aborts the transaction when they differ; then the writes and the COMMIT, in
-one pipeline. A key not cached (``missed``): `read` reads them locked as
-`LearningStore` does, and `write` writes as it does, checking nothing, so
-the event is planned once.
+taken as absent. `SpeculativeStore.read` builds the `Snapshot` from them;
+its `write` first sends `read`'s own statements, locking the same rows in
+the same order, compared with the cached ones by ``metering_expect``
+(migration 0031), which aborts the transaction when they differ; then the
+writes and the COMMIT, in one pipeline. Another key not cached: `read` and
+`write` are `LearningStore`'s (``missed``), so the event is planned once.
 """
 
 from __future__ import annotations
