@@ -52,6 +52,10 @@ checked here. Every variable is optional:
 * ``METERING_SQLITE_SYNCHRONOUS``: ``NORMAL`` (default) or ``FULL``.
 * ``METERING_SECRET_KEY``, ``METERING_WEBHOOKS_ROTATION_GRACE``: webhook
   secrets at rest and the grace of a rotated one (docs/webhooks.md).
+* ``METERING_PUBLIC_URL``: where receivers and customers reach ``metering
+  serve`` (``https://metering.example.com``, http or https, no query);
+  webhooks then carry absolute links (``release_url``) and ``metering
+  portal link`` makes its links under it. Unset: links stay relative.
 * ``METERING_HOME``: the command line's own files (default ./.metering).
 """
 
@@ -66,6 +70,7 @@ from typing import Final, Literal
 
 from metering.domain.bounds import MAX_LISTING, shown
 from metering.domain.limits import MAX_MAXIMUM, parse_period
+from metering.domain.links import public_url_problem
 from metering.errors import ConfigurationError, InvalidInput, InvalidLimit
 from metering.pipeline.routing import MAX_QUEUES
 from metering.telemetry.logs import log_format
@@ -225,6 +230,21 @@ def data_home(environ: Environ | None = None) -> str | None:
     return _environ(environ).get("METERING_HOME") or None
 
 
+def public_url(environ: Environ | None = None) -> str | None:
+    """``METERING_PUBLIC_URL`` without a trailing ``/`` (unset: None): the base
+    of the links the server hands out; `ConfigurationError` when it cannot be one."""
+    text = (_environ(environ).get("METERING_PUBLIC_URL") or "").strip()
+    return checked_public_url(text) if text else None
+
+
+def checked_public_url(url: str, name: str = "METERING_PUBLIC_URL") -> str:
+    """``url`` as a public URL, without a trailing ``/``; `ConfigurationError` else."""
+    problem = public_url_problem(url)
+    if problem is not None:
+        raise ConfigurationError(f"{name}={shown(url)} {problem}")
+    return url.rstrip("/")
+
+
 def otel_variables(environ: Environ | None = None) -> dict[str, str]:
     """The ``OTEL_*`` variables, for `metering.telemetry.tracing.setup_tracing`."""
     return {k: v for k, v in _environ(environ).items() if k.startswith("OTEL_")}
@@ -290,6 +310,14 @@ class DeliverySettings:
     max_in_flight_per_endpoint: int = DEFAULT_MAX_IN_FLIGHT_PER_ENDPOINT
     # Networks let through although not public (a receiver on a private network).
     allowed_networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
+    # The server's public URL: payloads' signed paths also go as absolute URLs.
+    public_url: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.public_url is not None:
+            object.__setattr__(
+                self, "public_url", checked_public_url(self.public_url, "public_url")
+            )
 
     @property
     def lease_seconds(self) -> float:
@@ -308,6 +336,7 @@ class DeliverySettings:
             max_in_flight_per_endpoint=_count(
                 "METERING_WEBHOOKS_PER_ENDPOINT", DEFAULT_MAX_IN_FLIGHT_PER_ENDPOINT, env
             ),
+            public_url=public_url(env),
         )
 
 
@@ -521,6 +550,8 @@ class Settings:
     api_rate: ApiRate | None = DEFAULT_API_RATE
     correction_horizon_days: int = DEFAULT_CORRECTION_HORIZON_DAYS
     metrics_scope: Scope | None = None
+    # METERING_PUBLIC_URL: the base of the links the server hands out (None: relative).
+    public_url: str | None = None
     # The OTEL_* variables, for `metering.telemetry.tracing.setup_tracing`.
     otel: tuple[tuple[str, str], ...] = ()
 
@@ -577,5 +608,6 @@ class Settings:
             api_rate=api_rate(env),
             correction_horizon_days=correction_horizon_days(env),
             metrics_scope=metrics_scope(env),
+            public_url=public_url(env),
             otel=tuple(sorted(otel_variables(env).items())),
         )

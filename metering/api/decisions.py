@@ -18,6 +18,7 @@ from metering.api.models import (
 )
 from metering.api.parsing import parse_check
 from metering.api.problems import ApiProblem
+from metering.api.queueing import refused_charges
 from metering.api.routes import route
 from metering.errors import InvalidInput, OccurredAtOutOfRange, UnknownLimit
 from metering.usage.current import subject_usage
@@ -73,7 +74,7 @@ async def check(request: Request, context: Context) -> Response:
     except OccurredAtOutOfRange as exc:
         raise ApiProblem("invalid-input", str(exc), [(parsed.time_pointer, exc.message)]) from None
     except InvalidInput as exc:  # a seat limit's value missing or malformed (docs/seats.md)
-        raise ApiProblem("invalid-input", str(exc), [(f"/{exc.field}", exc.message)]) from None
+        raise await run_in_threadpool(refused_charges, context.meter, [parsed], exc) from None
     return JSONResponse(decision_json(decision))
 
 

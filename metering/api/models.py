@@ -307,6 +307,16 @@ class LimitUsageOut(BaseModel):
         description="When remaining and grants_left run out at the subject's recent rate "
         "(decayed over an hour), if before resets_at; null otherwise, and for a token bucket."
     )
+    time_zone: str | None = Field(
+        default=None,
+        description="A calendar window of a subject with a time zone: the zone it is "
+        "aligned in; else null.",
+    )
+    local_window: str | None = Field(
+        default=None,
+        description="That window's local label, e.g. '2026-11 Asia/Kolkata' or "
+        "'2026-03-29 Europe/Berlin'; else null.",
+    )
 
 
 class SubjectUsage(BaseModel):

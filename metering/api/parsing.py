@@ -84,6 +84,13 @@ class Parsed:
     def time_pointer(self) -> str:
         return _at(self.prefix, "time" if self.shape.startswith("data") else "occurred_at")
 
+    def field_pointer(self, name: str) -> str:
+        """Where the event's own field ``name`` (the library's) was given."""
+        name = _FIELD_NAMES.get(name, name)
+        if self.shape.startswith("data"):
+            name = _CLOUDEVENT_NAMES.get(name, name)
+        return _at(self.prefix, name)
+
     def charge_pointer(self, index: int, name: str) -> str:
         """Where charge ``index``'s ``name`` (subject, limit, cost) was given."""
         if self.shape == "single":

@@ -3,11 +3,11 @@
 ``GET /v1/quarantines`` (``read``) lists the subjects a limit's breaker
 holds; ``POST /v1/quarantines/{limit}/{subject}/release`` (``admin``) ends
 one (404 when it is not quarantined). The ``limit.quarantined`` webhook's
-``release_path`` is ``/quarantine/release?token=...``, a signed link that
-needs no key: ``GET`` shows a page with a button, which ``POST``s the same
-token and releases that quarantine (a link preview or a scanner that opens
-it changes nothing). A forged, expired or used link: 401, a page for a
-browser, a problem for any other client; nothing changes.
+``release_path`` (``release_url`` under ``METERING_PUBLIC_URL``) is
+``/quarantine/release?token=...``, a signed link that needs no key:
+``GET`` shows a page with a button ``POST``ing it to the same path, which
+releases that quarantine (a link preview opening it changes nothing). A
+forged, expired or used link: 401, a page for a browser, else a problem.
 """
 
 from __future__ import annotations
@@ -127,7 +127,8 @@ async def release_page(
     found = await run_in_threadpool(verified_link, context.meter.database, token)
     if found is None:
         return _refusal(request)
-    action = f"/quarantine/release?token={quote(token)}"
+    # Relative: the page's own path, wherever a proxy serves it (METERING_PUBLIC_URL's path).
+    action = f"?token={quote(token)}"
     body = (
         f"<p>{escape(found.subject)} is quarantined on {escape(found.limit)}.</p>"
         f'<form method="post" action="{escape(action)}">'

@@ -22,11 +22,13 @@ from typing import Final
 
 from starlette.concurrency import run_in_threadpool
 
-from metering.api.parsing import MAX_ERRORS, Parsed, QueuedEvent
+from metering.api.parsing import CHARGE_FIELDS, MAX_ERRORS, Parsed, QueuedEvent
 from metering.api.problems import ApiProblem
 from metering.domain.decisions import Decision
+from metering.domain.distinct import value_of
 from metering.domain.events import UsageEvent, refuse_free
 from metering.domain.instants import from_us
+from metering.domain.limits import Limit
 from metering.errors import (
     BrokerUnavailable,
     EventConflict,
@@ -269,6 +271,56 @@ def free_charge(parsed: Sequence[Parsed], refused: FreeCharge) -> ApiProblem:
     return ApiProblem("invalid-input", f"{errors[0][0]}: {errors[0][1]}", errors)
 
 
+def refused_charges(meter: Meter, parsed: Sequence[Parsed], error: InvalidInput) -> ApiProblem:
+    """The 400 of what deciding ``parsed`` refused: each charge at fault (a
+    cost of 0 on a limit that is no gauge, a seat limit's cost or metadata)
+    named as the body gave it (``events[1].cost``, ``charges[0].cost``,
+    ``metadata``); else the field of ``error`` in the one event, or as the
+    library names it."""
+    limits = {}
+    for name in sorted({c.limit for item in parsed for c in item.event.charges}):
+        try:
+            limits[name] = meter.get_limit(name)
+        except UnknownLimit:
+            continue
+    errors: list[tuple[str, str]] = []
+    for item in parsed:
+        for index, charge in enumerate(item.event.charges):
+            limit = limits.get(charge.limit)
+            found = None if limit is None else charge_error(limit, charge.cost, item.event)
+            if found is None or found.field != error.field:
+                continue
+            if found.field == "cost":
+                errors.append((item.charge_pointer(index, "cost"), found.message))
+            elif (item.field_pointer(found.field), found.message) not in errors:
+                errors.append((item.field_pointer(found.field), found.message))
+    errors = errors[:MAX_ERRORS] or [(_pointer(parsed, error.field), error.message)]
+    return ApiProblem("invalid-input", f"{errors[0][0]}: {errors[0][1]}", errors)
+
+
+def _pointer(parsed: Sequence[Parsed], field: str) -> str:
+    """The library's ``field`` in the one event (of one charge, for a
+    charge's field); as the library names it when that is ambiguous."""
+    if len(parsed) != 1:
+        return field
+    item = parsed[0]
+    if field not in CHARGE_FIELDS:
+        return item.field_pointer(field)
+    return item.charge_pointer(0, field) if len(item.event.charges) == 1 else field
+
+
+def charge_error(limit: Limit, cost: int, event: UsageEvent) -> InvalidInput | None:
+    """Why deciding a charge of ``cost`` on ``limit`` in ``event`` is refused, if it is."""
+    free = refuse_free(limit, cost)
+    if free is not None or limit.distinct is None:
+        return free
+    try:
+        value_of(limit.distinct, limit.name, event.metadata, cost)
+    except InvalidInput as exc:
+        return exc
+    return None
+
+
 def denied_when_checked(meter: Meter, events: Sequence[UsageEvent]) -> dict[str, Decision]:
     """Of ``events`` not decided before, those a check (`Meter.check`, which
     writes nothing) denies now, each with that denial under its own id. An
@@ -312,14 +364,7 @@ async def apply_now(
     except UnknownLimit as exc:
         raise unknown_limits(parsed, [exc.limit], verb="applied") from None
     except InvalidInput as exc:
-        if exc.field != "cost":
-            raise
-        # A cost of 0 on a limit that is no gauge: point at that charge.
-        try:
-            await run_in_threadpool(_refuse_free, meter, [item.event for item in parsed])
-        except FreeCharge as refused:
-            raise free_charge(parsed, refused) from None
-        raise
+        raise await run_in_threadpool(refused_charges, meter, parsed, exc) from None
     except OccurredAtOutOfRange as exc:
         raise _out_of_range(parsed, exc) from None
     return [by_id[item.event.event_id] for item in parsed]

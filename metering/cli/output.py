@@ -188,7 +188,8 @@ USAGE_COLUMNS: Final = (
 
 def usage_table(found: Sequence[LimitUsage]) -> Table:
     """A subject's limits now (`metering.usage.current.LimitUsage`): ``runs out at``
-    is the forecast at the recent rate, ``-`` when not before the reset."""
+    is the forecast at the recent rate, ``-`` when not before the reset; a
+    zoned window's reset is followed by the window's local label."""
     rows: list[list[object]] = [
         [
             u.limit.name,
@@ -196,7 +197,7 @@ def usage_table(found: Sequence[LimitUsage]) -> Table:
             u.limit.maximum,
             u.remaining,
             u.grants_left,
-            when(u.resets_at),
+            _zoned(when(u.resets_at), u.local_window),
             when(u.exhausts_at) if u.exhausts_at is not None else None,
         ]
         for u in found

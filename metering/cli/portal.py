@@ -1,7 +1,8 @@
 """``metering portal link SUBJECT --ttl 1h``: a signed link to a customer's usage page.
 
 The link holds the subject and an expiry, signed with a secret kept in the
-database (made on first use); never an API key. Prints the link alone on
+database (made on first use); never an API key. It is made under
+``--base-url``, else ``METERING_PUBLIC_URL``, else a local server. Prints the link alone on
 stdout (``LINK=$(metering portal link org-1)``). ``metering portal rotate
 --grace 1d`` signs with a new secret; links made before work until the grace ends.
 """
@@ -26,11 +27,11 @@ def portal() -> None:
 @click.option("--ttl", default="1h", show_default=True, help="How long it works: 30m, 1h, 7d.")
 @click.option(
     "--base-url",
-    default="http://127.0.0.1:8000",
-    show_default=True,
-    help="Where `metering serve` answers the customer.",
+    default=None,
+    help="Where `metering serve` answers the customer "
+    "[default: METERING_PUBLIC_URL, else http://127.0.0.1:8000].",
 )
-def link(subject: str, ttl: str, base_url: str) -> None:
+def link(subject: str, ttl: str, base_url: str | None) -> None:
     """Print a link to SUBJECT's usage page that works for --ttl."""
     click.echo(current_meter().portal_link(subject, parse_ttl(ttl), base_url=base_url))
 

@@ -4,7 +4,10 @@ A token is ``v1.<subject, base64url>.<expiry, Unix seconds>.<signature,
 base64url>``; the signature is HMAC-SHA256 under a secret the server keeps
 (`metering.storage.history.portal_secret`) of everything before it. It
 holds no API key: whoever has the link sees that subject's page until it
-expires, and nothing else (no route of the API takes it).
+expires, and nothing else (no route of the API takes it). A link is
+absolute under the server's public URL (`public_url_problem` says what one
+may not be: anything but an http or https URL with a host, and no query,
+fragment or credentials).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import binascii
 import hashlib
 import hmac
 from typing import Final
+from urllib.parse import urlsplit
 
 from metering.errors import InvalidInput
 
@@ -83,3 +87,24 @@ def verify(secret: str, token: object, now_s: int) -> str | None:
         return _unb64(parts[1]).decode("utf-8")
     except (binascii.Error, UnicodeDecodeError, ValueError):
         return None
+
+
+def public_url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be the server's public URL, the base of the links it
+    hands out (``https://metering.example.com``, a path allowed); None when it can."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # past 65535 or not a number: ValueError
+    except ValueError:
+        return "is not a URL (a port is a number from 1 to 65535)"
+    if port == 0:
+        return "must have a port from 1 to 65535"
+    if parts.scheme not in ("http", "https"):
+        return "must be an http or https URL, such as https://metering.example.com"
+    if not parts.hostname:
+        return "must name a host"
+    if parts.username is not None or parts.password is not None:
+        return "must not carry a user or password"
+    if parts.query or parts.fragment or "?" in url or "#" in url:
+        return "must have no query or fragment: the links add their own"
+    return None

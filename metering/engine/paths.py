@@ -158,15 +158,23 @@ class Direct:
 
         return self.direct.run(work)
 
-    def _speculate(self, speculative: SpeculativeStore, batch: Batch) -> list[Answer] | None:
+    def _speculate(
+        self, speculative: SpeculativeStore, batch: Batch
+    ) -> list[Answer] | Declined | None:
         """``batch`` decided on cached rows and written in one round trip
         (`metering.storage.hot.speculative`); None when it was not: nothing
-        is written, the transaction is rolled back and its keys forgotten."""
+        is written, the transaction is rolled back and its keys forgotten.
+        When its rows were not all cached, the store read them: what it
+        decided on them is the answer (planned once), an error the run's."""
         try:
             found = apply_records(None, self.cache, batch, store=speculative)
         except (StatementError, RetryTransaction):
+            if speculative.missed:
+                raise
             speculative.abandon()
             return None
+        if speculative.missed:
+            return found
         if isinstance(found, Declined):  # perhaps on stale rows: decided again with a read
             speculative.forget()
             return None

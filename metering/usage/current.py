@@ -4,8 +4,10 @@ meet now (`LimitUsage`: used, remaining, the subject's maximum, resets_at, retry
 when it would be denied), ``grants_left``, what its grants in force add, counted as
 the usage page counts them (`metering.allowances.service.grants_left`; a limit with
 grants left is listed before its first use), and ``exhausts_at``, when both run out
-at the counter's recent rate (`metering.domain.forecast`). It decides with the pure domain
-(`evaluate_charge`) and writes nothing but recurring grants falling due.
+at the counter's recent rate (`metering.domain.forecast`); a calendar window of a subject
+with a time zone also carries ``time_zone`` and ``local_window``, its zone and local label
+(`metering.domain.zones.window_label`), as counters and reports do. It decides with the
+pure domain (`evaluate_charge`) and writes nothing but recurring grants falling due.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from metering.domain.grants import maximum_at
 from metering.domain.instants import from_us, to_us
 from metering.domain.limits import Limit
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
+from metering.domain.zones import ZoneHistory, window_label
 from metering.engine.reference import WindowResolver
 from metering.storage.allowances import AllowanceStore
 from metering.storage.database import Database
@@ -45,6 +48,9 @@ class LimitUsage:
     # When what is left (remaining and grants) runs out at the recent rate,
     # if before the reset (`metering.domain.forecast`); None for a bucket.
     exhausts_at: datetime | None = None
+    # A calendar window aligned at the subject's local midnight: its zone and local label.
+    time_zone: str | None = None
+    local_window: str | None = None
 
 
 def usage_dict(usage: LimitUsage) -> dict[str, Any]:
@@ -62,6 +68,8 @@ def usage_dict(usage: LimitUsage) -> dict[str, Any]:
         "retry_at": _iso(usage.retry_at),
         "grants_left": usage.grants_left,
         "exhausts_at": _iso(usage.exhausts_at),
+        "time_zone": usage.time_zone,
+        "local_window": usage.local_window,
     }
 
 
@@ -84,7 +92,9 @@ def _usage(
     store = Store(connection)
     limits = {limit.name: limit for limit in store.list_limits()}
     # The subject's own maximum where it has one, as the engines decide with.
-    histories = AllowanceStore(connection).histories((name, subject) for name in limits)
+    allowances = AllowanceStore(connection)
+    histories = allowances.histories((name, subject) for name in limits)
+    zones = allowances.time_zones([subject]).get(subject, ())
     limits = {
         name: limit.with_maximum(maximum_at(history, limit.maximum, now_us))
         if (history := histories.get((name, subject)))
@@ -102,15 +112,31 @@ def _usage(
     rates = store.read_rates(keys.values())
     # A missing counter reads as a fresh one: nothing used, nothing denied.
     return [
-        forecast(
-            usage_of(limits[name], key, states[key], now_us),
-            left.get(name, 0),
-            rates.get(key, (0, 0.0, 0)),
-            now_us,
+        labelled(
+            forecast(
+                usage_of(limits[name], key, states[key], now_us),
+                left.get(name, 0),
+                rates.get(key, (0, 0.0, 0)),
+                now_us,
+            ),
+            zones,
         )
         for name, key in sorted(keys.items())
         if states[key] != CounterState() or name in left
     ]
+
+
+def labelled(usage: LimitUsage, zones: ZoneHistory) -> LimitUsage:
+    """``usage`` with its window's zone and local label, for a calendar window
+    of a subject with time zones ``zones`` aligned in one of them."""
+    limit = usage.limit
+    if usage.window_start is None or limit.window != "calendar" or not zones:
+        return usage
+    window = (to_us(usage.window_start), to_us(usage.resets_at))
+    label = window_label(limit.parsed_period, zones, window)
+    if label is None:
+        return usage
+    return replace(usage, time_zone=label[0], local_window=label[1])
 
 
 def forecast(

@@ -35,9 +35,10 @@ class UsageFacade:
         )
 
     def portal_link(
-        self, subject: str, ttl_seconds: int = 3600, base_url: str = "http://127.0.0.1:8000"
+        self, subject: str, ttl_seconds: int = 3600, base_url: str | None = None
     ) -> str:
-        """A signed link to ``subject``'s usage page (GET /portal) for ``ttl_seconds``."""
+        """A signed link to ``subject``'s usage page (GET /portal) for ``ttl_seconds``,
+        under ``base_url``, else ``METERING_PUBLIC_URL``, else http://127.0.0.1:8000."""
         return portal.make_link(self.database, subject, ttl_seconds, base_url)
 
     def rotate_portal_secret(self, grace_seconds: int = 86400) -> datetime:

@@ -28,13 +28,20 @@ from typing import Final
 from urllib.parse import quote
 
 from metering.allowances.service import grants_left, list_grants
+from metering.domain.bounds import shown
 from metering.domain.events import validate_subject
 from metering.domain.history import Point, maximum_at
-from metering.domain.instants import clock_text, from_us, to_us
-from metering.domain.limits import Limit
-from metering.domain.links import MAX_TTL_SECONDS, parse_ttl, sign, validate_ttl, verify
-from metering.domain.zones import ZoneHistory, window_label
+from metering.domain.instants import clock_text, from_us
+from metering.domain.links import (
+    MAX_TTL_SECONDS,
+    parse_ttl,
+    public_url_problem,
+    sign,
+    validate_ttl,
+    verify,
+)
 from metering.errors import InvalidInput
+from metering.settings import public_url
 from metering.storage.database import Database
 from metering.storage.history import (
     WindowRow,
@@ -44,10 +51,12 @@ from metering.storage.history import (
     portal_secrets,
     rotate_secret,
 )
-from metering.usage.current import LimitUsage, subject_usage
+from metering.usage.current import subject_usage
 from metering.usage.history import usage_history
 
 DAYS: Final = 30
+# Where a link points without a base URL or METERING_PUBLIC_URL: a local `metering serve`.
+DEFAULT_BASE_URL: Final = "http://127.0.0.1:8000"
 MAX_DENIALS: Final = 20
 # A limit with windows longer than a day: its last windows, one bar each.
 MAX_WINDOWS: Final = 6
@@ -113,7 +122,6 @@ def portal_view(database: Database, subject: str, days: int = DAYS) -> PortalVie
         points = history.points
         if history.source == "counters" and not per_day:
             points = _window_points(database, subject, name, now_us, maximum)
-        label = _local_label(limit, found, history.zones)
         panels.append(
             LimitPanel(
                 name=name,
@@ -128,22 +136,12 @@ def portal_view(database: Database, subject: str, days: int = DAYS) -> PortalVie
                 retry_at=found.retry_at if found is not None else None,
                 per="day" if per_day else "window",
                 exhausts_at=found.exhausts_at if found is not None else None,
-                time_zone=label[0] if label is not None else None,
-                local_window=label[1] if label is not None else None,
+                time_zone=found.time_zone if found is not None else None,
+                local_window=found.local_window if found is not None else None,
             )
         )
     denials = [w for w in reversed(windows) if w.denied_count > 0][:MAX_DENIALS]
     return PortalView(subject, now, panels, denials)
-
-
-def _local_label(
-    limit: Limit, found: LimitUsage | None, zones: ZoneHistory
-) -> tuple[str, str] | None:
-    """The zone and local label of the current calendar window, if it is a local one."""
-    if found is None or found.window_start is None or limit.window != "calendar":
-        return None
-    window = (to_us(found.window_start), to_us(found.resets_at))
-    return window_label(limit.parsed_period, zones, window)
 
 
 def _window_points(
@@ -160,11 +158,18 @@ def _window_points(
 
 
 def make_link(
-    database: Database, subject: str, ttl_seconds: int, base_url: str = "http://127.0.0.1:8000"
+    database: Database, subject: str, ttl_seconds: int, base_url: str | None = None
 ) -> str:
-    """A link to ``subject``'s page that works for ``ttl_seconds``."""
+    """A link to ``subject``'s page that works for ``ttl_seconds``, under
+    ``base_url``, else ``METERING_PUBLIC_URL``, else `DEFAULT_BASE_URL`;
+    `InvalidInput` for a ``base_url`` that is no public URL (`public_url_problem`)."""
     validate_subject(subject)
     ttl = validate_ttl(ttl_seconds)
+    if base_url is None:
+        base_url = public_url() or DEFAULT_BASE_URL
+    problem = public_url_problem(base_url)
+    if problem is not None:
+        raise InvalidInput("base_url", f"{shown(base_url)} {problem}")
     now_us = database.now_us()
     secret = database.run(lambda c: portal_secret(c, now_us))
     token = sign(secret, subject, now_us // 1_000_000 + ttl)

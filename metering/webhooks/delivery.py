@@ -23,11 +23,14 @@ restart with other settings may fix) is due at once, not after its backoff.
 
 Delivery is at least once: a worker that dies after the POST and before the
 record sends the message again. Receivers deduplicate on ``webhook-id``.
+With a public URL (``METERING_PUBLIC_URL``, `DeliverySettings.public_url`)
+a payload's signed path is also sent as an absolute URL (`with_public_links`).
 """
 
 from __future__ import annotations
 
 import email.utils
+import json
 import logging
 import random
 import threading
@@ -115,6 +118,20 @@ def signing_secrets(job: DeliveryJob, now_us: int, box: SecretBox) -> list[str]:
     return keys
 
 
+def with_public_links(payload: str, public_url: str | None) -> str:
+    """``payload`` as sent: under a public URL (``METERING_PUBLIC_URL``), a
+    ``release_path`` (``limit.quarantined``) gets its absolute ``release_url``
+    beside it. The stored message keeps the path; the signature covers what is sent."""
+    if public_url is None or '"release_path"' not in payload:
+        return payload
+    document = json.loads(payload)
+    data = document.get("data")
+    if not isinstance(data, dict) or not isinstance(data.get("release_path"), str):
+        return payload
+    data["release_url"] = public_url + data["release_path"]
+    return json.dumps(document, separators=(",", ":"), sort_keys=True)
+
+
 def post(
     job: DeliveryJob,
     client: httpx.Client,
@@ -136,7 +153,7 @@ def post(
         log.error("webhook delivery %s not sent: %s", job.delivery_id, exc)
         return Response(None, None, f"not sent: {exc}"[:MAX_ERROR_CHARS], 0)
     timestamp = now_us // 1_000_000
-    body = job.payload.encode()
+    body = with_public_links(job.payload, settings.public_url).encode()
     headers = {
         "content-type": "application/json",
         "user-agent": USER_AGENT,

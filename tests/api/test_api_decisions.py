@@ -57,6 +57,8 @@ def test_check_and_usage(client: httpx.Client) -> None:
                 "retry_at": "2026-11-22T10:00:00+00:00",
                 "grants_left": 0,
                 "exhausts_at": "2026-11-22T09:30:00+00:00",  # spent: now
+                "time_zone": None,  # a subject without a time zone
+                "local_window": None,
             }
         ],
     }
@@ -95,7 +97,7 @@ def test_a_bad_check_is_a_problem_naming_its_field(client: httpx.Client) -> None
     cost = client.post("/v1/check", json={"subject": "org-1", "limit": "api_calls", "cost": 0})
     assert cost.status_code == 400
     assert cost.headers["content-type"] == "application/problem+json"
-    assert [e["field"] for e in cost.json()["errors"]] == ["/cost"]  # a JSON pointer
+    assert [e["field"] for e in cost.json()["errors"]] == ["cost"]  # as /v1/events names it
     unknown = client.post("/v1/check", json={"subject": "org-1", "limit": "nope"})
     assert unknown.status_code == 422
     assert unknown.json()["type"] == "urn:metering:problem:unknown-limit"

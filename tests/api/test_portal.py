@@ -117,6 +117,30 @@ def test_cli_prints_a_link(meter: Meter, http: httpx.Client) -> None:
     assert "Traceback" not in bad.output
 
 
+def test_links_are_made_under_the_public_url(
+    meter: Meter, http: httpx.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("METERING_PUBLIC_URL", "https://usage.example.com/metering/")
+    runner = CliRunner()
+    made = runner.invoke(main, ["--database", meter.url, "portal", "link", "org-1"])
+    assert made.exit_code == 0, made.output
+    link = made.stdout.strip()
+    assert link.startswith("https://usage.example.com/metering/portal?token=")
+    assert http.get("/portal", params={"token": _token(link)}).status_code == 200
+    assert meter.portal_link("org-1").startswith("https://usage.example.com/metering/portal?")
+    given = meter.portal_link("org-1", base_url="http://10.0.0.7:8000")
+    assert given.startswith("http://10.0.0.7:8000/portal?token=")  # the argument first
+    for bad in ("https://usage.example.com/?from=mail", "usage.example.com"):
+        refused = runner.invoke(
+            main, ["--database", meter.url, "portal", "link", "org-1", "--base-url", bad]
+        )
+        assert refused.exit_code == 1 and refused.output.startswith("error: base_url: ")
+    monkeypatch.setenv("METERING_PUBLIC_URL", "ftp://usage.example.com")
+    refused = runner.invoke(main, ["--database", meter.url, "portal", "link", "org-1"])
+    assert refused.exit_code == 1, refused.output
+    assert refused.output.startswith("error: METERING_PUBLIC_URL='ftp://usage.example.com'")
+
+
 def test_the_usage_route_counts_grants_left_as_the_page_does(
     http: httpx.Client, meter: Meter, clock: FrozenClock
 ) -> None:

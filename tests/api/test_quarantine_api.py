@@ -7,9 +7,12 @@ OpenAPI document. In process, on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+import html
 import json
+import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from urllib.parse import urljoin
 
 import httpx
 import pytest
@@ -91,6 +94,10 @@ def test_the_signed_link_releases_once_and_a_forged_one_changes_nothing(
     assert [q.subject for q in meter.quarantines()] == ["org/1"]  # nothing changed
     shown = http.get(path, headers={"Accept": "text/html"})
     assert shown.status_code == 200 and 'method="post"' in shown.text
+    # The form posts to the page's own path, under a proxy's prefix too.
+    [action] = re.findall(r'action="([^"]+)"', shown.text)
+    public = "https://example.com/metering" + path
+    assert urljoin(public, html.unescape(action)) == public
     assert [q.subject for q in meter.quarantines()] == ["org/1"]  # opening it releases nothing
     done = http.post(path, headers={"Accept": "text/html"})
     assert done.status_code == 200 and "released" in done.text

@@ -53,7 +53,7 @@ def test_a_check_of_a_seat_limit_without_the_key_is_a_problem(
     meter.set_limit(Limit("seats", **SEATS))
     answer = http.post("/v1/check", json={"subject": "org-1", "limit": "seats"})
     assert answer.status_code == 400, answer.text
-    assert answer.json()["errors"][0]["field"] == "/metadata"
+    assert answer.json()["errors"][0]["field"] == "metadata"
     assert "must carry it" in answer.json()["detail"]
 
 

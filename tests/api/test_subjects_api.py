@@ -52,6 +52,27 @@ def test_a_zone_is_set_read_and_listed(http: httpx.Client, meter: Meter) -> None
     assert charge["resets_at"] == "2026-04-06T18:15:00+00:00"
 
 
+def test_usage_carries_the_local_label(http: httpx.Client, meter: Meter) -> None:
+    meter.set_limit(Limit("monthly", maximum=50, period="1mo", window="calendar"))
+    meter.set_time_zone("org-kolkata", "Asia/Kolkata")
+    clock = meter.clock
+    assert isinstance(clock, FrozenClock)
+    clock.set(datetime(2026, 3, 10, tzinfo=UTC))  # the zone in force from February's end
+    for subject in ("org-kolkata", "org-utc"):
+        meter.consume(subject, "monthly", 2)
+    zoned = http.get("/v1/subjects/org-kolkata/usage").json()["limits"]
+    assert [(u["limit"], u["time_zone"], u["local_window"]) for u in zoned] == [
+        ("monthly", "Asia/Kolkata", "2026-03 Asia/Kolkata")
+    ]
+    assert zoned[0]["window_start"] == "2026-02-28T18:30:00+00:00"  # Kolkata's midnight
+    [plain] = http.get("/v1/subjects/org-utc/usage").json()["limits"]
+    assert (plain["time_zone"], plain["local_window"]) == (None, None)
+    [usage] = meter.usage("org-kolkata")
+    assert (usage.time_zone, usage.local_window) == ("Asia/Kolkata", "2026-03 Asia/Kolkata")
+    schema = http.get("/openapi.json").json()["components"]["schemas"]["LimitUsageOut"]
+    assert {"time_zone", "local_window"} <= set(schema["properties"])
+
+
 @pytest.mark.parametrize(
     "body",
     [{"time_zone": "Mars/Olympus"}, {"time_zone": 5}, {}, {"time_zone": "UTC", "other": 1}],

@@ -1,10 +1,12 @@
 """`metering subjects set|show|list`: a subject's time zone set, shown and listed (text
 and JSON); an unknown zone one line on stderr, exit 1, nothing stored; `metering
-counters` shows a zoned window's local label beside its UTC span. CliRunner on SQLite."""
+counters` and `metering usage` show a zoned window's local label beside its UTC
+instants. CliRunner on SQLite."""
 
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime
 
 import pytest
@@ -59,3 +61,21 @@ def test_counters_show_the_local_label(url: str) -> None:
     assert counter["window_start"] == "2026-03-28T23:00:00+00:00"
     assert counter["time_zone"] == "Europe/Berlin"
     assert counter["local_window"] == "2026-03-29 Europe/Berlin"
+
+
+def test_usage_shows_the_local_label(url: str) -> None:
+    """The CLI reads the system clock: the zone is set long before, in force now."""
+    with Meter(url, clock=FrozenClock(datetime(2020, 1, 1, tzinfo=UTC))) as meter:
+        meter.set_limit(Limit("daily", maximum=5, period="1d", window="calendar"))
+        meter.set_limit(Limit("hourly", maximum=5, period="1h", window="calendar"))
+        meter.set_time_zone("org-berlin", "Europe/Berlin")
+    for limit in ("daily", "hourly"):
+        assert run(url, "consume", "org-berlin", limit)[0] == 0
+    code, out = run(url, "usage", "org-berlin", "--format", "json")
+    found = {usage["limit"]: usage for usage in json.loads(out)}
+    assert found["daily"]["time_zone"] == "Europe/Berlin"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d Europe/Berlin", found["daily"]["local_window"])
+    # An hour is aligned in UTC, whatever the subject's zone.
+    assert (found["hourly"]["time_zone"], found["hourly"]["local_window"]) == (None, None)
+    code, out = run(url, "usage", "org-berlin")
+    assert code == 0 and f"(local {found['daily']['local_window']})" in out

@@ -14,7 +14,9 @@ write does not check the rows it decided on.
 
 from __future__ import annotations
 
+import logging
 import random
+import selectors
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -29,7 +31,8 @@ from hypothesis import strategies as st
 from sqlalchemy import select
 
 from metering import FrozenClock, Limit, Meter, spend_limit
-from metering.storage.hot.speculative import SPECULATION
+from metering.engine import fast
+from metering.storage.hot.speculative import SPECULATION, SpeculativeStore
 from metering.storage.tables import counters, results
 
 NOW = datetime(2026, 11, 10, 12, 0, tzinfo=UTC)
@@ -233,3 +236,54 @@ def test_a_repeated_id_is_answered_as_stored_and_writes_nothing(
     # the other meter. (How many hit first depends on the threads' timing and
     # the gate; the sequential tests above make hits happen on purpose.)
     assert done["mismatch"] > 0, done
+
+
+def test_a_failed_speculation_logs_no_warning(
+    request: pytest.FixtureRequest,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The check that aborts the pipeline is the answer, not noise for the
+    logs. The checks' answer is made to arrive before the writes are sent
+    (as on a busy machine), so the pipeline meets the error inside its block."""
+    send = SpeculativeStore.send_expectations
+
+    def answered_first(store: SpeculativeStore) -> None:
+        send(store)
+        store.raw.pgconn.send_flush_request()
+        store.raw.pgconn.flush()
+        with selectors.DefaultSelector() as selector:  # until the answer is there
+            selector.register(store.raw.fileno(), selectors.EVENT_READ)
+            selector.select(10)
+
+    monkeypatch.setattr(SpeculativeStore, "send_expectations", answered_first)
+    with meters(request) as (a, b, _):
+        a.consume("s1", "calls")  # its rows cached
+        b.consume("s1", "calls")  # and now stale
+        before = SPECULATION.copy()
+        with caplog.at_level(logging.WARNING):
+            a.consume("s1", "calls")
+        assert (SPECULATION - before)["mismatch"] == 1
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+def test_an_event_whose_rows_are_not_cached_is_planned_once(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A miss reads the rows there and then, locked, and decides on them."""
+    planned: list[int] = []
+    plan = fast._Applying.plan
+
+    def counted(applying: Any) -> None:
+        planned.append(len(applying.batch.records))
+        plan(applying)
+
+    monkeypatch.setattr(fast._Applying, "plan", counted)
+    with meters(request) as (a, _, _):
+        before = SPECULATION.copy()
+        planned.clear()
+        first = a.consume("s1", "calls")  # nothing cached yet
+        assert ((SPECULATION - before)["miss"], len(planned)) == (1, 1)
+        second = a.consume("s1", "calls")  # cached: a hit
+        assert ((SPECULATION - before)["hit"], len(planned)) == (1, 2)
+    assert [first.allowed, second.allowed] == [True, True]

@@ -211,3 +211,29 @@ def test_a_connection_budget_is_a_whole_number_from_3_to_1000(value: str) -> Non
         Settings.from_env({"METERING_DB_CONNECTIONS": value})
     assert settings.db_connections({}) == 10
     assert settings.db_connections({"METERING_DB_CONNECTIONS": "25"}) == 25
+
+
+def test_a_public_url_is_read_without_its_trailing_slash() -> None:
+    env = {"METERING_PUBLIC_URL": "https://metering.example.com/api/"}
+    settings = Settings.from_env(env)
+    assert settings.public_url == "https://metering.example.com/api"
+    assert settings.delivery.public_url == "https://metering.example.com/api"
+    assert Settings.from_env({"METERING_PUBLIC_URL": ""}).public_url is None
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("ftp://metering.example.com", "must be an http or https URL"),
+        ("metering.example.com", "must be an http or https URL"),
+        ("https://", "must name a host"),
+        ("https://metering.example.com/?via=mail", "must have no query or fragment"),
+        ("https://metering.example.com/#top", "must have no query or fragment"),
+        ("https://ops:secret@metering.example.com", "must not carry a user or password"),
+        ("https://metering.example.com:99999", "is not a URL"),
+    ],
+)
+def test_a_bad_public_url_stops_a_worker_as_it_starts(value: str, problem: str) -> None:
+    with pytest.raises(ConfigurationError, match=re.escape(problem)) as caught:
+        Settings.from_env({"METERING_PUBLIC_URL": value})
+    assert "METERING_PUBLIC_URL" in str(caught.value)

@@ -3,10 +3,14 @@ Retry-After, refusal of private addresses, replay, concurrent claims."""
 
 from __future__ import annotations
 
+import json
+import re
 import socket
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
+from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -14,7 +18,7 @@ from pytest_httpserver import HTTPServer
 from waiting import wait_for
 from werkzeug import Request, Response
 
-from metering import Limit, Meter
+from metering import FrozenClock, Limit, Meter
 from metering.errors import ConfigurationError
 from metering.settings import DEFAULT_SCHEDULE, parse_schedule
 from metering.webhooks import DeliverySettings, Webhooks, verify
@@ -263,3 +267,40 @@ def test_a_start_makes_unanswered_retries_due_and_keeps_answered_ones(
     assert after[503] == later[503]  # the receiver answered: its schedule stands
     assert after[None] is not None and after[None] <= meter.database.now_us()
     assert retry_unanswered(meter) == 0
+
+
+@pytest.mark.parametrize("public_url", [None, "https://metering.example.com/"])
+def test_a_release_link_goes_absolute_under_the_public_url(
+    db_url: str, receiver: HTTPServer, public_url: str | None
+) -> None:
+    """The stored message keeps the path; what is sent, and signed, adds the URL."""
+    handle, seen = scripted()
+    receiver.expect_request("/hook", method="POST").respond_with_handler(handle)
+    clock = FrozenClock(datetime(2026, 11, 2, tzinfo=UTC))
+    with Meter(db_url, clock=clock) as meter:
+        meter.set_limit(Limit("api", maximum=10**6, period="1d", breaker="10x", breaker_floor=0.1))
+        hooks = Webhooks(meter, replace(FAST, public_url=public_url))
+        _, secret = hooks.add(receiver.url_for("/hook"), types=["limit.quarantined"])
+        for _ in range(62):  # a minute at 60 a second trips the breaker
+            meter.consume("org-1", "api", 60)
+            clock.advance(seconds=1)
+        [(_, _, stored)] = hooks.messages("limit.quarantined")
+        deliver_until(hooks, lambda: len(seen) == 1, lambda: str(hooks.deliveries()))
+    [sent] = seen
+    verify(sent.get_data(), dict(sent.headers), secret, now=clock())
+    data, kept = sent.json["data"], json.loads(stored)["data"]
+    assert data["release_path"] == kept["release_path"]
+    assert data["release_path"].startswith("/quarantine/release?token=")
+    assert "release_url" not in kept
+    if public_url is None:
+        assert "release_url" not in data
+    else:
+        assert data["release_url"] == "https://metering.example.com" + data["release_path"]
+
+
+def test_delivery_settings_refuse_a_public_url_that_is_not_one() -> None:
+    with pytest.raises(
+        ConfigurationError, match=re.escape("public_url='https://x.example/?a=1' must")
+    ):
+        DeliverySettings(public_url="https://x.example/?a=1")
+    assert DeliverySettings(public_url="http://x.example/").public_url == "http://x.example"

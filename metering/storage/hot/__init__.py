@@ -72,7 +72,12 @@ WantedSeat = tuple[str, str, int | None, str]
 
 @dataclass(slots=True)
 class Snapshot:
-    """What `HotStore.read` found, under lock."""
+    """What `HotStore.read` found, under lock.
+
+    ``windows`` holds each pair asked for that has a row in ``current_windows``
+    (None: its row holds no window); a pair with no row is absent, on every
+    store, so the pairs present are those a moved window updates.
+    """
 
     version: int
     stored: dict[str, ResultRecord]

@@ -29,7 +29,8 @@ takes all its locks before its first insert, so waits never form a cycle.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -398,7 +399,7 @@ class PostgresHotStore:
         params = {"pairs": _encode(pairs), "keys": _encode(keys)}
         begin = self.begins()
         try:
-            with self.raw.pipeline():
+            with pipeline(self.raw):
                 if begin:
                     self.raw.execute("BEGIN")
                 schedules = last_issues = None
@@ -472,7 +473,7 @@ class PostgresHotStore:
         """One round trip: the row ``FOR UPDATE`` (a settle takes it before its counters)."""
         try:
             if self.begins():
-                with self.raw.pipeline():
+                with pipeline(self.raw):
                     self.raw.execute("BEGIN")
                     row = self.raw.cursor(binary=True).execute(LOCK_RESERVATION, (reservation_id,))
             else:
@@ -486,7 +487,7 @@ class PostgresHotStore:
         raw = self.raw
         begin = self.begins()
         try:
-            with raw.pipeline():
+            with pipeline(raw):
                 if begin:
                     raw.execute("BEGIN")
                 self.send_expectations()
@@ -574,6 +575,26 @@ def _issue(
         for s, made in issued
     ]
     raw.execute(MOVE_SCHEDULES, {"rows": _encode(rows)})
+
+
+@contextmanager
+def pipeline(raw: psycopg.Connection[Any]) -> Iterator[None]:
+    """``raw.pipeline()``, with an error its block meets raised once, after the
+    pipeline ends: psycopg would log a warning for the next it meets ending
+    it (the statements after the error, aborted), each failed speculation
+    (`metering.storage.hot.speculative`) a line of noise."""
+    failed: psycopg.Error | None = None
+    try:
+        with raw.pipeline():
+            try:
+                yield
+            except psycopg.Error as exc:
+                failed = exc
+    except psycopg.Error:
+        if failed is None:
+            raise
+    if failed is not None:
+        raise failed
 
 
 def _execute(cursor: psycopg.Cursor[Any], statement: str, rows: list[Any]) -> None:

@@ -2,12 +2,12 @@
 
 `RowCache` keeps the rows `PostgresHotStore.read` returned per key (none:
 known absent), as committed (`LearningStore`); a seat value not cached is
-taken as absent, every other key must be cached. `SpeculativeStore.read`
-builds the `Snapshot` from them (a key missing: version -1, declined as
-stale); its `write` first sends `read`'s own statements, locking the same
-rows in the same order, their rows compared with the cached ones through
-``metering_expect`` (migration 0031), which aborts the transaction when
-they differ; then the writes and the COMMIT, in one pipeline.
+taken as absent. `SpeculativeStore.read` builds the `Snapshot` from them;
+its `write` first sends `read`'s own statements, locking the same rows in
+the same order, compared with the cached ones by ``metering_expect``
+(migration 0031), which aborts the transaction when they differ; then the
+writes and the COMMIT, in one pipeline. Another key not cached: `read` and
+`write` are `LearningStore`'s (``missed``), so the event is planned once.
 """
 
 from __future__ import annotations
@@ -278,6 +278,8 @@ class SpeculativeStore(LearningStore):
         super().__init__(raw, cache)
         self.version = version
         self.failed = False
+        # A key was not cached: the rows were read, locked (see the module).
+        self.missed = False
 
     def read(
         self,
@@ -293,7 +295,8 @@ class SpeculativeStore(LearningStore):
         rows = None if ids or due_pairs else self.cache.rows(request, self.version)
         if rows is None:
             SPECULATION["miss"] += 1
-            return Snapshot(version=-1, stored={}, windows={}, states={})
+            self.missed = True
+            return super().read(ids, pairs, keys, now_us, grant_pairs, seats, due_pairs)
         self.request, self.rows = request, rows
         return snapshot_of(rows)
 
@@ -318,12 +321,16 @@ class SpeculativeStore(LearningStore):
 
     def write(self, changes: Changes, now_us: int, *, commit: bool) -> None:
         """The BEGIN, the checks, the writes and the COMMIT in one pipeline,
-        one sync (the connection is in autocommit: `PostgresHotStore.begins`)."""
-        assert commit, "a speculative write commits"
-        assert self.begins(), "a speculative write begins its transaction"
-        super().write(changes, now_us, commit=True)
+        one sync (the connection is in autocommit: `PostgresHotStore.begins`);
+        after a miss, `LearningStore.write`."""
+        if not self.missed:
+            assert commit, "a speculative write commits"
+            assert self.begins(), "a speculative write begins its transaction"
+        super().write(changes, now_us, commit=commit)
 
     def send_expectations(self) -> None:
+        if self.missed:
+            return
         request, rows = self.request, self.rows
         assert request is not None and rows is not None, "a speculative write without its read"
         cursor = self.raw.cursor()

@@ -225,15 +225,17 @@ _ONE_BY_ONE: Final = 3
 
 
 def _windows(raw: sqlite3.Connection, pairs: Sequence[Pair]) -> list[tuple[Pair, Window | None]]:
-    """The current first-use window of each of ``pairs`` (None: none yet), in order."""
+    """The current first-use window of each of ``pairs`` that has a row, in
+    order (None: a row with no window); a pair with no row is left out."""
     if len(pairs) > _ONE_BY_ONE:
         rows = raw.execute(SELECT_WINDOWS, (json.dumps(pairs),))
-        found = {(r[0], r[1]): (r[2], r[3]) for r in rows if r[2] is not None}
-        return [(pair, found.get(pair)) for pair in pairs]
+        found = {(r[0], r[1]): (r[2], r[3]) if r[2] is not None else None for r in rows}
+        return [(pair, found[pair]) for pair in pairs if pair in found]
     windows: list[tuple[Pair, Window | None]] = []
     for pair in pairs:
         row = raw.execute(SELECT_WINDOW, pair).fetchone()
-        windows.append((pair, (row[0], row[1]) if row is not None and row[0] is not None else None))
+        if row is not None:
+            windows.append((pair, (row[0], row[1]) if row[0] is not None else None))
     return windows
 
 

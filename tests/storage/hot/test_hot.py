@@ -64,7 +64,7 @@ def _write(meter: Meter, changes: Changes) -> None:
 
 
 def _windows(snapshot: Snapshot) -> dict[Any, Any]:
-    """The pairs that have a window (a pair without one: None, or absent on PostgreSQL)."""
+    """The pairs that have a window."""
     return {pair: window for pair, window in snapshot.windows.items() if window is not None}
 
 
@@ -77,6 +77,24 @@ def test_nothing_stored_reads_as_nothing_but_the_version(meter: Meter) -> None:
     assert snapshot.version >= 0
     assert (snapshot.stored, snapshot.states) == ({}, {})
     assert _windows(snapshot) == {}
+
+
+def test_a_pair_with_no_window_row_is_left_out_on_every_store(meter: Meter) -> None:
+    assert _read(meter).windows == {}
+    _write(
+        meter,
+        Changes(
+            created=[(("fu", "org-0", NOW), NOW + HOUR, _state(1), MONTH)],
+            new_windows=[(("fu", "org-0"), (NOW, NOW + HOUR))],
+        ),
+    )
+    assert _read(meter).windows == {("fu", "org-0"): (NOW, NOW + HOUR)}
+
+    def work(connection: Connection) -> Snapshot:
+        pairs = [("fu", subject) for subject in SUBJECTS]  # past the one-by-one reads
+        return hot_store(connection).read(None, pairs, [], NOW)
+
+    assert meter.database.run(work).windows == {("fu", "org-0"): (NOW, NOW + HOUR)}
 
 
 def test_what_a_store_wrote_it_reads_back(meter: Meter) -> None:
