@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from budgets import examples
 from differential import SETTINGS, answer, databases, stored
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -148,7 +149,7 @@ STEPS = st.one_of(
 )
 
 
-@settings(SETTINGS, max_examples=25)
+@settings(SETTINGS, max_examples=examples(25))
 @given(steps=st.lists(STEPS, min_size=5, max_size=30))
 def test_a_stream_with_another_writer_decides_as_the_reference(
     request: pytest.FixtureRequest, steps: list[Step]
