@@ -33,6 +33,11 @@ from metering import FrozenClock, Limit, Meter, spend_limit
 from metering.storage.hot.speculative import SPECULATION
 from metering.storage.tables import counters, results
 
+# `meters` takes its PostgreSQL databases at run time (request.getfixturevalue),
+# where conftest.py's marking by fixture does not see them: without this, the
+# module ran in `make test-fast` and started a PostgreSQL there.
+pytestmark = pytest.mark.postgres
+
 NOW = datetime(2026, 11, 10, 12, 0, tzinfo=UTC)
 LIMITS = [
     Limit("calls", maximum=6, period="1h", window="calendar"),
