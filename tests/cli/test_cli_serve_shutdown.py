@@ -27,7 +27,9 @@ from servers import RedisServer, find_redis_server, free_port
 
 from metering import Limit, Meter
 
-pytestmark = [pytest.mark.slow, pytest.mark.redis]
+# `sqlite_url`: the migrated template's copy at tmp_path/metering.db, the
+# database `_serve` gives the server.
+pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.usefixtures("sqlite_url")]
 START_TIMEOUT_SECONDS = 60.0
 STOP_TIMEOUT_SECONDS = 60.0
 STOP_SIGNALS = [signal.SIGINT, signal.SIGTERM]
