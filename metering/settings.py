@@ -41,6 +41,9 @@ checked here. Every variable is optional:
 * ``METERING_API_MAX_BODY_BYTES``, ``METERING_API_MAX_EVENTS``: the HTTP
   API's bounds on one request body (default 1 MiB) and on the events in one
   request (default 1000); past either, 413.
+* ``METERING_API_RETRY_BACKOFF``: seconds the API waits before its first
+  retry of a broker that did not take a request's events (default 0.2,
+  doubled each retry up to 5 s, five tries; then the 503 that keeps them).
 * ``METERING_API_AUTH``: ``auto`` (default: API keys are asked for once one
   exists) or ``required`` (always); ``METERING_API_RATE``: each API key's
   requests, ``N/PERIOD`` (default ``6000/1m``) or ``off`` (docs/api-auth.md).
@@ -520,6 +523,7 @@ DEFAULT_PRUNE_INTERVAL_SECONDS: Final = 3600.0
 DEFAULT_AUDIT_INTERVAL_SECONDS: Final = 3600.0
 DEFAULT_API_MAX_BODY_BYTES: Final = 1024 * 1024
 DEFAULT_API_MAX_EVENTS: Final = 1000
+DEFAULT_API_RETRY_BACKOFF_SECONDS: Final = 0.2
 # A body bound past this is no bound at all (the API buffers one body).
 MAX_API_BODY_BYTES: Final = 256 * 1024 * 1024
 
@@ -543,6 +547,7 @@ class Settings:
     delivery: DeliverySettings = field(default_factory=DeliverySettings)
     api_max_body_bytes: int = DEFAULT_API_MAX_BODY_BYTES
     api_max_events: int = DEFAULT_API_MAX_EVENTS
+    api_retry_backoff_seconds: float = DEFAULT_API_RETRY_BACKOFF_SECONDS
     metrics_port: int | None = None
     log_format: str = "text"
     tracing: bool = False
@@ -600,6 +605,9 @@ class Settings:
             ),
             api_max_events=_whole(
                 env, "METERING_API_MAX_EVENTS", DEFAULT_API_MAX_EVENTS, MAX_LISTING
+            ),
+            api_retry_backoff_seconds=seconds(
+                "METERING_API_RETRY_BACKOFF", DEFAULT_API_RETRY_BACKOFF_SECONDS
             ),
             metrics_port=metrics_port(env),
             log_format=log_format(env),

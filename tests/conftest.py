@@ -15,6 +15,11 @@ Redis (the Celery broker): one throw-away server per test session
 Hypothesis: ``--hypothesis-profile thorough`` gives the slow property tests
 their whole example budget, the default half of it (`budgets`).
 
+The repository stays clean: a test that leaves the embedded default database
+(``./metering.db``, where ``Meter()`` opens without a URL) in the project's
+root fails in its teardown (`pytest_runtest_teardown`); such a test runs in
+``tmp_path`` (``monkeypatch.chdir``) or gives a URL.
+
 Order: whole test files longest first (`file_order`), so that `make test`'s
 two workers finish together; ``--write-durations`` records this run's seconds
 per file in ``tests/durations.json`` for that order.
@@ -125,6 +130,37 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if fixtures & SERVER_FIXTURES or on_postgres or marked & SERVER_MARKERS:
             item.add_marker(pytest.mark.server)
     items[:] = file_order.ordered(items, file_order.recorded())
+
+
+# The embedded default database, relative to the directory pytest started in.
+STRAY_DATABASE = "metering.db"
+_stray_before = pytest.StashKey[bool]()
+
+
+def _stray(config: pytest.Config) -> Path:
+    return config.rootpath / STRAY_DATABASE
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # One the developer made before the run (the README's demo) is theirs.
+    session.config.stash[_stray_before] = _stray(session.config).exists()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    """Fail the test after which (its fixtures torn down too) ``./metering.db``
+    appeared in the project's root (under xdist, it or the test running beside
+    it on the other worker), and remove the file so the next run starts clean."""
+    yield
+    path = _stray(item.config)
+    if item.config.stash.get(_stray_before, True) or not path.exists():
+        return
+    path.unlink(missing_ok=True)
+    raise AssertionError(
+        f"{path} appeared during this test (or one running beside it on another "
+        "xdist worker): a Meter or command opened the default database in the "
+        "project's root; give it a URL or monkeypatch.chdir(tmp_path)"
+    )
 
 
 _durations: list[tuple[str, float]] = []

@@ -95,7 +95,11 @@ def create_api(
         own_meter = meter or Meter(
             settings.database_url, correction_horizon_days=settings.correction_horizon_days
         )
-        own_producer = producer or ApiProducer(settings.broker_url, queues=settings.queues)
+        own_producer = producer or ApiProducer(
+            settings.broker_url,
+            queues=settings.queues,
+            retry_backoff_seconds=settings.api_retry_backoff_seconds,
+        )
         lookup = is_queued or broker_lookup(settings.broker_url)
         app.state.metering = ApiContext(settings, own_meter, own_producer, lookup)
         app.state.auth = Authenticator(ApiKeys(own_meter), settings.api_auth)

@@ -72,48 +72,87 @@ class WebhookStore:
         self, notices: Sequence[tuple[Notice, dict[str, Any]]], now_us: int
     ) -> list[str]:
         """Insert each notice's mark; for every new one write the message and
-        its deliveries. Returns the ids of the messages written."""
+        its deliveries. Returns the ids of the messages written.
+
+        A few statements a batch, whatever its size: the marks in one
+        executemany (`_new_marks`; SQLAlchemy sends it as multi-row inserts),
+        then the messages in one and their deliveries in one."""
         if not notices:
             return []
-        written: list[str] = []
-        endpoints: list[EndpointRecord] | None = None
-        for notice, document in notices:
-            payload = encode_payload(document)
-            if not self._new_mark(notice, now_us):
-                continue
-            if endpoints is None:
-                endpoints = self.list_endpoints(enabled_only=True)
-            written.append(self.add_message(notice.type, payload, endpoints, now_us))
-        return written
+        encoded = [(notice, encode_payload(document)) for notice, document in notices]
+        fresh = self._new_marks(encoded, now_us)
+        if not fresh:
+            return []
+        endpoints = self.list_endpoints(enabled_only=True)
+        return self.add_messages(
+            [(notice.type, payload) for notice, payload in fresh], endpoints, now_us
+        )
 
-    def _new_mark(self, notice: Notice, now_us: int) -> bool:
+    def _new_marks(
+        self, notices: Sequence[tuple[Notice, str]], now_us: int
+    ) -> list[tuple[Notice, str]]:
+        """The notices whose mark this wrote, in their order: a mark already
+        stored, or one an earlier notice of the batch wrote, is skipped."""
         statement = (
             self._insert(webhook_marks)
-            .values(
-                limit_name=notice.limit,
-                subject=notice.subject,
-                window_start_us=notice.window_start_us,
-                kind=notice.mark,
-                window_end_us=notice.window_end_us,
-                maximum=notice.maximum,
-                event_id=notice.event_id,
-                created_at_us=now_us,
-                due_at_us=notice.due_at_us,
-            )
             .on_conflict_do_nothing()
-            .returning(webhook_marks.c.kind)
+            .returning(
+                webhook_marks.c.limit_name,
+                webhook_marks.c.subject,
+                webhook_marks.c.window_start_us,
+                webhook_marks.c.kind,
+            )
         )
-        return self.connection.execute(statement).first() is not None
+        rows = [
+            {
+                "limit_name": notice.limit,
+                "subject": notice.subject,
+                "window_start_us": notice.window_start_us,
+                "kind": notice.mark,
+                "window_end_us": notice.window_end_us,
+                "maximum": notice.maximum,
+                "event_id": notice.event_id,
+                "created_at_us": now_us,
+                "due_at_us": notice.due_at_us,
+            }
+            for notice, _ in notices
+        ]
+        written = {tuple(row) for row in self.connection.execute(statement, rows)}
+        fresh: list[tuple[Notice, str]] = []
+        for notice, payload in notices:
+            key = (notice.limit, notice.subject, notice.window_start_us, notice.mark)
+            if key in written:
+                written.discard(key)  # the first notice of a key wrote its mark
+                fresh.append((notice, payload))
+        return fresh
 
     def add_message(
         self, message_type: str, payload: str, endpoints: Iterable[EndpointRecord], now_us: int
     ) -> str:
         """Write one message and a pending delivery for each endpoint that wants it."""
-        message_id = new_message_id()
+        return self.add_messages([(message_type, payload)], endpoints, now_us)[0]
+
+    def add_messages(
+        self,
+        messages: Sequence[tuple[str, str]],
+        endpoints: Iterable[EndpointRecord],
+        now_us: int,
+    ) -> list[str]:
+        """Write each ``(type, payload)`` message and a pending delivery for
+        each endpoint that wants it; the ids, in order."""
+        endpoints = list(endpoints)
+        ids = [new_message_id() for _ in messages]
         self.connection.execute(
-            webhook_messages.insert().values(
-                id=message_id, type=message_type, payload=payload, created_at_us=now_us
-            )
+            webhook_messages.insert(),
+            [
+                {
+                    "id": message_id,
+                    "type": message_type,
+                    "payload": payload,
+                    "created_at_us": now_us,
+                }
+                for message_id, (message_type, payload) in zip(ids, messages, strict=True)
+            ],
         )
         rows = [
             {
@@ -125,12 +164,13 @@ class WebhookStore:
                 "created_at_us": now_us,
                 "updated_at_us": now_us,
             }
+            for message_id, (message_type, _) in zip(ids, messages, strict=True)
             for endpoint in endpoints
             if endpoint.wants(message_type)
         ]
         if rows:
             self.connection.execute(webhook_deliveries.insert(), rows)
-        return message_id
+        return ids
 
     # -- the reset sweep -----------------------------------------------------
 

@@ -37,8 +37,8 @@ def eid(cloudevent_id: str, source: str = SOURCE) -> str:
 
 
 @pytest.fixture
-def meter(tmp_path: Path) -> Iterator[Meter]:
-    with Meter(f"sqlite:///{tmp_path}/metering.db", clock=FrozenClock(NOW)) as m:
+def meter(sqlite_url: str) -> Iterator[Meter]:
+    with Meter(sqlite_url, clock=FrozenClock(NOW)) as m:
         m.set_limit(Limit("api_calls", maximum=10, period="1h", window="calendar"))
         m.set_limit(Limit("org_calls", maximum=100, period="1d", window="calendar"))
         yield m

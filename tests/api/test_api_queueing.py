@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -103,6 +104,15 @@ def test_a_broker_that_does_not_answer_is_503_naming_the_kept_events(
     finally:
         producer.discard()
         producer.close()
+
+
+def test_the_apis_own_producer_retries_after_the_settings_backoff(
+    in_process: InProcess, meter: Meter, tmp_path: Path
+) -> None:
+    broker = f"sqla+sqlite:///{tmp_path}/broker.db"
+    app = create_api(Settings(meter.url, broker, api_retry_backoff_seconds=0.05), meter=meter)
+    in_process(app)  # the lifespan makes the producer
+    assert app.state.metering.producer.retry_backoff_seconds == 0.05
 
 
 def test_an_id_repeated_in_a_request_with_other_charges_is_a_conflict() -> None:

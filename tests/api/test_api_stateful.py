@@ -61,6 +61,8 @@ def environment(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str
     if request.param == "postgresql":
         env["METERING_DATABASE_URL"] = request.getfixturevalue("pg_url")
         env["METERING_BROKER_URL"] = request.getfixturevalue("redis_url")
+    else:
+        request.getfixturevalue("sqlite_url")  # ./metering.db in tmp_path, migrated
     return env
 
 

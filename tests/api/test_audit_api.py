@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 
 import httpx
 import pytest
@@ -20,8 +19,8 @@ NOW = datetime(2026, 11, 22, 9, 30, tzinfo=UTC)
 
 
 @pytest.fixture
-def meter(tmp_path: Path) -> Iterator[Meter]:
-    with Meter(f"sqlite:///{tmp_path}/metering.db", clock=FrozenClock(NOW)) as m:
+def meter(sqlite_url: str) -> Iterator[Meter]:
+    with Meter(sqlite_url, clock=FrozenClock(NOW)) as m:
         m.set_limit(Limit("api_calls", maximum=10, period="1h", window="calendar"))
         yield m
 

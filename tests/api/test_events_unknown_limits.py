@@ -25,8 +25,8 @@ CLOUDEVENTS = "application/cloudevents-batch+json"
 
 
 @pytest.fixture
-def meter(tmp_path: Path) -> Iterator[Meter]:
-    with Meter(f"sqlite:///{tmp_path}/metering.db", clock=FrozenClock(NOW)) as m:
+def meter(sqlite_url: str) -> Iterator[Meter]:
+    with Meter(sqlite_url, clock=FrozenClock(NOW)) as m:
         m.set_limit(Limit("api_calls", maximum=10, period="1h", window="calendar"))
         yield m
 

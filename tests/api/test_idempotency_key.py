@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,8 +20,8 @@ DECIDE = {"wait": "decision"}
 
 
 @pytest.fixture
-def meter(tmp_path: Path) -> Iterator[Meter]:
-    with Meter(f"sqlite:///{tmp_path}/m.db", clock=FrozenClock(NOW)) as m:
+def meter(sqlite_url: str) -> Iterator[Meter]:
+    with Meter(sqlite_url, clock=FrozenClock(NOW)) as m:
         m.set_limit(Limit("calls", maximum=10, period="1h"))
         yield m
 

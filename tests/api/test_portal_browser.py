@@ -30,9 +30,9 @@ NOW = datetime(2026, 11, 22, 9, 30, tzinfo=UTC)
 
 
 @pytest.fixture
-def meter(tmp_path: Path) -> Iterator[Meter]:
+def meter(sqlite_url: str) -> Iterator[Meter]:
     clock = FrozenClock(NOW - timedelta(days=29))
-    with Meter(f"sqlite:///{tmp_path}/metering.db", clock=clock) as m:
+    with Meter(sqlite_url, clock=clock) as m:
         m.set_limit(Limit("tokens", maximum=1000, period="1d", window="calendar"))
         m.set_limit(Limit("api_calls", maximum=50, period="1h", dimensions=("route",)))
         m.set_limit(

@@ -22,8 +22,9 @@ Run = Callable[..., Result]
 
 
 @pytest.fixture
-def url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path}/cli.db"
+def url(sqlite_url: str) -> str:
+    """A migrated SQLite file (a copy of the session's template)."""
+    return sqlite_url
 
 
 @pytest.fixture
@@ -134,10 +135,12 @@ def test_limits_load_yaml_and_toml(run: Run, url: str, tmp_path: Path) -> None:
     assert limits["api_calls"].thresholds == (80, 100)
 
 
-def test_db_upgrade_on_sqlite(run: Run, url: str) -> None:
-    out = run("db", "upgrade").output
+def test_db_upgrade_on_sqlite(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/fresh.db"  # no schema yet
+    runner = CliRunner()
+    out = runner.invoke(main, ["--database", url, "db", "upgrade"]).output
     assert out == f"schema at revision {SCHEMA_REVISION} ({url})\n"
-    assert run("db", "upgrade").output == out  # idempotent
+    assert runner.invoke(main, ["--database", url, "db", "upgrade"]).output == out  # idempotent
     assert snapshot(url) == ([], [])
 
 

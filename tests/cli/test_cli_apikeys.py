@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
@@ -20,8 +19,9 @@ Run = Callable[..., Result]
 
 
 @pytest.fixture
-def url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path}/keys.db"
+def url(sqlite_url: str) -> str:
+    """A migrated SQLite file (a copy of the session's template)."""
+    return sqlite_url
 
 
 @pytest.fixture

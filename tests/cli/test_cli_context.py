@@ -21,8 +21,9 @@ Run = Callable[..., Result]
 
 
 @pytest.fixture
-def url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path}/cli.db"
+def url(sqlite_url: str) -> str:
+    """A migrated SQLite file (a copy of the session's template)."""
+    return sqlite_url
 
 
 @pytest.fixture

@@ -117,6 +117,15 @@ def test_the_embedded_worker_says_it_runs_one_process(
     )
 
 
+@pytest.fixture
+def in_tmp_path(tmp_path: Path, sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The test's directory as the working one, its default ./metering.db
+    migrated (`sqlite_url`): `metering worker` checks that database first."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.usefixtures("in_tmp_path")
 def test_a_redis_worker_gets_the_concurrency_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
     started: list[list[str]] = []
     monkeypatch.setattr("os.execve", lambda _path, argv, _env: started.append(argv))
@@ -154,6 +163,7 @@ def test_the_embedded_worker_keeps_beat_s_schedule_in_the_data_directory(
         ([], {"METERING_QUEUES": "3"}, "metering,metering.0,metering.1,metering.2"),
     ],
 )
+@pytest.mark.usefixtures("in_tmp_path")
 def test_a_worker_consumes_the_default_queue_beside_the_routed_ones(
     args: list[str], environ: dict[str, str], queues: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

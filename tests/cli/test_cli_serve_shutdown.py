@@ -27,10 +27,13 @@ from servers import RedisServer, find_redis_server, free_port
 
 from metering import Limit, Meter
 
-pytestmark = [pytest.mark.slow, pytest.mark.redis]
+# `sqlite_url`: the migrated template's copy at tmp_path/metering.db, the
+# database `_serve` gives the server.
+pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.usefixtures("sqlite_url")]
 START_TIMEOUT_SECONDS = 60.0
 STOP_TIMEOUT_SECONDS = 60.0
 STOP_SIGNALS = [signal.SIGINT, signal.SIGTERM]
+RETRY_BACKOFF_SECONDS = 0.01
 EVENT = {"subject": "org-1", "limit": "api_calls", "event_id": "sent-1"}
 
 
@@ -98,6 +101,9 @@ class _serve:
             meter.set_limit(Limit("api_calls", maximum=100, period="1h"))
         env = {k: v for k, v in os.environ.items() if not k.startswith("METERING_")}
         env.update(METERING_DATABASE_URL=database_url, METERING_BROKER_URL=self.redis.url())
+        # The retries before a 503 and at shutdown still run, five each, only
+        # without the default's 3 s of waiting between them.
+        env["METERING_API_RETRY_BACKOFF"] = str(RETRY_BACKOFF_SECONDS)
         port = free_port()
         command = [sys.executable, "-m", "metering", "serve", "--port", str(port)]
         log_path = self.tmp_path / "serve.log"

@@ -33,7 +33,9 @@ def receiver() -> Iterator[HTTPServer]:
 
 
 @pytest.fixture
-def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Run:
+def run(tmp_path: Path, sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> Run:
+    """``metering ARGS`` in ``tmp_path``, on its default ./metering.db (put
+    there migrated by `sqlite_url`)."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("METERING_DATABASE_URL", raising=False)
     monkeypatch.setenv("METERING_WEBHOOKS_ALLOW_PRIVATE", "1")

@@ -18,8 +18,9 @@ from metering.cli import main
 
 
 @pytest.fixture
-def url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path}/quarantine.db"
+def url(sqlite_url: str) -> str:
+    """A migrated SQLite file (a copy of the session's template)."""
+    return sqlite_url
 
 
 def run(url: str, *args: str) -> tuple[int, str]:

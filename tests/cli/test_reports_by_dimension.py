@@ -8,7 +8,6 @@ import io
 import json
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,9 +26,9 @@ def cli(url: str, *args: str, code: int = 0) -> Result:
 
 
 @pytest.fixture
-def url(tmp_path: Path) -> Iterator[str]:
+def url(sqlite_url: str) -> Iterator[str]:
     """A SQLite ledger: ``api`` records route and model; ``plain`` records nothing."""
-    url = f"sqlite:///{tmp_path}/metering.db"
+    url = sqlite_url
     cli(
         url,
         "limits",

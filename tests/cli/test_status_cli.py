@@ -44,7 +44,9 @@ T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 
 
 class Files:
-    """A database and an embedded broker in the test's directory."""
+    """A database and an embedded broker in the test's directory. The
+    database is absent until used; a test that uses it asks for `sqlite_url`
+    too, which puts the migrated template's copy at the same path."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
@@ -186,6 +188,7 @@ def set_revision(url: str, revision: str) -> None:
         connection.execute("UPDATE alembic_version SET version_num = ?", (revision,))
 
 
+@pytest.mark.usefixtures("sqlite_url")
 def test_the_schema_revision_is_reported_against_the_head(files: Files) -> None:
     Meter(files.database).close()
     report = as_json(files.status("--require", "none", "--format", "json", code=0))
@@ -200,6 +203,7 @@ def test_the_schema_revision_is_reported_against_the_head(files: Files) -> None:
     )
 
 
+@pytest.mark.usefixtures("sqlite_url")
 def test_an_older_sqlite_schema_is_healthy_since_sqlite_upgrades_itself(files: Files) -> None:
     set_revision(files.database, "0006")
     report = as_json(files.status("--require", "none", "--format", "json", code=0))
@@ -207,6 +211,7 @@ def test_an_older_sqlite_schema_is_healthy_since_sqlite_upgrades_itself(files: F
     assert detail == f"schema 0006, head {SCHEMA_REVISION}: SQLite upgrades itself on first use"
 
 
+@pytest.mark.usefixtures("sqlite_url")
 def test_a_schema_this_release_does_not_know_is_unhealthy(files: Files) -> None:
     set_revision(files.database, "9999")
     result = files.status("--require", "none", code=1)
@@ -240,6 +245,7 @@ def test_queue_depths_count_waiting_and_taken_messages(files: Files) -> None:
     ]
 
 
+@pytest.mark.usefixtures("sqlite_url")
 def test_the_oldest_undecided_event_is_aged_by_the_clock(files: Files) -> None:
     files.emit("old-1", clock=FrozenClock(T0))
     files.emit("new-1", clock=FrozenClock(T0 + timedelta(seconds=50)))
@@ -335,6 +341,7 @@ def status_at(files: Files, seconds: float, **options: object) -> dict[str, obje
     return {"healthy": report.healthy, "reasons": report.reasons, **report.facts}
 
 
+@pytest.mark.usefixtures("sqlite_url")
 def test_a_worker_is_alive_while_its_heartbeat_is_recent(files: Files) -> None:
     record_heartbeat(files.database, WORKER, "w1@host", FrozenClock(T0))
     fresh = status_at(files, ALIVE_WITHIN_SECONDS)
@@ -347,6 +354,7 @@ def test_a_worker_is_alive_while_its_heartbeat_is_recent(files: Files) -> None:
     ]
 
 
+@pytest.mark.usefixtures("sqlite_url")
 def test_node_asks_for_one_worker_by_name(files: Files) -> None:
     record_heartbeat(files.database, WORKER, "w1@host", FrozenClock(T0))
     assert status_at(files, 5, node="w1@host")["healthy"] is True
@@ -354,6 +362,7 @@ def test_node_asks_for_one_worker_by_name(files: Files) -> None:
     assert other["reasons"] == ["workers: no heartbeat from worker w2@host ever (by heartbeat)"]
 
 
+@pytest.mark.usefixtures("sqlite_url")
 def test_a_worker_that_stopped_forgets_its_heartbeat(files: Files) -> None:
     record_heartbeat(files.database, WORKER, "w1@host", FrozenClock(T0))
     forget_heartbeat(files.database, WORKER, "w1@host")
@@ -362,6 +371,7 @@ def test_a_worker_that_stopped_forgets_its_heartbeat(files: Files) -> None:
     ]
 
 
+@pytest.mark.usefixtures("sqlite_url")
 def test_beat_is_required_only_when_asked(files: Files) -> None:
     record_heartbeat(files.database, WORKER, "w1@host", FrozenClock(T0))
     never = status_at(files, 1, require=frozenset({"worker", "beat"}))
@@ -382,6 +392,7 @@ def test_beat_is_required_only_when_asked(files: Files) -> None:
     ]
 
 
+@pytest.mark.usefixtures("sqlite_url")
 def test_heartbeats_of_processes_gone_a_week_are_deleted(files: Files) -> None:
     record_heartbeat(files.database, WORKER, "gone@host", FrozenClock(T0))
     record_heartbeat(files.database, WORKER, "w1@host", FrozenClock(T0 + timedelta(days=8)))
@@ -395,6 +406,7 @@ def test_heartbeats_of_processes_gone_a_week_are_deleted(files: Files) -> None:
 # -- result: pending ---------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("sqlite_url")
 def test_a_queued_event_is_pending_with_exit_3(files: Files) -> None:
     files.emit("e-1")
     result = files.run("result", "e-1", "--broker", files.broker, code=3)
@@ -411,6 +423,7 @@ def test_a_queued_event_is_pending_with_exit_3(files: Files) -> None:
     assert unknown.stderr == "error: no result for event e-2\n"
 
 
+@pytest.mark.usefixtures("sqlite_url")
 def test_an_applied_event_shows_its_result_though_its_message_remains(files: Files) -> None:
     files.emit("e-1")
     with Meter(files.database) as meter:
@@ -423,6 +436,7 @@ def test_an_applied_event_shows_its_result_though_its_message_remains(files: Fil
     assert result.stdout.startswith("allowed  org-e-1 calls  used 1/5")
 
 
+@pytest.mark.usefixtures("sqlite_url")
 def test_a_broker_that_cannot_be_searched_is_said_with_the_missing_result(files: Files) -> None:
     result = files.run("result", "e-1", "--broker", "redis://127.0.0.1:1/0", code=1)
     assert result.stderr.startswith("error: no result for event e-1; broker unreachable: ")
@@ -473,6 +487,7 @@ def test_two_beats_on_one_host_both_show_and_status_warns(files: Files) -> None:
     assert "beats" in text and "2 beats alive" in text
 
 
+@pytest.mark.usefixtures("sqlite_url")
 def test_a_beat_gone_quiet_is_not_counted_as_a_second_one(files: Files) -> None:
     record_heartbeat(files.database, BEAT, "beat.1@host", FrozenClock(T0))
     record_heartbeat(files.database, BEAT, "beat.2@host", FrozenClock(T0 + timedelta(minutes=5)))
@@ -492,6 +507,7 @@ def test_a_beat_gone_quiet_is_not_counted_as_a_second_one(files: Files) -> None:
 # -- rejected input ----------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("sqlite_url")
 def test_events_rejected_in_the_last_day_are_a_warning(files: Files) -> None:
     event = make_event([("org-42", "api_cals", 1)], T0, "typo-1")
     with Meter(files.database, clock=FrozenClock(T0)) as meter:

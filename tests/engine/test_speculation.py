@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from budgets import examples
 from differential import SETTINGS, answer, databases, stored
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -34,6 +35,11 @@ from metering import FrozenClock, Limit, Meter, spend_limit
 from metering.engine import fast
 from metering.storage.hot.speculative import SPECULATION, SpeculativeStore
 from metering.storage.tables import counters, results
+
+# `meters` takes its PostgreSQL databases at run time (request.getfixturevalue),
+# where conftest.py's marking by fixture does not see them: without this, the
+# module ran in `make test-fast` and started a PostgreSQL there.
+pytestmark = pytest.mark.postgres
 
 NOW = datetime(2026, 11, 10, 12, 0, tzinfo=UTC)
 LIMITS = [
@@ -151,7 +157,7 @@ STEPS = st.one_of(
 )
 
 
-@settings(SETTINGS, max_examples=25)
+@settings(SETTINGS, max_examples=examples(25))
 @given(steps=st.lists(STEPS, min_size=5, max_size=30))
 def test_a_stream_with_another_writer_decides_as_the_reference(
     request: pytest.FixtureRequest, steps: list[Step]

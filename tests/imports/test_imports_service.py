@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from servers import copy_sqlite
 from sqlalchemy import func, select
 
 from metering import FrozenClock, Limit, Meter, spend_limit
@@ -170,7 +171,7 @@ def test_a_file_by_path_and_bytes_that_are_not_utf8(meter: Meter, tmp_path: obje
 
 @pytest.mark.parametrize(("enforce", "allow_late"), [(True, True), (False, False), (False, True)])
 def test_both_engines_apply_the_flags_alike(
-    tmp_path: Path, enforce: bool, allow_late: bool
+    tmp_path: Path, sqlite_template: Path, enforce: bool, allow_late: bool
 ) -> None:
     """The same events under the same flags, once by the fast path and once
     by the reference engine (an event before its subject's current first-use
@@ -189,7 +190,8 @@ def test_both_engines_apply_the_flags_alike(
     pusher = line("push", "zz", "visits", NOW - timedelta(hours=3))
     found = []
     for name, batches in (("fast", [events, [pusher]]), ("reference", [[*events, pusher]])):
-        with Meter(f"sqlite:///{tmp_path}/{name}.db", clock=FrozenClock(NOW)) as meter:
+        url = copy_sqlite(sqlite_template, tmp_path / f"{name}.db")
+        with Meter(url, clock=FrozenClock(NOW)) as meter:
             meter.set_limits(limits)
             meter.consume("zz", "visits", event_id="live", occurred_at=NOW)
             for batch in batches:

@@ -14,6 +14,7 @@ import json
 from typing import Any
 
 import pytest
+from budgets import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -166,13 +167,13 @@ def assert_same_as_general(payload: object) -> None:
     assert rejected == rejected_before
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(batch=st.lists(st.one_of(items(), plain_items()), max_size=12))
 def test_hostile_batches_decode_as_by_the_general_path(batch: list[Any]) -> None:
     assert_same_as_general({"v": 1, "events": batch})
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(item=plain_items())
 def test_the_one_pass_path_gives_the_general_record_or_declines(item: dict[str, Any]) -> None:
     found = messages._plain_record(item)

@@ -11,13 +11,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import Connection, event, func, select
 
 from metering import FrozenClock, Limit, Meter, make_event
+from metering.domain.notifications import Notice
 from metering.engine.reference import apply_events
 from metering.storage.connections import run_transaction
 from metering.storage.store import Store
-from metering.storage.tables import webhook_marks
+from metering.storage.tables import webhook_deliveries, webhook_marks
 from metering.storage.webhooks import WebhookStore
 from metering.webhooks import Webhooks
 
@@ -153,3 +154,54 @@ def test_a_rolled_back_counter_change_writes_no_notification(meter: Meter) -> No
     # Applied for real afterwards, the notifications are there, once.
     meter.apply(events)
     assert sorted(types_of(hooks)) == ["limit.denied", "limit.threshold"]
+
+
+def _denied(subject: str, mark: str = "denied") -> Notice:
+    return Notice(
+        type="limit.denied",
+        mark=mark,
+        limit="send",
+        subject=subject,
+        maximum=10,
+        used=10,
+        window_start_us=1_000,
+        window_end_us=2_000,
+        resets_at_us=2_000,
+        retry_at_us=2_000,
+        event_id=f"e-{subject}",
+    )
+
+
+def test_a_batch_of_notices_writes_each_new_mark_once_in_a_few_statements(
+    meter: Meter,
+) -> None:
+    """More notices than one insert of SQLAlchemy's takes: a mark stored before and a repeated
+    one in the batch write nothing; every other notice its mark, its message
+    (the first document of its mark) and a delivery; the ids come back in the
+    batch's order; the statements do not grow with the batch."""
+    hooks = Webhooks(meter)
+    hooks.add("https://example.com/hooks")
+    count = 1_050  # past the 1,000 rows SQLAlchemy puts in one multi-row insert
+    meter.database.run(lambda c: WebhookStore(c).record_notices([(_denied("s-0"), {"n": -1})], 5))
+    batch = [(_denied(f"s-{i}"), {"n": i}) for i in range(count)]
+    batch += [(_denied("s-3"), {"n": "again"}), (_denied("s-3", "would_deny"), {"n": "kind"})]
+    statements: list[str] = []
+
+    def counted(*args: Any) -> None:
+        statements.append(args[2])
+
+    def record(connection: Connection) -> list[str]:
+        event.listen(connection, "before_cursor_execute", counted)
+        try:
+            return WebhookStore(connection).record_notices(batch, 6)
+        finally:
+            event.remove(connection, "before_cursor_execute", counted)
+
+    written = meter.database.run(record)
+    payloads = {message_id: json.loads(p)["n"] for message_id, _, p in hooks.messages()}
+    assert [payloads[message_id] for message_id in written] == [*range(1, count), "kind"]
+    assert len(payloads) == count + 1 and "again" not in payloads.values()
+    for table in (webhook_marks, webhook_deliveries):
+        rows = select(func.count()).select_from(table)
+        assert meter.database.run(lambda c, rows=rows: c.execute(rows).scalar_one()) == count + 1
+    assert len(statements) <= 8, len(statements)

@@ -13,7 +13,6 @@ import math
 import os
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, timezone
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -120,8 +119,8 @@ def _case_id(args: list[str]) -> str:
 
 
 @pytest.fixture
-def cli_url(tmp_path: Path) -> tuple[str, str]:
-    url = f"sqlite:///{tmp_path}/bad-input.db"
+def cli_url(sqlite_url: str) -> tuple[str, str]:
+    url = sqlite_url
     with Meter(url) as meter:
         endpoint_id = populate(meter)
     return url, endpoint_id
@@ -224,8 +223,8 @@ API_CASES: list[tuple[str, Call, type[MeteringError]]] = [
 
 
 @pytest.fixture
-def meter(tmp_path: Path) -> Meter:
-    return Meter(f"sqlite:///{tmp_path}/api.db", clock=FrozenClock(NOW))
+def meter(sqlite_url: str) -> Meter:
+    return Meter(sqlite_url, clock=FrozenClock(NOW))
 
 
 @pytest.mark.parametrize(

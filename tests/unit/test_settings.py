@@ -37,6 +37,7 @@ def test_every_variable_is_read() -> None:
             "METERING_PRUNE_INTERVAL": "120",
             "METERING_AUDIT_INTERVAL": "900",
             "METERING_RETAIN_RESULTS_DAYS": "never",
+            "METERING_API_RETRY_BACKOFF": "0.05",
         }
     )
     assert (settings.database_url, settings.broker_url) == (
@@ -54,6 +55,7 @@ def test_every_variable_is_read() -> None:
     assert settings.prune_interval_seconds == 120
     assert settings.audit_interval_seconds == 900
     assert settings.retention.results_days is None
+    assert settings.api_retry_backoff_seconds == 0.05
 
 
 @pytest.mark.parametrize(
@@ -66,6 +68,7 @@ def test_every_variable_is_read() -> None:
         ("METERING_AUDIT_INTERVAL", "often"),
         ("METERING_WEBHOOKS_SCHEDULE", "5,-1"),
         ("METERING_RETAIN_WEBHOOKS_DAYS", "nan"),
+        ("METERING_API_RETRY_BACKOFF", "0"),
     ],
 )
 def test_a_bad_variable_is_a_configuration_error_naming_it(name: str, value: str) -> None:

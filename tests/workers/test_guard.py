@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -23,8 +22,8 @@ from workers.guard import STORE_ATTEMPTS, GuardedConsumer, dead_letter
 
 
 @pytest.fixture
-def meter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Meter]:
-    with Meter(f"sqlite:///{tmp_path / 'metering.db'}") as meter:
+def meter(sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Meter]:
+    with Meter(sqlite_url) as meter:
         monkeypatch.setattr(workers.tasks, "_meter", meter)
         yield meter
 

@@ -32,8 +32,8 @@ NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 
 
 @pytest.fixture
-def meter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Meter]:
-    url = f"sqlite:///{tmp_path / 'metering.db'}"
+def meter(tmp_path: Path, sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Meter]:
+    url = sqlite_url
     settings = Settings(database_url=url, broker_url=f"sqla+sqlite:///{tmp_path / 'b.db'}")
     monkeypatch.setattr(workers.tasks.app, "metering_settings", settings)
     with Meter(url, clock=FrozenClock(NOW)) as meter:
