@@ -42,6 +42,7 @@ from metering.domain.notifications import Notice, payload_of
 from metering.domain.recurring import Issue, issue_id, low_threshold
 from metering.domain.reservations import held_charge
 from metering.domain.rollups import WOULD_DENY, merged, rollup_deltas, spend_deltas
+from metering.domain.room import Room, Sums, allowed_row, covered
 from metering.domain.rules import (
     BUCKET_WINDOW,
     USED,
@@ -554,6 +555,7 @@ class _Applying:
         self.had_row: set[Pair] = set()
         self.breaker_pairs: set[Pair] = set()  # the charged pairs of limits with a breaker
         self.breakers: Breakers | None = None
+        self.sums = Sums()  # what the batch charges each counter (`metering.domain.room`)
 
     def plan(self) -> None:
         """Each event's rules, spend charges and counters' keys."""
@@ -573,6 +575,8 @@ class _Applying:
                     self.spend = _Spend.of(cache, self.version, self.rules)
                 event, event_rules, error = self.spend.expand(index, event, event_rules)
             fixed = None if error is not None else self._keys(event, event_rules)
+            if self.spend is not None and index in self.spend.counted:
+                self.sums.poisoned.update((name, subject) for subject, name, _ in event.charges)
             self.todo.append((index, event, event_rules, error, fixed))
             if error is None:
                 for (subject, name, _), rule in zip(event.charges, event_rules, strict=True):
@@ -589,6 +593,7 @@ class _Applying:
         """The event's counters' keys and windows, or None when one is a
         first-use window (known once its current window is read)."""
         fixed: _Fixed | None = []
+        totals, entitled = self.sums.totals, self.allowances.histories
         for (subject, name, cost), rule in zip(event.charges, event_rules, strict=True):
             if rule.dimensions:
                 self.dimensioned[name] = rule.dimensions
@@ -597,10 +602,14 @@ class _Applying:
                 self.keys[key] = BUCKET_WINDOW[1]
                 if fixed is not None:
                     fixed.append((key, BUCKET_WINDOW))
+                self.sums.poisoned.add((name, subject))
             elif rule.calendar:
                 window = self.calendar.calendar(rule, subject, event.occurred_at_us)
                 key = (name, subject, window[0])
                 self.keys[key] = window[1]
+                totals[key] = totals.get(key, 0) + cost
+                if entitled and (name, subject) in entitled:
+                    self.sums.timed((name, subject), event.occurred_at_us)
                 if fixed is not None:
                     fixed.append((key, window))
                 if rule.distinct:
@@ -608,6 +617,7 @@ class _Applying:
                     self.wanted_seats.add((name, subject, window[0], value))
             else:
                 self.pairs.add((name, subject))
+                self.sums.poisoned.add((name, subject))  # a first-use window's
                 fixed = None
                 if rule.distinct:  # in the pair's current window, or in a new one (none)
                     self.wanted_seats.add((name, subject, None, _seat_value(rule, event, cost)))
@@ -648,6 +658,7 @@ class _Applying:
         marker = None if batch.policy is None else batch.policy.marker
         reason: str | None
         found = snapshot.stored
+        rooms = self._rooms(snapshot)
         for index, event, event_rules, error, fixed in self.todo:
             stored = found.get(event.event_id) if found else None
             if stored is not None:
@@ -661,7 +672,10 @@ class _Applying:
                 outcome, reason, rows = "rejected", str(error), []
                 denied_by: tuple[str, ...] = ()
             else:
-                verdict = self._verdict(index, event, event_rules, fixed, snapshot)
+                if rooms and fixed is not None and _covers(rooms, fixed):
+                    verdict = self._allowed(index, event, event_rules, fixed, snapshot, rooms)
+                else:
+                    verdict = self._verdict(index, event, event_rules, fixed, snapshot)
                 outcome, denied_by, reason = verdict.outcome, verdict.denied_by, marker
                 rows = verdict.rows
             record = ResultRecord(
@@ -677,6 +691,57 @@ class _Applying:
             )
             self.records.append(record)
             self.answers[index] = Answer(NEW, record)
+
+    def _rooms(self, snapshot: Snapshot) -> dict[Key, Room]:
+        """The counters every charge of the batch fits (`metering.domain.room`):
+        none with an import's policy or breakers (their rules change per event)."""
+        if len(self.todo) < 2 or self.batch.policy is not None or self.breakers is not None:
+            return {}  # (one event: as quick to decide as to find its room)
+        allowances = self.allowances
+        return covered(
+            self.sums,
+            self.rules,
+            snapshot.states,
+            allowances.histories,
+            snapshot.pots,
+            allowances.alerts,
+        )
+
+    def _allowed(
+        self,
+        index: int,
+        event: EventRecord,
+        event_rules: list[Rule],
+        fixed: _Fixed,
+        snapshot: Snapshot,
+        rooms: dict[Key, Room],
+    ) -> EventOutcome:
+        """An event whose charges are all on covered counters: allowed, its
+        rows written without evaluating its rules (`metering.domain.room`)."""
+        charges: Sequence[tuple[str, str, int]] = event.charges
+        event_seats: list[SeatKey | None] | None = None
+        if self.wanted_seats and any(rule.distinct for rule in event_rules):
+            event_seats = _seat_keys(event, event_rules, [window for _, window in fixed])
+            charges = _seat_charges(event, self.seats.costs(event_seats))
+        states, before, created = snapshot.states, self.before, self.created
+        at_us = event.occurred_at_us
+        rows = []
+        for (subject, name, cost), (key, window) in zip(charges, fixed, strict=True):
+            state = states.get(key)
+            if state is None:
+                state = states[key] = fresh_state()
+                created[key] = window[1]
+            elif key not in before and key not in created:
+                before[key] = tuple(state)
+            room = rooms[key]
+            available = 0 if room[1] is None else room[1].available(at_us)
+            rows.append(allowed_row(subject, name, cost, state, room, window, available))
+        verdict = EventOutcome("allowed", rows, ())
+        if event_seats is not None:
+            self.seats.count_outcomes(event_seats, "allowed", ["allowed"] * len(rows))
+        if self.spend is not None:
+            self.spend.annotate(index, verdict)
+        return verdict
 
     def _verdict(
         self,
@@ -920,6 +985,20 @@ def _holds(
         charges = [held_charge(ChargeDecision.from_row(row)) for row in record.charges]
         rows.append(hold_row(record.event_id, charges, now_us, hold.expires_at_us(now_us)))
     return rows
+
+
+def _covers(rooms: dict[Key, Room], fixed: _Fixed) -> bool:
+    """Whether every counter of an event is covered (`metering.domain.room`),
+    each charged once (two charges of one counter are judged on its state
+    before the event: `metering.domain.rules.decide`)."""
+    if len(fixed) == 1:
+        return fixed[0][0] in rooms
+    keys = set()
+    for key, _ in fixed:
+        if key not in rooms or key in keys:
+            return False
+        keys.add(key)
+    return True
 
 
 def _granted(pairs: Iterable[Pair], keys: Iterable[Key]) -> set[Pair]:
