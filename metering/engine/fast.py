@@ -26,6 +26,7 @@ from metering.domain.decisions import CHARGE_KEYS, ROW_FIELDS, ChargeDecision
 from metering.domain.distinct import SeatKey, value_of
 from metering.domain.events import (
     FUTURE_TOLERANCE_US,
+    Charge,
     EventRecord,
     Rejected,
     UsageEvent,
@@ -362,6 +363,14 @@ def _seat_order(seat: WantedSeat) -> tuple[str, str, int, str]:
     return name, subject, -1 if start is None else start, value
 
 
+# What pricing an event's charges gives (`_Spend.expand`): its priced charges'
+# (currency, amount) by position, whether one is counted and its
+# `_Spend.counted` entry, its spend charges and their rules.
+_Priced = tuple[
+    dict[int, tuple[str, int]], bool, tuple[int, Price] | None, tuple[Charge, ...], list[Rule]
+]
+
+
 class _Spend:
     """A batch's money (`metering.engine.money`): each priced event with its
     spend charges after its own, and its priced charges' amounts, to be
@@ -376,6 +385,8 @@ class _Spend:
         # The events whose spend charges are priced by their counters (tiers);
         # the usual one, with one priced charge, as (its position, its price).
         self.counted: dict[int, tuple[int, Price] | None] = {}
+        # What `expand` found per charges and prices in force (their ids).
+        self.priced: dict[tuple[object, ...], _Priced] = {}
 
     @classmethod
     def of(cls, cache: LimitCache, version: int, rules: dict[str, Rule]) -> _Spend:
@@ -390,29 +401,57 @@ class _Spend:
     ) -> tuple[EventRecord, list[Rule], MeteringError | None]:
         """``event`` and its rules with its spend charges after its own
         (`Money.expand`), or the error of a charge that costs too much."""
-        try:
-            priced, extra = self.book.charges(event.charges, event.occurred_at_us)
-        except InvalidInput as exc:
-            return event, event_rules, exc
-        if priced:
-            self.amounts[index] = {c.index: (c.currency, c.amount) for c in priced}
-            if any(c.counted for c in priced):
-                self.counted[index] = None
-                if len(priced) == 1:
-                    _, limit, _ = event.charges[priced[0].index]
-                    price = price_at(self.book.prices[limit], event.occurred_at_us)
-                    assert price is not None
-                    self.counted[index] = (priced[0].index, price)
+        charges, at_us = event.charges, event.occurred_at_us
+        # What pricing ``charges`` gives depends on their limits and costs and
+        # the prices in force only (the spend charges of an event of one
+        # subject are that subject's): a batch's events mostly repeat them.
+        prices = self.book.prices
+        subject = charges[0][0]
+        alike = all(charge[0] == subject for charge in charges)
+        key: tuple[object, ...] = tuple(
+            (name, cost, id(price_at(prices[name], at_us)) if name in prices else 0)
+            for _, name, cost in charges
+        )
+        if not alike:
+            key = (charges, key)
+        found = self.priced.get(key)
+        if found is None:
+            try:
+                found = self._priced(charges, at_us)
+            except InvalidInput as exc:
+                return event, event_rules, exc
+            self.priced[key] = found
+        amounts, is_counted, counted, extra, added = found
+        if alike and extra and extra[0].subject != subject:
+            extra = tuple(Charge(subject, charge.limit, charge.cost) for charge in extra)
+        if amounts:
+            self.amounts[index] = amounts
+        if is_counted:
+            self.counted[index] = counted
         if not extra:
             return event, event_rules, None
+        expanded = event._replace(charges=(*charges, *extra))
+        return expanded, [*event_rules, *added], None
+
+    def _priced(self, charges: tuple[tuple[str, str, int], ...], at_us: int) -> _Priced:
+        """What `expand` adds to ``charges`` at ``at_us``; `InvalidInput` for a
+        charge that costs too much."""
+        priced, extra = self.book.charges(charges, at_us)
+        amounts = {c.index: (c.currency, c.amount) for c in priced}
+        counted: tuple[int, Price] | None = None
+        is_counted = any(c.counted for c in priced)
+        if is_counted and len(priced) == 1:
+            _, limit, _ = charges[priced[0].index]
+            price = price_at(self.book.prices[limit], at_us)
+            assert price is not None
+            counted = (priced[0].index, price)
         added: list[Rule] = []
         for charge in extra:
             rule = self.rules.get(charge.limit)
             if rule is None:  # created between the reads of a refresh: not for the cache
                 raise _Decline(Declined("a spend limit not cached", stale=True))
             added.append(rule)
-        expanded = event._replace(charges=(*event.charges, *extra))
-        return expanded, [*event_rules, *added], None
+        return amounts, is_counted, counted, tuple(extra), added
 
     def reprice(
         self,
