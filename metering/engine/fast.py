@@ -7,7 +7,9 @@ by one. It implements every need but the rare (`FAST_IMPLEMENTS`): money at the
 prices in force at ``occurred_at`` with spend caps (`metering.engine.money`),
 seats (`metering.engine.seats`), entitlements, grants and recurring grants'
 issues read with the counters, own thresholds, ``grant.low``, dimensions,
-reservations and imports. What it cannot decide it returns as `Declined`,
+reservations and imports. In a batch, an event whose counters all have
+room for every charge the batch makes of them is allowed without its rules
+being evaluated (`metering.domain.room`). What it cannot decide it returns as `Declined`,
 before writing anything. Limits are cached per process (`LimitCache`) with
 the version they were read at; a read at another version declines as stale.
 """
