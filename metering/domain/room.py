@@ -2,15 +2,11 @@
 
 A fixed window's counter whose own room (its maximum in force less its own
 usage) covers the sum of every cost the batch charges it fits each of those
-charges, in any order: none of them is denied, draws on a grant or passes
-the maximum. `covered` finds those counters once per batch; an event whose
-charges are all on them is allowed without evaluating its rules, and
-`allowed_row` writes each charge's row as `metering.domain.rules.decide`
-would. Only limits that announce nothing when consumed qualify (no
-thresholds, not soft), and whose charge is a plain sum (no token bucket,
-gauge, pacing). tests/engine/test_differential.py holds the shortcut to the
-reference engine at the boundary (a sum exactly at, one below and one above
-the room).
+charges in any order: none is denied, draws on a grant or passes the
+maximum. `covered` finds those counters once per batch; an event whose
+charges are all on them is allowed without evaluating its rules, each row
+written by `allowed_row` as `metering.domain.rules.decide` would. Only limits
+that announce nothing when consumed and charge a plain sum qualify.
 """
 
 from __future__ import annotations
