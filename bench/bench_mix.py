@@ -1,6 +1,6 @@
 """Every configuration we sell, each as a ratio to a plain limit in the same run.
 
-    .venv/bin/python bench/bench_mix.py [--subjects 500] [--consume 150] [--batches 2]
+    .venv/bin/python bench/bench_mix.py [--subjects 500] [--consume 150] [--batches 4]
                                         [--rounds 3] [--processes 1 4] [--sqlite-only] [--quick]
                                         [--no-speculation]
 
@@ -35,7 +35,8 @@ the configurations (their order turns each round): `Meter.consume` in 1
 process (and in 4 sharing the round's calls, on PostgreSQL), and
 `Meter.apply` of 1,000-event batches in one process, beside the ledger
 peer (`peers.ledger_postgres`, `peers.ledger_sqlite`: the results rows and
-the counter upsert, one transaction per batch, no decision). Each row
+the counter upsert, one transaction per batch, no decision), one batch of
+every case and of the peer in turn (`apply_rounds`). Each row
 prints the median of the rounds and its ratio to plain, the median of the
 per-round ratios; priced also to stacked, and each batch row to the peer.
 A round's consuming meters are new: on PostgreSQL their cached rows are
@@ -239,33 +240,42 @@ def consume_job(
     return prepare
 
 
-def apply_round(url: str, case: Case, subjects: list[str], seed: int, batches: int) -> Figures:
-    """`Meter.apply` of ``batches`` 1,000-event batches after 100 events to warm up."""
-    meter = Meter(url)
-    events = events_of(case, subjects, seed, 1000 * batches + WARM_UP, meter)
-    apply_all(meter, events[:WARM_UP])
-    latencies = []
-    began = time.perf_counter()
-    for start in range(WARM_UP, len(events), 1000):
-        batch_began = time.perf_counter_ns()
-        meter.apply(events[start : start + 1000])
-        latencies.append(time.perf_counter_ns() - batch_began)
-    seconds = time.perf_counter() - began
-    meter.close()
-    return Figures(case.name, 1, 1000 * batches, seconds, latencies)
-
-
-def peer_round(target: str, subjects: list[str], seed: int, batches: int) -> Figures:
-    """The ledger peer over the plain case's events (``target``: a URL or a SQLite path)."""
+def apply_rounds(
+    urls: dict[str, str], peer: str, cases: list[Case], subjects: list[str], seed: int, batches: int
+) -> list[Figures]:
+    """`Meter.apply` of ``batches`` 1,000-event batches per case, after 100
+    events to warm up, and the ledger peer's over the plain case's events,
+    interleaved: each pass applies one batch of every case in turn (the
+    order reversed every other pass) and one of the peer, so a change of
+    the machine's load meets every case alike. A case's time is the sum of
+    its batches'."""
+    meters = {case.name: Meter(urls[case.name]) for case in cases}
+    work = {}
+    for case in cases:
+        meter = meters[case.name]
+        events = events_of(case, subjects, seed, 1000 * batches + WARM_UP, meter)
+        apply_all(meter, events[:WARM_UP])
+        work[case.name] = [events[at : at + 1000] for at in range(WARM_UP, len(events), 1000)]
     rng = random.Random(seed)
     now_us = time.time_ns() // 1000
     rows = [
         [(f"peer-{seed}-{b}-{n}", rng.choice(subjects), "calls", 1, now_us) for n in range(1000)]
         for b in range(batches)
     ]
-    run = ledger_postgres if target.startswith("postgresql") else ledger_sqlite
-    seconds, latencies = run(target, rows)
-    return Figures(PEER, 1, 1000 * batches, seconds, latencies)
+    ledger = ledger_postgres if peer.startswith("postgresql") else ledger_sqlite
+    latencies: dict[str, list[int]] = {name: [] for name in [*meters, PEER]}
+    for number in range(batches):
+        for case in cases if number % 2 == 0 else cases[::-1]:
+            began = time.perf_counter_ns()
+            meters[case.name].apply(work[case.name][number])
+            latencies[case.name].append(time.perf_counter_ns() - began)
+        latencies[PEER] += ledger(peer, [rows[number]])[1]
+    for meter in meters.values():
+        meter.close()
+    return [
+        Figures(name, 1, 1000 * batches, sum(found) / 1e9, found)
+        for name, found in latencies.items()
+    ]
 
 
 class Results:
@@ -323,9 +333,8 @@ def measure(
                 figures = run_prepared(case.name, job, processes, args.consume // processes)
                 results.add(path, figures)
         path = "apply, 1,000-event batches"
-        for case in order:
-            results.add(path, apply_round(urls[case.name], case, subjects, round_, args.batches))
-        results.add(path, peer_round(peer, subjects, round_, args.batches))
+        for figures in apply_rounds(urls, peer, order, subjects, round_, args.batches):
+            results.add(path, figures)
     rows = []
     for processes in process_counts:
         path = f"consume, {processes} process{'es' if processes > 1 else ''}"
@@ -433,7 +442,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--subjects", type=int, default=500)
     parser.add_argument("--consume", type=int, default=150, help="consume calls a round")
-    parser.add_argument("--batches", type=int, default=2, help="1,000-event batches a round")
+    parser.add_argument("--batches", type=int, default=4, help="1,000-event batches a round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 4], help="PostgreSQL")
     parser.add_argument("--sqlite-only", action="store_true", help="no PostgreSQL")

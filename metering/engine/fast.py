@@ -7,7 +7,9 @@ by one. It implements every need but the rare (`FAST_IMPLEMENTS`): money at the
 prices in force at ``occurred_at`` with spend caps (`metering.engine.money`),
 seats (`metering.engine.seats`), entitlements, grants and recurring grants'
 issues read with the counters, own thresholds, ``grant.low``, dimensions,
-reservations and imports. What it cannot decide it returns as `Declined`,
+reservations and imports. In a batch, an event whose counters all have
+room for every charge the batch makes of them is allowed without its rules
+being evaluated (`metering.domain.room`). What it cannot decide it returns as `Declined`,
 before writing anything. Limits are cached per process (`LimitCache`) with
 the version they were read at; a read at another version declines as stale.
 """
@@ -26,6 +28,7 @@ from metering.domain.decisions import CHARGE_KEYS, ROW_FIELDS, ChargeDecision
 from metering.domain.distinct import SeatKey, value_of
 from metering.domain.events import (
     FUTURE_TOLERANCE_US,
+    Charge,
     EventRecord,
     Rejected,
     UsageEvent,
@@ -42,6 +45,7 @@ from metering.domain.notifications import Notice, payload_of
 from metering.domain.recurring import Issue, issue_id, low_threshold
 from metering.domain.reservations import held_charge
 from metering.domain.rollups import WOULD_DENY, merged, rollup_deltas, spend_deltas
+from metering.domain.room import Room, Sums, allowed_row, covered
 from metering.domain.rules import (
     BUCKET_WINDOW,
     USED,
@@ -361,6 +365,14 @@ def _seat_order(seat: WantedSeat) -> tuple[str, str, int, str]:
     return name, subject, -1 if start is None else start, value
 
 
+# What pricing an event's charges gives (`_Spend.expand`): its priced charges'
+# (currency, amount) by position, whether one is counted and its
+# `_Spend.counted` entry, its spend charges and their rules.
+_Priced = tuple[
+    dict[int, tuple[str, int]], bool, tuple[int, Price] | None, tuple[Charge, ...], list[Rule]
+]
+
+
 class _Spend:
     """A batch's money (`metering.engine.money`): each priced event with its
     spend charges after its own, and its priced charges' amounts, to be
@@ -375,6 +387,8 @@ class _Spend:
         # The events whose spend charges are priced by their counters (tiers);
         # the usual one, with one priced charge, as (its position, its price).
         self.counted: dict[int, tuple[int, Price] | None] = {}
+        # What `expand` found per charges and prices in force (their ids).
+        self.priced: dict[tuple[object, ...], _Priced] = {}
 
     @classmethod
     def of(cls, cache: LimitCache, version: int, rules: dict[str, Rule]) -> _Spend:
@@ -389,29 +403,57 @@ class _Spend:
     ) -> tuple[EventRecord, list[Rule], MeteringError | None]:
         """``event`` and its rules with its spend charges after its own
         (`Money.expand`), or the error of a charge that costs too much."""
-        try:
-            priced, extra = self.book.charges(event.charges, event.occurred_at_us)
-        except InvalidInput as exc:
-            return event, event_rules, exc
-        if priced:
-            self.amounts[index] = {c.index: (c.currency, c.amount) for c in priced}
-            if any(c.counted for c in priced):
-                self.counted[index] = None
-                if len(priced) == 1:
-                    _, limit, _ = event.charges[priced[0].index]
-                    price = price_at(self.book.prices[limit], event.occurred_at_us)
-                    assert price is not None
-                    self.counted[index] = (priced[0].index, price)
+        charges, at_us = event.charges, event.occurred_at_us
+        # What pricing ``charges`` gives depends on their limits and costs and
+        # the prices in force only (the spend charges of an event of one
+        # subject are that subject's): a batch's events mostly repeat them.
+        prices = self.book.prices
+        subject = charges[0][0]
+        alike = all(charge[0] == subject for charge in charges)
+        key: tuple[object, ...] = tuple(
+            (name, cost, id(price_at(prices[name], at_us)) if name in prices else 0)
+            for _, name, cost in charges
+        )
+        if not alike:
+            key = (charges, key)
+        found = self.priced.get(key)
+        if found is None:
+            try:
+                found = self._priced(charges, at_us)
+            except InvalidInput as exc:
+                return event, event_rules, exc
+            self.priced[key] = found
+        amounts, is_counted, counted, extra, added = found
+        if alike and extra and extra[0].subject != subject:
+            extra = tuple(Charge(subject, charge.limit, charge.cost) for charge in extra)
+        if amounts:
+            self.amounts[index] = amounts
+        if is_counted:
+            self.counted[index] = counted
         if not extra:
             return event, event_rules, None
+        expanded = event._replace(charges=(*charges, *extra))
+        return expanded, [*event_rules, *added], None
+
+    def _priced(self, charges: tuple[tuple[str, str, int], ...], at_us: int) -> _Priced:
+        """What `expand` adds to ``charges`` at ``at_us``; `InvalidInput` for a
+        charge that costs too much."""
+        priced, extra = self.book.charges(charges, at_us)
+        amounts = {c.index: (c.currency, c.amount) for c in priced}
+        counted: tuple[int, Price] | None = None
+        is_counted = any(c.counted for c in priced)
+        if is_counted and len(priced) == 1:
+            _, limit, _ = charges[priced[0].index]
+            price = price_at(self.book.prices[limit], at_us)
+            assert price is not None
+            counted = (priced[0].index, price)
         added: list[Rule] = []
         for charge in extra:
             rule = self.rules.get(charge.limit)
             if rule is None:  # created between the reads of a refresh: not for the cache
                 raise _Decline(Declined("a spend limit not cached", stale=True))
             added.append(rule)
-        expanded = event._replace(charges=(*event.charges, *extra))
-        return expanded, [*event_rules, *added], None
+        return amounts, is_counted, counted, tuple(extra), added
 
     def reprice(
         self,
@@ -554,6 +596,7 @@ class _Applying:
         self.had_row: set[Pair] = set()
         self.breaker_pairs: set[Pair] = set()  # the charged pairs of limits with a breaker
         self.breakers: Breakers | None = None
+        self.sums = Sums()  # what the batch charges each counter (`metering.domain.room`)
 
     def plan(self) -> None:
         """Each event's rules, spend charges and counters' keys."""
@@ -573,6 +616,8 @@ class _Applying:
                     self.spend = _Spend.of(cache, self.version, self.rules)
                 event, event_rules, error = self.spend.expand(index, event, event_rules)
             fixed = None if error is not None else self._keys(event, event_rules)
+            if self.spend is not None and index in self.spend.counted:
+                self.sums.poisoned.update((name, subject) for subject, name, _ in event.charges)
             self.todo.append((index, event, event_rules, error, fixed))
             if error is None:
                 for (subject, name, _), rule in zip(event.charges, event_rules, strict=True):
@@ -589,6 +634,7 @@ class _Applying:
         """The event's counters' keys and windows, or None when one is a
         first-use window (known once its current window is read)."""
         fixed: _Fixed | None = []
+        totals, entitled = self.sums.totals, self.allowances.histories
         for (subject, name, cost), rule in zip(event.charges, event_rules, strict=True):
             if rule.dimensions:
                 self.dimensioned[name] = rule.dimensions
@@ -597,10 +643,14 @@ class _Applying:
                 self.keys[key] = BUCKET_WINDOW[1]
                 if fixed is not None:
                     fixed.append((key, BUCKET_WINDOW))
+                self.sums.poisoned.add((name, subject))
             elif rule.calendar:
                 window = self.calendar.calendar(rule, subject, event.occurred_at_us)
                 key = (name, subject, window[0])
                 self.keys[key] = window[1]
+                totals[key] = totals.get(key, 0) + cost
+                if entitled and (name, subject) in entitled:
+                    self.sums.timed((name, subject), event.occurred_at_us)
                 if fixed is not None:
                     fixed.append((key, window))
                 if rule.distinct:
@@ -608,6 +658,7 @@ class _Applying:
                     self.wanted_seats.add((name, subject, window[0], value))
             else:
                 self.pairs.add((name, subject))
+                self.sums.poisoned.add((name, subject))  # a first-use window's
                 fixed = None
                 if rule.distinct:  # in the pair's current window, or in a new one (none)
                     self.wanted_seats.add((name, subject, None, _seat_value(rule, event, cost)))
@@ -648,6 +699,7 @@ class _Applying:
         marker = None if batch.policy is None else batch.policy.marker
         reason: str | None
         found = snapshot.stored
+        rooms = self._rooms(snapshot)
         for index, event, event_rules, error, fixed in self.todo:
             stored = found.get(event.event_id) if found else None
             if stored is not None:
@@ -661,7 +713,10 @@ class _Applying:
                 outcome, reason, rows = "rejected", str(error), []
                 denied_by: tuple[str, ...] = ()
             else:
-                verdict = self._verdict(index, event, event_rules, fixed, snapshot)
+                if rooms and fixed is not None and _covers(rooms, fixed):
+                    verdict = self._allowed(index, event, event_rules, fixed, snapshot, rooms)
+                else:
+                    verdict = self._verdict(index, event, event_rules, fixed, snapshot)
                 outcome, denied_by, reason = verdict.outcome, verdict.denied_by, marker
                 rows = verdict.rows
             record = ResultRecord(
@@ -677,6 +732,57 @@ class _Applying:
             )
             self.records.append(record)
             self.answers[index] = Answer(NEW, record)
+
+    def _rooms(self, snapshot: Snapshot) -> dict[Key, Room]:
+        """The counters every charge of the batch fits (`metering.domain.room`):
+        none with an import's policy or breakers (their rules change per event)."""
+        if len(self.todo) < 2 or self.batch.policy is not None or self.breakers is not None:
+            return {}  # (one event: as quick to decide as to find its room)
+        allowances = self.allowances
+        return covered(
+            self.sums,
+            self.rules,
+            snapshot.states,
+            allowances.histories,
+            snapshot.pots,
+            allowances.alerts,
+        )
+
+    def _allowed(
+        self,
+        index: int,
+        event: EventRecord,
+        event_rules: list[Rule],
+        fixed: _Fixed,
+        snapshot: Snapshot,
+        rooms: dict[Key, Room],
+    ) -> EventOutcome:
+        """An event whose charges are all on covered counters: allowed, its
+        rows written without evaluating its rules (`metering.domain.room`)."""
+        charges: Sequence[tuple[str, str, int]] = event.charges
+        event_seats: list[SeatKey | None] | None = None
+        if self.wanted_seats and any(rule.distinct for rule in event_rules):
+            event_seats = _seat_keys(event, event_rules, [window for _, window in fixed])
+            charges = _seat_charges(event, self.seats.costs(event_seats))
+        states, before, created = snapshot.states, self.before, self.created
+        at_us = event.occurred_at_us
+        rows = []
+        for (subject, name, cost), (key, window) in zip(charges, fixed, strict=True):
+            state = states.get(key)
+            if state is None:
+                state = states[key] = fresh_state()
+                created[key] = window[1]
+            elif key not in before and key not in created:
+                before[key] = tuple(state)
+            room = rooms[key]
+            available = 0 if room[1] is None else room[1].available(at_us)
+            rows.append(allowed_row(subject, name, cost, state, room, window, available))
+        verdict = EventOutcome("allowed", rows, ())
+        if event_seats is not None:
+            self.seats.count_outcomes(event_seats, "allowed", ["allowed"] * len(rows))
+        if self.spend is not None:
+            self.spend.annotate(index, verdict)
+        return verdict
 
     def _verdict(
         self,
@@ -920,6 +1026,20 @@ def _holds(
         charges = [held_charge(ChargeDecision.from_row(row)) for row in record.charges]
         rows.append(hold_row(record.event_id, charges, now_us, hold.expires_at_us(now_us)))
     return rows
+
+
+def _covers(rooms: dict[Key, Room], fixed: _Fixed) -> bool:
+    """Whether every counter of an event is covered (`metering.domain.room`),
+    each charged once (two charges of one counter are judged on its state
+    before the event: `metering.domain.rules.decide`)."""
+    if len(fixed) == 1:
+        return fixed[0][0] in rooms
+    keys = set()
+    for key, _ in fixed:
+        if key not in rooms or key in keys:
+            return False
+        keys.add(key)
+    return True
 
 
 def _granted(pairs: Iterable[Pair], keys: Iterable[Key]) -> set[Pair]:

@@ -28,6 +28,7 @@ from metering.domain.decisions import (
     ChargeInput,
     Decision,
     decide_event,
+    make_decision,
 )
 from metering.domain.distinct import value_of
 from metering.domain.events import UsageEvent, check_event_time, refuse_free
@@ -428,16 +429,16 @@ def decision_of(record: ResultRecord, *, duplicate: bool) -> Decision:
         charges: tuple[ChargeDecision, ...] = (ChargeDecision.from_row(rows[0]),)
     else:
         charges = tuple(ChargeDecision.from_row(row) for row in rows)
-    return Decision(
-        event_id=record.event_id,
-        outcome=record.outcome,  # type: ignore[arg-type]
-        charges=charges,
-        occurred_at=_instant(record.occurred_at_us),
-        decided_at=_instant(record.decided_at_us),
-        denied_by=record.denied_by,
-        duplicate=duplicate,
-        reason=record.reason,
-        metadata=record.metadata,
+    return make_decision(  # `Decision`'s fields in order
+        record.event_id,
+        record.outcome,
+        charges,
+        _instant(record.occurred_at_us),
+        _instant(record.decided_at_us),
+        record.denied_by,
+        duplicate,
+        record.reason,
+        record.metadata,
     )
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import FrozenInstanceError, replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -15,6 +15,7 @@ from metering.domain.decisions import (
     Decision,
     EventVerdict,
     decide_event,
+    make_decision,
 )
 from metering.domain.grants import Balance, Pot
 from metering.domain.instants import from_us, to_us
@@ -542,3 +543,16 @@ def test_a_charge_decision_with_grants_round_trips() -> None:
     assert ChargeDecision.from_row(json.loads(json.dumps(row))) == original
     assert ChargeDecision.from_row([*row[:12], [[7, "2"]]]).grants == (("7", 2),)
     assert len(replace(original, grants=()).to_row()) == 12
+
+
+def test_a_positional_maker_builds_what_the_constructor_builds() -> None:
+    row = ["org", "calls", 2, True, "allowed", 5, 10, 15, 0, 1000, 2000, None]
+    made = ChargeDecision.from_row(row)
+    assert made == ChargeDecision(*row)  # type: ignore[arg-type]
+    assert (made.grants, made.price, made.overdraft) == ((), None, 0)
+    with pytest.raises(FrozenInstanceError):
+        made.used = 6  # type: ignore[misc]
+    at = datetime(2026, 11, 29, tzinfo=UTC)
+    values = ("e", "allowed", (made,), at, at, (), True, "why", {"a": 1})
+    assert make_decision(*values) == Decision(*values)  # type: ignore[arg-type]
+    assert make_decision(*values).metadata == {"a": 1}

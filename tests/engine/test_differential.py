@@ -62,7 +62,7 @@ from sqlalchemy import select
 from metering import FrozenClock, Limit, Meter, spend_limit
 from metering.domain.events import EventRecord, UsageEvent, make_event
 from metering.domain.needs import Need
-from metering.engine import core, paths
+from metering.engine import core, fast, paths
 from metering.engine.answers import Answer, Batch, Declined
 from metering.engine.one_trip import STATS
 from metering.reservations import transactions
@@ -709,3 +709,83 @@ def test_the_path_decides_as_the_reference_engine(
     if path == "one_trip":  # of the events it may decide, the function decides many
         eligible = tally["events"] - tally["unsuited"] - tally["not for the function"]
         assert tally["applied"] >= eligible // 3, tally
+
+
+# -- counters a batch cannot deny, decided in aggregate ------------------------------
+
+ROOM_START = datetime(2026, 11, 10, 12, tzinfo=UTC)
+ROOM_LIMITS = [
+    Limit("calls", maximum=10, period="1mo", window="calendar"),
+    spend_limit("usd", "0.20", "USD", "1mo", window="calendar"),
+    Limit("seats", maximum=100, period="1mo", window="calendar", distinct="user"),
+]
+# Per subject: what it used before the batch, and the units its batch charges
+# beyond what is left of the counter that binds it (`ROOM_BATCH`).
+ROOM_BEFORE = {"granted": 4, "plain": 3, "spender": 5}
+PAIR = ("direct", ORACLE)
+
+
+def _room_batch(offset: int) -> list[tuple[str, int]]:
+    """(subject, events) of the batch: each subject's sum on its binding
+    counter is its room plus ``offset``. "granted" (an entitlement of 12,
+    a grant of 5): calls' own room 8, then the grant pays; "plain": calls'
+    room 7, then denied; "spender" (an entitlement of 100 calls): the spend
+    cap's room of 15 cents, then denied."""
+    return [("granted", 8 + offset), ("plain", 7 + offset), ("spender", 15 + offset)]
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("offset", [-1, 0, 1])
+def test_a_batch_at_a_counters_room_decides_as_the_reference_engine(
+    request: pytest.FixtureRequest, database: str, offset: int
+) -> None:
+    """A sum one below, exactly at and one above the room of a counter with
+    money, grants, an entitlement and seats beside it: the aggregate
+    shortcut (`metering.domain.room`) takes the first two, never the third."""
+    if database == "postgresql":
+        request.applymarker(pytest.mark.postgres)
+    covered: list[int] = []
+    allowed = fast._Applying._allowed
+
+    def counting(self: fast._Applying, *args: Any) -> Any:
+        covered.append(1)
+        return allowed(self, *args)
+
+    clock = FrozenClock(ROOM_START)
+    with databases(request, database, 2) as urls, ExitStack() as stack:
+        meters = tested, oracle = tuple(
+            on_path(on, stack.enter_context(Meter(url, clock=clock)))
+            for on, url in zip(PAIR, urls, strict=True)
+        )
+        for meter in meters:
+            meter.set_limits(ROOM_LIMITS)
+            meter.set_price("calls", "0.01", "USD", ROOM_START - timedelta(days=1))
+            meter.set_entitlement("granted", "calls", 12, ROOM_START - timedelta(days=1))
+            meter.set_entitlement("spender", "calls", 100, ROOM_START - timedelta(days=1))
+            meter.grant("granted", "calls", 5, grant_id="top-up")
+            for subject, used in ROOM_BEFORE.items():
+                meter.consume(subject, "calls", used, event_id=f"before-{subject}")
+        records = []
+        for subject, count in _room_batch(offset):
+            for n in range(count):
+                charges = [(subject, "calls", 1), (subject, "seats", 1)]
+                made = make_event(charges, clock(), f"{subject}-{n}", {"user": f"u{n % 3}"})
+                records.append(made.record())
+        records.sort(key=lambda record: record.event_id[::-1])  # the subjects interleaved
+        before = reference_events()
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(fast._Applying, "_allowed", counting)
+            found = [apply_on(on, m, records, "reject") for on, m in zip(PAIR, meters, strict=True)]
+        assert reference_events() - before == len(records)  # the oracle's only
+        assert [_decided(a) for a in found[0]] == [_decided(a) for a in found[1]]
+        assert stored(tested) == stored(oracle)
+        outcomes = Counter(a.record.outcome for a in found[0])
+        assert outcomes["denied"] == (2 if offset == 1 else 0), outcomes
+        # The shortcut took the batch's events unless a counter had no room for them all.
+        assert bool(covered) == (offset < 1), covered
+
+
+def _decided(found: Answer) -> tuple[object, ...]:
+    record = found.record
+    assert record is not None
+    return (found.kind, record.event_id, record.outcome, record.denied_by, record.charges)

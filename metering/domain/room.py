@@ -1,0 +1,128 @@
+"""Counters a batch cannot deny, decided in aggregate.
+
+A fixed window's counter whose own room (its maximum in force less its own
+usage) covers the sum of every cost the batch charges it fits each of those
+charges in any order: none is denied, draws on a grant or passes the
+maximum. `covered` finds those counters once per batch; an event whose
+charges are all on them is allowed without evaluating its rules, each row
+written by `allowed_row` as `metering.domain.rules.decide` would. Only limits
+that announce nothing when consumed and charge a plain sum qualify.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from metering.domain.grants import History, Pot, maximum_at
+from metering.domain.rules import USED, Key, Rule, State
+
+Pair = tuple[str, str]  # (limit name, subject)
+# A counter every charge of the batch fits: its maximum in force, and its
+# grants (None: none) with what they paid of its window before the batch.
+Room = tuple[int, Pot | None, int]
+
+
+def qualifies(rule: Rule) -> bool:
+    """Whether ``rule``'s charges may be decided in aggregate."""
+    return not (
+        rule.bucket
+        or rule.notifies
+        or rule.concurrent
+        or rule.gauge is not None
+        or rule.pacing is not None
+    )
+
+
+@dataclass(slots=True)
+class Sums:
+    """What a batch charges each counter, gathered while it is planned.
+
+    ``totals``: per fixed window's key, the sum of its charges' costs (or
+    an upper bound of each: a seat's is 0 or 1, its charge's 1);
+    ``poisoned``: pairs a charge of which has no known cost or key (a token
+    bucket, a first-use window, a spend charge priced by its window's
+    total); ``times``: per entitled pair, the batch's first and last event
+    times on it.
+    """
+
+    totals: dict[Key, int] = field(default_factory=dict)
+    poisoned: set[Pair] = field(default_factory=set)
+    times: dict[Pair, tuple[int, int]] = field(default_factory=dict)
+
+    def timed(self, pair: Pair, at_us: int) -> None:
+        """Note a charge of entitled ``pair`` at ``at_us``."""
+        first, last = self.times.get(pair, (at_us, at_us))
+        self.times[pair] = (first if first < at_us else at_us, last if last > at_us else at_us)
+
+
+def covered(
+    sums: Sums,
+    rules: Mapping[str, Rule],
+    states: Mapping[Key, State],
+    histories: Mapping[Pair, History],
+    pots: Mapping[Pair, Pot],
+    excluded: Collection[Pair],
+) -> dict[Key, Room]:
+    """The counters whose own room covers every charge of the batch (``sums``).
+
+    ``excluded``: pairs with thresholds of their own. The maximum in force
+    (``histories``) must not change over the batch's times, and a pair with
+    grants (``pots``) qualifies only when all of its counters do: no charge
+    of the batch draws on its grants then.
+    """
+    poisoned = sums.poisoned
+    qualified: dict[str, bool] = {}
+    found: dict[Key, Room] = {}
+    for key, total in sums.totals.items():
+        name, subject, start = key
+        pair = (name, subject)
+        ok = qualified.get(name)
+        if ok is None:
+            ok = qualified[name] = qualifies(rules[name])
+        if not ok or pair in poisoned or pair in excluded:
+            poisoned.add(pair)
+            continue
+        maximum = rules[name].maximum
+        history = histories.get(pair) if histories else None
+        if history:
+            first, last = sums.times[pair]
+            if _changes(history, first) != _changes(history, last):
+                poisoned.add(pair)
+                continue
+            maximum = maximum_at(history, maximum, first)
+        state = states.get(key)
+        used = state[USED] if state is not None else 0
+        pot = pots.get(pair) if pots else None
+        granted = pot.granted.get(start, 0) if pot is not None else 0
+        if used - granted + total > maximum:
+            poisoned.add(pair)
+            continue
+        found[key] = (maximum, pot, granted)
+    return {key: room for key, room in found.items() if (key[0], key[1]) not in poisoned}
+
+
+def _changes(history: History, at_us: int) -> int:
+    """How many of ``history``'s changes are in force at ``at_us``."""
+    return bisect_right(history, at_us, key=lambda change: change[0])
+
+
+def allowed_row(
+    subject: str,
+    name: str,
+    cost: int,
+    state: State,
+    room: Room,
+    window: tuple[int, int],
+    available: int,
+) -> list[Any]:
+    """The row of a charge on a covered counter (`covered`), consumed: its
+    ``state`` takes the cost. ``available``: what its grants hold at the
+    event's time (0 without grants), which counts in ``remaining``."""
+    maximum, _, granted = room
+    after = state[USED] + cost
+    state[USED] = after
+    remaining = maximum - after + granted + available
+    return [subject, name, cost, True, "allowed", after, remaining, maximum, 0, *window, None]
