@@ -24,6 +24,7 @@ from metering.domain.links import sign
 from metering.domain.notifications import Notice, payload_of
 from metering.storage.breakers import BreakerStore, Pair
 from metering.storage.history import portal_secret
+from metering.storage.hot.extras import BREAKER_SECRET
 from metering.storage.webhooks import WebhookStore
 
 _SUBJECT, _LIMIT, _COST, _OUTCOME, _USED, _MAXIMUM, _START, _END = (
@@ -39,7 +40,7 @@ _SUBJECT, _LIMIT, _COST, _OUTCOME, _USED, _MAXIMUM, _START, _END = (
         "resets_at",
     )
 )
-SECRET_NAME: Final = "breaker"
+SECRET_NAME: Final = BREAKER_SECRET
 RELEASE_PATH: Final = "/quarantine/release"
 LINK_TTL_SECONDS: Final = 7 * 86_400
 
@@ -110,10 +111,19 @@ class Breakers:
         """Store the changed breakers, and the notices of those that tripped."""
         if not self.changed:
             return
-        BreakerStore(connection).write({pair: self.states[pair] for pair in self.changed})
+        BreakerStore(connection).write(self.changed_states())
         if not (self.notices and announce):
             return
         secret = portal_secret(connection, now_us, SECRET_NAME)
+        WebhookStore(connection).record_notices(self.documents(secret, now_us), now_us)
+
+    def changed_states(self) -> dict[Pair, Breaker]:
+        """The breakers the batch stepped, to store."""
+        return {pair: self.states[pair] for pair in sorted(self.changed)}
+
+    def documents(self, secret: str, now_us: int) -> list[tuple[Notice, dict[str, Any]]]:
+        """The ``limit.quarantined`` notices with their payloads, each with
+        its signed release path (made with ``secret``)."""
         found = []
         for notice in self.notices:
             document = payload_of(notice, now_us)
@@ -121,7 +131,7 @@ class Breakers:
             document["data"]["quarantined_at"] = document["timestamp"]
             document["data"]["release_path"] = f"{RELEASE_PATH}?token={token}"
             found.append((notice, document))
-        WebhookStore(connection).record_notices(found, now_us)
+        return found
 
 
 def _notice(limit: Limit, row: Sequence[Any], event_id: str | None, now_us: int) -> Notice:

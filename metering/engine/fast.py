@@ -6,10 +6,11 @@ after event, so a batch gives exactly the results of applying its events one
 by one. It implements every need but the rare (`FAST_IMPLEMENTS`): money at the
 prices in force at ``occurred_at`` with spend caps (`metering.engine.money`),
 seats (`metering.engine.seats`), entitlements, grants and recurring grants'
-issues read with the counters, own thresholds, ``grant.low``, dimensions,
-reservations and imports. In a batch, an event whose counters all have
-room for every charge the batch makes of them is allowed without its rules
-being evaluated (`metering.domain.room`). What it cannot decide it returns as `Declined`,
+issues and runaway breakers read with the counters, own thresholds,
+notices, forecasts and ``grant.low``, dimensions, reservations and imports.
+In a batch, an event whose counters all have room for every charge the
+batch makes of them is allowed without its rules being evaluated
+(`metering.domain.room`). What it cannot decide it returns as `Declined`,
 before writing anything. Limits are cached per process (`LimitCache`) with
 the version they were read at; a read at another version declines as stale.
 """
@@ -20,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from operator import itemgetter
-from typing import Final
+from typing import Any, Final
 
 from sqlalchemy import Connection
 
@@ -35,6 +36,7 @@ from metering.domain.events import (
     check_event_time,
     refuse_free,
 )
+from metering.domain.forecast import added
 from metering.domain.grants import Balance, History, Pot, maximum_at
 from metering.domain.imports import ImportPolicy
 from metering.domain.instants import from_us
@@ -57,6 +59,7 @@ from metering.domain.rules import (
     fresh_state,
     grants_low,
 )
+from metering.domain.state import CounterKey
 from metering.domain.windows import Window, calendar_window, first_use_window
 from metering.domain.zones import ZoneHistory, billing_month, follows_zone
 from metering.engine.answers import (
@@ -71,7 +74,7 @@ from metering.engine.answers import (
     Unacceptable,
 )
 from metering.engine.breakers import Breakers
-from metering.engine.forecasts import leads_of, with_forecasts
+from metering.engine.forecasts import forecast_keys, forecast_with, leads_of, with_forecasts
 from metering.engine.money import PriceBook, refuse_spend_charge, repriced
 from metering.engine.seats import Seats
 from metering.errors import EventConflict, InvalidInput, MeteringError, UnknownLimit
@@ -87,12 +90,15 @@ from metering.storage.hot import (
     WantedKey,
     WantedSeat,
 )
+from metering.storage.hot.extras import new_secret
 from metering.storage.hot.pick import hot_store
 from metering.storage.prices import PriceStore
+from metering.storage.rates import created_rate
 from metering.storage.recurring import ScheduleRecord, ScheduleStore, issues_of
 from metering.storage.reservations import HoldRow, hold_row
 from metering.storage.results import ResultRecord
 from metering.storage.store import Store
+from metering.storage.webhook_records import encode_payload
 from metering.storage.webhooks import WebhookStore
 
 # Every need but the rare, which the reference engine decides.
@@ -523,8 +529,9 @@ def apply_records(
     """Apply ``batch`` in order inside the caller's transaction; one answer per event.
 
     The transaction is ``connection``'s (its `hot_store`), or ``store``'s own
-    when ``connection`` is None (a direct connection): what needs a
-    SQLAlchemy connection then declines (`Need.NOTICES`). Every decline
+    when ``connection`` is None (a direct connection), whose `write` then
+    also stores the breakers, notices and forecasts (`_direct_extras`); dead
+    letters a store does not take decline (`Need.DEAD_LETTERS`). Every decline
     comes before anything is written. ``retry``: the transaction runs again
     (a repeated id failed the results insert): ids are looked up first.
     """
@@ -539,11 +546,7 @@ def apply_records(
     try:
         applying.plan()
         snapshot = applying.read(store, retry)
-        if applying.breaker_pairs:  # after the counters' lock (`Need.BREAKER`: a connection)
-            if connection is None:
-                raise _Decline(Declined("a breaker to read", Need.BREAKER))
-            limits = (applying.rules[name].limit for name, _ in applying.breaker_pairs)
-            applying.breakers = Breakers.read(connection, limits, applying.breaker_pairs, lock=True)
+        applying.breakers = _breakers(applying.rules, applying.breaker_pairs, snapshot)
         applying.decide(snapshot)
         return applying.write(connection, store, snapshot)
     except _Decline as exc:
@@ -682,7 +685,16 @@ class _Applying:
         ids = list(self.first) if self.looked_up else None
         wanted = sorted((*key, end) for key, end in keys.items())
         seats = sorted(self.wanted_seats, key=_seat_order)
-        snapshot = store.read(ids, sorted(pairs), wanted, batch.now_us, granted, seats, due)
+        snapshot = store.read(
+            ids,
+            sorted(pairs),
+            wanted,
+            batch.now_us,
+            granted,
+            seats,
+            due,
+            breaker_pairs=_breaker_pairs(self.rules, self.breaker_pairs),
+        )
         if snapshot.version != self.version:
             raise _Decline(Declined("the limits changed since they were cached", stale=True))
         if due:
@@ -885,12 +897,14 @@ class _Applying:
         dead = [*batch.rejected, *conflicts, *self.refused]
         if dead and store.takes_rejected:
             changes.rejected, dead = dead, []  # in the write's round trip
-        # A forecast lead (`Need.FORECAST`) reads the rates just written: on SQLAlchemy's.
-        leads = self._leads() if connection is not None else {}
+        leads = self._leads() if connection is not None or _forecasting(self.rules) else {}
         breakers = self.breakers
         more = bool(self.notices or dead or low or leads or breakers)
-        if more and connection is None:
-            return Declined("notices or dead letters to write", Need.NOTICES)
+        if more and connection is None:  # the store writes them (`_direct_extras`)
+            if dead:
+                return Declined("dead letters to write", Need.DEAD_LETTERS)
+            _direct_extras(self, changes, snapshot, low, leads)
+            more = False
         store.write(changes, batch.now_us, commit=not more)
         if connection is not None and breakers is not None:
             enforce = batch.policy is None or batch.policy.enforce
@@ -956,6 +970,97 @@ class _Applying:
         changes.expected = {g: watched[g][1] for g in sorted(drawn) if g in watched}
         thresholds = {g: watched[g][0] for g in changes.expected}
         return grants_low(pots, thresholds, changes.expected)
+
+
+def _breaker_pairs(rules: Mapping[str, Rule], pairs: Iterable[Pair]) -> list[Pair]:
+    """Those of ``pairs`` on limits with a breaker, sorted (read with the counters)."""
+    return sorted(pair for pair in pairs if rules[pair[0]].limit.breaker_factor)
+
+
+def _breakers(
+    rules: Mapping[str, Rule], pairs: Iterable[Pair], snapshot: Snapshot
+) -> Breakers | None:
+    """The batch's breakers as ``snapshot`` read them; None without any."""
+    wanted = _breaker_pairs(rules, pairs)
+    if not wanted:
+        return None
+    return Breakers({name: rules[name].limit for name, _ in wanted}, snapshot.breakers)
+
+
+def _forecasting(rules: Mapping[str, Rule]) -> bool:
+    """Whether a cached limit has a forecast lead."""
+    return any(rule.needs and Need.FORECAST in rule.needs for rule in rules.values())
+
+
+def _direct_extras(
+    applying: _Applying, changes: Changes, snapshot: Snapshot, low: list[str], leads: dict[str, int]
+) -> None:
+    """What a direct connection's store writes with the rest (`HotStore.write`):
+    the breakers stepped and their ``limit.quarantined`` notices, ``grant.low``,
+    and the notices told their forecasts, worked out from the counters' rates
+    as read and what the batch adds (the rates the write sets)."""
+    batch, breakers = applying.batch, applying.breakers
+    now_us = batch.now_us
+    found: list[tuple[Notice, dict[str, Any]]] = []
+    if breakers is not None:
+        changes.breakers = breakers.changed_states()
+        if breakers.notices and (batch.policy is None or batch.policy.enforce):
+            secret = snapshot.secret
+            if secret is None:  # the first trip ever: the write makes it
+                secret = changes.secret = new_secret()
+            found = breakers.documents(secret, now_us)
+    notices: list[Notice] = applying.notices
+    if notices or leads:
+        charges = ((r.event_id, r.charges) for r in applying.records)
+        charged, keys = forecast_keys(leads, charges, notices)
+        if keys:
+            counters = _written_rates(applying, snapshot, keys)
+            left = _grants_left(snapshot.pots, {(k.limit, k.subject) for k in keys}, now_us)
+            notices = forecast_with(leads, charged, notices, now_us, counters, left)
+    found.extend((notice, payload_of(notice, now_us)) for notice in notices)
+    changes.low = low
+    changes.notices = [(notice, encode_payload(document)) for notice, document in found]
+
+
+def _written_rates(
+    applying: _Applying, snapshot: Snapshot, keys: Iterable[CounterKey]
+) -> dict[CounterKey, tuple[int, float, int]]:
+    """``used``, the rate and its instant of those of ``keys`` that have a
+    row once the batch is written (as `CounterStore.read_rates` would read them)."""
+    now_us, states, rates = applying.batch.now_us, snapshot.states, snapshot.rates
+    found: dict[CounterKey, tuple[int, float, int]] = {}
+    for counter in keys:
+        key = (counter.limit, counter.subject, counter.window_start_us)
+        state = states.get(key)
+        if state is None:
+            continue
+        used = state[USED]
+        if key in applying.created:
+            found[counter] = (used, created_rate(used), now_us)
+            continue
+        read = rates.get(key)
+        if read is None:  # rows cached without their rates: read them
+            raise _Decline(Declined("a counter's rate not read"))
+        before = applying.before.get(key)
+        if before is None or tuple(state) == before:  # not written
+            found[counter] = (used, *read)
+        else:
+            found[counter] = (used, *added(read[0], read[1], used - before[USED], now_us))
+    return found
+
+
+def _grants_left(pots: Mapping[Pair, Pot], pairs: Iterable[Pair], now_us: int) -> dict[Pair, int]:
+    """What the grants in force of ``pairs`` have left after the batch's draws
+    (as `AllowanceStore.grants_left`)."""
+    found: dict[Pair, int] = {}
+    for pair in pairs:
+        pot = pots.get(pair)
+        if pot is None:
+            continue
+        left = sum(b.left for b in pot.balances if b.left > 0 and b.active_at(now_us))
+        if left:
+            found[pair] = left
+    return found
 
 
 def _issues(

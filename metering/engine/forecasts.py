@@ -47,6 +47,20 @@ def with_forecasts(
 ) -> list[Notice]:
     """``notices``, thresholds told their forecast, then the ``limit.forecast``
     candidates of ``charges`` (the last charge of each counter)."""
+    charged, keys = forecast_keys(leads, charges, notices)
+    if not keys:
+        return list(notices)
+    counters = CounterStore(connection).read_rates(keys)
+    left = AllowanceStore(connection).grants_left({(k.limit, k.subject) for k in keys}, now_us)
+    return forecast_with(leads, charged, notices, now_us, counters, left)
+
+
+def forecast_keys(
+    leads: Mapping[str, int], charges: ChargeRows, notices: Sequence[Notice]
+) -> tuple[dict[CounterKey, tuple[int, str | None]], list[CounterKey]]:
+    """The counters `with_forecasts` reads: those ``charges`` charged of
+    limits with a lead (with their maximum and the last event), then those
+    of the thresholds in ``notices``."""
     charged: dict[CounterKey, tuple[int, str | None]] = {}
     if leads:
         for event_id, rows in charges:
@@ -54,12 +68,20 @@ def with_forecasts(
                 if row[_LIMIT] in leads:
                     key = CounterKey(row[_LIMIT], row[_SUBJECT], row[_START], row[_END])
                     charged[key] = (row[_MAXIMUM], event_id)
-    told = [n for n in notices if n.type in _TOLD and not n.is_bucket]
-    if not charged and not told:
-        return list(notices)
-    keys = [*charged, *(_key(n) for n in told)]
-    counters = CounterStore(connection).read_rates(keys)
-    left = AllowanceStore(connection).grants_left({(k.limit, k.subject) for k in keys}, now_us)
+    told = [_key(n) for n in notices if n.type in _TOLD and not n.is_bucket]
+    return charged, [*charged, *told]
+
+
+def forecast_with(
+    leads: Mapping[str, int],
+    charged: Mapping[CounterKey, tuple[int, str | None]],
+    notices: Sequence[Notice],
+    now_us: int,
+    counters: Mapping[CounterKey, tuple[int, float, int]],
+    left: Mapping[tuple[str, str], int],
+) -> list[Notice]:
+    """`with_forecasts` on the counters (used, rate, rate instant) as
+    written and the grants' ``left`` (by limit and subject) given."""
     found = [
         with_exhausts_at(n, counters[_key(n)], now_us, left.get((n.limit, n.subject), 0))
         if n.type in _TOLD and not n.is_bucket and _key(n) in counters

@@ -123,14 +123,15 @@ class OneTrip:
 class Direct:
     """The fast path on the engine's own connections: stdlib sqlite3 on a
     SQLite file (dead letters go through SQLAlchemy), psycopg on PostgreSQL,
-    where it also checks, reading in one statement in autocommit."""
+    where it also checks, reading in one statement in autocommit. Notices,
+    forecasts and breakers are read and written by the store, with the rest."""
 
     name = "direct"
 
     def __init__(self, direct: DirectSqlite | DirectPostgres, cache: LimitCache) -> None:
         self.direct = direct
         self.cache = cache
-        implements = FAST_IMPLEMENTS - {Need.NOTICES, Need.FORECAST, Need.BREAKER}
+        implements = FAST_IMPLEMENTS
         if isinstance(direct, DirectSqlite):
             implements -= {Need.DEAD_LETTERS}
         self.implements = implements
@@ -217,7 +218,7 @@ def _speculates(batch: Batch) -> bool:
 
 class OnConnection:
     """The fast path in a SQLAlchemy transaction (in-memory SQLite, or what
-    the direct connections leave: notices, dead letters)."""
+    the direct connections leave: dead letters on SQLite)."""
 
     name = "connection"
     implements = FAST_IMPLEMENTS

@@ -348,8 +348,8 @@ ORACLE = "reference"
 
 
 # Each path with those after it that may decide what it declines: the fast
-# path on the engine's own connections leaves notices to the one on
-# SQLAlchemy's, every path leaves what is rare to the reference engine.
+# path on the engine's own connections leaves SQLite's dead letters to the
+# one on SQLAlchemy's, every path leaves what is rare to the reference engine.
 _PATHS = {
     "one_trip": ("one_trip", "direct", "connection", ORACLE),
     "direct": ("direct", "connection", ORACLE),
@@ -382,9 +382,11 @@ def reserve_on(path: str, meter: Meter, event: UsageEvent, ttl_us: int) -> objec
 # -- what the path left to the reference engine -----------------------------------
 
 # What the fast path may decline: an event before its window (to the
-# reference engine), notices on its own connections (to SQLAlchemy's), and
-# stale limits (asked again); a reservation also seats and gauges (refused there).
-DECLINED = {Need.EARLY_FIRST_USE, Need.NOTICES, None}
+# reference engine), dead letters on its own SQLite connections (to
+# SQLAlchemy's), and stale limits (asked again); notices, forecasts and
+# breakers it decides on every connection; a reservation also declines seats
+# and gauges (refused there).
+DECLINED = {Need.EARLY_FIRST_USE, Need.DEAD_LETTERS, None}
 HELD = {*DECLINED, Need.HELD_SEATS, Need.HELD_GAUGE}
 
 

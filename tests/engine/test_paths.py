@@ -11,6 +11,7 @@ stored id is judged against the stored result.
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -25,7 +26,8 @@ from test_differential import on_path
 from metering import FrozenClock, Limit, Meter, spend_limit
 from metering.domain.events import make_event
 from metering.engine.one_trip import STATS
-from metering.storage.tables import counters, results
+from metering.storage.tables import counters, results, webhook_deliveries
+from metering.webhooks import Webhooks
 
 NOW = datetime(2026, 11, 10, 12, 0, tzinfo=UTC)
 LIMITS = [limit for limit in BATCH_LIMITS if limit.name in ("cal", "fu", "bucket")]
@@ -166,6 +168,73 @@ def test_priced_events_are_decided_by_the_fast_path(db_url: str) -> None:
         late = meter.consume("org-1", "tokens", 1, occurred_at=NOW - timedelta(minutes=30))
         assert [(c.limit, c.price) for c in late.charges] == [("tokens", None)]  # before its price
         assert reference_events() == applied + 1
+
+
+# -- notices, forecasts and breakers ------------------------------------------------
+
+
+def test_notices_forecasts_and_breakers_are_decided_by_the_direct_path(db_url: str) -> None:
+    """With the direct path alone: a runaway breaker trips (its row, its
+    ``limit.quarantined`` with a release link, its first secret made, the
+    quarantine's ``limit.denied``), a
+    threshold crossed tells its forecast, a forecast lead's ``limit.forecast``
+    and a grant's ``grant.low`` go out, each delivered to the endpoint; no
+    other path is asked."""
+    clock = FrozenClock(NOW)
+    with Meter(db_url, clock=clock) as meter:
+        engine = meter._engine
+        engine.paths = [engine.path("direct")]
+        meter.set_limits(
+            [
+                Limit(
+                    "api",
+                    maximum=100_000,
+                    period="1d",
+                    window="calendar",
+                    breaker="10x",
+                    breaker_floor=0.1,
+                    quarantine_max=1000,
+                ),
+                Limit(
+                    "calls",
+                    maximum=1_000,
+                    period="1d",
+                    window="calendar",
+                    thresholds=(50,),
+                    forecast_lead="1h",
+                ),
+            ]
+        )
+        webhooks = Webhooks(meter)
+        webhooks.add("https://example.com/hook")
+        meter.grant("org-2", "calls", 10, low=5)
+        denied_at = None
+        for second in range(120):
+            if not meter.consume("org-1", "api", 60).allowed:
+                denied_at = second
+                break
+            clock.advance(seconds=1)
+        assert denied_at == 62
+        assert [(q.subject, q.limit) for q in meter.quarantines()] == [("org-1", "api")]
+        meter.consume("org-1", "calls", 360)
+        clock.advance(seconds=60)
+        meter.consume("org-1", "calls", 360)  # crosses 50 %, runs out within the hour
+        meter.consume("org-2", "calls", 1_000)
+        meter.consume("org-2", "calls", 6)  # paid by the grant: 4 left, at or below 5
+        found: dict[str, dict[str, Any]] = {}
+        for _, kind, payload in webhooks.messages():
+            data = json.loads(payload)["data"]
+            if kind == "grant.low" or data["subject"] == "org-1":
+                found[kind] = data
+        kinds = {"limit.quarantined", "limit.denied", "limit.threshold", "limit.forecast"}
+        assert set(found) == {*kinds, "grant.low"}
+        assert str(found["limit.quarantined"]["release_path"]).startswith("/quarantine/release?")
+        assert found["limit.threshold"]["exhausts_at"] == found["limit.forecast"]["exhausts_at"]
+        assert (found["grant.low"]["subject"], found["grant.low"]["left"]) == ("org-2", 4)
+        messages = len(webhooks.messages())
+        with meter.sql_engine.connect() as connection:
+            delivered = connection.execute(select(func.count()).select_from(webhook_deliveries))
+            assert delivered.scalar_one() == messages
 
 
 def _change_price(url: str) -> None:

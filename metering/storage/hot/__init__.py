@@ -27,12 +27,13 @@ This package holds the contract (here) and its implementations:
   (``metering_consume_one``);
 * `pick`: `hot_store`, the store for a SQLAlchemy connection's transaction;
 * `statements`: the statements the PostgreSQL and SQLite stores share but
-  for the driver's placeholder.
+  for the driver's placeholder;
+* `extras`: breakers, notices and ``grant.low``, read and written with the rest.
 
 The common case runs without SQLAlchemy, on `DirectSqlite` or
-`DirectPostgres`; what is rare there (notices; on SQLite also dead letters)
-the engine's path declines, and the next path writes it on a SQLAlchemy
-connection (`metering.engine.paths`).
+`DirectPostgres`, notices, forecasts and breakers included; what is rare
+there (dead letters on SQLite) the engine's path declines, and the next
+path writes it on a SQLAlchemy connection (`metering.engine.paths`).
 
 Lock order, as in the general engine (`Store`): a settle locks its
 reservation row (`HotStore.lock_reservation`) before anything else; then
@@ -50,9 +51,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from metering.domain.breaker import Breaker
 from metering.domain.distinct import SeatKey, Seen
 from metering.domain.events import Rejected
 from metering.domain.grants import Pot
+from metering.domain.notifications import Notice
 from metering.domain.recurring import Issue
 from metering.domain.rollups import Delta, RollupKey
 from metering.domain.rules import Key, State
@@ -94,6 +97,13 @@ class Snapshot:
     # not due tell the cache their next issue), locked, each with its last
     # issue (`metering.storage.recurring.issues_of`).
     schedules: list[tuple[ScheduleRecord, LastIssue | None]] = field(default_factory=list)
+    # Each counter's rate and its instant as read (`metering.domain.forecast`),
+    # for the forecasts of what the batch writes; none from cached rows.
+    rates: dict[Key, tuple[float, int]] = field(default_factory=dict)
+    # The breakers of the ``breaker_pairs`` asked for that have a row, locked,
+    # and the breaker links' secret (None: none made yet).
+    breakers: dict[Pair, Breaker] = field(default_factory=dict)
+    secret: str | None = None
 
 
 @dataclass(slots=True)
@@ -133,6 +143,16 @@ class Changes:
     # Reservations settled (`metering.storage.reservations.settle_row`):
     # `metering.reservations.transactions`'s cancel and commit, leases settling.
     settled: list[SettleRow] = field(default_factory=list)
+    # Breakers the batch stepped (`metering.engine.breakers`).
+    breakers: dict[Pair, Breaker] = field(default_factory=dict)
+    # The breaker links' secret when this write makes it (none was read).
+    secret: str | None = None
+    # Grants whose draws may have left them low: ``grant.low`` for those
+    # at or below their threshold, not announced yet.
+    low: list[str] = field(default_factory=list)
+    # Notices with their payloads (`encode_payload`), recorded once per mark
+    # (`metering.storage.webhooks.WebhookStore.record_notices`).
+    notices: list[tuple[Notice, str]] = field(default_factory=list)
 
 
 class HotStore(Protocol):
@@ -148,6 +168,7 @@ class HotStore(Protocol):
         grant_pairs: Sequence[Pair] = (),
         seats: Sequence[WantedSeat] = (),
         due_pairs: Sequence[Pair] = (),
+        breaker_pairs: Sequence[Pair] = (),
     ) -> Snapshot:
         """Lock and read: ``pairs`` (sorted) are first-use windows, whose
         current counters are read too; ``keys`` (sorted) the other counters.
@@ -160,7 +181,9 @@ class HotStore(Protocol):
         on (the grants' check constraint). The recurring grants of
         ``due_pairs`` (sorted; the cache has an issue due) are locked first
         of all (the general engine's order: schedules, windows, counters,
-        grants), every one of those pairs, with their last issues."""
+        grants), every one of those pairs, with their last issues. The
+        breakers of ``breaker_pairs`` (sorted) are locked after the counters,
+        with the breaker links' secret read (`metering.storage.hot.extras`)."""
         ...
 
     def lock_reservation(self, reservation_id: str) -> ReservationRecord | None:
@@ -173,6 +196,8 @@ class HotStore(Protocol):
         A store whose ``takes_rejected`` is true also keeps
         ``changes.rejected`` (the dead letters) in the same round trip; for
         any other, `metering.engine.fast` records them after `write`.
+        Breakers, ``grant.low`` and notices are written last
+        (`metering.storage.hot.extras`).
 
         An event id already in the results table fails the results key's
         unique constraint (the driver's integrity error: another transaction

@@ -48,6 +48,22 @@ from metering.storage.allowances import grant_deltas, pots_of
 from metering.storage.connections import RetryTransaction
 from metering.storage.counters import Pair
 from metering.storage.hot import Changes, Snapshot, WantedKey, WantedSeat
+from metering.storage.hot.extras import (
+    BREAKER_SECRET,
+    INSERT_MESSAGES,
+    INSERT_SECRET,
+    LOCK_BREAKERS,
+    MARK_LOW,
+    READ_SECRET,
+    RECORD_NOTICES,
+    UPSERT_BREAKERS,
+    breaker_of_row,
+    low_documents,
+    pg_breaker_params,
+    pg_low_params,
+    pg_message_params,
+    pg_notice_params,
+)
 from metering.storage.hot.statements import (
     RESULT_COLUMNS,
     VERSION,
@@ -92,7 +108,7 @@ CROSS JOIN LATERAL (
 # counter of each first-use window (locked by the statement before).
 LOCK_COUNTERS: Final = f"""
 SELECT c.limit_name, c.subject, c.window_start_us, c.used, c.denied_count, c.denied_cost,
-       c.first_denied_at_us, c.tat_us, c.tat_rem, c.tat_scale, c.tid::text
+       c.first_denied_at_us, c.tat_us, c.tat_rem, c.tat_scale, c.tid::text, c.rate, c.rate_at_us
 FROM (
     SELECT * FROM (
         SELECT r->>0 AS l, r->>1 AS s, (r->>2)::bigint AS ws
@@ -312,6 +328,8 @@ class ReadRows:
     stored: Sequence[Sequence[Any]] = ()
     schedules: Sequence[Sequence[Any]] = ()
     lasts: Sequence[Sequence[Any]] = ()
+    breakers: Sequence[Sequence[Any]] = ()
+    secret: str | None = None
 
 
 def snapshot_of(rows: ReadRows) -> Snapshot:
@@ -323,6 +341,7 @@ def snapshot_of(rows: ReadRows) -> Snapshot:
         stored={r[0]: record_from_row(r) for r in rows.stored},
         windows=_windows(rows.windows),
         states={(r[0], r[1], r[2]): list(r[3:10]) for r in rows.counters},
+        rates={(r[0], r[1], r[2]): (r[11], r[12]) for r in rows.counters if len(r) > _RATE},
         pots=pots_of(grant_rows, rows.draws),
         seen={(r[0], r[1], r[2], r[3]): r[4] for r in rows.seats},
         watched={r[2]: (r[8], r[4]) for r in grant_rows if r[8] is not None and not r[9]},
@@ -330,7 +349,12 @@ def snapshot_of(rows: ReadRows) -> Snapshot:
             (schedule, lasts.get(schedule.schedule_id))
             for schedule in map(schedule_of_values, rows.schedules)
         ],
+        breakers={(r[0], r[1]): breaker_of_row(r) for r in rows.breakers},
+        secret=rows.secret,
     )
+
+
+_RATE: Final = 11  # a locked counter row's rate (after its tuple id; cached rows have none)
 
 
 class PostgresHotStore:
@@ -363,9 +387,10 @@ class PostgresHotStore:
         grant_pairs: Sequence[Pair] = (),
         seats: Sequence[WantedSeat] = (),
         due_pairs: Sequence[Pair] = (),
+        breaker_pairs: Sequence[Pair] = (),
     ) -> Snapshot:
         return snapshot_of(
-            self.read_locked(ids, pairs, keys, now_us, grant_pairs, seats, due_pairs)
+            self.read_locked(ids, pairs, keys, now_us, grant_pairs, seats, due_pairs, breaker_pairs)
         )
 
     def read_locked(
@@ -377,9 +402,12 @@ class PostgresHotStore:
         grant_pairs: Sequence[Pair] = (),
         seats: Sequence[WantedSeat] = (),
         due_pairs: Sequence[Pair] = (),
+        breaker_pairs: Sequence[Pair] = (),
     ) -> ReadRows:
         """`read_rows`, remembering where the rows it locked are for `write`."""
-        rows = self.read_rows(ids, pairs, keys, now_us, grant_pairs, seats, due_pairs)
+        rows = self.read_rows(
+            ids, pairs, keys, now_us, grant_pairs, seats, due_pairs, breaker_pairs
+        )
         self.window_tids = {(r[0], r[1]): r[4] for r in rows.windows}
         self.counter_tids = {(r[0], r[1], r[2]): r[10] for r in rows.counters}
         return rows
@@ -393,6 +421,7 @@ class PostgresHotStore:
         grant_pairs: Sequence[Pair] = (),
         seats: Sequence[WantedSeat] = (),
         due_pairs: Sequence[Pair] = (),
+        breaker_pairs: Sequence[Pair] = (),
     ) -> ReadRows:
         """What `read` finds, as the rows its statements return (each
         window and counter row with its tuple id last)."""
@@ -425,6 +454,12 @@ class PostgresHotStore:
                 if seats:
                     asked = {"seats": _encode(seats)}
                     valued = self.raw.cursor(binary=True).execute(READ_SEATS, asked)
+                locked = secret = None
+                if breaker_pairs:  # after the counters: the general engine's order
+                    asked = {"breaker_pairs": _encode(breaker_pairs)}
+                    locked = self.raw.cursor(binary=True).execute(LOCK_BREAKERS, asked)
+                    named = {"secret": BREAKER_SECRET}
+                    secret = self.raw.cursor(binary=True).execute(READ_SECRET, named)
             # After the sync: a fetch inside the pipeline would wait for its own reply.
             row = version.fetchone()
             assert row is not None
@@ -436,6 +471,8 @@ class PostgresHotStore:
             value_rows = valued.fetchall() if valued else []
             schedule_rows = schedules.fetchall() if schedules else []
             last_rows = last_issues.fetchall() if last_issues else []
+            breaker_rows = locked.fetchall() if locked else []
+            secret_row = secret.fetchone() if secret else None
         except psycopg.Error as exc:
             raise _translate(exc) from exc
         return ReadRows(
@@ -448,6 +485,8 @@ class PostgresHotStore:
             stored_rows,
             schedule_rows,
             last_rows,
+            breaker_rows,
+            None if secret_row is None else str(secret_row[0]),
         )
 
     def begins(self) -> bool:
@@ -547,8 +586,24 @@ class PostgresHotStore:
                 if changes.rejected:
                     rows = rejected_rows(changes.rejected, now_us)
                     raw.execute(INSERT_REJECTED, {"rows": _encode(rows)})
+                if changes.secret is not None:
+                    made = {"name": BREAKER_SECRET, "value": changes.secret, "now": now_us}
+                    raw.execute(INSERT_SECRET, made)
+                if changes.breakers:
+                    raw.execute(UPSERT_BREAKERS, pg_breaker_params(changes.breakers))
+                low = None
+                if changes.low:  # their messages follow the pipeline
+                    low = raw.cursor(binary=True).execute(MARK_LOW, pg_low_params(changes.low))
+                if changes.notices:
+                    raw.execute(RECORD_NOTICES, pg_notice_params(changes.notices, now_us))
                 if changes.rollups:  # last: after every counter lock (see rollups)
                     raw.execute(PG_UPSERT, {"rows": _encode(rollup_rows(changes.rollups))})
+                if commit and low is None:
+                    self.commit()
+            if low is not None:  # a grant's first ``grant.low``: one round trip more
+                messages = low_documents(low.fetchall(), now_us)
+                if messages:
+                    raw.execute(INSERT_MESSAGES, pg_message_params(messages, now_us))
                 if commit:
                     self.commit()
         except psycopg.errors.CheckViolation as exc:

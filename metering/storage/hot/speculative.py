@@ -2,11 +2,13 @@
 
 `RowCache` keeps the rows `PostgresHotStore.read` returned per key (none:
 known absent), as committed (`LearningStore`); a seat value not cached is
-taken as absent. `SpeculativeStore.read` builds the `Snapshot` from them;
-its `write` first sends `read`'s own statements, locking the same rows in
-the same order, compared with the cached ones by ``metering_expect``
-(migration 0031), which aborts the transaction when they differ; then the
-writes and the COMMIT, in one pipeline. Another key not cached: `read` and
+taken as absent; breakers are never cached, and cached counters have no
+rate (a forecast on them declines, and reads). `SpeculativeStore.read`
+builds the `Snapshot` from them; its `write` first sends `read`'s own
+statements, locking the same rows in the same order, compared with the
+cached ones by ``metering_expect`` (migration 0031), which aborts the
+transaction when they differ; then the writes and the COMMIT, in one
+pipeline. Another key not cached (or a breaker asked for): `read` and
 `write` are `LearningStore`'s (``missed``), so the event is planned once.
 """
 
@@ -259,9 +261,13 @@ class LearningStore(PostgresHotStore):
         grant_pairs: Sequence[Pair] = (),
         seats: Sequence[WantedSeat] = (),
         due_pairs: Sequence[Pair] = (),
+        breaker_pairs: Sequence[Pair] = (),
     ) -> Snapshot:
-        rows = self.read_locked(ids, pairs, keys, now_us, grant_pairs, seats, due_pairs)
-        if not rows.schedules:  # a recurring grant's issue changes what is cached
+        rows = self.read_locked(
+            ids, pairs, keys, now_us, grant_pairs, seats, due_pairs, breaker_pairs
+        )
+        # A recurring grant's issue changes what is cached; breakers are not cached.
+        if not (rows.schedules or breaker_pairs):
             self.request, self.rows = Request(pairs, keys, grant_pairs, seats), rows
         return snapshot_of(rows)
 
@@ -290,13 +296,17 @@ class SpeculativeStore(LearningStore):
         grant_pairs: Sequence[Pair] = (),
         seats: Sequence[WantedSeat] = (),
         due_pairs: Sequence[Pair] = (),
+        breaker_pairs: Sequence[Pair] = (),
     ) -> Snapshot:
         request = Request(pairs, keys, grant_pairs, seats)
-        rows = None if ids or due_pairs else self.cache.rows(request, self.version)
+        uncached = ids or due_pairs or breaker_pairs
+        rows = None if uncached else self.cache.rows(request, self.version)
         if rows is None:
             SPECULATION["miss"] += 1
             self.missed = True
-            return super().read(ids, pairs, keys, now_us, grant_pairs, seats, due_pairs)
+            return super().read(
+                ids, pairs, keys, now_us, grant_pairs, seats, due_pairs, breaker_pairs
+            )
         self.request, self.rows = request, rows
         return snapshot_of(rows)
 

@@ -27,6 +27,7 @@ from sqlalchemy.exc import DBAPIError, StatementError
 
 from metering.domain.distinct import Seen
 from metering.domain.rollups import rollup_rows
+from metering.domain.rules import Key
 from metering.domain.windows import Window
 from metering.storage.connections import (
     SQLITE_BUSY_TIMEOUT_MS,
@@ -38,6 +39,12 @@ from metering.storage.connections import (
 )
 from metering.storage.counters import Pair
 from metering.storage.hot import Changes, Snapshot, WantedKey, WantedSeat
+from metering.storage.hot.extras import (
+    BREAKER_SECRET,
+    sqlite_breakers,
+    sqlite_secret,
+    sqlite_write_extras,
+)
 from metering.storage.hot.sqlite_grants import (
     due_schedules,
     read_grants,
@@ -64,7 +71,7 @@ SELECT {RESULT_COLUMNS} FROM results WHERE event_id IN (SELECT value FROM json_e
 """
 SELECT_COUNTERS: Final = """
 SELECT c.limit_name, c.subject, c.window_start_us, c.used, c.denied_count, c.denied_cost,
-       c.first_denied_at_us, c.tat_us, c.tat_rem, c.tat_scale
+       c.first_denied_at_us, c.tat_us, c.tat_rem, c.tat_scale, c.rate, c.rate_at_us
 FROM json_each(?) AS k
 JOIN counters AS c ON c.limit_name = json_extract(k.value, '$[0]')
                   AND c.subject = json_extract(k.value, '$[1]')
@@ -80,13 +87,14 @@ JOIN current_windows AS w ON w.limit_name = json_extract(k.value, '$[0]')
                          AND w.subject = json_extract(k.value, '$[1]')
 """
 SELECT_COUNTER: Final = """
-SELECT used, denied_count, denied_cost, first_denied_at_us, tat_us, tat_rem, tat_scale
+SELECT used, denied_count, denied_cost, first_denied_at_us, tat_us, tat_rem, tat_scale, rate,
+       rate_at_us
 FROM counters WHERE limit_name = ? AND subject = ? AND window_start_us = ?
 """
 # The version and one counter (or none: the LEFT JOIN's NULLs) in one statement.
 VERSION_AND_COUNTER: Final = """
 SELECT v.version, c.used, c.denied_count, c.denied_cost, c.first_denied_at_us, c.tat_us,
-       c.tat_rem, c.tat_scale
+       c.tat_rem, c.tat_scale, c.rate, c.rate_at_us
 FROM limits_version AS v
 LEFT JOIN counters AS c ON c.limit_name = ? AND c.subject = ? AND c.window_start_us = ?
 WHERE v.id = 1
@@ -136,6 +144,7 @@ class SqliteHotStore:
         grant_pairs: Sequence[Pair] = (),
         seats: Sequence[WantedSeat] = (),
         due_pairs: Sequence[Pair] = (),
+        breaker_pairs: Sequence[Pair] = (),
     ) -> Snapshot:
         raw = self.raw
         try:
@@ -149,23 +158,29 @@ class SqliteHotStore:
                 if current is not None:
                     wanted.append((pair[0], pair[1], current[0]))
             states = {}
+            rates: dict[Key, tuple[float, int]] = {}
             if wanted:
                 # The first counter rides with the version (one statement for `consume`).
                 version, *first = raw.execute(VERSION_AND_COUNTER, wanted[0]).fetchone()
                 if first[0] is not None:  # ``used`` is NOT NULL: the row exists
-                    states[wanted[0]] = first
+                    states[wanted[0]] = first[:7]
+                    rates[wanted[0]] = (first[7], first[8])
             else:
                 (version,) = raw.execute(VERSION).fetchone()
             if len(wanted) > _ONE_BY_ONE:
                 for row in raw.execute(SELECT_COUNTERS, (json.dumps(wanted[1:]),)):
-                    states[row[:3]] = list(row[3:])
+                    states[row[:3]] = list(row[3:10])
+                    rates[row[:3]] = (row[10], row[11])
             else:
                 for key in wanted[1:]:
                     row = raw.execute(SELECT_COUNTER, key).fetchone()
                     if row is not None:
-                        states[key] = list(row)
+                        states[key] = list(row[:7])
+                        rates[key] = (row[7], row[8])
             seen = _seen(raw, seats, windows) if seats else {}
             pots, watched = read_grants(raw, grant_pairs) if grant_pairs else ({}, {})
+            breakers = sqlite_breakers(raw, breaker_pairs) if breaker_pairs else {}
+            secret = sqlite_secret(raw, BREAKER_SECRET) if breaker_pairs else None
         except sqlite3.Error as exc:
             raise _translate(exc) from exc
         return Snapshot(
@@ -177,6 +192,9 @@ class SqliteHotStore:
             seen=seen,
             watched=watched,
             schedules=schedules,
+            rates=rates,
+            breakers=breakers,
+            secret=secret,
         )
 
     def lock_reservation(self, reservation_id: str) -> ReservationRecord | None:
@@ -212,6 +230,9 @@ class SqliteHotStore:
                 write_issues(raw, changes.issues, now_us)
             if changes.draws:  # `grant.low` is the caller's (`metering.engine.fast`)
                 write_draws(raw, changes.draws)
+            if changes.breakers or changes.low or changes.notices:
+                extras = (changes.breakers, changes.low, changes.notices)
+                sqlite_write_extras(raw, *extras, now_us, changes.secret)
             if changes.rollups:
                 raw.executemany(SQLITE_UPSERT, rollup_rows(changes.rollups))
         except sqlite3.Error as exc:

@@ -1,0 +1,298 @@
+"""What the hot stores read and write beside the counters: runaway breakers,
+webhook notices and ``grant.low``, on PostgreSQL and SQLite.
+
+`HotStore.read` locks the breakers of the pairs asked for after their
+counters (the general engine's order, `metering.storage.breakers`) and
+reads the breaker links' secret; `HotStore.write` stores the breakers a
+batch changed, announces ``grant.low`` for the grants its draws left at or
+below their threshold (`metering.storage.allowances.AllowanceStore.announce_low`),
+and records its notices as `metering.storage.webhooks.WebhookStore.record_notices`
+does: a mark inserted or ignored, and for a new one the message and a
+delivery per enabled endpoint that wants its type. On PostgreSQL each is one
+statement of the write's pipeline, but for ``grant.low`` (once per grant):
+its grants are marked in the pipeline, and their messages written after
+it, before the COMMIT.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sqlite3
+from collections.abc import Sequence
+from typing import Any, Final
+
+from metering.domain.breaker import Breaker
+from metering.domain.notifications import Notice, _iso
+from metering.storage.counters import Pair
+from metering.storage.webhook_records import encode_payload
+
+# The name of the breaker links' secret (`metering.storage.history.portal_secret`).
+BREAKER_SECRET: Final = "breaker"
+READ_SECRET: Final = "SELECT value FROM secrets WHERE name = %(secret)s"
+# A secret made by this write: one made meanwhile by another transaction
+# fails the key, and the transaction runs again, reading it.
+INSERT_SECRET: Final = """
+INSERT INTO secrets (name, value, created_at_us) VALUES (%(name)s, %(value)s, %(now)s)
+"""
+
+_BREAKER_COLUMNS: Final = (
+    "short_rate, long_rate, rate_at_us, since_us, over_since_us, quarantined_at_us"
+)
+
+LOCK_BREAKERS: Final = f"""
+SELECT b.limit_name, b.subject, {", ".join("b." + c for c in _BREAKER_COLUMNS.split(", "))}
+FROM jsonb_array_elements(%(breaker_pairs)s::jsonb) AS r
+CROSS JOIN LATERAL (
+    SELECT * FROM breakers AS b WHERE b.limit_name = r->>0 AND b.subject = r->>1 FOR UPDATE
+) AS b
+"""
+
+_BREAKER_SET: Final = ", ".join(f"{c} = excluded.{c}" for c in _BREAKER_COLUMNS.split(", "))
+
+UPSERT_BREAKERS: Final = f"""
+INSERT INTO breakers (limit_name, subject, {_BREAKER_COLUMNS})
+SELECT r->>0, r->>1, (r->>2)::float8, (r->>3)::float8, (r->>4)::bigint, (r->>5)::bigint,
+       (r->>6)::bigint, (r->>7)::bigint
+FROM jsonb_array_elements(%(rows)s::jsonb) AS r
+ON CONFLICT (subject, limit_name) DO UPDATE SET {_BREAKER_SET}
+"""
+
+# The deliveries of the messages ``written`` (id, position), per enabled
+# endpoint that wants their type, in the order of the messages then of the endpoints.
+_DELIVERIES: Final = """
+INSERT INTO webhook_deliveries (message_id, endpoint_id, status, attempts, next_attempt_at_us,
+                                created_at_us, updated_at_us)
+SELECT w.id, e.id, 'pending', 0, %(now)s, %(now)s, %(now)s
+FROM written AS w
+JOIN webhook_endpoints AS e
+  ON e.enabled AND (e.types::jsonb = '[]'::jsonb OR e.types::jsonb ? w.type)
+ORDER BY w.n, e.created_at_us, e.id
+"""
+
+# Notices (`notice_rows`, one per mark): the mark inserted or ignored, and
+# for a new one its message and deliveries.
+RECORD_NOTICES: Final = f"""
+WITH n AS (
+    SELECT r->>0 AS l, r->>1 AS s, (r->>2)::bigint AS ws, r->>3 AS kind, (r->>4)::bigint AS we,
+           (r->>5)::bigint AS mx, r->>6 AS ev, (r->>7)::bigint AS due, r->>8 AS id,
+           r->>9 AS type, r->>10 AS payload, e.n
+    FROM jsonb_array_elements(%(rows)s::jsonb) WITH ORDINALITY AS e(r, n)
+),
+marked AS (
+    INSERT INTO webhook_marks (limit_name, subject, window_start_us, kind, window_end_us,
+                               maximum, event_id, created_at_us, due_at_us)
+    SELECT l, s, ws, kind, we, mx, ev, %(now)s, due FROM n ORDER BY n
+    ON CONFLICT DO NOTHING
+    RETURNING limit_name, subject, window_start_us, kind
+),
+made AS (
+    INSERT INTO webhook_messages (id, type, payload, created_at_us)
+    SELECT n.id, n.type, n.payload, %(now)s
+    FROM n JOIN marked AS m
+      ON m.limit_name = n.l AND m.subject = n.s AND m.window_start_us = n.ws AND m.kind = n.kind
+    ORDER BY n.n
+    RETURNING id
+),
+written AS (SELECT n.id, n.type, n.n FROM made JOIN n ON n.id = made.id)
+{_DELIVERIES}
+"""
+
+# The grants of ``ids`` at or below their threshold and not announced yet,
+# marked announced, returned for their ``grant.low`` (`low_documents`).
+MARK_LOW: Final = """
+UPDATE grants AS g SET low_sent = true
+WHERE g.grant_id IN (SELECT jsonb_array_elements_text(%(ids)s::jsonb))
+  AND g.low_at IS NOT NULL AND NOT g.low_sent AND g.amount - g.used <= g.low_at
+RETURNING g.grant_id, g.subject, g.limit_name, g.amount, g.used, g.low_at, g.schedule_id
+"""
+
+# Messages (id, type, payload), each with its deliveries.
+INSERT_MESSAGES: Final = f"""
+WITH n AS (
+    SELECT r->>0 AS id, r->>1 AS type, r->>2 AS payload, e.n
+    FROM jsonb_array_elements(%(rows)s::jsonb) WITH ORDINALITY AS e(r, n)
+),
+made AS (
+    INSERT INTO webhook_messages (id, type, payload, created_at_us)
+    SELECT id, type, payload, %(now)s FROM n ORDER BY n
+    RETURNING id
+),
+written AS (SELECT n.id, n.type, n.n FROM made JOIN n ON n.id = made.id)
+{_DELIVERIES}
+"""
+
+_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
+def new_secret() -> str:
+    """A secret's value, as `metering.storage.history.portal_secret` makes one."""
+    return secrets.token_urlsafe(32)
+
+
+def breaker_of_row(row: Sequence[Any]) -> Breaker:
+    """A breaker from (limit, subject, its six columns)."""
+    return Breaker(row[2], row[3], row[4], row[5], row[6], row[7])
+
+
+def breaker_rows(changed: dict[Pair, Breaker]) -> list[tuple[Any, ...]]:
+    return [
+        (
+            limit,
+            subject,
+            b.short_rate,
+            b.long_rate,
+            b.rate_at_us,
+            b.since_us,
+            b.over_since_us,
+            b.quarantined_at_us,
+        )
+        for (limit, subject), b in sorted(changed.items())
+    ]
+
+
+def notice_rows(notices: Sequence[tuple[Notice, str]]) -> list[tuple[Any, ...]]:
+    """One row per mark (the first notice of each: a later one of the same
+    mark would find it inserted), with a new message id."""
+    rows: list[tuple[Any, ...]] = []
+    seen: set[tuple[str, str, int, str]] = set()
+    for notice, payload in notices:
+        mark = (notice.limit, notice.subject, notice.window_start_us, notice.mark)
+        if mark in seen:
+            continue
+        seen.add(mark)
+        rows.append(
+            (
+                *mark,
+                notice.window_end_us,
+                notice.maximum,
+                notice.event_id,
+                notice.due_at_us,
+                "msg_" + secrets.token_hex(12),
+                notice.type,
+                payload,
+            )
+        )
+    return rows
+
+
+def pg_notice_params(notices: Sequence[tuple[Notice, str]], now_us: int) -> dict[str, Any]:
+    return {"rows": _encode(notice_rows(notices)), "now": now_us}
+
+
+def pg_low_params(grant_ids: Sequence[str]) -> dict[str, Any]:
+    return {"ids": _encode(sorted(grant_ids))}
+
+
+def low_documents(rows: Sequence[Sequence[Any]], now_us: int) -> list[tuple[str, str]]:
+    """The ``grant.low`` messages (type, payload) of `MARK_LOW`'s rows, as
+    `AllowanceStore.announce_low` writes them."""
+    found: list[tuple[str, str]] = []
+    for grant_id, subject, name, amount, used, low_at, schedule_id in sorted(map(tuple, rows)):
+        data = {
+            "grant_id": grant_id,
+            "subject": subject,
+            "limit": name,
+            "amount": amount,
+            "used": used,
+            "left": amount - used,
+            "low_at": low_at,
+            "recurring_grant_id": schedule_id,
+        }
+        document = {"type": "grant.low", "timestamp": _iso(now_us), "data": data}
+        found.append(("grant.low", encode_payload(document)))
+    return found
+
+
+def pg_message_params(messages: Sequence[tuple[str, str]], now_us: int) -> dict[str, Any]:
+    rows = [("msg_" + secrets.token_hex(12), kind, payload) for kind, payload in messages]
+    return {"rows": _encode(rows), "now": now_us}
+
+
+def pg_breaker_params(changed: dict[Pair, Breaker]) -> dict[str, Any]:
+    return {"rows": _encode(breaker_rows(changed))}
+
+
+# SQLite: the same, statement by statement (no round trip to save).
+SQLITE_READ_SECRET: Final = "SELECT value FROM secrets WHERE name = ?"
+SQLITE_INSERT_SECRET: Final = "INSERT INTO secrets (name, value, created_at_us) VALUES (?, ?, ?)"
+SQLITE_READ_BREAKER: Final = f"""
+SELECT limit_name, subject, {_BREAKER_COLUMNS} FROM breakers WHERE limit_name = ? AND subject = ?
+"""
+SQLITE_UPSERT_BREAKER: Final = f"""
+INSERT INTO breakers (limit_name, subject, {_BREAKER_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (subject, limit_name) DO UPDATE SET {_BREAKER_SET}
+"""
+SQLITE_MARK: Final = """
+INSERT INTO webhook_marks (limit_name, subject, window_start_us, kind, window_end_us, maximum,
+                           event_id, created_at_us, due_at_us)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT DO NOTHING
+RETURNING kind
+"""
+SQLITE_ENDPOINTS: Final = """
+SELECT id, types FROM webhook_endpoints WHERE enabled ORDER BY created_at_us, id
+"""
+SQLITE_MESSAGE: Final = """
+INSERT INTO webhook_messages (id, type, payload, created_at_us) VALUES (?, ?, ?, ?)
+"""
+SQLITE_DELIVERY: Final = """
+INSERT INTO webhook_deliveries (message_id, endpoint_id, status, attempts, next_attempt_at_us,
+                                created_at_us, updated_at_us)
+VALUES (?, ?, 'pending', 0, ?, ?, ?)
+"""
+SQLITE_LOW: Final = """
+UPDATE grants SET low_sent = 1
+WHERE grant_id IN (SELECT value FROM json_each(?))
+  AND low_at IS NOT NULL AND NOT low_sent AND amount - used <= low_at
+RETURNING grant_id, subject, limit_name, amount, used, low_at, schedule_id
+"""
+
+
+def sqlite_breakers(raw: sqlite3.Connection, pairs: Sequence[Pair]) -> dict[Pair, Breaker]:
+    found: dict[Pair, Breaker] = {}
+    for pair in pairs:
+        row = raw.execute(SQLITE_READ_BREAKER, pair).fetchone()
+        if row is not None:
+            found[pair] = breaker_of_row(row)
+    return found
+
+
+def sqlite_secret(raw: sqlite3.Connection, name: str) -> str | None:
+    row = raw.execute(SQLITE_READ_SECRET, (name,)).fetchone()
+    return None if row is None else str(row[0])
+
+
+def sqlite_write_extras(
+    raw: sqlite3.Connection,
+    breakers: dict[Pair, Breaker],
+    low: Sequence[str],
+    notices: Sequence[tuple[Notice, str]],
+    now_us: int,
+    secret: str | None = None,
+) -> None:
+    """The breakers, the breaker links' ``secret`` when made now,
+    ``grant.low`` and the notices of one write."""
+    if secret is not None:
+        raw.execute(SQLITE_INSERT_SECRET, (BREAKER_SECRET, secret, now_us))
+    if breakers:
+        raw.executemany(SQLITE_UPSERT_BREAKER, breaker_rows(breakers))
+    endpoints: list[tuple[str, str]] | None = None
+    messages: list[tuple[str, str]] = []
+    if low:
+        found = raw.execute(SQLITE_LOW, (json.dumps(sorted(low)),)).fetchall()
+        messages.extend(low_documents(found, now_us))
+    for row in notice_rows(notices):
+        mark = (*row[:8],)
+        values = (*mark[:7], now_us, mark[7])
+        if raw.execute(SQLITE_MARK, values).fetchall():  # (run to its end)
+            messages.append((row[9], row[10]))
+    for message_type, payload in messages:
+        if endpoints is None:
+            endpoints = [(e, t) for e, t in raw.execute(SQLITE_ENDPOINTS)]
+        message_id = "msg_" + secrets.token_hex(12)
+        raw.execute(SQLITE_MESSAGE, (message_id, message_type, payload, now_us))
+        for endpoint_id, types in endpoints:
+            wanted = json.loads(types)
+            if not wanted or message_type in wanted:
+                raw.execute(SQLITE_DELIVERY, (message_id, endpoint_id, now_us, now_us, now_us))
