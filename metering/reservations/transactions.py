@@ -41,6 +41,7 @@ from metering.domain.reservations import (
 from metering.domain.rollups import charged_more_deltas
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 from metering.engine.answers import CONFLICT, DUPLICATE, Declined, Hold, NotHeld
+from metering.engine.breakers import Breakers
 from metering.engine.core import Engine
 from metering.engine.fast import LimitCache
 from metering.engine.reference import decision_of
@@ -404,7 +405,8 @@ def _charge_more(connection: Connection, record: ReservationRecord, keep: int, n
     part of it, the usage rollups, the overdraft a hard limit had no room
     for, ``limit.exceeded`` once per window, and the reserving event's result
     rewritten with the real cost, its draws and its overdraft (so that a
-    void reverses all of it)."""
+    void reverses all of it). The excess steps the runaway breakers as a
+    consume of it would."""
     store = Store(connection)
     more = [c for c in record.charges if c.cost < keep]
     limits = store.load_limits(c.limit for c in more)
@@ -422,6 +424,7 @@ def _charge_more(connection: Connection, record: ReservationRecord, keep: int, n
     draws: dict[tuple[str, str, int, str], int] = defaultdict(int)
     overdraft: list[tuple[str, str, int, int]] = []
     notices: list[Notice] = []
+    parts: list[list[object]] = []  # the excess, charged: it steps the breakers
     for charge in more:
         extra = keep - charge.cost
         index = where.get((charge.subject, charge.limit))
@@ -454,6 +457,7 @@ def _charge_more(connection: Connection, record: ReservationRecord, keep: int, n
                     overdraft=got.overdraft,
                 )
                 notices.extend(notices_for(limit, charge.key, before, got.state, part, record.id))
+                parts.append(part.to_row())
         if decided is not None and index is not None:
             rows[index] = replace(
                 decided,
@@ -465,6 +469,11 @@ def _charge_more(connection: Connection, record: ReservationRecord, keep: int, n
                 overdraft=decided.overdraft + got.overdraft,
             ).to_row()
     store.write_counters(changed, now_us)
+    pairs = [(c.limit, c.subject) for c in chargeable]
+    breakers = Breakers.read(connection, limits.values(), pairs, lock=True) if pairs else None
+    if breakers is not None:  # after the counters' lock, as a consume steps them
+        breakers.charged("allowed", parts, record.id, now_us)
+        breakers.write(connection, now_us)
     AllowanceStore(connection).write_draws(draws)
     ReservationStore(connection).add_overdrafts(record.id, overdraft, now_us)
     if stored is not None:

@@ -137,3 +137,16 @@ def test_a_release_ends_the_quarantine_and_does_not_trip_again_at_once(meter: Me
     # again a minute later, not at once.
     assert _burst(meter, "org-1", "api", 120, 60) == 62
     assert len(_quarantined(meter)) == 2
+
+
+def test_a_commit_above_its_estimate_steps_the_breaker_as_a_consume(meter: Meter) -> None:
+    """A reservation of 1 committed at 60 each second trips as consuming 60 does."""
+    clock = _clock(meter)
+    for second in range(120):
+        held = meter.reserve("org-1", "api", cost=1, event_id=f"r-{second}")
+        if not held.allowed:
+            break
+        held.commit(actual=60)
+        clock.advance(seconds=1)
+    assert second == 62
+    assert [(q.subject, q.limit) for q in meter.quarantines()] == [("org-1", "api")]
