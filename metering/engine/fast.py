@@ -810,12 +810,12 @@ class _Applying:
         if allowances.histories or snapshot.pots or allowances.alerts:
             own = (allowances.histories, allowances.alerts)
             event_rules, event_pots = _entitled(self.cache, event, event_rules, own, snapshot.pots)
-        policy = self.batch.policy
-        if policy is not None:  # after `_entitled`: its shared rules stay as they are
-            event_rules = [policy.rule(rule) for rule in event_rules]
         breakers = self.breakers
         if breakers is not None:
             event_rules, event_pots = _quarantined(breakers, event, event_rules, event_pots)
+        policy = self.batch.policy
+        if policy is not None:  # after `_entitled` (its shared rules stay), and a quarantine
+            event_rules = [policy.rule(rule) for rule in event_rules]
         if fixed is None:
             fixed = self._first_use_keys(event, event_rules, snapshot.windows)
         event_windows, event_states = self._states(fixed, snapshot.states)

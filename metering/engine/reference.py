@@ -250,6 +250,8 @@ def _decide(
     ]
     states = store.lock_counters({k for ks in keys for k in ks}, now_us)
     allowances = Allowed.read(store, events, keys, lock=True, money=money, limits=limits)
+    if policy is not None:
+        allowances = replace(allowances, policy=policy)
     seats = Seats.read(store, events, keys, limits)  # after the counters: their lock order
     breakers = allowances.breakers
     changed: dict[CounterKey, CounterState] = {}
@@ -308,6 +310,8 @@ class Allowed:
     money: Money | None = None
     # The breakers of the charged pairs (`metering.engine.breakers`), stepped while deciding.
     breakers: Breakers | None = None
+    # An import's flags, which hold a quarantine as they hold any maximum.
+    policy: ImportPolicy | None = None
 
     @classmethod
     def read(
@@ -349,8 +353,9 @@ class Allowed:
         history = self.histories.get((limit.name, subject))
         if history:
             limit = limit.with_maximum(maximum_at(history, limit.maximum, at_us))
-        if self.is_quarantined(limit.name, subject):
-            return limit.quarantined()
+        if self.is_quarantined(limit.name, subject):  # as an import holds it (``policy``)
+            held = limit.quarantined()
+            return held if self.policy is None else self.policy.limit(held)
         return limit
 
     def is_quarantined(self, limit: str, subject: str) -> bool:

@@ -225,3 +225,36 @@ def test_no_enforce_does_not_enforce_a_spend_cap_either(db_url: str, path: str) 
         assert [c.used for c in meter.counters("org-1", "usd")] == [8]
         enforced = meter.import_events([line(f"q{i}", "org-2", "calls", NOW) for i in range(4)])
         assert (enforced.applied, enforced.denied) == (2, 2)
+
+
+@pytest.mark.parametrize("path", ["fast", "reference"])
+def test_no_enforce_records_a_quarantined_subjects_usage_as_overage(db_url: str, path: str) -> None:
+    """A quarantine's maximum is held as an import holds any hard maximum:
+    not enforced, usage past it is overage, never denied."""
+    clock = FrozenClock(NOW)
+    with Meter(db_url, clock=clock) as meter:
+        if path == "reference":
+            engine = meter._engine
+            engine.paths = [engine.path("reference")]
+        guarded = Limit(
+            "api",
+            maximum=100_000,
+            period="1d",
+            window="calendar",
+            breaker="10x",
+            breaker_floor=0.1,
+            quarantine_max=1000,
+        )
+        meter.set_limit(guarded)
+        while meter.consume("org-1", "api", 60).allowed:
+            clock.advance(seconds=1)
+        assert [q.subject for q in meter.quarantines()] == ["org-1"]
+        summary = meter.import_events([line("h1", "org-1", "api", clock())], enforce=False)
+        assert (summary.applied, summary.denied) == (1, 0)
+        found = meter.result("h1")
+        assert found is not None and (found.outcome, found.reason) == (
+            "overage",
+            "imported: not enforced",
+        )
+        enforced = meter.import_events([line("h2", "org-1", "api", clock())])
+        assert (enforced.applied, enforced.denied) == (0, 1)
