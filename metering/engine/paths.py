@@ -141,7 +141,7 @@ class Direct:
 
     def apply(self, batch: Batch) -> list[Answer] | Declined:
         cache, rows = self.cache, self.rows
-        if rows is None or not _speculates(batch):
+        if rows is None or not _speculates(batch, cache):
             return self.direct.run(
                 lambda store, retry: apply_records(None, cache, batch, retry=retry, store=store)
             )
@@ -206,14 +206,25 @@ class Direct:
         )
 
 
-def _speculates(batch: Batch) -> bool:
-    """Whether ``batch`` is one event that may be decided on cached rows."""
-    return (
+_READ_NEEDS = frozenset({Need.BREAKER, Need.FORECAST})
+
+
+def _speculates(batch: Batch, cache: LimitCache) -> bool:
+    """Whether ``batch`` is one event that may be decided on cached rows (a
+    breaker's rows are never cached, nor the rates a forecast needs: read)."""
+    if not (
         len(batch.records) == 1
         and batch.hold is None
         and batch.policy is None
         and not batch.lookup_first
-    )
+    ):
+        return False
+    rules = cache.current[1]
+    for _, name, _ in batch.records[0].charges:
+        rule = rules.get(name)
+        if rule is not None and rule.needs and rule.needs & _READ_NEEDS:
+            return False
+    return True
 
 
 class OnConnection:

@@ -19,7 +19,8 @@ the bound), seats
 2), gauges (peak and last level, hard, soft and shadow, levels of 0),
 paced limits (hard, soft and shadow; bursts in units and percent),
 runaway breakers (hard and soft, with grants and entitlements, tripped and
-holding their quarantine maximum), a
+holding their quarantine maximum), forecast leads (``limit.forecast``, and
+thresholds told their forecast), a
 limit's maximum changed, entitlements (some effective in the past),
 grants (expiring, with priorities and ``low``) and recurring grants,
 subjects' own thresholds, subjects' time zones (Kathmandu and Santiago from
@@ -36,7 +37,9 @@ also asks `check` both ways after each batch: the same `Decision` or error.
 Each run also asserts the path decided: the reference engine decides
 only what the fast path leaves to it by design (an event before its
 subject's current first-use window; for a reservation also seats and gauges,
-refused there), counted by the need declined; the one-trip function is tried for
+refused there), counted by the need declined; notices, forecasts and
+breakers are decided on every path (only SQLite's dead letters leave the
+direct connections); the one-trip function is tried for
 every event, never errs, and decides many; a `check` is the fast path's
 unless it raises, a recurring grant may be due, or it falls before a
 current first-use window. What no stream reaches (processes racing, round
@@ -77,6 +80,7 @@ LIMITS = [
     Limit("shadow", maximum=3, period="20m", enforcement="shadow"),
     Limit("units", maximum=9, period="30m", thresholds_units=(3, 7)),
     # Priced from the start (`FIRST_PRICES`), rolled up by dimensions, months.
+    # (With forecast leads: `limit.forecast`, and thresholds told theirs.)
     Limit(
         "soft",
         maximum=6,
@@ -85,8 +89,9 @@ LIMITS = [
         enforcement="soft",
         thresholds=(80,),
         dimensions=("route", "model"),
+        forecast_lead="1h",
     ),
-    Limit("month", maximum=5, period="1mo"),
+    Limit("month", maximum=5, period="1mo", forecast_lead="1h"),
     Limit(
         "dims",
         maximum=3,
