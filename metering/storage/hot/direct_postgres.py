@@ -5,9 +5,8 @@ groups, batches) and `check`'s one statement on psycopg connections of its
 own, with no SQLAlchemy `Connection`, transaction or pool checkout: a
 ``PostgresHotStore`` on a pooled connection, the driver's errors judged and
 retried exactly as `metering.storage.connections.run_retry_aware` judges
-SQLAlchemy's (`retry_or_raise`). What needs SQLAlchemy (notices) the
-engine's path declines, and the next path runs it under SQLAlchemy
-(`metering.engine.paths`).
+SQLAlchemy's (`retry_or_raise`); notices, forecasts and breakers are
+written by the store with the rest (`metering.storage.hot.extras`).
 
 The pool is this module's, not ``psycopg_pool``'s: that one opens
 connections in background threads and makes a caller wait up to its timeout
