@@ -1,17 +1,12 @@
-"""What the hot stores read and write beside the counters: runaway breakers,
-webhook notices and ``grant.low``, on PostgreSQL and SQLite.
+"""Breakers, webhook notices and ``grant.low``, read and written by the hot
+stores with the counters, on PostgreSQL and SQLite.
 
-`HotStore.read` locks the breakers of the pairs asked for after their
-counters (the general engine's order, `metering.storage.breakers`) and
-reads the breaker links' secret; `HotStore.write` stores the breakers a
-batch changed, announces ``grant.low`` for the grants its draws left at or
-below their threshold (`metering.storage.allowances.AllowanceStore.announce_low`),
-and records its notices as `metering.storage.webhooks.WebhookStore.record_notices`
-does: a mark inserted or ignored, and for a new one the message and a
-delivery per enabled endpoint that wants its type. On PostgreSQL each is one
-statement of the write's pipeline, but for ``grant.low`` (once per grant):
-its grants are marked in the pipeline, and their messages written after
-it, before the COMMIT.
+`HotStore.read` locks the breakers asked for after the counters and reads
+the breaker links' secret; `HotStore.write` stores the breakers stepped (and
+the secret, when it makes it), marks ``grant.low`` and records notices as
+`WebhookStore.record_notices` does (a new mark: its message and deliveries).
+On PostgreSQL each is a statement of the write's pipeline; a grant's first
+``grant.low`` writes its message after it, before the COMMIT.
 """
 
 from __future__ import annotations

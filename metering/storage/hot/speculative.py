@@ -1,15 +1,12 @@
 """One round trip for a single event on PostgreSQL, speculating on cached rows.
 
-`RowCache` keeps the rows `PostgresHotStore.read` returned per key (none:
-known absent), as committed (`LearningStore`); a seat value not cached is
-taken as absent; breakers are never cached, and cached counters have no
-rate (a forecast on them declines, and reads). `SpeculativeStore.read`
-builds the `Snapshot` from them; its `write` first sends `read`'s own
-statements, locking the same rows in the same order, compared with the
-cached ones by ``metering_expect`` (migration 0031), which aborts the
-transaction when they differ; then the writes and the COMMIT, in one
-pipeline. Another key not cached (or a breaker asked for): `read` and
-`write` are `LearningStore`'s (``missed``), so the event is planned once.
+`RowCache` keeps the rows `PostgresHotStore.read` returned per key, as
+committed (`LearningStore`); a seat value not cached is absent, counters
+have no rate, breakers are never cached. `SpeculativeStore.read` builds the
+`Snapshot` from them; its `write` first sends `read`'s own statements,
+compared with the cached rows by ``metering_expect`` (migration 0031), then
+the writes and the COMMIT, in one pipeline. A key not cached, or a breaker:
+`read` and `write` are `LearningStore`'s (``missed``), planned once.
 """
 
 from __future__ import annotations
