@@ -1247,9 +1247,11 @@ def _record_extras(
 # Reads, without a lock, what `HotStore.read` would lock: the limits'
 # version, the first-use windows of the pairs, the counters of the keys and
 # of those windows, the grants of the grant pairs and their draws, the live
-# events of the seat values (`metering.storage.hot.postgres.read_unlocked`).
+# events of the seat values and the breakers of the breaker pairs
+# (`metering.storage.hot.postgres.read_unlocked`).
 ReadUnlocked = Callable[
-    [Sequence[Pair], Sequence[WantedKey], Sequence[WantedSeat], Sequence[Pair]], Snapshot
+    [Sequence[Pair], Sequence[WantedKey], Sequence[WantedSeat], Sequence[Pair], Sequence[Pair]],
+    Snapshot,
 ]
 
 
@@ -1260,9 +1262,11 @@ def check_record(
     reading the state in one statement (``read_unlocked``) and writing
     nothing (`Meter.check`).
 
-    Declined: an unacceptable event (the reference engine raises its error
-    with its own message), a recurring grant's issue due, an event before
-    its subject's current first-use window, or the cached limits are stale.
+    A quarantined subject is held to its quarantine (`_quarantined`); the
+    breakers are read, never stepped. Declined: an unacceptable event (the
+    reference engine raises its error with its own message), a recurring
+    grant's issue due, an event before its subject's current first-use
+    window, or the cached limits are stale.
     """
     version, rules, allowances = cache.current
     if version < 0:
@@ -1280,8 +1284,6 @@ def check_record(
         return exc.declined  # a spend limit not cached yet
     if error is not None:
         return Declined(str(error), Need.INVALID)
-    if any(rule.needs and Need.BREAKER in rule.needs for rule in event_rules):
-        return Declined("a breaker to read", Need.BREAKER)
     charged = [(name, subject) for subject, name, _ in event.charges]
     if allowances.due_pairs(charged, now_us):
         return Declined("a recurring grant's issue is due", Need.RECURRING)
@@ -1301,13 +1303,22 @@ def check_record(
         if rule.distinct:  # a first-use window's: in the pair's current one
             start = keys[-1][2] if rule.calendar else None
             seats.append((name, subject, start, _seat_value(rule, event, cost)))
-    snapshot = read_unlocked(sorted(pairs), sorted(keys), seats, granted)
+    guarded = [
+        (name, subject)
+        for (subject, name, _), rule in zip(event.charges, event_rules, strict=True)
+        if rule.needs and Need.BREAKER in rule.needs
+    ]
+    wanted = _breaker_pairs(rules, guarded) if guarded else []
+    snapshot = read_unlocked(sorted(pairs), sorted(keys), seats, granted, wanted)
     if snapshot.version != version:
         return stale
     pots: list[Pot | None] | None = None
     if allowances.histories or snapshot.pots:  # (own thresholds: a check announces nothing)
         own: tuple[dict[Pair, History], dict[Pair, Own]] = (allowances.histories, {})
         event_rules, pots = _entitled(cache, event, event_rules, own, snapshot.pots)
+    breakers = _breakers(rules, wanted, snapshot) if wanted else None
+    if breakers is not None:  # held to a quarantine; never stepped: a check writes nothing
+        event_rules, pots = _quarantined(breakers, event, event_rules, pots)
     windows: list[Window] = []
     states: list[State] = []
     for (subject, name, _), rule in zip(event.charges, event_rules, strict=True):

@@ -14,8 +14,13 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from decision_paths import check_reference
+from differential import reference_events
+from sqlalchemy import select
 
 from metering import FrozenClock, Limit, Meter
+from metering.domain.events import make_event
+from metering.storage.tables import breakers
 from metering.webhooks import Webhooks
 
 START = datetime(2026, 11, 2, tzinfo=UTC)
@@ -103,6 +108,48 @@ def test_the_quarantine_maximum_holds_a_fresh_window_and_grants_do_not_pay(
     assert fresh.allowed and fresh.charges[0].maximum == 5
     assert not meter.consume("org-1", "small", 1).allowed
     assert len(_quarantined(meter)) == 1  # once per quarantine
+
+
+def _breaker_rows(meter: Meter) -> list[tuple[object, ...]]:
+    with meter.sql_engine.connect() as connection:
+        return [
+            tuple(row) for row in connection.execute(select(breakers).order_by(breakers.c.subject))
+        ]
+
+
+def test_a_quarantined_subject_is_checked_against_the_quarantine_maximum(meter: Meter) -> None:
+    """`check` holds a quarantined subject to the quarantine maximum (no
+    grants) as the reference engine's check does, and steps no breaker."""
+    meter.set_limit(
+        Limit(
+            "small",
+            maximum=100_000,
+            period="1h",
+            window="calendar",
+            breaker="10x",
+            breaker_floor=0.1,
+            quarantine_max=5,
+        )
+    )
+    meter.grant("org-1", "small", 500, grant_id="top-up")
+    assert _burst(meter, "org-1", "small", 120, 60) == 62
+    clock = _clock(meter)
+    clock.set(START + timedelta(hours=1))  # a fresh window: 5 of it
+    assert meter.consume("org-1", "small", 2).allowed
+    before, checked = _breaker_rows(meter), reference_events("check")
+    for subject, cost, allowed in [("org-1", 3, True), ("org-1", 4, False), ("org-2", 60, True)]:
+        decision = meter.check(subject, "small", cost)
+        assert decision.allowed is allowed, (subject, cost)
+        made = make_event([(subject, "small", cost)], clock(), "check")
+        expected = check_reference(meter._engine, made, meter.database.now_us())
+        assert decision == expected
+    held = meter.check("org-1", "small", 4)
+    assert held.charges[0].maximum == 5 and held.charges[0].grants == ()
+    assert _breaker_rows(meter) == before  # a check steps no breaker
+    # PostgreSQL's fast path checks (on SQLite the reference engine does).
+    paths = [path.name for path in meter._engine.paths]
+    if meter.sql_engine.dialect.name == "postgresql" and "direct" in paths:
+        assert reference_events("check") == checked + 3  # ``check_reference``'s alone
 
 
 def test_a_subject_with_under_a_day_of_history_never_trips_without_a_floor(

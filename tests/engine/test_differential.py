@@ -335,10 +335,18 @@ batch = st.fixed_dictionaries(
     }
 )
 streams = st.lists(batch, min_size=1, max_size=5)
+# Checks charge the breaker limits often: every subject's trips at START.
+guarded = st.tuples(
+    st.sampled_from(SUBJECTS), st.sampled_from(BREAKERS), st.sampled_from([1, 2, 7, BIG])
+)
 checks = st.lists(
     st.fixed_dictionaries(
         {
-            "charges": charges,
+            "charges": st.one_of(
+                charges,
+                st.lists(guarded, min_size=1, max_size=2, unique_by=lambda c: c[:2]),
+                st.tuples(charge, guarded).map(list).filter(lambda c: c[0][:2] != c[1][:2]),
+            ),
             "offset_seconds": st.sampled_from([0, 0, -700, -4000, 240, 600]),
             "metadata": st.sampled_from(METADATA),
         }
@@ -393,6 +401,9 @@ def reserve_on(path: str, meter: Meter, event: UsageEvent, ttl_us: int) -> objec
 # and gauges (refused there).
 DECLINED = {Need.EARLY_FIRST_USE, Need.DEAD_LETTERS, None}
 HELD = {*DECLINED, Need.HELD_SEATS, Need.HELD_GAUGE}
+# What `check_record` leaves to the reference engine: an error to raise, a
+# recurring grant's issue to make, an event before its window (breakers it reads).
+CHECK_DECLINED = {Need.INVALID, Need.RECURRING, Need.EARLY_FIRST_USE}
 
 
 class _Watch:
@@ -405,7 +416,7 @@ class _Watch:
         self.reasons: list[Need | None] = []
         self.first_use = False
         self.counted: list[tuple[object, ...]] = []
-        self.checks_left = 0
+        self.checks_left: list[Need | None] = []
 
     @contextmanager
     def active(self) -> Iterator[None]:
@@ -420,7 +431,8 @@ class _Watch:
 
         def checking(*args: Any) -> Any:
             found = check_record(*args)
-            self.checks_left += isinstance(found, Declined) and not found.stale
+            if isinstance(found, Declined) and not found.stale:
+                self.checks_left.append(found.need)
             return found
 
         one_trip = paths.OneTrip.apply
@@ -570,8 +582,8 @@ def _reservations(
 def _check_left_allowed(meter: Meter, event: UsageEvent, expected: object) -> bool:
     """A check the reference engine may answer: it raises, a recurring grant's
     issue may be due, or it falls before a current first-use window."""
-    if isinstance(expected, tuple) or any(c.limit in BREAKERS for c in event.charges):
-        return True  # (a breaker's state is read by the reference engine's check)
+    if isinstance(expected, tuple):
+        return True
     subjects = {c.subject for c in event.charges}
     with meter.sql_engine.connect() as connection:
         if connection.execute(select(grant_schedules.c.subject)).first() is not None:
@@ -582,7 +594,9 @@ def _check_left_allowed(meter: Meter, event: UsageEvent, expected: object) -> bo
         return any(start is not None and start > event.occurred_at_us for (start,) in starts)
 
 
-def _compare_checks(meters: tuple[Meter, Meter], specs: list[dict[str, Any]]) -> None:
+def _compare_checks(
+    meters: tuple[Meter, Meter], specs: list[dict[str, Any]], tally: Counter[str]
+) -> None:
     """`check` by the path (PostgreSQL's fast check) and by the reference
     engine on the oracle's database: a check may issue a recurring grant
     that is due (reading its window makes it), so both databases see it."""
@@ -602,7 +616,10 @@ def _compare_checks(meters: tuple[Meter, Meter], specs: list[dict[str, Any]]) ->
         expected = answer(partial(reference.check, made, oracle.database.now_us()))
         assert fast == expected, spec
         if watch.checks_left:
+            assert set(watch.checks_left) <= CHECK_DECLINED, (watch.checks_left, spec)
             assert _check_left_allowed(tested, made, expected), spec
+        elif any(c.limit in BREAKERS for c in made.charges):
+            tally["breaker checks"] += 1
 
 
 def _run(
@@ -655,7 +672,7 @@ def _run(
             if not singly:  # the one-trip function holds no reservation
                 _reservations(path, meters, spec, tally)
             if specs:
-                _compare_checks(meters, specs)
+                _compare_checks(meters, specs, tally)
         found, expected = stored(tested), stored(oracle)
         for table, rows in expected.items():  # the stream in full: nothing shrinks it
             assert found[table] == rows, (table, found[table], rows, stream)
@@ -713,6 +730,8 @@ def test_the_path_decides_as_the_reference_engine(
         assert tally["paced denials"] >= 1, tally  # the pace denied some
     assert tally["zoned windows"] >= 1, tally  # some windows were a zone's
     assert tally["quarantines"] >= 1, tally  # some breakers tripped
+    if asked is checks:
+        assert tally["breaker checks"] >= 1, tally  # the fast check read breakers
     if path == "one_trip":  # of the events it may decide, the function decides many
         eligible = tally["events"] - tally["unsuited"] - tally["not for the function"]
         assert tally["applied"] >= eligible // 3, tally

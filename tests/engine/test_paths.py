@@ -125,6 +125,34 @@ def test_a_limit_changed_in_another_process_applies_to_the_next_check(pg_url: st
         assert (decision.outcome, decision.maximum) == ("denied", 1)
 
 
+def test_a_check_of_a_breaker_limit_never_reaches_the_general_engine(pg_url: str) -> None:
+    """Quarantined or not, a subject's check of a limit with a breaker is the
+    fast path's, and steps no breaker."""
+    clock = FrozenClock(START)
+    guarded = Limit(
+        "guarded",
+        maximum=100_000,
+        period="1h",
+        window="calendar",
+        breaker="10x",
+        breaker_floor=0.1,
+        quarantine_max=5,
+    )
+    with Meter(pg_url, clock=clock) as meter:
+        meter.set_limits([*LIMITS, guarded])
+        for _ in range(62):  # 60 a second for a minute and more: org-1 trips
+            assert meter.consume("org-1", "guarded", 60).allowed
+            clock.advance(seconds=1)
+        assert [q.subject for q in meter.quarantines()] == ["org-1"]
+        before = meter.quarantines()
+        checked = reference_events("check")
+        assert not meter.check("org-1", "guarded", 1).allowed  # held to 5
+        assert meter.check("org-2", "guarded", 60).allowed
+        assert meter.check(charges=[("org-1", "cal", 1), ("org-2", "guarded", 1)]).allowed
+        assert reference_events("check") == checked
+        assert meter.quarantines() == before
+
+
 # -- money ----------------------------------------------------------------------
 
 

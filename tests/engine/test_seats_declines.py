@@ -84,6 +84,7 @@ def test_the_fast_check_reads_the_seats_it_charges(cache: LimitCache) -> None:
         keys: Sequence[WantedKey],
         seats: Sequence[WantedSeat],
         grant_pairs: Sequence[Pair],
+        breaker_pairs: Sequence[Pair],
     ) -> Any:
         asked.append(seats)
         states = {("seats", "org-1", start): [1, 0, 0, None, None, 0, 1]}

@@ -39,6 +39,7 @@ from psycopg.pq import TransactionStatus
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError, StatementError
 
+from metering.domain.breaker import Breaker
 from metering.domain.distinct import Seen
 from metering.domain.recurring import Issue, next_due_us
 from metering.domain.rollups import rollup_rows
@@ -697,36 +698,44 @@ gp AS MATERIALIZED (
     SELECT r->>0 AS l, r->>1 AS s FROM jsonb_array_elements(%(grant_pairs)s::jsonb) AS r
 )
 SELECT 0::int, NULL::text, NULL::text, version, NULL::bigint, NULL::bigint, NULL::bigint,
-       NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::text
+       NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::text, NULL::float8,
+       NULL::float8
 FROM limits_version WHERE id = 1
 UNION ALL
 SELECT 1, limit_name, subject, window_start_us, window_end_us, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL
+       NULL, NULL, NULL
 FROM w
 UNION ALL
 SELECT 2, c.limit_name, c.subject, c.window_start_us, c.used, c.denied_count, c.denied_cost,
-       c.first_denied_at_us, c.tat_us, c.tat_rem, c.tat_scale, NULL
+       c.first_denied_at_us, c.tat_us, c.tat_rem, c.tat_scale, NULL, NULL, NULL
 FROM k CROSS JOIN LATERAL (
     SELECT * FROM counters AS c
     WHERE c.limit_name = k.l AND c.subject = k.s AND c.window_start_us = k.ws
 ) AS c
 UNION ALL
 SELECT 3, g.limit_name, g.subject, g.amount, g.used, g.effective_from_us, g.expires_at_us,
-       g.priority, NULL, NULL, NULL, g.grant_id
+       g.priority, NULL, NULL, NULL, g.grant_id, NULL, NULL
 FROM gp CROSS JOIN LATERAL (
     SELECT * FROM grants AS g WHERE g.limit_name = gp.l AND g.subject = gp.s
 ) AS g
 UNION ALL
 SELECT 4, d.limit_name, d.subject, d.window_start_us, sum(d.amount)::bigint, NULL, NULL, NULL,
-       NULL, NULL, NULL, NULL
+       NULL, NULL, NULL, NULL, NULL, NULL
 FROM gp CROSS JOIN LATERAL (
     SELECT * FROM grant_draws AS d WHERE d.subject = gp.s AND d.limit_name = gp.l
 ) AS d
 GROUP BY d.limit_name, d.subject, d.window_start_us
 UNION ALL
 SELECT 5, d.limit_name, d.subject, d.window_start_us, d.live_events, NULL, NULL, NULL, NULL,
-       NULL, NULL, d.value
+       NULL, NULL, d.value, NULL, NULL
 FROM ({READ_SEATS}) AS d
+UNION ALL
+SELECT 6, b.limit_name, b.subject, b.rate_at_us, b.since_us, b.over_since_us, b.quarantined_at_us,
+       NULL, NULL, NULL, NULL, NULL, b.short_rate, b.long_rate
+FROM jsonb_array_elements(%(breaker_pairs)s::jsonb) AS r
+CROSS JOIN LATERAL (
+    SELECT * FROM breakers AS b WHERE b.limit_name = r->>0 AND b.subject = r->>1
+) AS b
 """
 
 
@@ -736,17 +745,20 @@ def read_unlocked(
     keys: Sequence[WantedKey],
     seats: Sequence[WantedSeat] = (),
     grant_pairs: Sequence[Pair] = (),
+    breaker_pairs: Sequence[Pair] = (),
 ) -> Snapshot:
     """`PostgresHotStore.read` for a decision that writes nothing (`check`):
     one statement on ``raw`` in autocommit (`DirectPostgres.autocommit`), no
     lock, no transaction to end. Results are not looked up (``stored`` is
-    empty), nor recurring grants' schedules. Driver errors come out as
-    SQLAlchemy's, for `metering.storage.connections.translate`."""
+    empty), nor recurring grants' schedules, nor the breaker links' secret.
+    Driver errors come out as SQLAlchemy's, for
+    `metering.storage.connections.translate`."""
     params = {
         "pairs": _encode(pairs),
         "keys": _encode(keys),
         "seats": _encode(seats),
         "grant_pairs": _encode(grant_pairs),
+        "breaker_pairs": _encode(breaker_pairs),
     }
     try:
         rows = raw.cursor(binary=True).execute(CHECK_READ, params).fetchall()
@@ -758,6 +770,7 @@ def read_unlocked(
     seen: Seen = {}
     grant_rows: list[tuple[Any, ...]] = []
     draw_rows: list[tuple[Any, ...]] = []
+    breakers: dict[Pair, Breaker] = {}
     for row in rows:
         kind = row[0]
         if kind == 0:
@@ -770,9 +783,17 @@ def read_unlocked(
             grant_rows.append((row[1], row[2], row[11], *row[3:8]))
         elif kind == 4:
             draw_rows.append(row[1:5])
-        else:
+        elif kind == 5:
             seen[(row[1], row[2], row[3], row[11])] = row[4]
+        else:
+            breakers[(row[1], row[2])] = Breaker(row[12], row[13], *row[3:7])
     pots = pots_of(grant_rows, draw_rows) if grant_rows else {}
     return Snapshot(
-        version=version, stored={}, windows=windows, states=states, pots=pots, seen=seen
+        version=version,
+        stored={},
+        windows=windows,
+        states=states,
+        pots=pots,
+        seen=seen,
+        breakers=breakers,
     )
