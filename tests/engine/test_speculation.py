@@ -262,10 +262,11 @@ def test_a_failed_speculation_logs_no_warning(
             selector.register(store.raw.fileno(), selectors.EVENT_READ)
             selector.select(10)
 
-    monkeypatch.setattr(SpeculativeStore, "send_expectations", answered_first)
     with meters(request) as (a, b, _):
         a.consume("s1", "calls")  # its rows cached
         b.consume("s1", "calls")  # and now stale
+        # Only now: a miss sends no checks, and nothing would answer the wait.
+        monkeypatch.setattr(SpeculativeStore, "send_expectations", answered_first)
         before = SPECULATION.copy()
         with caplog.at_level(logging.WARNING):
             a.consume("s1", "calls")
