@@ -270,6 +270,23 @@ def _iso(us: int | None) -> str | None:
     return moment.isoformat().replace("+00:00", "Z")
 
 
+def grant_low_document(row: Sequence[Any], timestamp_us: int) -> dict[str, Any]:
+    """The ``grant.low`` document of a grant marked low, from its (grant id,
+    subject, limit, amount, used, low_at, recurring grant id)."""
+    grant_id, subject, name, amount, used, low_at, schedule_id = row
+    data = {
+        "grant_id": grant_id,
+        "subject": subject,
+        "limit": name,
+        "amount": amount,
+        "used": used,
+        "left": amount - used,
+        "low_at": low_at,
+        "recurring_grant_id": schedule_id,
+    }
+    return {"type": "grant.low", "timestamp": _iso(timestamp_us), "data": data}
+
+
 def payload_of(notice: Notice, timestamp_us: int) -> dict[str, Any]:
     """The JSON document a receiver gets (Standard Webhooks shape: type, timestamp, data).
 

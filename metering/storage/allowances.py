@@ -31,7 +31,7 @@ from sqlalchemy import (
 
 from metering.domain.decisions import ROW_FIELDS
 from metering.domain.grants import DEFAULT_PRIORITY, Balance, Entitlement, History, Pot
-from metering.domain.notifications import _iso
+from metering.domain.notifications import grant_low_document
 from metering.domain.zones import UTC_ZONE, ZoneHistory
 from metering.storage.counters import Pair
 from metering.storage.limits import BUMP_LIMITS_VERSION
@@ -364,18 +364,8 @@ class AllowanceStore(OnConnection):
             return
         webhooks = WebhookStore(self.connection)
         endpoints = webhooks.list_endpoints(enabled_only=True)
-        for grant_id, subject, name, amount, used, low_at, schedule_id in sorted(found):
-            data = {
-                "grant_id": grant_id,
-                "subject": subject,
-                "limit": name,
-                "amount": amount,
-                "used": used,
-                "left": amount - used,
-                "low_at": low_at,
-                "recurring_grant_id": schedule_id,
-            }
-            document = {"type": "grant.low", "timestamp": _iso(now_us), "data": data}
+        for row in sorted(found):
+            document = grant_low_document(tuple(row), now_us)
             webhooks.add_message("grant.low", encode_payload(document), endpoints, now_us)
 
     def add_correction(self, record: CorrectionRecord) -> bool:

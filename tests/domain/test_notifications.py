@@ -22,6 +22,7 @@ from metering.domain.notifications import (
     ResetStep,
     Transition,
     bucket_full_at_us,
+    grant_low_document,
     notices_for,
     notices_of,
     payload_of,
@@ -426,3 +427,21 @@ def test_a_soft_limit_topped_up_by_grants_is_exceeded_once_they_run_out() -> Non
     assert soft_with_grants(8, 5, (("g", 1),)) == ["exceeded"]
     # already one past: 3 more of which grants pay 1 is not where the overage started
     assert soft_with_grants(11, 3, (("g", 1),)) == []
+
+
+def test_a_grant_low_document_says_what_is_left() -> None:
+    row = ("g-1", "org-1", "calls", 100, 85, 80, "r-1")
+    assert grant_low_document(row, 1_800_000_000_250_000) == {
+        "type": "grant.low",
+        "timestamp": "2027-01-15T08:00:00.250000Z",
+        "data": {
+            "grant_id": "g-1",
+            "subject": "org-1",
+            "limit": "calls",
+            "amount": 100,
+            "used": 85,
+            "left": 15,
+            "low_at": 80,
+            "recurring_grant_id": "r-1",
+        },
+    }

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from metering.domain.breaker import Breaker
-from metering.domain.notifications import Notice, _iso
+from metering.domain.notifications import Notice, grant_low_document
 from metering.storage.counters import Pair
 from metering.storage.webhook_records import encode_payload
 
@@ -183,19 +183,8 @@ def low_documents(rows: Sequence[Sequence[Any]], now_us: int) -> list[tuple[str,
     """The ``grant.low`` messages (type, payload) of `MARK_LOW`'s rows, as
     `AllowanceStore.announce_low` writes them."""
     found: list[tuple[str, str]] = []
-    for grant_id, subject, name, amount, used, low_at, schedule_id in sorted(map(tuple, rows)):
-        data = {
-            "grant_id": grant_id,
-            "subject": subject,
-            "limit": name,
-            "amount": amount,
-            "used": used,
-            "left": amount - used,
-            "low_at": low_at,
-            "recurring_grant_id": schedule_id,
-        }
-        document = {"type": "grant.low", "timestamp": _iso(now_us), "data": data}
-        found.append(("grant.low", encode_payload(document)))
+    for row in sorted(map(tuple, rows)):
+        found.append(("grant.low", encode_payload(grant_low_document(row, now_us))))
     return found
 
 
