@@ -164,8 +164,10 @@ def test_the_lag_gauges_are_on_the_apis_metrics(client: httpx.Client) -> None:
 
 
 @pytest.mark.server  # `metering serve` under uvicorn, in two processes
-def test_metering_serve_with_two_processes_counts_exactly_and_logs_json(tmp_path: Path) -> None:
-    database = f"sqlite:///{tmp_path}/metering.db"
+def test_metering_serve_with_two_processes_counts_exactly_and_logs_json(
+    tmp_path: Path, sqlite_url: str
+) -> None:
+    database = sqlite_url
     with Meter(database) as meter:
         meter.set_limit(Limit("am_served", maximum=15, period="1d", window="calendar"))
     with socket.socket() as probe:

@@ -41,8 +41,8 @@ CHECKS = (
 
 
 @pytest.fixture
-def api_schema(serve_api: Serve, tmp_path: Path) -> Iterator[Any]:
-    with Meter(f"sqlite:///{tmp_path}/metering.db") as meter:
+def api_schema(serve_api: Serve, sqlite_url: str, tmp_path: Path) -> Iterator[Any]:
+    with Meter(sqlite_url) as meter:
         meter.set_limit(Limit("api_calls", maximum=5, period="1h"))
         meter.set_limit(Limit("org_calls", maximum=10, period="10s", algorithm="token_bucket"))
         settings_ = Settings(meter.url, f"sqla+sqlite:///{tmp_path}/broker.db")

@@ -94,8 +94,10 @@ def test_the_library_refuses_reserved_names_but_the_product_path(meter: Meter) -
         meter.set_product_limit(Limit("not_ours", maximum=1, period="1h"))
 
 
-def test_the_cli_refuses_reserved_names_with_one_error_line(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path}/cli.db"
+def test_the_cli_refuses_reserved_names_with_one_error_line(
+    tmp_path: Path, sqlite_url: str
+) -> None:
+    url = sqlite_url
     runner = CliRunner()
 
     def run(*args: str) -> Any:
@@ -159,8 +161,10 @@ def test_the_api_refuses_allowances_of_reserved_limits(admin: httpx.Client, mete
     assert meter.entitlements() == [] and meter.grants() == []
 
 
-def test_the_cli_refuses_allowances_and_reset_of_reserved_limits(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path}/cli.db"
+def test_the_cli_refuses_allowances_and_reset_of_reserved_limits(
+    tmp_path: Path, sqlite_url: str
+) -> None:
+    url = sqlite_url
     runner = CliRunner()
     with Meter(url) as meter:
         meter.set_product_limit(Limit(RATE_LIMIT, maximum=5, period="1m", algorithm="token_bucket"))

@@ -37,9 +37,11 @@ def test_emit_queues_an_event_and_prints_its_id(tmp_path: Path) -> None:
         assert connection.execute("SELECT count(*) FROM kombu_message").fetchone() == (2,)
 
 
-def test_emit_refuses_an_unknown_limit_of_its_database_in_one_line(tmp_path: Path) -> None:
+def test_emit_refuses_an_unknown_limit_of_its_database_in_one_line(
+    tmp_path: Path, sqlite_url: str
+) -> None:
     broker = f"sqla+sqlite:///{tmp_path}/broker.db"
-    database = f"sqlite:///{tmp_path}/metering.db"
+    database = sqlite_url
     with Meter(database) as meter:
         meter.set_limit(Limit("api_calls", maximum=10, period="1h"))
     result = CliRunner().invoke(
@@ -60,8 +62,8 @@ def test_emit_rejects_bad_input_in_one_line(tmp_path: Path) -> None:
     assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
 
 
-def test_rejected_lists_what_could_not_be_applied(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path}/m.db"
+def test_rejected_lists_what_could_not_be_applied(sqlite_url: str) -> None:
+    url = sqlite_url
     empty = CliRunner().invoke(main, ["--database", url, "rejected"])
     assert empty.exit_code == 0 and "no rejected messages" in empty.output
     with Meter(url) as meter:
@@ -72,8 +74,8 @@ def test_rejected_lists_what_could_not_be_applied(tmp_path: Path) -> None:
     assert row["event_id"] is None and "not a metering batch" in row["reason"]
 
 
-def test_rejected_lists_rejected_events_and_replay_applies_them_once(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path}/m.db"
+def test_rejected_lists_rejected_events_and_replay_applies_them_once(sqlite_url: str) -> None:
+    url = sqlite_url
     event = make_event([("org-42", "api_cals", 3)], datetime.now(UTC), "typo-1")
     with Meter(url) as meter:
         apply_batch(meter, encode_batch([encode_event(event)]))  # as a worker does

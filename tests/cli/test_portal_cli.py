@@ -5,7 +5,6 @@ rotation keeps older links working through its grace; bad durations are one
 
 from __future__ import annotations
 
-from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 from click.testing import CliRunner
@@ -28,8 +27,8 @@ def _subject_of(url: str, link: str, now_s: int) -> list[str | None]:
     return [verify(secret, token, now_s) for secret in secrets]
 
 
-def test_a_link_is_printed_alone_and_signed_for_its_subject(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path}/m.db"
+def test_a_link_is_printed_alone_and_signed_for_its_subject(sqlite_url: str) -> None:
+    url = sqlite_url
     code, output = _run(url, "link", "org-1", "--ttl", "30m", "--base-url", "https://usage.test")
     assert code == 0 and output.count("\n") == 1
     link = output.strip()
@@ -40,8 +39,8 @@ def test_a_link_is_printed_alone_and_signed_for_its_subject(tmp_path: Path) -> N
     assert _subject_of(url, link, expires) == [None]
 
 
-def test_a_rotation_keeps_older_links_through_its_grace(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path}/m.db"
+def test_a_rotation_keeps_older_links_through_its_grace(sqlite_url: str) -> None:
+    url = sqlite_url
     _, before = _run(url, "link", "org-1")
     code, output = _run(url, "rotate", "--grace", "30m")
     assert code == 0 and output.startswith("rotated: links made before now work until ")
@@ -50,8 +49,8 @@ def test_a_rotation_keeps_older_links_through_its_grace(tmp_path: Path) -> None:
     assert _subject_of(url, before.strip(), now_s) == [None, "org-1"]
 
 
-def test_a_bad_duration_is_one_error_line(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path}/m.db"
+def test_a_bad_duration_is_one_error_line(sqlite_url: str) -> None:
+    url = sqlite_url
     for args in (["link", "org-1", "--ttl", "1y"], ["rotate", "--grace", "40d"]):
         code, output = _run(url, *args)
         assert code == 1 and output.startswith("error:") and output.count("\n") == 1

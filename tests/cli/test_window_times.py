@@ -14,7 +14,6 @@ import csv
 import io
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 from click.testing import CliRunner
 
@@ -33,8 +32,8 @@ def _run(url: str, *args: str) -> str:
     return result.output
 
 
-def test_every_surface_shows_the_same_window_bounds(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path}/times.db"
+def test_every_surface_shows_the_same_window_bounds(sqlite_url: str) -> None:
+    url = sqlite_url
     with Meter(url, clock=FrozenClock(OPENED)) as meter:
         meter.set_limit(
             Limit("calls", maximum=1, period="1m", window="first_use", enforcement="soft")

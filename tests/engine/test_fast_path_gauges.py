@@ -27,7 +27,7 @@ from decision_paths import apply_reference, refusing
 from differential import SETTINGS, reference_events, stored
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from servers import PostgresServer
+from servers import PostgresServer, copy_sqlite
 
 from metering import FrozenClock, Limit, Meter
 from metering.domain.events import make_event
@@ -145,10 +145,13 @@ def _corrections(meter: Meter) -> list[object]:
 @pytest.mark.slow
 @settings(SETTINGS, max_examples=examples(40))
 @given(stream=streams)
-def test_sqlite_fast_path_decides_gauges_as_the_reference(stream: list[dict[str, Any]]) -> None:
+def test_sqlite_fast_path_decides_gauges_as_the_reference(
+    sqlite_template: Path, stream: list[dict[str, Any]]
+) -> None:
     with tempfile.TemporaryDirectory() as directory:
         base = Path(directory)
-        _run(f"sqlite:///{base}/fast.db", f"sqlite:///{base}/general.db", stream)
+        fast = copy_sqlite(sqlite_template, base / "fast.db")
+        _run(fast, copy_sqlite(sqlite_template, base / "general.db"), stream)
 
 
 @contextmanager
@@ -187,7 +190,7 @@ STEPS: list[tuple[Any, ...]] = [
 
 def _general_url(db_url: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if db_url.startswith("sqlite"):
-        yield f"sqlite:///{tmp_path}/general.db"
+        yield copy_sqlite(request.getfixturevalue("sqlite_template"), tmp_path / "general.db")
         return
     server: PostgresServer = request.getfixturevalue("postgres_server")
     with server.copy_of(request.getfixturevalue("pg_template_url"), "gauge") as url:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from servers import copy_sqlite
 from sqlalchemy import select
 
 from metering import Limit, Meter
@@ -61,7 +62,9 @@ def ledger(meter: Meter) -> tuple[list[Any], list[Any]]:
     return [tuple(row) for row in found], [tuple(row) for row in counted]
 
 
-def test_killed_half_way_and_run_again_ends_exactly_once(db_url: str, tmp_path: Path) -> None:
+def test_killed_half_way_and_run_again_ends_exactly_once(
+    db_url: str, sqlite_template: Path, tmp_path: Path
+) -> None:
     path = tmp_path / "history.jsonl"
     write_file(path)
     with Meter(db_url) as meter:
@@ -104,7 +107,7 @@ def test_killed_half_way_and_run_again_ends_exactly_once(db_url: str, tmp_path: 
         after_kill = ledger(meter)
         audited = run_audit(meter, full=True)
         assert (audited.violations, audited.windows) == ((), len(after_kill[1]))
-    with Meter(f"sqlite:///{tmp_path}/once.db") as once:
+    with Meter(copy_sqlite(sqlite_template, tmp_path / "once.db")) as once:
         once.set_limit(LIMIT)
         one = once.import_events(path)
         assert one.denied > EVENTS // 4

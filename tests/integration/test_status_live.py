@@ -55,7 +55,8 @@ class Stack:
 def stack(request: pytest.FixtureRequest, pg_url: str, redis_url: str, tmp_path: Path) -> Stack:
     if request.param == "redis":
         return Stack("redis", pg_url, redis_url)
-    return Stack("embedded", f"sqlite:///{tmp_path}/m.db", f"sqla+sqlite:///{tmp_path}/b.db")
+    database: str = request.getfixturevalue("sqlite_url")
+    return Stack("embedded", database, f"sqla+sqlite:///{tmp_path}/b.db")
 
 
 def wait_for(what: str, attempt: Callable[[], Result], done: Callable[[Result], bool]) -> Result:

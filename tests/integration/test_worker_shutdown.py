@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from pipeline_checks import RESULT_TIMEOUT, wait_until
+from servers import copy_sqlite
 
 from metering import Limit, Meter
 from metering.pipeline.producer import UsageProducer
@@ -35,11 +36,11 @@ def decided(database: str, event_id: str) -> bool:
 
 
 def test_a_worker_on_the_embedded_broker_stops_on_a_sigterm_to_its_group(
-    tmp_path: Path, start_worker: Callable[..., Any]
+    tmp_path: Path, sqlite_template: Path, start_worker: Callable[..., Any]
 ) -> None:
     started = []
     for number in range(WORKERS):
-        database = f"sqlite:///{tmp_path}/m{number}.db"
+        database = copy_sqlite(sqlite_template, tmp_path / f"m{number}.db")
         broker = f"sqla+sqlite:///{tmp_path}/b{number}.db"
         with Meter(database) as meter:
             meter.set_limit(Limit("calls", maximum=10, period="1d"))

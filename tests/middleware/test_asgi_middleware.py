@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request
+from servers import copy_sqlite
 from starlette.authentication import AuthCredentials, AuthenticationBackend, SimpleUser
 from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.requests import HTTPConnection
@@ -168,13 +170,13 @@ def test_routes_change_the_cost_or_exempt_and_a_custom_refusal(
 
 
 def test_headers_can_be_turned_off_and_an_unreachable_database_answers_503(
-    meter: Meter, serve_asgi: Serve, tmp_path: Any
+    meter: Meter, serve_asgi: Serve, sqlite_template: Path, tmp_path: Path
 ) -> None:
     base = serve_asgi(build_app(meter, headers=False))
     with httpx.Client(base_url=base) as client:
         answer = client.get("/hello")
     assert answer.status_code == 200 and "ratelimit" not in answer.headers
-    broken = Meter(f"sqlite:///{tmp_path}/broken.db")
+    broken = Meter(copy_sqlite(sqlite_template, tmp_path / "broken.db"))
     broken.sql_engine.dispose()
     (tmp_path / "broken.db").unlink()
     (tmp_path / "broken.db").mkdir()  # no longer a database file

@@ -59,8 +59,8 @@ def test_retry_after_rounds_up_and_is_at_least_one_second() -> None:
     assert retry_after_seconds(both, NOW_US) == 9
 
 
-def test_a_policy_checks_its_configuration(tmp_path: object) -> None:
-    with Meter(f"sqlite:///{tmp_path}/m.db") as meter:
+def test_a_policy_checks_its_configuration(sqlite_url: str) -> None:
+    with Meter(sqlite_url) as meter:
         with pytest.raises(InvalidInput):
             Policy(meter, "api", cost=0)
         with pytest.raises(InvalidInput):
@@ -72,9 +72,9 @@ def test_a_policy_checks_its_configuration(tmp_path: object) -> None:
 
 
 def test_a_key_function_returning_a_non_string_answers_503_or_passes_when_fail_open(
-    tmp_path: object,
+    sqlite_url: str,
 ) -> None:
-    with Meter(f"sqlite:///{tmp_path}/m.db") as meter:
+    with Meter(sqlite_url) as meter:
         meter.set_limit(Limit("api", maximum=5, period="1m"))
         numbered = Policy(meter, "api", key=lambda _: 42)  # type: ignore[arg-type,return-value]
         step = numbered.enter(request(), RequestMetering())

@@ -215,8 +215,8 @@ def test_decoding_keeps_what_cannot_become_an_event() -> None:
         assert events == [] and len(rejected) == 1
 
 
-def test_applying_a_message_again_changes_nothing(tmp_path: Path) -> None:
-    with Meter(f"sqlite:///{tmp_path}/m.db", clock=FrozenClock(NOW)) as meter:
+def test_applying_a_message_again_changes_nothing(sqlite_url: str) -> None:
+    with Meter(sqlite_url, clock=FrozenClock(NOW)) as meter:
         meter.set_limit(Limit("calls", maximum=10, period="1h", window="calendar"))
         events = [encode_event(make_event([("s", "calls", 3)], NOW, f"e{n}")) for n in range(4)]
         payload = encode_batch([*events, {"id": "broken", "charges": "x", "at": 0}])
@@ -264,10 +264,10 @@ def test_cli_emit_with_the_broker_down_says_so_in_one_line_and_sends_nothing_lat
 
 
 def test_a_producer_with_a_database_refuses_an_unknown_limit(
-    broker: tuple[str, Path], tmp_path: Path
+    broker: tuple[str, Path], sqlite_url: str
 ) -> None:
     url, path = broker
-    with Meter(f"sqlite:///{tmp_path}/metering.db") as meter:
+    with Meter(sqlite_url) as meter:
         meter.set_limit(Limit("api_calls", maximum=10, period="1h"))
         producer = UsageProducer(url, database_url=meter.url, flush_interval_seconds=60)
         assert producer.emit("org-42", "api_calls")  # the names are read

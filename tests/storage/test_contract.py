@@ -5,8 +5,10 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
+from servers import copy_sqlite
 from sqlalchemy import func, select
 
 from metering import FrozenClock, Limit, Meter
@@ -233,7 +235,9 @@ def test_batch_rejects_invalid_events_and_keeps_going(meter: Meter) -> None:
         assert connection.execute(select(func.count()).select_from(results)).scalar() == 4
 
 
-def test_a_batch_decides_like_events_one_by_one(db_url: str, tmp_path: object) -> None:
+def test_a_batch_decides_like_events_one_by_one(
+    db_url: str, sqlite_template: Path, tmp_path: Path
+) -> None:
     """The same random stream, applied as one batch and event by event, agrees."""
     rng = random.Random(7)
     limits = [
@@ -251,7 +255,7 @@ def test_a_batch_decides_like_events_one_by_one(db_url: str, tmp_path: object) -
         charges = [(subject, lim.name, rng.randrange(1, 4)) for lim in chosen]
         events.append(make_event(charges, at, f"e{n}"))
     clock = FrozenClock(at)
-    batch_url = f"sqlite:///{tmp_path}/batch.db"
+    batch_url = copy_sqlite(sqlite_template, tmp_path / "batch.db")
     with Meter(db_url, clock=clock) as one_by_one, Meter(batch_url, clock=clock) as batch:
         one_by_one.set_limits(limits)
         batch.set_limits(limits)

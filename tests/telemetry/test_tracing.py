@@ -11,7 +11,6 @@ import asyncio
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -55,12 +54,12 @@ def test_spans_of_sqlalchemy_httpx_celery_and_fastapi(
     tracing: Tracing,
     exporter: InMemorySpanExporter,
     api: FastAPI,
-    tmp_path: Path,
+    sqlite_url: str,
     httpserver: HTTPServer,
 ) -> None:
     # SQLAlchemy: a Meter made after set-up has its statements traced (the
     # hot path's writes go to the driver's cursor, below SQLAlchemy: untraced).
-    with Meter(f"sqlite:///{tmp_path / 'traced.db'}") as meter:
+    with Meter(sqlite_url) as meter:
         meter.set_limit(Limit("traced", maximum=5, period="1d"))
         meter.consume("org-1", "traced")
     statements = [s for s in exporter.get_finished_spans() if s.attributes.get("db.statement")]
@@ -105,11 +104,11 @@ def test_spans_of_sqlalchemy_httpx_celery_and_fastapi(
 
 
 def test_shutdown_removes_the_instrumentation(
-    exporter: InMemorySpanExporter, tmp_path: Path
+    exporter: InMemorySpanExporter, sqlite_url: str
 ) -> None:
     tracing = setup_tracing("metering-test", exporter=exporter, set_global=False)
     tracing.shutdown()
-    with Meter(f"sqlite:///{tmp_path / 'untraced.db'}") as meter:
+    with Meter(sqlite_url) as meter:
         meter.set_limit(Limit("untraced", maximum=5, period="1d"))
     assert exporter.get_finished_spans() == ()
 

@@ -32,12 +32,12 @@ def meter(sqlite_url: str, clock: FrozenClock) -> Iterator[Meter]:
 
 
 def test_a_meter_takes_its_correction_horizon_from_the_settings_it_is_given(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The worker and the API hand `Meter` their settings' horizon; only a
     `Meter` given none reads METERING_CORRECTION_HORIZON_DAYS."""
     monkeypatch.setenv("METERING_CORRECTION_HORIZON_DAYS", "90")
-    url = f"sqlite:///{tmp_path / 'horizon.db'}"
+    url = sqlite_url
     with Meter(url, correction_horizon_days=10) as given, Meter(url) as default:
         assert given.correction_horizon == 10 * 86_400
         assert default.correction_horizon == 90 * 86_400

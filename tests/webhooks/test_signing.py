@@ -73,9 +73,9 @@ def test_a_malformed_secret_is_invalid_input() -> None:
         sign(BODY, "msg_1", 1, "whsec_not base64!")
 
 
-def test_during_a_rotation_both_secrets_verify_and_after_it_only_the_new(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_during_a_rotation_both_secrets_verify_and_after_it_only_the_new(sqlite_url: str) -> None:
     clock = FrozenClock(NOW)
-    with Meter(f"sqlite:///{tmp_path}/m.db", clock=clock) as meter:
+    with Meter(sqlite_url, clock=clock) as meter:
         hooks = Webhooks(meter)
         endpoint, old = hooks.add("https://example.com/hooks")
         new = hooks.rotate(endpoint.id, grace_seconds=3600)

@@ -47,7 +47,7 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     if request.param == "embedded":
         # As `metering worker` runs it on the embedded broker: one process.
         return Backend(
-            f"sqlite:///{tmp_path / 'metering.db'}",
+            request.getfixturevalue("sqlite_url"),
             f"sqla+sqlite:///{tmp_path / 'broker.db'}",
             ["--pool", "solo"],
         )

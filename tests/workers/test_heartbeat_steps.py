@@ -13,7 +13,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from metering import Meter
 from metering.settings import Settings
 from workers.app import create_app
 from workers.heartbeat import WorkerHeartbeat
@@ -21,9 +20,10 @@ from workers.webhooks import WebhookDelivery
 
 
 @pytest.mark.parametrize("step_class", [WebhookDelivery, WorkerHeartbeat])
-def test_terminate_stops_the_steps_thread(tmp_path: Path, step_class: type) -> None:
-    database_url = f"sqlite:///{tmp_path / 'metering.db'}"
-    Meter(database_url).close()  # the schema exists before the thread writes
+def test_terminate_stops_the_steps_thread(
+    tmp_path: Path, sqlite_url: str, step_class: type
+) -> None:
+    database_url = sqlite_url  # the schema exists before the thread writes
     settings = Settings(database_url=database_url, broker_url=f"sqla+sqlite:///{tmp_path / 'b.db'}")
     parent = SimpleNamespace(app=create_app(settings.broker_url, settings), hostname="w@test")
     step = step_class(parent)

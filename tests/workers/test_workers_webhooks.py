@@ -55,8 +55,10 @@ def test_the_thread_is_included_only_when_dispatching(tmp_path: Path) -> None:
     assert WebhookDelivery(off).include_if(off) is False
 
 
-def test_a_started_thread_delivers_what_is_pending(tmp_path: Path, receiver: HTTPServer) -> None:
-    url = f"sqlite:///{tmp_path / 'metering.db'}"
+def test_a_started_thread_delivers_what_is_pending(
+    tmp_path: Path, sqlite_url: str, receiver: HTTPServer
+) -> None:
+    url = sqlite_url
     receiver.expect_request("/hook").respond_with_data("ok")
     with Meter(url) as meter:
         meter.set_limit(Limit("calls", maximum=1, period="1h", window="calendar"))
