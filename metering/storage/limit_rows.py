@@ -49,8 +49,9 @@ def limit_from_row(row: Any) -> Limit:
     )
 
 
-def sqlite_file(url: str) -> Path | None:
-    """The file of a plain SQLite URL (no options, not in memory), else None."""
+def bare_sqlite_path(url: str) -> Path | None:
+    """The file of a plain SQLite URL (no options, not in memory), else None:
+    `metering.storage.health.sqlite_file` reads any SQLite URL, through SQLAlchemy."""
     for prefix in _SQLITE_PREFIXES:
         if url.startswith(prefix):
             name = url[len(prefix) :]
@@ -66,7 +67,7 @@ def bare_limits(url: str) -> list[Limit] | None:
     """Every limit of the SQLite file at ``url``, by name, read with stdlib
     `sqlite3`; None when this read cannot answer (not a plain SQLite file,
     missing, at another schema revision, or unreadable)."""
-    path = sqlite_file(url)
+    path = bare_sqlite_path(url)
     if path is None or not path.is_file():
         return None
     try:

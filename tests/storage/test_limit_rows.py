@@ -14,7 +14,8 @@ import pytest
 
 from metering import Meter
 from metering.domain.limits import Limit, spend_limit
-from metering.storage.limit_rows import bare_limits, sqlite_file
+from metering.storage.health import sqlite_file
+from metering.storage.limit_rows import bare_limits, bare_sqlite_path
 
 LIMITS = [
     Limit("calls", maximum=100, period="1h", thresholds=(50, 80), thresholds_units=(90,)),
@@ -49,19 +50,21 @@ def test_what_the_bare_read_cannot_answer_is_none(sqlite_url: str, tmp_path: Pat
     not_a_database = tmp_path / "notes.db"
     not_a_database.write_text("not a database")
     assert bare_limits(f"sqlite:///{not_a_database}") is None
-    path = sqlite_file(sqlite_url)
+    path = bare_sqlite_path(sqlite_url)
     assert path is not None
     with sqlite3.connect(path) as raw:
         raw.execute("UPDATE alembic_version SET version_num = '0006'")
     assert bare_limits(sqlite_url) is None  # a Meter upgrades it first
 
 
-def test_sqlite_file_reads_the_path_as_sqlalchemy_does() -> None:
-    assert sqlite_file("sqlite:///metering.db") == Path("metering.db")
-    assert sqlite_file("sqlite:////var/lib/m.db") == Path("/var/lib/m.db")
-    assert sqlite_file("sqlite+pysqlite:///a/b.db") == Path("a/b.db")
-    assert sqlite_file("sqlite:///file:x.db?mode=ro&uri=true") is None
-    assert sqlite_file("sqlite:///caf%C3%A9.db") is None
+def test_a_plain_url_gives_the_path_sqlalchemy_gives() -> None:
+    for url in ("sqlite:///metering.db", "sqlite:////var/lib/m.db", "sqlite+pysqlite:///a/b.db"):
+        assert bare_sqlite_path(url) == sqlite_file(url)
+    assert bare_sqlite_path("sqlite:///metering.db") == Path("metering.db")
+    assert bare_sqlite_path("sqlite:////var/lib/m.db") == Path("/var/lib/m.db")
+    assert bare_sqlite_path("sqlite+pysqlite:///a/b.db") == Path("a/b.db")
+    assert bare_sqlite_path("sqlite:///file:x.db?mode=ro&uri=true") is None
+    assert bare_sqlite_path("sqlite:///caf%C3%A9.db") is None
 
 
 @pytest.mark.slow
