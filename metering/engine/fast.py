@@ -897,7 +897,8 @@ class _Applying:
         dead = [*batch.rejected, *conflicts, *self.refused]
         if dead and store.takes_rejected:
             changes.rejected, dead = dead, []  # in the write's round trip
-        leads = self._leads() if connection is not None or _forecasting(self.rules) else {}
+        forecasting = connection is not None or _forecasting(self.rules)
+        leads = self._leads() if forecasting and self.wanted_notices is not None else {}
         breakers = self.breakers
         more = bool(self.notices or dead or low or leads or breakers)
         if more and connection is None:  # the store writes them (`_direct_extras`)

@@ -258,3 +258,28 @@ def test_no_enforce_records_a_quarantined_subjects_usage_as_overage(db_url: str,
         )
         enforced = meter.import_events([line("h2", "org-1", "api", clock())])
         assert (enforced.applied, enforced.denied) == (0, 1)
+
+
+@pytest.mark.parametrize("path", ["fast", "reference"])
+def test_no_enforce_tells_no_forecast(db_url: str, path: str) -> None:
+    """History announces nothing: a limit with a forecast lead, run out
+    within the lead by an import that does not enforce, writes no
+    ``limit.forecast``; the same usage enforced does."""
+    clock = FrozenClock(NOW)
+    with Meter(db_url, clock=clock) as meter:
+        if path == "reference":
+            meter._engine.paths = [meter._engine.path("reference")]
+        meter.set_limit(
+            Limit("calls", maximum=1_000, period="1d", window="calendar", forecast_lead="1h")
+        )
+        for subject, enforce in (("org-1", False), ("org-2", True)):
+            meter.import_events(
+                [line(f"{subject}-a", subject, "calls", NOW, cost=360)], enforce=enforce
+            )
+            clock.advance(seconds=60)
+            meter.import_events(
+                [line(f"{subject}-b", subject, "calls", clock(), cost=360)], enforce=enforce
+            )
+        with meter.sql_engine.connect() as connection:
+            kinds = connection.execute(select(webhook_messages.c.type)).scalars().all()
+        assert kinds == ["limit.forecast"]
