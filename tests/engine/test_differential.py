@@ -33,6 +33,8 @@ answer (kind and outcome, or the error; reservations and voids in full),
 what the metrics count, and every table a decision writes
 (`differential.stored`) must be identical. On PostgreSQL the "direct" run
 also asks `check` both ways after each batch: the same `Decision` or error.
+A second run imports some batches (``enforce`` and ``allow_late`` each
+way) on the direct path.
 
 Each run also asserts the path decided: the reference engine decides
 only what the fast path leaves to it by design (an event before its
@@ -64,6 +66,7 @@ from sqlalchemy import select
 
 from metering import FrozenClock, Limit, Meter, spend_limit
 from metering.domain.events import EventRecord, UsageEvent, make_event
+from metering.domain.imports import ImportPolicy
 from metering.domain.needs import Need
 from metering.engine import core, fast, paths
 from metering.engine.answers import Answer, Batch, Declined
@@ -335,6 +338,11 @@ batch = st.fixed_dictionaries(
     }
 )
 streams = st.lists(batch, min_size=1, max_size=5)
+# Each batch's import flags, if it is an import (`metering.domain.imports`).
+policy = st.sampled_from(
+    [None, *(ImportPolicy(e, late) for e in (False, True) for late in (False, True))]
+)
+policies = st.lists(st.one_of(st.none(), policy), min_size=5, max_size=5)
 # Checks charge the breaker limits often: every subject's trips at START.
 guarded = st.tuples(
     st.sampled_from(SUBJECTS), st.sampled_from(BREAKERS), st.sampled_from([1, 2, 7, BIG])
@@ -382,9 +390,16 @@ def on_path(path: str, meter: Meter) -> Meter:
     return meter
 
 
-def apply_on(path: str, meter: Meter, records: Sequence[EventRecord], invalid: Any) -> list[Answer]:
-    """``records`` applied by ``path`` (``meter`` came from `on_path`)."""
-    return meter._engine.apply(records, invalid=invalid)
+def apply_on(
+    path: str,
+    meter: Meter,
+    records: Sequence[EventRecord],
+    invalid: Any,
+    policy: ImportPolicy | None = None,
+) -> list[Answer]:
+    """``records`` applied by ``path`` (``meter`` came from `on_path`), as an
+    import with ``policy``'s flags if given."""
+    return meter._engine.apply(records, invalid=invalid, policy=policy)
 
 
 def reserve_on(path: str, meter: Meter, event: UsageEvent, ttl_us: int) -> object:
@@ -515,15 +530,16 @@ def _decide(
     records: list[EventRecord],
     invalid: str,
     tally: Counter[str],
+    policy: ImportPolicy | None = None,
 ) -> None:
     """``records`` applied by the path and by the oracle: the same answers and counts."""
     tested, oracle = meters
     watch = _Watch()
     left, tried = reference_events(), STATS.copy()
     with watch.active():
-        found = answer(partial(apply_on, path, tested, records, invalid))
+        found = answer(partial(apply_on, path, tested, records, invalid, policy))
     left = reference_events() - left
-    expected = answer(partial(apply_on, ORACLE, oracle, records, invalid))
+    expected = answer(partial(apply_on, ORACLE, oracle, records, invalid, policy))
     assert kind(found) == kind(expected), (records, invalid)
     if not isinstance(expected, tuple):  # what the metrics would count of the oracle's answers
         counted = _Watch()
@@ -541,7 +557,7 @@ def _decide(
     if path == "one_trip":
         tried = STATS - tried
         engine = tested._engine
-        if engine.needs(Batch(records, 0)) <= engine.path("one_trip").implements:
+        if engine.needs(Batch(records, 0, policy=policy)) <= engine.path("one_trip").implements:
             assert tried.total() >= 1, "the one-trip function was not tried"
         else:
             tally["not for the function"] += 1
@@ -628,6 +644,7 @@ def _run(
     stream: list[dict[str, Any]],
     specs: list[dict[str, Any]],
     tally: Counter[str],
+    imports: Sequence[ImportPolicy | None] = (None,) * 5,
 ) -> None:
     clock = FrozenClock(START - timedelta(days=40))
     with ExitStack() as stack:
@@ -668,7 +685,8 @@ def _run(
                 else:
                     records.append(made.record())
             if records:
-                _decide(path, meters, records, spec["invalid"], tally)
+                _decide(path, meters, records, spec["invalid"], tally, imports[number])
+                tally["imported batches"] += imports[number] is not None
             if not singly:  # the one-trip function holds no reservation
                 _reservations(path, meters, spec, tally)
             if specs:
@@ -735,6 +753,28 @@ def test_the_path_decides_as_the_reference_engine(
     if path == "one_trip":  # of the events it may decide, the function decides many
         eligible = tally["events"] - tally["unsuited"] - tally["not for the function"]
         assert tally["applied"] >= eligible // 3, tally
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+def test_an_import_decides_as_the_reference_engine(
+    request: pytest.FixtureRequest, database: str
+) -> None:
+    """The same streams, their batches imported now and then with each
+    combination of ``enforce`` and ``allow_late``: the direct path's
+    results, counters and notices are the reference engine's."""
+    if database == "postgresql":
+        request.applymarker(pytest.mark.postgres)
+    tally: Counter[str] = Counter()
+
+    @settings(SETTINGS, max_examples=examples(6))
+    @given(stream=streams, imports=policies)
+    def differential(stream: list[dict[str, Any]], imports: list[ImportPolicy | None]) -> None:
+        with databases(request, database, 2) as urls:
+            _run("direct", urls, stream, [], tally, imports)
+
+    differential()
+    assert tally["imported batches"] >= 2, tally
+    assert tally["fell back"] < tally["events"] // 4, tally
 
 
 # -- counters a batch cannot deny, decided in aggregate ------------------------------
