@@ -63,7 +63,7 @@ from metering.storage.hot.direct_postgres import DirectPostgres
 from metering.storage.hot.one_trip import FunctionDeclined, apply_one
 from metering.storage.hot.postgres import PostgresHotStore, read_unlocked
 from metering.storage.hot.speculative import LearningStore, RowCache, SpeculativeStore
-from metering.storage.hot.sqlite import DirectSqlite
+from metering.storage.hot.sqlite import DirectSqlite, sqlite_read_unlocked
 from metering.storage.recurring import issue_due
 from metering.storage.reservations import ReservationStore
 from metering.storage.store import Store
@@ -122,9 +122,10 @@ class OneTrip:
 
 class Direct:
     """The fast path on the engine's own connections: stdlib sqlite3 on a
-    SQLite file (dead letters go through SQLAlchemy), psycopg on PostgreSQL,
-    where it also checks, reading in one statement in autocommit. Notices,
-    forecasts and breakers are read and written by the store, with the rest."""
+    SQLite file (dead letters go through SQLAlchemy), psycopg on PostgreSQL.
+    It also checks, reading without a lock: in one statement in autocommit
+    on PostgreSQL, in a read transaction on SQLite. Notices, forecasts and
+    breakers are read and written by the store, with the rest."""
 
     name = "direct"
 
@@ -183,14 +184,15 @@ class Direct:
         return found
 
     def check(self, event: UsageEvent, now_us: int) -> Decision | Declined:
-        direct = self.direct
-        if not isinstance(direct, DirectPostgres):
-            return _NO_CHECK
+        direct, cache, record = self.direct, self.cache, event.record()
         try:
-            with direct.autocommit() as raw:
-                found = check_record(
-                    partial(read_unlocked, raw), self.cache, event.record(), now_us
-                )
+            if isinstance(direct, DirectPostgres):
+                with direct.autocommit() as raw:
+                    found = check_record(partial(read_unlocked, raw), cache, record, now_us)
+            else:
+                with direct.reading() as raw_sqlite:
+                    read = partial(sqlite_read_unlocked, raw_sqlite)
+                    found = check_record(read, cache, record, now_us)
         except StorageError:
             return Declined("no connection")  # the reference engine retries, or raises
         if isinstance(found, Declined):

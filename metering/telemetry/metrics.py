@@ -133,7 +133,7 @@ class Metrics:
         self.reference = counter(
             "metering_reference_events",
             "Events the reference engine decided (apply) or checked (check): what the "
-            "fast path left to it, and every check on SQLite.",
+            "fast path left to it.",
             "path",
         )
         self.batch_seconds = histogram(

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from decision_paths import refusing
-from differential import BATCH_LIMITS, START, SUBJECTS, reference_events
+from differential import BATCH_LIMITS, START, SUBJECTS, reference_events, stored
 from round_trips import count_round_trips
 from sqlalchemy import func, select
 from test_differential import on_path
@@ -90,9 +90,9 @@ def test_a_repeat_of_a_stored_id_is_judged_against_the_stored_result(sqlite_url:
         assert [answer.kind for answer in answers] == ["conflict", "duplicate"]
 
 
-def test_an_ordinary_check_never_reaches_the_general_engine(pg_url: str) -> None:
+def test_an_ordinary_check_never_reaches_the_general_engine(db_url: str) -> None:
     clock = FrozenClock(START)
-    with Meter(pg_url, clock=clock) as meter:
+    with Meter(db_url, clock=clock) as meter:
         meter.set_limits(LIMITS)
         meter.consume(charges=[("org-1", "fu", 3), ("org-1", "cal", 2)])
 
@@ -111,13 +111,13 @@ def test_an_ordinary_check_never_reaches_the_general_engine(pg_url: str) -> None
         assert [c.used for c in meter.counters("org-1") if c.limit == "fu"] == [3]
 
 
-def test_a_limit_changed_in_another_process_applies_to_the_next_check(pg_url: str) -> None:
+def test_a_limit_changed_in_another_process_applies_to_the_next_check(db_url: str) -> None:
     clock = FrozenClock(START)
-    with Meter(pg_url, clock=clock) as meter:
+    with Meter(db_url, clock=clock) as meter:
         meter.set_limits(LIMITS)
         assert meter.consume("org-1", "cal").allowed
         assert meter.check("org-1", "cal").allowed  # the limits are now cached here
-        process = multiprocessing.get_context("fork").Process(target=_tighten, args=(pg_url,))
+        process = multiprocessing.get_context("fork").Process(target=_tighten, args=(db_url,))
         process.start()
         process.join(60)
         assert process.exitcode == 0
@@ -125,7 +125,7 @@ def test_a_limit_changed_in_another_process_applies_to_the_next_check(pg_url: st
         assert (decision.outcome, decision.maximum) == ("denied", 1)
 
 
-def test_a_check_of_a_breaker_limit_never_reaches_the_general_engine(pg_url: str) -> None:
+def test_a_check_of_a_breaker_limit_never_reaches_the_general_engine(db_url: str) -> None:
     """Quarantined or not, a subject's check of a limit with a breaker is the
     fast path's, and steps no breaker."""
     clock = FrozenClock(START)
@@ -138,7 +138,7 @@ def test_a_check_of_a_breaker_limit_never_reaches_the_general_engine(pg_url: str
         breaker_floor=0.1,
         quarantine_max=5,
     )
-    with Meter(pg_url, clock=clock) as meter:
+    with Meter(db_url, clock=clock) as meter:
         meter.set_limits([*LIMITS, guarded])
         for _ in range(62):  # 60 a second for a minute and more: org-1 trips
             assert meter.consume("org-1", "guarded", 60).allowed
@@ -153,11 +153,75 @@ def test_a_check_of_a_breaker_limit_never_reaches_the_general_engine(pg_url: str
         assert meter.quarantines() == before
 
 
+def test_a_check_of_a_granted_subject_never_reaches_the_general_engine(db_url: str) -> None:
+    """A grant (and an entitlement) pays what a check asks beyond the maximum;
+    the fast path answers, and draws nothing."""
+    clock = FrozenClock(START)
+    with Meter(db_url, clock=clock) as meter:
+        meter.set_limits(LIMITS)
+        meter.set_entitlement("org-2", "cal", 7)
+        meter.consume("org-1", "cal", 2)
+        meter.grant("org-1", "cal", 3)
+        refusing(meter._engine, _refuse)
+        assert meter.check("org-1", "cal", 6).allowed  # 3 left of the maximum, then the grant's 3
+        assert meter.check("org-1", "cal", 7).denied_by == ("cal",)
+        assert meter.check("org-2", "cal", 7).allowed
+        assert meter.check("org-2", "cal", 8).denied_by == ("cal",)
+        assert [g.used for g in meter.grants("org-1")] == [0]
+
+
+def test_checks_change_nothing_stored(db_url: str) -> None:
+    """Checks of every feature the fast check reads (counters, prices and a
+    spend cap, seats, grants, a quarantine, thresholds crossed, denials)
+    leave every table as it was."""
+    clock = FrozenClock(START)
+    guarded = Limit(
+        "guarded",
+        maximum=100_000,
+        period="1h",
+        window="calendar",
+        breaker="10x",
+        breaker_floor=0.1,
+        quarantine_max=5,
+    )
+    with Meter(db_url, clock=clock) as meter:
+        meter.set_limits(
+            [
+                *LIMITS,
+                *SEAT_LIMITS,
+                guarded,
+                Limit("marked", maximum=10, period="1h", window="calendar", thresholds=(50,)),
+                spend_limit("cap", "0.10", "USD", "1d", window="calendar"),
+            ]
+        )
+        meter.set_price("calls", "0.01", "USD")
+        meter.grant("org-1", "cal", 3, low=2)
+        for _ in range(62):  # org-1 trips its breaker
+            meter.consume("org-1", "guarded", 60)
+            clock.advance(seconds=1)
+        meter.consume(charges=[("org-1", "fu", 1), ("org-1", "cal", 1), ("org-1", "marked", 4)])
+        meter.consume("org-1", "seats", metadata={"user": "a"})
+        meter.consume("org-1", "calls", 4)
+        before = stored(meter)
+        refusing(meter._engine, _refuse)
+        asked = [
+            meter.check("org-1", "marked", 2),  # crosses 50 %
+            meter.check("org-1", "marked", 20),  # denied: a first denial
+            meter.check("org-1", "cal", 7),  # draws on the grant
+            meter.check("org-1", "seats", metadata={"user": "b"}),  # a new seat
+            meter.check("org-1", "calls", 7),  # denied by the cap
+            meter.check("org-1", "guarded", 6),  # past its quarantine
+            meter.check(charges=[("org-2", "fu", 1), ("org-2", "bucket", 1)]),  # new rows
+        ]
+        assert [d.allowed for d in asked] == [True, False, True, True, False, False, True]
+        assert stored(meter) == before
+
+
 # -- money ----------------------------------------------------------------------
 
 
 def test_priced_events_are_decided_by_the_fast_path(db_url: str) -> None:
-    """consume, apply and (PostgreSQL) check of priced usage never reach the
+    """consume, apply and check of priced usage never reach the
     reference engine, nor the one-trip function; the cap denies all or nothing."""
     with Meter(db_url, clock=FrozenClock(NOW)) as meter:
         meter.set_limits(
@@ -189,8 +253,7 @@ def test_priced_events_are_decided_by_the_fast_path(db_url: str) -> None:
         assert meter.check("org-1", "calls", 1).denied_by == ("cap",)
         assert meter.consume("org-2", "calls").charges[-1].used == 1
         assert reference_events() == applied
-        if db_url.startswith("postgresql"):
-            assert reference_events("check") == checked
+        assert reference_events("check") == checked
         assert STATS["applied"] == one_trip.get("applied", 0)
         # What the fast path leaves (an event before its first-use window) is counted.
         late = meter.consume("org-1", "tokens", 1, occurred_at=NOW - timedelta(minutes=30))
@@ -285,8 +348,7 @@ def test_a_price_changed_in_another_process_applies_to_the_next_decision(db_url:
         process.join(60)
         assert process.exitcode == 0
         assert meter.consume("org-1", "calls").charges[0].price == ("USD", 5)
-        if db_url.startswith("postgresql"):
-            assert meter.check("org-1", "calls").charges[0].price == ("USD", 5)
+        assert meter.check("org-1", "calls").charges[0].price == ("USD", 5)
 
 
 # -- seats ----------------------------------------------------------------------
@@ -299,13 +361,11 @@ def _refuse(*_args: object) -> None:
 def test_the_hot_path_decides_seat_events(db_url: str) -> None:
     """New values, repeats in a batch and across batches, a first-use and a
     calendar window, a denial and a repeat past the maximum: none reaches
-    the general engine, on either database (and `check` neither, on PostgreSQL)."""
+    the general engine, on either database (and `check` neither)."""
     clock = FrozenClock(START)
     with Meter(db_url, clock=clock) as meter:
         meter.set_limits(SEAT_LIMITS)
-        refusing(meter._engine, _refuse, checks=False)
-        if db_url.startswith("postgresql"):
-            refusing(meter._engine, _refuse, applies=False)
+        refusing(meter._engine, _refuse)
         users = ["a", "b", "a", "c", "b"]
         batch = [
             make_event(

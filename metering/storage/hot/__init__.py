@@ -20,7 +20,8 @@ This package holds the contract (here) and its implementations:
 * `postgres`: `PostgresHotStore` (and ``read_unlocked`` for ``check``);
 * `sqlite`: `SqliteHotStore`, and `DirectSqlite`, which gives the store a
   stdlib ``sqlite3`` connection of its own in a ``BEGIN IMMEDIATE``
-  transaction; `sqlite_grants`: its statements of grants and recurring grants;
+  transaction (and ``sqlite_read_unlocked`` for ``check``, in a read
+  transaction); `sqlite_grants`: its statements of grants and recurring grants;
 * `direct_postgres`: `DirectPostgres`, the pool of psycopg connections the
   PostgreSQL store runs on without SQLAlchemy;
 * `one_trip`: a single event in one round trip on PostgreSQL

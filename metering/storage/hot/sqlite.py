@@ -9,7 +9,8 @@ with no SQLAlchemy `Connection` or transaction object: a small pool of
 stdlib connections to the same file, set up as the engine's
 (`metering.storage.connections.sqlite_pragmas`), retried and translated as
 `metering.storage.connections.run_retry_aware` does. A `SqliteHotStore` it hands
-out has no SQLAlchemy connection.
+out has no SQLAlchemy connection. A check (`sqlite_read_unlocked`) reads in
+a plain ``BEGIN`` (`DirectSqlite.reading`): a WAL snapshot, no write lock.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import sqlite3
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, Final, TypeVar
 
 from sqlalchemy import Connection, Engine
@@ -36,6 +38,7 @@ from metering.storage.connections import (
     retry_or_raise,
     sqlite_pragmas,
     sqlite_synchronous,
+    translate,
 )
 from metering.storage.counters import Pair
 from metering.storage.hot import Changes, Snapshot, WantedKey, WantedSeat
@@ -241,6 +244,27 @@ class SqliteHotStore:
             raise _translate(exc) from exc
 
 
+def sqlite_read_unlocked(
+    raw: sqlite3.Connection,
+    pairs: Sequence[Pair],
+    keys: Sequence[WantedKey],
+    seats: Sequence[WantedSeat] = (),
+    grant_pairs: Sequence[Pair] = (),
+    breaker_pairs: Sequence[Pair] = (),
+) -> Snapshot:
+    """`SqliteHotStore.read` for a decision that writes nothing (`check`), in
+    `DirectSqlite.reading`'s read transaction: no write lock. Results are not
+    looked up, nor recurring grants' schedules, nor the breaker links'
+    secret. Driver errors come out as SQLAlchemy's."""
+    snapshot = SqliteHotStore(None, raw).read(None, pairs, keys, 0, grant_pairs, seats)
+    if breaker_pairs:
+        try:
+            snapshot.breakers = sqlite_breakers(raw, breaker_pairs)
+        except sqlite3.Error as exc:
+            raise _translate(exc) from exc
+    return snapshot
+
+
 # Up to this many ids or counters are read one statement each (`consume`).
 _ONE_BY_ONE: Final = 3
 
@@ -430,6 +454,38 @@ class DirectSqlite:
             self._checkin(raw)
             return result
         raise AssertionError("unreachable")
+
+    @contextmanager
+    def reading(self) -> Iterator[sqlite3.Connection]:
+        """A pooled connection in a read transaction (``BEGIN``: a WAL
+        snapshot that takes no write lock), rolled back at the end: for work
+        that writes nothing (`check`).
+
+        Not retried: driver errors (raw, or as `SqliteHotStore` raises them)
+        come out as `metering.errors.StorageError`."""
+        try:
+            raw = self._checkout()
+        except sqlite3.Error as exc:
+            raise translate(_translate(exc)) from exc
+        try:
+            raw.execute("BEGIN")
+            yield raw
+        except sqlite3.Error as exc:
+            raise translate(_translate(exc)) from exc
+        except StatementError as exc:
+            raise translate(exc) from exc
+        finally:
+            self._end_reading(raw)
+
+    def _end_reading(self, raw: sqlite3.Connection) -> None:
+        """Roll back a read transaction; a connection that cannot is dropped."""
+        try:
+            if raw.in_transaction:
+                raw.execute("ROLLBACK")
+        except sqlite3.Error:
+            self._discard(raw)
+            return
+        self._checkin(raw)
 
     def close(self) -> None:
         """Close every connection of this process (those in use when they come back)."""

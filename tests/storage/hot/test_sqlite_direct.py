@@ -219,3 +219,27 @@ def test_threads_each_with_a_transaction_share_the_pool_exactly(sqlite_url: str)
             ).one()
     assert allowed == 300
     assert tuple(row) == (300, 100)
+
+
+def test_a_check_reads_on_the_direct_connection_without_the_write_lock(
+    meter: Meter, sqlite_url: str
+) -> None:
+    """`check` reads in a plain ``BEGIN`` on a direct connection: SQLAlchemy
+    runs nothing, and a writer holding SQLite's one write lock, its writes
+    not committed, holds up no check, which sees what is committed."""
+    meter.consume("s", "calls", 600)
+    meter.check("s", "calls")  # the limits' cache is loaded
+    seen = sqlalchemy_activity(meter)
+    assert meter.check("s", "calls", 400).allowed
+    assert seen == []
+    writer = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"), isolation_level=None)
+    try:
+        writer.execute("BEGIN IMMEDIATE")
+        writer.execute("UPDATE counters SET used = used + 300")
+        assert meter.check("s", "calls", 400).allowed  # the 300 are not committed
+        assert meter.check("s", "calls", 401).denied_by == ("calls",)
+        writer.execute("ROLLBACK")
+    finally:
+        writer.close()
+    assert seen == []
+    assert used(meter) == (1, 600)
