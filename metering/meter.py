@@ -35,7 +35,6 @@ from metering.domain.limits import Limit
 from metering.domain.reservations import DEFAULT_TTL_SECONDS
 from metering.engine import Engine
 from metering.engine.answers import Answer, InvalidPolicy
-from metering.engine.reference import Decided
 from metering.imports.facade import ImportsFacade
 from metering.licenses.facade import LicensesFacade
 from metering.money.facade import PricesFacade
@@ -203,11 +202,13 @@ class Meter(
         *,
         invalid: InvalidPolicy = "reject",
         rejected: Sequence[Rejected] = (),
-    ) -> list[Decided]:
-        """Apply a batch of validated events in one transaction, in order."""
+    ) -> results.Decisions:
+        """Apply a batch of validated events in one transaction, in order:
+        each event's `Decision` (an `EventConflict` for an id reused with
+        other charges), made when read (`Decisions`)."""
         records = [e.record() for e in events]
         answers = self._engine.apply(records, invalid=invalid, rejected=rejected)
-        return [results.applied_of(e.event_id, a) for e, a in zip(events, answers, strict=True)]
+        return results.Decisions([record.event_id for record in records], answers)
 
     def apply_records(
         self,
