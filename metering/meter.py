@@ -29,6 +29,7 @@ from metering.domain.events import (
     UsageEvent,
     charges_of,
     make_event,
+    records_of,
     validate_cost,
 )
 from metering.domain.limits import Limit
@@ -206,7 +207,7 @@ class Meter(
         """Apply a batch of validated events in one transaction, in order:
         each event's `Decision` (an `EventConflict` for an id reused with
         other charges), made when read (`Decisions`)."""
-        records = [e.record() for e in events]
+        records = records_of(events)
         answers = self._engine.apply(records, invalid=invalid, rejected=rejected)
         return results.Decisions([record.event_id for record in records], answers)
 
