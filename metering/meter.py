@@ -29,13 +29,13 @@ from metering.domain.events import (
     UsageEvent,
     charges_of,
     make_event,
+    records_of,
     validate_cost,
 )
 from metering.domain.limits import Limit
 from metering.domain.reservations import DEFAULT_TTL_SECONDS
 from metering.engine import Engine
 from metering.engine.answers import Answer, InvalidPolicy
-from metering.engine.reference import Decided
 from metering.imports.facade import ImportsFacade
 from metering.licenses.facade import LicensesFacade
 from metering.money.facade import PricesFacade
@@ -203,11 +203,13 @@ class Meter(
         *,
         invalid: InvalidPolicy = "reject",
         rejected: Sequence[Rejected] = (),
-    ) -> list[Decided]:
-        """Apply a batch of validated events in one transaction, in order."""
-        records = [e.record() for e in events]
+    ) -> results.Decisions:
+        """Apply a batch of validated events in one transaction, in order:
+        each event's `Decision` (an `EventConflict` for an id reused with
+        other charges), made when read (`Decisions`)."""
+        records = records_of(events)
         answers = self._engine.apply(records, invalid=invalid, rejected=rejected)
-        return [results.applied_of(e.event_id, a) for e, a in zip(events, answers, strict=True)]
+        return results.Decisions([record.event_id for record in records], answers)
 
     def apply_records(
         self,

@@ -1,12 +1,15 @@
 """Results: the engine's answers as decisions, and stored results and
-rejected input as operators and workers read them. `stored_results` gives the
-ledger's rows with their fingerprints, so a repeated event id is told apart
-from a conflicting one before it is queued again."""
+rejected input as operators and workers read them. `Decisions` is what
+`Meter.apply` returns: a read-only sequence that makes each event's
+`Decision` when it is first read. `stored_results` gives the ledger's rows
+with their fingerprints, so a repeated event id is told apart from a
+conflicting one before it is queued again."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import overload
 
 from metering.domain.bounds import validate_count
 from metering.domain.decisions import Decision
@@ -62,6 +65,74 @@ def applied_of(event_id: str, answer: Answer) -> Decided:
     if answer.kind == CONFLICT or record is None:
         return EventConflict(event_id)
     return decision_of(record, duplicate=answer.kind == DUPLICATE)
+
+
+class Decisions(Sequence[Decided]):
+    """A batch's decisions in event order, as `Meter.apply` returns them.
+
+    Each is made from the engine's answer when first read, then kept (read
+    again, it is the same object): a caller that only counts, or reads a
+    few, does not pay for the rest. It equals a list of the same decisions
+    (as a list does: not a tuple); a slice is a list.
+    """
+
+    __slots__ = ("_answers", "_event_ids", "_made")
+
+    def __init__(self, event_ids: Sequence[str], answers: Sequence[Answer]) -> None:
+        if len(event_ids) != len(answers):
+            raise ValueError("one answer per event")
+        self._event_ids = event_ids
+        self._answers = answers
+        self._made: list[Decided | None] | None = None  # none read yet
+
+    def __len__(self) -> int:
+        return len(self._answers)
+
+    @overload
+    def __getitem__(self, index: int) -> Decided: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Decided]: ...
+
+    def __getitem__(self, index: int | slice) -> Decided | list[Decided]:
+        if isinstance(index, slice):
+            return [self[n] for n in range(*index.indices(len(self)))]
+        made = self._made
+        if made is None:
+            made = self._made = [None] * len(self._answers)
+        found = made[index]
+        if found is None:
+            if index < 0:
+                index += len(made)
+            found = made[index] = applied_of(self._event_ids[index], self._answers[index])
+        return found
+
+    def __iter__(self) -> Iterator[Decided]:
+        return iter(self._all())
+
+    def _all(self) -> list[Decided]:
+        made, ids, answers = self._made, self._event_ids, self._answers
+        if made is None:
+            every = [applied_of(i, a) for i, a in zip(ids, answers, strict=True)]
+            self._made = every  # type: ignore[assignment]  # a list of what it holds
+            return every
+        if None in made:
+            for index, found in enumerate(made):
+                if found is None:
+                    made[index] = applied_of(ids[index], answers[index])
+        return made  # type: ignore[return-value]  # every one is made
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Decisions):
+            return self._all() == other._all()
+        if isinstance(other, list):
+            return self._all() == other
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # equal to lists, which are unhashable
+
+    def __repr__(self) -> str:
+        return f"Decisions({self._all()!r})"
 
 
 @dataclass(frozen=True, slots=True)

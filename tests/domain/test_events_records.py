@@ -1,10 +1,12 @@
 """Events as stored, at the edges mutation testing found unasserted: the exact
-text of a fingerprint, metadata's size counted as compact JSON, `charges_of`
-and `UsageEvent.record`.
+text of a fingerprint, metadata's size counted as compact JSON, `charges_of`,
+`UsageEvent.record`, and `records_of`, a batch's records made in one loop.
 """
 
 from __future__ import annotations
 
+import json
+import random
 from datetime import UTC, datetime
 
 import pytest
@@ -12,9 +14,11 @@ import pytest
 from metering.domain.events import (
     Charge,
     EventRecord,
+    UsageEvent,
     charges_of,
     fingerprint_of,
     make_event,
+    records_of,
     validate_metadata,
 )
 from metering.domain.instants import to_us
@@ -49,3 +53,33 @@ def test_an_event_record_is_the_event_as_plain_values() -> None:
     assert event.record() == EventRecord(
         "e1", (Charge("org", "calls", 2),), to_us(at), {"k": 1}, '[["org","calls",2]]'
     )
+
+
+# Texts that JSON writes as they are, and some it escapes or that are not ASCII.
+_TEXTS = ["org", "org-1 x", 'or"g', "or\\g", "org\n", "callé", "日本", "\u2028", "a\x7f", "x/y"]
+
+
+def test_a_batchs_records_are_each_events_record_with_the_same_fingerprint() -> None:
+    """`records_of` writes a one-charge fingerprint itself: the same text
+    `fingerprint_of` (the JSON encoder) gives, escapes and all."""
+    rng = random.Random(7)
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    events = []
+    for n in range(300):
+        charges = [(rng.choice(_TEXTS), rng.choice(["calls", "tokens"]), rng.randint(0, 10**12))]
+        if n % 5 == 0:
+            charges.append(("other", "calls", 1))
+        events.append(UsageEvent(f"e{n}", tuple(Charge(*c) for c in charges), at, {"n": n}))
+    events.append(make_event([(_TEXTS[0], "calls", 3)], at, "made"))
+    events[-1].fingerprint()  # known before: kept
+    records = records_of(events)
+    again = [UsageEvent(e.event_id, e.charges, e.occurred_at, e.metadata).record() for e in events]
+    assert records == again
+    for event, record in zip(events, records, strict=True):
+        assert record.fingerprint == json.dumps(
+            sorted(list(c) for c in event.charges), separators=(",", ":")
+        )
+        assert event.fingerprint() is record.fingerprint  # kept on the event
+    # A charge of another shape (not made by `make_event`) takes the encoder's way.
+    odd = UsageEvent("odd", (("org", "calls", True),), at)  # type: ignore[arg-type]
+    assert records_of([odd])[0].fingerprint == '[["org","calls",true]]'

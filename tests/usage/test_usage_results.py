@@ -1,18 +1,25 @@
 """Results as operators and workers read them (`metering/usage/results.py`), on
 SQLite: which ids were decided, the counts by outcome, one stored result,
-and an engine's answer as a decision or a conflict."""
+an engine's answer as a decision or a conflict, and `Decisions`, the batch's
+answers made as they are read, equal to the list made at once."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import random
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
-from metering import Limit, Meter
+from metering import FrozenClock, Limit, Meter
+from metering.domain.events import UsageEvent, make_event
 from metering.engine.answers import CONFLICT, DUPLICATE, NEW, Answer
+from metering.engine.reference import Decided
 from metering.errors import EventConflict, InvalidInput
 from metering.storage.store import Store
 from metering.usage.results import (
+    Decisions,
     applied_of,
     consumed,
     count_results,
@@ -21,6 +28,9 @@ from metering.usage.results import (
     rejected_messages,
     result,
 )
+from tests.servers import copy_sqlite
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
 
 @pytest.fixture
@@ -66,3 +76,62 @@ def test_an_answer_is_a_decision_a_repeat_or_a_conflict(meter: Meter) -> None:
     assert isinstance(applied_of("e0", Answer(CONFLICT)), EventConflict)
     with pytest.raises(EventConflict, match="'e0'"):
         consumed("e0", Answer(CONFLICT))
+
+
+def _batch(rng: random.Random) -> list[UsageEvent]:
+    """Events over a few subjects and two limits, some denied, with ids
+    repeated (the same charges: a duplicate) and reused (others: a conflict)."""
+    events: list[UsageEvent] = []
+    for n in range(60):
+        if events and rng.random() < 0.2:
+            again = rng.choice(events)
+            charges = again.charges if rng.random() < 0.5 else [("org-9", "calls", 1)]
+            events.append(make_event(charges, NOW, again.event_id))
+            continue
+        charges = [(f"org-{rng.randrange(4)}", "calls", rng.randint(1, 3))]
+        if rng.random() < 0.3:
+            charges.append((charges[0][0], "tokens", rng.randint(1, 40)))
+        events.append(make_event(charges, NOW, f"ev-{n}", {"n": n}))
+    return events
+
+
+def _plain(decided: Sequence[Decided]) -> list[object]:
+    """Decisions as values: a conflict (an exception) by its id."""
+    return [d.event_id if isinstance(d, EventConflict) else d for d in decided]
+
+
+def _meter(url: str) -> Meter:
+    meter = Meter(url, clock=FrozenClock(NOW))
+    meter.set_limit(Limit("calls", maximum=10, period="1h", window="calendar"))
+    meter.set_limit(Limit("tokens", maximum=60, period="1h", window="calendar"))
+    return meter
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_batchs_decisions_made_when_read_equal_those_made_at_once(
+    sqlite_url: str, sqlite_template: Path, tmp_path: Path, seed: int
+) -> None:
+    events = _batch(random.Random(seed))
+    eager_url = copy_sqlite(sqlite_template, tmp_path / "eager.db")
+    with _meter(sqlite_url) as meter, _meter(eager_url) as other:
+        decided = meter.apply(events)
+        records = [e.record() for e in events]
+        answers = other.apply_records(records)
+        eager = [applied_of(e.event_id, a) for e, a in zip(events, answers, strict=True)]
+    assert isinstance(decided, Decisions) and len(decided) == len(eager) == 60
+    assert _plain(Decisions([e.event_id for e in events], answers)) == _plain(eager)  # all at once
+    assert {type(d).__name__ for d in eager} == {"Decision", "EventConflict"}
+    assert {d.outcome for d in eager if not isinstance(d, EventConflict)} >= {"allowed", "denied"}
+    picked = random.Random(seed).sample(range(60), 10)  # some read first, out of order
+    assert [_plain([decided[n]]) for n in picked] == [_plain([eager[n]]) for n in picked]
+    assert _plain(decided) == _plain(eager)
+    assert _plain(decided[5:-5:2]) == _plain(eager[5:-5:2])
+    assert _plain([decided[-1]]) == _plain([eager[-1]])
+    assert decided[7] is decided[7] and decided[-1] is decided[59]
+    assert list(decided) == decided == decided[:] and decided != tuple(decided)
+    assert decided != eager[:-1] and decided != object()
+    with pytest.raises(IndexError):
+        decided[60]
+    with pytest.raises(TypeError):
+        hash(decided)
+    assert repr(decided).startswith("Decisions([Decision(")
