@@ -4,7 +4,7 @@
 (`metering.storage.hot.one_trip`), a PL/pgSQL copy of the lean rules of
 `metering.domain.rules`, from the cached limits. It implements a narrow set
 (`ONE_TRIP_IMPLEMENTS`: plain hard, soft and shadow limits, buckets, calendar and
-first-use windows, stacked charges, the subject's entitlements and own
+first-use windows, stacked charges, seats, the subject's entitlements and own
 thresholds, which only choose when it declines to notify); any other
 need, or an unacceptable event, is `Declined` and the fast path decides.
 ``tests/engine/test_differential.py`` holds the function to the reference.
@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Final
 
+from metering.domain.distinct import value_of
 from metering.domain.events import EventRecord
 from metering.domain.needs import Need
 from metering.domain.rules import Rule
@@ -27,7 +28,7 @@ from metering.engine.fast import LimitCache, rules_for
 from metering.storage.hot.one_trip import OneCharge, call_parameters
 
 STATS: Final[Counter[str]] = Counter()
-ONE_TRIP_IMPLEMENTS: Final = frozenset({Need.ENTITLEMENTS, Need.OWN_THRESHOLDS})
+ONE_TRIP_IMPLEMENTS: Final = frozenset({Need.ENTITLEMENTS, Need.OWN_THRESHOLDS, Need.SEATS})
 
 
 def prepare(cache: LimitCache, event: EventRecord, now_us: int) -> tuple[Any, ...] | Declined:
@@ -49,13 +50,16 @@ def prepare(cache: LimitCache, event: EventRecord, now_us: int) -> tuple[Any, ..
             history, own = histories.get((name, subject)), alerts.get((name, subject))
             if history or own:
                 rule = cache.rule_for(rule, history, at_us, own)
-        found.append(_charge(rule, subject, cost, at_us))
+        # (`rules_for` found the seat's value acceptable.)
+        key = rule.limit.distinct
+        seat = None if key is None else value_of(key, name, event.metadata, cost)
+        found.append(_charge(rule, subject, cost, at_us, seat))
     return call_parameters(
         version, event.event_id, event.fingerprint, at_us, now_us, event.metadata, found
     )
 
 
-def _charge(rule: Rule, subject: str, cost: int, at_us: int) -> OneCharge:
+def _charge(rule: Rule, subject: str, cost: int, at_us: int, seat: str | None) -> OneCharge:
     limit = rule.limit
     thresholds = (limit.thresholds, limit.thresholds_units)
     enforcement = "soft" if rule.soft else ("shadow" if rule.shadow else "hard")
@@ -77,4 +81,5 @@ def _charge(rule: Rule, subject: str, cost: int, at_us: int) -> OneCharge:
         start,
         end,
         *thresholds,
+        seat,
     )

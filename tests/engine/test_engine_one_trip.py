@@ -1,6 +1,6 @@
 """The single plain event in one round trip (`metering/engine/one_trip.py`):
 `prepare` turns an event into the function's call from the cached limits
-(each charge's window kind, bounds and enforcement), or declines it (limits
+(each charge's window kind, bounds and enforcement, a seat's value), or declines it (limits
 not loaded, an unacceptable event, a need the function lacks); on
 PostgreSQL the function then decides the ordinary events (`STATS`)."""
 
@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from differential import START
+from round_trips import count_network_waits
 from sqlalchemy import select
 
 from metering import FrozenClock, Limit, Meter
@@ -20,9 +21,9 @@ from metering.domain.events import make_event
 from metering.domain.needs import Need
 from metering.engine.answers import Declined
 from metering.engine.one_trip import ONE_TRIP_IMPLEMENTS, STATS, prepare
-from metering.storage.tables import webhook_messages
+from metering.storage.tables import distinct_values, webhook_messages
 
-# What the one-trip function decides alone: no dimensions, no price, no seats.
+# What the one-trip function decides alone: no dimensions, no price.
 ONE_TRIP_LIMITS = [
     Limit("cal", maximum=6, period="1h", window="calendar"),
     Limit("fu", maximum=4, period="30m"),
@@ -30,6 +31,8 @@ ONE_TRIP_LIMITS = [
     Limit("soft", maximum=5, period="1h", window="calendar", enforcement="soft"),
     Limit("units", maximum=9, period="30m", thresholds_units=(3, 7)),
 ]
+SEATS = Limit("seats", maximum=2, period="1h", distinct="u")
+ROUTES = Limit("routes", maximum=9, period="1h", dimensions=("route",))
 AT = datetime(2026, 11, 22, 12, 20, 15, tzinfo=UTC)
 HOUR = 3_600_000_000
 HOUR_US = int(datetime(2026, 11, 22, 12, tzinfo=UTC).timestamp()) * 1_000_000
@@ -38,7 +41,7 @@ HOUR_US = int(datetime(2026, 11, 22, 12, tzinfo=UTC).timestamp()) * 1_000_000
 @pytest.fixture
 def meter(sqlite_url: str) -> Iterator[Meter]:
     with Meter(sqlite_url, clock=FrozenClock(AT)) as meter:
-        meter.set_limits([*ONE_TRIP_LIMITS, Limit("seats", maximum=2, period="1h", distinct="u")])
+        meter.set_limits([*ONE_TRIP_LIMITS, SEATS, ROUTES])
         meter.consume("org-0", "cal")  # caches the limits
         yield meter
 
@@ -75,9 +78,19 @@ def test_soft_and_unit_thresholds_travel_with_the_charge(meter: Meter) -> None:
     assert units[10:] == [[], [3, 7]]
 
 
+def test_a_seat_charge_carries_its_value_and_its_row_at_cost_0(meter: Meter) -> None:
+    [seat] = _charges(_prepared(meter, [("org", "seats", 1)], {"u": 7}))
+    assert seat[:3] == ["seats", "org", 1] and seat[9] == '"org","seats",1'
+    assert seat[12:] == ["7", '"org","seats",0']  # the value as `value_of` spells it
+    [plain] = _charges(_prepared(meter, [("org", "cal", 1)], {"u": 7}))
+    assert len(plain) == 12
+
+
 def test_it_declines_what_the_function_does_not_decide(meter: Meter) -> None:
-    seat = _prepared(meter, [("org", "seats", 1)], {"u": "ada"})
-    assert isinstance(seat, Declined) and seat.need == Need.SEATS and not seat.stale
+    routed = _prepared(meter, [("org", "routes", 1)], {"route": "a"})
+    assert isinstance(routed, Declined) and routed.need == Need.DIMENSIONS and not routed.stale
+    missing = _prepared(meter, [("org", "seats", 1)], {"v": "ada"})
+    assert isinstance(missing, Declined) and missing.need == Need.INVALID
     unknown = _prepared(meter, [("org", "nope", 1)])
     assert isinstance(unknown, Declined) and unknown.need == Need.INVALID
     meter.grant("org", "cal", 5)
@@ -97,7 +110,7 @@ def test_limits_not_loaded_yet_are_declined_as_stale(meter: Meter) -> None:
 def test_a_subjects_own_maximum_and_thresholds_are_the_functions_to_apply(
     meter: Meter,
 ) -> None:
-    assert {Need.ENTITLEMENTS, Need.OWN_THRESHOLDS} == ONE_TRIP_IMPLEMENTS
+    assert {Need.ENTITLEMENTS, Need.OWN_THRESHOLDS, Need.SEATS} == ONE_TRIP_IMPLEMENTS
     meter.set_entitlement("org", "cal", 2, effective_from=AT - timedelta(hours=1))
     meter.set_alert("org", "fu", ["50%"])
     _reload(meter)
@@ -137,3 +150,39 @@ def test_own_thresholds_take_one_trip_until_one_is_crossed(pg_url: str) -> None:
         with meter.sql_engine.connect() as connection:
             kinds = connection.execute(select(webhook_messages.c.type)).scalars().all()
         assert kinds == ["limit.threshold"]
+
+
+def test_seats_take_one_trip(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new value costs 1 and a held one 0, each decided by the function in
+    one round trip, which keeps the values' live events; the first denial
+    announces itself (``notify``: the fast path decides it), the next is the
+    function's again; a held seat fits past a lowered maximum."""
+    with Meter(pg_url, clock=FrozenClock(START)) as meter:
+        meter.set_limit(Limit("seats", maximum=2, period="1h", window="calendar", distinct="u"))
+        meter.consume("other", "seats", metadata={"u": "x"})  # caches the limits
+        before = STATS.copy()
+        waits = count_network_waits(monkeypatch)
+        used = [
+            (found.used, found.charges[0].cost)
+            for found in (
+                meter.consume("org", "seats", metadata={"u": user})
+                for user in ["ada", "ada", "bob", "ada"]
+            )
+        ]
+        assert used == [(1, 1), (1, 0), (2, 1), (2, 0)] and waits[0] == 4
+        assert STATS["applied"] - before["applied"] == 4
+        assert not meter.consume("org", "seats", metadata={"u": "cy"}).allowed  # notify
+        assert not meter.consume("org", "seats", metadata={"u": "dee"}).allowed
+        assert meter.consume("org", "seats", metadata={"u": "bob"}).allowed
+        assert STATS["applied"] - before["applied"] == 6
+        meter.set_entitlement("org", "seats", 1)  # below the 2 held: a held seat still fits
+        held = meter.consume("org", "seats", metadata={"u": "ada"})
+        assert (held.outcome, held.charges[0].cost, held.charges[0].overage) == ("allowed", 0, 0)
+        assert STATS["applied"] - before["applied"] == 7
+        with meter.sql_engine.connect() as connection:
+            rows = connection.execute(
+                select(distinct_values.c.value, distinct_values.c.live_events)
+                .where(distinct_values.c.subject == "org")
+                .order_by(distinct_values.c.value)
+            ).all()
+        assert [tuple(row) for row in rows] == [("ada", 4), ("bob", 2)]

@@ -33,8 +33,10 @@ CONSUME_ONE: Final = (
 # A charge as the function takes it (see migration 0012):
 # (limit, subject, cost, kind "b"/"c"/"f", maximum, enforcement, token_us,
 #  calendar window start, calendar window end or first-use period,
-#  percent thresholds, unit thresholds).
-OneCharge = tuple[str, str, int, str, int, str, int, int, int, Sequence[int], Sequence[int]]
+#  percent thresholds, unit thresholds, a seat limit's value or None).
+OneCharge = tuple[
+    str, str, int, str, int, str, int, int, int, Sequence[int], Sequence[int], str | None
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,16 +58,20 @@ def call_parameters(
     charges: Sequence[OneCharge],
 ) -> tuple[Any, ...]:
     """The parameters of `CONSUME_ONE` for one event."""
-    # Each charge with its row's first fields as the results row spells them.
-    encoded = [
-        [
+    # Each charge with its row's first fields as the results row spells them;
+    # a seat's value, and those fields at cost 0 (a seat held).
+    encoded = []
+    for found in charges:
+        thresholds = bool(found[9] or found[10])
+        charge = [
             *found[:9],
             _compact([found[1], found[0], found[2]])[1:-1],
-            list(found[9]) if found[9] or found[10] else None,
-            list(found[10]) if found[9] or found[10] else None,
+            list(found[9]) if thresholds else None,
+            list(found[10]) if thresholds else None,
         ]
-        for found in charges
-    ]
+        if found[11] is not None:
+            charge += [found[11], _compact([found[1], found[0], 0])[1:-1]]
+        encoded.append(charge)
     order = sorted(range(len(charges)), key=lambda i: (charges[i][0], charges[i][1]))
     return (
         version,
