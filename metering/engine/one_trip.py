@@ -4,8 +4,9 @@
 (`metering.storage.hot.one_trip`), a PL/pgSQL copy of the lean rules of
 `metering.domain.rules`, from the cached limits. It implements a narrow set
 (`ONE_TRIP_IMPLEMENTS`: plain hard, soft and shadow limits, buckets, calendar and
-first-use windows, stacked charges, seats, the subject's entitlements and own
-thresholds, which only choose when it declines to notify); any other
+first-use windows, stacked charges, seats, the subject's entitlements, grants
+and recurring grants with no issue due, and own thresholds, which only choose
+when it declines to notify); any other
 need, or an unacceptable event, is `Declined` and the fast path decides.
 ``tests/engine/test_differential.py`` holds the function to the reference.
 
@@ -28,7 +29,9 @@ from metering.engine.fast import LimitCache, rules_for
 from metering.storage.hot.one_trip import OneCharge, call_parameters
 
 STATS: Final[Counter[str]] = Counter()
-ONE_TRIP_IMPLEMENTS: Final = frozenset({Need.ENTITLEMENTS, Need.OWN_THRESHOLDS, Need.SEATS})
+ONE_TRIP_IMPLEMENTS: Final = frozenset(
+    {Need.ENTITLEMENTS, Need.OWN_THRESHOLDS, Need.SEATS, Need.GRANTS, Need.RECURRING}
+)
 
 
 def prepare(cache: LimitCache, event: EventRecord, now_us: int) -> tuple[Any, ...] | Declined:
@@ -42,7 +45,9 @@ def prepare(cache: LimitCache, event: EventRecord, now_us: int) -> tuple[Any, ..
     needs = allowances.charged(rules, [event]) - ONE_TRIP_IMPLEMENTS
     if needs:
         return Declined("not for the function", min(needs))
-    histories, alerts = allowances.histories, allowances.alerts
+    if allowances.due and allowances.due_pairs(((n, s) for s, n, _ in event.charges), now_us):
+        return Declined("a recurring grant's issue is due", Need.RECURRING)
+    histories, alerts, granted = allowances.histories, allowances.alerts, allowances.grant_pairs
     at_us = event.occurred_at_us
     found: list[OneCharge] = []
     for (subject, name, cost), rule in zip(event.charges, event_rules, strict=True):
@@ -53,13 +58,15 @@ def prepare(cache: LimitCache, event: EventRecord, now_us: int) -> tuple[Any, ..
         # (`rules_for` found the seat's value acceptable.)
         key = rule.limit.distinct
         seat = None if key is None else value_of(key, name, event.metadata, cost)
-        found.append(_charge(rule, subject, cost, at_us, seat))
+        found.append(_charge(rule, subject, cost, at_us, seat, (name, subject) in granted))
     return call_parameters(
         version, event.event_id, event.fingerprint, at_us, now_us, event.metadata, found
     )
 
 
-def _charge(rule: Rule, subject: str, cost: int, at_us: int, seat: str | None) -> OneCharge:
+def _charge(
+    rule: Rule, subject: str, cost: int, at_us: int, seat: str | None, granted: bool
+) -> OneCharge:
     limit = rule.limit
     thresholds = (limit.thresholds, limit.thresholds_units)
     enforcement = "soft" if rule.soft else ("shadow" if rule.shadow else "hard")
@@ -82,4 +89,5 @@ def _charge(rule: Rule, subject: str, cost: int, at_us: int, seat: str | None) -
         end,
         *thresholds,
         seat,
+        granted,
     )

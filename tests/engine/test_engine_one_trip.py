@@ -81,7 +81,7 @@ def test_soft_and_unit_thresholds_travel_with_the_charge(meter: Meter) -> None:
 def test_a_seat_charge_carries_its_value_and_its_row_at_cost_0(meter: Meter) -> None:
     [seat] = _charges(_prepared(meter, [("org", "seats", 1)], {"u": 7}))
     assert seat[:3] == ["seats", "org", 1] and seat[9] == '"org","seats",1'
-    assert seat[12:] == ["7", '"org","seats",0']  # the value as `value_of` spells it
+    assert seat[12:] == ["7", '"org","seats",0', False]  # the value as `value_of` spells it
     [plain] = _charges(_prepared(meter, [("org", "cal", 1)], {"u": 7}))
     assert len(plain) == 12
 
@@ -94,10 +94,18 @@ def test_it_declines_what_the_function_does_not_decide(meter: Meter) -> None:
     unknown = _prepared(meter, [("org", "nope", 1)])
     assert isinstance(unknown, Declined) and unknown.need == Need.INVALID
     meter.grant("org", "cal", 5)
+    meter.grant("org", "fu", 5, every="1mo")  # issued now, the next in a month
     _reload(meter)
-    granted = _prepared(meter, [("org", "cal", 1)])
-    assert isinstance(granted, Declined) and granted.need == Need.GRANTS
-    assert not isinstance(_prepared(meter, [("other", "cal", 1)]), Declined)
+    [granted] = _charges(_prepared(meter, [("org", "cal", 1)]))
+    assert granted[12:] == [None, None, True]
+    [issued] = _charges(_prepared(meter, [("org", "fu", 1)]))
+    assert issued[12:] == [None, None, True]
+    later = AT + timedelta(days=40)
+    event = make_event([("org", "fu", 1)], later, "e-2").record()
+    due = prepare(meter._engine.limits, event, int(later.timestamp()) * 1_000_000)
+    assert isinstance(due, Declined) and due.need == Need.RECURRING
+    [other] = _charges(_prepared(meter, [("other", "cal", 1)]))
+    assert len(other) == 12
 
 
 def test_limits_not_loaded_yet_are_declined_as_stale(meter: Meter) -> None:
@@ -110,7 +118,7 @@ def test_limits_not_loaded_yet_are_declined_as_stale(meter: Meter) -> None:
 def test_a_subjects_own_maximum_and_thresholds_are_the_functions_to_apply(
     meter: Meter,
 ) -> None:
-    assert {Need.ENTITLEMENTS, Need.OWN_THRESHOLDS, Need.SEATS} == ONE_TRIP_IMPLEMENTS
+    assert {Need.ENTITLEMENTS, Need.OWN_THRESHOLDS, Need.SEATS, Need.GRANTS} <= ONE_TRIP_IMPLEMENTS
     meter.set_entitlement("org", "cal", 2, effective_from=AT - timedelta(hours=1))
     meter.set_alert("org", "fu", ["50%"])
     _reload(meter)
@@ -186,3 +194,26 @@ def test_seats_take_one_trip(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> No
                 .order_by(distinct_values.c.value)
             ).all()
         assert [tuple(row) for row in rows] == [("ada", 4), ("bob", 2)]
+
+
+def test_grants_take_one_trip(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The own allowance pays first, then the grants by priority, each event
+    decided by the function in one round trip with its draws written; the
+    first denial announces itself (the fast path decides it)."""
+    with Meter(pg_url, clock=FrozenClock(START)) as meter:
+        meter.set_limit(Limit("calls", maximum=1, period="1h", window="calendar"))
+        meter.grant("org", "calls", 2, grant_id="late", priority=200)
+        meter.grant("org", "calls", 1, grant_id="first", priority=10)
+        meter.consume("other", "calls")  # caches the limits
+        before = STATS.copy()
+        waits = count_network_waits(monkeypatch)
+        paid = [meter.consume("org", "calls", 1).charges[0].grants for _ in range(3)]
+        assert paid == [(), (("first", 1),), (("late", 1),)] and waits[0] == 3
+        assert meter.consume("org", "calls", 2).charges[0].remaining == 1  # denied: 1 left
+        assert not meter.consume("org", "calls", 2).allowed
+        assert meter.consume("org", "calls", 1).charges[0].grants == (("late", 1),)
+        assert STATS["applied"] - before["applied"] == 5
+        assert {g.grant_id: g.used for g in meter.grants("org", "calls")} == {
+            "first": 1,
+            "late": 2,
+        }

@@ -33,9 +33,10 @@ CONSUME_ONE: Final = (
 # A charge as the function takes it (see migration 0012):
 # (limit, subject, cost, kind "b"/"c"/"f", maximum, enforcement, token_us,
 #  calendar window start, calendar window end or first-use period,
-#  percent thresholds, unit thresholds, a seat limit's value or None).
+#  percent thresholds, unit thresholds, a seat limit's value or None,
+#  whether the subject has grants on the limit).
 OneCharge = tuple[
-    str, str, int, str, int, str, int, int, int, Sequence[int], Sequence[int], str | None
+    str, str, int, str, int, str, int, int, int, Sequence[int], Sequence[int], str | None, bool
 ]
 
 
@@ -59,7 +60,8 @@ def call_parameters(
 ) -> tuple[Any, ...]:
     """The parameters of `CONSUME_ONE` for one event."""
     # Each charge with its row's first fields as the results row spells them;
-    # a seat's value, and those fields at cost 0 (a seat held).
+    # a seat's value and those fields at cost 0 (a seat held), and whether
+    # grants pay past the maximum.
     encoded = []
     for found in charges:
         thresholds = bool(found[9] or found[10])
@@ -69,8 +71,10 @@ def call_parameters(
             list(found[9]) if thresholds else None,
             list(found[10]) if thresholds else None,
         ]
-        if found[11] is not None:
-            charge += [found[11], _compact([found[1], found[0], 0])[1:-1]]
+        seat, granted = found[11], found[12]
+        if seat is not None or granted:
+            held = None if seat is None else _compact([found[1], found[0], 0])[1:-1]
+            charge += [seat, held, granted]
         encoded.append(charge)
     order = sorted(range(len(charges)), key=lambda i: (charges[i][0], charges[i][1]))
     return (

@@ -26,14 +26,80 @@ down_revision = "0031"
 branch_labels = None
 depends_on = None
 
+# A charge on a (limit, subject) with grants (`rules._window` with a pot,
+# `grants.fit_window`): its window's own usage is ``used`` less what grants
+# paid in it; the own allowance pays first, then the grants active at the
+# event, by priority, earliest expiry, earliest start and id. A pair with
+# thresholds is declined (``notify``).
+_GRANT_FIGURES = """        ELSIF gflag[i] THEN
+            IF (p_charges -> (i - 1)) ->> 10 IS NOT NULL THEN
+                RETURN ARRAY['notify'];
+            END IF;
+            SELECT coalesce(sum(d.amount), 0) INTO drawn FROM grant_draws AS d
+            WHERE d.subject = subjects[i] AND d.limit_name = names[i]
+              AND d.window_start_us = wss[i];
+            own_used := cused[i] - drawn;
+            own_room := CASE WHEN own_used < maxs[i] THEN maxs[i] - own_used ELSE 0 END;
+            SELECT coalesce(sum(g2.amount - g2.used) FILTER (
+                       WHERE g2.effective_from_us <= p_at
+                         AND (g2.expires_at_us IS NULL OR p_at < g2.expires_at_us)), 0),
+                   coalesce(sum(g2.amount - g2.used) FILTER (
+                       WHERE g2.effective_from_us <= wes[i]
+                         AND (g2.expires_at_us IS NULL OR wes[i] < g2.expires_at_us)), 0)
+            INTO gavail, gavail_end FROM grants AS g2
+            WHERE g2.limit_name = names[i] AND g2.subject = subjects[i] AND g2.used < g2.amount;
+            room := CASE WHEN enfs[i] = 'soft' OR own_used <= maxs[i]
+                         THEN own_room + gavail ELSE 0 END;
+            fits[i] := enfs[i] = 'soft' OR costs[i] <= room OR costs[i] = 0;
+            wanted := greatest(costs[i] - own_room, 0);
+            drawn := 0;
+            glow[i] := false;
+            IF costs[i] <= room OR enfs[i] = 'soft' THEN
+                FOR g IN SELECT g2.grant_id, g2.amount - g2.used AS left_, g2.used, g2.low_at,
+                                g2.low_sent
+                         FROM grants AS g2
+                         WHERE g2.limit_name = names[i] AND g2.subject = subjects[i]
+                           AND g2.used < g2.amount AND g2.effective_from_us <= p_at
+                           AND (g2.expires_at_us IS NULL OR p_at < g2.expires_at_us)
+                         ORDER BY g2.priority, coalesce(g2.expires_at_us, 4611686018427387904),
+                                  g2.effective_from_us, g2.grant_id COLLATE "C" LOOP
+                    EXIT WHEN wanted <= 0;
+                    taken := least(g.left_, wanted);
+                    draws_t[i] := concat_ws(',', draws_t[i],
+                        '[' || to_jsonb(g.grant_id)::text || ',' || taken::text || ']');
+                    gi := gi || i; gids := gids || g.grant_id; gamts := gamts || taken;
+                    gused := gused || g.used;
+                    glow[i] := glow[i] OR (g.low_at IS NOT NULL AND NOT g.low_sent
+                                           AND g.left_ - taken <= g.low_at);
+                    wanted := wanted - taken;
+                    drawn := drawn + taken;
+                END LOOP;
+            END IF;
+            f1[i] := cused[i];
+            f2[i] := cused[i] + costs[i];
+            f3[i] := room;
+            f4[i] := greatest(room - costs[i], 0);
+            f5[i] := wes[i];
+            f6[i] := wes[i];
+            f7[i] := CASE WHEN NOT fits[i] AND costs[i] <= maxs[i] + gavail_end THEN wes[i] END;
+            f8[i] := CASE WHEN costs[i] = 0 THEN 0
+                          ELSE greatest(own_used + costs[i] - drawn - maxs[i], 0) END;
+            f10[i] := greatest(own_used - maxs[i], 0);
+"""
+
 _SEATS = (
     (
         "wss bigint[]; wes bigint[]; prefixes text[];",
-        "wss bigint[]; wes bigint[]; prefixes text[];\n    seatv text[]; live bigint;",
+        "wss bigint[]; wes bigint[]; prefixes text[];\n    seatv text[]; live bigint;\n"
+        "    gflag boolean[]; glow boolean[]; draws_t text[]; gi int[] := '{}';\n"
+        "    gids text[] := '{}'; gamts bigint[] := '{}'; gused bigint[] := '{}';\n"
+        "    own_used bigint; own_room bigint; gavail bigint; gavail_end bigint; room bigint;\n"
+        "    wanted bigint; taken bigint; drawn bigint; g record;",
     ),
     (
         "tokens[i] := (c ->> 6)::bigint; prefixes[i] := c ->> 9;",
-        "tokens[i] := (c ->> 6)::bigint; prefixes[i] := c ->> 9;\n        seatv[i] := c ->> 12;",
+        "tokens[i] := (c ->> 6)::bigint; prefixes[i] := c ->> 9;\n"
+        "        seatv[i] := c ->> 12; gflag[i] := coalesce((c ->> 14)::boolean, false);",
     ),
     (
         "    -- The figures of every charge (`_window`, `_bucket`).",
@@ -60,6 +126,20 @@ _SEATS = (
         "                      ELSE greatest(cused[i] + costs[i] - maxs[i], 0) END;",
     ),
     (
+        "        ELSE\n            fits[i] := enfs[i] = 'soft'",
+        _GRANT_FIGURES + "        ELSE\n            fits[i] := enfs[i] = 'soft'",
+    ),
+    (
+        "            cused[i] := cused[i] + costs[i];",
+        """            IF glow[i] THEN
+                RETURN ARRAY['notify'];  -- a grant left at its low threshold: `grants_low`
+            END IF;
+            IF draws_t[i] IS NOT NULL THEN
+                row_text := row_text || ',[' || draws_t[i] || ']';
+            END IF;
+            cused[i] := cused[i] + costs[i];""",
+    ),
+    (
         "    INSERT INTO results (event_id,",
         """    -- A consumed seat charge counts its event (a shadow's would-deny does not).
     FOREACH i IN ARRAY p_order LOOP
@@ -70,6 +150,21 @@ _SEATS = (
         ON CONFLICT (subject, limit_name, window_start_us, value)
         DO UPDATE SET live_events = d.live_events + 1;
     END LOOP;
+    -- The draws, in grant id order; a grant drawn on meanwhile fails the statement.
+    IF allowed THEN
+        FOR k IN SELECT u.n FROM unnest(gids) WITH ORDINALITY AS u(id, n)
+                 ORDER BY u.id COLLATE "C" LOOP
+            UPDATE grants SET used = used + gamts[k]
+            WHERE grant_id = gids[k] AND used = gused[k];
+            IF NOT FOUND THEN
+                RAISE EXCEPTION 'a grant was drawn on concurrently' USING ERRCODE = 'MX001';
+            END IF;
+            INSERT INTO grant_draws AS d (subject, limit_name, window_start_us, grant_id, amount)
+            VALUES (subjects[gi[k]], names[gi[k]], wss[gi[k]], gids[k], gamts[k])
+            ON CONFLICT (subject, limit_name, window_start_us, grant_id)
+            DO UPDATE SET amount = d.amount + excluded.amount;
+        END LOOP;
+    END IF;
     INSERT INTO results (event_id,""",
     ),
 )
