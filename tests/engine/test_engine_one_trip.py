@@ -16,7 +16,7 @@ from differential import START
 from round_trips import count_network_waits
 from sqlalchemy import select
 
-from metering import FrozenClock, Limit, Meter
+from metering import FrozenClock, Limit, Meter, spend_limit
 from metering.domain.events import make_event
 from metering.domain.needs import Need
 from metering.engine.answers import Declined
@@ -81,7 +81,7 @@ def test_soft_and_unit_thresholds_travel_with_the_charge(meter: Meter) -> None:
 def test_a_seat_charge_carries_its_value_and_its_row_at_cost_0(meter: Meter) -> None:
     [seat] = _charges(_prepared(meter, [("org", "seats", 1)], {"u": 7}))
     assert seat[:3] == ["seats", "org", 1] and seat[9] == '"org","seats",1'
-    assert seat[12:] == ["7", '"org","seats",0', False]  # the value as `value_of` spells it
+    assert seat[12:] == ["7", '"org","seats",0', False, None]  # the value as `value_of` spells it
     [plain] = _charges(_prepared(meter, [("org", "cal", 1)], {"u": 7}))
     assert len(plain) == 12
 
@@ -97,9 +97,9 @@ def test_it_declines_what_the_function_does_not_decide(meter: Meter) -> None:
     meter.grant("org", "fu", 5, every="1mo")  # issued now, the next in a month
     _reload(meter)
     [granted] = _charges(_prepared(meter, [("org", "cal", 1)]))
-    assert granted[12:] == [None, None, True]
+    assert granted[12:] == [None, None, True, None]
     [issued] = _charges(_prepared(meter, [("org", "fu", 1)]))
-    assert issued[12:] == [None, None, True]
+    assert issued[12:] == [None, None, True, None]
     later = AT + timedelta(days=40)
     event = make_event([("org", "fu", 1)], later, "e-2").record()
     due = prepare(meter._engine.limits, event, int(later.timestamp()) * 1_000_000)
@@ -217,3 +217,35 @@ def test_grants_take_one_trip(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> N
             "first": 1,
             "late": 2,
         }
+
+
+def test_a_flat_price_and_its_spend_cap_take_one_trip(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The spend charge is added to the event before the call and decided
+    with it, all or nothing; a consumed priced charge's row carries its
+    price. A graduated price is declined (its amount needs the window's total)."""
+    with Meter(pg_url, clock=FrozenClock(START)) as meter:
+        meter.set_limits(
+            [
+                Limit("calls", maximum=100, period="1h", window="calendar"),
+                spend_limit("spend", "0.05", "USD", "1mo", window="calendar"),
+            ]
+        )
+        meter.set_price("calls", "0.02", "USD")
+        meter.consume("other", "calls")  # caches the limits
+        before = STATS.copy()
+        waits = count_network_waits(monkeypatch)
+        first = meter.consume("org", "calls", 2)
+        assert waits[0] == 1 and STATS["applied"] - before["applied"] == 1
+        calls, spend = first.charges
+        assert (calls.price, spend.limit, spend.cost, spend.used) == (("USD", 4), "spend", 4, 4)
+        denied = meter.consume("org", "calls", 1)  # 2 cents more than the cap's 1 left
+        assert denied.denied_by == ("spend",) and denied.charges[0].price is None
+        assert STATS["applied"] - before["applied"] == 1  # a first denial notifies
+        assert not meter.consume("org", "calls", 1).allowed
+        assert STATS["applied"] - before["applied"] == 2
+        meter.set_price("calls", None, "USD", model="graduated", tiers=["10:0.01", "inf:0.005"])
+        assert meter.consume("org-2", "calls", 1).allowed
+        assert STATS["declined:money"] == before["declined:money"]  # declined before the call
+        assert STATS["applied"] - before["applied"] == 2

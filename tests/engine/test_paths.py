@@ -158,7 +158,8 @@ def test_a_check_of_a_breaker_limit_never_reaches_the_general_engine(pg_url: str
 
 def test_priced_events_are_decided_by_the_fast_path(db_url: str) -> None:
     """consume, apply and (PostgreSQL) check of priced usage never reach the
-    reference engine, nor the one-trip function; the cap denies all or nothing."""
+    reference engine (the one-trip function decides the flat-priced single
+    consumes on PostgreSQL); the cap denies all or nothing."""
     with Meter(db_url, clock=FrozenClock(NOW)) as meter:
         meter.set_limits(
             [
@@ -191,7 +192,7 @@ def test_priced_events_are_decided_by_the_fast_path(db_url: str) -> None:
         assert reference_events() == applied
         if db_url.startswith("postgresql"):
             assert reference_events("check") == checked
-        assert STATS["applied"] == one_trip.get("applied", 0)
+            assert STATS["applied"] - one_trip.get("applied", 0) == 3  # the consumes
         # What the fast path leaves (an event before its first-use window) is counted.
         late = meter.consume("org-1", "tokens", 1, occurred_at=NOW - timedelta(minutes=30))
         assert [(c.limit, c.price) for c in late.charges] == [("tokens", None)]  # before its price

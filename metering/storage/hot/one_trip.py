@@ -34,9 +34,23 @@ CONSUME_ONE: Final = (
 # (limit, subject, cost, kind "b"/"c"/"f", maximum, enforcement, token_us,
 #  calendar window start, calendar window end or first-use period,
 #  percent thresholds, unit thresholds, a seat limit's value or None,
-#  whether the subject has grants on the limit).
+#  whether the subject has grants on the limit, a priced charge's
+#  (currency, amount) or None).
 OneCharge = tuple[
-    str, str, int, str, int, str, int, int, int, Sequence[int], Sequence[int], str | None, bool
+    str,
+    str,
+    int,
+    str,
+    int,
+    str,
+    int,
+    int,
+    int,
+    Sequence[int],
+    Sequence[int],
+    str | None,
+    bool,
+    tuple[str, int] | None,
 ]
 
 
@@ -60,8 +74,8 @@ def call_parameters(
 ) -> tuple[Any, ...]:
     """The parameters of `CONSUME_ONE` for one event."""
     # Each charge with its row's first fields as the results row spells them;
-    # a seat's value and those fields at cost 0 (a seat held), and whether
-    # grants pay past the maximum.
+    # a seat's value and those fields at cost 0 (a seat held), whether grants
+    # pay past the maximum, and the price its consumed row carries.
     encoded = []
     for found in charges:
         thresholds = bool(found[9] or found[10])
@@ -71,10 +85,10 @@ def call_parameters(
             list(found[9]) if thresholds else None,
             list(found[10]) if thresholds else None,
         ]
-        seat, granted = found[11], found[12]
-        if seat is not None or granted:
+        seat, granted, price = found[11], found[12], found[13]
+        if seat is not None or granted or price is not None:
             held = None if seat is None else _compact([found[1], found[0], 0])[1:-1]
-            charge += [seat, held, granted]
+            charge += [seat, held, granted, None if price is None else _compact(list(price))]
         encoded.append(charge)
     order = sorted(range(len(charges)), key=lambda i: (charges[i][0], charges[i][1]))
     return (

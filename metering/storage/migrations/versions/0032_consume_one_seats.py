@@ -94,12 +94,13 @@ _SEATS = (
         "    gflag boolean[]; glow boolean[]; draws_t text[]; gi int[] := '{}';\n"
         "    gids text[] := '{}'; gamts bigint[] := '{}'; gused bigint[] := '{}';\n"
         "    own_used bigint; own_room bigint; gavail bigint; gavail_end bigint; room bigint;\n"
-        "    wanted bigint; taken bigint; drawn bigint; g record;",
+        "    wanted bigint; taken bigint; drawn bigint; g record; pricev text[];",
     ),
     (
         "tokens[i] := (c ->> 6)::bigint; prefixes[i] := c ->> 9;",
         "tokens[i] := (c ->> 6)::bigint; prefixes[i] := c ->> 9;\n"
-        "        seatv[i] := c ->> 12; gflag[i] := coalesce((c ->> 14)::boolean, false);",
+        "        seatv[i] := c ->> 12; gflag[i] := coalesce((c ->> 14)::boolean, false);\n"
+        "        pricev[i] := c ->> 15;",
     ),
     (
         "    -- The figures of every charge (`_window`, `_bucket`).",
@@ -134,8 +135,11 @@ _SEATS = (
         """            IF glow[i] THEN
                 RETURN ARRAY['notify'];  -- a grant left at its low threshold: `grants_low`
             END IF;
-            IF draws_t[i] IS NOT NULL THEN
-                row_text := row_text || ',[' || draws_t[i] || ']';
+            IF draws_t[i] IS NOT NULL OR pricev[i] IS NOT NULL THEN
+                row_text := row_text || ',[' || coalesce(draws_t[i], '') || ']';
+            END IF;
+            IF pricev[i] IS NOT NULL THEN  -- a consumed priced charge's (currency, amount)
+                row_text := row_text || ',' || pricev[i];
             END IF;
             cused[i] := cused[i] + costs[i];""",
     ),
@@ -165,6 +169,16 @@ _SEATS = (
             DO UPDATE SET amount = d.amount + excluded.amount;
         END LOOP;
     END IF;
+    -- A consumed priced charge's amount in the spend rollups (`rollups.spend_deltas`).
+    FOREACH i IN ARRAY p_order LOOP
+        CONTINUE WHEN pricev[i] IS NULL OR NOT allowed OR NOT fits[i];
+        INSERT INTO usage_rollups AS u (subject, limit_name, dimension, hour_start_us, value,
+            used, events)
+        VALUES (subjects[i], names[i], '$spend', p_at - mod(p_at, 3600000000),
+            pricev[i]::jsonb ->> 0, (pricev[i]::jsonb ->> 1)::bigint, 1)
+        ON CONFLICT (subject, limit_name, dimension, hour_start_us, value)
+        DO UPDATE SET used = u.used + excluded.used, events = u.events + excluded.events;
+    END LOOP;
     INSERT INTO results (event_id,""",
     ),
 )
