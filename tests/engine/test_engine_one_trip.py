@@ -7,6 +7,8 @@ PostgreSQL the function then decides the ordinary events (`STATS`)."""
 from __future__ import annotations
 
 import json
+import random
+import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -21,7 +23,7 @@ from metering.domain.events import make_event
 from metering.domain.needs import Need
 from metering.engine.answers import Declined
 from metering.engine.one_trip import ONE_TRIP_IMPLEMENTS, STATS, prepare
-from metering.storage.tables import distinct_values, webhook_messages
+from metering.storage.tables import distinct_values, results, webhook_messages
 
 # What the one-trip function decides alone: no dimensions, no price.
 ONE_TRIP_LIMITS = [
@@ -249,3 +251,51 @@ def test_a_flat_price_and_its_spend_cap_take_one_trip(
         assert meter.consume("org-2", "calls", 1).allowed
         assert STATS["declined:money"] == before["declined:money"]  # declined before the call
         assert STATS["applied"] - before["applied"] == 2
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_two_meters_drawing_on_one_grant_never_pass_it(pg_url: str, seed: int) -> None:
+    """Events of this hour and late ones of the last draw on the same grant
+    under two counters' locks: the function reads the grant unlocked, so a
+    draw that another transaction changed meanwhile must fail its statement
+    (the fast path then decides). The grant is never overdrawn, and its
+    draws are what the allowed events' rows say."""
+    clock = FrozenClock(START + timedelta(minutes=30))
+    amount = 30
+    with (
+        Meter(pg_url, clock=clock, group_commit=False) as a,
+        Meter(pg_url, clock=clock, group_commit=False) as b,
+    ):
+        a.set_limit(Limit("calls", maximum=1, period="1h", window="calendar"))
+        a.grant("org", "calls", amount, grant_id="pool")
+        before = STATS.copy()
+        errors: list[BaseException] = []
+
+        def hammer(meter: Meter, rng: random.Random) -> None:
+            try:
+                for _ in range(25):
+                    late = timedelta(hours=rng.choice([0, 1]))
+                    meter.consume("org", "calls", occurred_at=clock() - late)
+            except BaseException as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+
+        threads = [
+            threading.Thread(target=hammer, args=(meter, random.Random(seed * 10 + n)))
+            for n, meter in enumerate((a, b, a, b))
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not errors
+        [grant] = a.grants("org", "calls")
+        paid = 0
+        with a.sql_engine.connect() as connection:
+            for (event_id,) in connection.execute(
+                select(results.c.event_id).where(results.c.outcome == "allowed")
+            ):
+                decision = a.result(event_id)
+                assert decision is not None
+                paid += sum(n for _, n in decision.charges[0].grants)
+    assert grant.used == paid == amount  # 100 events, 2 windows of 1 and 30 granted: all drawn
+    assert STATS["applied"] - before["applied"] > 0
