@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from differential import START
 from round_trips import count_network_waits
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from metering import FrozenClock, Limit, Meter, spend_limit
 from metering.domain.events import make_event
@@ -299,3 +299,43 @@ def test_two_meters_drawing_on_one_grant_never_pass_it(pg_url: str, seed: int) -
                 paid += sum(n for _, n in decision.charges[0].grants)
     assert grant.used == paid == amount  # 100 events, 2 windows of 1 and 30 granted: all drawn
     assert STATS["applied"] - before["applied"] > 0
+
+
+def test_a_grant_drawn_on_while_the_function_decides_fails_its_statement(pg_url: str) -> None:
+    """Another transaction spends the grant after the function read it
+    (unlocked) and before its draw: the draw, guarded by the ``used`` it
+    read, finds it changed and fails the statement, writing nothing (the
+    grant would have room for it: only the figures would be stale); the
+    fast path decides the event again on the balance as it is now."""
+    with Meter(pg_url, clock=FrozenClock(START), group_commit=False) as meter:
+        meter.set_limit(Limit("calls", maximum=1, period="1h", window="calendar"))
+        meter.grant("org", "calls", 10, grant_id="g")
+        meter.consume("org", "calls")  # the own allowance: the next are the grant's
+        raw = meter.sql_engine.raw_connection()
+        try:
+            other = raw.cursor()
+            other.execute("UPDATE grants SET used = 3 WHERE grant_id = 'g'")  # uncommitted
+            before = STATS.copy()
+            found: list[Any] = []
+            worker = threading.Thread(
+                target=lambda: found.append(meter.consume("org", "calls", 5, event_id="e"))
+            )
+            worker.start()
+            with meter.sql_engine.connect() as watch:  # the function waits on the grant's lock
+                waiting = text(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE wait_event_type = 'Lock' AND query LIKE '%metering_consume_one%'"
+                )
+                for _ in range(2000):
+                    if watch.execute(waiting).scalar():
+                        break
+                    watch.rollback()
+                    threading.Event().wait(0.005)
+            raw.commit()
+            worker.join()
+        finally:
+            raw.close()
+        [decision] = found
+        assert STATS["declined:error"] - before["declined:error"] == 1
+        assert decision.allowed and decision.remaining == 2  # of 7 left, not of 10
+        assert [g.used for g in meter.grants("org", "calls")] == [8]
