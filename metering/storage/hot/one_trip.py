@@ -1,9 +1,10 @@
 """One round trip for a single event on PostgreSQL (``metering_consume_one``).
 
-The function installed by migration 0012 decides the usual event on the
-server, by exactly the lean rules of `metering.domain.rules.decide`, and
-writes what `PostgresHotStore.write` would (counters, first-use windows,
-the results row), all in one autocommit statement. It declines, writing
+The function installed by migration 0012 (seats, grants and flat prices
+since 0032) decides the usual event on the server, by exactly the lean
+rules of `metering.domain.rules.decide`, and writes what
+`PostgresHotStore.write` would (counters, first-use windows, seat values,
+grant draws, spend rollups, the results row), all in one autocommit statement. It declines, writing
 nothing, what it cannot decide: the limits changed since they were cached
 (``stale``), an id that already has a result (``exists``: its insert fails,
 last), an event before

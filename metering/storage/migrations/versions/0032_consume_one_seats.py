@@ -1,13 +1,24 @@
-"""``metering_consume_one`` decides seats too.
+"""``metering_consume_one`` decides seats, grants and flat prices too.
 
-Migration 0030's function, with a charge's optional seat: element 12 its
-value (`metering.domain.distinct.value_of`), element 13 its row's first
-three fields at cost 0. Under the counter's lock the function reads the
-value's live events in the window (``distinct_values``): a value with one
-costs 0 (a seat held: it always fits, with no overage), else the charge
-costs its 1 (`seat_cost`); a charge that consumed adds its event to the
-value's live events, inserting its first row
-(`metering.storage.distinct.DistinctStore.add`). PostgreSQL only.
+Migration 0030's function, with a charge's optional elements: 12 a seat's
+value (`metering.domain.distinct.value_of`), 13 its row's first three
+fields at cost 0, 14 whether the subject has grants on the limit, 15 a
+priced charge's [currency, amount] (the spend charges come with the event,
+added by `metering.engine.one_trip`).
+
+* Seats: under the counter's lock the value's live events are read; a held
+  value costs 0 (it always fits, with no overage), else 1 (`seat_cost`); a
+  consumed charge adds its event to the value's live events.
+* Grants (`metering.domain.grants.fit_window`): the own allowance pays
+  first, then the grants active at the event in draw order, read unlocked;
+  each draw is written only if the grant's ``used`` is still what was read,
+  else the statement fails and writes nothing (the fast path decides). A
+  draw that leaves a grant at its low threshold, or a granted pair with
+  thresholds, declines (``notify``).
+* Prices: a consumed priced charge's row carries its price, and its amount
+  goes to the spend rollups (`metering.domain.rollups.spend_deltas`).
+
+PostgreSQL only.
 
 Revision ID: 0032
 Revises: 0031
