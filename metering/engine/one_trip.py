@@ -4,8 +4,10 @@
 (`metering.storage.hot.one_trip`), a PL/pgSQL copy of the lean rules of
 `metering.domain.rules`, from the cached limits. It implements a narrow set
 (`ONE_TRIP_IMPLEMENTS`: plain hard, soft and shadow limits, buckets, calendar and
-first-use windows, stacked charges, the subject's entitlements and own
-thresholds, which only choose when it declines to notify); any other
+first-use windows, stacked charges, seats, flat prices with their spend
+caps (the spend charges added here), the subject's entitlements, grants and
+recurring grants with no issue due, and own thresholds, which only choose
+when it declines to notify); any other
 need, or an unacceptable event, is `Declined` and the fast path decides.
 ``tests/engine/test_differential.py`` holds the function to the reference.
 
@@ -18,16 +20,20 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Final
 
-from metering.domain.events import EventRecord
+from metering.domain.distinct import value_of
+from metering.domain.events import Charge, EventRecord
 from metering.domain.needs import Need
 from metering.domain.rules import Rule
 from metering.domain.windows import calendar_window
 from metering.engine.answers import Declined
 from metering.engine.fast import LimitCache, rules_for
+from metering.errors import InvalidInput
 from metering.storage.hot.one_trip import OneCharge, call_parameters
 
 STATS: Final[Counter[str]] = Counter()
-ONE_TRIP_IMPLEMENTS: Final = frozenset({Need.ENTITLEMENTS, Need.OWN_THRESHOLDS})
+ONE_TRIP_IMPLEMENTS: Final = frozenset(
+    {Need.ENTITLEMENTS, Need.OWN_THRESHOLDS, Need.SEATS, Need.GRANTS, Need.RECURRING, Need.MONEY}
+)
 
 
 def prepare(cache: LimitCache, event: EventRecord, now_us: int) -> tuple[Any, ...] | Declined:
@@ -38,24 +44,66 @@ def prepare(cache: LimitCache, event: EventRecord, now_us: int) -> tuple[Any, ..
     event_rules, error = rules_for(event, rules, now_us)
     if error is not None:
         return Declined(str(error), Need.INVALID)
-    needs = allowances.charged(rules, [event]) - ONE_TRIP_IMPLEMENTS
+    charges = event.charges
+    amounts: dict[int, tuple[str, int]] = {}
+    if any(rule.money for rule in event_rules):
+        spent = _spend(cache, version, event)
+        if isinstance(spent, Declined):
+            return spent
+        charges, amounts = spent
+        event_rules += [rules[name] for _, name, _ in charges[len(event_rules) :]]
+    needs = allowances.charged(rules, [event._replace(charges=charges)]) - ONE_TRIP_IMPLEMENTS
     if needs:
         return Declined("not for the function", min(needs))
-    histories, alerts = allowances.histories, allowances.alerts
+    if allowances.due and allowances.due_pairs(((n, s) for s, n, _ in charges), now_us):
+        return Declined("a recurring grant's issue is due", Need.RECURRING)
+    histories, alerts, granted = allowances.histories, allowances.alerts, allowances.grant_pairs
     at_us = event.occurred_at_us
     found: list[OneCharge] = []
-    for (subject, name, cost), rule in zip(event.charges, event_rules, strict=True):
+    for index, ((subject, name, cost), rule) in enumerate(zip(charges, event_rules, strict=True)):
         if histories or alerts:
             history, own = histories.get((name, subject)), alerts.get((name, subject))
             if history or own:
                 rule = cache.rule_for(rule, history, at_us, own)
-        found.append(_charge(rule, subject, cost, at_us))
+        # (`rules_for` found the seat's value acceptable.)
+        key = rule.limit.distinct
+        seat = None if key is None else value_of(key, name, event.metadata, cost)
+        paid = (name, subject) in granted
+        found.append(_charge(rule, subject, cost, at_us, seat, paid, amounts.get(index)))
     return call_parameters(
         version, event.event_id, event.fingerprint, at_us, now_us, event.metadata, found
     )
 
 
-def _charge(rule: Rule, subject: str, cost: int, at_us: int) -> OneCharge:
+def _spend(
+    cache: LimitCache, version: int, event: EventRecord
+) -> tuple[tuple[Charge, ...], dict[int, tuple[str, int]]] | Declined:
+    """``event``'s charges with its spend charges after its own (`Money.expand`),
+    and each priced charge's (currency, amount), by position; a price by the
+    window's total (tiers, a flat fee) is declined."""
+    book = cache.prices
+    if book.version != version:
+        return Declined("prices cached at another version", stale=True)
+    try:
+        priced, extra = book.charges(event.charges, event.occurred_at_us)
+    except InvalidInput as exc:
+        return Declined(str(exc), Need.INVALID)
+    if any(charge.counted for charge in priced):
+        return Declined("a price by the window's total", Need.MONEY)
+    if any(charge.limit not in cache.current[1] for charge in extra):
+        return Declined("a spend limit not cached", stale=True)
+    return (*event.charges, *extra), {c.index: (c.currency, c.amount) for c in priced}
+
+
+def _charge(
+    rule: Rule,
+    subject: str,
+    cost: int,
+    at_us: int,
+    seat: str | None,
+    granted: bool,
+    price: tuple[str, int] | None,
+) -> OneCharge:
     limit = rule.limit
     thresholds = (limit.thresholds, limit.thresholds_units)
     enforcement = "soft" if rule.soft else ("shadow" if rule.shadow else "hard")
@@ -77,4 +125,7 @@ def _charge(rule: Rule, subject: str, cost: int, at_us: int) -> OneCharge:
         start,
         end,
         *thresholds,
+        seat,
+        granted,
+        price,
     )

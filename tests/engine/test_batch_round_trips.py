@@ -99,7 +99,7 @@ CONFIGURATIONS = {
 }
 
 
-ONE_TRIP = {"plain", "entitlement", "own thresholds"}
+ONE_TRIP = {"plain", "priced", "seats", "grant", "recurring", "entitlement", "own thresholds"}
 
 
 @pytest.mark.postgres
@@ -128,7 +128,7 @@ def test_a_single_event_is_one_or_two_round_trips(
 
 
 @pytest.mark.postgres
-@pytest.mark.parametrize("configuration", ["plain", "priced", "grant", "seats"])
+@pytest.mark.parametrize("configuration", ["plain", "tiered", "priced", "grant", "seats"])
 def test_the_network_waits_twice_for_a_read_then_write(
     pg_url: str, monkeypatch: pytest.MonkeyPatch, configuration: str
 ) -> None:

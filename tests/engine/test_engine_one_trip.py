@@ -1,28 +1,31 @@
 """The single plain event in one round trip (`metering/engine/one_trip.py`):
 `prepare` turns an event into the function's call from the cached limits
-(each charge's window kind, bounds and enforcement), or declines it (limits
+(each charge's window kind, bounds and enforcement, a seat's value), or declines it (limits
 not loaded, an unacceptable event, a need the function lacks); on
 PostgreSQL the function then decides the ordinary events (`STATS`)."""
 
 from __future__ import annotations
 
 import json
+import random
+import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from differential import START
-from sqlalchemy import select
+from round_trips import count_network_waits
+from sqlalchemy import select, text
 
-from metering import FrozenClock, Limit, Meter
+from metering import FrozenClock, Limit, Meter, spend_limit
 from metering.domain.events import make_event
 from metering.domain.needs import Need
 from metering.engine.answers import Declined
 from metering.engine.one_trip import ONE_TRIP_IMPLEMENTS, STATS, prepare
-from metering.storage.tables import webhook_messages
+from metering.storage.tables import distinct_values, results, webhook_messages
 
-# What the one-trip function decides alone: no dimensions, no price, no seats.
+# What the one-trip function decides alone: no dimensions, no price.
 ONE_TRIP_LIMITS = [
     Limit("cal", maximum=6, period="1h", window="calendar"),
     Limit("fu", maximum=4, period="30m"),
@@ -30,6 +33,8 @@ ONE_TRIP_LIMITS = [
     Limit("soft", maximum=5, period="1h", window="calendar", enforcement="soft"),
     Limit("units", maximum=9, period="30m", thresholds_units=(3, 7)),
 ]
+SEATS = Limit("seats", maximum=2, period="1h", distinct="u")
+ROUTES = Limit("routes", maximum=9, period="1h", dimensions=("route",))
 AT = datetime(2026, 11, 22, 12, 20, 15, tzinfo=UTC)
 HOUR = 3_600_000_000
 HOUR_US = int(datetime(2026, 11, 22, 12, tzinfo=UTC).timestamp()) * 1_000_000
@@ -38,7 +43,7 @@ HOUR_US = int(datetime(2026, 11, 22, 12, tzinfo=UTC).timestamp()) * 1_000_000
 @pytest.fixture
 def meter(sqlite_url: str) -> Iterator[Meter]:
     with Meter(sqlite_url, clock=FrozenClock(AT)) as meter:
-        meter.set_limits([*ONE_TRIP_LIMITS, Limit("seats", maximum=2, period="1h", distinct="u")])
+        meter.set_limits([*ONE_TRIP_LIMITS, SEATS, ROUTES])
         meter.consume("org-0", "cal")  # caches the limits
         yield meter
 
@@ -75,16 +80,34 @@ def test_soft_and_unit_thresholds_travel_with_the_charge(meter: Meter) -> None:
     assert units[10:] == [[], [3, 7]]
 
 
+def test_a_seat_charge_carries_its_value_and_its_row_at_cost_0(meter: Meter) -> None:
+    [seat] = _charges(_prepared(meter, [("org", "seats", 1)], {"u": 7}))
+    assert seat[:3] == ["seats", "org", 1] and seat[9] == '"org","seats",1'
+    assert seat[12:] == ["7", '"org","seats",0', False, None]  # the value as `value_of` spells it
+    [plain] = _charges(_prepared(meter, [("org", "cal", 1)], {"u": 7}))
+    assert len(plain) == 12
+
+
 def test_it_declines_what_the_function_does_not_decide(meter: Meter) -> None:
-    seat = _prepared(meter, [("org", "seats", 1)], {"u": "ada"})
-    assert isinstance(seat, Declined) and seat.need == Need.SEATS and not seat.stale
+    routed = _prepared(meter, [("org", "routes", 1)], {"route": "a"})
+    assert isinstance(routed, Declined) and routed.need == Need.DIMENSIONS and not routed.stale
+    missing = _prepared(meter, [("org", "seats", 1)], {"v": "ada"})
+    assert isinstance(missing, Declined) and missing.need == Need.INVALID
     unknown = _prepared(meter, [("org", "nope", 1)])
     assert isinstance(unknown, Declined) and unknown.need == Need.INVALID
     meter.grant("org", "cal", 5)
+    meter.grant("org", "fu", 5, every="1mo")  # issued now, the next in a month
     _reload(meter)
-    granted = _prepared(meter, [("org", "cal", 1)])
-    assert isinstance(granted, Declined) and granted.need == Need.GRANTS
-    assert not isinstance(_prepared(meter, [("other", "cal", 1)]), Declined)
+    [granted] = _charges(_prepared(meter, [("org", "cal", 1)]))
+    assert granted[12:] == [None, None, True, None]
+    [issued] = _charges(_prepared(meter, [("org", "fu", 1)]))
+    assert issued[12:] == [None, None, True, None]
+    later = AT + timedelta(days=40)
+    event = make_event([("org", "fu", 1)], later, "e-2").record()
+    due = prepare(meter._engine.limits, event, int(later.timestamp()) * 1_000_000)
+    assert isinstance(due, Declined) and due.need == Need.RECURRING
+    [other] = _charges(_prepared(meter, [("other", "cal", 1)]))
+    assert len(other) == 12
 
 
 def test_limits_not_loaded_yet_are_declined_as_stale(meter: Meter) -> None:
@@ -97,7 +120,7 @@ def test_limits_not_loaded_yet_are_declined_as_stale(meter: Meter) -> None:
 def test_a_subjects_own_maximum_and_thresholds_are_the_functions_to_apply(
     meter: Meter,
 ) -> None:
-    assert {Need.ENTITLEMENTS, Need.OWN_THRESHOLDS} == ONE_TRIP_IMPLEMENTS
+    assert {Need.ENTITLEMENTS, Need.OWN_THRESHOLDS, Need.SEATS, Need.GRANTS} <= ONE_TRIP_IMPLEMENTS
     meter.set_entitlement("org", "cal", 2, effective_from=AT - timedelta(hours=1))
     meter.set_alert("org", "fu", ["50%"])
     _reload(meter)
@@ -137,3 +160,182 @@ def test_own_thresholds_take_one_trip_until_one_is_crossed(pg_url: str) -> None:
         with meter.sql_engine.connect() as connection:
             kinds = connection.execute(select(webhook_messages.c.type)).scalars().all()
         assert kinds == ["limit.threshold"]
+
+
+def test_seats_take_one_trip(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new value costs 1 and a held one 0, each decided by the function in
+    one round trip, which keeps the values' live events; the first denial
+    announces itself (``notify``: the fast path decides it), the next is the
+    function's again; a held seat fits past a lowered maximum."""
+    with Meter(pg_url, clock=FrozenClock(START)) as meter:
+        meter.set_limit(Limit("seats", maximum=2, period="1h", window="calendar", distinct="u"))
+        meter.consume("other", "seats", metadata={"u": "x"})  # caches the limits
+        before = STATS.copy()
+        waits = count_network_waits(monkeypatch)
+        used = [
+            (found.used, found.charges[0].cost)
+            for found in (
+                meter.consume("org", "seats", metadata={"u": user})
+                for user in ["ada", "ada", "bob", "ada"]
+            )
+        ]
+        assert used == [(1, 1), (1, 0), (2, 1), (2, 0)] and waits[0] == 4
+        assert STATS["applied"] - before["applied"] == 4
+        assert not meter.consume("org", "seats", metadata={"u": "cy"}).allowed  # notify
+        assert not meter.consume("org", "seats", metadata={"u": "dee"}).allowed
+        assert meter.consume("org", "seats", metadata={"u": "bob"}).allowed
+        assert STATS["applied"] - before["applied"] == 6
+        meter.set_entitlement("org", "seats", 1)  # below the 2 held: a held seat still fits
+        held = meter.consume("org", "seats", metadata={"u": "ada"})
+        assert (held.outcome, held.charges[0].cost, held.charges[0].overage) == ("allowed", 0, 0)
+        assert STATS["applied"] - before["applied"] == 7
+        with meter.sql_engine.connect() as connection:
+            rows = connection.execute(
+                select(distinct_values.c.value, distinct_values.c.live_events)
+                .where(distinct_values.c.subject == "org")
+                .order_by(distinct_values.c.value)
+            ).all()
+        assert [tuple(row) for row in rows] == [("ada", 4), ("bob", 2)]
+
+
+def test_grants_take_one_trip(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The own allowance pays first, then the grants by priority, each event
+    decided by the function in one round trip with its draws written; the
+    first denial announces itself (the fast path decides it)."""
+    with Meter(pg_url, clock=FrozenClock(START)) as meter:
+        meter.set_limit(Limit("calls", maximum=1, period="1h", window="calendar"))
+        meter.grant("org", "calls", 2, grant_id="late", priority=200)
+        meter.grant("org", "calls", 1, grant_id="first", priority=10)
+        meter.consume("other", "calls")  # caches the limits
+        before = STATS.copy()
+        waits = count_network_waits(monkeypatch)
+        paid = [meter.consume("org", "calls", 1).charges[0].grants for _ in range(3)]
+        assert paid == [(), (("first", 1),), (("late", 1),)] and waits[0] == 3
+        assert meter.consume("org", "calls", 2).charges[0].remaining == 1  # denied: 1 left
+        assert not meter.consume("org", "calls", 2).allowed
+        assert meter.consume("org", "calls", 1).charges[0].grants == (("late", 1),)
+        assert STATS["applied"] - before["applied"] == 5
+        assert {g.grant_id: g.used for g in meter.grants("org", "calls")} == {
+            "first": 1,
+            "late": 2,
+        }
+
+
+def test_a_flat_price_and_its_spend_cap_take_one_trip(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The spend charge is added to the event before the call and decided
+    with it, all or nothing; a consumed priced charge's row carries its
+    price. A graduated price is declined (its amount needs the window's total)."""
+    with Meter(pg_url, clock=FrozenClock(START)) as meter:
+        meter.set_limits(
+            [
+                Limit("calls", maximum=100, period="1h", window="calendar"),
+                spend_limit("spend", "0.05", "USD", "1mo", window="calendar"),
+            ]
+        )
+        meter.set_price("calls", "0.02", "USD")
+        meter.consume("other", "calls")  # caches the limits
+        before = STATS.copy()
+        waits = count_network_waits(monkeypatch)
+        first = meter.consume("org", "calls", 2)
+        assert waits[0] == 1 and STATS["applied"] - before["applied"] == 1
+        calls, spend = first.charges
+        assert (calls.price, spend.limit, spend.cost, spend.used) == (("USD", 4), "spend", 4, 4)
+        denied = meter.consume("org", "calls", 1)  # 2 cents more than the cap's 1 left
+        assert denied.denied_by == ("spend",) and denied.charges[0].price is None
+        assert STATS["applied"] - before["applied"] == 1  # a first denial notifies
+        assert not meter.consume("org", "calls", 1).allowed
+        assert STATS["applied"] - before["applied"] == 2
+        meter.set_price("calls", None, "USD", model="graduated", tiers=["10:0.01", "inf:0.005"])
+        assert meter.consume("org-2", "calls", 1).allowed
+        assert STATS["declined:money"] == before["declined:money"]  # declined before the call
+        assert STATS["applied"] - before["applied"] == 2
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_two_meters_drawing_on_one_grant_never_pass_it(pg_url: str, seed: int) -> None:
+    """Events of this hour and late ones of the last draw on the same grant
+    under two counters' locks: the function reads the grant unlocked, so a
+    draw that another transaction changed meanwhile must fail its statement
+    (the fast path then decides). The grant is never overdrawn, and its
+    draws are what the allowed events' rows say."""
+    clock = FrozenClock(START + timedelta(minutes=30))
+    amount = 30
+    with (
+        Meter(pg_url, clock=clock, group_commit=False) as a,
+        Meter(pg_url, clock=clock, group_commit=False) as b,
+    ):
+        a.set_limit(Limit("calls", maximum=1, period="1h", window="calendar"))
+        a.grant("org", "calls", amount, grant_id="pool")
+        before = STATS.copy()
+        errors: list[BaseException] = []
+
+        def hammer(meter: Meter, rng: random.Random) -> None:
+            try:
+                for _ in range(25):
+                    late = timedelta(hours=rng.choice([0, 1]))
+                    meter.consume("org", "calls", occurred_at=clock() - late)
+            except BaseException as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+
+        threads = [
+            threading.Thread(target=hammer, args=(meter, random.Random(seed * 10 + n)))
+            for n, meter in enumerate((a, b, a, b))
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not errors
+        [grant] = a.grants("org", "calls")
+        paid = 0
+        with a.sql_engine.connect() as connection:
+            for (event_id,) in connection.execute(
+                select(results.c.event_id).where(results.c.outcome == "allowed")
+            ):
+                decision = a.result(event_id)
+                assert decision is not None
+                paid += sum(n for _, n in decision.charges[0].grants)
+    assert grant.used == paid == amount  # 100 events, 2 windows of 1 and 30 granted: all drawn
+    assert STATS["applied"] - before["applied"] > 0
+
+
+def test_a_grant_drawn_on_while_the_function_decides_fails_its_statement(pg_url: str) -> None:
+    """Another transaction spends the grant after the function read it
+    (unlocked) and before its draw: the draw, guarded by the ``used`` it
+    read, finds it changed and fails the statement, writing nothing (the
+    grant would have room for it: only the figures would be stale); the
+    fast path decides the event again on the balance as it is now."""
+    with Meter(pg_url, clock=FrozenClock(START), group_commit=False) as meter:
+        meter.set_limit(Limit("calls", maximum=1, period="1h", window="calendar"))
+        meter.grant("org", "calls", 10, grant_id="g")
+        meter.consume("org", "calls")  # the own allowance: the next are the grant's
+        raw = meter.sql_engine.raw_connection()
+        try:
+            other = raw.cursor()
+            other.execute("UPDATE grants SET used = 3 WHERE grant_id = 'g'")  # uncommitted
+            before = STATS.copy()
+            found: list[Any] = []
+            worker = threading.Thread(
+                target=lambda: found.append(meter.consume("org", "calls", 5, event_id="e"))
+            )
+            worker.start()
+            with meter.sql_engine.connect() as watch:  # the function waits on the grant's lock
+                waiting = text(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE wait_event_type = 'Lock' AND query LIKE '%metering_consume_one%'"
+                )
+                for _ in range(2000):
+                    if watch.execute(waiting).scalar():
+                        break
+                    watch.rollback()
+                    threading.Event().wait(0.005)
+            raw.commit()
+            worker.join()
+        finally:
+            raw.close()
+        [decision] = found
+        assert STATS["declined:error"] - before["declined:error"] == 1
+        assert decision.allowed and decision.remaining == 2  # of 7 left, not of 10
+        assert [g.used for g in meter.grants("org", "calls")] == [8]

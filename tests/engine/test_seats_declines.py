@@ -1,9 +1,9 @@
 """What the hot paths do with seat limits (``distinct``): the fast path and
 the fast `check` decide them, reading the values' live events with the
-counters; the one-trip function declines them (`Need.SEATS`), and the fast
-path declines a reservation of one (`Need.HELD_SEATS`: the reference path
-refuses it), before anything is read or written; events on other limits stay on the one-trip
-path (docs/seats.md)."""
+counters; the one-trip function decides a single one (its value travels
+with the charge), and the fast path declines a reservation of one
+(`Need.HELD_SEATS`: the reference path refuses it), before anything is read
+or written (docs/seats.md)."""
 
 from __future__ import annotations
 
@@ -56,12 +56,12 @@ SEAT_EVENTS = [
 
 
 @pytest.mark.parametrize("charges", SEAT_EVENTS)
-def test_the_one_trip_function_and_reservations_leave_seats_alone(
+def test_the_one_trip_function_takes_seats_and_reservations_leave_them_alone(
     cache: LimitCache, charges: list[tuple[str, str, int]]
 ) -> None:
     record = make_event(charges, NOW, "e1", {"user": "ann"}).record()
     now_us = to_us(NOW)
-    assert prepare(cache, record, now_us) == Declined("not for the function", Need.SEATS)
+    assert not isinstance(prepare(cache, record, now_us), Declined)
     batch = Batch([record], now_us, "raise", hold=Hold(ttl_us=1_000_000), lookup_first=True)
     found = apply_records(None, cache, batch, store=Untouchable())
     assert isinstance(found, Declined) and found.need == Need.HELD_SEATS

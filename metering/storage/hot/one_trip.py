@@ -1,9 +1,10 @@
 """One round trip for a single event on PostgreSQL (``metering_consume_one``).
 
-The function installed by migration 0012 decides the usual event on the
-server, by exactly the lean rules of `metering.domain.rules.decide`, and
-writes what `PostgresHotStore.write` would (counters, first-use windows,
-the results row), all in one autocommit statement. It declines, writing
+The function installed by migration 0012 (seats, grants and flat prices
+since 0032) decides the usual event on the server, by exactly the lean
+rules of `metering.domain.rules.decide`, and writes what
+`PostgresHotStore.write` would (counters, first-use windows, seat values,
+grant draws, spend rollups, the results row), all in one autocommit statement. It declines, writing
 nothing, what it cannot decide: the limits changed since they were cached
 (``stale``), an id that already has a result (``exists``: its insert fails,
 last), an event before
@@ -33,8 +34,25 @@ CONSUME_ONE: Final = (
 # A charge as the function takes it (see migration 0012):
 # (limit, subject, cost, kind "b"/"c"/"f", maximum, enforcement, token_us,
 #  calendar window start, calendar window end or first-use period,
-#  percent thresholds, unit thresholds).
-OneCharge = tuple[str, str, int, str, int, str, int, int, int, Sequence[int], Sequence[int]]
+#  percent thresholds, unit thresholds, a seat limit's value or None,
+#  whether the subject has grants on the limit, a priced charge's
+#  (currency, amount) or None).
+OneCharge = tuple[
+    str,
+    str,
+    int,
+    str,
+    int,
+    str,
+    int,
+    int,
+    int,
+    Sequence[int],
+    Sequence[int],
+    str | None,
+    bool,
+    tuple[str, int] | None,
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,16 +74,23 @@ def call_parameters(
     charges: Sequence[OneCharge],
 ) -> tuple[Any, ...]:
     """The parameters of `CONSUME_ONE` for one event."""
-    # Each charge with its row's first fields as the results row spells them.
-    encoded = [
-        [
+    # Each charge with its row's first fields as the results row spells them;
+    # a seat's value and those fields at cost 0 (a seat held), whether grants
+    # pay past the maximum, and the price its consumed row carries.
+    encoded = []
+    for found in charges:
+        thresholds = bool(found[9] or found[10])
+        charge = [
             *found[:9],
             _compact([found[1], found[0], found[2]])[1:-1],
-            list(found[9]) if found[9] or found[10] else None,
-            list(found[10]) if found[9] or found[10] else None,
+            list(found[9]) if thresholds else None,
+            list(found[10]) if thresholds else None,
         ]
-        for found in charges
-    ]
+        seat, granted, price = found[11], found[12], found[13]
+        if seat is not None or granted or price is not None:
+            held = None if seat is None else _compact([found[1], found[0], 0])[1:-1]
+            charge += [seat, held, granted, None if price is None else _compact(list(price))]
+        encoded.append(charge)
     order = sorted(range(len(charges)), key=lambda i: (charges[i][0], charges[i][1]))
     return (
         version,

@@ -104,8 +104,8 @@ def test_charges_are_passed_in_lock_order_with_thresholds_only_where_set() -> No
         11,
         None,
         [
-            ("b", "org", 1, "c", 5, "hard", 1, 0, 9, (), ()),
-            ("a", "org", 2, "f", 5, "soft", 1, 0, 9, (50,), ()),
+            ("b", "org", 1, "c", 5, "hard", 1, 0, 9, (), (), None, False, None),
+            ("a", "org", 2, "f", 5, "soft", 1, 0, 9, (50,), (), None, False, None),
         ],
     )
     assert found[:6] == (7, "e-1", "fp", 10, 11, None)
