@@ -40,6 +40,11 @@ def add_period(start_us: int, period: Period) -> int:
     return to_us(start.replace(year=year, month=month, day=day))
 
 
+# The last UTC window of months worked out per period: most events fall in it,
+# and finding it again takes two comparisons instead of date arithmetic.
+_LAST_MONTHS: dict[Period, Window] = {}
+
+
 def calendar_window(period: Period, at_us: int, zones: ZoneHistory = ()) -> Window:
     """The calendar window containing ``at_us``: aligned in UTC, or for a subject
     with a time zone (``zones``: its changes of zone) at its local midnights."""
@@ -49,6 +54,15 @@ def calendar_window(period: Period, at_us: int, zones: ZoneHistory = ()) -> Wind
         size = period.seconds * 1_000_000
         start = at_us - (at_us - CALENDAR_ANCHOR_US) % size
         return start, start + size
+    last = _LAST_MONTHS.get(period)
+    if last is not None and last[0] <= at_us < last[1]:
+        return last
+    window = _LAST_MONTHS[period] = _months_window(period, at_us)
+    return window
+
+
+def _months_window(period: Period, at_us: int) -> Window:
+    """The UTC window of ``period`` (whole months) containing ``at_us``."""
     moment = from_us(at_us)
     month_index = (moment.year - 1970) * 12 + (moment.month - 1)
     first = month_index - month_index % period.months

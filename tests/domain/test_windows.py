@@ -17,6 +17,7 @@ from metering.domain.limits import Limit, parse_period
 from metering.domain.state import CounterKey, CounterState, Evaluation
 from metering.domain.windows import (
     Window,
+    _months_window,
     add_period,
     calendar_window,
     evaluate_window,
@@ -353,6 +354,16 @@ def test_calendar_month_last_microsecond_and_first_of_next_month() -> None:
     march = at(2027, 3, 1)
     assert calendar_window(period, march - 1) == window_at(2027, 2, 1, end=(2027, 3, 1))
     assert calendar_window(period, march) == window_at(2027, 3, 1, end=(2027, 4, 1))
+
+
+def test_a_month_window_found_again_is_the_window_of_the_instant_asked() -> None:
+    """The last window of months is remembered: asked in any order, across
+    both ends of a window, each answer is the one worked out afresh."""
+    period = parse_period("1mo")
+    march, april = at(2027, 3, 1), at(2027, 4, 1)
+    for instant in (march, april - 1, march - 1, april, march, april - 1, april + 1, march):
+        assert calendar_window(period, instant) == _months_window(period, instant)
+    assert calendar_window(period, april - 1) == (march, april)
 
 
 @pytest.mark.parametrize(
