@@ -36,12 +36,13 @@ lint: venv
 	$(BIN)/vulture
 
 # Lint first: a style or type error fails fast, before the slower suite.
-# Two processes (one per core), a whole file to each at a time, longest file
-# first (tests/durations.json; xdist's own order would put the few-test,
-# minute-long files last), each with its own throw-away servers; a test still
+# Three processes on two cores (tests wait on servers: docs/testing.md), a
+# whole file to each at a time, longest file first (tests/durations.json;
+# xdist's own order would put the few-test, minute-long files last), each
+# with its own throw-away servers; a test still
 # running after 15 minutes fails with its stack printed instead of hanging CI
 # (docs/testing.md); the 30 slowest tests are listed at the end.
-PARALLEL := -n 2 --dist loadfile --no-loadscope-reorder --timeout 900 --durations=30
+PARALLEL := -n 3 --dist loadfile --no-loadscope-reorder --timeout 900 --durations=30
 test: bytecode servers lint
 	bash scripts/pytest.sh $(PARALLEL) $(PYTEST_ARGS)
 

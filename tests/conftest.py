@@ -21,7 +21,7 @@ root fails in its teardown (`pytest_runtest_teardown`); such a test runs in
 ``tmp_path`` (``monkeypatch.chdir``) or gives a URL.
 
 Order: whole test files longest first (`file_order`), so that `make test`'s
-two workers finish together; ``--write-durations`` records this run's seconds
+workers finish together; ``--write-durations`` records this run's seconds
 per file in ``tests/durations.json`` for that order.
 
 `metering` is imported inside fixtures only: this file must import, and the

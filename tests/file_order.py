@@ -1,4 +1,4 @@
-"""The order `make test` hands test files to its two workers: longest first.
+"""The order `make test` hands test files to its workers: longest first.
 
 pytest-xdist's ``--dist loadfile`` gives a worker a whole file at a time, in
 the order of the collection when ``--no-loadscope-reorder`` is given (else
