@@ -9,7 +9,6 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from json.encoder import encode_basestring_ascii
 from typing import Any, Final, NamedTuple
 
 from metering.domain.bounds import shown, validate_whole
@@ -124,29 +123,8 @@ class UsageEvent:
 
 
 def records_of(events: Iterable[UsageEvent]) -> list[EventRecord]:
-    """Each event's `UsageEvent.record`, made in one loop for a batch.
-
-    A one-charge event's fingerprint is written here as ``json.dumps``
-    writes it, its texts quoted by the encoder's own function (the one
-    ``json.dumps`` calls, with its default ``ensure_ascii``); other events'
-    by `fingerprint_of`. Each event keeps its fingerprint, as `record` does.
-    """
-    records: list[EventRecord] = []
-    append = records.append
-    quoted = encode_basestring_ascii
-    for event in events:
-        charges = event.charges
-        found = event._fingerprint
-        if found is None:
-            if len(charges) == 1 and len(charges[0]) == 3:
-                subject, limit, cost = charges[0]
-                if type(subject) is str and type(limit) is str and type(cost) is int:
-                    found = f"[[{quoted(subject)},{quoted(limit)},{cost}]]"
-            if found is None:
-                found = fingerprint_of(charges)
-            object.__setattr__(event, "_fingerprint", found)
-        append(EventRecord(event.event_id, charges, event.occurred_at_us, event.metadata, found))
-    return records
+    """Each event's `UsageEvent.record`, for a batch (each keeps its fingerprint)."""
+    return [event.record() for event in events]
 
 
 def new_event_id() -> str:

@@ -1,6 +1,6 @@
 """Events as stored, at the edges mutation testing found unasserted: the exact
 text of a fingerprint, metadata's size counted as compact JSON, `charges_of`,
-`UsageEvent.record`, and `records_of`, a batch's records made in one loop.
+`UsageEvent.record`, and `records_of`, a batch's records.
 """
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ _TEXTS = ["org", "org-1 x", 'or"g', "or\\g", "org\n", "callé", "日本", "\u202
 
 
 def test_a_batchs_records_are_each_events_record_with_the_same_fingerprint() -> None:
-    """`records_of` writes a one-charge fingerprint itself: the same text
-    `fingerprint_of` (the JSON encoder) gives, escapes and all."""
+    """`records_of` gives each event's record, its fingerprint the text the
+    JSON encoder writes, escapes and all."""
     rng = random.Random(7)
     at = datetime(2026, 1, 1, tzinfo=UTC)
     events = []

@@ -254,15 +254,10 @@ def sqlite_read_unlocked(
 ) -> Snapshot:
     """`SqliteHotStore.read` for a decision that writes nothing (`check`), in
     `DirectSqlite.reading`'s read transaction: no write lock. Results are not
-    looked up, nor recurring grants' schedules, nor the breaker links'
-    secret. Driver errors come out as SQLAlchemy's."""
-    snapshot = SqliteHotStore(None, raw).read(None, pairs, keys, 0, grant_pairs, seats)
-    if breaker_pairs:
-        try:
-            snapshot.breakers = sqlite_breakers(raw, breaker_pairs)
-        except sqlite3.Error as exc:
-            raise _translate(exc) from exc
-    return snapshot
+    looked up, nor recurring grants' schedules. Driver errors come out as
+    SQLAlchemy's."""
+    store = SqliteHotStore(None, raw)
+    return store.read(None, pairs, keys, 0, grant_pairs, seats, breaker_pairs=breaker_pairs)
 
 
 # Up to this many ids or counters are read one statement each (`consume`).
