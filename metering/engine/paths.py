@@ -14,6 +14,7 @@ anything, and the next path that implements it decides. In order:
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Sequence
 from functools import partial
 from typing import Protocol
@@ -26,6 +27,7 @@ from metering.domain.events import Rejected, UsageEvent
 from metering.domain.instants import from_us
 from metering.domain.needs import EVERY, Need
 from metering.domain.reservations import held_charge
+from metering.domain.rules import EventOutcome
 from metering.engine.answers import (
     CONFLICT,
     DUPLICATE,
@@ -195,17 +197,7 @@ class Direct:
                     found = check_record(read, cache, record, now_us)
         except StorageError:
             return Declined("no connection")  # the reference engine retries, or raises
-        if isinstance(found, Declined):
-            return found
-        return Decision(
-            event_id=None,
-            outcome=found.outcome,  # type: ignore[arg-type]
-            charges=tuple(ChargeDecision.from_row(row) for row in found.rows),
-            occurred_at=event.occurred_at,
-            decided_at=from_us(now_us),
-            denied_by=found.denied_by,
-            metadata=event.metadata,
-        )
+        return _checked(event, found, now_us)
 
 
 _READ_NEEDS = frozenset({Need.BREAKER, Need.FORECAST})
@@ -231,7 +223,8 @@ def _speculates(batch: Batch, cache: LimitCache) -> bool:
 
 class OnConnection:
     """The fast path in a SQLAlchemy transaction (in-memory SQLite, or what
-    the direct connections leave: dead letters on SQLite)."""
+    the direct connections leave: dead letters on SQLite); its check reads
+    on a SQLAlchemy connection with the direct path's statements."""
 
     name = "connection"
     implements = FAST_IMPLEMENTS
@@ -249,7 +242,34 @@ class OnConnection:
         return self.database.run_retry_aware(work)
 
     def check(self, event: UsageEvent, now_us: int) -> Decision | Declined:
-        return _NO_CHECK
+        cache, record = self.cache, event.record()
+        try:
+            with self.database.reading() as connection, connection.begin():
+                raw = connection.connection.driver_connection  # in one snapshot
+                if isinstance(raw, sqlite3.Connection):
+                    read = partial(sqlite_read_unlocked, raw)
+                else:
+                    assert raw is not None  # psycopg's, on PostgreSQL
+                    read = partial(read_unlocked, raw)
+                found = check_record(read, cache, record, now_us)
+        except StorageError:
+            return Declined("no connection")  # the reference engine retries, or raises
+        return _checked(event, found, now_us)
+
+
+def _checked(event: UsageEvent, found: EventOutcome | Declined, now_us: int) -> Decision | Declined:
+    """The fast check's outcome of ``event`` as the `Decision` `Meter.check` returns."""
+    if isinstance(found, Declined):
+        return found
+    return Decision(
+        event_id=None,
+        outcome=found.outcome,  # type: ignore[arg-type]
+        charges=tuple(ChargeDecision.from_row(row) for row in found.rows),
+        occurred_at=event.occurred_at,
+        decided_at=from_us(now_us),
+        denied_by=found.denied_by,
+        metadata=event.metadata,
+    )
 
 
 class Reference:

@@ -31,7 +31,7 @@ raised (``invalid="raise"``) or rejected; and, where the path holds them,
 reservations reserved, cancelled and committed (at an actual cost). Every
 answer (kind and outcome, or the error; reservations and voids in full),
 what the metrics count, and every table a decision writes
-(`differential.stored`) must be identical. The "direct" runs also ask `check`
+(`differential.stored`) must be identical. The "direct" and "connection" runs also ask `check`
 both ways after each batch: the same `Decision` or error. A second run
 imports some batches (``enforce`` and ``allow_late`` each way) on the
 direct path.
@@ -613,7 +613,7 @@ def _check_left_allowed(meter: Meter, event: UsageEvent, expected: object) -> bo
 def _compare_checks(
     meters: tuple[Meter, Meter], specs: list[dict[str, Any]], tally: Counter[str]
 ) -> None:
-    """`check` by the path (the direct connections' fast check) and by the reference
+    """`check` by the path (its fast check) and by the reference
     engine on the oracle's database: a check may issue a recurring grant
     that is due (reading its window makes it), so both databases see it."""
     tested, oracle = meters
@@ -733,8 +733,8 @@ def test_the_path_decides_as_the_reference_engine(
     if database == "postgresql":
         request.applymarker(pytest.mark.postgres)
     tally: Counter[str] = Counter()
-    # `check` has a fast path of its own on the direct connections.
-    asked = checks if path == "direct" else st.just([])
+    # `check` has a fast path of its own, on the direct connections and on SQLAlchemy's.
+    asked = checks if path in ("direct", "connection") else st.just([])
 
     @settings(SETTINGS, max_examples=examples)
     @given(stream=streams, specs=asked)

@@ -40,6 +40,28 @@ SEAT_LIMITS = [
 
 # -- batches and checks ----------------------------------------------------------
 
+# A check on the direct path's own connections, or on SQLAlchemy's (`OnConnection`:
+# in-memory SQLite, SQLite URLs with options), with the same statements.
+VIAS = ["direct", "connection"]
+
+
+def checking_on(meter: Meter, via: str) -> None:
+    """``meter`` checks on the path ``via``: the ones before it are taken away."""
+    if via == "connection":
+        paths = meter._engine.paths
+        meter._engine.paths = [p for p in paths if p.name in ("connection", "reference")]
+
+
+def test_a_check_of_an_in_memory_database_never_reaches_the_general_engine() -> None:
+    clock = FrozenClock(START)
+    with Meter("sqlite://", clock=clock) as meter:
+        meter.set_limits(LIMITS)
+        meter.consume(charges=[("org-1", "fu", 3), ("org-1", "cal", 2)])
+        refusing(meter._engine, _refuse, applies=False)
+        decision = meter.check(charges=[("org-1", "fu", 1), ("org-1", "cal", 1)])
+        assert [c.used for c in decision.charges] == [4, 3]
+        assert meter.check("org-1", "cal", 9).denied_by == ("cal",)
+
 
 def test_the_hot_path_runs_for_ordinary_batches(sqlite_url: str) -> None:
     """Not every batch falls back: an ordinary one never reaches the general engine."""
@@ -90,9 +112,11 @@ def test_a_repeat_of_a_stored_id_is_judged_against_the_stored_result(sqlite_url:
         assert [answer.kind for answer in answers] == ["conflict", "duplicate"]
 
 
-def test_an_ordinary_check_never_reaches_the_general_engine(db_url: str) -> None:
+@pytest.mark.parametrize("via", VIAS)
+def test_an_ordinary_check_never_reaches_the_general_engine(db_url: str, via: str) -> None:
     clock = FrozenClock(START)
     with Meter(db_url, clock=clock) as meter:
+        checking_on(meter, via)
         meter.set_limits(LIMITS)
         meter.consume(charges=[("org-1", "fu", 3), ("org-1", "cal", 2)])
 
@@ -125,7 +149,8 @@ def test_a_limit_changed_in_another_process_applies_to_the_next_check(db_url: st
         assert (decision.outcome, decision.maximum) == ("denied", 1)
 
 
-def test_a_check_of_a_breaker_limit_never_reaches_the_general_engine(db_url: str) -> None:
+@pytest.mark.parametrize("via", VIAS)
+def test_a_check_of_a_breaker_limit_never_reaches_the_general_engine(db_url: str, via: str) -> None:
     """Quarantined or not, a subject's check of a limit with a breaker is the
     fast path's, and steps no breaker."""
     clock = FrozenClock(START)
@@ -139,6 +164,7 @@ def test_a_check_of_a_breaker_limit_never_reaches_the_general_engine(db_url: str
         quarantine_max=5,
     )
     with Meter(db_url, clock=clock) as meter:
+        checking_on(meter, via)
         meter.set_limits([*LIMITS, guarded])
         for _ in range(62):  # 60 a second for a minute and more: org-1 trips
             assert meter.consume("org-1", "guarded", 60).allowed
@@ -153,11 +179,15 @@ def test_a_check_of_a_breaker_limit_never_reaches_the_general_engine(db_url: str
         assert meter.quarantines() == before
 
 
-def test_a_check_of_a_granted_subject_never_reaches_the_general_engine(db_url: str) -> None:
+@pytest.mark.parametrize("via", VIAS)
+def test_a_check_of_a_granted_subject_never_reaches_the_general_engine(
+    db_url: str, via: str
+) -> None:
     """A grant (and an entitlement) pays what a check asks beyond the maximum;
     the fast path answers, and draws nothing."""
     clock = FrozenClock(START)
     with Meter(db_url, clock=clock) as meter:
+        checking_on(meter, via)
         meter.set_limits(LIMITS)
         meter.set_entitlement("org-2", "cal", 7)
         meter.consume("org-1", "cal", 2)
@@ -170,7 +200,8 @@ def test_a_check_of_a_granted_subject_never_reaches_the_general_engine(db_url: s
         assert [g.used for g in meter.grants("org-1")] == [0]
 
 
-def test_checks_change_nothing_stored(db_url: str) -> None:
+@pytest.mark.parametrize("via", VIAS)
+def test_checks_change_nothing_stored(db_url: str, via: str) -> None:
     """Checks of every feature the fast check reads (counters, prices and a
     spend cap, seats, grants, a quarantine, thresholds crossed, denials)
     leave every table as it was."""
@@ -185,6 +216,7 @@ def test_checks_change_nothing_stored(db_url: str) -> None:
         quarantine_max=5,
     )
     with Meter(db_url, clock=clock) as meter:
+        checking_on(meter, via)
         meter.set_limits(
             [
                 *LIMITS,
