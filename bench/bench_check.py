@@ -18,6 +18,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
+import common  # noqa: F401  (first: the package of this checkout, `common.ROOT`)
+
 from metering import FrozenClock, Limit, Meter, spend_limit
 from metering.telemetry.metrics import metrics
 

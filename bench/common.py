@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+# This checkout's package first, then the test helpers: a bench measures the
+# code beside it, whichever checkout the venv was installed from.
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from servers import PostgresServer, make_base_dir  # noqa: E402
 

@@ -17,6 +17,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import common  # noqa: F401  (first: the package of this checkout, `common.ROOT`)
 from sqlalchemy import text
 
 from metering import FrozenClock, Limit, Meter
