@@ -16,8 +16,10 @@ reference engine's results, counters, notifications and checks.
 
 from __future__ import annotations
 
+import gc
 from collections import Counter
-from collections.abc import Callable, Container, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TypeVar
 
 from sqlalchemy import Connection
@@ -154,7 +156,10 @@ class Engine:
 
     def decide(self, batch: Batch) -> list[Answer]:
         """``batch`` decided by the first path that implements its needs."""
-        return self._first(batch, lambda path, batch: path.apply(batch))
+        if len(batch.records) == 1:
+            return self._first(batch, lambda path, batch: path.apply(batch))
+        with collector_paused():
+            return self._first(batch, lambda path, batch: path.apply(batch))
 
     def _first(self, batch: Batch, ask: Callable[[Path, Batch], T | Declined]) -> T:
         """What ``ask`` gets of the first path that implements ``batch``'s
@@ -226,6 +231,24 @@ _FOUND = frozenset({Need.EARLY_FIRST_USE, Need.NOTICES, Need.REPEATED_ID})
 
 def _limits_version(connection: Connection) -> int:
     return Store(connection).limits_version()
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector, paused while a batch is decided.
+
+    A batch allocates tens of thousands of short-lived tuples and lists, all
+    freed by reference counting; meanwhile they set off collections that walk
+    every object of the process (`bench/bench_gc.py`). Cyclic garbage made
+    meanwhile is collected after. Left alone when the collector was off."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def _count(

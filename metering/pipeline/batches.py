@@ -11,15 +11,14 @@ be delivered any number of times.
 
 from __future__ import annotations
 
-import gc
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from metering.domain.events import EventRecord, Rejected
 from metering.domain.jsonable import fields_dict
 from metering.engine.answers import CONFLICT, DUPLICATE, NEW, Answer
+from metering.engine.core import collector_paused
 from metering.errors import InputRefused
 from metering.meter import Meter
 from metering.pipeline.messages import decode_records, encode_event, raw_text
@@ -50,7 +49,7 @@ def apply_batch(meter: Meter, payload: object) -> BatchReport:
     applied, in order.
     """
     began = time.perf_counter()
-    with _collector_paused():
+    with collector_paused():
         events, malformed = decode_records(payload)
         size = len(events) + len(malformed)
         try:
@@ -62,27 +61,6 @@ def apply_batch(meter: Meter, payload: object) -> BatchReport:
     # Timed once applied: a batch that raises (the task retries it) is not one.
     observe_batch(time.perf_counter() - began, size)
     return report_of(answers, malformed=len(malformed))
-
-
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector, paused for one batch.
-
-    A batch allocates tens of thousands of short-lived lists and tuples, all
-    freed by reference counting when it ends; while it runs they trigger
-    collections that walk every object of the process (in a worker: Celery,
-    SQLAlchemy, the limits), a third of the batch's client CPU (measured).
-    Cyclic garbage made meanwhile is collected after the batch. Left alone
-    when the collector was already off.
-    """
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 def _apply_around_refusals(

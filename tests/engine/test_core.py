@@ -1,11 +1,13 @@
 """`Engine`'s own bookkeeping: the limits cache that ingest asks about
-unknown limits (`Engine.unknown_limits`)."""
+unknown limits (`Engine.unknown_limits`), and the garbage collector paused
+while a batch is decided (`collector_paused`)."""
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
-from metering import Limit, Meter
+from metering import Limit, Meter, make_event
 
 
 def test_a_name_known_once_another_thread_reloaded_the_cache_is_not_unknown(
@@ -30,3 +32,25 @@ def test_a_name_known_once_another_thread_reloaded_the_cache_is_not_unknown(
 
         engine.database.run = other_thread_reloads_first  # type: ignore[method-assign]
         assert engine.unknown_limits(["api_calls", "api_cals"]) == ["api_cals"]
+
+
+def test_the_collector_is_paused_only_while_a_batch_is_decided(sqlite_url: str) -> None:
+    with Meter(sqlite_url) as meter:
+        meter.set_limit(Limit("calls", maximum=10, period="1h", window="calendar"))
+        engine, seen = meter._engine, []
+        decide = engine._first
+
+        def watched(*args: Any) -> Any:
+            seen.append(gc.isenabled())
+            return decide(*args)
+
+        engine._first = watched  # type: ignore[method-assign]
+        meter.apply([make_event([("org", "calls", 1)], meter.clock()) for _ in range(2)])
+        meter.consume("org", "calls")  # one event: too little to be worth it
+        assert seen == [False, True] and gc.isenabled()
+        gc.disable()
+        try:
+            meter.apply([make_event([("org", "calls", 1)], meter.clock()) for _ in range(2)])
+            assert not gc.isenabled()  # left off, as it was
+        finally:
+            gc.enable()
