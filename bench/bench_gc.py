@@ -4,7 +4,8 @@
 
 On SQLite files, per `bench_mix` configuration, one process applies
 1,000-event batches in turn as a library caller does (the collector as
-Python leaves it) and as a worker does (everything built before the first
+Python leaves it, paused by the engine only while a batch is decided) and
+as a worker does (everything built before the first
 batch frozen, as `workers.app` does at ``worker_init``). Prints the median
 CPU time per batch of each and their ratio: CPU time, so a busy machine
 blurs the figures less than it would wall time.
