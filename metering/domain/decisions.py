@@ -139,12 +139,16 @@ class ChargeDecision:
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> ChargeDecision:
-        if len(row) > ROW_FIELDS:
-            grants = tuple((str(g), int(a)) for g, a in row[ROW_FIELDS])
+        size = len(row)
+        if size > ROW_FIELDS:  # a priced charge's, or one grants paid
+            drawn = row[ROW_FIELDS]
+            grants = tuple((str(g), int(a)) for g, a in drawn) if drawn else ()
             price = None
-            if len(row) > ROW_FIELDS + 1 and row[ROW_FIELDS + 1] is not None:
+            if size > ROW_FIELDS + 1 and row[ROW_FIELDS + 1] is not None:
                 price = (str(row[ROW_FIELDS + 1][0]), int(row[ROW_FIELDS + 1][1]))
-            overdraft = int(row[ROW_FIELDS + 2]) if len(row) > ROW_FIELDS + 2 else 0
+            overdraft = int(row[ROW_FIELDS + 2]) if size > ROW_FIELDS + 2 else 0
+            if cls is ChargeDecision:
+                return _make_charge(*row[:ROW_FIELDS], grants, price, overdraft)
             return cls(*row[:ROW_FIELDS], grants, price, overdraft)  # type: ignore[call-arg]
         if cls is ChargeDecision:  # most rows: no grants, price or overdraft
             return _make_charge(*row, (), None, 0)

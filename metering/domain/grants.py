@@ -123,7 +123,13 @@ class Pot:
         self.balances.sort(key=Balance.order)
 
     def available(self, at_us: int) -> int:
-        return sum(b.left for b in self.balances if b.active_at(at_us) and b.left > 0)
+        total = 0
+        for b in self.balances:  # (`Balance.active_at` and `left`, inlined: once a charge)
+            left = b.amount - b.used
+            expires = b.expires_at_us
+            if left > 0 and b.effective_from_us <= at_us and (expires is None or at_us < expires):
+                total += left
+        return total
 
     def plan(self, amount: int, at_us: int) -> list[tuple[str, int]]:
         """Which grants pay ``amount``: by priority, then earliest expiring first

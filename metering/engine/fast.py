@@ -17,10 +17,11 @@ the version they were read at; a read at another version declines as stale.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import Any, Final
 
 from sqlalchemy import Connection
@@ -278,6 +279,7 @@ class LimitCache:
 _Fixed = list[tuple[Key, Window]]
 _event_id: Final = itemgetter(0)  # of a `ResultRecord`
 _CHARGE_OUTCOME: Final = CHARGE_KEYS.index("outcome")  # in a charge's row
+FOREVER_US: Final = 1 << 80  # past any instant in microseconds
 
 
 class _Windows:
@@ -395,6 +397,9 @@ class _Spend:
         self.counted: dict[int, tuple[int, Price] | None] = {}
         # What `expand` found per charges and prices in force (their ids).
         self.priced: dict[tuple[object, ...], _Priced] = {}
+        # Per priced limit, the id of the price last found in force and the
+        # times it is in force over: [from, until).
+        self.in_force: dict[str, tuple[int, int, int]] = {}
 
     @classmethod
     def of(cls, cache: LimitCache, version: int, rules: dict[str, Rule]) -> _Spend:
@@ -417,7 +422,7 @@ class _Spend:
         subject = charges[0][0]
         alike = all(charge[0] == subject for charge in charges)
         key: tuple[object, ...] = tuple(
-            (name, cost, id(price_at(prices[name], at_us)) if name in prices else 0)
+            (name, cost, self._in_force(name, at_us) if name in prices else 0)
             for _, name, cost in charges
         )
         if not alike:
@@ -440,6 +445,19 @@ class _Spend:
             return event, event_rules, None
         expanded = event._replace(charges=(*charges, *extra))
         return expanded, [*event_rules, *added], None
+
+    def _in_force(self, name: str, at_us: int) -> int:
+        """The id of priced limit ``name``'s `price_at` ``at_us``."""
+        found = self.in_force.get(name)
+        if found is not None and found[0] <= at_us < found[1]:
+            return found[2]
+        history = self.book.prices[name]
+        index = bisect_right(history, at_us, key=attrgetter("effective_from_us"))
+        since = history[index - 1].effective_from_us if index else -FOREVER_US
+        until = history[index].effective_from_us if index < len(history) else FOREVER_US
+        ident = id(price_at(history, at_us))
+        self.in_force[name] = (since, until, ident)
+        return ident
 
     def _priced(self, charges: tuple[tuple[str, str, int], ...], at_us: int) -> _Priced:
         """What `expand` adds to ``charges`` at ``at_us``; `InvalidInput` for a
@@ -600,6 +618,8 @@ class _Applying:
         self.breaker_pairs: set[Pair] = set()  # the charged pairs of limits with a breaker
         self.breakers: Breakers | None = None
         self.sums = Sums()  # what the batch charges each counter (`metering.domain.room`)
+        # Per event with seat charges and no first-use window: its `_seat_keys`.
+        self.event_seats: dict[int, list[SeatKey | None]] = {}
 
     def plan(self) -> None:
         """Each event's rules, spend charges and counters' keys."""
@@ -618,7 +638,7 @@ class _Applying:
                 if self.spend is None:
                     self.spend = _Spend.of(cache, self.version, self.rules)
                 event, event_rules, error = self.spend.expand(index, event, event_rules)
-            fixed = None if error is not None else self._keys(event, event_rules)
+            fixed = None if error is not None else self._keys(index, event, event_rules)
             if self.spend is not None and index in self.spend.counted:
                 self.sums.poisoned.update((name, subject) for subject, name, _ in event.charges)
             self.todo.append((index, event, event_rules, error, fixed))
@@ -633,12 +653,16 @@ class _Applying:
         rules = self.rules
         return any(name in rules and rules[name].distinct for _, name, _ in event.charges)
 
-    def _keys(self, event: EventRecord, event_rules: list[Rule]) -> _Fixed | None:
+    def _keys(self, index: int, event: EventRecord, event_rules: list[Rule]) -> _Fixed | None:
         """The event's counters' keys and windows, or None when one is a
-        first-use window (known once its current window is read)."""
+        first-use window (known once its current window is read); its seat
+        values in ``event_seats`` (with fixed windows)."""
         fixed: _Fixed | None = []
         totals, entitled = self.sums.totals, self.allowances.histories
-        for (subject, name, cost), rule in zip(event.charges, event_rules, strict=True):
+        seats: list[SeatKey | None] | None = None
+        for position, ((subject, name, cost), rule) in enumerate(
+            zip(event.charges, event_rules, strict=True)
+        ):
             if rule.dimensions:
                 self.dimensioned[name] = rule.dimensions
             if rule.bucket:
@@ -657,14 +681,19 @@ class _Applying:
                 if fixed is not None:
                     fixed.append((key, window))
                 if rule.distinct:
-                    value = _seat_value(rule, event, cost)
-                    self.wanted_seats.add((name, subject, window[0], value))
+                    seat = (name, subject, window[0], _seat_value(rule, event, cost))
+                    self.wanted_seats.add(seat)
+                    if seats is None:
+                        seats = [None] * len(event_rules)
+                    seats[position] = seat
             else:
                 self.pairs.add((name, subject))
                 self.sums.poisoned.add((name, subject))  # a first-use window's
                 fixed = None
                 if rule.distinct:  # in the pair's current window, or in a new one (none)
                     self.wanted_seats.add((name, subject, None, _seat_value(rule, event, cost)))
+        if seats is not None and fixed is not None:
+            self.event_seats[index] = seats
         return fixed
 
     def read(self, store: HotStore, retry: bool) -> Snapshot:
@@ -726,7 +755,7 @@ class _Applying:
                 denied_by: tuple[str, ...] = ()
             else:
                 if rooms and fixed is not None and _covers(rooms, fixed):
-                    verdict = self._allowed(index, event, event_rules, fixed, snapshot, rooms)
+                    verdict = self._allowed(index, event, fixed, snapshot, rooms)
                 else:
                     verdict = self._verdict(index, event, event_rules, fixed, snapshot)
                 outcome, denied_by, reason = verdict.outcome, verdict.denied_by, marker
@@ -764,22 +793,25 @@ class _Applying:
         self,
         index: int,
         event: EventRecord,
-        event_rules: list[Rule],
         fixed: _Fixed,
         snapshot: Snapshot,
         rooms: dict[Key, Room],
     ) -> EventOutcome:
         """An event whose charges are all on covered counters: allowed, its
-        rows written without evaluating its rules (`metering.domain.room`)."""
-        charges: Sequence[tuple[str, str, int]] = event.charges
-        event_seats: list[SeatKey | None] | None = None
-        if self.wanted_seats and any(rule.distinct for rule in event_rules):
-            event_seats = _seat_keys(event, event_rules, [window for _, window in fixed])
-            charges = _seat_charges(event, self.seats.costs(event_seats))
+        rows written without evaluating its rules (`metering.domain.room`);
+        a charge on a seat limit costs what its value's live events say
+        (`Seats.taken`), counted as it is made."""
+        event_seats = self.event_seats.get(index) if self.event_seats else None
         states, before, created = snapshot.states, self.before, self.created
         at_us = event.occurred_at_us
         rows = []
-        for (subject, name, cost), (key, window) in zip(charges, fixed, strict=True):
+        for position, ((subject, name, cost), (key, window)) in enumerate(
+            zip(event.charges, fixed, strict=True)
+        ):
+            if event_seats is not None:
+                seat = event_seats[position]
+                if seat is not None:
+                    cost = self.seats.taken(seat)
             state = states.get(key)
             if state is None:
                 state = states[key] = fresh_state()
@@ -790,8 +822,6 @@ class _Applying:
             available = 0 if room[1] is None else room[1].available(at_us)
             rows.append(allowed_row(subject, name, cost, state, room, window, available))
         verdict = EventOutcome("allowed", rows, ())
-        if event_seats is not None:
-            self.seats.count_outcomes(event_seats, "allowed", ["allowed"] * len(rows))
         if self.spend is not None:
             self.spend.annotate(index, verdict)
         return verdict
@@ -822,7 +852,9 @@ class _Applying:
         charges: Sequence[tuple[str, str, int]] = event.charges
         event_seats: list[SeatKey | None] | None = None
         if self.wanted_seats and any(rule.distinct for rule in event_rules):
-            event_seats = _seat_keys(event, event_rules, event_windows)
+            event_seats = self.event_seats.get(index)  # planned with the same windows
+            if event_seats is None:
+                event_seats = _seat_keys(event, event_rules, event_windows)
             charges = _seat_charges(event, self.seats.costs(event_seats))
         if self.spend is not None:
             charges = self.spend.reprice(index, event, charges, event_states)

@@ -91,6 +91,15 @@ class Seats:
                 self.seen[seat] = self.seen.get(seat, 0) + 1
                 self.added[seat] += 1
 
+    def taken(self, seat: SeatKey) -> int:
+        """The cost of a consumed charge on ``seat``'s value (`seat_cost`),
+        counted as `count_outcomes` counts it."""
+        seen = self.seen
+        live = seen.get(seat, 0)
+        seen[seat] = live + 1
+        self.added[seat] += 1
+        return 0 if live > 0 else 1
+
     def write(self, store: Store) -> None:
         if self.added:
             DistinctStore(store.connection).add(self.added)
