@@ -1,12 +1,14 @@
 """Counters a batch cannot deny, decided in aggregate.
 
-A fixed window's counter whose own room (its maximum in force less its own
-usage) covers the sum of every cost the batch charges it fits each of those
-charges in any order: none is denied, draws on a grant or passes the
+A fixed window's counter whose room (its maximum in force less its own
+usage, plus what its grants hold when the same grants are active all over
+the batch's times on it) covers the sum of every cost the batch charges it
+fits each of those charges in any order: none is denied or passes the
 maximum. `covered` finds those counters once per batch; an event whose
 charges are all on them is allowed without evaluating its rules, each row
-written by `allowed_row` as `metering.domain.rules.decide` would. Only limits
-that announce nothing when consumed and charge a plain sum qualify.
+written by `allowed_row` (or `drawn_row`, its grants paying what its own
+room does not) as `metering.domain.rules.decide` would. Only limits that
+announce nothing when consumed and charge a plain sum qualify.
 """
 
 from __future__ import annotations
@@ -44,8 +46,8 @@ class Sums:
     an upper bound of each: a seat's is 0 or 1, its charge's 1);
     ``poisoned``: pairs a charge of which has no known cost or key (a token
     bucket, a first-use window, a spend charge priced by its window's
-    total); ``times``: per entitled pair, the batch's first and last event
-    times on it.
+    total); ``times``: per entitled or granted pair, the batch's first and
+    last event times on it.
     """
 
     totals: dict[Key, int] = field(default_factory=dict)
@@ -70,12 +72,18 @@ def covered(
 
     ``excluded``: pairs with thresholds of their own. The maximum in force
     (``histories``) must not change over the batch's times, and a pair with
-    grants (``pots``) qualifies only when all of its counters do: no charge
-    of the batch draws on its grants then.
+    grants (``pots``) qualifies only when all of its counters do. Its grants
+    count in the room only when the batch charges one counter of the pair and
+    every grant is active over all of the batch's times on it or over none
+    (`_steady`): then each charge draws what `metering.domain.grants.fit_window` would.
     """
     poisoned = sums.poisoned
     qualified: dict[str, bool] = {}
     found: dict[Key, Room] = {}
+    counters: dict[Pair, int] = {}
+    if pots:
+        for name, subject, _ in sums.totals:
+            counters[(name, subject)] = counters.get((name, subject), 0) + 1
     for key, total in sums.totals.items():
         name, subject, start = key
         pair = (name, subject)
@@ -97,11 +105,59 @@ def covered(
         used = state[USED] if state is not None else 0
         pot = pots.get(pair) if pots else None
         granted = pot.granted.get(start, 0) if pot is not None else 0
-        if used - granted + total > maximum:
+        own = used - granted  # the window's own usage
+        if own + total > maximum and (
+            pot is None
+            or own > maximum
+            or counters[pair] > 1
+            or pair not in sums.times
+            or own + total > maximum + _steady(pot, *sums.times[pair])
+        ):
             poisoned.add(pair)
             continue
         found[key] = (maximum, pot, granted)
     return {key: room for key, room in found.items() if (key[0], key[1]) not in poisoned}
+
+
+def _steady(pot: Pot, first_us: int, last_us: int) -> int:
+    """What ``pot``'s grants hold, when each is active from ``first_us``
+    to ``last_us`` or at no time between; else 0 (not counted)."""
+    left = 0
+    for balance in pot.balances:
+        start, end = balance.effective_from_us, balance.expires_at_us
+        if start <= first_us and (end is None or last_us < end):
+            left += max(balance.amount - balance.used, 0)
+        elif not (start > last_us or (end is not None and end <= first_us)):
+            return 0
+    return left
+
+
+def drawn_row(
+    subject: str,
+    name: str,
+    cost: int,
+    state: State,
+    room: Room,
+    window: tuple[int, int],
+    at_us: int,
+) -> list[Any]:
+    """The row of a charge on a covered counter with grants (`covered`),
+    consumed: its own room first, then its grants pay the rest
+    (`Pot.plan`), drawn on them in this window."""
+    maximum, pot, _ = room
+    assert pot is not None
+    start = window[0]
+    used = state[USED]
+    own_room = maximum - used + pot.granted.get(start, 0)  # >= 0: covered
+    after = used + cost
+    state[USED] = after
+    remaining = own_room + pot.available(at_us) - cost
+    row = [subject, name, cost, True, "allowed", after, remaining, maximum, 0, *window, None]
+    if cost > own_room:
+        draws = pot.plan(cost - own_room, at_us)
+        row.append([list(draw) for draw in draws])
+        pot.take(start, draws)
+    return row
 
 
 def _changes(history: History, at_us: int) -> int:
@@ -116,13 +172,11 @@ def allowed_row(
     state: State,
     room: Room,
     window: tuple[int, int],
-    available: int,
 ) -> list[Any]:
-    """The row of a charge on a covered counter (`covered`), consumed: its
-    ``state`` takes the cost. ``available``: what its grants hold at the
-    event's time (0 without grants), which counts in ``remaining``."""
-    maximum, _, granted = room
+    """The row of a charge on a covered counter without grants (`covered`),
+    consumed: its ``state`` takes the cost."""
+    maximum = room[0]
     after = state[USED] + cost
     state[USED] = after
-    remaining = maximum - after + granted + available
+    remaining = maximum - after
     return [subject, name, cost, True, "allowed", after, remaining, maximum, 0, *window, None]

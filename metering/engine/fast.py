@@ -48,7 +48,7 @@ from metering.domain.notifications import Notice, payload_of
 from metering.domain.recurring import Issue, issue_id, low_threshold
 from metering.domain.reservations import held_charge
 from metering.domain.rollups import WOULD_DENY, merged, rollup_deltas, spend_deltas
-from metering.domain.room import Room, Sums, allowed_row, covered
+from metering.domain.room import Room, Sums, allowed_row, covered, drawn_row
 from metering.domain.rules import (
     BUCKET_WINDOW,
     USED,
@@ -659,6 +659,7 @@ class _Applying:
         values in ``event_seats`` (with fixed windows)."""
         fixed: _Fixed | None = []
         totals, entitled = self.sums.totals, self.allowances.histories
+        granted = self.allowances.grant_pairs
         seats: list[SeatKey | None] | None = None
         for position, ((subject, name, cost), rule) in enumerate(
             zip(event.charges, event_rules, strict=True)
@@ -676,7 +677,9 @@ class _Applying:
                 key = (name, subject, window[0])
                 self.keys[key] = window[1]
                 totals[key] = totals.get(key, 0) + cost
-                if entitled and (name, subject) in entitled:
+                if (entitled and (name, subject) in entitled) or (
+                    granted and (name, subject) in granted
+                ):
                     self.sums.timed((name, subject), event.occurred_at_us)
                 if fixed is not None:
                     fixed.append((key, window))
@@ -819,8 +822,10 @@ class _Applying:
             elif key not in before and key not in created:
                 before[key] = tuple(state)
             room = rooms[key]
-            available = 0 if room[1] is None else room[1].available(at_us)
-            rows.append(allowed_row(subject, name, cost, state, room, window, available))
+            if room[1] is None:
+                rows.append(allowed_row(subject, name, cost, state, room, window))
+            else:
+                rows.append(drawn_row(subject, name, cost, state, room, window, at_us))
         verdict = EventOutcome("allowed", rows, ())
         if self.spend is not None:
             self.spend.annotate(index, verdict)

@@ -1,5 +1,6 @@
-"""`covered` takes a counter only when its own room holds every charge of the
-batch, and `allowed_row` writes the row `decide` would."""
+"""`covered` takes a counter only when its room (its own, and its grants'
+when they are steady over the batch) holds every charge of the batch, and
+`allowed_row` and `drawn_row` write the row `decide` would."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 
 from metering.domain.grants import Balance, Pot
 from metering.domain.limits import Limit
-from metering.domain.room import Sums, allowed_row, covered
+from metering.domain.room import Sums, allowed_row, covered, drawn_row
 from metering.domain.rules import Rule, decide, fresh_state
 
 CALLS = Rule.of(Limit("calls", maximum=10, period="1mo", window="calendar"))
@@ -53,14 +54,51 @@ def test_a_pair_with_grants_is_covered_only_when_all_its_counters_are() -> None:
     assert covered(_sums(1, (later, 11)), RULES, {}, {}, pots, ()) == {}
 
 
+# Own room 7 (3 used of 10, 1 of them paid by the grants), and the grants' 4 + 2.
+GRANTED_STATES = {KEY: [4, 0, 0, None, None, 0, 1]}
+
+
+def _pots() -> dict[tuple[str, str], Pot]:
+    balances = [Balance("g", 5, 1, 0, None), Balance("h", 2, 0, 0, 5_000, priority=1)]
+    return {("calls", "org"): Pot(balances, {START: 1})}
+
+
+@pytest.mark.parametrize(("total", "taken"), [(12, True), (13, True), (14, False)])
+def test_grants_count_in_the_room_up_to_what_they_hold(total: int, taken: bool) -> None:
+    sums = _sums(total)
+    sums.timed(("calls", "org"), 1_200)
+    sums.timed(("calls", "org"), 1_600)
+    assert (KEY in covered(sums, RULES, GRANTED_STATES, {}, _pots(), ())) is taken
+
+
+@pytest.mark.parametrize(
+    ("last_us", "taken"), [(4_999, True), (5_000, False)]
+)  # "h" expires at 5,000
+def test_grants_that_change_within_the_batch_do_not_count(last_us: int, taken: bool) -> None:
+    sums = _sums(13)
+    sums.timed(("calls", "org"), 1_200)
+    sums.timed(("calls", "org"), last_us)
+    assert (KEY in covered(sums, RULES, GRANTED_STATES, {}, _pots(), ())) is taken
+    untimed = _sums(13)  # no times: the grants are not counted
+    assert covered(untimed, RULES, GRANTED_STATES, {}, _pots(), ()) == {}
+
+
+def test_grants_of_a_pair_charged_in_two_windows_do_not_count() -> None:
+    sums = _sums(8, (("calls", "org", END), 1))
+    sums.timed(("calls", "org"), 1_200)
+    assert covered(sums, RULES, GRANTED_STATES, {}, _pots(), ()) == {}
+
+
 @pytest.mark.parametrize("granted", [False, True])
 def test_the_row_is_the_one_decide_writes(granted: bool) -> None:
     pot = Pot([Balance("g", 5, 1, 0, None)], {START: 1}) if granted else None
     used = [4, 0, 0, None, None, 0, 1]
     room = covered(_sums(3), RULES, {KEY: used}, {}, {("calls", "org"): pot} if pot else {}, ())
     state, expected_state = list(used), list(used)
-    available = pot.available(1_500) if pot else 0
-    row = allowed_row("org", "calls", 3, state, room[KEY], (START, END), available)
+    if pot is None:
+        row = allowed_row("org", "calls", 3, state, room[KEY], (START, END))
+    else:
+        row = drawn_row("org", "calls", 3, state, room[KEY], (START, END), 1_500)
     verdict = decide(
         [CALLS],
         [("org", "calls", 3)],
@@ -73,3 +111,19 @@ def test_the_row_is_the_one_decide_writes(granted: bool) -> None:
     )
     assert (row, state) == (verdict.rows[0], expected_state)
     assert fresh_state()[0] == 0
+
+
+def test_a_drawn_row_is_the_one_decide_writes() -> None:
+    """Charges past the own room, each drawing on the grants by their order."""
+    sums = _sums(13)
+    sums.timed(("calls", "org"), 1_500)
+    drawn, decided = _pots(), _pots()
+    room = covered(sums, RULES, GRANTED_STATES, {}, drawn, ())[KEY]
+    state, expected_state = list(GRANTED_STATES[KEY]), list(GRANTED_STATES[KEY])
+    pot = decided[("calls", "org")]
+    for cost in (5, 3, 4, 1):  # the last two draw on "h" (priority 1) after "g"
+        row = drawn_row("org", "calls", cost, state, room, (START, END), 1_500)
+        charge = [("org", "calls", cost)]
+        verdict = decide([CALLS], charge, [(START, END)], [expected_state], 1_500, "e", None, [pot])
+        assert (row, state) == (verdict.rows[0], expected_state)
+    assert drawn == decided

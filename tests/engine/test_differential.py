@@ -53,6 +53,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
@@ -65,6 +66,7 @@ from hypothesis import strategies as st
 from sqlalchemy import select
 
 from metering import FrozenClock, Limit, Meter, spend_limit
+from metering.domain.decisions import ROW_FIELDS
 from metering.domain.events import EventRecord, UsageEvent, make_event
 from metering.domain.imports import ImportPolicy
 from metering.domain.needs import Need
@@ -810,14 +812,55 @@ def test_a_batch_at_a_counters_room_decides_as_the_reference_engine(
 ) -> None:
     """A sum one below, exactly at and one above the room of a counter with
     money, grants, an entitlement and seats beside it: the aggregate
-    shortcut (`metering.domain.room`) takes the first two, never the third."""
+    shortcut (`metering.domain.room`) takes the first two, never the third
+    (but for "granted", whose grant pays one unit past its own room)."""
+    covered = _room_case(request, database, _room_batch(offset))
+    outcomes = Counter(a.record.outcome for a in covered.found)
+    assert outcomes["denied"] == (2 if offset == 1 else 0), outcomes
+    # The shortcut took the batch's events unless a counter had no room for them all.
+    every = {"granted", "plain", "spender"}
+    assert covered.subjects == (every if offset < 1 else {"granted"}), covered.subjects
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("offset", [-1, 0, 1])
+def test_a_batch_at_a_grants_room_decides_as_the_reference_engine(
+    request: pytest.FixtureRequest, database: str, offset: int
+) -> None:
+    """ "granted"'s calls one below, exactly at and one above its own room (8)
+    and its grants' (5, and a second grant of 2 after it, `second=True`):
+    the shortcut draws on them for the first two, never the third."""
+    covered = _room_case(request, database, [("granted", 15 + offset)], second=True)
+    outcomes = Counter(a.record.outcome for a in covered.found)
+    assert outcomes["denied"] == (1 if offset == 1 else 0), outcomes
+    assert covered.subjects == (set() if offset == 1 else {"granted"}), covered.subjects
+    calls = [a.record.charges[0] for a in covered.found]  # each event's first charge
+    drawn = sum(amount for row in calls if len(row) > ROW_FIELDS for _, amount in row[ROW_FIELDS])
+    assert drawn == 7 + min(offset, 0)
+
+
+@dataclass
+class _Covered:
+    found: list[Answer]  # the tested path's answers
+    subjects: set[str]  # the subjects of the events the shortcut took
+
+
+def _room_case(
+    request: pytest.FixtureRequest,
+    database: str,
+    batch: list[tuple[str, int]],
+    second: bool = False,
+) -> _Covered:
+    """``batch`` (subject, events) applied by the direct path and by the
+    reference engine after `ROOM_LIMITS`' set-up: the same answers and
+    stored state."""
     if database == "postgresql":
         request.applymarker(pytest.mark.postgres)
-    covered: list[int] = []
+    covered: set[str] = set()
     allowed = fast._Applying._allowed
 
     def counting(self: fast._Applying, *args: Any) -> Any:
-        covered.append(1)
+        covered.add(args[1].charges[0][0])
         return allowed(self, *args)
 
     clock = FrozenClock(ROOM_START)
@@ -832,10 +875,12 @@ def test_a_batch_at_a_counters_room_decides_as_the_reference_engine(
             meter.set_entitlement("granted", "calls", 12, ROOM_START - timedelta(days=1))
             meter.set_entitlement("spender", "calls", 100, ROOM_START - timedelta(days=1))
             meter.grant("granted", "calls", 5, grant_id="top-up")
+            if second:
+                meter.grant("granted", "calls", 2, grant_id="later", priority=1)
             for subject, used in ROOM_BEFORE.items():
                 meter.consume(subject, "calls", used, event_id=f"before-{subject}")
         records = []
-        for subject, count in _room_batch(offset):
+        for subject, count in batch:
             for n in range(count):
                 charges = [(subject, "calls", 1), (subject, "seats", 1)]
                 made = make_event(charges, clock(), f"{subject}-{n}", {"user": f"u{n % 3}"})
@@ -848,10 +893,7 @@ def test_a_batch_at_a_counters_room_decides_as_the_reference_engine(
         assert reference_events() - before == len(records)  # the oracle's only
         assert [_decided(a) for a in found[0]] == [_decided(a) for a in found[1]]
         assert stored(tested) == stored(oracle)
-        outcomes = Counter(a.record.outcome for a in found[0])
-        assert outcomes["denied"] == (2 if offset == 1 else 0), outcomes
-        # The shortcut took the batch's events unless a counter had no room for them all.
-        assert bool(covered) == (offset < 1), covered
+    return _Covered(found[0], covered)
 
 
 def _decided(found: Answer) -> tuple[object, ...]:
