@@ -1,14 +1,13 @@
 """Counters a batch cannot deny, decided in aggregate.
 
 A fixed window's counter whose room (its maximum in force less its own
-usage, plus what its grants hold when the same grants are active all over
-the batch's times on it) covers the sum of every cost the batch charges it
-fits each of those charges in any order: none is denied or passes the
-maximum. `covered` finds those counters once per batch; an event whose
-charges are all on them is allowed without evaluating its rules, each row
-written by `allowed_row` (or `drawn_row`, its grants paying what its own
-room does not) as `metering.domain.rules.decide` would. Only limits that
-announce nothing when consumed and charge a plain sum qualify.
+usage, plus its grants' when they are steady over the batch's times) covers
+the sum of every cost the batch charges it fits each of those charges in any
+order: none is denied or passes the maximum. `covered` finds those counters
+once per batch; an event whose charges are all on them is allowed without
+evaluating its rules, its rows written by `allowed_row` (or `drawn_row`, its
+grants paying past its own room) as `metering.domain.rules.decide` would.
+Only limits that announce nothing when consumed and charge a plain sum qualify.
 """
 
 from __future__ import annotations
