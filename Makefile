@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 SRC := metering workers tests bench conftest.py
 PYTEST_ARGS ?=
 
-.PHONY: venv bytecode servers lint test test-thorough test-fast mutants demo bench fmt clean
+.PHONY: venv bytecode servers lint asserts test test-thorough test-fast mutants demo bench fmt clean
 
 venv: $(VENV)/.installed
 
@@ -36,6 +36,9 @@ lint: venv
 	$(BIN)/vulture
 
 # Lint first: a style or type error fails fast, before the slower suite.
+# Beside it (mypy leaves the second core idle), `asserts` collects the suite
+# once, which leaves every test file's assert-rewritten bytecode in pytest's
+# cache for the workers (about 13 s of CPU each otherwise: docs/testing.md).
 # Three processes on two cores (tests wait on servers: docs/testing.md), a
 # whole file to each at a time, longest file first (tests/durations.json;
 # xdist's own order would put the few-test, minute-long files last), each
@@ -43,20 +46,28 @@ lint: venv
 # running after 15 minutes fails with its stack printed instead of hanging CI
 # (docs/testing.md); the 30 slowest tests are listed at the end.
 PARALLEL := -n 3 --dist loadfile --no-loadscope-reorder --timeout 900 --durations=30
-test: bytecode servers lint
+test: bytecode servers
+	$(MAKE) --no-print-directory -j2 lint asserts
 	bash scripts/pytest.sh $(PARALLEL) $(PYTEST_ARGS)
 
 # `make test` with the slow property tests' whole example budgets (twice
 # theirs there; tests/budgets.py): after a change to the engine's paths, a
 # model's storage or the API's schema.
-test-thorough: bytecode servers lint
+test-thorough: bytecode servers
+	$(MAKE) --no-print-directory -j2 lint asserts
 	bash scripts/pytest.sh $(PARALLEL) --hypothesis-profile thorough $(PYTEST_ARGS)
+
+# A cache only: a test file that does not import fails the run that follows.
+asserts: venv
+	-bash scripts/pytest.sh --collect-only -q -p no:cacheprovider > /dev/null
 
 # The tests that need no server (no PostgreSQL, Redis, worker process or
 # socket server): conftest.py marks the others `server` from the fixtures they
-# use. Under 2 minutes; no lint, no `servers` (docs/testing.md).
+# use. Under 2 minutes; no lint, no `servers` (docs/testing.md). Two workers:
+# these tests seldom wait, and a third costs one more collection.
+FAST_PARALLEL := -n 2 --dist loadfile --no-loadscope-reorder --timeout 900 --durations=30
 test-fast: bytecode
-	bash scripts/pytest.sh $(PARALLEL) -m "not server" $(PYTEST_ARGS)
+	bash scripts/pytest.sh $(FAST_PARALLEL) -m "not server" $(PYTEST_ARGS)
 
 # Mutation testing of the domain against its unit tests (docs/testing.md):
 # fails on a surviving mutant that tests/mutants-equivalent.txt does not explain.

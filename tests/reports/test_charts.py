@@ -7,11 +7,10 @@ import struct
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from click.testing import CliRunner
-from matplotlib.axes import Axes
-from matplotlib.patches import Rectangle
 
 from metering import Meter
 from metering.cli import main
@@ -24,6 +23,10 @@ from metering.reports.charts import (
     usage_figure,
     window_labels,
 )
+
+if TYPE_CHECKING:  # matplotlib is imported by the charts drawn, not by collection
+    from matplotlib.axes import Axes
+    from matplotlib.patches import Rectangle
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
