@@ -23,7 +23,7 @@ from metering.domain.events import make_event
 from metering.domain.needs import Need
 from metering.engine.answers import Declined
 from metering.engine.one_trip import ONE_TRIP_IMPLEMENTS, STATS, prepare
-from metering.storage.tables import distinct_values, results, webhook_messages
+from metering.storage.tables import counters, distinct_values, results, webhook_messages
 
 # What the one-trip function decides alone: no dimensions, no price.
 ONE_TRIP_LIMITS = [
@@ -251,6 +251,38 @@ def test_a_flat_price_and_its_spend_cap_take_one_trip(
         assert meter.consume("org-2", "calls", 1).allowed
         assert STATS["declined:money"] == before["declined:money"]  # declined before the call
         assert STATS["applied"] - before["applied"] == 2
+
+
+def test_a_subject_with_a_time_zone_takes_one_trip(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its window of days starts at its local midnight and its counters bill in
+    its local month: both worked out before the call, decided by the function."""
+    clock = FrozenClock(START - timedelta(days=3))
+    with Meter(pg_url, clock=clock) as meter:
+        meter.set_limits(
+            [
+                Limit("day", maximum=5, period="1d", window="calendar"),
+                Limit("fu", maximum=4, period="30m"),
+            ]
+        )
+        meter.set_time_zone("org", "Asia/Kathmandu")  # +05:45: 2026-12-01 04:45 at START
+        clock.set(START)
+        meter.consume("other", "day")  # caches the limits
+        before = STATS.copy()
+        waits = count_network_waits(monkeypatch)
+        day = meter.consume("org", "day", 2).charges[0]
+        assert meter.consume("org", "fu").allowed
+        assert waits[0] == 2 and STATS["applied"] - before["applied"] == 2
+        midnight = datetime(2026, 11, 30, 18, 15, tzinfo=UTC)
+        assert (day.window_start, day.resets_at) == (midnight, midnight + timedelta(days=1))
+        with meter.sql_engine.connect() as connection:
+            months = connection.execute(
+                select(counters.c.limit_name, counters.c.billing_month)
+                .where(counters.c.subject == "org")
+                .order_by(counters.c.limit_name)
+            ).all()
+        assert [tuple(row) for row in months] == [("day", "2026-12"), ("fu", "2026-12")]
 
 
 @pytest.mark.parametrize("seed", [1, 2])
