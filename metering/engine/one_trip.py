@@ -17,6 +17,7 @@ from typing import Any, Final
 from metering.domain.distinct import value_of
 from metering.domain.events import Charge, EventRecord
 from metering.domain.needs import Need
+from metering.domain.rollups import dimension_value
 from metering.domain.rules import Rule
 from metering.domain.windows import calendar_window
 from metering.domain.zones import ZoneHistory, billing_month
@@ -29,7 +30,7 @@ STATS: Final[Counter[str]] = Counter()
 ONE_TRIP_IMPLEMENTS: Final = frozenset(
     {
         *(Need.ENTITLEMENTS, Need.OWN_THRESHOLDS, Need.SEATS, Need.GRANTS, Need.RECURRING),
-        *(Need.MONEY, Need.TIME_ZONE),
+        *(Need.MONEY, Need.TIME_ZONE, Need.DIMENSIONS),
     }
 )
 # The zoned subjects' calendar windows, as the fast path remembers them, for
@@ -75,9 +76,12 @@ def prepare(cache: LimitCache, event: EventRecord, now_us: int) -> tuple[Any, ..
         seat = None if key is None else value_of(key, name, event.metadata, cost)
         paid = (name, subject) in granted
         zoned = zones.get(subject) if zones else None
-        found.append(
-            _charge(rule, subject, cost, at_us, seat, paid, amounts.get(index), zoned, windows)
-        )
+        price = amounts.get(index)
+        one = _charge(rule, subject, cost, at_us, seat, paid, price, zoned, windows)
+        if rule.dimensions:  # the values its consumed cost is rolled up by
+            metadata = event.metadata
+            one = (*one[:-1], tuple((k, dimension_value(metadata, k)) for k in rule.dimensions))
+        found.append(one)
     return call_parameters(
         version, event.event_id, event.fingerprint, at_us, now_us, event.metadata, found
     )
@@ -146,4 +150,5 @@ def _charge(
         granted,
         price,
         month,
+        (),
     )

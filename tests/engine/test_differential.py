@@ -76,9 +76,9 @@ from metering.storage.tables import current_windows, grant_schedules
 
 START = datetime(2026, 11, 30, 23, 0, tzinfo=UTC)  # an hour's, a day's and a month's end near
 LIMITS = [
-    # What the one-trip function decides alone (unpriced, no dimensions, no seats).
+    # What the one-trip function decides alone (unpriced, no seats).
     Limit("cal", maximum=8, period="1h", window="calendar", thresholds=(50, 100)),
-    Limit("fu", maximum=6, period="30m"),
+    Limit("fu", maximum=6, period="30m", dimensions=("route", "model")),
     Limit("bucket", maximum=4, period="10s", algorithm="token_bucket", thresholds=(100,)),
     Limit("shadow", maximum=3, period="20m", enforcement="shadow"),
     Limit("units", maximum=9, period="30m", thresholds_units=(3, 7)),
@@ -365,7 +365,7 @@ checks = st.lists(
 
 
 # The needs the one-trip function declares lately: the one-trip run asserts it decided each.
-FUNCTION_NEEDS = {Need.TIME_ZONE}
+FUNCTION_NEEDS = {Need.TIME_ZONE, Need.DIMENSIONS}
 
 # -- forcing a path: the only code that knows how ---------------------------------
 

@@ -23,7 +23,13 @@ from metering.domain.events import make_event
 from metering.domain.needs import Need
 from metering.engine.answers import Declined
 from metering.engine.one_trip import ONE_TRIP_IMPLEMENTS, STATS, prepare
-from metering.storage.tables import counters, distinct_values, results, webhook_messages
+from metering.storage.tables import (
+    counters,
+    distinct_values,
+    results,
+    usage_rollups,
+    webhook_messages,
+)
 
 # What the one-trip function decides alone: no dimensions, no price.
 ONE_TRIP_LIMITS = [
@@ -88,9 +94,14 @@ def test_a_seat_charge_carries_its_value_and_its_row_at_cost_0(meter: Meter) -> 
     assert len(plain) == 12
 
 
+def test_a_charge_with_dimensions_carries_their_values(meter: Meter) -> None:
+    [routed] = _charges(_prepared(meter, [("org", "routes", 1)], {"route": "/a"}))
+    assert routed[12:] == [None, None, False, None, None, [["route", "/a"]]]
+    [none] = _charges(_prepared(meter, [("org", "routes", 1)]))
+    assert none[17] == [["route", ""]]  # no value: `rollups.NO_VALUE`
+
+
 def test_it_declines_what_the_function_does_not_decide(meter: Meter) -> None:
-    routed = _prepared(meter, [("org", "routes", 1)], {"route": "a"})
-    assert isinstance(routed, Declined) and routed.need == Need.DIMENSIONS and not routed.stale
     missing = _prepared(meter, [("org", "seats", 1)], {"v": "ada"})
     assert isinstance(missing, Declined) and missing.need == Need.INVALID
     unknown = _prepared(meter, [("org", "nope", 1)])
@@ -283,6 +294,37 @@ def test_a_subject_with_a_time_zone_takes_one_trip(
                 .order_by(counters.c.limit_name)
             ).all()
         assert [tuple(row) for row in months] == [("day", "2026-12"), ("fu", "2026-12")]
+
+
+def test_dimensions_take_one_trip(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A consumed charge's cost and event go to its dimensions' hourly rollups
+    in the function's statement; a denied event adds nothing."""
+    with Meter(pg_url, clock=FrozenClock(START)) as meter:
+        meter.set_limit(Limit("calls", maximum=5, period="1h", dimensions=("route", "model")))
+        meter.consume("other", "calls")  # caches the limits
+        before = STATS.copy()
+        waits = count_network_waits(monkeypatch)
+        for route in ["/a", "/a", "/b", None]:
+            assert meter.consume("org", "calls", metadata={"route": route, "model": 1}).allowed
+        assert waits[0] == 4 and STATS["applied"] - before["applied"] == 4
+        assert not meter.consume("org", "calls", 3, metadata={"route": "/a"}).allowed
+        with meter.sql_engine.connect() as connection:
+            rows = connection.execute(
+                select(
+                    usage_rollups.c.dimension,
+                    usage_rollups.c.value,
+                    usage_rollups.c.used,
+                    usage_rollups.c.events,
+                )
+                .where(usage_rollups.c.subject == "org")
+                .order_by(usage_rollups.c.dimension, usage_rollups.c.value)
+            ).all()
+        assert [tuple(row) for row in rows] == [
+            ("model", "1", 4, 4),
+            ("route", "", 1, 1),
+            ("route", "/a", 2, 2),
+            ("route", "/b", 1, 1),
+        ]
 
 
 @pytest.mark.parametrize("seed", [1, 2])

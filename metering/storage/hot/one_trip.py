@@ -31,7 +31,7 @@ CONSUME_ONE: Final = (
 #  percent thresholds, unit thresholds, a seat limit's value or None,
 #  whether the subject has grants on the limit, a priced charge's
 #  (currency, amount) or None; since 0033 the billing month of a subject
-#  with a time zone or None).
+#  with a time zone or None, and a limit's dimensions' (key, value) pairs).
 OneCharge = tuple[
     str,
     str,
@@ -48,6 +48,7 @@ OneCharge = tuple[
     bool,
     tuple[str, int] | None,
     str | None,
+    tuple[tuple[str, str], ...],
 ]
 
 
@@ -73,7 +74,8 @@ def call_parameters(
     # Each charge with its row's first fields as the results row spells them;
     # a seat's value and those fields at cost 0 (a seat held), whether grants
     # pay past the maximum, the price its consumed row carries, and the
-    # billing month of a counter it creates for a subject with a zone.
+    # billing month of a counter it creates for a subject with a zone, and
+    # the dimensions' values its consumed cost is rolled up by.
     encoded = []
     for found in charges:
         thresholds = bool(found[9] or found[10])
@@ -83,12 +85,14 @@ def call_parameters(
             list(found[9]) if thresholds else None,
             list(found[10]) if thresholds else None,
         ]
-        seat, granted, price, month = found[11], found[12], found[13], found[14]
-        if seat is not None or granted or price is not None or month is not None:
+        seat, granted, price, month, dims = found[11:16]
+        later: list[Any] = [month, [list(pair) for pair in dims] if dims else None]
+        while later and later[-1] is None:
+            later.pop()
+        if seat is not None or granted or price is not None or later:
             held = None if seat is None else _compact([found[1], found[0], 0])[1:-1]
             charge += [seat, held, granted, None if price is None else _compact(list(price))]
-            if month is not None:
-                charge.append(month)
+            charge += later
         encoded.append(charge)
     order = sorted(range(len(charges)), key=lambda i: (charges[i][0], charges[i][1]))
     return (

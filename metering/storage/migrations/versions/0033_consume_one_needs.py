@@ -1,12 +1,12 @@
-"""``metering_consume_one`` decides subjects with a time zone too.
+"""``metering_consume_one`` decides subjects with a time zone and dimensions too.
 
-Migration 0032's function, with a charge's optional element 16: the
-billing month (`metering.domain.zones.billing_month`) of a subject with a
-zone, worked out by `metering.engine.one_trip` (which also passes its
-calendar windows, aligned at its local midnights). A counter the function
-creates bills in it; for a first-use window it is the month of one opening
-at the event, so a counter of an older window with no row is declined
-(``zone``). PostgreSQL only.
+Migration 0032's function, with a charge's optional elements (worked out by
+`metering.engine.one_trip`): 16 the billing month (`zones.billing_month`) of
+a counter it creates for a zoned subject (its calendar windows come aligned);
+for a first-use window, the month of one opening at the event, so a counter
+of an older window with no row is declined (``zone``); 17 the [key, value]
+pairs of a limit with dimensions: a consumed charge adds its cost and event
+to their hourly rollups (`metering.domain.rollups.rollup_deltas`). PostgreSQL only.
 
 Revision ID: 0033
 Revises: 0032
@@ -45,6 +45,21 @@ _ZONES = (
     -- A seat held in the window costs 0 (`seat_cost`), read under the counter's lock.""",
     ),
     (
+        "    -- A consumed priced charge's amount in the spend rollups",
+        """    -- A consumed charge's cost and event by its dimensions (`rollups.rollup_deltas`).
+    FOREACH i IN ARRAY p_order LOOP
+        CONTINUE WHEN NOT allowed OR NOT fits[i] OR (p_charges -> (i - 1)) ->> 17 IS NULL;
+        INSERT INTO usage_rollups AS u (subject, limit_name, dimension, hour_start_us, value,
+            used, events)
+        SELECT subjects[i], names[i], d ->> 0, p_at - mod(p_at, 3600000000), d ->> 1,
+            costs[i], 1
+        FROM jsonb_array_elements((p_charges -> (i - 1)) -> 17) AS d
+        ON CONFLICT (subject, limit_name, dimension, hour_start_us, value)
+        DO UPDATE SET used = u.used + excluded.used, events = u.events + excluded.events;
+    END LOOP;
+    -- A consumed priced charge's amount in the spend rollups""",
+    ),
+    (
         "            CASE WHEN wes[i] = 0 THEN NULL\n",
         "            CASE WHEN wes[i] = 0 THEN NULL WHEN monthv[i] IS NOT NULL THEN monthv[i]\n",
     ),
@@ -61,7 +76,7 @@ def _consume_one_0032() -> str:
 
 
 def with_zones(function: str) -> str:
-    """``function`` (migration 0032's) deciding subjects with a time zone."""
+    """``function`` (migration 0032's) deciding zoned subjects and dimensions."""
     replaced = function
     for old, new in _ZONES:
         assert replaced.count(old) == 1, old
