@@ -17,6 +17,7 @@ from typing import Any, Final
 from metering.domain.distinct import value_of
 from metering.domain.events import Charge, EventRecord
 from metering.domain.needs import Need
+from metering.domain.pacing import burst_units
 from metering.domain.rollups import dimension_value
 from metering.domain.rules import Rule
 from metering.domain.windows import calendar_window
@@ -30,7 +31,7 @@ STATS: Final[Counter[str]] = Counter()
 ONE_TRIP_IMPLEMENTS: Final = frozenset(
     {
         *(Need.ENTITLEMENTS, Need.OWN_THRESHOLDS, Need.SEATS, Need.GRANTS, Need.RECURRING),
-        *(Need.MONEY, Need.TIME_ZONE, Need.DIMENSIONS),
+        *(Need.MONEY, Need.TIME_ZONE, Need.DIMENSIONS, Need.PACING),
     }
 )
 # The zoned subjects' calendar windows, as the fast path remembers them, for
@@ -75,12 +76,15 @@ def prepare(cache: LimitCache, event: EventRecord, now_us: int) -> tuple[Any, ..
         key = rule.limit.distinct
         seat = None if key is None else value_of(key, name, event.metadata, cost)
         paid = (name, subject) in granted
+        if paid and rule.pacing is not None:
+            return Declined("grants on a paced limit", Need.PACING)
         zoned = zones.get(subject) if zones else None
         price = amounts.get(index)
         one = _charge(rule, subject, cost, at_us, seat, paid, price, zoned, windows)
         if rule.dimensions:  # the values its consumed cost is rolled up by
             metadata = event.metadata
-            one = (*one[:-1], tuple((k, dimension_value(metadata, k)) for k in rule.dimensions))
+            pairs = tuple((k, dimension_value(metadata, k)) for k in rule.dimensions)
+            one = (*one[:15], pairs, one[16])
         found.append(one)
     return call_parameters(
         version, event.event_id, event.fingerprint, at_us, now_us, event.metadata, found
@@ -151,4 +155,5 @@ def _charge(
         price,
         month,
         (),
+        None if rule.pacing is None else burst_units(rule.pacing, rule.maximum),
     )

@@ -150,6 +150,8 @@ LIMITS = [
         thresholds=(50,),
     ),
     Limit("paced_shadow", maximum=4, period="1h", enforcement="shadow", pacing=True, burst=0),
+    # (A zoned subject's day, paced: what the one-trip function decides often.)
+    Limit("paced_day", maximum=40, period="1d", window="calendar", pacing=True, burst="10%"),
     # Runaway breakers: past 2 (3) x their baseline for a minute: any use, minutes apart.
     Limit(
         "breaker",
@@ -190,7 +192,7 @@ LIMITS = [
     ),
 ]
 SUITED = ["cal", "fu", "bucket", "shadow", "units"]
-OTHER = ["soft", "month", "dims", "day"]
+OTHER = ["soft", "month", "dims", "day", "paced_day"]
 SEATS = ["seats", "fu_seats", "soft_seats", "shadow_seats"]
 GAUGES = ["peak", "level", "shadow_level"]
 PACED = ["paced", "paced_soft", "paced_shadow"]
@@ -215,7 +217,7 @@ PRICED = ["soft", "month", "dims", "bucket"]
 FIRST_PRICES = [("soft", "0.01", "USD"), ("month", "0.0049", "EUR"), ("dims", "20000", "JPY")]
 SUBJECTS = ["org-1", "org-2", "user-é"]
 # Subjects' zones: the windows of days and months of `ZONED` are theirs.
-ZONED = ["soft", "soft_seats", "usd_day", "day"]
+ZONED = ["soft", "soft_seats", "usd_day", "day", "paced_day"]
 FIRST_ZONES = [("org-2", "Asia/Kathmandu"), ("user-é", "America/Santiago")]  # in force at START
 # Changed before the stream's second and third batches: from where the windows end.
 ZONE_CHANGES = {1: [("org-1", "Europe/Berlin")], 2: [("org-2", "UTC"), ("user-é", "Asia/Kolkata")]}
@@ -365,7 +367,7 @@ checks = st.lists(
 
 
 # The needs the one-trip function declares lately: the one-trip run asserts it decided each.
-FUNCTION_NEEDS = {Need.TIME_ZONE, Need.DIMENSIONS}
+FUNCTION_NEEDS = {Need.TIME_ZONE, Need.DIMENSIONS, Need.PACING}
 
 # -- forcing a path: the only code that knows how ---------------------------------
 

@@ -101,6 +101,17 @@ def test_a_charge_with_dimensions_carries_their_values(meter: Meter) -> None:
     assert none[17] == [["route", ""]]  # no value: `rollups.NO_VALUE`
 
 
+def test_a_paced_charge_carries_its_burst_in_units_unless_granted(meter: Meter) -> None:
+    meter.set_limit(Limit("paced", maximum=40, period="1h", pacing=True, burst="10%"))
+    _reload(meter)
+    [paced] = _charges(_prepared(meter, [("org", "paced", 1)]))
+    assert paced[16:] == [None, None, 4]  # 10% of 40
+    meter.grant("org", "paced", 5)  # grants are not paced: the fast path's
+    _reload(meter)
+    declined = _prepared(meter, [("org", "paced", 1)])
+    assert isinstance(declined, Declined) and declined.need == Need.PACING
+
+
 def test_it_declines_what_the_function_does_not_decide(meter: Meter) -> None:
     missing = _prepared(meter, [("org", "seats", 1)], {"v": "ada"})
     assert isinstance(missing, Declined) and missing.need == Need.INVALID
@@ -325,6 +336,64 @@ def test_dimensions_take_one_trip(pg_url: str, monkeypatch: pytest.MonkeyPatch) 
             ("route", "/a", 2, 2),
             ("route", "/b", 1, 1),
         ]
+
+
+# (minutes on, limit, cost): the paced limits' events, from 23:10 in the hour's window.
+PACED_EVENTS = [
+    (0, "paced", 10),  # the pace is 10 of 60 + a burst of 2
+    (0, "paced", 3),  # 13 > 12: denied, back on pace at 23:11 (a first denial: notify)
+    (0, "paced", 2),
+    (5, "paced", 1),
+    (0, "paced", 9),  # 22 > 17: denied, back on pace at 23:20
+    (0, "soft", 30),  # past its pace of 15, within 60: ahead_of_pace
+    (0, "soft", 40),  # overage (the first: notify)
+    (0, "fu", 2),  # a first-use window opens: a burst of 3
+    (0, "fu", 5),  # denied (notify)
+    (3, "fu", 5),  # 7 > 6: denied, back on pace 4 minutes into its window
+    (1, "fu", 3),
+]
+
+
+def test_paced_limits_take_one_trip_as_the_reference_decides(pg_url: str) -> None:
+    """A paced window's allowance at the event is its pace; a denial retries
+    when usage is back on pace, and a soft limit's charge past it is
+    ``ahead_of_pace``: each charge as the reference engine decides it, the
+    function deciding all but what notifies."""
+    clock = FrozenClock(START + timedelta(minutes=10))
+    with Meter(pg_url, clock=clock) as meter:
+        meter.set_limits(
+            [
+                Limit("paced", maximum=60, period="1h", window="calendar", pacing=True, burst=2),
+                Limit(
+                    "soft",
+                    maximum=60,
+                    period="1h",
+                    window="calendar",
+                    enforcement="soft",
+                    pacing=True,
+                    burst=0,
+                ),
+                Limit("fu", maximum=30, period="30m", pacing=True, burst="10%"),
+            ]
+        )
+        meter.consume("other", "paced")  # caches the limits
+        reference = meter._engine.path("reference")
+        before = STATS.copy()
+        found = []
+        for number, (minutes, name, cost) in enumerate(PACED_EVENTS):
+            clock.advance(minutes=minutes)
+            event = make_event([("org", name, cost)], clock(), f"e-{number}")
+            expected = reference.check(event, meter.database.now_us())
+            decided = meter.consume("org", name, cost, event_id=f"e-{number}")
+            assert (decided.outcome, decided.charges) == (expected.outcome, expected.charges)
+            found.append((decided.charges[0].outcome, decided.charges[0].retry_at))
+        assert STATS["applied"] - before["applied"] == 8
+    at = START.replace(minute=11), START.replace(minute=20), START.replace(minute=19)
+    assert found == [
+        *[("allowed", None), ("denied", at[0]), ("allowed", None), ("allowed", None)],
+        *[("denied", at[1]), ("ahead_of_pace", None), ("overage", None), ("allowed", None)],
+        *[("denied", at[2]), ("denied", at[2]), ("allowed", None)],
+    ]
 
 
 @pytest.mark.parametrize("seed", [1, 2])

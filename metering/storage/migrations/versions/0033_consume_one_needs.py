@@ -1,12 +1,12 @@
-"""``metering_consume_one`` decides subjects with a time zone and dimensions too.
+"""``metering_consume_one`` decides zoned subjects, dimensions and pacing too.
 
-Migration 0032's function, with a charge's optional elements (worked out by
-`metering.engine.one_trip`): 16 the billing month (`zones.billing_month`) of
-a counter it creates for a zoned subject (its calendar windows come aligned);
-for a first-use window, the month of one opening at the event, so a counter
-of an older window with no row is declined (``zone``); 17 the [key, value]
-pairs of a limit with dimensions: a consumed charge adds its cost and event
-to their hourly rollups (`metering.domain.rollups.rollup_deltas`). PostgreSQL only.
+Migration 0032's function, with a charge's optional elements (from
+`metering.engine.one_trip`): 16 the billing month (`zones.billing_month`) of a
+counter it creates for a zoned subject; a first-use window's is that of one
+opening at the event (an older window's counter with no row: ``zone``); 17 the
+[key, value] pairs a consumed charge is rolled up by (`rollups.rollup_deltas`);
+18 a paced limit's burst in units: its pace, retry and ``ahead_of_pace`` as
+`metering.domain.rules._paced` (grants are not passed with it). PostgreSQL only.
 
 Revision ID: 0033
 Revises: 0032
@@ -25,14 +25,56 @@ down_revision = "0032"
 branch_labels = None
 depends_on = None
 
-_ZONES = (
+# A paced window (`rules._paced` with no grants): a hard or shadow window's
+# allowance is its pace (`pacing.paced_maximum`); a denial retries when back
+# on pace (`pacing.paced_retry_us`), else at the next window if it fits one.
+_PACED = """        ELSIF pacev[i] IS NOT NULL THEN
+            span := wes[i] - wss[i];
+            pace := least(maxs[i], div(maxs[i]::numeric * least(greatest(p_at - wss[i], 0), span),
+                span)::bigint + pacev[i]);
+            room := CASE WHEN enfs[i] = 'soft' THEN maxs[i] ELSE pace END;
+            fits[i] := enfs[i] = 'soft' OR cused[i] + costs[i] <= room OR costs[i] = 0;
+            ahead[i] := enfs[i] = 'soft' AND pace < cused[i] + costs[i]
+                AND cused[i] + costs[i] <= maxs[i];
+            f1[i] := cused[i];
+            f2[i] := cused[i] + costs[i];
+            f3[i] := greatest(room - cused[i], 0);
+            f4[i] := greatest(room - cused[i] - costs[i], 0);
+            f5[i] := wes[i];
+            f6[i] := wes[i];
+            f7[i] := NULL;
+            IF NOT fits[i] THEN
+                wanted := cused[i] + costs[i];
+                IF wanted <= maxs[i] THEN
+                    back := CASE WHEN wanted <= pacev[i] THEN wss[i]
+                        ELSE wss[i] + div((wanted - pacev[i])::numeric * span + maxs[i] - 1,
+                                          maxs[i])::bigint END;
+                    IF p_at < back AND back < wes[i] THEN
+                        f7[i] := back;
+                    END IF;
+                END IF;
+                IF f7[i] IS NULL AND costs[i] <= maxs[i] THEN
+                    f7[i] := wes[i];
+                END IF;
+            END IF;
+            f8[i] := CASE WHEN costs[i] = 0 THEN 0
+                          ELSE greatest(cused[i] + costs[i] - maxs[i], 0) END;
+            f10[i] := greatest(cused[i] - maxs[i], 0);
+"""
+
+_PLAIN = "        ELSE\n            fits[i] := enfs[i] = 'soft' OR cused[i] + costs[i] <= maxs[i]"
+
+_NEEDS = (
     (
         "wanted bigint; taken bigint; drawn bigint; g record; pricev text[];",
-        "wanted bigint; taken bigint; drawn bigint; g record; pricev text[];\n    monthv text[];",
+        "wanted bigint; taken bigint; drawn bigint; g record; pricev text[];\n"
+        "    monthv text[]; pacev bigint[]; ahead boolean[];\n"
+        "    span bigint; pace bigint; back bigint;",
     ),
     (
         "        pricev[i] := c ->> 15;",
-        "        pricev[i] := c ->> 15; monthv[i] := c ->> 16;",
+        "        pricev[i] := c ->> 15; monthv[i] := c ->> 16;"
+        " pacev[i] := (c ->> 18)::bigint; ahead[i] := false;",
     ),
     (
         "    -- A seat held in the window costs 0 (`seat_cost`), read under the counter's lock.",
@@ -43,6 +85,13 @@ _ZONES = (
         END IF;
     END LOOP;
     -- A seat held in the window costs 0 (`seat_cost`), read under the counter's lock.""",
+    ),
+    (_PLAIN, _PACED + _PLAIN),
+    (
+        "            o := CASE WHEN f8[i] > 0 THEN 'overage' ELSE 'allowed' END;",
+        "            o := CASE WHEN f8[i] > 0 THEN 'overage'\n"
+        "                      WHEN ahead[i] AND costs[i] <> 0 THEN 'ahead_of_pace'"
+        " ELSE 'allowed' END;",
     ),
     (
         "    -- A consumed priced charge's amount in the spend rollups",
@@ -75,10 +124,10 @@ def _consume_one_0032() -> str:
     return str(module.with_seats(module._consume_one_0030()))
 
 
-def with_zones(function: str) -> str:
-    """``function`` (migration 0032's) deciding zoned subjects and dimensions."""
+def with_needs(function: str) -> str:
+    """``function`` (migration 0032's) deciding zoned subjects, dimensions and pacing."""
     replaced = function
-    for old, new in _ZONES:
+    for old, new in _NEEDS:
         assert replaced.count(old) == 1, old
         replaced = replaced.replace(old, new)
     return replaced
@@ -86,7 +135,7 @@ def with_zones(function: str) -> str:
 
 def upgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
-        op.execute(with_zones(_consume_one_0032()))
+        op.execute(with_needs(_consume_one_0032()))
 
 
 def downgrade() -> None:
