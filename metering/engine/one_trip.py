@@ -31,7 +31,7 @@ STATS: Final[Counter[str]] = Counter()
 ONE_TRIP_IMPLEMENTS: Final = frozenset(
     {
         *(Need.ENTITLEMENTS, Need.OWN_THRESHOLDS, Need.SEATS, Need.GRANTS, Need.RECURRING),
-        *(Need.MONEY, Need.TIME_ZONE, Need.DIMENSIONS, Need.PACING),
+        *(Need.MONEY, Need.TIME_ZONE, Need.DIMENSIONS, Need.PACING, Need.GAUGE),
     }
 )
 # The zoned subjects' calendar windows, as the fast path remembers them, for
@@ -84,7 +84,7 @@ def prepare(cache: LimitCache, event: EventRecord, now_us: int) -> tuple[Any, ..
         if rule.dimensions:  # the values its consumed cost is rolled up by
             metadata = event.metadata
             pairs = tuple((k, dimension_value(metadata, k)) for k in rule.dimensions)
-            one = (*one[:15], pairs, one[16])
+            one = (*one[:15], pairs, *one[16:])
         found.append(one)
     return call_parameters(
         version, event.event_id, event.fingerprint, at_us, now_us, event.metadata, found
@@ -156,4 +156,5 @@ def _charge(
         month,
         (),
         None if rule.pacing is None else burst_units(rule.pacing, rule.maximum),
+        rule.gauge,
     )

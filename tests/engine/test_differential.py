@@ -367,7 +367,7 @@ checks = st.lists(
 
 
 # The needs the one-trip function declares lately: the one-trip run asserts it decided each.
-FUNCTION_NEEDS = {Need.TIME_ZONE, Need.DIMENSIONS, Need.PACING}
+FUNCTION_NEEDS = {Need.TIME_ZONE, Need.DIMENSIONS, Need.PACING, Need.GAUGE}
 
 # -- forcing a path: the only code that knows how ---------------------------------
 

@@ -396,6 +396,62 @@ def test_paced_limits_take_one_trip_as_the_reference_decides(pg_url: str) -> Non
     ]
 
 
+# (minutes on, gauge, level, seconds late): reports of a peak and of a last level.
+GAUGE_EVENTS = [
+    (0, "peak", 3, 0),
+    (1, "peak", 2, 0),  # the peak stays 3
+    (0, "peak", 9, 0),  # past 6: denied (a first denial: notify)
+    (1, "peak", 8, 0),  # denied again
+    (0, "peak", 6, 0),
+    (0, "level", 4, 0),  # a first-use window opens
+    (1, "level", 0, 0),  # a level of 0
+    (0, "level", 7, 30),  # older than the level's instant: the level stays 0
+    (1, "level", 9, 0),  # soft: overage starts (notify)
+    (1, "level", 10, 0),  # still over
+    (0, "level", 2, 0),
+]
+
+
+def test_gauges_take_one_trip_as_the_reference_decides(pg_url: str) -> None:
+    """A report's level is the peak or the last (unless older than it); hard
+    fits iff the level is within the maximum, soft bills the overage: each
+    charge as the reference engine decides it, the function deciding all but
+    what notifies, and the counters holding the levels."""
+    clock = FrozenClock(START + timedelta(minutes=10))
+    with Meter(pg_url, clock=clock) as meter:
+        meter.set_limits(
+            [
+                Limit("peak", maximum=6, period="1h", window="calendar", aggregation="max"),
+                Limit("level", maximum=5, period="30m", aggregation="latest", enforcement="soft"),
+            ]
+        )
+        meter.consume("other", "peak")  # caches the limits
+        reference = meter._engine.path("reference")
+        before = STATS.copy()
+        used = []
+        for number, (minutes, name, level, late) in enumerate(GAUGE_EVENTS):
+            clock.advance(minutes=minutes)
+            at = clock() - timedelta(seconds=late)
+            event = make_event([("org", name, level)], at, f"e-{number}")
+            expected = reference.check(event, meter.database.now_us())
+            decided = meter.consume("org", name, level, event_id=f"e-{number}", occurred_at=at)
+            assert (decided.outcome, decided.charges) == (expected.outcome, expected.charges)
+            used.append((decided.outcome, decided.charges[0].used))
+        assert STATS["applied"] - before["applied"] == 9
+        with meter.sql_engine.connect() as connection:
+            rows = connection.execute(
+                select(counters.c.limit_name, counters.c.used, counters.c.denied_count)
+                .where(counters.c.subject == "org")
+                .order_by(counters.c.limit_name)
+            ).all()
+    assert used == [
+        *[("allowed", 3), ("allowed", 3), ("denied", 3), ("denied", 3), ("allowed", 6)],
+        *[("allowed", 4), ("allowed", 0), ("allowed", 0), ("overage", 9), ("overage", 10)],
+        ("allowed", 2),
+    ]
+    assert [tuple(row) for row in rows] == [("level", 2, 0), ("peak", 6, 2)]
+
+
 @pytest.mark.parametrize("seed", [1, 2])
 def test_two_meters_drawing_on_one_grant_never_pass_it(pg_url: str, seed: int) -> None:
     """Events of this hour and late ones of the last draw on the same grant

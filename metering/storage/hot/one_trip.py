@@ -31,8 +31,8 @@ CONSUME_ONE: Final = (
 #  percent thresholds, unit thresholds, a seat limit's value or None,
 #  whether the subject has grants on the limit, a priced charge's
 #  (currency, amount) or None; since 0033 the billing month of a subject
-#  with a time zone or None, a limit's dimensions' (key, value) pairs, and
-#  a paced limit's burst in units or None).
+#  with a time zone or None, a limit's dimensions' (key, value) pairs, a
+#  paced limit's burst in units or None, a gauge's aggregation or None).
 OneCharge = tuple[
     str,
     str,
@@ -51,6 +51,7 @@ OneCharge = tuple[
     str | None,
     tuple[tuple[str, str], ...],
     int | None,
+    str | None,
 ]
 
 
@@ -77,8 +78,8 @@ def call_parameters(
     # a seat's value and those fields at cost 0 (a seat held), whether grants
     # pay past the maximum, the price its consumed row carries, and the
     # billing month of a counter it creates for a subject with a zone, and
-    # the dimensions' values its consumed cost is rolled up by, and a paced
-    # limit's burst.
+    # the dimensions' values its consumed cost is rolled up by, a paced
+    # limit's burst and a gauge's aggregation.
     encoded = []
     for found in charges:
         thresholds = bool(found[9] or found[10])
@@ -88,8 +89,8 @@ def call_parameters(
             list(found[9]) if thresholds else None,
             list(found[10]) if thresholds else None,
         ]
-        seat, granted, price, month, dims, burst = found[11:17]
-        later: list[Any] = [month, [list(pair) for pair in dims] if dims else None, burst]
+        seat, granted, price, month, dims, burst, gauge = found[11:18]
+        later: list[Any] = [month, [list(pair) for pair in dims] if dims else None, burst, gauge]
         while later and later[-1] is None:
             later.pop()
         if seat is not None or granted or price is not None or later:

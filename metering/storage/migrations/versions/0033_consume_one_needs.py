@@ -1,12 +1,12 @@
-"""``metering_consume_one`` decides zoned subjects, dimensions and pacing too.
+"""``metering_consume_one`` decides zoned subjects, dimensions, pacing, gauges too.
 
 Migration 0032's function, with a charge's optional elements (from
 `metering.engine.one_trip`): 16 the billing month (`zones.billing_month`) of a
 counter it creates for a zoned subject; a first-use window's is that of one
 opening at the event (an older window's counter with no row: ``zone``); 17 the
 [key, value] pairs a consumed charge is rolled up by (`rollups.rollup_deltas`);
-18 a paced limit's burst in units: its pace, retry and ``ahead_of_pace`` as
-`metering.domain.rules._paced` (grants are not passed with it). PostgreSQL only.
+18 a paced limit's burst in units (`rules._paced`; never with grants); 19 a
+gauge's aggregation, ``max`` or ``latest`` (`rules._gauge`). PostgreSQL only.
 
 Revision ID: 0033
 Revises: 0032
@@ -62,6 +62,28 @@ _PACED = """        ELSIF pacev[i] IS NOT NULL THEN
             f10[i] := greatest(cused[i] - maxs[i], 0);
 """
 
+# A gauge's report (`rules._gauge`, `windows.gauge_level`): hard and shadow fit
+# iff the level is at most the maximum; ``max`` keeps the peak, ``latest`` the
+# report unless older than the level's instant (kept in ``tat_us``).
+_GAUGE = """        ELSIF gaugev[i] IS NOT NULL THEN
+            IF gaugev[i] = 'max' THEN
+                f2[i] := greatest(cused[i], costs[i]); glevel_at[i] := NULL;
+            ELSIF tat[i] IS NULL OR p_at >= tat[i] THEN
+                f2[i] := costs[i]; glevel_at[i] := p_at;
+            ELSE
+                f2[i] := cused[i]; glevel_at[i] := tat[i];
+            END IF;
+            fits[i] := enfs[i] = 'soft' OR costs[i] <= maxs[i];
+            f1[i] := cused[i];
+            f3[i] := greatest(maxs[i] - cused[i], 0);
+            f4[i] := greatest(maxs[i] - f2[i], 0);
+            f5[i] := wes[i];
+            f6[i] := wes[i];
+            f7[i] := NULL;
+            f8[i] := CASE WHEN enfs[i] = 'soft' AND f2[i] > maxs[i] THEN f2[i] - maxs[i] ELSE 0 END;
+            f10[i] := greatest(cused[i] - maxs[i], 0);
+"""
+
 _PLAIN = "        ELSE\n            fits[i] := enfs[i] = 'soft' OR cused[i] + costs[i] <= maxs[i]"
 
 _NEEDS = (
@@ -69,12 +91,13 @@ _NEEDS = (
         "wanted bigint; taken bigint; drawn bigint; g record; pricev text[];",
         "wanted bigint; taken bigint; drawn bigint; g record; pricev text[];\n"
         "    monthv text[]; pacev bigint[]; ahead boolean[];\n"
-        "    span bigint; pace bigint; back bigint;",
+        "    span bigint; pace bigint; back bigint; gaugev text[]; glevel_at bigint[];",
     ),
     (
         "        pricev[i] := c ->> 15;",
         "        pricev[i] := c ->> 15; monthv[i] := c ->> 16;"
-        " pacev[i] := (c ->> 18)::bigint; ahead[i] := false;",
+        " pacev[i] := (c ->> 18)::bigint; ahead[i] := false;\n"
+        "        gaugev[i] := c ->> 19;",
     ),
     (
         "    -- A seat held in the window costs 0 (`seat_cost`), read under the counter's lock.",
@@ -86,7 +109,40 @@ _NEEDS = (
     END LOOP;
     -- A seat held in the window costs 0 (`seat_cost`), read under the counter's lock.""",
     ),
-    (_PLAIN, _PACED + _PLAIN),
+    (_PLAIN, _PACED + _GAUGE + _PLAIN),
+    (  # a gauge's thresholds are crossed from its level before (`notices_for`)
+        "            IF costs[i] <> 0 AND c ->> 10 IS NOT NULL THEN\n"
+        "                -- The thresholds `notices_for` would cross.\n"
+        "                before_used := f2[i] - costs[i];",
+        "            IF (CASE WHEN gaugev[i] IS NULL THEN costs[i] <> 0 ELSE f2[i] <> f1[i] END)\n"
+        "               AND c ->> 10 IS NOT NULL THEN\n"
+        "                -- The thresholds `notices_for` would cross.\n"
+        "                before_used := CASE WHEN gaugev[i] IS NULL THEN f2[i] - costs[i]"
+        " ELSE f1[i] END;",
+    ),
+    (
+        "            IF enfs[i] = 'soft' AND 0 < f8[i] AND f8[i] <= costs[i]"
+        " AND costs[i] <> 0 THEN",
+        "            IF enfs[i] = 'soft' AND (CASE WHEN gaugev[i] IS NULL\n"
+        "                   THEN 0 < f8[i] AND f8[i] <= costs[i] AND costs[i] <> 0\n"
+        "                   ELSE 0 < f8[i] AND f1[i] <= maxs[i] AND f2[i] <> f1[i] END) THEN",
+    ),
+    (
+        "            cused[i] := cused[i] + costs[i];",
+        """            IF gaugev[i] IS NOT NULL THEN  -- a level, not a sum (`rules._apply`)
+                otat := tat[i];
+                tat[i] := coalesce(glevel_at[i], tat[i]);
+                changed[i] := f2[i] <> cused[i] OR tat[i] IS DISTINCT FROM otat;
+                cused[i] := f2[i];
+            ELSE
+                cused[i] := cused[i] + costs[i];
+            END IF;""",
+    ),
+    (
+        "            changed[i] := costs[i] <> 0 OR (kinds[i] = 'b'",
+        "            changed[i] := changed[i] OR (gaugev[i] IS NULL AND costs[i] <> 0)\n"
+        "                OR (kinds[i] = 'b'",
+    ),
     (
         "            o := CASE WHEN f8[i] > 0 THEN 'overage' ELSE 'allowed' END;",
         "            o := CASE WHEN f8[i] > 0 THEN 'overage'\n"
@@ -125,7 +181,7 @@ def _consume_one_0032() -> str:
 
 
 def with_needs(function: str) -> str:
-    """``function`` (migration 0032's) deciding zoned subjects, dimensions and pacing."""
+    """``function`` (migration 0032's) deciding zoned subjects, dimensions, pacing, gauges."""
     replaced = function
     for old, new in _NEEDS:
         assert replaced.count(old) == 1, old
