@@ -338,6 +338,26 @@ def test_dimensions_take_one_trip(pg_url: str, monkeypatch: pytest.MonkeyPatch) 
         ]
 
 
+def test_a_zoned_first_use_counter_of_an_older_window_is_declined(pg_url: str) -> None:
+    """Its billing month is that of the window's start, which Python does not
+    know: the function declines it (``zone``) and the fast path decides it."""
+    clock = FrozenClock(START - timedelta(days=3))
+    with Meter(pg_url, clock=clock) as meter:
+        meter.set_limit(Limit("fu", maximum=4, period="1h"))
+        meter.set_time_zone("org", "Asia/Kathmandu")
+        clock.set(START)
+        assert meter.consume("org", "fu").used == 1  # the window opens: the function's
+        with meter.sql_engine.begin() as connection:  # its counter goes, the window stays
+            connection.execute(counters.delete())
+        clock.advance(minutes=5)
+        before = STATS.copy()
+        assert meter.consume("org", "fu").used == 1
+        assert STATS["declined:zone"] - before["declined:zone"] == 1
+        with meter.sql_engine.connect() as connection:
+            months = connection.execute(select(counters.c.billing_month)).scalars().all()
+        assert months == ["2026-12"]
+
+
 # (minutes on, limit, cost): the paced limits' events, from 23:10 in the hour's window.
 PACED_EVENTS = [
     (0, "paced", 10),  # the pace is 10 of 60 + a burst of 2
