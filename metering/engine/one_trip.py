@@ -1,18 +1,12 @@
-"""The single plain event in one round trip on PostgreSQL.
+"""The single event in one round trip on PostgreSQL.
 
 `prepare` turns an event into the call of ``metering_consume_one``
-(`metering.storage.hot.one_trip`), a PL/pgSQL copy of the lean rules of
-`metering.domain.rules`, from the cached limits. It implements a narrow set
-(`ONE_TRIP_IMPLEMENTS`: plain hard, soft and shadow limits, buckets, calendar and
-first-use windows, stacked charges, seats, flat prices with their spend
-caps (the spend charges added here), the subject's entitlements, grants and
-recurring grants with no issue due, and own thresholds, which only choose
-when it declines to notify); any other
-need, or an unacceptable event, is `Declined` and the fast path decides.
-``tests/engine/test_differential.py`` holds the function to the reference.
-
-`STATS` counts, per process, the events the function decided and what it
-declined (``declined:<code>``), so tests can tell it really ran.
+(`metering.storage.hot.one_trip`), a PL/pgSQL copy of `metering.domain.rules`,
+working out from the cached limits what needs no lock: each charge's window and
+billing month (a zoned subject's too), maximum, spend charges, dimensions' values,
+a pace's burst and a gauge's aggregation. A need not in `ONE_TRIP_IMPLEMENTS`, or an
+unacceptable event, is `Declined` and the fast path decides. `tests/engine/test_differential.py`
+holds the function to the reference; `STATS` counts what it decided and declined.
 """
 
 from __future__ import annotations
@@ -23,17 +17,26 @@ from typing import Any, Final
 from metering.domain.distinct import value_of
 from metering.domain.events import Charge, EventRecord
 from metering.domain.needs import Need
+from metering.domain.pacing import burst_units
+from metering.domain.rollups import dimension_value
 from metering.domain.rules import Rule
 from metering.domain.windows import calendar_window
+from metering.domain.zones import ZoneHistory, billing_month
 from metering.engine.answers import Declined
-from metering.engine.fast import LimitCache, rules_for
+from metering.engine.fast import LimitCache, _Windows, rules_for
 from metering.errors import InvalidInput
 from metering.storage.hot.one_trip import OneCharge, call_parameters
 
 STATS: Final[Counter[str]] = Counter()
 ONE_TRIP_IMPLEMENTS: Final = frozenset(
-    {Need.ENTITLEMENTS, Need.OWN_THRESHOLDS, Need.SEATS, Need.GRANTS, Need.RECURRING, Need.MONEY}
+    {
+        *(Need.ENTITLEMENTS, Need.OWN_THRESHOLDS, Need.SEATS, Need.GRANTS, Need.RECURRING),
+        *(Need.MONEY, Need.TIME_ZONE, Need.DIMENSIONS, Need.PACING, Need.GAUGE),
+    }
 )
+# The zoned subjects' calendar windows, as the fast path remembers them, for
+# the allowances they were worked out with (replaced with them).
+_zoned: list[_Windows] = [_Windows({})]
 
 
 def prepare(cache: LimitCache, event: EventRecord, now_us: int) -> tuple[Any, ...] | Declined:
@@ -58,6 +61,10 @@ def prepare(cache: LimitCache, event: EventRecord, now_us: int) -> tuple[Any, ..
     if allowances.due and allowances.due_pairs(((n, s) for s, n, _ in charges), now_us):
         return Declined("a recurring grant's issue is due", Need.RECURRING)
     histories, alerts, granted = allowances.histories, allowances.alerts, allowances.grant_pairs
+    zones = allowances.zones
+    windows = _zoned[0]
+    if zones and windows.zones is not zones:
+        windows = _zoned[0] = _Windows(zones)
     at_us = event.occurred_at_us
     found: list[OneCharge] = []
     for index, ((subject, name, cost), rule) in enumerate(zip(charges, event_rules, strict=True)):
@@ -69,7 +76,16 @@ def prepare(cache: LimitCache, event: EventRecord, now_us: int) -> tuple[Any, ..
         key = rule.limit.distinct
         seat = None if key is None else value_of(key, name, event.metadata, cost)
         paid = (name, subject) in granted
-        found.append(_charge(rule, subject, cost, at_us, seat, paid, amounts.get(index)))
+        if paid and rule.pacing is not None:
+            return Declined("grants on a paced limit", Need.PACING)
+        zoned = zones.get(subject) if zones else None
+        price = amounts.get(index)
+        one = _charge(rule, subject, cost, at_us, seat, paid, price, zoned, windows)
+        if rule.dimensions:  # the values its consumed cost is rolled up by
+            metadata = event.metadata
+            pairs = tuple((k, dimension_value(metadata, k)) for k in rule.dimensions)
+            one = (*one[:15], pairs, *one[16:])
+        found.append(one)
     return call_parameters(
         version, event.event_id, event.fingerprint, at_us, now_us, event.metadata, found
     )
@@ -103,17 +119,26 @@ def _charge(
     seat: str | None,
     granted: bool,
     price: tuple[str, int] | None,
+    zoned: ZoneHistory | None,
+    windows: _Windows,
 ) -> OneCharge:
     limit = rule.limit
     thresholds = (limit.thresholds, limit.thresholds_units)
     enforcement = "soft" if rule.soft else ("shadow" if rule.shadow else "hard")
+    month = None
     if rule.bucket:
         kind, start, end = "b", 0, 0
     elif rule.calendar:
         kind = "c"
-        start, end = calendar_window(rule.period, at_us)
+        if zoned is None:
+            start, end = calendar_window(rule.period, at_us)
+        else:  # the subject's window and its billing month, as the fast path's
+            start, end = windows.calendar(rule, subject, at_us)
+            month = billing_month(zoned, start)
     else:  # a first-use window of calendar months is declined (`Need.MONTH_FIRST_USE`)
         kind, start, end = "f", 0, rule.period.seconds * 1_000_000
+        if zoned is not None:  # a window opening at the event bills in its month
+            month = billing_month(zoned, at_us)
     return (
         rule.name,
         subject,
@@ -128,4 +153,8 @@ def _charge(
         seat,
         granted,
         price,
+        month,
+        (),
+        None if rule.pacing is None else burst_units(rule.pacing, rule.maximum),
+        rule.gauge,
     )

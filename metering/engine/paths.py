@@ -84,7 +84,12 @@ class Path(Protocol):
 _NO_CHECK = Declined("this path does not check")
 
 # The function's declines (`metering.storage.hot.one_trip`), as needs.
-_FUNCTION_NEEDS = {"exists": Need.REPEATED_ID, "old": Need.EARLY_FIRST_USE, "notify": Need.NOTICES}
+_FUNCTION_NEEDS = {
+    "exists": Need.REPEATED_ID,
+    "old": Need.EARLY_FIRST_USE,
+    "notify": Need.NOTICES,
+    "zone": Need.TIME_ZONE,
+}
 
 
 class OneTrip:

@@ -96,10 +96,18 @@ CONFIGURATIONS = {
     "dimensions": lambda meter: meter.set_limit(
         Limit("calls", maximum=700, period="1d", window="calendar", dimensions=("user",))
     ),
+    "paced": lambda meter: meter.set_limit(
+        Limit("calls", maximum=700, period="1d", window="calendar", pacing=True)
+    ),
+    "gauge": lambda meter: meter.set_limit(
+        Limit("calls", maximum=700, period="1d", window="calendar", aggregation="max")
+    ),
+    "time zone": lambda meter: meter.set_time_zone("org-1", "Asia/Kolkata"),
 }
 
 
-ONE_TRIP = {"plain", "priced", "seats", "grant", "recurring", "entitlement", "own thresholds"}
+# What the one-trip function decides (tiered prices are the fast path's).
+ONE_TRIP = set(CONFIGURATIONS) - {"tiered"}
 
 
 @pytest.mark.postgres

@@ -78,12 +78,13 @@ from metering.storage.tables import current_windows, grant_schedules
 
 START = datetime(2026, 11, 30, 23, 0, tzinfo=UTC)  # an hour's, a day's and a month's end near
 LIMITS = [
-    # What the one-trip function decides alone (unpriced, no dimensions, no seats).
+    # What the one-trip function decides alone (unpriced, no seats).
     Limit("cal", maximum=8, period="1h", window="calendar", thresholds=(50, 100)),
-    Limit("fu", maximum=6, period="30m"),
+    Limit("fu", maximum=6, period="30m", dimensions=("route", "model")),
     Limit("bucket", maximum=4, period="10s", algorithm="token_bucket", thresholds=(100,)),
     Limit("shadow", maximum=3, period="20m", enforcement="shadow"),
     Limit("units", maximum=9, period="30m", thresholds_units=(3, 7)),
+    Limit("day", maximum=7, period="1d", window="calendar"),  # a zoned subject's local day
     # Priced from the start (`FIRST_PRICES`), rolled up by dimensions, months.
     # (With forecast leads: `limit.forecast`, and thresholds told theirs.)
     Limit(
@@ -151,6 +152,8 @@ LIMITS = [
         thresholds=(50,),
     ),
     Limit("paced_shadow", maximum=4, period="1h", enforcement="shadow", pacing=True, burst=0),
+    # (A zoned subject's day, paced: what the one-trip function decides often.)
+    Limit("paced_day", maximum=40, period="1d", window="calendar", pacing=True, burst="10%"),
     # Runaway breakers: past 2 (3) x their baseline for a minute: any use, minutes apart.
     Limit(
         "breaker",
@@ -191,7 +194,7 @@ LIMITS = [
     ),
 ]
 SUITED = ["cal", "fu", "bucket", "shadow", "units"]
-OTHER = ["soft", "month", "dims"]
+OTHER = ["soft", "month", "dims", "day", "paced_day"]
 SEATS = ["seats", "fu_seats", "soft_seats", "shadow_seats"]
 GAUGES = ["peak", "level", "shadow_level"]
 PACED = ["paced", "paced_soft", "paced_shadow"]
@@ -216,7 +219,7 @@ PRICED = ["soft", "month", "dims", "bucket"]
 FIRST_PRICES = [("soft", "0.01", "USD"), ("month", "0.0049", "EUR"), ("dims", "20000", "JPY")]
 SUBJECTS = ["org-1", "org-2", "user-é"]
 # Subjects' zones: the windows of days and months of `ZONED` are theirs.
-ZONED = ["soft", "soft_seats", "usd_day"]
+ZONED = ["soft", "soft_seats", "usd_day", "day", "paced_day"]
 FIRST_ZONES = [("org-2", "Asia/Kathmandu"), ("user-é", "America/Santiago")]  # in force at START
 # Changed before the stream's second and third batches: from where the windows end.
 ZONE_CHANGES = {1: [("org-1", "Europe/Berlin")], 2: [("org-2", "UTC"), ("user-é", "Asia/Kolkata")]}
@@ -364,6 +367,9 @@ checks = st.lists(
     max_size=4,
 )
 
+
+# The needs the one-trip function declares lately: the one-trip run asserts it decided each.
+FUNCTION_NEEDS = {Need.TIME_ZONE, Need.DIMENSIONS, Need.PACING, Need.GAUGE}
 
 # -- forcing a path: the only code that knows how ---------------------------------
 
@@ -559,8 +565,11 @@ def _decide(
     if path == "one_trip":
         tried = STATS - tried
         engine = tested._engine
-        if engine.needs(Batch(records, 0, policy=policy)) <= engine.path("one_trip").implements:
+        needs = engine.needs(Batch(records, 0, policy=policy))
+        if needs <= engine.path("one_trip").implements:
             assert tried.total() >= 1, "the one-trip function was not tried"
+            if tried["applied"]:  # what the function decided, by need it now declares
+                tally.update(f"function: {need}" for need in needs & FUNCTION_NEEDS)
         else:
             tally["not for the function"] += 1
         assert not tried["declined:error"], records
@@ -756,6 +765,7 @@ def test_the_path_decides_as_the_reference_engine(
     if asked is checks:
         assert tally["breaker checks"] >= 1, tally  # the fast check read breakers
     if path == "one_trip":  # of the events it may decide, the function decides many
+        assert all(tally[f"function: {need}"] >= 1 for need in FUNCTION_NEEDS), tally
         eligible = tally["events"] - tally["unsuited"] - tally["not for the function"]
         assert tally["applied"] >= eligible // 3, tally
 

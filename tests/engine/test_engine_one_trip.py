@@ -23,7 +23,13 @@ from metering.domain.events import make_event
 from metering.domain.needs import Need
 from metering.engine.answers import Declined
 from metering.engine.one_trip import ONE_TRIP_IMPLEMENTS, STATS, prepare
-from metering.storage.tables import distinct_values, results, webhook_messages
+from metering.storage.tables import (
+    counters,
+    distinct_values,
+    results,
+    usage_rollups,
+    webhook_messages,
+)
 
 # What the one-trip function decides alone: no dimensions, no price.
 ONE_TRIP_LIMITS = [
@@ -88,9 +94,25 @@ def test_a_seat_charge_carries_its_value_and_its_row_at_cost_0(meter: Meter) -> 
     assert len(plain) == 12
 
 
+def test_a_charge_with_dimensions_carries_their_values(meter: Meter) -> None:
+    [routed] = _charges(_prepared(meter, [("org", "routes", 1)], {"route": "/a"}))
+    assert routed[12:] == [None, None, False, None, None, [["route", "/a"]]]
+    [none] = _charges(_prepared(meter, [("org", "routes", 1)]))
+    assert none[17] == [["route", ""]]  # no value: `rollups.NO_VALUE`
+
+
+def test_a_paced_charge_carries_its_burst_in_units_unless_granted(meter: Meter) -> None:
+    meter.set_limit(Limit("paced", maximum=40, period="1h", pacing=True, burst="10%"))
+    _reload(meter)
+    [paced] = _charges(_prepared(meter, [("org", "paced", 1)]))
+    assert paced[16:] == [None, None, 4]  # 10% of 40
+    meter.grant("org", "paced", 5)  # grants are not paced: the fast path's
+    _reload(meter)
+    declined = _prepared(meter, [("org", "paced", 1)])
+    assert isinstance(declined, Declined) and declined.need == Need.PACING
+
+
 def test_it_declines_what_the_function_does_not_decide(meter: Meter) -> None:
-    routed = _prepared(meter, [("org", "routes", 1)], {"route": "a"})
-    assert isinstance(routed, Declined) and routed.need == Need.DIMENSIONS and not routed.stale
     missing = _prepared(meter, [("org", "seats", 1)], {"v": "ada"})
     assert isinstance(missing, Declined) and missing.need == Need.INVALID
     unknown = _prepared(meter, [("org", "nope", 1)])
@@ -251,6 +273,203 @@ def test_a_flat_price_and_its_spend_cap_take_one_trip(
         assert meter.consume("org-2", "calls", 1).allowed
         assert STATS["declined:money"] == before["declined:money"]  # declined before the call
         assert STATS["applied"] - before["applied"] == 2
+
+
+def test_a_subject_with_a_time_zone_takes_one_trip(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its window of days starts at its local midnight and its counters bill in
+    its local month: both worked out before the call, decided by the function."""
+    clock = FrozenClock(START - timedelta(days=3))
+    with Meter(pg_url, clock=clock) as meter:
+        meter.set_limits(
+            [
+                Limit("day", maximum=5, period="1d", window="calendar"),
+                Limit("fu", maximum=4, period="30m"),
+            ]
+        )
+        meter.set_time_zone("org", "Asia/Kathmandu")  # +05:45: 2026-12-01 04:45 at START
+        clock.set(START)
+        meter.consume("other", "day")  # caches the limits
+        before = STATS.copy()
+        waits = count_network_waits(monkeypatch)
+        day = meter.consume("org", "day", 2).charges[0]
+        assert meter.consume("org", "fu").allowed
+        assert waits[0] == 2 and STATS["applied"] - before["applied"] == 2
+        midnight = datetime(2026, 11, 30, 18, 15, tzinfo=UTC)
+        assert (day.window_start, day.resets_at) == (midnight, midnight + timedelta(days=1))
+        with meter.sql_engine.connect() as connection:
+            months = connection.execute(
+                select(counters.c.limit_name, counters.c.billing_month)
+                .where(counters.c.subject == "org")
+                .order_by(counters.c.limit_name)
+            ).all()
+        assert [tuple(row) for row in months] == [("day", "2026-12"), ("fu", "2026-12")]
+
+
+def test_dimensions_take_one_trip(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A consumed charge's cost and event go to its dimensions' hourly rollups
+    in the function's statement; a denied event adds nothing."""
+    with Meter(pg_url, clock=FrozenClock(START)) as meter:
+        meter.set_limit(Limit("calls", maximum=5, period="1h", dimensions=("route", "model")))
+        meter.consume("other", "calls")  # caches the limits
+        before = STATS.copy()
+        waits = count_network_waits(monkeypatch)
+        for route in ["/a", "/a", "/b", None]:
+            assert meter.consume("org", "calls", metadata={"route": route, "model": 1}).allowed
+        assert waits[0] == 4 and STATS["applied"] - before["applied"] == 4
+        assert not meter.consume("org", "calls", 3, metadata={"route": "/a"}).allowed
+        with meter.sql_engine.connect() as connection:
+            rows = connection.execute(
+                select(
+                    usage_rollups.c.dimension,
+                    usage_rollups.c.value,
+                    usage_rollups.c.used,
+                    usage_rollups.c.events,
+                )
+                .where(usage_rollups.c.subject == "org")
+                .order_by(usage_rollups.c.dimension, usage_rollups.c.value)
+            ).all()
+        assert [tuple(row) for row in rows] == [
+            ("model", "1", 4, 4),
+            ("route", "", 1, 1),
+            ("route", "/a", 2, 2),
+            ("route", "/b", 1, 1),
+        ]
+
+
+def test_a_zoned_first_use_counter_of_an_older_window_is_declined(pg_url: str) -> None:
+    """Its billing month is that of the window's start, which Python does not
+    know: the function declines it (``zone``) and the fast path decides it."""
+    clock = FrozenClock(START - timedelta(days=3))
+    with Meter(pg_url, clock=clock) as meter:
+        meter.set_limit(Limit("fu", maximum=4, period="1h"))
+        meter.set_time_zone("org", "Asia/Kathmandu")
+        clock.set(START)
+        assert meter.consume("org", "fu").used == 1  # the window opens: the function's
+        with meter.sql_engine.begin() as connection:  # its counter goes, the window stays
+            connection.execute(counters.delete())
+        clock.advance(minutes=5)
+        before = STATS.copy()
+        assert meter.consume("org", "fu").used == 1
+        assert STATS["declined:zone"] - before["declined:zone"] == 1
+        with meter.sql_engine.connect() as connection:
+            months = connection.execute(select(counters.c.billing_month)).scalars().all()
+        assert months == ["2026-12"]
+
+
+# (minutes on, limit, cost): the paced limits' events, from 23:10 in the hour's window.
+PACED_EVENTS = [
+    (0, "paced", 10),  # the pace is 10 of 60 + a burst of 2
+    (0, "paced", 3),  # 13 > 12: denied, back on pace at 23:11 (a first denial: notify)
+    (0, "paced", 2),
+    (5, "paced", 1),
+    (0, "paced", 9),  # 22 > 17: denied, back on pace at 23:20
+    (0, "soft", 30),  # past its pace of 15, within 60: ahead_of_pace
+    (0, "soft", 40),  # overage (the first: notify)
+    (0, "fu", 2),  # a first-use window opens: a burst of 3
+    (0, "fu", 5),  # denied (notify)
+    (3, "fu", 5),  # 7 > 6: denied, back on pace 4 minutes into its window
+    (1, "fu", 3),
+]
+
+
+def test_paced_limits_take_one_trip_as_the_reference_decides(pg_url: str) -> None:
+    """A paced window's allowance at the event is its pace; a denial retries
+    when usage is back on pace, and a soft limit's charge past it is
+    ``ahead_of_pace``: each charge as the reference engine decides it, the
+    function deciding all but what notifies."""
+    clock = FrozenClock(START + timedelta(minutes=10))
+    with Meter(pg_url, clock=clock) as meter:
+        meter.set_limits(
+            [
+                Limit("paced", maximum=60, period="1h", window="calendar", pacing=True, burst=2),
+                Limit(
+                    "soft",
+                    maximum=60,
+                    period="1h",
+                    window="calendar",
+                    enforcement="soft",
+                    pacing=True,
+                    burst=0,
+                ),
+                Limit("fu", maximum=30, period="30m", pacing=True, burst="10%"),
+            ]
+        )
+        meter.consume("other", "paced")  # caches the limits
+        reference = meter._engine.path("reference")
+        before = STATS.copy()
+        found = []
+        for number, (minutes, name, cost) in enumerate(PACED_EVENTS):
+            clock.advance(minutes=minutes)
+            event = make_event([("org", name, cost)], clock(), f"e-{number}")
+            expected = reference.check(event, meter.database.now_us())
+            decided = meter.consume("org", name, cost, event_id=f"e-{number}")
+            assert (decided.outcome, decided.charges) == (expected.outcome, expected.charges)
+            found.append((decided.charges[0].outcome, decided.charges[0].retry_at))
+        assert STATS["applied"] - before["applied"] == 8
+    at = START.replace(minute=11), START.replace(minute=20), START.replace(minute=19)
+    assert found == [
+        *[("allowed", None), ("denied", at[0]), ("allowed", None), ("allowed", None)],
+        *[("denied", at[1]), ("ahead_of_pace", None), ("overage", None), ("allowed", None)],
+        *[("denied", at[2]), ("denied", at[2]), ("allowed", None)],
+    ]
+
+
+# (minutes on, gauge, level, seconds late): reports of a peak and of a last level.
+GAUGE_EVENTS = [
+    (0, "peak", 3, 0),
+    (1, "peak", 2, 0),  # the peak stays 3
+    (0, "peak", 9, 0),  # past 6: denied (a first denial: notify)
+    (1, "peak", 8, 0),  # denied again
+    (0, "peak", 6, 0),
+    (0, "level", 4, 0),  # a first-use window opens
+    (1, "level", 0, 0),  # a level of 0
+    (0, "level", 7, 30),  # older than the level's instant: the level stays 0
+    (1, "level", 9, 0),  # soft: overage starts (notify)
+    (1, "level", 10, 0),  # still over
+    (0, "level", 2, 0),
+]
+
+
+def test_gauges_take_one_trip_as_the_reference_decides(pg_url: str) -> None:
+    """A report's level is the peak or the last (unless older than it); hard
+    fits iff the level is within the maximum, soft bills the overage: each
+    charge as the reference engine decides it, the function deciding all but
+    what notifies, and the counters holding the levels."""
+    clock = FrozenClock(START + timedelta(minutes=10))
+    with Meter(pg_url, clock=clock) as meter:
+        meter.set_limits(
+            [
+                Limit("peak", maximum=6, period="1h", window="calendar", aggregation="max"),
+                Limit("level", maximum=5, period="30m", aggregation="latest", enforcement="soft"),
+            ]
+        )
+        meter.consume("other", "peak")  # caches the limits
+        reference = meter._engine.path("reference")
+        before = STATS.copy()
+        used = []
+        for number, (minutes, name, level, late) in enumerate(GAUGE_EVENTS):
+            clock.advance(minutes=minutes)
+            at = clock() - timedelta(seconds=late)
+            event = make_event([("org", name, level)], at, f"e-{number}")
+            expected = reference.check(event, meter.database.now_us())
+            decided = meter.consume("org", name, level, event_id=f"e-{number}", occurred_at=at)
+            assert (decided.outcome, decided.charges) == (expected.outcome, expected.charges)
+            used.append((decided.outcome, decided.charges[0].used))
+        assert STATS["applied"] - before["applied"] == 9
+        with meter.sql_engine.connect() as connection:
+            rows = connection.execute(
+                select(counters.c.limit_name, counters.c.used, counters.c.denied_count)
+                .where(counters.c.subject == "org")
+                .order_by(counters.c.limit_name)
+            ).all()
+    assert used == [
+        *[("allowed", 3), ("allowed", 3), ("denied", 3), ("denied", 3), ("allowed", 6)],
+        *[("allowed", 4), ("allowed", 0), ("allowed", 0), ("overage", 9), ("overage", 10)],
+        ("allowed", 2),
+    ]
+    assert [tuple(row) for row in rows] == [("level", 2, 0), ("peak", 6, 2)]
 
 
 @pytest.mark.parametrize("seed", [1, 2])

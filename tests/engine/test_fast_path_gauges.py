@@ -1,8 +1,8 @@
 """Gauges through the engines, on SQLite and PostgreSQL.
 
 A gauge (``aggregation="max"`` or ``"latest"``) is decided on the fast path
-(`Meter.consume`, `Meter.apply_records`; the one-trip PostgreSQL function
-declines it, `Need.GAUGE`) and by the reference engine (the reference path)
+(`Meter.consume`, `Meter.apply_records`; a single event on PostgreSQL by the
+one-trip function) and by the reference engine (the reference path)
 alike: the same stream through each, each on its own database, gives the
 same results, counters, notifications and corrections, voids of the peak
 included. Then the contract, example by example: the peak kept, the latest
@@ -33,7 +33,7 @@ from metering import FrozenClock, Limit, Meter
 from metering.domain.events import make_event
 from metering.domain.needs import Need
 from metering.engine.answers import Declined
-from metering.engine.one_trip import prepare
+from metering.engine.one_trip import ONE_TRIP_IMPLEMENTS, prepare
 from metering.errors import InvalidInput
 from metering.reports import overage_report
 from metering.webhooks import Webhooks
@@ -425,7 +425,7 @@ def test_a_gauge_is_never_leased_its_reports_are_decided_exactly(meter: Meter) -
     assert _used(meter, "org-1", "storage") == 60
 
 
-def test_the_one_trip_function_leaves_a_gauge_to_the_fast_path(sqlite_url: str) -> None:
+def test_the_one_trip_function_is_called_with_a_gauges_aggregation(sqlite_url: str) -> None:
     with Meter(sqlite_url, clock=FrozenClock(START)) as meter:
         meter.set_limits(LIMITS)
         meter.consume("org-1", "calls")  # the limits are cached now
@@ -433,6 +433,8 @@ def test_the_one_trip_function_leaves_a_gauge_to_the_fast_path(sqlite_url: str) 
         now_us = meter.database.now_us()
         gauge = make_event([("org-1", "storage", 5)], START, "g-1").record()
         plain = make_event([("org-1", "calls", 1)], START, "p-1").record()
-        declined = prepare(cache, gauge, now_us)
-        assert isinstance(declined, Declined) and declined.need == Need.GAUGE
+        called = prepare(cache, gauge, now_us)
+        assert not isinstance(called, Declined) and Need.GAUGE in ONE_TRIP_IMPLEMENTS
+        [charge] = json.loads(called[6])
+        assert charge[2] == 5 and charge[19] == "max"  # the level reported, kept as the peak
         assert not isinstance(prepare(cache, plain, now_us), Declined)

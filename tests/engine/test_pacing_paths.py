@@ -1,7 +1,7 @@
 """Paced limits through `Meter`, on SQLite and PostgreSQL, on a frozen clock.
 
-A paced limit is decided on the fast path (the one-trip PostgreSQL function
-declines `Need.PACING`); `tests/engine/test_differential.py` holds every path
+A paced limit is decided on the fast path (a single event on PostgreSQL by
+the one-trip function); `tests/engine/test_differential.py` holds every path
 to the reference engine with paced limits in the streams. Here, the
 contract example by example: a month's budget spent at its pace, a denial's
 ``retry_at`` that is exactly when the charge fits, grants that are not
@@ -94,7 +94,7 @@ def test_a_shadow_limit_records_what_the_pace_would_deny(meter: Meter) -> None:
 
 
 def test_the_pace_is_stored_and_declared() -> None:
-    assert Need.PACING not in ONE_TRIP_IMPLEMENTS
+    assert Need.PACING in ONE_TRIP_IMPLEMENTS
     assert BUDGET.to_dict()["burst"] == "5%"
 
 

@@ -1,8 +1,8 @@
 """Subjects' time zones through `Meter`, on SQLite and PostgreSQL, on a frozen clock.
 
 A calendar window of days or months of a subject with a zone starts at its local
-midnight on every path: the one-trip PostgreSQL function declines `Need.TIME_ZONE`,
-the fast path (direct, and on a SQLAlchemy connection) and the reference engine decide
+midnight on every path: the one-trip PostgreSQL function (its window passed in), the
+fast path (direct, and on a SQLAlchemy connection) and the reference engine decide
 it alike (`tests/engine/test_differential.py` holds them to each other with zoned
 subjects in the streams). Here, example by example: Berlin's 23-hour day, a denial's
 retry at the local midnight, a change of zone from where the window ends, a check and
@@ -46,8 +46,8 @@ def _clock(meter: Meter) -> FrozenClock:
     return clock
 
 
-def test_the_function_declines_a_zoned_window() -> None:
-    assert Need.TIME_ZONE not in ONE_TRIP_IMPLEMENTS
+def test_the_function_decides_a_zoned_window() -> None:
+    assert Need.TIME_ZONE in ONE_TRIP_IMPLEMENTS
 
 
 def test_a_berlin_day_of_23_hours(meter: Meter) -> None:

@@ -1,18 +1,12 @@
 """One round trip for a single event on PostgreSQL (``metering_consume_one``).
 
-The function installed by migration 0012 (seats, grants and flat prices
-since 0032) decides the usual event on the server, by exactly the lean
-rules of `metering.domain.rules.decide`, and writes what
-`PostgresHotStore.write` would (counters, first-use windows, seat values,
-grant draws, spend rollups, the results row), all in one autocommit statement. It declines, writing
-nothing, what it cannot decide: the limits changed since they were cached
-(``stale``), an id that already has a result (``exists``: its insert fails,
-last), an event before
-its subject's current first-use window (``old``), a charge that would
-produce a notification (``notify``). The caller then takes the usual path.
-
-`apply_one` takes a raw psycopg connection in autocommit, lent by the
-engine's own pool (`metering.storage.hot.direct_postgres.DirectPostgres.autocommit`).
+The function (migration 0012's, grown up to 0033) decides the usual event by
+the rules of `metering.domain.rules.decide` and writes what
+`PostgresHotStore.write` would, in one autocommit statement. It declines,
+writing nothing: limits changed since cached (``stale``), an id with a result
+(``exists``), an event before its first-use window (``old``), a charge that
+would notify (``notify``), a zoned subject's counter of an older first-use
+window (``zone``). `apply_one` takes a raw psycopg connection in autocommit.
 """
 
 from __future__ import annotations
@@ -36,7 +30,9 @@ CONSUME_ONE: Final = (
 #  calendar window start, calendar window end or first-use period,
 #  percent thresholds, unit thresholds, a seat limit's value or None,
 #  whether the subject has grants on the limit, a priced charge's
-#  (currency, amount) or None).
+#  (currency, amount) or None; since 0033 the billing month of a subject
+#  with a time zone or None, a limit's dimensions' (key, value) pairs, a
+#  paced limit's burst in units or None, a gauge's aggregation or None).
 OneCharge = tuple[
     str,
     str,
@@ -52,6 +48,10 @@ OneCharge = tuple[
     str | None,
     bool,
     tuple[str, int] | None,
+    str | None,
+    tuple[tuple[str, str], ...],
+    int | None,
+    str | None,
 ]
 
 
@@ -76,7 +76,10 @@ def call_parameters(
     """The parameters of `CONSUME_ONE` for one event."""
     # Each charge with its row's first fields as the results row spells them;
     # a seat's value and those fields at cost 0 (a seat held), whether grants
-    # pay past the maximum, and the price its consumed row carries.
+    # pay past the maximum, the price its consumed row carries, and the
+    # billing month of a counter it creates for a subject with a zone, and
+    # the dimensions' values its consumed cost is rolled up by, a paced
+    # limit's burst and a gauge's aggregation.
     encoded = []
     for found in charges:
         thresholds = bool(found[9] or found[10])
@@ -86,10 +89,14 @@ def call_parameters(
             list(found[9]) if thresholds else None,
             list(found[10]) if thresholds else None,
         ]
-        seat, granted, price = found[11], found[12], found[13]
-        if seat is not None or granted or price is not None:
+        seat, granted, price, month, dims, burst, gauge = found[11:18]
+        later: list[Any] = [month, [list(pair) for pair in dims] if dims else None, burst, gauge]
+        while later and later[-1] is None:
+            later.pop()
+        if seat is not None or granted or price is not None or later:
             held = None if seat is None else _compact([found[1], found[0], 0])[1:-1]
             charge += [seat, held, granted, None if price is None else _compact(list(price))]
+            charge += later
         encoded.append(charge)
     order = sorted(range(len(charges)), key=lambda i: (charges[i][0], charges[i][1]))
     return (
