@@ -282,7 +282,7 @@ _CHARGE_OUTCOME: Final = CHARGE_KEYS.index("outcome")  # in a charge's row
 FOREVER_US: Final = 1 << 80  # past any instant in microseconds
 
 
-class _Windows:
+class CalendarWindows:
     """Calendar windows, remembering the last one per limit (a batch is mostly
     one), and per limit and time zone for subjects with one (``zones``)."""
 
@@ -593,7 +593,7 @@ class _Applying:
         self.cache = cache
         self.batch = batch
         self.version, self.rules, self.allowances = cache.current
-        self.calendar = _Windows(self.allowances.zones)
+        self.calendar = CalendarWindows(self.allowances.zones)
         self.first: dict[str, int] = {}  # each id's first position
         # Each event's answer, or for a repeat its first occurrence's position.
         self.answers: list[Answer | int] = [-1] * len(batch.records)
@@ -1327,7 +1327,7 @@ def check_record(
         return Declined("a recurring grant's issue is due", Need.RECURRING)
     granted = sorted(set(charged) & allowances.grant_pairs) if allowances.grant_pairs else []
     at_us = event.occurred_at_us
-    calendar = _Windows(allowances.zones)
+    calendar = CalendarWindows(allowances.zones)
     pairs: list[Pair] = []
     keys: list[WantedKey] = []
     seats: list[WantedSeat] = []

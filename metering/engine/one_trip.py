@@ -23,7 +23,7 @@ from metering.domain.rules import Rule
 from metering.domain.windows import calendar_window
 from metering.domain.zones import ZoneHistory, billing_month
 from metering.engine.answers import Declined
-from metering.engine.fast import LimitCache, _Windows, rules_for
+from metering.engine.fast import CalendarWindows, LimitCache, rules_for
 from metering.errors import InvalidInput
 from metering.storage.hot.one_trip import OneCharge, call_parameters
 
@@ -36,7 +36,7 @@ ONE_TRIP_IMPLEMENTS: Final = frozenset(
 )
 # The zoned subjects' calendar windows, as the fast path remembers them, for
 # the allowances they were worked out with (replaced with them).
-_zoned: list[_Windows] = [_Windows({})]
+_zoned: list[CalendarWindows] = [CalendarWindows({})]
 
 
 def prepare(cache: LimitCache, event: EventRecord, now_us: int) -> tuple[Any, ...] | Declined:
@@ -64,7 +64,7 @@ def prepare(cache: LimitCache, event: EventRecord, now_us: int) -> tuple[Any, ..
     zones = allowances.zones
     windows = _zoned[0]
     if zones and windows.zones is not zones:
-        windows = _zoned[0] = _Windows(zones)
+        windows = _zoned[0] = CalendarWindows(zones)
     at_us = event.occurred_at_us
     found: list[OneCharge] = []
     for index, ((subject, name, cost), rule) in enumerate(zip(charges, event_rules, strict=True)):
@@ -120,7 +120,7 @@ def _charge(
     granted: bool,
     price: tuple[str, int] | None,
     zoned: ZoneHistory | None,
-    windows: _Windows,
+    windows: CalendarWindows,
 ) -> OneCharge:
     limit = rule.limit
     thresholds = (limit.thresholds, limit.thresholds_units)
