@@ -6,6 +6,7 @@ changed since they were cached (``stale``), a charge that would notify
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -104,8 +105,46 @@ def test_charges_are_passed_in_lock_order_with_thresholds_only_where_set() -> No
         11,
         None,
         [
-            ("b", "org", 1, "c", 5, "hard", 1, 0, 9, (), (), None, False, None),
-            ("a", "org", 2, "f", 5, "soft", 1, 0, 9, (50,), (), None, False, None),
+            (
+                "b",
+                "org",
+                1,
+                "c",
+                5,
+                "hard",
+                1,
+                0,
+                9,
+                (),
+                (),
+                None,
+                False,
+                None,
+                None,
+                (),
+                None,
+                None,
+            ),
+            (
+                "a",
+                "org",
+                2,
+                "f",
+                5,
+                "soft",
+                1,
+                0,
+                9,
+                (50,),
+                (),
+                None,
+                False,
+                None,
+                None,
+                (),
+                None,
+                None,
+            ),
         ],
     )
     assert found[:6] == (7, "e-1", "fp", 10, 11, None)
@@ -114,3 +153,16 @@ def test_charges_are_passed_in_lock_order_with_thresholds_only_where_set() -> No
         '[["b","org",1,"c",5,"hard",1,0,9,"\\"org\\",\\"b\\",1",null,null],'
         '["a","org",2,"f",5,"soft",1,0,9,"\\"org\\",\\"a\\",2",[50],[]]]'
     )
+
+
+def test_a_zone_dimensions_a_pace_and_a_gauge_ride_after_the_grants_and_price() -> None:
+    """The optional elements after a charge's price, trailing ones left out."""
+    charge = ("g", "org", 3, "c", 5, "hard", 1, 0, 9, (), (), None, False, None)
+    zoned = (*charge, "2026-11", (("route", "r1"),), 2, "max")
+    paced = (*charge, None, (), 2, None)
+    found = call_parameters(7, "e-1", "fp", 10, 11, None, [zoned, paced])
+    head = ["g", "org", 3, "c", 5, "hard", 1, 0, 9, '"org","g",3', None, None]
+    assert json.loads(found[6]) == [
+        [*head, None, None, False, None, "2026-11", [["route", "r1"]], 2, "max"],
+        [*head, None, None, False, None, None, None, 2],
+    ]
