@@ -63,11 +63,9 @@ asserts: venv
 
 # The tests that need no server (no PostgreSQL, Redis, worker process or
 # socket server): conftest.py marks the others `server` from the fixtures they
-# use. Under 2 minutes; no lint, no `servers` (docs/testing.md). Two workers:
-# these tests seldom wait, and a third costs one more collection.
-FAST_PARALLEL := -n 2 --dist loadfile --no-loadscope-reorder --timeout 900 --durations=30
+# use. No lint, no `servers`; three workers, as `make test` (docs/testing.md).
 test-fast: bytecode
-	bash scripts/pytest.sh $(FAST_PARALLEL) -m "not server" $(PYTEST_ARGS)
+	bash scripts/pytest.sh $(PARALLEL) -m "not server" $(PYTEST_ARGS)
 
 # Mutation testing of the domain against its unit tests (docs/testing.md):
 # fails on a surviving mutant that tests/mutants-equivalent.txt does not explain.
