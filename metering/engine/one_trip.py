@@ -80,12 +80,9 @@ def prepare(cache: LimitCache, event: EventRecord, now_us: int) -> tuple[Any, ..
             return Declined("grants on a paced limit", Need.PACING)
         zoned = zones.get(subject) if zones else None
         price = amounts.get(index)
-        one = _charge(rule, subject, cost, at_us, seat, paid, price, zoned, windows)
-        if rule.dimensions:  # the values its consumed cost is rolled up by
-            metadata = event.metadata
-            pairs = tuple((k, dimension_value(metadata, k)) for k in rule.dimensions)
-            one = (*one[:15], pairs, *one[16:])
-        found.append(one)
+        # The values its consumed cost is rolled up by.
+        dims = tuple((k, dimension_value(event.metadata, k)) for k in rule.dimensions)
+        found.append(_charge(rule, subject, cost, at_us, seat, paid, price, zoned, windows, dims))
     return call_parameters(
         version, event.event_id, event.fingerprint, at_us, now_us, event.metadata, found
     )
@@ -121,6 +118,7 @@ def _charge(
     price: tuple[str, int] | None,
     zoned: ZoneHistory | None,
     windows: CalendarWindows,
+    dims: tuple[tuple[str, str], ...],
 ) -> OneCharge:
     limit = rule.limit
     thresholds = (limit.thresholds, limit.thresholds_units)
@@ -154,7 +152,7 @@ def _charge(
         granted,
         price,
         month,
-        (),
+        dims,
         None if rule.pacing is None else burst_units(rule.pacing, rule.maximum),
         rule.gauge,
     )
