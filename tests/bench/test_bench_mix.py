@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIGURATIONS = [
     "plain hard limit",
     "stacked on two limits",
+    "stacked on three limits",
     "priced, with a spend cap",
     "tiered price (graduated, flat fee), spend cap",
     'seats (distinct="user")',
@@ -52,6 +53,6 @@ def test_every_configuration_runs_on_sqlite(tmp_path: Path) -> None:
         found = [row[2] for row in rows if row[1] == path]
         expected = CONFIGURATIONS + (["ledger peer"] if path.startswith("apply") else [])
         assert found == expected
-    priced = next(row for row in rows if row[2] == "priced, with a spend cap")
-    assert priced[7]  # its ratio to stacked
+    stacked = {row[2]: row[7] for row in rows if row[7]}  # ratio to as many counters stacked
+    assert set(stacked) == {CONFIGURATIONS[3], CONFIGURATIONS[4], CONFIGURATIONS[-1]}
     assert all(row[8] for row in rows if row[1].startswith("apply"))  # ratio to the peer
