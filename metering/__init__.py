@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from metering.pipeline.producer import UsageProducer, emit
     from metering.reservations import Reservation
     from metering.usage.counters import Counter
+    from metering.usage.results import Decisions
 
 __all__ = [
     "Charge",
@@ -25,6 +26,7 @@ __all__ = [
     "Checkout",
     "Counter",
     "Decision",
+    "Decisions",
     "FrozenClock",
     "Limit",
     "Meter",
@@ -45,6 +47,7 @@ __all__ = [
 _LAZY = {
     "Checkout": "metering.licenses",
     "Counter": "metering.usage.counters",
+    "Decisions": "metering.usage.results",
     "Meter": "metering.meter",
     "Reservation": "metering.reservations",
     "UsageProducer": "metering.pipeline.producer",

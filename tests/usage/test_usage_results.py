@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import metering
 from metering import FrozenClock, Limit, Meter
 from metering.domain.events import UsageEvent, make_event
 from metering.engine.answers import CONFLICT, DUPLICATE, NEW, Answer
@@ -118,7 +119,7 @@ def test_a_batchs_decisions_made_when_read_equal_those_made_at_once(
         records = [e.record() for e in events]
         answers = other.apply_records(records)
         eager = [applied_of(e.event_id, a) for e, a in zip(events, answers, strict=True)]
-    assert isinstance(decided, Decisions) and len(decided) == len(eager) == 60
+    assert isinstance(decided, metering.Decisions) and len(decided) == len(eager) == 60
     assert _plain(Decisions([e.event_id for e in events], answers)) == _plain(eager)  # all at once
     assert {type(d).__name__ for d in eager} == {"Decision", "EventConflict"}
     assert {d.outcome for d in eager if not isinstance(d, EventConflict)} >= {"allowed", "denied"}
