@@ -849,6 +849,55 @@ def test_a_batch_at_a_grants_room_decides_as_the_reference_engine(
     assert drawn == 7 + min(offset, 0)
 
 
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("offset", [-1, 0, 1])
+def test_single_charges_at_a_counters_room_decide_as_the_reference_engine(
+    request: pytest.FixtureRequest, database: str, offset: int
+) -> None:
+    """Events of one charge, no money nor seat (`_Applying.decide` makes
+    their rows itself), one below, exactly at and one above the room of a
+    plain counter (7) and of one with an entitlement and a grant ("granted":
+    its own room 8, then the grant's 5): the shortcut takes the first two,
+    never the third."""
+    if database == "postgresql":
+        request.applymarker(pytest.mark.postgres)
+    taken: Counter[str] = Counter()
+    made = {name: getattr(fast, name) for name in ("allowed_row", "drawn_row")}
+
+    def counting(name: str, subject: str, *args: Any) -> Any:
+        taken[subject] += 1
+        return made[name](subject, *args)
+
+    clock = FrozenClock(ROOM_START)
+    with databases(request, database, 2) as urls, ExitStack() as stack:
+        meters = tested, oracle = tuple(
+            on_path(on, stack.enter_context(Meter(url, clock=clock)))
+            for on, url in zip(PAIR, urls, strict=True)
+        )
+        for meter in meters:
+            meter.set_limits([ROOM_LIMITS[0]])
+            meter.set_entitlement("granted", "calls", 12, ROOM_START - timedelta(days=1))
+            meter.grant("granted", "calls", 5, grant_id="top-up")
+            for subject, used in ROOM_BEFORE.items():
+                meter.consume(subject, "calls", used, event_id=f"before-{subject}")
+        batch = {"plain": 7 + offset, "granted": 13 + offset}
+        records = [
+            make_event([(subject, "calls", 1)], clock(), f"{subject}-{n}").record()
+            for subject, count in batch.items()
+            for n in range(count)
+        ]
+        records.sort(key=lambda record: record.event_id[::-1])  # the subjects interleaved
+        with pytest.MonkeyPatch.context() as patch:
+            for name in made:
+                patch.setattr(fast, name, partial(counting, name))
+            found = [apply_on(on, m, records, "reject") for on, m in zip(PAIR, meters, strict=True)]
+        assert [_decided(a) for a in found[0]] == [_decided(a) for a in found[1]]
+        assert stored(tested) == stored(oracle)
+    outcomes = Counter(a.record.outcome for a in found[0] if a.record is not None)
+    assert outcomes["denied"] == (2 if offset == 1 else 0), outcomes
+    assert taken == ({} if offset == 1 else batch), taken
+
+
 @dataclass
 class _Covered:
     found: list[Answer]  # the tested path's answers
