@@ -634,11 +634,42 @@ class _Applying:
         batch, cache = self.batch, self.cache
         # Priced limits at all (a refresh under way may pair versions: `_Spend.of` checks).
         priced = bool(cache.prices.prices) or cache.prices.version != self.version
+        # An event of one charge on a `_plain` rule takes the short way
+        # below: what `rules_for` and `_keys` find of it, found inline.
+        short = batch.hold is None and batch.policy is None
+        plain: dict[str, Rule | None] = {}
+        now_us, rules, first, todo = batch.now_us, self.rules, self.first, self.todo
+        keys, totals, calendar = self.keys, self.sums.totals, self.calendar.calendar
+        entitled, granted = self.allowances.histories, self.allowances.grant_pairs
         for index, event in enumerate(batch.records):
-            if event.event_id in self.first:
-                self.answers[index] = self.first[event.event_id]
+            event_id = event.event_id
+            if event_id in first:
+                self.answers[index] = first[event_id]
                 continue
-            self.first[event.event_id] = index
+            first[event_id] = index
+            charges = event.charges
+            if short and len(charges) == 1:
+                subject, name, cost = charges[0]
+                try:
+                    rule = plain[name]
+                except KeyError:
+                    rule = plain[name] = _plain(rules.get(name))
+                at_us = event.occurred_at_us
+                if (
+                    rule is not None
+                    and cost != 0
+                    and now_us - rule.lateness_us <= at_us <= now_us + FUTURE_TOLERANCE_US
+                ):
+                    window = calendar(rule, subject, at_us)
+                    key = (name, subject, window[0])
+                    keys[key] = window[1]
+                    totals[key] = totals.get(key, 0) + cost
+                    if (entitled and (name, subject) in entitled) or (
+                        granted and (name, subject) in granted
+                    ):
+                        self.sums.timed((name, subject), at_us)
+                    todo.append((index, event, [rule], None, [(key, window)]))
+                    continue
             if batch.hold is not None and self._seats(event):
                 raise _Decline(Declined("seats are taken by consuming", Need.HELD_SEATS))
             event_rules, error = rules_for(event, self.rules, batch.now_us, batch.policy)
@@ -1201,6 +1232,26 @@ def _holds(
         charges = [held_charge(ChargeDecision.from_row(row)) for row in record.charges]
         rows.append(hold_row(record.event_id, charges, now_us, hold.expires_at_us(now_us)))
     return rows
+
+
+def _plain(rule: Rule | None) -> Rule | None:
+    """``rule`` when a charge of it needs nothing `_Applying.plan` finds
+    beyond its counter's key and the checks of its time and cost: a
+    calendar window's, neither money, seats, a gauge, dimensions, a
+    concurrent license nor a breaker; else None."""
+    if (
+        rule is None
+        or not rule.calendar
+        or rule.bucket
+        or rule.concurrent
+        or rule.money
+        or rule.distinct
+        or rule.dimensions
+        or rule.gauge is not None
+        or (rule.needs and Need.BREAKER in rule.needs)
+    ):
+        return None
+    return rule
 
 
 def _covers(rooms: dict[Key, Room], fixed: _Fixed) -> bool:

@@ -67,7 +67,7 @@ from sqlalchemy import select
 
 from metering import FrozenClock, Limit, Meter, spend_limit
 from metering.domain.decisions import ROW_FIELDS
-from metering.domain.events import EventRecord, UsageEvent, make_event
+from metering.domain.events import FUTURE_TOLERANCE_US, EventRecord, UsageEvent, make_event
 from metering.domain.imports import ImportPolicy
 from metering.domain.needs import Need
 from metering.engine import core, fast, paths
@@ -896,6 +896,56 @@ def test_single_charges_at_a_counters_room_decide_as_the_reference_engine(
     outcomes = Counter(a.record.outcome for a in found[0] if a.record is not None)
     assert outcomes["denied"] == (2 if offset == 1 else 0), outcomes
     assert taken == ({} if offset == 1 else batch), taken
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+def test_one_charge_events_at_their_times_bounds_decide_as_the_reference_engine(
+    request: pytest.FixtureRequest, database: str
+) -> None:
+    """Events of one charge on a plain limit (`_Applying.plan` finds their
+    keys itself) one microsecond inside and outside its lateness and the
+    future's tolerance, and of cost 0: the same answers as the reference
+    engine; only those outside and the cost of 0 are checked by `rules_for`."""
+    if database == "postgresql":
+        request.applymarker(pytest.mark.postgres)
+    checked: list[str] = []
+    rules_for = fast.rules_for
+
+    def counting(event: EventRecord, *args: Any) -> Any:
+        checked.append(event.event_id)
+        return rules_for(event, *args)
+
+    limit = Limit("calls", maximum=100, period="1mo", window="calendar", lateness="60s")
+    late, future = timedelta(seconds=60), timedelta(microseconds=FUTURE_TOLERANCE_US)
+    micro = timedelta(microseconds=1)
+    times = {
+        "late-in": ROOM_START - late,
+        "late-out": ROOM_START - late - micro,
+        "future-in": ROOM_START + future,
+        "future-out": ROOM_START + future + micro,
+        "now": ROOM_START,
+    }
+    records = [
+        make_event([("plain", "calls", 1)], at, event_id).record() for event_id, at in times.items()
+    ]
+    records.append(make_event([("plain", "calls", 0)], ROOM_START, "free").record())
+    clock = FrozenClock(ROOM_START)
+    with databases(request, database, 2) as urls, ExitStack() as stack:
+        meters = tested, oracle = tuple(
+            on_path(on, stack.enter_context(Meter(url, clock=clock)))
+            for on, url in zip(PAIR, urls, strict=True)
+        )
+        for meter in meters:
+            meter.set_limits([limit])
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(fast, "rules_for", counting)
+            found = [apply_on(on, m, records, "reject") for on, m in zip(PAIR, meters, strict=True)]
+        assert [_decided(a) for a in found[0]] == [_decided(a) for a in found[1]]
+        assert stored(tested) == stored(oracle)
+    outcomes = {a.record.event_id: a.record.outcome for a in found[0] if a.record is not None}
+    rejected = {"late-out", "future-out", "free"}
+    assert outcomes == {i: "rejected" if i in rejected else "allowed" for i in outcomes}
+    assert set(checked) == rejected, checked
 
 
 @dataclass
