@@ -670,6 +670,11 @@ class _Applying:
                         self.sums.timed((name, subject), at_us)
                     todo.append((index, event, [rule], None, [(key, window)]))
                     continue
+            elif short:
+                found = self._plain_rules(event, plain)
+                if found is not None:
+                    todo.append((index, event, found, None, self._plain_keys(event, found)))
+                    continue
             if batch.hold is not None and self._seats(event):
                 raise _Decline(Declined("seats are taken by consuming", Need.HELD_SEATS))
             event_rules, error = rules_for(event, self.rules, batch.now_us, batch.policy)
@@ -685,6 +690,44 @@ class _Applying:
                 for (subject, name, _), rule in zip(event.charges, event_rules, strict=True):
                     if rule.needs and Need.BREAKER in rule.needs:
                         self.breaker_pairs.add((name, subject))
+
+    def _plain_rules(self, event: EventRecord, plain: dict[str, Rule | None]) -> list[Rule] | None:
+        """The rules of an event of several charges when each is `_plain`,
+        costs more than 0 and is in its time (`rules_for` finds no error);
+        else None."""
+        now_us, at_us, rules = self.batch.now_us, event.occurred_at_us, self.rules
+        found: list[Rule] = []
+        for _, name, cost in event.charges:
+            try:
+                rule = plain[name]
+            except KeyError:
+                rule = plain[name] = _plain(rules.get(name))
+            if (
+                rule is None
+                or cost == 0
+                or not now_us - rule.lateness_us <= at_us <= now_us + FUTURE_TOLERANCE_US
+            ):
+                return None
+            found.append(rule)
+        return found
+
+    def _plain_keys(self, event: EventRecord, event_rules: list[Rule]) -> _Fixed:
+        """`_keys` of an event whose rules are all `_plain`."""
+        keys, totals, calendar = self.keys, self.sums.totals, self.calendar.calendar
+        entitled, granted = self.allowances.histories, self.allowances.grant_pairs
+        at_us = event.occurred_at_us
+        fixed: _Fixed = []
+        for (subject, name, cost), rule in zip(event.charges, event_rules, strict=True):
+            window = calendar(rule, subject, at_us)
+            key = (name, subject, window[0])
+            keys[key] = window[1]
+            totals[key] = totals.get(key, 0) + cost
+            if (entitled and (name, subject) in entitled) or (
+                granted and (name, subject) in granted
+            ):
+                self.sums.timed((name, subject), at_us)
+            fixed.append((key, window))
+        return fixed
 
     def _seats(self, event: EventRecord) -> bool:
         """Whether ``event`` charges a seat limit (a reservation of one is

@@ -899,13 +899,15 @@ def test_single_charges_at_a_counters_room_decide_as_the_reference_engine(
 
 
 @pytest.mark.parametrize("database", ["sqlite", "postgresql"])
-def test_one_charge_events_at_their_times_bounds_decide_as_the_reference_engine(
-    request: pytest.FixtureRequest, database: str
+@pytest.mark.parametrize("stacked", [False, True])
+def test_plain_events_at_their_times_bounds_decide_as_the_reference_engine(
+    request: pytest.FixtureRequest, database: str, stacked: bool
 ) -> None:
-    """Events of one charge on a plain limit (`_Applying.plan` finds their
-    keys itself) one microsecond inside and outside its lateness and the
-    future's tolerance, and of cost 0: the same answers as the reference
-    engine; only those outside and the cost of 0 are checked by `rules_for`."""
+    """Events on plain limits (`_Applying.plan` finds their keys itself), of
+    one charge or ``stacked`` with a charge of a limit of a longer lateness,
+    one microsecond inside and outside the first's lateness and the future's
+    tolerance, and of cost 0: the same answers as the reference engine;
+    only those outside and the cost of 0 are checked by `rules_for`."""
     if database == "postgresql":
         request.applymarker(pytest.mark.postgres)
     checked: list[str] = []
@@ -915,7 +917,11 @@ def test_one_charge_events_at_their_times_bounds_decide_as_the_reference_engine(
         checked.append(event.event_id)
         return rules_for(event, *args)
 
-    limit = Limit("calls", maximum=100, period="1mo", window="calendar", lateness="60s")
+    limits = [
+        Limit("calls", maximum=100, period="1mo", window="calendar", lateness="60s"),
+        Limit("daily", maximum=100, period="1d", window="calendar", lateness="1h"),
+    ]
+    daily = [("plain", "daily", 1)] if stacked else []
     late, future = timedelta(seconds=60), timedelta(microseconds=FUTURE_TOLERANCE_US)
     micro = timedelta(microseconds=1)
     times = {
@@ -926,9 +932,10 @@ def test_one_charge_events_at_their_times_bounds_decide_as_the_reference_engine(
         "now": ROOM_START,
     }
     records = [
-        make_event([("plain", "calls", 1)], at, event_id).record() for event_id, at in times.items()
+        make_event([("plain", "calls", 1), *daily], at, event_id).record()
+        for event_id, at in times.items()
     ]
-    records.append(make_event([("plain", "calls", 0)], ROOM_START, "free").record())
+    records.append(make_event([("plain", "calls", 0), *daily], ROOM_START, "free").record())
     clock = FrozenClock(ROOM_START)
     with databases(request, database, 2) as urls, ExitStack() as stack:
         meters = tested, oracle = tuple(
@@ -936,7 +943,7 @@ def test_one_charge_events_at_their_times_bounds_decide_as_the_reference_engine(
             for on, url in zip(PAIR, urls, strict=True)
         )
         for meter in meters:
-            meter.set_limits([limit])
+            meter.set_limits(limits)
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(fast, "rules_for", counting)
             found = [apply_on(on, m, records, "reject") for on, m in zip(PAIR, meters, strict=True)]
