@@ -61,8 +61,11 @@ _compact_finite = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encod
 
 
 def fingerprint_of(charges: Iterable[Sequence[object]]) -> str:
-    if isinstance(charges, tuple | list) and len(charges) == 1 and len(charges[0]) == 3:
-        found = single_fingerprint(*charges[0])
+    if isinstance(charges, tuple | list):
+        if len(charges) == 1 and len(charges[0]) == 3:
+            found = single_fingerprint(*charges[0])
+        else:
+            found = plain_fingerprint(charges)
         if found is not None:
             return found
     return _compact(sorted([list(c) for c in charges]))
@@ -91,6 +94,21 @@ def single_fingerprint(subject: object, limit: object, cost: object) -> str | No
     ):
         return f'[["{subject}","{limit}",{cost}]]'
     return None
+
+
+def plain_fingerprint(charges: Sequence[Sequence[object]]) -> str | None:
+    """`fingerprint_of` several charges as `single_fingerprint` writes one
+    (sorted as the encoder's lists are), or None when one is not plain."""
+    parts = []
+    for charge in charges:
+        if len(charge) != 3:
+            return None
+        found = single_fingerprint(*charge)
+        if found is None:
+            return None
+        parts.append((charge[0], charge[1], charge[2], found[1:-1]))
+    parts.sort()
+    return "[" + ",".join([part[3] for part in parts]) + "]"
 
 
 @dataclass(frozen=True, slots=True)

@@ -400,6 +400,8 @@ class _Spend:
         # Per priced limit, the id of the price last found in force and the
         # times it is in force over: [from, until).
         self.in_force: dict[str, tuple[int, int, int]] = {}
+        # A subject's own spend charges, by subject and `expand`'s key.
+        self.extras: dict[tuple[str, tuple[object, ...]], tuple[Charge, ...]] = {}
 
     @classmethod
     def of(cls, cache: LimitCache, version: int, rules: dict[str, Rule]) -> _Spend:
@@ -436,14 +438,20 @@ class _Spend:
             self.priced[key] = found
         amounts, is_counted, counted, extra, added = found
         if alike and extra and extra[0].subject != subject:
-            extra = tuple(Charge(subject, charge.limit, charge.cost) for charge in extra)
+            mine = self.extras.get((subject, key))
+            if mine is None:
+                mine = tuple(Charge(subject, charge.limit, charge.cost) for charge in extra)
+                self.extras[(subject, key)] = mine
+            extra = mine
         if amounts:
             self.amounts[index] = amounts
         if is_counted:
             self.counted[index] = counted
         if not extra:
             return event, event_rules, None
-        expanded = event._replace(charges=(*charges, *extra))
+        expanded = EventRecord(
+            event.event_id, (*charges, *extra), at_us, event.metadata, event.fingerprint
+        )
         return expanded, [*event_rules, *added], None
 
     def _in_force(self, name: str, at_us: int) -> int:
@@ -626,11 +634,47 @@ class _Applying:
         batch, cache = self.batch, self.cache
         # Priced limits at all (a refresh under way may pair versions: `_Spend.of` checks).
         priced = bool(cache.prices.prices) or cache.prices.version != self.version
+        # An event of one charge on a `_plain` rule takes the short way
+        # below: what `rules_for` and `_keys` find of it, found inline.
+        short = batch.hold is None and batch.policy is None
+        plain: dict[str, Rule | None] = {}
+        now_us, rules, first, todo = batch.now_us, self.rules, self.first, self.todo
+        keys, totals, calendar = self.keys, self.sums.totals, self.calendar.calendar
+        entitled, granted = self.allowances.histories, self.allowances.grant_pairs
         for index, event in enumerate(batch.records):
-            if event.event_id in self.first:
-                self.answers[index] = self.first[event.event_id]
+            event_id = event.event_id
+            if event_id in first:
+                self.answers[index] = first[event_id]
                 continue
-            self.first[event.event_id] = index
+            first[event_id] = index
+            charges = event.charges
+            if short and len(charges) == 1:
+                subject, name, cost = charges[0]
+                try:
+                    rule = plain[name]
+                except KeyError:
+                    rule = plain[name] = _plain(rules.get(name))
+                at_us = event.occurred_at_us
+                if (
+                    rule is not None
+                    and cost != 0
+                    and now_us - rule.lateness_us <= at_us <= now_us + FUTURE_TOLERANCE_US
+                ):
+                    window = calendar(rule, subject, at_us)
+                    key = (name, subject, window[0])
+                    keys[key] = window[1]
+                    totals[key] = totals.get(key, 0) + cost
+                    if (entitled and (name, subject) in entitled) or (
+                        granted and (name, subject) in granted
+                    ):
+                        self.sums.timed((name, subject), at_us)
+                    todo.append((index, event, [rule], None, [(key, window)]))
+                    continue
+            elif short:
+                found = self._plain_rules(event, plain)
+                if found is not None:
+                    todo.append((index, event, found, None, self._plain_keys(event, found)))
+                    continue
             if batch.hold is not None and self._seats(event):
                 raise _Decline(Declined("seats are taken by consuming", Need.HELD_SEATS))
             event_rules, error = rules_for(event, self.rules, batch.now_us, batch.policy)
@@ -647,6 +691,44 @@ class _Applying:
                     if rule.needs and Need.BREAKER in rule.needs:
                         self.breaker_pairs.add((name, subject))
 
+    def _plain_rules(self, event: EventRecord, plain: dict[str, Rule | None]) -> list[Rule] | None:
+        """The rules of an event of several charges when each is `_plain`,
+        costs more than 0 and is in its time (`rules_for` finds no error);
+        else None."""
+        now_us, at_us, rules = self.batch.now_us, event.occurred_at_us, self.rules
+        found: list[Rule] = []
+        for _, name, cost in event.charges:
+            try:
+                rule = plain[name]
+            except KeyError:
+                rule = plain[name] = _plain(rules.get(name))
+            if (
+                rule is None
+                or cost == 0
+                or not now_us - rule.lateness_us <= at_us <= now_us + FUTURE_TOLERANCE_US
+            ):
+                return None
+            found.append(rule)
+        return found
+
+    def _plain_keys(self, event: EventRecord, event_rules: list[Rule]) -> _Fixed:
+        """`_keys` of an event whose rules are all `_plain`."""
+        keys, totals, calendar = self.keys, self.sums.totals, self.calendar.calendar
+        entitled, granted = self.allowances.histories, self.allowances.grant_pairs
+        at_us = event.occurred_at_us
+        fixed: _Fixed = []
+        for (subject, name, cost), rule in zip(event.charges, event_rules, strict=True):
+            window = calendar(rule, subject, at_us)
+            key = (name, subject, window[0])
+            keys[key] = window[1]
+            totals[key] = totals.get(key, 0) + cost
+            if (entitled and (name, subject) in entitled) or (
+                granted and (name, subject) in granted
+            ):
+                self.sums.timed((name, subject), at_us)
+            fixed.append((key, window))
+        return fixed
+
     def _seats(self, event: EventRecord) -> bool:
         """Whether ``event`` charges a seat limit (a reservation of one is
         refused before its other charges are judged, as the reference does)."""
@@ -660,6 +742,7 @@ class _Applying:
         fixed: _Fixed | None = []
         totals, entitled = self.sums.totals, self.allowances.histories
         granted = self.allowances.grant_pairs
+        keys, calendar, at_us = self.keys, self.calendar.calendar, event.occurred_at_us
         seats: list[SeatKey | None] | None = None
         for position, ((subject, name, cost), rule) in enumerate(
             zip(event.charges, event_rules, strict=True)
@@ -668,19 +751,19 @@ class _Applying:
                 self.dimensioned[name] = rule.dimensions
             if rule.bucket:
                 key = (name, subject, BUCKET_WINDOW[0])
-                self.keys[key] = BUCKET_WINDOW[1]
+                keys[key] = BUCKET_WINDOW[1]
                 if fixed is not None:
                     fixed.append((key, BUCKET_WINDOW))
                 self.sums.poisoned.add((name, subject))
             elif rule.calendar:
-                window = self.calendar.calendar(rule, subject, event.occurred_at_us)
+                window = calendar(rule, subject, at_us)
                 key = (name, subject, window[0])
-                self.keys[key] = window[1]
+                keys[key] = window[1]
                 totals[key] = totals.get(key, 0) + cost
                 if (entitled and (name, subject) in entitled) or (
                     granted and (name, subject) in granted
                 ):
-                    self.sums.timed((name, subject), event.occurred_at_us)
+                    self.sums.timed((name, subject), at_us)
                 if fixed is not None:
                     fixed.append((key, window))
                 if rule.distinct:
@@ -744,11 +827,22 @@ class _Applying:
         reason: str | None
         found = snapshot.stored
         rooms = self._rooms(snapshot)
+        # Covered counters (`metering.domain.room`): each charged, so one that
+        # has a row is remembered as it was before the batch once, here.
+        states, before = snapshot.states, self.before
+        for key in rooms:
+            state = states.get(key)
+            if state is not None and key not in before:
+                before[key] = tuple(state)
+        # An event of one charge on a covered counter, with no seat nor money
+        # (most of a batch's): its row is made here, as `_allowed` makes it.
+        plain = self.spend is None and not self.event_seats
+        now_us, answers, records = batch.now_us, self.answers, self.records
         for index, event, event_rules, error, fixed in self.todo:
             stored = found.get(event.event_id) if found else None
             if stored is not None:
                 same = stored.fingerprint == event.fingerprint
-                self.answers[index] = Answer(DUPLICATE, stored) if same else Answer(CONFLICT, None)
+                answers[index] = Answer(DUPLICATE, stored) if same else Answer(CONFLICT, None)
                 continue
             if error is not None:
                 if batch.invalid == "raise":
@@ -756,6 +850,20 @@ class _Applying:
                 self.refused.append(refused_event(event, str(error)))
                 outcome, reason, rows = "rejected", str(error), []
                 denied_by: tuple[str, ...] = ()
+            elif plain and fixed is not None and len(fixed) == 1 and fixed[0][0] in rooms:
+                key, window = fixed[0]
+                room = rooms[key]
+                state = states.get(key)
+                if state is None:
+                    state = states[key] = fresh_state()
+                    self.created[key] = window[1]
+                subject, name, cost = event.charges[0]
+                if room[1] is None:
+                    rows = [allowed_row(subject, name, cost, state, room, window)]
+                else:
+                    at_us = event.occurred_at_us
+                    rows = [drawn_row(subject, name, cost, state, room, window, at_us)]
+                outcome, denied_by, reason = "allowed", (), marker
             else:
                 if rooms and fixed is not None and _covers(rooms, fixed):
                     verdict = self._allowed(index, event, fixed, snapshot, rooms)
@@ -768,14 +876,14 @@ class _Applying:
                 outcome,
                 event.fingerprint,
                 event.occurred_at_us,
-                batch.now_us,
+                now_us,
                 denied_by,
                 reason,
                 rows,
                 event.metadata,
             )
-            self.records.append(record)
-            self.answers[index] = Answer(NEW, record)
+            records.append(record)
+            answers[index] = Answer(NEW, record)
 
     def _rooms(self, snapshot: Snapshot) -> dict[Key, Room]:
         """The counters every charge of the batch fits (`metering.domain.room`):
@@ -805,7 +913,7 @@ class _Applying:
         a charge on a seat limit costs what its value's live events say
         (`Seats.taken`), counted as it is made."""
         event_seats = self.event_seats.get(index) if self.event_seats else None
-        states, before, created = snapshot.states, self.before, self.created
+        states, created = snapshot.states, self.created
         at_us = event.occurred_at_us
         rows = []
         for position, ((subject, name, cost), (key, window)) in enumerate(
@@ -816,11 +924,9 @@ class _Applying:
                 if seat is not None:
                     cost = self.seats.taken(seat)
             state = states.get(key)
-            if state is None:
+            if state is None:  # (one that has a row is in ``before``: `decide`)
                 state = states[key] = fresh_state()
                 created[key] = window[1]
-            elif key not in before and key not in created:
-                before[key] = tuple(state)
             room = rooms[key]
             if room[1] is None:
                 rows.append(allowed_row(subject, name, cost, state, room, window))
@@ -1169,6 +1275,26 @@ def _holds(
         charges = [held_charge(ChargeDecision.from_row(row)) for row in record.charges]
         rows.append(hold_row(record.event_id, charges, now_us, hold.expires_at_us(now_us)))
     return rows
+
+
+def _plain(rule: Rule | None) -> Rule | None:
+    """``rule`` when a charge of it needs nothing `_Applying.plan` finds
+    beyond its counter's key and the checks of its time and cost: a
+    calendar window's, neither money, seats, a gauge, dimensions, a
+    concurrent license nor a breaker; else None."""
+    if (
+        rule is None
+        or not rule.calendar
+        or rule.bucket
+        or rule.concurrent
+        or rule.money
+        or rule.distinct
+        or rule.dimensions
+        or rule.gauge is not None
+        or (rule.needs and Need.BREAKER in rule.needs)
+    ):
+        return None
+    return rule
 
 
 def _covers(rooms: dict[Key, Room], fixed: _Fixed) -> bool:

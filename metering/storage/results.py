@@ -6,13 +6,13 @@ reports back (`window_results`)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final, NamedTuple
 
 from sqlalchemy import and_, exists, func, literal_column, not_, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
+from metering.domain.jsonable import encoder
 from metering.domain.state import CounterKey
 from metering.storage.on_connection import OnConnection, chunks
 from metering.storage.tables import corrections, counter_resets, results
@@ -38,31 +38,10 @@ class ResultRecord(NamedTuple):
 ResultRow = tuple[str, str, str, int, int, str | None, str | None, str, str | None]
 
 
-def _compact_encoder() -> Callable[[object], str]:
-    """`json.dumps(value, separators=(",", ":"))` for the charge rows, which
-    hold lists, text, whole numbers, booleans and None: the standard
-    library's C encoder, made once (``JSONEncoder.encode`` makes one per call,
-    which is most of its cost for a short list), or the encoder itself where
-    the C one is missing."""
-    encoder = json.JSONEncoder(separators=(",", ":"))
-    if c_make_encoder is None:  # pragma: no cover - CPython has it
-        return encoder.encode
-    iterencode = c_make_encoder(
-        None,  # no circular check: charge rows are built, never shared
-        encoder.default,
-        encode_basestring_ascii,
-        None,
-        ":",
-        ",",
-        False,
-        False,
-        True,
-    )
-    join = "".join
-    return lambda value: join(iterencode(value, 0))
-
-
-_compact = _compact_encoder()
+# The charge rows (lists, text, whole numbers, booleans and None) and the
+# metadata (validated JSON) as `json.dumps` writes them, without its encoder per call.
+_compact = encoder(",", ":")
+_dumps = encoder()
 
 
 def result_row(record: ResultRecord) -> ResultRow:
@@ -76,7 +55,7 @@ def result_row(record: ResultRecord) -> ResultRow:
         ",".join(record.denied_by) or None,
         record.reason,
         _compact(record.charges),
-        json.dumps(record.metadata) if record.metadata is not None else None,
+        _dumps(record.metadata) if record.metadata is not None else None,
     )
 
 

@@ -67,7 +67,7 @@ from sqlalchemy import select
 
 from metering import FrozenClock, Limit, Meter, spend_limit
 from metering.domain.decisions import ROW_FIELDS
-from metering.domain.events import EventRecord, UsageEvent, make_event
+from metering.domain.events import FUTURE_TOLERANCE_US, EventRecord, UsageEvent, make_event
 from metering.domain.imports import ImportPolicy
 from metering.domain.needs import Need
 from metering.engine import core, fast, paths
@@ -847,6 +847,112 @@ def test_a_batch_at_a_grants_room_decides_as_the_reference_engine(
     calls = [a.record.charges[0] for a in covered.found]  # each event's first charge
     drawn = sum(amount for row in calls if len(row) > ROW_FIELDS for _, amount in row[ROW_FIELDS])
     assert drawn == 7 + min(offset, 0)
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("offset", [-1, 0, 1])
+def test_single_charges_at_a_counters_room_decide_as_the_reference_engine(
+    request: pytest.FixtureRequest, database: str, offset: int
+) -> None:
+    """Events of one charge, no money nor seat (`_Applying.decide` makes
+    their rows itself), one below, exactly at and one above the room of a
+    plain counter (7) and of one with an entitlement and a grant ("granted":
+    its own room 8, then the grant's 5): the shortcut takes the first two,
+    never the third."""
+    if database == "postgresql":
+        request.applymarker(pytest.mark.postgres)
+    taken: Counter[str] = Counter()
+    made = {name: getattr(fast, name) for name in ("allowed_row", "drawn_row")}
+
+    def counting(name: str, subject: str, *args: Any) -> Any:
+        taken[subject] += 1
+        return made[name](subject, *args)
+
+    clock = FrozenClock(ROOM_START)
+    with databases(request, database, 2) as urls, ExitStack() as stack:
+        meters = tested, oracle = tuple(
+            on_path(on, stack.enter_context(Meter(url, clock=clock)))
+            for on, url in zip(PAIR, urls, strict=True)
+        )
+        for meter in meters:
+            meter.set_limits([ROOM_LIMITS[0]])
+            meter.set_entitlement("granted", "calls", 12, ROOM_START - timedelta(days=1))
+            meter.grant("granted", "calls", 5, grant_id="top-up")
+            for subject, used in ROOM_BEFORE.items():
+                meter.consume(subject, "calls", used, event_id=f"before-{subject}")
+        batch = {"plain": 7 + offset, "granted": 13 + offset}
+        records = [
+            make_event([(subject, "calls", 1)], clock(), f"{subject}-{n}").record()
+            for subject, count in batch.items()
+            for n in range(count)
+        ]
+        records.sort(key=lambda record: record.event_id[::-1])  # the subjects interleaved
+        with pytest.MonkeyPatch.context() as patch:
+            for name in made:
+                patch.setattr(fast, name, partial(counting, name))
+            found = [apply_on(on, m, records, "reject") for on, m in zip(PAIR, meters, strict=True)]
+        assert [_decided(a) for a in found[0]] == [_decided(a) for a in found[1]]
+        assert stored(tested) == stored(oracle)
+    outcomes = Counter(a.record.outcome for a in found[0] if a.record is not None)
+    assert outcomes["denied"] == (2 if offset == 1 else 0), outcomes
+    assert taken == ({} if offset == 1 else batch), taken
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("stacked", [False, True])
+def test_plain_events_at_their_times_bounds_decide_as_the_reference_engine(
+    request: pytest.FixtureRequest, database: str, stacked: bool
+) -> None:
+    """Events on plain limits (`_Applying.plan` finds their keys itself), of
+    one charge or ``stacked`` with a charge of a limit of a longer lateness,
+    one microsecond inside and outside the first's lateness and the future's
+    tolerance, and of cost 0: the same answers as the reference engine;
+    only those outside and the cost of 0 are checked by `rules_for`."""
+    if database == "postgresql":
+        request.applymarker(pytest.mark.postgres)
+    checked: list[str] = []
+    rules_for = fast.rules_for
+
+    def counting(event: EventRecord, *args: Any) -> Any:
+        checked.append(event.event_id)
+        return rules_for(event, *args)
+
+    limits = [
+        Limit("calls", maximum=100, period="1mo", window="calendar", lateness="60s"),
+        Limit("daily", maximum=100, period="1d", window="calendar", lateness="1h"),
+    ]
+    daily = [("plain", "daily", 1)] if stacked else []
+    late, future = timedelta(seconds=60), timedelta(microseconds=FUTURE_TOLERANCE_US)
+    micro = timedelta(microseconds=1)
+    times = {
+        "late-in": ROOM_START - late,
+        "late-out": ROOM_START - late - micro,
+        "future-in": ROOM_START + future,
+        "future-out": ROOM_START + future + micro,
+        "now": ROOM_START,
+    }
+    records = [
+        make_event([("plain", "calls", 1), *daily], at, event_id).record()
+        for event_id, at in times.items()
+    ]
+    records.append(make_event([("plain", "calls", 0), *daily], ROOM_START, "free").record())
+    clock = FrozenClock(ROOM_START)
+    with databases(request, database, 2) as urls, ExitStack() as stack:
+        meters = tested, oracle = tuple(
+            on_path(on, stack.enter_context(Meter(url, clock=clock)))
+            for on, url in zip(PAIR, urls, strict=True)
+        )
+        for meter in meters:
+            meter.set_limits(limits)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(fast, "rules_for", counting)
+            found = [apply_on(on, m, records, "reject") for on, m in zip(PAIR, meters, strict=True)]
+        assert [_decided(a) for a in found[0]] == [_decided(a) for a in found[1]]
+        assert stored(tested) == stored(oracle)
+    outcomes = {a.record.event_id: a.record.outcome for a in found[0] if a.record is not None}
+    rejected = {"late-out", "future-out", "free"}
+    assert outcomes == {i: "rejected" if i in rejected else "allowed" for i in outcomes}
+    assert set(checked) == rejected, checked
 
 
 @dataclass
