@@ -106,8 +106,8 @@ CONFIGURATIONS = {
 }
 
 
-# What the one-trip function decides (tiered prices are the fast path's).
-ONE_TRIP = set(CONFIGURATIONS) - {"tiered"}
+# What the one-trip function decides (each, tiered prices too).
+ONE_TRIP = set(CONFIGURATIONS)
 
 
 @pytest.mark.postgres

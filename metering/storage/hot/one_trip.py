@@ -32,7 +32,14 @@ CONSUME_ONE: Final = (
 #  whether the subject has grants on the limit, a priced charge's
 #  (currency, amount) or None; since 0033 the billing month of a subject
 #  with a time zone or None, a limit's dimensions' (key, value) pairs, a
-#  paced limit's burst in units or None, a gauge's aggregation or None).
+#  paced limit's burst in units or None, a gauge's aggregation or None;
+#  since 0034 a price by the window's total, or a spend charge's priced
+#  charges' positions from 1, or None).
+# A price by the window's total (since 0034): currency, model, flat fee,
+# tiers (end or None, micro-minor price), package, per package, per unit.
+TieredPrice = tuple[
+    str, str, int, tuple[tuple[int | None, int], ...], int | None, int | None, int | None
+]
 OneCharge = tuple[
     str,
     str,
@@ -52,6 +59,7 @@ OneCharge = tuple[
     tuple[tuple[str, str], ...],
     int | None,
     str | None,
+    TieredPrice | tuple[int, ...] | None,
 ]
 
 
@@ -89,8 +97,10 @@ def call_parameters(
             list(found[9]) if thresholds else None,
             list(found[10]) if thresholds else None,
         ]
-        seat, granted, price, month, dims, burst, gauge = found[11:18]
+        seat, granted, price, month, dims, burst, gauge, tiers = found[11:19]
         later: list[Any] = [month, [list(pair) for pair in dims] if dims else None, burst, gauge]
+        if tiers is not None:  # a price by the window's total (20), a spend charge's sum (21)
+            later += [tiers, None] if tiers and isinstance(tiers[0], str) else [None, tiers]
         while later and later[-1] is None:
             later.pop()
         if seat is not None or granted or price is not None or later:
