@@ -15,6 +15,7 @@ from collections import Counter
 from functools import lru_cache
 from typing import Any, Final
 
+from metering.domain.breaker import quarantine_cap
 from metering.domain.distinct import value_of
 from metering.domain.events import Charge, EventRecord
 from metering.domain.money import Price, price_at
@@ -27,13 +28,13 @@ from metering.domain.zones import ZoneHistory, billing_month
 from metering.engine.answers import Declined
 from metering.engine.fast import CalendarWindows, LimitCache, rules_for
 from metering.errors import InvalidInput
-from metering.storage.hot.one_trip import OneCharge, TieredPrice, call_parameters
+from metering.storage.hot.one_trip import Breaker, OneCharge, TieredPrice, call_parameters
 
 STATS: Final[Counter[str]] = Counter()
 ONE_TRIP_IMPLEMENTS: Final = frozenset(
     {
         *(Need.ENTITLEMENTS, Need.OWN_THRESHOLDS, Need.SEATS, Need.GRANTS, Need.RECURRING),
-        *(Need.MONEY, Need.TIME_ZONE, Need.DIMENSIONS, Need.PACING, Need.GAUGE),
+        *(Need.MONEY, Need.TIME_ZONE, Need.DIMENSIONS, Need.PACING, Need.GAUGE, Need.BREAKER),
     }
 )
 # A charge's price: its (currency, amount) as priced before the counters are
@@ -132,6 +133,15 @@ def _spend(
     return (*event.charges, *extra), found
 
 
+def _breaker(rule: Rule) -> Breaker:
+    """``rule``'s breaker as the function steps it, with the quarantine a
+    quarantined subject is held to (`Limit.quarantined`, from the maximum in force)."""
+    limit = rule.limit
+    assert limit.breaker_factor is not None
+    cap = quarantine_cap(rule.maximum, limit.breaker_factor, limit.quarantine_max)
+    return (limit.breaker_factor, limit.breaker_floor, cap, "shadow" if rule.shadow else "hard")
+
+
 @lru_cache(maxsize=256)
 def _price_of(price: Price) -> TieredPrice:
     """``price`` as the function prices a window's total (its element 20)."""
@@ -195,4 +205,5 @@ def _charge(
         None if rule.pacing is None else burst_units(rule.pacing, rule.maximum),
         rule.gauge,
         tiers,
+        None if limit.breaker_factor is None else _breaker(rule),
     )

@@ -103,6 +103,9 @@ CONFIGURATIONS = {
         Limit("calls", maximum=700, period="1d", window="calendar", aggregation="max")
     ),
     "time zone": lambda meter: meter.set_time_zone("org-1", "Asia/Kolkata"),
+    "breaker": lambda meter: meter.set_limit(
+        Limit("calls", maximum=700, period="1d", window="calendar", breaker="10x")
+    ),
 }
 
 

@@ -377,7 +377,7 @@ checks = st.lists(
 
 
 # The needs the one-trip function declares lately: the one-trip run asserts it decided each.
-FUNCTION_NEEDS = {Need.TIME_ZONE, Need.DIMENSIONS, Need.PACING, Need.GAUGE}
+FUNCTION_NEEDS = {Need.TIME_ZONE, Need.DIMENSIONS, Need.PACING, Need.GAUGE, Need.BREAKER}
 # Prices by the window's total it decides (`Need.MONEY`): each model, and flat fees.
 FUNCTION_PRICES = ("graduated", "volume", "package", "flat fee")
 

@@ -10,6 +10,7 @@ import json
 import random
 import threading
 from collections.abc import Iterator
+from dataclasses import astuple
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -19,11 +20,13 @@ from round_trips import count_network_waits
 from sqlalchemy import select, text
 
 from metering import FrozenClock, Limit, Meter, spend_limit
+from metering.domain.breaker import Breaker, released, step
 from metering.domain.events import make_event
 from metering.domain.needs import Need
 from metering.engine.answers import Declined
 from metering.engine.one_trip import ONE_TRIP_IMPLEMENTS, STATS, prepare
 from metering.storage.tables import (
+    breakers,
     counters,
     distinct_values,
     results,
@@ -345,6 +348,73 @@ def test_tiered_prices_take_one_trip_as_the_reference_decides(
         *[(1, "denied", [None, None], 7, 38), (1, "allowed", [0, 2], 2, 40)],
         *[(1, "allowed", [0], 0, 40), (1, "denied", [None], 1, 40), (1, "denied", [None], 7, 40)],
     ]
+
+
+# (seconds on, cost, released first): a breaker past 2x its floor for a
+# minute trips; its quarantine holds the subject to 3; released, it steps
+# again after gaps whose decay is subnormal (12 h) and 0 (13 h), then forgotten.
+BREAKER_EVENTS = [
+    (0, 1, False),  # past the bound: over since now
+    (30, 1, False),
+    (31, 1, False),  # a minute past it: trips (notify, decided by the fast path)
+    (1, 2, False),  # held to 3 of which 3 are used: denied (a first denial: notify)
+    (1, 1, False),  # denied again
+    (60, 1, True),  # released: its history starts again
+    (43_000, 4, False),  # a new window; e^-716.7: a subnormal decay
+    (46_800, 2, False),  # e^-780: 0
+    (4_400_000, 1, False),  # past 50 days: forgotten
+]
+
+
+def test_a_breaker_is_stepped_by_the_function_as_python_steps_it(pg_url: str) -> None:
+    """The function reads the breaker under lock after the counters, holds a
+    quarantined subject to its quarantine, and steps the rates in the same
+    float arithmetic as `breaker.step` (equal to the last bit, through the
+    decays that underflow); the charge that trips it is declined, and the fast
+    path sends ``limit.quarantined``."""
+    clock = FrozenClock(START)
+    limit = Limit(
+        "runaway",
+        maximum=1000,
+        period="1h",
+        window="calendar",
+        breaker="2x",
+        breaker_floor=0.001,
+        quarantine_max=3,
+    )
+    with Meter(pg_url, clock=clock) as meter:
+        meter.set_limits([limit])
+        meter.consume("other", "runaway")  # caches the limits
+        reference = meter._engine.path("reference")
+        before = STATS.copy()
+        expected: Breaker | None = None
+        found = []
+        for number, (seconds, cost, release) in enumerate(BREAKER_EVENTS):
+            clock.advance(seconds=seconds)
+            now_us = meter.database.now_us()
+            if release:
+                meter.release_quarantine("org", "runaway")
+                assert expected is not None
+                expected = released(expected, now_us)
+            event = make_event([("org", "runaway", cost)], clock(), f"e-{number}")
+            checked = reference.check(event, now_us)
+            decided = meter.consume("org", "runaway", cost, event_id=f"e-{number}")
+            assert (decided.outcome, decided.charges) == (checked.outcome, checked.charges)
+            if decided.allowed:
+                expected, _ = step(expected, cost, now_us, 2, 0.001)
+            with meter.sql_engine.connect() as connection:
+                row = connection.execute(select(breakers).where(breakers.c.subject == "org")).one()
+            assert row[2:] == astuple(expected), number
+            found.append((decided.outcome, decided.charges[0].maximum))
+        applied = STATS["applied"] - before["applied"]
+        with meter.sql_engine.connect() as connection:
+            notices = connection.execute(select(webhook_messages.c.type)).scalars().all()
+    assert found == [
+        *[("allowed", 1000), ("allowed", 1000), ("allowed", 1000), ("denied", 3), ("denied", 3)],
+        *[("allowed", 1000), ("allowed", 1000), ("allowed", 1000), ("allowed", 1000)],
+    ]
+    assert applied == len(BREAKER_EVENTS) - 2  # the trip and the first denial notify
+    assert notices.count("limit.quarantined") == 1
 
 
 def test_a_subject_with_a_time_zone_takes_one_trip(

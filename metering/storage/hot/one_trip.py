@@ -34,12 +34,15 @@ CONSUME_ONE: Final = (
 #  with a time zone or None, a limit's dimensions' (key, value) pairs, a
 #  paced limit's burst in units or None, a gauge's aggregation or None;
 #  since 0034 a price by the window's total, or a spend charge's priced
-#  charges' positions from 1, or None).
+#  charges' positions from 1, or None, and a limit's runaway breaker or None).
 # A price by the window's total (since 0034): currency, model, flat fee,
 # tiers (end or None, micro-minor price), package, per package, per unit.
 TieredPrice = tuple[
     str, str, int, tuple[tuple[int | None, int], ...], int | None, int | None, int | None
 ]
+# A runaway breaker (since 0034): factor, floor, the quarantine maximum and
+# the enforcement a quarantined subject is held to.
+Breaker = tuple[int, float | None, int, str]
 OneCharge = tuple[
     str,
     str,
@@ -60,6 +63,7 @@ OneCharge = tuple[
     int | None,
     str | None,
     TieredPrice | tuple[int, ...] | None,
+    Breaker | None,
 ]
 
 
@@ -97,10 +101,14 @@ def call_parameters(
             list(found[9]) if thresholds else None,
             list(found[10]) if thresholds else None,
         ]
-        seat, granted, price, month, dims, burst, gauge, tiers = found[11:19]
+        seat, granted, price, month, dims, burst, gauge, tiers, breaker = found[11:20]
         later: list[Any] = [month, [list(pair) for pair in dims] if dims else None, burst, gauge]
-        if tiers is not None:  # a price by the window's total (20), a spend charge's sum (21)
+        # A price by the window's total (20), a spend charge's sum (21), a breaker (22).
+        if tiers is not None:
             later += [tiers, None] if tiers and isinstance(tiers[0], str) else [None, tiers]
+        else:
+            later += [None, None]
+        later.append(breaker)
         while later and later[-1] is None:
             later.pop()
         if seat is not None or granted or price is not None or later:
