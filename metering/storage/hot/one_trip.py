@@ -1,11 +1,11 @@
 """One round trip for a single event on PostgreSQL (``metering_consume_one``).
 
-The function (migration 0012's, grown up to 0033) decides the usual event by
+The function (migration 0012's, grown up to 0034) decides the usual event by
 the rules of `metering.domain.rules.decide` and writes what
 `PostgresHotStore.write` would, in one autocommit statement. It declines,
 writing nothing: limits changed since cached (``stale``), an id with a result
 (``exists``), an event before its first-use window (``old``), a charge that
-would notify (``notify``), a zoned subject's counter of an older first-use
+would notify or trip a breaker (``notify``), a zoned subject's counter of an older first-use
 window (``zone``). `apply_one` takes a raw psycopg connection in autocommit.
 """
 
