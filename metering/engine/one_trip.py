@@ -3,8 +3,9 @@
 `prepare` turns an event into the call of ``metering_consume_one``
 (`metering.storage.hot.one_trip`), a PL/pgSQL copy of `metering.domain.rules`,
 working out from the cached limits what needs no lock: each charge's window and
-billing month (a zoned subject's too), maximum, spend charges, dimensions' values,
-a pace's burst and a gauge's aggregation. A need not in `ONE_TRIP_IMPLEMENTS`, or an
+billing month (a zoned subject's too), maximum, spend charges (a price by the window's
+total: its tiers), dimensions' values, a pace's burst, a gauge's aggregation and a
+breaker's quarantine. A need not in `ONE_TRIP_IMPLEMENTS`, or an
 unacceptable event, is `Declined` and the fast path decides. `tests/engine/test_differential.py`
 holds the function to the reference; `STATS` counts what it decided and declined.
 """
@@ -12,10 +13,13 @@ holds the function to the reference; `STATS` counts what it decided and declined
 from __future__ import annotations
 
 from collections import Counter
+from functools import lru_cache
 from typing import Any, Final
 
+from metering.domain.breaker import quarantine_cap
 from metering.domain.distinct import value_of
 from metering.domain.events import Charge, EventRecord
+from metering.domain.money import Price, price_at
 from metering.domain.needs import Need
 from metering.domain.pacing import burst_units
 from metering.domain.rollups import dimension_value
@@ -25,15 +29,19 @@ from metering.domain.zones import ZoneHistory, billing_month
 from metering.engine.answers import Declined
 from metering.engine.fast import CalendarWindows, LimitCache, rules_for
 from metering.errors import InvalidInput
-from metering.storage.hot.one_trip import OneCharge, call_parameters
+from metering.storage.hot.one_trip import Breaker, OneCharge, TieredPrice, call_parameters
 
 STATS: Final[Counter[str]] = Counter()
 ONE_TRIP_IMPLEMENTS: Final = frozenset(
     {
         *(Need.ENTITLEMENTS, Need.OWN_THRESHOLDS, Need.SEATS, Need.GRANTS, Need.RECURRING),
-        *(Need.MONEY, Need.TIME_ZONE, Need.DIMENSIONS, Need.PACING, Need.GAUGE),
+        *(Need.MONEY, Need.TIME_ZONE, Need.DIMENSIONS, Need.PACING, Need.GAUGE, Need.BREAKER),
     }
 )
+# A charge's price: its (currency, amount) as priced before the counters are
+# read, and its price by the window's total, or a spend charge's priced charges.
+_Priced = tuple[tuple[str, int] | None, TieredPrice | tuple[int, ...] | None]
+_UNPRICED: Final[_Priced] = (None, None)
 # The zoned subjects' calendar windows, as the fast path remembers them, for
 # the allowances they were worked out with (replaced with them).
 _zoned: list[CalendarWindows] = [CalendarWindows({})]
@@ -48,7 +56,7 @@ def prepare(cache: LimitCache, event: EventRecord, now_us: int) -> tuple[Any, ..
     if error is not None:
         return Declined(str(error), Need.INVALID)
     charges = event.charges
-    amounts: dict[int, tuple[str, int]] = {}
+    amounts: dict[int, _Priced] = {}
     if any(rule.money for rule in event_rules):
         spent = _spend(cache, version, event)
         if isinstance(spent, Declined):
@@ -79,10 +87,12 @@ def prepare(cache: LimitCache, event: EventRecord, now_us: int) -> tuple[Any, ..
         if paid and rule.pacing is not None:
             return Declined("grants on a paced limit", Need.PACING)
         zoned = zones.get(subject) if zones else None
-        price = amounts.get(index)
+        price, tiers = amounts.get(index, _UNPRICED)
         # The values its consumed cost is rolled up by.
         dims = tuple((k, dimension_value(event.metadata, k)) for k in rule.dimensions)
-        found.append(_charge(rule, subject, cost, at_us, seat, paid, price, zoned, windows, dims))
+        found.append(
+            _charge(rule, subject, cost, at_us, seat, paid, price, zoned, windows, dims, tiers)
+        )
     return call_parameters(
         version, event.event_id, event.fingerprint, at_us, now_us, event.metadata, found
     )
@@ -90,22 +100,61 @@ def prepare(cache: LimitCache, event: EventRecord, now_us: int) -> tuple[Any, ..
 
 def _spend(
     cache: LimitCache, version: int, event: EventRecord
-) -> tuple[tuple[Charge, ...], dict[int, tuple[str, int]]] | Declined:
+) -> tuple[tuple[Charge, ...], dict[int, _Priced]] | Declined:
     """``event``'s charges with its spend charges after its own (`Money.expand`),
-    and each priced charge's (currency, amount), by position; a price by the
-    window's total (tiers, a flat fee) is declined."""
+    and each priced charge's (currency, amount) by position; with a price by the
+    window's total (tiers, a flat fee), each priced charge's price too, and each
+    spend charge the positions of the priced charges it sums, by position."""
     book = cache.prices
     if book.version != version:
         return Declined("prices cached at another version", stale=True)
+    at_us = event.occurred_at_us
     try:
-        priced, extra = book.charges(event.charges, event.occurred_at_us)
+        priced, extra = book.charges(event.charges, at_us)
     except InvalidInput as exc:
         return Declined(str(exc), Need.INVALID)
-    if any(charge.counted for charge in priced):
-        return Declined("a price by the window's total", Need.MONEY)
     if any(charge.limit not in cache.current[1] for charge in extra):
         return Declined("a spend limit not cached", stale=True)
-    return (*event.charges, *extra), {c.index: (c.currency, c.amount) for c in priced}
+    if not any(charge.counted for charge in priced):
+        return (*event.charges, *extra), {c.index: ((c.currency, c.amount), None) for c in priced}
+    # Priced by the function from the counters it locks (`money.tiered_amount`).
+    found: dict[int, _Priced] = {}
+    for charge in priced:
+        price = price_at(book.prices[event.charges[charge.index][1]], at_us)
+        assert price is not None
+        found[charge.index] = ((charge.currency, charge.amount), _price_of(price))
+    currencies = {name: currency for currency, names in book.spend.items() for name in names}
+    head = len(event.charges)
+    for position, (subject, name, _) in enumerate(extra, head):
+        currency = currencies[name]
+        summed = tuple(
+            c.index + 1 for c in priced if c.subject == subject and c.currency == currency
+        )
+        found[position] = (None, summed)
+    return (*event.charges, *extra), found
+
+
+def _breaker(rule: Rule) -> Breaker:
+    """``rule``'s breaker as the function steps it, with the quarantine a
+    quarantined subject is held to (`Limit.quarantined`, from the maximum in force)."""
+    limit = rule.limit
+    assert limit.breaker_factor is not None
+    cap = quarantine_cap(rule.maximum, limit.breaker_factor, limit.quarantine_max)
+    return (limit.breaker_factor, limit.breaker_floor, cap, "shadow" if rule.shadow else "hard")
+
+
+@lru_cache(maxsize=256)
+def _price_of(price: Price) -> TieredPrice:
+    """``price`` as the function prices a window's total (its element 20)."""
+    return (
+        price.currency,
+        price.model,
+        price.flat_fee,
+        tuple((up_to, each) for up_to, each in price.tiers),
+        price.package,
+        price.per_package,
+        price.per_unit,
+    )
 
 
 def _charge(
@@ -119,6 +168,7 @@ def _charge(
     zoned: ZoneHistory | None,
     windows: CalendarWindows,
     dims: tuple[tuple[str, str], ...],
+    tiers: TieredPrice | tuple[int, ...] | None,
 ) -> OneCharge:
     limit = rule.limit
     thresholds = (limit.thresholds, limit.thresholds_units)
@@ -155,4 +205,6 @@ def _charge(
         dims,
         None if rule.pacing is None else burst_units(rule.pacing, rule.maximum),
         rule.gauge,
+        tiers,
+        None if limit.breaker_factor is None else _breaker(rule),
     )

@@ -103,11 +103,14 @@ CONFIGURATIONS = {
         Limit("calls", maximum=700, period="1d", window="calendar", aggregation="max")
     ),
     "time zone": lambda meter: meter.set_time_zone("org-1", "Asia/Kolkata"),
+    "breaker": lambda meter: meter.set_limit(
+        Limit("calls", maximum=700, period="1d", window="calendar", breaker="10x")
+    ),
 }
 
 
-# What the one-trip function decides (tiered prices are the fast path's).
-ONE_TRIP = set(CONFIGURATIONS) - {"tiered"}
+# What the one-trip function decides (each, tiered prices too).
+ONE_TRIP = set(CONFIGURATIONS)
 
 
 @pytest.mark.postgres

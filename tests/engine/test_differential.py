@@ -69,6 +69,7 @@ from metering import FrozenClock, Limit, Meter, spend_limit
 from metering.domain.decisions import ROW_FIELDS
 from metering.domain.events import FUTURE_TOLERANCE_US, EventRecord, UsageEvent, make_event
 from metering.domain.imports import ImportPolicy
+from metering.domain.money import price_at
 from metering.domain.needs import Need
 from metering.engine import core, fast, paths
 from metering.engine.answers import Answer, Batch, Declined
@@ -216,7 +217,14 @@ OWN = [
 HOLDERS = ["org-2", "user-é"]
 PRICED = ["soft", "month", "dims", "bucket"]
 # Priced from the start (the others by the streams' price changes).
-FIRST_PRICES = [("soft", "0.01", "USD"), ("month", "0.0049", "EUR"), ("dims", "20000", "JPY")]
+FIRST_PRICES: list[tuple[str, Any, str]] = [
+    *[("soft", "0.01", "USD"), ("month", "0.0049", "EUR"), ("dims", "20000", "JPY")],
+    # Tiers and flat fees where the one-trip function decides them (spend caps
+    # without thresholds).
+    ("fu", {"model": "graduated", "tiers": ["3:0.004", "inf:0.0015"]}, "EUR"),
+    ("cal", {"model": "volume", "tiers": ["2:0.8", "5:0.5", "inf:0.3"], "flat_fee": "1"}, "JPY"),
+    ("units", {"model": "package", "package": 3, "per_package": "0.01"}, "EUR"),
+]
 SUBJECTS = ["org-1", "org-2", "user-é"]
 # Subjects' zones: the windows of days and months of `ZONED` are theirs.
 ZONED = ["soft", "soft_seats", "usd_day", "day", "paced_day"]
@@ -369,7 +377,9 @@ checks = st.lists(
 
 
 # The needs the one-trip function declares lately: the one-trip run asserts it decided each.
-FUNCTION_NEEDS = {Need.TIME_ZONE, Need.DIMENSIONS, Need.PACING, Need.GAUGE}
+FUNCTION_NEEDS = {Need.TIME_ZONE, Need.DIMENSIONS, Need.PACING, Need.GAUGE, Need.BREAKER}
+# Prices by the window's total it decides (`Need.MONEY`): each model, and flat fees.
+FUNCTION_PRICES = ("graduated", "volume", "package", "flat fee")
 
 # -- forcing a path: the only code that knows how ---------------------------------
 
@@ -570,10 +580,23 @@ def _decide(
             assert tried.total() >= 1, "the one-trip function was not tried"
             if tried["applied"]:  # what the function decided, by need it now declares
                 tally.update(f"function: {need}" for need in needs & FUNCTION_NEEDS)
+                tally.update(f"function: {kind}" for kind in _counted(tested, records[0]))
         else:
             tally["not for the function"] += 1
         assert not tried["declined:error"], records
         tally.update(tried)
+
+
+def _counted(meter: Meter, record: EventRecord) -> set[str]:
+    """The models of ``record``'s prices by the window's total, and "flat fee"."""
+    found = set()
+    for _, limit, _ in record.charges:
+        price = price_at(meter._engine.limits.prices.prices.get(limit, ()), record.occurred_at_us)
+        if price is not None and price.counted:
+            found.add(price.model)
+            if price.flat_fee:
+                found.add("flat fee")
+    return found
 
 
 def _reservations(
@@ -669,7 +692,11 @@ def _run(
         for meter in meters:
             meter.set_limits(LIMITS)
             for limit, per_unit, currency in FIRST_PRICES:
-                meter.set_price(limit, per_unit, currency, START - timedelta(days=1))
+                since = START - timedelta(days=1)
+                if isinstance(per_unit, dict):
+                    meter.set_price(limit, None, currency, since, **per_unit)
+                else:
+                    meter.set_price(limit, per_unit, currency, since)
             for subject, zone in FIRST_ZONES:
                 meter.set_time_zone(subject, zone)
         # Every subject's breakers past their baseline from a minute before
@@ -766,6 +793,7 @@ def test_the_path_decides_as_the_reference_engine(
         assert tally["breaker checks"] >= 1, tally  # the fast check read breakers
     if path == "one_trip":  # of the events it may decide, the function decides many
         assert all(tally[f"function: {need}"] >= 1 for need in FUNCTION_NEEDS), tally
+        assert all(tally[f"function: {kind}"] >= 1 for kind in FUNCTION_PRICES), tally
         eligible = tally["events"] - tally["unsuited"] - tally["not for the function"]
         assert tally["applied"] >= eligible // 3, tally
 

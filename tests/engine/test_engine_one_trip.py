@@ -10,6 +10,7 @@ import json
 import random
 import threading
 from collections.abc import Iterator
+from dataclasses import astuple
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -19,11 +20,13 @@ from round_trips import count_network_waits
 from sqlalchemy import select, text
 
 from metering import FrozenClock, Limit, Meter, spend_limit
+from metering.domain.breaker import Breaker, released, step
 from metering.domain.events import make_event
 from metering.domain.needs import Need
 from metering.engine.answers import Declined
 from metering.engine.one_trip import ONE_TRIP_IMPLEMENTS, STATS, prepare
 from metering.storage.tables import (
+    breakers,
     counters,
     distinct_values,
     results,
@@ -248,7 +251,7 @@ def test_a_flat_price_and_its_spend_cap_take_one_trip(
 ) -> None:
     """The spend charge is added to the event before the call and decided
     with it, all or nothing; a consumed priced charge's row carries its
-    price. A graduated price is declined (its amount needs the window's total)."""
+    price."""
     with Meter(pg_url, clock=FrozenClock(START)) as meter:
         meter.set_limits(
             [
@@ -269,10 +272,149 @@ def test_a_flat_price_and_its_spend_cap_take_one_trip(
         assert STATS["applied"] - before["applied"] == 1  # a first denial notifies
         assert not meter.consume("org", "calls", 1).allowed
         assert STATS["applied"] - before["applied"] == 2
-        meter.set_price("calls", None, "USD", model="graduated", tiers=["10:0.01", "inf:0.005"])
-        assert meter.consume("org-2", "calls", 1).allowed
-        assert STATS["declined:money"] == before["declined:money"]  # declined before the call
         assert STATS["applied"] - before["applied"] == 2
+
+
+# (minutes on, charges (limit, cost)): across tiers' ends, a window's first
+# charge (its flat fee), half cents and the spend cap's last cents.
+TIERED_EVENTS = [
+    (0, [("grad", 2)]),  # flat fee 5 + 2 x 1
+    (1, [("grad", 1)]),  # to the tier's end: 1
+    (0, [("grad", 3)]),  # 3 x 0.4 = 1.2: 1
+    (0, [("grad", 1)]),  # 2.4 -> 2 less 1: 1
+    (0, [("vol", 4)]),  # a first-use window: 4 x 2 = 8
+    (1, [("vol", 1)]),  # 5 x 1 = 5 < 8: 0
+    (0, [("vol", 7)]),  # the highest: 10 x 1 = 10 (12 x 0.3 = 3.6): 2
+    (0, [("pack", 1)]),  # a package: 5
+    (0, [("pack", 2), ("grad", 1)]),  # no new package; 4.6 -> 5 to 5.0: 0
+    (1, [("pack", 1), ("unit", 3)]),  # a package; flat fee 2 + 4.5 -> 4
+    (0, [("unit", 1)]),  # 6.0 to 7.5 -> 8: 2, 38 of the cap's 40
+    (0, [("pack", 30)]),  # 10 packages: past the cap, all denied (notify)
+    (0, [("pack", 3), ("unit", 1)]),  # 5 + 2: still past it
+    (0, [("pack", 1), ("unit", 1)]),  # 0 + 2: the cap's last 2 cents
+    (0, [("grad", 1)]),  # 5.0 to 5.4 -> 5: 0 fits a full cap
+    (0, [("grad", 1)]),  # 5.4 to 5.8 -> 6: a cent past it
+    (58, [("grad", 2)]),  # a new hour: its flat fee past it
+]
+
+
+def test_tiered_prices_take_one_trip_as_the_reference_decides(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Graduated, volume and package prices and flat fees: the function prices
+    each charge by its counter's total before the event, as the reference
+    engine does, and the spend cap stops at the right cent, all or nothing."""
+    clock = FrozenClock(START - timedelta(minutes=30))
+    with Meter(pg_url, clock=clock) as meter:
+        meter.set_limits(
+            [
+                Limit("grad", maximum=100, period="1h", window="calendar"),
+                Limit("vol", maximum=100, period="30m"),
+                Limit("pack", maximum=100, period="1h", window="calendar"),
+                Limit("unit", maximum=100, period="1h", window="calendar"),
+                spend_limit("spend", "0.40", "USD", "1mo", window="calendar"),
+            ]
+        )
+        at = START - timedelta(days=1)
+        tiers = {"model": "graduated", "tiers": ["3:0.01", "inf:0.004"], "flat_fee": "0.05"}
+        meter.set_price("grad", None, "USD", at, **tiers)
+        tiers = {"model": "volume", "tiers": ["4:0.02", "10:0.01", "inf:0.003"]}
+        meter.set_price("vol", None, "USD", at, **tiers)
+        meter.set_price("pack", None, "USD", at, model="package", package=3, per_package="0.05")
+        meter.set_price("unit", "0.015", "USD", at, flat_fee="0.02")
+        meter.consume("other", "grad")  # caches the limits
+        reference = meter._engine.path("reference")
+        before = STATS.copy()
+        waits = count_network_waits(monkeypatch)
+        found = []
+        for number, (minutes, charges) in enumerate(TIERED_EVENTS):
+            clock.advance(minutes=minutes)
+            made = [("org", name, cost) for name, cost in charges]
+            event = make_event(made, clock(), f"e-{number}")
+            expected = reference.check(event, meter.database.now_us())
+            trips = waits[0]
+            decided = meter.consume(charges=made, event_id=f"e-{number}")
+            trips = waits[0] - trips
+            assert (decided.outcome, decided.charges) == (expected.outcome, expected.charges)
+            spend = decided.charges[-1]
+            prices = [c.price[1] if c.price else None for c in decided.charges[:-1]]
+            found.append((trips, decided.outcome, prices, spend.cost, spend.used))
+        assert STATS["applied"] - before["applied"] == len(TIERED_EVENTS) - 1
+    allowed = [(7, 7), (1, 8), (1, 9), (1, 10), (8, 18), (0, 18), (2, 20), (5, 25)]
+    assert found[:8] == [(1, "allowed", [amount], amount, used) for amount, used in allowed]
+    assert found[8:] == [
+        *[(1, "allowed", [0, 0], 0, 25), (1, "allowed", [5, 6], 11, 36)],
+        *[(1, "allowed", [2], 2, 38), (3, "denied", [None], 50, 38)],
+        *[(1, "denied", [None, None], 7, 38), (1, "allowed", [0, 2], 2, 40)],
+        *[(1, "allowed", [0], 0, 40), (1, "denied", [None], 1, 40), (1, "denied", [None], 7, 40)],
+    ]
+
+
+# (seconds on, cost, released first): a breaker past 2x its floor for a
+# minute trips; its quarantine holds the subject to 3; released, it steps
+# again after gaps whose decay is subnormal (12 h) and 0 (13 h), then forgotten.
+BREAKER_EVENTS = [
+    (0, 1, False),  # past the bound: over since now
+    (30, 1, False),
+    (31, 1, False),  # a minute past it: trips (notify, decided by the fast path)
+    (1, 2, False),  # held to 3 of which 3 are used: denied (a first denial: notify)
+    (1, 1, False),  # denied again
+    (60, 1, True),  # released: its history starts again
+    (43_000, 4, False),  # a new window; e^-716.7: a subnormal decay
+    (46_800, 2, False),  # e^-780: 0
+    (4_400_000, 1, False),  # past 50 days: forgotten
+]
+
+
+def test_a_breaker_is_stepped_by_the_function_as_python_steps_it(pg_url: str) -> None:
+    """The function reads the breaker under lock after the counters, holds a
+    quarantined subject to its quarantine, and steps the rates in the same
+    float arithmetic as `breaker.step` (equal to the last bit, through the
+    decays that underflow); the charge that trips it is declined, and the fast
+    path sends ``limit.quarantined``."""
+    clock = FrozenClock(START)
+    limit = Limit(
+        "runaway",
+        maximum=1000,
+        period="1h",
+        window="calendar",
+        breaker="2x",
+        breaker_floor=0.001,
+        quarantine_max=3,
+    )
+    with Meter(pg_url, clock=clock) as meter:
+        meter.set_limits([limit])
+        meter.consume("other", "runaway")  # caches the limits
+        reference = meter._engine.path("reference")
+        before = STATS.copy()
+        expected: Breaker | None = None
+        found = []
+        for number, (seconds, cost, release) in enumerate(BREAKER_EVENTS):
+            clock.advance(seconds=seconds)
+            now_us = meter.database.now_us()
+            if release:
+                meter.release_quarantine("org", "runaway")
+                assert expected is not None
+                expected = released(expected, now_us)
+            event = make_event([("org", "runaway", cost)], clock(), f"e-{number}")
+            checked = reference.check(event, now_us)
+            decided = meter.consume("org", "runaway", cost, event_id=f"e-{number}")
+            assert (decided.outcome, decided.charges) == (checked.outcome, checked.charges)
+            if decided.allowed:
+                expected, _ = step(expected, cost, now_us, 2, 0.001)
+            with meter.sql_engine.connect() as connection:
+                row = connection.execute(select(breakers).where(breakers.c.subject == "org")).one()
+            assert row[2:] == astuple(expected), number
+            found.append((decided.outcome, decided.charges[0].maximum))
+        applied = STATS["applied"] - before["applied"]
+        with meter.sql_engine.connect() as connection:
+            notices = connection.execute(select(webhook_messages.c.type)).scalars().all()
+    assert found == [
+        *[("allowed", 1000), ("allowed", 1000), ("allowed", 1000), ("denied", 3), ("denied", 3)],
+        *[("allowed", 1000), ("allowed", 1000), ("allowed", 1000), ("allowed", 1000)],
+    ]
+    assert applied == len(BREAKER_EVENTS) - 2  # the trip and the first denial notify
+    assert notices.count("limit.quarantined") == 1
 
 
 def test_a_subject_with_a_time_zone_takes_one_trip(
@@ -409,6 +551,7 @@ def test_paced_limits_take_one_trip_as_the_reference_decides(pg_url: str) -> Non
             found.append((decided.charges[0].outcome, decided.charges[0].retry_at))
         assert STATS["applied"] - before["applied"] == 8
     at = START.replace(minute=11), START.replace(minute=20), START.replace(minute=19)
+    print(found)
     assert found == [
         *[("allowed", None), ("denied", at[0]), ("allowed", None), ("allowed", None)],
         *[("denied", at[1]), ("ahead_of_pace", None), ("overage", None), ("allowed", None)],

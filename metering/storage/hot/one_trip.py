@@ -1,11 +1,11 @@
 """One round trip for a single event on PostgreSQL (``metering_consume_one``).
 
-The function (migration 0012's, grown up to 0033) decides the usual event by
+The function (migration 0012's, grown up to 0034) decides the usual event by
 the rules of `metering.domain.rules.decide` and writes what
 `PostgresHotStore.write` would, in one autocommit statement. It declines,
 writing nothing: limits changed since cached (``stale``), an id with a result
 (``exists``), an event before its first-use window (``old``), a charge that
-would notify (``notify``), a zoned subject's counter of an older first-use
+would notify or trip a breaker (``notify``), a zoned subject's counter of an older first-use
 window (``zone``). `apply_one` takes a raw psycopg connection in autocommit.
 """
 
@@ -32,7 +32,17 @@ CONSUME_ONE: Final = (
 #  whether the subject has grants on the limit, a priced charge's
 #  (currency, amount) or None; since 0033 the billing month of a subject
 #  with a time zone or None, a limit's dimensions' (key, value) pairs, a
-#  paced limit's burst in units or None, a gauge's aggregation or None).
+#  paced limit's burst in units or None, a gauge's aggregation or None;
+#  since 0034 a price by the window's total, or a spend charge's priced
+#  charges' positions from 1, or None, and a limit's runaway breaker or None).
+# A price by the window's total (since 0034): currency, model, flat fee,
+# tiers (end or None, micro-minor price), package, per package, per unit.
+TieredPrice = tuple[
+    str, str, int, tuple[tuple[int | None, int], ...], int | None, int | None, int | None
+]
+# A runaway breaker (since 0034): factor, floor, the quarantine maximum and
+# the enforcement a quarantined subject is held to.
+Breaker = tuple[int, float | None, int, str]
 OneCharge = tuple[
     str,
     str,
@@ -52,6 +62,8 @@ OneCharge = tuple[
     tuple[tuple[str, str], ...],
     int | None,
     str | None,
+    TieredPrice | tuple[int, ...] | None,
+    Breaker | None,
 ]
 
 
@@ -89,8 +101,14 @@ def call_parameters(
             list(found[9]) if thresholds else None,
             list(found[10]) if thresholds else None,
         ]
-        seat, granted, price, month, dims, burst, gauge = found[11:18]
+        seat, granted, price, month, dims, burst, gauge, tiers, breaker = found[11:20]
         later: list[Any] = [month, [list(pair) for pair in dims] if dims else None, burst, gauge]
+        # A price by the window's total (20), a spend charge's sum (21), a breaker (22).
+        if tiers is not None:
+            later += [tiers, None] if tiers and isinstance(tiers[0], str) else [None, tiers]
+        else:
+            later += [None, None]
+        later.append(breaker)
         while later and later[-1] is None:
             later.pop()
         if seat is not None or granted or price is not None or later:

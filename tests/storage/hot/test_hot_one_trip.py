@@ -124,6 +124,8 @@ def test_charges_are_passed_in_lock_order_with_thresholds_only_where_set() -> No
                 (),
                 None,
                 None,
+                None,
+                None,
             ),
             (
                 "a",
@@ -144,6 +146,8 @@ def test_charges_are_passed_in_lock_order_with_thresholds_only_where_set() -> No
                 (),
                 None,
                 None,
+                None,
+                None,
             ),
         ],
     )
@@ -156,13 +160,22 @@ def test_charges_are_passed_in_lock_order_with_thresholds_only_where_set() -> No
 
 
 def test_a_zone_dimensions_a_pace_and_a_gauge_ride_after_the_grants_and_price() -> None:
-    """The optional elements after a charge's price, trailing ones left out."""
+    """The optional elements after a charge's price, trailing ones left out;
+    then a price by the window's total (20) or a spend charge's sum (21), a breaker (22)."""
     charge = ("g", "org", 3, "c", 5, "hard", 1, 0, 9, (), (), None, False, None)
-    zoned = (*charge, "2026-11", (("route", "r1"),), 2, "max")
-    paced = (*charge, None, (), 2, None)
-    found = call_parameters(7, "e-1", "fp", 10, 11, None, [zoned, paced])
+    zoned = (*charge, "2026-11", (("route", "r1"),), 2, "max", None, None)
+    paced = (*charge, None, (), 2, None, None, None)
+    tiers = ("USD", "graduated", 5, ((3, 10_000), (None, 4_000)), None, None, None)
+    tiered = (*charge[:13], ("USD", 7), None, (), None, None, tiers, None)
+    spent = (*charge, None, (), None, None, (1, 3), None)
+    held = (*charge, None, (), None, None, None, (10, 0.5, 2, "hard"))
+    found = call_parameters(7, "e-1", "fp", 10, 11, None, [zoned, paced, tiered, spent, held])
     head = ["g", "org", 3, "c", 5, "hard", 1, 0, 9, '"org","g",3', None, None]
+    price = ["USD", "graduated", 5, [[3, 10_000], [None, 4_000]], None, None, None]
     assert json.loads(found[6]) == [
         [*head, None, None, False, None, "2026-11", [["route", "r1"]], 2, "max"],
         [*head, None, None, False, None, None, None, 2],
+        [*head, None, None, False, '["USD",7]', None, None, None, None, price],
+        [*head, None, None, False, None, None, None, None, None, None, [1, 3]],
+        [*head, None, None, False, None, *[None] * 6, [10, 0.5, 2, "hard"]],
     ]
