@@ -12,6 +12,7 @@ that defines it, so a renamed task is caught too.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import re
 from pathlib import Path
@@ -82,11 +83,17 @@ def sources() -> list[Path]:
     )
 
 
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    """``path``'s syntax tree, parsed once for all the tests of this file (read only)."""
+    return ast.parse(path.read_text(encoding="utf-8"))
+
+
 def texts() -> list[tuple[str, str]]:
     """Every docstring of the code, and every page of the docs."""
     found = []
     for path in sources():
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = parsed(path)
         for node in ast.walk(tree):
             if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
                 docstring = ast.get_docstring(node)
@@ -97,6 +104,7 @@ def texts() -> list[tuple[str, str]]:
     return found
 
 
+@functools.cache
 def resolves(name: str) -> bool:
     parts = name.split(".")
     for end in range(len(parts), 0, -1):
@@ -153,7 +161,7 @@ def module_docstring_lines() -> dict[str, int]:
     for path in sources():
         if "migrations" in path.parts:
             continue
-        docstring = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
+        docstring = ast.get_docstring(parsed(path))
         found[path.relative_to(ROOT).as_posix()] = len(docstring.splitlines()) if docstring else 0
     return found
 
@@ -200,7 +208,7 @@ def test_no_renaming_import_aliases() -> None:
         for path in sorted(ROOT.joinpath(folder).rglob("*.py")):
             if "migrations" in path.parts:
                 continue
-            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            for node in ast.walk(parsed(path)):
                 if isinstance(node, ast.Import | ast.ImportFrom):
                     found += [
                         f"{path.relative_to(ROOT)}:{node.lineno} {alias.name} as {alias.asname}"

@@ -172,12 +172,13 @@ def test_a_block_that_no_longer_fits_records_nothing(db_url: str, clock: FrozenC
 
 
 def test_the_book_keeps_a_bounded_number_of_keys(meter: Meter) -> None:
-    """A million distinct keys: the book never holds more than its capacity."""
+    """A hundred times its capacity in distinct keys: the book never holds more
+    than its capacity."""
     book = LeaseBook(meter._engine, capacity=1000)
     decision = meter.consume("seed", "api")
-    for number in range(1_000_000):
+    for number in range(100_000):
         book.note(f"client-{number}", "api", 1, decision)
-        if number % 100_000 == 0:
+        if number % 10_000 == 0:
             assert len(book) <= 1000
     assert len(book) == 1000
 
