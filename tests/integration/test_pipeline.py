@@ -295,7 +295,7 @@ def restore_lock_seconds(worker: Worker) -> int:
 def test_a_dead_workers_message_is_redelivered_soon_after_the_visibility_timeout(
     pg_url: str, redis_url: str, client: redis.Redis, start_worker: StartWorker
 ) -> None:
-    visibility = 10
+    visibility = 20  # long enough for a second worker to start on a loaded machine
     at = datetime.now(UTC)
     with Meter(pg_url) as meter:
         meter.set_limits([CALLS])
