@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from metering.domain.grants import Pot
@@ -28,15 +28,20 @@ from metering.storage.recurring import (
     schedule_of_values,
 )
 
-SELECT_GRANTS: Final = """
-SELECT limit_name, subject, grant_id, amount, used, effective_from_us, expires_at_us, priority,
-       low_at, low_sent
+# One pair's grants (kind 1) and what its windows drew (kind 2) in one
+# statement: `SELECT_GRANTS_OF`'s and `SELECT_DRAWS_OF`'s columns less the
+# pair, padded to the version and counter's columns (`GRANT_ROWS`), so that
+# `metering.storage.hot.sqlite` reads them with those too.
+_GRANT_PARTS: Final = """
+SELECT 1, grant_id, amount, used, effective_from_us, expires_at_us, priority, low_at, low_sent,
+       NULL, NULL
 FROM grants WHERE limit_name = ? AND subject = ?
+UNION ALL
+SELECT 2, window_start_us, sum(amount), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+FROM grant_draws WHERE limit_name = ? AND subject = ? GROUP BY window_start_us
 """
-SELECT_DRAWS: Final = """
-SELECT limit_name, subject, window_start_us, sum(amount) FROM grant_draws
-WHERE limit_name = ? AND subject = ? GROUP BY limit_name, subject, window_start_us
-"""
+GRANT_ROWS: Final = "UNION ALL" + _GRANT_PARTS
+SELECT_GRANTS_AND_DRAWS: Final = _GRANT_PARTS
 # The same for many pairs in one statement each (the pairs as one JSON array).
 _PAIRS: Final = "json_extract(k.value, '$[0]') AND {0}.subject = json_extract(k.value, '$[1]')"
 SELECT_GRANTS_OF: Final = f"""
@@ -81,20 +86,44 @@ def read_grants(
     """The grants of ``pairs`` with what every window drew on them (as
     `AllowanceStore.lock_pots` reads them), and those that may still
     announce ``grant.low`` (`metering.storage.hot.Snapshot.watched`)."""
-    grant_rows = _rows(raw, SELECT_GRANTS, SELECT_GRANTS_OF, pairs)
-    owners = sorted({(row[0], row[1]) for row in grant_rows})
-    draw_rows = _rows(raw, SELECT_DRAWS, SELECT_DRAWS_OF, owners)
-    watched = {r[2]: (r[8], r[4]) for r in grant_rows if r[8] is not None and not r[9]}
-    return pots_of(grant_rows, draw_rows), watched
-
-
-def _rows(
-    raw: sqlite3.Connection, one: str, many: str, pairs: Sequence[Pair]
-) -> list[tuple[Any, ...]]:
-    """The rows of ``one`` for each pair, or of ``many`` for them all."""
+    grant_rows: list[tuple[Any, ...]] = []
+    draw_rows: list[tuple[Any, ...]] = []
     if len(pairs) > _ONE_BY_ONE:
-        return raw.execute(many, (json.dumps(pairs),)).fetchall()
-    return [row for pair in pairs for row in raw.execute(one, pair)]
+        grant_rows = raw.execute(SELECT_GRANTS_OF, (json.dumps(pairs),)).fetchall()
+        owners = sorted({(row[0], row[1]) for row in grant_rows})
+        draw_rows = raw.execute(SELECT_DRAWS_OF, (json.dumps(owners),)).fetchall()
+        return grants_of_rows(grant_rows, draw_rows)
+    for pair in pairs:
+        rows = raw.execute(SELECT_GRANTS_AND_DRAWS, pair + pair)
+        add_pair_rows(pair, rows, grant_rows, draw_rows)
+    return grants_of_rows(grant_rows, draw_rows)
+
+
+def add_pair_rows(
+    pair: Pair,
+    rows: Iterable[Sequence[Any]],
+    grant_rows: list[tuple[Any, ...]],
+    draw_rows: list[tuple[Any, ...]],
+) -> None:
+    """Add the rows of ``pair`` that `SELECT_GRANTS_AND_DRAWS` (or `GRANT_ROWS`)
+    read, with the pair put back, to ``grant_rows`` (as `SELECT_GRANTS_OF`'s)
+    and ``draw_rows`` (as `SELECT_DRAWS_OF`'s); other kinds are left out."""
+    for row in rows:
+        if row[0] == 1:
+            grant_rows.append((*pair, *row[1:9]))
+        elif row[0] == 2:
+            draw_rows.append((*pair, row[1], row[2]))
+
+
+def grants_of_rows(
+    grant_rows: Sequence[Sequence[Any]], draw_rows: Sequence[Sequence[Any]]
+) -> tuple[dict[Pair, Pot], dict[str, tuple[int, int]]]:
+    """`read_grants`'s answer from `add_pair_rows`'s rows."""
+    return pots_of(grant_rows, draw_rows), _watched(grant_rows)
+
+
+def _watched(grant_rows: Iterable[Sequence[Any]]) -> dict[str, tuple[int, int]]:
+    return {r[2]: (r[8], r[4]) for r in grant_rows if r[8] is not None and not r[9]}
 
 
 def due_schedules(
@@ -128,5 +157,10 @@ def write_issues(
 def write_draws(raw: sqlite3.Connection, draws: Mapping[DrawKey, int]) -> None:
     """Add ``draws`` (all positive: the hot path only draws) to the grants and
     to their windows' draws (as `AllowanceStore.write_draws`)."""
+    if len(draws) == 1:  # one draw (`consume`): `execute`, which costs less
+        ((key, amount),) = draws.items()
+        raw.execute(ADD_USED, (amount, key[3]))
+        raw.execute(ADD_DRAW, (*key, amount))
+        return
     raw.executemany(ADD_USED, [(amount, grant_id) for grant_id, amount in grant_deltas(draws)])
     raw.executemany(ADD_DRAW, [(*key, amount) for key, amount in sorted(draws.items())])
