@@ -263,7 +263,7 @@ class SqliteHotStore:
                 extras = (changes.breakers, changes.low, changes.notices)
                 sqlite_write_extras(raw, *extras, now_us, changes.secret)
             if changes.rollups:
-                raw.executemany(SQLITE_UPSERT, rollup_rows(changes.rollups))
+                _execute(raw, SQLITE_UPSERT, rollup_rows(changes.rollups))
         except sqlite3.Error as exc:
             # `run_transaction` runs again after a key written meanwhile, and
             # only then: any other constraint would fail the same way again.
