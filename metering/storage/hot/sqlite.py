@@ -51,9 +51,8 @@ from metering.storage.hot.extras import (
 )
 from metering.storage.hot.sqlite_grants import (
     GRANT_ROWS,
-    add_pair_rows,
     due_schedules,
-    grants_of_rows,
+    pot_of_rows,
     read_grants,
     write_draws,
     write_issues,
@@ -179,11 +178,10 @@ class SqliteHotStore:
                 # The version, the first counter and the one pair's grants in one statement.
                 (pair,) = grant_pairs
                 rows = raw.execute(VERSION_COUNTER_AND_GRANTS, (*wanted[0], *pair, *pair))
-                grant_rows: list[tuple[Any, ...]] = []
-                draw_rows: list[tuple[Any, ...]] = []
                 (_, version, *first), *rest = rows.fetchall()
-                add_pair_rows(pair, rest, grant_rows, draw_rows)
-                pots, watched = grants_of_rows(grant_rows, draw_rows)
+                pots = {}
+                watched: dict[str, tuple[int, int]] = {}
+                pot_of_rows(pair, rest, pots, watched)
                 if first[0] is not None:
                     states[wanted[0]] = first[:7]
                     rates[wanted[0]] = (first[7], first[8])

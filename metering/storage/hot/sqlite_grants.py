@@ -15,7 +15,7 @@ import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
-from metering.domain.grants import Pot
+from metering.domain.grants import Balance, Pot
 from metering.domain.recurring import Issue, issue_id, next_due_us
 from metering.storage.allowances import DrawKey, grant_deltas, pots_of
 from metering.storage.counters import Pair
@@ -29,7 +29,7 @@ from metering.storage.recurring import (
 )
 
 # One pair's grants (kind 1) and what its windows drew (kind 2) in one
-# statement: `SELECT_GRANTS_OF`'s and `SELECT_DRAWS_OF`'s columns less the
+# statement: `SELECT_GRANTS_OF` and `SELECT_DRAWS_OF` columns less the
 # pair, padded to the version and counter's columns (`GRANT_ROWS`), so that
 # `metering.storage.hot.sqlite` reads them with those too.
 _GRANT_PARTS: Final = """
@@ -86,44 +86,40 @@ def read_grants(
     """The grants of ``pairs`` with what every window drew on them (as
     `AllowanceStore.lock_pots` reads them), and those that may still
     announce ``grant.low`` (`metering.storage.hot.Snapshot.watched`)."""
-    grant_rows: list[tuple[Any, ...]] = []
-    draw_rows: list[tuple[Any, ...]] = []
     if len(pairs) > _ONE_BY_ONE:
         grant_rows = raw.execute(SELECT_GRANTS_OF, (json.dumps(pairs),)).fetchall()
         owners = sorted({(row[0], row[1]) for row in grant_rows})
         draw_rows = raw.execute(SELECT_DRAWS_OF, (json.dumps(owners),)).fetchall()
-        return grants_of_rows(grant_rows, draw_rows)
+        watched = {r[2]: (r[8], r[4]) for r in grant_rows if r[8] is not None and not r[9]}
+        return pots_of(grant_rows, draw_rows), watched
+    pots: dict[Pair, Pot] = {}
+    watched = {}
     for pair in pairs:
-        rows = raw.execute(SELECT_GRANTS_AND_DRAWS, pair + pair)
-        add_pair_rows(pair, rows, grant_rows, draw_rows)
-    return grants_of_rows(grant_rows, draw_rows)
+        pot_of_rows(pair, raw.execute(SELECT_GRANTS_AND_DRAWS, pair + pair), pots, watched)
+    return pots, watched
 
 
-def add_pair_rows(
+def pot_of_rows(
     pair: Pair,
     rows: Iterable[Sequence[Any]],
-    grant_rows: list[tuple[Any, ...]],
-    draw_rows: list[tuple[Any, ...]],
+    pots: dict[Pair, Pot],
+    watched: dict[str, tuple[int, int]],
 ) -> None:
-    """Add the rows of ``pair`` that `SELECT_GRANTS_AND_DRAWS` (or `GRANT_ROWS`)
-    read, with the pair put back, to ``grant_rows`` (as `SELECT_GRANTS_OF`'s)
-    and ``draw_rows`` (as `SELECT_DRAWS_OF`'s); other kinds are left out."""
+    """Add the pot of ``pair`` (if it has grants) that `SELECT_GRANTS_AND_DRAWS`'s
+    (or `GRANT_ROWS`') ``rows`` hold to ``pots``, and its grants that may still
+    announce ``grant.low`` to ``watched``, as `read_grants` does; rows of
+    another kind are left out."""
+    balances: list[Balance] = []
+    granted: dict[int, int] = {}
     for row in rows:
         if row[0] == 1:
-            grant_rows.append((*pair, *row[1:9]))
+            balances.append(Balance(row[1], row[2], row[3], row[4], row[5], row[6]))
+            if row[7] is not None and not row[8]:
+                watched[row[1]] = (row[7], row[3])
         elif row[0] == 2:
-            draw_rows.append((*pair, row[1], row[2]))
-
-
-def grants_of_rows(
-    grant_rows: Sequence[Sequence[Any]], draw_rows: Sequence[Sequence[Any]]
-) -> tuple[dict[Pair, Pot], dict[str, tuple[int, int]]]:
-    """`read_grants`'s answer from `add_pair_rows`'s rows."""
-    return pots_of(grant_rows, draw_rows), _watched(grant_rows)
-
-
-def _watched(grant_rows: Iterable[Sequence[Any]]) -> dict[str, tuple[int, int]]:
-    return {r[2]: (r[8], r[4]) for r in grant_rows if r[8] is not None and not r[9]}
+            granted[row[1]] = int(row[2])
+    if balances:
+        pots[pair] = Pot(balances, granted)
 
 
 def due_schedules(
