@@ -5,7 +5,8 @@ SQLAlchemy, as fixed statements on the stdlib connection, so that the direct
 path (`DirectSqlite`) decides subjects with grants without a SQLAlchemy
 connection. The transaction is ``BEGIN IMMEDIATE``: it holds SQLite's one
 write lock, so reading is locking, and no other writer draws or issues
-meanwhile.
+meanwhile. A pair's grants and its windows' draws are read in one statement
+(in `consume`, in the version and counter's statement too).
 """
 
 from __future__ import annotations
