@@ -28,6 +28,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError, StatementError
 
 from metering.domain.distinct import Seen
+from metering.domain.grants import Pot
 from metering.domain.rollups import rollup_rows
 from metering.domain.rules import Key
 from metering.domain.windows import Window
@@ -49,7 +50,9 @@ from metering.storage.hot.extras import (
     sqlite_write_extras,
 )
 from metering.storage.hot.sqlite_grants import (
+    GRANT_ROWS,
     due_schedules,
+    pot_of_rows,
     read_grants,
     write_draws,
     write_issues,
@@ -102,6 +105,14 @@ FROM limits_version AS v
 LEFT JOIN counters AS c ON c.limit_name = ? AND c.subject = ? AND c.window_start_us = ?
 WHERE v.id = 1
 """
+# The same (kind 0) and one pair's grants and draws (`GRANT_ROWS`): a granted `consume`.
+VERSION_COUNTER_AND_GRANTS: Final = f"""
+SELECT 0, v.version, c.used, c.denied_count, c.denied_cost, c.first_denied_at_us, c.tat_us,
+       c.tat_rem, c.tat_scale, c.rate, c.rate_at_us
+FROM limits_version AS v
+LEFT JOIN counters AS c ON c.limit_name = ? AND c.subject = ? AND c.window_start_us = ?
+WHERE v.id = 1
+{GRANT_ROWS}"""
 SELECT_SEATS: Final = """
 SELECT v.subject, v.limit_name, v.window_start_us, v.value, v.live_events
 FROM json_each(?) AS k
@@ -162,7 +173,19 @@ class SqliteHotStore:
                     wanted.append((pair[0], pair[1], current[0]))
             states = {}
             rates: dict[Key, tuple[float, int]] = {}
-            if wanted:
+            pots: dict[Pair, Pot] | None = None
+            if wanted and len(grant_pairs) == 1:
+                # The version, the first counter and the one pair's grants in one statement.
+                (pair,) = grant_pairs
+                rows = raw.execute(VERSION_COUNTER_AND_GRANTS, (*wanted[0], *pair, *pair))
+                (_, version, *first), *rest = rows.fetchall()
+                pots = {}
+                watched: dict[str, tuple[int, int]] = {}
+                pot_of_rows(pair, rest, pots, watched)
+                if first[0] is not None:
+                    states[wanted[0]] = first[:7]
+                    rates[wanted[0]] = (first[7], first[8])
+            elif wanted:
                 # The first counter rides with the version (one statement for `consume`).
                 version, *first = raw.execute(VERSION_AND_COUNTER, wanted[0]).fetchone()
                 if first[0] is not None:  # ``used`` is NOT NULL: the row exists
@@ -181,7 +204,8 @@ class SqliteHotStore:
                         states[key] = list(row[:7])
                         rates[key] = (row[7], row[8])
             seen = _seen(raw, seats, windows) if seats else {}
-            pots, watched = read_grants(raw, grant_pairs) if grant_pairs else ({}, {})
+            if pots is None:
+                pots, watched = read_grants(raw, grant_pairs) if grant_pairs else ({}, {})
             breakers = sqlite_breakers(raw, breaker_pairs) if breaker_pairs else {}
             secret = sqlite_secret(raw, BREAKER_SECRET) if breaker_pairs else None
         except sqlite3.Error as exc:
@@ -237,7 +261,7 @@ class SqliteHotStore:
                 extras = (changes.breakers, changes.low, changes.notices)
                 sqlite_write_extras(raw, *extras, now_us, changes.secret)
             if changes.rollups:
-                raw.executemany(SQLITE_UPSERT, rollup_rows(changes.rollups))
+                _execute(raw, SQLITE_UPSERT, rollup_rows(changes.rollups))
         except sqlite3.Error as exc:
             # `run_transaction` runs again after a key written meanwhile, and
             # only then: any other constraint would fail the same way again.

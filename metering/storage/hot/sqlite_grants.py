@@ -5,17 +5,18 @@ SQLAlchemy, as fixed statements on the stdlib connection, so that the direct
 path (`DirectSqlite`) decides subjects with grants without a SQLAlchemy
 connection. The transaction is ``BEGIN IMMEDIATE``: it holds SQLite's one
 write lock, so reading is locking, and no other writer draws or issues
-meanwhile.
+meanwhile. A pair's grants and its windows' draws are read in one statement
+(in `consume`, in the version and counter's statement too).
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
-from metering.domain.grants import Pot
+from metering.domain.grants import Balance, Pot
 from metering.domain.recurring import Issue, issue_id, next_due_us
 from metering.storage.allowances import DrawKey, grant_deltas, pots_of
 from metering.storage.counters import Pair
@@ -28,15 +29,20 @@ from metering.storage.recurring import (
     schedule_of_values,
 )
 
-SELECT_GRANTS: Final = """
-SELECT limit_name, subject, grant_id, amount, used, effective_from_us, expires_at_us, priority,
-       low_at, low_sent
+# One pair's grants (kind 1) and what its windows drew (kind 2) in one
+# statement: `SELECT_GRANTS_OF` and `SELECT_DRAWS_OF` columns less the
+# pair, padded to the version and counter's columns (`GRANT_ROWS`), so that
+# `metering.storage.hot.sqlite` reads them with those too.
+_GRANT_PARTS: Final = """
+SELECT 1, grant_id, amount, used, effective_from_us, expires_at_us, priority, low_at, low_sent,
+       NULL, NULL
 FROM grants WHERE limit_name = ? AND subject = ?
+UNION ALL
+SELECT 2, window_start_us, sum(amount), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+FROM grant_draws WHERE limit_name = ? AND subject = ? GROUP BY window_start_us
 """
-SELECT_DRAWS: Final = """
-SELECT limit_name, subject, window_start_us, sum(amount) FROM grant_draws
-WHERE limit_name = ? AND subject = ? GROUP BY limit_name, subject, window_start_us
-"""
+GRANT_ROWS: Final = "UNION ALL" + _GRANT_PARTS
+SELECT_GRANTS_AND_DRAWS: Final = _GRANT_PARTS
 # The same for many pairs in one statement each (the pairs as one JSON array).
 _PAIRS: Final = "json_extract(k.value, '$[0]') AND {0}.subject = json_extract(k.value, '$[1]')"
 SELECT_GRANTS_OF: Final = f"""
@@ -81,20 +87,40 @@ def read_grants(
     """The grants of ``pairs`` with what every window drew on them (as
     `AllowanceStore.lock_pots` reads them), and those that may still
     announce ``grant.low`` (`metering.storage.hot.Snapshot.watched`)."""
-    grant_rows = _rows(raw, SELECT_GRANTS, SELECT_GRANTS_OF, pairs)
-    owners = sorted({(row[0], row[1]) for row in grant_rows})
-    draw_rows = _rows(raw, SELECT_DRAWS, SELECT_DRAWS_OF, owners)
-    watched = {r[2]: (r[8], r[4]) for r in grant_rows if r[8] is not None and not r[9]}
-    return pots_of(grant_rows, draw_rows), watched
-
-
-def _rows(
-    raw: sqlite3.Connection, one: str, many: str, pairs: Sequence[Pair]
-) -> list[tuple[Any, ...]]:
-    """The rows of ``one`` for each pair, or of ``many`` for them all."""
     if len(pairs) > _ONE_BY_ONE:
-        return raw.execute(many, (json.dumps(pairs),)).fetchall()
-    return [row for pair in pairs for row in raw.execute(one, pair)]
+        grant_rows = raw.execute(SELECT_GRANTS_OF, (json.dumps(pairs),)).fetchall()
+        owners = sorted({(row[0], row[1]) for row in grant_rows})
+        draw_rows = raw.execute(SELECT_DRAWS_OF, (json.dumps(owners),)).fetchall()
+        watched = {r[2]: (r[8], r[4]) for r in grant_rows if r[8] is not None and not r[9]}
+        return pots_of(grant_rows, draw_rows), watched
+    pots: dict[Pair, Pot] = {}
+    watched = {}
+    for pair in pairs:
+        pot_of_rows(pair, raw.execute(SELECT_GRANTS_AND_DRAWS, pair + pair), pots, watched)
+    return pots, watched
+
+
+def pot_of_rows(
+    pair: Pair,
+    rows: Iterable[Sequence[Any]],
+    pots: dict[Pair, Pot],
+    watched: dict[str, tuple[int, int]],
+) -> None:
+    """Add the pot of ``pair`` (if it has grants) that `SELECT_GRANTS_AND_DRAWS`'s
+    (or `GRANT_ROWS`') ``rows`` hold to ``pots``, and its grants that may still
+    announce ``grant.low`` to ``watched``, as `read_grants` does; rows of
+    another kind are left out."""
+    balances: list[Balance] = []
+    granted: dict[int, int] = {}
+    for row in rows:
+        if row[0] == 1:
+            balances.append(Balance(row[1], row[2], row[3], row[4], row[5], row[6]))
+            if row[7] is not None and not row[8]:
+                watched[row[1]] = (row[7], row[3])
+        elif row[0] == 2:
+            granted[row[1]] = int(row[2])
+    if balances:
+        pots[pair] = Pot(balances, granted)
 
 
 def due_schedules(
@@ -128,5 +154,10 @@ def write_issues(
 def write_draws(raw: sqlite3.Connection, draws: Mapping[DrawKey, int]) -> None:
     """Add ``draws`` (all positive: the hot path only draws) to the grants and
     to their windows' draws (as `AllowanceStore.write_draws`)."""
+    if len(draws) == 1:  # one draw (`consume`): `execute`, which costs less
+        ((key, amount),) = draws.items()
+        raw.execute(ADD_USED, (amount, key[3]))
+        raw.execute(ADD_DRAW, (*key, amount))
+        return
     raw.executemany(ADD_USED, [(amount, grant_id) for grant_id, amount in grant_deltas(draws)])
     raw.executemany(ADD_DRAW, [(*key, amount) for key, amount in sorted(draws.items())])

@@ -2,7 +2,7 @@
 do what `metering.storage.allowances` and `metering.storage.recurring` do through
 SQLAlchemy: the same pots and draws read, for a few pairs one by one and for
 many in one statement; draws added alike; the same recurring issues made, the
-schedules moved on."""
+schedules moved on. A granted `consume` reads its grants with its counter."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from sqlalchemy import select
 
 from metering import FrozenClock, Limit, Meter
 from metering.storage.allowances import AllowanceStore
+from metering.storage.hot.sqlite import SqliteHotStore
 from metering.storage.hot.sqlite_grants import (
     due_schedules,
     read_grants,
@@ -123,3 +124,45 @@ def test_recurring_issues_are_made_as_the_recurring_store_makes_them(
         moved = due_schedules(raw, pairs)
     assert [issues_of(schedule, last, now_us) for schedule, last in moved] == [[]]  # moved on
     assert [len(issues_of(schedule, last, hour_later)) for schedule, last in moved] == [1]
+
+
+def _statements(meter: Meter, monkeypatch: pytest.MonkeyPatch, subject: str) -> list[str]:
+    """The statements of one `consume` of ``subject``, from its read to its COMMIT."""
+    statements: list[str] = []
+    original = SqliteHotStore.read
+
+    def traced(store: SqliteHotStore, *args: Any, **kwargs: Any) -> Any:
+        store.raw.set_trace_callback(statements.append)
+        return original(store, *args, **kwargs)
+
+    monkeypatch.setattr(SqliteHotStore, "read", traced)
+    assert meter.consume(subject, "calls").allowed
+    monkeypatch.setattr(SqliteHotStore, "read", original)
+    return [" ".join(statement.split()[:3]) for statement in statements]
+
+
+@pytest.mark.parametrize("every", [None, "1mo"], ids=["grant", "recurring"])
+def test_a_granted_consume_reads_its_grants_with_its_counter(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch, every: str | None
+) -> None:
+    # One statement reads the version, the counter, the grants and their
+    # draws; the grant's use and its window's draw are two statements.
+    with Meter(sqlite_url, clock=FrozenClock(NOW)) as meter:
+        meter.set_limit(Limit("calls", maximum=1, period="1mo", window="calendar"))
+        meter.grant("s", "calls", 10, grant_id="credit", every=every)
+        assert meter.consume("s", "calls").allowed  # the limit's own
+        assert meter.consume("s", "calls").allowed  # the grant's first
+        statements = _statements(meter, monkeypatch, "s")
+        assert statements == [
+            "SELECT 0, v.version,",
+            "UPDATE counters SET",
+            "INSERT INTO results",
+            "UPDATE grants SET",
+            "INSERT INTO grant_draws",
+            "COMMIT",
+        ]
+        grant_id = "credit" if every is None else meter.grants("s", "calls")[0].grant_id
+        with meter.sql_engine.connect() as connection:
+            used = connection.execute(select(grants.c.used)).scalar_one()
+            drawn = connection.execute(select(grant_draws.c.grant_id, grant_draws.c.amount)).all()
+        assert (used, [tuple(row) for row in drawn]) == (2, [(grant_id, 2)])
