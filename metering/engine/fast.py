@@ -634,43 +634,18 @@ class _Applying:
         batch, cache = self.batch, self.cache
         # Priced limits at all (a refresh under way may pair versions: `_Spend.of` checks).
         priced = bool(cache.prices.prices) or cache.prices.version != self.version
-        # An event of one charge on a `_plain` rule takes the short way
-        # below: what `rules_for` and `_keys` find of it, found inline.
+        # An event whose charges are all on `_plain` rules takes the short
+        # way below: what `rules_for` and `_keys` find of it, found inline.
         short = batch.hold is None and batch.policy is None
         plain: dict[str, Rule | None] = {}
-        now_us, rules, first, todo = batch.now_us, self.rules, self.first, self.todo
-        keys, totals, calendar = self.keys, self.sums.totals, self.calendar.calendar
-        entitled, granted = self.allowances.histories, self.allowances.grant_pairs
+        first, todo = self.first, self.todo
         for index, event in enumerate(batch.records):
             event_id = event.event_id
             if event_id in first:
                 self.answers[index] = first[event_id]
                 continue
             first[event_id] = index
-            charges = event.charges
-            if short and len(charges) == 1:
-                subject, name, cost = charges[0]
-                try:
-                    rule = plain[name]
-                except KeyError:
-                    rule = plain[name] = _plain(rules.get(name))
-                at_us = event.occurred_at_us
-                if (
-                    rule is not None
-                    and cost != 0
-                    and now_us - rule.lateness_us <= at_us <= now_us + FUTURE_TOLERANCE_US
-                ):
-                    window = calendar(rule, subject, at_us)
-                    key = (name, subject, window[0])
-                    keys[key] = window[1]
-                    totals[key] = totals.get(key, 0) + cost
-                    if (entitled and (name, subject) in entitled) or (
-                        granted and (name, subject) in granted
-                    ):
-                        self.sums.timed((name, subject), at_us)
-                    todo.append((index, event, [rule], None, [(key, window)]))
-                    continue
-            elif short:
+            if short:
                 found = self._plain_rules(event, plain)
                 if found is not None:
                     todo.append((index, event, found, None, self._plain_keys(event, found)))
@@ -692,7 +667,7 @@ class _Applying:
                         self.breaker_pairs.add((name, subject))
 
     def _plain_rules(self, event: EventRecord, plain: dict[str, Rule | None]) -> list[Rule] | None:
-        """The rules of an event of several charges when each is `_plain`,
+        """The rules of an event when each of its charges is `_plain`,
         costs more than 0 and is in its time (`rules_for` finds no error);
         else None."""
         now_us, at_us, rules = self.batch.now_us, event.occurred_at_us, self.rules
