@@ -688,21 +688,26 @@ class _Applying:
 
     def _plain_keys(self, event: EventRecord, event_rules: list[Rule]) -> _Fixed:
         """`_keys` of an event whose rules are all `_plain`."""
-        keys, totals, calendar = self.keys, self.sums.totals, self.calendar.calendar
+        at_us, counted = event.occurred_at_us, self._counted
+        return [
+            counted(rule, subject, name, cost, at_us)
+            for (subject, name, cost), rule in zip(event.charges, event_rules, strict=True)
+        ]
+
+    def _counted(
+        self, rule: Rule, subject: str, name: str, cost: int, at_us: int
+    ) -> tuple[Key, Window]:
+        """A charge's counter key and calendar window: its cost summed into the
+        batch's totals, and its time kept when the pair has allowances."""
+        window = self.calendar.calendar(rule, subject, at_us)
+        key = (name, subject, window[0])
+        self.keys[key] = window[1]
+        totals = self.sums.totals
+        totals[key] = totals.get(key, 0) + cost
         entitled, granted = self.allowances.histories, self.allowances.grant_pairs
-        at_us = event.occurred_at_us
-        fixed: _Fixed = []
-        for (subject, name, cost), rule in zip(event.charges, event_rules, strict=True):
-            window = calendar(rule, subject, at_us)
-            key = (name, subject, window[0])
-            keys[key] = window[1]
-            totals[key] = totals.get(key, 0) + cost
-            if (entitled and (name, subject) in entitled) or (
-                granted and (name, subject) in granted
-            ):
-                self.sums.timed((name, subject), at_us)
-            fixed.append((key, window))
-        return fixed
+        if (entitled and (name, subject) in entitled) or (granted and (name, subject) in granted):
+            self.sums.timed((name, subject), at_us)
+        return key, window
 
     def _seats(self, event: EventRecord) -> bool:
         """Whether ``event`` charges a seat limit (a reservation of one is
@@ -715,9 +720,7 @@ class _Applying:
         first-use window (known once its current window is read); its seat
         values in ``event_seats`` (with fixed windows)."""
         fixed: _Fixed | None = []
-        totals, entitled = self.sums.totals, self.allowances.histories
-        granted = self.allowances.grant_pairs
-        keys, calendar, at_us = self.keys, self.calendar.calendar, event.occurred_at_us
+        keys, at_us = self.keys, event.occurred_at_us
         seats: list[SeatKey | None] | None = None
         for position, ((subject, name, cost), rule) in enumerate(
             zip(event.charges, event_rules, strict=True)
@@ -731,14 +734,7 @@ class _Applying:
                     fixed.append((key, BUCKET_WINDOW))
                 self.sums.poisoned.add((name, subject))
             elif rule.calendar:
-                window = calendar(rule, subject, at_us)
-                key = (name, subject, window[0])
-                keys[key] = window[1]
-                totals[key] = totals.get(key, 0) + cost
-                if (entitled and (name, subject) in entitled) or (
-                    granted and (name, subject) in granted
-                ):
-                    self.sums.timed((name, subject), at_us)
+                key, window = self._counted(rule, subject, name, cost, at_us)
                 if fixed is not None:
                     fixed.append((key, window))
                 if rule.distinct:

@@ -16,7 +16,7 @@ import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
-from metering.domain.grants import Balance, Pot
+from metering.domain.grants import Pot
 from metering.domain.recurring import Issue, issue_id, next_due_us
 from metering.storage.allowances import DrawKey, grant_deltas, pots_of
 from metering.storage.counters import Pair
@@ -91,10 +91,9 @@ def read_grants(
         grant_rows = raw.execute(SELECT_GRANTS_OF, (json.dumps(pairs),)).fetchall()
         owners = sorted({(row[0], row[1]) for row in grant_rows})
         draw_rows = raw.execute(SELECT_DRAWS_OF, (json.dumps(owners),)).fetchall()
-        watched = {r[2]: (r[8], r[4]) for r in grant_rows if r[8] is not None and not r[9]}
-        return pots_of(grant_rows, draw_rows), watched
+        return pots_of(grant_rows, draw_rows), _watched(grant_rows)
     pots: dict[Pair, Pot] = {}
-    watched = {}
+    watched: dict[str, tuple[int, int]] = {}
     for pair in pairs:
         pot_of_rows(pair, raw.execute(SELECT_GRANTS_AND_DRAWS, pair + pair), pots, watched)
     return pots, watched
@@ -110,17 +109,20 @@ def pot_of_rows(
     (or `GRANT_ROWS`') ``rows`` hold to ``pots``, and its grants that may still
     announce ``grant.low`` to ``watched``, as `read_grants` does; rows of
     another kind are left out."""
-    balances: list[Balance] = []
-    granted: dict[int, int] = {}
-    for row in rows:
-        if row[0] == 1:
-            balances.append(Balance(row[1], row[2], row[3], row[4], row[5], row[6]))
-            if row[7] is not None and not row[8]:
-                watched[row[1]] = (row[7], row[3])
-        elif row[0] == 2:
-            granted[row[1]] = int(row[2])
-    if balances:
-        pots[pair] = Pot(balances, granted)
+    grant_rows: list[tuple[Any, ...]] = []
+    draw_rows: list[tuple[Any, ...]] = []
+    for kind, *values in rows:
+        if kind == 1:  # as `SELECT_GRANTS_OF` reads a grant
+            grant_rows.append((*pair, *values[:8]))
+        elif kind == 2:  # as `SELECT_DRAWS_OF` reads a window's draws
+            draw_rows.append((*pair, values[0], values[1]))
+    pots.update(pots_of(grant_rows, draw_rows))
+    watched.update(_watched(grant_rows))
+
+
+def _watched(grant_rows: Iterable[Sequence[Any]]) -> dict[str, tuple[int, int]]:
+    """The grants that may still announce ``grant.low``: (its level, used) by id."""
+    return {r[2]: (r[8], r[4]) for r in grant_rows if r[8] is not None and not r[9]}
 
 
 def due_schedules(
