@@ -36,7 +36,8 @@ the configurations (their order turns each round): `Meter.consume` in 1
 process (and in 4 sharing the round's calls, on PostgreSQL), and
 `Meter.apply` of 1,000-event batches in one process, beside the ledger
 peer (`peers.ledger_postgres`, `peers.ledger_sqlite`: the results rows and
-the counter upsert, one transaction per batch, no decision), one batch of
+the counter upsert, one transaction per batch, no decision, over the plain
+batches' own events and ids), one batch of
 every case and of the peer in turn (`apply_rounds`). Each row
 prints the median of the rounds and its ratio to plain, the median of the
 per-round ratios; a case that writes more than one counter also to the
@@ -275,11 +276,10 @@ def apply_rounds(
         events = events_of(case, subjects, seed, 1000 * batches + WARM_UP, meter)
         apply_all(meter, events[:WARM_UP])
         work[case.name] = [events[at : at + 1000] for at in range(WARM_UP, len(events), 1000)]
-    rng = random.Random(seed)
-    now_us = time.time_ns() // 1000
+    # The plain batches' own rows: their ids (random, as `make_event` makes
+    # them) fall all over the key's index, as ours do.
     rows = [
-        [(f"peer-{seed}-{b}-{n}", rng.choice(subjects), "calls", 1, now_us) for n in range(1000)]
-        for b in range(batches)
+        [(e.event_id, *e.charges[0], e.occurred_at_us) for e in batch] for batch in work["plain"]
     ]
     ledger = ledger_postgres if peer.startswith("postgresql") else ledger_sqlite
     latencies: dict[str, list[int]] = {name: [] for name in [*meters, PEER]}
