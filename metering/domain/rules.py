@@ -100,8 +100,15 @@ class Rule:
         )
 
     def with_maximum(self, maximum: int) -> Rule:
-        """This rule for a subject with its own maximum (an entitlement)."""
-        return self if maximum == self.maximum else replace(self, maximum=maximum)
+        """This rule for a subject with its own maximum (an entitlement): a
+        copy, slot by slot (`dataclasses.replace` costs twice as much)."""
+        if maximum == self.maximum:
+            return self
+        copy = object.__new__(Rule)
+        for name in _RULE_SLOTS:
+            object.__setattr__(copy, name, getattr(self, name))
+        object.__setattr__(copy, "maximum", maximum)
+        return copy
 
     def with_thresholds(self, thresholds: tuple[int, ...], units: tuple[int, ...]) -> Rule:
         """This rule for a subject with thresholds of its own (`metering.allowances.alerts`),
@@ -109,6 +116,8 @@ class Rule:
         limit = replace(self.limit, thresholds=thresholds, thresholds_units=units)
         return replace(self, limit=limit, notifies=bool(thresholds or units) or self.soft)
 
+
+_RULE_SLOTS: Final = Rule.__slots__  # every field of a `Rule`
 
 # What one charge would do, as a tuple (see `_window` and `_bucket`):
 # fits, used before, used after, remaining before, remaining after,

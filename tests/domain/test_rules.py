@@ -462,6 +462,10 @@ def test_a_rule_with_a_subjects_own_maximum() -> None:
     own = rule.with_maximum(7)
     assert own == replace(rule, maximum=7)
     assert own.limit is CALLS and rule.maximum == 10
+    # Copied slot by slot: every field of a rule with none at its default.
+    paced = Limit("p", maximum=9, period="1d", window="calendar", pacing=True, dimensions=("r",))
+    full = replace(Rule.of(paced, priced=True), gauge="max", concurrent=True, distinct=True)
+    assert full.with_maximum(3) == replace(full, maximum=3)
     shadow = Rule.of(TRIAL)
     assert (shadow.shadow, shadow.soft, shadow.notifies) == (True, False, False)
     assert Rule.of(CALLS).notifies and not Rule.of(CALLS).shadow

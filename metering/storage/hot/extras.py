@@ -2,7 +2,8 @@
 stores with the counters, on PostgreSQL and SQLite.
 
 `HotStore.read` locks the breakers asked for after the counters and reads
-the breaker links' secret; `HotStore.write` stores the breakers stepped (and
+the breaker links' secret (on SQLite, one event's in its counter's
+statement); `HotStore.write` stores the breakers stepped (and
 the secret, when it makes it), marks ``grant.low`` and records notices as
 `WebhookStore.record_notices` does (a new mark: its message and deliveries).
 On PostgreSQL each is a statement of the write's pipeline; a grant's first
@@ -202,6 +203,16 @@ SQLITE_READ_SECRET: Final = "SELECT value FROM secrets WHERE name = ?"
 SQLITE_INSERT_SECRET: Final = "INSERT INTO secrets (name, value, created_at_us) VALUES (?, ?, ?)"
 SQLITE_READ_BREAKER: Final = f"""
 SELECT limit_name, subject, {_BREAKER_COLUMNS} FROM breakers WHERE limit_name = ? AND subject = ?
+"""
+# The same two reads as parts of the version and counter's statement of
+# `metering.storage.hot.sqlite` (one breaker: `consume`): a breaker (kind 3)
+# and the secret (kind 4), padded to its eleven columns.
+SQLITE_BREAKER_ROWS: Final = f"""
+UNION ALL
+SELECT 3, {_BREAKER_COLUMNS}, NULL, NULL, NULL, NULL
+FROM breakers WHERE limit_name = ? AND subject = ?
+UNION ALL
+SELECT 4, value, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM secrets WHERE name = ?
 """
 SQLITE_UPSERT_BREAKER: Final = f"""
 INSERT INTO breakers (limit_name, subject, {_BREAKER_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)

@@ -27,6 +27,7 @@ from typing import Any, Final, TypeVar
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError, StatementError
 
+from metering.domain.breaker import Breaker
 from metering.domain.distinct import Seen
 from metering.domain.grants import Pot
 from metering.domain.rollups import rollup_rows
@@ -45,6 +46,8 @@ from metering.storage.counters import Pair
 from metering.storage.hot import Changes, Snapshot, WantedKey, WantedSeat
 from metering.storage.hot.extras import (
     BREAKER_SECRET,
+    SQLITE_BREAKER_ROWS,
+    breaker_of_row,
     sqlite_breakers,
     sqlite_secret,
     sqlite_write_extras,
@@ -105,14 +108,34 @@ FROM limits_version AS v
 LEFT JOIN counters AS c ON c.limit_name = ? AND c.subject = ? AND c.window_start_us = ?
 WHERE v.id = 1
 """
-# The same (kind 0) and one pair's grants and draws (`GRANT_ROWS`): a granted `consume`.
-VERSION_COUNTER_AND_GRANTS: Final = f"""
+# The same with a kind (0) first, and what else one event reads, each part
+# padded to its eleven columns: one pair's grants and draws (`GRANT_ROWS`,
+# kinds 1 and 2), one breaker and the secret (`SQLITE_BREAKER_ROWS`, 3 and
+# 4), one seat value's live events (kind 5). `FOLDED` has a statement per
+# choice of parts: (grants, breaker, seat).
+_KINDED: Final = """
 SELECT 0, v.version, c.used, c.denied_count, c.denied_cost, c.first_denied_at_us, c.tat_us,
        c.tat_rem, c.tat_scale, c.rate, c.rate_at_us
 FROM limits_version AS v
 LEFT JOIN counters AS c ON c.limit_name = ? AND c.subject = ? AND c.window_start_us = ?
 WHERE v.id = 1
-{GRANT_ROWS}"""
+"""
+_SEAT_ROW: Final = """
+UNION ALL
+SELECT 5, live_events, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+FROM distinct_values
+WHERE subject = ? AND limit_name = ? AND window_start_us = ? AND value = ?
+"""
+FOLDED: Final = {
+    (grants, breaker, seat): _KINDED
+    + (GRANT_ROWS if grants else "")
+    + (SQLITE_BREAKER_ROWS if breaker else "")
+    + (_SEAT_ROW if seat else "")
+    for grants in (False, True)
+    for breaker in (False, True)
+    for seat in (False, True)
+}
+_BREAKER, _SECRET, _SEAT = 3, 4, 5  # kinds of `FOLDED`'s rows
 SELECT_SEATS: Final = """
 SELECT v.subject, v.limit_name, v.window_start_us, v.value, v.live_events
 FROM json_each(?) AS k
@@ -173,15 +196,35 @@ class SqliteHotStore:
                     wanted.append((pair[0], pair[1], current[0]))
             states = {}
             rates: dict[Key, tuple[float, int]] = {}
-            pots: dict[Pair, Pot] | None = None
-            if wanted and len(grant_pairs) == 1:
-                # The version, the first counter and the one pair's grants in one statement.
-                (pair,) = grant_pairs
-                rows = raw.execute(VERSION_COUNTER_AND_GRANTS, (*wanted[0], *pair, *pair))
-                (_, version, *first), *rest = rows.fetchall()
-                pots = {}
-                watched: dict[str, tuple[int, int]] = {}
-                pot_of_rows(pair, rest, pots, watched)
+            pots: dict[Pair, Pot] = {}
+            watched: dict[str, tuple[int, int]] = {}
+            seen: Seen = {}
+            breakers: dict[Pair, Breaker] = {}
+            secret: str | None = None
+            # One event's (`consume`) grants, breaker and seat ride with its first counter.
+            grant = grant_pairs[0] if wanted and len(grant_pairs) == 1 else None
+            breaker = breaker_pairs[0] if wanted and len(breaker_pairs) == 1 else None
+            seat = _fixed_seat(seats[0]) if wanted and len(seats) == 1 else None
+            if grant or breaker or seat:
+                parameters: list[Any] = [*wanted[0]]
+                if grant:
+                    parameters += (*grant, *grant)
+                if breaker:
+                    parameters += (*breaker, BREAKER_SECRET)
+                if seat:
+                    name, subject, start, value = seat
+                    parameters += (subject, name, start, value)  # as `_seen` reads it
+                statement = FOLDED[grant is not None, breaker is not None, seat is not None]
+                (_, version, *first), *rest = raw.execute(statement, parameters).fetchall()
+                if grant:
+                    pot_of_rows(grant, rest, pots, watched)
+                for row in rest:
+                    if row[0] == _BREAKER and breaker:
+                        breakers[breaker] = breaker_of_row((*breaker, *row[1:7]))
+                    elif row[0] == _SECRET:
+                        secret = str(row[1])
+                    elif row[0] == _SEAT and seat:
+                        seen[seat] = row[1]
                 if first[0] is not None:
                     states[wanted[0]] = first[:7]
                     rates[wanted[0]] = (first[7], first[8])
@@ -203,11 +246,13 @@ class SqliteHotStore:
                     if row is not None:
                         states[key] = list(row[:7])
                         rates[key] = (row[7], row[8])
-            seen = _seen(raw, seats, windows) if seats else {}
-            if pots is None:
-                pots, watched = read_grants(raw, grant_pairs) if grant_pairs else ({}, {})
-            breakers = sqlite_breakers(raw, breaker_pairs) if breaker_pairs else {}
-            secret = sqlite_secret(raw, BREAKER_SECRET) if breaker_pairs else None
+            if seats and seat is None:
+                seen = _seen(raw, seats, windows)
+            if grant_pairs and grant is None:
+                pots, watched = read_grants(raw, grant_pairs)
+            if breaker_pairs and breaker is None:
+                breakers = sqlite_breakers(raw, breaker_pairs)
+                secret = sqlite_secret(raw, BREAKER_SECRET)
         except sqlite3.Error as exc:
             raise _translate(exc) from exc
         return Snapshot(
@@ -301,6 +346,12 @@ def _windows(raw: sqlite3.Connection, pairs: Sequence[Pair]) -> list[tuple[Pair,
         if row is not None:
             windows.append((pair, (row[0], row[1]) if row[0] is not None else None))
     return windows
+
+
+def _fixed_seat(seat: WantedSeat) -> tuple[str, str, int, str] | None:
+    """``seat`` when its window's start is known (a calendar window's), else None."""
+    name, subject, start, value = seat
+    return None if start is None else (name, subject, start, value)
 
 
 def _stored(raw: sqlite3.Connection, ids: Sequence[str]) -> dict[str, ResultRecord]:

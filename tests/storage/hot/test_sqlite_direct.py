@@ -18,14 +18,16 @@ import sqlite3
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
+from servers import copy_sqlite
 from sqlalchemy import event, func, select
 
 from metering import FrozenClock, Limit, Meter
 from metering.storage.hot.sqlite import SqliteHotStore
-from metering.storage.tables import counters, results, webhook_marks
+from metering.storage.tables import breakers, counters, distinct_values, results, webhook_marks
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 LIMIT = Limit("calls", maximum=1_000, period="1d", window="calendar")
@@ -243,3 +245,107 @@ def test_a_check_reads_on_the_direct_connection_without_the_write_lock(
         writer.close()
     assert seen == []
     assert used(meter) == (1, 600)
+
+
+def _traced(meter: Meter, monkeypatch: pytest.MonkeyPatch, *args: Any, **kwargs: Any) -> list[str]:
+    """The statements of one allowed `consume`, from its read to its COMMIT
+    (each statement's first three words)."""
+    statements: list[str] = []
+    original = SqliteHotStore.read
+
+    def traced(store: SqliteHotStore, *read: Any, **options: Any) -> Any:
+        store.raw.set_trace_callback(statements.append)
+        return original(store, *read, **options)
+
+    monkeypatch.setattr(SqliteHotStore, "read", traced)
+    assert meter.consume(*args, **kwargs).allowed
+    monkeypatch.setattr(SqliteHotStore, "read", original)
+    return [" ".join(statement.split()[:3]) for statement in statements]
+
+
+def _table(meter: Meter, table: Any) -> list[tuple[Any, ...]]:
+    with meter.sql_engine.connect() as connection:
+        return sorted(tuple(row) for row in connection.execute(select(table)))
+
+
+BREAKER = Limit(
+    "api",
+    maximum=100_000,
+    period="1d",
+    window="calendar",
+    breaker="10x",
+    breaker_floor=0.1,
+    quarantine_max=1000,
+)
+
+
+def test_a_breaker_consume_reads_its_breaker_and_secret_with_its_counter(
+    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One statement reads the version, the counter, the breaker and the
+    # secret; what it read is what the reference engine reads: a burst of 60
+    # a second trips at the same charge, and the breakers end the same.
+    other = copy_sqlite(Path(sqlite_url.removeprefix("sqlite:///")), tmp_path / "other.db")
+    clock = FrozenClock(NOW)
+    with Meter(sqlite_url, clock=clock) as meter, Meter(other, clock=clock) as reference:
+        reference._engine.paths = [reference._engine.path("reference")]
+        denied: list[list[int]] = [[], []]
+        for one in (meter, reference):
+            one.set_limit(BREAKER)
+        for second in range(70):
+            for n, one in enumerate((meter, reference)):
+                if not one.consume("s", "api", 60).allowed:
+                    denied[n].append(second)
+            clock.advance(seconds=1)
+        assert denied[0] == denied[1] != []
+        assert _table(meter, breakers) == _table(reference, breakers)
+        assert _traced(meter, monkeypatch, "t", "api") == [
+            "SELECT 0, v.version,",
+            "INSERT INTO counters",
+            "INSERT INTO results",
+            "INSERT INTO breakers",
+            "COMMIT",
+        ]
+        assert _traced(meter, monkeypatch, "t", "api") == [
+            "SELECT 0, v.version,",
+            "UPDATE counters SET",
+            "INSERT INTO results",
+            "INSERT INTO breakers",
+            "COMMIT",
+        ]
+
+
+def test_a_seat_consume_reads_its_seat_with_its_counter(
+    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One statement reads the version, the counter and the value's live
+    # events: a value taken costs nothing again, a third value is denied, as
+    # the reference engine decides; a taken value's charge writes no counter.
+    seats = Limit("seats", maximum=2, period="1mo", window="calendar", distinct="user")
+    other = copy_sqlite(Path(sqlite_url.removeprefix("sqlite:///")), tmp_path / "other.db")
+    clock = FrozenClock(NOW)
+    with Meter(sqlite_url, clock=clock) as meter, Meter(other, clock=clock) as reference:
+        reference._engine.paths = [reference._engine.path("reference")]
+        for one in (meter, reference):
+            one.set_limit(seats)
+        for one in (meter, reference):
+            decided = [
+                one.consume("s", "seats", metadata={"user": user}).allowed
+                for user in ("a", "b", "a", "c", "b")
+            ]
+            assert decided == [True, True, True, False, True]
+        assert _table(meter, distinct_values) == _table(reference, distinct_values)
+        assert _table(meter, counters) == _table(reference, counters)
+        assert _traced(meter, monkeypatch, "s", "seats", metadata={"user": "a"}) == [
+            "SELECT 0, v.version,",
+            "INSERT INTO results",
+            "INSERT INTO distinct_values",
+            "COMMIT",
+        ]
+        assert _traced(meter, monkeypatch, "t", "seats", metadata={"user": "a"}) == [
+            "SELECT 0, v.version,",
+            "INSERT INTO counters",
+            "INSERT INTO results",
+            "INSERT INTO distinct_values",
+            "COMMIT",
+        ]
