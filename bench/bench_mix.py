@@ -1,7 +1,7 @@
 """Every configuration we sell, each as a ratio to a plain limit in the same run.
 
-    .venv/bin/python bench/bench_mix.py [--subjects 500] [--consume 150] [--batches 4]
-                                        [--rounds 3] [--processes 1 4] [--sqlite-only] [--quick]
+    .venv/bin/python bench/bench_mix.py [--subjects 500] [--consume 150] [--sqlite-consume 1000]
+                                        [--batches 4] [--rounds 3] [--processes 1 4] [--sqlite-only] [--quick]
                                         [--no-speculation]
 
 One database per configuration, on one durable PostgreSQL (fsync on) and on
@@ -337,9 +337,15 @@ class Results:
 
 
 def measure(
-    urls: dict[str, str], peer: str, subjects: list[str], process_counts: list[int], args: Any
+    urls: dict[str, str],
+    peer: str,
+    subjects: list[str],
+    process_counts: list[int],
+    consume: int,
+    args: Any,
 ) -> list[list[str]]:
-    """Interleaved rounds over the cases of one database; the table's rows."""
+    """Interleaved rounds over the cases of one database, ``consume`` calls a
+    round of each; the table's rows."""
     results = Results()
     names = [case.name for case in CASES]
     for round_ in range(args.rounds):
@@ -350,7 +356,7 @@ def measure(
                 job = consume_job(
                     urls[case.name], case, subjects, 1000 + round_, not args.no_speculation
                 )
-                figures = run_prepared(case.name, job, processes, args.consume // processes)
+                figures = run_prepared(case.name, job, processes, consume // processes)
                 results.add(path, figures)
         path = "apply, 1,000-event batches"
         for figures in apply_rounds(urls, peer, order, subjects, round_, args.batches):
@@ -440,7 +446,7 @@ def postgres_rows(subjects: list[str], args: Any) -> list[list[str]]:
             print(f"  PostgreSQL {case.name} set up", flush=True)
         server.create_database("ledger")
         install_ledger(server.url("ledger"))
-        rows = measure(urls, server.url("ledger"), subjects, args.processes, args)
+        rows = measure(urls, server.url("ledger"), subjects, args.processes, args.consume, args)
         if args.worker_events:
             peer = float(rows[-1][2].replace(",", ""))  # the ledger peer's `apply` row
             rows.extend(worker_rows(urls, peer, subjects, args))
@@ -455,13 +461,18 @@ def sqlite_rows(subjects: list[str], args: Any) -> list[list[str]]:
     peer = str(directory / "ledger.db")
     install_ledger(peer)
     # One writer at a time: more processes only queue on the database's lock.
-    return measure(urls, peer, subjects, [1], args)
+    return measure(urls, peer, subjects, [1], args.sqlite_consume, args)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--subjects", type=int, default=500)
     parser.add_argument("--consume", type=int, default=150, help="consume calls a round")
+    # A SQLite call takes a quarter of a PostgreSQL one: as many calls as
+    # long a round, or one stall (a checkpoint, a neighbour) decides a row.
+    parser.add_argument(
+        "--sqlite-consume", type=int, default=1000, help="consume calls a round, SQLite"
+    )
     parser.add_argument("--batches", type=int, default=4, help="1,000-event batches a round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 4], help="PostgreSQL")
@@ -476,6 +487,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.subjects, args.consume, args.batches, args.rounds = 20, 20, 1, 1
+        args.sqlite_consume = 20
         args.worker_events = min(args.worker_events, 200)
     subjects = [f"subject-{n}" for n in range(args.subjects)]
     header = ["database", "path", "configuration", "events/s", "p50", "p99", "ratio to plain"]
@@ -484,7 +496,8 @@ def main() -> None:
     rows += [["SQLite", *r] for r in sqlite_rows(subjects, args)]
     print_table(
         f"every configuration against plain ({args.subjects:,} subjects, {args.rounds} rounds, "
-        f"{args.consume} consume calls and {args.batches} batches a round)",
+        f"{args.consume} consume calls ({args.sqlite_consume} on SQLite) and {args.batches} "
+        "batches a round)",
         header,
         rows,
     )
