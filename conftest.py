@@ -22,14 +22,12 @@ Blocks of other languages (``json``, ``yaml``, ``text`` ...) are data.
 
 from __future__ import annotations
 
-import atexit
 import doctest
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -42,44 +40,14 @@ BLOCK_TIMEOUT_SECONDS = 300
 MARKER = "@@@metering-docs-command@@@"
 
 
-SERVER_START_SECONDS = 60.0
-_commands: list[Path] = []  # the directory of the `metering` shim, once started
-
-
 def _command_directory() -> Path:
     """The directory of a ``metering`` that runs through `tests/command_server.py`,
     its server started on first use and stopped when pytest exits."""
-    if _commands:
-        return _commands[0]
-    sys.path.insert(0, str(ROOT / "tests"))
+    if str(ROOT / "tests") not in sys.path:
+        sys.path.insert(0, str(ROOT / "tests"))
     import command_server
 
-    directory = Path(tempfile.mkdtemp(prefix="metering-commands-"))
-    socket_path = str(directory / "commands.sock")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("METERING_")}
-    server = subprocess.Popen(
-        [sys.executable, command_server.__file__, socket_path],
-        cwd=directory,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-    )
-
-    def stop() -> None:
-        server.kill()
-        server.wait(30)
-        shutil.rmtree(directory, ignore_errors=True)
-
-    atexit.register(stop)
-    deadline = time.monotonic() + SERVER_START_SECONDS
-    while not Path(socket_path + ".ready").exists():
-        if server.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError("tests/command_server.py did not start")
-        time.sleep(0.02)
-    real = Path(sys.executable).parent / "metering"
-    command_server.write_shim(directory, socket_path, str(real))
-    _commands.append(directory)
-    return directory
+    return command_server.shim_directory()
 
 
 def _environment(workdir: Path) -> dict[str, str]:

@@ -202,5 +202,49 @@ def write_shim(directory: Path, path: str, real: str) -> Path:
     return shim
 
 
+_started: list[Path] = []  # the directory of this process's shim, once started
+
+
+def shim_directory(start_seconds: float = 60.0) -> Path:
+    """The directory of a ``metering`` (`write_shim`) whose server this
+    process starts on first use (the suite's ``metering`` of the docs and
+    of the tests that run the command in a terminal); stopped at exit."""
+    if _started:
+        return _started[0]
+    import shutil
+    import subprocess
+    import tempfile
+    import time
+
+    directory = Path(tempfile.mkdtemp(prefix="metering-commands-"))
+    socket_path = str(directory / "commands.sock")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("METERING_")}
+    # The package of this checkout, wherever the venv's editable install points.
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    server = subprocess.Popen(
+        [sys.executable, __file__, socket_path],
+        cwd=directory,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+    )
+
+    def stop() -> None:
+        server.kill()
+        server.wait(30)
+        shutil.rmtree(directory, ignore_errors=True)
+
+    atexit.register(stop)
+    deadline = time.monotonic() + start_seconds
+    while not Path(socket_path + ".ready").exists():
+        if server.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("tests/command_server.py did not start")
+        time.sleep(0.02)
+    write_shim(directory, socket_path, str(Path(sys.executable).parent / "metering"))
+    _started.append(directory)
+    return directory
+
+
 if __name__ == "__main__":
     serve(sys.argv[1])

@@ -252,6 +252,18 @@ def db_url(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="session")
+def forked_metering() -> Path:
+    """A ``metering`` executable that runs each command in a process forked
+    from one that imported the CLI once (`command_server`): the real
+    command, its streams, directory and environment, without the second of
+    imports of a fresh process; `serve`, `worker`, `status` and `demo` run
+    as processes of their own."""
+    import command_server
+
+    return command_server.shim_directory() / "metering"
+
+
+@pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     """A running Redis server for the whole session, removed at the end.
 

@@ -134,6 +134,25 @@ def find_pg_bindir() -> Path | None:
     return bindir if (bindir / "initdb").is_file() else None
 
 
+def _postmaster_is_alive(pid: int, owner: int) -> bool:
+    """``pg_ctl``'s test of the pid in ``postmaster.pid``: not us nor our
+    parent, and a process ``kill(pid, 0)`` reaches as the data directory's
+    ``owner`` (pg_ctl runs as the postgres user where we are root; a
+    process of another user is not the postmaster)."""
+    if pid <= 0 or pid in (os.getpid(), os.getppid()):
+        return False
+    try:
+        os.kill(pid, 0)
+    except OSError:  # gone, or somebody else's
+        return False
+    if os.geteuid() != 0:
+        return True
+    try:
+        return os.stat(f"/proc/{pid}").st_uid == owner
+    except OSError:  # gone since
+        return False
+
+
 def make_base_dir(parent: Path, prefix: str = "postgres-") -> Path:
     """Make a new, empty directory for a `PostgresServer` and return it.
 
@@ -269,11 +288,18 @@ class PostgresServer:
             )
 
     def is_running(self) -> bool:
-        """True when a postmaster is running on this data directory."""
-        if not (self.data_dir / "postmaster.pid").exists():
+        """True when a postmaster is running on this data directory: the pid
+        on the first line of its ``postmaster.pid`` is a live process of the
+        data directory's owner, neither us nor our parent. That is what
+        ``pg_ctl status`` checks (`_postmaster_is_alive`), without a process
+        (``runuser`` and ``pg_ctl``) started for every `pg_url` handed back."""
+        try:
+            first_line = (self.data_dir / "postmaster.pid").read_text().split("\n", 1)[0]
+            pid = int(first_line)
+            owner = self.data_dir.stat().st_uid
+        except (OSError, ValueError):
             return False
-        # pg_ctl status: 0 running, 3 not running, 4 no usable data directory.
-        return self._pg_ctl("status").returncode == 0
+        return _postmaster_is_alive(pid, owner)
 
     def destroy(self) -> None:
         """Stop the server and delete ``base_dir`` with everything in it."""
@@ -367,14 +393,13 @@ class PostgresServer:
         refill = self._refills.get(template)
         if refill is None:
             refill = self._refills[template] = _Refill.of(self, template)
-        with self._admin_connection() as conn:
-            conn.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                " WHERE datname = %s AND pid <> pg_backend_pid()",
-                (name,),
-            )
         try:
             with self.connect(name) as conn:
+                # The test's sessions ended from the copy's own (one connection, not two).
+                conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
                 reusable = _Refill.shape(conn) == refill.template_shape
                 if reusable:
                     refill.run(conn)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -243,6 +244,41 @@ def test_stop_then_start_keeps_data_and_port(own_server: PostgresServer) -> None
     assert own_server.is_running()
     assert own_server.port == port
     assert _scalar(url, "SELECT v FROM kept") == 42
+
+
+@needs_postgres
+def test_is_running_answers_as_pg_ctl_status(own_server: PostgresServer) -> None:
+    """`is_running` reads postmaster.pid itself; ``pg_ctl status`` (a
+    process) says the same for a live server, a stopped one, a pid file
+    left behind by a process now gone, another user's process and a
+    garbled file."""
+
+    def pg_ctl_says() -> bool:
+        return own_server._pg_ctl("status").returncode == 0
+
+    pid_file = own_server.data_dir / "postmaster.pid"
+    own_server.start()
+    written = pid_file.read_text()
+    assert own_server.is_running() and pg_ctl_says()
+
+    own_server.stop()
+    assert not pid_file.exists()
+    assert not own_server.is_running() and not pg_ctl_says()
+    with subprocess.Popen(["true"]) as gone:
+        pass  # exited and reaped: nothing runs under its pid
+    rest = written.split("\n", 1)[1]
+    others = {
+        "gone": f"{gone.pid}\n{rest}",
+        "another user's": f"1\n{rest}",
+        "garbled": "not a pid\n",
+    }
+    for what, text in others.items():
+        pid_file.write_text(text)
+        assert (own_server.is_running(), pg_ctl_says()) == (False, False), what
+    pid_file.unlink()
+
+    own_server.start()
+    assert own_server.is_running() and pg_ctl_says()
 
 
 @needs_postgres

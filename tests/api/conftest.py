@@ -64,8 +64,10 @@ def _serving() -> Iterator[Serve]:
     try:
         yield serve
     finally:
-        for server, thread, sock in running:
+        # All told to stop before any is waited for: together, not in turn.
+        for server, _thread, _sock in running:
             server.should_exit = True
+        for _server, thread, sock in running:
             thread.join(15)
             sock.close()
 

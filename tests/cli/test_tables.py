@@ -1,17 +1,20 @@
-"""Tables that fit: the real `metering` command in a pseudo-terminal of 80
-and 100 columns wraps no subject, limit or id; columns zero in every row
-fold away; headers shorten before cells do; piped, the table is plain."""
+"""Tables that fit: the real `metering` command (a process of its own,
+forked from one that imported the CLI: `forked_metering`) in a
+pseudo-terminal of 80 and 100 columns wraps no subject, limit or id;
+columns zero in every row fold away; headers shorten before cells do;
+piped, the table is plain."""
 
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import pty
 import re
 import struct
 import subprocess
-import sys
 import termios
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,7 +27,6 @@ LIMITS = ("api_calls_monthly", "exports_shadow", "send_message", "calls", "spend
 RESERVATION = "reservation-0001"
 # A terminal's styles (bold headers): not text.
 ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +61,12 @@ def database(tmp_path_factory: pytest.TempPathFactory) -> str:
     return url
 
 
-def in_terminal(database: str, columns: int, *args: str) -> str:
+@pytest.fixture
+def in_terminal(forked_metering: Path) -> Callable[..., str]:
+    return functools.partial(_in_terminal, forked_metering)
+
+
+def _in_terminal(metering: Path, database: str, columns: int, *args: str) -> str:
     """What `metering ARGS` shows in a pseudo-terminal ``columns`` wide."""
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
@@ -67,11 +74,10 @@ def in_terminal(database: str, columns: int, *args: str) -> str:
         **os.environ,
         "COLUMNS": str(columns),
         "NO_COLOR": "1",
-        "PYTHONPATH": str(ROOT),
         "METERING_DATABASE_URL": database,
     }
     process = subprocess.Popen(
-        [sys.executable, "-m", "metering", *args],
+        [metering, *args],
         stdin=follower,
         stdout=follower,
         stderr=subprocess.DEVNULL,  # a progress bar, when a terminal
@@ -105,7 +111,9 @@ COMMANDS = {
 @pytest.mark.slow
 @pytest.mark.parametrize("columns", [80, 100])
 @pytest.mark.parametrize("name", list(COMMANDS))
-def test_no_name_wraps_in_a_terminal(database: str, name: str, columns: int) -> None:
+def test_no_name_wraps_in_a_terminal(
+    in_terminal: Callable[..., str], database: str, name: str, columns: int
+) -> None:
     args, subjects, limits = COMMANDS[name]
     shown = in_terminal(database, columns, *args)
     lines = shown.splitlines()
@@ -115,7 +123,9 @@ def test_no_name_wraps_in_a_terminal(database: str, name: str, columns: int) -> 
 
 
 @pytest.mark.slow
-def test_zero_columns_fold_away_and_headers_shorten_before_cells(database: str) -> None:
+def test_zero_columns_fold_away_and_headers_shorten_before_cells(
+    in_terminal: Callable[..., str], database: str
+) -> None:
     wide = in_terminal(database, 100, "report", "overage")
     header = next(line for line in wide.splitlines() if "subject" in line)
     assert "overdraft" not in header and "granted" not in header
@@ -126,10 +136,10 @@ def test_zero_columns_fold_away_and_headers_shorten_before_cells(database: str) 
 
 
 @pytest.mark.slow
-def test_piped_output_is_the_plain_table(database: str) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "METERING_DATABASE_URL": database}
+def test_piped_output_is_the_plain_table(forked_metering: Path, database: str) -> None:
+    env = {**os.environ, "METERING_DATABASE_URL": database}
     piped = subprocess.run(
-        [sys.executable, "-m", "metering", "report", "overage"],
+        [forked_metering, "report", "overage"],
         capture_output=True,
         text=True,
         env=env,
