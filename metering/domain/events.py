@@ -13,6 +13,7 @@ from typing import Any, Final, NamedTuple
 
 from metering.domain.bounds import shown, validate_whole
 from metering.domain.instants import US_PER_SECOND, to_us
+from metering.domain.jsonable import encoder
 from metering.domain.limits import Limit, validate_limit_name
 from metering.errors import InvalidInput, OccurredAtOutOfRange
 
@@ -57,7 +58,7 @@ class EventRecord(NamedTuple):
 
 # `json.dumps` with these options, without building an encoder per call.
 _compact = json.JSONEncoder(separators=(",", ":")).encode
-_compact_finite = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+_compact_finite = encoder(",", ":", allow_nan=False)
 
 
 def fingerprint_of(charges: Iterable[Sequence[object]]) -> str:

@@ -45,12 +45,15 @@ def fields_dict(record: object, names: Iterable[str] | None = None) -> dict[str,
     return {name: json_value(getattr(record, name)) for name in chosen}
 
 
-def encoder(item_separator: str = ", ", key_separator: str = ": ") -> Callable[[object], str]:
-    """`json.dumps` with these separators (its other defaults) for values
-    built here or validated (never circular, nothing it cannot encode): the
-    standard library's C encoder made once, where ``json.dumps`` makes one
-    per call, which is most of its cost for a short value."""
-    fallback = json.JSONEncoder(separators=(item_separator, key_separator))
+def encoder(
+    item_separator: str = ", ", key_separator: str = ": ", *, allow_nan: bool = True
+) -> Callable[[object], str]:
+    """`json.dumps` with these separators (and ``allow_nan``; its other
+    defaults): the standard library's C encoder made once, where
+    ``json.dumps`` makes one per call, which is most of its cost for a short
+    value. What it cannot encode raises as ``json.dumps`` does (`TypeError`,
+    `ValueError`), but a circular value `RecursionError`: it has no check."""
+    fallback = json.JSONEncoder(separators=(item_separator, key_separator), allow_nan=allow_nan)
     if c_make_encoder is None:  # pragma: no cover - CPython has it
         return fallback.encode
     iterencode = c_make_encoder(
@@ -62,7 +65,7 @@ def encoder(item_separator: str = ", ", key_separator: str = ": ") -> Callable[[
         item_separator,
         False,
         False,
-        True,
+        allow_nan,
     )
     join = "".join
     return lambda value: join(iterencode(value, 0))

@@ -638,6 +638,7 @@ class _Applying:
         # way below: what `rules_for` and `_keys` find of it, found inline.
         short = batch.hold is None and batch.policy is None
         plain: dict[str, Rule | None] = {}
+        shorts: dict[str, Rule | None] = {}
         first, todo = self.first, self.todo
         for index, event in enumerate(batch.records):
             event_id = event.event_id
@@ -649,6 +650,8 @@ class _Applying:
                 found = self._plain_rules(event, plain)
                 if found is not None:
                     todo.append((index, event, found, None, self._plain_keys(event, found)))
+                    continue
+                if self._short_way(index, event, shorts, priced):
                     continue
             if batch.hold is not None and self._seats(event):
                 raise _Decline(Declined("seats are taken by consuming", Need.HELD_SEATS))
@@ -685,6 +688,89 @@ class _Applying:
                 return None
             found.append(rule)
         return found
+
+    def _short_way(
+        self, index: int, event: EventRecord, shorts: dict[str, Rule | None], priced: bool
+    ) -> bool:
+        """Plan an event whose charges are all on `_short` rules (priced ones
+        and seat limits too), cost more than 0, are in their time and count
+        valid seat values, as the general way would plan it, without
+        `rules_for`'s checks again and each seat value found once; False,
+        with nothing planned, for any other event (the general way's)."""
+        now_us, at_us, rules = self.batch.now_us, event.occurred_at_us, self.rules
+        found: list[Rule] = []
+        values: dict[int, str] | None = None
+        money = False
+        for position, (_, name, cost) in enumerate(event.charges):
+            try:
+                rule = shorts[name]
+            except KeyError:
+                rule = shorts[name] = _short(rules.get(name))
+            if (
+                rule is None
+                or cost == 0
+                or not now_us - rule.lateness_us <= at_us <= now_us + FUTURE_TOLERANCE_US
+            ):
+                return False
+            if rule.distinct:
+                try:
+                    value = _seat_value(rule, event, cost)
+                except MeteringError:
+                    return False
+                if values is None:
+                    values = {}
+                values[position] = value
+            money = money or rule.money
+            found.append(rule)
+        event_rules, error = found, None
+        if priced and money:
+            if self.spend is None:
+                self.spend = _Spend.of(self.cache, self.version, self.rules)
+            event, event_rules, error = self.spend.expand(index, event, found)
+        # Spend charges' rules (a spend limit's is never `_short`: one is
+        # refused when an event names it, not when pricing adds it).
+        lean = all(_short_window(rule) and not rule.distinct for rule in event_rules[len(found) :])
+        fixed: _Fixed | None = None
+        if error is None:
+            if lean:
+                fixed = self._short_keys(index, event, event_rules, values)
+            else:
+                fixed = self._keys(index, event, event_rules)
+        if self.spend is not None and index in self.spend.counted:
+            self.sums.poisoned.update((name, subject) for subject, name, _ in event.charges)
+        self.todo.append((index, event, event_rules, error, fixed))
+        if error is None and not lean:
+            for (subject, name, _), rule in zip(event.charges, event_rules, strict=True):
+                if rule.needs and Need.BREAKER in rule.needs:
+                    self.breaker_pairs.add((name, subject))
+        return True
+
+    def _short_keys(
+        self,
+        index: int,
+        event: EventRecord,
+        event_rules: list[Rule],
+        values: dict[int, str] | None,
+    ) -> _Fixed:
+        """`_keys` of an event whose rules are all `_short`, with the seat
+        ``values`` of its charges on seat limits, by position."""
+        at_us, counted = event.occurred_at_us, self._counted
+        fixed: _Fixed = []
+        seats: list[SeatKey | None] | None = None
+        for position, ((subject, name, cost), rule) in enumerate(
+            zip(event.charges, event_rules, strict=True)
+        ):
+            item = counted(rule, subject, name, cost, at_us)
+            fixed.append(item)
+            if values is not None and position in values:
+                seat = (name, subject, item[1][0], values[position])
+                self.wanted_seats.add(seat)
+                if seats is None:
+                    seats = [None] * len(event_rules)
+                seats[position] = seat
+        if seats is not None:
+            self.event_seats[index] = seats
+        return fixed
 
     def _plain_keys(self, event: EventRecord, event_rules: list[Rule]) -> _Fixed:
         """`_keys` of an event whose rules are all `_plain`."""
@@ -1266,6 +1352,33 @@ def _plain(rule: Rule | None) -> Rule | None:
     ):
         return None
     return rule
+
+
+def _short(rule: Rule | None) -> Rule | None:
+    """``rule`` when a charge of it needs nothing `_Applying._short_way` does
+    not find: `_short_window`, and not a spend limit's (an event that names
+    one is refused); else None."""
+    if (
+        rule is None
+        or not _short_window(rule)
+        or (rule.money and refuse_spend_charge(rule.limit) is not None)
+    ):
+        return None
+    return rule
+
+
+def _short_window(rule: Rule) -> bool:
+    """Whether a charge of ``rule`` is counted as `_Applying._counted` counts
+    it: a calendar window's, with a price, a spend cap or seats perhaps, but
+    no gauge, dimensions, concurrent license nor breaker."""
+    return not (
+        not rule.calendar
+        or rule.bucket
+        or rule.concurrent
+        or rule.dimensions
+        or rule.gauge is not None
+        or (rule.needs and Need.BREAKER in rule.needs)
+    )
 
 
 def _covers(rooms: dict[Key, Room], fixed: _Fixed) -> bool:

@@ -18,6 +18,7 @@ from typing import Any, Final
 
 from metering.domain.events import (
     EVENT_ID_PATTERN,
+    MAX_CHARGES,
     MAX_COST,
     MAX_SUBJECT_LENGTH,
     Charge,
@@ -26,6 +27,7 @@ from metering.domain.events import (
     UsageEvent,
     fingerprint_of,
     new_event_id,
+    plain_fingerprint,
     single_fingerprint,
     validate_charges,
     validate_event_id,
@@ -176,13 +178,14 @@ def usual_charge(subject: object, limit: object, cost: object) -> bool:
 def _plain_record(item: object) -> EventRecord | None:
     """The usual queued event, decoded and validated in one pass, or None.
 
-    The usual event: a JSON object with an id, one charge of three values and
-    no metadata. Its checks are `_decode_record`'s (the same types, patterns
-    and ranges), written out so that one event costs about a quarter of the
-    general path; its fingerprint is written without the JSON encoder when
-    no character needs escaping. Anything else (another shape, a value it
-    does not accept) is None and goes through `_decode_record`, which gives
-    the same record, or the error it has always given.
+    The usual event: a JSON object with an id, 1 to `MAX_CHARGES` charges of
+    three values on distinct (subject, limit) pairs, and no metadata or a
+    JSON object of it. Its checks are `_decode_record`'s (the same types,
+    patterns and ranges), written out so that one event costs a fraction of
+    the general path; its fingerprint is written without the JSON encoder
+    when no character needs escaping. Anything else (another shape, a value
+    it does not accept) is None and goes through `_decode_record`, which
+    gives the same record, or the error it has always given.
     """
     if type(item) is not dict:
         return None
@@ -193,22 +196,44 @@ def _plain_record(item: object) -> EventRecord | None:
         type(at) is not int
         or type(event_id) is not str
         or type(charges) is not list
-        or len(charges) != 1
-        or item.get("meta") is not None
+        or not 1 <= len(charges) <= MAX_CHARGES
         or not MIN_US <= at <= MAX_US
         or _id_ok(event_id) is None
     ):
         return None
-    charge = charges[0]
-    if type(charge) is not list or len(charge) != 3:
+    metadata = item.get("meta")
+    if metadata is not None:
+        if type(metadata) is not dict:
+            return None
+        try:
+            metadata = validate_metadata(metadata)
+        except MeteringError:
+            return None
+    if len(charges) == 1:
+        charge = charges[0]
+        if type(charge) is not list or len(charge) != 3:
+            return None
+        subject, limit, cost = charge
+        if not usual_charge(subject, limit, cost):
+            return None
+        fingerprint = single_fingerprint(subject, limit, cost)
+        if fingerprint is None:
+            return None
+        return EventRecord(event_id, (Charge(subject, limit, cost),), at, metadata, fingerprint)
+    found: list[Charge] = []
+    for charge in charges:
+        if type(charge) is not list or len(charge) != 3:
+            return None
+        subject, limit, cost = charge
+        if not usual_charge(subject, limit, cost):
+            return None
+        found.append(Charge(subject, limit, cost))
+    if len({(subject, limit) for subject, limit, _ in found}) != len(found):
         return None
-    subject, limit, cost = charge
-    if not usual_charge(subject, limit, cost):
-        return None
-    fingerprint = single_fingerprint(subject, limit, cost)
+    fingerprint = plain_fingerprint(found)
     if fingerprint is None:
         return None
-    return EventRecord(event_id, (Charge(subject, limit, cost),), at, None, fingerprint)
+    return EventRecord(event_id, tuple(found), at, metadata, fingerprint)
 
 
 def _decode_record(item: object) -> EventRecord:

@@ -1,8 +1,9 @@
 """The one-pass decoding of queued events (`metering.pipeline.messages._plain_record`)
 gives what the general decoding (`_decode_record`) gives, for any input.
 
-The usual event (an id, one charge of three values, no metadata) is decoded
-by a path of its own; everything else goes through the general one. Hostile
+The usual event (an id, charges of three values on distinct pairs, no
+metadata or an object of it) is decoded by a path of its own; everything else
+goes through the general one. Hostile
 messages (wrong types, huge integers, NaN, lone surrogates as left by
 non-UTF-8 input, quotes and escapes, repeated ids) must decode to the same
 records, and be refused with the same reasons, as before that path existed.
@@ -101,6 +102,8 @@ METAS = st.one_of(
     st.just({"big": 10**40}),
     st.just({"lone": "\udcff"}),
     st.just({"long": "x" * 9000}),
+    st.just({"user": "user-3", "n": [1, 2.5, None, True], "deep": {"a": {}}}),
+    st.just({"é": "\u00e9", "q": 'a"b'}),
     st.just([1, 2]),
     st.just("text"),
 )
@@ -139,6 +142,10 @@ def plain_items(draw: st.DrawFn) -> dict[str, Any]:
     elif hostile == "meta":
         item["meta"] = draw(METAS)
     item["charges"] = [[subject, limit, cost]]
+    if draw(st.booleans()):  # as the mix charges: more charges, and metadata
+        item["charges"] += [["org-1", "seats", 1], ["org-2", "calls", 2]][: draw(st.integers(1, 2))]
+        if hostile != "meta":
+            item["meta"] = {"user": draw(st.sampled_from(["user-1", "u\u00e9", 'q"'])), "n": 1}
     if hostile == "charges":
         item["charges"] = draw(CHARGES)
     elif hostile == "short":  # no cost: 1
@@ -186,6 +193,38 @@ def test_the_usual_event_takes_the_one_pass_path() -> None:
     found = messages._plain_record(item)
     assert found == messages._decode_record(item)
     assert found is not None and found.fingerprint == '[["org-1","calls",3]]'
+
+
+@pytest.mark.parametrize(
+    "charges",
+    [
+        [["org-1", "calls", 1], ["org-1", "seats", 1]],
+        [["org-1", "calls", 1], ["org-1", "calls_daily", 1], ["org-1", "calls_weekly", 1]],
+    ],
+)
+@pytest.mark.parametrize("meta", [None, {"user": "user-7"}])
+def test_several_charges_and_metadata_take_the_one_pass_path(
+    charges: list[list[object]], meta: dict[str, str] | None
+) -> None:
+    item = {"id": "e1", "charges": charges, "at": AT, "meta": meta}
+    found = messages._plain_record(item)
+    assert found is not None
+    assert found == messages._decode_record(item)
+
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        {"id": "e1", "charges": [["o", "calls", 1], ["o", "calls", 2]], "at": AT},  # a pair twice
+        {"id": "e1", "charges": [["o", f"c{n}", 1] for n in range(33)], "at": AT},  # too many
+        {"id": "e1", "charges": [["o", "calls", 1]], "at": AT, "meta": {"x": float("nan")}},
+        {"id": "e1", "charges": [["o", "calls", 1], ["o", "seats", 1]], "at": AT, "meta": [1]},
+        {"id": "e1", "charges": [["é", "calls", 1], ["o", "seats", 1]], "at": AT},  # escaped
+    ],
+)
+def test_what_the_one_pass_path_does_not_take_decodes_as_before(item: dict[str, Any]) -> None:
+    assert messages._plain_record(item) is None
+    assert_same_as_general({"v": 1, "events": [item]})
 
 
 @pytest.mark.parametrize(
