@@ -1,8 +1,8 @@
 """Every configuration we sell, each as a ratio to a plain limit in the same run.
 
     .venv/bin/python bench/bench_mix.py [--subjects 500] [--consume 150] [--sqlite-consume 1000]
-                                        [--batches 4] [--rounds 3] [--processes 1 4] [--sqlite-only] [--quick]
-                                        [--no-speculation]
+                                        [--batches 4] [--rounds 3] [--processes 1 4]
+                                        [--sqlite-only] [--quick] [--no-speculation]
 
 One database per configuration, on one durable PostgreSQL (fsync on) and on
 SQLite files (WAL, ``synchronous=NORMAL``), each with the same subjects and
