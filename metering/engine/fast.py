@@ -673,13 +673,24 @@ class _Applying:
         """The rules of an event when each of its charges is `_plain`,
         costs more than 0 and is in its time (`rules_for` finds no error);
         else None."""
+        return self._in_time(event, plain, _plain)
+
+    def _in_time(
+        self,
+        event: EventRecord,
+        known: dict[str, Rule | None],
+        kind: Callable[[Rule | None], Rule | None],
+    ) -> list[Rule] | None:
+        """The rules of an event when ``kind`` takes each of its charges'
+        (``known`` keeps its answers by name) and each charge costs more
+        than 0 and is in its time; else None."""
         now_us, at_us, rules = self.batch.now_us, event.occurred_at_us, self.rules
         found: list[Rule] = []
         for _, name, cost in event.charges:
             try:
-                rule = plain[name]
+                rule = known[name]
             except KeyError:
-                rule = plain[name] = _plain(rules.get(name))
+                rule = known[name] = kind(rules.get(name))
             if (
                 rule is None
                 or cost == 0
@@ -697,21 +708,12 @@ class _Applying:
         valid seat values, as the general way would plan it, without
         `rules_for`'s checks again and each seat value found once; False,
         with nothing planned, for any other event (the general way's)."""
-        now_us, at_us, rules = self.batch.now_us, event.occurred_at_us, self.rules
-        found: list[Rule] = []
+        found = self._in_time(event, shorts, _short)
+        if found is None:
+            return False
         values: dict[int, str] | None = None
         money = False
-        for position, (_, name, cost) in enumerate(event.charges):
-            try:
-                rule = shorts[name]
-            except KeyError:
-                rule = shorts[name] = _short(rules.get(name))
-            if (
-                rule is None
-                or cost == 0
-                or not now_us - rule.lateness_us <= at_us <= now_us + FUTURE_TOLERANCE_US
-            ):
-                return False
+        for position, ((_, _, cost), rule) in enumerate(zip(event.charges, found, strict=True)):
             if rule.distinct:
                 try:
                     value = _seat_value(rule, event, cost)
@@ -721,7 +723,6 @@ class _Applying:
                     values = {}
                 values[position] = value
             money = money or rule.money
-            found.append(rule)
         event_rules, error = found, None
         if priced and money:
             if self.spend is None:
@@ -1337,19 +1338,8 @@ def _holds(
 def _plain(rule: Rule | None) -> Rule | None:
     """``rule`` when a charge of it needs nothing `_Applying.plan` finds
     beyond its counter's key and the checks of its time and cost: a
-    calendar window's, neither money, seats, a gauge, dimensions, a
-    concurrent license nor a breaker; else None."""
-    if (
-        rule is None
-        or not rule.calendar
-        or rule.bucket
-        or rule.concurrent
-        or rule.money
-        or rule.distinct
-        or rule.dimensions
-        or rule.gauge is not None
-        or (rule.needs and Need.BREAKER in rule.needs)
-    ):
+    `_short_window` one with neither money nor seats; else None."""
+    if rule is None or rule.money or rule.distinct or not _short_window(rule):
         return None
     return rule
 
