@@ -242,15 +242,17 @@ def test_a_worker_killed_with_sigkill_loses_and_doubles_nothing(
     at = datetime.now(UTC)
     with Meter(pg_url) as meter:
         meter.set_limits([CALLS])
-        first = start_worker()
         emitted: list[tuple[str, str, int]] = []
         killed: tuple[int, tuple[int, int]] | None = None
         for row in stream(redis_url, at, "kill", KILL_STREAM, subjects=50, seed=3):
             emitted.append(row)
             if killed is None and len(emitted) == KILL_STREAM // 2:
-                # Half the stream is queued: kill the worker while it works through it,
-                # and queue the other half while no worker runs.
-                killed = kill_when_busy(meter, first, client, 500)
+                # Half the stream is queued before the worker starts (a worker
+                # running beside the producer may keep up with it and be idle
+                # when killed): kill it while it works through that half, and
+                # queue the other half while no worker runs.
+                first = start_worker()
+                killed = kill_when_busy(meter, first, client, 300)
         assert killed is not None
         at_kill, (_, unacked) = killed
         assert 0 < at_kill < KILL_STREAM // 2, killed
