@@ -86,12 +86,9 @@ from metering.storage.reservations import ReservationRecord, record_of_row
 from metering.storage.results import RESET_TICK, record_from_row, result_row
 from metering.storage.rollups import PG_UPSERT
 
-# Each id is probed in the primary key (a LATERAL lookup per element, kept
-# apart by ``OFFSET 0``): ``IN (SELECT ...)`` hashed a scan of every result
-# while the table was small (2.4 ms against 1.3 for 1,000 ids of 3,500 rows).
 FETCH_RESULTS: Final = f"""
-SELECT r.* FROM jsonb_array_elements_text(%(ids)s::jsonb) AS i(id)
-CROSS JOIN LATERAL (SELECT {RESULT_COLUMNS} FROM results WHERE event_id = i.id OFFSET 0) AS r
+SELECT {RESULT_COLUMNS}
+FROM results WHERE event_id IN (SELECT jsonb_array_elements_text(%(ids)s::jsonb))
 """
 
 _PAIRS: Final = "(SELECT r->>0 AS l, r->>1 AS s FROM jsonb_array_elements(%(pairs)s::jsonb) AS r)"

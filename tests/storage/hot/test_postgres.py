@@ -1,23 +1,20 @@
 """The PostgreSQL hot path writes a batch's rows through the tuple ids its
 locks returned: a row updated while its lock waited is written in its new
-version (the lock returns the id of the version it locked). A batch's ids
-are looked up through the results' primary key, however few rows it holds."""
+version (the lock returns the id of the version it locked)."""
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
-import psycopg
 import pytest
 from lock_waits import WAIT_SECONDS, wait_until_blocked
 from sqlalchemy import select, text
 
 from metering import FrozenClock, Limit, Meter, make_event
 from metering.domain.instants import to_us
-from metering.storage.hot.postgres import FETCH_RESULTS, FEW_ROWS
+from metering.storage.hot.postgres import FEW_ROWS
 from metering.storage.tables import current_windows
 
 NOW = datetime(2026, 11, 28, 12, 0, tzinfo=UTC)
@@ -78,16 +75,3 @@ def test_a_batch_that_waited_for_a_window_update_moves_its_new_version(
         )
         starts = {subject: start for subject, start in windows}
     assert starts == dict.fromkeys(SUBJECTS, to_us(clock()))
-
-
-def test_a_batch_s_ids_are_probed_in_the_primary_key_of_a_small_table(
-    meter: Meter, clock: FrozenClock
-) -> None:
-    meter.apply([make_event([("org-00", "calls", 1)], clock()) for _ in range(1000)])
-    ids = [f"new-{n}" for n in range(1000)]
-    with meter.sql_engine.connect() as connection:
-        raw = connection.connection.driver_connection
-        assert isinstance(raw, psycopg.Connection)
-        plan = raw.execute("EXPLAIN " + FETCH_RESULTS, {"ids": json.dumps(ids)}).fetchall()
-    shown = "\n".join(row[0] for row in plan)
-    assert "results_pkey" in shown and "Seq Scan" not in shown, shown
