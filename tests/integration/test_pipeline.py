@@ -301,8 +301,9 @@ def test_a_dead_workers_message_is_redelivered_soon_after_the_visibility_timeout
     at = datetime.now(UTC)
     with Meter(pg_url) as meter:
         meter.set_limits([CALLS])
-        first = start_worker(METERING_VISIBILITY_TIMEOUT=str(visibility))
+        # Queued before the worker starts, so it is busy when killed (see above).
         emitted = list(stream(redis_url, at, "lost", 3_000, subjects=20, seed=4))
+        first = start_worker(METERING_VISIBILITY_TIMEOUT=str(visibility))
         at_kill, (_, unacked) = kill_when_busy(meter, first, client, 300)
         killed_at = time.monotonic()
         assert 0 < at_kill < len(emitted) and unacked > 0, (at_kill, unacked, first.tail())
