@@ -635,7 +635,8 @@ class _Applying:
         # Priced limits at all (a refresh under way may pair versions: `_Spend.of` checks).
         priced = bool(cache.prices.prices) or cache.prices.version != self.version
         # An event whose charges are all on `_plain` rules takes the short
-        # way below: what `rules_for` and `_keys` find of it, found inline.
+        # way below: what `rules_for` and `_keys` find of it, found inline;
+        # one on `_short` rules skips `rules_for` (`_short_rules`).
         short = batch.hold is None and batch.policy is None
         plain: dict[str, Rule | None] = {}
         shorts: dict[str, Rule | None] = {}
@@ -646,21 +647,25 @@ class _Applying:
                 self.answers[index] = first[event_id]
                 continue
             first[event_id] = index
+            shortened = None
             if short:
                 found = self._plain_rules(event, plain)
                 if found is not None:
                     todo.append((index, event, found, None, self._plain_keys(event, found)))
                     continue
-                if self._short_way(index, event, shorts, priced):
-                    continue
-            if batch.hold is not None and self._seats(event):
-                raise _Decline(Declined("seats are taken by consuming", Need.HELD_SEATS))
-            event_rules, error = rules_for(event, self.rules, batch.now_us, batch.policy)
+                shortened = self._short_rules(event, shorts)
+            values: dict[int, str] | None = None
+            if shortened is not None:
+                (event_rules, values), error = shortened, None
+            else:
+                if batch.hold is not None and self._seats(event):
+                    raise _Decline(Declined("seats are taken by consuming", Need.HELD_SEATS))
+                event_rules, error = rules_for(event, self.rules, batch.now_us, batch.policy)
             if priced and error is None and any(rule.money for rule in event_rules):
                 if self.spend is None:
                     self.spend = _Spend.of(cache, self.version, self.rules)
                 event, event_rules, error = self.spend.expand(index, event, event_rules)
-            fixed = None if error is not None else self._keys(index, event, event_rules)
+            fixed = None if error is not None else self._keys(index, event, event_rules, values)
             if self.spend is not None and index in self.spend.counted:
                 self.sums.poisoned.update((name, subject) for subject, name, _ in event.charges)
             self.todo.append((index, event, event_rules, error, fixed))
@@ -700,78 +705,27 @@ class _Applying:
             found.append(rule)
         return found
 
-    def _short_way(
-        self, index: int, event: EventRecord, shorts: dict[str, Rule | None], priced: bool
-    ) -> bool:
-        """Plan an event whose charges are all on `_short` rules (priced ones
-        and seat limits too), cost more than 0, are in their time and count
-        valid seat values, as the general way would plan it, without
-        `rules_for`'s checks again and each seat value found once; False,
-        with nothing planned, for any other event (the general way's)."""
+    def _short_rules(
+        self, event: EventRecord, shorts: dict[str, Rule | None]
+    ) -> tuple[list[Rule], dict[int, str] | None] | None:
+        """The rules of an event whose charges are all on `_short` rules
+        (priced ones and seat limits too), cost more than 0, are in their
+        time and count valid seat values (`rules_for` finds no error), and
+        those values by position, each found once; else None."""
         found = self._in_time(event, shorts, _short)
         if found is None:
-            return False
+            return None
         values: dict[int, str] | None = None
-        money = False
         for position, ((_, _, cost), rule) in enumerate(zip(event.charges, found, strict=True)):
             if rule.distinct:
                 try:
                     value = _seat_value(rule, event, cost)
                 except MeteringError:
-                    return False
+                    return None
                 if values is None:
                     values = {}
                 values[position] = value
-            money = money or rule.money
-        event_rules, error = found, None
-        if priced and money:
-            if self.spend is None:
-                self.spend = _Spend.of(self.cache, self.version, self.rules)
-            event, event_rules, error = self.spend.expand(index, event, found)
-        # Spend charges' rules (a spend limit's is never `_short`: one is
-        # refused when an event names it, not when pricing adds it).
-        lean = all(_short_window(rule) and not rule.distinct for rule in event_rules[len(found) :])
-        fixed: _Fixed | None = None
-        if error is None:
-            if lean:
-                fixed = self._short_keys(index, event, event_rules, values)
-            else:
-                fixed = self._keys(index, event, event_rules)
-        if self.spend is not None and index in self.spend.counted:
-            self.sums.poisoned.update((name, subject) for subject, name, _ in event.charges)
-        self.todo.append((index, event, event_rules, error, fixed))
-        if error is None and not lean:
-            for (subject, name, _), rule in zip(event.charges, event_rules, strict=True):
-                if rule.needs and Need.BREAKER in rule.needs:
-                    self.breaker_pairs.add((name, subject))
-        return True
-
-    def _short_keys(
-        self,
-        index: int,
-        event: EventRecord,
-        event_rules: list[Rule],
-        values: dict[int, str] | None,
-    ) -> _Fixed:
-        """`_keys` of an event whose rules are all `_short`, with the seat
-        ``values`` of its charges on seat limits, by position."""
-        at_us, counted = event.occurred_at_us, self._counted
-        fixed: _Fixed = []
-        seats: list[SeatKey | None] | None = None
-        for position, ((subject, name, cost), rule) in enumerate(
-            zip(event.charges, event_rules, strict=True)
-        ):
-            item = counted(rule, subject, name, cost, at_us)
-            fixed.append(item)
-            if values is not None and position in values:
-                seat = (name, subject, item[1][0], values[position])
-                self.wanted_seats.add(seat)
-                if seats is None:
-                    seats = [None] * len(event_rules)
-                seats[position] = seat
-        if seats is not None:
-            self.event_seats[index] = seats
-        return fixed
+        return found, values
 
     def _plain_keys(self, event: EventRecord, event_rules: list[Rule]) -> _Fixed:
         """`_keys` of an event whose rules are all `_plain`."""
@@ -802,10 +756,17 @@ class _Applying:
         rules = self.rules
         return any(name in rules and rules[name].distinct for _, name, _ in event.charges)
 
-    def _keys(self, index: int, event: EventRecord, event_rules: list[Rule]) -> _Fixed | None:
+    def _keys(
+        self,
+        index: int,
+        event: EventRecord,
+        event_rules: list[Rule],
+        values: dict[int, str] | None = None,
+    ) -> _Fixed | None:
         """The event's counters' keys and windows, or None when one is a
         first-use window (known once its current window is read); its seat
-        values in ``event_seats`` (with fixed windows)."""
+        values (``values`` has those found already, by position) in
+        ``event_seats`` (with fixed windows)."""
         fixed: _Fixed | None = []
         keys, at_us = self.keys, event.occurred_at_us
         seats: list[SeatKey | None] | None = None
@@ -825,7 +786,10 @@ class _Applying:
                 if fixed is not None:
                     fixed.append((key, window))
                 if rule.distinct:
-                    seat = (name, subject, window[0], _seat_value(rule, event, cost))
+                    value = values.get(position) if values else None
+                    if value is None:
+                        value = _seat_value(rule, event, cost)
+                    seat = (name, subject, window[0], value)
                     self.wanted_seats.add(seat)
                     if seats is None:
                         seats = [None] * len(event_rules)
@@ -1345,7 +1309,7 @@ def _plain(rule: Rule | None) -> Rule | None:
 
 
 def _short(rule: Rule | None) -> Rule | None:
-    """``rule`` when a charge of it needs nothing `_Applying._short_way` does
+    """``rule`` when a charge of it needs nothing `_Applying._short_rules` does
     not find: `_short_window`, and not a spend limit's (an event that names
     one is refused); else None."""
     if (
