@@ -569,9 +569,14 @@ def apply_records(
             return Declined("the limits are not loaded yet", stale=True)
         cache.refresh(connection)
     applying = _Applying(cache, batch)
+    # A batch's ids are looked up (`_Applying.read`): sent now, while it is planned.
+    ahead = None
+    if retry or batch.lookup_first or len(batch.records) > 1:
+        ahead = list(dict.fromkeys([record.event_id for record in batch.records]))
     try:
-        applying.plan()
-        snapshot = applying.read(store, retry)
+        with store.looking_up(ahead):
+            applying.plan()
+            snapshot = applying.read(store, retry)
         applying.breakers = _breakers(applying.rules, applying.breaker_pairs, snapshot)
         applying.decide(snapshot)
         return applying.write(connection, store, snapshot)

@@ -49,6 +49,7 @@ sorted by key (`metering.storage.rollups`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -185,6 +186,12 @@ class HotStore(Protocol):
         grants), every one of those pairs, with their last issues. The
         breakers of ``breaker_pairs`` (sorted) are locked after the counters,
         with the breaker links' secret read (`metering.storage.hot.extras`)."""
+        ...
+
+    def looking_up(self, ids: Sequence[str] | None) -> AbstractContextManager[None]:
+        """Around planning and `read`: a store may send the lookup of ``ids``
+        (`read`'s, in the same order) ahead, to run while the caller plans
+        (PostgreSQL); one that does not does nothing."""
         ...
 
     def lock_reservation(self, reservation_id: str) -> ReservationRecord | None:

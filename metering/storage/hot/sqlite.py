@@ -21,7 +21,7 @@ import sqlite3
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Final, TypeVar
 
 from sqlalchemy import Connection, Engine
@@ -268,6 +268,10 @@ class SqliteHotStore:
             breakers=breakers,
             secret=secret,
         )
+
+    def looking_up(self, ids: Sequence[str] | None) -> AbstractContextManager[None]:
+        """Nothing sent ahead: `read` looks the ids up, in process."""
+        return nullcontext()
 
     def lock_reservation(self, reservation_id: str) -> ReservationRecord | None:
         # The transaction holds SQLite's one write lock already.
