@@ -20,6 +20,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import chain
 from operator import attrgetter, itemgetter
 from typing import Any, Final
@@ -1076,7 +1077,8 @@ class _Applying:
                 return Declined("dead letters to write", Need.DEAD_LETTERS)
             _direct_extras(self, changes, snapshot, low, leads)
             more = False
-        store.write(changes, batch.now_us, commit=not more)
+        meanwhile = None if batch.meanwhile is None else partial(batch.meanwhile, final)
+        store.write(changes, batch.now_us, commit=not more, meanwhile=meanwhile)
         if connection is not None and breakers is not None:
             enforce = batch.policy is None or batch.policy.enforce
             breakers.write(connection, batch.now_us, announce=enforce)

@@ -48,7 +48,7 @@ sorted by key (`metering.storage.rollups`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -198,8 +198,17 @@ class HotStore(Protocol):
         """Lock and read one reservation's row (a settle: before any counter)."""
         ...
 
-    def write(self, changes: Changes, now_us: int, *, commit: bool) -> None:
+    def write(
+        self,
+        changes: Changes,
+        now_us: int,
+        *,
+        commit: bool,
+        meanwhile: Callable[[], None] | None = None,
+    ) -> None:
         """Store ``changes``; with ``commit`` also commit the transaction.
+        A store that waits for the server calls ``meanwhile`` once its
+        statements are sent, before their replies (others need not).
 
         A store whose ``takes_rejected`` is true also keeps
         ``changes.rejected`` (the dead letters) in the same round trip; for

@@ -32,7 +32,7 @@ takes all its locks before its first insert, so waits never form a cycle.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any, Final
@@ -567,7 +567,14 @@ class PostgresHotStore:
             raise _translate(exc) from exc
         return record_of_row(found) if found is not None else None
 
-    def write(self, changes: Changes, now_us: int, *, commit: bool) -> None:
+    def write(
+        self,
+        changes: Changes,
+        now_us: int,
+        *,
+        commit: bool,
+        meanwhile: Callable[[], None] | None = None,
+    ) -> None:
         raw = self.raw
         begin = self.begins()
         try:
@@ -645,6 +652,8 @@ class PostgresHotStore:
                     raw.execute(PG_UPSERT, {"rows": _encode(rollup_rows(changes.rollups))})
                 if commit and low is None:
                     self.commit()
+                if meanwhile is not None:  # while the server writes (all is sent)
+                    meanwhile()
             if low is not None:  # a grant's first ``grant.low``: one round trip more
                 messages = low_documents(low.fetchall(), now_us)
                 if messages:

@@ -281,8 +281,16 @@ class SqliteHotStore:
             raise _translate(exc) from exc
         return record_of_row(row) if row is not None else None
 
-    def write(self, changes: Changes, now_us: int, *, commit: bool) -> None:
-        # ``commit`` is left to the caller's transaction: SQLite has no round trip to save.
+    def write(
+        self,
+        changes: Changes,
+        now_us: int,
+        *,
+        commit: bool,
+        meanwhile: Callable[[], None] | None = None,
+    ) -> None:
+        # ``commit`` is left to the caller's transaction: SQLite has no round
+        # trip to save, nor to wait for (``meanwhile`` is not called).
         raw = self.raw
         try:
             # One row (`consume`): `execute`, which costs less than `executemany`.
