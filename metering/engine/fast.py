@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import chain
@@ -570,12 +571,13 @@ def apply_records(
             return Declined("the limits are not loaded yet", stale=True)
         cache.refresh(connection)
     applying = _Applying(cache, batch)
-    # A batch's ids are looked up (`_Applying.read`): sent now, while it is planned.
+    # A batch's ids are looked up (`_Applying.read`): sent now, while it is
+    # planned (not a reservation's: one of a seat declines before any read).
     ahead = None
-    if retry or batch.lookup_first or len(batch.records) > 1:
+    if batch.hold is None and (retry or batch.lookup_first or len(batch.records) > 1):
         ahead = list(dict.fromkeys([record.event_id for record in batch.records]))
     try:
-        with store.looking_up(ahead):
+        with nullcontext() if ahead is None else store.looking_up(ahead):
             applying.plan()
             snapshot = applying.read(store, retry)
         applying.breakers = _breakers(applying.rules, applying.breaker_pairs, snapshot)
