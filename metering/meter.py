@@ -208,8 +208,11 @@ class Meter(
         each event's `Decision` (an `EventConflict` for an id reused with
         other charges), made when read (`Decisions`)."""
         records = records_of(events)
-        answers = self._engine.apply(records, invalid=invalid, rejected=rejected)
-        return results.Decisions([record.event_id for record in records], answers)
+        early = results.Early([record.event_id for record in records])
+        answers = self._engine.apply(
+            records, invalid=invalid, rejected=rejected, meanwhile=early.make
+        )
+        return early.decisions(answers)
 
     def apply_records(
         self,

@@ -10,7 +10,7 @@ A decline comes before anything is written.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Final, Literal
 
@@ -66,6 +66,11 @@ class Batch:
     fails the results insert and the transaction runs again, looking up).
     ``rejected``: malformed input kept as dead letters in the same
     transaction; ``hold``: keep a reservation; ``policy``: an import's flags.
+    ``meanwhile``: given the answers once their write is sent, work to do
+    while the database writes them (a store with a round trip to wait for
+    calls it: PostgreSQL); called again if the transaction runs again, or
+    never: the answers returned are those of its last call only if they are
+    the same list.
     """
 
     records: Sequence[EventRecord]
@@ -75,6 +80,7 @@ class Batch:
     hold: Hold | None = None
     policy: ImportPolicy | None = None
     lookup_first: bool = False
+    meanwhile: Callable[[list[Answer]], None] | None = None
 
     def looking_up(self) -> Batch:
         return self if self.lookup_first else replace(self, lookup_first=True)

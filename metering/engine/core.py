@@ -125,10 +125,14 @@ class Engine:
         invalid: InvalidPolicy = "reject",
         rejected: Sequence[Rejected] = (),
         policy: ImportPolicy | None = None,
+        meanwhile: Callable[[list[Answer]], None] | None = None,
     ) -> list[Answer]:
         """Apply a batch in one transaction, in order (see `Meter.apply_records`);
-        ``policy``: an import's flags (`metering.imports`)."""
-        batch = Batch(records, self.database.now_us(), invalid, rejected, policy=policy)
+        ``policy``: an import's flags (`metering.imports`); ``meanwhile``:
+        see `Batch`."""
+        batch = Batch(
+            records, self.database.now_us(), invalid, rejected, policy=policy, meanwhile=meanwhile
+        )
         try:
             answers = self.decide(batch)
         except Unacceptable as exc:

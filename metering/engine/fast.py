@@ -19,7 +19,9 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import chain
 from operator import attrgetter, itemgetter
 from typing import Any, Final
@@ -569,9 +571,15 @@ def apply_records(
             return Declined("the limits are not loaded yet", stale=True)
         cache.refresh(connection)
     applying = _Applying(cache, batch)
+    # A batch's ids are looked up (`_Applying.read`): sent now, while it is
+    # planned (not a reservation's: one of a seat declines before any read).
+    ahead = None
+    if batch.hold is None and (retry or batch.lookup_first or len(batch.records) > 1):
+        ahead = list(dict.fromkeys([record.event_id for record in batch.records]))
     try:
-        applying.plan()
-        snapshot = applying.read(store, retry)
+        with nullcontext() if ahead is None else store.looking_up(ahead):
+            applying.plan()
+            snapshot = applying.read(store, retry)
         applying.breakers = _breakers(applying.rules, applying.breaker_pairs, snapshot)
         applying.decide(snapshot)
         return applying.write(connection, store, snapshot)
@@ -1071,7 +1079,8 @@ class _Applying:
                 return Declined("dead letters to write", Need.DEAD_LETTERS)
             _direct_extras(self, changes, snapshot, low, leads)
             more = False
-        store.write(changes, batch.now_us, commit=not more)
+        meanwhile = None if batch.meanwhile is None else partial(batch.meanwhile, final)
+        store.write(changes, batch.now_us, commit=not more, meanwhile=meanwhile)
         if connection is not None and breakers is not None:
             enforce = batch.policy is None or batch.policy.enforce
             breakers.write(connection, batch.now_us, announce=enforce)

@@ -1,7 +1,8 @@
 """Results: the engine's answers as decisions, and stored results and
 rejected input as operators and workers read them. `Decisions` is what
 `Meter.apply` returns: a read-only sequence that makes each event's
-`Decision` when it is first read. `stored_results` gives the ledger's rows
+`Decision` when it is first read, or while the batch's write was on its
+way to the database (`Early`). `stored_results` gives the ledger's rows
 with their fingerprints, so a repeated event id is told apart from a
 conflicting one before it is queued again."""
 
@@ -78,12 +79,18 @@ class Decisions(Sequence[Decided]):
 
     __slots__ = ("_answers", "_event_ids", "_made")
 
-    def __init__(self, event_ids: Sequence[str], answers: Sequence[Answer]) -> None:
+    def __init__(
+        self,
+        event_ids: Sequence[str],
+        answers: Sequence[Answer],
+        made: list[Decided] | None = None,
+    ) -> None:
         if len(event_ids) != len(answers):
             raise ValueError("one answer per event")
         self._event_ids = event_ids
         self._answers = answers
-        self._made: list[Decided | None] | None = None  # none read yet
+        # None: none read yet; ``made``: every one made already, of ``answers``.
+        self._made: list[Decided | None] | None = made  # type: ignore[assignment]
 
     def __len__(self) -> int:
         return len(self._answers)
@@ -133,6 +140,29 @@ class Decisions(Sequence[Decided]):
 
     def __repr__(self) -> str:
         return f"Decisions({self._all()!r})"
+
+
+class Early:
+    """A batch's decisions made early: while its write is on its way to the
+    database (`metering.engine.answers.Batch.meanwhile`: PostgreSQL), for
+    `Meter.apply`, whose caller reads them, as a rule."""
+
+    __slots__ = ("_answers", "_event_ids", "_made")
+
+    def __init__(self, event_ids: Sequence[str]) -> None:
+        self._event_ids = event_ids
+        self._answers: list[Answer] | None = None
+        self._made: list[Decided] | None = None
+
+    def make(self, answers: list[Answer]) -> None:
+        """Every decision of ``answers`` (made again if the batch is written again)."""
+        self._answers = answers
+        self._made = [applied_of(i, a) for i, a in zip(self._event_ids, answers, strict=True)]
+
+    def decisions(self, answers: list[Answer]) -> Decisions:
+        """The batch's `Decisions`: those made early if they were made of ``answers``."""
+        made = self._made if answers is self._answers else None
+        return Decisions(self._event_ids, answers, made)
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ from metering.errors import EventConflict, InvalidInput
 from metering.storage.store import Store
 from metering.usage.results import (
     Decisions,
+    Early,
     applied_of,
     consumed,
     count_results,
@@ -136,3 +137,14 @@ def test_a_batchs_decisions_made_when_read_equal_those_made_at_once(
     with pytest.raises(TypeError):
         hash(decided)
     assert repr(decided).startswith("Decisions([Decision(")
+
+
+def test_decisions_made_early_are_kept_only_for_the_answers_they_were_made_of() -> None:
+    answers = [Answer(CONFLICT), Answer(CONFLICT)]
+    early = Early(["a", "b"])
+    assert early.decisions(answers)._made is None  # none made: made when read
+    early.make(answers)
+    kept = early.decisions(answers)
+    assert kept._made is not None and _plain(kept) == ["a", "b"]
+    other = early.decisions(list(answers))  # another run's answers (equal, not the same)
+    assert other._made is None and _plain(other) == ["a", "b"]

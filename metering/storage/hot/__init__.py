@@ -48,7 +48,8 @@ sorted by key (`metering.storage.rollups`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -187,12 +188,27 @@ class HotStore(Protocol):
         with the breaker links' secret read (`metering.storage.hot.extras`)."""
         ...
 
+    def looking_up(self, ids: Sequence[str] | None) -> AbstractContextManager[None]:
+        """Around planning and `read`: a store may send the lookup of ``ids``
+        (`read`'s, in the same order) ahead, to run while the caller plans
+        (PostgreSQL); one that does not does nothing."""
+        ...
+
     def lock_reservation(self, reservation_id: str) -> ReservationRecord | None:
         """Lock and read one reservation's row (a settle: before any counter)."""
         ...
 
-    def write(self, changes: Changes, now_us: int, *, commit: bool) -> None:
+    def write(
+        self,
+        changes: Changes,
+        now_us: int,
+        *,
+        commit: bool,
+        meanwhile: Callable[[], None] | None = None,
+    ) -> None:
         """Store ``changes``; with ``commit`` also commit the transaction.
+        A store that waits for the server calls ``meanwhile`` once its
+        statements are sent, before their replies (others need not).
 
         A store whose ``takes_rejected`` is true also keeps
         ``changes.rejected`` (the dead letters) in the same round trip; for

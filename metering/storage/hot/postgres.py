@@ -10,11 +10,14 @@ the batch size, so it is prepared and planned once. ``jsonb`` rather than
 results insert took 6.5 ms against 15). Results come back in binary.
 
 `read` sends its statements in one pipeline (one round trip); `write` sends
-its own with the COMMIT in another. On a connection in autocommit (those of
-`DirectPostgres`) the store begins the transaction itself: its first
-pipeline opens with a ``BEGIN`` statement and `write` ends with a ``COMMIT``
-statement, so that each pipeline waits for the server once (psycopg's own
-``BEGIN``, and its `commit` inside a pipeline, would each wait again).
+its own with the COMMIT in another. A batch's ids may be sent ahead
+(`PostgresHotStore.looking_up`), before it is planned: `read` then goes on
+in that pipeline, and the server looks them up while the client plans. On
+a connection in autocommit (those of `DirectPostgres`) the store begins
+the transaction itself: its first pipeline opens with a ``BEGIN``
+statement and `write` ends with a ``COMMIT`` statement, so that each
+pipeline waits for the server once (psycopg's own ``BEGIN``, and its
+`commit` inside a pipeline, would each wait again).
 Results are fetched after a pipeline's sync, not before.
 
 Locking writes nothing: ``SELECT ... FOR UPDATE`` locks the counters and
@@ -29,8 +32,8 @@ takes all its locks before its first insert, so waits never form a cycle.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -358,6 +361,16 @@ def snapshot_of(rows: ReadRows) -> Snapshot:
 _RATE: Final = 11  # a locked counter row's rate (after its tuple id; cached rows have none)
 
 
+@dataclass(slots=True)
+class _Ahead:
+    """A lookup `PostgresHotStore.looking_up` sent: its open pipeline and cursors."""
+
+    stack: ExitStack
+    ids: list[str]
+    version: psycopg.Cursor[Any]
+    stored: psycopg.Cursor[Any]
+
+
 class PostgresHotStore:
     """`HotStore` on a psycopg connection in a transaction: one of
     `DirectPostgres`, or the one under a SQLAlchemy transaction
@@ -371,6 +384,7 @@ class PostgresHotStore:
         # Tuple ids of the rows `read` locked, for `write`'s bulk updates.
         self.counter_tids: dict[Key, str] = {}
         self.window_tids: dict[Pair, str] = {}
+        self._ahead: _Ahead | None = None  # `looking_up`'s, until `read` takes it
 
     @classmethod
     def of(cls, connection: Connection) -> PostgresHotStore:
@@ -413,6 +427,29 @@ class PostgresHotStore:
         self.counter_tids = {(r[0], r[1], r[2]): r[10] for r in rows.counters}
         return rows
 
+    @contextmanager
+    def looking_up(self, ids: Sequence[str] | None) -> Iterator[None]:
+        """Send the lookup of ``ids`` now (with the ``BEGIN`` and the limits'
+        version) in a pipeline that `read`, if called inside, goes on with and
+        syncs: the server looks the ids up while the caller plans. Its ``ids``
+        must be these, or none. None: nothing is sent."""
+        if not ids:
+            yield
+            return
+        raw = self.raw
+        begin = self.begins()
+        with ExitStack() as stack:
+            stack.enter_context(pipeline(raw))
+            if begin:
+                raw.execute("BEGIN")
+            version = raw.cursor(binary=True).execute(VERSION)
+            stored = raw.cursor(binary=True).execute(FETCH_RESULTS, {"ids": _encode(ids)})
+            self._ahead = _Ahead(stack, list(ids), version, stored)
+            try:
+                yield
+            finally:
+                self._ahead = None
+
     def read_rows(
         self,
         ids: Sequence[str] | None,
@@ -427,21 +464,28 @@ class PostgresHotStore:
         """What `read` finds, as the rows its statements return (each
         window and counter row with its tuple id last)."""
         params = {"pairs": _encode(pairs), "keys": _encode(keys)}
-        begin = self.begins()
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and list(ids or ()) != ahead.ids:
+            raise ValueError("read asks for other ids than were sent ahead")
+        begin = ahead is None and self.begins()
         try:
-            with pipeline(self.raw):
+            # Sent ahead: the lookup's pipeline, closed (synced) here.
+            with pipeline(self.raw) if ahead is None else ahead.stack:
                 if begin:
                     self.raw.execute("BEGIN")
                 schedules = last_issues = None
-                if due_pairs:  # first: the general engine's lock order
+                if due_pairs:  # first of the locks: the general engine's order
                     due = {"due_pairs": _encode(due_pairs)}
                     schedules = self.raw.cursor(binary=True).execute(LOCK_SCHEDULES, due)
                     last_issues = self.raw.cursor(binary=True).execute(LAST_ISSUES, due)
-                version = self.raw.cursor(binary=True).execute(VERSION)
-                stored = None
-                if ids:
-                    stored = self.raw.cursor(binary=True)
-                    stored.execute(FETCH_RESULTS, {"ids": _encode(ids)})
+                if ahead is not None:
+                    version, stored = ahead.version, ahead.stored
+                else:
+                    version = self.raw.cursor(binary=True).execute(VERSION)
+                    stored = None
+                    if ids:
+                        stored = self.raw.cursor(binary=True)
+                        stored.execute(FETCH_RESULTS, {"ids": _encode(ids)})
                 windows = None
                 if pairs:
                     windows = self.raw.cursor(binary=True).execute(LOCK_WINDOWS, params)
@@ -523,7 +567,14 @@ class PostgresHotStore:
             raise _translate(exc) from exc
         return record_of_row(found) if found is not None else None
 
-    def write(self, changes: Changes, now_us: int, *, commit: bool) -> None:
+    def write(
+        self,
+        changes: Changes,
+        now_us: int,
+        *,
+        commit: bool,
+        meanwhile: Callable[[], None] | None = None,
+    ) -> None:
         raw = self.raw
         begin = self.begins()
         try:
@@ -601,6 +652,8 @@ class PostgresHotStore:
                     raw.execute(PG_UPSERT, {"rows": _encode(rollup_rows(changes.rollups))})
                 if commit and low is None:
                     self.commit()
+                if meanwhile is not None:  # while the server writes (all is sent)
+                    meanwhile()
             if low is not None:  # a grant's first ``grant.low``: one round trip more
                 messages = low_documents(low.fetchall(), now_us)
                 if messages:

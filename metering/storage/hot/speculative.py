@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -268,8 +268,15 @@ class LearningStore(PostgresHotStore):
             self.request, self.rows = Request(pairs, keys, grant_pairs, seats), rows
         return snapshot_of(rows)
 
-    def write(self, changes: Changes, now_us: int, *, commit: bool) -> None:
-        super().write(changes, now_us, commit=commit)
+    def write(
+        self,
+        changes: Changes,
+        now_us: int,
+        *,
+        commit: bool,
+        meanwhile: Callable[[], None] | None = None,
+    ) -> None:
+        super().write(changes, now_us, commit=commit, meanwhile=meanwhile)
         if commit and self.request is not None and self.rows is not None:
             self.cache.learn(self.request, self.rows, changes)
 
@@ -326,14 +333,21 @@ class SpeculativeStore(LearningStore):
         except psycopg.Error:
             self.raw.close()
 
-    def write(self, changes: Changes, now_us: int, *, commit: bool) -> None:
+    def write(
+        self,
+        changes: Changes,
+        now_us: int,
+        *,
+        commit: bool,
+        meanwhile: Callable[[], None] | None = None,
+    ) -> None:
         """The BEGIN, the checks, the writes and the COMMIT in one pipeline,
         one sync (the connection is in autocommit: `PostgresHotStore.begins`);
         after a miss, `LearningStore.write`."""
         if not self.missed:
             assert commit, "a speculative write commits"
             assert self.begins(), "a speculative write begins its transaction"
-        super().write(changes, now_us, commit=commit)
+        super().write(changes, now_us, commit=commit, meanwhile=meanwhile)
 
     def send_expectations(self) -> None:
         if self.missed:

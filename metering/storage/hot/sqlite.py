@@ -21,7 +21,7 @@ import sqlite3
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Final, TypeVar
 
 from sqlalchemy import Connection, Engine
@@ -269,6 +269,10 @@ class SqliteHotStore:
             secret=secret,
         )
 
+    def looking_up(self, ids: Sequence[str] | None) -> AbstractContextManager[None]:
+        """Nothing sent ahead: `read` looks the ids up, in process."""
+        return nullcontext()
+
     def lock_reservation(self, reservation_id: str) -> ReservationRecord | None:
         # The transaction holds SQLite's one write lock already.
         try:
@@ -277,8 +281,16 @@ class SqliteHotStore:
             raise _translate(exc) from exc
         return record_of_row(row) if row is not None else None
 
-    def write(self, changes: Changes, now_us: int, *, commit: bool) -> None:
-        # ``commit`` is left to the caller's transaction: SQLite has no round trip to save.
+    def write(
+        self,
+        changes: Changes,
+        now_us: int,
+        *,
+        commit: bool,
+        meanwhile: Callable[[], None] | None = None,
+    ) -> None:
+        # ``commit`` is left to the caller's transaction: SQLite has no round
+        # trip to save, nor to wait for (``meanwhile`` is not called).
         raw = self.raw
         try:
             # One row (`consume`): `execute`, which costs less than `executemany`.
