@@ -142,7 +142,12 @@ class ChargeDecision:
         size = len(row)
         if size > ROW_FIELDS:  # a priced charge's, or one grants paid
             drawn = row[ROW_FIELDS]
-            grants = tuple((str(g), int(a)) for g, a in drawn) if drawn else ()
+            if not drawn:
+                grants: tuple[tuple[str, int], ...] = ()
+            elif len(drawn) == 1:  # (most: one grant paid)
+                grants = ((str(drawn[0][0]), int(drawn[0][1])),)
+            else:
+                grants = tuple((str(g), int(a)) for g, a in drawn)
             price = None
             if size > ROW_FIELDS + 1 and row[ROW_FIELDS + 1] is not None:
                 price = (str(row[ROW_FIELDS + 1][0]), int(row[ROW_FIELDS + 1][1]))

@@ -144,6 +144,28 @@ class Pot:
                 amount -= taken
         return draws
 
+    def draw(self, window_start_us: int, amount: int, at_us: int) -> tuple[int, list[list[Any]]]:
+        """What the grants active at ``at_us`` held before, and ``amount``
+        paid and recorded in this window, as `plan` then `take` would
+        (the draws as [grant id, amount] lists), in one pass."""
+        available = 0
+        draws: list[list[Any]] = []
+        paid = 0
+        for b in self.balances:  # (`Balance.active_at` and `left`, inlined: once a charge)
+            left = b.amount - b.used
+            expires = b.expires_at_us
+            if left > 0 and b.effective_from_us <= at_us and (expires is None or at_us < expires):
+                available += left
+                if amount > 0:
+                    taken = left if left < amount else amount
+                    b.used += taken
+                    draws.append([b.grant_id, taken])
+                    amount -= taken
+                    paid += taken
+        if paid:
+            self.granted[window_start_us] = self.granted.get(window_start_us, 0) + paid
+        return available, draws
+
     def take(self, window_start_us: int, draws: Sequence[tuple[str, int]]) -> None:
         """Record ``draws`` (from `plan`) as paid, in this window."""
         by_id = {b.grant_id: b for b in self.balances}

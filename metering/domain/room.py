@@ -142,7 +142,7 @@ def drawn_row(
 ) -> list[Any]:
     """The row of a charge on a covered counter with grants (`covered`),
     consumed: its own room first, then its grants pay the rest
-    (`Pot.plan`), drawn on them in this window."""
+    (`Pot.draw`), drawn on them in this window."""
     maximum, pot, _ = room
     assert pot is not None
     start = window[0]
@@ -150,12 +150,11 @@ def drawn_row(
     own_room = maximum - used + pot.granted.get(start, 0)  # >= 0: covered
     after = used + cost
     state[USED] = after
-    remaining = own_room + pot.available(at_us) - cost
+    available, draws = pot.draw(start, cost - own_room, at_us)
+    remaining = own_room + available - cost
     row = [subject, name, cost, True, "allowed", after, remaining, maximum, 0, *window, None]
     if cost > own_room:
-        draws = pot.plan(cost - own_room, at_us)
-        row.append([list(draw) for draw in draws])
-        pot.take(start, draws)
+        row.append(draws)
     return row
 
 

@@ -659,8 +659,10 @@ class _Applying:
             if short:
                 found = self._plain_rules(event, plain)
                 if found is not None:
-                    todo.append((index, event, found, None, self._plain_keys(event, found)))
-                    continue
+                    fixed = self._plain_keys(index, event, found)
+                    if fixed is not None:
+                        todo.append((index, event, found, None, fixed))
+                        continue
                 shortened = self._short_rules(event, shorts)
             values: dict[int, str] | None = None
             if shortened is not None:
@@ -684,8 +686,8 @@ class _Applying:
 
     def _plain_rules(self, event: EventRecord, plain: dict[str, Rule | None]) -> list[Rule] | None:
         """The rules of an event when each of its charges is `_plain`,
-        costs more than 0 and is in its time (`rules_for` finds no error);
-        else None."""
+        costs more than 0 and is in its time (`rules_for` finds no error
+        but a seat value's: `_plain_keys`); else None."""
         return self._in_time(event, plain, _plain)
 
     def _in_time(
@@ -735,13 +737,46 @@ class _Applying:
                 values[position] = value
         return found, values
 
-    def _plain_keys(self, event: EventRecord, event_rules: list[Rule]) -> _Fixed:
-        """`_keys` of an event whose rules are all `_plain`."""
-        at_us, counted = event.occurred_at_us, self._counted
-        return [
+    def _plain_keys(self, index: int, event: EventRecord, event_rules: list[Rule]) -> _Fixed | None:
+        """`_keys` of an event whose rules are all `_plain`, or None (nothing
+        noted) when a charge on a seat limit counts no valid value (`rules_for`
+        finds its error)."""
+        at_us, counted, charges = event.occurred_at_us, self._counted, event.charges
+        if len(charges) == 1:  # most events
+            rule, (subject, name, cost) = event_rules[0], charges[0]
+            if not rule.distinct:
+                return [counted(rule, subject, name, cost, at_us)]
+            try:
+                value = _seat_value(rule, event, cost)
+            except MeteringError:
+                return None
+            found = counted(rule, subject, name, cost, at_us)
+            seat = (*found[0], value)
+            self.wanted_seats.add(seat)
+            self.event_seats[index] = [seat]
+            return [found]
+        values: list[str | None] | None = None
+        for position, rule in enumerate(event_rules):
+            if rule.distinct:
+                try:
+                    value = _seat_value(rule, event, charges[position][2])
+                except MeteringError:
+                    return None
+                if values is None:
+                    values = [None] * len(event_rules)
+                values[position] = value
+        fixed = [
             counted(rule, subject, name, cost, at_us)
-            for (subject, name, cost), rule in zip(event.charges, event_rules, strict=True)
+            for (subject, name, cost), rule in zip(charges, event_rules, strict=True)
         ]
+        if values is not None:
+            seats: list[SeatKey | None] = [
+                None if value is None else (*key, value)
+                for (key, _), value in zip(fixed, values, strict=True)
+            ]
+            self.wanted_seats.update(seat for seat in seats if seat is not None)
+            self.event_seats[index] = seats
+        return fixed
 
     def _counted(
         self, rule: Rule, subject: str, name: str, cost: int, at_us: int
@@ -829,7 +864,8 @@ class _Applying:
         )
         ids = list(self.first) if self.looked_up else None
         wanted = sorted((*key, end) for key, end in keys.items())
-        seats = sorted(self.wanted_seats, key=_seat_order)
+        # (Without first-use windows, every seat's window start is known.)
+        seats = sorted(self.wanted_seats, key=_seat_order if pairs else None)
         snapshot = store.read(
             ids,
             sorted(pairs),
@@ -864,9 +900,10 @@ class _Applying:
             state = states.get(key)
             if state is not None and key not in before:
                 before[key] = tuple(state)
-        # An event of one charge on a covered counter, with no seat nor money
-        # (most of a batch's): its row is made here, as `_allowed` makes it.
-        plain = self.spend is None and not self.event_seats
+        # An event of one charge on a covered counter, without money (most
+        # of a batch's): its row is made here, as `_allowed` makes it.
+        plain = self.spend is None
+        event_seats, seats = self.event_seats, self.seats
         now_us, answers, records = batch.now_us, self.answers, self.records
         for index, event, event_rules, error, fixed in self.todo:
             stored = found.get(event.event_id) if found else None
@@ -888,6 +925,10 @@ class _Applying:
                     state = states[key] = fresh_state()
                     self.created[key] = window[1]
                 subject, name, cost = event.charges[0]
+                if event_seats and index in event_seats:
+                    seat = event_seats[index][0]
+                    if seat is not None:
+                        cost = seats.taken(seat)
                 if room[1] is None:
                     rows = [allowed_row(subject, name, cost, state, room, window)]
                 else:
@@ -1310,9 +1351,9 @@ def _holds(
 
 def _plain(rule: Rule | None) -> Rule | None:
     """``rule`` when a charge of it needs nothing `_Applying.plan` finds
-    beyond its counter's key and the checks of its time and cost: a
-    `_short_window` one with neither money nor seats; else None."""
-    if rule is None or rule.money or rule.distinct or not _short_window(rule):
+    beyond its counter's key (and seat value) and the checks of its time and
+    cost: a `_short_window` one without money; else None."""
+    if rule is None or rule.money or not _short_window(rule):
         return None
     return rule
 
