@@ -412,6 +412,17 @@ class PostgresServer:
         else:
             self.drop_database(name)
 
+    def forget(self, template: str) -> None:
+        """Drop ``template`` and the copies of it handed back (a template
+        a test made for itself, `copy_of` it no more)."""
+        self._refills.pop(template, None)
+        for (of, prefix), names in list(self._spare.items()):
+            if of == template:
+                del self._spare[of, prefix]
+                for name in names:
+                    self.drop_database(name)
+        self.drop_database(template)
+
     def connect(self, dbname: str) -> psycopg.Connection[TupleRow]:
         """A new psycopg connection to ``dbname`` as the superuser (autocommit off)."""
         return psycopg.connect(

@@ -227,6 +227,27 @@ def test_a_copy_handed_back_is_the_template_again(postgres_server: PostgresServe
         postgres_server.drop_database(template)
 
 
+def test_a_forgotten_template_and_its_copies_are_dropped(postgres_server: PostgresServer) -> None:
+    """`forget` drops a template and the copies of it handed back, and only those."""
+    template, other = "harness_tmpl_forget", "harness_tmpl_kept"
+    for name in (template, other):
+        postgres_server.create_database(name)
+    try:
+        with postgres_server.copy_of(template, "harness_forget") as url:
+            copy = url.rsplit("/", 1)[1]
+        with postgres_server.copy_of(other, "harness_kept") as url:
+            kept = url.rsplit("/", 1)[1]
+        postgres_server.forget(template)
+        with postgres_server.connect("postgres") as conn:
+            names = {name for (name,) in conn.execute("SELECT datname FROM pg_database")}
+        assert {template, copy} & names == set()
+        assert {other, kept} <= names
+        with postgres_server.copy_of(other, "harness_kept") as url:
+            assert url.rsplit("/", 1)[1] == kept  # its spare copy still taken
+    finally:
+        postgres_server.forget(other)
+
+
 @needs_postgres
 def test_stop_then_start_keeps_data_and_port(own_server: PostgresServer) -> None:
     own_server.start()

@@ -60,7 +60,16 @@ from typing import Any
 
 import pytest
 from budgets import examples
-from differential import SETTINGS, answer, databases, kind, rates, reference_events, stored
+from differential import (
+    SETTINGS,
+    answer,
+    databases,
+    kind,
+    prepared,
+    rates,
+    reference_events,
+    stored,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select
@@ -675,21 +684,15 @@ def _compare_checks(
             tally["breaker checks"] += 1
 
 
-def _run(
-    path: str,
-    urls: list[str],
-    stream: list[dict[str, Any]],
-    specs: list[dict[str, Any]],
-    tally: Counter[str],
-    imports: Sequence[ImportPolicy | None] = (None,) * 5,
-) -> None:
+def _prepare(urls: list[str]) -> None:
+    """What every stream starts from, on the path's database and the
+    oracle's (`differential.prepared` keeps them as templates): the limits,
+    their first prices and the first time zones, as SQLAlchemy writes them
+    on every path."""
     clock = FrozenClock(START - timedelta(days=40))
     with ExitStack() as stack:
-        meters = tested, oracle = tuple(
-            on_path(on, stack.enter_context(Meter(url, clock=clock)))
-            for on, url in zip((path, ORACLE), urls, strict=True)
-        )
-        for meter in meters:
+        for url in urls:
+            meter = stack.enter_context(Meter(url, clock=clock))
             meter.set_limits(LIMITS)
             for limit, per_unit, currency in FIRST_PRICES:
                 since = START - timedelta(days=1)
@@ -699,6 +702,23 @@ def _run(
                     meter.set_price(limit, per_unit, currency, since)
             for subject, zone in FIRST_ZONES:
                 meter.set_time_zone(subject, zone)
+
+
+def _run(
+    path: str,
+    urls: list[str],
+    stream: list[dict[str, Any]],
+    specs: list[dict[str, Any]],
+    tally: Counter[str],
+    imports: Sequence[ImportPolicy | None] = (None,) * 5,
+) -> None:
+    """The stream on copies of `_prepare`'s databases."""
+    clock = FrozenClock(START - timedelta(days=40))
+    with ExitStack() as stack:
+        meters = tested, oracle = tuple(
+            on_path(on, stack.enter_context(Meter(url, clock=clock)))
+            for on, url in zip((path, ORACLE), urls, strict=True)
+        )
         # Every subject's breakers past their baseline from a minute before
         # START; the charge at START trips them (then released now and then).
         primed = [(subject, name, 1) for subject in SUBJECTS for name in BREAKERS]
@@ -780,7 +800,10 @@ def test_the_path_decides_as_the_reference_engine(
         with databases(request, database, 2) as urls:
             _run(path, urls, stream, specs, tally)
 
-    differential()
+    # Copies of prepared databases, under the name its body had when each
+    # example set its databases up: the same source, the same examples.
+    with prepared(request, database, 2, _prepare) as databases:
+        differential()
     # Not vacuous: most events were the path's own.
     assert tally["fell back"] < tally["events"] // 4, tally
     assert tally["gauge levels"] >= examples // 4, tally  # gauges held levels
@@ -815,7 +838,9 @@ def test_an_import_decides_as_the_reference_engine(
         with databases(request, database, 2) as urls:
             _run("direct", urls, stream, [], tally, imports)
 
-    differential()
+    # (As above: the same source, the same examples.)
+    with prepared(request, database, 2, _prepare) as databases:
+        differential()
     assert tally["imported batches"] >= 2, tally
     assert tally["fell back"] < tally["events"] // 4, tally
 
