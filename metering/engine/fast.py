@@ -964,6 +964,10 @@ class _Applying:
         totals, poisoned, spend = self.sums.totals, self.sums.poisoned, self.spend.book.spend
         found: dict[Key, tuple[Price, tuple[Key, ...], list[int]]] = {}
         unlike: set[Key] = set()
+
+        def poison(*keys: Key) -> None:
+            poisoned.update((key[0], key[1]) for key in keys)
+
         for event, fixed, (position, price) in self.tiered:
             charges = event.charges
             head = len(charges) - len(spend.get(price.currency, ()))
@@ -976,13 +980,14 @@ class _Applying:
                 found[key] = (price, paid, [charges[position][2]])
             elif (known[0] is price or known[0] == price) and known[1] == paid:
                 known[2].append(charges[position][2])
-            else:
+            else:  # another price or other spend counters: not summed
                 unlike.add(key)
+                poison(key, *known[1], *paid)
         for key, (price, paid, costs) in found.items():
             state = states.get(key)
             used = state[USED] if state is not None else 0
             if key in unlike or used < 0 or totals[key] != sum(costs):
-                poisoned.update((k[0], k[1]) for k in (key, *paid))
+                poison(key, *paid)
                 continue
             amount = counted_total(price, used, costs)
             for paid_key in paid:
