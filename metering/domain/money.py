@@ -343,6 +343,25 @@ def tiered_amount(price: Price, before: int, cost: int) -> int:
     return amount + (price.flat_fee if before <= 0 else 0)
 
 
+def counted_total(price: Price, before: int, costs: Sequence[int]) -> int:
+    """What charges of ``costs``, one after the other, cost in all in a window
+    that held ``before`` (at least 0): the sum of their `tiered_amount`s. A
+    tiered price's rounded window prices between the charges cancel out, so
+    it is found once, from the window's total before and after them."""
+    assert before >= 0
+    if price.model == "per_unit":
+        assert price.per_unit is not None
+        each = price.per_unit
+        total = sum(charge_amount(cost, each) for cost in costs if cost > 0)
+    else:
+        added = sum(cost for cost in costs if cost > 0)
+        if not added:
+            return 0
+        total = round_micro(window_price(price, before + added))
+        total -= round_micro(window_price(price, before))
+    return total + (price.flat_fee if before == 0 and any(c > 0 for c in costs) else 0)
+
+
 def _ceiling(price: Price, cost: int) -> int:
     """The most a charge of ``cost`` units may cost at ``price``, whatever its window held."""
     if price.model == "per_unit":
@@ -474,6 +493,7 @@ __all__ = [
     "PricedCharge",
     "bounded_amount",
     "charge_amount",
+    "counted_total",
     "format_amount",
     "format_price",
     "parse_amount",

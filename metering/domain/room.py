@@ -1,19 +1,19 @@
 """Counters a batch cannot deny, decided in aggregate.
 
-A fixed window's counter whose room (its maximum in force less its own
-usage, plus its grants' when they are steady over the batch's times) covers
-the sum of every cost the batch charges it fits each of those charges in any
-order: none is denied or passes the maximum. `covered` finds those counters
-once per batch; an event whose charges are all on them is allowed without
-evaluating its rules, its rows written by `allowed_row` (or `drawn_row`, its
-grants paying past its own room) as `metering.domain.rules.decide` would.
-Only limits that announce nothing when consumed and charge a plain sum qualify.
+A fixed window's counter whose room (its maximum in force less its own usage,
+plus its grants' when steady over the batch's times) covers the sum of every
+cost the batch charges it fits each of those charges in any order: none is
+denied or passes the maximum. `covered` finds those counters once per batch; an
+event whose charges are all on them is allowed without evaluating its rules,
+its rows written by `allowed_row` (or `drawn_row`) as `rules.decide` would.
+Only limits that charge a plain sum and announce nothing when consumed qualify
+(and a subject's own thresholds when the batch crosses none).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +24,8 @@ Pair = tuple[str, str]  # (limit name, subject)
 # A counter every charge of the batch fits: its maximum in force, and its
 # grants (None: none) with what they paid of its window before the batch.
 Room = tuple[int, Pot | None, int]
+# A subject's own thresholds on a limit: (percentages, units) (`metering.alerts`).
+Thresholds = tuple[Sequence[int], Sequence[int]]
 
 
 def qualifies(rule: Rule) -> bool:
@@ -65,11 +67,13 @@ def covered(
     states: Mapping[Key, State],
     histories: Mapping[Pair, History],
     pots: Mapping[Pair, Pot],
-    excluded: Collection[Pair],
+    alerts: Mapping[Pair, Thresholds],
 ) -> dict[Key, Room]:
     """The counters whose own room covers every charge of the batch (``sums``).
 
-    ``excluded``: pairs with thresholds of their own. The maximum in force
+    ``alerts``: pairs with thresholds of their own, taken only without
+    grants and when none is crossed from the counter's usage before the
+    batch to that plus its total (`_crossed`). The maximum in force
     (``histories``) must not change over the batch's times, and a pair with
     grants (``pots``) qualifies only when all of its counters do. Its grants
     count in the room only when the batch charges one counter of the pair and
@@ -89,9 +93,10 @@ def covered(
         ok = qualified.get(name)
         if ok is None:
             ok = qualified[name] = qualifies(rules[name])
-        if not ok or pair in poisoned or pair in excluded:
+        if not ok or pair in poisoned:
             poisoned.add(pair)
             continue
+        own_alerts = alerts.get(pair) if alerts else None
         maximum = rules[name].maximum
         history = histories.get(pair) if histories else None
         if history:
@@ -103,6 +108,11 @@ def covered(
         state = states.get(key)
         used = state[USED] if state is not None else 0
         pot = pots.get(pair) if pots else None
+        if own_alerts is not None and (
+            pot is not None or _crossed(own_alerts, maximum, used, used + total)
+        ):
+            poisoned.add(pair)
+            continue
         granted = pot.granted.get(start, 0) if pot is not None else 0
         own = used - granted  # the window's own usage
         if own + total > maximum and (
@@ -116,6 +126,15 @@ def covered(
             continue
         found[key] = (maximum, pot, granted)
     return {key: room for key, room in found.items() if (key[0], key[1]) not in poisoned}
+
+
+def _crossed(alerts: Thresholds, maximum: int, before: int, after: int) -> bool:
+    """Whether usage going from ``before`` to ``after`` crosses one of
+    ``alerts`` (as `metering.domain.notifications.notices_for` finds them)."""
+    percents, units = alerts
+    return any(before * 100 < p * maximum <= after * 100 for p in percents) or any(
+        before < u <= after for u in units
+    )
 
 
 def _steady(pot: Pot, first_us: int, last_us: int) -> int:

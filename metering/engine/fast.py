@@ -28,6 +28,7 @@ from typing import Any, Final
 
 from sqlalchemy import Connection
 
+from metering.domain.breaker import steady
 from metering.domain.decisions import CHARGE_KEYS, ROW_FIELDS, ChargeDecision
 from metering.domain.distinct import SeatKey, value_of
 from metering.domain.events import (
@@ -44,7 +45,7 @@ from metering.domain.grants import Balance, History, Pot, maximum_at
 from metering.domain.imports import ImportPolicy
 from metering.domain.instants import from_us
 from metering.domain.licenses import consumed_concurrent
-from metering.domain.money import Price, price_at, tiered_amount
+from metering.domain.money import Price, counted_total, price_at, tiered_amount
 from metering.domain.needs import EVERY, NONE, Need, subject_needs
 from metering.domain.notifications import Notice, payload_of
 from metering.domain.recurring import Issue, issue_id, low_threshold
@@ -501,12 +502,8 @@ class _Spend:
         if index not in self.counted:
             return charges
         single = self.counted[index]
-        if single is not None:  # each spend charge costs what the one priced charge does
-            position, price = single
-            amount = tiered_amount(price, states[position][USED], charges[position][2])
-            self.amounts[index] = {position: (price.currency, amount)}
-            head = len(event.charges) - len(self.book.spend.get(price.currency, ()))
-            return [*charges[:head], *((s, name, amount) for s, name, _ in charges[head:])]
+        if single is not None:
+            return self.reprice_one(index, event, single, states[single[0]][USED], charges)
         book, at_us = self.book, event.occurred_at_us
         used = [state[USED] for state in states]
         found, spent = repriced(book.prices, book.spend, event.charges, at_us, used)
@@ -515,6 +512,25 @@ class _Spend:
             charge if amount is None else (charge[0], charge[1], amount)
             for charge, amount in zip(charges, spent, strict=True)
         ]
+
+    def reprice_one(
+        self,
+        index: int,
+        event: EventRecord,
+        single: tuple[int, Price],
+        used: int,
+        charges: Sequence[tuple[str, str, int]] | None = None,
+    ) -> list[tuple[str, str, int]]:
+        """``charges`` (the event's) with its spend charges each costing what
+        its one priced charge does (at ``single``: its position and price)
+        on a counter that held ``used`` before it."""
+        if charges is None:
+            charges = event.charges
+        position, price = single
+        amount = tiered_amount(price, used, charges[position][2])
+        self.amounts[index] = {position: (price.currency, amount)}
+        head = len(event.charges) - len(self.book.spend.get(price.currency, ()))
+        return [*charges[:head], *((s, name, amount) for s, name, _ in charges[head:])]
 
     def annotate(self, index: int, verdict: EventOutcome) -> None:
         """The (currency, amount) of each consumed priced charge of event ``index``."""
@@ -636,6 +652,9 @@ class _Applying:
         self.sums = Sums()  # what the batch charges each counter (`metering.domain.room`)
         # Per event with seat charges and no first-use window: its `_seat_keys`.
         self.event_seats: dict[int, list[SeatKey | None]] = {}
+        # The events with fixed windows whose one priced charge's price is
+        # counted (`_Spend.counted`): their spend charges' sums (`_tiered`).
+        self.tiered: list[tuple[EventRecord, _Fixed, tuple[int, Price]]] = []
 
     def plan(self) -> None:
         """Each event's rules, spend charges and counters' keys."""
@@ -677,7 +696,11 @@ class _Applying:
                 event, event_rules, error = self.spend.expand(index, event, event_rules)
             fixed = None if error is not None else self._keys(index, event, event_rules, values)
             if self.spend is not None and index in self.spend.counted:
-                self.sums.poisoned.update((name, subject) for subject, name, _ in event.charges)
+                single = self.spend.counted[index]
+                if single is None or fixed is None or index in self.event_seats:
+                    self.sums.poisoned.update((name, subject) for subject, name, _ in event.charges)
+                else:  # its spend charges' sums are known once its counter is read
+                    self.tiered.append((event, fixed, single))
             self.todo.append((index, event, event_rules, error, fixed))
             if error is None:
                 for (subject, name, _), rule in zip(event.charges, event_rules, strict=True):
@@ -900,9 +923,9 @@ class _Applying:
             state = states.get(key)
             if state is not None and key not in before:
                 before[key] = tuple(state)
-        # An event of one charge on a covered counter, without money (most
-        # of a batch's): its row is made here, as `_allowed` makes it.
-        plain = self.spend is None
+        # An event of one charge on a covered counter, without money nor a
+        # breaker (most of a batch's): its row is made here, as `_allowed` makes it.
+        plain = self.spend is None and self.breakers is None
         event_seats, seats = self.event_seats, self.seats
         now_us, answers, records = batch.now_us, self.answers, self.records
         for index, event, event_rules, error, fixed in self.todo:
@@ -958,10 +981,18 @@ class _Applying:
 
     def _rooms(self, snapshot: Snapshot) -> dict[Key, Room]:
         """The counters every charge of the batch fits (`metering.domain.room`):
-        none with an import's policy or breakers (their rules change per event)."""
-        if len(self.todo) < 2 or self.batch.policy is not None or self.breakers is not None:
+        none with an import's policy (its rules change per event), nor of a
+        breaker a charge may trip or that holds its subject to a quarantine."""
+        if len(self.todo) < 2 or self.batch.policy is not None:
             return {}  # (one event: as quick to decide as to find its room)
-        allowances = self.allowances
+        allowances, breakers = self.allowances, self.breakers
+        if self.tiered:
+            self._tiered(snapshot.states)
+        if breakers is not None:  # stepped as the events are decided: none may trip
+            now_us, states = self.batch.now_us, breakers.states
+            self.sums.poisoned.update(
+                pair for pair in self.breaker_pairs if not steady(states.get(pair), now_us)
+            )
         return covered(
             self.sums,
             self.rules,
@@ -970,6 +1001,46 @@ class _Applying:
             snapshot.pots,
             allowances.alerts,
         )
+
+    def _tiered(self, states: Mapping[Key, State]) -> None:
+        """The sums of the spend charges of the events priced by their
+        counters (``tiered``) in the batch's totals, in place of the amounts
+        they were expanded with: per counter, with one price and the same
+        spend counters for all of its charges, what they cost one after the
+        other from its usage before the batch (`counted_total`); else its
+        pair and theirs are poisoned."""
+        assert self.spend is not None
+        totals, poisoned, spend = self.sums.totals, self.sums.poisoned, self.spend.book.spend
+        found: dict[Key, tuple[Price, tuple[Key, ...], list[int]]] = {}
+        unlike: set[Key] = set()
+
+        def poison(*keys: Key) -> None:
+            poisoned.update((key[0], key[1]) for key in keys)
+
+        for event, fixed, (position, price) in self.tiered:
+            charges = event.charges
+            head = len(charges) - len(spend.get(price.currency, ()))
+            paid = tuple(key for key, _ in fixed[head:])
+            for key, (_, _, amount) in zip(paid, charges[head:], strict=True):
+                totals[key] -= amount
+            key = fixed[position][0]
+            known = found.get(key)
+            if known is None:
+                found[key] = (price, paid, [charges[position][2]])
+            elif (known[0] is price or known[0] == price) and known[1] == paid:
+                known[2].append(charges[position][2])
+            else:  # another price or other spend counters: not summed
+                unlike.add(key)
+                poison(key, *known[1], *paid)
+        for key, (price, paid, costs) in found.items():
+            state = states.get(key)
+            used = state[USED] if state is not None else 0
+            if key in unlike or used < 0 or totals[key] != sum(costs):
+                poison(key, *paid)
+                continue
+            amount = counted_total(price, used, costs)
+            for paid_key in paid:
+                totals[paid_key] += amount
 
     def _allowed(
         self,
@@ -987,8 +1058,15 @@ class _Applying:
         states, created = snapshot.states, self.created
         at_us = event.occurred_at_us
         rows = []
+        charges: Sequence[tuple[str, str, int]] = event.charges
+        spend = self.spend
+        if spend is not None and index in spend.counted:  # priced by its counter before it
+            single = spend.counted[index]
+            assert single is not None
+            state = states.get(fixed[single[0]][0])
+            charges = spend.reprice_one(index, event, single, state[USED] if state else 0)
         for position, ((subject, name, cost), (key, window)) in enumerate(
-            zip(event.charges, fixed, strict=True)
+            zip(charges, fixed, strict=True)
         ):
             if event_seats is not None:
                 seat = event_seats[position]
@@ -1006,6 +1084,8 @@ class _Applying:
         verdict = EventOutcome("allowed", rows, ())
         if self.spend is not None:
             self.spend.annotate(index, verdict)
+        if self.breakers is not None:
+            self.breakers.charged("allowed", rows, event.event_id, self.batch.now_us)
         return verdict
 
     def _verdict(

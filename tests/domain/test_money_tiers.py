@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from metering.domain.money import (
     Price,
     Tier,
+    counted_total,
     parse_price,
     parse_tier,
     price_at,
@@ -224,3 +225,22 @@ def test_every_model_charges_a_window_what_decimal_says(
     else:  # the window's total priced once, rounded once
         expected = _minor(_exact(spec, total)) + flat
     assert Decimal(sum(amounts)) * CENT == expected
+    assert counted_total(price, 0, costs) == sum(amounts)  # found at once
+
+
+@given(
+    priced=tiered_prices(),
+    before=st.integers(0, 80),
+    costs=st.lists(st.integers(0, 40), min_size=1, max_size=6),
+)
+def test_a_batchs_charges_cost_in_all_what_they_cost_one_by_one(
+    priced: tuple[Price, dict[str, object]], before: int, costs: list[int]
+) -> None:
+    """`counted_total` from any usage before them: the sum of the charges'
+    `tiered_amount`s, each from what the ones before it left."""
+    price, _ = priced
+    found, used = 0, before
+    for cost in costs:
+        found += tiered_amount(price, used, cost)
+        used += cost
+    assert counted_total(price, before, costs) == found

@@ -29,29 +29,49 @@ def _sums(total: int, *more: tuple[tuple[str, str, int], int]) -> Sums:
 @pytest.mark.parametrize(("total", "taken"), [(6, True), (7, True), (8, False)])
 def test_a_counter_is_covered_up_to_its_room(total: int, taken: bool) -> None:
     states = {KEY: [3, 0, 0, None, None, 0, 1]}  # 3 used of 10: room 7
-    assert (KEY in covered(_sums(total), RULES, states, {}, {}, ())) is taken
+    assert (KEY in covered(_sums(total), RULES, states, {}, {}, {})) is taken
 
 
-def test_what_announces_or_is_excluded_is_never_covered() -> None:
+def test_what_announces_is_never_covered() -> None:
     loud = ("loud", "org", START)
-    assert covered(_sums(1, (loud, 1)), RULES, {}, {}, {}, ()) == {KEY: (10, None, 0)}
-    assert covered(_sums(1), RULES, {}, {}, {}, [("calls", "org")]) == {}
+    assert covered(_sums(1, (loud, 1)), RULES, {}, {}, {}, {}) == {KEY: (10, None, 0)}
+
+
+# 3 used of 10: own thresholds at 60 % (6) and at 8 units.
+@pytest.mark.parametrize(
+    ("total", "alerts", "taken"),
+    [
+        (2, ((60,), ()), True),  # up to 5: below 6
+        (3, ((60,), ()), False),  # 6 reached
+        (4, ((), (8,)), True),
+        (5, ((), (8,)), False),
+        (3, ((30,), (3,)), True),  # crossed before the batch
+    ],
+)
+def test_own_thresholds_are_covered_when_the_batch_crosses_none(
+    total: int, alerts: tuple[tuple[int, ...], tuple[int, ...]], taken: bool
+) -> None:
+    states = {KEY: [3, 0, 0, None, None, 0, 1]}
+    own = {("calls", "org"): alerts}
+    assert (KEY in covered(_sums(total), RULES, states, {}, {}, own)) is taken
+    pots = {("calls", "org"): Pot([Balance("g", 5, 0, 0, None)])}  # with grants: never
+    assert covered(_sums(1), RULES, states, {}, pots, own) == {}
 
 
 def test_an_entitlement_that_changes_within_the_batch_is_not_covered() -> None:
     history = {("calls", "org"): ((1_500, 20),)}
     sums = _sums(1)
     sums.timed(("calls", "org"), 1_200)
-    assert covered(sums, RULES, {}, history, {}, ()) == {KEY: (10, None, 0)}
+    assert covered(sums, RULES, {}, history, {}, {}) == {KEY: (10, None, 0)}
     sums.timed(("calls", "org"), 1_600)  # the maximum changes at 1,500
-    assert covered(sums, RULES, {}, history, {}, ()) == {}
+    assert covered(sums, RULES, {}, history, {}, {}) == {}
 
 
 def test_a_pair_with_grants_is_covered_only_when_all_its_counters_are() -> None:
     pots = {("calls", "org"): Pot([Balance("g", 5, 0, 0, None)])}
     later = ("calls", "org", END)
-    assert KEY in covered(_sums(1, (later, 10)), RULES, {}, {}, pots, ())
-    assert covered(_sums(1, (later, 11)), RULES, {}, {}, pots, ()) == {}
+    assert KEY in covered(_sums(1, (later, 10)), RULES, {}, {}, pots, {})
+    assert covered(_sums(1, (later, 11)), RULES, {}, {}, pots, {}) == {}
 
 
 # Own room 7 (3 used of 10, 1 of them paid by the grants), and the grants' 4 + 2.
@@ -68,7 +88,7 @@ def test_grants_count_in_the_room_up_to_what_they_hold(total: int, taken: bool) 
     sums = _sums(total)
     sums.timed(("calls", "org"), 1_200)
     sums.timed(("calls", "org"), 1_600)
-    assert (KEY in covered(sums, RULES, GRANTED_STATES, {}, _pots(), ())) is taken
+    assert (KEY in covered(sums, RULES, GRANTED_STATES, {}, _pots(), {})) is taken
 
 
 @pytest.mark.parametrize(
@@ -78,22 +98,22 @@ def test_grants_that_change_within_the_batch_do_not_count(last_us: int, taken: b
     sums = _sums(13)
     sums.timed(("calls", "org"), 1_200)
     sums.timed(("calls", "org"), last_us)
-    assert (KEY in covered(sums, RULES, GRANTED_STATES, {}, _pots(), ())) is taken
+    assert (KEY in covered(sums, RULES, GRANTED_STATES, {}, _pots(), {})) is taken
     untimed = _sums(13)  # no times: the grants are not counted
-    assert covered(untimed, RULES, GRANTED_STATES, {}, _pots(), ()) == {}
+    assert covered(untimed, RULES, GRANTED_STATES, {}, _pots(), {}) == {}
 
 
 def test_grants_of_a_pair_charged_in_two_windows_do_not_count() -> None:
     sums = _sums(8, (("calls", "org", END), 1))
     sums.timed(("calls", "org"), 1_200)
-    assert covered(sums, RULES, GRANTED_STATES, {}, _pots(), ()) == {}
+    assert covered(sums, RULES, GRANTED_STATES, {}, _pots(), {}) == {}
 
 
 @pytest.mark.parametrize("granted", [False, True])
 def test_the_row_is_the_one_decide_writes(granted: bool) -> None:
     pot = Pot([Balance("g", 5, 1, 0, None)], {START: 1}) if granted else None
     used = [4, 0, 0, None, None, 0, 1]
-    room = covered(_sums(3), RULES, {KEY: used}, {}, {("calls", "org"): pot} if pot else {}, ())
+    room = covered(_sums(3), RULES, {KEY: used}, {}, {("calls", "org"): pot} if pot else {}, {})
     state, expected_state = list(used), list(used)
     if pot is None:
         row = allowed_row("org", "calls", 3, state, room[KEY], (START, END))
@@ -118,7 +138,7 @@ def test_a_drawn_row_is_the_one_decide_writes() -> None:
     sums = _sums(13)
     sums.timed(("calls", "org"), 1_500)
     drawn, decided = _pots(), _pots()
-    room = covered(sums, RULES, GRANTED_STATES, {}, drawn, ())[KEY]
+    room = covered(sums, RULES, GRANTED_STATES, {}, drawn, {})[KEY]
     state, expected_state = list(GRANTED_STATES[KEY]), list(GRANTED_STATES[KEY])
     pot = decided[("calls", "org")]
     for cost in (5, 3, 4, 1):  # the last two draw on "h" (priority 1) after "g"

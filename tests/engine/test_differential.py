@@ -1069,3 +1069,145 @@ def _decided(found: Answer) -> tuple[object, ...]:
     record = found.record
     assert record is not None
     return (found.kind, record.event_id, record.outcome, record.denied_by, record.charges)
+
+
+def _shortcut_case(
+    request: pytest.FixtureRequest,
+    database: str,
+    limits: list[Limit],
+    setup: Any,
+    records: list[EventRecord],
+) -> _Covered:
+    """``records`` applied by the direct path and by the reference engine,
+    each meter set up with ``limits`` and ``setup(meter)`` at `ROOM_START`
+    (its clock): the same answers and stored state; the subjects of the
+    events the shortcut took (`_Applying._allowed` or a row made by
+    `allowed_row`)."""
+    if database == "postgresql":
+        request.applymarker(pytest.mark.postgres)
+    covered: set[str] = set()
+    allowed, made = fast._Applying._allowed, fast.allowed_row
+
+    def counting(self: fast._Applying, *args: Any) -> Any:
+        covered.add(args[1].charges[0][0])
+        return allowed(self, *args)
+
+    def counting_row(subject: str, *args: Any) -> Any:
+        covered.add(subject)
+        return made(subject, *args)
+
+    clock = FrozenClock(ROOM_START)
+    with databases(request, database, 2) as urls, ExitStack() as stack:
+        meters = tested, oracle = tuple(
+            on_path(on, stack.enter_context(Meter(url, clock=clock)))
+            for on, url in zip(PAIR, urls, strict=True)
+        )
+        for meter in meters:
+            meter.set_limits(limits)
+            setup(meter, clock)
+        clock.set(ROOM_START)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(fast._Applying, "_allowed", counting)
+            patch.setattr(fast, "allowed_row", counting_row)
+            found = [apply_on(on, m, records, "reject") for on, m in zip(PAIR, meters, strict=True)]
+        assert [_decided(a) for a in found[0]] == [_decided(a) for a in found[1]]
+        assert stored(tested) == stored(oracle)
+    return _Covered(found[0], covered)
+
+
+def _ones(subject: str, limit: str, count: int) -> list[EventRecord]:
+    at = ROOM_START
+    return [make_event([(subject, limit, 1)], at, f"{subject}-{n}").record() for n in range(count)]
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+@pytest.mark.parametrize(("alert", "count"), [("60%", 2), ("60%", 3), ("8", 4), ("8", 5)])
+def test_own_thresholds_a_batch_does_not_cross_are_decided_in_aggregate(
+    request: pytest.FixtureRequest, database: str, alert: str, count: int
+) -> None:
+    """A subject's own threshold (6 units, or 8) one unit past and at its
+    batch's last event, 3 used before: the shortcut takes the batch that
+    crosses none, the reference engine's notice the one that does."""
+
+    def setup(meter: Meter, clock: FrozenClock) -> None:
+        meter.set_alert("alerted", "calls", [alert])
+        meter.consume("alerted", "calls", 3, event_id="before")
+
+    limits = [Limit("calls", maximum=10, period="1mo", window="calendar")]
+    covered = _shortcut_case(request, database, limits, setup, _ones("alerted", "calls", count))
+    crosses = 3 + count >= (6 if alert == "60%" else 8)
+    assert covered.subjects == (set() if crosses else {"alerted"})
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("tripping", [False, True])
+def test_breakers_no_charge_can_trip_are_decided_in_aggregate(
+    request: pytest.FixtureRequest, database: str, tripping: bool
+) -> None:
+    """A batch on a limit with a breaker: taken by the shortcut (the breaker
+    stepped as the reference engine steps it) unless the breaker has been
+    past its multiple for a minute: its first charge then trips it and the
+    rest are held to the quarantine, as the reference engine decides."""
+
+    def setup(meter: Meter, clock: FrozenClock) -> None:
+        clock.set(ROOM_START)
+        meter.consume("steady", "guarded", 1, event_id="steady-before")
+        if tripping:  # past 2x its floor since 90 seconds before the batch
+            clock.set(ROOM_START - timedelta(seconds=90))
+            meter.consume("runaway", "guarded", 5, event_id="runaway-before")
+
+    limits = [
+        Limit(
+            "guarded",
+            maximum=100,
+            period="1mo",
+            window="calendar",
+            breaker="2x",
+            breaker_floor=0.000001,
+            quarantine_max=8,
+        )
+    ]
+    records = _ones("steady", "guarded", 6) + _ones("runaway", "guarded", 6)
+    covered = _shortcut_case(request, database, limits, setup, records)
+    assert covered.subjects == ({"steady"} if tripping else {"steady", "runaway"})
+    outcomes = Counter(a.record.outcome for a in covered.found if a.record is not None)
+    # Tripped by its batch's first event (6 used), it is held to 8: 3 denied.
+    assert outcomes["denied"] == (3 if tripping else 0), outcomes
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+@pytest.mark.parametrize(
+    ("price", "room"),
+    [
+        # 3 used before: 3 cents and the fee's 3; then 1 cent to 5 units, 2 after.
+        ({"model": "graduated", "tiers": ["5:0.01", "inf:0.02"]}, 8),
+        # 3 used before: 6 cents and the fee's 3; then 2 cents a unit.
+        ({"per_unit": "0.02"}, 5),
+    ],
+)
+@pytest.mark.parametrize("offset", [-1, 0, 1])
+def test_counted_prices_at_a_spend_caps_room_are_decided_in_aggregate(
+    request: pytest.FixtureRequest,
+    database: str,
+    price: dict[str, Any],
+    room: int,
+    offset: int,
+) -> None:
+    """Events priced by their counter (a tiered price, or a flat fee), one
+    below, exactly at and one above the room of the spend cap (0.20 USD):
+    the shortcut takes the first two (their amounts found from the counter
+    before each), never the third."""
+
+    def setup(meter: Meter, clock: FrozenClock) -> None:
+        per_unit = price.get("per_unit")
+        options = {k: v for k, v in price.items() if k != "per_unit"}
+        when = ROOM_START - timedelta(days=1)
+        meter.set_price("calls", per_unit, "USD", when, flat_fee="0.03", **options)
+        meter.consume("spender", "calls", 3, event_id="before")
+
+    limits = [Limit("calls", maximum=100, period="1mo", window="calendar"), ROOM_LIMITS[1]]
+    records = _ones("spender", "calls", room + offset)
+    covered = _shortcut_case(request, database, limits, setup, records)
+    assert covered.subjects == (set() if offset == 1 else {"spender"})
+    outcomes = Counter(a.record.outcome for a in covered.found if a.record is not None)
+    assert outcomes["denied"] == (1 if offset == 1 else 0), outcomes

@@ -201,8 +201,11 @@ def pg_breaker_params(changed: dict[Pair, Breaker]) -> dict[str, Any]:
 # SQLite: the same, statement by statement (no round trip to save).
 SQLITE_READ_SECRET: Final = "SELECT value FROM secrets WHERE name = ?"
 SQLITE_INSERT_SECRET: Final = "INSERT INTO secrets (name, value, created_at_us) VALUES (?, ?, ?)"
-SQLITE_READ_BREAKER: Final = f"""
-SELECT limit_name, subject, {_BREAKER_COLUMNS} FROM breakers WHERE limit_name = ? AND subject = ?
+SQLITE_READ_BREAKERS: Final = f"""
+SELECT b.limit_name, b.subject, {", ".join("b." + c for c in _BREAKER_COLUMNS.split(", "))}
+FROM json_each(?) AS k
+JOIN breakers AS b ON b.limit_name = json_extract(k.value, '$[0]')
+                  AND b.subject = json_extract(k.value, '$[1]')
 """
 # The same two reads as parts of the version and counter's statement of
 # `metering.storage.hot.sqlite` (one breaker: `consume`): a breaker (kind 3)
@@ -245,12 +248,9 @@ RETURNING grant_id, subject, limit_name, amount, used, low_at, schedule_id
 
 
 def sqlite_breakers(raw: sqlite3.Connection, pairs: Sequence[Pair]) -> dict[Pair, Breaker]:
-    found: dict[Pair, Breaker] = {}
-    for pair in pairs:
-        row = raw.execute(SQLITE_READ_BREAKER, pair).fetchone()
-        if row is not None:
-            found[pair] = breaker_of_row(row)
-    return found
+    """The breakers of ``pairs`` that have one, in one statement."""
+    rows = raw.execute(SQLITE_READ_BREAKERS, (json.dumps(pairs),))
+    return {(row[0], row[1]): breaker_of_row(row) for row in rows}
 
 
 def sqlite_secret(raw: sqlite3.Connection, name: str) -> str | None:
