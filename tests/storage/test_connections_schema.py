@@ -15,7 +15,7 @@ from sqlalchemy import text
 
 from metering import Meter
 from metering.errors import DatabaseUnavailable, SchemaOutdated
-from metering.storage.connections import MIGRATIONS_DIR, make_engine
+from metering.storage.connections import MIGRATIONS_DIR, current_revision, make_engine
 from metering.storage.schema_revision import SCHEMA_REVISION
 from metering.storage.tables import metadata
 
@@ -42,6 +42,31 @@ def test_postgresql_without_schema_asks_for_an_upgrade(postgres_server: Postgres
             Meter(postgres_server.url("empty_db"))
     finally:
         postgres_server.drop_database("empty_db")
+
+
+def test_an_older_schema_is_refused_on_postgresql_and_upgraded_on_sqlite(
+    tmp_path: Path, postgres_server: PostgresServer
+) -> None:
+    older = f"{int(SCHEMA_REVISION) - 1:04d}"
+    postgres_server.create_database("older_db")
+    try:
+        _upgrade(postgres_server.url("older_db"), older)
+        with pytest.raises(SchemaOutdated, match=f"schema revision {older}, this version"):
+            Meter(postgres_server.url("older_db"))
+        engine = make_engine(postgres_server.url("older_db"))
+        with engine.begin() as connection:
+            connection.execute(text("DELETE FROM alembic_version"))
+        engine.dispose()
+        with pytest.raises(SchemaOutdated, match="has no schema"):
+            Meter(postgres_server.url("older_db"))
+    finally:
+        postgres_server.drop_database("older_db")
+    sqlite_url = f"sqlite:///{tmp_path / 'older.db'}"
+    _upgrade(sqlite_url, older)
+    Meter(sqlite_url).close()
+    engine = make_engine(sqlite_url)
+    assert current_revision(engine) == SCHEMA_REVISION
+    engine.dispose()
 
 
 def test_unreachable_databases_raise_a_clear_error(tmp_path: Path) -> None:
