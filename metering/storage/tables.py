@@ -38,7 +38,7 @@ metadata = MetaData()
 BIGINT: Final = BigInteger()
 INTEGER: Final = Integer()
 TEXT: Final = Text()
-DOUBLE: Final = Double()
+DOUBLE: Final = Double[float]()
 
 
 @functools.cache
