@@ -110,6 +110,9 @@ def _postgres_engine(url: str, connections: int, kwargs: dict[str, Any]) -> Engi
     # that died while pooled fails its transaction, which is retried.
     kwargs.setdefault("pool_size", shares(connections)[0])
     kwargs.setdefault("max_overflow", 0)
+    # No HSTORE column anywhere: skip the look-up of its type that the
+    # dialect otherwise makes, a round trip, on each engine's first connection.
+    kwargs.setdefault("use_native_hstore", False)
     connect_args = dict(kwargs.get("connect_args") or {})
     if "application_name" not in make_url(url).query:
         # How `metering status` (and an operator) finds this process's connections.
