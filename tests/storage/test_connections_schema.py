@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
@@ -67,6 +69,26 @@ def test_an_older_schema_is_refused_on_postgresql_and_upgraded_on_sqlite(
     engine = make_engine(sqlite_url)
     assert current_revision(engine) == SCHEMA_REVISION
     engine.dispose()
+
+
+def test_a_meter_starts_on_postgresql_without_catalog_look_ups(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Neither the dialect's HSTORE type nor the ``alembic_version`` table is
+    looked up in the catalog: each would cost every new engine a statement."""
+    sent: list[str] = []
+    execute = psycopg.Cursor.execute
+
+    def recorded(self: psycopg.Cursor[Any], query: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(str(query))
+        return execute(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", recorded)
+    Meter(pg_url).close()
+    assert any("alembic_version" in statement for statement in sent)
+    assert [
+        statement for statement in sent if "pg_type" in statement or "pg_class" in statement
+    ] == []
 
 
 def test_unreachable_databases_raise_a_clear_error(tmp_path: Path) -> None:
