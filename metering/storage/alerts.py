@@ -50,6 +50,12 @@ _ALERT: Final = RecordColumns(
 )
 
 
+# Every alert's thresholds (what the hot path's cache reads), built once.
+_LIST_ALERTS: Final = select(alert_thresholds).order_by(
+    alert_thresholds.c.limit_name, alert_thresholds.c.subject
+)
+
+
 class AlertStore(OnConnection):
     """Statements on one connection; the caller owns the transaction."""
 
@@ -68,12 +74,11 @@ class AlertStore(OnConnection):
 
     def listed(self, subject: str | None = None, limit: str | None = None) -> list[AlertRecord]:
         a = alert_thresholds.c
-        query = select(alert_thresholds)
+        query = _LIST_ALERTS
         if subject is not None:
             query = query.where(a.subject == subject)
         if limit is not None:
             query = query.where(a.limit_name == limit)
-        query = query.order_by(a.limit_name, a.subject)
         return [_ALERT.of_row(row) for row in self.connection.execute(query)]
 
     def of(self, pairs: Iterable[Pair]) -> dict[Pair, AlertRecord]:

@@ -134,6 +134,20 @@ _CORRECTION: Final = RecordColumns(
 )
 
 
+# What the hot path's cache reads on every reload, built once: a statement
+# used again needs no new cache key.
+_HISTORIES: Final = select(
+    entitlements.c.limit_name,
+    entitlements.c.subject,
+    entitlements.c.effective_from_us,
+    entitlements.c.maximum,
+)
+_TIME_ZONES: Final = select(
+    subject_time_zones.c.subject, subject_time_zones.c.since_us, subject_time_zones.c.time_zone
+).order_by(subject_time_zones.c.subject, subject_time_zones.c.since_us)
+_GRANT_PAIRS: Final = select(grants.c.limit_name, grants.c.subject).distinct()
+
+
 class AllowanceStore(OnConnection):
     """Statements on one connection; the caller owns the transaction."""
 
@@ -160,12 +174,7 @@ class AllowanceStore(OnConnection):
 
     def histories(self, pairs: Iterable[Pair] | None = None) -> dict[Pair, History]:
         """Each (limit, subject)'s changes of maximum, in time order (every pair: None)."""
-        query = select(
-            entitlements.c.limit_name,
-            entitlements.c.subject,
-            entitlements.c.effective_from_us,
-            entitlements.c.maximum,
-        )
+        query = _HISTORIES
         if pairs is not None:
             wanted = sorted(set(pairs))
             if not wanted:
@@ -194,7 +203,7 @@ class AllowanceStore(OnConnection):
     def time_zones(self, subjects: Iterable[str] | None = None) -> dict[str, ZoneHistory]:
         """Each subject's changes of zone, oldest first (every subject that has one: None)."""
         z = subject_time_zones.c
-        query = select(z.subject, z.since_us, z.time_zone).order_by(z.subject, z.since_us)
+        query = _TIME_ZONES
         if subjects is not None:
             wanted = sorted(set(subjects))
             if not wanted:
@@ -262,8 +271,7 @@ class AllowanceStore(OnConnection):
 
     def grant_pairs(self) -> set[Pair]:
         """Every (limit, subject) that has a grant (the hot path reads grants only for these)."""
-        query = select(grants.c.limit_name, grants.c.subject).distinct()
-        return {(name, subject) for name, subject in self.connection.execute(query)}
+        return {(name, subject) for name, subject in self.connection.execute(_GRANT_PAIRS)}
 
     def lock_pots(
         self,

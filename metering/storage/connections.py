@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 import sqlalchemy
-from sqlalchemy import Connection, Engine, event, inspect, text
+from sqlalchemy import Connection, Engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlchemyError
 
@@ -110,6 +110,9 @@ def _postgres_engine(url: str, connections: int, kwargs: dict[str, Any]) -> Engi
     # that died while pooled fails its transaction, which is retried.
     kwargs.setdefault("pool_size", shares(connections)[0])
     kwargs.setdefault("max_overflow", 0)
+    # No HSTORE column anywhere: skip the look-up of its type that the
+    # dialect otherwise makes, a round trip, on each engine's first connection.
+    kwargs.setdefault("use_native_hstore", False)
     connect_args = dict(kwargs.get("connect_args") or {})
     if "application_name" not in make_url(url).query:
         # How `metering status` (and an operator) finds this process's connections.
@@ -301,15 +304,31 @@ def retry_or_raise(exc: RetryTransaction | SQLAlchemyError, attempt: int, attemp
     time.sleep(min(0.5, 0.005 * 2**attempt) * random.uniform(0.5, 1.5))
 
 
+# One plain statement: a database without the table refuses it
+# (`_no_such_table`), which costs less than looking the table up first.
+_REVISION: Final = text("SELECT version_num FROM alembic_version")
+
+
 def current_revision(engine: Engine) -> str | None:
+    """The database's Alembic revision (None: no ``alembic_version`` table, or no row)."""
     try:
         with engine.connect() as connection:
-            if not inspect(connection).has_table("alembic_version"):
+            try:
+                row = connection.execute(_REVISION).first()
+            except DBAPIError as exc:
+                if not _no_such_table(exc):
+                    raise
                 return None
-            row = connection.execute(text("SELECT version_num FROM alembic_version")).first()
             return row[0] if row else None
     except SQLAlchemyError as exc:
         raise translate(exc) from exc
+
+
+def _no_such_table(exc: DBAPIError) -> bool:
+    """Whether the database refused a statement for naming a table it lacks."""
+    if getattr(exc.orig, "sqlstate", None) == "42P01":  # PostgreSQL's undefined_table
+        return True
+    return isinstance(exc.orig, sqlite3.OperationalError) and "no such table" in str(exc.orig)
 
 
 def ensure_schema(engine: Engine) -> None:

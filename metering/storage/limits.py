@@ -22,6 +22,10 @@ BUMP_LIMITS_VERSION: Final = (
 )
 
 LOAD_LIMITS: Final = select(limits).where(limits.c.name.in_(bindparam("names", expanding=True)))
+# What the hot path's cache reads on every reload, built once: a statement
+# used again needs no new cache key, and compiles once per engine.
+LIST_LIMITS: Final = select(limits).order_by(limits.c.name)
+LIMITS_VERSION: Final = select(limits_version.c.version).where(limits_version.c.id == 1)
 
 
 class LimitStore(OnConnection):
@@ -35,7 +39,7 @@ class LimitStore(OnConnection):
         return {row.name: limit_from_row(row) for row in rows}
 
     def list_limits(self) -> list[Limit]:
-        rows = self.connection.execute(select(limits).order_by(limits.c.name))
+        rows = self.connection.execute(LIST_LIMITS)
         return [limit_from_row(row) for row in rows]
 
     def limit_names(self) -> frozenset[str]:
@@ -66,5 +70,4 @@ class LimitStore(OnConnection):
         return bool(outcome.rowcount)
 
     def limits_version(self) -> int:
-        query = select(limits_version.c.version).where(limits_version.c.id == 1)
-        return int(self.connection.execute(query).scalar_one())
+        return int(self.connection.execute(LIMITS_VERSION).scalar_one())

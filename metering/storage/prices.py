@@ -39,6 +39,16 @@ _PRICE: Final = RecordColumns(
 )
 
 
+# What the hot path's cache reads on every reload, built once: a statement
+# used again needs no new cache key.
+_HISTORIES: Final = select(prices).order_by(prices.c.limit_name, prices.c.effective_from_us)
+_SPEND_LIMITS: Final = (
+    select(limits.c.currency, limits.c.name)
+    .where(limits.c.currency.is_not(None))
+    .order_by(limits.c.currency, limits.c.name)
+)
+
+
 class PriceStore(OnConnection):
     """Statements on one connection; the caller owns the transaction."""
 
@@ -56,7 +66,7 @@ class PriceStore(OnConnection):
 
     def histories(self, names: Iterable[str] | None = None) -> dict[str, PriceHistory]:
         """Each limit's prices in time order (``names`` None: every priced limit)."""
-        query = select(prices).order_by(prices.c.limit_name, prices.c.effective_from_us)
+        query = _HISTORIES
         if names is not None:
             wanted = sorted(set(names))
             if not wanted:
@@ -72,11 +82,7 @@ class PriceStore(OnConnection):
 
     def spend_limits(self) -> dict[str, list[str]]:
         """The spend limits' names by currency, sorted."""
-        query = (
-            select(limits.c.currency, limits.c.name)
-            .where(limits.c.currency.is_not(None))
-            .order_by(limits.c.currency, limits.c.name)
-        )
+        query = _SPEND_LIMITS
         found: dict[str, list[str]] = defaultdict(list)
         for currency, name in self.connection.execute(query):
             found[currency].append(name)

@@ -60,6 +60,12 @@ SCHEDULE_COLUMNS: Final = ", ".join(_SCHEDULE.columns)
 schedule_of_values: Final = _SCHEDULE.of_values
 
 
+# Every schedule's next issue (what the hot path's cache reads), built once.
+_DUE_TIMES: Final = select(
+    grant_schedules.c.limit_name, grant_schedules.c.subject, grant_schedules.c.next_issue_us
+).where(grant_schedules.c.next_issue_us.is_not(None))
+
+
 class ScheduleStore(OnConnection):
     """Statements on one connection; the caller owns the transaction."""
 
@@ -83,10 +89,8 @@ class ScheduleStore(OnConnection):
 
     def due_times(self) -> dict[Pair, int]:
         """Per (limit, subject), when its earliest schedule's next issue is due."""
-        s = grant_schedules.c
-        query = select(s.limit_name, s.subject, s.next_issue_us).where(s.next_issue_us.is_not(None))
         found: dict[Pair, int] = {}
-        for name, subject, due in self.connection.execute(query):
+        for name, subject, due in self.connection.execute(_DUE_TIMES):
             found[(name, subject)] = min(due, found.get((name, subject), due))
         return found
 

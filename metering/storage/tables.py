@@ -3,10 +3,14 @@
 Instants are BIGINT microseconds since the Unix epoch in every dialect: exact,
 cheap to compare, and the same arithmetic on PostgreSQL and SQLite.
 Alembic migrations in ``migrations/`` must produce exactly this schema (a test
-compares them).
+compares them). Columns of one type share one type object (`BIGINT`, `string`):
+each new engine's dialect adapts a type object once, on its first statement.
 """
 
 from __future__ import annotations
+
+import functools
+from typing import Final
 
 from sqlalchemy import (
     BigInteger,
@@ -27,35 +31,51 @@ from sqlalchemy import (
 
 metadata = MetaData()
 
+# SQLAlchemy remembers, per dialect, what it made of each type object: a
+# column's own ``BigInteger()`` would be adapted again for every new engine,
+# in every statement that is the first of its columns. Not for schema types
+# (`Boolean`), which attach themselves to their column.
+BIGINT: Final = BigInteger()
+INTEGER: Final = Integer()
+TEXT: Final = Text()
+DOUBLE: Final = Double[float]()
+
+
+@functools.cache
+def string(length: int) -> String:
+    """The one ``String(length)`` of the tables' columns."""
+    return String(length)
+
+
 limits = Table(
     "limits",
     metadata,
-    Column("name", String(64), primary_key=True),
-    Column("maximum", BigInteger, nullable=False),
-    Column("period", String(16), nullable=False),
-    Column("algorithm", String(16), nullable=False),
-    Column("window", String(16), nullable=False),
-    Column("enforcement", String(8), nullable=False),
-    Column("thresholds", Text, nullable=False),  # JSON list of percentages
-    Column("lateness", String(16), nullable=False),
-    Column("updated_at_us", BigInteger, nullable=False),
+    Column("name", string(64), primary_key=True),
+    Column("maximum", BIGINT, nullable=False),
+    Column("period", string(16), nullable=False),
+    Column("algorithm", string(16), nullable=False),
+    Column("window", string(16), nullable=False),
+    Column("enforcement", string(8), nullable=False),
+    Column("thresholds", TEXT, nullable=False),  # JSON list of percentages
+    Column("lateness", string(16), nullable=False),
+    Column("updated_at_us", BIGINT, nullable=False),
     # JSON list of the metadata keys usage is rolled up by (migration 0009).
-    Column("dimensions", Text, nullable=False, server_default="[]"),
-    Column("thresholds_units", Text, nullable=False, server_default="[]"),  # JSON list
+    Column("dimensions", TEXT, nullable=False, server_default="[]"),
+    Column("thresholds_units", TEXT, nullable=False, server_default="[]"),  # JSON list
     # A spend limit's ISO 4217 code (migration 0015): its amounts are minor units.
-    Column("currency", String(3), nullable=True),
+    Column("currency", string(3), nullable=True),
     # Seats: the metadata key whose distinct values the limit counts (migration 0013).
-    Column("distinct_key", String(64), nullable=True),
+    Column("distinct_key", string(64), nullable=True),
     # sum, or a gauge's max or latest (migration 0023).
-    Column("aggregation", String(8), nullable=False, server_default="sum"),
+    Column("aggregation", string(8), nullable=False, server_default="sum"),
     # A paced limit's burst, units or "P%" (`metering.domain.pacing`); NULL: not paced.
-    Column("pacing_burst", String(24), nullable=True),
-    Column("forecast_lead", String(32), nullable=True),  # a duration, "24h"; NULL: none
+    Column("pacing_burst", string(24), nullable=True),
+    Column("forecast_lead", string(32), nullable=True),  # a duration, "24h"; NULL: none
     # The runaway breaker (migration 0029): its factor ("10x"), the floor of the
     # baseline in units per second, the quarantine maximum; NULL: no breaker.
-    Column("breaker", String(8), nullable=True),
-    Column("breaker_floor", Double, nullable=True),
-    Column("quarantine_max", BigInteger, nullable=True),
+    Column("breaker", string(8), nullable=True),
+    Column("breaker_floor", DOUBLE, nullable=True),
+    Column("quarantine_max", BIGINT, nullable=True),
 )
 
 # One row per subject and limit with a breaker (`metering.domain.breaker`):
@@ -64,14 +84,14 @@ limits = Table(
 breakers = Table(
     "breakers",
     metadata,
-    Column("limit_name", String(64), nullable=False),
-    Column("subject", String(200), nullable=False),
-    Column("short_rate", Double, nullable=False),
-    Column("long_rate", Double, nullable=False),
-    Column("rate_at_us", BigInteger, nullable=False),
-    Column("since_us", BigInteger, nullable=False),
-    Column("over_since_us", BigInteger, nullable=True),
-    Column("quarantined_at_us", BigInteger, nullable=True),
+    Column("limit_name", string(64), nullable=False),
+    Column("subject", string(200), nullable=False),
+    Column("short_rate", DOUBLE, nullable=False),
+    Column("long_rate", DOUBLE, nullable=False),
+    Column("rate_at_us", BIGINT, nullable=False),
+    Column("since_us", BIGINT, nullable=False),
+    Column("over_since_us", BIGINT, nullable=True),
+    Column("quarantined_at_us", BIGINT, nullable=True),
     PrimaryKeyConstraint("subject", "limit_name"),
 )
 
@@ -80,8 +100,8 @@ breakers = Table(
 limits_version = Table(
     "limits_version",
     metadata,
-    Column("id", Integer, primary_key=True, autoincrement=False),
-    Column("version", BigInteger, nullable=False),
+    Column("id", INTEGER, primary_key=True, autoincrement=False),
+    Column("version", BIGINT, nullable=False),
 )
 
 # One row per subject, limit and window; rows of past windows stay for reports.
@@ -89,26 +109,26 @@ limits_version = Table(
 counters = Table(
     "counters",
     metadata,
-    Column("limit_name", String(64), nullable=False),
-    Column("subject", String(200), nullable=False),
-    Column("window_start_us", BigInteger, nullable=False, autoincrement=False),
-    Column("window_end_us", BigInteger, nullable=False),
-    Column("used", BigInteger, nullable=False),
-    Column("denied_count", BigInteger, nullable=False),
-    Column("denied_cost", BigInteger, nullable=False),
-    Column("first_denied_at_us", BigInteger, nullable=True),
-    Column("tat_us", BigInteger, nullable=True),
-    Column("tat_rem", BigInteger, nullable=False),
-    Column("tat_scale", BigInteger, nullable=False),
-    Column("updated_at_us", BigInteger, nullable=False),
+    Column("limit_name", string(64), nullable=False),
+    Column("subject", string(200), nullable=False),
+    Column("window_start_us", BIGINT, nullable=False, autoincrement=False),
+    Column("window_end_us", BIGINT, nullable=False),
+    Column("used", BIGINT, nullable=False),
+    Column("denied_count", BIGINT, nullable=False),
+    Column("denied_cost", BIGINT, nullable=False),
+    Column("first_denied_at_us", BIGINT, nullable=True),
+    Column("tat_us", BIGINT, nullable=True),
+    Column("tat_rem", BIGINT, nullable=False),
+    Column("tat_scale", BIGINT, nullable=False),
+    Column("updated_at_us", BIGINT, nullable=False),
     # The recent rate in units per second as of rate_at_us, moved by every
     # write that adds to ``used`` (`metering.storage.rates`, migration 0028).
-    Column("rate", Double, nullable=False, server_default="0"),
-    Column("rate_at_us", BigInteger, nullable=False, server_default="0"),
+    Column("rate", DOUBLE, nullable=False, server_default="0"),
+    Column("rate_at_us", BIGINT, nullable=False, server_default="0"),
     # The window's billing month (``2026-11``), the local month of its start in
     # the subject's zone (`metering.domain.zones.billing_month`), written when
     # the row is made (migration 0030); NULL for a token bucket (no window).
-    Column("billing_month", String(7), nullable=True),
+    Column("billing_month", string(7), nullable=True),
     # Keys lead with the subject (migration 0006): see docs/performance.md.
     PrimaryKeyConstraint("subject", "limit_name", "window_start_us"),
     postgresql_with={"fillfactor": 70},  # room for HOT updates (migration 0005)
@@ -119,10 +139,10 @@ counters = Table(
 current_windows = Table(
     "current_windows",
     metadata,
-    Column("limit_name", String(64), nullable=False),
-    Column("subject", String(200), nullable=False),
-    Column("window_start_us", BigInteger, nullable=True),
-    Column("window_end_us", BigInteger, nullable=True),
+    Column("limit_name", string(64), nullable=False),
+    Column("subject", string(200), nullable=False),
+    Column("window_start_us", BIGINT, nullable=True),
+    Column("window_end_us", BIGINT, nullable=True),
     PrimaryKeyConstraint("subject", "limit_name"),
     postgresql_with={"fillfactor": 70},
 )
@@ -131,17 +151,17 @@ current_windows = Table(
 results = Table(
     "results",
     metadata,
-    Column("event_id", String(128), primary_key=True),
-    Column("outcome", String(16), nullable=False),
-    Column("fingerprint", Text, nullable=False),
-    Column("occurred_at_us", BigInteger, nullable=False),
-    Column("decided_at_us", BigInteger, nullable=False),
-    Column("denied_by", Text, nullable=True),
-    Column("reason", Text, nullable=True),
-    Column("charges", Text, nullable=False),  # JSON: [ChargeDecision.to_row(), ...]
-    Column("metadata", Text, nullable=True),  # JSON
+    Column("event_id", string(128), primary_key=True),
+    Column("outcome", string(16), nullable=False),
+    Column("fingerprint", TEXT, nullable=False),
+    Column("occurred_at_us", BIGINT, nullable=False),
+    Column("decided_at_us", BIGINT, nullable=False),
+    Column("denied_by", TEXT, nullable=True),
+    Column("reason", TEXT, nullable=True),
+    Column("charges", TEXT, nullable=False),  # JSON: [ChargeDecision.to_row(), ...]
+    Column("metadata", TEXT, nullable=True),  # JSON
     # The reset clock's tick when the result was written (`reset_clock`).
-    Column("reset_tick", BigInteger, nullable=False, server_default="0"),
+    Column("reset_tick", BIGINT, nullable=False, server_default="0"),
 )
 # What the audit reads of the results decided since its last run (migration
 # 0025): on PostgreSQL a BRIN index (a few pages, next to nothing per insert:
@@ -158,13 +178,13 @@ Index("ix_results_decided_at_us", results.c.decided_at_us, postgresql_using="bri
 usage_rollups = Table(
     "usage_rollups",
     metadata,
-    Column("subject", String(200), nullable=False),
-    Column("limit_name", String(64), nullable=False),
-    Column("dimension", String(64), nullable=False),
-    Column("hour_start_us", BigInteger, nullable=False, autoincrement=False),
-    Column("value", String(200), nullable=False),
-    Column("used", BigInteger, nullable=False),
-    Column("events", BigInteger, nullable=False),
+    Column("subject", string(200), nullable=False),
+    Column("limit_name", string(64), nullable=False),
+    Column("dimension", string(64), nullable=False),
+    Column("hour_start_us", BIGINT, nullable=False, autoincrement=False),
+    Column("value", string(200), nullable=False),
+    Column("used", BIGINT, nullable=False),
+    Column("events", BIGINT, nullable=False),
     PrimaryKeyConstraint(
         "subject",
         "limit_name",
@@ -182,11 +202,11 @@ rejected_messages = Table(
     "rejected_messages",
     metadata,
     Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True),
-    Column("digest", String(64), nullable=False, unique=True),
-    Column("event_id", String(128), nullable=True),
-    Column("reason", Text, nullable=False),
-    Column("raw", Text, nullable=False),
-    Column("received_at_us", BigInteger, nullable=False),
+    Column("digest", string(64), nullable=False, unique=True),
+    Column("event_id", string(128), nullable=True),
+    Column("reason", TEXT, nullable=False),
+    Column("raw", TEXT, nullable=False),
+    Column("received_at_us", BIGINT, nullable=False),
 )
 Index("ix_rejected_messages_received_at_us", rejected_messages.c.received_at_us)
 
@@ -198,17 +218,17 @@ Index("ix_rejected_messages_received_at_us", rejected_messages.c.received_at_us)
 reservations = Table(
     "reservations",
     metadata,
-    Column("id", String(128), primary_key=True),
-    Column("state", String(12), nullable=False),
-    Column("charges", Text, nullable=False),
-    Column("created_at_us", BigInteger, nullable=False),
-    Column("expires_at_us", BigInteger, nullable=False),
-    Column("settled_at_us", BigInteger, nullable=True),
-    Column("settled_by", String(16), nullable=True),  # cancel, commit, sweeper, void
+    Column("id", string(128), primary_key=True),
+    Column("state", string(12), nullable=False),
+    Column("charges", TEXT, nullable=False),
+    Column("created_at_us", BIGINT, nullable=False),
+    Column("expires_at_us", BIGINT, nullable=False),
+    Column("settled_at_us", BIGINT, nullable=True),
+    Column("settled_by", string(16), nullable=True),  # cancel, commit, sweeper, void
     # JSON list of [subject, limit, window_start_us]: the counters a cancel (or
     # a void of a held reservation) gave the cost back to (migration 0011), so
     # that a later void reverses only what is still charged.
-    Column("given_back", Text, nullable=True),
+    Column("given_back", TEXT, nullable=True),
 )
 Index("ix_reservations_state_expires", reservations.c.state, reservations.c.expires_at_us)
 # What the audit reads of the reservations settled since its last run (migration 0025).
@@ -220,12 +240,12 @@ Index("ix_reservations_settled_at_us", reservations.c.settled_at_us)
 overdrafts = Table(
     "overdrafts",
     metadata,
-    Column("event_id", String(128), nullable=False),
-    Column("subject", String(200), nullable=False),
-    Column("limit_name", String(64), nullable=False),
-    Column("window_start_us", BigInteger, nullable=False, autoincrement=False),
-    Column("units", BigInteger, nullable=False),
-    Column("created_at_us", BigInteger, nullable=False),
+    Column("event_id", string(128), nullable=False),
+    Column("subject", string(200), nullable=False),
+    Column("limit_name", string(64), nullable=False),
+    Column("window_start_us", BIGINT, nullable=False, autoincrement=False),
+    Column("units", BIGINT, nullable=False),
+    Column("created_at_us", BIGINT, nullable=False),
     PrimaryKeyConstraint("event_id", "subject", "limit_name"),
 )
 Index(
@@ -243,16 +263,16 @@ Index(
 checkouts = Table(
     "checkouts",
     metadata,
-    Column("id", String(128), primary_key=True),
-    Column("subject", String(200), nullable=False),
-    Column("limit_name", String(64), nullable=False),
-    Column("cost", BigInteger, nullable=False),
-    Column("state", String(12), nullable=False),  # held, released
-    Column("created_at_us", BigInteger, nullable=False),
-    Column("ttl_us", BigInteger, nullable=False),
-    Column("expires_at_us", BigInteger, nullable=False),
-    Column("released_at_us", BigInteger, nullable=True),
-    Column("released_by", String(16), nullable=True),
+    Column("id", string(128), primary_key=True),
+    Column("subject", string(200), nullable=False),
+    Column("limit_name", string(64), nullable=False),
+    Column("cost", BIGINT, nullable=False),
+    Column("state", string(12), nullable=False),  # held, released
+    Column("created_at_us", BIGINT, nullable=False),
+    Column("ttl_us", BIGINT, nullable=False),
+    Column("expires_at_us", BIGINT, nullable=False),
+    Column("released_at_us", BIGINT, nullable=True),
+    Column("released_by", string(16), nullable=True),
 )
 Index("ix_checkouts_pair_state", checkouts.c.subject, checkouts.c.limit_name, checkouts.c.state)
 Index("ix_checkouts_state_expires", checkouts.c.state, checkouts.c.expires_at_us)
@@ -264,10 +284,10 @@ Index("ix_checkouts_state_expires", checkouts.c.state, checkouts.c.expires_at_us
 license_pools = Table(
     "license_pools",
     metadata,
-    Column("subject", String(200), nullable=False),
-    Column("limit_name", String(64), nullable=False),
-    Column("denied_at_us", BigInteger, nullable=True),
-    Column("updated_at_us", BigInteger, nullable=False),
+    Column("subject", string(200), nullable=False),
+    Column("limit_name", string(64), nullable=False),
+    Column("denied_at_us", BIGINT, nullable=True),
+    Column("updated_at_us", BIGINT, nullable=False),
     PrimaryKeyConstraint("subject", "limit_name"),
 )
 
@@ -280,11 +300,11 @@ counter_resets = Table(
     "counter_resets",
     metadata,
     Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True),
-    Column("subject", String(200), nullable=True),
-    Column("limit_name", String(64), nullable=True),
-    Column("reset_at_us", BigInteger, nullable=False),
-    Column("window_start_us", BigInteger, nullable=True),
-    Column("tick", BigInteger, nullable=True),
+    Column("subject", string(200), nullable=True),
+    Column("limit_name", string(64), nullable=True),
+    Column("reset_at_us", BIGINT, nullable=False),
+    Column("window_start_us", BIGINT, nullable=True),
+    Column("tick", BIGINT, nullable=True),
 )
 Index("ix_counter_resets_reset_at_us", counter_resets.c.reset_at_us)
 Index(
@@ -302,8 +322,8 @@ Index(
 reset_clock = Table(
     "reset_clock",
     metadata,
-    Column("id", Integer, primary_key=True, autoincrement=False),
-    Column("tick", BigInteger, nullable=False),
+    Column("id", INTEGER, primary_key=True, autoincrement=False),
+    Column("tick", BIGINT, nullable=False),
 )
 
 # -- entitlements, grants, corrections (metering.domain.grants) ----------------
@@ -312,11 +332,11 @@ reset_clock = Table(
 entitlements = Table(
     "entitlements",
     metadata,
-    Column("subject", String(200), nullable=False),
-    Column("limit_name", String(64), nullable=False),
-    Column("effective_from_us", BigInteger, nullable=False, autoincrement=False),
-    Column("maximum", BigInteger, nullable=True),
-    Column("created_at_us", BigInteger, nullable=False),
+    Column("subject", string(200), nullable=False),
+    Column("limit_name", string(64), nullable=False),
+    Column("effective_from_us", BIGINT, nullable=False, autoincrement=False),
+    Column("maximum", BIGINT, nullable=True),
+    Column("created_at_us", BIGINT, nullable=False),
     PrimaryKeyConstraint("subject", "limit_name", "effective_from_us"),
 )
 
@@ -324,9 +344,9 @@ entitlements = Table(
 subject_time_zones = Table(
     "subject_time_zones",
     metadata,
-    Column("subject", String(200), nullable=False),
-    Column("since_us", BigInteger, nullable=False, autoincrement=False),
-    Column("time_zone", String(64), nullable=False),
+    Column("subject", string(200), nullable=False),
+    Column("since_us", BIGINT, nullable=False, autoincrement=False),
+    Column("time_zone", string(64), nullable=False),
     PrimaryKeyConstraint("subject", "since_us"),
 )
 
@@ -335,25 +355,25 @@ subject_time_zones = Table(
 grants = Table(
     "grants",
     metadata,
-    Column("grant_id", String(128), primary_key=True),
-    Column("subject", String(200), nullable=False),
-    Column("limit_name", String(64), nullable=False),
-    Column("amount", BigInteger, nullable=False),
-    Column("used", BigInteger, nullable=False),
-    Column("effective_from_us", BigInteger, nullable=False),
-    Column("expires_at_us", BigInteger, nullable=True),
-    Column("reason", Text, nullable=True),
-    Column("created_at_us", BigInteger, nullable=False),
+    Column("grant_id", string(128), primary_key=True),
+    Column("subject", string(200), nullable=False),
+    Column("limit_name", string(64), nullable=False),
+    Column("amount", BIGINT, nullable=False),
+    Column("used", BIGINT, nullable=False),
+    Column("effective_from_us", BIGINT, nullable=False),
+    Column("expires_at_us", BIGINT, nullable=True),
+    Column("reason", TEXT, nullable=True),
+    Column("created_at_us", BIGINT, nullable=False),
     # The PostgreSQL hot path reads balances without a lock and relies on this
     # check to refuse a draw planned on a balance another transaction spent.
     CheckConstraint("used >= 0 AND used <= amount", name="ck_grants_used"),
     # Drawn by priority (lowest first), then by expiry (`metering.domain.grants`).
-    Column("priority", Integer, nullable=False, server_default="100"),
+    Column("priority", INTEGER, nullable=False, server_default="100"),
     # An issue of a recurring grant: its schedule and number (1 is the first).
-    Column("schedule_id", String(128), nullable=True),
-    Column("issue_number", Integer, nullable=True),
+    Column("schedule_id", string(128), nullable=True),
+    Column("issue_number", INTEGER, nullable=True),
     # ``grant.low`` when what is left falls to this (NULL: never); sent once.
-    Column("low_at", BigInteger, nullable=True),
+    Column("low_at", BIGINT, nullable=True),
     Column("low_sent", Boolean, nullable=False, server_default=false()),
 )
 Index("ix_grants_subject_limit", grants.c.subject, grants.c.limit_name)
@@ -363,21 +383,21 @@ Index("ix_grants_subject_limit", grants.c.subject, grants.c.limit_name)
 grant_schedules = Table(
     "grant_schedules",
     metadata,
-    Column("schedule_id", String(128), primary_key=True),
-    Column("subject", String(200), nullable=False),
-    Column("limit_name", String(64), nullable=False),
-    Column("amount", BigInteger, nullable=False),
-    Column("every", String(32), nullable=False),
+    Column("schedule_id", string(128), primary_key=True),
+    Column("subject", string(200), nullable=False),
+    Column("limit_name", string(64), nullable=False),
+    Column("amount", BIGINT, nullable=False),
+    Column("every", string(32), nullable=False),
     Column("calendar", Boolean, nullable=False),
-    Column("rollover_max", BigInteger, nullable=False),
-    Column("priority", Integer, nullable=False),
-    Column("until_us", BigInteger, nullable=True),
-    Column("low_units", BigInteger, nullable=True),
-    Column("low_percent", Integer, nullable=True),
-    Column("last_issue", Integer, nullable=False),
-    Column("next_issue_us", BigInteger, nullable=True),
-    Column("reason", Text, nullable=True),
-    Column("created_at_us", BigInteger, nullable=False),
+    Column("rollover_max", BIGINT, nullable=False),
+    Column("priority", INTEGER, nullable=False),
+    Column("until_us", BIGINT, nullable=True),
+    Column("low_units", BIGINT, nullable=True),
+    Column("low_percent", INTEGER, nullable=True),
+    Column("last_issue", INTEGER, nullable=False),
+    Column("next_issue_us", BIGINT, nullable=True),
+    Column("reason", TEXT, nullable=True),
+    Column("created_at_us", BIGINT, nullable=False),
 )
 Index("ix_grant_schedules_subject_limit", grant_schedules.c.subject, grant_schedules.c.limit_name)
 
@@ -385,11 +405,11 @@ Index("ix_grant_schedules_subject_limit", grant_schedules.c.subject, grant_sched
 alert_thresholds = Table(
     "alert_thresholds",
     metadata,
-    Column("limit_name", String(64), nullable=False),
-    Column("subject", String(200), nullable=False),
-    Column("thresholds", Text, nullable=False),
-    Column("thresholds_units", Text, nullable=False),
-    Column("created_at_us", BigInteger, nullable=False),
+    Column("limit_name", string(64), nullable=False),
+    Column("subject", string(200), nullable=False),
+    Column("thresholds", TEXT, nullable=False),
+    Column("thresholds_units", TEXT, nullable=False),
+    Column("created_at_us", BIGINT, nullable=False),
     PrimaryKeyConstraint("limit_name", "subject"),
 )
 
@@ -398,11 +418,11 @@ alert_thresholds = Table(
 grant_draws = Table(
     "grant_draws",
     metadata,
-    Column("subject", String(200), nullable=False),
-    Column("limit_name", String(64), nullable=False),
-    Column("window_start_us", BigInteger, nullable=False, autoincrement=False),
-    Column("grant_id", String(128), nullable=False),
-    Column("amount", BigInteger, nullable=False),
+    Column("subject", string(200), nullable=False),
+    Column("limit_name", string(64), nullable=False),
+    Column("window_start_us", BIGINT, nullable=False, autoincrement=False),
+    Column("grant_id", string(128), nullable=False),
+    Column("amount", BIGINT, nullable=False),
     PrimaryKeyConstraint("subject", "limit_name", "window_start_us", "grant_id"),
 )
 
@@ -411,11 +431,11 @@ grant_draws = Table(
 corrections = Table(
     "corrections",
     metadata,
-    Column("correction_id", String(128), primary_key=True),
-    Column("event_id", String(128), nullable=False),
-    Column("reason", Text, nullable=False),
-    Column("charges", Text, nullable=False),
-    Column("created_at_us", BigInteger, nullable=False),
+    Column("correction_id", string(128), primary_key=True),
+    Column("event_id", string(128), nullable=False),
+    Column("reason", TEXT, nullable=False),
+    Column("charges", TEXT, nullable=False),
+    Column("created_at_us", BIGINT, nullable=False),
     UniqueConstraint("event_id", name="uq_corrections_event_id"),
 )
 Index("ix_corrections_created_at_us", corrections.c.created_at_us)
@@ -428,11 +448,11 @@ Index("ix_corrections_created_at_us", corrections.c.created_at_us)
 distinct_values = Table(
     "distinct_values",
     metadata,
-    Column("subject", String(200), nullable=False),
-    Column("limit_name", String(64), nullable=False),
-    Column("window_start_us", BigInteger, nullable=False, autoincrement=False),
-    Column("value", String(200), nullable=False),
-    Column("live_events", BigInteger, nullable=False),
+    Column("subject", string(200), nullable=False),
+    Column("limit_name", string(64), nullable=False),
+    Column("window_start_us", BIGINT, nullable=False, autoincrement=False),
+    Column("value", string(200), nullable=False),
+    Column("live_events", BIGINT, nullable=False),
     PrimaryKeyConstraint("subject", "limit_name", "window_start_us", "value"),
     CheckConstraint("live_events >= 0", name="ck_distinct_values_live_events"),
 )
@@ -444,15 +464,15 @@ distinct_values = Table(
 webhook_endpoints = Table(
     "webhook_endpoints",
     metadata,
-    Column("id", String(32), primary_key=True),
-    Column("url", Text, nullable=False),
-    Column("secret", Text, nullable=False),
-    Column("previous_secret", Text, nullable=True),
-    Column("previous_expires_at_us", BigInteger, nullable=True),
-    Column("types", Text, nullable=False),
+    Column("id", string(32), primary_key=True),
+    Column("url", TEXT, nullable=False),
+    Column("secret", TEXT, nullable=False),
+    Column("previous_secret", TEXT, nullable=True),
+    Column("previous_expires_at_us", BIGINT, nullable=True),
+    Column("types", TEXT, nullable=False),
     Column("enabled", Boolean, nullable=False),
-    Column("disabled_reason", Text, nullable=True),
-    Column("created_at_us", BigInteger, nullable=False),
+    Column("disabled_reason", TEXT, nullable=True),
+    Column("created_at_us", BIGINT, nullable=False),
 )
 
 # Once-per-window marks: the primary key makes a notification happen once
@@ -462,15 +482,15 @@ webhook_endpoints = Table(
 webhook_marks = Table(
     "webhook_marks",
     metadata,
-    Column("limit_name", String(64), nullable=False),
-    Column("subject", String(200), nullable=False),
-    Column("window_start_us", BigInteger, nullable=False, autoincrement=False),
-    Column("kind", String(32), nullable=False),
-    Column("window_end_us", BigInteger, nullable=False),
-    Column("maximum", BigInteger, nullable=False),
-    Column("event_id", String(128), nullable=True),
-    Column("created_at_us", BigInteger, nullable=False),
-    Column("due_at_us", BigInteger, nullable=True),
+    Column("limit_name", string(64), nullable=False),
+    Column("subject", string(200), nullable=False),
+    Column("window_start_us", BIGINT, nullable=False, autoincrement=False),
+    Column("kind", string(32), nullable=False),
+    Column("window_end_us", BIGINT, nullable=False),
+    Column("maximum", BIGINT, nullable=False),
+    Column("event_id", string(128), nullable=True),
+    Column("created_at_us", BIGINT, nullable=False),
+    Column("due_at_us", BIGINT, nullable=True),
     PrimaryKeyConstraint("subject", "limit_name", "window_start_us", "kind"),
 )
 Index("ix_webhook_marks_due_at_us", webhook_marks.c.due_at_us)
@@ -479,10 +499,10 @@ Index("ix_webhook_marks_due_at_us", webhook_marks.c.due_at_us)
 webhook_messages = Table(
     "webhook_messages",
     metadata,
-    Column("id", String(40), primary_key=True),
-    Column("type", String(32), nullable=False),
-    Column("payload", Text, nullable=False),
-    Column("created_at_us", BigInteger, nullable=False),
+    Column("id", string(40), primary_key=True),
+    Column("type", string(32), nullable=False),
+    Column("payload", TEXT, nullable=False),
+    Column("created_at_us", BIGINT, nullable=False),
 )
 
 # One delivery per (message, endpoint), fanned out with the message. State:
@@ -492,17 +512,17 @@ webhook_deliveries = Table(
     "webhook_deliveries",
     metadata,
     Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True),
-    Column("message_id", String(40), nullable=False),
-    Column("endpoint_id", String(32), nullable=False),
-    Column("status", String(12), nullable=False),
-    Column("attempts", Integer, nullable=False),
-    Column("next_attempt_at_us", BigInteger, nullable=True),
-    Column("claim_token", String(32), nullable=True),
-    Column("claimed_until_us", BigInteger, nullable=True),
-    Column("last_status_code", Integer, nullable=True),
-    Column("last_error", Text, nullable=True),
-    Column("created_at_us", BigInteger, nullable=False),
-    Column("updated_at_us", BigInteger, nullable=False),
+    Column("message_id", string(40), nullable=False),
+    Column("endpoint_id", string(32), nullable=False),
+    Column("status", string(12), nullable=False),
+    Column("attempts", INTEGER, nullable=False),
+    Column("next_attempt_at_us", BIGINT, nullable=True),
+    Column("claim_token", string(32), nullable=True),
+    Column("claimed_until_us", BIGINT, nullable=True),
+    Column("last_status_code", INTEGER, nullable=True),
+    Column("last_error", TEXT, nullable=True),
+    Column("created_at_us", BIGINT, nullable=False),
+    Column("updated_at_us", BIGINT, nullable=False),
 )
 Index(
     "ix_webhook_deliveries_due",
@@ -517,13 +537,13 @@ webhook_attempts = Table(
     "webhook_attempts",
     metadata,
     Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True),
-    Column("delivery_id", BigInteger, nullable=False),
-    Column("attempt", Integer, nullable=False),
-    Column("attempted_at_us", BigInteger, nullable=False),
-    Column("status_code", Integer, nullable=True),
-    Column("duration_ms", Integer, nullable=False),
-    Column("error", Text, nullable=True),
-    Column("next_attempt_at_us", BigInteger, nullable=True),
+    Column("delivery_id", BIGINT, nullable=False),
+    Column("attempt", INTEGER, nullable=False),
+    Column("attempted_at_us", BIGINT, nullable=False),
+    Column("status_code", INTEGER, nullable=True),
+    Column("duration_ms", INTEGER, nullable=False),
+    Column("error", TEXT, nullable=True),
+    Column("next_attempt_at_us", BIGINT, nullable=True),
 )
 Index("ix_webhook_attempts_delivery_id", webhook_attempts.c.delivery_id)
 
@@ -534,9 +554,9 @@ Index("ix_webhook_attempts_delivery_id", webhook_attempts.c.delivery_id)
 heartbeats = Table(
     "heartbeats",
     metadata,
-    Column("role", String(16), nullable=False),
-    Column("name", String(200), nullable=False),
-    Column("seen_at_us", BigInteger, nullable=False),
+    Column("role", string(16), nullable=False),
+    Column("name", string(200), nullable=False),
+    Column("seen_at_us", BIGINT, nullable=False),
     PrimaryKeyConstraint("role", "name"),
 )
 
@@ -549,15 +569,15 @@ heartbeats = Table(
 api_keys = Table(
     "api_keys",
     metadata,
-    Column("id", String(32), primary_key=True),
-    Column("secret_hash", String(64), nullable=False),
-    Column("scope", String(16), nullable=False),
-    Column("name", String(200), nullable=False),
-    Column("created_at_us", BigInteger, nullable=False),
-    Column("revoked_at_us", BigInteger, nullable=True),
-    Column("last_used_at_us", BigInteger, nullable=True),
+    Column("id", string(32), primary_key=True),
+    Column("secret_hash", string(64), nullable=False),
+    Column("scope", string(16), nullable=False),
+    Column("name", string(200), nullable=False),
+    Column("created_at_us", BIGINT, nullable=False),
+    Column("revoked_at_us", BIGINT, nullable=True),
+    Column("last_used_at_us", BIGINT, nullable=True),
     # A customer's key (migration 0020): a read key that sees only this subject.
-    Column("subject", String(200), nullable=True),
+    Column("subject", string(200), nullable=True),
 )
 
 # Secrets the product makes for itself (migration 0020), by name: the HMAC
@@ -567,10 +587,10 @@ api_keys = Table(
 secrets = Table(
     "secrets",
     metadata,
-    Column("name", String(64), primary_key=True),
-    Column("value", String(128), nullable=False),
-    Column("created_at_us", BigInteger, nullable=False),
-    Column("expires_at_us", BigInteger, nullable=True),
+    Column("name", string(64), primary_key=True),
+    Column("value", string(128), nullable=False),
+    Column("created_at_us", BIGINT, nullable=False),
+    Column("expires_at_us", BIGINT, nullable=True),
 )
 
 
@@ -580,17 +600,17 @@ secrets = Table(
 prices = Table(
     "prices",
     metadata,
-    Column("limit_name", String(64), nullable=False),
-    Column("effective_from_us", BigInteger, nullable=False, autoincrement=False),
-    Column("currency", String(3), nullable=False),
-    Column("per_unit", BigInteger, nullable=True),
-    Column("created_at_us", BigInteger, nullable=False),
+    Column("limit_name", string(64), nullable=False),
+    Column("effective_from_us", BIGINT, nullable=False, autoincrement=False),
+    Column("currency", string(3), nullable=False),
+    Column("per_unit", BIGINT, nullable=True),
+    Column("created_at_us", BIGINT, nullable=False),
     # A tiered price (migration 0026): its model, tiers (JSON), package and flat fee.
-    Column("model", String(16), nullable=False, server_default="per_unit"),
-    Column("tiers", Text, nullable=True),
-    Column("package_size", BigInteger, nullable=True),
-    Column("per_package", BigInteger, nullable=True),
-    Column("flat_fee", BigInteger, nullable=False, server_default="0"),
+    Column("model", string(16), nullable=False, server_default="per_unit"),
+    Column("tiers", TEXT, nullable=True),
+    Column("package_size", BIGINT, nullable=True),
+    Column("per_package", BIGINT, nullable=True),
+    Column("flat_fee", BIGINT, nullable=False, server_default="0"),
     PrimaryKeyConstraint("limit_name", "effective_from_us"),
 )
 
@@ -603,8 +623,8 @@ prices = Table(
 audit_marks = Table(
     "audit_marks",
     metadata,
-    Column("name", String(32), primary_key=True),
-    Column("at_us", BigInteger, nullable=False),
+    Column("name", string(32), primary_key=True),
+    Column("at_us", BIGINT, nullable=False),
 )
 
 # Per window, what the ledger says it holds, up to ``checked_to``: the sum of
@@ -613,11 +633,11 @@ audit_marks = Table(
 audit_windows = Table(
     "audit_windows",
     metadata,
-    Column("subject", String(200), nullable=False),
-    Column("limit_name", String(64), nullable=False),
-    Column("window_start_us", BigInteger, nullable=False, autoincrement=False),
-    Column("used", BigInteger, nullable=False),
-    Column("maximum", BigInteger, nullable=False),
+    Column("subject", string(200), nullable=False),
+    Column("limit_name", string(64), nullable=False),
+    Column("window_start_us", BIGINT, nullable=False, autoincrement=False),
+    Column("used", BIGINT, nullable=False),
+    Column("maximum", BIGINT, nullable=False),
     PrimaryKeyConstraint("subject", "limit_name", "window_start_us"),
 )
 
@@ -627,10 +647,10 @@ audit_runs = Table(
     "audit_runs",
     metadata,
     Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True),
-    Column("ran_at_us", BigInteger, nullable=False),
-    Column("checked_from_us", BigInteger, nullable=True),
-    Column("checked_to_us", BigInteger, nullable=False),
+    Column("ran_at_us", BIGINT, nullable=False),
+    Column("checked_from_us", BIGINT, nullable=True),
+    Column("checked_to_us", BIGINT, nullable=False),
     Column("full", Boolean, nullable=False),
-    Column("windows", BigInteger, nullable=False),
-    Column("violations", Text, nullable=False),
+    Column("windows", BIGINT, nullable=False),
+    Column("violations", TEXT, nullable=False),
 )

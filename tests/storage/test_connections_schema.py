@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
@@ -15,7 +17,7 @@ from sqlalchemy import text
 
 from metering import Meter
 from metering.errors import DatabaseUnavailable, SchemaOutdated
-from metering.storage.connections import MIGRATIONS_DIR, make_engine
+from metering.storage.connections import MIGRATIONS_DIR, current_revision, make_engine
 from metering.storage.schema_revision import SCHEMA_REVISION
 from metering.storage.tables import metadata
 
@@ -42,6 +44,51 @@ def test_postgresql_without_schema_asks_for_an_upgrade(postgres_server: Postgres
             Meter(postgres_server.url("empty_db"))
     finally:
         postgres_server.drop_database("empty_db")
+
+
+def test_an_older_schema_is_refused_on_postgresql_and_upgraded_on_sqlite(
+    tmp_path: Path, postgres_server: PostgresServer
+) -> None:
+    older = f"{int(SCHEMA_REVISION) - 1:04d}"
+    postgres_server.create_database("older_db")
+    try:
+        _upgrade(postgres_server.url("older_db"), older)
+        with pytest.raises(SchemaOutdated, match=f"schema revision {older}, this version"):
+            Meter(postgres_server.url("older_db"))
+        engine = make_engine(postgres_server.url("older_db"))
+        with engine.begin() as connection:
+            connection.execute(text("DELETE FROM alembic_version"))
+        engine.dispose()
+        with pytest.raises(SchemaOutdated, match="has no schema"):
+            Meter(postgres_server.url("older_db"))
+    finally:
+        postgres_server.drop_database("older_db")
+    sqlite_url = f"sqlite:///{tmp_path / 'older.db'}"
+    _upgrade(sqlite_url, older)
+    Meter(sqlite_url).close()
+    engine = make_engine(sqlite_url)
+    assert current_revision(engine) == SCHEMA_REVISION
+    engine.dispose()
+
+
+def test_a_meter_starts_on_postgresql_without_catalog_look_ups(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Neither the dialect's HSTORE type nor the ``alembic_version`` table is
+    looked up in the catalog: each would cost every new engine a statement."""
+    sent: list[str] = []
+    execute = psycopg.Cursor.execute
+
+    def recorded(self: psycopg.Cursor[Any], query: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(str(query))
+        return execute(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", recorded)
+    Meter(pg_url).close()
+    assert any("alembic_version" in statement for statement in sent)
+    assert [
+        statement for statement in sent if "pg_type" in statement or "pg_class" in statement
+    ] == []
 
 
 def test_unreachable_databases_raise_a_clear_error(tmp_path: Path) -> None:
