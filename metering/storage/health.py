@@ -16,8 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-from alembic.config import Config
-from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, create_engine, delete, inspect, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
@@ -102,6 +100,10 @@ def _engine(url: str, connect_timeout_seconds: float) -> Iterator[Engine]:
 
 
 def _known_revisions() -> set[str]:
+    # Imported here: a worker and `metering serve` never need Alembic.
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     return {script.revision for script in ScriptDirectory.from_config(config).walk_revisions()}

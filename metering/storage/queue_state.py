@@ -18,9 +18,8 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
-import redis
 from sqlalchemy import (
     Engine,
     create_engine,
@@ -33,6 +32,9 @@ from sqlalchemy.exc import SQLAlchemyError
 from metering.errors import BrokerUnavailable, ConfigurationError
 from metering.pipeline.routing import APPLY_BATCH_TASK, DEFAULT_QUEUE, SENT_AT_HEADER
 from metering.storage.kombu_tables import kombu_messages, kombu_queues
+
+if TYPE_CHECKING:
+    import redis
 
 # kombu's Redis layout (kombu.transport.redis.Channel).
 REDIS_PRIORITY_SEPARATOR: Final = "\x06\x16"
@@ -150,7 +152,9 @@ class RedisQueues:
     kind = "redis"
 
     def __init__(self, url: str, *, timeout_seconds: float) -> None:
-        self.client = redis.Redis.from_url(
+        import redis  # here: `metering serve` on the embedded broker never loads it
+
+        self.client: redis.Redis = redis.Redis.from_url(
             url, socket_connect_timeout=timeout_seconds, socket_timeout=timeout_seconds
         )
         try:

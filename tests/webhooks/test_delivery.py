@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import re
 import socket
+import subprocess
+import sys
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -304,3 +306,25 @@ def test_delivery_settings_refuse_a_public_url_that_is_not_one() -> None:
     ):
         DeliverySettings(public_url="https://x.example/?a=1")
     assert DeliverySettings(public_url="http://x.example/").public_url == "http://x.example"
+
+
+def test_looks_that_find_nothing_due_load_no_http_client(sqlite_url: str) -> None:
+    """A worker's delivery thread and the task make their httpx client for
+    the first due delivery only (a fresh interpreter: this one has httpx)."""
+    code = (
+        "import sys, threading\n"
+        "from metering import Meter\n"
+        "from metering.webhooks.delivery import deliver_due, serve\n"
+        f"meter = Meter({sqlite_url!r})\n"
+        "print(deliver_due(meter))\n"
+        "stop = threading.Event()\n"
+        "threading.Timer(0.2, stop.set).start()\n"
+        "serve(meter, stop, poll_seconds=0.01)\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'httpx', 'httpcore'}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "DeliveryReport(delivered=0, retrying=0, failed=0)",
+        "[]",
+    ], done.stderr

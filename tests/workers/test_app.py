@@ -6,6 +6,8 @@ the worker before it takes a message."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -72,3 +74,19 @@ def test_a_worker_with_an_impossible_queue_count_refuses_to_start(
     monkeypatch.setenv("METERING_QUEUES", queues)
     with pytest.raises(ConfigurationError):
         create_app("sqla+sqlite:///unused.db")
+
+
+def test_a_worker_and_the_api_load_no_alembic_httpx_or_redis_as_they_import() -> None:
+    """Alembic is for `metering status` and migrations, httpx for a delivery
+    that is due, redis-py for a Redis broker once it is used: none is loaded
+    by importing the worker's app or the API (a fresh interpreter: this one
+    has them already)."""
+    code = (
+        "import sys, workers, metering.api\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules}"
+        " & {'alembic', 'httpx', 'httpcore', 'redis'}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert done.stdout.strip() == "[]", done.stderr
