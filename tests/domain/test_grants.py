@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from metering.domain.corrections import (
     MAX_REASON_CHARS,
@@ -249,3 +251,35 @@ def test_validate_priority_takes_0_to_max_and_names_priority() -> None:
         with pytest.raises(InvalidInput) as refused:
             validate_priority(wrong)
         assert str(refused.value) == message
+
+
+_balances = st.lists(
+    st.builds(
+        Balance,
+        grant_id=st.sampled_from(["g1", "g2", "g3", "g4"]),
+        amount=st.integers(0, 50),
+        used=st.integers(0, 50),
+        effective_from_us=st.integers(0, 10),
+        expires_at_us=st.none() | st.integers(0, 20),
+        priority=st.integers(0, 3),
+    ),
+    max_size=4,
+    unique_by=lambda b: b.grant_id,
+)
+
+
+@given(_balances, st.integers(-5, 120), st.integers(0, 20), st.integers(0, 1))
+def test_drawing_in_one_pass_is_available_then_plan_then_take(
+    balances: list[Balance], amount: int, at_us: int, start: int
+) -> None:
+    def pot() -> Pot:
+        copies = [Balance(**{f: getattr(b, f) for f in Balance.__slots__}) for b in balances]
+        return Pot(copies, {0: 7})
+
+    slow, fast = pot(), pot()
+    available = slow.available(at_us)
+    draws = slow.plan(amount, at_us) if amount > 0 else []
+    slow.take(start, draws)
+    assert fast.draw(start, amount, at_us) == (available, [list(d) for d in draws])
+    assert [b.used for b in fast.balances] == [b.used for b in slow.balances]
+    assert fast.granted == slow.granted
