@@ -352,6 +352,18 @@ def _seat_value(rule: Rule, event: EventRecord, cost: int) -> str:
     return value_of(rule.limit.distinct, rule.name, event.metadata, cost)
 
 
+def _seat_values(event: EventRecord, event_rules: Sequence[Rule]) -> dict[int, str] | None:
+    """The value each charge on a seat limit counts, by position (None: no
+    seat limit); `MeteringError` for one with no valid value."""
+    values: dict[int, str] | None = None
+    for position, ((_, _, cost), rule) in enumerate(zip(event.charges, event_rules, strict=True)):
+        if rule.distinct:
+            if values is None:
+                values = {}
+            values[position] = _seat_value(rule, event, cost)
+    return values
+
+
 def _seat_keys(
     event: EventRecord, rules: Sequence[Rule], windows: Sequence[Window]
 ) -> list[SeatKey | None]:
@@ -748,17 +760,10 @@ class _Applying:
         found = self._in_time(event, shorts, _short)
         if found is None:
             return None
-        values: dict[int, str] | None = None
-        for position, ((_, _, cost), rule) in enumerate(zip(event.charges, found, strict=True)):
-            if rule.distinct:
-                try:
-                    value = _seat_value(rule, event, cost)
-                except MeteringError:
-                    return None
-                if values is None:
-                    values = {}
-                values[position] = value
-        return found, values
+        try:
+            return found, _seat_values(event, found)
+        except MeteringError:
+            return None
 
     def _plain_keys(self, index: int, event: EventRecord, event_rules: list[Rule]) -> _Fixed | None:
         """`_keys` of an event whose rules are all `_plain`, or None (nothing
@@ -778,28 +783,11 @@ class _Applying:
             self.wanted_seats.add(seat)
             self.event_seats[index] = [seat]
             return [found]
-        values: list[str | None] | None = None
-        for position, rule in enumerate(event_rules):
-            if rule.distinct:
-                try:
-                    value = _seat_value(rule, event, charges[position][2])
-                except MeteringError:
-                    return None
-                if values is None:
-                    values = [None] * len(event_rules)
-                values[position] = value
-        fixed = [
-            counted(rule, subject, name, cost, at_us)
-            for (subject, name, cost), rule in zip(charges, event_rules, strict=True)
-        ]
-        if values is not None:
-            seats: list[SeatKey | None] = [
-                None if value is None else (*key, value)
-                for (key, _), value in zip(fixed, values, strict=True)
-            ]
-            self.wanted_seats.update(seat for seat in seats if seat is not None)
-            self.event_seats[index] = seats
-        return fixed
+        try:
+            values = _seat_values(event, event_rules)
+        except MeteringError:
+            return None
+        return self._keys(index, event, event_rules, values)
 
     def _counted(
         self, rule: Rule, subject: str, name: str, cost: int, at_us: int
