@@ -449,8 +449,8 @@ def decision_of(record: ResultRecord, *, duplicate: bool) -> Decision:
 
 def decisions_of(event_ids: Sequence[str], answers: Sequence[Answer]) -> list[Decided]:
     """Each answer as `Meter.apply` returns it, in order: `decision_of` its
-    record (a conflict is an `EventConflict`), in one loop for a batch (a
-    ledger row of twelve fields, most, made as `ChargeDecision.from_row` makes it)."""
+    record (a conflict is an `EventConflict`), in one loop for a batch, with
+    no call per event but the constructors'."""
     made: list[Decided] = []
     append, charge, instant = made.append, ChargeDecision.from_row, _instant
     for event_id, answer in zip(event_ids, answers, strict=True):
