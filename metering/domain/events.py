@@ -64,12 +64,34 @@ _compact_finite = encoder(",", ":", allow_nan=False)
 def fingerprint_of(charges: Iterable[Sequence[object]]) -> str:
     if isinstance(charges, tuple | list):
         if len(charges) == 1 and len(charges[0]) == 3:
-            found = single_fingerprint(*charges[0])
+            found = _single(*charges[0])
         else:
             found = plain_fingerprint(charges)
         if found is not None:
             return found
     return _compact(sorted([list(c) for c in charges]))
+
+
+# One charge's fingerprints by (subject, limit, cost), each of its exact type
+# (a bool or float cost is never looked up): a batch's events repeat them
+# (a subject's calls). Emptied when full.
+_SINGLES: Final[dict[tuple[str, str, int], str]] = {}
+_SINGLES_KEPT: Final = 4096
+
+
+def _single(subject: object, limit: object, cost: object) -> str | None:
+    """`single_fingerprint`, remembered in `_SINGLES`."""
+    if type(subject) is not str or type(limit) is not str or type(cost) is not int:
+        return None  # (as `single_fingerprint` finds)
+    key = (subject, limit, cost)
+    found = _SINGLES.get(key)
+    if found is None:
+        found = single_fingerprint(subject, limit, cost)
+        if found is not None:
+            if len(_SINGLES) >= _SINGLES_KEPT:
+                _SINGLES.clear()
+            _SINGLES[key] = found
+    return found
 
 
 def single_fingerprint(subject: object, limit: object, cost: object) -> str | None:
@@ -104,7 +126,7 @@ def plain_fingerprint(charges: Sequence[Sequence[object]]) -> str | None:
     for charge in charges:
         if len(charge) != 3:
             return None
-        found = single_fingerprint(*charge)
+        found = _single(*charge)
         if found is None:
             return None
         parts.append((charge[0], charge[1], charge[2], found[1:-1]))

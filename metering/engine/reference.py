@@ -42,7 +42,7 @@ from metering.domain.rollups import merged, rollup_deltas, spend_deltas
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 from metering.domain.windows import Window, calendar_window, first_use_window
 from metering.domain.zones import ZoneHistory, follows_zone
-from metering.engine.answers import InvalidPolicy
+from metering.engine.answers import CONFLICT, DUPLICATE, Answer, InvalidPolicy
 from metering.engine.breakers import Breakers
 from metering.engine.forecasts import leads_of, with_forecasts
 from metering.engine.money import Money, refuse_spend_charge
@@ -445,6 +445,38 @@ def decision_of(record: ResultRecord, *, duplicate: bool) -> Decision:
         record.reason,
         record.metadata,
     )
+
+
+def decisions_of(event_ids: Sequence[str], answers: Sequence[Answer]) -> list[Decided]:
+    """Each answer as `Meter.apply` returns it, in order: `decision_of` its
+    record (a conflict is an `EventConflict`), in one loop for a batch, with
+    no call per event but the constructors'."""
+    made: list[Decided] = []
+    append, charge, instant = made.append, ChargeDecision.from_row, _instant
+    for event_id, answer in zip(event_ids, answers, strict=True):
+        kind, record = answer.kind, answer.record
+        if kind == CONFLICT or record is None:
+            append(EventConflict(event_id))
+            continue
+        found, outcome, _, occurred_us, decided_us, denied_by, reason, rows, metadata = record
+        if len(rows) == 1:
+            charges: tuple[ChargeDecision, ...] = (charge(rows[0]),)
+        else:
+            charges = tuple([charge(row) for row in rows])
+        append(
+            make_decision(  # `Decision`'s fields in order
+                found,
+                outcome,
+                charges,
+                instant(occurred_us),
+                instant(decided_us),
+                denied_by,
+                kind == DUPLICATE,
+                reason,
+                metadata,
+            )
+        )
+    return made
 
 
 @lru_cache(maxsize=1024)

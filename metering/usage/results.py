@@ -16,7 +16,7 @@ from metering.domain.bounds import validate_count
 from metering.domain.decisions import Decision
 from metering.domain.events import Rejected, validate_event_id
 from metering.engine.answers import CONFLICT, DUPLICATE, Answer
-from metering.engine.reference import Decided, decision_of
+from metering.engine.reference import Decided, decision_of, decisions_of
 from metering.errors import EventConflict
 from metering.storage.database import Database
 from metering.storage.store import Store
@@ -120,7 +120,7 @@ class Decisions(Sequence[Decided]):
     def _all(self) -> list[Decided]:
         made, ids, answers = self._made, self._event_ids, self._answers
         if made is None:
-            every = [applied_of(i, a) for i, a in zip(ids, answers, strict=True)]
+            every = decisions_of(ids, answers)
             self._made = every  # type: ignore[assignment]  # a list of what it holds
             return every
         if None in made:
@@ -157,7 +157,7 @@ class Early:
     def make(self, answers: list[Answer]) -> None:
         """Every decision of ``answers`` (made again if the batch is written again)."""
         self._answers = answers
-        self._made = [applied_of(i, a) for i, a in zip(self._event_ids, answers, strict=True)]
+        self._made = decisions_of(self._event_ids, answers)
 
     def decisions(self, answers: list[Answer]) -> Decisions:
         """The batch's `Decisions`: those made early if they were made of ``answers``."""

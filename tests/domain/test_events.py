@@ -564,3 +564,28 @@ def test_a_plain_charge_is_fingerprinted_without_the_encoder() -> None:
     # Rows of another length take the encoder's way too.
     assert fingerprint_of([("org", "calls")]) == '[["org","calls"]]'
     assert fingerprint_of([("org", "calls", 1, "x")]) == '[["org","calls",1,"x"]]'
+
+
+@pytest.mark.parametrize("cost", [True, 1.0])
+def test_a_remembered_fingerprint_is_never_that_of_an_equal_cost_of_another_type(
+    cost: object,
+) -> None:
+    # 1, True and 1.0 are equal keys of a dict: each is still fingerprinted as it is written.
+    assert fingerprint_of([("org-remembered", "calls", 1)]) == '[["org-remembered","calls",1]]'
+    found = fingerprint_of([("org-remembered", "calls", cost)])
+    assert found == json.dumps([["org-remembered", "calls", cost]], separators=(",", ":"))
+    assert fingerprint_of((("org-remembered", "calls", 1), ("org-remembered", "calls", cost))) == (
+        json.dumps(
+            sorted([["org-remembered", "calls", 1], ["org-remembered", "calls", cost]]),
+            separators=(",", ":"),
+        )
+    )
+
+
+def test_fingerprints_are_remembered_up_to_a_bound() -> None:
+    from metering.domain import events
+
+    for n in range(events._SINGLES_KEPT + 10):
+        assert fingerprint_of([(f"org-{n}", "calls", 2)]) == f'[["org-{n}","calls",2]]'
+    assert len(events._SINGLES) <= events._SINGLES_KEPT
+    assert fingerprint_of([("org-1", "calls", 2)]) == '[["org-1","calls",2]]'

@@ -86,6 +86,15 @@ JOIN counters AS c ON c.limit_name = json_extract(k.value, '$[0]')
                   AND c.subject = json_extract(k.value, '$[1]')
                   AND c.window_start_us = json_extract(k.value, '$[2]')
 """
+# The same for the counters of one limit and window start (most batches'
+# are one or a few such groups): their subjects as one JSON array, so that
+# no key is parsed out of JSON per row (about a third less for 430 counters).
+SELECT_GROUP: Final = """
+SELECT c.subject, c.used, c.denied_count, c.denied_cost, c.first_denied_at_us, c.tat_us,
+       c.tat_rem, c.tat_scale, c.rate, c.rate_at_us
+FROM json_each(?1) AS k CROSS JOIN counters AS c
+WHERE c.limit_name = ?2 AND c.subject = k.value AND c.window_start_us = ?3
+"""
 SELECT_WINDOW: Final = """
 SELECT window_start_us, window_end_us FROM current_windows WHERE limit_name = ? AND subject = ?
 """
@@ -143,6 +152,13 @@ JOIN distinct_values AS v ON v.subject = json_extract(k.value, '$[0]')
                          AND v.limit_name = json_extract(k.value, '$[1]')
                          AND v.window_start_us = json_extract(k.value, '$[2]')
                          AND v.value = json_extract(k.value, '$[3]')
+"""
+# The same grouped by limit and window start: each subject's values as one
+# JSON object of arrays ({subject: [value, ...]}).
+SELECT_SEAT_GROUP: Final = """
+SELECT s.key, x.value, v.live_events
+FROM json_each(?1) AS s CROSS JOIN json_each(s.value) AS x CROSS JOIN distinct_values AS v
+WHERE v.subject = s.key AND v.limit_name = ?2 AND v.window_start_us = ?3 AND v.value = x.value
 """
 UPSERT_WINDOW: Final = """
 INSERT INTO current_windows (limit_name, subject, window_start_us, window_end_us)
@@ -237,9 +253,9 @@ class SqliteHotStore:
             else:
                 (version,) = raw.execute(VERSION).fetchone()
             if len(wanted) > _ONE_BY_ONE:
-                for row in raw.execute(SELECT_COUNTERS, (json.dumps(wanted[1:]),)):
-                    states[row[:3]] = list(row[3:10])
-                    rates[row[:3]] = (row[10], row[11])
+                for key, row in _counters(raw, wanted[1:]):
+                    states[key] = list(row[:7])
+                    rates[key] = (row[7], row[8])
             else:
                 for key in wanted[1:]:
                     row = raw.execute(SELECT_COUNTER, key).fetchone()
@@ -390,14 +406,48 @@ def _seen(
             start = current[0]
         wanted.append((subject, name, start, value))
     if len(wanted) > _ONE_BY_ONE:
-        rows = raw.execute(SELECT_SEATS, (json.dumps(wanted),))
-        return {(name, subject, start, value): n for subject, name, start, value, n in rows}
+        groups: dict[tuple[str, int], dict[str, list[str]]] = {}
+        for subject, name, start, value in wanted:
+            groups.setdefault((name, start), {}).setdefault(subject, []).append(value)
+        if len(groups) > _GROUPS:
+            rows = raw.execute(SELECT_SEATS, (json.dumps(wanted),))
+            return {(name, subject, start, value): n for subject, name, start, value, n in rows}
+        found: Seen = {}
+        for (name, start), values in groups.items():
+            for subject, value, n in raw.execute(
+                SELECT_SEAT_GROUP, (json.dumps(values), name, start)
+            ):
+                found[(name, subject, start, value)] = n
+        return found
     seen: Seen = {}
     for subject, name, start, value in wanted:
         row = raw.execute(SQL.select_seat, (subject, name, start, value)).fetchone()
         if row is not None:
             seen[(name, subject, start, value)] = row[0]
     return seen
+
+
+# Up to this many (limit, window start) groups are read one statement each
+# (`SELECT_GROUP`, `SELECT_SEAT_GROUP`); more (first-use windows: a start
+# per pair) in one statement of whole keys.
+_GROUPS: Final = 8
+
+
+def _counters(
+    raw: sqlite3.Connection, wanted: Sequence[tuple[str, str, int]]
+) -> Iterator[tuple[Key, Sequence[Any]]]:
+    """The rows of those of ``wanted`` counters that exist, each with its key:
+    its state's seven columns, then its rate and the rate's time."""
+    groups: dict[tuple[str, int], list[str]] = {}
+    for name, subject, start in wanted:
+        groups.setdefault((name, start), []).append(subject)
+    if len(groups) > _GROUPS:
+        for row in raw.execute(SELECT_COUNTERS, (json.dumps(wanted),)):
+            yield row[:3], row[3:]
+        return
+    for (name, start), subjects in groups.items():
+        for row in raw.execute(SELECT_GROUP, (json.dumps(subjects), name, start)):
+            yield (name, row[0], start), row[1:]
 
 
 def _execute(raw: sqlite3.Connection, statement: str, rows: list[tuple[Any, ...]]) -> None:

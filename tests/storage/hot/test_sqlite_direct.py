@@ -25,7 +25,7 @@ import pytest
 from servers import copy_sqlite
 from sqlalchemy import event, func, select
 
-from metering import FrozenClock, Limit, Meter
+from metering import FrozenClock, Limit, Meter, make_event
 from metering.storage.hot.sqlite import SqliteHotStore
 from metering.storage.tables import breakers, counters, distinct_values, results, webhook_marks
 
@@ -349,3 +349,55 @@ def test_a_seat_consume_reads_its_seat_with_its_counter(
             "INSERT INTO distinct_values",
             "COMMIT",
         ]
+
+
+@pytest.mark.parametrize("groups", [0, 8])
+def test_a_batchs_counters_and_seat_values_read_the_same_grouped_or_by_whole_key(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch, groups: int
+) -> None:
+    # Read by (limit, window start) groups of subjects when there are few
+    # groups, else by whole keys: the same rows either way, none for a key
+    # without one.
+    from metering.storage.hot import sqlite as hot
+
+    seats = Limit("seats", maximum=50, period="1mo", window="calendar", distinct="user")
+    weekly = Limit("weekly", maximum=1_000, period="1w", window="calendar")
+    with Meter(sqlite_url, clock=FrozenClock(NOW)) as meter:
+        meter.set_limits([LIMIT, seats, weekly])
+        events = [
+            make_event(
+                [(f"org-{n % 7}", "calls"), (f"org-{n % 7}", "seats"), (f"org-{n}", "weekly")],
+                NOW,
+                metadata={"user": f"u{n % 3}"},
+            )
+            for n in range(12)
+        ]
+        assert all(decision.allowed for decision in meter.apply(events))
+    raw = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"))
+    try:
+        stored = {
+            row[:3]: list(row[3:])
+            for row in raw.execute(
+                "SELECT limit_name, subject, window_start_us, used, denied_count, denied_cost,"
+                " first_denied_at_us, tat_us, tat_rem, tat_scale, rate, rate_at_us FROM counters"
+            )
+        }
+        live = {
+            (name, subject, start, value): n
+            for subject, name, start, value, n in raw.execute(
+                "SELECT subject, limit_name, window_start_us, value, live_events"
+                " FROM distinct_values"
+            )
+        }
+        monkeypatch.setattr(hot, "_GROUPS", groups)
+        start = next(iter(stored))[2]
+        wanted = [*stored, ("calls", "x", start)]
+        found = {key: list(row) for key, row in hot._counters(raw, wanted)}
+        month = next(iter(live))[2]
+        seen = hot._seen(raw, [*live, ("seats", "x", month, "u0")], {})
+    finally:
+        raw.close()
+    assert len(stored) == 7 + 7 + 12
+    assert len(live) == len({(n % 7, n % 3) for n in range(12)})
+    assert found == stored
+    assert seen == live
