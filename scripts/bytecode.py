@@ -16,8 +16,6 @@ from __future__ import annotations
 import importlib
 import sys
 
-sys.dont_write_bytecode = False
-
 ENTRIES = [
     "workers",
     "workers.beat",
@@ -46,6 +44,8 @@ ENTRIES = [
 
 
 def main() -> None:
+    if sys.dont_write_bytecode:
+        raise SystemExit("scripts/bytecode.py: PYTHONDONTWRITEBYTECODE is set; nothing to write")
     from metering.cli import COMMANDS
 
     commands = sorted({target.partition(":")[0] for target in COMMANDS.values()})
