@@ -10,10 +10,12 @@ PYTEST_ARGS ?=
 venv: $(VENV)/.installed
 
 # A stamp file, so the install reruns only when the dependencies change.
+# No bytecode (--no-compile): compiling every module of every package took
+# as long as the install, and the suite imports a fifth of them; `asserts`
+# writes theirs beside lint (docs/testing.md).
 $(VENV)/.installed: pyproject.toml
-	test -x $(BIN)/python || python3 -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,charts,tracing]'
+	bash scripts/venv.sh $(VENV)
+	$(BIN)/pip install -q --no-compile -e '.[dev,charts,tracing]'
 	touch $@
 
 # The package's bytecode, written even where PYTHONDONTWRITEBYTECODE is set:
@@ -58,8 +60,11 @@ test-thorough: bytecode servers
 	bash scripts/pytest.sh $(PARALLEL) --hypothesis-profile thorough $(PYTEST_ARGS)
 
 # A cache only: a test file that does not import fails the run that follows.
+# The collection also writes the bytecode of the dependencies the tests
+# import, scripts/bytecode.py that of the processes they start.
 asserts: venv
 	-bash scripts/pytest.sh --collect-only -q -p no:cacheprovider > /dev/null
+	-env -u PYTHONDONTWRITEBYTECODE $(BIN)/python scripts/bytecode.py
 
 # The tests that need no server (no PostgreSQL, Redis, worker process or
 # socket server): conftest.py marks the others `server` from the fixtures they

@@ -2,7 +2,8 @@
 
 A slow Hypothesis or schemathesis test writes its thorough budget at the
 test: ``max_examples=examples(60)``. The default profile (``make test``;
-``ci`` when CI is set) runs half of it, at least 5 examples; the differentials and model tests
+``ci`` when CI is set) runs half of it, at least 5 examples (a schemathesis
+run a quarter: `cases`); the differentials and model tests
 are derandomized, so it is the same examples every run. ``make
 test-thorough`` (``--hypothesis-profile thorough``) runs the whole budget:
 run it after a change to the engine's paths, the storage of a model's
@@ -18,6 +19,7 @@ from hypothesis import settings
 THOROUGH = "thorough"
 CI_SHARE = 0.5
 CI_FLOOR = 5
+CASES_SHARE = 0.25
 
 
 def profile() -> str:
@@ -26,8 +28,16 @@ def profile() -> str:
     return settings.get_current_profile_name()
 
 
-def examples(thorough: int) -> int:
-    """``thorough`` under the thorough profile; else half of it, at least `CI_FLOOR`."""
+def examples(thorough: int, share: float = CI_SHARE) -> int:
+    """``thorough`` under the thorough profile; else ``share`` of it, at least `CI_FLOOR`."""
     if profile() == THOROUGH:
         return thorough
-    return min(thorough, max(CI_FLOOR, math.ceil(thorough * CI_SHARE)))
+    return min(thorough, max(CI_FLOOR, math.ceil(thorough * share)))
+
+
+def cases(thorough: int) -> int:
+    """A schemathesis run's examples per operation and mode: `examples` at
+    `CASES_SHARE`. Its claim is per operation (every operation, valid and
+    invalid input, no 5xx, a documented answer), which fewer cases still
+    make; drawing them is most of the run's time."""
+    return examples(thorough, CASES_SHARE)

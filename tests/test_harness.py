@@ -724,8 +724,10 @@ def test_the_budget_is_halved_unless_thorough(monkeypatch: pytest.MonkeyPatch) -
     for name in ("default", "ci"):
         monkeypatch.setattr(budgets, "profile", lambda name=name: name)
         assert [budgets.examples(n) for n in (60, 25, 8, 3)] == [30, 13, 5, 3]
+        assert [budgets.cases(n) for n in (25, 20, 10, 3)] == [7, 5, 5, 3]
     monkeypatch.setattr(budgets, "profile", lambda: budgets.THOROUGH)
     assert [budgets.examples(n) for n in (60, 25, 8, 3)] == [60, 25, 8, 3]
+    assert [budgets.cases(n) for n in (25, 20, 10, 3)] == [25, 20, 10, 3]
 
 
 def test_test_files_have_unique_names() -> None:

@@ -30,7 +30,7 @@ import httpx
 import hypothesis.errors
 import pytest
 import schemathesis
-from budgets import examples
+from budgets import cases
 from hypothesis import HealthCheck, given, settings
 from pytest_httpserver import HTTPServer
 from schemathesis import GenerationMode
@@ -973,7 +973,7 @@ def test_schemathesis_no_5xx_and_every_answer_conforms(http: httpx.Client) -> No
 
             @given(case=operation.as_strategy(generation_mode=mode))
             @settings(
-                max_examples=examples(25),
+                max_examples=cases(25),
                 deadline=None,
                 suppress_health_check=list(HealthCheck),
                 derandomize=True,

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 import schemathesis
-from budgets import examples
+from budgets import cases
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 from schemathesis.specs.openapi.checks import (
@@ -551,7 +551,7 @@ def test_schemathesis_no_5xx_and_every_answer_conforms(
 
                     @given(case=operation.as_strategy(generation_mode=mode))
                     @settings(
-                        max_examples=examples(20),
+                        max_examples=cases(20),
                         deadline=None,
                         suppress_health_check=list(HealthCheck),
                         derandomize=True,

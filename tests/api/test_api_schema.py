@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import schemathesis
-from budgets import examples
+from budgets import cases
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
@@ -31,7 +31,7 @@ from metering.settings import Settings
 
 Serve = Callable[[Any], str]
 # Examples per operation and mode (valid, invalid): the whole run stays well under a minute.
-EXAMPLES = examples(25)
+EXAMPLES = cases(25)
 CHECKS = (
     schemathesis.checks.not_a_server_error,
     status_code_conformance,

@@ -27,13 +27,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from budgets import THOROUGH, examples, profile
+from budgets import THOROUGH, cases, profile
 from servers import free_port
 
 FIXED_SEED = 20261126
 START_TIMEOUT_SECONDS = 60.0
 RUN_TIMEOUT_SECONDS = 600
-EXAMPLES = examples(10)
+EXAMPLES = cases(10)
 SEEDS = {"sqlite": FIXED_SEED, "postgresql": random.SystemRandom().randrange(2**31)}
 ALL_PHASES = "examples,coverage,fuzzing,stateful"
 PHASES = {

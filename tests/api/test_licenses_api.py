@@ -12,6 +12,7 @@ import httpx
 import hypothesis.errors
 import pytest
 import schemathesis
+from budgets import cases
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 from schemathesis.specs.openapi.checks import (
@@ -270,7 +271,7 @@ def test_schemathesis_no_5xx_and_every_answer_conforms(
 
                 @given(case=operation.as_strategy(generation_mode=mode))
                 @settings(
-                    max_examples=20,
+                    max_examples=cases(20),
                     deadline=None,
                     derandomize=True,
                     database=None,
