@@ -660,6 +660,7 @@ class _Applying:
         self.issues: list[tuple[ScheduleRecord, list[Issue]]] = []
         self.had_row: set[Pair] = set()
         self.breaker_pairs: set[Pair] = set()  # the charged pairs of limits with a breaker
+        self.breaking = False  # whether a rule the short way found has a breaker (`_in_time`)
         self.breakers: Breakers | None = None
         self.sums = Sums()  # what the batch charges each counter (`metering.domain.room`)
         # Per event with seat charges and no first-use window: its `_seat_keys`.
@@ -693,6 +694,8 @@ class _Applying:
                     fixed = self._plain_keys(index, event, found)
                     if fixed is not None:
                         todo.append((index, event, found, None, fixed))
+                        if self.breaking:
+                            self._breaking(event, found)
                         continue
                 shortened = self._short_rules(event, shorts)
             values: dict[int, str] | None = None
@@ -715,9 +718,13 @@ class _Applying:
                     self.tiered.append((event, fixed, single))
             self.todo.append((index, event, event_rules, error, fixed))
             if error is None:
-                for (subject, name, _), rule in zip(event.charges, event_rules, strict=True):
-                    if rule.needs and Need.BREAKER in rule.needs:
-                        self.breaker_pairs.add((name, subject))
+                self._breaking(event, event_rules)
+
+    def _breaking(self, event: EventRecord, event_rules: list[Rule]) -> None:
+        """Note the event's charged pairs of limits with a breaker."""
+        for (subject, name, _), rule in zip(event.charges, event_rules, strict=True):
+            if rule.needs and Need.BREAKER in rule.needs:
+                self.breaker_pairs.add((name, subject))
 
     def _plain_rules(self, event: EventRecord, plain: dict[str, Rule | None]) -> list[Rule] | None:
         """The rules of an event when each of its charges is `_plain`,
@@ -733,7 +740,8 @@ class _Applying:
     ) -> list[Rule] | None:
         """The rules of an event when ``kind`` takes each of its charges'
         (``known`` keeps its answers by name) and each charge costs more
-        than 0 and is in its time; else None."""
+        than 0 and is in its time; else None. A rule it takes with
+        dimensions is noted in ``dimensioned``, one with a breaker sets ``breaking``."""
         now_us, at_us, rules = self.batch.now_us, event.occurred_at_us, self.rules
         found: list[Rule] = []
         for _, name, cost in event.charges:
@@ -741,6 +749,11 @@ class _Applying:
                 rule = known[name]
             except KeyError:
                 rule = known[name] = kind(rules.get(name))
+                if rule is not None:
+                    if rule.dimensions:
+                        self.dimensioned[name] = rule.dimensions
+                    if rule.needs and Need.BREAKER in rule.needs:
+                        self.breaking = True
             if (
                 rule is None
                 or cost == 0
@@ -911,9 +924,9 @@ class _Applying:
             state = states.get(key)
             if state is not None and key not in before:
                 before[key] = tuple(state)
-        # An event of one charge on a covered counter, without money nor a
-        # breaker (most of a batch's): its row is made here, as `_allowed` makes it.
-        plain = self.spend is None and self.breakers is None
+        # An event of one charge on a covered counter, without money (most of
+        # a batch's): its row is made here, as `_allowed` makes it.
+        plain, breakers = self.spend is None, self.breakers
         event_seats, seats = self.event_seats, self.seats
         now_us, answers, records = batch.now_us, self.answers, self.records
         for index, event, event_rules, error, fixed in self.todo:
@@ -945,6 +958,8 @@ class _Applying:
                 else:
                     at_us = event.occurred_at_us
                     rows = [drawn_row(subject, name, cost, state, room, window, at_us)]
+                if breakers is not None:
+                    breakers.charged("allowed", rows, event.event_id, now_us)
                 outcome, denied_by, reason = "allowed", (), marker
             else:
                 if rooms and fixed is not None and _covers(rooms, fixed):
@@ -1441,16 +1456,9 @@ def _short(rule: Rule | None) -> Rule | None:
 
 def _short_window(rule: Rule) -> bool:
     """Whether a charge of ``rule`` is counted as `_Applying._counted` counts
-    it: a calendar window's, with a price, a spend cap or seats perhaps, but
-    no gauge, dimensions, concurrent license nor breaker."""
-    return not (
-        not rule.calendar
-        or rule.bucket
-        or rule.concurrent
-        or rule.dimensions
-        or rule.gauge is not None
-        or (rule.needs and Need.BREAKER in rule.needs)
-    )
+    it: a calendar window's, with a price, a spend cap, seats, dimensions or
+    a breaker perhaps, but no gauge nor concurrent license."""
+    return not (not rule.calendar or rule.bucket or rule.concurrent or rule.gauge is not None)
 
 
 def _covers(rooms: dict[Key, Room], fixed: _Fixed) -> bool:
