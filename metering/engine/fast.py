@@ -660,7 +660,7 @@ class _Applying:
         self.issues: list[tuple[ScheduleRecord, list[Issue]]] = []
         self.had_row: set[Pair] = set()
         self.breaker_pairs: set[Pair] = set()  # the charged pairs of limits with a breaker
-        self.breaking = False  # whether a rule the short way found has a breaker (`_in_time`)
+        self.breaking: set[str] = set()  # the limits with a breaker the short way found
         self.breakers: Breakers | None = None
         self.sums = Sums()  # what the batch charges each counter (`metering.domain.room`)
         # Per event with seat charges and no first-use window: its `_seat_keys`.
@@ -694,8 +694,6 @@ class _Applying:
                     fixed = self._plain_keys(index, event, found)
                     if fixed is not None:
                         todo.append((index, event, found, None, fixed))
-                        if self.breaking:
-                            self._breaking(event, found)
                         continue
                 shortened = self._short_rules(event, shorts)
             values: dict[int, str] | None = None
@@ -718,13 +716,12 @@ class _Applying:
                     self.tiered.append((event, fixed, single))
             self.todo.append((index, event, event_rules, error, fixed))
             if error is None:
-                self._breaking(event, event_rules)
-
-    def _breaking(self, event: EventRecord, event_rules: list[Rule]) -> None:
-        """Note the event's charged pairs of limits with a breaker."""
-        for (subject, name, _), rule in zip(event.charges, event_rules, strict=True):
-            if rule.needs and Need.BREAKER in rule.needs:
-                self.breaker_pairs.add((name, subject))
+                for (subject, name, _), rule in zip(event.charges, event_rules, strict=True):
+                    if rule.needs and Need.BREAKER in rule.needs:
+                        self.breaker_pairs.add((name, subject))
+        if self.breaking:  # the short way's charges: each counted in ``keys``
+            breaking = self.breaking
+            self.breaker_pairs.update((n, s) for n, s, _ in self.keys if n in breaking)
 
     def _plain_rules(self, event: EventRecord, plain: dict[str, Rule | None]) -> list[Rule] | None:
         """The rules of an event when each of its charges is `_plain`,
@@ -741,7 +738,7 @@ class _Applying:
         """The rules of an event when ``kind`` takes each of its charges'
         (``known`` keeps its answers by name) and each charge costs more
         than 0 and is in its time; else None. A rule it takes with
-        dimensions is noted in ``dimensioned``, one with a breaker sets ``breaking``."""
+        dimensions is noted in ``dimensioned``, one with a breaker in ``breaking``."""
         now_us, at_us, rules = self.batch.now_us, event.occurred_at_us, self.rules
         found: list[Rule] = []
         for _, name, cost in event.charges:
@@ -753,7 +750,7 @@ class _Applying:
                     if rule.dimensions:
                         self.dimensioned[name] = rule.dimensions
                     if rule.needs and Need.BREAKER in rule.needs:
-                        self.breaking = True
+                        self.breaking.add(name)
             if (
                 rule is None
                 or cost == 0
@@ -959,7 +956,7 @@ class _Applying:
                     at_us = event.occurred_at_us
                     rows = [drawn_row(subject, name, cost, state, room, window, at_us)]
                 if breakers is not None:
-                    breakers.charged("allowed", rows, event.event_id, now_us)
+                    breakers.allowed(rows[0], event.event_id, now_us)
                 outcome, denied_by, reason = "allowed", (), marker
             else:
                 if rooms and fixed is not None and _covers(rooms, fixed):
