@@ -104,7 +104,10 @@ def step(
     whether it trips on it (it then reads quarantined from ``now_us``)."""
     if breaker is None:
         breaker = Breaker(0.0, 0.0, now_us, now_us)
-    short, before = rates_at(breaker, now_us)
+    if now_us <= breaker.rate_at_us:  # (a batch's later charges: nothing decays)
+        short, before = breaker.short_rate, breaker.long_rate
+    else:
+        short, before = rates_at(breaker, now_us)
     added = max(cost, 0)
     # (Made with the constructor: `dataclasses.replace` costs several times as much.)
     short_rate = short + added / SHORT_TAU_SECONDS

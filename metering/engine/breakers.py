@@ -107,6 +107,22 @@ class Breakers:
             if tripped:
                 self.notices.append(_notice(limit, row, event_id, now_us))
 
+    def allowed(self, row: Sequence[Any], event_id: str, now_us: int) -> None:
+        """`charged` of an allowed event of one charge (``row``)."""
+        limit = self.limits.get(row[_LIMIT])
+        if limit is None:
+            return
+        assert limit.breaker_factor is not None
+        pair = (limit.name, row[_SUBJECT])
+        states = self.states
+        after, tripped = step(
+            states.get(pair), row[_COST], now_us, limit.breaker_factor, limit.breaker_floor
+        )
+        states[pair] = after
+        self.changed.add(pair)
+        if tripped:
+            self.notices.append(_notice(limit, row, event_id, now_us))
+
     def write(self, connection: Connection, now_us: int, *, announce: bool = True) -> None:
         """Store the changed breakers, and the notices of those that tripped."""
         if not self.changed:

@@ -660,6 +660,7 @@ class _Applying:
         self.issues: list[tuple[ScheduleRecord, list[Issue]]] = []
         self.had_row: set[Pair] = set()
         self.breaker_pairs: set[Pair] = set()  # the charged pairs of limits with a breaker
+        self.breaking: set[str] = set()  # the limits with a breaker the short way found
         self.breakers: Breakers | None = None
         self.sums = Sums()  # what the batch charges each counter (`metering.domain.room`)
         # Per event with seat charges and no first-use window: its `_seat_keys`.
@@ -718,6 +719,9 @@ class _Applying:
                 for (subject, name, _), rule in zip(event.charges, event_rules, strict=True):
                     if rule.needs and Need.BREAKER in rule.needs:
                         self.breaker_pairs.add((name, subject))
+        if self.breaking:  # the short way's charges: each counted in ``keys``
+            breaking = self.breaking
+            self.breaker_pairs.update((n, s) for n, s, _ in self.keys if n in breaking)
 
     def _plain_rules(self, event: EventRecord, plain: dict[str, Rule | None]) -> list[Rule] | None:
         """The rules of an event when each of its charges is `_plain`,
@@ -733,7 +737,8 @@ class _Applying:
     ) -> list[Rule] | None:
         """The rules of an event when ``kind`` takes each of its charges'
         (``known`` keeps its answers by name) and each charge costs more
-        than 0 and is in its time; else None."""
+        than 0 and is in its time; else None. A rule it takes with
+        dimensions is noted in ``dimensioned``, one with a breaker in ``breaking``."""
         now_us, at_us, rules = self.batch.now_us, event.occurred_at_us, self.rules
         found: list[Rule] = []
         for _, name, cost in event.charges:
@@ -741,6 +746,11 @@ class _Applying:
                 rule = known[name]
             except KeyError:
                 rule = known[name] = kind(rules.get(name))
+                if rule is not None:
+                    if rule.dimensions:
+                        self.dimensioned[name] = rule.dimensions
+                    if rule.needs and Need.BREAKER in rule.needs:
+                        self.breaking.add(name)
             if (
                 rule is None
                 or cost == 0
@@ -911,9 +921,9 @@ class _Applying:
             state = states.get(key)
             if state is not None and key not in before:
                 before[key] = tuple(state)
-        # An event of one charge on a covered counter, without money nor a
-        # breaker (most of a batch's): its row is made here, as `_allowed` makes it.
-        plain = self.spend is None and self.breakers is None
+        # An event of one charge on a covered counter, without money (most of
+        # a batch's): its row is made here, as `_allowed` makes it.
+        plain, breakers = self.spend is None, self.breakers
         event_seats, seats = self.event_seats, self.seats
         now_us, answers, records = batch.now_us, self.answers, self.records
         for index, event, event_rules, error, fixed in self.todo:
@@ -945,6 +955,8 @@ class _Applying:
                 else:
                     at_us = event.occurred_at_us
                     rows = [drawn_row(subject, name, cost, state, room, window, at_us)]
+                if breakers is not None:
+                    breakers.allowed(rows[0], event.event_id, now_us)
                 outcome, denied_by, reason = "allowed", (), marker
             else:
                 if rooms and fixed is not None and _covers(rooms, fixed):
@@ -1441,16 +1453,9 @@ def _short(rule: Rule | None) -> Rule | None:
 
 def _short_window(rule: Rule) -> bool:
     """Whether a charge of ``rule`` is counted as `_Applying._counted` counts
-    it: a calendar window's, with a price, a spend cap or seats perhaps, but
-    no gauge, dimensions, concurrent license nor breaker."""
-    return not (
-        not rule.calendar
-        or rule.bucket
-        or rule.concurrent
-        or rule.dimensions
-        or rule.gauge is not None
-        or (rule.needs and Need.BREAKER in rule.needs)
-    )
+    it: a calendar window's, with a price, a spend cap, seats, dimensions or
+    a breaker perhaps, but no gauge nor concurrent license."""
+    return not (not rule.calendar or rule.bucket or rule.concurrent or rule.gauge is not None)
 
 
 def _covers(rooms: dict[Key, Room], fixed: _Fixed) -> bool:

@@ -93,6 +93,7 @@ breakers = Table(
     Column("over_since_us", BIGINT, nullable=True),
     Column("quarantined_at_us", BIGINT, nullable=True),
     PrimaryKeyConstraint("subject", "limit_name"),
+    postgresql_with={"fillfactor": 50},  # room for HOT updates (migration 0035)
 )
 
 # One row (id 1): incremented by every change to ``limits``, so that processes
@@ -375,6 +376,7 @@ grants = Table(
     # ``grant.low`` when what is left falls to this (NULL: never); sent once.
     Column("low_at", BIGINT, nullable=True),
     Column("low_sent", Boolean, nullable=False, server_default=false()),
+    postgresql_with={"fillfactor": 50},  # room for HOT updates (migration 0035)
 )
 Index("ix_grants_subject_limit", grants.c.subject, grants.c.limit_name)
 
@@ -424,6 +426,7 @@ grant_draws = Table(
     Column("grant_id", string(128), nullable=False),
     Column("amount", BIGINT, nullable=False),
     PrimaryKeyConstraint("subject", "limit_name", "window_start_us", "grant_id"),
+    postgresql_with={"fillfactor": 50},  # room for HOT updates (migration 0035)
 )
 
 # Voided events: one correction per event id. ``charges`` is a JSON list of

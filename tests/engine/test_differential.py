@@ -1176,6 +1176,51 @@ def test_breakers_no_charge_can_trip_are_decided_in_aggregate(
 
 
 @pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("breaker", [None, "10x"])
+def test_dimensions_and_breakers_take_the_short_way(
+    request: pytest.FixtureRequest, database: str, breaker: str | None
+) -> None:
+    """Events on a limit with dimensions (and a breaker): `_Applying.plan`
+    finds their rules and keys itself (no `rules_for`), the shortcut makes
+    their rows, and the rollups and breakers are those of the reference engine."""
+    checked: list[str] = []
+    rules_for = fast.rules_for
+
+    def counting(event: EventRecord, *args: Any) -> Any:
+        checked.append(event.event_id)
+        return rules_for(event, *args)
+
+    def setup(meter: Meter, clock: FrozenClock) -> None:
+        meter.consume("a", "routed", 1, event_id="before", metadata={"route": "r-0"})
+
+    limits = [
+        Limit(
+            "routed",
+            maximum=100,
+            period="1mo",
+            window="calendar",
+            dimensions=("route",),
+            breaker=breaker,
+        )
+    ]
+    records = [
+        make_event(
+            [(subject, "routed", 1 + n % 3)],
+            ROOM_START,
+            f"{subject}-{n}",
+            metadata={"route": f"r-{n % 2}"} if n % 4 else None,
+        ).record()
+        for n in range(8)
+        for subject in ("a", "b")
+    ]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fast, "rules_for", counting)
+        covered = _shortcut_case(request, database, limits, setup, records)
+    assert covered.subjects == {"a", "b"}
+    assert checked == []
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
 @pytest.mark.parametrize(
     ("price", "room"),
     [

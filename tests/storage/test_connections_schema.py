@@ -37,6 +37,26 @@ def test_migrations_produce_the_declared_schema(db_url: str) -> None:
     assert differences == []
 
 
+def test_tables_updated_in_place_keep_room_for_hot_updates(pg_url: str) -> None:
+    # Declared (`postgresql_with`) and migrated alike: compare_metadata does not compare it.
+    declared = {
+        table.name: table.kwargs["postgresql_with"]["fillfactor"]
+        for table in metadata.sorted_tables
+        if table.kwargs.get("postgresql_with")
+    }
+    with psycopg.connect(pg_url.replace("+psycopg", "")) as connection:
+        found = dict(
+            connection.execute(
+                "SELECT relname, split_part(option, '=', 2)::int FROM pg_class, "
+                "unnest(reloptions) AS option WHERE option LIKE 'fillfactor=%'"
+            ).fetchall()
+        )
+    assert found == declared
+    assert {name: found[name] for name in ("grants", "grant_draws", "breakers")} == dict.fromkeys(
+        ("grants", "grant_draws", "breakers"), 50
+    )
+
+
 def test_postgresql_without_schema_asks_for_an_upgrade(postgres_server: PostgresServer) -> None:
     postgres_server.create_database("empty_db")
     try:
