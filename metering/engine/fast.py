@@ -439,14 +439,24 @@ class _Spend:
         # the prices in force only (the spend charges of an event of one
         # subject are that subject's): a batch's events mostly repeat them.
         prices = self.book.prices
-        subject = charges[0][0]
-        alike = all(charge[0] == subject for charge in charges)
-        key: tuple[object, ...] = tuple(
-            (name, cost, self._in_force(name, at_us) if name in prices else 0)
-            for _, name, cost in charges
-        )
-        if not alike:
-            key = (charges, key)
+        key: tuple[object, ...]
+        if len(charges) == 1:  # most events: keyed by their one charge's (name, cost, price)
+            subject, name, cost = charges[0]
+            alike = True
+            found_in = self.in_force.get(name)
+            if found_in is not None and found_in[0] <= at_us < found_in[1]:
+                key = (name, cost, found_in[2])
+            else:
+                key = (name, cost, self._in_force(name, at_us) if name in prices else 0)
+        else:
+            subject = charges[0][0]
+            alike = all(charge[0] == subject for charge in charges)
+            key = tuple(
+                (name, cost, self._in_force(name, at_us) if name in prices else 0)
+                for _, name, cost in charges
+            )
+            if not alike:
+                key = (charges, key)
         found = self.priced.get(key)
         if found is None:
             try:
@@ -710,6 +720,8 @@ class _Applying:
                 if batch.hold is not None and self._seats(event):
                     raise _Decline(Declined("seats are taken by consuming", Need.HELD_SEATS))
                 event_rules, error = rules_for(event, self.rules, batch.now_us, batch.policy)
+            # A short event's own rules have no breaker (`_short_window`): its spend rules may.
+            own = len(event_rules) if shortened is not None else 0
             if priced and error is None and any(rule.money for rule in event_rules):
                 if self.spend is None:
                     self.spend = _Spend.of(cache, self.version, self.rules)
@@ -722,8 +734,8 @@ class _Applying:
                 else:  # its spend charges' sums are known once its counter is read
                     self.tiered.append((index, event, fixed, single))
             self.todo.append((index, event, event_rules, error, fixed))
-            if error is None:
-                for (subject, name, _), rule in zip(event.charges, event_rules, strict=True):
+            if error is None and len(event_rules) > own:
+                for (subject, name, _), rule in zip(event.charges[own:], event_rules[own:]):
                     if rule.needs and Need.BREAKER in rule.needs:
                         self.breaker_pairs.add((name, subject))
 
