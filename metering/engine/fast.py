@@ -735,7 +735,8 @@ class _Applying:
                     self.tiered.append((index, event, fixed, single))
             self.todo.append((index, event, event_rules, error, fixed))
             if error is None and len(event_rules) > own:
-                for (subject, name, _), rule in zip(event.charges[own:], event_rules[own:]):
+                added = zip(event.charges[own:], event_rules[own:], strict=True)
+                for (subject, name, _), rule in added:
                     if rule.needs and Need.BREAKER in rule.needs:
                         self.breaker_pairs.add((name, subject))
 
