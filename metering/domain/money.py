@@ -343,23 +343,32 @@ def tiered_amount(price: Price, before: int, cost: int) -> int:
     return amount + (price.flat_fee if before <= 0 else 0)
 
 
-def counted_total(price: Price, before: int, costs: Sequence[int]) -> int:
-    """What charges of ``costs``, one after the other, cost in all in a window
-    that held ``before`` (at least 0): the sum of their `tiered_amount`s. A
-    tiered price's rounded window prices between the charges cancel out, so
-    it is found once, from the window's total before and after them."""
+def counted_amounts(price: Price, before: int, costs: Sequence[int]) -> list[int]:
+    """The `tiered_amount` of each charge of ``costs``, one after the other,
+    in a window that held ``before`` (at least 0). A tiered price's window
+    is priced once per charge: the price after one is the price before the
+    next."""
     assert before >= 0
     if price.model == "per_unit":
         assert price.per_unit is not None
-        each = price.per_unit
-        total = sum(charge_amount(cost, each) for cost in costs if cost > 0)
-    else:
-        added = sum(cost for cost in costs if cost > 0)
-        if not added:
-            return 0
-        total = round_micro(window_price(price, before + added))
-        total -= round_micro(window_price(price, before))
-    return total + (price.flat_fee if before == 0 and any(c > 0 for c in costs) else 0)
+        each, fee = price.per_unit, price.flat_fee
+        found = []
+        for cost in costs:
+            if cost <= 0:
+                found.append(0)
+                continue
+            found.append(charge_amount(cost, each) + (fee if before <= 0 else 0))
+            before += cost
+        return found
+    found, was = [], round_micro(window_price(price, before))
+    for cost in costs:
+        if cost <= 0:
+            found.append(0)
+            continue
+        now = round_micro(window_price(price, before + cost))
+        found.append(now - was + (price.flat_fee if before <= 0 else 0))
+        before, was = before + cost, now
+    return found
 
 
 def _ceiling(price: Price, cost: int) -> int:
@@ -493,7 +502,7 @@ __all__ = [
     "PricedCharge",
     "bounded_amount",
     "charge_amount",
-    "counted_total",
+    "counted_amounts",
     "format_amount",
     "format_price",
     "parse_amount",

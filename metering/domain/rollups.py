@@ -121,9 +121,13 @@ def spend_deltas(decided: Iterable[Decided], sign: int = 1) -> dict[RollupKey, D
     for event in decided:
         if event.outcome not in CONSUMED:
             continue
-        hour = hour_start_us(event.occurred_at_us)
-        for charge in event.charges:
-            if _priced(charge) and charge[4] != WOULD_DENY:
+        hour: int | None = None
+        for charge in event.charges:  # (`_priced`, inline: a batch's every charge)
+            if len(charge) > _PRICE_AT and charge[_PRICE_AT] is not None:
+                if charge[4] == WOULD_DENY:
+                    continue
+                if hour is None:
+                    hour = hour_start_us(event.occurred_at_us)
                 currency, amount = charge[_PRICE_AT]
                 key = (charge[0], charge[1], SPEND_DIMENSION, hour, str(currency))
                 used, events = deltas.get(key, (0, 0))

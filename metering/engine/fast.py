@@ -45,7 +45,7 @@ from metering.domain.grants import Balance, History, Pot, maximum_at
 from metering.domain.imports import ImportPolicy
 from metering.domain.instants import from_us
 from metering.domain.licenses import consumed_concurrent
-from metering.domain.money import Price, counted_total, price_at, tiered_amount
+from metering.domain.money import Price, counted_amounts, price_at, tiered_amount
 from metering.domain.needs import EVERY, NONE, Need, subject_needs
 from metering.domain.notifications import Notice, payload_of
 from metering.domain.recurring import Issue, issue_id, low_threshold
@@ -417,6 +417,9 @@ class _Spend:
         self.in_force: dict[str, tuple[int, int, int]] = {}
         # A subject's own spend charges, by subject and `expand`'s key.
         self.extras: dict[tuple[str, tuple[object, ...]], tuple[Charge, ...]] = {}
+        # Per counted event of a batch's room (`_Applying._tiered`): what its
+        # counter held before it, one after the other, and what it costs then.
+        self.ahead: dict[int, tuple[int, int]] = {}
 
     @classmethod
     def of(cls, cache: LimitCache, version: int, rules: dict[str, Rule]) -> _Spend:
@@ -436,14 +439,24 @@ class _Spend:
         # the prices in force only (the spend charges of an event of one
         # subject are that subject's): a batch's events mostly repeat them.
         prices = self.book.prices
-        subject = charges[0][0]
-        alike = all(charge[0] == subject for charge in charges)
-        key: tuple[object, ...] = tuple(
-            (name, cost, self._in_force(name, at_us) if name in prices else 0)
-            for _, name, cost in charges
-        )
-        if not alike:
-            key = (charges, key)
+        key: tuple[object, ...]
+        if len(charges) == 1:  # most events: keyed by their one charge's (name, cost, price)
+            subject, name, cost = charges[0]
+            alike = True
+            found_in = self.in_force.get(name)
+            if found_in is not None and found_in[0] <= at_us < found_in[1]:
+                key = (name, cost, found_in[2])
+            else:
+                key = (name, cost, self._in_force(name, at_us) if name in prices else 0)
+        else:
+            subject = charges[0][0]
+            alike = all(charge[0] == subject for charge in charges)
+            key = tuple(
+                (name, cost, self._in_force(name, at_us) if name in prices else 0)
+                for _, name, cost in charges
+            )
+            if not alike:
+                key = (charges, key)
         found = self.priced.get(key)
         if found is None:
             try:
@@ -535,11 +548,16 @@ class _Spend:
     ) -> list[tuple[str, str, int]]:
         """``charges`` (the event's) with its spend charges each costing what
         its one priced charge does (at ``single``: its position and price)
-        on a counter that held ``used`` before it."""
+        on a counter that held ``used`` before it (found `ahead` when it held
+        what the batch's room foresaw)."""
         if charges is None:
             charges = event.charges
         position, price = single
-        amount = tiered_amount(price, used, charges[position][2])
+        ahead = self.ahead.get(index)
+        if ahead is not None and ahead[0] == used:
+            amount = ahead[1]
+        else:
+            amount = tiered_amount(price, used, charges[position][2])
         self.amounts[index] = {position: (price.currency, amount)}
         head = len(event.charges) - len(self.book.spend.get(price.currency, ()))
         return [*charges[:head], *((s, name, amount) for s, name, _ in charges[head:])]
@@ -667,7 +685,7 @@ class _Applying:
         self.event_seats: dict[int, list[SeatKey | None]] = {}
         # The events with fixed windows whose one priced charge's price is
         # counted (`_Spend.counted`): their spend charges' sums (`_tiered`).
-        self.tiered: list[tuple[EventRecord, _Fixed, tuple[int, Price]]] = []
+        self.tiered: list[tuple[int, EventRecord, _Fixed, tuple[int, Price]]] = []
 
     def plan(self) -> None:
         """Each event's rules, spend charges and counters' keys."""
@@ -703,6 +721,8 @@ class _Applying:
                 if batch.hold is not None and self._seats(event):
                     raise _Decline(Declined("seats are taken by consuming", Need.HELD_SEATS))
                 event_rules, error = rules_for(event, self.rules, batch.now_us, batch.policy)
+            # A short event's own rules have no breaker (`_short_window`): its spend rules may.
+            own = len(event_rules) if shortened is not None else 0
             if priced and error is None and any(rule.money for rule in event_rules):
                 if self.spend is None:
                     self.spend = _Spend.of(cache, self.version, self.rules)
@@ -713,10 +733,11 @@ class _Applying:
                 if single is None or fixed is None or index in self.event_seats:
                     self.sums.poisoned.update((name, subject) for subject, name, _ in event.charges)
                 else:  # its spend charges' sums are known once its counter is read
-                    self.tiered.append((event, fixed, single))
+                    self.tiered.append((index, event, fixed, single))
             self.todo.append((index, event, event_rules, error, fixed))
-            if error is None:
-                for (subject, name, _), rule in zip(event.charges, event_rules, strict=True):
+            if error is None and len(event_rules) > own:
+                added = zip(event.charges[own:], event_rules[own:], strict=True)
+                for (subject, name, _), rule in added:
                     if rule.needs and Need.BREAKER in rule.needs:
                         self.breaker_pairs.add((name, subject))
         if self.breaking:  # the short way's charges: each counted in ``keys``
@@ -1006,41 +1027,48 @@ class _Applying:
         """The sums of the spend charges of the events priced by their
         counters (``tiered``) in the batch's totals, in place of the amounts
         they were expanded with: per counter, with one price and the same
-        spend counters for all of its charges, what they cost one after the
-        other from its usage before the batch (`counted_total`); else its
-        pair and theirs are poisoned."""
+        spend counters for all of its charges, what each costs one after the
+        other from its usage before the batch (`counted_amounts`, kept in
+        `_Spend.ahead`); else its pair and theirs are poisoned."""
         assert self.spend is not None
         totals, poisoned, spend = self.sums.totals, self.sums.poisoned, self.spend.book.spend
-        found: dict[Key, tuple[Price, tuple[Key, ...], list[int]]] = {}
+        # Per counter: its price, spend counters, and its charges' costs and events.
+        found: dict[Key, tuple[Price, tuple[Key, ...], list[int], list[int]]] = {}
         unlike: set[Key] = set()
 
         def poison(*keys: Key) -> None:
             poisoned.update((key[0], key[1]) for key in keys)
 
-        for event, fixed, (position, price) in self.tiered:
+        for index, event, fixed, (position, price) in self.tiered:
             charges = event.charges
             head = len(charges) - len(spend.get(price.currency, ()))
-            paid = tuple(key for key, _ in fixed[head:])
-            for key, (_, _, amount) in zip(paid, charges[head:], strict=True):
-                totals[key] -= amount
+            paid = tuple([key for key, _ in fixed[head:]])
+            for key, charge in zip(paid, charges[head:], strict=True):
+                totals[key] -= charge[2]
             key = fixed[position][0]
             known = found.get(key)
             if known is None:
-                found[key] = (price, paid, [charges[position][2]])
+                found[key] = (price, paid, [charges[position][2]], [index])
             elif (known[0] is price or known[0] == price) and known[1] == paid:
                 known[2].append(charges[position][2])
+                known[3].append(index)
             else:  # another price or other spend counters: not summed
                 unlike.add(key)
                 poison(key, *known[1], *paid)
-        for key, (price, paid, costs) in found.items():
+        ahead = self.spend.ahead
+        for key, (price, paid, costs, events) in found.items():
             state = states.get(key)
             used = state[USED] if state is not None else 0
             if key in unlike or used < 0 or totals[key] != sum(costs):
                 poison(key, *paid)
                 continue
-            amount = counted_total(price, used, costs)
+            amounts = counted_amounts(price, used, costs)
+            amount = sum(amounts)
             for paid_key in paid:
                 totals[paid_key] += amount
+            for index, cost, amount in zip(events, costs, amounts, strict=True):
+                ahead[index] = (used, amount)
+                used += cost if cost > 0 else 0
 
     def _allowed(
         self,

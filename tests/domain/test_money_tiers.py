@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from metering.domain.money import (
     Price,
     Tier,
-    counted_total,
+    counted_amounts,
     parse_price,
     parse_tier,
     price_at,
@@ -225,7 +225,7 @@ def test_every_model_charges_a_window_what_decimal_says(
     else:  # the window's total priced once, rounded once
         expected = _minor(_exact(spec, total)) + flat
     assert Decimal(sum(amounts)) * CENT == expected
-    assert counted_total(price, 0, costs) == sum(amounts)  # found at once
+    assert counted_amounts(price, 0, costs) == amounts  # found at once
 
 
 @given(
@@ -233,14 +233,14 @@ def test_every_model_charges_a_window_what_decimal_says(
     before=st.integers(0, 80),
     costs=st.lists(st.integers(0, 40), min_size=1, max_size=6),
 )
-def test_a_batchs_charges_cost_in_all_what_they_cost_one_by_one(
+def test_a_batchs_charges_cost_together_what_they_cost_one_by_one(
     priced: tuple[Price, dict[str, object]], before: int, costs: list[int]
 ) -> None:
-    """`counted_total` from any usage before them: the sum of the charges'
-    `tiered_amount`s, each from what the ones before it left."""
+    """`counted_amounts` from any usage before them: each charge's
+    `tiered_amount`, from what the ones before it left."""
     price, _ = priced
-    found, used = 0, before
+    found, used = [], before
     for cost in costs:
-        found += tiered_amount(price, used, cost)
+        found.append(tiered_amount(price, used, cost))
         used += cost
-    assert counted_total(price, before, costs) == found
+    assert counted_amounts(price, before, costs) == found
