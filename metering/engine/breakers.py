@@ -92,33 +92,27 @@ class Breakers:
         `ChargeDecision.to_row`): nothing when it was denied."""
         if outcome not in ("allowed", "overage"):
             return
-        limits, states = self.limits, self.states
+        limits = self.limits
         for row in rows:
             limit = limits.get(row[_LIMIT])
             if limit is None or row[_OUTCOME] in ("denied", "would_deny"):
                 continue
-            assert limit.breaker_factor is not None
-            pair = (limit.name, row[_SUBJECT])
-            after, tripped = step(
-                states.get(pair), row[_COST], now_us, limit.breaker_factor, limit.breaker_floor
-            )
-            states[pair] = after
-            self.changed.add(pair)
-            if tripped:
-                self.notices.append(_notice(limit, row, event_id, now_us))
+            self._step(limit, row, event_id, now_us)
 
     def allowed(self, row: Sequence[Any], event_id: str, now_us: int) -> None:
         """`charged` of an allowed event of one charge (``row``)."""
         limit = self.limits.get(row[_LIMIT])
-        if limit is None:
-            return
+        if limit is not None:
+            self._step(limit, row, event_id, now_us)
+
+    def _step(self, limit: Limit, row: Sequence[Any], event_id: str | None, now_us: int) -> None:
+        """Step ``limit``'s breaker of ``row``'s subject by its cost; note a trip."""
         assert limit.breaker_factor is not None
         pair = (limit.name, row[_SUBJECT])
-        states = self.states
         after, tripped = step(
-            states.get(pair), row[_COST], now_us, limit.breaker_factor, limit.breaker_floor
+            self.states.get(pair), row[_COST], now_us, limit.breaker_factor, limit.breaker_floor
         )
-        states[pair] = after
+        self.states[pair] = after
         self.changed.add(pair)
         if tripped:
             self.notices.append(_notice(limit, row, event_id, now_us))
