@@ -1,4 +1,4 @@
-"""Tests of the test harness itself: `servers.py` and the fixtures in conftest.
+"""Tests of the test harness itself: `servers.py`, `fresh.py` and the fixtures in conftest.
 
 Nothing here uses metering's schema: the template tests build a one-table
 template of their own. The Redis tests are at the end.
@@ -18,6 +18,7 @@ import psycopg
 import pytest
 import redis
 import sqlalchemy as sa
+from fresh import run_fresh
 from hypothesis import settings
 from servers import (
     PostgresServer,
@@ -31,6 +32,10 @@ from servers import (
 # For tests that run servers of their own rather than the session's (which
 # conftest marks by itself): `-m "not postgres"` must not need PostgreSQL.
 needs_postgres = pytest.mark.postgres
+
+
+def test_run_fresh_names_what_the_code_loaded_and_what_it_printed() -> None:
+    assert run_fresh("import csv\nprint('done')", {"csv", "tomllib"}) == (["done"], ["csv"])
 
 
 def _bindir_or_skip() -> Path:

@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import re
 import socket
-import subprocess
-import sys
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -16,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from fresh import run_fresh
 from pytest_httpserver import HTTPServer
 from waiting import wait_for
 from werkzeug import Request, Response
@@ -312,7 +311,7 @@ def test_looks_that_find_nothing_due_load_no_http_client(sqlite_url: str) -> Non
     """A worker's delivery thread and the task make their httpx client for
     the first due delivery only (a fresh interpreter: this one has httpx)."""
     code = (
-        "import sys, threading\n"
+        "import threading\n"
         "from metering import Meter\n"
         "from metering.webhooks.delivery import deliver_due, serve\n"
         f"meter = Meter({sqlite_url!r})\n"
@@ -320,11 +319,8 @@ def test_looks_that_find_nothing_due_load_no_http_client(sqlite_url: str) -> Non
         "stop = threading.Event()\n"
         "threading.Timer(0.2, stop.set).start()\n"
         "serve(meter, stop, poll_seconds=0.01)\n"
-        "print(sorted({m.split('.')[0] for m in sys.modules} & {'httpx', 'httpcore'}))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == [
-        "DeliveryReport(delivered=0, retrying=0, failed=0)",
-        "[]",
-    ], done.stderr
+    assert run_fresh(code, {"httpx", "httpcore"}) == (
+        ["DeliveryReport(delivered=0, retrying=0, failed=0)"],
+        [],
+    )

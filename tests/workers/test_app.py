@@ -6,12 +6,11 @@ the worker before it takes a message."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from fresh import run_fresh
 
 from metering.errors import ConfigurationError
 from metering.pipeline.routing import DEFAULT_QUEUE, worker_queues
@@ -81,12 +80,5 @@ def test_a_worker_and_the_api_load_no_alembic_httpx_or_redis_as_they_import() ->
     that is due, redis-py for a Redis broker once it is used: none is loaded
     by importing the worker's app or the API (a fresh interpreter: this one
     has them already)."""
-    code = (
-        "import sys, workers, metering.api\n"
-        "print(sorted({m.split('.')[0] for m in sys.modules}"
-        " & {'alembic', 'httpx', 'httpcore', 'redis'}))\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
-    )
-    assert done.stdout.strip() == "[]", done.stderr
+    loaded = {"alembic", "httpx", "httpcore", "redis"}
+    assert run_fresh("import workers, metering.api", loaded) == ([], [])
