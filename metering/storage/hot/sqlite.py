@@ -54,6 +54,7 @@ from metering.storage.hot.extras import (
 )
 from metering.storage.hot.sqlite_grants import (
     GRANT_ROWS,
+    Rowids,
     due_schedules,
     pot_of_rows,
     read_grants,
@@ -187,6 +188,7 @@ class SqliteHotStore:
         assert isinstance(raw, sqlite3.Connection)
         self.raw = raw
         self.connection = connection
+        self.rowids = Rowids()  # the grants' rows `read` read, for `write`
 
     def read(
         self,
@@ -265,7 +267,7 @@ class SqliteHotStore:
             if seats and seat is None:
                 seen = _seen(raw, seats, windows)
             if grant_pairs and grant is None:
-                pots, watched = read_grants(raw, grant_pairs)
+                pots, watched = read_grants(raw, grant_pairs, self.rowids)
             if breaker_pairs and breaker is None:
                 breakers = sqlite_breakers(raw, breaker_pairs)
                 secret = sqlite_secret(raw, BREAKER_SECRET)
@@ -329,7 +331,7 @@ class SqliteHotStore:
             if changes.issues:  # before the draws: they may draw on them
                 write_issues(raw, changes.issues, now_us)
             if changes.draws:  # `grant.low` is the caller's (`metering.engine.fast`)
-                write_draws(raw, changes.draws)
+                write_draws(raw, changes.draws, self.rowids)
             if changes.breakers or changes.low or changes.notices:
                 extras = (changes.breakers, changes.low, changes.notices)
                 sqlite_write_extras(raw, *extras, now_us, changes.secret)

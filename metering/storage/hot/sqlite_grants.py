@@ -6,7 +6,8 @@ path (`DirectSqlite`) decides subjects with grants without a SQLAlchemy
 connection. The transaction is ``BEGIN IMMEDIATE``: it holds SQLite's one
 write lock, so reading is locking, and no other writer draws or issues
 meanwhile. A pair's grants and its windows' draws are read in one statement
-(in `consume`, in the version and counter's statement too).
+(in `consume`, in the version and counter's statement too), many pairs' a
+limit's in one; a batch's writes find the rows so read by rowid (`Rowids`).
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Final
 
-from metering.domain.grants import Pot
+from metering.domain.grants import Balance, Pot
 from metering.domain.recurring import Issue, issue_id, next_due_us
 from metering.storage.allowances import DrawKey, grant_deltas, pots_of
 from metering.storage.counters import Pair
@@ -30,9 +32,9 @@ from metering.storage.recurring import (
 )
 
 # One pair's grants (kind 1) and what its windows drew (kind 2) in one
-# statement: `SELECT_GRANTS_OF` and `SELECT_DRAWS_OF` columns less the
-# pair, padded to the version and counter's columns (`GRANT_ROWS`), so that
-# `metering.storage.hot.sqlite` reads them with those too.
+# statement: `pots_of`'s columns less the pair, padded to the version and
+# counter's columns (`GRANT_ROWS`), so that `metering.storage.hot.sqlite`
+# reads them with those too.
 _GRANT_PARTS: Final = """
 SELECT 1, grant_id, amount, used, effective_from_us, expires_at_us, priority, low_at, low_sent,
        NULL, NULL
@@ -43,17 +45,16 @@ FROM grant_draws WHERE limit_name = ? AND subject = ? GROUP BY window_start_us
 """
 GRANT_ROWS: Final = "UNION ALL" + _GRANT_PARTS
 SELECT_GRANTS_AND_DRAWS: Final = _GRANT_PARTS
-# The same for many pairs in one statement each (the pairs as one JSON array).
-_PAIRS: Final = "json_extract(k.value, '$[0]') AND {0}.subject = json_extract(k.value, '$[1]')"
-SELECT_GRANTS_OF: Final = f"""
-SELECT g.limit_name, g.subject, g.grant_id, g.amount, g.used, g.effective_from_us,
-       g.expires_at_us, g.priority, g.low_at, g.low_sent
-FROM json_each(?) AS k JOIN grants AS g ON g.limit_name = {_PAIRS.format("g")}
-"""
-SELECT_DRAWS_OF: Final = f"""
-SELECT d.limit_name, d.subject, d.window_start_us, sum(d.amount)
-FROM json_each(?) AS k JOIN grant_draws AS d ON d.limit_name = {_PAIRS.format("d")}
-GROUP BY d.limit_name, d.subject, d.window_start_us
+# Many pairs' grants (kind 1) and their windows' draws (kind 2), one limit's
+# in one statement (its subjects as one JSON array), each row with its rowid.
+SELECT_GRANTS_GROUP: Final = """
+SELECT 1, g.subject, g.grant_id, g.amount, g.used, g.effective_from_us, g.expires_at_us,
+       g.priority, g.low_at, g.low_sent, g.rowid
+FROM json_each(?1) AS k CROSS JOIN grants AS g WHERE g.subject = k.value AND g.limit_name = ?2
+UNION ALL
+SELECT 2, d.subject, d.window_start_us, d.amount, d.grant_id, d.rowid, NULL, NULL, NULL, NULL, NULL
+FROM json_each(?1) AS k CROSS JOIN grant_draws AS d
+WHERE d.subject = k.value AND d.limit_name = ?2
 """
 # Up to this many pairs are read one statement each (`consume`).
 _ONE_BY_ONE: Final = 3
@@ -73,6 +74,8 @@ UPDATE grant_schedules SET last_issue = ?, next_issue_us = ?
 WHERE schedule_id = ? AND last_issue = ?
 """
 ADD_USED: Final = "UPDATE grants SET used = used + ? WHERE grant_id = ?"
+ADD_USED_AT: Final = "UPDATE grants SET used = used + ? WHERE rowid = ?"
+ADD_DRAW_AT: Final = "UPDATE grant_draws SET amount = amount + ? WHERE rowid = ?"
 ADD_DRAW: Final = """
 INSERT INTO grant_draws (limit_name, subject, window_start_us, grant_id, amount)
 VALUES (?, ?, ?, ?, ?)
@@ -81,22 +84,71 @@ DO UPDATE SET amount = grant_draws.amount + excluded.amount
 """
 
 
+@dataclass(slots=True)
+class Rowids:
+    """The rowids of the grants (by id) and of their windows' draws (by
+    `DrawKey`) a transaction read: it updates those rows by rowid, one
+    B-tree each instead of a key's index and then the table (two)."""
+
+    grants: dict[str, int] = field(default_factory=dict)
+    draws: dict[DrawKey, int] = field(default_factory=dict)
+
+
 def read_grants(
-    raw: sqlite3.Connection, pairs: Sequence[Pair]
+    raw: sqlite3.Connection, pairs: Sequence[Pair], rowids: Rowids | None = None
 ) -> tuple[dict[Pair, Pot], dict[str, tuple[int, int]]]:
     """The grants of ``pairs`` with what every window drew on them (as
     `AllowanceStore.lock_pots` reads them), and those that may still
-    announce ``grant.low`` (`metering.storage.hot.Snapshot.watched`)."""
-    if len(pairs) > _ONE_BY_ONE:
-        grant_rows = raw.execute(SELECT_GRANTS_OF, (json.dumps(pairs),)).fetchall()
-        owners = sorted({(row[0], row[1]) for row in grant_rows})
-        draw_rows = raw.execute(SELECT_DRAWS_OF, (json.dumps(owners),)).fetchall()
-        return pots_of(grant_rows, draw_rows), _watched(grant_rows)
+    announce ``grant.low`` (`metering.storage.hot.Snapshot.watched`); many
+    pairs' rows' rowids into ``rowids``."""
     pots: dict[Pair, Pot] = {}
     watched: dict[str, tuple[int, int]] = {}
+    if len(pairs) > _ONE_BY_ONE:
+        groups: dict[str, list[str]] = {}
+        for name, subject in pairs:
+            groups.setdefault(name, []).append(subject)
+        found = Rowids() if rowids is None else rowids
+        for name, subjects in groups.items():
+            rows = raw.execute(SELECT_GRANTS_GROUP, (json.dumps(subjects), name))
+            _pots_of_group(name, rows, pots, watched, found)
+        return pots, watched
     for pair in pairs:
         pot_of_rows(pair, raw.execute(SELECT_GRANTS_AND_DRAWS, pair + pair), pots, watched)
     return pots, watched
+
+
+def _pots_of_group(
+    name: str,
+    rows: Iterable[Sequence[Any]],
+    pots: dict[Pair, Pot],
+    watched: dict[str, tuple[int, int]],
+    rowids: Rowids,
+) -> None:
+    """Add the pots, watched grants and rowids of `SELECT_GRANTS_GROUP`'s
+    ``rows`` (of limit ``name``), as `pots_of` and `_watched` find them."""
+    balances: dict[str, list[Balance]] = {}
+    draws: list[Sequence[Any]] = []
+    grant_rowids = rowids.grants
+    for row in rows:
+        if row[0] == 1:
+            _, subject, grant_id, amount, used, start, expires, priority, low_at, sent, rowid = row
+            balances.setdefault(subject, []).append(
+                Balance(grant_id, amount, used, start, expires, priority)
+            )
+            if low_at is not None and not sent:
+                watched[grant_id] = (low_at, used)
+            grant_rowids[grant_id] = rowid
+        else:
+            draws.append(row)
+    for subject, found in balances.items():
+        pots[(name, subject)] = Pot(found)
+    draw_rowids = rowids.draws
+    for _, subject, start, amount, grant_id, rowid, *_ in draws:
+        pot = pots.get((name, subject))
+        if pot is not None:  # (a pair with no grant has no pot: its draws are left out)
+            granted = pot.granted
+            granted[start] = granted.get(start, 0) + amount
+            draw_rowids[(name, subject, start, grant_id)] = rowid
 
 
 def pot_of_rows(
@@ -112,9 +164,9 @@ def pot_of_rows(
     grant_rows: list[tuple[Any, ...]] = []
     draw_rows: list[tuple[Any, ...]] = []
     for kind, *values in rows:
-        if kind == 1:  # as `SELECT_GRANTS_OF` reads a grant
+        if kind == 1:  # a grant, as `pots_of` takes it
             grant_rows.append((*pair, *values[:8]))
-        elif kind == 2:  # as `SELECT_DRAWS_OF` reads a window's draws
+        elif kind == 2:  # a window's draws, as `pots_of` takes them
             draw_rows.append((*pair, values[0], values[1]))
     pots.update(pots_of(grant_rows, draw_rows))
     watched.update(_watched(grant_rows))
@@ -153,13 +205,42 @@ def write_issues(
         raw.execute(MOVE_SCHEDULE, (*moved, schedule.schedule_id, schedule.last_issue))
 
 
-def write_draws(raw: sqlite3.Connection, draws: Mapping[DrawKey, int]) -> None:
+def write_draws(
+    raw: sqlite3.Connection, draws: Mapping[DrawKey, int], rowids: Rowids | None = None
+) -> None:
     """Add ``draws`` (all positive: the hot path only draws) to the grants and
-    to their windows' draws (as `AllowanceStore.write_draws`)."""
-    if len(draws) == 1:  # one draw (`consume`): `execute`, which costs less
+    to their windows' draws (as `AllowanceStore.write_draws`); the rows in
+    ``rowids`` (read in this transaction) by rowid."""
+    if len(draws) == 1 and not rowids:  # one draw (`consume`): `execute`, which costs less
         ((key, amount),) = draws.items()
         raw.execute(ADD_USED, (amount, key[3]))
         raw.execute(ADD_DRAW, (*key, amount))
         return
-    raw.executemany(ADD_USED, [(amount, grant_id) for grant_id, amount in grant_deltas(draws)])
-    raw.executemany(ADD_DRAW, [(*key, amount) for key, amount in sorted(draws.items())])
+    known = rowids.grants if rowids else {}
+    at: list[tuple[int, int]] = []
+    by_key: list[tuple[Any, ...]] = []
+    for grant_id, amount in grant_deltas(draws):
+        rowid = known.get(grant_id)
+        if rowid is None:
+            by_key.append((amount, grant_id))
+        else:
+            at.append((amount, rowid))
+    _run(raw, ADD_USED_AT, at)
+    _run(raw, ADD_USED, by_key)
+    drawn = rowids.draws if rowids else {}
+    at, by_key = [], []
+    for key, amount in sorted(draws.items()):
+        rowid = drawn.get(key)
+        if rowid is None:
+            by_key.append((*key, amount))
+        else:
+            at.append((amount, rowid))
+    _run(raw, ADD_DRAW_AT, at)
+    _run(raw, ADD_DRAW, by_key)
+
+
+def _run(raw: sqlite3.Connection, statement: str, rows: list[tuple[Any, ...]]) -> None:
+    if len(rows) == 1:
+        raw.execute(statement, rows[0])
+    elif rows:
+        raw.executemany(statement, rows)

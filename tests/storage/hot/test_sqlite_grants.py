@@ -21,6 +21,7 @@ from metering import FrozenClock, Limit, Meter
 from metering.storage.allowances import AllowanceStore
 from metering.storage.hot.sqlite import SqliteHotStore
 from metering.storage.hot.sqlite_grants import (
+    Rowids,
     due_schedules,
     read_grants,
     write_draws,
@@ -92,6 +93,40 @@ def test_draws_are_added_to_the_grants_and_their_windows(meter: Meter) -> None:
             select(grant_draws.c.grant_id, grant_draws.c.amount).where(grant_draws.c.subject == "a")
         ).all()
     assert sorted(map(tuple, rows)) == [("g-a", 4), ("p-a", 3)]
+
+
+def test_draws_on_rows_read_are_added_by_rowid(meter: Meter) -> None:
+    # Many pairs are read a limit at a time, with their rows' rowids; the
+    # draws then update those rows by rowid, and the others by their key.
+    start = int(NOW.timestamp()) * 1_000_000
+    pairs = [("calls", subject) for subject in SUBJECTS]
+    with meter.sql_engine.connect() as connection:
+        drawn = connection.execute(
+            select(grant_draws.c.limit_name, grant_draws.c.subject, grant_draws.c.grant_id)
+        ).all()
+    assert ("calls", "a", "g-a") not in drawn  # a's grant of priority 1 paid it all
+    statements: list[str] = []
+    with raw_of(meter) as raw:
+        rowids = Rowids()
+        pots, _ = read_grants(raw, pairs, rowids)
+        assert sorted(rowids.grants) == sorted(f"{g}-{s}" for g in "gp" for s in SUBJECTS)
+        assert sorted(rowids.draws) == sorted((n, s, start, g) for n, s, g in drawn)
+        raw.set_trace_callback(statements.append)
+        write_draws(raw, {("calls", "a", start, "g-a"): 2, ("calls", "a", start, "p-a"): 1}, rowids)
+        raw.set_trace_callback(None)
+    by_rowid = "UPDATE grants SET used = used + {} WHERE rowid = {}"
+    assert [" ".join(statement.split()) for statement in statements] == [
+        by_rowid.format(2, rowids.grants["g-a"]),
+        by_rowid.format(1, rowids.grants["p-a"]),
+        "UPDATE grant_draws SET amount = amount + 1 WHERE rowid = "
+        + str(rowids.draws[("calls", "a", start, "p-a")]),
+        "INSERT INTO grant_draws (limit_name, subject, window_start_us, grant_id, amount) "
+        f"VALUES ('calls', 'a', {start}, 'g-a', 2) ON CONFLICT (subject, limit_name, "
+        "window_start_us, grant_id) DO UPDATE SET amount = grant_draws.amount + excluded.amount",
+    ]
+    after = _pots(meter, pairs)[("calls", "a")]
+    assert {b.grant_id: b.used for b in after.balances} == {"g-a": 2, "p-a": 3}
+    assert after.granted[start] == pots[("calls", "a")].granted[start] + 3
 
 
 def _state(url: str) -> tuple[list[Any], list[Any], int]:
