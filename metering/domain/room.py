@@ -57,8 +57,12 @@ class Sums:
 
     def timed(self, pair: Pair, at_us: int) -> None:
         """Note a charge of entitled ``pair`` at ``at_us``."""
-        first, last = self.times.get(pair, (at_us, at_us))
-        self.times[pair] = (first if first < at_us else at_us, last if last > at_us else at_us)
+        times = self.times
+        span = times.get(pair)
+        if span is None:
+            times[pair] = (at_us, at_us)
+        elif at_us < span[0] or at_us > span[1]:  # (most: within, nothing to note)
+            times[pair] = (min(span[0], at_us), max(span[1], at_us))
 
 
 def covered(

@@ -831,8 +831,10 @@ class _Applying:
         totals = self.sums.totals
         totals[key] = totals.get(key, 0) + cost
         entitled, granted = self.allowances.histories, self.allowances.grant_pairs
-        if (entitled and (name, subject) in entitled) or (granted and (name, subject) in granted):
-            self.sums.timed((name, subject), at_us)
+        if entitled or granted:
+            pair = (name, subject)
+            if pair in entitled or pair in granted:
+                self.sums.timed(pair, at_us)
         return key, window
 
     def _seats(self, event: EventRecord) -> bool:
