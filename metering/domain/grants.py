@@ -120,7 +120,8 @@ class Pot:
     granted: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.balances.sort(key=Balance.order)
+        if len(self.balances) > 1:  # (most pots hold one grant: nothing to sort)
+            self.balances.sort(key=Balance.order)
 
     def available(self, at_us: int) -> int:
         total = 0

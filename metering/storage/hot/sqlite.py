@@ -235,7 +235,7 @@ class SqliteHotStore:
                 statement = FOLDED[grant is not None, breaker is not None, seat is not None]
                 (_, version, *first), *rest = raw.execute(statement, parameters).fetchall()
                 if grant:
-                    pot_of_rows(grant, rest, pots, watched)
+                    pot_of_rows(grant, rest, pots, watched, self.rowids)
                 for row in rest:
                     if row[0] == _BREAKER and breaker:
                         breakers[breaker] = breaker_of_row((*breaker, *row[1:7]))

@@ -31,17 +31,17 @@ from metering.storage.recurring import (
     schedule_of_values,
 )
 
-# One pair's grants (kind 1) and what its windows drew (kind 2) in one
-# statement: `pots_of`'s columns less the pair, padded to the version and
+# One pair's grants (kind 1) and what its windows drew on each (kind 2) in
+# one statement, each row with its rowid, padded to the version and
 # counter's columns (`GRANT_ROWS`), so that `metering.storage.hot.sqlite`
 # reads them with those too.
 _GRANT_PARTS: Final = """
 SELECT 1, grant_id, amount, used, effective_from_us, expires_at_us, priority, low_at, low_sent,
-       NULL, NULL
+       rowid, NULL
 FROM grants WHERE limit_name = ? AND subject = ?
 UNION ALL
-SELECT 2, window_start_us, sum(amount), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
-FROM grant_draws WHERE limit_name = ? AND subject = ? GROUP BY window_start_us
+SELECT 2, window_start_us, amount, grant_id, rowid, NULL, NULL, NULL, NULL, NULL, NULL
+FROM grant_draws WHERE limit_name = ? AND subject = ?
 """
 GRANT_ROWS: Final = "UNION ALL" + _GRANT_PARTS
 SELECT_GRANTS_AND_DRAWS: Final = _GRANT_PARTS
@@ -113,7 +113,8 @@ def read_grants(
             _pots_of_group(name, rows, pots, watched, found)
         return pots, watched
     for pair in pairs:
-        pot_of_rows(pair, raw.execute(SELECT_GRANTS_AND_DRAWS, pair + pair), pots, watched)
+        rows = raw.execute(SELECT_GRANTS_AND_DRAWS, pair + pair)
+        pot_of_rows(pair, rows, pots, watched, rowids)
     return pots, watched
 
 
@@ -156,19 +157,25 @@ def pot_of_rows(
     rows: Iterable[Sequence[Any]],
     pots: dict[Pair, Pot],
     watched: dict[str, tuple[int, int]],
+    rowids: Rowids | None = None,
 ) -> None:
     """Add the pot of ``pair`` (if it has grants) that `SELECT_GRANTS_AND_DRAWS`'s
-    (or `GRANT_ROWS`') ``rows`` hold to ``pots``, and its grants that may still
-    announce ``grant.low`` to ``watched``, as `read_grants` does; rows of
-    another kind are left out."""
+    (or `GRANT_ROWS`') ``rows`` hold to ``pots``, its grants that may still
+    announce ``grant.low`` to ``watched`` (as `read_grants` does) and its
+    rows' rowids to ``rowids``; rows of another kind are left out."""
     grant_rows: list[tuple[Any, ...]] = []
-    draw_rows: list[tuple[Any, ...]] = []
+    drawn: dict[int, int] = {}
     for kind, *values in rows:
         if kind == 1:  # a grant, as `pots_of` takes it
             grant_rows.append((*pair, *values[:8]))
-        elif kind == 2:  # a window's draws, as `pots_of` takes them
-            draw_rows.append((*pair, values[0], values[1]))
-    pots.update(pots_of(grant_rows, draw_rows))
+            if rowids is not None:
+                rowids.grants[values[0]] = values[8]
+        elif kind == 2:  # a window's draw on a grant
+            start = values[0]
+            drawn[start] = drawn.get(start, 0) + values[1]
+            if rowids is not None:
+                rowids.draws[(pair[0], pair[1], start, values[2])] = values[3]
+    pots.update(pots_of(grant_rows, [(*pair, start, amount) for start, amount in drawn.items()]))
     watched.update(_watched(grant_rows))
 
 
@@ -211,7 +218,7 @@ def write_draws(
     """Add ``draws`` (all positive: the hot path only draws) to the grants and
     to their windows' draws (as `AllowanceStore.write_draws`); the rows in
     ``rowids`` (read in this transaction) by rowid."""
-    if len(draws) == 1 and not rowids:  # one draw (`consume`): `execute`, which costs less
+    if len(draws) == 1 and (rowids is None or not rowids.grants):  # one draw: by its key
         ((key, amount),) = draws.items()
         raw.execute(ADD_USED, (amount, key[3]))
         raw.execute(ADD_DRAW, (*key, amount))

@@ -173,7 +173,11 @@ def _statements(meter: Meter, monkeypatch: pytest.MonkeyPatch, subject: str) -> 
     monkeypatch.setattr(SqliteHotStore, "read", traced)
     assert meter.consume(subject, "calls").allowed
     monkeypatch.setattr(SqliteHotStore, "read", original)
-    return [" ".join(statement.split()[:3]) for statement in statements]
+    by_rowid = {True: " by rowid", False: ""}
+    return [
+        " ".join(statement.split()[:3]) + by_rowid["WHERE rowid =" in statement]
+        for statement in statements
+    ]
 
 
 @pytest.mark.parametrize("every", [None, "1mo"], ids=["grant", "recurring"])
@@ -181,7 +185,8 @@ def test_a_granted_consume_reads_its_grants_with_its_counter(
     sqlite_url: str, monkeypatch: pytest.MonkeyPatch, every: str | None
 ) -> None:
     # One statement reads the version, the counter, the grants and their
-    # draws; the grant's use and its window's draw are two statements.
+    # draws with their rowids; the grant's use and its window's draw are two
+    # statements, each of a row found by its rowid.
     with Meter(sqlite_url, clock=FrozenClock(NOW)) as meter:
         meter.set_limit(Limit("calls", maximum=1, period="1mo", window="calendar"))
         meter.grant("s", "calls", 10, grant_id="credit", every=every)
@@ -192,8 +197,8 @@ def test_a_granted_consume_reads_its_grants_with_its_counter(
             "SELECT 0, v.version,",
             "UPDATE counters SET",
             "INSERT INTO results",
-            "UPDATE grants SET",
-            "INSERT INTO grant_draws",
+            "UPDATE grants SET by rowid",
+            "UPDATE grant_draws SET by rowid",
             "COMMIT",
         ]
         grant_id = "credit" if every is None else meter.grants("s", "calls")[0].grant_id
