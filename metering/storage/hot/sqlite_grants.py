@@ -218,12 +218,21 @@ def write_draws(
     """Add ``draws`` (all positive: the hot path only draws) to the grants and
     to their windows' draws (as `AllowanceStore.write_draws`); the rows in
     ``rowids`` (read in this transaction) by rowid."""
-    if len(draws) == 1 and (rowids is None or not rowids.grants):  # one draw: by its key
+    if len(draws) == 1:  # one draw (`consume`): `execute`, which costs less
         ((key, amount),) = draws.items()
-        raw.execute(ADD_USED, (amount, key[3]))
-        raw.execute(ADD_DRAW, (*key, amount))
+        grant_rowid = draw_rowid = None
+        if rowids is not None:
+            grant_rowid, draw_rowid = rowids.grants.get(key[3]), rowids.draws.get(key)
+        if grant_rowid is None:
+            raw.execute(ADD_USED, (amount, key[3]))
+        else:
+            raw.execute(ADD_USED_AT, (amount, grant_rowid))
+        if draw_rowid is None:
+            raw.execute(ADD_DRAW, (*key, amount))
+        else:
+            raw.execute(ADD_DRAW_AT, (amount, draw_rowid))
         return
-    known = rowids.grants if rowids else {}
+    known = rowids.grants if rowids is not None else {}
     at: list[tuple[int, int]] = []
     by_key: list[tuple[Any, ...]] = []
     for grant_id, amount in grant_deltas(draws):
@@ -234,7 +243,7 @@ def write_draws(
             at.append((amount, rowid))
     _run(raw, ADD_USED_AT, at)
     _run(raw, ADD_USED, by_key)
-    drawn = rowids.draws if rowids else {}
+    drawn = rowids.draws if rowids is not None else {}
     at, by_key = [], []
     for key, amount in sorted(draws.items()):
         rowid = drawn.get(key)
