@@ -99,8 +99,8 @@ def read_grants(
 ) -> tuple[dict[Pair, Pot], dict[str, tuple[int, int]]]:
     """The grants of ``pairs`` with what every window drew on them (as
     `AllowanceStore.lock_pots` reads them), and those that may still
-    announce ``grant.low`` (`metering.storage.hot.Snapshot.watched`); many
-    pairs' rows' rowids into ``rowids``."""
+    announce ``grant.low`` (`metering.storage.hot.Snapshot.watched`); their
+    rows' rowids into ``rowids``."""
     pots: dict[Pair, Pot] = {}
     watched: dict[str, tuple[int, int]] = {}
     if len(pairs) > _ONE_BY_ONE:
