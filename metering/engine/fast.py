@@ -451,10 +451,17 @@ class _Spend:
         else:
             subject = charges[0][0]
             alike = all(charge[0] == subject for charge in charges)
-            key = tuple(
-                (name, cost, self._in_force(name, at_us) if name in prices else 0)
-                for _, name, cost in charges
-            )
+            in_force, parts = self.in_force, []
+            for _, name, cost in charges:  # (`_in_force`, its cache looked up inline)
+                if name not in prices:
+                    parts.append((name, cost, 0))
+                    continue
+                found_in = in_force.get(name)
+                if found_in is not None and found_in[0] <= at_us < found_in[1]:
+                    parts.append((name, cost, found_in[2]))
+                else:
+                    parts.append((name, cost, self._in_force(name, at_us)))
+            key = tuple(parts)
             if not alike:
                 key = (charges, key)
         found = self.priced.get(key)
@@ -560,7 +567,10 @@ class _Spend:
             amount = tiered_amount(price, used, charges[position][2])
         self.amounts[index] = {position: (price.currency, amount)}
         head = len(event.charges) - len(self.book.spend.get(price.currency, ()))
-        return [*charges[:head], *((s, name, amount) for s, name, _ in charges[head:])]
+        if head == len(charges) - 1:  # the usual: one spend limit of its currency
+            subject, name, _ = charges[head]
+            return [*charges[:head], (subject, name, amount)]
+        return [*charges[:head], *[(s, name, amount) for s, name, _ in charges[head:]]]
 
     def annotate(self, index: int, verdict: EventOutcome) -> None:
         """The (currency, amount) of each consumed priced charge of event ``index``."""
@@ -699,6 +709,8 @@ class _Applying:
         plain: dict[str, Rule | None] = {}
         shorts: dict[str, Rule | None] = {}
         first, todo = self.first, self.todo
+        # Whether any limit has a breaker: else no charge's pair is looked for below.
+        guarded = any(rule.needs and Need.BREAKER in rule.needs for rule in self.rules.values())
         for index, event in enumerate(batch.records):
             event_id = event.event_id
             if event_id in first:
@@ -735,7 +747,7 @@ class _Applying:
                 else:  # its spend charges' sums are known once its counter is read
                     self.tiered.append((index, event, fixed, single))
             self.todo.append((index, event, event_rules, error, fixed))
-            if error is None and len(event_rules) > own:
+            if guarded and error is None and len(event_rules) > own:
                 added = zip(event.charges[own:], event_rules[own:], strict=True)
                 for (subject, name, _), rule in added:
                     if rule.needs and Need.BREAKER in rule.needs:
@@ -1035,16 +1047,24 @@ class _Applying:
         # Per counter: its price, spend counters, and its charges' costs and events.
         found: dict[Key, tuple[Price, tuple[Key, ...], list[int], list[int]]] = {}
         unlike: set[Key] = set()
+        paying: dict[str, int] = {}  # how many spend counters a currency's charges pay
 
         def poison(*keys: Key) -> None:
             poisoned.update((key[0], key[1]) for key in keys)
 
         for index, event, fixed, (position, price) in self.tiered:
             charges = event.charges
-            head = len(charges) - len(spend.get(price.currency, ()))
-            paid = tuple([key for key, _ in fixed[head:]])
-            for key, charge in zip(paid, charges[head:], strict=True):
-                totals[key] -= charge[2]
+            count = paying.get(price.currency)
+            if count is None:
+                count = paying[price.currency] = len(spend.get(price.currency, ()))
+            head = len(charges) - count
+            if count == 1:  # the usual: one spend limit of its currency
+                paid: tuple[Key, ...] = (fixed[head][0],)
+                totals[paid[0]] -= charges[head][2]
+            else:
+                paid = tuple([key for key, _ in fixed[head:]])
+                for key, charge in zip(paid, charges[head:], strict=True):
+                    totals[key] -= charge[2]
             key = fixed[position][0]
             known = found.get(key)
             if known is None:
@@ -1066,9 +1086,13 @@ class _Applying:
             amount = sum(amounts)
             for paid_key in paid:
                 totals[paid_key] += amount
+            if len(costs) == 1:
+                ahead[events[0]] = (used, amount)
+                continue
             for index, cost, amount in zip(events, costs, amounts, strict=True):
                 ahead[index] = (used, amount)
-                used += cost if cost > 0 else 0
+                if cost > 0:
+                    used += cost
 
     def _allowed(
         self,
