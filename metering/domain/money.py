@@ -361,9 +361,9 @@ def counted_amounts(price: Price, before: int, costs: Sequence[int]) -> list[int
             before += cost
         return found
     if price.model == "graduated":
-        each = _one_tier(price.tiers, before, sum(cost for cost in costs if cost > 0))
-        if each is not None:  # every charge in one tier: priced linearly from before's price
-            return _linear(price, before, costs, each)
+        rate = _one_tier(price.tiers, before, sum(cost for cost in costs if cost > 0))
+        if rate is not None:  # every charge in one tier: priced linearly from before's price
+            return _linear(price, before, costs, rate)
     found, was = [], round_micro(window_price(price, before))
     for cost in costs:
         if cost <= 0:
