@@ -360,6 +360,10 @@ def counted_amounts(price: Price, before: int, costs: Sequence[int]) -> list[int
             found.append(charge_amount(cost, each) + (fee if before <= 0 else 0))
             before += cost
         return found
+    if price.model == "graduated":
+        rate = _one_tier(price.tiers, before, sum(cost for cost in costs if cost > 0))
+        if rate is not None:  # every charge in one tier: priced linearly from before's price
+            return _linear(price, before, costs, rate)
     found, was = [], round_micro(window_price(price, before))
     for cost in costs:
         if cost <= 0:
@@ -368,6 +372,41 @@ def counted_amounts(price: Price, before: int, costs: Sequence[int]) -> list[int
         now = round_micro(window_price(price, before + cost))
         found.append(now - was + (price.flat_fee if before <= 0 else 0))
         before, was = before + cost, now
+    return found
+
+
+def _one_tier(tiers: Sequence[Tier], before: int, added: int) -> int | None:
+    """The price a unit of the graduated tier holding every total from
+    ``before`` to ``before + added``, or None when they span two tiers."""
+    for up_to, each in tiers:
+        if up_to is None or before < up_to:
+            return each if up_to is None or before + added <= up_to else None
+    return None  # pragma: no cover - the last tier has no end
+
+
+def _linear(price: Price, before: int, costs: Sequence[int], each: int) -> list[int]:
+    """`counted_amounts` of a graduated price whose charges all fall in the
+    tier of ``each`` a unit: the window's price grows by ``each`` a unit."""
+    micro = window_price(price, before)
+    fee = price.flat_fee if before <= 0 else 0
+    if not (micro % PRICE_SCALE or each % PRICE_SCALE):  # whole minor units: no rounding
+        unit, found = each // PRICE_SCALE, []
+        for cost in costs:
+            if cost <= 0:
+                found.append(0)
+            else:
+                found.append(cost * unit + fee)
+                fee = 0
+        return found
+    found, was = [], round_micro(micro)
+    for cost in costs:
+        if cost <= 0:
+            found.append(0)
+            continue
+        micro += cost * each
+        now = round_micro(micro)
+        found.append(now - was + fee)
+        was, fee = now, 0
     return found
 
 

@@ -451,10 +451,17 @@ class _Spend:
         else:
             subject = charges[0][0]
             alike = all(charge[0] == subject for charge in charges)
-            key = tuple(
-                (name, cost, self._in_force(name, at_us) if name in prices else 0)
-                for _, name, cost in charges
-            )
+            in_force, parts = self.in_force, []
+            for _, name, cost in charges:  # (`_in_force`, its cache looked up inline)
+                if name not in prices:
+                    parts.append((name, cost, 0))
+                    continue
+                found_in = in_force.get(name)
+                if found_in is not None and found_in[0] <= at_us < found_in[1]:
+                    parts.append((name, cost, found_in[2]))
+                else:
+                    parts.append((name, cost, self._in_force(name, at_us)))
+            key = tuple(parts)
             if not alike:
                 key = (charges, key)
         found = self.priced.get(key)
@@ -560,7 +567,10 @@ class _Spend:
             amount = tiered_amount(price, used, charges[position][2])
         self.amounts[index] = {position: (price.currency, amount)}
         head = len(event.charges) - len(self.book.spend.get(price.currency, ()))
-        return [*charges[:head], *((s, name, amount) for s, name, _ in charges[head:])]
+        if head == len(charges) - 1:  # the usual: one spend limit of its currency
+            subject, name, _ = charges[head]
+            return [*charges[:head], (subject, name, amount)]
+        return [*charges[:head], *[(s, name, amount) for s, name, _ in charges[head:]]]
 
     def annotate(self, index: int, verdict: EventOutcome) -> None:
         """The (currency, amount) of each consumed priced charge of event ``index``."""
@@ -684,8 +694,12 @@ class _Applying:
         # Per event with seat charges and no first-use window: its `_seat_keys`.
         self.event_seats: dict[int, list[SeatKey | None]] = {}
         # The events with fixed windows whose one priced charge's price is
-        # counted (`_Spend.counted`): their spend charges' sums (`_tiered`).
-        self.tiered: list[tuple[int, EventRecord, _Fixed, tuple[int, Price]]] = []
+        # counted (`_Spend.counted`), grouped while planned (`_tier`) per
+        # counter: its price, spend counters, and its charges' costs and
+        # events; their spend charges' sums are found once it is read (`_tiered`).
+        self.tiered: dict[Key, tuple[Price, tuple[Key, ...], list[int], list[int]]] = {}
+        self.unlike: set[Key] = set()  # counters of ``tiered`` not summed
+        self.paying: dict[str, int] = {}  # how many spend counters a currency's charges pay
 
     def plan(self) -> None:
         """Each event's rules, spend charges and counters' keys."""
@@ -699,6 +713,8 @@ class _Applying:
         plain: dict[str, Rule | None] = {}
         shorts: dict[str, Rule | None] = {}
         first, todo = self.first, self.todo
+        # Whether any limit has a breaker: else no charge's pair is looked for below.
+        guarded = any(rule.needs and Need.BREAKER in rule.needs for rule in self.rules.values())
         for index, event in enumerate(batch.records):
             event_id = event.event_id
             if event_id in first:
@@ -733,9 +749,9 @@ class _Applying:
                 if single is None or fixed is None or index in self.event_seats:
                     self.sums.poisoned.update((name, subject) for subject, name, _ in event.charges)
                 else:  # its spend charges' sums are known once its counter is read
-                    self.tiered.append((index, event, fixed, single))
+                    self._tier(index, event, fixed, single)
             self.todo.append((index, event, event_rules, error, fixed))
-            if error is None and len(event_rules) > own:
+            if guarded and error is None and len(event_rules) > own:
                 added = zip(event.charges[own:], event_rules[own:], strict=True)
                 for (subject, name, _), rule in added:
                     if rule.needs and Need.BREAKER in rule.needs:
@@ -1025,6 +1041,41 @@ class _Applying:
             allowances.alerts,
         )
 
+    def _tier(
+        self, index: int, event: EventRecord, fixed: _Fixed, single: tuple[int, Price]
+    ) -> None:
+        """Group event ``index``, priced by its counter (``single``: its priced
+        charge's position and price), with the batch's other charges of that
+        counter (``tiered``): its spend charges' costs out of the batch's
+        totals, as `_tiered` puts their sums back. A counter charged at
+        another price or with other spend counters is not summed: its pair
+        and theirs are poisoned."""
+        position, price = single
+        totals, charges = self.sums.totals, event.charges
+        count = self.paying.get(price.currency)
+        if count is None:
+            assert self.spend is not None
+            count = len(self.spend.book.spend.get(price.currency, ()))
+            self.paying[price.currency] = count
+        head = len(charges) - count
+        if count == 1:  # the usual: one spend limit of its currency
+            paid: tuple[Key, ...] = (fixed[head][0],)
+            totals[paid[0]] -= charges[head][2]
+        else:
+            paid = tuple([key for key, _ in fixed[head:]])
+            for key, charge in zip(paid, charges[head:], strict=True):
+                totals[key] -= charge[2]
+        key = fixed[position][0]
+        known = self.tiered.get(key)
+        if known is None:
+            self.tiered[key] = (price, paid, [charges[position][2]], [index])
+        elif (known[0] is price or known[0] == price) and known[1] == paid:
+            known[2].append(charges[position][2])
+            known[3].append(index)
+        else:  # another price or other spend counters: not summed
+            self.unlike.add(key)
+            self.sums.poisoned.update((k[0], k[1]) for k in (key, *known[1], *paid))
+
     def _tiered(self, states: Mapping[Key, State]) -> None:
         """The sums of the spend charges of the events priced by their
         counters (``tiered``) in the batch's totals, in place of the amounts
@@ -1033,44 +1084,25 @@ class _Applying:
         other from its usage before the batch (`counted_amounts`, kept in
         `_Spend.ahead`); else its pair and theirs are poisoned."""
         assert self.spend is not None
-        totals, poisoned, spend = self.sums.totals, self.sums.poisoned, self.spend.book.spend
-        # Per counter: its price, spend counters, and its charges' costs and events.
-        found: dict[Key, tuple[Price, tuple[Key, ...], list[int], list[int]]] = {}
-        unlike: set[Key] = set()
-
-        def poison(*keys: Key) -> None:
-            poisoned.update((key[0], key[1]) for key in keys)
-
-        for index, event, fixed, (position, price) in self.tiered:
-            charges = event.charges
-            head = len(charges) - len(spend.get(price.currency, ()))
-            paid = tuple([key for key, _ in fixed[head:]])
-            for key, charge in zip(paid, charges[head:], strict=True):
-                totals[key] -= charge[2]
-            key = fixed[position][0]
-            known = found.get(key)
-            if known is None:
-                found[key] = (price, paid, [charges[position][2]], [index])
-            elif (known[0] is price or known[0] == price) and known[1] == paid:
-                known[2].append(charges[position][2])
-                known[3].append(index)
-            else:  # another price or other spend counters: not summed
-                unlike.add(key)
-                poison(key, *known[1], *paid)
+        totals, poisoned, unlike = self.sums.totals, self.sums.poisoned, self.unlike
         ahead = self.spend.ahead
-        for key, (price, paid, costs, events) in found.items():
+        for key, (price, paid, costs, events) in self.tiered.items():
             state = states.get(key)
             used = state[USED] if state is not None else 0
             if key in unlike or used < 0 or totals[key] != sum(costs):
-                poison(key, *paid)
+                poisoned.update((k[0], k[1]) for k in (key, *paid))
                 continue
             amounts = counted_amounts(price, used, costs)
             amount = sum(amounts)
             for paid_key in paid:
                 totals[paid_key] += amount
+            if len(costs) == 1:
+                ahead[events[0]] = (used, amount)
+                continue
             for index, cost, amount in zip(events, costs, amounts, strict=True):
                 ahead[index] = (used, amount)
-                used += cost if cost > 0 else 0
+                if cost > 0:
+                    used += cost
 
     def _allowed(
         self,
@@ -1262,7 +1294,8 @@ class _Applying:
         moved = sorted(self.moved.items())
         rollups = rollup_deltas(self.records, self.dimensioned)
         if self.spend is not None and self.spend.amounts:
-            rollups = merged(rollups, spend_deltas(self.records))
+            spent = spend_deltas(self.records)
+            rollups = merged(rollups, spent) if rollups else spent
         before = self.before
         changes = Changes(
             updated=[

@@ -244,3 +244,28 @@ def test_a_batchs_charges_cost_together_what_they_cost_one_by_one(
         found.append(tiered_amount(price, used, cost))
         used += cost
     assert counted_amounts(price, before, costs) == found
+
+
+whole_cents = st.integers(0, 100).map(lambda n: n * 10_000)  # 0 to 1 USD, whole cents
+
+
+@given(
+    ends=st.sets(st.integers(1, 60), max_size=3),
+    rates=st.lists(st.one_of(whole_cents, st.integers(0, 10**6)), min_size=4, max_size=4),
+    flat_fee=st.sampled_from([0, 5, 2000]),
+    before=st.integers(0, 80),
+    costs=st.lists(st.integers(-2, 40), min_size=1, max_size=6),
+)
+def test_graduated_charges_in_one_tier_cost_what_they_cost_one_by_one(
+    ends: set[int], rates: list[int], flat_fee: int, before: int, costs: list[int]
+) -> None:
+    """A graduated price's charges that stay in one tier are priced linearly
+    (whole cents a unit: no rounding at all); across tiers as any other:
+    each charge its `tiered_amount` either way."""
+    tiers = tuple(zip([*sorted(ends), None], rates, strict=False))
+    price = _price("graduated", tiers, flat_fee=flat_fee)
+    found, used = [], before
+    for cost in costs:
+        found.append(tiered_amount(price, used, cost))
+        used += max(cost, 0)
+    assert counted_amounts(price, before, costs) == found
