@@ -31,9 +31,10 @@ with a route on every event), without and with ``dimensions=("route",)`` on
 the limit, alternated over ``--write-rounds`` rounds; and `Meter.consume`
 one event at a time, the same two ways. Prints events/s and the ratio.
 
-``--plain-key`` then times (q) again with the primary key rebuilt without
-its ``INCLUDE (used, events)`` (and a VACUUM): the statement then visits a
-heap page per row, where the covering key is an index-only scan.
+``--covering-key`` then times (q) again with the primary key rebuilt with
+``INCLUDE (used, events)`` (as before migration 0037; and a VACUUM): the
+statement then reads the key alone (an index-only scan), where the plain key
+visits a heap page per row.
 
 ``--write-only --plain-only`` runs just the write side without dimensions,
 on any version of metering (it passes no ``dimensions``): run it with
@@ -94,10 +95,10 @@ DO UPDATE SET used = usage_rollups.used + excluded.used,
               events = usage_rollups.events + excluded.events
 """
 # The primary key without the figures it carries (migration 0009 has them).
-PLAIN_KEY = """
+COVERING_KEY = """
 ALTER TABLE usage_rollups DROP CONSTRAINT usage_rollups_pkey,
     ADD CONSTRAINT usage_rollups_pkey
-    PRIMARY KEY (subject, limit_name, dimension, hour_start_us, value)
+    PRIMARY KEY (subject, limit_name, dimension, hour_start_us, value) INCLUDE (used, events)
 """
 PEER = """
 SELECT c->>1 AS limit_name, r.metadata::jsonb->>'route' AS value,
@@ -196,16 +197,16 @@ def read_side(url: str, args: argparse.Namespace) -> list[list[str]]:
         alone_ms.append(ms)
     if args.explain:
         explain(engine, f"org-{rng.randrange(args.subjects)}", since, until)
-    plain_ms: list[float] = []
-    if args.plain_key:
+    covering_ms: list[float] = []
+    if args.covering_key:
         with engine.begin() as connection:
-            connection.execute(text(PLAIN_KEY))
+            connection.execute(text(COVERING_KEY))
         analyse(engine)
         statement_alone("org-0")
         for _ in range(args.runs):
             subject = f"org-{rng.randrange(args.subjects)}"
             ms, _ = timed_ms(lambda s=subject: statement_alone(s))
-            plain_ms.append(ms)
+            covering_ms.append(ms)
         if args.explain:
             explain(engine, f"org-{rng.randrange(args.subjects)}", since, until)
     peer_ms: list[float] = []
@@ -221,15 +222,15 @@ def read_side(url: str, args: argparse.Namespace) -> list[list[str]]:
     p50, peer_p50 = statistics.median(ours_ms), statistics.median(peer_ms)
     title = f"{args.results:,} results, {rollups:,} rollup rows"
     alone = statistics.median(alone_ms)
-    plain_rows = []
-    if plain_ms:
-        median = statistics.median(plain_ms)
-        plain_rows = [
+    covering_rows = []
+    if covering_ms:
+        median = statistics.median(covering_ms)
+        covering_rows = [
             [
-                "(q') its statement, the key not covering",
+                "(q') its statement, the key covering used, events",
                 str(args.runs),
                 f"{median:.2f}",
-                f"{percentile(plain_ms, 0.99):.2f}",
+                f"{percentile(covering_ms, 0.99):.2f}",
                 f"{peer_p50 / median:,.0f}x faster",
             ]
         ]
@@ -248,7 +249,7 @@ def read_side(url: str, args: argparse.Namespace) -> list[list[str]]:
             f"{percentile(alone_ms, 0.99):.2f}",
             f"{peer_p50 / alone:,.0f}x faster",
         ],
-        *plain_rows,
+        *covering_rows,
         [
             "(p) peer: results scanned, JSON grouped by route",
             str(args.peer_runs),
@@ -350,7 +351,7 @@ def main() -> None:
     parser.add_argument("--write-rounds", type=int, default=6)
     parser.add_argument("--write-only", action="store_true", help="skip the report")
     parser.add_argument("--explain", action="store_true", help="print the report's plan")
-    parser.add_argument("--plain-key", action="store_true", help="also try a key not covering")
+    parser.add_argument("--covering-key", action="store_true", help="also try a covering key")
     parser.add_argument("--plain-only", action="store_true", help="writes without dimensions only")
     args = parser.parse_args()
     with durable_postgres() as server:

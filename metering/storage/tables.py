@@ -173,9 +173,9 @@ Index("ix_results_decided_at_us", results.c.decided_at_us, postgresql_using="bri
 # Usage by dimension (migration 0009): per subject, limit, metadata key, hour
 # and value, the cost consumed and the events that consumed it; written with
 # the counters (`metering.storage.rollups`). The key leads with the subject,
-# as the counters' does, and serves `metering report usage --group-by`; on
-# PostgreSQL it carries the figures too (INCLUDE), so the report reads the
-# index alone, not a heap page per row (docs/performance.md).
+# as the counters' does, and serves `metering report usage --group-by`, which
+# reads a heap page per row; the figures are not in the key, so a batch's
+# update of them is HOT (migration 0037; docs/performance.md).
 usage_rollups = Table(
     "usage_rollups",
     metadata,
@@ -192,8 +192,8 @@ usage_rollups = Table(
         "dimension",
         "hour_start_us",
         "value",
-        postgresql_include=["used", "events"],
     ),
+    postgresql_with={"fillfactor": 50},  # room for HOT updates (migration 0037)
 )
 
 # Queued input that could not become an event (malformed, or an id reused
@@ -458,6 +458,7 @@ distinct_values = Table(
     Column("live_events", BIGINT, nullable=False),
     PrimaryKeyConstraint("subject", "limit_name", "window_start_us", "value"),
     CheckConstraint("live_events >= 0", name="ck_distinct_values_live_events"),
+    postgresql_with={"fillfactor": 50},  # room for HOT updates (migration 0037)
 )
 
 # -- webhooks ----------------------------------------------------------------

@@ -52,9 +52,16 @@ def test_tables_updated_in_place_keep_room_for_hot_updates(pg_url: str) -> None:
             ).fetchall()
         )
     assert found == declared
-    assert {name: found[name] for name in ("grants", "grant_draws", "breakers")} == dict.fromkeys(
-        ("grants", "grant_draws", "breakers"), 50
-    )
+    updated = ("grants", "grant_draws", "breakers", "usage_rollups", "distinct_values")
+    assert {name: found[name] for name in updated} == dict.fromkeys(updated, 50)
+
+
+def test_the_rollups_key_leaves_the_figures_out_so_their_updates_are_hot(pg_url: str) -> None:
+    with psycopg.connect(pg_url.replace("+psycopg", "")) as connection:
+        (definition,) = connection.execute(
+            "SELECT pg_get_indexdef('usage_rollups_pkey'::regclass)"
+        ).fetchone()
+    assert "INCLUDE" not in definition
 
 
 def test_postgresql_without_schema_asks_for_an_upgrade(postgres_server: PostgresServer) -> None:

@@ -195,6 +195,30 @@ def test_a_batch_decides_each_value_as_one_by_one(meter: Meter) -> None:
         }
 
 
+def test_a_large_batch_adds_to_held_values_and_makes_the_new_ones(meter: Meter) -> None:
+    # More values than a few rows (`postgres.FEW_ROWS`): one statement for the
+    # values held or with a row (a voided one), one for the values new.
+    meter.set_limit(seats_limit(maximum=100))
+    first = [f"u{n}" for n in range(10)] + ["u0"]
+    meter.apply([_event(f"a{n}", u) for n, u in enumerate(first)])
+    meter.void("a1", "test")  # u1's row stays, with no live event
+    second = [f"u{n}" for n in range(25)] + ["u20"]
+    decided = meter.apply([_event(f"b{n}", u) for n, u in enumerate(second)])
+    costs = [d.charges[0].cost for d in decided]  # type: ignore[union-attr]
+    assert costs == [0, 1, *[0] * 8, *[1] * 15, 0]
+    live = {f"u{n}": 1 for n in range(25)} | {f"u{n}": 2 for n in range(2, 10)}
+    live |= {"u0": 3, "u20": 2}
+    with meter.sql_engine.connect() as connection:
+        found = DistinctStore(connection).live([("seats", "org-1", to_start(), u) for u in live])
+    assert found == {("seats", "org-1", to_start(), u): n for u, n in live.items()}
+    assert _used(meter) == [25]
+    assert meter.seats("org-1", "seats") == sorted(live)
+
+
+def _event(event_id: str, user: str) -> Any:
+    return make_event([("org-1", "seats", 1)], NOW, event_id, {"user": user})
+
+
 def to_start() -> int:
     return int(NOVEMBER.timestamp()) * 1_000_000
 

@@ -43,7 +43,7 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError, StatementError
 
 from metering.domain.breaker import Breaker
-from metering.domain.distinct import Seen
+from metering.domain.distinct import SeatKey, Seen
 from metering.domain.recurring import Issue, next_due_us
 from metering.domain.rollups import rollup_rows
 from metering.domain.rules import Key
@@ -240,6 +240,14 @@ FROM jsonb_array_elements(%(rows)s::jsonb) AS r
 ON CONFLICT (subject, limit_name, window_start_us, value)
 DO UPDATE SET live_events = d.live_events + excluded.live_events
 """
+# The values `read` looked for under the counters' locks and did not find:
+# their first rows, without the upsert's check for one (a row written
+# meanwhile would fail the key, 23505, and the transaction run again).
+INSERT_SEATS: Final = """
+INSERT INTO distinct_values (subject, limit_name, window_start_us, value, live_events)
+SELECT r->>0, r->>1, (r->>2)::bigint, r->>3, (r->>4)::bigint
+FROM jsonb_array_elements(%(rows)s::jsonb) AS r
+"""
 # A grant with an expected ``used`` (`Changes.expected`) that another
 # transaction drew on meanwhile is set past its amount: the check constraint
 # refuses it, and the transaction runs again (`write`).
@@ -384,6 +392,9 @@ class PostgresHotStore:
         # Tuple ids of the rows `read` locked, for `write`'s bulk updates.
         self.counter_tids: dict[Key, str] = {}
         self.window_tids: dict[Pair, str] = {}
+        # The seat values of a known window start `read` found no row of, for
+        # `write`'s inserts; `write` uses them once.
+        self.absent_seats: set[SeatKey] = set()
         self._ahead: _Ahead | None = None  # `looking_up`'s, until `read` takes it
 
     @classmethod
@@ -425,6 +436,11 @@ class PostgresHotStore:
         )
         self.window_tids = {(r[0], r[1]): r[4] for r in rows.windows}
         self.counter_tids = {(r[0], r[1], r[2]): r[10] for r in rows.counters}
+        if len(seats) > FEW_ROWS:
+            found = {(r[0], r[1], r[2], r[3]) for r in rows.seats}
+            self.absent_seats = {
+                (n, s, w, v) for n, s, w, v in seats if w is not None and (n, s, w, v) not in found
+            }
         return rows
 
     @contextmanager
@@ -629,12 +645,13 @@ class PostgresHotStore:
                     cursor.executemany(SQL.insert_hold, changes.holds)
                 if changes.settled:
                     _execute(cursor, SQL.settle_reservation, changes.settled)
+                absent, self.absent_seats = self.absent_seats, set()
                 if changes.seats:
                     rows = seat_rows(changes.seats)
                     if len(rows) <= FEW_ROWS:
                         _execute(cursor, SQL.add_seat, rows)
                     else:
-                        raw.execute(ADD_SEATS, {"rows": _encode(rows)})
+                        _add_seats(raw, rows, absent)
                 if changes.rejected:
                     rows = rejected_rows(changes.rejected, now_us)
                     raw.execute(INSERT_REJECTED, {"rows": _encode(rows)})
@@ -667,6 +684,21 @@ class PostgresHotStore:
             raise _translate(exc) from exc
         except psycopg.Error as exc:  # a key written meanwhile (23505) is retried
             raise _translate(exc) from exc
+
+
+def _add_seats(
+    raw: psycopg.Connection[Any], rows: list[tuple[str, str, int, str, int]], absent: set[SeatKey]
+) -> None:
+    """Seat rows (`seat_rows`): those of ``absent`` values inserted, the rest upserted."""
+    new: list[Any] = []
+    seen: list[Any] = []
+    for row in rows:
+        subject, name, start, value, added = row
+        (new if added > 0 and (name, subject, start, value) in absent else seen).append(row)
+    if new:
+        raw.execute(INSERT_SEATS, {"rows": _encode(new)})
+    if seen:
+        raw.execute(ADD_SEATS, {"rows": _encode(seen)})
 
 
 def _issue(
