@@ -20,7 +20,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -30,6 +29,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+from celery_worker import WORKER
 
 Serve = Callable[[Any], str]
 InProcess = Callable[[Any], httpx.Client]
@@ -254,7 +254,7 @@ def api_worker(tmp_path: Path, pg_url: str, redis_url: str) -> Iterator[subproce
         METERING_VISIBILITY_TIMEOUT="5",
         PYTHONUNBUFFERED="1",
     )
-    command = [sys.executable, "-m", "celery", "-A", "workers", "worker", "--loglevel", "INFO"]
+    command = [*WORKER, "--loglevel", "INFO"]
     command += ["--concurrency", "2", "--without-heartbeat", "--without-gossip"]
     command += ["--without-mingle", "-Q", "metering", "-n", "api@%h"]
     with log_file.open("ab") as log:

@@ -12,7 +12,8 @@ test process, through ``celery.contrib.testing.worker.start_worker``
 is ready in a tenth of a second where a subprocess takes seconds. Both
 wait and check with `pipeline_checks.py`.
 
-`start_worker` starts ``celery -A workers worker`` as a subprocess in a new
+`start_worker` starts ``celery -A workers worker`` (celery's own worker
+command without its umbrella: `celery_worker.py`) as a subprocess in a new
 session (so the whole process group, prefork children included, can be
 killed at once), configured only through ``METERING_*`` environment
 variables, logging to a file in the test's ``tmp_path``, and waits until the
@@ -36,6 +37,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from celery_worker import WORKER
 from servers import RedisServer
 
 READY_TIMEOUT = 60.0
@@ -201,9 +203,8 @@ def start_worker(tmp_path: Path, pg_url: str, redis_url: str) -> Iterator[StartW
             ]
         else:
             command = [
-                sys.executable,
-                *["-m", "celery", "-A", "workers", "worker", "--loglevel", "INFO"],
-                *["--concurrency", "2"],
+                *WORKER,
+                *["--loglevel", "INFO", "--concurrency", "2"],
                 *(["-Q", queues] if queues else ["-Q", "metering"] if only_default_queue else []),
                 *(["--beat", "--schedule", str(tmp_path / f"beat-{name}")] if beat else []),
                 *quiet,

@@ -14,7 +14,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from celery_worker import WORKER
 from pytest_httpserver import HTTPServer
 from waiting import wait_for
 
@@ -72,7 +72,7 @@ def worker(tmp_path: Path, backend: Backend) -> Iterator[Callable[..., None]]:
             **overrides,
         )
         log = tmp_path / "worker.log"
-        command = [sys.executable, "-m", "celery", "-A", "workers", "worker", *backend.pool]
+        command = [*WORKER, *backend.pool]
         command += ["--beat", "--schedule", str(tmp_path / "beat"), "-Q", "metering"]
         command += ["--without-heartbeat", "--without-gossip", "--without-mingle"]
         command += ["--loglevel", "INFO"]

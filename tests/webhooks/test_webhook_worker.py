@@ -10,12 +10,12 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from celery_worker import WORKER
 from pytest_httpserver import HTTPServer
 from waiting import wait_for
 
@@ -43,7 +43,7 @@ def start_worker(tmp_path: Path, pg_url: str, redis_url: str) -> Iterator[StartW
         )
         env.update(overrides)
         log = tmp_path / f"{name}.log"
-        command = [sys.executable, "-m", "celery", "-A", "workers", "worker", "--beat"]
+        command = [*WORKER, "--beat"]
         command += ["--schedule", str(tmp_path / f"{name}-beat"), "--concurrency", "1"]
         command += ["--without-heartbeat", "--without-gossip", "--without-mingle"]
         command += ["-Q", "metering", "-n", f"{name}@%h", "--loglevel", "INFO"]
