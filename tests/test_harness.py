@@ -1,4 +1,5 @@
-"""Tests of the test harness itself: `servers.py`, `fresh.py` and the fixtures in conftest.
+"""Tests of the test harness itself: `servers.py`, `fresh.py`, `celery_worker.py` and the
+fixtures in conftest.
 
 Nothing here uses metering's schema: the template tests build a one-table
 template of their own. The Redis tests are at the end.
@@ -83,6 +84,17 @@ def own_server(tmp_path: Path) -> Iterator[PostgresServer]:
 
 
 @needs_postgres
+def test_the_tests_workers_run_the_worker_command_of_celerys_umbrella() -> None:
+    # `celery_worker.WORKER` runs celery.bin.worker's command directly: the
+    # one `celery -A workers worker` dispatches to, not a copy or a wrapper.
+    from celery.bin.celery import celery
+    from celery.bin.worker import worker
+    from celery_worker import WORKER
+
+    assert celery.commands["worker"] is worker
+    assert Path(WORKER[-1]).name == "celery_worker.py"
+
+
 def test_find_pg_bindir_has_initdb_and_pg_ctl() -> None:
     bindir = _bindir_or_skip()
     assert bindir.is_dir()
