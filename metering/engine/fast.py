@@ -451,17 +451,12 @@ class _Spend:
         else:
             subject = charges[0][0]
             alike = all(charge[0] == subject for charge in charges)
-            in_force, parts = self.in_force, []
-            for _, name, cost in charges:  # (`_in_force`, its cache looked up inline)
-                if name not in prices:
-                    parts.append((name, cost, 0))
-                    continue
-                found_in = in_force.get(name)
-                if found_in is not None and found_in[0] <= at_us < found_in[1]:
-                    parts.append((name, cost, found_in[2]))
-                else:
-                    parts.append((name, cost, self._in_force(name, at_us)))
-            key = tuple(parts)
+            key = tuple(
+                [
+                    (name, cost, self._in_force(name, at_us) if name in prices else 0)
+                    for _, name, cost in charges
+                ]
+            )
             if not alike:
                 key = (charges, key)
         found = self.priced.get(key)

@@ -218,20 +218,6 @@ def write_draws(
     """Add ``draws`` (all positive: the hot path only draws) to the grants and
     to their windows' draws (as `AllowanceStore.write_draws`); the rows in
     ``rowids`` (read in this transaction) by rowid."""
-    if len(draws) == 1:  # one draw (`consume`): `execute`, which costs less
-        ((key, amount),) = draws.items()
-        grant_rowid = draw_rowid = None
-        if rowids is not None:
-            grant_rowid, draw_rowid = rowids.grants.get(key[3]), rowids.draws.get(key)
-        if grant_rowid is None:
-            raw.execute(ADD_USED, (amount, key[3]))
-        else:
-            raw.execute(ADD_USED_AT, (amount, grant_rowid))
-        if draw_rowid is None:
-            raw.execute(ADD_DRAW, (*key, amount))
-        else:
-            raw.execute(ADD_DRAW_AT, (amount, draw_rowid))
-        return
     known = rowids.grants if rowids is not None else {}
     at: list[tuple[int, int]] = []
     by_key: list[tuple[Any, ...]] = []
