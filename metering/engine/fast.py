@@ -696,6 +696,7 @@ class _Applying:
         self.unlike: set[Key] = set()  # counters of ``tiered`` not summed
         # The events of one priced charge and one spend charge (`_priced_one`).
         self.paired: set[int] = set()
+        self.simple: dict[str, bool] = {}  # `_spend_simple` by spend limit
         self.paying: dict[str, int] = {}  # how many spend counters a currency's charges pay
 
     def plan(self) -> None:
@@ -777,21 +778,31 @@ class _Applying:
         if error is not None:
             self.todo.append((index, event, event_rules, error, None))
             return True
-        if not all(_spend_simple(rule) for rule in event_rules[1:]):
-            return False  # planned the general way (pricing it again finds the same)
-        at_us, counted = expanded.occurred_at_us, self._counted
-        fixed = [
-            counted(rule, subject, name, cost, at_us)
-            for (subject, name, cost), rule in zip(expanded.charges, event_rules, strict=True)
-        ]
+        at_us, counted, simple = expanded.occurred_at_us, self._counted, self.simple
+        for rule in event_rules[1:]:
+            known = simple.get(rule.name)
+            if known is None:
+                known = simple[rule.name] = _spend_simple(rule)
+            if not known:
+                return False  # planned the general way (pricing it again finds the same)
+        if len(event_rules) == 2:  # the usual: one spend limit of its currency
+            (subject, name, cost), (payer, spent, amount) = expanded.charges
+            fixed = [
+                counted(event_rules[0], subject, name, cost, at_us),
+                counted(event_rules[1], payer, spent, amount, at_us),
+            ]
+            self.paired.add(index)
+        else:
+            fixed = [
+                counted(rule, subject, name, cost, at_us)
+                for (subject, name, cost), rule in zip(expanded.charges, event_rules, strict=True)
+            ]
         if index in spend.counted:
             single = spend.counted[index]
             if single is None:
                 self.sums.poisoned.update((name, subject) for subject, name, _ in expanded.charges)
             else:
                 self._tier(index, expanded, fixed, single)
-        if len(fixed) == 2:
-            self.paired.add(index)
         self.todo.append((index, expanded, event_rules, None, fixed))
         return True
 
