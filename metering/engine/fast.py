@@ -1217,11 +1217,12 @@ class _Applying:
         rooms: dict[Key, Room],
     ) -> list[list[Any]]:
         """The rows of a ``paired`` event (a priced charge and its one spend
-        charge) on covered counters, as `_allowed` makes them: its spend
-        charge at the amount its priced one costs there."""
+        charge) on covered counters, as `_allowed` makes them and
+        `_Spend.annotate` marks them: its spend charge at the amount its
+        priced one costs there."""
         assert self.spend is not None
         spend = self.spend
-        (subject, name, cost), (_, spent, amount) = event.charges
+        (subject, name, cost), (payer, spent, amount) = event.charges
         (key, window), (paid, paid_window) = fixed
         state = states.get(key)
         single = spend.counted.get(index)
@@ -1233,7 +1234,6 @@ class _Applying:
             else:
                 amount = tiered_amount(single[1], used, cost)
             currency = single[1].currency
-            spend.amounts[index] = {0: (currency, amount)}
         else:
             currency = spend.amounts[index][0][0]
         if state is None:
@@ -1254,10 +1254,10 @@ class _Applying:
             self.created[paid] = paid_window[1]
         room = rooms[paid]
         if room[1] is None:
-            paid_row = allowed_row(subject, spent, amount, state, room, paid_window)
+            paid_row = allowed_row(payer, spent, amount, state, room, paid_window)
         else:
             paid_row = drawn_row(
-                subject, spent, amount, state, room, paid_window, event.occurred_at_us
+                payer, spent, amount, state, room, paid_window, event.occurred_at_us
             )
         return [row, paid_row]
 
