@@ -694,6 +694,9 @@ class _Applying:
         # events; their spend charges' sums are found once it is read (`_tiered`).
         self.tiered: dict[Key, tuple[Price, tuple[Key, ...], list[int], list[int]]] = {}
         self.unlike: set[Key] = set()  # counters of ``tiered`` not summed
+        # The events of one priced charge and one spend charge (`_priced_one`).
+        self.paired: set[int] = set()
+        self.simple: dict[str, bool] = {}  # `_spend_simple` by spend limit
         self.paying: dict[str, int] = {}  # how many spend counters a currency's charges pay
 
     def plan(self) -> None:
@@ -707,6 +710,7 @@ class _Applying:
         short = batch.hold is None and batch.policy is None
         plain: dict[str, Rule | None] = {}
         shorts: dict[str, Rule | None] = {}
+        pricing: dict[str, Rule | None] = {}
         first, todo = self.first, self.todo
         # Whether any limit has a breaker: else no charge's pair is looked for below.
         guarded = any(rule.needs and Need.BREAKER in rule.needs for rule in self.rules.values())
@@ -724,6 +728,8 @@ class _Applying:
                     if fixed is not None:
                         todo.append((index, event, found, None, fixed))
                         continue
+                if priced and len(event.charges) == 1 and self._priced_one(index, event, pricing):
+                    continue
                 shortened = self._short_rules(event, shorts)
             values: dict[int, str] | None = None
             if shortened is not None:
@@ -754,6 +760,51 @@ class _Applying:
         if self.breaking:  # the short way's charges: each counted in ``keys``
             breaking = self.breaking
             self.breaker_pairs.update((n, s) for n, s, _ in self.keys if n in breaking)
+
+    def _priced_one(self, index: int, event: EventRecord, pricing: dict[str, Rule | None]) -> bool:
+        """Plan an event of one charge on a `_priced` rule whose price adds
+        charges on `_spend_simple` rules only: what the general way finds of
+        it (`_short_rules`, `_Spend.expand`, `_keys`, `_tier`), without their
+        loops; one that adds a single spend charge is ``paired`` (`decide`
+        makes its rows inline). False for any other event: planned the
+        general way, which prices it again alike."""
+        found = self._in_time(event, pricing, _priced)
+        if found is None:
+            return False
+        if self.spend is None:
+            self.spend = _Spend.of(self.cache, self.version, self.rules)
+        spend = self.spend
+        expanded, event_rules, error = spend.expand(index, event, found)
+        if error is not None:
+            self.todo.append((index, event, event_rules, error, None))
+            return True
+        at_us, counted, simple = expanded.occurred_at_us, self._counted, self.simple
+        for rule in event_rules[1:]:
+            known = simple.get(rule.name)
+            if known is None:
+                known = simple[rule.name] = _spend_simple(rule)
+            if not known:
+                return False  # planned the general way (pricing it again finds the same)
+        if len(event_rules) == 2:  # the usual: one spend limit of its currency
+            (subject, name, cost), (payer, spent, amount) = expanded.charges
+            fixed = [
+                counted(event_rules[0], subject, name, cost, at_us),
+                counted(event_rules[1], payer, spent, amount, at_us),
+            ]
+            self.paired.add(index)
+        else:
+            fixed = [
+                counted(rule, subject, name, cost, at_us)
+                for (subject, name, cost), rule in zip(expanded.charges, event_rules, strict=True)
+            ]
+        if index in spend.counted:
+            single = spend.counted[index]
+            if single is None:
+                self.sums.poisoned.update((name, subject) for subject, name, _ in expanded.charges)
+            else:
+                self._tier(index, expanded, fixed, single)
+        self.todo.append((index, expanded, event_rules, None, fixed))
+        return True
 
     def _plain_rules(self, event: EventRecord, plain: dict[str, Rule | None]) -> list[Rule] | None:
         """The rules of an event when each of its charges is `_plain`,
@@ -958,6 +1009,7 @@ class _Applying:
         # An event of one charge on a covered counter, without money (most of
         # a batch's): its row is made here, as `_allowed` makes it.
         plain, breakers = self.spend is None, self.breakers
+        paired = self.paired if rooms else None
         event_seats, seats = self.event_seats, self.seats
         now_us, answers, records = batch.now_us, self.answers, self.records
         for index, event, event_rules, error, fixed in self.todo:
@@ -991,6 +1043,17 @@ class _Applying:
                     rows = [drawn_row(subject, name, cost, state, room, window, at_us)]
                 if breakers is not None:
                     breakers.allowed(rows[0], event.event_id, now_us)
+                outcome, denied_by, reason = "allowed", (), marker
+            elif (
+                paired
+                and index in paired
+                and fixed is not None
+                and fixed[0][0] in rooms
+                and fixed[1][0] in rooms
+            ):
+                rows = self._paired(index, event, fixed, states, rooms)
+                if breakers is not None:
+                    breakers.charged("allowed", rows, event.event_id, now_us)
                 outcome, denied_by, reason = "allowed", (), marker
             else:
                 if rooms and fixed is not None and _covers(rooms, fixed):
@@ -1144,6 +1207,59 @@ class _Applying:
         if self.breakers is not None:
             self.breakers.charged("allowed", rows, event.event_id, self.batch.now_us)
         return verdict
+
+    def _paired(
+        self,
+        index: int,
+        event: EventRecord,
+        fixed: _Fixed,
+        states: dict[Key, State],
+        rooms: dict[Key, Room],
+    ) -> list[list[Any]]:
+        """The rows of a ``paired`` event (a priced charge and its one spend
+        charge) on covered counters, as `_allowed` makes them and
+        `_Spend.annotate` marks them: its spend charge at the amount its
+        priced one costs there."""
+        assert self.spend is not None
+        spend = self.spend
+        (subject, name, cost), (payer, spent, amount) = event.charges
+        (key, window), (paid, paid_window) = fixed
+        state = states.get(key)
+        single = spend.counted.get(index)
+        if single is not None:  # priced by its counter: by what it holds before it
+            used = state[USED] if state is not None else 0
+            ahead = spend.ahead.get(index)
+            if ahead is not None and ahead[0] == used:
+                amount = ahead[1]
+            else:
+                amount = tiered_amount(single[1], used, cost)
+            currency = single[1].currency
+        else:
+            currency = spend.amounts[index][0][0]
+        if state is None:
+            state = states[key] = fresh_state()
+            self.created[key] = window[1]
+        room = rooms[key]
+        if room[1] is None:
+            row = allowed_row(subject, name, cost, state, room, window)
+            row.append([])  # no grant paid
+        else:
+            row = drawn_row(subject, name, cost, state, room, window, event.occurred_at_us)
+            if len(row) == ROW_FIELDS:
+                row.append([])
+        row.append([currency, amount])
+        state = states.get(paid)
+        if state is None:
+            state = states[paid] = fresh_state()
+            self.created[paid] = paid_window[1]
+        room = rooms[paid]
+        if room[1] is None:
+            paid_row = allowed_row(payer, spent, amount, state, room, paid_window)
+        else:
+            paid_row = drawn_row(
+                payer, spent, amount, state, room, paid_window, event.occurred_at_us
+            )
+        return [row, paid_row]
 
     def _verdict(
         self,
@@ -1507,6 +1623,24 @@ def _short(rule: Rule | None) -> Rule | None:
     ):
         return None
     return rule
+
+
+def _priced(rule: Rule | None) -> Rule | None:
+    """``rule`` when it is `_short` and priced, and no seat limit (`_Applying._priced_one`)."""
+    if rule is None or not rule.money or rule.distinct or _short(rule) is None:
+        return None
+    return rule
+
+
+def _spend_simple(rule: Rule) -> bool:
+    """Whether a charge of spend limit ``rule`` is counted as `_Applying._counted`
+    counts it with nothing more: no dimensions, seats nor breaker."""
+    return (
+        _short_window(rule)
+        and not rule.dimensions
+        and not rule.distinct
+        and not (rule.needs and Need.BREAKER in rule.needs)
+    )
 
 
 def _short_window(rule: Rule) -> bool:

@@ -1256,3 +1256,48 @@ def test_counted_prices_at_a_spend_caps_room_are_decided_in_aggregate(
     assert covered.subjects == (set() if offset == 1 else {"spender"})
     outcomes = Counter(a.record.outcome for a in covered.found if a.record is not None)
     assert outcomes["denied"] == (1 if offset == 1 else 0), outcomes
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+@pytest.mark.parametrize(
+    "price",
+    [
+        {"per_unit": "0.01"},
+        {"model": "graduated", "tiers": ["4:0.01", "inf:0.02"], "flat_fee": "0.03"},
+    ],
+)
+def test_priced_events_of_one_charge_are_decided_with_their_spend_charge(
+    request: pytest.FixtureRequest, database: str, price: dict[str, Any]
+) -> None:
+    """Events of one priced charge (a flat price; tiers and a fee, crossed in
+    the batch) on covered counters, of a subject whose grant pays past its
+    maximum and of one without: each planned and decided with its one spend
+    charge (`_Applying._priced_one`, `_paired`), as the reference engine
+    decides them."""
+
+    def setup(meter: Meter, clock: FrozenClock) -> None:
+        per_unit = price.get("per_unit")
+        options = {k: v for k, v in price.items() if k != "per_unit"}
+        meter.set_price("calls", per_unit, "USD", ROOM_START - timedelta(days=1), **options)
+        meter.grant("granted", "calls", 5, grant_id="top-up")
+        meter.consume("granted", "calls", 3, event_id="before")
+
+    limits = [
+        Limit("calls", maximum=5, period="1mo", window="calendar"),
+        spend_limit("usd", "1", "USD", "1mo", window="calendar"),
+    ]
+    records = _ones("granted", "calls", 6) + _ones("plain", "calls", 5)
+    records.sort(key=lambda record: record.event_id[::-1])  # the subjects interleaved
+    paired: list[str] = []
+    made = fast._Applying._paired
+
+    def counting(self: fast._Applying, index: int, event: EventRecord, *args: Any) -> Any:
+        paired.append(event.event_id)
+        return made(self, index, event, *args)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fast._Applying, "_paired", counting)
+        covered = _shortcut_case(request, database, limits, setup, records)
+    assert sorted(paired) == sorted(record.event_id for record in records)
+    assert covered.subjects == {"granted", "plain"}
+    assert all(a.record is not None and a.record.outcome == "allowed" for a in covered.found)
