@@ -1,7 +1,9 @@
 """Every configuration we sell, each as a ratio to a plain limit in the same run.
 
     .venv/bin/python bench/bench_mix.py [--subjects 500] [--consume 150] [--sqlite-consume 1000]
-                                        [--batches 4] [--rounds 3] [--processes 1 4]
+                                        [--batches 12] [--rounds 3] [--processes 1 4]
+                                        [--worker-events 2500] [--worker-rounds 8]
+                                        [--new-seats] [--cases NAME ...]
                                         [--sqlite-only] [--quick] [--no-speculation]
 
 One database per configuration, on one durable PostgreSQL (fsync on) and on
@@ -15,7 +17,11 @@ monthly calendar windows high enough that nothing is denied:
   every event also charges the subject's spend (ratio to stacked too);
 * tiered: the same with a graduated price (two tiers) and a flat fee, each
   charge priced by its window's total;
-* seats: a ``distinct="user"`` limit, 20 user values per subject;
+* seats: a ``distinct="user"`` limit, 20 user values per subject, every
+  one holding its seat before the first round: the row measures events of
+  users who hold a seat (the value's row updated), as most of a month's
+  are; ``--new-seats`` adds "new seats", where every event brings a user
+  never seen (a new value's row each): what taking a seat costs;
 * grant: a grant on every subject, whose own allowance (1) is used up, so
   the grant pays every event;
 * recurring: the same with a monthly recurring grant;
@@ -31,24 +37,30 @@ monthly calendar windows high enough that nothing is denied:
 * mix: a priced limit with a spend cap, an entitlement and a recurring
   grant on every subject, and a seat limit charged beside it.
 
-Every subject's counters exist before the first round. Rounds interleave
-the configurations (their order turns each round): `Meter.consume` in 1
-process (and in 4 sharing the round's calls, on PostgreSQL), and
-`Meter.apply` of 1,000-event batches in one process, beside the ledger
-peer (`peers.ledger_postgres`, `peers.ledger_sqlite`: the results rows and
-the counter upsert, one transaction per batch, no decision, over the plain
-batches' own events and ids), one batch of
-every case and of the peer in turn (`apply_rounds`). Each row
-prints the median of the rounds and its ratio to plain, the median of the
-per-round ratios; a case that writes more than one counter also to the
-plain limit stacked on as many (priced and tiered to stacked, the mix to
-stacked3), and each batch row to the peer.
+Every subject's counters, and its seats, exist before the first round.
+Rounds interleave the configurations (their order turns each round):
+`Meter.consume` in 1 process (and in 4 sharing the round's calls, on
+PostgreSQL), and `Meter.apply` of 1,000-event batches in one process,
+beside the ledger peer (`peers.ledger_postgres`, `peers.ledger_sqlite`: the
+results rows and the counter upsert, one transaction per batch, no
+decision, over the plain batches' own events and ids), one batch of every
+case and of the peer in turn (`apply_rounds`). Each row prints the median
+of the rounds and its ratio to plain, the median of the per-round ratios;
+a case that writes more than one counter also to the plain limit stacked
+on as many (priced and tiered to stacked, the mix to stacked3), and each
+batch row to the peer and, last, the median of the ratios of the batches
+applied in the same pass (to plain, and in brackets to stacked).
 A round's consuming meters are new: on PostgreSQL their cached rows are
 cold, so they rarely speculate (`metering.storage.hot.speculative`;
 ``--no-speculation`` turns it off; ``bench_speculation.py`` measures warm
 meters, A against B).
-Then on PostgreSQL, once per case, the worker end to end (producer, Redis,
-a Celery worker of 2 processes), as ratios to plain and to the peer.
+Then on PostgreSQL the worker end to end (producer, Redis, a Celery worker
+of 2 processes per case, all started first and kept warm, each on a Redis
+database of its own): a round to warm up, then ``--worker-rounds`` rounds
+of ``--worker-events`` events a case, the order turning each round; each
+row the median of the per-round ratios to plain, and its median rate
+against the ledger peer's `apply` rate. ``--cases`` runs only the cases
+named (with plain and the stacked case each is compared with).
 """
 
 from __future__ import annotations
@@ -506,7 +518,9 @@ def postgres_rows(subjects: list[str], args: Any) -> list[list[str]]:
         rows = measure(urls, server.url("ledger"), subjects, args.processes, args.consume, args)
         if args.worker_events and args.worker_rounds:
             peer = float(rows[-1][2].replace(",", ""))  # the ledger peer's `apply` row
+            began = time.perf_counter()
             rows.extend(worker_rows(urls, peer, subjects, args))
+            print(f"  the worker's rounds took {time.perf_counter() - began:.0f} s", flush=True)
         return rows
 
 
@@ -532,7 +546,7 @@ def selected(names: list[str] | None, new_seats: bool) -> list[Case]:
     unknown = set(names) - {case.name for case in every}
     if unknown:
         raise SystemExit(f"bench_mix: no such case: {', '.join(sorted(unknown))}")
-    wanted = {"plain", *names, *(STACKED[name] for name in names)}
+    wanted = {"plain", NEW_SEATS.name, *names, *(STACKED[name] for name in names)}
     return [case for case in every if case.name in wanted]
 
 
@@ -556,7 +570,7 @@ def main() -> None:
         "--no-speculation", action="store_true", help="consume: no speculative round trip"
     )
     parser.add_argument(
-        "--worker-events", type=int, default=2000, help="PostgreSQL, per case and worker round"
+        "--worker-events", type=int, default=2500, help="PostgreSQL, per case and worker round"
     )
     parser.add_argument(
         "--worker-rounds", type=int, default=8, help="PostgreSQL; 0: no worker rows"
