@@ -35,7 +35,8 @@ monthly calendar windows high enough that nothing is denied:
 * time zone: a time zone on every subject (Kolkata, Berlin, Santiago,
   Kathmandu), set in 2000: its months start at its local midnight;
 * mix: a priced limit with a spend cap, an entitlement and a recurring
-  grant on every subject, and a seat limit charged beside it.
+  grant on every subject, and a seat limit charged beside it (its seats
+  held, as in seats).
 
 Every subject's counters, and its seats, exist before the first round.
 Rounds interleave the configurations (their order turns each round):
