@@ -50,7 +50,9 @@ of the rounds and its ratio to plain, the median of the per-round ratios;
 a case that writes more than one counter also to the plain limit stacked
 on as many (priced and tiered to stacked, the mix to stacked3), and each
 batch row to the peer and, last, the median of the ratios of the batches
-applied in the same pass (to plain, and in brackets to stacked).
+applied in the same pass (to plain, and in brackets to stacked): between
+two runs of one commit it moves as far as the rounds' ratio on PostgreSQL
+and less on SQLite (docs/performance.md), so on SQLite it is the one to read.
 A round's consuming meters are new: on PostgreSQL their cached rows are
 cold, so they rarely speculate (`metering.storage.hot.speculative`;
 ``--no-speculation`` turns it off; ``bench_speculation.py`` measures warm
