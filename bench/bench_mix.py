@@ -1,7 +1,9 @@
 """Every configuration we sell, each as a ratio to a plain limit in the same run.
 
     .venv/bin/python bench/bench_mix.py [--subjects 500] [--consume 150] [--sqlite-consume 1000]
-                                        [--batches 4] [--rounds 3] [--processes 1 4]
+                                        [--batches 12] [--rounds 3] [--processes 1 4]
+                                        [--worker-events 2500] [--worker-rounds 8]
+                                        [--new-seats] [--cases NAME ...]
                                         [--sqlite-only] [--quick] [--no-speculation]
 
 One database per configuration, on one durable PostgreSQL (fsync on) and on
@@ -15,7 +17,11 @@ monthly calendar windows high enough that nothing is denied:
   every event also charges the subject's spend (ratio to stacked too);
 * tiered: the same with a graduated price (two tiers) and a flat fee, each
   charge priced by its window's total;
-* seats: a ``distinct="user"`` limit, 20 user values per subject;
+* seats: a ``distinct="user"`` limit, 20 user values per subject, every
+  one holding its seat before the first round: the row measures events of
+  users who hold a seat (the value's row updated), as most of a month's
+  are; ``--new-seats`` adds "new seats", where every event brings a user
+  never seen (a new value's row each): what taking a seat costs;
 * grant: a grant on every subject, whose own allowance (1) is used up, so
   the grant pays every event;
 * recurring: the same with a monthly recurring grant;
@@ -29,35 +35,45 @@ monthly calendar windows high enough that nothing is denied:
 * time zone: a time zone on every subject (Kolkata, Berlin, Santiago,
   Kathmandu), set in 2000: its months start at its local midnight;
 * mix: a priced limit with a spend cap, an entitlement and a recurring
-  grant on every subject, and a seat limit charged beside it.
+  grant on every subject, and a seat limit charged beside it (its seats
+  held, as in seats).
 
-Every subject's counters exist before the first round. Rounds interleave
-the configurations (their order turns each round): `Meter.consume` in 1
-process (and in 4 sharing the round's calls, on PostgreSQL), and
-`Meter.apply` of 1,000-event batches in one process, beside the ledger
-peer (`peers.ledger_postgres`, `peers.ledger_sqlite`: the results rows and
-the counter upsert, one transaction per batch, no decision, over the plain
-batches' own events and ids), one batch of
-every case and of the peer in turn (`apply_rounds`). Each row
-prints the median of the rounds and its ratio to plain, the median of the
-per-round ratios; a case that writes more than one counter also to the
-plain limit stacked on as many (priced and tiered to stacked, the mix to
-stacked3), and each batch row to the peer.
+Every subject's counters, and its seats, exist before the first round.
+Rounds interleave the configurations (their order turns each round):
+`Meter.consume` in 1 process (and in 4 sharing the round's calls, on
+PostgreSQL), and `Meter.apply` of 1,000-event batches in one process,
+beside the ledger peer (`peers.ledger_postgres`, `peers.ledger_sqlite`: the
+results rows and the counter upsert, one transaction per batch, no
+decision, over the plain batches' own events and ids), one batch of every
+case and of the peer in turn (`apply_rounds`). Each row prints the median
+of the rounds and its ratio to plain, the median of the per-round ratios;
+a case that writes more than one counter also to the plain limit stacked
+on as many (priced and tiered to stacked, the mix to stacked3), and each
+batch row to the peer and, last, the median of the ratios of the batches
+applied in the same pass (to plain, and in brackets to stacked): between
+two runs of one commit it moves as far as the rounds' ratio on PostgreSQL
+and less on SQLite (docs/performance.md), so on SQLite it is the one to read.
 A round's consuming meters are new: on PostgreSQL their cached rows are
 cold, so they rarely speculate (`metering.storage.hot.speculative`;
 ``--no-speculation`` turns it off; ``bench_speculation.py`` measures warm
 meters, A against B).
-Then on PostgreSQL, once per case, the worker end to end (producer, Redis,
-a Celery worker of 2 processes), as ratios to plain and to the peer.
+Then on PostgreSQL the worker end to end (producer, Redis, a Celery worker
+of 2 processes per case, all started first and kept warm, each on a Redis
+database of its own): a round to warm up, then ``--worker-rounds`` rounds
+of ``--worker-events`` events a case, the order turning each round; each
+row the median of the per-round ratios to plain, and its median rate
+against the ledger peer's `apply` rate. ``--cases`` runs only the cases
+named (with plain and the stacked case each is compared with).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -152,9 +168,12 @@ class Case:
     setup: Setup | None = None
     levels: bool = False  # a gauge's report: a level from 0 to 999, not 1
     stacked: str = ""  # the plain case that writes as many counters
+    fresh: bool = False  # a user value never seen before in every event (a new seat)
 
     def call(self, subject: str, rng: random.Random) -> Call:
         metadata = {key: f"{key}-{rng.randrange(VALUES[key])}" for key in self.keys}
+        if self.fresh:
+            metadata["user"] = f"new-{rng.getrandbits(64):016x}"
         cost = rng.randrange(1000) if self.levels else 1
         return [(subject, limit, cost) for limit in self.charged], metadata or None
 
@@ -196,7 +215,16 @@ CASES = [
         stacked="stacked3",
     ),
 ]
-STACKED = {case.name: case.stacked for case in CASES}
+# Not run unless asked (``--new-seats``): what taking a seat costs.
+NEW_SEATS = Case(
+    "new seats",
+    "seats, a new user every event (--new-seats)",
+    (SEATS,),
+    ("seats",),
+    ("user",),
+    fresh=True,
+)
+STACKED = {case.name: case.stacked for case in [*CASES, NEW_SEATS]}
 PEER = "ledger peer"
 WARM_UP = 100  # events applied before a round's batches are timed
 
@@ -219,14 +247,21 @@ def apply_all(meter: Meter, events: list[UsageEvent]) -> None:
 
 
 def prepare(case: Case, url: str, subjects: list[str]) -> None:
-    """The case's limits and set-up, then one event of every subject (its counters exist)."""
+    """The case's limits and set-up, then one event of every subject (its counters
+    exist) or, for a seat limit, one of each of its 20 users (its seats are held)."""
     with Meter(url) as meter:
         meter.set_limits(case.limits)
         if case.setup is not None:
             case.setup(meter, subjects)
         rng = random.Random(0)
         now = meter.clock()
-        calls = [case.call(subject, rng) for subject in subjects]
+        calls = []
+        for subject in subjects:
+            for user in range(VALUES["user"] if "user" in case.keys else 1):
+                charges, metadata = case.call(subject, rng)
+                if metadata is not None and "user" in metadata:
+                    metadata["user"] = f"user-{user}"
+                calls.append((charges, metadata))
         apply_all(meter, [make_event(charges, now, metadata=meta) for charges, meta in calls])
 
 
@@ -309,30 +344,56 @@ class Results:
         print(f"  {path}, {figures.name}: {figures.rate:,.0f}/s", flush=True)
 
     def ratio(self, path: str, name: str, to: str) -> str:
+        """The median of the per-round ratios of the rates."""
         ours, theirs = self.figures[(path, name)], self.figures.get((path, to), [])
         if not theirs:
             return ""
         return f"{median([a.rate / b.rate for a, b in zip(ours, theirs, strict=True)]):.2f}"
 
-    def rows(self, path: str, names: Iterable[str], unit: str) -> list[list[str]]:
+    def paired(self, path: str, name: str, to: str) -> str:
+        """The median of the ratios of the batches applied in the same pass (the
+        k-th batch of one case against the k-th of the other, every round)."""
+        ours, theirs = self.figures[(path, name)], self.figures.get((path, to), [])
+        if not theirs:
+            return ""
+        pairs = [
+            b / a
+            for mine, other in zip(ours, theirs, strict=True)
+            for a, b in zip(mine.latencies_ns, other.latencies_ns, strict=True)
+        ]
+        return f"{median(pairs):.2f}"
+
+    def rows(
+        self, path: str, cases: list[Case], unit: str, peer_rate: float = 0.0
+    ) -> list[list[str]]:
+        """A row per case (and the peer's, for `apply`); ``peer_rate``: the
+        ledger peer's `apply` rate, for the worker's rows."""
         found = []
-        labels = {case.name: case.label for case in CASES} | {PEER: PEER}
+        names = [case.name for case in cases] + ([PEER] if path.startswith("apply") else [])
+        labels = {case.name: case.label for case in [*CASES, NEW_SEATS]} | {PEER: PEER}
         for name in names:
             rounds = self.figures[(path, name)]
+            rate = median([f.rate for f in rounds])
             latencies = [ns for figures in rounds for ns in figures.latencies_ns]
             pooled = Figures(name, rounds[0].processes, 1, 1.0, latencies)
-            found.append(
-                [
-                    path,
-                    labels[name],
-                    f"{median([f.rate for f in rounds]):,.0f}",
-                    f"{pooled.percentile_ms(0.5):.2f} {unit}",
-                    f"{pooled.percentile_ms(0.99):.2f} {unit}",
-                    self.ratio(path, name, "plain"),
-                    self.ratio(path, name, STACKED[name]) if STACKED.get(name) else "",
-                    self.ratio(path, name, PEER) if path.startswith("apply") else "",
-                ]
-            )
+            stacked = STACKED.get(name, "")
+            row = [path, labels[name], f"{rate:,.0f}"]
+            if path == WORKER:
+                row += ["", "", self.ratio(path, name, "plain")]
+                row += [self.ratio(path, name, stacked) if stacked else ""]
+                row += [f"{rate / peer_rate:.2f}", ""]
+            else:
+                row += [f"{pooled.percentile_ms(0.5):.2f} {unit}"]
+                row += [f"{pooled.percentile_ms(0.99):.2f} {unit}"]
+                row += [self.ratio(path, name, "plain")]
+                row += [self.ratio(path, name, stacked) if stacked else ""]
+                batches = path.startswith("apply")
+                row += [self.ratio(path, name, PEER) if batches else ""]
+                paired = self.paired(path, name, "plain") if batches else ""
+                if paired and stacked:
+                    paired += f" ({self.paired(path, name, stacked)})"
+                row += [paired]
+            found.append(row)
         return found
 
 
@@ -347,9 +408,9 @@ def measure(
     """Interleaved rounds over the cases of one database, ``consume`` calls a
     round of each; the table's rows."""
     results = Results()
-    names = [case.name for case in CASES]
+    cases: list[Case] = args.cases
     for round_ in range(args.rounds):
-        order = CASES[round_ % len(CASES) :] + CASES[: round_ % len(CASES)]
+        order = cases[round_ % len(cases) :] + cases[: round_ % len(cases)]
         for processes in process_counts:
             path = f"consume, {processes} process{'es' if processes > 1 else ''}"
             for case in order:
@@ -364,39 +425,29 @@ def measure(
     rows = []
     for processes in process_counts:
         path = f"consume, {processes} process{'es' if processes > 1 else ''}"
-        rows.extend(results.rows(path, names, "ms"))
-    rows.extend(results.rows("apply, 1,000-event batches", [*names, PEER], "ms/batch"))
+        rows.extend(results.rows(path, cases, "ms"))
+    rows.extend(results.rows("apply, 1,000-event batches", cases, "ms/batch"))
     return rows
 
 
 WORKER = "worker end to end"
 
 
-def worker_round(url: str, broker: str, case: Case, subjects: list[str], args: Any) -> Figures:
-    """Producer -> Redis -> a Celery worker (prefork, 2) -> the database: events/s
-    from the first emit to the last result."""
-    rng = random.Random(7)
-    work = [case.call(rng.choice(subjects), rng) for _ in range(args.worker_events)]
-    meter = Meter(url)
-    log = Path(tempfile.mkdtemp(prefix="metering-bench-mix-worker-")) / "worker.log"
-    worker = start_worker(url, broker, log, ["--concurrency", "2"])
-    try:
-        with UsageProducer(broker, batch_size=1000, flush_interval_seconds=0.05) as producer:
-            before = meter.count_results()
-            producer.emit(charges=work[0][0], metadata=work[0][1])  # the worker is up
-            producer.flush()
-            wait_for(meter, before + 1)
-            before += 1
-            began = time.perf_counter()
-            for charges, metadata in work[1:]:
-                producer.emit(charges=charges, metadata=metadata)
-            producer.flush()
-            wait_for(meter, before + len(work) - 1)
-            seconds = time.perf_counter() - began
-    finally:
-        stop_worker(worker)
-    meter.close()
-    return Figures(case.name, 2, len(work) - 1, seconds, [int(seconds * 1e9)])
+def worker_round(
+    meter: Meter, producer: UsageProducer, case: Case, subjects: list[str], seed: int, events: int
+) -> Figures:
+    """``events`` events through the producer, Redis and the case's warm worker
+    to its database: events/s from the first emit to the last result."""
+    rng = random.Random(seed)
+    work = [case.call(rng.choice(subjects), rng) for _ in range(events)]
+    before = meter.count_results()
+    began = time.perf_counter()
+    for charges, metadata in work:
+        producer.emit(charges=charges, metadata=metadata)
+    producer.flush()
+    wait_for(meter, before + len(work))
+    seconds = time.perf_counter() - began
+    return Figures(case.name, 2, len(work), seconds, [int(seconds * 1e9)])
 
 
 def wait_for(meter: Meter, results: int) -> None:
@@ -410,28 +461,49 @@ def wait_for(meter: Meter, results: int) -> None:
 def worker_rows(
     urls: dict[str, str], peer_rate: float, subjects: list[str], args: Any
 ) -> list[list[str]]:
-    """One worker round per case (a worker start costs seconds): events/s and the
-    ratios to plain and to the ledger peer's median `apply` rate of the same run."""
-    with RedisServer(make_base_dir(Path(tempfile.gettempdir()), "metering-bench-redis-")) as redis:
-        redis.start()
-        figures = {
-            case.name: worker_round(urls[case.name], redis.url(), case, subjects, args)
-            for case in CASES
-        }
-    plain = figures["plain"].rate
-    return [
-        [
-            WORKER,
-            case.label,
-            f"{figures[case.name].rate:,.0f}",
-            "",
-            "",
-            f"{figures[case.name].rate / plain:.2f}",
-            f"{figures[case.name].rate / figures[case.stacked].rate:.2f}" if case.stacked else "",
-            f"{figures[case.name].rate / peer_rate:.2f}",
-        ]
-        for case in CASES
-    ]
+    """A Celery worker (prefork, 2) per case, all started first and kept warm,
+    each on a Redis database of its own; then ``args.worker_rounds`` rounds of
+    ``args.worker_events`` events a case, the cases' order turning each round,
+    after one round to warm up (every worker process connected, its caches
+    filled). Each row: the median of the rounds, its ratios the medians of the
+    per-round ratios; to the peer, the median against the ledger peer's
+    `apply` rate of the same run."""
+    cases: list[Case] = args.cases
+    results = Results()
+    base = Path(tempfile.gettempdir())
+    with contextlib.ExitStack() as stack:
+        brokers = []
+        for first in range(0, len(cases), 16):  # a Redis server has 16 databases
+            redis = stack.enter_context(RedisServer(make_base_dir(base, "metering-bench-redis-")))
+            redis.start()
+            brokers += [redis.url(db) for db in range(min(16, len(cases) - first))]
+        workers = []
+        try:
+            for case, broker in zip(cases, brokers, strict=True):
+                log = Path(tempfile.mkdtemp(prefix="metering-bench-mix-worker-")) / "worker.log"
+                workers.append(
+                    start_worker(urls[case.name], broker, log, ["--concurrency", "2"], settle=0)
+                )
+            meters = {case.name: stack.enter_context(Meter(urls[case.name])) for case in cases}
+            producers = {
+                case.name: stack.enter_context(
+                    UsageProducer(broker, batch_size=1000, flush_interval_seconds=0.05)
+                )
+                for case, broker in zip(cases, brokers, strict=True)
+            }
+            for round_ in range(args.worker_rounds + 1):
+                order = cases[round_ % len(cases) :] + cases[: round_ % len(cases)]
+                for case in order:
+                    name = case.name
+                    figures = worker_round(
+                        meters[name], producers[name], case, subjects, round_, args.worker_events
+                    )
+                    if round_:  # the first round warms the workers up
+                        results.add(WORKER, figures)
+        finally:
+            for worker in workers:
+                stop_worker(worker)
+    return results.rows(WORKER, cases, "", peer_rate)
 
 
 def postgres_rows(subjects: list[str], args: Any) -> list[list[str]]:
@@ -439,7 +511,7 @@ def postgres_rows(subjects: list[str], args: Any) -> list[list[str]]:
         server.create_database("mix_template")
         upgrade_schema(server.url("mix_template"))
         urls = {}
-        for case in CASES:
+        for case in args.cases:
             server.create_database(case.name, template="mix_template")
             urls[case.name] = server.url(case.name)
             prepare(case, urls[case.name], subjects)
@@ -447,21 +519,38 @@ def postgres_rows(subjects: list[str], args: Any) -> list[list[str]]:
         server.create_database("ledger")
         install_ledger(server.url("ledger"))
         rows = measure(urls, server.url("ledger"), subjects, args.processes, args.consume, args)
-        if args.worker_events:
+        if args.worker_events and args.worker_rounds:
             peer = float(rows[-1][2].replace(",", ""))  # the ledger peer's `apply` row
+            began = time.perf_counter()
             rows.extend(worker_rows(urls, peer, subjects, args))
+            print(f"  the worker's rounds took {time.perf_counter() - began:.0f} s", flush=True)
         return rows
 
 
 def sqlite_rows(subjects: list[str], args: Any) -> list[list[str]]:
     directory = Path(tempfile.mkdtemp(prefix="metering-bench-mix-"))
-    urls = {case.name: f"sqlite:///{directory}/{case.name}.db" for case in CASES}
-    for case in CASES:
+    urls = {case.name: f"sqlite:///{directory}/{case.name}.db" for case in args.cases}
+    for case in args.cases:
         prepare(case, urls[case.name], subjects)
     peer = str(directory / "ledger.db")
     install_ledger(peer)
     # One writer at a time: more processes only queue on the database's lock.
     return measure(urls, peer, subjects, [1], args.sqlite_consume, args)
+
+
+def selected(names: list[str] | None, new_seats: bool) -> list[Case]:
+    """The cases to run: ``names`` (every case if none), with plain and the
+    stacked case each is compared with; ``new_seats`` adds `NEW_SEATS`."""
+    every = [c for case in CASES for c in [case, NEW_SEATS][: 2 if case.name == "seats" else 1]]
+    if not new_seats:
+        every.remove(NEW_SEATS)
+    if not names:
+        return every
+    unknown = set(names) - {case.name for case in every}
+    if unknown:
+        raise SystemExit(f"bench_mix: no such case: {', '.join(sorted(unknown))}")
+    wanted = {"plain", NEW_SEATS.name, *names, *(STACKED[name] for name in names)}
+    return [case for case in every if case.name in wanted]
 
 
 def main() -> None:
@@ -484,23 +573,31 @@ def main() -> None:
         "--no-speculation", action="store_true", help="consume: no speculative round trip"
     )
     parser.add_argument(
-        "--worker-events", type=int, default=5000, help="PostgreSQL, per case; 0: no worker rows"
+        "--worker-events", type=int, default=2500, help="PostgreSQL, per case and worker round"
     )
+    parser.add_argument(
+        "--worker-rounds", type=int, default=8, help="PostgreSQL; 0: no worker rows"
+    )
+    parser.add_argument("--new-seats", action="store_true", help=NEW_SEATS.label.split(" (")[0])
+    parser.add_argument("--cases", nargs="+", help="only these (and plain, stacked)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     args = parser.parse_args()
     if args.quick:
         args.subjects, args.consume, args.batches, args.rounds = 20, 20, 1, 1
         args.sqlite_consume = 20
-        args.worker_events = min(args.worker_events, 200)
+        args.worker_events, args.worker_rounds = min(args.worker_events, 200), 1
+    args.cases = selected(args.cases, args.new_seats)
     subjects = [f"subject-{n}" for n in range(args.subjects)]
     header = ["database", "path", "configuration", "events/s", "p50", "p99", "ratio to plain"]
     header += ["ratio to stacked (as many counters)", "ratio to ledger peer"]
+    header += ["paired batches: ratio to plain (to stacked)"]
     rows = [] if args.sqlite_only else [["PostgreSQL", *r] for r in postgres_rows(subjects, args)]
     rows += [["SQLite", *r] for r in sqlite_rows(subjects, args)]
+    worker = f", {args.worker_rounds} worker rounds of {args.worker_events} events"
     print_table(
         f"every configuration against plain ({args.subjects:,} subjects, {args.rounds} rounds, "
         f"{args.consume} consume calls ({args.sqlite_consume} on SQLite) and {args.batches} "
-        "batches a round)",
+        f"batches a round{'' if args.sqlite_only else worker})",
         header,
         rows,
     )

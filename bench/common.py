@@ -137,9 +137,9 @@ def median(values: list[float]) -> float:
 
 
 def start_worker(
-    database_url: str, broker_url: str, log: Path, pool: list[str]
+    database_url: str, broker_url: str, log: Path, pool: list[str], settle: float = 3
 ) -> subprocess.Popen[bytes]:
-    """A `celery -A workers worker` process on these servers, given 3 s to start."""
+    """A `celery -A workers worker` process on these servers, given ``settle`` s to start."""
     env = dict(os.environ, METERING_DATABASE_URL=database_url, METERING_BROKER_URL=broker_url)
     command = [sys.executable, "-m", "celery", "-A", "workers", "worker", "--loglevel", "WARNING"]
     command += ["--without-heartbeat", "--without-gossip", "--without-mingle", *pool]
@@ -152,7 +152,7 @@ def start_worker(
             cwd=log.parent,
             start_new_session=True,
         )
-    time.sleep(3)
+    time.sleep(settle)
     return worker
 
 

@@ -1,15 +1,21 @@
 """`bench/bench_mix.py` runs at tiny sizes: every configuration is set up through
-the public API, every event of its set-up is allowed, and the table has a row of
-each configuration and of the ledger peer (no timing is checked)."""
+the public API, every event of its set-up is allowed, every subject's users hold
+their seats before the first round, and the table has a row of each configuration
+and of the ledger peer (no timing is checked)."""
 
 from __future__ import annotations
 
+import importlib
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
+
+from metering import Meter
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGURATIONS = [
@@ -32,11 +38,12 @@ CONFIGURATIONS = [
 ]
 
 
-@pytest.mark.slow
-def test_every_configuration_runs_on_sqlite(tmp_path: Path) -> None:
+def run_quick(tmp_path: Path, *options: str) -> list[list[str]]:
+    """The SQLite rows of a ``--quick --sqlite-only`` run's table."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=str(tmp_path))
+    script = str(ROOT / "bench" / "bench_mix.py")
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "bench_mix.py"), "--quick", "--sqlite-only"],
+        [sys.executable, script, "--quick", "--sqlite-only", *options],
         env=env,
         capture_output=True,
         text=True,
@@ -44,11 +51,60 @@ def test_every_configuration_runs_on_sqlite(tmp_path: Path) -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = [
+    return [
         [cell.strip() for cell in line.strip("|").split("|")]
         for line in done.stdout.splitlines()
         if line.startswith("| SQLite")
     ]
+
+
+@pytest.fixture
+def bench_mix(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    return importlib.import_module("bench_mix")
+
+
+def test_every_subjects_users_hold_their_seats_before_the_first_round(
+    bench_mix: ModuleType, tmp_path: Path
+) -> None:
+    subjects = ["subject-0", "subject-1"]
+    for case in bench_mix.CASES:
+        if "seats" not in case.charged:
+            continue
+        url = f"sqlite:///{tmp_path}/{case.name}.db"
+        bench_mix.prepare(case, url, subjects)
+        with Meter(url) as meter:
+            held = [sorted(meter.seats(subject, "seats")) for subject in subjects]
+        assert held == [sorted(f"user-{n}" for n in range(20))] * 2, case.name
+
+
+def test_new_seats_bring_a_new_user_with_every_event(bench_mix: ModuleType) -> None:
+    rng = random.Random(0)
+    users = {bench_mix.NEW_SEATS.call("subject-0", rng)[1]["user"] for _ in range(1000)}
+    assert len(users) == 1000
+    assert not users & {f"user-{n}" for n in range(20)}
+
+
+@pytest.mark.slow
+def test_new_seats_run_beside_the_cases_named(tmp_path: Path) -> None:
+    rows = run_quick(tmp_path, "--new-seats", "--cases", "seats", "mix")
+    expected = [
+        "plain hard limit",
+        "stacked on three limits",
+        'seats (distinct="user")',
+        "seats, a new user every event (--new-seats)",
+        "mix: entitlement, recurring grant, price + cap, seats",
+    ]
+    assert [row[2] for row in rows if row[1] == "consume, 1 process"] == expected
+    paired = {row[2]: row[9] for row in rows if row[1].startswith("apply")}
+    assert list(paired) == [*expected, "ledger peer"]
+    assert all(paired.values())  # the paired batches' median ratio to plain
+    assert "(" in paired[expected[-1]]  # and to stacked on three
+
+
+@pytest.mark.slow
+def test_every_configuration_runs_on_sqlite(tmp_path: Path) -> None:
+    rows = run_quick(tmp_path)
     for path in ("consume, 1 process", "apply, 1,000-event batches"):
         found = [row[2] for row in rows if row[1] == path]
         expected = CONFIGURATIONS + (["ledger peer"] if path.startswith("apply") else [])
