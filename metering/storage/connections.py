@@ -25,6 +25,7 @@ import sqlalchemy
 from sqlalchemy import Connection, Engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlchemyError
+from sqlalchemy.util import LRUCache
 
 from metering.errors import (
     ConfigurationError,
@@ -77,7 +78,7 @@ def make_engine(url: str, *, connections: int | None = None, **kwargs: Any) -> E
     try:
         parsed = make_url(url)
         if parsed.get_backend_name() == "sqlite":
-            return _sqlite_engine(url, **kwargs)
+            return _shared_statements(_sqlite_engine(url, **kwargs))
         if parsed.get_backend_name() != "postgresql":
             raise ConfigurationError(f"unsupported database {parsed.get_backend_name()!r}")
         budget = (
@@ -85,9 +86,68 @@ def make_engine(url: str, *, connections: int | None = None, **kwargs: Any) -> E
             if connections is None
             else connection_budget(connections, "connections")
         )
-        return _postgres_engine(url, budget, kwargs)
+        return _shared_statements(_postgres_engine(url, budget, kwargs))
     except (ArgumentError, NoSuchModuleError, ValueError) as exc:
         raise ConfigurationError(f"invalid database URL {url!r}: {exc}") from exc
+
+
+# What a dialect's compiler reads, once the dialect has seen its first
+# connection: its class, and its settings of plain values (the server's
+# version, paramstyle, schema, flags ...) and JSON functions.
+_DIALECT_SETTINGS: weakref.WeakKeyDictionary[Any, tuple[Any, ...]] = weakref.WeakKeyDictionary()
+_PLAIN: Final = (str, int, float, bool, type(None), tuple)
+
+
+def _settings_of(dialect: Any) -> tuple[Any, ...]:
+    plain = sorted((k, v) for k, v in vars(dialect).items() if _is_plain(v))
+    serializers = (dialect._json_serializer, dialect._json_deserializer)
+    return (type(dialect), tuple(plain), *serializers)
+
+
+def _is_plain(value: Any) -> bool:
+    if not isinstance(value, _PLAIN):
+        return False
+    try:
+        hash(value)  # (a tuple of lists is not)
+    except TypeError:
+        return False
+    return True
+
+
+class _SharedStatements(LRUCache[Any, Any]):
+    """SQLAlchemy's compiled statements, one cache for every engine of the
+    process: its key names the engine's dialect object, here replaced by
+    the dialect's settings, so engines whose dialects are alike (every
+    `Meter` on SQLite; on one PostgreSQL server) compile a statement once.
+    A dialect not yet connected keeps its own key."""
+
+    @staticmethod
+    def _key(key: Any) -> Any:
+        settings = _DIALECT_SETTINGS.get(key[0])
+        return key if settings is None else (settings, *key[1:])
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return super().get(self._key(key), default)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        super().__setitem__(self._key(key), value)
+
+
+_STATEMENTS: Final = _SharedStatements(capacity=1000)
+
+
+def _shared_statements(engine: Engine) -> Engine:
+    """``engine`` compiling into `_STATEMENTS`, its dialect's settings read
+    on each new connection (after SQLAlchemy's first-connect set-up)."""
+
+    dialect = engine.dialect
+
+    @event.listens_for(engine, "connect")
+    def _read_settings(_dbapi_connection: Any, _record: Any) -> None:
+        _DIALECT_SETTINGS[dialect] = _settings_of(dialect)
+
+    engine.update_execution_options(compiled_cache=_STATEMENTS)
+    return engine
 
 
 # The ``application_name`` of every connection metering opens to PostgreSQL,

@@ -21,6 +21,7 @@ operator learns then, not from every delivery failing, which setting allows it.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import socket
 from collections.abc import Iterable
@@ -205,10 +206,13 @@ def delivery_client(
     import httpcore
     import httpx
 
-    transport = httpx.HTTPTransport(verify=verify, trust_env=False)
+    context = (
+        _default_tls() if verify is True else httpx.create_ssl_context(verify, trust_env=False)
+    )
+    transport = httpx.HTTPTransport(verify=context, trust_env=False)
     # The transport's own pool would open sockets by name; this one by checked address.
     transport._pool = httpcore.ConnectionPool(
-        ssl_context=httpx.create_ssl_context(verify=verify, trust_env=False),
+        ssl_context=context,
         network_backend=_pinned_backend(settings.allow_private, settings.allowed_networks),
     )
     return httpx.Client(
@@ -217,3 +221,13 @@ def delivery_client(
         follow_redirects=False,
         trust_env=False,
     )
+
+
+@functools.cache
+def _default_tls() -> ssl.SSLContext:
+    """The certificate checks of every delivery client of the process (certifi's
+    CAs): loading the bundle is most of a client's making, and a context is
+    shared safely between clients and threads."""
+    import httpx
+
+    return httpx.create_ssl_context(verify=True, trust_env=False)

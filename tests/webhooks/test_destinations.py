@@ -313,3 +313,26 @@ def test_an_allowed_network_or_a_public_or_unresolved_host_is_not_reported() -> 
     )
     assert refused_destination("https://93.184.215.14/x", allow_private=False) is None
     assert refused_destination("https://no-such-host.invalid/x", allow_private=False) is None
+
+
+def test_delivery_clients_share_one_checked_tls_context(monkeypatch: pytest.MonkeyPatch) -> None:
+    """certifi's CA bundle is loaded once a process, not twice a client (a
+    webhook ping made one): every client still checks certificates."""
+    from metering.webhooks.destinations import delivery_client
+
+    loads: list[Any] = []
+    load = ssl.SSLContext.load_verify_locations
+
+    def counted(context: ssl.SSLContext, *args: Any, **kwargs: Any) -> None:
+        loads.append(args or kwargs)
+        load(context, *args, **kwargs)
+
+    monkeypatch.setattr(ssl.SSLContext, "load_verify_locations", counted)
+    contexts = []
+    for _ in range(3):
+        with delivery_client(settings_for("127.0.0.2")) as client:
+            pool = client._transport._pool  # type: ignore[attr-defined]
+            contexts.append(pool._ssl_context)
+    assert len(loads) <= 1, loads
+    assert len({id(context) for context in contexts}) == 1
+    assert all(c.verify_mode == ssl.CERT_REQUIRED and c.check_hostname for c in contexts)
