@@ -21,6 +21,7 @@ from typing import Any, Final
 from sqlalchemy import (
     BigInteger,
     bindparam,
+    case,
     cast,
     func,
     or_,
@@ -39,8 +40,8 @@ from metering.storage.on_connection import OnConnection, chunks
 from metering.storage.records import RecordColumns
 from metering.storage.tables import (
     corrections,
+    counters,
     entitlements,
-    grant_draws,
     grants,
     subject_time_zones,
 )
@@ -310,14 +311,13 @@ class AllowanceStore(OnConnection):
         owners = sorted({(row[0], row[1]) for row in grant_rows})
         if not owners:
             return {}
-        d = grant_draws.c
-        drawn = select(d.limit_name, d.subject, d.window_start_us, func.sum(d.amount))
+        c = counters.c
+        drawn = select(c.limit_name, c.subject, c.window_start_us, c.granted).where(c.granted != 0)
         if windows is None:  # every window of the pairs
-            drawn = drawn.where(tuple_(d.limit_name, d.subject).in_(owners))
+            drawn = drawn.where(tuple_(c.limit_name, c.subject).in_(owners))
         else:
             keys = sorted({key for key in windows if (key[0], key[1]) in set(owners)})
-            drawn = drawn.where(tuple_(d.limit_name, d.subject, d.window_start_us).in_(keys))
-        drawn = drawn.group_by(d.limit_name, d.subject, d.window_start_us)
+            drawn = drawn.where(tuple_(c.limit_name, c.subject, c.window_start_us).in_(keys))
         return pots_of(grant_rows, self.connection.execute(drawn))
 
     def write_draws(
@@ -343,13 +343,30 @@ class AllowanceStore(OnConnection):
             drawn = [gid for gid, delta in by_grant if delta > 0]
             if now_us is not None and drawn:
                 self.announce_low(drawn, now_us)
-        rows: list[dict[str, Any]] = [
-            {"limit_name": n, "subject": s, "window_start_us": w, "grant_id": g, "amount": a}
-            for (n, s, w, g), a in sorted(draws.items())
+        by_window: dict[tuple[str, str, int], int] = defaultdict(int)
+        for (name, subject, start, _), amount in draws.items():
+            by_window[(name, subject, start)] += amount
+        # On the windows' counters (written before, in this transaction); taken
+        # back, never below zero (a reset may have cleared the window).
+        rows = [
+            {"b_name": n, "b_subject": s, "b_start": w, "b_delta": a}
+            for (n, s, w), a in sorted(by_window.items())
+            if a
         ]
-        # Taken back: never below zero (a reset may have dropped the window's draws).
-        key = ["subject", "limit_name", "window_start_us", "grant_id"]
-        self._add_amounts(grant_draws, key, "amount", rows, floor=0)
+        if not rows:
+            return
+        c = counters.c
+        added = c.granted + bindparam("b_delta", type_=BigInteger)
+        self.connection.execute(
+            update(counters)
+            .where(
+                c.limit_name == bindparam("b_name"),
+                c.subject == bindparam("b_subject"),
+                c.window_start_us == bindparam("b_start"),
+            )
+            .values(granted=case((added < 0, 0), else_=added)),
+            rows,
+        )
 
     def announce_low(self, grant_ids: list[str], now_us: int) -> None:
         """``grant.low`` for the grants of ``grant_ids`` now at or below their

@@ -33,7 +33,6 @@ from metering.storage.tables import (
     corrections,
     counter_resets,
     counters,
-    grant_draws,
     grants,
     overdrafts,
     reservations,
@@ -183,13 +182,9 @@ class AuditStore(OnConnection):
 
     def drawn(self, keys: Sequence[WindowKey]) -> dict[WindowKey, int]:
         """What each window of ``keys`` drew on grants."""
-        d = grant_draws.c
-        query = select(d.subject, d.limit_name, d.window_start_us, func.sum(d.amount)).group_by(
-            d.subject, d.limit_name, d.window_start_us
-        )
-        return {
-            (s, lim, int(w)): int(n) for s, lim, w, n in self._by_keys(query, grant_draws, keys)
-        }
+        c = counters.c
+        query = select(c.subject, c.limit_name, c.window_start_us, c.granted).where(c.granted != 0)
+        return {(s, lim, int(w)): int(n) for s, lim, w, n in self._by_keys(query, counters, keys)}
 
     def overdrawn(self, keys: Sequence[WindowKey]) -> dict[WindowKey, int]:
         """The overdraft commits recorded in each window of ``keys``."""
@@ -215,15 +210,29 @@ class AuditStore(OnConnection):
     def grant_balances(
         self, pairs: Iterable[tuple[str, str]] | None
     ) -> list[tuple[str, str, str, int, int, int]]:
-        """(grant id, subject, limit, amount, used, drawn by the windows that
-        still hold draws) of the grants of ``pairs`` (None: every grant)."""
-        g, d = grants.c, grant_draws.c
-        drawn = (
-            select(func.coalesce(func.sum(d.amount), 0))
-            .where(d.subject == g.subject, d.limit_name == g.limit_name, d.grant_id == g.grant_id)
+        """(grant id, subject, limit, amount, used, drawn) of the grants of
+        ``pairs`` (None: every grant). The windows keep what they drew on their
+        pair's grants together (``counters.granted``), not grant by grant: a
+        grant's ``drawn`` is what its pair's windows still hold drawn less the
+        other grants' ``used``, so that it passes ``used`` only when the pair's
+        windows hold more than its grants' ``used`` together."""
+        g, c = grants.c, counters.c
+        g2 = grants.alias("g2")
+        held = (
+            select(func.coalesce(func.sum(c.granted), 0))
+            .where(c.subject == g.subject, c.limit_name == g.limit_name)
             .scalar_subquery()
         )
-        query = select(g.grant_id, g.subject, g.limit_name, g.amount, g.used, drawn)
+        others = (
+            select(func.coalesce(func.sum(g2.c.used), 0))
+            .where(
+                g2.c.subject == g.subject,
+                g2.c.limit_name == g.limit_name,
+                g2.c.grant_id != g.grant_id,
+            )
+            .scalar_subquery()
+        )
+        query = select(g.grant_id, g.subject, g.limit_name, g.amount, g.used, held - others)
         if pairs is None:
             rows = self._rows(query)
         else:

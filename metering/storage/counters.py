@@ -37,7 +37,6 @@ from metering.storage.tables import (
     counter_resets,
     counters,
     current_windows,
-    grant_draws,
     reset_clock,
     results,
     subject_time_zones,
@@ -90,7 +89,9 @@ def _build_statements(dialect: str) -> dict[str, Any]:
     ).returning(*current_windows.c)
     # Writing back locked counters is the same upsert: every row exists, so
     # ON CONFLICT always updates, and a batch is one multi-row statement.
-    state_columns = [c.name for c in counters.c if c.name not in (*_COUNTER_KEY, *_RATE, *_MADE)]
+    # (A window's draws, ``granted``, are added to where they are drawn: `AllowanceStore`.)
+    kept = (*_COUNTER_KEY, *_RATE, *_MADE, "granted")
+    state_columns = [c.name for c in counters.c if c.name not in kept]
     write_counters = new_counters.on_conflict_do_update(
         index_elements=list(_COUNTER_KEY),
         set_={
@@ -428,7 +429,6 @@ class CounterStore(OnConnection):
         else:  # SQLite: BEGIN IMMEDIATE already holds the only write lock
             self.connection.execute(delete(current_windows).where(*which_windows))
             removed = self._delete_counters(*which_counters)
-        self._forget_draws(subject, limit)
         DistinctStore(self.connection).forget_cleared(subject, limit)
         return removed
 
@@ -518,26 +518,6 @@ class CounterStore(OnConnection):
             or_(r.limit_name.is_(None), r.limit_name.in_({key.limit for key in keys})),
         )
         return [Reset(*row) for row in self.connection.execute(query)]
-
-    def _forget_draws(self, subject: str | None, limit: str | None) -> None:
-        """Drop what the cleared windows drew on grants: a fresh window's own
-        usage starts at zero. The grants stay used (a reset renews no grant)."""
-        d, c = grant_draws.c, counters.c
-        which = [
-            ~select(literal_column("1"))
-            .select_from(counters)
-            .where(
-                c.subject == d.subject,
-                c.limit_name == d.limit_name,
-                c.window_start_us == d.window_start_us,
-            )
-            .exists()
-        ]
-        if subject is not None:
-            which.append(d.subject == subject)
-        if limit is not None:
-            which.append(d.limit_name == limit)
-        self.connection.execute(delete(grant_draws).where(*which))
 
     def counters_of(
         self, subject: str | None, limit: str | None

@@ -4,10 +4,10 @@ Reports read ``counters`` joined to the current ``limits``; filtering, overage a
 happen in the database. The period is a billing month (``counters.billing_month``) or a
 range on ``window_start_us``. The maximum is the one that applied (`with_applied_maximum`):
 the entitlement span holding the window's last instant, else the limit's default.
-``granted`` and ``overdraft`` are summed per window and outer-joined (joins, not correlated
-subqueries: docs/performance.md). Overage is a ``CASE``: soft, used less granted beyond the
-maximum; hard and shadow, none. The shadow report ranks windows with window functions; rows
-stream (PostgreSQL: `STREAM_BATCH` a round trip).
+``granted`` is the counter's column; ``overdraft`` is summed per window and outer-joined
+(a join, not a correlated subquery). Overage is a ``CASE``: soft, used less granted beyond
+the maximum; hard and shadow, none. The shadow report ranks windows with window functions;
+rows stream (PostgreSQL: `STREAM_BATCH` a round trip).
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ from metering.storage.tables import (
     corrections,
     counters,
     entitlements,
-    grant_draws,
     limits,
     overdrafts,
 )
@@ -118,11 +117,6 @@ def _with_window_sum(
     return joined.outerjoin(summed, same_window), func.coalesce(summed.c[column], 0)
 
 
-def _with_granted(joined: Any) -> tuple[Any, ColumnElement[Any]]:
-    """``joined`` with each window's grant draws and the grant-paid usage."""
-    return _with_window_sum(joined, grant_draws, "amount", "drawn")
-
-
 def _with_overdraft(joined: Any) -> tuple[Any, ColumnElement[Any]]:
     """``joined`` with each window's overdraft, over the events not voided since."""
     voided = exists().where(corrections.c.event_id == overdrafts.c.event_id)
@@ -163,7 +157,7 @@ def _windows(query: ReportQuery) -> Any:
     joined, maximum = with_applied_maximum(
         _counted(), counters.c.subject, counters.c.limit_name, counters.c.window_end_us
     )
-    joined, granted = _with_granted(joined)
+    granted = counters.c.granted  # the grant-paid usage
     joined, overdraft = _with_overdraft(joined)
     statement = select(
         counters.c.subject,

@@ -130,6 +130,9 @@ counters = Table(
     # the subject's zone (`metering.domain.zones.billing_month`), written when
     # the row is made (migration 0030); NULL for a token bucket (no window).
     Column("billing_month", string(7), nullable=True),
+    # What the window drew on its subject's grants (`metering.domain.grants.Pot`):
+    # its own usage is ``used`` less this (migration 0038).
+    Column("granted", BIGINT, nullable=False, server_default="0"),
     # Keys lead with the subject (migration 0006): see docs/performance.md.
     PrimaryKeyConstraint("subject", "limit_name", "window_start_us"),
     postgresql_with={"fillfactor": 70},  # room for HOT updates (migration 0005)
@@ -413,20 +416,6 @@ alert_thresholds = Table(
     Column("thresholds_units", TEXT, nullable=False),
     Column("created_at_us", BIGINT, nullable=False),
     PrimaryKeyConstraint("limit_name", "subject"),
-)
-
-# What each window drew on each grant: the window's own usage is its
-# counter's ``used`` less the sum of its draws.
-grant_draws = Table(
-    "grant_draws",
-    metadata,
-    Column("subject", string(200), nullable=False),
-    Column("limit_name", string(64), nullable=False),
-    Column("window_start_us", BIGINT, nullable=False, autoincrement=False),
-    Column("grant_id", string(128), nullable=False),
-    Column("amount", BIGINT, nullable=False),
-    PrimaryKeyConstraint("subject", "limit_name", "window_start_us", "grant_id"),
-    postgresql_with={"fillfactor": 50},  # room for HOT updates (migration 0035)
 )
 
 # Voided events: one correction per event id. ``charges`` is a JSON list of

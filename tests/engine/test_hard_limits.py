@@ -29,12 +29,12 @@ from decision_paths import apply_reference, without
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from servers import copy_sqlite
-from sqlalchemy import func, select
+from sqlalchemy import select
 
 from metering import FrozenClock, Limit, Meter
 from metering.domain.events import make_event
 from metering.engine.one_trip import STATS
-from metering.storage.tables import counters, grant_draws, results
+from metering.storage.tables import counters, results
 
 START = datetime(2026, 11, 30, 22, 0, tzinfo=UTC)
 LIMITS = [
@@ -149,11 +149,10 @@ class Run:
 
     def read(self) -> tuple[dict[Key, int], dict[Key, int], list[dict[str, Any]]]:
         """The hard limits' counters, what grants paid per window, the last step's charges."""
-        drawn_key = (grant_draws.c.limit_name, grant_draws.c.subject)
-        drawn_key += (grant_draws.c.window_start_us,)
+        c = counters.c
         used = select(counters.c.limit_name, counters.c.subject, counters.c.window_start_us)
         used = used.add_columns(counters.c.used).where(counters.c.limit_name.in_(HARD))
-        drawn = select(*drawn_key, func.sum(grant_draws.c.amount)).group_by(*drawn_key)
+        drawn = select(c.limit_name, c.subject, c.window_start_us, c.granted).where(c.granted != 0)
         charges = select(results.c.charges).where(results.c.event_id.in_(self.ids))
         with self.meter.sql_engine.connect() as connection:
             return (

@@ -17,7 +17,7 @@ from sqlalchemy import select
 
 from metering import FrozenClock, Limit, Meter
 from metering.domain.decisions import ChargeDecision
-from metering.storage.tables import grant_draws, results
+from metering.storage.tables import counters, results
 
 PROCESSES = 8
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
@@ -160,8 +160,8 @@ def test_a_grant_tops_up_a_hard_limit_exactly_under_a_race(db_url: str) -> None:
         used = {grant.grant_id: grant.used for grant in meter.grants()}
         with meter.sql_engine.connect() as connection:
             draws = {
-                (row.window_start_us, row.grant_id): row.amount
-                for row in connection.execute(select(grant_draws))
+                row.window_start_us: row.granted
+                for row in connection.execute(select(counters).where(counters.c.granted != 0))
             }
     allowed = [charge for _, outcome, charge in rows if outcome == "allowed"]
     paid = {}

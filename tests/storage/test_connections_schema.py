@@ -52,7 +52,7 @@ def test_tables_updated_in_place_keep_room_for_hot_updates(pg_url: str) -> None:
             ).fetchall()
         )
     assert found == declared
-    updated = ("grants", "grant_draws", "breakers", "usage_rollups", "distinct_values")
+    updated = ("grants", "breakers", "usage_rollups", "distinct_values")
     assert {name: found[name] for name in updated} == dict.fromkeys(updated, 50)
 
 
@@ -193,3 +193,64 @@ def test_migration_0030_fills_billing_months_in_the_subjects_zone(
         assert _billing_months_after_0030(postgres_server.url("before_0030")) == expected
     finally:
         postgres_server.drop_database("before_0030")
+
+
+def _draws_across_0038(url: str) -> tuple[dict[int, int], list[tuple[int, str, int]]]:
+    """Draws written before migration 0038: each window's on its counter after
+    it, and the rows ``grant_draws`` holds again after its downgrade."""
+    _upgrade(url, "0037")
+    engine = make_engine(url)
+    with engine.begin() as connection:
+        for start in (100, 200):
+            connection.execute(
+                text(
+                    "INSERT INTO counters (limit_name, subject, window_start_us, window_end_us,"
+                    " used, denied_count, denied_cost, tat_rem, tat_scale, updated_at_us)"
+                    " VALUES ('calls', 'org', :start, :start + 100, 9, 0, 0, 0, 1, 0)"
+                ),
+                {"start": start},
+            )
+        for grant_id, used in (("big", 5), ("small", 2)):
+            connection.execute(
+                text(
+                    "INSERT INTO grants (grant_id, subject, limit_name, amount, used,"
+                    " effective_from_us, created_at_us) VALUES (:g, 'org', 'calls', 10, :u, 0, 0)"
+                ),
+                {"g": grant_id, "u": used},
+            )
+        for start, grant_id, amount in ((100, "big", 3), (100, "small", 2), (200, "big", 2)):
+            connection.execute(
+                text("INSERT INTO grant_draws VALUES ('org', 'calls', :start, :g, :amount)"),
+                {"start": start, "g": grant_id, "amount": amount},
+            )
+    _upgrade(url, "head")
+    with engine.connect() as connection:
+        found = connection.execute(text("SELECT window_start_us, granted FROM counters"))
+        granted = {int(start): int(amount) for start, amount in found}
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.downgrade(config, "0037")
+    with engine.connect() as connection:
+        found = connection.execute(
+            text("SELECT window_start_us, grant_id, amount FROM grant_draws ORDER BY 1")
+        )
+        back = [(int(start), grant_id, int(amount)) for start, grant_id, amount in found]
+    _upgrade(url, "head")
+    engine.dispose()
+    return granted, back
+
+
+def test_migration_0038_keeps_each_windows_draws_on_its_counter(
+    tmp_path: Path, postgres_server: PostgresServer
+) -> None:
+    # Back down, a window's draws are on the grant its pair drew most (their
+    # split per grant is not kept).
+    expected = ({100: 5, 200: 2}, [(100, "big", 5), (200, "big", 2)])
+    assert _draws_across_0038(f"sqlite:///{tmp_path / 'old.db'}") == expected
+    postgres_server.create_database("before_0038")
+    try:
+        assert _draws_across_0038(postgres_server.url("before_0038")) == expected
+    finally:
+        postgres_server.drop_database("before_0038")

@@ -74,6 +74,7 @@ from metering.storage.hot.statements import (
     Statements,
     counter_insert,
     counter_update,
+    drawn_by_window,
     seat_rows,
 )
 from metering.storage.rates import created_rate, rate_set
@@ -112,7 +113,8 @@ CROSS JOIN LATERAL (
 # counter of each first-use window (locked by the statement before).
 LOCK_COUNTERS: Final = f"""
 SELECT c.limit_name, c.subject, c.window_start_us, c.used, c.denied_count, c.denied_cost,
-       c.first_denied_at_us, c.tat_us, c.tat_rem, c.tat_scale, c.tid::text, c.rate, c.rate_at_us
+       c.first_denied_at_us, c.tat_us, c.tat_rem, c.tat_scale, c.tid::text, c.rate, c.rate_at_us,
+       c.granted
 FROM (
     SELECT * FROM (
         SELECT r->>0 AS l, r->>1 AS s, (r->>2)::bigint AS ws
@@ -148,22 +150,23 @@ UPDATE_COUNTERS: Final = f"""
 UPDATE counters AS c
 SET used = v.used, denied_count = v.dc, denied_cost = v.dcost, first_denied_at_us = v.fd,
     tat_us = v.tat, tat_rem = v.rem, tat_scale = v.scale, updated_at_us = %(now)s,
+    granted = c.granted + v.granted,
     {rate_set(now="%(now)s", new_used="v.used", row="c.")}
 FROM (
     SELECT (r->>0)::tid, (r->>1)::bigint, (r->>2)::bigint, (r->>3)::bigint, (r->>4)::bigint,
-           (r->>5)::bigint, (r->>6)::bigint, (r->>7)::bigint
+           (r->>5)::bigint, (r->>6)::bigint, (r->>7)::bigint, (r->>8)::bigint
     FROM jsonb_array_elements(%(rows)s::jsonb) AS r
-) AS v(tid, used, dc, dcost, fd, tat, rem, scale)
+) AS v(tid, used, dc, dcost, fd, tat, rem, scale, granted)
 WHERE c.ctid = v.tid
 """
 
 INSERT_COUNTERS: Final = """
 INSERT INTO counters (limit_name, subject, window_start_us, window_end_us, used, denied_count,
                       denied_cost, first_denied_at_us, tat_us, tat_rem, tat_scale, updated_at_us,
-                      rate, rate_at_us, billing_month)
+                      rate, rate_at_us, billing_month, granted)
 SELECT r->>0, r->>1, (r->>2)::bigint, (r->>3)::bigint, (r->>4)::bigint, (r->>5)::bigint,
        (r->>6)::bigint, (r->>7)::bigint, (r->>8)::bigint, (r->>9)::bigint, (r->>10)::bigint,
-       %(now)s, (r->>11)::float8, %(now)s, r->>12
+       %(now)s, (r->>11)::float8, %(now)s, r->>12, (r->>13)::bigint
 FROM jsonb_array_elements(%(rows)s::jsonb) AS r
 """
 
@@ -194,12 +197,12 @@ SELECT r->>0, r->>1, r->>2, (r->>3)::bigint, (r->>4)::bigint, r->>5, r->>6, r->>
 FROM jsonb_array_elements(%(rows)s::jsonb) AS r
 """
 
-# A batch's subjects that have grants: their balances, and what each of
-# their windows drew, read in `read`'s pipeline after the counters are
-# locked, without a lock of their own. Draws of a window change only under
-# its counter's lock, so those are current; a balance may be spent by a
-# transaction on another window of the same subject (a late event), and the
-# grants' check constraint (used <= amount) then refuses the write.
+# A batch's subjects that have grants: their balances, read in `read`'s
+# pipeline after the counters are locked, without a lock of their own (what
+# each window drew is its counter's ``granted``, read under its lock). A
+# balance may be spent by a transaction on another window of the same
+# subject (a late event), and the grants' check constraint (used <= amount)
+# then refuses the write.
 READ_GRANTS: Final = """
 SELECT g.limit_name, g.subject, g.grant_id, g.amount, g.used, g.effective_from_us, g.expires_at_us,
     g.priority, g.low_at, g.low_sent
@@ -207,14 +210,6 @@ FROM jsonb_array_elements(%(grant_pairs)s::jsonb) AS r
 CROSS JOIN LATERAL (
     SELECT * FROM grants AS g WHERE g.limit_name = r->>0 AND g.subject = r->>1
 ) AS g
-"""
-READ_DRAWS: Final = """
-SELECT d.limit_name, d.subject, d.window_start_us, sum(d.amount)::bigint
-FROM jsonb_array_elements(%(grant_pairs)s::jsonb) AS r
-CROSS JOIN LATERAL (
-    SELECT * FROM grant_draws AS d WHERE d.subject = r->>1 AND d.limit_name = r->>0
-) AS d
-GROUP BY d.limit_name, d.subject, d.window_start_us
 """
 # A batch's seat values (`metering.domain.distinct`): their live events,
 # read in `read`'s pipeline after the counters are locked (the counter's
@@ -299,13 +294,6 @@ FROM (
 WHERE s.schedule_id = v.id AND s.last_issue = v.was
 """
 
-ADD_DRAWS: Final = """
-INSERT INTO grant_draws (subject, limit_name, window_start_us, grant_id, amount)
-SELECT r->>1, r->>0, (r->>2)::bigint, r->>3, (r->>4)::bigint
-FROM jsonb_array_elements(%(rows)s::jsonb) AS r
-ON CONFLICT (subject, limit_name, window_start_us, grant_id)
-DO UPDATE SET amount = grant_draws.amount + excluded.amount
-"""
 
 # Dead letters (`metering.storage.rejected.rejected_rows`), in their order; one already
 # kept is not again.
@@ -332,7 +320,7 @@ class ReadRows:
     windows: Sequence[Sequence[Any]]
     # (limit, subject, window start, the 7 fields of a `State`[, tuple id]).
     counters: Sequence[Sequence[Any]]
-    # `READ_GRANTS`'s and `READ_DRAWS`'s.
+    # `READ_GRANTS`'s, and each locked counter's ``granted`` (limit, subject, start, granted).
     grants: Sequence[Sequence[Any]] = ()
     draws: Sequence[Sequence[Any]] = ()
     # (limit, subject, window start, value, live events).
@@ -506,11 +494,10 @@ class PostgresHotStore:
                 if pairs:
                     windows = self.raw.cursor(binary=True).execute(LOCK_WINDOWS, params)
                 counters = self.raw.cursor(binary=True).execute(LOCK_COUNTERS, params)
-                granted = drawn = None
+                granted = None
                 if grant_pairs:
                     asked = {"grant_pairs": _encode(grant_pairs)}
                     granted = self.raw.cursor(binary=True).execute(READ_GRANTS, asked)
-                    drawn = self.raw.cursor(binary=True).execute(READ_DRAWS, asked)
                 valued = None
                 if seats:
                     asked = {"seats": _encode(seats)}
@@ -528,7 +515,7 @@ class PostgresHotStore:
             counter_rows = counters.fetchall()
             stored_rows = stored.fetchall() if stored else []
             grant_rows = granted.fetchall() if granted else []
-            draw_rows = drawn.fetchall() if drawn else []
+            draw_rows = [r[:3] + r[13:] for r in counter_rows if r[13]] if granted else []
             value_rows = valued.fetchall() if valued else []
             schedule_rows = schedules.fetchall() if schedules else []
             last_rows = last_issues.fetchall() if last_issues else []
@@ -599,21 +586,25 @@ class PostgresHotStore:
                     raw.execute("BEGIN")
                 self.send_expectations()
                 cursor = raw.cursor()
+                drawn = drawn_by_window(changes.draws) if changes.draws else {}
                 if changes.updated and (len(changes.updated) <= FEW_ROWS or not self.counter_tids):
-                    rows: list[Any] = [counter_update(k, st, now_us) for k, st in changes.updated]
+                    rows: list[Any] = [
+                        counter_update(k, st, now_us, drawn.get(k, 0)) for k, st in changes.updated
+                    ]
                     _execute(cursor, SQL.update_counter, rows)
                 elif changes.updated:
                     tids = self.counter_tids
-                    rows = [(tids[key], *state) for key, state in changes.updated]
+                    rows = [(tids[k], *state, drawn.get(k, 0)) for k, state in changes.updated]
                     raw.execute(UPDATE_COUNTERS, {"rows": _encode(rows), "now": now_us})
                 if 0 < len(changes.created) <= FEW_ROWS:
                     rows = [
-                        counter_insert(k, end, st, now_us, m) for k, end, st, m in changes.created
+                        counter_insert(k, end, st, now_us, m, drawn.get(k, 0))
+                        for k, end, st, m in changes.created
                     ]
                     _execute(cursor, SQL.insert_counter, rows)
                 elif changes.created:
                     rows = [
-                        (*key, end, *state, created_rate(state[0]), month)
+                        (*key, end, *state, created_rate(state[0]), month, drawn.get(key, 0))
                         for key, end, state, month in changes.created
                     ]
                     raw.execute(INSERT_COUNTERS, {"rows": _encode(rows), "now": now_us})
@@ -634,8 +625,6 @@ class PostgresHotStore:
                     expected = changes.expected
                     rows = [(g, delta, expected.get(g)) for g, delta in grant_deltas(changes.draws)]
                     raw.execute(UPDATE_GRANTS, {"rows": _encode(rows)})
-                    rows = [(*key, amount) for key, amount in sorted(changes.draws.items())]
-                    raw.execute(ADD_DRAWS, {"rows": _encode(rows)})
                 rows = [result_row(r) for r in changes.results]
                 if 0 < len(rows) <= FEW_ROWS:
                     _execute(cursor, SQL.insert_result, rows)
@@ -804,12 +793,12 @@ FROM gp CROSS JOIN LATERAL (
     SELECT * FROM grants AS g WHERE g.limit_name = gp.l AND g.subject = gp.s
 ) AS g
 UNION ALL
-SELECT 4, d.limit_name, d.subject, d.window_start_us, sum(d.amount)::bigint, NULL, NULL, NULL,
+SELECT 4, c.limit_name, c.subject, c.window_start_us, c.granted, NULL, NULL, NULL,
        NULL, NULL, NULL, NULL, NULL, NULL
 FROM gp CROSS JOIN LATERAL (
-    SELECT * FROM grant_draws AS d WHERE d.subject = gp.s AND d.limit_name = gp.l
-) AS d
-GROUP BY d.limit_name, d.subject, d.window_start_us
+    SELECT * FROM counters AS c
+    WHERE c.subject = gp.s AND c.limit_name = gp.l AND c.granted <> 0
+) AS c
 UNION ALL
 SELECT 5, d.limit_name, d.subject, d.window_start_us, d.live_events, NULL, NULL, NULL, NULL,
        NULL, NULL, d.value, NULL, NULL

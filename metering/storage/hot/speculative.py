@@ -26,13 +26,13 @@ from metering.storage.hot import Changes, Snapshot, WantedKey, WantedSeat
 from metering.storage.hot.postgres import (
     LOCK_COUNTERS,
     LOCK_WINDOWS,
-    READ_DRAWS,
     READ_GRANTS,
     READ_SEATS,
     PostgresHotStore,
     ReadRows,
     snapshot_of,
 )
+from metering.storage.hot.statements import drawn_by_window
 
 # What speculation did, by outcome (``hit``, ``miss``, ``mismatch``): for benchmarks.
 SPECULATION: Counter[str] = Counter()
@@ -64,7 +64,7 @@ EXPECT_WINDOWS: Final = _expect(
 EXPECT_COUNTERS: Final = _expect(
     LOCK_COUNTERS,
     "q.limit_name, q.subject, q.window_start_us, q.used, q.denied_count, q.denied_cost,"
-    " q.first_denied_at_us, q.tat_us, q.tat_rem, q.tat_scale",
+    " q.first_denied_at_us, q.tat_us, q.tat_rem, q.tat_scale, q.granted",
     f"q.limit_name {_C}, q.subject {_C}, q.window_start_us",
 )
 EXPECT_GRANTS: Final = _expect(
@@ -73,11 +73,6 @@ EXPECT_GRANTS: Final = _expect(
     " q.expires_at_us, q.priority, q.low_at, q.low_sent",
     f"q.limit_name {_C}, q.subject {_C}, q.grant_id {_C}",
 )
-EXPECT_DRAWS: Final = _expect(
-    READ_DRAWS.replace("sum(d.amount)::bigint", "sum(d.amount)::bigint AS amount"),
-    "q.limit_name, q.subject, q.window_start_us, q.amount",
-    f"q.limit_name {_C}, q.subject {_C}, q.window_start_us",
-)
 EXPECT_SEATS: Final = _expect(
     READ_SEATS,
     "q.limit_name, q.subject, q.window_start_us, q.value, q.live_events",
@@ -85,6 +80,10 @@ EXPECT_SEATS: Final = _expect(
 )
 
 Row = tuple[Any, ...]
+# A cached counter row: (limit, subject, window start, the 7 fields of a
+# `State`, granted); a row `LOCK_COUNTERS` returned has its granted here.
+_GRANTED: Final = 10
+_LOCKED_GRANTED: Final = 13
 SeatKey4 = tuple[str, str, int, str]
 
 
@@ -113,7 +112,6 @@ class RowCache:
         self.windows: dict[Pair, Row | None] = {}
         self.counters: dict[Key, Row | None] = {}
         self.grants: dict[Pair, tuple[Row, ...]] = {}
-        self.draws: dict[Pair, tuple[Row, ...]] = {}
         self.seats: dict[SeatKey4, Row | None] = {}
 
     def worth_trying(self) -> bool:
@@ -148,7 +146,12 @@ class RowCache:
                 if counter is not None:
                     found_counters.append(counter)
             grant_rows = [row for pair in request.grant_pairs for row in self.grants[pair]]
-            draw_rows = [row for pair in request.grant_pairs for row in self.draws[pair]]
+            owners = set(request.grant_pairs)
+            draw_rows = [
+                (*c[:3], c[_GRANTED])
+                for c in found_counters
+                if c[_GRANTED] and (c[0], c[1]) in owners
+            ]
             seat_rows: list[Row] = []
             for name, subject, seat_start, value in request.seats:
                 if seat_start is None:
@@ -171,17 +174,22 @@ class RowCache:
             (r[0], r[1]): tuple(r[:4]) for r in rows.windows
         }
         counters: dict[Key, Row | None] = {(n, s, start): None for n, s, start, _ in request.keys}
+        granted: dict[Key, int] = {}
         for row in rows.counters:
-            counters[(row[0], row[1], row[2])] = tuple(row[:10])
+            key = (row[0], row[1], row[2])
+            # A locked row has its ``granted`` after its tuple id and rate; a cached one, tenth.
+            granted[key] = row[_LOCKED_GRANTED] if len(row) > _LOCKED_GRANTED else row[_GRANTED]
+            counters[key] = (*row[:10], granted[key])
         for pair, window in windows.items():
             if window is not None and window[2] is not None:
                 counters.setdefault((*pair, window[2]), None)
         for pair, (start, end) in (*changes.new_windows, *changes.moved_windows):
             windows[pair] = (*pair, start, end)
+        drawn = drawn_by_window(changes.draws) if changes.draws else {}
         for key, state in changes.updated:
-            counters[key] = (*key, *state)
+            counters[key] = (*key, *state, granted.get(key, 0) + drawn.get(key, 0))
         for key, _, state, _ in changes.created:
-            counters[key] = (*key, *state)
+            counters[key] = (*key, *state, drawn.get(key, 0))
         self.windows.update(windows)
         self.counters.update(counters)
         if request.grant_pairs:
@@ -200,24 +208,12 @@ class RowCache:
 
     def _learn_grants(self, pairs: Sequence[Pair], rows: ReadRows, changes: Changes) -> None:
         deltas = dict(grant_deltas(changes.draws))
-        drawn: dict[tuple[str, str, int], int] = {}
-        for (name, subject, start, _), amount in changes.draws.items():
-            drawn[(name, subject, start)] = drawn.get((name, subject, start), 0) + amount
         grants: dict[Pair, list[Row]] = {pair: [] for pair in pairs}
         for row in rows.grants:
             used = row[4] + deltas.get(row[2], 0)
             grants[(row[0], row[1])].append((*row[:4], used, *row[5:10]))
-        draws: dict[Pair, dict[int, Row]] = {pair: {} for pair in pairs}
-        for row in rows.draws:
-            draws[(row[0], row[1])][row[2]] = tuple(row[:4])
-        for (name, subject, start), amount in drawn.items():
-            window = draws.get((name, subject))
-            if window is not None:
-                before = window.get(start)
-                window[start] = (name, subject, start, amount + (before[3] if before else 0))
         for pair in pairs:
             self.grants[pair] = tuple(grants[pair])
-            self.draws[pair] = tuple(draws[pair].values())
 
     def forget(self, request: Request) -> None:
         """Drop the rows of ``request`` (they may have changed)."""
@@ -229,14 +225,13 @@ class RowCache:
             self.counters.pop((name, subject, start), None)
         for pair in request.grant_pairs:
             self.grants.pop(pair, None)
-            self.draws.pop(pair, None)
         for name, subject, seat_start, value in request.seats:
             if seat_start is not None:
                 self.seats.pop((name, subject, seat_start, value), None)
 
     def clear(self) -> None:
         self.windows, self.counters, self.seats = {}, {}, {}
-        self.grants, self.draws = {}, {}
+        self.grants = {}
 
 
 class LearningStore(PostgresHotStore):
@@ -369,7 +364,6 @@ class SpeculativeStore(LearningStore):
             asked = _encode(request.grant_pairs)
             grants = {"grant_pairs": asked, "expected": _sorted(rows.grants, 3)}
             cursor.execute(EXPECT_GRANTS, grants)
-            cursor.execute(EXPECT_DRAWS, {"grant_pairs": asked, "expected": _sorted(rows.draws)})
         if request.seats:
             seats = {"seats": _encode(request.seats), "expected": _sorted(rows.seats, 4)}
             cursor.execute(EXPECT_SEATS, seats)

@@ -67,6 +67,7 @@ from metering.storage.hot.statements import (
     Statements,
     counter_insert,
     counter_update,
+    drawn_by_window,
     seat_rows,
 )
 from metering.storage.reservations import ReservationRecord, record_of_row
@@ -312,10 +313,15 @@ class SqliteHotStore:
         raw = self.raw
         try:
             # One row (`consume`): `execute`, which costs less than `executemany`.
+            drawn = drawn_by_window(changes.draws) if changes.draws else {}
             if changes.updated:
-                _execute(raw, SQL.update_counter, list(_updates(changes, now_us)))
+                rows = [counter_update(k, st, now_us, drawn.get(k, 0)) for k, st in changes.updated]
+                _execute(raw, SQL.update_counter, rows)
             if changes.created:
-                rows = [counter_insert(k, end, st, now_us, m) for k, end, st, m in changes.created]
+                rows = [
+                    counter_insert(k, end, st, now_us, m, drawn.get(k, 0))
+                    for k, end, st, m in changes.created
+                ]
                 _execute(raw, SQL.insert_counter, rows)
             windows = [*changes.new_windows, *changes.moved_windows]
             if windows:
@@ -457,11 +463,6 @@ def _execute(raw: sqlite3.Connection, statement: str, rows: list[tuple[Any, ...]
         raw.execute(statement, rows[0])
     else:
         raw.executemany(statement, rows)
-
-
-def _updates(changes: Changes, now_us: int) -> Iterator[tuple[Any, ...]]:
-    for key, state in changes.updated:
-        yield counter_update(key, state, now_us)
 
 
 def _translate(exc: sqlite3.Error) -> StatementError:

@@ -5,9 +5,9 @@ SQLAlchemy, as fixed statements on the stdlib connection, so that the direct
 path (`DirectSqlite`) decides subjects with grants without a SQLAlchemy
 connection. The transaction is ``BEGIN IMMEDIATE``: it holds SQLite's one
 write lock, so reading is locking, and no other writer draws or issues
-meanwhile. A pair's grants and its windows' draws are read in one statement
-(in `consume`, in the version and counter's statement too), many pairs' a
-limit's in one; a batch's writes find the rows so read by rowid (`Rowids`).
+meanwhile. A pair's grants and its windows' draws (their counters' ``granted``)
+are read in one statement (in `consume`, with the version and counter), many
+pairs' a limit's in one; a batch's writes find the grants by rowid (`Rowids`).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from metering.storage.recurring import (
     schedule_of_values,
 )
 
-# One pair's grants (kind 1) and what its windows drew on each (kind 2) in
-# one statement, each row with its rowid, padded to the version and
+# One pair's grants (kind 1) and what its windows drew on them (kind 2, the
+# counters' ``granted``) in one statement, each row with its rowid, padded to the version and
 # counter's columns (`GRANT_ROWS`), so that `metering.storage.hot.sqlite`
 # reads them with those too.
 _GRANT_PARTS: Final = """
@@ -40,8 +40,8 @@ SELECT 1, grant_id, amount, used, effective_from_us, expires_at_us, priority, lo
        rowid, NULL
 FROM grants WHERE limit_name = ? AND subject = ?
 UNION ALL
-SELECT 2, window_start_us, amount, grant_id, rowid, NULL, NULL, NULL, NULL, NULL, NULL
-FROM grant_draws WHERE limit_name = ? AND subject = ?
+SELECT 2, window_start_us, granted, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+FROM counters WHERE limit_name = ? AND subject = ? AND granted <> 0
 """
 GRANT_ROWS: Final = "UNION ALL" + _GRANT_PARTS
 SELECT_GRANTS_AND_DRAWS: Final = _GRANT_PARTS
@@ -52,9 +52,9 @@ SELECT 1, g.subject, g.grant_id, g.amount, g.used, g.effective_from_us, g.expire
        g.priority, g.low_at, g.low_sent, g.rowid
 FROM json_each(?1) AS k CROSS JOIN grants AS g WHERE g.subject = k.value AND g.limit_name = ?2
 UNION ALL
-SELECT 2, d.subject, d.window_start_us, d.amount, d.grant_id, d.rowid, NULL, NULL, NULL, NULL, NULL
-FROM json_each(?1) AS k CROSS JOIN grant_draws AS d
-WHERE d.subject = k.value AND d.limit_name = ?2
+SELECT 2, c.subject, c.window_start_us, c.granted, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+FROM json_each(?1) AS k CROSS JOIN counters AS c
+WHERE c.subject = k.value AND c.limit_name = ?2 AND c.granted <> 0
 """
 # Up to this many pairs are read one statement each (`consume`).
 _ONE_BY_ONE: Final = 3
@@ -75,23 +75,15 @@ WHERE schedule_id = ? AND last_issue = ?
 """
 ADD_USED: Final = "UPDATE grants SET used = used + ? WHERE grant_id = ?"
 ADD_USED_AT: Final = "UPDATE grants SET used = used + ? WHERE rowid = ?"
-ADD_DRAW_AT: Final = "UPDATE grant_draws SET amount = amount + ? WHERE rowid = ?"
-ADD_DRAW: Final = """
-INSERT INTO grant_draws (limit_name, subject, window_start_us, grant_id, amount)
-VALUES (?, ?, ?, ?, ?)
-ON CONFLICT (subject, limit_name, window_start_us, grant_id)
-DO UPDATE SET amount = grant_draws.amount + excluded.amount
-"""
 
 
 @dataclass(slots=True)
 class Rowids:
-    """The rowids of the grants (by id) and of their windows' draws (by
-    `DrawKey`) a transaction read: it updates those rows by rowid, one
-    B-tree each instead of a key's index and then the table (two)."""
+    """The rowids of the grants (by id) a transaction read: it updates
+    those rows by rowid, one B-tree each instead of a key's index and then
+    the table (two)."""
 
     grants: dict[str, int] = field(default_factory=dict)
-    draws: dict[DrawKey, int] = field(default_factory=dict)
 
 
 def read_grants(
@@ -143,13 +135,10 @@ def _pots_of_group(
             draws.append(row)
     for subject, found in balances.items():
         pots[(name, subject)] = Pot(found)
-    draw_rowids = rowids.draws
-    for _, subject, start, amount, grant_id, rowid, *_ in draws:
+    for _, subject, start, amount, *_ in draws:
         pot = pots.get((name, subject))
         if pot is not None:  # (a pair with no grant has no pot: its draws are left out)
-            granted = pot.granted
-            granted[start] = granted.get(start, 0) + amount
-            draw_rowids[(name, subject, start, grant_id)] = rowid
+            pot.granted[start] = amount
 
 
 def pot_of_rows(
@@ -170,11 +159,8 @@ def pot_of_rows(
             grant_rows.append((*pair, *values[:8]))
             if rowids is not None:
                 rowids.grants[values[0]] = values[8]
-        elif kind == 2:  # a window's draw on a grant
-            start = values[0]
-            drawn[start] = drawn.get(start, 0) + values[1]
-            if rowids is not None:
-                rowids.draws[(pair[0], pair[1], start, values[2])] = values[3]
+        elif kind == 2:  # what a window drew on the grants
+            drawn[values[0]] = values[1]
     pots.update(pots_of(grant_rows, [(*pair, start, amount) for start, amount in drawn.items()]))
     watched.update(_watched(grant_rows))
 
@@ -215,8 +201,8 @@ def write_issues(
 def write_draws(
     raw: sqlite3.Connection, draws: Mapping[DrawKey, int], rowids: Rowids | None = None
 ) -> None:
-    """Add ``draws`` (all positive: the hot path only draws) to the grants and
-    to their windows' draws (as `AllowanceStore.write_draws`); the rows in
+    """Add ``draws`` (all positive: the hot path only draws) to the grants
+    (the windows' counters take theirs in their own write); the rows in
     ``rowids`` (read in this transaction) by rowid."""
     known = rowids.grants if rowids is not None else {}
     at: list[tuple[int, int]] = []
@@ -229,16 +215,6 @@ def write_draws(
             at.append((amount, rowid))
     _run(raw, ADD_USED_AT, at)
     _run(raw, ADD_USED, by_key)
-    drawn = rowids.draws if rowids is not None else {}
-    at, by_key = [], []
-    for key, amount in sorted(draws.items()):
-        rowid = drawn.get(key)
-        if rowid is None:
-            by_key.append((*key, amount))
-        else:
-            at.append((amount, rowid))
-    _run(raw, ADD_DRAW_AT, at)
-    _run(raw, ADD_DRAW, by_key)
 
 
 def _run(raw: sqlite3.Connection, statement: str, rows: list[tuple[Any, ...]]) -> None:

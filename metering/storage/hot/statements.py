@@ -26,15 +26,16 @@ RESULT_COLUMNS: Final = ", ".join(ResultRecord._fields)
 _UPDATE_COUNTER: Final = """
 UPDATE counters SET {1},
                     used = {0}, denied_count = {0}, denied_cost = {0}, first_denied_at_us = {0},
-                    tat_us = {0}, tat_rem = {0}, tat_scale = {0}, updated_at_us = {0}
+                    tat_us = {0}, tat_rem = {0}, tat_scale = {0}, updated_at_us = {0},
+                    granted = granted + {0}
 WHERE limit_name = {0} AND subject = {0} AND window_start_us = {0}
 """
 # A new counter's rate and billing month are values (`counter_insert`).
 _INSERT_COUNTER: Final = """
 INSERT INTO counters (limit_name, subject, window_start_us, window_end_us, used, denied_count,
                       denied_cost, first_denied_at_us, tat_us, tat_rem, tat_scale, updated_at_us,
-                      rate, rate_at_us, billing_month)
-VALUES ({0}, {0}, {0}, {0}, {0}, {0}, {0}, {0}, {0}, {0}, {0}, {0}, {0}, {0}, {0})
+                      rate, rate_at_us, billing_month, granted)
+VALUES ({0}, {0}, {0}, {0}, {0}, {0}, {0}, {0}, {0}, {0}, {0}, {0}, {0}, {0}, {0}, {0})
 """
 _INSERT_RESULT: Final = f"""
 INSERT INTO results ({RESULT_COLUMNS}, reset_tick)
@@ -103,14 +104,33 @@ def seat_rows(added: Mapping[SeatKey, int]) -> list[tuple[str, str, int, str, in
     )
 
 
-def counter_update(key: Sequence[Any], state: Sequence[Any], now_us: int) -> tuple[Any, ...]:
+def counter_update(
+    key: Sequence[Any], state: Sequence[Any], now_us: int, granted: int = 0
+) -> tuple[Any, ...]:
     """A `Statements.update_counter` row: the counter's ``key`` (limit, subject,
-    window start) takes ``state`` (``used`` first) at ``now_us``."""
-    return (*positional_rate_values(state[0], now_us), *state, now_us, *key)
+    window start) takes ``state`` (``used`` first) at ``now_us``, and what its
+    window drew on grants grows by ``granted``."""
+    return (*positional_rate_values(state[0], now_us), *state, now_us, granted, *key)
 
 
 def counter_insert(
-    key: Sequence[Any], end_us: int, state: Sequence[Any], now_us: int, month: str | None
+    key: Sequence[Any],
+    end_us: int,
+    state: Sequence[Any],
+    now_us: int,
+    month: str | None,
+    granted: int = 0,
 ) -> tuple[Any, ...]:
-    """A `Statements.insert_counter` row; ``month`` is the window's billing month."""
-    return (*key, end_us, *state, now_us, created_rate(state[0]), now_us, month)
+    """A `Statements.insert_counter` row; ``month`` is the window's billing
+    month, ``granted`` what the window drew on grants."""
+    return (*key, end_us, *state, now_us, created_rate(state[0]), now_us, month, granted)
+
+
+def drawn_by_window(draws: Mapping[Any, int]) -> dict[tuple[str, str, int], int]:
+    """What ``draws`` (by limit, subject, window start and grant) add to each
+    window's counter (``counters.granted``)."""
+    by_window: dict[tuple[str, str, int], int] = {}
+    for (name, subject, start, _), amount in draws.items():
+        key = (name, subject, start)
+        by_window[key] = by_window.get(key, 0) + amount
+    return by_window

@@ -28,7 +28,7 @@ from metering.storage.hot.sqlite_grants import (
     write_issues,
 )
 from metering.storage.recurring import issue_due, issues_of
-from metering.storage.tables import grant_draws, grant_schedules, grants, limits_version
+from metering.storage.tables import counters, grant_schedules, grants, limits_version
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 SUBJECTS = ["a", "b", "c", "d", "e"]
@@ -78,21 +78,17 @@ def test_the_pots_read_are_the_allowance_stores(meter: Meter, count: int) -> Non
     assert watched["g-a"] == (3, 0)  # (low at, used), until grant.low is sent
 
 
-def test_draws_are_added_to_the_grants_and_their_windows(meter: Meter) -> None:
+def test_draws_are_added_to_the_grants(meter: Meter) -> None:
+    # The window's share is its counter's (``granted``), written with the counter.
     start = int(NOW.timestamp()) * 1_000_000
     before = _pots(meter, [("calls", "a")])[("calls", "a")]
     with raw_of(meter) as raw:
         write_draws(raw, {("calls", "a", start, "g-a"): 3, ("calls", "a", start, "p-a"): 1})
         write_draws(raw, {("calls", "a", start, "g-a"): 1})
     after = _pots(meter, [("calls", "a")])[("calls", "a")]
-    assert after.granted[start] == before.granted[start] + 5
+    assert after.granted[start] == before.granted[start]
     used = {b.grant_id: b.used for b in after.balances}
     assert used == {"g-a": 4, "p-a": 2 + 1}
-    with meter.sql_engine.connect() as connection:
-        rows = connection.execute(
-            select(grant_draws.c.grant_id, grant_draws.c.amount).where(grant_draws.c.subject == "a")
-        ).all()
-    assert sorted(map(tuple, rows)) == [("g-a", 4), ("p-a", 3)]
 
 
 def test_draws_on_rows_read_are_added_by_rowid(meter: Meter) -> None:
@@ -100,17 +96,11 @@ def test_draws_on_rows_read_are_added_by_rowid(meter: Meter) -> None:
     # draws then update those rows by rowid, and the others by their key.
     start = int(NOW.timestamp()) * 1_000_000
     pairs = [("calls", subject) for subject in SUBJECTS]
-    with meter.sql_engine.connect() as connection:
-        drawn = connection.execute(
-            select(grant_draws.c.limit_name, grant_draws.c.subject, grant_draws.c.grant_id)
-        ).all()
-    assert ("calls", "a", "g-a") not in drawn  # a's grant of priority 1 paid it all
     statements: list[str] = []
     with raw_of(meter) as raw:
         rowids = Rowids()
         pots, _ = read_grants(raw, pairs, rowids)
         assert sorted(rowids.grants) == sorted(f"{g}-{s}" for g in "gp" for s in SUBJECTS)
-        assert sorted(rowids.draws) == sorted((n, s, start, g) for n, s, g in drawn)
         raw.set_trace_callback(statements.append)
         write_draws(raw, {("calls", "a", start, "g-a"): 2, ("calls", "a", start, "p-a"): 1}, rowids)
         raw.set_trace_callback(None)
@@ -118,15 +108,10 @@ def test_draws_on_rows_read_are_added_by_rowid(meter: Meter) -> None:
     assert [" ".join(statement.split()) for statement in statements] == [
         by_rowid.format(2, rowids.grants["g-a"]),
         by_rowid.format(1, rowids.grants["p-a"]),
-        "UPDATE grant_draws SET amount = amount + 1 WHERE rowid = "
-        + str(rowids.draws[("calls", "a", start, "p-a")]),
-        "INSERT INTO grant_draws (limit_name, subject, window_start_us, grant_id, amount) "
-        f"VALUES ('calls', 'a', {start}, 'g-a', 2) ON CONFLICT (subject, limit_name, "
-        "window_start_us, grant_id) DO UPDATE SET amount = grant_draws.amount + excluded.amount",
     ]
     after = _pots(meter, pairs)[("calls", "a")]
     assert {b.grant_id: b.used for b in after.balances} == {"g-a": 2, "p-a": 3}
-    assert after.granted[start] == pots[("calls", "a")].granted[start] + 3
+    assert after.granted[start] == pots[("calls", "a")].granted[start]
 
 
 def _state(url: str) -> tuple[list[Any], list[Any], int]:
@@ -198,11 +183,9 @@ def test_a_granted_consume_reads_its_grants_with_its_counter(
             "UPDATE counters SET",
             "INSERT INTO results",
             "UPDATE grants SET by rowid",
-            "UPDATE grant_draws SET by rowid",
             "COMMIT",
         ]
-        grant_id = "credit" if every is None else meter.grants("s", "calls")[0].grant_id
         with meter.sql_engine.connect() as connection:
             used = connection.execute(select(grants.c.used)).scalar_one()
-            drawn = connection.execute(select(grant_draws.c.grant_id, grant_draws.c.amount)).all()
-        assert (used, [tuple(row) for row in drawn]) == (2, [(grant_id, 2)])
+            drawn = connection.execute(select(counters.c.granted)).scalar_one()
+        assert (used, drawn) == (2, 2)
