@@ -92,8 +92,7 @@ ALLOWANCES = (
     WHERE random() < 0.5
     """,
     """
-    INSERT INTO grant_draws (subject, limit_name, window_start_us, grant_id, amount)
-    SELECT subject, limit_name, window_start_us, 'goodwill', least(used, 5) FROM counters
+    UPDATE counters SET granted = least(used, 5)
     WHERE limit_name = 'api_calls' AND random() < 0.05
     """,
 )
@@ -119,7 +118,6 @@ def fill(url: str, events: int, subjects: int) -> int:
             connection.execute(text(statement), params)
         connection.execute(text("ANALYZE counters"))
         connection.execute(text("ANALYZE entitlements"))
-        connection.execute(text("ANALYZE grant_draws"))
         rows = connection.execute(text("SELECT count(*) FROM counters")).scalar_one()
     engine.dispose()
     return int(rows)
