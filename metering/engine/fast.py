@@ -1236,30 +1236,35 @@ class _Applying:
             currency = single[1].currency
         else:
             currency = spend.amounts[index][0][0]
+        at_us = event.occurred_at_us
+        row = self._covered_row(subject, name, cost, key, window, states, rooms, at_us)
+        if len(row) == ROW_FIELDS:
+            row.append([])  # no grant paid
+        row.append([currency, amount])
+        paid_row = self._covered_row(payer, spent, amount, paid, paid_window, states, rooms, at_us)
+        return [row, paid_row]
+
+    def _covered_row(
+        self,
+        subject: str,
+        name: str,
+        cost: int,
+        key: Key,
+        window: tuple[int, int],
+        states: dict[Key, State],
+        rooms: dict[Key, Room],
+        at_us: int,
+    ) -> list[Any]:
+        """The row of a charge on counter ``key``, covered (`rooms`), as
+        `_allowed` makes it: its state made if the batch read none."""
+        state = states.get(key)
         if state is None:
             state = states[key] = fresh_state()
             self.created[key] = window[1]
         room = rooms[key]
         if room[1] is None:
-            row = allowed_row(subject, name, cost, state, room, window)
-            row.append([])  # no grant paid
-        else:
-            row = drawn_row(subject, name, cost, state, room, window, event.occurred_at_us)
-            if len(row) == ROW_FIELDS:
-                row.append([])
-        row.append([currency, amount])
-        state = states.get(paid)
-        if state is None:
-            state = states[paid] = fresh_state()
-            self.created[paid] = paid_window[1]
-        room = rooms[paid]
-        if room[1] is None:
-            paid_row = allowed_row(payer, spent, amount, state, room, paid_window)
-        else:
-            paid_row = drawn_row(
-                payer, spent, amount, state, room, paid_window, event.occurred_at_us
-            )
-        return [row, paid_row]
+            return allowed_row(subject, name, cost, state, room, window)
+        return drawn_row(subject, name, cost, state, room, window, at_us)
 
     def _verdict(
         self,
