@@ -80,6 +80,15 @@ def grant_deltas(
     return sorted(by_grant.items())
 
 
+def drawn_by_window(draws: Mapping[DrawKey, int]) -> dict[tuple[str, str, int], int]:
+    """What ``draws`` add to each window's counter (``counters.granted``), by
+    (limit, subject, window start)."""
+    by_window: dict[tuple[str, str, int], int] = defaultdict(int)
+    for (name, subject, start, _), amount in draws.items():
+        by_window[(name, subject, start)] += amount
+    return by_window
+
+
 def pots_of(grant_rows: Iterable[GrantRow], draw_rows: Iterable[DrawRow]) -> dict[Pair, Pot]:
     """Each pair's grants as a `Pot`, with what its windows drew (pairs with no
     grant have no pot, and their draws are left out)."""
@@ -343,9 +352,7 @@ class AllowanceStore(OnConnection):
             drawn = [gid for gid, delta in by_grant if delta > 0]
             if now_us is not None and drawn:
                 self.announce_low(drawn, now_us)
-        by_window: dict[tuple[str, str, int], int] = defaultdict(int)
-        for (name, subject, start, _), amount in draws.items():
-            by_window[(name, subject, start)] += amount
+        by_window = drawn_by_window(draws)
         # On the windows' counters (written before, in this transaction); taken
         # back, never below zero (a reset may have cleared the window).
         rows = [

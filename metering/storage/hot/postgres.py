@@ -48,7 +48,7 @@ from metering.domain.recurring import Issue, next_due_us
 from metering.domain.rollups import rollup_rows
 from metering.domain.rules import Key
 from metering.domain.windows import Window
-from metering.storage.allowances import grant_deltas, pots_of
+from metering.storage.allowances import drawn_by_window, grant_deltas, pots_of
 from metering.storage.connections import RetryTransaction
 from metering.storage.counters import Pair
 from metering.storage.hot import Changes, Snapshot, WantedKey, WantedSeat
@@ -74,7 +74,6 @@ from metering.storage.hot.statements import (
     Statements,
     counter_insert,
     counter_update,
-    drawn_by_window,
     seat_rows,
 )
 from metering.storage.rates import created_rate, rate_set

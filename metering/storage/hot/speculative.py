@@ -20,7 +20,7 @@ from typing import Any, Final
 import psycopg
 
 from metering.domain.rules import Key
-from metering.storage.allowances import grant_deltas
+from metering.storage.allowances import drawn_by_window, grant_deltas
 from metering.storage.counters import Pair
 from metering.storage.hot import Changes, Snapshot, WantedKey, WantedSeat
 from metering.storage.hot.postgres import (
@@ -32,7 +32,6 @@ from metering.storage.hot.postgres import (
     ReadRows,
     snapshot_of,
 )
-from metering.storage.hot.statements import drawn_by_window
 
 # What speculation did, by outcome (``hit``, ``miss``, ``mismatch``): for benchmarks.
 SPECULATION: Counter[str] = Counter()

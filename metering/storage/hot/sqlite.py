@@ -33,6 +33,7 @@ from metering.domain.grants import Pot
 from metering.domain.rollups import rollup_rows
 from metering.domain.rules import Key
 from metering.domain.windows import Window
+from metering.storage.allowances import drawn_by_window
 from metering.storage.connections import (
     SQLITE_BUSY_TIMEOUT_MS,
     RetryTransaction,
@@ -67,7 +68,6 @@ from metering.storage.hot.statements import (
     Statements,
     counter_insert,
     counter_update,
-    drawn_by_window,
     seat_rows,
 )
 from metering.storage.reservations import ReservationRecord, record_of_row

@@ -124,13 +124,3 @@ def counter_insert(
     """A `Statements.insert_counter` row; ``month`` is the window's billing
     month, ``granted`` what the window drew on grants."""
     return (*key, end_us, *state, now_us, created_rate(state[0]), now_us, month, granted)
-
-
-def drawn_by_window(draws: Mapping[Any, int]) -> dict[tuple[str, str, int], int]:
-    """What ``draws`` (by limit, subject, window start and grant) add to each
-    window's counter (``counters.granted``)."""
-    by_window: dict[tuple[str, str, int], int] = {}
-    for (name, subject, start, _), amount in draws.items():
-        key = (name, subject, start)
-        by_window[key] = by_window.get(key, 0) + amount
-    return by_window
