@@ -348,12 +348,13 @@ def decide(
     ``pots`` holds each charge's grants (None: the subject has none); the
     grants that pay are drawn on them in place.
     """
+    # Most events: one charge (else `zip` refuses what does not line up).
+    if len(rules) == len(charges) == len(windows) == len(states) == 1:
+        pot = None if pots is None else pots[0]
+        return _decide_one(
+            rules[0], charges[0], windows[0], states[0], at_us, event_id, notices, pot
+        )
     if pots is None:
-        # Most events: one charge, no grants (else `zip` refuses what does not line up).
-        if len(rules) == len(charges) == len(windows) == len(states) == 1:
-            return _decide_one(
-                rules[0], charges[0], windows[0], states[0], at_us, event_id, notices
-            )
         pots = [None] * len(rules)
     figures = [
         _bucket(rule, state, charge[2], at_us)
@@ -416,25 +417,31 @@ def _decide_one(
     at_us: int,
     event_id: str | None,
     notices: list[Notice] | None,
+    pot: Pot | None = None,
 ) -> EventOutcome:
-    """`decide` for one charge without grants, written out (a batch decides
-    mostly these). The differential tests hold it to `decide_event` too."""
+    """`decide` for one charge, written out (a batch decides mostly these;
+    `consume` all of its): ``pot`` its grants (None: none), drawn on in
+    place. The differential tests hold it to `decide_event` too."""
     subject, _, cost = charge
     if rule.bucket:
         f = _bucket(rule, state, cost, at_us)
         window_start = None
     else:
-        f = _window(rule, state, cost, window, at_us, None)
+        f = _window(rule, state, cost, window, at_us, pot)
         window_start = window[0]
     fits = f[0]
     # Consumed exactly when it fits: a lone charge that fits denies nothing.
     if fits:
         overage = f[8] > 0
         outcome = "overage" if overage else "allowed"
-        if rule.pacing is not None and _ahead(rule, f, cost, window, at_us, None):
+        if rule.pacing is not None and _ahead(rule, f, cost, window, at_us, pot):
             outcome = AHEAD_OF_PACE
         row = [subject, rule.name, cost, True, outcome, f[2], f[4], rule.maximum, f[8]]
         row += [window_start, f[5], f[7]]
+        if f[11]:
+            row.append([list(draw) for draw in f[11]])
+            assert pot is not None and window_start is not None
+            pot.take(window_start, f[11])
         denied_by: tuple[str, ...] = ()
     else:
         overage = False

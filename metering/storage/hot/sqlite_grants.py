@@ -20,7 +20,7 @@ from typing import Any, Final
 
 from metering.domain.grants import Balance, Pot
 from metering.domain.recurring import Issue, issue_id, next_due_us
-from metering.storage.allowances import DrawKey, grant_deltas, pots_of
+from metering.storage.allowances import DrawKey, grant_deltas
 from metering.storage.counters import Pair
 from metering.storage.recurring import (
     ISSUE_COLUMNS,
@@ -118,7 +118,7 @@ def _pots_of_group(
     rowids: Rowids,
 ) -> None:
     """Add the pots, watched grants and rowids of `SELECT_GRANTS_GROUP`'s
-    ``rows`` (of limit ``name``), as `pots_of` and `_watched` find them."""
+    ``rows`` (of limit ``name``), as `pots_of` finds them."""
     balances: dict[str, list[Balance]] = {}
     draws: list[Sequence[Any]] = []
     grant_rowids = rowids.grants
@@ -152,22 +152,20 @@ def pot_of_rows(
     (or `GRANT_ROWS`') ``rows`` hold to ``pots``, its grants that may still
     announce ``grant.low`` to ``watched`` (as `read_grants` does) and its
     rows' rowids to ``rowids``; rows of another kind are left out."""
-    grant_rows: list[tuple[Any, ...]] = []
-    drawn: dict[int, int] = {}
+    balances: list[Balance] = []
+    granted: dict[int, int] = {}
     for kind, *values in rows:
-        if kind == 1:  # a grant, as `pots_of` takes it
-            grant_rows.append((*pair, *values[:8]))
+        if kind == 1:  # a grant, as `pots_of` takes it (watched if it may announce)
+            grant_id, amount, used, start, expires, priority, low_at, sent, rowid = values[:9]
+            balances.append(Balance(grant_id, amount, used, start, expires, priority))
+            if low_at is not None and not sent:
+                watched[grant_id] = (low_at, used)
             if rowids is not None:
-                rowids.grants[values[0]] = values[8]
+                rowids.grants[grant_id] = rowid
         elif kind == 2:  # what a window drew on the grants
-            drawn[values[0]] = values[1]
-    pots.update(pots_of(grant_rows, [(*pair, start, amount) for start, amount in drawn.items()]))
-    watched.update(_watched(grant_rows))
-
-
-def _watched(grant_rows: Iterable[Sequence[Any]]) -> dict[str, tuple[int, int]]:
-    """The grants that may still announce ``grant.low``: (its level, used) by id."""
-    return {r[2]: (r[8], r[4]) for r in grant_rows if r[8] is not None and not r[9]}
+            granted[values[0]] = int(values[1])
+    if balances:  # (a pair with no grant has no pot: its draws are left out)
+        pots[pair] = Pot(balances, granted)
 
 
 def due_schedules(
