@@ -212,10 +212,11 @@ JOIN breakers AS b ON b.limit_name = json_extract(k.value, '$[0]')
 # and the secret (kind 4), padded to its eleven columns.
 SQLITE_BREAKER_ROWS: Final = f"""
 UNION ALL
-SELECT 3, {_BREAKER_COLUMNS}, NULL, NULL, NULL, NULL
+SELECT 3, {_BREAKER_COLUMNS}, NULL, NULL, NULL, NULL, NULL
 FROM breakers WHERE limit_name = ? AND subject = ?
 UNION ALL
-SELECT 4, value, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM secrets WHERE name = ?
+SELECT 4, value, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM secrets
+WHERE name = ?
 """
 SQLITE_UPSERT_BREAKER: Final = f"""
 INSERT INTO breakers (limit_name, subject, {_BREAKER_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)

@@ -59,6 +59,7 @@ from metering.storage.hot.sqlite_grants import (
     due_schedules,
     pot_of_rows,
     read_grants,
+    with_draws,
     write_draws,
     write_issues,
 )
@@ -82,7 +83,7 @@ SELECT {RESULT_COLUMNS} FROM results WHERE event_id IN (SELECT value FROM json_e
 """
 SELECT_COUNTERS: Final = """
 SELECT c.limit_name, c.subject, c.window_start_us, c.used, c.denied_count, c.denied_cost,
-       c.first_denied_at_us, c.tat_us, c.tat_rem, c.tat_scale, c.rate, c.rate_at_us
+       c.first_denied_at_us, c.tat_us, c.tat_rem, c.tat_scale, c.rate, c.rate_at_us, c.granted
 FROM json_each(?) AS k
 JOIN counters AS c ON c.limit_name = json_extract(k.value, '$[0]')
                   AND c.subject = json_extract(k.value, '$[1]')
@@ -93,7 +94,7 @@ JOIN counters AS c ON c.limit_name = json_extract(k.value, '$[0]')
 # no key is parsed out of JSON per row (about a third less for 430 counters).
 SELECT_GROUP: Final = """
 SELECT c.subject, c.used, c.denied_count, c.denied_cost, c.first_denied_at_us, c.tat_us,
-       c.tat_rem, c.tat_scale, c.rate, c.rate_at_us
+       c.tat_rem, c.tat_scale, c.rate, c.rate_at_us, c.granted
 FROM json_each(?1) AS k CROSS JOIN counters AS c
 WHERE c.limit_name = ?2 AND c.subject = k.value AND c.window_start_us = ?3
 """
@@ -108,32 +109,32 @@ JOIN current_windows AS w ON w.limit_name = json_extract(k.value, '$[0]')
 """
 SELECT_COUNTER: Final = """
 SELECT used, denied_count, denied_cost, first_denied_at_us, tat_us, tat_rem, tat_scale, rate,
-       rate_at_us
+       rate_at_us, granted
 FROM counters WHERE limit_name = ? AND subject = ? AND window_start_us = ?
 """
 # The version and one counter (or none: the LEFT JOIN's NULLs) in one statement.
 VERSION_AND_COUNTER: Final = """
 SELECT v.version, c.used, c.denied_count, c.denied_cost, c.first_denied_at_us, c.tat_us,
-       c.tat_rem, c.tat_scale, c.rate, c.rate_at_us
+       c.tat_rem, c.tat_scale, c.rate, c.rate_at_us, c.granted
 FROM limits_version AS v
 LEFT JOIN counters AS c ON c.limit_name = ? AND c.subject = ? AND c.window_start_us = ?
 WHERE v.id = 1
 """
 # The same with a kind (0) first, and what else one event reads, each part
-# padded to its eleven columns: one pair's grants and draws (`GRANT_ROWS`,
-# kinds 1 and 2), one breaker and the secret (`SQLITE_BREAKER_ROWS`, 3 and
-# 4), one seat value's live events (kind 5). `FOLDED` has a statement per
-# choice of parts: (grants, breaker, seat).
+# padded to its twelve columns: one pair's grants (`GRANT_ROWS`, kind 1;
+# their draws are the counters' ``granted``), one breaker and the secret
+# (`SQLITE_BREAKER_ROWS`, 3 and 4), one seat value's live events (kind 5).
+# `FOLDED` has a statement per choice of parts: (grants, breaker, seat).
 _KINDED: Final = """
 SELECT 0, v.version, c.used, c.denied_count, c.denied_cost, c.first_denied_at_us, c.tat_us,
-       c.tat_rem, c.tat_scale, c.rate, c.rate_at_us
+       c.tat_rem, c.tat_scale, c.rate, c.rate_at_us, c.granted
 FROM limits_version AS v
 LEFT JOIN counters AS c ON c.limit_name = ? AND c.subject = ? AND c.window_start_us = ?
 WHERE v.id = 1
 """
 _SEAT_ROW: Final = """
 UNION ALL
-SELECT 5, live_events, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+SELECT 5, live_events, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM distinct_values
 WHERE subject = ? AND limit_name = ? AND window_start_us = ? AND value = ?
 """
@@ -220,6 +221,7 @@ class SqliteHotStore:
             seen: Seen = {}
             breakers: dict[Pair, Breaker] = {}
             secret: str | None = None
+            drawn: dict[Key, int] = {}  # the counters' ``granted`` (what grants paid)
             # One event's (`consume`) grants, breaker and seat ride with its first counter.
             grant = grant_pairs[0] if wanted and len(grant_pairs) == 1 else None
             breaker = breaker_pairs[0] if wanted and len(breaker_pairs) == 1 else None
@@ -227,7 +229,7 @@ class SqliteHotStore:
             if grant or breaker or seat:
                 parameters: list[Any] = [*wanted[0]]
                 if grant:
-                    parameters += (*grant, *grant)
+                    parameters += grant
                 if breaker:
                     parameters += (*breaker, BREAKER_SECRET)
                 if seat:
@@ -247,24 +249,32 @@ class SqliteHotStore:
                 if first[0] is not None:
                     states[wanted[0]] = first[:7]
                     rates[wanted[0]] = (first[7], first[8])
+                    if first[9]:
+                        drawn[wanted[0]] = first[9]
             elif wanted:
                 # The first counter rides with the version (one statement for `consume`).
                 version, *first = raw.execute(VERSION_AND_COUNTER, wanted[0]).fetchone()
                 if first[0] is not None:  # ``used`` is NOT NULL: the row exists
                     states[wanted[0]] = first[:7]
                     rates[wanted[0]] = (first[7], first[8])
+                    if first[9]:
+                        drawn[wanted[0]] = first[9]
             else:
                 (version,) = raw.execute(VERSION).fetchone()
             if len(wanted) > _ONE_BY_ONE:
                 for key, row in _counters(raw, wanted[1:]):
                     states[key] = list(row[:7])
                     rates[key] = (row[7], row[8])
+                    if row[9]:
+                        drawn[key] = row[9]
             else:
                 for key in wanted[1:]:
                     row = raw.execute(SELECT_COUNTER, key).fetchone()
                     if row is not None:
                         states[key] = list(row[:7])
                         rates[key] = (row[7], row[8])
+                        if row[9]:
+                            drawn[key] = row[9]
             if seats and seat is None:
                 seen = _seen(raw, seats, windows)
             if grant_pairs and grant is None:
@@ -272,6 +282,8 @@ class SqliteHotStore:
             if breaker_pairs and breaker is None:
                 breakers = sqlite_breakers(raw, breaker_pairs)
                 secret = sqlite_secret(raw, BREAKER_SECRET)
+            if drawn and pots:
+                with_draws(pots, drawn)
         except sqlite3.Error as exc:
             raise _translate(exc) from exc
         return Snapshot(
@@ -445,7 +457,8 @@ def _counters(
     raw: sqlite3.Connection, wanted: Sequence[tuple[str, str, int]]
 ) -> Iterator[tuple[Key, Sequence[Any]]]:
     """The rows of those of ``wanted`` counters that exist, each with its key:
-    its state's seven columns, then its rate and the rate's time."""
+    its state's seven columns, then its rate and the rate's time, and what
+    its window drew on grants (``granted``)."""
     groups: dict[tuple[str, int], list[str]] = {}
     for name, subject, start in wanted:
         groups.setdefault((name, start), []).append(subject)

@@ -31,30 +31,24 @@ from metering.storage.recurring import (
     schedule_of_values,
 )
 
-# One pair's grants (kind 1) and what its windows drew on them (kind 2, the
-# counters' ``granted``) in one statement, each row with its rowid, padded to the version and
-# counter's columns (`GRANT_ROWS`), so that `metering.storage.hot.sqlite`
-# reads them with those too.
-_GRANT_PARTS: Final = """
+# One pair's grants (kind 1), each row with its rowid, padded to the version
+# and counter's columns (`GRANT_ROWS`), so that `metering.storage.hot.sqlite`
+# reads them with those too. What a window drew on them (its counter's
+# ``granted``) comes with its counter's row: the hot path reads the counter of
+# every window it charges, and a decision asks only those (`with_draws`).
+_GRANT_PART: Final = """
 SELECT 1, grant_id, amount, used, effective_from_us, expires_at_us, priority, low_at, low_sent,
-       rowid, NULL
+       rowid, NULL, NULL
 FROM grants WHERE limit_name = ? AND subject = ?
-UNION ALL
-SELECT 2, window_start_us, granted, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
-FROM counters WHERE limit_name = ? AND subject = ? AND granted <> 0
 """
-GRANT_ROWS: Final = "UNION ALL" + _GRANT_PARTS
-SELECT_GRANTS_AND_DRAWS: Final = _GRANT_PARTS
-# Many pairs' grants (kind 1) and their windows' draws (kind 2), one limit's
-# in one statement (its subjects as one JSON array), each row with its rowid.
+GRANT_ROWS: Final = "UNION ALL" + _GRANT_PART
+SELECT_GRANTS: Final = _GRANT_PART
+# Many pairs' grants, one limit's in one statement (its subjects as one JSON
+# array), each row with its rowid.
 SELECT_GRANTS_GROUP: Final = """
-SELECT 1, g.subject, g.grant_id, g.amount, g.used, g.effective_from_us, g.expires_at_us,
+SELECT g.subject, g.grant_id, g.amount, g.used, g.effective_from_us, g.expires_at_us,
        g.priority, g.low_at, g.low_sent, g.rowid
 FROM json_each(?1) AS k CROSS JOIN grants AS g WHERE g.subject = k.value AND g.limit_name = ?2
-UNION ALL
-SELECT 2, c.subject, c.window_start_us, c.granted, NULL, NULL, NULL, NULL, NULL, NULL, NULL
-FROM json_each(?1) AS k CROSS JOIN counters AS c
-WHERE c.subject = k.value AND c.limit_name = ?2 AND c.granted <> 0
 """
 # Up to this many pairs are read one statement each (`consume`).
 _ONE_BY_ONE: Final = 3
@@ -89,10 +83,9 @@ class Rowids:
 def read_grants(
     raw: sqlite3.Connection, pairs: Sequence[Pair], rowids: Rowids | None = None
 ) -> tuple[dict[Pair, Pot], dict[str, tuple[int, int]]]:
-    """The grants of ``pairs`` with what every window drew on them (as
-    `AllowanceStore.lock_pots` reads them), and those that may still
-    announce ``grant.low`` (`metering.storage.hot.Snapshot.watched`); their
-    rows' rowids into ``rowids``."""
+    """The grants of ``pairs`` (their windows' draws are the counters', `with_draws`),
+    and those that may still announce ``grant.low``
+    (`metering.storage.hot.Snapshot.watched`); their rows' rowids into ``rowids``."""
     pots: dict[Pair, Pot] = {}
     watched: dict[str, tuple[int, int]] = {}
     if len(pairs) > _ONE_BY_ONE:
@@ -105,7 +98,7 @@ def read_grants(
             _pots_of_group(name, rows, pots, watched, found)
         return pots, watched
     for pair in pairs:
-        rows = raw.execute(SELECT_GRANTS_AND_DRAWS, pair + pair)
+        rows = raw.execute(SELECT_GRANTS, pair)
         pot_of_rows(pair, rows, pots, watched, rowids)
     return pots, watched
 
@@ -118,27 +111,18 @@ def _pots_of_group(
     rowids: Rowids,
 ) -> None:
     """Add the pots, watched grants and rowids of `SELECT_GRANTS_GROUP`'s
-    ``rows`` (of limit ``name``), as `pots_of` finds them."""
+    ``rows`` (of limit ``name``), as `pot_of_rows` finds them."""
     balances: dict[str, list[Balance]] = {}
-    draws: list[Sequence[Any]] = []
     grant_rowids = rowids.grants
-    for row in rows:
-        if row[0] == 1:
-            _, subject, grant_id, amount, used, start, expires, priority, low_at, sent, rowid = row
-            balances.setdefault(subject, []).append(
-                Balance(grant_id, amount, used, start, expires, priority)
-            )
-            if low_at is not None and not sent:
-                watched[grant_id] = (low_at, used)
-            grant_rowids[grant_id] = rowid
-        else:
-            draws.append(row)
+    for subject, grant_id, amount, used, start, expires, priority, low_at, sent, rowid in rows:
+        balances.setdefault(subject, []).append(
+            Balance(grant_id, amount, used, start, expires, priority)
+        )
+        if low_at is not None and not sent:
+            watched[grant_id] = (low_at, used)
+        grant_rowids[grant_id] = rowid
     for subject, found in balances.items():
         pots[(name, subject)] = Pot(found)
-    for _, subject, start, amount, *_ in draws:
-        pot = pots.get((name, subject))
-        if pot is not None:  # (a pair with no grant has no pot: its draws are left out)
-            pot.granted[start] = amount
 
 
 def pot_of_rows(
@@ -148,12 +132,11 @@ def pot_of_rows(
     watched: dict[str, tuple[int, int]],
     rowids: Rowids | None = None,
 ) -> None:
-    """Add the pot of ``pair`` (if it has grants) that `SELECT_GRANTS_AND_DRAWS`'s
+    """Add the pot of ``pair`` (if it has grants) that `SELECT_GRANTS`'s
     (or `GRANT_ROWS`') ``rows`` hold to ``pots``, its grants that may still
     announce ``grant.low`` to ``watched`` (as `read_grants` does) and its
     rows' rowids to ``rowids``; rows of another kind are left out."""
     balances: list[Balance] = []
-    granted: dict[int, int] = {}
     for kind, *values in rows:
         if kind == 1:  # a grant, as `pots_of` takes it (watched if it may announce)
             grant_id, amount, used, start, expires, priority, low_at, sent, rowid = values[:9]
@@ -162,10 +145,19 @@ def pot_of_rows(
                 watched[grant_id] = (low_at, used)
             if rowids is not None:
                 rowids.grants[grant_id] = rowid
-        elif kind == 2:  # what a window drew on the grants
-            granted[values[0]] = int(values[1])
-    if balances:  # (a pair with no grant has no pot: its draws are left out)
-        pots[pair] = Pot(balances, granted)
+    if balances:
+        pots[pair] = Pot(balances)
+
+
+def with_draws(pots: Mapping[Pair, Pot], drawn: Mapping[tuple[str, str, int], int]) -> None:
+    """Put what each window drew on its pair's grants (``drawn``: the
+    ``granted`` of the counters read, those above 0) on its pot, as
+    `pots_of` puts the draws it is given (a pair with no grant has no pot:
+    its draws are left out)."""
+    for (name, subject, start), amount in drawn.items():
+        pot = pots.get((name, subject))
+        if pot is not None:
+            pot.granted[start] = int(amount)
 
 
 def due_schedules(

@@ -379,7 +379,8 @@ def test_a_batchs_counters_and_seat_values_read_the_same_grouped_or_by_whole_key
             row[:3]: list(row[3:])
             for row in raw.execute(
                 "SELECT limit_name, subject, window_start_us, used, denied_count, denied_cost,"
-                " first_denied_at_us, tat_us, tat_rem, tat_scale, rate, rate_at_us FROM counters"
+                " first_denied_at_us, tat_us, tat_rem, tat_scale, rate, rate_at_us, granted"
+                " FROM counters"
             )
         }
         live = {
