@@ -151,8 +151,11 @@ def test_recurring_issues_are_made_as_the_recurring_store_makes_them(
     assert [len(issues_of(schedule, last, hour_later)) for schedule, last in moved] == [1]
 
 
-def _statements(meter: Meter, monkeypatch: pytest.MonkeyPatch, subject: str) -> list[str]:
-    """The statements of one `consume` of ``subject``, from its read to its COMMIT."""
+def _statements(
+    meter: Meter, monkeypatch: pytest.MonkeyPatch, subject: str, whole: bool = False
+) -> list[str]:
+    """The statements of one `consume` of ``subject``, from its read to its
+    COMMIT: their first words (``whole``: as run, with their values)."""
     statements: list[str] = []
     original = SqliteHotStore.read
 
@@ -163,6 +166,8 @@ def _statements(meter: Meter, monkeypatch: pytest.MonkeyPatch, subject: str) -> 
     monkeypatch.setattr(SqliteHotStore, "read", traced)
     assert meter.consume(subject, "calls").allowed
     monkeypatch.setattr(SqliteHotStore, "read", original)
+    if whole:
+        return statements
     by_rowid = {True: " by rowid", False: ""}
     return [
         " ".join(statement.split()[:3]) + by_rowid["WHERE rowid =" in statement]
@@ -194,3 +199,25 @@ def test_a_granted_consume_reads_its_grants_with_its_counter(
             used = connection.execute(select(grants.c.used)).scalar_one()
             drawn = connection.execute(select(counters.c.granted)).scalar_one()
         assert (used, drawn) == (2, 2)
+
+
+def test_a_granted_consume_searches_its_counters_once(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What the window drew on the grants is its counter's ``granted``, read
+    # with the counter: the read searches the grants once and the counters
+    # once, not the pair's counters again for their draws.
+    with Meter(sqlite_url, clock=FrozenClock(NOW)) as meter:
+        meter.set_limit(Limit("calls", maximum=1, period="1mo", window="calendar"))
+        meter.grant("s", "calls", 10, grant_id="credit")
+        assert meter.consume("s", "calls").allowed  # the limit's own
+        assert meter.consume("s", "calls").allowed  # the grant's first
+        read = _statements(meter, monkeypatch, "s", whole=True)[0]
+        with raw_of(meter) as raw:
+            plan = [row[3] for row in raw.execute(f"EXPLAIN QUERY PLAN {read}")]
+        assert [step.split(" USING")[0] for step in plan if step.startswith("SEARCH")] == [
+            "SEARCH v",
+            "SEARCH c",
+            "SEARCH grants",
+        ]
+        assert [grant.used for grant in meter.grants("s", "calls")] == [2]
