@@ -150,6 +150,24 @@ def test_voiding_the_only_event_of_a_value_frees_its_seat(meter: Meter) -> None:
     assert _seat(meter, "a", "a3").charges[0].cost == 1  # a took a seat again
 
 
+def test_a_value_with_many_live_events_is_freed_by_its_last_void(meter: Meter) -> None:
+    # Its row counts two; each void counts the others in the ledger, where
+    # the voided events, the same value in another subject and another value
+    # do not keep the seat.
+    meter.apply([_event(f"a{n}", "a") for n in range(3)] + [_event("b1", "b")])
+    _seat(meter, "a", "a3")
+    _seat(meter, "a", "x1", subject="org-2")
+    for n in range(3):
+        assert meter.void(f"a{n}", "test").charges[0][2] == 0
+        assert _used(meter) == [2] and "a" in meter.seats("org-1", "seats")
+    assert meter.void("a3", "test").charges[0][2] == 1  # the last live event of "a"
+    assert (_used(meter), meter.seats("org-1", "seats")) == ([1], ["b"])
+    assert _seat(meter, "a", "a4").charges[0].cost == 1  # a new seat again
+    with meter.sql_engine.connect() as connection:
+        query = select(distinct_values.c.live_events).where(distinct_values.c.value == "a")
+        assert sorted(connection.execute(query).scalars()) == [1, 1]
+
+
 def test_a_seat_paid_by_a_grant_goes_back_to_the_grant_when_voided(meter: Meter) -> None:
     meter.grant("org-1", "seats", 1, grant_id="extra")
     for n, user in enumerate(["a", "b", "c", "d"]):
@@ -207,7 +225,7 @@ def test_a_large_batch_adds_to_held_values_and_makes_the_new_ones(meter: Meter) 
     costs = [d.charges[0].cost for d in decided]  # type: ignore[union-attr]
     assert costs == [0, 1, *[0] * 8, *[1] * 15, 0]
     live = {f"u{n}": 1 for n in range(25)} | {f"u{n}": 2 for n in range(2, 10)}
-    live |= {"u0": 3, "u20": 2}
+    live |= {"u0": 2, "u20": 2}  # u0 has three live events: a row counts up to two
     with meter.sql_engine.connect() as connection:
         found = DistinctStore(connection).live([("seats", "org-1", to_start(), u) for u in live])
     assert found == {("seats", "org-1", to_start(), u): n for u, n in live.items()}
