@@ -3,9 +3,9 @@
 ``used`` in a window is the number of distinct values of the metadata key among its live
 (allowed, not voided) events. A charge costs 1 when its value has no live event in the
 subject's window yet (a new seat) and 0 when it has (a seat held: always allowed). The store
-counts a value's live events up to `MANY` (`Seen`): a held value's further events add none;
-a void of one of `MANY` counts the others in the ledger, and frees the seat with the value's
-last (`after_void`). The
+keeps `HELD` per value with a live event (`Seen`): a held value's further events write
+nothing, and a void counts the value's other live events in the ledger, freeing the seat
+with the last (`after_void`). The
 charge must carry the key as 1 to 200 printable characters or a whole number (``7`` is
 ``"7"``) and cost 1: `value_of` raises `InvalidInput` otherwise.
 """
@@ -19,11 +19,11 @@ from metering.domain.bounds import shown
 from metering.errors import InvalidInput
 
 MAX_VALUE_CHARS: Final = 200
-# A value's stored live events stop here: MANY stands for MANY or more.
-MANY: Final = 2
+# A value's stored live events while it has one or more (0 once its last is voided).
+HELD: Final = 1
 # (limit name, subject, window start, value): one value in one window.
 SeatKey = tuple[str, str, int, str]
-# Live events per value, as read (under the counter's lock, up to `MANY`) and kept up to date.
+# Live events per value, as read (under the counter's lock: `HELD` or 0) and kept up to date.
 Seen = dict[SeatKey, int]
 
 
@@ -61,22 +61,18 @@ def seat_cost(seen: Mapping[SeatKey, int], key: SeatKey) -> int:
     return 0 if seen.get(key, 0) > 0 else 1
 
 
-def after_void(live_events: int, others: int | None = None) -> tuple[int, int]:
+def after_void(live_events: int, others: int) -> tuple[int, int]:
     """A value's stored live events after one of them is voided, and the seats
-    that frees (1 when it was the last, else 0). Never below zero: a reset may
-    have cleared the value since. A value stored at `MANY` needs ``others``,
-    the live events left in the ledger (up to `MANY`)."""
-    if live_events >= MANY:
-        if others is None:
-            raise ValueError("a value stored at MANY needs its other live events counted")
-        left = min(others, MANY)
-        return left, 1 if left == 0 else 0
-    left = live_events - 1 if live_events > 0 else 0
-    return left, 1 if live_events == 1 else 0
+    that frees (1 when it was the last, else 0): ``others`` is how many live
+    events the ledger still has for it. A stored 0 frees nothing: a reset
+    cleared the value since."""
+    if live_events <= 0:
+        return 0, 0
+    return (HELD, 0) if others > 0 else (0, 1)
 
 
 __all__ = [
-    "MANY",
+    "HELD",
     "MAX_VALUE_CHARS",
     "SeatKey",
     "Seen",

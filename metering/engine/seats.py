@@ -3,11 +3,10 @@
 
 Read after the batch's counters are locked (`DistinctStore`'s lock order),
 kept up to date event by event, so a batch decides as its events would one
-by one, and written in the batch's transaction: a value's row counts up to
-`MANY`. The reference engine reads and writes them here
-(`Seats.read`, `Seats.write`); the fast path (`metering.engine.fast`) reads
-them with its hot store's counters and keeps them with the same `Seats`.
-A void (`free_seats`) counts a value stored at `MANY` again in the ledger.
+by one; a value's row is written when it takes a seat, not for a held
+value's further events (`HELD`). The reference engine reads and writes
+them here (`Seats.read`, `Seats.write`); the fast path reads them with its
+hot store's counters. A void (`free_seats`) asks the ledger for the rest.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from dataclasses import dataclass, field, replace
 
 from metering.domain.corrections import VoidedCharge
 from metering.domain.decisions import Decision
-from metering.domain.distinct import MANY, SeatKey, Seen, after_void, seat_cost, value_of
+from metering.domain.distinct import HELD, SeatKey, Seen, after_void, seat_cost, value_of
 from metering.domain.events import UsageEvent
 from metering.domain.limits import Limit
 from metering.domain.rollups import WOULD_DENY
@@ -49,8 +48,8 @@ def seat_keys(
 
 @dataclass
 class Seats:
-    """The live events of the batch's values (as stored, up to `MANY`, then
-    counted on), and what the batch adds to their rows."""
+    """The live events of the batch's values (as stored, `HELD` or 0, then
+    counted on), and what the batch adds to their rows (a value's first)."""
 
     seen: Seen = field(default_factory=dict)
     added: dict[SeatKey, int] = field(default_factory=lambda: defaultdict(int))
@@ -94,8 +93,8 @@ class Seats:
             if seat is not None and charge != WOULD_DENY:
                 live = self.seen.get(seat, 0)
                 self.seen[seat] = live + 1
-                if live < MANY:  # a row counts up to MANY
-                    self.added[seat] += 1
+                if not live:  # a held value's row stays `HELD`
+                    self.added[seat] = HELD
 
     def taken(self, seat: SeatKey) -> int:
         """The cost of a consumed charge on ``seat``'s value (`seat_cost`),
@@ -103,10 +102,10 @@ class Seats:
         seen = self.seen
         live = seen.get(seat, 0)
         seen[seat] = live + 1
-        if live >= MANY:  # a row counts up to MANY
+        if live:  # a held value's row stays `HELD`
             return 0
-        self.added[seat] += 1
-        return 0 if live > 0 else 1
+        self.added[seat] = HELD
+        return 1
 
     def write(self, store: Store) -> None:
         if self.added:
@@ -122,9 +121,9 @@ def free_seats(
 ) -> list[VoidedCharge]:
     """A void's charges with those on distinct limits at what they give back:
     the event leaves its value's live events, and the seat is freed (cost 1,
-    with the grants that paid for it) only when it was the value's last. A
-    value stored at `MANY` has its other live events counted in the ledger
-    (`others_live`). Call after the charges' counters are locked."""
+    with the grants that paid for it) only when it was the value's last: its
+    other live events are counted in the ledger (`others_live`). Call after
+    the charges' counters are locked."""
     seats: list[SeatKey | None] = []
     for charge in charges:
         limit = limits.get(charge.key.limit)
@@ -148,8 +147,8 @@ def free_seats(
             found.append(charge)
             continue
         before = live.get(seat, 0)
-        others = None
-        if before >= MANY:
+        others = 0
+        if before > 0:
             key = limits[seat[0]].distinct
             assert key is not None  # a seat's limit counts values
             others = others_live(store, charge, key, seat[3], event_id)
@@ -163,10 +162,9 @@ def free_seats(
 
 def others_live(store: Store, charge: VoidedCharge, key: str, value: str, event_id: str) -> int:
     """The live events but ``event_id`` whose charge on ``charge``'s window
-    counts ``value`` (of metadata ``key``), up to `MANY`: the window's
+    counts ``value`` (of metadata ``key``), up to one: the window's
     allowed results, not voided nor cleared by a reset since."""
     counter = charge.key
-    found = 0
     for _, rows, metadata in ResultStore(store.connection).window_metadata(counter, event_id):
         if not metadata:
             continue
@@ -184,7 +182,5 @@ def others_live(store: Store, charge: VoidedCharge, key: str, value: str, event_
                 continue
         except MeteringError:
             continue
-        found += 1
-        if found >= MANY:
-            break
-    return found
+        return 1
+    return 0

@@ -151,9 +151,9 @@ def test_voiding_the_only_event_of_a_value_frees_its_seat(meter: Meter) -> None:
 
 
 def test_a_value_with_many_live_events_is_freed_by_its_last_void(meter: Meter) -> None:
-    # Its row counts two; each void counts the others in the ledger, where
-    # the voided events, the same value in another subject and another value
-    # do not keep the seat.
+    # Its row is `HELD`; each void counts the others in the ledger, where the
+    # voided events, the same value in another subject and another value do
+    # not keep the seat.
     meter.apply([_event(f"a{n}", "a") for n in range(3)] + [_event("b1", "b")])
     _seat(meter, "a", "a3")
     _seat(meter, "a", "x1", subject="org-2")
@@ -207,8 +207,8 @@ def test_a_batch_decides_each_value_as_one_by_one(meter: Meter) -> None:
         assert DistinctStore(connection).live(
             [("seats", "org-1", to_start(), u) for u in "abcde"]
         ) == {
-            ("seats", "org-1", to_start(), "a"): 2,
-            ("seats", "org-1", to_start(), "b"): 2,
+            ("seats", "org-1", to_start(), "a"): 1,
+            ("seats", "org-1", to_start(), "b"): 1,
             ("seats", "org-1", to_start(), "c"): 1,
         }
 
@@ -224,8 +224,7 @@ def test_a_large_batch_adds_to_held_values_and_makes_the_new_ones(meter: Meter) 
     decided = meter.apply([_event(f"b{n}", u) for n, u in enumerate(second)])
     costs = [d.charges[0].cost for d in decided]  # type: ignore[union-attr]
     assert costs == [0, 1, *[0] * 8, *[1] * 15, 0]
-    live = {f"u{n}": 1 for n in range(25)} | {f"u{n}": 2 for n in range(2, 10)}
-    live |= {"u0": 2, "u20": 2}  # u0 has three live events: a row counts up to two
+    live = {f"u{n}": 1 for n in range(25)}  # held: 1 whatever their live events
     with meter.sql_engine.connect() as connection:
         found = DistinctStore(connection).live([("seats", "org-1", to_start(), u) for u in live])
     assert found == {("seats", "org-1", to_start(), u): n for u, n in live.items()}

@@ -1,10 +1,10 @@
-"""A seat value's row counts its live events up to two (``live_events`` 2: two or more).
+"""A seat value's row keeps 1 while the value has a live event: ``distinct_values.live_events``.
 
 A held value's further events write nothing (a batch of held seats wrote a row per event);
-a void of one of two or more counts the value's other live events in the window's results
-(`metering.engine.seats.free_seats`). Rows above two are set to two, and
-``metering_consume_one`` adds to a value's row only while it is below two. Downgrade
-restores the function; rows left at two then stand for two live events.
+a void counts the value's other live events in the window's results instead
+(`metering.engine.seats.free_seats`). Rows above 1 are set to 1, and
+``metering_consume_one`` writes a value's row only when it is new or at 0. Downgrade
+restores the function; the rows left at 1 then count one live event each.
 
 Revision ID: 0039
 Revises: 0038
@@ -23,10 +23,10 @@ down_revision = "0038"
 branch_labels = None
 depends_on = None
 
-_UP_TO_TWO: tuple[tuple[str, str], ...] = (
+_HELD: tuple[tuple[str, str], ...] = (
     (
         "        DO UPDATE SET live_events = d.live_events + 1;",
-        "        DO UPDATE SET live_events = d.live_events + 1 WHERE d.live_events < 2;",
+        "        DO UPDATE SET live_events = 1 WHERE d.live_events = 0;",
     ),
 )
 
@@ -40,19 +40,19 @@ def _consume_one_0038() -> str:
     return str(module.on_counter(module._consume_one_0036()))
 
 
-def up_to_two(function: str) -> str:
-    """``function`` (migration 0038's) adding to a seat value's row only below two."""
+def held(function: str) -> str:
+    """``function`` (migration 0038's) writing a seat value's row only when new or at 0."""
     replaced = function
-    for old, new in _UP_TO_TWO:
+    for old, new in _HELD:
         assert replaced.count(old) == 1, old
         replaced = replaced.replace(old, new)
     return replaced
 
 
 def upgrade() -> None:
-    op.execute("UPDATE distinct_values SET live_events = 2 WHERE live_events > 2")
+    op.execute("UPDATE distinct_values SET live_events = 1 WHERE live_events > 1")
     if op.get_bind().dialect.name == "postgresql":
-        op.execute(up_to_two(_consume_one_0038()))
+        op.execute(held(_consume_one_0038()))
 
 
 def downgrade() -> None:
