@@ -213,9 +213,10 @@ def test_a_batch_decides_each_value_as_one_by_one(meter: Meter) -> None:
         }
 
 
-def test_a_large_batch_adds_to_held_values_and_makes_the_new_ones(meter: Meter) -> None:
-    # More values than a few rows (`postgres.FEW_ROWS`): one statement for the
-    # values held or with a row (a voided one), one for the values new.
+def test_a_large_batch_leaves_held_values_and_makes_the_new_ones(meter: Meter) -> None:
+    # More values than a few rows (`postgres.FEW_ROWS`): a held value's row is
+    # not written again (`HELD`); one statement for the values with a row at 0
+    # (a voided one), one for the values new.
     meter.set_limit(seats_limit(maximum=100))
     first = [f"u{n}" for n in range(10)] + ["u0"]
     meter.apply([_event(f"a{n}", u) for n, u in enumerate(first)])
