@@ -165,7 +165,8 @@ def others_live(store: Store, charge: VoidedCharge, key: str, value: str, event_
     counts ``value`` (of metadata ``key``), up to one: the window's
     allowed results, not voided nor cleared by a reset since."""
     counter = charge.key
-    for _, rows, metadata in ResultStore(store.connection).window_metadata(counter, event_id):
+    found = ResultStore(store.connection).window_metadata(counter, event_id, value)
+    for _, rows, metadata in found:
         if not metadata:
             continue
         consumed = any(

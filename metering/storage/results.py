@@ -72,6 +72,17 @@ RESULT_COLUMNS: Final = (
 )
 
 
+def _plain(text: str) -> bool:
+    """Whether ``text`` is printable ASCII with no quote or backslash: the
+    same in JSON text whatever the encoder (no escape, no ``\\u``)."""
+    return text.isascii() and text.isprintable() and '"' not in text and "\\" not in text
+
+
+def _like(text: str) -> str:
+    """``text`` as a LIKE pattern matching itself (escape character ``\\``)."""
+    return text.replace("%", "\\%").replace("_", "\\_")
+
+
 def record_from_row(row: Sequence[Any]) -> ResultRecord:
     """A results row (columns in `RESULT_COLUMNS` order) as a `ResultRecord`."""
     event_id, outcome, fingerprint, occurred_at_us, decided_at_us, denied_by = row[:6]
@@ -154,11 +165,21 @@ class ResultStore(OnConnection):
         query = self._in_window(key, except_id, *columns)
         return [(row[0], row[1], row[2], row[3]) for row in self.connection.execute(query)]
 
-    def window_metadata(self, key: CounterKey, except_id: str) -> list[tuple[str, str, str | None]]:
+    def window_metadata(
+        self, key: CounterKey, except_id: str, value: str
+    ) -> list[tuple[str, str, str | None]]:
         """`window_results`' results as (event id, charge rows as JSON,
-        metadata as JSON): a seat's void counts its value's other live
-        events (`metering.engine.seats.free_seats`)."""
+        metadata as JSON) that may carry ``value``: a seat's void looks for
+        its value's other live events (`metering.engine.seats.free_seats`).
+        A subject and value of plain characters (`_plain`) are written as
+        they are in every JSON encoder's text, so the text is searched for
+        them first (a superset: the caller checks the rows)."""
         query = self._in_window(key, except_id, results.c.charges, results.c.metadata)
+        if _plain(key.subject) and _plain(value):
+            query = query.where(
+                results.c.charges.like(f'%"{_like(key.subject)}"%', escape="\\"),
+                results.c.metadata.like(f"%{_like(value)}%", escape="\\"),
+            )
         return [(row[0], row[1], row[2]) for row in self.connection.execute(query)]
 
     def _in_window(self, key: CounterKey, except_id: str, *columns: Any) -> Any:

@@ -168,6 +168,27 @@ def test_a_value_with_many_live_events_is_freed_by_its_last_void(meter: Meter) -
         assert sorted(connection.execute(query).scalars()) == [1, 1]
 
 
+@pytest.mark.parametrize(
+    ("subject", "first", "second"),
+    [
+        ("org-1", "a_b", "a_b"),
+        ("org_%1", "a%b", "a%b"),
+        ("org-1", "ünï", "ünï"),
+        ("örg", 'q"t\\', 'q"t\\'),
+        ("org-1", 7, "7"),  # the same value
+    ],
+)
+def test_a_void_finds_a_values_other_live_event_whatever_its_characters(
+    meter: Meter, subject: str, first: object, second: object
+) -> None:
+    _seat(meter, "axb", "x", subject=subject)  # another value, alike to a LIKE
+    _seat(meter, first, "e1", subject=subject)
+    _seat(meter, second, "e2", subject=subject)
+    assert meter.void("e1", "test").charges[0][2] == 0  # e2 holds the seat
+    assert meter.void("e2", "test").charges[0][2] == 1
+    assert meter.seats(subject, "seats") == ["axb"]
+
+
 def test_a_seat_paid_by_a_grant_goes_back_to_the_grant_when_voided(meter: Meter) -> None:
     meter.grant("org-1", "seats", 1, grant_id="extra")
     for n, user in enumerate(["a", "b", "c", "d"]):
