@@ -672,7 +672,7 @@ def _seats_freed(
     resets = store.resets_after(stored.event_id, stored.decided_at_us, keys)
     live = not_reset(charges, resets)
     store.lock_counters({charge.key for charge in live}, now_us)
-    freed = iter(free_seats(store, limits, live, stored.metadata))
+    freed = iter(free_seats(store, limits, live, stored.metadata, stored.event_id))
     kept = {id(charge) for charge in live}
     return [next(freed) if id(charge) in kept else charge for charge in charges]
 

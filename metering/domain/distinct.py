@@ -1,11 +1,11 @@
 """Seats: limits that count distinct values (``Limit(..., distinct="user")``; docs/seats.md).
 
-A distinct limit's ``used`` in a window is the number of distinct values of its metadata key
-among the window's live (allowed, not voided) events. A charge costs 1 when its value has no
-live event in the subject's window yet (a new seat, decided like any charge of cost 1) and 0
-when it has (a seat already held: always allowed). The store keeps the live events per
-(subject, limit, window start, value) (`Seen`); a charge counts its event only when it
-consumed, and a void frees the seat with the value's last live event (`after_void`). The
+``used`` in a window is the number of distinct values of the metadata key among its live
+(allowed, not voided) events. A charge costs 1 when its value has no live event in the
+subject's window yet (a new seat) and 0 when it has (a seat held: always allowed). The store
+keeps `HELD` per value with a live event (`Seen`): a held value's further events write
+nothing, and a void counts the value's other live events in the ledger, freeing the seat
+with the last (`after_void`). The
 charge must carry the key as 1 to 200 printable characters or a whole number (``7`` is
 ``"7"``) and cost 1: `value_of` raises `InvalidInput` otherwise.
 """
@@ -19,9 +19,11 @@ from metering.domain.bounds import shown
 from metering.errors import InvalidInput
 
 MAX_VALUE_CHARS: Final = 200
+# A value's stored live events while it has one or more (0 once its last is voided).
+HELD: Final = 1
 # (limit name, subject, window start, value): one value in one window.
 SeatKey = tuple[str, str, int, str]
-# Live events per value, as read (under the counter's lock) and kept up to date.
+# Live events per value, as read (under the counter's lock: `HELD` or 0) and kept up to date.
 Seen = dict[SeatKey, int]
 
 
@@ -59,12 +61,22 @@ def seat_cost(seen: Mapping[SeatKey, int], key: SeatKey) -> int:
     return 0 if seen.get(key, 0) > 0 else 1
 
 
-def after_void(live_events: int) -> tuple[int, int]:
-    """A value's live events after one of them is voided, and the seats that
-    frees (1 when it was the last, else 0). Never below zero: a reset may
-    have cleared the value since."""
-    left = live_events - 1 if live_events > 0 else 0
-    return left, 1 if live_events == 1 else 0
+def after_void(live_events: int, others: int) -> tuple[int, int]:
+    """A value's stored live events after one of them is voided, and the seats
+    that frees (1 when it was the last, else 0): ``others`` is how many live
+    events the ledger still has for it. A stored 0 frees nothing: a reset
+    cleared the value since."""
+    if live_events <= 0:
+        return 0, 0
+    return (HELD, 0) if others > 0 else (0, 1)
 
 
-__all__ = ["MAX_VALUE_CHARS", "SeatKey", "Seen", "after_void", "seat_cost", "value_of"]
+__all__ = [
+    "HELD",
+    "MAX_VALUE_CHARS",
+    "SeatKey",
+    "Seen",
+    "after_void",
+    "seat_cost",
+    "value_of",
+]

@@ -3,27 +3,29 @@
 
 Read after the batch's counters are locked (`DistinctStore`'s lock order),
 kept up to date event by event, so a batch decides as its events would one
-by one, and written in the batch's transaction. The reference engine reads
-and writes them here (`Seats.read`, `Seats.write`); the fast path
-(`metering.engine.fast`) reads them with its hot store's counters and
-keeps them with the same `Seats`.
+by one; a value's row is written when it takes a seat, not for a held
+value's further events (`HELD`). The reference engine reads and writes
+them here (`Seats.read`, `Seats.write`); the fast path reads them with its
+hot store's counters. A void (`free_seats`) asks the ledger for the rest.
 """
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from metering.domain.corrections import VoidedCharge
 from metering.domain.decisions import Decision
-from metering.domain.distinct import SeatKey, Seen, after_void, seat_cost, value_of
+from metering.domain.distinct import HELD, SeatKey, Seen, after_void, seat_cost, value_of
 from metering.domain.events import UsageEvent
 from metering.domain.limits import Limit
 from metering.domain.rollups import WOULD_DENY
 from metering.domain.state import NO_WINDOW, CounterKey
 from metering.errors import MeteringError
 from metering.storage.distinct import DistinctStore
+from metering.storage.results import ResultStore
 from metering.storage.store import Store
 
 COUNTED = ("allowed", "overage")
@@ -46,7 +48,8 @@ def seat_keys(
 
 @dataclass
 class Seats:
-    """The live events of the batch's values, and what the batch adds to them."""
+    """The live events of the batch's values (as stored, `HELD` or 0, then
+    counted on), and what the batch adds to their rows (a value's first)."""
 
     seen: Seen = field(default_factory=dict)
     added: dict[SeatKey, int] = field(default_factory=lambda: defaultdict(int))
@@ -88,8 +91,10 @@ class Seats:
         for seat, charge in zip(seats, charges, strict=True):
             # Every charge of a consumed event consumed but a shadow limit's would-deny.
             if seat is not None and charge != WOULD_DENY:
-                self.seen[seat] = self.seen.get(seat, 0) + 1
-                self.added[seat] += 1
+                live = self.seen.get(seat, 0)
+                self.seen[seat] = live + 1
+                if not live:  # a held value's row stays `HELD`
+                    self.added[seat] = HELD
 
     def taken(self, seat: SeatKey) -> int:
         """The cost of a consumed charge on ``seat``'s value (`seat_cost`),
@@ -97,8 +102,10 @@ class Seats:
         seen = self.seen
         live = seen.get(seat, 0)
         seen[seat] = live + 1
-        self.added[seat] += 1
-        return 0 if live > 0 else 1
+        if live:  # a held value's row stays `HELD`
+            return 0
+        self.added[seat] = HELD
+        return 1
 
     def write(self, store: Store) -> None:
         if self.added:
@@ -110,11 +117,13 @@ def free_seats(
     limits: Mapping[str, Limit],
     charges: Sequence[VoidedCharge],
     metadata: Mapping[str, object] | None,
+    event_id: str,
 ) -> list[VoidedCharge]:
     """A void's charges with those on distinct limits at what they give back:
     the event leaves its value's live events, and the seat is freed (cost 1,
-    with the grants that paid for it) only when it was the value's last.
-    Call after the charges' counters are locked."""
+    with the grants that paid for it) only when it was the value's last: its
+    other live events are counted in the ledger (`others_live`). Call after
+    the charges' counters are locked."""
     seats: list[SeatKey | None] = []
     for charge in charges:
         limit = limits.get(charge.key.limit)
@@ -138,9 +147,41 @@ def free_seats(
             found.append(charge)
             continue
         before = live.get(seat, 0)
-        left, freed = after_void(before)
+        others = 0
+        if before > 0:
+            key = limits[seat[0]].distinct
+            assert key is not None  # a seat's limit counts values
+            others = others_live(store, charge, key, seat[3], event_id)
+        left, freed = after_void(before, others)
         live[seat] = left
         changes[seat] += left - before
         found.append(replace(charge, cost=freed, grants=charge.grants if freed else ()))
     distinct.add(changes)
     return found
+
+
+def others_live(store: Store, charge: VoidedCharge, key: str, value: str, event_id: str) -> int:
+    """The live events but ``event_id`` whose charge on ``charge``'s window
+    counts ``value`` (of metadata ``key``), up to one: the window's
+    allowed results, not voided nor cleared by a reset since."""
+    counter = charge.key
+    found = ResultStore(store.connection).window_metadata(counter, event_id, value)
+    for _, rows, metadata in found:
+        if not metadata:
+            continue
+        consumed = any(
+            row[0] == counter.subject
+            and row[1] == counter.limit
+            and row[9] == counter.window_start_us
+            and row[4] != WOULD_DENY
+            for row in json.loads(rows)
+        )
+        if not consumed:
+            continue
+        try:
+            if value_of(key, counter.limit, json.loads(metadata), 1) != value:
+                continue
+        except MeteringError:
+            continue
+        return 1
+    return 0

@@ -1,5 +1,5 @@
-"""Seats in SQL: the live events per value of a distinct limit's windows
-(``distinct_values``; the rules are in `metering.domain.distinct`).
+"""Seats in SQL: the live events per value of a distinct limit's windows, one
+while it has any (``distinct_values``; the rules are in `metering.domain.distinct`).
 
 Lock order: a window's ``distinct_values`` rows are read and written only
 after its counter's row is locked (by `Store.lock_counters`), in the same
@@ -26,7 +26,8 @@ class DistinctStore(OnConnection):
     """``distinct_values`` rows on one connection; the caller owns the transaction."""
 
     def live(self, keys: Iterable[SeatKey]) -> Seen:
-        """The live events of each (limit, subject, window start, value) that has a row."""
+        """The live events (`metering.domain.distinct.HELD` or 0) of each
+        (limit, subject, window start, value) that has a row."""
         wanted = sorted({(subject, name, start, value) for name, subject, start, value in keys})
         found: Seen = {}
         for part in chunks(wanted):

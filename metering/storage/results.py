@@ -1,7 +1,7 @@
 """The results table (one row per decided event): `ResultRecord`, the row
 codecs every path shares (`result_row`, `record_from_row`), and `ResultStore`,
-which fetches, inserts and counts results, and reads a gauge window's
-reports back (`window_results`)."""
+which fetches, inserts and counts results, and reads a window's results
+back (a gauge's reports, `window_results`; a seat's values, `window_metadata`)."""
 
 from __future__ import annotations
 
@@ -70,6 +70,17 @@ RESULT_COLUMNS: Final = (
     "charges",
     "metadata",
 )
+
+
+def _plain(text: str) -> bool:
+    """Whether ``text`` is printable ASCII with no quote or backslash: the
+    same in JSON text whatever the encoder (no escape, no ``\\u``)."""
+    return text.isascii() and text.isprintable() and '"' not in text and "\\" not in text
+
+
+def _like(text: str) -> str:
+    """``text`` as a LIKE pattern matching itself (escape character ``\\``)."""
+    return text.replace("%", "\\%").replace("_", "\\_")
 
 
 def record_from_row(row: Sequence[Any]) -> ResultRecord:
@@ -150,6 +161,28 @@ class ResultStore(OnConnection):
         A first-use window takes late events from up to one period (at most
         a month) before its start: they are looked for that far back.
         """
+        columns = (results.c.occurred_at_us, results.c.decided_at_us, results.c.charges)
+        query = self._in_window(key, except_id, *columns)
+        return [(row[0], row[1], row[2], row[3]) for row in self.connection.execute(query)]
+
+    def window_metadata(
+        self, key: CounterKey, except_id: str, value: str
+    ) -> list[tuple[str, str, str | None]]:
+        """`window_results`' results as (event id, charge rows as JSON,
+        metadata as JSON) that may carry ``value``: a seat's void looks for
+        its value's other live events (`metering.engine.seats.free_seats`).
+        A subject and value of plain characters (`_plain`) are written as
+        they are in every JSON encoder's text, so the text is searched for
+        them first (a superset: the caller checks the rows)."""
+        query = self._in_window(key, except_id, results.c.charges, results.c.metadata)
+        if _plain(key.subject) and _plain(value):
+            query = query.where(
+                results.c.charges.like(f'%"{_like(key.subject)}"%', escape="\\"),
+                results.c.metadata.like(f"%{_like(value)}%", escape="\\"),
+            )
+        return [(row[0], row[1], row[2]) for row in self.connection.execute(query)]
+
+    def _in_window(self, key: CounterKey, except_id: str, *columns: Any) -> Any:
         start, end = key.window_start_us, key.window_end_us
         r = counter_resets.c
         cleared = exists().where(
@@ -165,12 +198,7 @@ class ResultStore(OnConnection):
             ),
         )
         voided = exists().where(corrections.c.event_id == results.c.event_id)
-        query = select(
-            results.c.event_id,
-            results.c.occurred_at_us,
-            results.c.decided_at_us,
-            results.c.charges,
-        ).where(
+        return select(results.c.event_id, *columns).where(
             results.c.occurred_at_us >= start - 2 * (end - start),
             results.c.occurred_at_us < end,
             results.c.outcome.in_(("allowed", "overage")),
@@ -178,7 +206,6 @@ class ResultStore(OnConnection):
             not_(voided),
             not_(cleared),
         )
-        return [(row[0], row[1], row[2], row[3]) for row in self.connection.execute(query)]
 
     def rewrite_charges(self, event_id: str, charges: Sequence[Sequence[Any]]) -> None:
         """Replace a result's charges (ledger rows): a commit of more than was

@@ -434,9 +434,10 @@ Index("ix_corrections_created_at_us", corrections.c.created_at_us)
 
 # -- seats (metering.domain.distinct) ------------------------------------------
 # Per window of a distinct limit, each value seen and how many live (allowed,
-# not voided) events carried it: a value holds a seat while its count is above
-# zero. Written in the transaction that changes the window's counter, and
-# only after that counter's row is locked (the counter's lock serialises them).
+# not voided) events carried it: 1 for one or more (migration 0039), 0 once the
+# last is voided. A value holds a seat while its count is above zero. Written in the transaction
+# that changes the window's counter, and only after that counter's row is
+# locked (the counter's lock serialises them).
 distinct_values = Table(
     "distinct_values",
     metadata,

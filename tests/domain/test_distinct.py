@@ -8,7 +8,12 @@ from typing import Any
 import pytest
 
 from metering.domain.decisions import ChargeInput, decide_event
-from metering.domain.distinct import MAX_VALUE_CHARS, after_void, seat_cost, value_of
+from metering.domain.distinct import (
+    MAX_VALUE_CHARS,
+    after_void,
+    seat_cost,
+    value_of,
+)
 from metering.domain.grants import Balance, Pot
 from metering.domain.limits import Limit
 from metering.domain.rules import Rule
@@ -69,10 +74,11 @@ def test_a_value_costs_one_seat_until_it_has_a_live_event() -> None:
 
 
 def test_a_void_frees_the_seat_with_the_last_live_event_only() -> None:
-    assert after_void(3) == (2, 0)
-    assert after_void(2) == (1, 0)
-    assert after_void(1) == (0, 1)
-    assert after_void(0) == (0, 0)  # a reset cleared it: nothing to free
+    # A held row (1) is told whether the ledger has other live events.
+    assert after_void(1, others=1) == (1, 0)
+    assert after_void(1, others=0) == (0, 1)
+    assert after_void(0, others=0) == (0, 0)  # a reset cleared it: nothing to free
+    assert after_void(0, others=1) == (0, 0)
 
 
 def test_a_held_seat_fits_whatever_the_maximum() -> None:

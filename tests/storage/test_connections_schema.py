@@ -254,3 +254,33 @@ def test_migration_0038_keeps_each_windows_draws_on_its_counter(
         assert _draws_across_0038(postgres_server.url("before_0038")) == expected
     finally:
         postgres_server.drop_database("before_0038")
+
+
+def _seats_across_0039(url: str) -> list[tuple[str, int]]:
+    """Seat values counted before migration 0039: held ones at 1 after it."""
+    _upgrade(url, "0038")
+    engine = make_engine(url)
+    with engine.begin() as connection:
+        for value, live in (("ann", 3), ("bob", 1), ("cy", 0)):
+            connection.execute(
+                text("INSERT INTO distinct_values VALUES ('org', 'seats', 0, :v, :live)"),
+                {"v": value, "live": live},
+            )
+    _upgrade(url, "head")
+    with engine.connect() as connection:
+        found = connection.execute(text("SELECT value, live_events FROM distinct_values"))
+        rows = sorted((str(value), int(live)) for value, live in found)
+    engine.dispose()
+    return rows
+
+
+def test_migration_0039_keeps_a_held_value_at_one(
+    tmp_path: Path, postgres_server: PostgresServer
+) -> None:
+    expected = [("ann", 1), ("bob", 1), ("cy", 0)]
+    assert _seats_across_0039(f"sqlite:///{tmp_path / 'old.db'}") == expected
+    postgres_server.create_database("before_0039")
+    try:
+        assert _seats_across_0039(postgres_server.url("before_0039")) == expected
+    finally:
+        postgres_server.drop_database("before_0039")

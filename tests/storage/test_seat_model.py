@@ -30,6 +30,7 @@ from servers import PostgresServer, copy_sqlite
 from sqlalchemy import select
 
 from metering import FrozenClock, Limit, Meter
+from metering.domain.distinct import HELD
 from metering.domain.instants import to_us
 from metering.errors import CorrectionRefused
 from metering.storage.tables import distinct_values
@@ -193,8 +194,8 @@ def _compare(meter: Meter, model: Model) -> None:
             select(d.limit_name, d.subject, d.window_start_us, d.value, d.live_events)
         )
         values = {(n, s, w, v): live for n, s, w, v, live in rows if live}
-    assert values == {
-        (*window, user): live
+    assert values == {  # a value's row is HELD while it has a live event
+        (*window, user): HELD
         for window, users in model.live.items()
         for user, live in users.items()
         if live
