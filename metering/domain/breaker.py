@@ -132,43 +132,6 @@ def step(
     return Breaker(short_rate, long_rate, rate_at_us, since_us, since), False
 
 
-def step_all(
-    breaker: Breaker | None,
-    costs: list[int],
-    now_us: int,
-    factor: int,
-    floor: float | None = None,
-) -> Breaker | None:
-    """The breaker after `step` of each of ``costs`` in turn at ``now_us``
-    (the same floats), or None when one of them would trip it. After the
-    first, a step only adds: nothing decays at the same ``now_us``."""
-    first, tripped = step(breaker, costs[0], now_us, factor, floor)
-    if tripped:
-        return None
-    short, long_rate, since_us = first.short_rate, first.long_rate, first.since_us
-    over, quarantined = first.over_since_us, first.quarantined_at_us
-    young = floor is None and now_us - since_us < HISTORY_US
-    for cost in costs[1:]:
-        before = long_rate
-        added = max(cost, 0)
-        short_rate = short + added / SHORT_TAU_SECONDS
-        long_rate = before + added / LONG_TAU_SECONDS
-        if quarantined is None:
-            if young:
-                over = None
-            else:
-                bound = factor * (before if floor is None else max(before, floor))
-                if short_rate <= bound:
-                    over = None
-                else:
-                    since = over if over is not None and short > bound else now_us
-                    if now_us - since >= SUSTAIN_US:
-                        return None
-                    over = since
-        short = short_rate
-    return Breaker(short, long_rate, first.rate_at_us, since_us, over, quarantined)
-
-
 def steady(breaker: Breaker | None, now_us: int) -> bool:
     """Whether no charge at ``now_us`` can trip ``breaker`` nor meet its
     quarantine: `step` trips only a breaker past the multiple since

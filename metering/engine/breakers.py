@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from sqlalchemy import Connection
 
-from metering.domain.breaker import Breaker, step, step_all
+from metering.domain.breaker import Breaker, step
 from metering.domain.decisions import CHARGE_KEYS
 from metering.domain.limits import Limit
 from metering.domain.links import sign
@@ -62,9 +62,6 @@ class Breakers:
         self.states = states
         self.changed: set[Pair] = set()
         self.notices: list[Notice] = []
-        # `allowed` charges not stepped yet, per pair: (row, event id), in order.
-        self.pending: dict[Pair, list[tuple[Sequence[Any], str]]] = {}
-        self.now_us = 0  # theirs
 
     @classmethod
     def read(
@@ -85,8 +82,6 @@ class Breakers:
         return cls(with_breaker, BreakerStore(connection).read(wanted, lock=lock))
 
     def is_quarantined(self, limit: str, subject: str) -> bool:
-        if self.pending:
-            self._settle((limit, subject))
         state = self.states.get((limit, subject))
         return state is not None and state.quarantined_at_us is not None
 
@@ -105,49 +100,15 @@ class Breakers:
             self._step(limit, row, event_id, now_us)
 
     def allowed(self, row: Sequence[Any], event_id: str, now_us: int) -> None:
-        """`charged` of an allowed event of one charge (``row``), all at one
-        ``now_us``: noted, and stepped with the pair's others when the pair's
-        state is next read (`step_all`: the same floats as a step each)."""
-        if row[_LIMIT] in self.limits:
-            if now_us != self.now_us:
-                self.settle()
-                self.now_us = now_us
-            pair = (row[_LIMIT], row[_SUBJECT])
-            found = self.pending.get(pair)
-            if found is None:
-                self.pending[pair] = [(row, event_id)]
-            else:
-                found.append((row, event_id))
-
-    def _settle(self, pair: Pair) -> None:
-        """Step ``pair``'s breaker with its pending charges."""
-        waiting = self.pending.pop(pair, None)
-        if not waiting:
-            return
-        limit, now_us = self.limits[pair[0]], self.now_us
-        assert limit.breaker_factor is not None
-        costs = [row[_COST] for row, _ in waiting]
-        after = step_all(
-            self.states.get(pair), costs, now_us, limit.breaker_factor, limit.breaker_floor
-        )
-        if after is None:  # one trips: a step each, noting it
-            for row, event_id in waiting:
-                self._step(limit, row, event_id, now_us)
-            return
-        self.states[pair] = after
-        self.changed.add(pair)
-
-    def settle(self) -> None:
-        """Step every pending charge (`allowed`)."""
-        for pair in list(self.pending):
-            self._settle(pair)
+        """`charged` of an allowed event of one charge (``row``)."""
+        limit = self.limits.get(row[_LIMIT])
+        if limit is not None:
+            self._step(limit, row, event_id, now_us)
 
     def _step(self, limit: Limit, row: Sequence[Any], event_id: str | None, now_us: int) -> None:
         """Step ``limit``'s breaker of ``row``'s subject by its cost; note a trip."""
         assert limit.breaker_factor is not None
         pair = (limit.name, row[_SUBJECT])
-        if self.pending:
-            self._settle(pair)
         after, tripped = step(
             self.states.get(pair), row[_COST], now_us, limit.breaker_factor, limit.breaker_floor
         )
@@ -158,7 +119,6 @@ class Breakers:
 
     def write(self, connection: Connection, now_us: int, *, announce: bool = True) -> None:
         """Store the changed breakers, and the notices of those that tripped."""
-        self.settle()
         if not self.changed:
             return
         BreakerStore(connection).write(self.changed_states())
@@ -169,7 +129,6 @@ class Breakers:
 
     def changed_states(self) -> dict[Pair, Breaker]:
         """The breakers the batch stepped, to store."""
-        self.settle()
         return {pair: self.states[pair] for pair in sorted(self.changed)}
 
     def documents(self, secret: str, now_us: int) -> list[tuple[Notice, dict[str, Any]]]:

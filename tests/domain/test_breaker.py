@@ -2,12 +2,11 @@
 trips; a synthetic burst past the multiple trips a minute after the now
 rate first ran past it, not before; a subject younger than a day trips only
 under a floor; a release starts the history again; bad factors, floors and
-quarantine maximums name their field; `step_all` is a step each, to the bit."""
+quarantine maximums name their field."""
 
 from __future__ import annotations
 
 import math
-import random
 
 import pytest
 
@@ -22,7 +21,6 @@ from metering.domain.breaker import (
     rates_at,
     released,
     step,
-    step_all,
 )
 from metering.domain.limits import Limit
 from metering.errors import InvalidLimit
@@ -171,28 +169,3 @@ def test_a_limit_takes_a_breaker_on_a_fixed_window_only() -> None:
         Limit("api", maximum=10, period="1m", breaker_floor=1.0)
     with pytest.raises(InvalidLimit, match="quarantine_max"):
         Limit("api", maximum=10, period="1m", quarantine_max=1)
-
-
-def test_step_all_is_a_step_each_to_the_bit() -> None:
-    rng = random.Random(31)
-    now = 10 * HISTORY_US
-    for _ in range(3000):
-        since = now - rng.choice([HISTORY_US // 2, 2 * HISTORY_US])
-        over = rng.choice([None, now - rng.randrange(2 * SUSTAIN_US), now])
-        quarantined = rng.choice([None, None, None, now - MINUTE_US])
-        state = rng.choice(
-            [
-                None,
-                Breaker(rng.random() * 5, rng.random(), now - rng.randrange(MINUTE_US), since),
-                Breaker(rng.random() * 50, rng.random(), now, since, over, quarantined),
-            ]
-        )
-        costs = [rng.choice([0, 1, 1, 3, 40, -2]) for _ in range(rng.randrange(1, 30))]
-        factor, floor = rng.choice([2, 10]), rng.choice([None, 0.01, 0.5])
-        expected: Breaker | None = state
-        for cost in costs:
-            expected, tripped = step(expected, cost, now, factor, floor)
-            if tripped:
-                expected = None
-                break
-        assert step_all(state, costs, now, factor, floor) == expected
