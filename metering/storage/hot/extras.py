@@ -37,10 +37,12 @@ _BREAKER_COLUMNS: Final = (
 )
 
 LOCK_BREAKERS: Final = f"""
-SELECT b.limit_name, b.subject, {", ".join("b." + c for c in _BREAKER_COLUMNS.split(", "))}
+SELECT b.limit_name, b.subject, {", ".join("b." + c for c in _BREAKER_COLUMNS.split(", "))},
+       b.tid::text
 FROM jsonb_array_elements(%(breaker_pairs)s::jsonb) AS r
 CROSS JOIN LATERAL (
-    SELECT * FROM breakers AS b WHERE b.limit_name = r->>0 AND b.subject = r->>1 FOR UPDATE
+    SELECT *, ctid AS tid FROM breakers AS b
+    WHERE b.limit_name = r->>0 AND b.subject = r->>1 FOR UPDATE
 ) AS b
 """
 
@@ -52,6 +54,20 @@ SELECT r->>0, r->>1, (r->>2)::float8, (r->>3)::float8, (r->>4)::bigint, (r->>5):
        (r->>6)::bigint, (r->>7)::bigint
 FROM jsonb_array_elements(%(rows)s::jsonb) AS r
 ON CONFLICT (subject, limit_name) DO UPDATE SET {_BREAKER_SET}
+"""
+
+# The breakers `LOCK_BREAKERS` locked, updated through their tuple ids (as the
+# counters are): no conflict to look for, no plan over the key.
+UPDATE_BREAKERS: Final = """
+UPDATE breakers AS b
+SET short_rate = v.short, long_rate = v.long, rate_at_us = v.at, since_us = v.since,
+    over_since_us = v.over, quarantined_at_us = v.held
+FROM (
+    SELECT (r->>0)::tid, (r->>1)::float8, (r->>2)::float8, (r->>3)::bigint, (r->>4)::bigint,
+           (r->>5)::bigint, (r->>6)::bigint
+    FROM jsonb_array_elements(%(rows)s::jsonb) AS r
+) AS v(tid, short, long, at, since, over, held)
+WHERE b.ctid = v.tid
 """
 
 # The deliveries of the messages ``written`` (id, position), per enabled
@@ -196,6 +212,23 @@ def pg_message_params(messages: Sequence[tuple[str, str]], now_us: int) -> dict[
 
 def pg_breaker_params(changed: dict[Pair, Breaker]) -> dict[str, Any]:
     return {"rows": _encode(breaker_rows(changed))}
+
+
+def pg_breaker_updates(changed: dict[Pair, Breaker], tids: dict[Pair, str]) -> dict[str, Any]:
+    """`UPDATE_BREAKERS`' rows: each changed breaker (all locked) by its tuple id."""
+    rows = [
+        (
+            tids[pair],
+            b.short_rate,
+            b.long_rate,
+            b.rate_at_us,
+            b.since_us,
+            b.over_since_us,
+            b.quarantined_at_us,
+        )
+        for pair, b in changed.items()
+    ]
+    return {"rows": _encode(rows)}
 
 
 # SQLite: the same, statement by statement (no round trip to save).

@@ -60,10 +60,12 @@ from metering.storage.hot.extras import (
     MARK_LOW,
     READ_SECRET,
     RECORD_NOTICES,
+    UPDATE_BREAKERS,
     UPSERT_BREAKERS,
     breaker_of_row,
     low_documents,
     pg_breaker_params,
+    pg_breaker_updates,
     pg_low_params,
     pg_message_params,
     pg_notice_params,
@@ -379,6 +381,7 @@ class PostgresHotStore:
         # Tuple ids of the rows `read` locked, for `write`'s bulk updates.
         self.counter_tids: dict[Key, str] = {}
         self.window_tids: dict[Pair, str] = {}
+        self.breaker_tids: dict[Pair, str] = {}
         # The seat values of a known window start `read` found no row of, for
         # `write`'s inserts; `write` uses them once.
         self.absent_seats: set[SeatKey] = set()
@@ -423,6 +426,7 @@ class PostgresHotStore:
         )
         self.window_tids = {(r[0], r[1]): r[4] for r in rows.windows}
         self.counter_tids = {(r[0], r[1], r[2]): r[10] for r in rows.counters}
+        self.breaker_tids = {(r[0], r[1]): r[8] for r in rows.breakers}
         if len(seats) > FEW_ROWS:
             found = {(r[0], r[1], r[2], r[3]) for r in rows.seats}
             self.absent_seats = {
@@ -647,7 +651,11 @@ class PostgresHotStore:
                     made = {"name": BREAKER_SECRET, "value": changes.secret, "now": now_us}
                     raw.execute(INSERT_SECRET, made)
                 if changes.breakers:
-                    raw.execute(UPSERT_BREAKERS, pg_breaker_params(changes.breakers))
+                    changed, held = changes.breakers, self.breaker_tids
+                    if len(changed) > FEW_ROWS and all(pair in held for pair in changed):
+                        raw.execute(UPDATE_BREAKERS, pg_breaker_updates(changed, held))
+                    else:  # new ones, or not read before (speculative)
+                        raw.execute(UPSERT_BREAKERS, pg_breaker_params(changed))
                 low = None
                 if changes.low:  # their messages follow the pipeline
                     low = raw.cursor(binary=True).execute(MARK_LOW, pg_low_params(changes.low))

@@ -2,7 +2,8 @@
 on both databases: notices recorded once per mark (a mark stored before, or
 twice in one write, makes no message), each message delivered to the enabled
 endpoints that want its type; ``grant.low`` once per grant, as
-`AllowanceStore.announce_low` writes it; breakers stored and read back."""
+`AllowanceStore.announce_low` writes it; breakers stored and read back, many
+read under lock written back in place."""
 
 from __future__ import annotations
 
@@ -98,3 +99,30 @@ def test_breakers_are_stored_and_read_back_locked(db_url: str) -> None:
         snapshot = database_of(meter).run(read)
         assert snapshot.breakers == {("calls", "org-1"): stepped}  # type: ignore[attr-defined]
         assert snapshot.secret == "s3cret"  # type: ignore[attr-defined]
+
+
+def test_many_breakers_read_locked_are_written_back_in_place(db_url: str) -> None:
+    with Meter(db_url, clock=FrozenClock(NOW)) as meter:
+        meter.set_limit(Limit("calls", maximum=10, period="1h", window="calendar"))
+        pairs = [("calls", f"org-{n:02}") for n in range(20)]  # more than a few rows
+        first = {pair: Breaker(0.5, 0.25, NOW_US, NOW_US - n) for n, pair in enumerate(pairs)}
+        _write(meter, Changes(breakers=first))
+
+        def step(asked: list[tuple[str, str]], at_us: int) -> dict[object, Breaker]:
+            def work(connection: Connection) -> object:
+                store = hot_store(connection)
+                found = store.read(None, [], [], at_us, breaker_pairs=asked).breakers
+                changed = {
+                    pair: Breaker(1.5, 0.75, at_us, NOW_US, at_us - 1, None) for pair in asked
+                }
+                store.write(Changes(breakers=changed), at_us, commit=False)
+                return found
+
+            return database_of(meter).run(work)  # type: ignore[no-any-return]
+
+        assert step(pairs, NOW_US + 1) == first  # every one read: updated where it is
+        again = step([*pairs, ("calls", "org-new")], NOW_US + 2)  # one new: upserted
+        assert again == {pair: Breaker(1.5, 0.75, NOW_US + 1, NOW_US, NOW_US) for pair in pairs}
+        last = step([*pairs, ("calls", "org-new")], NOW_US + 3)
+        assert last[("calls", "org-new")] == Breaker(1.5, 0.75, NOW_US + 2, NOW_US, NOW_US + 1)
+        assert len(last) == 21
