@@ -147,20 +147,20 @@ def breaker_of_row(row: Sequence[Any]) -> Breaker:
     return Breaker(row[2], row[3], row[4], row[5], row[6], row[7])
 
 
+def _columns(b: Breaker) -> tuple[Any, ...]:
+    """A breaker's six stored columns, in `_BREAKER_COLUMNS`' order."""
+    return (
+        b.short_rate,
+        b.long_rate,
+        b.rate_at_us,
+        b.since_us,
+        b.over_since_us,
+        b.quarantined_at_us,
+    )
+
+
 def breaker_rows(changed: dict[Pair, Breaker]) -> list[tuple[Any, ...]]:
-    return [
-        (
-            limit,
-            subject,
-            b.short_rate,
-            b.long_rate,
-            b.rate_at_us,
-            b.since_us,
-            b.over_since_us,
-            b.quarantined_at_us,
-        )
-        for (limit, subject), b in sorted(changed.items())
-    ]
+    return [(limit, subject, *_columns(b)) for (limit, subject), b in sorted(changed.items())]
 
 
 def notice_rows(notices: Sequence[tuple[Notice, str]]) -> list[tuple[Any, ...]]:
@@ -216,18 +216,7 @@ def pg_breaker_params(changed: dict[Pair, Breaker]) -> dict[str, Any]:
 
 def pg_breaker_updates(changed: dict[Pair, Breaker], tids: dict[Pair, str]) -> dict[str, Any]:
     """`UPDATE_BREAKERS`' rows: each changed breaker (all locked) by its tuple id."""
-    rows = [
-        (
-            tids[pair],
-            b.short_rate,
-            b.long_rate,
-            b.rate_at_us,
-            b.since_us,
-            b.over_since_us,
-            b.quarantined_at_us,
-        )
-        for pair, b in changed.items()
-    ]
+    rows = [(tids[pair], *_columns(b)) for pair, b in changed.items()]
     return {"rows": _encode(rows)}
 
 
@@ -242,7 +231,7 @@ JOIN breakers AS b ON b.limit_name = json_extract(k.value, '$[0]')
 """
 # The same two reads as parts of the version and counter's statement of
 # `metering.storage.hot.sqlite` (one breaker: `consume`): a breaker (kind 3)
-# and the secret (kind 4), padded to its eleven columns.
+# and the secret (kind 4), padded to its twelve columns.
 SQLITE_BREAKER_ROWS: Final = f"""
 UNION ALL
 SELECT 3, {_BREAKER_COLUMNS}, NULL, NULL, NULL, NULL, NULL
