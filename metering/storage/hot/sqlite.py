@@ -31,7 +31,7 @@ from metering.domain.breaker import Breaker
 from metering.domain.distinct import Seen
 from metering.domain.grants import Pot
 from metering.domain.rollups import rollup_rows
-from metering.domain.rules import Key
+from metering.domain.rules import Key, State
 from metering.domain.windows import Window
 from metering.storage.allowances import drawn_by_window
 from metering.storage.connections import (
@@ -214,7 +214,7 @@ class SqliteHotStore:
                 windows[pair] = current
                 if current is not None:
                     wanted.append((pair[0], pair[1], current[0]))
-            states = {}
+            states: dict[Key, State] = {}
             rates: dict[Key, tuple[float, int]] = {}
             pots: dict[Pair, Pot] = {}
             watched: dict[str, tuple[int, int]] = {}
@@ -247,34 +247,22 @@ class SqliteHotStore:
                     elif row[0] == _SEAT and seat:
                         seen[seat] = row[1]
                 if first[0] is not None:
-                    states[wanted[0]] = first[:7]
-                    rates[wanted[0]] = (first[7], first[8])
-                    if first[9]:
-                        drawn[wanted[0]] = first[9]
+                    _keep_counter(wanted[0], first, states, rates, drawn)
             elif wanted:
                 # The first counter rides with the version (one statement for `consume`).
                 version, *first = raw.execute(VERSION_AND_COUNTER, wanted[0]).fetchone()
                 if first[0] is not None:  # ``used`` is NOT NULL: the row exists
-                    states[wanted[0]] = first[:7]
-                    rates[wanted[0]] = (first[7], first[8])
-                    if first[9]:
-                        drawn[wanted[0]] = first[9]
+                    _keep_counter(wanted[0], first, states, rates, drawn)
             else:
                 (version,) = raw.execute(VERSION).fetchone()
             if len(wanted) > _ONE_BY_ONE:
                 for key, row in _counters(raw, wanted[1:]):
-                    states[key] = list(row[:7])
-                    rates[key] = (row[7], row[8])
-                    if row[9]:
-                        drawn[key] = row[9]
+                    _keep_counter(key, row, states, rates, drawn)
             else:
                 for key in wanted[1:]:
                     row = raw.execute(SELECT_COUNTER, key).fetchone()
                     if row is not None:
-                        states[key] = list(row[:7])
-                        rates[key] = (row[7], row[8])
-                        if row[9]:
-                            drawn[key] = row[9]
+                        _keep_counter(key, row, states, rates, drawn)
             if seats and seat is None:
                 seen = _seen(raw, seats, windows)
             if grant_pairs and grant is None:
@@ -451,6 +439,21 @@ def _seen(
 # (`SELECT_GROUP`, `SELECT_SEAT_GROUP`); more (first-use windows: a start
 # per pair) in one statement of whole keys.
 _GROUPS: Final = 8
+
+
+def _keep_counter(
+    key: Key,
+    row: Sequence[Any],
+    states: dict[Key, State],
+    rates: dict[Key, tuple[float, int]],
+    drawn: dict[Key, int],
+) -> None:
+    """Keep a counter's row as read (its state's seven columns, its rate and
+    the rate's time, what its window drew on grants) in `read`'s maps."""
+    states[key] = list(row[:7])
+    rates[key] = (row[7], row[8])
+    if row[9]:
+        drawn[key] = row[9]
 
 
 def _counters(
