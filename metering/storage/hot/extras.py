@@ -241,12 +241,12 @@ def pg_breaker_updates(changed: dict[Pair, Breaker], tids: dict[Pair, str]) -> d
 # SQLite: the same, statement by statement (no round trip to save).
 SQLITE_READ_SECRET: Final = "SELECT value FROM secrets WHERE name = ?"
 SQLITE_INSERT_SECRET: Final = "INSERT INTO secrets (name, value, created_at_us) VALUES (?, ?, ?)"
+# A limit's breakers of the subjects given as one JSON array (no pair
+# parsed out of JSON per row), with their rowids.
 SQLITE_READ_BREAKERS: Final = f"""
-SELECT b.limit_name, b.subject, {", ".join("b." + c for c in _BREAKER_COLUMNS.split(", "))},
-       b.rowid
+SELECT b.subject, {", ".join("b." + c for c in _BREAKER_COLUMNS.split(", "))}, b.rowid
 FROM json_each(?) AS k
-JOIN breakers AS b ON b.limit_name = json_extract(k.value, '$[0]')
-                  AND b.subject = json_extract(k.value, '$[1]')
+JOIN breakers AS b ON b.subject = k.value AND b.limit_name = ?
 """
 # The same two reads as parts of the version and counter's statement of
 # `metering.storage.hot.sqlite` (one breaker: `consume`): a breaker (kind 3)
@@ -297,13 +297,17 @@ RETURNING grant_id, subject, limit_name, amount, used, low_at, schedule_id
 def sqlite_breakers(
     raw: sqlite3.Connection, pairs: Sequence[Pair], rowids: dict[Pair, int]
 ) -> dict[Pair, Breaker]:
-    """The breakers of ``pairs`` that have one, in one statement; their
+    """The breakers of ``pairs`` that have one, a statement per limit; their
     rows' rowids into ``rowids``."""
+    subjects: dict[str, list[str]] = {}
+    for name, subject in pairs:
+        subjects.setdefault(name, []).append(subject)
     found = {}
-    for row in raw.execute(SQLITE_READ_BREAKERS, (json.dumps(pairs),)):
-        pair = (row[0], row[1])
-        found[pair] = breaker_of_row(row)
-        rowids[pair] = row[8]
+    for name, some in subjects.items():
+        for row in raw.execute(SQLITE_READ_BREAKERS, (json.dumps(some), name)):
+            pair = (name, row[0])
+            found[pair] = make_breaker(*row[1:7])
+            rowids[pair] = row[7]
     return found
 
 
