@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from sqlalchemy import Connection
 
-from metering.domain.breaker import Breaker, step
+from metering.domain.breaker import Breaker, Stepping
 from metering.domain.decisions import CHARGE_KEYS
 from metering.domain.limits import Limit
 from metering.domain.links import sign
@@ -59,8 +59,8 @@ class Breakers:
 
     def __init__(self, limits: Mapping[str, Limit], states: dict[Pair, Breaker]) -> None:
         self.limits = limits
-        self.states = states
-        self.changed: set[Pair] = set()
+        self.states = states  # as read
+        self.stepping: dict[Pair, Stepping] = {}  # those the batch stepped, as stepped
         self.notices: list[Notice] = []
 
     @classmethod
@@ -82,7 +82,8 @@ class Breakers:
         return cls(with_breaker, BreakerStore(connection).read(wanted, lock=lock))
 
     def is_quarantined(self, limit: str, subject: str) -> bool:
-        state = self.states.get((limit, subject))
+        pair = (limit, subject)
+        state: Breaker | Stepping | None = self.stepping.get(pair) or self.states.get(pair)
         return state is not None and state.quarantined_at_us is not None
 
     def charged(
@@ -109,17 +110,15 @@ class Breakers:
         """Step ``limit``'s breaker of ``row``'s subject by its cost; note a trip."""
         assert limit.breaker_factor is not None
         pair = (limit.name, row[_SUBJECT])
-        after, tripped = step(
-            self.states.get(pair), row[_COST], now_us, limit.breaker_factor, limit.breaker_floor
-        )
-        self.states[pair] = after
-        self.changed.add(pair)
-        if tripped:
+        stepping = self.stepping.get(pair)
+        if stepping is None:
+            stepping = self.stepping[pair] = Stepping(self.states.get(pair), now_us)
+        if stepping.charge(row[_COST], now_us, limit.breaker_factor, limit.breaker_floor):
             self.notices.append(_notice(limit, row, event_id, now_us))
 
     def write(self, connection: Connection, now_us: int, *, announce: bool = True) -> None:
         """Store the changed breakers, and the notices of those that tripped."""
-        if not self.changed:
+        if not self.stepping:
             return
         BreakerStore(connection).write(self.changed_states())
         if not (self.notices and announce):
@@ -129,7 +128,8 @@ class Breakers:
 
     def changed_states(self) -> dict[Pair, Breaker]:
         """The breakers the batch stepped, to store."""
-        return {pair: self.states[pair] for pair in sorted(self.changed)}
+        stepping = self.stepping
+        return {pair: stepping[pair].breaker() for pair in sorted(stepping)}
 
     def documents(self, secret: str, now_us: int) -> list[tuple[Notice, dict[str, Any]]]:
         """The ``limit.quarantined`` notices with their payloads, each with

@@ -2,11 +2,13 @@
 trips; a synthetic burst past the multiple trips a minute after the now
 rate first ran past it, not before; a subject younger than a day trips only
 under a floor; a release starts the history again; bad factors, floors and
-quarantine maximums name their field."""
+quarantine maximums name their field; a breaker stepped in place charge
+after charge ends as `step` leaves it, to the bit."""
 
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
@@ -15,6 +17,8 @@ from metering.domain.breaker import (
     LONG_TAU_SECONDS,
     SUSTAIN_US,
     Breaker,
+    Stepping,
+    make_breaker,
     parse_factor,
     parse_floor,
     quarantine_cap,
@@ -169,3 +173,36 @@ def test_a_limit_takes_a_breaker_on_a_fixed_window_only() -> None:
         Limit("api", maximum=10, period="1m", breaker_floor=1.0)
     with pytest.raises(InvalidLimit, match="quarantine_max"):
         Limit("api", maximum=10, period="1m", quarantine_max=1)
+
+
+def test_a_breaker_stepped_in_place_ends_as_step_leaves_it() -> None:
+    # A batch steps each pair's breaker in place (`Stepping`): after every
+    # charge, what it reads back and whether it tripped are `step`'s, to the
+    # bit, over histories young and old, floors, quarantines, charges at one
+    # instant and apart (and a clock that steps back).
+    rng = random.Random(7)
+    trips = 0
+    for _ in range(2_000):
+        factor, floor = rng.choice([2, 10, 1000]), rng.choice([None, None, 0.001, 0.5])
+        now = rng.randrange(HISTORY_US, 10 * HISTORY_US)
+        breaker = None
+        if rng.random() < 0.7:
+            breaker = Breaker(
+                rng.random() * rng.choice([0, 1, 100]),
+                rng.random() * rng.choice([0, 0.01, 10]),
+                now - rng.randrange(-SECOND_US, HISTORY_US),
+                now - rng.randrange(0, 2 * HISTORY_US),
+                rng.choice([None, now - rng.randrange(0, 2 * SUSTAIN_US)]),
+                rng.choice([None, None, None, now - 5]),
+            )
+        stepped, in_place = breaker, None
+        for _ in range(rng.randrange(1, 40)):
+            now += rng.choice([0, 0, 0, SECOND_US, 30 * SECOND_US, -SECOND_US])
+            cost = rng.choice([0, 1, 5, 100, 10_000, -3])
+            stepped, tripped = step(stepped, cost, now, factor, floor)
+            in_place = in_place or Stepping(breaker, now)
+            assert in_place.charge(cost, now, factor, floor) == tripped
+            assert in_place.breaker() == stepped
+            trips += tripped
+    assert trips > 10  # (the streams do trip)
+    assert make_breaker(0.5, 0.25, 3, 2, None, 1) == Breaker(0.5, 0.25, 3, 2, None, 1)

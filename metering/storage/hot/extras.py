@@ -15,10 +15,10 @@ from __future__ import annotations
 import json
 import secrets
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from metering.domain.breaker import Breaker
+from metering.domain.breaker import Breaker, make_breaker
 from metering.domain.notifications import Notice, grant_low_document
 from metering.storage.counters import Pair
 from metering.storage.webhook_records import encode_payload
@@ -144,7 +144,7 @@ def new_secret() -> str:
 
 def breaker_of_row(row: Sequence[Any]) -> Breaker:
     """A breaker from (limit, subject, its six columns)."""
-    return Breaker(row[2], row[3], row[4], row[5], row[6], row[7])
+    return make_breaker(row[2], row[3], row[4], row[5], row[6], row[7])
 
 
 def _columns(b: Breaker) -> tuple[Any, ...]:
@@ -161,6 +161,24 @@ def _columns(b: Breaker) -> tuple[Any, ...]:
 
 def breaker_rows(changed: dict[Pair, Breaker]) -> list[tuple[Any, ...]]:
     return [(limit, subject, *_columns(b)) for (limit, subject), b in sorted(changed.items())]
+
+
+def _write_breakers(
+    raw: sqlite3.Connection, breakers: dict[Pair, Breaker], rowids: Mapping[Pair, int]
+) -> None:
+    at: list[tuple[Any, ...]] = []
+    by_key: list[tuple[Any, ...]] = []
+    for pair, b in breakers.items():
+        rowid = rowids.get(pair)
+        if rowid is None:
+            by_key.append((*pair, *_columns(b)))
+        else:
+            at.append((*_columns(b), rowid))
+    for statement, rows in ((SQLITE_UPDATE_BREAKER, at), (SQLITE_UPSERT_BREAKER, by_key)):
+        if len(rows) == 1:  # (`consume`: `execute` costs less than `executemany`)
+            raw.execute(statement, rows[0])
+        elif rows:
+            raw.executemany(statement, rows)
 
 
 def notice_rows(notices: Sequence[tuple[Notice, str]]) -> list[tuple[Any, ...]]:
@@ -223,18 +241,19 @@ def pg_breaker_updates(changed: dict[Pair, Breaker], tids: dict[Pair, str]) -> d
 # SQLite: the same, statement by statement (no round trip to save).
 SQLITE_READ_SECRET: Final = "SELECT value FROM secrets WHERE name = ?"
 SQLITE_INSERT_SECRET: Final = "INSERT INTO secrets (name, value, created_at_us) VALUES (?, ?, ?)"
+# A limit's breakers of the subjects given as one JSON array (no pair
+# parsed out of JSON per row), with their rowids.
 SQLITE_READ_BREAKERS: Final = f"""
-SELECT b.limit_name, b.subject, {", ".join("b." + c for c in _BREAKER_COLUMNS.split(", "))}
+SELECT b.subject, {", ".join("b." + c for c in _BREAKER_COLUMNS.split(", "))}, b.rowid
 FROM json_each(?) AS k
-JOIN breakers AS b ON b.limit_name = json_extract(k.value, '$[0]')
-                  AND b.subject = json_extract(k.value, '$[1]')
+JOIN breakers AS b ON b.subject = k.value AND b.limit_name = ?
 """
 # The same two reads as parts of the version and counter's statement of
 # `metering.storage.hot.sqlite` (one breaker: `consume`): a breaker (kind 3)
 # and the secret (kind 4), padded to its twelve columns.
 SQLITE_BREAKER_ROWS: Final = f"""
 UNION ALL
-SELECT 3, {_BREAKER_COLUMNS}, NULL, NULL, NULL, NULL, NULL
+SELECT 3, {_BREAKER_COLUMNS}, rowid, NULL, NULL, NULL, NULL
 FROM breakers WHERE limit_name = ? AND subject = ?
 UNION ALL
 SELECT 4, value, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM secrets
@@ -243,6 +262,11 @@ WHERE name = ?
 SQLITE_UPSERT_BREAKER: Final = f"""
 INSERT INTO breakers (limit_name, subject, {_BREAKER_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (subject, limit_name) DO UPDATE SET {_BREAKER_SET}
+"""
+# A breaker read in the transaction, updated through its rowid: one B-tree,
+# not the key's index and then the table.
+SQLITE_UPDATE_BREAKER: Final = f"""
+UPDATE breakers SET {", ".join(c + " = ?" for c in _BREAKER_COLUMNS.split(", "))} WHERE rowid = ?
 """
 SQLITE_MARK: Final = """
 INSERT INTO webhook_marks (limit_name, subject, window_start_us, kind, window_end_us, maximum,
@@ -270,10 +294,21 @@ RETURNING grant_id, subject, limit_name, amount, used, low_at, schedule_id
 """
 
 
-def sqlite_breakers(raw: sqlite3.Connection, pairs: Sequence[Pair]) -> dict[Pair, Breaker]:
-    """The breakers of ``pairs`` that have one, in one statement."""
-    rows = raw.execute(SQLITE_READ_BREAKERS, (json.dumps(pairs),))
-    return {(row[0], row[1]): breaker_of_row(row) for row in rows}
+def sqlite_breakers(
+    raw: sqlite3.Connection, pairs: Sequence[Pair], rowids: dict[Pair, int]
+) -> dict[Pair, Breaker]:
+    """The breakers of ``pairs`` that have one, a statement per limit; their
+    rows' rowids into ``rowids``."""
+    subjects: dict[str, list[str]] = {}
+    for name, subject in pairs:
+        subjects.setdefault(name, []).append(subject)
+    found = {}
+    for name, some in subjects.items():
+        for row in raw.execute(SQLITE_READ_BREAKERS, (json.dumps(some), name)):
+            pair = (name, row[0])
+            found[pair] = make_breaker(*row[1:7])
+            rowids[pair] = row[7]
+    return found
 
 
 def sqlite_secret(raw: sqlite3.Connection, name: str) -> str | None:
@@ -288,13 +323,15 @@ def sqlite_write_extras(
     notices: Sequence[tuple[Notice, str]],
     now_us: int,
     secret: str | None = None,
+    rowids: Mapping[Pair, int] | None = None,
 ) -> None:
-    """The breakers, the breaker links' ``secret`` when made now,
+    """The breakers (those read in this transaction, with their ``rowids``,
+    updated by rowid), the breaker links' ``secret`` when made now,
     ``grant.low`` and the notices of one write."""
     if secret is not None:
         raw.execute(SQLITE_INSERT_SECRET, (BREAKER_SECRET, secret, now_us))
     if breakers:
-        raw.executemany(SQLITE_UPSERT_BREAKER, breaker_rows(breakers))
+        _write_breakers(raw, breakers, rowids or {})
     endpoints: list[tuple[str, str]] | None = None
     messages: list[tuple[str, str]] = []
     if low:

@@ -42,7 +42,7 @@ from psycopg.pq import TransactionStatus
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError, StatementError
 
-from metering.domain.breaker import Breaker
+from metering.domain.breaker import Breaker, make_breaker
 from metering.domain.distinct import SeatKey, Seen
 from metering.domain.recurring import Issue, next_due_us
 from metering.domain.rollups import rollup_rows
@@ -867,7 +867,7 @@ def read_unlocked(
         elif kind == 5:
             seen[(row[1], row[2], row[3], row[11])] = row[4]
         else:
-            breakers[(row[1], row[2])] = Breaker(row[12], row[13], *row[3:7])
+            breakers[(row[1], row[2])] = make_breaker(row[12], row[13], *row[3:7])
     pots = pots_of(grant_rows, draw_rows) if grant_rows else {}
     return Snapshot(
         version=version,

@@ -190,7 +190,7 @@ class SqliteHotStore:
         assert isinstance(raw, sqlite3.Connection)
         self.raw = raw
         self.connection = connection
-        self.rowids = Rowids()  # the grants' rows `read` read, for `write`
+        self.rowids = Rowids()  # the grants' and breakers' rows `read` read, for `write`
 
     def read(
         self,
@@ -204,6 +204,7 @@ class SqliteHotStore:
         breaker_pairs: Sequence[Pair] = (),
     ) -> Snapshot:
         raw = self.raw
+        self.rowids.breakers.clear()  # (a pair not read now: written by its key)
         try:
             # The transaction holds SQLite's one write lock already.
             schedules = due_schedules(raw, due_pairs) if due_pairs else []
@@ -242,6 +243,7 @@ class SqliteHotStore:
                 for row in rest:
                     if row[0] == _BREAKER and breaker:
                         breakers[breaker] = breaker_of_row((*breaker, *row[1:7]))
+                        self.rowids.breakers[breaker] = row[7]
                     elif row[0] == _SECRET:
                         secret = str(row[1])
                     elif row[0] == _SEAT and seat:
@@ -268,7 +270,7 @@ class SqliteHotStore:
             if grant_pairs and grant is None:
                 pots, watched = read_grants(raw, grant_pairs, self.rowids)
             if breaker_pairs and breaker is None:
-                breakers = sqlite_breakers(raw, breaker_pairs)
+                breakers = sqlite_breakers(raw, breaker_pairs, self.rowids.breakers)
                 secret = sqlite_secret(raw, BREAKER_SECRET)
             if drawn and pots:
                 with_draws(pots, drawn)
@@ -340,7 +342,7 @@ class SqliteHotStore:
                 write_draws(raw, changes.draws, self.rowids)
             if changes.breakers or changes.low or changes.notices:
                 extras = (changes.breakers, changes.low, changes.notices)
-                sqlite_write_extras(raw, *extras, now_us, changes.secret)
+                sqlite_write_extras(raw, *extras, now_us, changes.secret, self.rowids.breakers)
             if changes.rollups:
                 _execute(raw, SQLITE_UPSERT, rollup_rows(changes.rollups))
         except sqlite3.Error as exc:

@@ -73,11 +73,12 @@ ADD_USED_AT: Final = "UPDATE grants SET used = used + ? WHERE rowid = ?"
 
 @dataclass(slots=True)
 class Rowids:
-    """The rowids of the grants (by id) a transaction read: it updates
-    those rows by rowid, one B-tree each instead of a key's index and then
-    the table (two)."""
+    """The rowids of the grants (by id) and of the breakers (by pair) a
+    transaction read: it updates those rows by rowid, one B-tree each
+    instead of a key's index and then the table (two)."""
 
     grants: dict[str, int] = field(default_factory=dict)
+    breakers: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 def read_grants(

@@ -283,8 +283,9 @@ def test_a_breaker_consume_reads_its_breaker_and_secret_with_its_counter(
     sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # One statement reads the version, the counter, the breaker and the
-    # secret; what it read is what the reference engine reads: a burst of 60
-    # a second trips at the same charge, and the breakers end the same.
+    # secret (a breaker it read is updated by its rowid); what it read is
+    # what the reference engine reads: a burst of 60 a second trips at the
+    # same charge, and the breakers end the same.
     other = copy_sqlite(Path(sqlite_url.removeprefix("sqlite:///")), tmp_path / "other.db")
     clock = FrozenClock(NOW)
     with Meter(sqlite_url, clock=clock) as meter, Meter(other, clock=clock) as reference:
@@ -310,7 +311,7 @@ def test_a_breaker_consume_reads_its_breaker_and_secret_with_its_counter(
             "SELECT 0, v.version,",
             "UPDATE counters SET",
             "INSERT INTO results",
-            "INSERT INTO breakers",
+            "UPDATE breakers SET",  # the row it read, by its rowid
             "COMMIT",
         ]
 
