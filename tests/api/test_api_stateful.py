@@ -127,6 +127,12 @@ def test_no_sequence_of_requests_gets_a_server_error(
     seed = SEEDS[database]
     st = shutil.which("st", path=str(Path(sys.executable).parent))
     assert st is not None, "schemathesis' st is installed with the dev extra"
+    # Hypothesis's tables of Unicode categories and of what a codec encodes
+    # are kept in its storage directory, and computing them costs a run
+    # about 3 s of CPU: st shares the suite's, not one in a new tmp_path.
+    storage = Path(
+        os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY") or request.config.rootpath / ".hypothesis"
+    )
     arguments = [
         f"{base}/openapi.json",
         "--checks",
@@ -143,6 +149,10 @@ def test_no_sequence_of_requests_gets_a_server_error(
         "30",
         "-H",
         f"Authorization: Bearer {key}",
+        # Its examples in memory: each run starts with none, as it did in a
+        # storage directory of its own.
+        "--generation-database",
+        ":memory:",
     ]
     done = subprocess.run(
         [st, "run", *arguments],
@@ -150,7 +160,7 @@ def test_no_sequence_of_requests_gets_a_server_error(
         text=True,
         timeout=RUN_TIMEOUT_SECONDS,
         cwd=tmp_path,
-        env={**os.environ, "NO_COLOR": "1"},
+        env={**os.environ, "NO_COLOR": "1", "HYPOTHESIS_STORAGE_DIRECTORY": str(storage)},
     )
     assert done.returncode == 0, f"st run {' '.join(arguments)}\n{done.stdout[-8000:]}"
     assert "Stateful" in done.stdout  # the stateful phase ran
