@@ -221,14 +221,17 @@ def test_metering_serve_with_two_processes_counts_exactly_and_logs_json(
 
 def _wait_until_serving(base: str, server: subprocess.Popen[bytes], log_file: Path) -> None:
     deadline = time.monotonic() + 60
-    while True:
-        if server.poll() is not None:
-            raise AssertionError(f"metering serve exited:\n{log_file.read_text()}")
-        try:
-            if httpx.get(f"{base}/openapi.json", timeout=5).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"metering serve did not answer:\n{log_file.read_text()}")
-        time.sleep(0.2)
+    # One client for every try: `httpx.get` builds a client and its TLS
+    # context each time (about 30 ms of CPU, five times a second).
+    with httpx.Client(timeout=5) as client:
+        while True:
+            if server.poll() is not None:
+                raise AssertionError(f"metering serve exited:\n{log_file.read_text()}")
+            try:
+                if client.get(f"{base}/openapi.json").status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"metering serve did not answer:\n{log_file.read_text()}")
+            time.sleep(0.2)

@@ -100,14 +100,17 @@ def served(environment: dict[str, str], tmp_path: Path) -> Iterator[tuple[str, s
         base = f"http://127.0.0.1:{port}"
         try:
             deadline = time.monotonic() + START_TIMEOUT_SECONDS
-            while True:
-                try:
-                    httpx.get(f"{base}/openapi.json")
-                    break
-                except httpx.TransportError:
-                    assert process.poll() is None, log_path.read_text()
-                    assert time.monotonic() < deadline, "metering serve did not start"
-                    time.sleep(0.1)
+            # One client for every try: `httpx.get` builds a client and its TLS
+            # context each time (about 30 ms of CPU, ten times a second).
+            with httpx.Client() as client:
+                while True:
+                    try:
+                        client.get(f"{base}/openapi.json")
+                        break
+                    except httpx.TransportError:
+                        assert process.poll() is None, log_path.read_text()
+                        assert time.monotonic() < deadline, "metering serve did not start"
+                        time.sleep(0.1)
             yield base, key
         finally:
             process.send_signal(signal.SIGINT)
