@@ -222,7 +222,7 @@ def test_metering_serve_with_two_processes_counts_exactly_and_logs_json(
 def _wait_until_serving(base: str, server: subprocess.Popen[bytes], log_file: Path) -> None:
     deadline = time.monotonic() + 60
     # One client for every try: `httpx.get` builds a client and its TLS
-    # context each time (about 30 ms of CPU, five times a second).
+    # context each time (about 50 ms of CPU a try).
     with httpx.Client(timeout=5) as client:
         while True:
             if server.poll() is not None:

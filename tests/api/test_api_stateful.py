@@ -101,7 +101,7 @@ def served(environment: dict[str, str], tmp_path: Path) -> Iterator[tuple[str, s
         try:
             deadline = time.monotonic() + START_TIMEOUT_SECONDS
             # One client for every try: `httpx.get` builds a client and its TLS
-            # context each time (about 30 ms of CPU, ten times a second).
+            # context each time (about 50 ms of CPU a try).
             with httpx.Client() as client:
                 while True:
                     try:
