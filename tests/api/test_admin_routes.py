@@ -32,6 +32,7 @@ import pytest
 import schemathesis
 from budgets import cases
 from hypothesis import HealthCheck, given, settings
+from loopback import http_client
 from pytest_httpserver import HTTPServer
 from schemathesis import GenerationMode
 from schemathesis.specs.openapi.checks import (
@@ -84,7 +85,7 @@ def serve(
     serve_api_shared: Serve, meter: Meter, tmp_path: Path, delivery: DeliverySettings = LOOPBACK
 ) -> httpx.Client:
     settings = Settings(meter.url, f"sqla+sqlite:///{tmp_path}/broker.db", delivery=delivery)
-    return httpx.Client(base_url=serve_api_shared(create_api(settings, meter=meter)), timeout=30)
+    return http_client(base_url=serve_api_shared(create_api(settings, meter=meter)), timeout=30)
 
 
 @pytest.fixture
@@ -260,7 +261,7 @@ def test_limits_on_the_embedded_default_the_app_opens_itself(
     ``metering serve`` does with no configuration, and closes them at shutdown."""
     database = f"sqlite:///{tmp_path}/own.db"
     settings = Settings(database, f"sqla+sqlite:///{tmp_path}/own-broker.db")
-    with httpx.Client(base_url=serve_api_shared(create_api(settings)), timeout=30) as client:
+    with http_client(base_url=serve_api_shared(create_api(settings)), timeout=30) as client:
         names = [limit["name"] for limit in client.get("/v1/limits").json()["limits"]]
         assert "calls" not in names
         put = client.put("/v1/limits/calls", json={"maximum": 3, "period": "1d"})

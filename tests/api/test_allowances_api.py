@@ -21,6 +21,7 @@ import pytest
 import schemathesis
 from budgets import cases
 from hypothesis import HealthCheck, given, settings
+from loopback import http_client
 from schemathesis import GenerationMode
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
@@ -64,7 +65,7 @@ def meter(db_url: str, clock: FrozenClock) -> Iterator[Meter]:
 
 def serve(serve_api: Serve, meter: Meter, tmp_path: Path) -> httpx.Client:
     settings_ = Settings(meter.url, f"sqla+sqlite:///{tmp_path}/broker.db")
-    return httpx.Client(base_url=serve_api(create_api(settings_, meter=meter)), timeout=30)
+    return http_client(base_url=serve_api(create_api(settings_, meter=meter)), timeout=30)
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ import httpx
 import pytest
 from click.testing import CliRunner
 from fastapi import FastAPI
+from loopback import http_client
 from sqlalchemy import select
 
 from metering import FrozenClock, Limit, Meter
@@ -69,7 +70,7 @@ def start(
             **options,
         )
         app = create_api(settings, meter=meter)
-        client = httpx.Client(base_url=serve_api(app), timeout=30)
+        client = http_client(base_url=serve_api(app), timeout=30)
         clients.append(client)
         return app, client
 

@@ -20,6 +20,7 @@ import httpx
 import pytest
 from cloudevents.v1.conversion import to_json, to_structured
 from cloudevents.v1.http import CloudEvent
+from loopback import http_client
 
 from metering import FrozenClock, Limit, Meter
 from metering.api import create_api
@@ -47,7 +48,7 @@ def meter(sqlite_url: str) -> Iterator[Meter]:
 @pytest.fixture
 def client(serve_api: Serve, meter: Meter, tmp_path: Path) -> Iterator[httpx.Client]:
     settings = Settings(meter.url, f"sqla+sqlite:///{tmp_path}/broker.db")
-    with httpx.Client(base_url=serve_api(create_api(settings, meter=meter)), timeout=30) as http:
+    with http_client(base_url=serve_api(create_api(settings, meter=meter)), timeout=30) as http:
         yield http
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 import redis
+from loopback import http_client
 
 from metering import Limit, Meter
 from metering.api import create_api
@@ -73,7 +74,7 @@ def used_by_subject(meter: Meter) -> dict[str, int]:
 
 def post_concurrently(base: str, params: dict[str, str]) -> list[httpx.Response]:
     def post(_: int) -> httpx.Response:
-        with httpx.Client(base_url=base, timeout=60) as client:
+        with http_client(base_url=base, timeout=60) as client:
             return client.post("/v1/events", json=the_batch(), params=params)
 
     with ThreadPoolExecutor(CLIENTS) as pool:
@@ -102,7 +103,7 @@ def test_a_batch_posted_3_times_and_by_8_clients_at_once_is_counted_once(
 ) -> None:
     ids = [event["event_id"] for event in the_batch()]
     answers = []
-    with httpx.Client(base_url=base, timeout=60) as client:
+    with http_client(base_url=base, timeout=60) as client:
         for _ in range(3):
             answers.append(client.post("/v1/events", json=the_batch()))
     answers += post_concurrently(base, {})
@@ -114,7 +115,7 @@ def test_a_batch_posted_3_times_and_by_8_clients_at_once_is_counted_once(
     assert used_by_subject(meter) == expected_used()
     assert meter.outcome_counts() == {"allowed": EVENTS}
     assert meter.rejected_messages() == []
-    with httpx.Client(base_url=base, timeout=60) as client:
+    with http_client(base_url=base, timeout=60) as client:
         result = client.get("/v1/events/batch-7").json()
         assert (result["status"], result["outcome"], result["metadata"]) == (
             "decided",
@@ -130,7 +131,7 @@ def test_a_queued_event_is_pending_until_a_worker_applies_it(
     base: str, meter: Meter, request: pytest.FixtureRequest
 ) -> None:
     event = {"event_id": "late-1", "subject": "org-1", "limit": "api_calls", "cost": 4}
-    with httpx.Client(base_url=base, timeout=60) as client:
+    with http_client(base_url=base, timeout=60) as client:
         assert client.post("/v1/events", json=event).status_code == 202
         assert client.get("/v1/events/late-1").json() == {"status": "pending", "event_id": "late-1"}
         request.getfixturevalue("api_worker")
@@ -158,7 +159,7 @@ def test_wait_decision_from_8_clients_at_once_is_counted_once(base: str, meter: 
 
 
 def test_a_conflicting_copy_is_409_and_changes_nothing(base: str, meter: Meter) -> None:
-    with httpx.Client(base_url=base, timeout=60) as client:
+    with http_client(base_url=base, timeout=60) as client:
         first = client.post("/v1/events", json=the_batch(), params={"wait": "decision"})
         assert first.status_code == 200
         changed = the_batch()
@@ -241,7 +242,7 @@ def test_batches_posted_over_http_each_get_exactly_one_result_from_a_real_worker
 
         def post(index: int) -> httpx.Response:
             kind, events = bodies[index]
-            with httpx.Client(base_url=base, timeout=60) as client:
+            with http_client(base_url=base, timeout=60) as client:
                 return client.post(
                     "/v1/events", content=json.dumps(events), headers={"content-type": kind}
                 )

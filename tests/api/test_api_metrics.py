@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
+from loopback import http_client
 from prometheus_client.parser import text_string_to_metric_families
 
 from metering import FrozenClock, Limit, Meter
@@ -46,7 +47,7 @@ def meter(embedded: dict[str, str]) -> Iterator[Meter]:
 @pytest.fixture
 def client(serve_api: Serve, meter: Meter, embedded: dict[str, str]) -> Iterator[httpx.Client]:
     base = serve_api(create_api(Settings(**embedded), meter=meter))
-    with httpx.Client(base_url=base, timeout=30) as http:
+    with http_client(base_url=base, timeout=30) as http:
         yield http
 
 
@@ -119,7 +120,7 @@ def test_metrics_is_open_by_default_even_with_keys(
 ) -> None:
     ApiKeys(meter).create("read", name="dashboard")
     base = serve_api(create_api(Settings(**embedded), meter=meter))
-    with httpx.Client(base_url=base, timeout=30) as anyone:
+    with http_client(base_url=base, timeout=30) as anyone:
         assert anyone.get("/metrics").status_code == 200
         assert anyone.get("/v1/limits").status_code == 401  # the API itself asks for a key
 
@@ -129,7 +130,7 @@ def test_metering_metrics_scope_read_asks_for_a_read_key(
 ) -> None:
     settings = Settings(**embedded, metrics_scope="read")
     base = serve_api(create_api(settings, meter=meter))
-    with httpx.Client(base_url=base, timeout=30) as anyone:
+    with http_client(base_url=base, timeout=30) as anyone:
         # No key exists yet: the API is open, /metrics is not.
         refused = anyone.get("/metrics")
         assert refused.status_code == 401, refused.text
@@ -196,12 +197,12 @@ def test_metering_serve_with_two_processes_counts_exactly_and_logs_json(
 
         def post(n: int) -> int:
             body = event(f"served-{n}", "am_served")
-            with httpx.Client(base_url=base, timeout=30) as http:
+            with http_client(base_url=base, timeout=30) as http:
                 return http.post("/v1/events", params={"wait": "decision"}, json=body).status_code
 
         with ThreadPoolExecutor(8) as pool:
             assert set(pool.map(post, range(20))) == {200}
-        with httpx.Client(base_url=base, timeout=30) as http:
+        with http_client(base_url=base, timeout=30) as http:
             samples = scrape(http)
     finally:
         server.send_signal(signal.SIGTERM)
@@ -221,14 +222,17 @@ def test_metering_serve_with_two_processes_counts_exactly_and_logs_json(
 
 def _wait_until_serving(base: str, server: subprocess.Popen[bytes], log_file: Path) -> None:
     deadline = time.monotonic() + 60
-    while True:
-        if server.poll() is not None:
-            raise AssertionError(f"metering serve exited:\n{log_file.read_text()}")
-        try:
-            if httpx.get(f"{base}/openapi.json", timeout=5).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"metering serve did not answer:\n{log_file.read_text()}")
-        time.sleep(0.2)
+    # One client for every try: `httpx.get` builds a client and its TLS
+    # context each time (about 50 ms of CPU a try).
+    with http_client(timeout=5) as client:
+        while True:
+            if server.poll() is not None:
+                raise AssertionError(f"metering serve exited:\n{log_file.read_text()}")
+            try:
+                if client.get(f"{base}/openapi.json").status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"metering serve did not answer:\n{log_file.read_text()}")
+            time.sleep(0.2)

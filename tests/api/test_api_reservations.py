@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+from loopback import http_client
 
 from metering import FrozenClock, Limit, Meter
 from metering.api import create_api
@@ -44,7 +45,7 @@ def meter(db_url: str, clock: FrozenClock) -> Iterator[Meter]:
 def http(serve_api_shared: Serve, meter: Meter, tmp_path: Path) -> Iterator[httpx.Client]:
     settings = Settings(meter.url, f"sqla+sqlite:///{tmp_path}/broker.db")
     base = serve_api_shared(create_api(settings, meter=meter))
-    with httpx.Client(base_url=base, timeout=30) as client:
+    with http_client(base_url=base, timeout=30) as client:
         yield client
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+from loopback import http_client
 
 from metering import FrozenClock, Limit, Meter
 from metering.api import create_api
@@ -49,7 +50,7 @@ def clients(serve_api: Serve, meter: Meter, tmp_path: Path) -> Iterator[dict[str
     made: dict[str, httpx.Client] = {}
     for scope in ("ingest", "admin"):
         _key, token = keys.create(scope, name=scope)
-        made[scope] = httpx.Client(
+        made[scope] = http_client(
             base_url=base, headers={"authorization": f"Bearer {token}"}, timeout=30
         )
     yield made

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 from click.testing import CliRunner
+from loopback import http_client
 
 from metering import FrozenClock, Limit, Meter
 from metering.api import create_api
@@ -48,7 +49,7 @@ def admin(serve_api: Serve, meter: Meter, tmp_path: Path) -> Iterator[httpx.Clie
     )
     _key, token = ApiKeys(meter).create("admin", name="ops")
     base = serve_api(create_api(settings, meter=meter))
-    with httpx.Client(base_url=base, headers={"authorization": f"Bearer {token}"}) as client:
+    with http_client(base_url=base, headers={"authorization": f"Bearer {token}"}) as client:
         yield client
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
+from loopback import http_client
 
 from metering import FrozenClock, Limit, Meter
 from metering.api import create_api
@@ -41,7 +42,7 @@ def meter(db_url: str) -> Iterator[Meter]:
 @pytest.fixture
 def http(serve_api: Serve, meter: Meter, tmp_path: Path) -> Iterator[httpx.Client]:
     settings = Settings(meter.url, f"sqla+sqlite:///{tmp_path}/broker.db")
-    with httpx.Client(base_url=serve_api(create_api(settings, meter=meter)), timeout=30) as c:
+    with http_client(base_url=serve_api(create_api(settings, meter=meter)), timeout=30) as c:
         yield c
 
 

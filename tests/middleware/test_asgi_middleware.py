@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request
+from loopback import http_client
 from servers import copy_sqlite
 from starlette.authentication import AuthCredentials, AuthenticationBackend, SimpleUser
 from starlette.middleware.authentication import AuthenticationMiddleware
@@ -73,7 +74,7 @@ def test_429_with_retry_after_after_the_limit_and_headers_on_every_response(
     meter: Meter, serve_asgi: Serve
 ) -> None:
     base = serve_asgi(build_app(meter))
-    with httpx.Client(base_url=base) as client:
+    with http_client(base_url=base) as client:
         answers = [client.get("/hello") for _ in range(4)]
     assert [a.status_code for a in answers] == [200, 200, 200, 429]
     assert [a.headers["ratelimit"] for a in answers[:3]] == [
@@ -100,7 +101,7 @@ def test_an_authenticated_user_gets_the_user_limit_not_the_ip_limit(
     meter: Meter, serve_asgi: Serve
 ) -> None:
     base = serve_asgi(build_app(meter))
-    with httpx.Client(base_url=base, headers={"authorization": "Bearer ada"}) as client:
+    with http_client(base_url=base, headers={"authorization": "Bearer ada"}) as client:
         answers = [client.get("/hello") for _ in range(6)]
     assert [a.status_code for a in answers] == [200] * 5 + [429]
     assert answers[0].json() == {
@@ -115,7 +116,7 @@ def test_an_authenticated_user_gets_the_user_limit_not_the_ip_limit(
     # The IP was charged only for the request the user limit denied.
     assert used(meter, "127.0.0.1", "per_ip") == 1
     assert {r.state for r in meter.reservations()} == {"cancelled", "committed"}
-    with httpx.Client(base_url=base) as anonymous:
+    with http_client(base_url=base) as anonymous:
         assert [anonymous.get("/hello").status_code for _ in range(3)] == [200, 200, 429]
 
 
@@ -139,11 +140,11 @@ def test_a_spoofed_forwarded_for_from_an_untrusted_peer_is_ignored(
 ) -> None:
     untrusting = serve_asgi(build_app(meter))
     spoofed = {"x-forwarded-for": "198.51.100.7"}
-    with httpx.Client(base_url=untrusting, headers=spoofed) as client:
+    with http_client(base_url=untrusting, headers=spoofed) as client:
         assert client.get("/hello").json()["subject"] == "127.0.0.1"
     trusting = serve_asgi(build_app(meter, trusted=["127.0.0.0/8"]))
     forwarded = {"x-forwarded-for": "203.0.113.5, 198.51.100.7, 127.0.0.2"}
-    with httpx.Client(base_url=trusting, headers=forwarded) as client:
+    with http_client(base_url=trusting, headers=forwarded) as client:
         assert client.get("/hello").json()["subject"] == "198.51.100.7"
     assert used(meter, "198.51.100.7", "per_ip") == 1
     assert used(meter, "127.0.0.1", "per_ip") == 1
@@ -158,7 +159,7 @@ def test_routes_change_the_cost_or_exempt_and_a_custom_refusal(
 
     routes = [Route("/health", exempt=True), Route("/upl*", cost=2, methods=frozenset({"POST"}))]
     base = serve_asgi(build_app(meter, routes=routes, on_denied=refuse))
-    with httpx.Client(base_url=base) as client:
+    with http_client(base_url=base) as client:
         assert [client.get("/health").status_code for _ in range(5)] == [200] * 5
         assert "ratelimit" not in client.get("/health").headers
         assert client.post("/upload").json()["remaining"] == 1
@@ -173,7 +174,7 @@ def test_headers_can_be_turned_off_and_an_unreachable_database_answers_503(
     meter: Meter, serve_asgi: Serve, sqlite_template: Path, tmp_path: Path
 ) -> None:
     base = serve_asgi(build_app(meter, headers=False))
-    with httpx.Client(base_url=base) as client:
+    with http_client(base_url=base) as client:
         answer = client.get("/hello")
     assert answer.status_code == 200 and "ratelimit" not in answer.headers
     broken = Meter(copy_sqlite(sqlite_template, tmp_path / "broken.db"))
@@ -182,7 +183,7 @@ def test_headers_can_be_turned_off_and_an_unreachable_database_answers_503(
     (tmp_path / "broken.db").mkdir()  # no longer a database file
     closed = serve_asgi(build_app(broken))
     open_ = serve_asgi(build_app(broken, fail_open=True))
-    with httpx.Client() as client:
+    with http_client() as client:
         assert client.get(f"{closed}/hello").status_code == 503
         assert client.get(f"{open_}/hello").status_code == 200
 
@@ -191,7 +192,7 @@ def test_the_headers_carry_the_subjects_own_maximum(meter: Meter, serve_asgi: Se
     """127.0.0.1 is entitled to 5 per window, not the limit's 3."""
     meter.set_entitlement("127.0.0.1", "per_ip", 5)
     base = serve_asgi(build_app(meter))
-    with httpx.Client(base_url=base) as client:
+    with http_client(base_url=base) as client:
         answers = [client.get("/hello") for _ in range(6)]
     assert [a.status_code for a in answers] == [200] * 5 + [429]
     assert answers[0].headers["ratelimit-policy"] == '"per_ip";q=5;w=60'

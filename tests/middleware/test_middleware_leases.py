@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 from flask import Flask, request
 from lease_checks import counted, settled_usage
+from loopback import http_client
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -42,7 +43,7 @@ def test_a_hot_client_gets_the_exact_paths_answers_from_memory(
     roomy(meter)
     leased = serve_asgi(build_app(meter, trusted=["127.0.0.1"]))
     exact = serve_asgi(build_app(meter, trusted=["127.0.0.1"], leases=False))
-    with httpx.Client() as client:
+    with http_client() as client:
         pairs = [
             (
                 client.get(f"{leased}/hello", headers=from_ip("192.0.2.1")),
@@ -68,7 +69,7 @@ def test_an_authenticated_request_gives_its_leased_ip_units_back(
 ) -> None:
     roomy(meter)
     base = serve_asgi(build_app(meter))
-    with httpx.Client(base_url=base, headers={"authorization": "Bearer ada"}) as client:
+    with http_client(base_url=base, headers={"authorization": "Bearer ada"}) as client:
         answers = [client.get("/hello").json() for _ in range(30)]
     assert [a["remaining"] for a in answers] == list(range(999, 969, -1))
     assert {a["limit"] for a in answers} == {"per_user"}
@@ -87,7 +88,7 @@ def test_remaining_counts_leases_held_by_other_processes_as_used(
     with Meter(db_url, clock=meter.clock) as other:  # a second process
         first = serve_asgi(build_app(meter))
         second = serve_asgi(build_app(other))
-        with httpx.Client() as client:
+        with http_client() as client:
             for _ in range(14):  # 7 exact, blocks of 2 and 4 spent, one of 8 leased
                 client.get(f"{first}/hello")
             assert counted(meter, "127.0.0.1", "per_ip") == 21  # 14 used, 7 held
@@ -110,7 +111,7 @@ def test_leases_false_sends_every_request_to_the_database(meter: Meter, serve_as
     app = Starlette(routes=[StarletteRoute("/", lambda _r: JSONResponse({}))])
     app.add_middleware(MeteringMiddleware, meter=meter, limit="per_ip", leases=False)
     base = serve_asgi(app)
-    with httpx.Client(base_url=base) as client:
+    with http_client(base_url=base) as client:
         for _ in range(20):
             assert client.get("/").status_code == 200
     assert results(meter) == 20
@@ -164,7 +165,7 @@ def test_wsgi_leases_too(meter: Meter, serve_wsgi: Serve) -> None:
 
     app.wsgi_app = WSGIMeteringMiddleware(app.wsgi_app, meter=meter, limit="per_ip")
     base = serve_wsgi(app)
-    with httpx.Client(base_url=base) as client:
+    with http_client(base_url=base) as client:
         remaining = [client.get("/").json()["remaining"] for _ in range(20)]
     assert remaining == list(range(999, 979, -1))
     assert results(meter) < 20  # blocks, not requests

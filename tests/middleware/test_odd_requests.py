@@ -18,6 +18,7 @@ import httpx
 import pytest
 from fastapi import FastAPI, Request
 from flask import Flask, jsonify, request
+from loopback import http_client
 from starlette.authentication import AuthCredentials, AuthenticationBackend, SimpleUser
 from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.requests import HTTPConnection
@@ -111,7 +112,7 @@ def test_asgi_odd_api_keys_are_hashed_into_subjects_and_limited(
 ) -> None:
     meter.set_limit(Limit("per_key", maximum=3, period="1m", window="calendar"))
     base = serve_asgi(asgi_app(meter, limit="per_key", key=header("X-Api-Key")))
-    with httpx.Client(base_url=base) as client:
+    with http_client(base_url=base) as client:
         for key in (LONG_KEY, DEL_KEY, "h:not-a-digest"):
             sent = {"x-api-key": key.encode("latin-1")}
             assert statuses(client, 4, headers=sent) == [200, 200, 200, 429], key
@@ -129,7 +130,7 @@ def test_asgi_an_overlong_user_name_is_hashed_into_a_subject(
     app = asgi_app(meter, limit="per_user", key=authenticated_user)
     app.add_middleware(AuthenticationMiddleware, backend=BearerNames())
     base = serve_asgi(app)
-    with httpx.Client(base_url=base, headers={"authorization": f"Bearer {LONG_USER}"}) as client:
+    with http_client(base_url=base, headers={"authorization": f"Bearer {LONG_USER}"}) as client:
         assert statuses(client, 6) == [200] * 5 + [429]
     assert used(meter, subject_of(LONG_USER), "per_user") == 5
 
@@ -139,11 +140,11 @@ def test_wsgi_odd_api_keys_and_user_names_are_hashed_into_subjects(
 ) -> None:
     meter.set_limit(Limit("per_key", maximum=3, period="1m", window="calendar"))
     keyed = serve_wsgi(wsgi_app(meter, limit="per_key", key=header("X-Api-Key")))
-    with httpx.Client(base_url=keyed, headers={"x-api-key": LONG_KEY}) as client:
+    with http_client(base_url=keyed, headers={"x-api-key": LONG_KEY}) as client:
         assert statuses(client, 4) == [200, 200, 200, 429]
     assert used(meter, subject_of(LONG_KEY), "per_key") == 3
     users = serve_wsgi(wsgi_app(meter, limit="per_user", key=authenticated_user))
-    with httpx.Client(base_url=users, headers={"authorization": f"Bearer {LONG_USER}"}) as client:
+    with http_client(base_url=users, headers={"authorization": f"Bearer {LONG_USER}"}) as client:
         assert statuses(client, 6) == [200] * 5 + [429]
     assert used(meter, subject_of(LONG_USER), "per_user") == 5
 
@@ -170,7 +171,7 @@ def test_asgi_a_deleted_limit_answers_503_or_passes_when_fail_open(
         for stacking in (False, True)
         for fail_open in (False, True)
     }
-    with httpx.Client(headers={"x-api-key": "k-1"}) as client:
+    with http_client(headers={"x-api-key": "k-1"}) as client:
         assert [client.get(f"{b}/x").status_code for b in bases.values()] == [200] * 3 + [429]
         delete_limit_with_the_cli(db_url, "per_key")
         with caplog.at_level(logging.WARNING, logger="metering.middleware"):
@@ -198,7 +199,7 @@ def test_wsgi_a_deleted_limit_answers_503_or_passes_when_fail_open(
     options = {"limit": "per_key", "key": header("X-Api-Key")}
     closed = serve_wsgi(wsgi_app(meter, **options))
     open_ = serve_wsgi(wsgi_app(meter, fail_open=True, stacking=True, **options))
-    with httpx.Client(headers={"x-api-key": "k-1"}) as client:
+    with http_client(headers={"x-api-key": "k-1"}) as client:
         assert [client.get(f"{closed}/x").status_code for _ in range(2)] == [200, 200]
         assert client.get(f"{open_}/x").status_code == 200
         delete_limit_with_the_cli(db_url, "per_key")
@@ -233,7 +234,7 @@ def test_asgi_a_route_cannot_be_missed_by_spelling_the_path_otherwise(
     meter.set_limit(PER_PATH)
     base = serve_asgi(asgi_app(meter, limit="per_ip", routes=ROUTES))
     spellings = ["/ip/x", "/IP/x", "//ip/x", "/Ip//x", "/./ip/x", "/x/../ip/y", "/%69p/x"]
-    with httpx.Client() as client:
+    with http_client() as client:
         assert {p: charged_to(client, base, p) for p in spellings} == dict.fromkeys(
             spellings, "per_path"
         )
@@ -253,7 +254,7 @@ def test_wsgi_a_route_cannot_be_missed_by_spelling_the_path_otherwise(
     meter.set_limit(PER_PATH)
     base = serve_wsgi(wsgi_app(meter, limit="per_ip", routes=ROUTES))
     spellings = ["/IP/x", "//ip/x", "/./ip/x", "/x/../ip/y", "/%49p/x"]
-    with httpx.Client() as client:
+    with http_client() as client:
         assert {p: charged_to(client, base, p) for p in spellings} == dict.fromkeys(
             spellings, "per_path"
         )
@@ -275,7 +276,7 @@ def test_asgi_an_ipv4_client_seen_as_ipv4_mapped_ipv6_is_keyed_by_its_ipv4_addre
     meter: Meter, serve_asgi: Serve
 ) -> None:
     base = serve_asgi(asgi_app(meter, limit="per_ip"), host="::ffff:127.0.0.1")
-    with httpx.Client(base_url=base) as client:
+    with http_client(base_url=base) as client:
         answers = [client.get("/x") for _ in range(4)]
     assert [a.status_code for a in answers] == [200, 200, 200, 429]
     assert answers[0].json()["subject"] == "127.0.0.1"
@@ -287,11 +288,11 @@ def test_asgi_ipv6_clients_are_keyed_by_their_64_or_the_prefix_configured(
 ) -> None:
     by_64 = serve_asgi(asgi_app(meter, limit="per_ip"), host="::1")
     by_128 = serve_asgi(asgi_app(meter, limit="per_user", key=client_ip(ipv6_prefix=128)), "::1")
-    with httpx.Client() as client:
+    with http_client() as client:
         assert client.get(f"{by_64}/x").json()["subject"] == "::/64"
         assert client.get(f"{by_128}/x").json()["subject"] == "::1"
     proxied = serve_asgi(asgi_app(meter, limit="per_ip", key=client_ip(["127.0.0.1"])))
-    with httpx.Client() as client:
+    with http_client() as client:
         answers = [forwarded_for(client, proxied, a) for a in SAME_64]
         assert [a.status_code for a in answers] == [200, 200, 200, 429]
         assert answers[0].json()["subject"] == "2001:db8:1:2::/64"
@@ -309,7 +310,7 @@ def test_wsgi_ipv6_clients_are_keyed_by_their_64_and_ipv4_mapped_ones_by_ipv4(
     precise = serve_wsgi(
         wsgi_app(meter, limit="per_user", key=client_ip(["127.0.0.1"], ipv6_prefix=128))
     )
-    with httpx.Client() as client:
+    with http_client() as client:
         answers = [forwarded_for(client, base, a) for a in SAME_64]
         assert [a.status_code for a in answers] == [200, 200, 200, 429]
         assert answers[0].json()["subject"] == "2001:db8:1:2::/64"

@@ -6,8 +6,8 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import httpx
 from flask import Flask, jsonify, request
+from loopback import http_client
 
 from metering import Meter
 from metering.middleware import WSGIMeteringMiddleware, authenticated_user, client_ip
@@ -58,7 +58,7 @@ def used(meter: Meter, subject: str, limit: str) -> int:
 
 def test_429_with_retry_after_and_headers(meter: Meter, serve_wsgi: Serve) -> None:
     base = serve_wsgi(build_app(meter))
-    with httpx.Client(base_url=base) as client:
+    with http_client(base_url=base) as client:
         answers = [client.get("/hello") for _ in range(4)]
     assert [a.status_code for a in answers] == [200, 200, 200, 429]
     assert answers[2].headers["ratelimit"] == '"per_ip";r=0;t=30'
@@ -70,7 +70,7 @@ def test_429_with_retry_after_and_headers(meter: Meter, serve_wsgi: Serve) -> No
 
 def test_stacking_the_user_limit_replaces_the_ip_limit(meter: Meter, serve_wsgi: Serve) -> None:
     base = serve_wsgi(build_app(meter))
-    with httpx.Client(base_url=base, headers={"authorization": "Bearer ada"}) as client:
+    with http_client(base_url=base, headers={"authorization": "Bearer ada"}) as client:
         answers = [client.get("/hello") for _ in range(6)]
     assert [a.status_code for a in answers] == [200] * 5 + [429]
     assert answers[0].json() == {"limit": "per_user", "subject": "ada", "remaining": 4}
@@ -84,7 +84,7 @@ def test_concurrent_anonymous_requests_stop_at_the_ip_limit(
     meter: Meter, serve_wsgi: Serve
 ) -> None:
     base = serve_wsgi(build_app(meter))
-    with httpx.Client(base_url=base) as client, ThreadPoolExecutor(8) as pool:
+    with http_client(base_url=base) as client, ThreadPoolExecutor(8) as pool:
         statuses = list(pool.map(lambda _: client.get("/hello").status_code, range(16)))
     assert sorted(statuses) == [200] * 3 + [429] * 13
 
@@ -93,8 +93,8 @@ def test_forwarded_for_is_believed_only_from_trusted_proxies(
     meter: Meter, serve_wsgi: Serve
 ) -> None:
     spoofed = {"x-forwarded-for": "198.51.100.7"}
-    with httpx.Client(base_url=serve_wsgi(build_app(meter)), headers=spoofed) as client:
+    with http_client(base_url=serve_wsgi(build_app(meter)), headers=spoofed) as client:
         assert client.get("/hello").json()["subject"] == "127.0.0.1"
     trusting = serve_wsgi(build_app(meter, trusted=["127.0.0.1"]))
-    with httpx.Client(base_url=trusting, headers=spoofed) as client:
+    with http_client(base_url=trusting, headers=spoofed) as client:
         assert client.get("/hello").json()["subject"] == "198.51.100.7"
