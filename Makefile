@@ -10,12 +10,11 @@ PYTEST_ARGS ?=
 venv: $(VENV)/.installed
 
 # A stamp file, so the install reruns only when the dependencies change.
-# No bytecode (--no-compile): compiling every module of every package took
-# as long as the install, and the suite imports a fifth of them; `asserts`
-# writes theirs beside lint (docs/testing.md).
+# No bytecode: compiling every module of every package took as long as the
+# install, and the suite imports a fifth of them; `asserts` writes theirs
+# beside lint. uv installs, pip where uv cannot be had (docs/testing.md).
 $(VENV)/.installed: pyproject.toml
-	bash scripts/venv.sh $(VENV)
-	$(BIN)/pip install -q --no-compile -e '.[dev,charts,tracing]'
+	bash scripts/venv.sh $(VENV) '.[dev,charts,tracing]'
 	touch $@
 
 # The package's bytecode, written even where PYTHONDONTWRITEBYTECODE is set:

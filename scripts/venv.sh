@@ -1,19 +1,32 @@
 #!/usr/bin/env bash
-# Makes the project venv at $1 if it has no pip yet, and brings its pip up to
-# date, writing no bytecode (docs/testing.md). Where python3 has a pip that
-# takes `--python`, the venv is made without one and that pip installs the
-# newest pip into it: `python3 -m venv` alone runs ensurepip, which installs
-# and compiles the bundled pip only for it to be replaced.
+# Makes the project venv at $1 if it has no pip yet, brings its pip up to date
+# and installs the project into it editable with the extras $2 (for example
+# '.[dev]'), writing no bytecode (docs/testing.md). uv, installed into the venv
+# beside pip, does the install: pip took about 29 s of CPU for it, uv about 5.
+# Where no uv wheel is to be had, pip installs as before. Where python3 has a
+# pip that takes `--python`, the venv is made without one and that pip installs
+# the newest pip into it: `python3 -m venv` alone runs ensurepip, which
+# installs and compiles the bundled pip only for it to be replaced.
 set -euo pipefail
 
 venv="$1"
+project="$2"
+tools=(pip uv)
 if [ -x "$venv/bin/pip" ]; then
-    exec "$venv/bin/pip" install -q --no-compile --upgrade pip
-fi
-if python3 -m pip install --help 2>/dev/null | grep -q -- '--python '; then
+    "$venv/bin/pip" install -q --no-compile --only-binary uv --upgrade "${tools[@]}" ||
+        "$venv/bin/pip" install -q --no-compile --upgrade pip
+elif python3 -m pip install --help 2>/dev/null | grep -q -- '--python '; then
     python3 -m venv --without-pip "$venv"
-    python3 -m pip --python "$venv/bin/python" install -q --no-compile --upgrade pip
+    python3 -m pip --python "$venv/bin/python" install -q --no-compile --only-binary uv \
+        --upgrade "${tools[@]}" ||
+        python3 -m pip --python "$venv/bin/python" install -q --no-compile --upgrade pip
 else
     python3 -m venv "$venv"
-    "$venv/bin/pip" install -q --no-compile --upgrade pip
+    "$venv/bin/pip" install -q --no-compile --only-binary uv --upgrade "${tools[@]}" ||
+        "$venv/bin/pip" install -q --no-compile --upgrade pip
 fi
+
+if [ -x "$venv/bin/uv" ]; then
+    exec "$venv/bin/uv" pip install -q --python "$venv/bin/python" -e "$project"
+fi
+exec "$venv/bin/pip" install -q --no-compile -e "$project"
