@@ -22,6 +22,7 @@ from celery import Celery, bootsteps, signals
 
 from metering.pipeline.routing import (
     AUDIT_TASK,
+    COMPACT_ROLLUPS_TASK,
     DEFAULT_QUEUE,
     DELIVER_WEBHOOKS_TASK,
     PRUNE_TASK,
@@ -38,6 +39,8 @@ from workers.settings import settings_of as settings_of
 from workers.webhooks import WebhookDelivery
 
 EMBEDDED_SWEEP_SECONDS = 30.0
+# How often the rollups the batches appended are folded in (`metering.upkeep.retention.compact`).
+COMPACT_ROLLUPS_SECONDS = 60.0
 
 
 def _poll_embedded_broker_often() -> None:
@@ -167,6 +170,11 @@ def create_app(url: str | None = None, settings: Settings | None = None) -> Cele
                 "task": PRUNE_TASK,
                 "schedule": settings.prune_interval_seconds,
                 "options": {"expires": settings.prune_interval_seconds},
+            },
+            "compact-rollups": {
+                "task": COMPACT_ROLLUPS_TASK,
+                "schedule": COMPACT_ROLLUPS_SECONDS,
+                "options": {"expires": COMPACT_ROLLUPS_SECONDS},
             },
             "audit": {
                 "task": AUDIT_TASK,

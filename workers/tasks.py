@@ -23,6 +23,7 @@ from metering.pipeline.batches import apply_batch
 from metering.pipeline.routing import (
     APPLY_BATCH_TASK,
     AUDIT_TASK,
+    COMPACT_ROLLUPS_TASK,
     DELIVER_WEBHOOKS_TASK,
     PRUNE_TASK,
     SWEEP_EMBEDDED_BROKER_TASK,
@@ -34,7 +35,7 @@ from metering.pipeline.transport import is_embedded_broker
 from metering.settings import Settings
 from metering.storage.broker import sweep_embedded_broker
 from metering.upkeep.audit import AuditOptions, run_audit
-from metering.upkeep.retention import prune
+from metering.upkeep.retention import compact, prune
 from metering.webhooks.delivery import DeliveryReport, deliver_due, sweep_resets
 from workers.app import app
 from workers.settings import settings_of
@@ -163,6 +164,13 @@ def prune_task() -> dict[str, int]:
         visibility_timeout_seconds=settings().visibility_timeout_seconds,
     )
     return {p.table: p.rows for p in done}
+
+
+@app.task(name=COMPACT_ROLLUPS_TASK, acks_late=True)
+@until_next_tick(NOTHING_DONE)
+def compact_rollups_task() -> dict[str, int]:
+    """Fold the rollups the batches appended into the usage rollups."""
+    return {"usage_rollups": compact(meter())}
 
 
 @app.task(name=AUDIT_TASK, acks_late=True)

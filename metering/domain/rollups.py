@@ -83,19 +83,26 @@ def rollup_deltas(
     deltas: dict[RollupKey, Delta] = {}
     if not dimensions:
         return deltas
+    get = deltas.get
     for event in decided:
         if event.outcome not in CONSUMED:
             continue
-        hour = hour_start_us(event.occurred_at_us)
+        at_us = event.occurred_at_us
+        hour = at_us - at_us % HOUR_US
         metadata = event.metadata
         for charge in event.charges:
-            subject, name, cost = charge[0], charge[1], charge[2]
-            if charge[4] == WOULD_DENY:
+            name = charge[1]
+            keys = dimensions.get(name)
+            if not keys or charge[4] == WOULD_DENY:
                 continue
-            for key in dimensions.get(name, ()):
-                rollup = (subject, name, key, hour, dimension_value(metadata, key))
-                used, events = deltas.get(rollup, (0, 0))
-                deltas[rollup] = (used + sign * cost, events + sign)
+            subject, cost = charge[0], sign * charge[2]
+            for key in keys:
+                value = metadata.get(key) if metadata else None
+                if value.__class__ is not str or len(value) > MAX_VALUE_CHARS or "\x00" in value:
+                    value = dimension_value(metadata, key)  # (a short string is itself)
+                rollup = (subject, name, key, hour, value)
+                was = get(rollup)
+                deltas[rollup] = (cost, sign) if was is None else (was[0] + cost, was[1] + sign)
     return deltas
 
 
@@ -200,6 +207,14 @@ def charged_more_deltas(
             used, events = deltas.get(rollup, (0, 0))
             deltas[rollup] = (used + more, events)
     return deltas
+
+
+def appended_rows(
+    deltas: Mapping[RollupKey, Delta],
+) -> list[tuple[str, str, str, int, str, int, int]]:
+    """``deltas`` as rows (key, used, events), in no order: for an append,
+    which takes no row locks."""
+    return [(*key, used, events) for key, (used, events) in deltas.items()]
 
 
 def rollup_rows(

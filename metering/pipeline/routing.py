@@ -29,6 +29,7 @@ DELIVER_WEBHOOKS_TASK: Final = "metering.deliver_webhooks"
 SWEEP_WEBHOOK_RESETS_TASK: Final = "metering.sweep_webhook_resets"
 SWEEP_RESERVATIONS_TASK: Final = "metering.sweep_reservations"
 PRUNE_TASK: Final = "metering.prune"
+COMPACT_ROLLUPS_TASK: Final = "metering.compact_rollups"
 AUDIT_TASK: Final = "metering.audit"
 
 

@@ -19,7 +19,8 @@ from sqlalchemy.exc import IntegrityError
 
 from metering.storage import tables
 from metering.storage.connections import RetryTransaction
-from metering.storage.tables import counters, entitlements, usage_rollups
+from metering.storage.rollups import ROLLUPS
+from metering.storage.tables import counters, entitlements
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +38,7 @@ def rollup_hours(
     connection: Connection, subject: str, limit: str, dimension: str, from_us: int, to_us: int
 ) -> list[tuple[int, int]]:
     """(hour start, used) of hours starting in ``[from_us, to_us)``."""
-    r = usage_rollups.c
+    r = ROLLUPS.c
     query = (
         select(r.hour_start_us, func.sum(r.used))
         .where(

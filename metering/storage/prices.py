@@ -20,7 +20,8 @@ from metering.domain.rollups import SPEND_DIMENSION
 from metering.storage.limits import BUMP_LIMITS_VERSION
 from metering.storage.on_connection import OnConnection
 from metering.storage.records import RecordColumns
-from metering.storage.tables import limits, prices, usage_rollups
+from metering.storage.rollups import ROLLUPS
+from metering.storage.tables import limits, prices
 
 
 def _tiers_text(tiers: tuple[Tier, ...]) -> str | None:
@@ -100,18 +101,19 @@ class PriceStore(OnConnection):
         (voids and cancels taken away); sorted. ``zoned`` gives subjects a
         range of their own (their local month: each hour in the month its
         start falls in), the others keep ``[since_us, until_us)``."""
+        rollups = ROLLUPS.c
         query = (
             select(
-                usage_rollups.c.subject,
-                usage_rollups.c.limit_name,
-                usage_rollups.c.value,
-                func.sum(usage_rollups.c.used),
+                rollups.subject,
+                rollups.limit_name,
+                rollups.value,
+                func.sum(rollups.used),
             )
-            .where(usage_rollups.c.dimension == SPEND_DIMENSION)
-            .group_by(usage_rollups.c.subject, usage_rollups.c.limit_name, usage_rollups.c.value)
-            .order_by(usage_rollups.c.subject, usage_rollups.c.value, usage_rollups.c.limit_name)
+            .where(rollups.dimension == SPEND_DIMENSION)
+            .group_by(rollups.subject, rollups.limit_name, rollups.value)
+            .order_by(rollups.subject, rollups.value, rollups.limit_name)
         )
-        hour, who = usage_rollups.c.hour_start_us, usage_rollups.c.subject
+        hour, who = rollups.hour_start_us, rollups.subject
         in_range: list[ColumnElement[bool]] = []
         if since_us is not None:
             in_range.append(hour >= since_us)
@@ -131,7 +133,7 @@ class PriceStore(OnConnection):
         elif in_range:
             query = query.where(*in_range)
         if subject is not None:
-            query = query.where(usage_rollups.c.subject == subject)
+            query = query.where(rollups.subject == subject)
         return [
             (str(s), str(name), str(currency), int(amount))
             for s, name, currency, amount in self.connection.execute(query)

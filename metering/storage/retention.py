@@ -15,6 +15,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from metering.domain.notifications import SETTLED_STATUSES
 from metering.domain.rollups import HOUR_US
+from metering.storage.rollups import ROLLUPS
 from metering.storage.tables import (
     corrections,
     counter_resets,
@@ -103,6 +104,11 @@ class RetentionStore:
     def count(self, table: str, before_us: int) -> int:
         source, where = self._target(table, before_us)
         query = select(func.count()).select_from(source).where(where)
+        if source is usage_rollups:  # the rows a compaction would leave (`ROLLUPS`)
+            r = ROLLUPS.c
+            keys = select(r.subject, r.limit_name, r.dimension, r.hour_start_us, r.value)
+            old = keys.where(r.hour_start_us <= before_us - HOUR_US).distinct().subquery()
+            query = select(func.count()).select_from(old)
         return int(self.connection.execute(query).scalar_one())
 
     # -- deleting ----------------------------------------------------------------

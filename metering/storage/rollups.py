@@ -1,13 +1,12 @@
-"""The usage rollups' statements: adding deltas, and the group-by report.
+"""The usage rollups' statements: adding deltas, folding them in, and the group-by report.
 
-`record_rollups` adds, never overwrites (``INSERT ... ON CONFLICT DO UPDATE SET used = used
-+ excluded.used``): two transactions rolling up the same row both count, the second waiting
-for the first's row lock. Writers send rows sorted by key (`metering.domain.rollups.rollup_rows`)
-and, on the hot path, after their counters, so waits never form a cycle. A delta may be
-negative (a voided event); a row back at zero stays, and reports leave out all-zero groups.
-The hot path sends the same upsert in its own write: `PG_UPSERT` takes the rows as one JSON
-array, `SQLITE_UPSERT` one row per execution. The report (`usage_by_statement`) is an index
-range on the primary key (subject, limit, dimension, hour, value), summed in the database.
+`record_rollups` adds, never overwrites (``INSERT ... ON CONFLICT DO UPDATE``, rows sorted by
+key, after the writer's counters: waits never form a cycle). The hot path's batches append
+instead (``usage_rollup_deltas``, no key, no lock: `PG_APPEND` takes the rows as one JSON array,
+`SQLITE_APPEND` one per execution); `compact_rollups` folds those in. Readers sum `ROLLUPS`,
+both tables, by key. A delta may be negative (a voided event); a row back at zero stays, and
+reports leave out all-zero groups. The report (`usage_by_statement`) is a range of the
+rollups' key (subject, limit, dimension, hour, value) and a scan of the deltas.
 """
 
 from __future__ import annotations
@@ -16,29 +15,56 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sqlalchemy import Connection, Select, and_, func, or_, select
+from sqlalchemy import Connection, Select, and_, func, or_, select, text, union_all
 from sqlalchemy.dialects import postgresql, sqlite
 
 from metering.domain.rollups import Delta, RollupKey, rollup_rows
-from metering.storage.tables import usage_rollups
+from metering.storage.tables import usage_rollup_deltas, usage_rollups
 
 _COLUMNS: Final = "subject, limit_name, dimension, hour_start_us, value, used, events"
 _KEY: Final = "subject, limit_name, dimension, hour_start_us, value"
 
-PG_UPSERT: Final = f"""
-INSERT INTO usage_rollups ({_COLUMNS})
+PG_APPEND: Final = f"""
+INSERT INTO usage_rollup_deltas ({_COLUMNS})
 SELECT r->>0, r->>1, r->>2, (r->>3)::bigint, r->>4, (r->>5)::bigint, (r->>6)::bigint
 FROM jsonb_array_elements(%(rows)s::jsonb) AS r
+"""
+
+SQLITE_APPEND: Final = f"INSERT INTO usage_rollup_deltas ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)"
+
+
+# Every rollup row: the compacted ones and the deltas not yet folded in. Readers sum it
+# by key (a key's rows add up to its usage), never read ``usage_rollups`` alone.
+ROLLUPS: Final = union_all(select(usage_rollups), select(usage_rollup_deltas)).subquery("rollups")
+
+_FOLDED: Final = f"""
+SELECT {_KEY}, sum(used), sum(events) FROM {{source}} WHERE true
+GROUP BY {_KEY} ORDER BY {_KEY}
 ON CONFLICT ({_KEY})
 DO UPDATE SET used = usage_rollups.used + excluded.used,
               events = usage_rollups.events + excluded.events
 """
+_PG_COMPACT: Final = text(
+    f"WITH gone AS (DELETE FROM usage_rollup_deltas RETURNING {_COLUMNS}) "
+    f"INSERT INTO usage_rollups ({_COLUMNS}) " + _FOLDED.format(source="gone")
+)
+_SQLITE_FOLD: Final = text(
+    f"INSERT INTO usage_rollups ({_COLUMNS}) " + _FOLDED.format(source="usage_rollup_deltas")
+)
 
-SQLITE_UPSERT: Final = f"""
-INSERT INTO usage_rollups ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)
-ON CONFLICT ({_KEY})
-DO UPDATE SET used = used + excluded.used, events = events + excluded.events
-"""
+
+def compact_rollups(connection: Connection) -> int:
+    """Fold the appended deltas into ``usage_rollups``, in the caller's
+    transaction: each deleted delta is added to its key's row, so every sum
+    over `ROLLUPS` is the same before and after. On PostgreSQL one statement
+    deletes what its snapshot sees and adds exactly that; on SQLite the
+    transaction holds the write lock from its first statement on. Returns
+    how many rollup rows took deltas in."""
+    if connection.dialect.name == "postgresql":
+        return int(connection.execute(_PG_COMPACT).rowcount)
+    folded = int(connection.execute(_SQLITE_FOLD).rowcount)
+    connection.execute(usage_rollup_deltas.delete())
+    return folded
 
 
 def _upsert(dialect: str) -> Any:
@@ -86,7 +112,7 @@ class DimensionQuery:
 
 def usage_by_statement(query: DimensionQuery) -> Select[Any]:
     """(limit, value, used, events) per limit and value, the largest use first."""
-    rollups = usage_rollups.c
+    rollups = ROLLUPS.c
     conditions = [
         rollups.subject == query.subject,
         rollups.limit_name.in_(list(query.limits)),

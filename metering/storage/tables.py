@@ -199,6 +199,21 @@ usage_rollups = Table(
     postgresql_with={"fillfactor": 50},  # room for HOT updates (migration 0037)
 )
 
+# What a hot-path batch adds to the rollups, appended (migration 0040): no key,
+# no index, no conflict to check. Readers sum it with ``usage_rollups``
+# (`metering.storage.rollups.ROLLUPS`); `compact_rollups` folds it in.
+usage_rollup_deltas = Table(
+    "usage_rollup_deltas",
+    metadata,
+    Column("subject", string(200), nullable=False),
+    Column("limit_name", string(64), nullable=False),
+    Column("dimension", string(64), nullable=False),
+    Column("hour_start_us", BIGINT, nullable=False, autoincrement=False),
+    Column("value", string(200), nullable=False),
+    Column("used", BIGINT, nullable=False),
+    Column("events", BIGINT, nullable=False),
+)
+
 # Queued input that could not become an event (malformed, or an id reused
 # with other charges): kept with its error so nothing disappears silently.
 # ``digest`` (SHA-256 of reason and input) makes a redelivered message a no-op.

@@ -6,8 +6,8 @@ Tables in `HORIZON_BOUND` are never pruned inside the redelivery horizon
 (`redelivery_horizon_us`: the longest lateness of any limit, the clock tolerance, the
 broker's visibility timeout and a day of producer retries), so an event delivered again, a
 late event or a void still finds its result, correction, reset, rollups and marks.
-Corrections, resets and rollups go at the results' age; the results' cut-off is noted for
-`metering.upkeep.audit`. Counters, entitlements and grants are never pruned (docs/reliability.md).
+Corrections, resets and rollups (appended ones folded in first: `compact`) go at the results'
+age, noted for `metering.upkeep.audit`; counters, entitlements, grants never (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from metering.meter import Meter
 from metering.settings import DAY_US, RetentionPolicy
 from metering.storage.audit import RESULTS_PRUNED_BEFORE, AuditStore
 from metering.storage.retention import CHUNK, RetentionStore
+from metering.storage.rollups import compact_rollups
 
 # How long a producer may still be retrying an event it was given.
 PRODUCER_RETRY_HORIZON_US: Final = DAY_US
@@ -75,6 +76,8 @@ def prune(
     validate_seconds("visibility_timeout_seconds", visibility_timeout_seconds, 30 * 86_400)
     now_us = meter.database.now_us()
     horizon_us = redelivery_horizon_us(meter, visibility_timeout_seconds)
+    if not dry_run:  # the batches' appended rollups folded in first
+        compact(meter)
     done = []
     for table in TABLES:
         age_us = policy.age_us(table)
@@ -88,6 +91,13 @@ def prune(
             _note_results_pruned(meter, before_us)
         done.append(TablePrune(table, before_us, rows))
     return done
+
+
+def compact(meter: Meter) -> int:
+    """Fold the rollups the batches appended into the usage rollups, in one
+    transaction (beat runs it every minute, ``metering.compact_rollups``, and
+    `prune` first); how many rollup rows took them in."""
+    return meter.database.run(compact_rollups)
 
 
 def _note_results_pruned(meter: Meter, before_us: int) -> None:

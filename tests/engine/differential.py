@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 from servers import PostgresServer, copy_sqlite
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from metering import Meter
 from metering.domain.decisions import Decision
@@ -33,6 +33,7 @@ from metering.domain.forecast import decayed
 from metering.domain.limits import Limit
 from metering.engine.answers import Answer
 from metering.errors import MeteringError
+from metering.storage.rollups import ROLLUPS
 from metering.storage.tables import (
     breakers,
     corrections,
@@ -113,6 +114,8 @@ def stored(meter: Meter) -> dict[str, object]:
         def rows(query: Any) -> list[tuple[object, ...]]:
             return sorted((tuple(r) for r in connection.execute(query)), key=repr)
 
+        keyed = [ROLLUPS.c[c.name] for c in usage_rollups.primary_key.columns]
+
         def without(table: Any, *names: str) -> Any:
             return select(*[c for c in table.c if c.name not in names])
 
@@ -122,7 +125,12 @@ def stored(meter: Meter) -> dict[str, object]:
             # counter unwritten leaves its rate undecayed.
             "counters": rows(without(counters, "updated_at_us", "rate", "rate_at_us")),
             "windows": rows(select(current_windows)),
-            "rollups": rows(select(usage_rollups)),
+            # Summed by key: a batch appends, the reference upserts.
+            "rollups": rows(
+                select(*keyed, func.sum(ROLLUPS.c.used), func.sum(ROLLUPS.c.events)).group_by(
+                    *keyed
+                )
+            ),
             "marks": rows(without(webhook_marks, "created_at_us")),
             "messages": [
                 (kind, _unsigned(payload))

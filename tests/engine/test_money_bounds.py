@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 from metering import FrozenClock, Limit, Meter, make_event, spend_limit
 from metering.domain.decisions import Decision
 from metering.errors import InvalidInput
-from metering.storage.tables import counters, results, usage_rollups
+from metering.storage.tables import counters, results, usage_rollup_deltas, usage_rollups
 
 NOW = datetime(2026, 11, 22, 9, 30, tzinfo=UTC)
 MESSAGE = "cost: 1,000,000,000,000 units of 'big' at 10000000.00 USD a unit cost more than"
@@ -34,7 +34,7 @@ def rows(meter: Meter) -> list[int]:
     with meter.sql_engine.connect() as connection:
         return [
             connection.execute(select(func.count()).select_from(table)).scalar_one()
-            for table in (results, counters, usage_rollups)
+            for table in (results, counters, usage_rollups, usage_rollup_deltas)
         ]
 
 
@@ -56,7 +56,7 @@ def test_every_path_refuses_it_and_stores_nothing(meter: Meter) -> None:
     with pytest.raises(InvalidInput) as refused:
         meter.consume("org-x", "big", 10**12)
     assert str(refused.value).startswith(MESSAGE)
-    assert rows(meter) == [0, 0, 0]
+    assert rows(meter) == [0, 0, 0, 0]
 
 
 def test_a_worker_batch_rejects_it_and_applies_the_rest(meter: Meter) -> None:

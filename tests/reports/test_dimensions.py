@@ -217,12 +217,14 @@ def test_a_denied_stacked_event_counts_for_no_charge(meter: Meter) -> None:
 def test_limits_without_dimensions_write_no_rollups(meter: Meter) -> None:
     from sqlalchemy import func, select
 
-    from metering.storage.tables import usage_rollups
+    from metering.storage.tables import usage_rollup_deltas, usage_rollups
 
     for _ in range(3):
         meter.consume("org-1", "plain", metadata={"route": "/a"})
+    meter.apply([make_event([("org-1", "plain", 1)], START, f"b-{i}") for i in range(2)])
     with meter.sql_engine.connect() as connection:
-        assert connection.execute(select(func.count()).select_from(usage_rollups)).scalar() == 0
+        for table in (usage_rollups, usage_rollup_deltas):
+            assert connection.execute(select(func.count()).select_from(table)).scalar() == 0
 
 
 def test_placeholders_and_the_periods(meter: Meter) -> None:

@@ -284,3 +284,41 @@ def test_migration_0039_keeps_a_held_value_at_one(
         assert _seats_across_0039(postgres_server.url("before_0039")) == expected
     finally:
         postgres_server.drop_database("before_0039")
+
+
+def _rollups_across_0040(url: str) -> list[tuple[str, int, int]]:
+    """Rollups and appended deltas: all in the rollups after 0040's downgrade."""
+    _upgrade(url, "head")
+    engine = make_engine(url)
+    with engine.begin() as connection:
+        insert = "INSERT INTO {} VALUES ('org', 'calls', 'route', 0, :v, :used, :events)"
+        connection.execute(
+            text(insert.format("usage_rollups")), {"v": "/a", "used": 4, "events": 2}
+        )
+        for value, used in (("/a", 1), ("/b", 3), ("/b", -1)):
+            connection.execute(
+                text(insert.format("usage_rollup_deltas")), {"v": value, "used": used, "events": 1}
+            )
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.downgrade(config, "0039")
+    with engine.connect() as connection:
+        found = connection.execute(text("SELECT value, used, events FROM usage_rollups"))
+        rows = sorted((str(value), int(used), int(events)) for value, used, events in found)
+    _upgrade(url, "head")
+    engine.dispose()
+    return rows
+
+
+def test_migration_0040_folds_the_deltas_left_into_the_rollups_on_downgrade(
+    tmp_path: Path, postgres_server: PostgresServer
+) -> None:
+    expected = [("/a", 5, 3), ("/b", 2, 2)]
+    assert _rollups_across_0040(f"sqlite:///{tmp_path / 'old.db'}") == expected
+    postgres_server.create_database("before_0040")
+    try:
+        assert _rollups_across_0040(postgres_server.url("before_0040")) == expected
+    finally:
+        postgres_server.drop_database("before_0040")

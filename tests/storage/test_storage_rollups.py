@@ -1,24 +1,29 @@
 """The usage rollups' statements (`storage/rollups.py`) on SQLite and
-PostgreSQL: deltas add up (a negative one takes back), and the group-by
-report sums one subject's hours per limit and value, largest first,
-leaving out what was all taken back."""
+PostgreSQL: deltas add up (a negative one takes back), a batch's are
+appended and folded in by a compaction that changes no sum, and the
+group-by report sums one subject's hours per limit and value, largest
+first, leaving out what was all taken back."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Table, select
 
-from metering import Meter
-from metering.domain.rollups import Delta, RollupKey
+from metering import FrozenClock, Limit, Meter
+from metering.domain.events import make_event
+from metering.domain.rollups import Delta, RollupKey, hour_start_us
 from metering.storage.rollups import (
     DimensionQuery,
+    compact_rollups,
     count_of,
     record_rollups,
     usage_by_statement,
 )
+from metering.storage.tables import usage_rollup_deltas, usage_rollups
 
 HOUR = 3_600_000_000
 
@@ -84,3 +89,48 @@ def test_a_group_all_taken_back_is_left_out(meter: Meter) -> None:
 def test_no_deltas_write_nothing(meter: Meter) -> None:
     _record(meter, {})
     assert _report(meter, DimensionQuery("org", "route", ["calls"])) == []
+
+
+def _rows(meter: Meter, table: Table) -> list[tuple[Any, ...]]:
+    return meter.database.run(
+        lambda connection: sorted(tuple(row) for row in connection.execute(select(table)))
+    )
+
+
+def test_a_batch_appends_its_rollups_and_compacting_changes_no_sum(db_url: str) -> None:
+    """A batch inserts its rollups into the deltas, where the report finds
+    them; `compact_rollups` folds them into the rollups; a void after it
+    takes its event back out."""
+    at = datetime(2026, 11, 30, 12, 30, tzinfo=UTC)
+    hour = hour_start_us(int(at.timestamp()) * 1_000_000)
+    routed = [(1, "/a"), (2, "/a"), (3, "/b")]
+    with Meter(db_url, clock=FrozenClock(at)) as meter:
+        meter.set_limit(Limit("calls", maximum=100, period="1h", dimensions=("route",)))
+        meter.apply(
+            [
+                make_event([("org", "calls", cost)], at, f"e-{i}", {"route": route})
+                for i, (cost, route) in enumerate(routed)
+            ]
+        )
+        query = DimensionQuery("org", "route", ["calls"])
+        summed = [("calls", "/a", 3, 2), ("calls", "/b", 3, 1)]
+        assert _report(meter, query) == summed
+        assert _rows(meter, usage_rollups) == []
+        assert _rows(meter, usage_rollup_deltas) == [
+            ("org", "calls", "route", hour, "/a", 3, 2),
+            ("org", "calls", "route", hour, "/b", 3, 1),
+        ]
+        meter.database.run(compact_rollups)
+        assert _report(meter, query) == summed
+        assert _rows(meter, usage_rollup_deltas) == []
+        assert _rows(meter, usage_rollups) == [
+            ("org", "calls", "route", hour, "/a", 3, 2),
+            ("org", "calls", "route", hour, "/b", 3, 1),
+        ]
+        meter.apply([make_event([("org", "calls", 4)], at, "e-3", {"route": "/b"})])
+        meter.void("e-1", "recorded twice")
+        assert _report(meter, query) == [("calls", "/b", 7, 2), ("calls", "/a", 1, 1)]
+        meter.database.run(compact_rollups)
+        assert _report(meter, query) == [("calls", "/b", 7, 2), ("calls", "/a", 1, 1)]
+        assert _rows(meter, usage_rollup_deltas) == []
+        assert len(_rows(meter, usage_rollups)) == 2

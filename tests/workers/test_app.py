@@ -54,6 +54,7 @@ def test_tasks_are_json_acked_late_and_scheduled_from_the_settings() -> None:
     webhooks = conf.beat_schedule["deliver-webhooks"]
     assert (webhooks["schedule"], webhooks["options"]) == (7, {"expires": 14})
     assert conf.beat_schedule["prune"]["schedule"] == 120
+    assert conf.beat_schedule["compact-rollups"]["task"] == "metering.compact_rollups"
     assert conf.beat_scheduler == "workers.beat:HeartbeatScheduler"
 
 

@@ -42,8 +42,8 @@ first-use window rows sorted
 by (limit, subject), then counters sorted by (limit, subject, window start),
 in one statement each. Rows that do not exist yet are created by `write`.
 Seat values' rows are read and written only under their window's counter
-lock, as `metering.storage.distinct` orders them. Rollup rows come last,
-sorted by key (`metering.storage.rollups`).
+lock, as `metering.storage.distinct` orders them. The batch's rollups come last,
+appended: they lock no row (`metering.storage.rollups`).
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ from sqlalchemy.exc import DBAPIError, StatementError
 from metering.domain.breaker import Breaker, make_breaker
 from metering.domain.distinct import SeatKey, Seen
 from metering.domain.recurring import Issue, next_due_us
-from metering.domain.rollups import rollup_rows
+from metering.domain.rollups import appended_rows
 from metering.domain.rules import Key
 from metering.domain.windows import Window
 from metering.storage.allowances import drawn_by_window, grant_deltas, pots_of
@@ -89,7 +89,7 @@ from metering.storage.recurring import (
 from metering.storage.rejected import rejected_rows
 from metering.storage.reservations import ReservationRecord, record_of_row
 from metering.storage.results import RESET_TICK, record_from_row, result_row
-from metering.storage.rollups import PG_UPSERT
+from metering.storage.rollups import PG_APPEND
 
 FETCH_RESULTS: Final = f"""
 SELECT {RESULT_COLUMNS}
@@ -661,8 +661,8 @@ class PostgresHotStore:
                     low = raw.cursor(binary=True).execute(MARK_LOW, pg_low_params(changes.low))
                 if changes.notices:
                     raw.execute(RECORD_NOTICES, pg_notice_params(changes.notices, now_us))
-                if changes.rollups:  # last: after every counter lock (see rollups)
-                    raw.execute(PG_UPSERT, {"rows": _encode(rollup_rows(changes.rollups))})
+                if changes.rollups:  # appended: no row lock (see rollups)
+                    raw.execute(PG_APPEND, {"rows": _encode(appended_rows(changes.rollups))})
                 if commit and low is None:
                     self.commit()
                 if meanwhile is not None:  # while the server writes (all is sent)

@@ -30,7 +30,7 @@ from sqlalchemy.exc import DBAPIError, StatementError
 from metering.domain.breaker import Breaker
 from metering.domain.distinct import Seen
 from metering.domain.grants import Pot
-from metering.domain.rollups import rollup_rows
+from metering.domain.rollups import appended_rows
 from metering.domain.rules import Key, State
 from metering.domain.windows import Window
 from metering.storage.allowances import drawn_by_window
@@ -73,7 +73,7 @@ from metering.storage.hot.statements import (
 )
 from metering.storage.reservations import ReservationRecord, record_of_row
 from metering.storage.results import ResultRecord, record_from_row, result_row
-from metering.storage.rollups import SQLITE_UPSERT
+from metering.storage.rollups import SQLITE_APPEND
 
 FETCH_RESULT: Final = f"SELECT {RESULT_COLUMNS} FROM results WHERE event_id = ?"
 # A batch's ids, and its counters, each in one statement: the values come as
@@ -344,7 +344,7 @@ class SqliteHotStore:
                 extras = (changes.breakers, changes.low, changes.notices)
                 sqlite_write_extras(raw, *extras, now_us, changes.secret, self.rowids.breakers)
             if changes.rollups:
-                _execute(raw, SQLITE_UPSERT, rollup_rows(changes.rollups))
+                _execute(raw, SQLITE_APPEND, appended_rows(changes.rollups))
         except sqlite3.Error as exc:
             # `run_transaction` runs again after a key written meanwhile, and
             # only then: any other constraint would fail the same way again.
