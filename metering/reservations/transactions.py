@@ -382,18 +382,23 @@ def _give_back(
     """Give back each charge's cost above ``keep`` where it still can be
     (`metering.allowances.give_back`); the units returned, and per counter
     the units of its charge that went back (a bucket already full counts:
-    it needs nothing). Priced usage is committed in full or cancelled."""
+    it needs nothing). Priced usage is committed in full or cancelled: a
+    commit that would give part of it back is refused."""
     store = Store(connection)
-    if keep and any(
-        limit.currency for limit in store.load_limits(c.limit for c in record.charges).values()
+    stored = store.fetch_results([record.id]).get(record.id)
+    returning = _returning(record, stored, keep)
+    if (
+        keep
+        and returning
+        and any(
+            limit.currency for limit in store.load_limits(c.limit for c in record.charges).values()
+        )
     ):
         raise InvalidInput(
             "actual",
             "a reservation of priced usage is committed in full or cancelled: "
             "its spend was charged at the reserved cost",
         )
-    stored = store.fetch_results([record.id]).get(record.id)
-    returning = _returning(record, stored, keep)
     gave = give_back(connection, stored, returning, now_us, past_windows=False)
     return gave.returned, gave.given_back
 

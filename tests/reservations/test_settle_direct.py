@@ -16,8 +16,8 @@ import pytest
 from sqlalchemy import select
 from storage.hot.test_direct_postgres import checkouts
 
-from metering import FrozenClock, Limit, Meter
-from metering.errors import ReservationSettled, UnknownReservation
+from metering import FrozenClock, Limit, Meter, spend_limit
+from metering.errors import InvalidInput, ReservationSettled, UnknownReservation
 from metering.storage.tables import counters, reservations
 
 NOW = datetime(2026, 5, 4, 12, 0, tzinfo=UTC)
@@ -76,3 +76,31 @@ def test_an_ordinary_settle_checks_out_no_sqlalchemy_connection(db_url: str) -> 
         ]
         assert rows["r-1"][2] is None and rows["r-3"][2] is None
         assert rows["r-2"][2] is not None and '"calls"' in str(rows["r-2"][2])
+
+
+@pytest.mark.parametrize("path", ["fast", "reference"])
+def test_priced_usage_committed_at_what_it_reserved_is_committed_in_full(
+    db_url: str, path: str
+) -> None:
+    with Meter(db_url, clock=FrozenClock(NOW)) as meter:
+        meter.set_limits(
+            [
+                Limit("calls", maximum=100, period="1h", window="calendar"),
+                spend_limit("usd_cap", "1", "USD", "1h", window="calendar"),
+            ]
+        )
+        meter.set_price("calls", "0.01", "USD")
+        if path == "reference":  # settled under SQLAlchemy, decided by the reference engine
+            meter._engine.settle = lambda direct, general: general()  # type: ignore[method-assign]
+            meter._engine.paths = [meter._engine.path("reference")]
+        held = meter.reserve(charges=[("org", "calls", 3)], event_id="r-0")
+        # A cent a unit: the spend charge's cost is the units' (3 cents).
+        assert held.commit(actual=3) == 0
+        assert _settled(meter)["r-0"][:2] == ("committed", "commit")
+        assert _used(meter)[("calls", "org")] == 3
+        assert _used(meter)[("usd_cap", "org")] == 3
+        partial = meter.reserve(charges=[("org", "calls", 3)], event_id="r-1")
+        with pytest.raises(InvalidInput, match="committed in full or cancelled"):
+            partial.commit(actual=2)
+        assert partial.cancel() == 6  # the units and the cents
+        assert _used(meter)[("usd_cap", "org")] == 3
