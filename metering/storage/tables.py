@@ -10,7 +10,7 @@ each new engine's dialect adapts a type object once, on its first statement.
 from __future__ import annotations
 
 import functools
-from typing import Final
+from typing import Any, Final
 
 from sqlalchemy import (
     BigInteger,
@@ -173,6 +173,20 @@ results = Table(
 # appended to at its right edge.
 Index("ix_results_decided_at_us", results.c.decided_at_us, postgresql_using="brin")
 
+
+def _rollup_columns() -> list[Column[Any]]:
+    """A rollup row's columns (key, then figures): the rollups' and their deltas'."""
+    return [
+        Column("subject", string(200), nullable=False),
+        Column("limit_name", string(64), nullable=False),
+        Column("dimension", string(64), nullable=False),
+        Column("hour_start_us", BIGINT, nullable=False, autoincrement=False),
+        Column("value", string(200), nullable=False),
+        Column("used", BIGINT, nullable=False),
+        Column("events", BIGINT, nullable=False),
+    ]
+
+
 # Usage by dimension (migration 0009): per subject, limit, metadata key, hour
 # and value, the cost consumed and the events that consumed it; written with
 # the counters (`metering.storage.rollups`). The key leads with the subject,
@@ -182,13 +196,7 @@ Index("ix_results_decided_at_us", results.c.decided_at_us, postgresql_using="bri
 usage_rollups = Table(
     "usage_rollups",
     metadata,
-    Column("subject", string(200), nullable=False),
-    Column("limit_name", string(64), nullable=False),
-    Column("dimension", string(64), nullable=False),
-    Column("hour_start_us", BIGINT, nullable=False, autoincrement=False),
-    Column("value", string(200), nullable=False),
-    Column("used", BIGINT, nullable=False),
-    Column("events", BIGINT, nullable=False),
+    *_rollup_columns(),
     PrimaryKeyConstraint(
         "subject",
         "limit_name",
@@ -205,13 +213,7 @@ usage_rollups = Table(
 usage_rollup_deltas = Table(
     "usage_rollup_deltas",
     metadata,
-    Column("subject", string(200), nullable=False),
-    Column("limit_name", string(64), nullable=False),
-    Column("dimension", string(64), nullable=False),
-    Column("hour_start_us", BIGINT, nullable=False, autoincrement=False),
-    Column("value", string(200), nullable=False),
-    Column("used", BIGINT, nullable=False),
-    Column("events", BIGINT, nullable=False),
+    *_rollup_columns(),
 )
 
 # Queued input that could not become an event (malformed, or an id reused

@@ -21,13 +21,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from budgets import THOROUGH, cases, profile
+from loopback import wait_until_serving
 from servers import free_port
 
 FIXED_SEED = 20261126
@@ -99,18 +98,7 @@ def served(environment: dict[str, str], tmp_path: Path) -> Iterator[tuple[str, s
         process = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=log, stderr=log)
         base = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + START_TIMEOUT_SECONDS
-            # One client for every try: `httpx.get` builds a client and its TLS
-            # context each time (about 50 ms of CPU a try).
-            with httpx.Client() as client:
-                while True:
-                    try:
-                        client.get(f"{base}/openapi.json")
-                        break
-                    except httpx.TransportError:
-                        assert process.poll() is None, log_path.read_text()
-                        assert time.monotonic() < deadline, "metering serve did not start"
-                        time.sleep(0.1)
+            wait_until_serving(process, base, log_path, START_TIMEOUT_SECONDS)
             yield base, key
         finally:
             process.send_signal(signal.SIGINT)

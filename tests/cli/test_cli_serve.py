@@ -8,12 +8,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from loopback import wait_until_serving
 from servers import free_port
 
 START_TIMEOUT_SECONDS = 60.0
@@ -41,18 +41,7 @@ def served(tmp_path: Path) -> Iterator[tuple[str, Path, dict[str, str]]]:
     process = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=log, stderr=log)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + START_TIMEOUT_SECONDS
-        # One client for every try: `httpx.get` builds a client and its TLS
-        # context each time (about 50 ms of CPU a try).
-        with httpx.Client() as client:
-            while True:
-                try:
-                    client.get(f"{base}/openapi.json")
-                    break
-                except httpx.TransportError:
-                    assert process.poll() is None, (tmp_path / "serve.log").read_text()
-                    assert time.monotonic() < deadline, "metering serve did not start"
-                    time.sleep(0.1)
+        wait_until_serving(process, base, tmp_path / "serve.log", START_TIMEOUT_SECONDS)
         yield base, tmp_path, env
     finally:
         process.send_signal(signal.SIGINT)

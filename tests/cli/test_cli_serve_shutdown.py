@@ -17,12 +17,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from loopback import wait_until_serving
 from servers import RedisServer, find_redis_server, free_port
 
 from metering import Limit, Meter
@@ -127,15 +127,4 @@ def _stop(process: subprocess.Popen[bytes], stop_signal: signal.Signals) -> int:
 
 
 def _wait_ready(process: subprocess.Popen[bytes], base: str, log_path: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_SECONDS
-    # One client for every try: `httpx.get` builds a client and its TLS
-    # context each time (about 50 ms of CPU a try).
-    with httpx.Client() as client:
-        while True:
-            try:
-                client.get(f"{base}/openapi.json")
-                return
-            except httpx.TransportError:
-                assert process.poll() is None, log_path.read_text()
-                assert time.monotonic() < deadline, "metering serve did not start"
-                time.sleep(0.1)
+    wait_until_serving(process, base, log_path, START_TIMEOUT_SECONDS)
