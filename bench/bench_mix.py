@@ -1,6 +1,6 @@
 """Every configuration we sell, each as a ratio to a plain limit in the same run.
 
-    .venv/bin/python bench/bench_mix.py [--subjects 500] [--consume 150] [--sqlite-consume 1000]
+    .venv/bin/python bench/bench_mix.py [--subjects 500] [--consume 600] [--sqlite-consume 1000]
                                         [--batches 12] [--rounds 3] [--processes 1 4]
                                         [--worker-events 2500] [--worker-rounds 8]
                                         [--new-seats] [--cases NAME ...]
@@ -556,7 +556,7 @@ def selected(names: list[str] | None, new_seats: bool) -> list[Case]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--subjects", type=int, default=500)
-    parser.add_argument("--consume", type=int, default=150, help="consume calls a round")
+    parser.add_argument("--consume", type=int, default=600, help="consume calls a round")
     # A SQLite call takes a quarter of a PostgreSQL one: as many calls as
     # long a round, or one stall (a checkpoint, a neighbour) decides a row.
     parser.add_argument(
