@@ -1,0 +1,278 @@
+"""Pairs of operations on one subject under traffic, then the invariants.
+
+    .venv/bin/python scripts/attack.py sqlite|postgresql [--seconds 20] [--restart]
+
+Threads charge four subjects (a usage limit paid by grants once its own
+allowance is spent, a seat limit, a price with a spend cap, a runaway
+breaker; single `consume` calls and `apply` batches) while one thread runs
+every operation an operator or a client runs on those same subjects, at
+random: resets (of a subject, of one limit), voids, grants, a seat limit's
+maximum lowered and raised, reservations committed (in full, in part) and
+cancelled, sweeps, checkouts retried and checked in, leases settled,
+compaction and prune. ``--restart`` (PostgreSQL) stops the server a third
+of the way in and starts it again: calls meanwhile fail to their caller.
+Then: every id decided at most once and every id whose call returned is
+decided; a seat limit's counter equals its held values and its maximum is
+never passed; no hard limit's counter is past its maximum (but where the
+maximum was lowered under it); `metering audit --full` finds nothing.
+Exits 1 naming what broke. Not part of the suite: it runs for as long as
+it is told to, on a throw-away server of the suite's own (`tests/servers`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter as Tally
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from metering import Limit, Meter, spend_limit
+from metering.domain.events import make_event
+from metering.settings import RetentionPolicy
+from metering.storage.connections import upgrade_schema
+from metering.upkeep.audit import run_audit
+from metering.upkeep.retention import compact, prune
+from tests.servers import PostgresServer, make_base_dir
+
+SUBJECTS = [f"org-{n}" for n in range(4)]
+USERS = [f"user-{n}" for n in range(12)]
+SEATS = 8
+OPERATIONS = [
+    "reset",
+    "reset_limit",
+    "void",
+    "grant",
+    "lower",
+    "raise",
+    "commit",
+    "commit_part",
+    "cancel",
+    "sweep",
+    "checkout",
+    "settle",
+    "compact",
+    "prune",
+]
+
+
+def define(meter: Meter) -> None:
+    monthly = {"period": "1mo", "window": "calendar"}
+    meter.set_limit(Limit("calls", maximum=300, **monthly))
+    meter.set_limit(Limit("seats", maximum=SEATS, distinct="user", **monthly))
+    meter.set_limit(Limit("tokens", maximum=10**9, **monthly))
+    meter.set_limit(spend_limit("spend", "400.00", "USD", "1mo", window="calendar"))
+    meter.set_price("tokens", "0.02", "USD")
+    meter.set_limit(Limit("bursty", maximum=10**9, breaker="10x", **monthly))
+    meter.set_limit(Limit("floating", maximum=3, algorithm="concurrent"))
+    for subject in SUBJECTS:
+        meter.grant(subject, "calls", 500)
+        meter.set_alert(subject, "calls", ["50%", "90%"])
+
+
+class Attack:
+    def __init__(self, meter: Meter, seconds: float) -> None:
+        self.meter = meter
+        self.deadline = time.monotonic() + seconds
+        self.lock = threading.Lock()
+        self.returned: list[str] = []  # ids whose call returned a decision
+        self.failed: Tally[str] = Tally()  # errors by kind (each to its caller)
+        self.ops: Tally[str] = Tally()
+        self.allowed: list[str] = []
+
+    def running(self) -> bool:
+        return time.monotonic() < self.deadline
+
+    def charges(self, rng: random.Random) -> tuple[str, list[tuple[str, str, int]], dict]:
+        subject = rng.choice(SUBJECTS)
+        kind = rng.randrange(4)
+        if kind == 0:
+            return subject, [(subject, "calls", 1)], {}
+        if kind == 1:
+            user = rng.choice(USERS)
+            return subject, [(subject, "calls", 1), (subject, "seats", 1)], {"user": user}
+        if kind == 2:
+            return subject, [(subject, "tokens", rng.randint(1, 40))], {}
+        return subject, [(subject, "bursty", rng.randint(1, 5))], {}
+
+    def note(self, event_id: str, decision: object) -> None:
+        with self.lock:
+            self.returned.append(event_id)
+            if getattr(decision, "allowed", False):
+                self.allowed.append(event_id)
+
+    def failure(self, exc: Exception) -> None:
+        with self.lock:
+            self.failed[type(exc).__name__] += 1
+
+    def single(self, worker: int) -> None:
+        rng = random.Random(worker)
+        n = 0
+        while self.running():
+            _, charges, metadata = self.charges(rng)
+            event_id = f"c{worker}-{n}"
+            n += 1
+            try:
+                self.note(
+                    event_id,
+                    self.meter.consume(charges=charges, event_id=event_id, metadata=metadata),
+                )
+            except Exception as exc:  # an outage: the caller sees it
+                self.failure(exc)
+                time.sleep(0.05)
+
+    def batches(self, worker: int) -> None:
+        rng = random.Random(1000 + worker)
+        n = 0
+        while self.running():
+            events = []
+            for _ in range(rng.randint(20, 120)):
+                _, charges, metadata = self.charges(rng)
+                events.append(make_event(charges, self.meter.clock(), f"b{worker}-{n}", metadata))
+                n += 1
+            try:
+                decisions = self.meter.apply(events)
+                for event, decision in zip(events, decisions, strict=True):
+                    self.note(event.event_id, decision)
+            except Exception as exc:
+                self.failure(exc)
+                time.sleep(0.05)
+
+    def operations(self) -> None:
+        rng = random.Random(7)
+        meter = self.meter
+        n = 0
+        while self.running():
+            subject = rng.choice(SUBJECTS)
+            op = rng.choice(OPERATIONS)
+            n += 1
+            try:
+                if op == "reset":
+                    meter.reset(subject)
+                elif op == "reset_limit":
+                    meter.reset(subject, rng.choice(["calls", "seats", "tokens", "bursty"]))
+                elif op == "void":
+                    with self.lock:
+                        victim = rng.choice(self.allowed) if self.allowed else None
+                    if victim is not None:
+                        meter.void(victim, "attack", correction_id=f"v{n}")
+                elif op == "grant":
+                    meter.grant(subject, "calls", rng.randint(1, 50))
+                elif op == "lower":
+                    meter.set_limit(
+                        Limit(
+                            "seats",
+                            maximum=SEATS - 3,
+                            distinct="user",
+                            period="1mo",
+                            window="calendar",
+                        )
+                    )
+                elif op == "raise":
+                    meter.set_limit(
+                        Limit(
+                            "seats", maximum=SEATS, distinct="user", period="1mo", window="calendar"
+                        )
+                    )
+                elif op in ("commit", "commit_part", "cancel"):
+                    limit = rng.choice(["calls", "tokens"])
+                    held = meter.reserve(subject, limit, 4, event_id=f"r{n}")
+                    if op == "cancel":
+                        held.cancel()
+                    elif op == "commit" or limit == "tokens":
+                        held.commit()
+                    else:
+                        held.commit(actual=2)
+                    self.note(f"r{n}", held)
+                elif op == "sweep":
+                    meter.sweep_reservations()
+                elif op == "checkout":
+                    for _ in range(2):  # a client retrying with its id
+                        meter.checkout(subject, "floating", checkout_id=f"k{n}")
+                    meter.checkin(f"k{n}")
+                elif op == "settle":
+                    meter.settle_leases(everything=True)
+                elif op == "compact":
+                    compact(meter)
+                else:
+                    prune(meter, RetentionPolicy(), visibility_timeout_seconds=30)
+                self.ops[op] += 1
+            except Exception as exc:
+                self.ops[f"{op} failed: {type(exc).__name__}"] += 1
+                time.sleep(0.05)
+
+
+def check(meter: Meter, attack: Attack) -> list[str]:
+    broken = []
+    returned = set(attack.returned)
+    decided = meter.decided(returned)
+    if decided != returned:
+        broken.append(f"{len(returned - decided)} ids returned a decision but are not decided")
+    if meter.count_results() < len(decided):
+        broken.append("fewer results than decided ids")
+    for subject in SUBJECTS:
+        held = meter.seats(subject, "seats")
+        current = meter.counters(subject, "seats")[-1:]
+        used = current[0].used if current else 0
+        if used != len(held):
+            broken.append(f"{subject}: seat counter {used}, held values {len(held)}")
+        if len(held) > SEATS:
+            broken.append(f"{subject}: {len(held)} seats held, maximum {SEATS}")
+    report = run_audit(meter, full=True)
+    broken.extend(f"audit: {violation}" for violation in report.violations)
+    return broken
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("database", choices=["sqlite", "postgresql"])
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--restart", action="store_true")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(dir="/tmp") as scratch:
+        server = None
+        if args.database == "postgresql":
+            server = PostgresServer(make_base_dir(Path(scratch)), durable=True)
+            server.start()
+            server.create_database("attack")
+            url = server.url("attack")
+            upgrade_schema(url)
+        else:
+            url = f"sqlite:///{scratch}/attack.db"
+        try:
+            with Meter(url) as meter:
+                define(meter)
+                attack = Attack(meter, args.seconds)
+                threads = [threading.Thread(target=attack.single, args=(w,)) for w in range(3)]
+                threads += [threading.Thread(target=attack.batches, args=(w,)) for w in range(2)]
+                threads.append(threading.Thread(target=attack.operations))
+                for thread in threads:
+                    thread.start()
+                if args.restart and server is not None:
+                    time.sleep(args.seconds / 3)
+                    server.stop()
+                    time.sleep(2)
+                    server.start()
+                for thread in threads:
+                    thread.join()
+                broken = check(meter, attack)
+                failed = sum(attack.failed.values())
+                print(f"{args.database}: {len(attack.returned)} decided, {failed} calls failed")
+                print("failures:", dict(attack.failed))
+                print("operations:", dict(sorted(attack.ops.items())))
+        finally:
+            if server is not None:
+                server.destroy()
+    for line in broken:
+        print("BROKEN:", line)
+    print("all invariants hold" if not broken else f"{len(broken)} broken")
+    return 1 if broken else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
