@@ -320,16 +320,32 @@ def run_transaction(engine: Engine, work: Callable[[Connection], T], *, attempts
     return run_retry_aware(engine, lambda connection, _retry: work(connection), attempts=attempts)
 
 
+def run_read(engine: Engine, work: Callable[[Connection], T], *, attempts: int = 10) -> T:
+    """`run_transaction` for work that only reads: on SQLite its transaction
+    is a snapshot that takes no write lock, so it neither waits for a writer
+    nor holds one up (PostgreSQL reads the same either way)."""
+    return run_retry_aware(
+        engine, lambda connection, _retry: work(connection), attempts=attempts, read_only=True
+    )
+
+
 def run_retry_aware(
-    engine: Engine, work: Callable[[Connection, bool], T], *, attempts: int = 10
+    engine: Engine,
+    work: Callable[[Connection, bool], T],
+    *,
+    attempts: int = 10,
+    read_only: bool = False,
 ) -> T:
     """`run_transaction` for work that runs differently when it is run again:
     ``work(connection, retry)`` gets ``retry=True`` from the second attempt on
     (for example to look up an event id it skipped the first time)."""
     for attempt in range(attempts):
         try:
-            with engine.begin() as connection:
-                return work(connection, attempt > 0)
+            with engine.connect() as connection:
+                if read_only:
+                    connection.execution_options(**{READ_ONLY: True})
+                with connection.begin():
+                    return work(connection, attempt > 0)
         except (RetryTransaction, SQLAlchemyError) as exc:
             retry_or_raise(exc, attempt, attempts)
         except OverflowError as exc:

@@ -21,6 +21,7 @@ from metering.storage.connections import (
     READ_ONLY,
     budget_of,
     make_engine,
+    run_read,
     run_retry_aware,
     run_transaction,
     translate,
@@ -51,6 +52,10 @@ class Database:
     def run(self, work: Callable[[Connection], T], *, attempts: int = 10) -> T:
         """Run ``work`` in one transaction, retried on conflicts (`run_transaction`)."""
         return run_transaction(self.engine, work, attempts=attempts)
+
+    def read(self, work: Callable[[Connection], T], *, attempts: int = 10) -> T:
+        """`run` for work that only reads (`run_read`: on SQLite no write lock)."""
+        return run_read(self.engine, work, attempts=attempts)
 
     def run_retry_aware(self, work: Callable[[Connection, bool], T], *, attempts: int = 10) -> T:
         """`run`, telling ``work`` whether it is a retry (`run_retry_aware`)."""

@@ -59,7 +59,7 @@ def counters(database: Database, subject: str | None, limit: str | None) -> list
         limits = Store(connection).load_limits({key.limit for key, _ in rows})
         return [_counter(key, state, _label(key, limits, zones)) for key, state in rows]
 
-    return database.run(work)
+    return database.read(work)
 
 
 def _label(
@@ -84,7 +84,7 @@ def seats(database: Database, subject: str, limit: str, at: datetime | None) -> 
             raise UnknownLimit(limit)
         return DistinctStore(connection).seats(subject, limit, at_us)
 
-    return database.run(work)
+    return database.read(work)
 
 
 def reset(database: Database, subject: str | None, limit: str | None) -> int:

@@ -83,7 +83,7 @@ def subject_usage(database: Database, subject: str) -> list[LimitUsage]:
     validate_subject(subject)
     now_us = database.now_us()
     left = grants_left(list_grants(database, subject), from_us(now_us))
-    return database.run(lambda c: _usage(c, subject, now_us, left))
+    return database.read(lambda c: _usage(c, subject, now_us, left))
 
 
 def _usage(

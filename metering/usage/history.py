@@ -118,7 +118,7 @@ def usage_history(
             usage = []
         return usage, changes
 
-    usage, changes = database.run(read)
+    usage, changes = database.read(read)
     default = None if found.algorithm == "token_bucket" else found.maximum
     points = series(usage, changes, default, since_us, until_us, checked, found.aggregation)
     return UsageHistory(

@@ -101,14 +101,14 @@ def portal_view(database: Database, subject: str, days: int = DAYS) -> PortalVie
     now_us = database.now_us()
     since_us = now_us - days * 86_400_000_000
     current = {u.limit.name: u for u in subject_usage(database, subject)}
-    windows = database.run(lambda c: counter_windows(c, subject, None, since_us, now_us + 1))
+    windows = database.read(lambda c: counter_windows(c, subject, None, since_us, now_us + 1))
     all_grants = list_grants(database, subject)
     grants = [g for g in all_grants if g.left > 0]
     granted = {g.limit for g in all_grants}
     names = sorted(set(current) | {w.limit for w in windows} | {g.limit for g in grants})
     now = from_us(now_us)
     left = grants_left(grants, now)
-    changes = database.run(lambda c: {n: entitlement_changes(c, subject, n) for n in names})
+    changes = database.read(lambda c: {n: entitlement_changes(c, subject, n) for n in names})
     panels = []
     for name in names:
         history = usage_history(
@@ -150,7 +150,7 @@ def _window_points(
     """The last `MAX_WINDOWS` windows of a limit whose windows are longer than a
     day, one point each: the counters hold no finer figure."""
     since_us = now_us - MAX_WINDOWS * 31 * 86_400_000_000
-    rows = database.run(lambda c: counter_windows(c, subject, limit, since_us, now_us + 1))
+    rows = database.read(lambda c: counter_windows(c, subject, limit, since_us, now_us + 1))
     return [Point(r.window_start_us, r.window_end_us, r.used, maximum) for r in rows[-MAX_WINDOWS:]]
 
 

@@ -25,22 +25,22 @@ from metering.storage.store import Store
 def decided(database: Database, event_ids: Iterable[str]) -> set[str]:
     """Which of these event ids have a stored result."""
     wanted = list(event_ids)
-    return database.run(lambda c: Store(c).decided_ids(wanted))
+    return database.read(lambda c: Store(c).decided_ids(wanted))
 
 
 def outcome_counts(database: Database) -> dict[str, int]:
     """How many results there are of each outcome."""
-    return database.run(lambda c: Store(c).outcome_counts())
+    return database.read(lambda c: Store(c).outcome_counts())
 
 
 def count_results(database: Database) -> int:
-    return database.run(lambda c: Store(c).count_results())
+    return database.read(lambda c: Store(c).count_results())
 
 
 def result(database: Database, event_id: str) -> Decision | None:
     """The stored result of an event, or None if it has not been decided."""
     validate_event_id(event_id)
-    found = database.run(lambda c: Store(c).fetch_results([event_id]))
+    found = database.read(lambda c: Store(c).fetch_results([event_id]))
     if event_id not in found:
         return None
     return decision_of(found[event_id], duplicate=False)
@@ -49,7 +49,7 @@ def result(database: Database, event_id: str) -> Decision | None:
 def rejected_messages(database: Database, count: int) -> list[Rejected]:
     """The ``count`` newest pieces of queued input that could not be applied."""
     validate_count("count", count)
-    return database.run(lambda c: Store(c).list_rejected_messages(count))
+    return database.read(lambda c: Store(c).list_rejected_messages(count))
 
 
 def consumed(event_id: str, answer: Answer) -> Decision:
@@ -178,7 +178,7 @@ def stored_results(database: Database, event_ids: Iterable[str]) -> dict[str, St
     wanted = [validate_event_id(event_id) for event_id in event_ids]
     if not wanted:
         return {}
-    found = database.run(lambda c: Store(c).fetch_results(wanted))
+    found = database.read(lambda c: Store(c).fetch_results(wanted))
     return {
         event_id: StoredResult(record.fingerprint, decision_of(record, duplicate=True))
         for event_id, record in found.items()
