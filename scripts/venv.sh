@@ -11,19 +11,21 @@ set -euo pipefail
 
 venv="$1"
 project="$2"
-tools=(pip uv)
+
+# pip and uv into the venv with the pip given as arguments; pip alone if uv cannot be had.
+tools() {
+    "$@" install -q --no-compile --only-binary uv --upgrade pip uv ||
+        "$@" install -q --no-compile --upgrade pip
+}
+
 if [ -x "$venv/bin/pip" ]; then
-    "$venv/bin/pip" install -q --no-compile --only-binary uv --upgrade "${tools[@]}" ||
-        "$venv/bin/pip" install -q --no-compile --upgrade pip
+    tools "$venv/bin/pip"
 elif python3 -m pip install --help 2>/dev/null | grep -q -- '--python '; then
     python3 -m venv --without-pip "$venv"
-    python3 -m pip --python "$venv/bin/python" install -q --no-compile --only-binary uv \
-        --upgrade "${tools[@]}" ||
-        python3 -m pip --python "$venv/bin/python" install -q --no-compile --upgrade pip
+    tools python3 -m pip --python "$venv/bin/python"
 else
     python3 -m venv "$venv"
-    "$venv/bin/pip" install -q --no-compile --only-binary uv --upgrade "${tools[@]}" ||
-        "$venv/bin/pip" install -q --no-compile --upgrade pip
+    tools "$venv/bin/pip"
 fi
 
 if [ -x "$venv/bin/uv" ]; then
