@@ -216,7 +216,10 @@ CROSS JOIN LATERAL (
 # read in `read`'s pipeline after the counters are locked (the counter's
 # lock serialises every writer of its window's values,
 # `metering.storage.distinct`). A start of null is the pair's current
-# first-use window, locked by then. Found through the primary key.
+# first-use window, locked by then. Found through the primary key, a probe
+# per element: the ``LIMIT`` keeps the planner from joining the elements to
+# the whole table, which it did on a small one, hashing all its rows after
+# a sequential scan (10,000 rows, 949 values: 27 ms against 21.5).
 READ_SEATS: Final = """
 SELECT d.limit_name, d.subject, d.window_start_us, d.value, d.live_events
 FROM jsonb_array_elements(%(seats)s::jsonb) AS r
@@ -227,6 +230,7 @@ CROSS JOIN LATERAL (
           SELECT w.window_start_us FROM current_windows AS w
           WHERE w.limit_name = r->>0 AND w.subject = r->>1
       ))
+    LIMIT 1
 ) AS d
 """
 ADD_SEATS: Final = """
