@@ -111,11 +111,12 @@ CROSS JOIN LATERAL (
 """
 
 # The counters a batch needs: its calendar and bucket keys, and the current
-# counter of each first-use window (locked by the statement before).
+# counter of each first-use window (locked by the statement before), each
+# with its seat window's stamp (`metering.engine.seats.HeldCache`).
 LOCK_COUNTERS: Final = f"""
 SELECT c.limit_name, c.subject, c.window_start_us, c.used, c.denied_count, c.denied_cost,
        c.first_denied_at_us, c.tat_us, c.tat_rem, c.tat_scale, c.tid::text, c.rate, c.rate_at_us,
-       c.granted
+       c.granted, c.seats_stamp
 FROM (
     SELECT * FROM (
         SELECT r->>0 AS l, r->>1 AS s, (r->>2)::bigint AS ws
@@ -347,6 +348,11 @@ def snapshot_of(rows: ReadRows) -> Snapshot:
         windows=_windows(rows.windows),
         states={(r[0], r[1], r[2]): list(r[3:10]) for r in rows.counters},
         rates={(r[0], r[1], r[2]): (r[11], r[12]) for r in rows.counters if len(r) > _RATE},
+        stamps={
+            (r[0], r[1], r[2]): r[_STAMP]
+            for r in rows.counters
+            if len(r) > _STAMP and r[_STAMP] is not None
+        },
         pots=pots_of(grant_rows, rows.draws),
         seen={(r[0], r[1], r[2], r[3]): r[4] for r in rows.seats},
         watched={r[2]: (r[8], r[4]) for r in grant_rows if r[8] is not None and not r[9]},
@@ -360,6 +366,7 @@ def snapshot_of(rows: ReadRows) -> Snapshot:
 
 
 _RATE: Final = 11  # a locked counter row's rate (after its tuple id; cached rows have none)
+_STAMP: Final = 14  # and its seat window's stamp
 
 
 @dataclass(slots=True)
@@ -379,6 +386,7 @@ class PostgresHotStore:
 
     # `write` keeps the dead letters too, in its round trip.
     takes_rejected = True
+    keeps_stamps = True
 
     def __init__(self, raw: psycopg.Connection[Any]) -> None:
         self.raw = raw
@@ -522,7 +530,7 @@ class PostgresHotStore:
             counter_rows = counters.fetchall()
             stored_rows = stored.fetchall() if stored else []
             grant_rows = granted.fetchall() if granted else []
-            draw_rows = [r[:3] + r[13:] for r in counter_rows if r[13]] if granted else []
+            draw_rows = [r[:3] + r[13:14] for r in counter_rows if r[13]] if granted else []
             value_rows = valued.fetchall() if valued else []
             schedule_rows = schedules.fetchall() if schedules else []
             last_rows = last_issues.fetchall() if last_issues else []
@@ -543,6 +551,21 @@ class PostgresHotStore:
             breaker_rows,
             None if secret_row is None else str(secret_row[0]),
         )
+
+    def read_seats(self, seats: Sequence[WantedSeat]) -> Seen:
+        """The live events of ``seats`` (each with its window start) that have
+        a row, read in `read`'s transaction, under its locks; those of none
+        are inserted by `write` as `read`'s (``absent_seats``)."""
+        try:
+            cursor = self.raw.cursor(binary=True)
+            rows = cursor.execute(READ_SEATS, {"seats": _encode(seats)}).fetchall()
+        except psycopg.Error as exc:
+            raise _translate(exc) from exc
+        found: Seen = {(r[0], r[1], r[2], r[3]): r[4] for r in rows}
+        self.absent_seats |= {
+            (n, s, w, v) for n, s, w, v in seats if w is not None and (n, s, w, v) not in found
+        }
+        return found
 
     def begins(self) -> bool:
         """Whether the next pipeline opens the transaction with ``BEGIN``:

@@ -180,6 +180,7 @@ class SqliteHotStore:
 
     # Dead letters go through SQLAlchemy after `write` (`metering.engine.fast`).
     takes_rejected = False
+    keeps_stamps = False  # (its reads cost little: a cache would save little)
 
     def __init__(
         self, connection: Connection | None, raw: sqlite3.Connection | None = None
@@ -289,6 +290,13 @@ class SqliteHotStore:
             breakers=breakers,
             secret=secret,
         )
+
+    def read_seats(self, seats: Sequence[WantedSeat]) -> Seen:
+        """`_seen`'s (no stamps are read here: `read` is asked for every seat)."""
+        try:
+            return _seen(self.raw, seats, {})
+        except sqlite3.Error as exc:
+            raise _translate(exc) from exc
 
     def looking_up(self, ids: Sequence[str] | None) -> AbstractContextManager[None]:
         """Nothing sent ahead: `read` looks the ids up, in process."""
