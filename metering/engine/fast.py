@@ -990,7 +990,7 @@ class _Applying:
         if snapshot.version != self.version:
             raise _Decline(Declined("the limits changed since they were cached", stale=True))
         if self.wanted_seats and store.keeps_stamps:
-            held.settle(seats, assumed, snapshot, store.read_seats)
+            held.settle(seats, assumed, snapshot, store.read_seats, store.read_held)
         if due:
             allowances.learn_due(due, snapshot.schedules, batch.now_us)
         return snapshot

@@ -124,13 +124,15 @@ class HeldCache:
     same stamp, every value known held is still held, whatever wrote or
     restored the database meanwhile. A batch reads only the values it knows
     nothing of (`split`), then those of the windows whose stamp moved
-    (`settle`). Emptied when it holds more than ``size`` windows."""
+    (`settle`); a window met for the first time with at most ``warm`` seats
+    is read whole. Emptied when it holds more than ``size`` windows."""
 
-    def __init__(self, size: int = 100_000) -> None:
-        self.size = size
+    def __init__(self, size: int = 100_000, warm: int = 64) -> None:
+        self.size, self.warm = size, warm
         # (limit, subject, window start) -> (stamp, values held at that stamp);
         # entries are replaced whole, never changed in place.
         self.windows: dict[Key, tuple[int, frozenset[str]]] = {}
+        self.met: set[Key] = set()  # the windows read whole once
 
     def split(self, seats: Sequence[WantedSeat]) -> tuple[list[WantedSeat], list[SeatKey]]:
         """``seats`` as those to read and those taken as held if their
@@ -154,10 +156,12 @@ class HeldCache:
         assumed: Sequence[SeatKey],
         snapshot: Snapshot,
         read_seats: Callable[[Sequence[WantedSeat]], Seen],
+        read_held: Callable[[Sequence[Key]], dict[Key, set[str]]],
     ) -> None:
         """Complete ``snapshot.seen`` (read for ``asked``) with ``assumed``: held
         where the window's stamp is the one known, else read now
-        (``read_seats``, under the same locks); then learn what was read."""
+        (``read_seats``, under the same locks); then learn what was read,
+        and the held values of the windows met first (``read_held``)."""
         windows, stamps, seen = self.windows, snapshot.stamps, snapshot.seen
         stale: list[SeatKey] = []
         for seat in assumed:
@@ -170,6 +174,7 @@ class HeldCache:
             seen.update(read_seats(stale))
         if len(windows) > self.size:
             windows.clear()
+            self.met.clear()
         held: dict[Key, set[str]] = defaultdict(set)
         for name, subject, start, value in chain(asked, stale):
             if start is not None:
@@ -182,12 +187,25 @@ class HeldCache:
             if stamp is None:
                 windows.pop(key, None)
                 continue
-            known = windows.get(key)
-            if known is not None and known[0] == stamp:
-                if not values <= known[1]:
-                    windows[key] = (stamp, known[1] | values)
-            else:
-                windows[key] = (stamp, frozenset(values))
+            self._learn(key, stamp, values)
+        met, states = self.met, snapshot.states
+        first = [
+            key
+            for key in held
+            if key not in met and key in stamps and 0 < states[key][0] <= self.warm
+        ]
+        if first:
+            met.update(first)
+            for key, values in read_held(first).items():
+                self._learn(key, stamps[key], values)
+
+    def _learn(self, key: Key, stamp: int, values: set[str]) -> None:
+        known = self.windows.get(key)
+        if known is not None and known[0] == stamp:
+            if not values <= known[1]:
+                self.windows[key] = (stamp, known[1] | values)
+        else:
+            self.windows[key] = (stamp, frozenset(values))
 
     def forget(self, keys: Iterable[Key]) -> None:
         """Drop the windows a batch changed (their stamps moved on commit)."""

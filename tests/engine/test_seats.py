@@ -115,7 +115,8 @@ def test_a_batch_reads_only_the_values_it_does_not_know_held(
     pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     read: list[tuple[str, int]] = []
-    read_rows, read_seats = PostgresHotStore.read_rows, PostgresHotStore.read_seats
+    store = PostgresHotStore
+    read_rows, read_seats, read_held = store.read_rows, store.read_seats, store.read_held
 
     def rows(store: PostgresHotStore, *args: Any) -> Any:
         read.append(("with the counters", len(args[5])))
@@ -125,22 +126,56 @@ def test_a_batch_reads_only_the_values_it_does_not_know_held(
         read.append(("after them", len(wanted)))
         return read_seats(store, wanted)
 
+    def held(store: PostgresHotStore, windows: Any) -> Any:
+        found = read_held(store, windows)
+        read.append(("whole windows", sum(map(len, found.values()))))
+        return found
+
     monkeypatch.setattr(PostgresHotStore, "read_rows", rows)
     monkeypatch.setattr(PostgresHotStore, "read_seats", seats)
+    monkeypatch.setattr(PostgresHotStore, "read_held", held)
+    limit = Limit("seats", 10, "1mo", window="calendar", distinct="user")
+    with Meter(pg_url, clock=FrozenClock(NOW)) as meter:
+        meter.set_limits([limit])
+        _allowed(meter, ("a1", "u1"), ("a2", "u2"), ("a3", "u3"))  # taken: forgotten
+    read.clear()
     with (
         Meter(pg_url, clock=FrozenClock(NOW)) as meter,
         Meter(pg_url, clock=FrozenClock(NOW)) as other,
     ):
-        meter.set_limits([Limit("seats", 10, "1mo", window="calendar", distinct="user")])
-        _allowed(meter, ("a1", "u1"), ("a2", "u2"))  # taken: forgotten
-        _allowed(meter, ("b1", "u1"), ("b2", "u2"))  # held: known
-        _allowed(other, ("c1", "u3"))  # another meter takes a seat (in one trip): it moves
-        _allowed(meter, ("d1", "u1"), ("d2", "u2"), ("d3", "u3"))
-        _allowed(meter, ("e1", "u1"), ("e2", "u3"))
+        _allowed(meter, ("b1", "u1"), ("b2", "u2"))  # met first: read whole
+        _allowed(meter, ("c1", "u2"), ("c2", "u3"))  # held: known
+        _allowed(other, ("d1", "u4"))  # another meter takes a seat (in one trip): it moves
+        _allowed(meter, ("e1", "u1"), ("e2", "u2"), ("e3", "u4"))
+        _allowed(meter, ("f1", "u1"), ("f2", "u4"))
     assert read == [
         ("with the counters", 2),
-        ("with the counters", 2),
-        ("with the counters", 1),  # u3; u1 and u2 known, but their stamp moved:
+        ("whole windows", 3),
+        ("with the counters", 0),
+        ("with the counters", 1),  # u4; u1 and u2 known, but their stamp moved:
         ("after them", 2),
         ("with the counters", 0),
     ]
+
+
+def test_a_window_with_more_seats_than_the_bound_is_not_read_whole(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    whole: list[Any] = []
+    read_held = PostgresHotStore.read_held
+
+    def held(store: PostgresHotStore, windows: Any) -> Any:
+        whole.append(windows)
+        return read_held(store, windows)
+
+    limit = Limit("seats", 10, "1mo", window="calendar", distinct="user")
+    with Meter(pg_url, clock=FrozenClock(NOW)) as meter:
+        meter.set_limits([limit])
+        _allowed(meter, ("a1", "u1"), ("a2", "u2"), ("a3", "u3"))
+    monkeypatch.setattr(PostgresHotStore, "read_held", held)
+    with Meter(pg_url, clock=FrozenClock(NOW)) as meter:
+        _held(meter).held.warm = 2
+        assert _allowed(meter, ("b1", "u1"), ("b2", "u2")) == [True, True]
+        assert _allowed(meter, ("c1", "u3"), ("c2", "u4")) == [True, True]
+        assert [c.used for c in meter.counters("org-1", "seats")] == [4]
+    assert whole == []

@@ -200,6 +200,11 @@ class HotStore(Protocol):
         whose window's stamp (``Snapshot.stamps``) was not the one it knew."""
         ...
 
+    def read_held(self, keys: Sequence[Key]) -> dict[Key, set[str]]:
+        """The values held in the seat windows of ``keys`` (counters `read`
+        locked), in its transaction, by window (none: no value held)."""
+        ...
+
     def looking_up(self, ids: Sequence[str] | None) -> AbstractContextManager[None]:
         """Around planning and `read`: a store may send the lookup of ``ids``
         (`read`'s, in the same order) ahead, to run while the caller plans

@@ -249,6 +249,18 @@ INSERT INTO distinct_values (subject, limit_name, window_start_us, value, live_e
 SELECT r->>0, r->>1, (r->>2)::bigint, r->>3, (r->>4)::bigint
 FROM jsonb_array_elements(%(rows)s::jsonb) AS r
 """
+# The held values of seat windows (limit, subject, start): a range of the
+# primary key each.
+READ_HELD: Final = """
+SELECT d.limit_name, d.subject, d.window_start_us, d.value
+FROM jsonb_array_elements(%(windows)s::jsonb) AS r
+CROSS JOIN LATERAL (
+    SELECT * FROM distinct_values AS d
+    WHERE d.subject = r->>1 AND d.limit_name = r->>0 AND d.window_start_us = (r->>2)::bigint
+      AND d.live_events > 0
+    OFFSET 0
+) AS d
+"""
 # A grant with an expected ``used`` (`Changes.expected`) that another
 # transaction drew on meanwhile is set past its amount: the check constraint
 # refuses it, and the transaction runs again (`write`).
@@ -565,6 +577,18 @@ class PostgresHotStore:
         self.absent_seats |= {
             (n, s, w, v) for n, s, w, v in seats if w is not None and (n, s, w, v) not in found
         }
+        return found
+
+    def read_held(self, keys: Sequence[Key]) -> dict[Key, set[str]]:
+        """`READ_HELD`'s rows, by window."""
+        try:
+            cursor = self.raw.cursor(binary=True)
+            rows = cursor.execute(READ_HELD, {"windows": _encode(keys)}).fetchall()
+        except psycopg.Error as exc:
+            raise _translate(exc) from exc
+        found: dict[Key, set[str]] = {}
+        for name, subject, start, value in rows:
+            found.setdefault((name, subject, start), set()).add(value)
         return found
 
     def begins(self) -> bool:
