@@ -80,7 +80,7 @@ from metering.engine.answers import (
 from metering.engine.breakers import Breakers
 from metering.engine.forecasts import forecast_keys, forecast_with, leads_of, with_forecasts
 from metering.engine.money import PriceBook, refuse_spend_charge, repriced
-from metering.engine.seats import Seats
+from metering.engine.seats import HeldCache, Seats
 from metering.errors import EventConflict, InvalidInput, MeteringError, UnknownLimit
 from metering.pipeline.messages import encode_event, raw_text
 from metering.storage.alerts import AlertStore
@@ -235,6 +235,7 @@ class LimitCache:
         self.current: tuple[int, dict[str, Rule], Allowances] = (-1, {}, Allowances())
         self.prices = PriceBook()
         self._entitled: dict[tuple[str, int, Own | None], Rule] = {}
+        self.held = HeldCache()  # whatever the limits' version: its stamps say
 
     def refresh(self, connection: Connection) -> None:
         store = Store(connection)
@@ -972,6 +973,10 @@ class _Applying:
         wanted = sorted((*key, end) for key, end in keys.items())
         # (Without first-use windows, every seat's window start is known.)
         seats = sorted(self.wanted_seats, key=_seat_order if pairs else None)
+        held = self.cache.held
+        assumed: list[SeatKey] = []
+        if seats and store.keeps_stamps:  # those known held: read if their stamp moved
+            seats, assumed = held.split(seats)
         snapshot = store.read(
             ids,
             sorted(pairs),
@@ -984,6 +989,8 @@ class _Applying:
         )
         if snapshot.version != self.version:
             raise _Decline(Declined("the limits changed since they were cached", stale=True))
+        if self.wanted_seats and store.keeps_stamps:
+            held.settle(seats, assumed, snapshot, store.read_seats, store.read_held)
         if due:
             allowances.learn_due(due, snapshot.schedules, batch.now_us)
         return snapshot
@@ -1380,6 +1387,8 @@ class _Applying:
             more = False
         meanwhile = None if batch.meanwhile is None else partial(batch.meanwhile, final)
         store.write(changes, batch.now_us, commit=not more, meanwhile=meanwhile)
+        if changes.seats:  # their windows' stamps moved
+            self.cache.held.forget(seat[:3] for seat in changes.seats)
         if connection is not None and breakers is not None:
             enforce = batch.policy is None or batch.policy.enforce
             breakers.write(connection, batch.now_us, announce=enforce)

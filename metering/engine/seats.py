@@ -6,15 +6,17 @@ kept up to date event by event, so a batch decides as its events would one
 by one; a value's row is written when it takes a seat, not for a held
 value's further events (`HELD`). The reference engine reads and writes
 them here (`Seats.read`, `Seats.write`); the fast path reads them with its
-hot store's counters. A void (`free_seats`) asks the ledger for the rest.
+hot store's counters, on PostgreSQL only those `HeldCache` does not know
+held at their window's stamp. A void (`free_seats`) asks the ledger for the rest.
 """
 
 from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import chain
 
 from metering.domain.corrections import VoidedCharge
 from metering.domain.decisions import Decision
@@ -22,9 +24,11 @@ from metering.domain.distinct import HELD, SeatKey, Seen, after_void, seat_cost,
 from metering.domain.events import UsageEvent
 from metering.domain.limits import Limit
 from metering.domain.rollups import WOULD_DENY
+from metering.domain.rules import Key
 from metering.domain.state import NO_WINDOW, CounterKey
 from metering.errors import MeteringError
 from metering.storage.distinct import DistinctStore
+from metering.storage.hot import Snapshot, WantedSeat
 from metering.storage.results import ResultStore
 from metering.storage.store import Store
 
@@ -110,6 +114,103 @@ class Seats:
     def write(self, store: Store) -> None:
         if self.added:
             DistinctStore(store.connection).add(self.added)
+
+
+class HeldCache:
+    """Per meter: the values known held in seat windows, each window's with
+    the stamp (``counters.seats_stamp``) they were read at under its lock. A
+    stamp is new at every change of the window's held values and never
+    reused (migration 0041), so while a window's locked counter shows the
+    same stamp, every value known held is still held, whatever wrote or
+    restored the database meanwhile. A batch reads only the values it knows
+    nothing of (`split`), then those of the windows whose stamp moved
+    (`settle`); a window met for the first time with at most ``warm`` seats
+    is read whole. Emptied when it holds more than ``size`` windows."""
+
+    def __init__(self, size: int = 100_000, warm: int = 64) -> None:
+        self.size, self.warm = size, warm
+        # (limit, subject, window start) -> (stamp, values held at that stamp);
+        # entries are replaced whole, never changed in place.
+        self.windows: dict[Key, tuple[int, frozenset[str]]] = {}
+        self.met: set[Key] = set()  # the windows read whole once
+
+    def split(self, seats: Sequence[WantedSeat]) -> tuple[list[WantedSeat], list[SeatKey]]:
+        """``seats`` as those to read and those taken as held if their
+        window's stamp is the one known (`settle` finds out)."""
+        windows = self.windows
+        asked: list[WantedSeat] = []
+        assumed: list[SeatKey] = []
+        for seat in seats:
+            name, subject, start, value = seat
+            if start is not None:
+                known = windows.get((name, subject, start))
+                if known is not None and value in known[1]:
+                    assumed.append((name, subject, start, value))
+                    continue
+            asked.append(seat)
+        return asked, assumed
+
+    def settle(
+        self,
+        asked: Sequence[WantedSeat],
+        assumed: Sequence[SeatKey],
+        snapshot: Snapshot,
+        read_seats: Callable[[Sequence[WantedSeat]], Seen],
+        read_held: Callable[[Sequence[Key]], dict[Key, set[str]]],
+    ) -> None:
+        """Complete ``snapshot.seen`` (read for ``asked``) with ``assumed``: held
+        where the window's stamp is the one known, else read now
+        (``read_seats``, under the same locks); then learn what was read,
+        and the held values of the windows met first (``read_held``)."""
+        windows, stamps, seen = self.windows, snapshot.stamps, snapshot.seen
+        stale: list[SeatKey] = []
+        for seat in assumed:
+            known = windows.get(seat[:3])
+            if known is not None and stamps.get(seat[:3]) == known[0]:
+                seen[seat] = HELD
+            else:
+                stale.append(seat)
+        if stale:
+            seen.update(read_seats(stale))
+        if len(windows) > self.size:
+            windows.clear()
+            self.met.clear()
+        held: dict[Key, set[str]] = defaultdict(set)
+        for name, subject, start, value in chain(asked, stale):
+            if start is not None:
+                key = (name, subject, start)
+                values = held[key]
+                if seen.get((name, subject, start, value), 0) > 0:
+                    values.add(value)
+        for key, values in held.items():
+            stamp = stamps.get(key)
+            if stamp is None:
+                windows.pop(key, None)
+                continue
+            self._learn(key, stamp, values)
+        met, states = self.met, snapshot.states
+        first = [
+            key
+            for key in held
+            if key not in met and key in stamps and 0 < states[key][0] <= self.warm
+        ]
+        if first:
+            met.update(first)
+            for key, values in read_held(first).items():
+                self._learn(key, stamps[key], values)
+
+    def _learn(self, key: Key, stamp: int, values: set[str]) -> None:
+        known = self.windows.get(key)
+        if known is not None and known[0] == stamp:
+            if not values <= known[1]:
+                self.windows[key] = (stamp, known[1] | values)
+        else:
+            self.windows[key] = (stamp, frozenset(values))
+
+    def forget(self, keys: Iterable[Key]) -> None:
+        """Drop the windows a batch changed (their stamps moved on commit)."""
+        for key in keys:
+            self.windows.pop(key, None)
 
 
 def free_seats(

@@ -90,7 +90,7 @@ def _build_statements(dialect: str) -> dict[str, Any]:
     # Writing back locked counters is the same upsert: every row exists, so
     # ON CONFLICT always updates, and a batch is one multi-row statement.
     # (A window's draws, ``granted``, are added to where they are drawn: `AllowanceStore`.)
-    kept = (*_COUNTER_KEY, *_RATE, *_MADE, "granted")
+    kept = (*_COUNTER_KEY, *_RATE, *_MADE, "granted", "seats_stamp")
     state_columns = [c.name for c in counters.c if c.name not in kept]
     write_counters = new_counters.on_conflict_do_update(
         index_elements=list(_COUNTER_KEY),

@@ -133,6 +133,10 @@ counters = Table(
     # What the window drew on its subject's grants (`metering.domain.grants.Pot`):
     # its own usage is ``used`` less this (migration 0038).
     Column("granted", BIGINT, nullable=False, server_default="0"),
+    # A seat limit's window: a random stamp written by a trigger on
+    # ``distinct_values`` at every change of its held values, never reused;
+    # NULL until the first (migration 0041, `metering.engine.seats.HeldCache`).
+    Column("seats_stamp", BIGINT, nullable=True),
     # Keys lead with the subject (migration 0006): see docs/performance.md.
     PrimaryKeyConstraint("subject", "limit_name", "window_start_us"),
     postgresql_with={"fillfactor": 70},  # room for HOT updates (migration 0005)

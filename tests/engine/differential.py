@@ -122,8 +122,10 @@ def stored(meter: Meter) -> dict[str, object]:
         return {
             "results": rows(select(results)),
             # The rates apart (`rates`): a path that leaves an unchanged
-            # counter unwritten leaves its rate undecayed.
-            "counters": rows(without(counters, "updated_at_us", "rate", "rate_at_us")),
+            # counter unwritten leaves its rate undecayed; a seat window's stamp is random.
+            "counters": rows(
+                without(counters, "updated_at_us", "rate", "rate_at_us", "seats_stamp")
+            ),
             "windows": rows(select(current_windows)),
             # Summed by key: a batch appends, the reference upserts.
             "rollups": rows(

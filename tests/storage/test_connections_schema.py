@@ -322,3 +322,57 @@ def test_migration_0040_folds_the_deltas_left_into_the_rollups_on_downgrade(
         assert _rollups_across_0040(postgres_server.url("before_0040")) == expected
     finally:
         postgres_server.drop_database("before_0040")
+
+
+_SEAT_WRITES = (
+    "INSERT INTO distinct_values VALUES ('org', 'seats', 0, 'ann', 1)",  # a seat taken
+    "UPDATE distinct_values SET live_events = 0 WHERE value = 'ann'",  # freed
+    "UPDATE distinct_values SET live_events = 1 WHERE value = 'ann'",  # taken again
+    "DELETE FROM distinct_values WHERE value = 'ann'",  # a held value's row gone
+)
+
+
+def _stamps_across_0041(url: str) -> tuple[list[bool], bool]:
+    """Whether each of `_SEAT_WRITES` gave the window's counter a new stamp;
+    whether the counters keep the column after 0041's downgrade."""
+    _upgrade(url, "head")
+    engine = make_engine(url)
+    with engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO counters (limit_name, subject, window_start_us, window_end_us, used, "
+                "denied_count, denied_cost, tat_rem, tat_scale, updated_at_us) "
+                "VALUES ('seats', 'org', 0, 10, 0, 0, 0, 0, 1, 0)"
+            )
+        )
+    stamp = "SELECT seats_stamp FROM counters WHERE subject = 'org'"
+    stamps: list[Any] = []
+    for write in _SEAT_WRITES:
+        with engine.begin() as connection:
+            connection.execute(text(write))
+            stamps.append(connection.execute(text(stamp)).scalar())
+    moved = [s is not None and s not in stamps[:n] for n, s in enumerate(stamps)]
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.downgrade(config, "0040")
+    with engine.begin() as connection:
+        connection.execute(text(_SEAT_WRITES[0]))  # no trigger left to fail it
+        columns = list(connection.execute(text("SELECT * FROM counters")).keys())
+        kept = "seats_stamp" in columns
+    _upgrade(url, "head")
+    engine.dispose()
+    return moved, kept
+
+
+def test_migration_0041_stamps_every_change_of_a_windows_held_values(
+    tmp_path: Path, postgres_server: PostgresServer
+) -> None:
+    expected = ([True] * len(_SEAT_WRITES), False)
+    assert _stamps_across_0041(f"sqlite:///{tmp_path / 'old.db'}") == expected
+    postgres_server.create_database("before_0041")
+    try:
+        assert _stamps_across_0041(postgres_server.url("before_0041")) == expected
+    finally:
+        postgres_server.drop_database("before_0041")

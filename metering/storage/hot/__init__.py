@@ -106,6 +106,9 @@ class Snapshot:
     # and the breaker links' secret (None: none made yet).
     breakers: dict[Pair, Breaker] = field(default_factory=dict)
     secret: str | None = None
+    # The seat windows' stamps of the counters read that have one
+    # (`metering.engine.seats.HeldCache`); none from a store that keeps none.
+    stamps: dict[Key, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -160,6 +163,9 @@ class Changes:
 class HotStore(Protocol):
     # True when `write` keeps ``changes.rejected`` (the dead letters) itself.
     takes_rejected: bool
+    # True when `read` locks and reads the counters' stamps (``Snapshot.stamps``)
+    # and `read_seats` may follow it.
+    keeps_stamps: bool
 
     def read(
         self,
@@ -186,6 +192,17 @@ class HotStore(Protocol):
         grants), every one of those pairs, with their last issues. The
         breakers of ``breaker_pairs`` (sorted) are locked after the counters,
         with the breaker links' secret read (`metering.storage.hot.extras`)."""
+        ...
+
+    def read_seats(self, seats: Sequence[WantedSeat]) -> Seen:
+        """The live events of ``seats`` (each with its window start) that have a
+        row, in `read`'s transaction, after it: seats a cache took as held
+        whose window's stamp (``Snapshot.stamps``) was not the one it knew."""
+        ...
+
+    def read_held(self, keys: Sequence[Key]) -> dict[Key, set[str]]:
+        """The values held in the seat windows of ``keys`` (counters `read`
+        locked), in its transaction, by window (none: no value held)."""
         ...
 
     def looking_up(self, ids: Sequence[str] | None) -> AbstractContextManager[None]:

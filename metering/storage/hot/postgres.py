@@ -111,11 +111,12 @@ CROSS JOIN LATERAL (
 """
 
 # The counters a batch needs: its calendar and bucket keys, and the current
-# counter of each first-use window (locked by the statement before).
+# counter of each first-use window (locked by the statement before), each
+# with its seat window's stamp (`metering.engine.seats.HeldCache`).
 LOCK_COUNTERS: Final = f"""
 SELECT c.limit_name, c.subject, c.window_start_us, c.used, c.denied_count, c.denied_cost,
        c.first_denied_at_us, c.tat_us, c.tat_rem, c.tat_scale, c.tid::text, c.rate, c.rate_at_us,
-       c.granted
+       c.granted, c.seats_stamp
 FROM (
     SELECT * FROM (
         SELECT r->>0 AS l, r->>1 AS s, (r->>2)::bigint AS ws
@@ -216,7 +217,10 @@ CROSS JOIN LATERAL (
 # read in `read`'s pipeline after the counters are locked (the counter's
 # lock serialises every writer of its window's values,
 # `metering.storage.distinct`). A start of null is the pair's current
-# first-use window, locked by then. Found through the primary key.
+# first-use window, locked by then. Found through the primary key, a probe
+# per element: the ``LIMIT`` keeps the planner from joining the elements to
+# the whole table, which it did on a small one, hashing all its rows after
+# a sequential scan (10,000 rows, 949 values: 27 ms against 21.5).
 READ_SEATS: Final = """
 SELECT d.limit_name, d.subject, d.window_start_us, d.value, d.live_events
 FROM jsonb_array_elements(%(seats)s::jsonb) AS r
@@ -227,6 +231,7 @@ CROSS JOIN LATERAL (
           SELECT w.window_start_us FROM current_windows AS w
           WHERE w.limit_name = r->>0 AND w.subject = r->>1
       ))
+    LIMIT 1
 ) AS d
 """
 ADD_SEATS: Final = """
@@ -243,6 +248,18 @@ INSERT_SEATS: Final = """
 INSERT INTO distinct_values (subject, limit_name, window_start_us, value, live_events)
 SELECT r->>0, r->>1, (r->>2)::bigint, r->>3, (r->>4)::bigint
 FROM jsonb_array_elements(%(rows)s::jsonb) AS r
+"""
+# The held values of seat windows (limit, subject, start): a range of the
+# primary key each.
+READ_HELD: Final = """
+SELECT d.limit_name, d.subject, d.window_start_us, d.value
+FROM jsonb_array_elements(%(windows)s::jsonb) AS r
+CROSS JOIN LATERAL (
+    SELECT * FROM distinct_values AS d
+    WHERE d.subject = r->>1 AND d.limit_name = r->>0 AND d.window_start_us = (r->>2)::bigint
+      AND d.live_events > 0
+    OFFSET 0
+) AS d
 """
 # A grant with an expected ``used`` (`Changes.expected`) that another
 # transaction drew on meanwhile is set past its amount: the check constraint
@@ -343,6 +360,11 @@ def snapshot_of(rows: ReadRows) -> Snapshot:
         windows=_windows(rows.windows),
         states={(r[0], r[1], r[2]): list(r[3:10]) for r in rows.counters},
         rates={(r[0], r[1], r[2]): (r[11], r[12]) for r in rows.counters if len(r) > _RATE},
+        stamps={
+            (r[0], r[1], r[2]): r[_STAMP]
+            for r in rows.counters
+            if len(r) > _STAMP and r[_STAMP] is not None
+        },
         pots=pots_of(grant_rows, rows.draws),
         seen={(r[0], r[1], r[2], r[3]): r[4] for r in rows.seats},
         watched={r[2]: (r[8], r[4]) for r in grant_rows if r[8] is not None and not r[9]},
@@ -356,6 +378,7 @@ def snapshot_of(rows: ReadRows) -> Snapshot:
 
 
 _RATE: Final = 11  # a locked counter row's rate (after its tuple id; cached rows have none)
+_STAMP: Final = 14  # and its seat window's stamp
 
 
 @dataclass(slots=True)
@@ -375,6 +398,7 @@ class PostgresHotStore:
 
     # `write` keeps the dead letters too, in its round trip.
     takes_rejected = True
+    keeps_stamps = True
 
     def __init__(self, raw: psycopg.Connection[Any]) -> None:
         self.raw = raw
@@ -518,7 +542,7 @@ class PostgresHotStore:
             counter_rows = counters.fetchall()
             stored_rows = stored.fetchall() if stored else []
             grant_rows = granted.fetchall() if granted else []
-            draw_rows = [r[:3] + r[13:] for r in counter_rows if r[13]] if granted else []
+            draw_rows = [r[:3] + r[13:14] for r in counter_rows if r[13]] if granted else []
             value_rows = valued.fetchall() if valued else []
             schedule_rows = schedules.fetchall() if schedules else []
             last_rows = last_issues.fetchall() if last_issues else []
@@ -539,6 +563,33 @@ class PostgresHotStore:
             breaker_rows,
             None if secret_row is None else str(secret_row[0]),
         )
+
+    def read_seats(self, seats: Sequence[WantedSeat]) -> Seen:
+        """The live events of ``seats`` (each with its window start) that have
+        a row, read in `read`'s transaction, under its locks; those of none
+        are inserted by `write` as `read`'s (``absent_seats``)."""
+        try:
+            cursor = self.raw.cursor(binary=True)
+            rows = cursor.execute(READ_SEATS, {"seats": _encode(seats)}).fetchall()
+        except psycopg.Error as exc:
+            raise _translate(exc) from exc
+        found: Seen = {(r[0], r[1], r[2], r[3]): r[4] for r in rows}
+        self.absent_seats |= {
+            (n, s, w, v) for n, s, w, v in seats if w is not None and (n, s, w, v) not in found
+        }
+        return found
+
+    def read_held(self, keys: Sequence[Key]) -> dict[Key, set[str]]:
+        """`READ_HELD`'s rows, by window."""
+        try:
+            cursor = self.raw.cursor(binary=True)
+            rows = cursor.execute(READ_HELD, {"windows": _encode(keys)}).fetchall()
+        except psycopg.Error as exc:
+            raise _translate(exc) from exc
+        found: dict[Key, set[str]] = {}
+        for name, subject, start, value in rows:
+            found.setdefault((name, subject, start), set()).add(value)
+        return found
 
     def begins(self) -> bool:
         """Whether the next pipeline opens the transaction with ``BEGIN``:

@@ -278,6 +278,8 @@ class LearningStore(PostgresHotStore):
 class SpeculativeStore(LearningStore):
     """A read from ``cache`` (nothing sent) and a write that checks first (see the module)."""
 
+    keeps_stamps = False  # its rows are not read under lock
+
     def __init__(self, raw: psycopg.Connection[Any], cache: RowCache, version: int) -> None:
         super().__init__(raw, cache)
         self.version = version

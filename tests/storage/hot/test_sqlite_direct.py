@@ -264,8 +264,10 @@ def _traced(meter: Meter, monkeypatch: pytest.MonkeyPatch, *args: Any, **kwargs:
 
 
 def _table(meter: Meter, table: Any) -> list[tuple[Any, ...]]:
+    """``table``'s rows, but a seat window's stamp (random: `HeldCache`)."""
+    columns = [column for column in table.c if column.name != "seats_stamp"]
     with meter.sql_engine.connect() as connection:
-        return sorted(tuple(row) for row in connection.execute(select(table)))
+        return sorted(tuple(row) for row in connection.execute(select(*columns)))
 
 
 BREAKER = Limit(
@@ -347,6 +349,9 @@ def test_a_seat_consume_reads_its_seat_with_its_counter(
             "SELECT 0, v.version,",
             "INSERT INTO counters",
             "INSERT INTO results",
+            "INSERT INTO distinct_values",
+            # Traced again as its trigger's programs start (a new stamp, migration 0041).
+            "INSERT INTO distinct_values",
             "INSERT INTO distinct_values",
             "COMMIT",
         ]

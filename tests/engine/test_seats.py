@@ -1,0 +1,181 @@
+"""The values known held (`HeldCache`): on PostgreSQL a batch reads only the
+seat values it knows nothing of while their window's stamp stands. Every
+change of a window's held values moves its stamp, whoever writes it, so a
+database restored under a meter is read again and never lets seats past a
+hard maximum."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from decision_paths import apply_reference, without
+from sqlalchemy import Engine, insert, text
+
+from metering import FrozenClock, Limit, Meter
+from metering.domain.events import UsageEvent, make_event
+from metering.engine.fast import LimitCache
+from metering.storage.connections import make_engine
+from metering.storage.hot.postgres import PostgresHotStore
+from metering.storage.tables import counters, distinct_values
+
+NOW = datetime(2026, 11, 10, 12, 0, tzinfo=UTC)
+
+
+def _event(event_id: str, user: str) -> UsageEvent:
+    return make_event([("org-1", "seats", 1)], NOW, event_id, {"user": user})
+
+
+def _allowed(meter: Meter, *users: tuple[str, str]) -> list[bool]:
+    return [d.allowed for d in meter.apply([_event(e, u) for e, u in users])]
+
+
+def _stamp(engine: Engine) -> Any:
+    with engine.connect() as connection:
+        query = "SELECT seats_stamp FROM counters WHERE limit_name = 'seats'"
+        return connection.execute(text(query)).scalar()
+
+
+def _held(meter: Meter) -> LimitCache:
+    cache = meter._engine.path("direct").cache
+    assert isinstance(cache, LimitCache)
+    return cache
+
+
+def test_every_take_and_free_of_a_seat_moves_its_windows_stamp(db_url: str) -> None:
+    engine = make_engine(db_url)
+    with Meter(db_url, clock=FrozenClock(NOW)) as meter:
+        meter.set_limits([Limit("seats", 10, "1mo", window="calendar", distinct="user")])
+        assert _allowed(meter, ("a1", "u1"), ("a2", "u2")) == [True, True]  # the fast path
+        taken = _stamp(engine)
+        assert taken is not None
+        assert _allowed(meter, ("a3", "u1"), ("a4", "u2")) == [True, True]
+        assert _stamp(engine) == taken  # held values: nothing written
+        seen = {taken}
+        meter.consume("org-1", "seats", metadata={"user": "u3"})  # PostgreSQL: one trip
+        assert _stamp(engine) not in seen
+        seen.add(_stamp(engine))
+        without(meter._engine, "one_trip")
+        without(meter._engine, "direct")
+        record = _event("r1", "u4").record()
+        answer = apply_reference(meter._engine, [record], meter.database.now_us())[0]
+        assert answer.record is not None and answer.record.outcome == "allowed"
+        assert _stamp(engine) not in seen
+        seen.add(_stamp(engine))
+        meter.void("r1", "wrong user")  # u4's only event: its seat is freed
+        assert _stamp(engine) not in seen
+        seen.add(_stamp(engine))
+        meter.void("a1", "wrong user")  # u1 still has a3: nothing changes
+        assert _stamp(engine) in seen
+        meter.void("a3", "wrong user")
+        assert _stamp(engine) not in seen
+        meter.reset("org-1", "seats")
+        assert _stamp(engine) is None  # no counter: nothing known
+    engine.dispose()
+
+
+def _saved(engine: Engine) -> list[tuple[Any, list[dict[str, Any]]]]:
+    with engine.connect() as connection:
+        return [
+            (table, [dict(row) for row in connection.execute(table.select()).mappings()])
+            for table in (counters, distinct_values)
+        ]
+
+
+def _restore(engine: Engine, saved: list[tuple[Any, list[dict[str, Any]]]]) -> None:
+    """Put the rows back as a restore would: the triggers off (``pg_restore
+    --disable-triggers``), so the stamps are the saved ones."""
+    with engine.begin() as connection:
+        connection.execute(text("SET LOCAL session_replication_role = replica"))
+        for table, rows in saved:
+            connection.execute(table.delete())
+            connection.execute(insert(table), rows)
+
+
+def test_a_restored_database_never_lets_seats_past_the_maximum(pg_url: str) -> None:
+    engine = make_engine(pg_url)
+    with Meter(pg_url, clock=FrozenClock(NOW)) as meter:
+        meter.set_limits([Limit("seats", 3, "1mo", window="calendar", distinct="user")])
+        assert _allowed(meter, ("a1", "u1"), ("a2", "u2")) == [True, True]
+        assert _allowed(meter, ("b1", "u1"), ("b2", "u2")) == [True, True]
+        backup = _saved(engine)  # u1 and u2 held
+        assert _allowed(meter, ("c1", "u3")) == [True]
+        assert _allowed(meter, ("d1", "u1"), ("d2", "u2"), ("d3", "u3")) == [True, True, True]
+        known = _held(meter).held.windows
+        assert [sorted(values) for _, values in known.values()] == [["u1", "u2", "u3"]]
+        _restore(engine, backup)
+        # u3 is known held, but not in the restored window: it takes the third seat.
+        assert _allowed(meter, ("f1", "u3"), ("f2", "u4")) == [True, False]
+        assert [c.used for c in meter.counters("org-1", "seats")] == [3]
+    engine.dispose()
+
+
+def test_a_batch_reads_only_the_values_it_does_not_know_held(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    read: list[tuple[str, int]] = []
+    store = PostgresHotStore
+    read_rows, read_seats, read_held = store.read_rows, store.read_seats, store.read_held
+
+    def rows(store: PostgresHotStore, *args: Any) -> Any:
+        read.append(("with the counters", len(args[5])))
+        return read_rows(store, *args)
+
+    def seats(store: PostgresHotStore, wanted: Any) -> Any:
+        read.append(("after them", len(wanted)))
+        return read_seats(store, wanted)
+
+    def held(store: PostgresHotStore, windows: Any) -> Any:
+        found = read_held(store, windows)
+        read.append(("whole windows", sum(map(len, found.values()))))
+        return found
+
+    monkeypatch.setattr(PostgresHotStore, "read_rows", rows)
+    monkeypatch.setattr(PostgresHotStore, "read_seats", seats)
+    monkeypatch.setattr(PostgresHotStore, "read_held", held)
+    limit = Limit("seats", 10, "1mo", window="calendar", distinct="user")
+    with Meter(pg_url, clock=FrozenClock(NOW)) as meter:
+        meter.set_limits([limit])
+        _allowed(meter, ("a1", "u1"), ("a2", "u2"), ("a3", "u3"))  # taken: forgotten
+    read.clear()
+    with (
+        Meter(pg_url, clock=FrozenClock(NOW)) as meter,
+        Meter(pg_url, clock=FrozenClock(NOW)) as other,
+    ):
+        _allowed(meter, ("b1", "u1"), ("b2", "u2"))  # met first: read whole
+        _allowed(meter, ("c1", "u2"), ("c2", "u3"))  # held: known
+        _allowed(other, ("d1", "u4"))  # another meter takes a seat (in one trip): it moves
+        _allowed(meter, ("e1", "u1"), ("e2", "u2"), ("e3", "u4"))
+        _allowed(meter, ("f1", "u1"), ("f2", "u4"))
+    assert read == [
+        ("with the counters", 2),
+        ("whole windows", 3),
+        ("with the counters", 0),
+        ("with the counters", 1),  # u4; u1 and u2 known, but their stamp moved:
+        ("after them", 2),
+        ("with the counters", 0),
+    ]
+
+
+def test_a_window_with_more_seats_than_the_bound_is_not_read_whole(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    whole: list[Any] = []
+    read_held = PostgresHotStore.read_held
+
+    def held(store: PostgresHotStore, windows: Any) -> Any:
+        whole.append(windows)
+        return read_held(store, windows)
+
+    limit = Limit("seats", 10, "1mo", window="calendar", distinct="user")
+    with Meter(pg_url, clock=FrozenClock(NOW)) as meter:
+        meter.set_limits([limit])
+        _allowed(meter, ("a1", "u1"), ("a2", "u2"), ("a3", "u3"))
+    monkeypatch.setattr(PostgresHotStore, "read_held", held)
+    with Meter(pg_url, clock=FrozenClock(NOW)) as meter:
+        _held(meter).held.warm = 2
+        assert _allowed(meter, ("b1", "u1"), ("b2", "u2")) == [True, True]
+        assert _allowed(meter, ("c1", "u3"), ("c2", "u4")) == [True, True]
+        assert [c.used for c in meter.counters("org-1", "seats")] == [4]
+    assert whole == []
