@@ -77,10 +77,10 @@ def covered(
     ``alerts``: pairs with thresholds of their own, taken only without
     grants and when none is crossed from the counter's usage before the
     batch to that plus its total (`_crossed`). The maximum in force
-    (``histories``) must not change over the batch's times, and a pair with
+    (``histories``) must not change over the batch's times (``sums.span``), and a pair with
     grants (``pots``) qualifies only when all of its counters do. Its grants
     count in the room only when the batch charges one counter of the pair and
-    every grant is active over all of the batch's times on it or over none
+    every grant is active over all of the batch's times or over none
     (`_steady`): then each charge draws what `metering.domain.grants.fit_window` would.
     """
     poisoned, timed, span = sums.poisoned, sums.timed, sums.span

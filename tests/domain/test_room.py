@@ -103,6 +103,14 @@ def test_grants_that_change_within_the_batch_do_not_count(last_us: int, taken: b
     assert covered(untimed, RULES, GRANTED_STATES, {}, _pots(), {}) == {}
 
 
+def test_grants_count_only_when_steady_over_the_whole_batchs_times() -> None:
+    sums = _sums(13)
+    sums.note(("calls", "org"), 1_200)
+    sums.note(("calls", "other"), 5_000)  # "h" expires then: in the batch's span
+    assert sums.span == (1_200, 5_000)
+    assert covered(sums, RULES, GRANTED_STATES, {}, _pots(), {}) == {}
+
+
 def test_grants_of_a_pair_charged_in_two_windows_do_not_count() -> None:
     sums = _sums(8, (("calls", "org", END), 1))
     sums.note(("calls", "org"), 1_200)
