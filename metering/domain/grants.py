@@ -114,13 +114,10 @@ class Pot:
 
     ``granted`` maps a window start to the usage of that window paid by
     grants: the window's own usage is its counter's ``used`` minus it.
-    ``drawn``: what `draw` and `take` paid since the pot was made, by
-    (window start, grant id): a batch's draws, summed as they are made.
     """
 
     balances: list[Balance]
     granted: dict[int, int] = field(default_factory=dict)
-    drawn: dict[tuple[int, str], int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if len(self.balances) > 1:  # (most pots hold one grant: nothing to sort)
@@ -152,7 +149,6 @@ class Pot:
         """What the grants active at ``at_us`` held before, and ``amount``
         paid and recorded in this window, as `plan` then `take` would
         (the draws as [grant id, amount] lists), in one pass."""
-        drawn = self.drawn
         available = 0
         draws: list[list[Any]] = []
         paid = 0
@@ -165,8 +161,6 @@ class Pot:
                     taken = left if left < amount else amount
                     b.used += taken
                     draws.append([b.grant_id, taken])
-                    key = (window_start_us, b.grant_id)
-                    drawn[key] = drawn.get(key, 0) + taken
                     amount -= taken
                     paid += taken
         if paid:
@@ -176,12 +170,9 @@ class Pot:
     def take(self, window_start_us: int, draws: Sequence[tuple[str, int]]) -> None:
         """Record ``draws`` (from `plan`) as paid, in this window."""
         by_id = {b.grant_id: b for b in self.balances}
-        drawn = self.drawn
         for grant_id, amount in draws:
             by_id[grant_id].used += amount
             self.granted[window_start_us] = self.granted.get(window_start_us, 0) + amount
-            key = (window_start_us, grant_id)
-            drawn[key] = drawn.get(key, 0) + amount
 
 
 @dataclass(frozen=True, slots=True)

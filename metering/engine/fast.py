@@ -84,7 +84,7 @@ from metering.engine.seats import Seats
 from metering.errors import EventConflict, InvalidInput, MeteringError, UnknownLimit
 from metering.pipeline.messages import encode_event, raw_text
 from metering.storage.alerts import AlertStore
-from metering.storage.allowances import AllowanceStore, drawn_on
+from metering.storage.allowances import AllowanceStore, draws_of
 from metering.storage.connections import RetryTransaction
 from metering.storage.counters import Pair
 from metering.storage.hot import (
@@ -1443,7 +1443,7 @@ class _Applying:
         pots = snapshot.pots
         if not pots:
             return []
-        changes.draws = drawn_on(pots)
+        changes.draws = draws_of(row for record in self.records for row in record.charges)
         changes.issues = self.issues
         watched = snapshot.watched
         if not (watched and changes.draws):

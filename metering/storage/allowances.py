@@ -68,17 +68,6 @@ def draws_of(rows: Iterable[Sequence[Any]]) -> dict[DrawKey, int]:
     return draws
 
 
-def drawn_on(pots: Mapping[Pair, Pot]) -> dict[DrawKey, int]:
-    """What was drawn on ``pots`` since they were made (`Pot.drawn`), by
-    window and grant: `draws_of` the rows their draws were made for, summed
-    per subject as they were drawn, not per row."""
-    return {
-        (name, subject, start, grant_id): amount
-        for (name, subject), pot in pots.items()
-        for (start, grant_id), amount in pot.drawn.items()
-    }
-
-
 def grant_deltas(
     draws: Mapping[DrawKey, int], only: Container[str] | None = None
 ) -> list[tuple[str, int]]:

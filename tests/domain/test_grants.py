@@ -283,14 +283,3 @@ def test_drawing_in_one_pass_is_available_then_plan_then_take(
     assert fast.draw(start, amount, at_us) == (available, [list(d) for d in draws])
     assert [b.used for b in fast.balances] == [b.used for b in slow.balances]
     assert fast.granted == slow.granted
-    assert fast.drawn == slow.drawn == {(start, grant_id): paid for grant_id, paid in draws}
-
-
-def test_a_pot_sums_what_it_paid_by_window_and_grant_as_it_draws() -> None:
-    pot = Pot([Balance("a", 3, 0, 0, None, 1), Balance("b", 10, 0, 0, None, 2)], {100: 4})
-    assert pot.draw(100, 2, 5) == (13, [["a", 2]])
-    assert pot.draw(100, 3, 5) == (11, [["a", 1], ["b", 2]])
-    pot.take(200, [("b", 4)])
-    assert pot.draw(200, 0, 5) == (4, [])
-    assert pot.drawn == {(100, "a"): 3, (100, "b"): 2, (200, "b"): 4}
-    assert pot.granted == {100: 9, 200: 4}  # (what the windows held before counts there)

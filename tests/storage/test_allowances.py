@@ -11,10 +11,7 @@ import pytest
 from sqlalchemy import select
 
 from metering import FrozenClock, Limit, Meter
-from metering.domain.grants import Balance, Pot
 from metering.domain.instants import MICROSECOND
-from metering.domain.room import drawn_row
-from metering.storage.allowances import drawn_on, draws_of
 from metering.storage.tables import counters, grants, webhook_messages
 
 MONTH = datetime(2026, 11, 1, tzinfo=UTC)
@@ -416,22 +413,3 @@ def test_a_draw_on_a_balance_spent_meanwhile_is_decided_again(
         assert spent and not decision.allowed  # 2 left, not 10
         assert (decision.remaining, meter.grants()[0].used) == (2, 8)
         assert meter.consume("org-42", "api_calls", 2).charges[0].grants == (("g", 2),)
-
-
-def test_what_pots_drew_is_what_their_rows_list_by_window_and_grant() -> None:
-    pots = {
-        ("api_calls", "acme"): Pot([Balance("a", 3, 0, 0, None, 1), Balance("b", 9, 0, 0, None)]),
-        ("api_calls", "zeta"): Pot([Balance("z", 5, 1, 0, None)], {0: 1}),
-    }
-    rows, states = [], {("zeta", 0): [1, 0, 0, None, 0, 0, 0]}  # (used: the 1 its grant paid)
-    for subject, start, cost in [("acme", 0, 2), ("zeta", 0, 3), ("acme", 0, 4), ("acme", 10, 1)]:
-        state = states.setdefault((subject, start), [0, 0, 0, None, 0, 0, 0])
-        room = (0, pots[("api_calls", subject)], 0)
-        rows.append(drawn_row(subject, "api_calls", cost, state, room, (start, start + 10), 5))
-    assert drawn_on(pots) == draws_of(rows)
-    assert drawn_on(pots) == {
-        ("api_calls", "acme", 0, "a"): 3,
-        ("api_calls", "acme", 0, "b"): 3,
-        ("api_calls", "acme", 10, "b"): 1,
-        ("api_calls", "zeta", 0, "z"): 3,
-    }
