@@ -47,22 +47,21 @@ class Sums:
     an upper bound of each: a seat's is 0 or 1, its charge's 1);
     ``poisoned``: pairs a charge of which has no known cost or key (a token
     bucket, a first-use window, a spend charge priced by its window's
-    total); ``times``: per entitled or granted pair, the batch's first and
-    last event times on it.
+    total); ``timed``: the entitled or granted pairs charged, and ``span``
+    the first and last times of their charges: the batch's (wider than a
+    pair's own only takes fewer pairs, never more).
     """
 
     totals: dict[Key, int] = field(default_factory=dict)
     poisoned: set[Pair] = field(default_factory=set)
-    times: dict[Pair, tuple[int, int]] = field(default_factory=dict)
+    timed: set[Pair] = field(default_factory=set)
+    span: tuple[int, int] | None = None
 
-    def timed(self, pair: Pair, at_us: int) -> None:
+    def note(self, pair: Pair, at_us: int) -> None:
         """Note a charge of entitled ``pair`` at ``at_us``."""
-        times = self.times
-        span = times.get(pair)
-        if span is None:
-            times[pair] = (at_us, at_us)
-        elif at_us < span[0] or at_us > span[1]:  # (most: within, nothing to note)
-            times[pair] = (min(span[0], at_us), max(span[1], at_us))
+        self.timed.add(pair)
+        span = self.span
+        self.span = (at_us, at_us) if span is None else (min(span[0], at_us), max(span[1], at_us))
 
 
 def covered(
@@ -78,13 +77,13 @@ def covered(
     ``alerts``: pairs with thresholds of their own, taken only without
     grants and when none is crossed from the counter's usage before the
     batch to that plus its total (`_crossed`). The maximum in force
-    (``histories``) must not change over the batch's times, and a pair with
+    (``histories``) must not change over the batch's times (``sums.span``), and a pair with
     grants (``pots``) qualifies only when all of its counters do. Its grants
     count in the room only when the batch charges one counter of the pair and
-    every grant is active over all of the batch's times on it or over none
+    every grant is active over all of the batch's times or over none
     (`_steady`): then each charge draws what `metering.domain.grants.fit_window` would.
     """
-    poisoned = sums.poisoned
+    poisoned, timed, span = sums.poisoned, sums.timed, sums.span
     qualified: dict[str, bool] = {}
     found: dict[Key, Room] = {}
     counters: dict[Pair, int] = {}
@@ -104,7 +103,10 @@ def covered(
         maximum = rules[name].maximum
         history = histories.get(pair) if histories else None
         if history:
-            first, last = sums.times[pair]
+            if span is None or pair not in timed:
+                poisoned.add(pair)
+                continue
+            first, last = span
             if _changes(history, first) != _changes(history, last):
                 poisoned.add(pair)
                 continue
@@ -123,8 +125,9 @@ def covered(
             pot is None
             or own > maximum
             or counters[pair] > 1
-            or pair not in sums.times
-            or own + total > maximum + _steady(pot, *sums.times[pair])
+            or span is None
+            or pair not in timed
+            or own + total > maximum + _steady(pot, *span)
         ):
             poisoned.add(pair)
             continue

@@ -761,6 +761,9 @@ class _Applying:
         if self.breaking:  # the short way's charges: each counted in ``keys``
             breaking = self.breaking
             self.breaker_pairs.update((n, s) for n, s, _ in self.keys if n in breaking)
+        if self.sums.timed:  # (one span for all: not a pair's per charge)
+            times = [event.occurred_at_us for event in batch.records]
+            self.sums.span = (min(times), max(times))
 
     def _priced_one(self, index: int, event: EventRecord, pricing: dict[str, Rule | None]) -> bool:
         """Plan an event of one charge on a `_priced` rule whose price adds
@@ -887,17 +890,21 @@ class _Applying:
         self, rule: Rule, subject: str, name: str, cost: int, at_us: int
     ) -> tuple[Key, Window]:
         """A charge's counter key and calendar window: its cost summed into the
-        batch's totals, and its time kept when the pair has allowances."""
+        batch's totals, and its pair noted when it has allowances (`Sums.timed`)."""
         window = self.calendar.calendar(rule, subject, at_us)
         key = (name, subject, window[0])
         self.keys[key] = window[1]
         totals = self.sums.totals
-        totals[key] = totals.get(key, 0) + cost
+        total = totals.get(key)
+        if total is not None:
+            totals[key] = total + cost
+            return key, window
+        totals[key] = cost
         entitled, granted = self.allowances.histories, self.allowances.grant_pairs
-        if entitled or granted:
+        if entitled or granted:  # (its charges' times: the batch's, found by `plan`)
             pair = (name, subject)
             if pair in entitled or pair in granted:
-                self.sums.timed(pair, at_us)
+                self.sums.timed.add(pair)
         return key, window
 
     def _seats(self, event: EventRecord) -> bool:
