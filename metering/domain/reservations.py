@@ -1,5 +1,4 @@
-"""Giving a cancelled reservation's cost back to its counter, and charging a commit's usage
-beyond what was reserved (pure rules).
+"""Giving a cancelled reservation's cost back, charging a commit's usage beyond it (pure).
 
 A reservation consumed like any event. Cancelling gives the charge back where that still
 means something (`can_give_back`, `give_back`): a fixed window only while it is current
@@ -8,6 +7,7 @@ than reserved (`charge_more`) charges the excess to the reservation's own window
 ended one), drawing on grants as a decision would; what a hard limit has no room for is
 charged all the same as *overdraft* (billed; the counter denies until the window resets or
 the bucket refills past its debt). A soft limit's excess is overage; a shadow one has none.
+A commit of fewer priced units keeps the money of the first ones reserved (`committed_money`).
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 `reserve` (and `lease`, a quota lease's block) decides and records an event exactly like
 `consume` (`Engine.reserve`) and, when allowed, writes in the same transaction a durable
 reservation row naming the counters it consumed from. `cancel` gives the cost back where it
-still can (`metering.domain.reservations`); `commit` makes it final, at ``actual`` giving
-the rest back or charging the usage beyond the reserved cost (a hard limit's overdraft).
+still can (`metering.domain.reservations`); `commit` makes it final, at ``actual`` units
+giving the rest back (priced units with their money) or charging the usage beyond the
+reserved cost (a hard limit's overdraft; refused for priced usage).
 Both settle on the engine's own connections (`Engine.settle`: the reservation row locked,
 then its counters); what that declines (grants to restore, rollups to take back) runs again
 whole under SQLAlchemy. `metering.reservations.Reservation` is what callers hold.
@@ -164,10 +165,11 @@ def _more(record: ReservationRecord, keep: int | None, spend: Collection[str]) -
 def commit(engine: Engine, reservation_id: str, actual: int | None = None) -> int:
     """Make a held reservation final; returns the units given back.
 
-    With ``actual``, each charge is settled at ``actual``: below its
-    reserved cost the rest goes back once, as a cancel gives it back; above
-    it the excess is charged once, fitting or not (`_charge_more`), also
-    after the sweeper committed the reservation in full at its time to live.
+    With ``actual``, each usage charge is settled at ``actual`` units: below
+    its reserved cost the rest goes back once, as a cancel gives it back,
+    its money with it (`_money_back`); above it the excess is charged once,
+    fitting or not (`_charge_more`; refused for priced usage), also after
+    the sweeper committed the reservation in full at its time to live.
     Committing twice does nothing (0); after a cancel it raises
     `ReservationSettled`; a commit of less than reserved past the time to
     live raises `ReservationExpired`: the sweeper's commit in full stands.

@@ -16,6 +16,7 @@ from sqlalchemy import select
 
 from metering import FrozenClock, Limit, Meter, spend_limit
 from metering.errors import CorrectionRefused, InvalidInput
+from metering.reports.overage import overage_report
 from metering.reports.spend import spend_report
 from metering.storage.tables import counters, reservations
 from metering.upkeep.audit import run_audit
@@ -196,3 +197,17 @@ def test_an_incremental_audit_follows_a_commit_of_fewer_priced_units(db_url: str
         clock.advance(seconds=120)
         assert run_audit(meter).violations == ()
         assert run_audit(meter, full=True).violations == ()
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_the_overage_report_shows_the_money_committed(db_url: str, path: str) -> None:
+    with _meter(db_url, path) as meter:
+        meter.set_limit(
+            spend_limit("usd_cap", "0.05", "USD", "1h", enforcement="soft", window="calendar")
+        )
+        held = meter.reserve(charges=[("org", "calls", 4)], event_id="r-1")
+        assert held.decision.charges[1].overage == 3  # 8 cents of a 5-cent cap
+        assert held.commit(actual=3) == 1 + 2
+        [row] = overage_report(meter, limit="usd_cap")
+        assert (row.used, row.overage) == (6, 1)
+        _audited(meter)
