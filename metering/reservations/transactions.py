@@ -4,11 +4,10 @@
 `consume` (`Engine.reserve`) and, when allowed, writes in the same transaction a durable
 reservation row naming the counters it consumed from. `cancel` gives the cost back where it
 still can (`metering.domain.reservations`); `commit` makes it final, at ``actual`` units
-giving the rest back (priced units with their money) or charging the usage beyond the
-reserved cost (a hard limit's overdraft; refused for priced usage).
-Both settle on the engine's own connections (`Engine.settle`: the reservation row locked,
-then its counters); what that declines (grants to restore, rollups to take back) runs again
-whole under SQLAlchemy. `metering.reservations.Reservation` is what callers hold.
+giving the rest back (priced, with their money) or charging the excess (a hard limit's
+overdraft; refused for priced usage). Both settle on the engine's own connections
+(`Engine.settle`: the reservation row locked, then its counters); what that declines (grants,
+rollups, money) runs again whole under SQLAlchemy. `Reservation` is what callers hold.
 """
 
 from __future__ import annotations
