@@ -86,6 +86,7 @@ def give_back(
     now_us: int,
     *,
     past_windows: bool,
+    money: bool = True,
 ) -> GaveBack:
     """Give back, once, what ``charges`` of ``event`` (its stored result;
     None once pruned: no resets, grants or rollups to consider) consumed.
@@ -94,6 +95,8 @@ def give_back(
     a past window too. Without it (a cancel, a commit of less) a charge
     whose counter can no longer take anything back (`can_take_back`: its
     window ended, its limit was deleted or redefined) is left out entirely.
+    ``money`` False: the spend rollups are the caller's (a commit of less
+    priced usage: `metering.reservations.transactions`).
     """
     store = Store(connection)
     limits = store.load_limits({item.charge.key.limit for item in charges})
@@ -139,7 +142,7 @@ def give_back(
             for item in kept
         ]
         deltas = given_back_deltas(event, returned, dimensions) if dimensions else {}
-        if any(limit.currency for limit in limits.values()):  # a spend limit: money back too
+        if money and any(limit.currency for limit in limits.values()):  # money back too
             deltas = merged(deltas, spend_given_back(event, returned))
         if deltas:
             record_rollups(connection, deltas)

@@ -146,7 +146,8 @@ class Committed(ReservationOut):
 
     returned: int = Field(
         description="Units given back: the reserved cost less ``actual``, where the counters "
-        "could take it; 0 without ``actual`` or on a second commit."
+        "could take it (with the minor units of money priced units gave back); 0 without "
+        "``actual`` or on a second commit."
     )
 
 
@@ -414,10 +415,12 @@ async def commit(
         Query(
             ge=0,
             le=MAX_COST,
-            description="What the work really cost: each charge is settled at this amount. "
-            "Below its reserved cost the rest goes back once (``returned``); above it the "
-            "excess is charged once, past a hard limit as overdraft (billed; see the "
-            "event's result and the overage report).",
+            description="What the work really used, in units: each charge is settled at "
+            "this amount. Below its reserved cost the rest goes back once (``returned``), "
+            "with the money of priced units (a priced charge keeps the price of the first "
+            "units it reserved); above it the excess is charged once, past a hard limit as "
+            "overdraft (billed; see the event's result and the overage report), but for "
+            "priced usage, refused (400). docs/money.md.",
         ),
     ] = None,
 ) -> Response:

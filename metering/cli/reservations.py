@@ -137,8 +137,9 @@ def reservations_cancel(reservation_id: str) -> None:
     "--actual",
     type=int,
     metavar="K",
-    help="What the work really cost: settle each charge at K; below its reserved cost "
-    "the rest goes back, above it the excess is charged (past a hard limit: overdraft).",
+    help="What the work really used, in units: settle each charge at K; below its reserved "
+    "cost the rest goes back (priced units with their money), above it the excess is "
+    "charged (past a hard limit: overdraft; refused for priced usage).",
 )
 def reservations_commit(reservation_id: str, actual: int | None) -> None:
     """Make a held reservation final (at the actual amount, with --actual)."""

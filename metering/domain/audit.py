@@ -3,7 +3,8 @@
 A window's *ledger sum* is the cost of its consumed charges (a shadow would-deny consumed
 nothing) less what voids reversed and cancels gave back, counting only what came after its
 last reset (a result by the reset clock's tick, a void or give-back by time); a commit of
-more than was reserved rewrote its result, overdraft included. `Tally` adds these up from
+more than was reserved rewrote its result, overdraft included (one of fewer priced units:
+its spend charges, at the money kept). `Tally` adds these up from
 ledger rows, from what an earlier run kept; the `judge_*` functions return a `Violation`
 naming what broke, or None. Gauges (levels) and token buckets (no window) are not summed.
 """
@@ -114,7 +115,8 @@ class Tally:
             ledger.maximum = max(ledger.maximum, maximum)
 
     def add_units(self, key: WindowKey, units: int) -> None:
-        """Units a commit of more than was reserved added to an earlier result's charge."""
+        """Units a commit that rewrote an earlier result added to its charge (fewer: a spend
+        charge whose priced units went back)."""
         self._window(key).used += units
 
     def copy(self) -> Tally:

@@ -1,5 +1,4 @@
-"""Giving a cancelled reservation's cost back to its counter, and charging a commit's usage
-beyond what was reserved (pure rules).
+"""Giving a cancelled reservation's cost back, charging a commit's usage beyond it (pure).
 
 A reservation consumed like any event. Cancelling gives the charge back where that still
 means something (`can_give_back`, `give_back`): a fixed window only while it is current
@@ -8,10 +7,12 @@ than reserved (`charge_more`) charges the excess to the reservation's own window
 ended one), drawing on grants as a decision would; what a hard limit has no room for is
 charged all the same as *overdraft* (billed; the counter denies until the window resets or
 the bucket refills past its debt). A soft limit's excess is overage; a shadow one has none.
+A commit of fewer priced units keeps the money of the first ones reserved (`committed_money`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
@@ -19,7 +20,9 @@ from metering.domain.buckets import take_anyway
 from metering.domain.decisions import ChargeDecision
 from metering.domain.grants import Pot, fit_window
 from metering.domain.limits import Limit
+from metering.domain.money import PriceHistory, priced_charges
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
+from metering.errors import InvalidInput
 
 
 class ReservationState(StrEnum):
@@ -177,3 +180,53 @@ def charge_more(
         overage=beyond if limit.enforcement == "soft" else 0,
         overdraft=beyond if hard else 0,
     )
+
+
+def committed_money(
+    charges: Sequence[ChargeDecision],
+    kept: Sequence[int],
+    prices: Mapping[str, PriceHistory],
+    currencies: Mapping[str, str],
+    at_us: int,
+) -> list[int]:
+    """What a reservation's money becomes when each of its usage charges
+    keeps ``kept[i]`` of its reserved units (spend charges' entries ignored):
+    per charge, a priced usage charge's amount, a spend charge's cost, and
+    for any other charge its cost as reserved.
+
+    The kept units are the first of the reserved ones: their positions in
+    the window are those the reserve priced (``used - cost`` before it), at
+    the price in force at ``at_us`` (`tiered_amount`). A spend charge
+    (``currencies``: a spend limit's currency) costs the sum of its
+    subject's kept amounts in its currency. `InvalidInput` when pricing the
+    reserved units again does not give what the reserve charged (a price
+    set since with an earlier ``effective_from``): the money cannot be
+    split exactly."""
+    own = [i for i, charge in enumerate(charges) if charge.limit not in currencies]
+    before = [charges[i].used - charges[i].cost for i in own]
+    held = priced_charges(
+        [(charges[i].subject, charges[i].limit, charges[i].cost) for i in own],
+        prices,
+        at_us,
+        before,
+    )
+    reserved = {own[p.index]: (p.currency, p.amount) for p in held}
+    if any(charges[i].price != reserved.get(i) for i in own):
+        raise InvalidInput(
+            "actual",
+            "its price changed since it was reserved (a price set since, in force at "
+            "its time): the money cannot be split; commit it in full or cancel it",
+        )
+    found = [charge.cost for charge in charges]
+    totals: dict[tuple[str, str], int] = {}
+    for p in priced_charges(
+        [(charges[i].subject, charges[i].limit, kept[i]) for i in own], prices, at_us, before
+    ):
+        index = own[p.index]
+        found[index] = p.amount
+        totals[(p.subject, p.currency)] = totals.get((p.subject, p.currency), 0) + p.amount
+    for index, charge in enumerate(charges):
+        currency = currencies.get(charge.limit)
+        if currency is not None:
+            found[index] = totals.get((charge.subject, currency), 0)
+    return found

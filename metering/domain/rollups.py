@@ -159,6 +159,24 @@ def spend_given_back(
     return deltas
 
 
+def spend_kept(
+    event: Decided, kept: Iterable[tuple[str, str, str, int, int, bool]]
+) -> dict[RollupKey, Delta]:
+    """What a commit of fewer units than reserved changes in the spend
+    rollups: per priced charge (subject, limit, currency, amount charged,
+    amount kept, whether none of its units stay) the amount that went back,
+    and its event when none of its units stay."""
+    deltas: dict[RollupKey, Delta] = {}
+    hour = hour_start_us(event.occurred_at_us)
+    for subject, name, currency, charged, amount, gone in kept:
+        if amount == charged and not gone:
+            continue
+        key = (subject, name, SPEND_DIMENSION, hour, currency)
+        used, events = deltas.get(key, (0, 0))
+        deltas[key] = (used + amount - charged, events - (1 if gone else 0))
+    return deltas
+
+
 def merged(*parts: Mapping[RollupKey, Delta]) -> dict[RollupKey, Delta]:
     """Deltas summed key by key."""
     total: dict[RollupKey, Delta] = {}

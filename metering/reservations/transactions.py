@@ -3,16 +3,17 @@
 `reserve` (and `lease`, a quota lease's block) decides and records an event exactly like
 `consume` (`Engine.reserve`) and, when allowed, writes in the same transaction a durable
 reservation row naming the counters it consumed from. `cancel` gives the cost back where it
-still can (`metering.domain.reservations`); `commit` makes it final, at ``actual`` giving
-the rest back or charging the usage beyond the reserved cost (a hard limit's overdraft).
-Both settle on the engine's own connections (`Engine.settle`: the reservation row locked,
-then its counters); what that declines (grants to restore, rollups to take back) runs again
-whole under SQLAlchemy. `metering.reservations.Reservation` is what callers hold.
+still can (`metering.domain.reservations`); `commit` makes it final, at ``actual`` units
+giving the rest back (priced, with their money) or charging the excess (a hard limit's
+overdraft; refused for priced usage). Both settle on the engine's own connections
+(`Engine.settle`: the reservation row locked, then its counters); what that declines (grants,
+rollups, money) runs again whole under SQLAlchemy. `Reservation` is what callers hold.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, fields, replace
 from operator import attrgetter
 from typing import Final, Literal
@@ -36,9 +37,11 @@ from metering.domain.reservations import (
     MAX_TTL_SECONDS,
     ChargedMore,
     ReservationState,
+    can_give_back,
     charge_more,
+    committed_money,
 )
-from metering.domain.rollups import charged_more_deltas
+from metering.domain.rollups import charged_more_deltas, spend_kept
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 from metering.engine.answers import CONFLICT, DUPLICATE, Declined, Hold, NotHeld
 from metering.engine.breakers import Breakers
@@ -55,6 +58,7 @@ from metering.errors import (
 from metering.storage.allowances import AllowanceStore
 from metering.storage.database import Database
 from metering.storage.hot import Changes, HotStore
+from metering.storage.prices import PriceStore
 from metering.storage.reservations import ReservationRecord, ReservationStore, settle_row
 from metering.storage.results import ResultRecord
 from metering.storage.rollups import record_rollups
@@ -149,18 +153,22 @@ def validate_actual(actual: object) -> int:
     return actual
 
 
-def _more(record: ReservationRecord, keep: int | None) -> bool:
-    """Whether settling at ``keep`` charges some charge more than it reserved."""
-    return keep is not None and any(charge.cost < keep for charge in record.charges)
+def _more(record: ReservationRecord, keep: int | None, spend: Collection[str]) -> bool:
+    """Whether settling at ``keep`` charges some usage charge (not one of the
+    ``spend`` limits: their money follows the units) more than it reserved."""
+    return keep is not None and any(
+        charge.cost < keep for charge in record.charges if charge.limit not in spend
+    )
 
 
 def commit(engine: Engine, reservation_id: str, actual: int | None = None) -> int:
     """Make a held reservation final; returns the units given back.
 
-    With ``actual``, each charge is settled at ``actual``: below its
-    reserved cost the rest goes back once, as a cancel gives it back; above
-    it the excess is charged once, fitting or not (`_charge_more`), also
-    after the sweeper committed the reservation in full at its time to live.
+    With ``actual``, each usage charge is settled at ``actual`` units: below
+    its reserved cost the rest goes back once, as a cancel gives it back,
+    its money with it (`_money_back`); above it the excess is charged once,
+    fitting or not (`_charge_more`; refused for priced usage), also after
+    the sweeper committed the reservation in full at its time to live.
     Committing twice does nothing (0); after a cancel it raises
     `ReservationSettled`; a commit of less than reserved past the time to
     live raises `ReservationExpired`: the sweeper's commit in full stands.
@@ -190,25 +198,22 @@ def _settle(engine: Engine, reservation_id: str, to: ReservationState, keep: int
     def work(connection: Connection) -> Settled:
         rows = ReservationStore(connection)
         record = _locked(rows, reservation_id)
-        step = _first_step(record, to, keep, now_us, action)
+        store = Store(connection)
+        committing = to == ReservationState.COMMITTED and keep is not None
+        known = store.load_limits(c.limit for c in record.charges) if committing else {}
+        spend = {name: limit.currency for name, limit in known.items() if limit.currency}
+        step = _first_step(record, to, keep, now_us, action, spend)
         if step is None:
             return Settled()
         if step == _MORE:
             assert keep is not None
+            _refuse_priced_more(store, record, keep, spend)
             # Every counter locked at once, in one order, before any is written.
-            store = Store(connection)
-            known = store.load_limits(c.limit for c in record.charges)
-            if any(limit.currency for limit in known.values()):
-                raise InvalidInput(
-                    "actual",
-                    "a reservation of priced usage is committed in full or cancelled: "
-                    "its spend was charged at the reserved cost",
-                )
             store.lock_counters([c.key for c in record.charges if c.limit in known], now_us)
             returned, given_back = 0, list[GivenBack]()
             if record.state == ReservationState.HELD and record.expires_at_us > now_us:
-                returned, given_back = _give_back(connection, record, keep, now_us)
-            _charge_more(connection, record, keep, now_us)
+                returned, given_back = _give_back(connection, record, keep, now_us, spend)
+            _charge_more(connection, record, keep, now_us, spend)
             rows.settle(reservation_id, to, now_us, action, given_back)
             return Settled(returned=returned)
         if step != _GIVE_BACK:
@@ -216,7 +221,7 @@ def _settle(engine: Engine, reservation_id: str, to: ReservationState, keep: int
             rows.settle(reservation_id, state, now_us, by)
             return Settled(expired=by == _EXPIRY)
         assert keep is not None
-        returned, given_back = _give_back(connection, record, keep, now_us)
+        returned, given_back = _give_back(connection, record, keep, now_us, spend)
         rows.settle(reservation_id, to, now_us, action, given_back)
         return Settled(returned=returned)
 
@@ -243,6 +248,7 @@ def _first_step(
     keep: int | None,
     now_us: int,
     action: str,
+    spend: Collection[str] = (),
 ) -> tuple[ReservationState, str] | Literal["give back", "more"] | None:
     """What settling ``record`` into ``to`` does before anything is given
     back, the same on both paths: None when it is in ``to`` already;
@@ -251,10 +257,10 @@ def _first_step(
     charges more than reserved (also after a commit in full at the time to
     live, once: the commit is then settled by ``commit``); `_GIVE_BACK`
     otherwise. Raises `ReservationSettled` from the other settled state, and
-    what `validate_actual` raises."""
+    what `validate_actual` raises. ``spend``: the charges' spend limits."""
     if keep is not None:
         validate_actual(keep)
-    more = to == ReservationState.COMMITTED and _more(record, keep)
+    more = to == ReservationState.COMMITTED and _more(record, keep, spend)
     if record.state == to:
         return _MORE if more and record.settled_by in _AT_EXPIRY else None
     if record.state != ReservationState.HELD:
@@ -269,18 +275,26 @@ def _first_step(
 
 
 def _returning(
-    record: ReservationRecord, stored: ResultRecord | None, keep: int
+    record: ReservationRecord,
+    stored: ResultRecord | None,
+    keep: int,
+    spend: Collection[str] = (),
+    money: Mapping[tuple[str, str], int] | None = None,
 ) -> list[Returning]:
-    """Each charge's units above ``keep``, with what they drew on grants
-    (the last drawn first: `split_back` of the reserving event's charge;
-    none once its result is pruned)."""
+    """Each usage charge's units above ``keep``, and each charge of the
+    ``spend`` limits' minor units in ``money`` (by subject and limit), with
+    what they drew on grants (the last drawn first: `split_back` of the
+    reserving event's charge; none once its result is pruned)."""
     paid = {
         counter_of(charge.key): charge
         for charge in (voided_charges(stored.outcome, stored.charges) if stored else ())
     }
     returning = []
     for charge in record.charges:
-        units = charge.cost - keep
+        if charge.limit in spend:
+            units = (money or {}).get((charge.subject, charge.limit), 0)
+        else:
+            units = charge.cost - keep
         if units <= 0:
             continue
         drawn = paid.get(counter_of(charge.key))
@@ -309,7 +323,15 @@ def _settle_direct(
     record = store.lock_reservation(reservation_id)
     if record is None:
         raise UnknownReservation(reservation_id)
-    step = _first_step(record, to, keep, now_us, action)
+    spend: frozenset[str] = frozenset()
+    if to == ReservationState.COMMITTED and keep is not None:
+        version, rules, _ = cache.current
+        if version < 0:
+            return Declined("the limits are not loaded yet", stale=True)
+        spend = frozenset(
+            c.limit for c in record.charges if c.limit in rules and rules[c.limit].limit.currency
+        )
+    step = _first_step(record, to, keep, now_us, action, spend)
     if step is None:
         return Settled()
     if step == _MORE:
@@ -321,7 +343,7 @@ def _settle_direct(
         )
         return Settled(expired=by == _EXPIRY)
     assert keep is not None
-    returning = _returning(record, None, keep)
+    returning = _returning(record, None, keep, spend)
     keys = [item.charge.key for item in returning]
     wanted = sorted({(k.limit, k.subject, k.window_start_us, k.window_end_us) for k in keys})
     returned = 0
@@ -336,8 +358,8 @@ def _settle_direct(
             return Declined("the limits changed since they were cached", stale=True)
         limits = {c.limit: rules[c.limit].limit for c in record.charges if c.limit in rules}
         if any(rules[name].money for name in limits):
-            return Declined("spend rollups to take back")  # and commit(actual) refused
-        returning = _returning(record, snapshot.stored.get(reservation_id), keep)
+            return Declined("money to give back")
+        returning = _returning(record, snapshot.stored.get(reservation_id), keep, spend)
         live = [
             charge
             for charge in (item.charge for item in returning)
@@ -377,33 +399,136 @@ def _state_row(state: CounterState) -> list[object]:
 
 
 def _give_back(
-    connection: Connection, record: ReservationRecord, keep: int, now_us: int
+    connection: Connection,
+    record: ReservationRecord,
+    keep: int,
+    now_us: int,
+    spend: Mapping[str, str] | None = None,
 ) -> tuple[int, list[GivenBack]]:
     """Give back each charge's cost above ``keep`` where it still can be
     (`metering.allowances.give_back`); the units returned, and per counter
     the units of its charge that went back (a bucket already full counts:
-    it needs nothing). Priced usage is committed in full or cancelled: a
-    commit that would give part of it back is refused."""
+    it needs nothing). With ``spend`` (a commit: the charges' spend limits
+    and their currencies) ``keep`` is the usage's units, and the money of
+    the priced units going back goes back with them (`_money_back`)."""
     store = Store(connection)
     stored = store.fetch_results([record.id]).get(record.id)
-    returning = _returning(record, stored, keep)
-    if (
-        keep
-        and returning
-        and any(
-            limit.currency for limit in store.load_limits(c.limit for c in record.charges).values()
-        )
-    ):
-        raise InvalidInput(
-            "actual",
-            "a reservation of priced usage is committed in full or cancelled: "
-            "its spend was charged at the reserved cost",
-        )
+    if spend:
+        money = _money_back(connection, record, stored, keep, now_us, spend)
+        if money is not None:
+            return money
+    returning = _returning(record, stored, keep, spend or ())
     gave = give_back(connection, stored, returning, now_us, past_windows=False)
     return gave.returned, gave.given_back
 
 
-def _charge_more(connection: Connection, record: ReservationRecord, keep: int, now_us: int) -> None:
+def _money_back(
+    connection: Connection,
+    record: ReservationRecord,
+    stored: ResultRecord | None,
+    keep: int,
+    now_us: int,
+    spend: Mapping[str, str],
+) -> tuple[int, list[GivenBack]] | None:
+    """A commit of priced usage at ``keep`` units: the units above it go
+    back where they still can (as for any usage), and the money of its
+    priced charges becomes that of the units kept, the first of those
+    reserved, at the price the reserve charged (`committed_money`). The
+    result is rewritten with the money kept (each priced charge's amount,
+    each spend charge's cost: a void then gives back the rest), the spend
+    counters and rollups take the difference back, and ``given_back``
+    names the usage alone. None when no priced units go back (nothing
+    changes in money). `InvalidInput`, before anything is written, when the
+    money cannot be split exactly."""
+    held = {(c.subject, c.limit): c for c in record.charges}
+    store = Store(connection)
+    limits = store.load_limits(c.limit for c in record.charges)
+    rows = [ChargeDecision.from_row(row) for row in stored.charges] if stored else []
+    kept = []
+    for row in rows:
+        charge = held.get((row.subject, row.limit))
+        back = (
+            row.limit not in spend
+            and charge is not None
+            and keep < charge.cost
+            and can_give_back(limits.get(row.limit), charge, now_us)
+        )
+        kept.append(keep if back else row.cost)
+    if stored is None or not any(
+        row.price is not None and units < row.cost for row, units in zip(rows, kept, strict=True)
+    ):
+        if stored is None and any(c.cost > keep for c in record.charges if c.limit not in spend):
+            raise InvalidInput(
+                "actual",
+                "its result is gone (retention): the money of its units cannot be "
+                "found; commit it in full or cancel it",
+            )
+        return None
+    prices = PriceStore(connection).histories(row.limit for row in rows if row.price)
+    money = committed_money(rows, kept, prices, spend, stored.occurred_at_us)
+    refunds: dict[tuple[str, str], int] = {}
+    rewritten: list[list[object]] = []
+    rolled: list[tuple[str, str, str, int, int, bool]] = []
+    for row, units, amount in zip(rows, kept, money, strict=True):
+        if row.limit in spend:
+            charge = held.get((row.subject, row.limit))
+            if amount < row.cost and (
+                charge is None or not can_give_back(limits.get(row.limit), charge, now_us)
+            ):
+                raise InvalidInput(
+                    "actual",
+                    f"the window of its spend limit {row.limit!r} ended: its money is "
+                    "history; commit it in full",
+                )
+            refunds[(row.subject, row.limit)] = row.cost - amount
+            rewritten.append(replace(row, cost=amount).to_row())
+        elif row.price is not None:
+            currency, charged = row.price
+            rolled.append((row.subject, row.limit, currency, charged, amount, units == 0))
+            rewritten.append(replace(row, price=(currency, amount)).to_row())
+        else:
+            rewritten.append(row.to_row())
+    returning = _returning(record, stored, keep, spend, refunds)
+    gave = give_back(connection, stored, returning, now_us, past_windows=False, money=False)
+    store.rewrite_charges(record.id, rewritten)
+    record_rollups(connection, spend_kept(stored, rolled))
+    usage = [given for given in gave.given_back if given[1] not in spend]
+    return gave.returned, usage
+
+
+def _refuse_priced_more(
+    store: Store, record: ReservationRecord, keep: int, spend: Collection[str]
+) -> None:
+    """`InvalidInput` for a commit of more units than reserved of priced
+    usage: its spend was checked against its caps for the units reserved."""
+    if not spend:
+        return
+    stored = store.fetch_results([record.id]).get(record.id)
+    priced = {
+        (row.subject, row.limit)
+        for row in (ChargeDecision.from_row(r) for r in (stored.charges if stored else ()))
+        if row.price is not None
+    }
+    if any(
+        c.cost < keep and (stored is None or (c.subject, c.limit) in priced)
+        for c in record.charges
+        if c.limit not in spend
+    ):
+        raise InvalidInput(
+            "actual",
+            "a reservation of priced usage commits at most the units it reserved "
+            "(its money was held against the spend caps for them): record the rest "
+            "as an event of its own",
+        )
+
+
+def _charge_more(
+    connection: Connection,
+    record: ReservationRecord,
+    keep: int,
+    now_us: int,
+    spend: Collection[str] = (),
+) -> None:
     """Charge each charge's units above its reserved cost, fitting or not
     (`metering.domain.reservations.charge_more`), in the commit's
     transaction: the counters (locked by the caller), the grants that pay
@@ -413,7 +538,7 @@ def _charge_more(connection: Connection, record: ReservationRecord, keep: int, n
     void reverses all of it). The excess steps the runaway breakers as a
     consume of it would."""
     store = Store(connection)
-    more = [c for c in record.charges if c.cost < keep]
+    more = [c for c in record.charges if c.cost < keep and c.limit not in spend]
     limits = store.load_limits(c.limit for c in more)
     stored = store.fetch_results([record.id]).get(record.id)
     rows = [list(row) for row in stored.charges] if stored is not None else []

@@ -129,8 +129,8 @@ class AuditStore(OnConnection):
 
     def commits_since(self, after_us: int) -> list[tuple[str, str, int]]:
         """Reservations committed after ``after_us`` whose result was decided
-        before (a commit of more than was reserved rewrote it): (result
-        charges, held charges, both as JSON, settled_at_us)."""
+        before (a commit of more than was reserved, or of fewer priced units,
+        rewrote it): (result charges, held charges, both as JSON, settled_at_us)."""
         c, r = reservations.c, results.c
         query = (
             select(r.charges, c.charges, c.settled_at_us)

@@ -269,14 +269,16 @@ def _keys_of(
 
 
 def _charged_more(commits: Iterable[tuple[str, str, int]]) -> list[tuple[WindowKey, int, int]]:
-    """Commits of more than was reserved, of results decided before the run:
-    per window, the units above the held cost, and when."""
+    """Commits that rewrote their result, of results decided before the run:
+    per window, the units above the held cost (a commit of more than was
+    reserved) or below it (a spend charge's money a commit of fewer priced
+    units kept), and when."""
     found = []
     for charged, held, settled_us in commits:
         reserved = {(str(s), str(lim)): int(cost) for s, lim, cost, *_ in json.loads(held)}
         for key, cost, _ in consumed("allowed", json.loads(charged)):
             extra = cost - reserved.get((key[0], key[1]), cost)
-            if extra > 0:
+            if extra:
                 found.append((key, extra, settled_us))
     return found
 

@@ -14,6 +14,7 @@ from metering.domain.rollups import (
     merged,
     spend_deltas,
     spend_given_back,
+    spend_kept,
 )
 
 HOUR = 500_000 * HOUR_US
@@ -133,4 +134,19 @@ def test_a_commit_of_more_adds_the_extra_units_but_no_event() -> None:
     no_metadata = Event("allowed", [], None)
     assert charged_more_deltas(no_metadata, [("s", "org", 1)], DIMENSIONS) == {
         ("s", "org", "route", HOUR, ""): (1, 0),
+    }
+
+
+def test_a_commit_of_fewer_priced_units_takes_back_the_money_not_kept() -> None:
+    event = Event("allowed", [])
+    kept = [
+        ("s", "api", "USD", 60, 20, False),  # some units stay: the event stays
+        ("s", "api", "USD", 10, 10, False),  # nothing changes
+        ("s", "org", "EUR", 30, 0, True),  # none stays: the event goes too
+        ("t", "org", "EUR", 0, 0, True),
+    ]
+    assert spend_kept(event, kept) == {
+        ("s", "api", SPEND_DIMENSION, HOUR, "USD"): (-40, 0),
+        ("s", "org", SPEND_DIMENSION, HOUR, "EUR"): (-30, -1),
+        ("t", "org", SPEND_DIMENSION, HOUR, "EUR"): (0, -1),
     }

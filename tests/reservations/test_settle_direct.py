@@ -89,18 +89,18 @@ def test_priced_usage_committed_at_what_it_reserved_is_committed_in_full(
                 spend_limit("usd_cap", "1", "USD", "1h", window="calendar"),
             ]
         )
-        meter.set_price("calls", "0.01", "USD")
+        meter.set_price("calls", "0.02", "USD")
         if path == "reference":  # settled under SQLAlchemy, decided by the reference engine
             meter._engine.settle = lambda direct, general: general()  # type: ignore[method-assign]
             meter._engine.paths = [meter._engine.path("reference")]
         held = meter.reserve(charges=[("org", "calls", 3)], event_id="r-0")
-        # A cent a unit: the spend charge's cost is the units' (3 cents).
+        # ``actual`` is the units: their 6 cents stay with them.
         assert held.commit(actual=3) == 0
         assert _settled(meter)["r-0"][:2] == ("committed", "commit")
         assert _used(meter)[("calls", "org")] == 3
-        assert _used(meter)[("usd_cap", "org")] == 3
+        assert _used(meter)[("usd_cap", "org")] == 6
         partial = meter.reserve(charges=[("org", "calls", 3)], event_id="r-1")
-        with pytest.raises(InvalidInput, match="committed in full or cancelled"):
-            partial.commit(actual=2)
-        assert partial.cancel() == 6  # the units and the cents
-        assert _used(meter)[("usd_cap", "org")] == 3
+        assert partial.commit(actual=2) == 1 + 2  # a unit and its 2 cents
+        assert _used(meter)[("usd_cap", "org")] == 10
+        with pytest.raises(InvalidInput, match="at most the units it reserved"):
+            meter.reserve(charges=[("org", "calls", 3)], event_id="r-2").commit(actual=4)

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from budgets import examples
 from engine.differential import BATCH_LIMITS, START, SUBJECTS, stored
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 from servers import PostgresServer, copy_sqlite
 
@@ -49,13 +49,17 @@ NO_SHRINK = settings(
 ON_POSTGRES = settings(NO_SHRINK, max_examples=examples(25))
 # With limits of no dimensions ("fu", "units", "plain-bucket") a give-back
 # settles on the direct path; the others roll usage up (the general path).
-# "priced" costs money, capped by "usd_cap" (charged directly: refused).
+# "priced" (a cent a unit) and "tiered" (graduated, with a flat fee: its
+# money differs from its units) cost money, capped by "usd_cap" (charged
+# directly: refused); commits at an actual below, at and above what was
+# reserved keep the money of the units kept.
 RESERVING_LIMITS = [
     *BATCH_LIMITS,
     Limit("plain-bucket", maximum=20, period="60s", algorithm="token_bucket"),
     Limit("big", maximum=100, period="1h", window="calendar"),
     Limit("priced", maximum=30, period="1h", window="calendar"),
-    spend_limit("usd_cap", "0.15", "USD", "1h", window="calendar"),
+    Limit("tiered", maximum=30, period="1h", window="calendar"),
+    spend_limit("usd_cap", "0.40", "USD", "1h", window="calendar"),
 ]
 NAMES = [limit.name for limit in RESERVING_LIMITS] + ["unknown"]
 charge = st.tuples(st.sampled_from(SUBJECTS), st.sampled_from(NAMES), st.integers(1, 4))
@@ -80,7 +84,7 @@ settle_step = st.fixed_dictionaries(
             st.tuples(
                 st.sampled_from(SUBJECTS[:2]),
                 st.sampled_from(
-                    ["big", "big", "plain-bucket", "plain-bucket", "units", "cal", "priced"]
+                    ["big", "big", "plain-bucket", "units", "cal", "priced", "tiered", "tiered"]
                 ),
                 st.integers(1, 4),
             ),
@@ -95,6 +99,35 @@ settle_step = st.fixed_dictionaries(
     }
 )
 settle_streams = st.lists(settle_step, min_size=1, max_size=25)
+
+
+def _settle(kind: str, number: int, actual: int | None = None, **more: object) -> dict[str, object]:
+    return {
+        "kind": kind,
+        "id": number,
+        "charges": more.get("charges", []),
+        "offset_seconds": 0,
+        "advance_seconds": more.get("advance", 0),
+        "ttl_seconds": 3600,
+        "actual": actual,
+    }
+
+
+# Every run: priced commits below, at and above what was reserved (a
+# graduated price with a flat fee, and a cent a unit beside unpriced usage).
+PRICED_SETTLES = [
+    _settle("reserve", 1, charges=[("org-1", "tiered", 4), ("org-1", "big", 2)]),
+    _settle("reserve", 2, charges=[("org-1", "tiered", 3), ("org-1", "priced", 2)]),
+    _settle("commit", 1, 2),
+    _settle("commit", 1, 2),
+    _settle("commit", 2, 4),
+    _settle("commit", 2, 1, advance=5),
+    _settle("reserve", 3, charges=[("org-2", "tiered", 2)]),
+    _settle("commit", 3, 0),
+    _settle("reserve", 4, charges=[("org-2", "priced", 4), ("org-2", "tiered", 1)]),
+    _settle("commit", 4, 1),
+    _settle("consume", 5, charges=[("org-1", "tiered", 1)]),
+]
 
 
 def _step(meter: Meter, spec: dict[str, object], clock: FrozenClock) -> object:
@@ -130,6 +163,15 @@ def _run(fast_url: str, reference_url: str, stream: list[dict[str, object]]) -> 
         for meter in (fast, reference):
             meter.set_limits(RESERVING_LIMITS)
             meter.set_price("priced", "0.01", "USD", effective_from=START - timedelta(days=1))
+            meter.set_price(
+                "tiered",
+                None,
+                "USD",
+                model="graduated",
+                tiers=["3:0.02", "inf:0.015"],
+                flat_fee="0.03",
+                effective_from=START - timedelta(days=1),
+            )
         # The reference settles under SQLAlchemy (`metering.reservations.transactions._settle`'s
         # ``work``); the fast one on the engine's own connections where it can.
         reference._engine.settle = lambda direct, general: general()  # type: ignore[method-assign]
@@ -171,6 +213,7 @@ def test_postgresql_reservations_on_the_fast_path_match_the_reference_engine(
 @pytest.mark.slow
 @NO_SHRINK
 @given(stream=settle_streams)
+@example(stream=PRICED_SETTLES)
 def test_sqlite_settles_on_the_direct_path_match_sqlalchemy(
     sqlite_template: Path, stream: list[dict[str, object]]
 ) -> None:
@@ -183,6 +226,7 @@ def test_sqlite_settles_on_the_direct_path_match_sqlalchemy(
 @pytest.mark.postgres
 @ON_POSTGRES
 @given(stream=settle_streams)
+@example(stream=PRICED_SETTLES)
 def test_postgresql_settles_on_the_direct_path_match_sqlalchemy(
     postgres_server: PostgresServer, pg_template_url: str, stream: list[dict[str, object]]
 ) -> None:
