@@ -184,7 +184,7 @@ class Attack:
                     held = meter.reserve(subject, limit, 4, event_id=f"r{n}")
                     if op == "cancel":
                         held.cancel()
-                    elif op == "commit" or limit == "tokens":
+                    elif op == "commit":
                         held.commit()
                     else:
                         held.commit(actual=2)
