@@ -144,6 +144,8 @@ def test_a_batch_appends_its_rollups_and_compacting_changes_no_sum(db_url: str) 
 RACE_AT = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 RACE_ROUTES = ("/a", "/b", "/c")
 WRITERS, BATCHES, BATCH = 2, 24, 4
+# A calendar window: the hot path's, whose batches append their rollups.
+RACE_LIMIT = Limit("calls", maximum=300, period="1d", window="calendar", dimensions=("route",))
 
 
 def _write_batches(url: str, writer: int, start: threading.Barrier) -> None:
@@ -188,7 +190,7 @@ def test_compaction_racing_two_writers_counts_each_allowed_event_once(db_url: st
     over: the rollups, folded and appended, equal the allowed results (a
     hard limit denies the last of them), before and after a last compaction."""
     with Meter(db_url, clock=FrozenClock(RACE_AT)) as meter:
-        meter.set_limit(Limit("calls", maximum=300, period="1d", window="calendar", dimensions=("route",)))
+        meter.set_limit(RACE_LIMIT)
         start = threading.Barrier(WRITERS + 1)
         failures: list[BaseException] = []
 
