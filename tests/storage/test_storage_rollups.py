@@ -2,28 +2,33 @@
 PostgreSQL: deltas add up (a negative one takes back), a batch's are
 appended and folded in by a compaction that changes no sum, and the
 group-by report sums one subject's hours per limit and value, largest
-first, leaving out what was all taken back."""
+first, leaving out what was all taken back. Two writers' batches racing a
+compaction that runs over and over count each allowed event once."""
 
 from __future__ import annotations
 
+import threading
+from collections import Counter
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import Connection, Table, select
+from sqlalchemy import Connection, Table, func, select
 
 from metering import FrozenClock, Limit, Meter
 from metering.domain.events import make_event
 from metering.domain.rollups import Delta, RollupKey, hour_start_us
+from metering.storage.results import record_from_row
 from metering.storage.rollups import (
+    ROLLUPS,
     DimensionQuery,
     compact_rollups,
     count_of,
     record_rollups,
     usage_by_statement,
 )
-from metering.storage.tables import usage_rollup_deltas, usage_rollups
+from metering.storage.tables import results, usage_rollup_deltas, usage_rollups
 
 HOUR = 3_600_000_000
 
@@ -134,3 +139,87 @@ def test_a_batch_appends_its_rollups_and_compacting_changes_no_sum(db_url: str) 
         assert _report(meter, query) == [("calls", "/b", 7, 2), ("calls", "/a", 1, 1)]
         assert _rows(meter, usage_rollup_deltas) == []
         assert len(_rows(meter, usage_rollups)) == 2
+
+
+RACE_AT = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+RACE_ROUTES = ("/a", "/b", "/c")
+WRITERS, BATCHES, BATCH = 2, 24, 4
+# A calendar window: the hot path's, whose batches append their rollups.
+RACE_LIMIT = Limit("calls", maximum=300, period="1d", window="calendar", dimensions=("route",))
+
+
+def _write_batches(url: str, writer: int, start: threading.Barrier) -> None:
+    with Meter(url, clock=FrozenClock(RACE_AT)) as meter:
+        start.wait(30)
+        for b in range(BATCHES):
+            batch = []
+            for n in range(BATCH):
+                route = RACE_ROUTES[(b + n + writer) % len(RACE_ROUTES)]
+                at = RACE_AT - timedelta(minutes=(b * BATCH + n) * 13 % 110)  # two hours
+                charges = [("org", "calls", 1 + n % 3)]
+                batch.append(make_event(charges, at, f"w{writer}-{b}-{n}", {"route": route}))
+            meter.apply(batch)
+
+
+def _folded_sums(meter: Meter) -> dict[str, tuple[int, int]]:
+    """Per route, the rollups summed as their readers sum them (both tables)."""
+    rollups = ROLLUPS.c
+    query = select(rollups.value, func.sum(rollups.used), func.sum(rollups.events)).group_by(
+        rollups.value
+    )
+    rows = meter.database.run(lambda connection: list(connection.execute(query)))
+    return {value: (int(used), int(events)) for value, used, events in rows}
+
+
+def _allowed_sums(meter: Meter) -> dict[str, tuple[int, int]]:
+    """Per route, the cost and count of the events the results say were allowed."""
+    used: Counter[str] = Counter()
+    events: Counter[str] = Counter()
+    rows = meter.database.run(lambda connection: list(connection.execute(select(results))))
+    for row in rows:
+        record = record_from_row(tuple(row))
+        if record.outcome == "allowed":
+            route = (record.metadata or {})["route"]
+            used[route] += sum(charge[2] for charge in record.charges)
+            events[route] += 1
+    return {route: (used[route], events[route]) for route in events}
+
+
+def test_compaction_racing_two_writers_counts_each_allowed_event_once(db_url: str) -> None:
+    """Two writers apply batches while a third folds the deltas in over and
+    over: the rollups, folded and appended, equal the allowed results (a
+    hard limit denies the last of them), before and after a last compaction."""
+    with Meter(db_url, clock=FrozenClock(RACE_AT)) as meter:
+        meter.set_limit(RACE_LIMIT)
+        start = threading.Barrier(WRITERS + 1)
+        failures: list[BaseException] = []
+
+        def guarded(work: Any, *args: Any) -> None:
+            try:
+                work(*args)
+            except BaseException as exc:
+                failures.append(exc)
+                start.abort()
+
+        writers = [
+            threading.Thread(target=guarded, args=(_write_batches, db_url, n, start))
+            for n in range(WRITERS)
+        ]
+        for writer in writers:
+            writer.start()
+        folds = []
+        start.wait(30)
+        while any(writer.is_alive() for writer in writers):
+            folds.append(meter.database.run(compact_rollups))
+        for writer in writers:
+            writer.join(60)
+        assert failures == []
+        assert meter.count_results() == WRITERS * BATCHES * BATCH
+        assert 0 < meter.outcome_counts()["denied"] < WRITERS * BATCHES * BATCH // 2
+        assert sum(1 for folded in folds if folded) >= 2  # it folded in between batches
+        allowed = _allowed_sums(meter)
+        assert sorted(allowed) == sorted(RACE_ROUTES)
+        assert _folded_sums(meter) == allowed
+        meter.database.run(compact_rollups)
+        assert _rows(meter, usage_rollup_deltas) == []
+        assert _folded_sums(meter) == allowed
