@@ -340,6 +340,7 @@ def run_retry_aware(
     ``work(connection, retry)`` gets ``retry=True`` from the second attempt on
     (for example to look up an event id it skipped the first time)."""
     for attempt in range(attempts):
+        began = time.monotonic()
         try:
             with engine.connect() as connection:
                 if read_only:
@@ -347,7 +348,7 @@ def run_retry_aware(
                 with connection.begin():
                     return work(connection, attempt > 0)
         except (RetryTransaction, SQLAlchemyError) as exc:
-            retry_or_raise(exc, attempt, attempts)
+            retry_or_raise(exc, attempt, attempts, began=began)
         except OverflowError as exc:
             raise refused_overflow(exc) from exc
     raise AssertionError("unreachable")
@@ -362,10 +363,26 @@ def refused_overflow(exc: OverflowError) -> StorageError:
     return _failed(InputRefused(f"database refused the data: {exc}"))
 
 
-def retry_or_raise(exc: RetryTransaction | SQLAlchemyError, attempt: int, attempts: int) -> None:
+def retry_or_raise(
+    exc: RetryTransaction | SQLAlchemyError,
+    attempt: int,
+    attempts: int,
+    *,
+    began: float | None = None,
+) -> None:
     """After ``attempt`` (from 0) of ``attempts`` failed with ``exc``: count
     the retry and back off, or raise ``exc`` as a `StorageError` when it is
-    not worth another run or the attempts are spent."""
+    not worth another run or the attempts are spent. An attempt that began
+    (``time.monotonic``) a whole SQLite busy timeout ago and found the
+    database locked is not run again: another connection holds the write
+    lock and has held it all that time."""
+    if began is not None and _waited_out(exc, began):
+        raise _failed(
+            DatabaseUnavailable(
+                "database is locked: another connection has held the SQLite database's write "
+                f"lock for {SQLITE_BUSY_TIMEOUT_MS / 1000:g} s (a transaction left open?)"
+            )
+        ) from exc
     if isinstance(exc, RetryTransaction):
         if attempt == attempts - 1:
             raise _failed(StorageError("transaction kept conflicting; gave up")) from None
@@ -378,6 +395,11 @@ def retry_or_raise(exc: RetryTransaction | SQLAlchemyError, attempt: int, attemp
         raise _failed(translate(exc)) from exc
     count_db_retry(reason)
     time.sleep(min(0.5, 0.005 * 2**attempt) * random.uniform(0.5, 1.5))
+
+
+def _waited_out(exc: RetryTransaction | SQLAlchemyError, began: float) -> bool:
+    locked = isinstance(exc, DBAPIError) and "database is locked" in str(exc.orig)
+    return locked and time.monotonic() - began >= SQLITE_BUSY_TIMEOUT_MS / 1000
 
 
 # One plain statement: a database without the table refuses it

@@ -13,7 +13,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from servers import PostgresServer
-from sqlalchemy import text
+from sqlalchemy import Engine, text
 
 from metering import Meter
 from metering.errors import DatabaseUnavailable, SchemaOutdated
@@ -135,6 +135,14 @@ def _upgrade(url: str, revision: str) -> None:
     engine.dispose()
 
 
+def _downgrade(engine: Engine, revision: str) -> None:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.downgrade(config, revision)
+
+
 def _billing_months_after_0030(url: str) -> dict[tuple[str, int], str | None]:
     """Counters written before migration 0030, with their billing months after it."""
     _upgrade(url, "0028")
@@ -168,11 +176,7 @@ def _billing_months_after_0030(url: str) -> dict[tuple[str, int], str | None]:
         )
         months = {(subject, start): month for subject, start, month in found}
     # And back: 0028's schema and function, then up again.
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS_DIR))
-    with engine.begin() as connection:
-        config.attributes["connection"] = connection
-        command.downgrade(config, "0028")
+    _downgrade(engine, "0028")
     _upgrade(url, "head")
     engine.dispose()
     return months
@@ -227,11 +231,7 @@ def _draws_across_0038(url: str) -> tuple[dict[int, int], list[tuple[int, str, i
     with engine.connect() as connection:
         found = connection.execute(text("SELECT window_start_us, granted FROM counters"))
         granted = {int(start): int(amount) for start, amount in found}
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS_DIR))
-    with engine.begin() as connection:
-        config.attributes["connection"] = connection
-        command.downgrade(config, "0037")
+    _downgrade(engine, "0037")
     with engine.connect() as connection:
         found = connection.execute(
             text("SELECT window_start_us, grant_id, amount FROM grant_draws ORDER BY 1")
@@ -299,11 +299,7 @@ def _rollups_across_0040(url: str) -> list[tuple[str, int, int]]:
             connection.execute(
                 text(insert.format("usage_rollup_deltas")), {"v": value, "used": used, "events": 1}
             )
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS_DIR))
-    with engine.begin() as connection:
-        config.attributes["connection"] = connection
-        command.downgrade(config, "0039")
+    _downgrade(engine, "0039")
     with engine.connect() as connection:
         found = connection.execute(text("SELECT value, used, events FROM usage_rollups"))
         rows = sorted((str(value), int(used), int(events)) for value, used, events in found)
@@ -352,11 +348,7 @@ def _stamps_across_0041(url: str) -> tuple[list[bool], bool]:
             connection.execute(text(write))
             stamps.append(connection.execute(text(stamp)).scalar())
     moved = [s is not None and s not in stamps[:n] for n, s in enumerate(stamps)]
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS_DIR))
-    with engine.begin() as connection:
-        config.attributes["connection"] = connection
-        command.downgrade(config, "0040")
+    _downgrade(engine, "0040")
     with engine.begin() as connection:
         connection.execute(text(_SEAT_WRITES[0]))  # no trigger left to fail it
         columns = list(connection.execute(text("SELECT * FROM counters")).keys())

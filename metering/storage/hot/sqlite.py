@@ -19,6 +19,7 @@ import json
 import os
 import sqlite3
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -598,6 +599,7 @@ class DirectSqlite:
             except sqlite3.Error as exc:  # e.g. the file cannot be opened
                 retry_or_raise(_translate(exc), attempt, attempts)
                 continue
+            began = time.monotonic()
             try:
                 try:
                     raw.execute("BEGIN IMMEDIATE")
@@ -617,7 +619,7 @@ class DirectSqlite:
                     self._discard(raw)
                 else:
                     self._checkin(raw)
-                retry_or_raise(_translate(exc), attempt, attempts)
+                retry_or_raise(_translate(exc), attempt, attempts, began=began)
                 continue
             except OverflowError as exc:  # rolled back above
                 self._checkin(raw)
