@@ -125,10 +125,26 @@ class RebindingResolver:
         return self.real(answer, port, *args, **kwargs)
 
 
+def _port_free_on_both() -> int:
+    """A port free on 127.0.0.1 and on 127.0.0.2 alike (one the system hands
+    out on one address may be another socket's on the other)."""
+    for _ in range(100):
+        with socket.socket() as internal, socket.socket() as public:
+            internal.bind(("127.0.0.1", 0))
+            port = int(internal.getsockname()[1])
+            try:
+                public.bind(("127.0.0.2", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no port free on both loopback addresses")
+
+
 @pytest.fixture
 def public() -> Iterator[HTTPServer]:
-    """The receiver, on 127.0.0.2: 'public' for these tests (allowed_networks)."""
-    server = HTTPServer(host="127.0.0.2", port=0, threaded=True)
+    """The receiver, on 127.0.0.2: 'public' for these tests (allowed_networks),
+    on a port free on 127.0.0.1 too, for `internal`."""
+    server = HTTPServer(host="127.0.0.2", port=_port_free_on_both(), threaded=True)
     server.expect_request("/hook").respond_with_data("ok")
     server.start()
     try:
