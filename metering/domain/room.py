@@ -57,12 +57,6 @@ class Sums:
     timed: set[Pair] = field(default_factory=set)
     span: tuple[int, int] | None = None
 
-    def note(self, pair: Pair, at_us: int) -> None:
-        """Note a charge of entitled ``pair`` at ``at_us``."""
-        self.timed.add(pair)
-        span = self.span
-        self.span = (at_us, at_us) if span is None else (min(span[0], at_us), max(span[1], at_us))
-
 
 def covered(
     sums: Sums,

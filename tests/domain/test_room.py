@@ -18,6 +18,13 @@ START, END = 1_000, 2_000
 KEY = ("calls", "org", START)
 
 
+def _note(sums: Sums, pair: tuple[str, str], at_us: int) -> None:
+    """A charge of entitled ``pair`` at ``at_us``, as a batch's plan notes it."""
+    sums.timed.add(pair)
+    span = sums.span
+    sums.span = (at_us, at_us) if span is None else (min(span[0], at_us), max(span[1], at_us))
+
+
 def _sums(total: int, *more: tuple[tuple[str, str, int], int]) -> Sums:
     sums = Sums()
     sums.totals[KEY] = total
@@ -61,9 +68,9 @@ def test_own_thresholds_are_covered_when_the_batch_crosses_none(
 def test_an_entitlement_that_changes_within_the_batch_is_not_covered() -> None:
     history = {("calls", "org"): ((1_500, 20),)}
     sums = _sums(1)
-    sums.note(("calls", "org"), 1_200)
+    _note(sums, ("calls", "org"), 1_200)
     assert covered(sums, RULES, {}, history, {}, {}) == {KEY: (10, None, 0)}
-    sums.note(("calls", "org"), 1_600)  # the maximum changes at 1,500
+    _note(sums, ("calls", "org"), 1_600)  # the maximum changes at 1,500
     assert covered(sums, RULES, {}, history, {}, {}) == {}
 
 
@@ -86,8 +93,8 @@ def _pots() -> dict[tuple[str, str], Pot]:
 @pytest.mark.parametrize(("total", "taken"), [(12, True), (13, True), (14, False)])
 def test_grants_count_in_the_room_up_to_what_they_hold(total: int, taken: bool) -> None:
     sums = _sums(total)
-    sums.note(("calls", "org"), 1_200)
-    sums.note(("calls", "org"), 1_600)
+    _note(sums, ("calls", "org"), 1_200)
+    _note(sums, ("calls", "org"), 1_600)
     assert (KEY in covered(sums, RULES, GRANTED_STATES, {}, _pots(), {})) is taken
 
 
@@ -96,8 +103,8 @@ def test_grants_count_in_the_room_up_to_what_they_hold(total: int, taken: bool) 
 )  # "h" expires at 5,000
 def test_grants_that_change_within_the_batch_do_not_count(last_us: int, taken: bool) -> None:
     sums = _sums(13)
-    sums.note(("calls", "org"), 1_200)
-    sums.note(("calls", "org"), last_us)
+    _note(sums, ("calls", "org"), 1_200)
+    _note(sums, ("calls", "org"), last_us)
     assert (KEY in covered(sums, RULES, GRANTED_STATES, {}, _pots(), {})) is taken
     untimed = _sums(13)  # no times: the grants are not counted
     assert covered(untimed, RULES, GRANTED_STATES, {}, _pots(), {}) == {}
@@ -105,15 +112,15 @@ def test_grants_that_change_within_the_batch_do_not_count(last_us: int, taken: b
 
 def test_grants_count_only_when_steady_over_the_whole_batchs_times() -> None:
     sums = _sums(13)
-    sums.note(("calls", "org"), 1_200)
-    sums.note(("calls", "other"), 5_000)  # "h" expires then: in the batch's span
+    _note(sums, ("calls", "org"), 1_200)
+    _note(sums, ("calls", "other"), 5_000)  # "h" expires then: in the batch's span
     assert sums.span == (1_200, 5_000)
     assert covered(sums, RULES, GRANTED_STATES, {}, _pots(), {}) == {}
 
 
 def test_grants_of_a_pair_charged_in_two_windows_do_not_count() -> None:
     sums = _sums(8, (("calls", "org", END), 1))
-    sums.note(("calls", "org"), 1_200)
+    _note(sums, ("calls", "org"), 1_200)
     assert covered(sums, RULES, GRANTED_STATES, {}, _pots(), {}) == {}
 
 
@@ -144,7 +151,7 @@ def test_the_row_is_the_one_decide_writes(granted: bool) -> None:
 def test_a_drawn_row_is_the_one_decide_writes() -> None:
     """Charges past the own room, each drawing on the grants by their order."""
     sums = _sums(13)
-    sums.note(("calls", "org"), 1_500)
+    _note(sums, ("calls", "org"), 1_500)
     drawn, decided = _pots(), _pots()
     room = covered(sums, RULES, GRANTED_STATES, {}, drawn, {})[KEY]
     state, expected_state = list(GRANTED_STATES[KEY]), list(GRANTED_STATES[KEY])

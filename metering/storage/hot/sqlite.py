@@ -164,10 +164,6 @@ SELECT s.key, x.value, v.live_events
 FROM json_each(?1) AS s CROSS JOIN json_each(s.value) AS x CROSS JOIN distinct_values AS v
 WHERE v.subject = s.key AND v.limit_name = ?2 AND v.window_start_us = ?3 AND v.value = x.value
 """
-SELECT_HELD: Final = """
-SELECT value FROM distinct_values
-WHERE subject = ? AND limit_name = ? AND window_start_us = ? AND live_events > 0
-"""
 UPSERT_WINDOW: Final = """
 INSERT INTO current_windows (limit_name, subject, window_start_us, window_end_us)
 VALUES (?, ?, ?, ?)
@@ -297,23 +293,12 @@ class SqliteHotStore:
         )
 
     def read_seats(self, seats: Sequence[WantedSeat]) -> Seen:
-        """`_seen`'s (no stamps are read here: `read` is asked for every seat)."""
-        try:
-            return _seen(self.raw, seats, {})
-        except sqlite3.Error as exc:
-            raise _translate(exc) from exc
+        """Never asked: this store keeps no stamps (`read` reads every seat)."""
+        raise AssertionError("SqliteHotStore keeps no seat stamps")
 
     def read_held(self, keys: Sequence[Key]) -> dict[Key, set[str]]:
-        """The values held in each window of ``keys``, a statement each."""
-        found: dict[Key, set[str]] = {}
-        try:
-            for name, subject, start in keys:
-                rows = self.raw.execute(SELECT_HELD, (subject, name, start)).fetchall()
-                if rows:
-                    found[(name, subject, start)] = {row[0] for row in rows}
-        except sqlite3.Error as exc:
-            raise _translate(exc) from exc
-        return found
+        """Never asked: this store keeps no stamps."""
+        raise AssertionError("SqliteHotStore keeps no seat stamps")
 
     def looking_up(self, ids: Sequence[str] | None) -> AbstractContextManager[None]:
         """Nothing sent ahead: `read` looks the ids up, in process."""
