@@ -16,7 +16,7 @@ from metering.engine.breakers import SECRET_NAME
 from metering.errors import InvalidLimit, NotQuarantined, UnknownLimit
 from metering.storage.breakers import BreakerStore, Quarantine
 from metering.storage.database import Database
-from metering.storage.history import portal_secret
+from metering.storage.history import portal_secrets
 from metering.storage.store import Store
 
 
@@ -48,8 +48,9 @@ def release(database: Database, subject: str, limit: str) -> Quarantine:
 
 def _signed(connection: Connection, token: str, now_us: int) -> Quarantine | None:
     """The quarantine a well-signed, unexpired ``token`` names, as signed."""
-    secret = portal_secret(connection, now_us, SECRET_NAME)
-    signed = verify(secret, token, now_us // 1_000_000)
+    keys = portal_secrets(connection, now_us, SECRET_NAME)
+    found = (verify(secret, token, now_us // 1_000_000) for secret in keys)
+    signed = next((text for text in found if text is not None), None)
     parts = signed.split("\n") if signed is not None else []
     if len(parts) != 3 or not parts[2].isdigit():
         return None
@@ -70,7 +71,7 @@ def verified_link(database: Database, token: str) -> Quarantine | None:
         on = current is not None and current.quarantined_at_us == found.quarantined_at_us
         return found if on else None
 
-    return database.run(work)
+    return database.read(work)
 
 
 def release_by_token(database: Database, token: str) -> Quarantine | None:

@@ -4,9 +4,10 @@
 one dimension key's hours summed over its values, an index range on the primary key.
 `counter_windows`: a subject's counter windows starting in a period, with their denials (a
 primary key range). `entitlement_changes`: a subject's maximums for a limit, every change.
-`portal_secret`: the usage page links' signing key, made once; `portal_secrets` adds the one
-a rotation replaced, until its grace ends; `rotate_secret` replaces it, locking the current
-row first so that two rotations at once run one after the other.
+`portal_secret`: the usage page links' signing key, made once; `portal_secrets` reads it (none
+before the first link) and the one a rotation replaced, until its grace ends, writing nothing;
+`rotate_secret` replaces it, locking the current row first so that two rotations at once run one
+after the other.
 """
 
 from __future__ import annotations
@@ -119,13 +120,17 @@ def _previous(name: str) -> str:
 
 
 def portal_secrets(connection: Connection, now_us: int, name: str = "portal") -> list[str]:
-    """The secret ``name`` (made if there is none), then the one it replaced
-    while that one's grace lasts (``expires_at_us`` after ``now_us``)."""
-    current = portal_secret(connection, now_us, name)
+    """The secret ``name``, then the one it replaced while that one's grace
+    lasts (``expires_at_us`` after ``now_us``); none if no link was ever made.
+    It only reads: checking a link takes no write lock."""
     s = tables.secrets.c
+    query = select(s.value).where(s.name == name)
+    current = connection.execute(query).scalar_one_or_none()
+    if current is None:
+        return []
     query = select(s.value).where(s.name == _previous(name), s.expires_at_us > now_us)
     previous = connection.execute(query).scalar_one_or_none()
-    return [current] if previous is None else [current, str(previous)]
+    return [str(current)] if previous is None else [str(current), str(previous)]
 
 
 def rotate_secret(connection: Connection, now_us: int, until_us: int, name: str = "portal") -> None:

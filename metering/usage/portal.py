@@ -181,7 +181,7 @@ def subject_of_link(database: Database, token: str) -> str | None:
     signed with the secret in use, or with the one a rotation replaced while
     its grace lasts."""
     now_us = database.now_us()
-    keys = database.run(lambda c: portal_secrets(c, now_us))
+    keys = database.read(lambda c: portal_secrets(c, now_us))
     found = (verify(secret, token, now_us // 1_000_000) for secret in keys)
     return next((subject for subject in found if subject is not None), None)
 

@@ -7,14 +7,18 @@ self-contained HTML. (The routes: tests/api/test_portal.py.)"""
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
 from metering import FrozenClock, Limit, Meter
 from metering.errors import InvalidInput
+from metering.storage import connections
+from metering.storage.history import portal_secrets
 from metering.usage.portal import (
     make_link,
     parse_grace,
@@ -119,3 +123,24 @@ def test_a_grace_is_0_to_31_days() -> None:
     for text in ("32d", "soon", ""):
         with pytest.raises(InvalidInput):
             parse_grace(text)
+
+
+def test_checking_a_link_writes_nothing_and_takes_no_write_lock(
+    tmp_path: Path, clock: FrozenClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A link is checked on a read: on a database where no link was ever made
+    no secret is made for it, and on SQLite a writer holding the write lock
+    does not stop the page (the check would wait out the busy timeout)."""
+    monkeypatch.setattr(connections, "SQLITE_BUSY_TIMEOUT_MS", 300)
+    path = tmp_path / "links.db"
+    with Meter(f"sqlite:///{path}", clock=clock) as meter:
+        assert subject_of_link(meter.database, "org.4102444800.AAAA") is None
+        assert meter.database.read(lambda c: portal_secrets(c, meter.database.now_us())) == []
+        token = token_of(make_link(meter.database, "org", 3600))
+        holder = sqlite3.connect(path, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            assert subject_of_link(meter.database, token) == "org"
+        finally:
+            holder.rollback()
+            holder.close()
