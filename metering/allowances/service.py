@@ -461,9 +461,12 @@ def _after_issuing(
     database: Database, subject: str | None, limit: str | None, read: Callable[[Connection], T]
 ) -> T:
     """``read`` (filtered by ``subject`` and ``limit``, validated here) in a
-    transaction that first makes every recurring issue now due."""
+    transaction that first makes every recurring issue now due; a read alone
+    (on SQLite no write lock) while none is due."""
     validate_filters(subject, limit)
     now_us = database.now_us()
+    if not database.read(lambda connection: ScheduleStore(connection).any_due(now_us)):
+        return database.read(read)
 
     def work(connection: Connection) -> T:
         issue_due(connection, None, now_us)

@@ -94,6 +94,13 @@ class ScheduleStore(OnConnection):
             found[(name, subject)] = min(due, found.get((name, subject), due))
         return found
 
+    def any_due(self, now_us: int) -> bool:
+        """Whether any schedule has an issue due at ``now_us`` (a read, no lock)."""
+        query = select(grant_schedules.c.schedule_id).where(
+            grant_schedules.c.next_issue_us <= now_us
+        )
+        return self.connection.execute(query.limit(1)).first() is not None
+
     def lock_due(self, pairs: Iterable[Pair] | None, now_us: int) -> list[ScheduleRecord]:
         """The schedules of ``pairs`` (None: all) with an issue due at ``now_us``, locked."""
         s = grant_schedules.c

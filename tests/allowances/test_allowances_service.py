@@ -7,6 +7,7 @@ input is refused and changes nothing."""
 
 from __future__ import annotations
 
+import sqlite3
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -18,11 +19,13 @@ from metering.domain.instants import MICROSECOND
 from metering.errors import (
     CorrectionConflict,
     CorrectionRefused,
+    DatabaseUnavailable,
     GrantConflict,
     InvalidInput,
     UnknownEvent,
     UnknownLimit,
 )
+from metering.storage import connections
 
 MONTH = datetime(2026, 11, 1, tzinfo=UTC)
 DAY = timedelta(days=1)
@@ -164,3 +167,28 @@ def test_grants_are_listed_with_what_is_left(meter: Meter) -> None:
     )
     assert grants_left(meter.grants(), MONTH) == {"api_calls": 100}
     assert [g.grant_id for g in meter.grants(limit="api_calls")] == ["g-1", "g-2"]
+
+
+def test_grants_are_listed_on_a_read_while_no_recurring_issue_is_due(
+    tmp_path: Path, clock: FrozenClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Listing grants makes the recurring issues due first; while none is
+    due it only reads: on SQLite a writer holding the write lock does not
+    stop it. Once one is due, the listing makes it (and then waits its turn)."""
+    monkeypatch.setattr(connections, "SQLITE_BUSY_TIMEOUT_MS", 300)
+    path = tmp_path / "grants.db"
+    with Meter(f"sqlite:///{path}", clock=clock) as meter:
+        meter.set_limit(CALLS)
+        meter.grant("org", "api_calls", 50, every="1d", grant_id="daily")
+        holder = sqlite3.connect(path, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            assert [g.amount for g in meter.grants("org")] == [50]
+            assert len(meter.recurring_grants("org")) == 1
+            clock.advance(days=1)
+            with pytest.raises(DatabaseUnavailable):
+                meter.grants("org")
+        finally:
+            holder.rollback()
+            holder.close()
+        assert [g.amount for g in meter.grants("org")] == [50, 50]
