@@ -153,10 +153,10 @@ class ChargeDecision:
                 price = (str(row[ROW_FIELDS + 1][0]), int(row[ROW_FIELDS + 1][1]))
             overdraft = int(row[ROW_FIELDS + 2]) if size > ROW_FIELDS + 2 else 0
             if cls is ChargeDecision:
-                return make_charge(*row[:ROW_FIELDS], grants, price, overdraft)
+                return _make_charge(*row[:ROW_FIELDS], grants, price, overdraft)
             return cls(*row[:ROW_FIELDS], grants, price, overdraft)  # type: ignore[call-arg]
         if cls is ChargeDecision:  # most rows: no grants, price or overdraft
-            return make_charge(*row, (), None, 0)
+            return _make_charge(*row, (), None, 0)
         return cls(*row)
 
 
@@ -190,7 +190,7 @@ def positional(cls: type[T]) -> Callable[..., T]:
     return made
 
 
-make_charge: Final = positional(ChargeDecision)
+_make_charge: Final = positional(ChargeDecision)
 
 
 def _moment(us: int | None) -> datetime | None:

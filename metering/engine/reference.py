@@ -28,7 +28,6 @@ from metering.domain.decisions import (
     ChargeInput,
     Decision,
     decide_event,
-    make_charge,
     make_decision,
 )
 from metering.domain.distinct import value_of
@@ -451,10 +450,9 @@ def decision_of(record: ResultRecord, *, duplicate: bool) -> Decision:
 def decisions_of(event_ids: Sequence[str], answers: Sequence[Answer]) -> list[Decided]:
     """Each answer as `Meter.apply` returns it, in order: `decision_of` its
     record (a conflict is an `EventConflict`), in one loop for a batch, with
-    no call per event but the constructors': a row of no grants, price nor
-    overdraft (most) is made here, and the batch's instants are found once each."""
+    no call per event but the constructors'."""
     made: list[Decided] = []
-    append, charge, instants = made.append, ChargeDecision.from_row, _Instants()
+    append, charge, instant = made.append, ChargeDecision.from_row, _instant
     for event_id, answer in zip(event_ids, answers, strict=True):
         kind, record = answer.kind, answer.record
         if kind == CONFLICT or record is None:
@@ -462,11 +460,7 @@ def decisions_of(event_ids: Sequence[str], answers: Sequence[Answer]) -> list[De
             continue
         found, outcome, _, occurred_us, decided_us, denied_by, reason, rows, metadata = record
         if len(rows) == 1:
-            row = rows[0]
-            if len(row) == ROW_FIELDS:
-                charges: tuple[ChargeDecision, ...] = (make_charge(*row, (), None, 0),)
-            else:
-                charges = (charge(row),)
+            charges: tuple[ChargeDecision, ...] = (charge(rows[0]),)
         else:
             charges = tuple([charge(row) for row in rows])
         append(
@@ -474,8 +468,8 @@ def decisions_of(event_ids: Sequence[str], answers: Sequence[Answer]) -> list[De
                 found,
                 outcome,
                 charges,
-                instants[occurred_us],
-                instants[decided_us],
+                instant(occurred_us),
+                instant(decided_us),
                 denied_by,
                 kind == DUPLICATE,
                 reason,
@@ -483,15 +477,6 @@ def decisions_of(event_ids: Sequence[str], answers: Sequence[Answer]) -> list[De
             )
         )
     return made
-
-
-class _Instants(dict[int, datetime]):
-    """`_instant` of each microsecond a batch asks for, found once (a dict's
-    lookup costs less than the cache's call)."""
-
-    def __missing__(self, us: int) -> datetime:
-        found = self[us] = _instant(us)
-        return found
 
 
 @lru_cache(maxsize=1024)

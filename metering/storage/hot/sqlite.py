@@ -321,9 +321,7 @@ class SqliteHotStore:
         meanwhile: Callable[[], None] | None = None,
     ) -> None:
         # ``commit`` is left to the caller's transaction: SQLite has no round
-        # trip to save. ``meanwhile`` is called once the statements ran: the
-        # work is done while the batch's collector is paused
-        # (`metering.engine.core.collector_paused`), not after it.
+        # trip to save, nor to wait for (``meanwhile`` is not called).
         raw = self.raw
         try:
             # One row (`consume`): `execute`, which costs less than `executemany`.
@@ -361,8 +359,6 @@ class SqliteHotStore:
             # `run_transaction` runs again after a key written meanwhile, and
             # only then: any other constraint would fail the same way again.
             raise _translate(exc) from exc
-        if meanwhile is not None:
-            meanwhile()
 
 
 def sqlite_read_unlocked(
