@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from itertools import chain
 from operator import attrgetter, itemgetter
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from sqlalchemy import Connection
 
@@ -1368,7 +1368,10 @@ class _Applying:
     ) -> list[Answer] | Declined:
         """Write what the batch changed, and its notices and dead letters."""
         batch = self.batch
-        final = _resolve(self.answers, batch.records, snapshot.stored)
+        if len(self.first) == len(batch.records):  # no id repeated: `decide` answered each
+            final = cast(list[Answer], self.answers)
+        else:
+            final = _resolve(self.answers, batch.records, snapshot.stored)
         # Queued input keeps its conflicts in the dead-letter record; a caller
         # who is answered `EventConflict` (``invalid="raise"``) has been told.
         conflicts = [

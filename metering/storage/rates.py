@@ -11,6 +11,7 @@ the rate moves in the same statement as the counter. A new row's rate is
 from __future__ import annotations
 
 import re
+from operator import itemgetter
 from typing import Final
 
 from metering.domain.forecast import FORGET_TAUS, TAU_SECONDS, TAU_US, TINY_RATE
@@ -26,6 +27,8 @@ _RATE: Final = f"""rate = CASE
 
 # The order ``now`` and ``new`` appear in `_RATE`, for positional placeholders.
 _ORDER: Final = tuple(re.findall(r"\{(now|new)\}", _RATE))
+# Picks them out of (new, now) in that order, in one call (a counter's row each).
+_PICK: Final = itemgetter(*[1 if name == "now" else 0 for name in _ORDER])
 
 
 def rate_set(*, now: str, new_used: str, row: str = "") -> str:
@@ -42,7 +45,8 @@ def positional_rate_set(placeholder: str) -> str:
 
 
 def positional_rate_values(new_used: int, now_us: int) -> tuple[int, ...]:
-    return tuple(now_us if name == "now" else new_used for name in _ORDER)
+    found: tuple[int, ...] = _PICK((new_used, now_us))
+    return found
 
 
 def created_rate(used: int) -> float:

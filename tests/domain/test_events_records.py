@@ -80,6 +80,13 @@ def test_a_batchs_records_are_each_events_record_with_the_same_fingerprint() -> 
             sorted(list(c) for c in event.charges), separators=(",", ":")
         )
         assert event.fingerprint() is record.fingerprint  # kept on the event
-    # A charge of another shape (not made by `make_event`) takes the encoder's way.
+    # Again, each one-charge fingerprint now remembered: the same records.
+    fresh = [UsageEvent(e.event_id, e.charges, e.occurred_at, e.metadata) for e in events]
+    assert records_of(fresh) == again
+    # A charge of another shape (not made by `make_event`) takes the encoder's
+    # way, even when an equal charge's fingerprint is remembered (True == 1).
+    assert records_of([make_event([("org", "calls", 1)], at)])[0].fingerprint == (
+        '[["org","calls",1]]'
+    )
     odd = UsageEvent("odd", (("org", "calls", True),), at)  # type: ignore[arg-type]
     assert records_of([odd])[0].fingerprint == '[["org","calls",true]]'

@@ -18,6 +18,7 @@ from metering.domain.events import UsageEvent, make_event
 from metering.engine.answers import CONFLICT, DUPLICATE, NEW, Answer
 from metering.engine.reference import Decided
 from metering.errors import EventConflict, InvalidInput
+from metering.storage.results import ResultRecord
 from metering.storage.store import Store
 from metering.usage.results import (
     Decisions,
@@ -148,3 +149,31 @@ def test_decisions_made_early_are_kept_only_for_the_answers_they_were_made_of() 
     assert kept._made is not None and _plain(kept) == ["a", "b"]
     other = early.decisions(list(answers))  # another run's answers (equal, not the same)
     assert other._made is None and _plain(other) == ["a", "b"]
+
+
+def test_a_batchs_decisions_of_every_shape_of_row_are_each_answers_decision() -> None:
+    """`Decisions` made at once (`decisions_of`) equal those made one by one
+    (`applied_of`): rows with grants, a price or an overdraft, several charges,
+    a duplicate, a conflict."""
+    base = ["org", "calls", 1, True, "allowed", 3, 7, 10, 0, 0, 3_600_000_000, None]
+    rows = [
+        [base],
+        [[*base, [["g-1", 1]]]],
+        [[*base, [], ["USD", 25]]],
+        [[*base, [["g-1", 1], ["g-2", 2]], ["USD", 25], 4]],
+        [base, [*base[:4], "denied", 3, 7, 10, 0, 0, 3_600_000_000, 3_600_000_000]],
+    ]
+    answers = [
+        Answer(NEW if n % 2 else DUPLICATE, _record(f"e{n}", charges, n))
+        for n, charges in enumerate(rows)
+    ]
+    answers.append(Answer(CONFLICT))
+    ids = [f"e{n}" for n in range(len(answers))]
+    at_once = list(Decisions(ids, answers))
+    one_by_one = [applied_of(i, a) for i, a in zip(ids, answers, strict=True)]
+    assert _plain(at_once) == _plain(one_by_one)
+    assert at_once[0].occurred_at == datetime(1970, 1, 1, tzinfo=UTC)  # type: ignore[union-attr]
+
+
+def _record(event_id: str, charges: list[list[object]], n: int) -> ResultRecord:
+    return ResultRecord(event_id, "allowed", "fp", n, 10**15, (), None, charges, None)
