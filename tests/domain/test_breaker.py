@@ -3,7 +3,8 @@ trips; a synthetic burst past the multiple trips a minute after the now
 rate first ran past it, not before; a subject younger than a day trips only
 under a floor; a release starts the history again; bad factors, floors and
 quarantine maximums name their field; a breaker stepped in place charge
-after charge ends as `step` leaves it, to the bit."""
+after charge, or a steady one's charges at one instant in one `run`, ends
+as `step` leaves it, to the bit."""
 
 from __future__ import annotations
 
@@ -18,12 +19,14 @@ from metering.domain.breaker import (
     SUSTAIN_US,
     Breaker,
     Stepping,
-    make_breaker,
+    breaker_of,
     parse_factor,
     parse_floor,
     quarantine_cap,
     rates_at,
     released,
+    run,
+    steady,
     step,
 )
 from metering.domain.limits import Limit
@@ -205,4 +208,40 @@ def test_a_breaker_stepped_in_place_ends_as_step_leaves_it() -> None:
             assert in_place.breaker() == stepped
             trips += tripped
     assert trips > 10  # (the streams do trip)
-    assert make_breaker(0.5, 0.25, 3, 2, None, 1) == Breaker(0.5, 0.25, 3, 2, None, 1)
+    assert breaker_of([0.5, 0.25, 3, 2, None, 1]) == Breaker(0.5, 0.25, 3, 2, None, 1)
+
+
+def _bits(breaker: Breaker) -> tuple[object, ...]:
+    return tuple(v.hex() if isinstance(v, float) else v for v in breaker)
+
+
+def test_a_steady_breakers_run_ends_as_step_leaves_it() -> None:
+    # A batch steps a steady pair's charges (all at its instant) in one run:
+    # the same floats as `step` after each, to the bit, and none trips.
+    rng = random.Random(11)
+    runs = 0
+    for _ in range(3_000):
+        factor, floor = rng.choice([2, 10, 1000]), rng.choice([None, None, 0.001, 0.5])
+        now = rng.randrange(HISTORY_US, 10 * HISTORY_US)
+        breaker = None
+        if rng.random() < 0.8:
+            breaker = Breaker(
+                rng.random() * rng.choice([0, 1, 100]),
+                rng.random() * rng.choice([0, 0.01, 10]),
+                now - rng.randrange(-SECOND_US, HISTORY_US),
+                now - rng.randrange(0, 2 * HISTORY_US),
+                rng.choice([None, now - rng.randrange(0, 2 * SUSTAIN_US)]),
+                rng.choice([None, None, None, now - 5]),
+            )
+        if not steady(breaker, now):
+            continue
+        some = [0, 1, 5, 100, 10_000, -3, rng.randrange(1, 10**6)]
+        costs = [rng.choice(some) for _ in range(rng.randrange(1, 40))]
+        stepped = breaker
+        for cost in costs:
+            stepped, tripped = step(stepped, cost, now, factor, floor)
+            assert not tripped
+        assert stepped is not None
+        assert _bits(run(breaker, costs, now, factor, floor)) == _bits(stepped)
+        runs += 1
+    assert runs > 1_000
