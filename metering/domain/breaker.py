@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, NamedTuple
 
 from metering.errors import InvalidLimit
@@ -189,36 +189,50 @@ class Stepping:
         return False
 
 
-def run(
-    breaker: Breaker | None, costs: Iterable[int], now_us: int, factor: int, floor: float | None
-) -> Breaker:
-    """The breaker after charges that consumed ``costs`` in turn, all at
-    ``now_us``, of a breaker `steady` at ``now_us`` (none of them can trip
-    it): the floats `step` makes charge after charge, in one loop."""
-    if breaker is None:
-        short, long, at_us, since_us, over = 0.0, 0.0, now_us, now_us, None
-    else:
-        short, long, at_us, since_us, over, _ = breaker
-        gap = now_us - at_us
-        if gap > 0:
-            short = _decayed(short, gap, SHORT_TAU_SECONDS)
-            long = _decayed(long, gap, LONG_TAU_SECONDS)
-            at_us = now_us
-    young = floor is None and now_us - since_us < HISTORY_US
-    for cost in costs:
-        added = cost if cost > 0 else 0
-        was, before = short, long
-        short = was + added / SHORT_TAU_SECONDS
-        long = before + added / LONG_TAU_SECONDS
-        if young:
-            over = None
-            continue
-        bound = factor * (before if floor is None else max(before, floor))
-        if short <= bound:
-            over = None
-        elif over is None or not was > bound:  # (as `Stepping.charge` keeps ``over``)
-            over = now_us
-    return _new(Breaker, (short, long, at_us, since_us, over, None))
+def runs(
+    states: Mapping[tuple[str, str], Breaker],
+    charged: Mapping[tuple[str, str], Iterable[int]],
+    now_us: int,
+    settings: Mapping[str, tuple[int, float | None]],
+) -> dict[tuple[str, str], Breaker]:
+    """Each (limit, subject) breaker of ``states`` (none: a new one) after
+    the charges that consumed its ``charged`` costs in turn, all at
+    ``now_us``, each `steady` at ``now_us`` (none can trip it), by its
+    limit's factor and floor (``settings``): the floats `step` makes charge
+    after charge, a pair's in one loop."""
+    found = {}
+    short_us, long_us = SHORT_TAU_SECONDS * 1_000_000, LONG_TAU_SECONDS * 1_000_000
+    for pair, costs in charged.items():
+        factor, floor = settings[pair[0]]
+        breaker = states.get(pair)
+        if breaker is None:
+            short, long, at_us, since_us, over = 0.0, 0.0, now_us, now_us, None
+        else:
+            short, long, at_us, since_us, over, _ = breaker
+            gap = now_us - at_us
+            if gap > 0:  # (as `_decayed`)
+                if gap > FORGET_US:
+                    short = long = 0.0
+                else:
+                    short = short * math.exp(-gap / short_us)
+                    long = long * math.exp(-gap / long_us)
+                at_us = now_us
+        young = floor is None and now_us - since_us < HISTORY_US
+        for cost in costs:
+            added = cost if cost > 0 else 0
+            was, before = short, long
+            short = was + added / SHORT_TAU_SECONDS
+            long = before + added / LONG_TAU_SECONDS
+            if young:
+                over = None
+                continue
+            bound = factor * (before if floor is None else max(before, floor))
+            if short <= bound:
+                over = None
+            elif over is None or not was > bound:  # (as `Stepping.charge` keeps ``over``)
+                over = now_us
+        found[pair] = _new(Breaker, (short, long, at_us, since_us, over, None))
+    return found
 
 
 def steady(breaker: Breaker | None, now_us: int) -> bool:

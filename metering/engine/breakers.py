@@ -6,7 +6,7 @@ with one, after their counters are locked; `is_quarantined` tells a path to
 decide a charge with the limit's quarantined form (`Limit.quarantined`, no
 grants); `charged` steps the breakers with what an event consumed, event
 after event, so a trip holds the batch's later events (a breaker no charge
-can trip, `steady`, is stepped once at the end: `run`); `write` stores them
+can trip, `steady`, is stepped once at the end: `runs`); `write` stores them
 and, once per quarantine, a ``limit.quarantined`` notice whose payload
 carries a signed path that releases it (`metering.limits.quarantine`).
 """
@@ -18,7 +18,7 @@ from typing import Any, Final
 
 from sqlalchemy import Connection
 
-from metering.domain.breaker import Breaker, Stepping, run, steady
+from metering.domain.breaker import Breaker, Stepping, runs, steady
 from metering.domain.decisions import CHARGE_KEYS
 from metering.domain.limits import Limit
 from metering.domain.links import sign
@@ -67,7 +67,7 @@ class Breakers:
         self.notices: list[Notice] = []
         # The consumed charges' rows (as `ChargeDecision.to_row`, perhaps of a
         # limit without a breaker) of pairs `steady` at ``now_us``, in order:
-        # none trips, so each pair's are stepped once, at the end (`run`).
+        # none trips, so each pair's are stepped once, at the end (`runs`).
         self.deferred: list[Sequence[Any]] = []
         self.now_us = now_us  # (the first charge's, when not given)
 
@@ -171,14 +171,11 @@ class Breakers:
                     costs[pair] = [row[_COST]]
                 else:
                     some.append(row[_COST])
-        states, now_us = self.states, self.now_us
-        assert now_us is not None
-        for pair, some in costs.items():
-            limit = limits[pair[0]]
-            assert limit.breaker_factor is not None
-            found[pair] = run(
-                states.get(pair), some, now_us, limit.breaker_factor, limit.breaker_floor
-            )
+        assert self.now_us is not None
+        settings = {
+            name: (limit.breaker_factor or 0, limit.breaker_floor) for name, limit in limits.items()
+        }
+        found.update(runs(self.states, costs, self.now_us, settings))
         return found
 
     def documents(self, secret: str, now_us: int) -> list[tuple[Notice, dict[str, Any]]]:

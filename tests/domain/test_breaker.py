@@ -3,7 +3,7 @@ trips; a synthetic burst past the multiple trips a minute after the now
 rate first ran past it, not before; a subject younger than a day trips only
 under a floor; a release starts the history again; bad factors, floors and
 quarantine maximums name their field; a breaker stepped in place charge
-after charge, or a steady one's charges at one instant in one `run`, ends
+after charge, or a steady one's charges at one instant in one run, ends
 as `step` leaves it, to the bit."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from metering.domain.breaker import (
     quarantine_cap,
     rates_at,
     released,
-    run,
+    runs,
     steady,
     step,
 )
@@ -219,7 +219,7 @@ def test_a_steady_breakers_run_ends_as_step_leaves_it() -> None:
     # A batch steps a steady pair's charges (all at its instant) in one run:
     # the same floats as `step` after each, to the bit, and none trips.
     rng = random.Random(11)
-    runs = 0
+    made = 0
     for _ in range(3_000):
         factor, floor = rng.choice([2, 10, 1000]), rng.choice([None, None, 0.001, 0.5])
         now = rng.randrange(HISTORY_US, 10 * HISTORY_US)
@@ -228,7 +228,7 @@ def test_a_steady_breakers_run_ends_as_step_leaves_it() -> None:
             breaker = Breaker(
                 rng.random() * rng.choice([0, 1, 100]),
                 rng.random() * rng.choice([0, 0.01, 10]),
-                now - rng.randrange(-SECOND_US, HISTORY_US),
+                now - rng.randrange(-SECOND_US, rng.choice([HISTORY_US, 60 * HISTORY_US])),
                 now - rng.randrange(0, 2 * HISTORY_US),
                 rng.choice([None, now - rng.randrange(0, 2 * SUSTAIN_US)]),
                 rng.choice([None, None, None, now - 5]),
@@ -242,6 +242,15 @@ def test_a_steady_breakers_run_ends_as_step_leaves_it() -> None:
             stepped, tripped = step(stepped, cost, now, factor, floor)
             assert not tripped
         assert stepped is not None
-        assert _bits(run(breaker, costs, now, factor, floor)) == _bits(stepped)
-        runs += 1
-    assert runs > 1_000
+        states = {} if breaker is None else {("calls", "s"): breaker}
+        ran = runs(states, {("calls", "s"): costs}, now, {"calls": (factor, floor)})
+        assert _bits(ran[("calls", "s")]) == _bits(stepped)
+        made += 1
+    assert made > 1_000
+
+
+def test_a_run_forgets_rates_as_step_does() -> None:
+    now, old = 100 * HISTORY_US, Breaker(5.0, 5.0, 49 * HISTORY_US, 0)  # 51 days idle
+    stepped, _ = step(old, 0, now, 10)
+    ran = runs({("calls", "s"): old}, {("calls", "s"): [0]}, now, {"calls": (10, None)})
+    assert ran[("calls", "s")] == stepped == Breaker(0.0, 0.0, now, 0)
