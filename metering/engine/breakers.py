@@ -1,14 +1,13 @@
 """The runaway breaker in a batch's transaction (`metering.domain.breaker`),
 the same for the fast path and the reference engine.
 
-`Breakers.read` reads the breakers of the pairs a batch charges on limits
-with one, after their counters are locked; `is_quarantined` tells a path to
-decide a charge with the limit's quarantined form (`Limit.quarantined`, no
-grants); `charged` steps the breakers with what an event consumed, event
-after event, so a trip holds the batch's later events (a breaker no charge
-can trip, `steady`, is stepped once at the end: `runs`); `write` stores them
-and, once per quarantine, a ``limit.quarantined`` notice whose payload
-carries a signed path that releases it (`metering.limits.quarantine`).
+`Breakers.read` reads the breakers of the pairs a batch charges on limits with one,
+after their counters are locked; `is_quarantined` tells a path to decide a charge with
+the limit's quarantined form (`Limit.quarantined`, no grants); `charged` steps the
+breakers with what an event consumed, event after event, so a trip holds the batch's
+later events (one no charge can trip, `steady`, is stepped once at the end: `runs`);
+`write` stores them and, once per quarantine, a ``limit.quarantined`` notice whose
+payload carries a signed path that releases it (`metering.limits.quarantine`).
 """
 
 from __future__ import annotations
