@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
-from dataclasses import dataclass, fields
-from typing import Final
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final, NamedTuple
 
 from metering.errors import InvalidLimit
 
@@ -66,12 +65,11 @@ def quarantine_cap(maximum: int, factor: int, chosen: int | None) -> int:
     return min(chosen, maximum)
 
 
-@dataclass(frozen=True, slots=True)
-class Breaker:
-    """A subject's breaker state on one limit: its now and baseline rates
-    (units per second as of ``rate_at_us``), the start of its history, since
-    when the now rate has been past the multiple, and since when it is
-    quarantined (None: it is not)."""
+class Breaker(NamedTuple):
+    """A subject's breaker state on one limit, its stored columns in order:
+    its now and baseline rates (units per second as of ``rate_at_us``), the
+    start of its history, since when the now rate has been past the multiple,
+    and since when it is quarantined (None: it is not)."""
 
     short_rate: float
     long_rate: float
@@ -81,28 +79,12 @@ class Breaker:
     quarantined_at_us: int | None = None
 
 
-def _made_positionally() -> Callable[..., Breaker]:
-    """``Breaker(*fields)`` through its slots' descriptors: the generated
-    ``__init__`` calls ``object.__setattr__`` per field at about twice the
-    cost (a batch reads and writes hundreds)."""
-    new, setters = object.__new__, [getattr(Breaker, f.name).__set__ for f in fields(Breaker)]
-    s0, s1, s2, s3, s4, s5 = setters
-
-    def make(a: float, b: float, c: int, d: int, e: int | None, f: int | None) -> Breaker:
-        made: Breaker = new(Breaker)
-        s0(made, a)
-        s1(made, b)
-        s2(made, c)
-        s3(made, d)
-        s4(made, e)
-        s5(made, f)
-        return made
-
-    return make
+def breaker_of(columns: Iterable[Any]) -> Breaker:
+    """A breaker of its six columns in order (a row's slice: made in C)."""
+    return _new(Breaker, columns)
 
 
-# ``Breaker(short_rate, long_rate, rate_at_us, since_us, over_since_us, quarantined_at_us)``.
-make_breaker: Final = _made_positionally()
+_new: Final[Callable[..., Breaker]] = tuple.__new__
 
 
 def _decayed(rate: float, gap_us: int, tau_seconds: int) -> float:
@@ -161,13 +143,16 @@ class Stepping:
 
     def breaker(self) -> Breaker:
         """The breaker as stepped so far."""
-        return make_breaker(
-            self.short_rate,
-            self.long_rate,
-            self.rate_at_us,
-            self.since_us,
-            self.over_since_us,
-            self.quarantined_at_us,
+        return _new(
+            Breaker,
+            (
+                self.short_rate,
+                self.long_rate,
+                self.rate_at_us,
+                self.since_us,
+                self.over_since_us,
+                self.quarantined_at_us,
+            ),
         )
 
     def charge(self, cost: int, now_us: int, factor: int, floor: float | None = None) -> bool:
@@ -202,6 +187,52 @@ class Stepping:
             return True
         self.over_since_us = since
         return False
+
+
+def runs(
+    states: Mapping[tuple[str, str], Breaker],
+    charged: Mapping[tuple[str, str], Iterable[int]],
+    now_us: int,
+    settings: Mapping[str, tuple[int, float | None]],
+) -> dict[tuple[str, str], Breaker]:
+    """Each (limit, subject) breaker of ``states`` (none: a new one) after
+    the charges that consumed its ``charged`` costs in turn, all at
+    ``now_us``, each `steady` at ``now_us`` (none can trip it), by its
+    limit's factor and floor (``settings``): the floats `step` makes charge
+    after charge, a pair's in one loop."""
+    found = {}
+    short_us, long_us = SHORT_TAU_SECONDS * 1_000_000, LONG_TAU_SECONDS * 1_000_000
+    for pair, costs in charged.items():
+        factor, floor = settings[pair[0]]
+        breaker = states.get(pair)
+        if breaker is None:
+            short, long, at_us, since_us, over = 0.0, 0.0, now_us, now_us, None
+        else:
+            short, long, at_us, since_us, over, _ = breaker
+            gap = now_us - at_us
+            if gap > 0:  # (as `_decayed`)
+                if gap > FORGET_US:
+                    short = long = 0.0
+                else:
+                    short = short * math.exp(-gap / short_us)
+                    long = long * math.exp(-gap / long_us)
+                at_us = now_us
+        young = floor is None and now_us - since_us < HISTORY_US
+        for cost in costs:
+            added = cost if cost > 0 else 0
+            was, before = short, long
+            short = was + added / SHORT_TAU_SECONDS
+            long = before + added / LONG_TAU_SECONDS
+            if young:
+                over = None
+                continue
+            bound = factor * (before if floor is None else max(before, floor))
+            if short <= bound:
+                over = None
+            elif over is None or not was > bound:  # (as `Stepping.charge` keeps ``over``)
+                over = now_us
+        found[pair] = _new(Breaker, (short, long, at_us, since_us, over, None))
+    return found
 
 
 def steady(breaker: Breaker | None, now_us: int) -> bool:

@@ -632,7 +632,9 @@ def apply_records(
         with nullcontext() if ahead is None else store.looking_up(ahead):
             applying.plan()
             snapshot = applying.read(store, retry)
-        applying.breakers = _breakers(applying.rules, applying.breaker_pairs, snapshot)
+        applying.breakers = _breakers(
+            applying.rules, applying.breaker_pairs, snapshot, batch.now_us
+        )
         applying.decide(snapshot)
         return applying.write(connection, store, snapshot)
     except _Decline as exc:
@@ -1023,6 +1025,8 @@ class _Applying:
         # An event of one charge on a covered counter, without money (most of
         # a batch's): its row is made here, as `_allowed` makes it.
         plain, breakers = self.spend is None, self.breakers
+        # A covered counter's pair is `steady` (`_rooms`): its breaker's steps deferred.
+        defer = None if breakers is None else breakers.deferred.append
         paired = self.paired if rooms else None
         event_seats, seats = self.event_seats, self.seats
         now_us, answers, records = batch.now_us, self.answers, self.records
@@ -1055,8 +1059,8 @@ class _Applying:
                 else:
                     at_us = event.occurred_at_us
                     rows = [drawn_row(subject, name, cost, state, room, window, at_us)]
-                if breakers is not None:
-                    breakers.allowed(rows[0], event.event_id, now_us)
+                if defer is not None:
+                    defer(rows[0])
                 outcome, denied_by, reason = "allowed", (), marker
             elif (
                 paired
@@ -1472,13 +1476,13 @@ def _breaker_pairs(rules: Mapping[str, Rule], pairs: Iterable[Pair]) -> list[Pai
 
 
 def _breakers(
-    rules: Mapping[str, Rule], pairs: Iterable[Pair], snapshot: Snapshot
+    rules: Mapping[str, Rule], pairs: Iterable[Pair], snapshot: Snapshot, now_us: int
 ) -> Breakers | None:
     """The batch's breakers as ``snapshot`` read them; None without any."""
     wanted = _breaker_pairs(rules, pairs)
     if not wanted:
         return None
-    return Breakers({name: rules[name].limit for name, _ in wanted}, snapshot.breakers)
+    return Breakers({name: rules[name].limit for name, _ in wanted}, snapshot.breakers, now_us)
 
 
 def _forecasting(rules: Mapping[str, Rule]) -> bool:
@@ -1857,7 +1861,7 @@ def check_record(
     if allowances.histories or snapshot.pots:  # (own thresholds: a check announces nothing)
         own: tuple[dict[Pair, History], dict[Pair, Own]] = (allowances.histories, {})
         event_rules, pots = _entitled(cache, event, event_rules, own, snapshot.pots)
-    breakers = _breakers(rules, wanted, snapshot) if wanted else None
+    breakers = _breakers(rules, wanted, snapshot, now_us) if wanted else None
     if breakers is not None:  # held to a quarantine; never stepped: a check writes nothing
         event_rules, pots = _quarantined(breakers, event, event_rules, pots)
     windows: list[Window] = []

@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import select, tuple_
 
-from metering.domain.breaker import Breaker, released
+from metering.domain.breaker import Breaker, breaker_of, released
 from metering.domain.instants import from_us
 from metering.storage.on_connection import OnConnection, chunks
 from metering.storage.tables import breakers
@@ -35,17 +35,6 @@ class Quarantine:
         }
 
 
-def _breaker(row: Any) -> Breaker:
-    return Breaker(
-        row.short_rate,
-        row.long_rate,
-        row.rate_at_us,
-        row.since_us,
-        row.over_since_us,
-        row.quarantined_at_us,
-    )
-
-
 class BreakerStore(OnConnection):
     """Breaker rows on one connection; the caller owns the transaction."""
 
@@ -60,7 +49,7 @@ class BreakerStore(OnConnection):
             if lock and self._postgres:
                 query = query.with_for_update()
             for row in self.connection.execute(query):
-                found[(row.limit_name, row.subject)] = _breaker(row)
+                found[(row.limit_name, row.subject)] = breaker_of(row[2:8])
         return found
 
     def write(self, changed: Mapping[Pair, Breaker]) -> None:

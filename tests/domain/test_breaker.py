@@ -3,7 +3,8 @@ trips; a synthetic burst past the multiple trips a minute after the now
 rate first ran past it, not before; a subject younger than a day trips only
 under a floor; a release starts the history again; bad factors, floors and
 quarantine maximums name their field; a breaker stepped in place charge
-after charge ends as `step` leaves it, to the bit."""
+after charge, or a steady one's charges at one instant in one run, ends
+as `step` leaves it, to the bit."""
 
 from __future__ import annotations
 
@@ -18,12 +19,14 @@ from metering.domain.breaker import (
     SUSTAIN_US,
     Breaker,
     Stepping,
-    make_breaker,
+    breaker_of,
     parse_factor,
     parse_floor,
     quarantine_cap,
     rates_at,
     released,
+    runs,
+    steady,
     step,
 )
 from metering.domain.limits import Limit
@@ -205,4 +208,49 @@ def test_a_breaker_stepped_in_place_ends_as_step_leaves_it() -> None:
             assert in_place.breaker() == stepped
             trips += tripped
     assert trips > 10  # (the streams do trip)
-    assert make_breaker(0.5, 0.25, 3, 2, None, 1) == Breaker(0.5, 0.25, 3, 2, None, 1)
+    assert breaker_of([0.5, 0.25, 3, 2, None, 1]) == Breaker(0.5, 0.25, 3, 2, None, 1)
+
+
+def _bits(breaker: Breaker) -> tuple[object, ...]:
+    return tuple(v.hex() if isinstance(v, float) else v for v in breaker)
+
+
+def test_a_steady_breakers_run_ends_as_step_leaves_it() -> None:
+    # A batch steps a steady pair's charges (all at its instant) in one run:
+    # the same floats as `step` after each, to the bit, and none trips.
+    rng = random.Random(11)
+    made = 0
+    for _ in range(3_000):
+        factor, floor = rng.choice([2, 10, 1000]), rng.choice([None, None, 0.001, 0.5])
+        now = rng.randrange(HISTORY_US, 10 * HISTORY_US)
+        breaker = None
+        if rng.random() < 0.8:
+            breaker = Breaker(
+                rng.random() * rng.choice([0, 1, 100]),
+                rng.random() * rng.choice([0, 0.01, 10]),
+                now - rng.randrange(-SECOND_US, rng.choice([HISTORY_US, 60 * HISTORY_US])),
+                now - rng.randrange(0, 2 * HISTORY_US),
+                rng.choice([None, now - rng.randrange(0, 2 * SUSTAIN_US)]),
+                rng.choice([None, None, None, now - 5]),
+            )
+        if not steady(breaker, now):
+            continue
+        some = [0, 1, 5, 100, 10_000, -3, rng.randrange(1, 10**6)]
+        costs = [rng.choice(some) for _ in range(rng.randrange(1, 40))]
+        stepped = breaker
+        for cost in costs:
+            stepped, tripped = step(stepped, cost, now, factor, floor)
+            assert not tripped
+        assert stepped is not None
+        states = {} if breaker is None else {("calls", "s"): breaker}
+        ran = runs(states, {("calls", "s"): costs}, now, {"calls": (factor, floor)})
+        assert _bits(ran[("calls", "s")]) == _bits(stepped)
+        made += 1
+    assert made > 1_000
+
+
+def test_a_run_forgets_rates_as_step_does() -> None:
+    now, old = 100 * HISTORY_US, Breaker(5.0, 5.0, 49 * HISTORY_US, 0)  # 51 days idle
+    stepped, _ = step(old, 0, now, 10)
+    ran = runs({("calls", "s"): old}, {("calls", "s"): [0]}, now, {"calls": (10, None)})
+    assert ran[("calls", "s")] == stepped == Breaker(0.0, 0.0, now, 0)

@@ -4,8 +4,9 @@ trips a minute after the now rate ran past the multiple, not before; a subject
 with under a day of history never trips without a floor; a quarantined
 subject is held to the quarantine maximum (no grants), on `consume` and
 `check`; ``limit.quarantined`` goes out once per quarantine; a release ends
-it without tripping again at once. `tests/engine/test_differential.py` holds
-every path to the reference engine with breaker limits in the streams."""
+it without tripping again at once; a batch stores `step`'s floats, to the
+bit. `tests/engine/test_differential.py` holds every path to the reference
+engine with breaker limits in the streams."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ from differential import reference_events
 from sqlalchemy import select
 
 from metering import FrozenClock, Limit, Meter
+from metering.domain.breaker import Breaker, step
 from metering.domain.events import make_event
+from metering.domain.instants import to_us
 from metering.storage.tables import breakers
 from metering.webhooks import Webhooks
 
@@ -197,3 +200,32 @@ def test_a_commit_above_its_estimate_steps_the_breaker_as_a_consume(meter: Meter
         clock.advance(seconds=1)
     assert second == 62
     assert [(q.subject, q.limit) for q in meter.quarantines()] == [("org-1", "api")]
+
+
+def test_a_batchs_charges_store_the_floats_of_a_step_per_charge(meter: Meter) -> None:
+    # A batch's charges of a few subjects, interleaved, in batches 1 s apart
+    # (one past the multiple: 10 x the 0.1 floor): each stored breaker is
+    # `step` after `step` from the one before, to the bit.
+    costs = [60, 1, 300, 7, 60, 2, 45, 60]
+    subjects = ["org-1", "org-2", "org-3"]
+    expected: dict[str, Breaker | None] = dict.fromkeys(subjects)
+    clock = _clock(meter)
+    for batch in range(3):
+        now_us = to_us(clock())
+        events = []
+        for n, cost in enumerate(costs):
+            subject = subjects[n % len(subjects)]
+            events.append(make_event([(subject, "api", cost)], clock(), f"b{batch}-{n}"))
+            expected[subject], tripped = step(expected[subject], cost, now_us, 10, 0.1)
+            assert not tripped
+        decided = meter.apply(events)
+        assert all(d.allowed for d in decided)
+        stored = {row[1]: Breaker(*row[2:]) for row in _breaker_rows(meter)}
+        assert {s: _bits(b) for s, b in stored.items()} == {
+            s: _bits(b) for s, b in expected.items() if b is not None
+        }
+        clock.advance(seconds=1)
+
+
+def _bits(breaker: Breaker) -> tuple[object, ...]:
+    return tuple(v.hex() if isinstance(v, float) else v for v in breaker)

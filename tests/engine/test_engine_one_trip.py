@@ -10,7 +10,6 @@ import json
 import random
 import threading
 from collections.abc import Iterator
-from dataclasses import astuple
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -404,7 +403,7 @@ def test_a_breaker_is_stepped_by_the_function_as_python_steps_it(pg_url: str) ->
                 expected, _ = step(expected, cost, now_us, 2, 0.001)
             with meter.sql_engine.connect() as connection:
                 row = connection.execute(select(breakers).where(breakers.c.subject == "org")).one()
-            assert row[2:] == astuple(expected), number
+            assert row[2:] == tuple(expected), number
             found.append((decided.outcome, decided.charges[0].maximum))
         applied = STATS["applied"] - before["applied"]
         with meter.sql_engine.connect() as connection:

@@ -18,7 +18,7 @@ import sqlite3
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from metering.domain.breaker import Breaker, make_breaker
+from metering.domain.breaker import Breaker, breaker_of
 from metering.domain.notifications import Notice, grant_low_document
 from metering.storage.counters import Pair
 from metering.storage.webhook_records import encode_payload
@@ -142,25 +142,8 @@ def new_secret() -> str:
     return secrets.token_urlsafe(32)
 
 
-def breaker_of_row(row: Sequence[Any]) -> Breaker:
-    """A breaker from (limit, subject, its six columns)."""
-    return make_breaker(row[2], row[3], row[4], row[5], row[6], row[7])
-
-
-def _columns(b: Breaker) -> tuple[Any, ...]:
-    """A breaker's six stored columns, in `_BREAKER_COLUMNS`' order."""
-    return (
-        b.short_rate,
-        b.long_rate,
-        b.rate_at_us,
-        b.since_us,
-        b.over_since_us,
-        b.quarantined_at_us,
-    )
-
-
 def breaker_rows(changed: dict[Pair, Breaker]) -> list[tuple[Any, ...]]:
-    return [(limit, subject, *_columns(b)) for (limit, subject), b in sorted(changed.items())]
+    return [(limit, subject, *b) for (limit, subject), b in sorted(changed.items())]
 
 
 def _write_breakers(
@@ -171,9 +154,9 @@ def _write_breakers(
     for pair, b in breakers.items():
         rowid = rowids.get(pair)
         if rowid is None:
-            by_key.append((*pair, *_columns(b)))
+            by_key.append((*pair, *b))
         else:
-            at.append((*_columns(b), rowid))
+            at.append((*b, rowid))
     for statement, rows in ((SQLITE_UPDATE_BREAKER, at), (SQLITE_UPSERT_BREAKER, by_key)):
         if len(rows) == 1:  # (`consume`: `execute` costs less than `executemany`)
             raw.execute(statement, rows[0])
@@ -234,7 +217,7 @@ def pg_breaker_params(changed: dict[Pair, Breaker]) -> dict[str, Any]:
 
 def pg_breaker_updates(changed: dict[Pair, Breaker], tids: dict[Pair, str]) -> dict[str, Any]:
     """`UPDATE_BREAKERS`' rows: each changed breaker (all locked) by its tuple id."""
-    rows = [(tids[pair], *_columns(b)) for pair, b in changed.items()]
+    rows = [(tids[pair], *b) for pair, b in changed.items()]
     return {"rows": _encode(rows)}
 
 
@@ -306,7 +289,7 @@ def sqlite_breakers(
     for name, some in subjects.items():
         for row in raw.execute(SQLITE_READ_BREAKERS, (json.dumps(some), name)):
             pair = (name, row[0])
-            found[pair] = make_breaker(*row[1:7])
+            found[pair] = breaker_of(row[1:7])
             rowids[pair] = row[7]
     return found
 

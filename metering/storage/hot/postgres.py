@@ -42,7 +42,7 @@ from psycopg.pq import TransactionStatus
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError, StatementError
 
-from metering.domain.breaker import Breaker, make_breaker
+from metering.domain.breaker import Breaker, breaker_of
 from metering.domain.distinct import SeatKey, Seen
 from metering.domain.recurring import Issue, next_due_us
 from metering.domain.rollups import appended_rows
@@ -62,7 +62,6 @@ from metering.storage.hot.extras import (
     RECORD_NOTICES,
     UPDATE_BREAKERS,
     UPSERT_BREAKERS,
-    breaker_of_row,
     low_documents,
     pg_breaker_params,
     pg_breaker_updates,
@@ -372,7 +371,7 @@ def snapshot_of(rows: ReadRows) -> Snapshot:
             (schedule, lasts.get(schedule.schedule_id))
             for schedule in map(schedule_of_values, rows.schedules)
         ],
-        breakers={(r[0], r[1]): breaker_of_row(r) for r in rows.breakers},
+        breakers={(r[0], r[1]): breaker_of(r[2:8]) for r in rows.breakers},
         secret=rows.secret,
     )
 
@@ -918,7 +917,7 @@ def read_unlocked(
         elif kind == 5:
             seen[(row[1], row[2], row[3], row[11])] = row[4]
         else:
-            breakers[(row[1], row[2])] = make_breaker(row[12], row[13], *row[3:7])
+            breakers[(row[1], row[2])] = Breaker(row[12], row[13], *row[3:7])
     pots = pots_of(grant_rows, draw_rows) if grant_rows else {}
     return Snapshot(
         version=version,

@@ -28,7 +28,7 @@ from typing import Any, Final, TypeVar
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError, StatementError
 
-from metering.domain.breaker import Breaker
+from metering.domain.breaker import Breaker, breaker_of
 from metering.domain.distinct import Seen
 from metering.domain.grants import Pot
 from metering.domain.rollups import appended_rows
@@ -49,7 +49,6 @@ from metering.storage.hot import Changes, Snapshot, WantedKey, WantedSeat
 from metering.storage.hot.extras import (
     BREAKER_SECRET,
     SQLITE_BREAKER_ROWS,
-    breaker_of_row,
     sqlite_breakers,
     sqlite_secret,
     sqlite_write_extras,
@@ -244,7 +243,7 @@ class SqliteHotStore:
                     pot_of_rows(grant, rest, pots, watched, self.rowids)
                 for row in rest:
                     if row[0] == _BREAKER and breaker:
-                        breakers[breaker] = breaker_of_row((*breaker, *row[1:7]))
+                        breakers[breaker] = breaker_of(row[1:7])
                         self.rowids.breakers[breaker] = row[7]
                     elif row[0] == _SECRET:
                         secret = str(row[1])
