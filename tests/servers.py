@@ -216,6 +216,10 @@ class PostgresServer:
         # Copies handed back, by template and prefix; how to empty them, by template.
         self._spare: dict[tuple[str, str], list[str]] = {}
         self._refills: dict[str, _Refill] = {}
+        # The connection each copy was last emptied from, kept open, idle,
+        # for its next `hand_back` (a new session's catalog look-ups cost
+        # more than the emptying).
+        self._keepers: dict[str, psycopg.Connection[TupleRow]] = {}
 
     # -- properties ----------------------------------------------------------
 
@@ -303,6 +307,9 @@ class PostgresServer:
 
     def destroy(self) -> None:
         """Stop the server and delete ``base_dir`` with everything in it."""
+        for keeper in self._keepers.values():
+            keeper.close()
+        self._keepers.clear()
         self.stop()
         shutil.rmtree(self.base_dir, ignore_errors=True)
 
@@ -352,6 +359,9 @@ class PostgresServer:
 
     def drop_database(self, name: str) -> None:
         """Drop ``name`` if it exists, disconnecting its sessions first."""
+        keeper = self._keepers.pop(name, None)
+        if keeper is not None:
+            keeper.close()
         with self._admin_connection() as conn:
             conn.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
@@ -393,24 +403,45 @@ class PostgresServer:
         refill = self._refills.get(template)
         if refill is None:
             refill = self._refills[template] = _Refill.of(self, template)
+        conn = self._keepers.pop(name, None)
         try:
-            with self.connect(name) as conn:
-                # The test's sessions ended from the copy's own (one connection, not two).
-                conn.execute(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-                )
-                reusable = _Refill.shape(conn) == refill.template_shape
-                if reusable:
-                    refill.run(conn)
+            try:
+                reusable = self._empty(conn, refill) if conn is not None else None
+            except psycopg.OperationalError:
+                reusable = None  # its session ended (the server restarted, or a test ended it)
+            if reusable is None:
+                if conn is not None:
+                    conn.close()
+                conn = self.connect(name)
+                reusable = self._empty(conn, refill)
         except BaseException:
+            if conn is not None:
+                conn.close()
             self.drop_database(name)
             raise
         if reusable:
+            self._keepers[name] = conn
             prefix = name.rsplit("_", 1)[0]
             self._spare.setdefault((template, prefix), []).append(name)
         else:
+            conn.close()
             self.drop_database(name)
+
+    @staticmethod
+    def _empty(conn: psycopg.Connection[TupleRow], refill: _Refill) -> bool:
+        """End the copy's other sessions; refill it when its schema is still
+        the template's (True), else leave it (False). ``conn`` is left idle,
+        outside any transaction."""
+        # The test's sessions ended from the copy's own (one connection, not two).
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        reusable = _Refill.shape(conn) == refill.template_shape
+        if reusable:
+            refill.run(conn)
+        conn.commit()
+        return reusable
 
     def forget(self, template: str) -> None:
         """Drop ``template`` and the copies of it handed back (a template

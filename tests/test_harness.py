@@ -244,6 +244,43 @@ def test_a_copy_handed_back_is_the_template_again(postgres_server: PostgresServe
         postgres_server.drop_database(template)
 
 
+@needs_postgres
+def test_a_copy_is_emptied_again_after_its_server_restarted_and_dropped_when_reshaped(
+    own_server: PostgresServer,
+) -> None:
+    """`hand_back` empties a copy from the session it left open the last
+    time, or from a new one when that session ended (the server stopped and
+    started again); a copy whose schema changed is dropped, its kept session
+    closed first."""
+    own_server.start()
+    template = "tmpl"
+    own_server.create_database(template)
+    _execute(
+        own_server.url(template),
+        "CREATE TABLE parent (id serial PRIMARY KEY, name text NOT NULL)",
+        "INSERT INTO parent (name) VALUES ('from template')",
+    )
+    fresh = _scalar(own_server.url(template), "SELECT count(*) FROM parent")
+    with own_server.copy_of(template, "kept") as first:
+        _execute(first, "INSERT INTO parent (name) VALUES ('a')")
+    own_server.stop()
+    own_server.start()
+    with own_server.copy_of(template, "kept") as second:
+        assert second == first
+        assert _scalar(second, "SELECT count(*) FROM parent") == fresh
+        _execute(second, "INSERT INTO parent (name) VALUES ('b')")
+    with own_server.copy_of(template, "kept") as third:
+        assert third == first
+        assert _scalar(third, "SELECT count(*) FROM parent") == fresh
+        _execute(third, "ALTER TABLE parent ADD COLUMN extra int")
+    with own_server.connect("postgres") as conn:
+        names = {name for (name,) in conn.execute("SELECT datname FROM pg_database")}
+    assert first.rsplit("/", 1)[1] not in names
+    with own_server.copy_of(template, "kept") as fourth:
+        assert fourth != first
+        assert _scalar(fourth, "SELECT count(*) FROM parent") == fresh
+
+
 def test_a_forgotten_template_and_its_copies_are_dropped(postgres_server: PostgresServer) -> None:
     """`forget` drops a template and the copies of it handed back, and only those."""
     template, other = "harness_tmpl_forget", "harness_tmpl_kept"

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from budgets import examples
 
 from metering.api.parsing import body_kind, decode_json, parse_check, parse_events
 from metering.api.problems import ApiProblem
@@ -335,7 +336,7 @@ def test_the_queued_parser_gives_what_parse_events_gives() -> None:
 
     from metering.api.parsing import queued_events, queued_of
 
-    @settings(max_examples=400, deadline=None)
+    @settings(max_examples=examples(400), deadline=None)
     @given(st.lists(plain_events(), min_size=1, max_size=4), st.booleans())
     def check(items: list[dict[str, Any]], single: bool) -> None:
         sent = items[:1] if single else items
