@@ -201,22 +201,18 @@ def runs(
     limit's factor and floor (``settings``): the floats `step` makes charge
     after charge, a pair's in one loop."""
     found = {}
-    short_us, long_us = SHORT_TAU_SECONDS * 1_000_000, LONG_TAU_SECONDS * 1_000_000
     for pair, costs in charged.items():
         factor, floor = settings[pair[0]]
         breaker = states.get(pair)
         if breaker is None:
             short, long, at_us, since_us, over = 0.0, 0.0, now_us, now_us, None
         else:
-            short, long, at_us, since_us, over, _ = breaker
-            gap = now_us - at_us
-            if gap > 0:  # (as `_decayed`)
-                if gap > FORGET_US:
-                    short = long = 0.0
-                else:
-                    short = short * math.exp(-gap / short_us)
-                    long = long * math.exp(-gap / long_us)
-                at_us = now_us
+            short, long = rates_at(breaker, now_us)
+            at_us, since_us, over = (
+                max(breaker.rate_at_us, now_us),
+                breaker.since_us,
+                breaker.over_since_us,
+            )
         young = floor is None and now_us - since_us < HISTORY_US
         for cost in costs:
             added = cost if cost > 0 else 0

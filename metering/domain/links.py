@@ -16,6 +16,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+from collections.abc import Iterable
 from typing import Final
 from urllib.parse import urlsplit
 
@@ -87,6 +88,13 @@ def verify(secret: str, token: object, now_s: int) -> str | None:
         return _unb64(parts[1]).decode("utf-8")
     except (binascii.Error, UnicodeDecodeError, ValueError):
         return None
+
+
+def verify_any(secrets: Iterable[str], token: object, now_s: int) -> str | None:
+    """`verify` with each of ``secrets`` in turn (the one in use, then one a
+    rotation replaced): the first subject found, else None."""
+    found = (verify(secret, token, now_s) for secret in secrets)
+    return next((subject for subject in found if subject is not None), None)
 
 
 def public_url_problem(url: str) -> str | None:

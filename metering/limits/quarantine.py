@@ -11,7 +11,7 @@ from sqlalchemy import Connection
 
 from metering.domain.events import validate_subject
 from metering.domain.limits import validate_limit_name
-from metering.domain.links import verify
+from metering.domain.links import verify_any
 from metering.engine.breakers import SECRET_NAME
 from metering.errors import InvalidLimit, NotQuarantined, UnknownLimit
 from metering.storage.breakers import BreakerStore, Quarantine
@@ -49,8 +49,7 @@ def release(database: Database, subject: str, limit: str) -> Quarantine:
 def _signed(connection: Connection, token: str, now_us: int) -> Quarantine | None:
     """The quarantine a well-signed, unexpired ``token`` names, as signed."""
     keys = portal_secrets(connection, now_us, SECRET_NAME)
-    found = (verify(secret, token, now_us // 1_000_000) for secret in keys)
-    signed = next((text for text in found if text is not None), None)
+    signed = verify_any(keys, token, now_us // 1_000_000)
     parts = signed.split("\n") if signed is not None else []
     if len(parts) != 3 or not parts[2].isdigit():
         return None

@@ -38,7 +38,7 @@ from metering.domain.links import (
     public_url_problem,
     sign,
     validate_ttl,
-    verify,
+    verify_any,
 )
 from metering.errors import InvalidInput
 from metering.settings import public_url
@@ -182,8 +182,7 @@ def subject_of_link(database: Database, token: str) -> str | None:
     its grace lasts."""
     now_us = database.now_us()
     keys = database.read(lambda c: portal_secrets(c, now_us))
-    found = (verify(secret, token, now_us // 1_000_000) for secret in keys)
-    return next((subject for subject in found if subject is not None), None)
+    return verify_any(keys, token, now_us // 1_000_000)
 
 
 def validate_grace(grace_seconds: object) -> int:

@@ -10,7 +10,7 @@ import hmac
 
 import pytest
 
-from metering.domain.links import parse_ttl, sign, verify
+from metering.domain.links import parse_ttl, sign, verify, verify_any
 from metering.errors import InvalidInput
 
 
@@ -92,3 +92,11 @@ def test_a_token_of_another_version_is_refused_even_well_signed() -> None:
     signature = base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
     assert verify("k", f"{payload}.{signature}", 0) is None
     assert verify("k", f"v1.b3JnLTEyMw.1000.{signature}", 0) is None
+
+
+def test_a_token_verifies_with_any_of_the_secrets_given() -> None:
+    token = sign("old", "org", 1_000)
+    assert verify_any(["new", "old"], token, 0) == "org"
+    assert verify_any(["new"], token, 0) is None
+    assert verify_any([], token, 0) is None
+    assert verify_any(["new", "old"], token, 1_000) is None  # expired
