@@ -13,7 +13,7 @@ unless given), then earliest expiry, earliest given, id; an expired grant's rest
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
@@ -145,12 +145,14 @@ class Pot:
                 amount -= taken
         return draws
 
-    def draw(self, window_start_us: int, amount: int, at_us: int) -> tuple[int, list[list[Any]]]:
+    def draw(
+        self, window_start_us: int, amount: int, at_us: int
+    ) -> tuple[int, list[tuple[str, int]]]:
         """What the grants active at ``at_us`` held before, and ``amount``
         paid and recorded in this window, as `plan` then `take` would
-        (the draws as [grant id, amount] lists), in one pass."""
+        (the draws as (grant id, amount), as a decision holds them), in one pass."""
         available = 0
-        draws: list[list[Any]] = []
+        draws: list[tuple[str, int]] = []
         paid = 0
         for b in self.balances:  # (`Balance.active_at` and `left`, inlined: once a charge)
             left = b.amount - b.used
@@ -160,7 +162,7 @@ class Pot:
                 if amount > 0:
                     taken = left if left < amount else amount
                     b.used += taken
-                    draws.append([b.grant_id, taken])
+                    draws.append((b.grant_id, taken))
                     amount -= taken
                     paid += taken
         if paid:
@@ -173,6 +175,34 @@ class Pot:
         for grant_id, amount in draws:
             by_id[grant_id].used += amount
             self.granted[window_start_us] = self.granted.get(window_start_us, 0) + amount
+
+
+def used_by_grant(pots: Iterable[Pot]) -> dict[str, int]:
+    """What each grant of ``pots`` has used, by grant id (`drawn_since`)."""
+    return {b.grant_id: b.used for pot in pots for b in pot.balances}
+
+
+def drawn_since(
+    pots: Mapping[tuple[str, str], Pot], used: Mapping[str, int]
+) -> dict[tuple[str, str, int, str], int] | None:
+    """What ``pots`` (by (limit, subject)) drew since their grants had ``used``
+    (`used_by_grant`; a grant not in it had used nothing), by (limit,
+    subject, window start, grant id), as the draws of the charges' rows sum
+    to: each pot draws only in its windows (``granted``), so a pot that drew
+    and knows one window drew in it. None when one that drew knows more
+    (the rows tell which window drew what)."""
+    found: dict[tuple[str, str, int, str], int] = {}
+    for (name, subject), pot in pots.items():
+        for balance in pot.balances:
+            grant_id = balance.grant_id
+            drawn = balance.used - used.get(grant_id, 0)
+            if drawn:
+                granted = pot.granted
+                if len(granted) != 1:
+                    return None
+                for start in granted:
+                    found[(name, subject, start, grant_id)] = drawn
+    return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,8 +260,10 @@ __all__ = [
     "History",
     "Pot",
     "WindowFit",
+    "drawn_since",
     "fit_window",
     "maximum_at",
+    "used_by_grant",
     "validate_amount",
     "validate_grant_id",
     "validate_priority",

@@ -41,7 +41,7 @@ from metering.domain.events import (
     refuse_free,
 )
 from metering.domain.forecast import added
-from metering.domain.grants import Balance, History, Pot, maximum_at
+from metering.domain.grants import Balance, History, Pot, drawn_since, maximum_at, used_by_grant
 from metering.domain.imports import ImportPolicy
 from metering.domain.instants import from_us
 from metering.domain.licenses import consumed_concurrent
@@ -701,6 +701,7 @@ class _Applying:
         self.paired: set[int] = set()
         self.simple: dict[str, bool] = {}  # `_spend_simple` by spend limit
         self.paying: dict[str, int] = {}  # how many spend counters a currency's charges pay
+        self.read_used: dict[str, int] = {}  # what each grant read had used (`drawn_since`)
 
     def plan(self) -> None:
         """Each event's rules, spend charges and counters' keys."""
@@ -998,6 +999,8 @@ class _Applying:
         )
         if snapshot.version != self.version:
             raise _Decline(Declined("the limits changed since they were cached", stale=True))
+        if snapshot.pots:  # what the grants had used: the batch's draws are the rest (`_draws`)
+            self.read_used = used_by_grant(snapshot.pots.values())
         if self.wanted_seats and store.keeps_stamps:
             held.settle(seats, assumed, snapshot, store.read_seats, store.read_held)
         if due:
@@ -1459,7 +1462,10 @@ class _Applying:
         pots = snapshot.pots
         if not pots:
             return []
-        changes.draws = draws_of(row for record in self.records for row in record.charges)
+        draws = drawn_since(pots, self.read_used)
+        if draws is None:  # a pot drew in more than one window: its rows tell which
+            draws = draws_of(row for record in self.records for row in record.charges)
+        changes.draws = draws
         changes.issues = self.issues
         watched = snapshot.watched
         if not (watched and changes.draws):

@@ -19,8 +19,10 @@ from metering.domain.grants import (
     MAX_PRIORITY,
     Balance,
     Pot,
+    drawn_since,
     fit_window,
     maximum_at,
+    used_by_grant,
     validate_amount,
     validate_grant_id,
     validate_priority,
@@ -280,6 +282,63 @@ def test_drawing_in_one_pass_is_available_then_plan_then_take(
     available = slow.available(at_us)
     draws = slow.plan(amount, at_us) if amount > 0 else []
     slow.take(start, draws)
-    assert fast.draw(start, amount, at_us) == (available, [list(d) for d in draws])
+    assert fast.draw(start, amount, at_us) == (available, draws)
     assert [b.used for b in fast.balances] == [b.used for b in slow.balances]
     assert fast.granted == slow.granted
+
+
+_charges = st.lists(
+    st.tuples(
+        st.sampled_from(["a", "b"]),  # the subject
+        st.integers(0, 1),  # the window's start
+        st.integers(-5, 60),  # what its grants are asked for
+        st.integers(0, 20),  # its time
+        st.booleans(),  # drawn (`Pot.draw`) or planned then taken
+    ),
+    max_size=12,
+)
+
+
+@given(_balances, _balances, _charges, st.booleans(), st.booleans())
+def test_a_batchs_draws_are_what_its_pots_drew_since_they_were_read(
+    a: list[Balance],
+    b: list[Balance],
+    charges: list[tuple[str, int, int, int, bool]],
+    read_window: bool,
+    issued: bool,
+) -> None:
+    def copied(balances: list[Balance], prefix: str) -> list[Balance]:
+        fields = Balance.__slots__
+        return [
+            Balance(**{f: getattr(x, f) for f in fields} | {"grant_id": prefix + x.grant_id})
+            for x in balances
+        ]
+
+    granted = {1: 3} if read_window else {}  # a window's draws read with its counter
+    pots = {
+        ("calls", "a"): Pot(copied(a, "a-"), dict(granted)),
+        ("calls", "b"): Pot(copied(b, "b-")),
+    }
+    used = used_by_grant(pots.values())
+    if issued:  # a recurring grant issued by the batch: read with nothing used
+        pots[("calls", "a")].balances.append(Balance("a-new", 9, 0, 0, None))
+    summed: dict[tuple[str, str, int, str], int] = {}  # what the charges' rows list
+    windows: set[tuple[str, int]] = set()  # the windows that drew
+    for subject, start, amount, at_us, one_pass in charges:
+        pot = pots[("calls", subject)]
+        if one_pass:
+            draws = pot.draw(start, amount, at_us)[1]
+        else:
+            draws = pot.plan(amount, at_us) if amount > 0 else []
+            pot.take(start, draws)
+        for grant_id, paid in draws:
+            key = ("calls", subject, start, grant_id)
+            summed[key] = summed.get(key, 0) + paid
+            windows.add((subject, start))
+    found = drawn_since(pots, used)
+    one_each = len(windows) == len({subject for subject, _ in windows}) and not (
+        read_window and ("a", 0) in windows
+    )
+    # A pot that drew knows the windows it drew in, and those read with draws:
+    # with one, what it drew is that window's; with more, the rows tell (None).
+    assert found == (summed if one_each else None)
