@@ -145,8 +145,7 @@ class ChargeDecision:
             if not drawn:
                 grants: tuple[tuple[str, int], ...] = ()
             elif len(drawn) == 1:  # (most: one grant paid)
-                draw = drawn[0]  # a batch's row holds it as a decision does (`Pot.draw`)
-                grants = (draw,) if type(draw) is tuple else ((str(draw[0]), int(draw[1])),)
+                grants = ((str(drawn[0][0]), int(drawn[0][1])),)
             else:
                 grants = tuple((str(g), int(a)) for g, a in drawn)
             price = None

@@ -145,14 +145,12 @@ class Pot:
                 amount -= taken
         return draws
 
-    def draw(
-        self, window_start_us: int, amount: int, at_us: int
-    ) -> tuple[int, list[tuple[str, int]]]:
+    def draw(self, window_start_us: int, amount: int, at_us: int) -> tuple[int, list[list[Any]]]:
         """What the grants active at ``at_us`` held before, and ``amount``
         paid and recorded in this window, as `plan` then `take` would
-        (the draws as (grant id, amount), as a decision holds them), in one pass."""
+        (the draws as [grant id, amount] lists), in one pass."""
         available = 0
-        draws: list[tuple[str, int]] = []
+        draws: list[list[Any]] = []
         paid = 0
         for b in self.balances:  # (`Balance.active_at` and `left`, inlined: once a charge)
             left = b.amount - b.used
@@ -162,7 +160,7 @@ class Pot:
                 if amount > 0:
                     taken = left if left < amount else amount
                     b.used += taken
-                    draws.append((b.grant_id, taken))
+                    draws.append([b.grant_id, taken])
                     amount -= taken
                     paid += taken
         if paid:

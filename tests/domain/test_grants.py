@@ -282,7 +282,7 @@ def test_drawing_in_one_pass_is_available_then_plan_then_take(
     available = slow.available(at_us)
     draws = slow.plan(amount, at_us) if amount > 0 else []
     slow.take(start, draws)
-    assert fast.draw(start, amount, at_us) == (available, draws)
+    assert fast.draw(start, amount, at_us) == (available, [list(d) for d in draws])
     assert [b.used for b in fast.balances] == [b.used for b in slow.balances]
     assert fast.granted == slow.granted
 
