@@ -324,12 +324,12 @@ def consume_round(
     seed: int,
     speculate: bool,
 ) -> tuple[Figures, float]:
-    """``calls`` calls of ``case`` paired with as many of plain (split between
+    """``calls`` calls, half of ``case`` and half of plain, paired (split between
     the processes): the case's figures (its rate: its calls over their own
     time, per process) and the ratio of plain's summed time to its."""
     cases = (case, CASES[0])
     job = paired_job((urls[case.name], urls["plain"]), cases, subjects, seed, speculate)
-    found = run_prepared_each(job, processes, calls // processes)
+    found = run_prepared_each(job, processes, calls // 2 // processes)
     mine = [ns for ours, _ in found for ns in ours]
     plain = sum(ns for _, theirs in found for ns in theirs)
     figures = Figures(case.name, processes, len(mine), sum(mine) / processes / 1e9, mine)
@@ -611,12 +611,12 @@ def selected(names: list[str] | None, new_seats: bool) -> list[Case]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--subjects", type=int, default=500)
-    parser.add_argument("--consume", type=int, default=600, help="consume calls a round")
+    parser.add_argument(
+        "--consume", type=int, default=600, help="consume calls a round and case (half plain's)"
+    )
     # A SQLite call takes a quarter of a PostgreSQL one: as many calls as
     # long a round, or one stall (a checkpoint, a neighbour) decides a row.
-    parser.add_argument(
-        "--sqlite-consume", type=int, default=1000, help="consume calls a round, SQLite"
-    )
+    parser.add_argument("--sqlite-consume", type=int, default=1000, help="the same on SQLite")
     # A stall (a checkpoint) takes three to four times a batch: with four
     # batches a round, one decided a case's round (p99 170 to 210 ms against
     # a p50 of 50 in cases whose code was the same as the run before).
