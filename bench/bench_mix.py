@@ -41,18 +41,24 @@ monthly calendar windows high enough that nothing is denied:
 Every subject's counters, and its seats, exist before the first round.
 Rounds interleave the configurations (their order turns each round):
 `Meter.consume` in 1 process (and in 4 sharing the round's calls, on
-PostgreSQL), and `Meter.apply` of 1,000-event batches in one process,
+PostgreSQL), each case's calls paired with as many of plain in the same
+process (`paired_job`: a meter on each database, both warmed, the same
+subjects in the same order, slices of ten calls of each in turn; plain is
+paired with itself), and `Meter.apply` of 1,000-event batches in one process,
 beside the ledger peer (`peers.ledger_postgres`, `peers.ledger_sqlite`: the
 results rows and the counter upsert, one transaction per batch, no
 decision, over the plain batches' own events and ids), one batch of every
 case and of the peer in turn (`apply_rounds`). Each row prints the median
-of the rounds and its ratio to plain, the median of the per-round ratios;
-a case that writes more than one counter also to the plain limit stacked
-on as many (priced and tiered to stacked, the mix to stacked3), and each
-batch row to the peer and, last, the median of the ratios of the batches
-applied in the same pass (to plain, and in brackets to stacked): between
-two runs of one commit it moves as far as the rounds' ratio on PostgreSQL
-and less on SQLite (docs/performance.md), so on SQLite it is the one to read.
+of the rounds (a `consume` row's rate, p50 and p99 from the case's own
+calls) and its ratio to plain, the median of the per-round ratios of the
+rates; a case that writes more than one counter also to the plain limit
+stacked on as many (priced and tiered to stacked, the mix to stacked3), and
+each batch row to the peer and, last, the paired ratio (to plain, and in
+brackets to stacked): for `consume` the median of the rounds' ratios of
+plain's summed time to the case's in the same processes (to stacked: of the
+case's paired ratio over stacked's), for `apply` the median of the ratios
+of the batches applied in the same pass. The paired column is the one to
+read (docs/performance.md: how far each moves between runs of one commit).
 A round's consuming meters are new: on PostgreSQL their cached rows are
 cold, so they rarely speculate (`metering.storage.hot.speculative`;
 ``--no-speculation`` turns it off; ``bench_speculation.py`` measures warm
@@ -85,7 +91,7 @@ from common import (
     make_base_dir,
     median,
     print_table,
-    run_prepared,
+    run_prepared_each,
     start_worker,
     stop_worker,
 )
@@ -227,6 +233,8 @@ NEW_SEATS = Case(
 STACKED = {case.name: case.stacked for case in [*CASES, NEW_SEATS]}
 PEER = "ledger peer"
 WARM_UP = 100  # events applied before a round's batches are timed
+WARM_CALLS = 5  # consume calls of each meter of a pair before its calls are timed
+SLICE = 10  # consume calls of one side of a pair before the other's
 
 
 def events_of(case: Case, subjects: list[str], seed: int, count: int, meter: Meter) -> list[Any]:
@@ -265,34 +273,67 @@ def prepare(case: Case, url: str, subjects: list[str]) -> None:
         apply_all(meter, [make_event(charges, now, metadata=meta) for charges, meta in calls])
 
 
-def consume_job(
-    url: str, case: Case, subjects: list[str], seed: int, speculate: bool = True
-) -> Any:
-    """A `run_prepared` job: a meter warmed up on one call, then ``events`` calls
-    timed; with ``speculate`` false, its fast path never speculates on cached
-    rows (`metering.storage.hot.speculative`), as before it could."""
+def paired_job(
+    urls: tuple[str, str], cases: tuple[Case, Case], subjects: list[str], seed: int, speculate: bool
+) -> Callable[[int, int], Callable[[], tuple[list[int], list[int]]]]:
+    """A `run_prepared_each` job: a meter on each of two databases (the case's,
+    then plain's), each warmed on `WARM_CALLS` calls, then ``events`` calls of
+    each timed in alternating slices of `SLICE` (the first side turning every
+    slice), both on the same subjects in the same order; each side's latencies.
+    With ``speculate`` false, no fast path speculates on cached rows
+    (`metering.storage.hot.speculative`)."""
 
-    def prepare(index: int, events: int) -> Callable[[], list[int]]:
+    def prepare(index: int, events: int) -> Callable[[], tuple[list[int], list[int]]]:
         rng = random.Random(seed * 100 + index)
-        work = [case.call(rng.choice(subjects), rng) for _ in range(events + 1)]
-        meter = Meter(url)
-        if not speculate:
-            for path in meter._engine.paths:
-                if isinstance(path, Direct):
-                    path.rows = None
-        meter.consume(charges=work[0][0], metadata=work[0][1])
-
-        def timed() -> list[int]:
-            latencies = []
-            for charges, metadata in work[1:]:
-                began = time.perf_counter_ns()
+        drawn = [rng.choice(subjects) for _ in range(WARM_CALLS + events)]
+        sides = []
+        for url, case in zip(urls, cases, strict=True):
+            metadata_rng = random.Random(seed * 100 + index)
+            work = [case.call(subject, metadata_rng) for subject in drawn]
+            meter = Meter(url)
+            if not speculate:
+                for path in meter._engine.paths:
+                    if isinstance(path, Direct):
+                        path.rows = None
+            for charges, metadata in work[:WARM_CALLS]:
                 meter.consume(charges=charges, metadata=metadata)
-                latencies.append(time.perf_counter_ns() - began)
+            sides.append((meter, work[WARM_CALLS:]))
+
+        def timed() -> tuple[list[int], list[int]]:
+            latencies: tuple[list[int], list[int]] = ([], [])
+            for number, at in enumerate(range(0, events, SLICE)):
+                for side in (0, 1) if number % 2 == 0 else (1, 0):
+                    meter, work = sides[side]
+                    for charges, metadata in work[at : at + SLICE]:
+                        began = time.perf_counter_ns()
+                        meter.consume(charges=charges, metadata=metadata)
+                        latencies[side].append(time.perf_counter_ns() - began)
             return latencies  # the child ends here, its connections with it
 
         return timed
 
     return prepare
+
+
+def consume_round(
+    urls: dict[str, str],
+    case: Case,
+    subjects: list[str],
+    processes: int,
+    calls: int,
+    seed: int,
+    speculate: bool,
+) -> tuple[Figures, float]:
+    """``calls`` calls, half of ``case`` and half of plain, paired (split between
+    the processes): the case's figures (its rate: its calls over their own
+    time, per process) and the ratio of plain's summed time to its."""
+    cases = (case, CASES[0])
+    job = paired_job((urls[case.name], urls["plain"]), cases, subjects, seed, speculate)
+    found = run_prepared_each(job, processes, calls // 2 // processes)
+    mine = [ns for ours, _ in found for ns in ours]
+    plain = sum(ns for _, theirs in found for ns in theirs)
+    figures = Figures(case.name, processes, len(mine), sum(mine) / processes / 1e9, mine)
+    return figures, plain / sum(mine)
 
 
 def apply_rounds(
@@ -338,10 +379,15 @@ class Results:
 
     def __init__(self) -> None:
         self.figures: dict[tuple[str, str], list[Figures]] = {}
+        self.pairs: dict[tuple[str, str], list[float]] = {}  # a paired `consume` round's ratio
 
-    def add(self, path: str, figures: Figures) -> None:
+    def add(self, path: str, figures: Figures, paired: float | None = None) -> None:
         self.figures.setdefault((path, figures.name), []).append(figures)
-        print(f"  {path}, {figures.name}: {figures.rate:,.0f}/s", flush=True)
+        tail = ""
+        if paired is not None:
+            self.pairs.setdefault((path, figures.name), []).append(paired)
+            tail = f" (paired with plain: {paired:.2f})"
+        print(f"  {path}, {figures.name}: {figures.rate:,.0f}/s{tail}", flush=True)
 
     def ratio(self, path: str, name: str, to: str) -> str:
         """The median of the per-round ratios of the rates."""
@@ -351,8 +397,18 @@ class Results:
         return f"{median([a.rate / b.rate for a, b in zip(ours, theirs, strict=True)]):.2f}"
 
     def paired(self, path: str, name: str, to: str) -> str:
-        """The median of the ratios of the batches applied in the same pass (the
-        k-th batch of one case against the k-th of the other, every round)."""
+        """`consume`: the median of the rounds' ratios of the summed times of
+        plain's calls and the case's in one process (to ``to`` other than plain:
+        of the case's ratio over ``to``'s). `apply`: the median of the ratios of
+        the batches applied in the same pass (the k-th batch of one case against
+        the k-th of the other, every round)."""
+        if (path, name) in self.pairs:
+            ours_, theirs_ = self.pairs[(path, name)], self.pairs.get((path, to), [])
+            if to != "plain":
+                if not theirs_:
+                    return ""
+                ours_ = [a / b for a, b in zip(ours_, theirs_, strict=True)]
+            return f"{median(ours_):.2f}"
         ours, theirs = self.figures[(path, name)], self.figures.get((path, to), [])
         if not theirs:
             return ""
@@ -389,7 +445,7 @@ class Results:
                 row += [self.ratio(path, name, stacked) if stacked else ""]
                 batches = path.startswith("apply")
                 row += [self.ratio(path, name, PEER) if batches else ""]
-                paired = self.paired(path, name, "plain") if batches else ""
+                paired = self.paired(path, name, "plain")
                 if paired and stacked:
                     paired += f" ({self.paired(path, name, stacked)})"
                 row += [paired]
@@ -414,11 +470,10 @@ def measure(
         for processes in process_counts:
             path = f"consume, {processes} process{'es' if processes > 1 else ''}"
             for case in order:
-                job = consume_job(
-                    urls[case.name], case, subjects, 1000 + round_, not args.no_speculation
+                figures, paired = consume_round(
+                    urls, case, subjects, processes, consume, 1000 + round_, not args.no_speculation
                 )
-                figures = run_prepared(case.name, job, processes, consume // processes)
-                results.add(path, figures)
+                results.add(path, figures, paired)
         path = "apply, 1,000-event batches"
         for figures in apply_rounds(urls, peer, order, subjects, round_, args.batches):
             results.add(path, figures)
@@ -556,12 +611,12 @@ def selected(names: list[str] | None, new_seats: bool) -> list[Case]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--subjects", type=int, default=500)
-    parser.add_argument("--consume", type=int, default=600, help="consume calls a round")
+    parser.add_argument(
+        "--consume", type=int, default=600, help="consume calls a round and case (half plain's)"
+    )
     # A SQLite call takes a quarter of a PostgreSQL one: as many calls as
     # long a round, or one stall (a checkpoint, a neighbour) decides a row.
-    parser.add_argument(
-        "--sqlite-consume", type=int, default=1000, help="consume calls a round, SQLite"
-    )
+    parser.add_argument("--sqlite-consume", type=int, default=1000, help="the same on SQLite")
     # A stall (a checkpoint) takes three to four times a batch: with four
     # batches a round, one decided a case's round (p99 170 to 210 ms against
     # a p50 of 50 in cases whose code was the same as the run before).
@@ -590,7 +645,7 @@ def main() -> None:
     subjects = [f"subject-{n}" for n in range(args.subjects)]
     header = ["database", "path", "configuration", "events/s", "p50", "p99", "ratio to plain"]
     header += ["ratio to stacked (as many counters)", "ratio to ledger peer"]
-    header += ["paired batches: ratio to plain (to stacked)"]
+    header += ["paired: ratio to plain (to stacked)"]
     rows = [] if args.sqlite_only else [["PostgreSQL", *r] for r in postgres_rows(subjects, args)]
     rows += [["SQLite", *r] for r in sqlite_rows(subjects, args)]
     worker = f", {args.worker_rounds} worker rounds of {args.worker_events} events"

@@ -107,20 +107,37 @@ def _prepared_child(prepare: Prepare, index: int, events: int, start: object, ou
     out.put(timed())  # type: ignore[attr-defined]
 
 
-def run_prepared(name: str, prepare: Prepare, processes: int, events_each: int) -> Figures:
-    """`run_parallel`, where each child first runs ``prepare`` (connects, warms up) and
-    the clock starts once every child is ready; only the callable it returns is timed."""
+def _ready(prepare: Callable[[int, int], Callable[[], Any]], processes: int, events: int) -> Any:
+    """``processes`` forked children, each prepared and waiting for the start."""
     context = multiprocessing.get_context("fork")
     start, out = context.Event(), context.Queue()
     procs = [
-        context.Process(target=_prepared_child, args=(prepare, n, events_each, start, out))
+        context.Process(target=_prepared_child, args=(prepare, n, events, start, out))
         for n in range(processes)
     ]
     for proc in procs:
         proc.start()
     for _ in procs:
         out.get(timeout=600)  # ready
-    return _timed(name, procs, start, out)
+    return procs, start, out
+
+
+def run_prepared(name: str, prepare: Prepare, processes: int, events_each: int) -> Figures:
+    """`run_parallel`, where each child first runs ``prepare`` (connects, warms up) and
+    the clock starts once every child is ready; only the callable it returns is timed."""
+    return _timed(name, *_ready(prepare, processes, events_each))
+
+
+def run_prepared_each(
+    prepare: Callable[[int, int], Callable[[], Any]], processes: int, events_each: int
+) -> list[Any]:
+    """`run_prepared`, returning what each child's timed part returned."""
+    procs, start, out = _ready(prepare, processes, events_each)
+    start.set()
+    found = [out.get(timeout=600) for _ in procs]
+    for proc in procs:
+        proc.join(60)
+    return found
 
 
 def print_table(title: str, header: list[str], rows: list[list[str]]) -> None:

@@ -6,12 +6,14 @@ and of the ledger peer (no timing is checked)."""
 from __future__ import annotations
 
 import importlib
+import itertools
 import os
 import random
 import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -85,6 +87,32 @@ def test_new_seats_bring_a_new_user_with_every_event(bench_mix: ModuleType) -> N
     assert not users & {f"user-{n}" for n in range(20)}
 
 
+def test_a_pair_times_both_meters_in_turn_on_the_same_subjects(
+    bench_mix: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    called: list[tuple[str, str]] = []
+
+    class Recording(Meter):
+        def consume(self, *args: Any, **kwargs: Any) -> Any:
+            called.append((self.url, kwargs["charges"][0][0]))
+            return super().consume(*args, **kwargs)
+
+    subjects = [f"subject-{n}" for n in range(5)]
+    cases = ({c.name: c for c in bench_mix.CASES}["mix"], bench_mix.CASES[0])
+    urls = (f"sqlite:///{tmp_path}/mix.db", f"sqlite:///{tmp_path}/plain.db")
+    for case, url in zip(cases, urls, strict=True):
+        bench_mix.prepare(case, url, subjects)
+    monkeypatch.setattr(bench_mix, "Meter", Recording)
+    mine, plains = bench_mix.paired_job(urls, cases, subjects, 7, True)(0, 25)()
+    assert len(mine) == len(plains) == 25
+    warm, timed = bench_mix.WARM_CALLS, called[2 * bench_mix.WARM_CALLS :]
+    assert [url for url, _ in called[: 2 * warm]] == [urls[0]] * warm + [urls[1]] * warm
+    # Slices of ten (the last of five), the first side turning every slice:
+    runs = [(url, len(list(group))) for url, group in itertools.groupby(u for u, _ in timed)]
+    assert runs == [(urls[0], 10), (urls[1], 20), (urls[0], 15), (urls[1], 5)]
+    assert [s for u, s in called if u == urls[0]] == [s for u, s in called if u == urls[1]]
+
+
 @pytest.mark.slow
 def test_new_seats_run_beside_the_cases_named(tmp_path: Path) -> None:
     rows = run_quick(tmp_path, "--new-seats", "--cases", "seats", "mix")
@@ -96,10 +124,11 @@ def test_new_seats_run_beside_the_cases_named(tmp_path: Path) -> None:
         "mix: entitlement, recurring grant, price + cap, seats",
     ]
     assert [row[2] for row in rows if row[1] == "consume, 1 process"] == expected
-    paired = {row[2]: row[9] for row in rows if row[1].startswith("apply")}
-    assert list(paired) == [*expected, "ledger peer"]
-    assert all(paired.values())  # the paired batches' median ratio to plain
-    assert "(" in paired[expected[-1]]  # and to stacked on three
+    for path in ("consume, 1 process", "apply, 1,000-event batches"):
+        paired = {row[2]: row[9] for row in rows if row[1] == path}
+        assert list(paired) == expected + (["ledger peer"] if path.startswith("apply") else [])
+        assert all(paired.values())  # the paired median ratio to plain
+        assert "(" in paired[expected[-1]]  # and to stacked on three
 
 
 @pytest.mark.slow
@@ -112,3 +141,4 @@ def test_every_configuration_runs_on_sqlite(tmp_path: Path) -> None:
     stacked = {row[2]: row[7] for row in rows if row[7]}  # ratio to as many counters stacked
     assert set(stacked) == {CONFIGURATIONS[3], CONFIGURATIONS[4], CONFIGURATIONS[-1]}
     assert all(row[8] for row in rows if row[1].startswith("apply"))  # ratio to the peer
+    assert all(row[9] for row in rows)  # the paired ratio, `consume` and `apply`
