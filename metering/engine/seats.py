@@ -6,8 +6,8 @@ kept up to date event by event, so a batch decides as its events would one
 by one; a value's row is written when it takes a seat, not for a held
 value's further events (`HELD`). The reference engine reads and writes
 them here (`Seats.read`, `Seats.write`); the fast path reads them with its
-hot store's counters, on PostgreSQL only those `HeldCache` does not know
-held at their window's stamp. A void (`free_seats`) asks the ledger for the rest.
+hot store's counters, only those `HeldCache` does not know held at
+their window's stamp. A void (`free_seats`) asks the ledger for the rest.
 """
 
 from __future__ import annotations
