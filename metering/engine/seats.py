@@ -204,8 +204,10 @@ class HeldCache:
         if known is not None and known[0] == stamp:
             if not values <= known[1]:
                 self.windows[key] = (stamp, known[1] | values)
-        else:
+        elif values:
             self.windows[key] = (stamp, frozenset(values))
+        elif known is not None:  # its stamp moved: nothing known held
+            del self.windows[key]
 
     def forget(self, keys: Iterable[Key]) -> None:
         """Drop the windows a batch changed (their stamps moved on commit)."""
