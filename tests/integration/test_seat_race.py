@@ -8,7 +8,7 @@ import json
 import multiprocessing
 import multiprocessing.synchronize
 import random
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import select
@@ -109,14 +109,17 @@ def test_two_meters_knowing_values_held_never_pass_the_maximum(db_url: str) -> N
     for proc in procs:
         proc.join(240)
     assert [proc.exitcode for proc in procs] == [0, 0]
-    with Meter(db_url, clock=FrozenClock(NOW)) as meter:
+    # Two minutes on: the audit checks what was decided up to a minute before.
+    with Meter(db_url, clock=FrozenClock(NOW + timedelta(minutes=2))) as meter:
         [counter] = meter.counters("org-1", "seats")
         seats = meter.seats("org-1", "seats")
         with meter.sql_engine.connect() as connection:
             query = select(results.c.event_id, results.c.charges, results.c.metadata)
             rows = connection.execute(query).all()
             voided = set(connection.execute(select(corrections.c.event_id)).scalars())
-        assert run_audit(meter, full=True).violations == ()
+        audit = run_audit(meter, full=True)
+    assert audit.windows == 1
+    assert audit.violations == ()
     charges = {event_id: ChargeDecision.from_row(json.loads(c)[0]) for event_id, c, _ in rows}
     assert counter.used == len(seats) <= LIMIT.maximum
     assert all(charge.used <= LIMIT.maximum for charge in charges.values())
