@@ -6,8 +6,8 @@ kept up to date event by event, so a batch decides as its events would one
 by one; a value's row is written when it takes a seat, not for a held
 value's further events (`HELD`). The reference engine reads and writes
 them here (`Seats.read`, `Seats.write`); the fast path reads them with its
-hot store's counters, on PostgreSQL only those `HeldCache` does not know
-held at their window's stamp. A void (`free_seats`) asks the ledger for the rest.
+hot store's counters, only those `HeldCache` does not know held at
+their window's stamp. A void (`free_seats`) asks the ledger for the rest.
 """
 
 from __future__ import annotations
@@ -204,8 +204,10 @@ class HeldCache:
         if known is not None and known[0] == stamp:
             if not values <= known[1]:
                 self.windows[key] = (stamp, known[1] | values)
-        else:
+        elif values:
             self.windows[key] = (stamp, frozenset(values))
+        elif known is not None:  # its stamp moved: nothing known held
+            del self.windows[key]
 
     def forget(self, keys: Iterable[Key]) -> None:
         """Drop the windows a batch changed (their stamps moved on commit)."""

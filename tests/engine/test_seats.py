@@ -1,11 +1,14 @@
-"""The values known held (`HeldCache`): on PostgreSQL a batch reads only the
-seat values it knows nothing of while their window's stamp stands. Every
+"""The values known held (`HeldCache`): a batch reads only the seat values
+it knows nothing of while their window's stamp stands, on both stores. Every
 change of a window's held values moves its stamp, whoever writes it, so a
 database restored under a meter is read again and never lets seats past a
 hard maximum."""
 
 from __future__ import annotations
 
+import sqlite3
+from collections.abc import Callable
+from contextlib import closing
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,6 +21,7 @@ from metering.domain.events import UsageEvent, make_event
 from metering.engine.fast import LimitCache
 from metering.storage.connections import make_engine
 from metering.storage.hot.postgres import PostgresHotStore
+from metering.storage.hot.sqlite import SqliteHotStore
 from metering.storage.tables import counters, distinct_values
 
 NOW = datetime(2026, 11, 10, 12, 0, tzinfo=UTC)
@@ -75,83 +79,112 @@ def test_every_take_and_free_of_a_seat_moves_its_windows_stamp(db_url: str) -> N
     engine.dispose()
 
 
-def _saved(engine: Engine) -> list[tuple[Any, list[dict[str, Any]]]]:
+def _backup(url: str) -> Callable[[], None]:
+    """Save the database now; the function returned puts it back as a restore
+    would, behind the triggers' back, so the stamps are the saved ones: on
+    PostgreSQL the counters and values with the triggers off (``pg_restore
+    --disable-triggers``), on SQLite the whole file (the backup API copies
+    its pages, no statement runs)."""
+    if url.startswith("sqlite"):
+        path = url.removeprefix("sqlite:///")
+        saved = sqlite3.connect(":memory:")
+        with closing(sqlite3.connect(path)) as source:
+            source.backup(saved)
+
+        def put_back() -> None:
+            with closing(sqlite3.connect(path)) as target:
+                saved.backup(target)
+
+        return put_back
+    engine = make_engine(url)
     with engine.connect() as connection:
-        return [
+        rows = [
             (table, [dict(row) for row in connection.execute(table.select()).mappings()])
             for table in (counters, distinct_values)
         ]
 
+    def restore() -> None:
+        with engine.begin() as connection:
+            connection.execute(text("SET LOCAL session_replication_role = replica"))
+            for table, saved in rows:
+                connection.execute(table.delete())
+                connection.execute(insert(table), saved)
+        engine.dispose()
 
-def _restore(engine: Engine, saved: list[tuple[Any, list[dict[str, Any]]]]) -> None:
-    """Put the rows back as a restore would: the triggers off (``pg_restore
-    --disable-triggers``), so the stamps are the saved ones."""
-    with engine.begin() as connection:
-        connection.execute(text("SET LOCAL session_replication_role = replica"))
-        for table, rows in saved:
-            connection.execute(table.delete())
-            connection.execute(insert(table), rows)
+    return restore
 
 
-def test_a_restored_database_never_lets_seats_past_the_maximum(pg_url: str) -> None:
-    engine = make_engine(pg_url)
-    with Meter(pg_url, clock=FrozenClock(NOW)) as meter:
+def test_a_restored_database_never_lets_seats_past_the_maximum(db_url: str) -> None:
+    with Meter(db_url, clock=FrozenClock(NOW)) as meter:
         meter.set_limits([Limit("seats", 3, "1mo", window="calendar", distinct="user")])
         assert _allowed(meter, ("a1", "u1"), ("a2", "u2")) == [True, True]
         assert _allowed(meter, ("b1", "u1"), ("b2", "u2")) == [True, True]
-        backup = _saved(engine)  # u1 and u2 held
+        restore = _backup(db_url)  # u1 and u2 held
         assert _allowed(meter, ("c1", "u3")) == [True]
         assert _allowed(meter, ("d1", "u1"), ("d2", "u2"), ("d3", "u3")) == [True, True, True]
         known = _held(meter).held.windows
         assert [sorted(values) for _, values in known.values()] == [["u1", "u2", "u3"]]
-        _restore(engine, backup)
+        restore()
         # u3 is known held, but not in the restored window: it takes the third seat.
         assert _allowed(meter, ("f1", "u3"), ("f2", "u4")) == [True, False]
         assert [c.used for c in meter.counters("org-1", "seats")] == [3]
-    engine.dispose()
+
+
+def _store(url: str) -> tuple[type[PostgresHotStore | SqliteHotStore], str]:
+    """The hot store of ``url``'s database and its method that reads with the counters."""
+    if url.startswith("sqlite"):
+        return SqliteHotStore, "read"
+    return PostgresHotStore, "read_rows"
 
 
 def test_a_batch_reads_only_the_values_it_does_not_know_held(
-    pg_url: str, monkeypatch: pytest.MonkeyPatch
+    db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     read: list[tuple[str, int]] = []
-    store = PostgresHotStore
-    read_rows, read_seats, read_held = store.read_rows, store.read_seats, store.read_held
+    store, with_counters = _store(db_url)
+    read_rows, read_seats, read_held = (
+        getattr(store, with_counters),
+        store.read_seats,
+        store.read_held,
+    )
 
-    def rows(store: PostgresHotStore, *args: Any) -> Any:
+    def rows(store: Any, *args: Any, **options: Any) -> Any:
         read.append(("with the counters", len(args[5])))
-        return read_rows(store, *args)
+        return read_rows(store, *args, **options)
 
-    def seats(store: PostgresHotStore, wanted: Any) -> Any:
+    def seats(store: Any, wanted: Any) -> Any:
         read.append(("after them", len(wanted)))
         return read_seats(store, wanted)
 
-    def held(store: PostgresHotStore, windows: Any) -> Any:
+    def held(store: Any, windows: Any) -> Any:
         found = read_held(store, windows)
         read.append(("whole windows", sum(map(len, found.values()))))
         return found
 
-    monkeypatch.setattr(PostgresHotStore, "read_rows", rows)
-    monkeypatch.setattr(PostgresHotStore, "read_seats", seats)
-    monkeypatch.setattr(PostgresHotStore, "read_held", held)
+    monkeypatch.setattr(store, with_counters, rows)
+    monkeypatch.setattr(store, "read_seats", seats)
+    monkeypatch.setattr(store, "read_held", held)
     limit = Limit("seats", 10, "1mo", window="calendar", distinct="user")
-    with Meter(pg_url, clock=FrozenClock(NOW)) as meter:
+    with Meter(db_url, clock=FrozenClock(NOW)) as meter:
         meter.set_limits([limit])
         _allowed(meter, ("a1", "u1"), ("a2", "u2"), ("a3", "u3"))  # taken: forgotten
     read.clear()
     with (
-        Meter(pg_url, clock=FrozenClock(NOW)) as meter,
-        Meter(pg_url, clock=FrozenClock(NOW)) as other,
+        Meter(db_url, clock=FrozenClock(NOW)) as meter,
+        Meter(db_url, clock=FrozenClock(NOW)) as other,
     ):
         _allowed(meter, ("b1", "u1"), ("b2", "u2"))  # met first: read whole
         _allowed(meter, ("c1", "u2"), ("c2", "u3"))  # held: known
-        _allowed(other, ("d1", "u4"))  # another meter takes a seat (in one trip): it moves
+        _allowed(other, ("d1", "u4"))  # another meter takes a seat: the stamp moves
         _allowed(meter, ("e1", "u1"), ("e2", "u2"), ("e3", "u4"))
         _allowed(meter, ("f1", "u1"), ("f2", "u4"))
+    # On PostgreSQL the other meter's one event goes in one trip (no store read).
+    other_read = [("with the counters", 1), ("whole windows", 3)] if store is SqliteHotStore else []
     assert read == [
         ("with the counters", 2),
         ("whole windows", 3),
         ("with the counters", 0),
+        *other_read,
         ("with the counters", 1),  # u4; u1 and u2 known, but their stamp moved:
         ("after them", 2),
         ("with the counters", 0),
@@ -159,21 +192,22 @@ def test_a_batch_reads_only_the_values_it_does_not_know_held(
 
 
 def test_a_window_with_more_seats_than_the_bound_is_not_read_whole(
-    pg_url: str, monkeypatch: pytest.MonkeyPatch
+    db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     whole: list[Any] = []
-    read_held = PostgresHotStore.read_held
+    store, _ = _store(db_url)
+    read_held = store.read_held
 
-    def held(store: PostgresHotStore, windows: Any) -> Any:
+    def held(store: Any, windows: Any) -> Any:
         whole.append(windows)
         return read_held(store, windows)
 
     limit = Limit("seats", 10, "1mo", window="calendar", distinct="user")
-    with Meter(pg_url, clock=FrozenClock(NOW)) as meter:
+    with Meter(db_url, clock=FrozenClock(NOW)) as meter:
         meter.set_limits([limit])
         _allowed(meter, ("a1", "u1"), ("a2", "u2"), ("a3", "u3"))
-    monkeypatch.setattr(PostgresHotStore, "read_held", held)
-    with Meter(pg_url, clock=FrozenClock(NOW)) as meter:
+    monkeypatch.setattr(store, "read_held", held)
+    with Meter(db_url, clock=FrozenClock(NOW)) as meter:
         _held(meter).held.warm = 2
         assert _allowed(meter, ("b1", "u1"), ("b2", "u2")) == [True, True]
         assert _allowed(meter, ("c1", "u3"), ("c2", "u4")) == [True, True]

@@ -233,13 +233,13 @@ JOIN breakers AS b ON b.subject = k.value AND b.limit_name = ?
 """
 # The same two reads as parts of the version and counter's statement of
 # `metering.storage.hot.sqlite` (one breaker: `consume`): a breaker (kind 3)
-# and the secret (kind 4), padded to its twelve columns.
+# and the secret (kind 4), padded to its thirteen columns.
 SQLITE_BREAKER_ROWS: Final = f"""
 UNION ALL
-SELECT 3, {_BREAKER_COLUMNS}, rowid, NULL, NULL, NULL, NULL
+SELECT 3, {_BREAKER_COLUMNS}, rowid, NULL, NULL, NULL, NULL, NULL
 FROM breakers WHERE limit_name = ? AND subject = ?
 UNION ALL
-SELECT 4, value, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM secrets
+SELECT 4, value, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM secrets
 WHERE name = ?
 """
 SQLITE_UPSERT_BREAKER: Final = f"""

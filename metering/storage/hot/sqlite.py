@@ -83,7 +83,8 @@ SELECT {RESULT_COLUMNS} FROM results WHERE event_id IN (SELECT value FROM json_e
 """
 SELECT_COUNTERS: Final = """
 SELECT c.limit_name, c.subject, c.window_start_us, c.used, c.denied_count, c.denied_cost,
-       c.first_denied_at_us, c.tat_us, c.tat_rem, c.tat_scale, c.rate, c.rate_at_us, c.granted
+       c.first_denied_at_us, c.tat_us, c.tat_rem, c.tat_scale, c.rate, c.rate_at_us, c.granted,
+       c.seats_stamp
 FROM json_each(?) AS k
 JOIN counters AS c ON c.limit_name = json_extract(k.value, '$[0]')
                   AND c.subject = json_extract(k.value, '$[1]')
@@ -94,7 +95,7 @@ JOIN counters AS c ON c.limit_name = json_extract(k.value, '$[0]')
 # no key is parsed out of JSON per row (about a third less for 430 counters).
 SELECT_GROUP: Final = """
 SELECT c.subject, c.used, c.denied_count, c.denied_cost, c.first_denied_at_us, c.tat_us,
-       c.tat_rem, c.tat_scale, c.rate, c.rate_at_us, c.granted
+       c.tat_rem, c.tat_scale, c.rate, c.rate_at_us, c.granted, c.seats_stamp
 FROM json_each(?1) AS k CROSS JOIN counters AS c
 WHERE c.limit_name = ?2 AND c.subject = k.value AND c.window_start_us = ?3
 """
@@ -109,32 +110,32 @@ JOIN current_windows AS w ON w.limit_name = json_extract(k.value, '$[0]')
 """
 SELECT_COUNTER: Final = """
 SELECT used, denied_count, denied_cost, first_denied_at_us, tat_us, tat_rem, tat_scale, rate,
-       rate_at_us, granted
+       rate_at_us, granted, seats_stamp
 FROM counters WHERE limit_name = ? AND subject = ? AND window_start_us = ?
 """
 # The version and one counter (or none: the LEFT JOIN's NULLs) in one statement.
 VERSION_AND_COUNTER: Final = """
 SELECT v.version, c.used, c.denied_count, c.denied_cost, c.first_denied_at_us, c.tat_us,
-       c.tat_rem, c.tat_scale, c.rate, c.rate_at_us, c.granted
+       c.tat_rem, c.tat_scale, c.rate, c.rate_at_us, c.granted, c.seats_stamp
 FROM limits_version AS v
 LEFT JOIN counters AS c ON c.limit_name = ? AND c.subject = ? AND c.window_start_us = ?
 WHERE v.id = 1
 """
 # The same with a kind (0) first, and what else one event reads, each part
-# padded to its twelve columns: one pair's grants (`GRANT_ROWS`, kind 1;
+# padded to its thirteen columns: one pair's grants (`GRANT_ROWS`, kind 1;
 # their draws are the counters' ``granted``), one breaker and the secret
 # (`SQLITE_BREAKER_ROWS`, 3 and 4), one seat value's live events (kind 5).
 # `FOLDED` has a statement per choice of parts: (grants, breaker, seat).
 _KINDED: Final = """
 SELECT 0, v.version, c.used, c.denied_count, c.denied_cost, c.first_denied_at_us, c.tat_us,
-       c.tat_rem, c.tat_scale, c.rate, c.rate_at_us, c.granted
+       c.tat_rem, c.tat_scale, c.rate, c.rate_at_us, c.granted, c.seats_stamp
 FROM limits_version AS v
 LEFT JOIN counters AS c ON c.limit_name = ? AND c.subject = ? AND c.window_start_us = ?
 WHERE v.id = 1
 """
 _SEAT_ROW: Final = """
 UNION ALL
-SELECT 5, live_events, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+SELECT 5, live_events, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM distinct_values
 WHERE subject = ? AND limit_name = ? AND window_start_us = ? AND value = ?
 """
@@ -163,6 +164,11 @@ SELECT s.key, x.value, v.live_events
 FROM json_each(?1) AS s CROSS JOIN json_each(s.value) AS x CROSS JOIN distinct_values AS v
 WHERE v.subject = s.key AND v.limit_name = ?2 AND v.window_start_us = ?3 AND v.value = x.value
 """
+# The held values of one seat window: a range of the primary key.
+SELECT_HELD: Final = """
+SELECT value FROM distinct_values
+WHERE subject = ? AND limit_name = ? AND window_start_us = ? AND live_events > 0
+"""
 UPSERT_WINDOW: Final = """
 INSERT INTO current_windows (limit_name, subject, window_start_us, window_end_us)
 VALUES (?, ?, ?, ?)
@@ -180,7 +186,7 @@ class SqliteHotStore:
 
     # Dead letters go through SQLAlchemy after `write` (`metering.engine.fast`).
     takes_rejected = False
-    keeps_stamps = False  # (its reads cost little: a cache would save little)
+    keeps_stamps = True
 
     def __init__(
         self, connection: Connection | None, raw: sqlite3.Connection | None = None
@@ -224,6 +230,7 @@ class SqliteHotStore:
             breakers: dict[Pair, Breaker] = {}
             secret: str | None = None
             drawn: dict[Key, int] = {}  # the counters' ``granted`` (what grants paid)
+            stamps: dict[Key, int] = {}  # their seat windows' (`HeldCache`)
             # One event's (`consume`) grants, breaker and seat ride with its first counter.
             grant = grant_pairs[0] if wanted and len(grant_pairs) == 1 else None
             breaker = breaker_pairs[0] if wanted and len(breaker_pairs) == 1 else None
@@ -250,22 +257,22 @@ class SqliteHotStore:
                     elif row[0] == _SEAT and seat:
                         seen[seat] = row[1]
                 if first[0] is not None:
-                    _keep_counter(wanted[0], first, states, rates, drawn)
+                    _keep_counter(wanted[0], first, states, rates, drawn, stamps)
             elif wanted:
                 # The first counter rides with the version (one statement for `consume`).
                 version, *first = raw.execute(VERSION_AND_COUNTER, wanted[0]).fetchone()
                 if first[0] is not None:  # ``used`` is NOT NULL: the row exists
-                    _keep_counter(wanted[0], first, states, rates, drawn)
+                    _keep_counter(wanted[0], first, states, rates, drawn, stamps)
             else:
                 (version,) = raw.execute(VERSION).fetchone()
             if len(wanted) > _ONE_BY_ONE:
                 for key, row in _counters(raw, wanted[1:]):
-                    _keep_counter(key, row, states, rates, drawn)
+                    _keep_counter(key, row, states, rates, drawn, stamps)
             else:
                 for key in wanted[1:]:
                     row = raw.execute(SELECT_COUNTER, key).fetchone()
                     if row is not None:
-                        _keep_counter(key, row, states, rates, drawn)
+                        _keep_counter(key, row, states, rates, drawn, stamps)
             if seats and seat is None:
                 seen = _seen(raw, seats, windows)
             if grant_pairs and grant is None:
@@ -289,15 +296,28 @@ class SqliteHotStore:
             rates=rates,
             breakers=breakers,
             secret=secret,
+            stamps=stamps,
         )
 
     def read_seats(self, seats: Sequence[WantedSeat]) -> Seen:
-        """Never asked: this store keeps no stamps (`read` reads every seat)."""
-        raise AssertionError("SqliteHotStore keeps no seat stamps")
+        """The live events of ``seats`` (each with its window start) that
+        have a row, in `read`'s transaction."""
+        try:
+            return _seen(self.raw, seats, {})
+        except sqlite3.Error as exc:
+            raise _translate(exc) from exc
 
     def read_held(self, keys: Sequence[Key]) -> dict[Key, set[str]]:
-        """Never asked: this store keeps no stamps."""
-        raise AssertionError("SqliteHotStore keeps no seat stamps")
+        """The held values of the seat windows ``keys``, by window."""
+        found: dict[Key, set[str]] = {}
+        try:
+            for name, subject, start in keys:
+                rows = self.raw.execute(SELECT_HELD, (subject, name, start)).fetchall()
+                if rows:
+                    found[(name, subject, start)] = {row[0] for row in rows}
+        except sqlite3.Error as exc:
+            raise _translate(exc) from exc
+        return found
 
     def looking_up(self, ids: Sequence[str] | None) -> AbstractContextManager[None]:
         """Nothing sent ahead: `read` looks the ids up, in process."""
@@ -458,21 +478,25 @@ def _keep_counter(
     states: dict[Key, State],
     rates: dict[Key, tuple[float, int]],
     drawn: dict[Key, int],
+    stamps: dict[Key, int],
 ) -> None:
     """Keep a counter's row as read (its state's seven columns, its rate and
-    the rate's time, what its window drew on grants) in `read`'s maps."""
+    the rate's time, what its window drew on grants, its seat window's
+    stamp) in `read`'s maps."""
     states[key] = list(row[:7])
     rates[key] = (row[7], row[8])
     if row[9]:
         drawn[key] = row[9]
+    if row[10] is not None:
+        stamps[key] = row[10]
 
 
 def _counters(
     raw: sqlite3.Connection, wanted: Sequence[tuple[str, str, int]]
 ) -> Iterator[tuple[Key, Sequence[Any]]]:
     """The rows of those of ``wanted`` counters that exist, each with its key:
-    its state's seven columns, then its rate and the rate's time, and what
-    its window drew on grants (``granted``)."""
+    its state's seven columns, then its rate and the rate's time, what its
+    window drew on grants (``granted``) and its seat window's stamp."""
     groups: dict[tuple[str, int], list[str]] = {}
     for name, subject, start in wanted:
         groups.setdefault((name, start), []).append(subject)

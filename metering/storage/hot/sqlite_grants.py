@@ -38,7 +38,7 @@ from metering.storage.recurring import (
 # every window it charges, and a decision asks only those (`with_draws`).
 _GRANT_PART: Final = """
 SELECT 1, grant_id, amount, used, effective_from_us, expires_at_us, priority, low_at, low_sent,
-       rowid, NULL, NULL
+       rowid, NULL, NULL, NULL
 FROM grants WHERE limit_name = ? AND subject = ?
 """
 GRANT_ROWS: Final = "UNION ALL" + _GRANT_PART

@@ -321,9 +321,10 @@ def test_a_breaker_consume_reads_its_breaker_and_secret_with_its_counter(
 def test_a_seat_consume_reads_its_seat_with_its_counter(
     sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # One statement reads the version, the counter and the value's live
-    # events: a value taken costs nothing again, a third value is denied, as
-    # the reference engine decides; a taken value's charge writes no counter.
+    # One statement reads the version, the counter and the live events of a
+    # value the meter does not know held: a value taken costs nothing again,
+    # a third value is denied, as the reference engine decides; a taken
+    # value's charge writes no counter.
     seats = Limit("seats", maximum=2, period="1mo", window="calendar", distinct="user")
     other = copy_sqlite(Path(sqlite_url.removeprefix("sqlite:///")), tmp_path / "other.db")
     clock = FrozenClock(NOW)
@@ -339,9 +340,11 @@ def test_a_seat_consume_reads_its_seat_with_its_counter(
             assert decided == [True, True, True, False, True]
         assert _table(meter, distinct_values) == _table(reference, distinct_values)
         assert _table(meter, counters) == _table(reference, counters)
-        # "a" holds its seat: its row stays 1 (`HELD`), so a third event writes none.
+        # "a" holds its seat: its row stays 1 (`HELD`), so a third event writes
+        # none, and the meter knows it held while its window's stamp stands
+        # (`HeldCache`): the version and counter alone are read.
         assert _traced(meter, monkeypatch, "s", "seats", metadata={"user": "a"}) == [
-            "SELECT 0, v.version,",
+            "SELECT v.version, c.used,",
             "INSERT INTO results",
             "COMMIT",
         ]
@@ -385,8 +388,8 @@ def test_a_batchs_counters_and_seat_values_read_the_same_grouped_or_by_whole_key
             row[:3]: list(row[3:])
             for row in raw.execute(
                 "SELECT limit_name, subject, window_start_us, used, denied_count, denied_cost,"
-                " first_denied_at_us, tat_us, tat_rem, tat_scale, rate, rate_at_us, granted"
-                " FROM counters"
+                " first_denied_at_us, tat_us, tat_rem, tat_scale, rate, rate_at_us, granted,"
+                " seats_stamp FROM counters"
             )
         }
         live = {
