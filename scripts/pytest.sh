@@ -15,8 +15,8 @@ unset PYTHONDONTWRITEBYTECODE
 
 # The tests' temporary files (tmp_path, the SQLite copies every test makes,
 # the docs' working directories) go to memory where /dev/shm is a tmpfs with
-# room: SQLite's fsyncs on a shared disk were a quarter of a test-fast
-# worker's time (docs/testing.md). A TMPDIR given by the caller is kept.
+# room: waiting on SQLite's fsyncs on a shared disk was about a quarter of
+# a test-fast worker's busy time (docs/testing.md). A TMPDIR given by the caller is kept.
 # pytest removes a passed test's tmp_path at its teardown (pyproject.toml's
 # tmp_path_retention_policy), so the run holds little memory.
 SHM_MIN_FREE_KB=$((4 * 1024 * 1024))
