@@ -13,6 +13,21 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # xdist worker rewrites all test files again: about 13 s of CPU a process.
 unset PYTHONDONTWRITEBYTECODE
 
+# The tests' temporary files (tmp_path, the SQLite copies every test makes,
+# the docs' working directories) go to memory where /dev/shm is a tmpfs with
+# room: waiting on SQLite's fsyncs on a shared disk was about a quarter of
+# a test-fast worker's busy time (docs/testing.md). A TMPDIR given by the caller is kept.
+# pytest removes a passed test's tmp_path at its teardown (pyproject.toml's
+# tmp_path_retention_policy), so the run holds little memory.
+SHM_MIN_FREE_KB=$((4 * 1024 * 1024))
+if [ -z "${TMPDIR:-}" ] && [ -d /dev/shm ] && [ -w /dev/shm ] \
+    && [ "$(stat -f -c %T /dev/shm 2>/dev/null)" = tmpfs ] \
+    && [ "$(df -P -k /dev/shm | awk 'NR == 2 { print $4 }')" -ge "$SHM_MIN_FREE_KB" ]; then
+    TMPDIR="/dev/shm/metering-tests-$(id -u)"
+    mkdir -p -m 700 "$TMPDIR"
+    export TMPDIR
+fi
+
 status=0
 "$root/.venv/bin/python" -m pytest "$@" || status=$?
 

@@ -7,8 +7,10 @@ template of their own. The Redis tests are at the end.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import sqlite3
 import subprocess
 import time
 from collections.abc import Iterator
@@ -24,6 +26,7 @@ from hypothesis import settings
 from servers import (
     PostgresServer,
     RedisServer,
+    copy_sqlite,
     find_pg_bindir,
     find_redis_server,
     make_base_dir,
@@ -789,3 +792,25 @@ def test_test_files_have_unique_names() -> None:
     one name in different folders fail to import when one worker gets both."""
     names = [path.name for path in Path(__file__).parent.rglob("test_*.py")]
     assert sorted({name for name in names if names.count(name) > 1}) == []
+
+
+@pytest.mark.parametrize("pending", [False, True], ids=["checkpointed", "log-pending"])
+def test_a_sqlite_copy_holds_the_templates_rows(tmp_path: Path, pending: bool) -> None:
+    """`copy_sqlite` copies the file when every commit is in it, and reads
+    the write-ahead log (the backup API) while a connection keeps commits
+    there."""
+    template = tmp_path / "template.db"
+    writer = sqlite3.connect(template, isolation_level=None)
+    writer.execute("PRAGMA journal_mode=WAL")
+    writer.execute("PRAGMA wal_autocheckpoint=0")
+    writer.execute("CREATE TABLE t (n INTEGER)")
+    writer.executemany("INSERT INTO t VALUES (?)", [(n,) for n in range(100)])
+    if not pending:
+        writer.close()
+    assert Path(f"{template}-wal").exists() == pending
+    url = copy_sqlite(template, tmp_path / "copy.db")
+    with contextlib.closing(sqlite3.connect(url.removeprefix("sqlite:///"))) as copy:
+        assert copy.execute("SELECT count(*), sum(n) FROM t").fetchone() == (100, 4950)
+        assert copy.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    if pending:
+        writer.close()
