@@ -18,18 +18,27 @@ unset PYTHONDONTWRITEBYTECODE
 # room: waiting on SQLite's fsyncs on a shared disk was about a quarter of
 # a test-fast worker's busy time (docs/testing.md). A TMPDIR given by the caller is kept.
 # pytest removes a passed test's tmp_path at its teardown (pyproject.toml's
-# tmp_path_retention_policy), so the run holds little memory.
+# tmp_path_retention_policy), so the run holds little memory; the run's own
+# directory goes when it passes, and is named when it fails (what failed kept).
 SHM_MIN_FREE_KB=$((4 * 1024 * 1024))
+shm_dir=""
 if [ -z "${TMPDIR:-}" ] && [ -d /dev/shm ] && [ -w /dev/shm ] \
     && [ "$(stat -f -c %T /dev/shm 2>/dev/null)" = tmpfs ] \
     && [ "$(df -P -k /dev/shm | awk 'NR == 2 { print $4 }')" -ge "$SHM_MIN_FREE_KB" ]; then
-    TMPDIR="/dev/shm/metering-tests-$(id -u)"
-    mkdir -p -m 700 "$TMPDIR"
-    export TMPDIR
+    shm_dir="$(mktemp -d /dev/shm/metering-tests.XXXXXX)"
+    export TMPDIR="$shm_dir"
 fi
 
 status=0
 "$root/.venv/bin/python" -m pytest "$@" || status=$?
+
+if [ -n "$shm_dir" ]; then
+    if [ "$status" -eq 0 ]; then
+        rm -rf "$shm_dir"
+    else
+        echo "scripts/pytest.sh: the run's temporary files are kept in $shm_dir (in memory)" >&2
+    fi
+fi
 
 if [ "$status" -eq 5 ]; then
     echo "scripts/pytest.sh: pytest collected no tests (exit 5); treating that as a failure" >&2
