@@ -715,7 +715,6 @@ class _Applying:
         plain: dict[str, Rule | None] = {}
         shorts: dict[str, Rule | None] = {}
         pricing: dict[str, Rule | None] = {}
-        beside: dict[str, Rule | None] = {}
         first, todo = self.first, self.todo
         # Whether any limit has a breaker: else no charge's pair is looked for below.
         guarded = any(rule.needs and Need.BREAKER in rule.needs for rule in self.rules.values())
@@ -733,10 +732,7 @@ class _Applying:
                     if fixed is not None:
                         todo.append((index, event, found, None, fixed))
                         continue
-                if priced and len(event.charges) == 1:
-                    if self._priced_one(index, event, pricing):
-                        continue
-                elif priced and self._priced_beside(index, event, beside):
+                if priced and len(event.charges) == 1 and self._priced_one(index, event, pricing):
                     continue
                 shortened = self._short_rules(event, shorts)
             values: dict[int, str] | None = None
@@ -811,60 +807,6 @@ class _Applying:
         if index in spend.counted:
             single = spend.counted[index]
             if single is None:
-                self.sums.poisoned.update((name, subject) for subject, name, _ in expanded.charges)
-            else:
-                self._tier(index, expanded, fixed, single)
-        self.todo.append((index, expanded, event_rules, None, fixed))
-        return True
-
-    def _priced_beside(self, index: int, event: EventRecord, known: dict[str, Rule | None]) -> bool:
-        """Plan an event of several charges, each on a `_priced` or a `_plain`
-        rule (a seat limit's beside a priced one), whose prices add charges on
-        `_spend_simple` rules only: what the general way finds of it
-        (`_short_rules`, `_Spend.expand`, `_keys` with its seat values,
-        `_tier`), without their tests of what such rules cannot need. False
-        for any other event (nothing noted but its rules' kinds in ``known``):
-        planned the general way, which prices it again alike."""
-        found = self._in_time(event, known, _priced_or_plain)
-        if found is None:
-            return False
-        try:
-            values = _seat_values(event, found)
-        except MeteringError:
-            return False  # the general way finds its error
-        if self.spend is None:
-            self.spend = _Spend.of(self.cache, self.version, self.rules)
-        spend = self.spend
-        expanded, event_rules, error = spend.expand(index, event, found)
-        if error is not None:
-            self.todo.append((index, event, event_rules, error, None))
-            return True
-        own, simple = len(found), self.simple
-        for rule in event_rules[own:]:
-            is_simple = simple.get(rule.name)
-            if is_simple is None:
-                is_simple = simple[rule.name] = _spend_simple(rule)
-            if not is_simple:
-                return False  # planned the general way (pricing it again finds the same)
-        at_us, counted = expanded.occurred_at_us, self._counted
-        fixed: _Fixed = []
-        seats: list[SeatKey | None] | None = None
-        for position, ((subject, name, cost), rule) in enumerate(
-            zip(expanded.charges, event_rules, strict=True)
-        ):
-            charged = counted(rule, subject, name, cost, at_us)
-            fixed.append(charged)
-            if values and position in values:
-                seat = (*charged[0], values[position])
-                self.wanted_seats.add(seat)
-                if seats is None:
-                    seats = [None] * len(event_rules)
-                seats[position] = seat
-        if seats is not None:
-            self.event_seats[index] = seats
-        if index in spend.counted:
-            single = spend.counted[index]
-            if single is None or seats is not None:
                 self.sums.poisoned.update((name, subject) for subject, name, _ in expanded.charges)
             else:
                 self._tier(index, expanded, fixed, single)
@@ -1722,12 +1664,6 @@ def _priced(rule: Rule | None) -> Rule | None:
     if rule is None or not rule.money or rule.distinct or _short(rule) is None:
         return None
     return rule
-
-
-def _priced_or_plain(rule: Rule | None) -> Rule | None:
-    """``rule`` when it is `_priced` or `_plain` (`_Applying._priced_beside`)."""
-    plain = _plain(rule)
-    return _priced(rule) if plain is None else plain
 
 
 def _spend_simple(rule: Rule) -> bool:
