@@ -5,7 +5,7 @@
 ``settled_at_us``, resets by ``reset_at_us``: each by an index, or a table
 kept small by retention), the counters, grants and draws of given windows,
 what is left unresolved past a bound, and keeps the audit's own state
-(``audit_marks``, ``audit_windows``, ``audit_runs``). `begin_snapshot`
+(``audit_marks``, ``audit_windows``, ``audit_runs``), and the seats held. `begin_snapshot`
 makes every read of one PostgreSQL transaction see one instant, so a
 counter and its results are read as they were committed together.
 """
@@ -18,7 +18,7 @@ from typing import Any, Final
 
 from sqlalchemy import delete, exists, func, select, tuple_
 
-from metering.domain.audit import Invariant, Violation, WindowKey, WindowLedger
+from metering.domain.audit import Invariant, SeatValue, Violation, WindowKey, WindowLedger
 from metering.domain.instants import from_us
 from metering.domain.licenses import CheckoutState
 from metering.domain.notifications import DeliveryStatus
@@ -33,6 +33,7 @@ from metering.storage.tables import (
     corrections,
     counter_resets,
     counters,
+    distinct_values,
     grants,
     overdrafts,
     reservations,
@@ -49,6 +50,8 @@ RUNS_KEPT: Final = 50
 STREAM_BATCH: Final = 2000
 # Row values per IN list: three columns each, well under SQLite's bound.
 KEY_CHUNK: Final = 300
+# Row values per IN list of four columns (a seat's window and value).
+SEAT_CHUNK: Final = 225
 # (event id, outcome, decided_at_us, reset tick, charges as JSON).
 ResultRow = tuple[str, str, int, int, str]
 
@@ -193,6 +196,39 @@ class AuditStore(OnConnection):
             o.subject, o.limit_name, o.window_start_us
         )
         return {(s, lim, int(w)): int(n) for s, lim, w, n in self._by_keys(query, overdrafts, keys)}
+
+    def seats_held(self, keys: Sequence[WindowKey]) -> dict[WindowKey, int]:
+        """The values holding a seat (``live_events > 0``) in each window of ``keys``."""
+        d = distinct_values.c
+        query = (
+            select(d.subject, d.limit_name, d.window_start_us, func.count())
+            .where(d.live_events > 0)
+            .group_by(d.subject, d.limit_name, d.window_start_us)
+        )
+        rows = self._by_keys(query, distinct_values, keys)
+        return {(s, lim, int(w)): int(n) for s, lim, w, n in rows}
+
+    def holding(self, values: Iterable[SeatValue]) -> set[SeatValue]:
+        """Those of ``values`` that hold a seat."""
+        d = distinct_values.c
+        found: set[SeatValue] = set()
+        for chunk in chunks(sorted(set(values)), SEAT_CHUNK):
+            query = select(d.subject, d.limit_name, d.window_start_us, d.value).where(
+                d.live_events > 0,
+                tuple_(d.subject, d.limit_name, d.window_start_us, d.value).in_(chunk),
+            )
+            found.update((s, lim, int(w), v) for s, lim, w, v in self._rows(query))
+        return found
+
+    def unvoided_metadata(self, event_ids: Iterable[str]) -> dict[str, str | None]:
+        """The metadata (JSON) of those of ``event_ids`` whose result no void corrected."""
+        r = results.c
+        voided = exists().where(corrections.c.event_id == r.event_id)
+        found: dict[str, str | None] = {}
+        for chunk in chunks(sorted(set(event_ids)), KEY_CHUNK):
+            query = select(r.event_id, r.metadata).where(r.event_id.in_(chunk), ~voided)
+            found.update((event_id, text) for event_id, text in self._rows(query))
+        return found
 
     def _by_keys(self, query: Any, table: Any, keys: Sequence[WindowKey] | None) -> list[Any]:
         if keys is None:
