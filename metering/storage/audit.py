@@ -18,7 +18,7 @@ from typing import Any, Final
 
 from sqlalchemy import delete, exists, func, select, tuple_
 
-from metering.domain.audit import Invariant, SeatValue, Violation, WindowKey, WindowLedger
+from metering.domain.audit import Invariant, Violation, WindowKey, WindowLedger
 from metering.domain.instants import from_us
 from metering.domain.licenses import CheckoutState
 from metering.domain.notifications import DeliveryStatus
@@ -50,8 +50,6 @@ RUNS_KEPT: Final = 50
 STREAM_BATCH: Final = 2000
 # Row values per IN list: three columns each, well under SQLite's bound.
 KEY_CHUNK: Final = 300
-# Row values per IN list of four columns (a seat's window and value).
-SEAT_CHUNK: Final = 225
 # (event id, outcome, decided_at_us, reset tick, charges as JSON).
 ResultRow = tuple[str, str, int, int, str]
 
@@ -197,27 +195,14 @@ class AuditStore(OnConnection):
         )
         return {(s, lim, int(w)): int(n) for s, lim, w, n in self._by_keys(query, overdrafts, keys)}
 
-    def seats_held(self, keys: Sequence[WindowKey]) -> dict[WindowKey, int]:
-        """The values holding a seat (``live_events > 0``) in each window of ``keys``."""
+    def seats_held(self, keys: Sequence[WindowKey]) -> dict[WindowKey, set[str]]:
+        """The values holding a seat (``live_events > 0``) in each window of ``keys``
+        that has one: by the windows, a prefix of the table's key."""
         d = distinct_values.c
-        query = (
-            select(d.subject, d.limit_name, d.window_start_us, func.count())
-            .where(d.live_events > 0)
-            .group_by(d.subject, d.limit_name, d.window_start_us)
-        )
-        rows = self._by_keys(query, distinct_values, keys)
-        return {(s, lim, int(w)): int(n) for s, lim, w, n in rows}
-
-    def holding(self, values: Iterable[SeatValue]) -> set[SeatValue]:
-        """Those of ``values`` that hold a seat."""
-        d = distinct_values.c
-        found: set[SeatValue] = set()
-        for chunk in chunks(sorted(set(values)), SEAT_CHUNK):
-            query = select(d.subject, d.limit_name, d.window_start_us, d.value).where(
-                d.live_events > 0,
-                tuple_(d.subject, d.limit_name, d.window_start_us, d.value).in_(chunk),
-            )
-            found.update((s, lim, int(w), v) for s, lim, w, v in self._rows(query))
+        query = select(d.subject, d.limit_name, d.window_start_us, d.value).where(d.live_events > 0)
+        found: dict[WindowKey, set[str]] = {}
+        for s, lim, w, value in self._by_keys(query, distinct_values, keys):
+            found.setdefault((s, lim, int(w)), set()).add(value)
         return found
 
     def unvoided_metadata(self, event_ids: Iterable[str]) -> dict[str, str | None]:

@@ -362,16 +362,16 @@ def _judge_seats(
         mine = [key for key in windows if key in judged]
         for seat, holder in live_values(event_id, mine, metadata, distinct, run.reset_ticks, tick):
             live.setdefault(seat, holder)
-    held = store.holding(live)
+    ordered = sorted(judged)
+    used, held = store.counters_of(ordered), store.seats_held(ordered)
     unheld: dict[WindowKey, dict[str, str]] = {}
     for seat, holder in live.items():
-        if seat not in held:
+        if seat[3] not in held.get(seat[:3], ()):
             unheld.setdefault(seat[:3], {})[seat[3]] = holder
-    ordered = sorted(judged)
-    used, seats = store.counters_of(ordered), store.seats_held(ordered)
     found = []
     for key in ordered:
-        found.extend(judge_seats(key, used.get(key, 0), seats.get(key, 0), unheld.get(key, {})))
+        seats = len(held.get(key, ()))
+        found.extend(judge_seats(key, used.get(key, 0), seats, unheld.get(key, {})))
     return found
 
 
