@@ -9,8 +9,12 @@ on a durable PostgreSQL server (or a SQLite file, ``--sqlite``), then times:
   through `Meter.apply` (a worker's batch) over ``--touched`` subjects:
   the cost that follows the traffic, not the history.
 
+``--seats N``: the limit counts distinct ``user`` values, N per subject
+(their rows, and new events of held values and one new value each).
+
     .venv/bin/python bench/bench_audit.py --rows 1000000
     .venv/bin/python bench/bench_audit.py --rows 1000000 --sqlite
+    .venv/bin/python bench/bench_audit.py --rows 200000 --sqlite --seats 5
 """
 
 from __future__ import annotations
@@ -35,14 +39,21 @@ MONTH = datetime(2026, 11, 1, tzinfo=UTC)
 END = datetime(2026, 12, 1, tzinfo=UTC)
 NEW = 1000
 
-# One allowed unit of api_calls per result, as `ChargeDecision.to_row` writes it.
+# One allowed unit of api_calls per result, as `ChargeDecision.to_row` writes it
+# (with seats: 1 for a value's first event, 0 after, and the value in the metadata).
 RESULTS = """
 INSERT INTO results (event_id, outcome, fingerprint, occurred_at_us, decided_at_us,
                      denied_by, reason, charges, metadata)
 SELECT 'old-' || n, 'allowed', 'fp', :start + n * :step, :start + n * :step, NULL, NULL,
-       '[["org-' || (n % :subjects) || '","api_calls",1,true,"allowed",1,999999999,'
-       || '1000000000,0,' || :window || ',' || :end || ',null]]', NULL
+       '[["org-' || (n % :subjects) || '","api_calls",' || {cost} || ',true,"allowed",1,'
+       || '999999999,1000000000,0,' || :window || ',' || :end || ',null]]', {metadata}
 FROM generate_series(CAST(:first AS bigint), CAST(:last AS bigint)) AS n
+"""
+SEAT_COST = "CASE WHEN n < CAST(:subjects AS bigint) * :users THEN 1 ELSE 0 END"
+SEAT_METADATA = "'{\"user\":\"u' || ((n / :subjects) % :users) || '\"}'"
+SEAT = """
+INSERT INTO distinct_values (subject, limit_name, window_start_us, value, live_events)
+VALUES (:subject, 'api_calls', :window, :value, 1)
 """
 COUNTER = """
 INSERT INTO counters (limit_name, subject, window_start_us, window_end_us, used, denied_count,
@@ -55,27 +66,39 @@ SQLITE_SERIES = (
 )
 
 
-def fill(engine: Engine, rows: int, subjects: int, *, sqlite: bool) -> None:
+def fill(engine: Engine, rows: int, subjects: int, *, sqlite: bool, users: int = 0) -> None:
     start, window, end = to_us(MONTH), to_us(MONTH), to_us(END)
     step = (to_us(NOW - timedelta(hours=1)) - start) // rows
     common = {"start": start, "step": step, "subjects": subjects, "window": window, "end": end}
+    common["users"] = users
+    results = RESULTS.format(
+        cost=SEAT_COST if users else "1", metadata=SEAT_METADATA if users else "NULL"
+    )
     with engine.begin() as connection:
         for first in range(0, rows, 500_000):
             last = min(rows, first + 500_000) - 1
-            statement = RESULTS
+            statement = results
             if sqlite:
                 series = SQLITE_SERIES.format(first=first, last=last)
-                statement = series + RESULTS.replace(
+                statement = series + results.replace(
                     "generate_series(CAST(:first AS bigint), CAST(:last AS bigint)) AS n", "series"
                 )
             connection.execute(text(statement), common | {"first": first, "last": last})
+    per = [rows // subjects + (1 if s < rows % subjects else 0) for s in range(subjects)]
     counters = [
-        {"subject": f"org-{s}", "used": rows // subjects + (1 if s < rows % subjects else 0)}
+        {"subject": f"org-{s}", "used": min(n, users) if users else n}
         | {"window": window, "end": end, "now": to_us(NOW)}
-        for s in range(min(subjects, rows))
+        for s, n in enumerate(per[: min(subjects, rows)])
+    ]
+    seats = [
+        {"subject": f"org-{s}", "window": window, "value": f"u{u}"}
+        for s, n in enumerate(per)
+        for u in range(min(n, users))
     ]
     with engine.begin() as connection:
         connection.execute(text(COUNTER), counters)
+        if seats:
+            connection.execute(text(SEAT), seats)
     with engine.connect() as connection:  # as autovacuum would have by then
         connection.execution_options(isolation_level="AUTOCOMMIT").execute(
             text("ANALYZE" if sqlite else "VACUUM ANALYZE results")
@@ -94,13 +117,22 @@ def measure(url: str, args: argparse.Namespace, label: str) -> list[list[str]]:
     upgrade_schema(url)
     engine = create_engine(url)
     started = time.perf_counter()
-    fill(engine, args.rows, args.subjects, sqlite=url.startswith("sqlite"))
+    fill(engine, args.rows, args.subjects, sqlite=url.startswith("sqlite"), users=args.seats)
     print(f"{label}: filled {args.rows:,} results in {time.perf_counter() - started:.0f} s")
     engine.dispose()
     clock = FrozenClock(NOW)
     rows = []
     with Meter(url, clock=clock) as meter:
-        meter.set_limit(Limit("api_calls", maximum=1_000_000_000, period="1mo", window="calendar"))
+        distinct = "user" if args.seats else None
+        meter.set_limit(
+            Limit(
+                "api_calls",
+                maximum=1_000_000_000,
+                period="1mo",
+                window="calendar",
+                distinct=distinct,
+            )
+        )
         full, windows = timed_run(meter, full=True)
         rows.append([label, "full (first run)", f"{args.rows:,}", str(windows), f"{full:.2f}"])
         seconds = []
@@ -111,6 +143,7 @@ def measure(url: str, args: argparse.Namespace, label: str) -> list[list[str]]:
                     [(f"org-{i % args.touched}", "api_calls", 1)],
                     clock(),
                     f"new-{round_number}-{i}",
+                    metadata={"user": f"u{i % (args.seats + 1)}"} if args.seats else None,
                 )
                 for i in range(NEW)
             ]
@@ -138,6 +171,7 @@ def main() -> None:
     parser.add_argument("--touched", type=int, default=100, help="subjects the new events hit")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--sqlite", action="store_true", help="a SQLite file, not PostgreSQL")
+    parser.add_argument("--seats", type=int, default=0, help="distinct users per subject")
     args = parser.parse_args()
     if args.sqlite:
         with tempfile.TemporaryDirectory() as directory:

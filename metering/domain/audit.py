@@ -7,6 +7,7 @@ more than was reserved rewrote its result, overdraft included (one of fewer pric
 its spend charges, at the money kept). `Tally` adds these up from
 ledger rows, from what an earlier run kept; the `judge_*` functions return a `Violation`
 naming what broke, or None. Gauges (levels) and token buckets (no window) are not summed.
+A seat window's ``used`` is its values holding a seat, which every live event's value holds.
 """
 
 from __future__ import annotations
@@ -16,11 +17,15 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final
 
+from metering.domain.distinct import value_of
 from metering.domain.instants import from_us
 from metering.domain.rollups import CONSUMED, WOULD_DENY
+from metering.errors import MeteringError
 
 # (subject, limit, window start in microseconds).
 WindowKey = tuple[str, str, int]
+# A window and one of its seat values.
+SeatValue = tuple[str, str, int, str]
 
 # The fields of a ledger row (`ChargeDecision.to_row`) the audit reads.
 _SUBJECT, _LIMIT, _COST, _ALLOWED, _OUTCOME, _MAXIMUM, _WINDOW = 0, 1, 2, 3, 4, 7, 9
@@ -35,6 +40,7 @@ class Invariant(StrEnum):
     HARD_MAXIMUM = "hard_maximum"  # hard usage within maximum + grants drawn + overdraft
     GRANT_BALANCE = "grant_balance"  # 0 <= used <= amount, and the draws within both
     SPEND_PRICED = "spend_priced"  # a spend charge and counter equal the priced amounts
+    SEAT_HELD = "seat_held"  # a seat counter is its held values; a live event's value holds one
     RESERVATION_UNRESOLVED = "reservation_unresolved"  # held past TTL + sweep interval
     CHECKOUT_UNRESOLVED = "checkout_unresolved"  # held past TTL + sweep interval
     DELIVERY_STUCK = "delivery_stuck"  # a webhook delivery pending long past its schedule
@@ -217,3 +223,60 @@ def judge_grant(
         found=f"used {used}, balance {amount - max(used, drawn)}",
         item=grant_id,
     )
+
+
+def seat_windows(
+    outcome: str, charges: Sequence[Sequence[Any]], distinct: Mapping[str, str]
+) -> list[WindowKey]:
+    """The seat limits' windows (``distinct``: limit name to key) a result consumed in."""
+    return [key for key, _, _ in consumed(outcome, charges) if key[1] in distinct]
+
+
+def live_values(
+    event_id: str,
+    windows: Iterable[WindowKey],
+    metadata: Mapping[str, Any] | None,
+    distinct: Mapping[str, str],
+    cleared_below: Mapping[WindowKey, int],
+    reset_tick: int,
+) -> list[tuple[SeatValue, str]]:
+    """The seat values an unvoided result's charges count, with its id: none in
+    a window a reset cleared after it (a tick in ``cleared_below`` above its
+    ``reset_tick``), nor where its metadata carries no value (decided before
+    the limit counted values)."""
+    found = []
+    for key in windows:
+        if reset_tick < cleared_below.get(key, -1):
+            continue
+        try:
+            value = value_of(distinct[key[1]], key[1], metadata, 1)
+        except MeteringError:
+            continue
+        found.append(((*key, value), event_id))
+    return found
+
+
+def judge_seats(key: WindowKey, used: int, held: int, unheld: Mapping[str, str]) -> list[Violation]:
+    """A seat window: its counter's ``used`` against its ``held`` values, and
+    each value of a live event that holds no seat (``unheld``: value to event id)."""
+    found = []
+    if used != held:
+        found.append(
+            Violation(
+                Invariant.SEAT_HELD,
+                *key,
+                expected=f"used {held} (values holding a seat)",
+                found=f"used {used}",
+            )
+        )
+    for value, event_id in sorted(unheld.items()):
+        found.append(
+            Violation(
+                Invariant.SEAT_HELD,
+                *key,
+                expected=f"value {value!r} holds a seat (a live event counts it)",
+                found="no seat",
+                item=event_id,
+            )
+        )
+    return found

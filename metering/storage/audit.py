@@ -5,7 +5,7 @@
 ``settled_at_us``, resets by ``reset_at_us``: each by an index, or a table
 kept small by retention), the counters, grants and draws of given windows,
 what is left unresolved past a bound, and keeps the audit's own state
-(``audit_marks``, ``audit_windows``, ``audit_runs``). `begin_snapshot`
+(``audit_marks``, ``audit_windows``, ``audit_runs``), and the seats held. `begin_snapshot`
 makes every read of one PostgreSQL transaction see one instant, so a
 counter and its results are read as they were committed together.
 """
@@ -33,6 +33,7 @@ from metering.storage.tables import (
     corrections,
     counter_resets,
     counters,
+    distinct_values,
     grants,
     overdrafts,
     reservations,
@@ -193,6 +194,26 @@ class AuditStore(OnConnection):
             o.subject, o.limit_name, o.window_start_us
         )
         return {(s, lim, int(w)): int(n) for s, lim, w, n in self._by_keys(query, overdrafts, keys)}
+
+    def seats_held(self, keys: Sequence[WindowKey]) -> dict[WindowKey, set[str]]:
+        """The values holding a seat (``live_events > 0``) in each window of ``keys``
+        that has one: by the windows, a prefix of the table's key."""
+        d = distinct_values.c
+        query = select(d.subject, d.limit_name, d.window_start_us, d.value).where(d.live_events > 0)
+        found: dict[WindowKey, set[str]] = {}
+        for s, lim, w, value in self._by_keys(query, distinct_values, keys):
+            found.setdefault((s, lim, int(w)), set()).add(value)
+        return found
+
+    def unvoided_metadata(self, event_ids: Iterable[str]) -> dict[str, str | None]:
+        """The metadata (JSON) of those of ``event_ids`` whose result no void corrected."""
+        r = results.c
+        voided = exists().where(corrections.c.event_id == r.event_id)
+        found: dict[str, str | None] = {}
+        for chunk in chunks(sorted(set(event_ids)), KEY_CHUNK):
+            query = select(r.event_id, r.metadata).where(r.event_id.in_(chunk), ~voided)
+            found.update((event_id, text) for event_id, text in self._rows(query))
+        return found
 
     def _by_keys(self, query: Any, table: Any, keys: Sequence[WindowKey] | None) -> list[Any]:
         if keys is None:

@@ -24,6 +24,7 @@ from sqlalchemy import Connection
 from metering.domain.audit import (
     INVARIANTS,
     Invariant,
+    SeatValue,
     Tally,
     Violation,
     WindowKey,
@@ -31,6 +32,9 @@ from metering.domain.audit import (
     judge_counter,
     judge_grant,
     judge_hard,
+    judge_seats,
+    live_values,
+    seat_windows,
     spend_violations,
 )
 from metering.domain.events import FUTURE_TOLERANCE_US
@@ -108,6 +112,10 @@ class _Run:
     keeps: bool = True  # what it read is kept for the next run (not after a look ``since``)
     violations: list[Violation] = field(default_factory=list)
     touched: set[WindowKey] = field(default_factory=set)
+    # Results read that consumed in seat windows: (event id, reset tick, those windows).
+    seated: list[tuple[str, int, list[WindowKey]]] = field(default_factory=list)
+    # The greatest tick of the resets read, per window.
+    reset_ticks: dict[WindowKey, int] = field(default_factory=dict)
 
 
 def run_audit(
@@ -179,9 +187,11 @@ def _audit(
 ) -> AuditReport:
     limits = {limit.name: limit for limit in Store(store.connection).list_limits()}
     currencies = {name: limit.currency for name, limit in limits.items() if limit.currency}
-    seen = _read_ledger(store, run, currencies)
+    distinct = {name: limit.distinct for name, limit in limits.items() if limit.distinct}
+    seen = _read_ledger(store, run, currencies, distinct)
     keys = _judged_keys(store, run, limits)
     run.violations.extend(_judge_windows(store, seen, keys, limits))
+    run.violations.extend(_judge_seats(store, run, keys, distinct))
     pairs = None if run.full else {(s, lim) for s, lim, _ in keys}
     for grant in store.grant_balances(pairs):
         found = judge_grant(*grant)
@@ -218,10 +228,13 @@ def _keep(store: AuditStore, run: _Run, windows: int) -> AuditReport:
     )
 
 
-def _read_ledger(store: AuditStore, run: _Run, currencies: dict[str, str]) -> Tally:
+def _read_ledger(
+    store: AuditStore, run: _Run, currencies: dict[str, str], distinct: dict[str, str]
+) -> Tally:
     """Fill ``run.kept`` with the ledger up to ``run.cut_us`` (from what earlier
     runs kept of the windows touched), and return the ledger as it is now
-    (past the cut too). Spend charges are checked on the way."""
+    (past the cut too). Spend charges are checked on the way; results in seat
+    windows (``distinct``: limit to key) and resets' ticks go to ``run``."""
     resets = store.resets_since(run.after_us)
     taken = [*store.voids_since(run.after_us), *store.give_backs_since(run.after_us)]
     more = [] if run.after_us is None else _charged_more(store.commits_since(run.after_us))
@@ -240,11 +253,14 @@ def _read_ledger(store: AuditStore, run: _Run, currencies: dict[str, str]) -> Ta
             later.append(apply)
 
     for key, tick, reset_us in resets:
+        run.reset_ticks[key] = max(tick, run.reset_ticks.get(key, -1))
         at(reset_us, [key], partial(Tally.reset, key=key, tick=tick, at_us=reset_us))
     for event_id, outcome, decided_us, tick, text in decided:
         charges = json.loads(text)
         run.violations.extend(spend_violations(event_id, outcome, charges, currencies))
         touched = [key for key, _, _ in consumed(outcome, charges)]
+        if distinct and (seated := seat_windows(outcome, charges, distinct)):
+            run.seated.append((event_id, tick, seated))
         if touched:
             add = partial(Tally.add_result, outcome=outcome, reset_tick=tick, charges=charges)
             at(decided_us, touched, add)
@@ -322,6 +338,40 @@ def _judge_windows(
             over = judge_hard(key, counter, maximum, drawn.get(key, 0), overdrawn.get(key, 0))
             if over is not None:
                 found.append(over)
+    return found
+
+
+def _judge_seats(
+    store: AuditStore, run: _Run, keys: list[WindowKey], distinct: dict[str, str]
+) -> list[Violation]:
+    """The judged seat windows: their counters against the values holding a
+    seat, and the values of the live events read (unvoided, not cleared by a
+    reset since) that hold none."""
+    judged = {key for key in keys if key[1] in distinct}
+    if not judged:
+        return []
+    unvoided = store.unvoided_metadata(
+        event_id for event_id, _, windows in run.seated if judged.intersection(windows)
+    )
+    live: dict[SeatValue, str] = {}
+    for event_id, tick, windows in run.seated:
+        if event_id not in unvoided:
+            continue
+        text = unvoided[event_id]
+        metadata = json.loads(text) if text else None
+        mine = [key for key in windows if key in judged]
+        for seat, holder in live_values(event_id, mine, metadata, distinct, run.reset_ticks, tick):
+            live.setdefault(seat, holder)
+    ordered = sorted(judged)
+    used, held = store.counters_of(ordered), store.seats_held(ordered)
+    unheld: dict[WindowKey, dict[str, str]] = {}
+    for seat, holder in live.items():
+        if seat[3] not in held.get(seat[:3], ()):
+            unheld.setdefault(seat[:3], {})[seat[3]] = holder
+    found = []
+    for key in ordered:
+        seats = len(held.get(key, ()))
+        found.extend(judge_seats(key, used.get(key, 0), seats, unheld.get(key, {})))
     return found
 
 

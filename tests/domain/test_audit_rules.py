@@ -10,6 +10,9 @@ from metering.domain.audit import (
     judge_counter,
     judge_grant,
     judge_hard,
+    judge_seats,
+    live_values,
+    seat_windows,
     spend_violations,
 )
 
@@ -83,3 +86,36 @@ def test_a_spend_charge_equals_its_events_priced_amounts() -> None:
         "29 charged",
     )
     assert spend_violations("e", "denied", wrong, {"spend": "USD"}) == []
+
+
+SEATS = ("org-1", "seats", W)
+
+
+def test_a_results_seat_windows_are_those_it_consumed_in_on_seat_limits() -> None:
+    charges = [row(1, limit="seats"), row(1), row(1, limit="seats", outcome="would_deny")]
+    assert seat_windows("allowed", charges, {"seats": "user"}) == [SEATS]
+    assert seat_windows("denied", charges, {"seats": "user"}) == []
+
+
+def test_live_values_leave_out_what_a_reset_cleared_and_what_carries_no_value() -> None:
+    distinct = {"seats": "user"}
+    assert live_values("e1", [SEATS], {"user": 7}, distinct, {}, 0) == [((*SEATS, "7"), "e1")]
+    assert live_values("e1", [SEATS], {"user": "ann"}, distinct, {SEATS: 3}, 2) == []
+    assert live_values("e1", [SEATS], {"user": "ann"}, distinct, {SEATS: 3}, 3) == [
+        ((*SEATS, "ann"), "e1")
+    ]
+    assert live_values("e1", [SEATS], {"team": "x"}, distinct, {}, 0) == []
+    assert live_values("e1", [SEATS], None, distinct, {}, 0) == []
+
+
+def test_a_seat_window_is_judged_on_its_count_and_its_unheld_values() -> None:
+    assert judge_seats(SEATS, 2, 2, {}) == []
+    [count] = judge_seats(SEATS, 2, 1, {})
+    assert (count.invariant, count.expected, count.found) == (
+        Invariant.SEAT_HELD,
+        "used 1 (values holding a seat)",
+        "used 2",
+    )
+    [value] = judge_seats(SEATS, 1, 1, {"dee": "e9"})
+    assert (value.invariant, value.item, value.found) == (Invariant.SEAT_HELD, "e9", "no seat")
+    assert value.expected == "value 'dee' holds a seat (a live event counts it)"

@@ -1,11 +1,13 @@
 """The audit's SQL (`metering/storage/audit.py`) on both databases: its marks;
 the ledger since an instant (results, resets, voids, give-backs), each after
 the instant only; the windows' sums kept between runs, replaced or merged;
-counters, draws and overdrafts by window; orphans and what is left held past
-its expiry; the last runs kept."""
+counters, draws and overdrafts by window; the seats held by window, and the
+metadata of unvoided results; orphans and what is left held past its
+expiry; the last runs kept."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -115,6 +117,25 @@ def test_counters_draws_and_overdrafts_are_read_by_window(meter: Meter) -> None:
         ("g-1", "org", "calls", 10, 2, 2)
     ]
     assert _run(meter, lambda store: store.grant_balances([("other", "calls")])) == []
+
+
+def test_seats_held_are_read_by_window_and_by_value(meter: Meter) -> None:
+    meter.set_limit(Limit("seats", maximum=5, period="1h", window="calendar", distinct="user"))
+    for n, user in enumerate(["ann", "bob", "ann", "cy"]):
+        meter.consume("org", "seats", metadata={"user": user}, event_id=f"s{n}")
+    meter.consume("other", "seats", metadata={"user": 7}, event_id="s4")
+    meter.void("s3", "left")  # cy's only event: her row stays, at 0
+    window, other = ("org", "seats", HOUR_US), ("other", "seats", HOUR_US)
+    assert _run(meter, lambda store: store.seats_held([window, other])) == {
+        window: {"ann", "bob"},
+        other: {"7"},
+    }
+    assert _run(meter, lambda store: store.seats_held([other])) == {other: {"7"}}
+    found = _run(meter, lambda store: store.unvoided_metadata(["s0", "s3", "s4", "none"]))
+    assert {k: json.loads(v) for k, v in found.items()} == {
+        "s0": {"user": "ann"},
+        "s4": {"user": 7},
+    }
 
 
 def test_orphans_and_what_is_held_past_its_expiry_are_violations(meter: Meter) -> None:

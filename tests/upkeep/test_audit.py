@@ -23,6 +23,7 @@ from metering.pipeline.routing import AUDIT_TASK, DEFAULT_QUEUE
 from metering.settings import RetentionPolicy, Settings
 from metering.storage.tables import (
     counters,
+    distinct_values,
     grants,
     results,
     webhook_messages,
@@ -154,6 +155,81 @@ def test_a_deleted_result_is_named(meter: Meter, clock: FrozenClock) -> None:
         ("counter_ledger", "org-4", "calls"),
         ("spend_priced", "org-4", "spend"),
         ("one_result", None, None),
+    }
+
+
+def seats(meter: Meter, users: list[str | int], prefix: str) -> None:
+    for n, user in enumerate(users):
+        meter.consume("org-7", "seats", metadata={"user": user}, event_id=f"{prefix}{n}")
+
+
+def test_a_clean_seat_ledger_with_voids_and_a_reset_proves_itself(
+    meter: Meter, clock: FrozenClock
+) -> None:
+    seats(meter, ["ann", "bob", "ann", "cy"], "t")  # cy is denied: 2 seats
+    meter.void("t0", "test")  # ann still has t2: her seat stays
+    meter.void("t1", "left")  # bob's last: his seat is free
+    seats(meter, ["cy", 7], "u")
+    clock.advance(minutes=2)
+    assert run_audit(meter).violations == ()
+    meter.reset("org-7", "seats")
+    seats(meter, ["ann", "bob"], "v")
+    meter.void("t2", "after the reset")  # cleared: frees nothing
+    clock.advance(minutes=2)
+    assert run_audit(meter).violations == ()
+    assert run_audit(meter, full=True).violations == ()
+
+
+def test_a_seat_value_deleted_behind_the_engines_back_is_named(
+    meter: Meter, clock: FrozenClock
+) -> None:
+    seats(meter, ["ann", "bob", "ann"], "t")
+    clock.advance(minutes=2)
+    assert run_audit(meter).violations == ()
+    corrupt(meter, delete(distinct_values).where(distinct_values.c.value == "ann"))
+    seats(meter, ["bob"], "u")  # touches the window: the next run judges it
+    [count] = run_audit(meter).violations
+    assert (count.invariant, count.subject, count.limit) == (Invariant.SEAT_HELD, "org-7", "seats")
+    assert (count.expected, count.found) == ("used 1 (values holding a seat)", "used 2")
+    full = run_audit(meter, full=True).violations
+    assert [(v.invariant, v.found, v.item) for v in full] == [
+        (Invariant.SEAT_HELD, "used 2", None),
+        (Invariant.SEAT_HELD, "no seat", full[1].item),
+    ]
+    assert full[1].item in {"t0", "t2"}  # an event of ann's
+
+
+def test_an_event_allowed_for_a_value_holding_no_seat_is_named(
+    meter: Meter, clock: FrozenClock
+) -> None:
+    seats(meter, ["ann"], "t")
+    clock.advance(minutes=2)
+    assert run_audit(meter).violations == ()
+    seats(meter, ["dee"], "u")
+    # As if decided free on a stale belief that dee held a seat: cost 0, no row, no seat.
+    r = results.c
+    with meter.database.engine.begin() as connection:
+        text = connection.execute(select(r.charges).where(r.event_id == "u0")).scalar_one()
+        charges = json.loads(text)
+        charges[0][2] = 0
+        connection.execute(
+            update(results).where(r.event_id == "u0").values(charges=json.dumps(charges))
+        )
+        connection.execute(delete(distinct_values).where(distinct_values.c.value == "dee"))
+        connection.execute(update(counters).where(counters.c.limit_name == "seats").values(used=1))
+    [violation] = run_audit(meter).violations
+    assert (violation.invariant, violation.item) == (Invariant.SEAT_HELD, "u0")
+    assert violation.expected == "value 'dee' holds a seat (a live event counts it)"
+
+
+def test_a_seat_counter_edited_by_hand_is_named(meter: Meter, clock: FrozenClock) -> None:
+    seats(meter, ["ann", "bob"], "t")
+    meter.void("t1", "left")
+    c = counters.c
+    corrupt(meter, update(counters).where(c.limit_name == "seats").values(used=2))
+    assert found(run_audit(meter)) == {
+        ("counter_ledger", "org-7", "seats"),
+        ("seat_held", "org-7", "seats"),
     }
 
 
