@@ -84,13 +84,16 @@ def run_parallel(name: str, job: Job, processes: int, events_each: int) -> Figur
     return _timed(name, procs, start, out)
 
 
-def _timed(name: str, procs: list[Any], start: Any, out: Any) -> Figures:
-    """Start the children's timed parts at one instant; their latencies, and the wall time."""
-    began = time.perf_counter()
+def _started(procs: list[Any], start: Any, out: Any) -> list[Any]:
+    """Start the children's timed parts at one instant; what each returned."""
     start.set()
-    latencies: list[int] = []
-    for _ in procs:
-        latencies.extend(out.get(timeout=600))
+    return [out.get(timeout=600) for _ in procs]
+
+
+def _timed(name: str, procs: list[Any], start: Any, out: Any) -> Figures:
+    """`_started`: the children's latencies, and the wall time."""
+    began = time.perf_counter()
+    latencies = [ns for found in _started(procs, start, out) for ns in found]
     seconds = time.perf_counter() - began
     for proc in procs:
         proc.join(60)
@@ -133,8 +136,7 @@ def run_prepared_each(
 ) -> list[Any]:
     """`run_prepared`, returning what each child's timed part returned."""
     procs, start, out = _ready(prepare, processes, events_each)
-    start.set()
-    found = [out.get(timeout=600) for _ in procs]
+    found = _started(procs, start, out)
     for proc in procs:
         proc.join(60)
     return found

@@ -190,8 +190,9 @@ def _audit(
     distinct = {name: limit.distinct for name, limit in limits.items() if limit.distinct}
     seen = _read_ledger(store, run, currencies, distinct)
     keys = _judged_keys(store, run, limits)
-    run.violations.extend(_judge_windows(store, seen, keys, limits))
-    run.violations.extend(_judge_seats(store, run, keys, distinct))
+    used = store.counters_of(keys)
+    run.violations.extend(_judge_windows(store, seen, keys, used, limits))
+    run.violations.extend(_judge_seats(store, run, keys, used, distinct))
     pairs = None if run.full else {(s, lim) for s, lim, _ in keys}
     for grant in store.grant_balances(pairs):
         found = judge_grant(*grant)
@@ -317,9 +318,13 @@ def _level(limit: Limit | None) -> bool:
 
 
 def _judge_windows(
-    store: AuditStore, seen: Tally, keys: list[WindowKey], limits: dict[str, Limit]
+    store: AuditStore,
+    seen: Tally,
+    keys: list[WindowKey],
+    used: dict[WindowKey, int],
+    limits: dict[str, Limit],
 ) -> list[Violation]:
-    used = store.counters_of(keys)
+    """The judged windows' counters (``used``) against their ledgers and maximums."""
     hard = [
         k for k in keys if (limit := limits.get(k[1])) is not None and limit.enforcement == "hard"
     ]
@@ -342,9 +347,13 @@ def _judge_windows(
 
 
 def _judge_seats(
-    store: AuditStore, run: _Run, keys: list[WindowKey], distinct: dict[str, str]
+    store: AuditStore,
+    run: _Run,
+    keys: list[WindowKey],
+    used: dict[WindowKey, int],
+    distinct: dict[str, str],
 ) -> list[Violation]:
-    """The judged seat windows: their counters against the values holding a
+    """The judged seat windows: their counters (``used``) against the values holding a
     seat, and the values of the live events read (unvoided, not cleared by a
     reset since) that hold none."""
     judged = {key for key in keys if key[1] in distinct}
@@ -363,7 +372,7 @@ def _judge_seats(
         for seat, holder in live_values(event_id, mine, metadata, distinct, run.reset_ticks, tick):
             live.setdefault(seat, holder)
     ordered = sorted(judged)
-    used, held = store.counters_of(ordered), store.seats_held(ordered)
+    held = store.seats_held(ordered)
     unheld: dict[WindowKey, dict[str, str]] = {}
     for seat, holder in live.items():
         if seat[3] not in held.get(seat[:3], ()):
