@@ -538,7 +538,7 @@ def decided(meter: Meter, event_ids: set[str]) -> None:
     while len(meter.decided(event_ids)) < len(event_ids):
         if time.monotonic() > deadline:
             raise SystemExit("bench_mix: the worker did not decide a slice in 10 minutes")
-        time.sleep(0.002)
+        time.sleep(0.005)
 
 
 def worker_plan(cases: list[Case], rounds: int) -> list[tuple[int, Case]]:
