@@ -2,8 +2,7 @@
 
     .venv/bin/python bench/bench_mix.py [--subjects 500] [--consume 600] [--sqlite-consume 1000]
                                         [--batches 12] [--rounds 3] [--processes 1 4]
-                                        [--worker-events 2000] [--worker-slice 2000]
-                                        [--worker-rounds 5]
+                                        [--worker-events 2500] [--worker-rounds 8]
                                         [--new-seats] [--cases NAME ...]
                                         [--sqlite-only] [--worker-only] [--quick]
                                         [--no-speculation]
@@ -59,27 +58,21 @@ each batch row to the peer and, last, the paired ratio (to plain, and in
 brackets to stacked): for `consume` the median of the rounds' ratios of
 plain's summed time to the case's in the same processes (to stacked: of the
 case's paired ratio over stacked's), for `apply` the median of the ratios
-of the batches applied in the same pass, for the worker as for `consume`
-(of its slices' times). The paired column is the one to read
-(docs/performance.md: how far each moves between runs of one commit).
+of the batches applied in the same pass. The paired column is the one to
+read (docs/performance.md: how far each moves between runs of one commit).
 A round's consuming meters are new: on PostgreSQL their cached rows are
 cold, so they rarely speculate (`metering.storage.hot.speculative`;
 ``--no-speculation`` turns it off; ``bench_speculation.py`` measures warm
 meters, A against B).
 Then on PostgreSQL the worker end to end (producer, Redis, a Celery worker
 of 2 processes per case, all started first and kept warm, each on a Redis
-database of its own; ``--worker-only``: these rows alone): a round to warm
-every worker up, then ``--worker-rounds`` rounds, the order turning each
-round, each case paired with plain (`worker_pair`: ``--worker-events``
-events of each, on the same subjects in the same order, sent in turn in
-slices of ``--worker-slice``, by default two messages of 1,000, one for
-each of a worker's processes; a slice timed from its first emit to the
-decision of its last message, the side first turning every slice). Each
-row: the case's rate over its own slices, the median of the per-round
-ratios to plain's rate (plain paired with itself), and its rate against
-the ledger peer's `apply` rate; paired, the median of the rounds' ratios
-of plain's summed slice time to the case's. ``--cases`` runs only the
-cases named (with plain and the stacked case each is compared with).
+database of its own): a round to warm up, then ``--worker-rounds`` rounds
+of ``--worker-events`` events a case, the order turning each round; each
+row the median of the per-round ratios to plain, and its median rate
+against the ledger peer's `apply` rate (``--worker-only``: these rows
+alone, no peer); no paired ratio (paired with plain, slice by slice, the
+rows moved more between runs: docs/performance-history.md). ``--cases`` runs only the cases
+named (with plain and the stacked case each is compared with).
 """
 
 from __future__ import annotations
@@ -389,7 +382,7 @@ class Results:
 
     def __init__(self) -> None:
         self.figures: dict[tuple[str, str], list[Figures]] = {}
-        self.pairs: dict[tuple[str, str], list[float]] = {}  # a paired round's ratio
+        self.pairs: dict[tuple[str, str], list[float]] = {}  # a paired `consume` round's ratio
 
     def add(self, path: str, figures: Figures, paired: float | None = None) -> None:
         self.figures.setdefault((path, figures.name), []).append(figures)
@@ -407,9 +400,9 @@ class Results:
         return f"{median([a.rate / b.rate for a, b in zip(ours, theirs, strict=True)]):.2f}"
 
     def paired(self, path: str, name: str, to: str) -> str:
-        """`consume` and the worker: the median of the rounds' ratios of the
-        summed times of plain's calls (slices) and the case's, paired (to ``to``
-        other than plain: of the case's ratio over ``to``'s). `apply`: the median of the ratios of
+        """`consume`: the median of the rounds' ratios of the summed times of
+        plain's calls and the case's in one process (to ``to`` other than plain:
+        of the case's ratio over ``to``'s). `apply`: the median of the ratios of
         the batches applied in the same pass (the k-th batch of one case against
         the k-th of the other, every round)."""
         if (path, name) in self.pairs:
@@ -447,7 +440,7 @@ class Results:
             if path == WORKER:
                 row += ["", "", self.ratio(path, name, "plain")]
                 row += [self.ratio(path, name, stacked) if stacked else ""]
-                row += [f"{rate / peer_rate:.2f}" if peer_rate else ""]
+                row += [f"{rate / peer_rate:.2f}" if peer_rate else "", ""]
             else:
                 row += [f"{pooled.percentile_ms(0.5):.2f} {unit}"]
                 row += [f"{pooled.percentile_ms(0.99):.2f} {unit}"]
@@ -455,10 +448,11 @@ class Results:
                 row += [self.ratio(path, name, stacked) if stacked else ""]
                 batches = path.startswith("apply")
                 row += [self.ratio(path, name, PEER) if batches else ""]
-            paired = self.paired(path, name, "plain")
-            if paired and stacked:
-                paired += f" ({self.paired(path, name, stacked)})"
-            found.append([*row, paired])
+                paired = self.paired(path, name, "plain")
+                if paired and stacked:
+                    paired += f" ({self.paired(path, name, stacked)})"
+                row += [paired]
+            found.append(row)
         return found
 
 
@@ -495,73 +489,43 @@ def measure(
 
 
 WORKER = "worker end to end"
-MESSAGE = 1000  # events in a producer's message (its batch size)
-Side = tuple[Meter, UsageProducer]
 
 
-def worker_pair(
-    sides: tuple[Side, Side],
-    cases: tuple[Case, Case],
-    subjects: list[str],
-    seed: int,
-    events: int,
-    slice_: int,
-    first: int = 0,
-) -> tuple[float, float]:
-    """``events`` events of each of two cases (the case's, then plain's), each
-    sent by its own producer to its own warm worker, in alternating slices of
-    ``slice_`` (the side first turning every slice; ``first``: the first
-    slice's number), both on the same subjects in the same order; each side's
-    seconds, summed over its slices, a slice timed from its first emit to the
-    decision of its last message (each message is one transaction)."""
+def worker_round(
+    meter: Meter, producer: UsageProducer, case: Case, subjects: list[str], seed: int, events: int
+) -> Figures:
+    """``events`` events through the producer, Redis and the case's warm worker
+    to its database: events/s from the first emit to the last result."""
     rng = random.Random(seed)
-    drawn = [rng.choice(subjects) for _ in range(events)]
-    work = []
-    for case in cases:
-        metadata_rng = random.Random(seed)
-        work.append([case.call(subject, metadata_rng) for subject in drawn])
-    seconds = [0.0, 0.0]
-    for number, at in enumerate(range(0, events, slice_), first):
-        for side in (0, 1) if number % 2 == 0 else (1, 0):
-            meter, producer = sides[side]
-            began = time.perf_counter()
-            sent = [producer.emit(charges=c, metadata=m) for c, m in work[side][at : at + slice_]]
-            producer.flush()
-            decided(meter, {*sent[MESSAGE - 1 :: MESSAGE], sent[-1]})  # each message's last
-            seconds[side] += time.perf_counter() - began
-    return seconds[0], seconds[1]
+    work = [case.call(rng.choice(subjects), rng) for _ in range(events)]
+    before = meter.count_results()
+    began = time.perf_counter()
+    for charges, metadata in work:
+        producer.emit(charges=charges, metadata=metadata)
+    producer.flush()
+    wait_for(meter, before + len(work))
+    seconds = time.perf_counter() - began
+    return Figures(case.name, 2, len(work), seconds, [int(seconds * 1e9)])
 
 
-def decided(meter: Meter, event_ids: set[str]) -> None:
-    """Wait until every one of ``event_ids`` has a result."""
+def wait_for(meter: Meter, results: int) -> None:
     deadline = time.monotonic() + 600
-    while len(meter.decided(event_ids)) < len(event_ids):
+    while meter.count_results() < results:
         if time.monotonic() > deadline:
-            raise SystemExit("bench_mix: the worker did not decide a slice in 10 minutes")
-        time.sleep(0.005)
-
-
-def worker_plan(cases: list[Case], rounds: int) -> list[tuple[int, Case]]:
-    """(round, case) in the order run: a round to warm up (round 0, every
-    worker, plain's among them, deciding events before any is timed), then
-    ``rounds`` rounds, the cases' order turning each round."""
-    return [
-        (round_, case)
-        for round_ in range(rounds + 1)
-        for case in cases[round_ % len(cases) :] + cases[: round_ % len(cases)]
-    ]
+            raise SystemExit("bench_mix: the worker did not decide every event in 10 minutes")
+        time.sleep(0.02)
 
 
 def worker_rows(
     urls: dict[str, str], peer_rate: float, subjects: list[str], args: Any
 ) -> list[list[str]]:
     """A Celery worker (prefork, 2) per case, all started first and kept warm,
-    each on a Redis database of its own; then `worker_plan`'s rounds, each case
-    paired with plain (`worker_pair`: ``args.worker_events`` events of each in
-    slices of ``args.worker_slice``). Each row: the median of the rounds (the
-    case's rate over its own slices), its ratios the medians of the per-round
-    ratios (the rates', and paired: plain's seconds over the case's); to the
-    peer, the median against the ledger peer's `apply` rate of the same run."""
+    each on a Redis database of its own; then ``args.worker_rounds`` rounds of
+    ``args.worker_events`` events a case, the cases' order turning each round,
+    after one round to warm up (every worker process connected, its caches
+    filled). Each row: the median of the rounds, its ratios the medians of the
+    per-round ratios; to the peer, the median against the ledger peer's
+    `apply` rate of the same run."""
     cases: list[Case] = args.cases
     results = Results()
     base = Path(tempfile.gettempdir())
@@ -578,34 +542,22 @@ def worker_rows(
                 workers.append(
                     start_worker(urls[case.name], broker, log, ["--concurrency", "2"], settle=0)
                 )
-            sides: dict[str, Side] = {}
-            for case, broker in zip(cases, brokers, strict=True):
-                meter = stack.enter_context(Meter(urls[case.name]))
-                # Messages of `MESSAGE` events, sent when full and at a slice's end.
-                producer = UsageProducer(broker, batch_size=MESSAGE, flush_interval_seconds=3600)
-                sides[case.name] = (meter, stack.enter_context(producer))
-            before = {name: meter.count_results() for name, (meter, _) in sides.items()}
-            slices = -(-args.worker_events // args.worker_slice)
-            for round_, case in worker_plan(cases, args.worker_rounds):
-                pair = (case, CASES[0])
-                mine, plain = worker_pair(
-                    (sides[case.name], sides["plain"]),
-                    pair,
-                    subjects,
-                    round_,
-                    args.worker_events,
-                    args.worker_slice,
-                    round_ * slices,
+            meters = {case.name: stack.enter_context(Meter(urls[case.name])) for case in cases}
+            producers = {
+                case.name: stack.enter_context(
+                    UsageProducer(broker, batch_size=1000, flush_interval_seconds=0.05)
                 )
-                if round_:  # round 0 warms the workers up
-                    figures = Figures(case.name, 2, args.worker_events, mine, [int(mine * 1e9)])
-                    results.add(WORKER, figures, plain / mine)
-            # Every event decided once: plain's side of every pair, both of its own.
-            for name, (meter, _) in sides.items():
-                sides_sent = len(cases) + 1 if name == "plain" else 1
-                sent = args.worker_events * sides_sent * (args.worker_rounds + 1)
-                if meter.count_results() != before[name] + sent:
-                    raise SystemExit(f"bench_mix: {name}'s worker did not decide every event")
+                for case, broker in zip(cases, brokers, strict=True)
+            }
+            for round_ in range(args.worker_rounds + 1):
+                order = cases[round_ % len(cases) :] + cases[: round_ % len(cases)]
+                for case in order:
+                    name = case.name
+                    figures = worker_round(
+                        meters[name], producers[name], case, subjects, round_, args.worker_events
+                    )
+                    if round_:  # the first round warms the workers up
+                        results.add(WORKER, figures)
         finally:
             for worker in workers:
                 stop_worker(worker)
@@ -685,15 +637,10 @@ def main() -> None:
         "--no-speculation", action="store_true", help="consume: no speculative round trip"
     )
     parser.add_argument(
-        "--worker-events",
-        type=int,
-        default=2000,
-        help="PostgreSQL, per case and worker round (as many of plain's)",
+        "--worker-events", type=int, default=2500, help="PostgreSQL, per case and worker round"
     )
-    # Two messages: one for each of a worker's processes.
-    parser.add_argument("--worker-slice", type=int, default=2000, help="events of a slice")
     parser.add_argument(
-        "--worker-rounds", type=int, default=5, help="PostgreSQL; 0: no worker rows"
+        "--worker-rounds", type=int, default=8, help="PostgreSQL; 0: no worker rows"
     )
     parser.add_argument("--new-seats", action="store_true", help=NEW_SEATS.label.split(" (")[0])
     parser.add_argument("--cases", nargs="+", help="only these (and plain, stacked)")
@@ -703,7 +650,6 @@ def main() -> None:
         args.subjects, args.consume, args.batches, args.rounds = 20, 20, 1, 1
         args.sqlite_consume = 20
         args.worker_events, args.worker_rounds = min(args.worker_events, 200), 1
-        args.worker_slice = min(args.worker_slice, 100)
     args.cases = selected(args.cases, args.new_seats)
     subjects = [f"subject-{n}" for n in range(args.subjects)]
     header = ["database", "path", "configuration", "events/s", "p50", "p99", "ratio to plain"]
@@ -712,8 +658,7 @@ def main() -> None:
     rows = [] if args.sqlite_only else [["PostgreSQL", *r] for r in postgres_rows(subjects, args)]
     if not args.worker_only:
         rows += [["SQLite", *r] for r in sqlite_rows(subjects, args)]
-    worker = f", {args.worker_rounds} worker rounds of {args.worker_events} events a side"
-    worker += f" in slices of {args.worker_slice}"
+    worker = f", {args.worker_rounds} worker rounds of {args.worker_events} events"
     print_table(
         f"every configuration against plain ({args.subjects:,} subjects, {args.rounds} rounds, "
         f"{args.consume} consume calls ({args.sqlite_consume} on SQLite) and {args.batches} "

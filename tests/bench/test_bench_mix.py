@@ -114,77 +114,14 @@ def test_a_pair_times_both_meters_in_turn_on_the_same_subjects(
     assert [s for u, s in called if u == urls[0]] == [s for u, s in called if u == urls[1]]
 
 
-class Producer:
-    """Records what it is sent: (its side, the subject) an event."""
-
-    def __init__(self, side: str, sent: list[tuple[str, str]]) -> None:
-        self.side, self.sent = side, sent
-
-    def emit(self, *, charges: Any, metadata: Any) -> str:
-        self.sent.append((self.side, charges[0][0]))
-        return f"{self.side}-{len(self.sent)}"
-
-    def flush(self) -> None:
-        self.sent.append((self.side, "flushed"))
-
-
-class Decided:
-    """Every event decided at once; records the ids waited for."""
-
-    def __init__(self) -> None:
-        self.asked: list[set[str]] = []
-
-    def decided(self, event_ids: set[str]) -> set[str]:
-        self.asked.append(set(event_ids))
-        return set(event_ids)
-
-
-def test_a_worker_pair_sends_both_sides_in_turn_on_the_same_subjects(
-    bench_mix: ModuleType,
-) -> None:
-    sent: list[tuple[str, str]] = []
-    meters = (Decided(), Decided())
-    sides = ((meters[0], Producer("case", sent)), (meters[1], Producer("plain", sent)))
-    cases = ({c.name: c for c in bench_mix.CASES}["mix"], bench_mix.CASES[0])
-    subjects = [f"subject-{n}" for n in range(5)]
-    mine, plain = bench_mix.worker_pair(sides, cases, subjects, 7, 2500, 1000)
-    assert mine > 0 and plain > 0
-    events = [(side, subject) for side, subject in sent if subject != "flushed"]
-    # Slices of 1,000 (the last of 500), the side first turning every slice:
-    runs = [(side, len(list(group))) for side, group in itertools.groupby(s for s, _ in events)]
-    assert runs == [("case", 1000), ("plain", 2000), ("case", 1500), ("plain", 500)]
-    assert [s for side, s in events if side == "case"] == [s for p, s in events if p == "plain"]
-    # Every slice is flushed, and timed until its last message is decided.
-    assert [side for side, subject in sent if subject == "flushed"] == [
-        *("case", "plain", "plain", "case", "case", "plain")
-    ]
-    assert [len(asked) for asked in meters[0].asked] == [1, 1, 1]
-    # A slice of two and a half messages waits for the last event of each.
-    sent.clear()
-    bench_mix.worker_pair(sides, cases, subjects, 7, 2500, 2500, first=1)
-    assert sent[0][0] == "plain"  # the first slice's number turns the side first
-    # (its ids numbered after plain's 2,500 events and flush)
-    assert meters[0].asked[-1] == {"case-3501", "case-4501", "case-5001"}
-
-
-def test_every_worker_decides_events_before_any_is_timed(bench_mix: ModuleType) -> None:
-    cases = bench_mix.selected(["seats", "mix"], new_seats=False)
-    plan = bench_mix.worker_plan(cases, 3)
-    warming = [case.name for round_, case in plan if round_ == 0]
-    assert warming == [case.name for case in cases]  # plain's worker among them
-    assert [round_ for round_, _ in plan] == sorted(round_ for round_, _ in plan)
-    for round_ in range(1, 4):  # each case once a round, the order turning
-        names = [case.name for r, case in plan if r == round_]
-        assert names == [case.name for case in cases[round_:] + cases[:round_]]
-
-
 @pytest.mark.slow
-def test_the_worker_rows_have_a_paired_ratio(tmp_path: Path) -> None:
+def test_worker_only_runs_the_worker_rows_alone(tmp_path: Path) -> None:
     rows = run_quick(tmp_path, "--worker-only", "--cases", "priced", database="PostgreSQL")
     names = ["plain hard limit", "stacked on two limits", "priced, with a spend cap"]
     assert [row[2] for row in rows] == names
-    assert all(row[1] == "worker end to end" and row[9] for row in rows)
-    assert "(" in rows[-1][9]  # and to stacked
+    assert all(row[1] == "worker end to end" and row[3] and row[6] for row in rows)
+    assert rows[-1][7]  # priced's ratio to stacked
+    assert not any(row[8] for row in rows)  # no peer without its `apply` rows
 
 
 @pytest.mark.slow
