@@ -71,8 +71,9 @@ of ``--worker-events`` events a case, the order turning each round; each
 row the median of the per-round ratios to plain, and its median rate
 against the ledger peer's `apply` rate (``--worker-only``: these rows
 alone, no peer); no paired ratio (paired with plain, slice by slice, the
-rows moved more between runs: docs/performance-history.md). ``--cases`` runs only the cases
-named (with plain and the stacked case each is compared with).
+rows moved more between runs: docs/performance-history.md). ``--cases``
+runs only the cases named (with plain and the stacked case each is
+compared with).
 """
 
 from __future__ import annotations
