@@ -4,7 +4,8 @@
                                         [--batches 12] [--rounds 3] [--processes 1 4]
                                         [--worker-events 2500] [--worker-rounds 8]
                                         [--new-seats] [--cases NAME ...]
-                                        [--sqlite-only] [--quick] [--no-speculation]
+                                        [--sqlite-only] [--worker-only] [--quick]
+                                        [--no-speculation]
 
 One database per configuration, on one durable PostgreSQL (fsync on) and on
 SQLite files (WAL, ``synchronous=NORMAL``), each with the same subjects and
@@ -68,8 +69,11 @@ of 2 processes per case, all started first and kept warm, each on a Redis
 database of its own): a round to warm up, then ``--worker-rounds`` rounds
 of ``--worker-events`` events a case, the order turning each round; each
 row the median of the per-round ratios to plain, and its median rate
-against the ledger peer's `apply` rate. ``--cases`` runs only the cases
-named (with plain and the stacked case each is compared with).
+against the ledger peer's `apply` rate (``--worker-only``: these rows
+alone, no peer); no paired ratio (paired with plain, slice by slice, the
+rows moved more between runs: docs/performance-history.md). ``--cases``
+runs only the cases named (with plain and the stacked case each is
+compared with).
 """
 
 from __future__ import annotations
@@ -437,7 +441,7 @@ class Results:
             if path == WORKER:
                 row += ["", "", self.ratio(path, name, "plain")]
                 row += [self.ratio(path, name, stacked) if stacked else ""]
-                row += [f"{rate / peer_rate:.2f}", ""]
+                row += [f"{rate / peer_rate:.2f}" if peer_rate else "", ""]
             else:
                 row += [f"{pooled.percentile_ms(0.5):.2f} {unit}"]
                 row += [f"{pooled.percentile_ms(0.99):.2f} {unit}"]
@@ -573,9 +577,12 @@ def postgres_rows(subjects: list[str], args: Any) -> list[list[str]]:
             print(f"  PostgreSQL {case.name} set up", flush=True)
         server.create_database("ledger")
         install_ledger(server.url("ledger"))
-        rows = measure(urls, server.url("ledger"), subjects, args.processes, args.consume, args)
+        rows = []
+        if not args.worker_only:
+            rows = measure(urls, server.url("ledger"), subjects, args.processes, args.consume, args)
         if args.worker_events and args.worker_rounds:
-            peer = float(rows[-1][2].replace(",", ""))  # the ledger peer's `apply` row
+            # The ledger peer's `apply` row (none with ``--worker-only``).
+            peer = float(rows[-1][2].replace(",", "")) if rows else 0.0
             began = time.perf_counter()
             rows.extend(worker_rows(urls, peer, subjects, args))
             print(f"  the worker's rounds took {time.perf_counter() - began:.0f} s", flush=True)
@@ -625,6 +632,9 @@ def main() -> None:
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 4], help="PostgreSQL")
     parser.add_argument("--sqlite-only", action="store_true", help="no PostgreSQL")
     parser.add_argument(
+        "--worker-only", action="store_true", help="only PostgreSQL's worker rows (no peer)"
+    )
+    parser.add_argument(
         "--no-speculation", action="store_true", help="consume: no speculative round trip"
     )
     parser.add_argument(
@@ -647,7 +657,8 @@ def main() -> None:
     header += ["ratio to stacked (as many counters)", "ratio to ledger peer"]
     header += ["paired: ratio to plain (to stacked)"]
     rows = [] if args.sqlite_only else [["PostgreSQL", *r] for r in postgres_rows(subjects, args)]
-    rows += [["SQLite", *r] for r in sqlite_rows(subjects, args)]
+    if not args.worker_only:
+        rows += [["SQLite", *r] for r in sqlite_rows(subjects, args)]
     worker = f", {args.worker_rounds} worker rounds of {args.worker_events} events"
     print_table(
         f"every configuration against plain ({args.subjects:,} subjects, {args.rounds} rounds, "

@@ -40,12 +40,13 @@ CONFIGURATIONS = [
 ]
 
 
-def run_quick(tmp_path: Path, *options: str) -> list[list[str]]:
-    """The SQLite rows of a ``--quick --sqlite-only`` run's table."""
+def run_quick(tmp_path: Path, *options: str, database: str = "SQLite") -> list[list[str]]:
+    """The ``database``'s rows of a ``--quick`` run's table (``--sqlite-only``
+    unless other options are given)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=str(tmp_path))
     script = str(ROOT / "bench" / "bench_mix.py")
     done = subprocess.run(
-        [sys.executable, script, "--quick", "--sqlite-only", *options],
+        [sys.executable, script, "--quick", *(options or ["--sqlite-only"])],
         env=env,
         capture_output=True,
         text=True,
@@ -56,7 +57,7 @@ def run_quick(tmp_path: Path, *options: str) -> list[list[str]]:
     return [
         [cell.strip() for cell in line.strip("|").split("|")]
         for line in done.stdout.splitlines()
-        if line.startswith("| SQLite")
+        if line.startswith(f"| {database}")
     ]
 
 
@@ -114,8 +115,18 @@ def test_a_pair_times_both_meters_in_turn_on_the_same_subjects(
 
 
 @pytest.mark.slow
+def test_worker_only_runs_the_worker_rows_alone(tmp_path: Path) -> None:
+    rows = run_quick(tmp_path, "--worker-only", "--cases", "priced", database="PostgreSQL")
+    names = ["plain hard limit", "stacked on two limits", "priced, with a spend cap"]
+    assert [row[2] for row in rows] == names
+    assert all(row[1] == "worker end to end" and row[3] and row[6] for row in rows)
+    assert rows[-1][7]  # priced's ratio to stacked
+    assert not any(row[8] for row in rows)  # no peer without its `apply` rows
+
+
+@pytest.mark.slow
 def test_new_seats_run_beside_the_cases_named(tmp_path: Path) -> None:
-    rows = run_quick(tmp_path, "--new-seats", "--cases", "seats", "mix")
+    rows = run_quick(tmp_path, "--sqlite-only", "--new-seats", "--cases", "seats", "mix")
     expected = [
         "plain hard limit",
         "stacked on three limits",
