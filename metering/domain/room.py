@@ -80,10 +80,7 @@ def covered(
     poisoned, timed, span = sums.poisoned, sums.timed, sums.span
     qualified: dict[str, bool] = {}
     found: dict[Key, Room] = {}
-    counters: dict[Pair, int] = {}
-    if pots:
-        for name, subject, _ in sums.totals:
-            counters[(name, subject)] = counters.get((name, subject), 0) + 1
+    counters: dict[Pair, int] | None = None  # each pair's, once a grant must pay
     for key, total in sums.totals.items():
         name, subject, start = key
         pair = (name, subject)
@@ -101,10 +98,14 @@ def covered(
                 poisoned.add(pair)
                 continue
             first, last = span
-            if _changes(history, first) != _changes(history, last):
+            if history[-1][0] <= first:  # (most: every change in force before the batch)
+                if history[-1][1] is not None:
+                    maximum = history[-1][1]
+            elif _changes(history, first) != _changes(history, last):
                 poisoned.add(pair)
                 continue
-            maximum = maximum_at(history, maximum, first)
+            else:
+                maximum = maximum_at(history, maximum, first)
         state = states.get(key)
         used = state[USED] if state is not None else 0
         pot = pots.get(pair) if pots else None
@@ -115,16 +116,17 @@ def covered(
             continue
         granted = pot.granted.get(start, 0) if pot is not None else 0
         own = used - granted  # the window's own usage
-        if own + total > maximum and (
-            pot is None
-            or own > maximum
-            or counters[pair] > 1
-            or span is None
-            or pair not in timed
-            or own + total > maximum + _steady(pot, *span)
-        ):
-            poisoned.add(pair)
-            continue
+        if own + total > maximum:
+            if pot is None or own > maximum or span is None or pair not in timed:
+                poisoned.add(pair)
+                continue
+            if counters is None:
+                counters = {}
+                for counted, of, _ in sums.totals:
+                    counters[(counted, of)] = counters.get((counted, of), 0) + 1
+            if counters[pair] > 1 or own + total > maximum + _steady(pot, *span):
+                poisoned.add(pair)
+                continue
         found[key] = (maximum, pot, granted)
     return {key: room for key, room in found.items() if (key[0], key[1]) not in poisoned}
 
