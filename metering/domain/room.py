@@ -22,7 +22,10 @@ from metering.domain.rules import USED, Key, Rule, State
 
 Pair = tuple[str, str]  # (limit name, subject)
 # A counter every charge of the batch fits: its maximum in force, and its
-# grants (None: none) with what they paid of its window before the batch.
+# grants (None: none) with what they paid of its window before the batch;
+# or, when its own room fits them and its grants are steady (none pays), None
+# and what the grants add to every charge's remaining (their window's share
+# and what they hold: 0 without grants).
 Room = tuple[int, Pot | None, int]
 # A subject's own thresholds on a limit: (percentages, units) (`metering.alerts`).
 Thresholds = tuple[Sequence[int], Sequence[int]]
@@ -76,6 +79,8 @@ def covered(
     count in the room only when the batch charges one counter of the pair and
     every grant is active over all of the batch's times or over none
     (`_steady`): then each charge draws what `metering.domain.grants.fit_window` would.
+    A counter whose own room fits the batch, of a pair whose grants are so
+    steady, has no pot in its room: what they hold is the same to each charge.
     """
     poisoned, timed, span = sums.poisoned, sums.timed, sums.span
     qualified: dict[str, bool] = {}
@@ -127,6 +132,11 @@ def covered(
             if counters[pair] > 1 or own + total > maximum + _steady(pot, *span):
                 poisoned.add(pair)
                 continue
+        elif pot is not None and span is not None and pair in timed:  # its grants pay none
+            held = _held(pot, *span)
+            if held is not None:  # nor does what they hold change
+                found[key] = (maximum, None, granted + held)
+                continue
         found[key] = (maximum, pot, granted)
     return {key: room for key, room in found.items() if (key[0], key[1]) not in poisoned}
 
@@ -143,13 +153,20 @@ def _crossed(alerts: Thresholds, maximum: int, before: int, after: int) -> bool:
 def _steady(pot: Pot, first_us: int, last_us: int) -> int:
     """What ``pot``'s grants hold, when each is active from ``first_us``
     to ``last_us`` or at no time between; else 0 (not counted)."""
+    return _held(pot, first_us, last_us) or 0
+
+
+def _held(pot: Pot, first_us: int, last_us: int) -> int | None:
+    """What ``pot``'s grants hold, when each is active from ``first_us``
+    to ``last_us`` or at no time between (what `Pot.available` finds at
+    any instant between); else None."""
     left = 0
     for balance in pot.balances:
         start, end = balance.effective_from_us, balance.expires_at_us
         if start <= first_us and (end is None or last_us < end):
             left += max(balance.amount - balance.used, 0)
         elif not (start > last_us or (end is not None and end <= first_us)):
-            return 0
+            return None
     return left
 
 
@@ -193,10 +210,11 @@ def allowed_row(
     room: Room,
     window: tuple[int, int],
 ) -> list[Any]:
-    """The row of a charge on a covered counter without grants (`covered`),
-    consumed: its ``state`` takes the cost."""
+    """The row of a charge on a covered counter without grants, or with
+    grants that pay none of the batch (`covered`), consumed: its ``state``
+    takes the cost."""
     maximum = room[0]
     after = state[USED] + cost
     state[USED] = after
-    remaining = maximum - after
+    remaining = maximum - after + room[2]
     return [subject, name, cost, True, "allowed", after, remaining, maximum, 0, *window, None]
