@@ -22,7 +22,10 @@ from metering.domain.rules import USED, Key, Rule, State
 
 Pair = tuple[str, str]  # (limit name, subject)
 # A counter every charge of the batch fits: its maximum in force, and its
-# grants (None: none) with what they paid of its window before the batch.
+# grants (None: none) with what they paid of its window before the batch;
+# or, when its own room fits them and its grants are steady (none pays), None
+# and what the grants add to every charge's remaining (their window's share
+# and what they hold: 0 without grants).
 Room = tuple[int, Pot | None, int]
 # A subject's own thresholds on a limit: (percentages, units) (`metering.alerts`).
 Thresholds = tuple[Sequence[int], Sequence[int]]
@@ -76,14 +79,13 @@ def covered(
     count in the room only when the batch charges one counter of the pair and
     every grant is active over all of the batch's times or over none
     (`_steady`): then each charge draws what `metering.domain.grants.fit_window` would.
+    A counter whose own room fits the batch, of a pair whose grants are so
+    steady, has no pot in its room: what they hold is the same to each charge.
     """
     poisoned, timed, span = sums.poisoned, sums.timed, sums.span
     qualified: dict[str, bool] = {}
     found: dict[Key, Room] = {}
-    counters: dict[Pair, int] = {}
-    if pots:
-        for name, subject, _ in sums.totals:
-            counters[(name, subject)] = counters.get((name, subject), 0) + 1
+    counters: dict[Pair, int] | None = None  # each pair's, once a grant must pay
     for key, total in sums.totals.items():
         name, subject, start = key
         pair = (name, subject)
@@ -101,10 +103,14 @@ def covered(
                 poisoned.add(pair)
                 continue
             first, last = span
-            if _changes(history, first) != _changes(history, last):
+            if history[-1][0] <= first:  # (most: every change in force before the batch)
+                if history[-1][1] is not None:
+                    maximum = history[-1][1]
+            elif _changes(history, first) != _changes(history, last):
                 poisoned.add(pair)
                 continue
-            maximum = maximum_at(history, maximum, first)
+            else:
+                maximum = maximum_at(history, maximum, first)
         state = states.get(key)
         used = state[USED] if state is not None else 0
         pot = pots.get(pair) if pots else None
@@ -115,16 +121,22 @@ def covered(
             continue
         granted = pot.granted.get(start, 0) if pot is not None else 0
         own = used - granted  # the window's own usage
-        if own + total > maximum and (
-            pot is None
-            or own > maximum
-            or counters[pair] > 1
-            or span is None
-            or pair not in timed
-            or own + total > maximum + _steady(pot, *span)
-        ):
-            poisoned.add(pair)
-            continue
+        if own + total > maximum:
+            if pot is None or own > maximum or span is None or pair not in timed:
+                poisoned.add(pair)
+                continue
+            if counters is None:
+                counters = {}
+                for counted, of, _ in sums.totals:
+                    counters[(counted, of)] = counters.get((counted, of), 0) + 1
+            if counters[pair] > 1 or own + total > maximum + _steady(pot, *span):
+                poisoned.add(pair)
+                continue
+        elif pot is not None and span is not None and pair in timed:  # its grants pay none
+            held = _held(pot, *span)
+            if held is not None:  # nor does what they hold change
+                found[key] = (maximum, None, granted + held)
+                continue
         found[key] = (maximum, pot, granted)
     return {key: room for key, room in found.items() if (key[0], key[1]) not in poisoned}
 
@@ -141,13 +153,20 @@ def _crossed(alerts: Thresholds, maximum: int, before: int, after: int) -> bool:
 def _steady(pot: Pot, first_us: int, last_us: int) -> int:
     """What ``pot``'s grants hold, when each is active from ``first_us``
     to ``last_us`` or at no time between; else 0 (not counted)."""
+    return _held(pot, first_us, last_us) or 0
+
+
+def _held(pot: Pot, first_us: int, last_us: int) -> int | None:
+    """What ``pot``'s grants hold, when each is active from ``first_us``
+    to ``last_us`` or at no time between (what `Pot.available` finds at
+    any instant between); else None."""
     left = 0
     for balance in pot.balances:
         start, end = balance.effective_from_us, balance.expires_at_us
         if start <= first_us and (end is None or last_us < end):
             left += max(balance.amount - balance.used, 0)
         elif not (start > last_us or (end is not None and end <= first_us)):
-            return 0
+            return None
     return left
 
 
@@ -191,10 +210,11 @@ def allowed_row(
     room: Room,
     window: tuple[int, int],
 ) -> list[Any]:
-    """The row of a charge on a covered counter without grants (`covered`),
-    consumed: its ``state`` takes the cost."""
+    """The row of a charge on a covered counter without grants, or with
+    grants that pay none of the batch (`covered`), consumed: its ``state``
+    takes the cost."""
     maximum = room[0]
     after = state[USED] + cost
     state[USED] = after
-    remaining = maximum - after
+    remaining = maximum - after + room[2]
     return [subject, name, cost, True, "allowed", after, remaining, maximum, 0, *window, None]

@@ -142,6 +142,9 @@ class Allowances:
     needs: dict[Pair, frozenset[Need]] = field(default_factory=dict)
     # Each subject's changes of time zone (`metering.domain.zones`): only those with one.
     zones: dict[str, ZoneHistory] = field(default_factory=dict)
+    # A bound no time of ``due`` is before (empty: not found yet). Due times
+    # only move on (`learn_due`), so a minimum once found stays one.
+    soonest: list[int] = field(default_factory=list, compare=False, repr=False)
 
     @classmethod
     def of(
@@ -211,12 +214,18 @@ class Allowances:
                 due.pop(pair, None)
             elif min(times) > now_us:
                 due[pair] = min(times)
+        self.soonest.clear()  # (found again when next asked: it may have moved on)
 
     def due_pairs(self, pairs: Iterable[Pair], now_us: int) -> list[Pair]:
         """Those of ``pairs`` with a recurring grant's issue due at ``now_us``, sorted."""
         due = self.due
         if not due:
             return []
+        soonest = self.soonest
+        if not soonest:  # (a copy: another thread's `learn_due` may change ``due``)
+            soonest.append(min(list(due.values()), default=now_us))
+        if now_us < soonest[0]:
+            return []  # none due yet: the pairs need not be looked at
         return sorted({pair for pair in pairs if due.get(pair, now_us + 1) <= now_us})
 
 
@@ -969,8 +978,8 @@ class _Applying:
         batch, allowances, pairs, keys = self.batch, self.allowances, self.pairs, self.keys
         due = allowances.due_pairs(chain(pairs, (key[:2] for key in keys)), batch.now_us)
         granted: list[Pair] = []
-        if allowances.grant_pairs:
-            granted = sorted(_granted(pairs, keys) & allowances.grant_pairs)
+        if allowances.grant_pairs:  # (every fixed window's granted pair is `timed`)
+            granted = sorted((self.sums.timed | pairs) & allowances.grant_pairs)
         # One event skips the id lookup: a repeated id fails the results
         # insert, and the transaction runs again (``retry``), looking up.
         self.looked_up = (
@@ -1696,11 +1705,6 @@ def _covers(rooms: dict[Key, Room], fixed: _Fixed) -> bool:
             return False
         keys.add(key)
     return True
-
-
-def _granted(pairs: Iterable[Pair], keys: Iterable[Key]) -> set[Pair]:
-    """The batch's (limit, subject) pairs of fixed windows (buckets have no grants)."""
-    return {(name, subject) for name, subject, start in keys if start != 0} | set(pairs)
 
 
 def _entitled(

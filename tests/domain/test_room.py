@@ -74,6 +74,25 @@ def test_an_entitlement_that_changes_within_the_batch_is_not_covered() -> None:
     assert covered(sums, RULES, {}, history, {}, {}) == {}
 
 
+@pytest.mark.parametrize(
+    ("history", "maximum"),
+    [
+        (((500, 20),), 20),
+        (((500, 20), (1_200, 30)), 30),  # in force from the batch's first instant
+        (((500, 20), (900, None)), 10),  # back to the limit's
+        (((1_300, 20),), 10),  # after the batch's times: the limit's
+    ],
+)
+def test_an_entitlement_steady_over_the_batch_gives_the_maximum_in_force(
+    history: tuple[tuple[int, int | None], ...], maximum: int
+) -> None:
+    sums = _sums(1)
+    _note(sums, ("calls", "org"), 1_200)
+    _note(sums, ("calls", "org"), 1_250)
+    histories = {("calls", "org"): history}
+    assert covered(sums, RULES, {}, histories, {}, {}) == {KEY: (maximum, None, 0)}
+
+
 def test_a_pair_with_grants_is_covered_only_when_all_its_counters_are() -> None:
     pots = {("calls", "org"): Pot([Balance("g", 5, 0, 0, None)])}
     later = ("calls", "org", END)
@@ -162,3 +181,32 @@ def test_a_drawn_row_is_the_one_decide_writes() -> None:
         verdict = decide([CALLS], charge, [(START, END)], [expected_state], 1_500, "e", None, [pot])
         assert (row, state) == (verdict.rows[0], expected_state)
     assert drawn == decided
+
+
+def test_grants_that_pay_none_of_the_batch_leave_each_row_the_one_decide_writes() -> None:
+    """Own room 7 fits the batch's 7: the steady grants' 4 + 2 (and the 1
+    they paid) are in every row's remaining, as `decide` finds them."""
+    sums = _sums(7)
+    _note(sums, ("calls", "org"), 1_200)
+    _note(sums, ("calls", "org"), 1_600)
+    pots, decided = _pots(), _pots()
+    room = covered(sums, RULES, GRANTED_STATES, {}, pots, {})[KEY]
+    assert room == (10, None, 1 + 4 + 2)
+    state, expected_state = list(GRANTED_STATES[KEY]), list(GRANTED_STATES[KEY])
+    pot = decided[("calls", "org")]
+    for cost, at_us in ((3, 1_200), (0, 1_300), (4, 1_600)):
+        row = allowed_row("org", "calls", cost, state, room, (START, END))
+        charge = [("org", "calls", cost)]
+        verdict = decide([CALLS], charge, [(START, END)], [expected_state], at_us, "e", None, [pot])
+        assert (row, state) == (verdict.rows[0], expected_state)
+    assert pots == decided
+
+
+def test_grants_that_change_within_the_batch_stay_in_the_room_that_pays_none() -> None:
+    sums = _sums(7)
+    _note(sums, ("calls", "org"), 1_200)
+    _note(sums, ("calls", "org"), 5_000)  # "h" expires then
+    pots = _pots()
+    assert covered(sums, RULES, GRANTED_STATES, {}, pots, {}) == {
+        KEY: (10, pots[("calls", "org")], 1)
+    }

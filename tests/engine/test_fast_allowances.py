@@ -20,6 +20,8 @@ from lock_waits import WAIT_SECONDS, wait_until_blocked
 from sqlalchemy import select, text
 
 from metering import FrozenClock, Limit, Meter
+from metering.engine.fast import Allowances
+from metering.storage.recurring import ScheduleRecord
 from metering.storage.tables import counters, webhook_messages
 
 NOV = datetime(2026, 11, 20, 12, tzinfo=UTC)
@@ -61,6 +63,21 @@ def test_a_recurring_grants_issue_is_made_on_the_fast_path(db_url: str) -> None:
         assert recurring.last_issue == 2
         low = [(d["grant_id"], d["left"], d["low_at"]) for d in _messages(meter, "grant.low")]
         assert low == [("m/2", 1, 1)]
+
+
+def test_no_pair_is_due_before_the_soonest_issue_and_each_is_once_it_is() -> None:
+    a, b = ("calls", "a"), ("calls", "b")
+    allowances = Allowances.of({}, frozenset(), {a: 100, b: 200}, {})
+    assert allowances.due_pairs([a, b], 99) == []
+    assert allowances.due_pairs([b, a], 150) == [a]
+    schedule = ScheduleRecord(
+        "m", "a", "calls", 5, "1mo", True, 0, 100, None, None, None, 2, 300, None, 0
+    )
+    allowances.learn_due([a], [(schedule, None)], 150)  # a's issue made: next at 300
+    assert allowances.due_pairs([a, b], 199) == []
+    assert allowances.due_pairs([a, b], 300) == [a, b]
+    allowances.learn_due([a, b], [], 300)  # no schedule left
+    assert (allowances.due, allowances.due_pairs([a, b], 10**9)) == ({}, [])
 
 
 def test_grant_low_is_announced_once_by_the_fast_path(db_url: str) -> None:
