@@ -46,7 +46,8 @@ def _parameters(meter: Meter, charges: list[Any], event_id: str = "e-1") -> tupl
 
 def _apply(meter: Meter, parameters: tuple[Any, ...]) -> ResultRecord | FunctionDeclined:
     with meter._engine.direct.autocommit() as raw:  # type: ignore[union-attr]
-        return apply_one(raw, parameters, {"k": "v"})
+        found = apply_one(raw, parameters, {"k": "v"})
+    return found if isinstance(found, FunctionDeclined) else found[0]
 
 
 def _stored(meter: Meter) -> tuple[int, int]:
