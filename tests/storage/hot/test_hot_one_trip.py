@@ -20,7 +20,7 @@ from metering.domain.events import make_event
 from metering.engine.one_trip import prepare
 from metering.storage.hot.one_trip import FunctionDeclined, apply_one, call_parameters
 from metering.storage.results import ResultRecord
-from metering.storage.tables import counters, results
+from metering.storage.tables import breakers, counters, results
 
 NOW = datetime(2026, 11, 22, 12, 0, 30, tzinfo=UTC)
 
@@ -116,6 +116,8 @@ def test_a_held_seat_is_not_locked_nor_read_at_the_stamp_it_is_known_held_at(
         connection.execute(text("UPDATE distinct_values SET live_events = 0"))
     assert meter.consume("org", "seats", metadata=ann).charges[0].cost == 0
     assert _seat_row(meter)[2] == 0
+    with meter.sql_engine.connect() as connection:  # a seat's charge has no breaker (22)
+        assert connection.execute(select(func.count()).select_from(breakers)).scalar() == 0
 
 
 def test_a_failed_statement_is_an_error_that_wrote_nothing(meter: Meter) -> None:

@@ -36,6 +36,10 @@ _SKIP: tuple[tuple[str, str], ...] = (
         "        seatv[i] := c ->> 12; heldat[i] := (c ->> 23)::bigint; seatheld[i] := false;\n"
         "        learn := learn OR jsonb_array_length(c) > 23;\n        ",
     ),
+    (  # a seat charge carries every element to 23: no breaker is a JSON null
+        "brk[i] := c -> 22;",
+        "brk[i] := nullif(c -> 22, 'null');",
+    ),
     (
         "               c2.tat_rem, c2.tat_scale, c2.granted\n        INTO r FROM counters AS c2",
         "               c2.tat_rem, c2.tat_scale, c2.granted, c2.seats_stamp\n"
