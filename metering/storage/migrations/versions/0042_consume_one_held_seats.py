@@ -31,11 +31,6 @@ _SKIP: tuple[tuple[str, str], ...] = (
         "    seatv text[]; live bigint; heldat bigint[]; cstamp bigint[]; seatheld boolean[];\n"
         "    learn boolean := false; learned text[] := '{}';",
     ),
-    (
-        "        seatv[i] := c ->> 12; ",
-        "        seatv[i] := c ->> 12; heldat[i] := (c ->> 23)::bigint; seatheld[i] := false;\n"
-        "        learn := learn OR jsonb_array_length(c) > 23;\n        ",
-    ),
     (  # a seat charge carries every element to 23: no breaker is a JSON null
         "brk[i] := c -> 22;",
         "brk[i] := nullif(c -> 22, 'null');",
@@ -63,6 +58,9 @@ _SKIP: tuple[tuple[str, str], ...] = (
     -- counter shows the stamp the caller knew it held at, else read under the lock.
     FOR i IN 1..n LOOP
         CONTINUE WHEN seatv[i] IS NULL;
+        c := p_charges -> (i - 1);
+        heldat[i] := (c ->> 23)::bigint;
+        learn := learn OR jsonb_array_length(c) > 23;
         IF found_c[i] AND heldat[i] = cstamp[i] THEN
             seatheld[i] := true;
         ELSE
