@@ -13,6 +13,7 @@ holds the function to the reference; `STATS` counts what it decided and declined
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any, Final
 
@@ -29,7 +30,14 @@ from metering.domain.zones import ZoneHistory, billing_month
 from metering.engine.answers import Declined
 from metering.engine.fast import CalendarWindows, LimitCache, rules_for
 from metering.errors import InvalidInput
-from metering.storage.hot.one_trip import Breaker, OneCharge, TieredPrice, call_parameters
+from metering.storage.hot.one_trip import (
+    Breaker,
+    HeldAt,
+    OneCharge,
+    TieredPrice,
+    call_parameters,
+)
+from metering.storage.results import ResultRecord
 
 STATS: Final[Counter[str]] = Counter()
 ONE_TRIP_IMPLEMENTS: Final = frozenset(
@@ -93,6 +101,10 @@ def prepare(cache: LimitCache, event: EventRecord, now_us: int) -> tuple[Any, ..
         found.append(
             _charge(rule, subject, cost, at_us, seat, paid, price, zoned, windows, dims, tiers)
         )
+        if seat is not None and found[-1][3] == "c":  # held at a stamp the cache knows?
+            known = cache.held.windows.get((name, subject, found[-1][7]))
+            if known is not None and seat in known[1]:
+                found[-1] = (*found[-1][:20], known[0])
     return call_parameters(
         version, event.event_id, event.fingerprint, at_us, now_us, event.metadata, found
     )
@@ -207,4 +219,20 @@ def _charge(
         rule.gauge,
         tiers,
         None if limit.breaker_factor is None else _breaker(rule),
+        None,
     )
+
+
+def learn_held(
+    cache: LimitCache, event: EventRecord, result: ResultRecord, held: Sequence[HeldAt]
+) -> None:
+    """Teach the cache's `HeldCache` the seats the function found held, each
+    with its window (as the result's row spells it) and the stamp it was held at."""
+    rules = cache.current[1]
+    for position, stamp in held:
+        subject, name, cost = event.charges[position]
+        rule = rules.get(name)
+        if rule is None or rule.limit.distinct is None:
+            continue
+        value = value_of(rule.limit.distinct, name, event.metadata, cost)
+        cache.held.learn((name, subject, int(result.charges[position][9])), stamp, value)

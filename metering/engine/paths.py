@@ -46,7 +46,7 @@ from metering.engine.fast import (
     refused_event,
 )
 from metering.engine.money import Money
-from metering.engine.one_trip import ONE_TRIP_IMPLEMENTS, STATS, prepare
+from metering.engine.one_trip import ONE_TRIP_IMPLEMENTS, STATS, learn_held, prepare
 from metering.engine.reference import (
     Allowed,
     WindowResolver,
@@ -116,7 +116,10 @@ class OneTrip:
             return Declined("no connection")  # the next path raises what it finds
         if not isinstance(found, FunctionDeclined):
             STATS["applied"] += 1
-            return [Answer(NEW, found)]
+            result, held = found
+            if held:
+                learn_held(self.cache, record, result, held)
+            return [Answer(NEW, result)]
         code = found.code
         STATS[f"declined:{code}"] += 1
         if code == "stale":

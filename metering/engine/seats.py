@@ -6,8 +6,8 @@ kept up to date event by event, so a batch decides as its events would one
 by one; a value's row is written when it takes a seat, not for a held
 value's further events (`HELD`). The reference engine reads and writes
 them here (`Seats.read`, `Seats.write`); the fast path reads them with its
-hot store's counters, only those `HeldCache` does not know held at
-their window's stamp. A void (`free_seats`) asks the ledger for the rest.
+hot store's counters, only those `HeldCache` does not know held at their
+window's stamp (the one-trip function checks it). A void (`free_seats`) asks the ledger.
 """
 
 from __future__ import annotations
@@ -198,6 +198,14 @@ class HeldCache:
             met.update(first)
             for key, values in read_held(first).items():
                 self._learn(key, stamps[key], values)
+
+    def learn(self, key: Key, stamp: int, value: str) -> None:
+        """``value`` was held in ``key``'s window at ``stamp`` (read under its
+        lock: the one-trip function's answer, `metering.engine.one_trip`)."""
+        if len(self.windows) > self.size:
+            self.windows.clear()
+            self.met.clear()
+        self._learn(key, stamp, {value})
 
     def _learn(self, key: Key, stamp: int, values: set[str]) -> None:
         known = self.windows.get(key)

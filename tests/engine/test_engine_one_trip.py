@@ -91,7 +91,8 @@ def test_soft_and_unit_thresholds_travel_with_the_charge(meter: Meter) -> None:
 def test_a_seat_charge_carries_its_value_and_its_row_at_cost_0(meter: Meter) -> None:
     [seat] = _charges(_prepared(meter, [("org", "seats", 1)], {"u": 7}))
     assert seat[:3] == ["seats", "org", 1] and seat[9] == '"org","seats",1'
-    assert seat[12:] == ["7", '"org","seats",0', False, None]  # the value as `value_of` spells it
+    # The value as `value_of` spells it; no stamp it is known held at yet (23).
+    assert seat[12:] == ["7", '"org","seats",0', False, None, *[None] * 8]
     [plain] = _charges(_prepared(meter, [("org", "cal", 1)], {"u": 7}))
     assert len(plain) == 12
 

@@ -1,15 +1,17 @@
 """The values known held (`HeldCache`): a batch reads only the seat values
-it knows nothing of while their window's stamp stands, on both stores. Every
-change of a window's held values moves its stamp, whoever writes it, so a
-database restored under a meter is read again and never lets seats past a
-hard maximum."""
+it knows nothing of while their window's stamp stands, on both stores, and
+the one-trip function (PostgreSQL) takes a value as held on the stamp it is
+told. Every change of a window's held values moves its stamp, whoever writes
+it, so a value freed or a database restored under a meter is read again and
+never lets seats past a hard maximum."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Callable
 from contextlib import closing
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -19,10 +21,12 @@ from sqlalchemy import Engine, insert, text
 from metering import FrozenClock, Limit, Meter
 from metering.domain.events import UsageEvent, make_event
 from metering.engine.fast import LimitCache
+from metering.engine.one_trip import STATS, prepare
 from metering.storage.connections import make_engine
 from metering.storage.hot.postgres import PostgresHotStore
 from metering.storage.hot.sqlite import SqliteHotStore
 from metering.storage.tables import counters, distinct_values
+from metering.upkeep.audit import run_audit
 
 NOW = datetime(2026, 11, 10, 12, 0, tzinfo=UTC)
 
@@ -213,3 +217,35 @@ def test_a_window_with_more_seats_than_the_bound_is_not_read_whole(
         assert _allowed(meter, ("c1", "u3"), ("c2", "u4")) == [True, True]
         assert [c.used for c in meter.counters("org-1", "seats")] == [4]
     assert whole == []
+
+
+def test_a_value_known_held_but_freed_since_takes_its_seat_again_in_one_trip(
+    pg_url: str,
+) -> None:
+    engine = make_engine(pg_url)
+    with Meter(pg_url, clock=FrozenClock(NOW)) as meter:
+        meter.set_limits([Limit("seats", 10, "1mo", window="calendar", distinct="user")])
+        tried = STATS["applied"]
+        user = {"user": "u1"}
+        taken = meter.consume("org-1", "seats", metadata=user, event_id="e1")
+        held = meter.consume("org-1", "seats", metadata=user, event_id="e2")
+        assert [taken.charges[0].cost, held.charges[0].cost] == [1, 0]
+        # The function answered the stamp it found u1 held at.
+        stamp = _stamp(engine)
+        assert list(_held(meter).held.windows.values()) == [(stamp, frozenset({"u1"}))]
+        meter.void("e1", "wrong user")
+        meter.void("e2", "wrong user")  # u1's last live event: its seat is freed
+        assert meter.seats("org-1", "seats") == [] and _stamp(engine) != stamp
+        # The meter still knows u1 held at the old stamp, and says so to the function.
+        record = make_event([("org-1", "seats", 1)], NOW, "e3", user).record()
+        parameters = prepare(_held(meter), record, meter.database.now_us())
+        assert isinstance(parameters, tuple) and json.loads(parameters[6])[0][23] == stamp
+        again = meter.consume("org-1", "seats", metadata=user, event_id="e3")
+        assert again.charges[0].cost == 1  # read under the counter's lock: taken again
+        assert STATS["applied"] - tried == 3
+        assert meter.seats("org-1", "seats") == ["u1"]
+        assert [c.used for c in meter.counters("org-1", "seats")] == [1]
+    # Two minutes on: the audit checks what was decided up to a minute before.
+    with Meter(pg_url, clock=FrozenClock(NOW + timedelta(minutes=2))) as later:
+        assert run_audit(later, full=True).violations == ()
+    engine.dispose()

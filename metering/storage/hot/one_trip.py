@@ -1,6 +1,6 @@
 """One round trip for a single event on PostgreSQL (``metering_consume_one``).
 
-The function (migration 0012's, grown up to 0036) decides the usual event by
+The function (migration 0012's, grown up to 0042) decides the usual event by
 the rules of `metering.domain.rules.decide` and writes what
 `PostgresHotStore.write` would, in one autocommit statement. It declines,
 writing nothing: limits changed since cached (``stale``), an id with a result
@@ -34,7 +34,8 @@ CONSUME_ONE: Final = (
 #  with a time zone or None, a limit's dimensions' (key, value) pairs, a
 #  paced limit's burst in units or None, a gauge's aggregation or None;
 #  since 0034 a price by the window's total, or a spend charge's priced
-#  charges' positions from 1, or None, and a limit's runaway breaker or None).
+#  charges' positions from 1, or None, and a limit's runaway breaker or None;
+#  since 0042 a seat's window's stamp its value is known held at, or None).
 # A price by the window's total (since 0034): currency, model, flat fee,
 # tiers (end or None, micro-minor price), package, per package, per unit.
 TieredPrice = tuple[
@@ -64,7 +65,11 @@ OneCharge = tuple[
     str | None,
     TieredPrice | tuple[int, ...] | None,
     Breaker | None,
+    int | None,
 ]
+# A seat charge's position in the call (from 0) and the stamp of its
+# window's held values its value was found held at (migration 0042).
+HeldAt = tuple[int, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +106,7 @@ def call_parameters(
             list(found[9]) if thresholds else None,
             list(found[10]) if thresholds else None,
         ]
-        seat, granted, price, month, dims, burst, gauge, tiers, breaker = found[11:20]
+        seat, granted, price, month, dims, burst, gauge, tiers, breaker, held_at = found[11:21]
         later: list[Any] = [month, [list(pair) for pair in dims] if dims else None, burst, gauge]
         # A price by the window's total (20), a spend charge's sum (21), a breaker (22).
         if tiers is not None:
@@ -109,8 +114,11 @@ def call_parameters(
         else:
             later += [None, None]
         later.append(breaker)
-        while later and later[-1] is None:
-            later.pop()
+        if seat is not None:  # with the stamp, None too: the answer says where it was held
+            later.append(held_at)
+        else:
+            while later and later[-1] is None:
+                later.pop()
         if seat is not None or granted or price is not None or later:
             held = None if seat is None else _compact([found[1], found[0], 0])[1:-1]
             charge += [seat, held, granted, None if price is None else _compact(list(price))]
@@ -133,8 +141,9 @@ def apply_one(
     raw: psycopg.Connection[Any],
     parameters: tuple[Any, ...],
     metadata: Any,
-) -> ResultRecord | FunctionDeclined:
-    """Run the function on ``raw`` (in autocommit): the new result, or `FunctionDeclined`."""
+) -> tuple[ResultRecord, list[HeldAt]] | FunctionDeclined:
+    """Run the function on ``raw`` (in autocommit): the new result with the
+    seat charges it found held and the stamps they were held at, or `FunctionDeclined`."""
     try:
         row = raw.execute(CONSUME_ONE, parameters).fetchone()
     except psycopg.errors.UniqueViolation as exc:
@@ -148,9 +157,14 @@ def apply_one(
     answer = row[0]
     if answer[0] != "ok":
         return FunctionDeclined(answer[0])
-    _, outcome, denied_by, charges = answer
+    outcome, denied_by, charges = answer[1:4]
+    held: list[HeldAt] = []
+    if len(answer) > 4 and answer[4]:  # (since 0042, to a call that sent the stamps)
+        for pair in answer[4].split(","):
+            position, stamp = pair.split(":")
+            held.append((int(position) - 1, int(stamp)))
     event_id, fingerprint, at_us, now_us = parameters[1:5]
-    return ResultRecord(
+    record = ResultRecord(
         event_id,
         outcome,
         fingerprint,
@@ -161,3 +175,4 @@ def apply_one(
         json.loads(charges),
         metadata,
     )
+    return record, held

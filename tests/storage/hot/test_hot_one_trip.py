@@ -2,7 +2,8 @@
 PostgreSQL: `apply_one` answers the new result as the results row spells
 it, and declines, writing nothing, a repeated id (``exists``), limits
 changed since they were cached (``stale``), a charge that would notify
-(``notify``) and a statement that fails (``error``)."""
+(``notify``) and a statement that fails (``error``); a held seat's row is
+neither locked nor written, nor read when the call knows its window's stamp."""
 
 from __future__ import annotations
 
@@ -12,14 +13,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from metering import FrozenClock, Limit, Meter
 from metering.domain.events import make_event
 from metering.engine.one_trip import prepare
 from metering.storage.hot.one_trip import FunctionDeclined, apply_one, call_parameters
 from metering.storage.results import ResultRecord
-from metering.storage.tables import counters, results
+from metering.storage.tables import breakers, counters, results
 
 NOW = datetime(2026, 11, 22, 12, 0, 30, tzinfo=UTC)
 
@@ -46,7 +47,8 @@ def _parameters(meter: Meter, charges: list[Any], event_id: str = "e-1") -> tupl
 
 def _apply(meter: Meter, parameters: tuple[Any, ...]) -> ResultRecord | FunctionDeclined:
     with meter._engine.direct.autocommit() as raw:  # type: ignore[union-attr]
-        return apply_one(raw, parameters, {"k": "v"})
+        found = apply_one(raw, parameters, {"k": "v"})
+    return found if isinstance(found, FunctionDeclined) else found[0]
 
 
 def _stored(meter: Meter) -> tuple[int, int]:
@@ -89,6 +91,35 @@ def test_a_charge_that_would_notify_is_declined(meter: Meter) -> None:
     assert _stored(meter) == before
 
 
+def _seat_row(meter: Meter) -> tuple[str, str, int]:
+    """The seat row's version, its locker's id (0: never locked) and live events."""
+    with meter.sql_engine.connect() as connection:
+        query = text("SELECT xmin::text, xmax::text, live_events FROM distinct_values")
+        [(xmin, xmax, live)] = connection.execute(query).all()
+    return str(xmin), str(xmax), int(live)
+
+
+def test_a_held_seat_is_not_locked_nor_read_at_the_stamp_it_is_known_held_at(
+    meter: Meter,
+) -> None:
+    meter.set_limit(Limit("seats", maximum=5, period="1mo", window="calendar", distinct="user"))
+    ann = {"user": "ann"}
+    assert meter.consume("org", "seats", metadata=ann).charges[0].cost == 1  # the seat taken
+    taken = _seat_row(meter)
+    assert taken[1:] == ("0", 1)
+    assert meter.consume("org", "seats", metadata=ann).charges[0].cost == 0  # read: held
+    assert _seat_row(meter) == taken  # not upserted: no lock, no new version
+    # Its row changed behind the triggers' back, the stamp standing: the
+    # function, told ann is held at that stamp, takes it so without reading.
+    with meter.sql_engine.begin() as connection:
+        connection.execute(text("SET LOCAL session_replication_role = replica"))
+        connection.execute(text("UPDATE distinct_values SET live_events = 0"))
+    assert meter.consume("org", "seats", metadata=ann).charges[0].cost == 0
+    assert _seat_row(meter)[2] == 0
+    with meter.sql_engine.connect() as connection:  # a seat's charge has no breaker (22)
+        assert connection.execute(select(func.count()).select_from(breakers)).scalar() == 0
+
+
 def test_a_failed_statement_is_an_error_that_wrote_nothing(meter: Meter) -> None:
     before = _stored(meter)
     broken = (*_parameters(meter, [("org", "calls", 1)])[:6], "not json", [1])
@@ -126,6 +157,7 @@ def test_charges_are_passed_in_lock_order_with_thresholds_only_where_set() -> No
                 None,
                 None,
                 None,
+                None,
             ),
             (
                 "a",
@@ -148,6 +180,7 @@ def test_charges_are_passed_in_lock_order_with_thresholds_only_where_set() -> No
                 None,
                 None,
                 None,
+                None,
             ),
         ],
     )
@@ -161,15 +194,18 @@ def test_charges_are_passed_in_lock_order_with_thresholds_only_where_set() -> No
 
 def test_a_zone_dimensions_a_pace_and_a_gauge_ride_after_the_grants_and_price() -> None:
     """The optional elements after a charge's price, trailing ones left out;
-    then a price by the window's total (20) or a spend charge's sum (21), a breaker (22)."""
+    then a price by the window's total (20) or a spend charge's sum (21), a breaker (22);
+    a seat's charge carries them all, and the stamp its value is known held at (23)."""
     charge = ("g", "org", 3, "c", 5, "hard", 1, 0, 9, (), (), None, False, None)
-    zoned = (*charge, "2026-11", (("route", "r1"),), 2, "max", None, None)
-    paced = (*charge, None, (), 2, None, None, None)
+    zoned = (*charge, "2026-11", (("route", "r1"),), 2, "max", None, None, None)
+    paced = (*charge, None, (), 2, None, None, None, None)
     tiers = ("USD", "graduated", 5, ((3, 10_000), (None, 4_000)), None, None, None)
-    tiered = (*charge[:13], ("USD", 7), None, (), None, None, tiers, None)
-    spent = (*charge, None, (), None, None, (1, 3), None)
-    held = (*charge, None, (), None, None, None, (10, 0.5, 2, "hard"))
-    found = call_parameters(7, "e-1", "fp", 10, 11, None, [zoned, paced, tiered, spent, held])
+    tiered = (*charge[:13], ("USD", 7), None, (), None, None, tiers, None, None)
+    spent = (*charge, None, (), None, None, (1, 3), None, None)
+    held = (*charge, None, (), None, None, None, (10, 0.5, 2, "hard"), None)
+    seat = (*charge[:11], "ann", *charge[12:], None, (), None, None, None, None, -5)
+    calls = [zoned, paced, tiered, spent, held, seat]
+    found = call_parameters(7, "e-1", "fp", 10, 11, None, calls)
     head = ["g", "org", 3, "c", 5, "hard", 1, 0, 9, '"org","g",3', None, None]
     price = ["USD", "graduated", 5, [[3, 10_000], [None, 4_000]], None, None, None]
     assert json.loads(found[6]) == [
@@ -178,4 +214,6 @@ def test_a_zone_dimensions_a_pace_and_a_gauge_ride_after_the_grants_and_price() 
         [*head, None, None, False, '["USD",7]', None, None, None, None, price],
         [*head, None, None, False, None, None, None, None, None, None, [1, 3]],
         [*head, None, None, False, None, *[None] * 6, [10, 0.5, 2, "hard"]],
+        # A seat's every element, to the stamp it is known held at (23).
+        [*head, "ann", '"org","g",0', False, None, *[None] * 7, -5],
     ]
