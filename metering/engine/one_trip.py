@@ -99,12 +99,10 @@ def prepare(cache: LimitCache, event: EventRecord, now_us: int) -> tuple[Any, ..
         # The values its consumed cost is rolled up by.
         dims = tuple((k, dimension_value(event.metadata, k)) for k in rule.dimensions)
         found.append(
-            _charge(rule, subject, cost, at_us, seat, paid, price, zoned, windows, dims, tiers)
+            _charge(
+                rule, subject, cost, at_us, seat, paid, price, zoned, windows, dims, tiers, cache
+            )
         )
-        if seat is not None and found[-1][3] == "c":  # held at a stamp the cache knows?
-            known = cache.held.windows.get((name, subject, found[-1][7]))
-            if known is not None and seat in known[1]:
-                found[-1] = (*found[-1][:20], known[0])
     return call_parameters(
         version, event.event_id, event.fingerprint, at_us, now_us, event.metadata, found
     )
@@ -181,6 +179,7 @@ def _charge(
     windows: CalendarWindows,
     dims: tuple[tuple[str, str], ...],
     tiers: TieredPrice | tuple[int, ...] | None,
+    cache: LimitCache,
 ) -> OneCharge:
     limit = rule.limit
     thresholds = (limit.thresholds, limit.thresholds_units)
@@ -219,8 +218,15 @@ def _charge(
         rule.gauge,
         tiers,
         None if limit.breaker_factor is None else _breaker(rule),
-        None,
+        None if seat is None or kind != "c" else _held_at(cache, rule.name, subject, start, seat),
     )
+
+
+def _held_at(cache: LimitCache, name: str, subject: str, start: int, seat: str) -> int | None:
+    """The stamp ``seat`` is known held at in its window (the function then
+    skips its row when the counter shows that stamp), or None."""
+    known = cache.held.windows.get((name, subject, start))
+    return known[0] if known is not None and seat in known[1] else None
 
 
 def learn_held(
