@@ -13,6 +13,12 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # xdist worker rewrites all test files again: about 13 s of CPU a process.
 unset PYTHONDONTWRITEBYTECODE
 
+# Hypothesis runs its plugins' entry points as it is imported: it reads
+# every installed distribution's metadata and imports trio, whose plugin is
+# the only one and which no test uses; about 0.3 s of CPU in each process
+# that imports Hypothesis (the workers, the controller, every `st`).
+export HYPOTHESIS_NO_PLUGINS=1
+
 # The tests' temporary files (tmp_path, the SQLite copies every test makes,
 # the docs' working directories) go to memory where /dev/shm is a tmpfs with
 # room: waiting on SQLite's fsyncs on a shared disk was about a quarter of
