@@ -218,15 +218,11 @@ def _charge(
         rule.gauge,
         tiers,
         None if limit.breaker_factor is None else _breaker(rule),
-        None if seat is None or kind != "c" else _held_at(cache, rule.name, subject, start, seat),
+        # The stamp the seat is known held at: the function skips its row at that stamp.
+        None
+        if seat is None or kind != "c"
+        else cache.held.held_at((rule.name, subject, start), seat),
     )
-
-
-def _held_at(cache: LimitCache, name: str, subject: str, start: int, seat: str) -> int | None:
-    """The stamp ``seat`` is known held at in its window (the function then
-    skips its row when the counter shows that stamp), or None."""
-    known = cache.held.windows.get((name, subject, start))
-    return known[0] if known is not None and seat in known[1] else None
 
 
 def learn_held(

@@ -137,18 +137,20 @@ class HeldCache:
     def split(self, seats: Sequence[WantedSeat]) -> tuple[list[WantedSeat], list[SeatKey]]:
         """``seats`` as those to read and those taken as held if their
         window's stamp is the one known (`settle` finds out)."""
-        windows = self.windows
         asked: list[WantedSeat] = []
         assumed: list[SeatKey] = []
         for seat in seats:
             name, subject, start, value = seat
-            if start is not None:
-                known = windows.get((name, subject, start))
-                if known is not None and value in known[1]:
-                    assumed.append((name, subject, start, value))
-                    continue
+            if start is not None and self.held_at((name, subject, start), value) is not None:
+                assumed.append((name, subject, start, value))
+                continue
             asked.append(seat)
         return asked, assumed
+
+    def held_at(self, key: Key, value: str) -> int | None:
+        """The stamp ``value`` is known held at in ``key``'s window, or None."""
+        known = self.windows.get(key)
+        return known[0] if known is not None and value in known[1] else None
 
     def settle(
         self,
@@ -172,9 +174,7 @@ class HeldCache:
                 stale.append(seat)
         if stale:
             seen.update(read_seats(stale))
-        if len(windows) > self.size:
-            windows.clear()
-            self.met.clear()
+        self._bound()
         held: dict[Key, set[str]] = defaultdict(set)
         for name, subject, start, value in chain(asked, stale):
             if start is not None:
@@ -202,10 +202,14 @@ class HeldCache:
     def learn(self, key: Key, stamp: int, value: str) -> None:
         """``value`` was held in ``key``'s window at ``stamp`` (read under its
         lock: the one-trip function's answer, `metering.engine.one_trip`)."""
+        self._bound()
+        self._learn(key, stamp, {value})
+
+    def _bound(self) -> None:
+        """Empty the cache when it holds more than ``size`` windows."""
         if len(self.windows) > self.size:
             self.windows.clear()
             self.met.clear()
-        self._learn(key, stamp, {value})
 
     def _learn(self, key: Key, stamp: int, values: set[str]) -> None:
         known = self.windows.get(key)
