@@ -17,13 +17,12 @@ the version they were read at; a read at another version declines as stale.
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import chain
-from operator import attrgetter, itemgetter
+from operator import itemgetter
 from typing import Any, Final, cast
 
 from sqlalchemy import Connection
@@ -33,7 +32,6 @@ from metering.domain.decisions import CHARGE_KEYS, ROW_FIELDS, ChargeDecision
 from metering.domain.distinct import SeatKey, value_of
 from metering.domain.events import (
     FUTURE_TOLERANCE_US,
-    Charge,
     EventRecord,
     Rejected,
     UsageEvent,
@@ -45,7 +43,7 @@ from metering.domain.grants import Balance, History, Pot, drawn_since, maximum_a
 from metering.domain.imports import ImportPolicy
 from metering.domain.instants import from_us
 from metering.domain.licenses import consumed_concurrent
-from metering.domain.money import Price, counted_amounts, price_at, tiered_amount
+from metering.domain.money import Price, counted_amounts, tiered_amount
 from metering.domain.needs import EVERY, NONE, Need, subject_needs
 from metering.domain.notifications import Notice, payload_of
 from metering.domain.recurring import Issue, issue_id, low_threshold
@@ -79,7 +77,7 @@ from metering.engine.answers import (
 )
 from metering.engine.breakers import Breakers
 from metering.engine.forecasts import forecast_keys, forecast_with, leads_of, with_forecasts
-from metering.engine.money import PriceBook, refuse_spend_charge, repriced
+from metering.engine.money import PriceBook, Pricing, refuse_spend_charge, repriced
 from metering.engine.seats import HeldCache, Seats
 from metering.errors import EventConflict, InvalidInput, MeteringError, UnknownLimit
 from metering.pipeline.messages import encode_event, raw_text
@@ -235,14 +233,14 @@ class LimitCache:
 
     ``current`` is replaced as a whole, so a reader never pairs one
     version's rules with another's number. Entitlement and grant changes
-    bump the same version, and so do prices: ``prices`` holds them with the
-    version they were read at, set before ``current`` (a reader that finds
-    another version there runs again).
+    bump the same version, and so do prices: ``pricing`` holds them with
+    the version they were read at and that version's rules, set before
+    ``current`` (a reader that finds another version there runs again).
     """
 
     def __init__(self) -> None:
         self.current: tuple[int, dict[str, Rule], Allowances] = (-1, {}, Allowances())
-        self.prices = PriceBook()
+        self.pricing = Pricing(PriceBook(), {})
         self._entitled: dict[tuple[str, int, Own | None], Rule] = {}
         self.held = HeldCache()  # whatever the limits' version: its stamps say
 
@@ -262,13 +260,10 @@ class LimitCache:
         )
         book = PriceBook.read(PriceStore(connection), version)
         priced = set(book.prices)
-        self.prices = book
+        rules = {limit.name: Rule.of(limit, priced=limit.name in priced) for limit in limits}
+        self.pricing = Pricing(book, rules)
         self._entitled = {}
-        self.current = (
-            version,
-            {limit.name: Rule.of(limit, priced=limit.name in priced) for limit in limits},
-            found,
-        )
+        self.current = (version, rules, found)
 
     def rule_for(
         self, rule: Rule, history: History | None, at_us: int, own: Own | None = None
@@ -292,7 +287,6 @@ class LimitCache:
 _Fixed = list[tuple[Key, Window]]
 _event_id: Final = itemgetter(0)  # of a `ResultRecord`
 _CHARGE_OUTCOME: Final = CHARGE_KEYS.index("outcome")  # in a charge's row
-FOREVER_US: Final = 1 << 80  # past any instant in microseconds
 
 
 class CalendarWindows:
@@ -398,134 +392,55 @@ def _seat_order(seat: WantedSeat) -> tuple[str, str, int, str]:
     return name, subject, -1 if start is None else start, value
 
 
-# What pricing an event's charges gives (`_Spend.expand`): its priced charges'
-# (currency, amount) by position, whether one is counted and its
-# `_Spend.counted` entry, its spend charges and their rules.
-_Priced = tuple[
-    dict[int, tuple[str, int]], bool, tuple[int, Price] | None, tuple[Charge, ...], list[Rule]
-]
-
-
 class _Spend:
     """A batch's money (`metering.engine.money`): each priced event with its
-    spend charges after its own, and its priced charges' amounts, to be
-    written on its consumed charges' rows (`ChargeDecision.to_row`)."""
+    spend charges after its own (`Pricing.expand`, remembered per version of
+    the cache), and its priced charges' amounts, to be written on its
+    consumed charges' rows (`ChargeDecision.to_row`)."""
 
-    def __init__(self, book: PriceBook, rules: dict[str, Rule]) -> None:
-        self.book = book
-        self.rules = rules
+    def __init__(self, pricing: Pricing) -> None:
+        self.pricing = pricing
+        self.book = pricing.book
         # By the event's position in the batch: its priced charges' (currency,
         # amount), by their position in the event.
         self.amounts: dict[int, dict[int, tuple[str, int]]] = {}
         # The events whose spend charges are priced by their counters (tiers);
         # the usual one, with one priced charge, as (its position, its price).
         self.counted: dict[int, tuple[int, Price] | None] = {}
-        # What `expand` found per charges and prices in force (their ids).
-        self.priced: dict[tuple[object, ...], _Priced] = {}
-        # Per priced limit, the id of the price last found in force and the
-        # times it is in force over: [from, until).
-        self.in_force: dict[str, tuple[int, int, int]] = {}
-        # A subject's own spend charges, by subject and `expand`'s key.
-        self.extras: dict[tuple[str, tuple[object, ...]], tuple[Charge, ...]] = {}
         # Per counted event of a batch's room (`_Applying._tiered`): what its
         # counter held before it, one after the other, and what it costs then.
         self.ahead: dict[int, tuple[int, int]] = {}
 
     @classmethod
-    def of(cls, cache: LimitCache, version: int, rules: dict[str, Rule]) -> _Spend:
+    def of(cls, cache: LimitCache, version: int) -> _Spend:
         """The batch's money, priced at ``version``."""
-        book = cache.prices
-        if book.version != version:
+        pricing = cache.pricing
+        if pricing.book.version != version:
             raise _Decline(Declined("prices cached at another version", stale=True))
-        return cls(book, rules)
+        return cls(pricing)
 
     def expand(
         self, index: int, event: EventRecord, event_rules: list[Rule]
     ) -> tuple[EventRecord, list[Rule], MeteringError | None]:
         """``event`` and its rules with its spend charges after its own
         (`Money.expand`), or the error of a charge that costs too much."""
-        charges, at_us = event.charges, event.occurred_at_us
-        # What pricing ``charges`` gives depends on their limits and costs and
-        # the prices in force only (the spend charges of an event of one
-        # subject are that subject's): a batch's events mostly repeat them.
-        prices = self.book.prices
-        key: tuple[object, ...]
-        if len(charges) == 1:  # most events: keyed by their one charge's (name, cost, price)
-            subject, name, cost = charges[0]
-            alike = True
-            found_in = self.in_force.get(name)
-            if found_in is not None and found_in[0] <= at_us < found_in[1]:
-                key = (name, cost, found_in[2])
-            else:
-                key = (name, cost, self._in_force(name, at_us) if name in prices else 0)
-        else:
-            subject = charges[0][0]
-            alike = all(charge[0] == subject for charge in charges)
-            key = tuple(
-                [
-                    (name, cost, self._in_force(name, at_us) if name in prices else 0)
-                    for _, name, cost in charges
-                ]
-            )
-            if not alike:
-                key = (charges, key)
-        found = self.priced.get(key)
-        if found is None:
-            try:
-                found = self._priced(charges, at_us)
-            except InvalidInput as exc:
-                return event, event_rules, exc
-            self.priced[key] = found
-        amounts, is_counted, counted, extra, added = found
-        if alike and extra and extra[0].subject != subject:
-            mine = self.extras.get((subject, key))
-            if mine is None:
-                mine = tuple(Charge(subject, charge.limit, charge.cost) for charge in extra)
-                self.extras[(subject, key)] = mine
-            extra = mine
+        try:
+            found = self.pricing.expand(event.charges, event.occurred_at_us)
+        except InvalidInput as exc:
+            return event, event_rules, exc
+        if found is None:  # created between the reads of a refresh: not for the cache
+            raise _Decline(Declined("a spend limit not cached", stale=True))
+        amounts, is_counted, counted, charges, added = found
         if amounts:
             self.amounts[index] = amounts
         if is_counted:
             self.counted[index] = counted
-        if not extra:
+        if not added:
             return event, event_rules, None
         expanded = EventRecord(
-            event.event_id, (*charges, *extra), at_us, event.metadata, event.fingerprint
+            event.event_id, charges, event.occurred_at_us, event.metadata, event.fingerprint
         )
         return expanded, [*event_rules, *added], None
-
-    def _in_force(self, name: str, at_us: int) -> int:
-        """The id of priced limit ``name``'s `price_at` ``at_us``."""
-        found = self.in_force.get(name)
-        if found is not None and found[0] <= at_us < found[1]:
-            return found[2]
-        history = self.book.prices[name]
-        index = bisect_right(history, at_us, key=attrgetter("effective_from_us"))
-        since = history[index - 1].effective_from_us if index else -FOREVER_US
-        until = history[index].effective_from_us if index < len(history) else FOREVER_US
-        ident = id(price_at(history, at_us))
-        self.in_force[name] = (since, until, ident)
-        return ident
-
-    def _priced(self, charges: tuple[tuple[str, str, int], ...], at_us: int) -> _Priced:
-        """What `expand` adds to ``charges`` at ``at_us``; `InvalidInput` for a
-        charge that costs too much."""
-        priced, extra = self.book.charges(charges, at_us)
-        amounts = {c.index: (c.currency, c.amount) for c in priced}
-        counted: tuple[int, Price] | None = None
-        is_counted = any(c.counted for c in priced)
-        if is_counted and len(priced) == 1:
-            _, limit, _ = charges[priced[0].index]
-            price = price_at(self.book.prices[limit], at_us)
-            assert price is not None
-            counted = (priced[0].index, price)
-        added: list[Rule] = []
-        for charge in extra:
-            rule = self.rules.get(charge.limit)
-            if rule is None:  # created between the reads of a refresh: not for the cache
-                raise _Decline(Declined("a spend limit not cached", stale=True))
-            added.append(rule)
-        return amounts, is_counted, counted, tuple(extra), added
 
     def reprice(
         self,
@@ -716,7 +631,8 @@ class _Applying:
         """Each event's rules, spend charges and counters' keys."""
         batch, cache = self.batch, self.cache
         # Priced limits at all (a refresh under way may pair versions: `_Spend.of` checks).
-        priced = bool(cache.prices.prices) or cache.prices.version != self.version
+        book = cache.pricing.book
+        priced = bool(book.prices) or book.version != self.version
         # An event whose charges are all on `_plain` rules takes the short
         # way below: what `rules_for` and `_keys` find of it, found inline;
         # one on `_short` rules skips `rules_for` (`_short_rules`).
@@ -755,7 +671,7 @@ class _Applying:
             own = len(event_rules) if shortened is not None else 0
             if priced and error is None and any(rule.money for rule in event_rules):
                 if self.spend is None:
-                    self.spend = _Spend.of(cache, self.version, self.rules)
+                    self.spend = _Spend.of(cache, self.version)
                 event, event_rules, error = self.spend.expand(index, event, event_rules)
             fixed = None if error is not None else self._keys(index, event, event_rules, values)
             if self.spend is not None and index in self.spend.counted:
@@ -788,7 +704,7 @@ class _Applying:
         if found is None:
             return False
         if self.spend is None:
-            self.spend = _Spend.of(self.cache, self.version, self.rules)
+            self.spend = _Spend.of(self.cache, self.version)
         spend = self.spend
         expanded, event_rules, error = spend.expand(index, event, found)
         if error is not None:
@@ -1831,9 +1747,9 @@ def check_record(
     try:
         event_rules, error = rules_for(event, rules, now_us)
         if error is None and any(rule.money for rule in event_rules):
-            if cache.prices.version != version:
+            if cache.pricing.book.version != version:
                 return stale
-            spend = _Spend(cache.prices, rules)
+            spend = _Spend(cache.pricing)
             event, event_rules, error = spend.expand(0, event, event_rules)
     except _Decline as exc:
         return exc.declined  # a spend limit not cached yet

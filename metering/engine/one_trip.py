@@ -115,18 +115,21 @@ def _spend(
     and each priced charge's (currency, amount) by position; with a price by the
     window's total (tiers, a flat fee), each priced charge's price too, and each
     spend charge the positions of the priced charges it sums, by position."""
-    book = cache.prices
+    pricing = cache.pricing
+    book = pricing.book
     if book.version != version:
         return Declined("prices cached at another version", stale=True)
     at_us = event.occurred_at_us
     try:
-        priced, extra = book.charges(event.charges, at_us)
+        expanded = pricing.expand(event.charges, at_us)
     except InvalidInput as exc:
         return Declined(str(exc), Need.INVALID)
-    if any(charge.limit not in cache.current[1] for charge in extra):
+    if expanded is None:
         return Declined("a spend limit not cached", stale=True)
-    if not any(charge.counted for charge in priced):
-        return (*event.charges, *extra), {c.index: ((c.currency, c.amount), None) for c in priced}
+    amounts, counted, _, charges, _ = expanded
+    if not counted:
+        return charges, {index: (amount, None) for index, amount in amounts.items()}
+    priced, extra = book.charges(event.charges, at_us)
     # Priced by the function from the counters it locks (`money.tiered_amount`).
     found: dict[int, _Priced] = {}
     for charge in priced:

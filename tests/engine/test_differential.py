@@ -599,8 +599,9 @@ def _decide(
 def _counted(meter: Meter, record: EventRecord) -> set[str]:
     """The models of ``record``'s prices by the window's total, and "flat fee"."""
     found = set()
+    prices = meter._engine.limits.pricing.book.prices
     for _, limit, _ in record.charges:
-        price = price_at(meter._engine.limits.prices.prices.get(limit, ()), record.occurred_at_us)
+        price = price_at(prices.get(limit, ()), record.occurred_at_us)
         if price is not None and price.counted:
             found.add(price.model)
             if price.flat_fee:
