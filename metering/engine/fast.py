@@ -270,7 +270,12 @@ class LimitCache:
     ) -> Rule:
         """``rule`` with the subject's maximum at ``at_us`` and its ``own``
         thresholds (rules are shared per maximum and thresholds)."""
-        maximum = maximum_at(history, rule.limit.maximum, at_us)
+        default = rule.limit.maximum
+        if history and history[-1][0] <= at_us:  # (most: the last change is in force)
+            last = history[-1][1]
+            maximum = default if last is None else last
+        else:
+            maximum = maximum_at(history, default, at_us)
         if maximum == rule.maximum and own is None:
             return rule
         key = (rule.name, maximum, own)
@@ -1631,23 +1636,25 @@ def _entitled(
     pots: dict[Pair, Pot],
 ) -> tuple[list[Rule], list[Pot | None] | None]:
     """The event's rules with its subjects' own maximums and thresholds
-    (``own``), and their grants."""
+    (``own``), and their grants (None: no charge has any)."""
     histories, alerts = own
-    if not any(
-        (name, subject) in histories or (name, subject) in pots or (name, subject) in alerts
-        for subject, name, _ in event.charges
-    ):
-        return event_rules, None  # most events: nothing of their subjects' own
-    rules: list[Rule] = []
-    found: list[Pot | None] = []
-    for (subject, name, _), rule in zip(event.charges, event_rules, strict=True):
-        history = histories.get((name, subject))
-        thresholds = alerts.get((name, subject))
+    rules: list[Rule] | None = None
+    found: list[Pot | None] | None = None
+    at_us = event.occurred_at_us
+    for position, (subject, name, _) in enumerate(event.charges):
+        pair = (name, subject)
+        history = histories.get(pair) if histories else None
+        thresholds = alerts.get(pair) if alerts else None
         if history or thresholds:
-            rule = cache.rule_for(rule, history, event.occurred_at_us, thresholds)
-        rules.append(rule)
-        found.append(None if rule.bucket else pots.get((name, subject)))
-    return rules, found if any(pot is not None for pot in found) else None
+            if rules is None:
+                rules = list(event_rules)
+            rules[position] = cache.rule_for(event_rules[position], history, at_us, thresholds)
+        pot = pots.get(pair) if pots else None
+        if pot is not None and not event_rules[position].bucket:
+            if found is None:
+                found = [None] * len(event_rules)
+            found[position] = pot
+    return (event_rules if rules is None else rules), found
 
 
 def _quarantined(
