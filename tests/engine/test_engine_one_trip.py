@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from differential import START
 from round_trips import count_network_waits
-from sqlalchemy import select, text
+from sqlalchemy import func, select, text
 
 from metering import FrozenClock, Limit, Meter, spend_limit
 from metering.domain.breaker import Breaker, released, step
@@ -32,6 +32,7 @@ from metering.storage.tables import (
     usage_rollups,
     webhook_messages,
 )
+from metering.storage.rollups import ROLLUPS
 
 # What the one-trip function decides alone: no dimensions, no price.
 ONE_TRIP_LIMITS = [
@@ -244,6 +245,11 @@ def test_grants_take_one_trip(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> N
             "first": 1,
             "late": 2,
         }
+        with meter.sql_engine.connect() as connection:  # the draws on the counter's row
+            granted = connection.execute(
+                select(counters.c.granted).where(counters.c.subject == "org")
+            ).scalar_one()
+        assert granted == 3
 
 
 def test_a_flat_price_and_its_spend_cap_take_one_trip(
@@ -461,17 +467,22 @@ def test_dimensions_take_one_trip(pg_url: str, monkeypatch: pytest.MonkeyPatch) 
             assert meter.consume("org", "calls", metadata={"route": route, "model": 1}).allowed
         assert waits[0] == 4 and STATS["applied"] - before["applied"] == 4
         assert not meter.consume("org", "calls", 3, metadata={"route": "/a"}).allowed
+        rollups = ROLLUPS.c
         with meter.sql_engine.connect() as connection:
             rows = connection.execute(
                 select(
-                    usage_rollups.c.dimension,
-                    usage_rollups.c.value,
-                    usage_rollups.c.used,
-                    usage_rollups.c.events,
+                    rollups.dimension,
+                    rollups.value,
+                    func.sum(rollups.used),
+                    func.sum(rollups.events),
                 )
-                .where(usage_rollups.c.subject == "org")
-                .order_by(usage_rollups.c.dimension, usage_rollups.c.value)
+                .where(rollups.subject == "org")
+                .group_by(rollups.dimension, rollups.value)
+                .order_by(rollups.dimension, rollups.value)
             ).all()
+            # Appended, as the batches' (no rollup row upserted, so none locked).
+            keyed = connection.execute(select(func.count()).select_from(usage_rollups)).scalar()
+        assert keyed == 0
         assert [tuple(row) for row in rows] == [
             ("model", "1", 4, 4),
             ("route", "", 1, 1),
