@@ -24,6 +24,7 @@ from metering.domain.events import make_event
 from metering.domain.needs import Need
 from metering.engine.answers import Declined
 from metering.engine.one_trip import ONE_TRIP_IMPLEMENTS, STATS, prepare
+from metering.storage.rollups import ROLLUPS
 from metering.storage.tables import (
     breakers,
     counters,
@@ -32,7 +33,6 @@ from metering.storage.tables import (
     usage_rollups,
     webhook_messages,
 )
-from metering.storage.rollups import ROLLUPS
 
 # What the one-trip function decides alone: no dimensions, no price.
 ONE_TRIP_LIMITS = [

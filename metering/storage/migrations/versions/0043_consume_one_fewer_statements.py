@@ -23,6 +23,19 @@ down_revision = "0042"
 branch_labels = None
 depends_on = None
 
+_SUMMED = (
+    "        gsum := CASE WHEN allowed THEN (SELECT coalesce(sum(u.a), 0)"
+    " FROM unnest(gi, gamts)\n"
+    "                                        AS u(ci, a) WHERE u.ci = i) ELSE 0 END;\n"
+)
+_UPSERTING = (
+    "        INSERT INTO usage_rollups AS u (subject, limit_name, dimension, hour_start_us,"
+    " value,\n            used, events)\n"
+)
+_APPENDING = (
+    "        INSERT INTO usage_rollup_deltas (subject, limit_name, dimension, hour_start_us,\n"
+    "            value, used, events)\n"
+)
 _UPSERTED = """        ON CONFLICT (subject, limit_name, dimension, hour_start_us, value)
         DO UPDATE SET used = u.used + excluded.used, events = u.events + excluded.events;
 """
@@ -40,16 +53,12 @@ _LEANER: tuple[tuple[str, str], ...] = (
         "            f1[i] := cused[i];",
     ),
     (  # the counters updated, then created: the same sum each
-        "        gsum := CASE WHEN allowed THEN (SELECT coalesce(sum(u.a), 0) FROM unnest(gi, gamts)\n"
-        "                                        AS u(ci, a) WHERE u.ci = i) ELSE 0 END;\n"
-        "        UPDATE counters",
+        _SUMMED + "        UPDATE counters",
         "        gsum := CASE WHEN allowed THEN coalesce(gdrawn[i], 0) ELSE 0 END;\n"
         "        UPDATE counters",
     ),
     (
-        "        gsum := CASE WHEN allowed THEN (SELECT coalesce(sum(u.a), 0) FROM unnest(gi, gamts)\n"
-        "                                        AS u(ci, a) WHERE u.ci = i) ELSE 0 END;\n"
-        "        INSERT INTO counters",
+        _SUMMED + "        INSERT INTO counters",
         "        gsum := CASE WHEN allowed THEN coalesce(gdrawn[i], 0) ELSE 0 END;\n"
         "        INSERT INTO counters",
     ),
@@ -58,20 +67,16 @@ _LEANER: tuple[tuple[str, str], ...] = (
         "    IF allowed AND cardinality(gids) > 0 THEN\n        FOR k IN",
     ),
     (
-        "        INSERT INTO usage_rollups AS u (subject, limit_name, dimension, hour_start_us, value,\n"
-        "            used, events)\n        SELECT",
-        "        INSERT INTO usage_rollup_deltas (subject, limit_name, dimension, hour_start_us,\n"
-        "            value, used, events)\n        SELECT",
+        _UPSERTING + "        SELECT",
+        _APPENDING + "        SELECT",
     ),
     (
         "        FROM jsonb_array_elements((p_charges -> (i - 1)) -> 17) AS d\n" + _UPSERTED,
         "        FROM jsonb_array_elements((p_charges -> (i - 1)) -> 17) AS d;\n",
     ),
     (
-        "        INSERT INTO usage_rollups AS u (subject, limit_name, dimension, hour_start_us, value,\n"
-        "            used, events)\n        VALUES",
-        "        INSERT INTO usage_rollup_deltas (subject, limit_name, dimension, hour_start_us,\n"
-        "            value, used, events)\n        VALUES",
+        _UPSERTING + "        VALUES",
+        _APPENDING + "        VALUES",
     ),
     (
         "            pricev[i]::jsonb ->> 0, (pricev[i]::jsonb ->> 1)::bigint, 1)\n" + _UPSERTED,
