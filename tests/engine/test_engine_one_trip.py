@@ -491,6 +491,29 @@ def test_dimensions_take_one_trip(pg_url: str, monkeypatch: pytest.MonkeyPatch) 
         ]
 
 
+def test_a_result_written_by_the_function_carries_the_reset_clocks_tick(pg_url: str) -> None:
+    """Its result's ``reset_tick`` is the clock's when it is written, as the
+    column's default gives every other writer: a void then knows the reset
+    came before or after it."""
+    with Meter(pg_url, clock=FrozenClock(START)) as meter:
+        meter.set_limit(Limit("calls", maximum=5, period="1h"))
+        meter.consume("other", "calls")  # caches the limits
+        before = STATS.copy()
+        meter.consume("org", "calls", event_id="before")
+        assert meter.reset(subject="org") == 1
+        meter.consume("org", "calls", event_id="after")
+        assert STATS["applied"] - before["applied"] == 2
+        with meter.sql_engine.connect() as connection:
+            ticks = connection.execute(
+                select(results.c.event_id, results.c.reset_tick)
+                .where(results.c.event_id.in_(["before", "after"]))
+                .order_by(results.c.reset_tick)
+            ).all()
+        assert [tuple(row) for row in ticks] == [("before", 0), ("after", 1)]
+        assert meter.void("before", "refund").charges == ()
+        assert [c[2] for c in meter.void("after", "refund").charges] == [1]
+
+
 def test_a_zoned_first_use_counter_of_an_older_window_is_declined(pg_url: str) -> None:
     """Its billing month is that of the window's start, which Python does not
     know: the function declines it (``zone``) and the fast path decides it."""

@@ -3,8 +3,9 @@
 A charge's grant draws are summed as drawn (no query per counter written); the draws'
 update and the grants' ordered read run only when something is drawn; a consumed
 charge's dimensions and spend go to ``usage_rollup_deltas`` (appended, no key, no lock,
-as the batches' since 0040) instead of upserting ``usage_rollups``. Decisions, rows and
-lock order are 0042's. Downgrade restores 0042's function. PostgreSQL only.
+as the batches' since 0040) instead of upserting ``usage_rollups``; the result's reset
+tick is read in its insert's plan (the column's SQL default is parsed at every call).
+Decisions, rows and lock order are 0042's. Downgrade restores 0042's function.
 
 Revision ID: 0043
 Revises: 0042
@@ -81,6 +82,15 @@ _LEANER: tuple[tuple[str, str], ...] = (
     (
         "            pricev[i]::jsonb ->> 0, (pricev[i]::jsonb ->> 1)::bigint, 1)\n" + _UPSERTED,
         "            pricev[i]::jsonb ->> 0, (pricev[i]::jsonb ->> 1)::bigint, 1);\n",
+    ),
+    (  # the column's default, `metering_reset_tick()`, in the statement's cached plan
+        "        denied_by, reason, charges, metadata)\n",
+        "        denied_by, reason, charges, metadata, reset_tick)\n",
+    ),
+    (
+        "v_charges,\n        p_metadata);\n",
+        "v_charges,\n"
+        "        p_metadata, coalesce((SELECT t.tick FROM reset_clock AS t WHERE t.id = 1), 0));\n",
     ),
 )
 
