@@ -1,12 +1,13 @@
 """The usage rollups' statements: adding deltas, folding them in, and the group-by report.
 
 `record_rollups` adds, never overwrites (``INSERT ... ON CONFLICT DO UPDATE``, rows sorted by
-key, after the writer's counters: waits never form a cycle). The hot path's batches append
-instead (``usage_rollup_deltas``, no key, no lock: `PG_APPEND` takes the rows as one JSON array,
-`SQLITE_APPEND` one per execution); `compact_rollups` folds those in. Readers sum `ROLLUPS`,
-both tables, by key. A delta may be negative (a voided event); a row back at zero stays, and
-reports leave out all-zero groups. The report (`usage_by_statement`) is a range of the
-rollups' key (subject, limit, dimension, hour, value) and a scan of the deltas.
+key, after the writer's counters: waits never form a cycle). The hot path's batches and the
+one-trip function append instead (``usage_rollup_deltas``, no key, no lock: `PG_APPEND` takes
+the rows as one JSON array, `SQLITE_APPEND` one per execution); `compact_rollups` folds those
+in. Readers sum `ROLLUPS`, both tables, by key. A delta may be negative (a voided event); a
+row back at zero stays, and reports leave out all-zero groups. The report
+(`usage_by_statement`) is a range of the rollups' key (subject, limit, dimension, hour, value)
+and a scan of the deltas.
 """
 
 from __future__ import annotations

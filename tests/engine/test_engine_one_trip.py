@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from differential import START
 from round_trips import count_network_waits
-from sqlalchemy import select, text
+from sqlalchemy import func, select, text
 
 from metering import FrozenClock, Limit, Meter, spend_limit
 from metering.domain.breaker import Breaker, released, step
@@ -24,6 +24,7 @@ from metering.domain.events import make_event
 from metering.domain.needs import Need
 from metering.engine.answers import Declined
 from metering.engine.one_trip import ONE_TRIP_IMPLEMENTS, STATS, prepare
+from metering.storage.rollups import ROLLUPS
 from metering.storage.tables import (
     breakers,
     counters,
@@ -244,6 +245,11 @@ def test_grants_take_one_trip(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> N
             "first": 1,
             "late": 2,
         }
+        with meter.sql_engine.connect() as connection:  # the draws on the counter's row
+            granted = connection.execute(
+                select(counters.c.granted).where(counters.c.subject == "org")
+            ).scalar_one()
+        assert granted == 3
 
 
 def test_a_flat_price_and_its_spend_cap_take_one_trip(
@@ -461,23 +467,51 @@ def test_dimensions_take_one_trip(pg_url: str, monkeypatch: pytest.MonkeyPatch) 
             assert meter.consume("org", "calls", metadata={"route": route, "model": 1}).allowed
         assert waits[0] == 4 and STATS["applied"] - before["applied"] == 4
         assert not meter.consume("org", "calls", 3, metadata={"route": "/a"}).allowed
+        rollups = ROLLUPS.c
         with meter.sql_engine.connect() as connection:
             rows = connection.execute(
                 select(
-                    usage_rollups.c.dimension,
-                    usage_rollups.c.value,
-                    usage_rollups.c.used,
-                    usage_rollups.c.events,
+                    rollups.dimension,
+                    rollups.value,
+                    func.sum(rollups.used),
+                    func.sum(rollups.events),
                 )
-                .where(usage_rollups.c.subject == "org")
-                .order_by(usage_rollups.c.dimension, usage_rollups.c.value)
+                .where(rollups.subject == "org")
+                .group_by(rollups.dimension, rollups.value)
+                .order_by(rollups.dimension, rollups.value)
             ).all()
+            # Appended, as the batches' (no rollup row upserted, so none locked).
+            keyed = connection.execute(select(func.count()).select_from(usage_rollups)).scalar()
+        assert keyed == 0
         assert [tuple(row) for row in rows] == [
             ("model", "1", 4, 4),
             ("route", "", 1, 1),
             ("route", "/a", 2, 2),
             ("route", "/b", 1, 1),
         ]
+
+
+def test_a_result_written_by_the_function_carries_the_reset_clocks_tick(pg_url: str) -> None:
+    """Its result's ``reset_tick`` is the clock's when it is written, as the
+    column's default gives every other writer: a void then knows the reset
+    came before or after it."""
+    with Meter(pg_url, clock=FrozenClock(START)) as meter:
+        meter.set_limit(Limit("calls", maximum=5, period="1h"))
+        meter.consume("other", "calls")  # caches the limits
+        before = STATS.copy()
+        meter.consume("org", "calls", event_id="before")
+        assert meter.reset(subject="org") == 1
+        meter.consume("org", "calls", event_id="after")
+        assert STATS["applied"] - before["applied"] == 2
+        with meter.sql_engine.connect() as connection:
+            ticks = connection.execute(
+                select(results.c.event_id, results.c.reset_tick)
+                .where(results.c.event_id.in_(["before", "after"]))
+                .order_by(results.c.reset_tick)
+            ).all()
+        assert [tuple(row) for row in ticks] == [("before", 0), ("after", 1)]
+        assert meter.void("before", "refund").charges == ()
+        assert [c[2] for c in meter.void("after", "refund").charges] == [1]
 
 
 def test_a_zoned_first_use_counter_of_an_older_window_is_declined(pg_url: str) -> None:

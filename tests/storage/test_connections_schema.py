@@ -371,37 +371,59 @@ def test_migration_0041_stamps_every_change_of_a_windows_held_values(
         postgres_server.drop_database("before_0041")
 
 
-def _function_across_0042(url: str) -> tuple[str, str, str]:
-    """``metering_consume_one``'s body at head, after 0042's downgrade, then up again."""
-    _upgrade(url, "head")
+def _function_across(url: str, revision: str, before: str) -> tuple[str, str, str]:
+    """``metering_consume_one``'s body at ``revision``, after its downgrade to
+    ``before``, then up again."""
+    _upgrade(url, revision)
     engine = make_engine(url)
     source = "SELECT prosrc FROM pg_proc WHERE proname = 'metering_consume_one'"
     bodies: list[str] = []
-    for step in ("head", "0041", "head"):
-        if step == "0041":
-            _downgrade(engine, "0041")
+    for step in (revision, before, revision):
+        if step == before:
+            _downgrade(engine, before)
         elif bodies:
-            _upgrade(url, "head")
+            _upgrade(url, revision)
         with engine.connect() as connection:
             bodies.append(str(connection.execute(text(source)).scalar_one()))
     engine.dispose()
     return bodies[0], bodies[1], bodies[2]
 
 
-def test_migration_0042_skips_a_held_seats_row_and_its_downgrade_restores_0041s_function(
-    postgres_server: PostgresServer,
-) -> None:
-    path = MIGRATIONS_DIR / "versions" / "0042_consume_one_held_seats.py"
-    spec = importlib.util.spec_from_file_location("consume_one_held_seats_0042", path)
+def _migration(name: str) -> Any:
+    path = MIGRATIONS_DIR / "versions" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module: Any = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_migration_0042_skips_a_held_seats_row_and_its_downgrade_restores_0041s_function(
+    postgres_server: PostgresServer,
+) -> None:
+    module = _migration("0042_consume_one_held_seats")
     old = module.consume_one_0041()
     postgres_server.create_database("before_0042")
     try:
-        head, down, up = _function_across_0042(postgres_server.url("before_0042"))
+        head, down, up = _function_across(postgres_server.url("before_0042"), "0042", "0041")
     finally:
         postgres_server.drop_database("before_0042")
     assert head == up != down
     assert "seatheld" in head and "seatheld" not in down
     assert down in old and head in module.skipping(old)  # the bodies between $fn$
+
+
+def test_migration_0043_runs_fewer_statements_and_its_downgrade_restores_0042s_function(
+    postgres_server: PostgresServer,
+) -> None:
+    module = _migration("0043_consume_one_fewer_statements")
+    old = module.consume_one_0042()
+    postgres_server.create_database("before_0043")
+    try:
+        head, down, up = _function_across(postgres_server.url("before_0043"), "0043", "0042")
+    finally:
+        postgres_server.drop_database("before_0043")
+    assert head == up != down
+    assert "usage_rollup_deltas" in head and "INTO usage_rollups" not in head
+    assert "usage_rollup_deltas" not in down and "unnest(gi, gamts)" in down
+    assert down in old and head in module.leaner(old)  # the bodies between $fn$
