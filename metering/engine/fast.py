@@ -124,6 +124,14 @@ class _Decline(Exception):
 Own = tuple[tuple[int, ...], tuple[int, ...]]
 
 
+@dataclass(slots=True)
+class _Bound:
+    """A lower bound of a set of times, None until found; any thread may
+    forget it or find it again (a stale one stays a lower bound)."""
+
+    at_us: int | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Allowances:
     """Per-subject policy the hot path needs without a lookup per event:
@@ -140,9 +148,9 @@ class Allowances:
     needs: dict[Pair, frozenset[Need]] = field(default_factory=dict)
     # Each subject's changes of time zone (`metering.domain.zones`): only those with one.
     zones: dict[str, ZoneHistory] = field(default_factory=dict)
-    # A bound no time of ``due`` is before (empty: not found yet). Due times
-    # only move on (`learn_due`), so a minimum once found stays one.
-    soonest: list[int] = field(default_factory=list, compare=False, repr=False)
+    # A bound no time of ``due`` is before. Due times only move on
+    # (`learn_due`), so a minimum once found stays one.
+    soonest: _Bound = field(default_factory=_Bound, compare=False, repr=False)
 
     @classmethod
     def of(
@@ -212,17 +220,17 @@ class Allowances:
                 due.pop(pair, None)
             elif min(times) > now_us:
                 due[pair] = min(times)
-        self.soonest.clear()  # (found again when next asked: it may have moved on)
+        self.soonest.at_us = None  # (found again when next asked: it may have moved on)
 
     def due_pairs(self, pairs: Iterable[Pair], now_us: int) -> list[Pair]:
         """Those of ``pairs`` with a recurring grant's issue due at ``now_us``, sorted."""
         due = self.due
         if not due:
             return []
-        soonest = self.soonest
-        if not soonest:  # (a copy: another thread's `learn_due` may change ``due``)
-            soonest.append(min(list(due.values()), default=now_us))
-        if now_us < soonest[0]:
+        soonest = self.soonest.at_us  # (read once: another thread may forget it)
+        if soonest is None:  # (a copy: another thread's `learn_due` may change ``due``)
+            soonest = self.soonest.at_us = min(list(due.values()), default=now_us)
+        if now_us < soonest:
             return []  # none due yet: the pairs need not be looked at
         return sorted({pair for pair in pairs if due.get(pair, now_us + 1) <= now_us})
 

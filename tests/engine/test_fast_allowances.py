@@ -80,6 +80,16 @@ def test_no_pair_is_due_before_the_soonest_issue_and_each_is_once_it_is() -> Non
     assert (allowances.due, allowances.due_pairs([a, b], 10**9)) == ({}, [])
 
 
+def test_a_stale_or_forgotten_soonest_bound_hides_no_due_pair() -> None:
+    a = ("calls", "a")
+    allowances = Allowances.of({}, frozenset(), {a: 100}, {})
+    assert (allowances.due_pairs([a], 50), allowances.soonest.at_us) == ([], 100)
+    allowances.soonest.at_us = 10  # an older, lower bound another thread wrote
+    assert allowances.due_pairs([a], 50) == []
+    allowances.soonest.at_us = None  # forgotten by another thread's `learn_due`
+    assert allowances.due_pairs([a], 100) == [a]
+
+
 def test_grant_low_is_announced_once_by_the_fast_path(db_url: str) -> None:
     with Meter(db_url, clock=FrozenClock(NOV)) as meter:
         meter.set_limit(CALLS)
