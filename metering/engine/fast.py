@@ -994,7 +994,9 @@ class _Applying:
         seats = sorted(self.wanted_seats, key=_seat_order if pairs else None)
         held = self.cache.held
         assumed: list[SeatKey] = []
-        if seats and store.keeps_stamps:  # those known held: read if their stamp moved
+        # Those known held: read if their stamp moved (one value on SQLite: read).
+        cached = store.keeps_stamps and not (len(seats) == 1 and store.folds_one_seat)
+        if seats and cached:
             seats, assumed = held.split(seats)
         snapshot = store.read(
             ids,
@@ -1010,7 +1012,7 @@ class _Applying:
             raise _Decline(Declined("the limits changed since they were cached", stale=True))
         if snapshot.pots:  # what the grants had used: the batch's draws are the rest (`_draws`)
             self.read_used = used_by_grant(snapshot.pots.values())
-        if self.wanted_seats and store.keeps_stamps:
+        if self.wanted_seats and cached:
             held.settle(seats, assumed, snapshot, store.read_seats, store.read_held)
         if due:
             allowances.learn_due(due, snapshot.schedules, batch.now_us)

@@ -182,8 +182,9 @@ def test_a_batch_reads_only_the_values_it_does_not_know_held(
         _allowed(other, ("d1", "u4"))  # another meter takes a seat: the stamp moves
         _allowed(meter, ("e1", "u1"), ("e2", "u2"), ("e3", "u4"))
         _allowed(meter, ("f1", "u1"), ("f2", "u4"))
-    # On PostgreSQL the other meter's one event goes in one trip (no store read).
-    other_read = [("with the counters", 1), ("whole windows", 3)] if store is SqliteHotStore else []
+    # The other meter's one value: on SQLite read with its counter, the cache
+    # not asked (`folds_one_seat`); on PostgreSQL in one trip (no store read).
+    other_read = [("with the counters", 1)] if store is SqliteHotStore else []
     assert read == [
         ("with the counters", 2),
         ("whole windows", 3),
@@ -249,3 +250,21 @@ def test_a_value_known_held_but_freed_since_takes_its_seat_again_in_one_trip(
     with Meter(pg_url, clock=FrozenClock(NOW + timedelta(minutes=2))) as later:
         assert run_audit(later, full=True).violations == ()
     engine.dispose()
+
+
+def test_one_seat_value_on_sqlite_is_read_with_its_counter_whatever_the_cache_knows(
+    sqlite_url: str,
+) -> None:
+    with Meter(sqlite_url, clock=FrozenClock(NOW)) as meter:
+        meter.set_limits([Limit("seats", 10, "1mo", window="calendar", distinct="user")])
+        assert _allowed(meter, ("a1", "u1"), ("a2", "u2")) == [True, True]
+        assert _allowed(meter, ("b1", "u1"), ("b2", "u2")) == [True, True]  # read whole
+        windows = _held(meter).held.windows
+        [(key, (stamp, values))] = windows.items()
+        assert values == {"u1", "u2"}
+        # Were the cache asked, u3 would be taken as held and cost nothing.
+        windows[key] = (stamp, values | {"u3"})
+        decision = meter.consume("org-1", "seats", metadata={"user": "u3"})
+        assert decision.charges[0].cost == 1
+        assert [c.used for c in meter.counters("org-1", "seats")] == [3]
+        assert key not in windows  # taken: its stamp moved, the window forgotten
