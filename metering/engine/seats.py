@@ -17,6 +17,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import chain
+from typing import Any
 
 from metering.domain.corrections import VoidedCharge
 from metering.domain.decisions import Decision
@@ -134,17 +135,21 @@ class HeldCache:
         self.windows: dict[Key, tuple[int, frozenset[str]]] = {}
         self.met: set[Key] = set()  # the windows read whole once
 
-    def split(self, seats: Sequence[WantedSeat]) -> tuple[list[WantedSeat], list[SeatKey]]:
+    def split(self, seats: Iterable[WantedSeat]) -> tuple[list[WantedSeat], list[SeatKey]]:
         """``seats`` as those to read and those taken as held if their
         window's stamp is the one known (`settle` finds out)."""
         asked: list[WantedSeat] = []
         assumed: list[SeatKey] = []
+        # Any: a seat of a first-use window (its start None) is in no window known.
+        windows: dict[Any, tuple[int, frozenset[str]]] = self.windows
+        assume: Callable[[Any], None] = assumed.append
+        ask = asked.append
         for seat in seats:
-            name, subject, start, value = seat
-            if start is not None and self.held_at((name, subject, start), value) is not None:
-                assumed.append((name, subject, start, value))
-                continue
-            asked.append(seat)
+            known = windows.get(seat[:3])
+            if known is not None and seat[3] in known[1]:
+                assume(seat)
+            else:
+                ask(seat)
         return asked, assumed
 
     def held_at(self, key: Key, value: str) -> int | None:
@@ -167,13 +172,14 @@ class HeldCache:
         windows, stamps, seen = self.windows, snapshot.stamps, snapshot.seen
         stale: list[SeatKey] = []
         for seat in assumed:
-            known = windows.get(seat[:3])
-            if known is not None and stamps.get(seat[:3]) == known[0]:
+            key = seat[:3]
+            known = windows.get(key)
+            if known is not None and stamps.get(key) == known[0]:
                 seen[seat] = HELD
             else:
                 stale.append(seat)
         if stale:
-            seen.update(read_seats(stale))
+            seen.update(read_seats(sorted(stale)))
         self._bound()
         held: dict[Key, set[str]] = defaultdict(set)
         for name, subject, start, value in chain(asked, stale):
