@@ -1008,9 +1008,15 @@ class _Applying:
         wanted_seats, held = self.wanted_seats, self.cache.held
         asked: Iterable[WantedSeat] = wanted_seats
         assumed: list[SeatKey] = []
-        # Those known held: read if their stamp moved (one value on SQLite: read).
-        cached = store.keeps_stamps and not (len(wanted_seats) == 1 and store.folds_one_seat)
-        if wanted_seats and cached:
+        # One value with its first counter (SQLite): known held, or read there.
+        one = len(wanted_seats) == 1 and store.folds_one_seat
+        stamp = None
+        if one:
+            [seat] = wanted_seats
+            stamp = held.stamp_of(seat)
+            if stamp is not None:
+                asked = ()
+        elif wanted_seats and store.keeps_stamps:  # those known held: read if their stamp moved
             asked, assumed = held.split(wanted_seats)
         # (Without first-use windows, every seat's window start is known.)
         seats = sorted(asked, key=_seat_order if pairs else None)
@@ -1028,7 +1034,9 @@ class _Applying:
             raise _Decline(Declined("the limits changed since they were cached", stale=True))
         if snapshot.pots:  # what the grants had used: the batch's draws are the rest (`_draws`)
             self.read_used = used_by_grant(snapshot.pots.values())
-        if wanted_seats and cached:
+        if one:
+            held.settle_one(seat, stamp, snapshot, store.read_seats)
+        elif wanted_seats and store.keeps_stamps:
             held.settle(seats, assumed, snapshot, store.read_seats, store.read_held)
         if due:
             allowances.learn_due(due, snapshot.schedules, batch.now_us)

@@ -205,6 +205,36 @@ class HeldCache:
             for key, values in read_held(first).items():
                 self._learn(key, stamps[key], values)
 
+    def stamp_of(self, seat: WantedSeat) -> int | None:
+        """The stamp ``seat`` is known held at, or None (`settle_one`)."""
+        name, subject, start, value = seat
+        return None if start is None else self.held_at((name, subject, start), value)
+
+    def settle_one(
+        self,
+        seat: WantedSeat,
+        stamp: int | None,
+        snapshot: Snapshot,
+        read_seats: Callable[[Sequence[WantedSeat]], Seen],
+    ) -> None:
+        """`settle` for a store that reads one value with its first counter
+        (``folds_one_seat``): ``seat`` was read there, or taken as held at
+        ``stamp`` (`stamp_of`): held while its window shows that stamp, else
+        read now. A value read held is learnt; no window is read whole (one
+        event's value: the row costs less than the window)."""
+        name, subject, start, value = seat
+        if start is None:
+            return  # a first-use window's: read, never known
+        key = (name, subject, start)
+        now = snapshot.stamps.get(key)
+        if stamp is not None:
+            if now == stamp:
+                snapshot.seen[(name, subject, start, value)] = HELD
+                return
+            snapshot.seen.update(read_seats([seat]))
+        if now is not None and snapshot.seen.get((name, subject, start, value), 0) > 0:
+            self.learn(key, now, value)
+
     def learn(self, key: Key, stamp: int, value: str) -> None:
         """``value`` was held in ``key``'s window at ``stamp`` (read under its
         lock: the one-trip function's answer, `metering.engine.one_trip`)."""

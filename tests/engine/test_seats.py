@@ -252,19 +252,36 @@ def test_a_value_known_held_but_freed_since_takes_its_seat_again_in_one_trip(
     engine.dispose()
 
 
-def test_one_seat_value_on_sqlite_is_read_with_its_counter_whatever_the_cache_knows(
-    sqlite_url: str,
+def test_one_seat_value_on_sqlite_is_learnt_from_its_counters_read_never_its_whole_window(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with Meter(sqlite_url, clock=FrozenClock(NOW)) as meter:
+    whole: list[Any] = []
+    read_held = SqliteHotStore.read_held
+
+    def held(store: Any, windows: Any) -> Any:
+        whole.append(windows)
+        return read_held(store, windows)
+
+    monkeypatch.setattr(SqliteHotStore, "read_held", held)
+    engine = make_engine(sqlite_url)
+    user = {"user": "u1"}
+    with (
+        Meter(sqlite_url, clock=FrozenClock(NOW)) as meter,
+        Meter(sqlite_url, clock=FrozenClock(NOW)) as other,
+    ):
         meter.set_limits([Limit("seats", 10, "1mo", window="calendar", distinct="user")])
-        assert _allowed(meter, ("a1", "u1"), ("a2", "u2")) == [True, True]
-        assert _allowed(meter, ("b1", "u1"), ("b2", "u2")) == [True, True]  # read whole
         windows = _held(meter).held.windows
+        assert meter.consume("org-1", "seats", metadata=user).charges[0].cost == 1
+        assert windows == {}  # taken: its stamp moved
+        assert meter.consume("org-1", "seats", metadata=user).charges[0].cost == 0
         [(key, (stamp, values))] = windows.items()
-        assert values == {"u1", "u2"}
-        # Were the cache asked, u3 would be taken as held and cost nothing.
+        assert (stamp, values) == (_stamp(engine), {"u1"})  # read held with its counter
+        other.consume("org-1", "seats", metadata={"user": "u2"})  # the stamp moves
+        assert meter.consume("org-1", "seats", metadata=user).charges[0].cost == 0
+        assert windows[key] == (_stamp(engine), {"u1"})  # read again, learnt anew
+        # A value known at a stamp the window no longer shows is read.
         windows[key] = (stamp, values | {"u3"})
-        decision = meter.consume("org-1", "seats", metadata={"user": "u3"})
-        assert decision.charges[0].cost == 1
+        assert meter.consume("org-1", "seats", metadata={"user": "u3"}).charges[0].cost == 1
         assert [c.used for c in meter.counters("org-1", "seats")] == [3]
-        assert key not in windows  # taken: its stamp moved, the window forgotten
+    assert whole == []
+    engine.dispose()

@@ -167,7 +167,8 @@ class HotStore(Protocol):
     # and `read_seats` may follow it.
     keeps_stamps: bool
     # True when `read` reads one seat value in the statement of its first
-    # counter (SQLite, in process): the row costs less than asking `HeldCache`.
+    # counter (SQLite, in process): `HeldCache` is asked for that value alone
+    # and never reads its window whole (`HeldCache.settle_one`).
     folds_one_seat: bool
 
     def read(

@@ -341,10 +341,10 @@ def test_a_seat_consume_reads_its_seat_with_its_counter(
         assert _table(meter, distinct_values) == _table(reference, distinct_values)
         assert _table(meter, counters) == _table(reference, counters)
         # "a" holds its seat: its row stays 1 (`HELD`), so a third event writes
-        # none; its row is read with the version and counter, in the one
-        # statement, whatever the meter knows (`folds_one_seat`).
+        # none, and the meter knows it held while its window's stamp stands
+        # (`HeldCache`): the version and counter alone are read.
         assert _traced(meter, monkeypatch, "s", "seats", metadata={"user": "a"}) == [
-            "SELECT 0, v.version,",
+            "SELECT v.version, c.used,",
             "INSERT INTO results",
             "COMMIT",
         ]
