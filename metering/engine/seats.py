@@ -220,8 +220,8 @@ class HeldCache:
         """`settle` for a store that reads one value with its first counter
         (``folds_one_seat``): ``seat`` was read there, or taken as held at
         ``stamp`` (`stamp_of`): held while its window shows that stamp, else
-        read now. A value read held is learnt, and its window's held values
-        when the store read them with it (``snapshot.held``, at most ``warm``)."""
+        read now. A value read held is learnt; no window is read whole (one
+        event's value: the row costs less than the window)."""
         name, subject, start, value = seat
         if start is None:
             return  # a first-use window's: read, never known
@@ -232,13 +232,7 @@ class HeldCache:
                 snapshot.seen[(name, subject, start, value)] = HELD
                 return
             snapshot.seen.update(read_seats([seat]))
-        if now is None:
-            return
-        whole = snapshot.held.get(key)
-        if whole is not None and len(whole) <= self.warm:
-            self._bound()
-            self._learn(key, now, whole)
-        elif snapshot.seen.get((name, subject, start, value), 0) > 0:
+        if now is not None and snapshot.seen.get((name, subject, start, value), 0) > 0:
             self.learn(key, now, value)
 
     def learn(self, key: Key, stamp: int, value: str) -> None:

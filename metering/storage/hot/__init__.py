@@ -109,9 +109,6 @@ class Snapshot:
     # The seat windows' stamps of the counters read that have one
     # (`metering.engine.seats.HeldCache`); none from a store that keeps none.
     stamps: dict[Key, int] = field(default_factory=dict)
-    # The held values of the window of a seat value read with its first
-    # counter (``folds_one_seat``), when it has few enough to be read whole.
-    held: dict[Key, set[str]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -170,8 +167,8 @@ class HotStore(Protocol):
     # and `read_seats` may follow it.
     keeps_stamps: bool
     # True when `read` reads one seat value in the statement of its first
-    # counter, with its window's held values (SQLite, in process): `HeldCache`
-    # is asked for that value alone, and learns them (`HeldCache.settle_one`).
+    # counter (SQLite, in process): `HeldCache` is asked for that value alone
+    # and never reads its window whole (`HeldCache.settle_one`).
     folds_one_seat: bool
 
     def read(

@@ -138,17 +138,7 @@ UNION ALL
 SELECT 5, live_events, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM distinct_values
 WHERE subject = ? AND limit_name = ? AND window_start_us = ? AND value = ?
-UNION ALL
-SELECT * FROM (
-    SELECT 6, value, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
-    FROM distinct_values
-    WHERE subject = ? AND limit_name = ? AND window_start_us = ? AND live_events > 0
-    LIMIT ?
-)
 """
-# The held values of the window of a seat value read with them (kind 6): at
-# most this many, or none (`Snapshot.held`).
-WHOLE_WINDOW: Final = 64
 FOLDED: Final = {
     (grants, breaker, seat): _KINDED
     + (GRANT_ROWS if grants else "")
@@ -158,7 +148,7 @@ FOLDED: Final = {
     for breaker in (False, True)
     for seat in (False, True)
 }
-_BREAKER, _SECRET, _SEAT, _HELD = 3, 4, 5, 6  # kinds of `FOLDED`'s rows
+_BREAKER, _SECRET, _SEAT = 3, 4, 5  # kinds of `FOLDED`'s rows
 SELECT_SEATS: Final = """
 SELECT v.subject, v.limit_name, v.window_start_us, v.value, v.live_events
 FROM json_each(?) AS k
@@ -197,8 +187,8 @@ class SqliteHotStore:
     # Dead letters go through SQLAlchemy after `write` (`metering.engine.fast`).
     takes_rejected = False
     keeps_stamps = True
-    # A single seat value rides with the first counter (`FOLDED`), its
-    # window's held values too: no statement of their own.
+    # A single seat value rides with the first counter (`FOLDED`): a few
+    # microseconds of SQLite, less than reading its window whole.
     folds_one_seat = True
 
     def __init__(
@@ -244,7 +234,6 @@ class SqliteHotStore:
             secret: str | None = None
             drawn: dict[Key, int] = {}  # the counters' ``granted`` (what grants paid)
             stamps: dict[Key, int] = {}  # their seat windows' (`HeldCache`)
-            held: dict[Key, set[str]] = {}
             # One event's (`consume`) grants, breaker and seat ride with its first counter.
             grant = grant_pairs[0] if wanted and len(grant_pairs) == 1 else None
             breaker = breaker_pairs[0] if wanted and len(breaker_pairs) == 1 else None
@@ -258,12 +247,10 @@ class SqliteHotStore:
                 if seat:
                     name, subject, start, value = seat
                     parameters += (subject, name, start, value)  # as `_seen` reads it
-                    parameters += (subject, name, start, WHOLE_WINDOW + 1)
                 statement = FOLDED[grant is not None, breaker is not None, seat is not None]
                 (_, version, *first), *rest = raw.execute(statement, parameters).fetchall()
                 if grant:
                     pot_of_rows(grant, rest, pots, watched, self.rowids)
-                values: list[str] = []
                 for row in rest:
                     if row[0] == _BREAKER and breaker:
                         breakers[breaker] = breaker_of(row[1:7])
@@ -272,12 +259,8 @@ class SqliteHotStore:
                         secret = str(row[1])
                     elif row[0] == _SEAT and seat:
                         seen[seat] = row[1]
-                    elif row[0] == _HELD and seat:
-                        values.append(row[1])
                 if first[0] is not None:
                     _keep_counter(wanted[0], first, states, rates, drawn, stamps)
-                if seat and len(values) <= WHOLE_WINDOW:
-                    held[seat[:3]] = set(values)
             elif wanted:
                 # The first counter rides with the version (one statement for `consume`).
                 version, *first = raw.execute(VERSION_AND_COUNTER, wanted[0]).fetchone()
@@ -317,7 +300,6 @@ class SqliteHotStore:
             breakers=breakers,
             secret=secret,
             stamps=stamps,
-            held=held,
         )
 
     def read_seats(self, seats: Sequence[WantedSeat]) -> Seen:
