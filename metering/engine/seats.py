@@ -126,7 +126,8 @@ class HeldCache:
     restored the database meanwhile. A batch reads only the values it knows
     nothing of (`split`), then those of the windows whose stamp moved
     (`settle`); a window met for the first time with at most ``warm`` seats
-    is read whole. Emptied when it holds more than ``size`` windows."""
+    is read whole. One value on SQLite is asked alone (`settle_one`).
+    Emptied when it holds more than ``size`` windows."""
 
     def __init__(self, size: int = 100_000, warm: int = 64) -> None:
         self.size, self.warm = size, warm
