@@ -1035,7 +1035,10 @@ class _Applying:
         if snapshot.pots:  # what the grants had used: the batch's draws are the rest (`_draws`)
             self.read_used = used_by_grant(snapshot.pots.values())
         if one:
-            held.settle_one(seat, stamp, snapshot, store.read_seats)
+            # A window met first is read whole where the value's row was the
+            # only reason to fold the read (no grant, no breaker: `FOLDED`).
+            whole = not granted and not self.breaker_pairs
+            held.settle_one(seat, stamp, snapshot, store.read_seats, store.read_held, whole)
         elif wanted_seats and store.keeps_stamps:
             held.settle(seats, assumed, snapshot, store.read_seats, store.read_held)
         if due:

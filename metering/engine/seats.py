@@ -217,12 +217,14 @@ class HeldCache:
         stamp: int | None,
         snapshot: Snapshot,
         read_seats: Callable[[Sequence[WantedSeat]], Seen],
+        read_held: Callable[[Sequence[Key]], dict[Key, set[str]]],
+        whole: bool,
     ) -> None:
         """`settle` for a store that reads one value with its first counter
         (``folds_one_seat``): ``seat`` was read there, or taken as held at
         ``stamp`` (`stamp_of`): held while its window shows that stamp, else
-        read now. A value read held is learnt; no window is read whole (one
-        event's value: the row costs less than the window)."""
+        read now. A value read held is learnt, and with ``whole`` a window met
+        first is read whole, as `settle` reads it."""
         name, subject, start, value = seat
         if start is None:
             return  # a first-use window's: read, never known
@@ -233,7 +235,19 @@ class HeldCache:
                 snapshot.seen[(name, subject, start, value)] = HELD
                 return
             snapshot.seen.update(read_seats([seat]))
-        if now is not None and snapshot.seen.get((name, subject, start, value), 0) > 0:
+        if now is None:
+            return
+        if (
+            whole
+            and stamp is None
+            and key not in self.met
+            and 0 < snapshot.states[key][0] <= self.warm
+        ):
+            self.met.add(key)
+            self._bound()
+            for found, values in read_held([key]).items():
+                self._learn(found, now, values)
+        elif snapshot.seen.get((name, subject, start, value), 0) > 0:
             self.learn(key, now, value)
 
     def learn(self, key: Key, stamp: int, value: str) -> None:

@@ -182,9 +182,8 @@ def test_a_batch_reads_only_the_values_it_does_not_know_held(
         _allowed(other, ("d1", "u4"))  # another meter takes a seat: the stamp moves
         _allowed(meter, ("e1", "u1"), ("e2", "u2"), ("e3", "u4"))
         _allowed(meter, ("f1", "u1"), ("f2", "u4"))
-    # The other meter's one value: on SQLite read with its counter, the cache
-    # not asked (`folds_one_seat`); on PostgreSQL in one trip (no store read).
-    other_read = [("with the counters", 1)] if store is SqliteHotStore else []
+    # On PostgreSQL the other meter's one event goes in one trip (no store read).
+    other_read = [("with the counters", 1), ("whole windows", 3)] if store is SqliteHotStore else []
     assert read == [
         ("with the counters", 2),
         ("whole windows", 3),
@@ -252,9 +251,11 @@ def test_a_value_known_held_but_freed_since_takes_its_seat_again_in_one_trip(
     engine.dispose()
 
 
-def test_one_seat_value_on_sqlite_is_learnt_from_its_counters_read_never_its_whole_window(
+def test_one_seat_value_on_sqlite_beside_a_grant_is_learnt_from_its_counters_read(
     sqlite_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # With a grant the read is folded anyway (`FOLDED`): the value's row rides
+    # with it and is learnt; its window is never read whole.
     whole: list[Any] = []
     read_held = SqliteHotStore.read_held
 
@@ -264,24 +265,38 @@ def test_one_seat_value_on_sqlite_is_learnt_from_its_counters_read_never_its_who
 
     monkeypatch.setattr(SqliteHotStore, "read_held", held)
     engine = make_engine(sqlite_url)
-    user = {"user": "u1"}
+
+    def consume(meter: Meter, user: str) -> int:
+        charges = [("org-1", "calls", 1), ("org-1", "seats", 1)]
+        decision = meter.consume(charges=charges, metadata={"user": user})
+        return decision.charges[1].cost
+
     with (
         Meter(sqlite_url, clock=FrozenClock(NOW)) as meter,
         Meter(sqlite_url, clock=FrozenClock(NOW)) as other,
     ):
-        meter.set_limits([Limit("seats", 10, "1mo", window="calendar", distinct="user")])
+        meter.set_limits(
+            [
+                Limit("calls", 100, "1mo", window="calendar"),
+                Limit("seats", 10, "1mo", window="calendar", distinct="user"),
+            ]
+        )
+        meter.grant("org-1", "calls", 50)
         windows = _held(meter).held.windows
-        assert meter.consume("org-1", "seats", metadata=user).charges[0].cost == 1
+        assert consume(meter, "u1") == 1
         assert windows == {}  # taken: its stamp moved
-        assert meter.consume("org-1", "seats", metadata=user).charges[0].cost == 0
+        assert consume(other, "u2") == 1
+        assert consume(meter, "u1") == 0
         [(key, (stamp, values))] = windows.items()
         assert (stamp, values) == (_stamp(engine), {"u1"})  # read held with its counter
-        other.consume("org-1", "seats", metadata={"user": "u2"})  # the stamp moves
-        assert meter.consume("org-1", "seats", metadata=user).charges[0].cost == 0
+        assert consume(meter, "u2") == 0
+        assert windows[key] == (stamp, {"u1", "u2"})
+        assert consume(other, "u3") == 1  # the stamp moves
+        assert consume(meter, "u1") == 0
         assert windows[key] == (_stamp(engine), {"u1"})  # read again, learnt anew
         # A value known at a stamp the window no longer shows is read.
-        windows[key] = (stamp, values | {"u3"})
-        assert meter.consume("org-1", "seats", metadata={"user": "u3"}).charges[0].cost == 1
-        assert [c.used for c in meter.counters("org-1", "seats")] == [3]
+        windows[key] = (stamp, values | {"u4"})
+        assert consume(meter, "u4") == 1
+        assert [c.used for c in meter.counters("org-1", "seats")] == [4]
     assert whole == []
     engine.dispose()
