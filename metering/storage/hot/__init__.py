@@ -168,7 +168,7 @@ class HotStore(Protocol):
     keeps_stamps: bool
     # True when `read` reads one seat value in the statement of its first
     # counter (SQLite, in process): `HeldCache` is asked for that value alone
-    # and never reads its window whole (`HeldCache.settle_one`).
+    # (`HeldCache.settle_one`).
     folds_one_seat: bool
 
     def read(

@@ -188,7 +188,7 @@ class SqliteHotStore:
     takes_rejected = False
     keeps_stamps = True
     # A single seat value rides with the first counter (`FOLDED`): a few
-    # microseconds of SQLite, less than reading its window whole.
+    # microseconds of SQLite, less than the cache's work for it.
     folds_one_seat = True
 
     def __init__(
