@@ -363,21 +363,36 @@ def rules_for(
     return found, None
 
 
+# Text values `value_of` found valid (a batch's events repeat their users'):
+# such a value needs none of its checks again. Emptied when full.
+_VALID: Final[set[str]] = set()
+_VALID_KEPT: Final = 4096
+
+
 def _seat_value(rule: Rule, event: EventRecord, cost: int) -> str:
     """The value a charge on seat limit ``rule`` counts (`value_of`)."""
-    assert rule.limit.distinct is not None
-    return value_of(rule.limit.distinct, rule.name, event.metadata, cost)
+    key, metadata = rule.limit.distinct, event.metadata
+    assert key is not None
+    raw = metadata.get(key) if metadata else None
+    if cost == 1 and type(raw) is str and raw in _VALID:
+        return raw
+    found = value_of(key, rule.name, metadata, cost)
+    if type(raw) is str:  # (a whole number is checked again: its text is made)
+        if len(_VALID) >= _VALID_KEPT:
+            _VALID.clear()
+        _VALID.add(found)
+    return found
 
 
 def _seat_values(event: EventRecord, event_rules: Sequence[Rule]) -> dict[int, str] | None:
     """The value each charge on a seat limit counts, by position (None: no
     seat limit); `MeteringError` for one with no valid value."""
     values: dict[int, str] | None = None
-    for position, ((_, _, cost), rule) in enumerate(zip(event.charges, event_rules, strict=True)):
+    for position, rule in enumerate(event_rules):
         if rule.distinct:
             if values is None:
                 values = {}
-            values[position] = _seat_value(rule, event, cost)
+            values[position] = _seat_value(rule, event, event.charges[position][2])
     return values
 
 
@@ -919,12 +934,21 @@ class _Applying:
         )
         ids = list(self.first) if self.looked_up else None
         wanted = sorted((*key, end) for key, end in keys.items())
-        # (Without first-use windows, every seat's window start is known.)
-        seats = sorted(self.wanted_seats, key=_seat_order if pairs else None)
-        held = self.cache.held
+        wanted_seats, held = self.wanted_seats, self.cache.held
+        asked: Iterable[WantedSeat] = wanted_seats
         assumed: list[SeatKey] = []
-        if seats and store.keeps_stamps:  # those known held: read if their stamp moved
-            seats, assumed = held.split(seats)
+        # One value with its first counter (SQLite): known held, or read there.
+        one = len(wanted_seats) == 1 and store.folds_one_seat
+        stamp = None
+        if one:
+            [seat] = wanted_seats
+            stamp = held.stamp_of(seat)
+            if stamp is not None:
+                asked = ()
+        elif wanted_seats and store.keeps_stamps:  # those known held: read if their stamp moved
+            asked, assumed = held.split(wanted_seats)
+        # (Without first-use windows, every seat's window start is known.)
+        seats = sorted(asked, key=_seat_order if pairs else None)
         snapshot = store.read(
             ids,
             sorted(pairs),
@@ -939,7 +963,12 @@ class _Applying:
             raise _Decline(Declined("the limits changed since they were cached", stale=True))
         if snapshot.pots:  # what the grants had used: the batch's draws are the rest (`_draws`)
             self.read_used = used_by_grant(snapshot.pots.values())
-        if self.wanted_seats and store.keeps_stamps:
+        if one:
+            # A window met first is read whole where the value's row was the
+            # only reason to fold the read (no grant, no breaker: `FOLDED`).
+            whole = not granted and not self.breaker_pairs
+            held.settle_one(seat, stamp, snapshot, store.read_seats, store.read_held, whole)
+        elif wanted_seats and store.keeps_stamps:
             held.settle(seats, assumed, snapshot, store.read_seats, store.read_held)
         if due:
             allowances.learn_due(due, snapshot.schedules, batch.now_us)

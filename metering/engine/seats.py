@@ -17,6 +17,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import chain
+from typing import Any
 
 from metering.domain.corrections import VoidedCharge
 from metering.domain.decisions import Decision
@@ -125,7 +126,8 @@ class HeldCache:
     restored the database meanwhile. A batch reads only the values it knows
     nothing of (`split`), then those of the windows whose stamp moved
     (`settle`); a window met for the first time with at most ``warm`` seats
-    is read whole. Emptied when it holds more than ``size`` windows."""
+    is read whole. One value on SQLite is asked alone (`settle_one`).
+    Emptied when it holds more than ``size`` windows."""
 
     def __init__(self, size: int = 100_000, warm: int = 64) -> None:
         self.size, self.warm = size, warm
@@ -134,17 +136,21 @@ class HeldCache:
         self.windows: dict[Key, tuple[int, frozenset[str]]] = {}
         self.met: set[Key] = set()  # the windows read whole once
 
-    def split(self, seats: Sequence[WantedSeat]) -> tuple[list[WantedSeat], list[SeatKey]]:
+    def split(self, seats: Iterable[WantedSeat]) -> tuple[list[WantedSeat], list[SeatKey]]:
         """``seats`` as those to read and those taken as held if their
         window's stamp is the one known (`settle` finds out)."""
         asked: list[WantedSeat] = []
         assumed: list[SeatKey] = []
+        # Any: a seat of a first-use window (its start None) is in no window known.
+        windows: dict[Any, tuple[int, frozenset[str]]] = self.windows
+        assume: Callable[[Any], None] = assumed.append
+        ask = asked.append
         for seat in seats:
-            name, subject, start, value = seat
-            if start is not None and self.held_at((name, subject, start), value) is not None:
-                assumed.append((name, subject, start, value))
-                continue
-            asked.append(seat)
+            known = windows.get(seat[:3])
+            if known is not None and seat[3] in known[1]:
+                assume(seat)
+            else:
+                ask(seat)
         return asked, assumed
 
     def held_at(self, key: Key, value: str) -> int | None:
@@ -167,13 +173,14 @@ class HeldCache:
         windows, stamps, seen = self.windows, snapshot.stamps, snapshot.seen
         stale: list[SeatKey] = []
         for seat in assumed:
-            known = windows.get(seat[:3])
-            if known is not None and stamps.get(seat[:3]) == known[0]:
+            key = seat[:3]
+            known = windows.get(key)
+            if known is not None and stamps.get(key) == known[0]:
                 seen[seat] = HELD
             else:
                 stale.append(seat)
         if stale:
-            seen.update(read_seats(stale))
+            seen.update(read_seats(sorted(stale)))
         self._bound()
         held: dict[Key, set[str]] = defaultdict(set)
         for name, subject, start, value in chain(asked, stale):
@@ -198,6 +205,50 @@ class HeldCache:
             met.update(first)
             for key, values in read_held(first).items():
                 self._learn(key, stamps[key], values)
+
+    def stamp_of(self, seat: WantedSeat) -> int | None:
+        """The stamp ``seat`` is known held at, or None (`settle_one`)."""
+        name, subject, start, value = seat
+        return None if start is None else self.held_at((name, subject, start), value)
+
+    def settle_one(
+        self,
+        seat: WantedSeat,
+        stamp: int | None,
+        snapshot: Snapshot,
+        read_seats: Callable[[Sequence[WantedSeat]], Seen],
+        read_held: Callable[[Sequence[Key]], dict[Key, set[str]]],
+        whole: bool,
+    ) -> None:
+        """`settle` for a store that reads one value with its first counter
+        (``folds_one_seat``): ``seat`` was read there, or taken as held at
+        ``stamp`` (`stamp_of`): held while its window shows that stamp, else
+        read now. A value read held is learnt, and with ``whole`` a window met
+        first is read whole, as `settle` reads it."""
+        name, subject, start, value = seat
+        if start is None:
+            return  # a first-use window's: read, never known
+        key = (name, subject, start)
+        now = snapshot.stamps.get(key)
+        if stamp is not None:
+            if now == stamp:
+                snapshot.seen[(name, subject, start, value)] = HELD
+                return
+            snapshot.seen.update(read_seats([seat]))
+        if now is None:
+            return
+        if (
+            whole
+            and stamp is None
+            and key not in self.met
+            and 0 < snapshot.states[key][0] <= self.warm
+        ):
+            self.met.add(key)
+            self._bound()
+            for found, values in read_held([key]).items():
+                self._learn(found, now, values)
+        elif snapshot.seen.get((name, subject, start, value), 0) > 0:
+            self.learn(key, now, value)
 
     def learn(self, key: Key, stamp: int, value: str) -> None:
         """``value`` was held in ``key``'s window at ``stamp`` (read under its

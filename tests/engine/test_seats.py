@@ -249,3 +249,54 @@ def test_a_value_known_held_but_freed_since_takes_its_seat_again_in_one_trip(
     with Meter(pg_url, clock=FrozenClock(NOW + timedelta(minutes=2))) as later:
         assert run_audit(later, full=True).violations == ()
     engine.dispose()
+
+
+def test_one_seat_value_on_sqlite_beside_a_grant_is_learnt_from_its_counters_read(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With a grant the read is folded anyway (`FOLDED`): the value's row rides
+    # with it and is learnt; its window is never read whole.
+    whole: list[Any] = []
+    read_held = SqliteHotStore.read_held
+
+    def held(store: Any, windows: Any) -> Any:
+        whole.append(windows)
+        return read_held(store, windows)
+
+    monkeypatch.setattr(SqliteHotStore, "read_held", held)
+    engine = make_engine(sqlite_url)
+
+    def consume(meter: Meter, user: str) -> int:
+        charges = [("org-1", "calls", 1), ("org-1", "seats", 1)]
+        decision = meter.consume(charges=charges, metadata={"user": user})
+        return decision.charges[1].cost
+
+    with (
+        Meter(sqlite_url, clock=FrozenClock(NOW)) as meter,
+        Meter(sqlite_url, clock=FrozenClock(NOW)) as other,
+    ):
+        meter.set_limits(
+            [
+                Limit("calls", 100, "1mo", window="calendar"),
+                Limit("seats", 10, "1mo", window="calendar", distinct="user"),
+            ]
+        )
+        meter.grant("org-1", "calls", 50)
+        windows = _held(meter).held.windows
+        assert consume(meter, "u1") == 1
+        assert windows == {}  # taken: its stamp moved
+        assert consume(other, "u2") == 1
+        assert consume(meter, "u1") == 0
+        [(key, (stamp, values))] = windows.items()
+        assert (stamp, values) == (_stamp(engine), {"u1"})  # read held with its counter
+        assert consume(meter, "u2") == 0
+        assert windows[key] == (stamp, {"u1", "u2"})
+        assert consume(other, "u3") == 1  # the stamp moves
+        assert consume(meter, "u1") == 0
+        assert windows[key] == (_stamp(engine), {"u1"})  # read again, learnt anew
+        # A value known at a stamp the window no longer shows is read.
+        windows[key] = (stamp, values | {"u4"})
+        assert consume(meter, "u4") == 1
+        assert [c.used for c in meter.counters("org-1", "seats")] == [4]
+    assert whole == []
+    engine.dispose()

@@ -166,6 +166,10 @@ class HotStore(Protocol):
     # True when `read` locks and reads the counters' stamps (``Snapshot.stamps``)
     # and `read_seats` may follow it.
     keeps_stamps: bool
+    # True when `read` reads one seat value in the statement of its first
+    # counter (SQLite, in process): `HeldCache` is asked for that value alone
+    # (`HeldCache.settle_one`).
+    folds_one_seat: bool
 
     def read(
         self,

@@ -398,6 +398,7 @@ class PostgresHotStore:
     # `write` keeps the dead letters too, in its round trip.
     takes_rejected = True
     keeps_stamps = True
+    folds_one_seat = False
 
     def __init__(self, raw: psycopg.Connection[Any]) -> None:
         self.raw = raw
