@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii
 from typing import Any, Final
 
 import psycopg
@@ -102,7 +103,7 @@ def call_parameters(
         thresholds = bool(found[9] or found[10])
         charge = [
             *found[:9],
-            _compact([found[1], found[0], found[2]])[1:-1],
+            _first_fields(found[1], found[0], found[2]),
             list(found[9]) if thresholds else None,
             list(found[10]) if thresholds else None,
         ]
@@ -120,7 +121,7 @@ def call_parameters(
             while later and later[-1] is None:
                 later.pop()
         if seat is not None or granted or price is not None or later:
-            held = None if seat is None else _compact([found[1], found[0], 0])[1:-1]
+            held = None if seat is None else _first_fields(found[1], found[0], 0)
             charge += [seat, held, granted, None if price is None else _compact(list(price))]
             charge += later
         encoded.append(charge)
@@ -134,6 +135,13 @@ def call_parameters(
         json.dumps(metadata) if metadata is not None else None,
         _compact(encoded),
         [i + 1 for i in order],
+    )
+
+
+def _first_fields(subject: str, limit: str, cost: int) -> str:
+    """``_compact([subject, limit, cost])`` without its brackets, without its encoder."""
+    return (
+        f"{encode_basestring_ascii(subject)},{encode_basestring_ascii(limit)},{int.__repr__(cost)}"
     )
 
 
