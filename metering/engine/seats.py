@@ -253,9 +253,6 @@ class HeldCache:
     def learn(self, key: Key, stamp: int, value: str) -> None:
         """``value`` was held in ``key``'s window at ``stamp`` (read under its
         lock: the one-trip function's answer, `metering.engine.one_trip`)."""
-        known = self.windows.get(key)
-        if known is not None and known[0] == stamp and value in known[1]:
-            return  # known already (the function's answer to a call that sent the stamp)
         self._bound()
         self._learn(key, stamp, {value})
 
