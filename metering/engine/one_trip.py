@@ -70,7 +70,8 @@ def prepare(cache: LimitCache, event: EventRecord, now_us: int) -> tuple[Any, ..
             return spent
         charges, amounts = spent
         event_rules += [rules[name] for _, name, _ in charges[len(event_rules) :]]
-    needs = allowances.charged(rules, [event._replace(charges=charges)]) - ONE_TRIP_IMPLEMENTS
+    charged = event if charges is event.charges else event._replace(charges=charges)
+    needs = allowances.charged(rules, [charged]) - ONE_TRIP_IMPLEMENTS
     if needs:
         return Declined("not for the function", min(needs))
     if allowances.due and allowances.due_pairs(((n, s) for s, n, _ in charges), now_us):
@@ -95,7 +96,11 @@ def prepare(cache: LimitCache, event: EventRecord, now_us: int) -> tuple[Any, ..
         zoned = zones.get(subject) if zones else None
         price, tiers = amounts.get(index, _UNPRICED)
         # The values its consumed cost is rolled up by.
-        dims = tuple((k, dimension_value(event.metadata, k)) for k in rule.dimensions)
+        dims = (
+            tuple((k, dimension_value(event.metadata, k)) for k in rule.dimensions)
+            if rule.dimensions
+            else ()
+        )
         found.append(
             _charge(
                 rule, subject, cost, at_us, seat, paid, price, zoned, windows, dims, tiers, cache
