@@ -356,7 +356,7 @@ def rules_for(
                 return found, exc
         if rule.distinct:
             try:
-                _seat_value(rule, event, cost)
+                seat_value(rule, event, cost)
             except MeteringError as exc:
                 return found, exc
         found.append(rule)
@@ -369,7 +369,7 @@ _VALID: Final[set[str]] = set()
 _VALID_KEPT: Final = 4096
 
 
-def _seat_value(rule: Rule, event: EventRecord, cost: int) -> str:
+def seat_value(rule: Rule, event: EventRecord, cost: int) -> str:
     """The value a charge on seat limit ``rule`` counts (`value_of`)."""
     key, metadata = rule.limit.distinct, event.metadata
     assert key is not None
@@ -392,7 +392,7 @@ def _seat_values(event: EventRecord, event_rules: Sequence[Rule]) -> dict[int, s
         if rule.distinct:
             if values is None:
                 values = {}
-            values[position] = _seat_value(rule, event, event.charges[position][2])
+            values[position] = seat_value(rule, event, event.charges[position][2])
     return values
 
 
@@ -401,7 +401,7 @@ def _seat_keys(
 ) -> list[SeatKey | None]:
     """Per charge, the value it counts in its window (None: not a seat limit)."""
     return [
-        (name, subject, window[0], _seat_value(rule, event, cost)) if rule.distinct else None
+        (name, subject, window[0], seat_value(rule, event, cost)) if rule.distinct else None
         for (subject, name, cost), rule, window in zip(event.charges, rules, windows, strict=True)
     ]
 
@@ -828,7 +828,7 @@ class _Applying:
             if not rule.distinct:
                 return [counted(rule, subject, name, cost, at_us)]
             try:
-                value = _seat_value(rule, event, cost)
+                value = seat_value(rule, event, cost)
             except MeteringError:
                 return None
             found = counted(rule, subject, name, cost, at_us)
@@ -901,7 +901,7 @@ class _Applying:
                 if rule.distinct:
                     value = values.get(position) if values else None
                     if value is None:
-                        value = _seat_value(rule, event, cost)
+                        value = seat_value(rule, event, cost)
                     seat = (name, subject, window[0], value)
                     self.wanted_seats.add(seat)
                     if seats is None:
@@ -912,7 +912,7 @@ class _Applying:
                 self.sums.poisoned.add((name, subject))  # a first-use window's
                 fixed = None
                 if rule.distinct:  # in the pair's current window, or in a new one (none)
-                    self.wanted_seats.add((name, subject, None, _seat_value(rule, event, cost)))
+                    self.wanted_seats.add((name, subject, None, seat_value(rule, event, cost)))
         if seats is not None and fixed is not None:
             self.event_seats[index] = seats
         return fixed
@@ -1817,7 +1817,7 @@ def check_record(
             pairs.append((name, subject))
         if rule.distinct:  # a first-use window's: in the pair's current one
             start = keys[-1][2] if rule.calendar else None
-            seats.append((name, subject, start, _seat_value(rule, event, cost)))
+            seats.append((name, subject, start, seat_value(rule, event, cost)))
     guarded = [
         (name, subject)
         for (subject, name, _), rule in zip(event.charges, event_rules, strict=True)

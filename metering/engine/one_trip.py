@@ -18,7 +18,6 @@ from functools import lru_cache
 from typing import Any, Final
 
 from metering.domain.breaker import quarantine_cap
-from metering.domain.distinct import value_of
 from metering.domain.events import Charge, EventRecord
 from metering.domain.money import Price, price_at
 from metering.domain.needs import Need
@@ -28,7 +27,7 @@ from metering.domain.rules import Rule
 from metering.domain.windows import calendar_window
 from metering.domain.zones import ZoneHistory, billing_month
 from metering.engine.answers import Declined
-from metering.engine.fast import CalendarWindows, LimitCache, rules_for
+from metering.engine.fast import CalendarWindows, LimitCache, rules_for, seat_value
 from metering.errors import InvalidInput
 from metering.storage.hot.one_trip import (
     Breaker,
@@ -71,7 +70,8 @@ def prepare(cache: LimitCache, event: EventRecord, now_us: int) -> tuple[Any, ..
             return spent
         charges, amounts = spent
         event_rules += [rules[name] for _, name, _ in charges[len(event_rules) :]]
-    needs = allowances.charged(rules, [event._replace(charges=charges)]) - ONE_TRIP_IMPLEMENTS
+    charged = event if charges is event.charges else event._replace(charges=charges)
+    needs = allowances.charged(rules, [charged]) - ONE_TRIP_IMPLEMENTS
     if needs:
         return Declined("not for the function", min(needs))
     if allowances.due and allowances.due_pairs(((n, s) for s, n, _ in charges), now_us):
@@ -88,16 +88,19 @@ def prepare(cache: LimitCache, event: EventRecord, now_us: int) -> tuple[Any, ..
             history, own = histories.get((name, subject)), alerts.get((name, subject))
             if history or own:
                 rule = cache.rule_for(rule, history, at_us, own)
-        # (`rules_for` found the seat's value acceptable.)
-        key = rule.limit.distinct
-        seat = None if key is None else value_of(key, name, event.metadata, cost)
+        # (`rules_for` found the seat's value acceptable, and remembers it.)
+        seat = seat_value(rule, event, cost) if rule.distinct else None
         paid = (name, subject) in granted
         if paid and rule.pacing is not None:
             return Declined("grants on a paced limit", Need.PACING)
         zoned = zones.get(subject) if zones else None
         price, tiers = amounts.get(index, _UNPRICED)
         # The values its consumed cost is rolled up by.
-        dims = tuple((k, dimension_value(event.metadata, k)) for k in rule.dimensions)
+        dims = (
+            tuple((k, dimension_value(event.metadata, k)) for k in rule.dimensions)
+            if rule.dimensions
+            else ()
+        )
         found.append(
             _charge(
                 rule, subject, cost, at_us, seat, paid, price, zoned, windows, dims, tiers, cache
@@ -237,7 +240,7 @@ def learn_held(
     for position, stamp in held:
         subject, name, cost = event.charges[position]
         rule = rules.get(name)
-        if rule is None or rule.limit.distinct is None:
+        if rule is None or not rule.distinct:
             continue
-        value = value_of(rule.limit.distinct, name, event.metadata, cost)
+        value = seat_value(rule, event, cost)
         cache.held.learn((name, subject, int(result.charges[position][9])), stamp, value)

@@ -14,11 +14,12 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii
 from typing import Any, Final
 
 import psycopg
 
-from metering.storage.results import ResultRecord, _compact
+from metering.storage.results import ResultRecord, _compact, _dumps
 
 CONSUME_ONE: Final = (
     "SELECT metering_consume_one(%s::bigint, %s::text, %s::text, %s::bigint, %s::bigint,"
@@ -102,11 +103,24 @@ def call_parameters(
         thresholds = bool(found[9] or found[10])
         charge = [
             *found[:9],
-            _compact([found[1], found[0], found[2]])[1:-1],
+            _first_fields(found[1], found[0], found[2]),
             list(found[9]) if thresholds else None,
             list(found[10]) if thresholds else None,
         ]
         seat, granted, price, month, dims, burst, gauge, tiers, breaker, held_at = found[11:21]
+        if (
+            seat is None
+            and not granted
+            and price is None
+            and month is None
+            and not dims
+            and burst is None
+            and gauge is None
+            and tiers is None
+            and breaker is None
+        ):
+            encoded.append(charge)  # none of the later elements: the first twelve alone
+            continue
         later: list[Any] = [month, [list(pair) for pair in dims] if dims else None, burst, gauge]
         # A price by the window's total (20), a spend charge's sum (21), a breaker (22).
         if tiers is not None:
@@ -120,21 +134,36 @@ def call_parameters(
             while later and later[-1] is None:
                 later.pop()
         if seat is not None or granted or price is not None or later:
-            held = None if seat is None else _compact([found[1], found[0], 0])[1:-1]
-            charge += [seat, held, granted, None if price is None else _compact(list(price))]
+            held = None if seat is None else _first_fields(found[1], found[0], 0)
+            charge += [seat, held, granted, None if price is None else _price_text(*price)]
             charge += later
         encoded.append(charge)
-    order = sorted(range(len(charges)), key=lambda i: (charges[i][0], charges[i][1]))
+    if len(charges) == 1:
+        order = [0]
+    else:
+        order = sorted(range(len(charges)), key=lambda i: (charges[i][0], charges[i][1]))
     return (
         version,
         event_id,
         fingerprint,
         at_us,
         now_us,
-        json.dumps(metadata) if metadata is not None else None,
+        _dumps(metadata) if metadata is not None else None,
         _compact(encoded),
         [i + 1 for i in order],
     )
+
+
+def _first_fields(subject: str, limit: str, cost: int) -> str:
+    """``_compact([subject, limit, cost])`` without its brackets, without its encoder."""
+    return (
+        f"{encode_basestring_ascii(subject)},{encode_basestring_ascii(limit)},{int.__repr__(cost)}"
+    )
+
+
+def _price_text(currency: str, amount: int) -> str:
+    """``_compact([currency, amount])``, without its encoder."""
+    return f"[{encode_basestring_ascii(currency)},{int.__repr__(amount)}]"
 
 
 def apply_one(

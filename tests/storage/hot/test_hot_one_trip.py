@@ -19,7 +19,7 @@ from metering import FrozenClock, Limit, Meter
 from metering.domain.events import make_event
 from metering.engine.one_trip import prepare
 from metering.storage.hot.one_trip import FunctionDeclined, apply_one, call_parameters
-from metering.storage.results import ResultRecord
+from metering.storage.results import ResultRecord, _compact
 from metering.storage.tables import breakers, counters, results
 
 NOW = datetime(2026, 11, 22, 12, 0, 30, tzinfo=UTC)
@@ -217,3 +217,13 @@ def test_a_zone_dimensions_a_pace_and_a_gauge_ride_after_the_grants_and_price() 
         # A seat's every element, to the stamp it is known held at (23).
         [*head, "ann", '"org","g",0', False, None, *[None] * 7, -5],
     ]
+
+
+def test_first_fields_price_and_metadata_are_spelt_as_the_results_row_spells_them() -> None:
+    subject = 'ö "org"\\'
+    charge = ("g", subject, 3, "c", 5, "hard", 1, 0, 9, (), (), None, True, ("USD", 7))
+    metadata = {"ü": ["x", 1.5, None]}
+    found = call_parameters(7, "e-1", "fp", 10, 11, metadata, [(*charge, *[None] * 7)])
+    [row] = json.loads(found[6])
+    assert row[9] == _compact([subject, "g", 3])[1:-1] and row[15] == _compact(["USD", 7])
+    assert found[5] == json.dumps(metadata) and found[7] == [1]
