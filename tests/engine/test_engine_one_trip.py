@@ -252,6 +252,27 @@ def test_grants_take_one_trip(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> N
         assert granted == 3
 
 
+def test_an_event_drawing_on_two_grants_takes_one_trip(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A charge its first grant cannot pay draws on the next too, both grants
+    written by the function (the draws in grant id order), a single draw too."""
+    with Meter(pg_url, clock=FrozenClock(START)) as meter:
+        meter.set_limit(Limit("calls", maximum=1, period="1h", window="calendar"))
+        meter.grant("org", "calls", 2, grant_id="b-first", priority=10)
+        meter.grant("org", "calls", 5, grant_id="a-late", priority=200)
+        meter.consume("other", "calls")  # caches the limits
+        before = STATS.copy()
+        waits = count_network_waits(monkeypatch)
+        paid = [meter.consume("org", "calls", cost).charges[0].grants for cost in (4, 1)]
+        assert paid == [(("b-first", 2), ("a-late", 1)), (("a-late", 1),)] and waits[0] == 2
+        assert STATS["applied"] - before["applied"] == 2
+        assert {g.grant_id: g.used for g in meter.grants("org", "calls")} == {
+            "b-first": 2,
+            "a-late": 2,
+        }
+
+
 def test_a_flat_price_and_its_spend_cap_take_one_trip(
     pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
