@@ -54,6 +54,9 @@ def maximum_at(history: History | None, default: D, at_us: int) -> int | D:
     (``default`` before the first, and where a change returns to it)."""
     if not history:
         return default
+    if history[-1][0] <= at_us:  # (most: the last change is in force)
+        found = history[-1][1]
+        return default if found is None else found
     index = bisect.bisect_right(history, at_us, key=lambda change: change[0])
     if index == 0:
         return default

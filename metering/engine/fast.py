@@ -278,12 +278,7 @@ class LimitCache:
     ) -> Rule:
         """``rule`` with the subject's maximum at ``at_us`` and its ``own``
         thresholds (rules are shared per maximum and thresholds)."""
-        default = rule.limit.maximum
-        if history and history[-1][0] <= at_us:  # (most: the last change is in force)
-            last = history[-1][1]
-            maximum = default if last is None else last
-        else:
-            maximum = maximum_at(history, default, at_us)
+        maximum = maximum_at(history, rule.limit.maximum, at_us)
         if maximum == rule.maximum and own is None:
             return rule
         key = (rule.name, maximum, own)

@@ -132,22 +132,23 @@ def _spend(
     amounts, counted, _, charges, _ = expanded
     if not counted:
         return charges, {index: (amount, None) for index, amount in amounts.items()}
-    priced, extra = book.charges(event.charges, at_us)
     # Priced by the function from the counters it locks (`money.tiered_amount`).
     found: dict[int, _Priced] = {}
-    for charge in priced:
-        price = price_at(book.prices[event.charges[charge.index][1]], at_us)
+    for index, amount in amounts.items():
+        price = price_at(book.prices[event.charges[index][1]], at_us)
         assert price is not None
-        found[charge.index] = ((charge.currency, charge.amount), _price_of(price))
+        found[index] = (amount, _price_of(price))
     currencies = {name: currency for currency, names in book.spend.items() for name in names}
     head = len(event.charges)
-    for position, (subject, name, _) in enumerate(extra, head):
+    for position, (subject, name, _) in enumerate(charges[head:], head):
         currency = currencies[name]
         summed = tuple(
-            c.index + 1 for c in priced if c.subject == subject and c.currency == currency
+            index + 1
+            for index, (priced_in, _) in amounts.items()
+            if event.charges[index][0] == subject and priced_in == currency
         )
         found[position] = (None, summed)
-    return (*event.charges, *extra), found
+    return charges, found
 
 
 def _breaker(rule: Rule) -> Breaker:
