@@ -718,6 +718,24 @@ def test_two_meters_drawing_on_one_grant_never_pass_it(pg_url: str, seed: int) -
     assert STATS["applied"] - before["applied"] > 0
 
 
+def test_a_draw_leaving_a_grant_at_its_low_threshold_is_declined_as_a_notice(
+    pg_url: str,
+) -> None:
+    """The function draws on a grant with a low threshold while it stays above
+    it; the draw that leaves it at the threshold is declined (``notify``: the
+    fast path announces ``grant.low``) and drawn once, by the fast path."""
+    with Meter(pg_url, clock=FrozenClock(START)) as meter:
+        meter.set_limit(Limit("calls", maximum=1, period="1h", window="calendar"))
+        meter.grant("org", "calls", 10, grant_id="g", low=7)
+        meter.consume("org", "calls")  # the own allowance; the limits cached
+        before = STATS.copy()
+        paid = [meter.consume("org", "calls", 1).charges[0].grants for _ in range(3)]
+        assert paid == [(("g", 1),)] * 3
+        assert STATS["applied"] - before["applied"] == 2
+        assert STATS["declined:notify"] - before["declined:notify"] == 1
+        assert [g.used for g in meter.grants("org", "calls")] == [3]
+
+
 def test_a_grant_drawn_on_while_the_function_decides_fails_its_statement(pg_url: str) -> None:
     """Another transaction spends the grant after the function read it
     (unlocked) and before its draw: the draw, guarded by the ``used`` it

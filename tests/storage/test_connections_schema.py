@@ -427,3 +427,19 @@ def test_migration_0043_runs_fewer_statements_and_its_downgrade_restores_0042s_f
     assert "usage_rollup_deltas" in head and "INTO usage_rollups" not in head
     assert "usage_rollup_deltas" not in down and "unnest(gi, gamts)" in down
     assert down in old and head in module.leaner(old)  # the bodies between $fn$
+
+
+def test_migration_0044_reaches_fewer_expressions_and_its_downgrade_restores_0043s_function(
+    postgres_server: PostgresServer,
+) -> None:
+    module = _migration("0044_consume_one_leaner_shapes")
+    old = module.consume_one_0043()
+    postgres_server.create_database("before_0044")
+    try:
+        head, down, up = _function_across(postgres_server.url("before_0044"), "0044", "0043")
+    finally:
+        postgres_server.drop_database("before_0044")
+    assert head == up != down
+    assert "cardinality(gids) = 1" in head and "gsum" not in head
+    assert "cardinality(gids) = 1" not in down and "gsum" in down
+    assert down in old and head in module.leaner(old)  # the bodies between $fn$
