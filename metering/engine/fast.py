@@ -584,10 +584,18 @@ def apply_records(
         applying.breakers = _breakers(
             applying.rules, applying.breaker_pairs, snapshot, batch.now_us
         )
-        # A batch of fixed windows on the store's own connection: its results
-        # are sent as decided, while the rest are (none of its events may
-        # decline then; a decline would roll back what was sent).
-        early = connection is None and not applying.pairs and len(applying.todo) > SEND_EVERY
+        # A batch on the store's own connection sends its results as they are
+        # decided, while the rest are: of fixed windows only (none of its
+        # events may decline then; a decline rolls back what was sent), and
+        # whose counters all have rows, locked (else a transaction that
+        # inserted one of them, then an id of these, would wait for this
+        # one's results while this one's insert of that counter waited for it).
+        early = (
+            connection is None
+            and not applying.pairs
+            and len(applying.todo) > SEND_EVERY
+            and all(key in snapshot.states for key in applying.keys)
+        )
         with store.sending() if early else nullcontext() as send:
             applying.decide(snapshot, send)
             return applying.write(connection, store, snapshot)

@@ -22,7 +22,7 @@ from sqlalchemy import select, text
 from metering import FrozenClock, Limit, Meter, make_event
 from metering.domain.instants import to_us
 from metering.engine import fast
-from metering.errors import EventConflict
+from metering.errors import EventConflict, UnknownLimit
 from metering.storage.hot.postgres import FEW_ROWS, PostgresHotStore
 from metering.storage.results import ResultRecord
 from metering.storage.tables import current_windows
@@ -117,33 +117,45 @@ def test_a_batch_s_decisions_are_made_while_it_is_written(meter: Meter, clock: F
     assert isinstance(decided[-1], EventConflict) and getattr(decided[-2], "duplicate", None)
 
 
-def test_results_sent_while_a_batch_is_decided_are_written_once(
-    meter: Meter, clock: FrozenClock, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(fast, "SEND_EVERY", 3)  # several chunks, and a tail
-    sent: list[int] = []
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many results each send of `PostgresHotStore.sending` sent, three at a time."""
+    monkeypatch.setattr(fast, "SEND_EVERY", 3)
+    chunks: list[int] = []
     sending = PostgresHotStore.sending
 
     @contextmanager
     def counted(store: PostgresHotStore) -> Iterator[Any]:
         with sending(store) as send:
             assert send is not None
-            yield lambda records: (sent.append(len(records)), send(records))
+            yield lambda records: (chunks.append(len(records)), send(records))
 
     monkeypatch.setattr(PostgresHotStore, "sending", counted)
+    return chunks
+
+
+def _used(meter: Meter) -> dict[str, list[int]]:
+    return {s: [c.used for c in meter.counters(s, "calls")] for s in SUBJECTS}
+
+
+def test_results_sent_while_a_batch_is_decided_are_written_once(
+    meter: Meter, clock: FrozenClock, sent: list[int]
+) -> None:
+    meter.apply([make_event([(s, "calls", 1)], clock(), event_id=f"a-{s}") for s in SUBJECTS])
+    assert sent == []  # a batch that creates counters sends its results with them
     events = [make_event([(s, "calls", 2)], clock(), event_id=f"s-{s}") for s in SUBJECTS]
     decided = meter.apply([*events, events[1]])
     assert sent == [3] * 6 + [2]
     assert [d.allowed for d in decided] == [True] * (len(SUBJECTS) + 1)
     assert getattr(decided[-1], "duplicate", None)
-    assert meter.count_results() == len(SUBJECTS)
-    used = {s: [c.used for c in meter.counters(s, "calls")] for s in SUBJECTS}
-    assert used == {s: [2] for s in SUBJECTS}
+    assert meter.count_results() == 2 * len(SUBJECTS)
+    assert _used(meter) == {s: [3] for s in SUBJECTS}
 
 
 def test_an_id_decided_meanwhile_fails_a_chunk_sent_while_deciding_and_the_batch_runs_again(
     meter: Meter, clock: FrozenClock, monkeypatch: pytest.MonkeyPatch, pg_url: str
 ) -> None:
+    meter.apply([make_event([(s, "calls", 1)], clock(), event_id=f"a-{s}") for s in SUBJECTS])
     monkeypatch.setattr(fast, "SEND_EVERY", 3)
     events = [make_event([(s, "calls", 1)], clock(), event_id=f"r-{s}") for s in SUBJECTS]
     decide = fast._Applying.decide
@@ -161,9 +173,8 @@ def test_an_id_decided_meanwhile_fails_a_chunk_sent_while_deciding_and_the_batch
     assert raced == [True, True]  # decided again, its results sent again
     assert isinstance(decided[1], EventConflict)
     assert all(d.allowed for n, d in enumerate(decided) if n != 1)
-    assert meter.count_results() == len(SUBJECTS)
-    used = {s: [c.used for c in meter.counters(s, "calls")] for s in SUBJECTS}
-    assert used == {s: [] if s == "org-01" else [1] for s in SUBJECTS}
+    assert meter.count_results() == 2 * len(SUBJECTS)
+    assert _used(meter) == {s: [1] if s == "org-01" else [2] for s in SUBJECTS}
     assert [c.used for c in meter.counters("elsewhere", "calls")] == [7]
 
 
@@ -181,3 +192,16 @@ def test_results_sent_are_rolled_back_when_the_batch_ends_without_its_write(
             raise RuntimeError("declined")
         assert raw.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     assert meter.count_results() == 0
+
+
+def test_an_unacceptable_event_met_after_results_were_sent_writes_nothing(
+    meter: Meter, clock: FrozenClock, sent: list[int]
+) -> None:
+    meter.apply([make_event([(s, "calls", 1)], clock(), event_id=f"a-{s}") for s in SUBJECTS])
+    events = [make_event([(s, "calls", 1)], clock(), event_id=f"u-{s}") for s in SUBJECTS]
+    events.append(make_event([("org-00", "nope", 1)], clock(), event_id="u-unknown"))
+    with pytest.raises(UnknownLimit):
+        meter.apply(events, invalid="raise")
+    assert sent == [3] * 6
+    assert meter.count_results() == len(SUBJECTS)
+    assert _used(meter) == {s: [1] for s in SUBJECTS}
