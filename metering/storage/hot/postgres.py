@@ -10,7 +10,8 @@ the batch size, so it is prepared and planned once. ``jsonb`` rather than
 results insert took 6.5 ms against 15). Results come back in binary.
 
 `read` sends its statements in one pipeline (one round trip); `write` sends
-its own with the COMMIT in another. A batch's ids may be sent ahead
+its own with the COMMIT in another, which a batch's results may open while
+it is decided (`PostgresHotStore.sending`). A batch's ids may be sent ahead
 (`PostgresHotStore.looking_up`), before it is planned: `read` then goes on
 in that pipeline, and the server looks them up while the client plans. On
 a connection in autocommit (those of `DirectPostgres`) the store begins
@@ -26,7 +27,8 @@ plain ``INSERT``, so a concurrent creator makes it fail (unique violation)
 and the transaction runs again. Every counter is written once per batch.
 Rows are locked sorted ``COLLATE "C"`` (UTF-8 byte order is code point
 order, the order of Python's ``sorted``), and inserted sorted; a transaction
-takes all its locks before its first insert, so waits never form a cycle.
+takes all its locks before its first insert, so waits never form a cycle
+(for the results a batch sends while it is decided, see `PostgresHotStore.sending`).
 """
 
 from __future__ import annotations
@@ -493,7 +495,15 @@ class PostgresHotStore:
         the rest are decided. Anything but a driver error leaving the block
         after rows were sent rolls the transaction back (a decline writes
         nothing); a driver error (a key written meanwhile) is raised as
-        SQLAlchemy's, once the pipeline is synced."""
+        SQLAlchemy's, once the pipeline is synced.
+
+        They are inserted before the write's other rows, in chunks each
+        sorted: the caller sends them only when every counter of the batch
+        has a row, locked, so that a transaction inserting one of their ids
+        for the same charges waits for those locks before it does. One that
+        reuses an id with other charges while it draws on the same grant, or
+        two such batches with their ids in other orders, may wait in a
+        cycle: PostgreSQL breaks it (a deadlock, run again)."""
         raw = self.raw
         begin = self.begins()
         sent = False
