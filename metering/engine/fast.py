@@ -294,6 +294,8 @@ class LimitCache:
 # An event's counters: (key, window) per charge, in the order of its charges.
 _Fixed = list[tuple[Key, Window]]
 _event_id: Final = itemgetter(0)  # of a `ResultRecord`
+# A batch of more events than this sends its results as they are decided, this many at a time.
+SEND_EVERY: Final = 250
 _CHARGE_OUTCOME: Final = CHARGE_KEYS.index("outcome")  # in a charge's row
 
 
@@ -582,8 +584,21 @@ def apply_records(
         applying.breakers = _breakers(
             applying.rules, applying.breaker_pairs, snapshot, batch.now_us
         )
-        applying.decide(snapshot)
-        return applying.write(connection, store, snapshot)
+        # A batch on the store's own connection sends its results as they are
+        # decided, while the rest are: of fixed windows only (none of its
+        # events may decline then; a decline rolls back what was sent), and
+        # whose counters all have rows, locked (else a transaction that
+        # inserted one of them, then an id of these, would wait for this
+        # one's results while this one's insert of that counter waited for it).
+        early = (
+            connection is None
+            and not applying.pairs
+            and len(applying.todo) > SEND_EVERY
+            and all(key in snapshot.states for key in applying.keys)
+        )
+        with store.sending() if early else nullcontext() as send:
+            applying.decide(snapshot, send)
+            return applying.write(connection, store, snapshot)
     except _Decline as exc:
         return exc.declined
 
@@ -649,6 +664,7 @@ class _Applying:
         self.simple: dict[str, bool] = {}  # `_spend_simple` by spend limit
         self.paying: dict[str, int] = {}  # how many spend counters a currency's charges pay
         self.read_used: dict[str, int] = {}  # what each grant read had used (`drawn_since`)
+        self.sent = 0  # how many of ``records`` `decide` sent (`HotStore.sending`)
 
     def plan(self) -> None:
         """Each event's rules, spend charges and counters' keys."""
@@ -969,8 +985,12 @@ class _Applying:
             allowances.learn_due(due, snapshot.schedules, batch.now_us)
         return snapshot
 
-    def decide(self, snapshot: Snapshot) -> None:
-        """Each event in order over ``snapshot``'s state, which it updates."""
+    def decide(
+        self, snapshot: Snapshot, send: Callable[[Sequence[ResultRecord]], None] | None = None
+    ) -> None:
+        """Each event in order over ``snapshot``'s state, which it updates;
+        with ``send``, the results decided sent to it every `SEND_EVERY`
+        and the rest at the end (``sent`` of ``records``)."""
         batch = self.batch
         if snapshot.schedules:
             self.issues = _issues(snapshot, self.todo, batch.now_us, self.allowances.zones)
@@ -995,6 +1015,7 @@ class _Applying:
         paired = self.paired if rooms else None
         event_seats, seats = self.event_seats, self.seats
         now_us, answers, records = batch.now_us, self.answers, self.records
+        due = SEND_EVERY if send is not None else len(self.todo) + 1
         for index, event, event_rules, error, fixed in self.todo:
             stored = found.get(event.event_id) if found else None
             if stored is not None:
@@ -1058,6 +1079,13 @@ class _Applying:
             )
             records.append(record)
             answers[index] = Answer(NEW, record)
+            if len(records) == due:
+                assert send is not None
+                send(records[self.sent :])
+                self.sent, due = due, due + SEND_EVERY
+        if send is not None and len(records) > self.sent:
+            send(records[self.sent :])
+            self.sent = len(records)
 
     def _rooms(self, snapshot: Snapshot) -> dict[Key, Room]:
         """The counters every charge of the batch fits (`metering.domain.room`):
@@ -1411,7 +1439,7 @@ class _Applying:
             ],
             new_windows=[item for item in moved if item[0] not in had_row],
             moved_windows=[item for item in moved if item[0] in had_row],
-            results=sorted(self.records, key=_event_id),
+            results=sorted(self.records[self.sent :], key=_event_id),
             rollups=rollups,
         )
         if self.seats.added:

@@ -215,6 +215,16 @@ class HotStore(Protocol):
         (PostgreSQL); one that does not does nothing."""
         ...
 
+    def sending(
+        self,
+    ) -> AbstractContextManager[Callable[[Sequence[ResultRecord]], None] | None]:
+        """Around deciding and `write`, after `read`: a store may yield a
+        function that sends the results of events decided (their insert, as
+        `write`'s) while the rest are, and roll back what it sent when the
+        block ends in anything but `write` (PostgreSQL); one that does not
+        yields None."""
+        ...
+
     def lock_reservation(self, reservation_id: str) -> ReservationRecord | None:
         """Lock and read one reservation's row (a settle: before any counter)."""
         ...

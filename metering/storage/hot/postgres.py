@@ -10,7 +10,8 @@ the batch size, so it is prepared and planned once. ``jsonb`` rather than
 results insert took 6.5 ms against 15). Results come back in binary.
 
 `read` sends its statements in one pipeline (one round trip); `write` sends
-its own with the COMMIT in another. A batch's ids may be sent ahead
+its own with the COMMIT in another, which a batch's results may open while
+it is decided (`PostgresHotStore.sending`). A batch's ids may be sent ahead
 (`PostgresHotStore.looking_up`), before it is planned: `read` then goes on
 in that pipeline, and the server looks them up while the client plans. On
 a connection in autocommit (those of `DirectPostgres`) the store begins
@@ -26,7 +27,8 @@ plain ``INSERT``, so a concurrent creator makes it fail (unique violation)
 and the transaction runs again. Every counter is written once per batch.
 Rows are locked sorted ``COLLATE "C"`` (UTF-8 byte order is code point
 order, the order of Python's ``sorted``), and inserted sorted; a transaction
-takes all its locks before its first insert, so waits never form a cycle.
+takes all its locks before its first insert, so waits never form a cycle
+(for the results a batch sends while it is decided, see `PostgresHotStore.sending`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import json
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any, Final
 
 import psycopg
@@ -87,7 +90,7 @@ from metering.storage.recurring import (
 )
 from metering.storage.rejected import rejected_rows
 from metering.storage.reservations import ReservationRecord, record_of_row
-from metering.storage.results import RESET_TICK, record_from_row, result_row
+from metering.storage.results import RESET_TICK, ResultRecord, record_from_row, result_row
 from metering.storage.rollups import PG_APPEND
 
 FETCH_RESULTS: Final = f"""
@@ -324,6 +327,8 @@ ON CONFLICT (digest) DO NOTHING
 
 LOCK_RESERVATION: Final = SQL.select_reservation + " FOR UPDATE"
 
+_first: Final = itemgetter(0)  # a `ResultRecord`'s event id
+
 _encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
@@ -410,6 +415,7 @@ class PostgresHotStore:
         # `write`'s inserts; `write` uses them once.
         self.absent_seats: set[SeatKey] = set()
         self._ahead: _Ahead | None = None  # `looking_up`'s, until `read` takes it
+        self._sending: ExitStack | None = None  # `sending`'s pipeline, until `write` takes it
 
     @classmethod
     def of(cls, connection: Connection) -> PostgresHotStore:
@@ -480,6 +486,50 @@ class PostgresHotStore:
                 yield
             finally:
                 self._ahead = None
+
+    @contextmanager
+    def sending(self) -> Iterator[Callable[[Sequence[ResultRecord]], None] | None]:
+        """Around deciding and `write`: yields a function that sends the
+        results rows of events decided, in a pipeline that `write`, if called
+        inside, goes on with and syncs, so that the server inserts them while
+        the rest are decided. Anything but a driver error leaving the block
+        after rows were sent rolls the transaction back (a decline writes
+        nothing); a driver error (a key written meanwhile) is raised as
+        SQLAlchemy's, once the pipeline is synced.
+
+        They are inserted before the write's other rows, in chunks each
+        sorted: the caller sends them only when every counter of the batch
+        has a row, locked, so that a transaction inserting one of their ids
+        for the same charges waits for those locks before it does. One that
+        reuses an id with other charges while it draws on the same grant, or
+        two such batches with their ids in other orders, may wait in a
+        cycle: PostgreSQL breaks it (a deadlock, run again)."""
+        raw = self.raw
+        begin = self.begins()
+        sent = False
+
+        def send(records: Sequence[ResultRecord]) -> None:
+            nonlocal sent
+            sent = True
+            rows = [result_row(r) for r in sorted(records, key=_first)]
+            raw.execute(INSERT_RESULTS, {"rows": _encode(rows)})
+
+        try:
+            with ExitStack() as stack:
+                stack.enter_context(pipeline(raw))
+                if begin:
+                    raw.execute("BEGIN")
+                self._sending = stack
+                try:
+                    yield send
+                finally:
+                    self._sending = None
+        except psycopg.Error as exc:
+            raise _translate(exc) from exc
+        except BaseException:
+            if sent and raw.info.transaction_status != TransactionStatus.IDLE:
+                raw.rollback()
+            raise
 
     def read_rows(
         self,
@@ -633,9 +683,11 @@ class PostgresHotStore:
         meanwhile: Callable[[], None] | None = None,
     ) -> None:
         raw = self.raw
-        begin = self.begins()
+        sending, self._sending = self._sending, None
+        begin = sending is None and self.begins()
         try:
-            with pipeline(raw):
+            # Sent while deciding (`sending`): its pipeline, closed (synced) here.
+            with pipeline(raw) if sending is None else sending:
                 if begin:
                     raw.execute("BEGIN")
                 self.send_expectations()

@@ -326,6 +326,10 @@ class SqliteHotStore:
         """Nothing sent ahead: `read` looks the ids up, in process."""
         return nullcontext()
 
+    def sending(self) -> AbstractContextManager[None]:
+        """Nothing sent while deciding: `write` inserts the results, in process."""
+        return nullcontext()
+
     def lock_reservation(self, reservation_id: str) -> ReservationRecord | None:
         # The transaction holds SQLite's one write lock already.
         try:

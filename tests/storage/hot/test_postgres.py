@@ -2,13 +2,17 @@
 locks returned: a row updated while its lock waited is written in its new
 version (the lock returns the id of the version it locked). A batch's ids
 sent ahead of its read are what the read finds; its decisions are made
-while its write is on its way, equal to those made when read."""
+while its write is on its way, equal to those made when read. Its results
+are sent as they are decided, written once, and rolled back with the
+batch: by a repeated id another transaction wrote meanwhile, or a decline."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
+from typing import Any
 
 import psycopg
 import pytest
@@ -17,8 +21,10 @@ from sqlalchemy import select, text
 
 from metering import FrozenClock, Limit, Meter, make_event
 from metering.domain.instants import to_us
-from metering.errors import EventConflict
+from metering.engine import fast
+from metering.errors import EventConflict, UnknownLimit
 from metering.storage.hot.postgres import FEW_ROWS, PostgresHotStore
+from metering.storage.results import ResultRecord
 from metering.storage.tables import current_windows
 from metering.usage.results import Decisions
 
@@ -109,3 +115,93 @@ def test_a_batch_s_decisions_are_made_while_it_is_written(meter: Meter, clock: F
     assert plain == [d.event_id if isinstance(d, EventConflict) else d for d in again]
     assert [getattr(d, "duplicate", None) for d in decided[:3]] == [True, True, False]
     assert isinstance(decided[-1], EventConflict) and getattr(decided[-2], "duplicate", None)
+
+
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many results each send of `PostgresHotStore.sending` sent, three at a time."""
+    monkeypatch.setattr(fast, "SEND_EVERY", 3)
+    chunks: list[int] = []
+    sending = PostgresHotStore.sending
+
+    @contextmanager
+    def counted(store: PostgresHotStore) -> Iterator[Any]:
+        with sending(store) as send:
+            assert send is not None
+            yield lambda records: (chunks.append(len(records)), send(records))
+
+    monkeypatch.setattr(PostgresHotStore, "sending", counted)
+    return chunks
+
+
+def _used(meter: Meter) -> dict[str, list[int]]:
+    return {s: [c.used for c in meter.counters(s, "calls")] for s in SUBJECTS}
+
+
+def test_results_sent_while_a_batch_is_decided_are_written_once(
+    meter: Meter, clock: FrozenClock, sent: list[int]
+) -> None:
+    meter.apply([make_event([(s, "calls", 1)], clock(), event_id=f"a-{s}") for s in SUBJECTS])
+    assert sent == []  # a batch that creates counters sends its results with them
+    events = [make_event([(s, "calls", 2)], clock(), event_id=f"s-{s}") for s in SUBJECTS]
+    decided = meter.apply([*events, events[1]])
+    assert sent == [3] * 6 + [2]
+    assert [d.allowed for d in decided] == [True] * (len(SUBJECTS) + 1)
+    assert getattr(decided[-1], "duplicate", None)
+    assert meter.count_results() == 2 * len(SUBJECTS)
+    assert _used(meter) == {s: [3] for s in SUBJECTS}
+
+
+def test_an_id_decided_meanwhile_fails_a_chunk_sent_while_deciding_and_the_batch_runs_again(
+    meter: Meter, clock: FrozenClock, monkeypatch: pytest.MonkeyPatch, pg_url: str
+) -> None:
+    meter.apply([make_event([(s, "calls", 1)], clock(), event_id=f"a-{s}") for s in SUBJECTS])
+    monkeypatch.setattr(fast, "SEND_EVERY", 3)
+    events = [make_event([(s, "calls", 1)], clock(), event_id=f"r-{s}") for s in SUBJECTS]
+    decide = fast._Applying.decide
+    raced: list[bool] = []
+
+    def racing(applying: Any, snapshot: Any, send: Any = None) -> None:
+        raced.append(send is not None)
+        if len(raced) == 1:  # after the lookup: the first chunk's insert meets it
+            with Meter(pg_url, clock=clock) as other:
+                other.apply([make_event([("elsewhere", "calls", 7)], clock(), event_id="r-org-01")])
+        decide(applying, snapshot, send)
+
+    monkeypatch.setattr(fast._Applying, "decide", racing)
+    decided = list(meter.apply(events))
+    assert raced == [True, True]  # decided again, its results sent again
+    assert isinstance(decided[1], EventConflict)
+    assert all(d.allowed for n, d in enumerate(decided) if n != 1)
+    assert meter.count_results() == 2 * len(SUBJECTS)
+    assert _used(meter) == {s: [1] if s == "org-01" else [2] for s in SUBJECTS}
+    assert [c.used for c in meter.counters("elsewhere", "calls")] == [7]
+
+
+def test_results_sent_are_rolled_back_when_the_batch_ends_without_its_write(
+    meter: Meter, clock: FrozenClock, pg_url: str
+) -> None:
+    at = to_us(clock())
+    record = ResultRecord("sent-then-declined", "allowed", "f", at, at, (), None, [], None)
+    with psycopg.connect(pg_url.replace("+psycopg", ""), autocommit=True) as raw:
+        store = PostgresHotStore(raw)
+        store.read(None, [], [], at)
+        with pytest.raises(RuntimeError), store.sending() as send:
+            assert send is not None
+            send([record])
+            raise RuntimeError("declined")
+        assert raw.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert meter.count_results() == 0
+
+
+def test_an_unacceptable_event_met_after_results_were_sent_writes_nothing(
+    meter: Meter, clock: FrozenClock, sent: list[int]
+) -> None:
+    meter.apply([make_event([(s, "calls", 1)], clock(), event_id=f"a-{s}") for s in SUBJECTS])
+    events = [make_event([(s, "calls", 1)], clock(), event_id=f"u-{s}") for s in SUBJECTS]
+    events.append(make_event([("org-00", "nope", 1)], clock(), event_id="u-unknown"))
+    with pytest.raises(UnknownLimit):
+        meter.apply(events, invalid="raise")
+    assert sent == [3] * 6
+    assert meter.count_results() == len(SUBJECTS)
+    assert _used(meter) == {s: [1] for s in SUBJECTS}
