@@ -131,7 +131,9 @@ class Attack:
         n = 0
         while self.running():
             events = []
-            for _ in range(rng.randint(20, 120)):
+            # Some batches above `SEND_EVERY`: PostgreSQL sends their results while deciding.
+            size = rng.randint(20, 120) if rng.random() < 0.75 else rng.randint(260, 700)
+            for _ in range(size):
                 _, charges, metadata = self.charges(rng)
                 events.append(make_event(charges, self.meter.clock(), f"b{worker}-{n}", metadata))
                 n += 1
