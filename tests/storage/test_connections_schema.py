@@ -371,9 +371,18 @@ def test_migration_0041_stamps_every_change_of_a_windows_held_values(
         postgres_server.drop_database("before_0041")
 
 
-def _function_across(url: str, revision: str, before: str) -> tuple[str, str, str]:
+def _function_across(server: PostgresServer, revision: str, before: str) -> tuple[str, str, str]:
     """``metering_consume_one``'s body at ``revision``, after its downgrade to
-    ``before``, then up again."""
+    ``before``, then up again (on a database of its own)."""
+    name = f"before_{revision}"
+    server.create_database(name)
+    try:
+        return _bodies_across(server.url(name), revision, before)
+    finally:
+        server.drop_database(name)
+
+
+def _bodies_across(url: str, revision: str, before: str) -> tuple[str, str, str]:
     _upgrade(url, revision)
     engine = make_engine(url)
     source = "SELECT prosrc FROM pg_proc WHERE proname = 'metering_consume_one'"
@@ -403,11 +412,7 @@ def test_migration_0042_skips_a_held_seats_row_and_its_downgrade_restores_0041s_
 ) -> None:
     module = _migration("0042_consume_one_held_seats")
     old = module.consume_one_0041()
-    postgres_server.create_database("before_0042")
-    try:
-        head, down, up = _function_across(postgres_server.url("before_0042"), "0042", "0041")
-    finally:
-        postgres_server.drop_database("before_0042")
+    head, down, up = _function_across(postgres_server, "0042", "0041")
     assert head == up != down
     assert "seatheld" in head and "seatheld" not in down
     assert down in old and head in module.skipping(old)  # the bodies between $fn$
@@ -418,11 +423,7 @@ def test_migration_0043_runs_fewer_statements_and_its_downgrade_restores_0042s_f
 ) -> None:
     module = _migration("0043_consume_one_fewer_statements")
     old = module.consume_one_0042()
-    postgres_server.create_database("before_0043")
-    try:
-        head, down, up = _function_across(postgres_server.url("before_0043"), "0043", "0042")
-    finally:
-        postgres_server.drop_database("before_0043")
+    head, down, up = _function_across(postgres_server, "0043", "0042")
     assert head == up != down
     assert "usage_rollup_deltas" in head and "INTO usage_rollups" not in head
     assert "usage_rollup_deltas" not in down and "unnest(gi, gamts)" in down
@@ -434,11 +435,7 @@ def test_migration_0044_reaches_fewer_expressions_and_its_downgrade_restores_004
 ) -> None:
     module = _migration("0044_consume_one_leaner_shapes")
     old = module.consume_one_0043()
-    postgres_server.create_database("before_0044")
-    try:
-        head, down, up = _function_across(postgres_server.url("before_0044"), "0044", "0043")
-    finally:
-        postgres_server.drop_database("before_0044")
+    head, down, up = _function_across(postgres_server, "0044", "0043")
     assert head == up != down
     assert "cardinality(gids) = 1" in head and "gsum" not in head
     assert "cardinality(gids) = 1" not in down and "gsum" in down
