@@ -1081,10 +1081,10 @@ class _Applying:
             answers[index] = Answer(NEW, record)
             if len(records) == due:
                 assert send is not None
-                send(records[self.sent :])
+                send(sorted(records[self.sent :], key=_event_id))
                 self.sent, due = due, due + SEND_EVERY
         if send is not None and len(records) > self.sent:
-            send(records[self.sent :])
+            send(sorted(records[self.sent :], key=_event_id))
             self.sent = len(records)
 
     def _rooms(self, snapshot: Snapshot) -> dict[Key, Room]:

@@ -219,8 +219,8 @@ class HotStore(Protocol):
         self,
     ) -> AbstractContextManager[Callable[[Sequence[ResultRecord]], None] | None]:
         """Around deciding and `write`, after `read`: a store may yield a
-        function that sends the results of events decided (their insert, as
-        `write`'s) while the rest are, and roll back what it sent when the
+        function that sends the results of events decided, sorted by id
+        (their insert, as `write`'s) while the rest are, and roll back what it sent when the
         block ends in anything but `write` (PostgreSQL); one that does not
         yields None."""
         ...

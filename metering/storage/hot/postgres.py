@@ -37,7 +37,6 @@ import json
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from operator import itemgetter
 from typing import Any, Final
 
 import psycopg
@@ -327,8 +326,6 @@ ON CONFLICT (digest) DO NOTHING
 
 LOCK_RESERVATION: Final = SQL.select_reservation + " FOR UPDATE"
 
-_first: Final = itemgetter(0)  # a `ResultRecord`'s event id
-
 _encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
@@ -497,8 +494,8 @@ class PostgresHotStore:
         nothing); a driver error (a key written meanwhile) is raised as
         SQLAlchemy's, once the pipeline is synced.
 
-        They are inserted before the write's other rows, in chunks each
-        sorted: the caller sends them only when every counter of the batch
+        They are inserted before the write's other rows, in chunks the
+        caller sorts by id, as `write`'s: it sends them only when every counter of the batch
         has a row, locked, so that a transaction inserting one of their ids
         for the same charges waits for those locks before it does. One that
         reuses an id with other charges while it draws on the same grant, or
@@ -511,8 +508,7 @@ class PostgresHotStore:
         def send(records: Sequence[ResultRecord]) -> None:
             nonlocal sent
             sent = True
-            rows = [result_row(r) for r in sorted(records, key=_first)]
-            raw.execute(INSERT_RESULTS, {"rows": _encode(rows)})
+            _insert_results(raw.cursor(), records)
 
         try:
             with ExitStack() as stack:
@@ -731,11 +727,7 @@ class PostgresHotStore:
                     expected = changes.expected
                     rows = [(g, delta, expected.get(g)) for g, delta in grant_deltas(changes.draws)]
                     raw.execute(UPDATE_GRANTS, {"rows": _encode(rows)})
-                rows = [result_row(r) for r in changes.results]
-                if 0 < len(rows) <= FEW_ROWS:
-                    _execute(cursor, SQL.insert_result, rows)
-                elif rows:
-                    raw.execute(INSERT_RESULTS, {"rows": _encode(rows)})
+                _insert_results(cursor, changes.results)
                 if changes.holds:
                     cursor.executemany(SQL.insert_hold, changes.holds)
                 if changes.settled:
@@ -835,6 +827,16 @@ def pipeline(raw: psycopg.Connection[Any]) -> Iterator[None]:
             raise
     if failed is not None:
         raise failed
+
+
+def _insert_results(cursor: psycopg.Cursor[Any], records: Sequence[ResultRecord]) -> None:
+    """``records``' rows, in their order (sorted by id): a few one statement
+    each, more as one ``jsonb`` array."""
+    rows = [result_row(r) for r in records]
+    if 0 < len(rows) <= FEW_ROWS:
+        _execute(cursor, SQL.insert_result, rows)
+    elif rows:
+        cursor.execute(INSERT_RESULTS, {"rows": _encode(rows)})
 
 
 def _execute(cursor: psycopg.Cursor[Any], statement: str, rows: list[Any]) -> None:
