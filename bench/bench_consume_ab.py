@@ -3,6 +3,9 @@
     .venv/bin/python bench/bench_consume_ab.py OTHER_TREE [--calls 1500]
         [--cases seats mix plain stacked3] [--track top|all] [--subjects 500]
 
+Besides `bench_mix`'s cases, ``mix-tokens`` and ``priced-tokens``: theirs with a cost from
+1 to 999 every call (tokens, bytes: a plan by the costs is never met again).
+
 One durable PostgreSQL with ``pg_stat_statements``; each tree (OTHER_TREE as A, this one
 as B) in a process of its own, with its own venv and code, makes and fills its own
 database of each `bench_mix` case (its migrations, `bench_mix.prepare`), then consumes
@@ -37,7 +40,20 @@ def child() -> None:
     from metering import Meter
     from metering.storage.connections import upgrade_schema
 
+    class Tokens(bench_mix.Case):
+        """A cost from 1 to 999 every call (tokens, bytes), but a seat's."""
+
+        def call(self, subject: str, rng: random.Random) -> bench_mix.Call:
+            charges, metadata = super().call(subject, rng)
+            cost = rng.randrange(1, 1000)
+            return [
+                (subject, limit, 1 if limit == "seats" else cost) for subject, limit, _ in charges
+            ], metadata
+
     cases = {case.name: case for case in bench_mix.CASES}
+    # The mix's and a price's, their costs changing every call.
+    for name in ("mix", "priced"):
+        cases[f"{name}-tokens"] = Tokens(**{**vars(cases[name]), "name": f"{name}-tokens"})
     subjects = [f"subject-{n}" for n in range(int(os.environ["AB_SUBJECTS"]))]
     meters: dict[str, Meter] = {}
     work: dict[str, list[Any]] = {}

@@ -90,8 +90,10 @@ def call_parameters(
     now_us: int,
     metadata: Any,
     charges: Sequence[OneCharge],
+    order: list[int] | None = None,
 ) -> tuple[Any, ...]:
-    """The parameters of `CONSUME_ONE` for one event."""
+    """The parameters of `CONSUME_ONE` for one event; ``order``, the charges'
+    positions from 1 in lock order (by limit and subject), when known."""
     # Each charge with its row's first fields as the results row spells them;
     # a seat's value and those fields at cost 0 (a seat held), whether grants
     # pay past the maximum, the price its consumed row carries, and the
@@ -138,10 +140,10 @@ def call_parameters(
             charge += [seat, held, granted, None if price is None else _price_text(*price)]
             charge += later
         encoded.append(charge)
-    if len(charges) == 1:
-        order = [0]
-    else:
-        order = sorted(range(len(charges)), key=lambda i: (charges[i][0], charges[i][1]))
+    if order is None:
+        order = [
+            i + 1 for i in sorted(range(len(charges)), key=lambda i: (charges[i][0], charges[i][1]))
+        ]
     return (
         version,
         event_id,
@@ -150,7 +152,7 @@ def call_parameters(
         now_us,
         _dumps(metadata) if metadata is not None else None,
         _compact(encoded),
-        [i + 1 for i in order],
+        order,
     )
 
 
