@@ -60,13 +60,17 @@ _zoned: list[CalendarWindows] = [CalendarWindows({})]
 # their costs, seat values and metadata, while the cache's version lasts and its
 # time is in [from, until) (the maxima of the subjects' histories and the prices
 # in force then): per charge (`_Step`) its rule (the subject's maximum and own
-# thresholds), whether grants pay it, the subject's time zone, the function's
-# fixed fields and its last calendar window; the pairs a recurring grant's issue
-# is checked for, the lock order, and whether grants pay a paced limit.
+# thresholds), subject, whether grants pay it, the subject's time zone and the
+# rule's `_Shared`; the lock order, and whether grants pay a paced limit.
 _Fixed = tuple[str, int, str, int, Sequence[int], Sequence[int], int | None, Breaker | None]
-_Step = tuple[Rule, str, bool, ZoneHistory | None, _Fixed, list[tuple[int, int]]]
-_Plan = tuple[int, int, int, tuple[_Step, ...], list[tuple[str, str]], list[int], bool]
+# A rule's fields of the call that no event changes, and its last window (but a
+# zoned subject's calendar one): kept by the rule's id with the rule itself.
+_Shared = tuple[Rule, _Fixed, list[tuple[int, int]]]
+_Step = tuple[Rule, str, bool, ZoneHistory | None, _Shared]
+_Plan = tuple[int, int, int, tuple[_Step, ...], list[int], bool]
 PLANS_KEPT: Final = 10_000  # (all forgotten past it)
+_shared: dict[int, _Shared] = {}
+_SHARED_KEPT: Final = 4096
 _NO_WINDOW: Final = (0, 0)
 
 
@@ -93,9 +97,9 @@ def prepare(cache: LimitCache, event: EventRecord, now_us: int) -> tuple[Any, ..
         if isinstance(found, Declined):
             return found
         plan = found
-    if allowances.due and allowances.due_pairs(plan[4], now_us):
+    if allowances.due and allowances.due_pairs(((n, s) for s, n in key), now_us):
         return Declined("a recurring grant's issue is due", Need.RECURRING)
-    if plan[6]:
+    if plan[5]:
         return Declined("grants on a paced limit", Need.PACING)
     zones = allowances.zones
     windows = _zoned[0]
@@ -103,7 +107,7 @@ def prepare(cache: LimitCache, event: EventRecord, now_us: int) -> tuple[Any, ..
         windows = _zoned[0] = CalendarWindows(zones)
     metadata = event.metadata
     found_charges: list[OneCharge] = []
-    for index, (rule, subject, paid, zoned, fixed, last) in enumerate(plan[3]):
+    for index, (rule, subject, paid, zoned, (_, fixed, last)) in enumerate(plan[3]):
         cost = charges[index][2]
         kind = fixed[0]
         month = None
@@ -153,7 +157,7 @@ def prepare(cache: LimitCache, event: EventRecord, now_us: int) -> tuple[Any, ..
             )
         )
     return call_parameters(
-        version, event.event_id, event.fingerprint, at_us, now_us, metadata, found_charges, plan[5]
+        version, event.event_id, event.fingerprint, at_us, now_us, metadata, found_charges, plan[4]
     )
 
 
@@ -194,13 +198,17 @@ def _plan(
         paid = (name, subject) in granted
         paced = paced or (paid and rule.pacing is not None)
         zoned = zones.get(subject) if zones else None
-        steps.append((rule, subject, paid, zoned, _fixed(rule), [_window(rule)]))
+        shared = _shared.get(id(rule))
+        if shared is None or shared[0] is not rule:
+            if len(_shared) >= _SHARED_KEPT:
+                _shared.clear()
+            shared = _shared[id(rule)] = (rule, _fixed(rule), [_window(rule)])
+        steps.append((rule, subject, paid, zoned, shared))
     if len(charges) == 1:
         order = [1]
     else:
         order = [i + 1 for i in sorted(range(len(charges)), key=lambda i: key[i][::-1])]
-    pairs = [(name, subject) for subject, name in key]
-    plan = (version, from_us, until_us, tuple(steps), pairs, order, paced)
+    plan = (version, from_us, until_us, tuple(steps), order, paced)
     plans = cache.plans
     if len(plans) >= PLANS_KEPT:
         plans.clear()
