@@ -35,8 +35,11 @@ from metering.storage.hot.one_trip import (
     Breaker,
     HeldAt,
     OneCharge,
+    PlainParts,
     TieredPrice,
     call_parameters,
+    plain_parts,
+    plain_text,
 )
 from metering.storage.results import ResultRecord
 
@@ -61,12 +64,13 @@ _zoned: list[CalendarWindows] = [CalendarWindows({})]
 # time is in [from, until) (the maxima of the subjects' histories and the prices
 # in force then): per charge (`_Step`) its rule (the subject's maximum and own
 # thresholds), subject, whether grants pay it, the subject's time zone and the
-# rule's `_Shared`; the lock order, and whether grants pay a paced limit.
+# rule's `_Shared`, and a plain charge's parts of text (`plain_parts`); the lock
+# order, and whether grants pay a paced limit.
 _Fixed = tuple[str, int, str, int, Sequence[int], Sequence[int], int | None, Breaker | None]
 # A rule's fields of the call that no event changes, and its last window (but a
 # zoned subject's calendar one): kept by the rule's id with the rule itself.
 _Shared = tuple[Rule, _Fixed, list[tuple[int, int]]]
-_Step = tuple[Rule, str, bool, ZoneHistory | None, _Shared]
+_Step = tuple[Rule, str, bool, ZoneHistory | None, _Shared, PlainParts | None]
 _Plan = tuple[int, int, int, tuple[_Step, ...], list[int], bool]
 PLANS_KEPT: Final = 10_000  # (all forgotten past it)
 _shared: dict[int, _Shared] = {}
@@ -106,8 +110,8 @@ def prepare(cache: LimitCache, event: EventRecord, now_us: int) -> tuple[Any, ..
     if zones and windows.zones is not zones:
         windows = _zoned[0] = CalendarWindows(zones)
     metadata = event.metadata
-    found_charges: list[OneCharge] = []
-    for index, (rule, subject, paid, zoned, (_, fixed, last)) in enumerate(plan[3]):
+    found_charges: list[OneCharge | str] = []
+    for index, (rule, subject, paid, zoned, (_, fixed, last), parts) in enumerate(plan[3]):
         cost = charges[index][2]
         kind = fixed[0]
         month = None
@@ -123,9 +127,12 @@ def prepare(cache: LimitCache, event: EventRecord, now_us: int) -> tuple[Any, ..
             window = last[0]
             if zoned is not None and kind == "f":  # opening at the event: it bills in its month
                 month = billing_month(zoned, at_us)
+        price, tiers = amounts.get(index, _UNPRICED)
+        if parts is not None and price is None and tiers is None:
+            found_charges.append(plain_text(parts, cost, *window))
+            continue
         # (`rules_for` found the seat's value acceptable, and remembers it.)
         seat = seat_value(rule, event, cost) if rule.distinct else None
-        price, tiers = amounts.get(index, _UNPRICED)
         found_charges.append(
             (
                 rule.name,
@@ -203,7 +210,14 @@ def _plan(
             if len(_shared) >= _SHARED_KEPT:
                 _shared.clear()
             shared = _shared[id(rule)] = (rule, _fixed(rule), [_window(rule)])
-        steps.append((rule, subject, paid, zoned, shared))
+        fixed = shared[1]
+        plain = not (paid or rule.distinct or rule.dimensions or rule.gauge) and zoned is None
+        parts = (
+            plain_parts(name, subject, fixed[0], *fixed[1:6])
+            if plain and fixed[6] is None and fixed[7] is None
+            else None
+        )
+        steps.append((rule, subject, paid, zoned, shared, parts))
     if len(charges) == 1:
         order = [1]
     else:
