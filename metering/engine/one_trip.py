@@ -2,12 +2,12 @@
 
 `prepare` turns an event into the call of ``metering_consume_one``
 (`metering.storage.hot.one_trip`), a PL/pgSQL copy of `metering.domain.rules`,
-working out from the cached limits what needs no lock: each charge's window and
-billing month (a zoned subject's too), maximum, spend charges (a price by the window's
-total: its tiers), dimensions' values, a pace's burst, a gauge's aggregation and a
-breaker's quarantine. A need not in `ONE_TRIP_IMPLEMENTS`, or an
-unacceptable event, is `Declined` and the fast path decides. `tests/engine/test_differential.py`
-holds the function to the reference; `STATS` counts what it decided and declined.
+working out from the cached limits what needs no lock: each charge's window and billing
+month, maximum, spend charges (a price by the window's total: its tiers), dimensions'
+values, a pace's burst, a gauge's aggregation and a breaker's quarantine; what its charges'
+subjects and limits give is planned per version of the cache (`LimitCache.plans`), the
+costs applied per call. A need not in `ONE_TRIP_IMPLEMENTS`, or an unacceptable event, is
+`Declined` for the fast path. `tests/engine/test_differential.py` holds it to the reference.
 """
 
 from __future__ import annotations
