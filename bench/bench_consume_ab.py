@@ -9,7 +9,8 @@ database of each `bench_mix` case (its migrations, `bench_mix.prepare`), then co
 the case's calls on a meter warmed on 50 of them: slices of ten calls, A and B in turn
 (who goes first alternating), the cases' order turning. Prints per call the client's
 thread CPU and wall, the function's server time (``metering_consume_one`` at the top
-level), B over A, and with ``--track all`` the statements inside the function.
+level), B over A (sums, median slice), and with ``--track all`` the statements inside the
+function. ``mix-tokens`` and ``priced-tokens`` are theirs with a cost from 1 to 999 a call.
 """
 
 from __future__ import annotations
@@ -37,7 +38,20 @@ def child() -> None:
     from metering import Meter
     from metering.storage.connections import upgrade_schema
 
+    class Tokens(bench_mix.Case):
+        """A cost from 1 to 999 every call (tokens, bytes), but a seat's."""
+
+        def call(self, subject: str, rng: random.Random) -> bench_mix.Call:
+            charges, metadata = super().call(subject, rng)
+            cost = rng.randrange(1, 1000)
+            return [
+                (subject, limit, 1 if limit == "seats" else cost) for subject, limit, _ in charges
+            ], metadata
+
     cases = {case.name: case for case in bench_mix.CASES}
+    # The mix's and a price's, their costs changing every call.
+    for name in ("mix", "priced"):
+        cases[f"{name}-tokens"] = Tokens(**{**vars(cases[name]), "name": f"{name}-tokens"})
     subjects = [f"subject-{n}" for n in range(int(os.environ["AB_SUBJECTS"]))]
     meters: dict[str, Meter] = {}
     work: dict[str, list[Any]] = {}
@@ -133,16 +147,18 @@ def main() -> None:
         admin.execute("SELECT pg_stat_statements_reset()")
         sums = {(name, case): [0, 0] for name in sides for case in cases}
         ratios: dict[str, list[float]] = {case: [] for case in cases}
+        cpu_ratios: dict[str, list[float]] = {case: [] for case in cases}
         for number in range(calls // SLICE):
             turn = number % len(cases)
             for case in cases[turn:] + cases[:turn]:
-                walls = {}
+                walls, cpus = {}, {}
                 for name in ("A", "B") if number % 2 == 0 else ("B", "A"):
                     found = sides[name].ask(op="run", case=case)
                     sums[(name, case)][0] += found["cpu"]
                     sums[(name, case)][1] += found["wall"]
-                    walls[name] = found["wall"]
+                    walls[name], cpus[name] = found["wall"], found["cpu"]
                 ratios[case].append(walls["B"] / walls["A"])
+                cpu_ratios[case].append(cpus["B"] / cpus["A"])
         rows = admin.execute(
             "SELECT d.datname, s.toplevel, s.query, s.calls, s.total_exec_time"
             " FROM pg_stat_statements AS s JOIN pg_database AS d ON d.oid = s.dbid"
@@ -153,7 +169,10 @@ def main() -> None:
             side.close()
         server.destroy()
     print(f"{calls} calls a case a side, {args.subjects} subjects, track {args.track}")
-    print("case | side | client CPU µs | wall µs | function µs | B/A wall (sums, median slice)")
+    print(
+        "case | side | client CPU µs | wall µs | function µs"
+        " | B/A wall (sums, median slice) | B/A client CPU (sums, median slice)"
+    )
     for case in cases:
         function = {}
         for name in sides:
@@ -168,6 +187,8 @@ def main() -> None:
                 wall_ratio = sums[("B", case)][1] / sums[("A", case)][1]
                 print(f" | {wall_ratio:.3f}, {statistics.median(ratios[case]):.3f}", end="")
                 print(f" (function B/A {function['B'] / function['A']:.3f})", end="")
+                cpu_ratio = sums[("B", case)][0] / sums[("A", case)][0]
+                print(f" | {cpu_ratio:.3f}, {statistics.median(cpu_ratios[case]):.3f}", end="")
             print()
             if args.track == "all":
                 inner = [r for r in rows if r[0] == f"{name}_{case}" and not r[1]]

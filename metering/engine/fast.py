@@ -251,6 +251,8 @@ class LimitCache:
         self.pricing = Pricing(PriceBook(), {})
         self._entitled: dict[tuple[str, int, Own | None], Rule] = {}
         self.held = HeldCache()  # whatever the limits' version: its stamps say
+        # The one-trip call's plans (`metering.engine.one_trip`), each with its version.
+        self.plans: dict[tuple[tuple[str, str], ...], Any] = {}
 
     def refresh(self, connection: Connection) -> None:
         store = Store(connection)
@@ -271,6 +273,7 @@ class LimitCache:
         rules = {limit.name: Rule.of(limit, priced=limit.name in priced) for limit in limits}
         self.pricing = Pricing(book, rules)
         self._entitled = {}
+        self.plans = {}
         self.current = (version, rules, found)
 
     def rule_for(

@@ -774,3 +774,100 @@ def test_a_grant_drawn_on_while_the_function_decides_fails_its_statement(pg_url:
         assert STATS["declined:error"] - before["declined:error"] == 1
         assert decision.allowed and decision.remaining == 2  # of 7 left, not of 10
         assert [g.used for g in meter.grants("org", "calls")] == [8]
+
+
+def _call(meter: Meter, charges: list[Any], at: datetime, metadata: Any = None) -> Any:
+    """`prepare`'s call for ``charges`` at ``at`` (now too), with the plans kept."""
+    event = make_event(charges, at, f"e-{random.getrandbits(32)}", metadata).record()
+    return prepare(meter._engine.limits, event, int(at.timestamp() * 1_000_000))
+
+
+def _planned_and_afresh(meter: Meter, charges: list[Any], at: datetime) -> tuple[Any, Any]:
+    """The call with the plans kept, and the call with none (the plans forgotten)."""
+    event = make_event(charges, at, "e-same").record()
+    cache, now_us = meter._engine.limits, int(at.timestamp() * 1_000_000)
+    planned = prepare(cache, event, now_us)
+    kept = dict(cache.plans)
+    cache.plans.clear()
+    afresh = prepare(cache, event, now_us)
+    cache.plans.update(kept)
+    return planned, afresh
+
+
+def test_a_plan_serves_every_cost_of_its_subjects_and_limits(meter: Meter) -> None:
+    charges = [("org", "cal", 2), ("org", "fu", 1), ("org", "seats", 1)]
+    _call(meter, charges, AT, {"u": 7})
+    plans = dict(meter._engine.limits.plans)
+    for cost in (5, 1, 3):
+        charges = [("org", "cal", cost), ("org", "fu", cost + 1), ("org", "seats", 1)]
+        event = make_event(charges, AT, "e-same", {"u": cost}).record()
+        planned = prepare(meter._engine.limits, event, meter.database.now_us())
+        assert meter._engine.limits.plans == plans  # the one plan, met again
+        meter._engine.limits.plans.clear()
+        assert planned == prepare(meter._engine.limits, event, meter.database.now_us())
+        cal, fu, seat = _charges(planned)
+        assert (cal[2], cal[9], fu[2]) == (cost, f'"org","cal",{cost}', cost + 1)
+        assert seat[12] == str(cost)
+
+
+def test_a_plan_is_not_used_past_its_calendar_window(meter: Meter) -> None:
+    end = datetime(2026, 11, 22, 13, tzinfo=UTC)
+    _call(meter, [("org", "cal", 1)], end - timedelta(microseconds=1))
+    planned, afresh = _planned_and_afresh(meter, [("org", "cal", 1)], end)
+    assert planned == afresh and _charges(planned)[0][7:9] == [HOUR_US + HOUR, HOUR_US + 2 * HOUR]
+
+
+def test_a_plan_is_not_used_past_a_change_of_the_subjects_maximum(meter: Meter) -> None:
+    change = AT + timedelta(minutes=30)
+    meter.set_entitlement("org", "cal", 2, effective_from=change)
+    _reload(meter)
+    [before] = _charges(_call(meter, [("org", "cal", 1)], change - timedelta(microseconds=1)))
+    planned, afresh = _planned_and_afresh(meter, [("org", "cal", 1)], change)
+    assert before[4] == 6 and planned == afresh and _charges(planned)[0][4] == 2
+    # A late event, before the change, after the plan from it on.
+    late = change - timedelta(minutes=1)
+    planned, afresh = _planned_and_afresh(meter, [("org", "cal", 1)], late)
+    assert planned == afresh and _charges(planned)[0][4] == 6
+
+
+def test_a_plan_is_not_used_past_a_change_of_price(meter: Meter) -> None:
+    change = AT + timedelta(minutes=30)
+    meter.set_limit(spend_limit("spend", "1000", "USD", "1h", window="calendar"))
+    meter.set_price("cal", "0.01", "USD", effective_from=AT - timedelta(hours=1))
+    meter.set_price("cal", "0.02", "USD", effective_from=change)
+    _reload(meter)
+    cache = meter._engine.limits
+    [cal, _] = _charges(_call(meter, [("org", "cal", 3)], change - timedelta(microseconds=1)))
+    [kept] = cache.plans.values()
+    planned, afresh = _planned_and_afresh(meter, [("org", "cal", 3)], change)
+    # (The price is applied per call: the plan is made again from the change on all the same.)
+    assert planned == afresh and [kept] != list(cache.plans.values())
+    assert cal[15] != _charges(planned)[0][15]  # its (currency, amount)
+
+
+def test_a_plan_does_not_hide_a_recurring_grants_issue_due_by_now(meter: Meter) -> None:
+    meter.grant("org", "fu", 5, every="1mo")  # issued now, the next in a month
+    _reload(meter)
+    assert not isinstance(_call(meter, [("org", "fu", 1)], AT), Declined)
+    plans = dict(meter._engine.limits.plans)
+    due = _call(meter, [("org", "fu", 1)], AT + timedelta(days=40))
+    assert isinstance(due, Declined) and due.need == Need.RECURRING
+    assert meter._engine.limits.plans == plans  # the plan met again: the due time checked
+
+
+def test_plans_are_forgotten_with_their_version_and_past_their_number(
+    meter: Meter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = meter._engine.limits
+    _call(meter, [("org", "cal", 1)], AT)
+    assert cache.plans
+    old = dict(cache.plans)
+    meter.set_limit(Limit("cal", maximum=8, period="1h", window="calendar"))
+    _reload(meter)
+    assert not cache.plans
+    cache.plans.update(old)  # (as a thread that read the older version may leave one)
+    assert _charges(_call(meter, [("org", "cal", 1)], AT))[0][4] == 8
+    monkeypatch.setattr("metering.engine.one_trip.PLANS_KEPT", 3)
+    for n in range(7):
+        _call(meter, [(f"org-{n}", "cal", 1)], AT)
+        assert 1 <= len(cache.plans) <= 3

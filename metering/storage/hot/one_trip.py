@@ -89,17 +89,25 @@ def call_parameters(
     at_us: int,
     now_us: int,
     metadata: Any,
-    charges: Sequence[OneCharge],
+    charges: Sequence[OneCharge | str],
+    order: list[int] | None = None,
 ) -> tuple[Any, ...]:
-    """The parameters of `CONSUME_ONE` for one event."""
+    """The parameters of `CONSUME_ONE` for one event; ``order``, the charges'
+    positions from 1 in lock order (by limit and subject), when known; a
+    charge may be its text already (`plain_text`: then ``order`` is given)."""
     # Each charge with its row's first fields as the results row spells them;
     # a seat's value and those fields at cost 0 (a seat held), whether grants
     # pay past the maximum, the price its consumed row carries, and the
     # billing month of a counter it creates for a subject with a zone, and
     # the dimensions' values its consumed cost is rolled up by, a paced
     # limit's burst and a gauge's aggregation.
-    encoded = []
+    encoded: list[Any] = []
+    texts = False
     for found in charges:
+        if isinstance(found, str):
+            encoded.append(found)
+            texts = True
+            continue
         thresholds = bool(found[9] or found[10])
         charge = [
             *found[:9],
@@ -138,10 +146,15 @@ def call_parameters(
             charge += [seat, held, granted, None if price is None else _price_text(*price)]
             charge += later
         encoded.append(charge)
-    if len(charges) == 1:
-        order = [0]
+    if order is None:
+        order = [
+            i + 1 for i in sorted(range(len(charges)), key=lambda i: (charges[i][0], charges[i][1]))
+        ]
+    if texts:
+        array = ",".join([c if isinstance(c, str) else _compact(c) for c in encoded])
+        array = f"[{array}]"
     else:
-        order = sorted(range(len(charges)), key=lambda i: (charges[i][0], charges[i][1]))
+        array = _compact(encoded)
     return (
         version,
         event_id,
@@ -149,9 +162,42 @@ def call_parameters(
         at_us,
         now_us,
         _dumps(metadata) if metadata is not None else None,
-        _compact(encoded),
-        [i + 1 for i in order],
+        array,
+        order,
     )
+
+
+# A plain charge's text (`plain_text`) but its cost, window and cost again.
+PlainParts = tuple[str, str, str, str]
+
+
+def plain_parts(
+    limit: str,
+    subject: str,
+    kind: str,
+    maximum: int,
+    enforcement: str,
+    token_us: int,
+    thresholds: Sequence[int],
+    thresholds_units: Sequence[int],
+) -> PlainParts:
+    """The parts of the text of a charge with none of the later elements (no
+    seat, grants, price, zone, dimensions, pace, gauge nor breaker)."""
+    head = _compact([limit, subject])[:-1]
+    middle = _compact([kind, maximum, enforcement, token_us])[1:-1]
+    first = encode_basestring_ascii(f"{_first_fields(subject, limit, 0)[:-1]}")[:-1]
+    if thresholds or thresholds_units:
+        tail = f"{_compact(list(thresholds))},{_compact(list(thresholds_units))}"
+    else:
+        tail = "null,null"
+    return f"{head},", f",{middle},", f",{first}", f'",{tail}]'
+
+
+def plain_text(parts: PlainParts, cost: int, start: int, end: int) -> str:
+    """The text of the charge of ``parts`` at ``cost`` in window [``start``, ``end``)."""
+    cost_text = int.__repr__(cost)
+    head, middle, first, tail = parts
+    return f"{head}{cost_text}{middle}{start},{end}{first}{cost_text}{tail}"
 
 
 def _first_fields(subject: str, limit: str, cost: int) -> str:

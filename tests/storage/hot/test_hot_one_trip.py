@@ -18,7 +18,13 @@ from sqlalchemy import func, select, text
 from metering import FrozenClock, Limit, Meter
 from metering.domain.events import make_event
 from metering.engine.one_trip import prepare
-from metering.storage.hot.one_trip import FunctionDeclined, apply_one, call_parameters
+from metering.storage.hot.one_trip import (
+    FunctionDeclined,
+    apply_one,
+    call_parameters,
+    plain_parts,
+    plain_text,
+)
 from metering.storage.results import ResultRecord, _compact
 from metering.storage.tables import breakers, counters, results
 
@@ -227,3 +233,20 @@ def test_first_fields_price_and_metadata_are_spelt_as_the_results_row_spells_the
     [row] = json.loads(found[6])
     assert row[9] == _compact([subject, "g", 3])[1:-1] and row[15] == _compact(["USD", 7])
     assert found[5] == json.dumps(metadata) and found[7] == [1]
+
+
+@pytest.mark.parametrize(
+    ("subject", "thresholds"), [("org", ((), ())), ('o"rg\\é', ((50, 80), ())), ("x", ((), (3,)))]
+)
+def test_a_plain_charges_text_is_its_encoding(
+    subject: str, thresholds: tuple[tuple[int, ...], tuple[int, ...]]
+) -> None:
+    charge = ("cal", subject, 7, "c", 6, "hard", 5, 100, 200, *thresholds, *[None] * 10)
+    charge = (*charge[:12], False, *charge[13:])
+    other = ("fu", "org", 1, "f", 4, "soft", 0, 0, 9, (), (), "v", False, *[None] * 8)
+    parts = plain_parts("cal", subject, "c", 6, "hard", 5, *thresholds)
+    text = plain_text(parts, 7, 100, 200)
+    for charges, order in (([charge], [1]), ([charge, other], [1, 2]), ([other, charge], [2, 1])):
+        mixed = [text if found is charge else found for found in charges]
+        found = call_parameters(7, "e-1", "fp", 10, 11, None, mixed, order)
+        assert found == call_parameters(7, "e-1", "fp", 10, 11, None, charges)
