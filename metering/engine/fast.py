@@ -1091,8 +1091,8 @@ class _Applying:
         """The counters every charge of the batch fits (`metering.domain.room`):
         none with an import's policy (its rules change per event), nor of a
         breaker a charge may trip or that holds its subject to a quarantine."""
-        if len(self.todo) < 2 or self.batch.policy is not None:
-            return {}  # (one event: as quick to decide as to find its room)
+        if self.batch.policy is not None:
+            return {}
         allowances, breakers = self.allowances, self.breakers
         if self.tiered:
             self._tiered(snapshot.states)
