@@ -8,8 +8,8 @@ prices in force at ``occurred_at`` with spend caps (`metering.engine.money`),
 seats (`metering.engine.seats`), entitlements, grants and recurring grants'
 issues and runaway breakers read with the counters, own thresholds,
 notices, forecasts and ``grant.low``, dimensions, reservations and imports.
-In a batch, an event whose counters all have room for every charge the
-batch makes of them is allowed without its rules being evaluated
+An event whose counters all have room for every charge its batch (one event
+for `consume`) makes of them is allowed without its rules being evaluated
 (`metering.domain.room`). What it cannot decide it returns as `Declined`,
 before writing anything. Limits are cached per process (`LimitCache`) with
 the version they were read at; a read at another version declines as stale.
@@ -1094,8 +1094,8 @@ class _Applying:
         """The counters every charge of the batch fits (`metering.domain.room`):
         none with an import's policy (its rules change per event), nor of a
         breaker a charge may trip or that holds its subject to a quarantine."""
-        if len(self.todo) < 2 or self.batch.policy is not None:
-            return {}  # (one event: as quick to decide as to find its room)
+        if self.batch.policy is not None:
+            return {}
         allowances, breakers = self.allowances, self.breakers
         if self.tiered:
             self._tiered(snapshot.states)

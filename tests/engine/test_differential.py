@@ -1299,6 +1299,68 @@ def test_priced_events_of_one_charge_are_decided_with_their_spend_charge(
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(fast._Applying, "_paired", counting)
         covered = _shortcut_case(request, database, limits, setup, records)
-    assert sorted(paired) == sorted(record.event_id for record in records)
+    # (The setup's one event, "before", is paired too: a single event's room.)
+    assert sorted(e for e in paired if e != "before") == sorted(r.event_id for r in records)
     assert covered.subjects == {"granted", "plain"}
     assert all(a.record is not None and a.record.outcome == "allowed" for a in covered.found)
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+def test_single_events_of_the_mix_are_decided_by_their_room(
+    request: pytest.FixtureRequest, database: str
+) -> None:
+    """Events applied one at a time (a batch of one, as `consume` makes) of a
+    subject with a price and a spend cap, an entitlement, a recurring grant
+    and a seat limit: those its own room fits (then its grant's) taken by the
+    shortcut (`_Applying._allowed`), the one past both by its rules
+    (`_Applying._verdict`), each as the reference engine decides it."""
+    if database == "postgresql":
+        request.applymarker(pytest.mark.postgres)
+    limits = [
+        Limit("calls", maximum=10, period="1mo", window="calendar"),
+        spend_limit("usd", "1", "USD", "1mo", window="calendar"),
+        Limit("seats", maximum=10, period="1mo", window="calendar", distinct="user"),
+    ]
+    records = [
+        make_event(
+            [("mixed", "calls", 1), ("mixed", "seats", 1)],
+            ROOM_START,
+            f"mixed-{n}",
+            {"user": f"u-{n % 2}"},
+        ).record()
+        for n in range(6)
+    ]
+    taken: list[str] = []
+    judged: list[str] = []
+    allowed, verdict = fast._Applying._allowed, fast._Applying._verdict
+
+    def counting(self: fast._Applying, index: int, event: EventRecord, *args: Any) -> Any:
+        taken.append(event.event_id)
+        return allowed(self, index, event, *args)
+
+    def judging(self: fast._Applying, index: int, event: EventRecord, *args: Any) -> Any:
+        judged.append(event.event_id)
+        return verdict(self, index, event, *args)
+
+    clock = FrozenClock(ROOM_START)
+    with databases(request, database, 2) as urls, ExitStack() as stack:
+        meters = tested, oracle = tuple(
+            on_path(on, stack.enter_context(Meter(url, clock=clock)))
+            for on, url in zip(PAIR, urls, strict=True)
+        )
+        for meter in meters:
+            meter.set_limits(limits)
+            meter.set_price("calls", "0.01", "USD", ROOM_START - timedelta(days=1))
+            meter.set_entitlement("mixed", "calls", 3)
+            meter.grant("mixed", "calls", 2, grant_id="monthly", every="1mo")
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(fast._Applying, "_allowed", counting)
+            patch.setattr(fast._Applying, "_verdict", judging)
+            for record in records:
+                found = [
+                    apply_on(on, m, [record], "reject") for on, m in zip(PAIR, meters, strict=True)
+                ]
+                assert [_decided(a) for a in found[0]] == [_decided(a) for a in found[1]]
+        assert stored(tested) == stored(oracle)
+    assert taken == [f"mixed-{n}" for n in range(5)]
+    assert judged == ["mixed-5"]
