@@ -1,10 +1,11 @@
 """``metering_consume_one`` draws a lone grant in force from its sums' read.
 
-The grants' sums read counts the live grants not expired at the event and, when
-one alone is left and in force, takes its id, use and low threshold in the same
-statement: its draw needs no ordered read (a statement fewer). Any other set of
-grants is drawn in order as before. Decisions, rows and lock order are 0044's.
-Downgrade restores 0044's function. PostgreSQL only.
+A charge its own room pays reads only the grants' sum in force at the event. One
+that draws reads, in one statement, the sums at the event and at the window's end,
+the count of live grants not expired and, when one alone is left and in force, its
+id, use and low threshold: its draw needs no ordered read (a statement fewer). Any
+other set of grants is drawn in order as before. Decisions, rows and lock order are
+0044's. Downgrade restores 0044's function. PostgreSQL only.
 
 Revision ID: 0045
 Revises: 0044
@@ -29,7 +30,7 @@ _LONE: tuple[tuple[str, str], ...] = (
         " g record;\n    glive bigint; gnow bigint; gone text; gone_used bigint;"
         " gone_low bigint; gone_sent boolean;",
     ),
-    (  # an expired grant is in force neither at the event nor at the window's end (after it)
+    (  # a grant expired by the event is in force neither then nor at the window's end
         """            SELECT coalesce(sum(g2.amount - g2.used) FILTER (
                        WHERE g2.effective_from_us <= p_at
                          AND (g2.expires_at_us IS NULL OR p_at < g2.expires_at_us)), 0),
@@ -39,18 +40,31 @@ _LONE: tuple[tuple[str, str], ...] = (
             INTO gavail, gavail_end FROM grants AS g2
             WHERE g2.limit_name = names[i] AND g2.subject = subjects[i] AND g2.used < g2.amount;
 """,
-        """            SELECT coalesce(sum(g2.amount - g2.used) FILTER (
-                       WHERE g2.effective_from_us <= p_at), 0),
-                   coalesce(sum(g2.amount - g2.used) FILTER (
-                       WHERE g2.effective_from_us <= wes[i]
-                         AND (g2.expires_at_us IS NULL OR wes[i] < g2.expires_at_us)), 0),
-                   count(*), count(*) FILTER (WHERE g2.effective_from_us <= p_at),
-                   min(g2.grant_id), min(g2.used), min(g2.low_at), bool_or(g2.low_sent)
-            INTO gavail, gavail_end, glive, gnow, gone, gone_used, gone_low, gone_sent
-            FROM grants AS g2
-            WHERE g2.limit_name = names[i] AND g2.subject = subjects[i] AND g2.used < g2.amount
-              AND (g2.expires_at_us IS NULL OR p_at < g2.expires_at_us);
+        """            wanted := greatest(costs[i] - own_room, 0);
+            IF wanted = 0 THEN  -- its own room pays: the sum in force now alone
+                SELECT coalesce(sum(g2.amount - g2.used), 0) INTO gavail FROM grants AS g2
+                WHERE g2.limit_name = names[i] AND g2.subject = subjects[i]
+                  AND g2.used < g2.amount AND g2.effective_from_us <= p_at
+                  AND (g2.expires_at_us IS NULL OR p_at < g2.expires_at_us);
+            ELSE  -- the sums now and at the window's end, the lone live grant's row
+                SELECT coalesce(sum(g2.amount - g2.used) FILTER (
+                           WHERE g2.effective_from_us <= p_at), 0),
+                       coalesce(sum(g2.amount - g2.used) FILTER (
+                           WHERE g2.effective_from_us <= wes[i]
+                             AND (g2.expires_at_us IS NULL OR wes[i] < g2.expires_at_us)), 0),
+                       count(*), count(*) FILTER (WHERE g2.effective_from_us <= p_at),
+                       min(g2.grant_id), min(g2.used), min(g2.low_at), bool_or(g2.low_sent)
+                INTO gavail, gavail_end, glive, gnow, gone, gone_used, gone_low, gone_sent
+                FROM grants AS g2
+                WHERE g2.limit_name = names[i] AND g2.subject = subjects[i]
+                  AND g2.used < g2.amount
+                  AND (g2.expires_at_us IS NULL OR p_at < g2.expires_at_us);
+            END IF;
 """,
+    ),
+    (
+        "            wanted := greatest(costs[i] - own_room, 0);\n            gdrawn[i] := 0;\n",
+        "            gdrawn[i] := 0;\n",
     ),
     (
         """            IF wanted > 0 AND (costs[i] <= room OR enfs[i] = 'soft') THEN
