@@ -273,6 +273,50 @@ def test_an_event_drawing_on_two_grants_takes_one_trip(
         }
 
 
+def test_a_grant_in_force_beside_spent_expired_and_later_ones_draws_as_on_sqlite(
+    pg_url: str, sqlite_url: str
+) -> None:
+    """The function reads the grants' sums with the lone live grant in force,
+    drawn from that read (a spent and an expired grant beside it), and draws two
+    or more in force, or one beside a later one, in order: every decision (draws,
+    room, retry) and every grant's use is SQLite's."""
+    steps = [(0, 1), (0, 1), (1, 1), (20, 1), (20, 1), (25, 0), (35, 2), (35, 9), (35, 9)]
+    found: dict[str, Any] = {}
+    for url in (pg_url, sqlite_url):
+        clock = FrozenClock(START)
+        with Meter(url, clock=clock) as meter:
+            meter.set_limit(Limit("calls", maximum=1, period="1h", window="calendar"))
+            meter.grant("org", "calls", 1, grant_id="spent", priority=10)
+            meter.grant("org", "calls", 2, START + timedelta(minutes=10), grant_id="expiring")
+            meter.grant("org", "calls", 3, grant_id="now", priority=200)
+            meter.consume("other", "calls")  # caches the limits
+            before = STATS.copy()
+            decided = []
+            for minutes, cost in steps:
+                clock.set(START + timedelta(minutes=minutes))
+                if (minutes, cost) == (25, 0):  # a second live grant, in force from 30
+                    later = START + timedelta(minutes=30)
+                    meter.grant(
+                        "org", "calls", 4, grant_id="later", effective_from=later, priority=300
+                    )
+                    continue
+                decided.append(meter.consume("org", "calls", cost).charges)
+            used = {g.grant_id: g.used for g in meter.grants("org", "calls")}
+            found[url] = (decided, used, STATS["applied"] - before["applied"])
+    (on_pg, pg_used, applied), (on_sqlite, sqlite_used, _) = found[pg_url], found[sqlite_url]
+    assert on_pg == on_sqlite and pg_used == sqlite_used
+    assert [charges[0].grants for charges in on_pg[:6]] == [
+        (),
+        (("spent", 1),),
+        (("expiring", 1),),
+        (("now", 1),),  # the lone live grant: "expiring" expired unused, "spent" spent
+        (("now", 1),),
+        (("now", 1), ("later", 1)),  # "later" in force, after "now" (priority 200)
+    ]
+    assert pg_used == {"spent": 1, "expiring": 1, "now": 3, "later": 1}
+    assert applied >= 6  # the draws decided by the function (a first denial notifies)
+
+
 def test_a_flat_price_and_its_spend_cap_take_one_trip(
     pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

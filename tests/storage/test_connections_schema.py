@@ -440,3 +440,14 @@ def test_migration_0044_reaches_fewer_expressions_and_its_downgrade_restores_004
     assert "cardinality(gids) = 1" in head and "gsum" not in head
     assert "cardinality(gids) = 1" not in down and "gsum" in down
     assert down in old and head in module.leaner(old)  # the bodies between $fn$
+
+
+def test_migration_0045_draws_a_lone_grant_from_its_sums_read_and_its_downgrade_restores_0044s(
+    postgres_server: PostgresServer,
+) -> None:
+    module = _migration("0045_consume_one_lone_grant")
+    old = module.consume_one_0044()
+    head, down, up = _function_across(postgres_server, "0045", "0044")
+    assert head == up != down
+    assert "gone_used" in head and "gone_used" not in down
+    assert down in old and head in module.lone(old)  # the bodies between $fn$

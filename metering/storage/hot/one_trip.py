@@ -1,6 +1,6 @@
 """One round trip for a single event on PostgreSQL (``metering_consume_one``).
 
-The function (migration 0012's, grown up to 0044) decides the usual event by
+The function (migration 0012's, grown up to 0045) decides the usual event by
 the rules of `metering.domain.rules.decide` and writes what
 `PostgresHotStore.write` would, in one autocommit statement. It declines,
 writing nothing: limits changed since cached (``stale``), an id with a result
