@@ -78,14 +78,14 @@ def covered(
     grants (``pots``) qualifies only when all of its counters do. Its grants
     count in the room only when the batch charges one counter of the pair and
     every grant is active over all of the batch's times or over none
-    (`_steady`): then each charge draws what `metering.domain.grants.fit_window` would.
+    (`_held`): then each charge draws what `metering.domain.grants.fit_window` would.
     A counter whose own room fits the batch, of a pair whose grants are so
     steady, has no pot in its room: what they hold is the same to each charge.
     """
     poisoned, timed, span = sums.poisoned, sums.timed, sums.span
     qualified: dict[str, bool] = {}
     found: dict[Key, Room] = {}
-    counters: dict[Pair, int] | None = None  # each pair's, once a grant must pay
+    counters: set[Pair] | None = None  # found once a grant must pay
     for key, total in sums.totals.items():
         name, subject, start = key
         pair = (name, subject)
@@ -125,11 +125,19 @@ def covered(
             if pot is None or own > maximum or span is None or pair not in timed:
                 poisoned.add(pair)
                 continue
-            if counters is None:
-                counters = {}
-                for counted, of, _ in sums.totals:
-                    counters[(counted, of)] = counters.get((counted, of), 0) + 1
-            if counters[pair] > 1 or own + total > maximum + _steady(pot, *span):
+            if counters is None:  # the pairs the batch charges in more than one window
+                counters = set()
+                if len({key[:2] for key in sums.totals}) < len(sums.totals):
+                    seen: set[Pair] = set()
+                    for counted, of, _ in sums.totals:
+                        if (counted, of) in seen:
+                            counters.add((counted, of))
+                        seen.add((counted, of))
+            if pair in counters:
+                poisoned.add(pair)
+                continue
+            held = _held(pot, *span)
+            if held is None or own + total > maximum + held:
                 poisoned.add(pair)
                 continue
         elif pot is not None and span is not None and pair in timed:  # its grants pay none
@@ -148,12 +156,6 @@ def _crossed(alerts: Thresholds, maximum: int, before: int, after: int) -> bool:
     return any(before * 100 < p * maximum <= after * 100 for p in percents) or any(
         before < u <= after for u in units
     )
-
-
-def _steady(pot: Pot, first_us: int, last_us: int) -> int:
-    """What ``pot``'s grants hold, when each is active from ``first_us``
-    to ``last_us`` or at no time between; else 0 (not counted)."""
-    return _held(pot, first_us, last_us) or 0
 
 
 def _held(pot: Pot, first_us: int, last_us: int) -> int | None:

@@ -92,10 +92,20 @@ def drawn_by_window(draws: Mapping[DrawKey, int]) -> dict[tuple[str, str, int], 
 def pots_of(grant_rows: Iterable[GrantRow], draw_rows: Iterable[DrawRow]) -> dict[Pair, Pot]:
     """Each pair's grants as a `Pot`, with what its windows drew (pairs with no
     grant have no pot, and their draws are left out)."""
-    balances: dict[Pair, list[Balance]] = defaultdict(list)
-    for name, subject, *grant in grant_rows:  # (more columns may follow: ignored)
-        balances[(name, subject)].append(Balance(*grant[:6]))
-    pots = {pair: Pot(found) for pair, found in balances.items()}
+    pots: dict[Pair, Pot] = {}
+    several: list[Pot] = []  # those of more than one grant: sorted once all are in
+    for row in grant_rows:  # (more columns may follow: ignored)
+        pair = (row[0], row[1])
+        balance = Balance(*row[2:8])
+        pot = pots.get(pair)
+        if pot is None:
+            pots[pair] = Pot([balance])
+        else:
+            if len(pot.balances) == 1:
+                several.append(pot)
+            pot.balances.append(balance)
+    for pot in several:
+        pot.balances.sort(key=Balance.order)
     for name, subject, start, amount in draw_rows:
         pot = pots.get((name, subject))
         if pot is not None:
