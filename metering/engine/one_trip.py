@@ -38,6 +38,7 @@ from metering.storage.hot.one_trip import (
     PlainParts,
     TieredPrice,
     call_parameters,
+    lock_order,
     plain_parts,
     plain_text,
 )
@@ -218,10 +219,7 @@ def _plan(
             else None
         )
         steps.append((rule, subject, paid, zoned, shared, parts))
-    if len(charges) == 1:
-        order = [1]
-    else:
-        order = [i + 1 for i in sorted(range(len(charges)), key=lambda i: key[i][::-1])]
+    order = lock_order([(name, subject) for subject, name in key])
     plan = (version, from_us, until_us, tuple(steps), order, paced)
     plans = cache.plans
     if len(plans) >= PLANS_KEPT:

@@ -92,20 +92,15 @@ def drawn_by_window(draws: Mapping[DrawKey, int]) -> dict[tuple[str, str, int], 
 def pots_of(grant_rows: Iterable[GrantRow], draw_rows: Iterable[DrawRow]) -> dict[Pair, Pot]:
     """Each pair's grants as a `Pot`, with what its windows drew (pairs with no
     grant have no pot, and their draws are left out)."""
-    pots: dict[Pair, Pot] = {}
-    several: list[Pot] = []  # those of more than one grant: sorted once all are in
+    balances: dict[Pair, list[Balance]] = {}
     for row in grant_rows:  # (more columns may follow: ignored)
         pair = (row[0], row[1])
-        balance = Balance(*row[2:8])
-        pot = pots.get(pair)
-        if pot is None:
-            pots[pair] = Pot([balance])
+        found = balances.get(pair)
+        if found is None:
+            balances[pair] = [Balance(*row[2:8])]
         else:
-            if len(pot.balances) == 1:
-                several.append(pot)
-            pot.balances.append(balance)
-    for pot in several:
-        pot.balances.sort(key=Balance.order)
+            found.append(Balance(*row[2:8]))
+    pots = {pair: Pot(found) for pair, found in balances.items()}  # (each sorts its own)
     for name, subject, start, amount in draw_rows:
         pot = pots.get((name, subject))
         if pot is not None:

@@ -147,9 +147,7 @@ def call_parameters(
             charge += later
         encoded.append(charge)
     if order is None:
-        order = [
-            i + 1 for i in sorted(range(len(charges)), key=lambda i: (charges[i][0], charges[i][1]))
-        ]
+        order = lock_order([(found[0], found[1]) for found in charges])
     if texts:
         array = ",".join([c if isinstance(c, str) else _compact(c) for c in encoded])
         array = f"[{array}]"
@@ -165,6 +163,14 @@ def call_parameters(
         array,
         order,
     )
+
+
+def lock_order(pairs: Sequence[tuple[str, str]]) -> list[int]:
+    """The positions from 1 of an event's charges on ``pairs`` ((limit,
+    subject)) in the order the function locks their counters."""
+    if len(pairs) == 1:
+        return [1]
+    return [i + 1 for i in sorted(range(len(pairs)), key=pairs.__getitem__)]
 
 
 # A plain charge's text (`plain_text`) but its cost, window and cost again.
