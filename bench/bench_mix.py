@@ -5,7 +5,7 @@
                                         [--worker-events 2500] [--worker-rounds 8]
                                         [--new-seats] [--cases NAME ...]
                                         [--sqlite-only] [--worker-only] [--quick]
-                                        [--no-speculation]
+                                        [--no-speculation] [--collector-in-batches]
 
 One database per configuration, on one durable PostgreSQL (fsync on) and on
 SQLite files (WAL, ``synchronous=NORMAL``), each with the same subjects and
@@ -45,20 +45,23 @@ Rounds interleave the configurations (their order turns each round):
 PostgreSQL), each case's calls paired with as many of plain in the same
 process (`paired_job`: a meter on each database, both warmed, the same
 subjects in the same order, slices of ten calls of each in turn; plain is
-paired with itself), and `Meter.apply` of 1,000-event batches in one process,
-beside the ledger peer (`peers.ledger_postgres`, `peers.ledger_sqlite`: the
-results rows and the counter upsert, one transaction per batch, no
-decision, over the plain batches' own events and ids), one batch of every
-case and of the peer in turn (`apply_rounds`). Each row prints the median
-of the rounds (a `consume` row's rate, p50 and p99 from the case's own
-calls) and its ratio to plain, the median of the per-round ratios of the
-rates; a case that writes more than one counter also to the plain limit
-stacked on as many (priced and tiered to stacked, the mix to stacked3), and
-each batch row to the peer and, last, the paired ratio (to plain, and in
-brackets to stacked): for `consume` the median of the rounds' ratios of
-plain's summed time to the case's in the same processes (to stacked: of the
-case's paired ratio over stacked's), for `apply` the median of the ratios
-of the batches applied in the same pass. The paired column is the one to
+paired with itself), and `Meter.apply` of 1,000-event batches in one
+process, beside the ledger peer (`peers.ledger_postgres`,
+`peers.ledger_sqlite`: the results rows and the counter upsert, one
+transaction per batch, no decision, over the plain batches' own events and
+ids), one batch of every case and of the peer in turn (`apply_rounds`), the
+garbage collector run before each, out of its time, over what was made
+before the first frozen (``--collector-in-batches``: collections land where
+they fall). Each row prints the median of the rounds (a `consume` row's
+rate, p50 and p99 from the case's own calls) and its ratio to plain, the
+median of the per-round ratios of the rates; a case that writes more than
+one counter also to the plain limit stacked on as many (priced and tiered
+to stacked, the mix to stacked3), and each batch row to the peer and, last,
+the paired ratio (to plain, and in brackets to stacked): for `consume` the
+median of the rounds' ratios of plain's summed time to the case's in the
+same processes (to stacked: of the case's paired ratio over stacked's), for
+`apply` the median of the ratios of the batches applied in the same pass.
+The paired column is the one to
 read (docs/performance.md: how far each moves between runs of one commit).
 A round's consuming meters are new: on PostgreSQL their cached rows are
 cold, so they rarely speculate (`metering.storage.hot.speculative`;
@@ -80,6 +83,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import random
 import tempfile
 import time
@@ -341,14 +345,24 @@ def consume_round(
 
 
 def apply_rounds(
-    urls: dict[str, str], peer: str, cases: list[Case], subjects: list[str], seed: int, batches: int
+    urls: dict[str, str],
+    peer: str,
+    cases: list[Case],
+    subjects: list[str],
+    seed: int,
+    batches: int,
+    collector_between: bool = True,
 ) -> list[Figures]:
     """`Meter.apply` of ``batches`` 1,000-event batches per case, after 100
     events to warm up, and the ledger peer's over the plain case's events,
     interleaved: each pass applies one batch of every case in turn (the
     order reversed every other pass) and one of the peer, so a change of
     the machine's load meets every case alike. A case's time is the sum of
-    its batches'."""
+    its batches'. With ``collector_between``, what was made before the
+    first batch is frozen (as a worker's start does) and the garbage
+    collector runs before each batch, out of its time: each batch then pays
+    the first collection after it (of what it left alive) and no older
+    generation's, which would otherwise land on one case for a whole run."""
     meters = {case.name: Meter(urls[case.name]) for case in cases}
     work = {}
     for case in cases:
@@ -363,13 +377,21 @@ def apply_rounds(
     ]
     ledger = ledger_postgres if peer.startswith("postgresql") else ledger_sqlite
     latencies: dict[str, list[int]] = {name: [] for name in [*meters, PEER]}
+    if collector_between:
+        gc.collect()
+        gc.freeze()
     for number in range(batches):
         for case in cases if number % 2 == 0 else cases[::-1]:
+            if collector_between:
+                gc.collect()
             began = time.perf_counter_ns()
             # Read as a caller would: `Meter.apply` makes a decision when it is read.
             sum(getattr(d, "allowed", 0) for d in meters[case.name].apply(work[case.name][number]))
             latencies[case.name].append(time.perf_counter_ns() - began)
+        if collector_between:
+            gc.collect()
         latencies[PEER] += ledger(peer, [rows[number]])[1]
+    gc.unfreeze()
     for meter in meters.values():
         meter.close()
     return [
@@ -479,7 +501,9 @@ def measure(
                 )
                 results.add(path, figures, paired)
         path = "apply, 1,000-event batches"
-        for figures in apply_rounds(urls, peer, order, subjects, round_, args.batches):
+        for figures in apply_rounds(
+            urls, peer, order, subjects, round_, args.batches, not args.collector_in_batches
+        ):
             results.add(path, figures)
     rows = []
     for processes in process_counts:
@@ -644,6 +668,11 @@ def main() -> None:
         "--worker-rounds", type=int, default=8, help="PostgreSQL; 0: no worker rows"
     )
     parser.add_argument("--new-seats", action="store_true", help=NEW_SEATS.label.split(" (")[0])
+    parser.add_argument(
+        "--collector-in-batches",
+        action="store_true",
+        help="apply: no collection between batches, nothing frozen (the runs before 2026-12-01)",
+    )
     parser.add_argument("--cases", nargs="+", help="only these (and plain, stacked)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     args = parser.parse_args()
