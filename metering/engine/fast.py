@@ -86,6 +86,7 @@ from metering.storage.allowances import AllowanceStore, draws_of
 from metering.storage.connections import RetryTransaction
 from metering.storage.counters import Pair
 from metering.storage.hot import (
+    ALL_GRANTS,
     Changes,
     HotStore,
     Snapshot,
@@ -936,8 +937,11 @@ class _Applying:
         batch, allowances, pairs, keys = self.batch, self.allowances, self.pairs, self.keys
         due = allowances.due_pairs(chain(pairs, (key[:2] for key in keys)), batch.now_us)
         granted: list[Pair] = []
+        since = ALL_GRANTS
         if allowances.grant_pairs:  # (every fixed window's granted pair is `timed`)
             granted = sorted((self.sums.timed | pairs) & allowances.grant_pairs)
+            if granted:  # grants count at the events' instants, now and later (window ends)
+                since = min(batch.now_us, *(event.occurred_at_us for event in batch.records))
         # One event skips the id lookup: a repeated id fails the results
         # insert, and the transaction runs again (``retry``), looking up.
         self.looked_up = (
@@ -972,6 +976,7 @@ class _Applying:
             seats,
             due,
             breaker_pairs=_breaker_pairs(self.rules, self.breaker_pairs),
+            grants_since_us=since,
         )
         if snapshot.version != self.version:
             raise _Decline(Declined("the limits changed since they were cached", stale=True))
@@ -1802,7 +1807,14 @@ def _record_extras(
 # events of the seat values and the breakers of the breaker pairs
 # (`metering.storage.hot.postgres.read_unlocked`).
 ReadUnlocked = Callable[
-    [Sequence[Pair], Sequence[WantedKey], Sequence[WantedSeat], Sequence[Pair], Sequence[Pair]],
+    [
+        Sequence[Pair],
+        Sequence[WantedKey],
+        Sequence[WantedSeat],
+        Sequence[Pair],
+        Sequence[Pair],
+        int,
+    ],
     Snapshot,
 ]
 
@@ -1861,7 +1873,8 @@ def check_record(
         if rule.needs and Need.BREAKER in rule.needs
     ]
     wanted = _breaker_pairs(rules, guarded) if guarded else []
-    snapshot = read_unlocked(sorted(pairs), sorted(keys), seats, granted, wanted)
+    since = min(at_us, now_us)  # grants count at the event's instant, now and later
+    snapshot = read_unlocked(sorted(pairs), sorted(keys), seats, granted, wanted, since)
     if snapshot.version != version:
         return stale
     pots: list[Pot | None] | None = None

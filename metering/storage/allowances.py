@@ -89,10 +89,13 @@ def drawn_by_window(draws: Mapping[DrawKey, int]) -> dict[tuple[str, str, int], 
     return by_window
 
 
-def pots_of(grant_rows: Iterable[GrantRow], draw_rows: Iterable[DrawRow]) -> dict[Pair, Pot]:
-    """Each pair's grants as a `Pot`, with what its windows drew (pairs with no
-    grant have no pot, and their draws are left out)."""
-    balances: dict[Pair, list[Balance]] = {}
+def pots_of(
+    grant_rows: Iterable[GrantRow], draw_rows: Iterable[DrawRow], pairs: Iterable[Pair] = ()
+) -> dict[Pair, Pot]:
+    """Each pair's grants as a `Pot`, with what its windows drew (a pair with
+    no grant row has no pot, and its draws are left out, unless it is in
+    ``pairs``: its pot is then empty)."""
+    balances: dict[Pair, list[Balance]] = {pair: [] for pair in pairs}
     for row in grant_rows:  # (more columns may follow: ignored)
         pair = (row[0], row[1])
         found = balances.get(pair)

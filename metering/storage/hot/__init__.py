@@ -51,7 +51,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Final, Protocol
 
 from metering.domain.breaker import Breaker
 from metering.domain.distinct import SeatKey, Seen
@@ -160,6 +160,11 @@ class Changes:
     notices: list[tuple[Notice, str]] = field(default_factory=list)
 
 
+# `HotStore.read`'s ``grants_since_us`` when no instant bounds it: every grant
+# not used up is read.
+ALL_GRANTS: Final = -(2**62)
+
+
 class HotStore(Protocol):
     # True when `write` keeps ``changes.rejected`` (the dead letters) itself.
     takes_rejected: bool
@@ -181,6 +186,7 @@ class HotStore(Protocol):
         seats: Sequence[WantedSeat] = (),
         due_pairs: Sequence[Pair] = (),
         breaker_pairs: Sequence[Pair] = (),
+        grants_since_us: int = ALL_GRANTS,
     ) -> Snapshot:
         """Lock and read: ``pairs`` (sorted) are first-use windows, whose
         current counters are read too; ``keys`` (sorted) the other counters.
@@ -195,7 +201,11 @@ class HotStore(Protocol):
         of all (the general engine's order: schedules, windows, counters,
         grants), every one of those pairs, with their last issues. The
         breakers of ``breaker_pairs`` (sorted) are locked after the counters,
-        with the breaker links' secret read (`metering.storage.hot.extras`)."""
+        with the breaker links' secret read (`metering.storage.hot.extras`).
+        Of the grants, only those not used up and not expired at
+        ``grants_since_us`` are read (the earliest instant the decisions
+        count grants at): every pair of ``grant_pairs`` has a pot, empty
+        when none is left, with what its windows drew."""
         ...
 
     def read_seats(self, seats: Sequence[WantedSeat]) -> Seen:

@@ -53,7 +53,7 @@ from metering.domain.windows import Window
 from metering.storage.allowances import drawn_by_window, grant_deltas, pots_of
 from metering.storage.connections import RetryTransaction
 from metering.storage.counters import Pair
-from metering.storage.hot import Changes, Snapshot, WantedKey, WantedSeat
+from metering.storage.hot import ALL_GRANTS, Changes, Snapshot, WantedKey, WantedSeat
 from metering.storage.hot.extras import (
     BREAKER_SECRET,
     INSERT_MESSAGES,
@@ -205,13 +205,16 @@ FROM jsonb_array_elements(%(rows)s::jsonb) AS r
 # each window drew is its counter's ``granted``, read under its lock). A
 # balance may be spent by a transaction on another window of the same
 # subject (a late event), and the grants' check constraint (used <= amount)
-# then refuses the write.
+# then refuses the write. Only the grants a batch can draw on or count: not
+# used up, and not expired at ``since`` (`HotStore.read`'s ``grants_since_us``).
 READ_GRANTS: Final = """
 SELECT g.limit_name, g.subject, g.grant_id, g.amount, g.used, g.effective_from_us, g.expires_at_us,
     g.priority, g.low_at, g.low_sent
 FROM jsonb_array_elements(%(grant_pairs)s::jsonb) AS r
 CROSS JOIN LATERAL (
-    SELECT * FROM grants AS g WHERE g.limit_name = r->>0 AND g.subject = r->>1
+    SELECT * FROM grants AS g
+    WHERE g.limit_name = r->>0 AND g.subject = r->>1 AND g.used < g.amount
+      AND (g.expires_at_us IS NULL OR g.expires_at_us > %(since)s)
 ) AS g
 """
 # A batch's seat values (`metering.domain.distinct`): their live events,
@@ -349,6 +352,8 @@ class ReadRows:
     lasts: Sequence[Sequence[Any]] = ()
     breakers: Sequence[Sequence[Any]] = ()
     secret: str | None = None
+    # The pairs whose grants were asked: each has a pot, its grants read or not.
+    grant_pairs: Sequence[Pair] = ()
 
 
 def snapshot_of(rows: ReadRows) -> Snapshot:
@@ -366,7 +371,7 @@ def snapshot_of(rows: ReadRows) -> Snapshot:
             for r in rows.counters
             if len(r) > _STAMP and r[_STAMP] is not None
         },
-        pots=pots_of(grant_rows, rows.draws),
+        pots=pots_of(grant_rows, rows.draws, rows.grant_pairs),
         seen={(r[0], r[1], r[2], r[3]): r[4] for r in rows.seats},
         watched={r[2]: (r[8], r[4]) for r in grant_rows if r[8] is not None and not r[9]},
         schedules=[
@@ -431,9 +436,20 @@ class PostgresHotStore:
         seats: Sequence[WantedSeat] = (),
         due_pairs: Sequence[Pair] = (),
         breaker_pairs: Sequence[Pair] = (),
+        grants_since_us: int = ALL_GRANTS,
     ) -> Snapshot:
         return snapshot_of(
-            self.read_locked(ids, pairs, keys, now_us, grant_pairs, seats, due_pairs, breaker_pairs)
+            self.read_locked(
+                ids,
+                pairs,
+                keys,
+                now_us,
+                grant_pairs,
+                seats,
+                due_pairs,
+                breaker_pairs,
+                grants_since_us,
+            )
         )
 
     def read_locked(
@@ -446,10 +462,11 @@ class PostgresHotStore:
         seats: Sequence[WantedSeat] = (),
         due_pairs: Sequence[Pair] = (),
         breaker_pairs: Sequence[Pair] = (),
+        grants_since_us: int = ALL_GRANTS,
     ) -> ReadRows:
         """`read_rows`, remembering where the rows it locked are for `write`."""
         rows = self.read_rows(
-            ids, pairs, keys, now_us, grant_pairs, seats, due_pairs, breaker_pairs
+            ids, pairs, keys, now_us, grant_pairs, seats, due_pairs, breaker_pairs, grants_since_us
         )
         self.window_tids = {(r[0], r[1]): r[4] for r in rows.windows}
         self.counter_tids = {(r[0], r[1], r[2]): r[10] for r in rows.counters}
@@ -537,6 +554,7 @@ class PostgresHotStore:
         seats: Sequence[WantedSeat] = (),
         due_pairs: Sequence[Pair] = (),
         breaker_pairs: Sequence[Pair] = (),
+        grants_since_us: int = ALL_GRANTS,
     ) -> ReadRows:
         """What `read` finds, as the rows its statements return (each
         window and counter row with its tuple id last)."""
@@ -569,7 +587,7 @@ class PostgresHotStore:
                 counters = self.raw.cursor(binary=True).execute(LOCK_COUNTERS, params)
                 granted = None
                 if grant_pairs:
-                    asked = {"grant_pairs": _encode(grant_pairs)}
+                    asked = {"grant_pairs": _encode(grant_pairs), "since": grants_since_us}
                     granted = self.raw.cursor(binary=True).execute(READ_GRANTS, asked)
                 valued = None
                 if seats:
@@ -588,7 +606,7 @@ class PostgresHotStore:
             counter_rows = counters.fetchall()
             stored_rows = stored.fetchall() if stored else []
             grant_rows = granted.fetchall() if granted else []
-            draw_rows = [r[:3] + r[13:14] for r in counter_rows if r[13]] if granted else []
+            draw_rows = [r[:3] + r[13:14] for r in counter_rows if r[13]] if grant_pairs else []
             value_rows = valued.fetchall() if valued else []
             schedule_rows = schedules.fetchall() if schedules else []
             last_rows = last_issues.fetchall() if last_issues else []
@@ -608,6 +626,7 @@ class PostgresHotStore:
             last_rows,
             breaker_rows,
             None if secret_row is None else str(secret_row[0]),
+            grant_pairs,
         )
 
     def read_seats(self, seats: Sequence[WantedSeat]) -> Seen:
@@ -902,7 +921,9 @@ UNION ALL
 SELECT 3, g.limit_name, g.subject, g.amount, g.used, g.effective_from_us, g.expires_at_us,
        g.priority, NULL, NULL, NULL, g.grant_id, NULL, NULL
 FROM gp CROSS JOIN LATERAL (
-    SELECT * FROM grants AS g WHERE g.limit_name = gp.l AND g.subject = gp.s
+    SELECT * FROM grants AS g
+    WHERE g.limit_name = gp.l AND g.subject = gp.s AND g.used < g.amount
+      AND (g.expires_at_us IS NULL OR g.expires_at_us > %(since)s)
 ) AS g
 UNION ALL
 SELECT 4, c.limit_name, c.subject, c.window_start_us, c.granted, NULL, NULL, NULL,
@@ -932,6 +953,7 @@ def read_unlocked(
     seats: Sequence[WantedSeat] = (),
     grant_pairs: Sequence[Pair] = (),
     breaker_pairs: Sequence[Pair] = (),
+    grants_since_us: int = ALL_GRANTS,
 ) -> Snapshot:
     """`PostgresHotStore.read` for a decision that writes nothing (`check`):
     one statement on ``raw`` in autocommit (`DirectPostgres.autocommit`), no
@@ -945,6 +967,7 @@ def read_unlocked(
         "seats": _encode(seats),
         "grant_pairs": _encode(grant_pairs),
         "breaker_pairs": _encode(breaker_pairs),
+        "since": grants_since_us,
     }
     try:
         rows = raw.cursor(binary=True).execute(CHECK_READ, params).fetchall()
@@ -973,7 +996,7 @@ def read_unlocked(
             seen[(row[1], row[2], row[3], row[11])] = row[4]
         else:
             breakers[(row[1], row[2])] = Breaker(row[12], row[13], *row[3:7])
-    pots = pots_of(grant_rows, draw_rows) if grant_rows else {}
+    pots = pots_of(grant_rows, draw_rows, grant_pairs) if grant_pairs else {}
     return Snapshot(
         version=version,
         stored={},

@@ -22,7 +22,7 @@ import psycopg
 from metering.domain.rules import Key
 from metering.storage.allowances import drawn_by_window, grant_deltas
 from metering.storage.counters import Pair
-from metering.storage.hot import Changes, Snapshot, WantedKey, WantedSeat
+from metering.storage.hot import ALL_GRANTS, Changes, Snapshot, WantedKey, WantedSeat
 from metering.storage.hot.postgres import (
     LOCK_COUNTERS,
     LOCK_WINDOWS,
@@ -94,6 +94,7 @@ class Request:
     keys: Sequence[WantedKey]
     grant_pairs: Sequence[Pair]
     seats: Sequence[WantedSeat]
+    grants_since_us: int = ALL_GRANTS
 
 
 class RowCache:
@@ -144,7 +145,13 @@ class RowCache:
                 counter = counters[(name, subject, start)]
                 if counter is not None:
                     found_counters.append(counter)
-            grant_rows = [row for pair in request.grant_pairs for row in self.grants[pair]]
+            since = request.grants_since_us  # the rows `READ_GRANTS` returns
+            grant_rows = [
+                row
+                for pair in request.grant_pairs
+                for row in self.grants[pair]
+                if row[4] < row[3] and (row[6] is None or row[6] > since)
+            ]
             owners = set(request.grant_pairs)
             draw_rows = [
                 (*c[:3], c[_GRANTED])
@@ -162,7 +169,15 @@ class RowCache:
                     seat_rows.append(seat)
         except KeyError:
             return None
-        return ReadRows(version, found_windows, found_counters, grant_rows, draw_rows, seat_rows)
+        return ReadRows(
+            version,
+            found_windows,
+            found_counters,
+            grant_rows,
+            draw_rows,
+            seat_rows,
+            grant_pairs=request.grant_pairs,
+        )
 
     def learn(self, request: Request, rows: ReadRows, changes: Changes) -> None:
         """Keep the rows of ``request`` as ``rows`` found them and ``changes``
@@ -253,13 +268,15 @@ class LearningStore(PostgresHotStore):
         seats: Sequence[WantedSeat] = (),
         due_pairs: Sequence[Pair] = (),
         breaker_pairs: Sequence[Pair] = (),
+        grants_since_us: int = ALL_GRANTS,
     ) -> Snapshot:
         rows = self.read_locked(
-            ids, pairs, keys, now_us, grant_pairs, seats, due_pairs, breaker_pairs
+            ids, pairs, keys, now_us, grant_pairs, seats, due_pairs, breaker_pairs, grants_since_us
         )
         # A recurring grant's issue changes what is cached; breakers are not cached.
         if not (rows.schedules or breaker_pairs):
-            self.request, self.rows = Request(pairs, keys, grant_pairs, seats), rows
+            request = Request(pairs, keys, grant_pairs, seats, grants_since_us)
+            self.request, self.rows = request, rows
         return snapshot_of(rows)
 
     def write(
@@ -297,15 +314,24 @@ class SpeculativeStore(LearningStore):
         seats: Sequence[WantedSeat] = (),
         due_pairs: Sequence[Pair] = (),
         breaker_pairs: Sequence[Pair] = (),
+        grants_since_us: int = ALL_GRANTS,
     ) -> Snapshot:
-        request = Request(pairs, keys, grant_pairs, seats)
+        request = Request(pairs, keys, grant_pairs, seats, grants_since_us)
         uncached = ids or due_pairs or breaker_pairs
         rows = None if uncached else self.cache.rows(request, self.version)
         if rows is None:
             SPECULATION["miss"] += 1
             self.missed = True
             return super().read(
-                ids, pairs, keys, now_us, grant_pairs, seats, due_pairs, breaker_pairs
+                ids,
+                pairs,
+                keys,
+                now_us,
+                grant_pairs,
+                seats,
+                due_pairs,
+                breaker_pairs,
+                grants_since_us,
             )
         self.request, self.rows = request, rows
         return snapshot_of(rows)
@@ -363,7 +389,11 @@ class SpeculativeStore(LearningStore):
         cursor.execute(EXPECT_COUNTERS, expected)
         if request.grant_pairs:
             asked = _encode(request.grant_pairs)
-            grants = {"grant_pairs": asked, "expected": _sorted(rows.grants, 3)}
+            grants = {
+                "grant_pairs": asked,
+                "since": request.grants_since_us,
+                "expected": _sorted(rows.grants, 3),
+            }
             cursor.execute(EXPECT_GRANTS, grants)
         if request.seats:
             seats = {"seats": _encode(request.seats), "expected": _sorted(rows.seats, 4)}

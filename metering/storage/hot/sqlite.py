@@ -45,7 +45,7 @@ from metering.storage.connections import (
     translate,
 )
 from metering.storage.counters import Pair
-from metering.storage.hot import Changes, Snapshot, WantedKey, WantedSeat
+from metering.storage.hot import ALL_GRANTS, Changes, Snapshot, WantedKey, WantedSeat
 from metering.storage.hot.extras import (
     BREAKER_SECRET,
     SQLITE_BREAKER_ROWS,
@@ -212,6 +212,7 @@ class SqliteHotStore:
         seats: Sequence[WantedSeat] = (),
         due_pairs: Sequence[Pair] = (),
         breaker_pairs: Sequence[Pair] = (),
+        grants_since_us: int = ALL_GRANTS,
     ) -> Snapshot:
         raw = self.raw
         self.rowids.breakers.clear()  # (a pair not read now: written by its key)
@@ -241,7 +242,7 @@ class SqliteHotStore:
             if grant or breaker or seat:
                 parameters: list[Any] = [*wanted[0]]
                 if grant:
-                    parameters += grant
+                    parameters += (*grant, grants_since_us)
                 if breaker:
                     parameters += (*breaker, BREAKER_SECRET)
                 if seat:
@@ -279,7 +280,7 @@ class SqliteHotStore:
             if seats and seat is None:
                 seen = _seen(raw, seats, windows)
             if grant_pairs and grant is None:
-                pots, watched = read_grants(raw, grant_pairs, self.rowids)
+                pots, watched = read_grants(raw, grant_pairs, self.rowids, grants_since_us)
             if breaker_pairs and breaker is None:
                 breakers = sqlite_breakers(raw, breaker_pairs, self.rowids.breakers)
                 secret = sqlite_secret(raw, BREAKER_SECRET)
@@ -394,13 +395,23 @@ def sqlite_read_unlocked(
     seats: Sequence[WantedSeat] = (),
     grant_pairs: Sequence[Pair] = (),
     breaker_pairs: Sequence[Pair] = (),
+    grants_since_us: int = ALL_GRANTS,
 ) -> Snapshot:
     """`SqliteHotStore.read` for a decision that writes nothing (`check`), in
     `DirectSqlite.reading`'s read transaction: no write lock. Results are not
     looked up, nor recurring grants' schedules. Driver errors come out as
     SQLAlchemy's."""
     store = SqliteHotStore(None, raw)
-    return store.read(None, pairs, keys, 0, grant_pairs, seats, breaker_pairs=breaker_pairs)
+    return store.read(
+        None,
+        pairs,
+        keys,
+        0,
+        grant_pairs,
+        seats,
+        breaker_pairs=breaker_pairs,
+        grants_since_us=grants_since_us,
+    )
 
 
 # Up to this many ids or counters are read one statement each (`consume`).

@@ -22,6 +22,7 @@ from metering.domain.grants import Balance, Pot
 from metering.domain.recurring import Issue, issue_id, next_due_us
 from metering.storage.allowances import DrawKey, grant_deltas
 from metering.storage.counters import Pair
+from metering.storage.hot import ALL_GRANTS
 from metering.storage.recurring import (
     ISSUE_COLUMNS,
     SCHEDULE_COLUMNS,
@@ -36,10 +37,13 @@ from metering.storage.recurring import (
 # reads them with those too. What a window drew on them (its counter's
 # ``granted``) comes with its counter's row: the hot path reads the counter of
 # every window it charges, and a decision asks only those (`with_draws`).
+# Only the grants not used up and not expired at an instant (the last
+# parameter: `HotStore.read`'s ``grants_since_us``).
 _GRANT_PART: Final = """
 SELECT 1, grant_id, amount, used, effective_from_us, expires_at_us, priority, low_at, low_sent,
        rowid, NULL, NULL, NULL
-FROM grants WHERE limit_name = ? AND subject = ?
+FROM grants WHERE limit_name = ? AND subject = ? AND used < amount
+  AND (expires_at_us IS NULL OR expires_at_us > ?)
 """
 GRANT_ROWS: Final = "UNION ALL" + _GRANT_PART
 SELECT_GRANTS: Final = _GRANT_PART
@@ -49,6 +53,7 @@ SELECT_GRANTS_GROUP: Final = """
 SELECT g.subject, g.grant_id, g.amount, g.used, g.effective_from_us, g.expires_at_us,
        g.priority, g.low_at, g.low_sent, g.rowid
 FROM json_each(?1) AS k CROSS JOIN grants AS g WHERE g.subject = k.value AND g.limit_name = ?2
+  AND g.used < g.amount AND (g.expires_at_us IS NULL OR g.expires_at_us > ?3)
 """
 # Up to this many pairs are read one statement each (`consume`).
 _ONE_BY_ONE: Final = 3
@@ -82,10 +87,14 @@ class Rowids:
 
 
 def read_grants(
-    raw: sqlite3.Connection, pairs: Sequence[Pair], rowids: Rowids | None = None
+    raw: sqlite3.Connection,
+    pairs: Sequence[Pair],
+    rowids: Rowids | None = None,
+    since_us: int = ALL_GRANTS,
 ) -> tuple[dict[Pair, Pot], dict[str, tuple[int, int]]]:
-    """The grants of ``pairs`` (their windows' draws are the counters', `with_draws`),
-    and those that may still announce ``grant.low``
+    """The grants of ``pairs`` not used up nor expired at ``since_us`` (a pot
+    each, empty when none is left; their windows' draws are the counters',
+    `with_draws`), and those that may still announce ``grant.low``
     (`metering.storage.hot.Snapshot.watched`); their rows' rowids into ``rowids``."""
     pots: dict[Pair, Pot] = {}
     watched: dict[str, tuple[int, int]] = {}
@@ -95,30 +104,30 @@ def read_grants(
             groups.setdefault(name, []).append(subject)
         found = Rowids() if rowids is None else rowids
         for name, subjects in groups.items():
-            rows = raw.execute(SELECT_GRANTS_GROUP, (json.dumps(subjects), name))
-            _pots_of_group(name, rows, pots, watched, found)
+            rows = raw.execute(SELECT_GRANTS_GROUP, (json.dumps(subjects), name, since_us))
+            _pots_of_group(name, subjects, rows, pots, watched, found)
         return pots, watched
     for pair in pairs:
-        rows = raw.execute(SELECT_GRANTS, pair)
+        rows = raw.execute(SELECT_GRANTS, (*pair, since_us))
         pot_of_rows(pair, rows, pots, watched, rowids)
     return pots, watched
 
 
 def _pots_of_group(
     name: str,
+    subjects: Iterable[str],
     rows: Iterable[Sequence[Any]],
     pots: dict[Pair, Pot],
     watched: dict[str, tuple[int, int]],
     rowids: Rowids,
 ) -> None:
-    """Add the pots, watched grants and rowids of `SELECT_GRANTS_GROUP`'s
-    ``rows`` (of limit ``name``), as `pot_of_rows` finds them."""
-    balances: dict[str, list[Balance]] = {}
+    """Add the pots (one for each of ``subjects``), watched grants and rowids
+    of `SELECT_GRANTS_GROUP`'s ``rows`` (of limit ``name``), as `pot_of_rows`
+    finds them."""
+    balances: dict[str, list[Balance]] = {subject: [] for subject in subjects}
     grant_rowids = rowids.grants
     for subject, grant_id, amount, used, start, expires, priority, low_at, sent, rowid in rows:
-        balances.setdefault(subject, []).append(
-            Balance(grant_id, amount, used, start, expires, priority)
-        )
+        balances[subject].append(Balance(grant_id, amount, used, start, expires, priority))
         if low_at is not None and not sent:
             watched[grant_id] = (low_at, used)
         grant_rowids[grant_id] = rowid
@@ -133,7 +142,7 @@ def pot_of_rows(
     watched: dict[str, tuple[int, int]],
     rowids: Rowids | None = None,
 ) -> None:
-    """Add the pot of ``pair`` (if it has grants) that `SELECT_GRANTS`'s
+    """Add the pot of ``pair`` (empty if no grant is left) that `SELECT_GRANTS`'s
     (or `GRANT_ROWS`') ``rows`` hold to ``pots``, its grants that may still
     announce ``grant.low`` to ``watched`` (as `read_grants` does) and its
     rows' rowids to ``rowids``; rows of another kind are left out."""
@@ -146,8 +155,7 @@ def pot_of_rows(
                 watched[grant_id] = (low_at, used)
             if rowids is not None:
                 rowids.grants[grant_id] = rowid
-    if balances:
-        pots[pair] = Pot(balances)
+    pots[pair] = Pot(balances)
 
 
 def with_draws(pots: Mapping[Pair, Pot], drawn: Mapping[tuple[str, str, int], int]) -> None:

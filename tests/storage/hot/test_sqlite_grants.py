@@ -18,6 +18,7 @@ from servers import copy_sqlite
 from sqlalchemy import select
 
 from metering import FrozenClock, Limit, Meter
+from metering.domain.grants import Pot
 from metering.storage.allowances import AllowanceStore
 from metering.storage.hot.sqlite import SqliteHotStore
 from metering.storage.hot.sqlite_grants import (
@@ -73,9 +74,15 @@ def test_the_pots_read_are_the_allowance_stores(meter: Meter, count: int) -> Non
         assert not any(pot.granted for pot in pots.values())  # the counters' (`with_draws`)
         drawn = raw.execute("SELECT limit_name, subject, window_start_us, granted FROM counters")
         with_draws(pots, {(name, subject, start): n for name, subject, start, n in drawn if n})
-    expected = _pots(meter, pairs)
-    assert pots == expected and len(pots) == count
-    assert all(pot.granted for pot in pots.values())  # each window drew on its grants
+    # Those not used up (e's "p-e" is); a pair asked with none left has an empty pot.
+    expected = {
+        pair: Pot([b for b in pot.balances if b.left > 0], pot.granted)
+        for pair, pot in _pots(meter, pairs).items()
+    }
+    assert pots == {**expected, ("calls", "nobody"): Pot([])} and len(pots) == count + 1
+    if count == len(SUBJECTS):
+        assert [b.grant_id for b in pots[("calls", "e")].balances] == ["g-e"]
+    assert all(pots[pair].granted for pair in pairs[:-1])  # each window drew on its grants
     assert sorted(watched) == [f"g-{subject}" for subject in SUBJECTS[:count]]
     used = {b.grant_id: b.used for b in pots[("calls", "a")].balances}
     assert used == {"p-a": 2, "g-a": 0}  # a drew 2 past its maximum, priority 1 first
@@ -105,7 +112,10 @@ def test_draws_on_rows_read_are_added_by_rowid(meter: Meter) -> None:
     with raw_of(meter) as raw:
         rowids = Rowids()
         read_grants(raw, pairs, rowids)
-        assert sorted(rowids.grants) == sorted(f"{g}-{s}" for g in "gp" for s in SUBJECTS)
+        live = [
+            f"{g}-{s}" for g in "gp" for s in SUBJECTS if (g, s) not in {("p", "d"), ("p", "e")}
+        ]
+        assert sorted(rowids.grants) == sorted(live)  # (d and e used their "p" up)
         raw.set_trace_callback(statements.append)
         write_draws(raw, {("calls", "a", start, "g-a"): 2, ("calls", "a", start, "p-a"): 1}, rowids)
         raw.set_trace_callback(None)
