@@ -85,6 +85,7 @@ def test_the_fast_check_reads_the_seats_it_charges(cache: LimitCache) -> None:
         seats: Sequence[WantedSeat],
         grant_pairs: Sequence[Pair],
         breaker_pairs: Sequence[Pair],
+        grants_since_us: int,
     ) -> Any:
         asked.append(seats)
         states = {("seats", "org-1", start): [1, 0, 0, None, None, 0, 1]}
