@@ -61,8 +61,8 @@ the paired ratio (to plain, and in brackets to stacked): for `consume` the
 median of the rounds' ratios of plain's summed time to the case's in the
 same processes (to stacked: of the case's paired ratio over stacked's), for
 `apply` the median of the ratios of the batches applied in the same pass.
-The paired column is the one to
-read (docs/performance.md: how far each moves between runs of one commit).
+The paired column is the one to read (docs/performance.md: how far each
+moves between runs of one commit).
 A round's consuming meters are new: on PostgreSQL their cached rows are
 cold, so they rarely speculate (`metering.storage.hot.speculative`;
 ``--no-speculation`` turns it off; ``bench_speculation.py`` measures warm
@@ -391,7 +391,8 @@ def apply_rounds(
         if collector_between:
             gc.collect()
         latencies[PEER] += ledger(peer, [rows[number]])[1]
-    gc.unfreeze()
+    if collector_between:
+        gc.unfreeze()
     for meter in meters.values():
         meter.close()
     return [

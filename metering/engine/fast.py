@@ -1667,12 +1667,10 @@ def _priced(rule: Rule | None) -> Rule | None:
 def _priced_rules(rules: Sequence[Rule]) -> bool:
     """Whether any of ``rules`` is priced: a plain loop (`any` of a
     generator costs a batch's events about a microsecond each more)."""
-    for rule in rules:
+    for rule in rules:  # noqa: SIM110 - a loop, as the docstring says
         if rule.money:
-            break
-    else:
-        return False
-    return True
+            return True
+    return False
 
 
 def _spend_simple(rule: Rule) -> bool:
