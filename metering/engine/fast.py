@@ -89,6 +89,7 @@ from metering.storage.hot import (
     ALL_GRANTS,
     Changes,
     HotStore,
+    ReadRequest,
     Snapshot,
     WantedKey,
     WantedSeat,
@@ -967,7 +968,7 @@ class _Applying:
             asked, assumed = held.split(wanted_seats)
         # (Without first-use windows, every seat's window start is known.)
         seats = sorted(asked, key=_seat_order if pairs else None)
-        snapshot = store.read(
+        request = ReadRequest(
             ids,
             sorted(pairs),
             wanted,
@@ -978,6 +979,7 @@ class _Applying:
             breaker_pairs=_breaker_pairs(self.rules, self.breaker_pairs),
             grants_since_us=since,
         )
+        snapshot = store.read(request)
         if snapshot.version != self.version:
             raise _Decline(Declined("the limits changed since they were cached", stale=True))
         if snapshot.pots:  # what the grants had used: the batch's draws are the rest (`_draws`)

@@ -18,7 +18,7 @@ from sqlalchemy.exc import IntegrityError
 
 from metering import Meter
 from metering.domain.reservations import HeldCharge, ReservationState
-from metering.storage.hot import Changes, Snapshot
+from metering.storage.hot import Changes, ReadRequest, Snapshot
 from metering.storage.hot.pick import hot_store
 from metering.storage.reservations import hold_row, settle_row
 from metering.storage.results import ResultRecord
@@ -46,7 +46,9 @@ def _result(event_id: str) -> ResultRecord:
 def _read(meter: Meter, ids: list[str] | None = None) -> Snapshot:
     def work(connection: Connection) -> Snapshot:
         keys = [("calls", subject, START, START + HOUR) for subject in SUBJECTS]
-        return hot_store(connection).read(ids, [("fu", "org-0"), ("fu", "org-1")], keys, NOW)
+        return hot_store(connection).read(
+            ReadRequest(ids, [("fu", "org-0"), ("fu", "org-1")], keys, NOW)
+        )
 
     return meter.database.run(work)
 
@@ -57,7 +59,7 @@ def _write(meter: Meter, changes: Changes) -> None:
     def work(connection: Connection) -> None:
         store = hot_store(connection)
         keys = [("calls", subject, START, START + HOUR) for subject in SUBJECTS]
-        store.read(None, [("fu", "org-0"), ("fu", "org-1")], keys, NOW)
+        store.read(ReadRequest(None, [("fu", "org-0"), ("fu", "org-1")], keys, NOW))
         store.write(changes, NOW, commit=False)
 
     meter.database.run(work)
@@ -92,7 +94,7 @@ def test_a_pair_with_no_window_row_is_left_out_on_every_store(meter: Meter) -> N
 
     def work(connection: Connection) -> Snapshot:
         pairs = [("fu", subject) for subject in SUBJECTS]  # past the one-by-one reads
-        return hot_store(connection).read(None, pairs, [], NOW)
+        return hot_store(connection).read(ReadRequest(None, pairs, [], NOW))
 
     assert meter.database.run(work).windows == {("fu", "org-0"): (NOW, NOW + HOUR)}
 
@@ -147,7 +149,7 @@ def test_an_id_decided_meanwhile_fails_the_write_to_be_retried(meter: Meter) -> 
         meter.sql_engine.begin() as connection,
     ):
         store = hot_store(connection)
-        store.read(None, [], [("calls", "org-0", START, START + HOUR)], NOW)
+        store.read(ReadRequest(None, [], [("calls", "org-0", START, START + HOUR)], NOW))
         store.write(changes, NOW, commit=False)
     assert "results" in str(raised.value)  # the results' key: `Database.run` retries it
     assert _read(meter).states == {}  # nothing of the write stayed
