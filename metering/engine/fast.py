@@ -1806,17 +1806,7 @@ def _record_extras(
 # of those windows, the grants of the grant pairs and their draws, the live
 # events of the seat values and the breakers of the breaker pairs
 # (`metering.storage.hot.postgres.read_unlocked`).
-ReadUnlocked = Callable[
-    [
-        Sequence[Pair],
-        Sequence[WantedKey],
-        Sequence[WantedSeat],
-        Sequence[Pair],
-        Sequence[Pair],
-        int,
-    ],
-    Snapshot,
-]
+ReadUnlocked = Callable[[ReadRequest], Snapshot]
 
 
 def check_record(
@@ -1874,7 +1864,17 @@ def check_record(
     ]
     wanted = _breaker_pairs(rules, guarded) if guarded else []
     since = min(at_us, now_us)  # grants count at the event's instant, now and later
-    snapshot = read_unlocked(sorted(pairs), sorted(keys), seats, granted, wanted, since)
+    request = ReadRequest(
+        None,
+        sorted(pairs),
+        sorted(keys),
+        now_us,
+        granted,
+        seats,
+        breaker_pairs=wanted,
+        grants_since_us=since,
+    )
+    snapshot = read_unlocked(request)
     if snapshot.version != version:
         return stale
     pots: list[Pot | None] | None = None

@@ -53,7 +53,7 @@ from metering.domain.windows import Window
 from metering.storage.allowances import drawn_by_window, grant_deltas, pots_of
 from metering.storage.connections import RetryTransaction
 from metering.storage.counters import Pair
-from metering.storage.hot import ALL_GRANTS, Changes, ReadRequest, Snapshot, WantedKey, WantedSeat
+from metering.storage.hot import Changes, ReadRequest, Snapshot, WantedSeat
 from metering.storage.hot.extras import (
     BREAKER_SECRET,
     INSERT_MESSAGES,
@@ -903,28 +903,21 @@ CROSS JOIN LATERAL (
 """
 
 
-def read_unlocked(
-    raw: psycopg.Connection[Any],
-    pairs: Sequence[Pair],
-    keys: Sequence[WantedKey],
-    seats: Sequence[WantedSeat] = (),
-    grant_pairs: Sequence[Pair] = (),
-    breaker_pairs: Sequence[Pair] = (),
-    grants_since_us: int = ALL_GRANTS,
-) -> Snapshot:
+def read_unlocked(raw: psycopg.Connection[Any], request: ReadRequest) -> Snapshot:
     """`PostgresHotStore.read` for a decision that writes nothing (`check`):
     one statement on ``raw`` in autocommit (`DirectPostgres.autocommit`), no
-    lock, no transaction to end. Results are not looked up (``stored`` is
-    empty), nor recurring grants' schedules, nor the breaker links' secret.
-    Driver errors come out as SQLAlchemy's, for
+    lock, no transaction to end. Results are not looked up (``ids`` is not
+    read, ``stored`` is empty), nor recurring grants' schedules (``due_pairs``),
+    nor the breaker links' secret. Driver errors come out as SQLAlchemy's, for
     `metering.storage.connections.translate`."""
+    grant_pairs = request.grant_pairs
     params = {
-        "pairs": _encode(pairs),
-        "keys": _encode(keys),
-        "seats": _encode(seats),
+        "pairs": _encode(request.pairs),
+        "keys": _encode(request.keys),
+        "seats": _encode(request.seats),
         "grant_pairs": _encode(grant_pairs),
-        "breaker_pairs": _encode(breaker_pairs),
-        "since": grants_since_us,
+        "breaker_pairs": _encode(request.breaker_pairs),
+        "since": request.grants_since_us,
     }
     try:
         rows = raw.cursor(binary=True).execute(CHECK_READ, params).fetchall()

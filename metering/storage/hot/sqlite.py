@@ -45,7 +45,7 @@ from metering.storage.connections import (
     translate,
 )
 from metering.storage.counters import Pair
-from metering.storage.hot import ALL_GRANTS, Changes, ReadRequest, Snapshot, WantedKey, WantedSeat
+from metering.storage.hot import Changes, ReadRequest, Snapshot, WantedSeat
 from metering.storage.hot.extras import (
     BREAKER_SECRET,
     SQLITE_BREAKER_ROWS,
@@ -378,31 +378,12 @@ class SqliteHotStore:
             raise _translate(exc) from exc
 
 
-def sqlite_read_unlocked(
-    raw: sqlite3.Connection,
-    pairs: Sequence[Pair],
-    keys: Sequence[WantedKey],
-    seats: Sequence[WantedSeat] = (),
-    grant_pairs: Sequence[Pair] = (),
-    breaker_pairs: Sequence[Pair] = (),
-    grants_since_us: int = ALL_GRANTS,
-) -> Snapshot:
+def sqlite_read_unlocked(raw: sqlite3.Connection, request: ReadRequest) -> Snapshot:
     """`SqliteHotStore.read` for a decision that writes nothing (`check`), in
-    `DirectSqlite.reading`'s read transaction: no write lock. Results are not
-    looked up, nor recurring grants' schedules. Driver errors come out as
-    SQLAlchemy's."""
-    return SqliteHotStore(None, raw).read(
-        ReadRequest(
-            None,
-            pairs,
-            keys,
-            0,
-            grant_pairs,
-            seats,
-            breaker_pairs=breaker_pairs,
-            grants_since_us=grants_since_us,
-        )
-    )
+    `DirectSqlite.reading`'s read transaction: no write lock. A check's
+    ``request`` asks for no results nor recurring grants' schedules (``ids``
+    None, ``due_pairs`` empty). Driver errors come out as SQLAlchemy's."""
+    return SqliteHotStore(None, raw).read(request)
 
 
 # Up to this many ids or counters are read one statement each (`consume`).
