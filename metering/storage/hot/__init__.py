@@ -227,8 +227,8 @@ class HotStore(Protocol):
 
     def looking_up(self, ids: Sequence[str] | None) -> AbstractContextManager[None]:
         """Around planning and `read`: a store may send the lookup of ``ids``
-        (`read`'s, in the same order) ahead, to run while the caller plans
-        (PostgreSQL); one that does not does nothing."""
+        (`read`'s `ReadRequest.ids`, in the same order) ahead, to run while
+        the caller plans (PostgreSQL); one that does not does nothing."""
         ...
 
     def sending(

@@ -206,7 +206,7 @@ FROM jsonb_array_elements(%(rows)s::jsonb) AS r
 # balance may be spent by a transaction on another window of the same
 # subject (a late event), and the grants' check constraint (used <= amount)
 # then refuses the write. Only the grants a batch can draw on or count: not
-# used up, and not expired at ``since`` (`HotStore.read`'s ``grants_since_us``).
+# used up, and not expired at ``since`` (`ReadRequest.grants_since_us`).
 READ_GRANTS: Final = """
 SELECT g.limit_name, g.subject, g.grant_id, g.amount, g.used, g.effective_from_us, g.expires_at_us,
     g.priority, g.low_at, g.low_sent

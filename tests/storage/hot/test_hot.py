@@ -10,13 +10,14 @@ key (an `IntegrityError` that `Database.run` retries) and writes nothing."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from sqlalchemy import Connection
 from sqlalchemy.exc import IntegrityError
 
-from metering import Meter
+from metering import FrozenClock, Limit, Meter
 from metering.domain.reservations import HeldCharge, ReservationState
 from metering.storage.hot import Changes, ReadRequest, Snapshot
 from metering.storage.hot.pick import hot_store
@@ -136,6 +137,29 @@ def test_what_a_store_wrote_it_reads_back(meter: Meter) -> None:
     assert moved.windows[("fu", "org-0")] == (later, later + HOUR)
     assert moved.states[("calls", "org-0", START)][0] == 7
     assert moved.states[("fu", "org-0", later)][0] == 1
+
+
+def test_a_request_of_counters_alone_reads_nothing_else_and_grants_unbounded(
+    db_url: str,
+) -> None:
+    day = timedelta(days=1)
+    at = datetime.fromtimestamp(NOW / 1_000_000, UTC)
+    with Meter(db_url, clock=FrozenClock(at - 2 * day)) as meter:
+        meter.set_limit(Limit("calls", maximum=10, period="1h", window="calendar"))
+        meter.grant("org-0", "calls", 5, at - day, grant_id="expired")
+        keys = [("calls", "org-0", START, START + HOUR)]
+
+        def read(request: ReadRequest) -> Snapshot:
+            return meter.database.run(lambda connection: hot_store(connection).read(request))
+
+        alone = read(ReadRequest(None, [], keys, NOW))
+        assert (alone.pots, alone.seen, alone.schedules, alone.breakers) == ({}, {}, [], {})
+        granted = [("calls", "org-0")]
+        # By default every grant not used up is read, expired or not (`ALL_GRANTS`).
+        pot = read(ReadRequest(None, [], keys, NOW, granted)).pots[granted[0]]
+        assert [balance.grant_id for balance in pot.balances] == ["expired"]
+        bounded = read(ReadRequest(None, [], keys, NOW, granted, grants_since_us=NOW))
+        assert bounded.pots[granted[0]].balances == []
 
 
 def test_an_id_decided_meanwhile_fails_the_write_to_be_retried(meter: Meter) -> None:
