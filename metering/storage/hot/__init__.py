@@ -82,7 +82,8 @@ ALL_GRANTS: Final = -(2**62)
 
 @dataclass(frozen=True, slots=True)
 class ReadRequest:
-    """What a batch asks `HotStore.read` to lock and read, made once a batch.
+    """What a batch asks `HotStore.read` to lock and read (a check, to read
+    without a lock: `metering.storage.hot.postgres.read_unlocked`), made once.
 
     ``pairs`` (sorted) are first-use windows, whose current counters are read
     too; ``keys`` (sorted) the other counters. Results are looked up only when
