@@ -89,6 +89,7 @@ from metering.storage.hot import (
     ALL_GRANTS,
     Changes,
     HotStore,
+    ReadRequest,
     Snapshot,
     WantedKey,
     WantedSeat,
@@ -967,7 +968,7 @@ class _Applying:
             asked, assumed = held.split(wanted_seats)
         # (Without first-use windows, every seat's window start is known.)
         seats = sorted(asked, key=_seat_order if pairs else None)
-        snapshot = store.read(
+        request = ReadRequest(
             ids,
             sorted(pairs),
             wanted,
@@ -978,6 +979,7 @@ class _Applying:
             breaker_pairs=_breaker_pairs(self.rules, self.breaker_pairs),
             grants_since_us=since,
         )
+        snapshot = store.read(request)
         if snapshot.version != self.version:
             raise _Decline(Declined("the limits changed since they were cached", stale=True))
         if snapshot.pots:  # what the grants had used: the batch's draws are the rest (`_draws`)
@@ -1804,17 +1806,7 @@ def _record_extras(
 # of those windows, the grants of the grant pairs and their draws, the live
 # events of the seat values and the breakers of the breaker pairs
 # (`metering.storage.hot.postgres.read_unlocked`).
-ReadUnlocked = Callable[
-    [
-        Sequence[Pair],
-        Sequence[WantedKey],
-        Sequence[WantedSeat],
-        Sequence[Pair],
-        Sequence[Pair],
-        int,
-    ],
-    Snapshot,
-]
+ReadUnlocked = Callable[[ReadRequest], Snapshot]
 
 
 def check_record(
@@ -1872,7 +1864,17 @@ def check_record(
     ]
     wanted = _breaker_pairs(rules, guarded) if guarded else []
     since = min(at_us, now_us)  # grants count at the event's instant, now and later
-    snapshot = read_unlocked(sorted(pairs), sorted(keys), seats, granted, wanted, since)
+    request = ReadRequest(
+        None,
+        sorted(pairs),
+        sorted(keys),
+        now_us,
+        granted,
+        seats,
+        breaker_pairs=wanted,
+        grants_since_us=since,
+    )
+    snapshot = read_unlocked(request)
     if snapshot.version != version:
         return stale
     pots: list[Pot | None] | None = None

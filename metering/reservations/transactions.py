@@ -57,7 +57,7 @@ from metering.errors import (
 )
 from metering.storage.allowances import AllowanceStore
 from metering.storage.database import Database
-from metering.storage.hot import Changes, HotStore
+from metering.storage.hot import Changes, HotStore, ReadRequest
 from metering.storage.prices import PriceStore
 from metering.storage.reservations import ReservationRecord, ReservationStore, settle_row
 from metering.storage.results import ResultRecord
@@ -353,7 +353,7 @@ def _settle_direct(
         version, rules, _ = cache.current
         if version < 0:
             return Declined("the limits are not loaded yet", stale=True)
-        snapshot = store.read([reservation_id], (), wanted, now_us)
+        snapshot = store.read(ReadRequest([reservation_id], (), wanted, now_us))
         if snapshot.version != version:
             return Declined("the limits changed since they were cached", stale=True)
         limits = {c.limit: rules[c.limit].limit for c in record.charges if c.limit in rules}

@@ -153,7 +153,7 @@ def test_a_batch_reads_only_the_values_it_does_not_know_held(
     )
 
     def rows(store: Any, *args: Any, **options: Any) -> Any:
-        read.append(("with the counters", len(args[5])))
+        read.append(("with the counters", len(args[0].seats)))
         return read_rows(store, *args, **options)
 
     def seats(store: Any, wanted: Any) -> Any:

@@ -22,8 +22,7 @@ from metering.domain.windows import calendar_window
 from metering.engine.answers import Batch, Declined, Hold
 from metering.engine.fast import Allowances, LimitCache, apply_records, check_record
 from metering.engine.one_trip import prepare
-from metering.storage.counters import Pair
-from metering.storage.hot import Snapshot, WantedKey, WantedSeat
+from metering.storage.hot import ReadRequest, Snapshot, WantedSeat
 
 NOW = datetime(2026, 11, 10, 12, 0, tzinfo=UTC)
 LIMITS = (
@@ -79,15 +78,8 @@ def test_the_fast_check_reads_the_seats_it_charges(cache: LimitCache) -> None:
     start = calendar_window(LIMITS[0].parsed_period, now_us)[0]
     asked: list[Sequence[WantedSeat]] = []
 
-    def read(
-        pairs: Sequence[Pair],
-        keys: Sequence[WantedKey],
-        seats: Sequence[WantedSeat],
-        grant_pairs: Sequence[Pair],
-        breaker_pairs: Sequence[Pair],
-        grants_since_us: int,
-    ) -> Any:
-        asked.append(seats)
+    def read(request: ReadRequest) -> Any:
+        asked.append(request.seats)
         states = {("seats", "org-1", start): [1, 0, 0, None, None, 0, 1]}
         return Snapshot(1, {}, {}, states, seen={("seats", "org-1", start, "ann"): 2})
 

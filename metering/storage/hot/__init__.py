@@ -75,6 +75,46 @@ WantedKey = tuple[str, str, int, int]
 WantedSeat = tuple[str, str, int | None, str]
 
 
+# `ReadRequest.grants_since_us` when no instant bounds it: every grant not
+# used up is read.
+ALL_GRANTS: Final = -(2**62)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadRequest:
+    """What a batch asks `HotStore.read` to lock and read (a check, to read
+    without a lock: `metering.storage.hot.postgres.read_unlocked`), made once.
+
+    ``pairs`` (sorted) are first-use windows, whose current counters are read
+    too; ``keys`` (sorted) the other counters. Results are looked up only when
+    ``ids`` is given. The live events of ``seats`` are read after the counters
+    are locked (their lock serialises every writer of them,
+    `metering.storage.distinct`). The grants of ``grant_pairs`` are read after
+    the counters are locked: on PostgreSQL without a lock of their own, and
+    `HotStore.write` then fails with `RetryTransaction` if another transaction
+    spent what a draw counted on (the grants' check constraint). The recurring
+    grants of ``due_pairs`` (sorted; the cache has an issue due) are locked
+    first of all (the general engine's order: schedules, windows, counters,
+    grants), every one of those pairs, with their last issues. The breakers of
+    ``breaker_pairs`` (sorted) are locked after the counters, with the breaker
+    links' secret read (`metering.storage.hot.extras`). Of the grants, only
+    those not used up and not expired at ``grants_since_us`` are read (the
+    earliest instant the decisions count grants at): every pair of
+    ``grant_pairs`` has a pot, empty when none is left, with what its windows
+    drew. ``now_us`` is the batch's instant (no store's read depends on it).
+    """
+
+    ids: Sequence[str] | None
+    pairs: Sequence[Pair]
+    keys: Sequence[WantedKey]
+    now_us: int
+    grant_pairs: Sequence[Pair] = ()
+    seats: Sequence[WantedSeat] = ()
+    due_pairs: Sequence[Pair] = ()
+    breaker_pairs: Sequence[Pair] = ()
+    grants_since_us: int = ALL_GRANTS
+
+
 @dataclass(slots=True)
 class Snapshot:
     """What `HotStore.read` found, under lock.
@@ -160,11 +200,6 @@ class Changes:
     notices: list[tuple[Notice, str]] = field(default_factory=list)
 
 
-# `HotStore.read`'s ``grants_since_us`` when no instant bounds it: every grant
-# not used up is read.
-ALL_GRANTS: Final = -(2**62)
-
-
 class HotStore(Protocol):
     # True when `write` keeps ``changes.rejected`` (the dead letters) itself.
     takes_rejected: bool
@@ -176,36 +211,8 @@ class HotStore(Protocol):
     # (`HeldCache.settle_one`).
     folds_one_seat: bool
 
-    def read(
-        self,
-        ids: Sequence[str] | None,
-        pairs: Sequence[Pair],
-        keys: Sequence[WantedKey],
-        now_us: int,
-        grant_pairs: Sequence[Pair] = (),
-        seats: Sequence[WantedSeat] = (),
-        due_pairs: Sequence[Pair] = (),
-        breaker_pairs: Sequence[Pair] = (),
-        grants_since_us: int = ALL_GRANTS,
-    ) -> Snapshot:
-        """Lock and read: ``pairs`` (sorted) are first-use windows, whose
-        current counters are read too; ``keys`` (sorted) the other counters.
-        Results are looked up only when ``ids`` is given. The live events of
-        ``seats`` are read after the counters are locked (their lock
-        serialises every writer of them, `metering.storage.distinct`). The
-        grants of ``grant_pairs`` are read after the counters are locked: on
-        PostgreSQL without a lock of their own, and `write` then fails with
-        `RetryTransaction` if another transaction spent what a draw counted
-        on (the grants' check constraint). The recurring grants of
-        ``due_pairs`` (sorted; the cache has an issue due) are locked first
-        of all (the general engine's order: schedules, windows, counters,
-        grants), every one of those pairs, with their last issues. The
-        breakers of ``breaker_pairs`` (sorted) are locked after the counters,
-        with the breaker links' secret read (`metering.storage.hot.extras`).
-        Of the grants, only those not used up and not expired at
-        ``grants_since_us`` are read (the earliest instant the decisions
-        count grants at): every pair of ``grant_pairs`` has a pot, empty
-        when none is left, with what its windows drew."""
+    def read(self, request: ReadRequest) -> Snapshot:
+        """Lock and read what ``request`` asks for (`ReadRequest`)."""
         ...
 
     def read_seats(self, seats: Sequence[WantedSeat]) -> Seen:
@@ -221,8 +228,8 @@ class HotStore(Protocol):
 
     def looking_up(self, ids: Sequence[str] | None) -> AbstractContextManager[None]:
         """Around planning and `read`: a store may send the lookup of ``ids``
-        (`read`'s, in the same order) ahead, to run while the caller plans
-        (PostgreSQL); one that does not does nothing."""
+        (`read`'s `ReadRequest.ids`, in the same order) ahead, to run while
+        the caller plans (PostgreSQL); one that does not does nothing."""
         ...
 
     def sending(

@@ -53,7 +53,7 @@ from metering.domain.windows import Window
 from metering.storage.allowances import drawn_by_window, grant_deltas, pots_of
 from metering.storage.connections import RetryTransaction
 from metering.storage.counters import Pair
-from metering.storage.hot import ALL_GRANTS, Changes, Snapshot, WantedKey, WantedSeat
+from metering.storage.hot import Changes, ReadRequest, Snapshot, WantedSeat
 from metering.storage.hot.extras import (
     BREAKER_SECRET,
     INSERT_MESSAGES,
@@ -206,7 +206,7 @@ FROM jsonb_array_elements(%(rows)s::jsonb) AS r
 # balance may be spent by a transaction on another window of the same
 # subject (a late event), and the grants' check constraint (used <= amount)
 # then refuses the write. Only the grants a batch can draw on or count: not
-# used up, and not expired at ``since`` (`HotStore.read`'s ``grants_since_us``).
+# used up, and not expired at ``since`` (`ReadRequest.grants_since_us`).
 READ_GRANTS: Final = """
 SELECT g.limit_name, g.subject, g.grant_id, g.amount, g.used, g.effective_from_us, g.expires_at_us,
     g.priority, g.low_at, g.low_sent
@@ -426,48 +426,13 @@ class PostgresHotStore:
         assert isinstance(raw, psycopg.Connection)
         return cls(raw)
 
-    def read(
-        self,
-        ids: Sequence[str] | None,
-        pairs: Sequence[Pair],
-        keys: Sequence[WantedKey],
-        now_us: int,
-        grant_pairs: Sequence[Pair] = (),
-        seats: Sequence[WantedSeat] = (),
-        due_pairs: Sequence[Pair] = (),
-        breaker_pairs: Sequence[Pair] = (),
-        grants_since_us: int = ALL_GRANTS,
-    ) -> Snapshot:
-        return snapshot_of(
-            self.read_locked(
-                ids,
-                pairs,
-                keys,
-                now_us,
-                grant_pairs,
-                seats,
-                due_pairs,
-                breaker_pairs,
-                grants_since_us,
-            )
-        )
+    def read(self, request: ReadRequest) -> Snapshot:
+        return snapshot_of(self.read_locked(request))
 
-    def read_locked(
-        self,
-        ids: Sequence[str] | None,
-        pairs: Sequence[Pair],
-        keys: Sequence[WantedKey],
-        now_us: int,
-        grant_pairs: Sequence[Pair] = (),
-        seats: Sequence[WantedSeat] = (),
-        due_pairs: Sequence[Pair] = (),
-        breaker_pairs: Sequence[Pair] = (),
-        grants_since_us: int = ALL_GRANTS,
-    ) -> ReadRows:
+    def read_locked(self, request: ReadRequest) -> ReadRows:
         """`read_rows`, remembering where the rows it locked are for `write`."""
-        rows = self.read_rows(
-            ids, pairs, keys, now_us, grant_pairs, seats, due_pairs, breaker_pairs, grants_since_us
-        )
+        rows = self.read_rows(request)
+        seats = request.seats
         self.window_tids = {(r[0], r[1]): r[4] for r in rows.windows}
         self.counter_tids = {(r[0], r[1], r[2]): r[10] for r in rows.counters}
         self.breaker_tids = {(r[0], r[1]): r[8] for r in rows.breakers}
@@ -544,20 +509,12 @@ class PostgresHotStore:
                 raw.rollback()
             raise
 
-    def read_rows(
-        self,
-        ids: Sequence[str] | None,
-        pairs: Sequence[Pair],
-        keys: Sequence[WantedKey],
-        now_us: int,
-        grant_pairs: Sequence[Pair] = (),
-        seats: Sequence[WantedSeat] = (),
-        due_pairs: Sequence[Pair] = (),
-        breaker_pairs: Sequence[Pair] = (),
-        grants_since_us: int = ALL_GRANTS,
-    ) -> ReadRows:
+    def read_rows(self, request: ReadRequest) -> ReadRows:
         """What `read` finds, as the rows its statements return (each
         window and counter row with its tuple id last)."""
+        ids, pairs, keys, seats = request.ids, request.pairs, request.keys, request.seats
+        grant_pairs, grants_since_us = request.grant_pairs, request.grants_since_us
+        due_pairs, breaker_pairs = request.due_pairs, request.breaker_pairs
         params = {"pairs": _encode(pairs), "keys": _encode(keys)}
         ahead, self._ahead = self._ahead, None
         if ahead is not None and list(ids or ()) != ahead.ids:
@@ -946,28 +903,21 @@ CROSS JOIN LATERAL (
 """
 
 
-def read_unlocked(
-    raw: psycopg.Connection[Any],
-    pairs: Sequence[Pair],
-    keys: Sequence[WantedKey],
-    seats: Sequence[WantedSeat] = (),
-    grant_pairs: Sequence[Pair] = (),
-    breaker_pairs: Sequence[Pair] = (),
-    grants_since_us: int = ALL_GRANTS,
-) -> Snapshot:
+def read_unlocked(raw: psycopg.Connection[Any], request: ReadRequest) -> Snapshot:
     """`PostgresHotStore.read` for a decision that writes nothing (`check`):
     one statement on ``raw`` in autocommit (`DirectPostgres.autocommit`), no
-    lock, no transaction to end. Results are not looked up (``stored`` is
-    empty), nor recurring grants' schedules, nor the breaker links' secret.
-    Driver errors come out as SQLAlchemy's, for
+    lock, no transaction to end. Results are not looked up (``ids`` is not
+    read, ``stored`` is empty), nor recurring grants' schedules (``due_pairs``),
+    nor the breaker links' secret. Driver errors come out as SQLAlchemy's, for
     `metering.storage.connections.translate`."""
+    grant_pairs = request.grant_pairs
     params = {
-        "pairs": _encode(pairs),
-        "keys": _encode(keys),
-        "seats": _encode(seats),
+        "pairs": _encode(request.pairs),
+        "keys": _encode(request.keys),
+        "seats": _encode(request.seats),
         "grant_pairs": _encode(grant_pairs),
-        "breaker_pairs": _encode(breaker_pairs),
-        "since": grants_since_us,
+        "breaker_pairs": _encode(request.breaker_pairs),
+        "since": request.grants_since_us,
     }
     try:
         rows = raw.cursor(binary=True).execute(CHECK_READ, params).fetchall()

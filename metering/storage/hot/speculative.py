@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Final
 
 import psycopg
@@ -22,7 +21,7 @@ import psycopg
 from metering.domain.rules import Key
 from metering.storage.allowances import drawn_by_window, grant_deltas
 from metering.storage.counters import Pair
-from metering.storage.hot import ALL_GRANTS, Changes, Snapshot, WantedKey, WantedSeat
+from metering.storage.hot import Changes, ReadRequest, Snapshot
 from metering.storage.hot.postgres import (
     LOCK_COUNTERS,
     LOCK_WINDOWS,
@@ -86,17 +85,6 @@ _LOCKED_GRANTED: Final = 13
 SeatKey4 = tuple[str, str, int, str]
 
 
-@dataclass(frozen=True, slots=True)
-class Request:
-    """What a read asks for (`PostgresHotStore.read`'s arguments)."""
-
-    pairs: Sequence[Pair]
-    keys: Sequence[WantedKey]
-    grant_pairs: Sequence[Pair]
-    seats: Sequence[WantedSeat]
-    grants_since_us: int = ALL_GRANTS
-
-
 class RowCache:
     """The rows last known for each key (None: known to have no row);
     entries are replaced whole, never changed in place. Emptied when it
@@ -126,7 +114,7 @@ class RowCache:
         self.odds = self.odds * 0.7 + (0.3 if hit else 0.0)
         SPECULATION["hit" if hit else "mismatch"] += 1
 
-    def rows(self, request: Request, version: int) -> ReadRows | None:
+    def rows(self, request: ReadRequest, version: int) -> ReadRows | None:
         """The rows a read of ``request`` would return, or None when one is not cached."""
         windows, counters, seats = self.windows, self.counters, self.seats
         found_windows: list[Row] = []
@@ -179,7 +167,7 @@ class RowCache:
             grant_pairs=request.grant_pairs,
         )
 
-    def learn(self, request: Request, rows: ReadRows, changes: Changes) -> None:
+    def learn(self, request: ReadRequest, rows: ReadRows, changes: Changes) -> None:
         """Keep the rows of ``request`` as ``rows`` found them and ``changes``
         left them (committed)."""
         if len(self.counters) > self.size:
@@ -229,7 +217,7 @@ class RowCache:
         for pair in pairs:
             self.grants[pair] = tuple(grants[pair])
 
-    def forget(self, request: Request) -> None:
+    def forget(self, request: ReadRequest) -> None:
         """Drop the rows of ``request`` (they may have changed)."""
         for pair in request.pairs:
             window = self.windows.pop(pair, None)
@@ -255,27 +243,13 @@ class LearningStore(PostgresHotStore):
     def __init__(self, raw: psycopg.Connection[Any], cache: RowCache) -> None:
         super().__init__(raw)
         self.cache = cache
-        self.request: Request | None = None
+        self.request: ReadRequest | None = None
         self.rows: ReadRows | None = None
 
-    def read(
-        self,
-        ids: Sequence[str] | None,
-        pairs: Sequence[Pair],
-        keys: Sequence[WantedKey],
-        now_us: int,
-        grant_pairs: Sequence[Pair] = (),
-        seats: Sequence[WantedSeat] = (),
-        due_pairs: Sequence[Pair] = (),
-        breaker_pairs: Sequence[Pair] = (),
-        grants_since_us: int = ALL_GRANTS,
-    ) -> Snapshot:
-        rows = self.read_locked(
-            ids, pairs, keys, now_us, grant_pairs, seats, due_pairs, breaker_pairs, grants_since_us
-        )
+    def read(self, request: ReadRequest) -> Snapshot:
+        rows = self.read_locked(request)
         # A recurring grant's issue changes what is cached; breakers are not cached.
-        if not (rows.schedules or breaker_pairs):
-            request = Request(pairs, keys, grant_pairs, seats, grants_since_us)
+        if not (rows.schedules or request.breaker_pairs):
             self.request, self.rows = request, rows
         return snapshot_of(rows)
 
@@ -304,35 +278,13 @@ class SpeculativeStore(LearningStore):
         # A key was not cached: the rows were read, locked (see the module).
         self.missed = False
 
-    def read(
-        self,
-        ids: Sequence[str] | None,
-        pairs: Sequence[Pair],
-        keys: Sequence[WantedKey],
-        now_us: int,
-        grant_pairs: Sequence[Pair] = (),
-        seats: Sequence[WantedSeat] = (),
-        due_pairs: Sequence[Pair] = (),
-        breaker_pairs: Sequence[Pair] = (),
-        grants_since_us: int = ALL_GRANTS,
-    ) -> Snapshot:
-        request = Request(pairs, keys, grant_pairs, seats, grants_since_us)
-        uncached = ids or due_pairs or breaker_pairs
+    def read(self, request: ReadRequest) -> Snapshot:
+        uncached = request.ids or request.due_pairs or request.breaker_pairs
         rows = None if uncached else self.cache.rows(request, self.version)
         if rows is None:
             SPECULATION["miss"] += 1
             self.missed = True
-            return super().read(
-                ids,
-                pairs,
-                keys,
-                now_us,
-                grant_pairs,
-                seats,
-                due_pairs,
-                breaker_pairs,
-                grants_since_us,
-            )
+            return super().read(request)
         self.request, self.rows = request, rows
         return snapshot_of(rows)
 

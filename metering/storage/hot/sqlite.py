@@ -45,7 +45,7 @@ from metering.storage.connections import (
     translate,
 )
 from metering.storage.counters import Pair
-from metering.storage.hot import ALL_GRANTS, Changes, Snapshot, WantedKey, WantedSeat
+from metering.storage.hot import Changes, ReadRequest, Snapshot, WantedSeat
 from metering.storage.hot.extras import (
     BREAKER_SECRET,
     SQLITE_BREAKER_ROWS,
@@ -202,27 +202,17 @@ class SqliteHotStore:
         self.connection = connection
         self.rowids = Rowids()  # the grants' and breakers' rows `read` read, for `write`
 
-    def read(
-        self,
-        ids: Sequence[str] | None,
-        pairs: Sequence[Pair],
-        keys: Sequence[WantedKey],
-        now_us: int,
-        grant_pairs: Sequence[Pair] = (),
-        seats: Sequence[WantedSeat] = (),
-        due_pairs: Sequence[Pair] = (),
-        breaker_pairs: Sequence[Pair] = (),
-        grants_since_us: int = ALL_GRANTS,
-    ) -> Snapshot:
-        raw = self.raw
+    def read(self, request: ReadRequest) -> Snapshot:
+        raw, seats, grants_since_us = self.raw, request.seats, request.grants_since_us
+        grant_pairs, breaker_pairs = request.grant_pairs, request.breaker_pairs
         self.rowids.breakers.clear()  # (a pair not read now: written by its key)
         try:
             # The transaction holds SQLite's one write lock already.
-            schedules = due_schedules(raw, due_pairs) if due_pairs else []
-            stored = _stored(raw, ids) if ids else {}
+            schedules = due_schedules(raw, request.due_pairs) if request.due_pairs else []
+            stored = _stored(raw, request.ids) if request.ids else {}
             windows: dict[Pair, Window | None] = {}
-            wanted = [key[:3] for key in keys]
-            for pair, current in _windows(raw, pairs):
+            wanted = [key[:3] for key in request.keys]
+            for pair, current in _windows(raw, request.pairs):
                 windows[pair] = current
                 if current is not None:
                     wanted.append((pair[0], pair[1], current[0]))
@@ -388,30 +378,12 @@ class SqliteHotStore:
             raise _translate(exc) from exc
 
 
-def sqlite_read_unlocked(
-    raw: sqlite3.Connection,
-    pairs: Sequence[Pair],
-    keys: Sequence[WantedKey],
-    seats: Sequence[WantedSeat] = (),
-    grant_pairs: Sequence[Pair] = (),
-    breaker_pairs: Sequence[Pair] = (),
-    grants_since_us: int = ALL_GRANTS,
-) -> Snapshot:
+def sqlite_read_unlocked(raw: sqlite3.Connection, request: ReadRequest) -> Snapshot:
     """`SqliteHotStore.read` for a decision that writes nothing (`check`), in
-    `DirectSqlite.reading`'s read transaction: no write lock. Results are not
-    looked up, nor recurring grants' schedules. Driver errors come out as
-    SQLAlchemy's."""
-    store = SqliteHotStore(None, raw)
-    return store.read(
-        None,
-        pairs,
-        keys,
-        0,
-        grant_pairs,
-        seats,
-        breaker_pairs=breaker_pairs,
-        grants_since_us=grants_since_us,
-    )
+    `DirectSqlite.reading`'s read transaction: no write lock. A check's
+    ``request`` asks for no results nor recurring grants' schedules (``ids``
+    None, ``due_pairs`` empty). Driver errors come out as SQLAlchemy's."""
+    return SqliteHotStore(None, raw).read(request)
 
 
 # Up to this many ids or counters are read one statement each (`consume`).

@@ -38,7 +38,7 @@ from metering.storage.recurring import (
 # ``granted``) comes with its counter's row: the hot path reads the counter of
 # every window it charges, and a decision asks only those (`with_draws`).
 # Only the grants not used up and not expired at an instant (the last
-# parameter: `HotStore.read`'s ``grants_since_us``).
+# parameter: `ReadRequest.grants_since_us`).
 _GRANT_PART: Final = """
 SELECT 1, grant_id, amount, used, effective_from_us, expires_at_us, priority, low_at, low_sent,
        rowid, NULL, NULL, NULL

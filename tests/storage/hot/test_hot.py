@@ -10,15 +10,16 @@ key (an `IntegrityError` that `Database.run` retries) and writes nothing."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from sqlalchemy import Connection
 from sqlalchemy.exc import IntegrityError
 
-from metering import Meter
+from metering import FrozenClock, Limit, Meter
 from metering.domain.reservations import HeldCharge, ReservationState
-from metering.storage.hot import Changes, Snapshot
+from metering.storage.hot import Changes, ReadRequest, Snapshot
 from metering.storage.hot.pick import hot_store
 from metering.storage.reservations import hold_row, settle_row
 from metering.storage.results import ResultRecord
@@ -46,7 +47,9 @@ def _result(event_id: str) -> ResultRecord:
 def _read(meter: Meter, ids: list[str] | None = None) -> Snapshot:
     def work(connection: Connection) -> Snapshot:
         keys = [("calls", subject, START, START + HOUR) for subject in SUBJECTS]
-        return hot_store(connection).read(ids, [("fu", "org-0"), ("fu", "org-1")], keys, NOW)
+        return hot_store(connection).read(
+            ReadRequest(ids, [("fu", "org-0"), ("fu", "org-1")], keys, NOW)
+        )
 
     return meter.database.run(work)
 
@@ -57,7 +60,7 @@ def _write(meter: Meter, changes: Changes) -> None:
     def work(connection: Connection) -> None:
         store = hot_store(connection)
         keys = [("calls", subject, START, START + HOUR) for subject in SUBJECTS]
-        store.read(None, [("fu", "org-0"), ("fu", "org-1")], keys, NOW)
+        store.read(ReadRequest(None, [("fu", "org-0"), ("fu", "org-1")], keys, NOW))
         store.write(changes, NOW, commit=False)
 
     meter.database.run(work)
@@ -92,7 +95,7 @@ def test_a_pair_with_no_window_row_is_left_out_on_every_store(meter: Meter) -> N
 
     def work(connection: Connection) -> Snapshot:
         pairs = [("fu", subject) for subject in SUBJECTS]  # past the one-by-one reads
-        return hot_store(connection).read(None, pairs, [], NOW)
+        return hot_store(connection).read(ReadRequest(None, pairs, [], NOW))
 
     assert meter.database.run(work).windows == {("fu", "org-0"): (NOW, NOW + HOUR)}
 
@@ -136,6 +139,29 @@ def test_what_a_store_wrote_it_reads_back(meter: Meter) -> None:
     assert moved.states[("fu", "org-0", later)][0] == 1
 
 
+def test_a_request_of_counters_alone_reads_nothing_else_and_grants_unbounded(
+    db_url: str,
+) -> None:
+    day = timedelta(days=1)
+    at = datetime.fromtimestamp(NOW / 1_000_000, UTC)
+    with Meter(db_url, clock=FrozenClock(at - 2 * day)) as meter:
+        meter.set_limit(Limit("calls", maximum=10, period="1h", window="calendar"))
+        meter.grant("org-0", "calls", 5, at - day, grant_id="expired")
+        keys = [("calls", "org-0", START, START + HOUR)]
+
+        def read(request: ReadRequest) -> Snapshot:
+            return meter.database.run(lambda connection: hot_store(connection).read(request))
+
+        alone = read(ReadRequest(None, [], keys, NOW))
+        assert (alone.pots, alone.seen, alone.schedules, alone.breakers) == ({}, {}, [], {})
+        granted = [("calls", "org-0")]
+        # By default every grant not used up is read, expired or not (`ALL_GRANTS`).
+        pot = read(ReadRequest(None, [], keys, NOW, granted)).pots[granted[0]]
+        assert [balance.grant_id for balance in pot.balances] == ["expired"]
+        bounded = read(ReadRequest(None, [], keys, NOW, granted, grants_since_us=NOW))
+        assert bounded.pots[granted[0]].balances == []
+
+
 def test_an_id_decided_meanwhile_fails_the_write_to_be_retried(meter: Meter) -> None:
     _write(meter, Changes(results=[_result("e-1")]))
     changes = Changes(
@@ -147,7 +173,7 @@ def test_an_id_decided_meanwhile_fails_the_write_to_be_retried(meter: Meter) -> 
         meter.sql_engine.begin() as connection,
     ):
         store = hot_store(connection)
-        store.read(None, [], [("calls", "org-0", START, START + HOUR)], NOW)
+        store.read(ReadRequest(None, [], [("calls", "org-0", START, START + HOUR)], NOW))
         store.write(changes, NOW, commit=False)
     assert "results" in str(raised.value)  # the results' key: `Database.run` retries it
     assert _read(meter).states == {}  # nothing of the write stayed

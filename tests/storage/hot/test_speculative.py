@@ -17,13 +17,12 @@ from sqlalchemy import select
 
 from metering import FrozenClock, Limit, Meter
 from metering.errors import StorageError
-from metering.storage.hot import Changes, WantedKey
+from metering.storage.hot import Changes, ReadRequest, WantedKey
 from metering.storage.hot.direct_postgres import DirectPostgres
 from metering.storage.hot.postgres import PostgresHotStore
 from metering.storage.hot.speculative import (
     PROBE,
     LearningStore,
-    Request,
     RowCache,
     SpeculativeStore,
 )
@@ -57,7 +56,7 @@ def learn(direct: DirectPostgres, cache: RowCache, keys: list[WantedKey]) -> int
 
     def work(store: PostgresHotStore, retry: bool) -> int:
         learning = LearningStore(store.raw, cache)
-        version = learning.read(None, [], keys, 0).version
+        version = learning.read(ReadRequest(None, [], keys, 0)).version
         learning.write(Changes(), 0, commit=True)
         return version
 
@@ -69,7 +68,7 @@ def speculate(direct: DirectPostgres, cache: RowCache, keys: list[WantedKey], ve
 
     def work(store: PostgresHotStore, retry: bool) -> int:
         speculative = SpeculativeStore(store.raw, cache, version)
-        snapshot = speculative.read(None, [], keys, 0)
+        snapshot = speculative.read(ReadRequest(None, [], keys, 0))
         assert snapshot.version == version
         [(key, state)] = snapshot.states.items()
         state[0] += 1
@@ -116,13 +115,13 @@ def test_a_speculative_write_on_changed_rows_writes_nothing(
 def test_what_is_not_cached_is_not_speculated_on(meter: Meter) -> None:
     cache, keys = RowCache(), wanted(meter)
     seat = ("calls", "s", keys[0][2], "u1")
-    assert cache.rows(Request([], keys, [], []), 7) is None
+    assert cache.rows(ReadRequest(None, [], keys, 0), 7) is None
     cache.counters[("calls", "s", keys[0][2])] = None  # known: no row
-    found = cache.rows(Request([], keys, [], [seat]), 7)
+    found = cache.rows(ReadRequest(None, [], keys, 0, seats=[seat]), 7)
     assert found is not None and found.version == 7
     assert (list(found.counters), list(found.seats)) == ([], [])  # a seat value not cached: none
-    assert cache.rows(Request([("calls", "s")], keys, [], []), 7) is None  # its window is not
-    cache.forget(Request([], keys, [], [seat]))
+    assert cache.rows(ReadRequest(None, [("calls", "s")], keys, 0), 7) is None  # its window is not
+    cache.forget(ReadRequest(None, [], keys, 0, seats=[seat]))
     assert cache.counters == {}
 
 
