@@ -353,7 +353,7 @@ def _settle_direct(
         version, rules, _ = cache.current
         if version < 0:
             return Declined("the limits are not loaded yet", stale=True)
-        snapshot = store.read(ReadRequest([reservation_id], (), wanted, now_us))
+        snapshot = store.read(ReadRequest([reservation_id], (), wanted))
         if snapshot.version != version:
             return Declined("the limits changed since they were cached", stale=True)
         limits = {c.limit: rules[c.limit].limit for c in record.charges if c.limit in rules}

@@ -51,7 +51,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Final, Protocol
+from typing import Final, NamedTuple, Protocol
 
 from metering.domain.breaker import Breaker
 from metering.domain.distinct import SeatKey, Seen
@@ -80,8 +80,7 @@ WantedSeat = tuple[str, str, int | None, str]
 ALL_GRANTS: Final = -(2**62)
 
 
-@dataclass(frozen=True, slots=True)
-class ReadRequest:
+class ReadRequest(NamedTuple):
     """What a batch asks `HotStore.read` to lock and read (a check, to read
     without a lock: `metering.storage.hot.postgres.read_unlocked`), made once.
 
@@ -101,13 +100,12 @@ class ReadRequest:
     those not used up and not expired at ``grants_since_us`` are read (the
     earliest instant the decisions count grants at): every pair of
     ``grant_pairs`` has a pot, empty when none is left, with what its windows
-    drew. ``now_us`` is the batch's instant (no store's read depends on it).
+    drew.
     """
 
     ids: Sequence[str] | None
     pairs: Sequence[Pair]
     keys: Sequence[WantedKey]
-    now_us: int
     grant_pairs: Sequence[Pair] = ()
     seats: Sequence[WantedSeat] = ()
     due_pairs: Sequence[Pair] = ()

@@ -94,9 +94,7 @@ def test_breakers_are_stored_and_read_back_locked(db_url: str) -> None:
 
         def read(connection: Connection) -> object:
             pairs = [("calls", "org-1"), ("calls", "org-2")]
-            return hot_store(connection).read(
-                ReadRequest(None, [], [], NOW_US, breaker_pairs=pairs)
-            )
+            return hot_store(connection).read(ReadRequest(None, [], [], breaker_pairs=pairs))
 
         snapshot = database_of(meter).run(read)
         assert snapshot.breakers == {("calls", "org-1"): stepped}  # type: ignore[attr-defined]
@@ -113,7 +111,7 @@ def test_many_breakers_read_locked_are_written_back_in_place(db_url: str) -> Non
         def step(asked: list[tuple[str, str]], at_us: int) -> dict[object, Breaker]:
             def work(connection: Connection) -> object:
                 store = hot_store(connection)
-                found = store.read(ReadRequest(None, [], [], at_us, breaker_pairs=asked)).breakers
+                found = store.read(ReadRequest(None, [], [], breaker_pairs=asked)).breakers
                 changed = {
                     pair: Breaker(1.5, 0.75, at_us, NOW_US, at_us - 1, None) for pair in asked
                 }

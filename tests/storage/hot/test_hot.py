@@ -48,7 +48,7 @@ def _read(meter: Meter, ids: list[str] | None = None) -> Snapshot:
     def work(connection: Connection) -> Snapshot:
         keys = [("calls", subject, START, START + HOUR) for subject in SUBJECTS]
         return hot_store(connection).read(
-            ReadRequest(ids, [("fu", "org-0"), ("fu", "org-1")], keys, NOW)
+            ReadRequest(ids, [("fu", "org-0"), ("fu", "org-1")], keys)
         )
 
     return meter.database.run(work)
@@ -60,7 +60,7 @@ def _write(meter: Meter, changes: Changes) -> None:
     def work(connection: Connection) -> None:
         store = hot_store(connection)
         keys = [("calls", subject, START, START + HOUR) for subject in SUBJECTS]
-        store.read(ReadRequest(None, [("fu", "org-0"), ("fu", "org-1")], keys, NOW))
+        store.read(ReadRequest(None, [("fu", "org-0"), ("fu", "org-1")], keys))
         store.write(changes, NOW, commit=False)
 
     meter.database.run(work)
@@ -95,7 +95,7 @@ def test_a_pair_with_no_window_row_is_left_out_on_every_store(meter: Meter) -> N
 
     def work(connection: Connection) -> Snapshot:
         pairs = [("fu", subject) for subject in SUBJECTS]  # past the one-by-one reads
-        return hot_store(connection).read(ReadRequest(None, pairs, [], NOW))
+        return hot_store(connection).read(ReadRequest(None, pairs, []))
 
     assert meter.database.run(work).windows == {("fu", "org-0"): (NOW, NOW + HOUR)}
 
@@ -152,13 +152,13 @@ def test_a_request_of_counters_alone_reads_nothing_else_and_grants_unbounded(
         def read(request: ReadRequest) -> Snapshot:
             return meter.database.run(lambda connection: hot_store(connection).read(request))
 
-        alone = read(ReadRequest(None, [], keys, NOW))
+        alone = read(ReadRequest(None, [], keys))
         assert (alone.pots, alone.seen, alone.schedules, alone.breakers) == ({}, {}, [], {})
         granted = [("calls", "org-0")]
         # By default every grant not used up is read, expired or not (`ALL_GRANTS`).
-        pot = read(ReadRequest(None, [], keys, NOW, granted)).pots[granted[0]]
+        pot = read(ReadRequest(None, [], keys, granted)).pots[granted[0]]
         assert [balance.grant_id for balance in pot.balances] == ["expired"]
-        bounded = read(ReadRequest(None, [], keys, NOW, granted, grants_since_us=NOW))
+        bounded = read(ReadRequest(None, [], keys, granted, grants_since_us=NOW))
         assert bounded.pots[granted[0]].balances == []
 
 
@@ -173,7 +173,7 @@ def test_an_id_decided_meanwhile_fails_the_write_to_be_retried(meter: Meter) -> 
         meter.sql_engine.begin() as connection,
     ):
         store = hot_store(connection)
-        store.read(ReadRequest(None, [], [("calls", "org-0", START, START + HOUR)], NOW))
+        store.read(ReadRequest(None, [], [("calls", "org-0", START, START + HOUR)]))
         store.write(changes, NOW, commit=False)
     assert "results" in str(raised.value)  # the results' key: `Database.run` retries it
     assert _read(meter).states == {}  # nothing of the write stayed

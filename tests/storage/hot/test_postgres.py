@@ -97,7 +97,7 @@ def test_ids_sent_ahead_of_the_read_are_those_it_finds(
     with psycopg.connect(pg_url.replace("+psycopg", ""), autocommit=True) as raw:
         store = PostgresHotStore(raw)
         with store.looking_up(ids):
-            snapshot = store.read(ReadRequest(ids, [], [], to_us(clock())))
+            snapshot = store.read(ReadRequest(ids, [], []))
         assert raw.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
         raw.execute("ROLLBACK")
     assert snapshot.version >= 0
@@ -186,7 +186,7 @@ def test_results_sent_are_rolled_back_when_the_batch_ends_without_its_write(
     record = ResultRecord("sent-then-declined", "allowed", "f", at, at, (), None, [], None)
     with psycopg.connect(pg_url.replace("+psycopg", ""), autocommit=True) as raw:
         store = PostgresHotStore(raw)
-        store.read(ReadRequest(None, [], [], at))
+        store.read(ReadRequest(None, [], []))
         with pytest.raises(RuntimeError), store.sending() as send:
             assert send is not None
             send([record])

@@ -56,7 +56,7 @@ def learn(direct: DirectPostgres, cache: RowCache, keys: list[WantedKey]) -> int
 
     def work(store: PostgresHotStore, retry: bool) -> int:
         learning = LearningStore(store.raw, cache)
-        version = learning.read(ReadRequest(None, [], keys, 0)).version
+        version = learning.read(ReadRequest(None, [], keys)).version
         learning.write(Changes(), 0, commit=True)
         return version
 
@@ -68,7 +68,7 @@ def speculate(direct: DirectPostgres, cache: RowCache, keys: list[WantedKey], ve
 
     def work(store: PostgresHotStore, retry: bool) -> int:
         speculative = SpeculativeStore(store.raw, cache, version)
-        snapshot = speculative.read(ReadRequest(None, [], keys, 0))
+        snapshot = speculative.read(ReadRequest(None, [], keys))
         assert snapshot.version == version
         [(key, state)] = snapshot.states.items()
         state[0] += 1
@@ -115,13 +115,13 @@ def test_a_speculative_write_on_changed_rows_writes_nothing(
 def test_what_is_not_cached_is_not_speculated_on(meter: Meter) -> None:
     cache, keys = RowCache(), wanted(meter)
     seat = ("calls", "s", keys[0][2], "u1")
-    assert cache.rows(ReadRequest(None, [], keys, 0), 7) is None
+    assert cache.rows(ReadRequest(None, [], keys), 7) is None
     cache.counters[("calls", "s", keys[0][2])] = None  # known: no row
-    found = cache.rows(ReadRequest(None, [], keys, 0, seats=[seat]), 7)
+    found = cache.rows(ReadRequest(None, [], keys, seats=[seat]), 7)
     assert found is not None and found.version == 7
     assert (list(found.counters), list(found.seats)) == ([], [])  # a seat value not cached: none
-    assert cache.rows(ReadRequest(None, [("calls", "s")], keys, 0), 7) is None  # its window is not
-    cache.forget(ReadRequest(None, [], keys, 0, seats=[seat]))
+    assert cache.rows(ReadRequest(None, [("calls", "s")], keys), 7) is None  # its window is not
+    cache.forget(ReadRequest(None, [], keys, seats=[seat]))
     assert cache.counters == {}
 
 
