@@ -166,7 +166,9 @@ def _held(pot: Pot, first_us: int, last_us: int) -> int | None:
     for balance in pot.balances:
         start, end = balance.effective_from_us, balance.expires_at_us
         if start <= first_us and (end is None or last_us < end):
-            left += max(balance.amount - balance.used, 0)
+            held = balance.amount - balance.used
+            if held > 0:
+                left += held
         elif not (start > last_us or (end is not None and end <= first_us)):
             return None
     return left
