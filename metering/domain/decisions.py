@@ -145,9 +145,12 @@ class ChargeDecision:
             if not drawn:
                 grants: tuple[tuple[str, int], ...] = ()
             elif len(drawn) == 1:  # (most: one grant paid)
-                grants = ((str(drawn[0][0]), int(drawn[0][1])),)
+                grant_id, amount = drawn[0]
+                grants = ((str(grant_id), int(amount)),)
             else:
                 grants = tuple((str(g), int(a)) for g, a in drawn)
+            if size == ROW_FIELDS + 1 and cls is ChargeDecision:  # (most: no price)
+                return _make_charge(*row[:ROW_FIELDS], grants, None, 0)
             price = None
             if size > ROW_FIELDS + 1 and row[ROW_FIELDS + 1] is not None:
                 price = (str(row[ROW_FIELDS + 1][0]), int(row[ROW_FIELDS + 1][1]))

@@ -166,7 +166,9 @@ def _held(pot: Pot, first_us: int, last_us: int) -> int | None:
     for balance in pot.balances:
         start, end = balance.effective_from_us, balance.expires_at_us
         if start <= first_us and (end is None or last_us < end):
-            left += max(balance.amount - balance.used, 0)
+            held = balance.amount - balance.used
+            if held > 0:
+                left += held
         elif not (start > last_us or (end is not None and end <= first_us)):
             return None
     return left
@@ -188,13 +190,29 @@ def drawn_row(
     assert pot is not None
     start = window[0]
     used = state[USED]
-    own_room = maximum - used + pot.granted.get(start, 0)  # >= 0: covered
+    granted = pot.granted
+    own_room = maximum - used + granted.get(start, 0)  # >= 0: covered
     after = used + cost
     state[USED] = after
-    available, draws = pot.draw(start, cost - own_room, at_us)
+    wanted = cost - own_room
+    if len(pot.balances) == 1:  # (most pots) `Pot.draw` of one grant, without its loop
+        balance = pot.balances[0]
+        left = balance.amount - balance.used
+        expires = balance.expires_at_us
+        if left > 0 and balance.effective_from_us <= at_us and (expires is None or at_us < expires):
+            row = [subject, name, cost, True, "allowed", after, own_room + left - cost, maximum, 0]
+            row += window
+            row.append(None)
+            if wanted > 0:
+                taken = left if left < wanted else wanted
+                balance.used += taken
+                granted[start] = granted.get(start, 0) + taken
+                row.append([[balance.grant_id, taken]])
+            return row
+    available, draws = pot.draw(start, wanted, at_us)
     remaining = own_room + available - cost
     row = [subject, name, cost, True, "allowed", after, remaining, maximum, 0, *window, None]
-    if cost > own_room:
+    if wanted > 0:
         row.append(draws)
     return row
 

@@ -150,6 +150,8 @@ class Allowances:
     needs: dict[Pair, frozenset[Need]] = field(default_factory=dict)
     # Each subject's changes of time zone (`metering.domain.zones`): only those with one.
     zones: dict[str, ZoneHistory] = field(default_factory=dict)
+    # Every need of ``needs`` (made by `of`; empty: not known).
+    every: frozenset[Need] = field(default=frozenset(), compare=False, repr=False)
     # A bound no time of ``due`` is before. Due times only move on
     # (`learn_due`), so a minimum once found stays one.
     soonest: _Bound = field(default_factory=_Bound, compare=False, repr=False)
@@ -173,7 +175,8 @@ class Allowances:
             )
             for pair in {*histories, *grant_pairs, *due, *alerts}
         }
-        return cls(histories, grant_pairs, due, alerts, needs, zones or {})
+        every = frozenset().union(*needs.values())
+        return cls(histories, grant_pairs, due, alerts, needs, zones or {}, every=every)
 
     def charged(self, rules: dict[str, Rule], records: Iterable[EventRecord]) -> set[Need]:
         """What the charges of ``records`` need: their rules' needs, their
@@ -181,7 +184,7 @@ class Allowances:
         charges of one counter (`Need.REPEATED_COUNTER`) and a window of a
         subject with a time zone (`Need.TIME_ZONE`: its alignment and billing month)."""
         found: set[Need] = set()
-        own, zones = self.needs, self.zones
+        own, zones, every = self.needs, self.zones, self.every
         for record in records:
             charges = record.charges
             for subject, name, _ in charges:
@@ -192,7 +195,11 @@ class Allowances:
                 if rule.needs:
                     found |= rule.needs
                 if own:
-                    found |= own.get((name, subject), NONE)
+                    needed = own.get((name, subject), NONE)
+                    if not needed <= found:
+                        found |= needed
+                        if every and found >= every:  # (``own`` has nothing more to add)
+                            own = {}
                 if zones and subject in zones and not rule.bucket:
                     found.add(Need.TIME_ZONE)
             if len(charges) > 1 and len({c[:2] for c in charges}) < len(charges):
@@ -942,7 +949,10 @@ class _Applying:
         if allowances.grant_pairs:  # (every fixed window's granted pair is `timed`)
             granted = sorted((self.sums.timed | pairs) & allowances.grant_pairs)
             if granted:  # grants count at the events' instants, now and later (window ends)
-                since = min(batch.now_us, *(event.occurred_at_us for event in batch.records))
+                span = self.sums.span  # (the batch's first time, when `plan` found it)
+                if span is None:
+                    span = (min(event.occurred_at_us for event in batch.records), 0)
+                since = min(batch.now_us, span[0])
         # One event skips the id lookup: a repeated id fails the results
         # insert, and the transaction runs again (``retry``), looking up.
         self.looked_up = (

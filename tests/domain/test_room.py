@@ -5,6 +5,8 @@ when they are steady over the batch) holds every charge of the batch, and
 from __future__ import annotations
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from metering.domain.grants import Balance, Pot
 from metering.domain.limits import Limit
@@ -210,3 +212,49 @@ def test_grants_that_change_within_the_batch_stay_in_the_room_that_pays_none() -
     assert covered(sums, RULES, GRANTED_STATES, {}, pots, {}) == {
         KEY: (10, pots[("calls", "org")], 1)
     }
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    maximum=st.integers(1, 6),
+    own=st.integers(0, 6),
+    granted=st.integers(0, 4),
+    amount=st.integers(1, 12),
+    used=st.integers(0, 12),
+    effective=st.integers(1_000, 1_600),
+    expires=st.none() | st.integers(1_000, 2_000),
+    at_us=st.integers(1_000, 1_999),
+    costs=st.lists(st.integers(0, 5), min_size=1, max_size=6),
+)
+def test_a_pot_of_one_grant_draws_as_decide_does(
+    maximum: int,
+    own: int,
+    granted: int,
+    amount: int,
+    used: int,
+    effective: int,
+    expires: int | None,
+    at_us: int,
+    costs: list[int],
+) -> None:
+    """`drawn_row` on a pot of one grant (drawn without `Pot.draw`'s loop):
+    each row, counter and grant as `decide` (`fit_window`) leaves them, for
+    charges that fit, the grant active at the charge or not."""
+    assume(own <= maximum and used <= amount)
+    rule = Rule.of(Limit("calls", maximum=maximum, period="1mo", window="calendar"))
+    left = amount - used if effective <= at_us and (expires is None or at_us < expires) else 0
+    assume(sum(costs) <= maximum - own + left)
+
+    def pot() -> Pot:
+        return Pot([Balance("g", amount, used, effective, expires)], {START: granted})
+
+    drawn, decided = pot(), pot()
+    room = (maximum, drawn, granted)
+    state = [own + granted, 0, 0, None, None, 0, 1]
+    expected_state = list(state)
+    for cost in costs:
+        row = drawn_row("org", "calls", cost, state, room, (START, END), at_us)
+        charge, window = [("org", "calls", cost)], [(START, END)]
+        verdict = decide([rule], charge, window, [expected_state], at_us, "e", None, [decided])
+        assert (row, state) == (verdict.rows[0], expected_state)
+    assert drawn == decided

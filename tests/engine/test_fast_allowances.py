@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 import multiprocessing
 import threading
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from itertools import permutations
 
 import pytest
 from decision_paths import refusing
@@ -20,6 +22,9 @@ from lock_waits import WAIT_SECONDS, wait_until_blocked
 from sqlalchemy import select, text
 
 from metering import FrozenClock, Limit, Meter
+from metering.domain.events import EventRecord
+from metering.domain.needs import Need
+from metering.domain.rules import Rule
 from metering.engine.fast import Allowances
 from metering.storage.recurring import ScheduleRecord
 from metering.storage.tables import counters, webhook_messages
@@ -88,6 +93,33 @@ def test_a_stale_or_forgotten_soonest_bound_hides_no_due_pair() -> None:
     assert allowances.due_pairs([a], 50) == []
     allowances.soonest.at_us = None  # forgotten by another thread's `learn_due`
     assert allowances.due_pairs([a], 100) == [a]
+
+
+def test_what_a_batchs_charges_need_counts_every_subjects_own() -> None:
+    """`Allowances.charged` stops looking its subjects up once it has every
+    need they have: what it finds is still each charge's, in any order."""
+    a, b, c = ("calls", "a"), ("calls", "b"), ("calls", "c")
+    allowances = Allowances.of({a: ((0, 5),)}, frozenset({b}), {b: 100}, {c: ((80,), ())})
+    rules = {"calls": Rule.of(CALLS)}
+
+    def records(*subjects: str) -> list[EventRecord]:
+        return [
+            EventRecord(f"e{n}", ((s, "calls", 1),), 0, None, "") for n, s in enumerate(subjects)
+        ]
+
+    own = {Need.ENTITLEMENTS, Need.GRANTS, Need.RECURRING, Need.OWN_THRESHOLDS}
+    for order in permutations(["a", "b", "c", "z"]):
+        assert allowances.charged(rules, records(*order)) == own
+    assert allowances.charged(rules, records("z", "b", "z")) == {Need.GRANTS, Need.RECURRING}
+    later = EventRecord("x", (("a", "calls", 1), ("a", "calls", 2)), 0, None, "")
+    unknown = EventRecord("u", (("a", "nothing", 1),), 0, None, "")
+    found = allowances.charged(rules, [*records("a", "b", "c"), later, unknown])
+    assert found == own | {Need.REPEATED_COUNTER, Need.INVALID}
+    unknown_every = replace(allowances, every=frozenset())  # (not known: each looked up)
+    assert unknown_every.charged(rules, records("c", "a")) == {
+        Need.ENTITLEMENTS,
+        Need.OWN_THRESHOLDS,
+    }
 
 
 def test_grant_low_is_announced_once_by_the_fast_path(db_url: str) -> None:
