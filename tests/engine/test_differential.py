@@ -1364,3 +1364,54 @@ def test_single_events_of_the_mix_are_decided_by_their_room(
         assert stored(tested) == stored(oracle)
     assert taken == [f"mixed-{n}" for n in range(5)]
     assert judged == ["mixed-5"]
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+def test_a_batchs_draws_on_grants_are_written_once_each_as_the_reference_engines(
+    request: pytest.FixtureRequest, database: str
+) -> None:
+    """The draws a batch writes (grants' ``used``, counters' ``granted``)
+    are what its pots recorded as they drew: several grants in a pot (one
+    partly used, one expired at some of the events), late events drawing in
+    the window before while others draw in the current one (two windows of
+    one pair in a batch), and a grant drawn up then events denied (decided
+    by `decide`, not the shortcut): the same as the reference engine's."""
+    limits = [Limit("calls", maximum=3, period="1h", window="calendar", lateness="2h")]
+    hour = timedelta(hours=1)
+
+    def setup(meter: Meter, clock: FrozenClock) -> None:
+        clock.set(ROOM_START - 2 * hour)
+        meter.grant("several", "calls", 4, grant_id="s-first", priority=1)
+        meter.grant("several", "calls", 5, grant_id="s-then")
+        meter.grant("several", "calls", 3, grant_id="s-soon", expires_at=ROOM_START - hour / 4)
+        meter.grant("late", "calls", 10, grant_id="l-only")
+        meter.grant("one", "calls", 3, grant_id="o-only")
+        clock.set(ROOM_START - hour / 2)
+        meter.consume("late", "calls", 4, event_id="late-before")  # the grant pays 1
+        clock.set(ROOM_START)
+        meter.consume("several", "calls", 5, event_id="several-before")  # s-first pays 2
+        meter.consume("one", "calls", 4, event_id="one-before")  # o-only pays 1
+
+    at = ROOM_START + timedelta(minutes=1)
+    events = [
+        *(("several", ROOM_START - n * hour / 10, 2, f"several-{n}") for n in range(5)),
+        *(("late", at - (n % 2) * hour / 2, 1, f"late-{n}") for n in range(6)),
+        *(("one", at, 1, f"one-{n}") for n in range(4)),
+    ]
+    records = [
+        make_event([(subject, "calls", cost)], when, event_id).record()
+        for subject, when, cost, event_id in events
+    ]
+    records.sort(key=lambda record: record.event_id[::-1])  # the subjects interleaved
+    found = _shortcut_case(request, database, limits, setup, records)
+    outcomes = Counter(
+        (a.record.event_id.split("-")[0], a.record.outcome)
+        for a in found.found
+        if a.record is not None
+    )
+    assert outcomes == {
+        ("several", "allowed"): 5,
+        ("late", "allowed"): 6,
+        ("one", "allowed"): 2,
+        ("one", "denied"): 2,
+    }, outcomes
