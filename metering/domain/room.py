@@ -197,19 +197,23 @@ def drawn_row(
     wanted = cost - own_room
     if len(pot.balances) == 1:  # (most pots) `Pot.draw` of one grant, without its loop
         balance = pot.balances[0]
-        left = balance.amount - balance.used
+        available = balance.amount - balance.used
         expires = balance.expires_at_us
-        if left > 0 and balance.effective_from_us <= at_us and (expires is None or at_us < expires):
-            row = [subject, name, cost, True, "allowed", after, own_room + left - cost, maximum, 0]
-            row += window
-            row.append(None)
+        draws: list[list[Any]] = []
+        if (
+            available > 0
+            and balance.effective_from_us <= at_us
+            and (expires is None or at_us < expires)
+        ):
             if wanted > 0:
-                taken = left if left < wanted else wanted
+                taken = available if available < wanted else wanted
                 balance.used += taken
                 granted[start] = granted.get(start, 0) + taken
-                row.append([[balance.grant_id, taken]])
-            return row
-    available, draws = pot.draw(start, wanted, at_us)
+                draws = [[balance.grant_id, taken]]
+        else:
+            available = 0  # (used up, or not active at the charge: it pays nothing)
+    else:
+        available, draws = pot.draw(start, wanted, at_us)
     remaining = own_room + available - cost
     row = [subject, name, cost, True, "allowed", after, remaining, maximum, 0, *window, None]
     if wanted > 0:

@@ -949,10 +949,9 @@ class _Applying:
         if allowances.grant_pairs:  # (every fixed window's granted pair is `timed`)
             granted = sorted((self.sums.timed | pairs) & allowances.grant_pairs)
             if granted:  # grants count at the events' instants, now and later (window ends)
-                span = self.sums.span  # (the batch's first time, when `plan` found it)
-                if span is None:
-                    span = (min(event.occurred_at_us for event in batch.records), 0)
-                since = min(batch.now_us, span[0])
+                span = self.sums.span  # (the batch's times, when `plan` found them)
+                first = span[0] if span else min(e.occurred_at_us for e in batch.records)
+                since = min(batch.now_us, first)
         # One event skips the id lookup: a repeated id fails the results
         # insert, and the transaction runs again (``retry``), looking up.
         self.looked_up = (
