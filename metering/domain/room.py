@@ -127,7 +127,8 @@ def covered(
                 continue
             if counters is None:  # the pairs the batch charges in more than one window
                 counters = set()
-                if len({key[:2] for key in sums.totals}) < len(sums.totals):
+                totals = sums.totals
+                if len(totals) > 1 and len({key[:2] for key in totals}) < len(totals):
                     seen: set[Pair] = set()
                     for counted, of, _ in sums.totals:
                         if (counted, of) in seen:
@@ -146,6 +147,8 @@ def covered(
                 found[key] = (maximum, None, granted + held)
                 continue
         found[key] = (maximum, pot, granted)
+    if not poisoned:
+        return found
     return {key: room for key, room in found.items() if (key[0], key[1]) not in poisoned}
 
 

@@ -741,8 +741,13 @@ class _Applying:
             breaking = self.breaking
             self.breaker_pairs.update((n, s) for n, s, _ in self.keys if n in breaking)
         if self.sums.timed:  # (one span for all: not a pair's per charge)
-            times = [event.occurred_at_us for event in batch.records]
-            self.sums.span = (min(times), max(times))
+            records = batch.records
+            if len(records) == 1:  # (`consume`)
+                at_us = records[0].occurred_at_us
+                self.sums.span = (at_us, at_us)
+            else:
+                times = [event.occurred_at_us for event in records]
+                self.sums.span = (min(times), max(times))
 
     def _priced_one(self, index: int, event: EventRecord, pricing: dict[str, Rule | None]) -> bool:
         """Plan an event of one charge on a `_priced` rule whose price adds
@@ -946,8 +951,14 @@ class _Applying:
         due = allowances.due_pairs(chain(pairs, (key[:2] for key in keys)), batch.now_us)
         granted: list[Pair] = []
         since = ALL_GRANTS
-        if allowances.grant_pairs:  # (every fixed window's granted pair is `timed`)
-            granted = sorted((self.sums.timed | pairs) & allowances.grant_pairs)
+        grant_pairs = allowances.grant_pairs
+        if grant_pairs:  # (every fixed window's granted pair is `timed`)
+            timed = self.sums.timed
+            if len(timed) == 1 and not pairs:  # (most of `consume`'s)
+                [pair] = timed
+                granted = [pair] if pair in grant_pairs else []
+            else:
+                granted = sorted((timed | pairs) & grant_pairs)
             if granted:  # grants count at the events' instants, now and later (window ends)
                 span = self.sums.span  # (the batch's times, when `plan` found them)
                 first = span[0] if span else min(e.occurred_at_us for e in batch.records)

@@ -73,6 +73,9 @@ def grant_deltas(
 ) -> list[tuple[str, int]]:
     """What ``draws`` add to each grant's ``used`` (of those in ``only``,
     when given), by grant id, sorted: the lock order of grant rows."""
+    if len(draws) == 1 and only is None:  # (most batches: one draw)
+        [(key, amount)] = draws.items()
+        return [(key[3], amount)]
     by_grant: dict[str, int] = defaultdict(int)
     for (_, _, _, grant_id), amount in draws.items():
         if only is None or grant_id in only:
@@ -83,6 +86,9 @@ def grant_deltas(
 def drawn_by_window(draws: Mapping[DrawKey, int]) -> dict[tuple[str, str, int], int]:
     """What ``draws`` add to each window's counter (``counters.granted``), by
     (limit, subject, window start)."""
+    if len(draws) == 1:  # (most batches: one draw)
+        [(key, amount)] = draws.items()
+        return {key[:3]: amount}
     by_window: dict[tuple[str, str, int], int] = defaultdict(int)
     for (name, subject, start, _), amount in draws.items():
         by_window[(name, subject, start)] += amount

@@ -147,9 +147,9 @@ def pot_of_rows(
     announce ``grant.low`` to ``watched`` (as `read_grants` does) and its
     rows' rowids to ``rowids``; rows of another kind are left out."""
     balances: list[Balance] = []
-    for kind, *values in rows:
-        if kind == 1:  # a grant, as `pots_of` takes it (watched if it may announce)
-            grant_id, amount, used, start, expires, priority, low_at, sent, rowid = values[:9]
+    for row in rows:
+        if row[0] == 1:  # a grant, as `pots_of` takes it (watched if it may announce)
+            _, grant_id, amount, used, start, expires, priority, low_at, sent, rowid = row[:10]
             balances.append(Balance(grant_id, amount, used, start, expires, priority))
             if low_at is not None and not sent:
                 watched[grant_id] = (low_at, used)
@@ -204,6 +204,14 @@ def write_draws(
     (the windows' counters take theirs in their own write); the rows in
     ``rowids`` (read in this transaction) by rowid."""
     known = rowids.grants if rowids is not None else {}
+    if len(draws) == 1:  # (most: one grant drawn on, in one window)
+        [(key, amount)] = draws.items()
+        rowid = known.get(key[3])
+        if rowid is None:
+            raw.execute(ADD_USED, (amount, key[3]))
+        else:
+            raw.execute(ADD_USED_AT, (amount, rowid))
+        return
     at: list[tuple[int, int]] = []
     by_key: list[tuple[Any, ...]] = []
     for grant_id, amount in grant_deltas(draws):

@@ -19,7 +19,7 @@ from sqlalchemy import select
 
 from metering import FrozenClock, Limit, Meter
 from metering.domain.grants import Pot
-from metering.storage.allowances import AllowanceStore
+from metering.storage.allowances import AllowanceStore, drawn_by_window, grant_deltas
 from metering.storage.hot.sqlite import SqliteHotStore
 from metering.storage.hot.sqlite_grants import (
     Rowids,
@@ -118,15 +118,32 @@ def test_draws_on_rows_read_are_added_by_rowid(meter: Meter) -> None:
         assert sorted(rowids.grants) == sorted(live)  # (d and e used their "p" up)
         raw.set_trace_callback(statements.append)
         write_draws(raw, {("calls", "a", start, "g-a"): 2, ("calls", "a", start, "p-a"): 1}, rowids)
+        write_draws(raw, {("calls", "a", start, "g-a"): 1}, rowids)  # one draw (`consume`'s)
         raw.set_trace_callback(None)
     by_rowid = "UPDATE grants SET used = used + {} WHERE rowid = {}"
     assert [" ".join(statement.split()) for statement in statements] == [
         by_rowid.format(2, rowids.grants["g-a"]),
         by_rowid.format(1, rowids.grants["p-a"]),
+        by_rowid.format(1, rowids.grants["g-a"]),
     ]
     after = _pots(meter, pairs)[("calls", "a")]
-    assert {b.grant_id: b.used for b in after.balances} == {"g-a": 2, "p-a": 3}
+    assert {b.grant_id: b.used for b in after.balances} == {"g-a": 3, "p-a": 3}
     assert after.granted[start] == before.granted[start]
+
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_the_deltas_of_draws_are_their_sums(count: int) -> None:
+    # One draw (most batches) is found without the loop for many: the same sums.
+    draws = {("calls", "a", 10 * (n // 2), f"g-{n % 2}"): n + 1 for n in range(count)}
+    by_grant: dict[str, int] = {}
+    by_window: dict[tuple[str, str, int], int] = {}
+    for (name, subject, start, grant_id), amount in draws.items():
+        by_grant[grant_id] = by_grant.get(grant_id, 0) + amount
+        by_window[(name, subject, start)] = by_window.get((name, subject, start), 0) + amount
+    assert grant_deltas(draws) == sorted(by_grant.items())
+    assert dict(drawn_by_window(draws)) == by_window
+    only = [(g, a) for g, a in sorted(by_grant.items()) if g == "g-1"]
+    assert grant_deltas(draws, {"g-1"}) == only
 
 
 def _state(url: str) -> tuple[list[Any], list[Any], int]:
