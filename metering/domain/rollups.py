@@ -133,9 +133,8 @@ def spend_deltas(decided: Iterable[Decided], sign: int = 1) -> dict[RollupKey, D
             if len(charge) > _PRICE_AT and charge[_PRICE_AT] is not None:
                 if charge[4] == WOULD_DENY:
                     continue
-                if hour is None:  # (`hour_start_us`, inline)
-                    at_us = event.occurred_at_us
-                    hour = at_us - at_us % HOUR_US
+                if hour is None:
+                    hour = hour_start_us(event.occurred_at_us)
                 currency, amount = charge[_PRICE_AT]
                 key = (charge[0], charge[1], SPEND_DIMENSION, hour, str(currency))
                 used, events = deltas.get(key, (0, 0))

@@ -130,7 +130,7 @@ def covered(
                 totals = sums.totals
                 if len(totals) > 1 and len({key[:2] for key in totals}) < len(totals):
                     seen: set[Pair] = set()
-                    for counted, of, _ in sums.totals:
+                    for counted, of, _ in totals:
                         if (counted, of) in seen:
                             counters.add((counted, of))
                         seen.add((counted, of))

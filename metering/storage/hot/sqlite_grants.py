@@ -204,14 +204,6 @@ def write_draws(
     (the windows' counters take theirs in their own write); the rows in
     ``rowids`` (read in this transaction) by rowid."""
     known = rowids.grants if rowids is not None else {}
-    if len(draws) == 1:  # (most: one grant drawn on, in one window)
-        [(key, amount)] = draws.items()
-        rowid = known.get(key[3])
-        if rowid is None:
-            raw.execute(ADD_USED, (amount, key[3]))
-        else:
-            raw.execute(ADD_USED_AT, (amount, rowid))
-        return
     at: list[tuple[int, int]] = []
     by_key: list[tuple[Any, ...]] = []
     for grant_id, amount in grant_deltas(draws):
