@@ -59,8 +59,9 @@ one counter also to the plain limit stacked on as many (priced and tiered
 to stacked, the mix to stacked3), and each batch row to the peer and, last,
 the paired ratio (to plain, and in brackets to stacked): for `consume` the
 median of the rounds' ratios of plain's summed time to the case's in the
-same processes (to stacked: of the case's paired ratio over stacked's), for
-`apply` the median of the ratios of the batches applied in the same pass.
+same processes (to stacked: the case's calls paired with as many of
+stacked's, in a job of their own), for `apply` the median of the ratios of
+the batches applied in the same pass.
 The paired column is the one to read (docs/performance.md: how far each
 moves between runs of one commit).
 A round's consuming meters are new: on PostgreSQL their cached rows are
@@ -331,17 +332,42 @@ def consume_round(
     calls: int,
     seed: int,
     speculate: bool,
-) -> tuple[Figures, float]:
+) -> tuple[Figures, float, float | None]:
     """``calls`` calls, half of ``case`` and half of plain, paired (split between
     the processes): the case's figures (its rate: its calls over their own
-    time, per process) and the ratio of plain's summed time to its."""
-    cases = (case, CASES[0])
-    job = paired_job((urls[case.name], urls["plain"]), cases, subjects, seed, speculate)
+    time, per process) and the ratio of plain's summed time to its; for a
+    case with a yardstick (`Case.stacked`), as many calls again paired with
+    the yardstick's, and the ratio of the yardstick's summed time to its."""
+    figures, to_plain = _paired_round(
+        urls, (case, CASES[0]), subjects, processes, calls, seed, speculate
+    )
+    if not case.stacked:
+        return figures, to_plain, None
+    yardstick = next(other for other in CASES if other.name == case.stacked)
+    _, to_stacked = _paired_round(
+        urls, (case, yardstick), subjects, processes, calls, seed, speculate
+    )
+    return figures, to_plain, to_stacked
+
+
+def _paired_round(
+    urls: dict[str, str],
+    cases: tuple[Case, Case],
+    subjects: list[str],
+    processes: int,
+    calls: int,
+    seed: int,
+    speculate: bool,
+) -> tuple[Figures, float]:
+    """`paired_job` of ``cases`` in ``processes``: the first's figures, and the
+    ratio of the second's summed time to the first's."""
+    mine_, theirs_ = cases
+    job = paired_job((urls[mine_.name], urls[theirs_.name]), cases, subjects, seed, speculate)
     found = run_prepared_each(job, processes, calls // 2 // processes)
     mine = [ns for ours, _ in found for ns in ours]
-    plain = sum(ns for _, theirs in found for ns in theirs)
-    figures = Figures(case.name, processes, len(mine), sum(mine) / processes / 1e9, mine)
-    return figures, plain / sum(mine)
+    theirs = sum(ns for _, other in found for ns in other)
+    figures = Figures(mine_.name, processes, len(mine), sum(mine) / processes / 1e9, mine)
+    return figures, theirs / sum(mine)
 
 
 def apply_rounds(
@@ -407,13 +433,24 @@ class Results:
     def __init__(self) -> None:
         self.figures: dict[tuple[str, str], list[Figures]] = {}
         self.pairs: dict[tuple[str, str], list[float]] = {}  # a paired `consume` round's ratio
+        self.to_stacked: dict[tuple[str, str], list[float]] = {}  # ... to its yardstick
 
-    def add(self, path: str, figures: Figures, paired: float | None = None) -> None:
+    def add(
+        self,
+        path: str,
+        figures: Figures,
+        paired: float | None = None,
+        to_stacked: float | None = None,
+    ) -> None:
         self.figures.setdefault((path, figures.name), []).append(figures)
         tail = ""
         if paired is not None:
             self.pairs.setdefault((path, figures.name), []).append(paired)
-            tail = f" (paired with plain: {paired:.2f})"
+            tail = f" (paired with plain: {paired:.2f}"
+            if to_stacked is not None:
+                self.to_stacked.setdefault((path, figures.name), []).append(to_stacked)
+                tail += f"; with {STACKED[figures.name]}: {to_stacked:.2f}"
+            tail += ")"
         print(f"  {path}, {figures.name}: {figures.rate:,.0f}/s{tail}", flush=True)
 
     def ratio(self, path: str, name: str, to: str) -> str:
@@ -425,17 +462,16 @@ class Results:
 
     def paired(self, path: str, name: str, to: str) -> str:
         """`consume`: the median of the rounds' ratios of the summed times of
-        plain's calls and the case's in one process (to ``to`` other than plain:
-        of the case's ratio over ``to``'s). `apply`: the median of the ratios of
-        the batches applied in the same pass (the k-th batch of one case against
-        the k-th of the other, every round)."""
+        ``to``'s calls and the case's in the same processes (plain, or the
+        case's yardstick, each paired with it). `apply`: the median of the
+        ratios of the batches applied in the same pass (the k-th batch of one
+        case against the k-th of the other, every round)."""
         if (path, name) in self.pairs:
-            ours_, theirs_ = self.pairs[(path, name)], self.pairs.get((path, to), [])
-            if to != "plain":
-                if not theirs_:
-                    return ""
-                ours_ = [a / b for a, b in zip(ours_, theirs_, strict=True)]
-            return f"{median(ours_):.2f}"
+            if to == "plain":
+                return f"{median(self.pairs[(path, name)]):.2f}"
+            if to != STACKED.get(name) or (path, name) not in self.to_stacked:
+                return ""
+            return f"{median(self.to_stacked[(path, name)]):.2f}"
         ours, theirs = self.figures[(path, name)], self.figures.get((path, to), [])
         if not theirs:
             return ""
@@ -497,10 +533,10 @@ def measure(
         for processes in process_counts:
             path = f"consume, {processes} process{'es' if processes > 1 else ''}"
             for case in order:
-                figures, paired = consume_round(
+                figures, paired, to_stacked = consume_round(
                     urls, case, subjects, processes, consume, 1000 + round_, not args.no_speculation
                 )
-                results.add(path, figures, paired)
+                results.add(path, figures, paired, to_stacked)
         path = "apply, 1,000-event batches"
         for figures in apply_rounds(
             urls, peer, order, subjects, round_, args.batches, not args.collector_in_batches

@@ -114,6 +114,20 @@ def test_a_pair_times_both_meters_in_turn_on_the_same_subjects(
     assert [s for u, s in called if u == urls[0]] == [s for u, s in called if u == urls[1]]
 
 
+def test_a_bracket_is_the_case_paired_with_its_yardstick(bench_mix: ModuleType) -> None:
+    # Not the quotient of two pairings with plain (0.9 / 0.6 = 1.5 here): the
+    # case's own calls paired with the yardstick's.
+    results = bench_mix.Results()
+    path = "consume, 1 process"
+    for name, to_plain, to_stacked in [("stacked3", 0.6, None), ("mix", 0.9, 0.84)]:
+        figures = bench_mix.Figures(name, 1, 1, 1.0, [1])
+        results.add(path, figures, to_plain, to_stacked)
+    assert results.paired(path, "mix", "plain") == "0.90"
+    assert results.paired(path, "mix", "stacked3") == "0.84"
+    assert results.paired(path, "mix", "stacked") == ""
+    assert results.paired(path, "stacked3", "stacked") == ""
+
+
 @pytest.mark.slow
 def test_worker_only_runs_the_worker_rows_alone(tmp_path: Path) -> None:
     rows = run_quick(tmp_path, "--worker-only", "--cases", "priced", database="PostgreSQL")
