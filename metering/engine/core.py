@@ -209,7 +209,7 @@ class Engine:
             and batch.policy is None
             and not batch.rejected
             and bool(paths)
-            and UNHELD <= paths[0].implements
+            and paths[0].implements >= UNHELD
         )
 
     def needs(self, batch: Batch) -> frozenset[Need]:

@@ -395,7 +395,6 @@ def sqlite_read_unlocked(raw: sqlite3.Connection, request: ReadRequest) -> Snaps
     return SqliteHotStore(None, raw).read(request)
 
 
-
 def _windows(raw: sqlite3.Connection, pairs: Sequence[Pair]) -> list[tuple[Pair, Window | None]]:
     """The current first-use window of each of ``pairs`` that has a row, in
     order (None: a row with no window); a pair with no row is left out."""
