@@ -46,6 +46,19 @@ class Need(StrEnum):
 
 EVERY: Final = frozenset(Need)
 NONE: Final[frozenset[Need]] = frozenset()
+# Every need a batch with no hold, import nor dead letters may have before
+# it is decided (`batch_needs`, whatever its charges): a path that implements
+# them all takes every such batch.
+UNHELD: Final = EVERY - {
+    Need.RESERVATION,
+    Need.HELD_SEATS,
+    Need.HELD_GAUGE,
+    Need.IMPORT_FLAGS,
+    Need.DEAD_LETTERS,
+    Need.EARLY_FIRST_USE,  # (these three are found while deciding)
+    Need.NOTICES,
+    Need.REPEATED_ID,
+}
 
 
 def rule_needs(limit: Limit, *, priced: bool) -> frozenset[Need]:

@@ -27,7 +27,7 @@ from sqlalchemy import Connection
 from metering.domain.decisions import Decision
 from metering.domain.events import EventRecord, Rejected, UsageEvent
 from metering.domain.imports import ImportPolicy
-from metering.domain.needs import Need, batch_needs
+from metering.domain.needs import UNHELD, Need, batch_needs
 from metering.engine.answers import (
     CONFLICT,
     NEW,
@@ -172,11 +172,13 @@ class Engine:
         path again."""
         if self.limits.current[0] < 0:
             self.database.run(self.limits.refresh)
-        needs = self.needs(batch)
+        # None: not worked out, as the first path takes the batch whatever
+        # its charges need (until it declines).
+        needs = None if self._unheld(batch) else self.needs(batch)
         refreshes, index = 0, 0
         while index < len(self.paths):
             path = self.paths[index]
-            if not needs <= path.implements:
+            if needs is not None and not needs <= path.implements:
                 index += 1
                 continue
             found = ask(path, batch)
@@ -185,14 +187,30 @@ class Engine:
             if found.stale and refreshes < _REFRESHES:
                 refreshes += 1
                 self.database.run(self.limits.refresh)
-                needs = self.needs(batch) | (needs & _FOUND)
+                if needs is not None:
+                    needs = self.needs(batch) | (needs & _FOUND)
                 continue  # the same path, with the limits as they are now
+            if needs is None:
+                needs = self.needs(batch)
             if found.need is not None:
                 needs |= {found.need}
                 if found.need == Need.REPEATED_ID:
                     batch = batch.looking_up()
             index += 1
-        raise AssertionError(f"no decision path implements {sorted(needs)}")
+        raise AssertionError(f"no decision path implements {sorted(needs or ())}")
+
+    def _unheld(self, batch: Batch) -> bool:
+        """Whether ``batch`` has no hold, import nor dead letters and the
+        first path implements every need such a batch may have (`UNHELD`):
+        it is asked first whatever the batch's charges need."""
+        paths = self.paths
+        return (
+            batch.hold is None
+            and batch.policy is None
+            and not batch.rejected
+            and bool(paths)
+            and paths[0].implements >= UNHELD
+        )
 
     def needs(self, batch: Batch) -> frozenset[Need]:
         """What deciding ``batch`` needs, from the cached limits (`metering.domain.needs`)."""

@@ -262,6 +262,9 @@ class LimitCache:
         self.held = HeldCache()  # whatever the limits' version: its stamps say
         # The one-trip call's plans (`metering.engine.one_trip`), each with its version.
         self.plans: dict[tuple[tuple[str, str], ...], Any] = {}
+        # Of the rules last asked about: whether one has a breaker, and one a
+        # forecast lead (`traits`).
+        self._traits: tuple[dict[str, Rule] | None, bool, bool] = (None, False, False)
 
     def refresh(self, connection: Connection) -> None:
         store = Store(connection)
@@ -284,6 +287,17 @@ class LimitCache:
         self._entitled = {}
         self.plans = {}
         self.current = (version, rules, found)
+
+    def traits(self, rules: dict[str, Rule]) -> tuple[bool, bool]:
+        """Whether any of ``rules`` (a version's) has a breaker, and any a
+        forecast lead: worked out once per version, not per batch."""
+        known = self._traits
+        if known[0] is rules:  # (the dict itself: a version's is never changed)
+            return known[1], known[2]
+        guarded = any(rule.needs and Need.BREAKER in rule.needs for rule in rules.values())
+        forecasting = _forecasting(rules)
+        self._traits = (rules, guarded, forecasting)
+        return guarded, forecasting
 
     def rule_for(
         self, rule: Rule, history: History | None, at_us: int, own: Own | None = None
@@ -693,7 +707,7 @@ class _Applying:
         pricing: dict[str, Rule | None] = {}
         first, todo = self.first, self.todo
         # Whether any limit has a breaker: else no charge's pair is looked for below.
-        guarded = any(rule.needs and Need.BREAKER in rule.needs for rule in self.rules.values())
+        guarded = cache.traits(self.rules)[0]
         for index, event in enumerate(batch.records):
             event_id = event.event_id
             if event_id in first:
@@ -1412,7 +1426,7 @@ class _Applying:
         dead = [*batch.rejected, *conflicts, *self.refused]
         if dead and store.takes_rejected:
             changes.rejected, dead = dead, []  # in the write's round trip
-        forecasting = connection is not None or _forecasting(self.rules)
+        forecasting = connection is not None or self.cache.traits(self.rules)[1]
         leads = self._leads() if forecasting and self.wanted_notices is not None else {}
         breakers = self.breakers
         more = bool(self.notices or dead or low or leads or breakers)

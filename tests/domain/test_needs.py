@@ -7,7 +7,15 @@ from __future__ import annotations
 import pytest
 
 from metering.domain.limits import Limit, spend_limit
-from metering.domain.needs import EVERY, NONE, Need, batch_needs, rule_needs, subject_needs
+from metering.domain.needs import (
+    EVERY,
+    NONE,
+    UNHELD,
+    Need,
+    batch_needs,
+    rule_needs,
+    subject_needs,
+)
 
 
 def test_a_plain_limit_needs_nothing() -> None:
@@ -100,3 +108,22 @@ def test_every_is_every_need_and_a_need_is_its_text() -> None:
     assert frozenset(Need) == EVERY and not NONE
     assert Need("early_first_use") is Need.EARLY_FIRST_USE
     assert str(Need.MONEY) == "money"
+
+
+def test_a_batch_with_no_hold_import_nor_dead_letters_needs_only_unheld_needs() -> None:
+    """Whatever its charges need (a rule's, a subject's, and what
+    `Allowances.charged` adds), such a batch needs nothing outside `UNHELD`:
+    a first path that implements it is asked without working them out."""
+    limits = [
+        Limit("a", maximum=5, period="1mo", distinct="user", dimensions=("route",), pacing=True),
+        Limit("b", maximum=5, period="1h", breaker="10x", forecast_lead="1h"),
+        Limit("c", maximum=5, period="1h", aggregation="max"),
+        spend_limit("spend", "50", "USD", "1d"),
+    ]
+    charged = set().union(*(rule_needs(limit, priced=True) for limit in limits))
+    charged |= subject_needs(entitled=True, granted=True, recurring=True, thresholds=True)
+    charged |= {Need.INVALID, Need.REPEATED_COUNTER, Need.TIME_ZONE}
+    unheld = {"held": False, "imported": False, "dead_letters": False}
+    for events in (1, 2):
+        assert batch_needs(events, charged=frozenset(charged), **unheld) <= UNHELD
+    assert not UNHELD & {Need.RESERVATION, Need.IMPORT_FLAGS, Need.DEAD_LETTERS}

@@ -1,6 +1,7 @@
 """`Engine`'s own bookkeeping: the limits cache that ingest asks about
-unknown limits (`Engine.unknown_limits`), and the garbage collector paused
-while a batch is decided (`collector_paused`)."""
+unknown limits (`Engine.unknown_limits`), the garbage collector paused
+while a batch is decided (`collector_paused`), and the needs worked out
+only when a path must be chosen by them."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import gc
 from typing import Any
 
 from metering import Limit, Meter, make_event
+from metering.domain.needs import UNHELD
+from metering.engine.answers import Declined
 
 
 def test_a_name_known_once_another_thread_reloaded_the_cache_is_not_unknown(
@@ -54,3 +57,33 @@ def test_the_collector_is_paused_only_while_a_batch_is_decided(sqlite_url: str) 
             assert not gc.isenabled()  # left off, as it was
         finally:
             gc.enable()
+
+
+def test_a_plain_batch_goes_to_the_first_path_without_its_needs_worked_out(
+    sqlite_url: str,
+) -> None:
+    """The first path (`Direct` on a SQLite file) implements `UNHELD`: a
+    batch with no hold, import nor dead letters is given to it without
+    `Engine.needs`; once it declines, the needs choose the next path."""
+    with Meter(sqlite_url) as meter:
+        meter.set_limit(Limit("calls", maximum=10, period="1h", window="calendar"))
+        engine, asked = meter._engine, []
+        assert engine.paths[0].implements >= UNHELD
+        needs = engine.needs
+
+        def counted(batch: Any) -> Any:
+            asked.append(batch)
+            return needs(batch)
+
+        engine.needs = counted  # type: ignore[method-assign]
+        assert meter.consume("org", "calls").allowed
+        assert asked == []
+        first = engine.paths[0]
+        apply = first.apply
+        first.apply = lambda batch: Declined("declined", None)  # type: ignore[method-assign]
+        try:
+            assert meter.consume("org", "calls").allowed  # by the next path
+        finally:
+            first.apply = apply  # type: ignore[method-assign]
+        assert len(asked) == 1
+        assert meter.consume("org", "calls").remaining == 7

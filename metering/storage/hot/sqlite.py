@@ -108,11 +108,9 @@ FROM json_each(?) AS k
 JOIN current_windows AS w ON w.limit_name = json_extract(k.value, '$[0]')
                          AND w.subject = json_extract(k.value, '$[1]')
 """
-SELECT_COUNTER: Final = """
-SELECT used, denied_count, denied_cost, first_denied_at_us, tat_us, tat_rem, tat_scale, rate,
-       rate_at_us, granted, seats_stamp
-FROM counters WHERE limit_name = ? AND subject = ? AND window_start_us = ?
-"""
+# Up to this many ids, windows or seat values are read one statement each,
+# and as many counters in one statement (`FOLDED`: `consume`).
+_ONE_BY_ONE: Final = 3
 # The version and one counter (or none: the LEFT JOIN's NULLs) in one statement.
 VERSION_AND_COUNTER: Final = """
 SELECT v.version, c.used, c.denied_count, c.denied_cost, c.first_denied_at_us, c.tat_us,
@@ -124,8 +122,10 @@ WHERE v.id = 1
 # The same with a kind (0) first, and what else one event reads, each part
 # padded to its thirteen columns: one pair's grants (`GRANT_ROWS`, kind 1;
 # their draws are the counters' ``granted``), one breaker and the secret
-# (`SQLITE_BREAKER_ROWS`, 3 and 4), one seat value's live events (kind 5).
-# `FOLDED` has a statement per choice of parts: (grants, breaker, seat).
+# (`SQLITE_BREAKER_ROWS`, 3 and 4), one seat value's live events (kind 5),
+# and its other counters (`_COUNTER_ROW`, kind 6, each with its position).
+# `FOLDED` has a statement per choice of parts: (grants, breaker, seat, how
+# many other counters).
 _KINDED: Final = """
 SELECT 0, v.version, c.used, c.denied_count, c.denied_cost, c.first_denied_at_us, c.tat_us,
        c.tat_rem, c.tat_scale, c.rate, c.rate_at_us, c.granted, c.seats_stamp
@@ -139,16 +139,24 @@ SELECT 5, live_events, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NUL
 FROM distinct_values
 WHERE subject = ? AND limit_name = ? AND window_start_us = ? AND value = ?
 """
+_COUNTER_ROW: Final = """
+UNION ALL
+SELECT 6, ?, used, denied_count, denied_cost, first_denied_at_us, tat_us, tat_rem, tat_scale,
+       rate, rate_at_us, granted, seats_stamp
+FROM counters WHERE limit_name = ? AND subject = ? AND window_start_us = ?
+"""
 FOLDED: Final = {
-    (grants, breaker, seat): _KINDED
+    (grants, breaker, seat, more): _KINDED
     + (GRANT_ROWS if grants else "")
     + (SQLITE_BREAKER_ROWS if breaker else "")
     + (_SEAT_ROW if seat else "")
+    + _COUNTER_ROW * more
     for grants in (False, True)
     for breaker in (False, True)
     for seat in (False, True)
+    for more in range(_ONE_BY_ONE)
 }
-_BREAKER, _SECRET, _SEAT = 3, 4, 5  # kinds of `FOLDED`'s rows
+_BREAKER, _SECRET, _SEAT, _COUNTER = 3, 4, 5, 6  # kinds of `FOLDED`'s rows
 SELECT_SEATS: Final = """
 SELECT v.subject, v.limit_name, v.window_start_us, v.value, v.live_events
 FROM json_each(?) AS k
@@ -225,11 +233,13 @@ class SqliteHotStore:
             secret: str | None = None
             drawn: dict[Key, int] = {}  # the counters' ``granted`` (what grants paid)
             stamps: dict[Key, int] = {}  # their seat windows' (`HeldCache`)
-            # One event's (`consume`) grants, breaker and seat ride with its first counter.
+            # One event's (`consume`) grants, breaker, seat and other
+            # counters (a few) ride with its first counter.
             grant = grant_pairs[0] if wanted and len(grant_pairs) == 1 else None
             breaker = breaker_pairs[0] if wanted and len(breaker_pairs) == 1 else None
             seat = _fixed_seat(seats[0]) if wanted and len(seats) == 1 else None
-            if grant or breaker or seat:
+            more = len(wanted) - 1 if len(wanted) <= _ONE_BY_ONE else 0
+            if grant or breaker or seat or more > 0:
                 parameters: list[Any] = [*wanted[0]]
                 if grant:
                     parameters += (*grant, grants_since_us)
@@ -238,12 +248,16 @@ class SqliteHotStore:
                 if seat:
                     name, subject, start, value = seat
                     parameters += (subject, name, start, value)  # as `_seen` reads it
-                statement = FOLDED[grant is not None, breaker is not None, seat is not None]
+                for position in range(1, more + 1):
+                    parameters += (position, *wanted[position])
+                statement = FOLDED[grant is not None, breaker is not None, seat is not None, more]
                 (_, version, *first), *rest = raw.execute(statement, parameters).fetchall()
                 if grant:
                     pot_of_rows(grant, rest, pots, watched, self.rowids)
                 for row in rest:
-                    if row[0] == _BREAKER and breaker:
+                    if row[0] == _COUNTER:
+                        _keep_counter(wanted[row[1]], row[2:], states, rates, drawn, stamps)
+                    elif row[0] == _BREAKER and breaker:
                         breakers[breaker] = breaker_of(row[1:7])
                         self.rowids.breakers[breaker] = row[7]
                     elif row[0] == _SECRET:
@@ -262,11 +276,6 @@ class SqliteHotStore:
             if len(wanted) > _ONE_BY_ONE:
                 for key, row in _counters(raw, wanted[1:]):
                     _keep_counter(key, row, states, rates, drawn, stamps)
-            else:
-                for key in wanted[1:]:
-                    row = raw.execute(SELECT_COUNTER, key).fetchone()
-                    if row is not None:
-                        _keep_counter(key, row, states, rates, drawn, stamps)
             if seats and seat is None:
                 seen = _seen(raw, seats, windows)
             if grant_pairs and grant is None:
@@ -384,10 +393,6 @@ def sqlite_read_unlocked(raw: sqlite3.Connection, request: ReadRequest) -> Snaps
     ``request`` asks for no results nor recurring grants' schedules (``ids``
     None, ``due_pairs`` empty). Driver errors come out as SQLAlchemy's."""
     return SqliteHotStore(None, raw).read(request)
-
-
-# Up to this many ids or counters are read one statement each (`consume`).
-_ONE_BY_ONE: Final = 3
 
 
 def _windows(raw: sqlite3.Connection, pairs: Sequence[Pair]) -> list[tuple[Pair, Window | None]]:

@@ -360,6 +360,42 @@ def test_a_seat_consume_reads_its_seat_with_its_counter(
         ]
 
 
+@pytest.mark.parametrize("granted", [False, True])
+def test_a_consume_of_three_counters_reads_them_in_one_statement(
+    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, granted: bool
+) -> None:
+    # The other counters (up to `_ONE_BY_ONE` in all) ride with the first
+    # and the version (and a grant's rows), each row with its position: one
+    # SELECT, whether each counter has a row or not; what it read is what
+    # the reference engine reads.
+    limits = [
+        Limit(name, maximum=5, period=period, window="calendar")
+        for name, period in (("calls", "1mo"), ("daily", "1d"), ("weekly", "1w"))
+    ]
+    charges = [("s", limit.name, 2) for limit in limits]
+    other = copy_sqlite(Path(sqlite_url.removeprefix("sqlite:///")), tmp_path / "other.db")
+    clock = FrozenClock(NOW)
+    with Meter(sqlite_url, clock=clock) as meter, Meter(other, clock=clock) as reference:
+        reference._engine.paths = [reference._engine.path("reference")]
+        for one in (meter, reference):
+            for limit in limits:
+                one.set_limit(limit)
+            if granted:
+                one.grant("s", "calls", 3, grant_id="g")
+            one.consume("s", "daily", 1)  # one counter has a row, the others not yet
+        traced = _traced(meter, monkeypatch, charges=charges)
+        assert [statement for statement in traced if statement.startswith("SELECT")] == [
+            "SELECT 0, v.version,"
+        ]
+        assert traced.count("INSERT INTO counters") == 2
+        reference.consume(charges=charges)
+        for _ in range(2):
+            decided = [one.consume(charges=charges) for one in (meter, reference)]
+            assert [d.outcome for d in decided] == [d.outcome for d in decided[::-1]]
+            assert decided[0].charges == decided[1].charges
+        assert _table(meter, counters) == _table(reference, counters)
+
+
 @pytest.mark.parametrize("groups", [0, 8])
 def test_a_batchs_counters_and_seat_values_read_the_same_grouped_or_by_whole_key(
     sqlite_url: str, monkeypatch: pytest.MonkeyPatch, groups: int
