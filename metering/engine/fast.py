@@ -78,7 +78,7 @@ from metering.engine.answers import (
 from metering.engine.breakers import Breakers
 from metering.engine.forecasts import forecast_keys, forecast_with, leads_of, with_forecasts
 from metering.engine.money import PriceBook, Pricing, refuse_spend_charge, repriced
-from metering.engine.seats import HeldCache, Seats
+from metering.engine.seats import Assumed, HeldCache, Seats
 from metering.errors import EventConflict, InvalidInput, MeteringError, UnknownLimit
 from metering.pipeline.messages import encode_event, raw_text
 from metering.storage.alerts import AlertStore
@@ -975,7 +975,7 @@ class _Applying:
         wanted = sorted((*key, end) for key, end in keys.items())
         wanted_seats, held = self.wanted_seats, self.cache.held
         asked: Iterable[WantedSeat] = wanted_seats
-        assumed: list[SeatKey] = []
+        assumed: Assumed = {}
         # One value with its first counter (SQLite): known held, or read there.
         one = len(wanted_seats) == 1 and store.folds_one_seat
         stamp = None
