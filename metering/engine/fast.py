@@ -724,7 +724,11 @@ class _Applying:
             first[event_id] = index
             shortened = None
             if short:
-                found = self._plain_rules(event, plain)
+                # (An event whose first charge is known not `_plain` is not.)
+                charges = event.charges
+                found = None
+                if not charges or plain.get(charges[0][1], True) is not None:
+                    found = self._plain_rules(event, plain)
                 if found is not None:
                     fixed = self._plain_keys(index, event, found)
                     if fixed is not None:
