@@ -48,16 +48,7 @@ from metering.domain.needs import EVERY, NONE, Need, subject_needs
 from metering.domain.notifications import Notice, payload_of
 from metering.domain.recurring import Issue, issue_id, low_threshold
 from metering.domain.reservations import held_charge
-from metering.domain.rollups import (
-    CONSUMED,
-    SPEND_DIMENSION,
-    WOULD_DENY,
-    Delta,
-    RollupKey,
-    hour_start_us,
-    merged,
-    rollup_deltas,
-)
+from metering.domain.rollups import WOULD_DENY, merged, rollup_deltas, spend_deltas
 from metering.domain.room import Room, Sums, allowed_row, covered, drawn_row
 from metering.domain.rules import (
     BUCKET_WINDOW,
@@ -456,9 +447,6 @@ class _Spend:
         # Per counted event of a batch's room (`_Applying._tiered`): what its
         # counter held before it, one after the other, and what it costs then.
         self.ahead: dict[int, tuple[int, int]] = {}
-        # What the consumed priced charges add to the spend rollups, summed
-        # as they are marked (`spend_deltas` of the batch's results).
-        self.spent: dict[RollupKey, Delta] = {}
 
     @classmethod
     def of(cls, cache: LimitCache, version: int) -> _Spend:
@@ -541,13 +529,11 @@ class _Spend:
             return [*charges[:head], (subject, name, amount)]
         return [*charges[:head], *[(s, name, amount) for s, name, _ in charges[head:]]]
 
-    def annotate(self, index: int, verdict: EventOutcome, at_us: int) -> None:
-        """The (currency, amount) of each consumed priced charge of event
-        ``index`` (at ``at_us``), added to ``spent``."""
+    def annotate(self, index: int, verdict: EventOutcome) -> None:
+        """The (currency, amount) of each consumed priced charge of event ``index``."""
         amounts = self.amounts.get(index)
         if amounts is None or verdict.outcome == "denied":
             return
-        consumed = verdict.outcome in CONSUMED
         for position, (currency, amount) in amounts.items():
             row = verdict.rows[position]
             if row[4] == WOULD_DENY:  # a shadow limit's: nothing consumed
@@ -555,14 +541,6 @@ class _Spend:
             if len(row) == ROW_FIELDS:
                 row.append([])  # no grant paid
             row.append([currency, amount])
-            if consumed:
-                self.count_spent(row[0], row[1], at_us, currency, amount)
-
-    def count_spent(self, subject: str, name: str, at_us: int, currency: str, amount: int) -> None:
-        """A consumed priced charge's amount in ``spent`` (as `spend_deltas` counts it)."""
-        key = (subject, name, SPEND_DIMENSION, hour_start_us(at_us), currency)
-        was = self.spent.get(key)
-        self.spent[key] = (amount, 1) if was is None else (was[0] + amount, was[1] + 1)
 
 
 def _first_use(
@@ -1269,7 +1247,7 @@ class _Applying:
                 rows.append(drawn_row(subject, name, cost, state, room, window, at_us))
         verdict = EventOutcome("allowed", rows, ())
         if self.spend is not None:
-            self.spend.annotate(index, verdict, at_us)
+            self.spend.annotate(index, verdict)
         if self.breakers is not None:
             self.breakers.charged("allowed", rows, event.event_id, self.batch.now_us)
         return verdict
@@ -1307,8 +1285,6 @@ class _Applying:
         if len(row) == ROW_FIELDS:
             row.append([])  # no grant paid
         row.append([currency, amount])
-        if row[4] != WOULD_DENY:
-            spend.count_spent(subject, name, at_us, currency, amount)
         paid_row = self._covered_row(payer, spent, amount, paid, paid_window, states, rooms, at_us)
         return [row, paid_row]
 
@@ -1380,7 +1356,7 @@ class _Applying:
             outcomes = [row[_CHARGE_OUTCOME] for row in verdict.rows]
             self.seats.count_outcomes(event_seats, verdict.outcome, outcomes)
         if self.spend is not None:
-            self.spend.annotate(index, verdict, event.occurred_at_us)
+            self.spend.annotate(index, verdict)
         if breakers is not None:
             breakers.charged(verdict.outcome, verdict.rows, event.event_id, self.batch.now_us)
         return verdict
@@ -1482,8 +1458,8 @@ class _Applying:
         had_row = self.had_row
         moved = sorted(self.moved.items())
         rollups = rollup_deltas(self.records, self.dimensioned)
-        if self.spend is not None and self.spend.spent:
-            spent = self.spend.spent
+        if self.spend is not None and self.spend.amounts:
+            spent = spend_deltas(self.records)
             rollups = merged(rollups, spent) if rollups else spent
         before = self.before
         changes = Changes(
@@ -1954,5 +1930,5 @@ def check_record(
         charges = spend.reprice(0, event, charges, states)
     verdict = decide(event_rules, charges, windows, states, at_us, event.event_id, None, pots)
     if spend is not None:
-        spend.annotate(0, verdict, at_us)
+        spend.annotate(0, verdict)
     return verdict
