@@ -78,7 +78,7 @@ from metering.engine.answers import (
 from metering.engine.breakers import Breakers
 from metering.engine.forecasts import forecast_keys, forecast_with, leads_of, with_forecasts
 from metering.engine.money import PriceBook, Pricing, refuse_spend_charge, repriced
-from metering.engine.seats import HeldCache, Seats
+from metering.engine.seats import Assumed, HeldCache, Seats
 from metering.errors import EventConflict, InvalidInput, MeteringError, UnknownLimit
 from metering.pipeline.messages import encode_event, raw_text
 from metering.storage.alerts import AlertStore
@@ -716,7 +716,11 @@ class _Applying:
             first[event_id] = index
             shortened = None
             if short:
-                found = self._plain_rules(event, plain)
+                # (An event whose first charge is known not `_plain` is not.)
+                charges = event.charges
+                found = None
+                if not charges or plain.get(charges[0][1], True) is not None:
+                    found = self._plain_rules(event, plain)
                 if found is not None:
                     fixed = self._plain_keys(index, event, found)
                     if fixed is not None:
@@ -989,7 +993,7 @@ class _Applying:
         wanted = sorted((*key, end) for key, end in keys.items())
         wanted_seats, held = self.wanted_seats, self.cache.held
         asked: Iterable[WantedSeat] = wanted_seats
-        assumed: list[SeatKey] = []
+        assumed: Assumed = {}
         # One value with its first counter (SQLite): known held, or read there.
         one = len(wanted_seats) == 1 and store.folds_one_seat
         stamp = None

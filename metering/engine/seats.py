@@ -34,6 +34,9 @@ from metering.storage.results import ResultStore
 from metering.storage.store import Store
 
 COUNTED = ("allowed", "overage")
+# Seat values taken as held (`HeldCache.split`), by window: the stamp they
+# are known held at, and the values.
+Assumed = dict[Key, tuple[int, list[SeatKey]]]
 
 
 def seat_keys(
@@ -136,19 +139,24 @@ class HeldCache:
         self.windows: dict[Key, tuple[int, frozenset[str]]] = {}
         self.met: set[Key] = set()  # the windows read whole once
 
-    def split(self, seats: Iterable[WantedSeat]) -> tuple[list[WantedSeat], list[SeatKey]]:
-        """``seats`` as those to read and those taken as held if their
-        window's stamp is the one known (`settle` finds out)."""
+    def split(self, seats: Iterable[WantedSeat]) -> tuple[list[WantedSeat], Assumed]:
+        """``seats`` as those to read and, by window, those taken as held if
+        the window's stamp is still the one they are known held at (`settle`
+        finds out)."""
         asked: list[WantedSeat] = []
-        assumed: list[SeatKey] = []
+        assumed: dict[Any, tuple[int, list[Any]]] = {}
         # Any: a seat of a first-use window (its start None) is in no window known.
         windows: dict[Any, tuple[int, frozenset[str]]] = self.windows
-        assume: Callable[[Any], None] = assumed.append
         ask = asked.append
         for seat in seats:
-            known = windows.get(seat[:3])
+            key = seat[:3]
+            known = windows.get(key)
             if known is not None and seat[3] in known[1]:
-                assume(seat)
+                group = assumed.get(key)
+                if group is None:
+                    assumed[key] = (known[0], [seat])
+                else:
+                    group[1].append(seat)
             else:
                 ask(seat)
         return asked, assumed
@@ -161,24 +169,24 @@ class HeldCache:
     def settle(
         self,
         asked: Sequence[WantedSeat],
-        assumed: Sequence[SeatKey],
+        assumed: Assumed,
         snapshot: Snapshot,
         read_seats: Callable[[Sequence[WantedSeat]], Seen],
         read_held: Callable[[Sequence[Key]], dict[Key, set[str]]],
     ) -> None:
         """Complete ``snapshot.seen`` (read for ``asked``) with ``assumed``: held
-        where the window's stamp is the one known, else read now
-        (``read_seats``, under the same locks); then learn what was read,
-        and the held values of the windows met first (``read_held``)."""
+        where the window's stamp is the one they were known held at (not the
+        one known now: another batch may have learnt a newer one since), else
+        read now (``read_seats``, under the same locks); then learn what was
+        read, and the held values of the windows met first (``read_held``)."""
         windows, stamps, seen = self.windows, snapshot.stamps, snapshot.seen
         stale: list[SeatKey] = []
-        for seat in assumed:
-            key = seat[:3]
-            known = windows.get(key)
-            if known is not None and stamps.get(key) == known[0]:
-                seen[seat] = HELD
+        for key, (known_at, group) in assumed.items():
+            if stamps.get(key) == known_at:
+                for seat in group:
+                    seen[seat] = HELD
             else:
-                stale.append(seat)
+                stale.extend(group)
         if stale:
             seen.update(read_seats(sorted(stale)))
         self._bound()

@@ -22,7 +22,9 @@ from metering import FrozenClock, Limit, Meter
 from metering.domain.events import UsageEvent, make_event
 from metering.engine.fast import LimitCache
 from metering.engine.one_trip import STATS, prepare
+from metering.engine.seats import HeldCache
 from metering.storage.connections import make_engine
+from metering.storage.hot import Snapshot, WantedSeat
 from metering.storage.hot.postgres import PostgresHotStore
 from metering.storage.hot.sqlite import SqliteHotStore
 from metering.storage.tables import counters, distinct_values
@@ -300,3 +302,25 @@ def test_one_seat_value_on_sqlite_beside_a_grant_is_learnt_from_its_counters_rea
         assert [c.used for c in meter.counters("org-1", "seats")] == [4]
     assert whole == []
     engine.dispose()
+
+
+def test_a_value_assumed_held_is_read_when_a_newer_stamp_was_learnt_meanwhile() -> None:
+    """A batch assumes a value held at the stamp it knew (`HeldCache.split`);
+    if another batch learns the window at a newer stamp (the value freed)
+    before the read shows that stamp, the value is read, not taken as held."""
+    key, seat = ("seats", "acme", 0), ("seats", "acme", 0, "user-1")
+    held = HeldCache()
+    held.learn(key, 1, "user-1")
+    asked, assumed = held.split([seat])
+    assert not asked
+    held.learn(key, 2, "user-2")  # another batch: user-1 freed, the stamp moved
+    snapshot = Snapshot(1, {}, {}, {key: [1, 0, 0, 0, 0, 0, 0]}, stamps={key: 2})
+    read: list[list[WantedSeat]] = []
+
+    def read_seats(seats: Any) -> dict[Any, int]:
+        read.append(list(seats))
+        return {}
+
+    held.settle(asked, assumed, snapshot, read_seats, lambda keys: {})
+    assert read == [[seat]]
+    assert seat not in snapshot.seen
