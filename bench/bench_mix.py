@@ -361,12 +361,12 @@ def _paired_round(
 ) -> tuple[Figures, float]:
     """`paired_job` of ``cases`` in ``processes``: the first's figures, and the
     ratio of the second's summed time to the first's."""
-    mine_, theirs_ = cases
-    job = paired_job((urls[mine_.name], urls[theirs_.name]), cases, subjects, seed, speculate)
+    case, other = cases
+    job = paired_job((urls[case.name], urls[other.name]), cases, subjects, seed, speculate)
     found = run_prepared_each(job, processes, calls // 2 // processes)
     mine = [ns for ours, _ in found for ns in ours]
-    theirs = sum(ns for _, other in found for ns in other)
-    figures = Figures(mine_.name, processes, len(mine), sum(mine) / processes / 1e9, mine)
+    theirs = sum(ns for _, others in found for ns in others)
+    figures = Figures(case.name, processes, len(mine), sum(mine) / processes / 1e9, mine)
     return figures, theirs / sum(mine)
 
 

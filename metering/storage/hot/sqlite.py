@@ -238,8 +238,8 @@ class SqliteHotStore:
             grant = grant_pairs[0] if wanted and len(grant_pairs) == 1 else None
             breaker = breaker_pairs[0] if wanted and len(breaker_pairs) == 1 else None
             seat = _fixed_seat(seats[0]) if wanted and len(seats) == 1 else None
-            more = len(wanted) - 1 if len(wanted) <= _ONE_BY_ONE else 0
-            if grant or breaker or seat or more > 0:
+            more = len(wanted) - 1 if 1 < len(wanted) <= _ONE_BY_ONE else 0
+            if grant or breaker or seat or more:
                 parameters: list[Any] = [*wanted[0]]
                 if grant:
                     parameters += (*grant, grants_since_us)
