@@ -39,6 +39,7 @@ from metering.domain.grants import (
 )
 from metering.domain.instants import from_us, to_us
 from metering.domain.jsonable import fields_dict
+from metering.domain.kinds import refuse
 from metering.domain.limits import (
     MAX_MAXIMUM,
     Limit,
@@ -58,7 +59,6 @@ from metering.errors import (
     ReservedLimit,
     UnknownEvent,
     UnknownLimit,
-    WrongAlgorithm,
 )
 from metering.limits.files import load_entitlements_file
 from metering.storage.allowances import AllowanceStore, CorrectionRecord, GrantRecord
@@ -328,15 +328,7 @@ def add_grant(
 
 def _fixed_window(connection: Connection, limit: str) -> Limit:
     found = _limit(connection, limit)
-    if found.algorithm == "concurrent":
-        more = "grants top up fixed windows; give a subject more licenses by an entitlement"
-        raise WrongAlgorithm(limit, found.algorithm, more)
-    if found.algorithm != "fixed_window":
-        raise InvalidInput("limit", f"{limit!r} is a token bucket; grants top up fixed windows")
-    if found.is_gauge:
-        raise InvalidInput(
-            "limit", f"{limit!r} is a gauge: it reports a level, grants top up usage that adds up"
-        )
+    refuse(found, "grant")
     return found
 
 

@@ -16,6 +16,7 @@ from metering.cli.context import (
 )
 from metering.cli.options import format_option
 from metering.cli.output import describe_limit, echo_listing
+from metering.domain.kinds import kind_phrases
 from metering.domain.limits import (
     AGGREGATIONS,
     ALGORITHMS,
@@ -158,21 +159,14 @@ def limits_set(
 
 
 def _limit_row(limit: Limit) -> list[object]:
-    algorithm: str = limit.algorithm
-    if limit.algorithm == "fixed_window":
-        algorithm = f"{algorithm} {limit.window}"
+    window = [limit.window] if limit.algorithm == "fixed_window" else []
+    algorithm = " ".join([limit.algorithm, *window, *kind_phrases(limit)])
     levels = [f"{t}%" for t in limit.thresholds] + [str(t) for t in limit.thresholds_units]
     thresholds = ", ".join(levels) or None
     dimensions = ", ".join(limit.dimensions) or None
     maximum: object = limit.maximum
     if limit.currency:
         maximum = f"{format_amount(limit.maximum, limit.currency)} {limit.currency}"
-    if limit.distinct is not None:
-        algorithm = f"{algorithm} distinct {limit.distinct}"
-    if limit.is_gauge:
-        algorithm = f"{algorithm} gauge {limit.aggregation}"
-    if limit.pacing:
-        algorithm = f"{algorithm} paced burst {limit.burst}"
     row: list[object] = [limit.name, maximum, limit.period, algorithm, limit.enforcement]
     return [*row, thresholds, limit.lateness, dimensions]
 

@@ -14,6 +14,7 @@ from metering.cli.context import current_meter
 from metering.cli.tables import NUMERIC_COLUMNS, print_table, table
 from metering.domain.decisions import ChargeDecision, Decision
 from metering.domain.instants import from_us, round_up
+from metering.domain.kinds import kind_phrases
 from metering.domain.limits import Limit
 from metering.domain.money import format_amount
 
@@ -119,13 +120,7 @@ def describe_limit(limit: Limit) -> str:
     parts = [f"{limit.name}: max {maximum} per {limit.period}", limit.algorithm]
     if limit.algorithm == "fixed_window":
         parts.append(f"{limit.window} window")
-    if limit.distinct is not None:
-        parts.append(f"distinct {limit.distinct}")
-    if limit.is_gauge:
-        parts.append(f"gauge {limit.aggregation}")
-    if limit.pacing:
-        parts.append(f"paced, burst {limit.burst}")
-    parts.append(limit.enforcement)
+    parts += [*kind_phrases(limit), limit.enforcement]
     if limit.thresholds:
         parts.append("thresholds " + "/".join(f"{t}%" for t in limit.thresholds))
     if limit.thresholds_units:

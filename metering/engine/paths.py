@@ -25,6 +25,7 @@ from sqlalchemy.exc import StatementError
 from metering.domain.decisions import ChargeDecision, Decision
 from metering.domain.events import Rejected, UsageEvent
 from metering.domain.instants import from_us
+from metering.domain.kinds import refuse
 from metering.domain.needs import EVERY, Need
 from metering.domain.reservations import held_charge
 from metering.domain.rules import EventOutcome
@@ -57,7 +58,7 @@ from metering.engine.reference import (
     validate_against_limits,
 )
 from metering.engine.seats import Seats, seat_keys
-from metering.errors import EventConflict, InvalidInput, StorageError
+from metering.errors import EventConflict, StorageError
 from metering.storage.connections import RetryTransaction
 from metering.storage.database import Database
 from metering.storage.hot import HotStore
@@ -347,16 +348,8 @@ class Reference:
         assert batch.hold is not None
         store = Store(connection)
         limits = store.load_limits(c.limit for c in event.charges)
-        for name, limit in sorted(limits.items()):
-            if limit.distinct is not None:
-                raise InvalidInput(
-                    "limit",
-                    f"{name!r} counts distinct values (seats): consume it, do not reserve it",
-                )
-            if limit.is_gauge:
-                raise InvalidInput(
-                    "limit", f"{name!r} is a gauge: it reports a level, there is no cost to hold"
-                )
+        for _, limit in sorted(limits.items()):
+            refuse(limit, "hold")
         precheck = retry or batch.lookup_first
         [applied] = apply_events(store, [event], batch.now_us, invalid="raise", precheck=precheck)
         if isinstance(applied, EventConflict):

@@ -28,6 +28,7 @@ from metering.domain.events import (
 )
 from metering.domain.grants import maximum_at
 from metering.domain.instants import from_us
+from metering.domain.kinds import refuse
 from metering.domain.licenses import (
     CheckoutState,
     ReleasedBy,
@@ -44,7 +45,6 @@ from metering.errors import (
     InvalidInput,
     UnknownCheckout,
     UnknownLimit,
-    WrongAlgorithm,
 )
 from metering.storage.allowances import AllowanceStore
 from metering.storage.checkouts import CheckoutRecord, CheckoutStore
@@ -134,10 +134,7 @@ def concurrent_limit(connection: Connection, name: str) -> Limit:
     limit = LimitStore(connection).load_limits([name]).get(name)
     if limit is None:
         raise UnknownLimit(name)
-    if limit.algorithm != "concurrent":
-        raise WrongAlgorithm(
-            name, limit.algorithm, "only a concurrent limit is checked out; consume this one"
-        )
+    refuse(limit, "checkout")
     return limit
 
 

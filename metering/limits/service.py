@@ -11,7 +11,9 @@ from pathlib import Path
 
 from sqlalchemy import Connection
 
+from metering.domain.kinds import refusing
 from metering.domain.limits import Limit, is_reserved, validate_limit_name
+from metering.domain.money import Price
 from metering.errors import InvalidInput, ReservedLimit, UnknownLimit
 from metering.limits.files import load_limits_file
 from metering.storage.database import Database
@@ -37,8 +39,7 @@ def set_limits(database: Database, limits: Iterable[Limit]) -> list[Limit]:
     def work(connection: Connection) -> None:
         store = Store(connection)
         for limit in chosen:
-            if limit.is_gauge:
-                _refuse_priced_gauge(connection, limit.name)
+            _refuse_prices(connection, limit, now_us)
             store.upsert_limit(limit, now_us)
             notify(connection, None, limit.name)  # a lowered maximum: every process's leases
 
@@ -46,14 +47,26 @@ def set_limits(database: Database, limits: Iterable[Limit]) -> list[Limit]:
     return chosen
 
 
-def _refuse_priced_gauge(connection: Connection, name: str) -> None:
-    """A limit with a price in force cannot become a gauge: a level is not priced."""
-    latest: dict[str, int | None] = {}
-    for price in PriceStore(connection).prices(name):  # oldest first
-        latest[price.currency] = price.per_unit
-    if any(per_unit is not None for per_unit in latest.values()):
+def _refuse_prices(connection: Connection, limit: Limit, now_us: int) -> None:
+    """A limit priced now or from a later date does not become a kind that
+    refuses a price (`metering.domain.kinds`: a gauge, seats, a spend limit,
+    licenses; a token bucket when the price is tiered or has a flat fee)."""
+    found: dict[str, list[Price]] = {}  # by currency: the price in force now and those after it
+    for price in PriceStore(connection).prices(limit.name):  # oldest first
+        kept = found.setdefault(price.currency, [])
+        if price.effective_from_us <= now_us:
+            kept.clear()
+        kept.append(price)
+    pricing = [price for kept in found.values() for price in kept if price.prices]
+    kind = refusing(limit, "price") if pricing else None
+    if kind is None and any(price.counted for price in pricing):
+        kind = refusing(limit, "tiered price")
+    if kind is not None:
+        currencies = ", ".join(sorted({price.currency for price in pricing}))
         raise InvalidInput(
-            "aggregation", f"{name!r} has a price: remove it before making the limit a gauge"
+            kind.made_by,
+            f"{limit.name!r} has a price in {currencies}: remove it before making the limit "
+            f"{kind.label}",
         )
 
 

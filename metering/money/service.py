@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from metering.domain.instants import to_us
+from metering.domain.kinds import refuse
 from metering.domain.limits import Limit, is_reserved, validate_limit_name
 from metering.domain.money import (
     Price,
@@ -30,23 +31,9 @@ def _priceable(connection: Connection, name: str, price: Price) -> Limit:
     found = Store(connection).load_limits([name]).get(name)
     if found is None:
         raise UnknownLimit(name)
-    if found.currency is not None:
-        raise InvalidInput(
-            "limit", f"{name!r} is a spend limit ({found.currency}): it has a cap, not a price"
-        )
-    if found.distinct is not None or found.algorithm == "concurrent":
-        # A seat's repeat costs 0 and a license is held, not spent: neither is priced per unit.
-        kind = "a seat limit" if found.distinct is not None else "a concurrent limit"
-        raise InvalidInput("limit", f"{name!r} is {kind}: only usage summed per window is priced")
-    if found.is_gauge:
-        raise InvalidInput(
-            "limit", f"{name!r} is a gauge: its level is not usage summed per window, not priced"
-        )
-    if price.counted and found.algorithm != "fixed_window":
-        raise InvalidInput(
-            "model",
-            f"{name!r} is a {found.algorithm}: tiers and a flat fee price a fixed window's total",
-        )
+    refuse(found, "price")
+    if price.counted:
+        refuse(found, "tiered price")
     return found
 
 

@@ -1,8 +1,9 @@
-"""Limit rows as `Limit`s, and the limits of a SQLite file read without the
-database stack.
+"""Limit rows as `Limit`s and back, and the limits of a SQLite file read
+without the database stack.
 
 `limit_from_row` reads a row of the limits table, from SQLAlchemy or from a
-bare driver. `bare_limits` lists a SQLite file's limits through stdlib
+bare driver; `limit_row` is the row a `Limit` is written as: a field's
+column is mapped here, both ways. `bare_limits` lists a SQLite file's limits through stdlib
 `sqlite3`, read-only, when the file exists at `SCHEMA_REVISION`; else None,
 and the caller opens a `Meter` (which migrates, or says what is wrong).
 """
@@ -47,6 +48,26 @@ def limit_from_row(row: Any) -> Limit:
         breaker_floor=row.breaker_floor,
         quarantine_max=row.quarantine_max,
     )
+
+
+def limit_row(limit: Limit, now_us: int) -> dict[str, Any]:
+    """The columns of ``limit``'s row in the limits table, `limit_from_row`'s inverse."""
+    values = limit.to_dict()
+    values["thresholds"] = json.dumps(values["thresholds"])
+    values["dimensions"] = json.dumps(values["dimensions"])
+    values["thresholds_units"] = json.dumps(values["thresholds_units"])
+    values.pop("max_amount", None)  # the maximum holds it, in minor units
+    values["currency"] = limit.currency  # None turns a spend limit back into units
+    values["distinct_key"] = values.pop("distinct")
+    values.pop("pacing", None)
+    values.pop("burst", None)
+    values["pacing_burst"] = str(limit.burst) if limit.pacing else None
+    values["forecast_lead"] = limit.forecast_lead
+    values["breaker"] = limit.breaker
+    values["breaker_floor"] = limit.breaker_floor
+    values["quarantine_max"] = limit.quarantine_max
+    values["updated_at_us"] = now_us
+    return values
 
 
 def bare_sqlite_path(url: str) -> Path | None:

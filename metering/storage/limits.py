@@ -4,14 +4,13 @@ which tells the hot path's cache to reload."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from typing import Final
 
 from sqlalchemy import bindparam, delete, select, update
 
 from metering.domain.limits import Limit
-from metering.storage.limit_rows import limit_from_row
+from metering.storage.limit_rows import limit_from_row, limit_row
 from metering.storage.on_connection import OnConnection
 from metering.storage.tables import limits, limits_version
 
@@ -46,22 +45,7 @@ class LimitStore(OnConnection):
         return frozenset(self.connection.execute(select(limits.c.name)).scalars())
 
     def upsert_limit(self, limit: Limit, now_us: int) -> None:
-        values = limit.to_dict()
-        values["thresholds"] = json.dumps(values["thresholds"])
-        values["dimensions"] = json.dumps(values["dimensions"])
-        values["thresholds_units"] = json.dumps(values["thresholds_units"])
-        values.pop("max_amount", None)  # the maximum holds it, in minor units
-        values["currency"] = limit.currency  # None turns a spend limit back into units
-        values["distinct_key"] = values.pop("distinct")
-        values.pop("pacing", None)
-        values.pop("burst", None)
-        values["pacing_burst"] = str(limit.burst) if limit.pacing else None
-        values["forecast_lead"] = limit.forecast_lead
-        values["breaker"] = limit.breaker
-        values["breaker_floor"] = limit.breaker_floor
-        values["quarantine_max"] = limit.quarantine_max
-        values["updated_at_us"] = now_us
-        self._upsert(limits, values, key=["name"])
+        self._upsert(limits, limit_row(limit, now_us), key=["name"])
         self.connection.execute(BUMP_LIMITS_VERSION)
 
     def delete_limit(self, name: str) -> bool:

@@ -39,6 +39,7 @@ from metering.domain.audit import (
 )
 from metering.domain.events import FUTURE_TOLERANCE_US
 from metering.domain.instants import from_us, to_us
+from metering.domain.kinds import sums_usage
 from metering.domain.limits import Limit
 from metering.meter import Meter
 from metering.storage.audit import CHECKED_TO, RESULTS_PRUNED_BEFORE, AuditStore, ResultRow
@@ -309,12 +310,7 @@ def _judged_keys(store: AuditStore, run: _Run, limits: dict[str, Limit]) -> list
         pruned_us = store.mark(RESULTS_PRUNED_BEFORE)
         if pruned_us is not None:
             keys = {k for k in keys if k[2] >= pruned_us + FUTURE_TOLERANCE_US}
-    return sorted(k for k in keys if not _level(limits.get(k[1])))
-
-
-def _level(limit: Limit | None) -> bool:
-    """A gauge holds a level and a concurrent limit holds checkouts: no sum to check."""
-    return limit is not None and (limit.is_gauge or limit.algorithm == "concurrent")
+    return sorted(k for k in keys if (limit := limits.get(k[1])) is None or sums_usage(limit))
 
 
 def _judge_windows(

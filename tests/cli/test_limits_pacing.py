@@ -24,7 +24,7 @@ def run(url: str, *args: str) -> tuple[int, str]:
 
 def test_a_paced_limit_is_set_listed_and_decided(url: str) -> None:
     code, out = run(url, "limits", "set", "budget", "--max", "3000", "--period", "1mo", "--pacing")
-    assert code == 0 and "paced, burst 5%" in out
+    assert code == 0 and "paced burst 5%" in out
     code, out = run(url, "limits", "set", "soft", "--max", "10", "--period", "1d")
     assert "paced" not in out
     run(url, "limits", "set", "soft", "--max", "10", "--period", "1d", "--enforcement", "soft")

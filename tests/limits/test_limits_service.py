@@ -1,15 +1,16 @@
 """Limit administration (`metering/limits/service.py`) on SQLite: limits stored all or
 none, the product's own names kept apart, a priced limit never made a
-gauge, and what is missing named."""
+kind that refuses its price, and what is missing named."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from metering import Limit, Meter
+from metering import FrozenClock, Limit, Meter, spend_limit
 from metering.errors import InvalidInput, ReservedLimit, UnknownLimit
 from metering.limits.service import (
     delete_limit,
@@ -72,6 +73,64 @@ def test_a_limit_with_a_price_in_force_does_not_become_a_gauge(meter: Meter) -> 
     assert raised.value.field == "aggregation"
     meter.remove_price("disk", "USD")
     assert set_limits(meter.database, [gauge]) == [gauge]
+
+
+CALENDAR = Limit("calls", maximum=100, period="1mo", window="calendar")
+
+
+@pytest.mark.parametrize(
+    ("changed", "field", "kind"),
+    [
+        (Limit("calls", 100, "1mo", window="calendar", distinct="user"), "distinct", "seat limit"),
+        (Limit("calls", 100, algorithm="concurrent"), "algorithm", "concurrent limit"),
+        (spend_limit("calls", "50.00", "EUR", "1mo"), "currency", "spend limit"),
+    ],
+)
+def test_a_priced_limit_does_not_become_a_kind_that_is_not_priced(
+    meter: Meter, changed: Limit, field: str, kind: str
+) -> None:
+    set_limits(meter.database, [CALENDAR])
+    meter.set_price("calls", "0.01", "USD")
+    with pytest.raises(InvalidInput, match=rf"has a price in USD: .* {kind}") as raised:
+        set_limits(meter.database, [changed])
+    assert raised.value.field == field
+    assert get_limit(meter.database, "calls") == CALENDAR
+    meter.remove_price("calls", "USD")
+    assert set_limits(meter.database, [changed]) == [changed]
+
+
+def test_a_flat_fee_is_not_charged_again_by_a_limit_made_a_token_bucket(meter: Meter) -> None:
+    # A flat fee is charged once a window. A bucket has no window: made one,
+    # its next charge would pay the month's fee a second time.
+    set_limits(meter.database, [CALENDAR, spend_limit("spend", "50.00", "USD", "1mo")])
+    meter.set_price(
+        "calls", None, "USD", model="graduated", tiers=["10:0.01", "inf:0.005"], flat_fee="20"
+    )
+    first = meter.consume("s1", "calls", 3)
+    assert first.charges[1].used == 2003  # the fee and three units
+    bucket = Limit("calls", maximum=100, period="1h", algorithm="token_bucket")
+    with pytest.raises(InvalidInput, match=r"has a price in USD: .* token bucket") as raised:
+        set_limits(meter.database, [bucket])
+    assert raised.value.field == "algorithm"
+    assert meter.consume("s1", "calls", 3).charges[1].used == 2006  # no second fee
+    # A price per unit prices a bucket's charges as they come: it may become one.
+    meter.set_price("calls", "0.01", "USD")
+    assert set_limits(meter.database, [bucket]) == [bucket]
+
+
+def test_a_price_set_for_later_is_a_price_of_the_limit(meter: Meter) -> None:
+    clock = FrozenClock(datetime(2026, 3, 2, tzinfo=UTC))
+    with Meter(meter.url, clock=clock) as timed:
+        set_limits(timed.database, [CALENDAR])
+        timed.set_price("calls", "0.01", "USD", effective_from=clock() + timedelta(days=3))
+        gauge = Limit("calls", 100, "1mo", window="calendar", aggregation="max")
+        with pytest.raises(InvalidInput, match="has a price in USD"):
+            set_limits(timed.database, [gauge])
+        timed.remove_price("calls", "USD", effective_from=clock() + timedelta(days=5))
+        with pytest.raises(InvalidInput, match="has a price in USD"):
+            set_limits(timed.database, [gauge])
+        clock.advance(timedelta(days=6))  # priced from day 3 to day 5: no price now or later
+        assert set_limits(timed.database, [gauge]) == [gauge]
 
 
 def test_a_file_of_limits_is_stored(meter: Meter, tmp_path: Path) -> None:
