@@ -19,6 +19,7 @@ from metering.limits.files import load_limits_file
 from metering.storage.database import Database
 from metering.storage.prices import PriceStore
 from metering.storage.quota_notices import notify
+from metering.storage.reservations import ReservationStore
 from metering.storage.store import Store
 
 
@@ -40,6 +41,7 @@ def set_limits(database: Database, limits: Iterable[Limit]) -> list[Limit]:
         store = Store(connection)
         for limit in chosen:
             _refuse_prices(connection, limit, now_us)
+            _refuse_holds(connection, limit)
             store.upsert_limit(limit, now_us)
             notify(connection, None, limit.name)  # a lowered maximum: every process's leases
 
@@ -67,6 +69,19 @@ def _refuse_prices(connection: Connection, limit: Limit, now_us: int) -> None:
             kind.made_by,
             f"{limit.name!r} has a price in {currencies}: remove it before making the limit "
             f"{kind.label}",
+        )
+
+
+def _refuse_holds(connection: Connection, limit: Limit) -> None:
+    """A limit with held reservations does not become a kind that refuses a
+    hold (seats, a gauge): a cancel would give their cost back to a counter
+    that no longer sums it."""
+    kind = refusing(limit, "hold")
+    if kind is not None and ReservationStore(connection).holds_on(limit.name):
+        raise InvalidInput(
+            kind.made_by,
+            f"{limit.name!r} has held reservations: commit or cancel them before making "
+            f"the limit {kind.label}",
         )
 
 

@@ -161,6 +161,21 @@ class ReservationStore:
             changed += 1
         return changed
 
+    def holds_on(self, limit: str) -> bool:
+        """Whether a held reservation has a charge on ``limit`` (a JSON text's
+        ``[subject, limit, ...]``: a LIKE finds the candidates, each read whole)."""
+        needle = json.dumps(limit)[1:-1].replace("\\", "\\\\")
+        needle = needle.replace("%", "\\%").replace("_", "\\_")
+        query = select(reservations.c.charges).where(
+            reservations.c.state == ReservationState.HELD.value,
+            reservations.c.charges.like(f'%","{needle}",%', escape="\\"),
+        )
+        return any(
+            HeldCharge.from_row(charge).limit == limit
+            for (text,) in self.connection.execute(query)
+            for charge in json.loads(text)
+        )
+
     def _held(self, subject: str | None) -> Select[str, str]:
         query = (
             select(reservations.c.id, reservations.c.charges)

@@ -133,6 +133,29 @@ def test_a_price_set_for_later_is_a_price_of_the_limit(meter: Meter) -> None:
         assert set_limits(timed.database, [gauge]) == [gauge]
 
 
+@pytest.mark.parametrize(
+    ("changed", "field", "kind"),
+    [
+        (Limit("calls", 100, "1mo", window="calendar", aggregation="max"), "aggregation", "gauge"),
+        (Limit("calls", 100, "1mo", window="calendar", distinct="user"), "distinct", "seat limit"),
+    ],
+)
+def test_a_limit_with_held_reservations_is_not_made_a_kind_that_holds_nothing(
+    meter: Meter, changed: Limit, field: str, kind: str
+) -> None:
+    # A cancel gives a hold's cost back to its counter: a gauge's level or a
+    # seat count would lose units it never had (a level of 50 read as 20).
+    set_limits(meter.database, [CALENDAR, Limit("other", 100, "1mo", window="calendar")])
+    held = meter.reserve("s1", "calls", 30)
+    meter.reserve("s1", "other", 5)
+    with pytest.raises(InvalidInput, match=rf"held reservations: .* {kind}$") as raised:
+        set_limits(meter.database, [changed])
+    assert raised.value.field == field
+    assert get_limit(meter.database, "calls") == CALENDAR
+    meter.cancel_reservation(held.id)
+    assert set_limits(meter.database, [changed]) == [changed]
+
+
 def test_a_file_of_limits_is_stored(meter: Meter, tmp_path: Path) -> None:
     path = tmp_path / "limits.toml"
     path.write_text('[[limits]]\nname = "calls"\nmaximum = 5\nperiod = "1h"\n')

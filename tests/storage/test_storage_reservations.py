@@ -168,3 +168,18 @@ def test_a_commits_overdraft_is_recorded_per_counter_with_units(connection: Conn
         select(overdrafts.c.event_id, overdrafts.c.limit_name, overdrafts.c.units)
     ).all()
     assert [tuple(row) for row in rows] == [("e-1", "calls", 3)]
+
+
+def test_holds_on_a_limit_are_found_by_its_name_not_a_subject_of_that_name(
+    connection: Connection,
+) -> None:
+    store = ReservationStore(connection)
+    store.insert("r-1", [charge("org", "tokens"), charge("calls_x", "calls_y")], 10, 20)
+    store.insert("r-2", [charge("calls", "images")], 10, 20)  # a subject named like a limit
+    store.insert("r-3", [charge("org", "calls")], 10, 20)
+    assert [store.holds_on(name) for name in ("tokens", "calls_y", "images")] == [True] * 3
+    assert not store.holds_on("calls_")  # LIKE's "_" taken literally
+    assert store.holds_on("calls")
+    store.settle("r-3", COMMITTED, 15, "api")
+    assert not store.holds_on("calls")  # settled: no longer held
+    assert not store.holds_on("org")  # a subject, not a limit
