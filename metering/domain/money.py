@@ -442,6 +442,18 @@ def price_at(history: PriceHistory, at_us: int) -> Price | None:
     return found if found.prices else None
 
 
+def prices_from(history: Iterable[Price], at_us: int) -> list[Price]:
+    """The prices of ``history`` (one limit's, oldest first) that price at
+    ``at_us`` or later: per currency, the one in force then and those after."""
+    found: dict[str, list[Price]] = {}
+    for price in history:
+        kept = found.setdefault(price.currency, [])
+        if price.effective_from_us <= at_us:
+            kept.clear()
+        kept.append(price)
+    return [price for kept in found.values() for price in kept if price.prices]
+
+
 @dataclass(frozen=True, slots=True)
 class PricedCharge:
     """What one charge costs: its position in the event, currency and amount

@@ -13,7 +13,7 @@ from sqlalchemy import Connection
 
 from metering.domain.kinds import refusing
 from metering.domain.limits import Limit, is_reserved, validate_limit_name
-from metering.domain.money import Price
+from metering.domain.money import prices_from
 from metering.errors import InvalidInput, ReservedLimit, UnknownLimit
 from metering.limits.files import load_limits_file
 from metering.storage.database import Database
@@ -53,13 +53,7 @@ def _refuse_prices(connection: Connection, limit: Limit, now_us: int) -> None:
     """A limit priced now or from a later date does not become a kind that
     refuses a price (`metering.domain.kinds`: a gauge, seats, a spend limit,
     licenses; a token bucket when the price is tiered or has a flat fee)."""
-    found: dict[str, list[Price]] = {}  # by currency: the price in force now and those after it
-    for price in PriceStore(connection).prices(limit.name):  # oldest first
-        kept = found.setdefault(price.currency, [])
-        if price.effective_from_us <= now_us:
-            kept.clear()
-        kept.append(price)
-    pricing = [price for kept in found.values() for price in kept if price.prices]
+    pricing = prices_from(PriceStore(connection).prices(limit.name), now_us)
     kind = refusing(limit, "price") if pricing else None
     if kind is None and any(price.counted for price in pricing):
         kind = refusing(limit, "tiered price")

@@ -23,6 +23,7 @@ from metering.domain.money import (
     parse_price,
     price_at,
     priced_charges,
+    prices_from,
     spend_charges,
     validate_currency,
 )
@@ -138,6 +139,22 @@ def test_the_price_in_force_is_the_last_one_effective() -> None:
     assert price_at(history, 20) is None  # the price ended
     assert price_at(history, 31) == history[2]
     assert price_at((), 31) is None
+
+
+def test_the_prices_from_an_instant_are_the_one_in_force_and_those_after_it() -> None:
+    history = (
+        Price("a", "USD", 100, 10),
+        Price("a", "EUR", 5, 12),
+        Price("a", "USD", None, 20),
+        Price("a", "EUR", None, 25),
+        Price("a", "USD", 300, 30),
+    )
+    assert prices_from(history, 0) == [history[0], history[4], history[1]]
+    assert prices_from(history, 15) == [history[0], history[4], history[1]]
+    assert prices_from(history, 22) == [history[4], history[1]]  # USD ended at 20, again at 30
+    assert prices_from(history, 26) == [history[4]]  # EUR ended for good at 25
+    assert prices_from(history[:4], 26) == []
+    assert prices_from((), 0) == []
 
 
 def test_a_spend_limit_holds_minor_units() -> None:
