@@ -1,4 +1,4 @@
-"""Limits changed while they have state, against the ledger's audit (SQLite).
+"""Limits changed while they have state, against the ledger's audit, on both databases.
 
 A Hypothesis state machine sets and changes limits of every kind (fixed
 windows, seats, gauges, token buckets, floating licenses, spend limits),
@@ -13,11 +13,14 @@ what the docs say a change of kind leaves (`EXEMPT`).
 
 from __future__ import annotations
 
+from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
+from budgets import examples
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -28,15 +31,14 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
+from servers import copy_sqlite
 from sqlalchemy import select
 
-from budgets import examples
 from metering import FrozenClock, Limit, Meter, spend_limit
 from metering.domain.audit import Invariant
 from metering.errors import MeteringError
 from metering.storage.tables import counters
 from metering.upkeep.audit import run_audit
-from servers import copy_sqlite
 
 START = datetime(2026, 11, 30, 22, 0, tzinfo=UTC)  # a day's and a month's end are near
 SUBJECTS = ("org-1", "org-2")
@@ -69,7 +71,9 @@ def limits(draw: st.DrawFn, name: str) -> Limit:
     )
     maximum, period, enforcement = draw(MAXIMA), draw(PERIODS), draw(ENFORCEMENT)
     if kind == "calendar":
-        return Limit(name, maximum=maximum, period=period, window="calendar", enforcement=enforcement)
+        return Limit(
+            name, maximum=maximum, period=period, window="calendar", enforcement=enforcement
+        )
     if kind == "first_use":
         return Limit(name, maximum=maximum, period=period, enforcement=enforcement)
     if kind == "seats":
@@ -91,8 +95,12 @@ def limits(draw: st.DrawFn, name: str) -> Limit:
             enforcement=enforcement,
         )
     if kind == "bucket":
-        return Limit(name, maximum=maximum, period=draw(st.sampled_from(["10s", "1h"])),
-                     algorithm="token_bucket")
+        return Limit(
+            name,
+            maximum=maximum,
+            period=draw(st.sampled_from(["10s", "1h"])),
+            algorithm="token_bucket",
+        )
     if kind == "concurrent":
         return Limit(name, maximum=maximum, algorithm="concurrent")
     amount = draw(st.sampled_from(["0.50", "20.00"]))
@@ -124,19 +132,17 @@ class Ledger:
 
 
 class LimitChanges(RuleBasedStateMachine):
-    def __init__(self, template: Path, folder: Path) -> None:
+    def __init__(self, database: Databases) -> None:
         super().__init__()
-        LimitChanges.runs += 1
-        url = copy_sqlite(template, folder / f"changes-{LimitChanges.runs}.db")
+        self.database = database
+        self.url = database.take()
         self.clock = FrozenClock(START)
-        self.meter = Meter(url, clock=self.clock)
+        self.meter = Meter(self.url, clock=self.clock)
         self.limits: dict[str, Limit] = {}
         self.held: list[tuple[str, int]] = []  # reservation ids and costs
         self.consumed: list[str] = []
         self.checkouts: list[str] = []
         self.ledger = Ledger()
-
-    runs = 0
 
     def _id(self, prefix: str) -> str:
         self.ledger.events += 1
@@ -212,17 +218,13 @@ class LimitChanges(RuleBasedStateMachine):
 
     @rule(name=st.sampled_from(NAMES))
     def remove_price(self, name: str) -> None:
-        try:
+        with suppress(MeteringError):
             self.meter.remove_price(name, "USD")
-        except MeteringError:
-            pass
 
     @rule(subject=st.sampled_from(SUBJECTS), name=st.sampled_from(NAMES), amount=st.integers(1, 4))
     def grant(self, subject: str, name: str, amount: int) -> None:
-        try:
+        with suppress(MeteringError):
             self.meter.grant(subject, name, amount, grant_id=self._id("g"))
-        except MeteringError:
-            pass
 
     @rule(
         subject=st.sampled_from(SUBJECTS),
@@ -338,6 +340,7 @@ class LimitChanges(RuleBasedStateMachine):
             assert left == [], left
         finally:
             self.meter.close()
+            self.database.hand_back(self.url)
 
     def _exempt(self, violation: Any) -> bool:
         if violation.invariant not in EXEMPT:
@@ -358,7 +361,35 @@ SETTINGS = settings(
 )
 
 
-def test_limits_changed_with_state_keep_the_ledger_whole(
-    sqlite_template: Path, tmp_path: Path
-) -> None:
-    run_state_machine_as_test(lambda: LimitChanges(sqlite_template, tmp_path), settings=SETTINGS)
+class Databases:
+    """A fresh database per example: a copy of the migrated template, handed back after."""
+
+    def __init__(self, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+        self.kind = request.param
+        self.copies = 0
+        self.folder = tmp_path
+        if self.kind == "sqlite":
+            self.template: Any = request.getfixturevalue("sqlite_template")
+        else:
+            self.server = request.getfixturevalue("postgres_server")
+            self.template = request.getfixturevalue("pg_template_url")
+
+    def take(self) -> str:
+        self.copies += 1
+        if self.kind == "sqlite":
+            return copy_sqlite(self.template, self.folder / f"changes-{self.copies}.db")
+        url: str = self.server.url(self.server.take(self.template, "changes"))
+        return url
+
+    def hand_back(self, url: str) -> None:
+        if self.kind == "postgresql":
+            self.server.hand_back(self.template, url.rsplit("/", 1)[-1])
+
+
+@pytest.fixture(params=["sqlite", "postgresql"], ids=["sqlite", "postgresql"])
+def databases(request: pytest.FixtureRequest, tmp_path: Path) -> Databases:
+    return Databases(request, tmp_path)
+
+
+def test_limits_changed_with_state_keep_the_ledger_whole(databases: Databases) -> None:
+    run_state_machine_as_test(lambda: LimitChanges(databases), settings=SETTINGS)
