@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from contextlib import suppress
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -229,14 +229,34 @@ class LimitChanges(RuleBasedStateMachine):
     @rule(
         subject=st.sampled_from(SUBJECTS),
         name=st.sampled_from(NAMES),
-        cost=st.integers(0, 5),
+        cost=st.sampled_from([1, 1, 2, 5, 0]),  # a seat's charge costs 1
         user=st.sampled_from(USERS),
+        late=st.sampled_from([0, 0, 0, 70]),  # minutes: a late event, in an earlier window
     )
-    def consume(self, subject: str, name: str, cost: int, user: str) -> None:
+    def consume(self, subject: str, name: str, cost: int, user: str, late: int) -> None:
+        event_id = self._id("e")
+        at = self.clock() - timedelta(minutes=late)
+        try:
+            decision = self.meter.consume(
+                subject, name, cost, event_id=event_id, metadata={"user": user}, occurred_at=at
+            )
+        except MeteringError:
+            return
+        self._record(decision, event_id)
+        if decision.allowed:
+            self.consumed.append(event_id)
+
+    @rule(subject=st.sampled_from(SUBJECTS), user=st.sampled_from(USERS))
+    def traffic(self, subject: str, user: str) -> None:
+        """A charge on every name, then one event charging two of them together."""
+        for name in NAMES:
+            self.consume(subject, name, 1, user, 0)
         event_id = self._id("e")
         try:
             decision = self.meter.consume(
-                subject, name, cost, event_id=event_id, metadata={"user": user}
+                charges=[(subject, "a", 1), (subject, "b", 2)],
+                event_id=event_id,
+                metadata={"user": user},
             )
         except MeteringError:
             return
