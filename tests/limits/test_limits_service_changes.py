@@ -402,7 +402,7 @@ class LimitChanges(RuleBasedStateMachine):
 
 SETTINGS = settings(
     max_examples=examples(60),
-    stateful_step_count=30,
+    stateful_step_count=50,
     phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
     deadline=None,
     derandomize=True,
