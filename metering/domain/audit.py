@@ -28,7 +28,7 @@ WindowKey = tuple[str, str, int]
 SeatValue = tuple[str, str, int, str]
 
 # The fields of a ledger row (`ChargeDecision.to_row`) the audit reads.
-_SUBJECT, _LIMIT, _COST, _ALLOWED, _OUTCOME, _MAXIMUM, _WINDOW = 0, 1, 2, 3, 4, 7, 9
+_SUBJECT, _LIMIT, _COST, _ALLOWED, _OUTCOME, _MAXIMUM, _OVERAGE, _WINDOW = 0, 1, 2, 3, 4, 7, 8, 9
 _PRICE: Final = 13
 
 
@@ -79,7 +79,8 @@ class Violation:
 
 @dataclass(slots=True)
 class WindowLedger:
-    """A window's ledger sum, and the largest maximum in force its charges saw."""
+    """A window's ledger sum, and the largest maximum in force its charges saw
+    (a soft limit's overage past it included)."""
 
     used: int = 0
     maximum: int = 0
@@ -142,14 +143,16 @@ class Tally:
 def consumed(
     outcome: str, charges: Iterable[Sequence[Any]]
 ) -> Iterable[tuple[WindowKey, int, int]]:
-    """Each charge of a result that consumed from a window: its window, cost and maximum."""
+    """Each charge of a result that consumed from a window: its window, cost
+    and the most it let the window hold (its maximum, plus the overage past
+    it a soft limit allowed: a limit made hard since keeps what it let in)."""
     if outcome not in CONSUMED:
         return
     for row in charges:
         if not row[_ALLOWED] or row[_OUTCOME] == WOULD_DENY or not row[_WINDOW]:
             continue
         key = (str(row[_SUBJECT]), str(row[_LIMIT]), int(row[_WINDOW]))
-        yield key, int(row[_COST]), int(row[_MAXIMUM])
+        yield key, int(row[_COST]), int(row[_MAXIMUM]) + int(row[_OVERAGE])
 
 
 def spend_violations(
@@ -195,7 +198,8 @@ def judge_hard(
     key: WindowKey, used: int, maximum: int, drawn: int, overdraft: int
 ) -> Violation | None:
     """A hard window's usage against the largest maximum in force its charges
-    saw, plus what it drew on grants and the overdraft commits recorded."""
+    saw (a soft one's overage included), plus what it drew on grants and the
+    overdraft commits recorded."""
     bound = maximum + drawn + overdraft
     if used <= bound:
         return None

@@ -3,19 +3,21 @@
 A limit's kind (a spend limit, seats, a floating license, a gauge, a token
 bucket) follows from its fields; what it refuses (a price, a tiered price, a
 grant, a hold, a checkout) is declared once, in `KINDS`. Services call
-`refuse` before they write, and a limit is not changed into a kind that
-refuses what it has (`refusing`). `kind_phrases` names a kind on the command
-line; `sums_usage` says whether its counters add charges up. A new kind adds
-its line here and its rule in the domain; the services do not change.
+`refuse` before they write, a limit is not changed into a kind that refuses
+what it has (`refusing`), and an older price prices none of its late events
+(`prices_taken`). `kind_phrases` names a kind on the command line;
+`sums_usage` says whether its counters add charges up. A new kind adds its
+line here and its rule in the domain; the services do not change.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final, Literal
 
 from metering.domain.limits import Limit
+from metering.domain.money import PriceHistory
 from metering.errors import InvalidInput, WrongAlgorithm
 
 Use = Literal["price", "tiered price", "grant", "hold", "checkout"]
@@ -110,6 +112,33 @@ def refuse(limit: Limit, use: Use) -> None:
 def refusing(limit: Limit, use: Use) -> Kind | None:
     """The first of ``limit``'s kinds that refuses ``use`` (not a checkout); None: none does."""
     return next((kind for kind in KINDS if use in kind.refused and kind.of(limit)), None)
+
+
+def prices_taken(limit: Limit | None, history: PriceHistory) -> PriceHistory:
+    """The prices of ``history`` that price ``limit``'s charges. A price set
+    before the limit was made a kind that refuses it (in force at a late
+    event's time) prices none: none on a kind that refuses a price, and a
+    tiered price or a flat fee is no price on one that refuses those."""
+    if limit is None:  # deleted: as it was
+        return history
+    if refusing(limit, "price") is not None:
+        return ()
+    if refusing(limit, "tiered price") is None:
+        return history
+    return tuple(
+        replace(
+            price,
+            per_unit=None,
+            model="per_unit",
+            tiers=(),
+            package=None,
+            per_package=None,
+            flat_fee=0,
+        )
+        if price.counted
+        else price
+        for price in history
+    )
 
 
 def kind_phrases(limit: Limit) -> list[str]:

@@ -280,7 +280,7 @@ class LimitCache:
             },
             allowances.time_zones(),
         )
-        book = PriceBook.read(PriceStore(connection), version)
+        book = PriceBook.read(PriceStore(connection), version, {lim.name: lim for lim in limits})
         priced = set(book.prices)
         rules = {limit.name: Rule.of(limit, priced=limit.name in priced) for limit in limits}
         self.pricing = Pricing(book, rules)

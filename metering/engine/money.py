@@ -27,6 +27,7 @@ from operator import attrgetter
 from typing import Final
 
 from metering.domain.events import Charge, UsageEvent
+from metering.domain.kinds import prices_taken
 from metering.domain.limits import Limit
 from metering.domain.money import (
     Price,
@@ -56,7 +57,7 @@ class Money:
     ) -> Money | None:
         """None when no charge of ``events`` is on a priced limit."""
         found = PriceStore(store.connection)
-        prices = found.histories(c.limit for e in events for c in e.charges)
+        prices = taken(found.histories(c.limit for e in events for c in e.charges), limits)
         if not prices:
             return None
         spend = found.spend_limits()
@@ -107,8 +108,8 @@ class PriceBook:
     spend: Mapping[str, Sequence[str]] = field(default_factory=dict)
 
     @classmethod
-    def read(cls, store: PriceStore, version: int) -> PriceBook:
-        return cls(version, store.histories(), store.spend_limits())
+    def read(cls, store: PriceStore, version: int, limits: Mapping[str, Limit]) -> PriceBook:
+        return cls(version, taken(store.histories(), limits), store.spend_limits())
 
     def charges(
         self, charges: Sequence[tuple[str, str, int]], at_us: int
@@ -118,6 +119,14 @@ class PriceBook:
         cost too much (`Money.refusal`)."""
         priced = priced_charges(charges, self.prices, at_us)
         return priced, [Charge(*c) for c in spend_charges(priced, self.spend)]
+
+
+def taken(
+    histories: Mapping[str, PriceHistory], limits: Mapping[str, Limit]
+) -> dict[str, PriceHistory]:
+    """The limits' prices that price their charges (`prices_taken`), the unpriced left out."""
+    found = {name: prices_taken(limits.get(name), history) for name, history in histories.items()}
+    return {name: history for name, history in found.items() if history}
 
 
 FOREVER_US: Final = 1 << 80  # past any instant in microseconds

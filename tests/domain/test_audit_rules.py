@@ -27,9 +27,12 @@ def row(
     allowed: bool = True,
     outcome: str = "allowed",
     maximum: int = 10,
+    overage: int = 0,
     price: list[object] | None = None,
 ) -> list[object]:
-    base: list[object] = ["org-1", limit, cost, allowed, outcome, 0, 0, maximum, 0, W, W + 1, None]
+    base: list[object] = [
+        *("org-1", limit, cost, allowed, outcome, 0, 0, maximum, overage, W, W + 1, None)
+    ]
     return [*base, [], price] if price is not None else base
 
 
@@ -39,6 +42,15 @@ def test_only_consumed_charges_of_a_window_count() -> None:
     assert list(consumed("denied", [row(3)])) == []
     bucket = ["org-1", "api", 1, True, "allowed", 0, 0, 10, 0, None, W, None]
     assert list(consumed("allowed", [bucket])) == []
+
+
+def test_a_soft_charge_past_the_maximum_lets_its_window_hold_its_overage() -> None:
+    """Made hard since, the window is judged against what the soft limit let it hold."""
+    assert list(consumed("overage", [row(5, outcome="overage", overage=3)])) == [(KEY, 5, 13)]
+    tally = Tally()
+    tally.add_result("overage", 0, [row(5, outcome="overage", overage=3)])
+    tally.add_result("allowed", 0, [row(1, maximum=4)])
+    assert tally.windows[KEY] == WindowLedger(6, 13)
 
 
 def test_a_reset_clears_what_was_written_before_it_whatever_the_order() -> None:

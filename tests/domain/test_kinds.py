@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from metering.domain.kinds import KINDS, Use, kind_phrases, refuse, sums_usage
+from metering.domain.kinds import KINDS, Use, kind_phrases, prices_taken, refuse, sums_usage
 from metering.domain.limits import Limit, spend_limit
+from metering.domain.money import Price
 from metering.errors import InvalidInput, WrongAlgorithm
 
 PLAIN = Limit("calls", 100, "1mo", window="calendar")
@@ -88,3 +91,23 @@ def test_only_a_gauge_and_a_floating_license_do_not_sum_their_usage() -> None:
         "cad",
         "storage",
     ]
+
+
+def test_a_kind_takes_only_the_prices_it_takes() -> None:
+    """A price set before a limit was made a kind that refuses it prices none
+    of its charges (a late event's, in force at its time, included)."""
+    per_unit = Price("calls", "USD", 1_000_000, 10)
+    fee = Price("calls", "USD", 1_000_000, 20, flat_fee=700)
+    removed = Price("calls", "USD", None, 30)
+    history = (per_unit, fee, removed)
+    plain = Limit("calls", maximum=5, period="1h")
+    assert prices_taken(plain, history) == history
+    assert prices_taken(None, history) == history  # deleted: as it was
+    gauge = Limit("calls", maximum=5, period="1h", aggregation="max")
+    assert prices_taken(gauge, history) == ()
+    bucket = Limit("calls", maximum=5, period="1h", algorithm="token_bucket")
+    assert prices_taken(bucket, history) == (
+        per_unit,
+        replace(fee, flat_fee=0, per_unit=None),
+        removed,
+    )

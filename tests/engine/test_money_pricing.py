@@ -76,3 +76,28 @@ def test_a_new_price_is_charged_from_the_next_event_on(db_url: str) -> None:
             clock.advance(timedelta(minutes=1))
             meter.set_price("calls", price, "USD")
         assert spent == [3, 3 + 6]
+
+
+def test_a_late_event_on_a_limit_made_a_gauge_or_a_bucket_is_not_priced_as_before(
+    db_url: str,
+) -> None:
+    """The price in force at a late event's time was set before its limit was
+    made a kind that refuses it: the event is decided as that kind, unpriced
+    (a gauge's level is not billed; a bucket has no window for a fee)."""
+    clock = FrozenClock(datetime(2026, 12, 1, 10, 0, tzinfo=UTC))
+    with Meter(db_url, clock=clock) as meter:
+        meter.set_limit(SPEND)
+        for name in ("disk", "api"):
+            meter.set_limit(Limit(name, maximum=50, period="1h", window="calendar"))
+            meter.set_price(name, "0.01", "USD", flat_fee="7")
+        clock.advance(minutes=10)
+        meter.remove_price("disk", "USD")
+        meter.remove_price("api", "USD")
+        meter.set_limit(
+            Limit("disk", maximum=50, period="1h", window="calendar", aggregation="max")
+        )
+        meter.set_limit(Limit("api", maximum=50, period="1h", algorithm="token_bucket"))
+        late = clock() - timedelta(minutes=5)
+        for name in ("disk", "api"):
+            decision = meter.consume("org-1", name, 3, occurred_at=late)
+            assert [(c.limit, c.price) for c in decision.charges] == [(name, None)]

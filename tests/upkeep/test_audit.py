@@ -438,3 +438,20 @@ def test_settling_after_a_run_is_read_by_the_next(meter: Meter, clock: FrozenClo
     assert (report.full, report.violations) == (False, ())
     assert report.windows == 4  # org-1 burst, org-2 calls and spend, org-3 burst
     assert run_audit(meter, full=True).violations == ()
+
+
+def test_a_soft_window_past_its_maximum_made_hard_is_no_violation(
+    meter: Meter, clock: FrozenClock
+) -> None:
+    """A soft limit let the window hold 7 of 5; made hard, it denies, and the ledger is whole."""
+    meter.set_limit(Limit("chat", maximum=5, period="1d", window="calendar", enforcement="soft"))
+    meter.consume("org-1", "chat", 7, event_id="soft")
+    meter.set_limit(Limit("chat", maximum=5, period="1d", window="calendar"))
+    assert not meter.consume("org-1", "chat", 1, event_id="hard").allowed
+    clock.advance(minutes=2)
+    assert run_audit(meter, full=True).violations == ()
+    corrupt(meter, update(counters).where(counters.c.subject == "org-1").values(used=8))
+    assert found(run_audit(meter, full=True)) == {
+        ("counter_ledger", "org-1", "chat"),
+        ("hard_maximum", "org-1", "chat"),
+    }
