@@ -16,6 +16,7 @@ from metering.domain.limits import Limit, is_reserved, validate_limit_name
 from metering.domain.money import prices_from
 from metering.errors import InvalidInput, ReservedLimit, UnknownLimit
 from metering.limits.files import load_limits_file
+from metering.storage.counters import CounterStore
 from metering.storage.database import Database
 from metering.storage.prices import PriceStore
 from metering.storage.quota_notices import notify
@@ -42,6 +43,7 @@ def set_limits(database: Database, limits: Iterable[Limit]) -> list[Limit]:
         for limit in chosen:
             _refuse_prices(connection, limit, now_us)
             _refuse_holds(connection, limit)
+            _refuse_currency_change(connection, store.load_limits([limit.name]), limit, now_us)
             store.upsert_limit(limit, now_us)
             notify(connection, None, limit.name)  # a lowered maximum: every process's leases
 
@@ -76,6 +78,24 @@ def _refuse_holds(connection: Connection, limit: Limit) -> None:
             kind.made_by,
             f"{limit.name!r} has held reservations: commit or cancel them before making "
             f"the limit {kind.label}",
+        )
+
+
+def _refuse_currency_change(
+    connection: Connection, stored: dict[str, Limit], limit: Limit, now_us: int
+) -> None:
+    """A limit whose windows not yet over have usage counted does not change
+    what it counts in (units, or a currency's minor units): its windows' counters
+    would be read in the new unit, cents as units or units as cents."""
+    before = stored.get(limit.name)
+    if before is None or before.currency == limit.currency:
+        return
+    if CounterStore(connection).used_in_windows_after(limit.name, now_us):  # (a scan: rare)
+        was, now = before.currency or "units", limit.currency or "units"
+        raise InvalidInput(
+            "currency",
+            f"{limit.name!r} has usage counted in {was} in a window not yet over: it would be "
+            f"read in {now}; give the limit a new name, or change it when its windows end",
         )
 
 

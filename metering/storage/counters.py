@@ -519,6 +519,15 @@ class CounterStore(OnConnection):
         )
         return [Reset(*row) for row in self.connection.execute(query)]
 
+    def used_in_windows_after(self, limit: str, at_us: int) -> bool:
+        """Whether a window of ``limit`` that ends after ``at_us`` has usage counted."""
+        query = select(counters.c.used).where(
+            counters.c.limit_name == limit,
+            counters.c.window_end_us > at_us,
+            counters.c.used > 0,
+        )
+        return self.connection.execute(query.limit(1)).first() is not None
+
     def counters_of(
         self, subject: str | None, limit: str | None
     ) -> list[tuple[CounterKey, CounterState]]:

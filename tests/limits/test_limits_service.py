@@ -156,6 +156,33 @@ def test_a_limit_with_held_reservations_is_not_made_a_kind_that_holds_nothing(
     assert set_limits(meter.database, [changed]) == [changed]
 
 
+def test_a_limit_with_usage_in_a_window_not_over_keeps_what_it_counts_in() -> None:
+    # Made a spend limit, its counter's 3 units would be read as 3 cents of
+    # the cap; a spend limit made plain would read cents as units.
+    clock = FrozenClock(datetime(2026, 3, 2, tzinfo=UTC))
+    with Meter("sqlite://", clock=clock) as meter:
+        set_limits(meter.database, [CALENDAR, spend_limit("spend", "50.00", "USD", "1mo")])
+        meter.consume("org", "calls", 3)
+        meter.set_price("calls", "0.01", "USD")
+        meter.consume("org", "calls", 2)  # 2 cents of spend
+        meter.remove_price("calls", "USD")
+        changes = [
+            spend_limit("calls", "50.00", "USD", "1mo"),
+            Limit("spend", 5000, "1mo"),
+            spend_limit("spend", "50.00", "EUR", "1mo"),
+        ]
+        units = zip(changes, ["units", "USD", "USD"], ["USD", "units", "EUR"], strict=True)
+        for changed, was, now in units:
+            with pytest.raises(InvalidInput, match=f"counted in {was} .* read in {now}") as raised:
+                set_limits(meter.database, [changed])
+            assert raised.value.field == "currency"
+        assert get_limit(meter.database, "calls") == CALENDAR
+        raised_cap = spend_limit("spend", "80.00", "USD", "1mo")  # the same currency: kept
+        assert set_limits(meter.database, [raised_cap]) == [raised_cap]
+        clock.advance(timedelta(days=31))  # both windows over
+        assert set_limits(meter.database, changes[:2]) == changes[:2]
+
+
 def test_a_file_of_limits_is_stored(meter: Meter, tmp_path: Path) -> None:
     path = tmp_path / "limits.toml"
     path.write_text('[[limits]]\nname = "calls"\nmaximum = 5\nperiod = "1h"\n')

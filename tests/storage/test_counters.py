@@ -1,6 +1,7 @@
 """`CounterStore`'s reset: on PostgreSQL it clears the counters it waited
 for, and the held charges on them, even of a reservation held meanwhile; on
-both databases a reset is recorded only when it cleared something."""
+both databases a reset is recorded only when it cleared something. Which
+limits have usage in windows not yet over."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from sqlalchemy import func, select, text
 from metering import FrozenClock, Limit, Meter
 from metering.domain.instants import to_us
 from metering.domain.reservations import HeldCharge
+from metering.storage.counters import CounterStore
 from metering.storage.reservations import ReservationStore
 from metering.storage.tables import counter_resets
 
@@ -142,3 +144,17 @@ def test_resets_are_ordered_by_the_reset_clock_and_older_rows_by_time(any_meter:
         )
     assert meter.void("legacy", "refund").charges == ()  # the same microsecond: after
     assert [c.used for c in meter.counters("org-1", "calls")] == [5]
+
+
+def test_usage_in_windows_not_over_is_found_by_limit(any_meter: Meter) -> None:
+    any_meter.set_limit(Limit("tokens", maximum=1000, period="1d", window="calendar"))
+    any_meter.consume("org-1", "calls", 2)
+    now_us, day_us = to_us(NOW), 86_400_000_000
+    with any_meter.sql_engine.connect() as connection:
+        store = CounterStore(connection)
+        assert store.used_in_windows_after("calls", now_us)
+        assert not store.used_in_windows_after("tokens", now_us)  # no usage counted
+        assert not store.used_in_windows_after("calls", now_us + day_us)  # its window over
+    any_meter.reset(subject="org-1")
+    with any_meter.sql_engine.connect() as connection:
+        assert not CounterStore(connection).used_in_windows_after("calls", now_us)
