@@ -121,10 +121,26 @@ class Tally:
             ledger.used += cost
             ledger.maximum = max(ledger.maximum, maximum)
 
-    def add_units(self, key: WindowKey, units: int) -> None:
-        """Units a commit that rewrote an earlier result added to its charge (fewer: a spend
-        charge whose priced units went back)."""
-        self._window(key).used += units
+    def add_units(
+        self,
+        key: WindowKey,
+        units: int,
+        at_us: int,
+        result_tick: int | None = None,
+        maximum: int = 0,
+    ) -> None:
+        """Units a commit at ``at_us`` that rewrote a result added to its charge (fewer: a
+        spend charge whose priced units went back): none when a reset of the window came
+        after the commit. ``result_tick``: the result is read in this tally too, and counts
+        them itself unless a reset cleared it (then the units count, made after it, at the
+        charge's ``maximum``)."""
+        if at_us < self._reset_at_us.get(key, at_us):
+            return
+        if result_tick is not None and result_tick >= self._reset_tick.get(key, -1):
+            return
+        ledger = self._window(key)
+        ledger.used += units
+        ledger.maximum = max(ledger.maximum, maximum)
 
     def copy(self) -> Tally:
         """An independent copy (resets remembered, nothing touched yet)."""

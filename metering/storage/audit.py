@@ -145,6 +145,25 @@ class AuditStore(OnConnection):
         )
         return [(charged, held, int(at_us)) for charged, held, at_us in self._rows(query)]
 
+    def commits_of_results_since(self, after_us: int | None) -> list[tuple[str, str, int, int]]:
+        """Reservations committed whose result was decided after ``after_us``
+        (None: every one): (result charges, held charges, settled_at_us, the
+        result's reset tick). A reset between the hold and a commit of more
+        clears the result, not the units the commit added after it."""
+        c, r = reservations.c, results.c
+        query = (
+            select(r.charges, c.charges, c.settled_at_us, r.reset_tick)
+            .select_from(reservations)
+            .join(results, r.event_id == c.id)
+            .where(c.state == ReservationState.COMMITTED.value)
+        )
+        if after_us is not None:
+            query = query.where(r.decided_at_us > after_us)
+        return [
+            (charged, held, int(at_us), int(tick))
+            for charged, held, at_us, tick in self._rows(query)
+        ]
+
     # -- windows -------------------------------------------------------------------
 
     def ledgers(self, keys: Sequence[WindowKey] | None) -> dict[WindowKey, WindowLedger]:

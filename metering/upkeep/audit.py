@@ -240,6 +240,12 @@ def _read_ledger(
     resets = store.resets_since(run.after_us)
     taken = [*store.voids_since(run.after_us), *store.give_backs_since(run.after_us)]
     more = [] if run.after_us is None else _charged_more(store.commits_since(run.after_us))
+    # Commits of results this run reads: a reset may have cleared the result before them.
+    rewritten = []
+    for charged, held, settled_us, tick in store.commits_of_results_since(run.after_us):
+        maxima = {key: maximum for key, _, maximum in consumed("allowed", json.loads(charged))}
+        for key, extra, _ in _charged_more([(charged, held, settled_us)]):
+            rewritten.append((key, extra, settled_us, tick, maxima[key]))
     decided: Iterable[ResultRow] = store.results_since(run.after_us)
     if run.after_us is not None:  # since the last run: as much as the traffic
         decided = list(decided)
@@ -269,7 +275,12 @@ def _read_ledger(
     for key, units, done_us in taken:
         at(done_us, [key], partial(Tally.take_back, key=key, units=units, at_us=done_us))
     for key, units, done_us in more:
-        at(done_us, [key], partial(Tally.add_units, key=key, units=units))
+        at(done_us, [key], partial(Tally.add_units, key=key, units=units, at_us=done_us))
+    for key, units, done_us, tick, maximum in rewritten:
+        add = partial(
+            Tally.add_units, key=key, units=units, at_us=done_us, result_tick=tick, maximum=maximum
+        )
+        at(done_us, [key], add)
     seen = run.kept.copy()
     for apply in later:
         apply(seen)

@@ -67,6 +67,19 @@ def test_a_reset_clears_what_was_written_before_it_whatever_the_order() -> None:
     assert twin.windows[KEY] == WindowLedger(1, 20) and twin.touched == set()
 
 
+def test_a_commits_added_units_count_only_where_no_reset_cleared_them() -> None:
+    tally = Tally({KEY: WindowLedger(5, 10)})
+    tally.reset(KEY, tick=7, at_us=100)
+    tally.add_units(KEY, 2, at_us=99)  # committed before the reset: cleared with the rest
+    tally.add_units(KEY, 2, at_us=101)  # of a result an earlier run counted, after the reset
+    tally.add_units(KEY, 3, at_us=102, result_tick=7, maximum=30)  # its result counts them
+    assert tally.windows[KEY] == WindowLedger(2, 10)
+    # Of a result the reset cleared, committed after it: the units, at the charge's maximum.
+    tally.add_units(KEY, 3, at_us=102, result_tick=6, maximum=30)
+    tally.add_units(KEY, 3, at_us=99, result_tick=6, maximum=40)  # before it: cleared
+    assert tally.windows[KEY] == WindowLedger(5, 30)
+
+
 def test_judgements_name_what_broke() -> None:
     assert judge_counter(KEY, 5, 5, spend=False) is None
     broken = judge_counter(KEY, 5, 4, spend=False)

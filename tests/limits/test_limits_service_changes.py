@@ -133,8 +133,6 @@ class Ledger:
     kinds: dict[tuple[str, str, int | None], set[str]] = field(default_factory=dict)
     # (subject, limit) -> the event count at its last reset
     resets: dict[tuple[str, str], int] = field(default_factory=dict)
-    # windows a commit of more than reserved charged after a reset cleared its reservation
-    charged_after_reset: set[tuple[str, str, int | None]] = field(default_factory=set)
     # event id -> the windows its charges were decided in
     windows: dict[str, list[tuple[str, str, int | None]]] = field(default_factory=dict)
     events: int = 0
@@ -315,11 +313,6 @@ class LimitChanges(RuleBasedStateMachine):
         except MeteringError:
             return
         self.held.remove((event_id, cost))
-        if actual is not None and actual > cost:
-            number = int(event_id[1:])
-            for key in self.ledger.windows.get(event_id, []):
-                if self.ledger.resets.get((key[0], key[1]), -1) >= number:
-                    self.ledger.charged_after_reset.add(key)
         if actual == 0:
             self._gone(event_id)
         self.consumed.append(event_id)
@@ -392,10 +385,6 @@ class LimitChanges(RuleBasedStateMachine):
         if violation.invariant not in EXEMPT:
             return False
         key = (violation.subject, violation.limit, violation.window_start_us)
-        if key in self.ledger.charged_after_reset:
-            # Known: the audit leaves out a result a reset cleared, and with it
-            # the units a later commit of more added to it (charged after the reset).
-            return True
         now = counting(self.limits.get(violation.limit))
         return bool(self.ledger.kinds.get(key, set()) - {now})
 

@@ -455,3 +455,45 @@ def test_a_soft_window_past_its_maximum_made_hard_is_no_violation(
         ("counter_ledger", "org-1", "chat"),
         ("hard_maximum", "org-1", "chat"),
     }
+
+
+HELD = Limit("held", maximum=100, period="1mo", window="calendar")
+
+
+@pytest.mark.parametrize("incremental", [False, True])
+def test_a_commit_of_more_after_a_reset_counts_what_it_added(
+    meter: Meter, clock: FrozenClock, incremental: bool
+) -> None:
+    """The reset cleared the reserved unit; the commit after it added 2 more, which count."""
+    meter.set_limit(HELD)
+    if incremental:
+        run_audit(meter, full=True)
+    held = meter.reserve("org-1", "held", 1, ttl_seconds=60)
+    clock.advance(minutes=2)
+    assert meter.sweep_reservations()["committed"] == 1  # by the sweep, at its 1 unit
+    clock.advance(seconds=1)
+    meter.reset(subject="org-1", limit="held")
+    clock.advance(seconds=1)
+    meter.commit_reservation(held.id, actual=3)
+    assert [counter.used for counter in meter.counters("org-1", "held")] == [2]
+    clock.advance(minutes=2)
+    assert run_audit(meter, full=not incremental).violations == ()
+    assert run_audit(meter, full=True).violations == ()
+
+
+@pytest.mark.parametrize("incremental", [False, True])
+def test_a_reset_after_a_commit_of_more_clears_what_it_added(
+    meter: Meter, clock: FrozenClock, incremental: bool
+) -> None:
+    meter.set_limit(HELD)
+    held = meter.reserve("org-1", "held", 1)
+    clock.advance(minutes=2)
+    if incremental:
+        run_audit(meter, full=True)  # the result, at its 1 unit
+    meter.commit_reservation(held.id, actual=3)
+    clock.advance(seconds=1)
+    meter.reset(subject="org-1", limit="held")
+    assert meter.counters("org-1", "held") == []
+    clock.advance(minutes=2)
+    assert run_audit(meter, full=not incremental).violations == ()
+    assert run_audit(meter, full=True).violations == ()
