@@ -157,8 +157,8 @@ class AuditStore(OnConnection):
             .join(results, r.event_id == c.id)
             .where(c.state == ReservationState.COMMITTED.value)
         )
-        if after_us is not None:
-            query = query.where(r.decided_at_us > after_us)
+        if after_us is not None:  # (settled after its result: in the span too)
+            query = query.where(c.settled_at_us > after_us, r.decided_at_us > after_us)
         return [
             (charged, held, int(at_us), int(tick))
             for charged, held, at_us, tick in self._rows(query)
