@@ -13,11 +13,11 @@ line here and its rule in the domain; the services do not change.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Final, Literal
 
 from metering.domain.limits import Limit
-from metering.domain.money import PriceHistory
+from metering.domain.money import Price, PriceHistory
 from metering.errors import InvalidInput, WrongAlgorithm
 
 Use = Literal["price", "tiered price", "grant", "hold", "checkout"]
@@ -126,15 +126,8 @@ def prices_taken(limit: Limit | None, history: PriceHistory) -> PriceHistory:
     if refusing(limit, "tiered price") is None:
         return history
     return tuple(
-        replace(
-            price,
-            per_unit=None,
-            model="per_unit",
-            tiers=(),
-            package=None,
-            per_package=None,
-            flat_fee=0,
-        )
+        # In force from its date as a removal is: no price.
+        Price(price.limit, price.currency, None, price.effective_from_us, price.created_at_us)
         if price.counted
         else price
         for price in history

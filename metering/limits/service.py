@@ -43,7 +43,8 @@ def set_limits(database: Database, limits: Iterable[Limit]) -> list[Limit]:
         for limit in chosen:
             _refuse_prices(connection, limit, now_us)
             _refuse_holds(connection, limit)
-            _refuse_currency_change(connection, store.load_limits([limit.name]), limit, now_us)
+            before = store.load_limits([limit.name]).get(limit.name)
+            _refuse_currency_change(connection, before, limit, now_us)
             store.upsert_limit(limit, now_us)
             notify(connection, None, limit.name)  # a lowered maximum: every process's leases
 
@@ -82,12 +83,11 @@ def _refuse_holds(connection: Connection, limit: Limit) -> None:
 
 
 def _refuse_currency_change(
-    connection: Connection, stored: dict[str, Limit], limit: Limit, now_us: int
+    connection: Connection, before: Limit | None, limit: Limit, now_us: int
 ) -> None:
     """A limit whose windows not yet over have usage counted does not change
     what it counts in (units, or a currency's minor units): its windows' counters
     would be read in the new unit, cents as units or units as cents."""
-    before = stored.get(limit.name)
     if before is None or before.currency == limit.currency:
         return
     if CounterStore(connection).used_in_windows_after(limit.name, now_us):  # (a scan: rare)

@@ -13,7 +13,7 @@ events are found too; a run that finds something writes one ``audit.violation`` 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import partial
@@ -241,11 +241,11 @@ def _read_ledger(
     taken = [*store.voids_since(run.after_us), *store.give_backs_since(run.after_us)]
     more = [] if run.after_us is None else _charged_more(store.commits_since(run.after_us))
     # Commits of results this run reads: a reset may have cleared the result before them.
-    rewritten = []
-    for charged, held, settled_us, tick in store.commits_of_results_since(run.after_us):
-        maxima = {key: maximum for key, _, maximum in consumed("allowed", json.loads(charged))}
-        for key, extra, _ in _charged_more([(charged, held, settled_us)]):
-            rewritten.append((key, extra, settled_us, tick, maxima[key]))
+    rewritten = [
+        (key, extra, settled_us, tick, maximum)
+        for charged, held, settled_us, tick in store.commits_of_results_since(run.after_us)
+        for key, extra, maximum in _added(charged, held)
+    ]
     decided: Iterable[ResultRow] = store.results_since(run.after_us)
     if run.after_us is not None:  # since the last run: as much as the traffic
         decided = list(decided)
@@ -302,14 +302,22 @@ def _charged_more(commits: Iterable[tuple[str, str, int]]) -> list[tuple[WindowK
     per window, the units above the held cost (a commit of more than was
     reserved) or below it (a spend charge's money a commit of fewer priced
     units kept), and when."""
-    found = []
-    for charged, held, settled_us in commits:
-        reserved = {(str(s), str(lim)): int(cost) for s, lim, cost, *_ in json.loads(held)}
-        for key, cost, _ in consumed("allowed", json.loads(charged)):
-            extra = cost - reserved.get((key[0], key[1]), cost)
-            if extra:
-                found.append((key, extra, settled_us))
-    return found
+    return [
+        (key, extra, settled_us)
+        for charged, held, settled_us in commits
+        for key, extra, _ in _added(charged, held)
+    ]
+
+
+def _added(charged: str, held: str) -> Iterator[tuple[WindowKey, int, int]]:
+    """Per window of a committed result (``charged``, its reservation's
+    ``held`` charges, as JSON) whose cost the commit changed: the units it
+    added (fewer: taken off) and the charge's maximum."""
+    reserved = {(str(s), str(lim)): int(cost) for s, lim, cost, *_ in json.loads(held)}
+    for key, cost, maximum in consumed("allowed", json.loads(charged)):
+        extra = cost - reserved.get((key[0], key[1]), cost)
+        if extra:
+            yield key, extra, maximum
 
 
 def _judged_keys(store: AuditStore, run: _Run, limits: dict[str, Limit]) -> list[WindowKey]:
