@@ -25,7 +25,9 @@ limit's maximum changed, entitlements (some effective in the past),
 grants (expiring, with priorities and ``low``) and recurring grants,
 subjects' own thresholds, subjects' time zones (Kathmandu and Santiago from
 the start, changes near a day's and a month's end), voids and resets
-between batches, late events (some past their lateness), events from the future (some accepted),
+between batches (every other batch's changes made by a second meter on the
+path's database, as another process would, with a cache of its own),
+late events (some past their lateness), events from the future (some accepted),
 repeated ids (duplicates and conflicts), unknown limits, invalid events
 raised (``invalid="raise"``) or rejected; and, where the path holds them,
 reservations reserved, cancelled and committed (at an actual cost). Every
@@ -45,7 +47,7 @@ direct connections); the one-trip function is tried for
 every event, never errs, and decides many; a `check` is the fast path's
 unless it raises, a recurring grant may be due, or it falls before a
 current first-use window. What no stream reaches (processes racing, round
-trips, a change made in another process) is in ``test_paths.py``.
+trips) is in ``test_paths.py``.
 """
 
 from __future__ import annotations
@@ -729,9 +731,12 @@ def _run(
             _decide(path, meters, [made.record()], "raise", tally)
         tested.database.run(tested._engine.limits.refresh)  # a warm process: limits cached
         singly = path == "one_trip"
+        # Every other spec's changes are made by another process (a meter
+        # with a cache of its own): the tested one must see them at once.
+        other = stack.enter_context(Meter(urls[0], clock=clock))
         for number, spec in enumerate(stream):
             clock.advance(seconds=spec["advance_seconds"])
-            _changes(meters, spec, number)
+            _changes((other if number % 2 else tested, oracle), spec, number)
             tally["tiered prices"] += sum(
                 isinstance(per_unit, dict) and limit != "bucket"  # (refused on a bucket)
                 for limit, per_unit, _, _ in spec["prices"]
