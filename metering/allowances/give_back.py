@@ -142,7 +142,7 @@ def give_back(
             for item in kept
         ]
         deltas = given_back_deltas(event, returned, dimensions) if dimensions else {}
-        if money and any(limit.currency for limit in limits.values()):  # money back too
+        if money:  # the money of its priced charges, spend limit or not
             deltas = merged(deltas, spend_given_back(event, returned))
         if deltas:
             record_rollups(connection, deltas)

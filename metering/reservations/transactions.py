@@ -221,7 +221,8 @@ def _settle(engine: Engine, reservation_id: str, to: ReservationState, keep: int
             rows.settle(reservation_id, state, now_us, by)
             return Settled(expired=by == _EXPIRY)
         assert keep is not None
-        returned, given_back = _give_back(connection, record, keep, now_us, spend)
+        money = spend if committing else None
+        returned, given_back = _give_back(connection, record, keep, now_us, money)
         rows.settle(reservation_id, to, now_us, action, given_back)
         return Settled(returned=returned)
 
@@ -409,11 +410,12 @@ def _give_back(
     (`metering.allowances.give_back`); the units returned, and per counter
     the units of its charge that went back (a bucket already full counts:
     it needs nothing). With ``spend`` (a commit: the charges' spend limits
-    and their currencies) ``keep`` is the usage's units, and the money of
-    the priced units going back goes back with them (`_money_back`)."""
+    and their currencies, none or some) ``keep`` is the usage's units, and
+    the money of the priced units going back goes back with them
+    (`_money_back`)."""
     store = Store(connection)
     stored = store.fetch_results([record.id]).get(record.id)
-    if spend:
+    if spend is not None:
         money = _money_back(connection, record, stored, keep, now_us, spend)
         if money is not None:
             return money
@@ -500,10 +502,11 @@ def _refuse_priced_more(
     store: Store, record: ReservationRecord, keep: int, spend: Collection[str]
 ) -> None:
     """`InvalidInput` for a commit of more units than reserved of priced
-    usage: its spend was checked against its caps for the units reserved."""
-    if not spend:
-        return
+    usage: its money was priced (and checked against its caps) for the units
+    reserved. With its result gone (retention) and no spend limit, allowed."""
     stored = store.fetch_results([record.id]).get(record.id)
+    if stored is None and not spend:
+        return
     priced = {
         (row.subject, row.limit)
         for row in (ChargeDecision.from_row(r) for r in (stored.charges if stored else ()))
@@ -517,8 +520,8 @@ def _refuse_priced_more(
         raise InvalidInput(
             "actual",
             "a reservation of priced usage commits at most the units it reserved "
-            "(its money was held against the spend caps for them): record the rest "
-            "as an event of its own",
+            "(its money was priced, and held against any spend cap, for them): record "
+            "the rest as an event of its own",
         )
 
 

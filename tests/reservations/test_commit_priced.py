@@ -211,3 +211,64 @@ def test_the_overage_report_shows_the_money_committed(db_url: str, path: str) ->
         [row] = overage_report(meter, limit="usd_cap")
         assert (row.used, row.overage) == (6, 1)
         _audited(meter)
+
+
+# -- priced usage with no spend limit of its currency ---------------------------------
+# Its money is only in its result and the spend report: it follows the units all the same.
+
+
+def _uncapped(db_url: str, path: str) -> Meter:
+    meter = _meter(db_url, path)
+    meter.delete_limit("usd_cap")
+    return meter
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_with_no_spend_limit_a_commit_of_fewer_units_bills_the_units_kept(
+    db_url: str, path: str
+) -> None:
+    with _uncapped(db_url, path) as meter:
+        held = meter.reserve(charges=[("org", "calls", 3)], event_id="r-1")
+        assert held.decision.charges[0].price == ("USD", 6)
+        assert held.commit(actual=1) == 2
+        assert _used(meter) == {"calls": 1}
+        assert _spent(meter) == {"calls": 2}
+        result = meter.result("r-1")
+        assert result is not None
+        assert [(c.limit, c.cost, c.price) for c in result.charges] == [("calls", 3, ("USD", 2))]
+        _audited(meter)
+        meter.void("r-1", "refund")
+        assert _used(meter) == {"calls": 0}
+        assert _spent(meter) == {}
+        opening = meter.reserve(charges=[("new", "tokens", 2)], event_id="r-2")
+        assert opening.decision.charges[0].price == ("USD", 54)  # the fee with its units
+        assert opening.commit(actual=1) == 1
+        assert _spent(meter) == {}  # (org's)
+        assert spend_report(meter, subject="new").rows[0].amounts == {"tokens": 52}
+        _audited(meter)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_with_no_spend_limit_a_commit_of_no_units_bills_nothing(db_url: str, path: str) -> None:
+    with _uncapped(db_url, path) as meter:
+        held = meter.reserve(charges=[("org", "calls", 3)], event_id="r-1")
+        assert held.commit(actual=0) == 3
+        assert _used(meter) == {"calls": 0}
+        assert _spent(meter) == {}
+        _audited(meter)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_with_no_spend_limit_a_commit_of_more_priced_units_is_refused(
+    db_url: str, path: str
+) -> None:
+    with _uncapped(db_url, path) as meter:
+        held = meter.reserve(charges=[("org", "calls", 3)], event_id="r-1")
+        with pytest.raises(InvalidInput, match="at most the units it reserved"):
+            held.commit(actual=4)
+        assert meter.reservation("r-1").state == "held"
+        assert _used(meter) == {"calls": 3}
+        assert _spent(meter) == {"calls": 6}
+        plain = meter.reserve(charges=[("org", "plain", 3)], event_id="r-2")
+        assert plain.commit(actual=4) == 0  # unpriced usage: the excess is charged
+        assert _used(meter)["plain"] == 4
