@@ -8,7 +8,8 @@ and moves a frozen clock, over two subjects and three limit names. A
 step: no flat fee is charged twice in one window of one subject, and an
 allowed charge of a hard limit stays within its maximum in force plus what
 its window drew on grants. At the end the full audit finds nothing but
-what the docs say a change of kind leaves (`EXEMPT`).
+what the docs say a change of kind leaves (`EXEMPT`), and the spend report
+bills what the answers charged, less voids and the money that went back.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from sqlalchemy import select
 from metering import FrozenClock, Limit, Meter, spend_limit
 from metering.domain.audit import Invariant
 from metering.errors import MeteringError
+from metering.reports.spend import spend_report
 from metering.storage.tables import counters
 from metering.upkeep.audit import run_audit
 
@@ -135,7 +137,23 @@ class Ledger:
     resets: dict[tuple[str, str], int] = field(default_factory=dict)
     # event id -> the windows its charges were decided in
     windows: dict[str, list[tuple[str, str, int | None]]] = field(default_factory=dict)
+    # event id -> what its priced charges bill: (subject, currency, limit) -> minor units
+    bill: dict[str, dict[Billed, int]] = field(default_factory=dict)
     events: int = 0
+
+
+Billed = tuple[str, str, str]
+
+
+def billed(decision: Any) -> dict[Billed, int]:
+    """What a decided event's priced charges bill: consumed, and not a shadow's would-deny."""
+    if decision is None or decision.outcome not in ("allowed", "overage"):
+        return {}
+    return {
+        (c.subject, c.price[0], c.limit): c.price[1]
+        for c in decision.charges
+        if c.price is not None and c.outcome != "would_deny"
+    }
 
 
 class LimitChanges(RuleBasedStateMachine):
@@ -157,6 +175,8 @@ class LimitChanges(RuleBasedStateMachine):
 
     def _record(self, decision: Any, event_id: str) -> None:
         """Judge an event's decision: the fee once a window, a hard maximum kept."""
+        if not decision.duplicate:
+            self.ledger.bill[event_id] = billed(decision)
         for charge in decision.charges:
             key = (charge.subject, charge.limit, charge.window_start_us)
             self.ledger.windows.setdefault(event_id, []).append(key)
@@ -301,6 +321,12 @@ class LimitChanges(RuleBasedStateMachine):
             return
         self.held.remove((event_id, _))
         self._gone(event_id)
+        # A charge whose units all went back takes its money back (`spend_given_back`).
+        info = self.meter.reservation(event_id)
+        assert info is not None
+        back = {(c.subject, c.limit) for c in info.charges if info.given_back_of(c) >= c.cost}
+        bill = self.ledger.bill.get(event_id, {})
+        self.ledger.bill[event_id] = {k: v for k, v in bill.items() if (k[0], k[2]) not in back}
 
     @precondition(lambda self: self.held)
     @rule(data=st.data(), more=st.sampled_from([-1, 0, 2, None]))
@@ -312,6 +338,7 @@ class LimitChanges(RuleBasedStateMachine):
             self.meter.commit_reservation(event_id, actual)
         except MeteringError:
             return
+        self.ledger.bill[event_id] = billed(self.meter.result(event_id))  # the money kept
         self.held.remove((event_id, cost))
         if actual == 0:
             self._gone(event_id)
@@ -327,6 +354,7 @@ class LimitChanges(RuleBasedStateMachine):
         except MeteringError:
             return
         self._gone(event_id)
+        self.ledger.bill[event_id] = {}
 
     @rule(subject=st.sampled_from(SUBJECTS), name=st.sampled_from(NAMES))
     def reset(self, subject: str, name: str) -> None:
@@ -377,6 +405,17 @@ class LimitChanges(RuleBasedStateMachine):
             report = run_audit(self.meter, full=True)
             left = [v for v in report.violations if not self._exempt(v)]
             assert left == [], left
+            # The spend report bills what the answers charged, less voids and what went back.
+            expected: dict[Billed, int] = {}
+            for bill in self.ledger.bill.values():
+                for key, amount in bill.items():
+                    expected[key] = expected.get(key, 0) + amount
+            found = {
+                (row.subject, row.currency, name): amount
+                for row in spend_report(self.meter).rows
+                for name, amount in row.amounts.items()
+            }
+            assert {k: v for k, v in found.items() if v} == {k: v for k, v in expected.items() if v}
         finally:
             self.meter.close()
             self.database.hand_back(self.url)
