@@ -175,25 +175,30 @@ def spend_violations(
     event_id: str, outcome: str, charges: Sequence[Sequence[Any]], currencies: Mapping[str, str]
 ) -> list[Violation]:
     """A consumed result's spend charges (limits of ``currencies``: name to
-    currency) that do not equal the sum of its priced amounts in their currency."""
+    currency) that do not equal the sum of their subject's priced amounts in
+    their currency."""
     if outcome not in CONSUMED:
         return []
-    priced: dict[str, int] = {}
+    priced: dict[tuple[str, str], int] = {}
     for row in charges:
         if len(row) > _PRICE and row[_PRICE] is not None and row[_OUTCOME] != WOULD_DENY:
             currency, amount = row[_PRICE]
-            priced[str(currency)] = priced.get(str(currency), 0) + int(amount)
+            key = (str(row[_SUBJECT]), str(currency))
+            priced[key] = priced.get(key, 0) + int(amount)
     found = []
     for row in charges:
         currency = currencies.get(str(row[_LIMIT]))
-        if currency is not None and int(row[_COST]) != priced.get(currency, 0):
+        if currency is None:
+            continue
+        owed = priced.get((str(row[_SUBJECT]), currency), 0)
+        if int(row[_COST]) != owed:
             found.append(
                 Violation(
                     Invariant.SPEND_PRICED,
                     str(row[_SUBJECT]),
                     str(row[_LIMIT]),
                     int(row[_WINDOW]) if row[_WINDOW] else None,
-                    expected=f"{priced.get(currency, 0)} {currency} priced",
+                    expected=f"{owed} {currency} priced",
                     found=f"{row[_COST]} charged",
                     item=event_id,
                 )

@@ -24,6 +24,7 @@ def row(
     cost: int,
     *,
     limit: str = "calls",
+    subject: str = "org-1",
     allowed: bool = True,
     outcome: str = "allowed",
     maximum: int = 10,
@@ -31,7 +32,7 @@ def row(
     price: list[object] | None = None,
 ) -> list[object]:
     base: list[object] = [
-        *("org-1", limit, cost, allowed, outcome, 0, 0, maximum, overage, W, W + 1, None)
+        *(subject, limit, cost, allowed, outcome, 0, 0, maximum, overage, W, W + 1, None)
     ]
     return [*base, [], price] if price is not None else base
 
@@ -111,6 +112,23 @@ def test_a_spend_charge_equals_its_events_priced_amounts() -> None:
         "29 charged",
     )
     assert spend_violations("e", "denied", wrong, {"spend": "USD"}) == []
+
+
+def test_each_subjects_spend_charge_equals_its_own_priced_amounts() -> None:
+    """An event charging two subjects: each one's spend charge is its own money."""
+    both = [
+        row(30, price=["USD", 30]),
+        row(5, subject="org-2", price=["USD", 5]),
+        row(30, limit="spend"),
+        row(5, limit="spend", subject="org-2"),
+    ]
+    assert spend_violations("e", "allowed", both, {"spend": "USD"}) == []
+    summed = [*both[:2], row(35, limit="spend"), row(35, limit="spend", subject="org-2")]
+    found = spend_violations("e", "allowed", summed, {"spend": "USD"})
+    assert [(v.subject, v.expected, v.found) for v in found] == [
+        ("org-1", "30 USD priced", "35 charged"),
+        ("org-2", "5 USD priced", "35 charged"),
+    ]
 
 
 SEATS = ("org-1", "seats", W)
