@@ -33,7 +33,8 @@ raised (``invalid="raise"``) or rejected; and, where the path holds them,
 reservations reserved, cancelled and committed (at an actual cost). Every
 answer (kind and outcome, or the error; reservations and voids in full),
 what the metrics count, and every table a decision writes
-(`differential.stored`) must be identical. The "direct" and "connection" runs also ask `check`
+(`differential.stored`) must be identical, and a full audit of each
+database find nothing. The "direct" and "connection" runs also ask `check`
 both ways after each batch: the same `Decision` or error. A second run
 imports some batches (``enforce`` and ``allow_late`` each way) on the
 direct path.
@@ -77,6 +78,7 @@ from hypothesis import strategies as st
 from sqlalchemy import select
 
 from metering import FrozenClock, Limit, Meter, spend_limit
+from metering.domain.audit import Invariant
 from metering.domain.decisions import ROW_FIELDS
 from metering.domain.events import FUTURE_TOLERANCE_US, EventRecord, UsageEvent, make_event
 from metering.domain.imports import ImportPolicy
@@ -87,6 +89,7 @@ from metering.engine.answers import Answer, Batch, Declined
 from metering.engine.one_trip import STATS
 from metering.reservations import transactions
 from metering.storage.tables import current_windows, grant_schedules
+from metering.upkeep.audit import run_audit
 
 START = datetime(2026, 11, 30, 23, 0, tzinfo=UTC)  # an hour's, a day's and a month's end near
 LIMITS = [
@@ -763,6 +766,15 @@ def _run(
             assert found[table] == rows, (table, found[table], rows, stream)
         now_us = oracle.database.now_us()
         assert rates(tested, now_us) == pytest.approx(rates(oracle, now_us), rel=1e-9), stream
+        # Each ledger proves itself: a full audit finds nothing (but the
+        # reservations held past their time to live: no sweeper runs here).
+        for meter in meters:
+            found_wrong = [
+                v
+                for v in run_audit(meter, full=True).violations
+                if v.invariant != Invariant.RESERVATION_UNRESOLVED
+            ]
+            assert found_wrong == [], (found_wrong, stream)
         gauged = [row for row in found["counters"] if row[0] in GAUGES and row[4]]
         tally["gauge levels"] += len(gauged)
         paced = [row for row in found["counters"] if row[0] in PACED and row[5]]
