@@ -1,7 +1,7 @@
 """What each kind of limit refuses to take part in, and the words that name it.
 
 A limit's kind (a spend limit, seats, a floating license, a gauge, a token
-bucket) follows from its fields; what it refuses (a price, a tiered price, a
+bucket, a shadow limit) follows from its fields; what it refuses (a price, a tiered price, a
 grant, a hold, a checkout) is declared once, in `KINDS`. Services call
 `refuse` before they write, a limit is not changed into a kind that refuses
 what it has (`refusing`), and an older price prices none of its late events
@@ -87,6 +87,19 @@ KINDS: Final = (
         {
             "tiered price": ("model", "tiers and a flat fee price a fixed window's total"),
             "grant": ("limit", "grants top up fixed windows"),
+        },
+    ),
+    Kind(
+        "a shadow limit",
+        "enforcement",
+        lambda limit: limit.enforcement == "shadow",
+        {
+            # Its would-deny consumes nothing: priced, a spend cap would count what it bills not.
+            "price": (
+                "limit",
+                "it bills nothing; price the limit that meters the usage and charge this "
+                "one beside it",
+            ),
         },
     ),
 )

@@ -18,6 +18,7 @@ LICENSES = Limit("cad", 3, algorithm="concurrent")
 GAUGE = Limit("storage", 100, "1mo", window="calendar", aggregation="max")
 BUCKET = Limit("api", 10, "10s", algorithm="token_bucket")
 PACED = Limit("budget", 3000, "1mo", window="calendar", pacing=True, burst="10%")
+SHADOW = Limit("trial", 5, "1mo", window="calendar", enforcement="shadow")
 
 # Each kind's example, by its label in `KINDS`.
 EXAMPLES = {
@@ -26,6 +27,7 @@ EXAMPLES = {
     "a concurrent limit": LICENSES,
     "a gauge": GAUGE,
     "a token bucket": BUCKET,
+    "a shadow limit": SHADOW,
 }
 USES: tuple[Use, ...] = ("price", "tiered price", "grant", "hold")
 
@@ -76,6 +78,11 @@ def test_the_errors_say_which_limit_and_why() -> None:
         refuse(BUCKET, "tiered price")
     assert raised.value.field == "model"
     refuse(BUCKET, "price")  # a flat price per unit prices a bucket's charges
+    with pytest.raises(
+        InvalidInput, match=r"'trial' is a shadow limit: it bills nothing"
+    ) as raised:
+        refuse(SHADOW, "price")
+    assert raised.value.field == "limit"
     refuse(LICENSES, "checkout")
 
 
@@ -105,6 +112,8 @@ def test_a_kind_takes_only_the_prices_it_takes() -> None:
     assert prices_taken(None, history) == history  # deleted: as it was
     gauge = Limit("calls", maximum=5, period="1h", aggregation="max")
     assert prices_taken(gauge, history) == ()
+    shadow = Limit("calls", maximum=5, period="1h", enforcement="shadow")
+    assert prices_taken(shadow, history) == ()  # its would-denies consumed nothing to price
     bucket = Limit("calls", maximum=5, period="1h", algorithm="token_bucket")
     assert prices_taken(bucket, history) == (
         per_unit,

@@ -113,14 +113,7 @@ LIMITS = [
         forecast_lead="1h",
     ),
     Limit("month", maximum=5, period="1mo", forecast_lead="1h"),
-    Limit(
-        "dims",
-        maximum=3,
-        period="1h",
-        window="calendar",
-        enforcement="shadow",
-        dimensions=("route",),
-    ),
+    Limit("dims", maximum=3, period="1h", window="calendar", dimensions=("route",)),
     # Seats.
     Limit("seats", maximum=2, period="1h", window="calendar", distinct="user"),
     Limit("fu_seats", maximum=2, period="30m", distinct="user"),

@@ -84,6 +84,11 @@ CALENDAR = Limit("calls", maximum=100, period="1mo", window="calendar")
         (Limit("calls", 100, "1mo", window="calendar", distinct="user"), "distinct", "seat limit"),
         (Limit("calls", 100, algorithm="concurrent"), "algorithm", "concurrent limit"),
         (spend_limit("calls", "50.00", "EUR", "1mo"), "currency", "spend limit"),
+        (
+            Limit("calls", 100, "1mo", window="calendar", enforcement="shadow"),
+            "enforcement",
+            "shadow limit",
+        ),
     ],
 )
 def test_a_priced_limit_does_not_become_a_kind_that_is_not_priced(

@@ -1,7 +1,8 @@
 """The transactions of prices (`metering/money/service.py`) on both databases:
 a price set from now or a later instant, replaced at the same instant, ended
 by a removal; listed by limit and time; refused, storing nothing, for what is
-not priced per unit (a spend limit, seats, a concurrent limit, a gauge),
+not priced per unit (a spend limit, seats, a concurrent limit, a gauge,
+a shadow limit),
 tiers on anything but a fixed window, a float, a reserved or unknown limit."""
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ def meter(db_url: str) -> Iterator[Meter]:
                 Limit("seats", maximum=5, period="1mo", distinct="user"),
                 Limit("cad", maximum=5, algorithm="concurrent"),
                 Limit("disk", maximum=100, period="1d", aggregation="max"),
+                Limit("trial", maximum=100, period="1d", enforcement="shadow"),
                 spend_limit("cap", "10", "USD", "1mo", window="calendar"),
             ]
         )
@@ -73,6 +75,7 @@ def test_a_tiered_price_is_only_for_a_fixed_window(meter: Meter) -> None:
         ("seats", "1", "USD", "limit"),
         ("cad", "1", "USD", "limit"),
         ("disk", "1", "USD", "limit"),
+        ("trial", "1", "USD", "limit"),
         ("calls", 0.01, "USD", "per_unit"),
         ("calls", None, "USD", "per_unit"),
         ("calls", "0.01", "XXX", "currency"),
