@@ -1,13 +1,13 @@
 """What each kind of limit refuses to take part in, and the words that name it.
 
 A limit's kind (a spend limit, seats, a floating license, a gauge, a token
-bucket, a shadow limit) follows from its fields; what it refuses (a price, a tiered price, a
-grant, a hold, a checkout) is declared once, in `KINDS`. Services call
-`refuse` before they write, a limit is not changed into a kind that refuses
-what it has (`refusing`), and an older price prices none of its late events
-(`prices_taken`). `kind_phrases` names a kind on the command line;
-`sums_usage` says whether its counters add charges up. A new kind adds its
-line here and its rule in the domain; the services do not change.
+bucket, a shadow limit) follows from its fields; what it refuses (a price,
+a tiered price, a grant, a hold, a checkout) is declared once, in `KINDS`.
+Services call `refuse` before they write, a limit is not changed into a kind
+that refuses what it has (`refusing`), and an older price prices none of its
+late events (`prices_taken`). `kind_phrases` names a kind on the command
+line; `sums_usage` says whether its counters add charges up. A new kind adds
+its line here and its rule in the domain; the services do not change.
 """
 
 from __future__ import annotations
