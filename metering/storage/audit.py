@@ -23,8 +23,10 @@ from metering.domain.instants import from_us
 from metering.domain.licenses import CheckoutState
 from metering.domain.notifications import DeliveryStatus
 from metering.domain.reservations import ReservationState
+from metering.domain.rollups import RollupKey
 from metering.domain.state import NO_WINDOW
 from metering.storage.on_connection import OnConnection, chunks
+from metering.storage.rollups import ROLLUPS
 from metering.storage.tables import (
     audit_marks,
     audit_runs,
@@ -35,6 +37,7 @@ from metering.storage.tables import (
     counters,
     distinct_values,
     grants,
+    limits,
     overdrafts,
     reservations,
     results,
@@ -50,8 +53,12 @@ RUNS_KEPT: Final = 50
 STREAM_BATCH: Final = 2000
 # Row values per IN list: three columns each, well under SQLite's bound.
 KEY_CHUNK: Final = 300
-# (event id, outcome, decided_at_us, reset tick, charges as JSON).
-ResultRow = tuple[str, str, int, int, str]
+# (event id, outcome, decided_at_us, reset tick, charges as JSON, occurred_at_us,
+# metadata as JSON: None unless asked for).
+ResultRow = tuple[str, str, int, int, str, int, str | None]
+# A reservation settled by a cancel or a commit: (id, cancelled, settled_at_us,
+# held charges, given back, both as JSON: the latter None when nothing went back).
+SettledRow = tuple[str, bool, int, str, str | None]
 
 
 def _window_in(table: Any, keys: Sequence[WindowKey]) -> Any:
@@ -79,15 +86,19 @@ class AuditStore(OnConnection):
 
     # -- the ledger since an instant ----------------------------------------------
 
-    def results_since(self, after_us: int | None) -> Iterator[ResultRow]:
-        """Every result decided after ``after_us`` (None: every one), streamed."""
+    def results_since(self, after_us: int | None, *, metadata: bool = False) -> Iterator[ResultRow]:
+        """Every result decided after ``after_us`` (None: every one), streamed
+        (``metadata``: with it)."""
         r = results.c
-        query = select(r.event_id, r.outcome, r.decided_at_us, r.reset_tick, r.charges)
+        columns = [r.event_id, r.outcome, r.decided_at_us, r.reset_tick, r.charges]
+        columns.append(r.occurred_at_us)
+        query = select(*columns, *([r.metadata] if metadata else []))
         if after_us is not None:
             query = query.where(r.decided_at_us > after_us)
         query = query.execution_options(stream_results=True, yield_per=STREAM_BATCH)
         for row in self.connection.execute(query):
-            yield (row[0], row[1], int(row[2]), int(row[3]), row[4])
+            text = row[6] if metadata else None
+            yield (row[0], row[1], int(row[2]), int(row[3]), row[4], int(row[5]), text)
 
     def resets_since(self, after_us: int | None) -> list[tuple[WindowKey, int, int]]:
         """Resets of one counter each after ``after_us``: (window, tick, reset_at_us)."""
@@ -163,6 +174,44 @@ class AuditStore(OnConnection):
             (charged, held, int(at_us), int(tick))
             for charged, held, at_us, tick in self._rows(query)
         ]
+
+    # -- what the rollups are judged by -------------------------------------------
+
+    def voided(self) -> dict[str, int]:
+        """Every voided event: its correction's ``created_at_us``."""
+        c = corrections.c
+        return {
+            event_id: int(at) for event_id, at in self._rows(select(c.event_id, c.created_at_us))
+        }
+
+    def settled(self) -> list[SettledRow]:
+        """Every reservation a cancel or a commit settled (not the sweeper, nor a void)."""
+        c = reservations.c
+        query = select(c.id, c.state, c.settled_at_us, c.charges, c.given_back).where(
+            c.settled_by.in_(("cancel", "commit")),
+            c.state != ReservationState.HELD.value,
+        )
+        return [
+            (i, state == ReservationState.CANCELLED.value, int(at), held, back)
+            for i, state, at, held, back in self._rows(query)
+        ]
+
+    def defined_at(self) -> dict[str, int]:
+        """When each limit was last defined."""
+        c = limits.c
+        return {name: int(at) for name, at in self._rows(select(c.name, c.updated_at_us))}
+
+    def rollups(self, from_hour_us: int | None) -> dict[RollupKey, tuple[int, int]]:
+        """Every rollup row's (used, events), its appended deltas summed in,
+        of the hours from ``from_hour_us`` on (None: all)."""
+        r = ROLLUPS.c
+        key = (r.subject, r.limit_name, r.dimension, r.hour_start_us, r.value)
+        query = select(*key, func.sum(r.used), func.sum(r.events)).group_by(*key)
+        if from_hour_us is not None:
+            query = query.where(r.hour_start_us >= from_hour_us)
+        return {
+            (s, lim, d, int(h), v): (int(u), int(e)) for s, lim, d, h, v, u, e in self._rows(query)
+        }
 
     # -- windows -------------------------------------------------------------------
 
