@@ -24,14 +24,11 @@ from metering.domain.rollups import (
     dimension_value,
     hour_start_us,
 )
-from metering.domain.state import NO_WINDOW
 
-# (subject, limit, hour start, whether the ``$spend`` rows): what a row is judged by.
-Hour = tuple[str, str, int, bool]
+# (subject, limit, hour start): the rows of one limit's hour.
+Hour = tuple[str, str, int]
 # (subject, limit): one charge of an event.
 Pair = tuple[str, str]
-# A held charge's cost and window (start, end), as `reservations.charges` has it.
-Held = tuple[int, int, int]
 
 # The fields of a ledger row (`ChargeDecision.to_row`) read here.
 _SUBJECT, _LIMIT, _COST, _OUTCOME, _PRICE = 0, 1, 2, 4, 13
@@ -39,59 +36,45 @@ _SUBJECT, _LIMIT, _COST, _OUTCOME, _PRICE = 0, 1, 2, 4, 13
 
 @dataclass(frozen=True, slots=True)
 class Settlement:
-    """A reservation settled with something given back, as the ledger has it:
-    cancelled (else committed with an actual) at ``settled_at_us``; its
-    ``held`` charges; the units ``given_back`` per charge whose counter took
-    them; the charges a reset cleared between its result and the settle (their
-    counters took nothing, the rollups did); the charges on spend limits (a
-    commit's money back is in its rewritten result)."""
+    """A reservation a cancel or a commit settled, as the ledger has it: the
+    cost of each charge it still held (a reset drops the charges it clears)
+    and the units ``given_back`` of those whose counter took them (a commit's
+    money back is in its rewritten result, not here)."""
 
-    cancelled: bool
-    settled_at_us: int
-    held: Mapping[Pair, Held]
+    held: Mapping[Pair, int]
     given_back: Mapping[Pair, int]
-    cleared: frozenset[Pair] = frozenset()
-    spend: frozenset[Pair] = frozenset()
-
-    def units_back(self, pair: Pair) -> int | None:
-        """What went back of ``pair``'s charge (None: the ledger cannot say:
-        a commit whose actual no counter recorded)."""
-        if pair in self.given_back:
-            return self.given_back[pair]
-        held = self.held.get(pair)
-        if held is None or pair not in self.cleared:
-            return 0
-        cost, _, end = held
-        if end != NO_WINDOW and self.settled_at_us >= end:
-            return 0  # its window had ended: nothing went back
-        if self.cancelled:
-            return cost
-        if pair in self.spend:
-            return 0
-        kept = {
-            self.held[p][0] - units
-            for p, units in self.given_back.items()
-            if p in self.held and p not in self.spend
-        }
-        return max(cost - kept.pop(), 0) if len(kept) == 1 else None
 
 
 class RollupLedger:
     """Expected rollup rows (``rows``: key to [used, events]) from results
-    given one by one (`add`); ``unknown``: the hours whose rows the ledger
-    cannot say (a limit redefined after a result, a commit's actual unknown).
+    given one by one (`add`, `voided`); the hours whose rows the ledger cannot
+    say: ``stale``, the dimension rows of a limit defined again after a result
+    of theirs; ``unknown``, every row of a seat limit's hour with a voided event
+    (a void frees a seat only with its value's last live event: docs/seats.md).
 
     ``dimensions``: each limit's keys now; ``defined_at_us``: when each limit
-    was last defined (a result decided before: its dimension rows unknown).
+    was last defined; ``seats``: the seat limits (``distinct``).
     """
 
     def __init__(
-        self, dimensions: Mapping[str, Sequence[str]], defined_at_us: Mapping[str, int]
+        self,
+        dimensions: Mapping[str, Sequence[str]],
+        defined_at_us: Mapping[str, int],
+        seats: frozenset[str] = frozenset(),
     ) -> None:
         self.dimensions = dimensions
         self.defined_at_us = defined_at_us
+        self.seats = seats
         self.rows: dict[RollupKey, list[int]] = {}
+        self.stale: set[Hour] = set()
         self.unknown: set[Hour] = set()
+
+    def voided(self, occurred_at_us: int, charges: Sequence[Sequence[Any]]) -> None:
+        """A voided result: it counts nothing (its seat limits' hours unknown)."""
+        hour = hour_start_us(occurred_at_us)
+        for row in charges:
+            if row[_LIMIT] in self.seats:
+                self.unknown.add((str(row[_SUBJECT]), str(row[_LIMIT]), hour))
 
     def add(
         self,
@@ -101,39 +84,31 @@ class RollupLedger:
         charges: Sequence[Sequence[Any]],
         metadata: Mapping[str, Any] | None,
         settlement: Settlement | None = None,
-    ) -> list[Hour]:
-        """Count one unvoided result; the hours it counts in."""
+    ) -> None:
+        """Count one unvoided result."""
         if outcome not in CONSUMED:
-            return []
+            return
         hour = hour_start_us(occurred_at_us)
-        hours: list[Hour] = []
         for row in charges:
             if row[_OUTCOME] == WOULD_DENY:
                 continue
             pair = (str(row[_SUBJECT]), str(row[_LIMIT]))
             cost = int(row[_COST])
-            back = 0 if settlement is None else settlement.units_back(pair)
-            charged = cost if settlement is None else settlement.held.get(pair, (cost,))[0]
-            gone = back is not None and 0 < charged <= back
+            back = 0 if settlement is None else settlement.given_back.get(pair, 0)
+            charged = cost if settlement is None else settlement.held.get(pair, cost)
+            gone = 0 < charged <= back
             keys = self.dimensions.get(pair[1], ())
             if keys:
-                hours.append((*pair, hour, False))
-                stale = decided_at_us < self.defined_at_us.get(pair[1], decided_at_us)
-                if back is None or stale:
-                    self.unknown.add((*pair, hour, False))
+                if decided_at_us < self.defined_at_us.get(pair[1], decided_at_us):
+                    self.stale.add((*pair, hour))
                 else:
                     for key in keys:
                         value = dimension_value(metadata, key)
                         self._count((*pair, key, hour, value), cost - back, gone)
             if len(row) > _PRICE and row[_PRICE] is not None:
-                hours.append((*pair, hour, True))
-                if back is None:
-                    self.unknown.add((*pair, hour, True))
-                    continue
                 currency, amount = row[_PRICE]
                 spent = (*pair, SPEND_DIMENSION, hour, str(currency))
                 self._count(spent, 0 if gone else int(amount), gone)
-        return hours
 
     def _count(self, key: RollupKey, used: int, gone: bool) -> None:
         figures = self.rows.setdefault(key, [0, 0])

@@ -56,9 +56,9 @@ KEY_CHUNK: Final = 300
 # (event id, outcome, decided_at_us, reset tick, charges as JSON, occurred_at_us,
 # metadata as JSON: None unless asked for).
 ResultRow = tuple[str, str, int, int, str, int, str | None]
-# A reservation settled by a cancel or a commit: (id, cancelled, settled_at_us,
-# held charges, given back, both as JSON: the latter None when nothing went back).
-SettledRow = tuple[str, bool, int, str, str | None]
+# A reservation a cancel or a commit settled: (id, held charges, given back, both
+# as JSON: the latter None when nothing went back, settled_at_us).
+SettledRow = tuple[str, str, str | None, int]
 
 
 def _window_in(table: Any, keys: Sequence[WindowKey]) -> Any:
@@ -187,14 +187,11 @@ class AuditStore(OnConnection):
     def settled(self) -> list[SettledRow]:
         """Every reservation a cancel or a commit settled (not the sweeper, nor a void)."""
         c = reservations.c
-        query = select(c.id, c.state, c.settled_at_us, c.charges, c.given_back).where(
+        query = select(c.id, c.charges, c.given_back, c.settled_at_us).where(
             c.settled_by.in_(("cancel", "commit")),
             c.state != ReservationState.HELD.value,
         )
-        return [
-            (i, state == ReservationState.CANCELLED.value, int(at), held, back)
-            for i, state, at, held, back in self._rows(query)
-        ]
+        return [(i, held, back, int(at)) for i, held, back, at in self._rows(query)]
 
     def defined_at(self) -> dict[str, int]:
         """When each limit was last defined."""

@@ -247,8 +247,6 @@ def _read_ledger(
     windows (``distinct``: limit to key) and resets' ticks go to ``run``, every
     result to ``rollups``."""
     resets = store.resets_since(run.after_us)
-    if rollups is not None:
-        rollups.reset_log(resets)
     taken = [*store.voids_since(run.after_us), *store.give_backs_since(run.after_us)]
     more = [] if run.after_us is None else _charged_more(store.commits_since(run.after_us))
     # Commits of results this run reads: a reset may have cleared the result before them.
@@ -278,7 +276,7 @@ def _read_ledger(
     for event_id, outcome, decided_us, tick, text, occurred_us, meta in decided:
         charges = json.loads(text)
         if rollups is not None:
-            rollups.read(event_id, outcome, decided_us, tick, charges, occurred_us, meta)
+            rollups.read(event_id, outcome, decided_us, charges, occurred_us, meta)
         run.violations.extend(spend_violations(event_id, outcome, charges, currencies))
         touched = [key for key, _, _ in consumed(outcome, charges)]
         if distinct and (seated := seat_windows(outcome, charges, distinct)):

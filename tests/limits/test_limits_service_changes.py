@@ -1,14 +1,15 @@
 """Limits changed while they have state, against the ledger's audit, on both databases.
 
 A Hypothesis state machine sets and changes limits of every kind (fixed
-windows, seats, gauges, token buckets, floating licenses, spend limits),
-prices them, grants, reserves, consumes, voids, resets, checks out and in,
+windows, seats, gauges, token buckets, floating licenses, spend limits; some by a
+dimension), prices them, grants, reserves, consumes, voids, resets, checks out and in,
 and moves a frozen clock, over two subjects and three limit names. A
 `MeteringError` is a documented refusal; anything else fails. After every
 step: no flat fee is charged twice in one window of one subject, and an
 allowed charge of a hard limit stays within its maximum in force plus what
 its window drew on grants. At the end the full audit finds nothing but
-what the docs say a change of kind leaves (`EXEMPT`).
+what the docs say a change of kind leaves (`EXEMPT`): its rollups
+(`rollup_ledger`, the usage and spend reports) are exact.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ EXEMPT = frozenset(
 PERIODS = st.sampled_from(["1h", "1d", "1mo"])
 MAXIMA = st.integers(min_value=1, max_value=8)
 ENFORCEMENT = st.sampled_from(["hard", "soft"])
+DIMENSIONS = st.sampled_from([(), ("user",)])
 
 
 @st.composite
@@ -73,12 +75,20 @@ def limits(draw: st.DrawFn, name: str) -> Limit:
         )
     )
     maximum, period, enforcement = draw(MAXIMA), draw(PERIODS), draw(ENFORCEMENT)
+    dimensions = draw(DIMENSIONS)  # the usage report by user (the audit's rollup_ledger)
     if kind == "calendar":
         return Limit(
-            name, maximum=maximum, period=period, window="calendar", enforcement=enforcement
+            name,
+            maximum=maximum,
+            period=period,
+            window="calendar",
+            enforcement=enforcement,
+            dimensions=dimensions,
         )
     if kind == "first_use":
-        return Limit(name, maximum=maximum, period=period, enforcement=enforcement)
+        return Limit(
+            name, maximum=maximum, period=period, enforcement=enforcement, dimensions=dimensions
+        )
     if kind == "seats":
         return Limit(
             name,
@@ -87,6 +97,7 @@ def limits(draw: st.DrawFn, name: str) -> Limit:
             window="calendar",
             distinct="user",
             enforcement=enforcement,
+            dimensions=dimensions,
         )
     if kind in ("max", "latest"):
         return Limit(
@@ -107,7 +118,15 @@ def limits(draw: st.DrawFn, name: str) -> Limit:
     if kind == "concurrent":
         return Limit(name, maximum=maximum, algorithm="concurrent")
     amount = draw(st.sampled_from(["0.50", "20.00"]))
-    return spend_limit(name, amount, "USD", period, window="calendar", enforcement=enforcement)
+    return spend_limit(
+        name,
+        amount,
+        "USD",
+        period,
+        window="calendar",
+        enforcement=enforcement,
+        dimensions=dimensions,
+    )
 
 
 def counting(limit: Limit | None) -> str:
@@ -279,11 +298,18 @@ class LimitChanges(RuleBasedStateMachine):
         if decision.allowed:
             self.consumed.append(event_id)
 
-    @rule(subject=st.sampled_from(SUBJECTS), name=st.sampled_from(NAMES), cost=st.integers(1, 4))
-    def reserve(self, subject: str, name: str, cost: int) -> None:
+    @rule(
+        subject=st.sampled_from(SUBJECTS),
+        name=st.sampled_from(NAMES),
+        cost=st.integers(1, 4),
+        user=st.sampled_from(USERS),
+    )
+    def reserve(self, subject: str, name: str, cost: int, user: str) -> None:
         event_id = self._id("r")
         try:
-            held = self.meter.reserve(subject, name, cost, event_id=event_id, ttl_seconds=TTL)
+            held = self.meter.reserve(
+                subject, name, cost, event_id=event_id, ttl_seconds=TTL, metadata={"user": user}
+            )
         except MeteringError:
             return
         self._record(held.decision, event_id)
