@@ -6,7 +6,7 @@ charge's cost, for a priced charge its amount under ``$spend``, in the UTC hour 
 ``occurred_at``, one event each. A commit rewrote its result (more units; the money kept);
 what a cancel or a commit of less gave back (`Settlement`) comes off, and the event when all
 of a charge came back. A voided event counts nothing; a reset takes nothing off.
-`judge_rollups` names each judged row whose ``used`` or ``events`` differ.
+`judge_rollups` names each judged row whose ``used`` or ``events`` differ, and any below 0.
 """
 
 from __future__ import annotations
@@ -69,12 +69,21 @@ class RollupLedger:
         self.stale: set[Hour] = set()
         self.unknown: set[Hour] = set()
 
-    def voided(self, occurred_at_us: int, charges: Sequence[Sequence[Any]]) -> None:
-        """A voided result: it counts nothing (its seat limits' hours unknown)."""
+    def voided(
+        self, occurred_at_us: int, decided_at_us: int, charges: Sequence[Sequence[Any]]
+    ) -> None:
+        """A voided result: it counts nothing (its seat limits' hours unknown,
+        and stale as `add` finds them)."""
         hour = hour_start_us(occurred_at_us)
         for row in charges:
-            if row[_LIMIT] in self.seats:
-                self.unknown.add((str(row[_SUBJECT]), str(row[_LIMIT]), hour))
+            found = (str(row[_SUBJECT]), str(row[_LIMIT]), hour)
+            if found[1] in self.seats:
+                self.unknown.add(found)
+            if found[1] in self.dimensions and self._stale(found[1], decided_at_us):
+                self.stale.add(found)
+
+    def _stale(self, limit: str, decided_at_us: int) -> bool:
+        return decided_at_us < self.defined_at_us.get(limit, decided_at_us)
 
     def add(
         self,
@@ -99,7 +108,7 @@ class RollupLedger:
             gone = 0 < charged <= back
             keys = self.dimensions.get(pair[1], ())
             if keys:
-                if decided_at_us < self.defined_at_us.get(pair[1], decided_at_us):
+                if self._stale(pair[1], decided_at_us):
                     self.stale.add((*pair, hour))
                 else:
                     for key in keys:
@@ -123,25 +132,26 @@ def judge_rollups(
     expected: Mapping[RollupKey, Sequence[int]],
     found: Mapping[RollupKey, Sequence[int]],
     judged: Callable[[RollupKey], bool],
+    signed: Callable[[RollupKey], bool] = lambda key: True,
 ) -> list[Violation]:
-    """Each judged row (of either side) whose ``used`` or ``events`` differ
-    from the ledger's: a row missing is (0, 0)."""
+    """Each ``judged`` row (of either side) whose ``used`` or ``events``
+    differ from the ledger's (a row missing is (0, 0)), and each other
+    ``signed`` row below zero: no ledger takes more off a row than it added."""
     violations = []
     for key in sorted(set(expected) | set(found)):
         want = tuple(expected.get(key, MISSING))
         got = tuple(found.get(key, MISSING))
-        if want == got or not judged(key):
+        if want == got or not signed(key):
             continue
-        subject, limit, dimension, hour, value = key
-        row = f"{dimension} {value!r}"
-        violations.append(
-            Violation(
-                Invariant.ROLLUP_LEDGER,
-                subject,
-                limit,
-                hour,
-                expected=f"{row}: used {want[0]}, events {want[1]}",
-                found=f"{row}: used {got[0]}, events {got[1]}",
-            )
-        )
+        row = f"{key[2]} {key[4]!r}"
+        if judged(key):
+            violations.append(_violation(key, f"{row}: used {want[0]}, events {want[1]}", got))
+        elif min(got) < 0:
+            violations.append(_violation(key, f"{row}: used >= 0, events >= 0", got))
     return violations
+
+
+def _violation(key: RollupKey, expected: str, got: Sequence[int]) -> Violation:
+    subject, limit, dimension, hour, value = key
+    found = f"{dimension} {value!r}: used {got[0]}, events {got[1]}"
+    return Violation(Invariant.ROLLUP_LEDGER, subject, limit, hour, expected=expected, found=found)

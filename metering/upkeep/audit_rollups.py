@@ -1,12 +1,12 @@
 """The `rollup_ledger` check of a full or ``since`` audit run (`metering.upkeep.audit`).
 
 `RollupCheck` reads what the results alone do not say (voids, reservations a cancel or a
-commit settled, when each limit was last defined), takes each result as the run
-streams it (`RollupCheck.read`), then judges the rollup rows against the sums
-(`metering.domain.audit_rollups`): a full run every row of an hour whose results retention
-left whole, a ``since`` run the rows of the hours an event decided, voided or settled since
-touched. An incremental run does not judge rollups: an hour's results are found by
-``occurred_at``, which no index serves, so a full or ``since`` run checks them.
+commit settled, when each limit was last defined), takes each result as the run streams it
+(`RollupCheck.read`), then judges the rollup rows against the sums
+(`metering.domain.audit_rollups`; a row they cannot say, only its sign): a full run every
+row of an hour whose results retention left whole, a ``since`` run those of the hours an
+event decided, voided or settled since touched. An incremental run judges none: an hour's
+results are found by ``occurred_at``, which no index serves.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ class RollupCheck:
                 hour = hour_start_us(occurred_us)
                 self.touched.update((str(c[0]), str(c[1]), hour) for c in charges)
         if voided_us is not None:
-            self.ledger.voided(occurred_us, charges)
+            self.ledger.voided(occurred_us, decided_us, charges)
             return
         settlement = None if row is None else self._settlement(row)
         meta = json.loads(metadata) if metadata else None
@@ -82,14 +82,17 @@ class RollupCheck:
     def violations(self) -> list[Violation]:
         """The judged rollup rows that differ from the ledger's sums."""
         found = self.store.rollups(self.from_us)
-        return judge_rollups(self.ledger.rows, found, self._judged)
+        return judge_rollups(self.ledger.rows, found, self._judged, self._read)
+
+    def _read(self, key: RollupKey) -> bool:
+        """Whether the run read the ledger of ``key``'s hour (retention kept it; touched since)."""
+        subject, limit, _, hour, _ = key
+        if self.from_us is not None and hour < self.from_us:
+            return False
+        return self.after_us is None or (subject, limit, hour) in self.touched
 
     def _judged(self, key: RollupKey) -> bool:
         subject, limit, dimension, hour, _ = key
-        if self.from_us is not None and hour < self.from_us:
-            return False
-        if self.after_us is not None and (subject, limit, hour) not in self.touched:
-            return False
         if (subject, limit, hour) in self.ledger.unknown:
             return False
         if dimension == SPEND_DIMENSION:

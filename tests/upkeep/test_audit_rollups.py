@@ -274,6 +274,13 @@ def test_a_limit_defined_again_keeps_its_older_rows_out(meter: Meter, clock: Fro
         compact_rollups(connection)
     edit(meter, "org-1", "calls", "route", "/a", 1)  # a key of it no more: not judged
     assert run_audit(meter, full=True).violations == ()
+    edit(meter, "org-1", "calls", "route", "/a", -5)  # but never below zero
+    [(_, _, _, expected, found)] = rollups_of(run_audit(meter, full=True).violations)
+    assert (expected, found) == (
+        "route '/a': used >= 0, events >= 0",
+        "route '/a': used -1, events 1",
+    )
+    edit(meter, "org-1", "calls", "route", "/a", 1)
     with meter.sql_engine.begin() as connection:
         r = usage_rollups.c
         connection.execute(

@@ -78,8 +78,11 @@ def test_a_result_decided_before_its_limit_was_defined_leaves_its_hour_stale() -
 
 def test_a_voided_result_counts_nothing_and_leaves_a_seat_hour_unknown() -> None:
     found = ledger(seats=frozenset({"seats"}))
-    found.voided(AT, [charge("org", "calls", 3), charge("org", "seats", 1)])
-    assert (found.rows, found.unknown) == ({}, {("org", "seats", 100 * HOUR)})
+    found.voided(AT, 1, [charge("org", "calls", 3), charge("org", "seats", 1)])
+    assert (found.rows, found.unknown, found.stale) == ({}, {("org", "seats", 100 * HOUR)}, set())
+    found = RollupLedger({"calls": ["route"]}, {"calls": 50})
+    found.voided(AT, 49, [charge("org", "calls", 3)])  # its limit defined again since
+    assert (found.rows, found.stale) == ({}, {("org", "calls", 100 * HOUR)})
 
 
 RESULTS = st.lists(
@@ -156,3 +159,14 @@ def test_judge_names_each_row_that_differs_and_only_those_judged() -> None:
         "$spend 'USD': used 0, events 0"  # a row missing is (0, 0)
     )
     assert judge_rollups({}, {KEY: (0, 0)}, lambda key: True) == []  # all of it voided
+
+
+def test_a_row_the_ledger_cannot_say_is_judged_by_its_sign() -> None:
+    [violation] = judge_rollups({KEY: [1, 1]}, {KEY: (-1, 0)}, lambda key: False)
+    assert (violation.invariant, violation.expected, violation.found) == (
+        Invariant.ROLLUP_LEDGER,
+        "route '/a': used >= 0, events >= 0",
+        "route '/a': used -1, events 0",
+    )
+    assert judge_rollups({}, {KEY: (2, 1)}, lambda key: False) == []
+    assert judge_rollups({}, {KEY: (-1, 0)}, lambda key: True, lambda key: False) == []
