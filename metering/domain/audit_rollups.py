@@ -69,6 +69,14 @@ class RollupLedger:
         self.stale: set[Hour] = set()
         self.unknown: set[Hour] = set()
 
+    def counts(self, charges: Sequence[Sequence[Any]]) -> bool:
+        """Whether a result has rollup rows to count: a charge of a limit with
+        dimensions, or a priced one."""
+        for row in charges:
+            if row[_LIMIT] in self.dimensions or (len(row) > _PRICE and row[_PRICE] is not None):
+                return True
+        return False
+
     def voided(
         self, occurred_at_us: int, decided_at_us: int, charges: Sequence[Sequence[Any]]
     ) -> None:

@@ -57,7 +57,7 @@ class RollupCheck:
         metadata: str | None,
     ) -> None:
         """One result, as the run read it (``charges`` decoded)."""
-        if outcome not in CONSUMED:
+        if outcome not in CONSUMED or not self.ledger.counts(charges):
             return
         voided_us = self.voided.get(event_id)
         row = self.settled.get(event_id)

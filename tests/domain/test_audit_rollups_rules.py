@@ -170,3 +170,10 @@ def test_a_row_the_ledger_cannot_say_is_judged_by_its_sign() -> None:
     )
     assert judge_rollups({}, {KEY: (2, 1)}, lambda key: False) == []
     assert judge_rollups({}, {KEY: (-1, 0)}, lambda key: True, lambda key: False) == []
+
+
+def test_a_result_counts_when_a_charge_has_a_dimension_or_a_price() -> None:
+    found = ledger()
+    assert found.counts([charge("org", "plain", 1), charge("org", "calls", 1)])
+    assert found.counts([charge("org", "plain", 1, price=0)])
+    assert not found.counts([charge("org", "plain", 1)])
