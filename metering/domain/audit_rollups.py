@@ -144,19 +144,25 @@ def judge_rollups(
 ) -> list[Violation]:
     """Each ``judged`` row (of either side) whose ``used`` or ``events``
     differ from the ledger's (a row missing is (0, 0)), and each other
-    ``signed`` row below zero: no ledger takes more off a row than it added."""
+    ``signed`` row below zero (no ledger takes more off a row than it added),
+    in key order."""
+    differ = [key for key, got in found.items() if _differ(expected.get(key, MISSING), got)]
+    differ += [key for key, want in expected.items() if key not in found and _differ(want, MISSING)]
     violations = []
-    for key in sorted(set(expected) | set(found)):
-        want = tuple(expected.get(key, MISSING))
-        got = tuple(found.get(key, MISSING))
-        if want == got or not signed(key):
+    for key in sorted(differ):
+        if not signed(key):
             continue
+        want, got = expected.get(key, MISSING), found.get(key, MISSING)
         row = f"{key[2]} {key[4]!r}"
         if judged(key):
             violations.append(_violation(key, f"{row}: used {want[0]}, events {want[1]}", got))
         elif min(got) < 0:
             violations.append(_violation(key, f"{row}: used >= 0, events >= 0", got))
     return violations
+
+
+def _differ(want: Sequence[int], got: Sequence[int]) -> bool:
+    return want[0] != got[0] or want[1] != got[1]
 
 
 def _violation(key: RollupKey, expected: str, got: Sequence[int]) -> Violation:

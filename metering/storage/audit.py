@@ -26,7 +26,6 @@ from metering.domain.reservations import ReservationState
 from metering.domain.rollups import RollupKey
 from metering.domain.state import NO_WINDOW
 from metering.storage.on_connection import OnConnection, chunks
-from metering.storage.rollups import ROLLUPS
 from metering.storage.tables import (
     audit_marks,
     audit_runs,
@@ -41,6 +40,8 @@ from metering.storage.tables import (
     overdrafts,
     reservations,
     results,
+    usage_rollup_deltas,
+    usage_rollups,
     webhook_deliveries,
     webhook_endpoints,
 )
@@ -198,17 +199,23 @@ class AuditStore(OnConnection):
         c = limits.c
         return {name: int(at) for name, at in self._rows(select(c.name, c.updated_at_us))}
 
-    def rollups(self, from_hour_us: int | None) -> dict[RollupKey, tuple[int, int]]:
-        """Every rollup row's (used, events), its appended deltas summed in,
-        of the hours from ``from_hour_us`` on (None: all)."""
-        r = ROLLUPS.c
-        key = (r.subject, r.limit_name, r.dimension, r.hour_start_us, r.value)
-        query = select(*key, func.sum(r.used), func.sum(r.events)).group_by(*key)
-        if from_hour_us is not None:
-            query = query.where(r.hour_start_us >= from_hour_us)
-        return {
-            (s, lim, d, int(h), v): (int(u), int(e)) for s, lim, d, h, v, u, e in self._rows(query)
-        }
+    def rollups(self, from_hour_us: int | None) -> dict[RollupKey, list[int]]:
+        """Every rollup row's [used, events], its appended deltas added in, of
+        the hours from ``from_hour_us`` on (None: all). The rows have a key
+        each: read as they are; the deltas (a minute's, till beat folds them
+        in) summed here."""
+        found: dict[RollupKey, list[int]] = {}
+        for table in (usage_rollups, usage_rollup_deltas):
+            r = table.c
+            key = (r.subject, r.limit_name, r.dimension, r.hour_start_us, r.value)
+            query = select(*key, r.used, r.events)
+            if from_hour_us is not None:
+                query = query.where(r.hour_start_us >= from_hour_us)
+            for s, lim, d, h, v, used, events in self.connection.execute(query):
+                row = found.setdefault((s, lim, d, int(h), v), [0, 0])
+                row[0] += int(used)
+                row[1] += int(events)
+        return found
 
     # -- windows -------------------------------------------------------------------
 

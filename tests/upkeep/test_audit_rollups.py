@@ -1,7 +1,8 @@
 """`rollup_ledger` on both databases: the rollups the usage and spend reports bill from
 equal the ledger after real traffic (dimensions, prices with and without a spend limit,
 voids, cancels, commits of less and of more, resets, late events, a shadow charge, a
-denial); a row edited by hand, and the rows three spend-report bugs left, are named."""
+denial, a batch); a row edited by hand, and the rows three spend-report bugs left, are
+named."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import insert, update
 
-from metering import FrozenClock, Limit, Meter, spend_limit
+from metering import FrozenClock, Limit, Meter, make_event, spend_limit
 from metering.domain.audit import Invariant, Violation
 from metering.domain.instants import to_us
 from metering.domain.rollups import hour_start_us
@@ -88,6 +89,12 @@ def traffic(meter: Meter, clock: FrozenClock) -> None:
     late = clock() - timedelta(hours=2)
     meter.consume("org-1", "calls", 7, event_id="late", metadata=A, occurred_at=late)
     meter.consume("org-1", "calls", 1, event_id="now", metadata={"route": ["x", 1]})
+    batch = [  # a worker's batch (and an import's)
+        make_event([("org-4", "calls", 2)], late, "b1", A),
+        make_event([("org-4", "tokens", 3), ("org-4", "plain", 1)], clock(), "b2", B),
+    ]
+    meter.apply(batch)
+    meter.void("b2", "refund")
     clock.advance(minutes=2)
 
 
@@ -136,6 +143,7 @@ def test_a_clean_ledger_proves_its_rollups(meter: Meter, clock: FrozenClock) -> 
     [
         ("org-1", "calls", "route", "/a", "used 7, events 1"),  # c1 voided; the late event
         ("org-1", "calls", "$spend", "EUR", "used 9, events 2"),
+        ("org-4", "calls", "route", "/a", "used 2, events 1"),  # a late event in a batch
         ("org-1", "tokens", "model", "m2", "used 3, events 1"),
         ("org-2", "calls", "route", "/b", "used 2, events 1"),  # a commit of less; none left
         ("org-2", "calls", "route", "/a", "used 3, events 1"),  # cancelled, and held
