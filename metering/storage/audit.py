@@ -1,10 +1,10 @@
 """The audit's SQL (`metering.upkeep.audit`; the rules: `metering.domain.audit`).
 
-`AuditStore` reads the ledger from an instant on (results by
-``decided_at_us``, voids by ``created_at_us``, give-backs by
-``settled_at_us``, resets by ``reset_at_us``: each by an index, or a table
-kept small by retention), the counters, grants and draws of given windows,
-what is left unresolved past a bound, and keeps the audit's own state
+`AuditStore` reads the ledger from an instant on (results by ``decided_at_us``, voids by
+``created_at_us``, give-backs by ``settled_at_us``, resets by ``reset_at_us``: each by an
+index, or a table kept small by retention), the counters, grants and draws of given windows,
+the rollup rows and the voids, settles and limits' definitions they are judged by, what
+is left unresolved past a bound, and keeps the audit's own state
 (``audit_marks``, ``audit_windows``, ``audit_runs``), and the seats held. `begin_snapshot`
 makes every read of one PostgreSQL transaction see one instant, so a
 counter and its results are read as they were committed together.

@@ -1,13 +1,13 @@
 """`run_audit`: the ledger proves itself (``metering audit``, beat, ``GET /v1/audit``).
 
 One transaction (on PostgreSQL one snapshot) checks each `metering.domain.audit.Invariant`.
-Incremental by default: only the windows touched since the last run's watermark (results,
-voids, give-backs, resets since), added to what that run kept of them (``audit_windows``),
-so the cost follows the traffic; the watermark stays `SETTLE_SECONDS` behind the clock for
-late commits. ``full`` (and the first run): every window but those retention pruned;
-``since``: the windows touched since then, from the whole ledger, keeping nothing. Held
-reservations and checkouts, stuck deliveries and (given a broker) old undecided queued
-events are found too; a run that finds something writes one ``audit.violation`` message.
+Incremental by default: the windows touched since the last run's watermark (results, voids,
+give-backs, resets since) added to what that run kept of them (``audit_windows``): the cost
+follows the traffic; the watermark stays `SETTLE_SECONDS` behind the clock for late commits.
+``full`` (and the first run): every window but those retention pruned; ``since``: those
+touched since then, from the whole ledger, keeping nothing; both judge the rollups too
+(`metering.upkeep.audit_rollups`). Held reservations and checkouts, stuck deliveries, old
+undecided queued events (given a broker) are found too, and announced (``audit.violation``).
 """
 
 from __future__ import annotations
