@@ -7,7 +7,7 @@ follows the traffic; the watermark stays `SETTLE_SECONDS` behind the clock for l
 ``full`` (and the first run): every window but those retention pruned; ``since``: those
 touched since then, from the whole ledger, keeping nothing; both judge the rollups too
 (`metering.upkeep.audit_rollups`). Held reservations and checkouts, stuck deliveries, old
-undecided queued events (given a broker) are found too, and announced (``audit.violation``).
+undecided queued events (given a broker) are found too; one ``audit.violation`` tells of them.
 """
 
 from __future__ import annotations
