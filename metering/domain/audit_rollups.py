@@ -146,8 +146,12 @@ def judge_rollups(
     differ from the ledger's (a row missing is (0, 0)), and each other
     ``signed`` row below zero (no ledger takes more off a row than it added),
     in key order."""
-    differ = [key for key, got in found.items() if _differ(expected.get(key, MISSING), got)]
-    differ += [key for key, want in expected.items() if key not in found and _differ(want, MISSING)]
+    differ = [
+        key
+        for key, got in found.items()
+        if (want := expected.get(key, MISSING))[0] != got[0] or want[1] != got[1]
+    ]
+    differ += [key for key, want in expected.items() if key not in found and any(want)]
     violations = []
     for key in sorted(differ):
         if not signed(key):
@@ -159,10 +163,6 @@ def judge_rollups(
         elif min(got) < 0:
             violations.append(_violation(key, f"{row}: used >= 0, events >= 0", got))
     return violations
-
-
-def _differ(want: Sequence[int], got: Sequence[int]) -> bool:
-    return want[0] != got[0] or want[1] != got[1]
 
 
 def _violation(key: RollupKey, expected: str, got: Sequence[int]) -> Violation:
