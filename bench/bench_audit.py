@@ -11,6 +11,8 @@ on a durable PostgreSQL server (or a SQLite file, ``--sqlite``), then times:
 
 ``--seats N``: the limit counts distinct ``user`` values, N per subject
 (their rows, and new events of held values and one new value each).
+``--dimensions``: the limit records a ``route`` of seven by dimension (its
+rollup rows, which a full run checks: `rollup_ledger`).
 
     .venv/bin/python bench/bench_audit.py --rows 1000000
     .venv/bin/python bench/bench_audit.py --rows 1000000 --sqlite
@@ -51,6 +53,17 @@ FROM generate_series(CAST(:first AS bigint), CAST(:last AS bigint)) AS n
 """
 SEAT_COST = "CASE WHEN n < CAST(:subjects AS bigint) * :users THEN 1 ELSE 0 END"
 SEAT_METADATA = "'{\"user\":\"u' || ((n / :subjects) % :users) || '\"}'"
+ROUTES = 7
+ROUTE_METADATA = f"'{{\"route\":\"/r' || (n % {ROUTES}) || '\"}}'"
+# The rollups of those results: per subject, hour and route, their count.
+ROLLUPS = f"""
+INSERT INTO usage_rollups (subject, limit_name, dimension, hour_start_us, value, used, events)
+SELECT 'org-' || (n % :subjects), 'api_calls', 'route',
+       (:start + n * :step) - ((:start + n * :step) % 3600000000), '/r' || (n % {ROUTES}),
+       count(*), count(*)
+FROM generate_series(CAST(:first AS bigint), CAST(:last AS bigint)) AS n
+GROUP BY 1, 4, 5
+"""
 SEAT = """
 INSERT INTO distinct_values (subject, limit_name, window_start_us, value, live_events)
 VALUES (:subject, 'api_calls', :window, :value, 1)
@@ -66,24 +79,26 @@ SQLITE_SERIES = (
 )
 
 
-def fill(engine: Engine, rows: int, subjects: int, *, sqlite: bool, users: int = 0) -> None:
+def fill(
+    engine: Engine, rows: int, subjects: int, *, sqlite: bool, users: int = 0, routes: bool = False
+) -> None:
     start, window, end = to_us(MONTH), to_us(MONTH), to_us(END)
     step = (to_us(NOW - timedelta(hours=1)) - start) // rows
     common = {"start": start, "step": step, "subjects": subjects, "window": window, "end": end}
     common["users"] = users
-    results = RESULTS.format(
-        cost=SEAT_COST if users else "1", metadata=SEAT_METADATA if users else "NULL"
-    )
+    metadata = SEAT_METADATA if users else ROUTE_METADATA if routes else "NULL"
+    results = RESULTS.format(cost=SEAT_COST if users else "1", metadata=metadata)
     with engine.begin() as connection:
         for first in range(0, rows, 500_000):
             last = min(rows, first + 500_000) - 1
-            statement = results
-            if sqlite:
-                series = SQLITE_SERIES.format(first=first, last=last)
-                statement = series + results.replace(
-                    "generate_series(CAST(:first AS bigint), CAST(:last AS bigint)) AS n", "series"
-                )
-            connection.execute(text(statement), common | {"first": first, "last": last})
+            for statement in [results, ROLLUPS] if routes else [results]:
+                if sqlite:
+                    series = SQLITE_SERIES.format(first=first, last=last)
+                    statement = series + statement.replace(
+                        "generate_series(CAST(:first AS bigint), CAST(:last AS bigint)) AS n",
+                        "series",
+                    )
+                connection.execute(text(statement), common | {"first": first, "last": last})
     per = [rows // subjects + (1 if s < rows % subjects else 0) for s in range(subjects)]
     counters = [
         {"subject": f"org-{s}", "used": min(n, users) if users else n}
@@ -117,10 +132,11 @@ def measure(url: str, args: argparse.Namespace, label: str) -> list[list[str]]:
     upgrade_schema(url)
     engine = create_engine(url)
     started = time.perf_counter()
-    fill(engine, args.rows, args.subjects, sqlite=url.startswith("sqlite"), users=args.seats)
+    sqlite = url.startswith("sqlite")
+    fill(engine, args.rows, args.subjects, sqlite=sqlite, users=args.seats, routes=args.dimensions)
     print(f"{label}: filled {args.rows:,} results in {time.perf_counter() - started:.0f} s")
     engine.dispose()
-    clock = FrozenClock(NOW)
+    clock = FrozenClock(MONTH - timedelta(days=1))  # the limit defined before its results
     rows = []
     with Meter(url, clock=clock) as meter:
         distinct = "user" if args.seats else None
@@ -131,8 +147,10 @@ def measure(url: str, args: argparse.Namespace, label: str) -> list[list[str]]:
                 period="1mo",
                 window="calendar",
                 distinct=distinct,
+                dimensions=["route"] if args.dimensions else [],
             )
         )
+        clock.set(NOW)
         full, windows = timed_run(meter, full=True)
         rows.append([label, "full (first run)", f"{args.rows:,}", str(windows), f"{full:.2f}"])
         seconds = []
@@ -143,7 +161,13 @@ def measure(url: str, args: argparse.Namespace, label: str) -> list[list[str]]:
                     [(f"org-{i % args.touched}", "api_calls", 1)],
                     clock(),
                     f"new-{round_number}-{i}",
-                    metadata={"user": f"u{i % (args.seats + 1)}"} if args.seats else None,
+                    metadata=(
+                        {"user": f"u{i % (args.seats + 1)}"}
+                        if args.seats
+                        else {"route": f"/r{i % ROUTES}"}
+                        if args.dimensions
+                        else None
+                    ),
                 )
                 for i in range(NEW)
             ]
@@ -172,7 +196,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--sqlite", action="store_true", help="a SQLite file, not PostgreSQL")
     parser.add_argument("--seats", type=int, default=0, help="distinct users per subject")
+    parser.add_argument("--dimensions", action="store_true", help="rollups by route")
     args = parser.parse_args()
+    if args.seats and args.dimensions:
+        parser.error("--seats or --dimensions, not both")
     if args.sqlite:
         with tempfile.TemporaryDirectory() as directory:
             table = measure(f"sqlite:///{Path(directory) / 'audit.db'}", args, "SQLite")

@@ -63,9 +63,10 @@ OPERATIONS = [
 
 def define(meter: Meter) -> None:
     monthly = {"period": "1mo", "window": "calendar"}
-    meter.set_limit(Limit("calls", maximum=300, **monthly))
+    # By user: the usage and spend reports' rollups, which the audit checks too.
+    meter.set_limit(Limit("calls", maximum=300, dimensions=["user"], **monthly))
     meter.set_limit(Limit("seats", maximum=SEATS, distinct="user", **monthly))
-    meter.set_limit(Limit("tokens", maximum=10**9, **monthly))
+    meter.set_limit(Limit("tokens", maximum=10**9, dimensions=["user"], **monthly))
     meter.set_limit(spend_limit("spend", "400.00", "USD", "1mo", window="calendar"))
     meter.set_price("tokens", "0.02", "USD")
     meter.set_limit(Limit("bursty", maximum=10**9, breaker="10x", **monthly))

@@ -41,6 +41,7 @@ class Invariant(StrEnum):
     GRANT_BALANCE = "grant_balance"  # 0 <= used <= amount, and the draws within both
     SPEND_PRICED = "spend_priced"  # a spend charge and counter equal the priced amounts
     SEAT_HELD = "seat_held"  # a seat counter is its held values; a live event's value holds one
+    ROLLUP_LEDGER = "rollup_ledger"  # a rollup row (by dimension, or spend) is its results'
     RESERVATION_UNRESOLVED = "reservation_unresolved"  # held past TTL + sweep interval
     CHECKOUT_UNRESOLVED = "checkout_unresolved"  # held past TTL + sweep interval
     DELIVERY_STUCK = "delivery_stuck"  # a webhook delivery pending long past its schedule

@@ -1,10 +1,10 @@
 """The audit's SQL (`metering.upkeep.audit`; the rules: `metering.domain.audit`).
 
-`AuditStore` reads the ledger from an instant on (results by
-``decided_at_us``, voids by ``created_at_us``, give-backs by
-``settled_at_us``, resets by ``reset_at_us``: each by an index, or a table
-kept small by retention), the counters, grants and draws of given windows,
-what is left unresolved past a bound, and keeps the audit's own state
+`AuditStore` reads the ledger from an instant on (results by ``decided_at_us``, voids by
+``created_at_us``, give-backs by ``settled_at_us``, resets by ``reset_at_us``: each by an
+index, or a table kept small by retention), the counters, grants and draws of given windows,
+the rollup rows and the voids, settles and limits' definitions they are judged by, what
+is left unresolved past a bound, and keeps the audit's own state
 (``audit_marks``, ``audit_windows``, ``audit_runs``), and the seats held. `begin_snapshot`
 makes every read of one PostgreSQL transaction see one instant, so a
 counter and its results are read as they were committed together.
@@ -23,6 +23,7 @@ from metering.domain.instants import from_us
 from metering.domain.licenses import CheckoutState
 from metering.domain.notifications import DeliveryStatus
 from metering.domain.reservations import ReservationState
+from metering.domain.rollups import RollupKey
 from metering.domain.state import NO_WINDOW
 from metering.storage.on_connection import OnConnection, chunks
 from metering.storage.tables import (
@@ -35,9 +36,12 @@ from metering.storage.tables import (
     counters,
     distinct_values,
     grants,
+    limits,
     overdrafts,
     reservations,
     results,
+    usage_rollup_deltas,
+    usage_rollups,
     webhook_deliveries,
     webhook_endpoints,
 )
@@ -50,8 +54,12 @@ RUNS_KEPT: Final = 50
 STREAM_BATCH: Final = 2000
 # Row values per IN list: three columns each, well under SQLite's bound.
 KEY_CHUNK: Final = 300
-# (event id, outcome, decided_at_us, reset tick, charges as JSON).
-ResultRow = tuple[str, str, int, int, str]
+# (event id, outcome, decided_at_us, reset tick, charges as JSON, occurred_at_us,
+# metadata as JSON: None unless asked for).
+ResultRow = tuple[str, str, int, int, str, int, str | None]
+# A reservation a cancel or a commit settled: (id, held charges, given back, both
+# as JSON: the latter None when nothing went back, settled_at_us).
+SettledRow = tuple[str, str, str | None, int]
 
 
 def _window_in(table: Any, keys: Sequence[WindowKey]) -> Any:
@@ -79,15 +87,19 @@ class AuditStore(OnConnection):
 
     # -- the ledger since an instant ----------------------------------------------
 
-    def results_since(self, after_us: int | None) -> Iterator[ResultRow]:
-        """Every result decided after ``after_us`` (None: every one), streamed."""
+    def results_since(self, after_us: int | None, *, metadata: bool = False) -> Iterator[ResultRow]:
+        """Every result decided after ``after_us`` (None: every one), streamed
+        (``metadata``: with it)."""
         r = results.c
-        query = select(r.event_id, r.outcome, r.decided_at_us, r.reset_tick, r.charges)
+        columns = [r.event_id, r.outcome, r.decided_at_us, r.reset_tick, r.charges]
+        columns.append(r.occurred_at_us)
+        query = select(*columns, *([r.metadata] if metadata else []))
         if after_us is not None:
             query = query.where(r.decided_at_us > after_us)
         query = query.execution_options(stream_results=True, yield_per=STREAM_BATCH)
         for row in self.connection.execute(query):
-            yield (row[0], row[1], int(row[2]), int(row[3]), row[4])
+            text = row[6] if metadata else None
+            yield (row[0], row[1], int(row[2]), int(row[3]), row[4], int(row[5]), text)
 
     def resets_since(self, after_us: int | None) -> list[tuple[WindowKey, int, int]]:
         """Resets of one counter each after ``after_us``: (window, tick, reset_at_us)."""
@@ -163,6 +175,47 @@ class AuditStore(OnConnection):
             (charged, held, int(at_us), int(tick))
             for charged, held, at_us, tick in self._rows(query)
         ]
+
+    # -- what the rollups are judged by -------------------------------------------
+
+    def voided(self) -> dict[str, int]:
+        """Every voided event: its correction's ``created_at_us``."""
+        c = corrections.c
+        return {
+            event_id: int(at) for event_id, at in self._rows(select(c.event_id, c.created_at_us))
+        }
+
+    def settled(self) -> list[SettledRow]:
+        """Every reservation a cancel or a commit settled (not the sweeper, nor a void)."""
+        c = reservations.c
+        query = select(c.id, c.charges, c.given_back, c.settled_at_us).where(
+            c.settled_by.in_(("cancel", "commit")),
+            c.state != ReservationState.HELD.value,
+        )
+        return [(i, held, back, int(at)) for i, held, back, at in self._rows(query)]
+
+    def defined_at(self) -> dict[str, int]:
+        """When each limit was last defined."""
+        c = limits.c
+        return {name: int(at) for name, at in self._rows(select(c.name, c.updated_at_us))}
+
+    def rollups(self, from_hour_us: int | None) -> dict[RollupKey, list[int]]:
+        """Every rollup row's [used, events], its appended deltas added in, of
+        the hours from ``from_hour_us`` on (None: all). The rows have a key
+        each: read as they are; the deltas (a minute's, till beat folds them
+        in) summed here."""
+        found: dict[RollupKey, list[int]] = {}
+        for table in (usage_rollups, usage_rollup_deltas):
+            r = table.c
+            key = (r.subject, r.limit_name, r.dimension, r.hour_start_us, r.value)
+            query = select(*key, r.used, r.events)
+            if from_hour_us is not None:
+                query = query.where(r.hour_start_us >= from_hour_us)
+            for s, lim, d, h, v, used, events in self.connection.execute(query):
+                row = found.setdefault((s, lim, d, int(h), v), [0, 0])
+                row[0] += int(used)
+                row[1] += int(events)
+        return found
 
     # -- windows -------------------------------------------------------------------
 

@@ -1,13 +1,13 @@
 """`run_audit`: the ledger proves itself (``metering audit``, beat, ``GET /v1/audit``).
 
 One transaction (on PostgreSQL one snapshot) checks each `metering.domain.audit.Invariant`.
-Incremental by default: only the windows touched since the last run's watermark (results,
-voids, give-backs, resets since), added to what that run kept of them (``audit_windows``),
-so the cost follows the traffic; the watermark stays `SETTLE_SECONDS` behind the clock for
-late commits. ``full`` (and the first run): every window but those retention pruned;
-``since``: the windows touched since then, from the whole ledger, keeping nothing. Held
-reservations and checkouts, stuck deliveries and (given a broker) old undecided queued
-events are found too; a run that finds something writes one ``audit.violation`` message.
+Incremental by default: the windows touched since the last run's watermark (results, voids,
+give-backs, resets since) added to what that run kept of them (``audit_windows``): the cost
+follows the traffic; the watermark stays `SETTLE_SECONDS` behind the clock for late commits.
+``full`` (and the first run): every window but those retention pruned; ``since``: those
+touched since then, from the whole ledger, keeping nothing; both judge the rollups too
+(`metering.upkeep.audit_rollups`). Held reservations and checkouts, stuck deliveries, old
+undecided queued events (given a broker) are found too; one ``audit.violation`` tells of them.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from metering.meter import Meter
 from metering.storage.audit import CHECKED_TO, RESULTS_PRUNED_BEFORE, AuditStore, ResultRow
 from metering.storage.queue_state import oldest_undecided, open_queues
 from metering.storage.store import Store
+from metering.upkeep.audit_rollups import RollupCheck
 
 SETTLE_SECONDS: Final = 60.0
 DEFAULT_SWEEP_SECONDS: Final = 10.0
@@ -189,11 +190,14 @@ def _audit(
     limits = {limit.name: limit for limit in Store(store.connection).list_limits()}
     currencies = {name: limit.currency for name, limit in limits.items() if limit.currency}
     distinct = {name: limit.distinct for name, limit in limits.items() if limit.distinct}
-    seen = _read_ledger(store, run, currencies, distinct)
+    rollups = None if run.after_us is not None else RollupCheck(store, limits, run.touched_after_us)
+    seen = _read_ledger(store, run, currencies, distinct, rollups)
     keys = _judged_keys(store, run, limits)
     used = store.counters_of(keys)
     run.violations.extend(_judge_windows(store, seen, keys, used, limits))
     run.violations.extend(_judge_seats(store, run, keys, used, distinct))
+    if rollups is not None:
+        run.violations.extend(rollups.violations())
     pairs = None if run.full else {(s, lim) for s, lim, _ in keys}
     for grant in store.grant_balances(pairs):
         found = judge_grant(*grant)
@@ -231,12 +235,17 @@ def _keep(store: AuditStore, run: _Run, windows: int) -> AuditReport:
 
 
 def _read_ledger(
-    store: AuditStore, run: _Run, currencies: dict[str, str], distinct: dict[str, str]
+    store: AuditStore,
+    run: _Run,
+    currencies: dict[str, str],
+    distinct: dict[str, str],
+    rollups: RollupCheck | None = None,
 ) -> Tally:
     """Fill ``run.kept`` with the ledger up to ``run.cut_us`` (from what earlier
     runs kept of the windows touched), and return the ledger as it is now
     (past the cut too). Spend charges are checked on the way; results in seat
-    windows (``distinct``: limit to key) and resets' ticks go to ``run``."""
+    windows (``distinct``: limit to key) and resets' ticks go to ``run``, every
+    result to ``rollups``."""
     resets = store.resets_since(run.after_us)
     taken = [*store.voids_since(run.after_us), *store.give_backs_since(run.after_us)]
     more = [] if run.after_us is None else _charged_more(store.commits_since(run.after_us))
@@ -246,7 +255,8 @@ def _read_ledger(
         for charged, held, settled_us, tick in store.commits_of_results_since(run.after_us)
         for key, extra, maximum in _added(charged, held)
     ]
-    decided: Iterable[ResultRow] = store.results_since(run.after_us)
+    metadata = rollups is not None and rollups.metadata
+    decided: Iterable[ResultRow] = store.results_since(run.after_us, metadata=metadata)
     if run.after_us is not None:  # since the last run: as much as the traffic
         decided = list(decided)
         run.kept = Tally(store.ledgers(_keys_of(decided, [*resets, *taken, *more])))
@@ -263,8 +273,10 @@ def _read_ledger(
     for key, tick, reset_us in resets:
         run.reset_ticks[key] = max(tick, run.reset_ticks.get(key, -1))
         at(reset_us, [key], partial(Tally.reset, key=key, tick=tick, at_us=reset_us))
-    for event_id, outcome, decided_us, tick, text in decided:
+    for event_id, outcome, decided_us, tick, text, occurred_us, meta in decided:
         charges = json.loads(text)
+        if rollups is not None:
+            rollups.read(event_id, outcome, decided_us, charges, occurred_us, meta)
         run.violations.extend(spend_violations(event_id, outcome, charges, currencies))
         touched = [key for key, _, _ in consumed(outcome, charges)]
         if distinct and (seated := seat_windows(outcome, charges, distinct)):
@@ -292,7 +304,7 @@ def _keys_of(
 ) -> list[WindowKey]:
     """The windows these rows of the ledger touch."""
     keys = {key for key, _, _ in changed}
-    for _, outcome, _, _, text in decided:
+    for _, outcome, _, _, text, *_ in decided:
         keys.update(key for key, _, _ in consumed(outcome, json.loads(text)))
     return sorted(keys)
 

@@ -154,6 +154,7 @@ def test_a_deleted_result_is_named(meter: Meter, clock: FrozenClock) -> None:
         ("counter_ledger", "org-1", "burst"),
         ("counter_ledger", "org-4", "calls"),
         ("spend_priced", "org-4", "spend"),
+        ("rollup_ledger", "org-4", "calls"),  # its money in the spend report
         ("one_result", None, None),
     }
 
@@ -266,9 +267,18 @@ def test_a_spend_charge_that_is_not_its_prices_is_named(meter: Meter, clock: Fro
             .where(results.c.event_id == "priced")
             .values(charges=json.dumps(charges))
         )
-    [violation] = run_audit(meter).violations
+    violation, rollup = run_audit(meter).violations
     assert (violation.invariant, violation.item) == (Invariant.SPEND_PRICED, "priced")
     assert (violation.expected, violation.found) == ("31 USD priced", "30 charged")
+    assert (rollup.invariant, rollup.subject, rollup.limit) == (
+        Invariant.ROLLUP_LEDGER,
+        "org-7",
+        "calls",
+    )
+    assert (rollup.expected, rollup.found) == (
+        "$spend 'USD': used 31, events 1",
+        "$spend 'USD': used 30, events 1",
+    )
 
 
 def test_a_reservation_held_past_its_ttl_is_named(meter: Meter, clock: FrozenClock) -> None:

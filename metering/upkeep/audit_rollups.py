@@ -1,0 +1,102 @@
+"""The `rollup_ledger` check of a full or ``since`` audit run (`metering.upkeep.audit`).
+
+`RollupCheck` reads what the results alone do not say (voids, reservations a cancel or a
+commit settled, when each limit was last defined), takes each result as the run streams it
+(`RollupCheck.read`), then judges the rollup rows against the sums
+(`metering.domain.audit_rollups`; a row they cannot say, only its sign): a full run every
+row of an hour whose results retention left whole, a ``since`` run those of the hours an
+event decided, voided or settled since touched. An incremental run judges none: an hour's
+results are found by ``occurred_at``, which no index serves.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from metering.domain.audit import Violation
+from metering.domain.audit_rollups import RollupLedger, Settlement, judge_rollups
+from metering.domain.events import FUTURE_TOLERANCE_US
+from metering.domain.limits import Limit
+from metering.domain.rollups import CONSUMED, SPEND_DIMENSION, RollupKey, hour_start_us
+from metering.storage.audit import RESULTS_PRUNED_BEFORE, AuditStore, SettledRow
+
+
+class RollupCheck:
+    """One run's rollup check: give it every result read (`read`), then ask
+    for its `violations`. ``after_us``: a ``since`` run's instant (None: a full run)."""
+
+    def __init__(self, store: AuditStore, limits: Mapping[str, Limit], after_us: int | None):
+        self.store = store
+        self.after_us = after_us
+        self.dimensions = {name: limit.dimensions for name, limit in limits.items()}
+        self.ledger = RollupLedger(
+            {name: keys for name, keys in self.dimensions.items() if keys},
+            store.defined_at(),
+            frozenset(name for name, limit in limits.items() if limit.distinct),
+        )
+        self.voided = store.voided()
+        self.settled = {row[0]: row for row in store.settled()}
+        self.touched: set[tuple[str, str, int]] = set()
+        pruned_us = store.mark(RESULTS_PRUNED_BEFORE)
+        self.from_us = None if pruned_us is None else pruned_us + FUTURE_TOLERANCE_US
+
+    @property
+    def metadata(self) -> bool:
+        """Whether the results' metadata is needed (a limit has dimensions)."""
+        return any(self.dimensions.values())
+
+    def read(
+        self,
+        event_id: str,
+        outcome: str,
+        decided_us: int,
+        charges: Sequence[Sequence[Any]],
+        occurred_us: int,
+        metadata: str | None,
+    ) -> None:
+        """One result, as the run read it (``charges`` decoded)."""
+        if outcome not in CONSUMED or not self.ledger.counts(charges):
+            return
+        voided_us = self.voided.get(event_id)
+        row = self.settled.get(event_id)
+        if self.after_us is not None:
+            moments = (decided_us, voided_us or 0, row[3] if row else 0)
+            if max(moments) > self.after_us:
+                hour = hour_start_us(occurred_us)
+                self.touched.update((str(c[0]), str(c[1]), hour) for c in charges)
+        if voided_us is not None:
+            self.ledger.voided(occurred_us, decided_us, charges)
+            return
+        settlement = None if row is None else self._settlement(row)
+        meta = json.loads(metadata) if metadata else None
+        self.ledger.add(outcome, occurred_us, decided_us, charges, meta, settlement)
+
+    @staticmethod
+    def _settlement(row: SettledRow) -> Settlement:
+        held = {(str(s), str(lim)): int(cost) for s, lim, cost, *_ in json.loads(row[1])}
+        back = {(str(s), str(lim)): int(units) for s, lim, _, units in json.loads(row[2] or "[]")}
+        return Settlement(held, back)
+
+    def violations(self) -> list[Violation]:
+        """The judged rollup rows that differ from the ledger's sums."""
+        found = self.store.rollups(self.from_us)
+        return judge_rollups(self.ledger.rows, found, self._judged, self._read)
+
+    def _read(self, key: RollupKey) -> bool:
+        """Whether the run read the ledger of ``key``'s hour (retention kept it; touched since)."""
+        subject, limit, _, hour, _ = key
+        if self.from_us is not None and hour < self.from_us:
+            return False
+        return self.after_us is None or (subject, limit, hour) in self.touched
+
+    def _judged(self, key: RollupKey) -> bool:
+        subject, limit, dimension, hour, _ = key
+        if (subject, limit, hour) in self.ledger.unknown:
+            return False
+        if dimension == SPEND_DIMENSION:
+            return True
+        if dimension not in self.dimensions.get(limit, ()):
+            return False  # its limit's keys now are others (or it is gone)
+        return (subject, limit, hour) not in self.ledger.stale

@@ -1,0 +1,179 @@
+"""`metering.domain.audit_rollups`: the rollups' sums from plain ledger rows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from metering.domain.audit import Invariant
+from metering.domain.audit_rollups import RollupLedger, Settlement, judge_rollups
+
+HOUR = 3_600_000_000
+AT = 100 * HOUR + 5
+
+
+def charge(
+    subject: str, limit: str, cost: int, price: int | None = None, outcome: str = "allowed"
+) -> list[Any]:
+    """A ledger row as `ChargeDecision.to_row` writes it (a price after the grants)."""
+    row: list[Any] = [subject, limit, cost, outcome != "denied", outcome, cost, 0, 10, 0]
+    row += [HOUR, 2 * HOUR, None]
+    if price is not None:
+        row += [[], ["USD", price]]
+    return row
+
+
+def ledger(**kwargs: Any) -> RollupLedger:
+    return RollupLedger({"calls": ["route"], "seats": ["route"]}, {"calls": 0}, **kwargs)
+
+
+def test_a_result_counts_its_cost_by_dimension_and_its_money_by_currency() -> None:
+    found = ledger()
+    found.add("allowed", AT, 1, [charge("org", "calls", 3, price=6)], {"route": "/a"})
+    found.add("overage", AT + HOUR, 1, [charge("org", "calls", 2)], None)
+    assert found.rows == {
+        ("org", "calls", "route", 100 * HOUR, "/a"): [3, 1],
+        ("org", "calls", "$spend", 100 * HOUR, "USD"): [6, 1],
+        ("org", "calls", "route", 101 * HOUR, ""): [2, 1],
+    }
+
+
+def test_a_denial_and_a_shadow_would_deny_count_nothing() -> None:
+    found = ledger()
+    found.add("denied", AT, 1, [charge("org", "calls", 3, price=6, outcome="denied")], None)
+    found.add("allowed", AT, 1, [charge("org", "calls", 3, price=6, outcome="would_deny")], None)
+    found.add("allowed", AT, 1, [charge("org", "plain", 3)], None)  # no dimension, no price
+    assert found.rows == {}
+
+
+def test_a_cancel_takes_the_charge_and_its_event_off_and_a_commit_of_less_its_units() -> None:
+    found = ledger()
+    rows = [charge("org", "calls", 4, price=8)]
+    cancelled = Settlement({("org", "calls"): 4}, {("org", "calls"): 4})
+    found.add("allowed", AT, 1, rows, {"route": "/a"}, cancelled)
+    kept = Settlement({("org", "calls"): 4}, {("org", "calls"): 3})
+    found.add("allowed", AT, 1, [charge("org", "calls", 4, price=2)], {"route": "/b"}, kept)
+    ended = Settlement({("org", "calls"): 4}, {})  # its window over: nothing went back
+    found.add("allowed", AT, 1, rows, {"route": "/c"}, ended)
+    assert found.rows == {
+        ("org", "calls", "route", 100 * HOUR, "/a"): [0, 0],
+        ("org", "calls", "$spend", 100 * HOUR, "USD"): [2 + 8, 2],
+        ("org", "calls", "route", 100 * HOUR, "/b"): [1, 1],
+        ("org", "calls", "route", 100 * HOUR, "/c"): [4, 1],
+    }
+
+
+def test_a_result_decided_before_its_limit_was_defined_leaves_its_hour_stale() -> None:
+    found = RollupLedger({"calls": ["route"]}, {"calls": 50})
+    found.add("allowed", AT, 49, [charge("org", "calls", 3, price=6)], None)
+    found.add("allowed", AT + HOUR, 50, [charge("org", "calls", 1)], None)
+    assert found.stale == {("org", "calls", 100 * HOUR)}
+    assert found.rows == {
+        ("org", "calls", "$spend", 100 * HOUR, "USD"): [6, 1],  # money follows no definition
+        ("org", "calls", "route", 101 * HOUR, ""): [1, 1],
+    }
+
+
+def test_a_voided_result_counts_nothing_and_leaves_a_seat_hour_unknown() -> None:
+    found = ledger(seats=frozenset({"seats"}))
+    found.voided(AT, 1, [charge("org", "calls", 3), charge("org", "seats", 1)])
+    assert (found.rows, found.unknown, found.stale) == ({}, {("org", "seats", 100 * HOUR)}, set())
+    found = RollupLedger({"calls": ["route"]}, {"calls": 50})
+    found.voided(AT, 49, [charge("org", "calls", 3)])  # its limit defined again since
+    assert (found.rows, found.stale) == ({}, {("org", "calls", 100 * HOUR)})
+
+
+RESULTS = st.lists(
+    st.tuples(
+        st.sampled_from(["allowed", "overage", "denied"]),
+        st.integers(0, 3 * HOUR),
+        st.lists(
+            st.tuples(
+                st.sampled_from(["org-1", "org-2"]),
+                st.sampled_from(["calls", "plain"]),
+                st.integers(1, 9),
+                st.none() | st.integers(0, 50),
+            ),
+            min_size=1,
+            max_size=3,
+            unique_by=lambda c: c[:2],
+        ),
+        st.sampled_from([None, {"route": "/a"}, {"route": "/b"}]),
+    ),
+    max_size=8,
+)
+
+
+def _sums(results: list[Any]) -> dict[Any, list[int]]:
+    found = ledger()
+    for outcome, at_us, charges, metadata in results:
+        rows = [charge(s, lim, cost, price) for s, lim, cost, price in charges]
+        found.add(outcome, at_us, 1, rows, metadata)
+    return found.rows
+
+
+@given(RESULTS, st.randoms())
+def test_the_sums_do_not_depend_on_the_order_of_the_results(results: list[Any], rnd: Any) -> None:
+    shuffled = list(results)
+    rnd.shuffle(shuffled)
+    assert _sums(shuffled) == _sums(results)
+
+
+@given(RESULTS)
+def test_every_event_counts_once_per_row_and_its_cost_in_it(results: list[Any]) -> None:
+    rows = _sums(results)
+    consumed = [r for r in results if r[0] != "denied"]
+    calls = [c for _, _, charges, _ in consumed for c in charges if c[1] == "calls"]
+    routes = [v for k, v in rows.items() if k[2] == "route"]
+    assert sum(v[0] for v in routes) == sum(c[2] for c in calls)
+    assert sum(v[1] for v in routes) == len(calls)
+    priced = [c for _, _, charges, _ in consumed for c in charges if c[3] is not None]
+    spent = [v for k, v in rows.items() if k[2] == "$spend"]
+    assert (sum(v[0] for v in spent), sum(v[1] for v in spent)) == (
+        sum(c[3] for c in priced),
+        len(priced),
+    )
+
+
+KEY = ("org", "calls", "route", HOUR, "/a")
+OTHER = ("org", "calls", "$spend", HOUR, "USD")
+
+
+def test_judge_names_each_row_that_differs_and_only_those_judged() -> None:
+    expected = {KEY: [3, 1], OTHER: [6, 1]}
+    assert judge_rollups(expected, {KEY: (3, 1), OTHER: (6, 1)}, lambda key: True) == []
+    [violation] = judge_rollups(expected, {KEY: (4, 1), OTHER: (6, 1)}, lambda key: True)
+    assert (violation.invariant, violation.subject, violation.limit) == (
+        Invariant.ROLLUP_LEDGER,
+        "org",
+        "calls",
+    )
+    assert (violation.window_start_us, violation.expected, violation.found) == (
+        HOUR,
+        "route '/a': used 3, events 1",
+        "route '/a': used 4, events 1",
+    )
+    assert judge_rollups(expected, {KEY: (4, 1)}, lambda key: key != KEY)[0].found == (
+        "$spend 'USD': used 0, events 0"  # a row missing is (0, 0)
+    )
+    assert judge_rollups({}, {KEY: (0, 0)}, lambda key: True) == []  # all of it voided
+
+
+def test_a_row_the_ledger_cannot_say_is_judged_by_its_sign() -> None:
+    [violation] = judge_rollups({KEY: [1, 1]}, {KEY: (-1, 0)}, lambda key: False)
+    assert (violation.invariant, violation.expected, violation.found) == (
+        Invariant.ROLLUP_LEDGER,
+        "route '/a': used >= 0, events >= 0",
+        "route '/a': used -1, events 0",
+    )
+    assert judge_rollups({}, {KEY: (2, 1)}, lambda key: False) == []
+    assert judge_rollups({}, {KEY: (-1, 0)}, lambda key: True, lambda key: False) == []
+
+
+def test_a_result_counts_when_a_charge_has_a_dimension_or_a_price() -> None:
+    found = ledger()
+    assert found.counts([charge("org", "plain", 1), charge("org", "calls", 1)])
+    assert found.counts([charge("org", "plain", 1, price=0)])
+    assert not found.counts([charge("org", "plain", 1)])
