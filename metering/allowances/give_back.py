@@ -13,7 +13,7 @@ reset cleared after the event gives its counter and grants nothing, its rollups 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import Connection
@@ -28,6 +28,7 @@ from metering.domain.corrections import (
     not_reset,
     taken_back,
 )
+from metering.domain.limits import Limit
 from metering.domain.rollups import given_back_deltas, merged, spend_given_back
 from metering.domain.state import CounterState
 from metering.storage.allowances import AllowanceStore, DrawKey
@@ -87,6 +88,7 @@ def give_back(
     *,
     past_windows: bool,
     money: bool = True,
+    released: Sequence[VoidedCharge] = (),
 ) -> GaveBack:
     """Give back, once, what ``charges`` of ``event`` (its stored result;
     None once pruned: no resets, grants or rollups to consider) consumed.
@@ -96,10 +98,13 @@ def give_back(
     whose counter can no longer take anything back (`can_take_back`: its
     window ended, its limit was deleted or redefined) is left out entirely.
     ``money`` False: the spend rollups are the caller's (a commit of less
-    priced usage: `metering.reservations.transactions`).
+    priced usage: `metering.reservations.transactions`). ``released``: charges
+    of ``event`` a reset cleared from a cancelled hold; no counter takes them
+    back (it started over), the rollups take them off whole.
     """
     store = Store(connection)
-    limits = store.load_limits({item.charge.key.limit for item in charges})
+    names = {item.charge.key.limit for item in charges} | {c.key.limit for c in released}
+    limits = store.load_limits(names)
     kept = [
         item
         for item in charges
@@ -107,8 +112,35 @@ def give_back(
             limits.get(item.charge.key.limit), item.charge, now_us, past_windows=past_windows
         )
     ]
-    if not kept:
+    if not kept and not released:
         return GaveBack([])
+    result = _take_back(connection, event, kept, limits, now_us, past_windows) if kept else []
+    if event is not None:
+        dimensions = {name: limit.dimensions for name, limit in limits.items() if limit.dimensions}
+        returned = [
+            (item.charge.key.subject, item.charge.key.limit, item.charged, item.charge.cost)
+            for item in kept
+        ]
+        returned += [(c.key.subject, c.key.limit, c.cost, c.cost) for c in released]
+        deltas = given_back_deltas(event, returned, dimensions) if dimensions else {}
+        if money:  # the money of its priced charges, spend limit or not
+            deltas = merged(deltas, spend_given_back(event, returned))
+        if deltas:
+            record_rollups(connection, deltas)
+    return GaveBack(result)
+
+
+def _take_back(
+    connection: Connection,
+    event: ResultRecord | None,
+    kept: Sequence[Returning],
+    limits: Mapping[str, Limit],
+    now_us: int,
+    past_windows: bool,
+) -> list[Returned]:
+    """`give_back`'s counters and grants: what each of ``kept`` gives back,
+    but to a counter a reset cleared after ``event`` (it started over)."""
+    store = Store(connection)
     left = [item.charge for item in kept]
     if event is not None:
         resets = store.resets_after(
@@ -131,22 +163,10 @@ def give_back(
     )
     store.write_counters(changed, now_us)
     restored = iter(zip(units, restore_grants(connection, left, now_us), strict=True))
-    result = [
+    return [
         Returned(item.charge, not gone, *((0, []) if gone else next(restored)))
         for item, gone in zip(kept, cleared, strict=True)
     ]
-    if event is not None:
-        dimensions = {name: limit.dimensions for name, limit in limits.items() if limit.dimensions}
-        returned = [
-            (item.charge.key.subject, item.charge.key.limit, item.charged, item.charge.cost)
-            for item in kept
-        ]
-        deltas = given_back_deltas(event, returned, dimensions) if dimensions else {}
-        if money:  # the money of its priced charges, spend limit or not
-            deltas = merged(deltas, spend_given_back(event, returned))
-        if deltas:
-            record_rollups(connection, deltas)
-    return GaveBack(result)
 
 
 def restore_grants(

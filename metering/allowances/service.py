@@ -23,6 +23,7 @@ from metering.allowances.give_back import Returning, give_back
 from metering.domain.corrections import (
     DEFAULT_HORIZON_SECONDS,
     VoidedCharge,
+    counter_of,
     not_reset,
     still_charged,
     validate_reason,
@@ -646,6 +647,10 @@ def _still_charged(connection: Connection, stored: ResultRecord) -> tuple[list[V
     if reservation.state == ReservationState.HELD:
         return charges, True
     left = still_charged(charges, reservation.given_back)
+    if reservation.state == ReservationState.CANCELLED:
+        # What a reset dropped from the hold, the cancel took off the rollups then.
+        held = {counter_of(charge.key) for charge in reservation.charges}
+        left = [charge for charge in left if counter_of(charge.key) in held]
     if charges and not left:
         raise CorrectionRefused(
             stored.event_id, "its reservation was cancelled: its cost went back then"

@@ -39,10 +39,12 @@ class Settlement:
     """A reservation a cancel or a commit settled, as the ledger has it: the
     cost of each charge it still held (a reset drops the charges it clears)
     and the units ``given_back`` of those whose counter took them (a commit's
-    money back is in its rewritten result, not here)."""
+    money back is in its rewritten result, not here). A ``cancelled`` one
+    released whole what a reset dropped from its hold."""
 
     held: Mapping[Pair, int]
     given_back: Mapping[Pair, int]
+    cancelled: bool = False
 
 
 class RollupLedger:
@@ -113,6 +115,8 @@ class RollupLedger:
             cost = int(row[_COST])
             back = 0 if settlement is None else settlement.given_back.get(pair, 0)
             charged = cost if settlement is None else settlement.held.get(pair, cost)
+            if settlement is not None and settlement.cancelled and pair not in settlement.held:
+                back = charged = cost  # a reset dropped it from the hold: the cancel released it
             gone = 0 < charged <= back
             keys = self.dimensions.get(pair[1], ())
             if keys:

@@ -344,6 +344,9 @@ def _settle_direct(
         )
         return Settled(expired=by == _EXPIRY)
     assert keep is not None
+    if not any(c.limit not in spend for c in record.charges):
+        # A reset cleared all the usage it held: what that released is the result's.
+        return Declined("a reset cleared its hold")
     returning = _returning(record, None, keep, spend)
     keys = [item.charge.key for item in returning]
     wanted = sorted({(k.limit, k.subject, k.window_start_us, k.window_end_us) for k in keys})
@@ -357,6 +360,8 @@ def _settle_direct(
         snapshot = store.read(ReadRequest([reservation_id], (), wanted))
         if snapshot.version != version:
             return Declined("the limits changed since they were cached", stale=True)
+        if cleared_from(record, snapshot.stored.get(reservation_id)):
+            return Declined("a reset cleared part of its hold")
         limits = {c.limit: rules[c.limit].limit for c in record.charges if c.limit in rules}
         if any(rules[name].money for name in limits):
             return Declined("money to give back")
@@ -420,8 +425,20 @@ def _give_back(
         if money is not None:
             return money
     returning = _returning(record, stored, keep, spend or ())
-    gave = give_back(connection, stored, returning, now_us, past_windows=False)
+    released = cleared_from(record, stored) if spend is None else []
+    gave = give_back(connection, stored, returning, now_us, past_windows=False, released=released)
     return gave.returned, gave.given_back
+
+
+def cleared_from(record: ReservationRecord, stored: ResultRecord | None) -> list[VoidedCharge]:
+    """The charges of the reserving event's result that a reset dropped from
+    ``record``'s hold (`ReservationStore.forget_held_charges`): consumed, and
+    held no more."""
+    if stored is None:
+        return []
+    held = {counter_of(charge.key) for charge in record.charges}
+    consumed = voided_charges(stored.outcome, stored.charges)
+    return [charge for charge in consumed if counter_of(charge.key) not in held]
 
 
 def _money_back(
@@ -446,6 +463,13 @@ def _money_back(
     store = Store(connection)
     limits = store.load_limits(c.limit for c in record.charges)
     rows = [ChargeDecision.from_row(row) for row in stored.charges] if stored else []
+    for row in rows:
+        if row.price is not None and keep < row.cost and (row.subject, row.limit) not in held:
+            raise InvalidInput(
+                "actual",
+                f"a reset cleared {row.limit!r} since it was reserved: the money of its "
+                "units cannot be split; commit it in full or cancel it",
+            )
     kept = []
     for row in rows:
         charge = held.get((row.subject, row.limit))

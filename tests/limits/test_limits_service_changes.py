@@ -350,12 +350,13 @@ class LimitChanges(RuleBasedStateMachine):
             return
         self.held.remove((event_id, _))
         self._gone(event_id)
-        # A charge whose units all went back takes its money back (`spend_given_back`).
+        # A charge whose units all went back takes its money back (`spend_given_back`);
+        # so does one a reset dropped from the hold. One whose window ended keeps it.
         info = self.meter.reservation(event_id)
         assert info is not None
-        back = {(c.subject, c.limit) for c in info.charges if info.given_back_of(c) >= c.cost}
+        kept = {(c.subject, c.limit) for c in info.charges if info.given_back_of(c) < c.cost}
         bill = self.ledger.bill.get(event_id, {})
-        self.ledger.bill[event_id] = {k: v for k, v in bill.items() if (k[0], k[2]) not in back}
+        self.ledger.bill[event_id] = {k: v for k, v in bill.items() if (k[0], k[2]) in kept}
 
     @precondition(lambda self: self.held)
     @rule(data=st.data(), more=st.sampled_from([-1, 0, 2, None]))

@@ -81,7 +81,7 @@ def traffic(meter: Meter, clock: FrozenClock) -> None:
     reset = meter.reserve("org-3", "calls", 2, event_id="r-reset", metadata=A)
     clock.advance(seconds=1)
     meter.reset("org-3", "plain")
-    meter.reset("org-3", "calls")  # the held units go with the rest: billed
+    meter.reset("org-3", "calls")  # the held units go with the rest; the cancel releases them
     clock.advance(seconds=1)
     reset.cancel()
     meter.consume("org-3", "plain", 1, event_id="after-reset", metadata=B)
@@ -149,7 +149,7 @@ def test_a_clean_ledger_proves_its_rollups(meter: Meter, clock: FrozenClock) -> 
         ("org-2", "calls", "route", "/a", "used 3, events 1"),  # cancelled, and held
         ("org-2", "tokens", "$spend", "USD", "used 2, events 1"),  # a commit of less
         ("org-2", "plain", "route", "/a", "used 4, events 1"),  # a commit of more
-        ("org-3", "calls", "route", "/a", "used 2, events 1"),  # a reset keeps it billed
+        ("org-3", "calls", "route", "/a", "used 0, events 0"),  # reset, then cancelled
         ("org-3", "plain", "route", "/a", "used 2, events 1"),
     ],
 )

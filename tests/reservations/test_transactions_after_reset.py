@@ -1,0 +1,96 @@
+"""A reset clears usage, not billing. A cancel after a reset of some of a
+reservation's counters takes what the reset dropped from the hold off the
+reports too (its money and its usage by dimension; the counter that started
+over is not touched), a void after it takes nothing twice, and a commit of
+fewer priced units than reserved is refused; on both databases, the settle
+started on the direct path or under SQLAlchemy."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from metering import FrozenClock, Limit, Meter, spend_limit
+from metering.errors import CorrectionRefused, InvalidInput
+from metering.reports import usage_by_dimension
+from metering.reports.spend import spend_report
+from metering.upkeep.audit import run_audit
+
+NOW = datetime(2026, 11, 30, 22, 0, tzinfo=UTC)
+PATHS = ["fast", "reference"]
+
+
+def _meter(db_url: str, path: str) -> Meter:
+    meter = Meter(db_url, clock=FrozenClock(NOW))
+    meter.set_limits(
+        [
+            Limit("a", maximum=50, period="1h", window="calendar", dimensions=("route",)),
+            Limit("b", maximum=50, period="1h", window="calendar"),
+            spend_limit("usd", "10", "USD", "1mo", window="calendar"),
+        ]
+    )
+    meter.set_price("a", "0.01", "USD")
+    if path == "reference":  # settled under SQLAlchemy
+        meter._engine.settle = lambda direct, general: general()  # type: ignore[method-assign]
+    return meter
+
+
+def _billed(meter: Meter) -> dict[str, int]:
+    return {k: n for row in spend_report(meter).rows for k, n in row.amounts.items() if n}
+
+
+def _routes(meter: Meter) -> dict[str | None, tuple[int, int]]:
+    rows = usage_by_dimension(meter, subject="org", key="route").rows()
+    return {r.value: (r.used, r.events) for r in rows if r.used or r.events}
+
+
+def _used(meter: Meter) -> dict[str, int]:
+    return {c.limit: c.used for c in meter.counters("org")}
+
+
+def _audited(meter: Meter) -> None:
+    assert run_audit(meter, full=True).violations == ()
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_cancel_after_a_reset_bills_nothing_it_held(db_url: str, path: str) -> None:
+    with _meter(db_url, path) as meter:
+        charges = [("org", "a", 3), ("org", "b", 2)]
+        held = meter.reserve(charges=charges, event_id="r-1", metadata={"route": "/x"})
+        assert _billed(meter) == {"a": 3}
+        meter.reset("org", "a")  # support: the counter of a starts over
+        assert held.cancel() == 2 + 3  # b's units and usd's cents (a's counter started over)
+        assert _used(meter) == {"b": 0, "usd": 0}  # (the reset deleted a's counter)
+        assert _billed(meter) == {}
+        assert _routes(meter) == {}
+        _audited(meter)
+        with pytest.raises(CorrectionRefused):
+            meter.void("r-1", "refund")  # nothing is left to take twice
+        assert _billed(meter) == {}
+        _audited(meter)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_cancel_after_a_reset_of_every_counter_bills_nothing(db_url: str, path: str) -> None:
+    with _meter(db_url, path) as meter:
+        held = meter.reserve("org", "a", 4, event_id="r-1", metadata={"route": "/x"})
+        meter.reset("org")  # every counter of the subject: the hold is all gone
+        assert held.cancel() == 0
+        assert _billed(meter) == {}
+        assert _routes(meter) == {}
+        _audited(meter)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_commit_of_fewer_units_after_a_reset_is_refused(db_url: str, path: str) -> None:
+    with _meter(db_url, path) as meter:
+        held = meter.reserve("org", "a", 3, event_id="r-1", metadata={"route": "/x"})
+        meter.reset("org", "a")
+        with pytest.raises(InvalidInput, match="a reset cleared 'a' since it was reserved"):
+            held.commit(actual=1)
+        assert meter.reservation("r-1").state == "held"
+        assert held.commit() == 0  # in full: what was held stays billed
+        assert _billed(meter) == {"a": 3}
+        assert _routes(meter) == {"/x": (3, 1)}
+        _audited(meter)
