@@ -23,8 +23,8 @@ from metering.allowances.give_back import Returning, give_back
 from metering.domain.corrections import (
     DEFAULT_HORIZON_SECONDS,
     VoidedCharge,
-    counter_of,
     not_reset,
+    split_held,
     still_charged,
     validate_reason,
     voided_charges,
@@ -649,8 +649,7 @@ def _still_charged(connection: Connection, stored: ResultRecord) -> tuple[list[V
     left = still_charged(charges, reservation.given_back)
     if reservation.state == ReservationState.CANCELLED:
         # What a reset dropped from the hold, the cancel took off the rollups then.
-        held = {counter_of(charge.key) for charge in reservation.charges}
-        left = [charge for charge in left if counter_of(charge.key) in held]
+        left = split_held(left, reservation.charges)[0]
     if charges and not left:
         raise CorrectionRefused(
             stored.event_id, "its reservation was cancelled: its cost went back then"

@@ -247,6 +247,19 @@ def split_back(charge: VoidedCharge, units: int) -> tuple[VoidedCharge, VoidedCh
     )
 
 
+def split_held(
+    charges: Sequence[VoidedCharge], held: Sequence[HeldCharge]
+) -> tuple[list[VoidedCharge], list[VoidedCharge]]:
+    """``charges`` whose counter a reservation's ``held`` charges still name,
+    and those a reset dropped from the hold."""
+    holds = {counter_of(charge.key) for charge in held}
+    kept: list[VoidedCharge] = []
+    dropped: list[VoidedCharge] = []
+    for charge in charges:
+        (kept if counter_of(charge.key) in holds else dropped).append(charge)
+    return kept, dropped
+
+
 def still_charged(
     charges: Sequence[VoidedCharge], given_back: Sequence[GivenBack]
 ) -> list[VoidedCharge]:

@@ -27,6 +27,7 @@ from metering.domain.corrections import (
     can_take_back,
     counter_of,
     split_back,
+    split_held,
     taken_back,
     voided_charges,
 )
@@ -436,9 +437,7 @@ def cleared_from(record: ReservationRecord, stored: ResultRecord | None) -> list
     held no more."""
     if stored is None:
         return []
-    held = {counter_of(charge.key) for charge in record.charges}
-    consumed = voided_charges(stored.outcome, stored.charges)
-    return [charge for charge in consumed if counter_of(charge.key) not in held]
+    return split_held(voided_charges(stored.outcome, stored.charges), record.charges)[1]
 
 
 def _money_back(
@@ -463,16 +462,15 @@ def _money_back(
     store = Store(connection)
     limits = store.load_limits(c.limit for c in record.charges)
     rows = [ChargeDecision.from_row(row) for row in stored.charges] if stored else []
+    kept = []
     for row in rows:
-        if row.price is not None and keep < row.cost and (row.subject, row.limit) not in held:
+        charge = held.get((row.subject, row.limit))
+        if charge is None and row.price is not None and keep < row.cost:
             raise InvalidInput(
                 "actual",
                 f"a reset cleared {row.limit!r} since it was reserved: the money of its "
                 "units cannot be split; commit it in full or cancel it",
             )
-    kept = []
-    for row in rows:
-        charge = held.get((row.subject, row.limit))
         back = (
             row.limit not in spend
             and charge is not None

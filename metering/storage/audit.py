@@ -19,6 +19,7 @@ from typing import Any, Final
 from sqlalchemy import delete, exists, func, select, tuple_
 
 from metering.domain.audit import Invariant, Violation, WindowKey, WindowLedger
+from metering.domain.events import FUTURE_TOLERANCE_US
 from metering.domain.instants import from_us
 from metering.domain.licenses import CheckoutState
 from metering.domain.notifications import DeliveryStatus
@@ -197,6 +198,12 @@ class AuditStore(OnConnection):
             (i, held, back, int(at), state == cancelled)
             for i, held, back, at, state in self._rows(query)
         ]
+
+    def whole_from_us(self) -> int | None:
+        """The first instant whose windows and hours kept their whole ledger
+        (retention pruned the results before it; None: it pruned none)."""
+        pruned_us = self.mark(RESULTS_PRUNED_BEFORE)
+        return None if pruned_us is None else pruned_us + FUTURE_TOLERANCE_US
 
     def defined_at(self) -> dict[str, int]:
         """When each limit was last defined."""

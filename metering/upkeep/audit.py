@@ -37,12 +37,11 @@ from metering.domain.audit import (
     seat_windows,
     spend_violations,
 )
-from metering.domain.events import FUTURE_TOLERANCE_US
 from metering.domain.instants import from_us, to_us
 from metering.domain.kinds import sums_usage
 from metering.domain.limits import Limit
 from metering.meter import Meter
-from metering.storage.audit import CHECKED_TO, RESULTS_PRUNED_BEFORE, AuditStore, ResultRow
+from metering.storage.audit import CHECKED_TO, AuditStore, ResultRow
 from metering.storage.queue_state import oldest_undecided, open_queues
 from metering.storage.store import Store
 from metering.upkeep.audit_rollups import RollupCheck
@@ -338,9 +337,9 @@ def _judged_keys(store: AuditStore, run: _Run, limits: dict[str, Limit]) -> list
     keys = set(run.touched)
     if run.full:
         keys.update(store.counters_of(None))
-        pruned_us = store.mark(RESULTS_PRUNED_BEFORE)
-        if pruned_us is not None:
-            keys = {k for k in keys if k[2] >= pruned_us + FUTURE_TOLERANCE_US}
+        whole_us = store.whole_from_us()
+        if whole_us is not None:
+            keys = {k for k in keys if k[2] >= whole_us}
     return sorted(k for k in keys if (limit := limits.get(k[1])) is None or sums_usage(limit))
 
 

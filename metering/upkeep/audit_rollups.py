@@ -17,10 +17,9 @@ from typing import Any
 
 from metering.domain.audit import Violation
 from metering.domain.audit_rollups import RollupLedger, Settlement, judge_rollups
-from metering.domain.events import FUTURE_TOLERANCE_US
 from metering.domain.limits import Limit
 from metering.domain.rollups import CONSUMED, SPEND_DIMENSION, RollupKey, hour_start_us
-from metering.storage.audit import RESULTS_PRUNED_BEFORE, AuditStore, SettledRow
+from metering.storage.audit import AuditStore, SettledRow
 
 
 class RollupCheck:
@@ -39,8 +38,7 @@ class RollupCheck:
         self.voided = store.voided()
         self.settled = {row[0]: row for row in store.settled()}
         self.touched: set[tuple[str, str, int]] = set()
-        pruned_us = store.mark(RESULTS_PRUNED_BEFORE)
-        self.from_us = None if pruned_us is None else pruned_us + FUTURE_TOLERANCE_US
+        self.from_us = store.whole_from_us()
 
     @property
     def metadata(self) -> bool:

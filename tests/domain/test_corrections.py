@@ -9,9 +9,16 @@ from dataclasses import replace
 
 import pytest
 
-from metering.domain.corrections import VoidedCharge, take_back, validate_reason, voided_charges
+from metering.domain.corrections import (
+    VoidedCharge,
+    split_held,
+    take_back,
+    validate_reason,
+    voided_charges,
+)
 from metering.domain.decisions import ChargeDecision
 from metering.domain.limits import Limit
+from metering.domain.reservations import HeldCharge
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 from metering.errors import InvalidInput
 
@@ -117,3 +124,13 @@ def test_a_void_gives_a_bucket_its_tokens_back_as_of_now() -> None:
     assert (
         take_back(window, charge, empty, SECOND, past_windows=True).state == empty
     )  # redefined as a window
+
+
+def test_a_hold_keeps_the_charges_whose_counters_it_still_names() -> None:
+    """A reset drops a hold's charges on the counters it clears: those are the rest."""
+    a = VoidedCharge(CounterKey("a", "org", 10, 20), 3, ())
+    b = VoidedCharge(CounterKey("b", "org", 10, 20), 2, ())
+    b_later = VoidedCharge(CounterKey("b", "org", 20, 30), 2, ())
+    held = [HeldCharge("org", "b", 2, 10, 20)]
+    assert split_held([a, b, b_later], held) == ([b], [a, b_later])
+    assert split_held([a], []) == ([], [a])
