@@ -88,7 +88,7 @@ def give_back(
     *,
     past_windows: bool,
     money: bool = True,
-    released: Sequence[VoidedCharge] = (),
+    released: Sequence[Returning] = (),
 ) -> GaveBack:
     """Give back, once, what ``charges`` of ``event`` (its stored result;
     None once pruned: no resets, grants or rollups to consider) consumed.
@@ -98,12 +98,13 @@ def give_back(
     whose counter can no longer take anything back (`can_take_back`: its
     window ended, its limit was deleted or redefined) is left out entirely.
     ``money`` False: the spend rollups are the caller's (a commit of less
-    priced usage: `metering.reservations.transactions`). ``released``: charges
-    of ``event`` a reset cleared from a cancelled hold; no counter takes them
-    back (it started over), the rollups take them off whole.
+    priced usage: `metering.reservations.transactions`). ``released``: what of
+    ``event``'s charges a reset cleared from a hold goes back on a cancel or
+    a commit of less; no counter takes it back (it started over), the
+    rollups take it off.
     """
     store = Store(connection)
-    names = {item.charge.key.limit for item in charges} | {c.key.limit for c in released}
+    names = {item.charge.key.limit for item in [*charges, *released]}
     limits = store.load_limits(names)
     kept = [
         item
@@ -119,9 +120,8 @@ def give_back(
         dimensions = {name: limit.dimensions for name, limit in limits.items() if limit.dimensions}
         returned = [
             (item.charge.key.subject, item.charge.key.limit, item.charged, item.charge.cost)
-            for item in kept
+            for item in [*kept, *released]
         ]
-        returned += [(c.key.subject, c.key.limit, c.cost, c.cost) for c in released]
         deltas = given_back_deltas(event, returned, dimensions) if dimensions else {}
         if money:  # the money of its priced charges, spend limit or not
             deltas = merged(deltas, spend_given_back(event, returned))

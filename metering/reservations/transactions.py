@@ -13,7 +13,7 @@ rollups, money) runs again whole under SQLAlchemy. `Reservation` is what callers
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from operator import attrgetter
 from typing import Final, Literal
@@ -319,9 +319,9 @@ def _settle_direct(
     PostgreSQL (the reservation locked; its counters locked with the limits'
     version and its result; counters and reservation written with the
     COMMIT). Declines (`Declined`) before writing anything what is
-    rare: a commit of more than reserved, grants to restore, usage rollups to
-    take back, a counter that no longer exists (the general path creates
-    it), the limits' cache stale."""
+    rare: a commit of more than reserved, a hold a reset cleared part of,
+    grants to restore, usage rollups to take back, a counter that no longer
+    exists (the general path creates it), the limits' cache stale."""
     record = store.lock_reservation(reservation_id)
     if record is None:
         raise UnknownReservation(reservation_id)
@@ -345,9 +345,8 @@ def _settle_direct(
         )
         return Settled(expired=by == _EXPIRY)
     assert keep is not None
-    if not any(c.limit not in spend for c in record.charges):
-        # A reset cleared all the usage it held: what that released is the result's.
-        return Declined("a reset cleared its hold")
+    if record.hold_cleared:  # what the reset dropped from the hold, the result says
+        return Declined("a reset cleared part of its hold")
     returning = _returning(record, None, keep, spend)
     keys = [item.charge.key for item in returning]
     wanted = sorted({(k.limit, k.subject, k.window_start_us, k.window_end_us) for k in keys})
@@ -361,8 +360,6 @@ def _settle_direct(
         snapshot = store.read(ReadRequest([reservation_id], (), wanted))
         if snapshot.version != version:
             return Declined("the limits changed since they were cached", stale=True)
-        if cleared_from(record, snapshot.stored.get(reservation_id)):
-            return Declined("a reset cleared part of its hold")
         limits = {c.limit: rules[c.limit].limit for c in record.charges if c.limit in rules}
         if any(rules[name].money for name in limits):
             return Declined("money to give back")
@@ -421,14 +418,33 @@ def _give_back(
     (`_money_back`)."""
     store = Store(connection)
     stored = store.fetch_results([record.id]).get(record.id)
+    released = _released(record, stored, keep)
     if spend is not None:
-        money = _money_back(connection, record, stored, keep, now_us, spend)
+        money = _money_back(connection, record, stored, keep, now_us, spend, released)
         if money is not None:
             return money
     returning = _returning(record, stored, keep, spend or ())
-    released = cleared_from(record, stored) if spend is None else []
     gave = give_back(connection, stored, returning, now_us, past_windows=False, released=released)
-    return gave.returned, gave.given_back
+    if spend is None:  # a cancel: a void finds what a reset dropped by the state
+        return gave.returned, gave.given_back
+    return gave.returned, gave.given_back + _named(released)
+
+
+def _released(record: ReservationRecord, stored: ResultRecord | None, keep: int) -> list[Returning]:
+    """What settling at ``keep`` units gives back of the charges a reset
+    dropped from ``record``'s hold (`cleared_from`): each one's units above
+    ``keep``, off the rollups alone (the counter started over)."""
+    return [
+        Returning(split_back(charge, charge.cost - keep)[0], charge.cost)
+        for charge in cleared_from(record, stored)
+        if charge.cost > keep
+    ]
+
+
+def _named(released: Sequence[Returning]) -> list[GivenBack]:
+    """``released`` as a commit's settled row names it: per counter, the
+    units gone back (a void then takes only the units kept)."""
+    return [(*counter_of(item.charge.key), item.charge.cost) for item in released]
 
 
 def cleared_from(record: ReservationRecord, stored: ResultRecord | None) -> list[VoidedCharge]:
@@ -447,6 +463,7 @@ def _money_back(
     keep: int,
     now_us: int,
     spend: Mapping[str, str],
+    released: Sequence[Returning],
 ) -> tuple[int, list[GivenBack]] | None:
     """A commit of priced usage at ``keep`` units: the units above it go
     back where they still can (as for any usage), and the money of its
@@ -513,11 +530,13 @@ def _money_back(
         else:
             rewritten.append(row.to_row())
     returning = _returning(record, stored, keep, spend, refunds)
-    gave = give_back(connection, stored, returning, now_us, past_windows=False, money=False)
+    gave = give_back(
+        connection, stored, returning, now_us, past_windows=False, money=False, released=released
+    )
     store.rewrite_charges(record.id, rewritten)
     record_rollups(connection, spend_kept(stored, rolled))
     usage = [given for given in gave.given_back if given[1] not in spend]
-    return gave.returned, usage
+    return gave.returned, usage + _named(released)
 
 
 def _refuse_priced_more(

@@ -126,19 +126,23 @@ class AuditStore(OnConnection):
         return found
 
     def give_backs_since(self, after_us: int | None) -> list[tuple[WindowKey, int, int]]:
-        """What cancels (and settling commits) after ``after_us`` gave back:
-        (window, units, settled_at_us). A void's give-back is its correction's."""
+        """What cancels (and settling commits) after ``after_us`` gave back
+        to the counters: (window, units, settled_at_us). A void's give-back is
+        its correction's; what a commit of less released of a charge a reset
+        dropped from the hold went off the rollups alone."""
         c = reservations.c
-        query = select(c.given_back, c.settled_at_us).where(
+        query = select(c.given_back, c.charges, c.settled_at_us).where(
             c.given_back.is_not(None), c.settled_by != "void"
         )
         if after_us is not None:
             query = query.where(c.settled_at_us > after_us)
         found = []
-        for text, at_us in self._rows(query):
+        for text, held, at_us in self._rows(query):
+            holds = {(str(row[0]), str(row[1]), int(row[3])) for row in json.loads(held)}
             for subject, limit, start, units in json.loads(text):
-                if start and units:
-                    found.append(((str(subject), str(limit), int(start)), int(units), int(at_us)))
+                window = (str(subject), str(limit), int(start))
+                if start and units and window in holds:
+                    found.append((window, int(units), int(at_us)))
         return found
 
     def commits_since(self, after_us: int) -> list[tuple[str, str, int]]:

@@ -45,6 +45,9 @@ class ReservationRecord:
     settled_at_us: int | None
     settled_by: str | None
     given_back: tuple[GivenBack, ...] = ()
+    # Whether a reset dropped some of its charges from the hold
+    # (`ReservationStore.forget_held_charges`): their units are the result's.
+    hold_cleared: bool = False
 
 
 def _given_back(text: str | None) -> tuple[GivenBack, ...]:
@@ -60,6 +63,7 @@ _RESERVATION: Final = RecordColumns(
         "state": ReservationState,
         "charges": lambda text: tuple(HeldCharge.from_row(c) for c in json.loads(text)),
         "given_back": _given_back,
+        "hold_cleared": bool,
     },
 )
 
@@ -136,7 +140,8 @@ class ReservationStore:
 
     def forget_held_charges(self, subject: str | None, cleared: Collection[CounterOf]) -> int:
         """Drop from held reservations their charges on the counters a reset
-        ``cleared`` (subject, limit, window start).
+        ``cleared`` (subject, limit, window start), and mark them
+        (``hold_cleared``).
 
         A reset wipes held units along with the rest of the usage; a cancel
         afterwards must not hand them to the counter that started over. The
@@ -156,7 +161,7 @@ class ReservationStore:
             self.connection.execute(
                 update(reservations)
                 .where(reservations.c.id == reservation_id)
-                .values(charges=_charges_text(kept))
+                .values(charges=_charges_text(kept), hold_cleared=True)
             )
             changed += 1
         return changed

@@ -254,6 +254,9 @@ reservations = Table(
     # a void of a held reservation) gave the cost back to (migration 0011), so
     # that a later void reverses only what is still charged.
     Column("given_back", TEXT, nullable=True),
+    # Whether a reset dropped some of its charges from the hold (migration
+    # 0046): a settle then needs the result to say what they were.
+    Column("hold_cleared", Boolean, nullable=False, server_default=false()),
 )
 Index("ix_reservations_state_expires", reservations.c.state, reservations.c.expires_at_us)
 # What the audit reads of the reservations settled since its last run (migration 0025).

@@ -21,7 +21,7 @@ NOW = datetime(2026, 11, 30, 22, 0, tzinfo=UTC)
 PATHS = ["fast", "reference"]
 
 
-def _meter(db_url: str, path: str) -> Meter:
+def _meter(db_url: str, path: str, *, priced: bool = True) -> Meter:
     meter = Meter(db_url, clock=FrozenClock(NOW))
     meter.set_limits(
         [
@@ -30,7 +30,8 @@ def _meter(db_url: str, path: str) -> Meter:
             spend_limit("usd", "10", "USD", "1mo", window="calendar"),
         ]
     )
-    meter.set_price("a", "0.01", "USD")
+    if priced:
+        meter.set_price("a", "0.01", "USD")
     if path == "reference":  # settled under SQLAlchemy
         meter._engine.settle = lambda direct, general: general()  # type: ignore[method-assign]
     return meter
@@ -61,7 +62,7 @@ def test_a_cancel_after_a_reset_bills_nothing_it_held(db_url: str, path: str) ->
         assert _billed(meter) == {"a": 3}
         meter.reset("org", "a")  # support: the counter of a starts over
         assert held.cancel() == 2 + 3  # b's units and usd's cents (a's counter started over)
-        assert _used(meter) == {"b": 0, "usd": 0}  # (the reset deleted a's counter)
+        assert _used(meter)["b"] == 0  # (the reset deleted a's counter)
         assert _billed(meter) == {}
         assert _routes(meter) == {}
         _audited(meter)
@@ -93,4 +94,38 @@ def test_a_commit_of_fewer_units_after_a_reset_is_refused(db_url: str, path: str
         assert held.commit() == 0  # in full: what was held stays billed
         assert _billed(meter) == {"a": 3}
         assert _routes(meter) == {"/x": (3, 1)}
+        _audited(meter)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_commit_that_keeps_every_held_unit_is_refused_when_a_reset_dropped_more(
+    db_url: str, path: str
+) -> None:
+    with _meter(db_url, path) as meter:
+        charges = [("org", "a", 3), ("org", "b", 2)]
+        held = meter.reserve(charges=charges, event_id="r-1", metadata={"route": "/x"})
+        meter.reset("org", "a")  # a's 3 priced units leave the hold; b's 2 stay
+        with pytest.raises(InvalidInput, match="a reset cleared 'a' since it was reserved"):
+            held.commit(actual=2)  # b keeps all it holds; a's money cannot be split
+        assert meter.reservation("r-1").state == "held"
+        assert _billed(meter) == {"a": 3}
+        assert held.commit() == 0
+        _audited(meter)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_commit_of_fewer_units_after_a_reset_takes_the_rest_off_the_usage_report(
+    db_url: str, path: str
+) -> None:
+    with _meter(db_url, path, priced=False) as meter:
+        charges = [("org", "a", 3), ("org", "b", 3)]
+        held = meter.reserve(charges=charges, event_id="r-1", metadata={"route": "/x"})
+        meter.reset("org", "a")
+        assert held.commit(actual=1) == 2  # b's 2 units (a's counter started over)
+        assert _used(meter)["b"] == 1
+        assert _routes(meter) == {"/x": (1, 1)}  # a kept 1 unit of its 3
+        _audited(meter)
+        assert meter.void("r-1", "refund") is not None
+        assert _routes(meter) == {}
+        assert _used(meter)["b"] == 0
         _audited(meter)

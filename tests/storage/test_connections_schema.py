@@ -16,7 +16,7 @@ from alembic.script import ScriptDirectory
 from servers import PostgresServer
 from sqlalchemy import Engine, text
 
-from metering import Meter
+from metering import Limit, Meter
 from metering.errors import DatabaseUnavailable, SchemaOutdated
 from metering.storage.connections import MIGRATIONS_DIR, current_revision, make_engine
 from metering.storage.schema_revision import SCHEMA_REVISION
@@ -451,3 +451,43 @@ def test_migration_0045_draws_a_lone_grant_from_its_sums_read_and_its_downgrade_
     assert head == up != down
     assert "gone_used" in head and "gone_used" not in down
     assert down in old and head in module.lone(old)  # the bodies between $fn$
+
+
+def _cleared_across_0046(url: str) -> dict[str, bool]:
+    """Held reservations a reset cleared part of, marked again by 0046's
+    upgrade from their results after its downgrade dropped the mark."""
+    _upgrade(url, "head")
+    with Meter(url) as meter:
+        meter.set_limits([Limit("a", maximum=50, period="1h"), Limit("b", maximum=50, period="1h")])
+        meter.reserve(charges=[("org", "a", 3), ("org", "b", 2)], event_id="part")
+        meter.reserve("org", "b", 1, event_id="kept")
+        meter.reserve("org", "a", 1, event_id="all")
+        meter.reserve("other", "a", 1, event_id="elsewhere")
+        meter.reserve("org", "a", 1, event_id="cancelled").cancel()
+        meter.reset("org", "a")
+    engine = make_engine(url)
+    _downgrade(engine, "0045")
+    _upgrade(url, "head")
+    with engine.connect() as connection:
+        found = connection.execute(text("SELECT id, hold_cleared FROM reservations"))
+        marks = {str(reservation): bool(cleared) for reservation, cleared in found}
+    engine.dispose()
+    return marks
+
+
+def test_migration_0046_marks_the_holds_a_reset_cleared_part_of(
+    tmp_path: Path, postgres_server: PostgresServer
+) -> None:
+    expected = {
+        "part": True,
+        "kept": False,
+        "all": True,
+        "elsewhere": False,
+        "cancelled": False,  # settled: nothing left to settle
+    }
+    assert _cleared_across_0046(f"sqlite:///{tmp_path / 'old.db'}") == expected
+    postgres_server.create_database("before_0046")
+    try:
+        assert _cleared_across_0046(postgres_server.url("before_0046")) == expected
+    finally:
+        postgres_server.drop_database("before_0046")
