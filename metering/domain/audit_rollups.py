@@ -51,8 +51,9 @@ class RollupLedger:
     """Expected rollup rows (``rows``: key to [used, events]) from results
     given one by one (`add`, `voided`); the hours whose rows the ledger cannot
     say: ``stale``, the dimension rows of a limit defined again after a result
-    of theirs; ``unknown``, every row of a seat limit's hour with a voided event
-    (a void frees a seat only with its value's last live event: docs/seats.md).
+    of theirs; ``unknown``, the ``used`` of every row of a seat limit's hour with a
+    voided event (a void frees a seat only with its value's last live event:
+    docs/seats.md); their ``events`` are the live events'.
 
     ``dimensions``: each limit's keys now; ``defined_at_us``: when each limit
     was last defined; ``seats``: the seat limits (``distinct``).
@@ -145,11 +146,12 @@ def judge_rollups(
     found: Mapping[RollupKey, Sequence[int]],
     judged: Callable[[RollupKey], bool],
     signed: Callable[[RollupKey], bool] = lambda key: True,
+    counted: Callable[[RollupKey], bool] = lambda key: False,
 ) -> list[Violation]:
     """Each ``judged`` row (of either side) whose ``used`` or ``events``
-    differ from the ledger's (a row missing is (0, 0)), and each other
-    ``signed`` row below zero (no ledger takes more off a row than it added),
-    in key order."""
+    differ from the ledger's (a row missing is (0, 0)), each ``counted`` one
+    whose ``events`` differ, and each other ``signed`` row below zero (no
+    ledger takes more off a row than it added), in key order."""
     differ = [
         key
         for key, got in found.items()
@@ -164,6 +166,8 @@ def judge_rollups(
         row = f"{key[2]} {key[4]!r}"
         if judged(key):
             violations.append(_violation(key, f"{row}: used {want[0]}, events {want[1]}", got))
+        elif counted(key) and want[1] != got[1]:
+            violations.append(_violation(key, f"{row}: events {want[1]}", got))
         elif min(got) < 0:
             violations.append(_violation(key, f"{row}: used >= 0, events >= 0", got))
     return violations

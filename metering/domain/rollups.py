@@ -192,14 +192,16 @@ def given_back_deltas(
     returned: Iterable[tuple[str, str, int, int]],
     dimensions: Mapping[str, Sequence[str]],
 ) -> dict[RollupKey, Delta]:
-    """What cancelling a reservation takes from the rollups: for each charge
-    (subject, limit, cost, units given back) of the reserving ``event``, the
-    units given back, and its event when the whole cost came back."""
+    """What giving back some of an ``event``'s charges takes from the
+    rollups (a cancel, a commit of less, a void): for each charge (subject,
+    limit, cost, units given back), the units given back, and its event when
+    the whole cost came back (of no unit, for a charge of 0 a void takes
+    whole: a seat its value keeps)."""
     deltas: dict[RollupKey, Delta] = {}
     hour = hour_start_us(event.occurred_at_us)
     for subject, name, cost, back in returned:
-        if back <= 0:
-            continue
+        if back <= 0 and back < cost:
+            continue  # nothing came back: the event stays
         for key in dimensions.get(name, ()):
             rollup = (subject, name, key, hour, dimension_value(event.metadata, key))
             used, events = deltas.get(rollup, (0, 0))

@@ -80,7 +80,7 @@ class RollupCheck:
     def violations(self) -> list[Violation]:
         """The judged rollup rows that differ from the ledger's sums."""
         found = self.store.rollups(self.from_us)
-        return judge_rollups(self.ledger.rows, found, self._judged, self._read)
+        return judge_rollups(self.ledger.rows, found, self._judged, self._read, self._counted)
 
     def _read(self, key: RollupKey) -> bool:
         """Whether the run read the ledger of ``key``'s hour (retention kept it; touched since)."""
@@ -90,9 +90,17 @@ class RollupCheck:
         return self.after_us is None or (subject, limit, hour) in self.touched
 
     def _judged(self, key: RollupKey) -> bool:
+        subject, limit, _, hour, _ = key
+        return (subject, limit, hour) not in self.ledger.unknown and self._said(key)
+
+    def _counted(self, key: RollupKey) -> bool:
+        """A seat limit's row of an hour with a voided event: its events alone."""
+        subject, limit, _, hour, _ = key
+        return (subject, limit, hour) in self.ledger.unknown and self._said(key)
+
+    def _said(self, key: RollupKey) -> bool:
+        """Whether the ledger says ``key``'s row (`RollupLedger`)."""
         subject, limit, dimension, hour, _ = key
-        if (subject, limit, hour) in self.ledger.unknown:
-            return False
         if dimension == SPEND_DIMENSION:
             return True
         if dimension not in self.dimensions.get(limit, ()):

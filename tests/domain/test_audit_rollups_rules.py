@@ -172,6 +172,24 @@ def test_a_row_the_ledger_cannot_say_is_judged_by_its_sign() -> None:
     assert judge_rollups({}, {KEY: (-1, 0)}, lambda key: True, lambda key: False) == []
 
 
+def test_a_row_whose_events_alone_the_ledger_says_is_judged_by_them() -> None:
+    def never(key: Any) -> bool:
+        return False
+
+    def always(key: Any) -> bool:
+        return True
+
+    expected = {KEY: [1, 1]}
+    assert judge_rollups(expected, {KEY: (2, 1)}, never, always, always) == []  # used moved
+    [violation] = judge_rollups(expected, {KEY: (1, 2)}, never, always, always)
+    assert (violation.expected, violation.found) == (
+        "route '/a': events 1",
+        "route '/a': used 1, events 2",
+    )
+    [below] = judge_rollups(expected, {KEY: (-1, 1)}, never, always, always)
+    assert below.expected == "route '/a': used >= 0, events >= 0"
+
+
 def test_a_result_counts_when_a_charge_has_a_dimension_or_a_price() -> None:
     found = ledger()
     assert found.counts([charge("org", "plain", 1), charge("org", "calls", 1)])

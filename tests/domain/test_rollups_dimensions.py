@@ -117,6 +117,10 @@ def test_a_cancelled_reservation_takes_back_its_units_and_a_wholly_returned_even
         ("s", "api", "route", NOW_US, "/r"): (-6, -2)
     }
     assert given_back_deltas(event, [("s", "api", 5, -1)], dimensions) == {}
+    # A charge of 0 given back whole (a void of a seat its value keeps): the event leaves.
+    assert given_back_deltas(event, [("s", "api", 0, 0)], dimensions) == {
+        ("s", "api", "route", NOW_US, "/r"): (0, -1)
+    }
 
 
 def test_rollup_rows_come_sorted_by_key() -> None:

@@ -328,6 +328,28 @@ def test_a_void_after_a_commit_of_less_takes_the_rest_from_the_rollups_once(
     assert usage_by_dimension_report(meter, subject="org-1", key="route") == []
 
 
+def test_a_void_takes_its_event_off_though_no_unit_came_back(meter: Meter) -> None:
+    """A seat event whose value keeps its seat (another live event holds it)
+    gives back no unit when voided: it leaves the rows' ``events`` all the same."""
+    meter.set_limits(
+        [
+            Limit(
+                "seats", 5, period="1h", window="calendar", distinct="user", dimensions=("route",)
+            ),
+        ]
+    )
+    for event_id in ("e1", "e2"):
+        meter.consume("org-1", "seats", event_id=event_id, metadata={"route": "/a", "user": "ann"})
+    rows = usage_by_dimension_report(meter, subject="org-1", key="route")
+    assert figures(rows) == [("seats", "/a", 1, 2)]
+    meter.void("e1", "refund")  # ann keeps her seat: e2 is live
+    rows = usage_by_dimension_report(meter, subject="org-1", key="route")
+    assert figures(rows) == [("seats", "/a", 1, 1)]
+    meter.void("e2", "refund")  # her last live event: the seat goes
+    rows = usage_by_dimension_report(meter, subject="org-1", key="route")
+    assert figures(rows) in ([], [("seats", "/a", 0, 0)])
+
+
 def test_a_partial_give_back_keeps_the_event() -> None:
     from metering.domain.rollups import given_back_deltas
     from metering.storage.results import ResultRecord

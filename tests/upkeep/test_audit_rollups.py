@@ -302,3 +302,22 @@ def test_a_limit_defined_again_keeps_its_older_rows_out(meter: Meter, clock: Fro
         "model 'm2': used 2, events 1",
         "model 'm2': used 2, events 2",
     )
+
+
+def test_a_seat_hour_with_a_void_is_judged_by_its_events(meter: Meter) -> None:
+    seats = Limit("seats", 5, period="1h", window="calendar", distinct="user", dimensions=["route"])
+    meter.set_limit(seats)
+    for event_id in ("s1", "s2"):
+        meter.consume("org-5", "seats", event_id=event_id, metadata={**A, "user": "ann"})
+    meter.void("s1", "refund")  # ann keeps her seat: s2 is live; one event left
+    assert run_audit(meter, full=True).violations == ()
+    edit(meter, "org-5", "seats", "route", "/a", 1)  # its used is not the ledger's to say
+    assert run_audit(meter, full=True).violations == ()
+    with meter.sql_engine.begin() as connection:
+        r = usage_rollups.c
+        connection.execute(
+            update(usage_rollups).where(r.limit_name == "seats").values(events=r.events + 1)
+        )
+    assert rollups_of(run_audit(meter, full=True).violations) == [
+        ("org-5", "seats", str(HOUR), "route '/a': events 1", "route '/a': used 2, events 2")
+    ]
