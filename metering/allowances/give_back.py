@@ -3,12 +3,11 @@
 `give_back` takes the units of some charges of one decided event back from the counters,
 the grants (the last drawn first) and the usage rollups, in the engines' lock order
 (counters, then grants); a gauge's counter takes the level its remaining reports give
-(`gauge_after`). The rules are pure (`metering.domain.corrections.take_back`, `split_back`,
-`metering.domain.rollups.given_back_deltas`); the SQL is in the stores. The rollups
-taken from are those of the dimensions the event was decided under (`rolled_up_under`).
-Exactly once is the callers' part: a reservation's ``given_back`` (`still_charged`), a
-void's correction record, and the reset log (`resets_after`): a charge whose counter a
-reset cleared after the event gives its counter and grants nothing, its rollups as usual.
+(`gauge_after`); the rollups, the rows of the dimensions the event was decided under
+(`rolled_up_under`). The rules are pure (`metering.domain.corrections`, `given_back_deltas`);
+the SQL is in the stores. Exactly once is the callers' part: a reservation's ``given_back``
+(`still_charged`), a void's correction record, the reset log (`resets_after`): a charge whose
+counter a reset cleared after the event gives its counter and grants nothing, its rollups all.
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
 """The limits table, its version and its dimensions' history: `LimitStore` loads, lists,
 writes and deletes limit rows; every write bumps ``limits_version`` (`BUMP_LIMITS_VERSION`),
-which tells the hot path's cache to reload.
-
-`LimitStore.record_dimensions` appends to ``limit_dimensions`` what a definition changes
-(`metering.domain.dimension_history`), at a new tick of the reset clock. Every decision reads
-the limits' version (the general engine with its limits, `LOAD_LIMITS`) before it writes its
-result, which reads the tick. On PostgreSQL (READ COMMITTED, plain reads) a change of a
-limit's dimensions first takes ``limits_version`` in ACCESS EXCLUSIVE mode: it waits for
-every transaction that read it and holds new ones off till it commits, so a result decided
-with the old dimensions has a smaller tick, one with the new a greater or equal one. A first
-definition needs no lock (no decision had the limit). SQLite's writers are serial (``BEGIN
-IMMEDIATE``). A deletion keeps the history: a void after it takes from the rows its event
-used."""
+which tells the hot path's cache to reload. `LimitStore.record_dimensions` appends what a
+definition changes to ``limit_dimensions`` at a new tick of the reset clock, ordered with
+every decision (`metering.domain.dimension_history`); a deletion keeps the history."""
 
 from __future__ import annotations
 
@@ -78,9 +69,19 @@ class LimitStore(OnConnection):
 
     def record_dimensions(self, chosen: Sequence[Limit], now_us: int) -> None:
         """Append to the history the dimensions of each of ``chosen`` that
-        its last era lacks (or that has none), before they are written."""
+        its last era lacks (or that has none), before they are written.
+
+        Every decision reads the limits' version (the general engine with its
+        limits, `LOAD_LIMITS`) before it writes its result, which reads the
+        tick. On PostgreSQL (READ COMMITTED, plain reads) a change of a
+        defined limit's dimensions first takes ``limits_version`` in ACCESS
+        EXCLUSIVE mode: it waits for every transaction that read it and
+        holds new ones off till it commits, so a result decided with the old
+        dimensions has a smaller tick, one with the new a greater or equal
+        one. A first definition needs no lock (no decision had the limit).
+        SQLite's writers are serial (``BEGIN IMMEDIATE``)."""
         changed, known = self._new_dimensions(chosen)
-        if self._postgres and known:  # see the module's docstring
+        if self._postgres and known:
             self.connection.execute(text("LOCK TABLE limits_version IN ACCESS EXCLUSIVE MODE"))
             changed, _ = self._new_dimensions(chosen)  # as they are now, under the lock
         if not changed:
