@@ -7,7 +7,7 @@ the grants (the last drawn first) and the usage rollups, in the engines' lock or
 (`rolled_up_under`). The rules are pure (`metering.domain.corrections`, `given_back_deltas`);
 the SQL is in the stores. Exactly once is the callers' part: a reservation's ``given_back``
 (`still_charged`), a void's correction record, the reset log (`resets_after`): a charge whose
-counter a reset cleared after the event gives its counter and grants nothing, its rollups all.
+counter a reset cleared after the event gives back to its rollups alone.
 """
 
 from __future__ import annotations
