@@ -147,3 +147,20 @@ def test_an_event_decided_with_the_old_dimensions_while_they_change_keeps_them(
         clock.advance(minutes=2)
         assert rows(meter) == {("route", "/a"): [1, 1]}
         assert run_audit(meter, full=True).violations == ()
+
+
+def test_a_cancel_after_every_dimension_was_removed_still_takes_its_rows(
+    meter: Meter, clock: FrozenClock
+) -> None:
+    """The direct settle has no rollups to take back: it declines a limit
+    that had dimensions, now or when the event was decided."""
+    meter.set_limit(calls("route"))
+    clock.advance(seconds=1)
+    cancelled = meter.reserve("org", "calls", 4, event_id="cancelled", metadata=META)
+    less = meter.reserve("org", "calls", 5, event_id="less", metadata=META)
+    meter.set_limit(calls())
+    cancelled.cancel()
+    less.commit(actual=2)
+    clock.advance(minutes=2)
+    assert rows(meter) == {("route", "/a"): [2, 1]}
+    assert run_audit(meter, full=True).violations == ()
