@@ -118,7 +118,8 @@ class RollupLedger:
             charged = cost if settlement is None else settlement.held.get(pair, cost)
             if settlement is not None and settlement.cancelled and pair not in settlement.held:
                 back = charged = cost  # a reset dropped it from the hold: the cancel released it
-            gone = 0 < charged <= back
+            # A spend charge a commit rewrote to 0 gave all its money back.
+            gone = 0 < charged <= back or 0 == cost < charged
             keys = self.dimensions.get(pair[1], ())
             if keys:
                 if self._stale(pair[1], decided_at_us):

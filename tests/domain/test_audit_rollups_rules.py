@@ -65,6 +65,20 @@ def test_a_cancel_takes_the_charge_and_its_event_off_and_a_commit_of_less_its_un
     }
 
 
+def test_a_spend_charge_a_commit_rewrote_to_0_takes_its_event_off() -> None:
+    found = RollupLedger({"usd": ["route"]}, {})
+    held = {("org", "calls"): 3, ("org", "usd"): 6}
+    none = Settlement(held, {("org", "calls"): 3})  # a commit of 0: all the money back
+    found.add("allowed", AT, 1, [charge("org", "calls", 3), charge("org", "usd", 0)], None, none)
+    some = Settlement(held, {("org", "calls"): 2})  # a commit of 1: 2 cents kept
+    meta = {"route": "/b"}
+    found.add("allowed", AT, 1, [charge("org", "calls", 3), charge("org", "usd", 2)], meta, some)
+    assert found.rows == {
+        ("org", "usd", "route", 100 * HOUR, ""): [0, 0],
+        ("org", "usd", "route", 100 * HOUR, "/b"): [2, 1],
+    }
+
+
 def test_a_result_decided_before_its_limit_was_defined_leaves_its_hour_stale() -> None:
     found = RollupLedger({"calls": ["route"]}, {"calls": 50})
     found.add("allowed", AT, 49, [charge("org", "calls", 3, price=6)], None)

@@ -2,8 +2,8 @@
 
 A Hypothesis state machine sets and changes limits of every kind (fixed
 windows, seats, gauges, token buckets, floating licenses, spend limits; some by a
-dimension), prices them, grants, reserves, consumes, voids, resets, checks out and in,
-and moves a frozen clock, over two subjects and three limit names. A
+dimension), prices them, grants, reserves (stacked too), consumes, voids, resets,
+checks out and in, and moves a frozen clock, over two subjects and three limit names. A
 `MeteringError` is a documented refusal; anything else fails. After every
 step: no flat fee is charged twice in one window of one subject, and an
 allowed charge of a hard limit stays within its maximum in force plus what
@@ -326,12 +326,20 @@ class LimitChanges(RuleBasedStateMachine):
         name=st.sampled_from(NAMES),
         cost=st.integers(1, 4),
         user=st.sampled_from(USERS),
+        also=st.one_of(st.none(), st.tuples(st.sampled_from(NAMES), st.integers(1, 4))),
     )
-    def reserve(self, subject: str, name: str, cost: int, user: str) -> None:
+    def reserve(
+        self, subject: str, name: str, cost: int, user: str, also: tuple[str, int] | None
+    ) -> None:
+        """A reservation of one charge, or of two stacked (a commit settles
+        each at the first's cost plus its ``more``)."""
         event_id = self._id("r")
+        charges = [(subject, name, cost)]
+        if also is not None and also[0] != name:
+            charges.append((subject, *also))
         try:
             held = self.meter.reserve(
-                subject, name, cost, event_id=event_id, ttl_seconds=TTL, metadata={"user": user}
+                charges=charges, event_id=event_id, ttl_seconds=TTL, metadata={"user": user}
             )
         except MeteringError:
             return
