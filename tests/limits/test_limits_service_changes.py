@@ -234,6 +234,10 @@ class LimitChanges(RuleBasedStateMachine):
         for key in self.ledger.windows.get(event_id, []):
             self.ledger.kinds[key].add(counting(self.limits.get(key[1])))
 
+    def _spend(self, name: str) -> bool:
+        limit = self.limits.get(name)
+        return limit is not None and limit.currency is not None
+
     def _gone(self, event_id: str) -> None:
         for live in self.ledger.fees.values():
             live.discard(event_id)
@@ -367,15 +371,33 @@ class LimitChanges(RuleBasedStateMachine):
         self.ledger.bill[event_id] = {k: v for k, v in bill.items() if (k[0], k[2]) in kept}
 
     @precondition(lambda self: self.held)
-    @rule(data=st.data(), more=st.sampled_from([-1, 0, 2, None]))
-    def commit_reservation(self, data: st.DataObject, more: int | None) -> None:
+    @rule(data=st.data(), more=st.sampled_from([-1, 0, 2, None, "held"]))
+    def commit_reservation(self, data: st.DataObject, more: int | str | None) -> None:
+        """A commit in full, or at the first charge's cost and ``more``, or at
+        the smallest cost still held (what a reset left: nothing held gives back)."""
         event_id, cost = data.draw(st.sampled_from(self.held))
-        actual = None if more is None else max(0, cost + more)
+        info, reserved = self.meter.reservation(event_id), self.meter.result(event_id)
+        assert info is not None and reserved is not None
+        if isinstance(more, str):
+            usage = [c.cost for c in info.charges if not self._spend(c.limit)]
+            actual = min(usage, default=0)
+        else:
+            actual = None if more is None else max(0, cost + more)
         self._settled(event_id)
+        # A priced charge a reset dropped from the hold cannot be split: a
+        # commit of fewer units than it reserved is refused.
+        holds = {(c.subject, c.limit) for c in info.charges}
+        unsplit = [
+            c.limit
+            for c in reserved.charges
+            if c.price is not None and (c.subject, c.limit) not in holds
+            if actual is not None and actual < c.cost and c.outcome != "would_deny"
+        ]
         try:
             self.meter.commit_reservation(event_id, actual)
         except MeteringError:
             return
+        assert not unsplit, (event_id, actual, unsplit)
         self.ledger.bill[event_id] = billed(self.meter.result(event_id))  # the money kept
         self.held.remove((event_id, cost))
         if actual == 0:
