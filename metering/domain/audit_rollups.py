@@ -51,9 +51,9 @@ class RollupLedger:
     """Expected rollup rows (``rows``: key to [used, events]) from results
     given one by one (`add`, `voided`); the hours whose rows the ledger cannot
     say: ``stale``, the dimension rows of a limit defined again after a result
-    of theirs; ``unknown``, the ``used`` of every row of a seat limit's hour with a
-    voided event (a void frees a seat only with its value's last live event:
-    docs/seats.md); their ``events`` are the live events'.
+    of theirs; ``unknown``, the ``used`` of every usage row of a seat limit's hour
+    with a voided event (a void frees a seat only with its value's last live
+    event: docs/seats.md); their ``events`` are the live events'.
 
     ``dimensions``: each limit's keys now; ``defined_at_us``: when each limit
     was last defined; ``seats``: the seat limits (``distinct``).

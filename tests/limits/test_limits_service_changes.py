@@ -1,11 +1,12 @@
 """Limits changed while they have state, against the ledger's audit, on both databases.
 
-A Hypothesis state machine sets and changes limits of every kind (fixed
-windows, seats, gauges, token buckets, floating licenses, spend limits; some by a
-dimension), prices them, grants, reserves (stacked too), consumes, voids, resets,
-checks out and in, and moves a frozen clock, over two subjects and three limit names. A
-`MeteringError` is a documented refusal; anything else fails. After every
-step: no flat fee is charged twice in one window of one subject, and an
+A Hypothesis state machine sets, changes and deletes limits of every kind
+(fixed windows, seats, gauges, token buckets, floating licenses, spend limits;
+some by a dimension), prices them, grants, reserves (stacked too), consumes
+(in batches too), voids, resets, checks out and in, and moves a frozen clock,
+over two subjects and three limit names. A `MeteringError` is a documented
+refusal; anything else fails. After every step: no flat fee is charged
+twice in one window of one subject, and an
 allowed charge of a hard limit stays within its maximum in force plus what
 its window drew on grants. At the end the full audit finds nothing but
 what the docs say a change of kind leaves (`EXEMPT`): its rollups
@@ -38,6 +39,8 @@ from sqlalchemy import select
 
 from metering import FrozenClock, Limit, Meter, spend_limit
 from metering.domain.audit import Invariant
+from metering.domain.decisions import Decision
+from metering.domain.events import make_event
 from metering.errors import MeteringError
 from metering.reports.spend import spend_report
 from metering.storage.tables import counters
@@ -306,6 +309,52 @@ class LimitChanges(RuleBasedStateMachine):
         self._record(decision, event_id)
         if decision.allowed:
             self.consumed.append(event_id)
+
+    @rule(
+        events=st.lists(
+            st.tuples(
+                st.sampled_from(SUBJECTS),
+                st.lists(
+                    st.tuples(st.sampled_from(NAMES), st.sampled_from([1, 2, 0])),
+                    min_size=1,
+                    max_size=2,
+                ),
+                st.sampled_from(USERS),
+                st.sampled_from([0, 0, 70]),
+            ),
+            min_size=1,
+            max_size=4,
+        )
+    )
+    def apply(self, events: list[tuple[str, list[tuple[str, int]], str, int]]) -> None:
+        """A worker's batch: events of one or two charges, some late, on the batch path."""
+        batch, ids = [], []
+        for subject, charges, user, late in events:
+            event_id = self._id("w")
+            at = self.clock() - timedelta(minutes=late)
+            stacked = [(subject, name, cost) for name, cost in dict(charges).items()]
+            try:
+                batch.append(make_event(stacked, at, event_id, {"user": user}))
+            except MeteringError:
+                continue
+            ids.append(event_id)
+        try:
+            decisions = list(self.meter.apply(batch))
+        except MeteringError:
+            return
+        for event_id, decision in zip(ids, decisions, strict=True):
+            if not isinstance(decision, Decision):
+                continue  # refused in the batch (`invalid="reject"`)
+            self._record(decision, event_id)
+            if decision.allowed:
+                self.consumed.append(event_id)
+
+    @rule(name=st.sampled_from(NAMES))
+    def delete_limit(self, name: str) -> None:
+        """A limit deleted (its usage stays in the ledger); `set_limit` defines it again."""
+        with suppress(MeteringError):
+            self.meter.delete_limit(name)
+            self.limits.pop(name, None)
 
     @rule(subject=st.sampled_from(SUBJECTS), user=st.sampled_from(USERS))
     def traffic(self, subject: str, user: str) -> None:
