@@ -54,9 +54,9 @@ class RollupLedger:
     given one by one (`add`, `voided`); the hours whose rows the ledger cannot
     say: ``stale``, the dimension rows of a limit's hour with a result whose
     dimensions its history does not know (written before it); ``unknown``, the
-    ``used`` of every row of a seat limit's hour with a
-    voided event (a void frees a seat only with its value's last live event:
-    docs/seats.md); their ``events`` are the live events'.
+    ``used`` of every usage row of a seat limit's hour with a voided event (a
+    void frees a seat only with its value's last live event: docs/seats.md);
+    their ``events`` are the live events'.
 
     ``history``: each limit's dimension history (those with dimensions in no
     era are left out); ``seats``: the seat limits (``distinct``).
@@ -122,7 +122,8 @@ class RollupLedger:
             charged = cost if settlement is None else settlement.held.get(pair, cost)
             if settlement is not None and settlement.cancelled and pair not in settlement.held:
                 back = charged = cost  # a reset dropped it from the hold: the cancel released it
-            gone = 0 < charged <= back
+            # A spend charge a commit rewrote to 0 gave all its money back.
+            gone = 0 < charged <= back or 0 == cost < charged
             keys = self._keys(pair[1], tick, decided_at_us)
             if keys is None:
                 self.stale.add((*pair, hour))

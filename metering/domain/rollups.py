@@ -145,9 +145,10 @@ def spend_deltas(decided: Iterable[Decided], sign: int = 1) -> dict[RollupKey, D
 def spend_given_back(
     event: Decided, returned: Iterable[tuple[str, str, int, int]]
 ) -> dict[RollupKey, Delta]:
-    """What a cancel takes from the spend rollups: the amount of each priced
-    charge of ``event`` whose whole cost came back."""
-    whole = {(subject, name) for subject, name, cost, back in returned if back >= cost > 0}
+    """What a cancel or a void takes from the spend rollups: the amount of
+    each priced charge of ``event`` whose whole cost came back (a void's of
+    0 too: a seat its value keeps)."""
+    whole = {(subject, name) for subject, name, cost, back in returned if back >= cost}
     deltas: dict[RollupKey, Delta] = {}
     hour = hour_start_us(event.occurred_at_us)
     for charge in event.charges:

@@ -418,7 +418,11 @@ def _give_back(
     (`_money_back`)."""
     store = Store(connection)
     stored = store.fetch_results([record.id]).get(record.id)
-    released = _released(record, stored, keep)
+    dropped = cleared_from(record, stored)
+    if spend is not None and dropped:  # the spend limits of charges a reset dropped too
+        found = store.load_limits(charge.key.limit for charge in dropped)
+        spend = {**spend, **{name: lim.currency for name, lim in found.items() if lim.currency}}
+    released = _released(dropped, keep, spend or ())
     if spend is not None:
         money = _money_back(connection, record, stored, keep, now_us, spend, released)
         if money is not None:
@@ -430,14 +434,17 @@ def _give_back(
     return gave.returned, gave.given_back + _named(released)
 
 
-def _released(record: ReservationRecord, stored: ResultRecord | None, keep: int) -> list[Returning]:
+def _released(
+    dropped: Sequence[VoidedCharge], keep: int, spend: Collection[str]
+) -> list[Returning]:
     """What settling at ``keep`` units gives back of the charges a reset
-    dropped from ``record``'s hold (`cleared_from`): each one's units above
-    ``keep``, off the rollups alone (the counter started over)."""
+    ``dropped`` from a hold (`cleared_from`): each usage charge's units above
+    ``keep``, off the rollups alone (the counter started over). A commit's
+    ``spend`` limits keep their money (`_money_back` refuses to split it)."""
     return [
         Returning(split_back(charge, charge.cost - keep)[0], charge.cost)
-        for charge in cleared_from(record, stored)
-        if charge.cost > keep
+        for charge in dropped
+        if charge.cost > keep and charge.key.limit not in spend
     ]
 
 
@@ -454,6 +461,12 @@ def cleared_from(record: ReservationRecord, stored: ResultRecord | None) -> list
     if stored is None:
         return []
     return split_held(voided_charges(stored.outcome, stored.charges), record.charges)[1]
+
+
+_UNSPLIT: Final = (
+    "a reset cleared {0!r} since it was reserved: the money of its units cannot be split; "
+    "commit it in full or cancel it"
+)
 
 
 def _money_back(
@@ -483,11 +496,7 @@ def _money_back(
     for row in rows:
         charge = held.get((row.subject, row.limit))
         if charge is None and row.price is not None and keep < row.cost:
-            raise InvalidInput(
-                "actual",
-                f"a reset cleared {row.limit!r} since it was reserved: the money of its "
-                "units cannot be split; commit it in full or cancel it",
-            )
+            raise InvalidInput("actual", _UNSPLIT.format(row.limit))
         back = (
             row.limit not in spend
             and charge is not None
@@ -513,14 +522,15 @@ def _money_back(
     for row, units, amount in zip(rows, kept, money, strict=True):
         if row.limit in spend:
             charge = held.get((row.subject, row.limit))
-            if amount < row.cost and (
-                charge is None or not can_give_back(limits.get(row.limit), charge, now_us)
-            ):
-                raise InvalidInput(
-                    "actual",
-                    f"the window of its spend limit {row.limit!r} ended: its money is "
-                    "history; commit it in full",
-                )
+            if amount < row.cost:
+                if charge is None:
+                    raise InvalidInput("actual", _UNSPLIT.format(row.limit))
+                if not can_give_back(limits.get(row.limit), charge, now_us):
+                    raise InvalidInput(
+                        "actual",
+                        f"the window of its spend limit {row.limit!r} ended: its money is "
+                        "history; commit it in full",
+                    )
             refunds[(row.subject, row.limit)] = row.cost - amount
             rewritten.append(replace(row, cost=amount).to_row())
         elif row.price is not None:

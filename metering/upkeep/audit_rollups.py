@@ -90,11 +90,13 @@ class RollupCheck:
         return self.after_us is None or (subject, limit, hour) in self.touched
 
     def _judged(self, key: RollupKey) -> bool:
-        subject, limit, _, hour, _ = key
+        subject, limit, dimension, hour, _ = key
+        if dimension == SPEND_DIMENSION:
+            return True  # money follows no seat
         return (subject, limit, hour) not in self.ledger.unknown and self._said(key)
 
     def _counted(self, key: RollupKey) -> bool:
-        """A seat limit's row of an hour with a voided event: its events alone."""
+        """A seat limit's usage row of an hour with a voided event: its events alone."""
         subject, limit, _, hour, _ = key
         return (subject, limit, hour) in self.ledger.unknown and self._said(key)
 

@@ -58,3 +58,15 @@ def test_a_cancel_takes_its_money_off_the_report_with_or_without_a_spend_limit(
     assert kept.commit() == 0
     assert _billed(meter) == {("org", "calls"): 2}
     assert run_audit(meter, full=True).violations == ()
+
+
+def test_a_void_takes_its_money_off_though_its_limit_became_a_seat_limit(meter: Meter) -> None:
+    """Its seat rules free no seat for an event decided before (it named no
+    value then), so no unit goes back: its money goes all the same."""
+    meter.consume("org", "calls", 3, event_id="e-1", metadata={"user": "ann"})
+    meter.remove_price("calls", "EUR")
+    meter.set_limit(Limit("calls", maximum=5, period="1h", window="calendar", distinct="user"))
+    meter.void("e-1", "refund")
+    assert _billed(meter) == {}
+    rollups = [v for v in run_audit(meter, full=True).violations if v.invariant == "rollup_ledger"]
+    assert rollups == []

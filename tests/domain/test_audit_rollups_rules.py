@@ -67,6 +67,20 @@ def test_a_cancel_takes_the_charge_and_its_event_off_and_a_commit_of_less_its_un
     }
 
 
+def test_a_spend_charge_a_commit_rewrote_to_0_takes_its_event_off() -> None:
+    found = RollupLedger({"usd": [Era(0, 0, ("route",))]})
+    held = {("org", "calls"): 3, ("org", "usd"): 6}
+    none = Settlement(held, {("org", "calls"): 3})  # a commit of 0: all the money back
+    found.add("allowed", AT, 1, 1, [charge("org", "calls", 3), charge("org", "usd", 0)], None, none)
+    some = Settlement(held, {("org", "calls"): 2})  # a commit of 1: 2 cents kept
+    meta = {"route": "/b"}
+    found.add("allowed", AT, 1, 1, [charge("org", "calls", 3), charge("org", "usd", 2)], meta, some)
+    assert found.rows == {
+        ("org", "usd", "route", 100 * HOUR, ""): [0, 0],
+        ("org", "usd", "route", 100 * HOUR, "/b"): [2, 1],
+    }
+
+
 def test_each_result_counts_under_the_dimensions_in_force_at_its_tick() -> None:
     eras = [Era(5, 0, ("route",)), Era(9, 0, ("route", "plan")), Era(12, 0, ())]
     found = RollupLedger({"calls": eras})

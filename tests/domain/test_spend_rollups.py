@@ -86,6 +86,8 @@ def test_a_cancel_takes_back_the_spend_of_charges_returned_whole() -> None:
     assert spend_given_back(event, returned) == {
         ("s", "api", SPEND_DIMENSION, HOUR, "EUR"): (-300, -1),
         ("t", "api", SPEND_DIMENSION, HOUR, "EUR"): (-20, -1),
+        # A charge of 0 given back whole (a void of a seat its value keeps): its event leaves.
+        ("u", "api", SPEND_DIMENSION, HOUR, "EUR"): (0, -1),
     }
 
 

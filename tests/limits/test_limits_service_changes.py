@@ -1,11 +1,12 @@
 """Limits changed while they have state, against the ledger's audit, on both databases.
 
-A Hypothesis state machine sets and changes limits of every kind (fixed
-windows, seats, gauges, token buckets, floating licenses, spend limits; some by a
-dimension), prices them, grants, reserves, consumes, voids, resets, checks out and in,
-and moves a frozen clock, over two subjects and three limit names. A
-`MeteringError` is a documented refusal; anything else fails. After every
-step: no flat fee is charged twice in one window of one subject, and an
+A Hypothesis state machine sets, changes and deletes limits of every kind
+(fixed windows, seats, gauges, token buckets, floating licenses, spend limits;
+some by a dimension), prices them, grants, reserves (stacked too), consumes
+(in batches too), voids, resets, checks out and in, and moves a frozen clock,
+over two subjects and three limit names. A `MeteringError` is a documented
+refusal; anything else fails. After every step: no flat fee is charged
+twice in one window of one subject, and an
 allowed charge of a hard limit stays within its maximum in force plus what
 its window drew on grants. At the end the full audit finds nothing but
 what the docs say a change of kind leaves (`EXEMPT`): its rollups
@@ -38,6 +39,8 @@ from sqlalchemy import select
 
 from metering import FrozenClock, Limit, Meter, spend_limit
 from metering.domain.audit import Invariant
+from metering.domain.decisions import Decision
+from metering.domain.events import make_event
 from metering.errors import MeteringError
 from metering.reports.spend import spend_report
 from metering.storage.tables import counters
@@ -232,6 +235,10 @@ class LimitChanges(RuleBasedStateMachine):
         for key in self.ledger.windows.get(event_id, []):
             self.ledger.kinds[key].add(counting(self.limits.get(key[1])))
 
+    def _spend(self, name: str) -> bool:
+        limit = self.limits.get(name)
+        return limit is not None and limit.currency is not None
+
     def _gone(self, event_id: str) -> None:
         for live in self.ledger.fees.values():
             live.discard(event_id)
@@ -300,6 +307,52 @@ class LimitChanges(RuleBasedStateMachine):
         if decision.allowed:
             self.consumed.append(event_id)
 
+    @rule(
+        events=st.lists(
+            st.tuples(
+                st.sampled_from(SUBJECTS),
+                st.lists(
+                    st.tuples(st.sampled_from(NAMES), st.sampled_from([1, 2, 0])),
+                    min_size=1,
+                    max_size=2,
+                ),
+                st.sampled_from(USERS),
+                st.sampled_from([0, 0, 70]),
+            ),
+            min_size=1,
+            max_size=4,
+        )
+    )
+    def apply(self, events: list[tuple[str, list[tuple[str, int]], str, int]]) -> None:
+        """A worker's batch: events of one or two charges, some late, on the batch path."""
+        batch, ids = [], []
+        for subject, charges, user, late in events:
+            event_id = self._id("w")
+            at = self.clock() - timedelta(minutes=late)
+            stacked = [(subject, name, cost) for name, cost in dict(charges).items()]
+            try:
+                batch.append(make_event(stacked, at, event_id, {"user": user}))
+            except MeteringError:
+                continue
+            ids.append(event_id)
+        try:
+            decisions = list(self.meter.apply(batch))
+        except MeteringError:
+            return
+        for event_id, decision in zip(ids, decisions, strict=True):
+            if not isinstance(decision, Decision):
+                continue  # refused in the batch (`invalid="reject"`)
+            self._record(decision, event_id)
+            if decision.allowed:
+                self.consumed.append(event_id)
+
+    @rule(name=st.sampled_from(NAMES))
+    def delete_limit(self, name: str) -> None:
+        """A limit deleted (its usage stays in the ledger); `set_limit` defines it again."""
+        with suppress(MeteringError):
+            self.meter.delete_limit(name)
+            self.limits.pop(name, None)
+
     @rule(subject=st.sampled_from(SUBJECTS), user=st.sampled_from(USERS))
     def traffic(self, subject: str, user: str) -> None:
         """A charge on every name, then one event charging two of them together."""
@@ -323,12 +376,20 @@ class LimitChanges(RuleBasedStateMachine):
         name=st.sampled_from(NAMES),
         cost=st.integers(1, 4),
         user=st.sampled_from(USERS),
+        also=st.one_of(st.none(), st.tuples(st.sampled_from(NAMES), st.integers(1, 4))),
     )
-    def reserve(self, subject: str, name: str, cost: int, user: str) -> None:
+    def reserve(
+        self, subject: str, name: str, cost: int, user: str, also: tuple[str, int] | None
+    ) -> None:
+        """A reservation of one charge, or of two stacked (a commit settles
+        each at the first's cost plus its ``more``)."""
         event_id = self._id("r")
+        charges = [(subject, name, cost)]
+        if also is not None and also[0] != name:
+            charges.append((subject, *also))
         try:
             held = self.meter.reserve(
-                subject, name, cost, event_id=event_id, ttl_seconds=TTL, metadata={"user": user}
+                charges=charges, event_id=event_id, ttl_seconds=TTL, metadata={"user": user}
             )
         except MeteringError:
             return
@@ -356,15 +417,33 @@ class LimitChanges(RuleBasedStateMachine):
         self.ledger.bill[event_id] = {k: v for k, v in bill.items() if (k[0], k[2]) in kept}
 
     @precondition(lambda self: self.held)
-    @rule(data=st.data(), more=st.sampled_from([-1, 0, 2, None]))
-    def commit_reservation(self, data: st.DataObject, more: int | None) -> None:
+    @rule(data=st.data(), more=st.sampled_from([-1, 0, 2, None, "held"]))
+    def commit_reservation(self, data: st.DataObject, more: int | str | None) -> None:
+        """A commit in full, or at the first charge's cost and ``more``, or at
+        the smallest cost still held (what a reset left: nothing held gives back)."""
         event_id, cost = data.draw(st.sampled_from(self.held))
-        actual = None if more is None else max(0, cost + more)
+        info, reserved = self.meter.reservation(event_id), self.meter.result(event_id)
+        assert info is not None and reserved is not None
+        if isinstance(more, str):
+            usage = [c.cost for c in info.charges if not self._spend(c.limit)]
+            actual = min(usage, default=0)
+        else:
+            actual = None if more is None else max(0, cost + more)
         self._settled(event_id)
+        # A priced charge a reset dropped from the hold cannot be split: a
+        # commit of fewer units than it reserved is refused.
+        holds = {(c.subject, c.limit) for c in info.charges}
+        unsplit = [
+            c.limit
+            for c in reserved.charges
+            if c.price is not None and (c.subject, c.limit) not in holds
+            if actual is not None and actual < c.cost and c.outcome != "would_deny"
+        ]
         try:
             self.meter.commit_reservation(event_id, actual)
         except MeteringError:
             return
+        assert not unsplit, (event_id, actual, unsplit)
         self.ledger.bill[event_id] = billed(self.meter.result(event_id))  # the money kept
         self.held.remove((event_id, cost))
         if actual == 0:

@@ -129,3 +129,18 @@ def test_a_commit_of_fewer_units_after_a_reset_takes_the_rest_off_the_usage_repo
         assert _routes(meter) == {}
         assert _used(meter)["b"] == 0
         _audited(meter)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_commit_of_less_after_a_reset_of_the_spend_limit_is_refused(
+    db_url: str, path: str
+) -> None:
+    with _meter(db_url, path) as meter:
+        held = meter.reserve("org", "a", 3, event_id="r-1", metadata={"route": "/x"})
+        meter.reset("org", "usd")  # the spend counter starts over: its 3 cents leave the hold
+        with pytest.raises(InvalidInput, match="a reset cleared 'usd' since it was reserved"):
+            held.commit(actual=1)
+        assert meter.reservation("r-1").state == "held"
+        assert held.commit(actual=3) == 0  # every unit kept: nothing to split
+        assert _billed(meter) == {"a": 3}
+        _audited(meter)

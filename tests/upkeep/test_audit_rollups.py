@@ -320,3 +320,14 @@ def test_a_seat_hour_with_a_void_is_judged_by_its_events(meter: Meter) -> None:
     assert rollups_of(run_audit(meter, full=True).violations) == [
         ("org-5", "seats", str(HOUR), "route '/a': events 1", "route '/a': used 2, events 2")
     ]
+    money = {"subject": "org-5", "limit_name": "seats", "dimension": "$spend"}
+    with meter.sql_engine.begin() as connection:  # money follows no seat: its rows are judged
+        row = {**money, "hour_start_us": HOUR, "value": "USD", "used": 3, "events": 0}
+        connection.execute(insert(usage_rollup_deltas).values(**row))
+    assert rollups_of(run_audit(meter, full=True).violations)[0] == (
+        "org-5",
+        "seats",
+        str(HOUR),
+        "$spend 'USD': used 0, events 0",
+        "$spend 'USD': used 3, events 0",
+    )
