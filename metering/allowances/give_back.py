@@ -3,17 +3,17 @@
 `give_back` takes the units of some charges of one decided event back from the counters,
 the grants (the last drawn first) and the usage rollups, in the engines' lock order
 (counters, then grants); a gauge's counter takes the level its remaining reports give
-(`gauge_after`). The rules are pure (`metering.domain.corrections.take_back`, `split_back`,
-`metering.domain.rollups.given_back_deltas`); the SQL is in the stores.
-Exactly once is the callers' part: a reservation's ``given_back`` (`still_charged`), a
-void's correction record, and the reset log (`resets_after`): a charge whose counter a
-reset cleared after the event gives its counter and grants nothing, its rollups as usual.
+(`gauge_after`); the rollups, the rows of the dimensions the event was decided under
+(`rolled_up_under`). The rules are pure (`metering.domain.corrections`, `given_back_deltas`);
+the SQL is in the stores. Exactly once is the callers' part: a reservation's ``given_back``
+(`still_charged`), a void's correction record, the reset log (`resets_after`): a charge whose
+counter a reset cleared after the event gives back to its rollups alone.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import Connection
@@ -28,6 +28,7 @@ from metering.domain.corrections import (
     not_reset,
     taken_back,
 )
+from metering.domain.dimension_history import ever_dimensioned, rolled_up_under
 from metering.domain.limits import Limit
 from metering.domain.rollups import given_back_deltas, merged, spend_given_back
 from metering.domain.state import CounterState
@@ -117,7 +118,7 @@ def give_back(
         return GaveBack([])
     result = _take_back(connection, event, kept, limits, now_us, past_windows) if kept else []
     if event is not None:
-        dimensions = {name: limit.dimensions for name, limit in limits.items() if limit.dimensions}
+        dimensions = event_dimensions(store, event, names)
         returned = [
             (item.charge.key.subject, item.charge.key.limit, item.charged, item.charge.cost)
             for item in [*kept, *released]
@@ -128,6 +129,27 @@ def give_back(
         if deltas:
             record_rollups(connection, deltas)
     return GaveBack(result)
+
+
+def event_dimensions(
+    store: Store, event: ResultRecord, names: Iterable[str]
+) -> dict[str, tuple[str, ...]]:
+    """The dimensions ``event`` was rolled up under, of those of ``names``
+    that have any (`metering.domain.dimension_history`)."""
+    history = {
+        name: eras
+        for name, eras in store.dimension_history(names).items()
+        if ever_dimensioned(eras)
+    }
+    if not history:
+        return {}
+    tick = store.reset_tick_of(event.event_id)
+    if tick is None:
+        return {}
+    found = {
+        name: rolled_up_under(eras, tick, event.decided_at_us) for name, eras in history.items()
+    }
+    return {name: keys for name, keys in found.items() if keys}
 
 
 def _take_back(

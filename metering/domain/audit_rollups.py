@@ -1,11 +1,12 @@
 """The rollups billing reads, from the ledger: the `rollup_ledger` invariant's rule.
 
 `RollupLedger` sums per rollup key what each unvoided result consumed (outcome allowed or
-overage; a shadow charge's would-deny nothing): for each of its limit's ``dimensions`` the
-charge's cost, for a priced charge its amount under ``$spend``, in the UTC hour of
-``occurred_at``, one event each. A commit rewrote its result (more units; the money kept);
-what a cancel or a commit of less gave back (`Settlement`) comes off, and the event when all
-of a charge came back. A voided event counts nothing; a reset takes nothing off.
+overage; a shadow charge's would-deny nothing): for each dimension its limit had when it was
+decided (`metering.domain.dimension_history.in_force`) the charge's cost, for a priced
+charge its amount under ``$spend``, in the UTC hour of ``occurred_at``, one event each. A
+commit rewrote its result (more units; the money kept); what a cancel or a commit of less
+gave back (`Settlement`) comes off, and the event when all of a charge came back. A voided
+event counts nothing; a reset takes nothing off.
 `judge_rollups` names each judged row whose ``used`` or ``events`` differ, and any below 0.
 """
 
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from metering.domain.audit import Invariant, Violation
+from metering.domain.dimension_history import Era, ever_dimensioned, in_force
 from metering.domain.rollups import (
     CONSUMED,
     SPEND_DIMENSION,
@@ -50,23 +52,22 @@ class Settlement:
 class RollupLedger:
     """Expected rollup rows (``rows``: key to [used, events]) from results
     given one by one (`add`, `voided`); the hours whose rows the ledger cannot
-    say: ``stale``, the dimension rows of a limit defined again after a result
-    of theirs; ``unknown``, the ``used`` of every usage row of a seat limit's hour
-    with a voided event (a void frees a seat only with its value's last live
-    event: docs/seats.md); their ``events`` are the live events'.
+    say: ``stale``, the dimension rows of a limit's hour with a result whose
+    dimensions its history does not know (written before it); ``unknown``, the
+    ``used`` of every usage row of a seat limit's hour with a voided event (a
+    void frees a seat only with its value's last live event: docs/seats.md);
+    their ``events`` are the live events'.
 
-    ``dimensions``: each limit's keys now; ``defined_at_us``: when each limit
-    was last defined; ``seats``: the seat limits (``distinct``).
+    ``history``: each limit's dimension history (those with dimensions in no
+    era are left out); ``seats``: the seat limits (``distinct``).
     """
 
     def __init__(
         self,
-        dimensions: Mapping[str, Sequence[str]],
-        defined_at_us: Mapping[str, int],
+        history: Mapping[str, Sequence[Era]],
         seats: frozenset[str] = frozenset(),
     ) -> None:
-        self.dimensions = dimensions
-        self.defined_at_us = defined_at_us
+        self.history = {name: eras for name, eras in history.items() if ever_dimensioned(eras)}
         self.seats = seats
         self.rows: dict[RollupKey, list[int]] = {}
         self.stale: set[Hour] = set()
@@ -76,36 +77,39 @@ class RollupLedger:
         """Whether a result has rollup rows to count: a charge of a limit with
         dimensions, or a priced one."""
         for row in charges:
-            if row[_LIMIT] in self.dimensions or (len(row) > _PRICE and row[_PRICE] is not None):
+            if row[_LIMIT] in self.history or (len(row) > _PRICE and row[_PRICE] is not None):
                 return True
         return False
 
     def voided(
-        self, occurred_at_us: int, decided_at_us: int, charges: Sequence[Sequence[Any]]
+        self, occurred_at_us: int, decided_at_us: int, tick: int, charges: Sequence[Sequence[Any]]
     ) -> None:
-        """A voided result: it counts nothing (its seat limits' hours unknown,
-        and stale as `add` finds them)."""
+        """A voided result (written at the reset clock's ``tick``): it counts
+        nothing (its seat limits' hours unknown, and stale as `add` finds them)."""
         hour = hour_start_us(occurred_at_us)
         for row in charges:
             found = (str(row[_SUBJECT]), str(row[_LIMIT]), hour)
             if found[1] in self.seats:
                 self.unknown.add(found)
-            if found[1] in self.dimensions and self._stale(found[1], decided_at_us):
+            if self._keys(found[1], tick, decided_at_us) is None:
                 self.stale.add(found)
 
-    def _stale(self, limit: str, decided_at_us: int) -> bool:
-        return decided_at_us < self.defined_at_us.get(limit, decided_at_us)
+    def _keys(self, limit: str, tick: int, decided_at_us: int) -> tuple[str, ...] | None:
+        """The dimensions ``limit`` had for a result (None: unknown)."""
+        eras = self.history.get(limit)
+        return () if eras is None else in_force(eras, tick, decided_at_us)
 
     def add(
         self,
         outcome: str,
         occurred_at_us: int,
         decided_at_us: int,
+        tick: int,
         charges: Sequence[Sequence[Any]],
         metadata: Mapping[str, Any] | None,
         settlement: Settlement | None = None,
     ) -> None:
-        """Count one unvoided result."""
+        """Count one unvoided result, written at the reset clock's ``tick``."""
         if outcome not in CONSUMED:
             return
         hour = hour_start_us(occurred_at_us)
@@ -120,14 +124,13 @@ class RollupLedger:
                 back = charged = cost  # a reset dropped it from the hold: the cancel released it
             # A spend charge a commit rewrote to 0 gave all its money back.
             gone = 0 < charged <= back or 0 == cost < charged
-            keys = self.dimensions.get(pair[1], ())
-            if keys:
-                if self._stale(pair[1], decided_at_us):
-                    self.stale.add((*pair, hour))
-                else:
-                    for key in keys:
-                        value = dimension_value(metadata, key)
-                        self._count((*pair, key, hour, value), cost - back, gone)
+            keys = self._keys(pair[1], tick, decided_at_us)
+            if keys is None:
+                self.stale.add((*pair, hour))
+            else:
+                for key in keys:
+                    value = dimension_value(metadata, key)
+                    self._count((*pair, key, hour, value), cost - back, gone)
             if len(row) > _PRICE and row[_PRICE] is not None:
                 currency, amount = row[_PRICE]
                 spent = (*pair, SPEND_DIMENSION, hour, str(currency))

@@ -260,6 +260,9 @@ class LimitCache:
         self.pricing = Pricing(PriceBook(), {})
         self._entitled: dict[tuple[str, int, Own | None], Rule] = {}
         self.held = HeldCache()  # whatever the limits' version: its stamps say
+        # The limits with dimensions in some era of their history (it only
+        # grows): set before ``current``, so it is at least that version's.
+        self.dimensioned: frozenset[str] = frozenset()
         # The one-trip call's plans (`metering.engine.one_trip`), each with its version.
         self.plans: dict[tuple[tuple[str, str], ...], Any] = {}
         # Of the rules last asked about: whether one has a breaker, and one a
@@ -284,6 +287,7 @@ class LimitCache:
         priced = set(book.prices)
         rules = {limit.name: Rule.of(limit, priced=limit.name in priced) for limit in limits}
         self.pricing = Pricing(book, rules)
+        self.dimensioned = store.ever_dimensioned()
         self._entitled = {}
         self.plans = {}
         self.current = (version, rules, found)

@@ -40,6 +40,7 @@ def set_limits(database: Database, limits: Iterable[Limit]) -> list[Limit]:
 
     def work(connection: Connection) -> None:
         store = Store(connection)
+        store.record_dimensions(chosen, now_us)
         for limit in chosen:
             _refuse_prices(connection, limit, now_us)
             _refuse_holds(connection, limit)
@@ -105,7 +106,13 @@ def set_product_limit(database: Database, limit: Limit) -> Limit:
     if not is_reserved(limit.name):
         raise ReservedLimit(limit.name, "define it as the product's own (not metering.*)")
     now_us = database.now_us()
-    database.run(lambda c: Store(c).upsert_limit(limit, now_us))
+
+    def work(connection: Connection) -> None:
+        store = Store(connection)
+        store.record_dimensions([limit], now_us)
+        store.upsert_limit(limit, now_us)
+
+    database.run(work)
     return limit
 
 

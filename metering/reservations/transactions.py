@@ -20,7 +20,7 @@ from typing import Final, Literal
 
 from sqlalchemy import Connection
 
-from metering.allowances.give_back import Returning, give_back
+from metering.allowances.give_back import Returning, event_dimensions, give_back
 from metering.domain.corrections import (
     GivenBack,
     VoidedCharge,
@@ -370,7 +370,7 @@ def _settle_direct(
             if can_take_back(limits.get(charge.key.limit), charge, now_us, past_windows=False)
         ]
         if live:
-            if any(limit.dimensions for limit in limits.values()):
+            if any(name in cache.dimensioned for name in limits):  # now or when decided
                 return Declined("rollups to take back")
             if any(charge.grants for charge in live):
                 return Declined("grants to restore")
@@ -662,7 +662,7 @@ def _charge_more(
     ReservationStore(connection).add_overdrafts(record.id, overdraft, now_us)
     if stored is not None:
         store.rewrite_charges(record.id, rows)
-        dimensioned = {n: limit.dimensions for n, limit in limits.items() if limit.dimensions}
+        dimensioned = event_dimensions(store, stored, (c.limit for c in chargeable))
         if dimensioned:
             extra_units = [(c.subject, c.limit, keep - c.cost) for c in chargeable]
             record_rollups(connection, charged_more_deltas(stored, extra_units, dimensioned))

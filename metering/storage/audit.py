@@ -37,7 +37,6 @@ from metering.storage.tables import (
     counters,
     distinct_values,
     grants,
-    limits,
     overdrafts,
     reservations,
     results,
@@ -208,11 +207,6 @@ class AuditStore(OnConnection):
         (retention pruned the results before it; None: it pruned none)."""
         pruned_us = self.mark(RESULTS_PRUNED_BEFORE)
         return None if pruned_us is None else pruned_us + FUTURE_TOLERANCE_US
-
-    def defined_at(self) -> dict[str, int]:
-        """When each limit was last defined."""
-        c = limits.c
-        return {name: int(at) for name, at in self._rows(select(c.name, c.updated_at_us))}
 
     def rollups(self, from_hour_us: int | None) -> dict[RollupKey, list[int]]:
         """Every rollup row's [used, events], its appended deltas added in, of

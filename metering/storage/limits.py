@@ -1,18 +1,23 @@
-"""The limits table and its version: `LimitStore` loads, lists, writes and
-deletes limit rows; every write bumps ``limits_version`` (`BUMP_LIMITS_VERSION`),
-which tells the hot path's cache to reload."""
+"""The limits table, its version and its dimensions' history: `LimitStore` loads, lists,
+writes and deletes limit rows; every write bumps ``limits_version`` (`BUMP_LIMITS_VERSION`),
+which tells the hot path's cache to reload. `LimitStore.record_dimensions` appends what a
+definition changes to ``limit_dimensions`` at a new tick of the reset clock, ordered with
+every decision (`metering.domain.dimension_history`); a deletion keeps the history."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import json
+from collections.abc import Iterable, Sequence
 from typing import Final
 
-from sqlalchemy import bindparam, delete, select, update
+from sqlalchemy import bindparam, delete, insert, select, text, update
 
+from metering.domain.dimension_history import Era
 from metering.domain.limits import Limit
+from metering.storage.counters import ADVANCE_RESET_CLOCK
 from metering.storage.limit_rows import limit_from_row, limit_row
 from metering.storage.on_connection import OnConnection
-from metering.storage.tables import limits, limits_version
+from metering.storage.tables import limit_dimensions, limits, limits_version
 
 BUMP_LIMITS_VERSION: Final = (
     update(limits_version)
@@ -20,7 +25,13 @@ BUMP_LIMITS_VERSION: Final = (
     .values(version=limits_version.c.version + 1)
 )
 
-LOAD_LIMITS: Final = select(limits).where(limits.c.name.in_(bindparam("names", expanding=True)))
+# With the version's row: the decisions that read limits here (the general
+# engine's) take its table's lock, which a change of dimensions waits for.
+LOAD_LIMITS: Final = (
+    select(limits)
+    .join(limits_version, limits_version.c.id == 1)
+    .where(limits.c.name.in_(bindparam("names", expanding=True)))
+)
 # What the hot path's cache reads on every reload, built once: a statement
 # used again needs no new cache key, and compiles once per engine.
 LIST_LIMITS: Final = select(limits).order_by(limits.c.name)
@@ -55,3 +66,64 @@ class LimitStore(OnConnection):
 
     def limits_version(self) -> int:
         return int(self.connection.execute(LIMITS_VERSION).scalar_one())
+
+    def record_dimensions(self, chosen: Sequence[Limit], now_us: int) -> None:
+        """Append to the history the dimensions of each of ``chosen`` that
+        its last era lacks (or that has none), before they are written.
+
+        Every decision reads the limits' version (the general engine with its
+        limits, `LOAD_LIMITS`) before it writes its result, which reads the
+        tick. On PostgreSQL (READ COMMITTED, plain reads) a change of a
+        defined limit's dimensions first takes ``limits_version`` in ACCESS
+        EXCLUSIVE mode: it waits for every transaction that read it and
+        holds new ones off till it commits, so a result decided with the old
+        dimensions has a smaller tick, one with the new a greater or equal
+        one. A first definition needs no lock (no decision had the limit).
+        SQLite's writers are serial (``BEGIN IMMEDIATE``)."""
+        changed, known = self._new_dimensions(chosen)
+        if self._postgres and known:
+            self.connection.execute(text("LOCK TABLE limits_version IN ACCESS EXCLUSIVE MODE"))
+            changed, _ = self._new_dimensions(chosen)  # as they are now, under the lock
+        if not changed:
+            return
+        tick = self.connection.execute(ADVANCE_RESET_CLOCK[self._dialect]).scalar_one()
+        rows = [
+            {"limit_name": name, "tick": tick, "since_us": now_us, "dimensions": json.dumps(keys)}
+            for name, keys in changed.items()
+        ]
+        self.connection.execute(insert(limit_dimensions), rows)
+
+    def _new_dimensions(self, chosen: Sequence[Limit]) -> tuple[dict[str, list[str]], bool]:
+        """The dimensions of ``chosen`` to append, and whether one of them
+        changes a history (not a first definition: no event has its limit)."""
+        history = self.dimension_history(limit.name for limit in chosen)
+        wanted = {limit.name: list(limit.dimensions) for limit in chosen}
+        changed = {
+            name: keys
+            for name, keys in wanted.items()
+            if name not in history or sorted(history[name][-1].dimensions) != sorted(keys)
+        }
+        return changed, any(name in history for name in changed)
+
+    def dimension_history(self, names: Iterable[str] | None = None) -> dict[str, list[Era]]:
+        """Each limit's eras, by tick, of ``names`` (None: every limit's)."""
+        d = limit_dimensions.c
+        query = select(d.limit_name, d.tick, d.since_us, d.dimensions, d.seeded)
+        if names is not None:
+            wanted = sorted(set(names))
+            if not wanted:
+                return {}
+            query = query.where(d.limit_name.in_(wanted))
+        found: dict[str, list[Era]] = {}
+        for name, tick, since_us, keys, seeded in self.connection.execute(
+            query.order_by(d.limit_name, d.tick)
+        ):
+            era = Era(int(tick), int(since_us), tuple(json.loads(keys)), bool(seeded))
+            found.setdefault(name, []).append(era)
+        return found
+
+    def ever_dimensioned(self) -> frozenset[str]:
+        """The limits whose history has dimensions in some era."""
+        d = limit_dimensions.c
+        query = select(d.limit_name).where(d.dimensions != "[]").distinct()
+        return frozenset(self.connection.execute(query).scalars())

@@ -137,6 +137,12 @@ FROM results WHERE event_id = ANY(%(ids)s::text[])
 class ResultStore(OnConnection):
     """Results on one connection; the caller owns the transaction."""
 
+    def reset_tick_of(self, event_id: str) -> int | None:
+        """The reset clock's tick ``event_id``'s result was written at (None: no result)."""
+        query = select(results.c.reset_tick).where(results.c.event_id == event_id)
+        found = self.connection.execute(query).scalar_one_or_none()
+        return None if found is None else int(found)
+
     def fetch_results(self, event_ids: Iterable[str]) -> dict[str, ResultRecord]:
         wanted = sorted(set(event_ids))
         if not wanted:

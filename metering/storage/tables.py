@@ -78,6 +78,20 @@ limits = Table(
     Column("quarantine_max", BIGINT, nullable=True),
 )
 
+# A limit's dimensions from the reset clock's ``tick`` on (migration 0047): a
+# row per change of them and per first definition, kept when the limit is
+# deleted (`metering.domain.dimension_history`); ``seeded``: by the migration.
+limit_dimensions = Table(
+    "limit_dimensions",
+    metadata,
+    Column("limit_name", string(64), nullable=False),
+    Column("tick", BIGINT, nullable=False, autoincrement=False),
+    Column("since_us", BIGINT, nullable=False),
+    Column("dimensions", TEXT, nullable=False),  # JSON list of metadata keys
+    Column("seeded", Boolean, nullable=False, server_default=false()),
+    PrimaryKeyConstraint("limit_name", "tick"),
+)
+
 # One row per subject and limit with a breaker (`metering.domain.breaker`):
 # its now and baseline rates, the start of its history, since when the now
 # rate is past the multiple, and since when it is quarantined (NULL: it is not).
@@ -346,7 +360,8 @@ Index(
 # locks of the counters it clears. A result records the tick it was written
 # at (``results.reset_tick``), after its own counters were locked, so a reset
 # and an event on one counter are ordered by which was written first,
-# whatever their clocks said.
+# whatever their clocks said. A change of a limit's dimensions advances it
+# too (``limit_dimensions``).
 reset_clock = Table(
     "reset_clock",
     metadata,

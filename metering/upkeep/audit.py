@@ -275,7 +275,7 @@ def _read_ledger(
     for event_id, outcome, decided_us, tick, text, occurred_us, meta in decided:
         charges = json.loads(text)
         if rollups is not None:
-            rollups.read(event_id, outcome, decided_us, charges, occurred_us, meta)
+            rollups.read(event_id, outcome, decided_us, tick, charges, occurred_us, meta)
         run.violations.extend(spend_violations(event_id, outcome, charges, currencies))
         touched = [key for key, _, _ in consumed(outcome, charges)]
         if distinct and (seated := seat_windows(outcome, charges, distinct)):

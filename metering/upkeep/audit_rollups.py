@@ -1,7 +1,7 @@
 """The `rollup_ledger` check of a full or ``since`` audit run (`metering.upkeep.audit`).
 
 `RollupCheck` reads what the results alone do not say (voids, reservations a cancel or a
-commit settled, when each limit was last defined), takes each result as the run streams it
+commit settled, each limit's dimension history), takes each result as the run streams it
 (`RollupCheck.read`), then judges the rollup rows against the sums
 (`metering.domain.audit_rollups`; a row they cannot say, only its sign): a full run every
 row of an hour whose results retention left whole, a ``since`` run those of the hours an
@@ -20,6 +20,7 @@ from metering.domain.audit_rollups import RollupLedger, Settlement, judge_rollup
 from metering.domain.limits import Limit
 from metering.domain.rollups import CONSUMED, SPEND_DIMENSION, RollupKey, hour_start_us
 from metering.storage.audit import AuditStore, SettledRow
+from metering.storage.limits import LimitStore
 
 
 class RollupCheck:
@@ -29,10 +30,8 @@ class RollupCheck:
     def __init__(self, store: AuditStore, limits: Mapping[str, Limit], after_us: int | None):
         self.store = store
         self.after_us = after_us
-        self.dimensions = {name: limit.dimensions for name, limit in limits.items()}
         self.ledger = RollupLedger(
-            {name: keys for name, keys in self.dimensions.items() if keys},
-            store.defined_at(),
+            LimitStore(store.connection).dimension_history(),
             frozenset(name for name, limit in limits.items() if limit.distinct),
         )
         self.voided = store.voided()
@@ -42,19 +41,20 @@ class RollupCheck:
 
     @property
     def metadata(self) -> bool:
-        """Whether the results' metadata is needed (a limit has dimensions)."""
-        return any(self.dimensions.values())
+        """Whether the results' metadata is needed (a limit has had dimensions)."""
+        return bool(self.ledger.history)
 
     def read(
         self,
         event_id: str,
         outcome: str,
         decided_us: int,
+        tick: int,
         charges: Sequence[Sequence[Any]],
         occurred_us: int,
         metadata: str | None,
     ) -> None:
-        """One result, as the run read it (``charges`` decoded)."""
+        """One result, as the run read it (``charges`` decoded; ``tick``: its reset tick)."""
         if outcome not in CONSUMED or not self.ledger.counts(charges):
             return
         voided_us = self.voided.get(event_id)
@@ -65,11 +65,11 @@ class RollupCheck:
                 hour = hour_start_us(occurred_us)
                 self.touched.update((str(c[0]), str(c[1]), hour) for c in charges)
         if voided_us is not None:
-            self.ledger.voided(occurred_us, decided_us, charges)
+            self.ledger.voided(occurred_us, decided_us, tick, charges)
             return
         settlement = None if row is None else self._settlement(row)
         meta = json.loads(metadata) if metadata else None
-        self.ledger.add(outcome, occurred_us, decided_us, charges, meta, settlement)
+        self.ledger.add(outcome, occurred_us, decided_us, tick, charges, meta, settlement)
 
     @staticmethod
     def _settlement(row: SettledRow) -> Settlement:
@@ -105,6 +105,6 @@ class RollupCheck:
         subject, limit, dimension, hour, _ = key
         if dimension == SPEND_DIMENSION:
             return True
-        if dimension not in self.dimensions.get(limit, ()):
-            return False  # its limit's keys now are others (or it is gone)
+        if limit not in self.ledger.history:
+            return False  # no era of its limit's history has dimensions (or none is kept)
         return (subject, limit, hour) not in self.ledger.stale

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from metering.domain.audit import Invariant
 from metering.domain.audit_rollups import RollupLedger, Settlement, judge_rollups
+from metering.domain.dimension_history import Era
 
 HOUR = 3_600_000_000
 AT = 100 * HOUR + 5
@@ -26,13 +27,14 @@ def charge(
 
 
 def ledger(**kwargs: Any) -> RollupLedger:
-    return RollupLedger({"calls": ["route"], "seats": ["route"]}, {"calls": 0}, **kwargs)
+    route = [Era(0, 0, ("route",))]
+    return RollupLedger({"calls": route, "seats": route}, **kwargs)
 
 
 def test_a_result_counts_its_cost_by_dimension_and_its_money_by_currency() -> None:
     found = ledger()
-    found.add("allowed", AT, 1, [charge("org", "calls", 3, price=6)], {"route": "/a"})
-    found.add("overage", AT + HOUR, 1, [charge("org", "calls", 2)], None)
+    found.add("allowed", AT, 1, 1, [charge("org", "calls", 3, price=6)], {"route": "/a"})
+    found.add("overage", AT + HOUR, 1, 1, [charge("org", "calls", 2)], None)
     assert found.rows == {
         ("org", "calls", "route", 100 * HOUR, "/a"): [3, 1],
         ("org", "calls", "$spend", 100 * HOUR, "USD"): [6, 1],
@@ -42,9 +44,9 @@ def test_a_result_counts_its_cost_by_dimension_and_its_money_by_currency() -> No
 
 def test_a_denial_and_a_shadow_would_deny_count_nothing() -> None:
     found = ledger()
-    found.add("denied", AT, 1, [charge("org", "calls", 3, price=6, outcome="denied")], None)
-    found.add("allowed", AT, 1, [charge("org", "calls", 3, price=6, outcome="would_deny")], None)
-    found.add("allowed", AT, 1, [charge("org", "plain", 3)], None)  # no dimension, no price
+    found.add("denied", AT, 1, 1, [charge("org", "calls", 3, price=6, outcome="denied")], None)
+    found.add("allowed", AT, 1, 1, [charge("org", "calls", 3, price=6, outcome="would_deny")], None)
+    found.add("allowed", AT, 1, 1, [charge("org", "plain", 3)], None)  # no dimension, no price
     assert found.rows == {}
 
 
@@ -52,11 +54,11 @@ def test_a_cancel_takes_the_charge_and_its_event_off_and_a_commit_of_less_its_un
     found = ledger()
     rows = [charge("org", "calls", 4, price=8)]
     cancelled = Settlement({("org", "calls"): 4}, {("org", "calls"): 4})
-    found.add("allowed", AT, 1, rows, {"route": "/a"}, cancelled)
+    found.add("allowed", AT, 1, 1, rows, {"route": "/a"}, cancelled)
     kept = Settlement({("org", "calls"): 4}, {("org", "calls"): 3})
-    found.add("allowed", AT, 1, [charge("org", "calls", 4, price=2)], {"route": "/b"}, kept)
+    found.add("allowed", AT, 1, 1, [charge("org", "calls", 4, price=2)], {"route": "/b"}, kept)
     ended = Settlement({("org", "calls"): 4}, {})  # its window over: nothing went back
-    found.add("allowed", AT, 1, rows, {"route": "/c"}, ended)
+    found.add("allowed", AT, 1, 1, rows, {"route": "/c"}, ended)
     assert found.rows == {
         ("org", "calls", "route", 100 * HOUR, "/a"): [0, 0],
         ("org", "calls", "$spend", 100 * HOUR, "USD"): [2 + 8, 2],
@@ -66,23 +68,37 @@ def test_a_cancel_takes_the_charge_and_its_event_off_and_a_commit_of_less_its_un
 
 
 def test_a_spend_charge_a_commit_rewrote_to_0_takes_its_event_off() -> None:
-    found = RollupLedger({"usd": ["route"]}, {})
+    found = RollupLedger({"usd": [Era(0, 0, ("route",))]})
     held = {("org", "calls"): 3, ("org", "usd"): 6}
     none = Settlement(held, {("org", "calls"): 3})  # a commit of 0: all the money back
-    found.add("allowed", AT, 1, [charge("org", "calls", 3), charge("org", "usd", 0)], None, none)
+    found.add("allowed", AT, 1, 1, [charge("org", "calls", 3), charge("org", "usd", 0)], None, none)
     some = Settlement(held, {("org", "calls"): 2})  # a commit of 1: 2 cents kept
     meta = {"route": "/b"}
-    found.add("allowed", AT, 1, [charge("org", "calls", 3), charge("org", "usd", 2)], meta, some)
+    found.add("allowed", AT, 1, 1, [charge("org", "calls", 3), charge("org", "usd", 2)], meta, some)
     assert found.rows == {
         ("org", "usd", "route", 100 * HOUR, ""): [0, 0],
         ("org", "usd", "route", 100 * HOUR, "/b"): [2, 1],
     }
 
 
-def test_a_result_decided_before_its_limit_was_defined_leaves_its_hour_stale() -> None:
-    found = RollupLedger({"calls": ["route"]}, {"calls": 50})
-    found.add("allowed", AT, 49, [charge("org", "calls", 3, price=6)], None)
-    found.add("allowed", AT + HOUR, 50, [charge("org", "calls", 1)], None)
+def test_each_result_counts_under_the_dimensions_in_force_at_its_tick() -> None:
+    eras = [Era(5, 0, ("route",)), Era(9, 0, ("route", "plan")), Era(12, 0, ())]
+    found = RollupLedger({"calls": eras})
+    meta = {"route": "/a", "plan": "pro"}
+    found.add("allowed", AT, 1, 5, [charge("org", "calls", 3)], meta)
+    found.add("allowed", AT, 1, 9, [charge("org", "calls", 2)], meta)
+    found.add("allowed", AT, 1, 12, [charge("org", "calls", 7)], meta)
+    assert found.stale == set()
+    assert found.rows == {
+        ("org", "calls", "route", 100 * HOUR, "/a"): [5, 2],
+        ("org", "calls", "plan", 100 * HOUR, "pro"): [2, 1],
+    }
+
+
+def test_a_result_written_before_the_history_leaves_its_hour_stale() -> None:
+    found = RollupLedger({"calls": [Era(7, 50, ("route",), seeded=True)]})
+    found.add("allowed", AT, 49, 6, [charge("org", "calls", 3, price=6)], None)
+    found.add("allowed", AT + HOUR, 50, 6, [charge("org", "calls", 1)], None)  # defined before
     assert found.stale == {("org", "calls", 100 * HOUR)}
     assert found.rows == {
         ("org", "calls", "$spend", 100 * HOUR, "USD"): [6, 1],  # money follows no definition
@@ -92,10 +108,10 @@ def test_a_result_decided_before_its_limit_was_defined_leaves_its_hour_stale() -
 
 def test_a_voided_result_counts_nothing_and_leaves_a_seat_hour_unknown() -> None:
     found = ledger(seats=frozenset({"seats"}))
-    found.voided(AT, 1, [charge("org", "calls", 3), charge("org", "seats", 1)])
+    found.voided(AT, 1, 1, [charge("org", "calls", 3), charge("org", "seats", 1)])
     assert (found.rows, found.unknown, found.stale) == ({}, {("org", "seats", 100 * HOUR)}, set())
-    found = RollupLedger({"calls": ["route"]}, {"calls": 50})
-    found.voided(AT, 49, [charge("org", "calls", 3)])  # its limit defined again since
+    found = RollupLedger({"calls": [Era(7, 50, ("route",), seeded=True)]})
+    found.voided(AT, 49, 6, [charge("org", "calls", 3)])  # its limit defined again since
     assert (found.rows, found.stale) == ({}, {("org", "calls", 100 * HOUR)})
 
 
@@ -124,7 +140,7 @@ def _sums(results: list[Any]) -> dict[Any, list[int]]:
     found = ledger()
     for outcome, at_us, charges, metadata in results:
         rows = [charge(s, lim, cost, price) for s, lim, cost, price in charges]
-        found.add(outcome, at_us, 1, rows, metadata)
+        found.add(outcome, at_us, 1, 1, rows, metadata)
     return found.rows
 
 

@@ -161,8 +161,6 @@ class Ledger:
     windows: dict[str, list[tuple[str, str, int | None]]] = field(default_factory=dict)
     # event id -> what its priced charges bill: (subject, currency, limit) -> minor units
     bill: dict[str, dict[Billed, int]] = field(default_factory=dict)
-    # limit -> the dimensions it has had
-    dimensions: dict[str, set[tuple[str, ...]]] = field(default_factory=dict)
     events: int = 0
 
 
@@ -260,7 +258,6 @@ class LimitChanges(RuleBasedStateMachine):
         except MeteringError:
             return
         self.limits[name] = limit
-        self.ledger.dimensions.setdefault(name, set()).add(tuple(limit.dimensions))
 
     @rule(
         name=st.sampled_from(NAMES),
@@ -530,12 +527,6 @@ class LimitChanges(RuleBasedStateMachine):
             self.database.hand_back(self.url)
 
     def _exempt(self, violation: Any) -> bool:
-        if violation.invariant == Invariant.ROLLUP_LEDGER:
-            # A void, cancel or commit of less of an event decided before its
-            # limit gained a dimension takes it off rows that never had it: a
-            # row below zero (known, not fixed yet). A limit that kept its
-            # dimensions is judged whole.
-            return len(self.ledger.dimensions.get(violation.limit, ())) > 1
         if violation.invariant not in EXEMPT:
             return False
         key = (violation.subject, violation.limit, violation.window_start_us)

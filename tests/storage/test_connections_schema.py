@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +17,13 @@ from alembic.script import ScriptDirectory
 from servers import PostgresServer
 from sqlalchemy import Engine, text
 
-from metering import Limit, Meter
+from metering import FrozenClock, Limit, Meter
 from metering.errors import DatabaseUnavailable, SchemaOutdated
+from metering.storage.audit import AuditStore
 from metering.storage.connections import MIGRATIONS_DIR, current_revision, make_engine
 from metering.storage.schema_revision import SCHEMA_REVISION
 from metering.storage.tables import metadata
+from metering.upkeep.audit import run_audit
 
 
 def test_schema_revision_is_the_migrations_head() -> None:
@@ -491,3 +494,55 @@ def test_migration_0046_marks_the_holds_a_reset_cleared_part_of(
         assert _cleared_across_0046(postgres_server.url("before_0046")) == expected
     finally:
         postgres_server.drop_database("before_0046")
+
+
+def _history_across_0047(url: str) -> list[tuple[Any, ...]]:
+    """The dimension history 0047's upgrade seeds from the limits after its
+    downgrade dropped it; a void then takes from the seeded rows."""
+    _upgrade(url, "head")
+    clock = FrozenClock(datetime(2026, 11, 10, 12, 0, tzinfo=UTC))
+    with Meter(url, clock=clock) as meter:
+        meter.set_limit(Limit("a", maximum=50, period="1d", window="calendar"))
+        clock.advance(seconds=1)
+        meter.set_limit(Limit("b", maximum=50, period="1d", window="calendar", dimensions=["k"]))
+        clock.advance(seconds=1)
+        meter.consume("org", "b", 2, event_id="before", metadata={"k": "v"})
+    engine = make_engine(url)
+    _downgrade(engine, "0046")
+    _upgrade(url, "head")
+    with engine.connect() as connection:
+        ticks = connection.execute(
+            text("SELECT count(*) FROM results WHERE reset_tick >= (SELECT tick FROM reset_clock)")
+        )
+        assert ticks.scalar() == 0  # every result before the seeded rows
+        found = connection.execute(
+            text(
+                "SELECT d.limit_name, d.since_us - l.updated_at_us, d.dimensions, d.seeded,"
+                " d.tick = c.tick FROM limit_dimensions d JOIN limits l ON l.name = d.limit_name"
+                " CROSS JOIN reset_clock c ORDER BY d.limit_name"
+            )
+        )
+        history = [
+            (name, since, keys, bool(seeded), bool(now)) for name, since, keys, seeded, now in found
+        ]
+    engine.dispose()
+    with Meter(url, clock=clock) as meter:
+        meter.set_limit(Limit("b", maximum=50, period="1d", window="calendar"))  # "k" removed
+        meter.void("before", "refund")  # decided since b's definition: under the seed's "k"
+        clock.advance(minutes=2)
+        assert run_audit(meter, full=True).violations == ()
+        rollups = meter.database.read(lambda c: AuditStore(c).rollups(None))
+        assert [figures for key, figures in rollups.items() if key[2] == "k"] == [[0, 0]]
+    return history
+
+
+def test_migration_0047_seeds_each_limits_dimensions_since_its_definition(
+    tmp_path: Path, postgres_server: PostgresServer
+) -> None:
+    expected = [("a", 0, "[]", True, True), ("b", 0, '["k"]', True, True)]
+    assert _history_across_0047(f"sqlite:///{tmp_path / 'old.db'}") == expected
+    postgres_server.create_database("before_0047")
+    try:
+        assert _history_across_0047(postgres_server.url("before_0047")) == expected
+    finally:
+        postgres_server.drop_database("before_0047")

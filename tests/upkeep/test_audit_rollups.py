@@ -268,7 +268,9 @@ def test_an_incremental_run_does_not_judge_rollups(meter: Meter, clock: FrozenCl
     assert len(rollups_of(run_audit(meter, full=True).violations)) == 1
 
 
-def test_a_limit_defined_again_keeps_its_older_rows_out(meter: Meter, clock: FrozenClock) -> None:
+def test_a_limit_defined_again_has_its_older_rows_judged_by_their_dimensions(
+    meter: Meter, clock: FrozenClock
+) -> None:
     meter.consume("org-1", "calls", 3, event_id="c1", metadata=A)
     clock.advance(seconds=1)
     meter.set_limit(
@@ -277,18 +279,15 @@ def test_a_limit_defined_again_keeps_its_older_rows_out(meter: Meter, clock: Fro
     clock.advance(hours=1)
     meter.consume("org-1", "calls", 2, event_id="c2", metadata=B)
     clock.advance(minutes=2)
-    assert run_audit(meter, full=True).violations == ()  # c1 has no "model" row: not judged
-    with meter.sql_engine.begin() as connection:
-        compact_rollups(connection)
-    edit(meter, "org-1", "calls", "route", "/a", 1)  # a key of it no more: not judged
-    assert run_audit(meter, full=True).violations == ()
-    edit(meter, "org-1", "calls", "route", "/a", -5)  # but never below zero
-    [(_, _, _, expected, found)] = rollups_of(run_audit(meter, full=True).violations)
-    assert (expected, found) == (
-        "route '/a': used >= 0, events >= 0",
-        "route '/a': used -1, events 1",
+    assert run_audit(meter, full=True).violations == ()  # c1 under "route", c2 under "model"
+    edit(meter, "org-1", "calls", "route", "/a", 1)  # a key of it no more: judged all the same
+    [(_, _, hour, expected, found)] = rollups_of(run_audit(meter, full=True).violations)
+    assert (hour, expected, found) == (
+        str(HOUR),
+        "route '/a': used 3, events 1",
+        "route '/a': used 4, events 1",
     )
-    edit(meter, "org-1", "calls", "route", "/a", 1)
+    edit(meter, "org-1", "calls", "route", "/a", -1)
     with meter.sql_engine.begin() as connection:
         r = usage_rollups.c
         connection.execute(

@@ -1,0 +1,56 @@
+"""Which dimensions a result was rolled up under: the rule of a limit's dimension history.
+
+A limit's history is a list of `Era`, one per change of its dimensions (its first definition
+too), each stamped with the reset clock's tick the change advanced to. A result records the tick
+it was written at (``results.reset_tick``); it was decided under the last era whose tick is at
+or below it (`in_force`). Ticks, not instants: a change holds every decision out while it ticks
+(`metering.storage.limits`), so a result written with the old definition has a smaller tick
+whatever the clocks said. A result older than the history (before migration 0047) is known
+only under a ``seeded`` era and when decided since the limit's last definition then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Era:
+    """A limit's dimensions from the reset clock's ``tick`` on (``since_us``:
+    when they were set); ``seeded``: by migration 0047, from the limit then."""
+
+    tick: int
+    since_us: int
+    dimensions: tuple[str, ...]
+    seeded: bool = False
+
+
+def in_force(history: Sequence[Era], tick: int, decided_at_us: int) -> tuple[str, ...] | None:
+    """The dimensions of the result written at ``tick`` and decided at
+    ``decided_at_us``, from its limit's ``history`` (by tick); None: unknown."""
+    found: Era | None = None
+    for era in history:
+        if era.tick > tick:
+            break
+        found = era
+    if found is not None:
+        return found.dimensions
+    first = history[0] if history else None
+    if first is not None and first.seeded and decided_at_us >= first.since_us:
+        return first.dimensions
+    return None
+
+
+def rolled_up_under(history: Sequence[Era], tick: int, decided_at_us: int) -> tuple[str, ...]:
+    """`in_force`, or where unknown the first era's dimensions (a give-back
+    must take from some rows: those of the oldest definition known)."""
+    found = in_force(history, tick, decided_at_us)
+    if found is not None:
+        return found
+    return history[0].dimensions if history else ()
+
+
+def ever_dimensioned(history: Sequence[Era]) -> bool:
+    """Whether any era of ``history`` has dimensions."""
+    return any(era.dimensions for era in history)

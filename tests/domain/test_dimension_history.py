@@ -1,0 +1,38 @@
+"""`metering.domain.dimension_history`: the dimensions in force for a result."""
+
+from __future__ import annotations
+
+from metering.domain.dimension_history import Era, ever_dimensioned, in_force, rolled_up_under
+
+SEED = Era(10, 500, ("route",), seeded=True)
+ADDED = Era(14, 900, ("route", "plan"))
+REMOVED = Era(20, 1_000, ())
+
+
+def test_a_result_has_the_last_era_at_or_below_its_tick() -> None:
+    history = [SEED, ADDED, REMOVED]
+    assert in_force(history, 10, 0) == ("route",)
+    assert in_force(history, 13, 10**9) == ("route",)  # whatever its clock said
+    assert in_force(history, 14, 0) == ("route", "plan")
+    assert in_force(history, 19, 0) == ("route", "plan")
+    assert in_force(history, 20, 0) == ()
+    assert in_force(history, 99, 0) == ()
+
+
+def test_before_the_history_a_seed_says_only_what_was_decided_since_its_definition() -> None:
+    assert in_force([SEED, ADDED], 9, 500) == ("route",)
+    assert in_force([SEED, ADDED], 9, 499) is None
+    assert in_force([ADDED], 9, 10**9) is None  # not seeded: its limit was not defined
+    assert in_force([], 9, 0) is None
+
+
+def test_a_give_back_takes_from_the_oldest_rows_known_when_unknown() -> None:
+    assert rolled_up_under([SEED, ADDED], 9, 0) == ("route",)
+    assert rolled_up_under([SEED, ADDED], 15, 0) == ("route", "plan")
+    assert rolled_up_under([], 9, 0) == ()
+
+
+def test_a_history_has_dimensions_when_an_era_has_some() -> None:
+    assert ever_dimensioned([REMOVED, SEED])
+    assert not ever_dimensioned([REMOVED])
+    assert not ever_dimensioned([])
