@@ -27,6 +27,10 @@ BUMP_LIMITS_VERSION: Final = (
 
 # With the version's row: the decisions that read limits here (the general
 # engine's) take its table's lock, which a change of dimensions waits for.
+# How long a change of dimensions waits for the decisions under way before
+# it starts over (milliseconds; a batch's transaction is shorter).
+DIMENSIONS_LOCK_MS: Final = 500
+
 LOAD_LIMITS: Final = (
     select(limits)
     .join(limits_version, limits_version.c.id == 1)
@@ -82,7 +86,11 @@ class LimitStore(OnConnection):
         SQLite's writers are serial (``BEGIN IMMEDIATE``)."""
         changed, known = self._new_dimensions(chosen)
         if self._postgres and known:
+            # Waiting, it holds every decision queued behind it: it yields
+            # instead (a lock timeout, retried by `run_transaction`).
+            self.connection.exec_driver_sql(f"SET LOCAL lock_timeout = {DIMENSIONS_LOCK_MS}")
             self.connection.execute(text("LOCK TABLE limits_version IN ACCESS EXCLUSIVE MODE"))
+            self.connection.exec_driver_sql("SET LOCAL lock_timeout TO DEFAULT")
             changed, _ = self._new_dimensions(chosen)  # as they are now, under the lock
         if not changed:
             return

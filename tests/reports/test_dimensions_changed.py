@@ -149,6 +149,39 @@ def test_an_event_decided_with_the_old_dimensions_while_they_change_keeps_them(
         assert run_audit(meter, full=True).violations == ()
 
 
+def test_a_change_of_dimensions_held_up_by_a_long_transaction_holds_no_decision_up(
+    pg_url: str, clock: FrozenClock
+) -> None:
+    """A transaction that read the limits' version stays open: the change
+    of dimensions waiting for it yields (a lock timeout, then again), so a
+    decision queued behind its lock goes on."""
+    with Meter(pg_url, clock=clock, group_commit=False) as meter:
+        meter.set_limit(calls("route"))
+        meter.consume("org", "calls", 1, event_id="first", metadata=META)
+        raw = meter.sql_engine.raw_connection()
+        try:
+            raw.cursor().execute("SELECT version FROM limits_version")  # held open
+            changed: list[Any] = []
+            change = threading.Thread(
+                target=lambda: changed.append(meter.set_limit(calls("route", "model")))
+            )
+            change.start()
+            _wait_for_locks(meter, 1, change)
+            found: list[Any] = []
+            decide = threading.Thread(
+                target=lambda: found.append(meter.consume("org", "calls", 2, metadata=META))
+            )
+            decide.start()
+            decide.join(timeout=30)
+            assert not decide.is_alive(), "the decision waited for the long transaction"
+            assert found[0].allowed
+        finally:
+            raw.commit()
+            raw.close()
+        change.join()
+        assert changed, "the change of dimensions never went through"
+
+
 def test_a_cancel_after_every_dimension_was_removed_still_takes_its_rows(
     meter: Meter, clock: FrozenClock
 ) -> None:
