@@ -662,9 +662,10 @@ def _charge_more(
     ReservationStore(connection).add_overdrafts(record.id, overdraft, now_us)
     if stored is not None:
         store.rewrite_charges(record.id, rows)
-        dimensioned = event_dimensions(store, stored, (c.limit for c in chargeable))
+        # Every charge the result rewrote, its limit gone too: the rows follow the result.
+        dimensioned = event_dimensions(store, stored, (c.limit for c in more))
         if dimensioned:
-            extra_units = [(c.subject, c.limit, keep - c.cost) for c in chargeable]
+            extra_units = [(c.subject, c.limit, keep - c.cost) for c in more]
             record_rollups(connection, charged_more_deltas(stored, extra_units, dimensioned))
     if notices:
         WebhookStore(connection).record_notices(

@@ -222,3 +222,20 @@ def test_concurrent_commits_of_more_lose_nothing(meter: Meter) -> None:
     assert used(meter, "b") == 8 * 20 + allowed
     # 100 of room: what the commits and the consumes took beyond it is overdraft.
     assert overdraft_in_report(meter, "b") == used(meter, "b") - 100
+
+
+def test_a_commit_of_more_on_a_deleted_limit_rolls_the_real_cost_up(
+    meter: Meter, clock: FrozenClock
+) -> None:
+    """The limit is gone: no counter takes the excess, the result records the
+    real cost, and so do the rows of its dimensions (the audit reads them)."""
+    from metering.upkeep.audit import run_audit
+
+    meter.set_limit(Limit("dims", 10, period="1d", window="calendar", dimensions=("route",)))
+    held = meter.reserve("s", "dims", 1, event_id="r-1", metadata={"route": "/a"})
+    meter.delete_limit("dims")
+    assert held.commit(actual=3) == 0
+    assert [c.cost for c in meter.result("r-1").charges] == [3]
+    clock.advance(minutes=2)
+    report = run_audit(meter, full=True)
+    assert [v for v in report.violations if v.invariant == "rollup_ledger"] == []
