@@ -2,7 +2,8 @@
 
 A Hypothesis state machine sets, changes and deletes limits of every kind
 (fixed windows, seats, gauges, token buckets, floating licenses, spend limits;
-some by a dimension), prices them, grants, reserves (stacked too), consumes
+some by a dimension), prices them, grants (recurring too), gives subjects
+their own maximums and time zones, reserves (stacked too), consumes
 (in batches too), voids, resets, checks out and in, and moves a frozen clock,
 over two subjects and three limit names. A `MeteringError` is a documented
 refusal; anything else fails. After every step: no flat fee is charged
@@ -161,6 +162,8 @@ class Ledger:
     windows: dict[str, list[tuple[str, str, int | None]]] = field(default_factory=dict)
     # event id -> what its priced charges bill: (subject, currency, limit) -> minor units
     bill: dict[str, dict[Billed, int]] = field(default_factory=dict)
+    # (subject, limit) given an entitlement at some point
+    entitled: set[tuple[str, str]] = field(default_factory=set)
     events: int = 0
 
 
@@ -214,9 +217,20 @@ class LimitChanges(RuleBasedStateMachine):
                 continue
             if len(self.ledger.kinds[key]) > 1:
                 continue  # a gauge judges a level, not what the window summed before (EXEMPT)
-            assert charge.maximum == limit.maximum, (event_id, charge, limit)
+            if (charge.subject, charge.limit) not in self.ledger.entitled:
+                assert charge.maximum == limit.maximum, (event_id, charge, limit)
+            # (An entitlement's maximum in force: the audit's `hard_maximum` judges it.)
+            if limit.is_gauge:  # a level above the maximum is denied; the peak may be an older one
+                assert charge.cost <= charge.maximum, (event_id, charge)
+                continue
             granted = self._granted(charge.subject, charge.limit, charge.window_start_us)
-            assert charge.used <= limit.maximum + granted + charge.overdraft, (event_id, charge)
+            assert charge.used <= charge.maximum + granted + charge.overdraft, (event_id, charge)
+
+    def _consumed(self, decision: Any, event_id: str) -> None:
+        """`_record` a consumed event's decision; one allowed may be voided."""
+        self._record(decision, event_id)
+        if decision.allowed:
+            self.consumed.append(event_id)
 
     def _granted(self, subject: str, name: str, window_start_us: int | None) -> int:
         c = counters.c
@@ -303,9 +317,7 @@ class LimitChanges(RuleBasedStateMachine):
             )
         except MeteringError:
             return
-        self._record(decision, event_id)
-        if decision.allowed:
-            self.consumed.append(event_id)
+        self._consumed(decision, event_id)
 
     @rule(
         events=st.lists(
@@ -342,9 +354,30 @@ class LimitChanges(RuleBasedStateMachine):
         for event_id, decision in zip(ids, decisions, strict=True):
             if not isinstance(decision, Decision):
                 continue  # refused in the batch (`invalid="reject"`)
-            self._record(decision, event_id)
-            if decision.allowed:
-                self.consumed.append(event_id)
+            self._consumed(decision, event_id)
+
+    @rule(
+        subject=st.sampled_from(SUBJECTS),
+        name=st.sampled_from(NAMES),
+        maximum=st.sampled_from([1, 3, 10, None]),
+    )
+    def entitle(self, subject: str, name: str, maximum: int | None) -> None:
+        """A subject's own maximum (None: back to the limit's)."""
+        self.ledger.entitled.add((subject, name))
+        with suppress(MeteringError):
+            self.meter.set_entitlement(subject, name, maximum)
+
+    @rule(subject=st.sampled_from(SUBJECTS), name=st.sampled_from(NAMES), amount=st.integers(1, 3))
+    def recurring_grant(self, subject: str, name: str, amount: int) -> None:
+        """A top-up issued every hour, the unused part not rolled over."""
+        with suppress(MeteringError):
+            self.meter.grant(subject, name, amount, grant_id=self._id("rg"), every="1h")
+
+    @rule(subject=st.sampled_from(SUBJECTS), zone=st.sampled_from(["Asia/Kolkata", "UTC"]))
+    def time_zone(self, subject: str, zone: str) -> None:
+        """Days and months at the subject's midnight, from the end of each current window."""
+        with suppress(MeteringError):
+            self.meter.set_time_zone(subject, zone)
 
     @rule(name=st.sampled_from(NAMES))
     def delete_limit(self, name: str) -> None:
@@ -367,9 +400,7 @@ class LimitChanges(RuleBasedStateMachine):
             )
         except MeteringError:
             return
-        self._record(decision, event_id)
-        if decision.allowed:
-            self.consumed.append(event_id)
+        self._consumed(decision, event_id)
 
     @rule(
         subject=st.sampled_from(SUBJECTS),
@@ -438,6 +469,7 @@ class LimitChanges(RuleBasedStateMachine):
             for c in reserved.charges
             if c.price is not None and (c.subject, c.limit) not in holds
             if actual is not None and actual < c.cost and c.outcome != "would_deny"
+            if info.state == "held" and info.expires_at > self.clock()  # (else settled already)
         ]
         try:
             self.meter.commit_reservation(event_id, actual)
