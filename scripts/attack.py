@@ -7,10 +7,11 @@ allowance is spent, a seat limit, a price with a spend cap, a runaway
 breaker; single `consume` calls and `apply` batches) while one thread runs
 every operation an operator or a client runs on those same subjects, at
 random: resets (of a subject, of one limit), voids, grants, a seat limit's
-maximum lowered and raised, reservations committed (in full, in part) and
-cancelled, sweeps, checkouts retried and checked in, leases settled,
-compaction and prune. ``--restart`` (PostgreSQL) stops the server a third
-of the way in and starts it again: calls meanwhile fail to their caller.
+maximum lowered and raised, a priced limit's dimensions changed,
+reservations committed (in full, in part) and cancelled, sweeps, checkouts
+retried and checked in, leases settled, compaction and prune. ``--restart``
+(PostgreSQL) stops the server a third of the way in and starts it again:
+calls meanwhile fail to their caller.
 Then: every id decided at most once and every id whose call returned is
 decided; a seat limit's counter equals its held values and its maximum is
 never passed; no hard limit's counter is past its maximum (but where the
@@ -50,6 +51,7 @@ OPERATIONS = [
     "grant",
     "lower",
     "raise",
+    "dimensions",
     "commit",
     "commit_part",
     "cancel",
@@ -180,6 +182,17 @@ class Attack:
                     meter.set_limit(
                         Limit(
                             "seats", maximum=SEATS, distinct="user", period="1mo", window="calendar"
+                        )
+                    )
+                elif op == "dimensions":  # the rollups' keys change under traffic
+                    keys = rng.choice([["user"], ["user", "model"], []])
+                    meter.set_limit(
+                        Limit(
+                            "tokens",
+                            maximum=10**9,
+                            dimensions=keys,
+                            period="1mo",
+                            window="calendar",
                         )
                     )
                 elif op in ("commit", "commit_part", "cancel"):
