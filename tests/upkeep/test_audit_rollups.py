@@ -119,13 +119,28 @@ def edit(meter: Meter, subject: str, limit: str, dimension: str, value: str, use
         )
 
 
-def left_by_a_bug(meter: Meter, subject: str, limit: str, currency: str, used: int) -> None:
-    """A spend row as a bug left it: ``used`` minor units (and their event) never taken off."""
-    row = {"subject": subject, "limit_name": limit, "dimension": "$spend", "hour_start_us": HOUR}
+def add_delta(
+    meter: Meter,
+    subject: str,
+    limit: str,
+    dimension: str,
+    value: str,
+    used: int,
+    *,
+    events: int = 0,
+    hour: int = HOUR,
+) -> None:
+    """One rollup delta written by hand (a writer's bug, or an edit)."""
+    row = {"subject": subject, "limit_name": limit, "dimension": dimension, "value": value}
     with meter.sql_engine.begin() as connection:
         connection.execute(
-            insert(usage_rollup_deltas).values(**row, value=currency, used=used, events=1)
+            insert(usage_rollup_deltas).values(**row, hour_start_us=hour, used=used, events=events)
         )
+
+
+def left_by_a_bug(meter: Meter, subject: str, limit: str, currency: str, used: int) -> None:
+    """A spend row as a bug left it: ``used`` minor units (and their event) never taken off."""
+    add_delta(meter, subject, limit, "$spend", currency, used, events=1)
 
 
 def test_a_clean_ledger_proves_its_rollups(meter: Meter, clock: FrozenClock) -> None:
@@ -208,18 +223,7 @@ def test_a_commit_of_less_that_keeps_all_its_money_is_named(
     meter: Meter, clock: FrozenClock
 ) -> None:
     meter.reserve("org-2", "calls", 5, event_id="r-1", metadata=A).commit(actual=2)
-    with meter.sql_engine.begin() as connection:  # the spend row kept all 5 units' money
-        connection.execute(
-            insert(usage_rollup_deltas).values(
-                subject="org-2",
-                limit_name="calls",
-                dimension="$spend",
-                hour_start_us=HOUR,
-                value="EUR",
-                used=3,
-                events=0,
-            )
-        )
+    add_delta(meter, "org-2", "calls", "$spend", "EUR", 3)  # the spend row kept all 5 units' money
     [(_, _, _, expected, found)] = rollups_of(run_audit(meter, full=True).violations)
     assert (expected, found) == ("$spend 'EUR': used 2, events 1", "$spend 'EUR': used 5, events 1")
 
@@ -235,18 +239,7 @@ def test_a_since_run_judges_the_hours_touched_since(meter: Meter, clock: FrozenC
     meter.void("c1", "refund")  # touches its hour again
     clock.advance(minutes=2)
     old = HOUR - 3 * 3_600_000_000
-    with meter.sql_engine.begin() as connection:
-        connection.execute(
-            insert(usage_rollup_deltas).values(
-                subject="org-1",
-                limit_name="calls",
-                dimension="route",
-                hour_start_us=old,
-                value="/b",
-                used=1,
-                events=0,
-            )
-        )
+    add_delta(meter, "org-1", "calls", "route", "/b", 1, hour=old)
     assert rollups_of(run_audit(meter, since=since).violations) == []
     assert [hour for _, _, hour, _, _ in rollups_of(run_audit(meter, full=True).violations)] == [
         str(old)
@@ -320,10 +313,7 @@ def test_a_seat_hour_with_a_void_is_judged_by_its_events(meter: Meter) -> None:
     assert rollups_of(run_audit(meter, full=True).violations) == [
         ("org-5", "seats", str(HOUR), "route '/a': events 1", "route '/a': used 2, events 2")
     ]
-    money = {"subject": "org-5", "limit_name": "seats", "dimension": "$spend"}
-    with meter.sql_engine.begin() as connection:  # money follows no seat: its rows are judged
-        row = {**money, "hour_start_us": HOUR, "value": "USD", "used": 3, "events": 0}
-        connection.execute(insert(usage_rollup_deltas).values(**row))
+    add_delta(meter, "org-5", "seats", "$spend", "USD", 3)  # money follows no seat: judged whole
     assert rollups_of(run_audit(meter, full=True).violations)[0] == (
         "org-5",
         "seats",
