@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from typing import Any, Final
 
-from sqlalchemy import Select
+from sqlalchemy import Connection, Select
 
 from metering.domain.events import validate_subject
 from metering.domain.instants import to_us
@@ -103,27 +103,44 @@ def _recorded(limit: Limit) -> str:
 
 
 def _limits_recording(database: Database, key: str, limit: str | None) -> list[str]:
-    """The limits to report: ``limit`` when it records ``key``, else every one that does."""
-    defined = {found.name: found for found in database.run(lambda c: Store(c).list_limits())}
+    """The limits to report: ``limit`` when it records ``key`` or did once,
+    else every limit that does or did (deleted ones too: a limit's dimension
+    history keeps its eras, and their rollup rows stay)."""
+
+    def read(connection: Connection) -> tuple[dict[str, Limit], dict[str, set[str]]]:
+        store = Store(connection)
+        eras = store.dimension_history()
+        ever = {name: {k for era in found for k in era.dimensions} for name, found in eras.items()}
+        return {found.name: found for found in store.list_limits()}, ever
+
+    defined, ever = database.run(read)
+    for name, found in defined.items():
+        ever.setdefault(name, set()).update(found.dimensions)
     if limit is not None:
         validate_limit_name(limit)
-        chosen = defined.get(limit)
-        if chosen is None:
+        if limit not in ever:
             raise UnknownLimit(limit)
-        if key not in chosen.dimensions:
+        if key not in ever[limit]:
+            chosen = defined.get(limit)
+            records = (
+                f"records {_recorded(chosen)}" if chosen else f"recorded {_listed(ever[limit])}"
+            )
             raise InvalidInput(
-                "group_by",
-                f"limit {limit} does not record dimension {key!r}; it records {_recorded(chosen)}",
+                "group_by", f"limit {limit} does not record dimension {key!r}; it {records}"
             )
         return [limit]
-    names = sorted(name for name, found in defined.items() if key in found.dimensions)
+    names = sorted(name for name, keys in ever.items() if key in keys)
     if not names:
-        keys = sorted({k for found in defined.values() for k in found.dimensions})
-        recorded = ", ".join(keys) if keys else "none (see Limit dimensions)"
+        keys = set[str]().union(*ever.values())
+        recorded = _listed(keys) if keys else "none (see Limit dimensions)"
         raise InvalidInput(
             "group_by", f"no limit records dimension {key!r}; the recorded ones are {recorded}"
         )
     return names
+
+
+def _listed(keys: set[str]) -> str:
+    return ", ".join(sorted(keys)) if keys else "no dimension"
 
 
 def usage_by_dimension(

@@ -14,6 +14,8 @@ from sqlalchemy import text
 
 from metering import FrozenClock, Limit, Meter
 from metering.domain.rollups import RollupKey
+from metering.errors import InvalidInput
+from metering.reports import usage_by_dimension_report
 from metering.storage.audit import AuditStore
 from metering.upkeep.audit import run_audit
 
@@ -97,6 +99,32 @@ def test_a_limit_deleted_and_defined_again_keeps_its_history(
     clock.advance(minutes=2)
     assert rows(meter) == {}
     assert run_audit(meter, full=True).violations == ()
+
+
+def test_the_report_groups_by_a_key_its_limit_recorded_before(
+    meter: Meter, clock: FrozenClock
+) -> None:
+    meter.set_limit(calls("route", "model"))
+    meter.set_limit(Limit("gone", maximum=9, period="1h", dimensions=("tier",)))
+    clock.advance(seconds=1)
+    meter.consume("org", "calls", 3, event_id="a", metadata=META)
+    meter.consume("org", "gone", 2, event_id="b", metadata={"tier": "gold"})
+    meter.set_limit(calls("route"))  # "model" dropped, its rows kept
+    meter.delete_limit("gone")
+    clock.advance(minutes=2)
+
+    def used(key: str, limit: str | None = None) -> list[tuple[str, str, int]]:
+        report = usage_by_dimension_report(meter, subject="org", key=key, limit=limit)
+        return [(row.limit, row.value, row.used) for row in report]
+
+    assert used("model") == used("model", "calls") == [("calls", "m1", 3)]
+    assert used("tier") == used("tier", "gone") == [("gone", "gold", 2)]
+    with pytest.raises(
+        InvalidInput, match="limit gone does not record dimension 'route'; it recorded tier"
+    ):
+        used("route", "gone")
+    with pytest.raises(InvalidInput, match="the recorded ones are model, route, tier"):
+        used("zone")
 
 
 def _wait_for_locks(meter: Meter, count: int, thread: threading.Thread) -> None:
