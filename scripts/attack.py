@@ -9,13 +9,15 @@ every operation an operator or a client runs on those same subjects, at
 random: resets (of a subject, of one limit), voids, grants, a seat limit's
 maximum lowered and raised, a priced limit's dimensions changed,
 reservations committed (in full, in part) and cancelled, sweeps, checkouts
-retried and checked in, leases settled, compaction and prune. ``--restart``
+retried and checked in, leases settled, compaction and prune. A gauge
+(a window's peak) takes reports beside them, voided and reset too. ``--restart``
 (PostgreSQL) stops the server a third of the way in and starts it again:
 calls meanwhile fail to their caller.
 Then: every id decided at most once and every id whose call returned is
 decided; a seat limit's counter equals its held values and its maximum is
 never passed; no hard limit's counter is past its maximum (but where the
-maximum was lowered under it); `metering audit --full` finds nothing.
+maximum was lowered under it); a gauge's level is the peak of the reports
+its ledger keeps; `metering audit --full` finds nothing.
 Exits 1 naming what broke. Not part of the suite: it runs for as long as
 it is told to, on a throw-away server of the suite's own (`tests/servers`).
 """
@@ -29,14 +31,19 @@ import tempfile
 import threading
 import time
 from collections import Counter as Tally
+from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from metering import Limit, Meter, spend_limit
+from metering.domain.corrections import gauge_reports
 from metering.domain.events import make_event
+from metering.domain.instants import to_us
+from metering.domain.state import CounterKey
 from metering.settings import RetentionPolicy
 from metering.storage.connections import upgrade_schema
+from metering.storage.results import ResultStore
 from metering.upkeep.audit import run_audit
 from metering.upkeep.retention import compact, prune
 from tests.servers import PostgresServer, make_base_dir
@@ -44,10 +51,12 @@ from tests.servers import PostgresServer, make_base_dir
 SUBJECTS = [f"org-{n}" for n in range(4)]
 USERS = [f"user-{n}" for n in range(12)]
 SEATS = 8
+DISK = 900  # a gauge's maximum: reports above it are denied
 OPERATIONS = [
     "reset",
     "reset_limit",
     "void",
+    "void_peak",
     "grant",
     "lower",
     "raise",
@@ -73,6 +82,7 @@ def define(meter: Meter) -> None:
     meter.set_price("tokens", "0.02", "USD")
     meter.set_limit(Limit("bursty", maximum=10**9, breaker="10x", **monthly))
     meter.set_limit(Limit("floating", maximum=3, algorithm="concurrent"))
+    meter.set_limit(Limit("disk", maximum=DISK, aggregation="max", **monthly))
     for subject in SUBJECTS:
         meter.grant(subject, "calls", 500)
         meter.set_alert(subject, "calls", ["50%", "90%"])
@@ -93,7 +103,7 @@ class Attack:
 
     def charges(self, rng: random.Random) -> tuple[str, list[tuple[str, str, int]], dict]:
         subject = rng.choice(SUBJECTS)
-        kind = rng.randrange(4)
+        kind = rng.randrange(5)
         if kind == 0:
             return subject, [(subject, "calls", 1)], {}
         if kind == 1:
@@ -101,7 +111,9 @@ class Attack:
             return subject, [(subject, "calls", 1), (subject, "seats", 1)], {"user": user}
         if kind == 2:
             return subject, [(subject, "tokens", rng.randint(1, 40))], {}
-        return subject, [(subject, "bursty", rng.randint(1, 5))], {}
+        if kind == 3:
+            return subject, [(subject, "bursty", rng.randint(1, 5))], {}
+        return subject, [(subject, "disk", rng.randint(0, DISK + 100))], {}
 
     def note(self, event_id: str, decision: object) -> None:
         with self.lock:
@@ -160,12 +172,18 @@ class Attack:
                 if op == "reset":
                     meter.reset(subject)
                 elif op == "reset_limit":
-                    meter.reset(subject, rng.choice(["calls", "seats", "tokens", "bursty"]))
+                    meter.reset(subject, rng.choice(["calls", "seats", "tokens", "bursty", "disk"]))
                 elif op == "void":
                     with self.lock:
                         victim = rng.choice(self.allowed) if self.allowed else None
                     if victim is not None:
                         meter.void(victim, "attack", correction_id=f"v{n}")
+                elif op == "void_peak":  # the gauge's level comes from the ledger again
+                    reports = _reports(meter, subject)
+                    if reports:
+                        meter.void(
+                            max(reports, key=lambda r: r[3])[2], "attack", correction_id=f"v{n}"
+                        )
                 elif op == "grant":
                     meter.grant(subject, "calls", rng.randint(1, 50))
                 elif op == "lower":
@@ -239,8 +257,34 @@ def check(meter: Meter, attack: Attack) -> list[str]:
             broken.append(f"{subject}: seat counter {used}, held values {len(held)}")
         if len(held) > SEATS:
             broken.append(f"{subject}: {len(held)} seats held, maximum {SEATS}")
+        broken.extend(_gauge(meter, subject))
     report = run_audit(meter, full=True)
     broken.extend(f"audit: {violation}" for violation in report.violations)
+    return broken
+
+
+def _reports(meter: Meter, subject: str) -> list[tuple[int, int, str, int]]:
+    """The gauge's reports its ledger keeps in this month's window: allowed,
+    neither voided nor cleared by a reset (occurred, decided, id, value)."""
+    now = meter.clock()
+    start = datetime(now.year, now.month, 1, tzinfo=UTC)
+    end = datetime(now.year + now.month // 12, now.month % 12 + 1, 1, tzinfo=UTC)
+    key = CounterKey("disk", subject, to_us(start), to_us(end))
+    return gauge_reports(key, meter.database.read(lambda c: ResultStore(c).window_results(key, "")))
+
+
+def _gauge(meter: Meter, subject: str) -> list[str]:
+    """The gauge's level against its ledger: the peak of its reports."""
+    peak = max((report[3] for report in _reports(meter, subject)), default=0)
+    now = meter.clock()
+    start = datetime(now.year, now.month, 1, tzinfo=UTC)
+    current = [c for c in meter.counters(subject, "disk") if c.window_start == start]
+    level = current[0].used if current else 0
+    broken = []
+    if level != peak:
+        broken.append(f"{subject}: gauge at {level}, its ledger's peak {peak}")
+    if level > DISK:
+        broken.append(f"{subject}: gauge at {level}, past its maximum {DISK}")
     return broken
 
 
