@@ -160,9 +160,10 @@ def charge_more(
     """Charge ``extra`` units beyond ``charge.cost`` to its counter, whether
     they fit or not (see the module's rules). ``maximum`` is the subject's
     own at the event (the stored decision's), ``granted`` what grants paid of
-    the window so far and ``pot`` its grants. A limit deleted or redefined
-    since has no counter to charge: nothing changes (the result still
-    records the usage)."""
+    the window so far and ``pot`` its grants. A limit deleted (None) or
+    redefined since has no rule to charge by: nothing changes here (the
+    caller adds a deleted limit's excess to its window's counter; the result
+    still records the usage)."""
     if limit is None or extra <= 0:
         return ChargedMore(state)
     bucket = charge.window_end_us == NO_WINDOW

@@ -37,6 +37,7 @@ from metering.domain.notifications import Notice, notices_for, payload_of
 from metering.domain.reservations import (
     MAX_TTL_SECONDS,
     ChargedMore,
+    HeldCharge,
     ReservationState,
     can_give_back,
     charge_more,
@@ -154,11 +155,17 @@ def validate_actual(actual: object) -> int:
     return actual
 
 
-def _more(record: ReservationRecord, keep: int | None, spend: Collection[str]) -> bool:
+def _more(
+    record: ReservationRecord,
+    keep: int | None,
+    spend: Collection[str],
+    dropped: Sequence[HeldCharge] = (),
+) -> bool:
     """Whether settling at ``keep`` charges some usage charge (not one of the
-    ``spend`` limits: their money follows the units) more than it reserved."""
+    ``spend`` limits: their money follows the units) more than it reserved,
+    one a reset ``dropped`` from the hold included."""
     return keep is not None and any(
-        charge.cost < keep for charge in record.charges if charge.limit not in spend
+        charge.cost < keep for charge in (*record.charges, *dropped) if charge.limit not in spend
     )
 
 
@@ -201,20 +208,26 @@ def _settle(engine: Engine, reservation_id: str, to: ReservationState, keep: int
         record = _locked(rows, reservation_id)
         store = Store(connection)
         committing = to == ReservationState.COMMITTED and keep is not None
-        known = store.load_limits(c.limit for c in record.charges) if committing else {}
+        dropped = _dropped(store, record) if committing and record.hold_cleared else []
+        named = (c.limit for c in (*record.charges, *dropped))
+        known = store.load_limits(named) if committing else {}
         spend = {name: limit.currency for name, limit in known.items() if limit.currency}
-        step = _first_step(record, to, keep, now_us, action, spend)
+        step = _first_step(record, to, keep, now_us, action, spend, dropped)
         if step is None:
             return Settled()
         if step == _MORE:
             assert keep is not None
-            _refuse_priced_more(store, record, keep, spend)
-            # Every counter locked at once, in one order, before any is written.
-            store.lock_counters([c.key for c in record.charges if c.limit in known], now_us)
+            _refuse_priced_more(store, record, keep, spend, dropped)
+            # Every counter locked at once, in one order, before any is written
+            # (a deleted limit's window too: it takes the excess).
+            store.lock_counters(
+                [c.key for c in record.charges if c.limit in known or c.window_end_us != NO_WINDOW],
+                now_us,
+            )
             returned, given_back = 0, list[GivenBack]()
             if record.state == ReservationState.HELD and record.expires_at_us > now_us:
                 returned, given_back = _give_back(connection, record, keep, now_us, spend)
-            _charge_more(connection, record, keep, now_us, spend)
+            _charge_more(connection, record, keep, now_us, spend, dropped)
             rows.settle(reservation_id, to, now_us, action, given_back)
             return Settled(returned=returned)
         if step != _GIVE_BACK:
@@ -251,6 +264,7 @@ def _first_step(
     now_us: int,
     action: str,
     spend: Collection[str] = (),
+    dropped: Sequence[HeldCharge] = (),
 ) -> tuple[ReservationState, str] | Literal["give back", "more"] | None:
     """What settling ``record`` into ``to`` does before anything is given
     back, the same on both paths: None when it is in ``to`` already;
@@ -259,10 +273,11 @@ def _first_step(
     charges more than reserved (also after a commit in full at the time to
     live, once: the commit is then settled by ``commit``); `_GIVE_BACK`
     otherwise. Raises `ReservationSettled` from the other settled state, and
-    what `validate_actual` raises. ``spend``: the charges' spend limits."""
+    what `validate_actual` raises. ``spend``: the charges' spend limits;
+    ``dropped``: the charges a reset dropped from the hold (`_dropped`)."""
     if keep is not None:
         validate_actual(keep)
-    more = to == ReservationState.COMMITTED and _more(record, keep, spend)
+    more = to == ReservationState.COMMITTED and _more(record, keep, spend, dropped)
     if record.state == to:
         return _MORE if more and record.settled_by in _AT_EXPIRY else None
     if record.state != ReservationState.HELD:
@@ -333,6 +348,8 @@ def _settle_direct(
         spend = frozenset(
             c.limit for c in record.charges if c.limit in rules and rules[c.limit].limit.currency
         )
+    if record.hold_cleared and keep is not None:  # what the reset dropped, the result says
+        return Declined("a reset cleared part of its hold")
     step = _first_step(record, to, keep, now_us, action, spend)
     if step is None:
         return Settled()
@@ -345,8 +362,6 @@ def _settle_direct(
         )
         return Settled(expired=by == _EXPIRY)
     assert keep is not None
-    if record.hold_cleared:  # what the reset dropped from the hold, the result says
-        return Declined("a reset cleared part of its hold")
     returning = _returning(record, None, keep, spend)
     keys = [item.charge.key for item in returning]
     wanted = sorted({(k.limit, k.subject, k.window_start_us, k.window_end_us) for k in keys})
@@ -463,6 +478,16 @@ def cleared_from(record: ReservationRecord, stored: ResultRecord | None) -> list
     return split_held(voided_charges(stored.outcome, stored.charges), record.charges)[1]
 
 
+def _dropped(store: Store, record: ReservationRecord) -> list[HeldCharge]:
+    """`cleared_from`, read from the reserving event's result, as held charges."""
+    stored = store.fetch_results([record.id]).get(record.id)
+    return [
+        HeldCharge(k.subject, k.limit, charge.cost, k.window_start_us, k.window_end_us)
+        for charge in cleared_from(record, stored)
+        for k in [charge.key]
+    ]
+
+
 _UNSPLIT: Final = (
     "a reset cleared {0!r} since it was reserved: the money of its units cannot be split; "
     "commit it in full or cancel it"
@@ -550,11 +575,16 @@ def _money_back(
 
 
 def _refuse_priced_more(
-    store: Store, record: ReservationRecord, keep: int, spend: Collection[str]
+    store: Store,
+    record: ReservationRecord,
+    keep: int,
+    spend: Collection[str],
+    dropped: Sequence[HeldCharge] = (),
 ) -> None:
     """`InvalidInput` for a commit of more units than reserved of priced
-    usage: its money was priced (and checked against its caps) for the units
-    reserved. With its result gone (retention) and no spend limit, allowed."""
+    usage (held, or ``dropped`` by a reset): its money was priced (and
+    checked against its caps) for the units reserved. With its result gone
+    (retention) and no spend limit, allowed."""
     stored = store.fetch_results([record.id]).get(record.id)
     if stored is None and not spend:
         return
@@ -565,7 +595,7 @@ def _refuse_priced_more(
     }
     if any(
         c.cost < keep and (stored is None or (c.subject, c.limit) in priced)
-        for c in record.charges
+        for c in (*record.charges, *dropped)
         if c.limit not in spend
     ):
         raise InvalidInput(
@@ -582,6 +612,7 @@ def _charge_more(
     keep: int,
     now_us: int,
     spend: Collection[str] = (),
+    dropped: Sequence[HeldCharge] = (),
 ) -> None:
     """Charge each charge's units above its reserved cost, fitting or not
     (`metering.domain.reservations.charge_more`), in the commit's
@@ -590,15 +621,20 @@ def _charge_more(
     for, ``limit.exceeded`` once per window, and the reserving event's result
     rewritten with the real cost, its draws and its overdraft (so that a
     void reverses all of it). The excess steps the runaway breakers as a
-    consume of it would."""
+    consume of it would. A charge whose limit was deleted adds the excess
+    to its window's counter alone (a void gives back to it); one a reset
+    ``dropped`` from the hold adds it to the result and rollups alone (its
+    counter started over: a reset clears usage, not billing)."""
     store = Store(connection)
-    more = [c for c in record.charges if c.cost < keep and c.limit not in spend]
+    held = [c for c in record.charges if c.cost < keep and c.limit not in spend]
+    more = held + [c for c in dropped if c.cost < keep and c.limit not in spend]
     limits = store.load_limits(c.limit for c in more)
     stored = store.fetch_results([record.id]).get(record.id)
     rows = [list(row) for row in stored.charges] if stored is not None else []
     where = {(row[0], row[1]): i for i, row in enumerate(rows)}
-    chargeable = [c for c in more if c.limit in limits]
-    states = store.lock_counters([c.key for c in chargeable], now_us)
+    chargeable = [c for c in held if c.limit in limits]
+    orphans = [c for c in held if c.limit not in limits and c.window_end_us != NO_WINDOW]
+    states = store.lock_counters([c.key for c in (*chargeable, *orphans)], now_us)
     windowed = [c for c in chargeable if c.window_end_us != NO_WINDOW]
     pots = AllowanceStore(connection).lock_pots(
         [(c.limit, c.subject) for c in windowed],
@@ -615,7 +651,11 @@ def _charge_more(
         decided = ChargeDecision.from_row(rows[index]) if index is not None else None
         limit = limits.get(charge.limit)
         got = _NOTHING_MORE
-        if limit is not None and charge in chargeable:
+        if charge in orphans:
+            before = states[charge.key]
+            got = ChargedMore(replace(before, used=before.used + extra))
+            states[charge.key] = changed[charge.key] = got.state
+        elif limit is not None and charge in chargeable:
             pot = pots.get((charge.limit, charge.subject))
             granted = pot.granted.get(charge.window_start_us, 0) if pot is not None else 0
             before = states[charge.key]

@@ -239,3 +239,23 @@ def test_a_commit_of_more_on_a_deleted_limit_rolls_the_real_cost_up(
     clock.advance(minutes=2)
     report = run_audit(meter, full=True)
     assert [v for v in report.violations if v.invariant == "rollup_ledger"] == []
+
+
+def test_a_commit_of_more_on_a_deleted_limit_charges_its_counter(
+    meter: Meter, clock: FrozenClock
+) -> None:
+    """Its counter stays (a void gives back to it): defined again, the limit
+    finds the real cost there, as the ledger has it."""
+    from metering.upkeep.audit import run_audit
+
+    calls = Limit("calls", 10, period="1d", window="calendar")
+    meter.set_limit(calls)
+    held = meter.reserve("s", "calls", 1, event_id="r-1")
+    meter.delete_limit("calls")
+    assert held.commit(actual=3) == 0
+    meter.set_limit(calls)
+    assert meter.consume("s", "calls", 1).used == 4
+    meter.void("r-1", "refund")
+    assert [c.used for c in meter.counters("s", "calls")] == [1]
+    clock.advance(minutes=2)
+    assert run_audit(meter, full=True).violations == ()

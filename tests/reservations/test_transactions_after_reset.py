@@ -1,8 +1,9 @@
 """A reset clears usage, not billing. A cancel after a reset of some of a
 reservation's counters takes what the reset dropped from the hold off the
 reports too (its money and its usage by dimension; the counter that started
-over is not touched), a void after it takes nothing twice, and a commit of
-fewer priced units than reserved is refused; on both databases, the settle
+over is not touched), a void after it takes nothing twice, a commit of
+fewer (or more) priced units than reserved is refused, and a commit of more
+unpriced units records their real cost there; on both databases, the settle
 started on the direct path or under SQLAlchemy."""
 
 from __future__ import annotations
@@ -143,4 +144,35 @@ def test_a_commit_of_less_after_a_reset_of_the_spend_limit_is_refused(
         assert meter.reservation("r-1").state == "held"
         assert held.commit(actual=3) == 0  # every unit kept: nothing to split
         assert _billed(meter) == {"a": 3}
+        _audited(meter)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_commit_of_more_after_a_reset_records_the_real_cost(db_url: str, path: str) -> None:
+    with _meter(db_url, path, priced=False) as meter:
+        charges = [("org", "a", 1), ("org", "b", 1)]
+        held = meter.reserve(charges=charges, event_id="r-1", metadata={"route": "/x"})
+        meter.reset("org", "a")  # a's counter starts over: its unit leaves the hold
+        assert held.commit(actual=3) == 0
+        # Billing keeps the real cost; the counter that started over takes none of it.
+        assert [c.cost for c in meter.result("r-1").charges] == [3, 3]
+        assert _routes(meter) == {"/x": (3, 1)}
+        assert _used(meter) == {"b": 3}
+        _audited(meter)
+        assert meter.void("r-1", "refund") is not None
+        assert _routes(meter) == {}
+        assert _used(meter)["b"] == 0
+        _audited(meter)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_commit_of_more_priced_units_after_a_reset_is_refused(db_url: str, path: str) -> None:
+    with _meter(db_url, path) as meter:
+        held = meter.reserve("org", "a", 1, event_id="r-1", metadata={"route": "/x"})
+        meter.reset("org", "a")
+        with pytest.raises(InvalidInput, match="commits at most the units it reserved"):
+            held.commit(actual=3)
+        assert meter.reservation("r-1").state == "held"
+        assert [c.cost for c in meter.result("r-1").charges] == [1, 1]
+        assert _billed(meter) == {"a": 1}
         _audited(meter)
