@@ -8,7 +8,7 @@ breaker; single `consume` calls and `apply` batches) while one thread runs
 every operation an operator or a client runs on those same subjects, at
 random: resets (of a subject, of one limit), voids, grants, a seat limit's
 maximum lowered and raised, a priced limit's dimensions changed,
-reservations committed (in full, in part) and cancelled, sweeps, checkouts
+reservations committed (in full, in part, beyond) and cancelled, sweeps, checkouts
 retried and checked in, leases settled, compaction and prune. A gauge
 (a window's peak) takes reports beside them, voided and reset too. ``--restart``
 (PostgreSQL) stops the server a third of the way in and starts it again:
@@ -63,6 +63,8 @@ OPERATIONS = [
     "dimensions",
     "commit",
     "commit_part",
+    "commit_more",
+    "reset_then_more",
     "cancel",
     "sweep",
     "checkout",
@@ -97,6 +99,7 @@ class Attack:
         self.failed: Tally[str] = Tally()  # errors by kind (each to its caller)
         self.ops: Tally[str] = Tally()
         self.allowed: list[str] = []
+        self.beyond: list[str] = []  # committed at 6 of 4 units reserved
 
     def running(self) -> bool:
         return time.monotonic() < self.deadline
@@ -213,16 +216,26 @@ class Attack:
                             window="calendar",
                         )
                     )
-                elif op in ("commit", "commit_part", "cancel"):
-                    limit = rng.choice(["calls", "tokens"])
+                elif op in ("commit", "commit_part", "commit_more", "cancel"):
+                    # (More than reserved of priced usage is refused: "calls" alone.)
+                    limit = "calls" if op == "commit_more" else rng.choice(["calls", "tokens"])
                     held = meter.reserve(subject, limit, 4, event_id=f"r{n}")
                     if op == "cancel":
                         held.cancel()
                     elif op == "commit":
                         held.commit()
+                    elif op == "commit_more":
+                        held.commit(actual=6)
+                        self.beyond.append(f"r{n}")
                     else:
                         held.commit(actual=2)
                     self.note(f"r{n}", held)
+                elif op == "reset_then_more":  # the reset drops the hold; the commit bills it
+                    held = meter.reserve(subject, "calls", 4, event_id=f"r{n}")
+                    meter.reset(subject, "calls")
+                    held.commit(actual=6)
+                    self.note(f"r{n}", held)
+                    self.beyond.append(f"r{n}")
                 elif op == "sweep":
                     meter.sweep_reservations()
                 elif op == "checkout":
@@ -258,6 +271,11 @@ def check(meter: Meter, attack: Attack) -> list[str]:
         if len(held) > SEATS:
             broken.append(f"{subject}: {len(held)} seats held, maximum {SEATS}")
         broken.extend(_gauge(meter, subject))
+    for event_id in attack.beyond:  # the real cost billed, whatever reset came between
+        result = meter.result(event_id)
+        costs = [c.cost for c in result.charges] if result is not None else []
+        if result is not None and result.allowed and costs != [6]:
+            broken.append(f"{event_id}: committed at 6, its result says {costs}")
     report = run_audit(meter, full=True)
     broken.extend(f"audit: {violation}" for violation in report.violations)
     return broken
