@@ -621,8 +621,9 @@ def _charge_more(
     for, ``limit.exceeded`` once per window, and the reserving event's result
     rewritten with the real cost, its draws and its overdraft (so that a
     void reverses all of it). The excess steps the runaway breakers as a
-    consume of it would. A charge whose limit was deleted adds the excess
-    to its window's counter alone (a void gives back to it); one a reset
+    consume of it would. A charge whose limit was deleted (or made a bucket)
+    adds the excess to its window's counter alone (a void gives back to
+    it); one a reset
     ``dropped`` from the hold adds it to the result and rollups alone (its
     counter started over: a reset clears usage, not billing)."""
     store = Store(connection)
@@ -632,8 +633,15 @@ def _charge_more(
     stored = store.fetch_results([record.id]).get(record.id)
     rows = [list(row) for row in stored.charges] if stored is not None else []
     where = {(row[0], row[1]): i for i, row in enumerate(rows)}
-    chargeable = [c for c in held if c.limit in limits]
-    orphans = [c for c in held if c.limit not in limits and c.window_end_us != NO_WINDOW]
+    # A window's charge whose limit was deleted, or redefined as a bucket,
+    # has no rule to charge by: its window's counter takes the excess.
+    orphans = [
+        c
+        for c in held
+        if c.window_end_us != NO_WINDOW
+        and (c.limit not in limits or limits[c.limit].algorithm == "token_bucket")
+    ]
+    chargeable = [c for c in held if c.limit in limits and c not in orphans]
     states = store.lock_counters([c.key for c in (*chargeable, *orphans)], now_us)
     windowed = [c for c in chargeable if c.window_end_us != NO_WINDOW]
     pots = AllowanceStore(connection).lock_pots(

@@ -241,17 +241,21 @@ def test_a_commit_of_more_on_a_deleted_limit_rolls_the_real_cost_up(
     assert [v for v in report.violations if v.invariant == "rollup_ledger"] == []
 
 
-def test_a_commit_of_more_on_a_deleted_limit_charges_its_counter(
-    meter: Meter, clock: FrozenClock
+@pytest.mark.parametrize("change", ["deleted", "made a bucket"])
+def test_a_commit_of_more_on_a_limit_gone_charges_its_window(
+    meter: Meter, clock: FrozenClock, change: str
 ) -> None:
-    """Its counter stays (a void gives back to it): defined again, the limit
-    finds the real cost there, as the ledger has it."""
+    """The window's counter stays (a void gives back to it): defined again,
+    the limit finds the real cost there, as the ledger has it."""
     from metering.upkeep.audit import run_audit
 
     calls = Limit("calls", 10, period="1d", window="calendar")
     meter.set_limit(calls)
     held = meter.reserve("s", "calls", 1, event_id="r-1")
-    meter.delete_limit("calls")
+    if change == "deleted":
+        meter.delete_limit("calls")
+    else:
+        meter.set_limit(Limit("calls", 10, period="1h", algorithm="token_bucket"))
     assert held.commit(actual=3) == 0
     meter.set_limit(calls)
     assert meter.consume("s", "calls", 1).used == 4
