@@ -24,7 +24,6 @@ from metering.domain.corrections import (
     DEFAULT_HORIZON_SECONDS,
     VoidedCharge,
     not_reset,
-    split_held,
     still_charged,
     validate_reason,
     voided_charges,
@@ -647,9 +646,6 @@ def _still_charged(connection: Connection, stored: ResultRecord) -> tuple[list[V
     if reservation.state == ReservationState.HELD:
         return charges, True
     left = still_charged(charges, reservation.given_back)
-    if reservation.state == ReservationState.CANCELLED:
-        # What a reset dropped from the hold, the cancel took off the rollups then.
-        left = split_held(left, reservation.charges)[0]
     if charges and not left:
         raise CorrectionRefused(
             stored.event_id, "its reservation was cancelled: its cost went back then"

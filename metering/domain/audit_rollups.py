@@ -40,13 +40,12 @@ _SUBJECT, _LIMIT, _COST, _OUTCOME, _PRICE = 0, 1, 2, 4, 13
 class Settlement:
     """A reservation a cancel or a commit settled, as the ledger has it: the
     cost of each charge it still held (a reset drops the charges it clears)
-    and the units ``given_back`` of those whose counter took them (a commit's
-    money back is in its rewritten result, not here). A ``cancelled`` one
-    released whole what a reset dropped from its hold."""
+    and the units ``given_back`` of those whose counter took them, and of
+    those a reset dropped, the units released off the reports (a commit's
+    money back is in its rewritten result, not here)."""
 
     held: Mapping[Pair, int]
     given_back: Mapping[Pair, int]
-    cancelled: bool = False
 
 
 class RollupLedger:
@@ -120,8 +119,6 @@ class RollupLedger:
             cost = int(row[_COST])
             back = 0 if settlement is None else settlement.given_back.get(pair, 0)
             charged = cost if settlement is None else settlement.held.get(pair, cost)
-            if settlement is not None and settlement.cancelled and pair not in settlement.held:
-                back = charged = cost  # a reset dropped it from the hold: the cancel released it
             # A spend charge a commit rewrote to 0 gave all its money back.
             gone = 0 < charged <= back or 0 == cost < charged
             keys = self._keys(pair[1], tick, decided_at_us)

@@ -444,8 +444,6 @@ def _give_back(
             return money
     returning = _returning(record, stored, keep, spend or ())
     gave = give_back(connection, stored, returning, now_us, past_windows=False, released=released)
-    if spend is None:  # a cancel: a void finds what a reset dropped by the state
-        return gave.returned, gave.given_back
     return gave.returned, gave.given_back + _named(released)
 
 
@@ -464,8 +462,8 @@ def _released(
 
 
 def _named(released: Sequence[Returning]) -> list[GivenBack]:
-    """``released`` as a commit's settled row names it: per counter, the
-    units gone back (a void then takes only the units kept)."""
+    """``released`` as a settled row names it: per counter, the units gone
+    back (a void then takes only the units kept: none after a cancel)."""
     return [(*counter_of(item.charge.key), item.charge.cost) for item in released]
 
 

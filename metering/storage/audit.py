@@ -58,8 +58,8 @@ KEY_CHUNK: Final = 300
 # metadata as JSON: None unless asked for).
 ResultRow = tuple[str, str, int, int, str, int, str | None]
 # A reservation a cancel or a commit settled: (id, held charges, given back, both
-# as JSON: the latter None when nothing went back, settled_at_us, cancelled).
-SettledRow = tuple[str, str, str | None, int, bool]
+# as JSON: the latter None when nothing went back, settled_at_us).
+SettledRow = tuple[str, str, str | None, int]
 
 
 def _window_in(table: Any, keys: Sequence[WindowKey]) -> Any:
@@ -192,15 +192,11 @@ class AuditStore(OnConnection):
     def settled(self) -> list[SettledRow]:
         """Every reservation a cancel or a commit settled (not the sweeper, nor a void)."""
         c = reservations.c
-        query = select(c.id, c.charges, c.given_back, c.settled_at_us, c.state).where(
+        query = select(c.id, c.charges, c.given_back, c.settled_at_us).where(
             c.settled_by.in_(("cancel", "commit")),
             c.state != ReservationState.HELD.value,
         )
-        cancelled = ReservationState.CANCELLED.value
-        return [
-            (i, held, back, int(at), state == cancelled)
-            for i, held, back, at, state in self._rows(query)
-        ]
+        return [(i, held, back, int(at)) for i, held, back, at in self._rows(query)]
 
     def whole_from_us(self) -> int | None:
         """The first instant whose windows and hours kept their whole ledger

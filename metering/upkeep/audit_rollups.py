@@ -75,7 +75,7 @@ class RollupCheck:
     def _settlement(row: SettledRow) -> Settlement:
         held = {(str(s), str(lim)): int(cost) for s, lim, cost, *_ in json.loads(row[1])}
         back = {(str(s), str(lim)): int(units) for s, lim, _, units in json.loads(row[2] or "[]")}
-        return Settlement(held, back, row[4])
+        return Settlement(held, back)
 
     def violations(self) -> list[Violation]:
         """The judged rollup rows that differ from the ledger's sums."""

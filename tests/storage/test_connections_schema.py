@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -546,3 +547,69 @@ def test_migration_0047_seeds_each_limits_dimensions_since_its_definition(
         assert _history_across_0047(postgres_server.url("before_0047")) == expected
     finally:
         postgres_server.drop_database("before_0047")
+
+
+def _given_back_across_0048(url: str) -> dict[str, tuple[list[Any], list[Any]]]:
+    """Each settled reservation's ``given_back`` as the head writes it, and
+    as 0048's upgrade makes it from the form a cancel wrote before (the
+    entries of counters the hold no longer names left out)."""
+    _upgrade(url, "head")
+    with Meter(url) as meter:
+        meter.set_limits([Limit("a", maximum=50, period="1h"), Limit("b", maximum=50, period="1h")])
+        part = meter.reserve(charges=[("org", "a", 3), ("org", "b", 2)], event_id="part")
+        whole = meter.reserve("org", "a", 1, event_id="whole")
+        plain = meter.reserve("org", "b", 1, event_id="plain")
+        less = meter.reserve(charges=[("org", "a", 3), ("org", "b", 2)], event_id="less")
+        meter.reserve("org", "a", 1, event_id="voided")
+        meter.reset("org", "a")
+        part.cancel()
+        whole.cancel()
+        plain.cancel()
+        less.commit(actual=1)
+        meter.void("voided", "refund")
+    engine = make_engine(url)
+    read = text("SELECT id, charges, given_back FROM reservations ORDER BY id")
+    with engine.connect() as connection:
+        head = {
+            str(i): (json.loads(held), json.loads(back or "[]"))
+            for i, held, back in connection.execute(read)
+        }
+    _downgrade(engine, "0047")
+    with engine.begin() as connection:  # a cancel's form before 0048
+        for reservation, (held, back) in head.items():
+            holds = {(row[0], row[1], row[3]) for row in held}
+            old = [entry for entry in back if tuple(entry[:3]) in holds]
+            if reservation in ("part", "whole") and old != back:
+                connection.execute(
+                    text("UPDATE reservations SET given_back = :back WHERE id = :id"),
+                    {"back": json.dumps(old) if old else None, "id": reservation},
+                )
+    _upgrade(url, "head")
+    with engine.connect() as connection:
+        found = {str(i): json.loads(back or "[]") for i, _, back in connection.execute(read)}
+    engine.dispose()
+    return {
+        reservation: (sorted(back), sorted(found[reservation]))
+        for reservation, (_, back) in head.items()
+    }
+
+
+def test_migration_0048_names_what_a_reset_dropped_in_a_cancels_given_back(
+    tmp_path: Path, postgres_server: PostgresServer
+) -> None:
+    for url, database in [(f"sqlite:///{tmp_path / 'old.db'}", None), (None, "before_0048")]:
+        if database is not None:
+            postgres_server.create_database(database)
+            url = postgres_server.url(database)
+        assert url is not None
+        try:
+            found = _given_back_across_0048(url)
+        finally:
+            if database is not None:
+                postgres_server.drop_database(database)
+        assert all(head == upgraded for head, upgraded in found.values()), found
+        named = {name: [[*e[:2], e[3]] for e in head] for name, (head, _) in found.items()}
+        assert named["part"] == [["org", "a", 3], ["org", "b", 2]]  # a: dropped, released
+        assert named["whole"] == [["org", "a", 1]]
+        assert named["plain"] == [["org", "b", 1]]
+        assert named["less"] == [["org", "a", 2], ["org", "b", 1]]  # a commit named them already
