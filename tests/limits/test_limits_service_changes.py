@@ -476,7 +476,19 @@ class LimitChanges(RuleBasedStateMachine):
         except MeteringError:
             return
         assert not unsplit, (event_id, actual, unsplit)
-        self.ledger.bill[event_id] = billed(self.meter.result(event_id))  # the money kept
+        after = self.meter.result(event_id)
+        assert after is not None
+        if actual is not None and info.state == "held" and info.expires_at > self.clock():
+            # More than reserved is billed at its real cost, whatever a reset cleared.
+            real = {(c.subject, c.limit): c.cost for c in after.charges}
+            beyond = [
+                (c.subject, c.limit)
+                for c in reserved.charges
+                if c.outcome in ("allowed", "overage") and not self._spend(c.limit)
+                if c.cost < actual
+            ]
+            assert all(real[pair] == actual for pair in beyond), (event_id, actual, after)
+        self.ledger.bill[event_id] = billed(after)  # the money kept
         self.held.remove((event_id, cost))
         if actual == 0:
             self._gone(event_id)
