@@ -18,12 +18,14 @@ from dataclasses import dataclass
 @dataclass(frozen=True, slots=True)
 class Era:
     """A limit's dimensions from the reset clock's ``tick`` on (``since_us``:
-    when they were set); ``seeded``: by migration 0047, from the limit then."""
+    when they were set); ``seeded``: by migration 0047, from the limit then;
+    ``distinct``: its seat key then (None: no seat limit, or not known)."""
 
     tick: int
     since_us: int
     dimensions: tuple[str, ...]
     seeded: bool = False
+    distinct: str | None = None
 
 
 def in_force(history: Sequence[Era], tick: int, decided_at_us: int) -> tuple[str, ...] | None:

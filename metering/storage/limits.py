@@ -72,8 +72,9 @@ class LimitStore(OnConnection):
         return int(self.connection.execute(LIMITS_VERSION).scalar_one())
 
     def record_dimensions(self, chosen: Sequence[Limit], now_us: int) -> None:
-        """Append to the history the dimensions of each of ``chosen`` that
-        its last era lacks (or that has none), before they are written.
+        """Append to the history the dimensions (and seat key) of each of
+        ``chosen`` that its last era lacks (or that has none), before they
+        are written.
 
         Every decision reads the limits' version (the general engine with its
         limits, `LOAD_LIMITS`) before it writes its result, which reads the
@@ -96,37 +97,45 @@ class LimitStore(OnConnection):
             return
         tick = self.connection.execute(ADVANCE_RESET_CLOCK[self._dialect]).scalar_one()
         rows = [
-            {"limit_name": name, "tick": tick, "since_us": now_us, "dimensions": json.dumps(keys)}
-            for name, keys in changed.items()
+            {
+                "limit_name": limit.name,
+                "tick": tick,
+                "since_us": now_us,
+                "dimensions": json.dumps(list(limit.dimensions)),
+                "distinct_key": limit.distinct,
+            }
+            for limit in changed
         ]
         self.connection.execute(insert(limit_dimensions), rows)
 
-    def _new_dimensions(self, chosen: Sequence[Limit]) -> tuple[dict[str, list[str]], bool]:
-        """The dimensions of ``chosen`` to append, and whether one of them
-        changes a history (not a first definition: no event has its limit)."""
+    def _new_dimensions(self, chosen: Sequence[Limit]) -> tuple[list[Limit], bool]:
+        """Those of ``chosen`` whose dimensions or seat key to append, and
+        whether one of them changes a history (not a first definition: no
+        event has its limit)."""
         history = self.dimension_history(limit.name for limit in chosen)
-        wanted = {limit.name: list(limit.dimensions) for limit in chosen}
-        changed = {
-            name: keys
-            for name, keys in wanted.items()
-            if name not in history or sorted(history[name][-1].dimensions) != sorted(keys)
-        }
-        return changed, any(name in history for name in changed)
+        changed = [
+            limit
+            for limit in {limit.name: limit for limit in chosen}.values()
+            if limit.name not in history
+            or sorted(history[limit.name][-1].dimensions) != sorted(limit.dimensions)
+            or history[limit.name][-1].distinct != limit.distinct
+        ]
+        return changed, any(limit.name in history for limit in changed)
 
     def dimension_history(self, names: Iterable[str] | None = None) -> dict[str, list[Era]]:
         """Each limit's eras, by tick, of ``names`` (None: every limit's)."""
         d = limit_dimensions.c
-        query = select(d.limit_name, d.tick, d.since_us, d.dimensions, d.seeded)
+        query = select(d.limit_name, d.tick, d.since_us, d.dimensions, d.seeded, d.distinct_key)
         if names is not None:
             wanted = sorted(set(names))
             if not wanted:
                 return {}
             query = query.where(d.limit_name.in_(wanted))
         found: dict[str, list[Era]] = {}
-        for name, tick, since_us, keys, seeded in self.connection.execute(
+        for name, tick, since_us, keys, seeded, distinct in self.connection.execute(
             query.order_by(d.limit_name, d.tick)
         ):
-            era = Era(int(tick), int(since_us), tuple(json.loads(keys)), bool(seeded))
+            era = Era(int(tick), int(since_us), tuple(json.loads(keys)), bool(seeded), distinct)
             found.setdefault(name, []).append(era)
         return found
 

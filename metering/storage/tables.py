@@ -89,6 +89,7 @@ limit_dimensions = Table(
     Column("since_us", BIGINT, nullable=False),
     Column("dimensions", TEXT, nullable=False),  # JSON list of metadata keys
     Column("seeded", Boolean, nullable=False, server_default=false()),
+    Column("distinct_key", string(64), nullable=True),  # its seat key (migration 0049)
     PrimaryKeyConstraint("limit_name", "tick"),
 )
 

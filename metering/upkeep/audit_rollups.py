@@ -30,10 +30,11 @@ class RollupCheck:
     def __init__(self, store: AuditStore, limits: Mapping[str, Limit], after_us: int | None):
         self.store = store
         self.after_us = after_us
-        self.ledger = RollupLedger(
-            LimitStore(store.connection).dimension_history(),
-            frozenset(name for name, limit in limits.items() if limit.distinct),
-        )
+        history = LimitStore(store.connection).dimension_history()
+        # A seat limit now, or in some era (deleted, or made plain, since).
+        seats = {name for name, limit in limits.items() if limit.distinct}
+        seats.update(name for name, eras in history.items() if any(e.distinct for e in eras))
+        self.ledger = RollupLedger(history, frozenset(seats))
         self.voided = store.voided()
         self.settled = {row[0]: row for row in store.settled()}
         self.touched: set[tuple[str, str, int]] = set()

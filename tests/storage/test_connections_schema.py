@@ -613,3 +613,37 @@ def test_migration_0048_names_what_a_reset_dropped_in_a_cancels_given_back(
         assert named["whole"] == [["org", "a", 1]]
         assert named["plain"] == [["org", "b", 1]]
         assert named["less"] == [["org", "a", 2], ["org", "b", 1]]  # a commit named them already
+
+
+def _seat_keys_across_0049(url: str) -> list[tuple[str, Any]]:
+    """The seat key 0049's upgrade gives each defined limit's last era, after
+    its downgrade dropped the column (a deleted limit's eras: not known)."""
+    _upgrade(url, "head")
+    clock = FrozenClock(datetime(2026, 11, 10, 12, 0, tzinfo=UTC))
+    with Meter(url, clock=clock) as meter:
+        meter.set_limit(Limit("seats", maximum=5, period="1d", distinct="user"))
+        meter.set_limit(Limit("plain", maximum=5, period="1d", dimensions=["k"]))
+        meter.set_limit(Limit("gone", maximum=5, period="1d", distinct="user"))
+        meter.delete_limit("gone")
+    engine = make_engine(url)
+    _downgrade(engine, "0048")
+    _upgrade(url, "head")
+    with engine.connect() as connection:
+        found = connection.execute(
+            text("SELECT limit_name, distinct_key FROM limit_dimensions ORDER BY limit_name")
+        )
+        keys = [(str(name), key) for name, key in found]
+    engine.dispose()
+    return keys
+
+
+def test_migration_0049_gives_each_defined_limits_last_era_its_seat_key(
+    tmp_path: Path, postgres_server: PostgresServer
+) -> None:
+    expected = [("gone", None), ("plain", None), ("seats", "user")]
+    assert _seat_keys_across_0049(f"sqlite:///{tmp_path / 'old.db'}") == expected
+    postgres_server.create_database("before_0049")
+    try:
+        assert _seat_keys_across_0049(postgres_server.url("before_0049")) == expected
+    finally:
+        postgres_server.drop_database("before_0049")

@@ -321,3 +321,19 @@ def test_a_seat_hour_with_a_void_is_judged_by_its_events(meter: Meter) -> None:
         "$spend 'USD': used 0, events 0",
         "$spend 'USD': used 3, events 0",
     )
+
+
+@pytest.mark.parametrize("change", ["deleted", "made plain"])
+def test_a_seat_hour_with_a_void_stays_unknown_when_its_limit_is_no_seat_limit_now(
+    meter: Meter, change: str
+) -> None:
+    seats = Limit("seats", 5, period="1h", window="calendar", distinct="user", dimensions=["route"])
+    meter.set_limit(seats)
+    for event_id in ("s1", "s2"):
+        meter.consume("org-5", "seats", event_id=event_id, metadata={**A, "user": "ann"})
+    meter.void("s1", "refund")  # ann keeps her seat: s2 (cost 0) is live, used stays 1
+    if change == "deleted":
+        meter.delete_limit("seats")
+    else:
+        meter.set_limit(Limit("seats", 5, period="1h", window="calendar", dimensions=["route"]))
+    assert run_audit(meter, full=True).violations == ()
