@@ -3,8 +3,10 @@
 A slow Hypothesis or schemathesis test writes its thorough budget at the
 test: ``max_examples=examples(60)``. The default profile (``make test``;
 ``ci`` when CI is set) runs half of it, at least 5 examples (a schemathesis
-run a quarter: `cases`); the differentials and model tests
-are derandomized, so it is the same examples every run. ``make
+run a quarter: `cases`). The differentials (and the tests on their
+settings), the limits state machine and the API's schema runs are
+derandomized: the same examples every run, whose coverage checks an
+explicit example carries; the other model tests draw anew each run. ``make
 test-thorough`` (``--hypothesis-profile thorough``) runs the whole budget:
 run it after a change to the engine's paths, the storage of a model's
 subject or the API's schema (docs/testing.md).
