@@ -5,8 +5,8 @@ test: ``max_examples=examples(60)``. The default profile (``make test``;
 ``ci`` when CI is set) runs half of it, at least 5 examples (a schemathesis
 run a quarter: `cases`). The differentials (and the tests on their
 settings), the limits state machine and the API's schema runs are
-derandomized: the same examples every run, whose coverage checks an
-explicit example carries; the other model tests draw anew each run. ``make
+derandomized: the same examples every run (the differential's coverage
+checks hold by an explicit example); the others draw anew each run. ``make
 test-thorough`` (``--hypothesis-profile thorough``) runs the whole budget:
 run it after a change to the engine's paths, the storage of a model's
 subject or the API's schema (docs/testing.md).
