@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 import pytest
@@ -25,6 +26,8 @@ from metering.storage.connections import MIGRATIONS_DIR, current_revision, make_
 from metering.storage.schema_revision import SCHEMA_REVISION
 from metering.storage.tables import metadata
 from metering.upkeep.audit import run_audit
+
+T = TypeVar("T")
 
 
 def test_schema_revision_is_the_migrations_head() -> None:
@@ -148,6 +151,18 @@ def _downgrade(engine: Engine, revision: str) -> None:
         command.downgrade(config, revision)
 
 
+def _on_both(tmp_path: Path, server: PostgresServer, across: Callable[[str], T]) -> list[T]:
+    """What ``across`` finds on a SQLite file, then on a PostgreSQL database of its own."""
+    found = [across(f"sqlite:///{tmp_path / 'old.db'}")]
+    name = across.__name__.strip("_")
+    server.create_database(name)
+    try:
+        found.append(across(server.url(name)))
+    finally:
+        server.drop_database(name)
+    return found
+
+
 def _billing_months_after_0030(url: str) -> dict[tuple[str, int], str | None]:
     """Counters written before migration 0030, with their billing months after it."""
     _upgrade(url, "0028")
@@ -196,12 +211,7 @@ def test_migration_0030_fills_billing_months_in_the_subjects_zone(
         ("org-utc", 1_793_491_200_000_000): "2026-11",
         ("org-utc", 0): None,
     }
-    assert _billing_months_after_0030(f"sqlite:///{tmp_path / 'old.db'}") == expected
-    postgres_server.create_database("before_0030")
-    try:
-        assert _billing_months_after_0030(postgres_server.url("before_0030")) == expected
-    finally:
-        postgres_server.drop_database("before_0030")
+    assert _on_both(tmp_path, postgres_server, _billing_months_after_0030) == [expected, expected]
 
 
 def _draws_across_0038(url: str) -> tuple[dict[int, int], list[tuple[int, str, int]]]:
@@ -253,12 +263,7 @@ def test_migration_0038_keeps_each_windows_draws_on_its_counter(
     # Back down, a window's draws are on the grant its pair drew most (their
     # split per grant is not kept).
     expected = ({100: 5, 200: 2}, [(100, "big", 5), (200, "big", 2)])
-    assert _draws_across_0038(f"sqlite:///{tmp_path / 'old.db'}") == expected
-    postgres_server.create_database("before_0038")
-    try:
-        assert _draws_across_0038(postgres_server.url("before_0038")) == expected
-    finally:
-        postgres_server.drop_database("before_0038")
+    assert _on_both(tmp_path, postgres_server, _draws_across_0038) == [expected, expected]
 
 
 def _seats_across_0039(url: str) -> list[tuple[str, int]]:
@@ -283,12 +288,7 @@ def test_migration_0039_keeps_a_held_value_at_one(
     tmp_path: Path, postgres_server: PostgresServer
 ) -> None:
     expected = [("ann", 1), ("bob", 1), ("cy", 0)]
-    assert _seats_across_0039(f"sqlite:///{tmp_path / 'old.db'}") == expected
-    postgres_server.create_database("before_0039")
-    try:
-        assert _seats_across_0039(postgres_server.url("before_0039")) == expected
-    finally:
-        postgres_server.drop_database("before_0039")
+    assert _on_both(tmp_path, postgres_server, _seats_across_0039) == [expected, expected]
 
 
 def _rollups_across_0040(url: str) -> list[tuple[str, int, int]]:
@@ -317,12 +317,7 @@ def test_migration_0040_folds_the_deltas_left_into_the_rollups_on_downgrade(
     tmp_path: Path, postgres_server: PostgresServer
 ) -> None:
     expected = [("/a", 5, 3), ("/b", 2, 2)]
-    assert _rollups_across_0040(f"sqlite:///{tmp_path / 'old.db'}") == expected
-    postgres_server.create_database("before_0040")
-    try:
-        assert _rollups_across_0040(postgres_server.url("before_0040")) == expected
-    finally:
-        postgres_server.drop_database("before_0040")
+    assert _on_both(tmp_path, postgres_server, _rollups_across_0040) == [expected, expected]
 
 
 _SEAT_WRITES = (
@@ -367,12 +362,7 @@ def test_migration_0041_stamps_every_change_of_a_windows_held_values(
     tmp_path: Path, postgres_server: PostgresServer
 ) -> None:
     expected = ([True] * len(_SEAT_WRITES), False)
-    assert _stamps_across_0041(f"sqlite:///{tmp_path / 'old.db'}") == expected
-    postgres_server.create_database("before_0041")
-    try:
-        assert _stamps_across_0041(postgres_server.url("before_0041")) == expected
-    finally:
-        postgres_server.drop_database("before_0041")
+    assert _on_both(tmp_path, postgres_server, _stamps_across_0041) == [expected, expected]
 
 
 def _function_across(server: PostgresServer, revision: str, before: str) -> tuple[str, str, str]:
@@ -489,12 +479,7 @@ def test_migration_0046_marks_the_holds_a_reset_cleared_part_of(
         "elsewhere": False,
         "cancelled": False,  # settled: nothing left to settle
     }
-    assert _cleared_across_0046(f"sqlite:///{tmp_path / 'old.db'}") == expected
-    postgres_server.create_database("before_0046")
-    try:
-        assert _cleared_across_0046(postgres_server.url("before_0046")) == expected
-    finally:
-        postgres_server.drop_database("before_0046")
+    assert _on_both(tmp_path, postgres_server, _cleared_across_0046) == [expected, expected]
 
 
 def _history_across_0047(url: str) -> list[tuple[Any, ...]]:
@@ -541,12 +526,7 @@ def test_migration_0047_seeds_each_limits_dimensions_since_its_definition(
     tmp_path: Path, postgres_server: PostgresServer
 ) -> None:
     expected = [("a", 0, "[]", True, True), ("b", 0, '["k"]', True, True)]
-    assert _history_across_0047(f"sqlite:///{tmp_path / 'old.db'}") == expected
-    postgres_server.create_database("before_0047")
-    try:
-        assert _history_across_0047(postgres_server.url("before_0047")) == expected
-    finally:
-        postgres_server.drop_database("before_0047")
+    assert _on_both(tmp_path, postgres_server, _history_across_0047) == [expected, expected]
 
 
 def _given_back_across_0048(url: str) -> dict[str, tuple[list[Any], list[Any]]]:
@@ -597,16 +577,7 @@ def _given_back_across_0048(url: str) -> dict[str, tuple[list[Any], list[Any]]]:
 def test_migration_0048_names_what_a_reset_dropped_in_a_cancels_given_back(
     tmp_path: Path, postgres_server: PostgresServer
 ) -> None:
-    for url, database in [(f"sqlite:///{tmp_path / 'old.db'}", None), (None, "before_0048")]:
-        if database is not None:
-            postgres_server.create_database(database)
-            url = postgres_server.url(database)
-        assert url is not None
-        try:
-            found = _given_back_across_0048(url)
-        finally:
-            if database is not None:
-                postgres_server.drop_database(database)
+    for found in _on_both(tmp_path, postgres_server, _given_back_across_0048):
         assert all(head == upgraded for head, upgraded in found.values()), found
         named = {name: [[*e[:2], e[3]] for e in head] for name, (head, _) in found.items()}
         assert named["part"] == [["org", "a", 3], ["org", "b", 2]]  # a: dropped, released
@@ -641,9 +612,4 @@ def test_migration_0049_gives_each_defined_limits_last_era_its_seat_key(
     tmp_path: Path, postgres_server: PostgresServer
 ) -> None:
     expected = [("gone", None), ("plain", None), ("seats", "user")]
-    assert _seat_keys_across_0049(f"sqlite:///{tmp_path / 'old.db'}") == expected
-    postgres_server.create_database("before_0049")
-    try:
-        assert _seat_keys_across_0049(postgres_server.url("before_0049")) == expected
-    finally:
-        postgres_server.drop_database("before_0049")
+    assert _on_both(tmp_path, postgres_server, _seat_keys_across_0049) == [expected, expected]
