@@ -146,6 +146,15 @@ class ChargedMore:
     overdraft: int = 0
 
 
+def ruleless(limit: Limit | None, charge: HeldCharge) -> bool:
+    """Whether ``charge`` has no rule to be charged more by: its limit was
+    deleted (None), or redefined as a bucket (a window's charge) or as a
+    window (a bucket's) since it was held."""
+    return limit is None or (charge.window_end_us == NO_WINDOW) != (
+        limit.algorithm == "token_bucket"
+    )
+
+
 def charge_more(
     limit: Limit | None,
     charge: HeldCharge,
@@ -160,15 +169,13 @@ def charge_more(
     """Charge ``extra`` units beyond ``charge.cost`` to its counter, whether
     they fit or not (see the module's rules). ``maximum`` is the subject's
     own at the event (the stored decision's), ``granted`` what grants paid of
-    the window so far and ``pot`` its grants. A limit deleted (None) or
-    redefined since has no rule to charge by: nothing changes here (the
-    caller adds a deleted limit's excess to its window's counter; the result
-    still records the usage)."""
-    if limit is None or extra <= 0:
+    the window so far and ``pot`` its grants. A charge with no rule to
+    charge by (`ruleless`) changes nothing here (the caller adds a window's
+    excess to its counter; the result still records the usage)."""
+    if extra <= 0 or ruleless(limit, charge):
         return ChargedMore(state)
+    assert limit is not None
     bucket = charge.window_end_us == NO_WINDOW
-    if bucket != (limit.algorithm == "token_bucket"):
-        return ChargedMore(state)
     hard = limit.enforcement == "hard"
     if bucket:
         taken, available = take_anyway(limit, state, extra, now_us)

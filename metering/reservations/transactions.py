@@ -42,6 +42,7 @@ from metering.domain.reservations import (
     can_give_back,
     charge_more,
     committed_money,
+    ruleless,
 )
 from metering.domain.rollups import charged_more_deltas, spend_kept
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
@@ -209,8 +210,8 @@ def _settle(engine: Engine, reservation_id: str, to: ReservationState, keep: int
         store = Store(connection)
         committing = to == ReservationState.COMMITTED and keep is not None
         dropped = _dropped(store, record) if committing and record.hold_cleared else []
-        named = (c.limit for c in (*record.charges, *dropped))
-        known = store.load_limits(named) if committing else {}
+        names = [c.limit for c in (*record.charges, *dropped)]
+        known = store.load_limits(names) if committing else {}
         spend = {name: limit.currency for name, limit in known.items() if limit.currency}
         step = _first_step(record, to, keep, now_us, action, spend, dropped)
         if step is None:
@@ -480,9 +481,8 @@ def _dropped(store: Store, record: ReservationRecord) -> list[HeldCharge]:
     """`cleared_from`, read from the reserving event's result, as held charges."""
     stored = store.fetch_results([record.id]).get(record.id)
     return [
-        HeldCharge(k.subject, k.limit, charge.cost, k.window_start_us, k.window_end_us)
-        for charge in cleared_from(record, stored)
-        for k in [charge.key]
+        HeldCharge(c.key.subject, c.key.limit, c.cost, c.key.window_start_us, c.key.window_end_us)
+        for c in cleared_from(record, stored)
     ]
 
 
@@ -619,11 +619,10 @@ def _charge_more(
     for, ``limit.exceeded`` once per window, and the reserving event's result
     rewritten with the real cost, its draws and its overdraft (so that a
     void reverses all of it). The excess steps the runaway breakers as a
-    consume of it would. A charge whose limit was deleted (or made a bucket)
-    adds the excess to its window's counter alone (a void gives back to
-    it); one a reset
-    ``dropped`` from the hold adds it to the result and rollups alone (its
-    counter started over: a reset clears usage, not billing)."""
+    consume of it would. A window's charge with no rule (`ruleless`) adds
+    the excess to its counter alone; one a reset ``dropped`` from the hold
+    adds it to the result and rollups alone (its counter started over: a
+    reset clears usage, not billing)."""
     store = Store(connection)
     held = [c for c in record.charges if c.cost < keep and c.limit not in spend]
     more = held + [c for c in dropped if c.cost < keep and c.limit not in spend]
@@ -631,14 +630,9 @@ def _charge_more(
     stored = store.fetch_results([record.id]).get(record.id)
     rows = [list(row) for row in stored.charges] if stored is not None else []
     where = {(row[0], row[1]): i for i, row in enumerate(rows)}
-    # A window's charge whose limit was deleted, or redefined as a bucket,
-    # has no rule to charge by: its window's counter takes the excess.
-    orphans = [
-        c
-        for c in held
-        if c.window_end_us != NO_WINDOW
-        and (c.limit not in limits or limits[c.limit].algorithm == "token_bucket")
-    ]
+    # A window's charge with no rule (its limit deleted, or made a bucket)
+    # still has a counter to take the excess.
+    orphans = [c for c in held if c.window_end_us != NO_WINDOW and ruleless(limits.get(c.limit), c)]
     chargeable = [c for c in held if c.limit in limits and c not in orphans]
     states = store.lock_counters([c.key for c in (*chargeable, *orphans)], now_us)
     windowed = [c for c in chargeable if c.window_end_us != NO_WINDOW]

@@ -12,7 +12,13 @@ from metering.domain.buckets import evaluate_bucket, take_anyway
 from metering.domain.decisions import ChargeDecision
 from metering.domain.grants import Balance, Pot
 from metering.domain.limits import Limit
-from metering.domain.reservations import ChargedMore, HeldCharge, charge_more, held_charge
+from metering.domain.reservations import (
+    ChargedMore,
+    HeldCharge,
+    charge_more,
+    held_charge,
+    ruleless,
+)
 from metering.domain.state import NO_WINDOW, CounterState
 
 SECOND = 1_000_000
@@ -122,6 +128,12 @@ def test_nothing_more_or_no_counter_charges_nothing() -> None:
     # Redefined since: a window charge on a bucket limit and the other way round.
     assert more(BUCKET, IN_WINDOW, 5, state) == ChargedMore(state)
     assert more(WINDOW, IN_BUCKET, 5, state) == ChargedMore(state)
+
+
+def test_a_charge_whose_limit_is_gone_or_of_another_algorithm_has_no_rule() -> None:
+    assert ruleless(None, IN_WINDOW) and ruleless(None, IN_BUCKET)
+    assert ruleless(BUCKET, IN_WINDOW) and ruleless(WINDOW, IN_BUCKET)
+    assert not ruleless(WINDOW, IN_WINDOW) and not ruleless(BUCKET, IN_BUCKET)
 
 
 def test_one_unit_more_is_charged() -> None:
