@@ -31,7 +31,6 @@ import tempfile
 import threading
 import time
 from collections import Counter as Tally
-from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -40,7 +39,9 @@ from metering import Limit, Meter, spend_limit
 from metering.domain.corrections import gauge_reports
 from metering.domain.events import make_event
 from metering.domain.instants import to_us
+from metering.domain.limits import parse_period
 from metering.domain.state import CounterKey
+from metering.domain.windows import calendar_window
 from metering.settings import RetentionPolicy
 from metering.storage.connections import upgrade_schema
 from metering.storage.results import ResultStore
@@ -281,22 +282,24 @@ def check(meter: Meter, attack: Attack) -> list[str]:
     return broken
 
 
+def _window(meter: Meter, subject: str) -> CounterKey:
+    """The gauge's counter this month (a calendar window in UTC)."""
+    start, end = calendar_window(parse_period("1mo"), to_us(meter.clock()))
+    return CounterKey("disk", subject, start, end)
+
+
 def _reports(meter: Meter, subject: str) -> list[tuple[int, int, str, int]]:
     """The gauge's reports its ledger keeps in this month's window: allowed,
     neither voided nor cleared by a reset (occurred, decided, id, value)."""
-    now = meter.clock()
-    start = datetime(now.year, now.month, 1, tzinfo=UTC)
-    end = datetime(now.year + now.month // 12, now.month % 12 + 1, 1, tzinfo=UTC)
-    key = CounterKey("disk", subject, to_us(start), to_us(end))
+    key = _window(meter, subject)
     return gauge_reports(key, meter.database.read(lambda c: ResultStore(c).window_results(key, "")))
 
 
 def _gauge(meter: Meter, subject: str) -> list[str]:
     """The gauge's level against its ledger: the peak of its reports."""
     peak = max((report[3] for report in _reports(meter, subject)), default=0)
-    now = meter.clock()
-    start = datetime(now.year, now.month, 1, tzinfo=UTC)
-    current = [c for c in meter.counters(subject, "disk") if c.window_start == start]
+    start_us = _window(meter, subject).window_start_us
+    current = [c for c in meter.counters(subject, "disk") if to_us(c.window_start) == start_us]
     level = current[0].used if current else 0
     broken = []
     if level != peak:
