@@ -6,10 +6,13 @@ Threads charge four subjects (a usage limit paid by grants once its own
 allowance is spent, a seat limit, a price with a spend cap, a runaway
 breaker; single `consume` calls and `apply` batches) while one thread runs
 every operation an operator or a client runs on those same subjects, at
-random: resets (of a subject, of one limit), voids, grants, a seat limit's
-maximum lowered and raised, a priced limit's dimensions changed,
-reservations committed (in full, in part, beyond) and cancelled, sweeps, checkouts
-retried and checked in, leases settled, compaction and prune. A gauge
+random: resets (of a subject, of one limit), voids, grants (recurring too),
+a seat limit's maximum lowered and raised, entitlements down and up and
+removed, a price changed (tiered with a fee too), the spend cap lowered
+and raised, a limit deleted and defined again, a priced limit's
+dimensions changed, reservations committed (in full, in part, beyond) and
+cancelled, sweeps, checkouts retried and checked in, leases taken and
+settled, time zones, compaction and prune. A gauge
 (a window's peak) takes reports beside them, voided and reset too. ``--restart``
 (PostgreSQL) stops the server a third of the way in and starts it again:
 calls meanwhile fail to their caller.
@@ -72,11 +75,23 @@ OPERATIONS = [
     "settle",
     "compact",
     "prune",
+    "downgrade",
+    "upgrade",
+    "default",
+    "reprice",
+    "cap",
+    "delete",
+    "lease",
+    "recurring",
+    "zone",
 ]
 
 
+MONTHLY: dict = {"period": "1mo", "window": "calendar"}
+
+
 def define(meter: Meter) -> None:
-    monthly = {"period": "1mo", "window": "calendar"}
+    monthly = MONTHLY
     # By user: the usage and spend reports' rollups, which the audit checks too.
     meter.set_limit(Limit("calls", maximum=300, dimensions=["user"], **monthly))
     meter.set_limit(Limit("seats", maximum=SEATS, distinct="user", **monthly))
@@ -247,6 +262,36 @@ class Attack:
                     meter.settle_leases(everything=True)
                 elif op == "compact":
                     compact(meter)
+                elif op == "downgrade":  # below what the window used: hard charges denied
+                    meter.set_entitlement(subject, "calls", rng.choice([20, 100]))
+                elif op == "upgrade":
+                    meter.set_entitlement(subject, "calls", 2000)
+                elif op == "default":
+                    meter.delete_entitlement(subject, "calls")
+                elif op == "reprice":  # priced from now on, by occurred_at
+                    if rng.random() < 0.5:
+                        meter.set_price("tokens", rng.choice(["0.01", "0.02", "0.05"]), "USD")
+                    else:
+                        meter.set_price(
+                            "tokens",
+                            None,
+                            "USD",
+                            model="graduated",
+                            tiers=["200:0.03", "inf:0.01"],
+                            flat_fee="5",
+                        )
+                elif op == "cap":  # a hard spend cap lowered under traffic, and raised
+                    cap = rng.choice(["150.00", "400.00"])
+                    meter.set_limit(spend_limit("spend", cap, "USD", "1mo", window="calendar"))
+                elif op == "delete":  # gone, then back: its counters stay
+                    meter.delete_limit("bursty")
+                    meter.set_limit(Limit("bursty", maximum=10**9, breaker="10x", **MONTHLY))
+                elif op == "lease":
+                    meter.lease(subject, "calls", rng.randint(1, 3))
+                elif op == "recurring":
+                    meter.grant(subject, "calls", 30, every="1d", grant_id=f"g{n}")
+                elif op == "zone":  # from the end of each current window on
+                    meter.set_time_zone(subject, rng.choice(["UTC", "America/New_York"]))
                 else:
                     prune(meter, RetentionPolicy(), visibility_timeout_seconds=30)
                 self.ops[op] += 1
