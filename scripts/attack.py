@@ -179,14 +179,15 @@ class Attack:
                 self.failure(exc)
                 time.sleep(0.05)
 
-    def operations(self) -> None:
-        rng = random.Random(7)
+    def operations(self, worker: int) -> None:
+        rng = random.Random(7 + worker)
         meter = self.meter
         n = 0
         while self.running():
             subject = rng.choice(SUBJECTS)
             op = rng.choice(OPERATIONS)
             n += 1
+            tag = f"{worker}.{n}"
             try:
                 if op == "reset":
                     meter.reset(subject)
@@ -196,12 +197,12 @@ class Attack:
                     with self.lock:
                         victim = rng.choice(self.allowed) if self.allowed else None
                     if victim is not None:
-                        meter.void(victim, "attack", correction_id=f"v{n}")
+                        meter.void(victim, "attack", correction_id=f"v{tag}")
                 elif op == "void_peak":  # the gauge's level comes from the ledger again
                     reports = _reports(meter, subject)
                     if reports:
                         meter.void(
-                            max(reports, key=lambda r: r[3])[2], "attack", correction_id=f"v{n}"
+                            max(reports, key=lambda r: r[3])[2], "attack", correction_id=f"v{tag}"
                         )
                 elif op == "grant":
                     meter.grant(subject, "calls", rng.randint(1, 50))
@@ -235,29 +236,29 @@ class Attack:
                 elif op in ("commit", "commit_part", "commit_more", "cancel"):
                     # (More than reserved of priced usage is refused: "calls" alone.)
                     limit = "calls" if op == "commit_more" else rng.choice(["calls", "tokens"])
-                    held = meter.reserve(subject, limit, 4, event_id=f"r{n}")
+                    held = meter.reserve(subject, limit, 4, event_id=f"r{tag}")
                     if op == "cancel":
                         held.cancel()
                     elif op == "commit":
                         held.commit()
                     elif op == "commit_more":
                         held.commit(actual=6)
-                        self.beyond.append(f"r{n}")
+                        self.beyond.append(f"r{tag}")
                     else:
                         held.commit(actual=2)
-                    self.note(f"r{n}", held)
+                    self.note(f"r{tag}", held)
                 elif op == "reset_then_more":  # the reset drops the hold; the commit bills it
-                    held = meter.reserve(subject, "calls", 4, event_id=f"r{n}")
+                    held = meter.reserve(subject, "calls", 4, event_id=f"r{tag}")
                     meter.reset(subject, "calls")
                     held.commit(actual=6)
-                    self.note(f"r{n}", held)
-                    self.beyond.append(f"r{n}")
+                    self.note(f"r{tag}", held)
+                    self.beyond.append(f"r{tag}")
                 elif op == "sweep":
                     meter.sweep_reservations()
                 elif op == "checkout":
                     for _ in range(2):  # a client retrying with its id
-                        meter.checkout(subject, "floating", checkout_id=f"k{n}")
-                    meter.checkin(f"k{n}")
+                        meter.checkout(subject, "floating", checkout_id=f"k{tag}")
+                    meter.checkin(f"k{tag}")
                 elif op == "settle":
                     meter.settle_leases(everything=True)
                 elif op == "compact":
@@ -289,7 +290,7 @@ class Attack:
                 elif op == "lease":
                     meter.lease(subject, "calls", rng.randint(1, 3))
                 elif op == "recurring":
-                    meter.grant(subject, "calls", 30, every="1d", grant_id=f"g{n}")
+                    meter.grant(subject, "calls", 30, every="1d", grant_id=f"g{tag}")
                 elif op == "zone":  # from the end of each current window on
                     meter.set_time_zone(subject, rng.choice(["UTC", "America/New_York"]))
                 else:
@@ -359,6 +360,7 @@ def main() -> int:
     parser.add_argument("database", choices=["sqlite", "postgresql"])
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--restart", action="store_true")
+    parser.add_argument("--operators", type=int, default=2)  # each pair of them, concurrently
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir="/tmp") as scratch:
         server = None
@@ -376,7 +378,10 @@ def main() -> int:
                 attack = Attack(meter, args.seconds)
                 threads = [threading.Thread(target=attack.single, args=(w,)) for w in range(3)]
                 threads += [threading.Thread(target=attack.batches, args=(w,)) for w in range(2)]
-                threads.append(threading.Thread(target=attack.operations))
+                threads += [
+                    threading.Thread(target=attack.operations, args=(w,))
+                    for w in range(args.operators)
+                ]
                 for thread in threads:
                     thread.start()
                 if args.restart and server is not None:

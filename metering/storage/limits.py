@@ -31,6 +31,10 @@ BUMP_LIMITS_VERSION: Final = (
 # it starts over (milliseconds; a batch's transaction is shorter).
 DIMENSIONS_LOCK_MS: Final = 500
 
+# Taken first by every definition of limits (PostgreSQL): conflicts with
+# itself and with writes of the history, never with its readers.
+SERIAL_DEFINITIONS: Final = "LOCK TABLE limit_dimensions IN SHARE ROW EXCLUSIVE MODE"
+
 LOAD_LIMITS: Final = (
     select(limits)
     .join(limits_version, limits_version.c.id == 1)
@@ -84,7 +88,12 @@ class LimitStore(OnConnection):
         holds new ones off till it commits, so a result decided with the old
         dimensions has a smaller tick, one with the new a greater or equal
         one. A first definition needs no lock (no decision had the limit).
-        SQLite's writers are serial (``BEGIN IMMEDIATE``)."""
+        Definitions are serial before anything is compared (the history's
+        own lock, which no reader waits for): one that finds nothing to
+        append while another change is open would otherwise write its limit
+        after that change's era. SQLite's writers are serial (``BEGIN IMMEDIATE``)."""
+        if self._postgres:
+            self.connection.execute(text(SERIAL_DEFINITIONS))
         changed, known = self._new_dimensions(chosen)
         if self._postgres and known:
             # Waiting, it holds every decision queued behind it: it yields

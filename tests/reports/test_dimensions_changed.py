@@ -17,6 +17,7 @@ from metering.domain.rollups import RollupKey
 from metering.errors import InvalidInput
 from metering.reports import usage_by_dimension_report
 from metering.storage.audit import AuditStore
+from metering.storage.limits import LimitStore
 from metering.upkeep.audit import run_audit
 
 NOW = datetime(2026, 11, 10, 12, 0, tzinfo=UTC)
@@ -174,6 +175,33 @@ def test_an_event_decided_with_the_old_dimensions_while_they_change_keeps_them(
         meter.void("e", "refund")
         clock.advance(minutes=2)
         assert rows(meter) == {("route", "/a"): [1, 1]}
+        assert run_audit(meter, full=True).violations == ()
+
+
+def test_two_changes_of_one_limit_at_once_leave_its_history_as_its_definition(
+    pg_url: str, clock: FrozenClock
+) -> None:
+    """A change of dimensions is open; another definition of the limit, with
+    the dimensions its history says last, starts meanwhile and commits after
+    it: the history's last era is the definition the limit is left with, so
+    the audit judges its rollups by what the decisions wrote."""
+    with Meter(pg_url, clock=clock, group_commit=False) as meter:
+        meter.set_limit(calls("route"))
+        meter.consume("org", "calls", 1, event_id="first", metadata=META)
+        with meter.sql_engine.connect() as open_change:
+            store = LimitStore(open_change)
+            store.record_dimensions([calls("route", "model")], meter.database.now_us())
+            store.upsert_limit(calls("route", "model"), meter.database.now_us())
+            back = threading.Thread(target=lambda: meter.set_limit(calls("route")))
+            back.start()
+            _wait_for_locks(meter, 1, back)
+            open_change.commit()
+        back.join()
+        history = meter.database.read(lambda c: LimitStore(c).dimension_history())
+        assert meter.get_limit("calls").dimensions == ("route",)
+        assert history["calls"][-1].dimensions == ("route",)
+        meter.consume("org", "calls", 2, event_id="second", metadata=META)
+        clock.advance(minutes=2)
         assert run_audit(meter, full=True).violations == ()
 
 
