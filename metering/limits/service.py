@@ -40,6 +40,7 @@ def set_limits(database: Database, limits: Iterable[Limit]) -> list[Limit]:
 
     def work(connection: Connection) -> None:
         store = Store(connection)
+        store.hold_decisions(chosen)
         store.record_dimensions(chosen, now_us)
         for limit in chosen:
             _refuse_prices(connection, limit, now_us)
@@ -109,6 +110,7 @@ def set_product_limit(database: Database, limit: Limit) -> Limit:
 
     def work(connection: Connection) -> None:
         store = Store(connection)
+        store.hold_decisions([limit])
         store.record_dimensions([limit], now_us)
         store.upsert_limit(limit, now_us)
 

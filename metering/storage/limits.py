@@ -1,8 +1,9 @@
 """The limits table, its version and its dimensions' history: `LimitStore` loads, lists,
 writes and deletes limit rows; every write bumps ``limits_version`` (`BUMP_LIMITS_VERSION`),
-which tells the hot path's cache to reload. `LimitStore.record_dimensions` appends what a
-definition changes to ``limit_dimensions`` at a new tick of the reset clock, ordered with
-every decision (`metering.domain.dimension_history`); a deletion keeps the history."""
+which tells the hot path's cache to reload. `LimitStore.hold_decisions` makes a definition
+wait for the decisions of the limit it changes; `LimitStore.record_dimensions` appends what
+it changes to ``limit_dimensions`` at a new tick of the reset clock, ordered with every
+decision (`metering.domain.dimension_history`); a deletion keeps the history."""
 
 from __future__ import annotations
 
@@ -26,10 +27,10 @@ BUMP_LIMITS_VERSION: Final = (
 )
 
 # With the version's row: the decisions that read limits here (the general
-# engine's) take its table's lock, which a change of dimensions waits for.
-# How long a change of dimensions waits for the decisions under way before
+# engine's) take its table's lock, which a change of a limit waits for.
+# How long a change of a limit waits for the decisions under way before
 # it starts over (milliseconds; a batch's transaction is shorter).
-DIMENSIONS_LOCK_MS: Final = 500
+DEFINITION_LOCK_MS: Final = 500
 
 # Taken first by every definition of limits (PostgreSQL): conflicts with
 # itself and with writes of the history, never with its readers.
@@ -75,33 +76,38 @@ class LimitStore(OnConnection):
     def limits_version(self) -> int:
         return int(self.connection.execute(LIMITS_VERSION).scalar_one())
 
+    def hold_decisions(self, chosen: Sequence[Limit]) -> None:
+        """First of a definition of ``chosen`` (PostgreSQL; SQLite's writers
+        are serial, ``BEGIN IMMEDIATE``): definitions one at a time (the
+        history's own lock, which no reader waits for), then, when one
+        changes a limit defined before (deleted since, too), ``limits_version``
+        in ACCESS EXCLUSIVE mode. Every decision reads the version (the
+        general engine with its limits, `LOAD_LIMITS`) before it writes its
+        result, which reads the reset clock's tick: the lock waits for every
+        decision made by the old definition and holds new ones off till the
+        change commits. So what a change checks (held reservations, usage in
+        a window) misses no decision of the old definition, and a result
+        decided with the old dimensions has a smaller tick than the new
+        era's. A first definition, or the same one again, waits for nothing."""
+        if not self._postgres:
+            return
+        self.connection.execute(text(SERIAL_DEFINITIONS))
+        names = sorted({limit.name for limit in chosen})
+        query = select(limits).where(limits.c.name.in_(names))
+        stored = {row.name: limit_from_row(row) for row in self.connection.execute(query)}
+        defined = stored.keys() | self.dimension_history(names).keys()
+        if any(limit.name in defined and stored.get(limit.name) != limit for limit in chosen):
+            # Waiting, it holds every decision queued behind it: it yields
+            # instead (a lock timeout, retried by `run_transaction`).
+            self.connection.exec_driver_sql(f"SET LOCAL lock_timeout = {DEFINITION_LOCK_MS}")
+            self.connection.execute(text("LOCK TABLE limits_version IN ACCESS EXCLUSIVE MODE"))
+            self.connection.exec_driver_sql("SET LOCAL lock_timeout TO DEFAULT")
+
     def record_dimensions(self, chosen: Sequence[Limit], now_us: int) -> None:
         """Append to the history the dimensions (and seat key) of each of
         ``chosen`` that its last era lacks (or that has none), before they
-        are written.
-
-        Every decision reads the limits' version (the general engine with its
-        limits, `LOAD_LIMITS`) before it writes its result, which reads the
-        tick. On PostgreSQL (READ COMMITTED, plain reads) a change of a
-        defined limit's dimensions first takes ``limits_version`` in ACCESS
-        EXCLUSIVE mode: it waits for every transaction that read it and
-        holds new ones off till it commits, so a result decided with the old
-        dimensions has a smaller tick, one with the new a greater or equal
-        one. A first definition needs no lock (no decision had the limit).
-        Definitions are serial before anything is compared (the history's
-        own lock, which no reader waits for): one that finds nothing to
-        append while another change is open would otherwise write its limit
-        after that change's era. SQLite's writers are serial (``BEGIN IMMEDIATE``)."""
-        if self._postgres:
-            self.connection.execute(text(SERIAL_DEFINITIONS))
-        changed, known = self._new_dimensions(chosen)
-        if self._postgres and known:
-            # Waiting, it holds every decision queued behind it: it yields
-            # instead (a lock timeout, retried by `run_transaction`).
-            self.connection.exec_driver_sql(f"SET LOCAL lock_timeout = {DIMENSIONS_LOCK_MS}")
-            self.connection.execute(text("LOCK TABLE limits_version IN ACCESS EXCLUSIVE MODE"))
-            self.connection.exec_driver_sql("SET LOCAL lock_timeout TO DEFAULT")
-            changed, _ = self._new_dimensions(chosen)  # as they are now, under the lock
+        are written, after `hold_decisions`."""
+        changed = self._new_dimensions(chosen)
         if not changed:
             return
         tick = self.connection.execute(ADVANCE_RESET_CLOCK[self._dialect]).scalar_one()
@@ -117,19 +123,16 @@ class LimitStore(OnConnection):
         ]
         self.connection.execute(insert(limit_dimensions), rows)
 
-    def _new_dimensions(self, chosen: Sequence[Limit]) -> tuple[list[Limit], bool]:
-        """Those of ``chosen`` whose dimensions or seat key to append, and
-        whether one of them changes a history (not a first definition: no
-        event has its limit)."""
+    def _new_dimensions(self, chosen: Sequence[Limit]) -> list[Limit]:
+        """Those of ``chosen`` whose dimensions or seat key to append."""
         history = self.dimension_history(limit.name for limit in chosen)
-        changed = [
+        return [
             limit
             for limit in {limit.name: limit for limit in chosen}.values()
             if limit.name not in history
             or sorted(history[limit.name][-1].dimensions) != sorted(limit.dimensions)
             or history[limit.name][-1].distinct != limit.distinct
         ]
-        return changed, any(limit.name in history for limit in changed)
 
     def dimension_history(self, names: Iterable[str] | None = None) -> dict[str, list[Era]]:
         """Each limit's eras, by tick, of ``names`` (None: every limit's)."""

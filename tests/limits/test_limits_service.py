@@ -1,9 +1,11 @@
 """Limit administration (`metering/limits/service.py`) on SQLite: limits stored all or
 none, the product's own names kept apart, a priced limit never made a
-kind that refuses its price, and what is missing named."""
+kind that refuses its price, and what is missing named; on PostgreSQL, a
+change of a limit judged after the decisions under way."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -20,6 +22,8 @@ from metering.limits.service import (
     set_limits,
     set_product_limit,
 )
+from metering.reservations import Reservation
+from tests.lock_waits import wait_until_blocked
 
 
 @pytest.fixture
@@ -159,6 +163,57 @@ def test_a_limit_with_held_reservations_is_not_made_a_kind_that_holds_nothing(
     assert get_limit(meter.database, "calls") == CALENDAR
     meter.cancel_reservation(held.id)
     assert set_limits(meter.database, [changed]) == [changed]
+
+
+def test_a_limit_is_made_a_gauge_only_after_the_reservations_being_decided(
+    pg_url: str,
+) -> None:
+    # A reservation read the limits' version and waits for its counter (locked
+    # here) when the limit is redefined as a gauge: the change waits for it,
+    # finds its hold and is refused, rather than leave a hold on a gauge.
+    with Meter(pg_url, group_commit=False) as meter:
+        set_limits(meter.database, [CALENDAR])
+        meter.consume("s1", "calls", 1)  # makes the counter
+        gauge = Limit("calls", 100, "1mo", window="calendar", aggregation="max")
+        blocker = meter.sql_engine.raw_connection()
+        held: list[Reservation] = []
+        refused: list[Exception] = []
+
+        def reserve() -> None:
+            held.append(meter.reserve("s1", "calls", 4))
+
+        def change() -> None:
+            try:
+                set_limits(meter.database, [gauge])
+            except InvalidInput as exc:
+                refused.append(exc)
+
+        try:
+            cursor = blocker.cursor()
+            cursor.execute("SELECT pg_backend_pid()")
+            pid = cursor.fetchone()[0]
+            cursor.execute("SELECT used FROM counters WHERE limit_name = 'calls' FOR UPDATE")
+            reserving = threading.Thread(
+                target=lambda: held.append(meter.reserve("s1", "calls", 4))
+            )
+            reserving.start()
+            with meter.sql_engine.connect() as watch:
+                wait_until_blocked(watch, pid, "the reservation")
+            changing = threading.Thread(target=change)
+            changing.start()
+            blocker.commit()
+            reserving.join()
+            changing.join()
+        finally:
+            blocker.close()
+        assert held[0].allowed
+        assert [str(exc) for exc in refused] == [
+            "aggregation: 'calls' has held reservations: commit or cancel them before making "
+            "the limit a gauge"
+        ]
+        assert get_limit(meter.database, "calls") == CALENDAR
+        held[0].cancel()
+        assert set_limits(meter.database, [gauge]) == [gauge]
 
 
 def test_a_limit_with_usage_in_a_window_not_over_keeps_what_it_counts_in() -> None:
