@@ -1,19 +1,20 @@
 """Pairs of operations on one subject under traffic, then the invariants.
 
-    .venv/bin/python scripts/attack.py sqlite|postgresql [--seconds 20] [--restart]
+    .venv/bin/python scripts/attack.py sqlite|postgresql [--seconds 20] [--restart] [--operators 2]
 
 Threads charge four subjects (a usage limit paid by grants once its own
 allowance is spent, a seat limit, a price with a spend cap, a runaway
-breaker; single `consume` calls and `apply` batches) while one thread runs
-every operation an operator or a client runs on those same subjects, at
-random: resets (of a subject, of one limit), voids, grants (recurring too),
-a seat limit's maximum lowered and raised, entitlements down and up and
-removed, a price changed (tiered with a fee too), the spend cap lowered
-and raised, a limit deleted and defined again, a priced limit's
-dimensions changed, reservations committed (in full, in part, beyond) and
-cancelled, sweeps, checkouts retried and checked in, leases taken and
-settled, time zones, compaction and prune. A gauge
-(a window's peak) takes reports beside them, voided and reset too. ``--restart``
+breaker; single `consume` calls and `apply` batches) while ``--operators``
+threads (so any two at once) run every operation an operator or a client
+runs on those same subjects, at random: resets (of a subject, of one
+limit), voids, grants (recurring too), a seat limit's maximum lowered and
+raised, entitlements down and up and removed, a price changed (tiered
+with a fee too), the spend cap lowered and raised, a limit deleted and
+defined again, a priced limit's dimensions changed, reservations
+committed (in full, in part, beyond) and cancelled, sweeps, checkouts
+retried and checked in, leases taken and settled, time zones, compaction
+and prune. A gauge (a window's peak) takes reports beside them, voided
+and reset too. ``--restart``
 (PostgreSQL) stops the server a third of the way in and starts it again:
 calls meanwhile fail to their caller.
 Then: every id decided at most once and every id whose call returned is
