@@ -163,12 +163,19 @@ class ResultStore(OnConnection):
         ``key``'s window (event id, occurred_at_us, decided_at_us, charge
         rows as JSON), leaving out the voided ones and those a later reset
         of the counter cleared (as `metering.domain.corrections.Reset` says).
+        A subject and limit of plain characters narrow the rows by their
+        text first, as `window_metadata` does.
 
         A first-use window takes late events from up to one period (at most
         a month) before its start: they are looked for that far back.
         """
         columns = (results.c.occurred_at_us, results.c.decided_at_us, results.c.charges)
         query = self._in_window(key, except_id, *columns)
+        if _plain(key.subject) and _plain(key.limit):  # (a superset: the caller checks them)
+            query = query.where(
+                results.c.charges.like(f'%"{_like(key.subject)}"%', escape="\\"),
+                results.c.charges.like(f'%"{_like(key.limit)}"%', escape="\\"),
+            )
         return [(row[0], row[1], row[2], row[3]) for row in self.connection.execute(query)]
 
     def window_metadata(

@@ -112,3 +112,28 @@ def test_a_windows_results_are_the_allowed_ones_in_reach(meter: Meter) -> None:
     assert sorted(event_id for event_id, *_ in found) == ["in", "late", "soft"]
     in_row = next(row for row in found if row[0] == "in")
     assert in_row[1:3] == (start, start + 1)
+
+
+@pytest.mark.parametrize("subject", ["org_1", 'org "1"', "örg"])
+def test_a_windows_results_are_those_of_its_subject_and_limit_or_more(
+    meter: Meter, subject: str
+) -> None:
+    # Plain text narrows the rows in SQL (LIKE, `_` a character of its own);
+    # other text is not narrowed: the caller checks every row either way.
+    start, end = 10 * HOUR, 11 * HOUR
+
+    def charged(event_id: str, who: str, limit: str) -> ResultRecord:
+        charge = [who, limit, 2, True, "allowed", 2, 8, start, end, 0, HOUR, None]
+        return _record(event_id, at=start, charges=[charge])
+
+    records = [
+        charged("own", subject, "calls"),
+        charged("other-limit", subject, "other"),
+        charged("like-subject", "orgX1", "calls"),
+        charged("other-subject", "org", "calls"),
+    ]
+    _on(meter, lambda store: store.insert_results(records))
+    key = CounterKey("calls", subject, start, end)
+    found = {row[0] for row in _on(meter, lambda store: store.window_results(key, ""))}
+    plain = subject == "org_1"
+    assert found == ({"own"} if plain else {r.event_id for r in records})
