@@ -216,6 +216,20 @@ def test_a_limit_is_made_a_gauge_only_after_the_reservations_being_decided(
         assert set_limits(meter.database, [gauge]) == [gauge]
 
 
+def test_the_same_definition_again_waits_for_no_decision(pg_url: str) -> None:
+    # A transaction that read the limits' version stays open (a decision
+    # under way): a file of limits loaded again unchanged goes through.
+    with Meter(pg_url, group_commit=False) as meter:
+        set_limits(meter.database, [CALENDAR])
+        reader = meter.sql_engine.raw_connection()
+        try:
+            reader.cursor().execute("SELECT version FROM limits_version")
+            assert set_limits(meter.database, [CALENDAR]) == [CALENDAR]
+        finally:
+            reader.rollback()
+            reader.close()
+
+
 def test_a_limit_with_usage_in_a_window_not_over_keeps_what_it_counts_in() -> None:
     # Made a spend limit, its counter's 3 units would be read as 3 cents of
     # the cap; a spend limit made plain would read cents as units.
