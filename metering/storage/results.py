@@ -83,6 +83,11 @@ def _like(text: str) -> str:
     return text.replace("%", "\\%").replace("_", "\\_")
 
 
+def _naming(text: str) -> Any:
+    """Results whose charges' JSON has ``text`` (plain, `_plain`) as a string."""
+    return results.c.charges.like(f'%"{_like(text)}"%', escape="\\")
+
+
 def record_from_row(row: Sequence[Any]) -> ResultRecord:
     """A results row (columns in `RESULT_COLUMNS` order) as a `ResultRecord`."""
     event_id, outcome, fingerprint, occurred_at_us, decided_at_us, denied_by = row[:6]
@@ -172,10 +177,7 @@ class ResultStore(OnConnection):
         columns = (results.c.occurred_at_us, results.c.decided_at_us, results.c.charges)
         query = self._in_window(key, except_id, *columns)
         if _plain(key.subject) and _plain(key.limit):  # (a superset: the caller checks them)
-            query = query.where(
-                results.c.charges.like(f'%"{_like(key.subject)}"%', escape="\\"),
-                results.c.charges.like(f'%"{_like(key.limit)}"%', escape="\\"),
-            )
+            query = query.where(_naming(key.subject), _naming(key.limit))
         return [(row[0], row[1], row[2], row[3]) for row in self.connection.execute(query)]
 
     def window_metadata(
@@ -190,8 +192,7 @@ class ResultStore(OnConnection):
         query = self._in_window(key, except_id, results.c.charges, results.c.metadata)
         if _plain(key.subject) and _plain(value):
             query = query.where(
-                results.c.charges.like(f'%"{_like(key.subject)}"%', escape="\\"),
-                results.c.metadata.like(f"%{_like(value)}%", escape="\\"),
+                _naming(key.subject), results.c.metadata.like(f"%{_like(value)}%", escape="\\")
             )
         return [(row[0], row[1], row[2]) for row in self.connection.execute(query)]
 
