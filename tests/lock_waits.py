@@ -1,5 +1,6 @@
 """Waiting, in a test, until one PostgreSQL transaction is blocked behind
-another's lock: the statistics are polled, never a fixed sleep."""
+another's lock, or until some wait for any lock: the statistics are
+polled, never a fixed sleep."""
 
 from __future__ import annotations
 
@@ -18,4 +19,18 @@ def wait_until_blocked(connection: Connection, blocker_pid: int, waiter: str) ->
     while not connection.execute(query, {"pid": blocker_pid}).scalar_one():
         connection.rollback()  # the statistics are a snapshot per transaction
         assert time.monotonic() < deadline, f"{waiter} never waited for the open update"
+        time.sleep(0.002)
+
+
+def wait_until_waiting(connection: Connection, count: int, waiters: str) -> None:
+    """Until ``count`` backends of this database wait for some lock; fails
+    naming ``waiters`` after `WAIT_SECONDS`."""
+    query = text(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+    )
+    deadline = time.monotonic() + WAIT_SECONDS
+    while connection.execute(query).scalar_one() < count:
+        connection.rollback()
+        assert time.monotonic() < deadline, f"{waiters} never waited for a lock"
         time.sleep(0.002)

@@ -11,6 +11,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from sqlalchemy import create_engine
+from sqlalchemy.pool import NullPool
 
 from metering import FrozenClock, Limit, Meter, spend_limit
 from metering.errors import InvalidInput, ReservedLimit, UnknownLimit
@@ -23,7 +25,7 @@ from metering.limits.service import (
     set_product_limit,
 )
 from metering.reservations import Reservation
-from tests.lock_waits import wait_until_blocked
+from tests.lock_waits import wait_until_blocked, wait_until_waiting
 
 
 @pytest.fixture
@@ -214,6 +216,46 @@ def test_a_limit_is_made_a_gauge_only_after_the_reservations_being_decided(
         assert get_limit(meter.database, "calls") == CALENDAR
         held[0].cancel()
         assert set_limits(meter.database, [gauge]) == [gauge]
+
+
+def test_a_limit_priced_meanwhile_is_not_made_a_gauge(pg_url: str) -> None:
+    # A price is being set (its check done, its write waiting for the
+    # limits' version row, held here) when the limit is redefined as a
+    # gauge: the change waits for the price, finds it and is refused.
+    outside = create_engine(pg_url, poolclass=NullPool)  # (not the meter's few connections)
+    with Meter(pg_url, group_commit=False) as meter:
+        set_limits(meter.database, [CALENDAR])
+        gauge = Limit("calls", 100, "1mo", window="calendar", aggregation="max")
+        blocker = outside.raw_connection()
+        refused: list[Exception] = []
+
+        def change() -> None:
+            try:
+                set_limits(meter.database, [gauge])
+            except InvalidInput as exc:
+                refused.append(exc)
+
+        try:
+            cursor = blocker.cursor()
+            cursor.execute("SELECT pg_backend_pid()")
+            pid = cursor.fetchone()[0]
+            cursor.execute("UPDATE limits_version SET version = version WHERE id = 1")
+            pricing = threading.Thread(target=lambda: meter.set_price("calls", "0.01", "USD"))
+            pricing.start()
+            changing = threading.Thread(target=change)
+            with outside.connect() as watch:
+                wait_until_blocked(watch, pid, "the price")
+                changing.start()
+                wait_until_waiting(watch, 2, "the price and the change")
+            blocker.commit()
+            pricing.join()
+            changing.join()
+        finally:
+            blocker.close()
+            outside.dispose()
+        assert [getattr(exc, "field", None) for exc in refused] == ["aggregation"]
+        assert get_limit(meter.database, "calls") == CALENDAR
+        assert meter.prices("calls")
 
 
 def test_the_same_definition_again_waits_for_no_decision(pg_url: str) -> None:
