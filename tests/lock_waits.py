@@ -4,6 +4,7 @@ polled, never a fixed sleep."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 from sqlalchemy import Connection, text
@@ -22,15 +23,19 @@ def wait_until_blocked(connection: Connection, blocker_pid: int, waiter: str) ->
         time.sleep(0.002)
 
 
-def wait_until_waiting(connection: Connection, count: int, waiters: str) -> None:
-    """Until ``count`` backends of this database wait for some lock; fails
-    naming ``waiters`` after `WAIT_SECONDS`."""
+def wait_until_waiting(
+    connection: Connection, count: int, waiters: str, thread: threading.Thread | None = None
+) -> None:
+    """Until ``count`` backends of this database wait for some lock, or
+    ``thread`` ended; fails naming ``waiters`` after `WAIT_SECONDS`."""
     query = text(
         "SELECT count(*) FROM pg_stat_activity"
         " WHERE wait_event_type = 'Lock' AND datname = current_database()"
     )
     deadline = time.monotonic() + WAIT_SECONDS
     while connection.execute(query).scalar_one() < count:
+        if thread is not None and not thread.is_alive():
+            return
         connection.rollback()
         assert time.monotonic() < deadline, f"{waiters} never waited for a lock"
         time.sleep(0.002)

@@ -6,7 +6,7 @@ change of a limit judged after the decisions under way."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -167,47 +167,59 @@ def test_a_limit_with_held_reservations_is_not_made_a_kind_that_holds_nothing(
     assert set_limits(meter.database, [changed]) == [changed]
 
 
+GAUGE = Limit("calls", 100, "1mo", window="calendar", aggregation="max")
+
+
+def _made_a_gauge_meanwhile(
+    pg_url: str, meter: Meter, lock: str, first: Callable[[], object]
+) -> list[InvalidInput]:
+    """``first`` runs while another transaction holds what ``lock`` locks,
+    and waits for it; then the limit is redefined as `GAUGE` (waiting, or
+    not); then the lock goes. What the redefinition raised."""
+    outside = create_engine(pg_url, poolclass=NullPool)  # (not the meter's few connections)
+    refused: list[InvalidInput] = []
+
+    def change() -> None:
+        try:
+            set_limits(meter.database, [GAUGE])
+        except InvalidInput as exc:
+            refused.append(exc)
+
+    blocker = outside.raw_connection()
+    try:
+        cursor = blocker.cursor()
+        cursor.execute("SELECT pg_backend_pid()")
+        pid = cursor.fetchone()[0]
+        cursor.execute(lock)
+        work = [threading.Thread(target=first), threading.Thread(target=change)]
+        with outside.connect() as watch:
+            work[0].start()
+            wait_until_blocked(watch, pid, "the first")
+            work[1].start()
+            wait_until_waiting(watch, 2, "the first and the change", thread=work[1])
+        blocker.commit()
+        for thread in work:
+            thread.join()
+    finally:
+        blocker.close()
+        outside.dispose()
+    return refused
+
+
 def test_a_limit_is_made_a_gauge_only_after_the_reservations_being_decided(
     pg_url: str,
 ) -> None:
-    # A reservation read the limits' version and waits for its counter (locked
-    # here) when the limit is redefined as a gauge: the change waits for it,
-    # finds its hold and is refused, rather than leave a hold on a gauge.
+    # A reservation read the limits' version and waits for its counter when
+    # the limit is redefined as a gauge: the change waits for it, finds its
+    # hold and is refused, rather than leave a hold on a gauge.
     with Meter(pg_url, group_commit=False) as meter:
         set_limits(meter.database, [CALENDAR])
         meter.consume("s1", "calls", 1)  # makes the counter
-        gauge = Limit("calls", 100, "1mo", window="calendar", aggregation="max")
-        blocker = meter.sql_engine.raw_connection()
         held: list[Reservation] = []
-        refused: list[Exception] = []
-
-        def reserve() -> None:
-            held.append(meter.reserve("s1", "calls", 4))
-
-        def change() -> None:
-            try:
-                set_limits(meter.database, [gauge])
-            except InvalidInput as exc:
-                refused.append(exc)
-
-        try:
-            cursor = blocker.cursor()
-            cursor.execute("SELECT pg_backend_pid()")
-            pid = cursor.fetchone()[0]
-            cursor.execute("SELECT used FROM counters WHERE limit_name = 'calls' FOR UPDATE")
-            reserving = threading.Thread(
-                target=lambda: held.append(meter.reserve("s1", "calls", 4))
-            )
-            reserving.start()
-            with meter.sql_engine.connect() as watch:
-                wait_until_blocked(watch, pid, "the reservation")
-            changing = threading.Thread(target=change)
-            changing.start()
-            blocker.commit()
-            reserving.join()
-            changing.join()
-        finally:
-            blocker.close()
+        counter = "SELECT used FROM counters WHERE limit_name = 'calls' FOR UPDATE"
+        refused = _made_a_gauge_meanwhile(
+            pg_url, meter, counter, lambda: held.append(meter.reserve("s1", "calls", 4))
+        )
         assert held[0].allowed
         assert [str(exc) for exc in refused] == [
             "aggregation: 'calls' has held reservations: commit or cancel them before making "
@@ -215,45 +227,20 @@ def test_a_limit_is_made_a_gauge_only_after_the_reservations_being_decided(
         ]
         assert get_limit(meter.database, "calls") == CALENDAR
         held[0].cancel()
-        assert set_limits(meter.database, [gauge]) == [gauge]
+        assert set_limits(meter.database, [GAUGE]) == [GAUGE]
 
 
 def test_a_limit_priced_meanwhile_is_not_made_a_gauge(pg_url: str) -> None:
     # A price is being set (its check done, its write waiting for the
-    # limits' version row, held here) when the limit is redefined as a
-    # gauge: the change waits for the price, finds it and is refused.
-    outside = create_engine(pg_url, poolclass=NullPool)  # (not the meter's few connections)
+    # limits' version row) when the limit is redefined as a gauge: the
+    # change waits for the price, finds it and is refused.
     with Meter(pg_url, group_commit=False) as meter:
         set_limits(meter.database, [CALENDAR])
-        gauge = Limit("calls", 100, "1mo", window="calendar", aggregation="max")
-        blocker = outside.raw_connection()
-        refused: list[Exception] = []
-
-        def change() -> None:
-            try:
-                set_limits(meter.database, [gauge])
-            except InvalidInput as exc:
-                refused.append(exc)
-
-        try:
-            cursor = blocker.cursor()
-            cursor.execute("SELECT pg_backend_pid()")
-            pid = cursor.fetchone()[0]
-            cursor.execute("UPDATE limits_version SET version = version WHERE id = 1")
-            pricing = threading.Thread(target=lambda: meter.set_price("calls", "0.01", "USD"))
-            pricing.start()
-            changing = threading.Thread(target=change)
-            with outside.connect() as watch:
-                wait_until_blocked(watch, pid, "the price")
-                changing.start()
-                wait_until_waiting(watch, 2, "the price and the change")
-            blocker.commit()
-            pricing.join()
-            changing.join()
-        finally:
-            blocker.close()
-            outside.dispose()
-        assert [getattr(exc, "field", None) for exc in refused] == ["aggregation"]
+        version = "UPDATE limits_version SET version = version WHERE id = 1"
+        refused = _made_a_gauge_meanwhile(
+            pg_url, meter, version, lambda: meter.set_price("calls", "0.01", "USD")
+        )
+        assert [exc.field for exc in refused] == ["aggregation"]
         assert get_limit(meter.database, "calls") == CALENDAR
         assert meter.prices("calls")
 

@@ -10,7 +10,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from sqlalchemy import text
 
 from metering import FrozenClock, Limit, Meter
 from metering.domain.rollups import RollupKey
@@ -19,6 +18,7 @@ from metering.reports import usage_by_dimension_report
 from metering.storage.audit import AuditStore
 from metering.storage.limits import LimitStore
 from metering.upkeep.audit import run_audit
+from tests.lock_waits import wait_until_waiting
 
 NOW = datetime(2026, 11, 10, 12, 0, tzinfo=UTC)
 META = {"route": "/a", "model": "m1"}
@@ -130,17 +130,8 @@ def test_the_report_groups_by_a_key_its_limit_recorded_before(
 
 def _wait_for_locks(meter: Meter, count: int, thread: threading.Thread) -> None:
     """Until ``count`` sessions wait on a lock, or ``thread`` ended."""
-    waiting = text(
-        "SELECT count(*) FROM pg_stat_activity"
-        " WHERE wait_event_type = 'Lock' AND datname = current_database()"
-    )
     with meter.sql_engine.connect() as watch:
-        for _ in range(2000):
-            if watch.execute(waiting).scalar() >= count or not thread.is_alive():
-                return
-            watch.rollback()
-            threading.Event().wait(0.005)
-    raise AssertionError(f"{count} sessions never waited on a lock")
+        wait_until_waiting(watch, count, "the sessions", thread)
 
 
 def test_an_event_decided_with_the_old_dimensions_while_they_change_keeps_them(
