@@ -19,3 +19,16 @@ def wait_until_blocked(connection: Connection, blocker_pid: int, waiter: str) ->
         connection.rollback()  # the statistics are a snapshot per transaction
         assert time.monotonic() < deadline, f"{waiter} never waited for the open update"
         time.sleep(0.002)
+
+
+def wait_until_waiting(connection: Connection, waiters: int, what: str) -> None:
+    """Until ``waiters`` backends wait for a lock, whoever holds it; fails
+    naming ``what`` after `WAIT_SECONDS`."""
+    query = text(
+        "SELECT count(*) FROM pg_stat_activity WHERE cardinality(pg_blocking_pids(pid)) > 0"
+    )
+    deadline = time.monotonic() + WAIT_SECONDS
+    while connection.execute(query).scalar_one() < waiters:
+        connection.rollback()  # the statistics are a snapshot per transaction
+        assert time.monotonic() < deadline, f"{what} never waited"
+        time.sleep(0.002)
