@@ -583,9 +583,9 @@ def void(
 ) -> Correction:
     """Reverse an allowed event's charges (see `metering.domain.corrections`).
 
-    Idempotent: voiding an event again returns its correction
-    (``duplicate``); a correction id reused for another event raises
-    `CorrectionConflict`. A denied or rejected event, one older than
+    Idempotent: voiding an event again, or at once from elsewhere, returns
+    its correction (``duplicate``); a correction id reused for another event
+    raises `CorrectionConflict`. A denied or rejected event, one older than
     ``horizon_seconds`` or one never decided raise a `MeteringError`.
     """
     validate_event_id(event_id)
@@ -598,13 +598,17 @@ def void(
     now_us = database.now_us()
 
     def work(connection: Connection) -> Correction:
+        # Voids of one event take turns (its reservation, a cancel's first
+        # lock, then its result): the later ones find the first's correction.
+        ReservationStore(connection).get(event_id, lock=True)
+        store = Store(connection)
+        store.lock_result(event_id)
         allowances = AllowanceStore(connection)
         earlier = allowances.correction(correction_id=cid, event_id=event_id)
         if earlier is not None:
             if earlier.event_id != event_id:
                 raise CorrectionConflict(cid, earlier.event_id)
             return _correction_of(earlier, duplicate=True)
-        store = Store(connection)
         stored = store.fetch_results([event_id]).get(event_id)
         if stored is None:
             raise UnknownEvent(event_id)

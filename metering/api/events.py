@@ -123,9 +123,9 @@ async def post_events(
     body = await request.body()
     # Read by hand (no FastAPI parameter to validate on every request): rare,
     # and the usual request is still parsed in one pass.
-    idempotency_key = request.headers.get(IDEMPOTENCY_HEADER)
-    if idempotency_key is not None:
-        body = with_idempotency_key(body, kind, idempotency_key)
+    idempotency_keys = request.headers.getlist(IDEMPOTENCY_HEADER)
+    if idempotency_keys:
+        body = with_idempotency_key(body, kind, idempotency_keys)
     now = context.meter.clock()
     if wait == "decision":
         parsed = parse_events(body, kind, now, context.settings.api_max_events)

@@ -363,13 +363,16 @@ def idempotency_key(value: str) -> str:
         ) from None
 
 
-def with_idempotency_key(body: bytes, kind: BodyKind, value: str) -> bytes:
-    """The body of a request that carries an ``Idempotency-Key``: one plain
-    event whose ``event_id`` is the key. A body ``event_id`` equal to it is
-    fine; a different one, a batch or a CloudEvent (whose id is its own
-    ``(source, id)``) is a 400 problem. Only requests with the header come here:
-    the usual request is parsed in one pass, as before."""
-    key = idempotency_key(value)
+def with_idempotency_key(body: bytes, kind: BodyKind, values: Sequence[str]) -> bytes:
+    """The body of a request that carries an ``Idempotency-Key`` (``values``:
+    its header lines): one plain event whose ``event_id`` is the key. A body
+    ``event_id`` equal to it is fine; a different one, a batch, a CloudEvent
+    (whose id is its own ``(source, id)``) or the header twice (a list, RFC 9110
+    5.3) is a 400 problem. Only requests with the header come here: the usual
+    request is parsed in one pass, as before."""
+    if len(values) > 1:
+        raise _header_problem("is one id: send the header once")
+    key = idempotency_key(values[0])
     if kind != "json":
         raise _header_problem("names a plain event's id; a CloudEvent carries its own id")
     data = decode_json(body)

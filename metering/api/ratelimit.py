@@ -5,8 +5,10 @@ routes: every request made with a valid key is charged, as one unit, to
 subject ``apikey:<id>`` of the limit ``metering.api.requests``, a token
 bucket of ``METERING_API_RATE`` (default ``6000/1m``: bursts of 6000, 100 a
 second sustained). A key past it gets 429 (a problem, with ``Retry-After``
-and the ``RateLimit`` headers) while other keys go on. Requests without a
-valid key are not charged (they are refused, or the API is open).
+and the ``RateLimit`` headers) while other keys go on; a charge that cannot
+be made (the database down) is answered the problem a route answers for
+its error. Requests without a valid key are not charged (they are refused,
+or the API is open).
 
 `define_rate_limit` writes the limit at startup from the setting, through
 `Meter.set_product_limit`: the name is reserved (``metering.*``), so the
@@ -20,10 +22,10 @@ from collections.abc import MutableMapping
 from typing import Any, Final
 
 from metering.api.auth import STATE_KEY, ASGIApp, Receive, Send, key_subject
-from metering.api.problems import PROBLEM_JSON, problem_body
+from metering.api.problems import PROBLEM_JSON, problem_body, translate
 from metering.domain.decisions import Decision
 from metering.domain.limits import Limit
-from metering.errors import UnknownLimit
+from metering.errors import MeteringError, UnknownLimit
 from metering.meter import Meter
 from metering.middleware import MeteringMiddleware, RequestInfo
 from metering.middleware.core import DeniedResponse
@@ -64,6 +66,16 @@ def too_many(_request: RequestInfo, _decision: Decision, retry_after: int) -> De
     return DeniedResponse(429, [("content-type", PROBLEM_JSON)], json.dumps(body).encode())
 
 
+def unavailable(_request: RequestInfo, error: MeteringError) -> DeniedResponse:
+    """No decision (the database is down): the problem of ``error``, as a route answers it."""
+    slug, detail, errors, extra = translate(error)
+    body = problem_body(slug, detail, errors, **extra)
+    headers = [("content-type", PROBLEM_JSON)]
+    if body["status"] == 503:
+        headers.append(("retry-after", "5"))
+    return DeniedResponse(body["status"], headers, json.dumps(body).encode())
+
+
 class PerKeyRate:
     """`MeteringMiddleware` per API key, on the meter ``create_api`` opens.
 
@@ -87,6 +99,11 @@ class PerKeyRate:
         if self._metered is None:
             meter: Meter = scope["app"].state.metering.meter
             self._metered = MeteringMiddleware(
-                self.app, meter=meter, limit=RATE_LIMIT, key=_key, on_denied=too_many
+                self.app,
+                meter=meter,
+                limit=RATE_LIMIT,
+                key=_key,
+                on_denied=too_many,
+                on_unavailable=unavailable,
             )
         await self._metered(scope, receive, send)

@@ -139,9 +139,12 @@ def take_back(
     deleted or redefined as a window since. A window gets the cost back
     down to zero while it is current, and with ``past_windows`` (a void)
     after it ended too. A gauge's window takes ``level`` (`gauge_after`),
-    and the units it went down by.
+    and the units it went down by, but never goes down by more than the
+    charge's cost: a window summed before its limit became a gauge keeps
+    the rest (a gauge's own level is never below that).
     """
     if level is not None:
+        level = replace(level, used=max(level.used, state.used - charge.cost))
         return GiveBack(level, max(state.used - level.used, 0))
     if past_windows and charge.key.window_end_us != NO_WINDOW:
         returned = min(charge.cost, state.used)

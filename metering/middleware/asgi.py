@@ -81,7 +81,8 @@ class MeteringMiddleware(Middleware[ASGIApp]):
     ``RateLimit-Policy`` to every response; ``on_denied(request, decision,
     retry_after)`` builds your own refusal; ``fail_open`` lets requests
     through uncharged (instead of 503) while no decision can be made: the
-    database is unreachable, or the limit was deleted while the app runs.
+    database is unreachable, or the limit was deleted while the app runs;
+    ``on_unavailable(request, error)`` builds that 503 yourself.
     ``leases`` (default True) decides a key that is hot in this process from
     a block of units leased by the meter (`metering.reservations.leases`), in memory;
     ``leases=False`` sends every request to the database. The leases are

@@ -59,6 +59,7 @@ class DeniedResponse:
 
 
 DeniedBuilder = Callable[[RequestInfo, Decision, int], DeniedResponse]
+UndecidedBuilder = Callable[[RequestInfo, MeteringError], DeniedResponse]
 
 
 @dataclass
@@ -126,7 +127,8 @@ def default_denied(_request: RequestInfo, decision: Decision, retry_after: int) 
     return DeniedResponse(429, [("content-type", "application/json")], json.dumps(body).encode())
 
 
-def unavailable() -> DeniedResponse:
+def default_unavailable(_request: RequestInfo, _error: MeteringError) -> DeniedResponse:
+    """503 with ``Retry-After: 5`` and a JSON body saying no decision was made."""
     body = {"error": "metering_unavailable", "message": "Usage limits cannot be checked now."}
     return DeniedResponse(
         503, [("content-type", "application/json"), ("retry-after", "5")], json.dumps(body).encode()
@@ -145,6 +147,7 @@ class PolicyOptions(TypedDict, total=False):
     stacking: bool
     headers: bool
     on_denied: DeniedBuilder | None
+    on_unavailable: UndecidedBuilder | None
     fail_open: bool
     leases: bool
 
@@ -163,6 +166,7 @@ class Policy:
         stacking: bool = False,
         headers: bool = True,
         on_denied: DeniedBuilder | None = None,
+        on_unavailable: UndecidedBuilder | None = None,
         fail_open: bool = False,
         leases: bool = True,
     ) -> None:
@@ -181,6 +185,7 @@ class Policy:
         self.stacking = stacking
         self.headers = headers
         self.on_denied = on_denied or default_denied
+        self.on_unavailable = on_unavailable or default_unavailable
         self.fail_open = fail_open
         self.leases = bool(leases)
         self._default_rule = (self.limit, self.cost)
@@ -210,14 +215,18 @@ class Policy:
     def _undecided(self, request: RequestInfo, exc: MeteringError) -> Step:
         """No decision: the database is down (`StorageError`) or the setup is
         wrong (the limit was deleted while the app runs, a key function that
-        returns no string). 503, or let through uncharged with ``fail_open``."""
+        returns no string). `on_unavailable`'s refusal (503), or let through
+        uncharged with ``fail_open``."""
         cause = "unavailable" if isinstance(exc, StorageError) else "misconfigured"
         method, path = request.method, request.path
         if self.fail_open:
             log.warning("metering %s, %s %r let through uncharged: %s", cause, method, path, exc)
             return Step()
-        log.error("metering %s, %s %r refused with 503: %s", cause, method, path, exc)
-        return Step(response=unavailable())
+        refusal = self.on_unavailable(request, exc)
+        log.error(
+            "metering %s, %s %r refused with %d: %s", cause, method, path, refusal.status, exc
+        )
+        return Step(response=refusal)
 
     def enter(self, request: RequestInfo, context: RequestMetering) -> Step:
         """Charge this request (or not) and say whether it may go on."""

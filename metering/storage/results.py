@@ -163,6 +163,13 @@ class ResultStore(OnConnection):
                 rows.extend(self.connection.execute(query))
         return {row.event_id: record_from_row(row) for row in rows}
 
+    def lock_result(self, event_id: str) -> None:
+        """Lock ``event_id``'s result row, if there is one, until the
+        transaction ends (PostgreSQL; SQLite's BEGIN IMMEDIATE already
+        serialises writers)."""
+        query = select(results.c.event_id).where(results.c.event_id == event_id)
+        self.connection.execute(query.with_for_update())
+
     def window_results(self, key: CounterKey, except_id: str) -> list[tuple[str, int, int, str]]:
         """The allowed results but ``except_id`` that may hold a charge on
         ``key``'s window (event id, occurred_at_us, decided_at_us, charge

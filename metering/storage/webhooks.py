@@ -221,8 +221,10 @@ class WebhookStore:
             query = query.where(webhook_endpoints.c.enabled.is_(True))
         return [ENDPOINT.of_row(row) for row in self.connection.execute(query)]
 
-    def get_endpoint(self, endpoint_id: str) -> EndpointRecord | None:
+    def get_endpoint(self, endpoint_id: str, *, lock: bool = False) -> EndpointRecord | None:
         query = select(webhook_endpoints).where(webhook_endpoints.c.id == endpoint_id)
+        if lock:  # PostgreSQL; SQLite's BEGIN IMMEDIATE already serialises writers
+            query = query.with_for_update()
         row = self.connection.execute(query).first()
         return ENDPOINT.of_row(row) if row is not None else None
 
@@ -236,7 +238,10 @@ class WebhookStore:
         return bool(self.connection.execute(statement).rowcount)
 
     def delete_endpoint(self, endpoint_id: str) -> bool:
-        """Remove an endpoint with its deliveries and their attempts."""
+        """Remove an endpoint with its deliveries and their attempts. The
+        endpoint is locked first: a test ping writing its delivery meanwhile
+        (which locks it too) commits before, and its delivery goes as well."""
+        self.get_endpoint(endpoint_id, lock=True)
         ids = select(webhook_deliveries.c.id).where(webhook_deliveries.c.endpoint_id == endpoint_id)
         self.connection.execute(
             delete(webhook_attempts).where(webhook_attempts.c.delivery_id.in_(ids))
@@ -395,10 +400,12 @@ class WebhookStore:
             query = query.where(d.c.endpoint_id == endpoint_id)
         return [DELIVERY.of_row(r) for r in self.connection.execute(query)]
 
-    def get_delivery(self, delivery_id: int) -> DeliveryRecord:
+    def get_delivery(self, delivery_id: int) -> DeliveryRecord | None:
+        """The delivery, or None (its endpoint was removed since)."""
         d, m = webhook_deliveries, webhook_messages
         query = select(d, m.c.type).join(m, m.c.id == d.c.message_id).where(d.c.id == delivery_id)
-        return DELIVERY.of_row(self.connection.execute(query).one())
+        row = self.connection.execute(query).first()
+        return DELIVERY.of_row(row) if row is not None else None
 
     def attempts_of(self, delivery_id: int) -> list[AttemptRecord]:
         a = webhook_attempts

@@ -184,8 +184,8 @@ class Webhooks:
     def _run(self, work: Callable[[WebhookStore], T]) -> T:
         return self.database.run(lambda c: work(WebhookStore(c)))
 
-    def _get(self, store: WebhookStore, endpoint_id: str) -> EndpointRecord:
-        record = store.get_endpoint(endpoint_id)
+    def _get(self, store: WebhookStore, endpoint_id: str, *, lock: bool = False) -> EndpointRecord:
+        record = store.get_endpoint(endpoint_id, lock=lock)
         if record is None:
             raise UnknownWebhookEndpoint(endpoint_id)
         return record
@@ -360,7 +360,9 @@ class Webhooks:
         return self._run(lambda store: store.replay(ids, since_us, now_us))
 
     def send_test(self, endpoint_id: str) -> tuple[DeliveryRecord, list[AttemptRecord]]:
-        """Send a signed ``webhook.test`` ping now (once; it is recorded like any delivery)."""
+        """Send a signed ``webhook.test`` ping now (once; it is recorded like any
+        delivery). Its endpoint is locked while its delivery is written; one
+        removed while the ping is out is `UnknownWebhookEndpoint`."""
         validate_endpoint_id(endpoint_id)
         now_us = self.database.now_us()
         document = {
@@ -372,7 +374,7 @@ class Webhooks:
         box = self.box
 
         def work(store: WebhookStore) -> DeliveryJob:
-            endpoint = self._get(store, endpoint_id)
+            endpoint = self._get(store, endpoint_id, lock=True)
             box.open(endpoint.secret, endpoint.id)  # a key problem is an error, not a ping
             message_id = store.add_message(TEST_TYPE, encode_payload(document), [endpoint], now_us)
             job = store.claim_message(message_id, now_us + 3_600_000_000)
@@ -384,6 +386,8 @@ class Webhooks:
         settings = replace(self.settings or DeliverySettings.from_env(), schedule_seconds=())
         delivery.deliver_one(self.database, job, settings, box=box)
         record = self._run(lambda store: store.get_delivery(job.delivery_id))
+        if record is None:
+            raise UnknownWebhookEndpoint(endpoint_id)
         return record, self.attempts(job.delivery_id)
 
     def deliver_due(self) -> delivery.DeliveryReport:

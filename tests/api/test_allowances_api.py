@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import pytest
 import schemathesis
 from budgets import cases
 from hypothesis import HealthCheck, given, settings
+from lock_waits import wait_until_waiting
 from loopback import http_client
 from schemathesis import GenerationMode
 from schemathesis.specs.openapi.checks import (
@@ -28,6 +30,7 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
+from sqlalchemy import text
 
 from metering import FrozenClock, Limit, Meter
 from metering.api import create_api
@@ -321,6 +324,42 @@ def test_a_void_gives_back_once_and_a_denied_event_cannot_be_voided(
     assert listed == {"corrections": [correction]}
     assert http.get("/v1/corrections", params={"count": 1}).json() == listed
     assert used(meter, "org-1", "api_calls") == 1
+
+
+@pytest.mark.postgres
+def test_voids_of_one_event_at_once_are_one_correction(
+    serve_api: Serve, pg_url: str, clock: FrozenClock, tmp_path: Path
+) -> None:
+    """Clients voiding one grant-paid event at once, under other correction
+    ids, while its counter is locked: one void gives back, the others answer
+    it (200, ``duplicate``), never a grant given back twice (a 422). (The
+    pool holds the blocker, the watcher and the three voids.)"""
+    with (
+        Meter(pg_url, clock=clock, connections=20) as meter,
+        serve(serve_api, meter, tmp_path) as http,
+    ):
+        meter.set_limits(LIMITS)
+        meter.grant("org-1", "api_calls", 5, grant_id="g-1")
+        assert meter.consume("org-1", "api_calls", cost=7, event_id="job-1").allowed
+
+        def void(n: int) -> httpx.Response:
+            body = {"reason": "refund", "correction_id": f"c-{n}"}
+            return http.post("/v1/events/job-1/void", json=body)
+
+        with meter.sql_engine.connect() as other, meter.sql_engine.connect() as watcher:
+            other.execute(text("SELECT used FROM counters WHERE subject = 'org-1' FOR UPDATE"))
+            with ThreadPoolExecutor(3) as pool:
+                voiding = [pool.submit(void, n) for n in range(3)]
+                wait_until_waiting(watcher, 3, "the voids")
+                other.rollback()
+                answers = [future.result() for future in voiding]
+        statuses = sorted(a.status_code for a in answers)
+        assert statuses == [200, 200, 201], [a.text for a in answers]
+        [first] = [a.json() for a in answers if a.status_code == 201]
+        again = [a.json() for a in answers if a.status_code == 200]
+        assert again == [{**first, "duplicate": True}] * 2
+        assert (used(meter, "org-1", "api_calls"), meter.grants()[0].used) == (0, 0)
+        assert [c.correction_id for c in meter.corrections()] == [first["correction_id"]]
 
 
 BAD_VOIDS: list[tuple[str, str, Any, str]] = [

@@ -11,17 +11,22 @@ another goes on.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 from click.testing import CliRunner
 from fastapi import FastAPI
+from lock_waits import WAIT_SECONDS
 from loopback import http_client
-from sqlalchemy import select
+from servers import PostgresServer
+from sqlalchemy import make_url, select, text
 
 from metering import FrozenClock, Limit, Meter
 from metering.api import create_api
@@ -244,6 +249,63 @@ def test_a_noisy_key_gets_429_and_another_key_goes_on(
     assert isinstance(clock, FrozenClock)
     clock.advance(seconds=20)
     assert call(client, "read", noisy).status_code == 200
+
+
+@pytest.mark.postgres
+def test_a_key_whose_charge_meets_the_database_down_gets_a_503_problem(
+    serve_api: Serve, postgres_server: PostgresServer, pg_url: str, tmp_path: Path
+) -> None:
+    """The database goes away after the key was checked, while its request is
+    charged (its counter locked meanwhile: the charge's connection is cut and
+    no other is let in): a 503 problem, as every route answers; back, the key
+    goes on."""
+    with Meter(pg_url, clock=FrozenClock(NOW)) as meter:
+        _key, token = ApiKeys(meter).create("read")
+        settings = Settings(
+            meter.url, f"sqla+sqlite:///{tmp_path}/broker.db", api_rate=ApiRate(9, "1m")
+        )
+        client = http_client(base_url=serve_api(create_api(settings, meter=meter)), timeout=30)
+        name = make_url(pg_url).database
+        with (
+            client,
+            meter.sql_engine.connect() as blocker,
+            psycopg.connect(_libpq(postgres_server.url()), autocommit=True) as admin,
+        ):
+            assert call(client, "read", token).status_code == 200  # its last use written
+            blocker.execute(
+                text("SELECT 1 FROM counters WHERE limit_name = :l FOR UPDATE"), {"l": RATE_LIMIT}
+            )
+            blocker_pid = blocker.execute(text("SELECT pg_backend_pid()")).scalar_one()
+            with ThreadPoolExecutor(1) as pool:
+                answer = pool.submit(call, client, "read", token)
+                charge = _blocked_by(admin, blocker_pid)
+                admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+                try:
+                    admin.execute("SELECT pg_terminate_backend(%s)", [charge])
+                    refused = answer.result()
+                finally:
+                    admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+            blocker.rollback()
+            assert_problem(refused, 503, "database-unavailable")
+            assert refused.headers["retry-after"] == "5"
+            assert call(client, "read", token).status_code == 200
+
+
+def _libpq(url: str) -> str:
+    return url.replace("postgresql+psycopg://", "postgresql://")
+
+
+def _blocked_by(admin: psycopg.Connection[Any], blocker: int) -> int:
+    """The backend that waits for ``blocker``'s lock (polled, not slept for)."""
+    deadline = time.monotonic() + WAIT_SECONDS
+    while True:
+        row = admin.execute(
+            "SELECT pid FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))", [blocker]
+        ).fetchone()
+        if row is not None:
+            return int(row[0])
+        assert time.monotonic() < deadline, "the charge never waited for the locked counter"
+        time.sleep(0.002)
 
 
 def test_without_keys_the_api_is_open_until_one_is_created(

@@ -87,3 +87,21 @@ def test_the_openapi_document_describes_aggregation(http: httpx.Client) -> None:
     assert "aggregation" in document["components"]["schemas"]["LimitOut"]["properties"]
     cost = document["components"]["schemas"]["SingleEvent"]["properties"]["cost"]
     assert cost["minimum"] == 0 and "gauge" in cost["description"]
+
+
+def test_a_void_after_a_limit_became_a_gauge_takes_off_its_cost_alone(
+    http: httpx.Client, meter: Meter
+) -> None:
+    """Five events of 3 summed (15), then the limit made a gauge: the window
+    summed so far is not recounted, so voiding one takes 3 off (12), not the
+    window down to the peak of its events (3)."""
+    summed = {**GAUGE, "aggregation": "sum"}
+    assert http.put("/v1/limits/storage", json=summed).status_code == 200
+    for n in range(5):
+        event = {"event_id": f"job-{n}", "subject": "org-1", "limit": "storage", "cost": 3}
+        assert http.post("/v1/events", params={"wait": "decision"}, json=event).status_code == 200
+    assert http.put("/v1/limits/storage", json=GAUGE).status_code == 200
+    voided = http.post("/v1/events/job-0/void", json={"reason": "refund"})
+    assert voided.status_code == 201, voided.text
+    [usage] = http.get("/v1/subjects/org-1/usage").json()["limits"]
+    assert usage["used"] == 12

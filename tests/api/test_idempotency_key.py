@@ -69,6 +69,19 @@ def test_what_the_header_cannot_go_with_is_a_400(
     assert used(meter) == 0
 
 
+def test_two_keys_in_one_request_are_a_400(http: httpx.Client, meter: Meter) -> None:
+    """Two header lines are one list (RFC 9110, 5.3): no one id, as ``"a", "b"``
+    in one line is none. Nothing is charged under either."""
+    for value in ('"order-11"', "order-12"):  # the same key twice too
+        headers = [("Idempotency-Key", '"order-11"'), ("Idempotency-Key", value)]
+        for options in ({}, {"params": DECIDE}):
+            answer = http.post("/v1/events", json=EVENT, headers=headers, **options)
+            assert answer.status_code == 400, answer.text
+            assert [e["field"] for e in answer.json()["errors"]] == ["Idempotency-Key"]
+    assert used(meter) == 0
+    assert meter.result("order-11") is None
+
+
 def test_a_cloudevent_with_the_header_is_a_400(http: httpx.Client) -> None:
     cloud = {
         "specversion": "1.0",

@@ -105,6 +105,22 @@ def test_a_void_takes_a_windows_cost_back_down_to_zero_and_keeps_the_rest() -> N
     ).state == CounterState(used=5)
 
 
+def test_a_gauges_void_takes_its_level_but_never_more_than_the_cost() -> None:
+    gauge = Limit("disk", maximum=100, period="1h", aggregation="max")
+    charge = VoidedCharge(CounterKey("disk", "org", 100, 900), 3, ())
+    summed = CounterState(used=15, denied_count=1)  # summed before it became a gauge
+    level = CounterState(used=3, denied_count=1)
+    outcome = take_back(gauge, charge, summed, 0, past_windows=True, level=level)
+    assert (outcome.state, outcome.returned) == (replace(summed, used=12), 3)
+    peak = CounterState(used=40)  # its own reports: the peak voided, the next one
+    outcome = take_back(
+        gauge, replace(charge, cost=40), peak, 0, past_windows=True, level=CounterState(used=20)
+    )
+    assert (outcome.state, outcome.returned) == (CounterState(used=20), 20)
+    outcome = take_back(gauge, charge, peak, 0, past_windows=True, level=CounterState(used=40))
+    assert (outcome.state, outcome.returned) == (peak, 0)
+
+
 def test_a_void_gives_a_bucket_its_tokens_back_as_of_now() -> None:
     bucket = Limit("api", maximum=10, period="10s", algorithm="token_bucket")
     charge = VoidedCharge(CounterKey("api", "org", NO_WINDOW, NO_WINDOW), 4, ())

@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from lock_waits import wait_until_blocked, wait_until_waiting
 from sqlalchemy import create_engine
 from sqlalchemy.pool import NullPool
 
@@ -25,7 +26,6 @@ from metering.limits.service import (
     set_product_limit,
 )
 from metering.reservations import Reservation
-from tests.lock_waits import wait_until_blocked, wait_until_waiting
 
 
 @pytest.fixture

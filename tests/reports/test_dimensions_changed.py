@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from lock_waits import wait_until_waiting
 
 from metering import FrozenClock, Limit, Meter
 from metering.domain.rollups import RollupKey
@@ -18,7 +19,6 @@ from metering.reports import usage_by_dimension_report
 from metering.storage.audit import AuditStore
 from metering.storage.limits import LimitStore
 from metering.upkeep.audit import run_audit
-from tests.lock_waits import wait_until_waiting
 
 NOW = datetime(2026, 11, 10, 12, 0, tzinfo=UTC)
 META = {"route": "/a", "model": "m1"}
