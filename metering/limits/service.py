@@ -46,7 +46,7 @@ def set_limits(database: Database, limits: Iterable[Limit]) -> list[Limit]:
             _refuse_prices(connection, limit, now_us)
             _refuse_holds(connection, limit)
             before = store.load_limits([limit.name]).get(limit.name)
-            _refuse_currency_change(connection, before, limit, now_us)
+            _refuse_unit_change(connection, before, limit, now_us)
             store.upsert_limit(limit, now_us)
             notify(connection, None, limit.name)  # a lowered maximum: every process's leases
 
@@ -84,20 +84,29 @@ def _refuse_holds(connection: Connection, limit: Limit) -> None:
         )
 
 
-def _refuse_currency_change(
+def _counted_in(limit: Limit) -> str:
+    """What a limit's counters hold: units, a currency's minor units, or levels."""
+    if limit.currency is not None:
+        return limit.currency
+    return {"max": "peak levels", "latest": "last levels"}.get(limit.aggregation, "units")
+
+
+def _refuse_unit_change(
     connection: Connection, before: Limit | None, limit: Limit, now_us: int
 ) -> None:
     """A limit whose windows not yet over have usage counted does not change
-    what it counts in (units, or a currency's minor units): its windows' counters
-    would be read in the new unit, cents as units or units as cents."""
-    if before is None or before.currency == limit.currency:
+    what it counts in (units, a currency's minor units, a gauge's peak or
+    last level): its windows' counters would be read in the new one, cents
+    as units, a sum as a peak."""
+    if before is None or _counted_in(before) == _counted_in(limit):
         return
     if CounterStore(connection).used_in_windows_after(limit.name, now_us):  # (a scan: rare)
-        was, now = before.currency or "units", limit.currency or "units"
+        field = "currency" if before.currency != limit.currency else "aggregation"
         raise InvalidInput(
-            "currency",
-            f"{limit.name!r} has usage counted in {was} in a window not yet over: it would be "
-            f"read in {now}; give the limit a new name, or change it when its windows end",
+            field,
+            f"{limit.name!r} has usage counted in {_counted_in(before)} in a window not yet "
+            f"over: it would be read in {_counted_in(limit)}; give the limit a new name, or "
+            "change it when its windows end",
         )
 
 

@@ -19,8 +19,13 @@ GAUGE = {"maximum": 100, "period": "1mo", "window": "calendar", "aggregation": "
 
 
 @pytest.fixture
-def meter(sqlite_url: str) -> Iterator[Meter]:
-    with Meter(sqlite_url, clock=FrozenClock(NOW)) as m:
+def clock() -> FrozenClock:
+    return FrozenClock(NOW)
+
+
+@pytest.fixture
+def meter(sqlite_url: str, clock: FrozenClock) -> Iterator[Meter]:
+    with Meter(sqlite_url, clock=clock) as m:
         yield m
 
 
@@ -90,18 +95,23 @@ def test_the_openapi_document_describes_aggregation(http: httpx.Client) -> None:
 
 
 def test_a_void_after_a_limit_became_a_gauge_takes_off_its_cost_alone(
-    http: httpx.Client, meter: Meter
+    http: httpx.Client, meter: Meter, clock: FrozenClock
 ) -> None:
-    """Five events of 3 summed (15), then the limit made a gauge: the window
-    summed so far is not recounted, so voiding one takes 3 off (12), not the
-    window down to the peak of its events (3)."""
+    """Five events of 3 summed (15) in November; the limit is made a gauge
+    only once that window is over (before, a 400: its counter would be read
+    as a peak). Voiding one then takes 3 off (12), not the window down to the
+    peak of its events (3)."""
     summed = {**GAUGE, "aggregation": "sum"}
     assert http.put("/v1/limits/storage", json=summed).status_code == 200
     for n in range(5):
         event = {"event_id": f"job-{n}", "subject": "org-1", "limit": "storage", "cost": 3}
         assert http.post("/v1/events", params={"wait": "decision"}, json=event).status_code == 200
+    refused = http.put("/v1/limits/storage", json=GAUGE)
+    assert refused.status_code == 400
+    assert "counted in units in a window not yet over" in refused.text
+    clock.advance(days=9)  # December
     assert http.put("/v1/limits/storage", json=GAUGE).status_code == 200
     voided = http.post("/v1/events/job-0/void", json={"reason": "refund"})
     assert voided.status_code == 201, voided.text
-    [usage] = http.get("/v1/subjects/org-1/usage").json()["limits"]
-    assert usage["used"] == 12
+    [november] = meter.counters("org-1", "storage")
+    assert november.used == 12

@@ -214,7 +214,7 @@ def test_a_limit_is_made_a_gauge_only_after_the_reservations_being_decided(
     # hold and is refused, rather than leave a hold on a gauge.
     with Meter(pg_url, group_commit=False) as meter:
         set_limits(meter.database, [CALENDAR])
-        meter.consume("s1", "calls", 1)  # makes the counter
+        meter.reserve("s1", "calls", 1).cancel()  # makes the counter, nothing used
         held: list[Reservation] = []
         counter = "SELECT used FROM counters WHERE limit_name = 'calls' FOR UPDATE"
         refused = _made_a_gauge_meanwhile(
@@ -261,7 +261,8 @@ def test_the_same_definition_again_waits_for_no_decision(pg_url: str) -> None:
 
 def test_a_limit_with_usage_in_a_window_not_over_keeps_what_it_counts_in() -> None:
     # Made a spend limit, its counter's 3 units would be read as 3 cents of
-    # the cap; a spend limit made plain would read cents as units.
+    # the cap; a spend limit made plain would read cents as units; a sum
+    # made a gauge would read its sum as a peak.
     clock = FrozenClock(datetime(2026, 3, 2, tzinfo=UTC))
     with Meter("sqlite://", clock=clock) as meter:
         set_limits(meter.database, [CALENDAR, spend_limit("spend", "50.00", "USD", "1mo")])
@@ -273,17 +274,21 @@ def test_a_limit_with_usage_in_a_window_not_over_keeps_what_it_counts_in() -> No
             spend_limit("calls", "50.00", "USD", "1mo"),
             Limit("spend", 5000, "1mo"),
             spend_limit("spend", "50.00", "EUR", "1mo"),
+            Limit("calls", 100, "1mo", window="calendar", aggregation="max"),
         ]
-        units = zip(changes, ["units", "USD", "USD"], ["USD", "units", "EUR"], strict=True)
-        for changed, was, now in units:
-            with pytest.raises(InvalidInput, match=f"counted in {was} .* read in {now}") as raised:
+        was = ["units", "USD", "USD", "units"]
+        now = ["USD", "units", "EUR", "peak levels"]
+        fields = ["currency"] * 3 + ["aggregation"]
+        for changed, before, after, field in zip(changes, was, now, fields, strict=True):
+            with pytest.raises(InvalidInput, match=f"counted in {before} .* read in {after}") as e:
                 set_limits(meter.database, [changed])
-            assert raised.value.field == "currency"
+            assert e.value.field == field
         assert get_limit(meter.database, "calls") == CALENDAR
         raised_cap = spend_limit("spend", "80.00", "USD", "1mo")  # the same currency: kept
         assert set_limits(meter.database, [raised_cap]) == [raised_cap]
         clock.advance(timedelta(days=31))  # both windows over
         assert set_limits(meter.database, changes[:2]) == changes[:2]
+        assert set_limits(meter.database, changes[3:]) == changes[3:]
 
 
 def test_a_file_of_limits_is_stored(meter: Meter, tmp_path: Path) -> None:
