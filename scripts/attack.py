@@ -12,9 +12,9 @@ raised, entitlements down and up and removed, a price changed (tiered
 with a fee too), the spend cap lowered and raised, a limit deleted and
 defined again, a priced limit's dimensions changed, reservations
 committed (in full, in part, beyond) and cancelled, sweeps, checkouts
-retried and checked in, leases taken and settled, time zones, compaction
-and prune. A gauge (a window's peak) takes reports beside them, voided
-and reset too. ``--restart``
+retried and checked in, leases taken and settled, time zones, imports
+(with lines imported before), compaction and prune. A gauge (a window's
+peak) takes reports beside them, voided and reset too. ``--restart``
 (PostgreSQL) stops the server a third of the way in and starts it again:
 calls meanwhile fail to their caller.
 Then: every id decided at most once and every id whose call returned is
@@ -29,6 +29,7 @@ it is told to, on a throw-away server of the suite's own (`tests/servers`).
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
 import tempfile
@@ -85,6 +86,7 @@ OPERATIONS = [
     "lease",
     "recurring",
     "zone",
+    "import",
 ]
 
 
@@ -117,6 +119,7 @@ class Attack:
         self.ops: Tally[str] = Tally()
         self.allowed: list[str] = []
         self.beyond: list[str] = []  # committed at 6 of 4 units reserved
+        self.imported: list[str] = []  # the import lines so far
 
     def running(self) -> bool:
         return time.monotonic() < self.deadline
@@ -134,6 +137,24 @@ class Attack:
         if kind == 3:
             return subject, [(subject, "bursty", rng.randint(1, 5))], {}
         return subject, [(subject, "disk", rng.randint(0, DISK + 100))], {}
+
+    def import_lines(self, rng: random.Random, subject: str, tag: str) -> list[str]:
+        """Twenty new events of ``subject`` (calls or tokens), and ten
+        lines of an earlier import again (duplicates: nothing changes)."""
+        at = self.meter.clock().isoformat()
+        lines = [
+            json.dumps(
+                {
+                    "event_id": f"i{tag}-{k}",
+                    "subject": subject,
+                    "limit": rng.choice(["calls", "tokens"]),
+                    "cost": rng.randint(1, 5),
+                    "occurred_at": at,
+                }
+            )
+            for k in range(20)
+        ]
+        return lines + rng.sample(self.imported, min(10, len(self.imported)))
 
     def note(self, event_id: str, decision: object) -> None:
         with self.lock:
@@ -292,6 +313,16 @@ class Attack:
                     meter.lease(subject, "calls", rng.randint(1, 3))
                 elif op == "recurring":
                     meter.grant(subject, "calls", 30, every="1d", grant_id=f"g{tag}")
+                elif op == "import":  # a file of events, half of one imported before again
+                    lines = self.import_lines(rng, subject, tag)
+                    summary = meter.import_events(lines)
+                    if summary.bad or summary.conflicts:
+                        self.failed[
+                            f"import: {summary.bad} bad, {summary.conflicts} conflicts"
+                        ] += 1
+                    self.imported.extend(lines)
+                    with self.lock:
+                        self.returned.extend(json.loads(line)["event_id"] for line in lines)
                 elif op == "zone":  # from the end of each current window on
                     meter.set_time_zone(subject, rng.choice(["UTC", "America/New_York"]))
                 else:
