@@ -875,6 +875,15 @@ class RedisServer:
                 process.wait(timeout=REDIS_STOP_TIMEOUT)
         self._process = None
 
+    def kill(self) -> None:
+        """SIGKILL the server, as a crash: no final flush or fsync (what its
+        append-only file keeps is what it wrote before). `start` brings it back."""
+        process = self._process
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait(timeout=REDIS_STOP_TIMEOUT)
+        self._process = None
+
     def is_running(self) -> bool:
         """True while the server process this object started is alive."""
         return self._process is not None and self._process.poll() is None

@@ -100,6 +100,26 @@ def test_a_worker_survives_a_redis_restart_while_it_holds_a_message(
         assert "Traceback" not in worker.log(), worker.tail()
 
 
+def test_a_redis_killed_with_events_queued_loses_none(
+    pg_url: str, redis_url: str, redis_server: RedisServer, start_worker: StartWorker
+) -> None:
+    """Events queued with no worker up; Redis dies (SIGKILL: no shutdown
+    flush). Its append-only file has every command it answered (fsynced each
+    second: a process crash loses nothing, a machine's the last second), so
+    the worker started after it comes back applies each event once."""
+    at = datetime.now(UTC)
+    with Meter(pg_url) as meter:
+        meter.set_limits([CALLS])
+        emitted = list(stream(redis_url, at, "killed", 2_000, subjects=10, seed=8))
+        with redis_server.client() as client:
+            assert queue_state(client)[0] > 0  # waiting, nobody consuming
+        redis_server.kill()
+        redis_server.start()
+        worker = start_worker(cli=True)
+        wait_for_results(meter, len(emitted), [worker])
+        assert_each_once_and_counters_exact(meter, emitted, [worker])
+
+
 # -- the database unreachable at start, and gone for a while later ------------------
 
 
