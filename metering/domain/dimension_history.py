@@ -19,13 +19,15 @@ from dataclasses import dataclass
 class Era:
     """A limit's dimensions from the reset clock's ``tick`` on (``since_us``:
     when they were set); ``seeded``: by migration 0047, from the limit then;
-    ``distinct``: its seat key then (None: no seat limit, or not known)."""
+    ``distinct``: its seat key then (None: no seat limit, or not known);
+    ``aggregation``: ``sum``, ``max`` or ``latest`` then (None: not known)."""
 
     tick: int
     since_us: int
     dimensions: tuple[str, ...]
     seeded: bool = False
     distinct: str | None = None
+    aggregation: str | None = None
 
 
 def in_force(history: Sequence[Era], tick: int, decided_at_us: int) -> tuple[str, ...] | None:
@@ -56,3 +58,8 @@ def rolled_up_under(history: Sequence[Era], tick: int, decided_at_us: int) -> tu
 def ever_dimensioned(history: Sequence[Era]) -> bool:
     """Whether any era of ``history`` has dimensions."""
     return any(era.dimensions for era in history)
+
+
+def ever_gauge(history: Sequence[Era]) -> bool:
+    """Whether any era of ``history`` was a gauge's (a level, not a sum)."""
+    return any(era.aggregation in ("max", "latest") for era in history)

@@ -104,7 +104,7 @@ class LimitStore(OnConnection):
             self.connection.exec_driver_sql("SET LOCAL lock_timeout TO DEFAULT")
 
     def record_dimensions(self, chosen: Sequence[Limit], now_us: int) -> None:
-        """Append to the history the dimensions (and seat key) of each of
+        """Append to the history the dimensions (and seat key, aggregation) of each of
         ``chosen`` that its last era lacks (or that has none), before they
         are written, after `hold_decisions`."""
         changed = self._new_dimensions(chosen)
@@ -118,13 +118,14 @@ class LimitStore(OnConnection):
                 "since_us": now_us,
                 "dimensions": json.dumps(list(limit.dimensions)),
                 "distinct_key": limit.distinct,
+                "aggregation": limit.aggregation,
             }
             for limit in changed
         ]
         self.connection.execute(insert(limit_dimensions), rows)
 
     def _new_dimensions(self, chosen: Sequence[Limit]) -> list[Limit]:
-        """Those of ``chosen`` whose dimensions or seat key to append."""
+        """Those of ``chosen`` whose dimensions, seat key or aggregation to append."""
         history = self.dimension_history(limit.name for limit in chosen)
         return [
             limit
@@ -132,22 +133,26 @@ class LimitStore(OnConnection):
             if limit.name not in history
             or sorted(history[limit.name][-1].dimensions) != sorted(limit.dimensions)
             or history[limit.name][-1].distinct != limit.distinct
+            or history[limit.name][-1].aggregation != limit.aggregation
         ]
 
     def dimension_history(self, names: Iterable[str] | None = None) -> dict[str, list[Era]]:
         """Each limit's eras, by tick, of ``names`` (None: every limit's)."""
         d = limit_dimensions.c
-        query = select(d.limit_name, d.tick, d.since_us, d.dimensions, d.seeded, d.distinct_key)
+        query = select(
+            d.limit_name, d.tick, d.since_us, d.dimensions, d.seeded, d.distinct_key, d.aggregation
+        )
         if names is not None:
             wanted = sorted(set(names))
             if not wanted:
                 return {}
             query = query.where(d.limit_name.in_(wanted))
         found: dict[str, list[Era]] = {}
-        for name, tick, since_us, keys, seeded, distinct in self.connection.execute(
+        for name, tick, since_us, keys, seeded, distinct, aggregation in self.connection.execute(
             query.order_by(d.limit_name, d.tick)
         ):
-            era = Era(int(tick), int(since_us), tuple(json.loads(keys)), bool(seeded), distinct)
+            dimensions = tuple(json.loads(keys))
+            era = Era(int(tick), int(since_us), dimensions, bool(seeded), distinct, aggregation)
             found.setdefault(name, []).append(era)
         return found
 

@@ -90,6 +90,7 @@ limit_dimensions = Table(
     Column("dimensions", TEXT, nullable=False),  # JSON list of metadata keys
     Column("seeded", Boolean, nullable=False, server_default=false()),
     Column("distinct_key", string(64), nullable=True),  # its seat key (migration 0049)
+    Column("aggregation", string(8), nullable=True),  # sum, max or latest (migration 0050)
     PrimaryKeyConstraint("limit_name", "tick"),
 )
 

@@ -37,11 +37,13 @@ from metering.domain.audit import (
     seat_windows,
     spend_violations,
 )
+from metering.domain.dimension_history import ever_gauge
 from metering.domain.instants import from_us, to_us
 from metering.domain.kinds import sums_usage
 from metering.domain.limits import Limit
 from metering.meter import Meter
 from metering.storage.audit import CHECKED_TO, AuditStore, ResultRow
+from metering.storage.limits import LimitStore
 from metering.storage.queue_state import oldest_undecided, open_queues
 from metering.storage.store import Store
 from metering.upkeep.audit_rollups import RollupCheck
@@ -333,14 +335,21 @@ def _added(charged: str, held: str) -> Iterator[tuple[WindowKey, int, int]]:
 
 def _judged_keys(store: AuditStore, run: _Run, limits: dict[str, Limit]) -> list[WindowKey]:
     """The windows to judge: the touched ones, and in a full run every
-    counter, less gauges' and, in a full run, those retention pruned."""
+    counter, less gauges' (a limit that was one in some era too: its windows
+    then hold a level) and, in a full run, those retention pruned."""
     keys = set(run.touched)
     if run.full:
         keys.update(store.counters_of(None))
         whole_us = store.whole_from_us()
         if whole_us is not None:
             keys = {k for k in keys if k[2] >= whole_us}
-    return sorted(k for k in keys if (limit := limits.get(k[1])) is None or sums_usage(limit))
+    history = LimitStore(store.connection).dimension_history()
+    gauged = {name for name, eras in history.items() if ever_gauge(eras)}
+    return sorted(
+        k
+        for k in keys
+        if k[1] not in gauged and ((limit := limits.get(k[1])) is None or sums_usage(limit))
+    )
 
 
 def _judge_windows(

@@ -586,26 +586,30 @@ def test_migration_0048_names_what_a_reset_dropped_in_a_cancels_given_back(
         assert named["less"] == [["org", "a", 2], ["org", "b", 1]]  # a commit named them already
 
 
-def _seat_keys_across_0049(url: str) -> list[tuple[str, Any]]:
-    """The seat key 0049's upgrade gives each defined limit's last era, after
-    its downgrade dropped the column (a deleted limit's eras: not known)."""
+def _last_eras_across(url: str, below: str, column: str, limits: list[Limit]) -> list[Any]:
+    """The ``column`` a migration's upgrade gives each defined limit's last
+    era, after its downgrade to ``below`` dropped it (``limits`` defined, the
+    one named "gone" deleted: its eras are not known)."""
     _upgrade(url, "head")
     clock = FrozenClock(datetime(2026, 11, 10, 12, 0, tzinfo=UTC))
     with Meter(url, clock=clock) as meter:
-        meter.set_limit(Limit("seats", maximum=5, period="1d", distinct="user"))
-        meter.set_limit(Limit("plain", maximum=5, period="1d", dimensions=["k"]))
-        meter.set_limit(Limit("gone", maximum=5, period="1d", distinct="user"))
+        meter.set_limits(limits)
         meter.delete_limit("gone")
     engine = make_engine(url)
-    _downgrade(engine, "0048")
+    _downgrade(engine, below)
     _upgrade(url, "head")
     with engine.connect() as connection:
-        found = connection.execute(
-            text("SELECT limit_name, distinct_key FROM limit_dimensions ORDER BY limit_name")
-        )
-        keys = [(str(name), key) for name, key in found]
+        query = f"SELECT limit_name, {column} FROM limit_dimensions ORDER BY limit_name"
+        found = [(str(name), value) for name, value in connection.execute(text(query))]
     engine.dispose()
-    return keys
+    return found
+
+
+def _seat_keys_across_0049(url: str) -> list[Any]:
+    seats = Limit("seats", maximum=5, period="1d", distinct="user")
+    plain = Limit("plain", maximum=5, period="1d", dimensions=["k"])
+    gone = Limit("gone", maximum=5, period="1d", distinct="user")
+    return _last_eras_across(url, "0048", "distinct_key", [seats, plain, gone])
 
 
 def test_migration_0049_gives_each_defined_limits_last_era_its_seat_key(
@@ -613,3 +617,17 @@ def test_migration_0049_gives_each_defined_limits_last_era_its_seat_key(
 ) -> None:
     expected = [("gone", None), ("plain", None), ("seats", "user")]
     assert _on_both(tmp_path, postgres_server, _seat_keys_across_0049) == [expected, expected]
+
+
+def _aggregations_across_0050(url: str) -> list[Any]:
+    disk = Limit("disk", maximum=5, period="1d", aggregation="latest")
+    plain = Limit("plain", maximum=5, period="1d")
+    gone = Limit("gone", maximum=5, period="1d", aggregation="max")
+    return _last_eras_across(url, "0049", "aggregation", [disk, plain, gone])
+
+
+def test_migration_0050_gives_each_defined_limits_last_era_its_aggregation(
+    tmp_path: Path, postgres_server: PostgresServer
+) -> None:
+    expected = [("disk", "latest"), ("gone", None), ("plain", "sum")]
+    assert _on_both(tmp_path, postgres_server, _aggregations_across_0050) == [expected, expected]

@@ -507,3 +507,19 @@ def test_a_reset_after_a_commit_of_more_clears_what_it_added(
     clock.advance(minutes=2)
     assert run_audit(meter, full=not incremental).violations == ()
     assert run_audit(meter, full=True).violations == ()
+
+
+def test_a_gauges_windows_are_not_summed_once_its_limit_adds_up(
+    meter: Meter, clock: FrozenClock
+) -> None:
+    # November's window held the peak of its reports (40, of 40 and 30); the
+    # limit made a sum in December: that window still holds a level.
+    gauge = Limit("disk", maximum=100, period="1mo", window="calendar", aggregation="max")
+    meter.set_limit(gauge)
+    meter.consume("org", "disk", 40)
+    meter.consume("org", "disk", 30)
+    clock.advance(days=25)  # December
+    meter.set_limit(Limit("disk", maximum=100, period="1mo", window="calendar"))
+    meter.consume("org", "disk", 5)
+    assert [c.used for c in meter.counters("org", "disk")] == [40, 5]
+    assert run_audit(meter, full=True).violations == ()
