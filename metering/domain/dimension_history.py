@@ -60,6 +60,11 @@ def ever_dimensioned(history: Sequence[Era]) -> bool:
     return any(era.dimensions for era in history)
 
 
+def ever_seats(history: Sequence[Era]) -> bool:
+    """Whether any era of ``history`` was a seat limit's (a seat key)."""
+    return any(era.distinct for era in history)
+
+
 def ever_gauge(history: Sequence[Era]) -> bool:
     """Whether any era of ``history`` was a gauge's (a level, not a sum)."""
     return any(era.aggregation in ("max", "latest") for era in history)

@@ -13,7 +13,7 @@ undecided queued events (given a broker) are found too; one ``audit.violation`` 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import partial
@@ -37,7 +37,7 @@ from metering.domain.audit import (
     seat_windows,
     spend_violations,
 )
-from metering.domain.dimension_history import ever_gauge
+from metering.domain.dimension_history import Era, ever_gauge
 from metering.domain.instants import from_us, to_us
 from metering.domain.kinds import sums_usage
 from metering.domain.limits import Limit
@@ -191,9 +191,14 @@ def _audit(
     limits = {limit.name: limit for limit in Store(store.connection).list_limits()}
     currencies = {name: limit.currency for name, limit in limits.items() if limit.currency}
     distinct = {name: limit.distinct for name, limit in limits.items() if limit.distinct}
-    rollups = None if run.after_us is not None else RollupCheck(store, limits, run.touched_after_us)
+    history = LimitStore(store.connection).dimension_history()
+    rollups = (
+        None
+        if run.after_us is not None
+        else RollupCheck(store, limits, history, run.touched_after_us)
+    )
     seen = _read_ledger(store, run, currencies, distinct, rollups)
-    keys = _judged_keys(store, run, limits)
+    keys = _judged_keys(store, run, limits, history)
     used = store.counters_of(keys)
     run.violations.extend(_judge_windows(store, seen, keys, used, limits))
     run.violations.extend(_judge_seats(store, run, keys, used, distinct))
@@ -333,17 +338,19 @@ def _added(charged: str, held: str) -> Iterator[tuple[WindowKey, int, int]]:
             yield key, extra, maximum
 
 
-def _judged_keys(store: AuditStore, run: _Run, limits: dict[str, Limit]) -> list[WindowKey]:
+def _judged_keys(
+    store: AuditStore, run: _Run, limits: dict[str, Limit], history: Mapping[str, Sequence[Era]]
+) -> list[WindowKey]:
     """The windows to judge: the touched ones, and in a full run every
-    counter, less gauges' (a limit that was one in some era too: its windows
-    then hold a level) and, in a full run, those retention pruned."""
+    counter, less gauges' (a limit that was one in some era of its
+    ``history`` too: its windows then hold a level) and, in a full run,
+    those retention pruned."""
     keys = set(run.touched)
     if run.full:
         keys.update(store.counters_of(None))
         whole_us = store.whole_from_us()
         if whole_us is not None:
             keys = {k for k in keys if k[2] >= whole_us}
-    history = LimitStore(store.connection).dimension_history()
     gauged = {name for name, eras in history.items() if ever_gauge(eras)}
     return sorted(
         k

@@ -17,23 +17,29 @@ from typing import Any
 
 from metering.domain.audit import Violation
 from metering.domain.audit_rollups import RollupLedger, Settlement, judge_rollups
+from metering.domain.dimension_history import Era, ever_seats
 from metering.domain.limits import Limit
 from metering.domain.rollups import CONSUMED, SPEND_DIMENSION, RollupKey, hour_start_us
 from metering.storage.audit import AuditStore, SettledRow
-from metering.storage.limits import LimitStore
 
 
 class RollupCheck:
     """One run's rollup check: give it every result read (`read`), then ask
-    for its `violations`. ``after_us``: a ``since`` run's instant (None: a full run)."""
+    for its `violations`. ``history``: every limit's dimension history;
+    ``after_us``: a ``since`` run's instant (None: a full run)."""
 
-    def __init__(self, store: AuditStore, limits: Mapping[str, Limit], after_us: int | None):
+    def __init__(
+        self,
+        store: AuditStore,
+        limits: Mapping[str, Limit],
+        history: Mapping[str, Sequence[Era]],
+        after_us: int | None,
+    ):
         self.store = store
         self.after_us = after_us
-        history = LimitStore(store.connection).dimension_history()
-        # A seat limit now, or in some era (deleted, or made plain, since).
+        # A seat limit now, or in some era of its ``history`` (deleted, or made plain, since).
         seats = {name for name, limit in limits.items() if limit.distinct}
-        seats.update(name for name, eras in history.items() if any(e.distinct for e in eras))
+        seats.update(name for name, eras in history.items() if ever_seats(eras))
         self.ledger = RollupLedger(history, frozenset(seats))
         self.voided = store.voided()
         self.settled = {row[0]: row for row in store.settled()}

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from metering.domain.dimension_history import Era, ever_dimensioned, in_force, rolled_up_under
+from metering.domain.dimension_history import (
+    Era,
+    ever_dimensioned,
+    ever_gauge,
+    ever_seats,
+    in_force,
+    rolled_up_under,
+)
 
 SEED = Era(10, 500, ("route",), seeded=True)
 ADDED = Era(14, 900, ("route", "plan"))
@@ -36,3 +43,12 @@ def test_a_history_has_dimensions_when_an_era_has_some() -> None:
     assert ever_dimensioned([REMOVED, SEED])
     assert not ever_dimensioned([REMOVED])
     assert not ever_dimensioned([])
+
+
+def test_a_history_was_a_seat_limits_or_a_gauges_when_an_era_was() -> None:
+    seats, gauge = Era(30, 1_100, (), distinct="user"), Era(31, 1_200, (), aggregation="max")
+    assert ever_seats([REMOVED, seats]) and not ever_seats([REMOVED, gauge])
+    assert ever_gauge([seats, gauge]) and not ever_gauge(
+        [seats, Era(32, 1_300, (), aggregation="sum")]
+    )
+    assert not ever_gauge([REMOVED])  # not known: not a gauge
