@@ -1,13 +1,12 @@
 """Giving an event's usage back: the one transaction step of cancel, commit of less and void.
 
-`give_back` takes the units of some charges of one decided event back from the counters,
-the grants (the last drawn first) and the usage rollups, in the engines' lock order
-(counters, then grants); a gauge's counter takes the level its remaining reports give
-(`gauge_after`); the rollups, the rows of the dimensions the event was decided under
-(`rolled_up_under`). The rules are pure (`metering.domain.corrections`, `given_back_deltas`);
-the SQL is in the stores. Exactly once is the callers' part: a reservation's ``given_back``
-(`still_charged`), a void's correction record, the reset log (`resets_after`): a charge whose
-counter a reset cleared after the event gives back to its rollups alone.
+`give_back` takes the units of some charges of one decided event back from the counters, the
+grants (the last drawn first) and the usage rollups, in the engines' lock order (counters, then
+grants); a counter the event counted in as a gauge's (by its era: `counted_by`) takes the level
+its remaining reports give (`gauge_after`); the rollups, the rows of the dimensions it was
+decided under (`rolled_up_under`). The rules are pure (`metering.domain.corrections`); the SQL
+is in the stores. Exactly once is the callers' part: a reservation's ``given_back``, a void's
+correction record, the reset log (`resets_after`: a cleared counter gives back to rollups alone).
 """
 
 from __future__ import annotations
@@ -28,8 +27,8 @@ from metering.domain.corrections import (
     not_reset,
     taken_back,
 )
-from metering.domain.dimension_history import ever_dimensioned, rolled_up_under
-from metering.domain.limits import Limit
+from metering.domain.dimension_history import counted_by, ever_dimensioned, rolled_up_under
+from metering.domain.limits import GAUGES, Limit
 from metering.domain.rollups import given_back_deltas, merged, spend_given_back
 from metering.domain.state import CounterState
 from metering.storage.allowances import AllowanceStore, DrawKey
@@ -171,14 +170,15 @@ def _take_back(
         left = not_reset(left, resets)
     cleared = [not any(charge is item.charge for charge in left) for item in kept]
     states = store.lock_counters({charge.key for charge in left}, now_us)
+    kinds = _counted_by(store, event, left, limits) if event is not None else {}
     levels = {
         charge.key: gauge_after(
-            limit,
+            kind,
             states.get(charge.key, CounterState()),
             gauge_reports(charge.key, store.window_results(charge.key, event.event_id)),
         )
         for charge in left
-        if event is not None and (limit := limits.get(charge.key.limit)) and limit.is_gauge
+        if event is not None and (kind := kinds.get(charge.key.limit, "sum")) in GAUGES
     }
     changed, units = taken_back(
         limits, left, states, now_us, past_windows=past_windows, levels=levels
@@ -189,6 +189,25 @@ def _take_back(
         Returned(item.charge, not gone, *((0, []) if gone else next(restored)))
         for item, gone in zip(kept, cleared, strict=True)
     ]
+
+
+def _counted_by(
+    store: Store, event: ResultRecord, charges: Sequence[VoidedCharge], limits: Mapping[str, Limit]
+) -> dict[str, str]:
+    """How each limit of ``charges`` counted ``event``: by the aggregation
+    of the era it was decided under (a gauge made a sum once its windows
+    were over still holds levels there), else by today's."""
+    names = {charge.key.limit for charge in charges}
+    history = store.dimension_history(names)
+    tick = store.reset_tick_of(event.event_id) if history else None
+    found = {}
+    for name in names:
+        limit = limits.get(name)
+        today = limit.aggregation if limit is not None else None
+        kind = counted_by(history.get(name, []), tick, event.decided_at_us, today)
+        if kind is not None:
+            found[name] = kind
+    return found
 
 
 def restore_grants(

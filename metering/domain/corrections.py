@@ -112,13 +112,13 @@ def gauge_reports(key: CounterKey, found: Sequence[tuple[str, int, int, str]]) -
     return reports
 
 
-def gauge_after(limit: Limit, state: CounterState, reports: Sequence[Report]) -> CounterState:
+def gauge_after(aggregation: str, state: CounterState, reports: Sequence[Report]) -> CounterState:
     """A gauge counter's state once a void left only ``reports`` in its window:
     their peak (``max``) or the latest one's value and instant (``latest``),
     else 0; denials stay as they were."""
     if not reports:
         return replace(state, used=0, tat_us=None)
-    if limit.aggregation == "max":
+    if aggregation == "max":
         return replace(state, used=max(report[3] for report in reports), tat_us=None)
     occurred_at_us, _, _, value = max(reports)
     return replace(state, used=value, tat_us=occurred_at_us)
@@ -138,10 +138,10 @@ def take_back(
     A bucket gets its tokens back as of now (`give_back`), unless it was
     deleted or redefined as a window since. A window gets the cost back
     down to zero while it is current, and with ``past_windows`` (a void)
-    after it ended too. A gauge's window takes ``level`` (`gauge_after`),
-    and the units it went down by, but never goes down by more than the
-    charge's cost: a window summed before its limit became a gauge keeps
-    the rest (a gauge's own level is never below that).
+    after it ended too. A window counted as a gauge's when the event was
+    decided takes ``level`` (`gauge_after`), and the units it went down by,
+    but never goes down by more than the charge's cost (a gauge's own level
+    is never below that).
     """
     if level is not None:
         level = replace(level, used=max(level.used, state.used - charge.cost))

@@ -30,6 +30,7 @@ ENFORCEMENTS: Final = ("hard", "soft", "shadow")
 # ``sum``: usage is a flow, the costs add up. ``max`` and ``latest`` make a
 # gauge: each event reports a level (`metering.domain.windows.gauge_level`).
 AGGREGATIONS: Final = ("sum", "max", "latest")
+GAUGES: Final = ("max", "latest")  # a level, not a sum
 
 NAME_PATTERN: Final = re.compile(r"[a-z0-9_.:\-]{1,64}")
 # Limits named so belong to the product (the API's own rate limit per key):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from metering.domain.dimension_history import (
     Era,
+    counted_by,
     ever_dimensioned,
     ever_gauge,
     ever_seats,
@@ -52,3 +53,13 @@ def test_a_history_was_a_seat_limits_or_a_gauges_when_an_era_was() -> None:
         [seats, Era(32, 1_300, (), aggregation="sum")]
     )
     assert not ever_gauge([REMOVED])  # not known: not a gauge
+
+
+def test_a_result_was_counted_by_its_eras_aggregation_else_by_todays() -> None:
+    gauge, summed = Era(30, 1_100, (), aggregation="max"), Era(40, 1_200, (), aggregation="sum")
+    history = [REMOVED, gauge, summed]
+    assert counted_by(history, 35, 0, "sum") == "max"  # a gauge's then, a sum now
+    assert counted_by(history, 45, 0, "max") == "sum"
+    assert counted_by(history, 25, 0, "latest") == "latest"  # its era's not known
+    assert counted_by(history, None, 0, "sum") == "sum"  # no result
+    assert counted_by([], 35, 0, None) is None  # the limit gone, no history

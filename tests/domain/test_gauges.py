@@ -224,11 +224,11 @@ def test_a_void_recomputes_the_level_from_the_reports_left() -> None:
     reports = gauge_reports(KEY, found)
     assert sorted(r[2] for r in reports) == ["a", "b", "d"]  # c consumed nothing
     state = CounterState(used=9, denied_count=2, tat_us=START_US + 20)
-    assert gauge_after(_gauge("max"), state, reports) == CounterState(used=7, denied_count=2)
+    assert gauge_after("max", state, reports) == CounterState(used=7, denied_count=2)
     # The latest by event time, ties by decision: b (decided at 2) after d (at 1).
-    latest = gauge_after(_gauge("latest"), state, reports)
+    latest = gauge_after("latest", state, reports)
     assert latest == CounterState(used=3, denied_count=2, tat_us=START_US + 9)
-    assert gauge_after(_gauge("max"), state, []) == CounterState(used=0, denied_count=2)
+    assert gauge_after("max", state, []) == CounterState(used=0, denied_count=2)
 
 
 def test_cost_0_is_a_gauge_level_and_refused_elsewhere() -> None:

@@ -36,6 +36,7 @@ from metering.engine.answers import Declined
 from metering.engine.one_trip import ONE_TRIP_IMPLEMENTS, prepare
 from metering.errors import InvalidInput
 from metering.reports import overage_report
+from metering.upkeep.audit import run_audit
 from metering.webhooks import Webhooks
 
 START = datetime(2026, 11, 30, 22, 10, tzinfo=UTC)  # a month's end is near
@@ -338,6 +339,26 @@ def test_a_void_after_a_reset_ignores_the_reports_the_reset_cleared(meter: Meter
     meter.consume("org-1", "storage", 30, event_id="after-2")
     meter.void("after-2", "test")
     assert _used(meter, "org-1", "storage") == 20  # not 90: the reset cleared it
+
+
+def test_a_void_in_a_window_over_before_a_gauge_became_a_sum_recomputes_its_peak(
+    meter: Meter,
+) -> None:
+    # November's window holds the peak of 40 and 30; storage adds up from
+    # December. Voiding November's reports after that still reads them as
+    # levels, by the aggregation their era had, not today's.
+    meter.consume("org-1", "storage", 40, event_id="peak")
+    meter.consume("org-1", "storage", 30, event_id="lower")
+    clock = meter.clock
+    assert isinstance(clock, FrozenClock)
+    clock.advance(hours=2)  # December
+    meter.set_limit(Limit("storage", maximum=100, period="1mo", window="calendar"))
+    meter.consume("org-1", "storage", 5)
+    meter.void("peak", "wrong reading")
+    assert [c.used for c in meter.counters("org-1", "storage")] == [30, 5]  # not 0
+    meter.void("lower", "wrong reading")
+    assert [c.used for c in meter.counters("org-1", "storage")] == [0, 5]
+    assert run_audit(meter, full=True).violations == ()
 
 
 def test_an_entitlement_lowers_the_maximum_in_force(meter: Meter) -> None:
