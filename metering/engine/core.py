@@ -38,8 +38,8 @@ from metering.engine.answers import (
     InvalidPolicy,
     Unacceptable,
 )
-from metering.engine.fast import LimitCache
 from metering.engine.group import GroupCommit
+from metering.engine.limit_cache import LimitCache
 from metering.engine.paths import Direct, OnConnection, OneTrip, Path, Reference
 from metering.storage.database import Database
 from metering.storage.hot import HotStore

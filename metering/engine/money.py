@@ -9,7 +9,7 @@ pure `decide_event` stacks them with the event's own charges: all or
 nothing, in the same transaction. A charge that would cost more than the
 largest amount makes its event unacceptable (`Money.refusal`), as a bad
 time does. The fast path does the same with every price and spend limit
-cached with the limits (`Pricing`, kept by `metering.engine.fast.LimitCache`).
+cached with the limits (`Pricing`, kept by `metering.engine.limit_cache.LimitCache`).
 
 A tiered price or a flat fee (`Price.counted`) charges by what its window
 held before the event: the event carries its spend charges from the start

@@ -28,7 +28,13 @@ from metering.domain.rules import Rule
 from metering.domain.windows import calendar_window
 from metering.domain.zones import ZoneHistory, billing_month
 from metering.engine.answers import Declined
-from metering.engine.fast import Allowances, CalendarWindows, LimitCache, rules_for, seat_value
+from metering.engine.limit_cache import (
+    Allowances,
+    CalendarWindows,
+    LimitCache,
+    rules_for,
+    seat_value,
+)
 from metering.engine.money import FOREVER_US
 from metering.errors import InvalidInput
 from metering.storage.hot.one_trip import (

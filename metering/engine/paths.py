@@ -39,13 +39,8 @@ from metering.engine.answers import (
     Declined,
     NotHeld,
 )
-from metering.engine.fast import (
-    FAST_IMPLEMENTS,
-    LimitCache,
-    apply_records,
-    check_record,
-    refused_event,
-)
+from metering.engine.fast import FAST_IMPLEMENTS, apply_records, check_record, refused_event
+from metering.engine.limit_cache import LimitCache
 from metering.engine.money import Money
 from metering.engine.one_trip import ONE_TRIP_IMPLEMENTS, STATS, learn_held, prepare
 from metering.engine.reference import (

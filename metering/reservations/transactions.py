@@ -49,7 +49,7 @@ from metering.domain.state import NO_WINDOW, CounterKey, CounterState
 from metering.engine.answers import CONFLICT, DUPLICATE, Declined, Hold, NotHeld
 from metering.engine.breakers import Breakers
 from metering.engine.core import Engine
-from metering.engine.fast import LimitCache
+from metering.engine.limit_cache import LimitCache
 from metering.engine.reference import decision_of
 from metering.errors import (
     EventConflict,

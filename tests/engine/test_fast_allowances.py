@@ -25,7 +25,7 @@ from metering import FrozenClock, Limit, Meter
 from metering.domain.events import EventRecord
 from metering.domain.needs import Need
 from metering.domain.rules import Rule
-from metering.engine.fast import Allowances
+from metering.engine.limit_cache import Allowances
 from metering.storage.recurring import ScheduleRecord
 from metering.storage.tables import counters, webhook_messages
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from metering import Limit
 from metering.domain.rules import Rule
-from metering.engine.fast import LimitCache
+from metering.engine.limit_cache import LimitCache
 
 
 def _rules(*limits: Limit) -> dict[str, Rule]:

@@ -20,7 +20,7 @@ from sqlalchemy import Engine, insert, text
 
 from metering import FrozenClock, Limit, Meter
 from metering.domain.events import UsageEvent, make_event
-from metering.engine.fast import LimitCache
+from metering.engine.limit_cache import LimitCache
 from metering.engine.one_trip import STATS, prepare
 from metering.engine.seats import HeldCache
 from metering.storage.connections import make_engine

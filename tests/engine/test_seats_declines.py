@@ -20,7 +20,8 @@ from metering.domain.needs import Need
 from metering.domain.rules import Rule
 from metering.domain.windows import calendar_window
 from metering.engine.answers import Batch, Declined, Hold
-from metering.engine.fast import Allowances, LimitCache, apply_records, check_record
+from metering.engine.fast import apply_records, check_record
+from metering.engine.limit_cache import Allowances, LimitCache
 from metering.engine.one_trip import prepare
 from metering.storage.hot import ReadRequest, Snapshot, WantedSeat
 

@@ -17,7 +17,7 @@ from sqlalchemy import select
 from metering import FrozenClock, Limit, Meter
 from metering.domain.decisions import ChargeDecision
 from metering.domain.events import make_event
-from metering.engine.fast import LimitCache
+from metering.engine.limit_cache import LimitCache
 from metering.engine.one_trip import STATS
 from metering.storage.tables import corrections, distinct_values, results
 from metering.upkeep.audit import run_audit
