@@ -12,6 +12,7 @@ from typing import Any, Final, NamedTuple
 from sqlalchemy import and_, exists, func, literal_column, not_, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
+from metering.domain.events import FUTURE_TOLERANCE_US
 from metering.domain.jsonable import encoder
 from metering.domain.state import CounterKey
 from metering.storage.on_connection import OnConnection, chunks
@@ -219,8 +220,12 @@ class ResultStore(OnConnection):
             ),
         )
         voided = exists().where(corrections.c.event_id == results.c.event_id)
+        earliest_us = start - 2 * (end - start)
         return select(results.c.event_id, *columns).where(
-            results.c.occurred_at_us >= start - 2 * (end - start),
+            # No event is decided before it occurred less the future's tolerance:
+            # the decided time's index narrows the scan to the window's reach.
+            results.c.decided_at_us >= earliest_us - FUTURE_TOLERANCE_US,
+            results.c.occurred_at_us >= earliest_us,
             results.c.occurred_at_us < end,
             results.c.outcome.in_(("allowed", "overage")),
             results.c.event_id != except_id,

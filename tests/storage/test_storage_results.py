@@ -10,6 +10,7 @@ from typing import TypeVar
 import pytest
 
 from metering import Meter
+from metering.domain.events import FUTURE_TOLERANCE_US
 from metering.domain.state import CounterKey
 from metering.storage.on_connection import PG_BULK_ROWS
 from metering.storage.results import ResultRecord, ResultStore, record_from_row, result_row
@@ -112,6 +113,18 @@ def test_a_windows_results_are_the_allowed_ones_in_reach(meter: Meter) -> None:
     assert sorted(event_id for event_id, *_ in found) == ["in", "late", "soft"]
     in_row = next(row for row in found if row[0] == "in")
     assert in_row[1:3] == (start, start + 1)
+
+
+def test_a_windows_results_are_found_by_when_they_were_decided_too(meter: Meter) -> None:
+    # The decided time's index narrows the scan: an event may be decided up to
+    # the future's tolerance before it occurred, and no earlier.
+    start, end = 10 * HOUR, 11 * HOUR
+    earliest = start - 2 * HOUR
+    ahead = _record("ahead", at=earliest, decided_at_us=earliest - FUTURE_TOLERANCE_US)
+    _on(meter, lambda store: store.insert_results([ahead, _record("late", at=earliest)]))
+    key = CounterKey("calls", "org", start, end)
+    found = _on(meter, lambda store: store.window_results(key, ""))
+    assert sorted(event_id for event_id, *_ in found) == ["ahead", "late"]
 
 
 @pytest.mark.parametrize("subject", ["org_1", 'org "1"', "örg"])
