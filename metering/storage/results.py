@@ -11,6 +11,7 @@ from typing import Any, Final, NamedTuple
 
 from sqlalchemy import and_, exists, func, literal_column, not_, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.sql.elements import ColumnElement
 
 from metering.domain.events import FUTURE_TOLERANCE_US
 from metering.domain.jsonable import encoder
@@ -87,6 +88,16 @@ def _like(text: str) -> str:
 def _naming(text: str) -> Any:
     """Results whose charges' JSON has ``text`` (plain, `_plain`) as a string."""
     return results.c.charges.like(f'%"{_like(text)}"%', escape="\\")
+
+
+def occurred_since(since_us: int) -> ColumnElement[bool]:
+    """Results of events that occurred at ``since_us`` or later. No event is
+    decided before it occurred less the future's tolerance, so the decided
+    time's index narrows the scan to them, not every result kept."""
+    return and_(
+        results.c.decided_at_us >= since_us - FUTURE_TOLERANCE_US,
+        results.c.occurred_at_us >= since_us,
+    )
 
 
 def record_from_row(row: Sequence[Any]) -> ResultRecord:
@@ -220,12 +231,8 @@ class ResultStore(OnConnection):
             ),
         )
         voided = exists().where(corrections.c.event_id == results.c.event_id)
-        earliest_us = start - 2 * (end - start)
         return select(results.c.event_id, *columns).where(
-            # No event is decided before it occurred less the future's tolerance:
-            # the decided time's index narrows the scan to the window's reach.
-            results.c.decided_at_us >= earliest_us - FUTURE_TOLERANCE_US,
-            results.c.occurred_at_us >= earliest_us,
+            occurred_since(start - 2 * (end - start)),
             results.c.occurred_at_us < end,
             results.c.outcome.in_(("allowed", "overage")),
             results.c.event_id != except_id,

@@ -15,6 +15,7 @@ from typing import Any, Final
 from sqlalchemy import Connection, and_, exists, func, not_, select
 from sqlalchemy.sql.elements import ColumnElement
 
+from metering.storage.results import occurred_since
 from metering.storage.tables import corrections, results
 
 DECIDED: Final = ("allowed", "overage", "denied")
@@ -24,7 +25,7 @@ BATCH: Final = 10_000
 def _period(since_us: int, until_us: int) -> ColumnElement[bool]:
     voided = exists().where(corrections.c.event_id == results.c.event_id)
     return and_(
-        results.c.occurred_at_us >= since_us,
+        occurred_since(since_us),
         results.c.occurred_at_us <= until_us,
         results.c.outcome.in_(DECIDED),
         not_(voided),

@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import Connection
 
 from metering import FrozenClock, Limit, Meter, make_event
+from metering.domain.events import FUTURE_TOLERANCE_US
 from metering.domain.instants import to_us
 from metering.storage.simulation import count_demand, demand
 
@@ -63,3 +64,13 @@ def test_the_decided_events_of_a_period_oldest_first(meter: Meter) -> None:
 def test_a_period_outside_the_events_is_empty(meter: Meter) -> None:
     assert _read(meter, T0 - timedelta(days=1), T0 - timedelta(microseconds=1)) == (0, [])
     assert _read(meter, T0 + timedelta(minutes=2), T0 + timedelta(minutes=2))[0] == 1
+
+
+def test_an_event_decided_before_it_occurred_is_in_its_period(db_url: str) -> None:
+    # Within the future's tolerance an event is decided before it occurs:
+    # the decided time's bound of the scan leaves it in.
+    with Meter(db_url, clock=FrozenClock(T0)) as meter:
+        meter.set_limit(Limit("calls", maximum=4, period="1d", window="calendar"))
+        ahead = T0 + timedelta(seconds=FUTURE_TOLERANCE_US // 1_000_000)
+        meter.consume("org", "calls", 1, event_id="ahead", occurred_at=ahead)
+        assert _read(meter, ahead, ahead)[0] == 1
