@@ -170,7 +170,7 @@ def _take_back(
         left = not_reset(left, resets)
     cleared = [not any(charge is item.charge for charge in left) for item in kept]
     states = store.lock_counters({charge.key for charge in left}, now_us)
-    kinds = _counted_by(store, event, left, limits) if event is not None else {}
+    kinds = _counted_by(store, event, left, limits, past_windows) if event is not None else {}
     levels = {
         charge.key: gauge_after(
             kind,
@@ -192,13 +192,18 @@ def _take_back(
 
 
 def _counted_by(
-    store: Store, event: ResultRecord, charges: Sequence[VoidedCharge], limits: Mapping[str, Limit]
+    store: Store,
+    event: ResultRecord,
+    charges: Sequence[VoidedCharge],
+    limits: Mapping[str, Limit],
+    past_windows: bool,
 ) -> dict[str, str]:
-    """How each limit of ``charges`` counted ``event``: by the aggregation
-    of the era it was decided under (a gauge made a sum once its windows
-    were over still holds levels there), else by today's."""
+    """How each limit of ``charges`` counted ``event``: for a void, by the
+    aggregation of the era it was decided under (a gauge made a sum once its
+    windows were over still holds levels there), else by today's (a hold is
+    never on a gauge, nor is a limit with holds made one)."""
     names = {charge.key.limit for charge in charges}
-    history = store.dimension_history(names)
+    history = store.dimension_history(names) if past_windows else {}
     tick = store.reset_tick_of(event.event_id) if history else None
     found = {}
     for name in names:
