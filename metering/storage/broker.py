@@ -112,8 +112,10 @@ def sweep_embedded_broker(
                 row.id: batch_outcome_of(row.payload) for row in taken if row.id not in finished
             }
             batches = {m: outcome for m, outcome in outcomes.items() if outcome is not None}
-            done |= decided({e for ids, _ in batches.values() for e in ids} - done)
-            letters = kept({d for _, digests in batches.values() for d in digests})
+            more = {e for ids, _ in batches.values() for e in ids} - done
+            done |= decided(more) if more else set()
+            wanted = {d for _, digests in batches.values() for d in digests}
+            letters = kept(wanted) if wanted else set()
             finished += [
                 m
                 for m, (ids, digests) in batches.items()
