@@ -36,6 +36,7 @@ from metering.settings import Settings
 from metering.storage.broker import sweep_embedded_broker
 from metering.upkeep.audit import AuditOptions, run_audit
 from metering.upkeep.retention import compact, prune
+from metering.usage.results import kept_dead_letters
 from metering.webhooks.delivery import DeliveryReport, deliver_due, sweep_resets
 from workers.app import app
 from workers.settings import settings_of
@@ -119,6 +120,7 @@ def sweep_embedded_broker_task() -> dict[str, int]:
     return sweep_embedded_broker(
         app.conf.broker_url,
         meter().decided,
+        lambda digests: kept_dead_letters(meter().database, digests),
         now=meter().clock(),
         visibility_timeout_seconds=settings().visibility_timeout_seconds,
     )

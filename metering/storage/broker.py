@@ -3,8 +3,9 @@
 That transport marks a message invisible when a worker takes it and keeps acknowledgements
 in the worker's memory: alone, it never deletes a consumed message and loses those a killed
 worker held. Applying a batch is idempotent, so `sweep_embedded_broker` fixes both: a taken
-message whose events all have results is deleted; one taken longer than the visibility
-timeout whose events are not all decided is made visible again. Ages are in UTC on both
+batch whose events all have results, or their dead letters, is deleted; one taken longer than
+the visibility timeout that is not is made visible again (another task's message, which
+leaves nothing to look for, is deleted then). Ages are in UTC on both
 sides, whatever ``TZ`` each process has: `EmbeddedTransport` stamps a taken message with
 the UTC time (kombu's own stamps local time), and the sweep compares it with its clock's now.
 """
@@ -30,8 +31,11 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 
+from metering.pipeline.messages import decode_records
+from metering.pipeline.routing import APPLY_BATCH_TASK
 from metering.storage.connections import make_engine, translate
 from metering.storage.kombu_tables import kombu_messages
+from metering.storage.rejected import rejected_rows
 
 
 def event_ids_of(payload_text: str) -> list[str] | None:
@@ -47,6 +51,27 @@ def event_ids_of(payload_text: str) -> list[str] | None:
         return None
 
 
+def batch_outcome_of(payload_text: str) -> tuple[list[str], list[str]] | None:
+    """What applying a stored ``metering.apply_batch`` message leaves: the ids
+    of its events that get a result, and the digests of the dead letters of
+    what cannot become an event (decoded as the worker decodes it). None for
+    another task's message, or one the worker could not read as a task."""
+    try:
+        envelope = json.loads(payload_text)
+        if envelope["headers"]["task"] != APPLY_BATCH_TASK:
+            return None
+        body: Any = envelope["body"]
+        if envelope.get("properties", {}).get("body_encoding") == "base64":
+            body = base64.b64decode(body)
+        args, kwargs = json.loads(body)[:2]
+        # The task's own reading of its arguments (`workers.tasks.apply_batch_task`).
+        payload = args[0] if len(args) == 1 and not kwargs else {"args": args, "kwargs": kwargs}
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return None
+    events, malformed = decode_records(payload)
+    return [e.event_id for e in events], [row[0] for row in rejected_rows(malformed, 0)]
+
+
 def naive_utc(moment: datetime) -> datetime:
     """An aware ``moment`` as the naive UTC time kombu's ``timestamp`` column holds."""
     return moment.astimezone(UTC).replace(tzinfo=None)
@@ -55,13 +80,16 @@ def naive_utc(moment: datetime) -> datetime:
 def sweep_embedded_broker(
     broker_url: str,
     decided: Callable[[Iterable[str]], set[str]],
+    kept: Callable[[Iterable[str]], set[str]],
     *,
     now: datetime,
     visibility_timeout_seconds: float = 300,
 ) -> dict[str, int]:
     """Delete consumed messages and redeliver stale ones; returns counts.
 
-    ``now`` (aware) is compared in UTC with when each message was taken.
+    ``decided`` tells which event ids have results, ``kept`` which dead
+    letters (by digest) are kept. ``now`` (aware) is compared in UTC with when
+    each message was taken.
     """
     url = broker_url.split("+", 1)[1]
     engine = make_engine(url)
@@ -79,13 +107,27 @@ def sweep_embedded_broker(
             ids_of = {row.id: event_ids_of(row.payload) for row in taken}
             done = decided({e for ids in ids_of.values() if ids for e in ids})
             finished = [m for m, ids in ids_of.items() if ids is not None and set(ids) <= done]
+            # The others are finished too when what they could not apply was kept.
+            outcomes = {
+                row.id: batch_outcome_of(row.payload) for row in taken if row.id not in finished
+            }
+            batches = {m: outcome for m, outcome in outcomes.items() if outcome is not None}
+            more = {e for ids, _ in batches.values() for e in ids} - done
+            done |= decided(more) if more else set()
+            wanted = {d for _, digests in batches.values() for d in digests}
+            letters = kept(wanted) if wanted else set()
+            finished += [
+                m
+                for m, (ids, digests) in batches.items()
+                if digests and set(ids) <= done and set(digests) <= letters
+            ]
             stale = [
                 row.id
                 for row in taken
                 if row.id not in finished and (row.timestamp is None or row.timestamp < cutoff)
             ]
-            unreadable = [m for m in stale if ids_of[m] is None]
-            redeliver = [m for m in stale if ids_of[m] is not None]
+            unreadable = [m for m in stale if ids_of[m] is None and m not in batches]
+            redeliver = [m for m in stale if ids_of[m] is not None or m in batches]
             if finished or unreadable:
                 gone = delete(kombu_messages).where(kombu_messages.c.id.in_(finished + unreadable))
                 deleted = connection.execute(gone).rowcount

@@ -33,7 +33,10 @@ from servers import PostgresServer, RedisServer
 from sqlalchemy.engine import make_url
 from test_pipeline import StartWorker, Worker
 
-from metering import Meter
+from metering import Meter, make_event
+from metering.pipeline.messages import encode_batch, encode_event
+from metering.pipeline.producer import make_celery
+from metering.pipeline.routing import APPLY_BATCH_TASK, DEFAULT_QUEUE
 
 pytestmark = pytest.mark.slow
 
@@ -296,3 +299,91 @@ def test_the_embedded_broker_ages_a_dead_workers_message_in_utc(
         second = start_worker(cli=True, TZ=sweeper, **env)
         wait_for_results(meter, len(emitted), [second], timeout=60)
         assert_each_once_and_counters_exact(meter, emitted, [worker, second])
+
+
+# -- the embedded broker: messages that leave dead letters --------------------------
+
+
+def broker_messages(path: Path) -> int:
+    with contextlib.closing(sqlite3.connect(path)) as connection:
+        [(count,)] = connection.execute("SELECT count(*) FROM kombu_message")
+    return int(count)
+
+
+def send_raw(broker: str, *payloads: object) -> None:
+    """Queue ``payloads`` as the task's argument, as a hand-made producer could."""
+    app = make_celery(broker)
+    try:
+        for payload in payloads:
+            app.send_task(APPLY_BATCH_TASK, args=[payload], queue=DEFAULT_QUEUE)
+    finally:
+        app.close()
+
+
+def test_the_embedded_broker_lets_go_of_a_batch_applied_with_a_malformed_event(
+    pg_url: str, tmp_path: Path, start_worker: StartWorker
+) -> None:
+    """A batch with an event that keeps its id but cannot be applied (its
+    dead letter is kept, it gets no result) was never finished for the sweep:
+    made visible again after every visibility timeout, and applied again, for
+    ever. Applied, with its dead letters kept, it is deleted like any other."""
+    path = tmp_path / "broker.db"
+    broker = f"sqla+sqlite:///{path}"
+    at = datetime.now(UTC)
+    good = encode_event(make_event([("s-1", "calls", 2)], at, "good-1"))
+    bad = encode_event(make_event([("s-1", "calls", 2)], at, "bad-1"))
+    bad["charges"][0][2] = -1  # a negative cost: the event keeps a usable id
+    env = {"METERING_BROKER_URL": broker, "METERING_VISIBILITY_TIMEOUT": str(VISIBILITY_SECONDS)}
+    with Meter(pg_url) as meter:
+        meter.set_limits([CALLS])
+        send_raw(broker, encode_batch([good, bad]), {"not": "a batch"})
+        worker = start_worker(cli=True, **env)
+        wait_until(
+            lambda: meter.decided(["good-1"]) and len(meter.rejected_messages()) == 2,
+            60,
+            lambda: f"rejected {meter.rejected_messages()}",
+            [worker],
+        )
+        worker.stop()  # what it took stays in the broker, acknowledged in its memory only
+    later = datetime.now(UTC) + timedelta(seconds=VISIBILITY_SECONDS + 1)
+    [swept] = sweeps_at(worker.env, pg_url, [later], "UTC")
+    assert swept == {"deleted": 2, "restored": 0}
+    assert broker_messages(path) == 0
+
+
+def test_the_embedded_broker_gives_back_an_undecodable_message_a_dead_worker_held(
+    pg_url: str, tmp_path: Path, start_worker: StartWorker
+) -> None:
+    """A message that is not a batch, taken by a worker killed before it
+    kept the message's dead letter, was deleted by the sweep as if consumed:
+    it reached the queue and was never recorded. It is given back instead,
+    and the next worker keeps it in the dead-letter record."""
+    path = tmp_path / "broker.db"
+    broker = f"sqla+sqlite:///{path}"
+    env = {"METERING_BROKER_URL": broker, "METERING_VISIBILITY_TIMEOUT": str(VISIBILITY_SECONDS)}
+    with Meter(pg_url) as meter:
+        meter.set_limits([CALLS])
+        worker = start_worker(cli=True, **env)
+        with psycopg_connection(pg_url) as blocker:
+            # The worker takes the message and cannot keep its dead letter.
+            blocker.execute("LOCK TABLE rejected_messages IN SHARE ROW EXCLUSIVE MODE")
+            send_raw(broker, {"not": "a batch"})
+            wait_until(lambda: taken_messages(path) == 1, 60, lambda: "not taken", [worker])
+            worker.kill()
+            blocker.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+        assert meter.rejected_messages() == []
+        later = datetime.now(UTC) + timedelta(seconds=VISIBILITY_SECONDS + 1)
+        [swept] = sweeps_at(worker.env, pg_url, [later], "UTC")
+        assert swept == {"deleted": 0, "restored": 1}
+        second = start_worker(cli=True, **env)
+        wait_until(
+            lambda: len(meter.rejected_messages()) == 1,
+            60,
+            lambda: "the message was not kept",
+            [worker, second],
+        )
+        [(event_id, reason, _)] = meter.rejected_messages()
+        assert (event_id, reason) == (None, "not a metering batch (version 1)")

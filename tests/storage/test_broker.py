@@ -64,12 +64,15 @@ def test_sweep_deletes_consumed_messages_and_redelivers_stale_ones(
     def decided(wanted: object) -> set[str]:
         return set(ids[:2])  # the first message's events have results, the second's do not
 
+    def kept(digests: object) -> set[str]:
+        return set()
+
     fresh = sweep_embedded_broker(
-        url, decided, now=taken_at.replace(tzinfo=UTC) + timedelta(seconds=10)
+        url, decided, kept, now=taken_at.replace(tzinfo=UTC) + timedelta(seconds=10)
     )
     assert fresh == {"deleted": 1, "restored": 0}  # the second is not stale yet
     stale = sweep_embedded_broker(
-        url, decided, now=taken_at.replace(tzinfo=UTC) + timedelta(hours=1)
+        url, decided, kept, now=taken_at.replace(tzinfo=UTC) + timedelta(hours=1)
     )
     assert stale == {"deleted": 0, "restored": 1}
     assert [(m, visible) for m, visible, _ in broker_messages(path)] == [(second, True)]
