@@ -167,12 +167,27 @@ def billing_month(history: ZoneHistory, start_us: int) -> str:
 
 def month_bounds(history: ZoneHistory, year: int, month: int) -> tuple[int, int, str]:
     """The instants of a subject's billing month ``year-month`` and the zone it is
-    aligned in: its monthly calendar window (`zoned_window`) holding the 15th, whose
-    start is in that month locally, so its `billing_month` is ``year-month``."""
+    aligned in: from the start of its first monthly calendar window (`zoned_window`)
+    whose `billing_month` is ``year-month`` to the end of its last (a change of zone
+    may put a short window beside the month's own), so each instant is in one
+    billing month; the zone is the one of the window holding the 15th."""
     middle = to_us(datetime(year, month, 15, 12, tzinfo=UTC), field_name="period")
     zone, begin = _regime(MONTH, history, middle)
     start, end = _in_regime(MONTH, zone, begin, middle)
-    return start, end, zone
+    day = DAY_SECONDS * 1_000_000
+    if not any(start - 40 * day < since <= end for since, _ in history):
+        return start, end, zone  # no change near: the month is this window alone
+    label = f"{year:04d}-{month:02d}"
+    # A window billed in the month starts within a day of the month in UTC.
+    at = to_us(datetime(year, month, 1, tzinfo=UTC), field_name="period") - day
+    after = to_us(datetime(year, month, 28, tzinfo=UTC), field_name="period") + 5 * day
+    found: list[Window] = []
+    while at < after:
+        first, last = zoned_window(MONTH, history, at)
+        if billing_month(history, first) == label:
+            found.append((first, last))
+        at = last
+    return found[0][0], found[-1][1], zone
 
 
 def local_span(start_us: int, end_us: int, zone: str) -> str:

@@ -151,7 +151,7 @@ def spend_report(
                     end_us = until_us if month is None else month[1]
                     cap = maximum_at(history, default, now_us if end_us is None else end_us - 1)
                 row = SpendRow(who, currency, dict(spent), total, cap_name, cap)
-                if month is not None:
+                if month is not None and month[2] != UTC_ZONE:
                     row.time_zone, row.local_window = month[2], f"{period} {month[2]}"
                 rows.append(row)
         return rows
@@ -163,9 +163,11 @@ def _local_months(
     zones: dict[str, ZoneHistory], period: str | None
 ) -> dict[str, tuple[int, int, str]]:
     """The billing month ``period`` of each subject with a time zone whose month
-    is not UTC's: its instants and zone (none without a period)."""
+    is not UTC's (a local month, or one a change of zone moved an end of): its
+    instants and zone (none without a period)."""
     if period is None:
         return {}
     year, month = (int(part) for part in period.split("-"))
+    utc = month_bounds((), year, month)
     found = {who: month_bounds(history, year, month) for who, history in zones.items()}
-    return {who: bounds for who, bounds in found.items() if bounds[2] != UTC_ZONE}
+    return {who: bounds for who, bounds in found.items() if bounds != utc}

@@ -434,7 +434,9 @@ def _give_back(
     (`_money_back`)."""
     store = Store(connection)
     stored = store.fetch_results([record.id]).get(record.id)
-    dropped = cleared_from(record, stored)
+    # What a reset dropped from the hold goes back while its window is current,
+    # as a held charge does: past it, nothing (its money stays billed).
+    dropped = [c for c in cleared_from(record, stored) if _current(c.key, now_us)]
     if spend is not None and dropped:  # the spend limits of charges a reset dropped too
         found = store.load_limits(charge.key.limit for charge in dropped)
         spend = {**spend, **{name: lim.currency for name, lim in found.items() if lim.currency}}
@@ -443,9 +445,47 @@ def _give_back(
         money = _money_back(connection, record, stored, keep, now_us, spend, released)
         if money is not None:
             return money
-    returning = _returning(record, stored, keep, spend or ())
+        returning = _returning(record, stored, keep, spend)
+    else:
+        returning = _cancelled(store, record, stored, now_us, released)
     gave = give_back(connection, stored, returning, now_us, past_windows=False, released=released)
     return gave.returned, gave.given_back + _named(released)
+
+
+def _current(key: CounterKey, now_us: int) -> bool:
+    """Whether ``key``'s window is not over (a bucket has none)."""
+    return key.window_end_us == NO_WINDOW or now_us < key.window_end_us
+
+
+def _cancelled(
+    store: Store,
+    record: ReservationRecord,
+    stored: ResultRecord | None,
+    now_us: int,
+    released: Sequence[Returning],
+) -> list[Returning]:
+    """A cancel's charges to give back (`_returning` at 0 units): each spend
+    charge gives back the money of the priced charges that go back (held ones
+    whose counter still takes it, and those a reset ``released``), not that
+    of usage past its window, which stays charged and billed."""
+    limits = store.load_limits(c.limit for c in record.charges)
+    spend = {name: limit.currency for name, limit in limits.items() if limit.currency}
+    if not spend or stored is None:
+        return _returning(record, stored, 0)
+    going = {
+        (c.subject, c.limit)
+        for c in record.charges
+        if can_give_back(limits.get(c.limit), c, now_us)
+    }
+    going |= {(item.charge.key.subject, item.charge.key.limit) for item in released}
+    money: dict[tuple[str, str], int] = defaultdict(int)
+    for row in (ChargeDecision.from_row(r) for r in stored.charges):
+        if row.price is not None and (row.subject, row.limit) in going:
+            currency, amount = row.price
+            for name, code in spend.items():
+                if code == currency:
+                    money[(row.subject, name)] += amount
+    return _returning(record, stored, 0, spend, money)
 
 
 def _released(

@@ -166,6 +166,28 @@ class ReservationStore:
             changed += 1
         return changed
 
+    def forget_overdrafts(
+        self, subject: str | None, limit: str | None, cleared: Collection[CounterOf]
+    ) -> None:
+        """Delete the overdraft of the counters a reset of ``subject`` and
+        ``limit`` (None: every one) ``cleared`` (subject, limit, window start):
+        it was their usage, gone with it, so the overage report's
+        ``overdraft`` counts what the counter holds now. Overdrafts are rare:
+        those of the reset's scope are read, the cleared ones deleted."""
+        o = overdrafts.c
+        query = select(o.subject, o.limit_name, o.window_start_us).distinct()
+        if subject is not None:
+            query = query.where(o.subject == subject)
+        if limit is not None:
+            query = query.where(o.limit_name == limit)
+        found = {(str(s), str(n), int(w)) for s, n, w in self.connection.execute(query)}
+        for who, name, start in sorted(found & set(cleared)):
+            self.connection.execute(
+                delete(overdrafts).where(
+                    o.subject == who, o.limit_name == name, o.window_start_us == start
+                )
+            )
+
     def holds_on(self, limit: str) -> bool:
         """Whether a held reservation has a charge on ``limit`` (a JSON text's
         ``[subject, limit, ...]``: a LIKE finds the candidates, each read whole)."""

@@ -104,6 +104,7 @@ def reset(database: Database, subject: str | None, limit: str | None) -> int:
         store = Store(connection)
         cleared = store.delete_current_counters(subject, limit, now_us)
         held.forget_held_charges(subject, cleared)
+        held.forget_overdrafts(subject, limit, cleared)  # the cleared usage's, billed no more
         # Recorded for the counters cleared while they are still locked: the
         # reset clock orders it after every result written to them and
         # before every later one, so a void skips exactly the usage it

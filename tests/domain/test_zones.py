@@ -248,6 +248,32 @@ def test_a_windows_billing_month_is_its_start_in_the_zone_it_is_aligned_in(
         moment = stop
 
 
+@pytest.mark.parametrize(
+    "history",
+    [
+        *HISTORIES,
+        ((at(2026, 9, 1), "Asia/Kolkata"), (CHANGED, "UTC")),
+        ((at(2026, 9, 1), "America/New_York"), (CHANGED, "UTC")),
+        ((at(2026, 9, 1), "Asia/Kolkata"), (CHANGED, "America/New_York")),
+    ],
+)
+def test_billing_months_tile_time_as_the_windows_billing_months_say(
+    history: tuple[tuple[int, str], ...],
+) -> None:
+    """Each instant is in one billing month: the one of the monthly window
+    holding it, transitions between two zones included."""
+    months = [(2026, m) for m in range(9, 13)] + [(2027, 1), (2027, 2)]
+    bounds = [month_bounds(history, y, m)[:2] for y, m in months]
+    assert all(a[1] == b[0] for a, b in pairwise(bounds))
+    moment = bounds[0][0]
+    while moment < bounds[-1][1]:
+        start, stop = zoned_window(parse_period("1mo"), history, moment)
+        y, m = (int(part) for part in billing_month(history, start).split("-"))
+        low, high = bounds[months.index((y, m))]
+        assert low <= start and stop <= high
+        moment = stop
+
+
 def test_a_billing_months_bounds_are_its_monthly_window() -> None:
     history = ((CHANGED, "Asia/Kolkata"),)
     assert month_bounds(history, 2026, 11) == (NOVEMBER, at(2026, 12, 1), "UTC")

@@ -13,6 +13,7 @@ import pytest
 
 from metering import FrozenClock, Limit, Meter, spend_limit
 from metering.errors import InvalidInput
+from metering.reports import overage_report
 from metering.reports.spend import spend_report
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
@@ -143,3 +144,37 @@ def test_a_billing_month_is_the_subjects_local_month(db_url: str) -> None:
         assert spend_report(meter, "2026-11", "org-in").rows[0].total == 3
         report = spend_report(meter, "2026-11")
         assert report.csv_header()[5:7] == ["time_zone", "local_window"]
+
+
+def test_a_change_of_zone_bills_each_hour_in_exactly_one_month(db_url: str) -> None:
+    """The windows between two zones are billed in their billing month: none
+    of their money is left out of every month, nor counted in two."""
+    clock = FrozenClock(datetime(2026, 9, 1, tzinfo=UTC))
+    with Meter(db_url, clock=clock) as meter:
+        meter.set_limit(Limit("calls", maximum=1000, period="1mo", window="calendar"))
+        meter.set_price("calls", "0.01", "USD")
+        meter.set_time_zone("org-in", "Asia/Kolkata")  # to UTC in November, below
+        meter.set_time_zone("org-ny", "America/New_York")  # to UTC in November, below
+        clock.set(datetime(2026, 11, 10, tzinfo=UTC))
+        meter.set_time_zone("org-in", "UTC")
+        meter.set_time_zone("org-ny", "UTC")
+        # Kolkata's November ends at 18:30 UTC on the 30th, then UTC's window until
+        # midnight: a window starting in November, billed in November.
+        clock.set(datetime(2026, 11, 30, 20, tzinfo=UTC))
+        meter.consume("org-in", "calls", 3)
+        # New York's November runs until 05:00 UTC on 1 December: November's.
+        clock.set(datetime(2026, 12, 1, 3, tzinfo=UTC))
+        meter.consume("org-ny", "calls", 4)
+        clock.set(datetime(2026, 12, 2, tzinfo=UTC))
+        meter.consume("org-ny", "calls", 5)
+        months = {
+            p: {r.subject: r.total for r in spend_report(meter, p).rows}
+            for p in ("2026-11", "2026-12")
+        }
+        assert months == {"2026-11": {"org-in": 3, "org-ny": 4}, "2026-12": {"org-ny": 5}}
+        # The overage report bills the same windows in the same months.
+        windows = {
+            p: sorted((r.subject, r.used) for r in overage_report(meter, period=p))
+            for p in ("2026-11", "2026-12")
+        }
+        assert windows == {"2026-11": [("org-in", 3), ("org-ny", 4)], "2026-12": [("org-ny", 5)]}

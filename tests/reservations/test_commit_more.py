@@ -263,3 +263,15 @@ def test_a_commit_of_more_on_a_limit_gone_charges_its_window(
     assert [c.used for c in meter.counters("s", "calls")] == [1]
     clock.advance(minutes=2)
     assert run_audit(meter, full=True).violations == ()
+
+
+def test_a_reset_clears_the_overdraft_of_the_windows_it_clears(meter: Meter) -> None:
+    """The overdraft is the cleared counter's usage: it goes with the reset,
+    whether or not the window is charged again after it."""
+    assert meter.reserve("s", "tokens", cost=8, event_id="r").commit(actual=13) == 0
+    assert overdraft_in_report(meter) == 3
+    meter.reset("s")
+    assert overdraft_in_report(meter) == 0
+    assert meter.consume("s", "tokens", 2).allowed
+    [row] = overage_report(meter, period="2026-11", limit="tokens")
+    assert (row.used, row.overdraft) == (2, 0)

@@ -22,8 +22,10 @@ NOW = datetime(2026, 11, 30, 22, 0, tzinfo=UTC)
 PATHS = ["fast", "reference"]
 
 
-def _meter(db_url: str, path: str, *, priced: bool = True) -> Meter:
-    meter = Meter(db_url, clock=FrozenClock(NOW))
+def _meter(
+    db_url: str, path: str, *, priced: bool = True, clock: FrozenClock | None = None
+) -> Meter:
+    meter = Meter(db_url, clock=clock or FrozenClock(NOW))
     meter.set_limits(
         [
             Limit("a", maximum=50, period="1h", window="calendar", dimensions=("route",)),
@@ -81,6 +83,32 @@ def test_a_cancel_after_a_reset_of_every_counter_bills_nothing(db_url: str, path
         assert held.cancel() == 0
         assert _billed(meter) == {}
         assert _routes(meter) == {}
+        _audited(meter)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("reset", [False, True])
+def test_a_cancel_after_the_window_ended_gives_nothing_back_reset_or_not(
+    db_url: str, path: str, reset: bool
+) -> None:
+    """Past its window a cancel gives nothing back, its money included, whether
+    or not a reset dropped the charge from the hold; a void still can."""
+    clock = FrozenClock(NOW)
+    with _meter(db_url, path, clock=clock) as meter:
+        held = meter.reserve(
+            "org", "a", 4, event_id="r-1", metadata={"route": "/x"}, ttl_seconds=7200
+        )
+        if reset:
+            meter.reset("org", "a")
+        clock.set(datetime(2026, 11, 30, 23, 5, tzinfo=UTC))  # a's hour is over
+        assert held.cancel() == 0
+        assert _billed(meter) == {"a": 4}
+        assert _used(meter)["usd"] == 4  # the cap counts what is billed
+        assert _routes(meter) == {"/x": (4, 1)}
+        _audited(meter)
+        meter.void("r-1", "refund")
+        assert _billed(meter) == {}
+        assert _used(meter)["usd"] == 0
         _audited(meter)
 
 
