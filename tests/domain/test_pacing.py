@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from test_rules import MONTH, SECOND, START_US, SUBJECTS, Engines, both_engines
 
 from metering.domain.limits import Limit
 from metering.domain.pacing import (
@@ -14,6 +17,7 @@ from metering.domain.pacing import (
     paced_retry_us,
     parse_burst,
 )
+from metering.domain.state import CounterState
 from metering.errors import InvalidLimit
 
 DAY = 86_400_000_000
@@ -111,3 +115,103 @@ def test_what_cannot_be_paced_is_refused(options: dict[str, object], field: str)
     with pytest.raises(InvalidLimit) as raised:
         Limit("x", maximum=10, **options)  # type: ignore[arg-type]
     assert raised.value.field == field
+
+
+# ------------------------------------------------- the hot path's pacing (`rules._paced`)
+
+PACED = [
+    Limit("paced", maximum=6, period="1h", window="calendar", pacing=True, burst=1),
+    Limit(
+        "paced_soft",
+        maximum=8,
+        period="30m",
+        enforcement="soft",
+        pacing=True,
+        burst="25%",
+        thresholds=(50,),
+    ),
+    Limit("paced_shadow", maximum=4, period="1h", enforcement="shadow", pacing=True, burst=0),
+    Limit("paced_day", maximum=40, period="1d", window="calendar", pacing=True, burst="10%"),
+    Limit("plain", maximum=5, period="1h", window="calendar"),
+]
+STEPS_US = [0, 0, 1, SECOND, 60 * SECOND, 300 * SECOND, 900 * SECOND, 3600 * SECOND]
+
+
+def _stream(seed: int, events: int) -> Engines:
+    rng = random.Random(seed)
+    engines = Engines(limits={limit.name: limit for limit in PACED})
+    now_us = START_US
+    for step in range(events):
+        now_us += rng.choice(STEPS_US)
+        at_us = now_us - rng.choice([0, 0, 0, 1, 30 * SECOND])  # some events come late
+        pairs = rng.sample([(s, p.name) for s in SUBJECTS for p in PACED], rng.randint(1, 3))
+        charges = [(subject, name, rng.choice([0, 1, 1, 2, 3, 9])) for subject, name in pairs]
+        try:
+            engines.apply(charges, at_us, f"ev-{step}")
+        except AssertionError as failure:
+            raise AssertionError(f"seed {seed}, step {step}: {charges} at {at_us}") from failure
+    return engines
+
+
+SEEDS = range(4)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_hot_path_paces_like_decide_event(seed: int) -> None:
+    """`rules.decide` against `decide_event` over paced limits (hard, soft with
+    thresholds, shadow; first-use and calendar; units and percentage bursts)."""
+    _stream(seed, events=200)
+
+
+def test_the_paced_streams_reach_every_outcome_and_notice() -> None:
+    seen: set[str] = set()
+    for seed in SEEDS:
+        seen |= _stream(seed, events=200).seen
+    assert seen >= {
+        "allowed",
+        "denied",
+        "overage",
+        "ahead_of_pace",
+        "denied by 2",
+        "mark denied",
+        "mark would_deny",
+        "mark threshold:50",
+        "mark exceeded",
+        "retry never",
+    }
+
+
+MONTH_LENGTH = MONTH[1] - MONTH[0]
+PACED_MONTH = [
+    Limit("calls", maximum=10, period="1mo", window="calendar", pacing=True, burst=1),
+    Limit(
+        "calls",
+        maximum=10,
+        period="1mo",
+        window="calendar",
+        pacing=True,
+        burst="20%",
+        enforcement="soft",
+        thresholds=(50, 100),
+    ),
+    Limit("calls", maximum=10, period="1mo", window="calendar", pacing=True, enforcement="shadow"),
+]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_hot_path_paces_with_grants_like_decide_event(seed: int) -> None:
+    """A paced window with grants (`rules._paced` with a pot): the grants add to
+    the pace, and overage counts own usage against the maximum."""
+    rng = random.Random(seed)
+    outcomes = set()
+    for _ in range(150):
+        limit = rng.choice(PACED_MONTH)
+        at_us = MONTH[0] + rng.choice([0, 1, MONTH_LENGTH // 3, MONTH_LENGTH // 2])
+        granted = rng.choice([None, 0, 0, 2, 4])
+        used = rng.randint(0, 13) + (granted or 0)
+        cost = rng.choice([0, 1, 2, 3, 5, 9, 16])
+        rows, _, _ = both_engines(
+            [limit], [("org", "calls", cost)], [CounterState(used)], [granted], at_us
+        )
+        outcomes.add(rows[0][4])
+    assert outcomes >= {"allowed", "denied", "overage", "would_deny", "ahead_of_pace"}

@@ -28,6 +28,7 @@ from metering.domain.rules import (
     State,
     decide,
     fresh_state,
+    grants_low,
     state_of,
 )
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
@@ -113,6 +114,7 @@ class Engines:
             assert outcome.rows == [c.to_row() for c in verdict.charges]
         assert notices == expected_notices
         self.seen |= {verdict.outcome, *(f"mark {n.mark}" for n in notices)}
+        self.seen |= {charge.outcome for charge in verdict.charges}
         if len(verdict.denied_by) > 1:
             self.seen.add("denied by 2")
         if any(not c.allowed and c.retry_at_us is None for c in verdict.charges):
@@ -593,3 +595,34 @@ def test_priced_and_spend_limits_are_money() -> None:
     assert not Rule.of(plain).money
     assert Rule.of(plain, priced=True).money
     assert Rule.of(Limit("spend", maximum=500, period="1mo", currency="EUR")).money
+
+
+def test_a_rule_with_a_subjects_own_thresholds() -> None:
+    rule = Rule.of(CALLS)  # thresholds_units (12,): notifies
+    own = rule.with_thresholds((50, 90), (3,))
+    assert own.limit == replace(CALLS, thresholds=(50, 90), thresholds_units=(3,))
+    assert own == replace(rule, limit=own.limit)  # only the limit's thresholds change
+    assert rule.limit is CALLS and own.notifies
+    silent = rule.with_thresholds((), ())
+    assert silent.limit.thresholds == () and silent.limit.thresholds_units == ()
+    assert not silent.notifies  # a hard limit with no threshold left: nothing to announce
+    assert rule.with_thresholds((80,), ()).notifies
+    assert rule.with_thresholds((), (5,)).notifies
+    soft = Rule.of(SOFT_CALLS).with_thresholds((), ())
+    assert soft.notifies  # a soft limit announces its maximum anyway
+
+
+def test_grants_low_names_the_drawn_grants_at_or_below_their_threshold() -> None:
+    first = Pot([Balance("b", 10, 7, 0, None), Balance("a", 10, 8, 0, None)])
+    second = Pot([Balance("c", 5, 1, 0, None), Balance("d", 5, 5, 0, None)])
+    pots = {("org", "calls"): first, ("org", "seats"): second}
+    watched = {"a": 2, "b": 2, "c": 4, "d": 0, "gone": 9}
+    # a: 2 left (at its threshold), b: 3 (above), c: 4 (at), d: 0 (at); sorted
+    assert grants_low(pots, watched, ["d", "c", "b", "a"]) == ["a", "c", "d"]
+    assert grants_low(pots, watched, iter(["c", "a", "c"])) == ["a", "c"]
+    assert grants_low(pots, {"a": 1, "c": 3}, ["a", "c"]) == []  # both above
+    assert grants_low(pots, watched, ["b"]) == []
+    assert grants_low(pots, {"b": 2}, ["a", "c"]) == []  # drawn, but not watched
+    assert grants_low(pots, watched, ["gone"]) == []  # watched, but in no pot
+    assert grants_low(pots, watched, []) == []
+    assert grants_low({}, watched, ["a"]) == []
