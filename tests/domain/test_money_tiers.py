@@ -11,8 +11,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from metering.domain.money import (
+    MAX_AMOUNT,
     Price,
     Tier,
+    bounded_amount,
     counted_amounts,
     parse_price,
     parse_tier,
@@ -269,3 +271,49 @@ def test_graduated_charges_in_one_tier_cost_what_they_cost_one_by_one(
         found.append(tiered_amount(price, used, cost))
         used += max(cost, 0)
     assert counted_amounts(price, before, costs) == found
+
+
+MOST = "more than 10000000000000.00 USD, the most one charge may cost"
+
+
+@pytest.mark.parametrize(
+    ("price", "most", "rate"),
+    [
+        # 0.01 USD a unit: the amount itself is bounded
+        (Price("calls", "USD", 10**6, 0), MAX_AMOUNT, "at 0.01 USD a unit cost"),
+        # counted: the rounded units' price, 1 for rounding, and the fee
+        (
+            Price("calls", "USD", 10**6, 0, flat_fee=5),
+            MAX_AMOUNT - 6,
+            "at its per_unit price may cost",
+        ),
+        # a block more than the cost begins, at 0.01 USD a block of 10
+        (
+            _price("package", package=10, per_package=10**6),
+            10 * (MAX_AMOUNT - 2),
+            "at its package price may cost",
+        ),
+        # every unit at the highest tier's price (not the first tier's)
+        (
+            _price("graduated", ((1000, 5 * 10**5), (None, 10**6))),
+            MAX_AMOUNT - 1,
+            "at its graduated price may cost",
+        ),
+        # and a volume price's jump: the longest tier's end at the highest price
+        (
+            _price("volume", ((1000, 10**6), (2000, 5 * 10**5), (None, 10**5))),
+            MAX_AMOUNT - 2001,
+            "at its volume price may cost",
+        ),
+    ],
+)
+def test_a_charge_may_cost_at_most_the_most_one_charge_may_cost(
+    price: Price, most: int, rate: str
+) -> None:
+    """`bounded_amount`: the most units a charge may have is the most whose
+    dearest price (whatever its window held) is at most `MAX_AMOUNT`."""
+    assert bounded_amount(most, price, 7) == tiered_amount(price, 7, most)
+    with pytest.raises(InvalidInput) as raised:
+        bounded_amount(most + 1, price, 7)
+    assert raised.value.field == "cost"
+    assert str(raised.value) == f"cost: {most + 1:,} units of 'calls' {rate} {MOST}"
