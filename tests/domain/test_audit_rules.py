@@ -5,6 +5,7 @@ from __future__ import annotations
 from metering.domain.audit import (
     Invariant,
     Tally,
+    Violation,
     WindowLedger,
     consumed,
     judge_counter,
@@ -162,3 +163,25 @@ def test_a_seat_window_is_judged_on_its_count_and_its_unheld_values() -> None:
     [value] = judge_seats(SEATS, 1, 1, {"dee": "e9"})
     assert (value.invariant, value.item, value.found) == (Invariant.SEAT_HELD, "e9", "no seat")
     assert value.expected == "value 'dee' holds a seat (a live event counts it)"
+
+
+def test_a_violation_as_a_dict_names_its_window_by_its_start() -> None:
+    found = Violation(Invariant.HARD_MAXIMUM, "org-1", "calls", W, "at most 10", "12", "ev-1")
+    assert found.to_dict() == {
+        "invariant": "hard_maximum",
+        "subject": "org-1",
+        "limit": "calls",
+        "window_start": "2027-01-15T08:00:00+00:00",
+        "item": "ev-1",
+        "expected": "at most 10",
+        "found": "12",
+    }
+    assert Violation(Invariant.QUEUE_UNDECIDED, item="ev-2").to_dict() == {
+        "invariant": "queue_undecided",
+        "subject": None,
+        "limit": None,
+        "window_start": None,
+        "item": "ev-2",
+        "expected": "",
+        "found": "",
+    }
