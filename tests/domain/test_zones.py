@@ -345,3 +345,31 @@ def test_a_window_is_labelled_in_the_zone_it_is_aligned_in() -> None:
         (BERLIN, "2026-04-01 02:00:00+02:00 to 2026-05-01 00:00:00+02:00 Europe/Berlin"),
         (BERLIN, "2026-05 Europe/Berlin"),
     ]
+
+
+def test_a_change_at_the_instant_the_one_before_takes_effect_follows_it() -> None:
+    """Berlin from 10 March takes effect at UTC's 1 April; Kolkata, given at that
+    very instant, where Berlin's first window ends (1 May)."""
+    month = parse_period("1mo")
+    history = ((at(2026, 3, 10), BERLIN), (at(2026, 4, 1), "Asia/Kolkata"))
+    found = [
+        (window_zone(month, history, moment), zoned_window(month, history, moment))
+        for moment in (at(2026, 3, 20), at(2026, 4, 15), at(2026, 5, 15))
+    ]
+    assert found == [
+        ("UTC", (at(2026, 3, 1), at(2026, 4, 1))),
+        (BERLIN, (at(2026, 4, 1), at(2026, 4, 30, 22))),
+        ("Asia/Kolkata", (at(2026, 4, 30, 22), at(2026, 5, 31, 18, 30))),
+    ]
+
+
+def test_an_unknown_zone_names_its_field() -> None:
+    with pytest.raises(InvalidInput) as refused:
+        validate_zone("Mars/Olympus")
+    assert (refused.value.field, str(refused.value)) == (
+        "time_zone",
+        "time_zone: 'Mars/Olympus' is not an IANA time zone name like 'Europe/Berlin'",
+    )
+    with pytest.raises(InvalidInput) as refused:
+        validate_zone(5, field_name="zone")
+    assert str(refused.value) == "zone: 5 is not an IANA time zone name like 'Europe/Berlin'"
