@@ -258,3 +258,100 @@ def test_a_pot_of_one_grant_draws_as_decide_does(
         verdict = decide([rule], charge, window, [expected_state], at_us, "e", None, [decided])
         assert (row, state) == (verdict.rows[0], expected_state)
     assert drawn == decided
+
+
+def _key(subject: str, start: int = START) -> tuple[str, str, int]:
+    return ("calls", subject, start)
+
+
+def test_each_counter_of_a_batch_is_judged_on_its_own_in_any_order() -> None:
+    """A counter that cannot be covered drops its pair's other counters, and
+    only them: those after it are still judged (and those before)."""
+    sums = Sums()
+    plan = [
+        (("loud", "a", START), 1),  # announces
+        (_key("untimed"), 1),  # an entitlement, its times unknown
+        (_key("changing"), 1),  # an entitlement changing within the batch
+        (_key("alert"), 2),  # crosses its own 50 % (5 units)
+        (_key("alert", END), 1),  # crosses none: its pair is dropped anyway
+        (_key("over"), 8),  # 3 used: past the maximum, no grants
+        (_key("good"), 7),
+        (_key("steady"), 1),  # grants that pay none of the batch
+        (_key("paid"), 9),  # grants pay 2 of it
+        (_key("twice"), 9),  # grants would pay, but the pair has two windows
+        (_key("twice", END), 1),
+        (_key("ungranted"), 9),  # grants would pay, but its times are unknown
+        (_key("past"), 1),  # own usage past a lowered maximum: grants pay nothing
+        (_key("full"), 2),  # own usage at the maximum: grants pay it all
+        (_key("last"), 1),
+    ]
+    for key, total in plan:
+        sums.totals[key] = total
+    for subject in ("changing", "over", "steady", "paid", "twice", "past", "full"):
+        _note(sums, ("calls", subject), 1_200)
+    _note(sums, ("calls", "changing"), 1_600)
+    states = {key: [3, 0, 0, None, None, 0, 1] for key, _ in plan}
+    states[_key("past")] = [12, 0, 0, None, None, 0, 1]
+    states[_key("full")] = [10, 0, 0, None, None, 0, 1]
+    histories = {
+        ("calls", "untimed"): ((500, 20),),
+        ("calls", "changing"): ((500, 20), (1_500, 30)),
+    }
+    pots = {
+        ("calls", subject): Pot([Balance("g", 5, 0, 0, None)])
+        for subject in ("steady", "paid", "twice", "ungranted", "past", "full")
+    }
+    alerts = {("calls", "alert"): ((50,), ())}
+    found = covered(sums, RULES, states, histories, pots, alerts)
+    assert found == {
+        _key("good"): (10, None, 0),
+        _key("steady"): (10, None, 5),
+        _key("paid"): (10, pots[("calls", "paid")], 0),
+        _key("full"): (10, pots[("calls", "full")], 0),
+        _key("last"): (10, None, 0),
+    }
+
+
+@pytest.mark.parametrize(
+    ("used", "total", "taken"),
+    [(100, 1, False), (99, 1, True)],  # 100 % of 101 is 101 units
+)
+def test_own_percentages_are_crossed_exactly_as_notices_find_them(
+    used: int, total: int, taken: bool
+) -> None:
+    rules = {"calls": Rule.of(Limit("calls", maximum=101, period="1mo", window="calendar"))}
+    states = {KEY: [used, 0, 0, None, None, 0, 1]}
+    own = {("calls", "org"): ((100,), ())}
+    assert (KEY in covered(_sums(total), rules, states, {}, {}, own)) is taken
+
+
+@pytest.mark.parametrize(
+    ("balances", "held"),
+    [
+        ([Balance("from_first", 5, 1, 1_200, None)], 4),  # active from the batch's first time
+        ([Balance("one", 1, 0, 0, None), Balance("used_up", 3, 3, 0, None)], 1),
+        ([Balance("later", 5, 0, 1_601, None)], 0),  # active after the batch only
+        ([Balance("gone", 5, 0, 0, 1_200)], 0),  # expired at its first time
+        ([Balance("g", 5, 0, 0, 1_601), Balance("at_last", 5, 0, 1_600, None)], None),
+        ([Balance("mid", 5, 0, 1_400, None)], None),  # active from within the batch
+        ([Balance("ends", 5, 0, 0, 1_600)], None),  # expires at its last time
+    ],
+)
+def test_grants_steady_over_the_batch_add_what_they_hold(
+    balances: list[Balance], held: int | None
+) -> None:
+    sums = _sums(1)
+    _note(sums, ("calls", "org"), 1_200)
+    _note(sums, ("calls", "org"), 1_600)
+    pot = Pot(balances, {START: 2})
+    states = {KEY: [4, 0, 0, None, None, 0, 1]}
+    room = covered(sums, RULES, states, {}, {("calls", "org"): pot}, {})[KEY]
+    assert room == ((10, pot, 2) if held is None else (10, None, 2 + held))
+
+
+def test_an_entitlement_in_force_before_the_batch_and_changing_after_it() -> None:
+    sums = _sums(1)
+    _note(sums, ("calls", "org"), 1_200)
+    _note(sums, ("calls", "org"), 1_250)
+    history = {("calls", "org"): ((500, 20), (1_300, 30))}
+    assert covered(sums, RULES, {}, history, {}, {}) == {KEY: (20, None, 0)}
