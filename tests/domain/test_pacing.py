@@ -11,6 +11,7 @@ from test_rules import MONTH, SECOND, START_US, SUBJECTS, Engines, both_engines
 
 from metering.domain.limits import Limit
 from metering.domain.pacing import (
+    ahead_of_pace,
     back_on_pace_us,
     burst_units,
     paced_maximum,
@@ -215,3 +216,43 @@ def test_the_hot_path_paces_with_grants_like_decide_event(seed: int) -> None:
         )
         outcomes.add(rows[0][4])
     assert outcomes >= {"allowed", "denied", "overage", "would_deny", "ahead_of_pace"}
+
+
+def test_the_pace_is_whole_units_rounded_down() -> None:
+    assert burst_units("5%", 30) == 1 and type(burst_units("5%", 30)) is int  # 1.5
+    assert burst_units("50%", 30) == 15
+    assert paced_maximum(10, 0, (0, 3), 1) == 3 and type(paced_maximum(10, 0, (0, 3), 1)) is int
+
+
+def test_ahead_of_pace_is_past_the_pace_within_the_maximum() -> None:
+    assert not ahead_of_pace(3000, "5%", NOVEMBER, 150, 0)  # at the pace
+    assert ahead_of_pace(3000, "5%", NOVEMBER, 151, 0)
+    assert ahead_of_pace(3000, "5%", NOVEMBER, 3000, 0)
+    assert not ahead_of_pace(3000, "5%", NOVEMBER, 3001, 0)  # past the maximum: overage
+    assert not ahead_of_pace(3000, 0, NOVEMBER, 1000, 10 * DAY)
+    assert ahead_of_pace(3000, 0, NOVEMBER, 1001, 10 * DAY)
+
+
+def test_a_retry_back_on_pace_now_is_no_retry() -> None:
+    assert paced_retry_us(3000, "5%", NOVEMBER, 151, 864_000_000 - 1) == 864_000_000
+    assert paced_retry_us(3000, "5%", NOVEMBER, 151, 864_000_000) is None
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (True, "give units or a percentage like '5%', not True"),
+        (101, "must be between 0 and 100 units, got 101"),
+        ("5.5%", "'5.5%' is not units or a percentage from 0% to 100% like '5%'"),
+        (None, "None is not units or a percentage from 0% to 100% like '5%'"),
+    ],
+)
+def test_a_bad_burst_is_told_why(bad: object, message: str) -> None:
+    with pytest.raises(InvalidLimit) as raised:
+        parse_burst(bad, 100)
+    assert str(raised.value) == f"burst: {message}"
+
+
+def test_a_burst_may_be_the_whole_maximum() -> None:
+    assert parse_burst(100, 100) == 100
+    assert parse_burst("100", 100) == 100
