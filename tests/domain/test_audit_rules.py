@@ -306,3 +306,18 @@ def test_units_without_a_reset() -> None:
     twin = tally.copy()
     twin.take_back(KEY, 1, at_us=5)
     assert twin.windows[KEY] == WindowLedger(1, 0) and tally.windows[KEY].used == 2
+
+
+def test_a_window_with_no_value_is_passed_over_not_the_rest() -> None:
+    distinct = {"seats": "user", "teams": "team"}
+    windows = [SEATS, ("org-1", "teams", W)]
+    found = live_values("e1", windows, {"team": "red"}, distinct, {}, 0)
+    assert found == [(("org-1", "teams", W, "red"), "e1")]
+
+
+def test_the_first_reset_of_a_window_clears_it_and_a_take_back_subtracts() -> None:
+    tally = Tally({KEY: WindowLedger(5, 10)})
+    tally.take_back(KEY, 2, at_us=0)
+    assert tally.windows[KEY].used == 3
+    tally.reset(KEY, tick=0, at_us=0)
+    assert tally.windows[KEY].used == 0
