@@ -8,6 +8,7 @@ datetime, and what fails names its argument in one line.
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta, timezone, tzinfo
 
 import pytest
@@ -267,3 +268,13 @@ def test_clock_text_shows_the_utc_second_rounded_up() -> None:
     assert clock_text(datetime(2026, 12, 31, 23, 59, 59, 500, tzinfo=UTC)) == "2027-01-01 00:00:00"
     kolkata = timezone(timedelta(hours=5, minutes=30))
     assert clock_text(datetime(2026, 3, 1, 5, 29, 9, tzinfo=kolkata)) == "2026-02-28 23:59:09"
+
+
+def test_clock_text_is_utc_whatever_the_machines_zone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TZ", "Asia/Kolkata")
+    time.tzset()
+    try:
+        assert clock_text(datetime(2026, 11, 22, 12, 0, tzinfo=UTC)) == "2026-11-22 12:00:00"
+    finally:
+        monkeypatch.undo()
+        time.tzset()

@@ -307,6 +307,8 @@ MOST = "more than 10000000000000.00 USD, the most one charge may cost"
             MAX_AMOUNT - 2001,
             "at its volume price may cost",
         ),
+        # one tier, no end: no jump
+        (_price("volume", ((None, 10**6),)), MAX_AMOUNT - 1, "at its volume price may cost"),
     ],
 )
 def test_a_charge_may_cost_at_most_the_most_one_charge_may_cost(
@@ -473,6 +475,7 @@ COUNTED = [
     # a window's price at half a cent, then a tier of whole cents: rounding half to even
     _price("graduated", ((1, 500_000), (None, 10**6))),
     _price("graduated", ((5, 1_250_000), (8, 700_000), (None, 300_000))),
+    _price("graduated", ((5, 1_250_000), (None, 700_000)), flat_fee=100),
     _price("volume", ((10, 2 * 10**6), (None, 10**6)), flat_fee=50),
     _price("package", package=3, per_package=10**6),
     Price("calls", "USD", 1_500_000, 0, flat_fee=7),
@@ -533,3 +536,16 @@ def test_a_price_effective_at_the_instant_replaces_the_one_before() -> None:
     first, second = Price("calls", "USD", 1, 0), Price("calls", "USD", 2, 10)
     assert prices_from((first, second), 10) == [second]
     assert prices_from((first, second), 9) == [first, second]
+
+
+def test_a_bound_amount_starts_its_window_unless_told_otherwise() -> None:
+    fee = Price("calls", "USD", 10**6, 0, flat_fee=100)
+    assert bounded_amount(2, fee) == 102
+    assert bounded_amount(2, fee, 3) == 2
+
+
+def test_a_windows_price_per_model() -> None:
+    assert window_price(Price("calls", "USD", 1_500_000, 0), 3) == 4_500_000
+    free_first = _price("volume", ((10, 0), (None, 10**6)))
+    assert window_price(free_first, 5) == 0
+    assert window_price(free_first, 0) == 0
