@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import FrozenInstanceError, dataclass, field, replace
+from dataclasses import FrozenInstanceError, dataclass, field, fields, replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -592,3 +592,27 @@ def test_positional_refuses_a_dataclass_whose_init_does_more() -> None:
     for cls in (Checked, Derived):
         with pytest.raises(AssertionError):
             positional(cls)
+
+
+@dataclass(frozen=True, slots=True)
+class _Tagged(ChargeDecision):
+    """A kind of charge decision: `from_row` makes one of its own class."""
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [],
+        [[["g", 2]]],
+        [[]],
+        [[["g", 2], ["h", 1]], ["USD", 40]],
+        [[], None, 3],
+        [[["g", 2]], ["EUR", 7], 5],
+    ],
+)
+def test_a_row_read_by_a_subclass_is_the_same_decision_of_its_class(extra: list[object]) -> None:
+    row = ["org", "calls", 2, True, "allowed", 3, 7, 10, 0, 0, 100, None, *extra]
+    tagged, plain = _Tagged.from_row(row), ChargeDecision.from_row(row)
+    assert type(tagged) is _Tagged and type(plain) is ChargeDecision
+    names = [f.name for f in fields(ChargeDecision)]
+    assert [getattr(tagged, n) for n in names] == [getattr(plain, n) for n in names]

@@ -146,7 +146,8 @@ def _stream(seed: int, events: int) -> Engines:
         now_us += rng.choice(STEPS_US)
         at_us = now_us - rng.choice([0, 0, 0, 1, 30 * SECOND])  # some events come late
         pairs = rng.sample([(s, p.name) for s in SUBJECTS for p in PACED], rng.randint(1, 3))
-        charges = [(subject, name, rng.choice([0, 1, 1, 2, 3, 9])) for subject, name in pairs]
+        costs = [0, 1, 1, 2, 3, 4, 5, 6, 7, 9]  # each paced maximum, and one more
+        charges = [(subject, name, rng.choice(costs)) for subject, name in pairs]
         try:
             engines.apply(charges, at_us, f"ev-{step}")
         except AssertionError as failure:
@@ -210,7 +211,7 @@ def test_the_hot_path_paces_with_grants_like_decide_event(seed: int) -> None:
         at_us = MONTH[0] + rng.choice([0, 1, MONTH_LENGTH // 3, MONTH_LENGTH // 2])
         granted = rng.choice([None, 0, 0, 2, 4])
         used = rng.randint(0, 13) + (granted or 0)
-        cost = rng.choice([0, 1, 2, 3, 5, 9, 16])
+        cost = rng.choice([0, 1, 2, 3, 5, 9, 10, 11, 12, 13, 16])  # the maximum, with grants
         rows, _, _ = both_engines(
             [limit], [("org", "calls", cost)], [CounterState(used)], [granted], at_us
         )
