@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from metering.domain.grants import Balance, Pot
 from metering.domain.limits import Limit
-from metering.domain.room import Sums, allowed_row, covered, drawn_row
+from metering.domain.room import Sums, allowed_row, covered, drawn_row, qualifies
 from metering.domain.rules import Rule, decide, fresh_state
 
 CALLS = Rule.of(Limit("calls", maximum=10, period="1mo", window="calendar"))
@@ -283,12 +283,13 @@ def test_each_counter_of_a_batch_is_judged_on_its_own_in_any_order() -> None:
         (_key("twice", END), 1),
         (_key("ungranted"), 9),  # grants would pay, but its times are unknown
         (_key("past"), 1),  # own usage past a lowered maximum: grants pay nothing
+        (_key("short"), 13),  # own room 7 and grants 5: one short
         (_key("full"), 2),  # own usage at the maximum: grants pay it all
         (_key("last"), 1),
     ]
     for key, total in plan:
         sums.totals[key] = total
-    for subject in ("changing", "over", "steady", "paid", "twice", "past", "full"):
+    for subject in ("changing", "over", "steady", "paid", "twice", "past", "short", "full"):
         _note(sums, ("calls", subject), 1_200)
     _note(sums, ("calls", "changing"), 1_600)
     states = {key: [3, 0, 0, None, None, 0, 1] for key, _ in plan}
@@ -300,7 +301,7 @@ def test_each_counter_of_a_batch_is_judged_on_its_own_in_any_order() -> None:
     }
     pots = {
         ("calls", subject): Pot([Balance("g", 5, 0, 0, None)])
-        for subject in ("steady", "paid", "twice", "ungranted", "past", "full")
+        for subject in ("steady", "paid", "twice", "ungranted", "past", "short", "full")
     }
     alerts = {("calls", "alert"): ((50,), ())}
     found = covered(sums, RULES, states, histories, pots, alerts)
@@ -356,3 +357,12 @@ def test_an_entitlement_in_force_before_the_batch_and_changing_after_it() -> Non
     _note(sums, ("calls", "org"), 1_250)
     history = {("calls", "org"): ((500, 20), (1_300, 30))}
     assert covered(sums, RULES, {}, history, {}, {}) == {KEY: (20, None, 0)}
+
+
+def test_what_announces_or_is_not_a_plain_sum_does_not_qualify() -> None:
+    assert qualifies(CALLS) and not qualifies(LOUD)
+    gauge = Rule.of(Limit("disk", maximum=5, period="1h", aggregation="max"))
+    paced = Rule.of(Limit("p", maximum=5, period="1h", pacing=True))
+    floating = Rule.of(Limit("seats", maximum=5, algorithm="concurrent"))
+    bucket = Rule.of(Limit("api", maximum=5, period="1m", algorithm="token_bucket"))
+    assert [qualifies(rule) for rule in (gauge, paced, floating, bucket)] == [False] * 4

@@ -373,3 +373,18 @@ def test_an_unknown_zone_names_its_field() -> None:
     with pytest.raises(InvalidInput) as refused:
         validate_zone(5, field_name="zone")
     assert str(refused.value) == "zone: 5 is not an IANA time zone name like 'Europe/Berlin'"
+
+
+def test_a_clock_set_back_across_midnight_starts_the_next_day_at_its_first_midnight() -> None:
+    """Goose Bay went back from 00:01 to 23:01 on 7 November 2010: the
+    instants shown as 6 November again are in the 7th's 25-hour day."""
+    zone = "America/Goose_Bay"
+    seventh = (at(2010, 11, 7, 3), at(2010, 11, 8, 4))
+    assert window("1d", zone, at(2010, 11, 7, 2, 59)) == (at(2010, 11, 6, 3), seventh[0])
+    for moment in (at(2010, 11, 7, 3), at(2010, 11, 7, 3, 5), at(2010, 11, 8, 3, 59)):
+        assert window("1d", zone, moment) == seventh
+
+
+def test_a_month_across_a_new_year_is_labelled_as_a_month() -> None:
+    december = window("1mo", BERLIN, at(2026, 12, 15))
+    assert local_span(*december, BERLIN) == "2026-12 Europe/Berlin"
