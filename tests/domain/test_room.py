@@ -246,8 +246,9 @@ def test_a_pot_of_one_grant_draws_as_decide_does(
     maximum, own, granted, amount, used, effective, expires, at_us, costs = case
     rule = Rule.of(Limit("calls", maximum=maximum, period="1mo", window="calendar"))
 
-    def pot() -> Pot:
-        return Pot([Balance("g", amount, used, effective, expires)], {START: granted})
+    def pot() -> Pot:  # a window the grants paid nothing of yet has no entry
+        granted_by = {START: granted} if granted else {}
+        return Pot([Balance("g", amount, used, effective, expires)], granted_by)
 
     drawn, decided = pot(), pot()
     room = (maximum, drawn, granted)
