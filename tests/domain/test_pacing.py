@@ -133,6 +133,7 @@ PACED = [
     ),
     Limit("paced_shadow", maximum=4, period="1h", enforcement="shadow", pacing=True, burst=0),
     Limit("paced_day", maximum=40, period="1d", window="calendar", pacing=True, burst="10%"),
+    Limit("soft_0", maximum=5, period="1h", enforcement="soft", pacing=True, burst=0),
     Limit("plain", maximum=5, period="1h", window="calendar"),
 ]
 STEPS_US = [0, 0, 1, SECOND, 60 * SECOND, 300 * SECOND, 900 * SECOND, 3600 * SECOND]
