@@ -21,6 +21,7 @@ from metering.domain.grants import Balance, Pot
 from metering.domain.imports import ImportPolicy
 from metering.domain.instants import to_us
 from metering.domain.limits import Limit, Period
+from metering.domain.needs import rule_needs
 from metering.domain.notifications import Notice, notices_for
 from metering.domain.rules import (
     BUCKET_WINDOW,
@@ -626,3 +627,34 @@ def test_grants_low_names_the_drawn_grants_at_or_below_their_threshold() -> None
     assert grants_low(pots, watched, ["gone"]) == []  # watched, but in no pot
     assert grants_low(pots, watched, []) == []
     assert grants_low({}, watched, ["a"]) == []
+
+
+def test_grants_pay_in_the_hot_path_beside_another_charge() -> None:
+    """An event of two charges, one that grants pay: the general path draws them."""
+    rows, _, pots = both_engines(
+        [CALLS, SEATS],
+        [("org", "calls", 5), ("org", "seats", 1)],
+        [CounterState(used=9), CounterState()],
+        [2, None],
+    )
+    assert [row[4] for row in rows] == ["allowed", "allowed"]
+    assert rows[0][12] == [["g1", 2]] and len(rows[1]) == 12
+    assert pots[0] is not None and pots[0].granted[MONTH[0]] == 4
+
+
+@pytest.mark.parametrize("pots", [[None], [0]])
+def test_a_free_charge_fits_past_a_lowered_maximum_and_adds_no_overage(
+    pots: list[int | None],
+) -> None:
+    """A cost of 0 (a seat already held) fits where usage is past the maximum."""
+    for limit in (CALLS.with_maximum(8), replace(SOFT_CALLS, maximum=8)):
+        rows, _, _ = both_engines([limit], [("org", "calls", 0)], [CounterState(used=9)], pots)
+        assert rows[0][3:5] == [True, "allowed"] and rows[0][8] == 0
+
+
+def test_a_rule_knows_what_deciding_it_needs() -> None:
+    paced = Limit("p", maximum=9, period="1d", window="calendar", pacing=True)
+    assert Rule.of(paced).needs == rule_needs(paced, priced=False) != frozenset()
+    plain = Limit("calls", maximum=3, period="1d")
+    assert Rule.of(plain, priced=True).needs == rule_needs(plain, priced=True)
+    assert Rule.of(plain, priced=True).needs != Rule.of(plain).needs
