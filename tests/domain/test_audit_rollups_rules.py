@@ -225,3 +225,41 @@ def test_a_result_counts_when_a_charge_has_a_dimension_or_a_price() -> None:
     assert found.counts([charge("org", "plain", 1), charge("org", "calls", 1)])
     assert found.counts([charge("org", "plain", 1, price=0)])
     assert not found.counts([charge("org", "plain", 1)])
+
+
+def test_each_row_is_judged_by_what_its_key_says() -> None:
+    """Judged rows on used and events, counted ones on events, the rest on
+    their sign; unsigned ones not at all; in key order, either side missing."""
+    rows = {
+        name: (name, "api", dimension, 1_000, value)
+        for name, dimension, value in [
+            ("a", "route", "unsigned"),
+            ("b", "route", "/x"),
+            ("c", "model", "m"),
+            ("d", "other", "v"),
+            ("e", "other", "z"),
+            ("f", "route", "gone"),
+            ("g", "model", "new"),
+        ]
+    }
+    expected = {rows["a"]: (1, 1), rows["b"]: (5, 1), rows["c"]: (3, 1)}
+    expected |= {rows["e"]: (1, 1), rows["f"]: (2, 1)}
+    found = {rows["a"]: (0, 0), rows["b"]: (4, 1), rows["c"]: (3, 2), rows["d"]: (-1, 0)}
+    found |= {rows["e"]: (0, 1), rows["g"]: (0, 1)}
+    violations = judge_rollups(
+        expected,
+        found,
+        lambda key: key[2] == "route",
+        lambda key: key[4] != "unsigned",
+        lambda key: key[2] == "model",
+    )
+    assert [(v.invariant, v.subject, v.window_start_us) for v in violations] == [
+        (Invariant.ROLLUP_LEDGER, name, 1_000) for name in "bcdfg"
+    ]
+    assert [(v.expected, v.found) for v in violations] == [
+        ("route '/x': used 5, events 1", "route '/x': used 4, events 1"),
+        ("model 'm': events 1", "model 'm': used 3, events 2"),
+        ("other 'v': used >= 0, events >= 0", "other 'v': used -1, events 0"),
+        ("route 'gone': used 2, events 1", "route 'gone': used 0, events 0"),
+        ("model 'new': events 0", "model 'new': used 0, events 1"),
+    ]

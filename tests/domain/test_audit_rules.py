@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from metering.domain.audit import (
     Invariant,
     Tally,
+    Violation,
     WindowLedger,
     consumed,
     judge_counter,
@@ -162,3 +165,159 @@ def test_a_seat_window_is_judged_on_its_count_and_its_unheld_values() -> None:
     [value] = judge_seats(SEATS, 1, 1, {"dee": "e9"})
     assert (value.invariant, value.item, value.found) == (Invariant.SEAT_HELD, "e9", "no seat")
     assert value.expected == "value 'dee' holds a seat (a live event counts it)"
+
+
+def test_a_violation_as_a_dict_names_its_window_by_its_start() -> None:
+    found = Violation(Invariant.HARD_MAXIMUM, "org-1", "calls", W, "at most 10", "12", "ev-1")
+    assert found.to_dict() == {
+        "invariant": "hard_maximum",
+        "subject": "org-1",
+        "limit": "calls",
+        "window_start": "2027-01-15T08:00:00+00:00",
+        "item": "ev-1",
+        "expected": "at most 10",
+        "found": "12",
+    }
+    assert Violation(Invariant.QUEUE_UNDECIDED, item="ev-2").to_dict() == {
+        "invariant": "queue_undecided",
+        "subject": None,
+        "limit": None,
+        "window_start": None,
+        "item": "ev-2",
+        "expected": "",
+        "found": "",
+    }
+
+
+def test_each_judgement_is_a_whole_violation() -> None:
+    assert judge_counter(KEY, 5, 4, spend=False) == Violation(
+        Invariant.COUNTER_LEDGER, "org-1", "calls", W, expected="used 5", found="used 4"
+    )
+    assert judge_hard(KEY, used=15, maximum=10, drawn=3, overdraft=1) == Violation(
+        Invariant.HARD_MAXIMUM,
+        "org-1",
+        "calls",
+        W,
+        expected="used <= 14 (maximum 10 + grants 3 + overdraft 1)",
+        found="used 15",
+    )
+    assert judge_grant("g", "org-1", "calls", amount=1, used=1, drawn=3) == Violation(
+        Invariant.GRANT_BALANCE,
+        "org-1",
+        "calls",
+        expected="0 <= drawn 3 <= used <= amount 1",
+        found="used 1, balance -2",
+        item="g",
+    )
+    assert judge_seats(SEATS, 1, 1, {"dee": "e9", "al": "e8"}) == [
+        Violation(
+            Invariant.SEAT_HELD,
+            *SEATS,
+            expected="value 'al' holds a seat (a live event counts it)",
+            found="no seat",
+            item="e8",
+        ),
+        Violation(
+            Invariant.SEAT_HELD,
+            *SEATS,
+            expected="value 'dee' holds a seat (a live event counts it)",
+            found="no seat",
+            item="e9",
+        ),
+    ]
+    [count] = judge_seats(SEATS, 2, 1, {})
+    assert count == Violation(
+        Invariant.SEAT_HELD, *SEATS, expected="used 1 (values holding a seat)", found="used 2"
+    )
+
+
+@pytest.mark.parametrize(("used", "drawn"), [(0, 0), (5, 5), (5, 0)])
+def test_a_grant_used_from_nothing_to_all_of_it_is_sound(used: int, drawn: int) -> None:
+    assert judge_grant("g", "org-1", "calls", amount=5, used=used, drawn=drawn) is None
+
+
+@pytest.mark.parametrize(("used", "drawn"), [(-1, -1), (6, 6), (2, 3)])
+def test_a_grant_used_past_either_end_is_not(used: int, drawn: int) -> None:
+    assert judge_grant("g", "org-1", "calls", amount=5, used=used, drawn=drawn) is not None
+
+
+def test_a_spend_violation_names_its_window_or_none() -> None:
+    bucket = ["org-1", "spend", 9, True, "allowed", 0, 0, 10, 0, None, W, None]
+    found = spend_violations("e", "allowed", [row(9, limit="spend"), bucket], {"spend": "USD"})
+    assert found == [
+        Violation(
+            Invariant.SPEND_PRICED,
+            "org-1",
+            "spend",
+            W,
+            expected="0 USD priced",
+            found="9 charged",
+            item="e",
+        ),
+        Violation(
+            Invariant.SPEND_PRICED,
+            "org-1",
+            "spend",
+            None,
+            expected="0 USD priced",
+            found="9 charged",
+            item="e",
+        ),
+    ]
+    # a row that grants paid and has no price (13 fields) prices nothing
+    drawn = [*row(2), [["g", 1]]]
+    assert spend_violations("e", "allowed", [drawn, row(0, limit="spend")], {"spend": "USD"}) == []
+
+
+def test_what_is_not_consumed_is_passed_over_not_the_rest() -> None:
+    charges = [row(4, allowed=False, outcome="denied"), row(3), row(2, limit="other")]
+    assert [cost for _, cost, _ in consumed("allowed", charges)] == [3, 2]
+    tally = Tally()
+    tally.reset(KEY, tick=7, at_us=100)
+    tally.add_result("allowed", 6, [row(4), row(2, limit="other")])  # the first cleared
+    assert tally.windows[("org-1", "other", W)] == WindowLedger(2, 10)
+    seats = [SEATS, ("org-1", "seats", W + 1), ("org-1", "seats", W + 2)]
+    cleared = {seats[0]: 9}
+    found = live_values("e1", seats, {"user": "ann"}, {"seats": "user"}, cleared, 3)
+    assert found == [((*seats[1], "ann"), "e1"), ((*seats[2], "ann"), "e1")]
+
+
+def test_resets_keep_the_latest_tick_and_the_latest_time() -> None:
+    tally = Tally({KEY: WindowLedger(5, 10)})
+    tally.reset(KEY, tick=7, at_us=100)
+    tally.reset(KEY, tick=8, at_us=50)  # written later, stamped earlier: still from 100
+    tally.take_back(KEY, 1, at_us=70)  # before the reset
+    tally.add_result("allowed", 8, [row(3)])
+    tally.reset(KEY, tick=5, at_us=200)  # an older reset: clears nothing
+    assert tally.windows[KEY].used == 3
+    tally.reset(KEY, tick=8, at_us=300)  # the same tick again: from 300
+    tally.add_units(KEY, 2, at_us=250)
+    assert tally.windows[KEY].used == 0
+    tally.add_units(KEY, 2, at_us=300)  # at the reset's time: counts
+    assert tally.windows[KEY].used == 2
+
+
+def test_units_without_a_reset() -> None:
+    tally = Tally()
+    tally.add_units(KEY, 2, at_us=10)  # no maximum known: 0
+    assert tally.windows[KEY] == WindowLedger(2, 0)
+    tally.add_units(KEY, 2, at_us=10, result_tick=0)  # its result counts them
+    assert tally.windows[KEY] == WindowLedger(2, 0)
+    twin = tally.copy()
+    twin.take_back(KEY, 1, at_us=5)
+    assert twin.windows[KEY] == WindowLedger(1, 0) and tally.windows[KEY].used == 2
+
+
+def test_a_window_with_no_value_is_passed_over_not_the_rest() -> None:
+    distinct = {"seats": "user", "teams": "team"}
+    windows = [SEATS, ("org-1", "teams", W)]
+    found = live_values("e1", windows, {"team": "red"}, distinct, {}, 0)
+    assert found == [(("org-1", "teams", W, "red"), "e1")]
+
+
+def test_the_first_reset_of_a_window_clears_it_and_a_take_back_subtracts() -> None:
+    tally = Tally({KEY: WindowLedger(5, 10)})
+    tally.take_back(KEY, 2, at_us=0)
+    assert tally.windows[KEY].used == 3
+    tally.reset(KEY, tick=0, at_us=0)
+    assert tally.windows[KEY].used == 0

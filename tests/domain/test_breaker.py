@@ -254,3 +254,31 @@ def test_a_run_forgets_rates_as_step_does() -> None:
     stepped, _ = step(old, 0, now, 10)
     ran = runs({("calls", "s"): old}, {("calls", "s"): [0]}, now, {"calls": (10, None)})
     assert ran[("calls", "s")] == stepped == Breaker(0.0, 0.0, now, 0)
+
+
+def test_a_breakers_settings_at_their_bounds() -> None:
+    assert parse_factor("2x") == 2 and parse_factor("1000X") == 1000
+    assert parse_floor(1e12) == 1e12
+    assert quarantine_cap(50, 10, 1) == 1 and quarantine_cap(10**16, 10, 10**15) == 10**15
+    for bad, field, message in (
+        ("1x", "breaker", "give a multiple like '10x', from 2x to 1000x; got '1x'"),
+        (None, "breaker", "give a multiple like '10x', from 2x to 1000x; got None"),
+    ):
+        with pytest.raises(InvalidLimit) as refused:
+            parse_factor(bad)
+        assert str(refused.value) == f"{field}: {message}"
+    with pytest.raises(InvalidLimit) as refused:
+        parse_floor(0)
+    assert str(refused.value) == (
+        "breaker_floor: give a rate in units per second above 0, like 0.5; got 0"
+    )
+    with pytest.raises(InvalidLimit) as refused:
+        quarantine_cap(50, 10, 0)
+    assert str(refused.value) == "quarantine_max: give a whole number of units from 1; got 0"
+
+
+def test_no_breaker_is_steady_and_one_past_the_multiple_for_a_minute_is_not() -> None:
+    assert steady(None, 0)
+    over = Breaker(1.0, 1.0, 0, 0, 10**12)
+    assert steady(over, 10**12 + SUSTAIN_US - 1)
+    assert not steady(over, 10**12 + SUSTAIN_US)

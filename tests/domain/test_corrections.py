@@ -13,6 +13,7 @@ from metering.domain.corrections import (
     VoidedCharge,
     split_held,
     take_back,
+    taken_back,
     validate_reason,
     voided_charges,
 )
@@ -150,3 +151,20 @@ def test_a_hold_keeps_the_charges_whose_counters_it_still_names() -> None:
     held = [HeldCharge("org", "b", 2, 10, 20)]
     assert split_held([a, b, b_later], held) == ([b], [a, b_later])
     assert split_held([a], []) == ([], [a])
+
+
+def test_the_counters_an_events_void_changes_take_a_gauges_level() -> None:
+    gauge = Limit("disk", maximum=100, period="1h", aggregation="max")
+    calls = Limit("calls", maximum=100, period="1h")
+    disk_key, calls_key = CounterKey("disk", "org", 0, 900), CounterKey("calls", "org", 0, 900)
+    charges = [VoidedCharge(disk_key, 40, ()), VoidedCharge(calls_key, 5, ())]
+    states = {disk_key: CounterState(used=40), calls_key: CounterState(used=7)}
+    limits = {"disk": gauge, "calls": calls}
+    levels = {disk_key: CounterState(used=25)}  # the next report's level
+    changed, returned = taken_back(limits, charges, states, 0, past_windows=True, levels=levels)
+    assert changed == {disk_key: CounterState(used=25), calls_key: CounterState(used=2)}
+    assert returned == [15, 5]
+    # without a level, a gauge's counter goes down by the cost, as a sum's
+    changed, returned = taken_back(limits, charges, states, 0, past_windows=True)
+    assert changed == {disk_key: CounterState(used=0), calls_key: CounterState(used=2)}
+    assert returned == [40, 5]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import FrozenInstanceError, replace
+from dataclasses import FrozenInstanceError, dataclass, field, fields, replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -16,6 +16,7 @@ from metering.domain.decisions import (
     EventVerdict,
     decide_event,
     make_decision,
+    positional,
 )
 from metering.domain.grants import Balance, Pot
 from metering.domain.instants import from_us, to_us
@@ -556,3 +557,62 @@ def test_a_positional_maker_builds_what_the_constructor_builds() -> None:
     values = ("e", "allowed", (made,), at, at, (), True, "why", {"a": 1})
     assert make_decision(*values) == Decision(*values)  # type: ignore[arg-type]
     assert make_decision(*values).metadata == {"a": 1}
+
+
+@dataclass(frozen=True, slots=True)
+class _Pair:
+    left: int
+    right: str
+
+
+def test_positional_sets_every_field_in_order() -> None:
+    make = positional(_Pair)
+    made = make(1, "a")
+    assert type(made) is _Pair and made == _Pair(1, "a")
+    assert make(right="b", left=2) == _Pair(2, "b")  # its parameters are the fields' names
+    with pytest.raises(FrozenInstanceError):
+        made.left = 3  # type: ignore[misc]
+    row = ["org", "calls", 2, True, "allowed", 3, 7, 10, 0, 0, 100, None]
+    assert positional(ChargeDecision)(*row, (), None, 0) == ChargeDecision.from_row(row)
+
+
+def test_positional_refuses_a_dataclass_whose_init_does_more() -> None:
+    @dataclass(frozen=True, slots=True)
+    class Checked:
+        value: int
+
+        def __post_init__(self) -> None:
+            pass
+
+    @dataclass(frozen=True, slots=True)
+    class Derived:
+        value: int
+        twice: int = field(init=False, default=0)
+
+    for cls in (Checked, Derived):
+        with pytest.raises(AssertionError):
+            positional(cls)
+
+
+@dataclass(frozen=True, slots=True)
+class _Tagged(ChargeDecision):
+    """A kind of charge decision: `from_row` makes one of its own class."""
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [],
+        [[["g", 2]]],
+        [[]],
+        [[["g", 2], ["h", 1]], ["USD", 40]],
+        [[], None, 3],
+        [[["g", 2]], ["EUR", 7], 5],
+    ],
+)
+def test_a_row_read_by_a_subclass_is_the_same_decision_of_its_class(extra: list[object]) -> None:
+    row = ["org", "calls", 2, True, "allowed", 3, 7, 10, 0, 0, 100, None, *extra]
+    tagged, plain = _Tagged.from_row(row), ChargeDecision.from_row(row)
+    assert type(tagged) is _Tagged and type(plain) is ChargeDecision
+    names = [f.name for f in fields(ChargeDecision)]
+    assert [getattr(tagged, n) for n in names] == [getattr(plain, n) for n in names]

@@ -63,3 +63,10 @@ def test_a_result_was_counted_by_its_eras_aggregation_else_by_todays() -> None:
     assert counted_by(history, 25, 0, "latest") == "latest"  # its era's not known
     assert counted_by(history, None, 0, "sum") == "sum"  # no result
     assert counted_by([], 35, 0, None) is None  # the limit gone, no history
+
+
+def test_before_the_history_a_seeded_era_says_how_what_was_decided_since_was_counted() -> None:
+    seeded = Era(10, 500, (), seeded=True, aggregation="max")
+    assert counted_by([seeded], 5, 500, "sum") == "max"  # decided since its definition
+    assert counted_by([seeded], 5, 499, "sum") == "sum"  # before it: not known
+    assert counted_by([Era(10, 500, (), seeded=True)], 5, 600, "latest") == "latest"

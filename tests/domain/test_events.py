@@ -589,3 +589,16 @@ def test_fingerprints_are_remembered_up_to_a_bound() -> None:
         assert fingerprint_of([(f"org-{n}", "calls", 2)]) == f'[["org-{n}","calls",2]]'
     assert len(events._SINGLES) <= events._SINGLES_KEPT
     assert fingerprint_of([("org-1", "calls", 2)]) == '[["org-1","calls",2]]'
+
+
+def test_a_fingerprint_sorts_its_charges_by_subject_then_limit_then_cost() -> None:
+    assert fingerprint_of([("s", "b", 1), ("s", "a", 2)]) == '[["s","a",2],["s","b",1]]'
+    assert fingerprint_of([("s", "a", 2), ("s", "a", 1)]) == '[["s","a",1],["s","a",2]]'
+
+
+def test_a_fingerprint_of_unvalidated_values_is_the_encoders() -> None:
+    """What no charge holds (a list for a subject, a limit or a cost) is
+    written as JSON, never looked up among the remembered ones."""
+    assert fingerprint_of([[["a"], "l", 1]]) == '[[["a"],"l",1]]'
+    assert fingerprint_of([["a", ["l"], 1]]) == '[["a",["l"],1]]'
+    assert fingerprint_of([["a", "l", [1]]]) == '[["a","l",[1]]]'

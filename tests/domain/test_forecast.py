@@ -8,15 +8,18 @@ from dataclasses import replace
 import pytest
 
 from metering.domain.forecast import (
+    FORGET_TAUS,
     TAU_SECONDS,
     TAU_US,
+    TINY_RATE,
     added,
+    allowance,
     decayed,
     exhausts_at_us,
     forecast_notice,
     with_exhausts_at,
 )
-from metering.domain.notifications import payload_of
+from metering.domain.notifications import Notice, payload_of
 from metering.domain.state import CounterKey
 
 HOUR_US = 3_600_000_000
@@ -80,3 +83,44 @@ def test_a_threshold_is_told_its_forecast() -> None:
     assert notice is not None and notice.exhausts_at_us == 5  # spent: now
     told = with_exhausts_at(replace(notice, exhausts_at_us=None), (720, 0.2, 0), 0)
     assert told.exhausts_at_us == 1_400_000_000
+
+
+T = 1_800_000_000_000_000  # an instant of 2027
+
+
+def test_the_allowance_is_the_maximum_or_the_usage_past_it_plus_the_grants() -> None:
+    assert allowance(5, 10, 3) == 13
+    assert allowance(12, 10, 3) == 15
+
+
+def test_a_rate_decays_from_its_own_instant() -> None:
+    assert decayed(1.0, T, T + TAU_US) == pytest.approx(math.exp(-1))
+    assert decayed(1.0, T, T + FORGET_TAUS * TAU_US) == pytest.approx(math.exp(-FORGET_TAUS))
+    assert decayed(1.0, T, T + FORGET_TAUS * TAU_US + 1) == 0.0
+    assert decayed(TINY_RATE, T, T) == TINY_RATE
+
+
+def test_exhaustion_just_before_the_windows_end() -> None:
+    assert exhausts_at_us(0, 10, 1.0, T, T + 10_000_001) == T + 10_000_000
+    assert exhausts_at_us(0, 10, 1.0, T, T + 10_000_000) is None
+
+
+def test_a_forecast_notice_is_whole_and_only_within_its_lead() -> None:
+    key = CounterKey("calls", "org", T, T + 10**10)
+    # 1 unit left at 1 per 4.000002 s: out 4.000003 s from now, past a lead of 4 s
+    assert forecast_notice(key, 1, 4, (0, 1 / 4.000002, T), T, "e") is None
+    found = forecast_notice(key, 10, 60, (4, 1.0, T), T, "e")
+    assert found == Notice(
+        type="limit.forecast",
+        mark="forecast",
+        limit="calls",
+        subject="org",
+        maximum=10,
+        used=4,
+        window_start_us=T,
+        window_end_us=T + 10**10,
+        resets_at_us=T + 10**10,
+        retry_at_us=None,
+        event_id="e",
+        exhausts_at_us=T + 6_000_000,
+    )

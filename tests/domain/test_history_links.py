@@ -83,3 +83,11 @@ def test_the_later_change_wins_and_a_bucket_ends_at_its_last_instant() -> None:
     assert maximum_at([(10, 50), (10, 7)], 1, 30) == 7  # recorded later
     points = series([], [(HOUR_US - 1, 5)], 10, 0, 2 * HOUR_US, "hour")
     assert [p.maximum for p in points] == [5, 5]
+
+
+def test_a_gauges_buckets_take_the_peak_or_the_last_level() -> None:
+    usage = [(10, 4), (20, 9), (30, 2), (HOUR_US * 5, 7), (HOUR_US + 1, 3)]
+    peaks = series(usage, [], 10, 0, 2 * HOUR_US, "hour", "max")
+    assert [p.used for p in peaks] == [9, 3]  # a level past the buckets is left out
+    lasts = series(usage, [], 10, 0, 2 * HOUR_US, "hour", "latest")
+    assert [p.used for p in lasts] == [2, 3]

@@ -8,6 +8,7 @@ datetime, and what fails names its argument in one line.
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta, timezone, tzinfo
 
 import pytest
@@ -20,6 +21,7 @@ from metering.domain.instants import (
     MICROSECOND,
     MIN_US,
     as_utc,
+    clock_text,
     from_us,
     parse_instant,
     round_up,
@@ -256,3 +258,23 @@ def test_round_up_never_shows_a_time_earlier_than_it_is(
 ) -> None:
     rounded = round_up(moment, unit)
     assert rounded == expected and rounded.tzinfo is UTC
+
+
+def test_clock_text_shows_the_utc_second_rounded_up() -> None:
+    noon = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+    assert clock_text(noon) == "2026-11-22 12:00:00"
+    assert clock_text(noon + timedelta(microseconds=1)) == "2026-11-22 12:00:01"
+    assert clock_text(noon - timedelta(microseconds=1)) == "2026-11-22 12:00:00"
+    assert clock_text(datetime(2026, 12, 31, 23, 59, 59, 500, tzinfo=UTC)) == "2027-01-01 00:00:00"
+    kolkata = timezone(timedelta(hours=5, minutes=30))
+    assert clock_text(datetime(2026, 3, 1, 5, 29, 9, tzinfo=kolkata)) == "2026-02-28 23:59:09"
+
+
+def test_clock_text_is_utc_whatever_the_machines_zone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TZ", "Asia/Kolkata")
+    time.tzset()
+    try:
+        assert clock_text(datetime(2026, 11, 22, 12, 0, tzinfo=UTC)) == "2026-11-22 12:00:00"
+    finally:
+        monkeypatch.undo()
+        time.tzset()

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import NamedTuple
 
-from metering.domain.jsonable import field_names, fields_dict, json_value
+import pytest
+
+from metering.domain.jsonable import encoder, field_names, fields_dict, json_value
 
 AT = datetime(2026, 11, 26, 12, 30, tzinfo=UTC)
 
@@ -79,3 +81,17 @@ def test_fields_dict_takes_the_names_given_in_their_order_properties_too() -> No
     assert list(found.items()) == [("doubled", 6), ("alpha", "z"), ("at", None), ("tags", [])]
     assert fields_dict(record, ()) == {}
     assert fields_dict(Line(4, "no event")) == {"line": 4, "reason": "no event"}
+
+
+def test_an_encoder_writes_what_json_dumps_writes() -> None:
+    value = {"b": [1, 2.5, None, True, float("inf")], "a": 'é\u2028"x', 3: {}, "c": ()}
+    assert encoder()(value) == json.dumps(value)  # keys in their order, ASCII only
+    assert encoder(",", ":")(value) == json.dumps(value, separators=(",", ":"))
+    assert encoder(";", "=")(["x", {"k": 1}]) == '["x";{"k"=1}]'
+    with pytest.raises(ValueError, match="Out of range float values"):
+        encoder(allow_nan=False)(value)
+    assert encoder(allow_nan=False)([1.5]) == "[1.5]"
+    with pytest.raises(TypeError, match="is not JSON serializable"):
+        encoder()({"when": object()})
+    with pytest.raises(TypeError, match="keys must be"):
+        encoder()({(1, 2): "pair"})

@@ -120,3 +120,18 @@ def test_a_kind_takes_only_the_prices_it_takes() -> None:
         replace(fee, flat_fee=0, per_unit=None),
         removed,
     )
+
+
+def test_a_refused_tiered_price_keeps_its_dates() -> None:
+    fee = Price("calls", "USD", 1_000_000, 20, created_at_us=15, flat_fee=700)
+    bucket = Limit("calls", maximum=5, period="1h", algorithm="token_bucket")
+    assert prices_taken(bucket, (fee,)) == (Price("calls", "USD", None, 20, 15),)
+
+
+def test_a_checkout_of_a_windowed_limit_names_the_limit_and_its_algorithm() -> None:
+    with pytest.raises(WrongAlgorithm) as refused:
+        refuse(Limit("calls", maximum=5, period="1h"), "checkout")
+    assert (refused.value.limit, refused.value.algorithm) == ("calls", "fixed_window")
+    assert str(refused.value) == (
+        "limit: 'calls' is fixed_window: only a concurrent limit is checked out; consume this one"
+    )

@@ -542,3 +542,65 @@ def test_the_smallest_spend_limit_and_its_options() -> None:
         "calendar",
         "soft",
     )
+
+
+@pytest.mark.parametrize(
+    ("options", "field", "message"),
+    [
+        (
+            {"period": "10s", "algorithm": "token_bucket"},
+            "aggregation",
+            "a gauge is a fixed window, not a bucket or licenses",
+        ),
+        (
+            {"algorithm": "concurrent"},
+            "aggregation",
+            "a gauge is a fixed window, not a bucket or licenses",
+        ),
+        (
+            {"period": "1h", "distinct": "user"},
+            "aggregation",
+            "a gauge reports a level; seats (distinct) count values",
+        ),
+        (
+            {"period": "1h", "currency": "USD"},
+            "aggregation",
+            "a spend limit adds money up; a gauge reports a level",
+        ),
+        (
+            {"period": "1h", "dimensions": ("r",)},
+            "dimensions",
+            "a gauge's levels do not add up by dimension",
+        ),
+    ],
+)
+def test_what_a_gauge_cannot_be_is_refused_word_for_word(
+    options: dict[str, Any], field: str, message: str
+) -> None:
+    with pytest.raises(InvalidLimit) as refused:
+        Limit("x", maximum=10, aggregation="max", **options)
+    assert (refused.value.field, str(refused.value)) == (field, f"{field}: {message}")
+
+
+def test_a_quarantined_limit_is_the_same_limit_held_to_its_cap() -> None:
+    paced = Limit(
+        "p", maximum=100, period="1d", window="calendar", pacing=True, burst=5, breaker="4x"
+    )
+    assert paced.quarantined() == Limit("p", maximum=25, period="1d", window="calendar")
+    shadow = Limit(
+        "s", maximum=100, period="1d", enforcement="shadow", breaker="4x", quarantine_max=7
+    )
+    assert shadow.quarantined() == Limit("s", maximum=7, period="1d", enforcement="shadow")
+    chosen = Limit("c", maximum=5, period="1d", breaker="4x", quarantine_max=7)
+    assert chosen.quarantined().maximum == 5  # never more than the maximum
+    with pytest.raises(AssertionError, match="a limit without a breaker"):
+        Limit("n", maximum=5, period="1d").quarantined()
+
+
+def test_a_limits_dict_names_a_forecast_lead_and_a_breaker_only_when_set() -> None:
+    plain = Limit("x", maximum=10, period="1h").to_dict()
+    assert "forecast_lead" not in plain and "breaker" not in plain
+    assert "quarantine_max" not in plain
+    assert (
+        Limit("x", maximum=10, period="1h", forecast_lead="1h").to_dict()["forecast_lead"] == "1h"
+    )

@@ -10,7 +10,7 @@ import hmac
 
 import pytest
 
-from metering.domain.links import parse_ttl, sign, verify, verify_any
+from metering.domain.links import parse_ttl, public_url_problem, sign, verify, verify_any
 from metering.errors import InvalidInput
 
 
@@ -100,3 +100,40 @@ def test_a_token_verifies_with_any_of_the_secrets_given() -> None:
     assert verify_any(["new"], token, 0) is None
     assert verify_any([], token, 0) is None
     assert verify_any(["new", "old"], token, 1_000) is None  # expired
+
+
+NOT_A_URL = "is not a URL (a port is a number from 1 to 65535)"
+NOT_HTTP = "must be an http or https URL, such as https://metering.example.com"
+CREDENTIALS = "must not carry a user or password"
+QUERY = "must have no query or fragment: the links add their own"
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("https://metering.example.com", None),
+        ("http://metering.example.com:8080/base/path", None),
+        ("HTTPS://h:1", None),
+        ("https://h:65535/", None),
+        ("https://[::1]:443/", None),
+        ("https://h:0", "must have a port from 1 to 65535"),
+        ("https://h:65536", NOT_A_URL),
+        ("https://h:x", NOT_A_URL),
+        ("ftp://h", NOT_HTTP),
+        ("//h", NOT_HTTP),
+        ("h", NOT_HTTP),
+        ("https://", "must name a host"),
+        ("https:///path", "must name a host"),
+        ("https://u@h", CREDENTIALS),
+        ("https://:p@h", CREDENTIALS),
+        ("https://u:p@h", CREDENTIALS),
+        ("https://h/?a=1", QUERY),
+        ("https://h/#f", QUERY),
+        ("https://h/?", QUERY),
+        ("https://h/#", QUERY),
+    ],
+)
+def test_a_public_url_is_http_or_https_with_a_host_and_nothing_more(
+    url: str, problem: str | None
+) -> None:
+    assert public_url_problem(url) == problem

@@ -11,13 +11,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from metering.domain.money import (
+    MAX_AMOUNT,
+    MAX_TIERS,
     Price,
     Tier,
+    bounded_amount,
     counted_amounts,
     parse_price,
     parse_tier,
     price_at,
     priced_charges,
+    prices_from,
     spend_charges,
     tiered_amount,
     validate_model,
@@ -269,3 +273,279 @@ def test_graduated_charges_in_one_tier_cost_what_they_cost_one_by_one(
         found.append(tiered_amount(price, used, cost))
         used += max(cost, 0)
     assert counted_amounts(price, before, costs) == found
+
+
+MOST = "more than 10000000000000.00 USD, the most one charge may cost"
+
+
+@pytest.mark.parametrize(
+    ("price", "most", "rate"),
+    [
+        # 0.01 USD a unit: the amount itself is bounded
+        (Price("calls", "USD", 10**6, 0), MAX_AMOUNT, "at 0.01 USD a unit cost"),
+        # counted: the rounded units' price, 1 for rounding, and the fee
+        (
+            Price("calls", "USD", 10**6, 0, flat_fee=5),
+            MAX_AMOUNT - 6,
+            "at its per_unit price may cost",
+        ),
+        # a block more than the cost begins, at 0.01 USD a block of 10
+        (
+            _price("package", package=10, per_package=10**6),
+            10 * (MAX_AMOUNT - 2),
+            "at its package price may cost",
+        ),
+        # every unit at the highest tier's price (not the first tier's)
+        (
+            _price("graduated", ((1000, 5 * 10**5), (None, 10**6))),
+            MAX_AMOUNT - 1,
+            "at its graduated price may cost",
+        ),
+        # and a volume price's jump: the longest tier's end at the highest price
+        (
+            _price("volume", ((1000, 10**6), (2000, 5 * 10**5), (None, 10**5))),
+            MAX_AMOUNT - 2001,
+            "at its volume price may cost",
+        ),
+        # one tier, no end: no jump
+        (_price("volume", ((None, 10**6),)), MAX_AMOUNT - 1, "at its volume price may cost"),
+    ],
+)
+def test_a_charge_may_cost_at_most_the_most_one_charge_may_cost(
+    price: Price, most: int, rate: str
+) -> None:
+    """`bounded_amount`: the most units a charge may have is the most whose
+    dearest price (whatever its window held) is at most `MAX_AMOUNT`."""
+    assert bounded_amount(most, price, 7) == tiered_amount(price, 7, most)
+    with pytest.raises(InvalidInput) as raised:
+        bounded_amount(most + 1, price, 7)
+    assert raised.value.field == "cost"
+    assert str(raised.value) == f"cost: {most + 1:,} units of 'calls' {rate} {MOST}"
+
+
+# -- what each refusal says ---------------------------------------------------------
+
+ENDS = tuple((end, 1) for end in range(1, MAX_TIERS))  # 31 tiers with an end
+
+
+@pytest.mark.parametrize(
+    ("args", "field", "message"),
+    [
+        (
+            ("stepped", None, (), None, None),
+            "model",
+            "'stepped' is not one of per_unit, graduated, volume, package",
+        ),
+        (("per_unit", None, (), None, None), "per_unit", "is required with the per_unit model"),
+        (
+            ("graduated", 5, ((None, 1),), None, None),
+            "per_unit",
+            "is not used with the graduated model",
+        ),
+        (
+            ("graduated", None, (), None, None),
+            "tiers",
+            "give at least one tier, the last up to inf",
+        ),
+        (("volume", None, (), None, None), "tiers", "give at least one tier, the last up to inf"),
+        (("package", None, ((None, 1),), 10, 100), "tiers", "are not used with the package model"),
+        (("package", None, (), 0, 100), "package", "0: give the units of a package, > 0"),
+        (("package", None, (), None, 100), "package", "None: give the units of a package, > 0"),
+        (("package", None, (), True, 100), "package", "True: give the units of a package, > 0"),
+        (("package", None, (), "5", 100), "package", "'5': give the units of a package, > 0"),
+        (
+            ("package", None, (), MAX_AMOUNT + 1, 100),
+            "package",
+            "1,000,000,000,000,001 is too large",
+        ),
+        (("package", None, (), 10, None), "per_package", "is required with the package model"),
+        (("volume", None, ((None, 1),), 10, None), "package", "is not used with the volume model"),
+        (("volume", None, ((None, 1),), None, 5), "package", "is not used with the volume model"),
+    ],
+)
+def test_a_models_refusal_names_the_field_and_says_why(
+    args: tuple[str, int | None, tuple[Tier, ...], object, int | None], field: str, message: str
+) -> None:
+    with pytest.raises(InvalidInput) as refused:
+        validate_model(*args)
+    assert (refused.value.field, str(refused.value)) == (field, f"{field}: {message}")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("per_unit", 5, (), None, None),
+        ("graduated", None, ((None, 1),), None, None),
+        ("volume", None, ((10, 2), (None, 1)), None, None),
+        ("package", None, (), 1, 100),
+        ("package", None, (), MAX_AMOUNT, 100),
+    ],
+)
+def test_a_model_with_its_fields_is_valid(
+    args: tuple[str, int | None, tuple[Tier, ...], object, int | None],
+) -> None:
+    validate_model(*args)
+
+
+@pytest.mark.parametrize(
+    ("tiers", "message"),
+    [
+        (
+            ((1000, 1), (500, 1), (None, 1)),
+            "tiers must be sorted by their end, each above the last",
+        ),
+        (((1000, 1),), "the last tier must be up to inf"),
+        (((None, 1), (None, 1)), "only the last tier may be up to inf"),
+        ((), "give at least one tier, the last up to inf"),
+        ((*ENDS, (32, 1), (None, 1)), "at most 32 tiers"),
+        (
+            ((5, 1), (6, 1), (MAX_AMOUNT + 1, 1), (None, 1)),
+            "a tier's end 1,000,000,000,000,001 is too large",
+        ),
+    ],
+)
+def test_what_bad_tiers_are_told(tiers: tuple[Tier, ...], message: str) -> None:
+    with pytest.raises(InvalidInput) as refused:
+        validate_tiers(tiers)
+    assert (refused.value.field, str(refused.value)) == ("tiers", f"tiers: {message}")
+
+
+def test_tiers_up_to_the_limits_are_valid() -> None:
+    assert validate_tiers((*ENDS, (None, 1))) == (*ENDS, (None, 1))  # 32 tiers
+    most = ((5, 1), (MAX_AMOUNT, 1), (None, 1))
+    assert validate_tiers(most) == most
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("1000:-0.01", "'-0.01' is not an amount like 50 or 1.00"),
+        ("0:0.01", "a tier's end '0' is not a whole number > 0"),
+        ((0, "1"), "a tier's end 0 is not a whole number > 0"),
+        ((True, "1"), "a tier's end True is not a whole number > 0"),
+        ("ten:0.01", "a tier's end 'ten' is not a whole number > 0"),
+        ("1000", "'1000' is not a tier like 1000:0.01 or inf:0.005"),
+        ("ab", "'ab' is not a tier like 1000:0.01 or inf:0.005"),
+        ("1:2:3", "'1:2:3' is not a tier like 1000:0.01 or inf:0.005"),
+        ((1, 2, 3), "(1, 2, 3) is not a tier like 1000:0.01 or inf:0.005"),
+        ("1000:0.000000001", "'0.000000001' has more than 8 decimals"),
+    ],
+)
+def test_what_bad_tier_text_is_told(text: object, message: str) -> None:
+    with pytest.raises(InvalidInput) as refused:
+        parse_tier(text, "USD")
+    assert (refused.value.field, str(refused.value)) == ("tiers", f"tiers: {message}")
+
+
+def test_a_tier_may_end_at_one_unit() -> None:
+    assert parse_tier("1:1", "USD") == (1, 100_000_000)
+    assert parse_tier(["1", "0.5"], "USD") == (1, 50_000_000)
+
+
+def test_a_tiered_price_as_a_dict() -> None:
+    tiered = _price("graduated", ((1000, _usd("0.01")), (None, _usd("0.005"))), flat_fee=2000)
+    assert tiered.to_dict() == {
+        "limit": "calls",
+        "currency": "USD",
+        "per_unit": None,
+        "per_unit_micro_minor": None,
+        "effective_from": "1970-01-01T00:00:00+00:00",
+        "model": "graduated",
+        "tiers": [{"up_to": 1000, "price": "0.01"}, {"up_to": None, "price": "0.005"}],
+        "flat_fee": "20.00",
+    }
+    package = Price("calls", "JPY", None, 0, model="package", package=100, per_package=1_500_000)
+    assert package.to_dict() == {
+        "limit": "calls",
+        "currency": "JPY",
+        "per_unit": None,
+        "per_unit_micro_minor": None,
+        "effective_from": "1970-01-01T00:00:00+00:00",
+        "model": "package",
+        "package": 100,
+        "per_package": "1.5",
+    }
+
+
+# -- counted_amounts: the charges of a batch, one after the other ------------------
+
+COUNTED = [
+    # whole minor units in every tier (the linear shortcut), with a fee
+    _price("graduated", ((10, 2 * 10**6), (None, 10**6)), flat_fee=300),
+    # a window's price at half a cent, then a tier of whole cents: rounding half to even
+    _price("graduated", ((1, 500_000), (None, 10**6))),
+    _price("graduated", ((5, 1_250_000), (8, 700_000), (None, 300_000))),
+    _price("graduated", ((5, 1_250_000), (None, 700_000)), flat_fee=100),
+    _price("volume", ((10, 2 * 10**6), (None, 10**6)), flat_fee=50),
+    _price("package", package=3, per_package=10**6),
+    Price("calls", "USD", 1_500_000, 0, flat_fee=7),
+]
+BATCHES = [[1], [1, 1], [1, 0, 1, 1], [0, 2, 1], [3, 1, 9, 1, 1], [10], [9, 1, 1], [4, 4, 4]]
+
+
+@pytest.mark.parametrize("price", COUNTED)
+@pytest.mark.parametrize("before", [0, 1, 5, 9, 10, 11])
+def test_a_batchs_charges_cost_what_each_would_alone(price: Price, before: int) -> None:
+    """`counted_amounts` equals `tiered_amount` charge after charge (its
+    shortcuts included): every amount a whole number of minor units."""
+    for costs in BATCHES:
+        expected, total = [], before
+        for cost in costs:
+            expected.append(tiered_amount(price, total, cost))
+            total += max(cost, 0)
+        found = counted_amounts(price, before, costs)
+        assert found == expected, (costs, before)
+        assert all(type(amount) is int for amount in found)
+
+
+def test_the_linear_shortcut_keeps_the_fee_for_the_first_charge_only() -> None:
+    fee = COUNTED[0]  # 2 cents a unit up to 10, a fee of 3.00
+    assert counted_amounts(fee, 0, [0, 1, 2]) == [0, 302, 4]
+    assert counted_amounts(fee, 3, [1, 2]) == [2, 4]
+    # half a cent, then whole cents: 0.5 rounds to 0, 1.5 to 2, 2.5 to 2
+    assert counted_amounts(COUNTED[1], 1, [1, 1]) == [2, 0]
+    assert counted_amounts(COUNTED[1], 999, [1, 1]) == [2, 0]  # 998.5 to 998, 999.5 to 1000
+
+
+def test_priced_charges_count_each_counter_apart_and_in_order() -> None:
+    fee = Price("calls", "USD", 10**6, 0, flat_fee=100)  # 0.01 a unit, 1.00 a window
+    tiered = _price("graduated", ((2, 10**6), (None, 2 * 10**6)))
+    prices = {"calls": (fee,), "tiered": (tiered,)}
+    charges = [("a", "calls", 1), ("b", "calls", 1), ("a", "calls", 2), ("a", "calls", 1)]
+    # as the event is read (no counters): each counter's first charge pays the fee
+    assert [c.amount for c in priced_charges(charges, prices, 0)] == [101, 101, 2, 1]
+    assert [c.amount for c in priced_charges(charges, prices, 0, used=[0, 0, 0, 0])] == [
+        101,
+        101,
+        2,
+        1,
+    ]
+    assert [c.amount for c in priced_charges(charges, prices, 0, used=[4, 0, 4, 4])] == [
+        1,
+        101,
+        2,
+        1,
+    ]
+    # tiers: 1 cent up to 2 units, 2 cents after, counted from what came before
+    steps = [("a", "tiered", 1)] * 4
+    assert [c.amount for c in priced_charges(steps, prices, 0)] == [1, 1, 2, 2]
+    assert [c.amount for c in priced_charges(steps, prices, 0, used=[1] * 4)] == [1, 2, 2, 2]
+
+
+def test_a_price_effective_at_the_instant_replaces_the_one_before() -> None:
+    first, second = Price("calls", "USD", 1, 0), Price("calls", "USD", 2, 10)
+    assert prices_from((first, second), 10) == [second]
+    assert prices_from((first, second), 9) == [first, second]
+
+
+def test_a_bound_amount_starts_its_window_unless_told_otherwise() -> None:
+    fee = Price("calls", "USD", 10**6, 0, flat_fee=100)
+    assert bounded_amount(2, fee) == 102
+    assert bounded_amount(2, fee, 3) == 2
+
+
+def test_a_windows_price_per_model() -> None:
+    assert window_price(Price("calls", "USD", 1_500_000, 0), 3) == 4_500_000
+    free_first = _price("volume", ((10, 0), (None, 10**6)))
+    assert window_price(free_first, 5) == 0
+    assert window_price(free_first, 0) == 0

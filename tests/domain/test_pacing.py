@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from test_rules import MONTH, SECOND, START_US, SUBJECTS, Engines, both_engines
 
 from metering.domain.limits import Limit
 from metering.domain.pacing import (
+    ahead_of_pace,
     back_on_pace_us,
     burst_units,
     paced_maximum,
     paced_retry_us,
     parse_burst,
 )
+from metering.domain.state import CounterState
 from metering.errors import InvalidLimit
 
 DAY = 86_400_000_000
@@ -111,3 +116,145 @@ def test_what_cannot_be_paced_is_refused(options: dict[str, object], field: str)
     with pytest.raises(InvalidLimit) as raised:
         Limit("x", maximum=10, **options)  # type: ignore[arg-type]
     assert raised.value.field == field
+
+
+# ------------------------------------------------- the hot path's pacing (`rules._paced`)
+
+PACED = [
+    Limit("paced", maximum=6, period="1h", window="calendar", pacing=True, burst=1),
+    Limit(
+        "paced_soft",
+        maximum=8,
+        period="30m",
+        enforcement="soft",
+        pacing=True,
+        burst="25%",
+        thresholds=(50,),
+    ),
+    Limit("paced_shadow", maximum=4, period="1h", enforcement="shadow", pacing=True, burst=0),
+    Limit("paced_day", maximum=40, period="1d", window="calendar", pacing=True, burst="10%"),
+    Limit("soft_0", maximum=5, period="1h", enforcement="soft", pacing=True, burst=0),
+    Limit("plain", maximum=5, period="1h", window="calendar"),
+]
+STEPS_US = [0, 0, 1, SECOND, 60 * SECOND, 300 * SECOND, 900 * SECOND, 3600 * SECOND]
+
+
+def _stream(seed: int, events: int) -> Engines:
+    rng = random.Random(seed)
+    engines = Engines(limits={limit.name: limit for limit in PACED})
+    now_us = START_US
+    for step in range(events):
+        now_us += rng.choice(STEPS_US)
+        at_us = now_us - rng.choice([0, 0, 0, 1, 30 * SECOND])  # some events come late
+        pairs = rng.sample([(s, p.name) for s in SUBJECTS for p in PACED], rng.randint(1, 3))
+        costs = [0, 1, 1, 2, 3, 4, 5, 6, 7, 9]  # each paced maximum, and one more
+        charges = [(subject, name, rng.choice(costs)) for subject, name in pairs]
+        try:
+            engines.apply(charges, at_us, f"ev-{step}")
+        except AssertionError as failure:
+            raise AssertionError(f"seed {seed}, step {step}: {charges} at {at_us}") from failure
+    return engines
+
+
+SEEDS = range(4)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_hot_path_paces_like_decide_event(seed: int) -> None:
+    """`rules.decide` against `decide_event` over paced limits (hard, soft with
+    thresholds, shadow; first-use and calendar; units and percentage bursts)."""
+    _stream(seed, events=200)
+
+
+def test_the_paced_streams_reach_every_outcome_and_notice() -> None:
+    seen: set[str] = set()
+    for seed in SEEDS:
+        seen |= _stream(seed, events=200).seen
+    assert seen >= {
+        "allowed",
+        "denied",
+        "overage",
+        "ahead_of_pace",
+        "denied by 2",
+        "mark denied",
+        "mark would_deny",
+        "mark threshold:50",
+        "mark exceeded",
+        "retry never",
+    }
+
+
+MONTH_LENGTH = MONTH[1] - MONTH[0]
+PACED_MONTH = [
+    Limit("calls", maximum=10, period="1mo", window="calendar", pacing=True, burst=1),
+    Limit(
+        "calls",
+        maximum=10,
+        period="1mo",
+        window="calendar",
+        pacing=True,
+        burst="20%",
+        enforcement="soft",
+        thresholds=(50, 100),
+    ),
+    Limit("calls", maximum=10, period="1mo", window="calendar", pacing=True, enforcement="shadow"),
+]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_hot_path_paces_with_grants_like_decide_event(seed: int) -> None:
+    """A paced window with grants (`rules._paced` with a pot): the grants add to
+    the pace, and overage counts own usage against the maximum."""
+    rng = random.Random(seed)
+    outcomes = set()
+    for _ in range(150):
+        limit = rng.choice(PACED_MONTH)
+        at_us = MONTH[0] + rng.choice([0, 1, MONTH_LENGTH // 3, MONTH_LENGTH // 2])
+        granted = rng.choice([None, 0, 0, 2, 4])
+        used = rng.randint(0, 13) + (granted or 0)
+        cost = rng.choice([0, 1, 2, 3, 5, 9, 10, 11, 12, 13, 16])  # the maximum, with grants
+        rows, _, _ = both_engines(
+            [limit], [("org", "calls", cost)], [CounterState(used)], [granted], at_us
+        )
+        outcomes.add(rows[0][4])
+    assert outcomes >= {"allowed", "denied", "overage", "would_deny", "ahead_of_pace"}
+
+
+def test_the_pace_is_whole_units_rounded_down() -> None:
+    assert burst_units("5%", 30) == 1 and type(burst_units("5%", 30)) is int  # 1.5
+    assert burst_units("50%", 30) == 15
+    assert paced_maximum(10, 0, (0, 3), 1) == 3 and type(paced_maximum(10, 0, (0, 3), 1)) is int
+
+
+def test_ahead_of_pace_is_past_the_pace_within_the_maximum() -> None:
+    assert not ahead_of_pace(3000, "5%", NOVEMBER, 150, 0)  # at the pace
+    assert ahead_of_pace(3000, "5%", NOVEMBER, 151, 0)
+    assert ahead_of_pace(3000, "5%", NOVEMBER, 3000, 0)
+    assert not ahead_of_pace(3000, "5%", NOVEMBER, 3001, 0)  # past the maximum: overage
+    assert not ahead_of_pace(3000, 0, NOVEMBER, 1000, 10 * DAY)
+    assert ahead_of_pace(3000, 0, NOVEMBER, 1001, 10 * DAY)
+
+
+def test_a_retry_back_on_pace_now_is_no_retry() -> None:
+    assert paced_retry_us(3000, "5%", NOVEMBER, 151, 864_000_000 - 1) == 864_000_000
+    assert paced_retry_us(3000, "5%", NOVEMBER, 151, 864_000_000) is None
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (True, "give units or a percentage like '5%', not True"),
+        (101, "must be between 0 and 100 units, got 101"),
+        ("5.5%", "'5.5%' is not units or a percentage from 0% to 100% like '5%'"),
+        (None, "None is not units or a percentage from 0% to 100% like '5%'"),
+    ],
+)
+def test_a_bad_burst_is_told_why(bad: object, message: str) -> None:
+    with pytest.raises(InvalidLimit) as raised:
+        parse_burst(bad, 100)
+    assert str(raised.value) == f"burst: {message}"
+
+
+def test_a_burst_may_be_the_whole_maximum() -> None:
+    assert parse_burst(100, 100) == 100
+    assert parse_burst("100", 100) == 100

@@ -210,3 +210,23 @@ def test_a_low_percentage_rounds_down_to_whole_units() -> None:
     threshold = low_threshold(7, None, 50)
     assert threshold == 3
     assert type(threshold) is int
+
+
+def test_calendar_issues_follow_the_subjects_zone() -> None:
+    """Berlin's months start at its midnight: 22:00 UTC the day before, in summer."""
+    last = Issue(1, us(2026, 2, 28, 23), us(2026, 3, 31, 22), 10)
+    found = issues_due(
+        MONTH,
+        calendar=True,
+        amount=10,
+        rollover_max=0,
+        until_us=None,
+        last=last,
+        left_of_last=0,
+        now_us=us(2026, 5, 15),
+        zones=((0, "Europe/Berlin"),),
+    )
+    assert found == [
+        Issue(2, us(2026, 3, 31, 22), us(2026, 4, 30, 22), 10),
+        Issue(3, us(2026, 4, 30, 22), us(2026, 5, 31, 22), 10),
+    ]

@@ -105,3 +105,20 @@ def test_the_money_kept_is_the_reserve_priced_for_fewer_units(
     ]
     found = committed_money(charges, [keep, 0], PRICES, CURRENCIES, T0)
     assert found[0] == found[1] == tiered_amount(price, before, keep) <= reserved
+
+
+def test_the_refusal_says_what_to_do_instead() -> None:
+    charges = [_charge("calls", 3, 3, 6), _charge("usd_cap", 6, 6, None)]
+    dearer = {"calls": (Price("calls", "USD", 3 * MICRO, 0),)}
+    with pytest.raises(InvalidInput) as refused:
+        committed_money(charges, [1, 0], dearer, CURRENCIES, T0)
+    assert (refused.value.field, str(refused.value)) == (
+        "actual",
+        "actual: its price changed since it was reserved (a price set since, in force at "
+        "its time): the money cannot be split; commit it in full or cancel it",
+    )
+
+
+def test_a_spend_charge_of_a_subject_with_nothing_priced_keeps_nothing() -> None:
+    charges = [_charge("calls", 3, 3, 6, "a"), _charge("usd_cap", 5, 5, None, "b")]
+    assert committed_money(charges, [1, 0], PRICES, CURRENCIES, T0) == [2, 0]

@@ -134,3 +134,10 @@ def test_rollup_rows_come_sorted_by_key() -> None:
         ("s", "a", "k", 9, "v", 2, 1),
         ("s", "b", "k", 2, "v", 1, 1),
     ]
+
+
+def test_a_value_with_a_nul_is_rolled_up_escaped() -> None:
+    events = [Decided("allowed", AT, [charge_row("s", "api", 1)], {"route": "/a\x00b"})]
+    assert rollup_deltas(events, {"api": ("route",)}) == {
+        ("s", "api", "route", NOW_US, "/a\\u0000b"): (1, 1)
+    }

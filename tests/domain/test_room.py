@@ -5,12 +5,12 @@ when they are steady over the batch) holds every charge of the batch, and
 from __future__ import annotations
 
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metering.domain.grants import Balance, Pot
 from metering.domain.limits import Limit
-from metering.domain.room import Sums, allowed_row, covered, drawn_row
+from metering.domain.room import Sums, allowed_row, covered, drawn_row, qualifies
 from metering.domain.rules import Rule, decide, fresh_state
 
 CALLS = Rule.of(Limit("calls", maximum=10, period="1mo", window="calendar"))
@@ -214,39 +214,41 @@ def test_grants_that_change_within_the_batch_stay_in_the_room_that_pays_none() -
     }
 
 
+@st.composite
+def _one_grant(draw: st.DrawFn) -> tuple[int, int, int, int, int, int, int | None, int, list[int]]:
+    """A counter and a pot of one grant, and charges that fit them: built to
+    fit (filtering random ones rejects most, and a mutation run pays for it)."""
+    maximum = draw(st.integers(1, 6))
+    own = draw(st.integers(0, maximum))
+    granted = draw(st.integers(0, 4))
+    amount = draw(st.integers(1, 12))
+    used = draw(st.integers(0, amount))
+    effective = draw(st.integers(1_000, 1_600))
+    expires = draw(st.none() | st.integers(1_000, 2_000))
+    at_us = draw(st.integers(1_000, 1_999))
+    left = amount - used if effective <= at_us and (expires is None or at_us < expires) else 0
+    room, costs = maximum - own + left, []
+    for _ in range(draw(st.integers(1, 6))):
+        cost = draw(st.integers(0, min(5, room)))
+        costs.append(cost)
+        room -= cost
+    return maximum, own, granted, amount, used, effective, expires, at_us, costs
+
+
 @settings(max_examples=300, deadline=None)
-@given(
-    maximum=st.integers(1, 6),
-    own=st.integers(0, 6),
-    granted=st.integers(0, 4),
-    amount=st.integers(1, 12),
-    used=st.integers(0, 12),
-    effective=st.integers(1_000, 1_600),
-    expires=st.none() | st.integers(1_000, 2_000),
-    at_us=st.integers(1_000, 1_999),
-    costs=st.lists(st.integers(0, 5), min_size=1, max_size=6),
-)
+@given(case=_one_grant())
 def test_a_pot_of_one_grant_draws_as_decide_does(
-    maximum: int,
-    own: int,
-    granted: int,
-    amount: int,
-    used: int,
-    effective: int,
-    expires: int | None,
-    at_us: int,
-    costs: list[int],
+    case: tuple[int, int, int, int, int, int, int | None, int, list[int]],
 ) -> None:
     """`drawn_row` on a pot of one grant (drawn without `Pot.draw`'s loop):
     each row, counter and grant as `decide` (`fit_window`) leaves them, for
     charges that fit, the grant active at the charge or not."""
-    assume(own <= maximum and used <= amount)
+    maximum, own, granted, amount, used, effective, expires, at_us, costs = case
     rule = Rule.of(Limit("calls", maximum=maximum, period="1mo", window="calendar"))
-    left = amount - used if effective <= at_us and (expires is None or at_us < expires) else 0
-    assume(sum(costs) <= maximum - own + left)
 
-    def pot() -> Pot:
-        return Pot([Balance("g", amount, used, effective, expires)], {START: granted})
+    def pot() -> Pot:  # a window the grants paid nothing of yet has no entry
+        granted_by = {START: granted} if granted else {}
+        return Pot([Balance("g", amount, used, effective, expires)], granted_by)
 
     drawn, decided = pot(), pot()
     room = (maximum, drawn, granted)
@@ -258,3 +260,110 @@ def test_a_pot_of_one_grant_draws_as_decide_does(
         verdict = decide([rule], charge, window, [expected_state], at_us, "e", None, [decided])
         assert (row, state) == (verdict.rows[0], expected_state)
     assert drawn == decided
+
+
+def _key(subject: str, start: int = START) -> tuple[str, str, int]:
+    return ("calls", subject, start)
+
+
+def test_each_counter_of_a_batch_is_judged_on_its_own_in_any_order() -> None:
+    """A counter that cannot be covered drops its pair's other counters, and
+    only them: those after it are still judged (and those before)."""
+    sums = Sums()
+    plan = [
+        (("loud", "a", START), 1),  # announces
+        (_key("untimed"), 1),  # an entitlement, its times unknown
+        (_key("changing"), 1),  # an entitlement changing within the batch
+        (_key("alert"), 2),  # crosses its own 50 % (5 units)
+        (_key("alert", END), 1),  # crosses none: its pair is dropped anyway
+        (_key("over"), 8),  # 3 used: past the maximum, no grants
+        (_key("good"), 7),
+        (_key("steady"), 1),  # grants that pay none of the batch
+        (_key("paid"), 9),  # grants pay 2 of it
+        (_key("twice"), 9),  # grants would pay, but the pair has two windows
+        (_key("twice", END), 1),
+        (_key("ungranted"), 9),  # grants would pay, but its times are unknown
+        (_key("past"), 1),  # own usage past a lowered maximum: grants pay nothing
+        (_key("short"), 13),  # own room 7 and grants 5: one short
+        (_key("full"), 2),  # own usage at the maximum: grants pay it all
+        (_key("last"), 1),
+    ]
+    for key, total in plan:
+        sums.totals[key] = total
+    for subject in ("changing", "over", "steady", "paid", "twice", "past", "short", "full"):
+        _note(sums, ("calls", subject), 1_200)
+    _note(sums, ("calls", "changing"), 1_600)
+    states = {key: [3, 0, 0, None, None, 0, 1] for key, _ in plan}
+    states[_key("past")] = [12, 0, 0, None, None, 0, 1]
+    states[_key("full")] = [10, 0, 0, None, None, 0, 1]
+    histories = {
+        ("calls", "untimed"): ((500, 20),),
+        ("calls", "changing"): ((500, 20), (1_500, 30)),
+    }
+    pots = {
+        ("calls", subject): Pot([Balance("g", 5, 0, 0, None)])
+        for subject in ("steady", "paid", "twice", "ungranted", "past", "short", "full")
+    }
+    alerts = {("calls", "alert"): ((50,), ())}
+    found = covered(sums, RULES, states, histories, pots, alerts)
+    assert found == {
+        _key("good"): (10, None, 0),
+        _key("steady"): (10, None, 5),
+        _key("paid"): (10, pots[("calls", "paid")], 0),
+        _key("full"): (10, pots[("calls", "full")], 0),
+        _key("last"): (10, None, 0),
+    }
+
+
+@pytest.mark.parametrize(
+    ("used", "total", "taken"),
+    [(100, 1, False), (99, 1, True)],  # 100 % of 101 is 101 units
+)
+def test_own_percentages_are_crossed_exactly_as_notices_find_them(
+    used: int, total: int, taken: bool
+) -> None:
+    rules = {"calls": Rule.of(Limit("calls", maximum=101, period="1mo", window="calendar"))}
+    states = {KEY: [used, 0, 0, None, None, 0, 1]}
+    own = {("calls", "org"): ((100,), ())}
+    assert (KEY in covered(_sums(total), rules, states, {}, {}, own)) is taken
+
+
+@pytest.mark.parametrize(
+    ("balances", "held"),
+    [
+        ([Balance("from_first", 5, 1, 1_200, None)], 4),  # active from the batch's first time
+        ([Balance("one", 1, 0, 0, None), Balance("used_up", 3, 3, 0, None)], 1),
+        ([Balance("later", 5, 0, 1_601, None)], 0),  # active after the batch only
+        ([Balance("gone", 5, 0, 0, 1_200)], 0),  # expired at its first time
+        ([Balance("g", 5, 0, 0, 1_601), Balance("at_last", 5, 0, 1_600, None)], None),
+        ([Balance("mid", 5, 0, 1_400, None)], None),  # active from within the batch
+        ([Balance("ends", 5, 0, 0, 1_600)], None),  # expires at its last time
+    ],
+)
+def test_grants_steady_over_the_batch_add_what_they_hold(
+    balances: list[Balance], held: int | None
+) -> None:
+    sums = _sums(1)
+    _note(sums, ("calls", "org"), 1_200)
+    _note(sums, ("calls", "org"), 1_600)
+    pot = Pot(balances, {START: 2})
+    states = {KEY: [4, 0, 0, None, None, 0, 1]}
+    room = covered(sums, RULES, states, {}, {("calls", "org"): pot}, {})[KEY]
+    assert room == ((10, pot, 2) if held is None else (10, None, 2 + held))
+
+
+def test_an_entitlement_in_force_before_the_batch_and_changing_after_it() -> None:
+    sums = _sums(1)
+    _note(sums, ("calls", "org"), 1_200)
+    _note(sums, ("calls", "org"), 1_250)
+    history = {("calls", "org"): ((500, 20), (1_300, 30))}
+    assert covered(sums, RULES, {}, history, {}, {}) == {KEY: (20, None, 0)}
+
+
+def test_what_announces_or_is_not_a_plain_sum_does_not_qualify() -> None:
+    assert qualifies(CALLS) and not qualifies(LOUD)
+    gauge = Rule.of(Limit("disk", maximum=5, period="1h", aggregation="max"))
+    paced = Rule.of(Limit("p", maximum=5, period="1h", pacing=True))
+    floating = Rule.of(Limit("seats", maximum=5, algorithm="concurrent"))
+    bucket = Rule.of(Limit("api", maximum=5, period="1m", algorithm="token_bucket"))
+    assert [qualifies(rule) for rule in (gauge, paced, floating, bucket)] == [False] * 4

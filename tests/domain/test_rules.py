@@ -21,6 +21,7 @@ from metering.domain.grants import Balance, Pot
 from metering.domain.imports import ImportPolicy
 from metering.domain.instants import to_us
 from metering.domain.limits import Limit, Period
+from metering.domain.needs import rule_needs
 from metering.domain.notifications import Notice, notices_for
 from metering.domain.rules import (
     BUCKET_WINDOW,
@@ -28,6 +29,7 @@ from metering.domain.rules import (
     State,
     decide,
     fresh_state,
+    grants_low,
     state_of,
 )
 from metering.domain.state import NO_WINDOW, CounterKey, CounterState
@@ -113,6 +115,7 @@ class Engines:
             assert outcome.rows == [c.to_row() for c in verdict.charges]
         assert notices == expected_notices
         self.seen |= {verdict.outcome, *(f"mark {n.mark}" for n in notices)}
+        self.seen |= {charge.outcome for charge in verdict.charges}
         if len(verdict.denied_by) > 1:
             self.seen.add("denied by 2")
         if any(not c.allowed and c.retry_at_us is None for c in verdict.charges):
@@ -593,3 +596,65 @@ def test_priced_and_spend_limits_are_money() -> None:
     assert not Rule.of(plain).money
     assert Rule.of(plain, priced=True).money
     assert Rule.of(Limit("spend", maximum=500, period="1mo", currency="EUR")).money
+
+
+def test_a_rule_with_a_subjects_own_thresholds() -> None:
+    rule = Rule.of(CALLS)  # thresholds_units (12,): notifies
+    own = rule.with_thresholds((50, 90), (3,))
+    assert own.limit == replace(CALLS, thresholds=(50, 90), thresholds_units=(3,))
+    assert own == replace(rule, limit=own.limit)  # only the limit's thresholds change
+    assert rule.limit is CALLS and own.notifies
+    silent = rule.with_thresholds((), ())
+    assert silent.limit.thresholds == () and silent.limit.thresholds_units == ()
+    assert not silent.notifies  # a hard limit with no threshold left: nothing to announce
+    assert rule.with_thresholds((80,), ()).notifies
+    assert rule.with_thresholds((), (5,)).notifies
+    soft = Rule.of(SOFT_CALLS).with_thresholds((), ())
+    assert soft.notifies  # a soft limit announces its maximum anyway
+
+
+def test_grants_low_names_the_drawn_grants_at_or_below_their_threshold() -> None:
+    first = Pot([Balance("b", 10, 7, 0, None), Balance("a", 10, 8, 0, None)])
+    second = Pot([Balance("c", 5, 1, 0, None), Balance("d", 5, 5, 0, None)])
+    pots = {("org", "calls"): first, ("org", "seats"): second}
+    watched = {"a": 2, "b": 2, "c": 4, "d": 0, "gone": 9}
+    # a: 2 left (at its threshold), b: 3 (above), c: 4 (at), d: 0 (at); sorted
+    assert grants_low(pots, watched, ["d", "c", "b", "a"]) == ["a", "c", "d"]
+    assert grants_low(pots, watched, iter(["c", "a", "c"])) == ["a", "c"]
+    assert grants_low(pots, {"a": 1, "c": 3}, ["a", "c"]) == []  # both above
+    assert grants_low(pots, watched, ["b"]) == []
+    assert grants_low(pots, {"b": 2}, ["a", "c"]) == []  # drawn, but not watched
+    assert grants_low(pots, watched, ["gone"]) == []  # watched, but in no pot
+    assert grants_low(pots, watched, []) == []
+    assert grants_low({}, watched, ["a"]) == []
+
+
+def test_grants_pay_in_the_hot_path_beside_another_charge() -> None:
+    """An event of two charges, one that grants pay: the general path draws them."""
+    rows, _, pots = both_engines(
+        [CALLS, SEATS],
+        [("org", "calls", 5), ("org", "seats", 1)],
+        [CounterState(used=9), CounterState()],
+        [2, None],
+    )
+    assert [row[4] for row in rows] == ["allowed", "allowed"]
+    assert rows[0][12] == [["g1", 2]] and len(rows[1]) == 12
+    assert pots[0] is not None and pots[0].granted[MONTH[0]] == 4
+
+
+@pytest.mark.parametrize("pots", [[None], [0]])
+def test_a_free_charge_fits_past_a_lowered_maximum_and_adds_no_overage(
+    pots: list[int | None],
+) -> None:
+    """A cost of 0 (a seat already held) fits where usage is past the maximum."""
+    for limit in (CALLS.with_maximum(8), replace(SOFT_CALLS, maximum=8)):
+        rows, _, _ = both_engines([limit], [("org", "calls", 0)], [CounterState(used=9)], pots)
+        assert rows[0][3:5] == [True, "allowed"] and rows[0][8] == 0
+
+
+def test_a_rule_knows_what_deciding_it_needs() -> None:
+    paced = Limit("p", maximum=9, period="1d", window="calendar", pacing=True)
+    assert Rule.of(paced).needs == rule_needs(paced, priced=False) != frozenset()
+    plain = Limit("calls", maximum=3, period="1d")
+    assert Rule.of(plain, priced=True).needs == rule_needs(plain, priced=True)
+    assert Rule.of(plain, priced=True).needs != Rule.of(plain).needs

@@ -632,3 +632,11 @@ def test_in_any_arrival_order_windows_last_a_whole_period_and_never_overlap(
     # No gap between windows holds a window (and a maximum) of its own.
     assert all(end - start == 120 * SECOND for start, end in windows)
     assert all(a[1] <= b[0] for a, b in pairwise(windows))
+
+
+def test_a_window_of_months_may_start_in_the_year_before() -> None:
+    january = to_us(datetime(2026, 1, 15, tzinfo=UTC))
+    assert calendar_window(parse_period("5mo"), january) == (
+        to_us(datetime(2025, 11, 1, tzinfo=UTC)),
+        to_us(datetime(2026, 4, 1, tzinfo=UTC)),
+    )

@@ -21,9 +21,11 @@ from metering.domain.zones import (
     billing_month,
     follows_zone,
     local_midnight,
+    local_span,
     local_text,
     month_bounds,
     validate_zone,
+    window_label,
     window_zone,
     zone_before,
     zoned_window,
@@ -285,3 +287,130 @@ def test_a_billing_months_bounds_are_its_monthly_window() -> None:
     assert month_bounds((), 2026, 2) == (at(2026, 2, 1), at(2026, 3, 1), "UTC")
     assert billing_month((), at(2026, 10, 31, 23)) == "2026-10"
     assert billing_month(history, at(2026, 12, 31, 18, 30)) == "2027-01"
+
+
+BERLIN = "Europe/Berlin"
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "zone", "label"),
+    [
+        (*window("1mo", BERLIN, at(2026, 3, 15)), BERLIN, "2026-03 Europe/Berlin"),
+        (*window("1d", BERLIN, at(2026, 3, 29, 12)), BERLIN, "2026-03-29 Europe/Berlin"),
+        (
+            *window("1d", "America/Santiago", at(2026, 9, 6, 12)),  # from 01:00, midnight skipped
+            "America/Santiago",
+            "2026-09-06 America/Santiago",
+        ),
+        (*window("7d", BERLIN, at(2026, 3, 25)), BERLIN, "2026-03-23 to 2026-03-29 Europe/Berlin"),
+        (*window("3mo", BERLIN, at(2026, 2, 1)), BERLIN, "2026-01-01 to 2026-03-31 Europe/Berlin"),
+        (*window("2mo", BERLIN, at(2026, 3, 5)), BERLIN, "2026-03-01 to 2026-04-30 Europe/Berlin"),
+        # whole days, a month apart but not from a first to a first
+        (
+            at(2026, 1, 31, 23),
+            at(2026, 3, 14, 23),
+            BERLIN,
+            "2026-02-01 to 2026-03-14 Europe/Berlin",
+        ),
+        (
+            at(2026, 2, 14, 23),
+            at(2026, 2, 28, 23),
+            BERLIN,
+            "2026-02-15 to 2026-02-28 Europe/Berlin",
+        ),
+        # not at local midnight (either end): both ends, rounded up to the second
+        (
+            at(2026, 3, 29, 12),
+            at(2026, 3, 29, 13) + 1,
+            BERLIN,
+            "2026-03-29 14:00:00+02:00 to 2026-03-29 15:00:01+02:00 Europe/Berlin",
+        ),
+        (
+            at(2026, 3, 28, 23),
+            at(2026, 3, 29, 13),
+            BERLIN,
+            "2026-03-29 00:00:00+01:00 to 2026-03-29 15:00:00+02:00 Europe/Berlin",
+        ),
+        (
+            at(2026, 3, 28, 12),
+            at(2026, 3, 29, 22),
+            BERLIN,
+            "2026-03-28 13:00:00+01:00 to 2026-03-30 00:00:00+02:00 Europe/Berlin",
+        ),
+    ],
+)
+def test_a_windows_local_label_names_its_days_or_its_month(
+    start: int, end: int, zone: str, label: str
+) -> None:
+    assert local_span(start, end, zone) == label
+
+
+def test_a_window_is_labelled_in_the_zone_it_is_aligned_in() -> None:
+    month = parse_period("1mo")
+    berlin = ((0, BERLIN),)
+    assert window_label(month, berlin, window("1mo", BERLIN, at(2026, 3, 5))) == (
+        BERLIN,
+        "2026-03 Europe/Berlin",
+    )
+    march_day = window("1d", BERLIN, at(2026, 3, 5))
+    assert window_label(parse_period("1d"), berlin, march_day) == (
+        BERLIN,
+        "2026-03-05 Europe/Berlin",
+    )
+    # none: no zone, a zone of UTC, a period that stays in UTC
+    assert window_label(month, (), window("1mo", BERLIN, at(2026, 3, 5))) is None
+    assert window_label(month, ((0, "UTC"),), window("1mo", "UTC", at(2026, 3, 5))) is None
+    hour = (at(2026, 3, 5), at(2026, 3, 5, 1))
+    assert window_label(parse_period("1h"), berlin, hour) is None
+    # A change on 10 March: March stays in UTC, the next window runs from
+    # UTC's 1 April to Berlin's 1 May, May is Berlin's.
+    changed = ((at(2026, 3, 10), BERLIN),)
+    windows = [calendar_window(month, at(2026, m, 20), changed) for m in (3, 4, 5)]
+    assert [window_label(month, changed, w) for w in windows] == [
+        None,
+        (BERLIN, "2026-04-01 02:00:00+02:00 to 2026-05-01 00:00:00+02:00 Europe/Berlin"),
+        (BERLIN, "2026-05 Europe/Berlin"),
+    ]
+
+
+def test_a_change_at_the_instant_the_one_before_takes_effect_follows_it() -> None:
+    """Berlin from 10 March takes effect at UTC's 1 April; Kolkata, given at that
+    very instant, where Berlin's first window ends (1 May)."""
+    month = parse_period("1mo")
+    history = ((at(2026, 3, 10), BERLIN), (at(2026, 4, 1), "Asia/Kolkata"))
+    found = [
+        (window_zone(month, history, moment), zoned_window(month, history, moment))
+        for moment in (at(2026, 3, 20), at(2026, 4, 15), at(2026, 5, 15))
+    ]
+    assert found == [
+        ("UTC", (at(2026, 3, 1), at(2026, 4, 1))),
+        (BERLIN, (at(2026, 4, 1), at(2026, 4, 30, 22))),
+        ("Asia/Kolkata", (at(2026, 4, 30, 22), at(2026, 5, 31, 18, 30))),
+    ]
+
+
+def test_an_unknown_zone_names_its_field() -> None:
+    with pytest.raises(InvalidInput) as refused:
+        validate_zone("Mars/Olympus")
+    assert (refused.value.field, str(refused.value)) == (
+        "time_zone",
+        "time_zone: 'Mars/Olympus' is not an IANA time zone name like 'Europe/Berlin'",
+    )
+    with pytest.raises(InvalidInput) as refused:
+        validate_zone(5, field_name="zone")
+    assert str(refused.value) == "zone: 5 is not an IANA time zone name like 'Europe/Berlin'"
+
+
+def test_a_clock_set_back_across_midnight_starts_the_next_day_at_its_first_midnight() -> None:
+    """Goose Bay went back from 00:01 to 23:01 on 7 November 2010: the
+    instants shown as 6 November again are in the 7th's 25-hour day."""
+    zone = "America/Goose_Bay"
+    seventh = (at(2010, 11, 7, 3), at(2010, 11, 8, 4))
+    assert window("1d", zone, at(2010, 11, 7, 2, 59)) == (at(2010, 11, 6, 3), seventh[0])
+    for moment in (at(2010, 11, 7, 3), at(2010, 11, 7, 3, 5), at(2010, 11, 8, 3, 59)):
+        assert window("1d", zone, moment) == seventh
+
+
+def test_a_month_across_a_new_year_is_labelled_as_a_month() -> None:
+    december = window("1mo", BERLIN, at(2026, 12, 15))
+    assert local_span(*december, BERLIN) == "2026-12 Europe/Berlin"
