@@ -12,10 +12,9 @@ void makes (`corrections.gauge_after`).
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
-from test_rules import SECOND, START_US, SUBJECTS, Engines
+from test_rules import SECOND, START_US, Engines, random_stream
 
 from metering.domain.corrections import gauge_after, gauge_reports
 from metering.domain.decisions import ChargeDecision, ChargeInput, decide_event
@@ -56,22 +55,13 @@ STEPS_US = [0, 0, 1, SECOND, 20 * SECOND, 61 * SECOND, 900 * SECOND, 3600 * SECO
 
 
 def _stream(seed: int, events: int) -> Engines:
-    rng = random.Random(seed)
-    engines = Engines(limits={limit.name: limit for limit in GAUGES})
-    now_us = START_US
-    for step in range(events):
-        now_us += rng.choice(STEPS_US)
-        at_us = now_us - rng.choice([0, 0, 0, 1, 30 * SECOND])  # some reports come late
-        pairs = rng.sample([(s, g.name) for s in SUBJECTS for g in GAUGES], rng.randint(1, 3))
-        charges = [
-            (subject, name, rng.choice([1, 2, 3, 7]) if name == "sum" else rng.randint(0, 12))
-            for subject, name in pairs
-        ]
-        try:
-            engines.apply(charges, at_us, f"ev-{step}")
-        except AssertionError as failure:
-            raise AssertionError(f"seed {seed}, step {step}: {charges} at {at_us}") from failure
-    return engines
+    return random_stream(
+        GAUGES,
+        seed,
+        events,
+        STEPS_US,
+        lambda rng, name: rng.choice([1, 2, 3, 7]) if name == "sum" else rng.randint(0, 12),
+    )
 
 
 SEEDS = range(6)

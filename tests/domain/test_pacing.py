@@ -7,7 +7,7 @@ import random
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from test_rules import MONTH, SECOND, START_US, SUBJECTS, Engines, both_engines
+from test_rules import MONTH, SECOND, Engines, both_engines, random_stream
 
 from metering.domain.limits import Limit
 from metering.domain.pacing import (
@@ -140,20 +140,8 @@ STEPS_US = [0, 0, 1, SECOND, 60 * SECOND, 300 * SECOND, 900 * SECOND, 3600 * SEC
 
 
 def _stream(seed: int, events: int) -> Engines:
-    rng = random.Random(seed)
-    engines = Engines(limits={limit.name: limit for limit in PACED})
-    now_us = START_US
-    for step in range(events):
-        now_us += rng.choice(STEPS_US)
-        at_us = now_us - rng.choice([0, 0, 0, 1, 30 * SECOND])  # some events come late
-        pairs = rng.sample([(s, p.name) for s in SUBJECTS for p in PACED], rng.randint(1, 3))
-        costs = [0, 1, 1, 2, 3, 4, 5, 6, 7, 9]  # each paced maximum, and one more
-        charges = [(subject, name, rng.choice(costs)) for subject, name in pairs]
-        try:
-            engines.apply(charges, at_us, f"ev-{step}")
-        except AssertionError as failure:
-            raise AssertionError(f"seed {seed}, step {step}: {charges} at {at_us}") from failure
-    return engines
+    costs = [0, 1, 1, 2, 3, 4, 5, 6, 7, 9]  # each paced maximum, and one more
+    return random_stream(PACED, seed, events, STEPS_US, lambda rng, _: rng.choice(costs))
 
 
 SEEDS = range(4)

@@ -11,6 +11,7 @@ failure names its seed and step and never comes and goes.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
@@ -145,6 +146,30 @@ def _stream(seed: int, events: int) -> Engines:
         at_us = now_us - rng.choice([0, 0, 0, 1, 30 * SECOND])  # some events come late
         pairs = rng.sample([(s, lim.name) for s in SUBJECTS for lim in LIMITS], rng.randint(1, 3))
         charges = [(subject, name, rng.choice([1, 1, 1, 2, 3, 7])) for subject, name in pairs]
+        try:
+            engines.apply(charges, at_us, f"ev-{step}")
+        except AssertionError as failure:
+            raise AssertionError(f"seed {seed}, step {step}: {charges} at {at_us}") from failure
+    return engines
+
+
+def random_stream(
+    limits: list[Limit],
+    seed: int,
+    events: int,
+    steps_us: list[int],
+    cost: Callable[[random.Random, str], int],
+) -> Engines:
+    """``events`` seeded events of one to three charges on ``limits`` (a cost
+    drawn by ``cost`` for each limit's name), through `Engines.apply`."""
+    rng = random.Random(seed)
+    engines = Engines(limits={limit.name: limit for limit in limits})
+    now_us = START_US
+    for step in range(events):
+        now_us += rng.choice(steps_us)
+        at_us = now_us - rng.choice([0, 0, 0, 1, 30 * SECOND])  # some events come late
+        pairs = rng.sample([(s, lim.name) for s in SUBJECTS for lim in limits], rng.randint(1, 3))
+        charges = [(subject, name, cost(rng, name)) for subject, name in pairs]
         try:
             engines.apply(charges, at_us, f"ev-{step}")
         except AssertionError as failure:
