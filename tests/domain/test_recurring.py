@@ -4,6 +4,7 @@ the per-subject alert thresholds' are in test_alerts.py."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -30,6 +31,19 @@ def us(*args: int) -> int:
     return to_us(datetime(*args, tzinfo=UTC))
 
 
+def _due(last: Issue, now_us: int, **given: Any) -> list[Issue]:
+    """`issues_due` of a monthly grant of 10, calendar, no rollover, no end,
+    after ``last`` with nothing left of it; ``given`` changes any of those."""
+    options: dict[str, Any] = {
+        "calendar": True,
+        "amount": 10,
+        "rollover_max": 0,
+        "until_us": None,
+        "left_of_last": 0,
+    }
+    return issues_due(MONTH, **(options | given), last=last, now_us=now_us)
+
+
 def test_issue_ids_are_the_schedules_then_numbered() -> None:
     assert [issue_id("m", n) for n in (1, 2, 10)] == ["m", "m/2", "m/10"]
 
@@ -52,29 +66,8 @@ def test_rollover_adds_what_was_left_up_to_its_maximum() -> None:
 
 def test_issues_due_catch_up_each_rolling_over_the_last() -> None:
     last = Issue(1, us(2026, 11, 20), us(2026, 12, 1), 10)
-    assert (
-        issues_due(
-            MONTH,
-            calendar=True,
-            amount=10,
-            rollover_max=4,
-            until_us=None,
-            last=last,
-            left_of_last=3,
-            now_us=us(2026, 11, 30),
-        )
-        == []
-    )
-    found = issues_due(
-        MONTH,
-        calendar=True,
-        amount=10,
-        rollover_max=4,
-        until_us=None,
-        last=last,
-        left_of_last=3,
-        now_us=us(2027, 1, 15),
-    )
+    assert _due(last, us(2026, 11, 30), rollover_max=4, left_of_last=3) == []
+    found = _due(last, us(2027, 1, 15), rollover_max=4, left_of_last=3)
     assert found == [
         Issue(2, us(2026, 12, 1), us(2027, 1, 1), 13),
         Issue(3, us(2027, 1, 1), us(2027, 2, 1), 14),  # the unread December left all 13
@@ -85,16 +78,7 @@ def test_issues_due_catch_up_each_rolling_over_the_last() -> None:
 def test_no_issue_starts_at_or_after_until() -> None:
     until = us(2027, 1, 10)
     last = Issue(1, us(2026, 11, 20), us(2026, 12, 1), 5)
-    found = issues_due(
-        MONTH,
-        calendar=True,
-        amount=5,
-        rollover_max=0,
-        until_us=until,
-        last=last,
-        left_of_last=0,
-        now_us=us(2027, 6, 1),
-    )
+    found = _due(last, us(2027, 6, 1), amount=5, until_us=until)
     assert [(i.number, i.end_us) for i in found] == [(2, us(2027, 1, 1)), (3, until)]
     assert next_due_us(found[-1], until) is None
 
@@ -118,58 +102,22 @@ def test_priority_comes_before_expiry_in_the_draw() -> None:
 
 def test_an_issue_is_due_at_the_instant_the_last_one_ends() -> None:
     last = Issue(1, us(2026, 11, 20), us(2026, 12, 1), 10)
-    found = issues_due(
-        MONTH,
-        calendar=True,
-        amount=10,
-        rollover_max=0,
-        until_us=None,
-        last=last,
-        left_of_last=0,
-        now_us=us(2026, 12, 1),
-    )
+    found = _due(last, us(2026, 12, 1))
     assert found == [Issue(2, us(2026, 12, 1), us(2027, 1, 1), 10)]
 
 
 def test_after_an_issue_cut_short_the_next_ends_at_the_calendar_boundary() -> None:
     # The last issue ended at a former `until` (10 December), since lifted.
     last = Issue(1, us(2026, 11, 20), us(2026, 12, 10), 10)
-    calendar = issues_due(
-        MONTH,
-        calendar=True,
-        amount=10,
-        rollover_max=0,
-        until_us=None,
-        last=last,
-        left_of_last=0,
-        now_us=us(2026, 12, 10),
-    )
+    calendar = _due(last, us(2026, 12, 10))
     assert calendar == [Issue(2, us(2026, 12, 10), us(2027, 1, 1), 10)]
-    first_use = issues_due(
-        MONTH,
-        calendar=False,
-        amount=10,
-        rollover_max=0,
-        until_us=None,
-        last=last,
-        left_of_last=0,
-        now_us=us(2026, 12, 10),
-    )
+    first_use = _due(last, us(2026, 12, 10), calendar=False)
     assert first_use == [Issue(2, us(2026, 12, 10), us(2027, 1, 10), 10)]
 
 
 def test_one_reading_makes_at_most_1200_issues() -> None:
     last = Issue(1, us(1900, 1, 1), us(1900, 2, 1), 1)
-    found = issues_due(
-        MONTH,
-        calendar=True,
-        amount=1,
-        rollover_max=0,
-        until_us=None,
-        last=last,
-        left_of_last=0,
-        now_us=us(2026, 12, 1),
-    )
+    found = _due(last, us(2026, 12, 1), amount=1)
     assert len(found) == MAX_ISSUES_AT_ONCE == 1200
     assert found[-1] == Issue(1201, us(2000, 1, 1), us(2000, 2, 1), 1)
 
@@ -215,17 +163,7 @@ def test_a_low_percentage_rounds_down_to_whole_units() -> None:
 def test_calendar_issues_follow_the_subjects_zone() -> None:
     """Berlin's months start at its midnight: 22:00 UTC the day before, in summer."""
     last = Issue(1, us(2026, 2, 28, 23), us(2026, 3, 31, 22), 10)
-    found = issues_due(
-        MONTH,
-        calendar=True,
-        amount=10,
-        rollover_max=0,
-        until_us=None,
-        last=last,
-        left_of_last=0,
-        now_us=us(2026, 5, 15),
-        zones=((0, "Europe/Berlin"),),
-    )
+    found = _due(last, us(2026, 5, 15), zones=((0, "Europe/Berlin"),))
     assert found == [
         Issue(2, us(2026, 3, 31, 22), us(2026, 4, 30, 22), 10),
         Issue(3, us(2026, 4, 30, 22), us(2026, 5, 31, 22), 10),
