@@ -12,7 +12,6 @@ the UTC time (kombu's own stamps local time), and the sweep compares it with its
 
 from __future__ import annotations
 
-import base64
 import json
 import time
 from collections.abc import Callable, Iterable
@@ -34,18 +33,14 @@ from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 from metering.pipeline.messages import decode_records
 from metering.pipeline.routing import APPLY_BATCH_TASK
 from metering.storage.connections import make_engine, translate
-from metering.storage.kombu_tables import kombu_messages
+from metering.storage.kombu_tables import kombu_messages, task_body
 from metering.storage.rejected import rejected_rows
 
 
 def event_ids_of(payload_text: str) -> list[str] | None:
     """The event ids in a stored kombu message, or None if it cannot be read."""
     try:
-        envelope = json.loads(payload_text)
-        body: Any = envelope["body"]
-        if envelope.get("properties", {}).get("body_encoding") == "base64":
-            body = base64.b64decode(body)
-        args = json.loads(body)[0]
+        args = task_body(json.loads(payload_text))[0]
         return [str(event["id"]) for event in args[0]["events"]]
     except (ValueError, KeyError, IndexError, TypeError):
         return None
@@ -60,10 +55,7 @@ def batch_outcome_of(payload_text: str) -> tuple[list[str], list[str]] | None:
         envelope = json.loads(payload_text)
         if envelope["headers"]["task"] != APPLY_BATCH_TASK:
             return None
-        body: Any = envelope["body"]
-        if envelope.get("properties", {}).get("body_encoding") == "base64":
-            body = base64.b64decode(body)
-        args, kwargs = json.loads(body)[:2]
+        args, kwargs = task_body(envelope)[:2]
         # The task's own reading of its arguments (`workers.tasks.apply_batch_task`).
         payload = args[0] if len(args) == 1 and not kwargs else {"args": args, "kwargs": kwargs}
     except (ValueError, KeyError, IndexError, TypeError, AttributeError):

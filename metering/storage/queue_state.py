@@ -12,7 +12,6 @@ headers (Celery's ``task``; `SENT_AT_HEADER` from `metering.pipeline.routing`) a
 
 from __future__ import annotations
 
-import base64
 import json
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -31,7 +30,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from metering.errors import BrokerUnavailable, ConfigurationError
 from metering.pipeline.routing import APPLY_BATCH_TASK, DEFAULT_QUEUE, SENT_AT_HEADER
-from metering.storage.kombu_tables import kombu_messages, kombu_queues
+from metering.storage.kombu_tables import kombu_messages, kombu_queues, task_body
 
 if TYPE_CHECKING:
     import redis
@@ -111,13 +110,9 @@ def message_of(envelope: object, queue: str, *, unacked: bool) -> QueuedMessage 
     sent_at_us = sent_at if isinstance(sent_at, int) and not isinstance(sent_at, bool) else None
     event_ids: tuple[str, ...] = ()
     if task == APPLY_BATCH_TASK:
-        properties = envelope.get("properties")
         try:
-            body: Any = envelope["body"]
-            if isinstance(properties, dict) and properties.get("body_encoding") == "base64":
-                body = base64.b64decode(body)
-            event_ids = _batch_ids(json.loads(body))
-        except (KeyError, ValueError, TypeError, UnicodeDecodeError):
+            event_ids = _batch_ids(task_body(envelope))
+        except (KeyError, ValueError, TypeError):
             event_ids = ()
     return QueuedMessage(queue, task, event_ids, sent_at_us, unacked)
 
