@@ -41,44 +41,43 @@ monthly calendar windows high enough that nothing is denied:
 
 Every subject's counters, and its seats, exist before the first round.
 Rounds interleave the configurations (their order turns each round):
-`Meter.consume` in 1 process (and in 4 sharing the round's calls, on
-PostgreSQL), each case's calls paired with as many of plain in the same
-process (`paired_job`: a meter on each database, both warmed, the same
-subjects in the same order, slices of ten calls of each in turn; plain is
-paired with itself), and `Meter.apply` of 1,000-event batches in one
-process, beside the ledger peer (`peers.ledger_postgres`,
-`peers.ledger_sqlite`: the results rows and the counter upsert, one
-transaction per batch, no decision, over the plain batches' own events and
-ids), one batch of every case and of the peer in turn (`apply_rounds`), the
-garbage collector run before each, out of its time, over what was made
-before the first frozen (``--collector-in-batches``: collections land where
-they fall). Each row prints the median of the rounds (a `consume` row's
-rate, p50 and p99 from the case's own calls) and its ratio to plain, the
-median of the per-round ratios of the rates; a case that writes more than
-one counter also to the plain limit stacked on as many (priced and tiered
-to stacked, the mix to stacked3), and each batch row to the peer and, last,
-the paired ratio (to plain, and in brackets to stacked): for `consume` the
-median of the rounds' ratios of plain's summed time to the case's in the
-same processes (to stacked: the case's calls paired with as many of
-stacked's, in a job of their own), for `apply` the median of the ratios of
-the batches applied in the same pass.
-The paired column is the one to read (docs/performance.md: how far each
-moves between runs of one commit).
-A round's consuming meters are new: on PostgreSQL their cached rows are
+`Meter.consume` in 1 process and in 4 sharing the round's calls (on SQLite
+the 4 queue on each file's one write lock), each case's calls paired with
+as many of plain in the same process (`paired_job`: a meter on each
+database, both warmed, the same subjects in the same order, slices of ten
+calls of each in turn; plain is paired with itself), and `Meter.apply` of
+1,000-event batches in one process, beside the ledger peer
+(`peers.ledger_postgres`, `peers.ledger_sqlite`: the results rows and the
+counter upsert, one transaction per batch, no decision, over the plain
+batches' own events and ids), one batch of every case and of the peer in
+turn (`apply_rounds`), the garbage collector run before each, out of its
+time, over what was made before the first frozen
+(``--collector-in-batches``: collections land where they fall). Each row
+prints the median of the rounds (a `consume` row's rate, p50 and p99 from
+the case's own calls) and its ratio to plain, the median of the per-round
+ratios of the rates; a case that writes more than one counter also to the
+plain limit stacked on as many (priced and tiered to stacked, the mix to
+stacked3), and each batch row to the peer and, last, the paired ratio (to
+plain, and in brackets to stacked): for `consume` the median of the
+rounds' ratios of plain's summed time to the case's in the same processes
+(to stacked: the case's calls paired with as many of stacked's, in a job
+of their own), for `apply` the median of the ratios of the batches applied
+in the same pass. The paired column is the one to read
+(docs/performance.md: how far each moves between runs of one commit). A
+round's consuming meters are new: on PostgreSQL their cached rows are
 cold, so they rarely speculate (`metering.storage.hot.speculative`;
 ``--no-speculation`` turns it off; ``bench_speculation.py`` measures warm
-meters, A against B).
-Then on PostgreSQL the worker end to end (producer, Redis, a Celery worker
-of 2 processes per case, all started first and kept warm, each on a Redis
-database of its own): a round to warm up, then ``--worker-rounds`` rounds
-of ``--worker-events`` events a case, the order turning each round; each
-row the median of the per-round ratios to plain, and its median rate
-against the ledger peer's `apply` rate (``--worker-only``: these rows
-alone, no peer); no paired ratio (paired with plain, slice by slice, the
-rows moved more between runs: docs/performance-history.md). ``--cases``
-runs only the cases named (with plain and the stacked case each is
-compared with).
-"""
+meters, A against B). Then the worker end to end (producer, broker, a
+Celery worker of 2 processes per case, all started first and kept warm,
+each on a broker of its own: a Redis database for PostgreSQL, an embedded
+broker's SQLite file for SQLite, the default a new user runs): a round to
+warm up, then ``--worker-rounds`` rounds of ``--worker-events`` events a
+case, the order turning each round; each row the median of the per-round
+ratios to plain, and its median rate against the ledger peer's `apply`
+rate (``--worker-only``: these rows alone, no peer); no paired ratio
+(paired with plain, slice by slice, the rows moved more between runs:
+docs/performance-history.md). ``--cases`` runs only the cases named (with
+plain and the stacked case each is compared with)."""
 
 from __future__ import annotations
 
@@ -88,7 +87,7 @@ import gc
 import random
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -578,11 +577,36 @@ def wait_for(meter: Meter, results: int) -> None:
         time.sleep(0.02)
 
 
+@contextlib.contextmanager
+def redis_brokers(count: int) -> Iterator[list[str]]:
+    """``count`` Redis databases, on as many servers as they need (16 each)."""
+    base = Path(tempfile.gettempdir())
+    with contextlib.ExitStack() as stack:
+        brokers = []
+        for first in range(0, count, 16):
+            redis = stack.enter_context(RedisServer(make_base_dir(base, "metering-bench-redis-")))
+            redis.start()
+            brokers += [redis.url(db) for db in range(min(16, count - first))]
+        yield brokers
+
+
+@contextlib.contextmanager
+def embedded_brokers(count: int) -> Iterator[list[str]]:
+    """``count`` embedded brokers (kombu's SQL transport), a SQLite file each."""
+    directory = Path(tempfile.mkdtemp(prefix="metering-bench-mix-broker-"))
+    yield [f"sqla+sqlite:///{directory}/broker-{number}.db" for number in range(count)]
+
+
 def worker_rows(
-    urls: dict[str, str], peer_rate: float, subjects: list[str], args: Any
+    urls: dict[str, str],
+    peer_rate: float,
+    subjects: list[str],
+    args: Any,
+    brokers: Callable[[int], contextlib.AbstractContextManager[list[str]]],
 ) -> list[list[str]]:
     """A Celery worker (prefork, 2) per case, all started first and kept warm,
-    each on a Redis database of its own; then ``args.worker_rounds`` rounds of
+    each on a broker of its own (``brokers``: Redis databases, or embedded
+    brokers' files); then ``args.worker_rounds`` rounds of
     ``args.worker_events`` events a case, the cases' order turning each round,
     after one round to warm up (every worker process connected, its caches
     filled). Each row: the median of the rounds, its ratios the medians of the
@@ -590,16 +614,11 @@ def worker_rows(
     `apply` rate of the same run."""
     cases: list[Case] = args.cases
     results = Results()
-    base = Path(tempfile.gettempdir())
     with contextlib.ExitStack() as stack:
-        brokers = []
-        for first in range(0, len(cases), 16):  # a Redis server has 16 databases
-            redis = stack.enter_context(RedisServer(make_base_dir(base, "metering-bench-redis-")))
-            redis.start()
-            brokers += [redis.url(db) for db in range(min(16, len(cases) - first))]
+        own = stack.enter_context(brokers(len(cases)))
         workers = []
         try:
-            for case, broker in zip(cases, brokers, strict=True):
+            for case, broker in zip(cases, own, strict=True):
                 log = Path(tempfile.mkdtemp(prefix="metering-bench-mix-worker-")) / "worker.log"
                 workers.append(
                     start_worker(urls[case.name], broker, log, ["--concurrency", "2"], settle=0)
@@ -609,7 +628,7 @@ def worker_rows(
                 case.name: stack.enter_context(
                     UsageProducer(broker, batch_size=1000, flush_interval_seconds=0.05)
                 )
-                for case, broker in zip(cases, brokers, strict=True)
+                for case, broker in zip(cases, own, strict=True)
             }
             for round_ in range(args.worker_rounds + 1):
                 order = cases[round_ % len(cases) :] + cases[: round_ % len(cases)]
@@ -624,6 +643,24 @@ def worker_rows(
             for worker in workers:
                 stop_worker(worker)
     return results.rows(WORKER, cases, "", peer_rate)
+
+
+def worker_rows_after(
+    rows: list[list[str]],
+    urls: dict[str, str],
+    subjects: list[str],
+    args: Any,
+    brokers: Callable[[int], contextlib.AbstractContextManager[list[str]]],
+) -> list[list[str]]:
+    """The worker's rows, when asked for, after ``rows`` (whose last is the
+    ledger peer's `apply` row, none with ``--worker-only``)."""
+    if not (args.worker_events and args.worker_rounds):
+        return []
+    peer = float(rows[-1][2].replace(",", "")) if rows else 0.0
+    began = time.perf_counter()
+    found = worker_rows(urls, peer, subjects, args, brokers)
+    print(f"  the worker's rounds took {time.perf_counter() - began:.0f} s", flush=True)
+    return found
 
 
 def postgres_rows(subjects: list[str], args: Any) -> list[list[str]]:
@@ -641,13 +678,7 @@ def postgres_rows(subjects: list[str], args: Any) -> list[list[str]]:
         rows = []
         if not args.worker_only:
             rows = measure(urls, server.url("ledger"), subjects, args.processes, args.consume, args)
-        if args.worker_events and args.worker_rounds:
-            # The ledger peer's `apply` row (none with ``--worker-only``).
-            peer = float(rows[-1][2].replace(",", "")) if rows else 0.0
-            began = time.perf_counter()
-            rows.extend(worker_rows(urls, peer, subjects, args))
-            print(f"  the worker's rounds took {time.perf_counter() - began:.0f} s", flush=True)
-        return rows
+        return rows + worker_rows_after(rows, urls, subjects, args, redis_brokers)
 
 
 def sqlite_rows(subjects: list[str], args: Any) -> list[list[str]]:
@@ -657,8 +688,10 @@ def sqlite_rows(subjects: list[str], args: Any) -> list[list[str]]:
         prepare(case, urls[case.name], subjects)
     peer = str(directory / "ledger.db")
     install_ledger(peer)
-    # One writer at a time: more processes only queue on the database's lock.
-    return measure(urls, peer, subjects, [1], args.sqlite_consume, args)
+    rows = []
+    if not args.worker_only:
+        rows = measure(urls, peer, subjects, args.processes, args.sqlite_consume, args)
+    return rows + worker_rows_after(rows, urls, subjects, args, embedded_brokers)
 
 
 def selected(names: list[str] | None, new_seats: bool) -> list[Case]:
@@ -690,20 +723,14 @@ def main() -> None:
     # a p50 of 50 in cases whose code was the same as the run before).
     parser.add_argument("--batches", type=int, default=12, help="1,000-event batches a round")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--processes", type=int, nargs="+", default=[1, 4], help="PostgreSQL")
+    parser.add_argument("--processes", type=int, nargs="+", default=[1, 4], help="consume")
     parser.add_argument("--sqlite-only", action="store_true", help="no PostgreSQL")
-    parser.add_argument(
-        "--worker-only", action="store_true", help="only PostgreSQL's worker rows (no peer)"
-    )
+    parser.add_argument("--worker-only", action="store_true", help="only the worker rows (no peer)")
     parser.add_argument(
         "--no-speculation", action="store_true", help="consume: no speculative round trip"
     )
-    parser.add_argument(
-        "--worker-events", type=int, default=2500, help="PostgreSQL, per case and worker round"
-    )
-    parser.add_argument(
-        "--worker-rounds", type=int, default=8, help="PostgreSQL; 0: no worker rows"
-    )
+    parser.add_argument("--worker-events", type=int, default=2500, help="per case and worker round")
+    parser.add_argument("--worker-rounds", type=int, default=8, help="0: no worker rows")
     parser.add_argument("--new-seats", action="store_true", help=NEW_SEATS.label.split(" (")[0])
     parser.add_argument(
         "--collector-in-batches",
@@ -716,20 +743,20 @@ def main() -> None:
     if args.quick:
         args.subjects, args.consume, args.batches, args.rounds = 20, 20, 1, 1
         args.sqlite_consume = 20
-        args.worker_events, args.worker_rounds = min(args.worker_events, 200), 1
+        args.worker_events = min(args.worker_events, 200)
+        args.worker_rounds = min(args.worker_rounds, 1)
     args.cases = selected(args.cases, args.new_seats)
     subjects = [f"subject-{n}" for n in range(args.subjects)]
     header = ["database", "path", "configuration", "events/s", "p50", "p99", "ratio to plain"]
     header += ["ratio to stacked (as many counters)", "ratio to ledger peer"]
     header += ["paired: ratio to plain (to stacked)"]
     rows = [] if args.sqlite_only else [["PostgreSQL", *r] for r in postgres_rows(subjects, args)]
-    if not args.worker_only:
-        rows += [["SQLite", *r] for r in sqlite_rows(subjects, args)]
+    rows += [["SQLite", *r] for r in sqlite_rows(subjects, args)]
     worker = f", {args.worker_rounds} worker rounds of {args.worker_events} events"
     print_table(
         f"every configuration against plain ({args.subjects:,} subjects, {args.rounds} rounds, "
         f"{args.consume} consume calls ({args.sqlite_consume} on SQLite) and {args.batches} "
-        f"batches a round{'' if args.sqlite_only else worker})",
+        f"batches a round{worker})",
         header,
         rows,
     )

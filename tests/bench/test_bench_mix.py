@@ -41,8 +41,8 @@ CONFIGURATIONS = [
 
 
 def run_quick(tmp_path: Path, *options: str, database: str = "SQLite") -> list[list[str]]:
-    """The ``database``'s rows of a ``--quick`` run's table (``--sqlite-only``
-    unless other options are given)."""
+    """The ``database``'s rows of a ``--quick`` run's table (every database's
+    for ""; ``--sqlite-only`` unless other options are given)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=str(tmp_path))
     script = str(ROOT / "bench" / "bench_mix.py")
     done = subprocess.run(
@@ -54,10 +54,11 @@ def run_quick(tmp_path: Path, *options: str, database: str = "SQLite") -> list[l
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    databases = [database] if database else ["PostgreSQL", "SQLite"]
     return [
         [cell.strip() for cell in line.strip("|").split("|")]
         for line in done.stdout.splitlines()
-        if line.startswith(f"| {database}")
+        if line.startswith(tuple(f"| {name} " for name in databases))
     ]
 
 
@@ -129,12 +130,15 @@ def test_a_bracket_is_the_case_paired_with_its_yardstick(bench_mix: ModuleType) 
 
 
 @pytest.mark.slow
-def test_worker_only_runs_the_worker_rows_alone(tmp_path: Path) -> None:
-    rows = run_quick(tmp_path, "--worker-only", "--cases", "priced", database="PostgreSQL")
+def test_worker_only_runs_the_worker_rows_alone_on_both_databases(tmp_path: Path) -> None:
+    # PostgreSQL's workers on Redis, SQLite's on the embedded broker.
+    rows = run_quick(tmp_path, "--worker-only", "--cases", "priced", database="")
     names = ["plain hard limit", "stacked on two limits", "priced, with a spend cap"]
-    assert [row[2] for row in rows] == names
+    assert [(row[0], row[2]) for row in rows] == [
+        (database, name) for database in ("PostgreSQL", "SQLite") for name in names
+    ]
     assert all(row[1] == "worker end to end" and row[3] and row[6] for row in rows)
-    assert rows[-1][7]  # priced's ratio to stacked
+    assert rows[2][7] and rows[5][7]  # priced's ratio to stacked
     assert not any(row[8] for row in rows)  # no peer without its `apply` rows
 
 
@@ -158,12 +162,14 @@ def test_new_seats_run_beside_the_cases_named(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_every_configuration_runs_on_sqlite(tmp_path: Path) -> None:
-    rows = run_quick(tmp_path)
-    for path in ("consume, 1 process", "apply, 1,000-event batches"):
+    rows = run_quick(tmp_path, "--sqlite-only", "--worker-rounds", "0")
+    paths = ["consume, 1 process", "consume, 4 processes", "apply, 1,000-event batches"]
+    for path in paths:
         found = [row[2] for row in rows if row[1] == path]
         expected = CONFIGURATIONS + (["ledger peer"] if path.startswith("apply") else [])
         assert found == expected
-    stacked = {row[2]: row[7] for row in rows if row[7]}  # ratio to as many counters stacked
-    assert set(stacked) == {CONFIGURATIONS[3], CONFIGURATIONS[4], CONFIGURATIONS[-1]}
-    assert all(row[8] for row in rows if row[1].startswith("apply"))  # ratio to the peer
-    assert all(row[9] for row in rows)  # the paired ratio, `consume` and `apply`
+    for path in ("consume, 1 process", "apply, 1,000-event batches"):
+        stacked = {row[2] for row in rows if row[1] == path and row[7]}  # to as many stacked
+        assert stacked == {CONFIGURATIONS[3], CONFIGURATIONS[4], CONFIGURATIONS[-1]}
+    assert all(row[8] for row in rows if row[1].startswith("apply"))  # to the peer
+    assert all(row[9] for row in rows if row[1] in paths)  # the paired ratio
