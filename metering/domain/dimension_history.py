@@ -86,3 +86,15 @@ def ever_seats(history: Sequence[Era]) -> bool:
 def ever_gauge(history: Sequence[Era]) -> bool:
     """Whether any era of ``history`` was a gauge's (a level, not a sum)."""
     return any(era.aggregation in GAUGES for era in history)
+
+
+def holds_a_sum(history: Sequence[Era], window_end_us: int) -> bool:
+    """Whether the window ending at ``window_end_us`` of a limit with
+    ``history`` holds only sums: never a gauge, or not over when the limit
+    last became a sum (what a limit counts changes only while its windows
+    not yet over have no usage: `metering.limits.service`)."""
+    gauges = [number for number, era in enumerate(history) if era.aggregation in GAUGES]
+    if not gauges:
+        return True
+    after = gauges[-1] + 1
+    return after < len(history) and window_end_us > history[after].since_us

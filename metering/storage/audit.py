@@ -258,6 +258,12 @@ class AuditStore(OnConnection):
         )
         return {(s, lim, int(w)): int(u) for s, lim, w, u in self._by_keys(query, counters, keys)}
 
+    def window_ends(self, keys: Sequence[WindowKey]) -> dict[WindowKey, int]:
+        """When each window of ``keys`` that has a counter ends."""
+        c = counters.c
+        query = select(c.subject, c.limit_name, c.window_start_us, c.window_end_us)
+        return {(s, lim, int(w)): int(e) for s, lim, w, e in self._by_keys(query, counters, keys)}
+
     def drawn(self, keys: Sequence[WindowKey]) -> dict[WindowKey, int]:
         """What each window of ``keys`` drew on grants."""
         c = counters.c

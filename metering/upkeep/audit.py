@@ -37,7 +37,7 @@ from metering.domain.audit import (
     seat_windows,
     spend_violations,
 )
-from metering.domain.dimension_history import Era, ever_gauge
+from metering.domain.dimension_history import Era, ever_gauge, holds_a_sum
 from metering.domain.instants import from_us, to_us
 from metering.domain.kinds import sums_usage
 from metering.domain.limits import Limit
@@ -342,20 +342,22 @@ def _judged_keys(
     store: AuditStore, run: _Run, limits: dict[str, Limit], history: Mapping[str, Sequence[Era]]
 ) -> list[WindowKey]:
     """The windows to judge: the touched ones, and in a full run every
-    counter, less gauges' (a limit that was one in some era of its
-    ``history`` too: its windows then hold a level) and, in a full run,
-    those retention pruned."""
+    counter, less gauges' (and a limit's that was one in some era of its
+    ``history``, up to the window it became a sum in: those hold a level)
+    and, in a full run, those retention pruned."""
     keys = set(run.touched)
     if run.full:
         keys.update(store.counters_of(None))
         whole_us = store.whole_from_us()
         if whole_us is not None:
             keys = {k for k in keys if k[2] >= whole_us}
-    gauged = {name for name, eras in history.items() if ever_gauge(eras)}
+    gauged = {name: eras for name, eras in history.items() if ever_gauge(eras)}
+    ends = store.window_ends([k for k in keys if k[1] in gauged])
     return sorted(
         k
         for k in keys
-        if k[1] not in gauged and ((limit := limits.get(k[1])) is None or sums_usage(limit))
+        if (k[1] not in gauged or (k in ends and holds_a_sum(gauged[k[1]], ends[k])))
+        and ((limit := limits.get(k[1])) is None or sums_usage(limit))
     )
 
 

@@ -8,6 +8,7 @@ from metering.domain.dimension_history import (
     ever_dimensioned,
     ever_gauge,
     ever_seats,
+    holds_a_sum,
     in_force,
     rolled_up_under,
 )
@@ -53,6 +54,19 @@ def test_a_history_was_a_seat_limits_or_a_gauges_when_an_era_was() -> None:
         [seats, Era(32, 1_300, (), aggregation="sum")]
     )
     assert not ever_gauge([REMOVED])  # not known: not a gauge
+
+
+def test_a_window_holds_a_sum_unless_a_gauge_counted_in_it() -> None:
+    gauge, summed = Era(31, 1_200, (), aggregation="max"), Era(32, 1_300, (), aggregation="sum")
+    latest = Era(33, 1_400, (), aggregation="latest")
+    assert holds_a_sum([], 0) and holds_a_sum([REMOVED, summed], 0)  # never a gauge
+    assert holds_a_sum([REMOVED], 0)  # not known: not a gauge
+    assert not holds_a_sum([REMOVED, gauge], 5_000)  # a gauge now
+    # A sum since 1,300: a window not over then (ending later), not one over.
+    assert holds_a_sum([gauge, summed], 1_301) and not holds_a_sum([gauge, summed], 1_300)
+    assert not holds_a_sum([gauge, summed, latest], 5_000)
+    assert holds_a_sum([gauge, latest, summed, REMOVED], 1_301)  # the last gauge's successor
+    assert not holds_a_sum([gauge, latest, Era(34, 1_500, ()), summed], 1_500)
 
 
 def test_a_result_was_counted_by_its_eras_aggregation_else_by_todays() -> None:

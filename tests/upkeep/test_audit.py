@@ -523,3 +523,20 @@ def test_a_gauges_windows_are_not_summed_once_its_limit_adds_up(
     meter.consume("org", "disk", 5)
     assert [c.used for c in meter.counters("org", "disk")] == [40, 5]
     assert run_audit(meter, full=True).violations == ()
+
+
+def test_the_windows_a_gauge_made_a_sum_counts_in_are_judged(
+    meter: Meter, clock: FrozenClock
+) -> None:
+    # As above; then both windows edited by hand: December's, a sum since its
+    # start, is named; November's, which holds a level, is not judged.
+    meter.consume("org", "disk", 40)
+    clock.advance(days=25)  # December
+    meter.set_limit(Limit("disk", maximum=100, period="1mo", window="calendar"))
+    meter.consume("org", "disk", 5)
+    c = counters.c
+    corrupt(meter, update(counters).where(c.limit_name == "disk").values(used=c.used + 1))
+    clock.advance(minutes=2)
+    [violation] = run_audit(meter, full=True).violations
+    assert (violation.invariant, violation.limit) == (Invariant.COUNTER_LEDGER, "disk")
+    assert (violation.expected, violation.found) == ("used 5", "used 6")
