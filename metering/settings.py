@@ -41,6 +41,9 @@ checked here. Every variable is optional:
 * ``METERING_API_MAX_BODY_BYTES``, ``METERING_API_MAX_EVENTS``: the HTTP
   API's bounds on one request body (default 1 MiB) and on the events in one
   request (default 1000); past either, 413.
+* ``METERING_API_BODY_TIMEOUT``: seconds the HTTP API waits for a request's
+  whole body (default 30; a streamed import: for each part of it); past
+  them, 408 and the connection closed.
 * ``METERING_API_RETRY_BACKOFF``: seconds the API waits before its first
   retry of a broker that did not take a request's events (default 0.2,
   doubled each retry up to 5 s, five tries; then the 503 that keeps them).
@@ -522,6 +525,7 @@ DEFAULT_RESERVATION_RETENTION_SECONDS: Final = 7 * 86_400.0
 DEFAULT_PRUNE_INTERVAL_SECONDS: Final = 3600.0
 DEFAULT_AUDIT_INTERVAL_SECONDS: Final = 3600.0
 DEFAULT_API_MAX_BODY_BYTES: Final = 1024 * 1024
+DEFAULT_API_BODY_TIMEOUT_SECONDS: Final = 30.0
 DEFAULT_API_MAX_EVENTS: Final = 1000
 DEFAULT_API_RETRY_BACKOFF_SECONDS: Final = 0.2
 # A body bound past this is no bound at all (the API buffers one body).
@@ -546,6 +550,7 @@ class Settings:
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
     delivery: DeliverySettings = field(default_factory=DeliverySettings)
     api_max_body_bytes: int = DEFAULT_API_MAX_BODY_BYTES
+    api_body_timeout_seconds: float = DEFAULT_API_BODY_TIMEOUT_SECONDS
     api_max_events: int = DEFAULT_API_MAX_EVENTS
     api_retry_backoff_seconds: float = DEFAULT_API_RETRY_BACKOFF_SECONDS
     metrics_port: int | None = None
@@ -602,6 +607,9 @@ class Settings:
             delivery=DeliverySettings.from_env(env),
             api_max_body_bytes=_whole(
                 env, "METERING_API_MAX_BODY_BYTES", DEFAULT_API_MAX_BODY_BYTES, MAX_API_BODY_BYTES
+            ),
+            api_body_timeout_seconds=seconds(
+                "METERING_API_BODY_TIMEOUT", DEFAULT_API_BODY_TIMEOUT_SECONDS
             ),
             api_max_events=_whole(
                 env, "METERING_API_MAX_EVENTS", DEFAULT_API_MAX_EVENTS, MAX_LISTING

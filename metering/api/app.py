@@ -128,7 +128,11 @@ def create_api(
     for router in ROUTERS:
         app.include_router(router)
     install_problem_handlers(app)
-    app.add_middleware(BodyLimit, max_bytes=settings.api_max_body_bytes)
+    app.add_middleware(
+        BodyLimit,
+        max_bytes=settings.api_max_body_bytes,
+        timeout_seconds=settings.api_body_timeout_seconds,
+    )
     app.add_middleware(Utf8Target)
     # Starlette runs the middleware added last outermost: keys are looked up
     # before the per-key rate charges them.

@@ -2,9 +2,10 @@
 
 `BodyLimit` is ASGI middleware: a ``Content-Length`` past the bound is
 refused before a byte of the body is read, and a body without one (chunked)
-is counted as it arrives, so the server never buffers more than the bound.
-Either way the answer is a 413 problem. The number of events in one request
-is bounded where they are parsed (`metering.api.parsing`).
+is counted as it arrives, so the server never buffers more than the bound
+(a 413 problem); a body not all in within its time is a 408 problem (a
+streamed route's: each part). The events in one request are bounded where
+they are parsed (`metering.api.parsing`).
 
 `Utf8Target` refuses a path or query string whose percent-escapes are not
 UTF-8 (``/v1/subjects/%FF/usage``) with a 400, before any route sees it: the
@@ -13,6 +14,7 @@ server would otherwise decode ``%FF`` as U+FFFD and serve another name.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Final
 from urllib.parse import unquote_to_bytes
 
@@ -35,34 +37,51 @@ class BodyTooLarge(HTTPException):
         super().__init__(413, f"the request body exceeds {max_bytes} bytes")
 
 
-class BodyLimit:
-    """Refuse request bodies larger than ``max_bytes`` with 413."""
+class BodyTooSlow(HTTPException):
+    """Raised from the body's read, as `BodyTooLarge`: the 408 problem, and the
+    connection closed (the rest of the body is never read)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, seconds: float) -> None:
+        detail = f"the request body did not arrive within {seconds:g} seconds"
+        super().__init__(408, detail, headers={"connection": "close"})
+
+
+class BodyLimit:
+    """Refuse request bodies larger than ``max_bytes`` with 413, and those not
+    read within ``timeout_seconds`` (a streamed route's: each part) with 408."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_seconds: float = 30.0) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout_seconds = timeout_seconds
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            scope["type"] != "http"
-            or scope["method"] not in BODY_METHODS
-            or scope["path"] in STREAMED_PATHS
-        ):
+        if scope["type"] != "http" or scope["method"] not in BODY_METHODS:
             await self.app(scope, receive, send)
             return
+        streamed = scope["path"] in STREAMED_PATHS
         declared = _content_length(scope)
-        if declared is not None and declared > self.max_bytes:
+        if not streamed and declared is not None and declared > self.max_bytes:
             await _refuse(self.max_bytes, scope, receive, send)
             return
-        received = 0
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout_seconds
+        received, whole = 0, False
 
         async def bounded() -> Message:
-            nonlocal received
-            message = await receive()
+            nonlocal received, whole
+            if whole:  # a wait for the client's disconnect, after the body
+                return await receive()
+            wait = self.timeout_seconds if streamed else deadline - loop.time()
+            try:
+                message = await asyncio.wait_for(receive(), max(wait, 0.0))
+            except TimeoutError:
+                # Raised inside the route's read: its exception handler answers.
+                raise BodyTooSlow(self.timeout_seconds) from None
             if message["type"] == "http.request":
+                whole = not message.get("more_body", False)
                 received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    # Raised inside the route's read: its exception handler answers.
+                if received > self.max_bytes and not streamed:
                     raise BodyTooLarge(self.max_bytes)
             return message
 

@@ -70,6 +70,7 @@ TYPES: Final[dict[str, tuple[int, str]]] = {
     "correction-conflict": (409, "A correction id already voids another event"),
     "correction-refused": (409, "The event cannot be voided"),
     "reserved-limit": (409, "The limit belongs to the product"),
+    "request-timeout": (408, "The request body did not arrive in time"),
     "body-too-large": (413, "The request is too large"),
     "unsupported-media-type": (415, "Unsupported content type"),
     "unknown-limit": (422, "A charge names an unknown limit"),
@@ -169,9 +170,9 @@ def _description(status: int) -> str:
     return "; ".join(titles) or "Error"
 
 
-# Every route may answer these: a body past the bound, a database or broker
-# that is down, a bug. Routes add their own.
-COMMON_ERRORS: Final = (413, 500, 503)
+# Every route may answer these: a body too slow or past the bound, a database
+# or broker that is down, a bug. Routes add their own.
+COMMON_ERRORS: Final = (408, 413, 500, 503)
 
 
 def translate(error: MeteringError) -> tuple[str, str, list[tuple[str, str]], dict[str, Any]]:
@@ -241,6 +242,7 @@ _HTTP_SLUGS: Final = {
     404: "not-found",
     405: "method-not-allowed",
     406: "not-acceptable",
+    408: "request-timeout",
     413: "body-too-large",
     415: "unsupported-media-type",
     429: "rate-limited",

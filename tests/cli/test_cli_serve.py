@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,6 +36,7 @@ def _metering(*args: str, cwd: Path, env: dict[str, str]) -> str:
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[str, Path, dict[str, str]]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("METERING_")}
+    env["METERING_API_BODY_TIMEOUT"] = "1"
     _metering("limits", "set", "api_calls", "--max", "5", "--period", "1h", cwd=tmp_path, env=env)
     port = free_port()
     command = [sys.executable, "-m", "metering", "serve", "--port", str(port)]
@@ -70,3 +73,24 @@ def test_metering_serve_runs_on_the_embedded_default(
         "result", "job-1", "--format", "json", cwd=workdir, env=env
     )
     assert (workdir / "metering-broker.db").exists()  # job-2 waits for a worker there
+
+
+@pytest.mark.server
+def test_a_client_that_declares_more_body_than_it_sends_is_let_go(
+    served: tuple[str, Path, dict[str, str]],
+) -> None:
+    base, _, _ = served
+    port = int(base.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
+        began = time.monotonic()
+        head = "POST /v1/events HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        client.sendall(f'{head}content-length: 500\r\n\r\n{{"event_id"'.encode())
+        answer = b""
+        while chunk := client.recv(65536):  # until the server closes the connection
+            answer += chunk
+        waited = time.monotonic() - began
+    status, _, rest = answer.partition(b"\r\n")
+    assert status == b"HTTP/1.1 408 Request Timeout"
+    assert b"connection: close" in rest.lower()
+    assert b"did not arrive within 1 seconds" in rest
+    assert 0.9 < waited < 8  # METERING_API_BODY_TIMEOUT, then the server let go
