@@ -126,12 +126,15 @@ def test_a_void_after_a_commit_of_more_reverses_the_real_cost_and_its_overdraft(
 
 @pytest.mark.parametrize("entitled", ["before the commit", "after the commit"])
 def test_an_entitlement_raised_since_bills_only_the_usage_past_the_maximum_shown(
-    meter: Meter, entitled: str
+    meter: Meter, clock: FrozenClock, entitled: str
 ) -> None:
     """Hard maximum 30, 25 used, 4 reserved, then an entitlement of 38 from
     before the window, and a commit of 28. The commit measures against the 30
     of its decision (23 past it, in the result); the report shows maximum 38
-    and used 53: it bills the 15 past that, not 23 (8 units charged twice)."""
+    and used 53: it bills the 15 past that, not 23 (8 units charged twice).
+    The audit bounds the window with the 23 recorded."""
+    from metering.upkeep.audit import run_audit
+
     meter.set_limit(Limit("thirty", maximum=30, period="1d", window="calendar"))
     meter.consume("s", "thirty", cost=25)
     held = meter.reserve("s", "thirty", cost=4, event_id="r1")
@@ -152,15 +155,19 @@ def test_an_entitlement_raised_since_bills_only_the_usage_past_the_maximum_shown
     [row] = overage_report(meter, period="2026-11", limit="thirty")
     assert (row.maximum, row.used, row.overdraft) == (60, 53, 0)
     assert len(exceeded(meter)) == 1  # what the commit did then, announced once
+    clock.advance(minutes=2)
+    assert run_audit(meter, full=True).violations == ()
 
 
 @pytest.mark.parametrize("change", ["lowered", "removed"])
 def test_an_entitlement_lowered_since_bills_no_overdraft_the_commit_did_not_take(
-    meter: Meter, change: str
+    meter: Meter, clock: FrozenClock, change: str
 ) -> None:
     """38 in force; 30 used, 4 reserved, committed at 10: 2 past the 38. Then
     the entitlement is lowered to 10, or removed (the default 30): usage that
     was allowed within the maximum of its time is not made overdraft."""
+    from metering.upkeep.audit import run_audit
+
     since = datetime(2026, 11, 1, tzinfo=UTC)
     meter.set_limit(Limit("thirty", maximum=30, period="1d", window="calendar"))
     meter.set_entitlement("s", "thirty", 38, effective_from=since)
@@ -172,6 +179,8 @@ def test_an_entitlement_lowered_since_bills_no_overdraft_the_commit_did_not_take
         meter.delete_entitlement("s", "thirty", effective_from=since)
     [row] = overage_report(meter, period="2026-11", limit="thirty")
     assert (row.maximum, row.used, row.overdraft) == (10 if change == "lowered" else 30, 40, 2)
+    clock.advance(minutes=2)
+    assert run_audit(meter, full=True).violations == ()
 
 
 def test_a_limit_made_soft_since_bills_its_overdraft_once(meter: Meter) -> None:
