@@ -220,7 +220,8 @@ class ChargeDecisionOut(BaseModel):
     overdraft: int | None = Field(
         default=None,
         description="Only on a reservation committed at more than reserved: the units a hard "
-        "limit had no room for, charged and billed anyway (the charge's cost is then the "
+        "limit had no room for at the charge's maximum, charged anyway and billed by the "
+        "overage report, no further than its row's usage past its maximum (the cost is then the "
         "real cost).",
     )
     window_start: datetime | None

@@ -113,7 +113,8 @@ class ReportRowOut(BaseModel):
     )
     overdraft: int = Field(
         description="Usage a commit of more than was reserved took past a hard limit: it "
-        "happened, so it is billed like overage (voided events left out)."
+        "happened, so it is billed like overage (voided events left out), but never more "
+        "than used - granted - maximum - overage of this row."
     )
     denied: int = Field(
         description="The cost of the events denied in the window: demand refused, never "

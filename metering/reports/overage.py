@@ -58,7 +58,9 @@ class ReportRow:
     beyond the maximum: for a soft limit the window's own usage (``used -
     granted``) beyond ``maximum``; 0 for hard and shadow limits. ``overdraft``
     is the usage a commit of more than was reserved took past a hard limit:
-    it happened, and is billed like overage. ``denied``
+    it happened, and is billed like overage, but never more than ``used -
+    granted - maximum - overage`` (a maximum raised since bills less of it,
+    one lowered since no more than the commit recorded). ``denied``
     is the cost of the demand refused (a shadow limit's would-denies), never
     billed, and ``denied_events`` how many events asked for it.
     ``utilisation_percent`` is ``100 * used / maximum``, rounded to 2 places.

@@ -3,11 +3,11 @@
 Reports read ``counters`` joined to the current ``limits``; filtering, overage and ordering
 happen in the database. The period is a billing month (``counters.billing_month``) or a
 range on ``window_start_us``. The maximum is the one that applied (`with_applied_maximum`):
-the entitlement span holding the window's last instant, else the limit's default.
-``granted`` is the counter's column; ``overdraft`` is summed per window and outer-joined
-(a join, not a correlated subquery). Overage is a ``CASE``: soft, used less granted beyond
-the maximum; hard and shadow, none. The shadow report ranks windows with window functions;
-rows stream (PostgreSQL: `STREAM_BATCH` a round trip).
+the entitlement span holding the window's last instant, else the limit's default. Overage is
+a ``CASE``: soft, used less granted beyond the maximum; hard and shadow, none. Overdraft is
+the one recorded (summed per window, outer-joined), capped at that usage past the maximum
+less the overage. The shadow report ranks windows with window functions; rows stream
+(PostgreSQL: `STREAM_BATCH` a round trip).
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ def _windows(query: ReportQuery) -> Any:
         _counted(), counters.c.subject, counters.c.limit_name, counters.c.window_end_us
     )
     granted = counters.c.granted  # the grant-paid usage
-    joined, overdraft = _with_overdraft(joined)
+    joined, recorded = _with_overdraft(joined)
     statement = select(
         counters.c.subject,
         counters.c.limit_name,
@@ -168,7 +168,7 @@ def _windows(query: ReportQuery) -> Any:
         maximum.label("maximum"),
         counters.c.used,
         granted.label("granted"),
-        overdraft.label("overdraft"),
+        recorded.label("recorded_overdraft"),
         counters.c.denied_count,
         counters.c.denied_cost,
         counters.c.first_denied_at_us,
@@ -185,9 +185,23 @@ def _overage(w: Any) -> ColumnElement[Any]:
     return case((w.c.enforcement == "soft", soft_overage), else_=literal(0))
 
 
-def _rows_statement(query: ReportQuery) -> tuple[Select[Any], Any, Any]:
+def _overdraft(w: Any, overage: ColumnElement[Any]) -> ColumnElement[Any]:
+    """Billable overdraft: what commits of more than was reserved recorded past
+    a hard limit (`_with_overdraft`), but never more than the window's own usage
+    (used less granted) past the maximum shown, less the overage billed of it.
+    A commit measured its overdraft against the maximum of its decision; an
+    entitlement set since, raising the maximum shown, bills less of it, and
+    one lowering it bills no more than was recorded."""
+    room = w.c.used - w.c.granted - w.c.maximum - overage
+    billed = case((w.c.recorded_overdraft < room, w.c.recorded_overdraft), else_=room)
+    return case((billed > 0, billed), else_=literal(0))
+
+
+def _rows_statement(query: ReportQuery) -> tuple[Select[Any], Any, Any, Any]:
     w = _windows(query)
-    overage = _overage(w).label("overage")
+    overage = _overage(w)
+    overdraft = _overdraft(w, overage).label("overdraft")
+    overage = overage.label("overage")
     statement = select(
         w.c.subject,
         w.c.limit_name,
@@ -198,22 +212,22 @@ def _rows_statement(query: ReportQuery) -> tuple[Select[Any], Any, Any]:
         w.c.used,
         w.c.granted,
         overage,
-        w.c.overdraft,
+        overdraft,
         w.c.denied_cost,
         w.c.denied_count,
         w.c.first_denied_at_us,
     )
-    return statement, w, overage
+    return statement, w, overage, overdraft
 
 
 def overage_statement(query: ReportQuery) -> Select[Any]:
     """Rows by overage, largest first; ties by denied cost, utilisation, then by key."""
-    statement, w, overage = _rows_statement(query)
+    statement, w, overage, overdraft = _rows_statement(query)
     # Float only for ordering; the utilisation reported is computed from integers.
     utilisation = cast(w.c.used, Float) / w.c.maximum
     statement = statement.order_by(
         overage.desc(),
-        w.c.overdraft.desc(),
+        overdraft.desc(),
         w.c.denied_cost.desc(),
         utilisation.desc(),
         w.c.subject,
@@ -225,7 +239,7 @@ def overage_statement(query: ReportQuery) -> Select[Any]:
 
 def usage_statement(query: ReportQuery) -> Select[Any]:
     """One subject's windows in time order, limit by limit."""
-    statement, w, _ = _rows_statement(query)
+    statement, w, _, _ = _rows_statement(query)
     return statement.order_by(w.c.limit_name, w.c.window_start_us)
 
 

@@ -280,7 +280,8 @@ Index("ix_reservations_settled_at_us", reservations.c.settled_at_us)
 
 # Usage a commit recorded beyond a hard limit (migration 0017): per event and
 # counter, the units there was no room for, billed anyway. The overage report
-# sums them per window as ``overdraft``, leaving out voided events; a reset
+# sums them per window as ``overdraft``, leaving out voided events, and bills
+# no more than the window's usage past the maximum it shows; a reset
 # deletes those of the counters it clears.
 overdrafts = Table(
     "overdrafts",

@@ -5,7 +5,9 @@ The excess is charged in the commit's transaction, drawing on grants like
 any charge; what a hard limit has no room for is charged all the same as
 overdraft: in the result, in the overage report, denying the subject until
 the window resets, with ``limit.exceeded`` once. Nothing is dropped, and
-nothing is charged twice (a second commit, the sweeper, a void after it).
+nothing is charged twice (a second commit, the sweeper, a void after it). The
+report bills no more overdraft than the window's usage past the maximum it
+shows, whatever changed since (an entitlement, the limit, a void).
 """
 
 from __future__ import annotations
@@ -120,6 +122,87 @@ def test_a_void_after_a_commit_of_more_reverses_the_real_cost_and_its_overdraft(
     assert [g.used for g in meter.grants("s", "tokens")] == [0]
     assert overdraft_in_report(meter) == 0
     assert meter.consume("s", "tokens", cost=10).allowed
+
+
+@pytest.mark.parametrize("entitled", ["before the commit", "after the commit"])
+def test_an_entitlement_raised_since_bills_only_the_usage_past_the_maximum_shown(
+    meter: Meter, clock: FrozenClock, entitled: str
+) -> None:
+    """Hard maximum 30, 25 used, 4 reserved, then an entitlement of 38 from
+    before the window, and a commit of 28. The commit measures against the 30
+    of its decision (23 past it, in the result); the report shows maximum 38
+    and used 53: it bills the 15 past that, not 23 (8 units charged twice).
+    The audit bounds the window with the 23 recorded."""
+    from metering.upkeep.audit import run_audit
+
+    meter.set_limit(Limit("thirty", maximum=30, period="1d", window="calendar"))
+    meter.consume("s", "thirty", cost=25)
+    held = meter.reserve("s", "thirty", cost=4, event_id="r1")
+    if entitled == "before the commit":
+        meter.set_entitlement("s", "thirty", 38, effective_from=datetime(2026, 11, 1, tzinfo=UTC))
+    assert held.commit(actual=28) == 0
+    if entitled == "after the commit":
+        meter.set_entitlement("s", "thirty", 38, effective_from=datetime(2026, 11, 1, tzinfo=UTC))
+    result = meter.result("r1")
+    assert result is not None
+    [charge] = result.charges
+    assert (charge.maximum, charge.used, charge.overdraft) == (30, 53, 23)
+    [row] = overage_report(meter, period="2026-11", limit="thirty")
+    assert (row.maximum, row.used, row.overdraft, row.overage) == (38, 53, 15, 0)
+    assert row.overdraft <= row.used - row.granted - row.maximum
+    # Raised past the usage: nothing is past the maximum, nothing billed.
+    meter.set_entitlement("s", "thirty", 60, effective_from=datetime(2026, 11, 2, tzinfo=UTC))
+    [row] = overage_report(meter, period="2026-11", limit="thirty")
+    assert (row.maximum, row.used, row.overdraft) == (60, 53, 0)
+    assert len(exceeded(meter)) == 1  # what the commit did then, announced once
+    clock.advance(minutes=2)
+    assert run_audit(meter, full=True).violations == ()
+
+
+@pytest.mark.parametrize("change", ["lowered", "removed"])
+def test_an_entitlement_lowered_since_bills_no_overdraft_the_commit_did_not_take(
+    meter: Meter, clock: FrozenClock, change: str
+) -> None:
+    """38 in force; 30 used, 4 reserved, committed at 10: 2 past the 38. Then
+    the entitlement is lowered to 10, or removed (the default 30): usage that
+    was allowed within the maximum of its time is not made overdraft."""
+    from metering.upkeep.audit import run_audit
+
+    since = datetime(2026, 11, 1, tzinfo=UTC)
+    meter.set_limit(Limit("thirty", maximum=30, period="1d", window="calendar"))
+    meter.set_entitlement("s", "thirty", 38, effective_from=since)
+    meter.consume("s", "thirty", cost=30)
+    assert meter.reserve("s", "thirty", cost=4, event_id="r1").commit(actual=10) == 0
+    if change == "lowered":
+        meter.set_entitlement("s", "thirty", 10, effective_from=since)
+    else:
+        meter.delete_entitlement("s", "thirty", effective_from=since)
+    [row] = overage_report(meter, period="2026-11", limit="thirty")
+    assert (row.maximum, row.used, row.overdraft) == (10 if change == "lowered" else 30, 40, 2)
+    clock.advance(minutes=2)
+    assert run_audit(meter, full=True).violations == ()
+
+
+def test_a_limit_made_soft_since_bills_its_overdraft_once(meter: Meter) -> None:
+    """13 used of a hard 10, 3 of them overdraft; made soft, the 3 past the
+    maximum are overage: billed as that, not as overdraft too."""
+    assert meter.reserve("s", "tokens", cost=8, event_id="r1").commit(actual=13) == 0
+    meter.set_limit(Limit("tokens", maximum=10, period="1d", window="calendar", enforcement="soft"))
+    [row] = overage_report(meter, period="2026-11", limit="tokens")
+    assert (row.used, row.overage, row.overdraft) == (13, 3, 0)
+
+
+def test_a_void_of_other_usage_since_bills_no_overdraft_within_the_maximum(
+    meter: Meter,
+) -> None:
+    """5 used, 4 reserved, committed at 9: 4 past the maximum of 10. A void of
+    the first 5 leaves 9 used, within it: no overdraft is billed."""
+    meter.consume("s", "tokens", cost=5, event_id="early")
+    assert meter.reserve("s", "tokens", cost=4, event_id="r1").commit(actual=9) == 0
+    assert overdraft_in_report(meter) == 4
+    meter.void("early", "refund")
+    [row] = overage_report(meter, period="2026-11", limit="tokens")
+    assert (row.used, row.overdraft) == (9, 0)
 
 
 def test_a_soft_limits_excess_is_overage(meter: Meter) -> None:

@@ -213,6 +213,22 @@ def test_the_overage_report_shows_the_money_committed(db_url: str, path: str) ->
         _audited(meter)
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_an_overdraft_beside_priced_units_bills_no_money(db_url: str, path: str) -> None:
+    """Only unpriced usage can go past a hard limit at a commit: the spend
+    report and the spend cap keep the money of the priced units reserved, and
+    the overdraft is billed in units, by the overage report alone."""
+    with _meter(db_url, path) as meter:
+        meter.consume("org", "plain", 97)
+        held = meter.reserve(charges=[("org", "calls", 5), ("org", "plain", 2)], event_id="r-1")
+        assert held.commit(actual=5) == 0  # calls as reserved; plain 3 more, 2 past its 100
+        assert _used(meter) == {"calls": 5, "plain": 102, "usd_cap": 10}
+        assert _spent(meter) == {"calls": 10}
+        billed = {row.limit: (row.used, row.overdraft) for row in overage_report(meter)}
+        assert billed == {"calls": (5, 0), "plain": (102, 2), "usd_cap": (10, 0)}
+        _audited(meter)
+
+
 # -- priced usage with no spend limit of its currency ---------------------------------
 # Its money is only in its result and the spend report: it follows the units all the same.
 

@@ -1,8 +1,9 @@
 """The report queries (`metering/storage/reports.py`) on both databases: the
 maximum that applied to a window (the entitlement in force at its last
 instant, else the limit's), overage only of soft limits and beyond what
-grants paid, no token buckets nor deleted limits, the order, filters, counts
-and ``top``; the shadow report's row per subject at its peak window."""
+grants paid, overdraft billed no further than the usage past that maximum, no
+token buckets nor deleted limits, the order, filters, counts and ``top``; the
+shadow report's row per subject at its peak window."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from sqlalchemy import insert
 
 from metering import FrozenClock, Limit, Meter
 from metering.domain.instants import to_us
@@ -24,6 +26,7 @@ from metering.storage.reports import (
     shadow_statement,
     usage_statement,
 )
+from metering.storage.tables import counters, overdrafts
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 H12, H13 = to_us(NOW), to_us(NOW + timedelta(hours=1))
@@ -86,6 +89,72 @@ def test_overage_is_a_soft_limits_own_usage_beyond_the_maximum(
     assert _count(meter, count_statement(ReportQuery()), top=2) == 2
     top = _rows(meter, overage_statement(ReportQuery(top=1)))
     assert [_key(r)[:2] for r in top] == [("a", "soft")]
+
+
+def _billed(enforcement: str, used: int, granted: int, maximum: int, recorded: int) -> int:
+    """The rule: overdraft billed is the recorded one, but never more than the
+    window's own usage past the maximum shown that overage does not bill."""
+    past = max(used - granted - maximum, 0)
+    overage = past if enforcement == "soft" else 0
+    return min(recorded, past - overage)
+
+
+def test_overdraft_is_billed_no_further_than_the_usage_past_the_maximum_shown(
+    meter: Meter,
+) -> None:
+    """Windows of every kind with an overdraft recorded against another
+    maximum than the one shown (an entitlement set or removed since, a limit
+    made soft, a void): the rows bill min(recorded, past - overage)."""
+    grid = [
+        (limit, used, granted, recorded)
+        for limit in ("hard", "soft", "shadow")
+        for used in (0, 4, 5, 7, 12)
+        for granted in (0, 3)
+        for recorded in (0, 1, 2, 9)
+        if granted <= used
+    ]
+    windows, overdrawn = [], []
+    for n, (limit, used, granted, recorded) in enumerate(grid):
+        window = {"limit_name": limit, "subject": f"s{n}", "window_start_us": H12}
+        windows.append(
+            {
+                **window,
+                "window_end_us": H13,
+                "used": used,
+                "granted": granted,
+                "denied_count": 0,
+                "denied_cost": 0,
+                "tat_rem": 0,
+                "tat_scale": 1,
+                "updated_at_us": H12,
+            }
+        )
+        # Two commits' overdrafts: the window's is their sum.
+        for part, units in enumerate((recorded // 2, recorded - recorded // 2)):
+            if units:
+                overdrawn.append(
+                    {**window, "event_id": f"e{n}.{part}", "units": units, "created_at_us": H12}
+                )
+
+    def write(connection: Any) -> None:
+        connection.execute(insert(counters), windows)
+        connection.execute(insert(overdrafts), overdrawn)
+
+    meter.database.run(write)
+    rows = {r["subject"]: r for r in _rows(meter, overage_statement(ReportQuery()))}
+    for n, (limit, used, granted, recorded) in enumerate(grid):
+        row = rows[f"s{n}"]
+        maximum = row["maximum"]
+        assert row["overdraft"] == _billed(row["enforcement"], used, granted, maximum, recorded), (
+            limit,
+            used,
+            granted,
+            recorded,
+        )
+        assert row["overage"] + row["overdraft"] <= max(used - granted - maximum, 0)
+    # Ordered by the overdraft billed, after overage: hard rows by it, descending.
+    hard = [r["overdraft"] for r in rows.values() if r["limit_name"] == "hard"]
+    assert hard == sorted(hard, reverse=True)
 
 
 def test_the_maximum_that_applied_is_the_entitlement_in_force_at_the_windows_end(
