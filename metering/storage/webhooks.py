@@ -213,12 +213,18 @@ class WebhookStore:
     def insert_endpoint(self, record: EndpointRecord) -> None:
         self.connection.execute(webhook_endpoints.insert().values(ENDPOINT.values(record)))
 
-    def list_endpoints(self, *, enabled_only: bool = False) -> list[EndpointRecord]:
+    def list_endpoints(
+        self, *, enabled_only: bool = False, lock: bool = False
+    ) -> list[EndpointRecord]:
+        """Every endpoint, oldest first; ``lock``: each row locked until the
+        transaction ends, for a rewrite of what was read (PostgreSQL)."""
         query = select(webhook_endpoints).order_by(
             webhook_endpoints.c.created_at_us, webhook_endpoints.c.id
         )
         if enabled_only:
             query = query.where(webhook_endpoints.c.enabled.is_(True))
+        if lock:
+            query = query.with_for_update()
         return [ENDPOINT.of_row(row) for row in self.connection.execute(query)]
 
     def get_endpoint(self, endpoint_id: str, *, lock: bool = False) -> EndpointRecord | None:

@@ -287,7 +287,9 @@ class Webhooks:
         box = self.box
 
         def work(store: WebhookStore) -> None:
-            old = self._get(store, endpoint_id)
+            # Locked: a rotation or a re-encryption under way rewrites the
+            # secrets it read; this one reads what it wrote.
+            old = self._get(store, endpoint_id, lock=True)
             store.update_endpoint(
                 endpoint_id,
                 secret=box.seal(new_secret),
@@ -310,7 +312,7 @@ class Webhooks:
 
         def work(store: WebhookStore) -> int:
             changed = 0
-            for record in store.list_endpoints():
+            for record in store.list_endpoints(lock=True):  # as `rotate` reads its one
                 values: dict[str, str] = {}
                 secret = box.reseal(record.secret, record.id)
                 if secret != record.secret:

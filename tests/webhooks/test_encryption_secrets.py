@@ -8,18 +8,21 @@ receiver, verified with the secret `add` returned.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pytest
 from click.testing import CliRunner, Result
 from cryptography.fernet import Fernet, InvalidToken
+from lock_waits import wait_until_blocked
 from pytest_httpserver import HTTPServer
 from sqlalchemy import text
 
 from metering import FrozenClock, Limit, Meter, errors
 from metering.cli import main
 from metering.webhooks import DeliverySettings, Webhooks, verify
+from metering.webhooks.encryption import SecretBox
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 FAST = DeliverySettings(timeout_seconds=2.0, schedule_seconds=(0.2,), allow_private=True)
@@ -183,3 +186,42 @@ def test_keygen_prints_a_key_that_works(meter: Meter, monkeypatch: pytest.Monkey
     Webhooks(meter).add("https://example.com/hooks")
     [value] = stored(meter)
     assert value is not None and decrypts_with(key, value)
+
+
+@pytest.mark.parametrize("operation", ["reencrypt", "rotate"])
+def test_a_rotation_under_way_is_not_undone_by_a_reencryption_or_another_rotation(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch, operation: str
+) -> None:
+    # A rotation (here written by hand, not yet committed) gives the endpoint
+    # the secret `rotated`; a re-encryption, or a second rotation, that reads
+    # the row meanwhile must read it after that commit, not rewrite the
+    # secret it read before: the rotation's caller holds `rotated`.
+    monkeypatch.setenv("METERING_SECRET_KEY", OLD_KEY)
+    with Meter(pg_url, clock=FrozenClock(NOW)) as meter:
+        endpoint, first = Webhooks(meter).add("https://example.com/hook")
+        monkeypatch.setenv("METERING_SECRET_KEY", f"{NEW_KEY}, {OLD_KEY}")
+        box = SecretBox.from_env()
+        rotated = "whsec_" + "r" * 32
+        found: list[object] = []
+        with meter.sql_engine.connect() as rotation, meter.sql_engine.connect() as watcher:
+            rotation.execute(
+                text("UPDATE webhook_endpoints SET secret = :s, previous_secret = :p"),
+                {"s": box.seal(rotated), "p": box.seal(first)},
+            )
+            pid = rotation.execute(text("SELECT pg_backend_pid()")).scalar_one()
+            hooks = Webhooks(meter)
+            work = (
+                hooks.reencrypt if operation == "reencrypt" else lambda: hooks.rotate(endpoint.id)
+            )
+            thread = threading.Thread(target=lambda: found.append(work()))
+            thread.start()
+            wait_until_blocked(watcher, pid, operation)
+            rotation.commit()
+            thread.join(30)
+        [secret], [previous] = stored(meter), stored(meter, "previous_secret")
+        assert secret is not None and previous is not None
+        if operation == "reencrypt":
+            assert found == [0]  # it read the rotation's row: already under the newest key
+            assert (box.open(secret), box.open(previous)) == (rotated, first)
+        else:
+            assert (box.open(secret), box.open(previous)) == (found[0], rotated)
