@@ -19,6 +19,8 @@ checked here. Every variable is optional:
 * ``METERING_QUEUES``: how many hash-routed queues producers use (1 to 1024, default 1).
 * ``METERING_VISIBILITY_TIMEOUT``: seconds before a message a dead worker
   took is delivered again (default 300).
+* ``METERING_BROKER_MAX_DELIVERIES``: the embedded broker's deliveries of a
+  message that never finishes before it is kept as a dead letter (default 5).
 * ``METERING_WEBHOOKS_INTERVAL``: seconds between beat's webhook runs and
   ``limit.reset`` sweeps (default 5).
 * ``METERING_WEBHOOKS_POLL_INTERVAL``: seconds between a worker's looks for
@@ -520,6 +522,8 @@ def api_rate(environ: Environ) -> ApiRate | None:
 # -- everything ------------------------------------------------------------------------
 
 DEFAULT_VISIBILITY_TIMEOUT_SECONDS: Final = 300.0
+DEFAULT_BROKER_MAX_DELIVERIES: Final = 5
+MAX_BROKER_MAX_DELIVERIES: Final = 1000
 DEFAULT_RESERVATION_SWEEP_SECONDS: Final = 10.0
 DEFAULT_RESERVATION_RETENTION_SECONDS: Final = 7 * 86_400.0
 DEFAULT_PRUNE_INTERVAL_SECONDS: Final = 3600.0
@@ -540,6 +544,7 @@ class Settings:
     broker_url: str = DEFAULT_BROKER_URL
     queues: int = 1
     visibility_timeout_seconds: float = DEFAULT_VISIBILITY_TIMEOUT_SECONDS
+    broker_max_deliveries: int = DEFAULT_BROKER_MAX_DELIVERIES
     webhooks_interval_seconds: float = DEFAULT_INTERVAL_SECONDS
     webhooks_poll_seconds: float = DEFAULT_POLL_SECONDS
     webhooks_dispatch: bool = True
@@ -585,6 +590,12 @@ class Settings:
             queues=queue_count(env),
             visibility_timeout_seconds=seconds(
                 "METERING_VISIBILITY_TIMEOUT", DEFAULT_VISIBILITY_TIMEOUT_SECONDS
+            ),
+            broker_max_deliveries=_whole(
+                env,
+                "METERING_BROKER_MAX_DELIVERIES",
+                DEFAULT_BROKER_MAX_DELIVERIES,
+                MAX_BROKER_MAX_DELIVERIES,
             ),
             webhooks_interval_seconds=seconds(
                 "METERING_WEBHOOKS_INTERVAL", DEFAULT_INTERVAL_SECONDS

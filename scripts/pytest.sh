@@ -35,6 +35,11 @@ if [ -z "${TMPDIR:-}" ] && [ -d /dev/shm ] && [ -w /dev/shm ] \
     export TMPDIR="$shm_dir"
 fi
 
+# The processes the tests start (workers, `metering` commands) import this
+# checkout's code: the venv's editable install may point at another
+# checkout (a git worktree shares the main one's venv).
+export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
+
 status=0
 "$root/.venv/bin/python" -m pytest "$@" || status=$?
 

@@ -35,8 +35,8 @@ from metering.pipeline.transport import is_embedded_broker
 from metering.settings import Settings
 from metering.storage.broker import sweep_embedded_broker
 from metering.upkeep.audit import AuditOptions, run_audit
+from metering.upkeep.dead_letters import keep_unfinished
 from metering.upkeep.retention import compact, prune
-from metering.usage.results import kept_dead_letters
 from metering.webhooks.delivery import DeliveryReport, deliver_due, sweep_resets
 from workers.app import app
 from workers.settings import settings_of
@@ -112,17 +112,18 @@ def apply_batch_task(self: Task, *args: Any, **kwargs: Any) -> dict[str, int]:
 
 
 @app.task(name=SWEEP_EMBEDDED_BROKER_TASK)
-@until_next_tick({"deleted": 0, "restored": 0})
+@until_next_tick({"restored": 0, "dead_lettered": 0})
 def sweep_embedded_broker_task() -> dict[str, int]:
-    """Embedded broker only: redeliver messages of a dead worker, delete consumed ones."""
+    """Embedded broker only: redeliver messages of a dead worker; dead-letter
+    those delivered ``METERING_BROKER_MAX_DELIVERIES`` times."""
     if not is_embedded_broker(app.conf.broker_url):
-        return {"deleted": 0, "restored": 0}
+        return {"restored": 0, "dead_lettered": 0}
     return sweep_embedded_broker(
         app.conf.broker_url,
-        meter().decided,
-        lambda digests: kept_dead_letters(meter().database, digests),
+        lambda messages: keep_unfinished(meter().database, messages),
         now=meter().clock(),
         visibility_timeout_seconds=settings().visibility_timeout_seconds,
+        max_deliveries=settings().broker_max_deliveries,
     )
 
 

@@ -1,20 +1,22 @@
-"""Upkeep of the embedded broker (kombu's SQLAlchemy transport on SQLite; docs/pipeline.md).
+"""The embedded broker (kombu's SQLAlchemy transport on SQLite; docs/pipeline.md).
 
-That transport marks a message invisible when a worker takes it and keeps acknowledgements
-in the worker's memory: alone, it never deletes a consumed message and loses those a killed
-worker held. Applying a batch is idempotent, so `sweep_embedded_broker` fixes both: a taken
-batch whose events all have results, or their dead letters, is deleted; one taken longer than
-the visibility timeout that is not is made visible again (another task's message, which
-leaves nothing to look for, is deleted then). Ages are in UTC on both
-sides, whatever ``TZ`` each process has: `EmbeddedTransport` stamps a taken message with
-the UTC time (kombu's own stamps local time), and the sweep compares it with its clock's now.
+kombu's transport marks a message invisible when a worker takes it and settles it in the
+worker's memory only. `EmbeddedTransport` settles it in the file: an acknowledged or
+rejected message is deleted, one given back is made visible again; each take counts
+(kombu's ``version`` column goes up by one: takes = version - 1) and is stamped with
+the UTC time. A message still taken a visibility timeout later was never settled (its
+worker died): `sweep_embedded_broker` makes it visible again, until it has been taken
+``max_deliveries`` times; then it hands it (`Unfinished`) to be kept as a dead letter
+and deletes it. Ages are in UTC on both sides, whatever ``TZ`` each process has.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from queue import Empty
 from typing import Any, Final
@@ -23,6 +25,7 @@ import kombu.transport.sqlalchemy
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
 from sqlalchemy import (
+    Connection,
     delete,
     select,
     text,
@@ -30,38 +33,47 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 
-from metering.pipeline.messages import decode_records
 from metering.pipeline.routing import APPLY_BATCH_TASK
+from metering.settings import DEFAULT_BROKER_MAX_DELIVERIES
 from metering.storage.connections import make_engine, translate
 from metering.storage.kombu_tables import kombu_messages, task_body
-from metering.storage.rejected import rejected_rows
+
+log = logging.getLogger(__name__)
 
 
-def event_ids_of(payload_text: str) -> list[str] | None:
-    """The event ids in a stored kombu message, or None if it cannot be read."""
-    try:
-        args = task_body(json.loads(payload_text))[0]
-        return [str(event["id"]) for event in args[0]["events"]]
-    except (ValueError, KeyError, IndexError, TypeError):
-        return None
+@dataclass(frozen=True, slots=True)
+class Unfinished:
+    """A message taken ``deliveries`` times and never settled, as the sweep gives it up.
+
+    ``raw`` is the stored kombu envelope; ``task`` the Celery task it names (None: none);
+    ``batch`` the ``metering.apply_batch`` task's argument as the worker reads it (None
+    for any other message, or one whose body cannot be read).
+    """
+
+    raw: str
+    deliveries: int
+    task: str | None
+    batch: object | None
 
 
-def batch_outcome_of(payload_text: str) -> tuple[list[str], list[str]] | None:
-    """What applying a stored ``metering.apply_batch`` message leaves: the ids
-    of its events that get a result, and the digests of the dead letters of
-    what cannot become an event (decoded as the worker decodes it). None for
-    another task's message, or one the worker could not read as a task."""
+def unfinished_of(payload_text: str, deliveries: int) -> Unfinished:
+    """A stored kombu message as `Unfinished`, read as the worker would read it."""
     try:
         envelope = json.loads(payload_text)
-        if envelope["headers"]["task"] != APPLY_BATCH_TASK:
-            return None
+        task = envelope["headers"]["task"]
+    except (ValueError, KeyError, TypeError):
+        return Unfinished(payload_text, deliveries, None, None)
+    if not isinstance(task, str):
+        return Unfinished(payload_text, deliveries, None, None)
+    if task != APPLY_BATCH_TASK:
+        return Unfinished(payload_text, deliveries, task, None)
+    try:
         args, kwargs = task_body(envelope)[:2]
         # The task's own reading of its arguments (`workers.tasks.apply_batch_task`).
-        payload = args[0] if len(args) == 1 and not kwargs else {"args": args, "kwargs": kwargs}
+        batch = args[0] if len(args) == 1 and not kwargs else {"args": args, "kwargs": kwargs}
     except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-        return None
-    events, malformed = decode_records(payload)
-    return [e.event_id for e in events], [row[0] for row in rejected_rows(malformed, 0)]
+        batch = None
+    return Unfinished(payload_text, deliveries, task, batch)
 
 
 def naive_utc(moment: datetime) -> datetime:
@@ -71,83 +83,88 @@ def naive_utc(moment: datetime) -> datetime:
 
 def sweep_embedded_broker(
     broker_url: str,
-    decided: Callable[[Iterable[str]], set[str]],
-    kept: Callable[[Iterable[str]], set[str]],
+    give_up: Callable[[Sequence[Unfinished]], object],
     *,
     now: datetime,
     visibility_timeout_seconds: float = 300,
+    max_deliveries: int = DEFAULT_BROKER_MAX_DELIVERIES,
 ) -> dict[str, int]:
-    """Delete consumed messages and redeliver stale ones; returns counts.
+    """Give back the messages taken before ``now`` less the visibility timeout
+    and never settled; those taken ``max_deliveries`` times go to ``give_up``
+    (which keeps them) and are deleted once it returns. Returns counts.
 
-    ``decided`` tells which event ids have results, ``kept`` which dead
-    letters (by digest) are kept. ``now`` (aware) is compared in UTC with when
-    each message was taken.
+    A message taken again or settled while the sweep runs is left alone: each
+    change names the take it saw (``version``). ``now`` is aware.
     """
     url = broker_url.split("+", 1)[1]
     engine = make_engine(url)
-    deleted = restored = 0
     cutoff = naive_utc(now) - timedelta(seconds=visibility_timeout_seconds)
     try:
         with engine.begin() as connection:
             if not engine.dialect.has_table(connection, "kombu_message"):
-                return {"deleted": 0, "restored": 0}
-            taken = connection.execute(
-                select(
-                    kombu_messages.c.id, kombu_messages.c.timestamp, kombu_messages.c.payload
-                ).where(kombu_messages.c.visible.is_(False))
-            ).all()
-            ids_of = {row.id: event_ids_of(row.payload) for row in taken}
-            done = decided({e for ids in ids_of.values() if ids for e in ids})
-            finished = [m for m, ids in ids_of.items() if ids is not None and set(ids) <= done]
-            # The others are finished too when what they could not apply was kept.
-            outcomes = {
-                row.id: batch_outcome_of(row.payload) for row in taken if row.id not in finished
-            }
-            batches = {m: outcome for m, outcome in outcomes.items() if outcome is not None}
-            more = {e for ids, _ in batches.values() for e in ids} - done
-            done |= decided(more) if more else set()
-            wanted = {d for _, digests in batches.values() for d in digests}
-            letters = kept(wanted) if wanted else set()
-            finished += [
-                m
-                for m, (ids, digests) in batches.items()
-                if digests and set(ids) <= done and set(digests) <= letters
-            ]
-            stale = [
-                row.id
-                for row in taken
-                if row.id not in finished and (row.timestamp is None or row.timestamp < cutoff)
-            ]
-            unreadable = [m for m in stale if ids_of[m] is None and m not in batches]
-            redeliver = [m for m in stale if ids_of[m] is not None or m in batches]
-            if finished or unreadable:
-                gone = delete(kombu_messages).where(kombu_messages.c.id.in_(finished + unreadable))
-                deleted = connection.execute(gone).rowcount
-            if redeliver:
-                back = (
-                    update(kombu_messages)
-                    .where(kombu_messages.c.id.in_(redeliver))
-                    .values(visible=True)
-                )
-                restored = connection.execute(back).rowcount
+                return {"restored": 0, "dead_lettered": 0}
+            stale = _stale(connection, cutoff)
+        spent = [row for row in stale if _takes(row.version) >= max_deliveries]
+        again = [row for row in stale if _takes(row.version) < max_deliveries]
+        with engine.begin() as connection:
+            restored = sum(_settle(connection, row, visible=True) for row in again)
+        if spent:
+            give_up([unfinished_of(row.payload, _takes(row.version)) for row in spent])
+            with engine.begin() as connection:
+                dead = sum(_settle(connection, row, visible=None) for row in spent)
+        else:
+            dead = 0
     except SQLAlchemyError as exc:
         raise translate(exc) from exc
     finally:
         engine.dispose()
-    return {"deleted": int(deleted), "restored": int(restored)}
+    return {"restored": restored, "dead_lettered": dead}
+
+
+def _stale(connection: Connection, cutoff: datetime) -> list[Any]:
+    messages = kombu_messages.c
+    query = select(messages.id, messages.version, messages.payload).where(
+        messages.visible.is_(False),
+        messages.timestamp.is_(None) | (messages.timestamp < cutoff),
+    )
+    return list(connection.execute(query))
+
+
+def _takes(version: int) -> int:
+    """How many times a message was taken: kombu inserts it at version 1 and
+    each take's update adds one (at least one: it is taken now)."""
+    return max(version - 1, 1)
+
+
+def _settle(connection: Connection, row: Any, *, visible: bool | None) -> int:
+    """Make one taken message visible again, or delete it (``visible=None``),
+    unless it was taken again or settled since it was read."""
+    messages = kombu_messages.c
+    still = (messages.id == row.id, messages.version == row.version, messages.visible.is_(False))
+    if visible is None:
+        statement: Any = delete(kombu_messages).where(*still)
+    else:
+        statement = update(kombu_messages).where(*still).values(visible=visible)
+    return int(connection.execute(statement).rowcount)
 
 
 # -- the transport ------------------------------------------------------------------
 
 
 class _EmbeddedChannel(kombu.transport.sqlalchemy.Channel):
-    """kombu's SQLAlchemy channel, safe when processes start together.
+    """kombu's SQLAlchemy channel, which settles messages in the file and is safe
+    when processes start together.
 
     On a new broker file every process creates kombu's tables and its queue
     rows as it comes up. kombu guards that with a lock of its own process
     only, so two workers started at the same moment both insert the
     ``metering`` queue row, and one died of the unique constraint.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # The row of each message taken and not yet settled, by delivery tag.
+        self._rows: dict[str, int] = {}
+        super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
 
     def _open(self) -> Any:
         for attempt in range(_CREATE_ATTEMPTS):
@@ -162,7 +179,7 @@ class _EmbeddedChannel(kombu.transport.sqlalchemy.Channel):
     def _get(self, queue: str, timeout: float | None = None) -> Any:
         # kombu's own, except the stamp: the UTC time, where kombu's column
         # stamps datetime.now(), this process's local time (see the module's
-        # documentation).
+        # documentation); and the row is remembered, to settle it.
         obj = self._get_or_create(queue)
         if self.session.bind.name == "sqlite":
             self.session.execute(text("BEGIN IMMEDIATE TRANSACTION"))
@@ -179,11 +196,70 @@ class _EmbeddedChannel(kombu.transport.sqlalchemy.Channel):
             )
             if message is None:
                 raise Empty()
-            message.visible = False
+            message.visible = False  # the ORM's update also adds one to ``version``
             message.sent_at = naive_utc(datetime.now(UTC))
-            return loads(bytes_to_str(message.payload))  # type: ignore[no-untyped-call]
+            payload = loads(bytes_to_str(message.payload))  # type: ignore[no-untyped-call]
+            tag = _delivery_tag(payload)
+            if tag is not None:
+                self._rows[tag] = message.id
+            return payload
         finally:
             self.session.commit()
+
+    def basic_consume(
+        self, queue: str, no_ack: bool, callback: Callable[[Any], Any], consumer_tag: str, **kw: Any
+    ) -> Any:
+        if no_ack:  # nothing will acknowledge it: taken is consumed
+            consume = callback
+
+            def callback(message: Any) -> Any:
+                self._forget(message.delivery_tag)
+                return consume(message)
+
+        return super().basic_consume(queue, no_ack, callback, consumer_tag, **kw)  # type: ignore[no-untyped-call]
+
+    def basic_get(self, queue: str, no_ack: bool = False, **kwargs: Any) -> Any:
+        message = super().basic_get(queue, no_ack, **kwargs)  # type: ignore[no-untyped-call]
+        if message is not None and no_ack:
+            self._forget(message.delivery_tag)
+        return message
+
+    def basic_ack(self, delivery_tag: str, multiple: bool = False) -> None:
+        super().basic_ack(delivery_tag, multiple)  # type: ignore[no-untyped-call]
+        self._forget(delivery_tag)
+
+    def basic_reject(self, delivery_tag: str, requeue: bool = False) -> None:
+        super().basic_reject(delivery_tag, requeue)  # type: ignore[no-untyped-call]
+        self._forget(delivery_tag)  # given back: `_restore` settled it already
+
+    def _restore(self, message: Any) -> None:
+        # kombu puts a copy back and leaves the taken row; the row itself is
+        # made visible again instead, keeping its count of takes.
+        row = self._rows.pop(message.delivery_tag, None)
+        if row is None:
+            super()._restore(message)  # type: ignore[no-untyped-call]
+            return
+        back = update(kombu_messages).where(kombu_messages.c.id == row).values(visible=True)
+        try:
+            self.session.execute(back)
+            self.session.commit()
+        except OperationalError:
+            self.session.rollback()
+            raise
+
+    def _forget(self, delivery_tag: str) -> None:
+        """Delete a settled message's row. Should the file be locked past its
+        timeout, the row stays taken and the sweep gives it back (applying it
+        again changes nothing)."""
+        row = self._rows.pop(delivery_tag, None)
+        if row is None:
+            return
+        try:
+            self.session.execute(delete(kombu_messages).where(kombu_messages.c.id == row))
+            self.session.commit()
+        except OperationalError as exc:
+            self.session.rollback()
+            log.warning("a settled message stays in the broker until the sweep: %s", exc)
 
     def _get_or_create(self, queue: str) -> Any:
         try:
@@ -191,6 +267,12 @@ class _EmbeddedChannel(kombu.transport.sqlalchemy.Channel):
         except IntegrityError:  # another process made the queue row first
             self.session.rollback()
             return self.session.query(self.queue_cls).filter(self.queue_cls.name == queue).one()
+
+
+def _delivery_tag(payload: object) -> str | None:
+    properties = payload.get("properties") if isinstance(payload, dict) else None
+    tag = properties.get("delivery_tag") if isinstance(properties, dict) else None
+    return tag if isinstance(tag, str) else None
 
 
 class EmbeddedTransport(kombu.transport.sqlalchemy.Transport):

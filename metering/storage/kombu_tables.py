@@ -2,7 +2,7 @@
 
 Declared once, as ``kombu.transport.sqlalchemy.models`` creates them (same
 names, types, nullability, unique name, index and foreign key), for the code
-that reads or tends them without kombu's ORM: the broker sweep
+that reads or tends them without kombu's ORM: the embedded channel and its sweep
 (`metering.storage.broker`) and the queue report (`metering.storage.queue_state`).
 Nothing here creates them; kombu does, on a channel's first connect. `task_body` reads a
 stored message's task arguments as both of them need.

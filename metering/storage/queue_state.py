@@ -4,10 +4,10 @@ Read only: nothing here changes the broker or creates a broker file. On Redis, a
 lays it out, a queue is a list per priority (``metering``, ``metering\\x06\\x163`` ...),
 pushed on the left and taken from the right; a taken, unacknowledged message sits in the
 `REDIS_UNACKED_KEY` hash as ``[envelope, exchange, routing key]``. On the embedded broker
-(`metering.storage.broker`) a queue is rows of ``kombu_message``; a taken one is invisible
-until the sweep deletes it or makes it visible again. Every message is a kombu envelope:
-headers (Celery's ``task``; `SENT_AT_HEADER` from `metering.pipeline.routing`) and a body holding
-``[args, kwargs, embed]``, whose first argument is a batch (`metering.pipeline.messages`).
+(`metering.storage.broker`) a queue is rows of ``kombu_message``, a taken one invisible till
+settled or given back. Every message is a kombu envelope: headers (Celery's ``task``;
+`SENT_AT_HEADER` from `metering.pipeline.routing`) and a body holding ``[args, kwargs,
+embed]``, whose first argument is a batch (`metering.pipeline.messages`).
 """
 
 from __future__ import annotations

@@ -56,14 +56,6 @@ class RejectedStore(OnConnection):
         )
         self.connection.execute(statement, params)
 
-    def kept_digests(self, digests: Sequence[str]) -> set[str]:
-        """Which of these dead letters (by `rejected_rows` digest) are kept."""
-        if not digests:
-            return set()
-        table = rejected_messages
-        query = select(table.c.digest).where(table.c.digest.in_(list(digests)))
-        return set(self.connection.execute(query).scalars())
-
     def list_rejected_messages(self, count: int = 100) -> list[Rejected]:
         """The ``count`` newest, newest first."""
         query = (

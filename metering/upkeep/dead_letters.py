@@ -1,13 +1,13 @@
 """Dead letters as operators replay them.
 
-The dead-letter record holds undecodable messages, reused ids and every
-event the workers rejected (unknown limit, too late), whole, with its reason.
-Those of the last `RECENT_SECONDS` are a warning of `metering status` and
-the gauge ``metering_rejected_recent``. `replay` applies the rejected events
-acceptable now (their limit defined since), exactly once: in one transaction
-it deletes each one's ``rejected`` result (a concurrent replay deletes none
-twice), decides it with the reference engine and deletes its dead letter.
-An event still unacceptable is left as it is, with why.
+The dead-letter record holds undecodable messages, reused ids and every event
+rejected (unknown limit, too late, its message never finished: `keep_unfinished`),
+whole, with its reason. Those of the last `RECENT_SECONDS` are a warning of
+`metering status` and the gauge ``metering_rejected_recent``. `replay` applies the
+rejected events acceptable now, exactly once: in one transaction it deletes each
+one's ``rejected`` result (a concurrent replay deletes none twice), decides it with
+the reference engine and deletes its dead letter. An event still unacceptable is
+left as it is, with why.
 """
 
 from __future__ import annotations
@@ -22,11 +22,16 @@ from sqlalchemy import Connection
 
 from metering.domain.bounds import validate_count
 from metering.domain.decisions import Decision
-from metering.domain.events import UsageEvent
+from metering.domain.events import EventRecord, Rejected, UsageEvent
 from metering.domain.instants import from_us
+from metering.engine.fast import refused_event
 from metering.engine.reference import apply_events, validate_against_limits
+from metering.errors import EventConflict
 from metering.pipeline.messages import decode_records, encode_batch
+from metering.storage.broker import Unfinished
+from metering.storage.connections import RetryTransaction
 from metering.storage.database import Database
+from metering.storage.results import ResultRecord
 from metering.storage.store import Store
 from metering.telemetry.metrics import count_events
 
@@ -94,3 +99,82 @@ def _count(decisions: Sequence[Decision]) -> None:
     )
     denied = Counter(name for d in decisions if d.outcome == "denied" for name in d.denied_by)
     count_events(outcomes, denied, {}, 0)
+
+
+def unfinished_reason(deliveries: int) -> str:
+    """The reason of what `keep_unfinished` keeps: the message's count of deliveries."""
+    return f"delivered {deliveries} times and never finished: taken off the queue"
+
+
+def keep_unfinished(database: Database, messages: Sequence[Unfinished]) -> int:
+    """Keep the messages the broker gave up on, in one transaction; how many events
+    it rejected.
+
+    A batch's events without a result get a ``rejected`` result and their dead
+    letter, the reason naming the deliveries (`replay` applies them); an id already
+    decided is left as it is, or, with other charges, kept as a conflict, and what
+    cannot become an event is kept, each as applying the batch would. Any other
+    message is kept whole. Writing it twice writes nothing more.
+    """
+    now_us = database.now_us()
+
+    def work(connection: Connection) -> int:
+        store = Store(connection)
+        letters: list[Rejected] = []
+        rows: list[ResultRecord] = []
+        for message in messages:
+            reason = unfinished_reason(message.deliveries)
+            if message.batch is None:
+                what = message.task or "a message that names no task"
+                letters.append(Rejected(None, f"{what}: {reason}", message.raw))
+                continue
+            records, malformed = decode_records(message.batch)
+            letters += malformed
+            if not records and not malformed:
+                letters.append(Rejected(None, f"an empty batch: {reason}", message.raw))
+            rejected, kept = _reject_undecided(store, records, reason, now_us)
+            rows += rejected
+            letters += kept
+        if len(store.insert_results(rows)) != len(rows):
+            raise RetryTransaction("an event id was decided concurrently")
+        store.record_rejected_messages(letters, now_us)
+        return len(rows)
+
+    rejected = database.run(work)
+    count_events({}, {}, {}, rejected)
+    return rejected
+
+
+def _reject_undecided(
+    store: Store, records: Sequence[EventRecord], reason: str, now_us: int
+) -> tuple[list[ResultRecord], list[Rejected]]:
+    """The ``rejected`` results of ``records`` without one (an id repeated in
+    ``records`` once), and the dead letters of those and of conflicts."""
+    known = {e: r.fingerprint for e, r in store.fetch_results(r.event_id for r in records).items()}
+    rows: list[ResultRecord] = []
+    letters: list[Rejected] = []
+    for record in records:
+        fingerprint = known.get(record.event_id)
+        if fingerprint is None:
+            known[record.event_id] = record.fingerprint
+            rows.append(_rejected_row(record, reason, now_us))
+            letters.append(refused_event(record, reason))
+        elif fingerprint != record.fingerprint:
+            conflict = EventConflict(record.event_id)
+            letters.append(Rejected(record.event_id, str(conflict), record.fingerprint))
+    return rows, letters
+
+
+def _rejected_row(record: EventRecord, reason: str, now_us: int) -> ResultRecord:
+    """The ledger's row of an event rejected with ``reason`` (no charges)."""
+    return ResultRecord(
+        event_id=record.event_id,
+        outcome="rejected",
+        fingerprint=record.fingerprint,
+        occurred_at_us=record.occurred_at_us,
+        decided_at_us=now_us,
+        denied_by=(),
+        reason=reason,
+        charges=[],
+        metadata=record.metadata,
+    )

@@ -28,12 +28,6 @@ def decided(database: Database, event_ids: Iterable[str]) -> set[str]:
     return database.read(lambda c: Store(c).decided_ids(wanted))
 
 
-def kept_dead_letters(database: Database, digests: Iterable[str]) -> set[str]:
-    """Which of these dead letters (by digest) are kept."""
-    wanted = list(digests)
-    return database.read(lambda c: Store(c).kept_digests(wanted))
-
-
 def outcome_counts(database: Database) -> dict[str, int]:
     """How many results there are of each outcome."""
     return database.read(lambda c: Store(c).outcome_counts())

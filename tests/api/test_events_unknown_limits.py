@@ -17,7 +17,7 @@ import pytest
 
 from metering import FrozenClock, Limit, Meter
 from metering.api.parsing import MAX_ERRORS
-from metering.storage.broker import event_ids_of
+from metering.storage.queue_state import read_envelope
 
 NOW = datetime(2026, 11, 22, 9, 30, tzinfo=UTC)
 CLOUDEVENT = "application/cloudevents+json"
@@ -38,7 +38,8 @@ def queued_ids(tmp_path: Path) -> list[str]:
             rows = connection.execute("SELECT payload FROM kombu_message").fetchall()
     except sqlite3.OperationalError:  # kombu makes its table on the first message
         return []
-    return [event_id for (payload,) in rows for event_id in event_ids_of(payload) or []]
+    messages = [read_envelope(payload, "metering", unacked=False) for (payload,) in rows]
+    return [event_id for message in messages if message for event_id in message.event_ids]
 
 
 def plain(event_id: str, limit: str = "api_calls") -> dict[str, Any]:

@@ -292,8 +292,8 @@ def test_the_embedded_broker_ages_a_dead_workers_message_in_utc(
             [first + visibility - timedelta(seconds=1), last + visibility + timedelta(seconds=1)],
             sweeper,
         )
-        assert early == {"deleted": 0, "restored": 0}
-        assert late == {"deleted": 0, "restored": 1}
+        assert early == {"restored": 0, "dead_lettered": 0}
+        assert late == {"restored": 1, "dead_lettered": 0}
         assert taken_messages(path) == 0
         # Restored, it is applied by the next worker, once.
         second = start_worker(cli=True, TZ=sweeper, **env)
@@ -326,7 +326,7 @@ def test_the_embedded_broker_lets_go_of_a_batch_applied_with_a_malformed_event(
     """A batch with an event that keeps its id but cannot be applied (its
     dead letter is kept, it gets no result) was never finished for the sweep:
     made visible again after every visibility timeout, and applied again, for
-    ever. Applied, with its dead letters kept, it is deleted like any other."""
+    ever. Acknowledged, it leaves the broker like any other."""
     path = tmp_path / "broker.db"
     broker = f"sqla+sqlite:///{path}"
     at = datetime.now(UTC)
@@ -344,11 +344,206 @@ def test_the_embedded_broker_lets_go_of_a_batch_applied_with_a_malformed_event(
             lambda: f"rejected {meter.rejected_messages()}",
             [worker],
         )
-        worker.stop()  # what it took stays in the broker, acknowledged in its memory only
+        wait_until(lambda: broker_messages(path) == 0, 30, lambda: "still held", [worker])
+        worker.stop()
     later = datetime.now(UTC) + timedelta(seconds=VISIBILITY_SECONDS + 1)
     [swept] = sweeps_at(worker.env, pg_url, [later], "UTC")
-    assert swept == {"deleted": 2, "restored": 0}
-    assert broker_messages(path) == 0
+    assert swept == {"restored": 0, "dead_lettered": 0}
+
+
+def refuse_results_for(connection: psycopg.Connection, event_id: str) -> None:
+    """A trigger that refuses the results row of one event, as a CHECK would."""
+    connection.execute(
+        "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        f"IF NEW.event_id = '{event_id}' THEN "
+        "RAISE EXCEPTION 'refused' USING ERRCODE = '23514'; END IF; RETURN NEW; END $$"
+    )
+    connection.execute(
+        "CREATE TRIGGER refuse BEFORE INSERT ON results FOR EACH ROW EXECUTE FUNCTION refuse()"
+    )
+
+
+def test_the_embedded_broker_lets_go_of_a_batch_with_a_part_the_database_refused(
+    pg_url: str, tmp_path: Path, start_worker: StartWorker
+) -> None:
+    """The refused part's dead letter names the database's error, so the
+    sweep could not tell the batch done: it was taken again after every
+    visibility timeout, for ever. Acknowledged, it leaves the broker."""
+    path = tmp_path / "broker.db"
+    broker = f"sqla+sqlite:///{path}"
+    at = datetime.now(UTC)
+    env = {"METERING_BROKER_URL": broker, "METERING_VISIBILITY_TIMEOUT": str(VISIBILITY_SECONDS)}
+    with Meter(pg_url) as meter:
+        meter.set_limits([CALLS])
+        with psycopg_connection(pg_url) as connection:
+            refuse_results_for(connection, "refused-1")
+        events = [make_event([("s-1", "calls", 1)], at, i) for i in ("ok-1", "refused-1")]
+        send_raw(broker, encode_batch([encode_event(e) for e in events]))
+        worker = start_worker(cli=True, **env)
+        wait_until(lambda: bool(meter.rejected_messages()), 60, lambda: "nothing refused", [worker])
+        [(event_id, reason, _)] = meter.rejected_messages()
+        assert (event_id, reason.split(":")[0]) == ("refused-1", "refused by the database")
+        assert meter.decided(["ok-1", "refused-1"]) == {"ok-1"}
+        wait_until(lambda: broker_messages(path) == 0, 30, lambda: "still held", [worker])
+        worker.stop()
+    later = datetime.now(UTC) + timedelta(seconds=VISIBILITY_SECONDS + 1)
+    assert sweeps_at(worker.env, pg_url, [later], "UTC") == [{"restored": 0, "dead_lettered": 0}]
+
+
+def test_the_embedded_broker_lets_go_of_messages_that_are_no_task_it_runs(
+    pg_url: str, tmp_path: Path, start_worker: StartWorker
+) -> None:
+    """A hand-made message of a task the worker does not know, carrying a
+    batch, and one that names no task at all: each is dead-lettered by the
+    worker, and the first was taken again after every visibility timeout."""
+    path = tmp_path / "broker.db"
+    broker = f"sqla+sqlite:///{path}"
+    batch = encode_batch([encode_event(make_event([("s-1", "calls", 1)], datetime.now(UTC), "x"))])
+    env = {"METERING_BROKER_URL": broker, "METERING_VISIBILITY_TIMEOUT": str(VISIBILITY_SECONDS)}
+    app = make_celery(broker)
+    try:
+        app.send_task("metering.apply_batches", args=[batch], queue=DEFAULT_QUEUE)
+        with app.connection_for_write() as connection:
+            connection.SimpleQueue(DEFAULT_QUEUE).put({"hand": "made"})
+    finally:
+        app.close()
+    with Meter(pg_url) as meter:
+        meter.set_limits([CALLS])
+        worker = start_worker(cli=True, **env)
+        wait_until(lambda: len(meter.rejected_messages()) == 2, 60, lambda: "not kept", [worker])
+        reasons = sorted(reason.split(":")[0] for _, reason, _ in meter.rejected_messages())
+        assert reasons == ["message is not a task", "no such task"]
+        wait_until(lambda: broker_messages(path) == 0, 30, lambda: "still held", [worker])
+        worker.stop()
+    later = datetime.now(UTC) + timedelta(seconds=VISIBILITY_SECONDS + 1)
+    assert sweeps_at(worker.env, pg_url, [later], "UTC") == [{"restored": 0, "dead_lettered": 0}]
+
+
+def metering(database: str, *args: str) -> str:
+    """``metering --database DATABASE ARGS``: its output (exit 0)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("METERING_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "metering", "--database", database, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return done.stdout
+
+
+LOCK_WAITS = (
+    "SELECT {} FROM pg_stat_activity"
+    " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+)
+
+
+def lock_waits(url: str) -> int:
+    """How many sessions of the database at ``url`` wait for a lock (asked in a
+    transaction of its own: one sees the statistics of its first look only)."""
+    with psycopg_connection(url) as connection:
+        [(waiting,)] = connection.execute(LOCK_WAITS.format("count(*)")).fetchall()
+    return int(waiting)
+
+
+def end_lock_waits(url: str) -> None:
+    """Terminate the sessions waiting for a lock: the transaction of a killed
+    worker goes with its session (a pipeline may have sent the commit already)."""
+    with psycopg_connection(url) as connection:
+        connection.execute(LOCK_WAITS.format("pg_terminate_backend(pid)"))
+
+
+def test_the_embedded_broker_keeps_a_message_never_finished_as_a_dead_letter(
+    pg_url: str, tmp_path: Path, start_worker: StartWorker
+) -> None:
+    """A message whose worker dies each time it takes it was given back after
+    every visibility timeout, for ever. Taken METERING_BROKER_MAX_DELIVERIES
+    times, it is kept instead: its events rejected with a reason naming the
+    deliveries, listed by `metering rejected`, and applied, once, by
+    `metering rejected replay`."""
+    path = tmp_path / "broker.db"
+    broker = f"sqla+sqlite:///{path}"
+    at = datetime.now(UTC)
+    env = {
+        "METERING_BROKER_URL": broker,
+        "METERING_VISIBILITY_TIMEOUT": str(VISIBILITY_SECONDS),
+        "METERING_BROKER_MAX_DELIVERIES": "2",
+    }
+    workers: list[Worker] = []
+    swept: list[dict[str, int]] = []
+    with Meter(pg_url) as meter:
+        meter.set_limits([CALLS])
+        emitted = list(stream(broker, at, "never", 20, subjects=5, seed=11))
+        with psycopg_connection(pg_url) as blocker:
+            # Each worker takes the batch and cannot commit it: it dies holding it.
+            blocker.execute("LOCK TABLE results IN SHARE ROW EXCLUSIVE MODE")
+            for delivery in (1, 2):
+                workers.append(start_worker(cli=True, **env))
+                wait_until(lambda: taken_messages(path) == 1, 60, lambda: "not taken", workers)
+                # Killed once its transaction waits: none of it reaches the database.
+                wait_until(lambda: lock_waits(pg_url) > 0, 60, lambda: "no wait", workers)
+                workers[-1].kill()
+                end_lock_waits(pg_url)
+                if delivery == 1:  # given back (the second sweep writes: after the lock)
+                    later = datetime.now(UTC) + timedelta(seconds=VISIBILITY_SECONDS + 1)
+                    swept += sweeps_at(workers[-1].env, pg_url, [later], "UTC")
+        later = datetime.now(UTC) + timedelta(seconds=VISIBILITY_SECONDS + 1)
+        swept += sweeps_at(workers[-1].env, pg_url, [later], "UTC")
+        assert swept == [{"restored": 1, "dead_lettered": 0}, {"restored": 0, "dead_lettered": 1}]
+        assert broker_messages(path) == 0
+        ids = [event_id for event_id, _, _ in emitted]
+        assert meter.outcome_counts() == {"rejected": len(ids)}
+        reason = "delivered 2 times and never finished: taken off the queue"
+        listed = json.loads(metering(pg_url, "rejected", "--last", "100", "--format", "json"))
+        assert sorted((row["event_id"], row["reason"]) for row in listed) == sorted(
+            (event_id, reason) for event_id in ids
+        )
+        replayed = metering(pg_url, "rejected", "replay")
+        assert replayed.startswith(f"replayed {len(ids)} events ({len(ids)} allowed)"), replayed
+        assert_each_once_and_counters_exact(meter, emitted, workers)
+        assert meter.rejected_messages() == []
+
+
+def test_the_embedded_broker_gives_back_a_dead_workers_message_whose_ids_were_decided(
+    pg_url: str, tmp_path: Path, start_worker: StartWorker
+) -> None:
+    """A killed worker's message whose event ids all had results (from other
+    messages) was deleted by the sweep as if applied: an event reusing an id
+    with other charges never got its conflict's dead letter. It is given back
+    and the next worker keeps the conflict."""
+    path = tmp_path / "broker.db"
+    broker = f"sqla+sqlite:///{path}"
+    at = datetime.now(UTC)
+    env = {"METERING_BROKER_URL": broker, "METERING_VISIBILITY_TIMEOUT": str(VISIBILITY_SECONDS)}
+    with Meter(pg_url) as meter:
+        meter.set_limits([CALLS])
+        meter.consume("s-1", "calls", 1, event_id="reused", occurred_at=at)
+        worker = start_worker(cli=True, **env)
+        with psycopg_connection(pg_url) as blocker:
+            # The worker takes the message and cannot keep the conflict's dead letter.
+            blocker.execute("LOCK TABLE rejected_messages IN SHARE ROW EXCLUSIVE MODE")
+            reused = make_event([("s-1", "calls", 5)], at, "reused")
+            send_raw(broker, encode_batch([encode_event(reused)]))
+            wait_until(lambda: taken_messages(path) == 1, 60, lambda: "not taken", [worker])
+            wait_until(lambda: lock_waits(pg_url) > 0, 60, lambda: "no wait", [worker])
+            worker.kill()
+            end_lock_waits(pg_url)
+        assert meter.rejected_messages() == []
+        later = datetime.now(UTC) + timedelta(seconds=VISIBILITY_SECONDS + 1)
+        assert sweeps_at(worker.env, pg_url, [later], "UTC") == [
+            {"restored": 1, "dead_lettered": 0}
+        ]
+        second = start_worker(cli=True, **env)
+        wait_until(
+            lambda: len(meter.rejected_messages()) == 1,
+            60,
+            lambda: "the conflict was not kept",
+            [worker, second],
+        )
+        [(event_id, reason, _)] = meter.rejected_messages()
+        assert event_id == "reused" and "already recorded with different charges" in reason
+        assert [c.used for c in meter.counters("s-1", "calls")] == [1]
 
 
 def test_the_embedded_broker_gives_back_an_undecodable_message_a_dead_worker_held(
@@ -369,15 +564,13 @@ def test_the_embedded_broker_gives_back_an_undecodable_message_a_dead_worker_hel
             blocker.execute("LOCK TABLE rejected_messages IN SHARE ROW EXCLUSIVE MODE")
             send_raw(broker, {"not": "a batch"})
             wait_until(lambda: taken_messages(path) == 1, 60, lambda: "not taken", [worker])
+            wait_until(lambda: lock_waits(pg_url) > 0, 60, lambda: "no wait", [worker])
             worker.kill()
-            blocker.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
-            )
+            end_lock_waits(pg_url)
         assert meter.rejected_messages() == []
         later = datetime.now(UTC) + timedelta(seconds=VISIBILITY_SECONDS + 1)
         [swept] = sweeps_at(worker.env, pg_url, [later], "UTC")
-        assert swept == {"deleted": 0, "restored": 1}
+        assert swept == {"restored": 1, "dead_lettered": 0}
         second = start_worker(cli=True, **env)
         wait_until(
             lambda: len(meter.rejected_messages()) == 1,

@@ -1,11 +1,12 @@
 """The embedded broker (`storage/broker.py`, kombu's SQLAlchemy transport on a
-SQLite file): the sweep deletes consumed messages and makes stale ones
-visible again; processes starting together on a new file all come up; our
-channel is used even after kombu's own was loaded."""
+SQLite file): a take counts, a settled message leaves the file; the sweep gives
+stale ones back and hands those taken too often to be kept; processes starting
+together on a new file all come up; our channel is used even after kombu's own
+was loaded."""
 
 from __future__ import annotations
 
-import base64
+import contextlib
 import json
 import sqlite3
 import subprocess
@@ -18,22 +19,20 @@ from typing import Any
 import pytest
 
 from metering import FrozenClock
-from metering.pipeline.producer import UsageProducer
-from metering.storage.broker import event_ids_of, sweep_embedded_broker
+from metering.errors import DatabaseUnavailable
+from metering.pipeline.messages import decode_records
+from metering.pipeline.producer import UsageProducer, make_celery
+from metering.pipeline.routing import APPLY_BATCH_TASK
+from metering.storage.broker import Unfinished, sweep_embedded_broker, unfinished_of
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 
 
-def broker_messages(path: Path) -> list[tuple[int, bool, dict[str, object]]]:
-    """(id, visible, batch payload) of every message in an embedded broker file."""
-    with sqlite3.connect(path) as connection:
-        rows = connection.execute("SELECT id, visible, payload FROM kombu_message ORDER BY id")
-        found = []
-        for message_id, visible, payload in rows:
-            envelope = json.loads(payload)
-            body = json.loads(base64.b64decode(envelope["body"]))
-            found.append((message_id, bool(visible), body[0][0]))
-    return found
+def rows(path: Path) -> list[tuple[int, bool, int]]:
+    """(id, visible, version) of every message in an embedded broker file."""
+    with contextlib.closing(sqlite3.connect(path)) as connection:
+        found = connection.execute("SELECT id, visible, version FROM kombu_message ORDER BY id")
+        return [(message_id, bool(visible), version) for message_id, visible, version in found]
 
 
 @pytest.fixture
@@ -42,8 +41,62 @@ def broker(tmp_path: Path) -> tuple[str, Path]:
     return f"sqla+sqlite:///{path}", path
 
 
-def test_sweep_deletes_consumed_messages_and_redelivers_stale_ones(
-    broker: tuple[str, Path], tmp_path: Path
+def test_a_take_counts_and_a_settled_message_leaves_the_file(broker: tuple[str, Path]) -> None:
+    """kombu's channel kept every consumed message, taken, in the file, and gave
+    one back as a copy: its takes were not counted and the sweep had to guess
+    which were done."""
+    url, path = broker
+    app = make_celery(url)
+    with app.connection_for_write() as connection:
+        queue = connection.SimpleQueue("metering")
+        for body in ("a", "b", "c"):
+            queue.put({"body": body})
+        first = queue.get(timeout=5)
+        assert rows(path) == [(1, False, 2), (2, True, 1), (3, True, 1)]
+        first.requeue()  # the same row, visible again, its take counted
+        assert rows(path) == [(1, True, 2), (2, True, 1), (3, True, 1)]
+        second = queue.get(timeout=5)
+        second.ack()
+        third = queue.get(timeout=5)
+        third.reject()
+        assert (second.payload, third.payload) == ({"body": "b"}, {"body": "c"})
+        assert rows(path) == [(1, True, 2)]
+        again = queue.get(timeout=5)
+        assert again.payload == {"body": "a"}
+        assert rows(path) == [(1, False, 3)]
+        queue.close()
+    # Closed holding it (a warm shutdown): given back.
+    assert rows(path) == [(1, True, 3)]
+
+
+def test_a_message_consumed_without_acknowledgement_leaves_the_file_when_taken(
+    broker: tuple[str, Path],
+) -> None:
+    url, path = broker
+    app = make_celery(url)
+    with app.connection_for_write() as connection:
+        queue = connection.SimpleQueue("metering", no_ack=True)
+        queue.put({"body": "a"})
+        queue.put({"body": "b"})
+        assert queue.get(timeout=5).payload == {"body": "a"}
+        assert rows(path) == [(2, True, 1)]
+        assert connection.default_channel.basic_get("metering", no_ack=True) is not None
+        assert rows(path) == []
+        queue.close()
+
+
+def take(path: Path, taken_at: datetime, versions: dict[int, int]) -> None:
+    """Mark messages taken at ``taken_at`` (naive UTC), each at its version."""
+    with contextlib.closing(sqlite3.connect(path)) as connection, connection:
+        for message_id, version in versions.items():
+            connection.execute(
+                "UPDATE kombu_message SET visible = 0, timestamp = ?, version = ? WHERE id = ?",
+                (taken_at, version, message_id),
+            )
+
+
+def test_the_sweep_gives_back_stale_messages_and_gives_up_after_the_most_deliveries(
+    broker: tuple[str, Path],
 ) -> None:
     url, path = broker
     with UsageProducer(
@@ -51,37 +104,65 @@ def test_sweep_deletes_consumed_messages_and_redelivers_stale_ones(
     ) as producer:
         ids = [producer.emit("s", "calls", occurred_at=NOW) for _ in range(4)]
     taken_at = datetime(2026, 11, 22, 11, 0)  # stamped in UTC when a worker takes one
-    with sqlite3.connect(path) as connection:
-        connection.execute("UPDATE kombu_message SET visible = 0, timestamp = ?", (taken_at,))
-    [(first, _, _), (second, _, _)] = broker_messages(path)
-    assert (
-        event_ids_of(
-            sqlite3.connect(path).execute("SELECT payload FROM kombu_message").fetchone()[0]
+    take(path, taken_at, {1: 2, 2: 4})  # taken once; taken three times
+    given_up: list[Unfinished] = []
+    at = taken_at.replace(tzinfo=UTC)
+
+    def sweep(after: timedelta) -> dict[str, int]:
+        return sweep_embedded_broker(
+            url, given_up.extend, now=at + after, visibility_timeout_seconds=300, max_deliveries=3
         )
-        == ids[:2]
-    )
 
-    def decided(wanted: object) -> set[str]:
-        return set(ids[:2])  # the first message's events have results, the second's do not
+    assert sweep(timedelta(seconds=299)) == {"restored": 0, "dead_lettered": 0}
+    assert sweep(timedelta(seconds=301)) == {"restored": 1, "dead_lettered": 1}
+    assert rows(path) == [(1, True, 2)]
+    [unfinished] = given_up
+    assert (unfinished.deliveries, unfinished.task) == (3, APPLY_BATCH_TASK)
+    assert [e.event_id for e in decode_records(unfinished.batch)[0]] == ids[2:]
+    assert json.loads(unfinished.raw)["headers"]["task"] == APPLY_BATCH_TASK
 
-    def kept(digests: object) -> set[str]:
-        return set()
 
-    fresh = sweep_embedded_broker(
-        url, decided, kept, now=taken_at.replace(tzinfo=UTC) + timedelta(seconds=10)
-    )
-    assert fresh == {"deleted": 1, "restored": 0}  # the second is not stale yet
-    stale = sweep_embedded_broker(
-        url, decided, kept, now=taken_at.replace(tzinfo=UTC) + timedelta(hours=1)
-    )
-    assert stale == {"deleted": 0, "restored": 1}
-    assert [(m, visible) for m, visible, _ in broker_messages(path)] == [(second, True)]
-    assert first != second
+def test_the_sweep_deletes_nothing_it_could_not_keep(broker: tuple[str, Path]) -> None:
+    url, path = broker
+    with UsageProducer(url, flush_interval_seconds=60, clock=FrozenClock(NOW)) as producer:
+        producer.emit("s", "calls", occurred_at=NOW)
+    take(path, datetime(2026, 11, 22, 11, 0), {1: 6})
+
+    def unavailable(messages: object) -> None:
+        raise DatabaseUnavailable("database unavailable: gone")
+
+    with pytest.raises(DatabaseUnavailable):
+        sweep_embedded_broker(url, unavailable, now=NOW)
+    assert rows(path) == [(1, False, 6)]
+
+
+@pytest.mark.parametrize(
+    ("envelope", "task", "batch"),
+    [
+        ({"headers": {}, "body": "e30="}, None, None),
+        ({"headers": {"task": "metering.prune"}, "body": "W10="}, "metering.prune", None),
+        ({"headers": {"task": APPLY_BATCH_TASK}, "body": "not json"}, APPLY_BATCH_TASK, None),
+        (
+            {"headers": {"task": APPLY_BATCH_TASK}, "body": '[[{"v": 1}], {}, {}]'},
+            APPLY_BATCH_TASK,
+            {"v": 1},
+        ),
+        (
+            {"headers": {"task": APPLY_BATCH_TASK}, "body": "[[1, 2], {}, {}]"},
+            APPLY_BATCH_TASK,
+            {"args": [1, 2], "kwargs": {}},
+        ),
+    ],
+)
+def test_an_unfinished_message_is_read_as_the_worker_reads_it(
+    envelope: dict[str, object], task: str | None, batch: object
+) -> None:
+    raw = json.dumps(envelope)
+    assert unfinished_of(raw, 4) == Unfinished(raw, 4, task, batch)
+    assert unfinished_of("[", 4) == Unfinished("[", 4, None, None)
 
 
 def _declare_at_once(url: str, start: Any, queue: str) -> None:
-    from metering.pipeline.producer import make_celery
-
     app = make_celery(url)
     with app.connection_for_write() as connection:
         channel = connection.default_channel

@@ -18,6 +18,7 @@ def test_defaults_with_no_variable_set() -> None:
     assert settings == Settings()
     assert settings.queues == 1
     assert settings.visibility_timeout_seconds == 300
+    assert settings.broker_max_deliveries == 5
     assert settings.webhooks_dispatch
 
 
@@ -28,6 +29,7 @@ def test_every_variable_is_read() -> None:
             "METERING_BROKER_URL": "redis://localhost:1/0",
             "METERING_QUEUES": "4",
             "METERING_VISIBILITY_TIMEOUT": "60",
+            "METERING_BROKER_MAX_DELIVERIES": "3",
             "METERING_WEBHOOKS_INTERVAL": "2",
             "METERING_WEBHOOKS_POLL_INTERVAL": "0.5",
             "METERING_WEBHOOKS_DISPATCH": "0",
@@ -46,6 +48,7 @@ def test_every_variable_is_read() -> None:
     )
     assert settings.queues == 4
     assert settings.visibility_timeout_seconds == 60
+    assert settings.broker_max_deliveries == 3
     assert settings.webhooks_interval_seconds == 2
     assert settings.webhooks_poll_seconds == 0.5
     assert not settings.webhooks_dispatch
@@ -64,6 +67,9 @@ def test_every_variable_is_read() -> None:
         ("METERING_QUEUES", "0"),
         ("METERING_QUEUES", "2.5"),
         ("METERING_VISIBILITY_TIMEOUT", "soon"),
+        ("METERING_BROKER_MAX_DELIVERIES", "0"),
+        ("METERING_BROKER_MAX_DELIVERIES", "2.5"),
+        ("METERING_BROKER_MAX_DELIVERIES", "1001"),
         ("METERING_PRUNE_INTERVAL", "-1"),
         ("METERING_AUDIT_INTERVAL", "often"),
         ("METERING_WEBHOOKS_SCHEDULE", "5,-1"),

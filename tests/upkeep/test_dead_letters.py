@@ -1,10 +1,12 @@
 """Rejected events, kept whole by the worker's path (`apply_batch`), are
 replayed once their limit exists, exactly once (SQLite and PostgreSQL;
-concurrent replays from several threads). Their count of the last day:
+concurrent replays from several threads); so are those of a message the
+broker gave up on (`keep_unfinished`). Their count of the last day:
 tests/cli/test_status_cli.py and tests/telemetry/test_lag_gauges.py."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -14,6 +16,9 @@ import pytest
 from metering import FrozenClock, Limit, Meter, make_event
 from metering.pipeline.batches import apply_batch
 from metering.pipeline.messages import encode_batch, encode_event
+from metering.pipeline.routing import APPLY_BATCH_TASK
+from metering.storage.broker import Unfinished
+from metering.upkeep.dead_letters import keep_unfinished
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 UNKNOWN = "unknown limit 'apii': define it with `metering limits set`"
@@ -77,3 +82,59 @@ def test_concurrent_replays_apply_each_event_once(meter: Meter) -> None:
     assert sorted(applied) == sorted(ids)
     assert used(meter) == len(ids)
     assert meter.outcome_counts() == {"allowed": len(ids)}
+
+
+# -- messages the broker gave up on (`keep_unfinished`) ---------------------------------
+
+
+def unfinished(payload: object, deliveries: int = 5) -> Unfinished:
+    return Unfinished(
+        json.dumps({"headers": {"task": APPLY_BATCH_TASK}}), deliveries, APPLY_BATCH_TASK, payload
+    )
+
+
+def test_a_batch_never_finished_is_kept_rejected_and_replayed_once(meter: Meter) -> None:
+    batch = encode_batch(
+        [encode_event(make_event([("org", "api", 3)], NOW, i)) for i in ("n1", "n2")]
+        + [{"id": "bad-1", "charges": [["org", "api", -1]]}]
+    )
+    assert keep_unfinished(meter.database, [unfinished(batch)]) == 2
+    reason = "delivered 5 times and never finished: taken off the queue"
+    assert meter.result("n1").outcome == "rejected"  # type: ignore[union-attr]
+    assert meter.result("n1").reason == reason  # type: ignore[union-attr]
+    letters = {(event_id, why) for event_id, why, _ in meter.rejected_messages()}
+    assert (("n1", reason) in letters, ("n2", reason) in letters, len(letters)) == (True, True, 3)
+    assert keep_unfinished(meter.database, [unfinished(batch)]) == 0  # kept once
+    assert len(meter.rejected_messages()) == 3
+
+    done = meter.replay_rejected()
+    assert [(d.event_id, d.outcome) for d in done.applied] == [("n1", "allowed"), ("n2", "allowed")]
+    assert [c.used for c in meter.counters("org", "api")] == [6]
+    assert meter.replay_rejected().applied == ()
+    assert [event_id for event_id, _, _ in meter.rejected_messages()] == ["bad-1"]
+
+
+def test_a_decided_event_is_left_as_it_is_and_a_conflict_kept(meter: Meter) -> None:
+    meter.consume("org", "api", 1, event_id="same")
+    meter.consume("org", "api", 1, event_id="other")
+    batch = encode_batch(
+        [
+            encode_event(make_event([("org", "api", 1)], NOW, "same")),
+            encode_event(make_event([("org", "api", 9)], NOW, "other")),
+        ]
+    )
+    assert keep_unfinished(meter.database, [unfinished(batch)]) == 0
+    assert meter.outcome_counts() == {"allowed": 2}
+    [(event_id, reason, _)] = meter.rejected_messages()
+    assert event_id == "other" and "already recorded with different charges" in reason
+
+
+def test_a_message_that_is_no_batch_is_kept_whole(meter: Meter) -> None:
+    raw = json.dumps({"headers": {}, "body": "e30="})
+    kept = [Unfinished(raw, 7, None, None), Unfinished(raw, 7, "metering.prune", None)]
+    assert keep_unfinished(meter.database, kept) == 0
+    why = "delivered 7 times and never finished: taken off the queue"
+    assert sorted(meter.rejected_messages()) == [
+        (None, f"a message that names no task: {why}", raw),
+        (None, f"metering.prune: {why}", raw),
+    ]
