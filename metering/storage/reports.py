@@ -3,11 +3,11 @@
 Reports read ``counters`` joined to the current ``limits``; filtering, overage and ordering
 happen in the database. The period is a billing month (``counters.billing_month``) or a
 range on ``window_start_us``. The maximum is the one that applied (`with_applied_maximum`):
-the entitlement span holding the window's last instant, else the limit's default. Overage is
-a ``CASE``: soft, used less granted beyond the maximum; hard and shadow, none. Overdraft is
-the one recorded (summed per window, outer-joined), capped at that usage past the maximum
-less the overage. The shadow report ranks windows with window functions; rows stream
-(PostgreSQL: `STREAM_BATCH` a round trip).
+the entitlement span holding the window's last instant, else the default of the definition
+span holding it, with the enforcement (`with_definition`). Overage: soft, used less granted
+beyond the maximum; hard and shadow, none. Overdraft: the one recorded (summed per window,
+outer-joined), capped at that usage past the maximum less the overage. The shadow report
+ranks windows with window functions; rows stream (PostgreSQL: `STREAM_BATCH` a round trip).
 """
 
 from __future__ import annotations
