@@ -1,6 +1,7 @@
 """The overage report on a large ledger: time to a full CSV, and peak memory.
 
     .venv/bin/python bench/bench_report.py [--events 1000000 --subjects 100000] [--runs 3]
+        [--sqlite]
 
 Starts a throw-away PostgreSQL 15 and fills two databases with the counters
 of a month of recorded events: a quarter of ``--events`` over a quarter of
@@ -19,7 +20,9 @@ Then it runs, as a separate process each time,
 the wall time (process start included) and the process's peak resident
 memory (``ru_maxrss`` from ``wait4``). For contrast it also measures a
 process that builds the whole report as a list (``overage_report``), which
-grows with the data where the streamed CSV stays flat.
+grows with the data where the streamed CSV stays flat. With ``--sqlite`` the
+same ledgers are copied (counters, entitlements) into a migrated SQLite file
+and the CSV is timed there too.
 """
 
 from __future__ import annotations
@@ -123,6 +126,29 @@ def fill(url: str, events: int, subjects: int) -> int:
     return int(rows)
 
 
+def copy_to_sqlite(url: str, path: Path) -> str:
+    """A migrated SQLite file at ``path`` with ``url``'s limits, counters and entitlements."""
+    target = f"sqlite:///{path}"
+    upgrade_schema(target)
+    with Meter(target) as meter:
+        meter.set_limits(LIMITS)
+    source, sink = create_engine(url), create_engine(target)
+    with source.connect() as reading, sink.begin() as writing:
+        for table in ("counters", "entitlements"):
+            result = reading.execution_options(yield_per=50_000).execute(
+                text(f"SELECT * FROM {table}")
+            )
+            for part in result.partitions():
+                rows = [dict(row._mapping) for row in part]
+                names = ", ".join(rows[0])
+                marks = ", ".join(f":{name}" for name in rows[0])
+                writing.execute(text(f"INSERT INTO {table} ({names}) VALUES ({marks})"), rows)
+        writing.execute(text("ANALYZE"))
+    source.dispose()
+    sink.dispose()
+    return target
+
+
 def measure(command: list[str], output: Path) -> tuple[float, float]:
     """Run ``command`` with stdout to ``output``: (wall seconds, peak RSS in MiB)."""
     with output.open("wb") as out:
@@ -141,6 +167,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--subjects", type=int, default=100_000)
     parser.add_argument("--runs", type=int, default=3, help="timed CSV runs per size (median)")
+    parser.add_argument("--sqlite", action="store_true", help="time a SQLite copy too")
     args = parser.parse_args()
     sizes = [(args.events // 4, args.subjects // 4), (args.events, args.subjects)]
     table: list[list[str]] = []
@@ -171,6 +198,12 @@ def main() -> None:
                 ]
             )
             print(f"  {table[-1]}", flush=True)
+            if args.sqlite:
+                sqlite_url = copy_to_sqlite(url, Path(scratch) / f"{name}.db")
+                cli = [sys.executable, "-m", "metering", "--database", sqlite_url, *CSV_COMMAND]
+                runs = [measure(cli, csv_file) for _ in range(args.runs)]
+                seconds = statistics.median(s for s, _ in runs)
+                print(f"  SQLite: {seconds:.2f} s, {max(m for _, m in runs):.0f} MiB", flush=True)
     print_table(
         f"Full overage CSV on PostgreSQL (median of {args.runs} runs; process start included)",
         ["ledger", "CSV rows", "CSV seconds", "CSV peak RSS MiB", "as a list: peak RSS MiB"],

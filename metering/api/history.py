@@ -31,7 +31,7 @@ class HistoryPoint(BaseModel):
     used: int = Field(description="Usage counted in the bucket.")
     maximum: int | None = Field(
         description="The maximum in force at the bucket's end: the subject's entitlement, "
-        "else the limit's default (null for a token bucket)."
+        "else the limit's default then (null for a token bucket)."
     )
     time_zone: str | None = Field(
         default=None,

@@ -424,8 +424,9 @@ async def shadow(
     """Per subject, what a shadow limit would have denied had it been hard:
     would-deny count and cost, in how many windows, and the peak window's
     usage against the maximum that applied; the largest would-deny cost
-    first: ``metering report shadow``. A limit that is not shadow is a 400
-    naming ``limit`` (a hard limit's denials are in the overage report)."""
+    first: ``metering report shadow``; only windows that ended while the limit
+    was shadow. A limit never shadow is a 400 naming ``limit`` (a hard
+    limit's denials are in the overage report)."""
     subject = await scoped_subject(request, subject)
     select = partial(select_shadow, limit=limit, subject=subject, top=top)
     return await _respond(request, context, fmt, "shadow", select, period, since, until)

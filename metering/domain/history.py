@@ -5,7 +5,8 @@ days (`BUCKETS`), ``[start, start + size)``; a series covers every bucket that m
 ``[from, to)``, empty ones included, oldest first, at most `MAX_BUCKETS`. Usage comes as
 ``(at_us, used)`` pairs and counts in the bucket holding ``at_us`` (a rollup hour, or a
 counter window's start). A bucket's maximum is the subject's entitlement in force at its
-last instant (a change to None: the limit's default), as reports take it at a window's end.
+last instant, else (or a change to None) the limit's default in force then
+(`metering.domain.definitions`), as reports take them at a window's end.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from metering.domain import grants
+from metering.domain import definitions, grants
+from metering.domain.definitions import Definition
 from metering.errors import InvalidInput
 
 Bucket = Literal["hour", "day"]
@@ -83,12 +85,14 @@ def series(
     to_us: int,
     bucket: Bucket,
     aggregation: str = "sum",
+    defaults: Sequence[Definition] = (),
 ) -> list[Point]:
     """Every bucket meeting ``[from_us, to_us)`` with its usage and maximum.
 
     ``usage``: ``(at_us, used)``, oldest first; pairs outside the buckets are
     left out. A bucket sums its pairs, or, for a gauge's windows (levels),
-    takes their peak (``max``) or the last one (``latest``).
+    takes their peak (``max``) or the last one (``latest``). ``defaults``: the
+    limit's definitions, oldest first (none: ``default`` throughout).
     """
     starts = bucket_starts(from_us, to_us, bucket)
     size = BUCKETS[bucket]
@@ -102,6 +106,20 @@ def series(
         else:
             sums[start] = max(sums[start], used) if aggregation == "max" else used
     return [
-        Point(start, start + size, sums[start], maximum_at(changes, default, start + size - 1))
+        Point(
+            start, start + size, sums[start], applied(changes, defaults, default, start + size - 1)
+        )
         for start in starts
     ]
+
+
+def applied(
+    changes: Sequence[tuple[int, int | None]],
+    defaults: Sequence[Definition],
+    default: int | None,
+    at_us: int,
+) -> int | None:
+    """The maximum in force at ``at_us``: the entitlement's (`maximum_at`),
+    else the limit's default in force then (``default`` where ``defaults``
+    has none, or where it is None: no maximum)."""
+    return maximum_at(changes, definitions.default_at(defaults, default, at_us), at_us)

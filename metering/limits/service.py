@@ -42,6 +42,7 @@ def set_limits(database: Database, limits: Iterable[Limit]) -> list[Limit]:
         store = Store(connection)
         store.hold_decisions(chosen)
         store.record_dimensions(chosen, now_us)
+        store.record_definitions(chosen, now_us)
         for limit in chosen:
             _refuse_prices(connection, limit, now_us)
             _refuse_holds(connection, limit)
@@ -121,6 +122,7 @@ def set_product_limit(database: Database, limit: Limit) -> Limit:
         store = Store(connection)
         store.hold_decisions([limit])
         store.record_dimensions([limit], now_us)
+        store.record_definitions([limit], now_us)
         store.upsert_limit(limit, now_us)
 
     database.run(work)

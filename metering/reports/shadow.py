@@ -5,9 +5,9 @@ consumes nothing and counts as a would-deny in its window's counter (``denied_co
 ``denied_cost``). Per subject, over the windows that start in the period: the would-deny
 events and cost summed, the ``windows`` with at least one, and the peak window (the largest
 would-deny cost, ties the earliest) with its usage against the maximum that applied then.
-Subjects never denied are not listed; rows come by would-deny cost, largest first (then
-count, then subject). A limit that is not shadow is refused: once hard, its counters are
-billed in the overage report.
+Subjects never denied are not listed; rows by would-deny cost, largest first (then count,
+then subject). Only windows that ended while the limit was shadow count (its enforcement
+at a window's end); a limit never shadow is refused: its denials are in the overage report.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def _checked_shadow_limit(database: Database, limit: object) -> str:
     kind = database.run(lambda c: ReportStore(c).limit_kind(name))
     if kind is None:
         raise UnknownLimit(name)
-    if kind.enforcement != "shadow":
+    if not kind.ever_shadow:
         raise InvalidInput(
             "limit",
             f"{name} is a {kind.enforcement} limit, not shadow: its denials and overage "

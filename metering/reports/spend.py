@@ -2,7 +2,7 @@
 
 For each subject that used a priced limit in the period (all time without one), the
 amount per priced limit, the total, and the cap of each spend limit of that currency
-(the entitlement in force at the period's end, or now, else the limit's maximum).
+(the entitlement in force at the period's end, or now, else the limit's maximum then).
 Amounts come from the spend rollups (`metering.domain.rollups.spend_deltas`), each
 charge rounded on its own, in its event's hour; voids and cancels take theirs away. A
 billing month is each subject's local month (`metering.domain.zones.month_bounds`), and
@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from metering.domain.definitions import default_at
 from metering.domain.events import validate_subject
 from metering.domain.grants import maximum_at
 from metering.domain.money import format_amount
@@ -131,7 +132,9 @@ def spend_report(
         amounts = found.spend_amounts(since_us, until_us, subject, zoned)
         spend = found.spend_limits()
         names = [name for group in spend.values() for name in group]
-        limits = Store(connection).load_limits(names)
+        store = Store(connection)
+        limits = store.load_limits(names)
+        defaults = store.definition_history(names)
         pairs = {(n, s) for s, _, currency, _ in amounts for n in spend.get(currency, ())}
         histories = AllowanceStore(connection).histories(pairs)
         by_subject: dict[tuple[str, str], dict[str, int]] = {}
@@ -146,10 +149,12 @@ def spend_report(
                 cap = None
                 month = months.get(who)
                 if cap_name is not None:
-                    default = limits[cap_name].maximum
                     history = histories.get((cap_name, who))
                     end_us = until_us if month is None else month[1]
-                    cap = maximum_at(history, default, now_us if end_us is None else end_us - 1)
+                    last_us = now_us if end_us is None else end_us - 1
+                    today = limits[cap_name].maximum
+                    default = default_at(defaults.get(cap_name, ()), today, last_us)
+                    cap = maximum_at(history, default, last_us)
                 row = SpendRow(who, currency, dict(spent), total, cap_name, cap)
                 if month is not None and month[2] != UTC_ZONE:
                     row.time_zone, row.local_window = month[2], f"{period} {month[2]}"

@@ -3,7 +3,9 @@ writes and deletes limit rows; every write bumps ``limits_version`` (`BUMP_LIMIT
 which tells the hot path's cache to reload. `LimitStore.hold_decisions` makes a definition
 wait for the decisions of the limit it changes; `LimitStore.record_dimensions` appends what
 it changes to ``limit_dimensions`` at a new tick of the reset clock, ordered with every
-decision (`metering.domain.dimension_history`); a deletion keeps the history."""
+decision (`metering.domain.dimension_history`); `LimitStore.record_definitions` appends a
+change of the default maximum or enforcement to ``limit_definitions`` at its instant, which
+reports read (`metering.domain.definitions`). A deletion keeps both histories."""
 
 from __future__ import annotations
 
@@ -13,12 +15,14 @@ from typing import Final
 
 from sqlalchemy import bindparam, delete, insert, select, text, update
 
+from metering.domain import definitions
+from metering.domain.definitions import Definition
 from metering.domain.dimension_history import Era
 from metering.domain.limits import Limit
 from metering.storage.counters import ADVANCE_RESET_CLOCK
 from metering.storage.limit_rows import limit_from_row, limit_row
 from metering.storage.on_connection import OnConnection
-from metering.storage.tables import limit_dimensions, limits, limits_version
+from metering.storage.tables import limit_definitions, limit_dimensions, limits, limits_version
 
 BUMP_LIMITS_VERSION: Final = (
     update(limits_version)
@@ -154,6 +158,43 @@ class LimitStore(OnConnection):
             dimensions = tuple(json.loads(keys))
             era = Era(int(tick), int(since_us), dimensions, bool(seeded), distinct, aggregation)
             found.setdefault(name, []).append(era)
+        return found
+
+    def record_definitions(self, chosen: Sequence[Limit], now_us: int) -> None:
+        """Append to the definitions' history the maximum and enforcement of
+        each of ``chosen`` that differ from its latest (or that has none),
+        from ``now_us``; a change at the same instant replaces it. Runs after
+        `hold_decisions`, whose lock makes definitions serial."""
+        latest = {limit.name: limit for limit in chosen}
+        history = self.definition_history(latest)
+        for limit in latest.values():
+            found = history.get(limit.name, [])
+            if definitions.changed(found, limit.maximum, limit.enforcement):
+                self._upsert(
+                    limit_definitions,
+                    {
+                        "limit_name": limit.name,
+                        "effective_from_us": now_us,
+                        "maximum": limit.maximum,
+                        "enforcement": limit.enforcement,
+                    },
+                    key=["limit_name", "effective_from_us"],
+                )
+
+    def definition_history(self, names: Iterable[str] | None = None) -> dict[str, list[Definition]]:
+        """Each limit's definitions, oldest first, of ``names`` (None: every limit's)."""
+        d = limit_definitions.c
+        query = select(d.limit_name, d.effective_from_us, d.maximum, d.enforcement)
+        if names is not None:
+            wanted = sorted(set(names))
+            if not wanted:
+                return {}
+            query = query.where(d.limit_name.in_(wanted))
+        found: dict[str, list[Definition]] = {}
+        for name, since_us, maximum, enforcement in self.connection.execute(
+            query.order_by(d.limit_name, d.effective_from_us)
+        ):
+            found.setdefault(name, []).append(Definition(int(since_us), int(maximum), enforcement))
         return found
 
     def ever_dimensioned(self) -> frozenset[str]:

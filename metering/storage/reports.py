@@ -3,11 +3,11 @@
 Reports read ``counters`` joined to the current ``limits``; filtering, overage and ordering
 happen in the database. The period is a billing month (``counters.billing_month``) or a
 range on ``window_start_us``. The maximum is the one that applied (`with_applied_maximum`):
-the entitlement span holding the window's last instant, else the limit's default. Overage is
-a ``CASE``: soft, used less granted beyond the maximum; hard and shadow, none. Overdraft is
-the one recorded (summed per window, outer-joined), capped at that usage past the maximum
-less the overage. The shadow report ranks windows with window functions; rows stream
-(PostgreSQL: `STREAM_BATCH` a round trip).
+the entitlement span holding the window's last instant, else the default of the definition
+span holding it, with the enforcement (`with_definition`). Overage: soft, used less granted
+beyond the maximum; hard and shadow, none. Overdraft: the one recorded (summed per window,
+outer-joined), capped at that usage past the maximum less the overage. The shadow report
+ranks windows with window functions; rows stream (PostgreSQL: `STREAM_BATCH` a round trip).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from sqlalchemy import (
     exists,
     func,
     literal,
+    null,
     or_,
     select,
 )
@@ -38,6 +39,7 @@ from metering.storage.tables import (
     corrections,
     counters,
     entitlements,
+    limit_definitions,
     limits,
     overdrafts,
 )
@@ -76,15 +78,54 @@ def _entitlement_spans() -> Any:
     ).subquery("entitled")
 
 
-def with_applied_maximum(
-    joined: Any, subject: Any, limit: Any, window_end_us: Any
+def _definition_spans() -> Any:
+    """Each change of a limit's default maximum and enforcement with the span
+    in which it applies: from its start (NULL for the first: from the
+    beginning) to the next change's (NULL for the latest)."""
+    d = limit_definitions.c
+    previous = func.lag(d.effective_from_us).over(
+        partition_by=d.limit_name, order_by=d.effective_from_us
+    )
+    following = func.lead(d.effective_from_us).over(
+        partition_by=d.limit_name, order_by=d.effective_from_us
+    )
+    return select(
+        d.limit_name,
+        case((previous.is_(None), null()), else_=d.effective_from_us).label("opens_us"),
+        following.label("next_from_us"),
+        d.maximum,
+        d.enforcement,
+    ).subquery("defined")
+
+
+def with_definition(
+    joined: Any, limit: Any, window_end_us: Any
+) -> tuple[Any, ColumnElement[Any], ColumnElement[Any]]:
+    """``joined`` (which has ``limits``) with the limit's definition in force at
+    the end of a window outer-joined (its span holds the window's last instant;
+    the first holds every instant before it), and the default maximum and
+    enforcement that applied: that definition's, else (none recorded) the
+    limit's now."""
+    spans = _definition_spans()
+    covers = and_(
+        spans.c.limit_name == limit,
+        or_(spans.c.opens_us.is_(None), spans.c.opens_us < window_end_us),
+        or_(spans.c.next_from_us.is_(None), spans.c.next_from_us >= window_end_us),
+    )
+    default = func.coalesce(spans.c.maximum, limits.c.maximum)
+    enforcement = func.coalesce(spans.c.enforcement, limits.c.enforcement)
+    return joined.outerjoin(spans, covers), default, enforcement
+
+
+def with_entitled_maximum(
+    joined: Any, subject: Any, limit: Any, window_end_us: Any, default: ColumnElement[Any]
 ) -> tuple[Any, ColumnElement[Any]]:
-    """``joined`` (which has ``limits``) with the subject's entitlement in force
-    at the end of a window outer-joined, and the maximum that applied: that
-    entitlement's, else, or when it is NULL (back to the default), the
-    limit's default. In force at the end means the span holds the window's
-    last instant (the end is exclusive): it starts before ``window_end_us``
-    and the next change, if any, starts at or after it."""
+    """``joined`` with the subject's entitlement in force at the end of a window
+    outer-joined, and the maximum that applied: that entitlement's, else, or
+    when it is NULL (back to the default), ``default``. In force at the end
+    means the span holds the window's last instant (the end is exclusive): it
+    starts before ``window_end_us`` and the next change, if any, starts at or
+    after it."""
     spans = _entitlement_spans()
     covers = and_(
         spans.c.subject == subject,
@@ -92,7 +133,20 @@ def with_applied_maximum(
         spans.c.effective_from_us < window_end_us,
         or_(spans.c.next_from_us.is_(None), spans.c.next_from_us >= window_end_us),
     )
-    return joined.outerjoin(spans, covers), func.coalesce(spans.c.maximum, limits.c.maximum)
+    return joined.outerjoin(spans, covers), func.coalesce(spans.c.maximum, default)
+
+
+def with_applied_maximum(
+    joined: Any, subject: Any, limit: Any, window_end_us: Any
+) -> tuple[Any, ColumnElement[Any], ColumnElement[Any]]:
+    """``joined`` (which has ``limits``) with what applied to a window: the
+    maximum (the subject's entitlement in force at the window's end, else the
+    limit's default in force then, `with_definition`) and the enforcement in
+    force then. A change back to the default takes the default of the
+    window's end, not the one of the change."""
+    joined, default, enforcement = with_definition(joined, limit, window_end_us)
+    joined, maximum = with_entitled_maximum(joined, subject, limit, window_end_us, default)
+    return joined, maximum, enforcement
 
 
 def _with_window_sum(
@@ -154,7 +208,7 @@ def _windows(query: ReportQuery) -> Any:
     """The selected counters with their applied maximum and grant-paid usage,
     as a derived table: the overage, ordering and utilisation read its
     columns, so each expression is written once."""
-    joined, maximum = with_applied_maximum(
+    joined, maximum, enforcement = with_applied_maximum(
         _counted(), counters.c.subject, counters.c.limit_name, counters.c.window_end_us
     )
     granted = counters.c.granted  # the grant-paid usage
@@ -162,7 +216,7 @@ def _windows(query: ReportQuery) -> Any:
     statement = select(
         counters.c.subject,
         counters.c.limit_name,
-        limits.c.enforcement,
+        enforcement.label("enforcement"),
         counters.c.window_start_us,
         counters.c.window_end_us,
         maximum.label("maximum"),
@@ -244,10 +298,15 @@ def usage_statement(query: ReportQuery) -> Select[Any]:
 
 
 def _shadow_windows(query: ReportQuery) -> Any:
-    """A limit's windows with would-denies, each with its subject's totals
-    and its rank among the subject's windows (1: the peak)."""
+    """A limit's windows with would-denies while it was shadow (its
+    enforcement in force at the window's end), each with the default maximum
+    then, its subject's totals and its rank among the subject's windows (1:
+    the peak)."""
     by_subject = counters.c.subject
-    conditions = [*_window_conditions(query), counters.c.denied_count > 0]
+    joined, default, enforcement = with_definition(
+        _counted(), counters.c.limit_name, counters.c.window_end_us
+    )
+    conditions = [*_window_conditions(query), counters.c.denied_count > 0, enforcement == "shadow"]
     return (
         select(
             counters.c.subject,
@@ -256,6 +315,7 @@ def _shadow_windows(query: ReportQuery) -> Any:
             counters.c.window_end_us,
             counters.c.used,
             counters.c.denied_cost,
+            default.label("default_maximum"),
             func.sum(counters.c.denied_count).over(partition_by=by_subject).label("events"),
             func.sum(counters.c.denied_cost).over(partition_by=by_subject).label("cost"),
             func.count().over(partition_by=by_subject).label("windows"),
@@ -267,6 +327,7 @@ def _shadow_windows(query: ReportQuery) -> Any:
             )
             .label("rank"),
         )
+        .select_from(joined)
         .where(and_(*conditions))
         .subquery("shadow_windows")
     )
@@ -276,11 +337,8 @@ def shadow_statement(query: ReportQuery) -> Select[Any]:
     """One row per subject a shadow limit would have denied, by would-deny
     cost, largest first; ties by would-deny count, then subject."""
     w = _shadow_windows(query)
-    joined, maximum = with_applied_maximum(
-        w.join(limits, limits.c.name == w.c.limit_name),
-        w.c.subject,
-        w.c.limit_name,
-        w.c.window_end_us,
+    joined, maximum = with_entitled_maximum(
+        w, w.c.subject, w.c.limit_name, w.c.window_end_us, w.c.default_maximum
     )
     statement = (
         select(
@@ -305,8 +363,12 @@ def shadow_statement(query: ReportQuery) -> Select[Any]:
 
 def shadow_count_statement(query: ReportQuery) -> Select[Any]:
     """How many subjects `shadow_statement` has (before ``top``)."""
-    conditions = [*_window_conditions(query), counters.c.denied_count > 0]
-    return select(func.count(func.distinct(counters.c.subject))).where(and_(*conditions))
+    joined, _, enforcement = with_definition(
+        _counted(), counters.c.limit_name, counters.c.window_end_us
+    )
+    conditions = [*_window_conditions(query), counters.c.denied_count > 0, enforcement == "shadow"]
+    subjects = func.count(func.distinct(counters.c.subject))
+    return select(subjects).select_from(joined).where(and_(*conditions))
 
 
 def count_statement(query: ReportQuery) -> Select[Any]:
@@ -320,6 +382,8 @@ class LimitKind:
 
     enforcement: str
     algorithm: str
+    # Whether it was a shadow limit in some definition (now, or before a change).
+    ever_shadow: bool = False
 
 
 class ReportStore:
@@ -332,10 +396,14 @@ class ReportStore:
         return self.limit_kind(name) is not None
 
     def limit_kind(self, name: str) -> LimitKind | None:
+        d = limit_definitions.c
+        shadow = exists().where(d.limit_name == name, d.enforcement == "shadow")
         found = self.connection.execute(
-            select(limits.c.enforcement, limits.c.algorithm).where(limits.c.name == name)
+            select(limits.c.enforcement, limits.c.algorithm, shadow).where(limits.c.name == name)
         ).first()
-        return None if found is None else LimitKind(found[0], found[1])
+        if found is None:
+            return None
+        return LimitKind(found[0], found[1], found[0] == "shadow" or bool(found[2]))
 
     def count(self, statement: Select[Any], top: int | None) -> int:
         total = int(self.connection.execute(statement).scalar_one())

@@ -5,4 +5,4 @@ from __future__ import annotations
 
 from typing import Final
 
-SCHEMA_REVISION: Final = "0050"
+SCHEMA_REVISION: Final = "0051"

@@ -94,6 +94,20 @@ limit_dimensions = Table(
     PrimaryKeyConstraint("limit_name", "tick"),
 )
 
+# A limit's default maximum and enforcement from ``effective_from_us`` on (migration
+# 0051): a row per change of either and per first definition, never updated, kept
+# when the limit is deleted; reports take the row in force at a window's end
+# (`metering.domain.definitions`). The migration's rows start at 0: from the beginning.
+limit_definitions = Table(
+    "limit_definitions",
+    metadata,
+    Column("limit_name", string(64), nullable=False),
+    Column("effective_from_us", BIGINT, nullable=False, autoincrement=False),
+    Column("maximum", BIGINT, nullable=False),
+    Column("enforcement", string(8), nullable=False),
+    PrimaryKeyConstraint("limit_name", "effective_from_us"),
+)
+
 # One row per subject and limit with a breaker (`metering.domain.breaker`):
 # its now and baseline rates, the start of its history, since when the now
 # rate is past the multiple, and since when it is quarantined (NULL: it is not).

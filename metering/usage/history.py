@@ -4,7 +4,8 @@
 rollups, exact to the hour (``source: rollups``); any other limit has its counters, a
 window's usage in the bucket its window starts in (``source: counters``); a token bucket
 keeps no windows (``source: none``). A gauge's bucket shows its windows' peak or last
-level. Each bucket carries the maximum in force at its end (`metering.domain.history`).
+level. Each bucket carries the maximum in force at its end, the limit's default of then
+where no entitlement applies (`metering.domain.history`).
 Buckets are UTC hours and days; a zoned subject's also carry ``time_zone`` (in force at
 the bucket's start) and ``local_window`` (`metering.domain.zones.local_span`).
 """
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal
 
+from metering.domain.definitions import Definition
 from metering.domain.events import validate_subject
 from metering.domain.history import Bucket, Point, bucket_start, series, validate_bucket
 from metering.domain.instants import from_us, to_us
@@ -24,6 +26,7 @@ from metering.limits.service import get_limit
 from metering.storage.allowances import AllowanceStore
 from metering.storage.database import Database
 from metering.storage.history import counter_windows, entitlement_changes, rollup_hours
+from metering.storage.limits import LimitStore
 
 Source = Literal["rollups", "counters", "none"]
 DEFAULT_SPAN: Final[dict[str, timedelta]] = {
@@ -105,8 +108,11 @@ def usage_history(
     first_us = bucket_start(since_us, checked)  # the first bucket meets `since`: all of it
     zones: list[tuple[int, str]] = []
 
+    defaults: list[Definition] = []
+
     def read(connection: Any) -> tuple[list[tuple[int, int]], list[tuple[int, int | None]]]:
         zones.extend(AllowanceStore(connection).time_zones([subject]).get(subject, ()))
+        defaults.extend(LimitStore(connection).definition_history([found.name]).get(found.name, []))
         changes = entitlement_changes(connection, subject, found.name)
         if source == "rollups":
             dimension = found.dimensions[0]
@@ -120,7 +126,9 @@ def usage_history(
 
     usage, changes = database.read(read)
     default = None if found.algorithm == "token_bucket" else found.maximum
-    points = series(usage, changes, default, since_us, until_us, checked, found.aggregation)
+    points = series(
+        usage, changes, default, since_us, until_us, checked, found.aggregation, defaults
+    )
     return UsageHistory(
         subject, found, checked, source, from_us(since_us), from_us(until_us), points, tuple(zones)
     )

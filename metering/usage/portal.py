@@ -24,14 +24,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from html import escape
-from typing import Final
+from typing import Any, Final
 from urllib.parse import quote
 
 from metering.allowances.service import grants_left, list_grants
 from metering.domain.bounds import shown
+from metering.domain.definitions import Definition
 from metering.domain.events import validate_subject
-from metering.domain.history import Point, maximum_at
+from metering.domain.history import Point, applied, maximum_at
 from metering.domain.instants import clock_text, from_us
+from metering.domain.limits import Limit
 from metering.domain.links import (
     MAX_TTL_SECONDS,
     parse_ttl,
@@ -51,6 +53,7 @@ from metering.storage.history import (
     portal_secrets,
     rotate_secret,
 )
+from metering.storage.limits import LimitStore
 from metering.usage.current import subject_usage
 from metering.usage.history import usage_history
 
@@ -121,7 +124,7 @@ def portal_view(database: Database, subject: str, days: int = DAYS) -> PortalVie
         per_day = history.source == "rollups" or 0 < limit.period_seconds <= 86_400
         points = history.points
         if history.source == "counters" and not per_day:
-            points = _window_points(database, subject, name, now_us, maximum)
+            points = _window_points(database, subject, limit, now_us, changes[name])
         panels.append(
             LimitPanel(
                 name=name,
@@ -145,13 +148,32 @@ def portal_view(database: Database, subject: str, days: int = DAYS) -> PortalVie
 
 
 def _window_points(
-    database: Database, subject: str, limit: str, now_us: int, maximum: int | None
+    database: Database,
+    subject: str,
+    limit: Limit,
+    now_us: int,
+    changes: list[tuple[int, int | None]],
 ) -> list[Point]:
     """The last `MAX_WINDOWS` windows of a limit whose windows are longer than a
-    day, one point each: the counters hold no finer figure."""
+    day, one point each (the counters hold no finer figure), each with the
+    maximum in force at its end."""
     since_us = now_us - MAX_WINDOWS * 31 * 86_400_000_000
-    rows = database.read(lambda c: counter_windows(c, subject, limit, since_us, now_us + 1))
-    return [Point(r.window_start_us, r.window_end_us, r.used, maximum) for r in rows[-MAX_WINDOWS:]]
+
+    def read(connection: Any) -> tuple[list[WindowRow], list[Definition]]:
+        rows = counter_windows(connection, subject, limit.name, since_us, now_us + 1)
+        return rows, LimitStore(connection).definition_history([limit.name]).get(limit.name, [])
+
+    rows, defaults = database.read(read)
+    default = None if limit.algorithm == "token_bucket" else limit.maximum
+    return [
+        Point(
+            r.window_start_us,
+            r.window_end_us,
+            r.used,
+            applied(changes, defaults, default, r.window_end_us - 1),
+        )
+        for r in rows[-MAX_WINDOWS:]
+    ]
 
 
 # -- links ---------------------------------------------------------------------

@@ -149,12 +149,14 @@ def test_token_buckets_and_deleted_limits_are_left_out(ledger: Meter) -> None:
     assert overage_report(ledger, limit="burst") == []  # defined, but a bucket: no rows
 
 
-def test_a_changed_limit_reports_its_current_maximum(ledger: Meter) -> None:
-    ledger.set_limit(
+def test_a_changed_limit_keeps_its_past_windows_maximum(ledger: Meter) -> None:
+    ledger.set_limit(  # on Dec 5: November is over, December's window open
         Limit("api_calls", maximum=25, period="1mo", window="calendar", enforcement="soft")
     )
     [row] = overage_report(ledger, period="2026-11", subject="org-a", limit="api_calls")
-    assert (row.maximum, row.used, row.overage, row.utilisation_percent) == (25, 30, 5, 120.0)
+    assert (row.maximum, row.used, row.overage, row.utilisation_percent) == (10, 30, 20, 300.0)
+    [row] = overage_report(ledger, period="2026-12", subject="org-a", limit="api_calls")
+    assert (row.maximum, row.used, row.overage, row.utilisation_percent) == (25, 6, 0, 24.0)
 
 
 def test_usage_report_is_a_subjects_windows_over_time(ledger: Meter) -> None:

@@ -58,6 +58,19 @@ def test_each_spend_limit_of_the_currency_is_a_row_with_its_own_cap(meter: Meter
     ]
 
 
+def test_a_past_months_cap_is_the_default_at_its_end(db_url: str) -> None:
+    clock = FrozenClock(NOW)
+    with Meter(db_url, clock=clock) as meter:
+        meter.set_limit(Limit("calls", maximum=10**6, period="1mo", window="calendar"))
+        meter.set_limit(spend_limit("spend", "5", "USD", "1mo", window="calendar"))
+        meter.set_price("calls", "0.01", "USD")
+        meter.consume("org-1", "calls", 7)
+        clock.set(datetime(2026, 12, 3, tzinfo=UTC))
+        meter.set_limit(spend_limit("spend", "9", "USD", "1mo", window="calendar"))
+        [row] = spend_report(meter, "2026-11").rows
+        assert (row.spend_limit, row.cap, row.total) == ("spend", 500, 7)
+
+
 def test_json_shows_money_in_major_units_and_csv_a_column_per_priced_limit(
     meter: Meter,
 ) -> None:

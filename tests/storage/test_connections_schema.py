@@ -631,3 +631,35 @@ def test_migration_0050_gives_each_defined_limits_last_era_its_aggregation(
 ) -> None:
     expected = [("disk", "latest"), ("gone", None), ("plain", "sum")]
     assert _on_both(tmp_path, postgres_server, _aggregations_across_0050) == [expected, expected]
+
+
+def _definitions_across_0051(url: str) -> list[Any]:
+    """The definitions migration 0051 gives each limit defined at the upgrade,
+    after its downgrade dropped them (a limit deleted before: none)."""
+    _upgrade(url, "head")
+    clock = FrozenClock(datetime(2026, 11, 10, 12, 0, tzinfo=UTC))
+    with Meter(url, clock=clock) as meter:
+        meter.set_limits(
+            [
+                Limit("calls", maximum=100, period="1mo", window="calendar", enforcement="soft"),
+                Limit("gone", maximum=5, period="1d"),
+            ]
+        )
+        clock.advance(days=1)
+        meter.set_limit(Limit("calls", maximum=300, period="1mo", window="calendar"))
+        meter.delete_limit("gone")
+    engine = make_engine(url)
+    _downgrade(engine, "0050")
+    _upgrade(url, "head")
+    with engine.connect() as connection:
+        query = "SELECT * FROM limit_definitions ORDER BY limit_name, effective_from_us"
+        found = [tuple(row) for row in connection.execute(text(query))]
+    engine.dispose()
+    return found
+
+
+def test_migration_0051_gives_each_defined_limit_its_definition_from_the_beginning(
+    tmp_path: Path, postgres_server: PostgresServer
+) -> None:
+    expected = [("calls", 0, 300, "hard")]
+    assert _on_both(tmp_path, postgres_server, _definitions_across_0051) == [expected, expected]

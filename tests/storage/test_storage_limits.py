@@ -3,6 +3,7 @@ written, whatever its features; every write bumps the limits' version."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
@@ -89,3 +90,45 @@ def test_a_bucket_stored_with_a_calendar_window_reads_as_the_bucket_it_is(meter:
 
     meter.database.run(calendar)
     assert _on(meter, lambda store: store.load_limits(["api"])) == {"api": bucket}
+
+
+def _definitions(meter: Meter) -> list[tuple[str, int, int, str]]:
+    history = _on(meter, lambda store: store.definition_history())
+    return [
+        (name, d.effective_from_us, d.maximum, d.enforcement)
+        for name, found in history.items()
+        for d in found
+    ]
+
+
+def _define(meter: Meter, limits: list[Limit], now_us: int) -> None:
+    _on(meter, lambda store: store.record_definitions(limits, now_us))
+
+
+def test_a_definition_is_recorded_only_when_its_maximum_or_enforcement_changes(
+    meter: Meter,
+) -> None:
+    calls = LIMITS[0]
+    _define(meter, [calls], NOW_US)
+    _define(meter, [calls], NOW_US + 1)  # the same again: nothing
+    _define(meter, [dataclasses.replace(calls, thresholds=(70,))], NOW_US + 2)  # nor this
+    _define(meter, [dataclasses.replace(calls, maximum=200)], NOW_US + 3)
+    _define(meter, [dataclasses.replace(calls, maximum=200, enforcement="soft")], NOW_US + 4)
+    assert _definitions(meter) == [
+        ("calls", NOW_US, 100, "hard"),
+        ("calls", NOW_US + 3, 200, "hard"),
+        ("calls", NOW_US + 4, 200, "soft"),
+    ]
+
+
+def test_a_change_at_the_same_instant_replaces_it_and_deletion_keeps_the_history(
+    meter: Meter,
+) -> None:
+    calls = LIMITS[0]
+    meter.set_limit(calls)
+    _define(meter, [calls, dataclasses.replace(calls, maximum=300)], NOW_US)  # the last wins
+    _define(meter, [dataclasses.replace(calls, maximum=400)], NOW_US)
+    meter.delete_limit("calls")
+    found = _definitions(meter)
+    assert found[-1] == ("calls", NOW_US, 400, "hard")
+    assert [d[2] for d in found] == [100, 400]

@@ -58,6 +58,18 @@ def test_by_day_from_the_counters_with_the_maximum_in_force(meter: Meter) -> Non
     assert shown["points"][0]["start"] == "2026-11-20T00:00:00+00:00"
 
 
+def test_a_bucket_takes_the_default_in_force_at_its_end(meter: Meter) -> None:
+    meter.set_limit(Limit("tokens", maximum=200, period="1d", window="calendar"))  # at NOW
+    found = meter.usage_history("org", "tokens", since=NOW - 2 * DAY, until=NOW + DAY)
+    # Nov 20 and 21 ended under 100; Nov 22, open at the change, ends under 200.
+    assert [(p.used, p.maximum) for p in found.points] == [
+        (10, 100),
+        (11, 100),
+        (12, 200),
+        (0, 200),
+    ]
+
+
 def test_by_hour_from_the_rollups_of_a_limit_with_dimensions(meter: Meter) -> None:
     found = meter.usage_history(
         "org",

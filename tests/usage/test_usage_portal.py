@@ -75,6 +75,16 @@ def test_a_panel_per_limit_used_with_the_maximum_in_force(meter: Meter) -> None:
         portal_view(meter.database, " org")
 
 
+def test_a_past_windows_bar_keeps_the_maximum_at_its_end(meter: Meter, clock: FrozenClock) -> None:
+    meter.consume("org", "monthly", 300)  # November
+    clock.set(NOW + timedelta(days=15))  # December 7
+    meter.set_limit(Limit("monthly", maximum=2000, period="1mo", window="calendar"))
+    meter.consume("org", "monthly", 100)
+    [monthly] = [p for p in portal_view(meter.database, "org").limits if p.name == "monthly"]
+    assert monthly.maximum == 2000
+    assert [(p.used, p.maximum) for p in monthly.days] == [(300, 1000), (100, 2000)]
+
+
 def test_the_page_is_one_self_contained_document(meter: Meter) -> None:
     meter.consume("org", "calls", 30)
     meter.consume("<b>org</b>", "calls", 1)
