@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from metering import Limit, Meter
+from metering import FrozenClock, Limit, Meter
 from metering.reports import ReportRow, overage_report, usage_report
 
 
@@ -21,23 +21,13 @@ def at(text: str) -> datetime:
     return datetime.fromisoformat(text).replace(tzinfo=UTC)
 
 
-class Clock:
-    """A clock the test moves: ``clock.now = ...``."""
-
-    def __init__(self, now: datetime) -> None:
-        self.now = now
-
-    def __call__(self) -> datetime:
-        return self.now
+@pytest.fixture
+def clock() -> FrozenClock:
+    return FrozenClock(at("2026-10-01T09:00"))
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock(at("2026-10-01T09:00"))
-
-
-@pytest.fixture
-def meter(db_url: str, clock: Clock) -> Iterator[Meter]:
+def meter(db_url: str, clock: FrozenClock) -> Iterator[Meter]:
     with Meter(db_url, clock=clock) as meter:
         meter.set_limits(
             [
@@ -50,14 +40,14 @@ def meter(db_url: str, clock: Clock) -> Iterator[Meter]:
 
 def consume(
     meter: Meter,
-    clock: Clock,
+    clock: FrozenClock,
     when: str,
     subject: str,
     limit: str,
     cost: int,
     event_id: str | None = None,
 ) -> None:
-    clock.now = at(when)
+    clock.set(at(when))
     meter.consume(subject, limit, cost=cost, event_id=event_id)
 
 
@@ -74,7 +64,7 @@ def figures(found: ReportRow) -> tuple[int, int, int, int, int]:
 
 
 def test_a_void_in_a_past_window_changes_that_window_and_the_report(
-    meter: Meter, clock: Clock
+    meter: Meter, clock: FrozenClock
 ) -> None:
     consume(meter, clock, "2026-10-05T10:00", "org-42", "calls", 80, "batch-1")
     consume(meter, clock, "2026-10-06T10:00", "org-42", "calls", 40, "batch-1-again")
@@ -83,7 +73,7 @@ def test_a_void_in_a_past_window_changes_that_window_and_the_report(
     consume(meter, clock, "2026-11-03T10:00", "org-42", "calls", 30)
     assert figures(row(meter, "2026-10", "org-42", "calls")) == (100, 120, 0, 20, 0)
 
-    clock.now = at("2026-11-05T12:00")  # October is a past window now
+    clock.set(at("2026-11-05T12:00"))  # October is a past window now
     meter.void("batch-1-again", "recorded twice")
     meter.void("seats-1", "seats never assigned")
 
@@ -100,13 +90,15 @@ def test_a_void_in_a_past_window_changes_that_window_and_the_report(
 # -- entitlements ------------------------------------------------------------------
 
 
-def test_a_row_keeps_the_maximum_that_applied_in_its_window(meter: Meter, clock: Clock) -> None:
+def test_a_row_keeps_the_maximum_that_applied_in_its_window(
+    meter: Meter, clock: FrozenClock
+) -> None:
     meter.set_entitlement("org-42", "calls", 250, effective_from=at("2026-10-01T00:00"))
     consume(meter, clock, "2026-10-20T10:00", "org-42", "calls", 300)
-    clock.now = at("2026-11-01T00:00")
+    clock.set(at("2026-11-01T00:00"))
     meter.set_entitlement("org-42", "calls", 1000)  # a later window: October keeps 250
     consume(meter, clock, "2026-11-02T10:00", "org-42", "calls", 300)
-    clock.now = at("2026-12-01T00:00")
+    clock.set(at("2026-12-01T00:00"))
     meter.delete_entitlement("org-42", "calls")  # back to the default from December
     consume(meter, clock, "2026-12-02T10:00", "org-42", "calls", 300)
 
@@ -118,10 +110,10 @@ def test_a_row_keeps_the_maximum_that_applied_in_its_window(meter: Meter, clock:
     assert [(r.maximum, r.overage) for r in history] == [(250, 50), (1000, 0), (100, 200)]
 
 
-def test_a_mid_window_upgrade_is_the_windows_maximum(meter: Meter, clock: Clock) -> None:
+def test_a_mid_window_upgrade_is_the_windows_maximum(meter: Meter, clock: FrozenClock) -> None:
     meter.set_entitlement("org-7", "calls", 1000, effective_from=at("2026-11-01T00:00"))
     consume(meter, clock, "2026-11-03T10:00", "org-7", "calls", 900)
-    clock.now = at("2026-11-12T00:00")
+    clock.set(at("2026-11-12T00:00"))
     meter.set_entitlement("org-7", "calls", 2000)
     consume(meter, clock, "2026-11-15T10:00", "org-7", "calls", 900)
     assert figures(row(meter, "2026-11", "org-7", "calls")) == (2000, 1800, 0, 0, 0)
@@ -133,16 +125,18 @@ def test_a_mid_window_upgrade_is_the_windows_maximum(meter: Meter, clock: Clock)
 
 
 def test_an_entitlement_from_a_later_window_leaves_earlier_ones_alone(
-    meter: Meter, clock: Clock
+    meter: Meter, clock: FrozenClock
 ) -> None:
     consume(meter, clock, "2026-10-20T10:00", "org-1", "calls", 150)
-    clock.now = at("2026-10-25T00:00")
+    clock.set(at("2026-10-25T00:00"))
     meter.set_entitlement("org-1", "calls", 500, effective_from=at("2026-11-01T00:00"))
     # It starts at November's first instant, the end of October's window (exclusive).
     assert figures(row(meter, "2026-10", "org-1", "calls")) == (100, 150, 0, 50, 0)
 
 
-def test_overage_order_and_top_use_the_maximum_that_applied(meter: Meter, clock: Clock) -> None:
+def test_overage_order_and_top_use_the_maximum_that_applied(
+    meter: Meter, clock: FrozenClock
+) -> None:
     meter.set_entitlement("big", "calls", 10_000, effective_from=at("2026-10-01T00:00"))
     consume(meter, clock, "2026-10-02T10:00", "big", "calls", 5_000)  # 50%, no overage
     consume(meter, clock, "2026-10-03T10:00", "small", "calls", 130)  # 30 over the default
@@ -156,9 +150,9 @@ def test_overage_order_and_top_use_the_maximum_that_applied(meter: Meter, clock:
 
 
 def test_grant_paid_usage_is_granted_not_overage_on_a_soft_limit(
-    meter: Meter, clock: Clock
+    meter: Meter, clock: FrozenClock
 ) -> None:
-    clock.now = at("2026-10-01T00:00")
+    clock.set(at("2026-10-01T00:00"))
     meter.grant("org-42", "calls", 50, at("2026-11-01T00:00"), grant_id="goodwill-oct")
     consume(meter, clock, "2026-10-10T10:00", "org-42", "calls", 90, "a")
     consume(meter, clock, "2026-10-11T10:00", "org-42", "calls", 40, "b")  # 10 own, 30 granted
@@ -169,15 +163,15 @@ def test_grant_paid_usage_is_granted_not_overage_on_a_soft_limit(
     consume(meter, clock, "2026-11-02T10:00", "org-42", "calls", 120)
     assert figures(row(meter, "2026-11", "org-42", "calls")) == (100, 120, 0, 20, 0)
     # Voiding an event a grant paid takes the draw back from the window.
-    clock.now = at("2026-11-05T00:00")
+    clock.set(at("2026-11-05T00:00"))
     meter.void("c", "duplicate")
     assert figures(row(meter, "2026-10", "org-42", "calls")) == (100, 130, 30, 0, 0)
 
 
 def test_grant_paid_usage_is_granted_not_overage_on_a_hard_limit(
-    meter: Meter, clock: Clock
+    meter: Meter, clock: FrozenClock
 ) -> None:
-    clock.now = at("2026-10-01T00:00")
+    clock.set(at("2026-10-01T00:00"))
     meter.grant("org-2", "seats", 3, grant_id="extra-seats")
     for day in range(1, 11):  # 10 seats of 1: 5 own, 3 granted, 2 denied
         consume(meter, clock, f"2026-10-{day:02d}T10:00", "org-2", "seats", 1)

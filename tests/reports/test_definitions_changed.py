@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from metering import Limit, Meter
+from metering import FrozenClock, Limit, Meter
 from metering.reports import ReportRow, overage_report, shadow_report, usage_report
 
 
@@ -22,34 +22,24 @@ def at(text: str) -> datetime:
     return datetime.fromisoformat(text).replace(tzinfo=UTC)
 
 
-class Clock:
-    """A clock the test moves: ``clock.now = ...``."""
-
-    def __init__(self, now: datetime) -> None:
-        self.now = now
-
-    def __call__(self) -> datetime:
-        return self.now
-
-
 def calls(maximum: int, enforcement: str = "soft") -> Limit:
     return Limit("calls", maximum=maximum, period="1mo", window="calendar", enforcement=enforcement)
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock(at("2026-10-01T09:00"))
+def clock() -> FrozenClock:
+    return FrozenClock(at("2026-10-01T09:00"))
 
 
 @pytest.fixture
-def meter(db_url: str, clock: Clock) -> Iterator[Meter]:
+def meter(db_url: str, clock: FrozenClock) -> Iterator[Meter]:
     with Meter(db_url, clock=clock) as meter:
         meter.set_limit(calls(1000))
         yield meter
 
 
-def consume(meter: Meter, clock: Clock, when: str, subject: str, cost: int) -> None:
-    clock.now = at(when)
+def consume(meter: Meter, clock: FrozenClock, when: str, subject: str, cost: int) -> None:
+    clock.set(at(when))
     meter.consume(subject, "calls", cost=cost)
 
 
@@ -61,8 +51,8 @@ def november(meter: Meter) -> list[ReportRow]:
     return overage_report(meter, period="2026-11", limit="calls")
 
 
-def redefine(meter: Meter, clock: Clock, when: str, limit: Limit) -> None:
-    clock.now = at(when)
+def redefine(meter: Meter, clock: FrozenClock, when: str, limit: Limit) -> None:
+    clock.set(at(when))
     meter.set_limit(limit)
 
 
@@ -75,10 +65,10 @@ def redefine(meter: Meter, clock: Clock, when: str, limit: Limit) -> None:
     ],
 )
 def test_novembers_report_is_unchanged_after_a_december_change(
-    meter: Meter, clock: Clock, changed: Limit, before: tuple[str, int, int, int]
+    meter: Meter, clock: FrozenClock, changed: Limit, before: tuple[str, int, int, int]
 ) -> None:
     consume(meter, clock, "2026-11-10T10:00", "org-1", 1500)
-    clock.now = at("2026-12-02T09:00")
+    clock.set(at("2026-12-02T09:00"))
     report = november(meter)
     assert [figures(row) for row in report] == [before]
     redefine(meter, clock, "2026-12-03T09:00", changed)
@@ -89,11 +79,11 @@ def test_novembers_report_is_unchanged_after_a_december_change(
     assert (december.enforcement, december.maximum) == (changed.enforcement, changed.maximum)
 
 
-def test_a_hard_limit_made_soft_keeps_novembers_rows_hard(meter: Meter, clock: Clock) -> None:
+def test_a_hard_limit_made_soft_keeps_novembers_rows_hard(meter: Meter, clock: FrozenClock) -> None:
     redefine(meter, clock, "2026-10-01T09:00", calls(1000, "hard"))
     consume(meter, clock, "2026-11-10T10:00", "org-1", 900)
     consume(meter, clock, "2026-11-11T10:00", "org-1", 200)  # denied: 900 + 200 > 1000
-    clock.now = at("2026-12-02T09:00")
+    clock.set(at("2026-12-02T09:00"))
     report = november(meter)
     assert [(figures(r), r.denied) for r in report] == [(("hard", 1000, 900, 0), 200)]
     # Made soft and lowered: November was hard, its denials are not billed as overage.
@@ -103,7 +93,9 @@ def test_a_hard_limit_made_soft_keeps_novembers_rows_hard(meter: Meter, clock: C
     assert figures(row) == ("hard", 1000, 900, 0)
 
 
-def test_a_change_at_a_windows_end_applies_from_the_next_window(meter: Meter, clock: Clock) -> None:
+def test_a_change_at_a_windows_end_applies_from_the_next_window(
+    meter: Meter, clock: FrozenClock
+) -> None:
     consume(meter, clock, "2026-11-10T10:00", "org-1", 1500)
     redefine(meter, clock, "2026-12-01T00:00", calls(2000))  # November's end: exclusive
     consume(meter, clock, "2026-12-01T10:00", "org-1", 1500)
@@ -112,7 +104,7 @@ def test_a_change_at_a_windows_end_applies_from_the_next_window(meter: Meter, cl
 
 
 def test_a_window_spanning_changes_takes_the_definition_at_its_end(
-    meter: Meter, clock: Clock
+    meter: Meter, clock: FrozenClock
 ) -> None:
     consume(meter, clock, "2026-11-02T10:00", "org-1", 1500)
     redefine(meter, clock, "2026-11-10T09:00", calls(800, "hard"))
@@ -124,12 +116,12 @@ def test_a_window_spanning_changes_takes_the_definition_at_its_end(
 
 
 def test_an_entitlement_removed_falls_back_to_the_default_at_the_windows_end(
-    meter: Meter, clock: Clock
+    meter: Meter, clock: FrozenClock
 ) -> None:
     meter.set_entitlement("org-1", "calls", 5000, effective_from=at("2026-10-01T00:00"))
     consume(meter, clock, "2026-10-10T10:00", "org-1", 1500)
     consume(meter, clock, "2026-11-10T10:00", "org-1", 1500)
-    clock.now = at("2026-11-15T09:00")
+    clock.set(at("2026-11-15T09:00"))
     meter.delete_entitlement("org-1", "calls")  # back to the default from now
     redefine(meter, clock, "2026-11-20T09:00", calls(1200))
     redefine(meter, clock, "2026-12-03T09:00", calls(3000))
@@ -140,10 +132,10 @@ def test_an_entitlement_removed_falls_back_to_the_default_at_the_windows_end(
 
 
 def test_a_limit_deleted_and_defined_again_keeps_its_old_windows_definition(
-    meter: Meter, clock: Clock
+    meter: Meter, clock: FrozenClock
 ) -> None:
     consume(meter, clock, "2026-11-10T10:00", "org-1", 1500)
-    clock.now = at("2026-12-03T09:00")
+    clock.set(at("2026-12-03T09:00"))
     meter.delete_limit("calls")
     assert overage_report(meter, period="2026-11") == []  # a deleted limit is left out
     redefine(meter, clock, "2026-12-05T09:00", calls(3000, "hard"))
@@ -151,23 +143,23 @@ def test_a_limit_deleted_and_defined_again_keeps_its_old_windows_definition(
 
 
 def test_a_late_event_before_the_first_definition_takes_the_first(
-    db_url: str, clock: Clock
+    db_url: str, clock: FrozenClock
 ) -> None:
-    clock.now = at("2026-12-03T09:00")
+    clock.set(at("2026-12-03T09:00"))
     with Meter(db_url, clock=clock) as meter:
         late = Limit(
             "late", maximum=10, period="1d", window="calendar", enforcement="soft", lateness="30d"
         )
         meter.set_limit(late)
         meter.consume("org-1", "late", cost=15, occurred_at=at("2026-11-29T10:00"))
-        clock.now = at("2026-12-04T09:00")
+        clock.set(at("2026-12-04T09:00"))
         meter.set_limit(dataclasses.replace(late, maximum=20))
         [row] = overage_report(meter, period="2026-11", limit="late")
         assert (row.maximum, row.overage) == (10, 5)
 
 
 def test_a_shadow_limit_made_hard_still_reports_its_shadow_windows(
-    meter: Meter, clock: Clock
+    meter: Meter, clock: FrozenClock
 ) -> None:
     redefine(meter, clock, "2026-10-01T09:00", calls(1000, "shadow"))
     consume(meter, clock, "2026-11-10T10:00", "org-1", 900)
