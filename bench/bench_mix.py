@@ -68,9 +68,10 @@ round's consuming meters are new: on PostgreSQL their cached rows are
 cold, so they rarely speculate (`metering.storage.hot.speculative`;
 ``--no-speculation`` turns it off; ``bench_speculation.py`` measures warm
 meters, A against B). Then the worker end to end (producer, broker, a
-Celery worker of 2 processes per case, all started first and kept warm,
-each on a broker of its own: a Redis database for PostgreSQL, an embedded
-broker's SQLite file for SQLite, the default a new user runs): a round to
+Celery worker per case, all started first and kept warm, each on a broker
+of its own: for PostgreSQL a Redis database and 2 processes, for SQLite
+an embedded broker's file and one process, the default a new user runs):
+a round to
 warm up, then ``--worker-rounds`` rounds of ``--worker-events`` events a
 case, the order turning each round; each row the median of the per-round
 ratios to plain, and its median rate against the ledger peer's `apply`
@@ -109,6 +110,7 @@ from servers import RedisServer
 from metering import FrozenClock, Limit, Meter, UsageEvent, make_event, spend_limit
 from metering.engine.paths import Direct
 from metering.pipeline.producer import UsageProducer
+from metering.pipeline.transport import is_embedded_broker
 from metering.storage.connections import upgrade_schema
 
 BIG = 10**12
@@ -604,9 +606,10 @@ def worker_rows(
     args: Any,
     brokers: Callable[[int], contextlib.AbstractContextManager[list[str]]],
 ) -> list[list[str]]:
-    """A Celery worker (prefork, 2) per case, all started first and kept warm,
-    each on a broker of its own (``brokers``: Redis databases, or embedded
-    brokers' files); then ``args.worker_rounds`` rounds of
+    """A Celery worker per case (prefork, 2; on the embedded broker one
+    process, as `metering worker` runs it there), all started first and kept
+    warm, each on a broker of its own (``brokers``: Redis databases, or
+    embedded brokers' files); then ``args.worker_rounds`` rounds of
     ``args.worker_events`` events a case, the cases' order turning each round,
     after one round to warm up (every worker process connected, its caches
     filled). Each row: the median of the rounds, its ratios the medians of the
@@ -616,13 +619,13 @@ def worker_rows(
     results = Results()
     with contextlib.ExitStack() as stack:
         own = stack.enter_context(brokers(len(cases)))
+        # The embedded broker's worker runs one process (`metering worker`'s own choice).
+        pool = ["--pool", "solo"] if is_embedded_broker(own[0]) else ["--concurrency", "2"]
         workers = []
         try:
             for case, broker in zip(cases, own, strict=True):
                 log = Path(tempfile.mkdtemp(prefix="metering-bench-mix-worker-")) / "worker.log"
-                workers.append(
-                    start_worker(urls[case.name], broker, log, ["--concurrency", "2"], settle=0)
-                )
+                workers.append(start_worker(urls[case.name], broker, log, pool, settle=0))
             meters = {case.name: stack.enter_context(Meter(urls[case.name])) for case in cases}
             producers = {
                 case.name: stack.enter_context(
