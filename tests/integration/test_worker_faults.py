@@ -34,6 +34,7 @@ from sqlalchemy.engine import make_url
 from test_pipeline import StartWorker, Worker
 
 from metering import Meter, make_event
+from metering.domain.events import Rejected
 from metering.pipeline.messages import encode_batch, encode_event
 from metering.pipeline.producer import make_celery
 from metering.pipeline.routing import APPLY_BATCH_TASK, DEFAULT_QUEUE
@@ -505,6 +506,36 @@ def test_the_embedded_broker_keeps_a_message_never_finished_as_a_dead_letter(
         assert meter.rejected_messages() == []
 
 
+def _kept_after_a_worker_died_keeping_it(
+    pg_url: str, tmp_path: Path, start_worker: StartWorker, meter: Meter, message: object
+) -> list[Rejected]:
+    """``message`` sent to a worker that takes it and dies while it waits to keep
+    a dead letter (the table locked); the sweep gives it back (nothing was
+    kept), and the next worker keeps one: the dead-letter record then."""
+    path = tmp_path / "broker.db"
+    broker = f"sqla+sqlite:///{path}"
+    env = {"METERING_BROKER_URL": broker, "METERING_VISIBILITY_TIMEOUT": str(VISIBILITY_SECONDS)}
+    worker = start_worker(cli=True, **env)
+    with psycopg_connection(pg_url) as blocker:
+        blocker.execute("LOCK TABLE rejected_messages IN SHARE ROW EXCLUSIVE MODE")
+        send_raw(broker, message)
+        wait_until(lambda: taken_messages(path) == 1, 60, lambda: "not taken", [worker])
+        wait_until(lambda: lock_waits(pg_url) > 0, 60, lambda: "no wait", [worker])
+        worker.kill()
+        end_lock_waits(pg_url)
+    assert meter.rejected_messages() == []
+    later = datetime.now(UTC) + timedelta(seconds=VISIBILITY_SECONDS + 1)
+    assert sweeps_at(worker.env, pg_url, [later], "UTC") == [{"restored": 1, "dead_lettered": 0}]
+    second = start_worker(cli=True, **env)
+    wait_until(
+        lambda: len(meter.rejected_messages()) == 1,
+        60,
+        lambda: "nothing was kept",
+        [worker, second],
+    )
+    return meter.rejected_messages()
+
+
 def test_the_embedded_broker_gives_back_a_dead_workers_message_whose_ids_were_decided(
     pg_url: str, tmp_path: Path, start_worker: StartWorker
 ) -> None:
@@ -512,36 +543,14 @@ def test_the_embedded_broker_gives_back_a_dead_workers_message_whose_ids_were_de
     messages) was deleted by the sweep as if applied: an event reusing an id
     with other charges never got its conflict's dead letter. It is given back
     and the next worker keeps the conflict."""
-    path = tmp_path / "broker.db"
-    broker = f"sqla+sqlite:///{path}"
     at = datetime.now(UTC)
-    env = {"METERING_BROKER_URL": broker, "METERING_VISIBILITY_TIMEOUT": str(VISIBILITY_SECONDS)}
     with Meter(pg_url) as meter:
         meter.set_limits([CALLS])
         meter.consume("s-1", "calls", 1, event_id="reused", occurred_at=at)
-        worker = start_worker(cli=True, **env)
-        with psycopg_connection(pg_url) as blocker:
-            # The worker takes the message and cannot keep the conflict's dead letter.
-            blocker.execute("LOCK TABLE rejected_messages IN SHARE ROW EXCLUSIVE MODE")
-            reused = make_event([("s-1", "calls", 5)], at, "reused")
-            send_raw(broker, encode_batch([encode_event(reused)]))
-            wait_until(lambda: taken_messages(path) == 1, 60, lambda: "not taken", [worker])
-            wait_until(lambda: lock_waits(pg_url) > 0, 60, lambda: "no wait", [worker])
-            worker.kill()
-            end_lock_waits(pg_url)
-        assert meter.rejected_messages() == []
-        later = datetime.now(UTC) + timedelta(seconds=VISIBILITY_SECONDS + 1)
-        assert sweeps_at(worker.env, pg_url, [later], "UTC") == [
-            {"restored": 1, "dead_lettered": 0}
-        ]
-        second = start_worker(cli=True, **env)
-        wait_until(
-            lambda: len(meter.rejected_messages()) == 1,
-            60,
-            lambda: "the conflict was not kept",
-            [worker, second],
-        )
-        [(event_id, reason, _)] = meter.rejected_messages()
+        reused = make_event([("s-1", "calls", 5)], at, "reused")
+        message = encode_batch([encode_event(reused)])
+        kept = _kept_after_a_worker_died_keeping_it(pg_url, tmp_path, start_worker, meter, message)
+        [(event_id, reason, _)] = kept
         assert event_id == "reused" and "already recorded with different charges" in reason
         assert [c.used for c in meter.counters("s-1", "calls")] == [1]
 
@@ -553,30 +562,9 @@ def test_the_embedded_broker_gives_back_an_undecodable_message_a_dead_worker_hel
     kept the message's dead letter, was deleted by the sweep as if consumed:
     it reached the queue and was never recorded. It is given back instead,
     and the next worker keeps it in the dead-letter record."""
-    path = tmp_path / "broker.db"
-    broker = f"sqla+sqlite:///{path}"
-    env = {"METERING_BROKER_URL": broker, "METERING_VISIBILITY_TIMEOUT": str(VISIBILITY_SECONDS)}
     with Meter(pg_url) as meter:
         meter.set_limits([CALLS])
-        worker = start_worker(cli=True, **env)
-        with psycopg_connection(pg_url) as blocker:
-            # The worker takes the message and cannot keep its dead letter.
-            blocker.execute("LOCK TABLE rejected_messages IN SHARE ROW EXCLUSIVE MODE")
-            send_raw(broker, {"not": "a batch"})
-            wait_until(lambda: taken_messages(path) == 1, 60, lambda: "not taken", [worker])
-            wait_until(lambda: lock_waits(pg_url) > 0, 60, lambda: "no wait", [worker])
-            worker.kill()
-            end_lock_waits(pg_url)
-        assert meter.rejected_messages() == []
-        later = datetime.now(UTC) + timedelta(seconds=VISIBILITY_SECONDS + 1)
-        [swept] = sweeps_at(worker.env, pg_url, [later], "UTC")
-        assert swept == {"restored": 1, "dead_lettered": 0}
-        second = start_worker(cli=True, **env)
-        wait_until(
-            lambda: len(meter.rejected_messages()) == 1,
-            60,
-            lambda: "the message was not kept",
-            [worker, second],
-        )
-        [(event_id, reason, _)] = meter.rejected_messages()
+        message = {"not": "a batch"}
+        kept = _kept_after_a_worker_died_keeping_it(pg_url, tmp_path, start_worker, meter, message)
+        [(event_id, reason, _)] = kept
         assert (event_id, reason) == (None, "not a metering batch (version 1)")
