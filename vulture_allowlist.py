@@ -64,6 +64,8 @@ GuardedConsumer  # unused class (workers/guard.py; worker_consumer in workers/ap
 # Celery and kombu: settings, read by Celery and kombu.
 _.polling_interval  # unused attribute (workers/app.py: kombu's SQLAlchemy transport)
 _.broker_transport  # unused attribute (workers/app.py: app.conf)
+# Celery: beat's scheduler sends each due task through it (celery.beat.Scheduler.tick).
+_.apply_entry  # unused method (workers/beat.py: HeartbeatScheduler)
 # kombu: the Redis channel's poll methods and state, called and read by kombu's poller.
 _._brpop_start  # unused method (workers/guard.py)
 _._brpop_read  # unused method (workers/guard.py)
