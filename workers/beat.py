@@ -1,14 +1,12 @@
 """Beat's scheduler: Celery's own, which also writes beat's heartbeat.
 
-Set as ``beat_scheduler`` in `workers.app`, so ``celery -A workers beat`` and
-a worker's embedded ``--beat`` both use it. Each `tick` runs the due tasks as
-Celery's `PersistentScheduler` does, and at most every
-`HEARTBEAT_INTERVAL_SECONDS` writes that beat is alive (`workers.heartbeat`),
-which `metering status` reads: beat answers no ping. Each beat has a name of
-its own, ``beat.PID@HOST``, so that a second beat, even on the same host,
-shows (and `metering status` warns about it). While the broker cannot be
-reached, beat says so in one warning line (and once more when it is back),
-not a traceback for every due task.
+Set as ``beat_scheduler`` in `workers.app`, so ``celery -A workers beat`` and a
+worker's embedded ``--beat`` both use it. Each `tick` runs the due tasks as Celery's
+`PersistentScheduler` does, and at most every `HEARTBEAT_INTERVAL_SECONDS` writes that
+beat is alive (`workers.heartbeat`), which `metering status` reads: beat answers no
+ping. Each beat is named ``beat.PID@HOST``, so a second one, even on the same host,
+shows (`metering status` warns). A broker out of reach is one warning line until it
+is back (and one then), not a traceback for every due task.
 """
 
 from __future__ import annotations
