@@ -293,6 +293,8 @@ def test_rates_decay_from_the_first_microsecond_and_are_forgotten_only_past_fift
     )
     assert rates_at(breaker, 50 * HISTORY_US) == (0.0, 2.0 * math.exp(-50))
     assert rates_at(breaker, 50 * HISTORY_US + 1) == (0.0, 0.0)
+    stepped, _ = step(breaker, 0, 1, 10)
+    assert stepped == Breaker(*rates_at(breaker, 1), 1, 0)  # (a charge a microsecond later)
 
 
 def test_a_breaker_stepped_in_place_reads_back_before_any_charge() -> None:
