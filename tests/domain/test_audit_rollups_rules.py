@@ -225,6 +225,8 @@ def test_a_result_counts_when_a_charge_has_a_dimension_or_a_price() -> None:
     assert found.counts([charge("org", "plain", 1), charge("org", "calls", 1)])
     assert found.counts([charge("org", "plain", 1, price=0)])
     assert not found.counts([charge("org", "plain", 1)])
+    # grants that paid, and no price after them
+    assert not found.counts([[*charge("org", "plain", 1), [["g", 1]]]])
 
 
 def test_each_row_is_judged_by_what_its_key_says() -> None:
