@@ -81,6 +81,27 @@ def test_a_soft_limit_exceeds_once_when_usage_passes_the_maximum() -> None:
     assert at_max == []
 
 
+def test_a_soft_gauge_exceeds_once_when_its_level_passes_the_maximum() -> None:
+    gauge = Limit("calls", maximum=10, period="1m", enforcement="soft", aggregation="max")
+
+    def level(before: int, after: int) -> list[str]:
+        found = notices_for(
+            gauge,
+            KEY,
+            CounterState(used=before),
+            CounterState(used=after),
+            charge(after, after),
+            "e",
+        )
+        return kinds(found)
+
+    assert level(10, 12) == ["exceeded"]  # from the maximum itself
+    assert level(3, 11) == ["exceeded"]
+    assert level(11, 12) == []  # past it already
+    assert level(5, 8) == []  # within it
+    assert level(8, 10) == []  # at it
+
+
 def test_a_charge_that_fit_in_a_denied_stacked_event_consumed_nothing() -> None:
     same = CounterState(used=7)
     assert notices_for(HARD, KEY, same, same, charge(7, allowed=True), "e") == []
