@@ -293,8 +293,13 @@ def test_rates_decay_from_the_first_microsecond_and_are_forgotten_only_past_fift
     )
     assert rates_at(breaker, 50 * HISTORY_US) == (0.0, 2.0 * math.exp(-50))
     assert rates_at(breaker, 50 * HISTORY_US + 1) == (0.0, 0.0)
+
+
+def test_a_charge_a_microsecond_later_decays_the_rates_and_moves_their_instant() -> None:
+    breaker = Breaker(3.0, 2.0, 0, 0)
     stepped, _ = step(breaker, 0, 1, 10)
-    assert stepped == Breaker(*rates_at(breaker, 1), 1, 0)  # (a charge a microsecond later)
+    assert stepped == Breaker(*rates_at(breaker, 1), 1, 0)
+    assert stepped.short_rate < 3.0 and stepped.long_rate < 2.0
 
 
 def test_a_breaker_stepped_in_place_reads_back_before_any_charge() -> None:

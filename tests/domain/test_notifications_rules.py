@@ -107,6 +107,16 @@ def test_a_charge_that_fit_in_a_denied_stacked_event_consumed_nothing() -> None:
     assert notices_for(HARD, KEY, same, same, charge(7, allowed=True), "e") == []
 
 
+def test_a_buckets_threshold_is_of_the_tokens_in_use_not_of_all_ever_taken() -> None:
+    bucket = Limit("api", maximum=10, period="10s", algorithm="token_bucket", thresholds=(80,))
+    key = CounterKey("api", "s1", NO_WINDOW, NO_WINDOW)
+    taken, more = CounterState(used=100), CounterState(used=101)  # tokens taken, ever
+    [crossed] = notices_for(bucket, key, taken, more, charge(8), "e")  # 7 in use, then 8
+    assert (crossed.mark, crossed.used, crossed.due_at_us) == ("threshold:80", 8, END)
+    assert notices_for(bucket, key, taken, more, charge(7), "e") == []
+    assert notices_for(bucket, key, taken, more, charge(9), "e") == []
+
+
 def test_buckets_denial_is_due_when_the_bucket_is_full_and_reset_waits_for_it() -> None:
     bucket = Limit("api", maximum=10, period="10s", algorithm="token_bucket")
     key = CounterKey("api", "s1", NO_WINDOW, NO_WINDOW)
