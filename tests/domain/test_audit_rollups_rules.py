@@ -67,6 +67,25 @@ def test_a_cancel_takes_the_charge_and_its_event_off_and_a_commit_of_less_its_un
     }
 
 
+def test_a_reservations_settlement_counts_each_charge_by_what_it_held() -> None:
+    found = ledger()
+    settled = Settlement({("org", "calls"): 1, ("org", "seats"): 0}, {("org", "calls"): 1})
+    rows = [
+        charge("org", "calls", 1, outcome="would_deny"),  # a shadow limit's: counts nothing
+        charge("org", "calls", 1),  # its one unit given back: its event goes too
+        charge("org", "seats", 0),  # a charge of 0 held and kept: its event stays
+        charge("web", "calls", 2),  # one the reservation no longer held: counted whole
+        [*charge("web", "seats", 1), [["g", 1]]],  # grants paid, and no price after them
+    ]
+    found.add("allowed", AT, 1, 1, rows, {"route": "/a"}, settled)
+    assert found.rows == {
+        ("org", "calls", "route", 100 * HOUR, "/a"): [0, 0],
+        ("org", "seats", "route", 100 * HOUR, "/a"): [0, 1],
+        ("web", "calls", "route", 100 * HOUR, "/a"): [2, 1],
+        ("web", "seats", "route", 100 * HOUR, "/a"): [1, 1],
+    }
+
+
 def test_a_spend_charge_a_commit_rewrote_to_0_takes_its_event_off() -> None:
     found = RollupLedger({"usd": [Era(0, 0, ("route",))]})
     held = {("org", "calls"): 3, ("org", "usd"): 6}
@@ -225,6 +244,8 @@ def test_a_result_counts_when_a_charge_has_a_dimension_or_a_price() -> None:
     assert found.counts([charge("org", "plain", 1), charge("org", "calls", 1)])
     assert found.counts([charge("org", "plain", 1, price=0)])
     assert not found.counts([charge("org", "plain", 1)])
+    # grants that paid, and no price after them
+    assert not found.counts([[*charge("org", "plain", 1), [["g", 1]]]])
 
 
 def test_each_row_is_judged_by_what_its_key_says() -> None:

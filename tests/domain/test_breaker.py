@@ -282,3 +282,41 @@ def test_no_breaker_is_steady_and_one_past_the_multiple_for_a_minute_is_not() ->
     over = Breaker(1.0, 1.0, 0, 0, 10**12)
     assert steady(over, 10**12 + SUSTAIN_US - 1)
     assert not steady(over, 10**12 + SUSTAIN_US)
+
+
+def test_rates_decay_from_the_first_microsecond_and_are_forgotten_only_past_fifty_days() -> None:
+    breaker = Breaker(3.0, 2.0, 0, 0)
+    assert rates_at(breaker, 0) == (3.0, 2.0)
+    assert rates_at(breaker, 1) == (
+        3.0 * math.exp(-1 / (60 * SECOND_US)),
+        2.0 * math.exp(-1 / (LONG_TAU_SECONDS * SECOND_US)),
+    )
+    assert rates_at(breaker, 50 * HISTORY_US) == (0.0, 2.0 * math.exp(-50))
+    assert rates_at(breaker, 50 * HISTORY_US + 1) == (0.0, 0.0)
+
+
+def test_a_charge_a_microsecond_later_decays_the_rates_and_moves_their_instant() -> None:
+    breaker = Breaker(3.0, 2.0, 0, 0)
+    stepped, _ = step(breaker, 0, 1, 10)
+    assert stepped == Breaker(*rates_at(breaker, 1), 1, 0)
+    assert stepped.short_rate < 3.0 and stepped.long_rate < 2.0
+
+
+def test_a_breaker_stepped_in_place_reads_back_before_any_charge() -> None:
+    assert Stepping(None, 7).breaker() == Breaker(0.0, 0.0, 7, 7, None, None)
+    held = Breaker(1.5, 0.5, 3, 2, 1, None)
+    assert Stepping(held, 9).breaker() == held
+
+
+def test_a_run_at_exactly_a_day_of_history_is_no_longer_young() -> None:
+    # A day after its history began a breaker compares its rates (`step`):
+    # one charge past ten times the baseline starts its minute past the multiple.
+    now = HISTORY_US
+    old = Breaker(0.0, 0.001, now, 0)
+    stepped, tripped = step(old, 600, now, 10)
+    ran = runs({("calls", "s"): old}, {("calls", "s"): [600]}, now, {"calls": (10, None)})
+    assert not tripped and stepped.over_since_us == now
+    assert _bits(ran[("calls", "s")]) == _bits(stepped)
+    younger = Breaker(0.0, 0.001, now, 1)
+    ran = runs({("calls", "s"): younger}, {("calls", "s"): [600]}, now, {"calls": (10, None)})
+    assert ran[("calls", "s")].over_since_us is None

@@ -52,6 +52,11 @@ def test_a_long_silence_or_a_tiny_rate_reads_zero() -> None:
     assert decayed(1.0, 0, 49 * TAU_US) == pytest.approx(math.exp(-49))
 
 
+def test_a_rate_is_forgotten_only_past_fifty_taus() -> None:
+    assert decayed(2.0, TAU_US, (FORGET_TAUS + 1) * TAU_US) == 2.0 * math.exp(-FORGET_TAUS)
+    assert decayed(2.0, TAU_US, (FORGET_TAUS + 1) * TAU_US + 1) == 0.0
+
+
 def test_exhaustion_at_the_rate_held_constant() -> None:
     # 400 units left at 0.1 a second: 4,000 seconds from now.
     assert exhausts_at_us(600, 1_000, 0.1, 0, 2 * HOUR_US) == 4_000_000_000

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from metering.domain.definitions import Definition
 from metering.domain.history import (
     HOUR_US,
     Point,
@@ -91,3 +92,17 @@ def test_a_gauges_buckets_take_the_peak_or_the_last_level() -> None:
     assert [p.used for p in peaks] == [9, 3]  # a level past the buckets is left out
     lasts = series(usage, [], 10, 0, 2 * HOUR_US, "hour", "latest")
     assert [p.used for p in lasts] == [2, 3]
+
+
+def test_each_bucket_takes_the_default_maximum_in_force_at_its_end() -> None:
+    defaults = [Definition(0, 10, "hard"), Definition(DAY_US + 5, 20, "soft")]
+    days = series([], [], 99, 0, 3 * DAY_US, "day", defaults=defaults)
+    assert days == [
+        Point(0, DAY_US, 0, 10),
+        Point(DAY_US, 2 * DAY_US, 0, 20),
+        Point(2 * DAY_US, 3 * DAY_US, 0, 20),
+    ]
+    # A subject's own maximum wins over the default; no maximum (a bucket's) stays none.
+    entitled = series([], [(2 * DAY_US, 7)], 99, 0, 3 * DAY_US, "day", defaults=defaults)
+    assert [p.maximum for p in entitled] == [10, 20, 7]
+    assert [p.maximum for p in series([], [], None, 0, DAY_US, "day", defaults=defaults)] == [None]

@@ -275,6 +275,8 @@ def test_clock_text_is_utc_whatever_the_machines_zone(monkeypatch: pytest.Monkey
     time.tzset()
     try:
         assert clock_text(datetime(2026, 11, 22, 12, 0, tzinfo=UTC)) == "2026-11-22 12:00:00"
+        # (the last instant is never moved into a zone past it)
+        assert clock_text(datetime.max.replace(tzinfo=UTC)) == "9999-12-31 23:59:59"
     finally:
         monkeypatch.undo()
         time.tzset()

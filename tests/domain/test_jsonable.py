@@ -95,3 +95,9 @@ def test_an_encoder_writes_what_json_dumps_writes() -> None:
         encoder()({"when": object()})
     with pytest.raises(TypeError, match="keys must be"):
         encoder()({(1, 2): "pair"})
+
+
+def test_an_encoder_writes_a_long_value_whole() -> None:
+    # (the C encoder hands a long value back in several pieces)
+    value = {"ids": list(range(60_000))}
+    assert encoder(",", ":")(value) == json.dumps(value, separators=(",", ":"))

@@ -604,3 +604,111 @@ def test_a_limits_dict_names_a_forecast_lead_and_a_breaker_only_when_set() -> No
     assert (
         Limit("x", maximum=10, period="1h", forecast_lead="1h").to_dict()["forecast_lead"] == "1h"
     )
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (
+            {"forecast_lead": "soon"},
+            "'soon' is not a period; use a number and s, m, h, d, w, mo or y",
+        ),
+        ({"forecast_lead": "0s"}, "'0s' must be longer than zero"),
+        ({"forecast_lead": "1mo"}, "use seconds, minutes, hours, days or weeks, above 0"),
+        ({"forecast_lead": "1y"}, "use seconds, minutes, hours, days or weeks, above 0"),
+        (
+            {"forecast_lead": "1h", "period": "1m", "algorithm": "token_bucket"},
+            "only a fixed window that adds costs up runs out before its reset",
+        ),
+        (
+            {"forecast_lead": "1h", "aggregation": "max"},
+            "only a fixed window that adds costs up runs out before its reset",
+        ),
+        (
+            {"forecast_lead": "1h", "period": "", "algorithm": "concurrent"},
+            "only a fixed window that adds costs up runs out before its reset",
+        ),
+    ],
+)
+def test_a_bad_forecast_lead_is_refused_word_for_word(
+    options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(InvalidLimit) as refused:
+        limit(**{"period": "1h", **options})
+    assert (refused.value.field, str(refused.value)) == (
+        "forecast_lead",
+        f"forecast_lead: {message}",
+    )
+
+
+def test_a_forecast_lead_is_seconds_to_weeks_from_one_second() -> None:
+    shortest = limit(period="1h", forecast_lead=" 1s ")
+    assert (shortest.forecast_lead, shortest.forecast_lead_seconds) == ("1s", 1)
+    weeks = limit(period="1mo", window="calendar", forecast_lead="14d")
+    assert (weeks.forecast_lead, weeks.forecast_lead_seconds) == ("2w", 14 * DAY)
+    none = limit()
+    assert (none.forecast_lead, none.forecast_lead_seconds) == (None, None)
+
+
+@pytest.mark.parametrize(
+    ("options", "field", "message"),
+    [
+        (
+            {"breaker_floor": 1.0},
+            "breaker_floor",
+            "only a limit with a breaker has one: add breaker",
+        ),
+        (
+            {"quarantine_max": 1},
+            "quarantine_max",
+            "only a limit with a breaker has one: add breaker",
+        ),
+        (
+            {"breaker_floor": 1.0, "quarantine_max": 1},
+            "breaker_floor",
+            "only a limit with a breaker has one: add breaker",
+        ),
+        (
+            {"breaker": "10x", "algorithm": "token_bucket"},
+            "breaker",
+            "only a fixed window that adds costs up has a breaker",
+        ),
+        (
+            {"breaker": "10x", "aggregation": "latest"},
+            "breaker",
+            "only a fixed window that adds costs up has a breaker",
+        ),
+        (
+            {"breaker": "10x", "period": "", "algorithm": "concurrent"},
+            "breaker",
+            "only a fixed window that adds costs up has a breaker",
+        ),
+        (
+            {"breaker": "1x"},
+            "breaker",
+            "give a multiple like '10x', from 2x to 1000x; got '1x'",
+        ),
+        (
+            {"breaker": "10x", "quarantine_max": 0},
+            "quarantine_max",
+            "give a whole number of units from 1; got 0",
+        ),
+        (
+            {"breaker": "10x", "breaker_floor": "fast"},
+            "breaker_floor",
+            "give a rate in units per second above 0, like 0.5; got 'fast'",
+        ),
+    ],
+)
+def test_a_bad_breaker_is_refused_word_for_word(
+    options: dict[str, Any], field: str, message: str
+) -> None:
+    with pytest.raises(InvalidLimit) as refused:
+        limit(**options)
+    assert (refused.value.field, str(refused.value)) == (field, f"{field}: {message}")
+
+
+def test_only_a_limit_with_a_breaker_can_be_quarantined() -> None:
+    with pytest.raises(AssertionError) as refused:
+        limit().quarantined()
+    assert str(refused.value) == "a limit without a breaker"

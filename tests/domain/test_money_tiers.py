@@ -68,6 +68,11 @@ def test_volume_prices_every_unit_at_the_tier_the_total_reaches() -> None:
     assert _charges(VOLUME, [3000]) == [1500]
 
 
+def test_a_volume_total_at_a_tiers_end_is_priced_in_that_tier() -> None:
+    dearer = _price("volume", ((10, 5), (None, 7)))  # a dearer tier past the first ten
+    assert [window_price(dearer, total) for total in (9, 10, 11)] == [45, 50, 77]
+
+
 def test_package_prices_each_block_begun() -> None:
     assert _charges(PACKAGE, [1, 99, 1, 250]) == [100, 0, 100, 200]
 

@@ -81,9 +81,40 @@ def test_a_soft_limit_exceeds_once_when_usage_passes_the_maximum() -> None:
     assert at_max == []
 
 
+def test_a_soft_gauge_exceeds_once_when_its_level_passes_the_maximum() -> None:
+    gauge = Limit("calls", maximum=10, period="1m", enforcement="soft", aggregation="max")
+
+    def level(before: int, after: int) -> list[str]:
+        found = notices_for(
+            gauge,
+            KEY,
+            CounterState(used=before),
+            CounterState(used=after),
+            charge(after, after),
+            "e",
+        )
+        return kinds(found)
+
+    assert level(10, 12) == ["exceeded"]  # from the maximum itself
+    assert level(3, 11) == ["exceeded"]
+    assert level(11, 12) == []  # past it already
+    assert level(5, 8) == []  # within it
+    assert level(8, 10) == []  # at it
+
+
 def test_a_charge_that_fit_in_a_denied_stacked_event_consumed_nothing() -> None:
     same = CounterState(used=7)
     assert notices_for(HARD, KEY, same, same, charge(7, allowed=True), "e") == []
+
+
+def test_a_buckets_threshold_is_of_the_tokens_in_use_not_of_all_ever_taken() -> None:
+    bucket = Limit("api", maximum=10, period="10s", algorithm="token_bucket", thresholds=(80,))
+    key = CounterKey("api", "s1", NO_WINDOW, NO_WINDOW)
+    taken, more = CounterState(used=100), CounterState(used=101)  # tokens taken, ever
+    [crossed] = notices_for(bucket, key, taken, more, charge(8), "e")  # 7 in use, then 8
+    assert (crossed.mark, crossed.used, crossed.due_at_us) == ("threshold:80", 8, END)
+    assert notices_for(bucket, key, taken, more, charge(7), "e") == []
+    assert notices_for(bucket, key, taken, more, charge(9), "e") == []
 
 
 def test_buckets_denial_is_due_when_the_bucket_is_full_and_reset_waits_for_it() -> None:

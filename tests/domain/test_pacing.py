@@ -101,21 +101,39 @@ def test_a_paced_limit_has_the_default_burst_and_says_so() -> None:
     )
 
 
+BUCKET_OR_LICENSES = "a bucket refills at its own pace; licenses are held"
+
+
 @pytest.mark.parametrize(
-    ("options", "field"),
+    ("options", "field", "message"),
     [
-        ({"period": "10s", "algorithm": "token_bucket", "pacing": True}, "pacing"),
-        ({"algorithm": "concurrent", "pacing": True}, "pacing"),
-        ({"period": "1h", "aggregation": "max", "pacing": True}, "pacing"),
-        ({"period": "1h", "burst": 2}, "burst"),
-        ({"period": "1h", "pacing": True, "burst": 11}, "burst"),
-        ({"period": "1h", "pacing": "yes"}, "pacing"),
+        (
+            {"period": "10s", "algorithm": "token_bucket", "pacing": True},
+            "pacing",
+            BUCKET_OR_LICENSES,
+        ),
+        ({"algorithm": "concurrent", "pacing": True}, "pacing", BUCKET_OR_LICENSES),
+        (
+            {"period": "1h", "aggregation": "max", "pacing": True},
+            "pacing",
+            "a gauge reports a level, which is not spent over time",
+        ),
+        ({"period": "1h", "burst": 2}, "burst", "only a paced limit has a burst: add pacing"),
+        (
+            {"period": "1h", "pacing": True, "burst": 11},
+            "burst",
+            "must be between 0 and 10 units, got 11",
+        ),
+        ({"period": "1h", "pacing": "yes"}, "pacing", "must be true or false, got 'yes'"),
+        ({"period": "1h", "pacing": None}, "pacing", "must be true or false, got None"),
     ],
 )
-def test_what_cannot_be_paced_is_refused(options: dict[str, object], field: str) -> None:
+def test_what_cannot_be_paced_is_refused_word_for_word(
+    options: dict[str, object], field: str, message: str
+) -> None:
     with pytest.raises(InvalidLimit) as raised:
         Limit("x", maximum=10, **options)  # type: ignore[arg-type]
-    assert raised.value.field == field
+    assert (raised.value.field, str(raised.value)) == (field, f"{field}: {message}")
 
 
 # ------------------------------------------------- the hot path's pacing (`rules._paced`)

@@ -117,6 +117,9 @@ def test_a_cancelled_reservation_takes_back_its_units_and_a_wholly_returned_even
         ("s", "api", "route", NOW_US, "/r"): (-6, -2)
     }
     assert given_back_deltas(event, [("s", "api", 5, -1)], dimensions) == {}
+    assert given_back_deltas(event, [("s", "api", 3, 1)], dimensions) == {
+        ("s", "api", "route", NOW_US, "/r"): (-1, 0)
+    }
     # A charge of 0 given back whole (a void of a seat its value keeps): the event leaves.
     assert given_back_deltas(event, [("s", "api", 0, 0)], dimensions) == {
         ("s", "api", "route", NOW_US, "/r"): (0, -1)

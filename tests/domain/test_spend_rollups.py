@@ -101,6 +101,22 @@ def test_a_cancel_sums_charges_of_one_key() -> None:
     }
 
 
+def test_a_cancel_of_a_charge_grants_paid_takes_no_spend_back() -> None:
+    event = Event("allowed", [[*row("s", "api", 1)[:12], [["g", 1]]]])
+    assert spend_given_back(event, [("s", "api", 1, 1)]) == {}
+
+
+def test_a_would_be_denial_leaves_the_events_other_priced_charges_counted() -> None:
+    event = Event(
+        "allowed",
+        [
+            row("s", "api", 1, "would_deny", ["EUR", 3000]),
+            row("t", "api", 1, "allowed", ["EUR", 5]),
+        ],
+    )
+    assert spend_deltas([event]) == {("t", "api", SPEND_DIMENSION, HOUR, "EUR"): (5, 1)}
+
+
 def test_merged_sums_key_by_key() -> None:
     a = {("s", "api", "route", HOUR, "/a"): (2, 1), ("s", "api", "route", HOUR, "/b"): (1, 1)}
     b = {("s", "api", "route", HOUR, "/a"): (3, -1)}
@@ -152,3 +168,5 @@ def test_a_commit_of_fewer_priced_units_takes_back_the_money_not_kept() -> None:
         ("s", "org", SPEND_DIMENSION, HOUR, "EUR"): (-30, -1),
         ("t", "org", SPEND_DIMENSION, HOUR, "EUR"): (0, -1),
     }
+    twice = [("s", "api", "USD", 60, 20, False), ("s", "api", "USD", 30, 0, True)]
+    assert spend_kept(event, twice) == {("s", "api", SPEND_DIMENSION, HOUR, "USD"): (-70, -1)}

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metering.clock import FrozenClock
+from metering.domain import windows
 from metering.domain.decisions import ChargeInput, EventVerdict, decide_event
 from metering.domain.grants import Balance, Pot
 from metering.domain.instants import from_us, to_us
@@ -640,3 +641,15 @@ def test_a_window_of_months_may_start_in_the_year_before() -> None:
         to_us(datetime(2025, 11, 1, tzinfo=UTC)),
         to_us(datetime(2026, 4, 1, tzinfo=UTC)),
     )
+
+
+def test_a_month_window_is_computed_with_nothing_remembered_yet(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # (a new process: no month window of the period computed before)
+    monkeypatch.setattr(windows, "_LAST_MONTHS", {})
+    month = parse_period("1mo")
+    march = (at(2026, 3, 1), at(2026, 4, 1))
+    assert calendar_window(month, at(2026, 3, 15)) == march
+    assert calendar_window(month, at(2026, 3, 31, 23)) == march
+    assert calendar_window(month, at(2026, 4, 1)) == (at(2026, 4, 1), at(2026, 5, 1))

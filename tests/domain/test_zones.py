@@ -289,6 +289,16 @@ def test_a_billing_months_bounds_are_its_monthly_window() -> None:
     assert billing_month(history, at(2026, 12, 31, 18, 30)) == "2027-01"
 
 
+def test_a_february_after_a_change_of_zone_is_billed_whole() -> None:
+    history = ((at(2026, 1, 10), "Asia/Kolkata"),)  # in force from February on
+    assert month_bounds(history, 2026, 1) == (at(2026, 1, 1), at(2026, 2, 1), "UTC")
+    assert month_bounds(history, 2026, 2) == (
+        at(2026, 2, 1),
+        at(2026, 2, 28, 18, 30),
+        "Asia/Kolkata",
+    )
+
+
 BERLIN = "Europe/Berlin"
 
 
