@@ -207,10 +207,15 @@ PACED_MONTH = [
 ]
 
 
+BESIDE = Limit("other", maximum=100, period="1mo", window="calendar")
+
+
+@pytest.mark.parametrize("stacked", [False, True])
 @pytest.mark.parametrize("seed", range(3))
-def test_the_hot_path_paces_with_grants_like_decide_event(seed: int) -> None:
+def test_the_hot_path_paces_with_grants_like_decide_event(seed: int, stacked: bool) -> None:
     """A paced window with grants (`rules._paced` with a pot): the grants add to
-    the pace, and overage counts own usage against the maximum."""
+    the pace, and overage counts own usage against the maximum; alone (an event
+    of one charge) and stacked on a plain limit (`decide`'s loop over charges)."""
     rng = random.Random(seed)
     outcomes = set()
     for _ in range(150):
@@ -219,9 +224,14 @@ def test_the_hot_path_paces_with_grants_like_decide_event(seed: int) -> None:
         granted = rng.choice([None, 0, 0, 2, 4])
         used = rng.randint(0, 13) + (granted or 0)
         cost = rng.choice([0, 1, 2, 3, 5, 9, 10, 11, 12, 13, 16])  # the maximum, with grants
-        rows, _, _ = both_engines(
-            [limit], [("org", "calls", cost)], [CounterState(used)], [granted], at_us
-        )
+        limits, charges = [limit], [("org", "calls", cost)]
+        states, pots = [CounterState(used)], [granted]
+        if stacked:
+            limits.append(BESIDE)
+            charges.append(("org", "other", 1))
+            states.append(CounterState(0))
+            pots.append(None)
+        rows, _, _ = both_engines(limits, charges, states, pots, at_us)
         outcomes.add(rows[0][4])
     assert outcomes >= {"allowed", "denied", "overage", "would_deny", "ahead_of_pace"}
 
