@@ -144,7 +144,9 @@ def test_worker_only_runs_the_worker_rows_alone_on_both_databases(tmp_path: Path
 
 @pytest.mark.slow
 def test_new_seats_run_beside_the_cases_named(tmp_path: Path) -> None:
-    rows = run_quick(tmp_path, "--sqlite-only", "--new-seats", "--cases", "seats", "mix")
+    rows = run_quick(
+        tmp_path, "--sqlite-only", "--new-seats", "--worker-rounds", "0", "--cases", "seats", "mix"
+    )
     expected = [
         "plain hard limit",
         "stacked on three limits",
