@@ -12,11 +12,9 @@ and deletes it. Ages are in UTC on both sides, whatever ``TZ`` each process has.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from queue import Empty
 from typing import Any, Final
@@ -33,47 +31,11 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 
-from metering.pipeline.routing import APPLY_BATCH_TASK
 from metering.settings import DEFAULT_BROKER_MAX_DELIVERIES
 from metering.storage.connections import make_engine, translate
-from metering.storage.kombu_tables import kombu_messages, task_body
+from metering.storage.kombu_tables import Unfinished, kombu_messages, unfinished_of
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class Unfinished:
-    """A message taken ``deliveries`` times and never settled, as the sweep gives it up.
-
-    ``raw`` is the stored kombu envelope; ``task`` the Celery task it names (None: none);
-    ``batch`` the ``metering.apply_batch`` task's argument as the worker reads it (None
-    for any other message, or one whose body cannot be read).
-    """
-
-    raw: str
-    deliveries: int
-    task: str | None
-    batch: object | None
-
-
-def unfinished_of(payload_text: str, deliveries: int) -> Unfinished:
-    """A stored kombu message as `Unfinished`, read as the worker would read it."""
-    try:
-        envelope = json.loads(payload_text)
-        task = envelope["headers"]["task"]
-    except (ValueError, KeyError, TypeError):
-        return Unfinished(payload_text, deliveries, None, None)
-    if not isinstance(task, str):
-        return Unfinished(payload_text, deliveries, None, None)
-    if task != APPLY_BATCH_TASK:
-        return Unfinished(payload_text, deliveries, task, None)
-    try:
-        args, kwargs = task_body(envelope)[:2]
-        # The task's own reading of its arguments (`workers.tasks.apply_batch_task`).
-        batch = args[0] if len(args) == 1 and not kwargs else {"args": args, "kwargs": kwargs}
-    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-        batch = None
-    return Unfinished(payload_text, deliveries, task, batch)
 
 
 def naive_utc(moment: datetime) -> datetime:

@@ -5,13 +5,14 @@ names, types, nullability, unique name, index and foreign key), for the code
 that reads or tends them without kombu's ORM: the embedded channel and its sweep
 (`metering.storage.broker`) and the queue report (`metering.storage.queue_state`).
 Nothing here creates them; kombu does, on a channel's first connect. `task_body` reads a
-stored message's task arguments as both of them need.
+stored message's task arguments as both of them need; `unfinished_of` a message given up.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
@@ -27,6 +28,8 @@ from sqlalchemy import (
     Table,
     Text,
 )
+
+from metering.pipeline.routing import APPLY_BATCH_TASK
 
 metadata = MetaData()
 
@@ -65,3 +68,38 @@ def task_body(envelope: dict[str, Any]) -> Any:
     if isinstance(properties, dict) and properties.get("body_encoding") == "base64":
         body = base64.b64decode(body)
     return json.loads(body)
+
+
+@dataclass(frozen=True, slots=True)
+class Unfinished:
+    """A message taken ``deliveries`` times and never settled, as the sweep gives it up.
+
+    ``raw`` is the stored kombu envelope; ``task`` the Celery task it names (None: none);
+    ``batch`` the ``metering.apply_batch`` task's argument as the worker reads it (None
+    for any other message, or one whose body cannot be read).
+    """
+
+    raw: str
+    deliveries: int
+    task: str | None
+    batch: object | None
+
+
+def unfinished_of(payload_text: str, deliveries: int) -> Unfinished:
+    """A stored kombu message as `Unfinished`, read as the worker would read it."""
+    try:
+        envelope = json.loads(payload_text)
+        task = envelope["headers"]["task"]
+    except (ValueError, KeyError, TypeError):
+        return Unfinished(payload_text, deliveries, None, None)
+    if not isinstance(task, str):
+        return Unfinished(payload_text, deliveries, None, None)
+    if task != APPLY_BATCH_TASK:
+        return Unfinished(payload_text, deliveries, task, None)
+    try:
+        args, kwargs = task_body(envelope)[:2]
+        # The task's own reading of its arguments (`workers.tasks.apply_batch_task`).
+        batch = args[0] if len(args) == 1 and not kwargs else {"args": args, "kwargs": kwargs}
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        batch = None
+    return Unfinished(payload_text, deliveries, task, batch)

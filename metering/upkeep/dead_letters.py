@@ -28,9 +28,9 @@ from metering.engine.fast import refused_event
 from metering.engine.reference import apply_events, validate_against_limits
 from metering.errors import EventConflict
 from metering.pipeline.messages import decode_records, encode_batch
-from metering.storage.broker import Unfinished
 from metering.storage.connections import RetryTransaction
 from metering.storage.database import Database
+from metering.storage.kombu_tables import Unfinished
 from metering.storage.results import ResultRecord
 from metering.storage.store import Store
 from metering.telemetry.metrics import count_events

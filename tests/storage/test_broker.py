@@ -23,7 +23,8 @@ from metering.errors import DatabaseUnavailable
 from metering.pipeline.messages import decode_records
 from metering.pipeline.producer import UsageProducer, make_celery
 from metering.pipeline.routing import APPLY_BATCH_TASK
-from metering.storage.broker import Unfinished, sweep_embedded_broker, unfinished_of
+from metering.storage.broker import sweep_embedded_broker
+from metering.storage.kombu_tables import Unfinished, unfinished_of
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 

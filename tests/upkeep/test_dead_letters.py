@@ -17,7 +17,7 @@ from metering import FrozenClock, Limit, Meter, make_event
 from metering.pipeline.batches import apply_batch
 from metering.pipeline.messages import encode_batch, encode_event
 from metering.pipeline.routing import APPLY_BATCH_TASK
-from metering.storage.broker import Unfinished
+from metering.storage.kombu_tables import Unfinished
 from metering.upkeep.dead_letters import keep_unfinished
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
