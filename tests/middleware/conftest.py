@@ -140,6 +140,9 @@ def serve_wsgi() -> Iterator[Serve]:
     for server, _thread in servers:
         # Closed in its own loop's thread, woken by waitress's trigger: closed
         # from here, the loop would notice only at its poll's timeout (1 s).
-        server.trigger.pull_trigger(server.close)
+        try:
+            server.trigger.pull_trigger(server.close)
+        except OSError:  # its trigger already closed (seen once: EBADF): close from here
+            server.close()
     for _server, thread in servers:
         thread.join(10)
