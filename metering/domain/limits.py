@@ -291,6 +291,12 @@ class Limit:
         return self if maximum == self.maximum else replace(self, maximum=maximum)
 
     @property
+    def window_maximum(self) -> int | None:
+        """What a window holds by default, as usage pages and history show it;
+        None for a token bucket, which has no windows."""
+        return None if self.algorithm == "token_bucket" else self.maximum
+
+    @property
     def is_gauge(self) -> bool:
         """Whether an event reports a level (``max``, ``latest``) rather than adds a cost."""
         return self.aggregation != "sum"

@@ -125,7 +125,7 @@ def usage_history(
         return usage, changes
 
     usage, changes = database.read(read)
-    default = None if found.algorithm == "token_bucket" else found.maximum
+    default = found.window_maximum
     points = series(
         usage, changes, default, since_us, until_us, checked, found.aggregation, defaults
     )

@@ -118,7 +118,7 @@ def portal_view(database: Database, subject: str, days: int = DAYS) -> PortalVie
             database, subject, name, since=now - timedelta(days=days - 1), until=now, bucket="day"
         )
         limit = history.limit
-        default = None if limit.algorithm == "token_bucket" else limit.maximum
+        default = limit.window_maximum
         maximum = maximum_at(changes[name], default, now_us)
         found = current.get(name)
         per_day = history.source == "rollups" or 0 < limit.period_seconds <= 86_400
@@ -164,7 +164,7 @@ def _window_points(
         return rows, LimitStore(connection).definition_history([limit.name]).get(limit.name, [])
 
     rows, defaults = database.read(read)
-    default = None if limit.algorithm == "token_bucket" else limit.maximum
+    default = limit.window_maximum
     return [
         Point(
             r.window_start_us,

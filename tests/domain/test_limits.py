@@ -712,3 +712,8 @@ def test_only_a_limit_with_a_breaker_can_be_quarantined() -> None:
     with pytest.raises(AssertionError) as refused:
         limit().quarantined()
     assert str(refused.value) == "a limit without a breaker"
+
+
+def test_a_window_holds_the_maximum_by_default_and_a_token_bucket_has_no_window() -> None:
+    assert Limit("calls", maximum=7, period="1d").window_maximum == 7
+    assert Limit("api", maximum=7, period="10s", algorithm="token_bucket").window_maximum is None
