@@ -19,8 +19,9 @@ checked here. Every variable is optional:
 * ``METERING_QUEUES``: how many hash-routed queues producers use (1 to 1024, default 1).
 * ``METERING_VISIBILITY_TIMEOUT``: seconds before a message a dead worker
   took is delivered again (default 300).
-* ``METERING_BROKER_MAX_DELIVERIES``: the embedded broker's deliveries of a
-  message that never finishes before it is kept as a dead letter (default 5).
+* ``METERING_BROKER_MAX_DELIVERIES``: deliveries of a message that never
+  finishes, on Redis and the embedded broker, before it is kept as a dead
+  letter (default 5).
 * ``METERING_WEBHOOKS_INTERVAL``: seconds between beat's webhook runs and
   ``limit.reset`` sweeps (default 5).
 * ``METERING_WEBHOOKS_POLL_INTERVAL``: seconds between a worker's looks for

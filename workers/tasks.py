@@ -19,7 +19,7 @@ from celery import Task
 from metering.clock import backoff_seconds
 from metering.errors import InputRefused, StorageError
 from metering.meter import Meter
-from metering.pipeline.batches import apply_batch
+from metering.pipeline.batches import apply_delivered
 from metering.pipeline.routing import (
     APPLY_BATCH_TASK,
     AUDIT_TASK,
@@ -34,6 +34,8 @@ from metering.pipeline.routing import (
 from metering.pipeline.transport import is_embedded_broker
 from metering.settings import Settings
 from metering.storage.broker import sweep_embedded_broker
+from metering.storage.queue_state import broker_kind
+from metering.storage.redeliveries import count_redelivery
 from metering.upkeep.audit import AuditOptions, run_audit
 from metering.upkeep.dead_letters import keep_unfinished
 from metering.upkeep.retention import compact, prune
@@ -94,11 +96,15 @@ def apply_batch_task(self: Task, *args: Any, **kwargs: Any) -> dict[str, int]:
     every run (`apply_batch` keeps such events in the dead-letter record).
 
     Takes any arguments so that a message with the wrong ones is recorded in
-    ``rejected_messages`` instead of failing before it could be kept.
+    ``rejected_messages`` instead of failing before it could be kept. A message
+    delivered ``METERING_BROKER_MAX_DELIVERIES`` times and never finished (its
+    worker died each time) is kept rejected instead of applied.
     """
     payload = args[0] if len(args) == 1 and not kwargs else {"args": args, "kwargs": kwargs}
     try:
-        report = apply_batch(meter(), payload).to_dict()
+        earlier = earlier_deliveries(self)
+        bound = settings().broker_max_deliveries
+        report = apply_delivered(meter(), payload, earlier, max_deliveries=bound).to_dict()
     except InputRefused:
         raise
     except StorageError as exc:
@@ -109,6 +115,25 @@ def apply_batch_task(self: Task, *args: Any, **kwargs: Any) -> dict[str, int]:
         raise self.retry(exc=exc, countdown=countdown) from None
     log.info("batch applied: %s", report)
     return report
+
+
+def earlier_deliveries(task: Task) -> int:
+    """How many deliveries of the running message came before this one, none
+    finished. 0 for a first delivery (nothing is counted) and on the embedded
+    broker (its sweep bounds deliveries); on Redis, a delivery kombu marks
+    ``redelivered`` is counted through the worker's broker connection. A count
+    that fails is 0: the batch is applied."""
+    request = task.request
+    if not (request.delivery_info or {}).get("redelivered"):
+        return 0
+    if broker_kind(task.app.conf.broker_url) != "redis":
+        return 0
+    try:
+        with task.app.pool.acquire(block=True) as connection:
+            return count_redelivery(connection.default_channel.client, request.id)
+    except Exception as exc:  # a bound on deliveries must never hold a batch up
+        log.warning("batch delivered again; its deliveries not counted: %s", exc)
+        return 0
 
 
 @app.task(name=SWEEP_EMBEDDED_BROKER_TASK)

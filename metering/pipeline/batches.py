@@ -6,11 +6,13 @@ untrusted input), applies the valid ones in one transaction with the rules
 of `Meter.consume`, stores unknown limits and out-of-range times as
 ``rejected`` results, and keeps input that cannot become an event at all in
 ``rejected_messages`` with its error. Applying is idempotent, so the task can
-be delivered any number of times.
+be delivered any number of times; `apply_delivered` bounds them, for a message
+that never finishes (its worker dies each time: docs/pipeline.md).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,7 +24,12 @@ from metering.engine.core import collector_paused
 from metering.errors import InputRefused
 from metering.meter import Meter
 from metering.pipeline.messages import decode_records, encode_event, raw_text
+from metering.pipeline.routing import APPLY_BATCH_TASK
+from metering.storage.broker import Unfinished
 from metering.telemetry.metrics import observe_batch
+from metering.upkeep.dead_letters import keep_unfinished
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +68,23 @@ def apply_batch(meter: Meter, payload: object) -> BatchReport:
     # Timed once applied: a batch that raises (the task retries it) is not one.
     observe_batch(time.perf_counter() - began, size)
     return report_of(answers, malformed=len(malformed))
+
+
+def apply_delivered(
+    meter: Meter, payload: object, earlier: int, *, max_deliveries: int
+) -> BatchReport:
+    """`apply_batch` for a message delivered after ``earlier`` deliveries that never
+    finished; once those reach ``max_deliveries`` it is kept instead
+    (`keep_unfinished`: each event without a result ``rejected``, with a dead
+    letter naming the deliveries, which `metering rejected replay` applies)."""
+    if earlier < max_deliveries:
+        return apply_batch(meter, payload)
+    unfinished = Unfinished(raw_text(payload), earlier, APPLY_BATCH_TASK, payload)
+    rejected = keep_unfinished(meter.database, [unfinished])
+    log.warning(
+        "batch delivered %d times and never finished: %d events kept rejected", earlier, rejected
+    )
+    return BatchReport(rejected=rejected)
 
 
 def _apply_around_refusals(

@@ -6,6 +6,8 @@ Counting happens where the services return results, never in the domain:
   committed (`count_events`), whatever path decided it (the worker's
   batches, ``consume``, ``apply``, the HTTP API's ``?wait=decision``);
 * `metering.pipeline.batches.apply_batch` times each queued batch;
+* `metering.upkeep.dead_letters` counts the events it replays, and those
+  of a message never finished that it keeps ``rejected``;
 * `metering.storage.connections.run_retry_aware` counts retries and errors;
 * `metering.webhooks.delivery.deliver_one` counts delivery attempts;
 * the HTTP API counts what it receives (`count_received`) and its requests

@@ -33,7 +33,7 @@ from metering.storage.database import Database
 from metering.storage.kombu_tables import Unfinished
 from metering.storage.results import ResultRecord
 from metering.storage.store import Store
-from metering.telemetry.metrics import count_events
+from metering.telemetry.metrics import UNKNOWN_LIMIT, count_events
 
 RECENT_SECONDS: Final = 86_400
 
@@ -118,10 +118,10 @@ def keep_unfinished(database: Database, messages: Sequence[Unfinished]) -> int:
     """
     now_us = database.now_us()
 
-    def work(connection: Connection) -> int:
+    def work(connection: Connection) -> tuple[list[EventRecord], set[str], int]:
         store = Store(connection)
         letters: list[Rejected] = []
-        rows: list[ResultRecord] = []
+        rejected: list[EventRecord] = []
         for message in messages:
             reason = unfinished_reason(message.deliveries)
             if message.batch is None:
@@ -132,37 +132,55 @@ def keep_unfinished(database: Database, messages: Sequence[Unfinished]) -> int:
             letters += malformed
             if not records and not malformed:
                 letters.append(Rejected(None, f"an empty batch: {reason}", message.raw))
-            rejected, kept = _reject_undecided(store, records, reason, now_us)
-            rows += rejected
+            undecided, kept = _reject_undecided(store, records, reason)
+            rows = [_rejected_row(record, reason, now_us) for record in undecided]
+            if len(store.insert_results(rows)) != len(rows):
+                raise RetryTransaction("an event id was decided concurrently")
+            rejected += undecided
             letters += kept
-        if len(store.insert_results(rows)) != len(rows):
-            raise RetryTransaction("an event id was decided concurrently")
         store.record_rejected_messages(letters, now_us)
-        return len(rows)
+        known = set(store.load_limits(_limit_names(rejected)))
+        return rejected, known, len(letters) - len(rejected)
 
-    rejected = database.run(work)
-    count_events({}, {}, {}, rejected)
-    return rejected
+    rejected, known, other_letters = database.run(work)
+    _count_rejected(rejected, known, other_letters)
+    return len(rejected)
+
+
+def _limit_names(records: Sequence[EventRecord]) -> dict[str, None]:
+    return dict.fromkeys(charge[1] for record in records for charge in record.charges)
+
+
+def _count_rejected(records: Sequence[EventRecord], known: set[str], dead_letters: int) -> None:
+    """`metering_events_total` for the events kept ``rejected``, as the engine counts
+    new rejected results (an unknown limit as `UNKNOWN_LIMIT`); the dead letters
+    of anything else kept (what is no event, conflicts, whole messages)."""
+    outcomes: Counter[tuple[str, str]] = Counter(
+        (name if name in known else UNKNOWN_LIMIT, "rejected")
+        for record in records
+        for name in _limit_names([record])
+    )
+    count_events(outcomes, {}, {}, dead_letters)
 
 
 def _reject_undecided(
-    store: Store, records: Sequence[EventRecord], reason: str, now_us: int
-) -> tuple[list[ResultRecord], list[Rejected]]:
-    """The ``rejected`` results of ``records`` without one (an id repeated in
-    ``records`` once), and the dead letters of those and of conflicts."""
+    store: Store, records: Sequence[EventRecord], reason: str
+) -> tuple[list[EventRecord], list[Rejected]]:
+    """Those of ``records`` without a result (an id repeated in ``records``
+    once), and the dead letters of those and of conflicts."""
     known = {e: r.fingerprint for e, r in store.fetch_results(r.event_id for r in records).items()}
-    rows: list[ResultRecord] = []
+    undecided: list[EventRecord] = []
     letters: list[Rejected] = []
     for record in records:
         fingerprint = known.get(record.event_id)
         if fingerprint is None:
             known[record.event_id] = record.fingerprint
-            rows.append(_rejected_row(record, reason, now_us))
+            undecided.append(record)
             letters.append(refused_event(record, reason))
         elif fingerprint != record.fingerprint:
             conflict = EventConflict(record.event_id)
             letters.append(Rejected(record.event_id, str(conflict), record.fingerprint))
-    return rows, letters
+    return undecided, letters
 
 
 def _rejected_row(record: EventRecord, reason: str, now_us: int) -> ResultRecord:

@@ -568,3 +568,100 @@ def test_the_embedded_broker_gives_back_an_undecodable_message_a_dead_worker_hel
         kept = _kept_after_a_worker_died_keeping_it(pg_url, tmp_path, start_worker, meter, message)
         [(event_id, reason, _)] = kept
         assert (event_id, reason) == (None, "not a metering batch (version 1)")
+
+
+# -- Redis: a message whose worker dies each time it runs it -----------------------
+
+
+def waiting_backends(url: str) -> dict[int, int]:
+    """The sessions of the database at ``url`` waiting for a lock: pid -> client port."""
+    with psycopg_connection(url) as connection:
+        rows = connection.execute(LOCK_WAITS.format("pid, client_port")).fetchall()
+    return {int(pid): int(port) for pid, port in rows}
+
+
+def socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:[") : -1])
+    return inodes
+
+
+def owner_of_port(pids: list[int], port: int) -> int | None:
+    """Which of ``pids`` holds the TCP socket of local ``port`` (/proc/net/tcp)."""
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            mine = socket_inodes(pid)
+            for table in ("tcp", "tcp6"):
+                for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+                    fields = line.split()
+                    local, inode = fields[1], fields[9]
+                    if int(local.rsplit(":", 1)[1], 16) == port and inode in mine:
+                        return pid
+    return None
+
+
+def running_batch(url: str, worker: Worker, ended: set[int]) -> tuple[int, int]:
+    """(backend pid, client port) of the session that waits on the test's lock
+    for the worker's batch, other than those ``ended``."""
+    found: dict[int, int] = {}
+
+    def waiting() -> bool:
+        found.update((p, port) for p, port in waiting_backends(url).items() if p not in ended)
+        return bool(found)
+
+    wait_until(waiting, 60, lambda: "the batch is not running", [worker])
+    [(backend, port)] = found.items()
+    return backend, port
+
+
+def kill_each_run(url: str, worker: Worker, runs: int) -> None:
+    """SIGKILL the pool process running the batch (waiting on the lock the test
+    holds), ``runs`` times, as an OOM killer would: the worker gives the message
+    back at once (``reject_on_worker_lost``) and runs it again in another."""
+    ended: set[int] = set()
+    for _ in range(runs):
+        backend, port = running_batch(url, worker, ended)
+        child = owner_of_port([p for p in worker.members() if p != worker.pid], port)
+        assert child is not None, worker.tail()
+        os.kill(child, signal.SIGKILL)
+        with psycopg_connection(url) as connection:
+            connection.execute("SELECT pg_terminate_backend(%s)", [backend])
+        ended.add(backend)
+
+
+def test_redis_keeps_a_message_whose_worker_dies_each_time_after_the_bound(
+    pg_url: str, redis_url: str, start_worker: StartWorker
+) -> None:
+    """A batch whose pool process is killed each time it runs it was given back
+    and run again, for ever. Run METERING_BROKER_MAX_DELIVERIES times and never
+    finished, it is kept as on the embedded broker: its events rejected with a
+    reason naming the deliveries, then applied once by their replay (`metering
+    rejected replay`). A batch killed fewer times is applied, once."""
+    at = datetime.now(UTC)
+    worker = start_worker(METERING_BROKER_MAX_DELIVERIES="2")
+    with Meter(pg_url) as meter:
+        meter.set_limits([CALLS])
+        with psycopg_connection(pg_url) as blocker:
+            blocker.execute("LOCK TABLE results IN SHARE ROW EXCLUSIVE MODE")
+            once = list(stream(redis_url, at, "once", 10, subjects=3, seed=12))
+            kill_each_run(pg_url, worker, 1)
+        wait_for_results(meter, len(once), [worker], timeout=60)
+        assert_each_once_and_counters_exact(meter, once, [worker])
+
+        with psycopg_connection(pg_url) as blocker:
+            blocker.execute("LOCK TABLE results IN SHARE ROW EXCLUSIVE MODE")
+            never = list(stream(redis_url, at, "never", 10, subjects=3, seed=13))
+            kill_each_run(pg_url, worker, 2)
+        wait_for_results(meter, len(once) + len(never), [worker], timeout=60)
+        ids = [event_id for event_id, _, _ in never]
+        assert meter.outcome_counts() == {"allowed": len(once), "rejected": len(ids)}
+        reason = "delivered 2 times and never finished: taken off the queue"
+        kept = sorted((event_id, why) for event_id, why, _ in meter.rejected_messages())
+        assert kept == sorted((event_id, reason) for event_id in ids)
+        replayed = meter.replay_rejected()
+        assert sorted(d.event_id or "" for d in replayed.applied) == sorted(ids)
+        assert_each_once_and_counters_exact(meter, once + never, [worker])

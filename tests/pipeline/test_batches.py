@@ -2,7 +2,8 @@
 databases: each event decoded again and applied in order, what it did
 counted (applied, duplicates, conflicts, rejected for an unknown limit,
 malformed input kept as a dead letter); a redelivered message changes
-nothing twice; the garbage collector is paused only while a batch runs.
+nothing twice, and one delivered too many times is kept rejected; the
+garbage collector is paused only while a batch runs.
 (The database's refusals split around: tests/storage/test_rejected.py.)"""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from datetime import UTC, datetime
 import pytest
 
 from metering import FrozenClock, Limit, Meter, make_event
-from metering.pipeline.batches import BatchReport, apply_batch
+from metering.pipeline.batches import BatchReport, apply_batch, apply_delivered
 from metering.pipeline.messages import encode_batch, encode_event
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
@@ -87,3 +88,26 @@ def test_the_collector_is_paused_only_while_a_batch_runs(meter: Meter) -> None:
         assert not gc.isenabled()  # left off, as it was
     finally:
         gc.enable()
+
+
+# -- a message delivered again (`apply_delivered`) ----------------------------------
+
+
+def test_a_message_delivered_fewer_times_than_the_bound_is_applied(meter: Meter) -> None:
+    payload = message(("org", "calls", 1, "a"), ("org", "calls", 1, "b"))
+    assert apply_delivered(meter, payload, 0, max_deliveries=2) == BatchReport(applied=2)
+    assert apply_delivered(meter, payload, 1, max_deliveries=2) == BatchReport(duplicates=2)
+    assert meter.outcome_counts() == {"allowed": 2}
+
+
+def test_a_message_at_the_bound_is_kept_and_what_was_decided_left(meter: Meter) -> None:
+    """Applied in part before its worker died: the decided id stays as it is."""
+    meter.consume("org", "calls", event_id="a")
+    payload = message(("org", "calls", 1, "a"), ("org", "calls", 1, "b"))
+    assert apply_delivered(meter, payload, 2, max_deliveries=2) == BatchReport(rejected=1)
+    reason = "delivered 2 times and never finished: taken off the queue"
+    assert meter.result("b").reason == reason  # type: ignore[union-attr]
+    assert meter.outcome_counts() == {"allowed": 1, "rejected": 1}
+    assert [(e, r) for e, r, _ in meter.rejected_messages()] == [("b", reason)]
+    [replayed] = meter.replay_rejected().applied
+    assert (replayed.event_id, replayed.outcome) == ("b", "allowed")

@@ -31,6 +31,8 @@ from metering import Limit, Meter, make_event
 from metering.errors import ConfigurationError, EventConflict, StorageError
 from metering.pipeline.batches import apply_batch
 from metering.pipeline.messages import encode_batch, encode_event
+from metering.pipeline.routing import APPLY_BATCH_TASK
+from metering.storage.broker import Unfinished
 from metering.storage.connections import RetryTransaction, make_engine, run_transaction
 from metering.telemetry.logs import log_format
 from metering.telemetry.metrics import (
@@ -48,6 +50,7 @@ from metering.telemetry.metrics import (
     metrics_port,
 )
 from metering.telemetry.tracing import tracing_enabled
+from metering.upkeep.dead_letters import keep_unfinished
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -344,3 +347,26 @@ def test_database_retries_and_failures_are_counted(sqlite_url: str) -> None:
     assert type(failed.value).__name__ == "DatabaseUnavailable"  # SQLite's OperationalError
     assert delta(before, after, errors, error="DatabaseUnavailable") == 1
     assert delta(before, after, errors, error="StorageError") == 1  # gave up
+
+
+def test_events_a_broker_gave_up_on_count_as_rejected(meter: Meter) -> None:
+    """`keep_unfinished` (a message delivered too many times) counts the events
+    it rejects as the engine counts rejected ones, and its other dead letters."""
+    now = datetime.now(UTC)
+    decided = make_event([("org-1", "mt_soft", 1)], now)
+    meter.apply([decided])
+    events = [
+        make_event([("org-1", "mt_hard", 1)], now),
+        make_event([("org-1", "mt_hard", 1), ("org-1", "mt_soft", 1)], now),
+        make_event([("org-1", "mt_gone", 1)], now),
+    ]
+    batch = encode_batch([*map(encode_event, [*events, decided]), {"id": "broken"}])
+    before = scrape()
+    kept = keep_unfinished(meter.database, [Unfinished("{}", 5, APPLY_BATCH_TASK, batch)])
+    after = scrape()
+    assert kept == 3
+    rejected = "metering_events_total"
+    assert delta(before, after, rejected, limit="mt_hard", outcome="rejected") == 2
+    assert delta(before, after, rejected, limit="mt_soft", outcome="rejected") == 1
+    assert delta(before, after, rejected, limit=UNKNOWN_LIMIT, outcome="rejected") == 1
+    assert delta(before, after, "metering_dead_letters_total") == 1  # the broken event

@@ -138,3 +138,13 @@ def test_a_message_that_is_no_batch_is_kept_whole(meter: Meter) -> None:
         (None, f"a message that names no task: {why}", raw),
         (None, f"metering.prune: {why}", raw),
     ]
+
+
+def test_two_messages_with_one_event_keep_it_once(meter: Meter) -> None:
+    """The sweep gives up on several messages at once; one event in two of them
+    (a producer's retry) was two rows of one id, and the transaction failed."""
+    event = encode_event(make_event([("org", "api", 1)], NOW, "twice"))
+    batches = [encode_batch([event]), encode_batch([event])]
+    assert keep_unfinished(meter.database, [unfinished(batch) for batch in batches]) == 1
+    assert meter.outcome_counts() == {"rejected": 1}
+    assert [event_id for event_id, _, _ in meter.rejected_messages()] == ["twice"]

@@ -55,10 +55,10 @@ def test_a_batch_is_applied_and_a_message_of_another_shape_kept(meter: Meter) ->
 def test_a_batch_is_retried_while_the_database_is_away(
     meter: Meter, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    def away(*_args: object) -> None:
+    def away(*_args: object, **_kwargs: object) -> None:
         raise DatabaseUnavailable("database unavailable: refused")
 
-    monkeypatch.setattr(workers.tasks, "apply_batch", away)
+    monkeypatch.setattr(workers.tasks, "apply_delivered", away)
     with caplog.at_level(logging.WARNING, logger="workers.tasks"), pytest.raises(Retry):
         apply_batch_task.apply(args=[{}], throw=True)
     [line] = [r.getMessage() for r in caplog.records]
