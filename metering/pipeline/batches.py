@@ -25,7 +25,7 @@ from metering.errors import InputRefused
 from metering.meter import Meter
 from metering.pipeline.messages import decode_records, encode_event, raw_text
 from metering.pipeline.routing import APPLY_BATCH_TASK
-from metering.storage.broker import Unfinished
+from metering.storage.kombu_tables import Unfinished
 from metering.telemetry.metrics import observe_batch
 from metering.upkeep.dead_letters import keep_unfinished
 

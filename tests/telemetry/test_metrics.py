@@ -32,8 +32,8 @@ from metering.errors import ConfigurationError, EventConflict, StorageError
 from metering.pipeline.batches import apply_batch
 from metering.pipeline.messages import encode_batch, encode_event
 from metering.pipeline.routing import APPLY_BATCH_TASK
-from metering.storage.broker import Unfinished
 from metering.storage.connections import RetryTransaction, make_engine, run_transaction
+from metering.storage.kombu_tables import Unfinished
 from metering.telemetry.logs import log_format
 from metering.telemetry.metrics import (
     MAX_LIMIT_LABELS,
