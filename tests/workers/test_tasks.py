@@ -10,9 +10,13 @@ import logging
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from celery import Celery
+from celery.app.task import Context
 from celery.exceptions import Retry
+from servers import free_port
 
 import workers.tasks
 from metering import FrozenClock, Limit, Meter
@@ -20,9 +24,11 @@ from metering.domain.events import make_event
 from metering.errors import DatabaseUnavailable, StorageError
 from metering.pipeline.messages import encode_batch, encode_event
 from metering.settings import Settings
+from workers.app import create_app
 from workers.tasks import (
     apply_batch_task,
     deliver_webhooks_task,
+    earlier_deliveries,
     prune_task,
     sweep_reservations_task,
     until_next_tick,
@@ -91,3 +97,33 @@ def test_the_sweeps_work_on_the_processs_meter(meter: Meter) -> None:
     assert isinstance(prune_task(), dict)
     # Workers deliver from their own thread (dispatching on): beat's task has nothing to do.
     assert set(deliver_webhooks_task().values()) <= {0}
+
+
+def delivery(app: Celery, task_id: str, redelivered: bool) -> SimpleNamespace:
+    """What `earlier_deliveries` reads of a running task: its request and app."""
+    request = Context(id=task_id, delivery_info={"redelivered": redelivered})
+    return SimpleNamespace(request=request, app=app)
+
+
+def test_only_a_redelivered_batch_on_redis_counts_its_deliveries(
+    redis_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    on_redis = create_app(redis_url)
+    embedded = create_app(f"sqla+sqlite:///{tmp_path / 'b.db'}")
+    with caplog.at_level(logging.WARNING, logger="workers.tasks"):
+        assert earlier_deliveries(delivery(on_redis, "t-1", redelivered=False)) == 0
+        # The embedded broker's sweep bounds its deliveries: nothing is counted.
+        assert earlier_deliveries(delivery(embedded, "t-1", redelivered=True)) == 0
+    assert not caplog.records
+    counts = [earlier_deliveries(delivery(on_redis, "t-1", redelivered=True)) for _ in range(3)]
+    assert counts == [1, 2, 3]
+    assert earlier_deliveries(delivery(on_redis, "t-2", redelivered=True)) == 1
+
+
+def test_a_count_redis_cannot_write_applies_the_batch(caplog: pytest.LogCaptureFixture) -> None:
+    app = create_app(f"redis://127.0.0.1:{free_port()}/0")
+    app.conf.broker_connection_retry = False
+    app.conf.broker_connection_timeout = 1
+    with caplog.at_level(logging.WARNING, logger="workers.tasks"):
+        assert earlier_deliveries(delivery(app, "t-1", redelivered=True)) == 0
+    assert "deliveries not counted" in caplog.text
