@@ -20,6 +20,7 @@ from metering.clock import backoff_seconds
 from metering.errors import InputRefused, StorageError
 from metering.meter import Meter
 from metering.pipeline.batches import apply_delivered
+from metering.pipeline.messages import batch_argument
 from metering.pipeline.routing import (
     APPLY_BATCH_TASK,
     AUDIT_TASK,
@@ -100,7 +101,7 @@ def apply_batch_task(self: Task, *args: Any, **kwargs: Any) -> dict[str, int]:
     delivered ``METERING_BROKER_MAX_DELIVERIES`` times and never finished (its
     worker died each time) is kept rejected instead of applied.
     """
-    payload = args[0] if len(args) == 1 and not kwargs else {"args": args, "kwargs": kwargs}
+    payload = batch_argument(args, kwargs)
     try:
         earlier = earlier_deliveries(self)
         bound = settings().broker_max_deliveries

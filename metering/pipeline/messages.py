@@ -127,6 +127,12 @@ def task_headers(task_id: str, count: int, origin: str, sent_at_us: int) -> dict
 # -- reading ------------------------------------------------------------------
 
 
+def batch_argument(args: Sequence[object], kwargs: Mapping[str, object]) -> object:
+    """What ``metering.apply_batch`` applies of the arguments a message gives it:
+    its one argument, else all of them (kept as not a batch, with what they were)."""
+    return args[0] if len(args) == 1 and not kwargs else {"args": args, "kwargs": kwargs}
+
+
 def decode_records(payload: object) -> tuple[list[EventRecord], list[Rejected]]:
     """The events of a message's argument, as the worker applies them, and
     what could not be decoded, in order."""

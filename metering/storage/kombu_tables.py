@@ -29,6 +29,7 @@ from sqlalchemy import (
     Text,
 )
 
+from metering.pipeline.messages import batch_argument
 from metering.pipeline.routing import APPLY_BATCH_TASK
 
 metadata = MetaData()
@@ -97,9 +98,7 @@ def unfinished_of(payload_text: str, deliveries: int) -> Unfinished:
     if task != APPLY_BATCH_TASK:
         return Unfinished(payload_text, deliveries, task, None)
     try:
-        args, kwargs = task_body(envelope)[:2]
-        # The task's own reading of its arguments (`workers.tasks.apply_batch_task`).
-        batch = args[0] if len(args) == 1 and not kwargs else {"args": args, "kwargs": kwargs}
+        batch = batch_argument(*task_body(envelope)[:2])
     except (ValueError, KeyError, IndexError, TypeError, AttributeError):
         batch = None
     return Unfinished(payload_text, deliveries, task, batch)

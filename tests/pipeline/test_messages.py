@@ -122,3 +122,11 @@ def test_a_producer_with_a_broker_only_loads_no_database_when_it_emits() -> None
         "producer.discard()\n"
     )
     assert run_fresh(code, {"sqlalchemy", "psycopg"}) == ([], [])
+
+
+def test_a_task_applies_its_one_argument_and_keeps_any_other_arguments_whole() -> None:
+    batch = {"v": 1, "events": []}
+    assert messages.batch_argument([batch], {}) == batch
+    assert messages.batch_argument([batch, 2], {}) == {"args": [batch, 2], "kwargs": {}}
+    assert messages.batch_argument([batch], {"x": 1}) == {"args": [batch], "kwargs": {"x": 1}}
+    assert messages.batch_argument([], {}) == {"args": [], "kwargs": {}}
