@@ -229,8 +229,12 @@ def test_a_worker_logs_one_json_object_per_line(
     assert all(e["logger"] == "workers.tasks" and e["level"] == "INFO" for e in applied)
     assert all(e["task_name"] == APPLY_BATCH_TASK and e["task_id"] for e in applied)
     assert any(e["message"].endswith("ready.") for e in entries)
-    [lost] = [e for e in entries if "signal 9" in e["message"]]
-    assert lost["level"] == "ERROR", lost
+    # The pool says so once; were a batch in the killed process, Celery's
+    # WorkerLostError names the signal too, also at ERROR.
+    [lost] = [e for e in entries if "exited with" in e["message"]]
+    assert "signal 9" in lost["message"], lost
+    killed = [e for e in entries if "signal 9" in e["message"]]
+    assert all(e["level"] == "ERROR" for e in killed), killed
     received = [e for e in entries if e["message"].endswith("received")]
     assert received, entries
     # Celery's own fields stay, without the batch itself.
