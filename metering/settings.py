@@ -301,6 +301,46 @@ def parse_networks(text: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Net
         ) from None
 
 
+@dataclass(frozen=True, slots=True)
+class WebhookProxy:
+    """An HTTP proxy deliveries tunnel through (``METERING_WEBHOOKS_PROXY``)."""
+
+    host: str
+    port: int
+    # ``Basic ...`` when the URL carries a user; never shown.
+    authorization: str | None = field(default=None, repr=False)
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def parse_proxy(text: str) -> WebhookProxy | None:
+    """``http://[user:password@]host[:port]`` (port 80 by default); empty: none."""
+    import base64
+    from urllib.parse import unquote, urlsplit
+
+    text = text.strip()
+    if not text:
+        return None
+    name = "METERING_WEBHOOKS_PROXY"
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigurationError(f"{name}: {exc}") from None
+    if parts.scheme != "http" or not parts.hostname:
+        raise ConfigurationError(
+            f"{name} must be an http:// URL with a host (such as http://proxy.internal:3128)"
+        )
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ConfigurationError(f"{name} must name a proxy, with no path or query")
+    authorization = None
+    if parts.username is not None:
+        user = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+        authorization = "Basic " + base64.b64encode(user.encode()).decode("ascii")
+    return WebhookProxy(parts.hostname, 80 if port is None else port, authorization)
+
+
 def _flag(name: str, environ: Environ) -> bool:
     return environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
@@ -321,6 +361,8 @@ class DeliverySettings:
     allowed_networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
     # The server's public URL: payloads' signed paths also go as absolute URLs.
     public_url: str | None = None
+    # Deliveries go through this proxy, as tunnels to the checked address.
+    proxy: WebhookProxy | None = None
 
     def __post_init__(self) -> None:
         if self.public_url is not None:
@@ -346,6 +388,7 @@ class DeliverySettings:
                 "METERING_WEBHOOKS_PER_ENDPOINT", DEFAULT_MAX_IN_FLIGHT_PER_ENDPOINT, env
             ),
             public_url=public_url(env),
+            proxy=parse_proxy(env.get("METERING_WEBHOOKS_PROXY", "")),
         )
 
 

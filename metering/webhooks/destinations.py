@@ -14,7 +14,9 @@ resolves the host once, checks every answer and connects to a checked address
 itself, so nothing resolves the name a second time. The request still
 carries the URL's host (``Host`` header) and TLS still sends it as SNI and
 verifies the certificate against it: only the socket is opened by address.
-Proxies from the environment are not used (a proxy would resolve the name).
+Proxies from the environment are not used (a proxy would resolve the name):
+with ``METERING_WEBHOOKS_PROXY`` the connection is a ``CONNECT`` tunnel to
+the checked address.
 `refused_destination` tells at add time that a URL's host is not public, so an
 operator learns then, not from every delivery failing, which setting allows it.
 """
@@ -33,7 +35,7 @@ if TYPE_CHECKING:
     import httpcore
     import httpx
 
-    from metering.settings import DeliverySettings
+    from metering.settings import DeliverySettings, WebhookProxy
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -155,7 +157,9 @@ def url_error(url: str) -> str | None:
     return None
 
 
-def _pinned_backend(allow_private: bool, allowed_networks: Iterable[IPNetwork]) -> Any:
+def _pinned_backend(
+    allow_private: bool, allowed_networks: Iterable[IPNetwork], proxy: WebhookProxy | None = None
+) -> Any:
     import httpcore  # with httpx, only when delivering
 
     class PinnedBackend(httpcore.NetworkBackend):
@@ -179,12 +183,48 @@ def _pinned_backend(allow_private: bool, allowed_networks: Iterable[IPNetwork]) 
             failure: httpcore.ConnectError | httpcore.ConnectTimeout | None = None
             for address in addresses:  # each is checked: trying the next one is safe
                 try:
+                    if proxy is not None:
+                        return self.tunnel(address, port, timeout, local_address, socket_options)
                     return self.inner.connect_tcp(
                         str(address), port, timeout, local_address, socket_options
                     )
                 except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
                     failure = exc
             raise failure or httpcore.ConnectError(f"{host} has no address")
+
+        def tunnel(
+            self,
+            address: IPAddress,
+            port: int,
+            timeout: float | None,
+            local_address: str | None,
+            socket_options: Iterable[Any] | None,
+        ) -> httpcore.NetworkStream:
+            """A stream to ``address`` through the proxy: ``CONNECT`` to the
+            checked address, never to a name the proxy would resolve."""
+            assert proxy is not None
+            try:
+                stream = self.inner.connect_tcp(
+                    proxy.host, proxy.port, timeout, local_address, socket_options
+                )
+            except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
+                raise type(exc)(f"the proxy {proxy}: {exc}") from exc
+            target = f"[{address}]:{port}" if address.version == 6 else f"{address}:{port}"
+            head = f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n"
+            if proxy.authorization is not None:
+                head += f"Proxy-Authorization: {proxy.authorization}\r\n"
+            try:
+                stream.write(f"{head}\r\n".encode("ascii"), timeout)
+                status = _tunnel_status(stream, timeout)
+            except BaseException:
+                stream.close()
+                raise
+            if status != 200:
+                stream.close()
+                raise httpcore.ProxyError(
+                    f"the proxy {proxy} answered {status} to CONNECT {target}"
+                )
+            return stream
 
         def connect_unix_socket(
             self, path: str, timeout: float | None = None, socket_options: Any = None
@@ -213,7 +253,9 @@ def delivery_client(
     # The transport's own pool would open sockets by name; this one by checked address.
     transport._pool = httpcore.ConnectionPool(
         ssl_context=context,
-        network_backend=_pinned_backend(settings.allow_private, settings.allowed_networks),
+        network_backend=_pinned_backend(
+            settings.allow_private, settings.allowed_networks, settings.proxy
+        ),
     )
     return httpx.Client(
         transport=transport,
@@ -221,6 +263,31 @@ def delivery_client(
         follow_redirects=False,
         trust_env=False,
     )
+
+
+# The most of a proxy's answer to CONNECT read before giving up on it.
+MAX_TUNNEL_ANSWER: Final = 16_384
+
+
+def _tunnel_status(stream: httpcore.NetworkStream, timeout: float | None) -> int | str:
+    """The status code of the proxy's answer to CONNECT (its head read whole,
+    nothing past it: the server speaks only after the client), or what it sent
+    instead of one."""
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        if len(answer) > MAX_TUNNEL_ANSWER:
+            return "an answer too long"
+        chunk = stream.read(4096, timeout)
+        if not chunk:
+            return "nothing" if not answer else "a cut answer"
+        answer += chunk
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    status = head.split(b"\r\n", 1)[0].split(b" ")
+    if len(status) < 2 or not status[0].startswith(b"HTTP/") or not status[1].isdigit():
+        return "no HTTP status"
+    if status[1] == b"200" and rest:  # a refusal may have a body; a tunnel has none
+        return "bytes past its answer"
+    return int(status[1])
 
 
 @functools.cache

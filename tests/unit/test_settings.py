@@ -73,6 +73,7 @@ def test_every_variable_is_read() -> None:
         ("METERING_PRUNE_INTERVAL", "-1"),
         ("METERING_AUDIT_INTERVAL", "often"),
         ("METERING_WEBHOOKS_SCHEDULE", "5,-1"),
+        ("METERING_WEBHOOKS_PROXY", "https://proxy.internal:3128"),
         ("METERING_RETAIN_WEBHOOKS_DAYS", "nan"),
         ("METERING_API_RETRY_BACKOFF", "0"),
     ],
