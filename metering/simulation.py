@@ -90,8 +90,9 @@ def simulate(
         replay = Replay(in_force, histories, subject, allowances.time_zones())
         total = count_demand(connection, since_us, now_us) if progress else 0
         done = 0
-        for occurred_at_us, charges in demand(connection, since_us, now_us):
-            replay.feed(StoredEvent.of_row(occurred_at_us, charges))
+        seats = any(limit.distinct is not None for limit in in_force.values())
+        for at_us, charges, meta in demand(connection, since_us, now_us, metadata=seats):
+            replay.feed(StoredEvent.of_row(at_us, charges, meta))
             done += 1
             if progress is not None and done % PROGRESS_EVERY == 0:
                 progress(done, total)

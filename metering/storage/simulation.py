@@ -39,15 +39,16 @@ def count_demand(connection: Connection, since_us: int, until_us: int) -> int:
 
 
 def demand(
-    connection: Connection, since_us: int, until_us: int
-) -> Iterator[tuple[int, list[list[Any]]]]:
-    """Each event's (occurred_at_us, charge rows), in event-time order (ties by id)."""
+    connection: Connection, since_us: int, until_us: int, *, metadata: bool = False
+) -> Iterator[tuple[int, list[list[Any]], dict[str, Any] | None]]:
+    """Each event's (occurred_at_us, charge rows, metadata), in event-time order
+    (ties by id); its metadata only when asked for (seat limits' values), else None."""
     query = (
-        select(results.c.occurred_at_us, results.c.charges)
+        select(results.c.occurred_at_us, results.c.charges, results.c.metadata)
         .where(_period(since_us, until_us))
         .order_by(results.c.occurred_at_us, results.c.event_id)
     )
     loads = json.loads
     rows = connection.execution_options(yield_per=BATCH).execute(query)
-    for occurred_at_us, charges in rows:
-        yield occurred_at_us, loads(charges)
+    for occurred_at_us, charges, meta in rows:
+        yield occurred_at_us, loads(charges), loads(meta) if metadata and meta else None

@@ -144,9 +144,72 @@ def test_charges_left_out_do_not_end_the_event() -> None:
         ("t", "cal", 1),
         ("s", "cal", 1),
     )
-    replay.feed(StoredEvent(T0, charges))
-    assert replay.rows() == [SimulationRow("s", "cal", 1, 0, 0, 0, 0)]
+    replay.feed(StoredEvent(T0, charges))  # no metadata: the seat charge has no value
+    assert replay.rows() == [
+        SimulationRow("s", "cal", 1, 0, 0, 0, 0),
+        SimulationRow("s", "spend", 1, 0, 0, 0, 0),
+    ]
     assert replay.replayed == 1
+
+
+def seat_event(at_us: int, user: str, *more: tuple[str, str, int]) -> StoredEvent:
+    return StoredEvent(at_us, (("s", "seats", 1), *more), metadata={"user": user})
+
+
+def test_a_seat_costs_one_for_a_value_its_window_does_not_hold() -> None:
+    seats = Limit("seats", maximum=2, period="1h", window="calendar", distinct="user")
+    replay = Replay({"seats": seats})
+    for at, user in [(0, "a"), (1, "b"), (2, "a"), (3, "c"), (4, "b"), (HOUR_US, "c")]:
+        replay.feed(seat_event(T0 + at, user))
+    # c is a third seat in the first hour (denied), a new window's first after it.
+    assert replay.rows() == [SimulationRow("s", "seats", 6, 1, 1, 0, 0)]
+    assert replay.held == {
+        ("seats", "s", T0, "a"),
+        ("seats", "s", T0, "b"),
+        ("seats", "s", T0 + HOUR_US, "c"),
+    }
+
+
+def test_a_seat_is_taken_only_by_an_allowed_event_that_fits_it() -> None:
+    limits = {
+        "seats": Limit("seats", maximum=2, period="1d", window="calendar", distinct="user"),
+        "calls": Limit("calls", maximum=1, period="1h", window="calendar"),
+        "shadow": Limit(
+            "shadow",
+            maximum=1,
+            period="1d",
+            window="calendar",
+            distinct="user",
+            enforcement="shadow",
+        ),
+    }
+    replay = Replay(limits)
+    calls = ("s", "calls", 1)
+    replay.feed(seat_event(T0, "a", calls))
+    replay.feed(seat_event(T0 + 1, "b", calls))  # denied by calls: b takes no seat
+    replay.feed(seat_event(T0 + HOUR_US, "c", calls))
+    replay.feed(seat_event(T0 + 2 * HOUR_US, "b", calls))  # a third seat: denied
+    assert replay.rows() == [
+        SimulationRow("s", "calls", 4, 1, 1, 0, 0),
+        SimulationRow("s", "seats", 4, 1, 1, 0, 0),
+    ]
+    # A shadow seat limit's would-deny takes no seat: b would be denied again.
+    replay = Replay(limits)
+    for at, user in [(0, "a"), (1, "b"), (2, "b")]:
+        replay.feed(StoredEvent(T0 + at, (("s", "shadow", 1),), metadata={"user": user}))
+    assert replay.rows() == [SimulationRow("s", "shadow", 3, 2, 2, 0, 0)]
+
+
+def test_a_spend_cap_replays_the_amounts_recorded() -> None:
+    spend = Limit("spend", maximum=500, period="1h", window="calendar", currency="USD")
+    replay = Replay({"spend": spend, "calls": Limit("calls", maximum=100, period="1h")})
+    for at, cents in enumerate([200, 200, 200, 50]):
+        replay.feed(StoredEvent(T0 + at, (("s", "calls", 1), ("s", "spend", cents))))
+    # 400 spent, 200 more would pass 500 (the event denied whole), then 50 fits.
+    assert replay.rows() == [
+        SimulationRow("s", "calls", 4, 0, 0, 0, 0),
+        SimulationRow("s", "spend", 4, 1, 200, 0, 0),
+    ]
 
 
 def test_every_denial_then_is_counted() -> None:

@@ -51,7 +51,7 @@ def _read(meter: Meter, since: datetime, until: datetime) -> tuple[int, list[obj
 def test_the_decided_events_of_a_period_oldest_first(meter: Meter) -> None:
     count, rows = _read(meter, T0, T0 + timedelta(minutes=1))
     assert count == len(rows) == 4
-    found = [(at, [(c[0], c[1], c[2]) for c in charges]) for at, charges in rows]  # type: ignore[misc]
+    found = [(at, [(c[0], c[1], c[2]) for c in charges]) for at, charges, _ in rows]  # type: ignore[misc]
     minute = to_us(T0 + timedelta(minutes=1))
     assert found == [
         (to_us(T0), [("org", "calls", 1)]),  # a-same-time before b-first: ties by id
@@ -74,3 +74,20 @@ def test_an_event_decided_before_it_occurred_is_in_its_period(db_url: str) -> No
         ahead = T0 + timedelta(seconds=FUTURE_TOLERANCE_US // 1_000_000)
         meter.consume("org", "calls", 1, event_id="ahead", occurred_at=ahead)
         assert _read(meter, ahead, ahead)[0] == 1
+
+
+def test_metadata_is_read_only_when_asked_for(db_url: str) -> None:
+    with Meter(db_url, clock=FrozenClock(T0)) as meter:
+        meter.set_limit(Limit("calls", maximum=4, period="1d", window="calendar"))
+        meter.consume("org", "calls", 1, event_id="with", metadata={"user": "u-7"})
+        meter.consume("org", "calls", 1, event_id="without")
+
+        def read(metadata: bool) -> list[object]:
+            def work(connection: Connection) -> list[object]:
+                rows = demand(connection, to_us(T0), to_us(T0), metadata=metadata)
+                return [meta for _, _, meta in rows]
+
+            return meter.database.run(work)
+
+        assert read(True) == [{"user": "u-7"}, None]  # "with" before "without": ties by id
+        assert read(False) == [None, None]

@@ -171,3 +171,69 @@ def test_a_reservation_counts_at_its_reserved_cost(
     meter.reserve("org-9", "calls", 1, event_id="r2").commit()
     [row] = meter.simulate(limits_file(tmp_path, 4), since=timedelta(hours=1)).rows
     assert (row.events, row.would_deny_events, row.would_deny_cost) == (2, 1, 5)
+
+
+def seats_and_spend_model(
+    stream: list[str], seats: int, cents: int, price: int
+) -> dict[str, tuple[int, int, int]]:
+    """(events, would-deny events, their cost) of the seat and spend limits,
+    one day, every event one call at ``price`` cents by the user named."""
+    held: set[str] = set()
+    spent = 0
+    seat_denials = spend_denials = 0
+    for user in stream:
+        new_seat = user not in held
+        seat_fits = not new_seat or len(held) < seats
+        spend_fits = spent + price <= cents
+        seat_denials += not seat_fits
+        spend_denials += not spend_fits
+        if seat_fits and spend_fits:
+            held.add(user)
+            spent += price
+    return {
+        "seats": (len(stream), seat_denials, seat_denials),
+        "spend": (len(stream), spend_denials, spend_denials * price),
+    }
+
+
+@pytest.mark.parametrize(("seats", "cap"), [(4, "1.00"), (2, "0.50"), (6, "2.00")])
+def test_seats_and_a_spend_cap_are_replayed(
+    meter: Meter, clock: FrozenClock, seats: int, cap: str
+) -> None:
+    """Recorded under 4 seats and a 1.00 USD cap at 0.05 a call, replayed
+    under the limits given: the model's figures; under the limits in force,
+    what was denied then."""
+    from metering import spend_limit
+
+    day = {"period": "1d", "window": "calendar"}
+    meter.set_limits(
+        [
+            Limit("calls", maximum=1000, **day),  # never denies: the model leaves it out
+            Limit("seats", maximum=4, distinct="user", **day),
+            spend_limit("spend", "1.00", "USD", **day),
+        ]
+    )
+    meter.set_price("calls", "0.05", "USD")
+    rng = random.Random(7)
+    stream = []
+    for index in range(40):
+        clock.set(T0 + timedelta(minutes=index))
+        user = f"u{rng.randrange(7)}"
+        meter.consume(
+            charges=[("org-1", "calls", 1), ("org-1", "seats", 1)], metadata={"user": user}
+        )
+        stream.append(user)
+    clock.set(NOW)
+    before = row_counts(meter)
+    proposed = [
+        Limit("seats", maximum=seats, distinct="user", **day),
+        spend_limit("spend", cap, "USD", **day),
+    ]
+    found = meter.simulate(proposed, since=T0)
+    assert row_counts(meter) == before
+    got = {r.limit: (r.events, r.would_deny_events, r.would_deny_cost) for r in found.rows}
+    cents = round(float(cap) * 100)
+    assert {k: got[k] for k in ("seats", "spend")} == seats_and_spend_model(stream, seats, cents, 5)
+    if (seats, cap) == (4, "1.00"):
+        assert all(r.would_deny_events == r.denied_events_then for r in found.rows)
+        assert sum(r.denied_events_then for r in found.rows) > 0
