@@ -200,6 +200,15 @@ def test_a_seat_is_taken_only_by_an_allowed_event_that_fits_it() -> None:
     assert replay.rows() == [SimulationRow("s", "shadow", 3, 2, 2, 0, 0)]
 
 
+def test_a_ledger_rows_metadata_names_its_seat() -> None:
+    seats = Limit("seats", maximum=1, period="1h", window="calendar", distinct="user")
+    replay = Replay({"seats": seats})
+    for user in ("a", "a", "b"):  # b is a second seat: denied
+        row = ["s", "seats", 1, True, "allowed"]
+        replay.feed(StoredEvent.of_row(T0, [row], {"user": user}))
+    assert replay.rows() == [SimulationRow("s", "seats", 3, 1, 1, 0, 0)]
+
+
 def test_a_spend_cap_replays_the_amounts_recorded() -> None:
     spend = Limit("spend", maximum=500, period="1h", window="calendar", currency="USD")
     replay = Replay({"spend": spend, "calls": Limit("calls", maximum=100, period="1h")})
