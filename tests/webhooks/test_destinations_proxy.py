@@ -207,6 +207,69 @@ def test_a_proxy_out_of_reach_is_named_in_the_attempt(
     assert public.log == []
 
 
+@pytest.fixture
+def hostile_proxy() -> Iterator[Callable[[bytes | None], int]]:
+    """A listener that answers every connection with the bytes given (None:
+    nothing at all), then holds it open: its port."""
+    import threading
+
+    listeners: list[socket.socket] = []
+
+    def start(answer: bytes | None) -> int:
+        listener = socket.create_server(("127.0.0.1", 0))
+        listeners.append(listener)
+
+        def serve() -> None:
+            held = []
+            while True:
+                try:
+                    connection, _ = listener.accept()
+                except OSError:
+                    break
+                held.append(connection)
+                connection.recv(65536)
+                if answer is not None:
+                    connection.sendall(answer)
+            for connection in held:
+                connection.close()
+
+        threading.Thread(target=serve, daemon=True).start()
+        return int(listener.getsockname()[1])
+
+    yield start
+    for listener in listeners:
+        listener.close()
+
+
+@pytest.mark.parametrize(
+    ("answer", "error"),
+    [
+        (b"SSH-2.0-OpenSSH\r\n\r\n", "answered no HTTP status to CONNECT"),
+        (b"HTTP/1.1 200 OK\r\n\r\nearly", "answered bytes past its answer to CONNECT"),
+        (b"HTTP/1.1 200 OK\r\nX: " + b"x" * 20_000, "answered an answer too long to CONNECT"),
+        (None, "timeout after 0.5 s"),
+    ],
+    ids=["not-http", "bytes-past", "endless", "silent"],
+)
+def test_a_proxy_that_answers_no_tunnel_fails_the_attempt(
+    sqlite_url: str,
+    hostile_proxy: Callable[[bytes | None], int],
+    receivers: tuple[HTTPServer, HTTPServer],
+    answer: bytes | None,
+    error: str,
+) -> None:
+    public, _ = receivers
+    port = hostile_proxy(answer)
+    settings = replace(
+        settings_for("127.0.0.2"),
+        timeout_seconds=0.5,
+        proxy=parse_proxy(f"http://127.0.0.1:{port}"),
+    )
+    attempt = one_attempt(sqlite_url, settings, f"http://127.0.0.2:{public.port}/hook")
+    assert attempt.status_code is None and error in (attempt.error or ""), attempt
+    assert public.log == []
+
+
 # -- METERING_WEBHOOKS_PROXY -----------------------------------------------------
 
 
