@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from metering.domain.decisions import ChargeInput, decide_event
-from metering.domain.distinct import SeatKey, value_of
+from metering.domain.distinct import HELD, SeatKey, Seen, seat_cost, value_of
 from metering.domain.grants import History, maximum_at
 from metering.domain.jsonable import fields_dict
 from metering.domain.limits import Limit
@@ -111,7 +111,7 @@ class Replay:
     states: dict[CounterKey, CounterState] = field(default_factory=dict)
     windows: dict[Pair, Window] = field(default_factory=dict)  # first-use, current
     tallies: dict[tuple[str, str], _Tally] = field(default_factory=dict)
-    held: set[SeatKey] = field(default_factory=set)  # seats taken by the replayed events
+    held: Seen = field(default_factory=dict)  # seats taken by the replayed events
     replayed: int = 0
 
     def feed(self, event: StoredEvent) -> None:
@@ -137,7 +137,7 @@ class Replay:
             key = self._key(limit, subject, at_us)
             if value is not None:
                 seat = (name, subject, key.window_start_us, value)
-                cost = 0 if seat in self.held else 1
+                cost = seat_cost(self.held, seat)
                 if cost:
                     seats.append((len(inputs), seat))
             inputs.append(ChargeInput(limit, key, self.states.get(key, CounterState()), cost))
@@ -148,7 +148,7 @@ class Replay:
         if not verdict.denied_by:
             for at, seat in seats:
                 if verdict.charges[at].outcome in TAKES_SEAT:
-                    self.held.add(seat)
+                    self.held[seat] = HELD
         for charge, decided, state in zip(inputs, verdict.charges, verdict.new_states, strict=True):
             self.states[charge.key] = state
             tally = self.tallies.get((decided.subject, decided.limit))

@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterator
 from typing import Any, Final
 
-from sqlalchemy import Connection, and_, exists, func, not_, select
+from sqlalchemy import Connection, and_, exists, func, not_, null, select
 from sqlalchemy.sql.elements import ColumnElement
 
 from metering.storage.results import occurred_since
@@ -43,12 +43,13 @@ def demand(
 ) -> Iterator[tuple[int, list[list[Any]], dict[str, Any] | None]]:
     """Each event's (occurred_at_us, charge rows, metadata), in event-time order
     (ties by id); its metadata only when asked for (seat limits' values), else None."""
+    meta = results.c.metadata if metadata else null()
     query = (
-        select(results.c.occurred_at_us, results.c.charges, results.c.metadata)
+        select(results.c.occurred_at_us, results.c.charges, meta)
         .where(_period(since_us, until_us))
         .order_by(results.c.occurred_at_us, results.c.event_id)
     )
     loads = json.loads
     rows = connection.execution_options(yield_per=BATCH).execute(query)
-    for occurred_at_us, charges, meta in rows:
-        yield occurred_at_us, loads(charges), loads(meta) if metadata and meta else None
+    for occurred_at_us, charges, found in rows:
+        yield occurred_at_us, loads(charges), loads(found) if found else None

@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import socket
 import ssl
-import threading
-from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
 from ipaddress import ip_network
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 from pytest_httpserver import HTTPServer
+from rebinding import REBIND_HOST, RebindingResolver, certificate, settings_for
 
 from metering import Limit, Meter
 from metering.webhooks import DeliverySettings, Webhooks
@@ -28,8 +26,6 @@ from metering.webhooks.destinations import (
     checked_addresses,
     refused_destination,
 )
-
-REBIND_HOST = "hooks.rebind.test"
 
 
 def check_destination(url: str, *, allow_private: bool, allowed_networks: Any = ()) -> None:
@@ -105,77 +101,6 @@ def test_allowed_networks_come_from_the_environment(monkeypatch: pytest.MonkeyPa
 # -- DNS rebinding --------------------------------------------------------------
 
 
-class RebindingResolver:
-    """``socket.getaddrinfo`` that answers REBIND_HOST with the given addresses in
-    turn (the last one from then on); every other name resolves as usual."""
-
-    def __init__(self, *answers: str) -> None:
-        self.answers = list(answers)
-        self.asked = 0
-        self.real = socket.getaddrinfo
-        self.lock = threading.Lock()
-
-    def __call__(self, host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
-        name = host.decode() if isinstance(host, bytes) else host
-        if name != REBIND_HOST:
-            return self.real(host, port, *args, **kwargs)
-        with self.lock:
-            answer = self.answers[min(self.asked, len(self.answers) - 1)]
-            self.asked += 1
-        return self.real(answer, port, *args, **kwargs)
-
-
-def _port_free_on_both() -> int:
-    """A port free on 127.0.0.1 and on 127.0.0.2 alike (one the system hands
-    out on one address may be another socket's on the other)."""
-    for _ in range(100):
-        with socket.socket() as internal, socket.socket() as public:
-            internal.bind(("127.0.0.1", 0))
-            port = int(internal.getsockname()[1])
-            try:
-                public.bind(("127.0.0.2", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no port free on both loopback addresses")
-
-
-@pytest.fixture
-def public() -> Iterator[HTTPServer]:
-    """The receiver, on 127.0.0.2: 'public' for these tests (allowed_networks),
-    on a port free on 127.0.0.1 too, for `internal`."""
-    server = HTTPServer(host="127.0.0.2", port=_port_free_on_both(), threaded=True)
-    server.expect_request("/hook").respond_with_data("ok")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.clear()
-        server.stop()
-
-
-@pytest.fixture
-def internal(public: HTTPServer) -> Iterator[HTTPServer]:
-    """An internal service deliveries must never reach, on 127.0.0.1 and the
-    receiver's port: only the address tells the two apart."""
-    server = HTTPServer(host="127.0.0.1", port=public.port, threaded=True)
-    server.expect_request("/hook").respond_with_data("internal")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.clear()
-        server.stop()
-
-
-def settings_for(public_address: str) -> DeliverySettings:
-    return DeliverySettings(
-        timeout_seconds=2.0,
-        schedule_seconds=(0.2,),
-        allowed_networks=(ip_network(f"{public_address}/32"),),
-    )
-
-
 def test_dns_rebinding_connects_to_the_checked_address(
     db_url: str, public: HTTPServer, internal: HTTPServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -221,48 +146,6 @@ def test_a_rebound_answer_at_check_time_is_refused(
 # -- TLS: the pinned connection still verifies the certificate for the name -------
 
 
-def _certificate(names: list[str]) -> tuple[bytes, bytes, bytes]:
-    """(CA certificate, server certificate, server key), PEM, for ``names``."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    now = datetime.now(UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "metering test CA")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - timedelta(hours=1))
-        .not_valid_after(now + timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - timedelta(hours=1))
-        .not_valid_after(now + timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.DNSName(n) for n in names]), critical=False
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    pem = serialization.Encoding.PEM
-    key_pem = key.private_bytes(
-        pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-    return ca.public_bytes(pem), cert.public_bytes(pem), key_pem
-
-
 @pytest.mark.parametrize("names", [[REBIND_HOST], ["other.example"]], ids=["right", "wrong"])
 def test_tls_to_the_pinned_address_verifies_the_hostname(
     db_url: str,
@@ -272,7 +155,7 @@ def test_tls_to_the_pinned_address_verifies_the_hostname(
 ) -> None:
     from metering.webhooks.destinations import delivery_client
 
-    ca_pem, cert_pem, key_pem = _certificate(names)
+    ca_pem, cert_pem, key_pem = certificate(names)
     (tmp_path / "cert.pem").write_bytes(cert_pem)
     (tmp_path / "key.pem").write_bytes(key_pem)
     server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)

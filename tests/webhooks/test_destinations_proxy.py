@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 from pytest_httpserver import HTTPServer
+from rebinding import REBIND_HOST, RebindingResolver, certificate, settings_for
 from servers import free_port
-from test_destinations import REBIND_HOST, RebindingResolver, _certificate, settings_for
 
 from metering import Limit, Meter
 from metering.errors import ConfigurationError
@@ -79,25 +79,6 @@ def start_proxy(tmp_path: Path) -> Iterator[Callable[..., Proxy]]:
         process.wait(10)
 
 
-@pytest.fixture
-def receivers() -> Iterator[tuple[HTTPServer, HTTPServer]]:
-    """(the receiver on 127.0.0.2, an internal service on 127.0.0.1), one port."""
-    from test_destinations import _port_free_on_both
-
-    port = _port_free_on_both()
-    public = HTTPServer(host="127.0.0.2", port=port, threaded=True)
-    internal = HTTPServer(host="127.0.0.1", port=port, threaded=True)
-    for server, answer in ((public, "ok"), (internal, "internal")):
-        server.expect_request("/hook").respond_with_data(answer)
-        server.start()
-    try:
-        yield public, internal
-    finally:
-        for server in (public, internal):
-            server.clear()
-            server.stop()
-
-
 def one_attempt(db_url: str, settings: DeliverySettings, url: str, **client: Any) -> Any:
     """One denial's delivery to ``url``, made now: its attempt."""
     with Meter(db_url) as meter:
@@ -115,13 +96,13 @@ def one_attempt(db_url: str, settings: DeliverySettings, url: str, **client: Any
 def test_a_delivery_tunnels_to_the_checked_address_with_the_proxys_credentials(
     sqlite_url: str,
     start_proxy: Callable[..., Proxy],
-    receivers: tuple[HTTPServer, HTTPServer],
+    public: HTTPServer,
+    internal: HTTPServer,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The name resolves to the receiver once (checked), to 127.0.0.1 after:
     the proxy is asked for the checked address, and the receiver gets the POST
     with the name in its Host header."""
-    public, internal = receivers
     proxy = start_proxy(auth="hook:s3cret")
     resolver = RebindingResolver("127.0.0.2", "127.0.0.1")
     monkeypatch.setattr(socket, "getaddrinfo", resolver)
@@ -142,7 +123,7 @@ def test_tls_through_the_tunnel_verifies_the_name(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    ca_pem, cert_pem, key_pem = _certificate([REBIND_HOST])
+    ca_pem, cert_pem, key_pem = certificate([REBIND_HOST])
     (tmp_path / "cert.pem").write_bytes(cert_pem)
     (tmp_path / "key.pem").write_bytes(key_pem)
     server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -168,10 +149,10 @@ def test_tls_through_the_tunnel_verifies_the_name(
 def test_a_refused_destination_never_reaches_the_proxy(
     sqlite_url: str,
     start_proxy: Callable[..., Proxy],
-    receivers: tuple[HTTPServer, HTTPServer],
+    public: HTTPServer,
+    internal: HTTPServer,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    public, internal = receivers
     proxy = start_proxy()
     monkeypatch.setattr(socket, "getaddrinfo", RebindingResolver("127.0.0.1", "127.0.0.2"))
     settings = replace(settings_for("127.0.0.2"), proxy=parse_proxy(proxy.url()))
@@ -183,9 +164,8 @@ def test_a_refused_destination_never_reaches_the_proxy(
 def test_a_proxy_that_refuses_the_tunnel_fails_the_attempt_with_its_status(
     sqlite_url: str,
     start_proxy: Callable[..., Proxy],
-    receivers: tuple[HTTPServer, HTTPServer],
+    public: HTTPServer,
 ) -> None:
-    public, _ = receivers
     proxy = start_proxy(auth="hook:s3cret")
     settings = replace(settings_for("127.0.0.2"), proxy=parse_proxy(proxy.url("hook:wrong@")))
     attempt = one_attempt(sqlite_url, settings, f"http://127.0.0.2:{public.port}/hook")
@@ -195,10 +175,7 @@ def test_a_proxy_that_refuses_the_tunnel_fails_the_attempt_with_its_status(
     assert "wrong" not in (attempt.error or "") and public.log == []
 
 
-def test_a_proxy_out_of_reach_is_named_in_the_attempt(
-    sqlite_url: str, receivers: tuple[HTTPServer, HTTPServer]
-) -> None:
-    public, _ = receivers
+def test_a_proxy_out_of_reach_is_named_in_the_attempt(sqlite_url: str, public: HTTPServer) -> None:
     port = free_port()  # nothing listens there
     settings = replace(settings_for("127.0.0.2"), proxy=parse_proxy(f"http://127.0.0.1:{port}"))
     attempt = one_attempt(sqlite_url, settings, f"http://127.0.0.2:{public.port}/hook")
@@ -254,11 +231,10 @@ def hostile_proxy() -> Iterator[Callable[[bytes | None], int]]:
 def test_a_proxy_that_answers_no_tunnel_fails_the_attempt(
     sqlite_url: str,
     hostile_proxy: Callable[[bytes | None], int],
-    receivers: tuple[HTTPServer, HTTPServer],
+    public: HTTPServer,
     answer: bytes | None,
     error: str,
 ) -> None:
-    public, _ = receivers
     port = hostile_proxy(answer)
     settings = replace(
         settings_for("127.0.0.2"),
