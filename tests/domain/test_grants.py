@@ -342,3 +342,10 @@ def test_a_batchs_draws_are_what_its_pots_drew_since_they_were_read(
     # A pot that drew knows the windows it drew in, and those read with draws:
     # with one, what it drew is that window's; with more, the rows tell (None).
     assert found == (summed if one_each else None)
+
+
+def test_a_draw_at_a_grants_expiry_takes_nothing_from_it() -> None:
+    pot = Pot([Balance("g", 10, 0, 0, 200)])
+    assert pot.draw(0, 3, at_us=200) == (0, [])  # expired at 200: nothing left to draw
+    assert pot.draw(0, 3, at_us=199) == (10, [["g", 3]])
+    assert pot.granted == {0: 3}
